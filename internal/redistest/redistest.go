@@ -8,7 +8,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"strconv"
 	"testing"
 	"time"
 
@@ -77,4 +81,37 @@ func Rand() string {
 		panic(err)
 	}
 	return hex.EncodeToString(b[:])
+}
+
+// Server starts a private redis-server on a free loopback port for tests that must do what no
+// shared Redis allows (FLUSHALL, a restart). It is stopped when the test ends. It returns the URL.
+func Server(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	opt, _ := redis.ParseURL(url)
+	c := redis.NewClient(opt)
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("private redis-server on port %d did not answer", port)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a process start-up; there is no signal to wait on
+	}
+	return url
 }

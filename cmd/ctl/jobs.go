@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+func (a *app) jobsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "jobs",
+		Usage: "inspect jobs",
+		Subcommands: []*cli.Command{{
+			Name:      "show",
+			Usage:     "show a job and its attempts",
+			ArgsUsage: "ID",
+			Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+			Action: func(c *cli.Context) error {
+				if c.NArg() != 1 {
+					return cli.Exit("usage: ctl jobs show ID", 2)
+				}
+				p, err := pool(c)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				store := jobs.NewStore(p, nil)
+				job, err := store.Get(c.Context, c.Args().First())
+				if errors.Is(err, jobs.ErrNotFound) {
+					return fmt.Errorf("no job %q", c.Args().First())
+				}
+				if err != nil {
+					return err
+				}
+				attempts, err := store.Attempts(c.Context, job.ID)
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					return writeJSON(a.out, map[string]any{"job": job, "attempts": attempts})
+				}
+				return printJob(a, job, attempts)
+			},
+		}},
+	}
+}
+
+func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
+	row("id", j.ID)
+	row("status", j.Status)
+	row("credential", j.Credential)
+	row("attempts", fmt.Sprintf("%d/%d", j.Attempts, j.MaxAttempts))
+	row("created", j.CreatedAt.Format(time.RFC3339))
+	if j.FinishedAt != nil {
+		row("finished", j.FinishedAt.Format(time.RFC3339))
+	}
+	if j.DeadReason != nil {
+		row("dead reason", *j.DeadReason)
+	}
+	if j.LastError != nil {
+		row("last error", fmt.Sprintf("%s %d: %s", j.LastError.Class, j.LastError.Status, j.LastError.Message))
+	}
+	row("request bytes", len(j.Request))
+	row("result bytes", len(j.Result))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(attempts) == 0 {
+		return nil
+	}
+	fmt.Fprintln(a.out)
+	tw = tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ATTEMPT\tSTARTED\tSTATUS\tCLASS\tRETRY-AFTER\tDELAY\tLATENCY")
+	for _, at := range attempts {
+		status, ra, delay := "-", "-", "-"
+		if at.StatusCode != nil {
+			status = fmt.Sprint(*at.StatusCode)
+		}
+		if at.RetryAfterMS != nil {
+			ra = (time.Duration(*at.RetryAfterMS) * time.Millisecond).String()
+		}
+		if at.DelayMS != nil {
+			delay = (time.Duration(*at.DelayMS) * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", at.Number, at.StartedAt.Format(time.RFC3339), status, at.Class, ra, delay,
+			(time.Duration(at.LatencyMS * float64(time.Millisecond))).Round(time.Millisecond))
+	}
+	return tw.Flush()
+}

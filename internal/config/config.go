@@ -1,0 +1,307 @@
+// Package config loads llmq's one YAML file, shared by the api, worker and ctl programs.
+//
+// The file format is a contract (see DESIGN.md). Unknown fields are rejected so that a typo does
+// not silently fall back to a default; every validation error names the field. Secrets are only
+// referenced (api_key_env, api_key_file) and resolved at load time; they never appear in errors.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Env variables that override the file.
+const (
+	EnvConfig      = "LLMQ_CONFIG"
+	EnvDatabaseURL = "LLMQ_DATABASE_URL"
+	EnvRedisURL    = "LLMQ_REDIS_URL"
+)
+
+// Config is the whole file. Zero fields take the defaults documented on each field.
+type Config struct {
+	// DatabaseURL is the Postgres URL. Default postgres://postgres@127.0.0.1:5432/llmq?sslmode=disable.
+	DatabaseURL string `yaml:"database_url"`
+	// RedisURL is the Redis URL: redis://, rediss://, redis-socket://, redis-sentinel:// or
+	// redis-cluster://host1:port,host2:port. Default redis://127.0.0.1:6379/0.
+	RedisURL string `yaml:"redis_url"`
+	// API configures cmd/api.
+	API API `yaml:"api"`
+	// Worker configures cmd/worker.
+	Worker Worker `yaml:"worker"`
+	// Credentials are the provider keys jobs may use. At least one is required.
+	Credentials []Credential `yaml:"credentials"`
+	// Retry is the default retry policy.
+	Retry Retry `yaml:"retry"`
+	// Alerts configures where dead-letter alerts go besides logs and metrics.
+	Alerts Alerts `yaml:"alerts"`
+}
+
+// API configures the HTTP API.
+type API struct {
+	// Listen is the address to serve on. Default 127.0.0.1:8080.
+	Listen string `yaml:"listen"`
+	// AllowAnonymous maps requests without a bearer token to tenant "default" (development only).
+	AllowAnonymous bool `yaml:"allow_anonymous"`
+	// MaxBodyBytes caps a submitted body; larger bodies get 413. Default 4 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+}
+
+// Worker configures the job executor.
+type Worker struct {
+	// Concurrency is the number of jobs one worker process runs at once. Default 200.
+	Concurrency int `yaml:"concurrency"`
+	// MetricsListen is where the worker serves /metrics. Default 127.0.0.1:9091; "off" disables it.
+	MetricsListen string `yaml:"metrics_listen"`
+	// Queue is the asynq queue name. Default "llmq".
+	Queue string `yaml:"queue"`
+	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost. Default 10s.
+	SweepInterval time.Duration `yaml:"sweep_interval"`
+}
+
+// Credential is one provider API key and where it lives.
+type Credential struct {
+	// Name is how jobs refer to it ("credential" in the submit body).
+	Name string `yaml:"name"`
+	// Provider is anthropic or openai; it decides the wire format.
+	Provider string `yaml:"provider"`
+	// BaseURL is the provider's root, without /v1.
+	BaseURL string `yaml:"base_url"`
+	// APIKeyEnv names the environment variable holding the key.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// APIKeyFile names a file holding the key (trailing white space trimmed).
+	APIKeyFile string `yaml:"api_key_file"`
+	// Limits, when set, are the provider's request limit; when absent they are learned.
+	Limits *Limits `yaml:"limits"`
+	// AttemptTimeout bounds one provider call. Default 5m.
+	AttemptTimeout time.Duration `yaml:"attempt_timeout"`
+
+	apiKey string
+}
+
+// APIKey returns the resolved secret. It is never logged or stored.
+func (c Credential) APIKey() string { return c.apiKey }
+
+// Limits is a provider rate limit.
+type Limits struct {
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
+	Burst             int     `yaml:"burst"`
+}
+
+// Retry is the retry policy.
+type Retry struct {
+	// MaxAttempts is the default number of provider calls per job. Default 10.
+	MaxAttempts int `yaml:"max_attempts"`
+	// BaseDelay is the first full-jitter ceiling. Default 500ms.
+	BaseDelay time.Duration `yaml:"base_delay"`
+	// MaxDelay caps any computed backoff. Default 60s.
+	MaxDelay time.Duration `yaml:"max_delay"`
+}
+
+// Alerts configures dead-letter alerts.
+type Alerts struct {
+	// WebhookURL receives a JSON POST per alert when set.
+	WebhookURL string `yaml:"webhook_url"`
+}
+
+// Defaults.
+const (
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/llmq?sslmode=disable"
+	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+)
+
+// Load reads, defaults and validates the file at path, applies env overrides and resolves
+// secrets. A missing file is an error naming the path tried. getenv looks up environment
+// variables; nil means os.Getenv.
+func Load(path string, getenv func(string) string) (*Config, error) {
+	if path == "" {
+		return nil, fmt.Errorf("no config file given: pass --config or set %s", EnvConfig)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("config file %q not found", path)
+		}
+		return nil, fmt.Errorf("read config %q: %w", path, err)
+	}
+	cfg, err := Parse(data, getenv)
+	if err != nil {
+		return nil, fmt.Errorf("config %q: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes YAML, applies env overrides and defaults, validates and resolves secrets.
+// getenv looks up environment variables; nil means os.Getenv.
+func Parse(data []byte, getenv func(string) string) (*Config, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var cfg Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("parse yaml: %w", err)
+	}
+	if v := getenv(EnvDatabaseURL); v != "" {
+		cfg.DatabaseURL = v
+	}
+	if v := getenv(EnvRedisURL); v != "" {
+		cfg.RedisURL = v
+	}
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.resolveSecrets(getenv); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+func (c *Config) withDefaults() {
+	c.DatabaseURL = or(c.DatabaseURL, DefaultDatabaseURL)
+	c.RedisURL = or(c.RedisURL, DefaultRedisURL)
+	c.API.Listen = or(c.API.Listen, "127.0.0.1:8080")
+	if c.API.MaxBodyBytes == 0 {
+		c.API.MaxBodyBytes = 4 << 20
+	}
+	if c.Worker.Concurrency == 0 {
+		c.Worker.Concurrency = 200
+	}
+	c.Worker.MetricsListen = or(c.Worker.MetricsListen, "127.0.0.1:9091")
+	c.Worker.Queue = or(c.Worker.Queue, "llmq")
+	if c.Worker.SweepInterval == 0 {
+		c.Worker.SweepInterval = 10 * time.Second
+	}
+	if c.Retry.MaxAttempts == 0 {
+		c.Retry.MaxAttempts = 10
+	}
+	if c.Retry.BaseDelay == 0 {
+		c.Retry.BaseDelay = 500 * time.Millisecond
+	}
+	if c.Retry.MaxDelay == 0 {
+		c.Retry.MaxDelay = 60 * time.Second
+	}
+	for i := range c.Credentials {
+		if c.Credentials[i].AttemptTimeout == 0 {
+			c.Credentials[i].AttemptTimeout = 5 * time.Minute
+		}
+	}
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		bad("database_url", "must be a postgres:// URL")
+	}
+	if u, err := url.Parse(c.RedisURL); err != nil || !strings.HasPrefix(u.Scheme, "redis") {
+		bad("redis_url", "must be a redis://, rediss://, redis-socket://, redis-sentinel:// or redis-cluster:// URL")
+	}
+	if c.API.MaxBodyBytes < 0 {
+		bad("api.max_body_bytes", "must be positive")
+	}
+	if c.Worker.Concurrency < 0 {
+		bad("worker.concurrency", "must be positive")
+	}
+	if c.Worker.SweepInterval < 0 {
+		bad("worker.sweep_interval", "must be positive")
+	}
+	if c.Retry.MaxAttempts < 0 || c.Retry.MaxAttempts > 100 {
+		bad("retry.max_attempts", "must be between 1 and 100")
+	}
+	if c.Retry.BaseDelay < 0 {
+		bad("retry.base_delay", "must be positive")
+	}
+	if c.Retry.MaxDelay < c.Retry.BaseDelay {
+		bad("retry.max_delay", "must be at least retry.base_delay")
+	}
+	if c.Alerts.WebhookURL != "" {
+		if u, err := url.Parse(c.Alerts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+			bad("alerts.webhook_url", "must be an http(s) URL")
+		}
+	}
+	if len(c.Credentials) == 0 {
+		bad("credentials", "at least one credential is required")
+	}
+	seen := map[string]bool{}
+	for i, cr := range c.Credentials {
+		f := fmt.Sprintf("credentials[%d]", i)
+		if !nameRE.MatchString(cr.Name) {
+			bad(f+".name", "must be 1-64 letters, digits, '_', '.' or '-' (got %q)", cr.Name)
+		} else if seen[cr.Name] {
+			bad(f+".name", "duplicate credential %q", cr.Name)
+		}
+		seen[cr.Name] = true
+		if cr.Provider != "anthropic" && cr.Provider != "openai" {
+			bad(f+".provider", "must be anthropic or openai (got %q)", cr.Provider)
+		}
+		if u, err := url.Parse(cr.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad(f+".base_url", "must be an absolute http(s) URL (got %q)", cr.BaseURL)
+		}
+		if (cr.APIKeyEnv == "") == (cr.APIKeyFile == "") {
+			bad(f, "exactly one of api_key_env and api_key_file is required")
+		}
+		if cr.Limits != nil && (cr.Limits.RequestsPerSecond <= 0 || cr.Limits.Burst <= 0) {
+			bad(f+".limits", "requests_per_second and burst must both be positive")
+		}
+		if cr.AttemptTimeout < 0 {
+			bad(f+".attempt_timeout", "must be positive")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) resolveSecrets(getenv func(string) string) error {
+	for i := range c.Credentials {
+		cr := &c.Credentials[i]
+		f := fmt.Sprintf("credentials[%d]", i)
+		switch {
+		case cr.APIKeyEnv != "":
+			cr.apiKey = getenv(cr.APIKeyEnv)
+			if cr.apiKey == "" {
+				return fmt.Errorf("%s.api_key_env: environment variable %s is not set", f, cr.APIKeyEnv)
+			}
+		case cr.APIKeyFile != "":
+			b, err := os.ReadFile(cr.APIKeyFile)
+			if err != nil {
+				return fmt.Errorf("%s.api_key_file: cannot read %q: %w", f, cr.APIKeyFile, errors.Unwrap(err))
+			}
+			cr.apiKey = strings.TrimSpace(string(b))
+			if cr.apiKey == "" {
+				return fmt.Errorf("%s.api_key_file: %q is empty", f, cr.APIKeyFile)
+			}
+		}
+	}
+	return nil
+}
+
+// Credential returns the named credential.
+func (c *Config) Credential(name string) (Credential, bool) {
+	for _, cr := range c.Credentials {
+		if cr.Name == name {
+			return cr, true
+		}
+	}
+	return Credential{}, false
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}

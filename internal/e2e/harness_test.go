@@ -1,0 +1,185 @@
+// Package e2e_test drives the whole system through real HTTP: the API, a worker, the simulator,
+// Postgres and Redis, each test on its own database, queue and simulator.
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/worker"
+	"github.com/llmq/llmq/migrations"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgxpool's background health check and net/http keep-alives end after the test's Close.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+const simKey = "sk-test-e2e-key"
+
+type testBundle struct {
+	cfg    *config.Config
+	sim    *llmsim.Server
+	simURL string
+	apiURL string
+	dbURL  string
+	ctx    context.Context
+}
+
+type setupOpts struct {
+	sim      llmsim.Config
+	redisURL string // default: the shared test Redis
+	noWorker bool   // start the worker later with startWorker
+}
+
+func setup(t *testing.T, o setupOpts) *testBundle {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	sim := llmsim.New(o.sim)
+	simSrv := httptest.NewServer(sim)
+	t.Cleanup(simSrv.Close)
+	redisURL := o.redisURL
+	if redisURL == "" {
+		redisURL = redistest.URL()
+	}
+	dbURL := pgtest.URL(t)
+	yaml := fmt.Sprintf(`
+database_url: %s
+redis_url: %s
+api: { allow_anonymous: true, max_body_bytes: 65536 }
+worker: { concurrency: 50, queue: llmq-test-%s, sweep_interval: 100ms, metrics_listen: "off" }
+credentials:
+  - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY }
+  - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
+retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
+`, dbURL, redisURL, redistest.Rand(), simSrv.URL, simSrv.URL)
+	cfg, err := config.Parse([]byte(yaml), func(k string) string {
+		if k == "SIM_KEY" {
+			return simKey
+		}
+		return ""
+	})
+	require.NoError(t, err)
+
+	b := &testBundle{cfg: cfg, sim: sim, simURL: simSrv.URL, dbURL: dbURL, ctx: ctx}
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	apiSrv, closeAPI, err := api.FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = closeAPI() })
+	hs := httptest.NewServer(apiSrv)
+	t.Cleanup(hs.Close)
+	b.apiURL = hs.URL
+	if !o.noWorker {
+		b.startWorker(t)
+	}
+	return b
+}
+
+// startWorker runs a worker in-process until the test ends.
+func (b *testBundle) startWorker(t *testing.T) {
+	t.Helper()
+	pool, err := migrations.Open(b.ctx, b.dbURL)
+	require.NoError(t, err)
+	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		pool.Close()
+	})
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+}
+
+func (b *testBundle) do(t *testing.T, method, path string, body string, header map[string]string) response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = bytes.NewBufferString(body)
+	}
+	req, err := http.NewRequestWithContext(b.ctx, method, b.apiURL+path, rd)
+	require.NoError(t, err)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := response{status: resp.StatusCode, header: resp.Header}
+	if len(raw) > 0 {
+		require.NoError(t, json.Unmarshal(raw, &out.body), "body: %s", raw)
+	}
+	return out
+}
+
+// submit posts a job and requires 202; it returns the job ID.
+func (b *testBundle) submit(t *testing.T, body string) string {
+	t.Helper()
+	r := b.do(t, http.MethodPost, "/v1/jobs", body, nil)
+	require.Equal(t, http.StatusAccepted, r.status, "body: %v", r.body)
+	return r.body["id"].(string)
+}
+
+// waitTerminal polls the job until it is terminal or the deadline passes.
+func (b *testBundle) waitTerminal(t *testing.T, id string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)
+		require.Equal(t, http.StatusOK, r.status)
+		switch r.body["status"] {
+		case "succeeded", "failed", "dead", "canceled":
+			return r.body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s still %v after 30s: %v", id, r.body["status"], r.body)
+		}
+		time.Sleep(20 * time.Millisecond) // polling with a deadline, as a client would
+	}
+}
+
+// countRows counts rows of a table in this test's database.
+func (b *testBundle) countRows(t *testing.T, table string) int {
+	t.Helper()
+	pool, err := migrations.Open(b.ctx, b.dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	var n int
+	require.NoError(t, pool.QueryRow(b.ctx, "SELECT count(*) FROM "+table).Scan(&n))
+	return n
+}
+
+func anthropicBody(text string) string {
+	return fmt.Sprintf(`{"request":{"model":"claude-test","max_tokens":64,"messages":[{"role":"user","content":%q}]}}`, text)
+}

@@ -1,0 +1,274 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// Credential is what the handler needs to call a provider with one configured key.
+type Credential struct {
+	// Name is the credential's configured name (a metric label; never the key).
+	Name string
+	// Provider sends requests with this credential's key.
+	Provider llm.Provider
+	// AttemptTimeout bounds one provider call. Default 5m.
+	AttemptTimeout time.Duration
+}
+
+// HandlerConfig configures a Handler.
+type HandlerConfig struct {
+	Store       *Store
+	Credentials map[string]Credential
+	// Policy computes retry delays. Default retrypolicy.New(nil).
+	Policy *retrypolicy.Policy
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Logger receives job outcomes (IDs and classes, never prompts or keys). Default discards.
+	Logger *slog.Logger
+	// Metrics, when set, is updated per attempt and outcome.
+	Metrics *Metrics
+	// MaxInlineWait is the longest wait a delivery sleeps before sending; longer waits go back to
+	// asynq so that they do not hold a worker slot. Default 3s. asynq stores scheduled times in
+	// whole seconds and releases tasks up to 1s early, so this must stay above 1s.
+	MaxInlineWait time.Duration
+}
+
+// Handler executes one attempt of a job per asynq delivery. Deliveries are at-least-once; the
+// handler makes that safe: a terminal job is skipped, and a result is stored only by a
+// conditional transition from a non-terminal status.
+type Handler struct {
+	cfg HandlerConfig
+}
+
+// NewHandler returns a Handler. It panics when Store is nil (a wiring bug).
+func NewHandler(cfg HandlerConfig) *Handler {
+	if cfg.Store == nil {
+		panic("jobs.NewHandler: Store is required")
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = retrypolicy.New(nil)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxInlineWait == 0 {
+		cfg.MaxInlineWait = 3 * time.Second
+	}
+	for name, c := range cfg.Credentials {
+		if c.AttemptTimeout == 0 {
+			c.AttemptTimeout = 5 * time.Minute
+			cfg.Credentials[name] = c
+		}
+	}
+	return &Handler{cfg: cfg}
+}
+
+// DeferError asks asynq to deliver the task again at Until without counting a failure.
+type DeferError struct {
+	Until  time.Time
+	Reason string
+}
+
+func (e *DeferError) Error() string {
+	return fmt.Sprintf("deferred until %s: %s", e.Until.Format(time.RFC3339Nano), e.Reason)
+}
+
+// IsFailure tells asynq which errors count as failures: deferrals do not.
+func IsFailure(err error) bool {
+	var d *DeferError
+	return !errors.As(err, &d)
+}
+
+// RetryDelayFunc returns asynq's RetryDelayFunc: deferrals come back at their time (asynq keeps
+// whole seconds, so up to a second early, and the handler waits out the rest); any other error
+// (Postgres unreachable, say) backs off with full jitter.
+func RetryDelayFunc(policy *retrypolicy.Policy, now func() time.Time) asynq.RetryDelayFunc {
+	return func(n int, err error, _ *asynq.Task) time.Duration {
+		var d *DeferError
+		if errors.As(err, &d) {
+			return max(0, d.Until.Sub(now()))
+		}
+		return policy.Delay(n+1, retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true})
+	}
+}
+
+// ProcessTask implements asynq.Handler.
+func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	var p taskPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return fmt.Errorf("decode task payload: %v: %w", err, asynq.SkipRetry)
+	}
+	return h.Process(ctx, p.JobID)
+}
+
+// Process runs one attempt of job id (or defers it). It returns nil when the job needs nothing
+// more from this delivery, a *DeferError when it must come back later, and another error when the
+// stores failed (asynq retries the delivery).
+func (h *Handler) Process(ctx context.Context, id string) error {
+	job, err := h.cfg.Store.Get(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		h.cfg.Logger.WarnContext(ctx, "task for a job that does not exist; dropping it", "job_id", id)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if job.Status.Terminal() {
+		return nil
+	}
+	now := h.cfg.Now()
+	if !now.Before(job.Deadline) {
+		return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, DeadReason: "", LastError: &LastError{
+			Class: ReasonDeadlineExceeded, Message: "job deadline passed before it could succeed",
+		}})
+	}
+	cred, ok := h.cfg.Credentials[job.Credential]
+	if !ok {
+		// Configuration changed under a queued job: nothing can ever send it.
+		return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
+			Class: string(retrypolicy.ClassPermanent), Message: fmt.Sprintf("credential %q is no longer configured", job.Credential),
+		}})
+	}
+	if job.NextAttemptAt != nil {
+		if err := h.waitUntil(ctx, *job.NextAttemptAt, "retry delay"); err != nil {
+			return err
+		}
+	}
+	job, err = h.cfg.Store.BeginAttempt(ctx, id)
+	if errors.Is(err, ErrNotRunnable) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return h.attempt(ctx, job, cred)
+}
+
+// waitUntil sleeps until t when that is within MaxInlineWait, else defers the delivery.
+func (h *Handler) waitUntil(ctx context.Context, t time.Time, reason string) error {
+	wait := t.Sub(h.cfg.Now())
+	if wait <= 0 {
+		return nil
+	}
+	if wait > h.cfg.MaxInlineWait {
+		return &DeferError{Until: t, Reason: reason}
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential) error {
+	started := h.cfg.Now()
+	timeout := min(cred.AttemptTimeout, job.Deadline.Sub(started))
+	callCtx, cancel := context.WithTimeout(ctx, timeout)
+	resp, callErr := cred.Provider.Send(callCtx, job.Request)
+	cancel()
+	now := h.cfg.Now()
+	a := &Attempt{Number: job.Attempts, Credential: cred.Name, StartedAt: started, Latency: now.Sub(started)}
+
+	if callErr == nil {
+		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
+		usage, _ := json.Marshal(resp.Usage)
+		h.cfg.Metrics.attempt(cred.Name, a.Class, a.Latency)
+		return h.finish(ctx, job, a, Outcome{Status: StatusSucceeded, Result: resp.Body, Usage: usage})
+	}
+
+	d := retrypolicy.Classify(callErr, now)
+	a.Class, a.StatusCode, a.Error = string(d.Class), d.StatusCode, callErr.Error()
+	var se *llm.StatusError
+	if errors.As(callErr, &se) {
+		a.TTFB = se.TimeToFirstByte
+	}
+	if d.HasRetryAfter {
+		ra := d.RetryAfter
+		a.RetryAfter = &ra
+	}
+	h.cfg.Metrics.attempt(cred.Name, a.Class, a.Latency)
+	lastErr := lastErrorOf(callErr, d)
+
+	switch {
+	case d.Class == retrypolicy.ClassCanceled:
+		// Our own context ended (shutdown): give the job back untouched for the next delivery.
+		if ctx.Err() != nil {
+			if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr}); err != nil {
+				return err
+			}
+			return ctx.Err()
+		}
+		return h.finish(ctx, job, a, Outcome{Status: StatusFailed, LastError: lastErr})
+	case d.DeadReason != "":
+		return h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: d.DeadReason, LastError: lastErr})
+	case !d.Retry:
+		return h.finish(ctx, job, a, Outcome{Status: StatusFailed, LastError: lastErr})
+	case job.Attempts >= job.MaxAttempts:
+		return h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: ReasonRetriesExhausted, LastError: lastErr})
+	}
+	delay := h.cfg.Policy.Delay(job.Attempts, d)
+	next := now.Add(delay)
+	if !next.Before(job.Deadline) {
+		lastErr.Message = fmt.Sprintf("deadline passes before the next attempt could start (%s)", lastErr.Message)
+		lastErr.Class = ReasonDeadlineExceeded
+		return h.finish(ctx, job, a, Outcome{Status: StatusFailed, LastError: lastErr})
+	}
+	a.Delay = &delay
+	if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextAttemptAt: &next}); err != nil {
+		return err
+	}
+	return &DeferError{Until: next, Reason: "retry after " + string(d.Class)}
+}
+
+// finish moves the job to a terminal outcome. Writes survive the delivery's cancellation.
+func (h *Handler) finish(ctx context.Context, job *Job, a *Attempt, o Outcome) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	applied, err := h.cfg.Store.Finish(wctx, job.ID, a, o)
+	if err != nil {
+		return err
+	}
+	if !applied {
+		return nil
+	}
+	h.cfg.Metrics.outcome(job.Credential, o.Status, o.DeadReason, h.cfg.Now().Sub(job.CreatedAt))
+	attrs := []any{"job_id", job.ID, "credential", job.Credential, "status", o.Status, "attempts", job.Attempts}
+	switch o.Status {
+	case StatusDead:
+		h.cfg.Logger.ErrorContext(ctx, "job dead-lettered", append(attrs, "reason", o.DeadReason, "class", o.LastError.Class)...)
+	case StatusFailed:
+		h.cfg.Logger.WarnContext(ctx, "job failed", append(attrs, "class", o.LastError.Class)...)
+	default:
+		h.cfg.Logger.DebugContext(ctx, "job finished", attrs...)
+	}
+	return nil
+}
+
+func lastErrorOf(err error, d retrypolicy.Decision) *LastError {
+	le := &LastError{Class: string(d.Class), Status: d.StatusCode, Message: err.Error()}
+	var se *llm.StatusError
+	if errors.As(err, &se) {
+		le.Message = se.Message
+		le.Type = se.ErrorType()
+	}
+	if d.HasRetryAfter {
+		ms := d.RetryAfter.Milliseconds()
+		le.RetryAfterMS = &ms
+	}
+	return le
+}

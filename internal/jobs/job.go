@@ -1,0 +1,89 @@
+package jobs
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Status is a job's place in its lifecycle:
+// queued → running → succeeded | failed | dead | canceled, with running → retrying → running
+// between attempts.
+type Status string
+
+// The statuses.
+const (
+	StatusQueued    Status = "queued"
+	StatusRunning   Status = "running"
+	StatusRetrying  Status = "retrying"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusDead      Status = "dead"
+	StatusCanceled  Status = "canceled"
+)
+
+// Terminal reports whether no further attempt will be made.
+func (s Status) Terminal() bool {
+	switch s {
+	case StatusSucceeded, StatusFailed, StatusDead, StatusCanceled:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether s is one of the statuses.
+func (s Status) Valid() bool {
+	switch s {
+	case StatusQueued, StatusRunning, StatusRetrying:
+		return true
+	}
+	return s.Terminal()
+}
+
+// Reasons a job ends dead or failed.
+const (
+	ReasonRateLimitedNoRetryAfter = "rate_limited_no_retry_after"
+	ReasonRetriesExhausted        = "retries_exhausted"
+	ReasonDeadlineExceeded        = "deadline_exceeded"
+)
+
+// Job is the stored state of one LLM request. Its JSON form is the API contract.
+type Job struct {
+	ID             string          `json:"id"`
+	Tenant         string          `json:"-"`
+	Status         Status          `json:"status"`
+	Credential     string          `json:"credential"`
+	IdempotencyKey *string         `json:"idempotency_key"`
+	Attempts       int             `json:"attempts"`
+	MaxAttempts    int             `json:"max_attempts"`
+	Timeout        Duration        `json:"timeout"`
+	Deadline       time.Time       `json:"deadline"`
+	CreatedAt      time.Time       `json:"created_at"`
+	StartedAt      *time.Time      `json:"started_at"`
+	FinishedAt     *time.Time      `json:"finished_at"`
+	NextAttemptAt  *time.Time      `json:"next_attempt_at"`
+	LastError      *LastError      `json:"last_error"`
+	Result         json.RawMessage `json:"result"`
+	Usage          json.RawMessage `json:"usage"`
+	DeadReason     *string         `json:"dead_reason"`
+	Metadata       json.RawMessage `json:"metadata"`
+	// Request is the provider-native body, sent verbatim. Not part of the job JSON (it can be
+	// large and is the client's own); ctl shows its size.
+	Request json.RawMessage `json:"-"`
+	// EventSeq is the sequence number of the job's latest event.
+	EventSeq int `json:"-"`
+}
+
+// LastError describes the latest failed attempt.
+type LastError struct {
+	Class        string `json:"class"`
+	Status       int    `json:"status,omitempty"`
+	Type         string `json:"type,omitempty"`
+	Message      string `json:"message"`
+	RetryAfterMS *int64 `json:"retry_after_ms,omitempty"`
+}
+
+// Duration marshals as a Go duration string ("10m0s").
+type Duration time.Duration
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }

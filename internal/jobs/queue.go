@@ -1,0 +1,85 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// TaskType is the asynq task type of one job attempt. The task's ID is the job's ID.
+const TaskType = "llmq:attempt"
+
+// taskTimeout bounds one delivery: the longest inline wait plus the longest attempt.
+const taskTimeout = time.Hour
+
+// taskMaxRetry is effectively unlimited: llmq counts attempts in Postgres, and asynq retries are
+// only deferrals (not failures, see IsFailure) or infrastructure errors.
+const taskMaxRetry = 1 << 20
+
+type taskPayload struct {
+	JobID string `json:"job_id"`
+}
+
+// RedisConnOpt parses a Redis URL for asynq: redis://, rediss://, redis-socket://,
+// redis-sentinel:// (asynq's own forms) and redis-cluster://host:port,host:port.
+func RedisConnOpt(raw string) (asynq.RedisConnOpt, error) {
+	if rest, ok := strings.CutPrefix(raw, "redis-cluster://"); ok {
+		u, err := url.Parse("redis://" + rest)
+		if err != nil {
+			return nil, fmt.Errorf("parse redis cluster url: %w", err)
+		}
+		opt := asynq.RedisClusterClientOpt{Addrs: strings.Split(u.Host, ",")}
+		if u.User != nil {
+			opt.Username = u.User.Username()
+			opt.Password, _ = u.User.Password()
+		}
+		return opt, nil
+	}
+	opt, err := asynq.ParseRedisURI(raw)
+	if err != nil {
+		return nil, fmt.Errorf("parse redis url: %w", err)
+	}
+	return opt, nil
+}
+
+// NewRedisClient returns a go-redis client for the same Redis as opt (for the limiter and
+// health checks). The caller closes it.
+func NewRedisClient(opt asynq.RedisConnOpt) redis.UniversalClient {
+	return opt.MakeRedisClient().(redis.UniversalClient)
+}
+
+// Enqueuer hands jobs to asynq. It is safe for concurrent use.
+type Enqueuer struct {
+	client *asynq.Client
+	queue  string
+}
+
+// NewEnqueuer returns an Enqueuer on queue using client (not closed by the Enqueuer).
+func NewEnqueuer(client *asynq.Client, queue string) *Enqueuer {
+	return &Enqueuer{client: client, queue: queue}
+}
+
+// Enqueue schedules the job's task for at (now if zero or past). Enqueueing a job whose task
+// already exists is a no-op, which is what makes the API's enqueue and the sweeper's safe to race.
+func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, at time.Time) error {
+	payload, err := json.Marshal(taskPayload{JobID: jobID})
+	if err != nil {
+		return err
+	}
+	opts := []asynq.Option{asynq.TaskID(jobID), asynq.Queue(e.queue), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
+	if !at.IsZero() && time.Until(at) > 0 {
+		opts = append(opts, asynq.ProcessAt(at))
+	}
+	_, err = e.client.EnqueueContext(ctx, asynq.NewTask(TaskType, payload), opts...)
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("enqueue job %s: %w", jobID, err)
+	}
+	return nil
+}

@@ -1,0 +1,382 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/llmq/llmq/internal/idem"
+)
+
+// Errors returned by the Store.
+var (
+	// ErrNotFound: no job with that ID (for that tenant).
+	ErrNotFound = errors.New("job not found")
+	// ErrIdempotencyKeyReused: the key was used before with a different body.
+	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
+	// ErrNotRunnable: the job is terminal, so no attempt may start.
+	ErrNotRunnable = errors.New("job is terminal")
+)
+
+// EventsChannel is the Postgres NOTIFY channel on which every transition is announced, with
+// payload "<job id>:<seq>".
+const EventsChannel = "llmq_job_events"
+
+// Store is the Postgres job store: the source of truth. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	now  func() time.Time
+}
+
+// NewStore returns a Store on pool. now is the clock used for deadlines; nil means time.Now.
+func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{pool: pool, now: now}
+}
+
+// Pool returns the underlying pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// CreateParams describe a new job.
+type CreateParams struct {
+	Tenant         string
+	Credential     string
+	IdempotencyKey string // empty: none
+	Fingerprint    string
+	Request        json.RawMessage
+	MaxAttempts    int
+	Timeout        time.Duration
+	Metadata       json.RawMessage // nil: {}
+}
+
+const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
+	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
+	result, usage, dead_reason, metadata, request, event_seq`
+
+func scanJob(row pgx.Row) (*Job, error) {
+	var j Job
+	var timeoutMS int64
+	var lastErr []byte
+	err := row.Scan(&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
+		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
+		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
+		&j.EventSeq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	j.Timeout = Duration(time.Duration(timeoutMS) * time.Millisecond)
+	if lastErr != nil {
+		j.LastError = new(LastError)
+		if err := json.Unmarshal(lastErr, j.LastError); err != nil {
+			return nil, fmt.Errorf("decode last_error: %w", err)
+		}
+	}
+	return &j, nil
+}
+
+// Create inserts a job and its "queued" event in one transaction and returns it. With an
+// idempotency key already used by the same body (same fingerprint) it returns the existing job
+// and replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
+// key yield exactly one job.
+func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed bool, err error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, false, fmt.Errorf("new job id: %w", err)
+	}
+	if p.Metadata == nil {
+		p.Metadata = json.RawMessage("{}")
+	}
+	var key *string
+	if p.IdempotencyKey != "" {
+		key = &p.IdempotencyKey
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if key != nil {
+			c, err := idem.ClaimKey(ctx, tx, p.Tenant, *key, p.Fingerprint, id.String())
+			if err != nil {
+				return err
+			}
+			if !c.Claimed {
+				if !c.Matches(p.Fingerprint) {
+					return ErrIdempotencyKeyReused
+				}
+				job, err = scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, c.JobID))
+				replayed = true
+				return err
+			}
+		}
+		deadline := s.now().Add(p.Timeout)
+		job, err = scanJob(tx.QueryRow(ctx, `
+INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
+	max_attempts, timeout_ms, deadline, metadata, event_seq)
+VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1)
+RETURNING `+jobColumns,
+			id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
+			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata)))
+		if err != nil {
+			return fmt.Errorf("insert job: %w", err)
+		}
+		return appendEvent(ctx, tx, job.ID, 1, StatusQueued, nil)
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("create job: %w", err)
+	}
+	return job, replayed, nil
+}
+
+// Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.
+func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, ErrNotFound
+	}
+	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("get job: %w", err)
+	}
+	return j, err
+}
+
+// BeginAttempt marks the job running and counts the attempt. It accepts a job already running
+// (a redelivery after a worker died mid-attempt) and returns ErrNotRunnable for a terminal job.
+func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
+	var job *Job
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		job, err = scanJob(tx.QueryRow(ctx, `
+UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
+	next_attempt_at = NULL, updated_at = now(), event_seq = event_seq + 1
+WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
+RETURNING `+jobColumns, id))
+		if errors.Is(err, ErrNotFound) {
+			return ErrNotRunnable
+		}
+		if err != nil {
+			return err
+		}
+		return appendEvent(ctx, tx, job.ID, job.EventSeq, StatusRunning, map[string]any{"attempt": job.Attempts})
+	})
+	if err != nil && !errors.Is(err, ErrNotRunnable) {
+		return nil, fmt.Errorf("begin attempt: %w", err)
+	}
+	return job, err
+}
+
+// Attempt is the record of one provider call.
+type Attempt struct {
+	Number     int
+	Credential string
+	StartedAt  time.Time
+	Latency    time.Duration
+	TTFB       time.Duration // 0: no body byte arrived
+	StatusCode int           // 0: no HTTP answer
+	Class      string
+	RetryAfter *time.Duration
+	Delay      *time.Duration // the wait chosen before the next attempt
+	Error      string
+}
+
+// Outcome is what an attempt led to.
+type Outcome struct {
+	Status        Status // succeeded, retrying, failed, dead or queued (deferred without a call)
+	Result        json.RawMessage
+	Usage         json.RawMessage
+	LastError     *LastError
+	DeadReason    string
+	NextAttemptAt *time.Time
+}
+
+// Finish records an attempt (when not nil) and moves the job to o.Status with its result or
+// error, in one transaction. The move is conditional on the job not being terminal already, so a
+// duplicate delivery can never store a second result: applied is false when it was terminal.
+func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (applied bool, err error) {
+	var lastErr []byte
+	if o.LastError != nil {
+		if lastErr, err = json.Marshal(o.LastError); err != nil {
+			return false, fmt.Errorf("encode last_error: %w", err)
+		}
+	}
+	var dead *string
+	if o.DeadReason != "" {
+		dead = &o.DeadReason
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if a != nil {
+			if err := insertAttempt(ctx, tx, id, a); err != nil {
+				return err
+			}
+		}
+		var seq int
+		err := tx.QueryRow(ctx, `
+UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
+	last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
+	finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
+	updated_at = now(), event_seq = event_seq + 1
+WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
+RETURNING event_seq`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt).Scan(&seq)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		applied = true
+		payload := map[string]any{}
+		if o.DeadReason != "" {
+			payload["reason"] = o.DeadReason
+		}
+		return appendEvent(ctx, tx, id, seq, o.Status, payload)
+	})
+	if err != nil {
+		return false, fmt.Errorf("finish attempt: %w", err)
+	}
+	return applied, nil
+}
+
+func insertAttempt(ctx context.Context, tx pgx.Tx, id string, a *Attempt) error {
+	ms := func(d *time.Duration) *int64 {
+		if d == nil {
+			return nil
+		}
+		v := d.Milliseconds()
+		return &v
+	}
+	var ttfb *float64
+	if a.TTFB > 0 {
+		v := float64(a.TTFB) / float64(time.Millisecond)
+		ttfb = &v
+	}
+	var status *int
+	if a.StatusCode != 0 {
+		status = &a.StatusCode
+	}
+	var msg *string
+	if a.Error != "" {
+		msg = &a.Error
+	}
+	_, err := tx.Exec(ctx, `
+INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
+	class, retry_after_ms, delay_ms, error)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT (job_id, attempt) DO NOTHING`,
+		id, a.Number, a.Credential, a.StartedAt, float64(a.Latency)/float64(time.Millisecond), ttfb,
+		status, a.Class, ms(a.RetryAfter), ms(a.Delay), msg)
+	if err != nil {
+		return fmt.Errorf("insert attempt: %w", err)
+	}
+	return nil
+}
+
+// appendEvent inserts event seq for a job and notifies listeners when the transaction commits.
+func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status, payload map[string]any) error {
+	if payload == nil {
+		payload = map[string]any{}
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO job_events (job_id, seq, type, payload) VALUES ($1, $2, $3, $4)`,
+		id, seq, string(typ), b); err != nil {
+		return fmt.Errorf("insert event: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, fmt.Sprintf("%s:%d", id, seq)); err != nil {
+		return fmt.Errorf("notify event: %w", err)
+	}
+	return nil
+}
+
+func nullJSON(b json.RawMessage) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// AttemptRow is a stored attempt, for ctl and tests.
+type AttemptRow struct {
+	Number       int       `json:"attempt"`
+	Credential   string    `json:"credential"`
+	StartedAt    time.Time `json:"started_at"`
+	LatencyMS    float64   `json:"latency_ms"`
+	TTFBMS       *float64  `json:"ttfb_ms"`
+	StatusCode   *int      `json:"status_code"`
+	Class        string    `json:"class"`
+	RetryAfterMS *int64    `json:"retry_after_ms"`
+	DelayMS      *int64    `json:"delay_ms"`
+	Error        *string   `json:"error"`
+}
+
+// Attempts returns a job's attempts in order.
+func (s *Store) Attempts(ctx context.Context, id string) ([]AttemptRow, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT attempt, credential, started_at, latency_ms, ttfb_ms, status_code, class, retry_after_ms, delay_ms, error
+FROM job_attempts WHERE job_id = $1 ORDER BY attempt`, id)
+	if err != nil {
+		return nil, fmt.Errorf("list attempts: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptRow, error) {
+		var a AttemptRow
+		err := r.Scan(&a.Number, &a.Credential, &a.StartedAt, &a.LatencyMS, &a.TTFBMS, &a.StatusCode,
+			&a.Class, &a.RetryAfterMS, &a.DelayMS, &a.Error)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list attempts: %w", err)
+	}
+	return out, nil
+}
+
+// Unfinished is a non-terminal job as the sweeper sees it.
+type Unfinished struct {
+	ID            string
+	Status        Status
+	NextAttemptAt *time.Time
+	UpdatedAt     time.Time
+}
+
+// ListUnfinished returns up to limit non-terminal jobs with IDs after `after`, in ID order
+// (keyset pagination: each page costs the same however large the table).
+func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]Unfinished, error) {
+	if after == "" {
+		after = uuid.Nil.String()
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT id::text, status, next_attempt_at, updated_at FROM jobs
+WHERE status IN ('queued', 'running', 'retrying') AND id > $1
+ORDER BY id LIMIT $2`, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list unfinished jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
+		var u Unfinished
+		err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.UpdatedAt)
+		return u, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list unfinished jobs: %w", err)
+	}
+	return out, nil
+}
+
+// IsUnavailable reports whether err means Postgres could not be reached (as opposed to a bad
+// query), so the API can answer 503 rather than 500.
+func IsUnavailable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"
+	}
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr)
+}
