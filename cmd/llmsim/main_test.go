@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// start runs run on an ephemeral loopback port and returns the base URL and
+// a stop function that cancels it and returns run's error.
+func start(t *testing.T, args ...string) (string, func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := run(ctx, append([]string{"-listen", "127.0.0.1:0"}, args...), pw, io.Discard)
+		_ = pw.CloseWithError(io.EOF)
+		done <- err
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	require.NoError(t, err)
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	url, ok := strings.CutPrefix(strings.TrimSpace(line), "llmsim listening on ")
+	require.True(t, ok, "first line: %q", line)
+	return url, func() error {
+		cancel()
+		return <-done
+	}
+}
+
+func TestRun(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ServesAndStops", func(t *testing.T) {
+		t.Parallel()
+		url, stop := start(t, "-capacity", "2", "-rate", "1", "-fail-next", "1", "-fail-next-status", "503")
+
+		post := func() *http.Response {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/messages",
+				strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+			require.NoError(t, err)
+			req.Header.Set("x-api-key", "k")
+			req.Header.Set("anthropic-version", "2023-06-01")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			require.NoError(t, resp.Body.Close())
+			return resp
+		}
+		require.Equal(t, http.StatusServiceUnavailable, post().StatusCode)
+		resp := post()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, "2", resp.Header.Get("anthropic-ratelimit-requests-limit"))
+		require.Equal(t, http.StatusTooManyRequests, post().StatusCode)
+
+		require.NoError(t, stop())
+		http.DefaultClient.CloseIdleConnections()
+	})
+
+	t.Run("HangEndsAtShutdown", func(t *testing.T) {
+		t.Parallel()
+		url, stop := start(t, "-hang")
+		errc := make(chan error, 1)
+		go func() {
+			req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{}`))
+			if err != nil {
+				errc <- err
+				return
+			}
+			req.Header.Set("authorization", "Bearer k")
+			resp, err := (&http.Client{}).Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		// Once the request hangs, shutdown ends it instead of waiting for it
+		require.Eventually(t, func() bool {
+			resp, err := http.Get(url + "/_sim/stats")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			var st struct {
+				InFlight int `json:"in_flight"`
+			}
+			return json.NewDecoder(resp.Body).Decode(&st) == nil && st.InFlight == 1
+		}, 5*time.Second, 5*time.Millisecond)
+		require.NoError(t, stop())
+		require.Error(t, <-errc)
+	})
+
+	t.Run("RefusesRemoteListen", func(t *testing.T) {
+		t.Parallel()
+		for _, addr := range []string{"0.0.0.0:0", ":0", "192.0.2.1:80", "example.com:80"} {
+			err := run(t.Context(), []string{"-listen", addr}, io.Discard, io.Discard)
+			require.ErrorContains(t, err, "loopback", addr)
+		}
+	})
+
+	t.Run("BadFlags", func(t *testing.T) {
+		t.Parallel()
+		for _, args := range [][]string{
+			{"-capacity", "5"},
+			{"-error-rate", "2"},
+			{"-log-level", "loud"},
+			{"-nope"},
+			{"extra"},
+		} {
+			require.Error(t, run(t.Context(), args, io.Discard, io.Discard), "%q", args)
+		}
+	})
+}

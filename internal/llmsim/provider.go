@@ -1,0 +1,302 @@
+package llmsim
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// errorKind distinguishes answers that share a status but not a body.
+type errorKind int
+
+const (
+	kindStatus   errorKind = iota // body chosen by status alone
+	kindAuth                      // 401, missing key
+	kindSpendCap                  // 429 without retry-after
+)
+
+// apiError is an error answer before it is rendered in a provider's format.
+type apiError struct {
+	status  int
+	kind    errorKind
+	message string // empty: the provider's usual message for the status
+}
+
+// reply is the content of a successful answer.
+type reply struct {
+	id           string
+	model        string
+	text         string
+	inputTokens  int
+	outputTokens int
+	created      time.Time
+}
+
+// provider renders one API's dialect.
+type provider interface {
+	name() string
+	apiKey(r *http.Request) string
+	// checkHeaders returns a 400 message for missing required headers, or "".
+	checkHeaders(r *http.Request) string
+	idPrefix() string
+	// overloadStatus is the status of the overload fault.
+	overloadStatus() int
+	errorBody(e apiError, requestID string) []byte
+	successBody(r reply) []byte
+	setHeaders(h http.Header, requestID string, st *bucketState, now time.Time)
+}
+
+// anthropic speaks the Messages API.
+type anthropic struct{}
+
+func (anthropic) name() string     { return "anthropic" }
+func (anthropic) idPrefix() string { return "msg_" }
+
+func (anthropic) overloadStatus() int { return 529 }
+
+func (anthropic) apiKey(r *http.Request) string { return r.Header.Get("x-api-key") }
+
+func (anthropic) checkHeaders(r *http.Request) string {
+	if r.Header.Get("anthropic-version") == "" {
+		return "anthropic-version: header is required"
+	}
+	return ""
+}
+
+func (anthropic) errorBody(e apiError, requestID string) []byte {
+	type details struct {
+		ErrorCode string `json:"error_code"`
+	}
+	type inner struct {
+		Type    string   `json:"type"`
+		Message string   `json:"message"`
+		Details *details `json:"details,omitempty"`
+	}
+	in := inner{Type: anthropicErrorType(e.status), Message: e.message}
+	switch {
+	case e.kind == kindAuth:
+		in.Type = "authentication_error"
+		in.Message = "x-api-key header is required"
+	case e.kind == kindSpendCap:
+		in.Message = "You have reached your API usage limits: your organization's monthly spend limit is exhausted. " +
+			"Access resumes when the limit resets or is raised (llmsim spend-cap fault)."
+		in.Details = &details{ErrorCode: "enforced_spend_limit_reached"}
+	case in.Message == "":
+		in.Message = anthropicErrorMessage(e.status)
+	}
+	return mustJSON(struct {
+		Type      string `json:"type"`
+		Error     inner  `json:"error"`
+		RequestID string `json:"request_id"`
+	}{"error", in, requestID})
+}
+
+func anthropicErrorType(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusPaymentRequired:
+		return "billing_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
+	case 529:
+		return "overloaded_error"
+	}
+	if status >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+func anthropicErrorMessage(status int) string {
+	switch status {
+	case http.StatusTooManyRequests:
+		return "This request would exceed your account's rate limit. Please try again later."
+	case 529:
+		return "Overloaded"
+	case http.StatusRequestEntityTooLarge:
+		return "Request exceeds the maximum allowed number of bytes."
+	}
+	if status >= 500 {
+		return "Internal server error"
+	}
+	return "Invalid request (llmsim injected error)"
+}
+
+func (anthropic) successBody(r reply) []byte {
+	type text struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	type usage struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+	}
+	return mustJSON(struct {
+		ID           string  `json:"id"`
+		Type         string  `json:"type"`
+		Role         string  `json:"role"`
+		Model        string  `json:"model"`
+		Content      []text  `json:"content"`
+		StopReason   string  `json:"stop_reason"`
+		StopSequence *string `json:"stop_sequence"`
+		Usage        usage   `json:"usage"`
+	}{
+		ID: r.id, Type: "message", Role: "assistant", Model: r.model,
+		Content:    []text{{Type: "text", Text: r.text}},
+		StopReason: "end_turn",
+		Usage:      usage{InputTokens: r.inputTokens, OutputTokens: r.outputTokens},
+	})
+}
+
+func (anthropic) setHeaders(h http.Header, requestID string, st *bucketState, now time.Time) {
+	h.Set("request-id", requestID)
+	if st == nil {
+		return
+	}
+	h.Set("anthropic-ratelimit-requests-limit", formatLimit(st.limit))
+	h.Set("anthropic-ratelimit-requests-remaining", strconv.FormatInt(st.remaining, 10))
+	h.Set("anthropic-ratelimit-requests-reset", now.Add(st.untilFull).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+}
+
+// openAI speaks the Chat Completions API.
+type openAI struct{}
+
+func (openAI) name() string     { return "openai" }
+func (openAI) idPrefix() string { return "chatcmpl-" }
+
+func (openAI) overloadStatus() int { return http.StatusServiceUnavailable }
+
+func (openAI) apiKey(r *http.Request) string {
+	v := r.Header.Get("Authorization")
+	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+		return strings.TrimSpace(v[7:])
+	}
+	return ""
+}
+
+func (openAI) checkHeaders(*http.Request) string { return "" }
+
+func (openAI) errorBody(e apiError, _ string) []byte {
+	typ, code, msg := "invalid_request_error", "", e.message
+	switch {
+	case e.kind == kindAuth:
+		msg = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+	case e.kind == kindSpendCap:
+		typ, code = "insufficient_quota", "insufficient_quota"
+		msg = "You exceeded your current quota, please check your plan and billing details (llmsim spend-cap fault)."
+	case e.status == http.StatusTooManyRequests:
+		typ, code = "requests", "rate_limit_exceeded"
+		if msg == "" {
+			msg = "Rate limit reached for requests. Please try again later."
+		}
+	case e.status >= 500:
+		typ = "server_error"
+		if msg == "" && e.status == http.StatusServiceUnavailable {
+			msg = "The engine is currently overloaded, please try again later."
+		} else if msg == "" {
+			msg = "The server had an error while processing your request. Sorry about that!"
+		}
+	case msg == "":
+		msg = "Invalid request (llmsim injected error)"
+	}
+	var c *string
+	if code != "" {
+		c = &code
+	}
+	type inner struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}
+	return mustJSON(struct {
+		Error inner `json:"error"`
+	}{inner{Message: msg, Type: typ, Code: c}})
+}
+
+func (openAI) successBody(r reply) []byte {
+	type message struct {
+		Role    string  `json:"role"`
+		Content string  `json:"content"`
+		Refusal *string `json:"refusal"`
+	}
+	type choice struct {
+		Index        int             `json:"index"`
+		Message      message         `json:"message"`
+		Logprobs     json.RawMessage `json:"logprobs"`
+		FinishReason string          `json:"finish_reason"`
+	}
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		TotalTokens      int `json:"total_tokens"`
+	}
+	return mustJSON(struct {
+		ID      string   `json:"id"`
+		Object  string   `json:"object"`
+		Created int64    `json:"created"`
+		Model   string   `json:"model"`
+		Choices []choice `json:"choices"`
+		Usage   usage    `json:"usage"`
+	}{
+		ID: r.id, Object: "chat.completion", Created: r.created.Unix(), Model: r.model,
+		Choices: []choice{{
+			Message:      message{Role: "assistant", Content: r.text},
+			Logprobs:     json.RawMessage("null"),
+			FinishReason: "stop",
+		}},
+		Usage: usage{
+			PromptTokens:     r.inputTokens,
+			CompletionTokens: r.outputTokens,
+			TotalTokens:      r.inputTokens + r.outputTokens,
+		},
+	})
+}
+
+func (openAI) setHeaders(h http.Header, requestID string, st *bucketState, _ time.Time) {
+	h.Set("x-request-id", requestID)
+	if st == nil {
+		return
+	}
+	h.Set("x-ratelimit-limit-requests", formatLimit(st.limit))
+	h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(st.remaining, 10))
+	h.Set("x-ratelimit-reset-requests", formatOpenAIDuration(st.untilFull))
+}
+
+// formatOpenAIDuration writes d rounded up to the millisecond in the form
+// OpenAI uses ("120ms", "1.5s", "6m0s"), which is Go's duration syntax.
+func formatOpenAIDuration(d time.Duration) string {
+	if r := d % time.Millisecond; r != 0 {
+		d += time.Millisecond - r
+	}
+	return d.String()
+}
+
+func formatLimit(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// retryAfterSeconds is ceil(d) in whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	secs := (d + time.Second - 1) / time.Second
+	return strconv.FormatInt(max(int64(secs), 1), 10)
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("llmsim: encode answer: " + err.Error()) // only fixed struct types are encoded
+	}
+	return b
+}

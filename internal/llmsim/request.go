@@ -1,0 +1,143 @@
+package llmsim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// replyPrefix starts every reply text.
+const replyPrefix = "llmsim reply to: "
+
+// replyQuoteRunes is how much of the last user message the reply quotes.
+const replyQuoteRunes = 60
+
+// chatRequest is what the simulator reads from either API's request body.
+type chatRequest struct {
+	model         string
+	lastUserText  string
+	textBytes     int // bytes of all message text plus the Anthropic system text
+	streamRequest bool
+}
+
+// parseChatRequest validates body as an Anthropic Messages or OpenAI Chat
+// Completions request and extracts what the answer needs. The error message
+// is meant for the client.
+func parseChatRequest(body []byte) (chatRequest, error) {
+	var raw struct {
+		Model    json.RawMessage `json:"model"`
+		Messages json.RawMessage `json:"messages"`
+		Stream   json.RawMessage `json:"stream"`
+		System   json.RawMessage `json:"system"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return chatRequest{}, fmt.Errorf("request body is not a valid JSON object: %w", err)
+	}
+	var req chatRequest
+	if isNull(raw.Model) || json.Unmarshal(raw.Model, &req.model) != nil || req.model == "" {
+		return chatRequest{}, errors.New("model: Field required (a non-empty string)")
+	}
+	if !isNull(raw.Stream) {
+		if err := json.Unmarshal(raw.Stream, &req.streamRequest); err != nil {
+			return chatRequest{}, errors.New("stream: must be a boolean")
+		}
+		if req.streamRequest {
+			return chatRequest{}, errors.New("stream: streaming is not supported by llmsim")
+		}
+	}
+	var messages []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if isNull(raw.Messages) || json.Unmarshal(raw.Messages, &messages) != nil || len(messages) == 0 {
+		return chatRequest{}, errors.New("messages: Field required (a non-empty array of messages)")
+	}
+	for i, m := range messages {
+		if m.Role == "" {
+			return chatRequest{}, fmt.Errorf("messages.%d.role: Field required", i)
+		}
+		text, err := contentText(m.Content)
+		if err != nil {
+			return chatRequest{}, fmt.Errorf("messages.%d.content: %w", i, err)
+		}
+		req.textBytes += len(text)
+		if m.Role == "user" {
+			req.lastUserText = text
+		}
+	}
+	if !isNull(raw.System) {
+		text, err := contentText(raw.System)
+		if err != nil {
+			return chatRequest{}, fmt.Errorf("system: %w", err)
+		}
+		req.textBytes += len(text)
+	}
+	return req, nil
+}
+
+// contentText returns the text of a content value: a string, an array of
+// blocks (the "text" of blocks of type "text", joined by newlines), or null.
+func contentText(raw json.RawMessage) (string, error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var blocks []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return "", errors.New("must be a string or an array of content blocks")
+	}
+	var b bytes.Buffer
+	for _, bl := range blocks {
+		if bl.Type != "text" {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(bl.Text)
+	}
+	return b.String(), nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+// replyText is the deterministic reply to req.
+func replyText(req chatRequest) string {
+	quote := req.lastUserText
+	n := 0
+	for i := range quote {
+		if n == replyQuoteRunes {
+			quote = quote[:i]
+			break
+		}
+		n++
+	}
+	return replyPrefix + quote
+}
+
+// tokens is the token rule: bytes / 4, at least 1.
+func tokens(bytes int) int { return max(bytes/4, 1) }
+
+// strictUnmarshal decodes exactly one JSON value into v, refusing unknown
+// fields and trailing data.
+func strictUnmarshal(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("unexpected data after the JSON value")
+	}
+	return nil
+}
