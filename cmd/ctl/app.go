@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
@@ -36,20 +39,85 @@ func newApp(out, errOut io.Writer) *app {
 		},
 		// Errors are printed once, by run; never os.Exit inside the library.
 		ExitErrHandler: func(*cli.Context, error) {},
+		// Without a command (or with an unknown one) it is a usage error, not help and exit 0.
+		Action:       usageAction(true),
+		OnUsageError: onUsageError,
 	}
+	setUsageErrors(a.cli.Commands)
 	return a
+}
+
+// exitUsage is the exit code for a command line ctl cannot run.
+const exitUsage = 2
+
+// onUsageError makes a flag parsing error a usage error (exit 2), printed once by run.
+func onUsageError(_ *cli.Context, err error, _ bool) error {
+	return cli.Exit(err.Error(), exitUsage)
+}
+
+// usageAction is the action of the app (root) or of a command group: it runs only when no known
+// subcommand was given. Without arguments it shows the help on the output; either way it fails
+// with a usage error.
+func usageAction(root bool) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		name := c.App.Name
+		if !root {
+			name = c.Command.HelpName
+		}
+		if c.Args().Present() {
+			return cli.Exit(fmt.Sprintf("unknown command %q; see '%s --help'", c.Args().First(), name), exitUsage)
+		}
+		if root {
+			_ = cli.ShowAppHelp(c)
+		} else {
+			_ = cli.ShowSubcommandHelp(c)
+		}
+		return cli.Exit(fmt.Sprintf("no command given; see '%s --help'", name), exitUsage)
+	}
+}
+
+// setUsageErrors gives every command the usage-error handling of the app.
+func setUsageErrors(cmds []*cli.Command) {
+	for _, cmd := range cmds {
+		cmd.OnUsageError = onUsageError
+		if len(cmd.Subcommands) > 0 && cmd.Action == nil {
+			cmd.Action = usageAction(false)
+		}
+		setUsageErrors(cmd.Subcommands)
+	}
 }
 
 // run executes args and returns the exit code: 0 ok, 1 failure, 2 usage.
 func (a *app) run(ctx context.Context, args []string) int {
 	if err := a.cli.RunContext(ctx, args); err != nil {
-		fmt.Fprintln(a.errOut, "ctl:", err)
+		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error()))
 		if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
 			return ec.ExitCode()
 		}
 		return 1
 	}
 	return 0
+}
+
+// oneLine joins the lines of a multi-line error message (errors.Join, pgx's per-host errors) so
+// that every failure prints as one line.
+func oneLine(msg string) string {
+	lines := strings.Split(strings.TrimSpace(msg), "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimSpace(l)
+	}
+	return strings.Join(lines, "; ")
+}
+
+// unreachable marks err as "postgres unreachable" when connecting failed without an answer from
+// the server (refused, DNS, timeout, TLS), as opposed to a server that answered with an error.
+func unreachable(err error) error {
+	var connErr *pgconn.ConnectError
+	var pgErr *pgconn.PgError
+	if errors.As(err, &connErr) && !errors.As(err, &pgErr) {
+		return fmt.Errorf("postgres unreachable: %w", err)
+	}
+	return err
 }
 
 // databaseURL resolves the Postgres URL: --database-url, else the config file, else the default.
@@ -79,7 +147,7 @@ func pool(c *cli.Context) (*pgxpool.Pool, error) {
 	}
 	if err := p.Ping(c.Context); err != nil {
 		p.Close()
-		return nil, fmt.Errorf("postgres unreachable: %w", err)
+		return nil, unreachable(fmt.Errorf("connect to postgres: %w", err))
 	}
 	return p, nil
 }
@@ -94,7 +162,7 @@ func (a *app) migrateCommand() *cli.Command {
 				return err
 			}
 			if err := migrations.EnsureDatabase(c.Context, u); err != nil {
-				return err
+				return unreachable(err)
 			}
 			p, err := pgxpool.New(c.Context, u)
 			if err != nil {

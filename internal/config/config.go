@@ -84,11 +84,20 @@ type Credential struct {
 	// AttemptTimeout bounds one provider call. Default 5m.
 	AttemptTimeout time.Duration `yaml:"attempt_timeout"`
 
-	apiKey string
+	// apiKey is behind a pointer so that printing a Config or Credential (%v, %+v, %#v, slog)
+	// shows an address, not the key: fmt prints unexported fields but only addresses of nested
+	// pointers.
+	apiKey *string
 }
 
-// APIKey returns the resolved secret. It is never logged or stored.
-func (c Credential) APIKey() string { return c.apiKey }
+// APIKey returns the resolved secret ("" before Load or Parse resolved it). It is never logged
+// or stored, and printing the Credential does not show it.
+func (c Credential) APIKey() string {
+	if c.apiKey == nil {
+		return ""
+	}
+	return *c.apiKey
+}
 
 // Limits is a provider rate limit.
 type Limits struct {
@@ -198,7 +207,15 @@ func (c *Config) withDefaults() {
 	}
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+var (
+	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	envVarRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// redisSchemes are the URL schemes jobs.RedisConnOpt understands.
+var redisSchemes = map[string]bool{
+	"redis": true, "rediss": true, "redis-socket": true, "redis-sentinel": true, "redis-cluster": true,
+}
 
 func (c *Config) validate() error {
 	var errs []error
@@ -208,7 +225,7 @@ func (c *Config) validate() error {
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		bad("database_url", "must be a postgres:// URL")
 	}
-	if u, err := url.Parse(c.RedisURL); err != nil || !strings.HasPrefix(u.Scheme, "redis") {
+	if u, err := url.Parse(c.RedisURL); err != nil || !redisSchemes[u.Scheme] {
 		bad("redis_url", "must be a redis://, rediss://, redis-socket://, redis-sentinel:// or redis-cluster:// URL")
 	}
 	if c.API.MaxBodyBytes < 0 {
@@ -255,6 +272,10 @@ func (c *Config) validate() error {
 		if (cr.APIKeyEnv == "") == (cr.APIKeyFile == "") {
 			bad(f, "exactly one of api_key_env and api_key_file is required")
 		}
+		// Not echoed: a value that is not a variable name is likely the key itself pasted here.
+		if cr.APIKeyEnv != "" && !envVarRE.MatchString(cr.APIKeyEnv) {
+			bad(f+".api_key_env", "must name an environment variable (letters, digits, '_'), not hold the key")
+		}
 		if cr.Limits != nil && (cr.Limits.RequestsPerSecond <= 0 || cr.Limits.Burst <= 0) {
 			bad(f+".limits", "requests_per_second and burst must both be positive")
 		}
@@ -271,19 +292,21 @@ func (c *Config) resolveSecrets(getenv func(string) string) error {
 		f := fmt.Sprintf("credentials[%d]", i)
 		switch {
 		case cr.APIKeyEnv != "":
-			cr.apiKey = getenv(cr.APIKeyEnv)
-			if cr.apiKey == "" {
+			key := getenv(cr.APIKeyEnv)
+			if key == "" {
 				return fmt.Errorf("%s.api_key_env: environment variable %s is not set", f, cr.APIKeyEnv)
 			}
+			cr.apiKey = &key
 		case cr.APIKeyFile != "":
 			b, err := os.ReadFile(cr.APIKeyFile)
 			if err != nil {
 				return fmt.Errorf("%s.api_key_file: cannot read %q: %w", f, cr.APIKeyFile, errors.Unwrap(err))
 			}
-			cr.apiKey = strings.TrimSpace(string(b))
-			if cr.apiKey == "" {
+			key := strings.TrimSpace(string(b))
+			if key == "" {
 				return fmt.Errorf("%s.api_key_file: %q is empty", f, cr.APIKeyFile)
 			}
+			cr.apiKey = &key
 		}
 	}
 	return nil

@@ -1,0 +1,375 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// unreachableURL is a Postgres URL on a port nothing listens on.
+const unreachableURL = "postgres://postgres@127.0.0.1:1/x?sslmode=disable"
+
+// result is one in-process run of ctl.
+type result struct {
+	code        int
+	out, errOut string
+}
+
+// run runs ctl in-process with args (without the program name), bounded by a generous timeout.
+func run(t *testing.T, args ...string) result {
+	t.Helper()
+	r, _ := runTimeout(30*time.Second, args...)
+	return r
+}
+
+// cliMu serialises runs of ctl. urfave/cli v2 mutates package-level flags (cli.HelpFlag's Apply
+// writes its default), so two apps running at once race; the binary only ever runs one.
+var cliMu sync.Mutex
+
+// runTimeout runs ctl with a context that expires after timeout (counted once the run starts)
+// and reports whether it expired.
+func runTimeout(timeout time.Duration, args ...string) (r result, expired bool) {
+	var out, errOut bytes.Buffer
+	cliMu.Lock()
+	defer cliMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	code := newApp(&out, &errOut).run(ctx, append([]string{"ctl"}, args...))
+	return result{code: code, out: out.String(), errOut: errOut.String()}, ctx.Err() != nil
+}
+
+// requireOneLineError checks a failed run: the exit code, nothing on the output, and exactly one
+// line on the error output, starting with "ctl: " and containing want.
+func requireOneLineError(t *testing.T, r result, code int, want string) {
+	t.Helper()
+	require.Equal(t, code, r.code, "stdout %q stderr %q", r.out, r.errOut)
+	require.True(t, strings.HasSuffix(r.errOut, "\n"), "error output %q", r.errOut)
+	require.Equal(t, 1, strings.Count(r.errOut, "\n"), "one line: %q", r.errOut)
+	require.True(t, strings.HasPrefix(r.errOut, "ctl: "), "error output %q", r.errOut)
+	require.Contains(t, r.errOut, want)
+}
+
+// jobsBundle is a migrated database with its URL, a pool on it and a job store.
+type jobsBundle struct {
+	url   string
+	pool  *pgxpool.Pool
+	store *jobs.Store
+}
+
+func setupJobs(t *testing.T) *jobsBundle {
+	t.Helper()
+	u := pgtest.URL(t)
+	pool, err := pgxpool.New(context.Background(), u)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return &jobsBundle{url: u, pool: pool, store: jobs.NewStore(pool, nil)}
+}
+
+func (b *jobsBundle) createJob(t *testing.T) *jobs.Job {
+	t.Helper()
+	job, replayed, err := b.store.Create(context.Background(), jobs.CreateParams{
+		Tenant:      "default",
+		Credential:  "default",
+		Fingerprint: "x",
+		Request:     json.RawMessage(`{"model":"m"}`),
+		MaxAttempts: 3,
+		Timeout:     time.Minute,
+	})
+	require.NoError(t, err)
+	require.False(t, replayed)
+	return job
+}
+
+func TestMigrate_UpToDate(t *testing.T) {
+	t.Parallel()
+
+	r := run(t, "--database-url", pgtest.URL(t), "migrate")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "schema is up to date\n", r.out)
+	require.Empty(t, r.errOut)
+}
+
+func TestMigrate_CreatesDatabase(t *testing.T) {
+	t.Parallel()
+
+	base := pgtest.URL(t)
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	name := "llmq_ctl_test_" + redistest.Rand()
+	u.Path = "/" + name
+	fresh := u.String()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Errorf("drop %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+
+	r := run(t, "--database-url", fresh, "migrate")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "applied migration 001\n", r.out)
+	require.Empty(t, r.errOut)
+
+	// The schema is there, and a second run has nothing to do.
+	conn, err := pgx.Connect(context.Background(), fresh)
+	require.NoError(t, err)
+	var tables int
+	err = conn.QueryRow(context.Background(),
+		`SELECT count(*) FROM information_schema.tables WHERE table_name IN ('jobs', 'idempotency_keys', 'job_attempts', 'job_events')`).Scan(&tables)
+	require.NoError(t, conn.Close(context.Background()))
+	require.NoError(t, err)
+	require.Equal(t, 4, tables)
+
+	r = run(t, "--database-url", fresh, "migrate")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "schema is up to date\n", r.out)
+}
+
+func TestJobsShow(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Table", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		job := b.createJob(t)
+
+		r := run(t, "--database-url", b.url, "jobs", "show", job.ID)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Empty(t, r.errOut)
+		rows := fields(r.out)
+		require.Equal(t, job.ID, rows["id"])
+		require.Equal(t, "queued", rows["status"])
+		require.Equal(t, "default", rows["credential"])
+		require.Equal(t, "0/3", rows["attempts"])
+		require.Equal(t, fmt.Sprint(len(`{"model":"m"}`)), rows["request bytes"])
+		require.Equal(t, "0", rows["result bytes"])
+		require.NotContains(t, r.out, "ATTEMPT", "no attempts table before any attempt")
+	})
+
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		job := b.createJob(t)
+
+		r := run(t, "--database-url", b.url, "jobs", "show", "--json", job.ID)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Empty(t, r.errOut)
+		var got struct {
+			Job struct {
+				ID          string `json:"id"`
+				Status      string `json:"status"`
+				Credential  string `json:"credential"`
+				MaxAttempts int    `json:"max_attempts"`
+				Timeout     string `json:"timeout"`
+			} `json:"job"`
+			Attempts []json.RawMessage `json:"attempts"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+		require.Equal(t, job.ID, got.Job.ID)
+		require.Equal(t, "queued", got.Job.Status)
+		require.Equal(t, "default", got.Job.Credential)
+		require.Equal(t, 3, got.Job.MaxAttempts)
+		require.Equal(t, "1m0s", got.Job.Timeout)
+		require.Empty(t, got.Attempts)
+	})
+
+	t.Run("WithAttempts", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		job := b.createJob(t)
+		ctx := context.Background()
+		_, err := b.store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		retryAfter, delay := 2*time.Second, 3*time.Second
+		applied, err := b.store.Finish(ctx, job.ID, &jobs.Attempt{
+			Number: 1, Credential: "default", StartedAt: time.Now(), Latency: 120 * time.Millisecond,
+			StatusCode: 429, Class: "rate_limited", RetryAfter: &retryAfter, Delay: &delay, Error: "slow down",
+		}, jobs.Outcome{
+			Status:    jobs.StatusRetrying,
+			LastError: &jobs.LastError{Class: "rate_limited", Status: 429, Message: "slow down"},
+		})
+		require.NoError(t, err)
+		require.True(t, applied)
+
+		r := run(t, "--database-url", b.url, "jobs", "show", job.ID)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := fields(r.out)
+		require.Equal(t, "retrying", rows["status"])
+		require.Equal(t, "1/3", rows["attempts"])
+		require.Equal(t, "rate_limited 429: slow down", rows["last error"])
+		require.Regexp(t, `(?m)^ATTEMPT\s+STARTED\s+STATUS\s+CLASS\s+RETRY-AFTER\s+DELAY\s+LATENCY$`, r.out)
+		require.Regexp(t, `(?m)^1\s+\S+\s+429\s+rate_limited\s+2s\s+3s\s+120ms$`, r.out)
+
+		r = run(t, "--database-url", b.url, "jobs", "show", "--json", job.ID)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		var got struct {
+			Job struct {
+				Status    string `json:"status"`
+				LastError struct {
+					Status int `json:"status"`
+				} `json:"last_error"`
+			} `json:"job"`
+			Attempts []jobs.AttemptRow `json:"attempts"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got))
+		require.Equal(t, "retrying", got.Job.Status)
+		require.Equal(t, 429, got.Job.LastError.Status)
+		require.Len(t, got.Attempts, 1)
+		require.Equal(t, "rate_limited", got.Attempts[0].Class)
+	})
+
+	t.Run("ViaConfigFile", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		job := b.createJob(t)
+		dir := t.TempDir()
+		keyFile := filepath.Join(dir, "key")
+		require.NoError(t, os.WriteFile(keyFile, []byte("k\n"), 0o600))
+		cfgFile := filepath.Join(dir, "llmq.yaml")
+		require.NoError(t, os.WriteFile(cfgFile, fmt.Appendf(nil, `database_url: %q
+credentials:
+  - { name: default, provider: anthropic, base_url: "http://127.0.0.1:8090", api_key_file: %q }
+`, b.url, keyFile), 0o600))
+
+		r := run(t, "--config", cfgFile, "jobs", "show", job.ID)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, job.ID, fields(r.out)["id"])
+	})
+
+	t.Run("UnknownID", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		const id = "0190a5b2-7c1e-7d3f-9a8b-123456789abc"
+		r := run(t, "--database-url", b.url, "jobs", "show", id)
+		requireOneLineError(t, r, 1, id)
+		require.Contains(t, r.errOut, "no job")
+		require.Empty(t, r.out)
+	})
+
+	t.Run("MalformedID", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		r := run(t, "--database-url", b.url, "jobs", "show", "not-a-uuid")
+		requireOneLineError(t, r, 1, `no job "not-a-uuid"`)
+		require.Empty(t, r.out)
+	})
+}
+
+// fields parses the key/value table of `jobs show` (columns separated by two or more spaces).
+func fields(out string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if line == "" {
+			break // the attempts table follows a blank line
+		}
+		k, v, ok := strings.Cut(line, "  ")
+		if ok {
+			m[k] = strings.TrimSpace(v)
+		}
+	}
+	return m
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+
+	for name, args := range map[string][]string{
+		"NoArgs":          nil,
+		"UnknownCommand":  {"bogus"},
+		"UnknownFlag":     {"--nope", "migrate"},
+		"JobsNoSubcmd":    {"jobs"},
+		"JobsUnknown":     {"jobs", "bogus"},
+		"ShowNoID":        {"jobs", "show"},
+		"ShowTwoIDs":      {"jobs", "show", "a", "b"},
+		"ShowUnknownFlag": {"jobs", "show", "--bad", "x"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			// No database is contacted for a usage error, so an unreachable one is fine.
+			r := run(t, append([]string{"--database-url", unreachableURL}, args...)...)
+			requireOneLineError(t, r, 2, "")
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+
+	for name, args := range map[string][]string{
+		"Command":  {"help"},
+		"Flag":     {"--help"},
+		"JobsFlag": {"jobs", "--help"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := run(t, args...)
+			require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+			require.Contains(t, r.out, "USAGE")
+			require.Empty(t, r.errOut)
+		})
+	}
+}
+
+func TestUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+
+	for name, args := range map[string][]string{
+		"JobsShow": {"--database-url", unreachableURL, "jobs", "show", "0190a5b2-7c1e-7d3f-9a8b-123456789abc"},
+		"Migrate":  {"--database-url", unreachableURL, "migrate"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r, expired := runTimeout(5*time.Second, args...)
+			require.False(t, expired, "ctl waited for the timeout instead of failing fast")
+			requireOneLineError(t, r, 1, "postgres unreachable")
+			require.Empty(t, r.out)
+		})
+	}
+}
+
+func TestMissingConfigFile(t *testing.T) {
+	t.Parallel()
+
+	path := filepath.Join(t.TempDir(), "absent.yaml")
+	r := run(t, "--config", path, "migrate")
+	requireOneLineError(t, r, 1, path)
+}
+
+func TestInvalidConfigFileIsOneLine(t *testing.T) {
+	t.Parallel()
+
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("database_url: mysql://x/y\nredis_url: http://x\ncredentials: []\n"), 0o600))
+	r := run(t, "--config", path, "migrate")
+	requireOneLineError(t, r, 1, "database_url")
+	require.Contains(t, r.errOut, "redis_url")
+	require.Contains(t, r.errOut, "credentials")
+}
