@@ -1,0 +1,129 @@
+package llm_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// TestClassify_LLMErrors proves that the errors of this package carry what retrypolicy
+// looks for, end to end over HTTP.
+func TestClassify_LLMErrors(t *testing.T) {
+	t.Parallel()
+
+	const spendCap = retrypolicy.DeadReasonRateLimitedNoRetryAfter
+	tests := []struct {
+		name    string
+		kind    llm.Kind
+		handler http.HandlerFunc
+		want    retrypolicy.Decision
+	}{
+		{"OK", llm.KindAnthropic, reply(200, `{}`), retrypolicy.Decision{Class: retrypolicy.ClassOK}},
+		{"400", llm.KindAnthropic, reply(400, `{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400}},
+		{"401", llm.KindOpenAI, reply(401, `{"error":{"message":"no","type":"invalid_request_error","code":"invalid_api_key"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 401}},
+		{"429RetryAfter", llm.KindAnthropic, reply(429, `{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}`, "Retry-After", "3"),
+			retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, RetryAfter: 3 * time.Second, HasRetryAfter: true}},
+		{"429RetryAfterMs", llm.KindOpenAI, reply(429, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`, "Retry-After-Ms", "1500", "Retry-After", "2"),
+			retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, RetryAfter: 1500 * time.Millisecond, HasRetryAfter: true}},
+		{"429NoRetryAfter", llm.KindAnthropic, reply(429, `{"type":"error","error":{"type":"rate_limit_error","message":"limit"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429}},
+		{"429AnthropicSpendLimit", llm.KindAnthropic, reply(429, `{"type":"error","error":{"type":"rate_limit_error","message":"spend","details":{"error_code":"enforced_spend_limit_reached"}}}`, "X-Should-Retry", "true"),
+			retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429}},
+		{"429OpenAIInsufficientQuota", llm.KindOpenAI, reply(429, `{"error":{"message":"quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429}},
+		{"503", llm.KindOpenAI, reply(503, "busy", "Content-Type", "text/plain"),
+			retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 503}},
+		{"529", llm.KindAnthropic, reply(529, `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 529}},
+		{"ShouldRetryTrueOn400", llm.KindAnthropic, reply(400, `{}`, "X-Should-Retry", "true"),
+			retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 400}},
+		{"ShouldRetryFalseOn503", llm.KindAnthropic, reply(503, `{}`, "X-Should-Retry", "false"),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 503}},
+		{"Redirect", llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/elsewhere", http.StatusFound) },
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 302}},
+		{"DecodeError", llm.KindAnthropic, reply(200, "<html>", "Content-Type", "text/html"),
+			retrypolicy.Decision{Class: retrypolicy.ClassInternal}},
+		{"BodyCutShort", llm.KindOpenAI, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(200)
+			_, _ = io.WriteString(w, "{")
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = buf.Flush()
+				_ = conn.Close()
+			}
+		}, retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			b := setup(t, tt.kind, tt.handler)
+			_, err := b.provider.Send(t.Context(), bodyFor(tt.kind))
+			require.Equal(t, tt.want, retrypolicy.Classify(err, time.Now()), "err: %v", err)
+		})
+	}
+
+	t.Run("InvalidRequestIsInternal", func(t *testing.T) {
+		t.Parallel()
+
+		b := setup(t, llm.KindAnthropic, reply(200, `{}`))
+		_, err := b.provider.Send(t.Context(), []byte("[]"))
+		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassInternal}, retrypolicy.Classify(err, time.Now()))
+	})
+
+	t.Run("ConnectionRefusedIsNetwork", func(t *testing.T) {
+		t.Parallel()
+
+		b := setup(t, llm.KindOpenAI, reply(200, `{}`))
+		b.srv.Close()
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindOpenAI))
+		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true}, retrypolicy.Classify(err, time.Now()))
+	})
+
+	t.Run("DeadlineIsTimeout", func(t *testing.T) {
+		t.Parallel()
+
+		b, _, _ := blockingServer(t, llm.KindAnthropic, false)
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic))
+		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassTimeout, Retry: true}, retrypolicy.Classify(err, time.Now()))
+	})
+
+	t.Run("CancelIsCanceled", func(t *testing.T) {
+		t.Parallel()
+
+		b, ready, _ := blockingServer(t, llm.KindAnthropic, true)
+		ctx, cancel := context.WithCancel(t.Context())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic))
+			errc <- err
+		}()
+		<-ready
+		cancel()
+		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassCanceled}, retrypolicy.Classify(<-errc, time.Now()))
+	})
+
+	t.Run("DelayHonoursProviderRetryAfter", func(t *testing.T) {
+		t.Parallel()
+
+		b := setup(t, llm.KindAnthropic, reply(429, `{"type":"error","error":{"type":"rate_limit_error","message":"x"}}`, "Retry-After", "4"))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		d := retrypolicy.Classify(err, time.Now())
+		p := retrypolicy.New(&retrypolicy.Config{Float64: func() float64 { return 0.5 }})
+		require.Equal(t, 4*time.Second+500*time.Millisecond, p.Delay(1, d))
+		require.False(t, strings.Contains(err.Error(), testKey))
+	})
+}

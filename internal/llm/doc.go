@@ -1,0 +1,20 @@
+// Package llm sends one LLM request to a provider over plain net/http and returns a typed
+// result. It speaks the Anthropic Messages API and the OpenAI Chat Completions API.
+//
+// The request body is the job's provider-native JSON and is sent verbatim; the response
+// body is returned verbatim. One Send is exactly one HTTP request: there is no retry loop
+// here (internal/retrypolicy decides about retries) and no SDK underneath whose own retries
+// could multiply ours.
+//
+// Errors from Send are one of:
+//   - *StatusError: the provider answered with a non-2xx status. It exposes HTTPStatus,
+//     ResponseHeader and ErrorType so that retrypolicy can classify it without importing
+//     this package.
+//   - *TransportError: no complete answer arrived (refused, reset, DNS, TLS, a body cut
+//     short, a deadline or a cancellation). errors.Is(err, context.Canceled) and
+//     errors.Is(err, context.DeadlineExceeded) hold when the context ended the call.
+//   - an error wrapping ErrInvalidRequest: the body was refused before anything was sent.
+//   - an error wrapping ErrDecode (or ErrResponseTooLarge): a 2xx answer we cannot use.
+//
+// No error string contains the API key or the request body.
+package llm

@@ -1,0 +1,133 @@
+package llm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// ErrInvalidRequest is wrapped by errors for a request body we refuse to send (not a JSON
+// object, or asking for a stream). Nothing reached the provider.
+var ErrInvalidRequest = errors.New("llm: invalid request")
+
+// ErrDecode is wrapped by errors for a 2xx answer whose body is not a JSON object. It is our
+// problem, not a transient provider failure: retrypolicy classifies it as internal.
+var ErrDecode = errors.New("llm: cannot decode provider response")
+
+// ErrResponseTooLarge is wrapped by errors for a 2xx answer whose body exceeds
+// Config.MaxResponseBytes. errors.Is(err, ErrDecode) also holds for it.
+var ErrResponseTooLarge = fmt.Errorf("%w: response body too large", ErrDecode)
+
+// maxMessageLen bounds the provider message kept in a StatusError, so that an error body
+// which echoes the prompt cannot flood logs and rows.
+const maxMessageLen = 512
+
+// StatusError is a non-2xx answer from the provider. Its fields are filled from the error
+// body of either provider: Anthropic {"type":"error","error":{"type","message","details":
+// {"error_code"}}} and OpenAI {"error":{"message","type","param","code"}}. When the body is
+// not such JSON, Message is a short excerpt of it (or the status text when empty).
+//
+// The API key is redacted from Message; Error() carries neither the key nor the request.
+type StatusError struct {
+	// StatusCode is the HTTP status.
+	StatusCode int
+	// Type is the provider's error type (e.g. rate_limit_error, invalid_request_error).
+	Type string
+	// Code is the provider's finer error code when it sends one: OpenAI error.code (e.g.
+	// insufficient_quota), Anthropic error.details.error_code (e.g.
+	// enforced_spend_limit_reached).
+	Code string
+	// Message is the provider's message, truncated to 512 bytes.
+	Message string
+	// Header is the response header, including Retry-After, retry-after-ms and
+	// x-should-retry for the classifier.
+	Header http.Header
+	// RateLimit is the request rate-limit family parsed from Header.
+	RateLimit RateLimit
+	// Latency is the time from sending the request to reading the (error) body.
+	Latency time.Duration
+	// TimeToFirstByte is the time from sending the request to reading the first body byte.
+	TimeToFirstByte time.Duration
+}
+
+// Error describes the status, the provider's error type and message.
+func (e *StatusError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "llm: provider answered %d", e.StatusCode)
+	switch {
+	case e.Type != "" && e.Code != "" && e.Type != e.Code:
+		fmt.Fprintf(&b, " %s/%s", e.Type, e.Code)
+	case e.Code != "":
+		fmt.Fprintf(&b, " %s", e.Code)
+	case e.Type != "":
+		fmt.Fprintf(&b, " %s", e.Type)
+	}
+	if e.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Message)
+	}
+	return b.String()
+}
+
+// HTTPStatus returns the HTTP status code.
+func (e *StatusError) HTTPStatus() int { return e.StatusCode }
+
+// ErrorType returns Code when set, else Type: the most specific machine-readable reason.
+func (e *StatusError) ErrorType() string {
+	if e.Code != "" {
+		return e.Code
+	}
+	return e.Type
+}
+
+// ResponseHeader returns the response header.
+func (e *StatusError) ResponseHeader() http.Header { return e.Header }
+
+// TransportError is a call that produced no complete answer: the connection was refused or
+// reset, DNS or TLS failed, the body was cut short, or the context ended the call (then
+// Err is ctx.Err(), so errors.Is(err, context.Canceled) or context.DeadlineExceeded holds).
+type TransportError struct {
+	// Op is what we were doing: "send request" or "read response body".
+	Op string
+	// Err is the underlying error.
+	Err error
+}
+
+// Error describes the operation and the underlying error.
+func (e *TransportError) Error() string { return "llm: " + e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *TransportError) Unwrap() error { return e.Err }
+
+// Timeout reports whether the call timed out: a context deadline or a network timeout.
+func (e *TransportError) Timeout() bool {
+	if errors.Is(e.Err, context.DeadlineExceeded) {
+		return true
+	}
+	var t interface{ Timeout() bool }
+	return errors.As(e.Err, &t) && t.Timeout()
+}
+
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// redact removes the API key from s.
+func redact(s, apiKey string) string {
+	if apiKey == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, apiKey, "[redacted]")
+}

@@ -1,0 +1,421 @@
+package llm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// DefaultMaxResponseBytes is the default cap on a successful response body: far above any
+// real completion, low enough that a misbehaving server cannot exhaust a worker's memory.
+const DefaultMaxResponseBytes = 32 << 20
+
+// maxErrorBodyBytes caps how much of a non-2xx body is read: enough for any provider error
+// JSON; the rest is discarded.
+const maxErrorBodyBytes = 64 << 10
+
+// Config configures a Provider.
+type Config struct {
+	// Kind selects the API dialect. Required.
+	Kind Kind
+	// BaseURL is the provider's absolute http(s) URL without the API path, e.g.
+	// https://api.anthropic.com or http://127.0.0.1:8090. Send appends /v1/messages
+	// (Anthropic) or /v1/chat/completions (OpenAI) to its path; a trailing "/v1" in
+	// BaseURL is accepted and not doubled. It must not carry credentials, a query or a
+	// fragment. Required.
+	BaseURL string
+	// APIKey is sent as x-api-key (Anthropic) or Authorization: Bearer (OpenAI). Empty
+	// sends no credential header (the local simulator needs none). It never appears in
+	// an error.
+	APIKey string
+	// HTTPClient sends the requests. Default: a client with a pooled transport (cloned from
+	// http.DefaultTransport, 256 idle connections per host) and no overall timeout: the
+	// context passed to Send bounds each call. A given client is copied and its
+	// CheckRedirect replaced so that redirects are never followed: following one would
+	// forward the API key to wherever the redirect points; a 3xx is returned as a
+	// *StatusError instead.
+	HTTPClient *http.Client
+	// Now returns the current time; it timestamps latency, time to first byte and
+	// OpenAI's relative reset times. Default time.Now.
+	Now func() time.Time
+	// MaxResponseBytes caps a 2xx body; a larger one fails with ErrResponseTooLarge.
+	// Default DefaultMaxResponseBytes (32 MiB). Must not be negative.
+	MaxResponseBytes int64
+}
+
+// Provider sends requests to one provider endpoint with one credential.
+type Provider interface {
+	// Kind returns the API dialect.
+	Kind() Kind
+	// Send posts body, the provider-native request JSON, verbatim and returns the answer.
+	// One call is one HTTP request; Send never retries. ctx bounds the whole call,
+	// including reading the body; cancelling it aborts the request in flight.
+	//
+	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object or asks for
+	// "stream": true, and nothing is sent; *StatusError for a non-2xx answer;
+	// *TransportError when no complete answer arrived, wrapping ctx.Err() when the context
+	// ended the call; ErrDecode or ErrResponseTooLarge (wrapped) for a 2xx answer we
+	// cannot use — in that case the *Response is returned too, with status, header and
+	// timings (and Body when it was read), so the attempt can still be recorded.
+	//
+	// Safe for concurrent use.
+	Send(ctx context.Context, body []byte) (*Response, error)
+}
+
+// Response is a 2xx answer.
+type Response struct {
+	// StatusCode is the HTTP status.
+	StatusCode int
+	// Body is the provider's JSON, verbatim.
+	Body []byte
+	// Header is the response header.
+	Header http.Header
+	// Usage is the token usage reported in Body; zero when absent.
+	Usage Usage
+	// RateLimit is the request rate-limit family parsed from Header.
+	RateLimit RateLimit
+	// Latency is the time from sending the request to having read the whole body.
+	Latency time.Duration
+	// TimeToFirstByte is the time from sending the request to reading the first body byte
+	// (not the headers: a provider may send headers long before it has generated
+	// anything). It equals Latency for an empty body.
+	TimeToFirstByte time.Duration
+}
+
+// Usage is token usage, normalised: OpenAI prompt_tokens and completion_tokens map to
+// InputTokens and OutputTokens.
+type Usage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+}
+
+// dialect is what differs between providers.
+type dialect interface {
+	kind() Kind
+	// path is the API path appended to the base URL.
+	path() string
+	// setHeaders adds the credential and version headers.
+	setHeaders(h http.Header, apiKey string)
+	// rateLimit parses the request rate-limit family; received is when headers arrived.
+	rateLimit(h http.Header, received time.Time) RateLimit
+	// usage parses the usage object of a successful body; best effort.
+	usage(raw json.RawMessage) Usage
+}
+
+type client struct {
+	d        dialect
+	url      string
+	apiKey   string
+	http     *http.Client
+	now      func() time.Time
+	maxBytes int64
+}
+
+var _ Provider = (*client)(nil)
+
+// New returns a Provider for cfg. It returns an error naming the field when Kind is
+// unknown, BaseURL is not an absolute http(s) URL (or carries credentials, a query or a
+// fragment), or MaxResponseBytes is negative. The Provider is safe for concurrent use.
+func New(cfg Config) (Provider, error) {
+	var d dialect
+	switch cfg.Kind {
+	case KindAnthropic:
+		d = anthropic{}
+	case KindOpenAI:
+		d = openAI{}
+	default:
+		return nil, fmt.Errorf("llm: Kind: unknown provider kind %q (want %q or %q)", cfg.Kind, KindAnthropic, KindOpenAI)
+	}
+	endpoint, err := endpointURL(cfg.BaseURL, d.path())
+	if err != nil {
+		return nil, fmt.Errorf("llm: BaseURL: %w", err)
+	}
+	if cfg.MaxResponseBytes < 0 {
+		return nil, fmt.Errorf("llm: MaxResponseBytes must not be negative, got %d", cfg.MaxResponseBytes)
+	}
+	c := &client{
+		d:        d,
+		url:      endpoint,
+		apiKey:   cfg.APIKey,
+		now:      cfg.Now,
+		maxBytes: cfg.MaxResponseBytes,
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if c.maxBytes == 0 {
+		c.maxBytes = DefaultMaxResponseBytes
+	}
+	if cfg.HTTPClient != nil {
+		hc := *cfg.HTTPClient
+		hc.CheckRedirect = refuseRedirect
+		c.http = &hc
+	} else {
+		c.http = defaultHTTPClient()
+	}
+	return c, nil
+}
+
+func endpointURL(base, apiPath string) (string, error) {
+	if strings.TrimSpace(base) == "" {
+		return "", errors.New("must be set")
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("parse %q: %w", base, err)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", fmt.Errorf("%q is not an absolute http(s) URL", base)
+	case u.Host == "":
+		return "", fmt.Errorf("%q has no host", base)
+	case u.User != nil:
+		return "", errors.New("must not contain credentials; use APIKey")
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return "", fmt.Errorf("%q must not have a query or fragment", u.Redacted())
+	}
+	p := strings.TrimRight(u.Path, "/")
+	p = strings.TrimSuffix(p, "/v1")
+	u.Path = p + apiPath
+	u.RawPath = ""
+	return u.String(), nil
+}
+
+func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+func defaultHTTPClient() *http.Client {
+	var t *http.Transport
+	if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+		t = dt.Clone()
+	} else {
+		t = &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		}
+	}
+	// A worker runs hundreds of concurrent calls against one host; the default of 2 idle
+	// connections per host would make most calls pay a new TCP+TLS handshake.
+	t.MaxIdleConns = 0
+	t.MaxIdleConnsPerHost = 256
+	t.IdleConnTimeout = 90 * time.Second
+	return &http.Client{Transport: t, CheckRedirect: refuseRedirect}
+}
+
+// Kind returns the API dialect.
+func (c *client) Kind() Kind { return c.d.kind() }
+
+// Send implements Provider.
+func (c *client) Send(ctx context.Context, body []byte) (*Response, error) {
+	if err := checkRequestBody(body); err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("llm: build request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "llmq")
+	c.d.setHeaders(req.Header, c.apiKey)
+
+	start := c.now()
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, c.transportError(ctx, "send request", err)
+	}
+	defer resp.Body.Close()
+	received := c.now()
+	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
+
+	limit := int64(maxErrorBodyBytes)
+	if ok {
+		limit = c.maxBytes
+	}
+	tr := &ttfbReader{r: resp.Body, now: c.now}
+	data, readErr := io.ReadAll(io.LimitReader(tr, limit+1))
+	latency := max(c.now().Sub(start), 0) // an injected clock need not be monotonic
+	ttfb := latency
+	if !tr.first.IsZero() {
+		ttfb = min(max(tr.first.Sub(start), 0), latency)
+	}
+	rl := c.d.rateLimit(resp.Header, received)
+
+	if !ok {
+		if readErr != nil && ctx.Err() != nil {
+			return nil, c.transportError(ctx, "read response body", readErr)
+		}
+		// Any other read failure still leaves an authoritative status: report it.
+		return nil, c.statusError(resp, data[:min(int64(len(data)), limit)], rl, latency, ttfb)
+	}
+	if readErr != nil {
+		return nil, c.transportError(ctx, "read response body", readErr)
+	}
+	out := &Response{
+		StatusCode:      resp.StatusCode,
+		Header:          resp.Header,
+		RateLimit:       rl,
+		Latency:         latency,
+		TimeToFirstByte: ttfb,
+	}
+	if int64(len(data)) > limit {
+		return out, fmt.Errorf("llm: read response body: %w (limit %d bytes)", ErrResponseTooLarge, limit)
+	}
+	out.Body = data
+	var top struct {
+		Usage json.RawMessage `json:"usage"`
+	}
+	if !isJSONObject(data) || json.Unmarshal(data, &top) != nil {
+		return out, fmt.Errorf("llm: decode %d response (%d bytes, content-type %q): %w",
+			resp.StatusCode, len(data), resp.Header.Get("Content-Type"), ErrDecode)
+	}
+	out.Usage = c.d.usage(top.Usage)
+	return out, nil
+}
+
+// transportError builds a *TransportError, preferring the context's error so that
+// errors.Is(err, context.Canceled/DeadlineExceeded) holds whatever the transport said.
+func (c *client) transportError(ctx context.Context, op string, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return &TransportError{Op: op, Err: ctxErr}
+	}
+	if c.apiKey != "" && strings.Contains(err.Error(), c.apiKey) {
+		err = &redactedError{msg: redact(err.Error(), c.apiKey), err: err}
+	}
+	return &TransportError{Op: op, Err: err}
+}
+
+func (c *client) statusError(resp *http.Response, data []byte, rl RateLimit, latency, ttfb time.Duration) *StatusError {
+	typ, code, msg, parsed := parseErrorBody(data)
+	if !parsed {
+		msg = excerpt(data)
+	}
+	if msg == "" && typ == "" && code == "" {
+		msg = http.StatusText(resp.StatusCode)
+	}
+	return &StatusError{
+		StatusCode:      resp.StatusCode,
+		Type:            truncate(redact(typ, c.apiKey), 128),
+		Code:            truncate(redact(code, c.apiKey), 128),
+		Message:         truncate(redact(msg, c.apiKey), maxMessageLen),
+		Header:          resp.Header,
+		RateLimit:       rl,
+		Latency:         latency,
+		TimeToFirstByte: ttfb,
+	}
+}
+
+// checkRequestBody refuses what we must not send: anything but a JSON object, and streaming,
+// whose text/event-stream answer this package does not read.
+func checkRequestBody(body []byte) error {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil || top == nil {
+		return fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
+	}
+	if raw, ok := top["stream"]; ok {
+		var stream bool
+		if json.Unmarshal(raw, &stream) == nil && stream {
+			return fmt.Errorf("%w: \"stream\": true is not supported", ErrInvalidRequest)
+		}
+	}
+	return nil
+}
+
+func isJSONObject(data []byte) bool {
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	return len(trimmed) > 0 && trimmed[0] == '{' && json.Valid(data)
+}
+
+// parseErrorBody reads either provider's error JSON, and the common variants of
+// OpenAI-compatible servers ({"error":"text"}, {"message":"text"}, {"detail":"text"}).
+func parseErrorBody(data []byte) (typ, code, msg string, ok bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(data, &top) != nil || top == nil {
+		return "", "", "", false
+	}
+	if raw, found := top["error"]; found {
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(raw, &obj) == nil && obj != nil {
+			typ, code, msg = jsonText(obj["type"]), jsonText(obj["code"]), jsonText(obj["message"])
+			if code == "" {
+				var details map[string]json.RawMessage
+				if json.Unmarshal(obj["details"], &details) == nil {
+					code = jsonText(details["error_code"])
+				}
+			}
+			return typ, code, msg, true
+		}
+		if s := jsonText(raw); s != "" {
+			return "", "", s, true
+		}
+	}
+	for _, k := range []string{"message", "detail"} {
+		if s := jsonText(top[k]); s != "" {
+			return "", "", s, true
+		}
+	}
+	return "", "", "", false
+}
+
+// jsonText returns a JSON string's value or a number's text; "" for anything else.
+func jsonText(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return ""
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return s
+		}
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var n json.Number
+		if json.Unmarshal(raw, &n) == nil {
+			return n.String()
+		}
+	}
+	return ""
+}
+
+// excerpt is a short, single-line, valid UTF-8 prefix of an unparseable body.
+func excerpt(data []byte) string {
+	const n = 200
+	s := strings.ToValidUTF8(string(data[:min(len(data), 4*n)]), "")
+	s = strings.Join(strings.Fields(s), " ")
+	return truncate(s, n)
+}
+
+// ttfbReader records when the first body byte was read.
+type ttfbReader struct {
+	r     io.Reader
+	now   func() time.Time
+	first time.Time
+}
+
+func (t *ttfbReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	if n > 0 && t.first.IsZero() {
+		t.first = t.now()
+	}
+	return n, err
+}
+
+// redactedError hides the API key in a transport error's text while keeping the chain.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }

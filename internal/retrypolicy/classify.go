@@ -1,0 +1,191 @@
+package retrypolicy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Class names what kind of failure an attempt ended with. Its values are stable strings,
+// fit to be stored and used as metric labels.
+type Class string
+
+// The classes Classify returns; the package documentation gives the precedence.
+const (
+	// ClassOK is a nil error.
+	ClassOK Class = "ok"
+	// ClassRetryable is a transient provider failure: 408, 409, 500, 502, 503, 504, 529, or
+	// any status the provider marked x-should-retry: true.
+	ClassRetryable Class = "retryable"
+	// ClassRateLimited is a 429 that carried a usable Retry-After or retry-after-ms.
+	ClassRateLimited Class = "rate_limited"
+	// ClassSpendCap is a 429 without Retry-After or a spend/billing error code: it keeps
+	// failing until an operator acts, so the job goes dead.
+	ClassSpendCap Class = "spend_cap"
+	// ClassTimeout is a timeout: a deadline passed or the transport timed out.
+	ClassTimeout Class = "timeout"
+	// ClassNetwork is any other transport failure (refused, reset, DNS, TLS, short body).
+	ClassNetwork Class = "network"
+	// ClassPermanent is a provider answer that retrying cannot fix (400, 401, 403, 404, 413,
+	// 422, any status not in the table, x-should-retry: false).
+	ClassPermanent Class = "permanent"
+	// ClassInternal is our own bug: an error with no provider or transport facts, such as a
+	// response we failed to decode.
+	ClassInternal Class = "internal"
+	// ClassCanceled is context.Canceled: the job or the process is being stopped.
+	ClassCanceled Class = "canceled"
+)
+
+// DeadReasonRateLimitedNoRetryAfter is Decision.DeadReason for ClassSpendCap.
+const DeadReasonRateLimitedNoRetryAfter = "rate_limited_no_retry_after"
+
+// Decision is the outcome of Classify.
+type Decision struct {
+	// Class is the failure class.
+	Class Class
+	// Retry reports whether another attempt may help. It is true exactly for retryable,
+	// rate_limited, timeout and network.
+	Retry bool
+	// DeadReason is DeadReasonRateLimitedNoRetryAfter for spend_cap and "" otherwise: a
+	// non-empty reason means "dead-letter and alert", not merely "failed".
+	DeadReason string
+	// StatusCode is the provider's HTTP status, or 0 when the error carries none.
+	StatusCode int
+	// RetryAfter is the server's wait hint, valid when HasRetryAfter; it is filled for any
+	// error that carries response headers, whatever its class.
+	RetryAfter time.Duration
+	// HasRetryAfter reports whether the response carried a usable Retry-After or
+	// retry-after-ms.
+	HasRetryAfter bool
+}
+
+// The interfaces embed error so that errors.AsType can look for them; any error in the chain
+// that has the method matches.
+type httpStatuser interface {
+	error
+	HTTPStatus() int
+}
+
+type responseHeaderer interface {
+	error
+	ResponseHeader() http.Header
+}
+
+type errorTyper interface {
+	error
+	ErrorType() string
+}
+
+type timeouter interface {
+	error
+	Timeout() bool
+}
+
+// spendCapCodes are provider error codes/types that mean money, not load: OpenAI
+// insufficient_quota and billing_*, Anthropic billing_error (402) and the 429 whose
+// error.details.error_code is enforced_spend_limit_reached.
+var spendCapCodes = map[string]bool{
+	"insufficient_quota":           true,
+	"billing_error":                true,
+	"billing_hard_limit_reached":   true,
+	"billing_not_active":           true,
+	"enforced_spend_limit_reached": true,
+	"spend_limit_reached":          true,
+}
+
+// Classify reports what kind of failure err is and whether to retry it. now is used to turn
+// an HTTP-date Retry-After into a wait. A nil err is ClassOK. Classify is pure and safe for
+// concurrent use; the rules and their order are in the package documentation.
+func Classify(err error, now time.Time) Decision {
+	if err == nil {
+		return Decision{Class: ClassOK}
+	}
+	if errors.Is(err, context.Canceled) {
+		return Decision{Class: ClassCanceled}
+	}
+
+	var d Decision
+	if s, ok := errors.AsType[httpStatuser](err); ok {
+		d.StatusCode = s.HTTPStatus()
+	}
+	var header http.Header
+	if rh, ok := errors.AsType[responseHeaderer](err); ok {
+		header = rh.ResponseHeader()
+		d.RetryAfter, d.HasRetryAfter = ParseRetryAfter(header, now)
+	}
+
+	if et, ok := errors.AsType[errorTyper](err); ok && spendCapCodes[strings.ToLower(strings.TrimSpace(et.ErrorType()))] {
+		return d.with(ClassSpendCap)
+	}
+	if retry, ok := shouldRetry(header); ok {
+		if !retry {
+			return d.with(ClassPermanent)
+		}
+		if c := statusClass(d.StatusCode, d.HasRetryAfter); c == ClassRateLimited {
+			return d.with(c)
+		}
+		return d.with(ClassRetryable)
+	}
+	if d.StatusCode > 0 {
+		return d.with(statusClass(d.StatusCode, d.HasRetryAfter))
+	}
+
+	if errors.Is(err, context.DeadlineExceeded) {
+		return d.with(ClassTimeout)
+	}
+	if t, ok := errors.AsType[timeouter](err); ok {
+		if t.Timeout() {
+			return d.with(ClassTimeout)
+		}
+		return d.with(ClassNetwork)
+	}
+	return d.with(ClassInternal)
+}
+
+// with sets the class and the fields that follow from it.
+func (d Decision) with(c Class) Decision {
+	d.Class = c
+	switch c {
+	case ClassRetryable, ClassRateLimited, ClassTimeout, ClassNetwork:
+		d.Retry = true
+	case ClassSpendCap:
+		d.DeadReason = DeadReasonRateLimitedNoRetryAfter
+	}
+	return d
+}
+
+// statusClass is the status table.
+func statusClass(status int, hasRetryAfter bool) Class {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusInternalServerError,
+		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout,
+		529: // Anthropic "overloaded"
+		return ClassRetryable
+	case http.StatusTooManyRequests:
+		if hasRetryAfter {
+			return ClassRateLimited
+		}
+		return ClassSpendCap
+	default:
+		return ClassPermanent
+	}
+}
+
+// shouldRetry reads the x-should-retry header that Anthropic and OpenAI send to tell their
+// SDKs what to do. Values other than true/false are ignored.
+func shouldRetry(h http.Header) (retry, ok bool) {
+	v, ok := headerValue(h, "X-Should-Retry")
+	if !ok {
+		return false, false
+	}
+	switch strings.ToLower(v) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	default:
+		return false, false
+	}
+}
