@@ -83,11 +83,20 @@ type Credential struct {
 	Limits *Limits `yaml:"limits"`
 	// AttemptTimeout bounds one provider call. Default 5m.
 	AttemptTimeout time.Duration `yaml:"attempt_timeout"`
+	// PauseProbeInterval, when set, lets one job per interval probe a credential paused by a
+	// spend cap; its success resumes the credential. Default 0: only an operator resumes it.
+	PauseProbeInterval time.Duration `yaml:"pause_probe_interval"`
 
 	// apiKey is behind a pointer so that printing a Config or Credential (%v, %+v, %#v, slog)
 	// shows an address, not the key: fmt prints unexported fields but only addresses of nested
 	// pointers.
 	apiKey *string
+}
+
+// LimiterID identifies the provider key for the shared limiter: provider, base URL and key, so
+// that credentials sharing one key share its limit. The limiter only stores its hash.
+func (c Credential) LimiterID() string {
+	return c.Provider + "\x00" + c.BaseURL + "\x00" + c.APIKey()
 }
 
 // APIKey returns the resolved secret ("" before Load or Parse resolved it). It is never logged
@@ -281,6 +290,9 @@ func (c *Config) validate() error {
 		}
 		if cr.AttemptTimeout < 0 {
 			bad(f+".attempt_timeout", "must be positive")
+		}
+		if cr.PauseProbeInterval < 0 {
+			bad(f+".pause_probe_interval", "must be positive")
 		}
 	}
 	return errors.Join(errs...)

@@ -42,13 +42,16 @@ type testBundle struct {
 	simURL string
 	apiURL string
 	dbURL  string
+	prefix string // Redis key prefix of this test's limiter and alerter
 	ctx    context.Context
 }
 
 type setupOpts struct {
-	sim      llmsim.Config
-	redisURL string // default: the shared test Redis
-	noWorker bool   // start the worker later with startWorker
+	sim        llmsim.Config
+	redisURL   string // default: the shared test Redis
+	noWorker   bool   // start the worker later with startWorker
+	webhookURL string // alerts.webhook_url
+	limits     string // YAML limits of credential "default", e.g. "{requests_per_second: 10, burst: 20}"
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -69,10 +72,11 @@ redis_url: %s
 api: { allow_anonymous: true, max_body_bytes: 65536 }
 worker: { concurrency: 50, queue: llmq-test-%s, sweep_interval: 100ms, metrics_listen: "off" }
 credentials:
-  - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY }
+  - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
-`, dbURL, redisURL, redistest.Rand(), simSrv.URL, simSrv.URL)
+alerts: { webhook_url: %q }
+`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits), simSrv.URL, o.webhookURL)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == "SIM_KEY" {
 			return simKey
@@ -81,7 +85,7 @@ retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 	})
 	require.NoError(t, err)
 
-	b := &testBundle{cfg: cfg, sim: sim, simURL: simSrv.URL, dbURL: dbURL, ctx: ctx}
+	b := &testBundle{cfg: cfg, sim: sim, simURL: simSrv.URL, dbURL: dbURL, prefix: redistest.Prefix(t), ctx: ctx}
 	pool, err := migrations.Open(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -102,7 +106,7 @@ func (b *testBundle) startWorker(t *testing.T) {
 	t.Helper()
 	pool, err := migrations.Open(b.ctx, b.dbURL)
 	require.NoError(t, err)
-	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: prometheus.NewRegistry()})
+	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: prometheus.NewRegistry(), RedisPrefix: b.prefix})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
@@ -178,6 +182,13 @@ func (b *testBundle) countRows(t *testing.T, table string) int {
 	var n int
 	require.NoError(t, pool.QueryRow(b.ctx, "SELECT count(*) FROM "+table).Scan(&n))
 	return n
+}
+
+func limitsYAML(l string) string {
+	if l == "" {
+		return ""
+	}
+	return ", limits: " + l
 }
 
 func anthropicBody(text string) string {

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
@@ -22,6 +24,14 @@ type Credential struct {
 	Provider llm.Provider
 	// AttemptTimeout bounds one provider call. Default 5m.
 	AttemptTimeout time.Duration
+	// Limiter is the credential's shared admission (rate, retry budget, pause). Nil admits
+	// everything at once (tests of the pipeline without a limiter).
+	Limiter *limiter.Credential
+	// Limit is the configured limit; zero means learn it from the provider.
+	Limit limiter.Limit
+	// PauseProbeInterval, when positive, lets one job per interval probe a paused credential;
+	// its success resumes the credential. Zero: only an operator resumes it.
+	PauseProbeInterval time.Duration
 }
 
 // HandlerConfig configures a Handler.
@@ -40,7 +50,19 @@ type HandlerConfig struct {
 	// asynq so that they do not hold a worker slot. Default 3s. asynq stores scheduled times in
 	// whole seconds and releases tasks up to 1s early, so this must stay above 1s.
 	MaxInlineWait time.Duration
+	// Alerter raises dead-letter alerts. Nil: none (the metric and the job row remain).
+	Alerter *Alerter
+	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
+	// spent budgets. Default math/rand/v2.
+	Float64 func() float64
 }
+
+// Re-check intervals for jobs that may not be sent yet; each gets up to the same again as
+// random spread so that waiting jobs do not return together.
+const (
+	pausedRecheck = 5 * time.Second
+	budgetRecheck = time.Second
+)
 
 // Handler executes one attempt of a job per asynq delivery. Deliveries are at-least-once; the
 // handler makes that safe: a terminal job is skipped, and a result is stored only by a
@@ -65,6 +87,9 @@ func NewHandler(cfg HandlerConfig) *Handler {
 	}
 	if cfg.MaxInlineWait == 0 {
 		cfg.MaxInlineWait = 3 * time.Second
+	}
+	if cfg.Float64 == nil {
+		cfg.Float64 = rand.Float64
 	}
 	for name, c := range cfg.Credentials {
 		if c.AttemptTimeout == 0 {
@@ -146,6 +171,14 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 			return err
 		}
 	}
+	adm := admission{}
+	if job.SlotSeq != nil {
+		adm.seq = *job.SlotSeq // the slot was taken by an earlier delivery and is due now
+	} else if cred.Limiter != nil {
+		if adm, err = h.admit(ctx, job, cred); err != nil {
+			return err
+		}
+	}
 	job, err = h.cfg.Store.BeginAttempt(ctx, id)
 	if errors.Is(err, ErrNotRunnable) {
 		return nil
@@ -153,7 +186,80 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	return h.attempt(ctx, job, cred)
+	return h.attempt(ctx, job, cred, adm)
+}
+
+// admission is what the limiter granted for one attempt.
+type admission struct {
+	seq        int64 // the limiter slot, for Observe
+	pauseProbe bool  // an automatic probe of a paused credential
+}
+
+// admit asks the credential's shared limiter whether and when this attempt may be sent: not
+// while the credential is paused (unless this is the interval's probe), not past the retry
+// budget, and at the send time of a rate-limiter slot. It sleeps short waits and returns a
+// *DeferError for long ones, holding the slot in the job row.
+func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admission, error) {
+	lc := cred.Limiter
+	var adm admission
+	ps, err := lc.Paused(ctx)
+	if err != nil {
+		return adm, err
+	}
+	if ps.Paused {
+		if cred.PauseProbeInterval > 0 {
+			if adm.pauseProbe, err = lc.TryProbe(ctx, cred.PauseProbeInterval); err != nil {
+				return adm, err
+			}
+		}
+		if !adm.pauseProbe {
+			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(pausedRecheck)), Reason: "credential paused: " + ps.Reason}
+		}
+	}
+	if job.Attempts > 0 && !adm.pauseProbe {
+		ok, err := lc.AllowRetry(ctx)
+		if err != nil {
+			return adm, err
+		}
+		if !ok {
+			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(budgetRecheck)), Reason: "retry budget spent"}
+		}
+	}
+	res, err := lc.Acquire(ctx, cred.Limit, h.cfg.MaxInlineWait)
+	if err != nil {
+		return adm, err
+	}
+	until := h.cfg.Now().Add(res.Wait)
+	if !res.Granted {
+		return adm, &DeferError{Until: until, Reason: "waiting for the rate limit to be learned"}
+	}
+	adm.seq = res.Seq
+	if res.Wait > h.cfg.MaxInlineWait {
+		if err := h.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq); err != nil {
+			return adm, err
+		}
+		return adm, &DeferError{Until: until, Reason: "rate limit slot"}
+	}
+	return adm, sleep(ctx, res.Wait)
+}
+
+// spread returns d plus U(0, d).
+func (h *Handler) spread(d time.Duration) time.Duration {
+	return d + time.Duration(h.cfg.Float64()*float64(d))
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // waitUntil sleeps until t when that is within MaxInlineWait, else defers the delivery.
@@ -165,17 +271,10 @@ func (h *Handler) waitUntil(ctx context.Context, t time.Time, reason string) err
 	if wait > h.cfg.MaxInlineWait {
 		return &DeferError{Until: t, Reason: reason}
 	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
+	return sleep(ctx, wait)
 }
 
-func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential) error {
+func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm admission) error {
 	started := h.cfg.Now()
 	timeout := min(cred.AttemptTimeout, job.Deadline.Sub(started))
 	callCtx, cancel := context.WithTimeout(ctx, timeout)
@@ -183,6 +282,8 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential) error 
 	cancel()
 	now := h.cfg.Now()
 	a := &Attempt{Number: job.Attempts, Credential: cred.Name, StartedAt: started, Latency: now.Sub(started)}
+	d := retrypolicy.Classify(callErr, now)
+	h.observe(ctx, cred, adm, job, resp, callErr, d, started, now)
 
 	if callErr == nil {
 		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
@@ -191,7 +292,6 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential) error 
 		return h.finish(ctx, job, a, Outcome{Status: StatusSucceeded, Result: resp.Body, Usage: usage})
 	}
 
-	d := retrypolicy.Classify(callErr, now)
 	a.Class, a.StatusCode, a.Error = string(d.Class), d.StatusCode, callErr.Error()
 	var se *llm.StatusError
 	if errors.As(callErr, &se) {
@@ -215,11 +315,19 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential) error 
 		}
 		return h.finish(ctx, job, a, Outcome{Status: StatusFailed, LastError: lastErr})
 	case d.DeadReason != "":
-		return h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: d.DeadReason, LastError: lastErr})
+		if err := h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: d.DeadReason, LastError: lastErr}); err != nil {
+			return err
+		}
+		return h.pause(ctx, cred, job, d.DeadReason, lastErr.Message)
 	case !d.Retry:
 		return h.finish(ctx, job, a, Outcome{Status: StatusFailed, LastError: lastErr})
 	case job.Attempts >= job.MaxAttempts:
-		return h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: ReasonRetriesExhausted, LastError: lastErr})
+		if err := h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: ReasonRetriesExhausted, LastError: lastErr}); err != nil {
+			return err
+		}
+		h.cfg.Alerter.Throttled(ctx, Alert{Credential: cred.Name, Reason: ReasonRetriesExhausted, JobID: job.ID,
+			Message: fmt.Sprintf("job used all %d attempts; last error: %s", job.MaxAttempts, lastErr.Message)}, time.Minute)
+		return nil
 	}
 	delay := h.cfg.Policy.Delay(job.Attempts, d)
 	next := now.Add(delay)
@@ -233,6 +341,67 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential) error 
 		return err
 	}
 	return &DeferError{Until: next, Reason: "retry after " + string(d.Class)}
+}
+
+// observe tells the limiter what the attempt showed (the learned limit, a Retry-After push-back),
+// counts first attempts for the retry budget, and resumes a paused credential whose probe got
+// through. Limiter errors are logged: the attempt's outcome matters more than bookkeeping.
+func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response,
+	callErr error, d retrypolicy.Decision, sent, now time.Time) {
+	lc := cred.Limiter
+	if lc == nil {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	o := limiter.Observation{At: now, SentAt: sent, Seq: adm.seq}
+	var rl llm.RateLimit
+	var se *llm.StatusError
+	switch {
+	case resp != nil:
+		o.StatusCode, rl = resp.StatusCode, resp.RateLimit
+	case errors.As(callErr, &se):
+		o.StatusCode, rl = se.StatusCode, se.RateLimit
+	}
+	if rl.Known {
+		o.HeadersKnown, o.Limit, o.Remaining, o.ResetAt = true, rl.Limit, rl.Remaining, rl.ResetAt
+		o.ResetAbsolute, o.ResetGranularity = rl.ResetAbsolute, rl.ResetGranularity
+	}
+	if o.StatusCode == 429 && d.HasRetryAfter {
+		o.RetryAfter, o.HasRetryAfter = d.RetryAfter, true
+	}
+	if err := lc.Observe(ctx, o); err != nil {
+		h.cfg.Logger.WarnContext(ctx, "limiter observe", "credential", cred.Name, "error", err)
+	}
+	if job.Attempts == 1 {
+		if err := lc.RecordAttempt(ctx); err != nil {
+			h.cfg.Logger.WarnContext(ctx, "retry budget record", "credential", cred.Name, "error", err)
+		}
+	}
+	if adm.pauseProbe && callErr == nil {
+		if _, err := lc.Resume(ctx); err != nil {
+			h.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", cred.Name, "error", err)
+		} else {
+			h.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", cred.Name, "job_id", job.ID)
+		}
+	}
+}
+
+// pause stops the credential after a spend-cap answer so that no further request burns on it,
+// and alerts once per pause episode across all processes.
+func (h *Handler) pause(ctx context.Context, cred Credential, job *Job, reason, message string) error {
+	if cred.Limiter == nil {
+		h.cfg.Alerter.Throttled(ctx, Alert{Credential: cred.Name, Reason: reason, JobID: job.ID, Message: message}, time.Minute)
+		return nil
+	}
+	started, err := cred.Limiter.Pause(context.WithoutCancel(ctx), reason, job.ID)
+	if err != nil {
+		return err
+	}
+	if started {
+		h.cfg.Alerter.Raise(ctx, Alert{Credential: cred.Name, Reason: reason, JobID: job.ID,
+			Message: "credential paused until an operator resumes it (ctl credentials resume " + cred.Name + "): " + message})
+	}
+	return nil
 }
 
 // finish moves the job to a terminal outcome. Writes survive the delivery's cancellation.

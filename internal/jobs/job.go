@@ -71,6 +71,8 @@ type Job struct {
 	Request json.RawMessage `json:"-"`
 	// EventSeq is the sequence number of the job's latest event.
 	EventSeq int `json:"-"`
+	// SlotSeq is set while the job holds a limiter slot at NextAttemptAt.
+	SlotSeq *int64 `json:"-"`
 }
 
 // LastError describes the latest failed attempt.

@@ -60,7 +60,7 @@ type CreateParams struct {
 
 const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
 	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
-	result, usage, dead_reason, metadata, request, event_seq`
+	result, usage, dead_reason, metadata, request, event_seq, slot_seq`
 
 func scanJob(row pgx.Row) (*Job, error) {
 	var j Job
@@ -69,7 +69,7 @@ func scanJob(row pgx.Row) (*Job, error) {
 	err := row.Scan(&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
-		&j.EventSeq)
+		&j.EventSeq, &j.SlotSeq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -156,7 +156,7 @@ func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
 		var err error
 		job, err = scanJob(tx.QueryRow(ctx, `
 UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
-	next_attempt_at = NULL, updated_at = now(), event_seq = event_seq + 1
+	next_attempt_at = NULL, slot_seq = NULL, updated_at = now(), event_seq = event_seq + 1
 WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
 RETURNING `+jobColumns, id))
 		if errors.Is(err, ErrNotFound) {
@@ -171,6 +171,18 @@ RETURNING `+jobColumns, id))
 		return nil, fmt.Errorf("begin attempt: %w", err)
 	}
 	return job, err
+}
+
+// HoldSlot records that the job holds a limiter slot to send at sendAt (sequence seq), so the
+// delivery that comes back for it sends then without reserving again. It is not a transition (no
+// event) and applies only to a queued or retrying job.
+func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq int64) error {
+	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'retrying')`, id, sendAt, seq)
+	if err != nil {
+		return fmt.Errorf("hold limiter slot: %w", err)
+	}
+	return nil
 }
 
 // Attempt is the record of one provider call.

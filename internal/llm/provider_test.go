@@ -215,7 +215,7 @@ func TestProvider_Send_StatusError(t *testing.T) {
 				"Anthropic-Ratelimit-Requests-Limit", "50", "Anthropic-Ratelimit-Requests-Remaining", "0",
 				"Anthropic-Ratelimit-Requests-Reset", "2026-03-01T12:00:02Z"),
 			want: llm.StatusError{StatusCode: 429, Type: "rate_limit_error", Message: "Number of requests has exceeded your per-minute rate limit",
-				RateLimit: llm.RateLimit{Known: true, Limit: 50, Remaining: 0, ResetAt: testNow.Add(2 * time.Second)}},
+				RateLimit: llm.RateLimit{Known: true, Limit: 50, Remaining: 0, ResetAt: testNow.Add(2 * time.Second), ResetAbsolute: true}},
 			wantType: "rate_limit_error",
 			header:   map[string]string{"Retry-After": "2", "X-Should-Retry": "true"},
 		},
@@ -236,7 +236,7 @@ func TestProvider_Send_StatusError(t *testing.T) {
 			handler: reply(429, `{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}`,
 				"Retry-After-Ms", "750", "X-Ratelimit-Limit-Requests", "60", "X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Reset-Requests", "750ms"),
 			want: llm.StatusError{StatusCode: 429, Type: "requests", Code: "rate_limit_exceeded", Message: "Rate limit reached for requests",
-				RateLimit: llm.RateLimit{Known: true, Limit: 60, Remaining: 0, ResetAt: testNow.Add(750 * time.Millisecond)}},
+				RateLimit: llm.RateLimit{Known: true, Limit: 60, Remaining: 0, ResetAt: testNow.Add(750 * time.Millisecond), ResetGranularity: time.Millisecond}},
 			wantType: "rate_limit_exceeded",
 			header:   map[string]string{"Retry-After-Ms": "750"},
 		},
@@ -344,26 +344,26 @@ func TestProvider_Send_RateLimit(t *testing.T) {
 		want llm.RateLimit
 	}{
 		{"AnthropicFull", llm.KindAnthropic, []string{"Anthropic-Ratelimit-Requests-Limit", "50", "Anthropic-Ratelimit-Requests-Remaining", "49", "Anthropic-Ratelimit-Requests-Reset", "2026-03-01T12:00:30Z"},
-			llm.RateLimit{Known: true, Limit: 50, Remaining: 49, ResetAt: testNow.Add(30 * time.Second)}},
+			llm.RateLimit{Known: true, Limit: 50, Remaining: 49, ResetAt: testNow.Add(30 * time.Second), ResetAbsolute: true}},
 		{"AnthropicFractional", llm.KindAnthropic, []string{"anthropic-ratelimit-requests-limit", "4000", "anthropic-ratelimit-requests-remaining", "3999", "anthropic-ratelimit-requests-reset", "2026-03-01T12:00:00.250Z"},
-			llm.RateLimit{Known: true, Limit: 4000, Remaining: 3999, ResetAt: testNow.Add(250 * time.Millisecond)}},
+			llm.RateLimit{Known: true, Limit: 4000, Remaining: 3999, ResetAt: testNow.Add(250 * time.Millisecond), ResetAbsolute: true}},
 		{"AnthropicOffset", llm.KindAnthropic, []string{"Anthropic-Ratelimit-Requests-Limit", "50", "Anthropic-Ratelimit-Requests-Remaining", "0", "Anthropic-Ratelimit-Requests-Reset", "2026-03-01T14:00:01+02:00"},
-			llm.RateLimit{Known: true, Limit: 50, Remaining: 0, ResetAt: testNow.Add(time.Second)}},
+			llm.RateLimit{Known: true, Limit: 50, Remaining: 0, ResetAt: testNow.Add(time.Second), ResetAbsolute: true}},
 		{"AnthropicGarbageReset", llm.KindAnthropic, []string{"Anthropic-Ratelimit-Requests-Limit", "50", "Anthropic-Ratelimit-Requests-Remaining", "10", "Anthropic-Ratelimit-Requests-Reset", "soon"},
 			llm.RateLimit{Known: true, Limit: 50, Remaining: 10}},
 		{"AnthropicMissingRemaining", llm.KindAnthropic, []string{"Anthropic-Ratelimit-Requests-Limit", "50"}, llm.RateLimit{}},
 		{"AnthropicNegative", llm.KindAnthropic, []string{"Anthropic-Ratelimit-Requests-Limit", "-1", "Anthropic-Ratelimit-Requests-Remaining", "0"}, llm.RateLimit{}},
 		{"AnthropicIgnoresOpenAIHeaders", llm.KindAnthropic, []string{"X-Ratelimit-Limit-Requests", "60", "X-Ratelimit-Remaining-Requests", "59"}, llm.RateLimit{}},
 		{"OpenAISeconds", llm.KindOpenAI, []string{"X-Ratelimit-Limit-Requests", "5000", "X-Ratelimit-Remaining-Requests", "4999", "X-Ratelimit-Reset-Requests", "1s"},
-			llm.RateLimit{Known: true, Limit: 5000, Remaining: 4999, ResetAt: testNow.Add(time.Second)}},
+			llm.RateLimit{Known: true, Limit: 5000, Remaining: 4999, ResetAt: testNow.Add(time.Second), ResetGranularity: time.Second}},
 		{"OpenAIMinutes", llm.KindOpenAI, []string{"X-Ratelimit-Limit-Requests", "60", "X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Reset-Requests", "6m0s"},
-			llm.RateLimit{Known: true, Limit: 60, Remaining: 0, ResetAt: testNow.Add(6 * time.Minute)}},
+			llm.RateLimit{Known: true, Limit: 60, Remaining: 0, ResetAt: testNow.Add(6 * time.Minute), ResetGranularity: time.Second}},
 		{"OpenAIMillis", llm.KindOpenAI, []string{"x-ratelimit-limit-requests", "60", "x-ratelimit-remaining-requests", "3", "x-ratelimit-reset-requests", "120ms"},
-			llm.RateLimit{Known: true, Limit: 60, Remaining: 3, ResetAt: testNow.Add(120 * time.Millisecond)}},
+			llm.RateLimit{Known: true, Limit: 60, Remaining: 3, ResetAt: testNow.Add(120 * time.Millisecond), ResetGranularity: time.Millisecond}},
 		{"OpenAIFractional", llm.KindOpenAI, []string{"X-Ratelimit-Limit-Requests", "60", "X-Ratelimit-Remaining-Requests", "3", "X-Ratelimit-Reset-Requests", "1.5s"},
-			llm.RateLimit{Known: true, Limit: 60, Remaining: 3, ResetAt: testNow.Add(1500 * time.Millisecond)}},
+			llm.RateLimit{Known: true, Limit: 60, Remaining: 3, ResetAt: testNow.Add(1500 * time.Millisecond), ResetGranularity: time.Millisecond}},
 		{"OpenAICompound", llm.KindOpenAI, []string{"X-Ratelimit-Limit-Requests", "60", "X-Ratelimit-Remaining-Requests", "3", "X-Ratelimit-Reset-Requests", "1h2m3.5s"},
-			llm.RateLimit{Known: true, Limit: 60, Remaining: 3, ResetAt: testNow.Add(time.Hour + 2*time.Minute + 3500*time.Millisecond)}},
+			llm.RateLimit{Known: true, Limit: 60, Remaining: 3, ResetAt: testNow.Add(time.Hour + 2*time.Minute + 3500*time.Millisecond), ResetGranularity: time.Millisecond}},
 		{"OpenAIGarbageReset", llm.KindOpenAI, []string{"X-Ratelimit-Limit-Requests", "60", "X-Ratelimit-Remaining-Requests", "3", "X-Ratelimit-Reset-Requests", "soon"},
 			llm.RateLimit{Known: true, Limit: 60, Remaining: 3}},
 		{"OpenAINegativeReset", llm.KindOpenAI, []string{"X-Ratelimit-Limit-Requests", "60", "X-Ratelimit-Remaining-Requests", "3", "X-Ratelimit-Reset-Requests", "-1s"},
@@ -382,6 +382,8 @@ func TestProvider_Send_RateLimit(t *testing.T) {
 			require.Equal(t, tt.want.Limit, resp.RateLimit.Limit)
 			require.Equal(t, tt.want.Remaining, resp.RateLimit.Remaining)
 			require.True(t, tt.want.ResetAt.Equal(resp.RateLimit.ResetAt), "ResetAt: want %v, got %v", tt.want.ResetAt, resp.RateLimit.ResetAt)
+			require.Equal(t, tt.want.ResetAbsolute, resp.RateLimit.ResetAbsolute)
+			require.Equal(t, tt.want.ResetGranularity, resp.RateLimit.ResetGranularity)
 		})
 	}
 }

@@ -19,6 +19,13 @@ type RateLimit struct {
 	Remaining int
 	// ResetAt is when the window refills; zero when the reset header was absent or invalid.
 	ResetAt time.Time
+	// ResetAbsolute reports that ResetAt is a time read on the provider's clock (Anthropic's
+	// RFC 3339 reset), as opposed to a duration added to our receive time (OpenAI's).
+	ResetAbsolute bool
+	// ResetGranularity is how coarse ResetAt is: 1s for a whole-second OpenAI duration ("2s"),
+	// 1ms for a finer one ("1.953s", "12ms"); 0 for Anthropic (whole seconds in the text mean
+	// whole-second precision, fractions mean exact).
+	ResetGranularity time.Duration
 }
 
 // parseAnthropicRateLimit reads anthropic-ratelimit-requests-{limit,remaining,reset}; reset
@@ -30,7 +37,7 @@ func parseAnthropicRateLimit(h http.Header) RateLimit {
 	}
 	if v := strings.TrimSpace(h.Get("Anthropic-Ratelimit-Requests-Reset")); v != "" {
 		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			rl.ResetAt = t
+			rl.ResetAt, rl.ResetAbsolute = t, true
 		}
 	}
 	return rl
@@ -47,6 +54,10 @@ func parseOpenAIRateLimit(h http.Header, received time.Time) RateLimit {
 	if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-Requests")); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 			rl.ResetAt = received.Add(d)
+			rl.ResetGranularity = time.Millisecond
+			if d >= time.Second && d%time.Second == 0 {
+				rl.ResetGranularity = time.Second
+			}
 		}
 	}
 	return rl

@@ -13,9 +13,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
@@ -28,6 +30,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// HTTPClient is used for provider calls. Default: llm's default client.
 	HTTPClient *http.Client
+	// RedisPrefix starts the limiter's and alerter's Redis keys. Default "llmq:"; tests isolate
+	// themselves with redistest.Prefix.
+	RedisPrefix string
 }
 
 // Worker is one worker process's moving parts.
@@ -41,6 +46,7 @@ type Worker struct {
 	sweeper *jobs.Sweeper
 	client  *asynq.Client
 	insp    *asynq.Inspector
+	rdb     redis.UniversalClient
 }
 
 // New connects to the stores (the database must be migrated) and builds the worker.
@@ -53,8 +59,16 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		return nil, err
 	}
 	var metrics *jobs.Metrics
+	var limMetrics *limiter.Metrics
 	if opts.Registerer != nil {
 		metrics = jobs.NewMetrics(opts.Registerer)
+		limMetrics = limiter.NewMetrics(opts.Registerer)
+	}
+	rdb := jobs.NewRedisClient(redisOpt)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics})
+	if err != nil {
+		rdb.Close()
+		return nil, err
 	}
 	creds := map[string]jobs.Credential{}
 	for _, c := range cfg.Credentials {
@@ -66,13 +80,20 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		creds[c.Name] = jobs.Credential{Name: c.Name, Provider: p, AttemptTimeout: c.AttemptTimeout}
+		jc := jobs.Credential{Name: c.Name, Provider: p, AttemptTimeout: c.AttemptTimeout,
+			Limiter: lim.Credential(c.LimiterID(), c.Name), PauseProbeInterval: c.PauseProbeInterval}
+		if c.Limits != nil {
+			jc.Limit = limiter.Limit{Rate: c.Limits.RequestsPerSecond, Burst: c.Limits.Burst}
+		}
+		creds[c.Name] = jc
 	}
 	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay})
 	store := jobs.NewStore(pool, nil)
-	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt}
+	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb}
+	alerter := jobs.NewAlerter(jobs.AlerterConfig{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
+		Prefix: opts.RedisPrefix, Logger: opts.Logger})
 	w.handler = jobs.NewHandler(jobs.HandlerConfig{
-		Store: store, Credentials: creds, Policy: policy, Logger: opts.Logger, Metrics: metrics,
+		Store: store, Credentials: creds, Policy: policy, Logger: opts.Logger, Metrics: metrics, Alerter: alerter,
 	})
 	w.client = asynq.NewClient(redisOpt)
 	w.insp = asynq.NewInspector(redisOpt)
@@ -108,7 +129,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { sweepDone <- w.sweeper.Run(ctx) }()
 	<-ctx.Done()
 	w.server.Shutdown()
-	return errors.Join(<-sweepDone, w.client.Close(), w.insp.Close())
+	return errors.Join(<-sweepDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
 }
 
 // asynqLogger routes asynq's printf-style logs into slog.

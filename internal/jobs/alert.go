@@ -1,0 +1,119 @@
+package jobs
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Alert is one dead-letter alert, as logged and as POSTed to the webhook.
+type Alert struct {
+	Credential string    `json:"credential"`
+	Reason     string    `json:"reason"`
+	JobID      string    `json:"job_id"`
+	Message    string    `json:"message"`
+	At         time.Time `json:"at"`
+}
+
+// AlerterConfig configures an Alerter.
+type AlerterConfig struct {
+	// WebhookURL receives each alert as a JSON POST; empty disables the webhook.
+	WebhookURL string
+	// Redis, when set, makes Throttled alerts once per key per interval across all processes;
+	// without it the throttle is per process.
+	Redis redis.UniversalClient
+	// Prefix starts the throttle keys. Default "llmq:".
+	Prefix     string
+	HTTPClient *http.Client
+	Logger     *slog.Logger
+	Now        func() time.Time
+}
+
+// Alerter raises dead-letter alerts: an ERROR log line and the webhook. (The counter
+// llmq_dead_letters_total is kept per job by Metrics.) It is safe for concurrent use.
+type Alerter struct {
+	cfg AlerterConfig
+}
+
+// NewAlerter returns an Alerter; zero fields take defaults.
+func NewAlerter(cfg AlerterConfig) *Alerter {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "llmq:"
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Alerter{cfg: cfg}
+}
+
+// Raise sends a. Callers make sure it is once per episode (a pause reports whether it began
+// one); use Throttled for alerts without episodes. A webhook failure is logged, not returned:
+// the dead letter is already safe in Postgres.
+func (a *Alerter) Raise(ctx context.Context, al Alert) {
+	if a == nil {
+		return
+	}
+	if al.At.IsZero() {
+		al.At = a.cfg.Now()
+	}
+	a.cfg.Logger.ErrorContext(ctx, "ALERT dead letter", "credential", al.Credential, "reason", al.Reason,
+		"first_job_id", al.JobID, "message", al.Message)
+	if a.cfg.WebhookURL == "" {
+		return
+	}
+	if err := a.post(ctx, al); err != nil {
+		a.cfg.Logger.ErrorContext(ctx, "alert webhook failed", "credential", al.Credential, "reason", al.Reason, "error", err)
+	}
+}
+
+// Throttled raises al at most once per interval per (credential, reason), across processes when
+// Redis is configured.
+func (a *Alerter) Throttled(ctx context.Context, al Alert, interval time.Duration) {
+	if a == nil {
+		return
+	}
+	if a.cfg.Redis != nil {
+		key := fmt.Sprintf("%salert:%s:%s", a.cfg.Prefix, al.Credential, al.Reason)
+		ok, err := a.cfg.Redis.SetNX(ctx, key, al.JobID, interval).Result()
+		if err == nil && !ok {
+			return
+		}
+		// On a Redis error, alert anyway: a duplicate alert beats a lost one.
+	}
+	a.Raise(ctx, al)
+}
+
+func (a *Alerter) post(ctx context.Context, al Alert) error {
+	body, err := json.Marshal(al)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.WebhookURL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("webhook answered %s", resp.Status)
+	}
+	return nil
+}

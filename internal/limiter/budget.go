@@ -1,0 +1,43 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+)
+
+// RecordAttempt counts one first attempt of a job on the credential (not a retry): the base the
+// retry budget is a fraction of. It returns an error only when Redis fails.
+func (c *Credential) RecordAttempt(ctx context.Context) error {
+	if _, err := c.budget(ctx, "first"); err != nil {
+		return fmt.Errorf("record attempt: %w", err)
+	}
+	return nil
+}
+
+// AllowRetry asks the shared retry budget for one retry and, when it answers true, counts it, in
+// one atomic step: within the sliding window, granted retries never exceed
+// Budget.Floor + Budget.Ratio × first attempts, across all processes. False means over budget:
+// defer the retry (do not send it). It returns an error only when Redis fails.
+func (c *Credential) AllowRetry(ctx context.Context) (bool, error) {
+	ok, err := c.budget(ctx, "retry")
+	if err != nil {
+		return false, fmt.Errorf("allow retry: %w", err)
+	}
+	if !ok {
+		c.l.cfg.Metrics.refused(c.name)
+	}
+	return ok, nil
+}
+
+func (c *Credential) budget(ctx context.Context, kind string) (bool, error) {
+	b := &c.l.cfg.Budget
+	res, err := budgetScript.Run(ctx, c.l.rdb, []string{budgetKey(c.l.cfg.Prefix, c.tag)},
+		c.l.nowArg(), kind, micros(b.Window), b.Buckets, fmtFloat(b.Ratio), b.Floor).Slice()
+	if err != nil {
+		return false, err
+	}
+	if len(res) != 3 {
+		return false, fmt.Errorf("unexpected reply %v", res)
+	}
+	return toInt(res[0]) == 1, nil
+}

@@ -1,0 +1,88 @@
+package limiter_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/limiter"
+)
+
+func TestCredential_AllowRetry(t *testing.T) {
+	t.Parallel()
+
+	t.Run("FailureStorm", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil)
+		id := "sk-storm"
+		creds := []*limiter.Credential{b.lim.Credential(id, "main"), b.lim2.Credential(id, "main")}
+		// 1,000 first attempts from 50 workers over two clients; every one fails and asks to
+		// retry, and every granted retry fails and asks again.
+		var allowed, firsts atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 50 {
+			wg.Go(func() {
+				c := creds[w%2]
+				for range 20 {
+					// counted here before Redis, allowed after: the check below is conservative
+					firsts.Add(1)
+					if err := c.RecordAttempt(t.Context()); err != nil {
+						t.Error(err)
+						return
+					}
+					for {
+						ok, err := c.AllowRetry(t.Context())
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !ok {
+							break
+						}
+						// never more than floor + 10% of the first attempts so far
+						if a := allowed.Add(1); float64(a) > 10+0.1*float64(firsts.Load()) {
+							t.Errorf("%d retries allowed after %d first attempts", a, firsts.Load())
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, int64(1000), firsts.Load())
+		require.Equal(t, int64(10+100), allowed.Load(), "retries = floor + 10% of first attempts")
+		// Every job's last ask was refused; only the first client's half have metrics.
+		require.Equal(t, 500.0, b.metric(t, "llmq_retry_budget_refusals_total", "main"))
+	})
+
+	t.Run("WindowSlides", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 2, Ratio: 0.5} })
+		c := b.lim.Credential("sk-slide", "main")
+		allow := func() bool {
+			ok, err := c.AllowRetry(t.Context())
+			require.NoError(t, err)
+			return ok
+		}
+		// A quiet credential still gets its floor.
+		require.True(t, allow())
+		require.True(t, allow())
+		require.False(t, allow())
+		// Four first attempts earn two more.
+		for range 4 {
+			require.NoError(t, c.RecordAttempt(t.Context()))
+		}
+		require.True(t, allow())
+		require.True(t, allow())
+		require.False(t, allow())
+		// Within the window nothing is forgotten; after it (window + one 5 s bucket) all is.
+		b.clock.Add(55 * time.Second)
+		require.False(t, allow())
+		b.clock.Add(10 * time.Second)
+		require.True(t, allow())
+		require.True(t, allow())
+		require.False(t, allow())
+	})
+}

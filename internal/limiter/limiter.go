@@ -1,0 +1,374 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Config configures a Limiter. Zero fields take the defaults documented on each field; nil is
+// accepted as all defaults.
+type Config struct {
+	// Prefix starts every key. Default "llmq:". Tests pass redistest.Prefix(t).
+	Prefix string
+	// Now is the clock. Nil (production): the scripts read Redis TIME, so every process shares
+	// Redis's clock and local clock skew cannot make two processes disagree about the schedule.
+	// Tests inject a clock; every process must then use the same one.
+	Now func() time.Time
+	// PhaseMargin delays every request that waits for a refill (not those the full bucket
+	// holds) by this much, because the provider's bucket and ours are never exactly in phase:
+	// its refill starts when our first request lands, requests take different times to reach it,
+	// and clocks differ. Default 100ms; it costs PhaseMargin once per burst, not per request.
+	// Negative disables it.
+	PhaseMargin time.Duration
+	// RateMargin spaces requests (1+RateMargin)/Rate apart instead of 1/Rate, so a provider
+	// that refills a little slower than it says (or a learned rate a little high) does not drift
+	// into 429s over a long run. Default 0.01 (1%: 80 ms over the 8 s of a 100-request herd at
+	// 10/s). Negative disables it.
+	RateMargin float64
+	// ClockSkew is how far the provider's clock may be from ours. It widens what an absolute
+	// reset time (Anthropic's) says about the rate; without it, a provider clock 100 ms behind
+	// makes the first response (one request used, full again in 1/Rate) claim a rate many times
+	// the true one. Default 100ms; negative disables it.
+	ClockSkew time.Duration
+	// LearnTTL is how long learned knowledge lasts without a new observation; stale knowledge
+	// then heals by probing again. It is also how long Current reports a configured limit after
+	// its last Reserve. Default 10m.
+	LearnTTL time.Duration
+	// ProbeTTL is how long the single probe of an unknown limit may stay unanswered before
+	// another request may probe (the caller crashed, or forgot to Observe). Default 30s: LLM
+	// calls are slow.
+	ProbeTTL time.Duration
+	// PollInterval is the shortest time Reserve tells a caller to wait before asking again while
+	// a limit is being learned. Default 10ms.
+	PollInterval time.Duration
+	// LearnHorizon is how far ahead slots are handed out under a learned limit (configured
+	// limits have none). A slot handed out is fixed; keeping them close means a better
+	// estimate, a change the provider makes, or the provider reporting more remaining than we
+	// modelled applies to the queue at once. Callers further back are told when to ask again,
+	// spread by their place in line and at least once a second. Default 250ms.
+	LearnHorizon time.Duration
+	// Budget configures the retry budget.
+	Budget Budget
+	// Metrics receives the limiter's metrics; nil records none.
+	Metrics *Metrics
+}
+
+// Budget configures the shared retry budget: within any Window, granted retries may not exceed
+// Floor + Ratio × first attempts.
+type Budget struct {
+	// Ratio is the retries allowed per first attempt. Default 0.1 (the SRE book's 10%).
+	Ratio float64
+	// Floor is the retries allowed per window whatever the traffic, so a quiet credential can
+	// still retry. Default 10. Negative means 0.
+	Floor int
+	// Window is the sliding window. Default 60s.
+	Window time.Duration
+	// Buckets is how many counters the window is kept in; the window slides one bucket at a time.
+	// Default 12 (5 s buckets for a 60 s window).
+	Buckets int
+}
+
+// Defaults of Config.
+const (
+	DefaultPhaseMargin  = 100 * time.Millisecond
+	DefaultRateMargin   = 0.01
+	DefaultClockSkew    = 100 * time.Millisecond
+	DefaultLearnTTL     = 10 * time.Minute
+	DefaultProbeTTL     = 30 * time.Second
+	DefaultPollInterval = 10 * time.Millisecond
+	DefaultLearnHorizon = 250 * time.Millisecond
+)
+
+// A 429 with Retry-After caps the learned rate at (1-rateDecrease) of what was paced at, until
+// the provider's limit changes or LearnTTL passes.
+const rateDecrease = 0.1
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.PhaseMargin == 0 {
+		c.PhaseMargin = DefaultPhaseMargin
+	} else if c.PhaseMargin < 0 {
+		c.PhaseMargin = 0
+	}
+	if c.RateMargin == 0 {
+		c.RateMargin = DefaultRateMargin
+	} else if c.RateMargin < 0 {
+		c.RateMargin = 0
+	}
+	if c.ClockSkew == 0 {
+		c.ClockSkew = DefaultClockSkew
+	} else if c.ClockSkew < 0 {
+		c.ClockSkew = 0
+	}
+	if c.LearnTTL == 0 {
+		c.LearnTTL = DefaultLearnTTL
+	}
+	if c.ProbeTTL == 0 {
+		c.ProbeTTL = DefaultProbeTTL
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.LearnHorizon == 0 {
+		c.LearnHorizon = DefaultLearnHorizon
+	}
+	if c.Budget.Ratio == 0 {
+		c.Budget.Ratio = 0.1
+	}
+	if c.Budget.Floor == 0 {
+		c.Budget.Floor = 10
+	} else if c.Budget.Floor < 0 {
+		c.Budget.Floor = 0
+	}
+	if c.Budget.Window == 0 {
+		c.Budget.Window = time.Minute
+	}
+	if c.Budget.Buckets == 0 {
+		c.Budget.Buckets = 12
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.RateMargin > 1 || math.IsNaN(c.RateMargin):
+		return fmt.Errorf("RateMargin %v: want between 0 and 1", c.RateMargin)
+	case c.LearnTTL < time.Second:
+		return fmt.Errorf("LearnTTL %v: want at least 1s", c.LearnTTL)
+	case c.ProbeTTL < 0:
+		return fmt.Errorf("ProbeTTL %v: want positive", c.ProbeTTL)
+	case c.PollInterval < time.Millisecond:
+		return fmt.Errorf("PollInterval %v: want at least 1ms", c.PollInterval)
+	case c.LearnHorizon < 0:
+		return fmt.Errorf("LearnHorizon %v: want positive", c.LearnHorizon)
+	case c.Budget.Ratio < 0 || math.IsNaN(c.Budget.Ratio):
+		return fmt.Errorf("Budget.Ratio %v: want positive", c.Budget.Ratio)
+	case c.Budget.Window < time.Second:
+		return fmt.Errorf("Budget.Window %v: want at least 1s", c.Budget.Window)
+	case c.Budget.Buckets < 1 || c.Budget.Buckets > 600:
+		return fmt.Errorf("Budget.Buckets %d: want 1..600", c.Budget.Buckets)
+	}
+	return nil
+}
+
+// Limiter is the admission control of every provider key, shared by all processes through
+// Redis. It is safe for concurrent use; two Limiters on the same Redis and prefix (in one process
+// or many) share all state.
+type Limiter struct {
+	rdb redis.UniversalClient
+	cfg Config
+}
+
+// New returns a Limiter over rdb. cfg may be nil. It returns an error naming the field when cfg
+// is invalid; it does not contact Redis.
+func New(rdb redis.UniversalClient, cfg *Config) (*Limiter, error) {
+	if rdb == nil {
+		return nil, errors.New("new limiter: nil redis client")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c = c.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("new limiter: %w", err)
+	}
+	return &Limiter{rdb: rdb, cfg: c}, nil
+}
+
+// Credential is the limiter of one provider key. Make it with Limiter.Credential; it is cheap,
+// holds no state of its own and is safe for concurrent use.
+type Credential struct {
+	l    *Limiter
+	name string
+	tag  string
+}
+
+// Credential returns the limiter of the provider key id. id is only hashed (keys look like
+// "<prefix>{<sha256 hex of id>}:rl"): it never reaches Redis, logs or metrics. Pass the API key
+// itself, so that two credential names sharing one key share its limit. name is the
+// credential's name, used only as the metrics label.
+func (l *Limiter) Credential(id, name string) *Credential {
+	return &Credential{l: l, name: name, tag: credentialTag(id)}
+}
+
+// Name is the credential name given to Limiter.Credential.
+func (c *Credential) Name() string { return c.name }
+
+// Limit is a provider's request limit: a token bucket holding Burst requests, refilled at Rate
+// per second.
+type Limit struct {
+	// Rate is requests per second.
+	Rate float64
+	// Burst is how many requests may go at once from a full bucket. 0 with a Rate means 1.
+	Burst int
+}
+
+// Source says where a Limit comes from.
+type Source string
+
+// Sources of a Limit.
+const (
+	// SourceConfigured: the credential's configuration.
+	SourceConfigured Source = "configured"
+	// SourceLearned: the provider's rate-limit headers (Rate 0: the burst is known, the rate not
+	// yet).
+	SourceLearned Source = "learned"
+	// SourceUnknown: nothing is known.
+	SourceUnknown Source = "unknown"
+)
+
+// Reservation is Reserve's answer.
+type Reservation struct {
+	// Granted reports whether a send slot was taken. When false, nothing was reserved (the limit
+	// is being learned, or a learned slot lies beyond the horizon): call Reserve again after
+	// Wait.
+	Granted bool
+	// SendAt is when the request may be sent (Granted) or when to ask again (not Granted), on the
+	// limiter's clock (Redis TIME unless Config.Now is set).
+	SendAt time.Time
+	// Wait is SendAt minus the limiter's now. Sleep Wait rather than comparing SendAt with a
+	// local clock, which may be skewed from Redis's.
+	Wait time.Duration
+	// Probe is true when the limit is unknown and this request is the one allowed out to learn
+	// it. Observe its response (or its failure) promptly: everybody else waits for it.
+	Probe bool
+	// Limit is the limit the slot was computed with, without margins (Rate 0: not known).
+	Limit Limit
+	// Source is where Limit comes from.
+	Source Source
+	// Seq identifies the slot to Observe (opaque): copy it into Observation.Seq. 0 when not
+	// Granted.
+	Seq int64
+}
+
+// Reserve atomically takes the next send slot of the credential (one Lua script, GCRA): a burst
+// of N requests gets the first Burst at once and then one every 1/Rate (plus the margins), however
+// many processes share the credential. A taken slot is the caller's: send at SendAt, not before,
+// and do not Reserve again for the same attempt.
+//
+// lim is the configured limit; the zero Limit means not configured, use what was learned from
+// Observe: while nothing is known, one probe goes out at a time and the others are told to ask
+// again shortly (Granted false); once learned, slots more than LearnHorizon ahead are not handed
+// out either (Granted false, ask again after Wait). Observe the outcome of every granted slot.
+//
+// It returns an error when lim is invalid or Redis fails; no slot is taken then.
+func (c *Credential) Reserve(ctx context.Context, lim Limit) (Reservation, error) {
+	if lim.Rate < 0 || math.IsNaN(lim.Rate) || math.IsInf(lim.Rate, 0) || lim.Burst < 0 {
+		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
+	}
+	if lim.Rate > 0 && lim.Burst == 0 {
+		lim.Burst = 1
+	}
+	cfg := &c.l.cfg
+	res, err := reserveScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)},
+		c.l.nowArg(), fmtFloat(lim.Rate), lim.Burst,
+		micros(cfg.PhaseMargin), fmtFloat(cfg.RateMargin), micros(cfg.LearnTTL),
+		micros(cfg.ProbeTTL), micros(cfg.PollInterval), micros(cfg.LearnHorizon)).Slice()
+	if err != nil {
+		return Reservation{}, fmt.Errorf("reserve: %w", err)
+	}
+	if len(res) != 8 {
+		return Reservation{}, fmt.Errorf("reserve: unexpected reply %v", res)
+	}
+	send, now := toInt(res[1]), toInt(res[2])
+	rate, _ := strconv.ParseFloat(toString(res[4]), 64)
+	r := Reservation{
+		Granted: toInt(res[0]) == 1,
+		SendAt:  time.UnixMicro(send),
+		Wait:    time.Duration(send-now) * time.Microsecond,
+		Probe:   toInt(res[3]) == 1,
+		Limit:   Limit{Rate: rate, Burst: int(toInt(res[5]))},
+		Source:  Source(toString(res[6])),
+		Seq:     toInt(res[7]),
+	}
+	c.l.cfg.Metrics.reserved(c.name, r)
+	return r, nil
+}
+
+// Acquire calls Reserve until a slot is granted, sleeping (in real time) between calls while
+// each wait to ask again is at most maxWait. It does not wait for SendAt: the caller sleeps
+// r.Wait, or hands a long wait to its scheduler and sends at SendAt. When the next ask would be
+// further than maxWait away it returns that ungranted Reservation, so the caller can reschedule
+// the job instead of holding a worker. It returns ctx's error when ctx ends first.
+func (c *Credential) Acquire(ctx context.Context, lim Limit, maxWait time.Duration) (Reservation, error) {
+	for {
+		r, err := c.Reserve(ctx, lim)
+		if err != nil || r.Granted || r.Wait > maxWait {
+			return r, err
+		}
+		t := time.NewTimer(r.Wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Reservation{}, fmt.Errorf("acquire: %w", context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Current returns the limit in force for the credential and its source: the configured limit if
+// a Reserve passed one within LearnTTL, else the learned one (Rate 0 while only the burst is
+// known), else SourceUnknown. It returns an error only when Redis fails.
+func (c *Credential) Current(ctx context.Context) (Limit, Source, error) {
+	cfg := &c.l.cfg
+	res, err := currentScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)},
+		c.l.nowArg(), micros(cfg.LearnTTL)).Slice()
+	if err != nil {
+		return Limit{}, "", fmt.Errorf("current limit: %w", err)
+	}
+	if len(res) != 3 {
+		return Limit{}, "", fmt.Errorf("current limit: unexpected reply %v", res)
+	}
+	rate, _ := strconv.ParseFloat(toString(res[1]), 64)
+	return Limit{Rate: rate, Burst: int(toInt(res[2]))}, Source(toString(res[0])), nil
+}
+
+// nowArg is the scripts' "now" argument: the injected clock in µs, or "" for Redis TIME.
+func (l *Limiter) nowArg() string {
+	if l.cfg.Now == nil {
+		return ""
+	}
+	return strconv.FormatInt(l.cfg.Now().UnixMicro(), 10)
+}
+
+// localNow is the caller-side clock, used to turn an Observation's times into durations.
+func (l *Limiter) localNow() time.Time {
+	if l.cfg.Now != nil {
+		return l.cfg.Now()
+	}
+	return time.Now()
+}
+
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func toString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int64:
+		return strconv.FormatInt(x, 10)
+	}
+	return ""
+}

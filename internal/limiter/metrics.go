@@ -1,0 +1,105 @@
+package limiter
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the limiter's Prometheus metrics. Their only label is the credential's name (never
+// its key). A nil *Metrics records nothing.
+type Metrics struct {
+	rate      *prometheus.GaugeVec
+	burst     *prometheus.GaugeVec
+	source    *prometheus.GaugeVec
+	wait      *prometheus.HistogramVec
+	probes    *prometheus.CounterVec
+	pushbacks *prometheus.CounterVec
+	refusals  *prometheus.CounterVec
+	paused    *prometheus.GaugeVec
+}
+
+// NewMetrics creates the limiter's metrics and registers them with reg (nil: not registered).
+// It panics if they are already registered there, a programming error.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	cred := []string{"credential"}
+	m := &Metrics{
+		rate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_limiter_limit_requests_per_second",
+			Help: "Request rate the limiter paces the credential at (configured or learned; 0 while unknown).",
+		}, cred),
+		burst: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_limiter_limit_burst_requests",
+			Help: "Burst (bucket capacity) the limiter allows the credential (0 while unknown).",
+		}, cred),
+		source: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_limiter_limit_source",
+			Help: "1 for where the credential's limit comes from: configured, learned or unknown.",
+		}, []string{"credential", "source"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmq_limiter_wait_seconds",
+			Help:    "Wait from a granted reservation to its send time.",
+			Buckets: []float64{0, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}, cred),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_limiter_probes_total",
+			Help: "Requests let out alone to learn an unknown limit.",
+		}, cred),
+		pushbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_limiter_retry_after_pushbacks_total",
+			Help: "429 responses with Retry-After that pushed the shared schedule back.",
+		}, cred),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_retry_budget_refusals_total",
+			Help: "Retries refused (deferred) because the credential's retry budget was spent.",
+		}, cred),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_limiter_paused",
+			Help: "1 while the credential is paused (a 429 without Retry-After), as last seen by this process.",
+		}, cred),
+	}
+	if reg != nil {
+		reg.MustRegister(m.rate, m.burst, m.source, m.wait, m.probes, m.pushbacks, m.refusals, m.paused)
+	}
+	return m
+}
+
+func (m *Metrics) reserved(name string, r Reservation) {
+	if m == nil {
+		return
+	}
+	m.rate.WithLabelValues(name).Set(r.Limit.Rate)
+	m.burst.WithLabelValues(name).Set(float64(r.Limit.Burst))
+	for _, s := range []Source{SourceConfigured, SourceLearned, SourceUnknown} {
+		v := 0.0
+		if s == r.Source {
+			v = 1
+		}
+		m.source.WithLabelValues(name, string(s)).Set(v)
+	}
+	if r.Granted {
+		m.wait.WithLabelValues(name).Observe(max(r.Wait.Seconds(), 0))
+	}
+	if r.Probe {
+		m.probes.WithLabelValues(name).Inc()
+	}
+}
+
+func (m *Metrics) pushedBack(name string) {
+	if m != nil {
+		m.pushbacks.WithLabelValues(name).Inc()
+	}
+}
+
+func (m *Metrics) refused(name string) {
+	if m != nil {
+		m.refusals.WithLabelValues(name).Inc()
+	}
+}
+
+func (m *Metrics) setPaused(name string, paused bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if paused {
+		v = 1
+	}
+	m.paused.WithLabelValues(name).Set(v)
+}

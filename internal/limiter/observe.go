@@ -1,0 +1,99 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Observation is what one provider response (or failure) said about the limit.
+// The worker builds it from llm.RateLimit, which parses both providers' headers.
+type Observation struct {
+	// At is when the response arrived. Zero means now.
+	At time.Time
+	// SentAt is when the request was sent. Zero means At. Giving it makes learning exact about
+	// latency: the provider evaluated the request somewhere between SentAt and At.
+	SentAt time.Time
+	// StatusCode is the HTTP status; 0 for a request that got no response.
+	StatusCode int
+	// HeadersKnown reports that Limit, Remaining and ResetAt were present.
+	HeadersKnown bool
+	// Limit is the provider's request limit (the bucket's capacity, used as the burst).
+	Limit int
+	// Remaining is the requests left after this one.
+	Remaining int
+	// ResetAt is when the bucket is full again.
+	ResetAt time.Time
+	// ResetGranularity is how coarse ResetAt is. 0 means: a whole-second ResetAt is taken as
+	// rounded to the second, anything else as exact.
+	ResetGranularity time.Duration
+	// ResetAbsolute reports that ResetAt was read from the provider's clock (Anthropic sends a
+	// time, OpenAI a duration), so it is off by the clocks' difference: Config.ClockSkew widens
+	// what it says.
+	ResetAbsolute bool
+	// RetryAfter is the wait a 429 asked for, when HasRetryAfter.
+	RetryAfter time.Duration
+	// HasRetryAfter reports that the response carried Retry-After (or retry-after-ms).
+	HasRetryAfter bool
+	// Seq is the Reservation.Seq of the attempt. It lets the limiter use what the provider says
+	// remains (less the requests let out since) when that is more than its own schedule holds,
+	// which is how a learned limit escapes pacing below the provider's true rate. 0 (unknown) is
+	// safe: then every request let out so far is assumed still in flight.
+	Seq int64
+}
+
+// Observe feeds one response to the limiter; call it for every attempt Reserve let out,
+// including failures without a response (it ends the probe of an unknown limit). It:
+//   - learns the limit when headers are known: the burst is Limit, and each response bounds the
+//     rate (see the package doc); a new Limit value, or a response inconsistent with the bounds,
+//     starts learning afresh, so the limiter follows a provider that changes its limit mid-run;
+//   - on a 429 with Retry-After, pushes the shared schedule back so that nobody sends before
+//     At+RetryAfter, and lowers the learned rate by 10% (until responses say otherwise).
+//
+// A 429 without Retry-After changes nothing here: it is a spend cap, see Pause. Observe returns
+// an error only when Redis fails.
+func (c *Credential) Observe(ctx context.Context, o Observation) error {
+	l := c.l
+	now := l.localNow()
+	if o.At.IsZero() {
+		o.At = now
+	}
+	if o.SentAt.IsZero() || o.SentAt.After(o.At) {
+		o.SentAt = o.At
+	}
+	var dtMax, dtMin time.Duration
+	hdr := 0
+	if o.HeadersKnown && o.Limit > 0 {
+		hdr = 1
+		if !o.ResetAt.IsZero() {
+			// The provider's bucket is full at some R (our clock) within
+			// [ResetAt-skew, ResetAt+granularity+skew): a coarse reset is taken as truncated.
+			q := o.ResetGranularity
+			if q == 0 && o.ResetAt.Nanosecond() == 0 {
+				q = time.Second
+			}
+			var skew time.Duration
+			if o.ResetAbsolute {
+				skew = l.cfg.ClockSkew
+			}
+			dtMax = o.ResetAt.Add(q + skew).Sub(o.SentAt)
+			dtMin = o.ResetAt.Add(-skew).Sub(o.At)
+		}
+	}
+	ra := ""
+	if o.HasRetryAfter && o.StatusCode == 429 {
+		ra = strconv.FormatInt(micros(o.At.Add(o.RetryAfter).Sub(now)), 10)
+	}
+	cfg := &l.cfg
+	err := observeScript.Run(ctx, l.rdb, []string{rateKey(cfg.Prefix, c.tag)},
+		l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),
+		ra, micros(cfg.LearnTTL), fmtFloat(rateDecrease), o.Seq, micros(cfg.LearnTTL)).Err()
+	if err != nil {
+		return fmt.Errorf("observe response: %w", err)
+	}
+	if ra != "" {
+		cfg.Metrics.pushedBack(c.name)
+	}
+	return nil
+}

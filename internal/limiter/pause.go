@@ -1,0 +1,75 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// PauseState is a credential's pause episode.
+type PauseState struct {
+	// Paused reports whether the credential is paused; the other fields are zero when not.
+	Paused bool
+	// Since is when the episode began.
+	Since time.Time
+	// Reason is the reason given by the Pause that began it.
+	Reason string
+	// FirstJobID is the job whose failure began it.
+	FirstJobID string
+}
+
+// Pause stops the credential until Resume, shared by all processes: the caller checks Paused
+// before sending. Use it for a 429 without Retry-After (a spend cap that keeps failing until an
+// operator acts). started is true only for the call that began this episode, across all
+// processes, so the caller alerts once per episode. A pause does not expire. It returns an error
+// only when Redis fails.
+func (c *Credential) Pause(ctx context.Context, reason, jobID string) (started bool, err error) {
+	n, err := pauseScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
+		c.l.nowArg(), reason, jobID).Int()
+	if err != nil {
+		return false, fmt.Errorf("pause credential: %w", err)
+	}
+	c.l.cfg.Metrics.setPaused(c.name, true)
+	return n == 1, nil
+}
+
+// Resume ends the pause episode, if any; the next Pause starts a new one. It reports whether the
+// credential was paused, and returns an error only when Redis fails.
+func (c *Credential) Resume(ctx context.Context) (bool, error) {
+	n, err := c.l.rdb.Del(ctx, pauseKey(c.l.cfg.Prefix, c.tag)).Result()
+	if err != nil {
+		return false, fmt.Errorf("resume credential: %w", err)
+	}
+	c.l.cfg.Metrics.setPaused(c.name, false)
+	return n == 1, nil
+}
+
+// Paused returns the credential's pause state. It returns an error only when Redis fails.
+func (c *Credential) Paused(ctx context.Context) (PauseState, error) {
+	m, err := c.l.rdb.HGetAll(ctx, pauseKey(c.l.cfg.Prefix, c.tag)).Result()
+	if err != nil {
+		return PauseState{}, fmt.Errorf("read pause state: %w", err)
+	}
+	since, ok := m["since"]
+	if !ok {
+		c.l.cfg.Metrics.setPaused(c.name, false)
+		return PauseState{}, nil
+	}
+	us, _ := strconv.ParseInt(since, 10, 64)
+	c.l.cfg.Metrics.setPaused(c.name, true)
+	return PauseState{Paused: true, Since: time.UnixMicro(us), Reason: m["reason"], FirstJobID: m["job"]}, nil
+}
+
+// TryProbe reports whether the caller may send one automatic probe request on the paused
+// credential: at most one caller per every, across all processes, the first one every after the
+// pause began. It returns false when the credential is not paused. The caller Resumes when the
+// probe succeeds. It returns an error only when Redis fails.
+func (c *Credential) TryProbe(ctx context.Context, every time.Duration) (bool, error) {
+	n, err := probeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
+		c.l.nowArg(), micros(every)).Int()
+	if err != nil {
+		return false, fmt.Errorf("try pause probe: %w", err)
+	}
+	return n == 1, nil
+}

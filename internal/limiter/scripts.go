@@ -1,0 +1,415 @@
+package limiter
+
+import "github.com/redis/go-redis/v9"
+
+// Times inside the scripts are integer microseconds since the Unix epoch (exact in a Lua double
+// until the year 2255). They are written with %.0f, never tostring, which keeps only 14 digits.
+// Rates are requests per second, written with %.17g.
+
+// luaCommon is prepended to every script.
+const luaCommon = `
+local function num(x)
+  if x == false or x == nil then return nil end
+  return tonumber(x)
+end
+local function fmt0(x) return string.format('%.0f', x) end
+local function fmt(x) return string.format('%.17g', x) end
+-- clock returns the caller's time (ARGV) or, when it is empty, Redis TIME, so that every process
+-- shares one clock.
+local function clock(arg)
+  if arg ~= '' then return tonumber(arg) end
+  pcall(redis.replicate_commands)
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+-- estimate is the learned rate to pace at (0: unknown): the lower bound lo, which the evidence
+-- guarantees, under the ceiling cap that a recent 429 set (cap/capt: rate and until when, µs).
+-- Pacing below the provider's true rate costs little: what it then accumulates shows in its
+-- Remaining and is lent out (see reserveScript).
+local function estimate(lo, cap, capt, now)
+  if lo == nil or lo <= 0 then return 0 end
+  if cap ~= nil and capt ~= nil and capt > now and cap < lo then return cap end
+  return lo
+end
+`
+
+// reserveScript hands out one send time.
+//
+// KEYS[1] rate hash. Schedule fields: tat (GCRA theoretical arrival time, µs), ts (µs per request
+// tat is expressed in), bs (burst tat is expressed in), full (last time the bucket was known
+// full, or synced to what the provider reported, µs), nb (not before: Retry-After pushback, µs),
+// seq (grants so far), wn (ungranted asks since the last grant), c1t/c1s and c2t/c2s
+// (checkpoints: a send time and the grants before it, at least a phase margin apart), pr/pt
+// (probe held until / probe start, µs), bg (last grant lent while the rate was unknown, µs),
+// cr/cb/cupd (last configured limit seen, and when). Learned fields (L, lo, lupd, av, avs,
+// nohdr, cap, capt): see observeScript.
+// ARGV[1] now µs, or "" for Redis TIME
+// ARGV[2] configured rate (requests/s; 0 = not configured: use what was learned)
+// ARGV[3] configured burst
+// ARGV[4] phase margin µs
+// ARGV[5] rate margin (fraction)
+// ARGV[6] learn TTL µs
+// ARGV[7] probe TTL µs
+// ARGV[8] poll interval µs
+// ARGV[9] learn horizon µs
+// Returns {granted 0|1, send µs, now µs, probe 0|1, rate (string), burst, source, seq}. When
+// granted is 0 nothing was reserved and send is when to ask again. seq is 1 + a number of grants
+// all sent at least a phase margin before this one (Observation.Seq).
+var reserveScript = redis.NewScript(luaCommon + `
+local key = KEYS[1]
+local now = clock(ARGV[1])
+local crate, cburst = tonumber(ARGV[2]), tonumber(ARGV[3])
+local phase, rmargin = tonumber(ARGV[4]), tonumber(ARGV[5])
+local learnttl, probettl, poll = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local hz = tonumber(ARGV[9])
+
+local s = redis.call('HMGET', key, 'tat', 'ts', 'bs', 'full', 'L', 'lo', 'lupd', 'av', 'avs',
+  'pr', 'pt', 'nb', 'nohdr', 'bg', 'seq', 'c1t', 'c1s', 'c2t', 'c2s', 'cap', 'capt')
+local tat, ts, bs, full = num(s[1]), num(s[2]), num(s[3]), num(s[4])
+local L, lo, lupd, av, avs = num(s[5]), num(s[6]), num(s[7]), num(s[8]), num(s[9])
+local pr, pt, nb, nohdr, bg = num(s[10]), num(s[11]), num(s[12]) or 0, num(s[13]), num(s[14])
+local seq, c1t, c1s, c2t, c2s = num(s[15]) or 0, num(s[16]), num(s[17]), num(s[18]), num(s[19])
+local cap, capt = num(s[20]), num(s[21])
+if lupd == nil or now - lupd > learnttl then L, av = nil, nil end
+if nohdr ~= nil and now - nohdr > learnttl then nohdr = nil end
+-- lend: requests the provider surely still holds (its reported remaining less our grants since)
+local lend = nil
+if av ~= nil and avs ~= nil then lend = av - (seq - avs) end
+
+local function reply(granted, send, probe, rate, burst, source, gseq)
+  local keep = learnttl
+  if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
+  if nb - now + learnttl > keep then keep = nb - now + learnttl end
+  redis.call('PEXPIRE', key, math.ceil(keep / 1000))
+  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0}
+end
+-- grant counts one grant sent at snd and returns its Observation.Seq: 1 + the grants sent at
+-- least a phase margin earlier, which surely reached the provider first. Later ones may not be
+-- reflected in what its response reports.
+local function grant(snd)
+  local before = seq
+  seq = seq + 1
+  if c2t == nil or snd - c2t >= phase then
+    c1t, c1s, c2t, c2s = c2t, c2s, snd, before
+  end
+  local g = 0
+  if c1t ~= nil and c1t <= snd - phase then g = c1s end
+  if c1t ~= nil then redis.call('HSET', key, 'c1t', fmt0(c1t), 'c1s', c1s) end
+  redis.call('HSET', key, 'seq', seq, 'c2t', fmt0(c2t), 'c2s', c2s)
+  return g + 1
+end
+-- recheck: when to ask again while an answer is awaited since 'since': half its age, within
+-- [poll, 1s], so a long probe does not make every waiter poll fast.
+local function recheck(since)
+  local w = poll
+  if since ~= nil and (now - since) / 2 > w then w = (now - since) / 2 end
+  if w > 1000000 then w = 1000000 end
+  return now + w
+end
+
+local rate, burst, source = 0, 0, 'unknown'
+if crate > 0 then
+  rate, burst, source = crate, cburst, 'configured'
+  redis.call('HSET', key, 'cr', fmt(crate), 'cb', cburst, 'cupd', fmt0(now))
+elseif L ~= nil then
+  burst, source = L, 'learned'
+  rate = estimate(lo, cap, capt, now)
+elseif nohdr ~= nil then
+  -- the provider sends no rate-limit headers: nothing to pace by but Retry-After
+  local snd = math.max(now, nb)
+  return reply(1, snd, 0, 0, 0, 'unknown', grant(snd))
+end
+
+if rate <= 0 then
+  -- Rate unknown. Lend what the provider said remains, else one probe at a time.
+  if source == 'learned' and lend ~= nil and lend >= 1 then
+    local snd = math.max(now, nb)
+    redis.call('HSET', key, 'bg', fmt0(now))
+    return reply(1, snd, 0, 0, burst, source, grant(snd))
+  end
+  local since = pt
+  if source == 'learned' and bg ~= nil and (since == nil or bg > since) then since = bg end
+  if (pr ~= nil and pr > now) or (source == 'learned' and bg ~= nil and now - bg < probettl) then
+    return reply(0, recheck(since), 0, 0, burst, source)
+  end
+  local snd = math.max(now, nb)
+  redis.call('HSET', key, 'pr', fmt0(snd + probettl), 'pt', fmt0(snd))
+  return reply(1, snd, 1, 0, burst, source, grant(snd))
+end
+
+local T = 1000000 / rate * (1 + rmargin)
+if tat == nil then
+  if source == 'learned' then
+    -- first schedule after learning: start from what the provider said remains
+    local tokens = 0
+    if lend ~= nil then tokens = math.max(0, math.min(lend, burst)) end
+    tat = now + (burst - tokens) * T
+    full = now
+  end
+elseif ts ~= nil and bs ~= nil and (math.abs(ts - T) > 1e-9 * T or bs ~= burst) then
+  -- the limit changed: re-express tat in the new one
+  if tat > now then
+    local e = tat - bs * ts
+    if e >= now then
+      -- slots are handed out up to e: keep them, continue at the new spacing after e
+      tat = e + burst * T
+    else
+      -- keep the requests the bucket holds now
+      local tokens = math.min((now - e) / ts, burst)
+      tat = now + (burst - tokens) * T
+    end
+  end
+end
+if source == 'learned' and lend ~= nil and lend >= 1 and tat ~= nil and tat > now then
+  -- the provider holds more than we model (we pace below its rate): use them now
+  local tokens = burst - (tat - now) / T
+  if lend > tokens then
+    tat = now + (burst - math.min(lend, burst)) * T
+    full = now
+  end
+end
+if nb > now then
+  -- a 429 said not before nb: the bucket holds one request at nb
+  local pb = nb + (burst - 1) * T
+  if tat == nil or tat < pb then tat = pb end
+end
+if tat == nil or tat <= now - phase then full = now end
+local base = tat
+if base == nil or base < now then base = now end
+local ntat = base + T
+local allow = ntat - burst * T
+local send = now
+-- A request the bucket held when last known full goes at once; one that waits for a refill
+-- keeps the phase margin, since the provider's refill may lag ours.
+if allow > (full or 0) and allow + phase > now then send = allow + phase end
+
+local granted = 1
+if source == 'learned' and send - now > hz then granted = 0 end
+if granted == 1 then tat = ntat end
+redis.call('HSET', key, 'tat', fmt0(tat), 'ts', fmt(T), 'bs', burst, 'full', fmt0(full or 0))
+if granted == 0 then
+  -- Learned limits hand out slots at most a horizon ahead, so that a better estimate, or the
+  -- provider's reported remaining, applies to the queue at once. Waiters are spread by their
+  -- place in line (wn: refusals since the last grant) to ask again about when their slot is
+  -- due, and at least once a second: the provider's surplus is lent only to those who ask.
+  local wn = num(redis.call('HGET', key, 'wn')) or 0
+  redis.call('HSET', key, 'wn', wn + 1)
+  local again = send + wn * T - hz / 2
+  if again > now + 1000000 then again = now + 1000000 end
+  if again < now + poll then again = now + poll end
+  return reply(0, again, 0, rate, burst, source)
+end
+redis.call('HSET', key, 'wn', 0)
+return reply(1, send, 0, rate, burst, source, grant(send))
+`)
+
+// observeScript records what a response said.
+//
+// KEYS[1] rate hash. Learned fields: L (the provider's limit, used as burst), lo/hi (bounds on its
+// rate, requests/s; hi absent = unbounded), lupd (last header update, µs; learned state older than
+// the learn TTL is ignored), av/avs (the provider surely held av requests when seq was avs),
+// cap/capt (ceiling on the rate after a 429, and until when, µs), nohdr (last success without
+// rate-limit headers, µs), nb (not before, µs). Deletes pr: the probe has its answer.
+// ARGV[1] now µs, or ""
+// ARGV[2] status code
+// ARGV[3] headers known 0|1
+// ARGV[4] limit
+// ARGV[5] remaining
+// ARGV[6] dtmax µs: latest the bucket can be full, measured from the send (0 = no reset)
+// ARGV[7] dtmin µs: earliest the bucket can be full, measured from the response
+// ARGV[8] Retry-After µs from now ("" = none)
+// ARGV[9] learn TTL µs
+// ARGV[10] decrease: fraction the learned rate drops on a 429 with Retry-After
+// ARGV[11] the reservation's seq (0 = unknown)
+// ARGV[12] how long a 429's ceiling on the learned rate lasts, µs
+// Returns {limit, rate (string)}.
+var observeScript = redis.NewScript(luaCommon + `
+local key = KEYS[1]
+local now = clock(ARGV[1])
+local status, hdr = tonumber(ARGV[2]), tonumber(ARGV[3])
+local newL, rem = tonumber(ARGV[4]), tonumber(ARGV[5])
+local dtmax, dtmin = tonumber(ARGV[6]), tonumber(ARGV[7])
+local learnttl, dec = tonumber(ARGV[9]), tonumber(ARGV[10])
+local oseq = tonumber(ARGV[11])
+
+redis.call('HDEL', key, 'pr')
+local s = redis.call('HMGET', key, 'L', 'lo', 'hi', 'lupd', 'av', 'avs', 'nb', 'tat', 'seq', 'cap',
+  'capt')
+local L, lo, hi, lupd, av, avs = num(s[1]), num(s[2]), num(s[3]), num(s[4]), num(s[5]), num(s[6])
+local nb, tat, seq, cap, capt = num(s[7]) or 0, num(s[8]), num(s[9]) or 0, num(s[10]), num(s[11])
+if lupd == nil or now - lupd > learnttl then
+  L, lo, hi, av, avs, cap = nil, nil, nil, nil, nil, nil
+  redis.call('HDEL', key, 'cap', 'capt')
+end
+
+if hdr == 1 and newL > 0 then
+  if L ~= nil and newL ~= L then
+    lo, hi, cap = nil, nil, nil
+    redis.call('HDEL', key, 'cap', 'capt')
+  end
+  L = newL
+  -- What the provider surely holds now: remaining, less every grant that may have reached it
+  -- after this request (all of them when the reservation is unknown).
+  if oseq < 1 or oseq > seq then oseq = 1 end
+  local held = rem - math.max(0, seq - oseq)
+  if status ~= 429 and av ~= nil and avs ~= nil and av - (seq - avs) > held then
+    held = av - (seq - avs)
+  end
+  av, avs = held, seq
+  if rem < L and dtmax > 0 then
+    -- rate = deficit / time to refill it. The deficit is L-rem, less up to one request (remaining
+    -- is rounded down); the refill time lies between dtmin and dtmax.
+    local d = L - rem
+    local loi = math.max(d - 1, d / 2) * 1000000 / dtmax
+    local hii = nil
+    if dtmin > 0 then hii = d * 1000000 / dtmin end
+    if (lo ~= nil and hii ~= nil and hii < lo) or (hi ~= nil and loi > hi) then
+      -- inconsistent with what we knew: the provider changed its rate; start over from here
+      lo, hi = loi, hii
+    else
+      if lo == nil or loi > lo then lo = loi end
+      if hii ~= nil and (hi == nil or hii < hi) then hi = hii end
+    end
+  end
+  lupd = now
+elseif hdr == 0 and status >= 200 and status < 300 then
+  redis.call('HSET', key, 'nohdr', fmt0(now))
+end
+
+if status == 429 then
+  -- we were wrong about what the provider holds: lend nothing until a success says otherwise
+  if av ~= nil and av > 0 then av = 0 end
+  if ARGV[8] ~= '' then
+    local until_ = now + tonumber(ARGV[8])
+    if until_ > nb then nb = until_ end
+    -- We were early: take it as evidence the rate is lower than we pace at, as a ceiling that
+    -- lasts until the limit changes or ARGV[12] passes. A ceiling rather than a lower lo, which
+    -- the next response would raise again when the error is systematic (the provider's clock,
+    -- for absolute reset times). A low ceiling costs little: surplus is lent.
+    if L ~= nil then
+      local est = estimate(lo, cap, capt, now)
+      if est > 0 then
+        cap, capt = est * (1 - dec), now + tonumber(ARGV[12])
+        redis.call('HSET', key, 'cap', fmt(cap), 'capt', fmt0(capt))
+      end
+    end
+  end
+end
+
+redis.call('HSET', key, 'nb', fmt0(nb))
+if L ~= nil then
+  redis.call('HSET', key, 'L', L, 'lupd', fmt0(lupd))
+  if av ~= nil then redis.call('HSET', key, 'av', av, 'avs', avs) end
+end
+if lo == nil then redis.call('HDEL', key, 'lo') else redis.call('HSET', key, 'lo', fmt(lo)) end
+if hi == nil then redis.call('HDEL', key, 'hi') else redis.call('HSET', key, 'hi', fmt(hi)) end
+
+local keep = learnttl
+if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
+if nb - now + learnttl > keep then keep = nb - now + learnttl end
+redis.call('PEXPIRE', key, math.ceil(keep / 1000))
+
+local est = 0
+if L ~= nil then est = estimate(lo, cap, capt, now) end
+return {L or 0, fmt(est)}
+`)
+
+// currentScript reports the limit in force.
+//
+// KEYS[1] rate hash.
+// ARGV[1] now µs, or ""
+// ARGV[2] learn TTL µs (also how long a configured limit counts as in force after its last use)
+// Returns {source, rate (string), burst}.
+var currentScript = redis.NewScript(luaCommon + `
+local now = clock(ARGV[1])
+local learnttl = tonumber(ARGV[2])
+local s = redis.call('HMGET', KEYS[1], 'cr', 'cb', 'cupd', 'L', 'lo', 'lupd', 'cap', 'capt')
+local cr, cb, cupd = num(s[1]), num(s[2]), num(s[3])
+local L, lo, lupd, cap, capt = num(s[4]), num(s[5]), num(s[6]), num(s[7]), num(s[8])
+if cupd ~= nil and now - cupd <= learnttl then
+  return {'configured', fmt(cr), cb}
+end
+if L ~= nil and lupd ~= nil and now - lupd <= learnttl then
+  return {'learned', fmt(estimate(lo, cap, capt, now)), L}
+end
+return {'unknown', '0', 0}
+`)
+
+// budgetScript counts attempts and grants retries within the budget.
+//
+// KEYS[1] budget hash. Fields f:<bucket> (first attempts) and r:<bucket> (granted retries), where
+// bucket = floor(now / bucket width); buckets older than the window are deleted.
+// ARGV[1] now µs, or ""
+// ARGV[2] "first" (count a first attempt) or "retry" (ask for a retry)
+// ARGV[3] window µs
+// ARGV[4] number of buckets in the window
+// ARGV[5] ratio (retries allowed per first attempt)
+// ARGV[6] floor (retries allowed per window regardless of first attempts)
+// Returns {allowed 0|1, first attempts in window, retries in window (after this call)}.
+var budgetScript = redis.NewScript(luaCommon + `
+local key = KEYS[1]
+local now = clock(ARGV[1])
+local kind = ARGV[2]
+local window, n = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ratio, floor_ = tonumber(ARGV[5]), tonumber(ARGV[6])
+local width = window / n
+local cur = math.floor(now / width)
+local first, retries = 0, 0
+local all = redis.call('HGETALL', key)
+for i = 1, #all, 2 do
+  local f = all[i]
+  local b = tonumber(string.sub(f, 3))
+  if b == nil or b <= cur - n then
+    redis.call('HDEL', key, f)
+  elseif string.sub(f, 1, 1) == 'f' then
+    first = first + tonumber(all[i + 1])
+  else
+    retries = retries + tonumber(all[i + 1])
+  end
+end
+local allowed = 1
+if kind == 'first' then
+  redis.call('HINCRBY', key, 'f:' .. fmt0(cur), 1)
+  first = first + 1
+elseif retries + 1 <= floor_ + ratio * first then
+  redis.call('HINCRBY', key, 'r:' .. fmt0(cur), 1)
+  retries = retries + 1
+else
+  allowed = 0
+end
+redis.call('PEXPIRE', key, math.ceil((window + width) / 1000))
+return {allowed, first, retries}
+`)
+
+// pauseScript starts a pause episode unless one is running.
+//
+// KEYS[1] pause hash: since (µs), reason, job (the first job ID), probe (last automatic probe, µs).
+// No TTL: a pause ends only by Resume.
+// ARGV[1] now µs, or ""
+// ARGV[2] reason
+// ARGV[3] job ID
+// Returns 1 when this call started the episode, else 0.
+var pauseScript = redis.NewScript(luaCommon + `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local now = clock(ARGV[1])
+redis.call('HSET', KEYS[1], 'since', fmt0(now), 'reason', ARGV[2], 'job', ARGV[3])
+return 1
+`)
+
+// probeScript grants at most one automatic probe per interval while paused.
+//
+// KEYS[1] pause hash (see pauseScript).
+// ARGV[1] now µs, or ""
+// ARGV[2] interval µs
+// Returns 1 when the caller may probe, else 0 (also when not paused). The first probe comes one
+// interval after the pause began.
+var probeScript = redis.NewScript(luaCommon + `
+local s = redis.call('HMGET', KEYS[1], 'since', 'probe')
+local since, last = num(s[1]), num(s[2])
+if since == nil then return 0 end
+local now = clock(ARGV[1])
+if last == nil then last = since end
+if now < last + tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'probe', fmt0(now))
+return 1
+`)
