@@ -112,3 +112,33 @@ func (b *testBundle) limiterCredential(t *testing.T, name string) *limiter.Crede
 	require.True(t, ok)
 	return lim.Credential(c.LimiterID(), name)
 }
+
+func TestDeadLetter_PauseProbeResumesCredential(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{
+		sim:   llmsim.Config{Faults: llmsim.Faults{SpendCap: true}},
+		extra: "pause_probe_interval: 200ms",
+	})
+
+	// Given a credential paused by a spend cap,
+	first := b.submit(t, anthropicBody("over the cap"))
+	require.Equal(t, "dead", b.waitTerminal(t, first)["status"])
+	ps, err := b.limiterCredential(t, "default").Paused(b.ctx)
+	require.NoError(t, err)
+	require.True(t, ps.Paused)
+
+	// when the provider recovers, then one automatic probe gets through, resumes the
+	// credential, and every waiting job succeeds without an operator.
+	require.NoError(t, b.sim.SetFaults(llmsim.Faults{}))
+	var later []string
+	for range 3 {
+		later = append(later, b.submit(t, anthropicBody("after the probe")))
+	}
+	for _, id := range later {
+		require.Equal(t, "succeeded", b.waitTerminal(t, id)["status"])
+	}
+	ps, err = b.limiterCredential(t, "default").Paused(b.ctx)
+	require.NoError(t, err)
+	require.False(t, ps.Paused)
+	require.Equal(t, 4, b.sim.Stats().Requests)
+}

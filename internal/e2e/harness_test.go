@@ -52,6 +52,7 @@ type setupOpts struct {
 	noWorker   bool   // start the worker later with startWorker
 	webhookURL string // alerts.webhook_url
 	limits     string // YAML limits of credential "default", e.g. "{requests_per_second: 10, burst: 20}"
+	extra      string // more YAML fields of credential "default", e.g. "pause_probe_interval: 1s"
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -76,7 +77,7 @@ credentials:
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 alerts: { webhook_url: %q }
-`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits), simSrv.URL, o.webhookURL)
+`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, o.webhookURL)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == "SIM_KEY" {
 			return simKey
@@ -189,6 +190,13 @@ func limitsYAML(l string) string {
 		return ""
 	}
 	return ", limits: " + l
+}
+
+func extraYAML(e string) string {
+	if e == "" {
+		return ""
+	}
+	return ", " + e
 }
 
 func anthropicBody(text string) string {

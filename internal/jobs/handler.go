@@ -213,7 +213,11 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 			}
 		}
 		if !adm.pauseProbe {
-			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(pausedRecheck)), Reason: "credential paused: " + ps.Reason}
+			recheck := pausedRecheck
+			if cred.PauseProbeInterval > 0 {
+				recheck = min(recheck, cred.PauseProbeInterval)
+			}
+			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(recheck)), Reason: "credential paused: " + ps.Reason}
 		}
 	}
 	if job.Attempts > 0 && !adm.pauseProbe {

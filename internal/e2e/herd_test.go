@@ -1,0 +1,49 @@
+package e2e_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llmsim"
+)
+
+// A burst against a provider bucket: the shared limiter spreads it so that no request is
+// refused. Counts, not times, are asserted (the timed figures live in cmd/bench herd).
+func TestHerd_SharedLimiterAvoids429s(t *testing.T) {
+	t.Parallel()
+	const n = 30
+	sim := llmsim.Config{Capacity: 5, RefillPerSecond: 20}
+
+	run := func(t *testing.T, limits string) (requests, refused int) {
+		b := setup(t, setupOpts{sim: sim, limits: limits})
+		ids := make([]string, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ids[i] = b.submit(t, `{"max_attempts":10,"request":{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"herd"}]}}`)
+			}()
+		}
+		wg.Wait()
+		for _, id := range ids {
+			require.Equal(t, "succeeded", b.waitTerminal(t, id)["status"])
+		}
+		st := b.sim.Stats()
+		return st.Requests, st.ByStatus[429]
+	}
+
+	t.Run("Configured", func(t *testing.T) {
+		t.Parallel()
+		requests, refused := run(t, "{requests_per_second: 20, burst: 5}")
+		require.Equal(t, n, requests)
+		require.Zero(t, refused)
+	})
+	t.Run("Learned", func(t *testing.T) {
+		t.Parallel()
+		requests, refused := run(t, "")
+		require.LessOrEqual(t, requests, n+n/10, "refused %d", refused)
+	})
+}
