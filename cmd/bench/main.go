@@ -1,0 +1,59 @@
+// Command bench runs llmq's benchmark scenarios and prints their tables.
+//
+//	go run ./cmd/bench herd [flags]   # N jobs at once against a rate-limited provider
+//
+// Scenarios drive the whole system (the api and worker binaries, Postgres, Redis and an
+// in-process llmsim) and may write their table into docs/benchmarks.md. They are benchmark
+// figures, not timed tests.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal the rows clean up (child processes, database, Redis keys); a second
+	// signal takes the default action and ends the process at once.
+	go func() { <-ctx.Done(); stop() }()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: bench <scenario> [flags]
+
+scenarios:
+  herd   N jobs fired at once against a token bucket: the seed's retry strategies, plain asynq
+         and llmq (limit configured, limit learned) in one table ("bench herd -h" for flags)
+`
+
+// run dispatches to a scenario.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no scenario given")
+	}
+	switch args[0] {
+	case "herd":
+		return runHerd(ctx, args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown scenario %q", args[0])
+}
