@@ -83,6 +83,10 @@ type Credential struct {
 	Limits *Limits `yaml:"limits"`
 	// AttemptTimeout bounds one provider call. Default 5m.
 	AttemptTimeout time.Duration `yaml:"attempt_timeout"`
+	// FirstByteTimeout, when set, bounds the wait for the first byte of an answer's body (a
+	// generation that has not started); a timed-out attempt is retried from its own budget.
+	// Default 0: only attempt_timeout applies. A job may override it.
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// PauseProbeInterval, when set, lets one job per interval probe a credential paused by a
 	// spend cap; its success resumes the credential. Default 0: only an operator resumes it.
 	PauseProbeInterval time.Duration `yaml:"pause_probe_interval"`
@@ -290,6 +294,9 @@ func (c *Config) validate() error {
 		}
 		if cr.AttemptTimeout < 0 {
 			bad(f+".attempt_timeout", "must be positive")
+		}
+		if cr.FirstByteTimeout < 0 {
+			bad(f+".first_byte_timeout", "must be positive")
 		}
 		if cr.PauseProbeInterval < 0 {
 			bad(f+".pause_probe_interval", "must be positive")

@@ -177,12 +177,18 @@ func (b *testBundle) waitTerminal(t *testing.T, id string) map[string]any {
 // countRows counts rows of a table in this test's database.
 func (b *testBundle) countRows(t *testing.T, table string) int {
 	t.Helper()
+	var n int
+	b.queryRow(t, "SELECT count(*) FROM "+table, nil, &n)
+	return n
+}
+
+// queryRow runs one query on this test's database and scans its row into dest.
+func (b *testBundle) queryRow(t *testing.T, sql string, args []any, dest ...any) {
+	t.Helper()
 	pool, err := migrations.Open(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
-	var n int
-	require.NoError(t, pool.QueryRow(b.ctx, "SELECT count(*) FROM "+table).Scan(&n))
-	return n
+	require.NoError(t, pool.QueryRow(b.ctx, sql, args...).Scan(dest...))
 }
 
 func limitsYAML(l string) string {

@@ -24,6 +24,9 @@ type Credential struct {
 	Provider llm.Provider
 	// AttemptTimeout bounds one provider call. Default 5m.
 	AttemptTimeout time.Duration
+	// FirstByteTimeout, when positive, bounds the wait for the first body byte of an answer
+	// (generation that has not started); a job may override it. Zero: no such limit.
+	FirstByteTimeout time.Duration
 	// Limiter is the credential's shared admission (rate, retry budget, pause). Nil admits
 	// everything at once (tests of the pipeline without a limiter).
 	Limiter *limiter.Credential
@@ -221,12 +224,17 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 		}
 	}
 	if job.Attempts > 0 && !adm.pauseProbe {
-		ok, err := lc.AllowRetry(ctx)
+		// Timeouts are the normal failure of long generations: they draw on their own budget.
+		allow, budget := lc.AllowRetry, "retry budget spent"
+		if job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout) {
+			allow, budget = lc.AllowTimeoutRetry, "timeout retry budget spent"
+		}
+		ok, err := allow(ctx)
 		if err != nil {
 			return adm, err
 		}
 		if !ok {
-			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(budgetRecheck)), Reason: "retry budget spent"}
+			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(budgetRecheck)), Reason: budget}
 		}
 	}
 	res, err := lc.Acquire(ctx, cred.Limit, h.cfg.MaxInlineWait)
@@ -280,9 +288,15 @@ func (h *Handler) waitUntil(ctx context.Context, t time.Time, reason string) err
 
 func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm admission) error {
 	started := h.cfg.Now()
-	timeout := min(cred.AttemptTimeout, job.Deadline.Sub(started))
-	callCtx, cancel := context.WithTimeout(ctx, timeout)
-	resp, callErr := cred.Provider.Send(callCtx, job.Request)
+	attemptTimeout, firstByte := cred.AttemptTimeout, cred.FirstByteTimeout
+	if job.AttemptTimeout != nil {
+		attemptTimeout = time.Duration(*job.AttemptTimeout)
+	}
+	if job.FirstByteTimeout != nil {
+		firstByte = time.Duration(*job.FirstByteTimeout)
+	}
+	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
+	resp, callErr := cred.Provider.Send(callCtx, job.Request, llm.SendOptions{FirstByteTimeout: firstByte})
 	cancel()
 	now := h.cfg.Now()
 	a := &Attempt{Number: job.Attempts, Credential: cred.Name, StartedAt: started, Latency: now.Sub(started)}

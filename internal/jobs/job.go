@@ -48,24 +48,28 @@ const (
 
 // Job is the stored state of one LLM request. Its JSON form is the API contract.
 type Job struct {
-	ID             string          `json:"id"`
-	Tenant         string          `json:"-"`
-	Status         Status          `json:"status"`
-	Credential     string          `json:"credential"`
-	IdempotencyKey *string         `json:"idempotency_key"`
-	Attempts       int             `json:"attempts"`
-	MaxAttempts    int             `json:"max_attempts"`
-	Timeout        Duration        `json:"timeout"`
-	Deadline       time.Time       `json:"deadline"`
-	CreatedAt      time.Time       `json:"created_at"`
-	StartedAt      *time.Time      `json:"started_at"`
-	FinishedAt     *time.Time      `json:"finished_at"`
-	NextAttemptAt  *time.Time      `json:"next_attempt_at"`
-	LastError      *LastError      `json:"last_error"`
-	Result         json.RawMessage `json:"result"`
-	Usage          json.RawMessage `json:"usage"`
-	DeadReason     *string         `json:"dead_reason"`
-	Metadata       json.RawMessage `json:"metadata"`
+	ID             string   `json:"id"`
+	Tenant         string   `json:"-"`
+	Status         Status   `json:"status"`
+	Credential     string   `json:"credential"`
+	IdempotencyKey *string  `json:"idempotency_key"`
+	Attempts       int      `json:"attempts"`
+	MaxAttempts    int      `json:"max_attempts"`
+	Timeout        Duration `json:"timeout"`
+	// AttemptTimeout and FirstByteTimeout are the job's overrides of its credential's limits
+	// on one provider call (total, and until the first body byte); null: the credential's.
+	AttemptTimeout   *Duration       `json:"attempt_timeout"`
+	FirstByteTimeout *Duration       `json:"first_byte_timeout"`
+	Deadline         time.Time       `json:"deadline"`
+	CreatedAt        time.Time       `json:"created_at"`
+	StartedAt        *time.Time      `json:"started_at"`
+	FinishedAt       *time.Time      `json:"finished_at"`
+	NextAttemptAt    *time.Time      `json:"next_attempt_at"`
+	LastError        *LastError      `json:"last_error"`
+	Result           json.RawMessage `json:"result"`
+	Usage            json.RawMessage `json:"usage"`
+	DeadReason       *string         `json:"dead_reason"`
+	Metadata         json.RawMessage `json:"metadata"`
 	// Request is the provider-native body, sent verbatim. Not part of the job JSON (it can be
 	// large and is the client's own); ctl shows its size.
 	Request json.RawMessage `json:"-"`

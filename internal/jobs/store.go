@@ -56,20 +56,26 @@ type CreateParams struct {
 	MaxAttempts    int
 	Timeout        time.Duration
 	Metadata       json.RawMessage // nil: {}
+	// AttemptTimeout and FirstByteTimeout override the credential's limits for this job; 0 keeps
+	// the credential's.
+	AttemptTimeout   time.Duration
+	FirstByteTimeout time.Duration
 }
 
 const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
 	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
-	result, usage, dead_reason, metadata, request, event_seq, slot_seq`
+	result, usage, dead_reason, metadata, request, event_seq, slot_seq,
+	attempt_timeout_ms, first_byte_timeout_ms`
 
 func scanJob(row pgx.Row) (*Job, error) {
 	var j Job
 	var timeoutMS int64
 	var lastErr []byte
+	var attemptMS, firstByteMS *int64
 	err := row.Scan(&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
-		&j.EventSeq, &j.SlotSeq)
+		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -77,6 +83,14 @@ func scanJob(row pgx.Row) (*Job, error) {
 		return nil, err
 	}
 	j.Timeout = Duration(time.Duration(timeoutMS) * time.Millisecond)
+	if attemptMS != nil {
+		d := Duration(time.Duration(*attemptMS) * time.Millisecond)
+		j.AttemptTimeout = &d
+	}
+	if firstByteMS != nil {
+		d := Duration(time.Duration(*firstByteMS) * time.Millisecond)
+		j.FirstByteTimeout = &d
+	}
 	if lastErr != nil {
 		j.LastError = new(LastError)
 		if err := json.Unmarshal(lastErr, j.LastError); err != nil {
@@ -120,11 +134,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		deadline := s.now().Add(p.Timeout)
 		job, err = scanJob(tx.QueryRow(ctx, `
 INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
-	max_attempts, timeout_ms, deadline, metadata, event_seq)
-VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1)
+	max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms)
+VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1, $11, $12)
 RETURNING `+jobColumns,
 			id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
-			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata)))
+			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
+			positiveMS(p.FirstByteTimeout)))
 		if err != nil {
 			return fmt.Errorf("insert job: %w", err)
 		}
@@ -307,6 +322,15 @@ func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status,
 		return fmt.Errorf("notify event: %w", err)
 	}
 	return nil
+}
+
+// positiveMS is d in milliseconds, or NULL when d is not positive.
+func positiveMS(d time.Duration) *int64 {
+	if d <= 0 {
+		return nil
+	}
+	ms := d.Milliseconds()
+	return &ms
 }
 
 func nullJSON(b json.RawMessage) []byte {

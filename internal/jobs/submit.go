@@ -69,11 +69,14 @@ func NewSubmitter(store *Store, enq *Enqueuer, cfg SubmitConfig, logger *slog.Lo
 
 // submitBody is the POST /v1/jobs body (the contract).
 type submitBody struct {
-	Credential  string          `json:"credential"`
-	Request     json.RawMessage `json:"request"`
-	Timeout     *string         `json:"timeout"`
-	MaxAttempts *int            `json:"max_attempts"`
-	Metadata    json.RawMessage `json:"metadata"`
+	Credential string          `json:"credential"`
+	Request    json.RawMessage `json:"request"`
+	Timeout    *string         `json:"timeout"`
+	// AttemptTimeout and FirstByteTimeout override the credential's per-call limits.
+	AttemptTimeout   *string         `json:"attempt_timeout"`
+	FirstByteTimeout *string         `json:"first_byte_timeout"`
+	MaxAttempts      *int            `json:"max_attempts"`
+	Metadata         json.RawMessage `json:"metadata"`
 }
 
 // MaxMetadataBytes caps the metadata object.
@@ -132,6 +135,20 @@ func (s *Submitter) Parse(tenant, idemKey string, body []byte) (CreateParams, er
 			return CreateParams{}, invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", above 0 and at most %s", *b.Timeout, s.cfg.MaxTimeout)
 		}
 		p.Timeout = d
+	}
+	for _, f := range []struct {
+		name string
+		val  *string
+		dst  *time.Duration
+	}{{"attempt_timeout", b.AttemptTimeout, &p.AttemptTimeout}, {"first_byte_timeout", b.FirstByteTimeout, &p.FirstByteTimeout}} {
+		if f.val == nil {
+			continue
+		}
+		d, err := time.ParseDuration(*f.val)
+		if err != nil || d <= 0 || d > p.Timeout {
+			return CreateParams{}, invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", above 0 and at most the job's timeout (%s)", f.name, *f.val, p.Timeout)
+		}
+		*f.dst = d
 	}
 	if b.MaxAttempts != nil {
 		if *b.MaxAttempts < 1 || *b.MaxAttempts > 100 {

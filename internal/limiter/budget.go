@@ -29,6 +29,21 @@ func (c *Credential) AllowRetry(ctx context.Context) (bool, error) {
 	return ok, nil
 }
 
+// AllowTimeoutRetry is AllowRetry for a retry after a timeout. Timeouts are the normal failure
+// of long generations, so they draw on an allowance of their own (the same Floor + Ratio × first
+// attempts, counted separately): a run of slow answers cannot starve the retries of real errors,
+// nor the other way round. It returns an error only when Redis fails.
+func (c *Credential) AllowTimeoutRetry(ctx context.Context) (bool, error) {
+	ok, err := c.budget(ctx, "timeout")
+	if err != nil {
+		return false, fmt.Errorf("allow timeout retry: %w", err)
+	}
+	if !ok {
+		c.l.cfg.Metrics.refused(c.name)
+	}
+	return ok, nil
+}
+
 func (c *Credential) budget(ctx context.Context, kind string) (bool, error) {
 	b := &c.l.cfg.Budget
 	res, err := budgetScript.Run(ctx, c.l.rdb, []string{budgetKey(c.l.cfg.Prefix, c.tag)},

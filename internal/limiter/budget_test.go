@@ -57,6 +57,30 @@ func TestCredential_AllowRetry(t *testing.T) {
 		require.Equal(t, 500.0, b.metric(t, "llmq_retry_budget_refusals_total", "main"))
 	})
 
+	t.Run("TimeoutsHaveTheirOwnAllowance", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 2, Ratio: 0.5} })
+		c := b.lim.Credential("sk-timeouts", "main")
+		for range 2 {
+			require.NoError(t, c.RecordAttempt(t.Context()))
+		}
+		drain := func(allow func() (bool, error)) int {
+			n := 0
+			for {
+				ok, err := allow()
+				require.NoError(t, err)
+				if !ok {
+					return n
+				}
+				n++
+			}
+		}
+		// A storm of timeouts spends only the timeout allowance (2 + 0.5 × 2) ...
+		require.Equal(t, 3, drain(func() (bool, error) { return c.AllowTimeoutRetry(t.Context()) }))
+		// ... and the error retries still have all of theirs.
+		require.Equal(t, 3, drain(func() (bool, error) { return c.AllowRetry(t.Context()) }))
+	})
+
 	t.Run("WindowSlides", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 2, Ratio: 0.5} })

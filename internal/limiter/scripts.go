@@ -354,7 +354,10 @@ local window, n = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ratio, floor_ = tonumber(ARGV[5]), tonumber(ARGV[6])
 local width = window / n
 local cur = math.floor(now / width)
-local first, retries = 0, 0
+-- fields are '<letter>:<bucket>': f first attempts, r retries, t timeout retries; each retry
+-- kind has its own allowance of floor + ratio * first attempts.
+local letter = string.sub(kind, 1, 1)
+local first, used = 0, 0
 local all = redis.call('HGETALL', key)
 for i = 1, #all, 2 do
   local f = all[i]
@@ -363,22 +366,22 @@ for i = 1, #all, 2 do
     redis.call('HDEL', key, f)
   elseif string.sub(f, 1, 1) == 'f' then
     first = first + tonumber(all[i + 1])
-  else
-    retries = retries + tonumber(all[i + 1])
+  elseif string.sub(f, 1, 1) == letter then
+    used = used + tonumber(all[i + 1])
   end
 end
 local allowed = 1
 if kind == 'first' then
   redis.call('HINCRBY', key, 'f:' .. fmt0(cur), 1)
   first = first + 1
-elseif retries + 1 <= floor_ + ratio * first then
-  redis.call('HINCRBY', key, 'r:' .. fmt0(cur), 1)
-  retries = retries + 1
+elseif used + 1 <= floor_ + ratio * first then
+  redis.call('HINCRBY', key, letter .. ':' .. fmt0(cur), 1)
+  used = used + 1
 else
   allowed = 0
 end
 redis.call('PEXPIRE', key, math.ceil((window + width) / 1000))
-return {allowed, first, retries}
+return {allowed, first, used}
 `)
 
 // pauseScript starts a pause episode unless one is running.

@@ -69,7 +69,7 @@ func TestClassify_LLMErrors(t *testing.T) {
 			t.Parallel()
 
 			b := setup(t, tt.kind, tt.handler)
-			_, err := b.provider.Send(t.Context(), bodyFor(tt.kind))
+			_, err := b.provider.Send(t.Context(), bodyFor(tt.kind), llm.SendOptions{})
 			require.Equal(t, tt.want, retrypolicy.Classify(err, time.Now()), "err: %v", err)
 		})
 	}
@@ -78,7 +78,7 @@ func TestClassify_LLMErrors(t *testing.T) {
 		t.Parallel()
 
 		b := setup(t, llm.KindAnthropic, reply(200, `{}`))
-		_, err := b.provider.Send(t.Context(), []byte("[]"))
+		_, err := b.provider.Send(t.Context(), []byte("[]"), llm.SendOptions{})
 		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassInternal}, retrypolicy.Classify(err, time.Now()))
 	})
 
@@ -87,7 +87,7 @@ func TestClassify_LLMErrors(t *testing.T) {
 
 		b := setup(t, llm.KindOpenAI, reply(200, `{}`))
 		b.srv.Close()
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindOpenAI))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindOpenAI), llm.SendOptions{})
 		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true}, retrypolicy.Classify(err, time.Now()))
 	})
 
@@ -97,7 +97,7 @@ func TestClassify_LLMErrors(t *testing.T) {
 		b, _, _ := blockingServer(t, llm.KindAnthropic, false)
 		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 		defer cancel()
-		_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassTimeout, Retry: true}, retrypolicy.Classify(err, time.Now()))
 	})
 
@@ -108,7 +108,7 @@ func TestClassify_LLMErrors(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		errc := make(chan error, 1)
 		go func() {
-			_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic))
+			_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic), llm.SendOptions{})
 			errc <- err
 		}()
 		<-ready
@@ -120,7 +120,7 @@ func TestClassify_LLMErrors(t *testing.T) {
 		t.Parallel()
 
 		b := setup(t, llm.KindAnthropic, reply(429, `{"type":"error","error":{"type":"rate_limit_error","message":"x"}}`, "Retry-After", "4"))
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		d := retrypolicy.Classify(err, time.Now())
 		p := retrypolicy.New(&retrypolicy.Config{Float64: func() float64 { return 0.5 }})
 		require.Equal(t, 4*time.Second+500*time.Millisecond, p.Delay(1, d))

@@ -67,8 +67,20 @@ type Provider interface {
 	// timings (and Body when it was read), so the attempt can still be recorded.
 	//
 	// Safe for concurrent use.
-	Send(ctx context.Context, body []byte) (*Response, error)
+	Send(ctx context.Context, body []byte, opts SendOptions) (*Response, error)
 }
+
+// SendOptions are per-call knobs.
+type SendOptions struct {
+	// FirstByteTimeout, when positive, aborts the call if no byte of the response BODY has
+	// arrived this long after sending (headers alone do not count: a provider may send them
+	// before it has generated anything). The error is a *TransportError whose Timeout() is true
+	// and which matches ErrFirstByteTimeout. Zero: only ctx bounds the call.
+	FirstByteTimeout time.Duration
+}
+
+// ErrFirstByteTimeout: no response body byte arrived within SendOptions.FirstByteTimeout.
+var ErrFirstByteTimeout = errors.New("no response body byte within the first-byte timeout")
 
 // Response is a 2xx answer.
 type Response struct {
@@ -216,9 +228,17 @@ func defaultHTTPClient() *http.Client {
 func (c *client) Kind() Kind { return c.d.kind() }
 
 // Send implements Provider.
-func (c *client) Send(ctx context.Context, body []byte) (*Response, error) {
+func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Response, error) {
 	if err := checkRequestBody(body); err != nil {
 		return nil, err
+	}
+	var firstByte *time.Timer
+	if opts.FirstByteTimeout > 0 {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		firstByte = time.AfterFunc(opts.FirstByteTimeout, func() { cancel(ErrFirstByteTimeout) })
+		defer firstByte.Stop()
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {
@@ -242,7 +262,7 @@ func (c *client) Send(ctx context.Context, body []byte) (*Response, error) {
 	if ok {
 		limit = c.maxBytes
 	}
-	tr := &ttfbReader{r: resp.Body, now: c.now}
+	tr := &ttfbReader{r: resp.Body, now: c.now, firstByte: firstByte}
 	data, readErr := io.ReadAll(io.LimitReader(tr, limit+1))
 	latency := max(c.now().Sub(start), 0) // an injected clock need not be monotonic
 	ttfb := latency
@@ -286,6 +306,9 @@ func (c *client) Send(ctx context.Context, body []byte) (*Response, error) {
 // transportError builds a *TransportError, preferring the context's error so that
 // errors.Is(err, context.Canceled/DeadlineExceeded) holds whatever the transport said.
 func (c *client) transportError(ctx context.Context, op string, err error) error {
+	if errors.Is(context.Cause(ctx), ErrFirstByteTimeout) {
+		return &TransportError{Op: op, Err: ErrFirstByteTimeout}
+	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return &TransportError{Op: op, Err: ctxErr}
 	}
@@ -396,17 +419,21 @@ func excerpt(data []byte) string {
 	return truncate(s, n)
 }
 
-// ttfbReader records when the first body byte was read.
+// ttfbReader records when the first body byte was read, and stops the first-byte timer then.
 type ttfbReader struct {
-	r     io.Reader
-	now   func() time.Time
-	first time.Time
+	r         io.Reader
+	now       func() time.Time
+	first     time.Time
+	firstByte *time.Timer
 }
 
 func (t *ttfbReader) Read(p []byte) (int, error) {
 	n, err := t.r.Read(p)
 	if n > 0 && t.first.IsZero() {
 		t.first = t.now()
+		if t.firstByte != nil {
+			t.firstByte.Stop()
+		}
 	}
 	return n, err
 }

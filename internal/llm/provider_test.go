@@ -110,7 +110,7 @@ func TestProvider_Send_OK(t *testing.T) {
 			}, bundleOpts{now: steppingClock(time.Millisecond)})
 
 			sent := bodyFor(tt.kind)
-			resp, err := b.provider.Send(t.Context(), sent)
+			resp, err := b.provider.Send(t.Context(), sent, llm.SendOptions{})
 			require.NoError(t, err)
 			require.Equal(t, 200, resp.StatusCode)
 			require.JSONEq(t, tt.respBody, string(resp.Body))
@@ -152,7 +152,7 @@ func TestProvider_Send_Concurrent(t *testing.T) {
 	errs := make(chan error, 50)
 	for range 50 {
 		wg.Go(func() {
-			_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+			_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 			errs <- err
 		})
 	}
@@ -184,7 +184,7 @@ func TestProvider_Send_BaseURLPath(t *testing.T) {
 				paths <- r.URL.Path
 				reply(200, `{}`)(w, r)
 			}, bundleOpts{base: tt.base})
-			_, err := b.provider.Send(t.Context(), bodyFor(llm.Kind(tt.kind)))
+			_, err := b.provider.Send(t.Context(), bodyFor(llm.Kind(tt.kind)), llm.SendOptions{})
 			require.NoError(t, err)
 			require.Equal(t, tt.want, <-paths)
 		})
@@ -291,7 +291,7 @@ func TestProvider_Send_StatusError(t *testing.T) {
 			t.Parallel()
 
 			b := setup(t, tt.kind, tt.handler, bundleOpts{now: fixedClock})
-			resp, err := b.provider.Send(t.Context(), bodyFor(tt.kind))
+			resp, err := b.provider.Send(t.Context(), bodyFor(tt.kind), llm.SendOptions{})
 			require.Nil(t, resp)
 			requireNoSecret(t, err)
 			se := asStatusError(t, err)
@@ -314,7 +314,7 @@ func TestProvider_Send_StatusError(t *testing.T) {
 
 		long := "<html>" + strings.Repeat("é bad gateway ", 10_000) + "</html>"
 		b := setup(t, llm.KindAnthropic, reply(502, long, "Content-Type", "text/html"))
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		se := asStatusError(t, err)
 		require.Equal(t, 502, se.StatusCode)
 		require.True(t, strings.HasPrefix(se.Message, "<html>é bad gateway"), se.Message)
@@ -327,7 +327,7 @@ func TestProvider_Send_StatusError(t *testing.T) {
 
 		msg := strings.Repeat("x", 5000)
 		b := setup(t, llm.KindAnthropic, reply(400, `{"type":"error","error":{"type":"invalid_request_error","message":"`+msg+`"}}`))
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		se := asStatusError(t, err)
 		require.Less(t, len(se.Message), 600)
 		require.Less(t, len(err.Error()), 700)
@@ -376,7 +376,7 @@ func TestProvider_Send_RateLimit(t *testing.T) {
 			t.Parallel()
 
 			b := setup(t, tt.kind, reply(200, `{}`, tt.kv...), bundleOpts{now: fixedClock})
-			resp, err := b.provider.Send(t.Context(), bodyFor(tt.kind))
+			resp, err := b.provider.Send(t.Context(), bodyFor(tt.kind), llm.SendOptions{})
 			require.NoError(t, err)
 			require.Equal(t, tt.want.Known, resp.RateLimit.Known)
 			require.Equal(t, tt.want.Limit, resp.RateLimit.Limit)
@@ -407,17 +407,57 @@ func TestProvider_Send_TimeToFirstByte(t *testing.T) {
 			}
 			_, _ = io.WriteString(w, `{"usage":{"input_tokens":1,"output_tokens":1}}`)
 		})
-		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, resp.TimeToFirstByte, delay, "TTFB measures the first body byte, not the headers")
 		require.GreaterOrEqual(t, resp.Latency, resp.TimeToFirstByte)
+	})
+
+	t.Run("FirstByteTimeoutAbortsASilentGeneration", func(t *testing.T) {
+		t.Parallel()
+
+		gone := make(chan struct{})
+		b := setup(t, llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // headers at once, then nothing: only the timeout ends this
+			close(gone)
+		})
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
+		require.ErrorIs(t, err, llm.ErrFirstByteTimeout)
+		var te *llm.TransportError
+		require.ErrorAs(t, err, &te)
+		require.True(t, te.Timeout())
+		require.NotErrorIs(t, err, context.Canceled)
+		<-gone // the server saw the request aborted
+	})
+
+	t.Run("FirstByteTimeoutStopsOnceTheBodyStarts", func(t *testing.T) {
+		t.Parallel()
+
+		b := setup(t, llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(200)
+			_, _ = io.WriteString(w, `{"usage":`)
+			w.(http.Flusher).Flush()
+			select { // a long generation after the first byte is not a first-byte timeout
+			case <-time.After(delay):
+			case <-r.Context().Done():
+				return
+			}
+			_, _ = io.WriteString(w, `{"input_tokens":1,"output_tokens":1}}`)
+		})
+		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: delay / 4})
+		require.NoError(t, err)
+		require.Equal(t, 1, resp.Usage.OutputTokens)
 	})
 
 	t.Run("EmptyBodyTTFBIsLatency", func(t *testing.T) {
 		t.Parallel()
 
 		b := setup(t, llm.KindAnthropic, reply(503, ""), bundleOpts{now: steppingClock(time.Millisecond)})
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		se := asStatusError(t, err)
 		require.Positive(t, se.Latency)
 		require.Equal(t, se.Latency, se.TimeToFirstByte)
@@ -427,7 +467,7 @@ func TestProvider_Send_TimeToFirstByte(t *testing.T) {
 		t.Parallel()
 
 		b := setup(t, llm.KindAnthropic, reply(500, `{"type":"error","error":{"type":"api_error","message":"x"}}`), bundleOpts{now: steppingClock(time.Millisecond)})
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		se := asStatusError(t, err)
 		require.Positive(t, se.TimeToFirstByte)
 		require.Less(t, se.TimeToFirstByte, se.Latency)
@@ -443,12 +483,12 @@ func TestProvider_Send_InvalidRequest(t *testing.T) {
 		reply(200, `{}`)(w, r)
 	})
 	for _, body := range []string{"", " ", "null", "[]", `"text"`, "42", "{", `{"a":1} trailing`, `{"stream":true,"model":"m"}`} {
-		_, err := b.provider.Send(t.Context(), []byte(body))
+		_, err := b.provider.Send(t.Context(), []byte(body), llm.SendOptions{})
 		require.ErrorIs(t, err, llm.ErrInvalidRequest, "body %q", body)
 	}
 	require.Zero(t, hits.Load(), "an invalid request is never sent")
 
-	_, err := b.provider.Send(t.Context(), []byte(`{"stream":false,"model":"m"}`))
+	_, err := b.provider.Send(t.Context(), []byte(`{"stream":false,"model":"m"}`), llm.SendOptions{})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), hits.Load())
 }
@@ -461,7 +501,7 @@ func TestProvider_Send_Decode(t *testing.T) {
 			t.Parallel()
 
 			b := setup(t, llm.KindAnthropic, reply(200, body, "Content-Type", "text/html"))
-			resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+			resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 			require.ErrorIs(t, err, llm.ErrDecode)
 			requireNoSecret(t, err)
 			require.NotNil(t, resp, "the response is returned with a decode error so the attempt can be recorded")
@@ -474,7 +514,7 @@ func TestProvider_Send_Decode(t *testing.T) {
 		t.Parallel()
 
 		b := setup(t, llm.KindOpenAI, reply(200, `{"usage":{"prompt_tokens":"many"}}`))
-		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindOpenAI))
+		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindOpenAI), llm.SendOptions{})
 		require.NoError(t, err)
 		require.Equal(t, llm.Usage{}, resp.Usage)
 	})
@@ -483,7 +523,7 @@ func TestProvider_Send_Decode(t *testing.T) {
 		t.Parallel()
 
 		b := setup(t, llm.KindAnthropic, reply(200, `{"content":"`+strings.Repeat("a", 100)+`"}`), bundleOpts{maxBytes: 64})
-		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		require.ErrorIs(t, err, llm.ErrResponseTooLarge)
 		require.ErrorIs(t, err, llm.ErrDecode)
 		require.ErrorContains(t, err, "limit 64 bytes")
@@ -491,7 +531,7 @@ func TestProvider_Send_Decode(t *testing.T) {
 		require.Nil(t, resp.Body)
 
 		b = setup(t, llm.KindAnthropic, reply(200, `{"content":"`+strings.Repeat("a", 50)+`"}`), bundleOpts{maxBytes: 64})
-		_, err = b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err = b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		require.NoError(t, err, "a body within the limit is fine")
 	})
 }
@@ -508,7 +548,7 @@ func TestProvider_Send_NoRedirect(t *testing.T) {
 	b := setup(t, llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, target.URL+"/v1/messages", http.StatusTemporaryRedirect)
 	})
-	_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+	_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 	se := asStatusError(t, err)
 	require.Equal(t, http.StatusTemporaryRedirect, se.StatusCode)
 	require.Nil(t, leaked.Load(), "the redirect target must not be contacted")
@@ -521,7 +561,7 @@ func TestProvider_Send_DefaultHTTPClient(t *testing.T) {
 	t.Cleanup(srv.Close)
 	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: testKey})
 	require.NoError(t, err)
-	resp, err := p.Send(t.Context(), bodyFor(llm.KindAnthropic))
+	resp, err := p.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 	require.NoError(t, err)
 	require.Equal(t, llm.Usage{InputTokens: 3, OutputTokens: 4}, resp.Usage)
 }
@@ -537,7 +577,7 @@ func TestProvider_Send_Transport(t *testing.T) {
 		srv.Close()
 		p, err := llm.New(llm.Config{Kind: llm.KindOpenAI, BaseURL: url, APIKey: testKey})
 		require.NoError(t, err)
-		_, err = p.Send(t.Context(), bodyFor(llm.KindOpenAI))
+		_, err = p.Send(t.Context(), bodyFor(llm.KindOpenAI), llm.SendOptions{})
 		requireNoSecret(t, err)
 		te := asTransportError(t, err)
 		require.Equal(t, "send request", te.Op)
@@ -558,7 +598,7 @@ func TestProvider_Send_Transport(t *testing.T) {
 			}
 			_ = conn.Close()
 		})
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		requireNoSecret(t, err)
 		te := asTransportError(t, err)
 		require.Equal(t, "send request", te.Op)
@@ -579,7 +619,7 @@ func TestProvider_Send_Transport(t *testing.T) {
 			_ = buf.Flush()
 			_ = conn.Close()
 		})
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		requireNoSecret(t, err)
 		te := asTransportError(t, err)
 		require.Equal(t, "read response body", te.Op)
@@ -645,7 +685,7 @@ func TestProvider_Send_Context(t *testing.T) {
 			defer cancel()
 			errc := make(chan error, 1)
 			go func() {
-				_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic))
+				_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic), llm.SendOptions{})
 				errc <- err
 			}()
 			<-ready
@@ -665,7 +705,7 @@ func TestProvider_Send_Context(t *testing.T) {
 			b, _, aborted := blockingServer(t, llm.KindOpenAI, partial)
 			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 			defer cancel()
-			_, err := b.provider.Send(ctx, bodyFor(llm.KindOpenAI))
+			_, err := b.provider.Send(ctx, bodyFor(llm.KindOpenAI), llm.SendOptions{})
 			require.ErrorIs(t, err, context.DeadlineExceeded)
 			require.NotErrorIs(t, err, context.Canceled)
 			requireNoSecret(t, err)
@@ -687,7 +727,7 @@ func TestProvider_Send_Context(t *testing.T) {
 		})
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic))
+		_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		require.ErrorIs(t, err, context.Canceled)
 		require.Zero(t, hits.Load())
 	})

@@ -80,7 +80,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		jc := jobs.Credential{Name: c.Name, Provider: p, AttemptTimeout: c.AttemptTimeout,
+		jc := jobs.Credential{Name: c.Name, Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
 			Limiter: lim.Credential(c.LimiterID(), c.Name), PauseProbeInterval: c.PauseProbeInterval}
 		if c.Limits != nil {
 			jc.Limit = limiter.Limit{Rate: c.Limits.RequestsPerSecond, Burst: c.Limits.Burst}
