@@ -43,6 +43,18 @@ type Config struct {
 	Retry Retry `yaml:"retry"`
 	// Alerts configures where dead-letter alerts go besides logs and metrics.
 	Alerts Alerts `yaml:"alerts"`
+	// Breaker configures the per-credential circuit breaker shared by all workers.
+	Breaker Breaker `yaml:"breaker"`
+}
+
+// Breaker configures the circuit breaker.
+type Breaker struct {
+	// Threshold is how many consecutive server-side failures (5xx, 529, timeouts, connection
+	// errors) open a credential's breaker. Default 5.
+	Threshold int `yaml:"threshold"`
+	// Cooldown is how long an open breaker refuses calls before one probe is let through.
+	// Default 30s.
+	Cooldown time.Duration `yaml:"cooldown"`
 }
 
 // API configures the HTTP API.
@@ -204,6 +216,12 @@ func (c *Config) withDefaults() {
 	if c.Worker.SweepInterval == 0 {
 		c.Worker.SweepInterval = 10 * time.Second
 	}
+	if c.Breaker.Threshold == 0 {
+		c.Breaker.Threshold = 5
+	}
+	if c.Breaker.Cooldown == 0 {
+		c.Breaker.Cooldown = 30 * time.Second
+	}
 	if c.Retry.MaxAttempts == 0 {
 		c.Retry.MaxAttempts = 10
 	}
@@ -258,6 +276,12 @@ func (c *Config) validate() error {
 	}
 	if c.Retry.MaxDelay < c.Retry.BaseDelay {
 		bad("retry.max_delay", "must be at least retry.base_delay")
+	}
+	if c.Breaker.Threshold < 0 {
+		bad("breaker.threshold", "must be positive")
+	}
+	if c.Breaker.Cooldown < 0 {
+		bad("breaker.cooldown", "must be positive")
 	}
 	if c.Alerts.WebhookURL != "" {
 		if u, err := url.Parse(c.Alerts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {

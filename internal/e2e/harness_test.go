@@ -53,6 +53,7 @@ type setupOpts struct {
 	webhookURL string // alerts.webhook_url
 	limits     string // YAML limits of credential "default", e.g. "{requests_per_second: 10, burst: 20}"
 	extra      string // more YAML fields of credential "default", e.g. "pause_probe_interval: 1s"
+	top        string // more top-level YAML, e.g. "breaker: {threshold: 2, cooldown: 1s}"
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -77,7 +78,8 @@ credentials:
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 alerts: { webhook_url: %q }
-`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, o.webhookURL)
+%s
+`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == "SIM_KEY" {
 			return simKey

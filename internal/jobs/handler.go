@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
@@ -27,6 +28,8 @@ type Credential struct {
 	// FirstByteTimeout, when positive, bounds the wait for the first body byte of an answer
 	// (generation that has not started); a job may override it. Zero: no such limit.
 	FirstByteTimeout time.Duration
+	// Breaker is the credential's circuit breaker, shared by all processes. Nil: none.
+	Breaker *breaker.Credential
 	// Limiter is the credential's shared admission (rate, retry budget, pause). Nil admits
 	// everything at once (tests of the pipeline without a limiter).
 	Limiter *limiter.Credential
@@ -174,28 +177,73 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	adm := admission{}
+	// The breaker first: while the provider is down, jobs wait without taking a rate slot or
+	// counting an attempt, and after the cooldown exactly one probe goes out cluster-wide.
+	var brk *breaker.Admission
+	if cred.Breaker != nil {
+		a, err := cred.Breaker.Allow(ctx)
+		if err != nil {
+			return err
+		}
+		if !a.Allowed {
+			return &DeferError{Until: h.cfg.Now().Add(a.Wait), Reason: "circuit " + string(a.State)}
+		}
+		brk = &a
+	}
+	adm := admission{breaker: brk}
 	if job.SlotSeq != nil {
 		adm.seq = *job.SlotSeq // the slot was taken by an earlier delivery and is due now
 	} else if cred.Limiter != nil {
-		if adm, err = h.admit(ctx, job, cred); err != nil {
+		a, err := h.admit(ctx, job, cred)
+		if err != nil {
+			h.reportBreaker(ctx, cred, brk, breaker.Neutral) // not sent: hand a probe on
 			return err
 		}
+		adm.seq, adm.pauseProbe = a.seq, a.pauseProbe
 	}
 	job, err = h.cfg.Store.BeginAttempt(ctx, id)
-	if errors.Is(err, ErrNotRunnable) {
-		return nil
-	}
 	if err != nil {
+		h.reportBreaker(ctx, cred, brk, breaker.Neutral)
+		if errors.Is(err, ErrNotRunnable) {
+			return nil
+		}
 		return err
 	}
 	return h.attempt(ctx, job, cred, adm)
 }
 
-// admission is what the limiter granted for one attempt.
+// reportBreaker tells the breaker how an admitted call went. Errors are logged: the breaker's
+// bookkeeping must not decide the job's outcome.
+func (h *Handler) reportBreaker(ctx context.Context, cred Credential, a *breaker.Admission, o breaker.Outcome) {
+	if a == nil {
+		return
+	}
+	if _, err := cred.Breaker.Report(context.WithoutCancel(ctx), *a, o); err != nil {
+		h.cfg.Logger.WarnContext(ctx, "breaker report", "credential", cred.Name, "error", err)
+	}
+}
+
+// breakerOutcome says whether an attempt's class is a server-side failure (it counts toward
+// opening the breaker), a success, or neither (our request's fault, rate limits, cancellation).
+func breakerOutcome(d retrypolicy.Decision) breaker.Outcome {
+	switch d.Class {
+	case retrypolicy.ClassOK:
+		return breaker.Success
+	case retrypolicy.ClassTimeout, retrypolicy.ClassNetwork:
+		return breaker.Failure
+	case retrypolicy.ClassRetryable:
+		if d.StatusCode >= 500 {
+			return breaker.Failure
+		}
+	}
+	return breaker.Neutral
+}
+
+// admission is what the breaker and the limiter granted for one attempt.
 type admission struct {
-	seq        int64 // the limiter slot, for Observe
-	pauseProbe bool  // an automatic probe of a paused credential
+	breaker    *breaker.Admission // nil: no breaker
+	seq        int64              // the limiter slot, for Observe
+	pauseProbe bool               // an automatic probe of a paused credential
 }
 
 // admit asks the credential's shared limiter whether and when this attempt may be sent: not
@@ -302,6 +350,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 	a := &Attempt{Number: job.Attempts, Credential: cred.Name, StartedAt: started, Latency: now.Sub(started)}
 	d := retrypolicy.Classify(callErr, now)
 	h.observe(ctx, cred, adm, job, resp, callErr, d, started, now)
+	h.reportBreaker(ctx, cred, adm.breaker, breakerOutcome(d))
 
 	if callErr == nil {
 		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
@@ -60,12 +61,20 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	}
 	var metrics *jobs.Metrics
 	var limMetrics *limiter.Metrics
+	var brkMetrics *breaker.Metrics
 	if opts.Registerer != nil {
 		metrics = jobs.NewMetrics(opts.Registerer)
 		limMetrics = limiter.NewMetrics(opts.Registerer)
+		brkMetrics = breaker.NewMetrics(opts.Registerer)
 	}
 	rdb := jobs.NewRedisClient(redisOpt)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics})
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
+		Cooldown: cfg.Breaker.Cooldown, Metrics: brkMetrics})
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -81,7 +90,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
 		jc := jobs.Credential{Name: c.Name, Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
-			Limiter: lim.Credential(c.LimiterID(), c.Name), PauseProbeInterval: c.PauseProbeInterval}
+			Limiter: lim.Credential(c.LimiterID(), c.Name), Breaker: brk.Credential(c.LimiterID(), c.Name),
+			PauseProbeInterval: c.PauseProbeInterval}
 		if c.Limits != nil {
 			jc.Limit = limiter.Limit{Rate: c.Limits.RequestsPerSecond, Burst: c.Limits.Burst}
 		}
