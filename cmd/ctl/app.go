@@ -24,18 +24,24 @@ type app struct {
 
 func newApp(out, errOut io.Writer) *app {
 	a := &app{out: out, errOut: errOut}
+	jobs := a.jobsCommand()
+	jobs.Subcommands = append(jobs.Subcommands, a.jobsListCommand(), a.jobsCancelCommand())
 	a.cli = &cli.App{
 		Name:      "ctl",
-		Usage:     "operate llmq: migrations, jobs",
+		Usage:     "operate llmq: migrations, jobs, dead letters, stats",
 		Writer:    out,
 		ErrWriter: errOut,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "config", Usage: "config file", EnvVars: []string{config.EnvConfig}},
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres URL (overrides the config file)", EnvVars: []string{config.EnvDatabaseURL}},
+			&cli.StringFlag{Name: "redis-url", Usage: "Redis URL (overrides the config file)", EnvVars: []string{config.EnvRedisURL}},
+			&cli.StringFlag{Name: "queue", Usage: "asynq queue (overrides worker.queue of the config file; default llmq)"},
 		},
 		Commands: []*cli.Command{
 			a.migrateCommand(),
-			a.jobsCommand(),
+			jobs,
+			a.deadCommand(),
+			a.statsCommand(),
 		},
 		// Errors are printed once, by run; never os.Exit inside the library.
 		ExitErrHandler: func(*cli.Context, error) {},

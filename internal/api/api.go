@@ -1,6 +1,7 @@
-// Package api is llmq's HTTP API: submit and poll jobs, health, readiness and metrics. The routes
-// and their JSON are a contract (DESIGN.md). Every error is {"error":{"type","message"}} with a
-// fitting status, mapped in one place (writeError); internal details are logged, not returned.
+// Package api is llmq's HTTP API: submit, poll, stream (SSE) and cancel jobs, health, readiness
+// and metrics. The routes and their JSON are a contract (DESIGN.md, api/openapi.yaml). Every error
+// is {"error":{"type","message"}} with a fitting status, mapped in one place (writeError);
+// internal details are logged, not returned.
 package api
 
 import (
@@ -9,9 +10,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,12 +39,32 @@ type Config struct {
 	// MaxBodyBytes caps a submit body (413 above it). Default 4 MiB.
 	MaxBodyBytes int64
 	Logger       *slog.Logger
+	// Listener signals job transitions to event streams. nil: streams only re-read the job's
+	// events at every KeepAlive (tests; never in production).
+	Listener *jobs.Listener
+	// Tasks aborts the running attempt of a canceled job. nil: DELETE cancels in Postgres only
+	// (the worker then skips the job, but an attempt in flight runs to its end).
+	Tasks *jobs.Tasks
+	// KeepAlive is the interval of the comment lines that keep an idle event stream open through
+	// proxies; each also re-reads the job's events, a fallback should a notification be lost.
+	// Default 15s.
+	KeepAlive time.Duration
 }
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.
 type Server struct {
-	cfg Config
-	mux *http.ServeMux
+	cfg    Config
+	mux    *http.ServeMux
+	routes []route
+	// closing is closed by Shutdown to end the event streams.
+	closing   chan struct{}
+	closeOnce sync.Once
+}
+
+// route is one path and the handler of each method it answers.
+type route struct {
+	pattern string
+	methods map[string]http.HandlerFunc
 }
 
 // New returns a Server.
@@ -54,12 +78,22 @@ func New(cfg Config) *Server {
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux()}
-	s.mux.HandleFunc("/v1/jobs", s.methods(map[string]http.HandlerFunc{http.MethodPost: s.submit}))
-	s.mux.HandleFunc("/v1/jobs/{id}", s.methods(map[string]http.HandlerFunc{http.MethodGet: s.get}))
-	s.mux.HandleFunc("/healthz", s.methods(map[string]http.HandlerFunc{http.MethodGet: s.healthz}))
-	s.mux.HandleFunc("/readyz", s.methods(map[string]http.HandlerFunc{http.MethodGet: s.readyz}))
-	s.mux.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	if cfg.KeepAlive == 0 {
+		cfg.KeepAlive = 15 * time.Second
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), closing: make(chan struct{})}
+	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
+	s.routes = []route{
+		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
+		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.get, http.MethodDelete: s.cancel}},
+		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events}},
+		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz}},
+		{"/readyz", map[string]http.HandlerFunc{http.MethodGet: s.readyz}},
+		{"/metrics", map[string]http.HandlerFunc{http.MethodGet: metrics.ServeHTTP}},
+	}
+	for _, rt := range s.routes {
+		s.mux.HandleFunc(rt.pattern, s.methods(rt.methods))
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, &httpError{http.StatusNotFound, "not_found", "no route for " + r.Method + " " + r.URL.Path})
 	})
@@ -69,17 +103,19 @@ func New(cfg Config) *Server {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
+// Shutdown ends every open event stream (their clients reconnect with Last-Event-ID, to this
+// replica or another) and makes new ones end at once. Call it when the HTTP server shuts down
+// (http.Server.RegisterOnShutdown), which otherwise waits for streams that never go idle. It is
+// idempotent and safe for concurrent use.
+func (s *Server) Shutdown() { s.closeOnce.Do(func() { close(s.closing) }) }
+
 func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if f, ok := h[r.Method]; ok {
 			f(w, r)
 			return
 		}
-		allowed := make([]string, 0, len(h))
-		for m := range h {
-			allowed = append(allowed, m)
-		}
-		w.Header().Set("Allow", strings.Join(allowed, ", "))
+		w.Header().Set("Allow", strings.Join(slices.Sorted(maps.Keys(h)), ", "))
 		writeError(w, r, s.cfg.Logger, &httpError{http.StatusMethodNotAllowed, "method_not_allowed", r.Method + " is not allowed on " + r.URL.Path})
 	}
 }
@@ -127,18 +163,50 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	job, err := s.job(r)
+	if err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, job)
+}
+
+// job returns the job named by the path for the caller's tenant; another tenant's job is
+// jobs.ErrNotFound, exactly like a missing one.
+func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 	tenant, err := s.tenant(r)
 	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
-		return
+		return nil, err
 	}
 	job, err := s.cfg.Store.Get(r.Context(), r.PathValue("id"))
-	if err == nil && job.Tenant != tenant {
-		err = jobs.ErrNotFound
+	if err != nil {
+		return nil, err
 	}
+	if job.Tenant != tenant {
+		return nil, jobs.ErrNotFound
+	}
+	return job, nil
+}
+
+// cancel ends a job that has not ended: the transition in Postgres first (after it no result can
+// be stored), then the abort of its task, wherever it runs.
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
+	job, err := s.job(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
+	}
+	job, err = s.cfg.Store.Cancel(r.Context(), job.ID)
+	if err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	if s.cfg.Tasks != nil {
+		// The job is canceled whatever Redis says: the worker skips terminal jobs, so a failed
+		// abort only lets an attempt already in flight run to its (unstored) end.
+		if err := s.cfg.Tasks.Abort(job.ID); err != nil {
+			s.cfg.Logger.WarnContext(r.Context(), "abort canceled job's task", "job_id", job.ID, "error", err)
+		}
 	}
 	writeJSON(w, http.StatusOK, job)
 }
@@ -174,10 +242,13 @@ func (e *httpError) Error() string { return e.message }
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	var he *httpError
 	var inv *jobs.InvalidError
+	var term *jobs.TerminalError
 	switch {
 	case errors.As(err, &he):
 	case errors.As(err, &inv):
 		he = &httpError{http.StatusBadRequest, inv.Type, inv.Message}
+	case errors.As(err, &term):
+		he = &httpError{http.StatusConflict, "job_terminal", term.Error()}
 	case errors.Is(err, jobs.ErrNotFound):
 		he = &httpError{http.StatusNotFound, "not_found", "no job with that id"}
 	case errors.Is(err, jobs.ErrIdempotencyKeyReused):

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 
@@ -13,24 +14,43 @@ import (
 )
 
 // FromConfig builds a Server from the config file on a migrated pool, registering its metrics on
-// reg. The returned close function releases its Redis connections (not the pool).
+// reg, and starts its job event listener (one Postgres connection of its own, shared by every
+// event stream of this process). The returned close function ends the event streams, stops the
+// listener and releases the Redis connections (not the pool); call it once, after the HTTP
+// server stopped.
 func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry, logger *slog.Logger) (*Server, func() error, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	redisOpt, err := jobs.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
 		return nil, nil, err
 	}
 	rdb := jobs.NewRedisClient(redisOpt)
 	aclient := asynq.NewClient(redisOpt)
+	inspector := asynq.NewInspector(redisOpt)
 	store := jobs.NewStore(pool, nil)
 	names := make([]string, 0, len(cfg.Credentials))
 	for _, c := range cfg.Credentials {
 		names = append(names, c.Name)
 	}
-	submitter := jobs.NewSubmitter(store, jobs.NewEnqueuer(aclient, cfg.Worker.Queue),
+	enqueuer := jobs.NewEnqueuer(aclient, cfg.Worker.Queue)
+	submitter := jobs.NewSubmitter(store, enqueuer,
 		jobs.SubmitConfig{Credentials: names, DefaultMaxAttempts: cfg.Retry.MaxAttempts}, logger, jobs.NewMetrics(reg))
+	connCfg := pool.Config().ConnConfig.Copy()
+	connCfg.RuntimeParams["application_name"] = "llmq-api-listener"
+	listener := jobs.NewListener(jobs.ListenerConfig{ConnConfig: connCfg, Logger: logger})
 	s := New(Config{
 		Store: store, Submitter: submitter, Pool: pool, Redis: rdb, Gatherer: reg,
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
+		Listener: listener, Tasks: jobs.NewTasks(inspector, enqueuer),
 	})
-	return s, func() error { return errors.Join(aclient.Close(), rdb.Close()) }, nil
+	ctx, stop := context.WithCancel(context.Background())
+	listening := make(chan error, 1)
+	go func() { listening <- listener.Run(ctx) }()
+	return s, func() error {
+		s.Shutdown()
+		stop()
+		return errors.Join(<-listening, inspector.Close(), aclient.Close(), rdb.Close())
+	}, nil
 }

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+func (a *app) deadCommand() *cli.Command {
+	jsonFlag := &cli.BoolFlag{Name: "json", Usage: "print JSON"}
+	return &cli.Command{
+		Name:  "dead",
+		Usage: "inspect, retry and purge dead-lettered jobs",
+		Subcommands: []*cli.Command{{
+			Name:  "list",
+			Usage: "list dead jobs, most recently dead first",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "reason", Usage: "only this dead reason (rate_limited_no_retry_after, retries_exhausted)"},
+				&cli.StringFlag{Name: "credential", Usage: "only this credential"},
+				&cli.StringFlag{Name: "since", Usage: "only jobs that died within this long (30m, 24h, 7d)"},
+				&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
+				jsonFlag,
+			},
+			Action: a.deadList,
+		}, {
+			Name:      "show",
+			Usage:     "show a dead job: its request size and model, and every attempt",
+			ArgsUsage: "ID",
+			Flags:     []cli.Flag{jsonFlag},
+			Action:    a.deadShow,
+		}, {
+			Name:      "retry",
+			Usage:     "put dead jobs back to queued with a fresh attempt budget (their history is kept)",
+			ArgsUsage: "ID... | --all",
+			Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "all", Usage: "every dead job (narrowed by --reason and --credential)"},
+				&cli.StringFlag{Name: "reason", Usage: "with --all: only this dead reason"},
+				&cli.StringFlag{Name: "credential", Usage: "with --all: only this credential"},
+			},
+			Action: a.deadRetry,
+		}, {
+			Name:  "purge",
+			Usage: "delete dead jobs, with their attempts and events",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "older-than", Usage: "required: only jobs that died longer ago than this (24h, 30d)"},
+			},
+			Action: a.deadPurge,
+		}},
+	}
+}
+
+func (a *app) deadList(c *cli.Context) error {
+	if c.NArg() != 0 {
+		return cli.Exit("usage: ctl dead list [--reason R] [--credential C] [--since D] [--limit N] [--json]", exitUsage)
+	}
+	if c.Int("limit") < 1 {
+		return cli.Exit("--limit must be at least 1", exitUsage)
+	}
+	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential"), Limit: c.Int("limit")}
+	if s := c.String("since"); s != "" {
+		d, err := parseAge("since", s)
+		if err != nil {
+			return err
+		}
+		f.Since = time.Now().Add(-d)
+	}
+	p, err := pool(c)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	dead, err := jobs.NewStore(p, nil).ListDead(c.Context, f)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		if dead == nil {
+			dead = []*jobs.Job{}
+		}
+		return writeJSON(a.out, dead)
+	}
+	if len(dead) == 0 {
+		_, err := fmt.Fprintln(a.out, "no dead jobs")
+		return err
+	}
+	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCREDENTIAL\tREASON\tATTEMPTS\tDIED\tLAST ERROR")
+	for _, j := range dead {
+		reason := "-"
+		if j.DeadReason != nil {
+			reason = *j.DeadReason
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", j.ID, j.Credential, reason, j.Attempts, j.MaxAttempts,
+			ts(j.FinishedAt), lastErrorText(j.LastError))
+	}
+	return tw.Flush()
+}
+
+// lastErrorText is a one-line summary of a job's last error for tables.
+func lastErrorText(le *jobs.LastError) string {
+	if le == nil {
+		return "-"
+	}
+	s := le.Class
+	if le.Status != 0 {
+		s += fmt.Sprintf(" %d", le.Status)
+	}
+	return oneLineText(s+": "+le.Message, 60)
+}
+
+func (a *app) deadShow(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return cli.Exit("usage: ctl dead show ID [--json]", exitUsage)
+	}
+	id := c.Args().First()
+	p, err := pool(c)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	store := jobs.NewStore(p, nil)
+	job, err := store.Get(c.Context, id)
+	if errors.Is(err, jobs.ErrNotFound) {
+		return fmt.Errorf("no job %q", id)
+	}
+	if err != nil {
+		return err
+	}
+	if job.Status != jobs.StatusDead {
+		return fmt.Errorf("job %s is %s, not dead; see 'ctl jobs show'", job.ID, job.Status)
+	}
+	attempts, err := store.Attempts(c.Context, job.ID)
+	if err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		if attempts == nil {
+			attempts = []jobs.AttemptRow{}
+		}
+		return writeJSON(a.out, map[string]any{
+			"job":      job,
+			"request":  map[string]any{"bytes": len(job.Request), "model": requestModel(job.Request)},
+			"attempts": attempts,
+		})
+	}
+	return printJob(a, job, attempts)
+}
+
+func (a *app) deadRetry(c *cli.Context) error {
+	ids := c.Args().Slice()
+	all := c.Bool("all")
+	switch {
+	case all && len(ids) > 0:
+		return cli.Exit("give job IDs or --all, not both", exitUsage)
+	case !all && len(ids) == 0:
+		return cli.Exit("usage: ctl dead retry ID... | --all [--reason R] [--credential C]", exitUsage)
+	case !all && (c.IsSet("reason") || c.IsSet("credential")):
+		return cli.Exit("--reason and --credential go with --all", exitUsage)
+	}
+	// Redis first: a job set queued that no task carries would wait for the sweeper.
+	tasks, closeTasks, err := openTasks(c)
+	if err != nil {
+		return err
+	}
+	defer closeTasks()
+	p, err := pool(c)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	store := jobs.NewStore(p, nil)
+	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential")}
+	if !all {
+		f.IDs = ids
+	}
+	requeued, err := store.RetryDead(c.Context, f)
+	if err != nil {
+		return err
+	}
+	var problems []string
+	for _, id := range requeued {
+		if err := tasks.Requeue(c.Context, id); err != nil {
+			problems = append(problems, fmt.Sprintf("%s is queued but its task was not enqueued (the sweeper will): %v", id, err))
+			continue
+		}
+		fmt.Fprintf(a.out, "requeued %s\n", id)
+	}
+	if all && len(requeued) == 0 {
+		fmt.Fprintln(a.out, "no dead jobs matched")
+	}
+	for _, id := range ids {
+		if slices.Contains(requeued, id) {
+			continue
+		}
+		job, err := store.Get(c.Context, id)
+		switch {
+		case errors.Is(err, jobs.ErrNotFound):
+			problems = append(problems, fmt.Sprintf("no job %q", id))
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("%s: %v", id, err))
+		default:
+			problems = append(problems, fmt.Sprintf("job %s is %s, not dead", id, job.Status))
+		}
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+func (a *app) deadPurge(c *cli.Context) error {
+	if c.NArg() != 0 || c.String("older-than") == "" {
+		return cli.Exit("usage: ctl dead purge --older-than D", exitUsage)
+	}
+	d, err := parseAge("older-than", c.String("older-than"))
+	if err != nil {
+		return err
+	}
+	p, err := pool(c)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	n, err := jobs.NewStore(p, nil).PurgeDead(c.Context, time.Now().Add(-d))
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(a.out, "purged %d dead jobs\n", n)
+	return err
+}

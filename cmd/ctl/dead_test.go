@@ -1,0 +1,327 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// redisArgs returns the flags that point ctl at the test Redis and a fresh asynq queue, and an
+// inspector on that queue; the queue is deleted when the test ends.
+func redisArgs(t *testing.T) ([]string, *asynq.Inspector, string) {
+	t.Helper()
+	redistest.Client(t) // fails the test when Redis is down
+	opt, err := jobs.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	insp := asynq.NewInspector(opt)
+	queue := "llmq-test-" + redistest.Rand()
+	t.Cleanup(func() {
+		_ = insp.DeleteQueue(queue, true)
+		require.NoError(t, insp.Close())
+	})
+	return []string{"--redis-url", redistest.URL(), "--queue", queue}, insp, queue
+}
+
+// attempt runs one attempt of the job, as the worker records it, ending in o.
+func (b *jobsBundle) attempt(t *testing.T, id string, o jobs.Outcome) {
+	t.Helper()
+	ctx := context.Background()
+	job, err := b.store.BeginAttempt(ctx, id)
+	require.NoError(t, err)
+	if o.LastError == nil && o.Status != jobs.StatusSucceeded {
+		o.LastError = &jobs.LastError{Class: "server_error", Status: 503, Message: "overloaded"}
+	}
+	retryAfter := time.Second
+	applied, err := b.store.Finish(ctx, id, &jobs.Attempt{
+		Number: job.Attempts, Credential: job.Credential, StartedAt: time.Now(), Latency: 80 * time.Millisecond,
+		StatusCode: 503, Class: "server_error", RetryAfter: &retryAfter, Error: "overloaded",
+	}, o)
+	require.NoError(t, err)
+	require.True(t, applied)
+}
+
+// deadJob makes a job of credential cred that died with reason after n attempts.
+func (b *jobsBundle) deadJob(t *testing.T, cred, reason string, n int) *jobs.Job {
+	t.Helper()
+	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{
+		Tenant: "default", Credential: cred, Fingerprint: "x",
+		Request: json.RawMessage(`{"model":"claude-test","max_tokens":5}`), MaxAttempts: n, Timeout: time.Minute,
+	})
+	require.NoError(t, err)
+	for range n - 1 {
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	}
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: reason})
+	return job
+}
+
+// tableRows returns the rows of a table output (header first), split on runs of 2+ spaces.
+func tableRows(out string) [][]string {
+	var rows [][]string
+	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		var cells []string
+		for _, c := range strings.Split(line, "  ") {
+			if c = strings.TrimSpace(c); c != "" {
+				cells = append(cells, c)
+			}
+		}
+		rows = append(rows, cells)
+	}
+	return rows
+}
+
+func TestDeadList(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	exhausted := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 3)
+	capped := b.deadJob(t, "other", jobs.ReasonRateLimitedNoRetryAfter, 1)
+	b.createJob(t) // queued: not listed
+
+	t.Run("Table", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "list")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Empty(t, r.errOut)
+		rows := tableRows(r.out)
+		require.Equal(t, []string{"ID", "CREDENTIAL", "REASON", "ATTEMPTS", "DIED", "LAST ERROR"}, rows[0])
+		require.Len(t, rows, 3)
+		require.Equal(t, []string{capped.ID, "other", "rate_limited_no_retry_after", "1/1"}, rows[1][:4])
+		require.Equal(t, []string{exhausted.ID, "default", "retries_exhausted", "3/3"}, rows[2][:4])
+		require.Equal(t, "server_error 503: overloaded", rows[2][5])
+	})
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "list", "--json")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		var got []struct {
+			ID         string `json:"id"`
+			Status     string `json:"status"`
+			DeadReason string `json:"dead_reason"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+		require.Len(t, got, 2)
+		require.Equal(t, capped.ID, got[0].ID)
+		require.Equal(t, "dead", got[1].Status)
+		require.Equal(t, "retries_exhausted", got[1].DeadReason)
+	})
+	t.Run("Filters", func(t *testing.T) {
+		t.Parallel()
+		for name, tc := range map[string]struct {
+			args []string
+			want []string
+		}{
+			"Reason":     {[]string{"--reason", "retries_exhausted"}, []string{exhausted.ID}},
+			"Credential": {[]string{"--credential", "other"}, []string{capped.ID}},
+			"Since":      {[]string{"--since", "1h"}, []string{capped.ID, exhausted.ID}},
+			"SinceDays":  {[]string{"--since", "7d"}, []string{capped.ID, exhausted.ID}},
+			"Limit":      {[]string{"--limit", "1"}, []string{capped.ID}},
+			"NoMatch":    {[]string{"--reason", "nope"}, []string{}},
+		} {
+			r := run(t, append([]string{"--database-url", b.url, "dead", "list", "--json"}, tc.args...)...)
+			require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
+			var got []struct {
+				ID string `json:"id"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(r.out), &got))
+			ids := []string{}
+			for _, g := range got {
+				ids = append(ids, g.ID)
+			}
+			require.Equal(t, tc.want, ids, name)
+		}
+	})
+	t.Run("EmptyTable", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "list", "--reason", "nope")
+		require.Equal(t, 0, r.code)
+		require.Equal(t, "no dead jobs\n", r.out)
+	})
+	t.Run("BadSince", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "list", "--since", "yesterday")
+		requireOneLineError(t, r, 2, "--since")
+	})
+}
+
+func TestDeadShow(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 2)
+
+	t.Run("Table", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "show", job.ID)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := fields(r.out)
+		require.Equal(t, "dead", rows["status"])
+		require.Equal(t, "claude-test", rows["model"])
+		require.Equal(t, "2/2", rows["attempts"])
+		require.Equal(t, "retries_exhausted", rows["dead reason"])
+		require.Equal(t, "38", rows["request bytes"])
+		require.Regexp(t, `(?m)^ATTEMPT\s+STARTED\s+STATUS\s+CLASS\s+RETRY-AFTER\s+DELAY\s+LATENCY$`, r.out)
+		require.Regexp(t, `(?m)^1\s+\S+\s+503\s+server_error\s+1s\s+-\s+80ms$`, r.out)
+		require.Regexp(t, `(?m)^2\s+\S+\s+503\s+server_error\s+1s\s+-\s+80ms$`, r.out)
+	})
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "show", "--json", job.ID)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		var got struct {
+			Job struct {
+				ID         string `json:"id"`
+				DeadReason string `json:"dead_reason"`
+			} `json:"job"`
+			Request struct {
+				Bytes int    `json:"bytes"`
+				Model string `json:"model"`
+			} `json:"request"`
+			Attempts []jobs.AttemptRow `json:"attempts"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+		require.Equal(t, job.ID, got.Job.ID)
+		require.Equal(t, "retries_exhausted", got.Job.DeadReason)
+		require.Equal(t, 38, got.Request.Bytes)
+		require.Equal(t, "claude-test", got.Request.Model)
+		require.Len(t, got.Attempts, 2)
+		require.Equal(t, 2, got.Attempts[1].Number)
+		require.EqualValues(t, 1000, *got.Attempts[1].RetryAfterMS)
+		require.InDelta(t, 80, got.Attempts[1].LatencyMS, 0.01)
+	})
+	t.Run("NotDead", func(t *testing.T) {
+		t.Parallel()
+		live := b.createJob(t)
+		r := run(t, "--database-url", b.url, "dead", "show", live.ID)
+		requireOneLineError(t, r, 1, "is queued, not dead")
+	})
+	t.Run("Unknown", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "show", "0190a5b2-7c1e-7d3f-9a8b-123456789abc")
+		requireOneLineError(t, r, 1, "no job")
+	})
+}
+
+func TestDeadRetry(t *testing.T) {
+	t.Parallel()
+
+	t.Run("IDs", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, insp, queue := redisArgs(t)
+		job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 2)
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", job.ID)...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "requeued "+job.ID+"\n", r.out)
+
+		got, err := b.store.Get(context.Background(), job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusQueued, got.Status)
+		require.Equal(t, 0, got.Attempts)
+		info, err := insp.GetTaskInfo(queue, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStatePending, info.State)
+
+		// The next round's attempts continue the numbering; the old ones stay.
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+		attempts, err := b.store.Attempts(context.Background(), job.ID)
+		require.NoError(t, err)
+		require.Len(t, attempts, 3)
+		require.Equal(t, 3, attempts[2].Number)
+		evs, err := b.store.Events(context.Background(), job.ID, 0)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusQueued, evs[5].Type, "the retry appended an event")
+	})
+
+	t.Run("AllByReason", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, insp, queue := redisArgs(t)
+		capped1 := b.deadJob(t, "default", jobs.ReasonRateLimitedNoRetryAfter, 1)
+		capped2 := b.deadJob(t, "default", jobs.ReasonRateLimitedNoRetryAfter, 1)
+		exhausted := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all", "--reason", jobs.ReasonRateLimitedNoRetryAfter)...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.ElementsMatch(t, []string{"requeued " + capped1.ID, "requeued " + capped2.ID}, strings.Split(strings.TrimSpace(r.out), "\n"))
+		for _, id := range []string{capped1.ID, capped2.ID} {
+			_, err := insp.GetTaskInfo(queue, id)
+			require.NoError(t, err)
+		}
+		still, err := b.store.Get(context.Background(), exhausted.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusDead, still.Status)
+
+		r = run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all", "--reason", jobs.ReasonRateLimitedNoRetryAfter)...)
+		require.Equal(t, 0, r.code)
+		require.Equal(t, "no dead jobs matched\n", r.out)
+	})
+
+	t.Run("NotDeadAndUnknown", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, _, _ := redisArgs(t)
+		dead := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+		live := b.createJob(t)
+		const unknown = "0190a5b2-7c1e-7d3f-9a8b-123456789abc"
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", dead.ID, live.ID, unknown)...)
+		requireOneLineError(t, r, 1, "job "+live.ID+" is queued, not dead")
+		require.Contains(t, r.errOut, `no job "`+unknown+`"`)
+		require.Equal(t, "requeued "+dead.ID+"\n", r.out, "the dead one is requeued anyway")
+	})
+
+	t.Run("Usage", func(t *testing.T) {
+		t.Parallel()
+		for name, args := range map[string][]string{
+			"Nothing":          {"dead", "retry"},
+			"IDsAndAll":        {"dead", "retry", "--all", "x"},
+			"ReasonWithoutAll": {"dead", "retry", "--reason", "r", "x"},
+		} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				r := run(t, append([]string{"--database-url", unreachableURL}, args...)...)
+				requireOneLineError(t, r, 2, "")
+			})
+		}
+	})
+
+	t.Run("RedisUnreachable", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+		r, expired := runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "dead", "retry", job.ID)
+		require.False(t, expired)
+		requireOneLineError(t, r, 1, "redis unreachable")
+		got, err := b.store.Get(context.Background(), job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusDead, got.Status, "nothing changed")
+	})
+}
+
+func TestDeadPurge(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	old := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	recent := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	_, err := b.pool.Exec(context.Background(), `UPDATE jobs SET finished_at = now() - interval '10 days' WHERE id = $1`, old.ID)
+	require.NoError(t, err)
+
+	r := run(t, "--database-url", b.url, "dead", "purge", "--older-than", "7d")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "purged 1 dead jobs\n", r.out)
+	_, err = b.store.Get(context.Background(), old.ID)
+	require.ErrorIs(t, err, jobs.ErrNotFound)
+	_, err = b.store.Get(context.Background(), recent.ID)
+	require.NoError(t, err)
+
+	r = run(t, "--database-url", b.url, "dead", "purge")
+	requireOneLineError(t, r, 2, "older-than")
+}

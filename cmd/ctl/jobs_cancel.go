@@ -1,0 +1,49 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+func (a *app) jobsCancelCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "cancel",
+		Usage:     "cancel a job that has not ended, aborting its provider call if one is in flight (as DELETE /v1/jobs/{id})",
+		ArgsUsage: "ID",
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return cli.Exit("usage: ctl jobs cancel ID", exitUsage)
+			}
+			id := c.Args().First()
+			tasks, closeTasks, err := openTasks(c)
+			if err != nil {
+				return err
+			}
+			defer closeTasks()
+			p, err := pool(c)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			job, err := jobs.NewStore(p, nil).Cancel(c.Context, id)
+			var te *jobs.TerminalError
+			switch {
+			case errors.Is(err, jobs.ErrNotFound):
+				return fmt.Errorf("no job %q", id)
+			case errors.As(err, &te):
+				return fmt.Errorf("job %s already ended: it is %s", id, te.Status)
+			case err != nil:
+				return err
+			}
+			fmt.Fprintf(a.out, "canceled %s\n", job.ID)
+			if err := tasks.Abort(job.ID); err != nil {
+				return fmt.Errorf("job %s is canceled, but its task could not be aborted (an attempt in flight runs to its end, unstored): %w", job.ID, err)
+			}
+			return nil
+		},
+	}
+}

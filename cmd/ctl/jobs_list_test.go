@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+func TestJobsList(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	first := b.createJob(t)
+	second := b.createJob(t)
+	b.attempt(t, second.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+
+	t.Run("Table", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Empty(t, r.errOut)
+		rows := tableRows(r.out)
+		require.Equal(t, []string{"ID", "STATUS", "CREDENTIAL", "ATTEMPTS", "CREATED", "FINISHED"}, rows[0])
+		require.Len(t, rows, 3)
+		require.Equal(t, []string{second.ID, "succeeded", "default", "1/3"}, rows[1][:4], "newest first")
+		require.Equal(t, []string{first.ID, "queued", "default", "0/3"}, rows[2][:4])
+		require.Equal(t, "-", rows[2][5])
+		_, err := time.Parse(time.RFC3339, rows[1][5])
+		require.NoError(t, err)
+	})
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list", "--json", "--status", "queued")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		var got []struct {
+			ID       string `json:"id"`
+			Status   string `json:"status"`
+			Attempts int    `json:"attempts"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+		require.Len(t, got, 1)
+		require.Equal(t, first.ID, got[0].ID)
+		require.Equal(t, "queued", got[0].Status)
+	})
+	t.Run("Limit", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list", "--limit", "1")
+		require.Equal(t, 0, r.code)
+		require.Len(t, tableRows(r.out), 2)
+	})
+	t.Run("Empty", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list", "--status", "dead")
+		require.Equal(t, 0, r.code)
+		require.Equal(t, "no jobs\n", r.out)
+		r = run(t, "--database-url", b.url, "jobs", "list", "--status", "dead", "--json")
+		require.Equal(t, 0, r.code)
+		require.Equal(t, "[]\n", r.out)
+	})
+	t.Run("BadStatus", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list", "--status", "done")
+		requireOneLineError(t, r, 2, `--status "done"`)
+	})
+}
+
+func TestJobsCancel(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Queued", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, insp, queue := redisArgs(t)
+		job := b.createJob(t)
+		opt, err := jobs.RedisConnOpt(redisArgsURL(redis))
+		require.NoError(t, err)
+		client := asynq.NewClient(opt)
+		defer client.Close()
+		require.NoError(t, jobs.NewEnqueuer(client, queue).Enqueue(context.Background(), job.ID, time.Time{}))
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", job.ID)...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "canceled "+job.ID+"\n", r.out)
+		got, err := b.store.Get(context.Background(), job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusCanceled, got.Status)
+		_, err = insp.GetTaskInfo(queue, job.ID)
+		require.ErrorIs(t, err, asynq.ErrTaskNotFound, "its task is gone")
+	})
+	t.Run("Terminal", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, _, _ := redisArgs(t)
+		job := b.createJob(t)
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", job.ID)...)
+		requireOneLineError(t, r, 1, "already ended: it is succeeded")
+		require.Empty(t, r.out)
+	})
+	t.Run("Unknown", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, _, _ := redisArgs(t)
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", "nope")...)
+		requireOneLineError(t, r, 1, `no job "nope"`)
+	})
+	t.Run("Usage", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", unreachableURL, "jobs", "cancel")
+		requireOneLineError(t, r, 2, "usage")
+	})
+}
+
+// redisArgsURL returns the --redis-url value of redisArgs' flags.
+func redisArgsURL(args []string) string { return args[1] }

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// statusOrder lists every status, in lifecycle order, for the stats table.
+var statusOrder = []jobs.Status{
+	jobs.StatusQueued, jobs.StatusRunning, jobs.StatusRetrying,
+	jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusDead, jobs.StatusCanceled,
+}
+
+// statsOutput is the JSON form of `ctl stats`.
+type statsOutput struct {
+	Window string `json:"window"`
+	*jobs.Stats
+	Queue jobs.QueueDepth `json:"queue"`
+}
+
+func (a *app) statsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "stats",
+		Usage: "jobs by status, queue depth, retry rate, requests per success, submit→result latency",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "window", Value: "1h", Usage: "how far back to look (30m, 24h, 7d)"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return cli.Exit("usage: ctl stats [--window D] [--json]", exitUsage)
+			}
+			window, err := parseAge("window", c.String("window"))
+			if err != nil {
+				return err
+			}
+			tasks, closeTasks, err := openTasks(c)
+			if err != nil {
+				return err
+			}
+			defer closeTasks()
+			p, err := pool(c)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			st, err := jobs.NewStore(p, nil).Stats(c.Context, time.Now().Add(-window))
+			if err != nil {
+				return err
+			}
+			depth, err := tasks.Depth()
+			if err != nil {
+				return err
+			}
+			for _, s := range statusOrder {
+				st.ByStatus[s] += 0 // every status present, zeros included
+			}
+			if c.Bool("json") {
+				return writeJSON(a.out, statsOutput{Window: window.String(), Stats: st, Queue: depth})
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
+			row("window", window.String())
+			for _, s := range statusOrder {
+				row("jobs "+string(s), st.ByStatus[s])
+			}
+			row("queue pending", depth.Pending)
+			row("queue active", depth.Active)
+			row("queue scheduled", depth.Scheduled)
+			row("queue retry", depth.Retry)
+			row("queue archived", depth.Archived)
+			row("attempts", st.Attempts)
+			row("retries", st.Retries)
+			row("retry rate", optional(st.RetryRate, func(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }))
+			row("requests per success", optional(st.RequestsPerSuccess, func(v float64) string { return fmt.Sprintf("%.2f", v) }))
+			row("submit→result p50", optional(st.SubmitToResultP50MS, millis))
+			row("submit→result p95", optional(st.SubmitToResultP95MS, millis))
+			return tw.Flush()
+		},
+	}
+}
+
+func optional(v *float64, format func(float64) string) string {
+	if v == nil {
+		return "-"
+	}
+	return format(*v)
+}
+
+func millis(ms float64) string {
+	return (time.Duration(ms * float64(time.Millisecond))).Round(time.Millisecond).String()
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	redis, _, queue := redisArgs(t)
+	ctx := context.Background()
+	// Two successes (1s and 3s from submit, one after a retry), one dead after two attempts,
+	// one queued with its task pending.
+	ok1 := b.createJob(t)
+	b.attempt(t, ok1.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	ok2 := b.createJob(t)
+	b.attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	b.attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 2)
+	queued := b.createJob(t)
+	_, err := b.pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '1 second' WHERE id = $1`, ok1.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '3 seconds' WHERE id = $1`, ok2.ID)
+	require.NoError(t, err)
+	opt, err := jobs.RedisConnOpt(redisArgsURL(redis))
+	require.NoError(t, err)
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	require.NoError(t, jobs.NewEnqueuer(client, queue).Enqueue(ctx, queued.ID, time.Time{}))
+
+	t.Run("Table", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "stats")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Empty(t, r.errOut)
+		require.Equal(t, map[string]string{
+			"window":               "1h0m0s",
+			"jobs queued":          "1",
+			"jobs running":         "0",
+			"jobs retrying":        "0",
+			"jobs succeeded":       "2",
+			"jobs failed":          "0",
+			"jobs dead":            "1",
+			"jobs canceled":        "0",
+			"queue pending":        "1",
+			"queue active":         "0",
+			"queue scheduled":      "0",
+			"queue retry":          "0",
+			"queue archived":       "0",
+			"attempts":             "5",
+			"retries":              "2",
+			"retry rate":           "40.0%",
+			"requests per success": "2.50",
+			"submit→result p50":    "2s",
+			"submit→result p95":    "2.9s",
+		}, fields(r.out))
+	})
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "stats", "--json", "--window", "2h")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		var got struct {
+			Window             string         `json:"window"`
+			ByStatus           map[string]int `json:"jobs_by_status"`
+			Queue              jobs.QueueDepth
+			Attempts           int     `json:"attempts"`
+			Retries            int     `json:"retries"`
+			RetryRate          float64 `json:"retry_rate"`
+			RequestsPerSuccess float64 `json:"requests_per_success"`
+			P50                float64 `json:"submit_to_result_p50_ms"`
+			P95                float64 `json:"submit_to_result_p95_ms"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+		require.Equal(t, "2h0m0s", got.Window)
+		require.Equal(t, map[string]int{"queued": 1, "running": 0, "retrying": 0, "succeeded": 2, "failed": 0, "dead": 1, "canceled": 0}, got.ByStatus)
+		require.Equal(t, jobs.QueueDepth{Pending: 1}, got.Queue)
+		require.Equal(t, 5, got.Attempts)
+		require.Equal(t, 2, got.Retries)
+		require.InDelta(t, 0.4, got.RetryRate, 1e-9)
+		require.InDelta(t, 2.5, got.RequestsPerSuccess, 1e-9)
+		require.InDelta(t, 2000, got.P50, 1)
+		require.InDelta(t, 2900, got.P95, 1)
+	})
+	t.Run("EmptyWindowHasDashes", func(t *testing.T) {
+		t.Parallel()
+		e := setupJobs(t)
+		r := run(t, append(append([]string{"--database-url", e.url}, redis...), "stats", "--window", "30m")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := fields(r.out)
+		require.Equal(t, "-", rows["retry rate"])
+		require.Equal(t, "-", rows["submit→result p50"])
+	})
+	t.Run("BadWindow", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "stats", "--window", "0s")
+		requireOneLineError(t, r, 2, "--window")
+	})
+}

@@ -1,0 +1,85 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+
+	t.Run("QueuedJobAndItsTask", func(t *testing.T) {
+		t.Parallel()
+		r := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, nil)
+		require.Equal(t, http.StatusAccepted, r.status)
+		id := r.body["id"].(string)
+		info, err := b.inspector.GetTaskInfo(b.queue, id)
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStatePending, info.State)
+
+		r = b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)
+		require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
+		require.Equal(t, "canceled", r.body["status"])
+		require.Nil(t, r.body["result"])
+		require.NotNil(t, r.body["finished_at"])
+		_, err = b.inspector.GetTaskInfo(b.queue, id)
+		require.ErrorIs(t, err, asynq.ErrTaskNotFound, "the waiting task is gone: no worker will pick it up")
+		require.Equal(t, "canceled", b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil).body["status"])
+	})
+
+	t.Run("RunningJob", func(t *testing.T) {
+		t.Parallel()
+		job := b.create(t, "")
+		_, err := b.store.BeginAttempt(context.Background(), job.ID)
+		require.NoError(t, err)
+		r := b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil)
+		require.Equal(t, http.StatusOK, r.status)
+		require.Equal(t, "canceled", r.body["status"])
+	})
+
+	t.Run("TerminalIs409", func(t *testing.T) {
+		t.Parallel()
+		job := b.create(t, "")
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})
+		r := b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil)
+		require.Equal(t, http.StatusConflict, r.status)
+		require.Equal(t, map[string]any{"error": map[string]any{"type": "job_terminal", "message": "job is succeeded"}}, r.body)
+	})
+
+	t.Run("TwiceIs409Canceled", func(t *testing.T) {
+		t.Parallel()
+		job := b.create(t, "")
+		require.Equal(t, http.StatusOK, b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil).status)
+		r := b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil)
+		require.Equal(t, http.StatusConflict, r.status)
+		require.Equal(t, "job is canceled", r.body["error"].(map[string]any)["message"])
+	})
+
+	t.Run("NotFound", func(t *testing.T) {
+		t.Parallel()
+		other := b.create(t, "someone-else")
+		for _, id := range []string{"0190a5b2-7c1e-7d3f-9a8b-123456789abc", "nope", other.ID} {
+			r := b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)
+			require.Equal(t, http.StatusNotFound, r.status)
+		}
+		got, err := b.store.Get(context.Background(), other.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusQueued, got.Status, "another tenant's job is untouched")
+	})
+
+	t.Run("StreamSeesCancel", func(t *testing.T) {
+		t.Parallel()
+		job := b.create(t, "")
+		s := openStream(t, b.url, job.ID, "")
+		require.Equal(t, "queued", s.nextEvent(t).event)
+		require.Equal(t, http.StatusOK, b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil).status)
+		require.Equal(t, []string{"canceled/2"}, names(s.rest(t)))
+	})
+}

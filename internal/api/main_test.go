@@ -1,0 +1,285 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgxpool's background health check and net/http keep-alives end after the test's Close.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+// testBundle is one API replica on a test database, with its listener running.
+type testBundle struct {
+	dbURL     string
+	pool      *pgxpool.Pool
+	store     *jobs.Store
+	srv       *Server
+	url       string
+	listener  *jobs.Listener
+	inspector *asynq.Inspector
+	queue     string
+}
+
+type setupOpts struct {
+	dbURL      string        // default: a fresh database
+	keepAlive  time.Duration // default: the server's 15s, so a test passing fast proves NOTIFY
+	noListener bool
+	maxBody    int64
+	wrap       func(*Server) http.Handler // default: the server itself
+}
+
+func setup(t *testing.T, o setupOpts) *testBundle {
+	t.Helper()
+	if o.dbURL == "" {
+		o.dbURL = pgtest.URL(t)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, o.dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	redistest.Client(t) // fails the test when Redis is down
+	redisOpt, err := jobs.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	rdb := jobs.NewRedisClient(redisOpt)
+	aclient := asynq.NewClient(redisOpt)
+	insp := asynq.NewInspector(redisOpt)
+	queue := "llmq-test-" + redistest.Rand()
+	t.Cleanup(func() {
+		_ = insp.DeleteQueue(queue, true)
+		require.NoError(t, insp.Close())
+		require.NoError(t, aclient.Close())
+		require.NoError(t, rdb.Close())
+	})
+	store := jobs.NewStore(pool, nil)
+	enq := jobs.NewEnqueuer(aclient, queue)
+	b := &testBundle{dbURL: o.dbURL, pool: pool, store: store, inspector: insp, queue: queue}
+	cfg := Config{
+		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: true, MaxBodyBytes: o.maxBody,
+		Submitter: jobs.NewSubmitter(store, enq, jobs.SubmitConfig{Credentials: []string{"default"}}, slog.New(slog.DiscardHandler), nil),
+		Tasks:     jobs.NewTasks(insp, enq), KeepAlive: o.keepAlive,
+	}
+	if !o.noListener {
+		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})
+		cfg.Listener = b.listener
+		lctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- b.listener.Run(lctx) }()
+		t.Cleanup(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+	}
+	b.srv = New(cfg)
+	var h http.Handler = b.srv
+	if o.wrap != nil {
+		h = o.wrap(b.srv)
+	}
+	hs := httptest.NewServer(h)
+	t.Cleanup(hs.Close)
+	t.Cleanup(b.srv.Shutdown) // runs first: ends any stream a failed test left open
+	b.url = hs.URL
+	return b
+}
+
+// create stores a job of tenant "default" (or the given one).
+func (b *testBundle) create(t *testing.T, tenant string) *jobs.Job {
+	t.Helper()
+	if tenant == "" {
+		tenant = "default"
+	}
+	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{
+		Tenant: tenant, Credential: "default", Fingerprint: "fp",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute,
+	})
+	require.NoError(t, err)
+	return job
+}
+
+// attempt moves a job through one attempt to o, as the worker does.
+func (b *testBundle) attempt(t *testing.T, id string, o jobs.Outcome) {
+	t.Helper()
+	ctx := context.Background()
+	job, err := b.store.BeginAttempt(ctx, id)
+	require.NoError(t, err)
+	if o.Status == jobs.StatusRetrying {
+		o.LastError = &jobs.LastError{Class: "server_error", Status: 503, Message: "overloaded"}
+	}
+	applied, err := b.store.Finish(ctx, id, &jobs.Attempt{
+		Number: job.Attempts, Credential: "default", StartedAt: time.Now(), Latency: time.Millisecond, Class: "ok",
+	}, o)
+	require.NoError(t, err)
+	require.True(t, applied)
+}
+
+// succeed runs the job's two failing attempts and the successful third (7 events in all).
+func (b *testBundle) failTwiceThenSucceed(t *testing.T, id string) {
+	t.Helper()
+	b.attempt(t, id, jobs.Outcome{Status: jobs.StatusRetrying})
+	b.attempt(t, id, jobs.Outcome{Status: jobs.StatusRetrying})
+	b.attempt(t, id, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"answer":42}`)})
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+}
+
+func (b *testBundle) do(t *testing.T, method, path, body string, header map[string]string) response {
+	t.Helper()
+	return do(t, b.url, method, path, body, header)
+}
+
+func do(t *testing.T, base, method, path, body string, header map[string]string) response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), method, base+path, strings.NewReader(body))
+	require.NoError(t, err)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := response{status: resp.StatusCode, header: resp.Header}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") && len(raw) > 0 {
+		require.NoError(t, json.Unmarshal(raw, &out.body), "body: %s", raw)
+	}
+	return out
+}
+
+// sseFrame is one frame of an event stream: an event, or a comment.
+type sseFrame struct {
+	event, id, data, comment string
+}
+
+// stream is an open event stream.
+type stream struct {
+	resp   *http.Response
+	lines  *bufio.Scanner
+	cancel context.CancelFunc
+}
+
+// openStream opens GET /v1/jobs/{id}/events (with Last-Event-ID when lastID is not empty) and
+// requires 200. Reads fail after 10s: well under the 15s default keep-alive, so a stream that only
+// advances through its keep-alive re-read fails a test that expects notifications.
+func openStream(t *testing.T, base, id, lastID string) *stream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/jobs/"+id+"/events", nil)
+	require.NoError(t, err)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	s := &stream{resp: resp, lines: bufio.NewScanner(resp.Body), cancel: cancel}
+	t.Cleanup(s.close)
+	return s
+}
+
+func (s *stream) close() {
+	s.cancel()
+	_ = s.resp.Body.Close()
+}
+
+// next returns the next frame, or ok=false at the end of the stream.
+func (s *stream) next(t *testing.T) (f sseFrame, ok bool) {
+	t.Helper()
+	started := false
+	for s.lines.Scan() {
+		line := s.lines.Text()
+		if line == "" {
+			if started {
+				return f, true
+			}
+			continue
+		}
+		started = true
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimPrefix(v, " ")
+		switch k {
+		case "":
+			f.comment = v
+		case "event":
+			f.event = v
+		case "id":
+			f.id = v
+		case "data":
+			f.data = v
+		default:
+			t.Fatalf("unexpected line %q", line)
+		}
+	}
+	require.NoError(t, s.lines.Err(), "stream read failed (timed out?)")
+	require.False(t, started, "stream ended inside a frame")
+	return f, false
+}
+
+// nextEvent skips comments and returns the next event; it fails at the end of the stream.
+func (s *stream) nextEvent(t *testing.T) sseFrame {
+	t.Helper()
+	for {
+		f, ok := s.next(t)
+		require.True(t, ok, "stream ended early")
+		if f.comment == "" {
+			return f
+		}
+	}
+}
+
+// rest reads events until the stream ends.
+func (s *stream) rest(t *testing.T) []sseFrame {
+	t.Helper()
+	var out []sseFrame
+	for {
+		f, ok := s.next(t)
+		if !ok {
+			return out
+		}
+		if f.comment == "" {
+			out = append(out, f)
+		}
+	}
+}
+
+// names returns "event/id" of each frame.
+func names(fs []sseFrame) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = f.event + "/" + f.id
+	}
+	return out
+}
+
+func jobData(t *testing.T, f sseFrame) map[string]any {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(f.data), &m), "data %q", f.data)
+	return m
+}

@@ -1,0 +1,205 @@
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// openAPIDoc is the part of api/openapi.yaml the test checks: paths, methods, statuses.
+type openAPIDoc struct {
+	OpenAPI string                          `yaml:"openapi"`
+	Paths   map[string]map[string]yaml.Node `yaml:"paths"`
+}
+
+var httpMethods = []string{"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+// loadOpenAPI returns the documented operations: "METHOD path" → statuses.
+func loadOpenAPI(t *testing.T) map[string][]int {
+	t.Helper()
+	raw, err := os.ReadFile("../../api/openapi.yaml")
+	require.NoError(t, err)
+	var doc openAPIDoc
+	require.NoError(t, yaml.Unmarshal(raw, &doc))
+	require.Equal(t, "3.1.0", doc.OpenAPI)
+	ops := map[string][]int{}
+	for path, item := range doc.Paths {
+		for method, node := range item {
+			if !slices.Contains(httpMethods, method) {
+				continue
+			}
+			var op struct {
+				Responses map[string]any `yaml:"responses"`
+			}
+			require.NoError(t, node.Decode(&op))
+			var statuses []int
+			for code := range op.Responses {
+				n, err := strconv.Atoi(code)
+				require.NoError(t, err, "%s %s: response %q", method, path, code)
+				statuses = append(statuses, n)
+			}
+			slices.Sort(statuses)
+			ops[strings.ToUpper(method)+" "+path] = statuses
+		}
+	}
+	return ops
+}
+
+// statusRecorder records the route pattern, method and status of every answer.
+type statusRecorder struct {
+	mu   sync.Mutex
+	seen map[string][]int
+}
+
+func (rec *statusRecorder) wrap(s *Server) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, pattern := s.mux.Handler(r)
+		sw := &statusWriter{ResponseWriter: w}
+		s.ServeHTTP(sw, r)
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		key := r.Method + " " + pattern
+		if !slices.Contains(rec.seen[key], sw.status) {
+			rec.seen[key] = append(rec.seen[key], sw.status)
+		}
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController flush event streams through the recorder.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// TestOpenAPI_MatchesServer checks api/openapi.yaml against the server both ways: every route and
+// method the server registers is documented and every documented operation is registered; every
+// status the server answered below is documented for its operation, and every documented status
+// was answered (except 500, which only a bug produces).
+func TestOpenAPI_MatchesServer(t *testing.T) {
+	t.Parallel()
+	ops := loadOpenAPI(t)
+	rec := &statusRecorder{seen: map[string][]int{}}
+	b := setup(t, setupOpts{maxBody: 1024, wrap: rec.wrap})
+	down := setupUnavailable(t, rec)
+
+	// Every route of the server is documented, and nothing else is.
+	var registered []string
+	for _, rt := range b.srv.routes {
+		for m := range rt.methods {
+			registered = append(registered, m+" "+rt.pattern)
+		}
+	}
+	slices.Sort(registered)
+	documented := slices.Sorted(func(yield func(string) bool) {
+		for k := range ops {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	require.Equal(t, registered, documented)
+
+	// Make the server give every answer it can.
+	body := `{"request":{"model":"m"}}`
+	key := map[string]string{"Idempotency-Key": "openapi-1"}
+	bearer := map[string]string{"Authorization": "Bearer x"}
+	created := b.do(t, http.MethodPost, "/v1/jobs", body, key)
+	id := created.body["id"].(string)
+	b.do(t, http.MethodPost, "/v1/jobs", body, key)                                                // 200 replay
+	b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"other"}}`, key)                     // 422
+	b.do(t, http.MethodPost, "/v1/jobs", `{"request":`, nil)                                       // 400
+	b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"m":"`+strings.Repeat("x", 2000)+`"}}`, nil) // 413
+	b.do(t, http.MethodPost, "/v1/jobs", body, bearer)                                             // 401
+	for _, path := range []string{"/v1/jobs/" + id, "/v1/jobs/" + id + "/events"} {
+		b.do(t, http.MethodGet, path, "", bearer)                                                              // 401
+		b.do(t, http.MethodGet, strings.Replace(path, id, "0190a5b2-7c1e-7d3f-9a8b-123456789abc", 1), "", nil) // 404
+	}
+	b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)                                               // 200
+	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": "x"}) // 400
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", bearer)                                         // 401
+	b.do(t, http.MethodDelete, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", nil)           // 404
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                            // 200
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                            // 409
+	openStream(t, b.url, id, "").rest(t)                                                           // 200, ends: canceled
+	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+		b.do(t, http.MethodGet, p, "", nil)
+	}
+	for _, r := range []struct{ method, path string }{
+		{http.MethodPost, "/v1/jobs"}, {http.MethodGet, "/v1/jobs/" + id}, {http.MethodDelete, "/v1/jobs/" + id},
+		{http.MethodGet, "/v1/jobs/" + id + "/events"}, {http.MethodGet, "/readyz"},
+	} {
+		b := body
+		if r.method != http.MethodPost {
+			b = ""
+		}
+		do(t, down, r.method, r.path, b, nil) // 503
+	}
+
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for op, statuses := range rec.seen {
+		if strings.HasSuffix(op, " /") {
+			continue // the catch-all 404 of unknown paths
+		}
+		for _, st := range statuses {
+			require.Contains(t, ops[op], st, "%s answered %d, which api/openapi.yaml does not document", op, st)
+		}
+	}
+	for op, statuses := range ops {
+		for _, st := range statuses {
+			if st == http.StatusInternalServerError {
+				continue
+			}
+			require.Contains(t, rec.seen[op], st, "api/openapi.yaml documents %d for %s, which the test never saw", st, op)
+		}
+	}
+}
+
+// setupUnavailable serves an API whose Postgres and Redis are unreachable, recorded by rec, and
+// returns its URL.
+func setupUnavailable(t *testing.T, rec *statusRecorder) string {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	store := jobs.NewStore(pool, nil)
+	s := New(Config{
+		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: true,
+		Submitter: jobs.NewSubmitter(store, nil, jobs.SubmitConfig{Credentials: []string{"default"}}, slog.New(slog.DiscardHandler), nil),
+	})
+	hs := httptest.NewServer(rec.wrap(s))
+	t.Cleanup(hs.Close)
+	return hs.URL
+}

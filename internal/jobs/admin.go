@@ -1,0 +1,240 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ListParams select jobs for List.
+type ListParams struct {
+	// Status keeps only jobs in this status; empty: any.
+	Status Status
+	// Limit caps the rows returned. Default 50.
+	Limit int
+}
+
+// List returns jobs, newest first.
+func (s *Store) List(ctx context.Context, p ListParams) ([]*Job, error) {
+	if p.Limit <= 0 {
+		p.Limit = 50
+	}
+	var status *string
+	if p.Status != "" {
+		v := string(p.Status)
+		status = &v
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT `+jobColumns+` FROM jobs WHERE $1::text IS NULL OR status = $1
+ORDER BY created_at DESC, id DESC LIMIT $2`, status, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return scanJob(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	return out, nil
+}
+
+// DeadFilter selects dead jobs. Zero fields do not filter.
+type DeadFilter struct {
+	// IDs keeps only these jobs (malformed IDs match nothing).
+	IDs []string
+	// Reason keeps jobs with this dead_reason (e.g. ReasonRetriesExhausted).
+	Reason string
+	// Credential keeps jobs of this credential.
+	Credential string
+	// Since keeps jobs that died at or after it.
+	Since time.Time
+	// Before keeps jobs that died before it.
+	Before time.Time
+	// Limit caps the rows of ListDead (not of RetryDead). Default 50.
+	Limit int
+}
+
+// where returns the SQL condition selecting f's dead jobs in table alias t, appending its
+// arguments to args.
+func (f DeadFilter) where(t string, args *[]any) string {
+	arg := func(v any) string {
+		*args = append(*args, v)
+		return "$" + strconv.Itoa(len(*args))
+	}
+	conds := []string{t + ".status = 'dead'"}
+	if f.IDs != nil {
+		ids := make([]string, 0, len(f.IDs))
+		for _, id := range f.IDs {
+			if _, err := uuid.Parse(id); err == nil {
+				ids = append(ids, id)
+			}
+		}
+		conds = append(conds, t+".id = ANY("+arg(ids)+"::uuid[])")
+	}
+	if f.Reason != "" {
+		conds = append(conds, t+".dead_reason = "+arg(f.Reason))
+	}
+	if f.Credential != "" {
+		conds = append(conds, t+".credential = "+arg(f.Credential))
+	}
+	if !f.Since.IsZero() {
+		conds = append(conds, t+".finished_at >= "+arg(f.Since))
+	}
+	if !f.Before.IsZero() {
+		conds = append(conds, t+".finished_at < "+arg(f.Before))
+	}
+	return strings.Join(conds, " AND ")
+}
+
+// ListDead returns the dead jobs f selects, most recently dead first.
+func (s *Store) ListDead(ctx context.Context, f DeadFilter) ([]*Job, error) {
+	if f.Limit <= 0 {
+		f.Limit = 50
+	}
+	var args []any
+	where := f.where("jobs", &args)
+	args = append(args, f.Limit)
+	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+where+`
+ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return scanJob(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list dead jobs: %w", err)
+	}
+	return out, nil
+}
+
+// RetryDead puts every dead job f selects back to queued, in one transaction, and returns their
+// IDs (f.Limit does not apply). Each gets a fresh attempt budget (attempts 0), a fresh deadline
+// (now + its timeout), no dead reason, and a "queued" event whose payload names the previous
+// reason. Its earlier attempts stay in job_attempts and the new ones continue their numbering
+// (jobs.attempt_base, migration 002). Jobs that are not dead are left alone and not returned.
+// The caller then enqueues the returned jobs (Tasks.Requeue); one it fails to enqueue is picked
+// up by the sweeper.
+func (s *Store) RetryDead(ctx context.Context, f DeadFilter) ([]string, error) {
+	args := []any{s.now()}
+	where := f.where("d", &args)
+	var ids []string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+UPDATE jobs j SET status = 'queued', attempts = 0,
+	attempt_base = greatest(j.attempt_base + j.attempts,
+		coalesce((SELECT max(a.attempt) FROM job_attempts a WHERE a.job_id = j.id), 0)),
+	dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL,
+	deadline = $1::timestamptz + j.timeout_ms * interval '1 millisecond',
+	updated_at = now(), event_seq = j.event_seq + 1
+FROM (SELECT d.id, d.dead_reason FROM jobs d WHERE `+where+` FOR UPDATE) old
+WHERE j.id = old.id
+RETURNING j.id::text, j.event_seq, old.dead_reason`, args...)
+		if err != nil {
+			return err
+		}
+		type requeued struct {
+			id     string
+			seq    int
+			reason *string
+		}
+		done, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (requeued, error) {
+			var q requeued
+			err := r.Scan(&q.id, &q.seq, &q.reason)
+			return q, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, q := range done {
+			payload := map[string]any{"retried_from": StatusDead}
+			if q.reason != nil {
+				payload["previous_reason"] = *q.reason
+			}
+			if err := appendEvent(ctx, tx, q.id, q.seq, StatusQueued, payload); err != nil {
+				return err
+			}
+			ids = append(ids, q.id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("retry dead jobs: %w", err)
+	}
+	return ids, nil
+}
+
+// PurgeDead deletes the jobs that died before `before`, with their attempts, events and
+// idempotency keys (a later submit with such a key makes a new job), and returns how many.
+func (s *Store) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
+	var args []any
+	where := DeadFilter{Before: before}.where("jobs", &args)
+	tag, err := s.pool.Exec(ctx, `DELETE FROM jobs WHERE `+where, args...)
+	if err != nil {
+		return 0, fmt.Errorf("purge dead jobs: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Stats summarise the jobs and provider calls of a window.
+type Stats struct {
+	// Since is the start of the window.
+	Since time.Time `json:"since"`
+	// ByStatus counts the jobs created in the window by their current status.
+	ByStatus map[Status]int `json:"jobs_by_status"`
+	// Attempts counts the provider calls started in the window.
+	Attempts int `json:"attempts"`
+	// Retries counts those calls that were not their job's first.
+	Retries int `json:"retries"`
+	// Succeeded counts the jobs that succeeded in the window.
+	Succeeded int `json:"succeeded"`
+	// RetryRate is Retries/Attempts; nil without attempts.
+	RetryRate *float64 `json:"retry_rate"`
+	// RequestsPerSuccess is Attempts/Succeeded; nil without successes.
+	RequestsPerSuccess *float64 `json:"requests_per_success"`
+	// SubmitToResultP50 and P95 are percentiles of submit → success of the jobs that succeeded
+	// in the window, waits and retries included; nil without successes.
+	SubmitToResultP50MS *float64 `json:"submit_to_result_p50_ms"`
+	SubmitToResultP95MS *float64 `json:"submit_to_result_p95_ms"`
+}
+
+// Stats computes the window's statistics, from `since` until now.
+func (s *Store) Stats(ctx context.Context, since time.Time) (*Stats, error) {
+	st := &Stats{Since: since, ByStatus: map[Status]int{}}
+	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM jobs WHERE created_at >= $1 GROUP BY status`, since)
+	if err != nil {
+		return nil, fmt.Errorf("count jobs by status: %w", err)
+	}
+	var status Status
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error {
+		st.ByStatus[status] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("count jobs by status: %w", err)
+	}
+	if err := s.pool.QueryRow(ctx, `
+SELECT count(*), count(*) FILTER (WHERE attempt > 1) FROM job_attempts WHERE started_at >= $1`, since).
+		Scan(&st.Attempts, &st.Retries); err != nil {
+		return nil, fmt.Errorf("count attempts: %w", err)
+	}
+	if err := s.pool.QueryRow(ctx, `
+SELECT count(*),
+	percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at) * 1000),
+	percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at) * 1000)
+FROM jobs WHERE status = 'succeeded' AND finished_at >= $1`, since).
+		Scan(&st.Succeeded, &st.SubmitToResultP50MS, &st.SubmitToResultP95MS); err != nil {
+		return nil, fmt.Errorf("submit to result percentiles: %w", err)
+	}
+	if st.Attempts > 0 {
+		v := float64(st.Retries) / float64(st.Attempts)
+		st.RetryRate = &v
+	}
+	if st.Succeeded > 0 {
+		v := float64(st.Attempts) / float64(st.Succeeded)
+		st.RequestsPerSuccess = &v
+	}
+	return st, nil
+}

@@ -1,0 +1,228 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+func ids(js []*jobs.Job) []string {
+	out := make([]string, len(js))
+	for i, j := range js {
+		out[i] = j.ID
+	}
+	return out
+}
+
+func TestStore_List(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	ctx := context.Background()
+	first := b.create(t, jobOpts{})
+	second := b.create(t, jobOpts{})
+	_, err := b.store.Cancel(ctx, first.ID)
+	require.NoError(t, err)
+
+	all, err := b.store.List(ctx, jobs.ListParams{})
+	require.NoError(t, err)
+	require.Equal(t, []string{second.ID, first.ID}, ids(all), "newest first")
+
+	canceled, err := b.store.List(ctx, jobs.ListParams{Status: jobs.StatusCanceled})
+	require.NoError(t, err)
+	require.Equal(t, []string{first.ID}, ids(canceled))
+
+	one, err := b.store.List(ctx, jobs.ListParams{Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, one, 1)
+}
+
+func TestStore_ListDead(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	ctx := context.Background()
+	exhausted := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 3)
+	capped := b.dead(t, jobOpts{credential: "other"}, jobs.ReasonRateLimitedNoRetryAfter, 1)
+	b.create(t, jobOpts{}) // not dead
+
+	cases := map[string]struct {
+		f    jobs.DeadFilter
+		want []string
+	}{
+		"All":        {jobs.DeadFilter{}, []string{capped.ID, exhausted.ID}},
+		"Reason":     {jobs.DeadFilter{Reason: jobs.ReasonRetriesExhausted}, []string{exhausted.ID}},
+		"Credential": {jobs.DeadFilter{Credential: "other"}, []string{capped.ID}},
+		"Since":      {jobs.DeadFilter{Since: time.Now().Add(time.Hour)}, []string{}},
+		"Limit":      {jobs.DeadFilter{Limit: 1}, []string{capped.ID}},
+		"IDs":        {jobs.DeadFilter{IDs: []string{exhausted.ID, "junk"}}, []string{exhausted.ID}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got, err := b.store.ListDead(ctx, tc.f)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, ids(got))
+		})
+	}
+}
+
+func TestStore_RetryDead(t *testing.T) {
+	t.Parallel()
+
+	t.Run("FreshAttemptsHistoryKept", func(t *testing.T) {
+		t.Parallel()
+		b := setupStore(t)
+		ctx := context.Background()
+		// A short timeout that has passed by the time the operator retries.
+		job := b.dead(t, jobOpts{timeout: time.Millisecond}, jobs.ReasonRetriesExhausted, 3)
+
+		got, err := b.store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
+		require.NoError(t, err)
+		require.Equal(t, []string{job.ID}, got)
+
+		j, err := b.store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusQueued, j.Status)
+		require.Equal(t, 0, j.Attempts)
+		require.Nil(t, j.DeadReason)
+		require.Nil(t, j.FinishedAt)
+		require.True(t, j.Deadline.After(time.Now().Add(-time.Second)), "deadline renewed: %s", j.Deadline)
+		require.NotNil(t, j.LastError, "the last error stays for the operator")
+		require.Equal(t, []jobs.Status{"queued", "running", "retrying", "running", "retrying", "running", "dead", "queued"}, b.events(t, job.ID))
+		evs, err := b.store.Events(ctx, job.ID, 7)
+		require.NoError(t, err)
+		require.JSONEq(t, `{"retried_from":"dead","previous_reason":"retries_exhausted"}`, string(evs[0].Payload))
+
+		// The next round numbers its attempts after the old ones (the worker says 1 and 2).
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"ok":true}`)})
+		attempts, err := b.store.Attempts(ctx, job.ID)
+		require.NoError(t, err)
+		numbers := make([]int, len(attempts))
+		for i, a := range attempts {
+			numbers[i] = a.Number
+		}
+		require.Equal(t, []int{1, 2, 3, 4, 5}, numbers)
+		j, err = b.store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusSucceeded, j.Status)
+		require.Equal(t, 2, j.Attempts)
+	})
+
+	t.Run("TwiceContinuesNumbering", func(t *testing.T) {
+		t.Parallel()
+		b := setupStore(t)
+		ctx := context.Background()
+		job := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 2)
+		for range 2 {
+			_, err := b.store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
+			require.NoError(t, err)
+			b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+		}
+		attempts, err := b.store.Attempts(ctx, job.ID)
+		require.NoError(t, err)
+		require.Len(t, attempts, 4)
+		require.Equal(t, 4, attempts[3].Number)
+	})
+
+	t.Run("OnlyDeadJobs", func(t *testing.T) {
+		t.Parallel()
+		b := setupStore(t)
+		ctx := context.Background()
+		live := b.create(t, jobOpts{})
+		got, err := b.store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{live.ID, "junk", "0190a5b2-7c1e-7d3f-9a8b-123456789abc"}})
+		require.NoError(t, err)
+		require.Empty(t, got)
+		require.Equal(t, []jobs.Status{"queued"}, b.events(t, live.ID))
+	})
+
+	t.Run("ByReason", func(t *testing.T) {
+		t.Parallel()
+		b := setupStore(t)
+		ctx := context.Background()
+		exhausted := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 1)
+		capped := b.dead(t, jobOpts{}, jobs.ReasonRateLimitedNoRetryAfter, 1)
+
+		got, err := b.store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter})
+		require.NoError(t, err)
+		require.Equal(t, []string{capped.ID}, got)
+		left, err := b.store.ListDead(ctx, jobs.DeadFilter{})
+		require.NoError(t, err)
+		require.Equal(t, []string{exhausted.ID}, ids(left))
+	})
+}
+
+func TestStore_PurgeDead(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	ctx := context.Background()
+	old := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 1)
+	recent := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 1)
+	live := b.create(t, jobOpts{})
+	_, err := b.pool.Exec(ctx, `UPDATE jobs SET finished_at = now() - interval '2 days' WHERE id = $1`, old.ID)
+	require.NoError(t, err)
+
+	n, err := b.store.PurgeDead(ctx, time.Now().Add(-24*time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, err = b.store.Get(ctx, old.ID)
+	require.ErrorIs(t, err, jobs.ErrNotFound)
+	var attempts, events int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM job_attempts WHERE job_id = $1), (SELECT count(*) FROM job_events WHERE job_id = $1)`, old.ID).Scan(&attempts, &events))
+	require.Zero(t, attempts)
+	require.Zero(t, events)
+	for _, id := range []string{recent.ID, live.ID} {
+		_, err := b.store.Get(ctx, id)
+		require.NoError(t, err)
+	}
+}
+
+func TestStore_Stats(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	ctx := context.Background()
+
+	t.Run("Empty", func(t *testing.T) {
+		t.Parallel()
+		e := setupStore(t)
+		st, err := e.store.Stats(ctx, time.Now().Add(-time.Hour))
+		require.NoError(t, err)
+		require.Empty(t, st.ByStatus)
+		require.Nil(t, st.RetryRate)
+		require.Nil(t, st.RequestsPerSuccess)
+		require.Nil(t, st.SubmitToResultP50MS)
+	})
+
+	// Two successes (one after a retry), one dead after three attempts, one queued.
+	ok1 := b.create(t, jobOpts{})
+	b.attempt(t, ok1.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	ok2 := b.create(t, jobOpts{})
+	b.attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	b.attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 3)
+	b.create(t, jobOpts{})
+	// Submit → result of 1s and 3s.
+	_, err := b.pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '1 second' WHERE id = $1`, ok1.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '3 seconds' WHERE id = $1`, ok2.ID)
+	require.NoError(t, err)
+
+	st, err := b.store.Stats(ctx, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, map[jobs.Status]int{"succeeded": 2, "dead": 1, "queued": 1}, st.ByStatus)
+	require.Equal(t, 6, st.Attempts)
+	require.Equal(t, 3, st.Retries)
+	require.Equal(t, 2, st.Succeeded)
+	require.InDelta(t, 0.5, *st.RetryRate, 1e-9)
+	require.InDelta(t, 3.0, *st.RequestsPerSuccess, 1e-9)
+	require.InDelta(t, 2000, *st.SubmitToResultP50MS, 1)
+	require.InDelta(t, 2900, *st.SubmitToResultP95MS, 1)
+
+	later, err := b.store.Stats(ctx, time.Now().Add(time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, later.ByStatus, "nothing in a window that starts later")
+}

@@ -1,0 +1,63 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// TerminalError is returned when a job cannot change because it already ended; Status is the
+// status it ended in.
+type TerminalError struct {
+	Status Status
+}
+
+func (e *TerminalError) Error() string { return "job is " + string(e.Status) }
+
+// Cancel moves a queued, retrying or running job to canceled and appends the event, in one
+// transaction under the job's row lock. It returns the canceled job, ErrNotFound (also for a
+// malformed ID), or a *TerminalError naming the status of a job that had already ended.
+//
+// Cancel only writes Postgres. Every later write of the worker is conditional on a non-terminal
+// status, so an attempt in flight can no longer store a result; to stop that attempt's provider
+// call, signal its task too (Tasks.Abort).
+func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, ErrNotFound
+	}
+	var job *Job
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var status Status
+		// The row lock orders this against the worker's transitions and an operator's retry.
+		err := tx.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1 FOR UPDATE`, id).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		if status.Terminal() {
+			return &TerminalError{Status: status}
+		}
+		job, err = scanJob(tx.QueryRow(ctx, `
+UPDATE jobs SET status = 'canceled', next_attempt_at = NULL, finished_at = now(), updated_at = now(),
+	event_seq = event_seq + 1
+WHERE id = $1
+RETURNING `+jobColumns, id))
+		if err != nil {
+			return err
+		}
+		return appendEvent(ctx, tx, job.ID, job.EventSeq, StatusCanceled, map[string]any{"from": status})
+	})
+	var te *TerminalError
+	if errors.Is(err, ErrNotFound) || errors.As(err, &te) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cancel job: %w", err)
+	}
+	return job, nil
+}

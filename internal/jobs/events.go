@@ -1,0 +1,44 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Event is one stored transition of a job: the job entered status Type. Seq numbers a job's
+// events 1, 2, 3, ... without gaps, in commit order (every transition bumps jobs.event_seq under
+// the row lock, so a later transition cannot commit before an earlier one).
+type Event struct {
+	Seq       int             `json:"seq"`
+	Type      Status          `json:"type"`
+	Payload   json.RawMessage `json:"payload"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// Events returns the job's events with a sequence number above after, in order. A job without
+// such events (or without any, or an unknown or malformed ID) yields none and no error: callers
+// check the job itself first.
+func (s *Store) Events(ctx context.Context, id string, after int) ([]Event, error) {
+	if _, err := uuid.Parse(id); err != nil {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `
+SELECT seq, type, payload, created_at FROM job_events WHERE job_id = $1 AND seq > $2 ORDER BY seq`, id, after)
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
+		var e Event
+		err := r.Scan(&e.Seq, &e.Type, &e.Payload, &e.CreatedAt)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,181 @@
+package jobs_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// listenerBundle is a store and a running Listener on its database.
+type listenerBundle struct {
+	*storeBundle
+	listener *jobs.Listener
+	appName  string
+}
+
+func setupListener(t *testing.T) *listenerBundle {
+	t.Helper()
+	b := setupStore(t)
+	cfg, err := pgx.ParseConfig(b.url)
+	require.NoError(t, err)
+	appName := "llmq-listener-test-" + redistest.Rand()
+	cfg.RuntimeParams["application_name"] = appName
+	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: cfg, ReconnectDelay: 10 * time.Millisecond})
+	// A subscription made before Run gets 0 once the connection listens (LISTEN done, and the
+	// broadcast made): from then on, every notification reaches every subscriber.
+	probe, unsubscribe := l.Subscribe("probe")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	require.Equal(t, 0, next(t, probe))
+	unsubscribe()
+	return &listenerBundle{storeBundle: b, listener: l, appName: appName}
+}
+
+// next returns the next signal or fails after a generous timeout.
+func next(t *testing.T, ch <-chan int) int {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("no signal within 10s")
+		return 0
+	}
+}
+
+// connected subscribes to the (already listening) listener.
+func (b *listenerBundle) connected(t *testing.T, id string) (<-chan int, func()) {
+	t.Helper()
+	ch, cancel := b.listener.Subscribe(id)
+	t.Cleanup(cancel)
+	return ch, cancel
+}
+
+// listening reports whether the listener's session is connected and idle (LISTEN done).
+func (b *listenerBundle) listening(t *testing.T) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' AND query LIKE 'LISTEN%'`,
+		b.appName).Scan(&n))
+	return n == 1
+}
+
+// notify announces a transition the way the store does, with a payload of our choosing.
+func (b *listenerBundle) notify(t *testing.T, payload string) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, jobs.EventsChannel, payload)
+	require.NoError(t, err)
+}
+
+func TestListener_SignalsOnlyTheSubscribedJob(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	chA, _ := b.connected(t, "job-a")
+	chB, _ := b.connected(t, "job-b")
+
+	// Had job-b's signal reached job-a's channel, 7 would be pending there and 3 dropped.
+	b.notify(t, "job-b:7")
+	b.notify(t, "not a payload")
+	b.notify(t, "job-a:x")
+	b.notify(t, "job-a:3")
+	require.Equal(t, 3, next(t, chA))
+	require.Equal(t, 7, next(t, chB))
+}
+
+func TestListener_SignalsStoreTransitions(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	job := b.create(t, jobOpts{})
+	ch, _ := b.connected(t, job.ID)
+	// The creation's notification may still be on its way. Postgres delivers notifications in
+	// commit order, so once a later one has been dispatched, it has been too: drop its signal.
+	barrier, _ := b.connected(t, "barrier")
+	b.notify(t, "barrier:1")
+	require.Equal(t, 1, next(t, barrier))
+	select {
+	case v := <-ch:
+		require.Equal(t, 1, v)
+	default:
+	}
+
+	_, err := b.store.BeginAttempt(context.Background(), job.ID)
+	require.NoError(t, err)
+	require.Equal(t, 2, next(t, ch))
+	_, err = b.store.Cancel(context.Background(), job.ID)
+	require.NoError(t, err)
+	require.Equal(t, 3, next(t, ch))
+}
+
+func TestListener_FansOutOnOneConnection(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	const n = 20
+	chans := make([]<-chan int, n)
+	for i := range n {
+		chans[i], _ = b.connected(t, "job-a")
+	}
+	require.Equal(t, n, b.listener.Subscribers())
+
+	b.notify(t, "job-a:2")
+	for _, ch := range chans {
+		require.Equal(t, 2, next(t, ch))
+	}
+	var conns int
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&conns))
+	require.Equal(t, 1, conns)
+}
+
+func TestListener_ReconnectSignalsZero(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	ch, _ := b.connected(t, "job-a")
+
+	var killed bool
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
+
+	// After reconnecting, every subscriber is told to re-read (whatever committed meanwhile was
+	// not announced to it), and signals flow again.
+	require.Equal(t, 0, next(t, ch))
+	require.Eventually(t, func() bool { return b.listening(t) }, 10*time.Second, 5*time.Millisecond)
+	b.notify(t, "job-a:5")
+	require.Equal(t, 5, next(t, ch))
+}
+
+func TestListener_Unsubscribe(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	job := b.create(t, jobOpts{})
+	_, cancel1 := b.listener.Subscribe(job.ID)
+	_, cancel2 := b.listener.Subscribe(job.ID)
+	require.Equal(t, 2, b.listener.Subscribers())
+	cancel1()
+	cancel1() // idempotent
+	require.Equal(t, 1, b.listener.Subscribers())
+	cancel2()
+	require.Equal(t, 0, b.listener.Subscribers())
+}
+
+func TestListener_UnreachableKeepsRetryingUntilCanceled(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgx.ParseConfig("postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: cfg, ReconnectDelay: time.Millisecond, MaxReconnectDelay: 5 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	require.NoError(t, l.Run(ctx), "Run ends without error when its context ends")
+}

@@ -1,0 +1,101 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// Tasks acts on the asynq side of jobs: aborting the attempt of a canceled job, putting a job
+// back on the queue for an operator, and reading the queue's depth. Postgres stays the source of
+// truth; Tasks only keeps Redis in step with it. Safe for concurrent use.
+type Tasks struct {
+	inspector *asynq.Inspector
+	enqueuer  *Enqueuer
+}
+
+// NewTasks returns Tasks for the enqueuer's queue. The inspector and the enqueuer's client are
+// not closed by Tasks.
+func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
+	return &Tasks{inspector: inspector, enqueuer: enqueuer}
+}
+
+// Abort stops the job's task: it signals every worker process to cancel the task's context if it
+// is running it (asynq's cancelation channel, so it reaches whichever process holds the task;
+// the provider call's context ends with it), and deletes the task when it is waiting (pending,
+// scheduled or retry), so a canceled job is not even picked up. Best effort: a task that starts
+// between the two steps is skipped by the handler, which finds the job terminal. The error
+// reports a step that Redis refused; the cancellation in Postgres stands either way.
+func (t *Tasks) Abort(id string) error {
+	var errs []error
+	if err := t.inspector.CancelProcessing(id); err != nil {
+		errs = append(errs, fmt.Errorf("signal cancelation of task %s: %w", id, err))
+	}
+	if err := t.deleteWaiting(id); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Requeue puts the job's task back on the queue to run now. A waiting, completed or archived task
+// with the job's ID is deleted first, because asynq rejects a second task with the same ID while
+// the first exists (Enqueue would silently do nothing); an active one is left alone. When Requeue
+// fails after the job was set queued in Postgres, the sweeper enqueues it later.
+func (t *Tasks) Requeue(ctx context.Context, id string) error {
+	if err := t.deleteWaiting(id); err != nil {
+		return err
+	}
+	return t.enqueuer.Enqueue(ctx, id, time.Time{})
+}
+
+// deleteWaiting deletes the task unless it is absent or active.
+func (t *Tasks) deleteWaiting(id string) error {
+	info, err := t.inspector.GetTaskInfo(t.enqueuer.queue, id)
+	if taskAbsent(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up task %s: %w", id, err)
+	}
+	if info.State == asynq.TaskStateActive {
+		return nil
+	}
+	if err := t.inspector.DeleteTask(t.enqueuer.queue, id); err != nil && !taskAbsent(err) {
+		return fmt.Errorf("delete task %s: %w", id, err)
+	}
+	return nil
+}
+
+func taskAbsent(err error) bool {
+	return errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound)
+}
+
+// QueueDepth counts the tasks of the queue by state.
+type QueueDepth struct {
+	Pending   int `json:"pending"`
+	Active    int `json:"active"`
+	Scheduled int `json:"scheduled"`
+	Retry     int `json:"retry"`
+	Archived  int `json:"archived"`
+}
+
+// Depth returns the queue's task counts; a queue that never held a task counts zero.
+func (t *Tasks) Depth() (QueueDepth, error) {
+	// GetQueueInfo's not-found error is asynq-internal (no sentinel matches it): ask first.
+	queues, err := t.inspector.Queues()
+	if err != nil {
+		return QueueDepth{}, fmt.Errorf("list queues: %w", err)
+	}
+	if !slices.Contains(queues, t.enqueuer.queue) {
+		return QueueDepth{}, nil
+	}
+	info, err := t.inspector.GetQueueInfo(t.enqueuer.queue)
+	if err != nil {
+		return QueueDepth{}, fmt.Errorf("read queue %s: %w", t.enqueuer.queue, err)
+	}
+	return QueueDepth{Pending: info.Pending, Active: info.Active, Scheduled: info.Scheduled, Retry: info.Retry, Archived: info.Archived}, nil
+}
