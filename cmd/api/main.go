@@ -71,6 +71,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 		return fmt.Errorf("listen on %s: %w", cfg.API.Listen, err)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	// Open event streams end at shutdown instead of holding it for its whole timeout.
+	srv.RegisterOnShutdown(handler.Shutdown)
 	logger.Info("api listening", "addr", ln.Addr().String())
 	if ready != nil {
 		ready(ln.Addr().String())

@@ -36,11 +36,13 @@ func newApp(out, errOut io.Writer) *app {
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres URL (overrides the config file)", EnvVars: []string{config.EnvDatabaseURL}},
 			&cli.StringFlag{Name: "redis-url", Usage: "Redis URL (overrides the config file)", EnvVars: []string{config.EnvRedisURL}},
 			&cli.StringFlag{Name: "queue", Usage: "asynq queue (overrides worker.queue of the config file; default llmq)"},
+			&cli.StringFlag{Name: "redis-prefix", Usage: "prefix of llmq's own Redis keys (limiter, breaker)", Value: "llmq:", Hidden: true},
 		},
 		Commands: []*cli.Command{
 			a.migrateCommand(),
 			jobs,
 			a.deadCommand(),
+			a.credentialsCommand(),
 			a.statsCommand(),
 		},
 		// Errors are printed once, by run; never os.Exit inside the library.
