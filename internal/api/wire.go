@@ -31,12 +31,14 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	inspector := asynq.NewInspector(redisOpt)
 	store := jobs.NewStore(pool, nil)
 	names := make([]string, 0, len(cfg.Credentials))
+	kinds := map[string]string{}
 	for _, c := range cfg.Credentials {
 		names = append(names, c.Name)
+		kinds[c.Name] = c.Provider
 	}
 	enqueuer := jobs.NewEnqueuer(aclient, cfg.Worker.Queue)
 	submitter := jobs.NewSubmitter(store, enqueuer,
-		jobs.SubmitConfig{Credentials: names, DefaultMaxAttempts: cfg.Retry.MaxAttempts}, logger, jobs.NewMetrics(reg))
+		jobs.SubmitConfig{Credentials: names, Kinds: kinds, DefaultMaxAttempts: cfg.Retry.MaxAttempts}, logger, jobs.NewMetrics(reg))
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["application_name"] = "llmq-api-listener"
 	listener := jobs.NewListener(jobs.ListenerConfig{ConnConfig: connCfg, Logger: logger})

@@ -39,6 +39,7 @@ const simKey = "sk-test-e2e-key"
 type testBundle struct {
 	cfg    *config.Config
 	sim    *llmsim.Server
+	backup *llmsim.Server // the provider of credential "backup" (anthropic), for failover
 	simURL string
 	apiURL string
 	dbURL  string
@@ -63,6 +64,9 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	sim := llmsim.New(o.sim)
 	simSrv := httptest.NewServer(sim)
 	t.Cleanup(simSrv.Close)
+	backup := llmsim.New(llmsim.Config{})
+	backupSrv := httptest.NewServer(backup)
+	t.Cleanup(backupSrv.Close)
 	redisURL := o.redisURL
 	if redisURL == "" {
 		redisURL = redistest.URL()
@@ -76,10 +80,11 @@ worker: { concurrency: 50, queue: llmq-test-%s, sweep_interval: 100ms, metrics_l
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
+  - { name: backup, provider: anthropic, base_url: %s, api_key_env: SIM_KEY }
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 alerts: { webhook_url: %q }
 %s
-`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, o.webhookURL, o.top)
+`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == "SIM_KEY" {
 			return simKey
@@ -88,7 +93,7 @@ alerts: { webhook_url: %q }
 	})
 	require.NoError(t, err)
 
-	b := &testBundle{cfg: cfg, sim: sim, simURL: simSrv.URL, dbURL: dbURL, prefix: redistest.Prefix(t), ctx: ctx}
+	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, prefix: redistest.Prefix(t), ctx: ctx}
 	pool, err := migrations.Open(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

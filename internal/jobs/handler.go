@@ -110,6 +110,9 @@ func NewHandler(cfg HandlerConfig) *Handler {
 type DeferError struct {
 	Until  time.Time
 	Reason string
+	// unavailable: the credential cannot take requests now (breaker open, paused), so a job
+	// with a fallback moves on instead of waiting.
+	unavailable bool
 }
 
 func (e *DeferError) Error() string {
@@ -165,11 +168,11 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 			Class: ReasonDeadlineExceeded, Message: "job deadline passed before it could succeed",
 		}})
 	}
-	cred, ok := h.cfg.Credentials[job.Credential]
+	cred, ok := h.cfg.Credentials[job.CurrentCredential()]
 	if !ok {
 		// Configuration changed under a queued job: nothing can ever send it.
 		return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
-			Class: string(retrypolicy.ClassPermanent), Message: fmt.Sprintf("credential %q is no longer configured", job.Credential),
+			Class: string(retrypolicy.ClassPermanent), Message: fmt.Sprintf("credential %q is no longer configured", job.CurrentCredential()),
 		}})
 	}
 	if job.NextAttemptAt != nil {
@@ -186,7 +189,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 			return err
 		}
 		if !a.Allowed {
-			return &DeferError{Until: h.cfg.Now().Add(a.Wait), Reason: "circuit " + string(a.State)}
+			return h.failOver(ctx, job, &DeferError{Until: h.cfg.Now().Add(a.Wait), Reason: "circuit " + string(a.State), unavailable: true})
 		}
 		brk = &a
 	}
@@ -197,7 +200,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		a, err := h.admit(ctx, job, cred)
 		if err != nil {
 			h.reportBreaker(ctx, cred, brk, breaker.Neutral) // not sent: hand a probe on
-			return err
+			return h.failOver(ctx, job, err)
 		}
 		adm.seq, adm.pauseProbe = a.seq, a.pauseProbe
 	}
@@ -210,6 +213,25 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		return err
 	}
 	return h.attempt(ctx, job, cred, adm)
+}
+
+// failOver moves a job whose credential cannot take requests now (breaker open, paused) to its
+// next fallback at once, instead of waiting for the credential to heal: sequential waiting is
+// what makes failover slow. Other errors, and jobs without a fallback left, pass through.
+func (h *Handler) failOver(ctx context.Context, job *Job, err error) error {
+	var d *DeferError
+	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
+		return err
+	}
+	moved, merr := h.cfg.Store.NextCredential(ctx, job.ID)
+	if merr != nil {
+		return merr
+	}
+	if !moved {
+		return err
+	}
+	h.cfg.Logger.InfoContext(ctx, "failing over", "job_id", job.ID, "from", job.CurrentCredential(), "reason", d.Reason)
+	return h.Process(ctx, job.ID)
 }
 
 // reportBreaker tells the breaker how an admitted call went. Errors are logged: the breaker's
@@ -268,7 +290,7 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 			if cred.PauseProbeInterval > 0 {
 				recheck = min(recheck, cred.PauseProbeInterval)
 			}
-			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(recheck)), Reason: "credential paused: " + ps.Reason}
+			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(recheck)), Reason: "credential paused: " + ps.Reason, unavailable: true}
 		}
 	}
 	if job.Attempts > 0 && !adm.pauseProbe {
@@ -356,7 +378,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
 		usage, _ := json.Marshal(resp.Usage)
 		h.cfg.Metrics.attempt(cred.Name, a.Class, a.Latency)
-		return h.finish(ctx, job, a, Outcome{Status: StatusSucceeded, Result: resp.Body, Usage: usage})
+		return h.finish(ctx, job, a, Outcome{Status: StatusSucceeded, Result: resp.Body, Usage: usage, AnsweredBy: cred.Name})
 	}
 
 	a.Class, a.StatusCode, a.Error = string(d.Class), d.StatusCode, callErr.Error()
@@ -381,6 +403,18 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 			return ctx.Err()
 		}
 		return h.finish(ctx, job, a, Outcome{Status: StatusFailed, LastError: lastErr})
+	case (d.Retry || d.DeadReason != "") && job.HasNextCredential() && job.Attempts < job.MaxAttempts:
+		// Fail over at once: the fallback is a different key, so neither a backoff for this
+		// provider's trouble nor its spend cap applies to it.
+		if d.DeadReason != "" {
+			if err := h.pause(ctx, cred, job, d.DeadReason, lastErr.Message); err != nil {
+				return err
+			}
+		}
+		if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextCredential: true}); err != nil {
+			return err
+		}
+		return &DeferError{Until: now, Reason: "fail over after " + string(d.Class)}
 	case d.DeadReason != "":
 		if err := h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: d.DeadReason, LastError: lastErr}); err != nil {
 			return err

@@ -48,14 +48,20 @@ const (
 
 // Job is the stored state of one LLM request. Its JSON form is the API contract.
 type Job struct {
-	ID             string   `json:"id"`
-	Tenant         string   `json:"-"`
-	Status         Status   `json:"status"`
-	Credential     string   `json:"credential"`
-	IdempotencyKey *string  `json:"idempotency_key"`
-	Attempts       int      `json:"attempts"`
-	MaxAttempts    int      `json:"max_attempts"`
-	Timeout        Duration `json:"timeout"`
+	ID         string `json:"id"`
+	Tenant     string `json:"-"`
+	Status     Status `json:"status"`
+	Credential string `json:"credential"`
+	// Fallbacks are tried in order after retryable failures on Credential.
+	Fallbacks []string `json:"fallbacks"`
+	// AnsweredBy is the credential whose answer is stored (null until succeeded).
+	AnsweredBy *string `json:"answered_by"`
+	// CredentialIndex is the position in [Credential] + Fallbacks of the next attempt.
+	CredentialIndex int      `json:"-"`
+	IdempotencyKey  *string  `json:"idempotency_key"`
+	Attempts        int      `json:"attempts"`
+	MaxAttempts     int      `json:"max_attempts"`
+	Timeout         Duration `json:"timeout"`
 	// AttemptTimeout and FirstByteTimeout are the job's overrides of its credential's limits
 	// on one provider call (total, and until the first body byte); null: the credential's.
 	AttemptTimeout   *Duration       `json:"attempt_timeout"`
@@ -78,6 +84,17 @@ type Job struct {
 	// SlotSeq is set while the job holds a limiter slot at NextAttemptAt.
 	SlotSeq *int64 `json:"-"`
 }
+
+// CurrentCredential is the credential the next attempt uses.
+func (j *Job) CurrentCredential() string {
+	if j.CredentialIndex == 0 || len(j.Fallbacks) == 0 {
+		return j.Credential
+	}
+	return j.Fallbacks[min(j.CredentialIndex, len(j.Fallbacks))-1]
+}
+
+// HasNextCredential reports whether a fallback remains after the current credential.
+func (j *Job) HasNextCredential() bool { return j.CredentialIndex < len(j.Fallbacks) }
 
 // LastError describes the latest failed attempt.
 type LastError struct {

@@ -60,12 +60,15 @@ type CreateParams struct {
 	// the credential's.
 	AttemptTimeout   time.Duration
 	FirstByteTimeout time.Duration
+	// Fallbacks are credentials (of the same provider kind) tried in order after retryable
+	// failures on Credential.
+	Fallbacks []string
 }
 
 const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
 	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
 	result, usage, dead_reason, metadata, request, event_seq, slot_seq,
-	attempt_timeout_ms, first_byte_timeout_ms`
+	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by`
 
 func scanJob(row pgx.Row) (*Job, error) {
 	var j Job
@@ -75,7 +78,7 @@ func scanJob(row pgx.Row) (*Job, error) {
 	err := row.Scan(&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
-		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS)
+		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -134,12 +137,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		deadline := s.now().Add(p.Timeout)
 		job, err = scanJob(tx.QueryRow(ctx, `
 INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
-	max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms)
-VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1, $11, $12)
+	max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms, fallbacks)
+VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1, $11, $12, $13)
 RETURNING `+jobColumns,
 			id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
 			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
-			positiveMS(p.FirstByteTimeout)))
+			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks)))
 		if err != nil {
 			return fmt.Errorf("insert job: %w", err)
 		}
@@ -200,6 +203,18 @@ WHERE id = $1 AND status IN ('queued', 'retrying')`, id, sendAt, seq)
 	return nil
 }
 
+// NextCredential moves a queued or retrying job to its next fallback credential, without an
+// attempt (the current one is refused by its breaker or paused). It reports whether it moved.
+func (s *Store) NextCredential(ctx context.Context, id string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET credential_index = credential_index + 1, slot_seq = NULL,
+	next_attempt_at = NULL, updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'retrying') AND credential_index < cardinality(fallbacks)`, id)
+	if err != nil {
+		return false, fmt.Errorf("move to fallback credential: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
 // Attempt is the record of one provider call.
 type Attempt struct {
 	Number     int
@@ -222,6 +237,10 @@ type Outcome struct {
 	LastError     *LastError
 	DeadReason    string
 	NextAttemptAt *time.Time
+	// AnsweredBy is the credential that produced Result.
+	AnsweredBy string
+	// NextCredential moves the job to its next fallback credential.
+	NextCredential bool
 }
 
 // Finish records an attempt (when not nil) and moves the job to o.Status with its result or
@@ -248,10 +267,13 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 		err := tx.QueryRow(ctx, `
 UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
 	last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
+	answered_by = coalesce($8, answered_by),
+	credential_index = credential_index + CASE WHEN $9 THEN 1 ELSE 0 END,
 	finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
 	updated_at = now(), event_seq = event_seq + 1
 WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
-RETURNING event_seq`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt).Scan(&seq)
+RETURNING event_seq`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
+			nullString(o.AnsweredBy), o.NextCredential).Scan(&seq)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -322,6 +344,20 @@ func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status,
 		return fmt.Errorf("notify event: %w", err)
 	}
 	return nil
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // positiveMS is d in milliseconds, or NULL when d is not positive.

@@ -31,6 +31,9 @@ func invalid(typ, format string, args ...any) error {
 type SubmitConfig struct {
 	// Credentials are the names jobs may use.
 	Credentials []string
+	// Kinds maps credential names to their provider kind; fallbacks must share the primary's.
+	// Nil: not checked.
+	Kinds map[string]string
 	// DefaultMaxAttempts applies when the body has no max_attempts. Default 10.
 	DefaultMaxAttempts int
 	// DefaultTimeout applies when the body has no timeout. Default 10m.
@@ -77,6 +80,8 @@ type submitBody struct {
 	FirstByteTimeout *string         `json:"first_byte_timeout"`
 	MaxAttempts      *int            `json:"max_attempts"`
 	Metadata         json.RawMessage `json:"metadata"`
+	// Fallbacks are credentials tried in order after retryable failures on Credential.
+	Fallbacks []string `json:"fallbacks"`
 }
 
 // MaxMetadataBytes caps the metadata object.
@@ -129,6 +134,10 @@ func (s *Submitter) Parse(tenant, idemKey string, body []byte) (CreateParams, er
 	if !s.creds[p.Credential] {
 		return CreateParams{}, invalid("unknown_credential", "credential %q is not configured", p.Credential)
 	}
+	if err := s.checkFallbacks(p.Credential, b.Fallbacks); err != nil {
+		return CreateParams{}, err
+	}
+	p.Fallbacks = b.Fallbacks
 	if b.Timeout != nil {
 		d, err := time.ParseDuration(*b.Timeout)
 		if err != nil || d <= 0 || d > s.cfg.MaxTimeout {
@@ -177,6 +186,30 @@ func (s *Submitter) Parse(tenant, idemKey string, body []byte) (CreateParams, er
 	}
 	p.Fingerprint = fp
 	return p, nil
+}
+
+// MaxFallbacks caps the fallback list of one job.
+const MaxFallbacks = 5
+
+// checkFallbacks requires configured, distinct credentials of the primary's provider kind: the
+// request body goes to each verbatim, so a different wire format cannot be a fallback.
+func (s *Submitter) checkFallbacks(primary string, fallbacks []string) error {
+	if len(fallbacks) > MaxFallbacks {
+		return invalid("invalid_fallbacks", "at most %d fallbacks allowed (got %d)", MaxFallbacks, len(fallbacks))
+	}
+	seen := map[string]bool{primary: true}
+	for _, f := range fallbacks {
+		switch {
+		case !s.creds[f]:
+			return invalid("unknown_credential", "fallback credential %q is not configured", f)
+		case seen[f]:
+			return invalid("invalid_fallbacks", "credential %q appears twice in credential and fallbacks", f)
+		case s.cfg.Kinds != nil && s.cfg.Kinds[f] != s.cfg.Kinds[primary]:
+			return invalid("invalid_fallbacks", "fallback %q is a %s credential but %q is %s: the request is sent verbatim, so fallbacks must use the same provider", f, s.cfg.Kinds[f], primary, s.cfg.Kinds[primary])
+		}
+		seen[f] = true
+	}
+	return nil
 }
 
 // Submit validates the body, commits the job, then enqueues its task. The job exists once Submit
