@@ -164,7 +164,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	}
 	now := h.cfg.Now()
 	if !now.Before(job.Deadline) {
-		return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, DeadReason: "", LastError: &LastError{
+		return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
 			Class: ReasonDeadlineExceeded, Message: "job deadline passed before it could succeed",
 		}})
 	}
