@@ -141,5 +141,25 @@ func ensureTemplate(ctx context.Context, conn *pgx.Conn, cfg *pgx.ConnConfig) (s
 	if _, err := conn.Exec(ctx, "ALTER DATABASE "+tpl+" WITH is_template true"); err != nil {
 		return "", err
 	}
+	sweepTemplates(ctx, conn, tpl)
 	return tpl, nil
+}
+
+// sweepTemplates drops the templates of older schemas, so each migration change does not leave
+// a database behind. One still being cloned refuses to drop; it goes on a later sweep.
+func sweepTemplates(ctx context.Context, conn *pgx.Conn, keep string) {
+	rows, err := conn.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'llmq\\_tpl\\_%' AND datname <> $1", keep)
+	if err != nil {
+		return
+	}
+	old, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, name := range old {
+		id := pgx.Identifier{name}.Sanitize()
+		if _, err := conn.Exec(ctx, "ALTER DATABASE "+id+" WITH is_template false"); err == nil {
+			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+id)
+		}
+	}
 }
