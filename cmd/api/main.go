@@ -41,7 +41,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := config.Load(*cfgPath, nil)
+	cfg, err := config.LoadWithoutSecrets(*cfgPath, nil) // the API never calls a provider
 	if err != nil {
 		return err
 	}

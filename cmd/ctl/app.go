@@ -134,7 +134,7 @@ func databaseURL(c *cli.Context) (string, error) {
 		return u, nil
 	}
 	if p := c.String("config"); p != "" {
-		cfg, err := config.Load(p, nil)
+		cfg, err := config.LoadWithoutSecrets(p, nil)
 		if err != nil {
 			return "", err
 		}

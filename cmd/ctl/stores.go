@@ -21,7 +21,7 @@ func fileConfig(c *cli.Context) (*config.Config, error) {
 	if p == "" {
 		return nil, nil
 	}
-	return config.Load(p, nil)
+	return config.LoadWithoutSecrets(p, nil)
 }
 
 // redisTarget resolves the Redis URL (--redis-url, else the config file, else the default) and

@@ -156,6 +156,17 @@ const (
 // secrets. A missing file is an error naming the path tried. getenv looks up environment
 // variables; nil means os.Getenv.
 func Load(path string, getenv func(string) string) (*Config, error) {
+	return load(path, getenv, true)
+}
+
+// LoadWithoutSecrets is Load for programs that never call a provider (the API, most ctl
+// commands): credentials are validated but their keys are not read, so those programs need no
+// access to the secrets. Credential.APIKey returns "" on its result.
+func LoadWithoutSecrets(path string, getenv func(string) string) (*Config, error) {
+	return load(path, getenv, false)
+}
+
+func load(path string, getenv func(string) string, secrets bool) (*Config, error) {
 	if path == "" {
 		return nil, fmt.Errorf("no config file given: pass --config or set %s", EnvConfig)
 	}
@@ -166,7 +177,7 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 		}
 		return nil, fmt.Errorf("read config %q: %w", path, err)
 	}
-	cfg, err := Parse(data, getenv)
+	cfg, err := parse(data, getenv, secrets)
 	if err != nil {
 		return nil, fmt.Errorf("config %q: %w", path, err)
 	}
@@ -176,6 +187,10 @@ func Load(path string, getenv func(string) string) (*Config, error) {
 // Parse decodes YAML, applies env overrides and defaults, validates and resolves secrets.
 // getenv looks up environment variables; nil means os.Getenv.
 func Parse(data []byte, getenv func(string) string) (*Config, error) {
+	return parse(data, getenv, true)
+}
+
+func parse(data []byte, getenv func(string) string, secrets bool) (*Config, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
@@ -194,6 +209,9 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if !secrets {
+		return &cfg, nil
 	}
 	if err := cfg.resolveSecrets(getenv); err != nil {
 		return nil, err

@@ -425,3 +425,22 @@ func TestParse_APIKeyFile(t *testing.T) {
 		require.NotContains(t, err.Error(), secret)
 	})
 }
+
+func TestLoadWithoutSecrets(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "llmq.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`
+credentials:
+  - { name: main, provider: anthropic, base_url: "https://api.anthropic.com", api_key_env: LLMQ_TEST_UNSET_KEY }
+`), 0o600))
+	noEnv := func(string) string { return "" }
+
+	_, err := config.Load(path, noEnv)
+	require.ErrorContains(t, err, "LLMQ_TEST_UNSET_KEY is not set")
+
+	cfg, err := config.LoadWithoutSecrets(path, noEnv)
+	require.NoError(t, err)
+	main, ok := cfg.Credential("main")
+	require.True(t, ok)
+	require.Empty(t, main.APIKey())
+}
