@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
@@ -22,7 +23,7 @@ func (a *app) credentialsCommand() *cli.Command {
 			Usage: "each credential's limit (configured or learned) and pause state",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
-				cfg, lim, closeFn, err := credentialLimiter(c)
+				cfg, lim, brk, closeFn, err := credentialState(c)
 				if err != nil {
 					return err
 				}
@@ -37,6 +38,8 @@ func (a *app) credentialsCommand() *cli.Command {
 					PausedSince *time.Time `json:"paused_since,omitempty"`
 					PauseReason string     `json:"pause_reason,omitempty"`
 					FirstJobID  string     `json:"pause_first_job_id,omitempty"`
+					Breaker     string     `json:"breaker"`
+					BreakerTill *time.Time `json:"breaker_until,omitempty"`
 				}
 				var rows []row
 				for _, cr := range cfg.Credentials {
@@ -53,7 +56,16 @@ func (a *app) credentialsCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					r := row{Name: cr.Name, Provider: cr.Provider, Source: string(src), RatePerSec: l.Rate, Burst: l.Burst, Paused: ps.Paused}
+					bs, err := brk.Credential(cr.LimiterID(), cr.Name).Status(c.Context)
+					if err != nil {
+						return err
+					}
+					r := row{Name: cr.Name, Provider: cr.Provider, Source: string(src), RatePerSec: l.Rate, Burst: l.Burst,
+						Paused: ps.Paused, Breaker: string(bs.State)}
+					if bs.State != breaker.Closed && !bs.Until.IsZero() {
+						until := bs.Until
+						r.BreakerTill = &until
+					}
 					if ps.Paused {
 						since := ps.Since
 						r.PausedSince, r.PauseReason, r.FirstJobID = &since, ps.Reason, ps.FirstJobID
@@ -68,13 +80,17 @@ func (a *app) credentialsCommand() *cli.Command {
 				for _, r := range rows {
 					limit := "-"
 					if r.Burst > 0 || r.RatePerSec > 0 {
-						limit = fmt.Sprintf("%g/s burst %d", r.RatePerSec, r.Burst)
+						limit = fmt.Sprintf("%.4g/s burst %d", r.RatePerSec, r.Burst)
 					}
 					paused := "no"
 					if r.Paused {
 						paused = fmt.Sprintf("since %s (%s, first job %s)", r.PausedSince.Format(time.RFC3339), r.PauseReason, r.FirstJobID)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Provider, limit, r.Source, paused, "-")
+					brkState := r.Breaker
+					if r.BreakerTill != nil {
+						brkState += " until " + r.BreakerTill.Format(time.RFC3339)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Provider, limit, r.Source, paused, brkState)
 				}
 				return tw.Flush()
 			},
@@ -86,7 +102,7 @@ func (a *app) credentialsCommand() *cli.Command {
 				if c.NArg() != 1 {
 					return cli.Exit("usage: ctl credentials resume NAME", 2)
 				}
-				cfg, lim, closeFn, err := credentialLimiter(c)
+				cfg, lim, _, closeFn, err := credentialState(c)
 				if err != nil {
 					return err
 				}
@@ -110,30 +126,36 @@ func (a *app) credentialsCommand() *cli.Command {
 	}
 }
 
-// credentialLimiter loads the config (required: credentials and their keys live there) and opens
-// the shared limiter on its Redis.
-func credentialLimiter(c *cli.Context) (*config.Config, *limiter.Limiter, func(), error) {
+// credentialState loads the config (required: credentials and their keys live there) and opens
+// the shared limiter and breaker on its Redis.
+func credentialState(c *cli.Context) (*config.Config, *limiter.Limiter, *breaker.Breaker, func(), error) {
 	p := c.String("config")
 	if p == "" {
-		return nil, nil, nil, errors.New("credentials commands need --config (or LLMQ_CONFIG): credentials are defined there")
+		return nil, nil, nil, nil, errors.New("credentials commands need --config (or LLMQ_CONFIG): credentials are defined there")
 	}
 	cfg, err := config.Load(p, nil)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	opt, err := jobs.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	rdb := jobs.NewRedisClient(opt)
-	if err := rdb.Ping(c.Context).Err(); err != nil {
+	fail := func(err error) (*config.Config, *limiter.Limiter, *breaker.Breaker, func(), error) {
 		rdb.Close()
-		return nil, nil, nil, fmt.Errorf("redis unreachable: %w", err)
+		return nil, nil, nil, nil, err
+	}
+	if err := rdb.Ping(c.Context).Err(); err != nil {
+		return fail(fmt.Errorf("redis unreachable: %w", err))
 	}
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: c.String("redis-prefix")})
 	if err != nil {
-		rdb.Close()
-		return nil, nil, nil, err
+		return fail(err)
 	}
-	return cfg, lim, func() { rdb.Close() }, nil
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: c.String("redis-prefix")})
+	if err != nil {
+		return fail(err)
+	}
+	return cfg, lim, brk, func() { rdb.Close() }, nil
 }

@@ -46,6 +46,7 @@ credentials:
 		Burst      int     `json:"burst"`
 		Paused     bool    `json:"paused"`
 		FirstJobID string  `json:"pause_first_job_id"`
+		Breaker    string  `json:"breaker"`
 	}
 	list := func() []row {
 		r := run(t, append(args, "list", "--json")...)
@@ -58,8 +59,8 @@ credentials:
 	// then list shows its configured limit and the pause, and the other credential as unknown.
 	rows := list()
 	require.Len(t, rows, 2)
-	require.Equal(t, row{Name: "main", Source: "configured", Rate: 10, Burst: 20, Paused: true, FirstJobID: "job-1"}, rows[0])
-	require.Equal(t, row{Name: "spare", Source: "unknown"}, rows[1])
+	require.Equal(t, row{Name: "main", Source: "configured", Rate: 10, Burst: 20, Paused: true, FirstJobID: "job-1", Breaker: "closed"}, rows[0])
+	require.Equal(t, row{Name: "spare", Source: "unknown", Breaker: "closed"}, rows[1])
 	table := run(t, append(args, "list")...)
 	require.Equal(t, 0, table.code)
 	require.Contains(t, table.out, "10/s burst 20")
