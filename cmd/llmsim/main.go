@@ -1,6 +1,6 @@
 // Command llmsim runs the LLM provider simulator (package internal/llmsim):
-// an Anthropic- and OpenAI-compatible HTTP server with per-key token buckets
-// and fault injection, for tests, benchmarks and the local stack.
+// an Anthropic- and OpenAI-compatible HTTP server with per-key request and
+// token (input/output tokens per minute) buckets and fault injection, for tests, benchmarks and the local stack.
 //
 // It prints "llmsim listening on http://ADDR" on stdout once it accepts
 // connections, logs to stderr, and shuts down gracefully on SIGINT/SIGTERM.
@@ -50,6 +50,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		allowRemote = fs.Bool("allow-remote", false, "allow a non-loopback -listen address")
 		capacity    = fs.Float64("capacity", 0, "token bucket size per API key, in requests (0 = unlimited)")
 		rate        = fs.Float64("rate", 0, "bucket refill, tokens per second (required with -capacity)")
+		inputTPM    = fs.Int("input-tpm", 0, "input tokens per -token-minute per API key (0 = unlimited)")
+		outputTPM   = fs.Int("output-tpm", 0, "output tokens per -token-minute per API key (0 = unlimited)")
+		tokenMinute = fs.Duration("token-minute", time.Minute, "refill period of the token buckets (shorten to scale time down)")
+		replyTokens = fs.Int("reply-tokens", 0, "every reply is exactly this many output tokens, capped by max_tokens (0 = quote the prompt)")
 		latency     = fs.Duration("latency", 0, "delay before every answer")
 		jitter      = fs.Duration("latency-jitter", 0, "extra uniform random delay U(0, jitter)")
 		seed        = fs.Uint64("seed", 1, "seed of the random source (jitter, error rate)")
@@ -82,13 +86,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg := llmsim.Config{
-		Capacity:        *capacity,
-		RefillPerSecond: *rate,
-		Latency:         *latency,
-		LatencyJitter:   *jitter,
-		Faults:          faults,
-		Rand:            rand.New(rand.NewPCG(*seed, *seed)).Float64,
-		Logger:          logger,
+		Capacity:              *capacity,
+		RefillPerSecond:       *rate,
+		InputTokensPerMinute:  *inputTPM,
+		OutputTokensPerMinute: *outputTPM,
+		TokenMinute:           *tokenMinute,
+		ReplyTokens:           *replyTokens,
+		Latency:               *latency,
+		LatencyJitter:         *jitter,
+		Faults:                faults,
+		Rand:                  rand.New(rand.NewPCG(*seed, *seed)).Float64,
+		Logger:                logger,
 	}
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid flags: %w", err)
@@ -106,7 +114,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	logger.Info("llmsim listening", slog.String("addr", ln.Addr().String()),
-		slog.Float64("capacity", cfg.Capacity), slog.Float64("rate", cfg.RefillPerSecond))
+		slog.Float64("capacity", cfg.Capacity), slog.Float64("rate", cfg.RefillPerSecond),
+		slog.Int("input_tpm", cfg.InputTokensPerMinute), slog.Int("output_tpm", cfg.OutputTokensPerMinute),
+		slog.Duration("token_minute", cfg.TokenMinute), slog.Int("reply_tokens", cfg.ReplyTokens))
 	fmt.Fprintf(stdout, "llmsim listening on http://%s\n", ln.Addr())
 
 	serveErr := make(chan error, 1)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -70,6 +71,36 @@ func TestRun(t *testing.T) {
 		http.DefaultClient.CloseIdleConnections()
 	})
 
+	t.Run("TokenLimits", func(t *testing.T) {
+		t.Parallel()
+		url, stop := start(t, "-input-tpm", "100", "-output-tpm", "50", "-token-minute", "1s", "-reply-tokens", "7")
+		post := func(maxTokens int) (*http.Response, map[string]any) {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/messages",
+				strings.NewReader(fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`,
+					maxTokens, strings.Repeat("a", 200))))
+			require.NoError(t, err)
+			req.Header.Set("x-api-key", "k")
+			req.Header.Set("anthropic-version", "2023-06-01")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			var body map[string]any
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+			return resp, body
+		}
+		resp, body := post(10)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%v", body)
+		require.Equal(t, map[string]any{"input_tokens": 50.0, "output_tokens": 7.0}, body["usage"])
+		require.Equal(t, "100", resp.Header.Get("anthropic-ratelimit-input-tokens-limit"))
+		require.Equal(t, "50", resp.Header.Get("anthropic-ratelimit-output-tokens-limit"))
+		resp, body = post(51)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		require.Contains(t, fmt.Sprint(body), "output-token rate limit of 50")
+
+		require.NoError(t, stop())
+		http.DefaultClient.CloseIdleConnections()
+	})
+
 	t.Run("HangEndsAtShutdown", func(t *testing.T) {
 		t.Parallel()
 		url, stop := start(t, "-hang")
@@ -115,6 +146,10 @@ func TestRun(t *testing.T) {
 		t.Parallel()
 		for _, args := range [][]string{
 			{"-capacity", "5"},
+			{"-input-tpm", "-1"},
+			{"-output-tpm", "-1"},
+			{"-token-minute", "-1s"},
+			{"-reply-tokens", "-1"},
 			{"-error-rate", "2"},
 			{"-log-level", "loud"},
 			{"-nope"},

@@ -12,12 +12,34 @@ import (
 // latency, no faults, real clock, fixed-seed randomness, no logging.
 type Config struct {
 	// Capacity is the size of each API key's token bucket, in requests.
-	// A bucket starts full. 0 (the default) means unlimited: no bucket and no
-	// rate-limit headers. Otherwise it must be at least 1.
+	// A bucket starts full. 0 (the default) means unlimited: no request bucket
+	// and no request rate-limit headers. Otherwise it must be at least 1.
 	Capacity float64
 	// RefillPerSecond is how many tokens per second flow back into a bucket,
 	// continuously. Required (> 0) when Capacity > 0.
 	RefillPerSecond float64
+	// InputTokensPerMinute is the size of each API key's input-token bucket:
+	// that many tokens per TokenMinute, refilling continuously, starting full.
+	// 0 (the default) means unlimited. With neither token limit set there are
+	// no token buckets, no token headers and no token counts in [Stats].
+	// See the package comment for the admission rule and the headers.
+	InputTokensPerMinute int
+	// OutputTokensPerMinute is the size of each API key's output-token
+	// bucket, like InputTokensPerMinute. 0 (the default) means unlimited.
+	OutputTokensPerMinute int
+	// TokenMinute is the refill period of the token buckets: a bucket of N
+	// tokens refills N tokens per TokenMinute. Default one minute; benchmarks
+	// shorten it to scale time down. Rate-limit headers report the bucket
+	// capacity as-is, so with a shorter TokenMinute their "per minute" means
+	// per TokenMinute.
+	TokenMinute time.Duration
+	// ReplyTokens, when > 0, makes every successful reply exactly this many
+	// output tokens, the text padded (or cut) deterministically so that
+	// usage and text agree with the token rule; a request whose max_tokens is
+	// smaller gets max_tokens tokens and stop reason "max_tokens" (OpenAI:
+	// finish reason "length"), as a real model stops at its limit. 0 (the
+	// default) keeps the reply of the package comment.
+	ReplyTokens int
 	// Latency is how long every answer that passed the bucket waits before it
 	// is written. Default 0. The wait ends early if the client goes away.
 	Latency time.Duration
@@ -54,11 +76,30 @@ func (c Config) Validate() error {
 		return errors.New("latency: must not be negative")
 	case c.LatencyJitter < 0:
 		return errors.New("latency_jitter: must not be negative")
+	case c.InputTokensPerMinute < 0:
+		return errors.New("input_tokens_per_minute: must not be negative")
+	case c.OutputTokensPerMinute < 0:
+		return errors.New("output_tokens_per_minute: must not be negative")
+	case c.TokenMinute < 0:
+		return errors.New("token_minute: must not be negative")
+	case c.ReplyTokens < 0:
+		return errors.New("reply_tokens: must not be negative")
+	}
+	if _, err := newTokenLimits(c); err != nil {
+		return err
 	}
 	if err := c.Faults.validate(); err != nil {
 		return fmt.Errorf("faults: %w", err)
 	}
 	return nil
+}
+
+// tokenMinute is TokenMinute with its default.
+func (c Config) tokenMinute() time.Duration {
+	if c.TokenMinute == 0 {
+		return time.Minute
+	}
+	return c.TokenMinute
 }
 
 func (c Config) withDefaults() Config {

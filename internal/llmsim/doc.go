@@ -1,7 +1,8 @@
 // Package llmsim is an LLM provider simulator: a real HTTP server that speaks
 // enough of the Anthropic Messages API (POST /v1/messages) and the OpenAI Chat
 // Completions API (POST /v1/chat/completions) for the official SDKs to accept
-// it, with a per-API-key token bucket and switchable fault injection.
+// it, with per-API-key request and token buckets and switchable fault
+// injection.
 //
 // It is used by tests (httptest.NewServer(llmsim.New(cfg))), by benchmarks and
 // as the default provider of the local stack, so that everything runs offline
@@ -19,7 +20,12 @@
 //   - output tokens = (bytes of the reply text) / 4, at least 1.
 //
 // Only text is counted: for array content, the "text" of blocks of type
-// "text"; other blocks count zero. max_tokens is accepted and ignored.
+// "text"; other blocks count zero. Config.ReplyTokens > 0 instead makes every
+// reply exactly that many output tokens: the text is cut (on a rune boundary)
+// or padded with a fixed ASCII filler to 4 × ReplyTokens bytes, so that the
+// rule above still holds; when the request's max_tokens is smaller, the reply
+// is max_tokens tokens with stop_reason "max_tokens" (OpenAI: finish_reason
+// "length"). Without token limits max_tokens is otherwise ignored.
 //
 // Error bodies follow each provider's format: Anthropic
 // {"type":"error","error":{"type":...,"message":...},"request_id":...} and
@@ -28,19 +34,69 @@
 // headers; the OpenAI endpoint with x-request-id and x-ratelimit-*-requests
 // headers.
 //
+// # Token limits
+//
+// Config.InputTokensPerMinute and OutputTokensPerMinute (both 0, off, by
+// default) give every API key token buckets of that many tokens per
+// Config.TokenMinute (default one minute), refilling continuously and
+// starting full. Counts are exact: whole tokens, integer arithmetic.
+//
+// The Anthropic endpoint has an input bucket and an output bucket; the OpenAI
+// endpoint has one "tokens" bucket for input and output together, whose
+// capacity is the sum of the two limits (or the one that is set). A key's
+// token buckets on one endpoint are not drawn by the other; its request
+// bucket is shared as before.
+//
+// Admission follows both services' documented practice: the output a request
+// may produce is reserved up front and trued up afterwards. A request's
+// reserve is its max_tokens (OpenAI: max_completion_tokens, else max_tokens),
+// or 1 without one; with token limits on, a max_tokens that is not a positive
+// integer is answered 400. On the Anthropic endpoint the input bucket must
+// hold the request's input tokens and the output bucket its reserve; on the
+// OpenAI endpoint the tokens bucket must hold input + reserve. If any bucket
+// (the request bucket included) lacks room, the request is refused 429
+// rate_limit_error (OpenAI type "tokens") with retry-after = the wait until
+// every bucket has room, in whole seconds rounded up, at least 1, and
+// nothing is charged. If a request exceeds a bucket's whole capacity it can
+// never be admitted and is answered 400 invalid_request_error saying so,
+// again charging nothing. Otherwise the buckets are charged; when the answer
+// is decided the output reservation is trued up to the output tokens of a
+// successful reply (usage.output_tokens), or released entirely for any other
+// answer, including a client that went away. Input tokens stay charged, like
+// the request token. A reply longer than its reserve (possible only without
+// ReplyTokens) may overdraw a bucket; it then refuses until it refills.
+//
+// With token limits configured every answer to a keyed request that reaches
+// the buckets carries the token headers, reporting the buckets when the
+// answer is decided (after the true-up). Anthropic:
+// anthropic-ratelimit-input-tokens-{limit,remaining,reset} and
+// anthropic-ratelimit-output-tokens-* for each configured bucket, and
+// anthropic-ratelimit-tokens-* for the two together (limits and remaining
+// added up, reset the later of the two); reset is the RFC 3339 time the
+// bucket is full again, with milliseconds, rounded up. OpenAI:
+// x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens and
+// x-ratelimit-reset-tokens (the time until full, as "1.5s", rounded up to the
+// millisecond). Limit is the bucket capacity as configured, so with a
+// shortened TokenMinute "per minute" means per TokenMinute; remaining is the
+// whole tokens in the bucket, never negative. Without token limits none of
+// these headers is sent and Stats.InputTokens/OutputTokens stay 0.
+//
 // # Order of checks
 //
 // For every provider request, in order: a missing API key is answered 401
 // (no key, no bucket, no stats per key); the Hang fault holds the request
 // until the client gives up; the spend-cap fault answers 429 without
-// retry-after; the key's bucket is charged one token or the request is
-// refused with 429 and retry-after; then the answer waits Latency plus
-// jitter; then the overload window, the FailNext script and ErrorRate may
-// replace the answer with an error; then the request body is validated (400)
-// and checked for the bad-request marker (400); otherwise it succeeds.
-// So every request that passes the bucket costs one token, including those
-// that then fail, and only the bucket's own refusal and the spend cap are
-// free. SlowFirstByte applies to every answer written.
+// retry-after; then the key's buckets: with token limits, a request that can
+// never fit is answered 400; the request bucket is charged one token and the
+// token buckets as above, or the request is refused with 429 and retry-after;
+// then the answer waits Latency plus jitter; then the overload window, the
+// FailNext script and ErrorRate may replace the answer with an error; then
+// the request body is validated (400) and checked for the bad-request marker
+// (400); otherwise it succeeds. So every request that passes the buckets
+// costs one request token and its input tokens, including those that then
+// fail, and only the buckets' own refusals and the spend cap are free. A body
+// that is not a valid request draws nothing from the token buckets.
+// SlowFirstByte applies to every answer written.
 //
 // # Control endpoints
 //

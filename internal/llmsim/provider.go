@@ -15,6 +15,7 @@ const (
 	kindStatus   errorKind = iota // body chosen by status alone
 	kindAuth                      // 401, missing key
 	kindSpendCap                  // 429 without retry-after
+	kindTokens                    // 429 from a token bucket
 )
 
 // apiError is an error answer before it is rendered in a provider's format.
@@ -31,6 +32,7 @@ type reply struct {
 	text         string
 	inputTokens  int
 	outputTokens int
+	maxedOut     bool // stopped at max_tokens
 	created      time.Time
 }
 
@@ -46,6 +48,11 @@ type provider interface {
 	errorBody(e apiError, requestID string) []byte
 	successBody(r reply) []byte
 	setHeaders(h http.Header, requestID string, st *bucketState, now time.Time)
+	// combinedTokens reports whether the endpoint has one token bucket for
+	// input and output (OpenAI) rather than one of each (Anthropic).
+	combinedTokens() bool
+	// setTokenHeaders writes the token rate-limit headers; nil writes none.
+	setTokenHeaders(h http.Header, v *tokenView, now time.Time)
 }
 
 // anthropic speaks the Messages API.
@@ -156,7 +163,7 @@ func (anthropic) successBody(r reply) []byte {
 	}{
 		ID: r.id, Type: "message", Role: "assistant", Model: r.model,
 		Content:    []text{{Type: "text", Text: r.text}},
-		StopReason: "end_turn",
+		StopReason: cond(r.maxedOut, "max_tokens", "end_turn"),
 		Usage:      usage{InputTokens: r.inputTokens, OutputTokens: r.outputTokens},
 	})
 }
@@ -169,6 +176,46 @@ func (anthropic) setHeaders(h http.Header, requestID string, st *bucketState, no
 	h.Set("anthropic-ratelimit-requests-limit", formatLimit(st.limit))
 	h.Set("anthropic-ratelimit-requests-remaining", strconv.FormatInt(st.remaining, 10))
 	h.Set("anthropic-ratelimit-requests-reset", now.Add(st.untilFull).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+}
+
+func (anthropic) combinedTokens() bool { return false }
+
+// setTokenHeaders writes the input- and output-token families of the
+// configured buckets, and the tokens family for their sum: limit and
+// remaining added up, reset the later of the two.
+func (anthropic) setTokenHeaders(h http.Header, v *tokenView, now time.Time) {
+	if v == nil {
+		return
+	}
+	var sum tokenState
+	for _, f := range []struct {
+		family string
+		st     *tokenState
+	}{{"input-tokens", v.input}, {"output-tokens", v.output}} {
+		if f.st == nil {
+			continue
+		}
+		setAnthropicTokenFamily(h, f.family, *f.st, now)
+		sum.limit += f.st.limit
+		sum.remaining += f.st.remaining
+		sum.untilFull = max(sum.untilFull, f.st.untilFull)
+	}
+	setAnthropicTokenFamily(h, "tokens", sum, now)
+}
+
+func setAnthropicTokenFamily(h http.Header, family string, st tokenState, now time.Time) {
+	h.Set("anthropic-ratelimit-"+family+"-limit", strconv.FormatInt(st.limit, 10))
+	h.Set("anthropic-ratelimit-"+family+"-remaining", strconv.FormatInt(st.remaining, 10))
+	h.Set("anthropic-ratelimit-"+family+"-reset", formatAnthropicReset(now.Add(st.untilFull)))
+}
+
+// formatAnthropicReset writes t in RFC 3339 with milliseconds, rounded up to
+// the millisecond so that a client waiting for it is never early.
+func formatAnthropicReset(t time.Time) string {
+	if r := t.Truncate(time.Millisecond); !r.Equal(t) {
+		t = r.Add(time.Millisecond)
+	}
+	return t.UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }
 
 // openAI speaks the Chat Completions API.
@@ -194,6 +241,8 @@ func (openAI) errorBody(e apiError, _ string) []byte {
 	switch {
 	case e.kind == kindAuth:
 		msg = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+	case e.kind == kindTokens:
+		typ, code = "tokens", "rate_limit_exceeded"
 	case e.kind == kindSpendCap:
 		typ, code = "insufficient_quota", "insufficient_quota"
 		msg = "You exceeded your current quota, please check your plan and billing details (llmsim spend-cap fault)."
@@ -256,7 +305,7 @@ func (openAI) successBody(r reply) []byte {
 		Choices: []choice{{
 			Message:      message{Role: "assistant", Content: r.text},
 			Logprobs:     json.RawMessage("null"),
-			FinishReason: "stop",
+			FinishReason: cond(r.maxedOut, "length", "stop"),
 		}},
 		Usage: usage{
 			PromptTokens:     r.inputTokens,
@@ -276,6 +325,18 @@ func (openAI) setHeaders(h http.Header, requestID string, st *bucketState, _ tim
 	h.Set("x-ratelimit-reset-requests", formatOpenAIDuration(st.untilFull))
 }
 
+func (openAI) combinedTokens() bool { return true }
+
+// setTokenHeaders writes the tokens family of the combined bucket.
+func (openAI) setTokenHeaders(h http.Header, v *tokenView, _ time.Time) {
+	if v == nil || v.combined == nil {
+		return
+	}
+	h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(v.combined.limit, 10))
+	h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(v.combined.remaining, 10))
+	h.Set("x-ratelimit-reset-tokens", formatOpenAIDuration(v.combined.untilFull))
+}
+
 // formatOpenAIDuration writes d rounded up to the millisecond in the form
 // OpenAI uses ("120ms", "1.5s", "6m0s"), which is Go's duration syntax.
 func formatOpenAIDuration(d time.Duration) string {
@@ -283,6 +344,13 @@ func formatOpenAIDuration(d time.Duration) string {
 		d += time.Millisecond - r
 	}
 	return d.String()
+}
+
+func cond[T any](c bool, yes, no T) T {
+	if c {
+		return yes
+	}
+	return no
 }
 
 func formatLimit(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }

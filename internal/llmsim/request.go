@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+	"unicode/utf8"
 )
 
 // replyPrefix starts every reply text.
@@ -20,6 +22,12 @@ type chatRequest struct {
 	lastUserText  string
 	textBytes     int // bytes of all message text plus the Anthropic system text
 	streamRequest bool
+	// maxTokens is max_completion_tokens (OpenAI) or else max_tokens; 0 when
+	// absent or invalid.
+	maxTokens int64
+	// maxTokensErr reports an invalid max_tokens. It is an error only when
+	// token limits are configured; otherwise max_tokens is ignored as before.
+	maxTokensErr error
 }
 
 // parseChatRequest validates body as an Anthropic Messages or OpenAI Chat
@@ -31,6 +39,9 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		Messages json.RawMessage `json:"messages"`
 		Stream   json.RawMessage `json:"stream"`
 		System   json.RawMessage `json:"system"`
+
+		MaxTokens           json.RawMessage `json:"max_tokens"`
+		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	}
 	if err := json.Unmarshal(body, &raw); err != nil {
 		return chatRequest{}, fmt.Errorf("request body is not a valid JSON object: %w", err)
@@ -74,7 +85,25 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		}
 		req.textBytes += len(text)
 	}
+	req.maxTokens, req.maxTokensErr = parseMaxTokens(raw.MaxTokens, raw.MaxCompletionTokens)
 	return req, nil
+}
+
+// parseMaxTokens reads max_completion_tokens if present, else max_tokens:
+// absent is 0, otherwise it must be a positive integer.
+func parseMaxTokens(maxTokens, maxCompletionTokens json.RawMessage) (int64, error) {
+	name, raw := "max_tokens", maxTokens
+	if !isNull(maxCompletionTokens) {
+		name, raw = "max_completion_tokens", maxCompletionTokens
+	}
+	if isNull(raw) {
+		return 0, nil
+	}
+	var n int64
+	if json.Unmarshal(raw, &n) != nil || n < 1 {
+		return 0, fmt.Errorf("%s: must be a positive integer", name)
+	}
+	return n, nil
 }
 
 // contentText returns the text of a content value: a string, an array of
@@ -123,6 +152,30 @@ func replyText(req chatRequest) string {
 		n++
 	}
 	return replyPrefix + quote
+}
+
+// replyFiller pads replies to ReplyTokens; ASCII, so bytes are characters.
+const replyFiller = " lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor."
+
+// padReply returns text cut or padded to exactly 4n bytes, so that its
+// token count is n: a cut falls on a rune boundary and the filler makes up
+// the rest.
+func padReply(text string, n int) string {
+	size := 4 * n
+	if len(text) > size {
+		i := size
+		for i > 0 && !utf8.RuneStart(text[i]) {
+			i--
+		}
+		text = text[:i]
+	}
+	var b strings.Builder
+	b.Grow(size)
+	b.WriteString(text)
+	for b.Len() < size {
+		b.WriteString(replyFiller[:min(len(replyFiller), size-b.Len())])
+	}
+	return b.String()
 }
 
 // tokens is the token rule: bytes / 4, at least 1.

@@ -29,6 +29,7 @@ type Server struct {
 	cfg      Config
 	limited  bool
 	params   bucketParams
+	tokens   tokenLimits
 	mux      *http.ServeMux
 	inFlight atomic.Int64
 	seq      atomic.Uint64
@@ -37,6 +38,7 @@ type Server struct {
 	start   Faults     // as configured, restored by Reset
 	faults  Faults     // resolved: defaults filled, OverloadedFor applied
 	buckets map[string]*bucket
+	keyToks map[string]*keyTokens
 	stats   Stats
 }
 
@@ -47,12 +49,18 @@ func New(cfg Config) *Server {
 		panic("llmsim: invalid config: " + err.Error())
 	}
 	cfg = cfg.withDefaults()
+	tokens, err := newTokenLimits(cfg)
+	if err != nil {
+		panic("llmsim: invalid config: " + err.Error()) // unreachable: Validate checked it
+	}
 	s := &Server{
 		cfg:     cfg,
 		limited: cfg.Capacity > 0,
 		start:   cfg.Faults,
 		faults:  cfg.Faults.resolve(cfg.Now()),
+		tokens:  tokens,
 		buckets: map[string]*bucket{},
+		keyToks: map[string]*keyTokens{},
 		stats:   newStats(),
 	}
 	if s.limited {
@@ -109,6 +117,7 @@ func (s *Server) Reset() {
 	defer s.mu.Unlock()
 	s.stats = newStats()
 	s.buckets = map[string]*bucket{}
+	s.keyToks = map[string]*keyTokens{}
 	s.faults = s.start.resolve(s.cfg.Now())
 }
 
@@ -185,54 +194,76 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request, p provider, requ
 
 	if f.SpendCap {
 		p.setHeaders(h, requestID, s.peek(keyID, now), now)
+		p.setTokenHeaders(h, s.peekTokens(keyID, p, now), now)
 		a := errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusTooManyRequests, kind: kindSpendCap})
 		a.slow = f.SlowFirstByte
 		return a
 	}
 
-	ok, st := s.take(keyID, now)
-	p.setHeaders(h, requestID, st, now)
-	if !ok {
-		h.Set("retry-after", retryAfterSeconds(st.retryAfter))
-		a := errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusTooManyRequests})
+	var cost *tokenCost
+	if s.tokens.enabled() {
+		cost = requestCost(body)
+	}
+	adm := s.admit(p, keyID, cost, now)
+	p.setHeaders(h, requestID, adm.req, now)
+	if adm.refusal != nil {
+		p.setTokenHeaders(h, adm.tokens, now)
+		if adm.refusal.status == http.StatusTooManyRequests {
+			h.Set("retry-after", retryAfterSeconds(adm.retryAfter))
+		}
+		a := errorAnswer(p, h, requestID, keyID, *adm.refusal)
 		a.slow = f.SlowFirstByte
 		return a
 	}
 
 	if sleep(ctx, s.latency()) != nil {
+		s.settle(keyID, p, cost, 0, s.cfg.Now())
 		return closed
 	}
 
-	a := s.respond(p, h, requestID, keyID, r, body, f)
+	a, output := s.respond(p, h, requestID, keyID, r, body, f)
+	at := s.cfg.Now()
+	p.setTokenHeaders(h, s.settle(keyID, p, cost, output, at), at)
 	a.slow = f.SlowFirstByte
 	return a
 }
 
-// respond decides an answer for a request that passed the bucket.
-func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *http.Request, body []byte, f Faults) answer {
+// respond decides an answer for a request that passed the buckets. It also
+// returns the output tokens of a successful answer, 0 otherwise.
+func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *http.Request, body []byte, f Faults) (answer, int) {
 	if status, ok := s.injectedStatus(p); ok {
 		if f.RetryAfter > 0 {
 			h.Set("retry-after", retryAfterSeconds(f.RetryAfter))
 		} else if status == http.StatusTooManyRequests {
 			h.Set("retry-after", "1")
 		}
-		return errorAnswer(p, h, requestID, keyID, apiError{status: status})
+		return errorAnswer(p, h, requestID, keyID, apiError{status: status}), 0
 	}
 	if msg := p.checkHeaders(r); msg != "" {
-		return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, message: msg})
+		return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, message: msg}), 0
 	}
 	req, err := parseChatRequest(body)
+	if err == nil && s.tokens.enabled() {
+		err = req.maxTokensErr
+	}
 	if err != nil {
-		return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, message: err.Error()})
+		return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, message: err.Error()}), 0
 	}
 	if bytes.Contains(body, []byte(f.BadRequestMarker)) {
 		return errorAnswer(p, h, requestID, keyID, apiError{
 			status:  http.StatusBadRequest,
 			message: "request contains the llmsim bad-request marker",
-		})
+		}), 0
 	}
-	text := replyText(req)
+	text, maxedOut := replyText(req), false
+	if n := s.cfg.ReplyTokens; n > 0 {
+		if req.maxTokens > 0 && int64(n) > req.maxTokens {
+			n, maxedOut = int(req.maxTokens), true
+		}
+		text = padReply(text, n)
+	}
 	sum := sha256.Sum256(body)
+	output := tokens(len(text))
 	return answer{
 		status: http.StatusOK,
 		keyID:  keyID,
@@ -242,10 +273,11 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 			model:        req.model,
 			text:         text,
 			inputTokens:  tokens(req.textBytes),
-			outputTokens: tokens(len(text)),
+			outputTokens: output,
+			maxedOut:     maxedOut,
 			created:      s.cfg.Now(),
 		}),
-	}
+	}, output
 }
 
 // injectedStatus applies the overload window, then FailNext, then ErrorRate.
@@ -265,21 +297,137 @@ func (s *Server) injectedStatus(p provider) (int, bool) {
 	return 0, false
 }
 
-// take charges keyID's bucket; with no limit it always succeeds and returns
-// a nil state.
-func (s *Server) take(keyID string, now time.Time) (bool, *bucketState) {
-	if !s.limited {
-		return true, nil
+// admission is the outcome of charging a key's buckets for one request.
+type admission struct {
+	req        *bucketState  // the request bucket; nil when unlimited
+	tokens     *tokenView    // the token buckets; nil when token limits are off
+	refusal    *apiError     // 400 or 429; then nothing was charged
+	retryAfter time.Duration // with a 429 refusal: until every bucket has room
+}
+
+// admit charges keyID's request bucket one token and, when cost is known,
+// its token buckets the request's input tokens and reserved output tokens,
+// all or nothing: a request that can never fit is refused 400, one that does
+// not fit now 429. With no limit at all it always admits.
+func (s *Server) admit(p provider, keyID string, cost *tokenCost, now time.Time) admission {
+	if !s.limited && !s.tokens.enabled() {
+		return admission{}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var (
+		adm     admission
+		b       *bucket
+		saved   bucket
+		reqOK   = true
+		charges []tokenCharge
+		kt      *keyTokens
+	)
+	if s.tokens.enabled() {
+		kt = s.keyTokensLocked(keyID)
+		adm.tokens = s.tokens.view(kt, p.combinedTokens(), now)
+		if cost != nil {
+			charges = s.tokens.charges(p.combinedTokens(), *cost)
+		}
+		for _, ch := range charges {
+			if capacity := s.tokens.params(ch.kind).capacity; ch.n > capacity {
+				if s.limited {
+					st := s.bucketLocked(keyID).peek(s.params, now)
+					adm.req = &st
+				}
+				adm.refusal = &apiError{status: http.StatusBadRequest, message: tooLargeMessage(ch, *cost, capacity)}
+				return adm
+			}
+		}
+	}
+	if s.limited {
+		b = s.bucketLocked(keyID)
+		saved = *b
+		var st bucketState
+		reqOK, st = b.take(s.params, now)
+		adm.req = &st
+		if !reqOK {
+			adm.retryAfter = st.retryAfter
+			adm.refusal = &apiError{status: http.StatusTooManyRequests}
+		}
+	}
+	for _, ch := range charges {
+		bk, pr := kt.bucket(ch.kind), *s.tokens.params(ch.kind)
+		if wait := bk.wait(pr, ch.n); wait > 0 {
+			if adm.refusal == nil {
+				adm.refusal = &apiError{status: http.StatusTooManyRequests, kind: kindTokens,
+					message: rateLimitedMessage(ch, *cost, bk.state(pr), wait)}
+			}
+			adm.retryAfter = max(adm.retryAfter, wait)
+		}
+	}
+	if adm.refusal != nil {
+		if reqOK && b != nil { // the request bucket took a token: give it back
+			*b = saved
+			st := b.peek(s.params, now)
+			adm.req = &st
+		}
+		return adm
+	}
+	for _, ch := range charges {
+		kt.bucket(ch.kind).add(*s.tokens.params(ch.kind), ch.n)
+	}
+	if cost != nil {
+		s.stats.addTokens(keyID, cost.input, 0)
+		adm.tokens = s.tokens.view(kt, p.combinedTokens(), now)
+	}
+	return adm
+}
+
+// settle trues up a request's output reservation to the output tokens it
+// produced (0 for anything but a success) and reports the token buckets; nil
+// when token limits are off. cost nil means nothing was reserved.
+func (s *Server) settle(keyID string, p provider, cost *tokenCost, output int, now time.Time) *tokenView {
+	if !s.tokens.enabled() {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kt := s.keyTokensLocked(keyID)
+	if cost != nil {
+		if k, ok := s.tokens.outputKind(p.combinedTokens()); ok {
+			pr := *s.tokens.params(k)
+			bk := kt.bucket(k)
+			bk.advance(pr, now)
+			bk.add(pr, int64(output)-cost.reserve)
+		}
+		s.stats.addTokens(keyID, 0, int64(output))
+	}
+	return s.tokens.view(kt, p.combinedTokens(), now)
+}
+
+// peekTokens reports keyID's token buckets without charging; nil when token
+// limits are off.
+func (s *Server) peekTokens(keyID string, p provider, now time.Time) *tokenView {
+	if !s.tokens.enabled() {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tokens.view(s.keyTokensLocked(keyID), p.combinedTokens(), now)
+}
+
+func (s *Server) bucketLocked(keyID string) *bucket {
 	b := s.buckets[keyID]
 	if b == nil {
 		b = &bucket{}
 		s.buckets[keyID] = b
 	}
-	ok, st := b.take(s.params, now)
-	return ok, &st
+	return b
+}
+
+func (s *Server) keyTokensLocked(keyID string) *keyTokens {
+	t := s.keyToks[keyID]
+	if t == nil {
+		t = &keyTokens{}
+		s.keyToks[keyID] = t
+	}
+	return t
 }
 
 // peek reports keyID's bucket without charging it; nil when unlimited.

@@ -25,6 +25,13 @@ type Stats struct {
 	// ByKey counts answers per API key, by [KeyID]. Requests without a key
 	// are not in it.
 	ByKey map[string]KeyStats `json:"by_key"`
+	// InputTokens is the total of input tokens charged to token buckets: the
+	// input tokens of every request admitted past the buckets (including
+	// those that then fail). Zero when no token limit is configured.
+	InputTokens int `json:"input_tokens"`
+	// OutputTokens is the total of output tokens charged: the usage of every
+	// successful answer. Zero when no token limit is configured.
+	OutputTokens int `json:"output_tokens"`
 }
 
 // KeyStats counts one API key's answered requests.
@@ -33,6 +40,10 @@ type KeyStats struct {
 	Requests int `json:"requests"`
 	// ByStatus counts them by HTTP status.
 	ByStatus map[int]int `json:"by_status"`
+	// InputTokens and OutputTokens are this key's share of the totals of the
+	// same name in [Stats].
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
 }
 
 // KeyID names an API key without revealing it: "key-" followed by the first
@@ -61,10 +72,26 @@ func (s *Stats) record(keyID string, status int) {
 	s.ByKey[keyID] = k
 }
 
+// addTokens counts tokens charged to keyID's buckets.
+func (s *Stats) addTokens(keyID string, input, output int64) {
+	s.InputTokens += int(input)
+	s.OutputTokens += int(output)
+	k := s.ByKey[keyID]
+	if k.ByStatus == nil {
+		k.ByStatus = map[int]int{}
+	}
+	k.InputTokens += int(input)
+	k.OutputTokens += int(output)
+	s.ByKey[keyID] = k
+}
+
 func (s Stats) clone() Stats {
-	out := Stats{Requests: s.Requests, InFlight: s.InFlight, ByStatus: maps.Clone(s.ByStatus), ByKey: make(map[string]KeyStats, len(s.ByKey))}
+	out := s
+	out.ByStatus = maps.Clone(s.ByStatus)
+	out.ByKey = make(map[string]KeyStats, len(s.ByKey))
 	for id, k := range s.ByKey {
-		out.ByKey[id] = KeyStats{Requests: k.Requests, ByStatus: maps.Clone(k.ByStatus)}
+		k.ByStatus = maps.Clone(k.ByStatus)
+		out.ByKey[id] = k
 	}
 	return out
 }
