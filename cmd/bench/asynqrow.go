@@ -96,6 +96,7 @@ func runAsynq(ctx context.Context, e *rowEnv) ([]outcome, error) {
 			}
 		})
 	}
+	e.started()
 	mu.Lock()
 	start = time.Now()
 	mu.Unlock()

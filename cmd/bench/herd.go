@@ -52,6 +52,39 @@ type rowEnv struct {
 	apiKey   string
 	progress *progress
 	stderr   io.Writer
+	// scenario prefixes the row's progress lines ("herd" when empty).
+	scenario string
+	// onStart, when set, is called once just before the row's first job is submitted.
+	onStart func()
+	// maxAttempts is the llmq rows' max_attempts per job; 0 means 20.
+	maxAttempts int
+}
+
+// started calls onStart, if any: the rows call it just before they submit the first job.
+func (e *rowEnv) started() {
+	if e.onStart != nil {
+		e.onStart()
+	}
+}
+
+// jobMaxAttempts is the max_attempts an llmq row submits.
+func (e *rowEnv) jobMaxAttempts() int {
+	if e.maxAttempts > 0 {
+		return e.maxAttempts
+	}
+	return 20
+}
+
+// logf prints an indented progress line of the row's scenario on stderr.
+func (e *rowEnv) logf(format string, args ...any) {
+	fmt.Fprintf(e.stderr, "%s:   %s\n", scenarioName(e.scenario), fmt.Sprintf(format, args...))
+}
+
+func scenarioName(s string) string {
+	if s == "" {
+		return "herd"
+	}
+	return s
 }
 
 func herdRows(o herdOpts) []row {
@@ -215,7 +248,7 @@ func runRow(ctx context.Context, o herdOpts, r row, stderr io.Writer) result {
 	srv := httptest.NewServer(sim)
 	defer srv.Close()
 	e := &rowEnv{herdOpts: o, simURL: srv.URL, apiKey: "sk-bench-" + randHex(8), stderr: stderr}
-	e.progress = newProgress(stderr, r.name, o.n, sim.Stats)
+	e.progress = newProgress(stderr, "herd", r.name, o.n, sim.Stats)
 	stop := e.progress.start()
 	outs, err := r.run(ctx, e)
 	stop()
@@ -231,16 +264,18 @@ func runRow(ctx context.Context, o herdOpts, r row, stderr io.Writer) result {
 // progress reports a running row on stderr every few seconds, so that a long row does not look
 // hung. record is safe for concurrent use.
 type progress struct {
-	w     io.Writer
-	name  string
-	n     int
-	stats func() llmsim.Stats
-	done  atomic.Int64
-	ok    atomic.Int64
+	w        io.Writer
+	scenario string // prefixes each line
+	name     string
+	n        int
+	stats    func() llmsim.Stats
+	done     atomic.Int64
+	ok       atomic.Int64
 }
 
-func newProgress(w io.Writer, name string, n int, stats func() llmsim.Stats) *progress {
-	return &progress{w: w, name: name, n: n, stats: stats}
+// newProgress reports row name of scenario ("herd" when empty) running n jobs to w.
+func newProgress(w io.Writer, scenario, name string, n int, stats func() llmsim.Stats) *progress {
+	return &progress{w: w, scenario: scenarioName(scenario), name: name, n: n, stats: stats}
 }
 
 // record counts one job that reached its final outcome.
@@ -265,8 +300,8 @@ func (p *progress) start() (stop func()) {
 				return
 			case <-t.C:
 				st := p.stats()
-				fmt.Fprintf(p.w, "herd:   %s: %4.0fs: %d/%d done (%d ok); provider: %d requests, %d 429s\n",
-					p.name, time.Since(began).Seconds(), p.done.Load(), p.n, p.ok.Load(), st.Requests, st.ByStatus[429])
+				fmt.Fprintf(p.w, "%s:   %s: %4.0fs: %d/%d done (%d ok); provider: %d requests, %d 429s\n",
+					p.scenario, p.name, time.Since(began).Seconds(), p.done.Load(), p.n, p.ok.Load(), st.Requests, st.ByStatus[429])
 			}
 		}
 	}()

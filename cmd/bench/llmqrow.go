@@ -45,77 +45,94 @@ const (
 // HTTP. With configured, the credential carries the simulator's limits; without, llmq must
 // learn them.
 func llmqRow(configured bool) func(context.Context, *rowEnv) ([]outcome, error) {
-	return func(ctx context.Context, e *rowEnv) (outs []outcome, err error) {
-		suffix := randHex(6)
-		dir, err := os.MkdirTemp("", "llmq-bench-")
-		if err != nil {
-			return nil, fmt.Errorf("create temp dir: %w", err)
-		}
-		defer func() {
-			if e.keepLogs || (err != nil && ctx.Err() == nil) {
-				fmt.Fprintf(e.stderr, "herd:   config and logs kept in %s\n", dir)
-				return
-			}
-			_ = os.RemoveAll(dir)
-		}()
-
-		dbURL, dropDB, err := createDatabase(ctx, e.dbURL, "llmq_bench_"+suffix)
-		if err != nil {
-			return nil, err
-		}
-		defer dropDB()
-		queue := "llmq-bench-" + suffix
-
-		var limits *config.Limits
+	return func(ctx context.Context, e *rowEnv) ([]outcome, error) {
+		var s llmqSetup
 		if configured {
-			limits = &config.Limits{RequestsPerSecond: e.rate, Burst: int(e.capacity)}
+			s.limits = &config.Limits{RequestsPerSecond: e.rate, Burst: int(e.capacity)}
 		}
-		cfgPath := filepath.Join(dir, "llmq.yaml")
-		cfg, err := writeConfig(cfgPath, dbURL, e.redisURL, queue, e.simURL, e.apiKey, limits)
-		if err != nil {
-			return nil, err
-		}
-		defer cleanLLMQRedis(e.redisURL, queue, cfg.Credentials[0].LimiterID())
-		st, err := startStack(ctx, stackConfig{
-			bin: e.bin, configPath: cfgPath, workers: e.workers, logDir: dir,
-			env: []string{simKeyEnv + "=" + e.apiKey}, redisURL: e.redisURL, queue: queue,
-		})
-		if err != nil {
-			return nil, err
-		}
-		defer st.stop()
-		fmt.Fprintf(e.stderr, "herd:   api at %s and %d workers ready\n", st.apiURL, e.workers)
-
-		outs, err = herdOverHTTP(ctx, e, st)
-		if err != nil {
-			return nil, err
-		}
-		if err := st.stop(); err != nil {
-			fmt.Fprintf(e.stderr, "herd:   stopping the stack: %v\n", err)
-		}
-		return outs, nil
+		return runLLMQ(ctx, e, s)
 	}
+}
+
+// llmqSetup is what an llmq row sets in the config beyond its stores, queue and simulator.
+type llmqSetup struct {
+	limits  *config.Limits  // the credential's limits; nil: learned from the provider
+	breaker *config.Breaker // the breaker block; nil: llmq's defaults
+}
+
+// runLLMQ runs e.n jobs through the whole system: a fresh database, a fresh queue, the api
+// binary and e.workers worker binaries configured by s, jobs submitted at once and polled over
+// HTTP. Everything it created is removed when it returns (the config and logs are kept with
+// -keep-logs, or when it fails).
+func runLLMQ(ctx context.Context, e *rowEnv, s llmqSetup) (outs []outcome, err error) {
+	suffix := randHex(6)
+	dir, err := os.MkdirTemp("", "llmq-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("create temp dir: %w", err)
+	}
+	defer func() {
+		if e.keepLogs || (err != nil && ctx.Err() == nil) {
+			e.logf("config and logs kept in %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+
+	dbURL, dropDB, err := createDatabase(ctx, e.dbURL, "llmq_bench_"+suffix)
+	if err != nil {
+		return nil, err
+	}
+	defer dropDB()
+	queue := "llmq-bench-" + suffix
+
+	cfgPath := filepath.Join(dir, "llmq.yaml")
+	cfg, err := writeConfig(cfgPath, dbURL, e.redisURL, queue, e.simURL, e.apiKey, s)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanLLMQRedis(e.redisURL, queue, cfg.Credentials[0].LimiterID())
+	st, err := startStack(ctx, stackConfig{
+		bin: e.bin, configPath: cfgPath, workers: e.workers, logDir: dir,
+		env: []string{simKeyEnv + "=" + e.apiKey}, redisURL: e.redisURL, queue: queue,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer st.stop()
+	e.logf("api at %s and %d workers ready", st.apiURL, e.workers)
+
+	outs, err = herdOverHTTP(ctx, e, st)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.stop(); err != nil {
+		e.logf("stopping the stack: %v", err)
+	}
+	return outs, nil
 }
 
 // writeConfig writes the llmq config of one row and returns it as the programs will load it.
 // The simulator's key is referenced through simKeyEnv; the file is validated with the real
 // loader before any process starts.
-func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, limits *config.Limits) (*config.Config, error) {
-	limitLine := ""
-	if limits != nil {
-		limitLine = fmt.Sprintf("\n    limits: { requests_per_second: %g, burst: %d }", limits.RequestsPerSecond, limits.Burst)
+func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetup) (*config.Config, error) {
+	limitLine, breakerLine := "", ""
+	if s.limits != nil {
+		limitLine = fmt.Sprintf("\n    limits: { requests_per_second: %g, burst: %d }", s.limits.RequestsPerSecond, s.limits.Burst)
 	}
-	yaml := fmt.Sprintf(`# Written by cmd/bench herd for one row; removed afterwards.
+	if s.breaker != nil {
+		breakerLine = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s }\n", s.breaker.Threshold, s.breaker.Cooldown)
+	}
+	yaml := fmt.Sprintf(`# Written by cmd/bench for one row; removed afterwards.
 database_url: %q
 redis_url: %q
 api: { allow_anonymous: true }
 worker: { queue: %q, metrics_listen: "off" }
-credentials:
+%scredentials:
   - name: default
     provider: anthropic
     base_url: %q
     api_key_env: %s%s
-`, dbURL, redisURL, queue, simURL, simKeyEnv, limitLine)
+`, dbURL, redisURL, queue, breakerLine, simURL, simKeyEnv, limitLine)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == simKeyEnv {
 			return apiKey
@@ -205,9 +222,10 @@ func herdOverHTTP(ctx context.Context, e *rowEnv, st *stack) ([]outcome, error) 
 		wg.Go(func() {
 			<-fire
 			submitted[i] = time.Since(start)
-			ids[i], errs[i] = submitJob(ctx, hc, st.apiURL, i)
+			ids[i], errs[i] = submitJob(ctx, hc, st.apiURL, i, e.jobMaxAttempts())
 		})
 	}
+	e.started()
 	start = time.Now()
 	close(fire)
 	wg.Wait()
@@ -220,7 +238,7 @@ func herdOverHTTP(ctx context.Context, e *rowEnv, st *stack) ([]outcome, error) 
 	if len(failed) > 0 {
 		return nil, fmt.Errorf("%d of %d submits failed, the first: %w", len(failed), e.n, failed[0])
 	}
-	fmt.Fprintf(e.stderr, "herd:   %d jobs submitted in %s\n", e.n, seconds(time.Since(start)))
+	e.logf("%d jobs submitted in %s", e.n, seconds(time.Since(start)))
 
 	outs := make([]outcome, e.n)
 	statuses := map[string]int{}
@@ -256,20 +274,21 @@ func herdOverHTTP(ctx context.Context, e *rowEnv, st *stack) ([]outcome, error) 
 			if cause := context.Cause(ctx); !errors.Is(cause, context.DeadlineExceeded) {
 				return nil, fmt.Errorf("interrupted: %w", cause)
 			}
-			fmt.Fprintf(e.stderr, "herd:   timeout: %d jobs not terminal after %s\n", len(pending), e.timeout)
+			e.logf("timeout: %d jobs not terminal after %s", len(pending), e.timeout)
 			pending = nil
 		case <-tick.C:
 		}
 	}
 	if len(statuses) > 1 || (len(statuses) == 1 && statuses["succeeded"] == 0) {
-		fmt.Fprintf(e.stderr, "herd:   terminal statuses: %v\n", statuses)
+		e.logf("terminal statuses: %v", statuses)
 	}
 	return outs, nil
 }
 
-// submitJob posts job i and returns its ID; anything but 202 is an error.
-func submitJob(ctx context.Context, hc *http.Client, apiURL string, i int) (string, error) {
-	body := fmt.Appendf(nil, `{"request":%s,"max_attempts":20,"timeout":"5m"}`, messagesBody(i))
+// submitJob posts job i (deadline 5 min, at most maxAttempts attempts) and returns its ID;
+// anything but 202 is an error.
+func submitJob(ctx context.Context, hc *http.Client, apiURL string, i, maxAttempts int) (string, error) {
+	body := fmt.Appendf(nil, `{"request":%s,"max_attempts":%d,"timeout":"5m"}`, messagesBody(i), maxAttempts)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/jobs", bytes.NewReader(body))
 	if err != nil {
 		return "", fmt.Errorf("job %d: %w", i, err)

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -28,7 +29,7 @@ func TestWriteConfig(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "llmq.yaml")
 		cfg, err := writeConfig(path, db, "redis://127.0.0.1:6379/0", "llmq-bench-q", "http://127.0.0.1:9", "sk-x",
-			&config.Limits{RequestsPerSecond: 10, Burst: 20})
+			llmqSetup{limits: &config.Limits{RequestsPerSecond: 10, Burst: 20}})
 		require.NoError(t, err)
 		require.Equal(t, "sk-x", cfg.Credentials[0].APIKey())
 		got := load(t, path)
@@ -50,8 +51,20 @@ func TestWriteConfig(t *testing.T) {
 	t.Run("Learned", func(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "llmq.yaml")
-		_, err := writeConfig(path, db, "redis://127.0.0.1:6379/0", "q", "http://127.0.0.1:9", "sk-x", nil)
+		_, err := writeConfig(path, db, "redis://127.0.0.1:6379/0", "q", "http://127.0.0.1:9", "sk-x", llmqSetup{})
 		require.NoError(t, err)
-		require.Nil(t, load(t, path).Credentials[0].Limits)
+		got := load(t, path)
+		require.Nil(t, got.Credentials[0].Limits)
+		require.Equal(t, config.Breaker{Threshold: 5, Cooldown: 30 * time.Second}, got.Breaker, "llmq's defaults")
+	})
+	t.Run("Breaker", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "llmq.yaml")
+		_, err := writeConfig(path, db, "redis://127.0.0.1:6379/0", "q", "http://127.0.0.1:9", "sk-x",
+			llmqSetup{limits: &config.Limits{RequestsPerSecond: 25, Burst: 50}, breaker: &config.Breaker{Threshold: 3, Cooldown: 2500 * time.Millisecond}})
+		require.NoError(t, err)
+		got := load(t, path)
+		require.Equal(t, config.Breaker{Threshold: 3, Cooldown: 2500 * time.Millisecond}, got.Breaker)
+		require.Equal(t, &config.Limits{RequestsPerSecond: 25, Burst: 50}, got.Credentials[0].Limits)
 	})
 }

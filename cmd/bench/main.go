@@ -1,6 +1,7 @@
 // Command bench runs llmq's benchmark scenarios and prints their tables.
 //
-//	go run ./cmd/bench herd [flags]   # N jobs at once against a rate-limited provider
+//	go run ./cmd/bench herd [flags]     # N jobs at once against a rate-limited provider
+//	go run ./cmd/bench outage [flags]   # N jobs at once while the provider is overloaded
 //
 // Scenarios drive the whole system (the api and worker binaries, Postgres, Redis and an
 // in-process llmsim) and may write their table into docs/benchmarks.md. They are benchmark
@@ -39,6 +40,8 @@ const usage = `usage: bench <scenario> [flags]
 scenarios:
   herd   N jobs fired at once against a token bucket: the seed's retry strategies, plain asynq
          and llmq (limit configured, limit learned) in one table ("bench herd -h" for flags)
+  outage N jobs fired at once while the provider answers 529 for a while, then recovers: plain
+         asynq, the seed's Retry-After client and llmq with its circuit breaker ("bench outage -h")
 `
 
 // run dispatches to a scenario.
@@ -50,6 +53,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "herd":
 		return runHerd(ctx, args[1:], stdout, stderr)
+	case "outage":
+		return runOutage(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

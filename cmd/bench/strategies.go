@@ -176,6 +176,7 @@ func runStrategy(ctx context.Context, e *rowEnv, s strategy) []outcome {
 			}
 		})
 	}
+	e.started()
 	start = time.Now()
 	close(fire)
 	wg.Wait()

@@ -86,7 +86,7 @@ func TestRunStrategy(t *testing.T) {
 		srv := httptest.NewServer(sim)
 		t.Cleanup(srv.Close)
 		e := &rowEnv{herdOpts: herdOpts{n: n, seed: 1, timeout: time.Minute}, simURL: srv.URL, apiKey: "sk-test", stderr: io.Discard}
-		e.progress = newProgress(io.Discard, "test", n, sim.Stats)
+		e.progress = newProgress(io.Discard, "herd", "test", n, sim.Stats)
 		return e, sim
 	}
 	count := func(outs []outcome) (done, ok int) {
