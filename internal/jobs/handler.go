@@ -113,6 +113,8 @@ type DeferError struct {
 	// unavailable: the credential cannot take requests now (breaker open, paused), so a job
 	// with a fallback moves on instead of waiting.
 	unavailable bool
+	// stored: Until is already in the job row (a retry delay, a held limiter slot).
+	stored bool
 }
 
 func (e *DeferError) Error() string {
@@ -144,7 +146,17 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("decode task payload: %v: %w", err, asynq.SkipRetry)
 	}
-	return h.Process(ctx, p.JobID)
+	err := h.Process(ctx, p.JobID)
+	var d *DeferError
+	if errors.As(err, &d) && !d.stored {
+		// asynq keeps whole seconds and may hand the task back up to a second early; with
+		// the time in the row, that delivery sleeps the rest instead of being deferred again
+		// (which, for every waiting job, would spin while a breaker is open).
+		if perr := h.cfg.Store.Postpone(context.WithoutCancel(ctx), p.JobID, d.Until); perr != nil {
+			return perr
+		}
+	}
+	return err
 }
 
 // Process runs one attempt of job id (or defers it). It returns nil when the job needs nothing
@@ -320,7 +332,7 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 		if err := h.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq); err != nil {
 			return adm, err
 		}
-		return adm, &DeferError{Until: until, Reason: "rate limit slot"}
+		return adm, &DeferError{Until: until, Reason: "rate limit slot", stored: true}
 	}
 	return adm, sleep(ctx, res.Wait)
 }
@@ -351,7 +363,7 @@ func (h *Handler) waitUntil(ctx context.Context, t time.Time, reason string) err
 		return nil
 	}
 	if wait > h.cfg.MaxInlineWait {
-		return &DeferError{Until: t, Reason: reason}
+		return &DeferError{Until: t, Reason: reason, stored: true} // t came from the row
 	}
 	return sleep(ctx, wait)
 }
@@ -414,7 +426,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 		if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextCredential: true}); err != nil {
 			return err
 		}
-		return &DeferError{Until: now, Reason: "fail over after " + string(d.Class)}
+		return &DeferError{Until: now, Reason: "fail over after " + string(d.Class), stored: true}
 	case d.DeadReason != "":
 		if err := h.finish(ctx, job, a, Outcome{Status: StatusDead, DeadReason: d.DeadReason, LastError: lastErr}); err != nil {
 			return err
@@ -441,7 +453,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 	if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextAttemptAt: &next}); err != nil {
 		return err
 	}
-	return &DeferError{Until: next, Reason: "retry after " + string(d.Class)}
+	return &DeferError{Until: next, Reason: "retry after " + string(d.Class), stored: true}
 }
 
 // observe tells the limiter what the attempt showed (the learned limit, a Retry-After push-back),

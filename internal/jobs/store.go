@@ -203,6 +203,19 @@ WHERE id = $1 AND status IN ('queued', 'retrying')`, id, sendAt, seq)
 	return nil
 }
 
+// Postpone sets the time before which the job's next delivery must not send (a breaker
+// cooldown, a pause, a spent retry budget). A held limiter slot is kept: sending later than a
+// slot is always safe. It is not a transition (no event) and applies only to a queued or
+// retrying job.
+func (s *Store) Postpone(ctx context.Context, id string, until time.Time) error {
+	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'retrying')`, id, until)
+	if err != nil {
+		return fmt.Errorf("postpone job: %w", err)
+	}
+	return nil
+}
+
 // NextCredential moves a queued or retrying job to its next fallback credential, without an
 // attempt (the current one is refused by its breaker or paused). It reports whether it moved.
 func (s *Store) NextCredential(ctx context.Context, id string) (bool, error) {
