@@ -83,6 +83,43 @@
 // provider that raises or lowers its limit mid-run. With the provider's clock 300 ms off ours,
 // 0-2 429s.
 //
+// # Token limits
+//
+// Providers also limit tokens per minute: Anthropic input and output tokens, OpenAI input and
+// output together. Credential.ReserveCost takes a request's Cost (estimated input tokens, and
+// max_tokens of output) from each known token bucket in the same Lua script as its request slot:
+// GCRA on tokens, a bucket of N tokens per minute holding N at once and refilling N per
+// Config.TokenMinute, a request of n tokens advancing the bucket's tat by n spacings. SendAt is
+// the latest of the request bucket and the token buckets (a bucket that waits for a refill keeps
+// the phase margin, and the rate margin spaces tokens too). A cost larger than a whole bucket is a
+// *TooLargeError (nothing reserved): it can never be sent. Reserve, and a zero Cost, take no
+// tokens at all: credentials used without costs behave exactly as before.
+//
+// Costs are estimates (internal/tokens): after the answer, Credential.Reconcile trues the grant up
+// to the usage the provider reported, so our buckets track the provider's count, as Anthropic's
+// own output limit does (max_tokens charged up front, adjusted at the end). A charge moves later
+// send times later by exactly the difference. A refund moves them earlier, but a slot already
+// handed out keeps its tokens: GCRA gives tat = max over grants j of (its model time + the tokens
+// from j on), so a refund to grant X only lowers tat to the same maximum over the grants after X
+// (kept, bounded, per bucket). Because refunds matter only for slots not yet handed out, a slot
+// the tokens push beyond Config.TokenHorizon (1 s) is handed out only while no other such slot is
+// pending; the others are told to ask again within a second. A single tat cannot represent room
+// before a slot handed out far ahead, so the request bucket (and the tokens of other requests)
+// count such a slot from its send time: conservative, never early.
+//
+// Learned token limits: each response's token headers (Observation.InputTokens, OutputTokens,
+// Tokens) give the capacity (Limit) and bound the refill rate like the request limit does; the
+// rate paced at is at least Limit per TokenMinute. Unless a bucket is configured, the schedule is
+// never let below what the provider surely held: Limit - Remaining (less its rounding: Anthropic
+// rounds to the thousand) from the request's send on. There is no lending for tokens.
+//
+// The simulation test (issue 8's shape: 100 jobs of 2,000 input tokens and max_tokens 200 against
+// 50 requests/s, 40,000 input and 8,000 output tokens per minute with a 6 s minute, 500 ms
+// answers, the first wave over-estimated by 25%) finishes at 1.04x the 24 s token floor with known
+// limits and with learned ones (TokenMinute matching), 100 requests and no 429; with the limiter's
+// minute not the provider's, from the headers alone, 1.19x. Counting requests only, the same run
+// draws hundreds of 429s.
+//
 // # Retry budget
 //
 // Credential.RecordAttempt counts first attempts; Credential.AllowRetry atomically grants and
@@ -101,5 +138,8 @@
 // NewMetrics registers, labelled by credential name only: llmq_limiter_limit_requests_per_second,
 // llmq_limiter_limit_burst_requests, llmq_limiter_limit_source{source}, llmq_limiter_wait_seconds,
 // llmq_limiter_probes_total, llmq_limiter_retry_after_pushbacks_total,
-// llmq_retry_budget_refusals_total and llmq_limiter_paused.
+// llmq_retry_budget_refusals_total and llmq_limiter_paused; for token limits
+// llmq_limiter_limit_tokens_per_minute{bucket}, and the pair llmq_limiter_tokens_reserved_total
+// and llmq_limiter_tokens_reported_total{kind="input"|"output"} (reserved at grant, reported at
+// Reconcile, for grants that charged a bucket).
 package limiter

@@ -24,9 +24,17 @@ const (
 	HeaderOpenAIReset     = "x-ratelimit-reset-requests"
 	// HeaderRetryAfterMs is OpenAI's millisecond Retry-After; it wins over Retry-After.
 	HeaderRetryAfterMs = "retry-after-ms"
+	// Token families: Anthropic's anthropic-ratelimit-{input-tokens,output-tokens}-{limit,
+	// remaining,reset} (remaining rounded to the nearest thousand, reset an RFC 3339 time) and
+	// OpenAI's x-ratelimit-{limit,remaining,reset}-tokens (reset a duration).
+	HeaderAnthropicInputTokensPrefix  = "anthropic-ratelimit-input-tokens-"
+	HeaderAnthropicOutputTokensPrefix = "anthropic-ratelimit-output-tokens-"
+	HeaderOpenAILimitTokens           = "x-ratelimit-limit-tokens"
+	HeaderOpenAIRemainingTokens       = "x-ratelimit-remaining-tokens"
+	HeaderOpenAIResetTokens           = "x-ratelimit-reset-tokens"
 )
 
-// ObservationFromHeaders reads the request rate-limit headers of either provider family, and
+// ObservationFromHeaders reads the request and token rate-limit headers of either provider family, and
 // Retry-After (seconds or HTTP-date) or retry-after-ms, from a response with the given status
 // that was sent at sentAt and arrived at at. HeadersKnown is set only when limit, remaining and
 // reset all parse; a malformed header is ignored, never an error.
@@ -44,6 +52,29 @@ func ObservationFromHeaders(h http.Header, status int, sentAt, at time.Time) Obs
 			o.ResetGranularity = time.Millisecond
 			if d >= time.Second && d%time.Second == 0 {
 				o.ResetGranularity = time.Second
+			}
+		}
+	}
+	anthropicTokens := func(prefix string) TokenObservation {
+		lim, rem, ok := limitRemaining(h, prefix+"limit", prefix+"remaining")
+		if !ok {
+			return TokenObservation{}
+		}
+		t := TokenObservation{Known: true, Limit: lim, Remaining: rem, RemainingGranularity: 1000}
+		if reset, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(h.Get(prefix+"reset"))); err == nil {
+			t.ResetAt, t.ResetAbsolute = reset, true
+		}
+		return t
+	}
+	o.InputTokens = anthropicTokens(HeaderAnthropicInputTokensPrefix)
+	o.OutputTokens = anthropicTokens(HeaderAnthropicOutputTokensPrefix)
+	if lim, rem, ok := limitRemaining(h, HeaderOpenAILimitTokens, HeaderOpenAIRemainingTokens); ok {
+		o.Tokens = TokenObservation{Known: true, Limit: lim, Remaining: rem}
+		if d, err := time.ParseDuration(strings.TrimSpace(h.Get(HeaderOpenAIResetTokens))); err == nil && d >= 0 {
+			o.Tokens.ResetAt = at.Add(d)
+			o.Tokens.ResetGranularity = time.Millisecond
+			if d >= time.Second && d%time.Second == 0 {
+				o.Tokens.ResetGranularity = time.Second
 			}
 		}
 	}

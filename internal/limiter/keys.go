@@ -27,3 +27,11 @@ func budgetKey(prefix, tag string) string { return prefix + tag + ":budget" }
 // pauseKey holds the pause episode of a credential (a hash). It has no TTL: only Resume ends a
 // pause.
 func pauseKey(prefix, tag string) string { return prefix + tag + ":pause" }
+
+// tokenKey holds the credential's token buckets and what was learned about them (a hash; see
+// luaTokens). It expires LearnTTL after its buckets are full again.
+func tokenKey(prefix, tag string) string { return prefix + tag + ":tk" }
+
+// grantKey holds the token grants not yet reconciled (a hash: grant id → tokens charged per
+// bucket), at most the most recent grantsKept. It expires with tokenKey.
+func grantKey(prefix, tag string) string { return prefix + tag + ":tkg" }

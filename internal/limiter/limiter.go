@@ -53,6 +53,18 @@ type Config struct {
 	// modelled applies to the queue at once. Callers further back are told when to ask again,
 	// spread by their place in line and at least once a second. Default 250ms.
 	LearnHorizon time.Duration
+	// TokenMinute is the refill period of token limits: a bucket of N tokens per minute holds N
+	// and refills N per TokenMinute. Default 1m (what providers mean); a simulator with a shortened
+	// minute needs the same value here for configured token limits (learned ones read the refill
+	// rate from the headers as well).
+	TokenMinute time.Duration
+	// TokenHorizon bounds how far ahead token buckets hand out slots: a slot that the tokens push
+	// more than TokenHorizon ahead is granted only while no other such slot is pending (the others
+	// are told to ask again, Granted false). Costs are estimates, reconciled after the answer;
+	// keeping the queue close means a refund (a prompt smaller than estimated, a reply shorter
+	// than max_tokens) applies to the next requests at once instead of after every slot handed
+	// out. Default 1s; negative disables it (every slot is handed out at once, in order).
+	TokenHorizon time.Duration
 	// Budget configures the retry budget.
 	Budget Budget
 	// Metrics receives the limiter's metrics; nil records none.
@@ -83,7 +95,13 @@ const (
 	DefaultProbeTTL     = 30 * time.Second
 	DefaultPollInterval = 10 * time.Millisecond
 	DefaultLearnHorizon = 250 * time.Millisecond
+	DefaultTokenMinute  = time.Minute
+	DefaultTokenHorizon = time.Second
 )
+
+// grantsKept is how many recent token grants can be reconciled; older records are dropped (their
+// reservation then simply stays charged).
+const grantsKept = 4096
 
 // A 429 with Retry-After caps the learned rate at (1-rateDecrease) of what was paced at, until
 // the provider's limit changes or LearnTTL passes.
@@ -120,6 +138,14 @@ func (c Config) withDefaults() Config {
 	if c.LearnHorizon == 0 {
 		c.LearnHorizon = DefaultLearnHorizon
 	}
+	if c.TokenMinute == 0 {
+		c.TokenMinute = DefaultTokenMinute
+	}
+	if c.TokenHorizon == 0 {
+		c.TokenHorizon = DefaultTokenHorizon
+	} else if c.TokenHorizon < 0 {
+		c.TokenHorizon = 0
+	}
 	if c.Budget.Ratio == 0 {
 		c.Budget.Ratio = 0.1
 	}
@@ -149,6 +175,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("PollInterval %v: want at least 1ms", c.PollInterval)
 	case c.LearnHorizon < 0:
 		return fmt.Errorf("LearnHorizon %v: want positive", c.LearnHorizon)
+	case c.TokenMinute < time.Second:
+		return fmt.Errorf("TokenMinute %v: want at least 1s", c.TokenMinute)
 	case c.Budget.Ratio < 0 || math.IsNaN(c.Budget.Ratio):
 		return fmt.Errorf("Budget.Ratio %v: want positive", c.Budget.Ratio)
 	case c.Budget.Window < time.Second:
@@ -204,12 +232,28 @@ func (l *Limiter) Credential(id, name string) *Credential {
 func (c *Credential) Name() string { return c.name }
 
 // Limit is a provider's request limit: a token bucket holding Burst requests, refilled at Rate
-// per second.
+// per second; and optionally its token limits, each a bucket holding that many tokens and
+// refilled as many per minute (Config.TokenMinute). Token limits apply only to ReserveCost.
 type Limit struct {
 	// Rate is requests per second.
 	Rate float64
 	// Burst is how many requests may go at once from a full bucket. 0 with a Rate means 1.
 	Burst int
+	// InputTokensPerMinute limits input (prompt) tokens; 0 means not configured (learned from
+	// the headers when the provider sends them).
+	InputTokensPerMinute float64
+	// OutputTokensPerMinute limits output tokens, reserved as max_tokens before the call and
+	// trued up to the usage after it; 0 means not configured.
+	OutputTokensPerMinute float64
+	// TokensPerMinute limits input and output tokens together (OpenAI's token limit); 0 means not
+	// configured.
+	TokensPerMinute float64
+}
+
+func (l Limit) valid() bool {
+	bad := func(f float64) bool { return f < 0 || math.IsNaN(f) || math.IsInf(f, 0) }
+	return !bad(l.Rate) && l.Burst >= 0 && !bad(l.InputTokensPerMinute) && !bad(l.OutputTokensPerMinute) &&
+		!bad(l.TokensPerMinute)
 }
 
 // Source says where a Limit comes from.
@@ -241,13 +285,21 @@ type Reservation struct {
 	// Probe is true when the limit is unknown and this request is the one allowed out to learn
 	// it. Observe its response (or its failure) promptly: everybody else waits for it.
 	Probe bool
-	// Limit is the limit the slot was computed with, without margins (Rate 0: not known).
+	// Limit is the request limit the slot was computed with, without margins (Rate 0: not
+	// known); its token fields are zero (the token limits are in Tokens).
 	Limit Limit
 	// Source is where Limit comes from.
 	Source Source
 	// Seq identifies the slot to Observe (opaque): copy it into Observation.Seq. 0 when not
 	// Granted.
 	Seq int64
+	// Cost is the cost ReserveCost was asked for (zero for Reserve).
+	Cost Cost
+	// Grant identifies the tokens charged for this slot, to pass to Reconcile after the answer;
+	// 0 when no token bucket was charged (Reserve, no token limit known, or not Granted).
+	Grant int64
+	// Tokens is the token limits the slot was computed with (ReserveCost only).
+	Tokens TokenLimits
 }
 
 // Reserve atomically takes the next send slot of the credential (one Lua script, GCRA): a burst
@@ -261,22 +313,42 @@ type Reservation struct {
 // out either (Granted false, ask again after Wait). Observe the outcome of every granted slot.
 //
 // It returns an error when lim is invalid or Redis fails; no slot is taken then.
+//
+// Reserve takes no tokens: the token fields of lim are ignored (see ReserveCost).
 func (c *Credential) Reserve(ctx context.Context, lim Limit) (Reservation, error) {
-	if lim.Rate < 0 || math.IsNaN(lim.Rate) || math.IsInf(lim.Rate, 0) || lim.Burst < 0 {
+	if !lim.valid() {
 		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
 	}
+	return c.reserve(ctx, lim, Cost{})
+}
+
+// reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
+func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost) (Reservation, error) {
 	if lim.Rate > 0 && lim.Burst == 0 {
 		lim.Burst = 1
 	}
 	cfg := &c.l.cfg
-	res, err := reserveScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)},
-		c.l.nowArg(), fmtFloat(lim.Rate), lim.Burst,
+	keys := []string{rateKey(cfg.Prefix, c.tag)}
+	args := []any{c.l.nowArg(), fmtFloat(lim.Rate), lim.Burst,
 		micros(cfg.PhaseMargin), fmtFloat(cfg.RateMargin), micros(cfg.LearnTTL),
-		micros(cfg.ProbeTTL), micros(cfg.PollInterval), micros(cfg.LearnHorizon)).Slice()
+		micros(cfg.ProbeTTL), micros(cfg.PollInterval), micros(cfg.LearnHorizon)}
+	if cost != (Cost{}) {
+		keys = append(keys, tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag))
+		args = append(args, "1",
+			fmtFloat(lim.InputTokensPerMinute), fmtFloat(lim.OutputTokensPerMinute), fmtFloat(lim.TokensPerMinute),
+			cost.InputTokens, cost.OutputTokens, cost.InputTokens+cost.OutputTokens,
+			micros(cfg.TokenMinute), micros(cfg.TokenHorizon), grantsKept,
+			cost.fitInput(), cost.fitInput()+cost.OutputTokens)
+	}
+	res, err := reserveScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {
 		return Reservation{}, fmt.Errorf("reserve: %w", err)
 	}
-	if len(res) != 8 {
+	if len(res) == 4 && toInt(res[0]) == -1 {
+		return Reservation{}, &TooLargeError{Bucket: Bucket(toString(res[1])), Cost: int(toInt(res[2])),
+			Capacity: int(toInt(res[3]))}
+	}
+	if len(res) < 8 {
 		return Reservation{}, fmt.Errorf("reserve: unexpected reply %v", res)
 	}
 	send, now := toInt(res[1]), toInt(res[2])
@@ -289,6 +361,11 @@ func (c *Credential) Reserve(ctx context.Context, lim Limit) (Reservation, error
 		Limit:   Limit{Rate: rate, Burst: int(toInt(res[5]))},
 		Source:  Source(toString(res[6])),
 		Seq:     toInt(res[7]),
+		Cost:    cost,
+	}
+	if len(res) >= 10 {
+		r.Grant = toInt(res[8])
+		r.Tokens = parseTokenLimits(toString(res[9]))
 	}
 	c.l.cfg.Metrics.reserved(c.name, r)
 	return r, nil

@@ -13,6 +13,10 @@ type Metrics struct {
 	pushbacks *prometheus.CounterVec
 	refusals  *prometheus.CounterVec
 	paused    *prometheus.GaugeVec
+	// token limits
+	tokenLimit     *prometheus.GaugeVec
+	tokensReserved *prometheus.CounterVec
+	tokensReported *prometheus.CounterVec
 }
 
 // NewMetrics creates the limiter's metrics and registers them with reg (nil: not registered).
@@ -53,9 +57,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmq_limiter_paused",
 			Help: "1 while the credential is paused (a 429 without Retry-After), as last seen by this process.",
 		}, cred),
+		tokenLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_limiter_limit_tokens_per_minute",
+			Help: "Token bucket capacity (tokens per minute) the limiter paces the credential at, per bucket (0 while unknown).",
+		}, []string{"credential", "bucket"}),
+		tokensReserved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_limiter_tokens_reserved_total",
+			Help: "Tokens reserved before sending (estimated input, max_tokens output) for slots that charged a token bucket.",
+		}, []string{"credential", "kind"}),
+		tokensReported: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_limiter_tokens_reported_total",
+			Help: "Tokens the provider reported (usage), reconciled against reserved ones.",
+		}, []string{"credential", "kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.rate, m.burst, m.source, m.wait, m.probes, m.pushbacks, m.refusals, m.paused)
+		reg.MustRegister(m.rate, m.burst, m.source, m.wait, m.probes, m.pushbacks, m.refusals, m.paused,
+			m.tokenLimit, m.tokensReserved, m.tokensReported)
 	}
 	return m
 }
@@ -79,6 +96,23 @@ func (m *Metrics) reserved(name string, r Reservation) {
 	if r.Probe {
 		m.probes.WithLabelValues(name).Inc()
 	}
+	if r.Tokens != (TokenLimits{}) {
+		m.tokenLimit.WithLabelValues(name, string(BucketInput)).Set(r.Tokens.Input.PerMinute)
+		m.tokenLimit.WithLabelValues(name, string(BucketOutput)).Set(r.Tokens.Output.PerMinute)
+		m.tokenLimit.WithLabelValues(name, string(BucketTokens)).Set(r.Tokens.Combined.PerMinute)
+	}
+	if r.Granted && r.Grant > 0 {
+		m.tokensReserved.WithLabelValues(name, "input").Add(float64(r.Cost.InputTokens))
+		m.tokensReserved.WithLabelValues(name, "output").Add(float64(r.Cost.OutputTokens))
+	}
+}
+
+func (m *Metrics) reconciled(name string, actual Cost) {
+	if m == nil {
+		return
+	}
+	m.tokensReported.WithLabelValues(name, "input").Add(float64(actual.InputTokens))
+	m.tokensReported.WithLabelValues(name, "output").Add(float64(actual.OutputTokens))
 }
 
 func (m *Metrics) pushedBack(name string) {

@@ -41,6 +41,15 @@ type Observation struct {
 	// which is how a learned limit escapes pacing below the provider's true rate. 0 (unknown) is
 	// safe: then every request let out so far is assumed still in flight.
 	Seq int64
+	// InputTokens is the provider's input-token bucket (Anthropic's
+	// anthropic-ratelimit-input-tokens-*), when it reported one.
+	InputTokens TokenObservation
+	// OutputTokens is the provider's output-token bucket (anthropic-ratelimit-output-tokens-*).
+	OutputTokens TokenObservation
+	// Tokens is a bucket of input and output tokens together: OpenAI's x-ratelimit-*-tokens.
+	// Leave Anthropic's anthropic-ratelimit-tokens-* out: it reports the most restrictive of its
+	// token limits, not a bucket of its own, and would double-count.
+	Tokens TokenObservation
 }
 
 // Observe feeds one response to the limiter; call it for every attempt Reserve let out,
@@ -49,7 +58,11 @@ type Observation struct {
 //     rate (see the package doc); a new Limit value, or a response inconsistent with the bounds,
 //     starts learning afresh, so the limiter follows a provider that changes its limit mid-run;
 //   - on a 429 with Retry-After, pushes the shared schedule back so that nobody sends before
-//     At+RetryAfter, and lowers the learned rate by 10% (until responses say otherwise).
+//     At+RetryAfter, and lowers the learned rate by 10% (until responses say otherwise);
+//   - learns each token bucket the response reports (capacity = Limit; the refill rate is at
+//     least Limit per Config.TokenMinute, more when deficit and reset prove it) and, unless the
+//     bucket is configured, never lets the schedule hold fewer tokens than the provider surely
+//     held (Limit - Remaining, less its rounding, from SentAt on). ReserveCost uses them.
 //
 // A 429 without Retry-After changes nothing here: it is a spend cap, see Pause. Observe returns
 // an error only when Redis fails.
@@ -95,5 +108,5 @@ func (c *Credential) Observe(ctx context.Context, o Observation) error {
 	if ra != "" {
 		cfg.Metrics.pushedBack(c.name)
 	}
-	return nil
+	return c.observeTokens(ctx, o, now)
 }

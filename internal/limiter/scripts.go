@@ -52,16 +52,131 @@ end
 // ARGV[7] probe TTL µs
 // ARGV[8] poll interval µs
 // ARGV[9] learn horizon µs
-// Returns {granted 0|1, send µs, now µs, probe 0|1, rate (string), burst, source, seq}. When
-// granted is 0 nothing was reserved and send is when to ask again. seq is 1 + a number of grants
-// all sent at least a phase margin before this one (Observation.Seq).
-var reserveScript = redis.NewScript(luaCommon + `
+// Token buckets (ReserveCost only; a plain Reserve passes neither KEYS[2..3] nor ARGV[10..], and
+// the script then never touches them):
+// KEYS[2] token hash (see luaTokens), KEYS[3] grants hash (see reconcileScript)
+// ARGV[10] "1"
+// ARGV[11..13] configured capacity of the input, output and combined buckets (tokens per token
+// minute; 0 = not configured: use what was learned, if anything)
+// ARGV[14..16] this request's cost in each: input tokens, output tokens, both
+// ARGV[17] token minute µs (a bucket of N refills N per token minute)
+// ARGV[18] token horizon µs (0 = none)
+// ARGV[19] grant records kept
+// ARGV[20..21] the least the input and the combined cost can be (a cost above a bucket whose
+// least fits is cut to the whole bucket)
+// Returns {granted 0|1, send µs, now µs, probe 0|1, rate (string), burst, source, seq, grant,
+// token limits (string)}. When granted is 0 nothing was reserved and send is when to ask again.
+// seq is 1 + a number of grants all sent at least a phase margin before this one
+// (Observation.Seq). grant is the token grant to Reconcile (0: no token bucket was charged);
+// token limits is "capacity rate source" for the input, output and combined buckets, comma
+// separated ("" without tokens). A cost larger than a whole bucket returns {-1, bucket name,
+// cost, capacity} and changes nothing.
+var reserveScript = redis.NewScript(luaCommon + luaTokens + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
 local crate, cburst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local phase, rmargin = tonumber(ARGV[4]), tonumber(ARGV[5])
 local learnttl, probettl, poll = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local hz = tonumber(ARGV[9])
+
+-- Token buckets: TK is nil for a plain Reserve (no token work at all).
+local TG, TLIM = 0, ''
+local TK = nil
+if ARGV[10] ~= nil and ARGV[10] ~= '' then
+  local tk, tmin = KEYS[2], tonumber(ARGV[17])
+  TK = {xs = {}, tail = num(redis.call('HGET', tk, 'tail')) or 0, thz = tonumber(ARGV[18])}
+  local lims = {}
+  TK.xs = tload(tk)
+  for i, b in ipairs(TB) do
+    local x = TK.xs[i]
+    local ccap, n = tonumber(ARGV[10 + i]), tonumber(ARGV[13 + i])
+    local least = n
+    if b ~= 'o' then least = tonumber(ARGV[19 + math.min(i, 2)]) end
+    x.n, x.C, x.rate, x.src = n, 0, 0, 'unknown'
+    if ccap > 0 then
+      x.C, x.rate, x.src = ccap, ccap * 1000000 / tmin, 'configured'
+      x.cr, x.cupd = ccap, now
+    elseif x.L ~= nil and x.lupd ~= nil and now - x.lupd <= learnttl then
+      -- learned: the per-minute limit is a floor on the rate; the headers may prove more
+      x.C, x.src = x.L, 'learned'
+      x.rate = math.max(x.lo or 0, x.L * 1000000 / tmin)
+    end
+    if x.C > 0 then
+      -- A request larger than the whole bucket can never be sent: say so, change nothing. One
+      -- that may fit (its least does) takes the whole bucket.
+      if least > x.C then return {-1, TNAME[b], least, x.C} end
+      if n > x.C then
+        n = x.C
+        x.n = n
+      end
+      x.T = 1000000 / x.rate * (1 + rmargin)
+    end
+    lims[i] = fmt(x.C) .. ' ' .. fmt(x.rate) .. ' ' .. x.src
+  end
+  TLIM = table.concat(lims, ',')
+end
+
+-- tgate runs the request's token buckets for a request slot at model time m0 (when the request
+-- bucket has room) and send time s0 (m0 plus any phase margin). Each bucket b with room for the
+-- cost n at a (GCRA on tokens: tat advances n*T per request, burst = capacity) may push both
+-- later; a bucket that waits for a refill keeps the phase margin, like the request bucket.
+-- Returns true, send, model time (tokens charged, grant recorded) or false, when to ask again
+-- (nothing charged): a slot pushed by the tokens beyond the token horizon is refused while
+-- another such slot is pending, so that refunds of over-estimated costs apply to the queue.
+local function tgate(m0, s0)
+  if TK == nil then return true, s0, m0 end
+  local tk = KEYS[2]
+  local m, s = m0, s0
+  local charged = false
+  for _, x in ipairs(TK.xs) do
+    if x.T ~= nil then
+      texpress(x, now)
+      if x.tat == nil or x.tat <= now - phase then x.full = now end
+      if x.n > 0 then
+        charged = true
+        local base = x.tat
+        if base == nil or base < now then base = now end
+        local a = base + (x.n - x.C) * x.T
+        if a > m then m = a end
+        local sb = now
+        if a > (x.full or 0) and a + phase > now then sb = a + phase end
+        if sb > s then s = sb end
+      end
+    end
+  end
+  local bound = m > m0 or s > s0
+  local thz = TK.thz
+  if bound and thz > 0 and s > now + thz and TK.tail > now + thz then
+    tsave(tk, TK.xs)
+    tkeep(tk, KEYS[3], now, learnttl, TK.xs)
+    local again = math.min(s, TK.tail) - thz
+    if again > now + 1000000 then again = now + 1000000 end
+    if again < now + poll then again = now + poll end
+    return false, again
+  end
+  if charged then
+    local id = redis.call('HINCRBY', tk, 'tid', 1)
+    local rec = {}
+    for i, x in ipairs(TK.xs) do
+      rec[i] = 0
+      if x.T ~= nil and x.n > 0 then
+        kpush(x, id, m, x.R)
+        x.R = x.R + x.n
+        local b0 = x.tat
+        if b0 == nil or b0 < m then b0 = m end
+        x.tat = b0 + x.n * x.T
+        rec[i] = x.n
+      end
+    end
+    redis.call('HSET', KEYS[3], id, table.concat(rec, ' '))
+    redis.call('HDEL', KEYS[3], id - tonumber(ARGV[19]))
+    TG = id
+    if bound and s > now + thz then redis.call('HSET', tk, 'tail', fmt0(s)) end
+  end
+  tsave(tk, TK.xs)
+  tkeep(tk, KEYS[3], now, learnttl, TK.xs)
+  return true, s, m
+end
 
 local s = redis.call('HMGET', key, 'tat', 'ts', 'bs', 'full', 'L', 'lo', 'lupd', 'av', 'avs',
   'pr', 'pt', 'nb', 'nohdr', 'bg', 'seq', 'c1t', 'c1s', 'c2t', 'c2s', 'cap', 'capt')
@@ -81,7 +196,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
   if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
   if nb - now + learnttl > keep then keep = nb - now + learnttl end
   redis.call('PEXPIRE', key, math.ceil(keep / 1000))
-  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0}
+  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM}
 end
 -- grant counts one grant sent at snd and returns its Observation.Seq: 1 + the grants sent at
 -- least a phase margin earlier, which surely reached the provider first. Later ones may not be
@@ -116,14 +231,16 @@ elseif L ~= nil then
   rate = estimate(lo, cap, capt, now)
 elseif nohdr ~= nil then
   -- the provider sends no rate-limit headers: nothing to pace by but Retry-After
-  local snd = math.max(now, nb)
+  local ok, snd = tgate(math.max(now, nb), math.max(now, nb))
+  if not ok then return reply(0, snd, 0, 0, 0, 'unknown') end
   return reply(1, snd, 0, 0, 0, 'unknown', grant(snd))
 end
 
 if rate <= 0 then
   -- Rate unknown. Lend what the provider said remains, else one probe at a time.
   if source == 'learned' and lend ~= nil and lend >= 1 then
-    local snd = math.max(now, nb)
+    local ok, snd = tgate(math.max(now, nb), math.max(now, nb))
+    if not ok then return reply(0, snd, 0, 0, burst, source) end
     redis.call('HSET', key, 'bg', fmt0(now))
     return reply(1, snd, 0, 0, burst, source, grant(snd))
   end
@@ -132,7 +249,8 @@ if rate <= 0 then
   if (pr ~= nil and pr > now) or (source == 'learned' and bg ~= nil and now - bg < probettl) then
     return reply(0, recheck(since), 0, 0, burst, source)
   end
-  local snd = math.max(now, nb)
+  local ok, snd = tgate(math.max(now, nb), math.max(now, nb))
+  if not ok then return reply(0, snd, 0, 0, burst, source) end
   redis.call('HSET', key, 'pr', fmt0(snd + probettl), 'pt', fmt0(snd))
   return reply(1, snd, 1, 0, burst, source, grant(snd))
 end
@@ -185,8 +303,22 @@ if allow > (full or 0) and allow + phase > now then send = allow + phase end
 
 local granted = 1
 if source == 'learned' and send - now > hz then granted = 0 end
+local tagain = nil
+if granted == 1 then
+  -- The request bucket has room at max(now, allow); the token buckets may push the slot later,
+  -- and the request is then counted at that later time.
+  local m0 = math.max(now, allow)
+  local ok, s2, m2 = tgate(m0, send)
+  if ok then
+    if m2 > m0 then ntat = math.max(base, m2) + T end
+    send = s2
+  else
+    granted, tagain = 0, s2
+  end
+end
 if granted == 1 then tat = ntat end
 redis.call('HSET', key, 'tat', fmt0(tat), 'ts', fmt(T), 'bs', burst, 'full', fmt0(full or 0))
+if tagain ~= nil then return reply(0, tagain, 0, rate, burst, source) end
 if granted == 0 then
   -- Learned limits hand out slots at most a horizon ahead, so that a better estimate, or the
   -- provider's reported remaining, applies to the queue at once. Waiters are spread by their

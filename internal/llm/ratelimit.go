@@ -7,11 +7,12 @@ import (
 	"time"
 )
 
-// RateLimit is the provider's request rate-limit family, normalised across providers. The
-// token families (input/output tokens) are left in the response header.
+// RateLimit is the provider's request rate-limit family, normalised across providers, and its
+// token families in Tokens.
 type RateLimit struct {
-	// Known reports that both the limit and the remaining count were present and valid.
-	// When false, the other fields are zero and must be ignored.
+	// Known reports that both the request limit and the remaining count were present and valid.
+	// When false, Limit, Remaining and the Reset fields are zero and must be ignored; Tokens is
+	// parsed independently of it.
 	Known bool
 	// Limit is the number of requests allowed in the provider's window.
 	Limit int
@@ -26,6 +27,9 @@ type RateLimit struct {
 	// 1ms for a finer one ("1.953s", "12ms"); 0 for Anthropic (whole seconds in the text mean
 	// whole-second precision, fractions mean exact).
 	ResetGranularity time.Duration
+	// Tokens is the token rate-limit families; each is parsed on its own and is Known only when
+	// its limit and remaining were present and valid.
+	Tokens Tokens
 }
 
 // parseAnthropicRateLimit reads anthropic-ratelimit-requests-{limit,remaining,reset}; reset
@@ -33,8 +37,9 @@ type RateLimit struct {
 func parseAnthropicRateLimit(h http.Header) RateLimit {
 	rl, ok := parseLimitRemaining(h.Get("Anthropic-Ratelimit-Requests-Limit"), h.Get("Anthropic-Ratelimit-Requests-Remaining"))
 	if !ok {
-		return RateLimit{}
+		return RateLimit{Tokens: parseAnthropicTokens(h)}
 	}
+	rl.Tokens = parseAnthropicTokens(h)
 	if v := strings.TrimSpace(h.Get("Anthropic-Ratelimit-Requests-Reset")); v != "" {
 		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 			rl.ResetAt, rl.ResetAbsolute = t, true
@@ -49,8 +54,9 @@ func parseAnthropicRateLimit(h http.Header) RateLimit {
 func parseOpenAIRateLimit(h http.Header, received time.Time) RateLimit {
 	rl, ok := parseLimitRemaining(h.Get("X-Ratelimit-Limit-Requests"), h.Get("X-Ratelimit-Remaining-Requests"))
 	if !ok {
-		return RateLimit{}
+		return RateLimit{Tokens: parseOpenAITokens(h, received)}
 	}
+	rl.Tokens = parseOpenAITokens(h, received)
 	if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-Requests")); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 			rl.ResetAt = received.Add(d)
@@ -73,4 +79,90 @@ func parseLimitRemaining(limit, remaining string) (RateLimit, bool) {
 		return RateLimit{}, false
 	}
 	return RateLimit{Known: true, Limit: l, Remaining: r}, true
+}
+
+// Tokens is the provider's token rate-limit families.
+type Tokens struct {
+	// Input is Anthropic's input-token bucket (anthropic-ratelimit-input-tokens-*).
+	Input TokenLimit
+	// Output is Anthropic's output-token bucket (anthropic-ratelimit-output-tokens-*).
+	Output TokenLimit
+	// Combined is OpenAI's token bucket, charged input and output tokens together
+	// (x-ratelimit-{limit,remaining,reset}-tokens), or Anthropic's anthropic-ratelimit-tokens-*,
+	// which reports the most restrictive of its token limits rather than a bucket of its own (do
+	// not pace by it when Input and Output are known).
+	Combined TokenLimit
+}
+
+// TokenLimit is one token rate-limit family: a bucket of Limit tokens, Remaining of them left,
+// full again at ResetAt.
+type TokenLimit struct {
+	// Known reports that both the limit and the remaining count were present and valid. When
+	// false, the other fields are zero and must be ignored.
+	Known bool
+	// Limit is the bucket's capacity in tokens (per minute).
+	Limit int
+	// Remaining is the tokens left; 0 is meaningful.
+	Remaining int
+	// RemainingGranularity is how coarsely Remaining is reported: Anthropic rounds it to the
+	// nearest thousand (1000); 0 means exact (rounded down to a whole token).
+	RemainingGranularity int
+	// ResetAt is when the bucket is full again; zero when the reset header was absent or invalid.
+	ResetAt time.Time
+	// ResetAbsolute reports that ResetAt is a time read on the provider's clock (Anthropic), not a
+	// duration added to our receive time (OpenAI).
+	ResetAbsolute bool
+	// ResetGranularity is how coarse ResetAt is, as for RateLimit.ResetGranularity.
+	ResetGranularity time.Duration
+}
+
+// anthropicTokenRounding is how Anthropic rounds the remaining tokens it reports (to the nearest
+// thousand, per its rate-limit documentation).
+const anthropicTokenRounding = 1000
+
+// parseAnthropicTokens reads anthropic-ratelimit-{input-tokens,output-tokens,tokens}-{limit,
+// remaining,reset}; reset is an RFC 3339 timestamp.
+func parseAnthropicTokens(h http.Header) Tokens {
+	family := func(name string) TokenLimit {
+		prefix := "Anthropic-Ratelimit-" + name + "-"
+		tl, ok := parseTokenLimitRemaining(h.Get(prefix+"Limit"), h.Get(prefix+"Remaining"))
+		if !ok {
+			return TokenLimit{}
+		}
+		tl.RemainingGranularity = anthropicTokenRounding
+		if v := strings.TrimSpace(h.Get(prefix + "Reset")); v != "" {
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				tl.ResetAt, tl.ResetAbsolute = t, true
+			}
+		}
+		return tl
+	}
+	return Tokens{Input: family("Input-Tokens"), Output: family("Output-Tokens"), Combined: family("Tokens")}
+}
+
+// parseOpenAITokens reads x-ratelimit-{limit,remaining}-tokens and x-ratelimit-reset-tokens, a
+// Go-style duration from received.
+func parseOpenAITokens(h http.Header, received time.Time) Tokens {
+	tl, ok := parseTokenLimitRemaining(h.Get("X-Ratelimit-Limit-Tokens"), h.Get("X-Ratelimit-Remaining-Tokens"))
+	if !ok {
+		return Tokens{}
+	}
+	if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-Tokens")); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+			tl.ResetAt = received.Add(d)
+			tl.ResetGranularity = time.Millisecond
+			if d >= time.Second && d%time.Second == 0 {
+				tl.ResetGranularity = time.Second
+			}
+		}
+	}
+	return Tokens{Combined: tl}
+}
+
+func parseTokenLimitRemaining(limit, remaining string) (TokenLimit, bool) {
+	rl, ok := parseLimitRemaining(limit, remaining)
+	if !ok {
+		return TokenLimit{}, false
+	}
+	return TokenLimit{Known: true, Limit: rl.Limit, Remaining: rl.Remaining}, true
 }

@@ -1,0 +1,297 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Cost is what one request asks of the token buckets: its estimated input tokens and its output
+// allowance (max_tokens). The combined bucket is charged both.
+type Cost struct {
+	// InputTokens is the estimated input (prompt) tokens.
+	InputTokens int
+	// OutputTokens is the output tokens reserved (the request's max_tokens), or, in Reconcile,
+	// the output tokens the provider reported.
+	OutputTokens int
+	// MinInputTokens, when set, is the least the input can be (an unscaled estimate, where
+	// InputTokens is scaled up to be safe). A request is too large only when MinInputTokens
+	// exceeds a bucket; when only InputTokens does, the whole bucket is reserved instead. Ignored
+	// by Reconcile.
+	MinInputTokens int
+}
+
+// fitInput is the input that must fit a bucket: MinInputTokens when set, else InputTokens.
+func (c Cost) fitInput() int {
+	if c.MinInputTokens > 0 && c.MinInputTokens < c.InputTokens {
+		return c.MinInputTokens
+	}
+	return c.InputTokens
+}
+
+// Bucket names a token bucket.
+type Bucket string
+
+// The token buckets of a credential.
+const (
+	// BucketInput is the input-token bucket (Anthropic's input tokens per minute).
+	BucketInput Bucket = "input_tokens"
+	// BucketOutput is the output-token bucket (Anthropic's output tokens per minute).
+	BucketOutput Bucket = "output_tokens"
+	// BucketTokens is the bucket of input and output tokens together (OpenAI's tokens per minute).
+	BucketTokens Bucket = "tokens"
+)
+
+// ErrTooLarge is matched (errors.Is) by every *TooLargeError.
+var ErrTooLarge = errors.New("request larger than a whole token bucket")
+
+// TooLargeError is a request whose cost exceeds the whole capacity of a token bucket: it can never
+// be sent, however long it waits. Fail it (at submit if possible) instead of queueing it.
+type TooLargeError struct {
+	// Bucket is the bucket it does not fit in.
+	Bucket Bucket
+	// Cost is what the request asks of that bucket, in tokens.
+	Cost int
+	// Capacity is the bucket's whole capacity, in tokens.
+	Capacity int
+}
+
+// Error says which bucket, the cost and the capacity.
+func (e *TooLargeError) Error() string {
+	what := map[Bucket]string{BucketInput: "input tokens", BucketOutput: "output tokens (max_tokens)",
+		BucketTokens: "input + output tokens (prompt + max_tokens)"}[e.Bucket]
+	if what == "" {
+		what = string(e.Bucket)
+	}
+	return fmt.Sprintf("request needs %d %s but the credential's whole %s limit is %d per minute: "+
+		"it can never be sent", e.Cost, what, e.Bucket, e.Capacity)
+}
+
+// Is reports whether target is ErrTooLarge.
+func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
+
+// TokenLimit is one token bucket as the limiter knows it.
+type TokenLimit struct {
+	// PerMinute is the bucket's capacity (and its refill per Config.TokenMinute); 0: unknown.
+	PerMinute float64
+	// Rate is the refill rate paced at, in tokens per second, without margins. For a learned
+	// limit it is at least PerMinute per TokenMinute, more when the headers prove it.
+	Rate float64
+	// Source is where the limit comes from.
+	Source Source
+}
+
+// TokenLimits is a credential's token buckets.
+type TokenLimits struct {
+	Input, Output, Combined TokenLimit
+}
+
+// parseTokenLimits reads the scripts' "capacity rate source" triples (input, output, combined).
+func parseTokenLimits(s string) TokenLimits {
+	var out [3]TokenLimit
+	for i, part := range strings.SplitN(s, ",", 3) {
+		f := strings.Fields(part)
+		if len(f) != 3 {
+			continue
+		}
+		c, _ := strconv.ParseFloat(f[0], 64)
+		r, _ := strconv.ParseFloat(f[1], 64)
+		out[i] = TokenLimit{PerMinute: c, Rate: r, Source: Source(f[2])}
+	}
+	if s == "" {
+		return TokenLimits{}
+	}
+	return TokenLimits{Input: out[0], Output: out[1], Combined: out[2]}
+}
+
+// CheckCost returns a *TooLargeError when cost exceeds a token bucket configured in l (input
+// tokens, output tokens, or both against TokensPerMinute; the input is MinInputTokens when set),
+// else nil. Pure: use it at submit time.
+func (l Limit) CheckCost(cost Cost) error {
+	for _, b := range []struct {
+		bucket   Bucket
+		capacity float64
+		n        int
+	}{
+		{BucketInput, l.InputTokensPerMinute, cost.fitInput()},
+		{BucketOutput, l.OutputTokensPerMinute, cost.OutputTokens},
+		{BucketTokens, l.TokensPerMinute, cost.fitInput() + cost.OutputTokens},
+	} {
+		if b.capacity > 0 && float64(b.n) > b.capacity {
+			return &TooLargeError{Bucket: b.bucket, Cost: b.n, Capacity: int(b.capacity)}
+		}
+	}
+	return nil
+}
+
+// CheckCost is Limit.CheckCost against lim's configured token limits and, for the buckets lim
+// does not configure, the limits learned from the provider. It returns a *TooLargeError, nil, or
+// an error when Redis fails.
+func (c *Credential) CheckCost(ctx context.Context, lim Limit, cost Cost) error {
+	if err := lim.CheckCost(cost); err != nil {
+		return err
+	}
+	cur, err := c.CurrentTokens(ctx)
+	if err != nil {
+		return err
+	}
+	learned := func(configured float64, t TokenLimit) float64 {
+		if configured == 0 && t.Source == SourceLearned {
+			return t.PerMinute
+		}
+		return 0
+	}
+	return Limit{
+		InputTokensPerMinute:  learned(lim.InputTokensPerMinute, cur.Input),
+		OutputTokensPerMinute: learned(lim.OutputTokensPerMinute, cur.Output),
+		TokensPerMinute:       learned(lim.TokensPerMinute, cur.Combined),
+	}.CheckCost(cost)
+}
+
+// ReserveCost is Reserve for a request that also costs tokens: atomically with the request slot
+// (one Lua script), it takes cost from each token bucket that is configured in lim or learned
+// from the provider's headers (see Observation), as GCRA on tokens: a full bucket lets its whole
+// capacity go at once, then tokens go at the bucket's rate, and the slot's SendAt is the latest of
+// what the request bucket and the token buckets allow (a bucket that waits for a refill keeps the
+// phase margin). Buckets neither configured nor learned are not limited. With a zero cost it is
+// Reserve.
+//
+// The costs are estimates: after the answer, Reconcile r.Grant with the usage the provider
+// reported, so that the buckets track the provider's own count. While Config.TokenHorizon is
+// set, a slot the tokens push beyond it is not handed out while another such slot is pending
+// (Granted false: ask again after Wait), so that refunds apply to the queue.
+//
+// It returns a *TooLargeError (matching ErrTooLarge) when cost exceeds the whole capacity of a
+// known bucket (nothing is reserved: the request can never be sent), and an error when lim or
+// cost is invalid or Redis fails.
+func (c *Credential) ReserveCost(ctx context.Context, lim Limit, cost Cost) (Reservation, error) {
+	if !lim.valid() {
+		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
+	}
+	if cost.InputTokens < 0 || cost.OutputTokens < 0 || cost.MinInputTokens < 0 {
+		return Reservation{}, fmt.Errorf("reserve: invalid cost %+v", cost)
+	}
+	return c.reserve(ctx, lim, cost)
+}
+
+// AcquireCost is Acquire with ReserveCost: it calls ReserveCost until a slot is granted, sleeping
+// between calls while each wait to ask again is at most maxWait, and returns an ungranted
+// Reservation when the next ask is further away. Errors are ReserveCost's, or ctx's.
+func (c *Credential) AcquireCost(ctx context.Context, lim Limit, cost Cost, maxWait time.Duration) (Reservation, error) {
+	for {
+		r, err := c.ReserveCost(ctx, lim, cost)
+		if err != nil || r.Granted || r.Wait > maxWait {
+			return r, err
+		}
+		t := time.NewTimer(r.Wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Reservation{}, fmt.Errorf("acquire: %w", context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Reconcile trues the tokens of grant (Reservation.Grant) up to actual, what the provider charged:
+// the usage it reported (input_tokens, output_tokens). A charge (more than reserved) moves the
+// buckets' later send times later by exactly the difference; a refund moves them earlier, except
+// that a slot already handed out keeps its tokens in the bucket. Call it once per grant; a grant
+// already reconciled, or older than the 4,096 most recent, is ignored (nil). Without usage, pass
+// what the provider is known to have charged: after an error answer, the input tokens and no
+// output (Cost{InputTokens: r.Cost.InputTokens}); after a 429, nothing (Cost{}); when no answer
+// came, do not call it (the reservation stays charged). Grant 0 is a no-op. It returns an error
+// only when actual is negative or Redis fails.
+func (c *Credential) Reconcile(ctx context.Context, grant int64, actual Cost) error {
+	if actual.InputTokens < 0 || actual.OutputTokens < 0 {
+		return fmt.Errorf("reconcile tokens: invalid cost %+v", actual)
+	}
+	if grant <= 0 {
+		return nil
+	}
+	cfg := &c.l.cfg
+	res, err := reconcileScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag)},
+		c.l.nowArg(), grant, actual.InputTokens, actual.OutputTokens, micros(cfg.LearnTTL)).Slice()
+	if err != nil {
+		return fmt.Errorf("reconcile tokens: %w", err)
+	}
+	if len(res) == 4 && toInt(res[0]) == 1 {
+		cfg.Metrics.reconciled(c.name, actual)
+	}
+	return nil
+}
+
+// CurrentTokens returns the token limits in force for the credential: per bucket, the capacity a
+// ReserveCost configured within LearnTTL, else the one learned from the headers, else unknown. It
+// returns an error only when Redis fails.
+func (c *Credential) CurrentTokens(ctx context.Context) (TokenLimits, error) {
+	cfg := &c.l.cfg
+	s, err := currentTokensScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag)},
+		c.l.nowArg(), micros(cfg.LearnTTL), micros(cfg.TokenMinute)).Text()
+	if err != nil {
+		return TokenLimits{}, fmt.Errorf("current token limits: %w", err)
+	}
+	return parseTokenLimits(s), nil
+}
+
+// TokenObservation is what a response said about one token bucket.
+type TokenObservation struct {
+	// Known reports that Limit and Remaining were present.
+	Known bool
+	// Limit is the bucket's capacity in tokens (per minute).
+	Limit int
+	// Remaining is the tokens left after this request.
+	Remaining int
+	// RemainingGranularity is how coarsely Remaining is reported: Anthropic rounds to the nearest
+	// thousand (1000); 0 or 1 means exact (rounded down).
+	RemainingGranularity int
+	// ResetAt is when the bucket is full again (zero: not given).
+	ResetAt time.Time
+	// ResetGranularity and ResetAbsolute are as in Observation.
+	ResetGranularity time.Duration
+	ResetAbsolute    bool
+}
+
+func (t TokenObservation) usable() bool { return t.Known && t.Limit > 0 && t.Remaining >= 0 }
+
+// observeTokens learns the token buckets from o (see observeTokensScript).
+func (c *Credential) observeTokens(ctx context.Context, o Observation, now time.Time) error {
+	fams := []TokenObservation{o.InputTokens, o.OutputTokens, o.Tokens}
+	known := false
+	for _, f := range fams {
+		known = known || f.usable()
+	}
+	if !known {
+		return nil
+	}
+	cfg := &c.l.cfg
+	args := []any{c.l.nowArg(), micros(cfg.LearnTTL), fmtFloat(cfg.RateMargin), micros(cfg.TokenMinute)}
+	for _, f := range fams {
+		if !f.usable() {
+			args = append(args, 0, 0, 0, 0, 0, 0, 0)
+			continue
+		}
+		var dtMax, dtMin time.Duration
+		if !f.ResetAt.IsZero() {
+			q := f.ResetGranularity
+			if q == 0 && f.ResetAt.Nanosecond() == 0 {
+				q = time.Second
+			}
+			var skew time.Duration
+			if f.ResetAbsolute {
+				skew = cfg.ClockSkew
+			}
+			dtMax = f.ResetAt.Add(q + skew).Sub(o.SentAt)
+			dtMin = f.ResetAt.Add(-skew).Sub(o.At)
+		}
+		args = append(args, 1, f.Limit, f.Remaining, max(f.RemainingGranularity, 1),
+			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))
+	}
+	if err := observeTokensScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag)}, args...).Err(); err != nil {
+		return fmt.Errorf("observe token limits: %w", err)
+	}
+	return nil
+}
