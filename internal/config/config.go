@@ -65,6 +65,9 @@ type API struct {
 	AllowAnonymous bool `yaml:"allow_anonymous"`
 	// MaxBodyBytes caps a submitted body; larger bodies get 413. Default 4 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// TenantSubmitRate, when set, limits each tenant's submits (POST /v1/jobs), shared by every
+	// API replica through Redis; above it the API answers 429 with Retry-After. Default: off.
+	TenantSubmitRate *Limits `yaml:"tenant_submit_rate"`
 }
 
 // Worker configures the job executor.
@@ -77,6 +80,9 @@ type Worker struct {
 	Queue string `yaml:"queue"`
 	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost. Default 10s.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
+	// TokenMinute is the length of the providers' token-limit "minute". Default 1m; only a
+	// simulator with a scaled-down minute (benchmarks) differs.
+	TokenMinute time.Duration `yaml:"token_minute"`
 }
 
 // Credential is one provider API key and where it lives.
@@ -128,6 +134,12 @@ func (c Credential) APIKey() string {
 type Limits struct {
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	Burst             int     `yaml:"burst"`
+	// InputTokensPerMinute and OutputTokensPerMinute are Anthropic-style token buckets;
+	// TokensPerMinute is OpenAI's one bucket for input and output together. 0: learned from the
+	// provider's token headers (or none).
+	InputTokensPerMinute  float64 `yaml:"input_tokens_per_minute"`
+	OutputTokensPerMinute float64 `yaml:"output_tokens_per_minute"`
+	TokensPerMinute       float64 `yaml:"tokens_per_minute"`
 }
 
 // Retry is the retry policy.
@@ -280,8 +292,14 @@ func (c *Config) validate() error {
 	if c.API.MaxBodyBytes < 0 {
 		bad("api.max_body_bytes", "must be positive")
 	}
+	if r := c.API.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || r.Burst <= 0) {
+		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive")
+	}
 	if c.Worker.Concurrency < 0 {
 		bad("worker.concurrency", "must be positive")
+	}
+	if c.Worker.TokenMinute < 0 {
+		bad("worker.token_minute", "must be positive")
 	}
 	if c.Worker.SweepInterval < 0 {
 		bad("worker.sweep_interval", "must be positive")
@@ -330,6 +348,9 @@ func (c *Config) validate() error {
 		// Not echoed: a value that is not a variable name is likely the key itself pasted here.
 		if cr.APIKeyEnv != "" && !envVarRE.MatchString(cr.APIKeyEnv) {
 			bad(f+".api_key_env", "must name an environment variable (letters, digits, '_'), not hold the key")
+		}
+		if cr.Limits != nil && (cr.Limits.InputTokensPerMinute < 0 || cr.Limits.OutputTokensPerMinute < 0 || cr.Limits.TokensPerMinute < 0) {
+			bad(f+".limits", "token limits must not be negative")
 		}
 		if cr.Limits != nil && (cr.Limits.RequestsPerSecond <= 0 || cr.Limits.Burst <= 0) {
 			bad(f+".limits", "requests_per_second and burst must both be positive")

@@ -55,6 +55,7 @@ type setupOpts struct {
 	limits     string // YAML limits of credential "default", e.g. "{requests_per_second: 10, burst: 20}"
 	extra      string // more YAML fields of credential "default", e.g. "pause_probe_interval: 1s"
 	top        string // more top-level YAML, e.g. "breaker: {threshold: 2, cooldown: 1s}"
+	worker     string // more fields of the worker block, e.g. "token_minute: 1s"
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -76,7 +77,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 database_url: %s
 redis_url: %s
 api: { allow_anonymous: true, max_body_bytes: 65536 }
-worker: { concurrency: 50, queue: llmq-test-%s, sweep_interval: 100ms, metrics_listen: "off" }
+worker: { concurrency: 50, queue: llmq-test-%s, sweep_interval: 100ms, metrics_listen: "off"%s }
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
@@ -84,7 +85,7 @@ credentials:
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 alerts: { webhook_url: %q }
 %s
-`, dbURL, redisURL, redistest.Rand(), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
+`, dbURL, redisURL, redistest.Rand(), extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == "SIM_KEY" {
 			return simKey

@@ -15,12 +15,15 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // Credential is what the handler needs to call a provider with one configured key.
 type Credential struct {
 	// Name is the credential's configured name (a metric label; never the key).
 	Name string
+	// Kind is the provider kind ("anthropic", "openai"): how token counts are read.
+	Kind string
 	// Provider sends requests with this credential's key.
 	Provider llm.Provider
 	// AttemptTimeout bounds one provider call. Default 5m.
@@ -58,6 +61,9 @@ type HandlerConfig struct {
 	MaxInlineWait time.Duration
 	// Alerter raises dead-letter alerts. Nil: none (the metric and the job row remain).
 	Alerter *Alerter
+	// Estimator estimates a request's tokens for the token buckets and learns from the
+	// provider's counts. Nil: requests are reserved without tokens.
+	Estimator *tokens.Estimator
 	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
 	// spent budgets. Default math/rand/v2.
 	Float64 func() float64
@@ -207,14 +213,24 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	}
 	adm := admission{breaker: brk}
 	if job.SlotSeq != nil {
-		adm.seq = *job.SlotSeq // the slot was taken by an earlier delivery and is due now
+		// The slot (and its tokens) was taken by an earlier delivery and is due now.
+		adm.seq = *job.SlotSeq
+		if job.SlotGrant != nil {
+			adm.grant = *job.SlotGrant
+		}
 	} else if cred.Limiter != nil {
 		a, err := h.admit(ctx, job, cred)
+		if errors.Is(err, limiter.ErrTooLarge) {
+			h.reportBreaker(ctx, cred, brk, breaker.Neutral)
+			return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
+				Class: string(retrypolicy.ClassPermanent), Message: "request can never be sent: " + err.Error(),
+			}})
+		}
 		if err != nil {
 			h.reportBreaker(ctx, cred, brk, breaker.Neutral) // not sent: hand a probe on
 			return h.failOver(ctx, job, err)
 		}
-		adm.seq, adm.pauseProbe = a.seq, a.pauseProbe
+		adm.seq, adm.grant, adm.pauseProbe = a.seq, a.grant, a.pauseProbe
 	}
 	job, err = h.cfg.Store.BeginAttempt(ctx, id)
 	if err != nil {
@@ -277,6 +293,7 @@ func breakerOutcome(d retrypolicy.Decision) breaker.Outcome {
 type admission struct {
 	breaker    *breaker.Admission // nil: no breaker
 	seq        int64              // the limiter slot, for Observe
+	grant      int64              // the token reservation, for Reconcile (0: none)
 	pauseProbe bool               // an automatic probe of a paused credential
 }
 
@@ -319,7 +336,7 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(budgetRecheck)), Reason: budget}
 		}
 	}
-	res, err := lc.Acquire(ctx, cred.Limit, h.cfg.MaxInlineWait)
+	res, err := lc.AcquireCost(ctx, cred.Limit, h.cost(cred, job), h.cfg.MaxInlineWait)
 	if err != nil {
 		return adm, err
 	}
@@ -327,14 +344,27 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 	if !res.Granted {
 		return adm, &DeferError{Until: until, Reason: "waiting for the rate limit to be learned"}
 	}
-	adm.seq = res.Seq
+	adm.seq, adm.grant = res.Seq, res.Grant
 	if res.Wait > h.cfg.MaxInlineWait {
-		if err := h.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq); err != nil {
+		if err := h.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq, res.Grant); err != nil {
 			return adm, err
 		}
 		return adm, &DeferError{Until: until, Reason: "rate limit slot", stored: true}
 	}
 	return adm, sleep(ctx, res.Wait)
+}
+
+// cost is the job's estimated tokens for the token buckets (zero without an estimator, or for a
+// body the estimator cannot read: the provider will judge that one).
+func (h *Handler) cost(cred Credential, job *Job) limiter.Cost {
+	if h.cfg.Estimator == nil {
+		return limiter.Cost{}
+	}
+	est, err := h.cfg.Estimator.Estimate(cred.Name, cred.Kind, job.Request)
+	if err != nil {
+		return limiter.Cost{}
+	}
+	return limiter.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}
 }
 
 // spread returns d plus U(0, d).
@@ -479,12 +509,18 @@ func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, j
 		o.HeadersKnown, o.Limit, o.Remaining, o.ResetAt = true, rl.Limit, rl.Remaining, rl.ResetAt
 		o.ResetAbsolute, o.ResetGranularity = rl.ResetAbsolute, rl.ResetGranularity
 	}
+	o.InputTokens, o.OutputTokens = tokenObservation(rl.Tokens.Input), tokenObservation(rl.Tokens.Output)
+	if cred.Kind == string(llm.KindOpenAI) {
+		// Anthropic's tokens-* family reports its most restrictive limit, not a bucket.
+		o.Tokens = tokenObservation(rl.Tokens.Combined)
+	}
 	if o.StatusCode == 429 && d.HasRetryAfter {
 		o.RetryAfter, o.HasRetryAfter = d.RetryAfter, true
 	}
 	if err := lc.Observe(ctx, o); err != nil {
 		h.cfg.Logger.WarnContext(ctx, "limiter observe", "credential", cred.Name, "error", err)
 	}
+	h.reconcile(ctx, cred, adm, job, resp, o.StatusCode)
 	if job.Attempts == 1 {
 		if err := lc.RecordAttempt(ctx); err != nil {
 			h.cfg.Logger.WarnContext(ctx, "retry budget record", "credential", cred.Name, "error", err)
@@ -497,6 +533,44 @@ func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, j
 			h.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", cred.Name, "job_id", job.ID)
 		}
 	}
+}
+
+// reconcile trues the token buckets up to what the provider counted: the reported usage after
+// an answer, nothing for a 429 (the provider charged nothing), the input alone for another
+// error. With no answer at all the reservation stays charged (the provider may have counted it).
+func (h *Handler) reconcile(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response, status int) {
+	if adm.grant == 0 || status == 0 {
+		return
+	}
+	var actual limiter.Cost
+	est, estErr := limiter.Cost{}, error(nil)
+	if h.cfg.Estimator != nil {
+		var e tokens.Estimate
+		e, estErr = h.cfg.Estimator.Estimate(cred.Name, cred.Kind, job.Request)
+		est = limiter.Cost{InputTokens: e.Input}
+		if resp != nil && estErr == nil {
+			h.cfg.Estimator.Observe(cred.Name, e, resp.Usage.InputTokens)
+		}
+	}
+	switch {
+	case resp != nil:
+		actual = limiter.Cost{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens}
+	case status == 429:
+	default:
+		actual = est
+	}
+	if err := cred.Limiter.Reconcile(ctx, adm.grant, actual); err != nil {
+		h.cfg.Logger.WarnContext(ctx, "token reconcile", "credential", cred.Name, "error", err)
+	}
+}
+
+func tokenObservation(t llm.TokenLimit) limiter.TokenObservation {
+	if !t.Known {
+		return limiter.TokenObservation{}
+	}
+	return limiter.TokenObservation{Known: true, Limit: t.Limit, Remaining: t.Remaining,
+		RemainingGranularity: t.RemainingGranularity, ResetAt: t.ResetAt,
+		ResetGranularity: t.ResetGranularity, ResetAbsolute: t.ResetAbsolute}
 }
 
 // pause stops the credential after a spend-cap answer so that no further request burns on it,

@@ -83,6 +83,8 @@ type Job struct {
 	EventSeq int `json:"-"`
 	// SlotSeq is set while the job holds a limiter slot at NextAttemptAt.
 	SlotSeq *int64 `json:"-"`
+	// SlotGrant is the token reservation that goes with SlotSeq (nil: none).
+	SlotGrant *int64 `json:"-"`
 }
 
 // CurrentCredential is the credential the next attempt uses.

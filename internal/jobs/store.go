@@ -68,7 +68,7 @@ type CreateParams struct {
 const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
 	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
 	result, usage, dead_reason, metadata, request, event_seq, slot_seq,
-	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by`
+	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by, slot_grant`
 
 func scanJob(row pgx.Row) (*Job, error) {
 	var j Job
@@ -78,7 +78,7 @@ func scanJob(row pgx.Row) (*Job, error) {
 	err := row.Scan(&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
-		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy)
+		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -174,7 +174,7 @@ func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
 		var err error
 		job, err = scanJob(tx.QueryRow(ctx, `
 UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
-	next_attempt_at = NULL, slot_seq = NULL, updated_at = now(), event_seq = event_seq + 1
+	next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1
 WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
 RETURNING `+jobColumns, id))
 		if errors.Is(err, ErrNotFound) {
@@ -194,9 +194,9 @@ RETURNING `+jobColumns, id))
 // HoldSlot records that the job holds a limiter slot to send at sendAt (sequence seq), so the
 // delivery that comes back for it sends then without reserving again. It is not a transition (no
 // event) and applies only to a queued or retrying job.
-func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq int64) error {
-	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying')`, id, sendAt, seq)
+func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq, grant int64) error {
+	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, slot_grant = $4, updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'retrying')`, id, sendAt, seq, grant)
 	if err != nil {
 		return fmt.Errorf("hold limiter slot: %w", err)
 	}
@@ -219,7 +219,7 @@ WHERE id = $1 AND status IN ('queued', 'retrying')`, id, until)
 // NextCredential moves a queued or retrying job to its next fallback credential, without an
 // attempt (the current one is refused by its breaker or paused). It reports whether it moved.
 func (s *Store) NextCredential(ctx context.Context, id string) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET credential_index = credential_index + 1, slot_seq = NULL,
+	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET credential_index = credential_index + 1, slot_seq = NULL, slot_grant = NULL,
 	next_attempt_at = NULL, updated_at = now()
 WHERE id = $1 AND status IN ('queued', 'retrying') AND credential_index < cardinality(fallbacks)`, id)
 	if err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/idem"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // InvalidError is a submission the API must refuse with 400; Type is a stable machine code and
@@ -34,6 +36,9 @@ type SubmitConfig struct {
 	// Kinds maps credential names to their provider kind; fallbacks must share the primary's.
 	// Nil: not checked.
 	Kinds map[string]string
+	// TokenLimits are the credentials' configured token buckets: a request that can never fit
+	// one is refused at submit. Missing: not checked (learned limits are checked by the worker).
+	TokenLimits map[string]TokenLimits
 	// DefaultMaxAttempts applies when the body has no max_attempts. Default 10.
 	DefaultMaxAttempts int
 	// DefaultTimeout applies when the body has no timeout. Default 10m.
@@ -138,6 +143,9 @@ func (s *Submitter) Parse(tenant, idemKey string, body []byte) (CreateParams, er
 		return CreateParams{}, err
 	}
 	p.Fallbacks = b.Fallbacks
+	if err := s.checkTokens(append([]string{p.Credential}, p.Fallbacks...), b.Request); err != nil {
+		return CreateParams{}, err
+	}
 	if b.Timeout != nil {
 		d, err := time.ParseDuration(*b.Timeout)
 		if err != nil || d <= 0 || d > s.cfg.MaxTimeout {
@@ -186,6 +194,31 @@ func (s *Submitter) Parse(tenant, idemKey string, body []byte) (CreateParams, er
 	}
 	p.Fingerprint = fp
 	return p, nil
+}
+
+// TokenLimits are a credential's configured token buckets, per minute (0: none).
+type TokenLimits struct {
+	InputPerMinute, OutputPerMinute, CombinedPerMinute float64
+}
+
+// checkTokens refuses a request larger than a whole configured token bucket of its credential or
+// of a fallback: it could never be sent, so it must fail now rather than after a wait.
+func (s *Submitter) checkTokens(creds []string, request []byte) error {
+	for _, name := range creds {
+		tl, ok := s.cfg.TokenLimits[name]
+		if !ok {
+			continue
+		}
+		r, err := tokens.Count(s.cfg.Kinds[name], request)
+		if err != nil {
+			continue // the provider judges a body we cannot count
+		}
+		lim := limiter.Limit{InputTokensPerMinute: tl.InputPerMinute, OutputTokensPerMinute: tl.OutputPerMinute, TokensPerMinute: tl.CombinedPerMinute}
+		if err := lim.CheckCost(limiter.Cost{InputTokens: r.Input, OutputTokens: r.MaxOutput}); err != nil {
+			return invalid("request_too_large", "credential %q: %v", name, err)
+		}
+	}
+	return nil
 }
 
 // MaxFallbacks caps the fallback list of one job.

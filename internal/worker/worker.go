@@ -21,6 +21,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // Options are the in-process knobs a config file does not carry.
@@ -62,13 +63,15 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	var metrics *jobs.Metrics
 	var limMetrics *limiter.Metrics
 	var brkMetrics *breaker.Metrics
+	var tokMetrics *tokens.Metrics
 	if opts.Registerer != nil {
+		tokMetrics = tokens.NewMetrics(opts.Registerer)
 		metrics = jobs.NewMetrics(opts.Registerer)
 		limMetrics = limiter.NewMetrics(opts.Registerer)
 		brkMetrics = breaker.NewMetrics(opts.Registerer)
 	}
 	rdb := jobs.NewRedisClient(redisOpt)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics})
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -89,11 +92,12 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		jc := jobs.Credential{Name: c.Name, Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
+		jc := jobs.Credential{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
 			Limiter: lim.Credential(c.LimiterID(), c.Name), Breaker: brk.Credential(c.LimiterID(), c.Name),
 			PauseProbeInterval: c.PauseProbeInterval}
-		if c.Limits != nil {
-			jc.Limit = limiter.Limit{Rate: c.Limits.RequestsPerSecond, Burst: c.Limits.Burst}
+		if l := c.Limits; l != nil {
+			jc.Limit = limiter.Limit{Rate: l.RequestsPerSecond, Burst: l.Burst, InputTokensPerMinute: l.InputTokensPerMinute,
+				OutputTokensPerMinute: l.OutputTokensPerMinute, TokensPerMinute: l.TokensPerMinute}
 		}
 		creds[c.Name] = jc
 	}
@@ -102,8 +106,14 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb}
 	alerter := jobs.NewAlerter(jobs.AlerterConfig{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
 		Prefix: opts.RedisPrefix, Logger: opts.Logger})
+	estimator, err := tokens.New(&tokens.Config{Metrics: tokMetrics})
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
 	w.handler = jobs.NewHandler(jobs.HandlerConfig{
 		Store: store, Credentials: creds, Policy: policy, Logger: opts.Logger, Metrics: metrics, Alerter: alerter,
+		Estimator: estimator,
 	})
 	w.client = asynq.NewClient(redisOpt)
 	w.insp = asynq.NewInspector(redisOpt)

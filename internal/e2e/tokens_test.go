@@ -1,0 +1,45 @@
+package e2e_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llmsim"
+)
+
+// Large prompts against an input-token bucket: with the token limit known, the limiter paces by
+// tokens and the provider refuses nothing, although the request limit alone would let every job
+// go at once. Counts, not times, are asserted.
+func TestTokens_KnownTokenLimitAvoids429s(t *testing.T) {
+	t.Parallel()
+	const n = 12
+	b := setup(t, setupOpts{
+		sim: llmsim.Config{Capacity: 100, RefillPerSecond: 100, InputTokensPerMinute: 400,
+			OutputTokensPerMinute: 1000, TokenMinute: time.Second, ReplyTokens: 10},
+		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
+		worker: "token_minute: 1s",
+	})
+	prompt := strings.Repeat("word ", 80) // 400 bytes: 100 input tokens by the simulator's rule
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ids[i] = b.submit(t, fmt.Sprintf(`{"max_attempts":10,"request":{"model":"m","max_tokens":10,"messages":[{"role":"user","content":%q}]}}`, prompt))
+		})
+	}
+	wg.Wait()
+	for _, id := range ids {
+		job := b.waitTerminal(t, id)
+		require.Equal(t, "succeeded", job["status"])
+		require.EqualValues(t, 100, job["usage"].(map[string]any)["input_tokens"])
+	}
+	st := b.sim.Stats()
+	require.Zero(t, st.ByStatus[429], "the provider refused requests: %v", st.ByStatus)
+	require.Equal(t, n, st.Requests)
+	require.Equal(t, n*100, st.InputTokens)
+}
