@@ -43,6 +43,7 @@ func newApp(out, errOut io.Writer) *app {
 			jobs,
 			a.deadCommand(),
 			a.credentialsCommand(),
+			a.tenantsCommand(),
 			a.statsCommand(),
 		},
 		// Errors are printed once, by run; never os.Exit inside the library.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -17,13 +18,16 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // Config configures a Server.
@@ -34,8 +38,14 @@ type Config struct {
 	Redis     redis.UniversalClient
 	// Gatherer serves /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
-	// AllowAnonymous maps requests without a bearer token to tenant "default".
+	// AllowAnonymous maps requests without an Authorization header to tenant "default". A request
+	// with one is authenticated whatever this says.
 	AllowAnonymous bool
+	// Tenants resolves bearer tokens to tenants. nil: no token is accepted (a request with an
+	// Authorization header is 401), which leaves only anonymous access.
+	Tenants *tenant.Authenticator
+	// SubmitRate limits each tenant's submits (429 with Retry-After above it). nil: unlimited.
+	SubmitRate *tenant.RateLimiter
 	// MaxBodyBytes caps a submit body (413 above it). Default 4 MiB.
 	MaxBodyBytes int64
 	Logger       *slog.Logger
@@ -95,7 +105,7 @@ func New(cfg Config) *Server {
 		s.mux.HandleFunc(rt.pattern, s.methods(rt.methods))
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.cfg.Logger, &httpError{http.StatusNotFound, "not_found", "no route for " + r.Method + " " + r.URL.Path})
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusNotFound, typ: "not_found", message: "no route for " + r.Method + " " + r.URL.Path})
 	})
 	return s
 }
@@ -116,25 +126,90 @@ func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		w.Header().Set("Allow", strings.Join(slices.Sorted(maps.Keys(h)), ", "))
-		writeError(w, r, s.cfg.Logger, &httpError{http.StatusMethodNotAllowed, "method_not_allowed", r.Method + " is not allowed on " + r.URL.Path})
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusMethodNotAllowed, typ: "method_not_allowed", message: r.Method + " is not allowed on " + r.URL.Path})
 	}
 }
 
-// tenant returns the caller's tenant. Bearer tokens arrive with tenants (issue 6); until then
-// only anonymous access exists, and only when allowed.
-func (s *Server) tenant(r *http.Request) (string, error) {
-	if r.Header.Get("Authorization") != "" {
-		return "", &httpError{http.StatusUnauthorized, "unauthorized", "bearer tokens are not supported yet; use allow_anonymous for local use"}
+// tenant authenticates the caller. Without an Authorization header it is tenant "default" when
+// anonymous access is allowed, else 401. With one, it must be exactly "Bearer <token>" with a
+// known token: 401 otherwise, 403 when the token's tenant was revoked. The token itself never
+// reaches a log or an error message.
+func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
+	values, present := r.Header["Authorization"]
+	if !present {
+		if !s.cfg.AllowAnonymous {
+			return nil, unauthorized("", "authentication required: send Authorization: Bearer <token>")
+		}
+		return &tenant.Tenant{Name: tenant.Default}, nil
 	}
-	if !s.cfg.AllowAnonymous {
-		return "", &httpError{http.StatusUnauthorized, "unauthorized", "authentication required"}
+	scheme, token, ok := strings.Cut(values[0], " ")
+	if len(values) != 1 || !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return nil, unauthorized("invalid_request", "malformed Authorization header: want \"Bearer <token>\"")
 	}
-	return "default", nil
+	if s.cfg.Tenants == nil {
+		return nil, unauthorized("invalid_token", "this server accepts no bearer tokens")
+	}
+	t, err := s.cfg.Tenants.Authenticate(r.Context(), strings.TrimSpace(token))
+	switch {
+	case err == nil:
+		return t, nil
+	case errors.Is(err, tenant.ErrMalformedToken), errors.Is(err, tenant.ErrUnknownToken):
+		return nil, unauthorized("invalid_token", "invalid bearer token")
+	case errors.Is(err, tenant.ErrRevoked):
+		if t != nil {
+			s.cfg.Logger.WarnContext(r.Context(), "request with a revoked tenant's token", "tenant", t.Name,
+				"method", r.Method, "path", r.URL.Path)
+		}
+		return nil, &httpError{status: http.StatusForbidden, typ: "token_revoked", message: "this bearer token was revoked"}
+	default:
+		return nil, err
+	}
+}
+
+// unauthorized is a 401 with the WWW-Authenticate challenge of RFC 6750; code is its error
+// attribute ("" when no token was sent).
+func unauthorized(code, message string) *httpError {
+	challenge := `Bearer realm="llmq"`
+	if code != "" {
+		challenge += `, error="` + code + `"`
+	}
+	return &httpError{status: http.StatusUnauthorized, typ: "unauthorized", message: message,
+		header: http.Header{"Www-Authenticate": {challenge}}}
+}
+
+// admit applies the tenant's submit rate: a 429 with Retry-After above it. When Redis cannot
+// answer the request is admitted (and the failure logged): the limit protects fairness, and
+// submitting needs only Postgres.
+func (s *Server) admit(r *http.Request, tenantName string) error {
+	if s.cfg.SubmitRate == nil {
+		return nil
+	}
+	// Bounded: an unreachable Redis must not hold every submit for the client's dial timeout.
+	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+	defer cancel()
+	d, err := s.cfg.SubmitRate.Allow(ctx, tenantName)
+	if err != nil {
+		if r.Context().Err() == nil {
+			s.cfg.Logger.WarnContext(r.Context(), "tenant submit rate unavailable; admitting", "tenant", tenantName, "error", err)
+		}
+		return nil
+	}
+	if d.Allowed {
+		return nil
+	}
+	secs := d.RetryAfterSeconds()
+	return &httpError{status: http.StatusTooManyRequests, typ: "rate_limited",
+		message: fmt.Sprintf("tenant %q is over its submit rate; retry after %d s", tenantName, secs),
+		header:  http.Header{"Retry-After": {strconv.Itoa(secs)}}}
 }
 
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
-	tenant, err := s.tenant(r)
+	tn, err := s.tenant(r)
 	if err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	if err := s.admit(r, tn.Name); err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
@@ -142,14 +217,30 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, r, s.cfg.Logger, &httpError{http.StatusRequestEntityTooLarge, "body_too_large", "body exceeds " + humanBytes(mbe.Limit)})
+			writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusRequestEntityTooLarge, typ: "body_too_large", message: "body exceeds " + humanBytes(mbe.Limit)})
 			return
 		}
-		writeError(w, r, s.cfg.Logger, &httpError{http.StatusBadRequest, "invalid_body", "could not read body: " + err.Error()})
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_body", message: "could not read body: " + err.Error()})
 		return
 	}
-	job, replayed, err := s.cfg.Submitter.Submit(r.Context(), tenant, r.Header.Get("Idempotency-Key"), body)
+	// JSON is UTF-8 (RFC 8259); Postgres refuses anything else, so refuse it here with a 400.
+	if !utf8.Valid(body) {
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_json", message: "body is not valid UTF-8"})
+		return
+	}
+	key := r.Header.Get("Idempotency-Key")
+	if tn.Credentials != nil {
+		if err := s.checkCredentials(tn, key, body); err != nil {
+			writeError(w, r, s.cfg.Logger, err)
+			return
+		}
+	}
+	job, replayed, err := s.cfg.Submitter.Submit(r.Context(), tn.Name, key, body)
 	if err != nil {
+		if dataException(err) {
+			err = &httpError{status: http.StatusBadRequest, typ: "invalid_body",
+				message: "the body holds text that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)"}
+		}
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
@@ -160,6 +251,33 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, job)
+}
+
+// checkCredentials refuses (403) a job naming a credential, primary or fallback, that the tenant
+// may not use. The body is validated first, so an invalid one is a 400 as for anyone.
+func (s *Server) checkCredentials(tn *tenant.Tenant, key string, body []byte) error {
+	p, err := s.cfg.Submitter.Parse(tn.Name, key, body)
+	if err != nil {
+		return err
+	}
+	for _, c := range append([]string{p.Credential}, p.Fallbacks...) {
+		if !tn.Allows(c) {
+			return &httpError{status: http.StatusForbidden, typ: "credential_not_allowed",
+				message: fmt.Sprintf("tenant %q may not use credential %q", tn.Name, c)}
+		}
+	}
+	return nil
+}
+
+// dataException reports whether Postgres refused a value of the job (SQLSTATE class 22: a
+// jsonb that cannot hold \u0000 or an unpaired surrogate, an invalid byte sequence), which only
+// client data can cause once the submitter has validated it.
+//
+// TODO(issue 6): move into jobs.Store.Create, returning an *InvalidError, so no layer above the
+// store inspects driver errors.
+func dataException(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -174,7 +292,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 // job returns the job named by the path for the caller's tenant; another tenant's job is
 // jobs.ErrNotFound, exactly like a missing one.
 func (s *Server) job(r *http.Request) (*jobs.Job, error) {
-	tenant, err := s.tenant(r)
+	tn, err := s.tenant(r)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +300,7 @@ func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	if job.Tenant != tenant {
+	if job.Tenant != tn.Name {
 		return nil, jobs.ErrNotFound
 	}
 	return job, nil
@@ -234,6 +352,7 @@ type httpError struct {
 	status  int
 	typ     string
 	message string
+	header  http.Header // set on the response
 }
 
 func (e *httpError) Error() string { return e.message }
@@ -246,24 +365,42 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	switch {
 	case errors.As(err, &he):
 	case errors.As(err, &inv):
-		he = &httpError{http.StatusBadRequest, inv.Type, inv.Message}
+		he = &httpError{status: http.StatusBadRequest, typ: inv.Type, message: inv.Message}
 	case errors.As(err, &term):
-		he = &httpError{http.StatusConflict, "job_terminal", term.Error()}
+		he = &httpError{status: http.StatusConflict, typ: "job_terminal", message: term.Error()}
 	case errors.Is(err, jobs.ErrNotFound):
-		he = &httpError{http.StatusNotFound, "not_found", "no job with that id"}
+		he = &httpError{status: http.StatusNotFound, typ: "not_found", message: "no job with that id"}
 	case errors.Is(err, jobs.ErrIdempotencyKeyReused):
-		he = &httpError{http.StatusUnprocessableEntity, "idempotency_key_reused", "this Idempotency-Key was used with a different request body"}
+		he = &httpError{status: http.StatusUnprocessableEntity, typ: "idempotency_key_reused", message: "this Idempotency-Key was used with a different request body"}
 	case errors.Is(err, context.Canceled):
 		return // the client left
 	case jobs.IsUnavailable(err):
 		w.Header().Set("Retry-After", "5")
 		logger.WarnContext(r.Context(), "store unavailable", "method", r.Method, "path", r.URL.Path, "error", err)
-		he = &httpError{http.StatusServiceUnavailable, "unavailable", "the job store is unreachable; retry shortly"}
+		he = &httpError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the job store is unreachable; retry shortly"}
 	default:
 		logger.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "error", err)
-		he = &httpError{http.StatusInternalServerError, "internal", "internal error"}
+		he = &httpError{status: http.StatusInternalServerError, typ: "internal", message: "internal error"}
 	}
-	writeJSON(w, he.status, map[string]any{"error": map[string]string{"type": he.typ, "message": he.message}})
+	for k, v := range he.header {
+		w.Header()[k] = v
+	}
+	writeJSON(w, he.status, map[string]any{"error": map[string]string{"type": he.typ, "message": truncateMessage(he.message)}})
+}
+
+// maxMessageBytes caps an error message: several echo a client's value (a credential name, a
+// field name, a header), which must not turn a 4 MiB body into a 4 MiB answer.
+const maxMessageBytes = 1024
+
+func truncateMessage(m string) string {
+	if len(m) <= maxMessageBytes {
+		return m
+	}
+	cut := maxMessageBytes
+	for cut > 0 && !utf8.RuneStart(m[cut]) {
+		cut--
+	}
+	return m[:cut] + "…"
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

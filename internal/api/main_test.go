@@ -20,6 +20,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 func TestMain(m *testing.M) {
@@ -40,17 +41,22 @@ type testBundle struct {
 	listener  *jobs.Listener
 	inspector *asynq.Inspector
 	queue     string
+	tenants   *tenant.Store
 }
 
 type setupOpts struct {
-	dbURL      string        // default: a fresh database
-	keepAlive  time.Duration // default: the server's 15s, so a test passing fast proves NOTIFY
-	noListener bool
-	maxBody    int64
-	wrap       func(*Server) http.Handler // default: the server itself
+	dbURL       string        // default: a fresh database
+	keepAlive   time.Duration // default: the server's 15s, so a test passing fast proves NOTIFY
+	noListener  bool
+	maxBody     int64
+	wrap        func(*Server) http.Handler // default: the server itself
+	noAnonymous bool                       // api.allow_anonymous off
+	credentials []string                   // configured credentials; default ["default"]
+	submitRate  *tenant.RateLimiter        // the tenants' submit rate; default unlimited
+	logger      *slog.Logger               // default: discard
 }
 
-func setup(t *testing.T, o setupOpts) *testBundle {
+func setup(t testing.TB, o setupOpts) *testBundle {
 	t.Helper()
 	if o.dbURL == "" {
 		o.dbURL = pgtest.URL(t)
@@ -75,10 +81,18 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	store := jobs.NewStore(pool, nil)
 	enq := jobs.NewEnqueuer(aclient, queue)
 	b := &testBundle{dbURL: o.dbURL, pool: pool, store: store, inspector: insp, queue: queue}
+	if o.credentials == nil {
+		o.credentials = []string{"default"}
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	b.tenants = tenant.NewStore(pool, nil)
 	cfg := Config{
-		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: true, MaxBodyBytes: o.maxBody,
-		Submitter: jobs.NewSubmitter(store, enq, jobs.SubmitConfig{Credentials: []string{"default"}}, slog.New(slog.DiscardHandler), nil),
-		Tasks:     jobs.NewTasks(insp, enq), KeepAlive: o.keepAlive,
+		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: !o.noAnonymous, MaxBodyBytes: o.maxBody,
+		Submitter: jobs.NewSubmitter(store, enq, jobs.SubmitConfig{Credentials: o.credentials}, o.logger, nil),
+		Tasks:     jobs.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
+		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
 	}
 	if !o.noListener {
 		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})

@@ -26,12 +26,13 @@ import (
 // none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
 // was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	last, resume, err := lastEventID(r)
+	// The caller first: who may not see the job learns nothing from the header's validation.
+	job, err := s.job(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	job, err := s.job(r)
+	last, resume, err := lastEventID(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -97,8 +98,7 @@ func lastEventID(r *http.Request) (last int, resume bool, err error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 {
-		return 0, false, &httpError{http.StatusBadRequest, "invalid_last_event_id",
-			fmt.Sprintf("Last-Event-ID %q must be a non-negative event sequence number", v)}
+		return 0, false, &httpError{status: http.StatusBadRequest, typ: "invalid_last_event_id", message: fmt.Sprintf("Last-Event-ID %q must be a non-negative event sequence number", v)}
 	}
 	return n, true, nil
 }

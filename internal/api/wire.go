@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // FromConfig builds a Server from the config file on a migrated pool, registering its metrics on
@@ -32,20 +33,33 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	store := jobs.NewStore(pool, nil)
 	names := make([]string, 0, len(cfg.Credentials))
 	kinds := map[string]string{}
+	tokenLimits := map[string]jobs.TokenLimits{}
 	for _, c := range cfg.Credentials {
 		names = append(names, c.Name)
 		kinds[c.Name] = c.Provider
+		if l := c.Limits; l != nil {
+			tokenLimits[c.Name] = jobs.TokenLimits{InputPerMinute: l.InputTokensPerMinute,
+				OutputPerMinute: l.OutputTokensPerMinute, CombinedPerMinute: l.TokensPerMinute}
+		}
 	}
 	enqueuer := jobs.NewEnqueuer(aclient, cfg.Worker.Queue)
 	submitter := jobs.NewSubmitter(store, enqueuer,
-		jobs.SubmitConfig{Credentials: names, Kinds: kinds, DefaultMaxAttempts: cfg.Retry.MaxAttempts}, logger, jobs.NewMetrics(reg))
+		jobs.SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, DefaultMaxAttempts: cfg.Retry.MaxAttempts}, logger, jobs.NewMetrics(reg))
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["application_name"] = "llmq-api-listener"
 	listener := jobs.NewListener(jobs.ListenerConfig{ConnConfig: connCfg, Logger: logger})
+	var submitRate *tenant.RateLimiter
+	if r := cfg.API.TenantSubmitRate; r != nil {
+		if submitRate, err = tenant.NewRateLimiter(rdb, &tenant.RateLimiterConfig{
+			Rate: tenant.Rate{PerSecond: r.RequestsPerSecond, Burst: r.Burst}}); err != nil {
+			return nil, nil, errors.Join(err, inspector.Close(), aclient.Close(), rdb.Close())
+		}
+	}
 	s := New(Config{
 		Store: store, Submitter: submitter, Pool: pool, Redis: rdb, Gatherer: reg,
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: jobs.NewTasks(inspector, enqueuer),
+		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	listening := make(chan error, 1)

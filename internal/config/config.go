@@ -67,7 +67,13 @@ type API struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// TenantSubmitRate, when set, limits each tenant's submits (POST /v1/jobs), shared by every
 	// API replica through Redis; above it the API answers 429 with Retry-After. Default: off.
-	TenantSubmitRate *Limits `yaml:"tenant_submit_rate"`
+	TenantSubmitRate *SubmitRate `yaml:"tenant_submit_rate"`
+}
+
+// SubmitRate is a request rate: Burst requests at once, then RequestsPerSecond.
+type SubmitRate struct {
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
+	Burst             int     `yaml:"burst"`
 }
 
 // Worker configures the job executor.

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+func (a *app) tenantsCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "tenants",
+		Usage: "manage API tenants and their bearer tokens",
+		Subcommands: []*cli.Command{{
+			Name:      "create",
+			Usage:     "create a tenant and print its bearer token (shown once: only its SHA-256 is stored)",
+			ArgsUsage: "NAME",
+			Flags: []cli.Flag{&cli.StringFlag{Name: "credentials",
+				Usage: "comma-separated credentials the tenant's jobs may use (default: all); checked against --config when given"}},
+			Action: func(c *cli.Context) error {
+				name, raw, set, err := createArgs(c)
+				if err != nil {
+					return err
+				}
+				creds, err := credentialList(c, raw, set)
+				if err != nil {
+					return err
+				}
+				p, err := pool(c)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				t, token, err := tenant.NewStore(p, nil).Create(c.Context, name, creds)
+				if err != nil {
+					return err
+				}
+				// The token alone on the output (TOKEN=$(ctl tenants create NAME)); the notice on
+				// the error output.
+				fmt.Fprintf(a.errOut, "tenant %s created (credentials: %s); its bearer token follows and is not shown again:\n",
+					t.Name, credentialsText(t.Credentials))
+				fmt.Fprintln(a.out, token)
+				return nil
+			},
+		}, {
+			Name:      "revoke",
+			Usage:     "revoke a tenant's token: the API answers it 403 (within a few seconds on every replica)",
+			ArgsUsage: "NAME",
+			Action: func(c *cli.Context) error {
+				if c.NArg() != 1 {
+					return cli.Exit("usage: ctl tenants revoke NAME", exitUsage)
+				}
+				p, err := pool(c)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				name := c.Args().First()
+				wasActive, err := tenant.NewStore(p, nil).Revoke(c.Context, name)
+				if err != nil {
+					return err
+				}
+				if !wasActive {
+					fmt.Fprintf(a.out, "tenant %s was revoked already\n", name)
+					return nil
+				}
+				fmt.Fprintf(a.out, "tenant %s revoked\n", name)
+				return nil
+			},
+		}, {
+			Name:  "list",
+			Usage: "every tenant, its credentials and whether it is revoked (tokens are not stored, so never shown)",
+			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
+			Action: func(c *cli.Context) error {
+				p, err := pool(c)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				list, err := tenant.NewStore(p, nil).List(c.Context)
+				if err != nil {
+					return err
+				}
+				if c.Bool("json") {
+					if list == nil {
+						list = []tenant.Tenant{}
+					}
+					return writeJSON(a.out, list)
+				}
+				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NAME\tCREDENTIALS\tCREATED\tREVOKED")
+				for _, t := range list {
+					revoked := "-"
+					if t.RevokedAt != nil {
+						revoked = t.RevokedAt.Format(time.RFC3339)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, credentialsText(t.Credentials), t.CreatedAt.Format(time.RFC3339), revoked)
+				}
+				return tw.Flush()
+			},
+		}},
+	}
+}
+
+// createArgs returns the NAME of `tenants create` and its --credentials value (set reports
+// whether the flag was given). The flag may follow NAME, as the usage line shows, although
+// urfave/cli stops parsing flags at the first argument.
+func createArgs(c *cli.Context) (name, creds string, set bool, err error) {
+	args := c.Args().Slice()
+	creds, set = c.String("credentials"), c.IsSet("credentials")
+	switch {
+	case len(args) == 1:
+	case len(args) == 3 && (args[1] == "--credentials" || args[1] == "-credentials"):
+		creds, set = args[2], true
+	case len(args) == 2 && strings.HasPrefix(args[1], "--credentials="):
+		creds, set = strings.TrimPrefix(args[1], "--credentials="), true
+	default:
+		return "", "", false, cli.Exit("usage: ctl tenants create NAME [--credentials a,b]", exitUsage)
+	}
+	return args[0], creds, set, nil
+}
+
+// credentialList parses the --credentials value (nil when the flag is absent: every credential)
+// and, with --config, requires each name to be configured, so a typo does not create a tenant
+// that can submit nothing.
+func credentialList(c *cli.Context, raw string, set bool) ([]string, error) {
+	if !set {
+		return nil, nil
+	}
+	var creds []string
+	for _, s := range strings.Split(raw, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			creds = append(creds, s)
+		}
+	}
+	if len(creds) == 0 {
+		return nil, cli.Exit("--credentials: name at least one credential (omit the flag to allow all)", exitUsage)
+	}
+	cfg, err := fileConfig(c)
+	if err != nil || cfg == nil {
+		return creds, err
+	}
+	var unknown []string
+	for _, name := range creds {
+		if _, ok := cfg.Credential(name); !ok {
+			unknown = append(unknown, fmt.Sprintf("%q", name))
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, errors.New("--credentials: not in the config: " + strings.Join(unknown, ", "))
+	}
+	return creds, nil
+}
+
+func credentialsText(creds []string) string {
+	if creds == nil {
+		return "all"
+	}
+	return strings.Join(creds, ",")
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+func TestTenants_CreateListRevoke(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	db := []string{"--database-url", b.url, "tenants"}
+	store := tenant.NewStore(b.pool, nil)
+
+	// create prints the token alone on the output, the notice on the error output.
+	r := run(t, append(db, "create", "acme")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	token := strings.TrimSuffix(r.out, "\n")
+	require.True(t, strings.HasPrefix(token, tenant.TokenPrefix), r.out)
+	require.NotContains(t, token, "\n")
+	require.Contains(t, r.errOut, "tenant acme created (credentials: all)")
+	require.Contains(t, r.errOut, "not shown again")
+	got, err := store.Authenticate(context.Background(), token)
+	require.NoError(t, err)
+	require.Equal(t, "acme", got.Name)
+
+	r = run(t, append(db, "create", "limited", "--credentials", "default, oai")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Contains(t, r.errOut, "(credentials: default,oai)")
+	for i, args := range [][]string{{"--credentials", "a", "flag-first"}, {"flag-after", "--credentials=a"}} {
+		r = run(t, append(db, append([]string{"create"}, args...)...)...)
+		require.Equal(t, 0, r.code, "form %d: %s", i, r.errOut)
+		require.Contains(t, r.errOut, "(credentials: a)")
+	}
+
+	requireOneLineError(t, run(t, append(db, "create", "acme")...), 1, `tenant exists: "acme"`)
+	requireOneLineError(t, run(t, append(db, "create", "no/slash")...), 1, "invalid name")
+	requireOneLineError(t, run(t, append(db, "create", "x", "--credentials", " , ")...), 2, "at least one credential")
+	requireOneLineError(t, run(t, append(db, "create")...), 2, "usage: ctl tenants create NAME")
+	requireOneLineError(t, run(t, append(db, "create", "a", "b")...), 2, "usage: ctl tenants create NAME")
+
+	// revoke: the token now answers ErrRevoked; a second revoke says so.
+	r = run(t, append(db, "revoke", "acme")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "tenant acme revoked\n", r.out)
+	_, err = store.Authenticate(context.Background(), token)
+	require.ErrorIs(t, err, tenant.ErrRevoked)
+	r = run(t, append(db, "revoke", "acme")...)
+	require.Equal(t, "tenant acme was revoked already\n", r.out)
+	requireOneLineError(t, run(t, append(db, "revoke", "nobody")...), 1, `tenant not found: "nobody"`)
+
+	// list shows both, never a token or its hash.
+	r = run(t, append(db, "list", "--json")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.out), &rows))
+	require.Len(t, rows, 4)
+	require.Equal(t, "acme", rows[0]["name"])
+	require.Nil(t, rows[0]["credentials"])
+	require.NotNil(t, rows[0]["revoked_at"])
+	require.Equal(t, "limited", rows[3]["name"])
+	require.Equal(t, []any{"default", "oai"}, rows[3]["credentials"])
+	require.Nil(t, rows[3]["revoked_at"])
+	require.NotContains(t, r.out, token[len(tenant.TokenPrefix):])
+	require.NotContains(t, r.out, "token")
+
+	table := run(t, append(db, "list")...)
+	require.Equal(t, 0, table.code)
+	lines := strings.Split(strings.TrimSpace(table.out), "\n")
+	require.Len(t, lines, 5)
+	require.Regexp(t, `^NAME\s+CREDENTIALS\s+CREATED\s+REVOKED$`, lines[0])
+	require.Regexp(t, `^acme\s+all\s+\S+\s+\d{4}-`, lines[1])
+	require.Regexp(t, `^limited\s+default,oai\s+\S+\s+-$`, lines[4])
+}
+
+func TestTenants_ListEmptyAndUnreachable(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	r := run(t, "--database-url", b.url, "tenants", "list", "--json")
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "[]\n", r.out)
+	requireOneLineError(t, run(t, "--database-url", unreachableURL, "tenants", "list"), 1, "postgres unreachable")
+	require.Equal(t, 2, run(t, "tenants").code)
+}
+
+func TestTenants_CredentialsCheckedAgainstConfig(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("sk-ctl-test\n"), 0o600))
+	cfgFile := filepath.Join(dir, "llmq.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, fmt.Appendf(nil, `
+database_url: %s
+credentials:
+  - { name: main, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_file: %s }
+`, b.url, keyFile), 0o600))
+
+	requireOneLineError(t, run(t, "--config", cfgFile, "tenants", "create", "acme", "--credentials", "main,typo"), 1,
+		`--credentials: not in the config: "typo"`)
+	r := run(t, "--config", cfgFile, "tenants", "create", "acme", "--credentials", "main")
+	require.Equal(t, 0, r.code, r.errOut)
+	require.True(t, strings.HasPrefix(r.out, tenant.TokenPrefix))
+}

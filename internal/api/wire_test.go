@@ -1,0 +1,101 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+const wireYAML = `
+database_url: %s
+redis_url: %s
+api: { allow_anonymous: false%s }
+worker: { queue: %s }
+credentials:
+  - { name: default, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
+`
+
+func parseWire(t *testing.T, dbURL, queue, apiExtra string) (*config.Config, error) {
+	t.Helper()
+	return config.Parse(fmt.Appendf(nil, wireYAML, dbURL, redistest.URL(), apiExtra, queue),
+		func(k string) string {
+			if k == "K" {
+				return "sk-wire-test"
+			}
+			return ""
+		})
+}
+
+// TestFromConfig_TenantsAndSubmitRate checks the wiring of the config file: bearer tokens
+// resolve against the tenants table, anonymous access follows api.allow_anonymous, and
+// api.tenant_submit_rate limits each tenant.
+func TestFromConfig_TenantsAndSubmitRate(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	queue := "llmq-test-" + redistest.Rand()
+	cfg, err := parseWire(t, dbURL, queue, ", tenant_submit_rate: { requests_per_second: 0.01, burst: 1 }")
+	require.NoError(t, err)
+	require.Equal(t, &config.SubmitRate{RequestsPerSecond: 0.01, Burst: 1}, cfg.API.TenantSubmitRate)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	srv, closeAPI, err := FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, closeAPI()) })
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	// FromConfig keys the rate under "llmq:": a tenant name of this test's own keeps it apart.
+	name := "wire-" + redistest.Rand()
+	rdb := redistest.Client(t)
+	t.Cleanup(func() {
+		_ = rdb.Del(context.Background(), "llmq:tenant:{"+name+"}:submit").Err()
+		redisOpt, _ := jobs.RedisConnOpt(redistest.URL())
+		insp := asynq.NewInspector(redisOpt)
+		_ = insp.DeleteQueue(queue, true)
+		_ = insp.Close()
+	})
+	_, token, err := tenant.NewStore(pool, nil).Create(context.Background(), name, nil)
+	require.NoError(t, err)
+	auth := map[string]string{"Authorization": "Bearer " + token}
+
+	require.Equal(t, http.StatusUnauthorized, do(t, hs.URL, http.MethodPost, "/v1/jobs", submitBody, nil).status, "anonymous is off")
+	require.Equal(t, http.StatusAccepted, do(t, hs.URL, http.MethodPost, "/v1/jobs", submitBody, auth).status)
+	r := do(t, hs.URL, http.MethodPost, "/v1/jobs", submitBody, auth)
+	require.Equal(t, http.StatusTooManyRequests, r.status)
+	secs, err := strconv.Atoi(r.header.Get("Retry-After"))
+	require.NoError(t, err)
+	require.Greater(t, secs, 90)
+}
+
+func TestConfig_TenantSubmitRateValidated(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseWire(t, pgtest.DefaultURL, "q", "")
+	require.NoError(t, err)
+	require.Nil(t, cfg.API.TenantSubmitRate, "off by default")
+	for _, bad := range []string{
+		", tenant_submit_rate: { requests_per_second: 0, burst: 1 }",
+		", tenant_submit_rate: { requests_per_second: 1 }",
+		", tenant_submit_rate: { requests_per_second: -1, burst: 5 }",
+		", tenant_submit_rate: {}",
+	} {
+		_, err := parseWire(t, pgtest.DefaultURL, "q", bad)
+		require.ErrorContains(t, err, "api.tenant_submit_rate", bad)
+	}
+	// A request rate only: token limits belong to credentials.
+	_, err = parseWire(t, pgtest.DefaultURL, "q", ", tenant_submit_rate: { requests_per_second: 1, burst: 1, tokens_per_minute: 5 }")
+	require.ErrorContains(t, err, "tokens_per_minute")
+}

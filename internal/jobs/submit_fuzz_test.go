@@ -1,0 +1,97 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/llmq/llmq/internal/idem"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// FuzzSubmit feeds Submitter.Parse (the submit decoder and validator) arbitrary bodies, tenants
+// and Idempotency-Keys. For every input it must not panic, must refuse with an *InvalidError
+// carrying a type and a message (never another error, which the API would answer with 500), and
+// what it accepts must hold every documented limit. The committed corpus is in
+// testdata/fuzz/FuzzSubmit; `go test` runs it with the seeds below.
+func FuzzSubmit(f *testing.F) {
+	creds := []string{"default", "oai", "backup"}
+	s := jobs.NewSubmitter(nil, nil, jobs.SubmitConfig{
+		Credentials: creds,
+		Kinds:       map[string]string{"default": "anthropic", "backup": "anthropic", "oai": "openai"},
+	}, slog.New(slog.DiscardHandler), nil)
+	for _, seed := range []struct{ body, key string }{
+		{`{"request":{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}}`, ""},
+		{`{"credential":"oai","request":{"model":"gpt","messages":[]},"timeout":"1h","max_attempts":3,"metadata":{"a":1}}`, "order-42"},
+		{`{"credential":"default","fallbacks":["backup"],"request":{},"attempt_timeout":"30s","first_byte_timeout":"5s"}`, "k"},
+		{`{"request":{"stream":true}}`, ""},
+		{`{"request":{"model":"m"},"metadata":[1]}`, ""},
+		{`{"request":{"model":"m"}} {}`, ""},
+		{`{"request":null}`, ""},
+		{`{"request":{"model":"m"},"max_attempts":1e400}`, ""},
+		{`{"request":{"model":"m"},"timeout":"-1s"}`, "has space"},
+	} {
+		f.Add([]byte(seed.body), "default", seed.key)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, tenant, key string) {
+		p, err := s.Parse(tenant, key, body)
+		if err != nil {
+			var inv *jobs.InvalidError
+			if !errors.As(err, &inv) {
+				t.Fatalf("error %T %v is not an *InvalidError", err, err)
+			}
+			if inv.Type == "" || inv.Message == "" {
+				t.Fatalf("InvalidError without type or message: %#v", inv)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		var req map[string]json.RawMessage
+		if err := json.Unmarshal(p.Request, &req); err != nil {
+			t.Fatalf("accepted a request that is not an object: %q", p.Request)
+		}
+		if string(req["stream"]) == "true" {
+			t.Fatalf("accepted stream: true")
+		}
+		if p.Tenant != tenant || p.IdempotencyKey != key {
+			t.Fatalf("tenant/key changed: %q %q", p.Tenant, p.IdempotencyKey)
+		}
+		if key != "" && idem.ValidateKey(key) != nil {
+			t.Fatalf("accepted Idempotency-Key %q", key)
+		}
+		if !slices.Contains(creds, p.Credential) {
+			t.Fatalf("accepted credential %q", p.Credential)
+		}
+		if len(p.Fallbacks) > jobs.MaxFallbacks {
+			t.Fatalf("accepted %d fallbacks", len(p.Fallbacks))
+		}
+		for i, fb := range p.Fallbacks {
+			if !slices.Contains(creds, fb) || fb == p.Credential || slices.Contains(p.Fallbacks[:i], fb) {
+				t.Fatalf("accepted fallbacks %q for %q", p.Fallbacks, p.Credential)
+			}
+		}
+		if p.MaxAttempts < 1 || p.MaxAttempts > 100 {
+			t.Fatalf("accepted max_attempts %d", p.MaxAttempts)
+		}
+		if p.Timeout <= 0 || p.Timeout > 24*time.Hour || p.AttemptTimeout < 0 || p.AttemptTimeout > p.Timeout ||
+			p.FirstByteTimeout < 0 || p.FirstByteTimeout > p.Timeout {
+			t.Fatalf("accepted timeouts %s / %s / %s", p.Timeout, p.AttemptTimeout, p.FirstByteTimeout)
+		}
+		if p.Metadata != nil && (len(p.Metadata) > jobs.MaxMetadataBytes || p.Metadata[0] != '{') {
+			t.Fatalf("accepted metadata %q", p.Metadata)
+		}
+		if fp, err := idem.Fingerprint(body); err != nil || fp != p.Fingerprint {
+			t.Fatalf("fingerprint %q, want %q (%v)", p.Fingerprint, fp, err)
+		}
+		again, err := s.Parse(tenant, key, body)
+		if err != nil || !reflect.DeepEqual(again, p) {
+			t.Fatalf("Parse is not deterministic: %v", err)
+		}
+	})
+}

@@ -1,0 +1,106 @@
+package tenant
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// AuthenticatorConfig configures an Authenticator. Zero fields take their defaults.
+type AuthenticatorConfig struct {
+	// TTL is how long a lookup's answer is reused: the delay before a revocation (or a tenant's
+	// new credential list) takes effect on a replica that cached the token. Default 2s.
+	TTL time.Duration
+	// MaxEntries caps the cache, so that a flood of random tokens cannot grow it without bound.
+	// Default 10000.
+	MaxEntries int
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Authenticator resolves bearer tokens to tenants through a Store, caching each answer (known,
+// revoked or unknown) for a short TTL. Database errors are not cached. Safe for concurrent use.
+//
+// Caching unknown tokens is safe: a token becomes known only by Store.Create, which makes a fresh
+// random one that nobody can have presented before.
+type Authenticator struct {
+	store *Store
+	cfg   AuthenticatorConfig
+
+	mu      sync.Mutex
+	entries map[[32]byte]entry
+}
+
+type entry struct {
+	tenant  *Tenant
+	err     error // nil, ErrUnknownToken or ErrRevoked
+	expires time.Time
+}
+
+// NewAuthenticator returns an Authenticator over store. cfg may be nil.
+func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
+	var c AuthenticatorConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.TTL == 0 {
+		c.TTL = 2 * time.Second
+	}
+	if c.MaxEntries == 0 {
+		c.MaxEntries = 10000
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}}
+}
+
+// TTL is how long an answer is cached: the longest a revocation takes to reach this process.
+func (a *Authenticator) TTL() time.Duration { return a.cfg.TTL }
+
+// Authenticate returns the token's tenant. Errors: ErrMalformedToken, ErrUnknownToken,
+// ErrRevoked (returned with the tenant), or a wrapped database error (not cached).
+func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant, error) {
+	hash, err := HashToken(token)
+	if err != nil {
+		return nil, err
+	}
+	now := a.cfg.Now()
+	a.mu.Lock()
+	e, ok := a.entries[hash]
+	a.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.tenant, e.err
+	}
+	t, err := a.store.Lookup(ctx, hash)
+	switch {
+	case errors.Is(err, ErrUnknownToken):
+	case err != nil:
+		return nil, err
+	case t.Revoked():
+		err = ErrRevoked
+	}
+	a.put(hash, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
+	return t, err
+}
+
+// put stores an answer, making room first when the cache is full: expired entries go, and if
+// that is not enough, all of them. Simpler than an LRU; the cost of a full clear is one lookup
+// per live token, and it takes a flood of distinct tokens within one TTL to get there.
+func (a *Authenticator) put(hash [32]byte, e entry) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.entries) >= a.cfg.MaxEntries {
+		now := a.cfg.Now()
+		for k, v := range a.entries {
+			if !now.Before(v.expires) {
+				delete(a.entries, k)
+			}
+		}
+		if len(a.entries) >= a.cfg.MaxEntries {
+			clear(a.entries)
+		}
+	}
+	a.entries[hash] = e
+}

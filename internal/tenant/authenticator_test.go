@@ -1,0 +1,112 @@
+package tenant_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func TestAuthenticator_CachesForTTL(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	store := tenant.NewStore(pool, nil)
+	ctx := context.Background()
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{TTL: 2 * time.Second, Now: clock.Now})
+	require.Equal(t, 2*time.Second, auth.TTL())
+	_, token, err := store.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+
+	got, err := auth.Authenticate(ctx, token)
+	require.NoError(t, err)
+	require.Equal(t, "acme", got.Name)
+
+	// A revocation is not seen while the answer is cached...
+	_, err = store.Revoke(ctx, "acme")
+	require.NoError(t, err)
+	clock.Advance(1999 * time.Millisecond)
+	_, err = auth.Authenticate(ctx, token)
+	require.NoError(t, err)
+	// ...and is once the TTL has passed.
+	clock.Advance(time.Millisecond)
+	got, err = auth.Authenticate(ctx, token)
+	require.ErrorIs(t, err, tenant.ErrRevoked)
+	require.Equal(t, "acme", got.Name)
+
+	// Malformed tokens never reach the database; unknown ones are answered from the cache too.
+	_, err = auth.Authenticate(ctx, "nope")
+	require.ErrorIs(t, err, tenant.ErrMalformedToken)
+	_, unknown, err := tenant.NewStore(pgtest.Pool(t), nil).Create(ctx, "elsewhere", nil)
+	require.NoError(t, err)
+	_, err = auth.Authenticate(ctx, unknown)
+	require.ErrorIs(t, err, tenant.ErrUnknownToken)
+}
+
+func TestAuthenticator_DatabaseErrorsAreNotCached(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	store := tenant.NewStore(pool, nil)
+	auth := tenant.NewAuthenticator(store, nil)
+	_, token, err := store.Create(context.Background(), "acme", nil)
+	require.NoError(t, err)
+
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = auth.Authenticate(canceled, token)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, tenant.ErrUnknownToken)
+
+	got, err := auth.Authenticate(context.Background(), token)
+	require.NoError(t, err)
+	require.Equal(t, "acme", got.Name)
+}
+
+func TestAuthenticator_BoundedCache(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	store := tenant.NewStore(pool, nil)
+	ctx := context.Background()
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{TTL: time.Minute, MaxEntries: 2, Now: clock.Now})
+	_, token, err := store.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+	_, err = auth.Authenticate(ctx, token)
+	require.NoError(t, err)
+	_, err = store.Revoke(ctx, "acme")
+	require.NoError(t, err)
+
+	// Two more tokens fill the cache and clear it, so acme's answer is read again, early.
+	other := tenant.NewStore(pgtest.Pool(t), nil)
+	for _, n := range []string{"x", "y"} {
+		_, tok, err := other.Create(ctx, n, nil)
+		require.NoError(t, err)
+		_, err = auth.Authenticate(ctx, tok)
+		require.ErrorIs(t, err, tenant.ErrUnknownToken)
+	}
+	_, err = auth.Authenticate(ctx, token)
+	require.ErrorIs(t, err, tenant.ErrRevoked)
+}

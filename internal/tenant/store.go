@@ -1,0 +1,148 @@
+package tenant
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store keeps tenants in Postgres (table tenants, migration 006). It is safe for concurrent use.
+type Store struct {
+	pool   *pgxpool.Pool
+	random io.Reader
+}
+
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	// Random is the source of tokens. Default crypto/rand; tests may make tokens predictable.
+	Random io.Reader
+}
+
+// NewStore returns a Store on a migrated pool. cfg may be nil.
+func NewStore(pool *pgxpool.Pool, cfg *StoreConfig) *Store {
+	s := &Store{pool: pool}
+	if cfg != nil {
+		s.random = cfg.Random
+	}
+	return s
+}
+
+const tenantColumns = `name, credentials, created_at, revoked_at`
+
+func scanTenant(row pgx.Row) (*Tenant, error) {
+	var t Tenant
+	if err := row.Scan(&t.Name, &t.Credentials, &t.CreatedAt, &t.RevokedAt); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Create stores a new tenant and returns it with its bearer token, which exists nowhere else:
+// only its SHA-256 is stored. credentials, when not nil, are the only credentials its jobs may
+// use (their existence in the config is the caller's to check). Errors: ErrInvalidName,
+// ErrExists, or a wrapped database error.
+func (s *Store) Create(ctx context.Context, name string, credentials []string) (*Tenant, string, error) {
+	if !ValidName(name) {
+		return nil, "", fmt.Errorf("%w: tenant %q must be 1-64 letters, digits, '_', '.' or '-'", ErrInvalidName, truncate(name, 70))
+	}
+	if err := checkCredentials(credentials); err != nil {
+		return nil, "", err
+	}
+	token, err := newToken(s.random)
+	if err != nil {
+		return nil, "", err
+	}
+	hash, err := HashToken(token)
+	if err != nil {
+		return nil, "", fmt.Errorf("new token: %w", err) // a bug: newToken makes well-formed tokens
+	}
+	t, err := scanTenant(s.pool.QueryRow(ctx, `
+INSERT INTO tenants (name, token_sha256, credentials) VALUES ($1, $2, $3)
+RETURNING `+tenantColumns, name, hash[:], credentials))
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "tenants_pkey" {
+			return nil, "", fmt.Errorf("%w: %q", ErrExists, name)
+		}
+		return nil, "", fmt.Errorf("create tenant: %w", err)
+	}
+	return t, token, nil
+}
+
+// Revoke marks the tenant revoked: its token answers ErrRevoked from then on (after the
+// Authenticator's TTL on API replicas that cached it). wasActive is false when it was revoked
+// already. Errors: ErrNotFound or a wrapped database error.
+func (s *Store) Revoke(ctx context.Context, name string) (wasActive bool, err error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL`, name)
+	if err != nil {
+		return false, fmt.Errorf("revoke tenant: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return true, nil
+	}
+	// Revoked already, or absent: revocation is never undone, so this read cannot be stale in a
+	// way that matters.
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE name = $1)`, name).Scan(&exists); err != nil {
+		return false, fmt.Errorf("revoke tenant: %w", err)
+	}
+	if !exists {
+		return false, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	return false, nil
+}
+
+// List returns every tenant, revoked ones included, by name. Tokens are not stored, so none is
+// returned.
+func (s *Store) List(ctx context.Context) ([]Tenant, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) {
+		t, err := scanTenant(r)
+		if err != nil {
+			return Tenant{}, err
+		}
+		return *t, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list tenants: %w", err)
+	}
+	return out, nil
+}
+
+// Lookup returns the tenant whose token has this SHA-256, revoked or not, or ErrUnknownToken.
+func (s *Store) Lookup(ctx context.Context, hash [32]byte) (*Tenant, error) {
+	t, err := scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE token_sha256 = $1`, hash[:]))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrUnknownToken
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up bearer token: %w", err)
+	}
+	return t, nil
+}
+
+// Authenticate returns the token's tenant. Errors: ErrMalformedToken, ErrUnknownToken, ErrRevoked
+// (with the tenant, for logging), or a wrapped database error. It does not cache; see
+// Authenticator.
+func (s *Store) Authenticate(ctx context.Context, token string) (*Tenant, error) {
+	hash, err := HashToken(token)
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.Lookup(ctx, hash)
+	if err != nil {
+		return nil, err
+	}
+	if t.Revoked() {
+		return t, ErrRevoked
+	}
+	return t, nil
+}

@@ -1,0 +1,114 @@
+package tenant
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Errors of authentication and of the Store.
+var (
+	// ErrMalformedToken: the bearer token does not have the shape of an llmq token.
+	ErrMalformedToken = errors.New("malformed bearer token")
+	// ErrUnknownToken: no tenant has that token.
+	ErrUnknownToken = errors.New("unknown bearer token")
+	// ErrRevoked: the token's tenant was revoked.
+	ErrRevoked = errors.New("tenant revoked")
+	// ErrNotFound: no tenant with that name.
+	ErrNotFound = errors.New("tenant not found")
+	// ErrExists: a tenant with that name exists already (revoked or not).
+	ErrExists = errors.New("tenant exists")
+	// ErrInvalidName: a tenant or credential name is not 1-64 letters, digits, '_', '.' or '-',
+	// starting with a letter or digit.
+	ErrInvalidName = errors.New("invalid name")
+)
+
+// Default is the tenant of anonymous requests when the API allows them (api.allow_anonymous).
+const Default = "default"
+
+// TokenPrefix starts every token, so that a leaked one is recognisable (secret scanners) and a
+// token of another system is refused without a database lookup.
+const TokenPrefix = "llmq_"
+
+// tokenBytes is the entropy of a token.
+const tokenBytes = 32
+
+// tokenLen is the length of a token: the prefix and 32 bytes in unpadded base64url.
+var tokenLen = len(TokenPrefix) + base64.RawURLEncoding.EncodedLen(tokenBytes)
+
+var (
+	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+)
+
+// ValidName reports whether s is a valid tenant or credential name (the same rule as the
+// credential names of the config file).
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// Tenant is one API caller.
+type Tenant struct {
+	Name string `json:"name"`
+	// Credentials are the only credentials its jobs may use; nil: all of them.
+	Credentials []string   `json:"credentials"`
+	CreatedAt   time.Time  `json:"created_at"`
+	RevokedAt   *time.Time `json:"revoked_at"`
+}
+
+// Allows reports whether the tenant's jobs may use the credential.
+func (t *Tenant) Allows(credential string) bool {
+	return t.Credentials == nil || slices.Contains(t.Credentials, credential)
+}
+
+// Revoked reports whether the tenant was revoked.
+func (t *Tenant) Revoked() bool { return t.RevokedAt != nil }
+
+// newToken returns a fresh token read from random (crypto/rand when nil).
+func newToken(random io.Reader) (string, error) {
+	if random == nil {
+		random = rand.Reader
+	}
+	var b [tokenBytes]byte
+	if _, err := io.ReadFull(random, b[:]); err != nil {
+		return "", fmt.Errorf("read random token: %w", err)
+	}
+	return TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// HashToken returns the SHA-256 of a well-formed token, the only form in which it is stored or
+// cached, or ErrMalformedToken.
+func HashToken(token string) ([32]byte, error) {
+	rest, ok := strings.CutPrefix(token, TokenPrefix)
+	if !ok || len(token) != tokenLen || !tokenRE.MatchString(rest) {
+		return [32]byte{}, ErrMalformedToken
+	}
+	return sha256.Sum256([]byte(token)), nil
+}
+
+// checkCredentials validates a credential list: valid names, no duplicates.
+func checkCredentials(creds []string) error {
+	seen := map[string]bool{}
+	for _, c := range creds {
+		if !ValidName(c) {
+			return fmt.Errorf("%w: credential %q", ErrInvalidName, truncate(c, 70))
+		}
+		if seen[c] {
+			return fmt.Errorf("credential %q listed twice", c)
+		}
+		seen[c] = true
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
