@@ -20,7 +20,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -237,10 +236,6 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	job, replayed, err := s.cfg.Submitter.Submit(r.Context(), tn.Name, key, body)
 	if err != nil {
-		if dataException(err) {
-			err = &httpError{status: http.StatusBadRequest, typ: "invalid_body",
-				message: "the body holds text that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)"}
-		}
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
@@ -267,17 +262,6 @@ func (s *Server) checkCredentials(tn *tenant.Tenant, key string, body []byte) er
 		}
 	}
 	return nil
-}
-
-// dataException reports whether Postgres refused a value of the job (SQLSTATE class 22: a
-// jsonb that cannot hold \u0000 or an unpaired surrogate, an invalid byte sequence), which only
-// client data can cause once the submitter has validated it.
-//
-// TODO(issue 6): move into jobs.Store.Create, returning an *InvalidError, so no layer above the
-// store inspects driver errors.
-func dataException(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {

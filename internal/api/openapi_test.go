@@ -18,6 +18,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // openAPIDoc is the part of api/openapi.yaml the test checks: paths, methods, statuses.
@@ -109,8 +111,15 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	t.Parallel()
 	ops := loadOpenAPI(t)
 	rec := &statusRecorder{seen: map[string][]int{}}
-	b := setup(t, setupOpts{maxBody: 1024, wrap: rec.wrap})
+	rate, err := tenant.NewRateLimiter(redistest.Client(t), &tenant.RateLimiterConfig{
+		Rate: tenant.Rate{PerSecond: 0.001, Burst: 8}, Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	b := setup(t, setupOpts{maxBody: 1024, wrap: rec.wrap, submitRate: rate})
 	down := setupUnavailable(t, rec)
+	revoked := b.newTenant(t, "revoked")
+	_, err = b.tenants.Revoke(context.Background(), "revoked")
+	require.NoError(t, err)
+	limited := b.newTenant(t, "limited")
 
 	// Every route of the server is documented, and nothing else is.
 	var registered []string
@@ -140,6 +149,13 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	b.do(t, http.MethodPost, "/v1/jobs", `{"request":`, nil)                                       // 400
 	b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"m":"`+strings.Repeat("x", 2000)+`"}}`, nil) // 413
 	b.do(t, http.MethodPost, "/v1/jobs", body, bearer)                                             // 401
+	b.do(t, http.MethodPost, "/v1/jobs", body, revoked)                                            // 403
+	for range 9 {
+		b.do(t, http.MethodPost, "/v1/jobs", body, limited) // 202 for its burst of 8, then 429
+	}
+	b.do(t, http.MethodGet, "/v1/jobs/"+id, "", revoked)           // 403
+	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", revoked) // 403
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", revoked)        // 403
 	for _, path := range []string{"/v1/jobs/" + id, "/v1/jobs/" + id + "/events"} {
 		b.do(t, http.MethodGet, path, "", bearer)                                                              // 401
 		b.do(t, http.MethodGet, strings.Replace(path, id, "0190a5b2-7c1e-7d3f-9a8b-123456789abc", 1), "", nil) // 404

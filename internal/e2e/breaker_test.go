@@ -39,7 +39,10 @@ func TestBreaker_OneProbeAcrossWorkersThenRecovery(t *testing.T) {
 	// When the cooldown ends while the provider hangs, exactly one probe reaches it: every
 	// other job is refused while the probe is out, across both workers.
 	require.NoError(t, b.sim.SetFaults(llmsim.Faults{Hang: true}))
-	answered := b.sim.Stats().Requests
+	// Answered requests, leaving out hung probes the worker gave up on (499): under load the
+	// checks below can outlast a probe's attempt timeout, and the next probe then hangs too.
+	answered := func() int { st := b.sim.Stats(); return st.Requests - st.ByStatus[llmsim.StatusClientClosed] }
+	before := answered()
 	require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 1 }, 20*time.Second, 10*time.Millisecond)
 	var probe string
 	for _, id := range ids {
@@ -57,8 +60,8 @@ func TestBreaker_OneProbeAcrossWorkersThenRecovery(t *testing.T) {
 	}
 	require.NotEmpty(t, probe)
 	st := b.sim.Stats()
-	require.Equal(t, 1, st.InFlight, "one probe, no other request")
-	require.Equal(t, answered, st.Requests)
+	require.LessOrEqual(t, st.InFlight, 1, "one probe at a time, no other request")
+	require.Equal(t, before, answered(), "only hung probes reached the provider")
 
 	// When the provider recovers, the hung probe times out (a failure: the breaker re-opens), the
 	// next probe succeeds and closes it, and every job succeeds.

@@ -167,7 +167,7 @@ func (b *testBundle) submit(t *testing.T, body string) string {
 // waitTerminal polls the job until it is terminal or the deadline passes.
 func (b *testBundle) waitTerminal(t *testing.T, id string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second) // generous: CI machines are shared and slow
 	for {
 		r := b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)
 		require.Equal(t, http.StatusOK, r.status)
@@ -176,7 +176,7 @@ func (b *testBundle) waitTerminal(t *testing.T, id string) map[string]any {
 			return r.body
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("job %s still %v after 30s: %v", id, r.body["status"], r.body)
+			t.Fatalf("job %s still %v after 60s: %v", id, r.body["status"], r.body)
 		}
 		time.Sleep(20 * time.Millisecond) // polling with a deadline, as a client would
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -148,6 +149,13 @@ RETURNING `+jobColumns,
 		}
 		return appendEvent(ctx, tx, job.ID, 1, StatusQueued, nil)
 	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+		// A data exception: a value the columns cannot hold (jsonb refuses \u0000 and unpaired
+		// surrogate escapes). Only client data reaches here after validation: a 400, not a 500.
+		return nil, false, &InvalidError{Type: "invalid_body",
+			Message: "the body holds a value that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)"}
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("create job: %w", err)
 	}
