@@ -43,3 +43,20 @@ func TestTokens_KnownTokenLimitAvoids429s(t *testing.T) {
 	require.Equal(t, n, st.Requests)
 	require.Equal(t, n*100, st.InputTokens)
 }
+
+func TestTokens_RequestLargerThanABucketRefusedAtSubmit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{
+		noWorker: true,
+		limits:   "{requests_per_second: 10, burst: 10, input_tokens_per_minute: 1000, output_tokens_per_minute: 500}",
+	})
+	r := b.do(t, "POST", "/v1/jobs", `{"request":{"model":"m","max_tokens":600,"messages":[{"role":"user","content":"hi"}]}}`, nil)
+	require.Equal(t, 400, r.status)
+	e := r.body["error"].(map[string]any)
+	require.Equal(t, "request_too_large", e["type"])
+	require.Contains(t, e["message"], "can never be sent")
+	require.Equal(t, 0, b.countRows(t, "jobs"))
+
+	ok := b.do(t, "POST", "/v1/jobs", `{"request":{"model":"m","max_tokens":400,"messages":[{"role":"user","content":"hi"}]}}`, nil)
+	require.Equal(t, 202, ok.status)
+}
