@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -19,19 +20,40 @@ type Config struct {
 	// Redis's clock and local clock skew cannot make two processes disagree about a cooldown.
 	// Tests inject a clock; every process must then use the same one.
 	Now func() time.Time
-	// Threshold is how many consecutive server-side failures open a closed breaker. Default 5.
+	// Threshold is how many consecutive server-side failures open a closed breaker, and how
+	// many requests a cold closed breaker lets out at once (see SuccessMemory). Default 5.
 	Threshold int
-	// Cooldown is how long an open breaker refuses everything before it admits a probe.
-	// Default 30s.
+	// Cooldown is how long an open breaker refuses everything before it admits a probe, the
+	// first time it opens after being closed. Default 30s.
 	Cooldown time.Duration
+	// CooldownFactor multiplies the cooldown after each consecutive failed probe, up to
+	// MaxCooldown; a successful probe (closing the breaker) resets it to Cooldown. Default 2;
+	// 1 disables the backoff. Must be at least 1 and finite.
+	CooldownFactor float64
+	// MaxCooldown caps the cooldown CooldownFactor grows: it bounds how long a recovered
+	// provider can go unnoticed (the worst-case delay from recovery to the probe that sees it,
+	// plus that probe's round trip). Default 2 × Cooldown. Must be at least Cooldown.
+	MaxCooldown time.Duration
 	// ProbeTimeout is how long a probe may stay unreported (its process crashed, or the caller
 	// never sent it) before another caller becomes the probe. Default 2m: LLM calls are slow.
 	ProbeTimeout time.Duration
-	// Recheck is how long a caller refused while a probe is out is told to wait (RetryAt)
-	// before asking again, capped at the probe's deadline. Default 1s.
+	// Recheck is how long a caller refused while a probe is out, or by the cold-start cap, is
+	// told to wait (RetryAt) before asking again, capped at the probe's (the first lease's)
+	// deadline. Default 1s.
 	Recheck time.Duration
-	// IdleTTL is how long a closed breaker's key (its failure count, its generation) lives
-	// after its last write. Failures older than that with nothing reported since are
+	// SuccessMemory is how long a Success lifts the cold-start cap. A closed breaker that has
+	// recorded no Success within SuccessMemory (a new or idle credential, or one whose answers
+	// since have all been failures) admits only as many requests whose outcome is not yet
+	// reported as Threshold less the failures it has counted; further callers are refused
+	// (Admission.Capped) until one reports or Recheck passes. An unreported admission holds its
+	// slot for at most ProbeTimeout. The first Success lifts the cap. To keep a healthy
+	// credential's Reports read-only, a Success is recorded at most once per SuccessMemory/16,
+	// so the cap may return up to that much before SuccessMemory has passed since the last one.
+	// Default 1m; negative disables the cap (every closed Allow admits, as before).
+	SuccessMemory time.Duration
+	// IdleTTL is how long a closed breaker's key (its failure count, its generation, its last
+	// Success) lives after its last write, and at least SuccessMemory and, while cold-start
+	// slots are out, ProbeTimeout. Failures older than that with nothing reported since are
 	// forgotten. Default 10m.
 	IdleTTL time.Duration
 	// Metrics receives the breaker's metrics; nil records none.
@@ -45,7 +67,14 @@ const (
 	DefaultProbeTimeout = 2 * time.Minute
 	DefaultRecheck      = time.Second
 	DefaultIdleTTL      = 10 * time.Minute
+	// DefaultCooldownFactor is CooldownFactor's default; MaxCooldown's is 2 × Cooldown.
+	DefaultCooldownFactor = 2.0
+	DefaultSuccessMemory  = time.Minute
 )
+
+// successRefreshDiv sets how often a warm breaker records a Success: once per
+// SuccessMemory/successRefreshDiv at most.
+const successRefreshDiv = 16
 
 // abandonedTTL is how long an open or half-open key outlives its cooldown or probe deadline
 // when no process touches it any more (a credential removed from the config). It is long on
@@ -72,6 +101,15 @@ func (c Config) withDefaults() Config {
 	if c.IdleTTL == 0 {
 		c.IdleTTL = DefaultIdleTTL
 	}
+	if c.CooldownFactor == 0 {
+		c.CooldownFactor = DefaultCooldownFactor
+	}
+	if c.MaxCooldown == 0 {
+		c.MaxCooldown = 2 * c.Cooldown
+	}
+	if c.SuccessMemory == 0 {
+		c.SuccessMemory = DefaultSuccessMemory
+	}
 	return c
 }
 
@@ -87,6 +125,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("Recheck %v: want at least 1ms", c.Recheck)
 	case c.IdleTTL < time.Second:
 		return fmt.Errorf("IdleTTL %v: want at least 1s", c.IdleTTL)
+	case !(c.CooldownFactor >= 1) || math.IsInf(c.CooldownFactor, 1):
+		return fmt.Errorf("CooldownFactor %v: want a finite number at least 1", c.CooldownFactor)
+	case c.MaxCooldown < c.Cooldown:
+		return fmt.Errorf("MaxCooldown %v: want at least Cooldown (%v)", c.MaxCooldown, c.Cooldown)
+	case c.SuccessMemory > 0 && c.SuccessMemory < time.Millisecond:
+		return fmt.Errorf("SuccessMemory %v: want at least 1ms, or negative to disable the cold-start cap", c.SuccessMemory)
 	}
 	return nil
 }
@@ -96,7 +140,9 @@ type State string
 
 // The states of a breaker.
 const (
-	// Closed admits every request and counts consecutive server-side failures.
+	// Closed admits every request and counts consecutive server-side failures; while it has
+	// seen no Success within Config.SuccessMemory it admits at most Threshold unreported
+	// requests (the cold-start cap).
 	Closed State = "closed"
 	// Open refuses every request until its cooldown ends.
 	Open State = "open"
@@ -113,15 +159,18 @@ type Outcome int
 // The outcomes a caller reports.
 const (
 	// Success is a response that shows the provider serving: a 2xx. It resets the closed
-	// breaker's failure count, and a probe's success closes the breaker.
+	// breaker's failure count and lifts the cold-start cap; a probe's success closes the breaker
+	// and resets the cooldown backoff.
 	Success Outcome = iota + 1
 	// Failure is a server-side failure: 5xx, 529, a timeout, a connection error. It counts
-	// toward Threshold; a probe's failure re-opens the breaker for a fresh cooldown.
+	// toward Threshold; a probe's failure re-opens the breaker for a cooldown CooldownFactor
+	// times the last one's, at most MaxCooldown.
 	Failure
 	// Neutral says nothing about the provider's health: a 4xx, a 429 with Retry-After (the
 	// limiter's business), a request canceled or never sent. It neither counts nor resets the
 	// failure count, so failures interleaved with 429s still open the breaker. A probe
-	// reporting Neutral hands the probe on: the next caller becomes the probe at once.
+	// reporting Neutral hands the probe on: the next caller becomes the probe at once; a
+	// cold-start admission reporting Neutral frees its slot.
 	Neutral
 )
 
@@ -144,6 +193,11 @@ func (o Outcome) String() string {
 type Breaker struct {
 	rdb redis.UniversalClient
 	cfg Config
+	// TTLs derived from cfg, in ms: a closed key, and a closed key holding cold-start leases.
+	closedTTL, leaseTTL int64
+	// memory is cfg.SuccessMemory in µs, 0 when the cap is disabled; refresh is how old the
+	// recorded Success must be before a warm breaker records another.
+	memory, refresh int64
 }
 
 // New returns a Breaker over rdb. cfg may be nil. It returns an error naming the field when cfg
@@ -160,15 +214,23 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Breaker, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("new breaker: %w", err)
 	}
-	return &Breaker{rdb: rdb, cfg: c}, nil
+	b := &Breaker{rdb: rdb, cfg: c}
+	b.closedTTL = max(c.IdleTTL, c.SuccessMemory).Milliseconds()
+	b.leaseTTL = max(b.closedTTL, c.ProbeTimeout.Milliseconds())
+	if c.SuccessMemory > 0 {
+		b.memory = c.SuccessMemory.Microseconds()
+		b.refresh = max(b.memory/successRefreshDiv, 1)
+	}
+	return b, nil
 }
 
 // Credential is the breaker of one provider key. Make it with Breaker.Credential; it is cheap,
 // holds no state of its own and is safe for concurrent use.
 type Credential struct {
-	b    *Breaker
-	name string
-	key  string
+	b     *Breaker
+	name  string
+	key   string // the breaker hash
+	lease string // the cold-start leases
 }
 
 // Credential returns the breaker of the provider key id. id is only hashed (the key looks like
@@ -176,7 +238,8 @@ type Credential struct {
 // metrics. Pass the API key itself, so that two credential names sharing one key share its
 // breaker. name is the credential's name, used only as the metrics label.
 func (b *Breaker) Credential(id, name string) *Credential {
-	return &Credential{b: b, name: name, key: breakerKey(b.cfg.Prefix, credentialTag(id))}
+	tag := credentialTag(id)
+	return &Credential{b: b, name: name, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
 }
 
 // Admission is Allow's answer.
@@ -186,10 +249,16 @@ type Admission struct {
 	Allowed bool
 	// Probe reports whether this request is the half-open breaker's single probe.
 	Probe bool
+	// Capped reports a refusal by the closed breaker's cold-start cap (Config.SuccessMemory):
+	// the provider is not known to be down, only not yet known to be up, and Threshold
+	// requests are already out to find out. The caller should wait for RetryAt (Recheck) on
+	// this credential, not fail over as it would from an open breaker.
+	Capped bool
 	// State is the breaker's state as this call left it.
 	State State
 	// RetryAt is when a refused caller should ask again: the end of the cooldown while open, a
-	// short re-check (Config.Recheck, capped at the probe's deadline) while a probe is out.
+	// short re-check (Config.Recheck, capped at the probe's deadline) while a probe is out or
+	// the cold-start cap is full (capped at the first slot's deadline).
 	// Zero when Allowed; UTC otherwise. The caller defers the job without counting an attempt.
 	RetryAt time.Time
 	// Wait is RetryAt less now, on the breaker's clock (Redis TIME unless Config.Now is set):
@@ -199,29 +268,36 @@ type Admission struct {
 	// gen is the breaker's generation this admission belongs to; Report ignores reports from
 	// ended generations.
 	gen int64
+	// lease is the cold-start slot this admission holds (0: none); Report frees it.
+	lease int64
 }
 
-// Allow asks whether a request may be sent: a closed breaker admits everyone; an open one
-// refuses until its cooldown ends, then makes exactly one caller, across all processes, the
-// probe (the breaker turns half-open) and refuses the others until the probe reports or
-// ProbeTimeout passes. A refusal is not an error: Allowed is false and RetryAt says when to ask
-// again. Allow returns an error only when Redis fails (the Admission is then zero).
+// Allow asks whether a request may be sent: a closed breaker admits everyone (but, cold, only
+// Threshold unreported requests at a time: see Config.SuccessMemory); an open one refuses
+// until its cooldown ends, then makes exactly one caller, across all processes, the probe (the
+// breaker turns half-open) and refuses the others until the probe reports or ProbeTimeout
+// passes. A refusal is not an error: Allowed is false and RetryAt says when to ask again. Allow
+// returns an error only when Redis fails (the Admission is then zero). On a warm closed breaker
+// it writes nothing.
 func (c *Credential) Allow(ctx context.Context) (Admission, error) {
-	cfg := &c.b.cfg
-	res, err := allowScript.Run(ctx, c.b.rdb, []string{c.key},
-		c.b.nowArg(), cfg.ProbeTimeout.Microseconds(), cfg.Recheck.Microseconds(),
-		(cfg.ProbeTimeout + abandonedTTL).Milliseconds()).Slice()
+	b := c.b
+	cfg := &b.cfg
+	res, err := allowScript.Run(ctx, b.rdb, []string{c.key, c.lease},
+		b.nowArg(), cfg.ProbeTimeout.Microseconds(), cfg.Recheck.Microseconds(),
+		(cfg.ProbeTimeout + abandonedTTL).Milliseconds(), cfg.Threshold, b.memory, b.leaseTTL).Slice()
 	if err != nil {
 		return Admission{}, fmt.Errorf("breaker allow: %w", err)
 	}
-	if len(res) != 7 {
+	if len(res) != 9 {
 		return Admission{}, fmt.Errorf("breaker allow: unexpected reply %v", res)
 	}
 	a := Admission{
 		Allowed: toInt(res[0]) == 1,
 		Probe:   toInt(res[1]) == 1,
+		Capped:  toInt(res[8]) == 1,
 		State:   State(toString(res[2])),
 		gen:     toInt(res[5]),
+		lease:   toInt(res[7]),
 	}
 	if at := toInt(res[3]); at > 0 {
 		a.RetryAt = time.UnixMicro(at).UTC()
@@ -239,13 +315,15 @@ func (c *Credential) Allow(ctx context.Context) (Admission, error) {
 }
 
 // Report records the outcome of a request Allow admitted, and returns the breaker's state after
-// it. In a closed breaker, Threshold consecutive Failures open it and a Success resets the
-// count. A probe's Success closes the breaker and clears the count; its Failure re-opens it for
-// a fresh Cooldown; its Neutral hands the probe to the next caller. Reports from admissions
-// whose state has since ended are ignored: a request in flight when the breaker opened does
-// not extend or re-open it, and a probe replaced after ProbeTimeout no longer decides. Reporting
-// a refused Admission, or an Outcome that is not one of the three, is a programming error and
-// returns an error without touching Redis. Otherwise Report returns an error only when Redis
+// it. In a closed breaker, Threshold consecutive Failures open it (for Cooldown) and a Success
+// resets the count and lifts the cold-start cap; any report frees the admission's cold-start
+// slot. A probe's Success closes the breaker, clears the count and resets the cooldown; its
+// Failure re-opens it for CooldownFactor times the last cooldown, at most MaxCooldown; its
+// Neutral hands the probe to the next caller. Reports from admissions whose state has since
+// ended are ignored: a request in flight when the breaker opened does not extend or re-open
+// it, and a probe replaced after ProbeTimeout no longer decides. Reporting a refused
+// Admission, or an Outcome that is not one of the three, is a programming error and returns an
+// error without touching Redis. Otherwise Report returns an error only when Redis
 // fails.
 func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State, error) {
 	if !a.Allowed {
@@ -254,10 +332,13 @@ func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State,
 	if o < Success || o > Neutral {
 		return "", fmt.Errorf("breaker report: invalid outcome %d", int(o))
 	}
-	cfg := &c.b.cfg
-	res, err := reportScript.Run(ctx, c.b.rdb, []string{c.key},
-		c.b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
-		cfg.IdleTTL.Milliseconds(), (cfg.Cooldown + abandonedTTL).Milliseconds()).Slice()
+	b := c.b
+	cfg := &b.cfg
+	res, err := reportScript.Run(ctx, b.rdb, []string{c.key, c.lease},
+		b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
+		b.closedTTL, abandonedTTL.Milliseconds(), a.lease, b.memory, b.refresh,
+		strconv.FormatFloat(cfg.CooldownFactor, 'g', -1, 64), cfg.MaxCooldown.Microseconds(),
+		b.leaseTTL).Slice()
 	if err != nil {
 		return "", fmt.Errorf("breaker report: %w", err)
 	}
@@ -286,17 +367,26 @@ type Status struct {
 	Until time.Time
 	// Failures is the count of consecutive failures while Closed.
 	Failures int
+	// Capped reports a Closed breaker under the cold-start cap: no Success within
+	// Config.SuccessMemory.
+	Capped bool
+	// InFlight is, while Capped, how many cold-start slots are out (admitted, not yet reported,
+	// not yet expired).
+	InFlight int
 }
 
 // Status reads the credential's breaker. It makes no transition and returns an error only when
 // Redis fails.
 func (c *Credential) Status(ctx context.Context) (Status, error) {
-	v, err := c.b.rdb.HMGet(ctx, c.key, "state", "since", "until", "fails").Result()
+	v, err := statusScript.Run(ctx, c.b.rdb, []string{c.key, c.lease}, c.b.nowArg(), c.b.memory).Slice()
 	if err != nil {
 		return Status{}, fmt.Errorf("breaker status: %w", err)
 	}
+	if len(v) != 6 {
+		return Status{}, fmt.Errorf("breaker status: unexpected reply %v", v)
+	}
 	s := Status{State: Closed}
-	if st, ok := v[0].(string); ok {
+	if st := toString(v[0]); st != "" {
 		s.State = State(st)
 	}
 	if us := toInt(v[1]); us > 0 {
@@ -307,6 +397,8 @@ func (c *Credential) Status(ctx context.Context) (Status, error) {
 	}
 	if s.State == Closed {
 		s.Failures = int(toInt(v[3]))
+		s.Capped = toInt(v[4]) == 1
+		s.InFlight = int(toInt(v[5]))
 	}
 	c.b.cfg.Metrics.setState(c.name, s.State)
 	return s, nil

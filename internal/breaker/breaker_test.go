@@ -1,6 +1,7 @@
 package breaker_test
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,12 @@ func TestNew(t *testing.T) {
 		{"ProbeTimeout", breaker.Config{ProbeTimeout: time.Microsecond}, "ProbeTimeout"},
 		{"Recheck", breaker.Config{Recheck: -1}, "Recheck"},
 		{"IdleTTL", breaker.Config{IdleTTL: time.Millisecond}, "IdleTTL"},
+		{"CooldownFactorBelowOne", breaker.Config{CooldownFactor: 0.5}, "CooldownFactor"},
+		{"CooldownFactorInf", breaker.Config{CooldownFactor: math.Inf(1)}, "CooldownFactor"},
+		{"CooldownFactorNaN", breaker.Config{CooldownFactor: math.NaN()}, "CooldownFactor"},
+		{"MaxCooldown", breaker.Config{Cooldown: time.Minute, MaxCooldown: time.Second}, "MaxCooldown"},
+		{"MaxCooldownNegative", breaker.Config{MaxCooldown: -1}, "MaxCooldown"},
+		{"SuccessMemory", breaker.Config{SuccessMemory: time.Microsecond}, "SuccessMemory"},
 	} {
 		t.Run("Invalid"+tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -102,17 +109,25 @@ func TestCredential_Closed(t *testing.T) {
 		require.Equal(t, breaker.Open, b.send(t, 0, breaker.Failure))
 	})
 
-	t.Run("HealthyAllowWritesNothing", func(t *testing.T) {
+	// Changed by the cold-start cap: a healthy credential now keeps one key, its last Success,
+	// but once warm neither Allow nor a Success writes to it (until SuccessMemory/16 passes).
+	t.Run("WarmAllowWritesNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
+		require.Equal(t, breaker.Closed, b.send(t, 0, breaker.Success))
+		ks := keys(t, b)
+		require.Len(t, ks, 1, "the breaker hash only: the lifted cap leaves no slots behind")
+		before := hash(t, b, ks[0])
 		for i := range 10 {
+			b.clock.Add(time.Millisecond) // a write of the last Success would show
 			a := b.admit(t, i)
 			require.Equal(t, breaker.Admission{Allowed: true, State: breaker.Closed}, zeroGen(a))
 			st, err := b.creds[i%2].Report(t.Context(), a, breaker.Success)
 			require.NoError(t, err)
 			require.Equal(t, breaker.Closed, st)
 		}
-		require.Empty(t, keys(t, b), "a healthy credential leaves no key")
+		require.Equal(t, ks, keys(t, b))
+		require.Equal(t, before, hash(t, b, ks[0]), "a warm credential's Allow and Success write nothing")
 		require.Equal(t, breaker.Status{State: breaker.Closed}, b.status(t))
 	})
 }
@@ -213,15 +228,20 @@ func TestCredential_Probe(t *testing.T) {
 		require.Equal(t, breaker.Open, st)
 		require.Equal(t, 2, b.transitions(t, breaker.Open))
 
-		end := b.clock.Now().Add(breaker.DefaultCooldown)
+		// Changed by the cooldown backoff: a failed probe doubles the cooldown (capped at the
+		// default MaxCooldown, 2 × Cooldown).
+		end := b.clock.Now().Add(2 * breaker.DefaultCooldown)
 		require.Equal(t, breaker.Status{State: breaker.Open, Since: b.clock.Now(), Until: end}, b.status(t))
 		for _, a := range b.allow50(t) {
 			require.False(t, a.Allowed)
 			require.Equal(t, breaker.Open, a.State)
 			require.True(t, end.Equal(a.RetryAt), "a fresh cooldown from the probe's failure: RetryAt %v, want %v", a.RetryAt, end)
 		}
-		b.clock.Add(breaker.DefaultCooldown)
+		b.clock.Add(2*breaker.DefaultCooldown - time.Millisecond)
 		n, _ := probes(t, b.allow50(t))
+		require.Zero(t, n)
+		b.clock.Add(time.Millisecond)
+		n, _ = probes(t, b.allow50(t))
 		require.Equal(t, 1, n)
 		require.Equal(t, 2, b.transitions(t, breaker.HalfOpen))
 	})
@@ -286,6 +306,9 @@ func TestCredential_StaleReports(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	ctx := t.Context()
+	// A warm credential (changed by the cold-start cap, which would admit only Threshold of
+	// these 20 on a new one).
+	require.Equal(t, breaker.Closed, b.send(t, 0, breaker.Success))
 	var inflight []breaker.Admission
 	for i := range 20 {
 		inflight = append(inflight, b.admit(t, i))
@@ -423,7 +446,15 @@ func keys(t *testing.T, b *testBundle) []string {
 	return ks
 }
 
-// zeroGen returns a with its unexported generation dropped, for comparisons.
+// hash returns the fields of the hash at key.
+func hash(t *testing.T, b *testBundle, key string) map[string]string {
+	t.Helper()
+	h, err := b.rdb.HGetAll(t.Context(), key).Result()
+	require.NoError(t, err)
+	return h
+}
+
+// zeroGen returns a with its unexported generation and lease dropped, for comparisons.
 func zeroGen(a breaker.Admission) breaker.Admission {
-	return breaker.Admission{Allowed: a.Allowed, Probe: a.Probe, State: a.State, RetryAt: a.RetryAt, Wait: a.Wait}
+	return breaker.Admission{Allowed: a.Allowed, Probe: a.Probe, Capped: a.Capped, State: a.State, RetryAt: a.RetryAt, Wait: a.Wait}
 }

@@ -28,6 +28,12 @@ func (c *testClock) Now() time.Time {
 	return c.t
 }
 
+func (c *testClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
 func (c *testClock) Add(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

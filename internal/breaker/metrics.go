@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"credential", "to"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_breaker_rejected_total",
-			Help: "Requests the circuit breaker refused (deferred): open, or half-open with the probe out.",
+			Help: "Requests the circuit breaker refused (deferred): open, half-open with the probe out, or closed with its cold-start slots taken.",
 		}, []string{"credential"}),
 	}
 	if reg != nil {
