@@ -55,6 +55,13 @@ type Breaker struct {
 	// Cooldown is how long an open breaker refuses calls before one probe is let through.
 	// Default 30s.
 	Cooldown time.Duration `yaml:"cooldown"`
+	// MaxCooldown caps the cooldown, which doubles after each failed probe. Default 2 × cooldown.
+	MaxCooldown time.Duration `yaml:"max_cooldown"`
+	// ColdStartCap, when on, lets at most threshold requests out on a credential with no success
+	// in the last minute until one answers, so an outage that is already under way costs exactly
+	// threshold requests to detect, at the price of one provider round trip for a burst on an
+	// idle credential. Default off.
+	ColdStartCap bool `yaml:"cold_start_cap"`
 }
 
 // API configures the HTTP API.
@@ -324,6 +331,9 @@ func (c *Config) validate() error {
 	}
 	if c.Breaker.Cooldown < 0 {
 		bad("breaker.cooldown", "must be positive")
+	}
+	if c.Breaker.MaxCooldown != 0 && c.Breaker.MaxCooldown < c.Breaker.Cooldown {
+		bad("breaker.max_cooldown", "must be at least breaker.cooldown")
 	}
 	if c.Alerts.WebhookURL != "" {
 		if u, err := url.Parse(c.Alerts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {

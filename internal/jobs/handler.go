@@ -207,7 +207,13 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 			return err
 		}
 		if !a.Allowed {
-			return h.failOver(ctx, job, &DeferError{Until: h.cfg.Now().Add(a.Wait), Reason: "circuit " + string(a.State), unavailable: true})
+			reason := "circuit " + string(a.State)
+			if a.Capped {
+				// A cold credential waiting for its first answer is not known to be down: wait
+				// on it rather than fail over.
+				reason = "circuit cold start: waiting for a first answer"
+			}
+			return h.failOver(ctx, job, &DeferError{Until: h.cfg.Now().Add(a.Wait), Reason: reason, unavailable: !a.Capped})
 		}
 		brk = &a
 	}

@@ -76,8 +76,13 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		rdb.Close()
 		return nil, err
 	}
+	successMemory := time.Duration(-1) // the cold-start cap is off unless configured
+	if cfg.Breaker.ColdStartCap {
+		successMemory = 0 // the breaker's default
+	}
 	brk, err := breaker.New(rdb, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
-		Cooldown: cfg.Breaker.Cooldown, Metrics: brkMetrics})
+		Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown, SuccessMemory: successMemory,
+		Metrics: brkMetrics})
 	if err != nil {
 		rdb.Close()
 		return nil, err
