@@ -58,6 +58,17 @@ type rowEnv struct {
 	onStart func()
 	// maxAttempts is the llmq rows' max_attempts per job; 0 means 20.
 	maxAttempts int
+	// body, when set, is the provider request of job i that the llmq rows submit; nil means
+	// messagesBody.
+	body func(i int) []byte
+}
+
+// requestBody is the provider request of job i.
+func (e *rowEnv) requestBody(i int) []byte {
+	if e.body != nil {
+		return e.body(i)
+	}
+	return messagesBody(i)
 }
 
 // started calls onStart, if any: the rows call it just before they submit the first job.

@@ -58,6 +58,8 @@ func llmqRow(configured bool) func(context.Context, *rowEnv) ([]outcome, error) 
 type llmqSetup struct {
 	limits  *config.Limits  // the credential's limits; nil: learned from the provider
 	breaker *config.Breaker // the breaker block; nil: llmq's defaults
+	// tokenMinute is worker.token_minute (the provider's token "minute"); 0: llmq's default.
+	tokenMinute time.Duration
 }
 
 // runLLMQ runs e.n jobs through the whole system: a fresh database, a fresh queue, the api
@@ -115,9 +117,21 @@ func runLLMQ(ctx context.Context, e *rowEnv, s llmqSetup) (outs []outcome, err e
 // The simulator's key is referenced through simKeyEnv; the file is validated with the real
 // loader before any process starts.
 func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetup) (*config.Config, error) {
-	limitLine, breakerLine := "", ""
-	if s.limits != nil {
-		limitLine = fmt.Sprintf("\n    limits: { requests_per_second: %g, burst: %d }", s.limits.RequestsPerSecond, s.limits.Burst)
+	limitLine, breakerLine, workerExtra := "", "", ""
+	if l := s.limits; l != nil {
+		var toks string
+		for _, f := range []struct {
+			key string
+			v   float64
+		}{{"input_tokens_per_minute", l.InputTokensPerMinute}, {"output_tokens_per_minute", l.OutputTokensPerMinute}, {"tokens_per_minute", l.TokensPerMinute}} {
+			if f.v > 0 {
+				toks += fmt.Sprintf(", %s: %g", f.key, f.v)
+			}
+		}
+		limitLine = fmt.Sprintf("\n    limits: { requests_per_second: %g, burst: %d%s }", l.RequestsPerSecond, l.Burst, toks)
+	}
+	if s.tokenMinute > 0 {
+		workerExtra = ", token_minute: " + s.tokenMinute.String()
 	}
 	if s.breaker != nil {
 		breakerLine = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s }\n", s.breaker.Threshold, s.breaker.Cooldown)
@@ -126,13 +140,13 @@ func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetu
 database_url: %q
 redis_url: %q
 api: { allow_anonymous: true }
-worker: { queue: %q, metrics_listen: "off" }
+worker: { queue: %q, metrics_listen: "off"%s }
 %scredentials:
   - name: default
     provider: anthropic
     base_url: %q
     api_key_env: %s%s
-`, dbURL, redisURL, queue, breakerLine, simURL, simKeyEnv, limitLine)
+`, dbURL, redisURL, queue, workerExtra, breakerLine, simURL, simKeyEnv, limitLine)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == simKeyEnv {
 			return apiKey
@@ -222,7 +236,7 @@ func herdOverHTTP(ctx context.Context, e *rowEnv, st *stack) ([]outcome, error) 
 		wg.Go(func() {
 			<-fire
 			submitted[i] = time.Since(start)
-			ids[i], errs[i] = submitJob(ctx, hc, st.apiURL, i, e.jobMaxAttempts())
+			ids[i], errs[i] = submitJob(ctx, hc, st.apiURL, i, e.requestBody(i), e.jobMaxAttempts())
 		})
 	}
 	e.started()
@@ -285,10 +299,10 @@ func herdOverHTTP(ctx context.Context, e *rowEnv, st *stack) ([]outcome, error) 
 	return outs, nil
 }
 
-// submitJob posts job i (deadline 5 min, at most maxAttempts attempts) and returns its ID;
-// anything but 202 is an error.
-func submitJob(ctx context.Context, hc *http.Client, apiURL string, i, maxAttempts int) (string, error) {
-	body := fmt.Appendf(nil, `{"request":%s,"max_attempts":%d,"timeout":"5m"}`, messagesBody(i), maxAttempts)
+// submitJob posts job i with the provider request request (deadline 5 min, at most maxAttempts
+// attempts) and returns its ID; anything but 202 is an error.
+func submitJob(ctx context.Context, hc *http.Client, apiURL string, i int, request []byte, maxAttempts int) (string, error) {
+	body := fmt.Appendf(nil, `{"request":%s,"max_attempts":%d,"timeout":"5m"}`, request, maxAttempts)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/jobs", bytes.NewReader(body))
 	if err != nil {
 		return "", fmt.Errorf("job %d: %w", i, err)

@@ -2,6 +2,7 @@
 //
 //	go run ./cmd/bench herd [flags]     # N jobs at once against a rate-limited provider
 //	go run ./cmd/bench outage [flags]   # N jobs at once while the provider is overloaded
+//	go run ./cmd/bench tokens [flags]   # N long prompts at once against token limits
 //
 // Scenarios drive the whole system (the api and worker binaries, Postgres, Redis and an
 // in-process llmsim) and may write their table into docs/benchmarks.md. They are benchmark
@@ -42,6 +43,9 @@ scenarios:
          and llmq (limit configured, limit learned) in one table ("bench herd -h" for flags)
   outage N jobs fired at once while the provider answers 529 for a while, then recovers: plain
          asynq, the seed's Retry-After client and llmq with its circuit breaker ("bench outage -h")
+  tokens N jobs of long prompts fired at once against input- and output-token limits: llmq
+         counting requests only, with token limits known, and with token limits learned
+         ("bench tokens -h")
 `
 
 // run dispatches to a scenario.
@@ -55,6 +59,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runHerd(ctx, args[1:], stdout, stderr)
 	case "outage":
 		return runOutage(ctx, args[1:], stdout, stderr)
+	case "throughput":
+		return runThroughput(ctx, args[1:], stdout, stderr)
+	case "tokens":
+		return runTokens(ctx, args[1:], stdout, stderr)
+	case "chaos":
+		return runChaos(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,588 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// tpSystem is one queue under test in `bench throughput`: plain asynq, River, the composite
+// floor or llmq. A system is prepared once per run, takes jobs by index, and reports how many
+// completed and how long each took.
+type tpSystem interface {
+	// prepare builds a fresh system (its own database, queue, processes) for up to total jobs,
+	// indices 0..total-1.
+	prepare(ctx context.Context, total int) error
+	// submit hands job i to the system and returns once it is accepted (committed, for the
+	// systems with a store). It is safe for concurrent use.
+	submit(ctx context.Context, i int) error
+	// completed returns how many jobs have completed since prepare, or why the system cannot
+	// go on (a process exited).
+	completed(ctx context.Context) (int, error)
+	// pollEvery is how often completed may be asked without the observer dominating.
+	pollEvery() time.Duration
+	// results returns submit → result of every job submitted at or after since, the time of the
+	// last result, and the jobs' final statuses when the system has any.
+	results(ctx context.Context, since time.Time) (tpOutcome, error)
+	// meter samples the CPU of the system's processes.
+	meter() *cpuMeter
+	// close removes everything prepare created; it is idempotent.
+	close()
+}
+
+// tpOutcome is what a system reports of its measured jobs.
+type tpOutcome struct {
+	lat      []time.Duration
+	last     time.Time
+	statuses map[string]int // nil: the system has no statuses (every completion is a success)
+}
+
+// tpOpts are the flags of `bench throughput`.
+type tpOpts struct {
+	mode     string
+	n        int
+	nSet     bool // -n was given (backlog mode defaults to 100,000 otherwise)
+	clients  int
+	workers  int
+	conns    int
+	runs     int
+	warmup   int
+	rates    []float64
+	duration time.Duration
+	only     string
+	bin      string
+	build    bool
+	write    string
+	timeout  time.Duration
+	dbURL    string
+	redisURL string
+	keepLogs bool
+	profile  string // directory for the pprof files (profile mode); empty: a temp dir
+}
+
+// Modes of `bench throughput`.
+const (
+	tpModeThroughput = "throughput"
+	tpModeRate       = "rate"
+	tpModeBacklog    = "backlog"
+	tpModeProfile    = "profile"
+)
+
+// Row ids of `bench throughput`.
+const (
+	tpAsynq     = "asynq"
+	tpRiver     = "river"
+	tpComposite = "composite"
+	tpLLMQ      = "llmq"
+)
+
+var tpRowIDs = []string{tpAsynq, tpRiver, tpComposite, tpLLMQ}
+
+// backlogDefaultN is -n in backlog mode when not given.
+const backlogDefaultN = 100_000
+
+func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
+	var o tpOpts
+	fs := flag.NewFlagSet("throughput", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.mode, "mode", tpModeThroughput, "throughput: all systems as fast as they go; rate: llmq at a fixed -rate for -duration; "+
+		"backlog: -n jobs queued with no worker, then drained; profile: llmq in-process under pprof")
+	fs.IntVar(&o.n, "n", 5000, "jobs per system (backlog mode: 100000 unless given)")
+	fs.IntVar(&o.clients, "clients", 64, "concurrent submitting clients (throughput and backlog modes)")
+	fs.IntVar(&o.workers, "workers", 2, "llmq worker processes; the in-process queues get the same total concurrency (200 per worker)")
+	fs.IntVar(&o.conns, "conns", 16, "Postgres pool size of the in-process River and composite rows")
+	fs.IntVar(&o.runs, "runs", 1, "runs per system in throughput mode; the run with the median jobs/s is shown")
+	fs.IntVar(&o.warmup, "warmup", 50, "jobs run through each system before it is measured (not counted)")
+	rates := fs.String("rate", "500", "offered jobs per second (rate mode); several, comma-separated, give one row each")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long jobs are offered (rate mode)")
+	fs.StringVar(&o.only, "only", "", "comma-separated systems to run (default: all in throughput mode, llmq otherwise): "+strings.Join(tpRowIDs, ", "))
+	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
+	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
+	fs.StringVar(&o.write, "write", "", "Markdown file whose throughput section gets this mode's part (empty: don't write)")
+	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "cap on each run's wait for its jobs, from its first submit")
+	fs.StringVar(&o.dbURL, "database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		"Postgres server (a database llmq_bench_<random> is created there per run and dropped)")
+	fs.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis (unique queues per run; never flushed)")
+	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the llmq runs' config and process logs (their directory is printed)")
+	fs.StringVar(&o.profile, "profile-dir", "", "directory for the pprof files of profile mode (default: a new temp dir, printed)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	fs.Visit(func(f *flag.Flag) { o.nSet = o.nSet || f.Name == "n" })
+	var parseErr error
+	o.rates, parseErr = parseRates(*rates)
+	if o.mode == tpModeBacklog && !o.nSet {
+		o.n = backlogDefaultN
+	}
+	switch {
+	case !slices.Contains([]string{tpModeThroughput, tpModeRate, tpModeBacklog, tpModeProfile}, o.mode):
+		return o, fmt.Errorf("-mode: unknown mode %q (throughput, rate, backlog, profile)", o.mode)
+	case o.n < 1:
+		return o, errors.New("-n: must be at least 1")
+	case o.mode == tpModeBacklog && o.n < 2*backlogWindow:
+		return o, fmt.Errorf("-n: backlog mode needs at least %d jobs (two windows of %d)", 2*backlogWindow, backlogWindow)
+	case o.clients < 1:
+		return o, errors.New("-clients: must be at least 1")
+	case o.workers < 1:
+		return o, errors.New("-workers: must be at least 1")
+	case o.conns < 2:
+		return o, errors.New("-conns: must be at least 2")
+	case o.runs < 1:
+		return o, errors.New("-runs: must be at least 1")
+	case o.warmup < 0:
+		return o, errors.New("-warmup: must not be negative")
+	case parseErr != nil:
+		return o, parseErr
+	case o.duration <= 0:
+		return o, errors.New("-duration: must be positive")
+	case o.timeout <= 0:
+		return o, errors.New("-timeout: must be positive")
+	}
+	if _, err := o.selected(); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// parseRates parses "100,500" into positive rates.
+func parseRates(s string) ([]float64, error) {
+	var out []float64
+	for f := range strings.SplitSeq(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			return nil, fmt.Errorf("-rate: %q is not a positive number of jobs per second", strings.TrimSpace(f))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// selected returns the systems to run, in table order.
+func (o tpOpts) selected() ([]string, error) {
+	if strings.TrimSpace(o.only) == "" {
+		if o.mode == tpModeThroughput {
+			return tpRowIDs, nil
+		}
+		return []string{tpLLMQ}, nil
+	}
+	want := map[string]bool{}
+	for id := range strings.SplitSeq(o.only, ",") {
+		id = strings.TrimSpace(id)
+		if !slices.Contains(tpRowIDs, id) {
+			return nil, fmt.Errorf("-only: unknown system %q (systems: %s)", id, strings.Join(tpRowIDs, ", "))
+		}
+		want[id] = true
+	}
+	if o.mode != tpModeThroughput && (len(want) != 1 || !want[tpLLMQ]) {
+		return nil, fmt.Errorf("-only: %s mode runs llmq only", o.mode)
+	}
+	var out []string
+	for _, id := range tpRowIDs {
+		if want[id] {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// concurrency is the total number of jobs the queues run at once: llmq's default per worker
+// process times the worker processes.
+func (o tpOpts) concurrency() int { return 200 * o.workers }
+
+// runThroughput is `bench throughput`.
+func runThroughput(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseThroughputFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	ids, _ := o.selected()
+	if slices.Contains(ids, tpLLMQ) && o.mode != tpModeProfile {
+		if err := ensureBinaries(ctx, o.bin, o.build, stderr); err != nil {
+			return err
+		}
+	}
+	command := strings.TrimSpace("go run ./cmd/bench throughput " + strings.Join(args, " "))
+	head := tpHead{command: command, date: time.Now(), machine: machine()}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		head.load = loadAverage(string(b))
+	}
+	var part, body string
+	switch o.mode {
+	case tpModeThroughput:
+		rep, err := runThroughputMode(ctx, o, ids, stderr)
+		if err != nil {
+			return err
+		}
+		rep.tpHead = head
+		fmt.Fprint(stdout, rep.text())
+		part, body = tpPartTable, rep.markdown()
+	case tpModeRate:
+		rep, err := runRateMode(ctx, o, stderr)
+		if err != nil {
+			return err
+		}
+		rep.tpHead = head
+		fmt.Fprint(stdout, rep.text())
+		part, body = tpPartRate, rep.markdown()
+	case tpModeBacklog:
+		rep, err := runBacklogMode(ctx, o, stderr)
+		if err != nil {
+			return err
+		}
+		rep.tpHead = head
+		fmt.Fprint(stdout, rep.text())
+		part, body = tpPartBacklog, rep.markdown()
+	case tpModeProfile:
+		rep, err := runProfileMode(ctx, o, stderr)
+		if err != nil {
+			return err
+		}
+		rep.tpHead = head
+		fmt.Fprint(stdout, rep.text())
+		part, body = tpPartProfile, rep.markdown()
+	}
+	if o.write == "" {
+		return nil
+	}
+	if err := writeThroughputPart(o.write, part, body); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "throughput: wrote the %s part to %s\n", o.mode, o.write)
+	return nil
+}
+
+// tpLogf prints a progress line of the throughput scenario on stderr.
+func tpLogf(w io.Writer, format string, args ...any) {
+	fmt.Fprintf(w, "throughput: %s\n", fmt.Sprintf(format, args...))
+}
+
+// newSystem returns the system id.
+func newSystem(o tpOpts, id string, stderr io.Writer) tpSystem {
+	switch id {
+	case tpAsynq:
+		return &asynqSystem{o: o}
+	case tpRiver:
+		return &riverSystem{o: o}
+	case tpComposite:
+		return &compositeSystem{o: o}
+	}
+	return &llmqSystem{o: o, stderr: stderr, workersAtStart: true}
+}
+
+// tpResult is one measured run of a system.
+type tpResult struct {
+	id, name string
+	n        int
+	elapsed  time.Duration   // first submit → last result
+	lat      []time.Duration // submit → result, per job
+	submit   []time.Duration // the submit call, per job
+	cpu      cpuSample       // CPU spent per group during the measurement
+	statuses map[string]int
+	lag      time.Duration // rate mode: the largest delay of a submit behind its schedule
+	offered  time.Duration // rate mode: first to last scheduled submit
+	allRates []float64     // throughput mode: jobs/s of every run that completed
+	err      error
+}
+
+// jobsPerSecond is n over elapsed (0 when the run has no figure).
+func (r tpResult) jobsPerSecond() float64 {
+	if r.err != nil || r.elapsed <= 0 {
+		return 0
+	}
+	return float64(r.n) / r.elapsed.Seconds()
+}
+
+// cpuPer1000 is the group's CPU seconds per 1,000 jobs; ok is false when it was not measured.
+func (r tpResult) cpuPer1000(group string) (float64, bool) {
+	d, ok := r.cpu[group]
+	if !ok || r.n == 0 {
+		return 0, false
+	}
+	return d.Seconds() * 1000 / float64(r.n), true
+}
+
+// driver feeds jobs to a system.
+type driver func(ctx context.Context, sys tpSystem, first, n int, submitLat []time.Duration) (start time.Time, err error)
+
+// closedLoop returns a driver in which clients goroutines each submit one job after another
+// until n jobs (indices first..first+n-1) are submitted. It stops at the first error.
+func closedLoop(clients int) driver {
+	return func(ctx context.Context, sys tpSystem, first, n int, submitLat []time.Duration) (time.Time, error) {
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range min(clients, n) {
+			wg.Go(func() {
+				for {
+					k := int(next.Add(1) - 1)
+					if k >= n || ctx.Err() != nil {
+						return
+					}
+					t0 := time.Now()
+					if err := sys.submit(ctx, first+k); err != nil {
+						cancel(err)
+						return
+					}
+					if submitLat != nil {
+						submitLat[k] = time.Since(t0)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			return start, err
+		}
+		return start, ctx.Err()
+	}
+}
+
+// openLoopMaxInFlight caps the submits of the open-loop driver in flight; past it, submits
+// start late (the lag reports it).
+const openLoopMaxInFlight = 1024
+
+// openLoopStats is what the open-loop driver saw of its own schedule.
+type openLoopStats struct {
+	lag    time.Duration // the largest delay of a submit behind its schedule
+	spread time.Duration // first to last submit sent
+}
+
+// openLoop returns a driver that submits job k at start + k/rate, each in its own goroutine,
+// whatever the system's answers: an offered load, not a closed loop. It fills st when done.
+func openLoop(rate float64, st *openLoopStats) driver {
+	return func(ctx context.Context, sys tpSystem, first, n int, submitLat []time.Duration) (time.Time, error) {
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		sem := make(chan struct{}, openLoopMaxInFlight)
+		var wg sync.WaitGroup
+		start := time.Now()
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+	loop:
+		for k := range n {
+			at := start.Add(scheduleOffset(k, rate))
+			timer.Reset(time.Until(at))
+			select {
+			case <-ctx.Done():
+				break loop
+			case <-timer.C:
+			}
+			select {
+			case <-ctx.Done():
+				break loop
+			case sem <- struct{}{}:
+			}
+			now := time.Now()
+			st.lag = max(st.lag, now.Sub(at))
+			st.spread = now.Sub(start)
+			wg.Go(func() {
+				defer func() { <-sem }()
+				t0 := time.Now()
+				if err := sys.submit(ctx, first+k); err != nil {
+					cancel(err)
+					return
+				}
+				submitLat[k] = time.Since(t0)
+			})
+		}
+		wg.Wait()
+		if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			return start, err
+		}
+		return start, ctx.Err()
+	}
+}
+
+// scheduleOffset is when job k of an offered load of rate per second is due.
+func scheduleOffset(k int, rate float64) time.Duration {
+	return time.Duration(float64(k) / rate * float64(time.Second))
+}
+
+// measureHook runs around the measured part of a run (after the warm-up, until every job
+// completed): the profile mode's profiler.
+type measureHook struct {
+	start func() error
+	stop  func() error
+}
+
+// measure prepares sys, warms it up with o.warmup jobs, then drives n jobs through it and
+// waits for all of them; hook, when set, runs around that. The system is closed when it returns.
+func measure(ctx context.Context, o tpOpts, sys tpSystem, id, name string, n int, drive driver, stderr io.Writer, hook *measureHook) tpResult {
+	res := tpResult{id: id, name: name, n: n}
+	defer sys.close()
+	if err := sys.prepare(ctx, n+o.warmup); err != nil {
+		res.err = err
+		return res
+	}
+	if o.warmup > 0 {
+		if _, err := closedLoop(min(o.clients, o.warmup))(ctx, sys, n, o.warmup, nil); err != nil {
+			res.err = fmt.Errorf("warm-up: %w", err)
+			return res
+		}
+		if err := waitCompleted(ctx, sys, o.warmup, o.timeout, name+" warm-up", stderr); err != nil {
+			res.err = fmt.Errorf("warm-up: %w", err)
+			return res
+		}
+	}
+	m := sys.meter()
+	c0 := m.start(ctx)
+	if hook != nil {
+		if err := hook.start(); err != nil {
+			res.err = err
+			return res
+		}
+	}
+	res.submit = make([]time.Duration, n)
+	start, err := drive(ctx, sys, 0, n, res.submit)
+	if err == nil {
+		tpLogf(stderr, "  %s: %d jobs submitted in %s", name, n, seconds(time.Since(start)))
+		err = waitCompleted(ctx, sys, o.warmup+n, o.timeout-time.Since(start), name, stderr)
+	}
+	if hook != nil {
+		err = errors.Join(err, hook.stop())
+	}
+	if err != nil {
+		res.err = err
+		return res
+	}
+	res.cpu = m.stop(ctx, c0)
+	out, err := sys.results(ctx, start)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	if len(out.lat) != n {
+		res.err = fmt.Errorf("%d results for %d jobs", len(out.lat), n)
+		return res
+	}
+	res.lat, res.statuses = out.lat, out.statuses
+	res.elapsed = out.last.Sub(start)
+	return res
+}
+
+// waitCompleted polls sys until want jobs completed, printing progress every 2 s; it gives up
+// after timeout.
+func waitCompleted(ctx context.Context, sys tpSystem, want int, timeout time.Duration, name string, stderr io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, max(timeout, time.Second))
+	defer cancel()
+	tick := time.NewTicker(sys.pollEvery())
+	defer tick.Stop()
+	began, lastLog := time.Now(), time.Now()
+	for {
+		done, err := sys.completed(ctx)
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		if done >= want {
+			return nil
+		}
+		if time.Since(lastLog) >= 2*time.Second {
+			tpLogf(stderr, "  %s: %4.0fs: %d/%d completed", name, time.Since(began).Seconds(), done, want)
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			if cause := context.Cause(ctx); !errors.Is(cause, context.DeadlineExceeded) {
+				return fmt.Errorf("interrupted: %w", cause)
+			}
+			return fmt.Errorf("%s: %d/%d jobs completed after %s", name, done, want, seconds(timeout))
+		case <-tick.C:
+		}
+	}
+}
+
+// systemName is the name of a system in the tables.
+func systemName(id string) string {
+	switch id {
+	case tpAsynq:
+		return "asynq, no-op handler"
+	case tpRiver:
+		return "River, no-op worker"
+	case tpComposite:
+		return "floor: insert → asynq → update"
+	}
+	return "llmq end to end"
+}
+
+// medianRun returns the run with the median jobs/s of runs that did not fail (the lower middle
+// for an even count), or the first failure when all failed.
+func medianRun(runs []tpResult) tpResult {
+	var ok []tpResult
+	for _, r := range runs {
+		if r.err == nil {
+			ok = append(ok, r)
+		}
+	}
+	if len(ok) == 0 {
+		return runs[0]
+	}
+	slices.SortStableFunc(ok, func(a, b tpResult) int {
+		switch x, y := a.jobsPerSecond(), b.jobsPerSecond(); {
+		case x < y:
+			return -1
+		case x > y:
+			return 1
+		}
+		return 0
+	})
+	return ok[(len(ok)-1)/2]
+}
+
+// runThroughputMode runs every selected system o.runs times and keeps the median run of each.
+func runThroughputMode(ctx context.Context, o tpOpts, ids []string, stderr io.Writer) (tpReport, error) {
+	rep := tpReport{opts: o}
+	tpLogf(stderr, "%d jobs per system, %d clients, %d runs, instant provider", o.n, o.clients, o.runs)
+	for i, id := range ids {
+		var runs []tpResult
+		for r := range o.runs {
+			if ctx.Err() != nil {
+				return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+			}
+			tpLogf(stderr, "[%d/%d] %s: run %d/%d", i+1, len(ids), systemName(id), r+1, o.runs)
+			res := measure(ctx, o, newSystem(o, id, stderr), id, systemName(id), o.n, closedLoop(o.clients), stderr, nil)
+			if res.err != nil {
+				tpLogf(stderr, "[%d/%d] %s: error: %v", i+1, len(ids), systemName(id), res.err)
+			} else {
+				tpLogf(stderr, "[%d/%d] %s: %.0f jobs/s, p50 %s, p99 %s", i+1, len(ids), systemName(id),
+					res.jobsPerSecond(), msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)))
+			}
+			runs = append(runs, res)
+		}
+		best := medianRun(runs)
+		for _, r := range runs {
+			if r.err == nil {
+				best.allRates = append(best.allRates, r.jobsPerSecond())
+			}
+		}
+		rep.results = append(rep.results, best)
+	}
+	if ctx.Err() != nil {
+		return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
+	var failed []string
+	for _, r := range rep.results {
+		if r.err != nil {
+			failed = append(failed, r.id)
+		}
+	}
+	if len(failed) > 0 {
+		fmt.Fprint(stderr, rep.text())
+		return rep, fmt.Errorf("systems did not run: %s", strings.Join(failed, ", "))
+	}
+	return rep, nil
+}

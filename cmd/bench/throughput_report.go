@@ -1,0 +1,386 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strings"
+	"time"
+)
+
+// tpHead is what every part of the throughput section starts with: the command and where it ran.
+type tpHead struct {
+	command string
+	date    time.Time
+	machine string
+	load    string // the load average when the run started ("" when unknown)
+}
+
+func (h tpHead) markdownLine() string {
+	load := ""
+	if h.load != "" {
+		load = "; load average " + h.load + " when it started (other work on the machine slows every row)"
+	}
+	return fmt.Sprintf("`%s` — %s, %s%s.\n\n", h.command, h.date.Format("2006-01-02"), h.machine, load)
+}
+
+// loadAverage returns the 1, 5 and 15 minute load averages from the text of /proc/loadavg, or "".
+func loadAverage(procLoadavg string) string {
+	f := strings.Fields(procLoadavg)
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], ", ")
+}
+
+// The targets of issue 7.
+const (
+	tpTargetVsFloor  = 0.6 // llmq jobs/s ≥ 0.6 × the composite floor's
+	tpTargetVsRiver  = 1.0 // llmq jobs/s ≥ 1.0 × River's
+	tpTargetRateP50  = 10 * time.Millisecond
+	tpTargetRateP99  = 30 * time.Millisecond
+	tpTargetSubmit99 = 20 * time.Millisecond
+	tpTargetBacklog  = 0.10 // drain rate with the full backlog within 10% of the rate near its end
+)
+
+// msText renders a latency: "4.2 ms", "153 ms", "2.31 s".
+func msText(d time.Duration) string {
+	ms := float64(d) / float64(time.Millisecond)
+	switch {
+	case ms < 100:
+		return fmt.Sprintf("%.1f ms", ms)
+	case ms < 10000:
+		return fmt.Sprintf("%.0f ms", ms)
+	}
+	return seconds(d)
+}
+
+// passText is PASS or FAIL.
+func passText(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+// tpReport is a finished throughput-mode run.
+type tpReport struct {
+	tpHead
+	opts    tpOpts
+	results []tpResult
+}
+
+var tpHeader = []string{"system", "jobs", "jobs/s", "submit→result p50", "p99", "submit call p50", "p99",
+	"CPU s/1k jobs: bench", "api", "workers", "postgres", "redis", "llmq ÷ this"}
+
+// llmq returns the llmq result, if it ran without error.
+func (r tpReport) llmq() (tpResult, bool) {
+	for _, res := range r.results {
+		if res.id == tpLLMQ && res.err == nil {
+			return res, true
+		}
+	}
+	return tpResult{}, false
+}
+
+// ratio is llmq's jobs/s over the system's; ok is false when either did not run.
+func (r tpReport) ratio(id string) (float64, bool) {
+	l, ok := r.llmq()
+	if !ok {
+		return 0, false
+	}
+	for _, res := range r.results {
+		if res.id == id && res.err == nil && res.jobsPerSecond() > 0 {
+			return l.jobsPerSecond() / res.jobsPerSecond(), true
+		}
+	}
+	return 0, false
+}
+
+func cpuCells(res tpResult) []string {
+	out := make([]string, len(cpuGroups))
+	for i, g := range cpuGroups {
+		if v, ok := res.cpuPer1000(g); ok {
+			out[i] = fmt.Sprintf("%.2f", v)
+		} else {
+			out[i] = "—"
+		}
+	}
+	return out
+}
+
+func (r tpReport) rows() [][]string {
+	var out [][]string
+	for _, res := range r.results {
+		if res.err != nil {
+			out = append(out, []string{res.name, "error", "", "", "", "", "", "", "", "", "", "", ""})
+			continue
+		}
+		ratio := "—"
+		if res.id != tpLLMQ {
+			if v, ok := r.ratio(res.id); ok {
+				ratio = fmt.Sprintf("%.2f", v)
+			}
+		}
+		row := []string{res.name, fmt.Sprint(res.n), fmt.Sprintf("%.0f", res.jobsPerSecond()),
+			msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
+			msText(percentile(res.submit, 50)), msText(percentile(res.submit, 99))}
+		row = append(row, cpuCells(res)...)
+		out = append(out, append(row, ratio))
+	}
+	return out
+}
+
+// riverVersion is the River module this binary was built with.
+func riverVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/riverqueue/river" {
+				return d.Version
+			}
+		}
+	}
+	return "(version unknown)"
+}
+
+func (r tpReport) notes() []string {
+	o := r.opts
+	notes := []string{
+		fmt.Sprintf("Each system runs %d jobs after %d warm-up jobs (not counted), submitted by %d concurrent clients one job per call "+
+			"(no batching). jobs/s = jobs ÷ (first submit → last result). The provider is llmsim in this process with no limit and no "+
+			"latency; llmq's credential has no limits configured, so its limiter learns that the provider sends no rate-limit headers "+
+			"and then admits at once.", o.n, o.warmup, o.clients),
+		fmt.Sprintf("asynq: one process, Concurrency %d, TaskCheckInterval 10 ms (as llmq's worker); result = the handler returned.", o.concurrency()),
+		fmt.Sprintf("River %s (riverpgxv5, schema by rivermigrate on a fresh database): one process, pool of %d, MaxWorkers %d, "+
+			"FetchCooldown %s, FetchPollInterval %s; jobs inserted one by one with Client.Insert; result = Work returned "+
+			"(River marks jobs completed in batches afterwards).", riverVersion(), o.conns, o.concurrency(), riverFetchCooldown, riverFetchPoll),
+		fmt.Sprintf("Floor: one process, pool of %d: INSERT of a row holding the request (jsonb), then asynq enqueue with TaskID = row id; "+
+			"the handler UPDATEs the row to done if it is still queued; result = the UPDATE committed. asynq as above.", o.conns),
+		fmt.Sprintf("llmq: bin/api + %d bin/worker processes with the default config (worker concurrency 200, pgx pools at their "+
+			"default size); jobs POSTed to /v1/jobs over keep-alive HTTP; result = the job row's finished_at, latency = "+
+			"created_at → finished_at from the jobs table; completion observed with a COUNT of unfinished jobs every %s, "+
+			"never per-job GETs.", o.workers, llmqPollEvery),
+		"CPU: seconds per 1,000 jobs. bench = this process (getrusage): for asynq, River and the floor that is the whole queue, " +
+			"producers and workers; for llmq the HTTP clients, the simulator and the observer. api and workers: /proc/<pid>/stat. " +
+			"postgres: the backends connected to the run's database (pids from pg_stat_activity, CPU from /proc). redis: INFO cpu " +
+			"of the whole server, shared with anything else using it at the time.",
+	}
+	if v, ok := r.ratio(tpComposite); ok {
+		notes = append(notes, fmt.Sprintf("Target llmq ≥ %.1f × the floor: %.2f × — %s.", tpTargetVsFloor, v, passText(v >= tpTargetVsFloor)))
+	}
+	if v, ok := r.ratio(tpRiver); ok {
+		notes = append(notes, fmt.Sprintf("Target llmq ≥ %.1f × River: %.2f × — %s.", tpTargetVsRiver, v, passText(v >= tpTargetVsRiver)))
+	}
+	for _, res := range r.results {
+		if len(res.allRates) > 1 {
+			rates := make([]string, len(res.allRates))
+			for i, v := range res.allRates {
+				rates[i] = fmt.Sprintf("%.0f", v)
+			}
+			notes = append(notes, fmt.Sprintf("%s: median of %d runs shown; jobs/s of each: %s.", res.name, len(res.allRates), strings.Join(rates, ", ")))
+		}
+		if s := statusesNote(res); s != "" {
+			notes = append(notes, s)
+		}
+		if res.err != nil {
+			first, _, _ := strings.Cut(res.err.Error(), "\n")
+			notes = append(notes, fmt.Sprintf("%s: failed: %s", res.name, first))
+		}
+	}
+	return notes
+}
+
+// statusesNote names final statuses other than succeeded, or "".
+func statusesNote(res tpResult) string {
+	var other []string
+	for s, c := range res.statuses {
+		if s != "succeeded" {
+			other = append(other, fmt.Sprintf("%d %s", c, s))
+		}
+	}
+	if len(other) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s: not every job succeeded: %s.", res.name, strings.Join(other, ", "))
+}
+
+func (r tpReport) text() string {
+	return "\n" + textTable(tpHeader, r.rows()) + "\n" + bullets(r.notes())
+}
+
+func (r tpReport) markdown() string {
+	return "### Throughput: as fast as each queue goes\n\n" + r.markdownLine() + markdownTable(tpHeader, r.rows()) + "\n" + bullets(r.notes())
+}
+
+func bullets(notes []string) string {
+	var b strings.Builder
+	for _, n := range notes {
+		b.WriteString("- " + n + "\n")
+	}
+	return b.String()
+}
+
+// tpRateRun is llmq at one offered rate.
+type tpRateRun struct {
+	rate float64
+	res  tpResult
+}
+
+// tpRateReport is a finished rate-mode run.
+type tpRateReport struct {
+	tpHead
+	opts tpOpts
+	runs []tpRateRun
+}
+
+var tpRateHeader = []string{"system", "offered", "achieved", "jobs", "submit→result p50", "p90", "p99", "max",
+	"submit call p50", "p99", "max", "CPU s/1k jobs: bench", "api", "workers", "postgres", "redis", "target"}
+
+// rateMisses returns the rate targets the run missed.
+func rateMisses(res tpResult) []string {
+	if res.err != nil {
+		return []string{"the run failed"}
+	}
+	var out []string
+	if p := percentile(res.lat, 50); p > tpTargetRateP50 {
+		out = append(out, fmt.Sprintf("p50 %s > %s", msText(p), msText(tpTargetRateP50)))
+	}
+	if p := percentile(res.lat, 99); p > tpTargetRateP99 {
+		out = append(out, fmt.Sprintf("p99 %s > %s", msText(p), msText(tpTargetRateP99)))
+	}
+	if p := percentile(res.submit, 99); p > tpTargetSubmit99 {
+		out = append(out, fmt.Sprintf("submit p99 %s > %s", msText(p), msText(tpTargetSubmit99)))
+	}
+	return out
+}
+
+func (r tpRateReport) rows() [][]string {
+	var out [][]string
+	for _, run := range r.runs {
+		res := run.res
+		if res.err != nil {
+			out = append(out, []string{res.name, fmt.Sprintf("%g/s", run.rate), "error"})
+			continue
+		}
+		achieved := "—"
+		if res.offered > 0 {
+			achieved = fmt.Sprintf("%.0f/s", float64(res.n-1)/res.offered.Seconds())
+		}
+		row := []string{res.name, fmt.Sprintf("%g/s", run.rate), achieved, fmt.Sprint(res.n),
+			msText(percentile(res.lat, 50)), msText(percentile(res.lat, 90)), msText(percentile(res.lat, 99)), msText(percentile(res.lat, 100)),
+			msText(percentile(res.submit, 50)), msText(percentile(res.submit, 99)), msText(percentile(res.submit, 100))}
+		row = append(row, cpuCells(res)...)
+		out = append(out, append(row, passText(len(rateMisses(res)) == 0)))
+	}
+	return out
+}
+
+func (r tpRateReport) notes() []string {
+	o := r.opts
+	notes := []string{
+		fmt.Sprintf("Each offered rate for %s (an open loop: job k is submitted at k/rate whatever the answers, each POST on its own "+
+			"goroutine), after %d warm-up jobs, on a fresh llmq as in the throughput table (%d worker processes, instant provider). "+
+			"submit→result = created_at → finished_at from the jobs table; submit call = the POST as the client saw it. "+
+			"Achieved = the rate at which submits went out.", o.duration, o.warmup, o.workers),
+		fmt.Sprintf("Targets at 500/s: submit→result p50 ≤ %s and p99 ≤ %s, submit call p99 ≤ %s (the composite floor gives about 7 / 16 ms).",
+			msText(tpTargetRateP50), msText(tpTargetRateP99), msText(tpTargetSubmit99)),
+	}
+	for _, run := range r.runs {
+		res := run.res
+		if res.err != nil {
+			notes = append(notes, fmt.Sprintf("%g/s: the run failed: %v", run.rate, res.err))
+			continue
+		}
+		line := fmt.Sprintf("%g/s: the largest delay of a submit behind its schedule was %s", run.rate, msText(res.lag))
+		if m := rateMisses(res); len(m) > 0 {
+			line += "; missed: " + strings.Join(m, "; ")
+		}
+		notes = append(notes, line+".")
+		if s := statusesNote(res); s != "" {
+			notes = append(notes, s)
+		}
+	}
+	return notes
+}
+
+func (r tpRateReport) text() string {
+	return "\n" + textTable(tpRateHeader, r.rows()) + "\n" + bullets(r.notes())
+}
+
+func (r tpRateReport) markdown() string {
+	return "### Fixed rate: latency at a steady load\n\n" + r.markdownLine() + markdownTable(tpRateHeader, r.rows()) + "\n" + bullets(r.notes())
+}
+
+// Markers of the throughput section and of its parts in docs/benchmarks.md. Each mode rewrites
+// its own part, so that one run does not erase the others' figures.
+const (
+	tpBegin       = "<!-- throughput:begin -->"
+	tpEnd         = "<!-- throughput:end -->"
+	tpPartTable   = "table"
+	tpPartRate    = "rate"
+	tpPartBacklog = "backlog"
+	tpPartProfile = "profile"
+)
+
+var tpParts = []string{tpPartTable, tpPartRate, tpPartBacklog, tpPartProfile}
+
+func tpPartMarkers(part string) (begin, end string) {
+	return "<!-- throughput-" + part + ":begin -->", "<!-- throughput-" + part + ":end -->"
+}
+
+const tpIntro = `## throughput: the queue's own cost against asynq, River and the store floor
+
+With an instant provider (llmsim with no limit and no latency), how fast do jobs move through llmq
+compared with plain asynq, River, and the least a Postgres-then-asynq design must do (insert a row,
+enqueue, mark the row done)? Each part below is rewritten by its own mode of
+` + "`go run ./cmd/bench throughput -mode <throughput|rate|backlog|profile> -write docs/benchmarks.md`" + `.
+`
+
+// throughputSection returns the body of the throughput section with part replaced by body. section is
+// the current body ("" when the document has none); missing parts are added in their order, and
+// text outside the parts (the intro) is kept.
+func throughputSection(section, part, body string) (string, error) {
+	if strings.TrimSpace(section) == "" {
+		section = tpIntro
+	}
+	for _, p := range tpParts {
+		b, e := tpPartMarkers(p)
+		if !strings.Contains(section, b) {
+			section = strings.TrimRight(section, "\n") + "\n\n" + b + "\n_Not measured yet._\n" + e + "\n"
+		}
+	}
+	b, e := tpPartMarkers(part)
+	return replaceSection(section, b, e, body)
+}
+
+// sectionBody returns the text between begin and end in doc ("" when begin is missing).
+func sectionBody(doc, begin, end string) (string, error) {
+	i := strings.Index(doc, begin)
+	if i < 0 {
+		return "", nil
+	}
+	rest := doc[i+len(begin):]
+	j := strings.Index(rest, end)
+	if j < 0 {
+		return "", fmt.Errorf("section %s: %w", begin, errNoEndMarker)
+	}
+	return strings.TrimPrefix(rest[:j], "\n"), nil
+}
+
+// writeThroughputPart replaces one part of the throughput section of the Markdown file at path,
+// creating the section (and the file) when missing.
+func writeThroughputPart(path, part, body string) error {
+	data, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	cur, err := sectionBody(string(data), tpBegin, tpEnd)
+	if err != nil {
+		return fmt.Errorf("update %s: %w", path, err)
+	}
+	section, err := throughputSection(cur, part, body)
+	if err != nil {
+		return fmt.Errorf("update %s: %w", path, err)
+	}
+	return writeSection(path, tpBegin, tpEnd, section)
+}
