@@ -134,7 +134,7 @@ func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetu
 		workerExtra = ", token_minute: " + s.tokenMinute.String()
 	}
 	if s.breaker != nil {
-		breakerLine = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s }\n", s.breaker.Threshold, s.breaker.Cooldown)
+		breakerLine = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s, cold_start_cap: %t }\n", s.breaker.Threshold, s.breaker.Cooldown, s.breaker.ColdStartCap)
 	}
 	yaml := fmt.Sprintf(`# Written by cmd/bench for one row; removed afterwards.
 database_url: %q

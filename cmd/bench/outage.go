@@ -91,7 +91,7 @@ func outageRows(o outageOpts) []row {
 			run: func(ctx context.Context, e *rowEnv) ([]outcome, error) {
 				return runLLMQ(ctx, e, llmqSetup{
 					limits:  &config.Limits{RequestsPerSecond: o.rate, Burst: int(o.capacity)},
-					breaker: &config.Breaker{Threshold: o.threshold, Cooldown: o.cooldown},
+					breaker: &config.Breaker{Threshold: o.threshold, Cooldown: o.cooldown, ColdStartCap: true},
 				})
 			},
 			note: fmt.Sprintf("llmq: %d worker processes, the credential's limit configured at %g/s burst %d (the simulator's), "+
