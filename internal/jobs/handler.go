@@ -236,7 +236,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 			h.reportBreaker(ctx, cred, brk, breaker.Neutral) // not sent: hand a probe on
 			return h.failOver(ctx, job, err)
 		}
-		adm.seq, adm.grant, adm.pauseProbe = a.seq, a.grant, a.pauseProbe
+		adm.seq, adm.grant, adm.est, adm.pauseProbe = a.seq, a.grant, a.est, a.pauseProbe
 	}
 	job, err = h.cfg.Store.BeginAttempt(ctx, id)
 	if err != nil {
@@ -300,6 +300,7 @@ type admission struct {
 	breaker    *breaker.Admission // nil: no breaker
 	seq        int64              // the limiter slot, for Observe
 	grant      int64              // the token reservation, for Reconcile (0: none)
+	est        *tokens.Estimate   // the estimate the grant was reserved with (nil: make it again)
 	pauseProbe bool               // an automatic probe of a paused credential
 }
 
@@ -342,7 +343,9 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(budgetRecheck)), Reason: budget}
 		}
 	}
-	res, err := lc.AcquireCost(ctx, cred.Limit, h.cost(cred, job), h.cfg.MaxInlineWait)
+	cost, est := h.cost(cred, job)
+	adm.est = est
+	res, err := lc.AcquireCost(ctx, cred.Limit, cost, h.cfg.MaxInlineWait)
 	if err != nil {
 		return adm, err
 	}
@@ -360,17 +363,17 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 	return adm, sleep(ctx, res.Wait)
 }
 
-// cost is the job's estimated tokens for the token buckets (zero without an estimator, or for a
-// body the estimator cannot read: the provider will judge that one).
-func (h *Handler) cost(cred Credential, job *Job) limiter.Cost {
+// cost is the job's estimated tokens for the token buckets, and the estimate behind it (zero and
+// nil without an estimator, or for a body the estimator cannot read: the provider judges that one).
+func (h *Handler) cost(cred Credential, job *Job) (limiter.Cost, *tokens.Estimate) {
 	if h.cfg.Estimator == nil {
-		return limiter.Cost{}
+		return limiter.Cost{}, nil
 	}
 	est, err := h.cfg.Estimator.Estimate(cred.Name, cred.Kind, job.Request)
 	if err != nil {
-		return limiter.Cost{}
+		return limiter.Cost{}, nil
 	}
-	return limiter.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}
+	return limiter.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}, &est
 }
 
 // spread returns d plus U(0, d).
@@ -548,22 +551,20 @@ func (h *Handler) reconcile(ctx context.Context, cred Credential, adm admission,
 	if adm.grant == 0 || status == 0 {
 		return
 	}
-	var actual limiter.Cost
-	est, estErr := limiter.Cost{}, error(nil)
-	if h.cfg.Estimator != nil {
-		var e tokens.Estimate
-		e, estErr = h.cfg.Estimator.Estimate(cred.Name, cred.Kind, job.Request)
-		est = limiter.Cost{InputTokens: e.Input}
-		if resp != nil && estErr == nil {
-			h.cfg.Estimator.Observe(cred.Name, e, resp.Usage.InputTokens)
-		}
+	est := adm.est
+	if est == nil { // the slot was held by an earlier delivery: estimate again
+		_, est = h.cost(cred, job)
 	}
+	var actual limiter.Cost
 	switch {
 	case resp != nil:
 		actual = limiter.Cost{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens}
+		if est != nil {
+			h.cfg.Estimator.Observe(cred.Name, *est, resp.Usage.InputTokens)
+		}
 	case status == 429:
-	default:
-		actual = est
+	case est != nil:
+		actual = limiter.Cost{InputTokens: est.Input}
 	}
 	if err := cred.Limiter.Reconcile(ctx, adm.grant, actual); err != nil {
 		h.cfg.Logger.WarnContext(ctx, "token reconcile", "credential", cred.Name, "error", err)
