@@ -14,10 +14,13 @@ import (
 // server's "postgres" database to do so. It is what lets `make run` start on a fresh machine.
 // A concurrent creation by another process is not an error.
 func EnsureDatabase(ctx context.Context, url string) error {
-	cfg, err := pgx.ParseConfig(url)
+	// Parsed as a pool URL, so pool settings (pool_max_conns, ...) are accepted and left out of
+	// this single connection.
+	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return fmt.Errorf("parse database url: %w", err)
 	}
+	cfg := pcfg.ConnConfig
 	name := cfg.Database
 	if name == "" || name == "postgres" {
 		return nil
