@@ -505,7 +505,7 @@ func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, j
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
-	o := limiter.Observation{At: now, SentAt: sent, Seq: adm.seq}
+	o := limiter.Observation{At: now, SentAt: sent, Seq: adm.seq, Grant: adm.grant}
 	var rl llm.RateLimit
 	var se *llm.StatusError
 	switch {

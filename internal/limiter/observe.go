@@ -41,6 +41,11 @@ type Observation struct {
 	// which is how a learned limit escapes pacing below the provider's true rate. 0 (unknown) is
 	// safe: then every request let out so far is assumed still in flight.
 	Seq int64
+	// Grant is the Reservation.Grant of the attempt (0: none or unknown). It lets token learning
+	// count the tokens granted after this attempt's (slots handed out that the provider had not
+	// yet seen when it reported Remaining), so that resetting the schedule to the provider's count
+	// does not forget them. 0 is safe only while nothing else is in flight.
+	Grant int64
 	// InputTokens is the provider's input-token bucket (Anthropic's
 	// anthropic-ratelimit-input-tokens-*), when it reported one.
 	InputTokens TokenObservation

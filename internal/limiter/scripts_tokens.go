@@ -142,6 +142,19 @@ local function kquery(x, id)
 end
 `
 
+// kafter is how many tokens were charged to bucket x after grant id: R less the tokens charged
+// before the first event after id (0 when there is none; merged entries keep the fewest tokens
+// before them, so this never undercounts).
+const luaKAfter = `
+local function kafter(x, id)
+  local l = kparse(x.k)
+  for i = 1, #l, 3 do
+    if l[i] > id then return math.max(x.R - l[i + 2], 0) end
+  end
+  return 0
+end
+`
+
 // observeTokensScript learns the token buckets from one response's token headers.
 //
 // KEYS[1] token hash (see luaTokens).
@@ -153,15 +166,18 @@ end
 // remaining, remaining granularity (tokens; <= 1: rounded down), dtmax µs (latest the bucket can be
 // full, measured from the send; 0 = no reset), dtmin µs (earliest, from the response), the send
 // time as an offset from now (µs, <= 0).
+// ARGV[26] the response's grant id (0: unknown).
 // Each known bucket: the capacity is the limit (a new value starts the rate bounds afresh); the
 // deficit limit-remaining and the time to refill it bound the rate, as for requests; and unless
 // the bucket is configured, the schedule is pushed to hold at least what the provider surely
-// held when it evaluated the request (the deficit less its rounding, from the send on).
+// held when it evaluated the request (the deficit less its rounding, from the send on) plus the
+// tokens granted after the response's grant (handed out, not yet seen by the provider; see kafter).
 // Returns 1.
-var observeTokensScript = redis.NewScript(luaCommon + luaTokens + `
+var observeTokensScript = redis.NewScript(luaCommon + luaTokens + luaKAfter + `
 local tk = KEYS[1]
 local now = clock(ARGV[1])
 local learnttl, rmargin, tmin = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local grant = tonumber(ARGV[26]) or 0
 local xs = tload(tk)
 for i, b in ipairs(TB) do
   local o = 5 + (i - 1) * 7
@@ -196,6 +212,7 @@ for i, b in ipairs(TB) do
       texpress(x, now)
       local used = d - 1
       if g > 1 then used = d - g / 2 end
+      if grant > 0 then used = used + kafter(x, grant) end
       if used > 0 then
         local floor = sent + used * x.T
         if x.tat == nil or x.tat < floor then

@@ -290,6 +290,7 @@ func (c *Credential) observeTokens(ctx context.Context, o Observation, now time.
 		args = append(args, 1, f.Limit, f.Remaining, max(f.RemainingGranularity, 1),
 			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))
 	}
+	args = append(args, o.Grant)
 	if err := observeTokensScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag)}, args...).Err(); err != nil {
 		return fmt.Errorf("observe token limits: %w", err)
 	}

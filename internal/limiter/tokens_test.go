@@ -453,6 +453,29 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		requireAt(t, at.Add(time.Duration((9500*T+0.1)*float64(time.Second))), r)
 	})
 
+	t.Run("SyncKeepsGrantsTheProviderHadNotSeen", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, noHorizon)
+		b.clock.Add(300 * time.Millisecond)
+		id := "sk-pending"
+		observe(t, b, id, anthropic("input", 40000, 40000, at))
+		c := b.lim2.Credential(id, "main")
+		reqLim := limiter.Limit{Rate: 100, Burst: 100}
+		a, err := c.ReserveCost(t.Context(), reqLim, in(1000))
+		require.NoError(t, err)
+		_, err = c.ReserveCost(t.Context(), reqLim, in(5000))
+		require.NoError(t, err)
+		// A's answer: 30,000 used (±500; someone else shares the key). B's 5,000 were granted
+		// after A and not yet seen by the provider: the schedule holds 29,500 + 5,000.
+		o := limiter.ObservationFromHeaders(anthropic("input", 40000, 10000, at.Add(45*time.Second)), 200, at, at)
+		o.Grant = a.Grant
+		require.NoError(t, b.lim.Credential(id, "main").Observe(t.Context(), o))
+		r, err := c.ReserveCost(t.Context(), reqLim, in(20000))
+		require.NoError(t, err)
+		T := 60 / 40000.0 * 1.01 // seconds per token
+		requireAt(t, at.Add(time.Duration((14500*T+0.1)*float64(time.Second))), r)
+	})
+
 	t.Run("ConfiguredIsNotSynced", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
