@@ -198,6 +198,8 @@ type Breaker struct {
 	// memory is cfg.SuccessMemory in µs, 0 when the cap is disabled; refresh is how old the
 	// recorded Success must be before a warm breaker records another.
 	memory, refresh int64
+	// wakes are the channels Listen closes when a Report announces a wake-up.
+	wakes wakeHub
 }
 
 // New returns a Breaker over rdb. cfg may be nil. It returns an error naming the field when cfg
@@ -229,6 +231,7 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Breaker, error) {
 type Credential struct {
 	b     *Breaker
 	name  string
+	tag   string // the credential's hash tag, the wake-up message
 	key   string // the breaker hash
 	lease string // the cold-start leases
 }
@@ -239,7 +242,7 @@ type Credential struct {
 // breaker. name is the credential's name, used only as the metrics label.
 func (b *Breaker) Credential(id, name string) *Credential {
 	tag := credentialTag(id)
-	return &Credential{b: b, name: name, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
+	return &Credential{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
 }
 
 // Admission is Allow's answer.
@@ -323,8 +326,9 @@ func (c *Credential) Allow(ctx context.Context) (Admission, error) {
 // ended are ignored: a request in flight when the breaker opened does not extend or re-open
 // it, and a probe replaced after ProbeTimeout no longer decides. Reporting a refused
 // Admission, or an Outcome that is not one of the three, is a programming error and returns an
-// error without touching Redis. Otherwise Report returns an error only when Redis
-// fails.
+// error without touching Redis. The Report of a probe or of a cold-start request also wakes
+// the callers refused meanwhile, in every process (see Listen). Otherwise Report returns an
+// error only when Redis fails.
 func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State, error) {
 	if !a.Allowed {
 		return "", errors.New("breaker report: the admission was refused")
@@ -349,6 +353,13 @@ func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State,
 	cfg.Metrics.setState(c.name, st)
 	if to := toString(res[1]); to != "" {
 		cfg.Metrics.transitioned(c.name, State(to))
+	}
+	if a.Probe || a.lease > 0 {
+		// Callers refused while this request was out may be admitted now (or one of them
+		// becomes the probe): wake them rather than let them wait out their Recheck.
+		if err := c.publishWake(ctx); err != nil {
+			return st, err
+		}
 	}
 	return st, nil
 }

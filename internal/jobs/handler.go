@@ -202,7 +202,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	// counting an attempt, and after the cooldown exactly one probe goes out cluster-wide.
 	var brk *breaker.Admission
 	if cred.Breaker != nil {
-		a, err := cred.Breaker.Allow(ctx)
+		a, err := h.allowBreaker(ctx, job, cred)
 		if err != nil {
 			return err
 		}
@@ -247,6 +247,29 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		return err
 	}
 	return h.attempt(ctx, job, cred, adm)
+}
+
+// allowBreaker asks the credential's breaker. A refused job due back within MaxInlineWait (the
+// cooldown ends soon, a probe or the cold-start cap's requests are out) waits here instead of
+// going back to the queue, and asks again as soon as a probe or cold-start request reports (see
+// breaker.Listen) or its wait ends: the probe goes at the cooldown's end, and when it closes the
+// breaker the waiting jobs go at once, not a re-check later. A job with a fallback left is not
+// held on an open or half-open breaker: failOver moves it on at once.
+func (h *Handler) allowBreaker(ctx context.Context, job *Job, cred Credential) (breaker.Admission, error) {
+	deadline := h.cfg.Now().Add(h.cfg.MaxInlineWait)
+	for {
+		wake := cred.Breaker.Wakeup()
+		a, err := cred.Breaker.Allow(ctx)
+		if err != nil || a.Allowed || (!a.Capped && job.HasNextCredential()) {
+			return a, err
+		}
+		if h.cfg.Now().Add(a.Wait).After(deadline) {
+			return a, nil
+		}
+		if err := breaker.Await(ctx, wake, a.Wait); err != nil {
+			return breaker.Admission{}, err
+		}
+	}
 }
 
 // failOver moves a job whose credential cannot take requests now (breaker open, paused) to its

@@ -46,6 +46,7 @@ type Worker struct {
 	server  *asynq.Server
 	handler *jobs.Handler
 	sweeper *jobs.Sweeper
+	breaker *breaker.Breaker
 	client  *asynq.Client
 	insp    *asynq.Inspector
 	rdb     redis.UniversalClient
@@ -108,7 +109,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	}
 	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay})
 	store := jobs.NewStore(pool, nil)
-	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb}
+	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk}
 	alerter := jobs.NewAlerter(jobs.AlerterConfig{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
 		Prefix: opts.RedisPrefix, Logger: opts.Logger})
 	estimator, err := tokens.New(&tokens.Config{Metrics: tokMetrics})
@@ -150,10 +151,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.server.Start(mux); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
-	sweepDone := make(chan error, 1)
+	sweepDone, listenDone := make(chan error, 1), make(chan struct{})
 	go func() { sweepDone <- w.sweeper.Run(ctx) }()
+	go func() {
+		defer close(listenDone)
+		w.breaker.Listen(ctx)
+	}()
 	<-ctx.Done()
 	w.server.Shutdown()
+	<-listenDone
 	return errors.Join(<-sweepDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
 }
 
