@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -463,13 +465,24 @@ ORDER BY id LIMIT $2`, after, limit)
 	return out, nil
 }
 
-// IsUnavailable reports whether err means Postgres could not be reached (as opposed to a bad
-// query), so the API can answer 503 rather than 500.
+// IsUnavailable reports whether err means Postgres could not be reached or dropped the
+// connection (as opposed to a bad query or a constraint), so the API can answer 503 rather than
+// 500: a refused or failed connect, a server shutting down or out of connections (SQLSTATE
+// classes 08, 53 and 57), a connection reset or closed under a pooled query, a timeout.
 func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57"
+		switch pgErr.Code[:2] {
+		case "08", "53", "57":
+			return true
+		}
+		return false
 	}
 	var connErr *pgconn.ConnectError
-	return errors.As(err, &connErr)
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
