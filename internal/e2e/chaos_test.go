@@ -383,13 +383,9 @@ WHERE job_id = $1 ORDER BY attempt`, id)
 // test waits for. A real SIGKILL is TestChaos_SIGKILLedWorkerProcess.
 func TestChaos_WorkerDiesAndRedisFlushed(t *testing.T) {
 	t.Parallel()
-	// Off in make test until the attempt lease exists: after a flush the sweeper can re-enqueue
-	// a job whose live delivery is still in its inline wait, and BeginAttempt accepts
-	// running→running, so the provider is sometimes called twice (the stored result stays
-	// single). This test catches that, intermittently (3-8 in 20 runs under load).
-	if os.Getenv("LLMQ_CHAOS") != "1" {
-		t.Skip("set LLMQ_CHAOS=1: known double call after a Redis flush (issue 6 note, finding 3)")
-	}
+	// Before the attempt lease (migration 008), the sweeper could re-enqueue a job whose live
+	// delivery was still in its inline wait after the flush, and the provider was sometimes
+	// called twice (3-8 in 20 runs under load); requireExactlyOnce catches that.
 	s := newChaosStack(t)
 	s.startWorker(t, nil, 0)
 	dialer := &severableDialer{}

@@ -181,6 +181,12 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		return nil
 	}
 	now := h.cfg.Now()
+	if job.Leased(now) {
+		// Another delivery's call is in flight (this one is a duplicate: a re-enqueue after
+		// Redis lost the task, say). Come back when its lease ends: by then it has finished the
+		// job, handed it back, or died.
+		return &DeferError{Until: *job.LeaseUntil, Reason: "another delivery's attempt holds the job"}
+	}
 	if !now.Before(job.Deadline) {
 		return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
 			Class: ReasonDeadlineExceeded, Message: "job deadline passed before it could succeed",
@@ -241,6 +247,10 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	job, err = h.cfg.Store.BeginAttempt(ctx, id)
 	if err != nil {
 		h.reportBreaker(ctx, cred, brk, breaker.Neutral)
+		var leased *LeasedError
+		if errors.As(err, &leased) {
+			return &DeferError{Until: leased.Until, Reason: "another delivery's attempt holds the job"}
+		}
 		if errors.Is(err, ErrNotRunnable) {
 			return nil
 		}
@@ -440,10 +450,15 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 		firstByte = time.Duration(*job.FirstByteTimeout)
 	}
 	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
+	stopRenewing := h.keepLease(ctx, job)
 	resp, callErr := cred.Provider.Send(callCtx, job.Request, llm.SendOptions{FirstByteTimeout: firstByte})
 	cancel()
+	stopRenewing()
 	now := h.cfg.Now()
 	a := &Attempt{Number: job.Attempts, Credential: cred.Name, StartedAt: started, Latency: now.Sub(started)}
+	if job.LeaseToken != nil {
+		a.LeaseToken = *job.LeaseToken
+	}
 	d := retrypolicy.Classify(callErr, now)
 	h.observe(ctx, cred, adm, job, resp, callErr, d, started, now)
 	h.reportBreaker(ctx, cred, adm.breaker, breakerOutcome(d))
@@ -516,6 +531,39 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 		return err
 	}
 	return &DeferError{Until: next, Reason: "retry after " + string(d.Class), stored: true}
+}
+
+// keepLease renews the attempt's lease (Store.RenewLease) every third of AttemptLease until the
+// returned stop is called, so that a long call keeps other deliveries of the job waiting while
+// a dead one frees the job within AttemptLease. Renewal errors are logged: if Postgres stays
+// unreachable past the lease, a duplicate delivery may start a second call (at least once).
+func (h *Handler) keepLease(ctx context.Context, job *Job) (stop func()) {
+	if job.LeaseToken == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(AttemptLease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if ok, err := h.cfg.Store.RenewLease(ctx, job.ID, *job.LeaseToken); err != nil && ctx.Err() == nil {
+					h.cfg.Logger.WarnContext(ctx, "renew attempt lease", "job_id", job.ID, "error", err)
+				} else if err == nil && !ok {
+					return // the job moved on without us (canceled); nothing left to hold
+				}
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // observe tells the limiter what the attempt showed (the learned limit, a Retry-After push-back),

@@ -85,6 +85,15 @@ type Job struct {
 	SlotSeq *int64 `json:"-"`
 	// SlotGrant is the token reservation that goes with SlotSeq (nil: none).
 	SlotGrant *int64 `json:"-"`
+	// LeaseToken identifies the delivery whose attempt holds the job until LeaseUntil (nil:
+	// none). See Store.BeginAttempt.
+	LeaseToken *string    `json:"-"`
+	LeaseUntil *time.Time `json:"-"`
+}
+
+// Leased reports whether an attempt's lease holds the job at now.
+func (j *Job) Leased(now time.Time) bool {
+	return j.Status == StatusRunning && j.LeaseUntil != nil && j.LeaseUntil.After(now)
 }
 
 // CurrentCredential is the credential the next attempt uses.

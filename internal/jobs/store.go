@@ -71,7 +71,8 @@ type CreateParams struct {
 const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
 	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
 	result, usage, dead_reason, metadata, request, event_seq, slot_seq,
-	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by, slot_grant`
+	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by, slot_grant,
+	lease_token::text, lease_until`
 
 func scanJob(row pgx.Row) (*Job, error) {
 	var j Job
@@ -81,7 +82,8 @@ func scanJob(row pgx.Row) (*Job, error) {
 	err := row.Scan(&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
-		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant)
+		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant,
+		&j.LeaseToken, &j.LeaseUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -176,18 +178,46 @@ func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
 	return j, err
 }
 
-// BeginAttempt marks the job running and counts the attempt. It accepts a job already running
-// (a redelivery after a worker died mid-attempt) and returns ErrNotRunnable for a terminal job.
+// AttemptLease is how long BeginAttempt's lease holds a job without RenewLease: the time after
+// which a delivery that died mid-attempt no longer blocks the next one.
+const AttemptLease = 30 * time.Second
+
+// LeasedError is BeginAttempt's answer when another delivery's attempt holds the job.
+type LeasedError struct {
+	// Until is when the holder's lease ends unless renewed (Postgres's clock).
+	Until time.Time
+}
+
+func (e *LeasedError) Error() string {
+	return "another delivery's attempt holds the job until " + e.Until.UTC().Format(time.RFC3339Nano)
+}
+
+// BeginAttempt marks the job running, counts the attempt and takes the attempt's lease for
+// AttemptLease (Job.LeaseToken; keep it with RenewLease while the call runs, Finish the attempt
+// with it). It returns ErrNotRunnable for a terminal (or missing) job and a *LeasedError while
+// another delivery's lease holds the job: a running job is taken over only once its lease has
+// ended (its delivery died), so one job never has two calls in flight.
 func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
 	var job *Job
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
 		job, err = scanJob(tx.QueryRow(ctx, `
 UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
-	next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1
+	next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1,
+	lease_token = gen_random_uuid(), lease_until = clock_timestamp() + $2 * interval '1 millisecond'
 WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
-RETURNING `+jobColumns, id))
+	AND (status <> 'running' OR lease_until IS NULL OR lease_until <= clock_timestamp())
+RETURNING `+jobColumns, id, AttemptLease.Milliseconds()))
 		if errors.Is(err, ErrNotFound) {
+			var until *time.Time
+			err := tx.QueryRow(ctx, `SELECT lease_until FROM jobs
+WHERE id = $1 AND status = 'running' AND lease_until > clock_timestamp()`, id).Scan(&until)
+			if err == nil && until != nil {
+				return &LeasedError{Until: *until}
+			}
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
 			return ErrNotRunnable
 		}
 		if err != nil {
@@ -195,10 +225,22 @@ RETURNING `+jobColumns, id))
 		}
 		return appendEvent(ctx, tx, job.ID, job.EventSeq, StatusRunning, map[string]any{"attempt": job.Attempts})
 	})
-	if err != nil && !errors.Is(err, ErrNotRunnable) {
+	var leased *LeasedError
+	if err != nil && !errors.Is(err, ErrNotRunnable) && !errors.As(err, &leased) {
 		return nil, fmt.Errorf("begin attempt: %w", err)
 	}
 	return job, err
+}
+
+// RenewLease extends the lease token holds on job id to AttemptLease from now. It reports false
+// when the lease is no longer token's (the job finished, or another delivery took it over).
+func (s *Store) RenewLease(ctx context.Context, id, token string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+WHERE id = $1 AND lease_token = $2::uuid AND status = 'running'`, id, token, AttemptLease.Milliseconds())
+	if err != nil {
+		return false, fmt.Errorf("renew attempt lease: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // HoldSlot records that the job holds a limiter slot to send at sendAt (sequence seq), so the
@@ -250,6 +292,9 @@ type Attempt struct {
 	RetryAfter *time.Duration
 	Delay      *time.Duration // the wait chosen before the next attempt
 	Error      string
+	// LeaseToken is the lease BeginAttempt took for this attempt; Finish releases it (and only
+	// it: a lease another delivery took over after this one's ended stays).
+	LeaseToken string
 }
 
 // Outcome is what an attempt led to.
@@ -266,7 +311,7 @@ type Outcome struct {
 	NextCredential bool
 }
 
-// Finish records an attempt (when not nil) and moves the job to o.Status with its result or
+// Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status with its result or
 // error, in one transaction. The move is conditional on the job not being terminal already, so a
 // duplicate delivery can never store a second result: applied is false when it was terminal.
 func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (applied bool, err error) {
@@ -292,11 +337,13 @@ UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4,
 	last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
 	answered_by = coalesce($8, answered_by),
 	credential_index = credential_index + CASE WHEN $9 THEN 1 ELSE 0 END,
+	lease_until = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_until END,
+	lease_token = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_token END,
 	finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
 	updated_at = now(), event_seq = event_seq + 1
 WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
 RETURNING event_seq`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
-			nullString(o.AnsweredBy), o.NextCredential).Scan(&seq)
+			nullString(o.AnsweredBy), o.NextCredential, leaseOf(a)).Scan(&seq)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -314,6 +361,14 @@ RETURNING event_seq`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastE
 		return false, fmt.Errorf("finish attempt: %w", err)
 	}
 	return applied, nil
+}
+
+// leaseOf is the lease token a Finish releases: its attempt's (nil: none).
+func leaseOf(a *Attempt) *string {
+	if a == nil || a.LeaseToken == "" {
+		return nil
+	}
+	return &a.LeaseToken
 }
 
 func insertAttempt(ctx context.Context, tx pgx.Tx, id string, a *Attempt) error {
@@ -438,7 +493,8 @@ type Unfinished struct {
 	ID            string
 	Status        Status
 	NextAttemptAt *time.Time
-	UpdatedAt     time.Time
+	// LeaseUntil is when the running attempt's lease ends (nil: no lease).
+	LeaseUntil *time.Time
 }
 
 // ListUnfinished returns up to limit non-terminal jobs with IDs after `after`, in ID order
@@ -448,7 +504,7 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 		after = uuid.Nil.String()
 	}
 	rows, err := s.pool.Query(ctx, `
-SELECT id::text, status, next_attempt_at, updated_at FROM jobs
+SELECT id::text, status, next_attempt_at, lease_until FROM jobs
 WHERE status IN ('queued', 'running', 'retrying') AND id > $1
 ORDER BY id LIMIT $2`, after, limit)
 	if err != nil {
@@ -456,7 +512,7 @@ ORDER BY id LIMIT $2`, after, limit)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
 		var u Unfinished
-		err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.UpdatedAt)
+		err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil)
 		return u, err
 	})
 	if err != nil {

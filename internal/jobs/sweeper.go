@@ -22,10 +22,6 @@ type SweeperConfig struct {
 	Queue     string
 	// Interval between sweeps. Default 10s.
 	Interval time.Duration
-	// RunningGrace: a running job is only re-enqueued when its row has not changed for this long,
-	// so that a live attempt whose task Redis lost is not run twice at once. Default 6m (longer
-	// than the default attempt timeout).
-	RunningGrace time.Duration
 	Logger       *slog.Logger
 	Metrics      *Metrics
 	Now          func() time.Time
@@ -42,9 +38,6 @@ type Sweeper struct {
 func NewSweeper(cfg SweeperConfig) *Sweeper {
 	if cfg.Interval == 0 {
 		cfg.Interval = 10 * time.Second
-	}
-	if cfg.RunningGrace == 0 {
-		cfg.RunningGrace = 6 * time.Minute
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -125,7 +118,9 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		}
 		for _, u := range batch {
 			after = u.ID
-			if u.Status == StatusRunning && s.cfg.Now().Sub(u.UpdatedAt) < s.cfg.RunningGrace {
+			if u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(s.cfg.Now()) {
+				// A live attempt (its delivery renews the lease): re-enqueueing it now would
+				// only make a duplicate delivery wait for the lease.
 				continue
 			}
 			_, err := s.cfg.Inspector.GetTaskInfo(s.cfg.Queue, u.ID)

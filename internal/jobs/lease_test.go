@@ -1,0 +1,124 @@
+package jobs_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// expireLease ends job id's attempt lease as if its delivery had died AttemptLease ago.
+func (b *storeBundle) expireLease(t *testing.T, id string) {
+	t.Helper()
+	_, err := b.pool.Exec(t.Context(), `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, id)
+	require.NoError(t, err)
+}
+
+func TestStore_AttemptLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("OneCallInFlight", func(t *testing.T) {
+		t.Parallel()
+		b := setupStore(t)
+		job := b.create(t, jobOpts{})
+		first, err := b.store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		require.NotNil(t, first.LeaseToken)
+		require.True(t, first.Leased(time.Now()))
+		require.WithinDuration(t, time.Now().Add(jobs.AttemptLease), *first.LeaseUntil, 5*time.Second)
+
+		// A duplicate delivery cannot begin a second call while the first holds the lease.
+		_, err = b.store.BeginAttempt(ctx, job.ID)
+		var leased *jobs.LeasedError
+		require.ErrorAs(t, err, &leased)
+		require.True(t, leased.Until.Equal(*first.LeaseUntil))
+		got, err := b.store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, 1, got.Attempts, "the refused delivery counted no attempt")
+
+		// Renewing moves the end; Finish with the attempt's token releases it.
+		ok, err := b.store.RenewLease(ctx, job.ID, *first.LeaseToken)
+		require.NoError(t, err)
+		require.True(t, ok)
+		next := time.Now().Add(time.Second)
+		applied, err := b.store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(),
+			Class: "server_error", StatusCode: 503, LeaseToken: *first.LeaseToken},
+			jobs.Outcome{Status: jobs.StatusRetrying, NextAttemptAt: &next, LastError: &jobs.LastError{Class: "server_error", Message: "x"}})
+		require.NoError(t, err)
+		require.True(t, applied)
+		got, err = b.store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Nil(t, got.LeaseToken)
+		require.Nil(t, got.LeaseUntil)
+		ok, err = b.store.RenewLease(ctx, job.ID, *first.LeaseToken)
+		require.NoError(t, err)
+		require.False(t, ok, "a released lease cannot be renewed")
+
+		second, err := b.store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, 2, second.Attempts)
+	})
+
+	t.Run("DeadDeliveryTakenOver", func(t *testing.T) {
+		t.Parallel()
+		b := setupStore(t)
+		job := b.create(t, jobOpts{})
+		dead, err := b.store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		b.expireLease(t, job.ID)
+		taker, err := b.store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		require.NotEqual(t, *dead.LeaseToken, *taker.LeaseToken)
+		require.Equal(t, 2, taker.Attempts)
+
+		// The old delivery, if it was only slow, can neither renew nor release the new lease.
+		ok, err := b.store.RenewLease(ctx, job.ID, *dead.LeaseToken)
+		require.NoError(t, err)
+		require.False(t, ok)
+		next := time.Now()
+		_, err = b.store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(),
+			Class: "timeout", LeaseToken: *dead.LeaseToken},
+			jobs.Outcome{Status: jobs.StatusRetrying, NextAttemptAt: &next, LastError: &jobs.LastError{Class: "timeout", Message: "x"}})
+		require.NoError(t, err)
+		got, err := b.store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, taker.LeaseToken, got.LeaseToken)
+	})
+
+	t.Run("TerminalIsNotRunnable", func(t *testing.T) {
+		t.Parallel()
+		b := setupStore(t)
+		job := b.create(t, jobOpts{})
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})
+		_, err := b.store.BeginAttempt(ctx, job.ID)
+		require.ErrorIs(t, err, jobs.ErrNotRunnable)
+	})
+}
+
+// TestSweeper_RespectsLease checks that a running job whose task Redis lost is re-enqueued only
+// once its attempt's lease has ended (its delivery died), never while the call may be in flight.
+func TestSweeper_RespectsLease(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	tb := setupTasks(t)
+	job := b.create(t, jobOpts{})
+	_, err := b.store.BeginAttempt(context.Background(), job.ID)
+	require.NoError(t, err)
+	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector, Queue: tb.queue})
+
+	n, err := sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "the attempt's lease is live")
+	_, err = tb.inspector.GetTaskInfo(tb.queue, job.ID)
+	require.Error(t, err, "nothing was enqueued")
+
+	b.expireLease(t, job.ID)
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.NotZero(t, tb.state(t, job.ID))
+}

@@ -1,0 +1,1 @@
+ALTER TABLE jobs DROP COLUMN lease_token, DROP COLUMN lease_until;
