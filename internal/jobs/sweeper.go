@@ -22,9 +22,9 @@ type SweeperConfig struct {
 	Queue     string
 	// Interval between sweeps. Default 10s.
 	Interval time.Duration
-	Logger       *slog.Logger
-	Metrics      *Metrics
-	Now          func() time.Time
+	Logger   *slog.Logger
+	Metrics  *Metrics
+	Now      func() time.Time
 }
 
 // Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data
