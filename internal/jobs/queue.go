@@ -69,11 +69,22 @@ func NewEnqueuer(client *asynq.Client, queue string) *Enqueuer {
 // Enqueue schedules the job's task for at (now if zero or past). Enqueueing a job whose task
 // already exists is a no-op, which is what makes the API's enqueue and the sweeper's safe to race.
 func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, at time.Time) error {
+	return e.enqueue(ctx, jobID, jobID, at)
+}
+
+// EnqueueRescue enqueues a second task for the job, under its own TaskID (the job ID +
+// ":rescue"), for when the job's task is stuck active on a dead worker. It is a no-op while a
+// rescue task exists. The stuck task, once asynq recovers it, finds the job finished or leased.
+func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string) error {
+	return e.enqueue(ctx, jobID, jobID+":rescue", time.Time{})
+}
+
+func (e *Enqueuer) enqueue(ctx context.Context, jobID, taskID string, at time.Time) error {
 	payload, err := json.Marshal(taskPayload{JobID: jobID})
 	if err != nil {
 		return err
 	}
-	opts := []asynq.Option{asynq.TaskID(jobID), asynq.Queue(e.queue), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
+	opts := []asynq.Option{asynq.TaskID(taskID), asynq.Queue(e.queue), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
 	if !at.IsZero() && time.Until(at) > 0 {
 		opts = append(opts, asynq.ProcessAt(at))
 	}

@@ -22,6 +22,11 @@ type SweeperConfig struct {
 	Queue     string
 	// Interval between sweeps. Default 10s.
 	Interval time.Duration
+	// OrphanGrace is how long a job's task must look orphaned (active in asynq, but on no live
+	// worker server's list: its process died) before the sweeper enqueues a rescue task for it,
+	// instead of waiting for asynq's own recovery (1-2 minutes). It must exceed asynq's server
+	// heartbeat (5 s), which is how old a live server's list of running tasks can be. Default 15s.
+	OrphanGrace time.Duration
 	Logger   *slog.Logger
 	Metrics  *Metrics
 	Now      func() time.Time
@@ -29,15 +34,23 @@ type SweeperConfig struct {
 
 // Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data
 // (a restart without persistence, a flush) or after an API process died between commit and
-// enqueue. One process at a time sweeps, elected with a Postgres advisory lock.
+// enqueue; and it rescues the jobs whose task a dead worker process left active (see
+// SweeperConfig.OrphanGrace). One process at a time sweeps, elected with a Postgres advisory
+// lock. Duplicate deliveries are harmless: the attempt lease lets one call at a time go.
 type Sweeper struct {
 	cfg SweeperConfig
+	// suspects maps the jobs whose task looked orphaned to when it first did (used by
+	// SweepOnce only: one sweep at a time).
+	suspects map[string]time.Time
 }
 
 // NewSweeper returns a Sweeper; zero config fields take their defaults.
 func NewSweeper(cfg SweeperConfig) *Sweeper {
 	if cfg.Interval == 0 {
 		cfg.Interval = 10 * time.Second
+	}
+	if cfg.OrphanGrace == 0 {
+		cfg.OrphanGrace = 15 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -105,10 +118,16 @@ func unlock(ctx context.Context, conn *pgxpool.Conn) {
 	}
 }
 
-// SweepOnce checks every non-terminal job once and enqueues those whose task is missing. It
-// returns how many it enqueued.
+// SweepOnce checks every non-terminal job once: it enqueues those whose task is missing and
+// rescues those whose task has looked orphaned for OrphanGrace. It returns how many it enqueued.
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	const page = 500
+	live, err := s.liveTasks()
+	if err != nil {
+		return 0, err
+	}
+	now := s.cfg.Now()
+	suspects := map[string]time.Time{}
 	enqueued := 0
 	after := ""
 	for {
@@ -118,13 +137,29 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		}
 		for _, u := range batch {
 			after = u.ID
-			if u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(s.cfg.Now()) {
+			if u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now) {
 				// A live attempt (its delivery renews the lease): re-enqueueing it now would
 				// only make a duplicate delivery wait for the lease.
 				continue
 			}
-			_, err := s.cfg.Inspector.GetTaskInfo(s.cfg.Queue, u.ID)
+			info, err := s.cfg.Inspector.GetTaskInfo(s.cfg.Queue, u.ID)
 			if err == nil {
+				if info.State != asynq.TaskStateActive || live[u.ID] {
+					continue
+				}
+				since, ok := s.suspects[u.ID]
+				if !ok {
+					since = now
+				}
+				if now.Sub(since) < s.cfg.OrphanGrace {
+					suspects[u.ID] = since
+					continue
+				}
+				if err := s.cfg.Enqueuer.EnqueueRescue(ctx, u.ID); err != nil {
+					return enqueued, err
+				}
+				enqueued++
+				s.cfg.Metrics.sweptOne()
 				continue
 			}
 			if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
@@ -141,7 +176,26 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 			s.cfg.Metrics.sweptOne()
 		}
 		if len(batch) < page {
+			s.suspects = suspects
 			return enqueued, nil
 		}
 	}
+}
+
+// liveTasks returns the IDs of the tasks that live asynq servers (their heartbeat is at most
+// 10 s old) report running.
+func (s *Sweeper) liveTasks() (map[string]bool, error) {
+	servers, err := s.cfg.Inspector.Servers()
+	if err != nil {
+		return nil, fmt.Errorf("list worker servers: %w", err)
+	}
+	live := map[string]bool{}
+	for _, srv := range servers {
+		for _, w := range srv.ActiveWorkers {
+			if w.Queue == s.cfg.Queue {
+				live[w.TaskID] = true
+			}
+		}
+	}
+	return live, nil
 }
