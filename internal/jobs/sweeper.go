@@ -27,9 +27,9 @@ type SweeperConfig struct {
 	// instead of waiting for asynq's own recovery (1-2 minutes). It must exceed asynq's server
 	// heartbeat (5 s), which is how old a live server's list of running tasks can be. Default 15s.
 	OrphanGrace time.Duration
-	Logger   *slog.Logger
-	Metrics  *Metrics
-	Now      func() time.Time
+	Logger      *slog.Logger
+	Metrics     *Metrics
+	Now         func() time.Time
 }
 
 // Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data
