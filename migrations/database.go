@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -65,4 +68,46 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	return pool, nil
+}
+
+// OpenWait is Open, tried again while Postgres cannot be reached (nothing listening, a reset
+// connection, a server starting up, shutting down or out of connections) with a backoff doubling
+// from 250 ms to 5 s, until ctx ends; other errors (a bad URL, a refused password, a failed
+// migration) return at once. onRetry (may be nil) is told each failure and the wait before the
+// next try. It is what lets a worker or API process start while Postgres is still coming up.
+func OpenWait(ctx context.Context, url string, onRetry func(err error, wait time.Duration)) (*pgxpool.Pool, error) {
+	wait := 250 * time.Millisecond
+	for {
+		pool, err := Open(ctx, url)
+		if err == nil || !unreachable(err) {
+			return pool, err
+		}
+		if onRetry != nil {
+			onRetry(err, wait)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (gave up waiting: %w)", err, context.Cause(ctx))
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// unreachable reports whether err is Postgres being unreachable or unavailable for now, rather
+// than a problem that trying again cannot fix.
+func unreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57":
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }

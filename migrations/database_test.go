@@ -3,6 +3,8 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"testing"
 	"time"
@@ -43,4 +45,68 @@ func TestOpen_CreatesDatabaseFromAPoolURL(t *testing.T) {
 	var version int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version))
 	require.Equal(t, migrations.All()[len(migrations.All())-1].Version, version)
+}
+
+// TestOpenWait starts a process's pool while Postgres is not reachable yet: OpenWait keeps trying
+// until it is (here, until a proxy to it starts listening after two refused tries).
+func TestOpenWait(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	target, err := url.Parse(pgtest.URL(t))
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there until the proxy starts
+	via := *target
+	via.Host = addr
+
+	retries := make(chan error, 10)
+	proxyUp := make(chan struct{})
+	go func() {
+		for range 2 {
+			<-retries
+		}
+		proxy, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("proxy listen: %v", err)
+			return
+		}
+		t.Cleanup(func() { proxy.Close() })
+		close(proxyUp)
+		for {
+			c, err := proxy.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", target.Host)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go io.Copy(up, c) //nolint:errcheck
+				io.Copy(c, up)    //nolint:errcheck
+			}()
+		}
+	}()
+	pool, err := migrations.OpenWait(ctx, via.String(), func(err error, _ time.Duration) {
+		select {
+		case retries <- err:
+		default:
+		}
+	})
+	require.NoError(t, err)
+	defer pool.Close()
+	<-proxyUp
+	var one int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT 1").Scan(&one))
+
+	// A problem that waiting cannot fix returns at once.
+	_, err = migrations.OpenWait(ctx, "postgres://127.0.0.1:5432/x?sslmode=bogus", func(error, time.Duration) {
+		t.Error("retried a bad URL")
+	})
+	require.Error(t, err)
 }

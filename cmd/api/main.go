@@ -53,7 +53,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 		logger.Warn("api.allow_anonymous is on: unauthenticated requests act as tenant \"default\" (development only)")
 	}
 
-	pool, err := migrations.Open(ctx, cfg.DatabaseURL)
+	pool, err := migrations.OpenWait(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
+		logger.Warn("postgres not reachable yet; trying again", "error", err, "retry_in", wait.String())
+	})
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger := slog.New(slog.NewJSONHandler(stderr, nil)).With("process", "worker", "pid", os.Getpid())
 
-	pool, err := migrations.Open(ctx, cfg.DatabaseURL)
+	pool, err := migrations.OpenWait(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
+		logger.Warn("postgres not reachable yet; trying again", "error", err, "retry_in", wait.String())
+	})
 	if err != nil {
 		return err
 	}
