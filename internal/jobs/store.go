@@ -124,6 +124,11 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 	if p.IdempotencyKey != "" {
 		key = &p.IdempotencyKey
 	}
+	if key == nil {
+		// No key to claim: one statement, no explicit transaction.
+		job, err = insertJob(ctx, s.pool, id.String(), nil, s.now().Add(p.Timeout), p)
+		return job, false, createError(err)
+	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if key != nil {
 			c, err := idem.ClaimKey(ctx, tx, p.Tenant, *key, p.Fingerprint, id.String())
@@ -139,31 +144,51 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 				return err
 			}
 		}
-		deadline := s.now().Add(p.Timeout)
-		job, err = scanJob(tx.QueryRow(ctx, `
-INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
-	max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms, fallbacks)
-VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1, $11, $12, $13)
-RETURNING `+jobColumns,
-			id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
-			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
-			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks)))
-		if err != nil {
-			return fmt.Errorf("insert job: %w", err)
-		}
-		return appendEvent(ctx, tx, job.ID, 1, StatusQueued, nil)
+		job, err = insertJob(ctx, tx, id.String(), key, s.now().Add(p.Timeout), p)
+		return err
 	})
+	if err != nil {
+		return nil, false, createError(err)
+	}
+	return job, replayed, nil
+}
+
+// createError turns Create's failure into the error it returns (nil stays nil).
+func createError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
 		// A data exception: a value the columns cannot hold (jsonb refuses \u0000 and unpaired
 		// surrogate escapes). Only client data reaches here after validation: a 400, not a 500.
-		return nil, false, &InvalidError{Type: "invalid_body",
+		return &InvalidError{Type: "invalid_body",
 			Message: "the body holds a value that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)"}
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("create job: %w", err)
+		return fmt.Errorf("create job: %w", err)
 	}
-	return job, replayed, nil
+	return nil
+}
+
+// insertJob inserts a queued job and its first event in one statement; a trigger notifies.
+func insertJob(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, id string, key *string, deadline time.Time, p CreateParams) (*Job, error) {
+	job, err := scanJob(q.QueryRow(ctx, `
+WITH j AS (
+	INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
+		max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms, fallbacks)
+	VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1, $11, $12, $13)
+	RETURNING *
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}' FROM j
+)
+SELECT `+jobColumns+` FROM j`,
+		id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
+		p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
+		positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks)))
+	if err != nil {
+		return nil, fmt.Errorf("insert job: %w", err)
+	}
+	return job, nil
 }
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.
@@ -198,38 +223,37 @@ func (e *LeasedError) Error() string {
 // another delivery's lease holds the job: a running job is taken over only once its lease has
 // ended (its delivery died), so one job never has two calls in flight.
 func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
-	var job *Job
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var err error
-		job, err = scanJob(tx.QueryRow(ctx, `
-UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
-	next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1,
-	lease_token = gen_random_uuid(), lease_until = clock_timestamp() + $2 * interval '1 millisecond'
-WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
-	AND (status <> 'running' OR lease_until IS NULL OR lease_until <= clock_timestamp())
-RETURNING `+jobColumns, id, AttemptLease.Milliseconds()))
-		if errors.Is(err, ErrNotFound) {
-			var until *time.Time
-			err := tx.QueryRow(ctx, `SELECT lease_until FROM jobs
-WHERE id = $1 AND status = 'running' AND lease_until > clock_timestamp()`, id).Scan(&until)
-			if err == nil && until != nil {
-				return &LeasedError{Until: *until}
-			}
-			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-			return ErrNotRunnable
-		}
-		if err != nil {
-			return err
-		}
-		return appendEvent(ctx, tx, job.ID, job.EventSeq, StatusRunning, map[string]any{"attempt": job.Attempts})
-	})
-	var leased *LeasedError
-	if err != nil && !errors.Is(err, ErrNotRunnable) && !errors.As(err, &leased) {
+	// One statement (one round trip, atomic): the update and its event; a trigger notifies.
+	job, err := scanJob(s.pool.QueryRow(ctx, `
+WITH u AS (
+	UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
+		next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1,
+		lease_token = gen_random_uuid(), lease_until = clock_timestamp() + $2 * interval '1 millisecond'
+	WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
+		AND (status <> 'running' OR lease_until IS NULL OR lease_until <= clock_timestamp())
+	RETURNING *
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload)
+	SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts) FROM u
+)
+SELECT `+jobColumns+` FROM u`, id, AttemptLease.Milliseconds()))
+	if err == nil {
+		return job, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("begin attempt: %w", err)
 	}
-	return job, err
+	// Not runnable: say whether a live lease is why (or the job is terminal or missing).
+	var until *time.Time
+	err = s.pool.QueryRow(ctx, `SELECT lease_until FROM jobs
+WHERE id = $1 AND status = 'running' AND lease_until > clock_timestamp()`, id).Scan(&until)
+	switch {
+	case err == nil && until != nil:
+		return nil, &LeasedError{Until: *until}
+	case err == nil || errors.Is(err, pgx.ErrNoRows):
+		return nil, ErrNotRunnable
+	}
+	return nil, fmt.Errorf("begin attempt: %w", err)
 }
 
 // RenewLease extends the lease token holds on job id to AttemptLease from now. It reports false
@@ -325,42 +349,49 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 	if o.DeadReason != "" {
 		dead = &o.DeadReason
 	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if a != nil {
-			if err := insertAttempt(ctx, tx, id, a); err != nil {
-				return err
-			}
+	payload := []byte(`{}`)
+	if o.DeadReason != "" {
+		if payload, err = json.Marshal(map[string]string{"reason": o.DeadReason}); err != nil {
+			return false, fmt.Errorf("encode event: %w", err)
 		}
-		var seq int
-		err := tx.QueryRow(ctx, `
-UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
-	last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
-	answered_by = coalesce($8, answered_by),
-	credential_index = credential_index + CASE WHEN $9 THEN 1 ELSE 0 END,
-	lease_until = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_until END,
-	lease_token = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_token END,
-	finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
-	updated_at = now(), event_seq = event_seq + 1
-WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
-RETURNING event_seq`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
-			nullString(o.AnsweredBy), o.NextCredential, leaseOf(a)).Scan(&seq)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		applied = true
-		payload := map[string]any{}
-		if o.DeadReason != "" {
-			payload["reason"] = o.DeadReason
-		}
-		return appendEvent(ctx, tx, id, seq, o.Status, payload)
-	})
+	}
+	rec := attemptRecord(a)
+	// One statement (one round trip, atomic): the attempt (recorded even when the job has ended
+	// meanwhile: the call was made), the conditional move, and its event; a trigger notifies.
+	var seq int
+	err = s.pool.QueryRow(ctx, `
+WITH a AS (
+	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
+		class, retry_after_ms, delay_ms, error)
+	SELECT $1::uuid, $12::integer, $13::text, $14::timestamptz, $15::double precision, $16::double precision,
+		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text
+	WHERE $11::boolean
+	ON CONFLICT (job_id, attempt) DO NOTHING
+), u AS (
+	UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
+		last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
+		answered_by = coalesce($8, answered_by),
+		credential_index = credential_index + CASE WHEN $9 THEN 1 ELSE 0 END,
+		lease_until = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_until END,
+		lease_token = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_token END,
+		finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
+		updated_at = now(), event_seq = event_seq + 1
+	WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
+	RETURNING id, event_seq
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, $2, $22 FROM u
+)
+SELECT event_seq FROM u`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
+		nullString(o.AnsweredBy), o.NextCredential, leaseOf(a),
+		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
+		rec.retryAfterMS, rec.delayMS, rec.err, payload).Scan(&seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("finish attempt: %w", err)
 	}
-	return applied, nil
+	return true, nil
 }
 
 // leaseOf is the lease token a Finish releases: its attempt's (nil: none).
@@ -371,7 +402,24 @@ func leaseOf(a *Attempt) *string {
 	return &a.LeaseToken
 }
 
-func insertAttempt(ctx context.Context, tx pgx.Tx, id string, a *Attempt) error {
+// attemptColumns is an Attempt as job_attempts' columns (all zero for a nil Attempt).
+type attemptColumns struct {
+	number       int
+	credential   string
+	startedAt    time.Time
+	latencyMS    float64
+	ttfbMS       *float64
+	status       *int
+	class        string
+	retryAfterMS *int64
+	delayMS      *int64
+	err          *string
+}
+
+func attemptRecord(a *Attempt) attemptColumns {
+	if a == nil {
+		return attemptColumns{}
+	}
 	ms := func(d *time.Duration) *int64 {
 		if d == nil {
 			return nil
@@ -379,33 +427,24 @@ func insertAttempt(ctx context.Context, tx pgx.Tx, id string, a *Attempt) error 
 		v := d.Milliseconds()
 		return &v
 	}
-	var ttfb *float64
+	r := attemptColumns{number: a.Number, credential: a.Credential, startedAt: a.StartedAt,
+		latencyMS: float64(a.Latency) / float64(time.Millisecond), class: a.Class,
+		retryAfterMS: ms(a.RetryAfter), delayMS: ms(a.Delay)}
 	if a.TTFB > 0 {
 		v := float64(a.TTFB) / float64(time.Millisecond)
-		ttfb = &v
+		r.ttfbMS = &v
 	}
-	var status *int
 	if a.StatusCode != 0 {
-		status = &a.StatusCode
+		r.status = &a.StatusCode
 	}
-	var msg *string
 	if a.Error != "" {
-		msg = &a.Error
+		r.err = &a.Error
 	}
-	_, err := tx.Exec(ctx, `
-INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
-	class, retry_after_ms, delay_ms, error)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-ON CONFLICT (job_id, attempt) DO NOTHING`,
-		id, a.Number, a.Credential, a.StartedAt, float64(a.Latency)/float64(time.Millisecond), ttfb,
-		status, a.Class, ms(a.RetryAfter), ms(a.Delay), msg)
-	if err != nil {
-		return fmt.Errorf("insert attempt: %w", err)
-	}
-	return nil
+	return r
 }
 
-// appendEvent inserts event seq for a job and notifies listeners when the transaction commits.
+// appendEvent inserts event seq for a job; a trigger (migration 009) notifies listeners on
+// EventsChannel when the transaction commits.
 func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status, payload map[string]any) error {
 	if payload == nil {
 		payload = map[string]any{}
@@ -417,9 +456,6 @@ func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status,
 	if _, err := tx.Exec(ctx, `INSERT INTO job_events (job_id, seq, type, payload) VALUES ($1, $2, $3, $4)`,
 		id, seq, string(typ), b); err != nil {
 		return fmt.Errorf("insert event: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, EventsChannel, fmt.Sprintf("%s:%d", id, seq)); err != nil {
-		return fmt.Errorf("notify event: %w", err)
 	}
 	return nil
 }

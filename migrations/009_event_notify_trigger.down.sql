@@ -1,0 +1,2 @@
+DROP TRIGGER job_events_notify ON job_events;
+DROP FUNCTION llmq_notify_event();
