@@ -109,5 +109,6 @@ func unreachable(err error) bool {
 	}
 	var netErr net.Error
 	return errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed)
 }

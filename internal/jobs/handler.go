@@ -134,17 +134,27 @@ func IsFailure(err error) bool {
 }
 
 // RetryDelayFunc returns asynq's RetryDelayFunc: deferrals come back at their time (asynq keeps
-// whole seconds, so up to a second early, and the handler waits out the rest); any other error
-// (Postgres unreachable, say) backs off with full jitter.
+// whole seconds, so up to a second early, and the handler waits out the rest); a task whose
+// worker died (asynq.ErrLeaseExpired) comes back at once (the attempt lease in Postgres keeps a
+// live call from being doubled); any other error (Postgres unreachable, say) backs off with full
+// jitter over at most maxStoreRetryStep doublings of the policy's base delay. asynq's n counts
+// every deferral too, so it says nothing about how long the stores have been failing: without
+// the cap, a job deferred a few times waited minutes after a worker crash or a Postgres blip.
 func RetryDelayFunc(policy *retrypolicy.Policy, now func() time.Time) asynq.RetryDelayFunc {
 	return func(n int, err error, _ *asynq.Task) time.Duration {
 		var d *DeferError
-		if errors.As(err, &d) {
+		switch {
+		case errors.As(err, &d):
 			return max(0, d.Until.Sub(now()))
+		case errors.Is(err, asynq.ErrLeaseExpired):
+			return 0
 		}
-		return policy.Delay(n+1, retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true})
+		return policy.Delay(min(n+1, maxStoreRetryStep), retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true})
 	}
 }
+
+// maxStoreRetryStep caps the backoff step of a delivery that failed on the stores.
+const maxStoreRetryStep = 3
 
 // ProcessTask implements asynq.Handler.
 func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {

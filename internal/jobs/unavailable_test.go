@@ -37,6 +37,7 @@ func TestIsUnavailable(t *testing.T) {
 			{"reset", fmt.Errorf("q: %w", opErr), true},
 			{"eof", fmt.Errorf("q: %w", io.ErrUnexpectedEOF), true},
 			{"closed", fmt.Errorf("q: %w", net.ErrClosed), true},
+			{"pgconn closed", fmt.Errorf("create job: %w", pgconn.ErrConnClosed), true},
 		} {
 			require.Equal(t, tc.want, jobs.IsUnavailable(tc.err), tc.name)
 		}
