@@ -372,7 +372,7 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(recheck)), Reason: "credential paused: " + ps.Reason, unavailable: true}
 		}
 	}
-	if job.Attempts > 0 && !adm.pauseProbe {
+	if job.Attempts > 0 && !adm.pauseProbe && drawsOnRetryBudget(job) {
 		// Timeouts are the normal failure of long generations: they draw on their own budget.
 		allow, budget := lc.AllowRetry, "retry budget spent"
 		if job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout) {
@@ -404,6 +404,19 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 		return adm, &DeferError{Until: until, Reason: "rate limit slot", stored: true}
 	}
 	return adm, sleep(ctx, res.Wait)
+}
+
+// drawsOnRetryBudget reports whether the job's next attempt is a retry the shared retry budget
+// must allow. Two kinds are not: a retry after a 429 with Retry-After (the limiter paces it: the
+// answer pushed the credential's whole schedule back), and a re-attempt of a call whose outcome
+// was never recorded (the job is still running, its lease ended: the worker died, the provider
+// did not fail). Charging those let a Redis flush or a worker crash hold recovered jobs back for
+// minutes behind a budget meant to stop retry storms against a failing provider.
+func drawsOnRetryBudget(job *Job) bool {
+	if job.Status == StatusRunning {
+		return false
+	}
+	return job.LastError == nil || job.LastError.Class != string(retrypolicy.ClassRateLimited)
 }
 
 // cost is the job's estimated tokens for the token buckets, and the estimate behind it (zero and

@@ -1,0 +1,28 @@
+package jobs
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+func TestDrawsOnRetryBudget(t *testing.T) {
+	t.Parallel()
+	lastErr := func(c retrypolicy.Class) *LastError { return &LastError{Class: string(c)} }
+	for _, tc := range []struct {
+		name string
+		job  Job
+		want bool
+	}{
+		{"server error", Job{Status: StatusRetrying, LastError: lastErr(retrypolicy.ClassRetryable)}, true},
+		{"network", Job{Status: StatusRetrying, LastError: lastErr(retrypolicy.ClassNetwork)}, true},
+		{"timeout (its own budget)", Job{Status: StatusRetrying, LastError: lastErr(retrypolicy.ClassTimeout)}, true},
+		{"429 with Retry-After: the limiter paces it", Job{Status: StatusRetrying, LastError: lastErr(retrypolicy.ClassRateLimited)}, false},
+		{"outcome never recorded: the worker died", Job{Status: StatusRunning, LastError: lastErr(retrypolicy.ClassRetryable)}, false},
+		{"re-queued dead letter", Job{Status: StatusQueued}, true},
+	} {
+		require.Equal(t, tc.want, drawsOnRetryBudget(&tc.job), tc.name)
+	}
+}
