@@ -414,7 +414,7 @@ func TestChaos_WorkerDiesAndRedisFlushed(t *testing.T) {
 
 // TestChaos_SIGKILLedWorkerProcess is the same run with a real worker process killed by SIGKILL
 // (built with go build), then another worker started, with and without a Redis flush after the
-// kill. The jobs the dead process left running wait for their attempt lease (30 s); without the
+// kill. The jobs the dead process left running wait for their attempt lease (15 s); without the
 // flush, its tasks stay active in asynq (which would recover them only after 1-2 min), and the
 // sweeper rescues them once they have looked orphaned for its OrphanGrace (15 s). Every job must
 // end within 60 s of the kill (issue 6's target; LLMQ_CHAOS_SIGKILL_WITHIN overrides it), its

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/redistest"
 )
 
 // expireLease ends job id's attempt lease as if its delivery had died AttemptLease ago.
@@ -108,7 +110,8 @@ func TestSweeper_RespectsLease(t *testing.T) {
 	job := b.create(t, jobOpts{})
 	_, err := b.store.BeginAttempt(context.Background(), job.ID)
 	require.NoError(t, err)
-	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector, Queue: tb.queue})
+	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+		Redis: redistest.Client(t), Queue: tb.queue})
 
 	n, err := sw.SweepOnce(t.Context())
 	require.NoError(t, err)
@@ -120,5 +123,45 @@ func TestSweeper_RespectsLease(t *testing.T) {
 	n, err = sw.SweepOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.NotZero(t, tb.state(t, job.ID))
+	require.Equal(t, asynq.TaskStatePending, tb.state(t, job.ID))
+
+	// The task exists now: the next sweep leaves it alone.
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 0, n)
+}
+
+// TestSweeper_RescuesOrphans checks that a task left active by a dead worker (no live server
+// lists it) is rescued with a second task once it has looked orphaned for OrphanGrace, and not
+// before.
+func TestSweeper_RescuesOrphans(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	tb := setupTasks(t)
+	job := b.create(t, jobOpts{})
+	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), job.ID, time.Time{}))
+	rdb := redistest.Client(t)
+	// What a SIGKILLed worker leaves: the task marked active, and no server listing it.
+	require.NoError(t, rdb.HSet(t.Context(), "asynq:{"+tb.queue+"}:t:"+job.ID, "state", "active").Err())
+
+	now := time.Now()
+	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+		Redis: rdb, Queue: tb.queue, OrphanGrace: 15 * time.Second, Now: func() time.Time { return now }})
+	n, err := sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "first seen orphaned: not yet")
+	now = now.Add(14 * time.Second)
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 0, n, "within the grace")
+	now = now.Add(2 * time.Second)
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, asynq.TaskStatePending, tb.state(t, job.ID+":rescue"))
+	// Seen again right after the rescue: a fresh grace starts (and asynq would refuse a second
+	// rescue while the first exists).
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 0, n)
 }

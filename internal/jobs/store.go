@@ -205,7 +205,7 @@ func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
 
 // AttemptLease is how long BeginAttempt's lease holds a job without RenewLease: the time after
 // which a delivery that died mid-attempt no longer blocks the next one.
-const AttemptLease = 30 * time.Second
+const AttemptLease = 15 * time.Second
 
 // LeasedError is BeginAttempt's answer when another delivery's attempt holds the job.
 type LeasedError struct {

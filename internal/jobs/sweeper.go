@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 )
 
 // sweeperLockKey elects the one sweeping process ("llmqswep").
@@ -19,7 +20,10 @@ type SweeperConfig struct {
 	Store     *Store
 	Enqueuer  *Enqueuer
 	Inspector *asynq.Inspector
-	Queue     string
+	// Redis is asynq's Redis, where the sweeper reads the state of a page of tasks in one
+	// pipelined round trip (asynq's Inspector asks one task per call).
+	Redis redis.UniversalClient
+	Queue string
 	// Interval between sweeps. Default 10s.
 	Interval time.Duration
 	// OrphanGrace is how long a job's task must look orphaned (active in asynq, but on no live
@@ -135,18 +139,17 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return enqueued, err
 		}
-		for _, u := range batch {
+		states, err := s.taskStates(ctx, batch, now)
+		if err != nil {
+			return enqueued, err
+		}
+		for i, u := range batch {
 			after = u.ID
-			if u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now) {
-				// A live attempt (its delivery renews the lease): re-enqueueing it now would
-				// only make a duplicate delivery wait for the lease.
+			state := states[i]
+			switch {
+			case state == taskLeased || (state != "" && state != "active") || (state == "active" && live[u.ID]):
 				continue
-			}
-			info, err := s.cfg.Inspector.GetTaskInfo(s.cfg.Queue, u.ID)
-			if err == nil {
-				if info.State != asynq.TaskStateActive || live[u.ID] {
-					continue
-				}
+			case state == "active":
 				since, ok := s.suspects[u.ID]
 				if !ok {
 					since = now
@@ -158,19 +161,14 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 				if err := s.cfg.Enqueuer.EnqueueRescue(ctx, u.ID); err != nil {
 					return enqueued, err
 				}
-				enqueued++
-				s.cfg.Metrics.sweptOne()
-				continue
-			}
-			if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-				return enqueued, fmt.Errorf("look up task %s: %w", u.ID, err)
-			}
-			var at time.Time
-			if u.NextAttemptAt != nil {
-				at = *u.NextAttemptAt
-			}
-			if err := s.cfg.Enqueuer.Enqueue(ctx, u.ID, at); err != nil {
-				return enqueued, err
+			default: // no task
+				var at time.Time
+				if u.NextAttemptAt != nil {
+					at = *u.NextAttemptAt
+				}
+				if err := s.cfg.Enqueuer.Enqueue(ctx, u.ID, at); err != nil {
+					return enqueued, err
+				}
 			}
 			enqueued++
 			s.cfg.Metrics.sweptOne()
@@ -181,6 +179,45 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		}
 	}
 }
+
+// taskLeased marks, in taskStates' answer, a job whose attempt holds a live lease (not looked up).
+const taskLeased = "leased"
+
+// taskStates returns, for each job of batch, the state of its asynq task as asynq stores it
+// ("pending", "active", "scheduled", "retry", ...; "" when there is none), read in one pipelined
+// round trip, or taskLeased for a running job whose attempt's lease is live (its delivery renews
+// it: re-enqueueing it would only make a duplicate wait).
+func (s *Sweeper) taskStates(ctx context.Context, batch []Unfinished, now time.Time) ([]string, error) {
+	out := make([]string, len(batch))
+	cmds := make([]*redis.StringCmd, len(batch))
+	pipe := s.cfg.Redis.Pipeline()
+	for i, u := range batch {
+		if u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now) {
+			out[i] = taskLeased
+			continue
+		}
+		cmds[i] = pipe.HGet(ctx, asynqTaskKey(s.cfg.Queue, u.ID), "state")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("look up tasks: %w", err)
+	}
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		v, err := c.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("look up task %s: %w", batch[i].ID, err)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// asynqTaskKey is the hash in which asynq v0.26 keeps a task (its "state" field among others):
+// base.TaskKey, which asynq does not export. TestSweeper_RespectsLease and the Redis-loss tests
+// fail if a new asynq version moves it.
+func asynqTaskKey(queue, id string) string { return "asynq:{" + queue + "}:t:" + id }
 
 // liveTasks returns the IDs of the tasks that live asynq servers (their heartbeat is at most
 // 10 s old) report running.

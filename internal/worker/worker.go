@@ -124,7 +124,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	w.client = asynq.NewClient(redisOpt)
 	w.insp = asynq.NewInspector(redisOpt)
 	w.sweeper = jobs.NewSweeper(jobs.SweeperConfig{
-		Store: store, Enqueuer: jobs.NewEnqueuer(w.client, cfg.Worker.Queue), Inspector: w.insp,
+		Store: store, Enqueuer: jobs.NewEnqueuer(w.client, cfg.Worker.Queue), Inspector: w.insp, Redis: rdb,
 		Queue: cfg.Worker.Queue, Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: metrics,
 	})
 	w.server = asynq.NewServer(redisOpt, asynq.Config{
