@@ -165,3 +165,35 @@ func TestSweeper_RescuesOrphans(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 0, n)
 }
+
+// TestStore_CrashedJobWaits checks that a job whose attempt's delivery died (running, lease
+// ended) can hold a limiter slot and be postponed like a queued one, while a live attempt's job
+// cannot.
+func TestStore_CrashedJobWaits(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupStore(t)
+	job := b.create(t, jobOpts{})
+	_, err := b.store.BeginAttempt(ctx, job.ID)
+	require.NoError(t, err)
+	at := time.Now().Add(time.Minute).Truncate(time.Millisecond)
+
+	require.NoError(t, b.store.HoldSlot(ctx, job.ID, at, 7, 3))
+	got, err := b.store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Nil(t, got.SlotSeq, "a live attempt's job is not waiting")
+
+	b.expireLease(t, job.ID)
+	require.NoError(t, b.store.HoldSlot(ctx, job.ID, at, 7, 3))
+	got, err = b.store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), *got.SlotSeq)
+	require.Equal(t, int64(3), *got.SlotGrant)
+	require.True(t, at.Equal(*got.NextAttemptAt))
+
+	later := at.Add(time.Minute)
+	require.NoError(t, b.store.Postpone(ctx, job.ID, later))
+	got, err = b.store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.True(t, later.Equal(*got.NextAttemptAt))
+}

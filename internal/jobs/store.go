@@ -267,12 +267,19 @@ WHERE id = $1 AND lease_token = $2::uuid AND status = 'running'`, id, token, Att
 	return tag.RowsAffected() == 1, nil
 }
 
+// waitingForAttempt is the SQL condition of a job that waits for its next attempt: queued,
+// retrying, or running with no live lease (the delivery of its last attempt died before
+// recording the outcome). Without the last case, a crashed job's held slot was not recorded, so
+// each delivery reserved a new slot further out and the job never reached its turn.
+const waitingForAttempt = `(status IN ('queued', 'retrying') OR
+	(status = 'running' AND (lease_until IS NULL OR lease_until <= clock_timestamp())))`
+
 // HoldSlot records that the job holds a limiter slot to send at sendAt (sequence seq), so the
 // delivery that comes back for it sends then without reserving again. It is not a transition (no
-// event) and applies only to a queued or retrying job.
+// event) and applies only to a job waiting for an attempt (see waitingForAttempt).
 func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq, grant int64) error {
 	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, slot_grant = $4, updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying')`, id, sendAt, seq, grant)
+WHERE id = $1 AND `+waitingForAttempt, id, sendAt, seq, grant)
 	if err != nil {
 		return fmt.Errorf("hold limiter slot: %w", err)
 	}
@@ -281,23 +288,24 @@ WHERE id = $1 AND status IN ('queued', 'retrying')`, id, sendAt, seq, grant)
 
 // Postpone sets the time before which the job's next delivery must not send (a breaker
 // cooldown, a pause, a spent retry budget). A held limiter slot is kept: sending later than a
-// slot is always safe. It is not a transition (no event) and applies only to a queued or
-// retrying job.
+// slot is always safe. It is not a transition (no event) and applies only to a job waiting for
+// an attempt (see waitingForAttempt).
 func (s *Store) Postpone(ctx context.Context, id string, until time.Time) error {
 	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying')`, id, until)
+WHERE id = $1 AND `+waitingForAttempt, id, until)
 	if err != nil {
 		return fmt.Errorf("postpone job: %w", err)
 	}
 	return nil
 }
 
-// NextCredential moves a queued or retrying job to its next fallback credential, without an
-// attempt (the current one is refused by its breaker or paused). It reports whether it moved.
+// NextCredential moves a job waiting for an attempt (see waitingForAttempt) to its next fallback
+// credential, without an attempt (the current one is refused by its breaker or paused). It
+// reports whether it moved.
 func (s *Store) NextCredential(ctx context.Context, id string) (bool, error) {
 	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET credential_index = credential_index + 1, slot_seq = NULL, slot_grant = NULL,
 	next_attempt_at = NULL, updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying') AND credential_index < cardinality(fallbacks)`, id)
+WHERE id = $1 AND `+waitingForAttempt+` AND credential_index < cardinality(fallbacks)`, id)
 	if err != nil {
 		return false, fmt.Errorf("move to fallback credential: %w", err)
 	}
