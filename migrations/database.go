@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,13 +54,25 @@ func EnsureDatabase(ctx context.Context, url string) error {
 	return nil
 }
 
+// DefaultPoolMaxConns is the size of the pool Open makes when the database URL does not set
+// pool_max_conns. pgxpool's own default (the number of CPUs, at least 4) left a worker's 200
+// concurrent jobs queueing for 4 connections, and commits could not share WAL flushes.
+const DefaultPoolMaxConns = 16
+
 // Open creates the database if needed, opens a pool on it and applies pending migrations: what
 // api and worker do at start-up. The caller closes the pool.
 func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err := EnsureDatabase(ctx, url); err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		pcfg.MaxConns = DefaultPoolMaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
 	}

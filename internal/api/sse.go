@@ -21,7 +21,8 @@ import (
 // state, which for a finished job is its terminal event, sent at once).
 //
 // How it follows: it subscribes to the process's Listener (Postgres LISTEN/NOTIFY, so transitions
-// made by any worker or replica arrive) before its first read, and on each signal re-reads the
+// made by any worker or replica arrive) and watches the job (Store.Watch: only watched jobs'
+// transitions are announced) before its first read, and on each signal re-reads the
 // events after the last one sent, so no transition is lost between a read and a notification and
 // none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
 // was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
@@ -42,6 +43,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		ch, unsubscribe := s.cfg.Listener.Subscribe(job.ID)
 		defer unsubscribe()
 		notify = ch
+	}
+	// Postgres announces only watched jobs' transitions (NOTIFY serializes commits); watch
+	// before the first read, and renew at every keep-alive.
+	watchTTL := 4 * s.cfg.KeepAlive
+	if err := s.cfg.Store.Watch(r.Context(), job.ID, watchTTL); err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
 	}
 	if !resume {
 		// Read the job again now that we are subscribed: any transition after this read is
@@ -85,6 +93,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		case <-ticker.C:
 			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
 				return
+			}
+			if err := s.cfg.Store.Watch(r.Context(), job.ID, watchTTL); err != nil && r.Context().Err() == nil {
+				s.cfg.Logger.WarnContext(r.Context(), "renew event watch", "job_id", job.ID, "error", err)
 			}
 		}
 	}

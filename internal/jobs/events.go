@@ -42,3 +42,27 @@ SELECT seq, type, payload, created_at FROM job_events WHERE job_id = $1 AND seq 
 	}
 	return out, nil
 }
+
+// Watch makes the job's transitions announced on EventsChannel for ttl from now (a trigger
+// notifies only for watched jobs: NOTIFY serializes commits, so unwatched transitions skip it).
+// An event stream calls it before its first read and again before ttl runs out; a stream that
+// ends simply stops renewing. Watching a job that does not exist is a no-op.
+func (s *Store) Watch(ctx context.Context, id string, ttl time.Duration) error {
+	_, err := s.pool.Exec(ctx, `
+INSERT INTO job_watches (job_id, expires_at)
+SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM jobs WHERE id = $1
+ON CONFLICT (job_id) DO UPDATE SET expires_at = greatest(job_watches.expires_at, excluded.expires_at)`,
+		id, ttl.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("watch job events: %w", err)
+	}
+	return nil
+}
+
+// PruneWatches deletes the watches that ended more than a minute ago (the sweeper calls it).
+func (s *Store) PruneWatches(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM job_watches WHERE expires_at < now() - interval '1 minute'`); err != nil {
+		return fmt.Errorf("prune event watches: %w", err)
+	}
+	return nil
+}

@@ -98,6 +98,8 @@ func TestListener_SignalsStoreTransitions(t *testing.T) {
 	t.Parallel()
 	b := setupListener(t)
 	job := b.create(t, jobOpts{})
+	// Only watched jobs' transitions are announced (the creation's was not: it came first).
+	require.NoError(t, b.store.Watch(context.Background(), job.ID, time.Minute))
 	ch, _ := b.connected(t, job.ID)
 	// The creation's notification may still be on its way. Postgres delivers notifications in
 	// commit order, so once a later one has been dispatched, it has been too: drop its signal.
@@ -116,6 +118,25 @@ func TestListener_SignalsStoreTransitions(t *testing.T) {
 	_, err = b.store.Cancel(context.Background(), job.ID)
 	require.NoError(t, err)
 	require.Equal(t, 3, next(t, ch))
+}
+
+func TestListener_UnwatchedJobsAreNotAnnounced(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	job := b.create(t, jobOpts{})
+	ch, _ := b.connected(t, job.ID)
+	barrier, _ := b.connected(t, "barrier")
+	_, err := b.store.BeginAttempt(context.Background(), job.ID)
+	require.NoError(t, err)
+	// Postgres delivers notifications in commit order: once the barrier's has arrived, the
+	// attempt's would have too.
+	b.notify(t, "barrier:1")
+	require.Equal(t, 1, next(t, barrier))
+	select {
+	case v := <-ch:
+		require.Zero(t, v, "an unwatched job's transition was announced (seq %d)", v)
+	default:
+	}
 }
 
 func TestListener_FansOutOnOneConnection(t *testing.T) {

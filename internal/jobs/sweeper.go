@@ -131,6 +131,9 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	now := s.cfg.Now()
+	if err := s.cfg.Store.PruneWatches(ctx); err != nil {
+		return 0, err
+	}
 	suspects := map[string]time.Time{}
 	enqueued := 0
 	after := ""
