@@ -134,7 +134,12 @@ func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetu
 		workerExtra = ", token_minute: " + s.tokenMinute.String()
 	}
 	if s.breaker != nil {
-		breakerLine = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s, cold_start_cap: %t }\n", s.breaker.Threshold, s.breaker.Cooldown, s.breaker.ColdStartCap)
+		maxCooldown := ""
+		if s.breaker.MaxCooldown > 0 {
+			maxCooldown = fmt.Sprintf(", max_cooldown: %s", s.breaker.MaxCooldown)
+		}
+		breakerLine = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s%s, cold_start_cap: %t }\n",
+			s.breaker.Threshold, s.breaker.Cooldown, maxCooldown, s.breaker.ColdStartCap)
 	}
 	yaml := fmt.Sprintf(`# Written by cmd/bench for one row; removed afterwards.
 database_url: %q

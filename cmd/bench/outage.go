@@ -16,28 +16,38 @@ import (
 
 // outageOpts are the flags of `bench outage`.
 type outageOpts struct {
-	n         int
-	outage    time.Duration
-	capacity  float64
-	rate      float64
-	workers   int
-	cooldown  time.Duration
-	threshold int
-	bin       string
-	build     bool
-	write     string
-	only      string
-	timeout   time.Duration
-	seed      uint64
-	dbURL     string
-	redisURL  string
-	keepLogs  bool
+	n        int
+	outage   time.Duration
+	capacity float64
+	rate     float64
+	workers  int
+	cooldown time.Duration
+	// maxCooldown caps the breaker's cooldown backoff (0: llmq's default, 2 × cooldown).
+	maxCooldown time.Duration
+	threshold   int
+	bin         string
+	build       bool
+	write       string
+	only        string
+	timeout     time.Duration
+	seed        uint64
+	dbURL       string
+	redisURL    string
+	keepLogs    bool
 }
 
 // herdOpts is the part of the options the shared row runners (seed clients, asynq, llmq) read.
 func (o outageOpts) herdOpts() herdOpts {
 	return herdOpts{n: o.n, capacity: o.capacity, rate: o.rate, workers: o.workers, bin: o.bin, build: o.build,
 		timeout: o.timeout, seed: o.seed, dbURL: o.dbURL, redisURL: o.redisURL, keepLogs: o.keepLogs}
+}
+
+// effectiveMaxCooldown is the breaker's max_cooldown as llmq applies it.
+func (o outageOpts) effectiveMaxCooldown() time.Duration {
+	if o.maxCooldown == 0 {
+		return 2 * o.cooldown
+	}
+	return o.maxCooldown
 }
 
 // drain is the time the provider's bucket needs to serve n jobs once it is healthy and full:
@@ -53,18 +63,11 @@ const (
 	outageLLMQRowID       = "llmq"
 	outageScenario        = "outage"
 	outageDefaultCooldown = 2 * time.Second
+	// outageDefaultThreshold and outageDefaultMaxCooldown fit both targets (see cooldownNote):
+	// 3 failures to open leave 7 probes for the outage, one at most every 2.8 s.
+	outageDefaultThreshold   = 3
+	outageDefaultMaxCooldown = 2800 * time.Millisecond
 )
-
-// minCooldownFor is the shortest cooldown with which a breaker opening after exactly threshold
-// failures stays within outageMaxRequests during an outage of length outage (0 when no
-// cooldown can: the threshold alone is over the target).
-func minCooldownFor(threshold int, outage time.Duration) time.Duration {
-	probes := outageMaxRequests - threshold // probes allowed: need ⌊(outage−1)/c⌋ ≤ probes
-	if probes < 0 {
-		return 0
-	}
-	return (outage-1)/time.Duration(probes+1) + 1
-}
 
 // outageMaxLag is the target on the time from recovery to the last result: the drain time at
 // the limit plus outageRecoverySlack.
@@ -87,17 +90,17 @@ func outageRows(o outageOpts) []row {
 				"all land in the outage gives up (counted as a final, unsuccessful result).",
 		},
 		{
-			id: outageLLMQRowID, name: fmt.Sprintf("llmq (%d workers, breaker %d / %s)", o.workers, o.threshold, o.cooldown),
+			id: outageLLMQRowID, name: fmt.Sprintf("llmq (%d workers, breaker %d / %s–%s)", o.workers, o.threshold, o.cooldown, o.effectiveMaxCooldown()),
 			run: func(ctx context.Context, e *rowEnv) ([]outcome, error) {
 				return runLLMQ(ctx, e, llmqSetup{
 					limits:  &config.Limits{RequestsPerSecond: o.rate, Burst: int(o.capacity)},
-					breaker: &config.Breaker{Threshold: o.threshold, Cooldown: o.cooldown, ColdStartCap: true},
+					breaker: &config.Breaker{Threshold: o.threshold, Cooldown: o.cooldown, MaxCooldown: o.maxCooldown, ColdStartCap: true},
 				})
 			},
 			note: fmt.Sprintf("llmq: %d worker processes, the credential's limit configured at %g/s burst %d (the simulator's), "+
-				"breaker threshold %d and cooldown %s, jobs submitted with \"timeout\":\"5m\" and \"max_attempts\":%d; "+
+				"breaker threshold %d, cooldown %s and max_cooldown %s, jobs submitted with \"timeout\":\"5m\" and \"max_attempts\":%d; "+
 				"everything else at llmq's defaults (retry budget 10 + 10%% of first attempts per minute, 3 s longest inline wait).",
-				o.workers, o.rate, int(o.capacity), o.threshold, o.cooldown, outageJobMaxAttempts),
+				o.workers, o.rate, int(o.capacity), o.threshold, o.cooldown, o.effectiveMaxCooldown(), outageJobMaxAttempts),
 		},
 	}
 }
@@ -112,7 +115,8 @@ func parseOutageFlags(args []string, stderr io.Writer) (outageOpts, error) {
 	fs.Float64Var(&o.rate, "rate", 25, "the simulator's refill rate (requests per second); also llmq's configured limit")
 	fs.IntVar(&o.workers, "workers", 4, "worker processes for the llmq row")
 	fs.DurationVar(&o.cooldown, "cooldown", outageDefaultCooldown, "llmq's breaker cooldown (llmq's default is 30s)")
-	fs.IntVar(&o.threshold, "threshold", 5, "llmq's breaker threshold (consecutive server-side failures that open it)")
+	fs.DurationVar(&o.maxCooldown, "max-cooldown", outageDefaultMaxCooldown, "llmq's breaker max_cooldown, the cap of the cooldown's doubling after failed probes (0: llmq's default, 2 × -cooldown)")
+	fs.IntVar(&o.threshold, "threshold", outageDefaultThreshold, "llmq's breaker threshold (consecutive server-side failures that open it)")
 	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
 	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
 	fs.StringVar(&o.write, "write", "", "Markdown file whose outage section is replaced with the table (empty: don't write)")
@@ -144,6 +148,8 @@ func parseOutageFlags(args []string, stderr io.Writer) (outageOpts, error) {
 		return o, errors.New("-cooldown: must be at least 1ms")
 	case o.threshold < 1:
 		return o, errors.New("-threshold: must be at least 1")
+	case o.maxCooldown != 0 && o.maxCooldown < o.cooldown:
+		return o, errors.New("-max-cooldown: must be 0 or at least -cooldown")
 	case o.timeout <= o.outage:
 		return o, errors.New("-timeout: must be longer than -outage")
 	}
@@ -423,20 +429,20 @@ func (r outageReport) notes() []string {
 	return notes
 }
 
-// cooldownNote says which cooldown the llmq row used, why, and what any fixed cooldown costs.
+// cooldownNote says which breaker settings the llmq row used and why: the two targets pull
+// against each other, and these settings are what fits both.
 func cooldownNote(o outageOpts) string {
-	s := fmt.Sprintf("Breaker cooldown %s (threshold %d): with llmq's default 30 s cooldown alone, up to 30 s could pass between the provider's "+
-		"recovery and the first probe, far beyond the %s the last-result target allows; a short cooldown bounds that gap, at the cost "+
-		"of one probe per cooldown while the provider stays down. Even a breaker that opens after exactly %d failures and probes "+
-		"exactly once per %s sends %d requests during a %s outage",
-		seconds(o.cooldown), o.threshold, seconds(o.outageMaxLag()), o.threshold, seconds(o.cooldown),
-		minOutageRequests(o.threshold, o.outage, o.cooldown), seconds(o.outage))
-	c := minCooldownFor(o.threshold, o.outage)
-	if c == 0 {
-		return s + fmt.Sprintf("; the threshold alone is over the target of %d.", outageMaxRequests)
-	}
-	return s + fmt.Sprintf("; %d or fewer needs a cooldown of at least %s, which lets up to that long pass between recovery and "+
-		"the first probe (the last-result target leaves %s for it).", outageMaxRequests, seconds(c), seconds(outageRecoverySlack))
+	m := o.effectiveMaxCooldown()
+	n := minOutageProbing(o.threshold, o.outage, o.cooldown, m)
+	return fmt.Sprintf("Breaker: threshold %d, cooldown %s doubling after each failed probe up to max_cooldown %s (llmq's defaults, 5, "+
+		"30 s and 60 s, could leave a minute between recovery and the first probe). The targets pull against each other: with the "+
+		"cold-start cap, opening costs exactly the threshold; then each cooldown costs one probe; and the first probe after recovery "+
+		"comes up to max_cooldown after it, which must fit in the %s the last-result target leaves beside the drain. Probing every "+
+		"max_cooldown after the first cooldown sends at least %d requests during a %s outage (target ≤ %d) and sees the recovery up "+
+		"to %s late (plus the probes' own round trips). With threshold 5, ≤ %d requests forces max_cooldown ≥ 4 s, more than "+
+		"the target leaves: it then holds only in some phases of the probes.",
+		o.threshold, seconds(o.cooldown), seconds(m), seconds(outageRecoverySlack), n, seconds(o.outage), outageMaxRequests,
+		seconds(m), outageMaxRequests)
 }
 
 // text is what the command prints.

@@ -191,6 +191,15 @@ func outageSplit(reqs []simRequest, cooldown time.Duration) (burst, probes int, 
 // outage starting at its first request: the threshold, plus a probe at every whole cooldown
 // before the outage ends.
 func minOutageRequests(threshold int, outage, cooldown time.Duration) int {
-	probes := int((outage - 1) / cooldown) // probes at c, 2c, … strictly before the outage ends
-	return threshold + probes
+	return minOutageProbing(threshold, outage, cooldown, cooldown)
+}
+
+// minOutageProbing is minOutageRequests for a breaker whose first cooldown is cooldown and every
+// later one maxCooldown (the backoff at its cap): the threshold, plus a probe at cooldown,
+// cooldown + maxCooldown, … strictly before the outage ends.
+func minOutageProbing(threshold int, outage, cooldown, maxCooldown time.Duration) int {
+	if cooldown >= outage {
+		return threshold
+	}
+	return threshold + 1 + int((outage-1-cooldown)/maxCooldown)
 }
