@@ -45,6 +45,7 @@ type testBundle struct {
 	dbURL  string
 	prefix string // Redis key prefix of this test's limiter and alerter
 	ctx    context.Context
+	pg     *pgProxy // with setupOpts.pgProxy: the proxy every process reaches Postgres through
 }
 
 type setupOpts struct {
@@ -56,6 +57,9 @@ type setupOpts struct {
 	extra      string // more YAML fields of credential "default", e.g. "pause_probe_interval: 1s"
 	top        string // more top-level YAML, e.g. "breaker: {threshold: 2, cooldown: 1s}"
 	worker     string // more fields of the worker block, e.g. "token_minute: 1s"
+	// pgProxy puts a proxy that the test can cut off (testBundle.pg) between every llmq
+	// process and Postgres.
+	pgProxy bool
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -73,6 +77,10 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 		redisURL = redistest.URL()
 	}
 	dbURL := pgtest.URL(t)
+	var proxy *pgProxy
+	if o.pgProxy {
+		proxy, dbURL = newPGProxy(t, dbURL)
+	}
 	yaml := fmt.Sprintf(`
 database_url: %s
 redis_url: %s
@@ -94,7 +102,7 @@ alerts: { webhook_url: %q }
 	})
 	require.NoError(t, err)
 
-	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, prefix: redistest.Prefix(t), ctx: ctx}
+	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, prefix: redistest.Prefix(t), ctx: ctx, pg: proxy}
 	pool, err := migrations.Open(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
