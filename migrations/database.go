@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/llmq/llmq/internal/pgerr"
 )
 
 // EnsureDatabase creates the database named in url when it does not exist yet, connecting to the
@@ -92,7 +92,7 @@ func OpenWait(ctx context.Context, url string, onRetry func(err error, wait time
 	wait := 250 * time.Millisecond
 	for {
 		pool, err := Open(ctx, url)
-		if err == nil || !unreachable(err) {
+		if err == nil || !pgerr.Unavailable(err) {
 			return pool, err
 		}
 		if onRetry != nil {
@@ -107,21 +107,4 @@ func OpenWait(ctx context.Context, url string, onRetry func(err error, wait time
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
-}
-
-// unreachable reports whether err is Postgres being unreachable or unavailable for now, rather
-// than a problem that trying again cannot fix.
-func unreachable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "53", "57":
-			return true
-		}
-		return false
-	}
-	var netErr net.Error
-	return errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, pgconn.ErrConnClosed)
 }

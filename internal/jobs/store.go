@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/llmq/llmq/internal/idem"
+	"github.com/llmq/llmq/internal/pgerr"
 )
 
 // Errors returned by the Store.
@@ -567,23 +566,5 @@ ORDER BY id LIMIT $2`, after, limit)
 
 // IsUnavailable reports whether err means Postgres could not be reached or dropped the
 // connection (as opposed to a bad query or a constraint), so the API can answer 503 rather than
-// 500: a refused or failed connect, a server shutting down or out of connections (SQLSTATE
-// classes 08, 53 and 57), a connection reset or closed under a pooled query, a timeout.
-func IsUnavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "53", "57":
-			return true
-		}
-		return false
-	}
-	var connErr *pgconn.ConnectError
-	var netErr net.Error
-	return errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, pgconn.ErrConnClosed)
-}
+// 500. See pgerr.Unavailable.
+func IsUnavailable(err error) bool { return pgerr.Unavailable(err) }

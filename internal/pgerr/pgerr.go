@@ -1,0 +1,34 @@
+// Package pgerr classifies Postgres errors for the callers that must tell "Postgres is not
+// there right now" from "this statement is wrong".
+package pgerr
+
+import (
+	"errors"
+	"io"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Unavailable reports whether err means Postgres could not be reached or dropped the connection
+// (as opposed to a bad query or a constraint): a refused or failed connect, a server shutting
+// down, starting up or out of connections (SQLSTATE classes 08, 53 and 57), a connection reset
+// or closed under a query, a timeout. Trying again later can succeed; nil is not unavailable.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57":
+			return true
+		}
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, pgconn.ErrConnClosed)
+}
