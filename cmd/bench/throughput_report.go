@@ -156,10 +156,10 @@ func (r tpReport) notes() []string {
 			"(River marks jobs completed in batches afterwards).", riverVersion(), o.conns, o.concurrency(), riverFetchCooldown, riverFetchPoll),
 		fmt.Sprintf("Floor: one process, pool of %d: INSERT of a row holding the request (jsonb), then asynq enqueue with TaskID = row id; "+
 			"the handler UPDATEs the row to done if it is still queued; result = the UPDATE committed. asynq as above.", o.conns),
-		fmt.Sprintf("llmq: bin/api + %d bin/worker processes with the default config (worker concurrency 200, pgx pools at their "+
-			"default size); jobs POSTed to /v1/jobs over keep-alive HTTP; result = the job row's finished_at, latency = "+
-			"created_at → finished_at from the jobs table; completion observed with a COUNT of unfinished jobs every %s, "+
-			"never per-job GETs.", o.workers, llmqPollEvery),
+		fmt.Sprintf("llmq: bin/api + %d bin/worker processes with the default config (worker concurrency 200, pgx pools of 16 connections, "+
+			"llmq's default); jobs POSTed to /v1/jobs over keep-alive HTTP; result = the job row's finished_at, latency = "+
+			"created_at → finished_at from the jobs table; completion observed with a COUNT of unfinished jobs every %s "+
+			"(or 10 × the COUNT's own time, when longer), never per-job GETs.", o.workers, llmqPollEvery),
 		"CPU: seconds per 1,000 jobs. bench = this process (getrusage): for asynq, River and the floor that is the whole queue, " +
 			"producers and workers; for llmq the HTTP clients, the simulator and the observer. api and workers: /proc/<pid>/stat. " +
 			"postgres: the backends connected to the run's database (pids from pg_stat_activity, CPU from /proc). redis: INFO cpu " +
