@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -25,4 +26,13 @@ func TestDrawsOnRetryBudget(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, drawsOnRetryBudget(&tc.job), tc.name)
 	}
+}
+
+func TestLeasedDefer(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	// A long lease: look again after leaseRecheck, in case the holder finishes early.
+	require.Equal(t, now.Add(leaseRecheck), leasedDefer(now, now.Add(AttemptLease)).Until)
+	// A lease about to end: come back when it does.
+	require.Equal(t, now.Add(time.Second), leasedDefer(now, now.Add(time.Second)).Until)
 }

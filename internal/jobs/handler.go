@@ -193,9 +193,9 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	now := h.cfg.Now()
 	if job.Leased(now) {
 		// Another delivery's call is in flight (this one is a duplicate: a re-enqueue after
-		// Redis lost the task, say). Come back when its lease ends: by then it has finished the
-		// job, handed it back, or died.
-		return &DeferError{Until: *job.LeaseUntil, Reason: "another delivery's attempt holds the job"}
+		// Redis lost the task, say). Look again soon: by then it may have finished the job or
+		// handed it back (and, if this is the only task left, nothing else would run it).
+		return leasedDefer(now, *job.LeaseUntil)
 	}
 	if !now.Before(job.Deadline) {
 		return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
@@ -259,7 +259,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		h.reportBreaker(ctx, cred, brk, breaker.Neutral)
 		var leased *LeasedError
 		if errors.As(err, &leased) {
-			return &DeferError{Until: leased.Until, Reason: "another delivery's attempt holds the job"}
+			return leasedDefer(h.cfg.Now(), leased.Until)
 		}
 		if errors.Is(err, ErrNotRunnable) {
 			return nil
@@ -267,6 +267,24 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		return err
 	}
 	return h.attempt(ctx, job, cred, adm)
+}
+
+// leaseRecheck is how soon a delivery that found the job leased by another looks again. Not the
+// lease's end: the holder usually finishes or hands the job back well before it, and when the
+// holder's own task was lost (a Redis flush), this delivery's task is the only one left.
+const leaseRecheck = 2 * time.Second
+
+// leasedDefer defers a delivery that found the job's attempt leased until leaseUntil, or for
+// leaseRecheck if that is sooner.
+func leasedDefer(now, leaseUntil time.Time) *DeferError {
+	return &DeferError{Until: minTime(leaseUntil, now.Add(leaseRecheck)), Reason: "another delivery's attempt holds the job"}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // allowBreaker asks the credential's breaker. A refused job due back within MaxInlineWait (the
