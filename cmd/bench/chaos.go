@@ -86,11 +86,8 @@ func parseChaosFlags(args []string, stderr io.Writer) (chaosOpts, error) {
 		"Postgres server (a database llmq_bench_chaos_<random> is created there and dropped; llmq reaches it through a proxy)")
 	fs.StringVar(&o.redisServer, "redis-server", "redis-server", "redis-server binary: the run starts a private one (it is flushed)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the config and the process logs (their directory is printed)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	switch {
 	case o.n < 1:

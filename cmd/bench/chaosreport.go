@@ -524,25 +524,13 @@ func answersWith(res chaosResult, status, limit int) []string {
 	return out
 }
 
-// text is what the command prints.
+// text is what the command prints: the report and its verdict.
 func (r chaosReport) text() string {
-	var b strings.Builder
-	b.WriteString("\n" + textTable(chaosHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	b.WriteString("\n" + r.verdict() + "\n")
-	return b.String()
+	return sectionText(chaosHeader, r.rows(), r.notes()) + "\n" + r.verdict() + "\n"
 }
 
 // markdown is the section written between the chaos markers.
 func (r chaosReport) markdown() string {
-	var b strings.Builder
-	b.WriteString("## chaos: workers killed, Redis flushed and Postgres cut off while jobs run\n\n")
-	fmt.Fprintf(&b, "`%s` — %s, %s.\n\n", strings.TrimSpace(r.command), r.date.Format("2006-01-02"), r.machine)
-	b.WriteString(markdownTable(chaosHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
+	return sectionMarkdown("chaos: workers killed, Redis flushed and Postgres cut off while jobs run", r.command, r.date,
+		r.machine, chaosHeader, r.rows(), r.notes())
 }

@@ -171,11 +171,8 @@ func parseHerdFlags(args []string, stderr io.Writer) (herdOpts, error) {
 		"Postgres server for the llmq rows (a database llmq_bench_<random> is created there and dropped)")
 	fs.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for the asynq and llmq rows (unique queues; never flushed)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the llmq rows' config and process logs (their directory is printed)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	switch {
 	case o.n < 1:
@@ -377,25 +374,11 @@ func (r report) notes() []string {
 }
 
 // text is what the command prints.
-func (r report) text() string {
-	var b strings.Builder
-	b.WriteString("\n" + textTable(tableHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
-}
+func (r report) text() string { return sectionText(tableHeader, r.rows(), r.notes()) }
 
 // markdown is the section written between the herd markers.
 func (r report) markdown() string {
-	var b strings.Builder
-	b.WriteString("## herd: a burst of jobs against a token bucket\n\n")
-	fmt.Fprintf(&b, "`%s` — %s, %s.\n\n", strings.TrimSpace(r.command), r.date.Format("2006-01-02"), r.machine)
-	b.WriteString(markdownTable(tableHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
+	return sectionMarkdown("herd: a burst of jobs against a token bucket", r.command, r.date, r.machine, tableHeader, r.rows(), r.notes())
 }
 
 // writeSection replaces the begin/end section of the Markdown file at path with body, creating

@@ -127,11 +127,8 @@ func parseOutageFlags(args []string, stderr io.Writer) (outageOpts, error) {
 		"Postgres server for the llmq row (a database llmq_bench_<random> is created there and dropped)")
 	fs.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for the asynq and llmq rows (unique queues; never flushed)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the llmq row's config and process logs (their directory is printed)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	switch {
 	case o.n < 1:
@@ -446,23 +443,9 @@ func cooldownNote(o outageOpts) string {
 }
 
 // text is what the command prints.
-func (r outageReport) text() string {
-	var b strings.Builder
-	b.WriteString("\n" + textTable(outageHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
-}
+func (r outageReport) text() string { return sectionText(outageHeader, r.rows(), r.notes()) }
 
 // markdown is the section written between the outage markers.
 func (r outageReport) markdown() string {
-	var b strings.Builder
-	b.WriteString("## outage: a burst of jobs while the provider is overloaded\n\n")
-	fmt.Fprintf(&b, "`%s` — %s, %s.\n\n", strings.TrimSpace(r.command), r.date.Format("2006-01-02"), r.machine)
-	b.WriteString(markdownTable(outageHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
+	return sectionMarkdown("outage: a burst of jobs while the provider is overloaded", r.command, r.date, r.machine, outageHeader, r.rows(), r.notes())
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"slices"
@@ -291,4 +292,37 @@ func replaceSection(doc, begin, end, body string) (string, error) {
 		return "", fmt.Errorf("replace section %s: %w", begin, errNoEndMarker)
 	}
 	return doc[:i] + section + doc[i+len(begin)+j+len(end):], nil
+}
+
+// sectionText renders a scenario's report for the terminal: its table, then its notes.
+func sectionText(header []string, rows [][]string, notes []string) string {
+	return "\n" + textTable(header, rows) + "\n" + bullets(notes)
+}
+
+// sectionMarkdown renders a scenario's section of docs/benchmarks.md: its title, the command
+// that made it with the date and machine, its table, then its notes.
+func sectionMarkdown(title, command string, date time.Time, machine string, header []string, rows [][]string, notes []string) string {
+	return "## " + title + "\n\n" +
+		fmt.Sprintf("`%s` — %s, %s.\n\n", strings.TrimSpace(command), date.Format("2006-01-02"), machine) +
+		markdownTable(header, rows) + "\n" + bullets(notes)
+}
+
+// parseFlags parses a scenario's arguments: flags only, so a stray argument is an error.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return nil
+}
+
+// bullets renders notes as a Markdown list, one "- " line each.
+func bullets(notes []string) string {
+	var b strings.Builder
+	for _, n := range notes {
+		b.WriteString("- " + n + "\n")
+	}
+	return b.String()
 }

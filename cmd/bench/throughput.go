@@ -115,11 +115,8 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 	fs.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis (unique queues per run; never flushed)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the llmq runs' config and process logs (their directory is printed)")
 	fs.StringVar(&o.profile, "profile-dir", "", "directory for the pprof files of profile mode (default: a new temp dir, printed)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	fs.Visit(func(f *flag.Flag) { o.nSet = o.nSet || f.Name == "n" })
 	var parseErr error

@@ -205,19 +205,11 @@ func statusesNote(res tpResult) string {
 }
 
 func (r tpReport) text() string {
-	return "\n" + textTable(tpHeader, r.rows()) + "\n" + bullets(r.notes())
+	return sectionText(tpHeader, r.rows(), r.notes())
 }
 
 func (r tpReport) markdown() string {
 	return "### Throughput: as fast as each queue goes\n\n" + r.markdownLine() + markdownTable(tpHeader, r.rows()) + "\n" + bullets(r.notes())
-}
-
-func bullets(notes []string) string {
-	var b strings.Builder
-	for _, n := range notes {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
 }
 
 // tpRateRun is llmq at one offered rate.
@@ -304,7 +296,7 @@ func (r tpRateReport) notes() []string {
 }
 
 func (r tpRateReport) text() string {
-	return "\n" + textTable(tpRateHeader, r.rows()) + "\n" + bullets(r.notes())
+	return sectionText(tpRateHeader, r.rows(), r.notes())
 }
 
 func (r tpRateReport) markdown() string {

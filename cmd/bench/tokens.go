@@ -241,11 +241,8 @@ func parseTokensFlags(args []string, stderr io.Writer) (tokensOpts, error) {
 		"Postgres server for the rows (a database llmq_bench_<random> is created there and dropped)")
 	fs.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis for the rows (unique queues; never flushed)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the rows' config and process logs (their directory is printed)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	switch {
 	case o.n < 1:
@@ -528,25 +525,11 @@ func learnedMissNote(res tokensResult) string {
 }
 
 // text is what the command prints.
-func (r tokensReport) text() string {
-	var b strings.Builder
-	b.WriteString("\n" + textTable(tableHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
-}
+func (r tokensReport) text() string { return sectionText(tableHeader, r.rows(), r.notes()) }
 
 // markdown is the section written between the tokens markers.
 func (r tokensReport) markdown() string {
-	var b strings.Builder
-	b.WriteString("## tokens: a burst of long prompts against token limits\n\n")
-	fmt.Fprintf(&b, "`%s` — %s, %s.\n\n", strings.TrimSpace(r.command), r.date.Format("2006-01-02"), r.machine)
-	b.WriteString(markdownTable(tableHeader, r.rows()) + "\n")
-	for _, n := range r.notes() {
-		b.WriteString("- " + n + "\n")
-	}
-	return b.String()
+	return sectionMarkdown("tokens: a burst of long prompts against token limits", r.command, r.date, r.machine, tableHeader, r.rows(), r.notes())
 }
 
 // thousands renders n with commas: 40000 → "40,000".
