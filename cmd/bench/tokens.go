@@ -480,9 +480,6 @@ func (r tokensReport) notes() []string {
 				parts = append(parts, fmt.Sprintf("%s: %s (%s)", c.what, v, c.got))
 			}
 			notes = append(notes, fmt.Sprintf("%s against its targets: %s.", res.name, strings.Join(parts, "; ")))
-			if res.tokensTarget == &tokensLearnedTarget && res.tooMany > 0 && res.tokensTarget.verdict(res.result, r.floor) == "FAIL" {
-				notes = append(notes, learnedMissNote(res))
-			}
 		}
 	}
 	var charged []string
@@ -510,18 +507,6 @@ func requestOnlyNote(res tokensResult, o tokensOpts) string {
 			o.timeout, res.succeeded, res.n)
 	}
 	return s + "."
-}
-
-// learnedMissNote explains why the learned row gets 429s (diagnosed on 2026-11-29 with a traced
-// simulator and confirmed by a scratch build of the proposed change).
-func learnedMissNote(res tokensResult) string {
-	return fmt.Sprintf("Why %s misses: learned token buckets are paced from each answer's headers (the provider surely held "+
-		"Limit − Remaining from that request's send on), and that floor does not count the tokens of slots already handed out "+
-		"but not yet seen by the provider. A job retried after a 429 holds its slot for the Retry-After second, the next "+
-		"answer's floor erases its tokens, and it goes out right after a scheduled request into a bucket short of a prompt: "+
-		"refused again, about every 1.2 s, for the same few jobs (%d 429s here); once they exhaust the retry budget they wait "+
-		"for it. Known limits have no such floor (0 429s). Proposed change (internal/limiter): pass the attempt's grant in "+
-		"Observation and add the tokens granted after it to the floor in observeTokensScript.", res.name, res.tooMany)
 }
 
 // text is what the command prints.

@@ -369,9 +369,7 @@ func TestTokensReport(t *testing.T) {
 	require.Contains(t, md, "llmq, token limits learned against its targets: 100/100 succeeded: PASS (100/100); "+
 		"last result ≤ 1.15 × floor (27.60 s): PASS (24.35 s, 1.01 × floor); requests per success ≤ 1.1: FAIL (1.20).")
 	require.Contains(t, md, "llmq, request limit only 108,000 input and 8,100 output tokens")
-	require.Contains(t, md, "Why llmq, token limits learned misses: ")
-	require.Contains(t, md, "(20 429s here)")
-	require.NotContains(t, md, "Why llmq, token limits known")
+	require.NotContains(t, md, "Why ")
 	require.Contains(t, rep.text(), "llmq, token limits learned")
 }
 
