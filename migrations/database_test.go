@@ -110,3 +110,23 @@ func TestOpenWait(t *testing.T) {
 	})
 	require.Error(t, err)
 }
+
+// TestOpenWait_GivesUpWithItsContext checks the error path: while Postgres stays unreachable,
+// OpenWait keeps trying until its context ends, and then says why it stopped.
+func TestOpenWait_GivesUpWithItsContext(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tries := 0
+	_, err = migrations.OpenWait(ctx, "postgres://postgres@"+addr+"/x?sslmode=disable", func(error, time.Duration) {
+		if tries++; tries == 2 {
+			cancel()
+		}
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 2, tries)
+}
