@@ -171,11 +171,17 @@ RETURNING j.id::text, j.event_seq, old.dead_reason`, args...)
 func (s *Store) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
 	var args []any
 	where := DeadFilter{Before: before}.where("jobs", &args)
-	tag, err := s.pool.Exec(ctx, `DELETE FROM jobs WHERE `+where, args...)
+	// Attempts and events have no foreign key (migration 011): they go in the same statement.
+	var n int64
+	err := s.pool.QueryRow(ctx, `
+WITH d AS (DELETE FROM jobs WHERE `+where+` RETURNING id),
+a AS (DELETE FROM job_attempts WHERE job_id IN (SELECT id FROM d)),
+e AS (DELETE FROM job_events WHERE job_id IN (SELECT id FROM d))
+SELECT count(*) FROM d`, args...).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("purge dead jobs: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // Stats summarise the jobs and provider calls of a window.

@@ -179,6 +179,18 @@ func TestStore_PurgeDead(t *testing.T) {
 		_, err := b.store.Get(ctx, id)
 		require.NoError(t, err)
 	}
+	// The kept jobs keep their history.
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM job_attempts WHERE job_id = $1), (SELECT count(*) FROM job_events WHERE job_id = $1)`, recent.ID).Scan(&attempts, &events))
+	require.Equal(t, 1, attempts)
+	require.Positive(t, events)
+
+	// A delivery that finishes after its job was purged records nothing: no orphan attempt.
+	applied, err := b.store.Finish(ctx, old.ID, &jobs.Attempt{Number: 2, Credential: "c", StartedAt: time.Now(), Class: "ok"},
+		jobs.Outcome{Status: jobs.StatusSucceeded})
+	require.NoError(t, err)
+	require.False(t, applied)
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM job_attempts WHERE job_id = $1`, old.ID).Scan(&attempts))
+	require.Zero(t, attempts)
 }
 
 func TestStore_Stats(t *testing.T) {

@@ -364,15 +364,16 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 	}
 	rec := attemptRecord(a)
 	// One statement (one round trip, atomic): the attempt (recorded even when the job has ended
-	// meanwhile: the call was made), the conditional move, and its event; a trigger notifies.
+	// meanwhile: the call was made; numbered after the attempts of earlier rounds, see
+	// jobs.attempt_base), the conditional move, and its event; a trigger notifies.
 	var seq int
 	err = s.pool.QueryRow(ctx, `
 WITH a AS (
 	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
 		class, retry_after_ms, delay_ms, error)
-	SELECT $1::uuid, $12::integer, $13::text, $14::timestamptz, $15::double precision, $16::double precision,
+	SELECT id, $12::integer + attempt_base, $13::text, $14::timestamptz, $15::double precision, $16::double precision,
 		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text
-	WHERE $11::boolean
+	FROM jobs WHERE id = $1 AND $11::boolean
 	ON CONFLICT (job_id, attempt) DO NOTHING
 ), u AS (
 	UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
