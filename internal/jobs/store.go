@@ -33,8 +33,9 @@ const EventsChannel = "llmq_job_events"
 
 // Store is the Postgres job store: the source of truth. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	now  func() time.Time
+	pool  *pgxpool.Pool
+	batch *batcher // the hot path's transitions, sent together under load
+	now   func() time.Time
 }
 
 // NewStore returns a Store on pool. now is the clock used for deadlines; nil means time.Now.
@@ -42,7 +43,7 @@ func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{pool: pool, now: now}
+	return &Store{pool: pool, batch: &batcher{pool: pool}, now: now}
 }
 
 // Pool returns the underlying pool.
@@ -124,8 +125,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		key = &p.IdempotencyKey
 	}
 	if key == nil {
-		// No key to claim: one statement, no explicit transaction.
-		job, err = insertJob(ctx, s.pool, id.String(), nil, s.now().Add(p.Timeout), p)
+		// No key to claim: one statement, batched with other callers' (see batcher).
+		sql, args := insertJob(id.String(), nil, s.now().Add(p.Timeout), p)
+		err = s.batch.queryRow(ctx, id.String(), sql, args, func(r pgx.Row) (err error) {
+			job, err = scanJob(r)
+			return err
+		})
 		return job, false, createError(err)
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -143,7 +148,8 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 				return err
 			}
 		}
-		job, err = insertJob(ctx, tx, id.String(), key, s.now().Add(p.Timeout), p)
+		sql, args := insertJob(id.String(), key, s.now().Add(p.Timeout), p)
+		job, err = scanJob(tx.QueryRow(ctx, sql, args...))
 		return err
 	})
 	if err != nil {
@@ -167,11 +173,10 @@ func createError(err error) error {
 	return nil
 }
 
-// insertJob inserts a queued job and its first event in one statement; a trigger notifies.
-func insertJob(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, id string, key *string, deadline time.Time, p CreateParams) (*Job, error) {
-	job, err := scanJob(q.QueryRow(ctx, `
+// insertJob is the statement that inserts a queued job and its first event (a trigger
+// notifies), answering with the job's columns (scanJob).
+func insertJob(id string, key *string, deadline time.Time, p CreateParams) (string, []any) {
+	return `
 WITH j AS (
 	INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
 		max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms, fallbacks)
@@ -180,14 +185,10 @@ WITH j AS (
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}' FROM j
 )
-SELECT `+jobColumns+` FROM j`,
-		id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
-		p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
-		positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks)))
-	if err != nil {
-		return nil, fmt.Errorf("insert job: %w", err)
-	}
-	return job, nil
+SELECT ` + jobColumns + ` FROM j`,
+		[]any{id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
+			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
+			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks)}
 }
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.
@@ -195,7 +196,11 @@ func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, ErrNotFound
 	}
-	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id))
+	var j *Job
+	err := s.batch.queryRow(ctx, id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, []any{id}, func(r pgx.Row) (err error) {
+		j, err = scanJob(r)
+		return err
+	})
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("get job: %w", err)
 	}
@@ -222,8 +227,10 @@ func (e *LeasedError) Error() string {
 // another delivery's lease holds the job: a running job is taken over only once its lease has
 // ended (its delivery died), so one job never has two calls in flight.
 func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
-	// One statement (one round trip, atomic): the update and its event; a trigger notifies.
-	job, err := scanJob(s.pool.QueryRow(ctx, `
+	// One statement (atomic; batched with other callers', see batcher): the update and its
+	// event; a trigger notifies.
+	var job *Job
+	err := s.batch.queryRow(ctx, id, `
 WITH u AS (
 	UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
 		next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1,
@@ -235,7 +242,10 @@ WITH u AS (
 	INSERT INTO job_events (job_id, seq, type, payload)
 	SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts) FROM u
 )
-SELECT `+jobColumns+` FROM u`, id, AttemptLease.Milliseconds()))
+SELECT `+jobColumns+` FROM u`, []any{id, AttemptLease.Milliseconds()}, func(r pgx.Row) (err error) {
+		job, err = scanJob(r)
+		return err
+	})
 	if err == nil {
 		return job, nil
 	}
@@ -363,11 +373,11 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 		}
 	}
 	rec := attemptRecord(a)
-	// One statement (one round trip, atomic): the attempt (recorded even when the job has ended
+	// One statement (atomic; batched with other callers', see batcher): the attempt (recorded even when the job has ended
 	// meanwhile: the call was made; numbered after the attempts of earlier rounds, see
 	// jobs.attempt_base), the conditional move, and its event; a trigger notifies.
 	var seq int
-	err = s.pool.QueryRow(ctx, `
+	err = s.batch.queryRow(ctx, id, `
 WITH a AS (
 	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
 		class, retry_after_ms, delay_ms, error)
@@ -389,10 +399,10 @@ WITH a AS (
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, $2, $22 FROM u
 )
-SELECT event_seq FROM u`, id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
+SELECT event_seq FROM u`, []any{id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
 		nullString(o.AnsweredBy), o.NextCredential, leaseOf(a),
 		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
-		rec.retryAfterMS, rec.delayMS, rec.err, payload).Scan(&seq)
+		rec.retryAfterMS, rec.delayMS, rec.err, payload}, func(r pgx.Row) error { return r.Scan(&seq) })
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

@@ -1,0 +1,138 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+)
+
+// createOp is Create's batched statement for a new job, with where its answer goes.
+func createOp(t *testing.T, meta string) (*batchOp, **Job) {
+	t.Helper()
+	id := uuid.NewString()
+	sql, args := insertJob(id, nil, time.Now().Add(time.Hour), CreateParams{Tenant: "default", Credential: "c",
+		Fingerprint: "f", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
+		Metadata: json.RawMessage(meta)})
+	var job *Job
+	return &batchOp{key: id, sql: sql, args: args, done: make(chan struct{}), scan: func(r pgx.Row) (err error) {
+		job, err = scanJob(r)
+		return err
+	}}, &job
+}
+
+func TestBatcher_OneBadStatementFailsAlone(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	b := &batcher{pool: pool}
+	good1, job1 := createOp(t, `{}`)
+	bad, _ := createOp(t, `{"x":"\u0000"}`) // jsonb refuses \u0000: a data exception
+	good2, job2 := createOp(t, `{}`)
+	b.run([]*batchOp{good1, bad, good2})
+
+	require.NoError(t, good1.err)
+	require.NoError(t, good2.err)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, bad.err, &pgErr)
+	require.Equal(t, "22P05", pgErr.Code)
+	// The failed batch was rolled back and its good statements ran again alone: each job once.
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM jobs WHERE id = ANY($1::uuid[])`, []string{(*job1).ID, (*job2).ID}).Scan(&n))
+	require.Equal(t, 2, n)
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM job_events`).Scan(&n))
+	require.Equal(t, 2, n)
+	for _, op := range []*batchOp{good1, bad, good2} {
+		select {
+		case <-op.done:
+		default:
+			t.Fatal("a caller was not released")
+		}
+	}
+}
+
+// TestBatcher_SameJobTwiceInOneBatch: statements of one transaction see each other, so two
+// deliveries' transitions of one job in one batch behave as if sent one after the other.
+func TestBatcher_SameJobTwiceInOneBatch(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s := NewStore(pool, nil)
+	ctx := context.Background()
+	job, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Fingerprint: "f",
+		Request: json.RawMessage(`{}`), MaxAttempts: 3, Timeout: time.Hour})
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	applied := make([]bool, 2)
+	errs := make([]error, 2)
+	// Hold the batcher's slots so that both finishes queue, then go out as one batch.
+	s.batch.mu.Lock()
+	s.batch.inFlight = batchInFlight
+	s.batch.mu.Unlock()
+	for i := range 2 {
+		wg.Go(func() {
+			applied[i], errs[i] = s.Finish(ctx, job.ID, nil, Outcome{Status: StatusSucceeded, Result: json.RawMessage(`{"n":1}`)})
+		})
+	}
+	require.Eventually(t, func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		return len(s.batch.pending) == 2
+	}, 10*time.Second, time.Millisecond)
+	s.batch.mu.Lock()
+	ops := s.batch.pending
+	s.batch.pending = nil
+	s.batch.inFlight = 0
+	s.batch.mu.Unlock()
+	require.True(t, s.batch.runTogether(ctx, ops), "the batch commits")
+	for _, op := range ops {
+		close(op.done)
+	}
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.ElementsMatch(t, []bool{true, false}, applied, "exactly one finish applies")
+	got, err := s.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusSucceeded, got.Status)
+	require.Equal(t, 2, got.EventSeq)
+}
+
+// TestBatcher_ConcurrentCallers: many callers at once each get their own answer.
+func TestBatcher_ConcurrentCallers(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s := NewStore(pool, nil)
+	ctx := context.Background()
+	const n = 200
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			job, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Fingerprint: "f",
+				Request: json.RawMessage(`{}`), MaxAttempts: 3, Timeout: time.Hour})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got, err := s.Get(ctx, job.ID)
+			if err != nil || got.ID != job.ID {
+				t.Errorf("get %s: %v %v", job.ID, got, err)
+				return
+			}
+			ids[i] = job.ID
+		})
+	}
+	wg.Wait()
+	var count int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(DISTINCT id) FROM jobs WHERE id = ANY($1::uuid[])`, ids).Scan(&count))
+	require.Equal(t, n, count)
+}
