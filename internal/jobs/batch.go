@@ -23,7 +23,6 @@ const (
 	batchTimeout = 30 * time.Second
 )
 
-
 // batcher sends the hot path's one-statement transitions of concurrent callers (create without an
 // idempotency key, get, begin attempt, finish) to Postgres together: a batch is one pipelined
 // round trip that runs in one implicit transaction, so it pays for one commit (one WAL flush)
