@@ -28,7 +28,9 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 		return nil, nil, err
 	}
 	rdb := jobs.NewRedisClient(redisOpt)
-	aclient := asynq.NewClient(redisOpt)
+	// Concurrent submits share round trips for their enqueues. The client is closed with rdb
+	// (asynq refuses to close a connection it was given).
+	aclient := asynq.NewClientFromRedisClient(jobs.AutoPipelined(rdb))
 	inspector := asynq.NewInspector(redisOpt)
 	store := jobs.NewStore(pool, nil)
 	names := make([]string, 0, len(cfg.Credentials))
@@ -52,7 +54,7 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	if r := cfg.API.TenantSubmitRate; r != nil {
 		if submitRate, err = tenant.NewRateLimiter(rdb, &tenant.RateLimiterConfig{
 			Rate: tenant.Rate{PerSecond: r.RequestsPerSecond, Burst: r.Burst}}); err != nil {
-			return nil, nil, errors.Join(err, inspector.Close(), aclient.Close(), rdb.Close())
+			return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 		}
 	}
 	s := New(Config{
@@ -67,6 +69,6 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	return s, func() error {
 		s.Shutdown()
 		stop()
-		return errors.Join(<-listening, inspector.Close(), aclient.Close(), rdb.Close())
+		return errors.Join(<-listening, inspector.Close(), rdb.Close())
 	}, nil
 }

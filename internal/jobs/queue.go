@@ -55,6 +55,18 @@ func NewRedisClient(opt asynq.RedisConnOpt) redis.UniversalClient {
 	return opt.MakeRedisClient().(redis.UniversalClient)
 }
 
+// AutoPipelined returns rdb's blocking autopipeliner (closed with rdb) when it has one: every
+// call still waits for its own reply, but the calls of concurrent goroutines share round trips.
+// It returns rdb itself for clients without one.
+func AutoPipelined(rdb redis.UniversalClient) redis.UniversalClient {
+	if c, ok := rdb.(*redis.Client); ok {
+		if ap, err := c.AutoPipeline(); err == nil {
+			return ap
+		}
+	}
+	return rdb
+}
+
 // Enqueuer hands jobs to asynq. It is safe for concurrent use.
 type Enqueuer struct {
 	client *asynq.Client

@@ -72,7 +72,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		brkMetrics = breaker.NewMetrics(opts.Registerer)
 	}
 	rdb := jobs.NewRedisClient(redisOpt)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
+	hot := jobs.AutoPipelined(rdb)
+	lim, err := limiter.New(hot, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -81,7 +82,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	if cfg.Breaker.ColdStartCap {
 		successMemory = 0 // the breaker's default
 	}
-	brk, err := breaker.New(rdb, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
+	brk, err := breaker.New(hot, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
 		Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown, SuccessMemory: successMemory,
 		Metrics: brkMetrics})
 	if err != nil {
