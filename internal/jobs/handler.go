@@ -254,6 +254,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		}
 		adm.seq, adm.grant, adm.est, adm.pauseProbe = a.seq, a.grant, a.est, a.pauseProbe
 	}
+	request := job.Request
 	job, err = h.cfg.Store.BeginAttempt(ctx, id)
 	if err != nil {
 		h.reportBreaker(ctx, cred, brk, breaker.Neutral)
@@ -266,6 +267,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		}
 		return err
 	}
+	job.Request = request // BeginAttempt leaves the (unchanging) body where Get read it
 	return h.attempt(ctx, job, cred, adm)
 }
 

@@ -74,6 +74,10 @@ const jobColumns = `id::text, tenant, status, credential, idempotency_key, attem
 	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by, slot_grant,
 	lease_token::text, lease_until`
 
+// jobColumnsNoRequest is jobColumns with a NULL request: for the transitions whose caller
+// already holds the body (it never changes after Create), so a large one does not travel back.
+var jobColumnsNoRequest = strings.Replace(jobColumns, " request,", " NULL::json AS request,", 1)
+
 func scanJob(row pgx.Row) (*Job, error) {
 	var j Job
 	var timeoutMS int64
@@ -108,7 +112,8 @@ func scanJob(row pgx.Row) (*Job, error) {
 	return &j, nil
 }
 
-// Create inserts a job and its "queued" event in one transaction and returns it. With an
+// Create inserts a job and its "queued" event in one transaction and returns it (a new job
+// without its Request: the caller has it; a replayed one with it). With an
 // idempotency key already used by the same body (same fingerprint) it returns the existing job
 // and replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
 // key yield exactly one job.
@@ -174,7 +179,7 @@ func createError(err error) error {
 }
 
 // insertJob is the statement that inserts a queued job and its first event (a trigger
-// notifies), answering with the job's columns (scanJob).
+// notifies), answering with the job's columns but its request (scanJob).
 func insertJob(id string, key *string, deadline time.Time, p CreateParams) (string, []any) {
 	return `
 WITH j AS (
@@ -185,7 +190,7 @@ WITH j AS (
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}' FROM j
 )
-SELECT ` + jobColumns + ` FROM j`,
+SELECT ` + jobColumnsNoRequest + ` FROM j`,
 		[]any{id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
 			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
 			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks)}
@@ -223,7 +228,7 @@ func (e *LeasedError) Error() string {
 
 // BeginAttempt marks the job running, counts the attempt and takes the attempt's lease for
 // AttemptLease (Job.LeaseToken; keep it with RenewLease while the call runs, Finish the attempt
-// with it). It returns ErrNotRunnable for a terminal (or missing) job and a *LeasedError while
+// with it). The job it returns has no Request: a request never changes, use Get's. It returns ErrNotRunnable for a terminal (or missing) job and a *LeasedError while
 // another delivery's lease holds the job: a running job is taken over only once its lease has
 // ended (its delivery died), so one job never has two calls in flight.
 func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
@@ -242,7 +247,7 @@ WITH u AS (
 	INSERT INTO job_events (job_id, seq, type, payload)
 	SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts) FROM u
 )
-SELECT `+jobColumns+` FROM u`, []any{id, AttemptLease.Milliseconds()}, func(r pgx.Row) (err error) {
+SELECT `+jobColumnsNoRequest+` FROM u`, []any{id, AttemptLease.Milliseconds()}, func(r pgx.Row) (err error) {
 		job, err = scanJob(r)
 		return err
 	})

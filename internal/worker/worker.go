@@ -72,6 +72,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		brkMetrics = breaker.NewMetrics(opts.Registerer)
 	}
 	rdb := jobs.NewRedisClient(redisOpt)
+	// The limiter's and breaker's calls of concurrent jobs share round trips. asynq keeps its own
+	// client: autopipelining its dequeues measured slower (docs/decisions.md).
 	hot := jobs.AutoPipelined(rdb)
 	lim, err := limiter.New(hot, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
 	if err != nil {
