@@ -1,0 +1,58 @@
+package jobs
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+)
+
+// TestListUnfinished_PageReadsTheIndexInOrder: a page of ListUnfinished must be an index scan
+// that stops after its rows, never a sort of every unfinished job (which made a sweep cost the
+// square of the backlog). The table is never analyzed, as on a fresh database or with autovacuum
+// off: the planner's worst case.
+func TestListUnfinished_PageReadsTheIndexInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline)
+SELECT gen_random_uuid(), 'c', 'f', CASE WHEN g % 3 = 0 THEN 'succeeded' ELSE 'queued' END, '{}', 3, 60000, now() + interval '1 hour'
+FROM generate_series(1, 5000) g`)
+	require.NoError(t, err)
+
+	var plan string
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, listUnfinishedSettings); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+listUnfinishedSQL, uuid.Nil.String(), 500).Scan(&plan)
+	}))
+	require.Contains(t, plan, `"Index Name": "jobs_unfinished_idx"`)
+	require.NotContains(t, plan, `"Node Type": "Sort"`)
+
+	// And the pages walk every unfinished job once, in ID order.
+	s := NewStore(pool, nil)
+	var seen []string
+	after := ""
+	for {
+		page, err := s.ListUnfinished(ctx, after, 500)
+		require.NoError(t, err)
+		for _, u := range page {
+			seen = append(seen, u.ID)
+			after = u.ID
+		}
+		if len(page) < 500 {
+			break
+		}
+	}
+	var want []string
+	rows, err := pool.Query(ctx, `SELECT id::text FROM jobs WHERE status = 'queued' ORDER BY jobs.id`)
+	require.NoError(t, err)
+	want, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, want, seen)
+}
