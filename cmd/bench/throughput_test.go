@@ -292,11 +292,14 @@ func TestRateBetweenAndSlices(t *testing.T) {
 
 func TestTPBacklogReport(t *testing.T) {
 	t.Parallel()
-	rep := tpBacklogReport{n: 100000, first: 950, last: 1000}
+	// Judged against the small backlog's drain, not the large drain's run-out.
+	rep := tpBacklogReport{n: 100000, first: 950, small: 1000, last: 2000}
 	require.True(t, rep.ok())
 	rep.first = 850
 	require.False(t, rep.ok())
 	require.Equal(t, "FAIL", rep.rows()[0][len(tpBacklogHeader)-1])
+	require.Equal(t, "0.85", rep.rows()[0][len(tpBacklogHeader)-2])
+	require.False(t, tpBacklogReport{first: 950}.ok(), "no comparison drain, no pass")
 	require.Equal(t, "100,000", thousandsText(100000))
 	require.Equal(t, "999", thousandsText(999))
 	require.Equal(t, "1,000", thousandsText(1000))
