@@ -72,10 +72,11 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		brkMetrics = breaker.NewMetrics(opts.Registerer)
 	}
 	rdb := jobs.NewRedisClient(redisOpt)
-	// The limiter's and breaker's calls of concurrent jobs share round trips. asynq keeps its own
-	// client: autopipelining its dequeues measured slower (docs/decisions.md).
+	// The breaker's calls of concurrent jobs share round trips. The limiter and asynq keep a
+	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
+	// asynq's dequeues measured slower (docs/decisions.md).
 	hot := jobs.AutoPipelined(rdb)
-	lim, err := limiter.New(hot, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
 	if err != nil {
 		rdb.Close()
 		return nil, err
