@@ -50,6 +50,8 @@ type batcher struct {
 
 // batchOp is one statement and what its caller does with the row it answers with.
 type batchOp struct {
+	// ctx is the caller's: a statement whose caller gave up before it was sent is not sent.
+	ctx context.Context
 	// key orders a batch's statements (the job's ID): two batches lock job rows in one order, so
 	// they cannot deadlock each other.
 	key  string
@@ -66,7 +68,7 @@ type batchOp struct {
 // queryRow runs sql as part of a batch and scans its row with scan, returning scan's error (or
 // the batch's, or ctx's if it ends first: the statement may still commit).
 func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, scan func(pgx.Row) error) error {
-	op := &batchOp{key: key, sql: sql, args: args, scan: scan, done: make(chan struct{})}
+	op := &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scan, done: make(chan struct{})}
 	b.mu.Lock()
 	b.pending = append(b.pending, op)
 	start := b.inFlight < batchInFlight
@@ -103,12 +105,21 @@ func (b *batcher) send() {
 }
 
 // run executes ops in one transaction, or one by one if that transaction fails, and releases
-// their callers.
+// their callers. An op whose caller gave up meanwhile is dropped unsent (its error is the
+// caller's context's).
 func (b *batcher) run(ops []*batchOp) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
-	if len(ops) == 1 || !b.runTogether(ctx, ops) {
-		for _, op := range ops {
+	send := make([]*batchOp, 0, len(ops))
+	for _, op := range ops {
+		if err := op.ctx.Err(); err != nil {
+			op.err = err
+			continue
+		}
+		send = append(send, op)
+	}
+	if len(send) == 1 || (len(send) > 1 && !b.runTogether(ctx, send)) {
+		for _, op := range send {
 			op.err = op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
 		}
 	}

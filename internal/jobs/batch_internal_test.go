@@ -23,7 +23,7 @@ func createOp(t *testing.T, meta string) (*batchOp, **Job) {
 		Fingerprint: "f", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
 		Metadata: json.RawMessage(meta)})
 	var job *Job
-	return &batchOp{key: id, sql: sql, args: args, done: make(chan struct{}), scan: func(r pgx.Row) (err error) {
+	return &batchOp{ctx: context.Background(), key: id, sql: sql, args: args, done: make(chan struct{}), scan: func(r pgx.Row) (err error) {
 		job, err = scanJob(r)
 		return err
 	}}, &job
@@ -57,6 +57,26 @@ func TestBatcher_OneBadStatementFailsAlone(t *testing.T) {
 			t.Fatal("a caller was not released")
 		}
 	}
+}
+
+// TestBatcher_GaveUpBeforeSentIsNotSent: a caller whose context ended while its statement
+// waited for a batch gets its context's error, and the statement never runs.
+func TestBatcher_GaveUpBeforeSentIsNotSent(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	b := &batcher{pool: pool}
+	kept, keptJob := createOp(t, `{}`)
+	gone, _ := createOp(t, `{}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	gone.ctx = ctx
+	b.run([]*batchOp{gone, kept})
+	require.ErrorIs(t, gone.err, context.Canceled)
+	require.NoError(t, kept.err)
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM jobs`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.NotNil(t, *keptJob)
 }
 
 // TestBatcher_SameJobTwiceInOneBatch: statements of one transaction see each other, so two
