@@ -14,32 +14,15 @@ import (
 	"github.com/llmq/llmq/internal/llmsim"
 )
 
-// outageOpts are the flags of `bench outage`.
+// outageOpts are the flags of `bench outage`: herd's (the shared row runners read them) and the
+// outage's own.
 type outageOpts struct {
-	n        int
+	herdOpts
 	outage   time.Duration
-	capacity float64
-	rate     float64
-	workers  int
 	cooldown time.Duration
 	// maxCooldown caps the breaker's cooldown backoff (0: llmq's default, 2 × cooldown).
 	maxCooldown time.Duration
 	threshold   int
-	bin         string
-	build       bool
-	write       string
-	only        string
-	timeout     time.Duration
-	seed        uint64
-	dbURL       string
-	redisURL    string
-	keepLogs    bool
-}
-
-// herdOpts is the part of the options the shared row runners (seed clients, asynq, llmq) read.
-func (o outageOpts) herdOpts() herdOpts {
-	return herdOpts{n: o.n, capacity: o.capacity, rate: o.rate, workers: o.workers, bin: o.bin, build: o.build,
-		timeout: o.timeout, seed: o.seed, dbURL: o.dbURL, redisURL: o.redisURL, keepLogs: o.keepLogs}
 }
 
 // effectiveMaxCooldown is the breaker's max_cooldown as llmq applies it.
@@ -221,7 +204,7 @@ func runOutageRow(ctx context.Context, o outageOpts, r row, stderr io.Writer) ou
 	rec := newSimRecorder(sim)
 	srv := httptest.NewServer(rec)
 	defer srv.Close()
-	e := &rowEnv{herdOpts: o.herdOpts(), simURL: srv.URL, apiKey: "sk-bench-" + randHex(8), stderr: stderr,
+	e := &rowEnv{herdOpts: o.herdOpts, simURL: srv.URL, apiKey: "sk-bench-" + randHex(8), stderr: stderr,
 		scenario: outageScenario, maxAttempts: outageJobMaxAttempts}
 	e.progress = newProgress(stderr, outageScenario, r.name, o.n, sim.Stats)
 	var startErr error

@@ -78,6 +78,17 @@ const jobColumns = `id::text, tenant, status, credential, idempotency_key, attem
 // already holds the body (it never changes after Create), so a large one does not travel back.
 var jobColumnsNoRequest = strings.Replace(jobColumns, " request,", " NULL::json AS request,", 1)
 
+// queryJob runs sql, a statement answering with one job's columns (scanJob), in a batch with
+// other callers' (see batcher), ordered by the job's id.
+func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job, error) {
+	var job *Job
+	err := s.batch.queryRow(ctx, id, sql, args, func(r pgx.Row) (err error) {
+		job, err = scanJob(r)
+		return err
+	})
+	return job, err
+}
+
 func scanJob(row pgx.Row) (*Job, error) {
 	var j Job
 	var timeoutMS int64
@@ -132,10 +143,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 	if key == nil {
 		// No key to claim: one statement, batched with other callers' (see batcher).
 		sql, args := insertJob(id.String(), nil, s.now().Add(p.Timeout), p)
-		err = s.batch.queryRow(ctx, id.String(), sql, args, func(r pgx.Row) (err error) {
-			job, err = scanJob(r)
-			return err
-		})
+		job, err = s.queryJob(ctx, id.String(), sql, args...)
 		return job, false, createError(err)
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -201,11 +209,7 @@ func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
 	if _, err := uuid.Parse(id); err != nil {
 		return nil, ErrNotFound
 	}
-	var j *Job
-	err := s.batch.queryRow(ctx, id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, []any{id}, func(r pgx.Row) (err error) {
-		j, err = scanJob(r)
-		return err
-	})
+	j, err := s.queryJob(ctx, id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("get job: %w", err)
 	}
@@ -228,14 +232,14 @@ func (e *LeasedError) Error() string {
 
 // BeginAttempt marks the job running, counts the attempt and takes the attempt's lease for
 // AttemptLease (Job.LeaseToken; keep it with RenewLease while the call runs, Finish the attempt
-// with it). The job it returns has no Request: a request never changes, use Get's. It returns ErrNotRunnable for a terminal (or missing) job and a *LeasedError while
-// another delivery's lease holds the job: a running job is taken over only once its lease has
-// ended (its delivery died), so one job never has two calls in flight.
+// with it). The job it returns has no Request: a request never changes, use Get's. It returns
+// ErrNotRunnable for a terminal (or missing) job and a *LeasedError while another delivery's
+// lease holds the job: a running job is taken over only once its lease has ended (its delivery
+// died), so one job never has two calls in flight.
 func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
 	// One statement (atomic; batched with other callers', see batcher): the update and its
 	// event; a trigger notifies.
-	var job *Job
-	err := s.batch.queryRow(ctx, id, `
+	job, err := s.queryJob(ctx, id, `
 WITH u AS (
 	UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
 		next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1,
@@ -247,10 +251,7 @@ WITH u AS (
 	INSERT INTO job_events (job_id, seq, type, payload)
 	SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts) FROM u
 )
-SELECT `+jobColumnsNoRequest+` FROM u`, []any{id, AttemptLease.Milliseconds()}, func(r pgx.Row) (err error) {
-		job, err = scanJob(r)
-		return err
-	})
+SELECT `+jobColumnsNoRequest+` FROM u`, id, AttemptLease.Milliseconds())
 	if err == nil {
 		return job, nil
 	}
@@ -378,9 +379,10 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 		}
 	}
 	rec := attemptRecord(a)
-	// One statement (atomic; batched with other callers', see batcher): the attempt (recorded even when the job has ended
-	// meanwhile: the call was made; numbered after the attempts of earlier rounds, see
-	// jobs.attempt_base), the conditional move, and its event; a trigger notifies.
+	// One statement (atomic; batched with other callers', see batcher): the attempt (recorded
+	// even when the job has ended meanwhile: the call was made; numbered after the attempts of
+	// earlier rounds, see jobs.attempt_base), the conditional move, and its event; a trigger
+	// notifies.
 	var seq int
 	err = s.batch.queryRow(ctx, id, `
 WITH a AS (

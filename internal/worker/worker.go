@@ -75,7 +75,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	// The breaker's calls of concurrent jobs share round trips. The limiter and asynq keep a
 	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
 	// asynq's dequeues measured slower (docs/decisions.md).
-	hot := jobs.AutoPipelined(rdb)
+	pipelined := jobs.AutoPipelined(rdb)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
 	if err != nil {
 		rdb.Close()
@@ -85,7 +85,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	if cfg.Breaker.ColdStartCap {
 		successMemory = 0 // the breaker's default
 	}
-	brk, err := breaker.New(hot, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
+	brk, err := breaker.New(pipelined, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
 		Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown, SuccessMemory: successMemory,
 		Metrics: brkMetrics})
 	if err != nil {
