@@ -93,10 +93,18 @@ func TestBatcher_SameJobTwiceInOneBatch(t *testing.T) {
 	var wg sync.WaitGroup
 	applied := make([]bool, 2)
 	errs := make([]error, 2)
-	// Hold the batcher's slots so that both finishes queue, then go out as one batch.
-	s.batch.mu.Lock()
-	s.batch.inFlight = batchInFlight
-	s.batch.mu.Unlock()
+	// Hold the batcher's slots so that both finishes queue, then go out as one batch. Create
+	// returned when its batch was done, but its sender gives its slot back a moment later: wait
+	// for that before taking them all.
+	require.Eventually(t, func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		if s.batch.inFlight != 0 {
+			return false
+		}
+		s.batch.inFlight = batchInFlight
+		return true
+	}, 10*time.Second, time.Millisecond)
 	for i := range 2 {
 		wg.Go(func() {
 			applied[i], errs[i] = s.Finish(ctx, job.ID, nil, Outcome{Status: StatusSucceeded, Result: json.RawMessage(`{"n":1}`)})
