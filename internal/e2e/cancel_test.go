@@ -8,13 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llmsim"
-	"github.com/llmq/llmq/migrations"
 )
 
 // attemptsOf counts the job's recorded provider calls.
 func (b *testBundle) attemptsOf(t *testing.T, id string) int {
 	t.Helper()
-	pool, err := migrations.Open(b.ctx, b.dbURL)
+	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
 	var n int

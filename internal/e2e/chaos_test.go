@@ -32,7 +32,6 @@ import (
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/worker"
-	"github.com/llmq/llmq/migrations"
 )
 
 // The short chaos run (issue 6; `go run ./cmd/bench chaos` is the long one): jobs against a
@@ -164,7 +163,7 @@ breaker: { threshold: 1000 }
 		return ""
 	})
 	require.NoError(t, err)
-	s.pool, err = migrations.Open(ctx, s.dbURL)
+	s.pool, err = openPool(ctx, s.dbURL)
 	require.NoError(t, err)
 	t.Cleanup(s.pool.Close)
 	apiSrv, closeAPI, err := api.FromConfig(s.cfg, s.pool, prometheus.NewRegistry(), nil)
@@ -181,7 +180,7 @@ breaker: { threshold: 1000 }
 // (asynq then hands back the tasks its handlers have not finished).
 func (s *chaosStack) startWorker(t *testing.T, hc *http.Client, concurrency int) (stop func()) {
 	t.Helper()
-	pool, err := migrations.Open(s.ctx, s.dbURL)
+	pool, err := openPool(s.ctx, s.dbURL)
 	require.NoError(t, err)
 	cfg := *s.cfg
 	if concurrency > 0 {

@@ -10,9 +10,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -103,7 +106,7 @@ alerts: { webhook_url: %q }
 	require.NoError(t, err)
 
 	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, prefix: redistest.Prefix(t), ctx: ctx, pg: proxy}
-	pool, err := migrations.Open(ctx, dbURL)
+	pool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	apiSrv, closeAPI, err := api.FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
@@ -121,7 +124,7 @@ alerts: { webhook_url: %q }
 // startWorker runs a worker in-process until the test ends.
 func (b *testBundle) startWorker(t *testing.T) {
 	t.Helper()
-	pool, err := migrations.Open(b.ctx, b.dbURL)
+	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: prometheus.NewRegistry(), RedisPrefix: b.prefix})
 	require.NoError(t, err)
@@ -201,7 +204,7 @@ func (b *testBundle) countRows(t *testing.T, table string) int {
 // queryRow runs one query on this test's database and scans its row into dest.
 func (b *testBundle) queryRow(t *testing.T, sql string, args []any, dest ...any) {
 	t.Helper()
-	pool, err := migrations.Open(b.ctx, b.dbURL)
+	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
 	require.NoError(t, pool.QueryRow(b.ctx, sql, args...).Scan(dest...))
@@ -223,4 +226,18 @@ func extraYAML(e string) string {
 
 func anthropicBody(text string) string {
 	return fmt.Sprintf(`{"request":{"model":"claude-test","max_tokens":64,"messages":[{"role":"user","content":%q}]}}`, text)
+}
+
+// testPoolConns caps each pool an e2e test opens. The package's tests run in parallel, beside
+// other packages' tests, on one Postgres (max_connections 100 on our machines); at the
+// production default of 16 per pool, an API and two workers per test ran it out.
+const testPoolConns = 6
+
+// openPool is migrations.Open with the pool capped at testPoolConns.
+func openPool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	sep := "?"
+	if strings.Contains(dbURL, "?") {
+		sep = "&"
+	}
+	return migrations.Open(ctx, dbURL+sep+"pool_max_conns="+strconv.Itoa(testPoolConns))
 }

@@ -26,7 +26,6 @@ import (
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/worker"
-	"github.com/llmq/llmq/migrations"
 )
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
@@ -122,7 +121,7 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 	// The API, logging everything.
 	var apiLogs, workerLogs syncBuffer
 	debug := &slog.HandlerOptions{Level: slog.LevelDebug}
-	pool, err := migrations.Open(ctx, dbURL)
+	pool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	apiReg := prometheus.NewRegistry()
@@ -169,7 +168,7 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 	require.Contains(t, waiting, "llmq:tenant:{default}:submit", "and the tenant's submit rate")
 
 	// A worker, logging everything, runs them.
-	wpool, err := migrations.Open(ctx, dbURL)
+	wpool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(wpool.Close)
 	workerReg := prometheus.NewRegistry()

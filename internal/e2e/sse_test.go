@@ -16,7 +16,6 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/llmsim"
-	"github.com/llmq/llmq/migrations"
 )
 
 // sseEvent is one event of a job's stream.
@@ -105,7 +104,7 @@ func eventNames(evs []sseEvent) []string {
 // storedEvents returns the job's events as stored, "type/seq", in order.
 func (b *testBundle) storedEvents(t *testing.T, id string) []string {
 	t.Helper()
-	pool, err := migrations.Open(b.ctx, b.dbURL)
+	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
 	rows, err := pool.Query(b.ctx, `SELECT type, seq FROM job_events WHERE job_id = $1 ORDER BY seq`, id)
@@ -125,7 +124,7 @@ func (b *testBundle) storedEvents(t *testing.T, id string) []string {
 // replica starts another API process on the test's database and returns its URL.
 func (b *testBundle) replica(t *testing.T) string {
 	t.Helper()
-	pool, err := migrations.Open(b.ctx, b.dbURL)
+	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	srv, closeAPI, err := api.FromConfig(b.cfg, pool, prometheus.NewRegistry(), nil)

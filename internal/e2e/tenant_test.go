@@ -8,14 +8,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/tenant"
-	"github.com/llmq/llmq/migrations"
 )
 
 // tenantHeader creates a tenant on the test's database (as `ctl tenants create` does) and returns
 // the header that authenticates as it.
 func (b *testBundle) tenantHeader(t *testing.T, name string, credentials ...string) map[string]string {
 	t.Helper()
-	pool, err := migrations.Open(b.ctx, b.dbURL)
+	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
 	_, token, err := tenant.NewStore(pool, nil).Create(b.ctx, name, credentials)
@@ -93,7 +92,7 @@ func TestTenants_RevocationTakesEffectWithinSeconds(t *testing.T) {
 	id := b.submit(t, anthropicBody("before")) // anonymous
 	require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", anthropicBody("mine"), acme).status)
 
-	pool, err := migrations.Open(b.ctx, b.dbURL)
+	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	defer pool.Close()
 	revokedAt := time.Now()

@@ -46,7 +46,7 @@ func URL(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("parse TEST_DATABASE_URL: %v", err)
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := connect(ctx, cfg)
 	if err != nil {
 		t.Fatalf("postgres unreachable at %s: %v", adminURL(), err)
 	}
@@ -63,7 +63,7 @@ func URL(t testing.TB) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := pgx.ConnectConfig(ctx, cfg)
+		c, err := connect(ctx, cfg)
 		if err != nil {
 			t.Errorf("drop %s: %v", name, err)
 			return
@@ -74,6 +74,24 @@ func URL(t testing.TB) string {
 		}
 	})
 	return connString(cfg, name)
+}
+
+// connect opens an admin connection, waiting while the server has no connection slot free
+// (SQLSTATE 53300): test binaries of several packages share it, and a slot frees as soon as one
+// of their tests ends.
+func connect(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	for {
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "53300" {
+			return conn, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // Pool returns a pool on a fresh migrated database (see URL), closed when the test ends.
