@@ -371,44 +371,41 @@ type admission struct {
 // while the credential is paused (unless this is the interval's probe), not past the retry
 // budget, and at the send time of a rate-limiter slot. It sleeps short waits and returns a
 // *DeferError for long ones, holding the slot in the job row.
+//
+// A first attempt costs one Redis round trip: the pause check and the count of first attempts
+// (the retry budget's base) go in the reservation's script. A retry that draws on the budget
+// checks the pause on its own first, so that a paused credential draws nothing.
 func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admission, error) {
 	lc := cred.Limiter
 	var adm admission
-	ps, err := lc.Paused(ctx)
-	if err != nil {
-		return adm, err
-	}
-	if ps.Paused {
-		if cred.PauseProbeInterval > 0 {
-			if adm.pauseProbe, err = lc.TryProbe(ctx, cred.PauseProbeInterval); err != nil {
-				return adm, err
-			}
-		}
-		if !adm.pauseProbe {
-			recheck := pausedRecheck
-			if cred.PauseProbeInterval > 0 {
-				recheck = min(recheck, cred.PauseProbeInterval)
-			}
-			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(recheck)), Reason: "credential paused: " + ps.Reason, unavailable: true}
-		}
-	}
-	if job.Attempts > 0 && !adm.pauseProbe && drawsOnRetryBudget(job) {
-		// Timeouts are the normal failure of long generations: they draw on their own budget.
-		allow, budget := lc.AllowRetry, "retry budget spent"
-		if job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout) {
-			allow, budget = lc.AllowTimeoutRetry, "timeout retry budget spent"
-		}
-		ok, err := allow(ctx)
+	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0}
+	if job.Attempts > 0 && drawsOnRetryBudget(job) {
+		ps, err := lc.Paused(ctx)
 		if err != nil {
 			return adm, err
 		}
-		if !ok {
-			return adm, &DeferError{Until: h.cfg.Now().Add(h.spread(budgetRecheck)), Reason: budget}
+		if ps.Paused {
+			if adm.pauseProbe, err = h.pauseProbe(ctx, cred, ps); err != nil {
+				return adm, err
+			}
+		}
+		opts.UnlessPaused = false
+		if !adm.pauseProbe {
+			if err := h.drawRetry(ctx, job, lc); err != nil {
+				return adm, err
+			}
 		}
 	}
 	cost, est := h.cost(cred, job)
 	adm.est = est
-	res, err := lc.AcquireCost(ctx, cred.Limit, cost, h.cfg.MaxInlineWait)
+	res, err := lc.AcquireAttempt(ctx, cred.Limit, cost, h.cfg.MaxInlineWait, opts)
+	if err == nil && res.Paused.Paused {
+		if adm.pauseProbe, err = h.pauseProbe(ctx, cred, res.Paused); err != nil {
+			return adm, err
+		}
+		opts.UnlessPaused = false
+		res, err = lc.AcquireAttempt(ctx, cred.Limit, cost, h.cfg.MaxInlineWait, opts)
+	}
 	if err != nil {
 		return adm, err
 	}
@@ -424,6 +421,39 @@ func (h *Handler) admit(ctx context.Context, job *Job, cred Credential) (admissi
 		return adm, &DeferError{Until: until, Reason: "rate limit slot", stored: true}
 	}
 	return adm, sleep(ctx, res.Wait)
+}
+
+// pauseProbe answers an attempt on paused credential cred: true when it is the automatic probe
+// of the pause (one per PauseProbeInterval, cluster-wide), else a *DeferError to look again.
+func (h *Handler) pauseProbe(ctx context.Context, cred Credential, ps limiter.PauseState) (bool, error) {
+	if cred.PauseProbeInterval > 0 {
+		probe, err := cred.Limiter.TryProbe(ctx, cred.PauseProbeInterval)
+		if err != nil || probe {
+			return probe, err
+		}
+	}
+	recheck := pausedRecheck
+	if cred.PauseProbeInterval > 0 {
+		recheck = min(recheck, cred.PauseProbeInterval)
+	}
+	return false, &DeferError{Until: h.cfg.Now().Add(h.spread(recheck)), Reason: "credential paused: " + ps.Reason, unavailable: true}
+}
+
+// drawRetry asks the shared retry budget for the job's retry, or returns a *DeferError when it
+// is spent. Timeouts are the normal failure of long generations: they draw on their own budget.
+func (h *Handler) drawRetry(ctx context.Context, job *Job, lc *limiter.Credential) error {
+	allow, budget := lc.AllowRetry, "retry budget spent"
+	if job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout) {
+		allow, budget = lc.AllowTimeoutRetry, "timeout retry budget spent"
+	}
+	ok, err := allow(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &DeferError{Until: h.cfg.Now().Add(h.spread(budgetRecheck)), Reason: budget}
+	}
+	return nil
 }
 
 // drawsOnRetryBudget reports whether the job's next attempt is a retry the shared retry budget
@@ -609,9 +639,9 @@ func (h *Handler) keepLease(ctx context.Context, job *Job) (stop func()) {
 	}
 }
 
-// observe tells the limiter what the attempt showed (the learned limit, a Retry-After push-back),
-// counts first attempts for the retry budget, and resumes a paused credential whose probe got
-// through. Limiter errors are logged: the attempt's outcome matters more than bookkeeping.
+// observe tells the limiter what the attempt showed (the learned limit, a Retry-After push-back)
+// and resumes a paused credential whose probe got through (first attempts were counted for the
+// retry budget when their slot was granted, see admit). Limiter errors are logged: the attempt's outcome matters more than bookkeeping.
 func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response,
 	callErr error, d retrypolicy.Decision, sent, now time.Time) {
 	lc := cred.Limiter
@@ -644,11 +674,6 @@ func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, j
 		h.cfg.Logger.WarnContext(ctx, "limiter observe", "credential", cred.Name, "error", err)
 	}
 	h.reconcile(ctx, cred, adm, job, resp, o.StatusCode)
-	if job.Attempts == 1 {
-		if err := lc.RecordAttempt(ctx); err != nil {
-			h.cfg.Logger.WarnContext(ctx, "retry budget record", "credential", cred.Name, "error", err)
-		}
-	}
 	if adm.pauseProbe && callErr == nil {
 		if _, err := lc.Resume(ctx); err != nil {
 			h.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", cred.Name, "error", err)

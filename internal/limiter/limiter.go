@@ -295,6 +295,9 @@ type Reservation struct {
 	Seq int64
 	// Cost is the cost ReserveCost was asked for (zero for Reserve).
 	Cost Cost
+	// Paused is the credential's pause episode when AttemptOptions.UnlessPaused refused the
+	// ask (Granted false, nothing reserved, SendAt and Wait zero); the zero PauseState otherwise.
+	Paused PauseState
 	// Grant identifies the tokens charged for this slot, to pass to Reconcile after the answer;
 	// 0 when no token bucket was charged (Reserve, no token limit known, or not Granted).
 	Grant int64
@@ -319,11 +322,22 @@ func (c *Credential) Reserve(ctx context.Context, lim Limit) (Reservation, error
 	if !lim.valid() {
 		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
 	}
-	return c.reserve(ctx, lim, Cost{})
+	return c.reserve(ctx, lim, Cost{}, AttemptOptions{})
+}
+
+// AttemptOptions are duties of an attempt's admission that ReserveAttempt does in the same
+// script as the reservation, saving their round trips on every job.
+type AttemptOptions struct {
+	// UnlessPaused refuses while the credential is paused (see Pause): nothing is reserved and
+	// Reservation.Paused says why. It is Paused and the reservation in one atomic step.
+	UnlessPaused bool
+	// FirstAttempt counts a first attempt in the retry budget (RecordAttempt) when, and only
+	// when, a slot is granted: an ask that is refused or told to come back counts nothing.
+	FirstAttempt bool
 }
 
 // reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
-func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost) (Reservation, error) {
+func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost, opts AttemptOptions) (Reservation, error) {
 	if lim.Rate > 0 && lim.Burst == 0 {
 		lim.Burst = 1
 	}
@@ -332,13 +346,24 @@ func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost) (Reserva
 	args := []any{c.l.nowArg(), fmtFloat(lim.Rate), lim.Burst,
 		micros(cfg.PhaseMargin), fmtFloat(cfg.RateMargin), micros(cfg.LearnTTL),
 		micros(cfg.ProbeTTL), micros(cfg.PollInterval), micros(cfg.LearnHorizon)}
-	if cost != (Cost{}) {
+	gated := opts != (AttemptOptions{})
+	if cost != (Cost{}) || gated {
 		keys = append(keys, tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag))
+	}
+	if cost != (Cost{}) {
 		args = append(args, "1",
 			fmtFloat(lim.InputTokensPerMinute), fmtFloat(lim.OutputTokensPerMinute), fmtFloat(lim.TokensPerMinute),
 			cost.InputTokens, cost.OutputTokens, cost.InputTokens+cost.OutputTokens,
 			micros(cfg.TokenMinute), micros(cfg.TokenHorizon), grantsKept,
 			cost.fitInput(), cost.fitInput()+cost.OutputTokens)
+	} else if gated {
+		args = append(args, "", "", "", "", "", "", "", "", "", "", "", "") // ARGV[10..21]: no tokens
+	}
+	if gated {
+		b := &cfg.Budget
+		keys = append(keys, pauseKey(cfg.Prefix, c.tag), budgetKey(cfg.Prefix, c.tag))
+		args = append(args, flag(opts.UnlessPaused), flag(opts.FirstAttempt),
+			micros(b.Window), b.Buckets, fmtFloat(b.Ratio), b.Floor)
 	}
 	res, err := reserveScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {
@@ -347,6 +372,15 @@ func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost) (Reserva
 	if len(res) == 4 && toInt(res[0]) == -1 {
 		return Reservation{}, &TooLargeError{Bucket: Bucket(toString(res[1])), Cost: int(toInt(res[2])),
 			Capacity: int(toInt(res[3]))}
+	}
+	if len(res) == 4 && toInt(res[0]) == -2 {
+		us, _ := strconv.ParseInt(toString(res[1]), 10, 64)
+		c.l.cfg.Metrics.setPaused(c.name, true)
+		return Reservation{Paused: PauseState{Paused: true, Since: time.UnixMicro(us), Reason: toString(res[2]),
+			FirstJobID: toString(res[3])}}, nil
+	}
+	if opts.UnlessPaused {
+		c.l.cfg.Metrics.setPaused(c.name, false)
 	}
 	if len(res) < 8 {
 		return Reservation{}, fmt.Errorf("reserve: unexpected reply %v", res)
@@ -426,6 +460,14 @@ func (l *Limiter) localNow() time.Time {
 }
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// flag is a boolean script argument: "1" or "".
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return ""
+}
 
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 

@@ -64,6 +64,12 @@ end
 // ARGV[19] grant records kept
 // ARGV[20..21] the least the input and the combined cost can be (a cost above a bucket whose
 // least fits is cut to the whole bucket)
+// The attempt's gate (AttemptOptions; KEYS[2..3] and ARGV[10..21] are then passed, empty when
+// there is no token work):
+// KEYS[4] pause hash (see pauseScript), KEYS[5] budget hash (see luaBudget)
+// ARGV[22] "1": refuse while paused: {-2, since µs, reason, job}, and nothing is reserved
+// ARGV[23] "1": a granted slot counts a first attempt in the retry budget
+// ARGV[24..27] the budget's window µs, buckets, ratio and floor
 // Returns {granted 0|1, send µs, now µs, probe 0|1, rate (string), burst, source, seq, grant,
 // token limits (string)}. When granted is 0 nothing was reserved and send is when to ask again.
 // seq is 1 + a number of grants all sent at least a phase margin before this one
@@ -71,9 +77,13 @@ end
 // token limits is "capacity rate source" for the input, output and combined buckets, comma
 // separated ("" without tokens). A cost larger than a whole bucket returns {-1, bucket name,
 // cost, capacity} and changes nothing.
-var reserveScript = redis.NewScript(luaCommon + luaTokens + `
+var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
+if ARGV[22] == '1' then
+  local p = redis.call('HMGET', KEYS[4], 'since', 'reason', 'job')
+  if p[1] then return {-2, p[1], p[2] or '', p[3] or ''} end
+end
 local crate, cburst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local phase, rmargin = tonumber(ARGV[4]), tonumber(ARGV[5])
 local learnttl, probettl, poll = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -196,6 +206,10 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
   if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
   if nb - now + learnttl > keep then keep = nb - now + learnttl end
   redis.call('PEXPIRE', key, math.ceil(keep / 1000))
+  if granted == 1 and ARGV[23] == '1' then
+    budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
+      tonumber(ARGV[27]))
+  end
   return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM}
 end
 -- grant counts one grant sent at snd and returns its Observation.Seq: 1 + the grants sent at
@@ -467,52 +481,60 @@ end
 return {'unknown', '0', 0}
 `)
 
-// budgetScript counts attempts and grants retries within the budget.
+// luaBudget is the retry budget's bookkeeping, shared by budgetScript and reserveScript.
 //
-// KEYS[1] budget hash. Fields f:<bucket> (first attempts) and r:<bucket> (granted retries), where
-// bucket = floor(now / bucket width); buckets older than the window are deleted.
+// budget(key, now, kind, window, n, ratio, floor) works on the budget hash key: fields
+// f:<bucket> (first attempts), r:<bucket> (granted retries) and t:<bucket> (granted timeout
+// retries), where bucket = floor(now / (window / n)); buckets older than the window are deleted.
+// kind "first" counts a first attempt; "retry" and "timeout" ask for one retry of that kind,
+// each kind allowed floor + ratio * first attempts within the window. Returns allowed (0|1),
+// first attempts in the window and retries of the kind in it (after this call).
+const luaBudget = `
+local function budget(key, now, kind, window, n, ratio, floor_)
+  local width = window / n
+  local cur = math.floor(now / width)
+  local letter = string.sub(kind, 1, 1)
+  local first, used = 0, 0
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local f = all[i]
+    local b = tonumber(string.sub(f, 3))
+    if b == nil or b <= cur - n then
+      redis.call('HDEL', key, f)
+    elseif string.sub(f, 1, 1) == 'f' then
+      first = first + tonumber(all[i + 1])
+    elseif string.sub(f, 1, 1) == letter then
+      used = used + tonumber(all[i + 1])
+    end
+  end
+  local allowed = 1
+  if kind == 'first' then
+    redis.call('HINCRBY', key, 'f:' .. fmt0(cur), 1)
+    first = first + 1
+  elseif used + 1 <= floor_ + ratio * first then
+    redis.call('HINCRBY', key, letter .. ':' .. fmt0(cur), 1)
+    used = used + 1
+  else
+    allowed = 0
+  end
+  redis.call('PEXPIRE', key, math.ceil((window + width) / 1000))
+  return allowed, first, used
+end
+`
+
+// budgetScript counts attempts and grants retries within the budget (see luaBudget).
+//
+// KEYS[1] budget hash
 // ARGV[1] now µs, or ""
-// ARGV[2] "first" (count a first attempt) or "retry" (ask for a retry)
+// ARGV[2] "first" (count a first attempt), "retry" or "timeout" (ask for a retry of that kind)
 // ARGV[3] window µs
 // ARGV[4] number of buckets in the window
 // ARGV[5] ratio (retries allowed per first attempt)
 // ARGV[6] floor (retries allowed per window regardless of first attempts)
 // Returns {allowed 0|1, first attempts in window, retries in window (after this call)}.
-var budgetScript = redis.NewScript(luaCommon + `
-local key = KEYS[1]
-local now = clock(ARGV[1])
-local kind = ARGV[2]
-local window, n = tonumber(ARGV[3]), tonumber(ARGV[4])
-local ratio, floor_ = tonumber(ARGV[5]), tonumber(ARGV[6])
-local width = window / n
-local cur = math.floor(now / width)
--- fields are '<letter>:<bucket>': f first attempts, r retries, t timeout retries; each retry
--- kind has its own allowance of floor + ratio * first attempts.
-local letter = string.sub(kind, 1, 1)
-local first, used = 0, 0
-local all = redis.call('HGETALL', key)
-for i = 1, #all, 2 do
-  local f = all[i]
-  local b = tonumber(string.sub(f, 3))
-  if b == nil or b <= cur - n then
-    redis.call('HDEL', key, f)
-  elseif string.sub(f, 1, 1) == 'f' then
-    first = first + tonumber(all[i + 1])
-  elseif string.sub(f, 1, 1) == letter then
-    used = used + tonumber(all[i + 1])
-  end
-end
-local allowed = 1
-if kind == 'first' then
-  redis.call('HINCRBY', key, 'f:' .. fmt0(cur), 1)
-  first = first + 1
-elseif used + 1 <= floor_ + ratio * first then
-  redis.call('HINCRBY', key, letter .. ':' .. fmt0(cur), 1)
-  used = used + 1
-else
-  allowed = 0
-end
-redis.call('PEXPIRE', key, math.ceil((window + width) / 1000))
+var budgetScript = redis.NewScript(luaCommon + luaBudget + `
+local allowed, first, used = budget(KEYS[1], clock(ARGV[1]), ARGV[2], tonumber(ARGV[3]),
+  tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
 return {allowed, first, used}
 `)
 

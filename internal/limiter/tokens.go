@@ -168,22 +168,36 @@ func (c *Credential) CheckCost(ctx context.Context, lim Limit, cost Cost) error 
 // known bucket (nothing is reserved: the request can never be sent), and an error when lim or
 // cost is invalid or Redis fails.
 func (c *Credential) ReserveCost(ctx context.Context, lim Limit, cost Cost) (Reservation, error) {
+	return c.ReserveAttempt(ctx, lim, cost, AttemptOptions{})
+}
+
+// ReserveAttempt is ReserveCost that also does opts' duties in the same atomic script: with
+// UnlessPaused, a paused credential is refused (Reservation.Paused) before anything is reserved;
+// with FirstAttempt, a granted slot counts a first attempt in the retry budget, as RecordAttempt
+// would. Errors are ReserveCost's.
+func (c *Credential) ReserveAttempt(ctx context.Context, lim Limit, cost Cost, opts AttemptOptions) (Reservation, error) {
 	if !lim.valid() {
 		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
 	}
 	if cost.InputTokens < 0 || cost.OutputTokens < 0 || cost.MinInputTokens < 0 {
 		return Reservation{}, fmt.Errorf("reserve: invalid cost %+v", cost)
 	}
-	return c.reserve(ctx, lim, cost)
+	return c.reserve(ctx, lim, cost, opts)
 }
 
 // AcquireCost is Acquire with ReserveCost: it calls ReserveCost until a slot is granted, sleeping
 // between calls while each wait to ask again is at most maxWait, and returns an ungranted
 // Reservation when the next ask is further away. Errors are ReserveCost's, or ctx's.
 func (c *Credential) AcquireCost(ctx context.Context, lim Limit, cost Cost, maxWait time.Duration) (Reservation, error) {
+	return c.AcquireAttempt(ctx, lim, cost, maxWait, AttemptOptions{})
+}
+
+// AcquireAttempt is AcquireCost with ReserveAttempt's duties (opts): it also returns, at once,
+// the refusal of a paused credential (Reservation.Paused).
+func (c *Credential) AcquireAttempt(ctx context.Context, lim Limit, cost Cost, maxWait time.Duration, opts AttemptOptions) (Reservation, error) {
 	for {
-		r, err := c.ReserveCost(ctx, lim, cost)
-		if err != nil || r.Granted || r.Wait > maxWait {
+		r, err := c.ReserveAttempt(ctx, lim, cost, opts)
+		if err != nil || r.Granted || r.Paused.Paused || r.Wait > maxWait {
 			return r, err
 		}
 		t := time.NewTimer(r.Wait)
