@@ -54,7 +54,7 @@ type CreateParams struct {
 	Tenant         string
 	Credential     string
 	IdempotencyKey string // empty: none
-	Fingerprint    string
+	Fingerprint    string // of the submit body, compared when the key is used again (empty: no key)
 	Request        json.RawMessage
 	MaxAttempts    int
 	Timeout        time.Duration

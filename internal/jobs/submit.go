@@ -111,7 +111,7 @@ func (s *Submitter) Parse(tenant, idemKey string, body []byte) (CreateParams, er
 			return CreateParams{}, invalid("invalid_json", "body is not valid JSON: %v", err)
 		}
 	}
-	if dec.More() {
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
 		return CreateParams{}, invalid("invalid_json", "body has data after the JSON object")
 	}
 	if len(b.Request) == 0 || string(b.Request) == "null" {
@@ -183,10 +183,11 @@ func (s *Submitter) Parse(tenant, idemKey string, body []byte) (CreateParams, er
 	} else {
 		p.Metadata = nil
 	}
-	if idemKey != "" {
-		if err := idem.ValidateKey(idemKey); err != nil {
-			return CreateParams{}, invalid("invalid_idempotency_key", "Idempotency-Key %v", strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": "))
-		}
+	if idemKey == "" {
+		return p, nil // no key, nothing to compare a retry's body with: no fingerprint
+	}
+	if err := idem.ValidateKey(idemKey); err != nil {
+		return CreateParams{}, invalid("invalid_idempotency_key", "Idempotency-Key %v", strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": "))
 	}
 	fp, err := idem.Fingerprint(body)
 	if err != nil {
