@@ -641,7 +641,8 @@ func (h *Handler) keepLease(ctx context.Context, job *Job) (stop func()) {
 
 // observe tells the limiter what the attempt showed (the learned limit, a Retry-After push-back)
 // and resumes a paused credential whose probe got through (first attempts were counted for the
-// retry budget when their slot was granted, see admit). Limiter errors are logged: the attempt's outcome matters more than bookkeeping.
+// retry budget when their slot was granted, see admit). Limiter errors are logged: the attempt's
+// outcome matters more than bookkeeping.
 func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response,
 	callErr error, d retrypolicy.Decision, sent, now time.Time) {
 	lc := cred.Limiter
