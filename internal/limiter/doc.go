@@ -133,6 +133,14 @@
 // until Credential.Resume, and tells exactly one caller per episode that it started it (the one
 // that alerts). Credential.TryProbe lets one caller per interval send an automatic probe.
 //
+// # One round trip per attempt
+//
+// Credential.ReserveAttempt (and AcquireAttempt) is ReserveCost that also checks the pause
+// (AttemptOptions.UnlessPaused: a paused key is refused, Reservation.Paused, before anything is
+// reserved) and counts a first attempt when the slot is granted (AttemptOptions.FirstAttempt, as
+// RecordAttempt would), in the same script: the worker's admission of a first attempt is one
+// Redis round trip instead of three.
+//
 // # Metrics
 //
 // NewMetrics registers, labelled by credential name only: llmq_limiter_limit_requests_per_second,
