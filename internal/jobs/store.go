@@ -123,8 +123,7 @@ func scanJob(row pgx.Row) (*Job, error) {
 	return &j, nil
 }
 
-// Create inserts a job and its "queued" event in one transaction and returns it (a new job
-// without its Request: the caller has it; a replayed one with it). With an
+// Create inserts a job and its "queued" event in one transaction and returns it. With an
 // idempotency key already used by the same body (same fingerprint) it returns the existing job
 // and replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
 // key yield exactly one job.
@@ -136,34 +135,34 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 	if p.Metadata == nil {
 		p.Metadata = json.RawMessage("{}")
 	}
-	var key *string
-	if p.IdempotencyKey != "" {
-		key = &p.IdempotencyKey
-	}
-	if key == nil {
+	if p.IdempotencyKey == "" {
 		// No key to claim: one statement, batched with other callers' (see batcher).
 		sql, args := insertJob(id.String(), nil, s.now().Add(p.Timeout), p)
-		job, err = s.queryJob(ctx, id.String(), sql, args...)
-		return job, false, createError(err)
+		if job, err = s.queryJob(ctx, id.String(), sql, args...); err != nil {
+			return nil, false, createError(err)
+		}
+		job.Request = p.Request // insertJob does not send the body back
+		return job, false, nil
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if key != nil {
-			c, err := idem.ClaimKey(ctx, tx, p.Tenant, *key, p.Fingerprint, id.String())
-			if err != nil {
-				return err
-			}
-			if !c.Claimed {
-				if !c.Matches(p.Fingerprint) {
-					return ErrIdempotencyKeyReused
-				}
-				job, err = scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, c.JobID))
-				replayed = true
-				return err
-			}
+		c, err := idem.ClaimKey(ctx, tx, p.Tenant, p.IdempotencyKey, p.Fingerprint, id.String())
+		if err != nil {
+			return err
 		}
-		sql, args := insertJob(id.String(), key, s.now().Add(p.Timeout), p)
-		job, err = scanJob(tx.QueryRow(ctx, sql, args...))
-		return err
+		if !c.Claimed {
+			if !c.Matches(p.Fingerprint) {
+				return ErrIdempotencyKeyReused
+			}
+			job, err = scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, c.JobID))
+			replayed = true
+			return err
+		}
+		sql, args := insertJob(id.String(), &p.IdempotencyKey, s.now().Add(p.Timeout), p)
+		if job, err = scanJob(tx.QueryRow(ctx, sql, args...)); err != nil {
+			return err
+		}
+		job.Request = p.Request // insertJob does not send the body back
+		return nil
 	})
 	if err != nil {
 		return nil, false, createError(err)
