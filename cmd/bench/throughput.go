@@ -45,6 +45,8 @@ type tpOutcome struct {
 	lat      []time.Duration
 	last     time.Time
 	statuses map[string]int // nil: the system has no statuses (every completion is a success)
+	// toStart and fromStart: see tpResult (nil when the system does not record a start).
+	toStart, fromStart []time.Duration
 }
 
 // tpOpts are the flags of `bench throughput`.
@@ -52,6 +54,7 @@ type tpOpts struct {
 	mode     string
 	n        int
 	nSet     bool // -n was given (backlog mode defaults to 100,000 otherwise)
+	rateSet  bool // -rate was given (profile mode then profiles that offered load)
 	clients  int
 	workers  int
 	conns    int
@@ -83,10 +86,11 @@ const (
 	tpAsynq     = "asynq"
 	tpRiver     = "river"
 	tpComposite = "composite"
+	tpHTTPFloor = "httpfloor"
 	tpLLMQ      = "llmq"
 )
 
-var tpRowIDs = []string{tpAsynq, tpRiver, tpComposite, tpLLMQ}
+var tpRowIDs = []string{tpAsynq, tpRiver, tpComposite, tpHTTPFloor, tpLLMQ}
 
 // backlogDefaultN is -n in backlog mode when not given.
 const backlogDefaultN = 100_000
@@ -103,9 +107,11 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 	fs.IntVar(&o.conns, "conns", 16, "Postgres pool size of the in-process River and composite rows")
 	fs.IntVar(&o.runs, "runs", 1, "runs per system in throughput mode; the run with the median jobs/s is shown")
 	fs.IntVar(&o.warmup, "warmup", 50, "jobs run through each system before it is measured (not counted)")
-	rates := fs.String("rate", "500", "offered jobs per second (rate mode); several, comma-separated, give one row each")
+	rates := fs.String("rate", "500", "offered jobs per second (rate mode); several, comma-separated, give one row each; "+
+		"in profile mode, when given, one rate to profile for -duration instead of -n jobs as fast as they go")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long jobs are offered (rate mode)")
-	fs.StringVar(&o.only, "only", "", "comma-separated systems to run (default: all in throughput mode, llmq otherwise): "+strings.Join(tpRowIDs, ", "))
+	fs.StringVar(&o.only, "only", "", "comma-separated systems to run (default: all in throughput mode; composite, httpfloor and llmq in rate mode; "+
+		"llmq otherwise): "+strings.Join(tpRowIDs, ", "))
 	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
 	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
 	fs.StringVar(&o.write, "write", "", "Markdown file whose throughput section gets this mode's part (empty: don't write)")
@@ -118,7 +124,10 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 	if err := parseFlags(fs, args); err != nil {
 		return o, err
 	}
-	fs.Visit(func(f *flag.Flag) { o.nSet = o.nSet || f.Name == "n" })
+	fs.Visit(func(f *flag.Flag) {
+		o.nSet = o.nSet || f.Name == "n"
+		o.rateSet = o.rateSet || f.Name == "rate"
+	})
 	var parseErr error
 	o.rates, parseErr = parseRates(*rates)
 	if o.mode == tpModeBacklog && !o.nSet {
@@ -143,6 +152,8 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 		return o, errors.New("-warmup: must not be negative")
 	case parseErr != nil:
 		return o, parseErr
+	case o.mode == tpModeProfile && o.rateSet && len(o.rates) != 1:
+		return o, errors.New("-rate: profile mode profiles one offered rate")
 	case o.duration <= 0:
 		return o, errors.New("-duration: must be positive")
 	case o.timeout <= 0:
@@ -167,11 +178,18 @@ func parseRates(s string) ([]float64, error) {
 	return out, nil
 }
 
+// tpRateRowIDs are the systems rate mode runs by default: llmq and the two floors its latency
+// targets are measured against.
+var tpRateRowIDs = []string{tpComposite, tpHTTPFloor, tpLLMQ}
+
 // selected returns the systems to run, in table order.
 func (o tpOpts) selected() ([]string, error) {
 	if strings.TrimSpace(o.only) == "" {
-		if o.mode == tpModeThroughput {
+		switch o.mode {
+		case tpModeThroughput:
 			return tpRowIDs, nil
+		case tpModeRate:
+			return tpRateRowIDs, nil
 		}
 		return []string{tpLLMQ}, nil
 	}
@@ -183,7 +201,7 @@ func (o tpOpts) selected() ([]string, error) {
 		}
 		want[id] = true
 	}
-	if o.mode != tpModeThroughput && (len(want) != 1 || !want[tpLLMQ]) {
+	if (o.mode == tpModeBacklog || o.mode == tpModeProfile) && (len(want) != 1 || !want[tpLLMQ]) {
 		return nil, fmt.Errorf("-only: %s mode runs llmq only", o.mode)
 	}
 	var out []string
@@ -227,7 +245,7 @@ func runThroughput(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprint(stdout, rep.text())
 		part, body = tpPartTable, rep.markdown()
 	case tpModeRate:
-		rep, err := runRateMode(ctx, o, stderr)
+		rep, err := runRateMode(ctx, o, ids, stderr)
 		if err != nil {
 			return err
 		}
@@ -274,7 +292,9 @@ func newSystem(o tpOpts, id string, stderr io.Writer) tpSystem {
 	case tpRiver:
 		return &riverSystem{o: o}
 	case tpComposite:
-		return &compositeSystem{o: o}
+		return &compositeSystem{floorBase{o: o}}
+	case tpHTTPFloor:
+		return &httpFloorSystem{floorBase: floorBase{o: o}}
 	}
 	return &llmqSystem{o: o, stderr: stderr, workersAtStart: true}
 }
@@ -291,7 +311,10 @@ type tpResult struct {
 	lag      time.Duration // rate mode: the largest delay of a submit behind its schedule
 	offered  time.Duration // rate mode: first to last scheduled submit
 	allRates []float64     // throughput mode: jobs/s of every run that completed
-	err      error
+	// toStart and fromStart split submit → result at the first attempt's start (llmq only: its
+	// started_at): the wait before the call, and the call with the result's write.
+	toStart, fromStart []time.Duration
+	err                error
 }
 
 // jobsPerSecond is n over elapsed (0 when the run has no figure).
@@ -467,7 +490,7 @@ func measure(ctx context.Context, o tpOpts, sys tpSystem, id, name string, n int
 		res.err = fmt.Errorf("%d results for %d jobs", len(out.lat), n)
 		return res
 	}
-	res.lat, res.statuses = out.lat, out.statuses
+	res.lat, res.statuses, res.toStart, res.fromStart = out.lat, out.statuses, out.toStart, out.fromStart
 	res.elapsed = out.last.Sub(start)
 	return res
 }
@@ -514,6 +537,8 @@ func systemName(id string) string {
 		return "River, no-op worker"
 	case tpComposite:
 		return "floor: insert → asynq → update"
+	case tpHTTPFloor:
+		return "floor over HTTP: POST → insert → asynq → provider → update"
 	}
 	return "llmq end to end"
 }

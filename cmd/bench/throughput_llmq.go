@@ -325,20 +325,24 @@ func (s *llmqSystem) completed(ctx context.Context) (int, error) {
 func (s *llmqSystem) pollEvery() time.Duration { return llmqPollEvery }
 
 func (s *llmqSystem) results(ctx context.Context, since time.Time) (tpOutcome, error) {
-	rows, err := s.obs.Query(ctx, `SELECT status, created_at, finished_at FROM jobs WHERE created_at >= $1`, since)
+	rows, err := s.obs.Query(ctx, `SELECT status, created_at, started_at, finished_at FROM jobs WHERE created_at >= $1`, since)
 	if err != nil {
 		return tpOutcome{}, fmt.Errorf("read jobs: %w", err)
 	}
 	out := tpOutcome{statuses: map[string]int{}}
 	var status string
 	var created time.Time
-	var finished *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&status, &created, &finished}, func() error {
+	var started, finished *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&status, &created, &started, &finished}, func() error {
 		out.statuses[status]++
 		if finished == nil {
 			return nil
 		}
 		out.lat = append(out.lat, finished.Sub(created))
+		if started != nil {
+			out.toStart = append(out.toStart, started.Sub(created))
+			out.fromStart = append(out.fromStart, finished.Sub(*started))
+		}
 		if finished.After(out.last) {
 			out.last = *finished
 		}
@@ -363,26 +367,29 @@ func (s *llmqSystem) meter() *cpuMeter {
 
 func (s *llmqSystem) close() { s.c.run() }
 
-// runRateMode is `-mode rate`: llmq at each fixed offered rate, a fresh system for each.
-func runRateMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpRateReport, error) {
+// runRateMode is `-mode rate`: each system of ids at each fixed offered rate, a fresh system for
+// each run.
+func runRateMode(ctx context.Context, o tpOpts, ids []string, stderr io.Writer) (tpRateReport, error) {
 	rep := tpRateReport{opts: o}
 	for _, rate := range o.rates {
 		n := max(1, int(rate*o.duration.Seconds()))
-		tpLogf(stderr, "llmq at %g jobs/s for %s (%d jobs)", rate, o.duration, n)
-		var ol openLoopStats
-		sys := &llmqSystem{o: o, stderr: stderr, workersAtStart: true}
-		res := measure(ctx, o, sys, tpLLMQ, systemName(tpLLMQ), n, openLoop(rate, &ol), stderr, nil)
-		res.lag, res.offered = ol.lag, ol.spread
-		if ctx.Err() != nil {
-			return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+		for _, id := range ids {
+			name := systemName(id)
+			tpLogf(stderr, "%s at %g jobs/s for %s (%d jobs)", name, rate, o.duration, n)
+			var ol openLoopStats
+			res := measure(ctx, o, newSystem(o, id, stderr), id, name, n, openLoop(rate, &ol), stderr, nil)
+			res.lag, res.offered = ol.lag, ol.spread
+			if ctx.Err() != nil {
+				return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+			}
+			rep.runs = append(rep.runs, tpRateRun{rate: rate, res: res})
+			if res.err != nil {
+				fmt.Fprint(stderr, rep.text())
+				return rep, res.err
+			}
+			tpLogf(stderr, "  p50 %s, p99 %s, submit p99 %s", msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
+				msText(percentile(res.submit, 99)))
 		}
-		rep.runs = append(rep.runs, tpRateRun{rate: rate, res: res})
-		if res.err != nil {
-			fmt.Fprint(stderr, rep.text())
-			return rep, res.err
-		}
-		tpLogf(stderr, "  p50 %s, p99 %s, submit p99 %s", msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
-			msText(percentile(res.submit, 99)))
 	}
 	return rep, nil
 }

@@ -52,6 +52,8 @@ type tpProfileReport struct {
 	pools []poolUse
 	waits []waitShare
 	redis string // Redis commands per job; "" when not measured
+	n     int    // measured jobs
+	load  string // how they were offered: "64 clients", "offered at 500/s"
 }
 
 // runProfileMode is `-mode profile`: llmq's api and one worker in this process, under the CPU
@@ -116,14 +118,20 @@ func runProfileMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpProfileR
 			if cmds0 != nil {
 				if cmds1, err := commandStats(ctx, sys.rdb); err == nil {
 					scale := float64(time.Since(cmdsStart)) / float64(redisBackgroundWindow)
-					rep.redis = commandsPerJob(cmds0, subCounts(cmds1, scaleCounts(cmdsBackground, scale)), o.n)
+					rep.redis = commandsPerJob(cmds0, subCounts(cmds1, scaleCounts(cmdsBackground, scale)), rep.n)
 				}
 			}
 			return errors.Join(cpuFile.Close(), writeAllocs(allocPath))
 		},
 	}
-	tpLogf(stderr, "llmq in-process (api + one worker) under pprof: %d jobs, %d clients; profiles in %s", o.n, o.clients, rep.dir)
-	rep.res = measure(ctx, o, sys, tpLLMQ, "llmq in-process (profiled)", o.n, closedLoop(o.clients), stderr, hook)
+	n, drive, load := o.n, closedLoop(o.clients), fmt.Sprintf("%d clients", o.clients)
+	if o.rateSet {
+		n = max(1, int(o.rates[0]*o.duration.Seconds()))
+		drive, load = openLoop(o.rates[0], &openLoopStats{}), fmt.Sprintf("offered at %g/s", o.rates[0])
+	}
+	rep.n, rep.load = n, load
+	tpLogf(stderr, "llmq in-process (api + one worker) under pprof: %d jobs, %s; profiles in %s", n, load, rep.dir)
+	rep.res = measure(ctx, o, sys, tpLLMQ, "llmq in-process (profiled)", n, drive, stderr, hook)
 	if rep.res.err != nil {
 		return rep, rep.res.err
 	}
@@ -185,7 +193,7 @@ func trimPprofTop(out string) string {
 func (r tpProfileReport) waitLines() []string {
 	var out []string
 	for _, p := range r.pools {
-		out = append(out, p.text(r.opts.n+r.opts.warmup))
+		out = append(out, p.text(r.n+r.opts.warmup))
 	}
 	if len(r.waits) > 0 {
 		parts := make([]string, 0, len(r.waits))
@@ -205,10 +213,10 @@ func (r tpProfileReport) waitLines() []string {
 func (r tpProfileReport) notes() []string {
 	return []string{
 		fmt.Sprintf("llmq's api (internal/api.FromConfig on an httptest server) and one worker (internal/worker.New) run in this "+
-			"process, each on its own pool, as internal/e2e does; %d jobs after %d warm-up jobs, %d clients over HTTP, instant "+
+			"process, each on its own pool, as internal/e2e does; %d jobs after %d warm-up jobs, %s over HTTP, instant "+
 			"provider; %.0f jobs/s in-process, submit→result p50 %s, p99 %s. The CPU profile covers the measured jobs only; the "+
 			"allocation listing is the difference of snapshots taken around them. Percentages are of the whole process (clients "+
-			"and simulator included).", r.opts.n, r.opts.warmup, r.opts.clients, r.res.jobsPerSecond(),
+			"and simulator included).", r.n, r.opts.warmup, r.load, r.res.jobsPerSecond(),
 			msText(percentile(r.res.lat, 50)), msText(percentile(r.res.lat, 99))),
 		"Files: cpu.pprof, allocs-before.pprof and allocs.pprof in " + r.dir + " (`go tool pprof -http=: cpu.pprof`).",
 	}

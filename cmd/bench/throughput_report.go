@@ -85,13 +85,24 @@ func (r tpReport) llmq() (tpResult, bool) {
 
 // ratio is llmq's jobs/s over the system's; ok is false when either did not run.
 func (r tpReport) ratio(id string) (float64, bool) {
-	l, ok := r.llmq()
-	if !ok {
+	return r.between(tpLLMQ, id)
+}
+
+// between is system a's jobs/s over system b's; ok is false when either did not run.
+func (r tpReport) between(a, b string) (float64, bool) {
+	ra, oka := r.rate(a)
+	rb, okb := r.rate(b)
+	if !oka || !okb {
 		return 0, false
 	}
+	return ra / rb, true
+}
+
+// rate is the system's jobs/s; ok is false when it did not run or has no figure.
+func (r tpReport) rate(id string) (float64, bool) {
 	for _, res := range r.results {
 		if res.id == id && res.err == nil && res.jobsPerSecond() > 0 {
-			return l.jobsPerSecond() / res.jobsPerSecond(), true
+			return res.jobsPerSecond(), true
 		}
 	}
 	return 0, false
@@ -156,6 +167,12 @@ func (r tpReport) notes() []string {
 			"(River marks jobs completed in batches afterwards).", riverVersion(), o.conns, o.concurrency(), riverFetchCooldown, riverFetchPoll),
 		fmt.Sprintf("Floor: one process, pool of %d: INSERT of a row holding the request (jsonb), then asynq enqueue with TaskID = row id; "+
 			"the handler UPDATEs the row to done if it is still queued; result = the UPDATE committed. asynq as above.", o.conns),
+		fmt.Sprintf("Floor over HTTP: the floor with llmq's two HTTP hops and none of its guarantees, all in one process (clients and "+
+			"simulator too), pool of %d: clients POST {i, request} over keep-alive HTTP to an API that INSERTs the row and enqueues "+
+			"a task carrying the request (TaskID = row id) before it answers 202; the handler POSTs the request to the same instant "+
+			"llmsim and UPDATEs the row with the answer if it is still queued; result = the UPDATE committed. No idempotency, "+
+			"limiter, breaker, lease, attempt record or event, and no hand-off between processes: a lower bound for any queue "+
+			"that takes jobs and calls its provider over HTTP.", o.conns),
 		fmt.Sprintf("llmq: bin/api + %d bin/worker processes with the default config (worker concurrency 200, pgx pools of 16 connections, "+
 			"llmq's default); jobs POSTed to /v1/jobs over keep-alive HTTP; result = the job row's finished_at, latency = "+
 			"created_at → finished_at from the jobs table; completion observed with a COUNT of unfinished jobs every %s "+
@@ -171,6 +188,7 @@ func (r tpReport) notes() []string {
 	if v, ok := r.ratio(tpRiver); ok {
 		notes = append(notes, fmt.Sprintf("Target llmq ≥ %.1f × River: %.2f × — %s.", tpTargetVsRiver, v, passText(v >= tpTargetVsRiver)))
 	}
+	notes = append(notes, r.reachNotes()...)
 	for _, res := range r.results {
 		if len(res.allRates) > 1 {
 			rates := make([]string, len(res.allRates))
@@ -188,6 +206,31 @@ func (r tpReport) notes() []string {
 		}
 	}
 	return notes
+}
+
+// reachNotes say what the floor over HTTP shows of the targets: how much of each the two HTTP
+// hops alone use up, and how much of the floor over HTTP llmq's own work leaves.
+func (r tpReport) reachNotes() []string {
+	var out []string
+	if v, ok := r.between(tpHTTPFloor, tpRiver); ok {
+		reach := "a queue that takes jobs and calls its provider over HTTP can reach River's rate here"
+		if v < tpTargetVsRiver {
+			reach = fmt.Sprintf("even with none of llmq's guarantees and in one process, a queue that takes jobs and calls its "+
+				"provider over HTTP reaches only %.2f × River's rate on this machine, so the River target is out of reach "+
+				"of any such design here", v)
+		}
+		out = append(out, fmt.Sprintf("Floor over HTTP ÷ River: %.2f × — %s.", v, reach))
+	}
+	if v, ok := r.between(tpHTTPFloor, tpComposite); ok {
+		out = append(out, fmt.Sprintf("Floor over HTTP ÷ the floor: %.2f × — the two HTTP hops alone use up %.0f%% of the floor's rate; "+
+			"llmq ≥ %.1f × the floor asks llmq for %.0f%% of the floor over HTTP's rate.", v, 100*(1-v), tpTargetVsFloor, 100*tpTargetVsFloor/v))
+	}
+	if v, ok := r.ratio(tpHTTPFloor); ok {
+		out = append(out, fmt.Sprintf("llmq ÷ the floor over HTTP: %.2f × — what llmq's guarantees (idempotency, shared limiter and "+
+			"breaker, attempt lease and record, events) and its separate api and worker processes leave of the least an "+
+			"HTTP-to-HTTP queue must do.", v))
+	}
+	return out
 }
 
 // statusesNote names final statuses other than succeeded, or "".
@@ -262,7 +305,11 @@ func (r tpRateReport) rows() [][]string {
 			msText(percentile(res.lat, 50)), msText(percentile(res.lat, 90)), msText(percentile(res.lat, 99)), msText(percentile(res.lat, 100)),
 			msText(percentile(res.submit, 50)), msText(percentile(res.submit, 99)), msText(percentile(res.submit, 100))}
 		row = append(row, cpuCells(res)...)
-		out = append(out, append(row, passText(len(rateMisses(res)) == 0)))
+		target := "—" // the targets are llmq's; the floors show what the machine allows
+		if res.id == tpLLMQ {
+			target = passText(len(rateMisses(res)) == 0)
+		}
+		out = append(out, append(row, target))
 	}
 	return out
 }
@@ -270,22 +317,29 @@ func (r tpRateReport) rows() [][]string {
 func (r tpRateReport) notes() []string {
 	o := r.opts
 	notes := []string{
-		fmt.Sprintf("Each offered rate for %s (an open loop: job k is submitted at k/rate whatever the answers, each POST on its own "+
-			"goroutine), after %d warm-up jobs, on a fresh llmq as in the throughput table (%d worker processes, instant provider). "+
-			"submit→result = created_at → finished_at from the jobs table; submit call = the POST as the client saw it. "+
+		fmt.Sprintf("Each offered rate for %s (an open loop: job k is submitted at k/rate whatever the answers, each submit on its own "+
+			"goroutine), after %d warm-up jobs, on a fresh system of each kind as in the throughput table (llmq: %d worker processes; "+
+			"instant provider). llmq's submit→result = created_at → finished_at from the jobs table; the floors' = the submit call's "+
+			"start → the result committed (they include the submit's own time). submit call = the submit as the client saw it. "+
 			"Achieved = the rate at which submits went out.", o.duration, o.warmup, o.workers),
-		fmt.Sprintf("Targets at 500/s: submit→result p50 ≤ %s and p99 ≤ %s, submit call p99 ≤ %s (the composite floor gives about 7 / 16 ms).",
+		fmt.Sprintf("Targets (llmq, at 500/s): submit→result p50 ≤ %s and p99 ≤ %s, submit call p99 ≤ %s (the issue's composite floor gave about 7 / 16 ms). "+
+			"The floors' rows, run in the same invocation, show what this machine allows at the same rate.",
 			msText(tpTargetRateP50), msText(tpTargetRateP99), msText(tpTargetSubmit99)),
 	}
 	for _, run := range r.runs {
 		res := run.res
 		if res.err != nil {
-			notes = append(notes, fmt.Sprintf("%g/s: the run failed: %v", run.rate, res.err))
+			notes = append(notes, fmt.Sprintf("%s at %g/s: the run failed: %v", res.name, run.rate, res.err))
 			continue
 		}
-		line := fmt.Sprintf("%g/s: the largest delay of a submit behind its schedule was %s", run.rate, msText(res.lag))
-		if m := rateMisses(res); len(m) > 0 {
+		line := fmt.Sprintf("%s at %g/s: the largest delay of a submit behind its schedule was %s", res.name, run.rate, msText(res.lag))
+		if m := rateMisses(res); res.id == tpLLMQ && len(m) > 0 {
 			line += "; missed: " + strings.Join(m, "; ")
+		}
+		if len(res.toStart) > 0 {
+			line += fmt.Sprintf("; created → first attempt started p50 %s, p99 %s; started → finished p50 %s, p99 %s",
+				msText(percentile(res.toStart, 50)), msText(percentile(res.toStart, 99)),
+				msText(percentile(res.fromStart, 50)), msText(percentile(res.fromStart, 99)))
 		}
 		notes = append(notes, line+".")
 		if s := statusesNote(res); s != "" {

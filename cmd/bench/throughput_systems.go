@@ -286,9 +286,9 @@ func (s *riverSystem) results(_ context.Context, since time.Time) (tpOutcome, er
 func (s *riverSystem) meter() *cpuMeter { return &cpuMeter{adminURL: s.o.dbURL, db: s.db, rdb: s.rdb} }
 func (s *riverSystem) close()           { s.c.run() }
 
-// compositeSystem is the floor of a Postgres-then-asynq design: insert a row, enqueue its task,
-// and a handler that marks the row done, all in this process.
-type compositeSystem struct {
+// floorBase is what the two floor rows share: a fresh database holding the bench_jobs table, an
+// asynq queue with its server and client, and the tracker of the in-process completions.
+type floorBase struct {
 	o      tpOpts
 	t      *tracker
 	pool   *pgxpool.Pool
@@ -296,36 +296,72 @@ type compositeSystem struct {
 	client *asynq.Client
 	rdb    redis.UniversalClient
 	queue  string
+	opt    asynq.RedisConnOpt
 	c      cleanups
 }
 
-func (s *compositeSystem) prepare(ctx context.Context, total int) error {
-	s.db = "llmq_bench_floor_" + randHex(6)
-	pool, err := openBenchPool(ctx, &s.c, s.o.dbURL, s.db, s.o.conns)
+// prepareStores creates the database llmq_bench_<kind>_<random> with the bench_jobs table, the
+// queue bench-tp-<kind>-<random> and its client, and a tracker for total jobs.
+func (b *floorBase) prepareStores(ctx context.Context, kind string, total int) error {
+	b.db = "llmq_bench_" + kind + "_" + randHex(6)
+	pool, err := openBenchPool(ctx, &b.c, b.o.dbURL, b.db, b.o.conns)
 	if err != nil {
 		return err
 	}
-	s.pool = pool
+	b.pool = pool
 	if _, err := pool.Exec(ctx, `CREATE TABLE bench_jobs (
 	id bigint PRIMARY KEY,
 	status text NOT NULL DEFAULT 'queued',
 	request jsonb NOT NULL,
+	result jsonb,
 	created_at timestamptz NOT NULL DEFAULT now(),
 	finished_at timestamptz
 )`); err != nil {
 		return fmt.Errorf("create bench_jobs: %w", err)
 	}
-	opt, rdb, err := redisFor(ctx, s.o.redisURL)
+	opt, rdb, err := redisFor(ctx, b.o.redisURL)
 	if err != nil {
 		return err
 	}
-	s.rdb = rdb
-	s.c.add(func() { rdb.Close() })
-	s.queue = "bench-tp-floor-" + randHex(6)
-	s.c.add(func() { cleanQueue(rdb, s.queue) })
-	s.t = newTracker(total)
-	srv := asynq.NewServer(opt, asynqServerConfig(s.queue, s.o.concurrency()))
-	h := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+	b.opt, b.rdb = opt, rdb
+	b.c.add(func() { rdb.Close() })
+	b.queue = "bench-tp-" + kind + "-" + randHex(6)
+	b.c.add(func() { cleanQueue(rdb, b.queue) })
+	b.t = newTracker(total)
+	b.client = asynq.NewClient(opt)
+	b.c.add(func() { b.client.Close() })
+	return nil
+}
+
+// startServer starts the queue's asynq server with handler h.
+func (b *floorBase) startServer(h asynq.Handler) error {
+	srv := asynq.NewServer(b.opt, asynqServerConfig(b.queue, b.o.concurrency()))
+	if err := srv.Start(h); err != nil {
+		return fmt.Errorf("start asynq server: %w", err)
+	}
+	b.c.add(srv.Shutdown)
+	return nil
+}
+
+func (b *floorBase) completed(context.Context) (int, error) { return int(b.t.n.Load()), nil }
+func (b *floorBase) pollEvery() time.Duration               { return 2 * time.Millisecond }
+func (b *floorBase) results(_ context.Context, since time.Time) (tpOutcome, error) {
+	return b.t.outcome(since), nil
+}
+func (b *floorBase) meter() *cpuMeter { return &cpuMeter{adminURL: b.o.dbURL, db: b.db, rdb: b.rdb} }
+func (b *floorBase) close()           { b.c.run() }
+
+// compositeSystem is the floor of a Postgres-then-asynq design: insert a row, enqueue its task,
+// and a handler that marks the row done, all in this process.
+type compositeSystem struct {
+	floorBase
+}
+
+func (s *compositeSystem) prepare(ctx context.Context, total int) error {
+	if err := s.prepareStores(ctx, "floor", total); err != nil {
+		return err
+	}
+	return s.startServer(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		i, err := strconv.Atoi(string(t.Payload()))
 		if err != nil {
 			return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
@@ -335,14 +371,7 @@ func (s *compositeSystem) prepare(ctx context.Context, total int) error {
 		}
 		s.t.completed(i)
 		return nil
-	})
-	if err := srv.Start(h); err != nil {
-		return fmt.Errorf("start asynq server: %w", err)
-	}
-	s.c.add(srv.Shutdown)
-	s.client = asynq.NewClient(opt)
-	s.c.add(func() { s.client.Close() })
-	return nil
+	}))
 }
 
 func (s *compositeSystem) submit(ctx context.Context, i int) error {
@@ -356,13 +385,3 @@ func (s *compositeSystem) submit(ctx context.Context, i int) error {
 	}
 	return nil
 }
-
-func (s *compositeSystem) completed(context.Context) (int, error) { return int(s.t.n.Load()), nil }
-func (s *compositeSystem) pollEvery() time.Duration               { return 2 * time.Millisecond }
-func (s *compositeSystem) results(_ context.Context, since time.Time) (tpOutcome, error) {
-	return s.t.outcome(since), nil
-}
-func (s *compositeSystem) meter() *cpuMeter {
-	return &cpuMeter{adminURL: s.o.dbURL, db: s.db, rdb: s.rdb}
-}
-func (s *compositeSystem) close() { s.c.run() }

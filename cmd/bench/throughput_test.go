@@ -28,7 +28,7 @@ func TestParseThroughputFlags(t *testing.T) {
 		require.Equal(t, 400, o.concurrency())
 		ids, err := o.selected()
 		require.NoError(t, err)
-		require.Equal(t, []string{tpAsynq, tpRiver, tpComposite, tpLLMQ}, ids)
+		require.Equal(t, []string{tpAsynq, tpRiver, tpComposite, tpHTTPFloor, tpLLMQ}, ids)
 	})
 	t.Run("BacklogDefaultsTo100k", func(t *testing.T) {
 		t.Parallel()
@@ -39,16 +39,33 @@ func TestParseThroughputFlags(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 5000, o.n, "an explicit -n wins")
 	})
-	t.Run("RateRunsLLMQOnly", func(t *testing.T) {
+	t.Run("RateRunsLLMQAndTheFloors", func(t *testing.T) {
 		t.Parallel()
 		o, err := parseThroughputFlags([]string{"-mode", "rate", "-rate", "100, 500", "-duration", "4s"}, &bytes.Buffer{})
 		require.NoError(t, err)
 		require.Equal(t, []float64{100, 500}, o.rates)
 		ids, err := o.selected()
 		require.NoError(t, err)
+		require.Equal(t, []string{tpComposite, tpHTTPFloor, tpLLMQ}, ids)
+		o, err = parseThroughputFlags([]string{"-mode", "rate", "-only", "llmq"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		ids, _ = o.selected()
 		require.Equal(t, []string{tpLLMQ}, ids)
-		_, err = parseThroughputFlags([]string{"-mode", "rate", "-only", "asynq"}, &bytes.Buffer{})
-		require.ErrorContains(t, err, "rate mode runs llmq only")
+	})
+	t.Run("ProfileAtARate", func(t *testing.T) {
+		t.Parallel()
+		o, err := parseThroughputFlags([]string{"-mode", "profile"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		require.False(t, o.rateSet, "without -rate, profile mode runs as fast as it goes")
+		o, err = parseThroughputFlags([]string{"-mode", "profile", "-rate", "500"}, &bytes.Buffer{})
+		require.NoError(t, err)
+		require.True(t, o.rateSet)
+		require.Equal(t, []float64{500}, o.rates)
+	})
+	t.Run("BacklogRunsLLMQOnly", func(t *testing.T) {
+		t.Parallel()
+		_, err := parseThroughputFlags([]string{"-mode", "backlog", "-only", "asynq"}, &bytes.Buffer{})
+		require.ErrorContains(t, err, "backlog mode runs llmq only")
 	})
 	t.Run("OnlyInTableOrder", func(t *testing.T) {
 		t.Parallel()
@@ -62,15 +79,16 @@ func TestParseThroughputFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"UnknownMode":    {[]string{"-mode", "fast"}, `unknown mode "fast"`},
-		"ZeroJobs":       {[]string{"-n", "0"}, "-n: must be at least 1"},
-		"SmallBacklog":   {[]string{"-mode", "backlog", "-n", "1500"}, "at least 2000 jobs"},
-		"NoClients":      {[]string{"-clients", "0"}, "-clients"},
-		"NoRuns":         {[]string{"-runs", "0"}, "-runs"},
-		"UnknownSystem":  {[]string{"-only", "sidekiq"}, `unknown system "sidekiq"`},
-		"NegativeRate":   {[]string{"-rate", "-1"}, "-rate"},
-		"BadRateList":    {[]string{"-rate", "100,fast"}, `"fast" is not a positive number`},
-		"ExtraArguments": {[]string{"now"}, "unexpected arguments"},
+		"UnknownMode":     {[]string{"-mode", "fast"}, `unknown mode "fast"`},
+		"ZeroJobs":        {[]string{"-n", "0"}, "-n: must be at least 1"},
+		"SmallBacklog":    {[]string{"-mode", "backlog", "-n", "1500"}, "at least 2000 jobs"},
+		"NoClients":       {[]string{"-clients", "0"}, "-clients"},
+		"NoRuns":          {[]string{"-runs", "0"}, "-runs"},
+		"UnknownSystem":   {[]string{"-only", "sidekiq"}, `unknown system "sidekiq"`},
+		"NegativeRate":    {[]string{"-rate", "-1"}, "-rate"},
+		"BadRateList":     {[]string{"-rate", "100,fast"}, `"fast" is not a positive number`},
+		"ExtraArguments":  {[]string{"now"}, "unexpected arguments"},
+		"ProfileTwoRates": {[]string{"-mode", "profile", "-rate", "100,500"}, "profile mode profiles one offered rate"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -253,6 +271,8 @@ func TestTPReport(t *testing.T) {
 	require.Contains(t, notes, "Target llmq ≥ 0.6 × the floor: 0.70 × — PASS")
 	require.Contains(t, notes, "Target llmq ≥ 1.0 × River: 1.05 × — PASS")
 
+	require.NotContains(t, notes, "Floor over HTTP ÷", "no floor over HTTP ran")
+
 	rep.results[3] = res(tpLLMQ, 1000)
 	notes = strings.Join(rep.notes(), "\n")
 	require.Contains(t, notes, "0.33 × — FAIL")
@@ -260,13 +280,43 @@ func TestTPReport(t *testing.T) {
 	require.Contains(t, rep.markdown(), "| llmq end to end |")
 }
 
+func TestTPReport_FloorOverHTTP(t *testing.T) {
+	t.Parallel()
+	res := func(id string, perSecond int) tpResult {
+		return tpResult{id: id, name: systemName(id), n: perSecond, elapsed: time.Second,
+			lat: []time.Duration{ms(5)}, submit: []time.Duration{ms(1)}}
+	}
+	rep := tpReport{opts: tpOpts{n: 1000, workers: 2, conns: 16, clients: 64}, results: []tpResult{
+		res(tpRiver, 2000), res(tpComposite, 2000), res(tpHTTPFloor, 1600), res(tpLLMQ, 800),
+	}}
+	require.Equal(t, "0.50", rep.rows()[2][len(tpHeader)-1], "llmq ÷ the floor over HTTP")
+	notes := strings.Join(rep.notes(), "\n")
+	require.Contains(t, notes, "Floor over HTTP ÷ River: 0.80 × — even with none of llmq's guarantees")
+	require.Contains(t, notes, "out of reach of any such design here")
+	require.Contains(t, notes, "Floor over HTTP ÷ the floor: 0.80 × — the two HTTP hops alone use up 20% of the floor's rate; "+
+		"llmq ≥ 0.6 × the floor asks llmq for 75% of the floor over HTTP's rate.")
+	require.Contains(t, notes, "llmq ÷ the floor over HTTP: 0.50 ×")
+
+	rep.results[2] = res(tpHTTPFloor, 2400)
+	notes = strings.Join(rep.notes(), "\n")
+	require.Contains(t, notes, "Floor over HTTP ÷ River: 1.20 × — a queue that takes jobs and calls its provider over HTTP can reach River's rate here.")
+}
+
 func TestTPRateReport(t *testing.T) {
 	t.Parallel()
-	res := tpResult{name: "llmq", n: 3, lat: []time.Duration{ms(4), ms(6), ms(40)}, submit: []time.Duration{ms(2), ms(3), ms(4)}}
-	rep := tpRateReport{opts: tpOpts{rates: []float64{500}}, runs: []tpRateRun{{rate: 500, res: res}}}
+	res := tpResult{id: tpLLMQ, name: "llmq", n: 3, lat: []time.Duration{ms(4), ms(6), ms(40)}, submit: []time.Duration{ms(2), ms(3), ms(4)}}
+	floor := res
+	floor.id, floor.name = tpHTTPFloor, systemName(tpHTTPFloor)
+	rep := tpRateReport{opts: tpOpts{rates: []float64{500}}, runs: []tpRateRun{{rate: 500, res: floor}, {rate: 500, res: res}}}
 	require.Equal(t, []string{"p99 40.0 ms > 30.0 ms"}, rateMisses(res))
-	require.Equal(t, "FAIL", rep.rows()[0][len(tpRateHeader)-1])
-	require.Contains(t, strings.Join(rep.notes(), "\n"), "missed: p99 40.0 ms > 30.0 ms")
+	require.Equal(t, "—", rep.rows()[0][len(tpRateHeader)-1], "the targets are llmq's")
+	require.Equal(t, "FAIL", rep.rows()[1][len(tpRateHeader)-1])
+	notes := strings.Join(rep.notes(), "\n")
+	require.Contains(t, notes, "llmq at 500/s: the largest delay of a submit behind its schedule was 0.0 ms; missed: p99 40.0 ms > 30.0 ms")
+	require.NotContains(t, notes, "update at 500/s: the largest delay of a submit behind its schedule was 0.0 ms; missed", "no target for a floor")
+	rep.runs[1].res.toStart = []time.Duration{ms(3), ms(3), ms(30)}
+	rep.runs[1].res.fromStart = []time.Duration{ms(1), ms(3), ms(10)}
+	require.Contains(t, strings.Join(rep.notes(), "\n"), "; created → first attempt started p50 3.0 ms, p99 30.0 ms; started → finished p50 3.0 ms, p99 10.0 ms")
 	res.lat[2] = ms(7)
 	require.Empty(t, rateMisses(res))
 }
