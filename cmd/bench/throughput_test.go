@@ -343,8 +343,12 @@ func TestRateBetweenAndSlices(t *testing.T) {
 func TestTPBacklogReport(t *testing.T) {
 	t.Parallel()
 	// Judged against the small backlog's drain, not the large drain's run-out.
-	rep := tpBacklogReport{n: 100000, first: 950, small: 1000, last: 2000}
+	rep := tpBacklogReport{n: 100000, first: 950, small: 1000, last: 2000, smallAll: []float64{1000, 700, 1300}}
 	require.True(t, rep.ok())
+	require.Contains(t, strings.Join(rep.notes(), "\n"), "Backlog of 1,000, jobs/s of each drain: 1000, 700, 1300.")
+	require.Equal(t, 1000.0, median(rep.smallAll))
+	require.Equal(t, 850.0, median([]float64{1000, 700}))
+	require.Zero(t, median(nil))
 	rep.first = 850
 	require.False(t, rep.ok())
 	require.Equal(t, "FAIL", rep.rows()[0][len(tpBacklogHeader)-1])
