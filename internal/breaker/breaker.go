@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/scriptpipe"
 )
 
 // Config configures a Breaker. Zero fields take the defaults documented on each field; nil is
@@ -330,38 +332,61 @@ func (c *Credential) Allow(ctx context.Context) (Admission, error) {
 // the callers refused meanwhile, in every process (see Listen). Otherwise Report returns an
 // error only when Redis fails.
 func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State, error) {
+	var st State
+	call, err := c.ReportCall(a, o, &st)
+	if err != nil {
+		return "", err
+	}
+	if err := scriptpipe.Run(ctx, c.b.rdb, call); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// ReportCall returns Report's work as a script call, for a caller that sends it in one round trip
+// with others (scriptpipe.Run, on the breaker's Redis or a client of the same server). After the
+// round trip, state holds the breaker's state (when state is not nil). Its error, and the call's,
+// are Report's.
+func (c *Credential) ReportCall(a Admission, o Outcome, state *State) (scriptpipe.Call, error) {
 	if !a.Allowed {
-		return "", errors.New("breaker report: the admission was refused")
+		return scriptpipe.Call{}, errors.New("breaker report: the admission was refused")
 	}
 	if o < Success || o > Neutral {
-		return "", fmt.Errorf("breaker report: invalid outcome %d", int(o))
+		return scriptpipe.Call{}, fmt.Errorf("breaker report: invalid outcome %d", int(o))
 	}
 	b := c.b
 	cfg := &b.cfg
-	res, err := reportScript.Run(ctx, b.rdb, []string{c.key, c.lease},
-		b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
-		b.closedTTL, abandonedTTL.Milliseconds(), a.lease, b.memory, b.refresh,
-		strconv.FormatFloat(cfg.CooldownFactor, 'g', -1, 64), cfg.MaxCooldown.Microseconds(),
-		b.leaseTTL).Slice()
-	if err != nil {
-		return "", fmt.Errorf("breaker report: %w", err)
-	}
-	if len(res) != 2 {
-		return "", fmt.Errorf("breaker report: unexpected reply %v", res)
-	}
-	st := State(toString(res[0]))
-	cfg.Metrics.setState(c.name, st)
-	if to := toString(res[1]); to != "" {
-		cfg.Metrics.transitioned(c.name, State(to))
-	}
-	if a.Probe || a.lease > 0 {
-		// Callers refused while this request was out may be admitted now (or one of them
-		// becomes the probe): wake them rather than let them wait out their Recheck.
-		if err := c.publishWake(ctx); err != nil {
-			return st, err
-		}
-	}
-	return st, nil
+	return scriptpipe.Call{
+		Script: reportScript,
+		Keys:   []string{c.key, c.lease},
+		Args: []any{b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
+			b.closedTTL, abandonedTTL.Milliseconds(), a.lease, b.memory, b.refresh,
+			strconv.FormatFloat(cfg.CooldownFactor, 'g', -1, 64), cfg.MaxCooldown.Microseconds(),
+			b.leaseTTL},
+		Done: func(ctx context.Context, cmd *redis.Cmd) error {
+			res, err := cmd.Slice()
+			if err != nil {
+				return fmt.Errorf("breaker report: %w", err)
+			}
+			if len(res) != 2 {
+				return fmt.Errorf("breaker report: unexpected reply %v", res)
+			}
+			st := State(toString(res[0]))
+			if state != nil {
+				*state = st
+			}
+			cfg.Metrics.setState(c.name, st)
+			if to := toString(res[1]); to != "" {
+				cfg.Metrics.transitioned(c.name, State(to))
+			}
+			if a.Probe || a.lease > 0 {
+				// Callers refused while this request was out may be admitted now (or one of
+				// them becomes the probe): wake them rather than let them wait out their Recheck.
+				return c.publishWake(ctx)
+			}
+			return nil
+		},
+	}, nil
 }
 
 // Status is a breaker's state as stored, for operators (ctl credentials list) and metrics.

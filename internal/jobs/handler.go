@@ -15,6 +15,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/scriptpipe"
 	"github.com/llmq/llmq/internal/tokens"
 )
 
@@ -533,8 +534,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 		a.LeaseToken = *job.LeaseToken
 	}
 	d := retrypolicy.Classify(callErr, now)
-	h.observe(ctx, cred, adm, job, resp, callErr, d, started, now)
-	h.reportBreaker(ctx, cred, adm.breaker, breakerOutcome(d))
+	h.afterCall(ctx, cred, adm, job, resp, callErr, d, started, now)
 
 	if callErr == nil {
 		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
@@ -639,17 +639,47 @@ func (h *Handler) keepLease(ctx context.Context, job *Job) (stop func()) {
 	}
 }
 
-// observe tells the limiter what the attempt showed (the learned limit, a Retry-After push-back)
-// and resumes a paused credential whose probe got through (first attempts were counted for the
-// retry budget when their slot was granted, see admit). Limiter errors are logged: the attempt's
-// outcome matters more than bookkeeping.
-func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response,
+// afterCall does the bookkeeping of an attempt that was sent, in one Redis round trip: it tells
+// the limiter what the attempt showed (the learned limit, a Retry-After push-back, the tokens the
+// provider counted) and the breaker how it went; then it resumes a paused credential whose probe
+// got through. (First attempts were counted for the retry budget when their slot was granted,
+// see admit.) Errors are logged: the attempt's outcome matters more than bookkeeping.
+func (h *Handler) afterCall(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response,
 	callErr error, d retrypolicy.Decision, sent, now time.Time) {
+	ctx = context.WithoutCancel(ctx)
 	lc := cred.Limiter
 	if lc == nil {
+		h.reportBreaker(ctx, cred, adm.breaker, breakerOutcome(d))
 		return
 	}
-	ctx = context.WithoutCancel(ctx)
+	o := observation(cred, adm, resp, callErr, d, sent, now)
+	calls := lc.ObserveCalls(o)
+	if call, ok := h.reconcileCall(ctx, cred, adm, job, resp, o.StatusCode); ok {
+		calls = append(calls, call)
+	}
+	if adm.breaker != nil {
+		call, err := cred.Breaker.ReportCall(*adm.breaker, breakerOutcome(d), nil)
+		if err != nil {
+			h.cfg.Logger.WarnContext(ctx, "breaker report", "credential", cred.Name, "error", err)
+		} else {
+			calls = append(calls, call)
+		}
+	}
+	// The breaker's keys live on the limiter's Redis (the worker gives both one server).
+	if err := scriptpipe.Run(ctx, lc.Redis(), calls...); err != nil {
+		h.cfg.Logger.WarnContext(ctx, "after-call bookkeeping (limiter, breaker)", "credential", cred.Name, "error", err)
+	}
+	if adm.pauseProbe && callErr == nil {
+		if _, err := lc.Resume(ctx); err != nil {
+			h.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", cred.Name, "error", err)
+		} else {
+			h.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", cred.Name, "job_id", job.ID)
+		}
+	}
+}
+
+// observation is what the attempt's answer (or failure) tells the limiter.
+func observation(cred Credential, adm admission, resp *llm.Response, callErr error, d retrypolicy.Decision, sent, now time.Time) limiter.Observation {
 	o := limiter.Observation{At: now, SentAt: sent, Seq: adm.seq, Grant: adm.grant}
 	var rl llm.RateLimit
 	var se *llm.StatusError
@@ -671,25 +701,16 @@ func (h *Handler) observe(ctx context.Context, cred Credential, adm admission, j
 	if o.StatusCode == 429 && d.HasRetryAfter {
 		o.RetryAfter, o.HasRetryAfter = d.RetryAfter, true
 	}
-	if err := lc.Observe(ctx, o); err != nil {
-		h.cfg.Logger.WarnContext(ctx, "limiter observe", "credential", cred.Name, "error", err)
-	}
-	h.reconcile(ctx, cred, adm, job, resp, o.StatusCode)
-	if adm.pauseProbe && callErr == nil {
-		if _, err := lc.Resume(ctx); err != nil {
-			h.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", cred.Name, "error", err)
-		} else {
-			h.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", cred.Name, "job_id", job.ID)
-		}
-	}
+	return o
 }
 
-// reconcile trues the token buckets up to what the provider counted: the reported usage after
-// an answer, nothing for a 429 (the provider charged nothing), the input alone for another
-// error. With no answer at all the reservation stays charged (the provider may have counted it).
-func (h *Handler) reconcile(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response, status int) {
+// reconcileCall is the call that trues the token buckets up to what the provider counted: the
+// reported usage after an answer, nothing for a 429 (the provider charged nothing), the input
+// alone for another error. With no answer at all the reservation stays charged (the provider may
+// have counted it): ok is false then, and when no tokens were reserved.
+func (h *Handler) reconcileCall(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response, status int) (scriptpipe.Call, bool) {
 	if adm.grant == 0 || status == 0 {
-		return
+		return scriptpipe.Call{}, false
 	}
 	est := adm.est
 	if est == nil { // the slot was held by an earlier delivery: estimate again
@@ -706,9 +727,11 @@ func (h *Handler) reconcile(ctx context.Context, cred Credential, adm admission,
 	case est != nil:
 		actual = limiter.Cost{InputTokens: est.Input}
 	}
-	if err := cred.Limiter.Reconcile(ctx, adm.grant, actual); err != nil {
+	call, ok, err := cred.Limiter.ReconcileCall(adm.grant, actual)
+	if err != nil {
 		h.cfg.Logger.WarnContext(ctx, "token reconcile", "credential", cred.Name, "error", err)
 	}
+	return call, ok
 }
 
 func tokenObservation(t llm.TokenLimit) limiter.TokenObservation {

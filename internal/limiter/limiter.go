@@ -231,6 +231,10 @@ func (l *Limiter) Credential(id, name string) *Credential {
 // Name is the credential name given to Limiter.Credential.
 func (c *Credential) Name() string { return c.name }
 
+// Redis is the client the limiter runs its scripts on: send ObserveCalls and ReconcileCall with
+// it (scriptpipe.Run), together with other calls to the same server.
+func (c *Credential) Redis() redis.UniversalClient { return c.l.rdb }
+
 // Limit is a provider's request limit: a token bucket holding Burst requests, refilled at Rate
 // per second; and optionally its token limits, each a bucket holding that many tokens and
 // refilled as many per minute (Config.TokenMinute). Token limits apply only to ReserveCost.

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/scriptpipe"
 )
 
 // Observation is what one provider response (or failure) said about the limit.
@@ -72,6 +76,13 @@ type Observation struct {
 // A 429 without Retry-After changes nothing here: it is a spend cap, see Pause. Observe returns
 // an error only when Redis fails.
 func (c *Credential) Observe(ctx context.Context, o Observation) error {
+	return scriptpipe.Run(ctx, c.l.rdb, c.ObserveCalls(o)...)
+}
+
+// ObserveCalls returns Observe's work as script calls, for a caller that sends them in one round
+// trip with others (scriptpipe.Run on the limiter's Redis). They hold the observation's times as
+// of now; send them at once.
+func (c *Credential) ObserveCalls(o Observation) []scriptpipe.Call {
 	l := c.l
 	now := l.localNow()
 	if o.At.IsZero() {
@@ -104,14 +115,23 @@ func (c *Credential) Observe(ctx context.Context, o Observation) error {
 		ra = strconv.FormatInt(micros(o.At.Add(o.RetryAfter).Sub(now)), 10)
 	}
 	cfg := &l.cfg
-	err := observeScript.Run(ctx, l.rdb, []string{rateKey(cfg.Prefix, c.tag)},
-		l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),
-		ra, micros(cfg.LearnTTL), fmtFloat(rateDecrease), o.Seq, micros(cfg.LearnTTL)).Err()
-	if err != nil {
-		return fmt.Errorf("observe response: %w", err)
+	calls := []scriptpipe.Call{{
+		Script: observeScript,
+		Keys:   []string{rateKey(cfg.Prefix, c.tag)},
+		Args: []any{l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),
+			ra, micros(cfg.LearnTTL), fmtFloat(rateDecrease), o.Seq, micros(cfg.LearnTTL)},
+		Done: func(_ context.Context, cmd *redis.Cmd) error {
+			if err := cmd.Err(); err != nil {
+				return fmt.Errorf("observe response: %w", err)
+			}
+			if ra != "" {
+				cfg.Metrics.pushedBack(c.name)
+			}
+			return nil
+		},
+	}}
+	if tc, ok := c.observeTokensCall(o, now); ok {
+		calls = append(calls, tc)
 	}
-	if ra != "" {
-		cfg.Metrics.pushedBack(c.name)
-	}
-	return c.observeTokens(ctx, o, now)
+	return calls
 }

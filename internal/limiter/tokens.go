@@ -7,6 +7,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/scriptpipe"
 )
 
 // Cost is what one request asks of the token buckets: its estimated input tokens and its output
@@ -220,22 +224,39 @@ func (c *Credential) AcquireAttempt(ctx context.Context, lim Limit, cost Cost, m
 // came, do not call it (the reservation stays charged). Grant 0 is a no-op. It returns an error
 // only when actual is negative or Redis fails.
 func (c *Credential) Reconcile(ctx context.Context, grant int64, actual Cost) error {
+	call, ok, err := c.ReconcileCall(grant, actual)
+	if err != nil || !ok {
+		return err
+	}
+	return scriptpipe.Run(ctx, c.l.rdb, call)
+}
+
+// ReconcileCall returns Reconcile's work as a script call, for a caller that sends it in one round
+// trip with others (scriptpipe.Run on the limiter's Redis); ok is false when there is nothing to
+// send (grant 0). It returns an error only when actual is negative.
+func (c *Credential) ReconcileCall(grant int64, actual Cost) (call scriptpipe.Call, ok bool, err error) {
 	if actual.InputTokens < 0 || actual.OutputTokens < 0 {
-		return fmt.Errorf("reconcile tokens: invalid cost %+v", actual)
+		return call, false, fmt.Errorf("reconcile tokens: invalid cost %+v", actual)
 	}
 	if grant <= 0 {
-		return nil
+		return call, false, nil
 	}
 	cfg := &c.l.cfg
-	res, err := reconcileScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag)},
-		c.l.nowArg(), grant, actual.InputTokens, actual.OutputTokens, micros(cfg.LearnTTL)).Slice()
-	if err != nil {
-		return fmt.Errorf("reconcile tokens: %w", err)
-	}
-	if len(res) == 4 && toInt(res[0]) == 1 {
-		cfg.Metrics.reconciled(c.name, actual)
-	}
-	return nil
+	return scriptpipe.Call{
+		Script: reconcileScript,
+		Keys:   []string{tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag)},
+		Args:   []any{c.l.nowArg(), grant, actual.InputTokens, actual.OutputTokens, micros(cfg.LearnTTL)},
+		Done: func(_ context.Context, cmd *redis.Cmd) error {
+			res, err := cmd.Slice()
+			if err != nil {
+				return fmt.Errorf("reconcile tokens: %w", err)
+			}
+			if len(res) == 4 && toInt(res[0]) == 1 {
+				cfg.Metrics.reconciled(c.name, actual)
+			}
+			return nil
+		},
+	}, true, nil
 }
 
 // CurrentTokens returns the token limits in force for the credential: per bucket, the capacity a
@@ -271,15 +292,16 @@ type TokenObservation struct {
 
 func (t TokenObservation) usable() bool { return t.Known && t.Limit > 0 && t.Remaining >= 0 }
 
-// observeTokens learns the token buckets from o (see observeTokensScript).
-func (c *Credential) observeTokens(ctx context.Context, o Observation, now time.Time) error {
+// observeTokensCall is the call that learns the token buckets from o (see observeTokensScript);
+// ok is false when o reports none.
+func (c *Credential) observeTokensCall(o Observation, now time.Time) (scriptpipe.Call, bool) {
 	fams := []TokenObservation{o.InputTokens, o.OutputTokens, o.Tokens}
 	known := false
 	for _, f := range fams {
 		known = known || f.usable()
 	}
 	if !known {
-		return nil
+		return scriptpipe.Call{}, false
 	}
 	cfg := &c.l.cfg
 	args := []any{c.l.nowArg(), micros(cfg.LearnTTL), fmtFloat(cfg.RateMargin), micros(cfg.TokenMinute)}
@@ -305,8 +327,11 @@ func (c *Credential) observeTokens(ctx context.Context, o Observation, now time.
 			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))
 	}
 	args = append(args, o.Grant)
-	if err := observeTokensScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag)}, args...).Err(); err != nil {
-		return fmt.Errorf("observe token limits: %w", err)
-	}
-	return nil
+	return scriptpipe.Call{Script: observeTokensScript, Keys: []string{tokenKey(cfg.Prefix, c.tag)}, Args: args,
+		Done: func(_ context.Context, cmd *redis.Cmd) error {
+			if err := cmd.Err(); err != nil {
+				return fmt.Errorf("observe token limits: %w", err)
+			}
+			return nil
+		}}, true
 }

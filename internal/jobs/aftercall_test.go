@@ -1,0 +1,113 @@
+package jobs_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// scriptTrips counts a client's round trips that run Lua scripts (a pipeline is one).
+type scriptTrips struct {
+	mu sync.Mutex
+	n  int
+}
+
+func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
+
+func (h *scriptTrips) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
+func (h *scriptTrips) add() {
+	h.mu.Lock()
+	h.n++
+	h.mu.Unlock()
+}
+
+func (h *scriptTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			h.add()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *scriptTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && isScript(cmds[0]) {
+			h.add()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// After a call, what the limiter learns (limit, token buckets, the reconciled grant) and what the
+// breaker hears go to Redis in one round trip: a job costs three script round trips (breaker,
+// limiter, bookkeeping), not one per script.
+func TestHandler_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupStore(t)
+	rdb := redistest.Client(t)
+	trips := &scriptTrips{}
+	rdb.AddHook(trips)
+	prefix := redistest.Prefix(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix})
+	require.NoError(t, err)
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix})
+	require.NoError(t, err)
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{Capacity: 100, RefillPerSecond: 100,
+		InputTokensPerMinute: 1_000_000, OutputTokensPerMinute: 1_000_000}))
+	t.Cleanup(sim.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: sim.URL, APIKey: "sk-aftercall"})
+	require.NoError(t, err)
+	est, err := tokens.New(nil)
+	require.NoError(t, err)
+	lc, bc := lim.Credential("sk-aftercall", "default"), brk.Credential("sk-aftercall", "default")
+	h := jobs.NewHandler(jobs.HandlerConfig{Store: b.store, Estimator: est, Credentials: map[string]jobs.Credential{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Limiter: lc, Breaker: bc},
+	}})
+	run := func() {
+		t.Helper()
+		job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
+			Request:     json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`),
+			MaxAttempts: 3, Timeout: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, h.Process(ctx, job.ID))
+		got, err := b.store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusSucceeded, got.Status)
+	}
+
+	run() // learns the request and token limits from the headers
+	_, src, err := lc.Current(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.SourceLearned, src, "the limiter heard the first answer")
+	tl, err := lc.CurrentTokens(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.SourceLearned, tl.Input.Source, "the token buckets were learned from it")
+	st, err := bc.Status(ctx)
+	require.NoError(t, err)
+	require.False(t, st.Capped, "the breaker heard the success (it lifts the cold-start cap)")
+
+	before := trips.count()
+	run() // reserves tokens: its bookkeeping observes, learns tokens, reconciles and reports
+	require.Equal(t, 3, trips.count()-before, "breaker allow, limiter reserve, one round trip of bookkeeping")
+}

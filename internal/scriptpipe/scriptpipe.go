@@ -1,0 +1,63 @@
+// Package scriptpipe sends the Lua script calls of several packages to Redis in one pipelined
+// round trip: the limiter's observation of an answer and the breaker's report of it, say, which
+// a worker otherwise sends one after the other after every provider call.
+//
+// A pipelined EVALSHA of a script Redis has not cached (after a restart or SCRIPT FLUSH) fails
+// with NOSCRIPT and does nothing; go-redis's Script.Run falls back to EVAL only outside a
+// pipeline, so Run does it here: after the round trip it sends those calls again with EVAL (which
+// caches the script), in their order. The calls that did run are not sent twice.
+package scriptpipe
+
+import (
+	"context"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Call is one script call: the script, its keys and arguments, and what to do with the reply.
+type Call struct {
+	Script *redis.Script
+	Keys   []string
+	Args   []any
+	// Done receives the call's reply after the round trip (cmd.Err() holds a Redis error); its
+	// error is the call's. Nil: the reply is only checked for an error.
+	Done func(ctx context.Context, cmd *redis.Cmd) error
+}
+
+// Run sends calls to rdb in one round trip (one call goes alone, without a pipeline), in order,
+// and then runs each call's Done with its reply. It returns the calls' errors joined: a Done's
+// error, or the Redis error of a call without Done. Calls must be independent of each other's
+// replies; each runs whatever the others' outcomes.
+func Run(ctx context.Context, rdb redis.UniversalClient, calls ...Call) error {
+	switch len(calls) {
+	case 0:
+		return nil
+	case 1:
+		c := calls[0]
+		return c.finish(ctx, c.Script.Run(ctx, rdb, c.Keys, c.Args...))
+	}
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		cmds[i] = c.Script.EvalSha(ctx, pipe, c.Keys, c.Args...)
+	}
+	// Exec's error is the first failed command's; each call's own reply is read below.
+	_, _ = pipe.Exec(ctx)
+	errs := make([]error, 0, len(calls))
+	for i, c := range calls {
+		cmd := cmds[i]
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd = c.Script.Eval(ctx, rdb, c.Keys, c.Args...) // EVAL caches the script for the next EVALSHA
+		}
+		errs = append(errs, c.finish(ctx, cmd))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Call) finish(ctx context.Context, cmd *redis.Cmd) error {
+	if c.Done == nil {
+		return cmd.Err()
+	}
+	return c.Done(ctx, cmd)
+}

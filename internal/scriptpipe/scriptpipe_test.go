@@ -1,0 +1,143 @@
+package scriptpipe_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/scriptpipe"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// incrScript counts a call: INCR KEYS[1], and returns the new count.
+var incrScript = redis.NewScript(`return redis.call('INCR', KEYS[1])`)
+
+// uncached returns a script of the same effect as incrScript that Redis has never seen: its
+// EVALSHA answers NOSCRIPT until something loads it.
+func uncached() *redis.Script {
+	return redis.NewScript("-- " + redistest.Rand() + "\nreturn redis.call('INCR', KEYS[1])")
+}
+
+// countingHook counts the round trips that run scripts (a pipeline is one); a new connection's
+// own handshake is not counted.
+type countingHook struct{ trips int }
+
+func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isScript(cmd) {
+			h.trips++
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && isScript(cmds[0]) {
+			h.trips++
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func setup(t *testing.T) (*redis.Client, *countingHook, string) {
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	require.NoError(t, incrScript.Load(ctx, rdb).Err())
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	return rdb, hook, redistest.Prefix(t)
+}
+
+// record returns a Done that appends the call's reply to got.
+func record(got *[]int64) func(context.Context, *redis.Cmd) error {
+	return func(_ context.Context, cmd *redis.Cmd) error {
+		v, err := cmd.Int64()
+		*got = append(*got, v)
+		return err
+	}
+}
+
+func TestRun_OneRoundTripInOrder(t *testing.T) {
+	t.Parallel()
+	rdb, hook, p := setup(t)
+	var got []int64
+	err := scriptpipe.Run(context.Background(), rdb,
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "b"}, Done: record(&got)},
+	)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2, 1}, got, "each Done gets its own reply, the calls ran in order")
+	require.Equal(t, 1, hook.trips)
+}
+
+func TestRun_OneCallGoesAlone(t *testing.T) {
+	t.Parallel()
+	rdb, hook, p := setup(t)
+	var got []int64
+	require.NoError(t, scriptpipe.Run(context.Background(), rdb, scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)}))
+	require.Equal(t, []int64{1}, got)
+	require.Equal(t, 1, hook.trips)
+	require.NoError(t, scriptpipe.Run(context.Background(), rdb))
+	require.Equal(t, 1, hook.trips, "no calls, no round trip")
+}
+
+// A script Redis has not cached runs once, after the round trip; the calls around it run once.
+func TestRun_UncachedScriptRunsOnce(t *testing.T) {
+	t.Parallel()
+	rdb, hook, p := setup(t)
+	ctx := context.Background()
+	fresh := uncached()
+	var got []int64
+	err := scriptpipe.Run(ctx, rdb,
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
+		scriptpipe.Call{Script: fresh, Keys: []string{p + "b"}, Done: record(&got)},
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "c"}, Done: record(&got)},
+	)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 1, 1}, got)
+	for _, k := range []string{"a", "b", "c"} {
+		n, err := rdb.Get(ctx, p+k).Int64()
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "key %s counted once", k)
+	}
+	require.Equal(t, 2, hook.trips, "the pipeline, then the uncached call alone")
+
+	// EVAL cached it: the next round trip needs no second one.
+	require.NoError(t, scriptpipe.Run(ctx, rdb,
+		scriptpipe.Call{Script: fresh, Keys: []string{p + "b"}},
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "c"}},
+	))
+	require.Equal(t, 3, hook.trips)
+}
+
+func TestRun_ErrorsAreEachCalls(t *testing.T) {
+	t.Parallel()
+	rdb, _, p := setup(t)
+	ctx := context.Background()
+	require.NoError(t, rdb.Set(ctx, p+"text", "not a number", 0).Err())
+	errDone := errors.New("done failed")
+	var ran int
+	err := scriptpipe.Run(ctx, rdb,
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "text"}}, // Redis refuses: not an integer
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: func(context.Context, *redis.Cmd) error { ran++; return errDone }},
+		scriptpipe.Call{Script: incrScript, Keys: []string{p + "b"}, Done: func(_ context.Context, cmd *redis.Cmd) error { ran++; return cmd.Err() }},
+	)
+	require.ErrorIs(t, err, errDone)
+	require.ErrorContains(t, err, "not an integer")
+	require.Equal(t, 2, ran, "every Done runs, whatever the others' outcomes")
+	n, err := rdb.Get(ctx, p+"b").Int64()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}
