@@ -2,10 +2,12 @@ package jobs_test
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -196,4 +198,28 @@ func TestStore_CrashedJobWaits(t *testing.T) {
 	got, err = b.store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.True(t, later.Equal(*got.NextAttemptAt))
+}
+
+// TestSweeper_RedisLookupFails checks that a sweep whose look-up of the tasks fails (Redis
+// unreachable for the sweeper's client) says so and enqueues nothing: a job whose task state is
+// unknown is not taken for one whose task is missing.
+func TestSweeper_RedisLookupFails(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	tb := setupTasks(t)
+	job := b.create(t, jobOpts{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := l.Addr().String()
+	require.NoError(t, l.Close())
+	rdb := redis.NewClient(&redis.Options{Addr: dead, MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+		Redis: rdb, Queue: tb.queue})
+
+	n, err := sw.SweepOnce(t.Context())
+	require.ErrorContains(t, err, "look up tasks")
+	require.Zero(t, n)
+	_, err = tb.inspector.GetTaskInfo(tb.queue, job.ID)
+	require.ErrorIs(t, err, asynq.ErrQueueNotFound, "nothing was enqueued: the queue was never made")
 }
