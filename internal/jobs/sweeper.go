@@ -31,6 +31,11 @@ type SweeperConfig struct {
 	// instead of waiting for asynq's own recovery (1-2 minutes). It must exceed asynq's server
 	// heartbeat (5 s), which is how old a live server's list of running tasks can be. Default 15s.
 	OrphanGrace time.Duration
+	// PassJobs is how many unfinished jobs one pass checks when it finds every task in place; the
+	// next pass goes on from there, so with a large backlog a round of the whole table spans
+	// several passes and a pass's cost does not grow with the backlog. A pass that finds a job
+	// without its task (Redis lost data) goes on to the end. Default 5,000.
+	PassJobs int
 	Logger      *slog.Logger
 	Metrics     *Metrics
 	Now         func() time.Time
@@ -40,12 +45,16 @@ type SweeperConfig struct {
 // (a restart without persistence, a flush) or after an API process died between commit and
 // enqueue; and it rescues the jobs whose task a dead worker process left active (see
 // SweeperConfig.OrphanGrace). One process at a time sweeps, elected with a Postgres advisory
-// lock. Duplicate deliveries are harmless: the attempt lease lets one call at a time go.
+// lock. Duplicate deliveries are harmless: the attempt lease lets one call at a time go. While
+// every task is in place a pass checks SweeperConfig.PassJobs jobs and the next goes on from
+// there, so a large backlog is covered over several passes at a bounded cost per pass.
 type Sweeper struct {
 	cfg SweeperConfig
-	// suspects maps the jobs whose task looked orphaned to when it first did (used by
-	// SweepOnce only: one sweep at a time).
+	// suspects maps the jobs whose task looked orphaned to when it first did, and after is the
+	// last job the previous pass checked ("": it reached the end). Used by SweepOnce only: one
+	// sweep at a time.
 	suspects map[string]time.Time
+	after    string
 }
 
 // NewSweeper returns a Sweeper; zero config fields take their defaults.
@@ -55,6 +64,9 @@ func NewSweeper(cfg SweeperConfig) *Sweeper {
 	}
 	if cfg.OrphanGrace == 0 {
 		cfg.OrphanGrace = 15 * time.Second
+	}
+	if cfg.PassJobs <= 0 {
+		cfg.PassJobs = 5000
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -128,10 +140,13 @@ func unlock(ctx context.Context, conn *pgxpool.Conn) {
 	}
 }
 
-// SweepOnce checks every non-terminal job once: it enqueues those whose task is missing and
-// rescues those whose task has looked orphaned for OrphanGrace. It returns how many it enqueued.
+// SweepOnce checks the non-terminal jobs in ID order from where the last pass stopped: it
+// enqueues those whose task is missing and rescues those whose task has looked orphaned for
+// OrphanGrace. It stops after PassJobs jobs when every task it saw was in place (the next pass
+// goes on from there, and the one after the end starts over); once one was missing it goes on
+// to the end. It returns how many it enqueued.
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
-	const page = 500
+	page := min(500, s.cfg.PassJobs)
 	live, err := s.liveTasks()
 	if err != nil {
 		return 0, err
@@ -140,9 +155,16 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	if err := s.cfg.Store.PruneWatches(ctx); err != nil {
 		return 0, err
 	}
+	// Suspects this pass does not reach keep their first sighting.
 	suspects := map[string]time.Time{}
-	enqueued := 0
-	after := ""
+	from := s.after
+	for id, since := range s.suspects {
+		if from != "" && id <= from {
+			suspects[id] = since
+		}
+	}
+	enqueued, checked := 0, 0
+	after := from
 	for {
 		batch, err := s.cfg.Store.ListUnfinished(ctx, after, page)
 		if err != nil {
@@ -182,10 +204,20 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 			enqueued++
 			s.cfg.Metrics.sweptOne()
 		}
-		if len(batch) < page {
-			s.suspects = suspects
-			return enqueued, nil
+		checked += len(batch)
+		switch {
+		case len(batch) < page:
+			after = "" // the end: the next pass starts over
+		case checked < s.cfg.PassJobs || enqueued > 0:
+			continue
 		}
+		for id, since := range s.suspects {
+			if after != "" && id > after {
+				suspects[id] = since
+			}
+		}
+		s.suspects, s.after = suspects, after
+		return enqueued, nil
 	}
 }
 
