@@ -36,9 +36,9 @@ type SweeperConfig struct {
 	// several passes and a pass's cost does not grow with the backlog. A pass that finds a job
 	// without its task (Redis lost data) goes on to the end. Default 5,000.
 	PassJobs int
-	Logger      *slog.Logger
-	Metrics     *Metrics
-	Now         func() time.Time
+	Logger   *slog.Logger
+	Metrics  *Metrics
+	Now      func() time.Time
 }
 
 // Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data
