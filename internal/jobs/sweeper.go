@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -144,7 +145,7 @@ func unlock(ctx context.Context, conn *pgxpool.Conn) {
 // enqueues those whose task is missing and rescues those whose task has looked orphaned for
 // OrphanGrace. It stops after PassJobs jobs when every task it saw was in place (the next pass
 // goes on from there, and the one after the end starts over); once one was missing it goes on
-// to the end. It returns how many it enqueued.
+// round the whole table, back to where it began. It returns how many it enqueued.
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	page := min(500, s.cfg.PassJobs)
 	live, err := s.liveTasks()
@@ -155,20 +156,21 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	if err := s.cfg.Store.PruneWatches(ctx); err != nil {
 		return 0, err
 	}
-	// Suspects this pass does not reach keep their first sighting.
 	suspects := map[string]time.Time{}
 	from := s.after
-	for id, since := range s.suspects {
-		if from != "" && id <= from {
-			suspects[id] = since
-		}
-	}
 	enqueued, checked := 0, 0
-	after := from
+	after, wrapped := from, false
 	for {
 		batch, err := s.cfg.Store.ListUnfinished(ctx, after, page)
 		if err != nil {
 			return enqueued, err
+		}
+		full := len(batch) == page
+		if wrapped {
+			// The second lap stops where the pass began: the jobs from there on were checked.
+			if k := slices.IndexFunc(batch, func(u Unfinished) bool { return u.ID > from }); k >= 0 {
+				batch, full = batch[:k], false
+			}
 		}
 		states, err := s.taskStates(ctx, batch, now)
 		if err != nil {
@@ -206,13 +208,21 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		}
 		checked += len(batch)
 		switch {
-		case len(batch) < page:
-			after = "" // the end: the next pass starts over
+		case !full && enqueued > 0 && from != "" && !wrapped:
+			// Tasks were missing (Redis lost data): the jobs before where this pass began are
+			// checked too, so that recovery takes one pass.
+			after, wrapped = "", true
+			continue
+		case !full:
+			after = "" // a whole lap is done: the next pass starts over
 		case checked < s.cfg.PassJobs || enqueued > 0:
 			continue
 		}
+		// Suspects this pass did not reach keep their first sighting.
 		for id, since := range s.suspects {
-			if after != "" && id > after {
+			before := from != "" && id <= from && !wrapped
+			beyond := after != "" && id > after
+			if before || beyond {
 				suspects[id] = since
 			}
 		}

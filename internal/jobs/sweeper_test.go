@@ -88,3 +88,31 @@ func TestSweeper_SuspectsKeptAcrossPasses(t *testing.T) {
 	require.Equal(t, 1, sweep(), "ids[0..1] again: 30 s since first seen, past the grace")
 	require.NotZero(t, tb.state(t, ids[0]+":rescue"))
 }
+
+// TestSweeper_RecoveryFromMidTable checks that a pass that begins part-way through the table (a
+// large backlog) and finds tasks missing goes round to the jobs before where it began: after a
+// Redis flush every job is enqueued again in one pass.
+func TestSweeper_RecoveryFromMidTable(t *testing.T) {
+	t.Parallel()
+	_, tb, sw, ids := sweepFixture(t, 5, 2)
+	for _, id := range ids {
+		require.NoError(t, tb.enqueuer.Enqueue(t.Context(), id, time.Time{}))
+	}
+	n, err := sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, n, "ids[0..1] checked: the next pass begins at ids[2]")
+	// What a flush does to the tasks (the queue's registration, which the asynq client does not
+	// make again, stays).
+	rdb := redistest.Client(t)
+	keys := []string{"asynq:{" + tb.queue + "}:pending"}
+	for _, id := range ids {
+		keys = append(keys, "asynq:{"+tb.queue+"}:t:"+id)
+	}
+	require.NoError(t, rdb.Del(t.Context(), keys...).Err())
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 5, n, "ids[2..4], then round to ids[0..1]")
+	for _, id := range ids {
+		require.NotZero(t, tb.state(t, id))
+	}
+}
