@@ -2,7 +2,9 @@ package jobs_test
 
 import (
 	"context"
+	"errors"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,6 +135,16 @@ func TestSweeper_RespectsLease(t *testing.T) {
 	require.Equal(t, 0, n)
 }
 
+// orphan makes job id's pending task what a SIGKILLed worker leaves: moved to asynq's active
+// list and marked active, with no live server listing it.
+func orphan(t *testing.T, rdb *redis.Client, queue, id string) {
+	t.Helper()
+	prefix := "asynq:{" + queue + "}:"
+	require.NoError(t, rdb.LRem(t.Context(), prefix+"pending", 0, id).Err())
+	require.NoError(t, rdb.LPush(t.Context(), prefix+"active", id).Err())
+	require.NoError(t, rdb.HSet(t.Context(), prefix+"t:"+id, "state", "active").Err())
+}
+
 // TestSweeper_RescuesOrphans checks that a task left active by a dead worker (no live server
 // lists it) is rescued with a second task once it has looked orphaned for OrphanGrace, and not
 // before.
@@ -143,8 +155,7 @@ func TestSweeper_RescuesOrphans(t *testing.T) {
 	job := b.create(t, jobOpts{})
 	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), job.ID, time.Time{}))
 	rdb := redistest.Client(t)
-	// What a SIGKILLed worker leaves: the task marked active, and no server listing it.
-	require.NoError(t, rdb.HSet(t.Context(), "asynq:{"+tb.queue+"}:t:"+job.ID, "state", "active").Err())
+	orphan(t, rdb, tb.queue, job.ID)
 
 	now := time.Now()
 	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
@@ -202,7 +213,7 @@ func TestStore_CrashedJobWaits(t *testing.T) {
 
 // TestSweeper_RedisLookupFails checks that a sweep whose look-up of the tasks fails (Redis
 // unreachable for the sweeper's client) says so and enqueues nothing: a job whose task state is
-// unknown is not taken for one whose task is missing.
+// unknown is not taken for one whose task is missing, nor for an orphan.
 func TestSweeper_RedisLookupFails(t *testing.T) {
 	t.Parallel()
 	b := setupStore(t)
@@ -218,8 +229,38 @@ func TestSweeper_RedisLookupFails(t *testing.T) {
 		Redis: rdb, Queue: tb.queue})
 
 	n, err := sw.SweepOnce(t.Context())
-	require.ErrorContains(t, err, "look up tasks")
+	require.ErrorIs(t, err, syscall.ECONNREFUSED)
 	require.Zero(t, n)
 	_, err = tb.inspector.GetTaskInfo(tb.queue, job.ID)
 	require.ErrorIs(t, err, asynq.ErrQueueNotFound, "nothing was enqueued: the queue was never made")
+}
+
+// failPipelines fails every pipeline a client sends (single commands go through).
+type failPipelines struct{}
+
+func (failPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (failPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (failPipelines) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(context.Context, []redis.Cmder) error { return errPipelineDown }
+}
+
+var errPipelineDown = errors.New("pipeline refused")
+
+// TestSweeper_TaskLookupFails checks the walk's own look-up: when the pipelined read of the
+// tasks' states fails, the sweep says so and enqueues nothing.
+func TestSweeper_TaskLookupFails(t *testing.T) {
+	t.Parallel()
+	b := setupStore(t)
+	tb := setupTasks(t)
+	job := b.create(t, jobOpts{})
+	rdb := redistest.Client(t)
+	rdb.AddHook(failPipelines{})
+	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+		Redis: rdb, Queue: tb.queue})
+	n, err := sw.SweepOnce(t.Context())
+	require.ErrorIs(t, err, errPipelineDown)
+	require.ErrorContains(t, err, "look up tasks")
+	require.Zero(t, n)
+	_, err = tb.inspector.GetTaskInfo(tb.queue, job.ID)
+	require.ErrorIs(t, err, asynq.ErrQueueNotFound, "nothing was enqueued")
 }

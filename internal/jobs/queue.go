@@ -88,7 +88,7 @@ func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, at time.Time) erro
 // ":rescue"), for when the job's task is stuck active on a dead worker. It is a no-op while a
 // rescue task exists. The stuck task, once asynq recovers it, finds the job finished or leased.
 func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string) error {
-	return e.enqueue(ctx, jobID, jobID+":rescue", time.Time{})
+	return e.enqueue(ctx, jobID, jobID+rescueSuffix, time.Time{})
 }
 
 func (e *Enqueuer) enqueue(ctx context.Context, jobID, taskID string, at time.Time) error {

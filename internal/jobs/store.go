@@ -557,6 +557,42 @@ type Unfinished struct {
 	LeaseUntil *time.Time
 }
 
+// leased reports whether a live attempt lease holds the job at now (its delivery is alive).
+func (u Unfinished) leased(now time.Time) bool {
+	return u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now)
+}
+
+// UnfinishedByID returns those of the jobs ids that are not terminal (malformed and unknown IDs
+// are left out), in no particular order.
+func (s *Store) UnfinishedByID(ctx context.Context, ids []string) ([]Unfinished, error) {
+	valid := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if _, err := uuid.Parse(id); err == nil {
+			valid = append(valid, id)
+		}
+	}
+	if len(valid) == 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id::text, status, next_attempt_at, lease_until FROM jobs
+WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running', 'retrying')`, valid)
+	if err != nil {
+		return nil, fmt.Errorf("read unfinished jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanUnfinished)
+	if err != nil {
+		return nil, fmt.Errorf("read unfinished jobs: %w", err)
+	}
+	return out, nil
+}
+
+// scanUnfinished reads a row of id::text, status, next_attempt_at, lease_until.
+func scanUnfinished(r pgx.CollectableRow) (Unfinished, error) {
+	var u Unfinished
+	err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil)
+	return u, err
+}
+
 // ListUnfinished returns up to limit non-terminal jobs with IDs after `after`, in ID order
 // (keyset pagination: each page costs the same however large the table).
 func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]Unfinished, error) {
@@ -572,11 +608,7 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 		if err != nil {
 			return err
 		}
-		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
-			var u Unfinished
-			err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil)
-			return u, err
-		})
+		out, err = pgx.CollectRows(rows, scanUnfinished)
 		return err
 	})
 	if err != nil {

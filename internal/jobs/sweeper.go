@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -52,8 +53,8 @@ type SweeperConfig struct {
 type Sweeper struct {
 	cfg SweeperConfig
 	// suspects maps the jobs whose task looked orphaned to when it first did, and after is the
-	// last job the previous pass checked ("": it reached the end). Used by SweepOnce only: one
-	// sweep at a time.
+	// last job the previous walk for missing tasks checked ("": it reached the end). Used by
+	// SweepOnce only: one sweep at a time.
 	suspects map[string]time.Time
 	after    string
 }
@@ -141,22 +142,77 @@ func unlock(ctx context.Context, conn *pgxpool.Conn) {
 	}
 }
 
-// SweepOnce checks the non-terminal jobs in ID order from where the last pass stopped: it
-// enqueues those whose task is missing and rescues those whose task has looked orphaned for
-// OrphanGrace. It stops after PassJobs jobs when every task it saw was in place (the next pass
-// goes on from there, and the one after the end starts over); once one was missing it goes on
-// round the whole table, back to where it began. It returns how many it enqueued.
+// SweepOnce rescues the jobs whose task has looked orphaned for OrphanGrace (active in asynq, on
+// no live worker server) and enqueues the non-terminal jobs whose task is missing. It returns how
+// many tasks it enqueued. Orphans are looked for among asynq's active tasks, so finding them
+// costs what the tasks in flight do, whatever the backlog; missing tasks are looked for by
+// walking the unfinished jobs (see reenqueueMissing).
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
-	page := min(500, s.cfg.PassJobs)
-	live, err := s.liveTasks()
-	if err != nil {
-		return 0, err
-	}
 	now := s.cfg.Now()
 	if err := s.cfg.Store.PruneWatches(ctx); err != nil {
 		return 0, err
 	}
+	rescued, err := s.rescueOrphans(ctx, now)
+	if err != nil {
+		return rescued, err
+	}
+	enqueued, err := s.reenqueueMissing(ctx, now)
+	return rescued + enqueued, err
+}
+
+// rescueOrphans enqueues a rescue task for each non-terminal job whose task is active in asynq
+// but on no live worker server's list, once it has looked so for OrphanGrace, unless a live
+// attempt lease holds the job (its delivery is alive somewhere). It returns how many it rescued.
+func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error) {
+	live, err := s.liveTasks()
+	if err != nil {
+		return 0, err
+	}
+	active, err := s.cfg.Redis.LRange(ctx, asynqActiveKey(s.cfg.Queue), 0, -1).Result()
+	if err != nil {
+		return 0, fmt.Errorf("list active tasks: %w", err)
+	}
+	var ids []string
+	for _, id := range active {
+		if !live[id] && !strings.HasSuffix(id, rescueSuffix) {
+			ids = append(ids, id)
+		}
+	}
+	jobs, err := s.cfg.Store.UnfinishedByID(ctx, ids)
+	if err != nil {
+		return 0, err
+	}
 	suspects := map[string]time.Time{}
+	rescued := 0
+	for _, u := range jobs {
+		if u.leased(now) {
+			continue
+		}
+		since, ok := s.suspects[u.ID]
+		if !ok {
+			since = now
+		}
+		if now.Sub(since) < s.cfg.OrphanGrace {
+			suspects[u.ID] = since
+			continue
+		}
+		if err := s.cfg.Enqueuer.EnqueueRescue(ctx, u.ID); err != nil {
+			return rescued, err
+		}
+		rescued++
+		s.cfg.Metrics.sweptOne()
+	}
+	s.suspects = suspects
+	return rescued, nil
+}
+
+// reenqueueMissing enqueues the non-terminal jobs that have no task, walking them in ID order from
+// where the last pass stopped. It stops after PassJobs jobs when every task it saw was in place
+// (the next pass goes on from there, and the one after the end starts over); once one was
+// missing it goes on round the whole table, back to where it began, so that recovery from a
+// Redis flush takes one pass. It returns how many it enqueued.
+func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, error) {
+	page := min(500, s.cfg.PassJobs)
 	from := s.after
 	enqueued, checked := 0, 0
 	after, wrapped := from, false
@@ -178,30 +234,15 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		}
 		for i, u := range batch {
 			after = u.ID
-			state := states[i]
-			switch {
-			case state == taskLeased || (state != "" && state != "active") || (state == "active" && live[u.ID]):
-				continue
-			case state == "active":
-				since, ok := s.suspects[u.ID]
-				if !ok {
-					since = now
-				}
-				if now.Sub(since) < s.cfg.OrphanGrace {
-					suspects[u.ID] = since
-					continue
-				}
-				if err := s.cfg.Enqueuer.EnqueueRescue(ctx, u.ID); err != nil {
-					return enqueued, err
-				}
-			default: // no task
-				var at time.Time
-				if u.NextAttemptAt != nil {
-					at = *u.NextAttemptAt
-				}
-				if err := s.cfg.Enqueuer.Enqueue(ctx, u.ID, at); err != nil {
-					return enqueued, err
-				}
+			if states[i] != "" {
+				continue // in place (or leased, or active: see rescueOrphans)
+			}
+			var at time.Time
+			if u.NextAttemptAt != nil {
+				at = *u.NextAttemptAt
+			}
+			if err := s.cfg.Enqueuer.Enqueue(ctx, u.ID, at); err != nil {
+				return enqueued, err
 			}
 			enqueued++
 			s.cfg.Metrics.sweptOne()
@@ -210,7 +251,7 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		switch {
 		case !full && enqueued > 0 && from != "" && !wrapped:
 			// Tasks were missing (Redis lost data): the jobs before where this pass began are
-			// checked too, so that recovery takes one pass.
+			// checked too.
 			after, wrapped = "", true
 			continue
 		case !full:
@@ -218,15 +259,7 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		case checked < s.cfg.PassJobs || enqueued > 0:
 			continue
 		}
-		// Suspects this pass did not reach keep their first sighting.
-		for id, since := range s.suspects {
-			before := from != "" && id <= from && !wrapped
-			beyond := after != "" && id > after
-			if before || beyond {
-				suspects[id] = since
-			}
-		}
-		s.suspects, s.after = suspects, after
+		s.after = after
 		return enqueued, nil
 	}
 }
@@ -243,7 +276,7 @@ func (s *Sweeper) taskStates(ctx context.Context, batch []Unfinished, now time.T
 	cmds := make([]*redis.StringCmd, len(batch))
 	pipe := s.cfg.Redis.Pipeline()
 	for i, u := range batch {
-		if u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now) {
+		if u.leased(now) {
 			out[i] = taskLeased
 			continue
 		}
@@ -269,6 +302,14 @@ func (s *Sweeper) taskStates(ctx context.Context, batch []Unfinished, now time.T
 // base.TaskKey, which asynq does not export. TestSweeper_RespectsLease and the Redis-loss tests
 // fail if a new asynq version moves it.
 func asynqTaskKey(queue, id string) string { return "asynq:{" + queue + "}:t:" + id }
+
+// asynqActiveKey is the list of the IDs of the tasks asynq v0.26 has handed to a worker
+// (base.ActiveKey). TestSweeper_RescuesOrphans and TestChaos_SIGKILLedWorkerProcess fail if a new
+// asynq version moves it.
+func asynqActiveKey(queue string) string { return "asynq:{" + queue + "}:active" }
+
+// rescueSuffix ends the TaskID of a rescue task (see Enqueuer.EnqueueRescue).
+const rescueSuffix = ":rescue"
 
 // liveTasks returns the IDs of the tasks that live asynq servers (their heartbeat is at most
 // 10 s old) report running.
