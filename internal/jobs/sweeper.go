@@ -36,7 +36,7 @@ type SweeperConfig struct {
 	// PassJobs is how many unfinished jobs one pass checks when it finds every task in place; the
 	// next pass goes on from there, so with a large backlog a round of the whole table spans
 	// several passes and a pass's cost does not grow with the backlog. A pass that finds a job
-	// without its task (Redis lost data) goes on to the end. Default 5,000.
+	// without its task (Redis lost data) goes round the whole table. Default 5,000.
 	PassJobs int
 	Logger   *slog.Logger
 	Metrics  *Metrics
@@ -178,13 +178,13 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 			ids = append(ids, id)
 		}
 	}
-	jobs, err := s.cfg.Store.UnfinishedByID(ctx, ids)
+	candidates, err := s.cfg.Store.UnfinishedByID(ctx, ids)
 	if err != nil {
 		return 0, err
 	}
 	suspects := map[string]time.Time{}
 	rescued := 0
-	for _, u := range jobs {
+	for _, u := range candidates {
 		if u.leased(now) {
 			continue
 		}
