@@ -11,11 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// backlogWindow is the small backlog the drain is compared with: the rate over the first
-// backlogWindow results of the large drain (the whole backlog waiting) against the rate of a
-// second drain of only backlogWindow jobs, started the same way. Both windows hold the workers'
-// start-up, so the backlog's size is the one difference. The last backlogWindow results of the
-// large drain are shown too.
+// backlogWindow is the small backlog the drain is compared with: a second drain of only
+// backlogWindow jobs, started the same way. The rates compared are those of the first
+// saturatedWindow results of each (see tpOpts.saturatedWindow): both hold the workers' start-up,
+// so the backlog's size is the one difference. The first and last backlogWindow results of the
+// large drain, and each small drain's whole rate, are shown too.
 const backlogWindow = 1000
 
 // backlogSmallRuns is how many times the small backlog is drained; its median rate is the one
@@ -48,9 +48,13 @@ type tpBacklogReport struct {
 	queueTime time.Duration   // submitting the backlog
 	submit    []time.Duration // the submit calls
 	startup   time.Duration   // worker start → first result
+	window    int             // saturatedWindow: the results compared
+	firstSat  float64         // jobs/s over the large drain's first window results
+	smallSat  float64         // jobs/s over the first window results of the small drains: the median
 	first     float64         // jobs/s over the first backlogWindow results
 	small     float64         // jobs/s draining a backlog of backlogWindow jobs (all its results): the median drain
 	smallAll  []float64       // jobs/s of each drain of the small backlog
+	satAll    []float64       // jobs/s over the first window results of each small drain
 	last      float64         // jobs/s over the last backlogWindow results
 	overall   float64         // jobs/s from the first to the last result
 	slices    []backlogSlice
@@ -178,19 +182,22 @@ func runBacklogMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpBacklogR
 	if err != nil {
 		return rep, err
 	}
+	rep.window = o.saturatedWindow()
 	for k := range backlogSmallRuns {
-		rate, err := drainSmallBacklog(ctx, sys, o, o.n+o.warmup+k*backlogWindow, stderr, rep.statuses)
+		ts, err := drainSmallBacklog(ctx, sys, o, o.n+o.warmup+k*backlogWindow, stderr, rep.statuses)
 		if err != nil {
 			return rep, err
 		}
-		rep.smallAll = append(rep.smallAll, rate)
+		rep.smallAll = append(rep.smallAll, rateBetween(ts, 0, len(ts)-1))
+		rep.satAll = append(rep.satAll, rateBetween(ts, 0, rep.window))
 	}
-	rep.small = median(rep.smallAll)
+	rep.small, rep.smallSat = median(rep.smallAll), median(rep.satAll)
 	if len(ts) < 2*backlogWindow+1 {
 		return rep, fmt.Errorf("%d results, want at least %d", len(ts), 2*backlogWindow+1)
 	}
 	rep.startup = ts[0].Sub(drainStart)
 	rep.first = rateBetween(ts, 0, backlogWindow)
+	rep.firstSat = rateBetween(ts, 0, rep.window)
 	rep.last = rateBetween(ts, len(ts)-1-backlogWindow, len(ts)-1)
 	rep.overall = rateBetween(ts, 0, len(ts)-1)
 	rep.slices = drainSlices(ts, samples, 10)
@@ -233,28 +240,24 @@ func median(vs []float64) float64 {
 }
 
 // drainSmallBacklog stops the workers, queues backlogWindow jobs (indices first on; every job
-// before them has completed), starts the workers again and returns the rate of that drain (first
-// result to last), counting statuses into statuses.
-func drainSmallBacklog(ctx context.Context, sys *llmqSystem, o tpOpts, first int, stderr io.Writer, statuses map[string]int) (float64, error) {
+// before them has completed), starts the workers again and returns the finishing times of that
+// drain, sorted, counting statuses into statuses.
+func drainSmallBacklog(ctx context.Context, sys *llmqSystem, o tpOpts, first int, stderr io.Writer, statuses map[string]int) ([]time.Time, error) {
 	if err := sys.stopWorkers(); err != nil {
-		return 0, fmt.Errorf("stop the workers: %w", err)
+		return nil, fmt.Errorf("stop the workers: %w", err)
 	}
 	tpLogf(stderr, "queueing %d jobs with no worker running, for the comparison drain", backlogWindow)
 	start, err := closedLoop(o.clients)(ctx, sys, first, backlogWindow, nil)
 	if err != nil {
-		return 0, fmt.Errorf("queue the small backlog: %w", err)
+		return nil, fmt.Errorf("queue the small backlog: %w", err)
 	}
 	if err := sys.startWorkers(ctx); err != nil {
-		return 0, err
+		return nil, err
 	}
 	if err := waitDrained(ctx, sys, first+backlogWindow, o.timeout, stderr, func(int) {}); err != nil {
-		return 0, err
+		return nil, err
 	}
-	ts, err := finishTimes(ctx, sys, start, statuses)
-	if err != nil {
-		return 0, err
-	}
-	return rateBetween(ts, 0, len(ts)-1), nil
+	return finishTimes(ctx, sys, start, statuses)
 }
 
 // submitProgress prints how many jobs were submitted every 5 s until stop is called.
@@ -309,8 +312,9 @@ func waitDrained(ctx context.Context, sys *llmqSystem, want int, timeout time.Du
 }
 
 var tpBacklogHeader = []string{"system", "backlog", "queued in", "submit call p50", "p99", "first result after",
-	fmt.Sprintf("first %s jobs/s", thousandsText(backlogWindow)), fmt.Sprintf("backlog of %s: jobs/s", thousandsText(backlogWindow)),
-	fmt.Sprintf("last %s jobs/s", thousandsText(backlogWindow)), "overall jobs/s", fmt.Sprintf("first ÷ backlog of %s", thousandsText(backlogWindow)), "target"}
+	"first N jobs/s", fmt.Sprintf("backlog of %s, first N: jobs/s", thousandsText(backlogWindow)),
+	fmt.Sprintf("first %s jobs/s", thousandsText(backlogWindow)), fmt.Sprintf("backlog of %s, all: jobs/s", thousandsText(backlogWindow)),
+	fmt.Sprintf("last %s jobs/s", thousandsText(backlogWindow)), "overall jobs/s", "first N ÷ backlog's first N", "target"}
 
 // thousandsText renders 100000 as "100,000".
 func thousandsText(n int) string {
@@ -326,20 +330,20 @@ func thousandsText(n int) string {
 }
 
 // ok reports whether the drain rate with the whole backlog waiting is within the target of the
-// rate of draining a backlog of backlogWindow.
+// rate of draining a backlog of backlogWindow, both over their first window results.
 func (r tpBacklogReport) ok() bool {
-	return r.small > 0 && r.first >= (1-tpTargetBacklog)*r.small
+	return r.smallSat > 0 && r.firstSat >= (1-tpTargetBacklog)*r.smallSat
 }
 
 func (r tpBacklogReport) rows() [][]string {
 	ratio := "—"
-	if r.small > 0 {
-		ratio = fmt.Sprintf("%.2f", r.first/r.small)
+	if r.smallSat > 0 {
+		ratio = fmt.Sprintf("%.2f", r.firstSat/r.smallSat)
 	}
+	f := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	return [][]string{{systemName(tpLLMQ), thousandsText(r.n), seconds(r.queueTime),
 		msText(percentile(r.submit, 50)), msText(percentile(r.submit, 99)), msText(r.startup),
-		fmt.Sprintf("%.0f", r.first), fmt.Sprintf("%.0f", r.small), fmt.Sprintf("%.0f", r.last), fmt.Sprintf("%.0f", r.overall),
-		ratio, passText(r.ok())}}
+		f(r.firstSat), f(r.smallSat), f(r.first), f(r.small), f(r.last), f(r.overall), ratio, passText(r.ok())}}
 }
 
 var tpSliceHeader = []string{"results", "jobs/s", "worker CPU ms/job", "postgres CPU ms/job", "redis CPU ms/job"}
@@ -364,25 +368,31 @@ func (r tpBacklogReport) notes() []string {
 	notes := []string{
 		fmt.Sprintf("llmq (as in the throughput table, %d worker processes) is warmed up with %d jobs, its workers are stopped, "+
 			"%s jobs are submitted over HTTP by %d clients, then the workers start again. Drain rates come from the jobs' "+
-			"finished_at in finishing order: the first %s results (the whole backlog waiting). Then the same again, %d times, "+
-			"with a backlog of %s: the median of their rates (first result to last; each holds the same worker start-up as the "+
-			"first %s of the large one, so the backlog's size is the one difference) is the one compared. The last %s results "+
-			"of the large drain are shown for reference (at most %s left; the rate as the queue runs out).",
-			o.workers, o.warmup, thousandsText(r.n), o.clients, thousandsText(backlogWindow), backlogSmallRuns,
-			thousandsText(backlogWindow), thousandsText(backlogWindow), thousandsText(backlogWindow), thousandsText(backlogWindow)),
-		fmt.Sprintf("Target: the drain rate with the full backlog within %.0f%% of the rate with a backlog of %s (first ÷ backlog of %s ≥ %.2f).",
-			tpTargetBacklog*100, thousandsText(backlogWindow), thousandsText(backlogWindow), 1-tpTargetBacklog),
+			"finished_at in finishing order. Then the same again, %d times, with a backlog of %s. Compared: the rate over the "+
+			"first N = %d results of each (first result to the Nth; the small backlog's rate is the median of its drains): %s "+
+			"less the %d jobs the workers hold at once, so that both windows are the workers' start-up with queued work left "+
+			"and the backlog's size is the one difference. A small drain's whole rate also counts its last %d results, which "+
+			"come as the jobs in flight finish with nothing left to take, faster than any steady rate (as the large drain's "+
+			"last %s do): it is shown, as are the large drain's first %s, for reference.",
+			o.workers, o.warmup, thousandsText(r.n), o.clients, backlogSmallRuns, thousandsText(backlogWindow), r.window,
+			thousandsText(backlogWindow), o.concurrency(), o.concurrency(), thousandsText(backlogWindow), thousandsText(backlogWindow)),
+		fmt.Sprintf("Target: the drain rate with the full backlog within %.0f%% of the rate with a backlog of %s (first N ÷ the backlog's first N ≥ %.2f).",
+			tpTargetBacklog*100, thousandsText(backlogWindow), 1-tpTargetBacklog),
 		"The tenths below: jobs/s over each tenth of the results; CPU per job of the worker processes (/proc) and of the " +
 			"database's backends (pg_stat_activity pids), and of the whole Redis server (INFO cpu; shared with its other clients), " +
 			"sampled every second. A cost that grows with the backlog shows as " +
 			"higher CPU per job in the first tenths.",
 	}
 	if len(r.smallAll) > 1 {
-		rates := make([]string, len(r.smallAll))
-		for i, v := range r.smallAll {
-			rates[i] = fmt.Sprintf("%.0f", v)
+		list := func(vs []float64) string {
+			out := make([]string, len(vs))
+			for i, v := range vs {
+				out[i] = fmt.Sprintf("%.0f", v)
+			}
+			return strings.Join(out, ", ")
 		}
-		notes = append(notes, fmt.Sprintf("Backlog of %s, jobs/s of each drain: %s.", thousandsText(backlogWindow), strings.Join(rates, ", ")))
+		notes = append(notes, fmt.Sprintf("Backlog of %s, jobs/s of each drain: first %d results %s; all %s.",
+			thousandsText(backlogWindow), r.window, list(r.satAll), list(r.smallAll)))
 	}
 	if s := statusesNote(tpResult{name: systemName(tpLLMQ), statuses: r.statuses}); s != "" {
 		notes = append(notes, s)
