@@ -14,13 +14,14 @@ import (
 func TestHerd_SharedLimiterAvoids429s(t *testing.T) {
 	t.Parallel()
 	const n = 30
-	// The provider's bucket holds 5 more than the configured burst. A burst the worker sends
-	// late (a loaded CI machine under -race delays it by 100-300 ms) leaves the provider's
-	// bucket full meanwhile, so the refill our schedule counted on is lost and the on-time
-	// requests after it can find the bucket empty; the limiter's 100 ms phase margin covers only
-	// part of that. Five spare tokens cover 250 ms more. Without the limiter, 20 of the 30 would
-	// still be refused; the exact figures on a quiet machine are cmd/bench herd's.
-	sim := llmsim.Config{Capacity: 10, RefillPerSecond: 20}
+	// The provider's bucket holds 10 more than the configured burst. A burst the worker sends
+	// late (a loaded CI machine under -race delays it by 100-300 ms, and the whole suite under
+	// -count=2 with two busy loops by more: 5 spare tokens once let 3 of 30 be refused) leaves
+	// the provider's bucket full meanwhile, so the refill our schedule counted on is lost and the
+	// on-time requests after it can find the bucket empty; the limiter's 100 ms phase margin
+	// covers only part of that. Ten spare tokens cover 500 ms more. Without the limiter, 15 of
+	// the 30 would still be refused; the exact figures on a quiet machine are cmd/bench herd's.
+	sim := llmsim.Config{Capacity: 15, RefillPerSecond: 20}
 
 	run := func(t *testing.T, limits string) (requests, refused int) {
 		b := setup(t, setupOpts{sim: sim, limits: limits})
