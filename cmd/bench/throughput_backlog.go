@@ -18,8 +18,8 @@ import (
 // large drain, and each small drain's whole rate, are shown too.
 const backlogWindow = 1000
 
-// backlogSmallRuns is how many times the small backlog is drained; its median rate is the one
-// compared. One drain of backlogWindow jobs lasts about a second, and on a shared machine one
+// backlogSmallRuns is how many times the small backlog is drained; the median of their rates is
+// the one compared. One drain of backlogWindow jobs lasts about a second, and on a shared machine one
 // such window alone moved the ratio between 0.71 and 1.04 from run to run of the same code.
 const backlogSmallRuns = 3
 
@@ -184,12 +184,12 @@ func runBacklogMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpBacklogR
 	}
 	rep.window = o.saturatedWindow()
 	for k := range backlogSmallRuns {
-		ts, err := drainSmallBacklog(ctx, sys, o, o.n+o.warmup+k*backlogWindow, stderr, rep.statuses)
+		small, err := drainSmallBacklog(ctx, sys, o, o.n+o.warmup+k*backlogWindow, stderr, rep.statuses)
 		if err != nil {
 			return rep, err
 		}
-		rep.smallAll = append(rep.smallAll, rateBetween(ts, 0, len(ts)-1))
-		rep.satAll = append(rep.satAll, rateBetween(ts, 0, rep.window))
+		rep.smallAll = append(rep.smallAll, rateBetween(small, 0, len(small)-1))
+		rep.satAll = append(rep.satAll, rateBetween(small, 0, rep.window))
 	}
 	rep.small, rep.smallSat = median(rep.smallAll), median(rep.satAll)
 	if len(ts) < 2*backlogWindow+1 {
