@@ -1,14 +1,11 @@
 package jobs_test
 
 import (
-	"context"
 	"encoding/json"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
@@ -20,44 +17,6 @@ import (
 	"github.com/llmq/llmq/internal/tokens"
 )
 
-// scriptTrips counts a client's round trips that run Lua scripts (a pipeline is one).
-type scriptTrips struct {
-	mu sync.Mutex
-	n  int
-}
-
-func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
-
-func (h *scriptTrips) count() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.n
-}
-
-func (h *scriptTrips) add() {
-	h.mu.Lock()
-	h.n++
-	h.mu.Unlock()
-}
-
-func (h *scriptTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *scriptTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if isScript(cmd) {
-			h.add()
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *scriptTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && isScript(cmds[0]) {
-			h.add()
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // After a call, what the limiter learns (limit, token buckets, the reconciled grant) and what the
 // breaker hears go to Redis in one round trip: a job costs three script round trips (breaker,
 // limiter, bookkeeping), not one per script.
@@ -66,7 +25,7 @@ func TestHandler_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
 	ctx := t.Context()
 	b := setupStore(t)
 	rdb := redistest.Client(t)
-	trips := &scriptTrips{}
+	trips := &redistest.ScriptTrips{}
 	rdb.AddHook(trips)
 	prefix := redistest.Prefix(t)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix})
@@ -107,7 +66,7 @@ func TestHandler_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, st.Capped, "the breaker heard the success (it lifts the cold-start cap)")
 
-	before := trips.count()
+	before := trips.Count()
 	run() // reserves tokens: its bookkeeping observes, learns tokens, reconciles and reports
-	require.Equal(t, 3, trips.count()-before, "breaker allow, limiter reserve, one round trip of bookkeeping")
+	require.Equal(t, 3, trips.Count()-before, "breaker allow, limiter reserve, one round trip of bookkeeping")
 }

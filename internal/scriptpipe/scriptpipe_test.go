@@ -26,35 +26,11 @@ func uncached() *redis.Script {
 	return redis.NewScript("-- " + redistest.Rand() + "\nreturn redis.call('INCR', KEYS[1])")
 }
 
-// countingHook counts the round trips that run scripts (a pipeline is one); a new connection's
-// own handshake is not counted.
-type countingHook struct{ trips int }
-
-func isScript(cmd redis.Cmder) bool { return cmd.Name() == "evalsha" || cmd.Name() == "eval" }
-
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if isScript(cmd) {
-			h.trips++
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && isScript(cmds[0]) {
-			h.trips++
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func setup(t *testing.T) (*redis.Client, *countingHook, string) {
+func setup(t *testing.T) (*redis.Client, *redistest.ScriptTrips, string) {
 	rdb := redistest.Client(t)
 	ctx := context.Background()
 	require.NoError(t, incrScript.Load(ctx, rdb).Err())
-	hook := &countingHook{}
+	hook := &redistest.ScriptTrips{}
 	rdb.AddHook(hook)
 	return rdb, hook, redistest.Prefix(t)
 }
@@ -79,7 +55,7 @@ func TestRun_OneRoundTripInOrder(t *testing.T) {
 	)
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2, 1}, got, "each Done gets its own reply, the calls ran in order")
-	require.Equal(t, 1, hook.trips)
+	require.Equal(t, 1, hook.Count())
 }
 
 func TestRun_OneCallGoesAlone(t *testing.T) {
@@ -88,9 +64,9 @@ func TestRun_OneCallGoesAlone(t *testing.T) {
 	var got []int64
 	require.NoError(t, scriptpipe.Run(context.Background(), rdb, scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)}))
 	require.Equal(t, []int64{1}, got)
-	require.Equal(t, 1, hook.trips)
+	require.Equal(t, 1, hook.Count())
 	require.NoError(t, scriptpipe.Run(context.Background(), rdb))
-	require.Equal(t, 1, hook.trips, "no calls, no round trip")
+	require.Equal(t, 1, hook.Count(), "no calls, no round trip")
 }
 
 // A script Redis has not cached runs once, after the round trip; the calls around it run once.
@@ -112,14 +88,14 @@ func TestRun_UncachedScriptRunsOnce(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n, "key %s counted once", k)
 	}
-	require.Equal(t, 2, hook.trips, "the pipeline, then the uncached call alone")
+	require.Equal(t, 2, hook.Count(), "the pipeline, then the uncached call alone")
 
 	// EVAL cached it: the next round trip needs no second one.
 	require.NoError(t, scriptpipe.Run(ctx, rdb,
 		scriptpipe.Call{Script: fresh, Keys: []string{p + "b"}},
 		scriptpipe.Call{Script: incrScript, Keys: []string{p + "c"}},
 	))
-	require.Equal(t, 3, hook.trips)
+	require.Equal(t, 3, hook.Count())
 }
 
 func TestRun_ErrorsAreEachCalls(t *testing.T) {
