@@ -204,7 +204,8 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request, p provider, requ
 	if s.tokens.enabled() {
 		cost = requestCost(body)
 	}
-	adm := s.admit(p, keyID, cost, now)
+	adm := s.admit(p, keyID, cost)
+	now = adm.at
 	p.setHeaders(h, requestID, adm.req, now)
 	if adm.refusal != nil {
 		p.setTokenHeaders(h, adm.tokens, now)
@@ -303,20 +304,28 @@ type admission struct {
 	tokens     *tokenView    // the token buckets; nil when token limits are off
 	refusal    *apiError     // 400 or 429; then nothing was charged
 	retryAfter time.Duration // with a 429 refusal: until every bucket has room
+	at         time.Time     // when the buckets were charged (or checked)
 }
 
 // admit charges keyID's request bucket one token and, when cost is known,
 // its token buckets the request's input tokens and reserved output tokens,
 // all or nothing: a request that can never fit is refused 400, one that does
 // not fit now 429. With no limit at all it always admits.
-func (s *Server) admit(p provider, keyID string, cost *tokenCost, now time.Time) admission {
+//
+// The buckets are charged at the time admit reads under the lock (admission.at),
+// not when the request arrived: a request whose handler read the clock, then
+// waited (for its body, for the lock) while a later one was charged, would
+// otherwise be charged in the past, against a debt that already counts the
+// later request, and be refused though the bucket had room.
+func (s *Server) admit(p provider, keyID string, cost *tokenCost) admission {
 	if !s.limited && !s.tokens.enabled() {
-		return admission{}
+		return admission{at: s.cfg.Now()}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.cfg.Now()
 	var (
-		adm     admission
+		adm     = admission{at: now}
 		b       *bucket
 		saved   bucket
 		reqOK   = true
