@@ -69,9 +69,11 @@ type llmqSystem struct {
 	obs       *pgxpool.Pool // the completion observer
 	// apiPool and workerPool are the in-process api's and worker's pools (inProcess only).
 	apiPool, workerPool *pgxpool.Pool
-	rdb                 redis.UniversalClient
-	submitted           atomic.Int64
-	failed              bool
+	// workerMetrics is the in-process worker's registry (inProcess only).
+	workerMetrics *prometheus.Registry
+	rdb           redis.UniversalClient
+	submitted     atomic.Int64
+	failed        bool
 }
 
 func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
@@ -173,7 +175,8 @@ func (s *llmqSystem) startInProcess(ctx context.Context) error {
 	}
 	s.c.add(wPool.Close)
 	s.workerPool = wPool
-	w, err := worker.New(ctx, s.cfg, wPool, worker.Options{})
+	s.workerMetrics = prometheus.NewRegistry()
+	w, err := worker.New(ctx, s.cfg, wPool, worker.Options{Registerer: s.workerMetrics})
 	if err != nil {
 		return err
 	}

@@ -180,7 +180,12 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // more from this delivery, a *DeferError when it must come back later, and another error when the
 // stores failed (asynq retries the delivery).
 func (h *Handler) Process(ctx context.Context, id string) error {
+	start := h.cfg.Now()
 	job, err := h.cfg.Store.Get(ctx, id)
+	h.timed(StageLoad, start)
+	if err == nil && firstDelivery(ctx, job) {
+		h.cfg.Metrics.stage(StagePickup, start.Sub(job.CreatedAt))
+	}
 	if errors.Is(err, ErrNotFound) {
 		h.cfg.Logger.WarnContext(ctx, "task for a job that does not exist; dropping it", "job_id", id)
 		return nil
@@ -219,7 +224,9 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	// counting an attempt, and after the cooldown exactly one probe goes out cluster-wide.
 	var brk *breaker.Admission
 	if cred.Breaker != nil {
+		t0 := h.cfg.Now()
 		a, err := h.allowBreaker(ctx, job, cred)
+		h.timed(StageBreaker, t0)
 		if err != nil {
 			return err
 		}
@@ -242,7 +249,9 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 			adm.grant = *job.SlotGrant
 		}
 	} else if cred.Limiter != nil {
+		t0 := h.cfg.Now()
 		a, err := h.admit(ctx, job, cred)
+		h.timed(StageAdmit, t0)
 		if errors.Is(err, limiter.ErrTooLarge) {
 			h.reportBreaker(ctx, cred, brk, breaker.Neutral)
 			return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
@@ -256,7 +265,9 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		adm.seq, adm.grant, adm.est, adm.pauseProbe = a.seq, a.grant, a.est, a.pauseProbe
 	}
 	request := job.Request
+	t0 := h.cfg.Now()
 	job, err = h.cfg.Store.BeginAttempt(ctx, id)
+	h.timed(StageBegin, t0)
 	if err != nil {
 		h.reportBreaker(ctx, cred, brk, breaker.Neutral)
 		var leased *LeasedError
@@ -270,6 +281,15 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	}
 	job.Request = request // BeginAttempt leaves the (unchanging) body where Get read it
 	return h.attempt(ctx, job, cred, adm)
+}
+
+// firstDelivery reports whether this delivery is the job's first: nothing attempted or
+// deferred yet, and not asynq's retry of a delivery that failed on the stores.
+func firstDelivery(ctx context.Context, job *Job) bool {
+	if n, ok := asynq.GetRetryCount(ctx); ok && n > 0 {
+		return false
+	}
+	return job.Status == StatusQueued && job.Attempts == 0 && job.NextAttemptAt == nil
 }
 
 // leaseRecheck is how soon a delivery that found the job leased by another looks again. Not the
@@ -529,12 +549,14 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 	cancel()
 	stopRenewing()
 	now := h.cfg.Now()
+	h.cfg.Metrics.stage(StageCall, now.Sub(started))
 	a := &Attempt{Number: job.Attempts, Credential: cred.Name, StartedAt: started, Latency: now.Sub(started)}
 	if job.LeaseToken != nil {
 		a.LeaseToken = *job.LeaseToken
 	}
 	d := retrypolicy.Classify(callErr, now)
 	h.afterCall(ctx, cred, adm, job, resp, callErr, d, started, now)
+	h.timed(StageBookkeeping, now)
 
 	if callErr == nil {
 		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
@@ -559,7 +581,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 	case d.Class == retrypolicy.ClassCanceled:
 		// Our own context ended (shutdown): give the job back untouched for the next delivery.
 		if ctx.Err() != nil {
-			if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr}); err != nil {
+			if _, err := h.record(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr}); err != nil {
 				return err
 			}
 			return ctx.Err()
@@ -573,7 +595,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 				return err
 			}
 		}
-		if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextCredential: true}); err != nil {
+		if _, err := h.record(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextCredential: true}); err != nil {
 			return err
 		}
 		return &DeferError{Until: now, Reason: "fail over after " + string(d.Class), stored: true}
@@ -600,7 +622,7 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 		return h.finish(ctx, job, a, Outcome{Status: StatusFailed, LastError: lastErr})
 	}
 	a.Delay = &delay
-	if _, err := h.cfg.Store.Finish(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextAttemptAt: &next}); err != nil {
+	if _, err := h.record(context.WithoutCancel(ctx), job.ID, a, Outcome{Status: StatusRetrying, LastError: lastErr, NextAttemptAt: &next}); err != nil {
 		return err
 	}
 	return &DeferError{Until: next, Reason: "retry after " + string(d.Class), stored: true}
@@ -765,7 +787,7 @@ func (h *Handler) pause(ctx context.Context, cred Credential, job *Job, reason, 
 func (h *Handler) finish(ctx context.Context, job *Job, a *Attempt, o Outcome) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	applied, err := h.cfg.Store.Finish(wctx, job.ID, a, o)
+	applied, err := h.record(wctx, job.ID, a, o)
 	if err != nil {
 		return err
 	}
@@ -783,6 +805,17 @@ func (h *Handler) finish(ctx context.Context, job *Job, a *Attempt, o Outcome) e
 		h.cfg.Logger.DebugContext(ctx, "job finished", attrs...)
 	}
 	return nil
+}
+
+// record stores an attempt and the job's outcome (Store.Finish), timed as StageRecord.
+func (h *Handler) record(ctx context.Context, id string, a *Attempt, o Outcome) (bool, error) {
+	defer h.timed(StageRecord, h.cfg.Now())
+	return h.cfg.Store.Finish(ctx, id, a, o)
+}
+
+// timed records the time since t0 as the delivery's stage.
+func (h *Handler) timed(stage string, t0 time.Time) {
+	h.cfg.Metrics.stage(stage, h.cfg.Now().Sub(t0))
 }
 
 func lastErrorOf(err error, d retrypolicy.Decision) *LastError {

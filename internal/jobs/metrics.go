@@ -14,8 +14,31 @@ type Metrics struct {
 	outcomes       *prometheus.CounterVec
 	deadLetters    *prometheus.CounterVec
 	submitToResult *prometheus.HistogramVec
+	stages         *prometheus.HistogramVec
 	swept          prometheus.Counter
 }
+
+// Stages of a delivery, the label values of llmq_delivery_stage_duration_seconds. A delivery
+// that ends early (a terminal job, a deferral) records the stages it ran.
+const (
+	// StagePickup: the job's creation to the start of its first delivery (the API's commit and
+	// enqueue, and asynq's pick-up); first attempts only.
+	StagePickup = "pickup"
+	// StageLoad: reading the job row.
+	StageLoad = "load"
+	// StageBreaker: the circuit breaker's admission, with any short wait on it.
+	StageBreaker = "breaker"
+	// StageAdmit: the limiter's admission (pause, retry budget, rate slot), with its inline wait.
+	StageAdmit = "admit"
+	// StageBegin: recording the attempt's start and taking its lease.
+	StageBegin = "begin"
+	// StageCall: the provider call.
+	StageCall = "call"
+	// StageBookkeeping: telling the limiter and the breaker what the call showed.
+	StageBookkeeping = "bookkeeping"
+	// StageRecord: storing the attempt and the job's outcome.
+	StageRecord = "record"
+)
 
 // NewMetrics registers the metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -40,11 +63,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmq_job_duration_seconds", Help: "Submit to terminal status, retries and waits included: the latency the user sees.",
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
 		}, []string{"credential", "status"}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "llmq_delivery_stage_duration_seconds",
+			Help:    "Time one delivery of a job spent in each stage (see jobs.Stage*): where a job's latency goes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"stage"}),
 		swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmq_sweeper_reenqueued_total", Help: "Jobs whose asynq task was missing and was enqueued again.",
 		}),
 	}
-	reg.MustRegister(m.submitted, m.attempts, m.attemptLatency, m.outcomes, m.deadLetters, m.submitToResult, m.swept)
+	reg.MustRegister(m.submitted, m.attempts, m.attemptLatency, m.outcomes, m.deadLetters, m.submitToResult, m.stages, m.swept)
 	return m
 }
 
@@ -70,6 +98,13 @@ func (m *Metrics) outcome(credential string, status Status, deadReason string, s
 	m.submitToResult.WithLabelValues(credential, string(status)).Observe(sinceSubmit.Seconds())
 	if status == StatusDead {
 		m.deadLetters.WithLabelValues(credential, deadReason).Inc()
+	}
+}
+
+// stage records that a delivery spent d in stage.
+func (m *Metrics) stage(stage string, d time.Duration) {
+	if m != nil {
+		m.stages.WithLabelValues(stage).Observe(d.Seconds())
 	}
 }
 

@@ -1,0 +1,79 @@
+package jobs_test
+
+import (
+	"encoding/json"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// stageCounts returns how many observations llmq_delivery_stage_duration_seconds holds per stage.
+func stageCounts(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "llmq_delivery_stage_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			out[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
+		}
+	}
+	return out
+}
+
+// A delivery records the time it spent in each stage it ran, so an operator can see where a job's
+// latency goes; the pick-up (creation to first delivery) is recorded once per job.
+func TestHandler_RecordsTheStagesOfADelivery(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupStore(t)
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix})
+	require.NoError(t, err)
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix})
+	require.NoError(t, err)
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
+	t.Cleanup(sim.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: sim.URL, APIKey: "sk-stages"})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	h := jobs.NewHandler(jobs.HandlerConfig{Store: b.store, Metrics: jobs.NewMetrics(reg), Credentials: map[string]jobs.Credential{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p,
+			Limiter: lim.Credential("sk-stages", "default"), Breaker: brk.Credential("sk-stages", "default")},
+	}})
+	job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
+		Request:     json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`),
+		MaxAttempts: 3, Timeout: time.Minute})
+	require.NoError(t, err)
+
+	// When the job's first delivery runs it to success
+	require.NoError(t, h.Process(ctx, job.ID))
+
+	// Then every stage was recorded once
+	require.Equal(t, map[string]uint64{
+		jobs.StagePickup: 1, jobs.StageLoad: 1, jobs.StageBreaker: 1, jobs.StageAdmit: 1,
+		jobs.StageBegin: 1, jobs.StageCall: 1, jobs.StageBookkeeping: 1, jobs.StageRecord: 1,
+	}, stageCounts(t, reg))
+
+	// When a duplicate delivery finds the job finished, it records only its read, and no second
+	// pick-up
+	require.NoError(t, h.Process(ctx, job.ID))
+	got := stageCounts(t, reg)
+	require.Equal(t, uint64(2), got[jobs.StageLoad])
+	require.Equal(t, uint64(1), got[jobs.StagePickup])
+	require.Equal(t, uint64(1), got[jobs.StageCall])
+}
