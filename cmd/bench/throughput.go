@@ -321,7 +321,9 @@ type tpResult struct {
 	// toStart and fromStart split submit → result at the first attempt's start (llmq only: its
 	// started_at): the wait before the call, and the call with the result's write.
 	toStart, fromStart []time.Duration
-	err                error
+	// stages is where the workers' deliveries spent their time (stageReporter systems only).
+	stages []stageTime
+	err    error
 }
 
 // jobsPerSecond is n over elapsed (0 when the run has no figure).
@@ -468,6 +470,13 @@ func measure(ctx context.Context, o tpOpts, sys tpSystem, id, name string, n int
 	}
 	m := sys.meter()
 	c0 := m.start(ctx)
+	sr, _ := sys.(stageReporter)
+	var stages0 map[string]stageTotal
+	if sr != nil {
+		if t, ok := sr.stageTotals(ctx); ok {
+			stages0 = t
+		}
+	}
 	if hook != nil {
 		if err := hook.start(); err != nil {
 			res.err = err
@@ -488,6 +497,11 @@ func measure(ctx context.Context, o tpOpts, sys tpSystem, id, name string, n int
 		return res
 	}
 	res.cpu = m.stop(ctx, c0)
+	if stages0 != nil {
+		if t, ok := sr.stageTotals(ctx); ok {
+			res.stages = stageTimes(stages0, t)
+		}
+	}
 	out, err := sys.results(ctx, start)
 	if err != nil {
 		res.err = err

@@ -69,8 +69,10 @@ type llmqSystem struct {
 	obs       *pgxpool.Pool // the completion observer
 	// apiPool and workerPool are the in-process api's and worker's pools (inProcess only).
 	apiPool, workerPool *pgxpool.Pool
-	// workerMetrics is the in-process worker's registry (inProcess only).
+	// workerMetrics is the in-process worker's registry (inProcess only); metricsAddrs are the
+	// worker processes' /metrics listeners.
 	workerMetrics *prometheus.Registry
+	metricsAddrs  []string
 	rdb           redis.UniversalClient
 	submitted     atomic.Int64
 	failed        bool
@@ -199,11 +201,17 @@ func (s *llmqSystem) startWorkers(ctx context.Context) error {
 	pids := map[int]bool{}
 	for range s.o.workers {
 		s.workerGen++
-		p, err := startProc(filepath.Join(s.o.bin, "worker"), fmt.Sprintf("worker-%d", s.workerGen), s.dir, env, "--config", s.cfgPath)
+		addr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		p, err := startProc(filepath.Join(s.o.bin, "worker"), fmt.Sprintf("worker-%d", s.workerGen), s.dir, env,
+			"--config", s.cfgPath, "--metrics-listen", addr)
 		if err != nil {
 			return err
 		}
 		s.workers = append(s.workers, p)
+		s.metricsAddrs = append(s.metricsAddrs, addr)
 		pids[p.cmd.Process.Pid] = true
 	}
 	opt, err := asynq.ParseRedisURI(s.o.redisURL)
@@ -260,7 +268,7 @@ func (s *llmqSystem) stopWorkers() error {
 		}
 		_ = p.log.Close()
 	}
-	s.workers = nil
+	s.workers, s.metricsAddrs = nil, nil
 	return errors.Join(errs...)
 }
 
@@ -395,4 +403,27 @@ func runRateMode(ctx context.Context, o tpOpts, ids []string, stderr io.Writer) 
 		}
 	}
 	return rep, nil
+}
+
+// stageTotals implements stageReporter: the in-process worker's registry, or the worker
+// processes' /metrics.
+func (s *llmqSystem) stageTotals(ctx context.Context) (map[string]stageTotal, bool) {
+	out := map[string]stageTotal{}
+	if s.workerMetrics != nil {
+		mfs, err := s.workerMetrics.Gather()
+		if err != nil {
+			return nil, false
+		}
+		addStageTotals(out, mfs)
+		return out, true
+	}
+	if len(s.metricsAddrs) == 0 {
+		return nil, false
+	}
+	out, err := scrapeStageTotals(ctx, s.hc, s.metricsAddrs)
+	if err != nil {
+		tpLogf(s.stderr, "  worker stages not read: %v", err)
+		return nil, false
+	}
+	return out, true
 }

@@ -14,9 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/llmq/llmq/internal/jobs"
 )
 
 // profileView is one listing of the profiles: a title and the arguments of `go tool pprof`.
@@ -55,10 +52,8 @@ type tpProfileReport struct {
 	pools []poolUse
 	waits []waitShare
 	redis string // Redis commands per job; "" when not measured
-	// stages is the worker's time per delivery stage over the measured jobs (stageTimes).
-	stages []stageTime
-	n      int    // measured jobs
-	load   string // how they were offered: "64 clients", "offered at 500/s"
+	n     int    // measured jobs
+	load  string // how they were offered: "64 clients", "offered at 500/s"
 }
 
 // runProfileMode is `-mode profile`: llmq's api and one worker in this process, under the CPU
@@ -83,7 +78,6 @@ func runProfileMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpProfileR
 		sampler               *waitSampler
 		cmds0, cmdsBackground map[string]int64
 		cmdsStart             time.Time
-		stages0               map[string]stageTotal
 	)
 	hook := &measureHook{
 		start: func() error {
@@ -91,7 +85,6 @@ func runProfileMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpProfileR
 				return err
 			}
 			apiStat0, workerStat0 = sys.apiPool.Stat(), sys.workerPool.Stat()
-			stages0 = stageTotals(sys.workerMetrics)
 			if sys.rdb != nil {
 				// Other clients of a shared Redis: their rate over 2 s (llmq idle) is subtracted.
 				a, errA := commandStats(ctx, sys.rdb)
@@ -121,7 +114,6 @@ func runProfileMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpProfileR
 			if sampler != nil {
 				rep.waits = sampler.result()
 			}
-			rep.stages = stageTimes(stages0, stageTotals(sys.workerMetrics))
 			rep.pools = []poolUse{poolDelta("api", apiStat0, sys.apiPool.Stat()), poolDelta("worker", workerStat0, sys.workerPool.Stat())}
 			if cmds0 != nil {
 				if cmds1, err := commandStats(ctx, sys.rdb); err == nil {
@@ -211,16 +203,8 @@ func (r tpProfileReport) waitLines() []string {
 		out = append(out, "Postgres backends of the run's database, mean number in each state (pg_stat_activity every 10 ms): "+
 			strings.Join(parts, "; "))
 	}
-	if len(r.stages) > 0 {
-		parts := make([]string, 0, len(r.stages))
-		var sum float64
-		for _, st := range r.stages {
-			parts = append(parts, fmt.Sprintf("%s %.2f ms (%.2f per job)", st.stage, st.meanMS, float64(st.count)/float64(r.n)))
-			sum += st.meanMS * float64(st.count) / float64(r.n)
-		}
-		out = append(out, fmt.Sprintf("Worker stages, mean time per delivery (llmq_delivery_stage_duration_seconds; pickup is "+
-			"creation → first delivery, the API's commit and enqueue and asynq's pick-up): %s; %.1f ms per job in all",
-			strings.Join(parts, ", "), sum))
+	if line := stagesLine(r.res.stages, r.n); line != "" {
+		out = append(out, line)
 	}
 	if r.redis != "" {
 		out = append(out, "Redis (INFO commandstats of the whole server, less the rate of other clients and of idle llmq "+
@@ -258,56 +242,4 @@ func (r tpProfileReport) markdown() string {
 		fmt.Fprintf(&b, "\n%s:\n\n```\n%s\n```\n", profileViews[i].title, v)
 	}
 	return b.String()
-}
-
-// stageTotal is one delivery stage's histogram totals.
-type stageTotal struct {
-	count uint64
-	sum   float64 // seconds
-}
-
-// stageTime is a stage's share of the measured jobs.
-type stageTime struct {
-	stage  string
-	count  uint64
-	meanMS float64
-}
-
-// stageTotals reads llmq_delivery_stage_duration_seconds from reg (nil: none).
-func stageTotals(reg *prometheus.Registry) map[string]stageTotal {
-	out := map[string]stageTotal{}
-	if reg == nil {
-		return out
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		return out
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "llmq_delivery_stage_duration_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "stage" {
-					out[l.GetValue()] = stageTotal{count: m.GetHistogram().GetSampleCount(), sum: m.GetHistogram().GetSampleSum()}
-				}
-			}
-		}
-	}
-	return out
-}
-
-// stageTimes is what each stage took between two readings, in the order a delivery runs them.
-func stageTimes(before, after map[string]stageTotal) []stageTime {
-	var out []stageTime
-	for _, st := range []string{jobs.StagePickup, jobs.StageLoad, jobs.StageBreaker, jobs.StageAdmit, jobs.StageBegin,
-		jobs.StageCall, jobs.StageBookkeeping, jobs.StageRecord} {
-		n := after[st].count - before[st].count
-		if n == 0 {
-			continue
-		}
-		out = append(out, stageTime{stage: st, count: n, meanMS: (after[st].sum - before[st].sum) * 1000 / float64(n)})
-	}
-	return out
 }

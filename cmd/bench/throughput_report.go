@@ -341,6 +341,9 @@ func (r tpRateReport) notes() []string {
 				msText(percentile(res.toStart, 50)), msText(percentile(res.toStart, 99)),
 				msText(percentile(res.fromStart, 50)), msText(percentile(res.fromStart, 99)))
 		}
+		if sl := stagesLine(res.stages, res.n); sl != "" {
+			line += "; " + sl
+		}
 		notes = append(notes, line+".")
 		if s := statusesNote(res); s != "" {
 			notes = append(notes, s)
