@@ -200,6 +200,9 @@ func (r tpReport) notes() []string {
 		if s := statusesNote(res); s != "" {
 			notes = append(notes, s)
 		}
+		if sl := stagesLine(res.stages, res.n); sl != "" {
+			notes = append(notes, res.name+" (the run shown): "+sl+".")
+		}
 		if res.err != nil {
 			first, _, _ := strings.Cut(res.err.Error(), "\n")
 			notes = append(notes, fmt.Sprintf("%s: failed: %s", res.name, first))

@@ -278,6 +278,10 @@ func TestTPReport(t *testing.T) {
 	require.Contains(t, notes, "0.33 × — FAIL")
 	require.Contains(t, notes, "0.50 × — FAIL")
 	require.Contains(t, rep.markdown(), "| llmq end to end |")
+	require.NotContains(t, notes, "worker stages", "no stages were read")
+
+	rep.results[3].stages = []stageTime{{stage: "pickup", count: 1000, meanMS: 4}, {stage: "call", count: 1000, meanMS: 1}}
+	require.Contains(t, strings.Join(rep.notes(), "\n"), "llmq end to end (the run shown): worker stages, mean time per delivery")
 }
 
 func TestTPReport_FloorOverHTTP(t *testing.T) {
