@@ -105,7 +105,7 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 	fs.IntVar(&o.clients, "clients", 64, "concurrent submitting clients (throughput and backlog modes)")
 	fs.IntVar(&o.workers, "workers", 2, "llmq worker processes; the in-process queues get the same total concurrency (200 per worker)")
 	fs.IntVar(&o.conns, "conns", 16, "Postgres pool size of the in-process River and composite rows")
-	fs.IntVar(&o.runs, "runs", 1, "runs per system in throughput mode; the run with the median jobs/s is shown")
+	fs.IntVar(&o.runs, "runs", 1, "runs per system in throughput mode, and per system and rate in rate mode (interleaved); the run with the median jobs/s (throughput) or the median submit→result p50 (rate) is shown")
 	fs.IntVar(&o.warmup, "warmup", 50, "jobs run through each system before it is measured (not counted)")
 	rates := fs.String("rate", "500", "offered jobs per second (rate mode); several, comma-separated, give one row each; "+
 		"in profile mode, when given, one rate to profile for -duration instead of -n jobs as fast as they go")
@@ -315,9 +315,10 @@ type tpResult struct {
 	submit   []time.Duration // the submit call, per job
 	cpu      cpuSample       // CPU spent per group during the measurement
 	statuses map[string]int
-	lag      time.Duration // rate mode: the largest delay of a submit behind its schedule
-	offered  time.Duration // rate mode: first to last scheduled submit
-	allRates []float64     // throughput mode: jobs/s of every run that completed
+	lag      time.Duration      // rate mode: the largest delay of a submit behind its schedule
+	offered  time.Duration      // rate mode: first to last scheduled submit
+	allRates []float64          // throughput mode: jobs/s of every run that completed
+	allLat   [][2]time.Duration // rate mode: submit→result p50 and p99 of every run
 	// toStart and fromStart split submit → result at the first attempt's start (llmq only: its
 	// started_at): the wait before the call, and the call with the result's write.
 	toStart, fromStart []time.Duration

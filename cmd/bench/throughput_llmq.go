@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -384,25 +386,48 @@ func runRateMode(ctx context.Context, o tpOpts, ids []string, stderr io.Writer) 
 	rep := tpRateReport{opts: o}
 	for _, rate := range o.rates {
 		n := max(1, int(rate*o.duration.Seconds()))
-		for _, id := range ids {
-			name := systemName(id)
-			tpLogf(stderr, "%s at %g jobs/s for %s (%d jobs)", name, rate, o.duration, n)
-			var ol openLoopStats
-			res := measure(ctx, o, newSystem(o, id, stderr), id, name, n, openLoop(rate, &ol), stderr, nil)
-			res.lag, res.offered = ol.lag, ol.spread
-			if ctx.Err() != nil {
-				return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+		runs := make([][]tpResult, len(ids))
+		for run := range max(1, o.runs) {
+			for i, id := range ids {
+				name := systemName(id)
+				tpLogf(stderr, "[%d/%d] %s at %g jobs/s for %s (%d jobs)", run+1, max(1, o.runs), name, rate, o.duration, n)
+				var ol openLoopStats
+				res := measure(ctx, o, newSystem(o, id, stderr), id, name, n, openLoop(rate, &ol), stderr, nil)
+				res.lag, res.offered = ol.lag, ol.spread
+				if ctx.Err() != nil {
+					return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
+				}
+				if res.err != nil {
+					rep.runs = append(rep.runs, tpRateRun{rate: rate, res: res})
+					fmt.Fprint(stderr, rep.text())
+					return rep, res.err
+				}
+				tpLogf(stderr, "  p50 %s, p99 %s, submit p99 %s", msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
+					msText(percentile(res.submit, 99)))
+				runs[i] = append(runs[i], res)
 			}
-			rep.runs = append(rep.runs, tpRateRun{rate: rate, res: res})
-			if res.err != nil {
-				fmt.Fprint(stderr, rep.text())
-				return rep, res.err
-			}
-			tpLogf(stderr, "  p50 %s, p99 %s, submit p99 %s", msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
-				msText(percentile(res.submit, 99)))
+		}
+		for i := range ids {
+			rep.runs = append(rep.runs, tpRateRun{rate: rate, res: medianLatencyRun(runs[i])})
 		}
 	}
 	return rep, nil
+}
+
+// medianLatencyRun returns the run with the median submit→result p50 of runs (all completed),
+// with every run's p50 and p99 in allLat when there is more than one.
+func medianLatencyRun(runs []tpResult) tpResult {
+	sorted := slices.Clone(runs)
+	slices.SortStableFunc(sorted, func(a, b tpResult) int {
+		return cmp.Compare(percentile(a.lat, 50), percentile(b.lat, 50))
+	})
+	res := sorted[(len(sorted)-1)/2]
+	if len(runs) > 1 {
+		for _, r := range runs {
+			res.allLat = append(res.allLat, [2]time.Duration{percentile(r.lat, 50), percentile(r.lat, 99)})
+		}
+	}
+	return res
 }
 
 // stageTotals implements stageReporter: the in-process worker's registry, or the worker

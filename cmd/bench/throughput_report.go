@@ -347,6 +347,14 @@ func (r tpRateReport) notes() []string {
 		if sl := stagesLine(res.stages, res.n); sl != "" {
 			line += "; " + sl
 		}
+		if len(res.allLat) > 1 {
+			each := make([]string, len(res.allLat))
+			for i, l := range res.allLat {
+				each[i] = msText(l[0]) + " / " + msText(l[1])
+			}
+			line += fmt.Sprintf("; the run with the median p50 of %d is shown, p50 / p99 of each in the order run: %s",
+				len(res.allLat), strings.Join(each, ", "))
+		}
 		notes = append(notes, line+".")
 		if s := statusesNote(res); s != "" {
 			notes = append(notes, s)

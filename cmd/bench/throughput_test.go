@@ -321,8 +321,23 @@ func TestTPRateReport(t *testing.T) {
 	rep.runs[1].res.toStart = []time.Duration{ms(3), ms(3), ms(30)}
 	rep.runs[1].res.fromStart = []time.Duration{ms(1), ms(3), ms(10)}
 	require.Contains(t, strings.Join(rep.notes(), "\n"), "; created → first attempt started p50 3.0 ms, p99 30.0 ms; started → finished p50 3.0 ms, p99 10.0 ms")
+	rep.runs[1].res.allLat = [][2]time.Duration{{ms(4), ms(40)}, {ms(6), ms(60)}}
+	require.Contains(t, strings.Join(rep.notes(), "\n"),
+		"; the run with the median p50 of 2 is shown, p50 / p99 of each in the order run: 4.0 ms / 40.0 ms, 6.0 ms / 60.0 ms.")
 	res.lat[2] = ms(7)
 	require.Empty(t, rateMisses(res))
+}
+
+// Rate mode keeps, of several runs, the one with the median p50, and every run's p50 and p99.
+func TestMedianLatencyRun(t *testing.T) {
+	t.Parallel()
+	run := func(p50, p99 int) tpResult {
+		return tpResult{lat: []time.Duration{ms(p50), ms(p50), ms(p99)}}
+	}
+	got := medianLatencyRun([]tpResult{run(30, 90), run(10, 200), run(20, 50)})
+	require.Equal(t, ms(20), percentile(got.lat, 50), "the median p50, not the median p99's run")
+	require.Equal(t, [][2]time.Duration{{ms(30), ms(90)}, {ms(10), ms(200)}, {ms(20), ms(50)}}, got.allLat, "in the order run")
+	require.Nil(t, medianLatencyRun([]tpResult{run(5, 9)}).allLat, "one run: nothing to list")
 }
 
 func TestRateBetweenAndSlices(t *testing.T) {
