@@ -283,13 +283,13 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 	return h.attempt(ctx, job, cred, adm)
 }
 
-// firstDelivery reports whether this delivery is the job's first: nothing attempted or
-// deferred yet, and not asynq's retry of a delivery that failed on the stores.
+// firstDelivery reports whether this delivery is the job's first: nothing attempted, deferred
+// or failed over yet, and not asynq's retry of a delivery that failed on the stores.
 func firstDelivery(ctx context.Context, job *Job) bool {
 	if n, ok := asynq.GetRetryCount(ctx); ok && n > 0 {
 		return false
 	}
-	return job.Status == StatusQueued && job.Attempts == 0 && job.NextAttemptAt == nil
+	return job.Status == StatusQueued && job.Attempts == 0 && job.NextAttemptAt == nil && job.CredentialIndex == 0
 }
 
 // leaseRecheck is how soon a delivery that found the job leased by another looks again. Not the

@@ -54,6 +54,8 @@ func TestHandler_RecordsTheStagesOfADelivery(t *testing.T) {
 	h := jobs.NewHandler(jobs.HandlerConfig{Store: b.store, Metrics: jobs.NewMetrics(reg), Credentials: map[string]jobs.Credential{
 		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p,
 			Limiter: lim.Credential("sk-stages", "default"), Breaker: brk.Credential("sk-stages", "default")},
+		"backup": {Name: "backup", Kind: string(llm.KindAnthropic), Provider: p,
+			Limiter: lim.Credential("sk-backup", "backup"), Breaker: brk.Credential("sk-backup", "backup")},
 	}})
 	job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
 		Request:     json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`),
@@ -76,4 +78,22 @@ func TestHandler_RecordsTheStagesOfADelivery(t *testing.T) {
 	require.Equal(t, uint64(2), got[jobs.StageLoad])
 	require.Equal(t, uint64(1), got[jobs.StagePickup])
 	require.Equal(t, uint64(1), got[jobs.StageCall])
+
+	// When a job's first delivery fails over (its credential is paused) and runs on the fallback
+	_, err = lim.Credential("sk-stages", "default").Pause(ctx, "spend_cap", "")
+	require.NoError(t, err)
+	moved, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fallbacks: []string{"backup"},
+		Request:     json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`),
+		MaxAttempts: 3, Timeout: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, h.Process(ctx, moved.ID))
+	done, err := b.store.Get(ctx, moved.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, done.Status)
+	require.Equal(t, "backup", *done.AnsweredBy)
+
+	// Then its pick-up is recorded once, though the delivery read the job on each credential
+	got = stageCounts(t, reg)
+	require.Equal(t, uint64(2), got[jobs.StagePickup])
+	require.Equal(t, uint64(4), got[jobs.StageLoad])
 }
