@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // backlogWindow is the small backlog the drain is compared with: a second drain of only
@@ -26,9 +28,10 @@ const backlogSmallRuns = 3
 // backlogSample is the drain's state at one moment, for the CPU per job as the backlog shrinks.
 type backlogSample struct {
 	done     int
-	workers  time.Duration // CPU of the worker processes since they started
-	postgres time.Duration // CPU of the database's backends since the drain started
-	redis    time.Duration // CPU of the Redis server (shared) since the drain started
+	workers  time.Duration         // CPU of the worker processes since they started
+	postgres time.Duration         // CPU of the database's backends since the drain started
+	redis    time.Duration         // CPU of the Redis server (shared) since the drain started
+	stages   map[string]stageTotal // the workers' stage histograms since they started (nil: not read)
 }
 
 // backlogSlice is one tenth of the drain.
@@ -38,6 +41,8 @@ type backlogSlice struct {
 	workersMS  float64 // worker CPU ms per job over the slice; <0: not measured
 	postgresMS float64 // postgres CPU ms per job over the slice; <0: not measured
 	redisMS    float64 // Redis server CPU ms per job over the slice; <0: not measured
+	// stages are the deliveries' mean time per stage over the slice (nil: not read)
+	stages []stageTime
 }
 
 // tpBacklogReport is a finished backlog-mode run.
@@ -59,6 +64,10 @@ type tpBacklogReport struct {
 	overall   float64         // jobs/s from the first to the last result
 	slices    []backlogSlice
 	statuses  map[string]int
+	// stagesLarge and stagesSmall are the deliveries' mean time per stage over the large drain and
+	// over each small one (nil: not read).
+	stagesLarge []stageTime
+	stagesSmall [][]stageTime
 }
 
 // rateBetween is the rate of results i+1..j given their finishing times ts (sorted): (j − i) over
@@ -103,6 +112,9 @@ func drainSlices(ts []time.Time, samples []backlogSample, k int) []backlogSlice 
 		if jobs := b.done - a.done; jobs > 0 {
 			per := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(jobs) }
 			sl.workersMS, sl.postgresMS, sl.redisMS = per(b.workers-a.workers), per(b.postgres-a.postgres), per(b.redis-a.redis)
+			if a.stages != nil && b.stages != nil {
+				sl.stages = stageTimes(a.stages, b.stages)
+			}
 		}
 		out = append(out, sl)
 	}
@@ -170,6 +182,9 @@ func runBacklogMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpBacklogR
 				s.postgres = b.since(pg0)
 			}
 		}
+		if t, ok := sys.stageTotals(ctx); ok {
+			s.stages = t
+		}
 		samples = append(samples, s)
 	}
 	sample(0)
@@ -177,6 +192,7 @@ func runBacklogMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpBacklogR
 		return rep, err
 	}
 
+	rep.stagesLarge = drainStages(ctx, sys)
 	rep.statuses = map[string]int{}
 	ts, err := finishTimes(ctx, sys, start, rep.statuses)
 	if err != nil {
@@ -188,6 +204,7 @@ func runBacklogMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpBacklogR
 		if err != nil {
 			return rep, err
 		}
+		rep.stagesSmall = append(rep.stagesSmall, drainStages(ctx, sys))
 		rep.smallAll = append(rep.smallAll, rateBetween(small, 0, len(small)-1))
 		rep.satAll = append(rep.satAll, rateBetween(small, 0, rep.window))
 	}
@@ -258,6 +275,27 @@ func drainSmallBacklog(ctx context.Context, sys *llmqSystem, o tpOpts, first int
 		return nil, err
 	}
 	return finishTimes(ctx, sys, start, statuses)
+}
+
+// withoutPickup renders the stages other than the pick-up, which in a backlog is the time queued.
+func withoutPickup(stages []stageTime) string {
+	parts := make([]string, 0, len(stages))
+	for _, st := range stages {
+		if st.stage != jobs.StagePickup {
+			parts = append(parts, fmt.Sprintf("%s %.2f", st.stage, st.meanMS))
+		}
+	}
+	return "mean ms per delivery: " + strings.Join(parts, ", ")
+}
+
+// drainStages is where the deliveries of the workers' whole life spent their time: the workers
+// start for each drain, so that is the drain just finished (nil: not read).
+func drainStages(ctx context.Context, sys *llmqSystem) []stageTime {
+	t, ok := sys.stageTotals(ctx)
+	if !ok {
+		return nil
+	}
+	return stageTimes(map[string]stageTotal{}, t)
 }
 
 // submitProgress prints how many jobs were submitted every 5 s until stop is called.
@@ -346,7 +384,8 @@ func (r tpBacklogReport) rows() [][]string {
 		f(r.firstSat), f(r.smallSat), f(r.first), f(r.small), f(r.last), f(r.overall), ratio, passText(r.ok())}}
 }
 
-var tpSliceHeader = []string{"results", "jobs/s", "worker CPU ms/job", "postgres CPU ms/job", "redis CPU ms/job"}
+var tpSliceHeader = []string{"results", "jobs/s", "worker CPU ms/job", "postgres CPU ms/job", "redis CPU ms/job",
+	"load ms", "begin ms", "record ms"}
 
 func (r tpBacklogReport) sliceRows() [][]string {
 	out := make([][]string, len(r.slices))
@@ -357,8 +396,16 @@ func (r tpBacklogReport) sliceRows() [][]string {
 			}
 			return fmt.Sprintf("%.2f", v)
 		}
+		stage := func(name string) string {
+			for _, st := range s.stages {
+				if st.stage == name {
+					return fmt.Sprintf("%.2f", st.meanMS)
+				}
+			}
+			return "—"
+		}
 		out[i] = []string{fmt.Sprintf("%s–%s", thousandsText(s.from+1), thousandsText(s.to+1)), fmt.Sprintf("%.0f", s.rate),
-			cpu(s.workersMS), cpu(s.postgresMS), cpu(s.redisMS)}
+			cpu(s.workersMS), cpu(s.postgresMS), cpu(s.redisMS), stage(jobs.StageLoad), stage(jobs.StageBegin), stage(jobs.StageRecord)}
 	}
 	return out
 }
@@ -381,7 +428,15 @@ func (r tpBacklogReport) notes() []string {
 		"The tenths below: jobs/s over each tenth of the results; CPU per job of the worker processes (/proc) and of the " +
 			"database's backends (pg_stat_activity pids), and of the whole Redis server (INFO cpu; shared with its other clients), " +
 			"sampled every second. A cost that grows with the backlog shows as " +
-			"higher CPU per job in the first tenths.",
+			"higher CPU per job in the first tenths. load, begin and record: the deliveries' mean time reading the job, " +
+			"recording the attempt's start and recording its outcome (the worker's " + stageMetric + ", scraped with the " +
+			"CPU), the stages whose statements touch the jobs table and its indexes, waits for the batch in flight included.",
+	}
+	if r.stagesLarge != nil {
+		notes = append(notes, "Deliveries of the large drain, "+withoutPickup(r.stagesLarge)+".")
+		for i, st := range r.stagesSmall {
+			notes = append(notes, fmt.Sprintf("Deliveries of small drain %d, %s.", i+1, withoutPickup(st)))
+		}
 	}
 	if len(r.smallAll) > 1 {
 		list := func(vs []float64) string {

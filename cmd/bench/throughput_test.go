@@ -357,6 +357,22 @@ func TestRateBetweenAndSlices(t *testing.T) {
 	require.Equal(t, backlogSlice{from: 0, to: 50, rate: 100, workersMS: 2, postgresMS: 0, redisMS: 1}, sl[0])
 	require.InDelta(t, 100.0, sl[1].rate, 1e-9)
 	require.InDelta(t, 200.0/51, sl[1].workersMS, 1e-9)
+
+	// With the workers' stage histograms read at each sample, each slice has its stages' means
+	samples[0].stages = map[string]stageTotal{}
+	samples[1].stages = map[string]stageTotal{"load": {count: 50, sum: 0.05}, "begin": {count: 50, sum: 0.1}}
+	samples[2].stages = map[string]stageTotal{"load": {count: 101, sum: 0.152}, "begin": {count: 50, sum: 0.1}}
+	sl = drainSlices(ts, samples, 2)
+	require.Len(t, sl[0].stages, 2)
+	require.Equal(t, []string{"load", "begin"}, []string{sl[0].stages[0].stage, sl[0].stages[1].stage})
+	require.InDelta(t, 1.0, sl[0].stages[0].meanMS, 1e-9)
+	require.InDelta(t, 2.0, sl[0].stages[1].meanMS, 1e-9)
+	require.Len(t, sl[1].stages, 1, "no begin in the second slice")
+	require.Equal(t, uint64(51), sl[1].stages[0].count)
+	require.InDelta(t, 2.0, sl[1].stages[0].meanMS, 1e-9)
+	rows := tpBacklogReport{slices: sl}.sliceRows()
+	require.Equal(t, []string{"1.00", "2.00", "—"}, rows[0][5:])
+	require.Equal(t, []string{"2.00", "—", "—"}, rows[1][5:])
 }
 
 func TestTPBacklogReport(t *testing.T) {
@@ -367,6 +383,11 @@ func TestTPBacklogReport(t *testing.T) {
 		smallAll: []float64{1400, 1100, 1500}, satAll: []float64{1000, 700, 1300}}
 	require.True(t, rep.ok())
 	require.Contains(t, strings.Join(rep.notes(), "\n"), "Backlog of 1,000, jobs/s of each drain: first 600 results 1000, 700, 1300; all 1400, 1100, 1500.")
+	require.NotContains(t, strings.Join(rep.notes(), "\n"), "Deliveries of", "no stages read")
+	rep.stagesLarge = []stageTime{{stage: "pickup", count: 9, meanMS: 9000}, {stage: "load", count: 9, meanMS: 1.5}}
+	rep.stagesSmall = [][]stageTime{{{stage: "load", count: 9, meanMS: 1.25}}}
+	require.Contains(t, strings.Join(rep.notes(), "\n"), "Deliveries of the large drain, mean ms per delivery: load 1.50.\n"+
+		"Deliveries of small drain 1, mean ms per delivery: load 1.25.")
 	require.Equal(t, 1000.0, median(rep.satAll))
 	require.Equal(t, 850.0, median([]float64{1000, 700}))
 	require.Zero(t, median(nil))
