@@ -164,3 +164,44 @@ func TestBatcher_ConcurrentCallers(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(DISTINCT id) FROM jobs WHERE id = ANY($1::uuid[])`, ids).Scan(&count))
 	require.Equal(t, n, count)
 }
+
+// A create whose batch committed but whose answer was lost (the connection dropped after the
+// commit) is run again alone by the batcher and meets its own row: it answers with that job, so
+// the submit succeeds once instead of failing for a job that exists.
+func TestCreate_RerunAfterALostCommitAnswersItsOwnJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	s := NewStore(pool, nil)
+	id := uuid.Must(uuid.NewV7())
+	s.newID = func() (uuid.UUID, error) { return id, nil }
+	p := CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
+		Metadata: json.RawMessage(`{}`)}
+	// Given the first try's batch committed the job (and its event)
+	sql, args := insertJob(id.String(), nil, time.Now().Add(time.Hour), p)
+	_, err := pool.Exec(ctx, sql, args...)
+	require.NoError(t, err)
+
+	// When the batcher runs the same create again
+	job, replayed, err := s.Create(ctx, p)
+
+	// Then it answers with the job, once, with one event
+	require.NoError(t, err)
+	require.False(t, replayed)
+	require.Equal(t, id.String(), job.ID)
+	require.Equal(t, StatusQueued, job.Status)
+	require.JSONEq(t, `{"model":"m"}`, string(job.Request))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM job_events WHERE job_id = $1`, id).Scan(&n))
+	require.Equal(t, 1, n)
+
+	// And a row with that ID that this create could not have written is not taken for its own
+	other := p
+	other.Tenant = "someone-else"
+	_, _, err = s.Create(ctx, other)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "23505", pgErr.Code)
+}

@@ -36,6 +36,7 @@ type Store struct {
 	pool  *pgxpool.Pool
 	batch *batcher // the hot path's transitions, sent together under load
 	now   func() time.Time
+	newID func() (uuid.UUID, error) // a new job's ID: uuid.NewV7 (tests fix it)
 }
 
 // NewStore returns a Store on pool. now is the clock used for deadlines; nil means time.Now.
@@ -43,7 +44,7 @@ func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{pool: pool, batch: &batcher{pool: pool}, now: now}
+	return &Store{pool: pool, batch: &batcher{pool: pool}, now: now, newID: uuid.NewV7}
 }
 
 // Pool returns the underlying pool.
@@ -128,7 +129,7 @@ func scanJob(row pgx.Row) (*Job, error) {
 // and replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
 // key yield exactly one job.
 func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed bool, err error) {
-	id, err := uuid.NewV7()
+	id, err := s.newID()
 	if err != nil {
 		return nil, false, fmt.Errorf("new job id: %w", err)
 	}
@@ -138,7 +139,16 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 	if p.IdempotencyKey == "" {
 		// No key to claim: one statement, batched with other callers' (see batcher).
 		sql, args := insertJob(id.String(), nil, s.now().Add(p.Timeout), p)
-		if job, err = s.queryJob(ctx, id.String(), sql, args...); err != nil {
+		job, err = s.queryJob(ctx, id.String(), sql, args...)
+		if isJobIDTaken(err) {
+			// The batcher runs a failed batch's statements again one by one. When the batch's
+			// connection dropped after its commit, this insert already took effect: the ID is
+			// this call's own fresh UUIDv7, so the row holding it is the job this call created.
+			// Answering a duplicate key instead would fail a submit whose job exists (and that
+			// the sweeper would run), inviting the client to pay for it twice.
+			job, err = s.ownJob(ctx, id.String(), p, err)
+		}
+		if err != nil {
 			return nil, false, createError(err)
 		}
 		job.Request = p.Request // insertJob does not send the body back
@@ -168,6 +178,25 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		return nil, false, createError(err)
 	}
 	return job, replayed, nil
+}
+
+// isJobIDTaken reports whether err is an insert's conflict on the jobs' primary key.
+func isJobIDTaken(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "jobs_pkey"
+}
+
+// ownJob returns job id, which this Create inserted in an earlier try, or conflict when the row
+// is not one this Create could have written (another tenant or credential, or an idempotency key).
+func (s *Store) ownJob(ctx context.Context, id string, p CreateParams, conflict error) (*Job, error) {
+	job, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if job.Tenant != p.Tenant || job.Credential != p.Credential || job.IdempotencyKey != nil {
+		return nil, conflict
+	}
+	return job, nil
 }
 
 // createError turns Create's failure into the error it returns (nil stays nil).
