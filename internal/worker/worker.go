@@ -137,7 +137,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		// asynq polls an idle queue every TaskCheckInterval (default 1s, ~0.5s p50 added to
 		// every job) and moves due retries every DelayedTaskCheckInterval (default 5s). Both
 		// bound how precisely we keep the limiter's and Retry-After's times.
-		TaskCheckInterval:        10 * time.Millisecond,
+		TaskCheckInterval:        cfg.Worker.PollInterval,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
 		RetryDelayFunc:           jobs.RetryDelayFunc(policy, time.Now),
 		IsFailure:                jobs.IsFailure,
