@@ -66,7 +66,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "llmq_delivery_stage_duration_seconds",
 			Help:    "Time one delivery of a job spent in each stage (see jobs.Stage*): where a job's latency goes.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+			// 0.5 ms to 65 s: the store's round trips at the bottom, provider calls and pick-up
+			// from a backlog at the top.
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}, []string{"stage"}),
 		swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmq_sweeper_reenqueued_total", Help: "Jobs whose asynq task was missing and was enqueued again.",
