@@ -95,8 +95,8 @@ type Worker struct {
 	SweepInterval time.Duration `yaml:"sweep_interval"`
 	// PollInterval is how often an idle worker looks for a queued job (asynq's
 	// TaskCheckInterval: it sleeps between half and one and a half of it). It is most of a job's
-	// pick-up latency at moderate load, and an idle worker's Redis polling costs in inverse
-	// proportion. Default 10ms; at least 1ms.
+	// pick-up latency at moderate load, and an idle worker's Redis polling grows as it shrinks.
+	// Default 10ms; at least 1ms.
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// TokenMinute is the length of the providers' token-limit "minute". Default 1m; only a
 	// simulator with a scaled-down minute (benchmarks) differs.
