@@ -64,8 +64,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
 		}, []string{"credential", "status"}),
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "llmq_delivery_stage_duration_seconds",
-			Help:    "Time one delivery of a job spent in each stage (see jobs.Stage*): where a job's latency goes.",
+			Name: "llmq_delivery_stage_duration_seconds",
+			Help: "Time one delivery of a job spent in each stage (see jobs.Stage*): where a job's latency goes.",
 			// 0.5 ms to 65 s: the store's round trips at the bottom, provider calls and pick-up
 			// from a backlog at the top.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
