@@ -295,13 +295,13 @@ func tpLogf(w io.Writer, format string, args ...any) {
 func newSystem(o tpOpts, id string, stderr io.Writer) tpSystem {
 	switch id {
 	case tpAsynq:
-		return &asynqSystem{o: o}
+		return &asynqSystem{inProcessQueue: inProcessQueue{o: o}}
 	case tpRiver:
-		return &riverSystem{o: o}
+		return &riverSystem{inProcessQueue: inProcessQueue{o: o}}
 	case tpComposite:
-		return &compositeSystem{floorBase{o: o}}
+		return &compositeSystem{floorBase{inProcessQueue: inProcessQueue{o: o}}}
 	case tpHTTPFloor:
-		return &httpFloorSystem{floorBase: floorBase{o: o}}
+		return &httpFloorSystem{floorBase: floorBase{inProcessQueue: inProcessQueue{o: o}}}
 	}
 	return &llmqSystem{o: o, stderr: stderr, workersAtStart: true}
 }

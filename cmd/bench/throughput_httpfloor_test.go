@@ -20,7 +20,7 @@ func TestHTTPFloorSystem(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	o := tpOpts{dbURL: pgtest.URL(t), redisURL: redistest.URL(), conns: 4, clients: 4, workers: 1}
-	sys := &httpFloorSystem{floorBase: floorBase{o: o}}
+	sys := &httpFloorSystem{floorBase: floorBase{inProcessQueue: inProcessQueue{o: o}}}
 	t.Cleanup(sys.close)
 	const n = 6
 	require.NoError(t, sys.prepare(ctx, n))

@@ -107,14 +107,36 @@ func (c *cleanups) run() {
 
 const tpTaskType = "bench:throughput"
 
+// inProcessQueue is what the queues run in this process share: the tracker of their submits and
+// completions, which answers the bench's questions, the database and Redis whose CPU they are
+// metered by, and their cleanups.
+type inProcessQueue struct {
+	o   tpOpts
+	t   *tracker
+	db  string // the run's database; "": none (plain asynq)
+	rdb redis.UniversalClient
+	c   cleanups
+}
+
+func (q *inProcessQueue) completed(context.Context) (int, error) { return int(q.t.n.Load()), nil }
+func (q *inProcessQueue) pollEvery() time.Duration               { return 2 * time.Millisecond }
+func (q *inProcessQueue) results(_ context.Context, since time.Time) (tpOutcome, error) {
+	return q.t.outcome(since), nil
+}
+func (q *inProcessQueue) close() { q.c.run() }
+
+func (q *inProcessQueue) meter() *cpuMeter {
+	if q.db == "" {
+		return &cpuMeter{rdb: q.rdb}
+	}
+	return &cpuMeter{adminURL: q.o.dbURL, db: q.db, rdb: q.rdb}
+}
+
 // asynqSystem is plain asynq with a no-op handler, producers and server in this process.
 type asynqSystem struct {
-	o      tpOpts
-	t      *tracker
+	inProcessQueue
 	client *asynq.Client
-	rdb    redis.UniversalClient
 	queue  string
-	c      cleanups
 }
 
 func (s *asynqSystem) prepare(ctx context.Context, total int) error {
@@ -154,14 +176,6 @@ func (s *asynqSystem) submit(ctx context.Context, i int) error {
 	return nil
 }
 
-func (s *asynqSystem) completed(context.Context) (int, error) { return int(s.t.n.Load()), nil }
-func (s *asynqSystem) pollEvery() time.Duration               { return 2 * time.Millisecond }
-func (s *asynqSystem) results(_ context.Context, since time.Time) (tpOutcome, error) {
-	return s.t.outcome(since), nil
-}
-func (s *asynqSystem) meter() *cpuMeter { return &cpuMeter{rdb: s.rdb} }
-func (s *asynqSystem) close()           { s.c.run() }
-
 // River's fetch timing in its row: River polls at FetchPollInterval and, woken by insert
 // notifications, fetches at most once per FetchCooldown (defaults 1 s and 100 ms: 100 ms would cap
 // a queue at MaxWorkers jobs per 100 ms and put ~50 ms on every job). Set short, as asynq's
@@ -194,13 +208,9 @@ func (w *riverWorker) Work(_ context.Context, j *river.Job[riverArgs]) error {
 // riverSystem is River with a no-op worker on a fresh database, producers and workers in this
 // process.
 type riverSystem struct {
-	o      tpOpts
-	t      *tracker
+	inProcessQueue
 	client *river.Client[pgx.Tx]
 	pool   *pgxpool.Pool
-	db     string
-	rdb    redis.UniversalClient
-	c      cleanups
 }
 
 // openBenchPool creates database name and opens a pool of conns connections on it.
@@ -278,26 +288,14 @@ func (s *riverSystem) submit(ctx context.Context, i int) error {
 	return nil
 }
 
-func (s *riverSystem) completed(context.Context) (int, error) { return int(s.t.n.Load()), nil }
-func (s *riverSystem) pollEvery() time.Duration               { return 2 * time.Millisecond }
-func (s *riverSystem) results(_ context.Context, since time.Time) (tpOutcome, error) {
-	return s.t.outcome(since), nil
-}
-func (s *riverSystem) meter() *cpuMeter { return &cpuMeter{adminURL: s.o.dbURL, db: s.db, rdb: s.rdb} }
-func (s *riverSystem) close()           { s.c.run() }
-
 // floorBase is what the two floor rows share: a fresh database holding the bench_jobs table, an
 // asynq queue with its server and client, and the tracker of the in-process completions.
 type floorBase struct {
-	o      tpOpts
-	t      *tracker
+	inProcessQueue
 	pool   *pgxpool.Pool
-	db     string
 	client *asynq.Client
-	rdb    redis.UniversalClient
 	queue  string
 	opt    asynq.RedisConnOpt
-	c      cleanups
 }
 
 // prepareStores creates the database llmq_bench_<kind>_<random> with the bench_jobs table, the
@@ -342,14 +340,6 @@ func (b *floorBase) startServer(h asynq.Handler) error {
 	b.c.add(srv.Shutdown)
 	return nil
 }
-
-func (b *floorBase) completed(context.Context) (int, error) { return int(b.t.n.Load()), nil }
-func (b *floorBase) pollEvery() time.Duration               { return 2 * time.Millisecond }
-func (b *floorBase) results(_ context.Context, since time.Time) (tpOutcome, error) {
-	return b.t.outcome(since), nil
-}
-func (b *floorBase) meter() *cpuMeter { return &cpuMeter{adminURL: b.o.dbURL, db: b.db, rdb: b.rdb} }
-func (b *floorBase) close()           { b.c.run() }
 
 // compositeSystem is the floor of a Postgres-then-asynq design: insert a row, enqueue its task,
 // and a handler that marks the row done, all in this process.
