@@ -1,14 +1,11 @@
 package jobs_test
 
 import (
-	"encoding/json"
-	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -27,16 +24,9 @@ func TestHandler_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
 	rdb := redistest.Client(t)
 	trips := &redistest.ScriptTrips{}
 	rdb.AddHook(trips)
-	prefix := redistest.Prefix(t)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix})
-	require.NoError(t, err)
-	brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix})
-	require.NoError(t, err)
-	sim := httptest.NewServer(llmsim.New(llmsim.Config{Capacity: 100, RefillPerSecond: 100,
-		InputTokensPerMinute: 1_000_000, OutputTokensPerMinute: 1_000_000}))
-	t.Cleanup(sim.Close)
-	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: sim.URL, APIKey: "sk-aftercall"})
-	require.NoError(t, err)
+	lim, brk := sharedAdmission(t, rdb)
+	p := simProvider(t, llmsim.Config{Capacity: 100, RefillPerSecond: 100,
+		InputTokensPerMinute: 1_000_000, OutputTokensPerMinute: 1_000_000}, "sk-aftercall")
 	est, err := tokens.New(nil)
 	require.NoError(t, err)
 	lc, bc := lim.Credential("sk-aftercall", "default"), brk.Credential("sk-aftercall", "default")
@@ -46,8 +36,7 @@ func TestHandler_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
 	run := func() {
 		t.Helper()
 		job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
-			Request:     json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`),
-			MaxAttempts: 3, Timeout: time.Minute})
+			Request: helloRequest, MaxAttempts: 3, Timeout: time.Minute})
 		require.NoError(t, err)
 		require.NoError(t, h.Process(ctx, job.ID))
 		got, err := b.store.Get(ctx, job.ID)

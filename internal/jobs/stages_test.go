@@ -1,17 +1,13 @@
 package jobs_test
 
 import (
-	"encoding/json"
-	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/jobs"
-	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
@@ -41,15 +37,8 @@ func TestHandler_RecordsTheStagesOfADelivery(t *testing.T) {
 	ctx := t.Context()
 	b := setupStore(t)
 	rdb := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix})
-	require.NoError(t, err)
-	brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix})
-	require.NoError(t, err)
-	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
-	t.Cleanup(sim.Close)
-	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: sim.URL, APIKey: "sk-stages"})
-	require.NoError(t, err)
+	lim, brk := sharedAdmission(t, rdb)
+	p := simProvider(t, llmsim.Config{}, "sk-stages")
 	reg := prometheus.NewRegistry()
 	h := jobs.NewHandler(jobs.HandlerConfig{Store: b.store, Metrics: jobs.NewMetrics(reg), Credentials: map[string]jobs.Credential{
 		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p,
@@ -58,8 +47,7 @@ func TestHandler_RecordsTheStagesOfADelivery(t *testing.T) {
 			Limiter: lim.Credential("sk-backup", "backup"), Breaker: brk.Credential("sk-backup", "backup")},
 	}})
 	job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
-		Request:     json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`),
-		MaxAttempts: 3, Timeout: time.Minute})
+		Request: helloRequest, MaxAttempts: 3, Timeout: time.Minute})
 	require.NoError(t, err)
 
 	// When the job's first delivery runs it to success
@@ -83,8 +71,7 @@ func TestHandler_RecordsTheStagesOfADelivery(t *testing.T) {
 	_, err = lim.Credential("sk-stages", "default").Pause(ctx, "spend_cap", "")
 	require.NoError(t, err)
 	moved, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fallbacks: []string{"backup"},
-		Request:     json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`),
-		MaxAttempts: 3, Timeout: time.Minute})
+		Request: helloRequest, MaxAttempts: 3, Timeout: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, h.Process(ctx, moved.ID))
 	done, err := b.store.Get(ctx, moved.ID)
