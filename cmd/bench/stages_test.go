@@ -66,3 +66,13 @@ func TestStageTimes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, scraped, inProcess)
 }
+
+// A worker that cannot be scraped is an error naming it, not zero stages.
+func TestScrapeStageTotals_Unreachable(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	srv.Close()
+	_, err := scrapeStageTotals(t.Context(), http.DefaultClient, []string{addr})
+	require.ErrorContains(t, err, "scrape "+addr)
+}
