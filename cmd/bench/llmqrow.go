@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -576,16 +575,6 @@ func childEnv(base, extra []string) []string {
 		return k == config.EnvConfig || k == config.EnvDatabaseURL || k == config.EnvRedisURL || k == simKeyEnv
 	})
 	return append(out, extra...)
-}
-
-// freeAddr returns a 127.0.0.1 address with a port that was free a moment ago.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // tail returns the last n lines of the file at path (or why it cannot).
