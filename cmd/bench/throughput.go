@@ -217,11 +217,11 @@ func (o tpOpts) selected() ([]string, error) {
 // process times the worker processes.
 func (o tpOpts) concurrency() int { return 200 * o.workers }
 
-// saturatedWindow is how many of a drain's first results backlog mode compares: backlogWindow less
-// the jobs the workers hold at once (at least a quarter of backlogWindow). Up to there the small
-// backlog's workers still had queued work; its last results come as the jobs in flight finish
-// with nothing left to take, faster than any steady rate (the large drain's run-out shows the
-// same), so comparing its whole drain with the large drain's first results favoured the small one.
+// saturatedWindow is how many of a drain's first results backlog mode shows as the workers'
+// start-up: backlogWindow less the jobs the workers hold at once (at least a quarter of
+// backlogWindow). Up to there the small backlog's workers still had queued work; its last
+// results come as the jobs in flight finish with nothing left to take, faster than any steady
+// rate.
 func (o tpOpts) saturatedWindow() int { return max(backlogWindow-o.concurrency(), backlogWindow/4) }
 
 // runThroughput is `bench throughput`.

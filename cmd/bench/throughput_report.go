@@ -40,7 +40,7 @@ const (
 	tpTargetRateP50  = 10 * time.Millisecond
 	tpTargetRateP99  = 30 * time.Millisecond
 	tpTargetSubmit99 = 20 * time.Millisecond
-	tpTargetBacklog  = 0.10 // drain rate with the full backlog within 10% of the rate near its end
+	tpTargetBacklog  = 0.10 // drain rate of the full backlog within 10% of a small backlog's
 )
 
 // msText renders a latency: "4.2 ms", "153 ms", "2.31 s".
