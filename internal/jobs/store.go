@@ -265,13 +265,16 @@ func (e *LeasedError) Error() string {
 // lease holds the job: a running job is taken over only once its lease has ended (its delivery
 // died), so one job never has two calls in flight.
 func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
+	// The lease token is this call's own, so that a run of this statement again (the batcher
+	// reruns a batch whose commit answer was lost) knows the lease it finds for its own.
+	token := uuid.NewString()
 	// One statement (atomic; batched with other callers', see batcher): the update and its
 	// event; a trigger notifies.
 	job, err := s.queryJob(ctx, id, `
 WITH u AS (
 	UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
 		next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1,
-		lease_token = gen_random_uuid(), lease_until = clock_timestamp() + $2 * interval '1 millisecond'
+		lease_token = $3::uuid, lease_until = clock_timestamp() + $2 * interval '1 millisecond'
 	WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
 		AND (status <> 'running' OR lease_until IS NULL OR lease_until <= clock_timestamp())
 	RETURNING *
@@ -279,21 +282,23 @@ WITH u AS (
 	INSERT INTO job_events (job_id, seq, type, payload)
 	SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts) FROM u
 )
-SELECT `+jobColumnsNoRequest+` FROM u`, id, AttemptLease.Milliseconds())
+SELECT `+jobColumnsNoRequest+` FROM u`, id, AttemptLease.Milliseconds(), token)
 	if err == nil {
 		return job, nil
 	}
 	if !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("begin attempt: %w", err)
 	}
-	// Not runnable: say whether a live lease is why (or the job is terminal or missing).
-	var until *time.Time
-	err = s.pool.QueryRow(ctx, `SELECT lease_until FROM jobs
-WHERE id = $1 AND status = 'running' AND lease_until > clock_timestamp()`, id).Scan(&until)
+	// Not runnable: say whether a live lease is why (or the job is terminal or missing). The
+	// lease may be this call's own: its first run committed, and its answer was lost.
+	job, err = scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumnsNoRequest+` FROM jobs
+WHERE id = $1 AND status = 'running' AND lease_until > clock_timestamp()`, id))
 	switch {
-	case err == nil && until != nil:
-		return nil, &LeasedError{Until: *until}
-	case err == nil || errors.Is(err, pgx.ErrNoRows):
+	case err == nil && job.LeaseToken != nil && *job.LeaseToken == token:
+		return job, nil
+	case err == nil && job.LeaseUntil != nil:
+		return nil, &LeasedError{Until: *job.LeaseUntil}
+	case err == nil || errors.Is(err, ErrNotFound):
 		return nil, ErrNotRunnable
 	}
 	return nil, fmt.Errorf("begin attempt: %w", err)

@@ -1,0 +1,243 @@
+package jobs
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+)
+
+// commitAnswerCutter is a TCP proxy in front of Postgres that, once armed, lets a batch of
+// statements commit and then drops the connection before its client hears so: it cuts at the
+// first ReadyForQuery that ends two or more statements' results (a pipelined batch, whose Sync
+// commits its implicit transaction), without forwarding it. The server has committed by then
+// (ReadyForQuery comes after the commit), so the client sees a broken connection for writes that
+// took effect.
+type commitAnswerCutter struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	armed bool
+	cuts  int
+}
+
+// newCommitAnswerCutter starts a cutter in front of the Postgres of dbURL and returns it with
+// dbURL rewritten to go through it. It stops when the test ends.
+func newCommitAnswerCutter(t *testing.T, dbURL string) (*commitAnswerCutter, string) {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	c := &commitAnswerCutter{ln: ln, target: u.Host}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.pipe(client)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	u.Host = ln.Addr().String()
+	return c, u.String()
+}
+
+// arm makes the cutter drop the next committed batch's answer.
+func (c *commitAnswerCutter) arm() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.armed = true
+}
+
+// cutCount is how many answers the cutter has dropped.
+func (c *commitAnswerCutter) cutCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cuts
+}
+
+// takeCut reports whether to cut now, disarming the cutter if so.
+func (c *commitAnswerCutter) takeCut() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.armed {
+		return false
+	}
+	c.armed, c.cuts = false, c.cuts+1
+	return true
+}
+
+// pipe proxies one connection: the client's bytes as they come, the server's message by message.
+func (c *commitAnswerCutter) pipe(client net.Conn) {
+	defer client.Close()
+	server, err := net.Dial("tcp", c.target)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	go func() {
+		_, _ = io.Copy(server, client)
+		server.Close()
+	}()
+	// Every message from the server is a type byte and a length that counts itself (the
+	// client asks for no TLS, so there is no untyped reply to an SSLRequest).
+	header := make([]byte, 5)
+	statements := 0
+	for {
+		if _, err := io.ReadFull(server, header); err != nil {
+			return
+		}
+		body := make([]byte, binary.BigEndian.Uint32(header[1:])-4)
+		if _, err := io.ReadFull(server, body); err != nil {
+			return
+		}
+		switch header[0] {
+		case 'C': // CommandComplete: one statement done
+			statements++
+		case 'Z': // ReadyForQuery: the transaction is over
+			if statements >= 2 && c.takeCut() {
+				return // the deferred closes drop both sides
+			}
+			statements = 0
+		}
+		if _, err := client.Write(append(header, body...)); err != nil {
+			return
+		}
+	}
+}
+
+// newCutStore returns a Store whose connections go through a commitAnswerCutter, the cutter, and
+// a pool straight to the same database for the test's own reads.
+func newCutStore(t *testing.T) (*Store, *commitAnswerCutter, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	cutter, viaCutter := newCommitAnswerCutter(t, dbURL)
+	pool, err := pgxpool.New(ctx, viaCutter)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	direct, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	return NewStore(pool, nil), cutter, direct
+}
+
+// inOneBatchWithItsAnswerLost runs calls at once so that their statements wait for one batch (as
+// if a batch were out), arms cutter, sends that batch, and waits for every call to return.
+func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *commitAnswerCutter, calls ...func()) {
+	t.Helper()
+	s.batch.mu.Lock()
+	s.batch.inFlight = 1
+	s.batch.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, call := range calls {
+		wg.Go(call)
+	}
+	require.Eventually(t, func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		return len(s.batch.pending) == len(calls)
+	}, 10*time.Second, time.Millisecond)
+	cutter.arm()
+	go s.batch.send() // as the sender that was out would go on to it
+	wg.Wait()
+	require.Equal(t, 1, cutter.cutCount(), "the batch's commit answer was dropped")
+}
+
+var cutTestParams = CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
+	MaxAttempts: 3, Timeout: time.Hour}
+
+// A batch of creates commits, and the connection drops before the store hears so. The batcher
+// runs each create again on its own; each finds the row its first try wrote, and answers with it:
+// every submit succeeds, and each job exists once.
+func TestCreate_BatchWhoseCommitAnswerIsLostAnswersEachJobOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, cutter, direct := newCutStore(t)
+
+	// When two creates' batch commits and its answer is lost
+	var jobs [2]*Job
+	var errs [2]error
+	inOneBatchWithItsAnswerLost(t, s, cutter,
+		func() { jobs[0], _, errs[0] = s.Create(ctx, cutTestParams) },
+		func() { jobs[1], _, errs[1] = s.Create(ctx, cutTestParams) })
+
+	// Then both answer with their own job, and each job and its event exist once
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.NotEqual(t, jobs[0].ID, jobs[1].ID, "two creates, two jobs")
+	for _, j := range jobs {
+		require.Equal(t, StatusQueued, j.Status)
+	}
+	var n, events int
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&n))
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM job_events`).Scan(&events))
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, events)
+}
+
+// A batch of attempt starts commits, and its answer is lost. Each start run again finds the
+// lease its first run took, and answers with it: the attempt is counted once, and the delivery
+// goes on to make its call instead of waiting out a lease nobody holds.
+func TestBeginAttempt_BatchWhoseCommitAnswerIsLostAnswersEachLeaseOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, cutter, direct := newCutStore(t)
+	var ids [2]string
+	for i := range ids {
+		j, _, err := s.Create(ctx, cutTestParams)
+		require.NoError(t, err)
+		ids[i] = j.ID
+	}
+
+	// When the two jobs' attempt starts go in one batch that commits and whose answer is lost
+	var jobs [2]*Job
+	var errs [2]error
+	inOneBatchWithItsAnswerLost(t, s, cutter,
+		func() { jobs[0], errs[0] = s.BeginAttempt(ctx, ids[0]) },
+		func() { jobs[1], errs[1] = s.BeginAttempt(ctx, ids[1]) })
+
+	// Then each answers with its running job and its lease, counted and recorded once
+	for i, j := range jobs {
+		require.NoError(t, errs[i])
+		require.Equal(t, ids[i], j.ID)
+		require.Equal(t, StatusRunning, j.Status)
+		require.Equal(t, 1, j.Attempts)
+		require.NotNil(t, j.LeaseToken)
+		var attempts, running int
+		var token string
+		require.NoError(t, direct.QueryRow(ctx, `SELECT attempts, lease_token::text FROM jobs WHERE id = $1`, ids[i]).Scan(&attempts, &token))
+		require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM job_events WHERE job_id = $1 AND type = 'running'`, ids[i]).Scan(&running))
+		require.Equal(t, 1, attempts)
+		require.Equal(t, 1, running)
+		require.Equal(t, token, *j.LeaseToken, "the lease answered is the one the row holds")
+	}
+
+	// And another delivery still finds the job leased
+	_, err := s.BeginAttempt(ctx, ids[0])
+	var leased *LeasedError
+	require.ErrorAs(t, err, &leased)
+}
