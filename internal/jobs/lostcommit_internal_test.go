@@ -149,9 +149,16 @@ func newCutStore(t *testing.T) (*Store, *commitAnswerCutter, *pgxpool.Pool) {
 // if a batch were out), arms cutter, sends that batch, and waits for every call to return.
 func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *commitAnswerCutter, calls ...func()) {
 	t.Helper()
-	s.batch.mu.Lock()
-	s.batch.inFlight = 1
-	s.batch.mu.Unlock()
+	// Once the sender of earlier statements has gone, hold its place: the calls' statements queue.
+	require.Eventually(t, func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		if s.batch.inFlight != 0 {
+			return false
+		}
+		s.batch.inFlight = 1
+		return true
+	}, 10*time.Second, time.Millisecond)
 	var wg sync.WaitGroup
 	for _, call := range calls {
 		wg.Go(call)
