@@ -23,7 +23,7 @@ const backlogWindow = 1000
 
 // backlogSmallRuns is how many times the small backlog is drained; the median of their rates is
 // the one compared. One drain of backlogWindow jobs lasts well under a second; on these machines
-// single drains of the same code ranged from 2184 to 3455 jobs/s in one session.
+// single drains of the same code ranged from 2184 to 3460 jobs/s in one session.
 const backlogSmallRuns = 5
 
 // backlogSample is the drain's state at one moment, for the CPU per job as the backlog shrinks.
@@ -160,8 +160,8 @@ func runBacklogMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpBacklogR
 	// The baseline is read before the workers start (their CPU and histograms start at zero), and
 	// waitDrained counts only after a second, so that no measurement competes with the drain's
 	// first results. Read at the start, with a COUNT over the whole backlog, they slowed a
-	// 100,000-job drain's first 600 results to 0.57–0.82 × a small drain's in most runs; without
-	// them, 1.09–1.14 ×.
+	// 100,000-job drain's first 600 results to 0.57–0.82 × a small drain's in most runs (three
+	// runs since: 0.86–1.05 ×).
 	var redis0 time.Duration
 	if sys.rdb != nil {
 		redis0, _ = redisCPU(ctx, sys.rdb)
