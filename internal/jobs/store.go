@@ -263,7 +263,9 @@ func (e *LeasedError) Error() string {
 // with it). The job it returns has no Request: a request never changes, use Get's. It returns
 // ErrNotRunnable for a terminal (or missing) job and a *LeasedError while another delivery's
 // lease holds the job: a running job is taken over only once its lease has ended (its delivery
-// died), so one job never has two calls in flight.
+// died), so one job never has two calls in flight. When the store runs its statement again
+// because the first run's commit answer was lost, it answers with the lease that first run took,
+// and the attempt is counted once.
 func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
 	// The lease token is this call's own, so that a run of this statement again (the batcher
 	// reruns a batch whose commit answer was lost) knows the lease it finds for its own.
