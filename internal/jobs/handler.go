@@ -544,10 +544,12 @@ func (h *Handler) attempt(ctx context.Context, job *Job, cred Credential, adm ad
 		firstByte = time.Duration(*job.FirstByteTimeout)
 	}
 	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
+	// The lease is kept until the outcome is recorded, not only through the call: recording may
+	// wait for Postgres (see record), and the job must not be taken over meanwhile.
 	stopRenewing := h.keepLease(ctx, job)
+	defer stopRenewing()
 	resp, callErr := cred.Provider.Send(callCtx, job.Request, llm.SendOptions{FirstByteTimeout: firstByte})
 	cancel()
-	stopRenewing()
 	now := h.cfg.Now()
 	h.cfg.Metrics.stage(StageCall, now.Sub(started))
 	a := &Attempt{Number: job.Attempts, Credential: cred.Name, StartedAt: started, Latency: now.Sub(started)}
@@ -808,9 +810,36 @@ func (h *Handler) finish(ctx context.Context, job *Job, a *Attempt, o Outcome) e
 }
 
 // record stores an attempt and the job's outcome (Store.Finish), timed as StageRecord.
+// recordRetryWindow is how long record keeps trying while Postgres cannot be reached.
+const recordRetryWindow = 30 * time.Second
+
+// record stores an attempt's outcome (Store.Finish). While Postgres cannot be reached it tries
+// again, backing off from 50 ms to 1 s, for up to recordRetryWindow (or until ctx ends), and
+// returns the last error only then. The call has been made and paid for: handing the delivery
+// back to asynq instead would leave the job's lease to run out and the call to be made again.
+// Finish is safe to run again (a terminal outcome already stored answers applied=false).
 func (h *Handler) record(ctx context.Context, id string, a *Attempt, o Outcome) (bool, error) {
 	defer h.timed(StageRecord, h.cfg.Now())
-	return h.cfg.Store.Finish(ctx, id, a, o)
+	ctx, cancel := context.WithTimeout(ctx, recordRetryWindow)
+	defer cancel()
+	wait := 50 * time.Millisecond
+	for tries := 1; ; tries++ {
+		applied, err := h.cfg.Store.Finish(ctx, id, a, o)
+		if err == nil || !IsUnavailable(err) || ctx.Err() != nil {
+			if err == nil && tries > 1 {
+				h.cfg.Logger.InfoContext(ctx, "attempt outcome recorded after postgres came back", "job_id", id, "tries", tries)
+			}
+			return applied, err
+		}
+		if tries == 1 {
+			h.cfg.Logger.WarnContext(ctx, "postgres unavailable while recording an attempt's outcome; trying again",
+				"job_id", id, "error", err)
+		}
+		if sleep(ctx, wait) != nil {
+			return false, err
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // timed records the time since t0 as the delivery's stage.

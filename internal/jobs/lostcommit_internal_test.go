@@ -2,11 +2,7 @@ package jobs
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
-	"io"
-	"net"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -17,125 +13,13 @@ import (
 	"github.com/llmq/llmq/internal/pgtest"
 )
 
-// commitAnswerCutter is a TCP proxy in front of Postgres that, once armed, lets a batch of
-// statements commit and then drops the connection before its client hears so: it cuts at the
-// first ReadyForQuery that ends two or more statements' results (a pipelined batch, whose Sync
-// commits its implicit transaction), without forwarding it. The server has committed by then
-// (ReadyForQuery comes after the commit), so the client sees a broken connection for writes that
-// took effect.
-type commitAnswerCutter struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	armed bool
-	cuts  int
-}
-
-// newCommitAnswerCutter starts a cutter in front of the Postgres of dbURL and returns it with
-// dbURL rewritten to go through it. It stops when the test ends.
-func newCommitAnswerCutter(t *testing.T, dbURL string) (*commitAnswerCutter, string) {
-	t.Helper()
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	c := &commitAnswerCutter{ln: ln, target: u.Host}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c.pipe(client)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-	})
-	u.Host = ln.Addr().String()
-	return c, u.String()
-}
-
-// arm makes the cutter drop the next committed batch's answer.
-func (c *commitAnswerCutter) arm() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.armed = true
-}
-
-// cutCount is how many answers the cutter has dropped.
-func (c *commitAnswerCutter) cutCount() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cuts
-}
-
-// takeCut reports whether to cut now, disarming the cutter if so.
-func (c *commitAnswerCutter) takeCut() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.armed {
-		return false
-	}
-	c.armed, c.cuts = false, c.cuts+1
-	return true
-}
-
-// pipe proxies one connection: the client's bytes as they come, the server's message by message.
-func (c *commitAnswerCutter) pipe(client net.Conn) {
-	defer client.Close()
-	server, err := net.Dial("tcp", c.target)
-	if err != nil {
-		return
-	}
-	defer server.Close()
-	go func() {
-		_, _ = io.Copy(server, client)
-		server.Close()
-	}()
-	// Every message from the server is a type byte and a length that counts itself (the
-	// client asks for no TLS, so there is no untyped reply to an SSLRequest).
-	header := make([]byte, 5)
-	statements := 0
-	for {
-		if _, err := io.ReadFull(server, header); err != nil {
-			return
-		}
-		body := make([]byte, binary.BigEndian.Uint32(header[1:])-4)
-		if _, err := io.ReadFull(server, body); err != nil {
-			return
-		}
-		switch header[0] {
-		case 'C': // CommandComplete: one statement done
-			statements++
-		case 'Z': // ReadyForQuery: the transaction is over
-			if statements >= 2 && c.takeCut() {
-				return // the deferred closes drop both sides
-			}
-			statements = 0
-		}
-		if _, err := client.Write(append(header, body...)); err != nil {
-			return
-		}
-	}
-}
-
-// newCutStore returns a Store whose connections go through a commitAnswerCutter, the cutter, and
+// newCutStore returns a Store whose connections go through a pgFaults proxy, the proxy, and
 // a pool straight to the same database for the test's own reads.
-func newCutStore(t *testing.T) (*Store, *commitAnswerCutter, *pgxpool.Pool) {
+func newCutStore(t *testing.T) (*Store, *pgFaults, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	dbURL := pgtest.URL(t)
-	cutter, viaCutter := newCommitAnswerCutter(t, dbURL)
+	cutter, viaCutter := newPGFaults(t, dbURL)
 	pool, err := pgxpool.New(ctx, viaCutter)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -146,8 +30,9 @@ func newCutStore(t *testing.T) (*Store, *commitAnswerCutter, *pgxpool.Pool) {
 }
 
 // inOneBatchWithItsAnswerLost runs calls at once so that their statements wait for one batch (as
-// if a batch were out), arms cutter, sends that batch, and waits for every call to return.
-func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *commitAnswerCutter, calls ...func()) {
+// if a batch were out), has cutter lose that batch's answer, sends it, and waits for every call
+// to return.
+func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *pgFaults, calls ...func()) {
 	t.Helper()
 	// Once the sender of earlier statements has gone, hold its place: the calls' statements queue.
 	require.Eventually(t, func() bool {
@@ -168,7 +53,7 @@ func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *commitAnswerCut
 		defer s.batch.mu.Unlock()
 		return len(s.batch.pending) == len(calls)
 	}, 10*time.Second, time.Millisecond)
-	cutter.arm()
+	cutter.loseNextBatchAnswer()
 	go s.batch.send() // as the sender that was out would go on to it
 	wg.Wait()
 	require.Equal(t, 1, cutter.cutCount(), "the batch's commit answer was dropped")

@@ -1,0 +1,180 @@
+package jobs
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// pgFaults is a TCP proxy in front of Postgres that injects two faults on the wire:
+//   - loseNextBatchAnswer lets the next batch of statements commit and then drops the connection
+//     before its client hears so. It cuts at the first ReadyForQuery that ends two or more
+//     statements' results (a pipelined batch, whose Sync commits its implicit transaction),
+//     without forwarding it: the server has committed by then, so the client sees a broken
+//     connection for writes that took effect.
+//   - goDown resets every open connection and refuses new ones (accepts and closes them at once)
+//     until comeUp: Postgres unreachable.
+type pgFaults struct {
+	ln     net.Listener
+	target string
+
+	mu        sync.Mutex
+	loseBatch bool
+	cuts      int
+	down      bool
+	refused   int
+	conns     map[net.Conn]struct{}
+}
+
+// newPGFaults starts a proxy in front of the Postgres of dbURL and returns it with dbURL
+// rewritten to go through it. It stops when the test ends.
+func newPGFaults(t *testing.T, dbURL string) (*pgFaults, string) {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	f := &pgFaults{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if !f.track(client) {
+				client.Close()
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer f.untrack(client)
+				f.pipe(client)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		f.goDown() // ends the pipes
+		wg.Wait()
+	})
+	u.Host = ln.Addr().String()
+	return f, u.String()
+}
+
+// loseNextBatchAnswer makes the proxy drop the next committed batch's answer.
+func (f *pgFaults) loseNextBatchAnswer() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.loseBatch = true
+}
+
+// cutCount is how many batch answers the proxy has dropped.
+func (f *pgFaults) cutCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cuts
+}
+
+// goDown resets every open connection and refuses new ones until comeUp.
+func (f *pgFaults) goDown() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = true
+	for c := range f.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // a reset, as when the network drops
+		}
+		c.Close()
+	}
+}
+
+// comeUp accepts connections again.
+func (f *pgFaults) comeUp() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = false
+}
+
+// refusedCount is how many connections the proxy refused while down.
+func (f *pgFaults) refusedCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refused
+}
+
+// track registers an accepted connection; false (counted as refused) while down.
+func (f *pgFaults) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		f.refused++
+		return false
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+func (f *pgFaults) untrack(c net.Conn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.conns, c)
+}
+
+// takeCut reports whether to drop this batch's answer now, consuming the fault if so.
+func (f *pgFaults) takeCut() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.loseBatch {
+		return false
+	}
+	f.loseBatch, f.cuts = false, f.cuts+1
+	return true
+}
+
+// pipe proxies one connection: the client's bytes as they come, the server's message by message.
+func (f *pgFaults) pipe(client net.Conn) {
+	defer client.Close()
+	server, err := net.Dial("tcp", f.target)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	go func() {
+		_, _ = io.Copy(server, client)
+		server.Close()
+	}()
+	// Every message from the server is a type byte and a length that counts itself (the
+	// client asks for no TLS, so there is no untyped reply to an SSLRequest).
+	header := make([]byte, 5)
+	statements := 0
+	for {
+		if _, err := io.ReadFull(server, header); err != nil {
+			return
+		}
+		body := make([]byte, binary.BigEndian.Uint32(header[1:])-4)
+		if _, err := io.ReadFull(server, body); err != nil {
+			return
+		}
+		switch header[0] {
+		case 'C': // CommandComplete: one statement done
+			statements++
+		case 'Z': // ReadyForQuery: the transaction is over
+			if statements >= 2 && f.takeCut() {
+				return // the deferred closes drop both sides
+			}
+			statements = 0
+		}
+		if _, err := client.Write(append(header, body...)); err != nil {
+			return
+		}
+	}
+}
