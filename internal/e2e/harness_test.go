@@ -48,7 +48,7 @@ type testBundle struct {
 	dbURL  string
 	prefix string // Redis key prefix of this test's limiter and alerter
 	ctx    context.Context
-	pg     *pgProxy // with setupOpts.pgProxy: the proxy every process reaches Postgres through
+	pg     *pgtest.Proxy // with setupOpts.pgProxy: the proxy every process reaches Postgres through
 }
 
 type setupOpts struct {
@@ -80,9 +80,9 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 		redisURL = redistest.URL()
 	}
 	dbURL := pgtest.URL(t)
-	var proxy *pgProxy
+	var proxy *pgtest.Proxy
 	if o.pgProxy {
-		proxy, dbURL = newPGProxy(t, dbURL)
+		proxy, dbURL = pgtest.NewProxy(t, dbURL)
 	}
 	yaml := fmt.Sprintf(`
 database_url: %s

@@ -21,7 +21,7 @@ func TestChaos_PostgresOutage(t *testing.T) {
 		accepted = append(accepted, b.submit(t, body))
 	}
 
-	b.pg.cut()
+	b.pg.Cut()
 	var refused []string
 	for i := range 10 {
 		key := fmt.Sprintf("pg-outage-%d", i)
@@ -37,7 +37,7 @@ func TestChaos_PostgresOutage(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, refused, "the outage was not felt: every submit was accepted")
-	b.pg.restore()
+	b.pg.Restore()
 
 	for _, id := range accepted {
 		require.Equal(t, "succeeded", b.waitTerminal(t, id)["status"], "job %s", id)

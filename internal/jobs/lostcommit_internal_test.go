@@ -13,13 +13,13 @@ import (
 	"github.com/llmq/llmq/internal/pgtest"
 )
 
-// newCutStore returns a Store whose connections go through a pgFaults proxy, the proxy, and
-// a pool straight to the same database for the test's own reads.
-func newCutStore(t *testing.T) (*Store, *pgFaults, *pgxpool.Pool) {
+// newCutStore returns a Store whose connections go through a pgtest.Proxy, the proxy, and a
+// pool straight to the same database for the test's own reads.
+func newCutStore(t *testing.T) (*Store, *pgtest.Proxy, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	dbURL := pgtest.URL(t)
-	cutter, viaCutter := newPGFaults(t, dbURL)
+	cutter, viaCutter := pgtest.NewProxy(t, dbURL)
 	pool, err := pgxpool.New(ctx, viaCutter)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -32,7 +32,7 @@ func newCutStore(t *testing.T) (*Store, *pgFaults, *pgxpool.Pool) {
 // inOneBatchWithItsAnswerLost runs calls at once so that their statements wait for one batch (as
 // if a batch were out), has cutter lose that batch's answer, sends it, and waits for every call
 // to return.
-func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *pgFaults, calls ...func()) {
+func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *pgtest.Proxy, calls ...func()) {
 	t.Helper()
 	// Once the sender of earlier statements has gone, hold its place: the calls' statements queue.
 	require.Eventually(t, func() bool {
@@ -53,10 +53,10 @@ func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *pgFaults, calls
 		defer s.batch.mu.Unlock()
 		return len(s.batch.pending) == len(calls)
 	}, 10*time.Second, time.Millisecond)
-	cutter.loseNextBatchAnswer()
+	cutter.LoseNextBatchAnswer()
 	go s.batch.send() // as the sender that was out would go on to it
 	wg.Wait()
-	require.Equal(t, 1, cutter.cutCount(), "the batch's commit answer was dropped")
+	require.Equal(t, 1, cutter.LostAnswers(), "the batch's commit answer was dropped")
 }
 
 var cutTestParams = CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),

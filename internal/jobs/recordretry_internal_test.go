@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
-	"github.com/llmq/llmq/internal/pgtest"
 )
 
 // A provider call answers while Postgres is unreachable. The delivery keeps trying to store the
@@ -22,17 +20,12 @@ import (
 func TestHandler_RecordsAnAnswerOncePostgresIsBack(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	dbURL := pgtest.URL(t)
-	pg, viaProxy := newPGFaults(t, dbURL)
-	pool, err := pgxpool.New(ctx, viaProxy)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store := NewStore(pool, nil)
+	store, pg, _ := newCutStore(t)
 	var calls atomic.Int32
 	sim := llmsim.New(llmsim.Config{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
-		pg.goDown() // Postgres goes away while the call is out
+		pg.Cut() // Postgres goes away while the call is out
 		sim.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
@@ -50,7 +43,7 @@ func TestHandler_RecordsAnAnswerOncePostgresIsBack(t *testing.T) {
 	go func() { done <- h.Process(ctx, job.ID) }()
 
 	// Then it keeps trying to store the answer (Postgres is refused to it more than once)
-	require.Eventually(t, func() bool { return pg.refusedCount() >= 2 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return pg.Refused() >= 2 || len(done) > 0 }, 10*time.Second, time.Millisecond)
 	select {
 	case err := <-done:
 		t.Fatalf("the delivery returned while Postgres was down: %v", err)
@@ -58,7 +51,7 @@ func TestHandler_RecordsAnAnswerOncePostgresIsBack(t *testing.T) {
 	}
 
 	// And once Postgres is back, stores it: the job succeeded, on its one call
-	pg.comeUp()
+	pg.Restore()
 	require.NoError(t, <-done)
 	got, err := store.Get(ctx, job.ID)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package jobs
+package pgtest
 
 import (
 	"encoding/binary"
@@ -7,19 +7,17 @@ import (
 	"net/url"
 	"sync"
 	"testing"
-
-	"github.com/stretchr/testify/require"
 )
 
-// pgFaults is a TCP proxy in front of Postgres that injects two faults on the wire:
-//   - loseNextBatchAnswer lets the next batch of statements commit and then drops the connection
-//     before its client hears so. It cuts at the first ReadyForQuery that ends two or more
-//     statements' results (a pipelined batch, whose Sync commits its implicit transaction),
-//     without forwarding it: the server has committed by then, so the client sees a broken
-//     connection for writes that took effect.
-//   - goDown resets every open connection and refuses new ones (accepts and closes them at once)
-//     until comeUp: Postgres unreachable.
-type pgFaults struct {
+// Proxy is a TCP proxy in front of a test's Postgres that injects two faults on the wire:
+//   - Cut resets every open connection and refuses new ones (accepts and closes them at once)
+//     until Restore: Postgres unreachable, as when the network or the server drops.
+//   - LoseNextBatchAnswer lets the next batch of statements commit and then drops the
+//     connection before its client hears so. It cuts at the first ReadyForQuery that ends two or
+//     more statements' results (a pipelined batch, whose Sync commits its implicit
+//     transaction), without forwarding it: the server has committed by then, so the client sees
+//     a broken connection for writes that took effect.
+type Proxy struct {
 	ln     net.Listener
 	target string
 
@@ -31,15 +29,19 @@ type pgFaults struct {
 	conns     map[net.Conn]struct{}
 }
 
-// newPGFaults starts a proxy in front of the Postgres of dbURL and returns it with dbURL
-// rewritten to go through it. It stops when the test ends.
-func newPGFaults(t *testing.T, dbURL string) (*pgFaults, string) {
+// NewProxy starts a Proxy in front of the Postgres of dbURL and returns it with dbURL rewritten
+// to go through it. It stops when the test ends.
+func NewProxy(t testing.TB, dbURL string) (*Proxy, string) {
 	t.Helper()
 	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("parse database URL: %v", err)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	f := &pgFaults{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}}
+	if err != nil {
+		t.Fatalf("listen for the Postgres proxy: %v", err)
+	}
+	f := &Proxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -63,29 +65,29 @@ func newPGFaults(t *testing.T, dbURL string) (*pgFaults, string) {
 	}()
 	t.Cleanup(func() {
 		ln.Close()
-		f.goDown() // ends the pipes
+		f.Cut() // ends the pipes
 		wg.Wait()
 	})
 	u.Host = ln.Addr().String()
 	return f, u.String()
 }
 
-// loseNextBatchAnswer makes the proxy drop the next committed batch's answer.
-func (f *pgFaults) loseNextBatchAnswer() {
+// LoseNextBatchAnswer makes the proxy drop the next committed batch's answer.
+func (f *Proxy) LoseNextBatchAnswer() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.loseBatch = true
 }
 
-// cutCount is how many batch answers the proxy has dropped.
-func (f *pgFaults) cutCount() int {
+// LostAnswers is how many batch answers the proxy has dropped.
+func (f *Proxy) LostAnswers() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cuts
 }
 
-// goDown resets every open connection and refuses new ones until comeUp.
-func (f *pgFaults) goDown() {
+// Cut resets every open connection and refuses new ones until Restore.
+func (f *Proxy) Cut() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.down = true
@@ -97,22 +99,22 @@ func (f *pgFaults) goDown() {
 	}
 }
 
-// comeUp accepts connections again.
-func (f *pgFaults) comeUp() {
+// Restore accepts connections again.
+func (f *Proxy) Restore() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.down = false
 }
 
-// refusedCount is how many connections the proxy refused while down.
-func (f *pgFaults) refusedCount() int {
+// Refused is how many connections the proxy refused while cut off.
+func (f *Proxy) Refused() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.refused
 }
 
-// track registers an accepted connection; false (counted as refused) while down.
-func (f *pgFaults) track(c net.Conn) bool {
+// track registers an accepted connection; false (counted as refused) while cut off.
+func (f *Proxy) track(c net.Conn) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
@@ -123,14 +125,14 @@ func (f *pgFaults) track(c net.Conn) bool {
 	return true
 }
 
-func (f *pgFaults) untrack(c net.Conn) {
+func (f *Proxy) untrack(c net.Conn) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.conns, c)
 }
 
 // takeCut reports whether to drop this batch's answer now, consuming the fault if so.
-func (f *pgFaults) takeCut() bool {
+func (f *Proxy) takeCut() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.loseBatch {
@@ -141,7 +143,7 @@ func (f *pgFaults) takeCut() bool {
 }
 
 // pipe proxies one connection: the client's bytes as they come, the server's message by message.
-func (f *pgFaults) pipe(client net.Conn) {
+func (f *Proxy) pipe(client net.Conn) {
 	defer client.Close()
 	server, err := net.Dial("tcp", f.target)
 	if err != nil {
