@@ -38,7 +38,10 @@ const (
 // Nothing is weakened: each caller still returns only after the transaction holding its statement
 // committed, and each statement keeps its own conditions. A batch whose transaction fails (one
 // statement's error aborts all of them) is run again one statement at a time, so one bad
-// statement fails alone. There is no background goroutine: the caller that finds fewer than
+// statement fails alone; a statement run alone whose connection broke is run once more, on
+// another connection. So every statement the batcher takes must be safe to run again after a
+// run whose commit answer was lost (see decisions.md): a create recognises its own row, an
+// attempt start its own lease. There is no background goroutine: the caller that finds fewer than
 // batchInFlight batches out starts one, which keeps sending what has queued until nothing has.
 type batcher struct {
 	pool *pgxpool.Pool
@@ -120,12 +123,23 @@ func (b *batcher) run(ops []*batchOp) {
 	}
 	if len(send) == 1 || (len(send) > 1 && !b.runTogether(ctx, send)) {
 		for _, op := range send {
-			op.err = op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
+			op.err = b.runAlone(ctx, op)
 		}
 	}
 	for _, op := range ops {
 		close(op.done)
 	}
+}
+
+// runAlone runs op in a transaction of its own. When the connection broke under it, the statement
+// may have committed without its answer reaching us, or not have reached Postgres at all: it is
+// run once more, on another connection, unless its caller or the batch's time is gone.
+func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
+	err := op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
+	if err != nil && IsUnavailable(err) && ctx.Err() == nil && op.ctx.Err() == nil {
+		err = op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
+	}
+	return err
 }
 
 // runTogether sends ops as one batch (one implicit transaction) and reports whether it

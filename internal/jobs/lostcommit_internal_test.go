@@ -133,3 +133,50 @@ func TestBeginAttempt_BatchWhoseCommitAnswerIsLostAnswersEachLeaseOnce(t *testin
 	var leased *LeasedError
 	require.ErrorAs(t, err, &leased)
 }
+
+// A create sent alone commits, and its answer is lost. The store runs it once more on another
+// connection, which finds the row the first run wrote: the submit succeeds, with one job.
+func TestCreate_AloneWhoseCommitAnswerIsLostAnswersItsJob(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, cutter, direct := newCutStore(t)
+
+	// When a create's commit answer is lost
+	cutter.LoseNextAnswer()
+	job, _, err := s.Create(ctx, cutTestParams)
+
+	// Then it answers with its job, which exists once, with one event
+	require.NoError(t, err)
+	require.Equal(t, 1, cutter.LostAnswers(), "the create's commit answer was dropped")
+	require.Equal(t, StatusQueued, job.Status)
+	var n, events int
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&n))
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM job_events`).Scan(&events))
+	require.Equal(t, 1, n)
+	require.Equal(t, 1, events)
+}
+
+// An attempt start sent alone commits, and its answer is lost. Run once more, it finds its own
+// lease and answers with it: one attempt counted, and the delivery goes on to its call.
+func TestBeginAttempt_AloneWhoseCommitAnswerIsLostAnswersItsLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, cutter, direct := newCutStore(t)
+	created, _, err := s.Create(ctx, cutTestParams)
+	require.NoError(t, err)
+
+	// When the start's commit answer is lost
+	cutter.LoseNextAnswer()
+	job, err := s.BeginAttempt(ctx, created.ID)
+
+	// Then it answers with the running job and the lease the row holds, counted once
+	require.NoError(t, err)
+	require.Equal(t, 1, cutter.LostAnswers(), "the start's commit answer was dropped")
+	require.Equal(t, StatusRunning, job.Status)
+	require.Equal(t, 1, job.Attempts)
+	var attempts int
+	var token string
+	require.NoError(t, direct.QueryRow(ctx, `SELECT attempts, lease_token::text FROM jobs WHERE id = $1`, created.ID).Scan(&attempts, &token))
+	require.Equal(t, 1, attempts)
+	require.Equal(t, token, *job.LeaseToken)
+}

@@ -16,13 +16,14 @@ import (
 //     connection before its client hears so. It cuts at the first ReadyForQuery that ends two or
 //     more statements' results (a pipelined batch, whose Sync commits its implicit
 //     transaction), without forwarding it: the server has committed by then, so the client sees
-//     a broken connection for writes that took effect.
+//     a broken connection for writes that took effect. LoseNextAnswer does the same for the
+//     next transaction of one statement or more.
 type Proxy struct {
 	ln     net.Listener
 	target string
 
 	mu        sync.Mutex
-	loseBatch bool
+	loseAfter int // cut at the ReadyForQuery that ends this many statements' results or more (0: off)
 	cuts      int
 	down      bool
 	refused   int
@@ -72,14 +73,20 @@ func NewProxy(t testing.TB, dbURL string) (*Proxy, string) {
 	return f, u.String()
 }
 
-// LoseNextBatchAnswer makes the proxy drop the next committed batch's answer.
-func (f *Proxy) LoseNextBatchAnswer() {
+// LoseNextBatchAnswer makes the proxy drop the next committed batch's answer (two statements or
+// more).
+func (f *Proxy) LoseNextBatchAnswer() { f.loseNext(2) }
+
+// LoseNextAnswer makes the proxy drop the next committed answer to any statement.
+func (f *Proxy) LoseNextAnswer() { f.loseNext(1) }
+
+func (f *Proxy) loseNext(statements int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.loseBatch = true
+	f.loseAfter = statements
 }
 
-// LostAnswers is how many batch answers the proxy has dropped.
+// LostAnswers is how many answers the proxy has dropped.
 func (f *Proxy) LostAnswers() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -131,14 +138,15 @@ func (f *Proxy) untrack(c net.Conn) {
 	delete(f.conns, c)
 }
 
-// takeCut reports whether to drop this batch's answer now, consuming the fault if so.
-func (f *Proxy) takeCut() bool {
+// takeCut reports whether to drop the answer that ends statements statements' results now,
+// consuming the fault if so.
+func (f *Proxy) takeCut(statements int) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.loseBatch {
+	if f.loseAfter == 0 || statements < f.loseAfter {
 		return false
 	}
-	f.loseBatch, f.cuts = false, f.cuts+1
+	f.loseAfter, f.cuts = 0, f.cuts+1
 	return true
 }
 
@@ -170,7 +178,7 @@ func (f *Proxy) pipe(client net.Conn) {
 		case 'C': // CommandComplete: one statement done
 			statements++
 		case 'Z': // ReadyForQuery: the transaction is over
-			if statements >= 2 && f.takeCut() {
+			if f.takeCut(statements) {
 				return // the deferred closes drop both sides
 			}
 			statements = 0
