@@ -809,15 +809,15 @@ func (h *Handler) finish(ctx context.Context, job *Job, a *Attempt, o Outcome) e
 	return nil
 }
 
-// record stores an attempt and the job's outcome (Store.Finish), timed as StageRecord.
 // recordRetryWindow is how long record keeps trying while Postgres cannot be reached.
 const recordRetryWindow = 30 * time.Second
 
-// record stores an attempt's outcome (Store.Finish). While Postgres cannot be reached it tries
-// again, backing off from 50 ms to 1 s, for up to recordRetryWindow (or until ctx ends), and
-// returns the last error only then. The call has been made and paid for: handing the delivery
-// back to asynq instead would leave the job's lease to run out and the call to be made again.
-// Finish is safe to run again (a terminal outcome already stored answers applied=false).
+// record stores an attempt's outcome (Store.Finish), timed as StageRecord, retries included.
+// While Postgres cannot be reached it tries again, backing off from 50 ms to 1 s, for up to
+// recordRetryWindow (or until ctx ends), and returns the last error only then. The call has been
+// made and paid for: handing the delivery back to asynq instead would leave the job's lease to
+// run out and the call to be made again. Finish is safe to run again (a terminal outcome already
+// stored answers applied=false).
 func (h *Handler) record(ctx context.Context, id string, a *Attempt, o Outcome) (bool, error) {
 	defer h.timed(StageRecord, h.cfg.Now())
 	ctx, cancel := context.WithTimeout(ctx, recordRetryWindow)

@@ -31,7 +31,8 @@ type Proxy struct {
 }
 
 // NewProxy starts a Proxy in front of the Postgres of dbURL and returns it with dbURL rewritten
-// to go through it. It stops when the test ends.
+// to go through it. It stops when the test ends. dbURL must not ask for TLS (URL's never do): the
+// proxy reads the server's messages, and a TLS session would hide them.
 func NewProxy(t testing.TB, dbURL string) (*Proxy, string) {
 	t.Helper()
 	u, err := url.Parse(dbURL)
