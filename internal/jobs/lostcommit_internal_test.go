@@ -59,6 +59,30 @@ func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *pgtest.Proxy, c
 	require.Equal(t, 1, cutter.LostAnswers(), "the batch's commit answer was dropped")
 }
 
+// requireStored checks that the database holds jobs jobs and events job events in all.
+func requireStored(t *testing.T, direct *pgxpool.Pool, jobs, events int) {
+	t.Helper()
+	var gotJobs, gotEvents int
+	require.NoError(t, direct.QueryRow(t.Context(), `SELECT count(*) FROM jobs`).Scan(&gotJobs))
+	require.NoError(t, direct.QueryRow(t.Context(), `SELECT count(*) FROM job_events`).Scan(&gotEvents))
+	require.Equal(t, jobs, gotJobs, "jobs stored")
+	require.Equal(t, events, gotEvents, "job events stored")
+}
+
+// requireOwnLease checks that job, as BeginAttempt answered it, is running on its first attempt
+// and holds the lease its row holds, and that the row counts one attempt.
+func requireOwnLease(t *testing.T, direct *pgxpool.Pool, job *Job) {
+	t.Helper()
+	require.Equal(t, StatusRunning, job.Status)
+	require.Equal(t, 1, job.Attempts)
+	require.NotNil(t, job.LeaseToken)
+	var attempts int
+	var token string
+	require.NoError(t, direct.QueryRow(t.Context(), `SELECT attempts, lease_token::text FROM jobs WHERE id = $1`, job.ID).Scan(&attempts, &token))
+	require.Equal(t, 1, attempts, "attempts the row counts")
+	require.Equal(t, token, *job.LeaseToken, "the lease answered is the one the row holds")
+}
+
 var cutTestParams = CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
 	MaxAttempts: 3, Timeout: time.Hour}
 
@@ -84,11 +108,7 @@ func TestCreate_BatchWhoseCommitAnswerIsLostAnswersEachJobOnce(t *testing.T) {
 	for _, j := range jobs {
 		require.Equal(t, StatusQueued, j.Status)
 	}
-	var n, events int
-	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&n))
-	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM job_events`).Scan(&events))
-	require.Equal(t, 2, n)
-	require.Equal(t, 2, events)
+	requireStored(t, direct, 2, 2)
 }
 
 // A batch of attempt starts commits, and its answer is lost. Each start run again finds the
@@ -116,16 +136,10 @@ func TestBeginAttempt_BatchWhoseCommitAnswerIsLostAnswersEachLeaseOnce(t *testin
 	for i, j := range jobs {
 		require.NoError(t, errs[i])
 		require.Equal(t, ids[i], j.ID)
-		require.Equal(t, StatusRunning, j.Status)
-		require.Equal(t, 1, j.Attempts)
-		require.NotNil(t, j.LeaseToken)
-		var attempts, running int
-		var token string
-		require.NoError(t, direct.QueryRow(ctx, `SELECT attempts, lease_token::text FROM jobs WHERE id = $1`, ids[i]).Scan(&attempts, &token))
+		requireOwnLease(t, direct, j)
+		var running int
 		require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM job_events WHERE job_id = $1 AND type = 'running'`, ids[i]).Scan(&running))
-		require.Equal(t, 1, attempts)
 		require.Equal(t, 1, running)
-		require.Equal(t, token, *j.LeaseToken, "the lease answered is the one the row holds")
 	}
 
 	// And another delivery still finds the job leased
@@ -149,11 +163,7 @@ func TestCreate_AloneWhoseCommitAnswerIsLostAnswersItsJob(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, cutter.LostAnswers(), "the create's commit answer was dropped")
 	require.Equal(t, StatusQueued, job.Status)
-	var n, events int
-	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&n))
-	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM job_events`).Scan(&events))
-	require.Equal(t, 1, n)
-	require.Equal(t, 1, events)
+	requireStored(t, direct, 1, 1)
 }
 
 // An attempt start sent alone commits, and its answer is lost. Run once more, it finds its own
@@ -172,11 +182,5 @@ func TestBeginAttempt_AloneWhoseCommitAnswerIsLostAnswersItsLease(t *testing.T) 
 	// Then it answers with the running job and the lease the row holds, counted once
 	require.NoError(t, err)
 	require.Equal(t, 1, cutter.LostAnswers(), "the start's commit answer was dropped")
-	require.Equal(t, StatusRunning, job.Status)
-	require.Equal(t, 1, job.Attempts)
-	var attempts int
-	var token string
-	require.NoError(t, direct.QueryRow(ctx, `SELECT attempts, lease_token::text FROM jobs WHERE id = $1`, created.ID).Scan(&attempts, &token))
-	require.Equal(t, 1, attempts)
-	require.Equal(t, token, *job.LeaseToken)
+	requireOwnLease(t, direct, job)
 }
