@@ -18,15 +18,15 @@ func failProbes(t *testing.T, b *testBundle, want []time.Duration) {
 		st := b.status(t)
 		require.Equal(t, breaker.Open, st.State)
 		require.Equal(t, cd, st.Until.Sub(st.Since), "open period %d", i)
-		b.clock.Add(cd - time.Millisecond)
+		b.clock.Advance(cd - time.Millisecond)
 		a, err := b.creds[i%2].Allow(t.Context())
 		require.NoError(t, err)
 		require.False(t, a.Allowed)
 		require.True(t, st.Until.Equal(a.RetryAt), "open period %d: RetryAt %v, want %v", i, a.RetryAt, st.Until)
-		b.clock.Add(time.Millisecond)
+		b.clock.Advance(time.Millisecond)
 		p := b.admit(t, i)
 		require.True(t, p.Probe)
-		b.clock.Add(250 * time.Millisecond) // the probe's round trip
+		b.clock.Advance(250 * time.Millisecond) // the probe's round trip
 		s, err := b.creds[(i+1)%2].Report(t.Context(), p, breaker.Failure)
 		require.NoError(t, err)
 		require.Equal(t, breaker.Open, s)
@@ -46,7 +46,7 @@ func TestCredential_CooldownBackoff(t *testing.T) {
 		failProbes(t, b, []time.Duration{2 * s, 4 * s, 4 * s, 4 * s, 4 * s})
 
 		// A successful probe closes the breaker and resets the backoff.
-		b.clock.Add(4 * s)
+		b.clock.Advance(4 * s)
 		p := b.admit(t, 0)
 		require.True(t, p.Probe)
 		st, err := b.creds[1].Report(t.Context(), p, breaker.Success)
@@ -99,13 +99,13 @@ func TestCredential_CooldownBackoff(t *testing.T) {
 		})
 		b.open(t)
 		failProbes(t, b, []time.Duration{2 * s})
-		b.clock.Add(4 * s)
+		b.clock.Advance(4 * s)
 		p := b.admit(t, 0)
 		st, err := b.creds[0].Report(t.Context(), p, breaker.Neutral)
 		require.NoError(t, err)
 		require.Equal(t, breaker.HalfOpen, st)
 		stale := b.admit(t, 1) // the next probe, which will time out
-		b.clock.Add(breaker.DefaultProbeTimeout)
+		b.clock.Advance(breaker.DefaultProbeTimeout)
 		p = b.admit(t, 0)
 		_, err = b.creds[0].Report(t.Context(), stale, breaker.Failure)
 		require.NoError(t, err)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmq/llmq/internal/scriptpipe"
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // Config configures a Breaker. Zero fields take the defaults documented on each field; nil is
@@ -86,7 +86,7 @@ const abandonedTTL = 24 * time.Hour
 
 func (c Config) withDefaults() Config {
 	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
+		c.Prefix = redisscript.DefaultPrefix
 	}
 	if c.Threshold == 0 {
 		c.Threshold = DefaultThreshold
@@ -243,7 +243,7 @@ type Credential struct {
 // metrics. Pass the API key itself, so that two credential names sharing one key share its
 // breaker. name is the credential's name, used only as the metrics label.
 func (b *Breaker) Credential(id, name string) *Credential {
-	tag := credentialTag(id)
+	tag := redisscript.CredentialTag(id)
 	return &Credential{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
 }
 
@@ -297,20 +297,20 @@ func (c *Credential) Allow(ctx context.Context) (Admission, error) {
 		return Admission{}, fmt.Errorf("breaker allow: unexpected reply %v", res)
 	}
 	a := Admission{
-		Allowed: toInt(res[0]) == 1,
-		Probe:   toInt(res[1]) == 1,
-		Capped:  toInt(res[8]) == 1,
-		State:   State(toString(res[2])),
-		gen:     toInt(res[5]),
-		lease:   toInt(res[7]),
+		Allowed: redisscript.Int(res[0]) == 1,
+		Probe:   redisscript.Int(res[1]) == 1,
+		Capped:  redisscript.Int(res[8]) == 1,
+		State:   State(redisscript.String(res[2])),
+		gen:     redisscript.Int(res[5]),
+		lease:   redisscript.Int(res[7]),
 	}
-	if at := toInt(res[3]); at > 0 {
+	if at := redisscript.Int(res[3]); at > 0 {
 		a.RetryAt = time.UnixMicro(at).UTC()
-		a.Wait = max(time.Duration(at-toInt(res[4]))*time.Microsecond, 0)
+		a.Wait = max(time.Duration(at-redisscript.Int(res[4]))*time.Microsecond, 0)
 	}
 	m := cfg.Metrics
 	m.setState(c.name, a.State)
-	if toInt(res[6]) == 1 {
+	if redisscript.Int(res[6]) == 1 {
 		m.transitioned(c.name, HalfOpen)
 	}
 	if !a.Allowed {
@@ -337,26 +337,26 @@ func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State,
 	if err != nil {
 		return "", err
 	}
-	if err := scriptpipe.Run(ctx, c.b.rdb, call); err != nil {
+	if err := redisscript.Run(ctx, c.b.rdb, call); err != nil {
 		return st, err
 	}
 	return st, nil
 }
 
 // ReportCall returns Report's work as a script call, for a caller that sends it in one round trip
-// with others (scriptpipe.Run, on the breaker's Redis or a client of the same server). After the
+// with others (redisscript.Run, on the breaker's Redis or a client of the same server). After the
 // round trip, state holds the breaker's state (when state is not nil). Its error, and the call's,
 // are Report's.
-func (c *Credential) ReportCall(a Admission, o Outcome, state *State) (scriptpipe.Call, error) {
+func (c *Credential) ReportCall(a Admission, o Outcome, state *State) (redisscript.Call, error) {
 	if !a.Allowed {
-		return scriptpipe.Call{}, errors.New("breaker report: the admission was refused")
+		return redisscript.Call{}, errors.New("breaker report: the admission was refused")
 	}
 	if o < Success || o > Neutral {
-		return scriptpipe.Call{}, fmt.Errorf("breaker report: invalid outcome %d", int(o))
+		return redisscript.Call{}, fmt.Errorf("breaker report: invalid outcome %d", int(o))
 	}
 	b := c.b
 	cfg := &b.cfg
-	return scriptpipe.Call{
+	return redisscript.Call{
 		Script: reportScript,
 		Keys:   []string{c.key, c.lease},
 		Args: []any{b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
@@ -371,12 +371,12 @@ func (c *Credential) ReportCall(a Admission, o Outcome, state *State) (scriptpip
 			if len(res) != 2 {
 				return fmt.Errorf("breaker report: unexpected reply %v", res)
 			}
-			st := State(toString(res[0]))
+			st := State(redisscript.String(res[0]))
 			if state != nil {
 				*state = st
 			}
 			cfg.Metrics.setState(c.name, st)
-			if to := toString(res[1]); to != "" {
+			if to := redisscript.String(res[1]); to != "" {
 				cfg.Metrics.transitioned(c.name, State(to))
 			}
 			if a.Probe || a.lease > 0 {
@@ -422,44 +422,23 @@ func (c *Credential) Status(ctx context.Context) (Status, error) {
 		return Status{}, fmt.Errorf("breaker status: unexpected reply %v", v)
 	}
 	s := Status{State: Closed}
-	if st := toString(v[0]); st != "" {
+	if st := redisscript.String(v[0]); st != "" {
 		s.State = State(st)
 	}
-	if us := toInt(v[1]); us > 0 {
+	if us := redisscript.Int(v[1]); us > 0 {
 		s.Since = time.UnixMicro(us).UTC()
 	}
-	if us := toInt(v[2]); us > 0 && s.State != Closed {
+	if us := redisscript.Int(v[2]); us > 0 && s.State != Closed {
 		s.Until = time.UnixMicro(us).UTC()
 	}
 	if s.State == Closed {
-		s.Failures = int(toInt(v[3]))
-		s.Capped = toInt(v[4]) == 1
-		s.InFlight = int(toInt(v[5]))
+		s.Failures = int(redisscript.Int(v[3]))
+		s.Capped = redisscript.Int(v[4]) == 1
+		s.InFlight = int(redisscript.Int(v[5]))
 	}
 	c.b.cfg.Metrics.setState(c.name, s.State)
 	return s, nil
 }
 
-// nowArg is the scripts' "now" argument: the injected clock in µs, or "" for Redis TIME.
-func (b *Breaker) nowArg() string {
-	if b.cfg.Now == nil {
-		return ""
-	}
-	return strconv.FormatInt(b.cfg.Now().UnixMicro(), 10)
-}
-
-func toInt(v any) int64 {
-	switch x := v.(type) {
-	case int64:
-		return x
-	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
-	}
-	return 0
-}
-
-func toString(v any) string {
-	s, _ := v.(string)
-	return s
-}
+// nowArg is the scripts' "now" argument (redisscript.NowArg of the injected clock).
+func (b *Breaker) nowArg() string { return redisscript.NowArg(b.cfg.Now) }

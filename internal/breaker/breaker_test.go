@@ -64,7 +64,7 @@ func TestCredential_Closed(t *testing.T) {
 			require.Equal(t, i+1, b.status(t).Failures)
 		}
 		require.Equal(t, 0, b.transitions(t, breaker.Open))
-		b.clock.Add(time.Second)
+		b.clock.Advance(time.Second)
 		require.Equal(t, breaker.Open, b.send(t, 1, breaker.Failure))
 		require.Equal(t, 1, b.transitions(t, breaker.Open))
 		require.Equal(t, breaker.Status{
@@ -119,7 +119,7 @@ func TestCredential_Closed(t *testing.T) {
 		require.Len(t, ks, 1, "the breaker hash only: the lifted cap leaves no slots behind")
 		before := hash(t, b, ks[0])
 		for i := range 10 {
-			b.clock.Add(time.Millisecond) // a write of the last Success would show
+			b.clock.Advance(time.Millisecond) // a write of the last Success would show
 			a := b.admit(t, i)
 			require.Equal(t, breaker.Admission{Allowed: true, State: breaker.Closed}, zeroGen(a))
 			st, err := b.creds[i%2].Report(t.Context(), a, breaker.Success)
@@ -140,7 +140,7 @@ func TestCredential_Open(t *testing.T) {
 	end := opened.Add(breaker.DefaultCooldown)
 
 	for _, step := range []time.Duration{0, time.Second, breaker.DefaultCooldown - time.Second - time.Millisecond} {
-		b.clock.Add(step)
+		b.clock.Advance(step)
 		for _, c := range b.creds {
 			a, err := c.Allow(ctx)
 			require.NoError(t, err)
@@ -154,7 +154,7 @@ func TestCredential_Open(t *testing.T) {
 	require.Equal(t, 6.0, b.metric(t, "llmq_breaker_rejected_total", map[string]string{"credential": testName}))
 
 	// The cooldown is over: 50 callers over two clients at once, exactly one probe.
-	b.clock.Add(time.Millisecond)
+	b.clock.Advance(time.Millisecond)
 	as := b.allow50(t)
 	n, probe := probes(t, as)
 	require.Equal(t, 1, n)
@@ -176,7 +176,7 @@ func TestCredential_Open(t *testing.T) {
 	require.True(t, end.Add(breaker.DefaultProbeTimeout).Equal(st.Until))
 
 	// Still one probe while it is out, however many ask.
-	b.clock.Add(10 * time.Second)
+	b.clock.Advance(10 * time.Second)
 	n, _ = probes(t, b.allow50(t))
 	require.Equal(t, 0, n)
 }
@@ -189,7 +189,7 @@ func TestCredential_Probe(t *testing.T) {
 	probe := func(t *testing.T, b *testBundle) breaker.Admission {
 		t.Helper()
 		b.open(t)
-		b.clock.Add(breaker.DefaultCooldown)
+		b.clock.Advance(breaker.DefaultCooldown)
 		n, p := probes(t, b.allow50(t))
 		require.Equal(t, 1, n)
 		return p
@@ -199,7 +199,7 @@ func TestCredential_Probe(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
 		p := probe(t, b)
-		b.clock.Add(3 * time.Second)
+		b.clock.Advance(3 * time.Second)
 		st, err := b.creds[1].Report(t.Context(), p, breaker.Success)
 		require.NoError(t, err)
 		require.Equal(t, breaker.Closed, st)
@@ -222,7 +222,7 @@ func TestCredential_Probe(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
 		p := probe(t, b)
-		b.clock.Add(7 * time.Second)
+		b.clock.Advance(7 * time.Second)
 		st, err := b.creds[0].Report(t.Context(), p, breaker.Failure)
 		require.NoError(t, err)
 		require.Equal(t, breaker.Open, st)
@@ -237,10 +237,10 @@ func TestCredential_Probe(t *testing.T) {
 			require.Equal(t, breaker.Open, a.State)
 			require.True(t, end.Equal(a.RetryAt), "a fresh cooldown from the probe's failure: RetryAt %v, want %v", a.RetryAt, end)
 		}
-		b.clock.Add(2*breaker.DefaultCooldown - time.Millisecond)
+		b.clock.Advance(2*breaker.DefaultCooldown - time.Millisecond)
 		n, _ := probes(t, b.allow50(t))
 		require.Zero(t, n)
-		b.clock.Add(time.Millisecond)
+		b.clock.Advance(time.Millisecond)
 		n, _ = probes(t, b.allow50(t))
 		require.Equal(t, 1, n)
 		require.Equal(t, 2, b.transitions(t, breaker.HalfOpen))
@@ -252,7 +252,7 @@ func TestCredential_Probe(t *testing.T) {
 		old := probe(t, b)
 		deadline := b.clock.Now().Add(breaker.DefaultProbeTimeout)
 
-		b.clock.Add(breaker.DefaultProbeTimeout - 300*time.Millisecond)
+		b.clock.Advance(breaker.DefaultProbeTimeout - 300*time.Millisecond)
 		as := b.allow50(t)
 		n, _ := probes(t, as)
 		require.Equal(t, 0, n, "no second probe before ProbeTimeout")
@@ -261,7 +261,7 @@ func TestCredential_Probe(t *testing.T) {
 			require.Equal(t, 300*time.Millisecond, a.Wait)
 		}
 
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		n, p := probes(t, b.allow50(t))
 		require.Equal(t, 1, n, "exactly one replacement probe")
 		require.Equal(t, 1, b.transitions(t, breaker.HalfOpen), "replacing a probe is no transition")
@@ -316,7 +316,7 @@ func TestCredential_StaleReports(t *testing.T) {
 	opened := b.open(t)
 	want := b.status(t)
 
-	b.clock.Add(10 * time.Second)
+	b.clock.Advance(10 * time.Second)
 	for i, a := range inflight[:10] {
 		st, err := b.creds[i%2].Report(ctx, a, breaker.Failure)
 		require.NoError(t, err)
@@ -325,7 +325,7 @@ func TestCredential_StaleReports(t *testing.T) {
 	require.Equal(t, want, b.status(t), "late failures do not extend the cooldown")
 	require.True(t, opened.Add(breaker.DefaultCooldown).Equal(want.Until))
 
-	b.clock.Add(breaker.DefaultCooldown)
+	b.clock.Advance(breaker.DefaultCooldown)
 	p := b.admit(t, 0)
 	require.True(t, p.Probe)
 	for i, a := range inflight[10:15] {

@@ -47,7 +47,7 @@ func TestCredential_ColdStart(t *testing.T) {
 		// Each failure reported frees a slot but counts: the room stays Threshold − failures −
 		// requests out, so nobody else gets in before the breaker opens.
 		for i, a := range out {
-			b.clock.Add(100 * time.Millisecond)
+			b.clock.Advance(100 * time.Millisecond)
 			st, err := b.creds[i%2].Report(t.Context(), a, breaker.Failure)
 			require.NoError(t, err)
 			if i < len(out)-1 {
@@ -68,7 +68,7 @@ func TestCredential_ColdStart(t *testing.T) {
 		out := allowed(t, b.allow50(t), b.clock.Now().Add(breaker.DefaultRecheck))
 		require.Len(t, out, breaker.DefaultThreshold)
 
-		b.clock.Add(time.Second)
+		b.clock.Advance(time.Second)
 		st, err := b.creds[0].Report(t.Context(), out[0], breaker.Success)
 		require.NoError(t, err)
 		require.Equal(t, breaker.Closed, st)
@@ -95,7 +95,7 @@ func TestCredential_ColdStart(t *testing.T) {
 		st, err := b.creds[0].Report(t.Context(), out[0], breaker.Success)
 		require.NoError(t, err)
 		require.Equal(t, breaker.Closed, st)
-		b.clock.Add(breaker.DefaultSuccessMemory)
+		b.clock.Advance(breaker.DefaultSuccessMemory)
 		require.Equal(t, breaker.Status{State: breaker.Closed, Capped: true}, b.status(t))
 		require.Len(t, allowed(t, b.allow50(t), b.clock.Now().Add(breaker.DefaultRecheck)), breaker.DefaultThreshold)
 	})
@@ -107,7 +107,7 @@ func TestCredential_ColdStart(t *testing.T) {
 		b := setup(t, func(c *breaker.Config) { c.Cooldown = 2 * time.Second })
 		require.Equal(t, breaker.Closed, b.send(t, 0, breaker.Success))
 		warm := allowed(t, b.allow50(t), time.Time{})[:breaker.DefaultThreshold]
-		b.clock.Add(breaker.DefaultSuccessMemory)
+		b.clock.Advance(breaker.DefaultSuccessMemory)
 		require.Len(t, allowed(t, b.allow50(t), b.clock.Now().Add(breaker.DefaultRecheck)), breaker.DefaultThreshold)
 		for _, a := range warm {
 			_, err := b.creds[0].Report(t.Context(), a, breaker.Failure)
@@ -115,13 +115,13 @@ func TestCredential_ColdStart(t *testing.T) {
 		}
 		require.Equal(t, breaker.Open, b.status(t).State)
 
-		b.clock.Add(2 * time.Second)
+		b.clock.Advance(2 * time.Second)
 		p := b.admit(t, 0)
 		require.True(t, p.Probe)
 		st, err := b.creds[0].Report(t.Context(), p, breaker.Success)
 		require.NoError(t, err)
 		require.Equal(t, breaker.Closed, st)
-		b.clock.Add(breaker.DefaultSuccessMemory) // cold again, before the old slots' deadlines
+		b.clock.Advance(breaker.DefaultSuccessMemory) // cold again, before the old slots' deadlines
 		require.Equal(t, breaker.Status{State: breaker.Closed, Capped: true, Since: b.clock.Now().Add(-breaker.DefaultSuccessMemory)}, b.status(t))
 		require.Len(t, allowed(t, b.allow50(t), b.clock.Now().Add(breaker.DefaultRecheck)), breaker.DefaultThreshold)
 	})
@@ -146,12 +146,12 @@ func TestCredential_ColdStart(t *testing.T) {
 		first := b.clock.Now().Add(breaker.DefaultProbeTimeout)
 		require.Len(t, allowed(t, b.allow50(t), b.clock.Now().Add(breaker.DefaultRecheck)), breaker.DefaultThreshold)
 
-		b.clock.Add(breaker.DefaultProbeTimeout - 300*time.Millisecond)
+		b.clock.Advance(breaker.DefaultProbeTimeout - 300*time.Millisecond)
 		as := b.allow50(t)
 		require.Empty(t, allowed(t, as, first))
 		require.Equal(t, 300*time.Millisecond, as[0].Wait)
 
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		require.Len(t, allowed(t, b.allow50(t), b.clock.Now().Add(breaker.DefaultRecheck)), breaker.DefaultThreshold)
 	})
 
@@ -163,7 +163,7 @@ func TestCredential_ColdStart(t *testing.T) {
 		recorded := b.clock.Now()
 
 		// A Success sooner than SuccessMemory/16 after the recorded one is not recorded.
-		b.clock.Add(refresh - time.Millisecond)
+		b.clock.Advance(refresh - time.Millisecond)
 		require.Equal(t, breaker.Closed, b.send(t, 1, breaker.Success))
 
 		b.clock.Set(recorded.Add(breaker.DefaultSuccessMemory - time.Millisecond))
@@ -180,11 +180,11 @@ func TestCredential_ColdStart(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, breaker.Closed, st)
 		recorded = b.clock.Now()
-		b.clock.Add(refresh)
+		b.clock.Advance(refresh)
 		require.Equal(t, breaker.Closed, b.send(t, 1, breaker.Success))
 		b.clock.Set(recorded.Add(refresh + breaker.DefaultSuccessMemory - time.Millisecond))
 		require.False(t, b.status(t).Capped)
-		b.clock.Add(time.Millisecond)
+		b.clock.Advance(time.Millisecond)
 		require.True(t, b.status(t).Capped)
 	})
 

@@ -10,35 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
 // t0 is the injected clock's start.
 var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
-
-// testClock is a settable clock shared by every breaker of a test.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-func (c *testClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
 
 const (
 	testID   = "sk-test-secret-key"
@@ -46,7 +23,7 @@ const (
 )
 
 type testBundle struct {
-	clock  *testClock
+	clock  *clocktest.Clock
 	prefix string
 	rdb    *redis.Client // a third client, for looking at keys
 	reg    *prometheus.Registry
@@ -61,7 +38,7 @@ type testBundle struct {
 func setup(t *testing.T, mod func(*breaker.Config)) *testBundle {
 	t.Helper()
 	b := &testBundle{
-		clock:  &testClock{t: t0},
+		clock:  clocktest.New(t0),
 		prefix: redistest.Prefix(t),
 		rdb:    redistest.Client(t),
 		reg:    prometheus.NewRegistry(),

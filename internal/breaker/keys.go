@@ -1,20 +1,7 @@
 package breaker
 
-import (
-	"crypto/sha256"
-	"encoding/hex"
-)
-
-// DefaultPrefix is the key prefix used when Config.Prefix is empty. It is the limiter's prefix:
-// a credential's breaker key sits beside its limiter keys, in the same Redis Cluster slot.
-const DefaultPrefix = "llmq:"
-
-// credentialTag is the Redis hash tag of a provider key: "{<sha256 hex of id>}", the same tag
-// internal/limiter uses. The raw id never reaches Redis.
-func credentialTag(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return "{" + hex.EncodeToString(sum[:]) + "}"
-}
+// The breaker's keys of a credential sit beside the limiter's, under the same prefix and hash tag
+// (redisscript.CredentialTag), in the same Redis Cluster slot.
 
 // breakerKey holds a credential's breaker (a hash; see allowScript for its fields). A closed
 // breaker's key expires IdleTTL after its last write; no key means closed with no failures and

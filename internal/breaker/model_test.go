@@ -213,9 +213,9 @@ func TestCredential_Model(t *testing.T) {
 				}
 				idle := rng.IntN(100) == 0
 				if idle {
-					b.clock.Add(m.cfg.SuccessMemory) // the credential goes cold
+					b.clock.Advance(m.cfg.SuccessMemory) // the credential goes cold
 				}
-				b.clock.Add(time.Duration(rng.IntN(4)) * time.Duration(rng.IntN(500)) * time.Millisecond)
+				b.clock.Advance(time.Duration(rng.IntN(4)) * time.Duration(rng.IntN(500)) * time.Millisecond)
 				now := b.clock.Now()
 				where := fmt.Sprintf("step %d at %v", step, now.Sub(t0))
 				switch r := rng.IntN(40); {

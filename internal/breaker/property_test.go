@@ -52,7 +52,7 @@ func TestCredential_RandomOutcomes(t *testing.T) {
 			refused := 0
 			var opened []time.Time // when each open began, by the report that opened it
 			for next := 0; next < calls; {
-				b.clock.Add(time.Duration(rng.IntN(2000)) * time.Millisecond)
+				b.clock.Advance(time.Duration(rng.IntN(2000)) * time.Millisecond)
 				c := b.creds[rng.IntN(2)]
 				a, err := c.Allow(ctx)
 				require.NoError(t, err)

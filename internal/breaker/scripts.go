@@ -1,26 +1,15 @@
 package breaker
 
-import "github.com/redis/go-redis/v9"
+import (
+	"github.com/redis/go-redis/v9"
 
-// Times inside the scripts are integer microseconds since the Unix epoch (exact in a Lua double
-// until the year 2255). They are written with %.0f, never tostring, which keeps only 14 digits,
-// and returned as integer replies.
+	"github.com/llmq/llmq/internal/redisscript"
+)
 
-// luaCommon is prepended to every script.
-const luaCommon = `
-local function num(x)
-  if x == false or x == nil then return nil end
-  return tonumber(x)
-end
-local function fmt0(x) return string.format('%.0f', x) end
--- clock returns the caller's time (ARGV) or, when it is empty, Redis TIME, so that every process
--- shares one clock.
-local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
-  pcall(redis.replicate_commands)
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+// Times inside the scripts are µs (see redisscript), returned as integer replies.
+
+// luaCommon is prepended to every script: the shared prelude, then the breaker's own helpers.
+const luaCommon = redisscript.Prelude + `
 -- cold reports whether a closed breaker is under the cold-start cap: the cap is enabled (mem > 0)
 -- and no Success has been recorded (ok) within mem.
 local function cold(now, ok, mem)

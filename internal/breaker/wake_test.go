@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
@@ -16,7 +17,7 @@ import (
 func TestBreaker_Listen(t *testing.T) {
 	t.Parallel()
 	prefix := redistest.Prefix(t)
-	clock := &testClock{t: t0}
+	clock := clocktest.New(t0)
 	cfg := breaker.Config{Prefix: prefix, Now: clock.Now, Threshold: 2, SuccessMemory: -1}
 	newCred := func() (*breaker.Breaker, *breaker.Credential) {
 		c := cfg
@@ -64,7 +65,7 @@ func TestBreaker_Listen(t *testing.T) {
 	report(prober, breaker.Failure)
 	report(prober, breaker.Failure) // opens
 
-	clock.Add(breaker.DefaultCooldown)
+	clock.Advance(breaker.DefaultCooldown)
 	wake := waiting.Wakeup()
 	probe, err := prober.Allow(t.Context())
 	require.NoError(t, err)

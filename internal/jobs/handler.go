@@ -14,8 +14,8 @@ import (
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/retrypolicy"
-	"github.com/llmq/llmq/internal/scriptpipe"
 	"github.com/llmq/llmq/internal/tokens"
 )
 
@@ -690,7 +690,7 @@ func (h *Handler) afterCall(ctx context.Context, cred Credential, adm admission,
 		}
 	}
 	// The breaker's keys live on the limiter's Redis (the worker gives both one server).
-	if err := scriptpipe.Run(ctx, lc.Redis(), calls...); err != nil {
+	if err := redisscript.Run(ctx, lc.Redis(), calls...); err != nil {
 		h.cfg.Logger.WarnContext(ctx, "after-call bookkeeping (limiter, breaker)", "credential", cred.Name, "error", err)
 	}
 	if adm.pauseProbe && callErr == nil {
@@ -732,9 +732,9 @@ func observation(cred Credential, adm admission, resp *llm.Response, callErr err
 // reported usage after an answer, nothing for a 429 (the provider charged nothing), the input
 // alone for another error. With no answer at all the reservation stays charged (the provider may
 // have counted it): ok is false then, and when no tokens were reserved.
-func (h *Handler) reconcileCall(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response, status int) (scriptpipe.Call, bool) {
+func (h *Handler) reconcileCall(ctx context.Context, cred Credential, adm admission, job *Job, resp *llm.Response, status int) (redisscript.Call, bool) {
 	if adm.grant == 0 || status == 0 {
-		return scriptpipe.Call{}, false
+		return redisscript.Call{}, false
 	}
 	est := adm.est
 	if est == nil { // the slot was held by an earlier delivery: estimate again

@@ -66,7 +66,7 @@ func TestCredential_ReserveAttempt(t *testing.T) {
 
 		_, err = c.Resume(ctx)
 		require.NoError(t, err)
-		b.clock.Add(time.Second + 100*time.Millisecond) // the next slot of 1/s, margins included
+		b.clock.Advance(time.Second + 100*time.Millisecond) // the next slot of 1/s, margins included
 		r, err = c.ReserveAttempt(ctx, lim, limiter.Cost{}, both)
 		require.NoError(t, err)
 		require.True(t, r.Granted)

@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"fmt"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // RecordAttempt counts one first attempt of a job on the credential (not a retry): the base the
@@ -54,5 +56,5 @@ func (c *Credential) budget(ctx context.Context, kind string) (bool, error) {
 	if len(res) != 3 {
 		return false, fmt.Errorf("unexpected reply %v", res)
 	}
-	return toInt(res[0]) == 1, nil
+	return redisscript.Int(res[0]) == 1, nil
 }

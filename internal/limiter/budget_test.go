@@ -102,9 +102,9 @@ func TestCredential_AllowRetry(t *testing.T) {
 		require.True(t, allow())
 		require.False(t, allow())
 		// Within the window nothing is forgotten; after it (window + one 5 s bucket) all is.
-		b.clock.Add(55 * time.Second)
+		b.clock.Advance(55 * time.Second)
 		require.False(t, allow())
-		b.clock.Add(10 * time.Second)
+		b.clock.Advance(10 * time.Second)
 		require.True(t, allow())
 		require.True(t, allow())
 		require.False(t, allow())

@@ -1,13 +1,13 @@
 package limiter_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/redistest"
 )
@@ -15,26 +15,8 @@ import (
 // t0 is the injected clock's start.
 var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
-// testClock is a settable clock shared by every limiter of a test.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 type testBundle struct {
-	clock  *testClock
+	clock  *clocktest.Clock
 	prefix string
 	reg    *prometheus.Registry
 	// lim and lim2 use separate Redis clients, as two processes would. Only lim has metrics.
@@ -45,7 +27,7 @@ type testBundle struct {
 // config of both.
 func setup(t *testing.T, mod func(*limiter.Config)) *testBundle {
 	t.Helper()
-	b := &testBundle{clock: &testClock{t: t0}, prefix: redistest.Prefix(t), reg: prometheus.NewRegistry()}
+	b := &testBundle{clock: clocktest.New(t0), prefix: redistest.Prefix(t), reg: prometheus.NewRegistry()}
 	mk := func(m *limiter.Metrics) *limiter.Limiter {
 		cfg := &limiter.Config{Prefix: b.prefix, Now: b.clock.Now, Metrics: m}
 		if mod != nil {

@@ -1,20 +1,6 @@
 package limiter
 
-import (
-	"crypto/sha256"
-	"encoding/hex"
-)
-
-// DefaultPrefix is the key prefix used when Config.Prefix is empty.
-const DefaultPrefix = "llmq:"
-
-// credentialTag is the Redis hash tag of a provider key: "{<sha256 hex of id>}". Every key of one
-// credential carries it, so all of them live in one Redis Cluster slot and a script may touch
-// several. The raw id never reaches Redis.
-func credentialTag(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return "{" + hex.EncodeToString(sum[:]) + "}"
-}
+// The limiter's keys of a credential: prefix + redisscript.CredentialTag(id) + a suffix.
 
 // rateKey holds the admission schedule and what was learned about the provider's limit (a hash;
 // see reserveScript for its fields). It expires LearnTTL after the schedule's last reservation.

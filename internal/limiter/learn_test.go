@@ -77,7 +77,7 @@ func TestCredential_Observe(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
-			b.clock.Add(300 * time.Millisecond)
+			b.clock.Advance(300 * time.Millisecond)
 			c := b.lim.Credential("sk-"+tc.name, "main")
 			o := limiter.ObservationFromHeaders(tc.hdr, 200, at, at)
 			require.True(t, o.HeadersKnown)
@@ -94,10 +94,10 @@ func TestCredential_Observe(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
 		c := b.lim.Credential("sk-changes", "main")
-		b.clock.Add(300 * time.Millisecond) // off the whole second: resets below are exact
+		b.clock.Advance(300 * time.Millisecond) // off the whole second: resets below are exact
 		observe := func(limit, remaining int, toFull time.Duration) limiter.Limit {
 			t.Helper()
-			b.clock.Add(time.Second)
+			b.clock.Advance(time.Second)
 			now := b.clock.Now()
 			require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: now, StatusCode: 200,
 				HeadersKnown: true, Limit: limit, Remaining: remaining, ResetAt: now.Add(toFull)}))
@@ -138,7 +138,7 @@ func TestCredential_Observe(t *testing.T) {
 		near(limiter.Limit{Rate: 9.5, Burst: 20}, observe(20, 0, 2*time.Second))
 
 		// Knowledge expires without responses.
-		b.clock.Add(limiter.DefaultLearnTTL + time.Second)
+		b.clock.Advance(limiter.DefaultLearnTTL + time.Second)
 		_, src, err := c.Current(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceUnknown, src)
@@ -148,7 +148,7 @@ func TestCredential_Observe(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
 		c := b.lim.Credential("sk-learned", "main")
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		now := b.clock.Now()
 		// A response saying 20 at 10/s, all 20 used.
 		require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: now, StatusCode: 200,
@@ -218,13 +218,13 @@ func TestCredential_Reserve_UnknownLimit(t *testing.T) {
 
 	// Still unanswered a little later: still nobody else; waiters ask again at half the
 	// probe's age.
-	b.clock.Add(time.Second)
+	b.clock.Advance(time.Second)
 	rs = reserveAll(10)
 	require.Equal(t, 0, count(rs, func(r limiter.Reservation) bool { return r.Granted }))
 	require.Equal(t, 10, count(rs, func(r limiter.Reservation) bool { return r.Wait == 500*time.Millisecond }))
 
 	// The probe's answer: 20, 19 left. They go at once, not one more.
-	b.clock.Add(5 * time.Millisecond)
+	b.clock.Advance(5 * time.Millisecond)
 	now := b.clock.Now()
 	require.NoError(t, creds[0].Observe(t.Context(), limiter.ObservationFromHeaders(
 		anthropicHeaders(20, 19, now.Add(95*time.Millisecond), time.RFC3339Nano), 200, t0, now)))
@@ -239,7 +239,7 @@ func TestCredential_Reserve_UnknownLimit(t *testing.T) {
 		r, err := c.Reserve(t.Context(), limiter.Limit{})
 		require.NoError(t, err)
 		require.True(t, r.Probe)
-		b.clock.Add(limiter.DefaultProbeTTL)
+		b.clock.Advance(limiter.DefaultProbeTTL)
 		r, err = c.Reserve(t.Context(), limiter.Limit{})
 		require.NoError(t, err)
 		require.True(t, r.Granted)

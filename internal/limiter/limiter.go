@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -109,7 +110,7 @@ const rateDecrease = 0.1
 
 func (c Config) withDefaults() Config {
 	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
+		c.Prefix = redisscript.DefaultPrefix
 	}
 	if c.PhaseMargin == 0 {
 		c.PhaseMargin = DefaultPhaseMargin
@@ -225,14 +226,14 @@ type Credential struct {
 // itself, so that two credential names sharing one key share its limit. name is the
 // credential's name, used only as the metrics label.
 func (l *Limiter) Credential(id, name string) *Credential {
-	return &Credential{l: l, name: name, tag: credentialTag(id)}
+	return &Credential{l: l, name: name, tag: redisscript.CredentialTag(id)}
 }
 
 // Name is the credential name given to Limiter.Credential.
 func (c *Credential) Name() string { return c.name }
 
 // Redis is the client the limiter runs its scripts on: send ObserveCalls and ReconcileCall with
-// it (scriptpipe.Run), together with other calls to the same server.
+// it (redisscript.Run), together with other calls to the same server.
 func (c *Credential) Redis() redis.UniversalClient { return c.l.rdb }
 
 // Limit is a provider's request limit: a token bucket holding Burst requests, refilled at Rate
@@ -373,15 +374,15 @@ func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost, opts Att
 	if err != nil {
 		return Reservation{}, fmt.Errorf("reserve: %w", err)
 	}
-	if len(res) == 4 && toInt(res[0]) == -1 {
-		return Reservation{}, &TooLargeError{Bucket: Bucket(toString(res[1])), Cost: int(toInt(res[2])),
-			Capacity: int(toInt(res[3]))}
+	if len(res) == 4 && redisscript.Int(res[0]) == -1 {
+		return Reservation{}, &TooLargeError{Bucket: Bucket(redisscript.String(res[1])), Cost: int(redisscript.Int(res[2])),
+			Capacity: int(redisscript.Int(res[3]))}
 	}
-	if len(res) == 4 && toInt(res[0]) == -2 {
-		us, _ := strconv.ParseInt(toString(res[1]), 10, 64)
+	if len(res) == 4 && redisscript.Int(res[0]) == -2 {
+		us, _ := strconv.ParseInt(redisscript.String(res[1]), 10, 64)
 		c.l.cfg.Metrics.setPaused(c.name, true)
-		return Reservation{Paused: PauseState{Paused: true, Since: time.UnixMicro(us), Reason: toString(res[2]),
-			FirstJobID: toString(res[3])}}, nil
+		return Reservation{Paused: PauseState{Paused: true, Since: time.UnixMicro(us), Reason: redisscript.String(res[2]),
+			FirstJobID: redisscript.String(res[3])}}, nil
 	}
 	if opts.UnlessPaused {
 		c.l.cfg.Metrics.setPaused(c.name, false)
@@ -389,21 +390,21 @@ func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost, opts Att
 	if len(res) < 8 {
 		return Reservation{}, fmt.Errorf("reserve: unexpected reply %v", res)
 	}
-	send, now := toInt(res[1]), toInt(res[2])
-	rate, _ := strconv.ParseFloat(toString(res[4]), 64)
+	send, now := redisscript.Int(res[1]), redisscript.Int(res[2])
+	rate, _ := strconv.ParseFloat(redisscript.String(res[4]), 64)
 	r := Reservation{
-		Granted: toInt(res[0]) == 1,
+		Granted: redisscript.Int(res[0]) == 1,
 		SendAt:  time.UnixMicro(send),
 		Wait:    time.Duration(send-now) * time.Microsecond,
-		Probe:   toInt(res[3]) == 1,
-		Limit:   Limit{Rate: rate, Burst: int(toInt(res[5]))},
-		Source:  Source(toString(res[6])),
-		Seq:     toInt(res[7]),
+		Probe:   redisscript.Int(res[3]) == 1,
+		Limit:   Limit{Rate: rate, Burst: int(redisscript.Int(res[5]))},
+		Source:  Source(redisscript.String(res[6])),
+		Seq:     redisscript.Int(res[7]),
 		Cost:    cost,
 	}
 	if len(res) >= 10 {
-		r.Grant = toInt(res[8])
-		r.Tokens = parseTokenLimits(toString(res[9]))
+		r.Grant = redisscript.Int(res[8])
+		r.Tokens = parseTokenLimits(redisscript.String(res[9]))
 	}
 	c.l.cfg.Metrics.reserved(c.name, r)
 	return r, nil
@@ -443,17 +444,12 @@ func (c *Credential) Current(ctx context.Context) (Limit, Source, error) {
 	if len(res) != 3 {
 		return Limit{}, "", fmt.Errorf("current limit: unexpected reply %v", res)
 	}
-	rate, _ := strconv.ParseFloat(toString(res[1]), 64)
-	return Limit{Rate: rate, Burst: int(toInt(res[2]))}, Source(toString(res[0])), nil
+	rate, _ := strconv.ParseFloat(redisscript.String(res[1]), 64)
+	return Limit{Rate: rate, Burst: int(redisscript.Int(res[2]))}, Source(redisscript.String(res[0])), nil
 }
 
-// nowArg is the scripts' "now" argument: the injected clock in µs, or "" for Redis TIME.
-func (l *Limiter) nowArg() string {
-	if l.cfg.Now == nil {
-		return ""
-	}
-	return strconv.FormatInt(l.cfg.Now().UnixMicro(), 10)
-}
+// nowArg is the scripts' "now" argument (redisscript.NowArg of the injected clock).
+func (l *Limiter) nowArg() string { return redisscript.NowArg(l.cfg.Now) }
 
 // localNow is the caller-side clock, used to turn an Observation's times into durations.
 func (l *Limiter) localNow() time.Time {
@@ -474,24 +470,3 @@ func flag(b bool) string {
 }
 
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
-
-func toInt(v any) int64 {
-	switch x := v.(type) {
-	case int64:
-		return x
-	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
-	}
-	return 0
-}
-
-func toString(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case int64:
-		return strconv.FormatInt(x, 10)
-	}
-	return ""
-}

@@ -109,7 +109,7 @@ func TestCredential_Reserve(t *testing.T) {
 		b := setup(t, nil)
 		// Time moves while the herd reserves: 2 ms per call, 0.4 s in all.
 		sends := herd(t, b, "sk-moving", 200, limiter.Limit{Rate: 10, Burst: 20},
-			func() { b.clock.Add(2 * time.Millisecond) })
+			func() { b.clock.Advance(2 * time.Millisecond) })
 		requireWithinBucket(t, sends, 20, 10)
 		last := sends[len(sends)-1].Sub(t0).Seconds()
 		require.Greater(t, last, 18.0)
@@ -128,7 +128,7 @@ func TestCredential_Reserve(t *testing.T) {
 		}
 		// One second later 9 requests have been refilled (at 0.101 s spacing); those refilled
 		// more than the phase margin ago go at once, the 9th (refilled at 0.909 s) at 1.009 s.
-		b.clock.Add(time.Second)
+		b.clock.Advance(time.Second)
 		for range 8 {
 			r, err := c.Reserve(t.Context(), lim)
 			require.NoError(t, err)
@@ -175,7 +175,7 @@ func TestCredential_Reserve(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, t0.Equal(r.SendAt))
 
-		b.clock.Add(10 * time.Millisecond)
+		b.clock.Advance(10 * time.Millisecond)
 		require.NoError(t, c.Observe(t.Context(), limiter.Observation{
 			At: b.clock.Now(), StatusCode: 429, RetryAfter: 3 * time.Second, HasRetryAfter: true,
 			Seq: r.Seq,
@@ -212,7 +212,7 @@ func TestCredential_Current(t *testing.T) {
 		require.Equal(t, limiter.SourceConfigured, src)
 		require.Equal(t, limiter.Limit{Rate: 2.5, Burst: 4}, lim)
 
-		b.clock.Add(limiter.DefaultLearnTTL + time.Second)
+		b.clock.Advance(limiter.DefaultLearnTTL + time.Second)
 		_, src, err = c.Current(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceUnknown, src)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmq/llmq/internal/scriptpipe"
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // Observation is what one provider response (or failure) said about the limit.
@@ -76,13 +76,13 @@ type Observation struct {
 // A 429 without Retry-After changes nothing here: it is a spend cap, see Pause. Observe returns
 // an error only when Redis fails.
 func (c *Credential) Observe(ctx context.Context, o Observation) error {
-	return scriptpipe.Run(ctx, c.l.rdb, c.ObserveCalls(o)...)
+	return redisscript.Run(ctx, c.l.rdb, c.ObserveCalls(o)...)
 }
 
 // ObserveCalls returns Observe's work as script calls, for a caller that sends them in one round
-// trip with others (scriptpipe.Run on the limiter's Redis). They hold the observation's times as
+// trip with others (redisscript.Run on the limiter's Redis). They hold the observation's times as
 // of now; send them at once.
-func (c *Credential) ObserveCalls(o Observation) []scriptpipe.Call {
+func (c *Credential) ObserveCalls(o Observation) []redisscript.Call {
 	l := c.l
 	now := l.localNow()
 	if o.At.IsZero() {
@@ -115,7 +115,7 @@ func (c *Credential) ObserveCalls(o Observation) []scriptpipe.Call {
 		ra = strconv.FormatInt(micros(o.At.Add(o.RetryAfter).Sub(now)), 10)
 	}
 	cfg := &l.cfg
-	calls := []scriptpipe.Call{{
+	calls := []redisscript.Call{{
 		Script: observeScript,
 		Keys:   []string{rateKey(cfg.Prefix, c.tag)},
 		Args: []any{l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),

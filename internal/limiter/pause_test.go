@@ -62,15 +62,15 @@ func TestCredential_Pause(t *testing.T) {
 	every := 30 * time.Second
 	probe := func(c *limiter.Credential, _ int) (bool, error) { return c.TryProbe(ctx, every) }
 	require.Equal(t, 0, concurrently(probe))
-	b.clock.Add(every)
+	b.clock.Advance(every)
 	require.Equal(t, 1, concurrently(probe))
-	b.clock.Add(every - time.Millisecond)
+	b.clock.Advance(every - time.Millisecond)
 	require.Equal(t, 0, concurrently(probe))
-	b.clock.Add(time.Millisecond)
+	b.clock.Advance(time.Millisecond)
 	require.Equal(t, 1, concurrently(probe))
 
 	// A pause does not expire by itself.
-	b.clock.Add(24 * time.Hour)
+	b.clock.Advance(24 * time.Hour)
 	st, err = creds[0].Paused(ctx)
 	require.NoError(t, err)
 	require.True(t, st.Paused)

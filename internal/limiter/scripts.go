@@ -1,27 +1,16 @@
 package limiter
 
-import "github.com/redis/go-redis/v9"
+import (
+	"github.com/redis/go-redis/v9"
 
-// Times inside the scripts are integer microseconds since the Unix epoch (exact in a Lua double
-// until the year 2255). They are written with %.0f, never tostring, which keeps only 14 digits.
-// Rates are requests per second, written with %.17g.
+	"github.com/llmq/llmq/internal/redisscript"
+)
 
-// luaCommon is prepended to every script.
-const luaCommon = `
-local function num(x)
-  if x == false or x == nil then return nil end
-  return tonumber(x)
-end
-local function fmt0(x) return string.format('%.0f', x) end
-local function fmt(x) return string.format('%.17g', x) end
--- clock returns the caller's time (ARGV) or, when it is empty, Redis TIME, so that every process
--- shares one clock.
-local function clock(arg)
-  if arg ~= '' then return tonumber(arg) end
-  pcall(redis.replicate_commands)
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+// Rates inside the scripts are requests per second, written with %.17g; times are µs (see
+// redisscript).
+
+// luaCommon is prepended to every script: the shared prelude, then the limiter's own helpers.
+const luaCommon = redisscript.Prelude + `
 -- estimate is the learned rate to pace at (0: unknown): the lower bound lo, which the evidence
 -- guarantees, under the ceiling cap that a recent 429 set (cap/capt: rate and until when, µs).
 -- Pacing below the provider's true rate costs little: what it then accumulates shows in its

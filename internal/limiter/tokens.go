@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmq/llmq/internal/scriptpipe"
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // Cost is what one request asks of the token buckets: its estimated input tokens and its output
@@ -228,13 +228,13 @@ func (c *Credential) Reconcile(ctx context.Context, grant int64, actual Cost) er
 	if err != nil || !ok {
 		return err
 	}
-	return scriptpipe.Run(ctx, c.l.rdb, call)
+	return redisscript.Run(ctx, c.l.rdb, call)
 }
 
 // ReconcileCall returns Reconcile's work as a script call, for a caller that sends it in one round
-// trip with others (scriptpipe.Run on the limiter's Redis); ok is false when there is nothing to
+// trip with others (redisscript.Run on the limiter's Redis); ok is false when there is nothing to
 // send (grant 0). It returns an error only when actual is negative.
-func (c *Credential) ReconcileCall(grant int64, actual Cost) (call scriptpipe.Call, ok bool, err error) {
+func (c *Credential) ReconcileCall(grant int64, actual Cost) (call redisscript.Call, ok bool, err error) {
 	if actual.InputTokens < 0 || actual.OutputTokens < 0 {
 		return call, false, fmt.Errorf("reconcile tokens: invalid cost %+v", actual)
 	}
@@ -242,7 +242,7 @@ func (c *Credential) ReconcileCall(grant int64, actual Cost) (call scriptpipe.Ca
 		return call, false, nil
 	}
 	cfg := &c.l.cfg
-	return scriptpipe.Call{
+	return redisscript.Call{
 		Script: reconcileScript,
 		Keys:   []string{tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag)},
 		Args:   []any{c.l.nowArg(), grant, actual.InputTokens, actual.OutputTokens, micros(cfg.LearnTTL)},
@@ -251,7 +251,7 @@ func (c *Credential) ReconcileCall(grant int64, actual Cost) (call scriptpipe.Ca
 			if err != nil {
 				return fmt.Errorf("reconcile tokens: %w", err)
 			}
-			if len(res) == 4 && toInt(res[0]) == 1 {
+			if len(res) == 4 && redisscript.Int(res[0]) == 1 {
 				cfg.Metrics.reconciled(c.name, actual)
 			}
 			return nil
@@ -294,14 +294,14 @@ func (t TokenObservation) usable() bool { return t.Known && t.Limit > 0 && t.Rem
 
 // observeTokensCall is the call that learns the token buckets from o (see observeTokensScript);
 // ok is false when o reports none.
-func (c *Credential) observeTokensCall(o Observation, now time.Time) (scriptpipe.Call, bool) {
+func (c *Credential) observeTokensCall(o Observation, now time.Time) (redisscript.Call, bool) {
 	fams := []TokenObservation{o.InputTokens, o.OutputTokens, o.Tokens}
 	known := false
 	for _, f := range fams {
 		known = known || f.usable()
 	}
 	if !known {
-		return scriptpipe.Call{}, false
+		return redisscript.Call{}, false
 	}
 	cfg := &c.l.cfg
 	args := []any{c.l.nowArg(), micros(cfg.LearnTTL), fmtFloat(cfg.RateMargin), micros(cfg.TokenMinute)}
@@ -327,7 +327,7 @@ func (c *Credential) observeTokensCall(o Observation, now time.Time) (scriptpipe
 			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))
 	}
 	args = append(args, o.Grant)
-	return scriptpipe.Call{Script: observeTokensScript, Keys: []string{tokenKey(cfg.Prefix, c.tag)}, Args: args,
+	return redisscript.Call{Script: observeTokensScript, Keys: []string{tokenKey(cfg.Prefix, c.tag)}, Args: args,
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			if err := cmd.Err(); err != nil {
 				return fmt.Errorf("observe token limits: %w", err)

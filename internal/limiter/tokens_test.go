@@ -337,7 +337,7 @@ func TestCredential_ReserveCost_Horizon(t *testing.T) {
 	for _, g := range grants {
 		require.NoError(t, other.Reconcile(t.Context(), g, in(500)))
 	}
-	b.clock.Add(time.Second)
+	b.clock.Advance(time.Second)
 	r, err = c.ReserveCost(t.Context(), tokenLim, in(1000))
 	require.NoError(t, err)
 	requireAt(t, t0.Add(time.Second), r)
@@ -353,12 +353,12 @@ func TestCredential_ReserveCost_Horizon(t *testing.T) {
 		tail := t0.Add(1000*tokT + 100*time.Millisecond)
 		requireAt(t, tail, r)
 		// Refused until the pending slot is within the horizon, then the next one is handed out.
-		b.clock.Add(tail.Add(-time.Second).Sub(t0) - time.Millisecond)
+		b.clock.Advance(tail.Add(-time.Second).Sub(t0) - time.Millisecond)
 		r, err = c.ReserveCost(t.Context(), tokenLim, in(1000))
 		require.NoError(t, err)
 		require.False(t, r.Granted)
 		require.Equal(t, limiter.DefaultPollInterval, r.Wait)
-		b.clock.Add(time.Millisecond)
+		b.clock.Advance(time.Millisecond)
 		r, err = c.ReserveCost(t.Context(), tokenLim, in(1000))
 		require.NoError(t, err)
 		requireAt(t, t0.Add(2000*tokT+100*time.Millisecond), r)
@@ -422,7 +422,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
-			b.clock.Add(300 * time.Millisecond)
+			b.clock.Advance(300 * time.Millisecond)
 			got := observe(t, b, "sk-"+tc.name, tc.hdr)
 			for _, p := range []*limiter.TokenLimit{&tc.want.Input, &tc.want.Output, &tc.want.Combined, &got.Input, &got.Output, &got.Combined} {
 				if p.Source == "" {
@@ -441,7 +441,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 	t.Run("ScheduleHoldsWhatTheProviderHeld", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		// The provider says 10,000 of 40,000 remain (±500) and refills at 40,000/60 s: our
 		// schedule holds at least 29,500 from the send on.
 		got := observe(t, b, "sk-sync", anthropic("input", 40000, 10000, at.Add(45*time.Second)))
@@ -456,7 +456,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 	t.Run("SyncKeepsGrantsTheProviderHadNotSeen", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		id := "sk-pending"
 		observe(t, b, id, anthropic("input", 40000, 40000, at))
 		c := b.lim2.Credential(id, "main")
@@ -479,7 +479,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 	t.Run("ConfiguredIsNotSynced", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		c := b.lim.Credential("sk-configured", "main")
 		_, err := c.ReserveCost(t.Context(), tokenLim, in(1))
 		require.NoError(t, err)
@@ -492,13 +492,13 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 	t.Run("FollowsChangesAndExpires", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		got := observe(t, b, "sk-change", anthropic("input", 40000, 38000, at.Add(300*time.Millisecond)))
 		require.InDelta(t, 3750, got.Input.Rate, 1e-9)
 		// A new limit starts afresh: 80,000 per minute, nothing proven beyond it.
 		got = observe(t, b, "sk-change", anthropic("input", 80000, 80000, at))
 		require.Equal(t, limiter.TokenLimit{PerMinute: 80000, Rate: 80000.0 / 60, Source: limiter.SourceLearned}, got.Input)
-		b.clock.Add(limiter.DefaultLearnTTL + time.Second)
+		b.clock.Advance(limiter.DefaultLearnTTL + time.Second)
 		cur, err := b.lim.Credential("sk-change", "main").CurrentTokens(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceUnknown, cur.Input.Source)
@@ -508,7 +508,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		t.Parallel()
 		// Token headers alongside request headers: the request limit learns exactly as alone.
 		b := setup(t, nil)
-		b.clock.Add(300 * time.Millisecond)
+		b.clock.Advance(300 * time.Millisecond)
 		h := openaiHeaders(20, 5, "1.5s")
 		for k, v := range anthropic("input", 40000, 38000, at.Add(time.Second)) {
 			h[k] = v
@@ -551,7 +551,7 @@ func TestCredential_ReserveCost_NeverExceedsBuckets(t *testing.T) {
 						var r limiter.Reservation
 						var err error
 						for tries := 0; ; tries++ {
-							b.clock.Add(time.Duration(rng.IntN(20)) * time.Millisecond)
+							b.clock.Advance(time.Duration(rng.IntN(20)) * time.Millisecond)
 							if r, err = c.ReserveCost(context.Background(), lim, cost); err != nil || r.Granted {
 								break
 							}
@@ -559,7 +559,7 @@ func TestCredential_ReserveCost_NeverExceedsBuckets(t *testing.T) {
 								err = errors.New("never granted")
 								break
 							}
-							b.clock.Add(r.Wait) // wait as told (the other goroutines' waits add up too)
+							b.clock.Advance(r.Wait) // wait as told (the other goroutines' waits add up too)
 						}
 						if err != nil {
 							errs <- err

@@ -7,34 +7,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/llmsim"
 )
 
 // t0 is the fake clock's start: 2026-01-02T03:04:05Z.
 var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // sequence returns a Rand that yields vs in order, then repeats the last.
 func sequence(vs ...float64) func() float64 {
@@ -49,14 +32,14 @@ func sequence(vs ...float64) func() float64 {
 type testBundle struct {
 	sim   *llmsim.Server
 	ts    *httptest.Server
-	clock *fakeClock
+	clock *clocktest.Clock
 }
 
 // setup starts a simulator behind a real HTTP server; cfg.Now defaults to a
 // fake clock at t0.
 func setup(t *testing.T, cfg llmsim.Config) *testBundle {
 	t.Helper()
-	clock := &fakeClock{now: t0}
+	clock := clocktest.New(t0)
 	if cfg.Now == nil {
 		cfg.Now = clock.Now
 	}

@@ -2,40 +2,22 @@ package tenant_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/tenant"
 )
-
-// fakeClock is a settable clock.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 func TestAuthenticator_CachesForTTL(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	store := tenant.NewStore(pool, nil)
 	ctx := context.Background()
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{TTL: 2 * time.Second, Now: clock.Now})
 	require.Equal(t, 2*time.Second, auth.TTL())
 	_, token, err := store.Create(ctx, "acme", nil)
@@ -90,7 +72,7 @@ func TestAuthenticator_BoundedCache(t *testing.T) {
 	pool := pgtest.Pool(t)
 	store := tenant.NewStore(pool, nil)
 	ctx := context.Background()
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{TTL: time.Minute, MaxEntries: 2, Now: clock.Now})
 	_, token, err := store.Create(ctx, "acme", nil)
 	require.NoError(t, err)

@@ -9,13 +9,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
 func TestRateLimiter_BurstThenRate(t *testing.T) {
 	t.Parallel()
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	lim, err := tenant.NewRateLimiter(redistest.Client(t), &tenant.RateLimiterConfig{
 		Rate: tenant.Rate{PerSecond: 2, Burst: 3}, Prefix: redistest.Prefix(t), Now: clock.Now,
 	})

@@ -1,12 +1,4 @@
-// Package scriptpipe sends the Lua script calls of several packages to Redis in one pipelined
-// round trip: the limiter's observation of an answer and the breaker's report of it, say, which
-// a worker otherwise sends one after the other after every provider call.
-//
-// A pipelined EVALSHA of a script Redis has not cached (after a restart or SCRIPT FLUSH) fails
-// with NOSCRIPT and does nothing; go-redis's Script.Run falls back to EVAL only outside a
-// pipeline, so Run does it here: after the round trip it sends those calls again with EVAL (which
-// caches the script), in their order. The calls that did run are not sent twice.
-package scriptpipe
+package redisscript
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package scriptpipe_test
+package redisscript_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/redistest"
-	"github.com/llmq/llmq/internal/scriptpipe"
 )
 
 func TestMain(m *testing.M) {
@@ -48,10 +48,10 @@ func TestRun_OneRoundTripInOrder(t *testing.T) {
 	t.Parallel()
 	rdb, hook, p := setup(t)
 	var got []int64
-	err := scriptpipe.Run(context.Background(), rdb,
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "b"}, Done: record(&got)},
+	err := redisscript.Run(context.Background(), rdb,
+		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []string{p + "b"}, Done: record(&got)},
 	)
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2, 1}, got, "each Done gets its own reply, the calls ran in order")
@@ -62,10 +62,10 @@ func TestRun_OneCallGoesAlone(t *testing.T) {
 	t.Parallel()
 	rdb, hook, p := setup(t)
 	var got []int64
-	require.NoError(t, scriptpipe.Run(context.Background(), rdb, scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)}))
+	require.NoError(t, redisscript.Run(context.Background(), rdb, redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)}))
 	require.Equal(t, []int64{1}, got)
 	require.Equal(t, 1, hook.Count())
-	require.NoError(t, scriptpipe.Run(context.Background(), rdb))
+	require.NoError(t, redisscript.Run(context.Background(), rdb))
 	require.Equal(t, 1, hook.Count(), "no calls, no round trip")
 }
 
@@ -76,10 +76,10 @@ func TestRun_UncachedScriptRunsOnce(t *testing.T) {
 	ctx := context.Background()
 	fresh := uncached()
 	var got []int64
-	err := scriptpipe.Run(ctx, rdb,
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
-		scriptpipe.Call{Script: fresh, Keys: []string{p + "b"}, Done: record(&got)},
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "c"}, Done: record(&got)},
+	err := redisscript.Run(ctx, rdb,
+		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
+		redisscript.Call{Script: fresh, Keys: []string{p + "b"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []string{p + "c"}, Done: record(&got)},
 	)
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 1, 1}, got)
@@ -91,9 +91,9 @@ func TestRun_UncachedScriptRunsOnce(t *testing.T) {
 	require.Equal(t, 2, hook.Count(), "the pipeline, then the uncached call alone")
 
 	// EVAL cached it: the next round trip needs no second one.
-	require.NoError(t, scriptpipe.Run(ctx, rdb,
-		scriptpipe.Call{Script: fresh, Keys: []string{p + "b"}},
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "c"}},
+	require.NoError(t, redisscript.Run(ctx, rdb,
+		redisscript.Call{Script: fresh, Keys: []string{p + "b"}},
+		redisscript.Call{Script: incrScript, Keys: []string{p + "c"}},
 	))
 	require.Equal(t, 3, hook.Count())
 }
@@ -105,10 +105,10 @@ func TestRun_ErrorsAreEachCalls(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, p+"text", "not a number", 0).Err())
 	errDone := errors.New("done failed")
 	var ran int
-	err := scriptpipe.Run(ctx, rdb,
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "text"}}, // Redis refuses: not an integer
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "a"}, Done: func(context.Context, *redis.Cmd) error { ran++; return errDone }},
-		scriptpipe.Call{Script: incrScript, Keys: []string{p + "b"}, Done: func(_ context.Context, cmd *redis.Cmd) error { ran++; return cmd.Err() }},
+	err := redisscript.Run(ctx, rdb,
+		redisscript.Call{Script: incrScript, Keys: []string{p + "text"}}, // Redis refuses: not an integer
+		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: func(context.Context, *redis.Cmd) error { ran++; return errDone }},
+		redisscript.Call{Script: incrScript, Keys: []string{p + "b"}, Done: func(_ context.Context, cmd *redis.Cmd) error { ran++; return cmd.Err() }},
 	)
 	require.ErrorIs(t, err, errDone)
 	require.ErrorContains(t, err, "not an integer")
