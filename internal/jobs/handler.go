@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/redisscript"
@@ -64,7 +65,7 @@ type HandlerConfig struct {
 	Alerter *Alerter
 	// Estimator estimates a request's tokens for the token buckets and learns from the
 	// provider's counts. Nil: requests are reserved without tokens.
-	Estimator *tokens.Estimator
+	Estimator *estimator.Estimator
 	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
 	// spent budgets. Default math/rand/v2.
 	Float64 func() float64
@@ -252,7 +253,7 @@ func (h *Handler) Process(ctx context.Context, id string) error {
 		t0 := h.cfg.Now()
 		a, err := h.admit(ctx, job, cred)
 		h.timed(StageAdmit, t0)
-		if errors.Is(err, limiter.ErrTooLarge) {
+		if errors.Is(err, tokens.ErrTooLarge) {
 			h.reportBreaker(ctx, cred, brk, breaker.Neutral)
 			return h.finish(ctx, job, nil, Outcome{Status: StatusFailed, LastError: &LastError{
 				Class: string(retrypolicy.ClassPermanent), Message: "request can never be sent: " + err.Error(),
@@ -381,11 +382,11 @@ func breakerOutcome(d retrypolicy.Decision) breaker.Outcome {
 
 // admission is what the breaker and the limiter granted for one attempt.
 type admission struct {
-	breaker    *breaker.Admission // nil: no breaker
-	seq        int64              // the limiter slot, for Observe
-	grant      int64              // the token reservation, for Reconcile (0: none)
-	est        *tokens.Estimate   // the estimate the grant was reserved with (nil: make it again)
-	pauseProbe bool               // an automatic probe of a paused credential
+	breaker    *breaker.Admission  // nil: no breaker
+	seq        int64               // the limiter slot, for Observe
+	grant      int64               // the token reservation, for Reconcile (0: none)
+	est        *estimator.Estimate // the estimate the grant was reserved with (nil: make it again)
+	pauseProbe bool                // an automatic probe of a paused credential
 }
 
 // admit asks the credential's shared limiter whether and when this attempt may be sent: not
@@ -492,15 +493,15 @@ func drawsOnRetryBudget(job *Job) bool {
 
 // cost is the job's estimated tokens for the token buckets, and the estimate behind it (zero and
 // nil without an estimator, or for a body the estimator cannot read: the provider judges that one).
-func (h *Handler) cost(cred Credential, job *Job) (limiter.Cost, *tokens.Estimate) {
+func (h *Handler) cost(cred Credential, job *Job) (tokens.Cost, *estimator.Estimate) {
 	if h.cfg.Estimator == nil {
-		return limiter.Cost{}, nil
+		return tokens.Cost{}, nil
 	}
 	est, err := h.cfg.Estimator.Estimate(cred.Name, cred.Kind, job.Request)
 	if err != nil {
-		return limiter.Cost{}, nil
+		return tokens.Cost{}, nil
 	}
-	return limiter.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}, &est
+	return tokens.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}, &est
 }
 
 // spread returns d plus U(0, d).
@@ -740,16 +741,16 @@ func (h *Handler) reconcileCall(ctx context.Context, cred Credential, adm admiss
 	if est == nil { // the slot was held by an earlier delivery: estimate again
 		_, est = h.cost(cred, job)
 	}
-	var actual limiter.Cost
+	var actual tokens.Cost
 	switch {
 	case resp != nil:
-		actual = limiter.Cost{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens}
+		actual = tokens.Cost{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens}
 		if est != nil {
 			h.cfg.Estimator.Observe(cred.Name, *est, resp.Usage.InputTokens)
 		}
 	case status == 429:
 	case est != nil:
-		actual = limiter.Cost{InputTokens: est.Input}
+		actual = tokens.Cost{InputTokens: est.Input}
 	}
 	call, ok, err := cred.Limiter.ReconcileCall(adm.grant, actual)
 	if err != nil {

@@ -215,7 +215,7 @@ func (s *Submitter) checkTokens(creds []string, request []byte) error {
 			continue // the provider judges a body we cannot count
 		}
 		lim := limiter.Limit{InputTokensPerMinute: tl.InputPerMinute, OutputTokensPerMinute: tl.OutputPerMinute, TokensPerMinute: tl.CombinedPerMinute}
-		if err := lim.CheckCost(limiter.Cost{InputTokens: r.Input, OutputTokens: r.MaxOutput}); err != nil {
+		if err := lim.CheckCost(tokens.Cost{InputTokens: r.Input, OutputTokens: r.MaxOutput}); err != nil {
 			return invalid("request_too_large", "credential %q: %v", name, err)
 		}
 	}

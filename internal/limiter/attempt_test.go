@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // budgetOfFirsts is a retry budget that allows exactly one retry per first attempt counted.
@@ -42,7 +43,7 @@ func TestCredential_ReserveAttempt(t *testing.T) {
 		_, err := c.Pause(ctx, "rate_limited_no_retry_after", "job-1")
 		require.NoError(t, err)
 
-		r, err := c.ReserveAttempt(ctx, lim, limiter.Cost{}, both)
+		r, err := c.ReserveAttempt(ctx, lim, tokens.Cost{}, both)
 		require.NoError(t, err)
 		require.False(t, r.Granted)
 		require.True(t, r.Paused.Paused)
@@ -52,13 +53,13 @@ func TestCredential_ReserveAttempt(t *testing.T) {
 		require.Zero(t, r.Seq)
 		require.Equal(t, 1.0, b.metric(t, "llmq_limiter_paused", "main"))
 		// AcquireAttempt hands the refusal back at once instead of asking again.
-		r, err = c.AcquireAttempt(ctx, lim, limiter.Cost{}, time.Hour, both)
+		r, err = c.AcquireAttempt(ctx, lim, tokens.Cost{}, time.Hour, both)
 		require.NoError(t, err)
 		require.True(t, r.Paused.Paused)
 		require.Zero(t, retriesAllowed(t, c), "a refused ask counts no first attempt")
 
 		// The pause's probe asks without the check and gets the slot.
-		r, err = c.ReserveAttempt(ctx, lim, limiter.Cost{}, limiter.AttemptOptions{FirstAttempt: true})
+		r, err = c.ReserveAttempt(ctx, lim, tokens.Cost{}, limiter.AttemptOptions{FirstAttempt: true})
 		require.NoError(t, err)
 		require.True(t, r.Granted)
 		require.Zero(t, r.Wait, "the refusals took no slot: the burst of one was still there")
@@ -67,7 +68,7 @@ func TestCredential_ReserveAttempt(t *testing.T) {
 		_, err = c.Resume(ctx)
 		require.NoError(t, err)
 		b.clock.Advance(time.Second + 100*time.Millisecond) // the next slot of 1/s, margins included
-		r, err = c.ReserveAttempt(ctx, lim, limiter.Cost{}, both)
+		r, err = c.ReserveAttempt(ctx, lim, tokens.Cost{}, both)
 		require.NoError(t, err)
 		require.True(t, r.Granted)
 		require.False(t, r.Paused.Paused)
@@ -82,17 +83,17 @@ func TestCredential_ReserveAttempt(t *testing.T) {
 		c1, c2 := b.lim.Credential(id, "main"), b.lim2.Credential(id, "main")
 		ctx := t.Context()
 		// Nothing is known of the limit: one probe goes out, the others are told to ask again.
-		r, err := c1.ReserveAttempt(ctx, limiter.Limit{}, limiter.Cost{}, both)
+		r, err := c1.ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, both)
 		require.NoError(t, err)
 		require.True(t, r.Granted)
 		require.True(t, r.Probe)
 		for range 3 {
-			r, err = c2.ReserveAttempt(ctx, limiter.Limit{}, limiter.Cost{}, both)
+			r, err = c2.ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, both)
 			require.NoError(t, err)
 			require.False(t, r.Granted)
 		}
 		// Without FirstAttempt (a retry's ask) nothing is counted either.
-		r, err = c2.ReserveAttempt(ctx, limiter.Limit{Rate: 100, Burst: 10}, limiter.Cost{},
+		r, err = c2.ReserveAttempt(ctx, limiter.Limit{Rate: 100, Burst: 10}, tokens.Cost{},
 			limiter.AttemptOptions{UnlessPaused: true})
 		require.NoError(t, err)
 		require.True(t, r.Granted)

@@ -86,13 +86,13 @@
 // # Token limits
 //
 // Providers also limit tokens per minute: Anthropic input and output tokens, OpenAI input and
-// output together. Credential.ReserveCost takes a request's Cost (estimated input tokens, and
+// output together. Credential.ReserveCost takes a request's tokens.Cost (estimated input tokens, and
 // max_tokens of output) from each known token bucket in the same Lua script as its request slot:
 // GCRA on tokens, a bucket of N tokens per minute holding N at once and refilling N per
 // Config.TokenMinute, a request of n tokens advancing the bucket's tat by n spacings. SendAt is
 // the latest of the request bucket and the token buckets (a bucket that waits for a refill keeps
 // the phase margin, and the rate margin spaces tokens too). A cost larger than a whole bucket is a
-// *TooLargeError (nothing reserved): it can never be sent. Reserve, and a zero Cost, take no
+// *tokens.TooLargeError (nothing reserved): it can never be sent. Reserve, and a zero tokens.Cost, take no
 // tokens at all: credentials used without costs behave exactly as before.
 //
 // Costs are estimates (internal/tokens): after the answer, Credential.Reconcile trues the grant up

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/tokens"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -299,7 +300,7 @@ type Reservation struct {
 	// Granted.
 	Seq int64
 	// Cost is the cost ReserveCost was asked for (zero for Reserve).
-	Cost Cost
+	Cost tokens.Cost
 	// Paused is the credential's pause episode when AttemptOptions.UnlessPaused refused the
 	// ask (Granted false, nothing reserved, SendAt and Wait zero); the zero PauseState otherwise.
 	Paused PauseState
@@ -327,7 +328,7 @@ func (c *Credential) Reserve(ctx context.Context, lim Limit) (Reservation, error
 	if !lim.valid() {
 		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
 	}
-	return c.reserve(ctx, lim, Cost{}, AttemptOptions{})
+	return c.reserve(ctx, lim, tokens.Cost{}, AttemptOptions{})
 }
 
 // AttemptOptions are duties of an attempt's admission that ReserveAttempt does in the same
@@ -342,7 +343,7 @@ type AttemptOptions struct {
 }
 
 // reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
-func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost, opts AttemptOptions) (Reservation, error) {
+func (c *Credential) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts AttemptOptions) (Reservation, error) {
 	if lim.Rate > 0 && lim.Burst == 0 {
 		lim.Burst = 1
 	}
@@ -352,15 +353,15 @@ func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost, opts Att
 		micros(cfg.PhaseMargin), fmtFloat(cfg.RateMargin), micros(cfg.LearnTTL),
 		micros(cfg.ProbeTTL), micros(cfg.PollInterval), micros(cfg.LearnHorizon)}
 	gated := opts != (AttemptOptions{})
-	if cost != (Cost{}) || gated {
+	if cost != (tokens.Cost{}) || gated {
 		keys = append(keys, tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag))
 	}
-	if cost != (Cost{}) {
+	if cost != (tokens.Cost{}) {
 		args = append(args, "1",
 			fmtFloat(lim.InputTokensPerMinute), fmtFloat(lim.OutputTokensPerMinute), fmtFloat(lim.TokensPerMinute),
 			cost.InputTokens, cost.OutputTokens, cost.InputTokens+cost.OutputTokens,
 			micros(cfg.TokenMinute), micros(cfg.TokenHorizon), grantsKept,
-			cost.fitInput(), cost.fitInput()+cost.OutputTokens)
+			cost.FitInput(), cost.FitInput()+cost.OutputTokens)
 	} else if gated {
 		args = append(args, "", "", "", "", "", "", "", "", "", "", "", "") // ARGV[10..21]: no tokens
 	}
@@ -375,7 +376,7 @@ func (c *Credential) reserve(ctx context.Context, lim Limit, cost Cost, opts Att
 		return Reservation{}, fmt.Errorf("reserve: %w", err)
 	}
 	if len(res) == 4 && redisscript.Int(res[0]) == -1 {
-		return Reservation{}, &TooLargeError{Bucket: Bucket(redisscript.String(res[1])), Cost: int(redisscript.Int(res[2])),
+		return Reservation{}, &tokens.TooLargeError{Bucket: tokens.Bucket(redisscript.String(res[1])), Cost: int(redisscript.Int(res[2])),
 			Capacity: int(redisscript.Int(res[3]))}
 	}
 	if len(res) == 4 && redisscript.Int(res[0]) == -2 {

@@ -1,6 +1,9 @@
 package limiter
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/llmq/llmq/internal/tokens"
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the limiter's Prometheus metrics. Their only label is the credential's name (never
 // its key). A nil *Metrics records nothing.
@@ -97,9 +100,9 @@ func (m *Metrics) reserved(name string, r Reservation) {
 		m.probes.WithLabelValues(name).Inc()
 	}
 	if r.Tokens != (TokenLimits{}) {
-		m.tokenLimit.WithLabelValues(name, string(BucketInput)).Set(r.Tokens.Input.PerMinute)
-		m.tokenLimit.WithLabelValues(name, string(BucketOutput)).Set(r.Tokens.Output.PerMinute)
-		m.tokenLimit.WithLabelValues(name, string(BucketTokens)).Set(r.Tokens.Combined.PerMinute)
+		m.tokenLimit.WithLabelValues(name, string(tokens.BucketInput)).Set(r.Tokens.Input.PerMinute)
+		m.tokenLimit.WithLabelValues(name, string(tokens.BucketOutput)).Set(r.Tokens.Output.PerMinute)
+		m.tokenLimit.WithLabelValues(name, string(tokens.BucketTokens)).Set(r.Tokens.Combined.PerMinute)
 	}
 	if r.Granted && r.Grant > 0 {
 		m.tokensReserved.WithLabelValues(name, "input").Add(float64(r.Cost.InputTokens))
@@ -107,7 +110,7 @@ func (m *Metrics) reserved(name string, r Reservation) {
 	}
 }
 
-func (m *Metrics) reconciled(name string, actual Cost) {
+func (m *Metrics) reconciled(name string, actual tokens.Cost) {
 	if m == nil {
 		return
 	}

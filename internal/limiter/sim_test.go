@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // The simulation drives the limiter, on an injected clock, against an in-test provider: a token
@@ -118,7 +119,7 @@ type simEvent struct {
 	hdr  http.Header
 	// token mode
 	grant int64
-	cost  limiter.Cost
+	cost  tokens.Cost
 }
 
 type simQueue []*simEvent
@@ -199,7 +200,7 @@ func runSim(t *testing.T, p simParams) simResult {
 				if !estimated {
 					est = tk.input * 5 / 4
 				}
-				res, err = cred.ReserveCost(ctx, lim, limiter.Cost{InputTokens: est, OutputTokens: tk.maxTokens})
+				res, err = cred.ReserveCost(ctx, lim, tokens.Cost{InputTokens: est, OutputTokens: tk.maxTokens})
 			} else {
 				res, err = cred.Reserve(ctx, lim)
 			}
@@ -263,9 +264,9 @@ func runSim(t *testing.T, p simParams) simResult {
 			require.NoError(t, cred.Observe(ctx, o))
 			if tk := p.tokens; tk != nil && !tk.requestOnly {
 				// reconcile with what the provider charged: the usage, or nothing for a 429
-				actual := limiter.Cost{}
+				actual := tokens.Cost{}
 				if e.code == http.StatusOK {
-					actual = limiter.Cost{InputTokens: tk.input, OutputTokens: tk.output}
+					actual = tokens.Cost{InputTokens: tk.input, OutputTokens: tk.output}
 					estimated = true
 				}
 				require.NoError(t, cred.Reconcile(ctx, e.grant, actual))

@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,71 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/tokens"
 )
-
-// Cost is what one request asks of the token buckets: its estimated input tokens and its output
-// allowance (max_tokens). The combined bucket is charged both.
-type Cost struct {
-	// InputTokens is the estimated input (prompt) tokens.
-	InputTokens int
-	// OutputTokens is the output tokens reserved (the request's max_tokens), or, in Reconcile,
-	// the output tokens the provider reported.
-	OutputTokens int
-	// MinInputTokens, when set, is the least the input can be (an unscaled estimate, where
-	// InputTokens is scaled up to be safe). A request is too large only when MinInputTokens
-	// exceeds a bucket; when only InputTokens does, the whole bucket is reserved instead. Ignored
-	// by Reconcile.
-	MinInputTokens int
-}
-
-// fitInput is the input that must fit a bucket: MinInputTokens when set, else InputTokens.
-func (c Cost) fitInput() int {
-	if c.MinInputTokens > 0 && c.MinInputTokens < c.InputTokens {
-		return c.MinInputTokens
-	}
-	return c.InputTokens
-}
-
-// Bucket names a token bucket.
-type Bucket string
-
-// The token buckets of a credential.
-const (
-	// BucketInput is the input-token bucket (Anthropic's input tokens per minute).
-	BucketInput Bucket = "input_tokens"
-	// BucketOutput is the output-token bucket (Anthropic's output tokens per minute).
-	BucketOutput Bucket = "output_tokens"
-	// BucketTokens is the bucket of input and output tokens together (OpenAI's tokens per minute).
-	BucketTokens Bucket = "tokens"
-)
-
-// ErrTooLarge is matched (errors.Is) by every *TooLargeError.
-var ErrTooLarge = errors.New("request larger than a whole token bucket")
-
-// TooLargeError is a request whose cost exceeds the whole capacity of a token bucket: it can never
-// be sent, however long it waits. Fail it (at submit if possible) instead of queueing it.
-type TooLargeError struct {
-	// Bucket is the bucket it does not fit in.
-	Bucket Bucket
-	// Cost is what the request asks of that bucket, in tokens.
-	Cost int
-	// Capacity is the bucket's whole capacity, in tokens.
-	Capacity int
-}
-
-// Error says which bucket, the cost and the capacity.
-func (e *TooLargeError) Error() string {
-	what := map[Bucket]string{BucketInput: "input tokens", BucketOutput: "output tokens (max_tokens)",
-		BucketTokens: "input + output tokens (prompt + max_tokens)"}[e.Bucket]
-	if what == "" {
-		what = string(e.Bucket)
-	}
-	return fmt.Sprintf("request needs %d %s but the credential's whole %s limit is %d per minute: "+
-		"it can never be sent", e.Cost, what, e.Bucket, e.Capacity)
-}
-
-// Is reports whether target is ErrTooLarge.
-func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
 
 // TokenLimit is one token bucket as the limiter knows it.
 type TokenLimit struct {
@@ -111,30 +47,20 @@ func parseTokenLimits(s string) TokenLimits {
 	return TokenLimits{Input: out[0], Output: out[1], Combined: out[2]}
 }
 
-// CheckCost returns a *TooLargeError when cost exceeds a token bucket configured in l (input
-// tokens, output tokens, or both against TokensPerMinute; the input is MinInputTokens when set),
-// else nil. Pure: use it at submit time.
-func (l Limit) CheckCost(cost Cost) error {
-	for _, b := range []struct {
-		bucket   Bucket
-		capacity float64
-		n        int
-	}{
-		{BucketInput, l.InputTokensPerMinute, cost.fitInput()},
-		{BucketOutput, l.OutputTokensPerMinute, cost.OutputTokens},
-		{BucketTokens, l.TokensPerMinute, cost.fitInput() + cost.OutputTokens},
-	} {
-		if b.capacity > 0 && float64(b.n) > b.capacity {
-			return &TooLargeError{Bucket: b.bucket, Cost: b.n, Capacity: int(b.capacity)}
-		}
-	}
-	return nil
+// CheckCost returns a *tokens.TooLargeError when cost exceeds a token bucket configured in l (see
+// tokens.Limits.Check), else nil. Pure: use it at submit time.
+func (l Limit) CheckCost(cost tokens.Cost) error { return l.tokenLimits().Check(cost) }
+
+// tokenLimits is l's configured token buckets.
+func (l Limit) tokenLimits() tokens.Limits {
+	return tokens.Limits{InputPerMinute: l.InputTokensPerMinute, OutputPerMinute: l.OutputTokensPerMinute,
+		CombinedPerMinute: l.TokensPerMinute}
 }
 
 // CheckCost is Limit.CheckCost against lim's configured token limits and, for the buckets lim
-// does not configure, the limits learned from the provider. It returns a *TooLargeError, nil, or
+// does not configure, the limits learned from the provider. It returns a *tokens.TooLargeError, nil, or
 // an error when Redis fails.
-func (c *Credential) CheckCost(ctx context.Context, lim Limit, cost Cost) error {
+func (c *Credential) CheckCost(ctx context.Context, lim Limit, cost tokens.Cost) error {
 	if err := lim.CheckCost(cost); err != nil {
 		return err
 	}
@@ -168,10 +94,10 @@ func (c *Credential) CheckCost(ctx context.Context, lim Limit, cost Cost) error 
 // set, a slot the tokens push beyond it is not handed out while another such slot is pending
 // (Granted false: ask again after Wait), so that refunds apply to the queue.
 //
-// It returns a *TooLargeError (matching ErrTooLarge) when cost exceeds the whole capacity of a
+// It returns a *tokens.TooLargeError (matching tokens.ErrTooLarge) when cost exceeds the whole capacity of a
 // known bucket (nothing is reserved: the request can never be sent), and an error when lim or
 // cost is invalid or Redis fails.
-func (c *Credential) ReserveCost(ctx context.Context, lim Limit, cost Cost) (Reservation, error) {
+func (c *Credential) ReserveCost(ctx context.Context, lim Limit, cost tokens.Cost) (Reservation, error) {
 	return c.ReserveAttempt(ctx, lim, cost, AttemptOptions{})
 }
 
@@ -179,7 +105,7 @@ func (c *Credential) ReserveCost(ctx context.Context, lim Limit, cost Cost) (Res
 // UnlessPaused, a paused credential is refused (Reservation.Paused) before anything is reserved;
 // with FirstAttempt, a granted slot counts a first attempt in the retry budget, as RecordAttempt
 // would. Errors are ReserveCost's.
-func (c *Credential) ReserveAttempt(ctx context.Context, lim Limit, cost Cost, opts AttemptOptions) (Reservation, error) {
+func (c *Credential) ReserveAttempt(ctx context.Context, lim Limit, cost tokens.Cost, opts AttemptOptions) (Reservation, error) {
 	if !lim.valid() {
 		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
 	}
@@ -192,13 +118,13 @@ func (c *Credential) ReserveAttempt(ctx context.Context, lim Limit, cost Cost, o
 // AcquireCost is Acquire with ReserveCost: it calls ReserveCost until a slot is granted, sleeping
 // between calls while each wait to ask again is at most maxWait, and returns an ungranted
 // Reservation when the next ask is further away. Errors are ReserveCost's, or ctx's.
-func (c *Credential) AcquireCost(ctx context.Context, lim Limit, cost Cost, maxWait time.Duration) (Reservation, error) {
+func (c *Credential) AcquireCost(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration) (Reservation, error) {
 	return c.AcquireAttempt(ctx, lim, cost, maxWait, AttemptOptions{})
 }
 
 // AcquireAttempt is AcquireCost with ReserveAttempt's duties (opts): it also returns, at once,
 // the refusal of a paused credential (Reservation.Paused).
-func (c *Credential) AcquireAttempt(ctx context.Context, lim Limit, cost Cost, maxWait time.Duration, opts AttemptOptions) (Reservation, error) {
+func (c *Credential) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration, opts AttemptOptions) (Reservation, error) {
 	for {
 		r, err := c.ReserveAttempt(ctx, lim, cost, opts)
 		if err != nil || r.Granted || r.Paused.Paused || r.Wait > maxWait {
@@ -220,10 +146,10 @@ func (c *Credential) AcquireAttempt(ctx context.Context, lim Limit, cost Cost, m
 // that a slot already handed out keeps its tokens in the bucket. Call it once per grant; a grant
 // already reconciled, or older than the 4,096 most recent, is ignored (nil). Without usage, pass
 // what the provider is known to have charged: after an error answer, the input tokens and no
-// output (Cost{InputTokens: r.Cost.InputTokens}); after a 429, nothing (Cost{}); when no answer
+// output (tokens.Cost{InputTokens: r.Cost.InputTokens}); after a 429, nothing (tokens.Cost{}); when no answer
 // came, do not call it (the reservation stays charged). Grant 0 is a no-op. It returns an error
 // only when actual is negative or Redis fails.
-func (c *Credential) Reconcile(ctx context.Context, grant int64, actual Cost) error {
+func (c *Credential) Reconcile(ctx context.Context, grant int64, actual tokens.Cost) error {
 	call, ok, err := c.ReconcileCall(grant, actual)
 	if err != nil || !ok {
 		return err
@@ -234,7 +160,7 @@ func (c *Credential) Reconcile(ctx context.Context, grant int64, actual Cost) er
 // ReconcileCall returns Reconcile's work as a script call, for a caller that sends it in one round
 // trip with others (redisscript.Run on the limiter's Redis); ok is false when there is nothing to
 // send (grant 0). It returns an error only when actual is negative.
-func (c *Credential) ReconcileCall(grant int64, actual Cost) (call redisscript.Call, ok bool, err error) {
+func (c *Credential) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.Call, ok bool, err error) {
 	if actual.InputTokens < 0 || actual.OutputTokens < 0 {
 		return call, false, fmt.Errorf("reconcile tokens: invalid cost %+v", actual)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // tokenLim is a request limit that never binds plus 6,000 input tokens per minute: 100 tokens/s,
@@ -34,7 +35,7 @@ func requireAt(t *testing.T, want time.Time, r limiter.Reservation) {
 	require.InDeltaf(t, 0, r.SendAt.Sub(want).Microseconds(), 1, "send at %v, want %v", r.SendAt.Sub(t0), want.Sub(t0))
 }
 
-func in(n int) limiter.Cost { return limiter.Cost{InputTokens: n} }
+func in(n int) tokens.Cost { return tokens.Cost{InputTokens: n} }
 
 func TestCredential_ReserveCost(t *testing.T) {
 	t.Parallel()
@@ -81,7 +82,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 		c := b.lim.Credential("sk-tok-out", "main")
 		// 600 output tokens per minute (10/s); the output allowance is what binds.
 		lim := limiter.Limit{Rate: 1000, Burst: 1000000, InputTokensPerMinute: 6000, OutputTokensPerMinute: 600}
-		cost := limiter.Cost{InputTokens: 100, OutputTokens: 300}
+		cost := tokens.Cost{InputTokens: 100, OutputTokens: 300}
 		for range 2 {
 			r, err := c.ReserveCost(t.Context(), lim, cost)
 			require.NoError(t, err)
@@ -94,10 +95,10 @@ func TestCredential_ReserveCost(t *testing.T) {
 		// A combined bucket is charged input + output.
 		c = b.lim.Credential("sk-tok-combined", "main")
 		lim = limiter.Limit{Rate: 1000, Burst: 1000000, TokensPerMinute: 6000}
-		r, err = c.ReserveCost(t.Context(), lim, limiter.Cost{InputTokens: 4000, OutputTokens: 2000})
+		r, err = c.ReserveCost(t.Context(), lim, tokens.Cost{InputTokens: 4000, OutputTokens: 2000})
 		require.NoError(t, err)
 		requireAt(t, t0, r)
-		r, err = c.ReserveCost(t.Context(), lim, limiter.Cost{InputTokens: 500, OutputTokens: 500})
+		r, err = c.ReserveCost(t.Context(), lim, tokens.Cost{InputTokens: 500, OutputTokens: 500})
 		require.NoError(t, err)
 		requireAt(t, t0.Add(1000*tokT+100*time.Millisecond), r)
 	})
@@ -114,7 +115,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 		requireAt(t, t0, r)
 		require.Zero(t, r.Grant)
 		require.Equal(t, limiter.TokenLimits{}, r.Tokens)
-		r, err = c.ReserveCost(t.Context(), tokenLim, limiter.Cost{})
+		r, err = c.ReserveCost(t.Context(), tokenLim, tokens.Cost{})
 		require.NoError(t, err)
 		requireAt(t, t0, r)
 		require.Zero(t, r.Grant)
@@ -160,7 +161,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 		require.ErrorContains(t, err, "invalid limit")
 		_, err = c.ReserveCost(t.Context(), tokenLim, in(-1))
 		require.ErrorContains(t, err, "invalid cost")
-		require.ErrorContains(t, c.Reconcile(t.Context(), 1, limiter.Cost{OutputTokens: -1}), "invalid cost")
+		require.ErrorContains(t, c.Reconcile(t.Context(), 1, tokens.Cost{OutputTokens: -1}), "invalid cost")
 	})
 }
 
@@ -170,26 +171,26 @@ func TestCredential_ReserveCost_TooLarge(t *testing.T) {
 	c := b.lim.Credential("sk-tok-large", "main")
 	lim := limiter.Limit{Rate: 1, Burst: 1, InputTokensPerMinute: 6000, OutputTokensPerMinute: 600, TokensPerMinute: 6500}
 	for _, tc := range []struct {
-		cost limiter.Cost
-		want limiter.TooLargeError
+		cost tokens.Cost
+		want tokens.TooLargeError
 	}{
-		{in(6001), limiter.TooLargeError{Bucket: limiter.BucketInput, Cost: 6001, Capacity: 6000}},
-		{limiter.Cost{OutputTokens: 601}, limiter.TooLargeError{Bucket: limiter.BucketOutput, Cost: 601, Capacity: 600}},
-		{limiter.Cost{InputTokens: 6000, OutputTokens: 600}, limiter.TooLargeError{Bucket: limiter.BucketTokens, Cost: 6600, Capacity: 6500}},
+		{in(6001), tokens.TooLargeError{Bucket: tokens.BucketInput, Cost: 6001, Capacity: 6000}},
+		{tokens.Cost{OutputTokens: 601}, tokens.TooLargeError{Bucket: tokens.BucketOutput, Cost: 601, Capacity: 600}},
+		{tokens.Cost{InputTokens: 6000, OutputTokens: 600}, tokens.TooLargeError{Bucket: tokens.BucketTokens, Cost: 6600, Capacity: 6500}},
 	} {
 		require.Equal(t, &tc.want, lim.CheckCost(tc.cost))
 		require.Equal(t, &tc.want, c.CheckCost(t.Context(), lim, tc.cost))
 		_, err := c.ReserveCost(t.Context(), lim, tc.cost)
-		var tl *limiter.TooLargeError
+		var tl *tokens.TooLargeError
 		require.ErrorAs(t, err, &tl)
 		require.Equal(t, tc.want, *tl)
-		require.ErrorIs(t, err, limiter.ErrTooLarge)
+		require.ErrorIs(t, err, tokens.ErrTooLarge)
 		require.ErrorContains(t, err, "can never be sent")
 	}
-	require.NoError(t, lim.CheckCost(limiter.Cost{InputTokens: 5900, OutputTokens: 600}))
+	require.NoError(t, lim.CheckCost(tokens.Cost{InputTokens: 5900, OutputTokens: 600}))
 
 	// Nothing was reserved: neither the request slot (1 request, burst 1) nor tokens.
-	r, err := c.ReserveCost(t.Context(), lim, limiter.Cost{InputTokens: 5900, OutputTokens: 600})
+	r, err := c.ReserveCost(t.Context(), lim, tokens.Cost{InputTokens: 5900, OutputTokens: 600})
 	require.NoError(t, err)
 	requireAt(t, t0, r)
 
@@ -198,7 +199,7 @@ func TestCredential_ReserveCost_TooLarge(t *testing.T) {
 		b := setup(t, noHorizon)
 		c := b.lim.Credential("sk-tok-least", "main")
 		// Scaled up, 7,500 would not fit 6,000; unscaled, 6,000 does: it takes the whole bucket.
-		cost := limiter.Cost{InputTokens: 7500, MinInputTokens: 6000}
+		cost := tokens.Cost{InputTokens: 7500, MinInputTokens: 6000}
 		require.NoError(t, tokenLim.CheckCost(cost))
 		r, err := c.ReserveCost(t.Context(), tokenLim, cost)
 		require.NoError(t, err)
@@ -213,7 +214,7 @@ func TestCredential_ReserveCost_TooLarge(t *testing.T) {
 		requireAt(t, t0.Add(1000*tokT+100*time.Millisecond), next)
 
 		cost.MinInputTokens = 6001
-		want := &limiter.TooLargeError{Bucket: limiter.BucketInput, Cost: 6001, Capacity: 6000}
+		want := &tokens.TooLargeError{Bucket: tokens.BucketInput, Cost: 6001, Capacity: 6000}
 		require.Equal(t, want, tokenLim.CheckCost(cost))
 		_, err = c.ReserveCost(t.Context(), tokenLim, cost)
 		require.Equal(t, want, err)
@@ -227,11 +228,11 @@ func TestCredential_ReserveCost_TooLarge(t *testing.T) {
 		require.NoError(t, c.Observe(t.Context(), limiter.Observation{StatusCode: 200,
 			InputTokens: limiter.TokenObservation{Known: true, Limit: 40000, Remaining: 40000}}))
 		err := b.lim2.Credential("sk-tok-large-learned", "main").CheckCost(t.Context(), limiter.Limit{}, in(50000))
-		require.Equal(t, &limiter.TooLargeError{Bucket: limiter.BucketInput, Cost: 50000, Capacity: 40000}, err)
+		require.Equal(t, &tokens.TooLargeError{Bucket: tokens.BucketInput, Cost: 50000, Capacity: 40000}, err)
 		// A configured limit wins over the learned one.
 		require.NoError(t, c.CheckCost(t.Context(), limiter.Limit{InputTokensPerMinute: 60000}, in(50000)))
 		_, err = c.ReserveCost(t.Context(), limiter.Limit{Rate: 1, Burst: 1}, in(50000))
-		require.ErrorIs(t, err, limiter.ErrTooLarge)
+		require.ErrorIs(t, err, tokens.ErrTooLarge)
 	})
 }
 
@@ -279,14 +280,14 @@ func TestCredential_Reconcile(t *testing.T) {
 		b := setup(t, noHorizon)
 		c := b.lim.Credential("sk-rec-out", "main")
 		lim := limiter.Limit{Rate: 1000, Burst: 1000000, OutputTokensPerMinute: 600}
-		r1, err := c.ReserveCost(t.Context(), lim, limiter.Cost{InputTokens: 10, OutputTokens: 400})
+		r1, err := c.ReserveCost(t.Context(), lim, tokens.Cost{InputTokens: 10, OutputTokens: 400})
 		require.NoError(t, err)
-		r2, err := c.ReserveCost(t.Context(), lim, limiter.Cost{InputTokens: 10, OutputTokens: 200})
+		r2, err := c.ReserveCost(t.Context(), lim, tokens.Cost{InputTokens: 10, OutputTokens: 200})
 		require.NoError(t, err)
 		requireAt(t, t0, r2)
 		// The first reply was 100 tokens long: 300 of its max_tokens come back.
-		require.NoError(t, c.Reconcile(t.Context(), r1.Grant, limiter.Cost{InputTokens: 10, OutputTokens: 100}))
-		r, err := c.ReserveCost(t.Context(), lim, limiter.Cost{OutputTokens: 400})
+		require.NoError(t, c.Reconcile(t.Context(), r1.Grant, tokens.Cost{InputTokens: 10, OutputTokens: 100}))
+		r, err := c.ReserveCost(t.Context(), lim, tokens.Cost{OutputTokens: 400})
 		require.NoError(t, err)
 		requireAt(t, t0.Add(100*101*time.Millisecond+100*time.Millisecond), r)
 	})
@@ -534,7 +535,7 @@ func TestCredential_ReserveCost_NeverExceedsBuckets(t *testing.T) {
 			lim := limiter.Limit{Rate: 1000, Burst: 1000000, InputTokensPerMinute: 6000, OutputTokensPerMinute: 3000}
 			type sent struct {
 				at   time.Time
-				cost limiter.Cost // what the provider charged
+				cost tokens.Cost // what the provider charged
 			}
 			var (
 				mu    sync.Mutex
@@ -547,7 +548,7 @@ func TestCredential_ReserveCost_NeverExceedsBuckets(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(g), 7))
 					c := creds[g%2]
 					for range 20 {
-						cost := limiter.Cost{InputTokens: 1 + rng.IntN(3000), OutputTokens: 1 + rng.IntN(1500)}
+						cost := tokens.Cost{InputTokens: 1 + rng.IntN(3000), OutputTokens: 1 + rng.IntN(1500)}
 						var r limiter.Reservation
 						var err error
 						for tries := 0; ; tries++ {
@@ -567,7 +568,7 @@ func TestCredential_ReserveCost_NeverExceedsBuckets(t *testing.T) {
 						}
 						// The provider charges the real cost: at most what was reserved, which
 						// the limiter learns later.
-						actual := limiter.Cost{InputTokens: rng.IntN(cost.InputTokens + 1), OutputTokens: rng.IntN(cost.OutputTokens + 1)}
+						actual := tokens.Cost{InputTokens: rng.IntN(cost.InputTokens + 1), OutputTokens: rng.IntN(cost.OutputTokens + 1)}
 						mu.Lock()
 						sends = append(sends, sent{r.SendAt, actual})
 						mu.Unlock()
@@ -605,13 +606,13 @@ func TestCredential_TokenKeys(t *testing.T) {
 	b := setup(t, nil)
 	const id = "sk-ant-api03-SECRET-tokens"
 	c := b.lim.Credential(id, "main")
-	r, err := c.ReserveCost(t.Context(), tokenLim, limiter.Cost{InputTokens: 10, OutputTokens: 5})
+	r, err := c.ReserveCost(t.Context(), tokenLim, tokens.Cost{InputTokens: 10, OutputTokens: 5})
 	require.NoError(t, err)
 	require.NoError(t, c.Observe(t.Context(), limiter.Observation{StatusCode: 200,
 		OutputTokens: limiter.TokenObservation{Known: true, Limit: 8000, Remaining: 7000}}))
-	_, err = c.ReserveCost(t.Context(), tokenLim, limiter.Cost{InputTokens: 10, OutputTokens: 5})
+	_, err = c.ReserveCost(t.Context(), tokenLim, tokens.Cost{InputTokens: 10, OutputTokens: 5})
 	require.NoError(t, err)
-	require.NoError(t, c.Reconcile(t.Context(), r.Grant, limiter.Cost{InputTokens: 10, OutputTokens: 1}))
+	require.NoError(t, c.Reconcile(t.Context(), r.Grant, tokens.Cost{InputTokens: 10, OutputTokens: 1}))
 	rdb := redistest.Client(t)
 	keys, err := rdb.Keys(t.Context(), b.prefix+"*").Result()
 	require.NoError(t, err)

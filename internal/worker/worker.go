@@ -17,11 +17,11 @@ import (
 
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
-	"github.com/llmq/llmq/internal/tokens"
 )
 
 // Options are the in-process knobs a config file does not carry.
@@ -64,9 +64,9 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	var metrics *jobs.Metrics
 	var limMetrics *limiter.Metrics
 	var brkMetrics *breaker.Metrics
-	var tokMetrics *tokens.Metrics
+	var tokMetrics *estimator.Metrics
 	if opts.Registerer != nil {
-		tokMetrics = tokens.NewMetrics(opts.Registerer)
+		tokMetrics = estimator.NewMetrics(opts.Registerer)
 		metrics = jobs.NewMetrics(opts.Registerer)
 		limMetrics = limiter.NewMetrics(opts.Registerer)
 		brkMetrics = breaker.NewMetrics(opts.Registerer)
@@ -116,7 +116,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk}
 	alerter := jobs.NewAlerter(jobs.AlerterConfig{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
 		Prefix: opts.RedisPrefix, Logger: opts.Logger})
-	estimator, err := tokens.New(&tokens.Config{Metrics: tokMetrics})
+	estimator, err := estimator.New(&estimator.Config{Metrics: tokMetrics})
 	if err != nil {
 		rdb.Close()
 		return nil, err

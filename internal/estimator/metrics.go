@@ -1,4 +1,4 @@
-package tokens
+package estimator
 
 import "github.com/prometheus/client_golang/prometheus"
 

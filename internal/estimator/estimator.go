@@ -1,0 +1,153 @@
+package estimator
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// Config configures an Estimator. Zero fields take the defaults documented on each; nil is all
+// defaults.
+type Config struct {
+	// InitialRatio scales the rule for a (credential, model) not yet reported on. Default 1.25:
+	// over-estimating costs a little pacing until the first answer is reconciled;
+	// under-estimating costs 429s.
+	InitialRatio float64
+	// Alpha is the weight of a new report in the moving average. Default 0.2.
+	Alpha float64
+	// MinRatio and MaxRatio clamp the learned ratio. Defaults 0.25 and 4.
+	MinRatio, MaxRatio float64
+	// MaxEntries bounds the (credential, model) pairs remembered. Default 10,000.
+	MaxEntries int
+	// Metrics receives the estimator's metrics; nil records none.
+	Metrics *Metrics
+}
+
+func (c Config) withDefaults() Config {
+	if c.InitialRatio == 0 {
+		c.InitialRatio = 1.25
+	}
+	if c.Alpha == 0 {
+		c.Alpha = 0.2
+	}
+	if c.MinRatio == 0 {
+		c.MinRatio = 0.25
+	}
+	if c.MaxRatio == 0 {
+		c.MaxRatio = 4
+	}
+	if c.MaxEntries == 0 {
+		c.MaxEntries = 10000
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(f float64) bool { return math.IsNaN(f) || math.IsInf(f, 0) || f <= 0 }
+	switch {
+	case bad(c.MinRatio) || bad(c.MaxRatio) || c.MinRatio > c.MaxRatio:
+		return fmt.Errorf("MinRatio %v, MaxRatio %v: want 0 < MinRatio <= MaxRatio", c.MinRatio, c.MaxRatio)
+	case bad(c.InitialRatio) || c.InitialRatio < c.MinRatio || c.InitialRatio > c.MaxRatio:
+		return fmt.Errorf("InitialRatio %v: want within MinRatio..MaxRatio", c.InitialRatio)
+	case bad(c.Alpha) || c.Alpha > 1:
+		return fmt.Errorf("Alpha %v: want in (0, 1]", c.Alpha)
+	case c.MaxEntries < 1:
+		return fmt.Errorf("MaxEntries %d: want at least 1", c.MaxEntries)
+	}
+	return nil
+}
+
+// Estimator scales the fixed rule by a ratio learned per (credential, model). It is safe for
+// concurrent use; its state is this process's memory only.
+type Estimator struct {
+	cfg Config
+
+	mu     sync.Mutex
+	ratios map[key]float64
+}
+
+type key struct{ credential, model string }
+
+// New returns an Estimator. cfg may be nil. It returns an error naming the field when cfg is
+// invalid.
+func New(cfg *Config) (*Estimator, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c = c.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("new token estimator: %w", err)
+	}
+	return &Estimator{cfg: c, ratios: make(map[key]float64)}, nil
+}
+
+// Estimate is what Estimator.Estimate returns for one request.
+type Estimate struct {
+	// Model is the request's model.
+	Model string
+	// Raw is the fixed rule's input tokens (tokens.Request.Input): reserve at least this.
+	Raw int
+	// Ratio is the ratio Input was scaled by.
+	Ratio float64
+	// Input is the input tokens to reserve: Raw × Ratio, rounded up, at least 1.
+	Input int
+	// MaxOutput is the output allowance to reserve (tokens.Request.MaxOutput).
+	MaxOutput int
+}
+
+// Estimate counts body (see tokens.Count) and scales its input tokens by the ratio learned for
+// credential and the body's model. Errors are Count's.
+func (e *Estimator) Estimate(credential, provider string, body []byte) (Estimate, error) {
+	r, err := tokens.Count(provider, body)
+	if err != nil {
+		return Estimate{}, err
+	}
+	ratio := e.Ratio(credential, r.Model)
+	return Estimate{Model: r.Model, Raw: r.Input, Ratio: ratio, Input: scale(r.Input, ratio), MaxOutput: r.MaxOutput}, nil
+}
+
+// scale is ceil(n × ratio), at least 1; the tiny tolerance keeps an exact ratio exact.
+func scale(n int, ratio float64) int {
+	return max(int(math.Ceil(float64(n)*ratio-1e-9)), 1)
+}
+
+// Ratio is the ratio in force for credential and model: InitialRatio until a report.
+func (e *Estimator) Ratio(credential, model string) float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r, ok := e.ratios[key{credential, model}]; ok {
+		return r
+	}
+	return e.cfg.InitialRatio
+}
+
+// Observe learns from one answer: est is the Estimate the request was reserved with, reported
+// the input tokens the provider reported (usage.input_tokens, what its input-token limit
+// counts). A report of 0 or less (no usage) is ignored. The first report's ratio reported /
+// est.Raw replaces InitialRatio; later ones enter the moving average; the result is clamped.
+func (e *Estimator) Observe(credential string, est Estimate, reported int) {
+	if reported <= 0 || est.Raw <= 0 {
+		return
+	}
+	e.cfg.Metrics.observe(credential, est.Input, reported)
+	obs := float64(reported) / float64(est.Raw)
+	k := key{credential, est.Model}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r, ok := e.ratios[k]
+	if !ok {
+		if len(e.ratios) >= e.cfg.MaxEntries {
+			for old := range e.ratios {
+				delete(e.ratios, old)
+				break
+			}
+		}
+		r = obs
+	} else {
+		r += e.cfg.Alpha * (obs - r)
+	}
+	e.ratios[k] = min(max(r, e.cfg.MinRatio), e.cfg.MaxRatio)
+}

@@ -1,0 +1,134 @@
+package tokens
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Provider kinds, the values of llm.Kind.
+const (
+	ProviderAnthropic = "anthropic"
+	ProviderOpenAI    = "openai"
+)
+
+// DefaultMaxOutput is the output allowance of a request without max_tokens or
+// max_completion_tokens.
+const DefaultMaxOutput = 4096
+
+// BytesPerToken is the fixed rule's divisor: input tokens = text bytes / BytesPerToken, at least 1.
+const BytesPerToken = 4
+
+// ErrInvalidRequest is wrapped by Count's errors: the body is not a request it can read.
+var ErrInvalidRequest = errors.New("tokens: cannot read request")
+
+// Request is what the fixed rule reads from a request body.
+type Request struct {
+	// Model is the request's model ("" when absent).
+	Model string
+	// TextBytes is the bytes of its message and system text.
+	TextBytes int
+	// Input is the rule's input tokens: TextBytes / BytesPerToken, at least 1.
+	Input int
+	// MaxOutput is max_completion_tokens, else max_tokens, else DefaultMaxOutput.
+	MaxOutput int
+}
+
+// Count applies the fixed rule to body, an Anthropic Messages (provider "anthropic") or OpenAI
+// Chat Completions ("openai") request. It is pure. It returns an error wrapping
+// ErrInvalidRequest when body is not a JSON object, messages is not an array, a content is
+// neither a string nor an array of blocks, or max_tokens is not a positive integer, and an error
+// for an unknown provider.
+func Count(provider string, body []byte) (Request, error) {
+	if provider != ProviderAnthropic && provider != ProviderOpenAI {
+		return Request{}, fmt.Errorf("count tokens: unknown provider %q", provider)
+	}
+	var raw struct {
+		Model               json.RawMessage `json:"model"`
+		Messages            json.RawMessage `json:"messages"`
+		System              json.RawMessage `json:"system"`
+		MaxTokens           json.RawMessage `json:"max_tokens"`
+		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	}
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return Request{}, fmt.Errorf("%w: body is not a JSON object: %w", ErrInvalidRequest, err)
+	}
+	var r Request
+	if !isNull(raw.Model) {
+		_ = json.Unmarshal(raw.Model, &r.Model) // a non-string model is only a worse label
+	}
+	var messages []struct {
+		Content json.RawMessage `json:"content"`
+	}
+	if !isNull(raw.Messages) {
+		if err := json.Unmarshal(raw.Messages, &messages); err != nil {
+			return Request{}, fmt.Errorf("%w: messages is not an array of messages", ErrInvalidRequest)
+		}
+	}
+	for i, m := range messages {
+		n, err := textBytes(m.Content)
+		if err != nil {
+			return Request{}, fmt.Errorf("%w: messages.%d.content: %w", ErrInvalidRequest, i, err)
+		}
+		r.TextBytes += n
+	}
+	if provider == ProviderAnthropic && !isNull(raw.System) {
+		n, err := textBytes(raw.System)
+		if err != nil {
+			return Request{}, fmt.Errorf("%w: system: %w", ErrInvalidRequest, err)
+		}
+		r.TextBytes += n
+	}
+	r.Input = max(r.TextBytes/BytesPerToken, 1)
+	r.MaxOutput = DefaultMaxOutput
+	name, v := "max_tokens", raw.MaxTokens
+	if provider == ProviderOpenAI && !isNull(raw.MaxCompletionTokens) {
+		name, v = "max_completion_tokens", raw.MaxCompletionTokens
+	}
+	if !isNull(v) {
+		var n int64
+		if err := json.Unmarshal(v, &n); err != nil || n < 1 || n > math.MaxInt32 {
+			return Request{}, fmt.Errorf("%w: %s must be a positive integer", ErrInvalidRequest, name)
+		}
+		r.MaxOutput = int(n)
+	}
+	return r, nil
+}
+
+// textBytes is the byte length of a content: a string, or the text of an array of blocks
+// ({"type":"text","text":...}; other blocks count nothing) joined by newlines.
+func textBytes(raw json.RawMessage) (int, error) {
+	if isNull(raw) {
+		return 0, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return len(s), nil
+	}
+	var blocks []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return 0, errors.New("must be a string or an array of content blocks")
+	}
+	n, texts := 0, 0
+	for _, b := range blocks {
+		if b.Type != "text" {
+			continue
+		}
+		if texts > 0 {
+			n++ // the newline joining texts
+		}
+		n += len(b.Text)
+		texts++
+	}
+	return n, nil
+}
+
+func isNull(raw json.RawMessage) bool {
+	s := strings.TrimSpace(string(raw))
+	return s == "" || s == "null"
+}
