@@ -1,7 +1,6 @@
 package tokens_test
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 
@@ -85,9 +84,4 @@ func TestCount(t *testing.T) {
 		_, err := tokens.Count("gemini", []byte(`{}`))
 		require.ErrorContains(t, err, "unknown provider")
 	})
-}
-
-func body(textBytes int, model string) []byte {
-	return []byte(fmt.Sprintf(`{"model":%q,"max_tokens":200,"messages":[{"role":"user","content":%q}]}`,
-		model, strings.Repeat("y", textBytes)))
 }
