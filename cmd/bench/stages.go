@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/executor"
 )
 
 // stageMetric is the worker's histogram of where a delivery's time goes.
@@ -88,8 +88,8 @@ func scrapeStageTotals(ctx context.Context, hc *http.Client, addrs []string) (ma
 // stageTimes is what each stage took between two readings, in the order a delivery runs them.
 func stageTimes(before, after map[string]stageTotal) []stageTime {
 	var out []stageTime
-	for _, st := range []string{jobs.StagePickup, jobs.StageLoad, jobs.StageBreaker, jobs.StageAdmit, jobs.StageBegin,
-		jobs.StageCall, jobs.StageBookkeeping, jobs.StageRecord} {
+	for _, st := range []string{executor.StagePickup, executor.StageLoad, executor.StageBreaker, executor.StageAdmit, executor.StageBegin,
+		executor.StageCall, executor.StageBookkeeping, executor.StageRecord} {
 		n := after[st].count - before[st].count
 		if n == 0 {
 			continue

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/executor"
 )
 
 // stageWorker is a stand-in for a worker's registry: the stage histogram alone.
@@ -31,26 +31,26 @@ func TestStageTimes(t *testing.T) {
 	ctx := t.Context()
 	regA, a, addrA := stageWorker(t)
 	_, b, addrB := stageWorker(t)
-	a.WithLabelValues(jobs.StageCall).Observe(10) // before the measured jobs
+	a.WithLabelValues(executor.StageCall).Observe(10) // before the measured jobs
 	before, err := scrapeStageTotals(ctx, http.DefaultClient, []string{addrA, addrB})
 	require.NoError(t, err)
 
-	a.WithLabelValues(jobs.StagePickup).Observe(0.004)
-	b.WithLabelValues(jobs.StagePickup).Observe(0.002)
-	a.WithLabelValues(jobs.StageCall).Observe(0.001)
-	b.WithLabelValues(jobs.StageCall).Observe(0.003)
-	b.WithLabelValues(jobs.StageLoad).Observe(0.001)
-	b.WithLabelValues(jobs.StageLoad).Observe(0.003)
+	a.WithLabelValues(executor.StagePickup).Observe(0.004)
+	b.WithLabelValues(executor.StagePickup).Observe(0.002)
+	a.WithLabelValues(executor.StageCall).Observe(0.001)
+	b.WithLabelValues(executor.StageCall).Observe(0.003)
+	b.WithLabelValues(executor.StageLoad).Observe(0.001)
+	b.WithLabelValues(executor.StageLoad).Observe(0.003)
 	after, err := scrapeStageTotals(ctx, http.DefaultClient, []string{addrA, addrB})
 	require.NoError(t, err)
 
 	got := stageTimes(before, after)
 	require.Len(t, got, 3, "stages without deliveries are left out")
-	require.Equal(t, []string{jobs.StagePickup, jobs.StageLoad, jobs.StageCall},
+	require.Equal(t, []string{executor.StagePickup, executor.StageLoad, executor.StageCall},
 		[]string{got[0].stage, got[1].stage, got[2].stage}, "in the order a delivery runs them")
 	for _, st := range got {
 		require.Equal(t, uint64(2), st.count, st.stage)
-		require.InDelta(t, map[string]float64{jobs.StagePickup: 3, jobs.StageLoad: 2, jobs.StageCall: 2}[st.stage], st.meanMS, 1e-9, st.stage)
+		require.InDelta(t, map[string]float64{executor.StagePickup: 3, executor.StageLoad: 2, executor.StageCall: 2}[st.stage], st.meanMS, 1e-9, st.stage)
 	}
 	require.Equal(t, "worker stages, mean time per delivery (llmq_delivery_stage_duration_seconds; pickup is creation → "+
 		"first delivery: the API's commit and enqueue and asynq's pick-up): pickup 3.00 ms (1.00 per job), load 2.00 ms "+

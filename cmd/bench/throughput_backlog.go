@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/executor"
 )
 
 // backlogWindow is the small backlog the drain is compared with: a drain of only backlogWindow
@@ -286,7 +286,7 @@ func drainSmallBacklog(ctx context.Context, sys *llmqSystem, o tpOpts, first int
 func withoutPickup(stages []stageTime) string {
 	parts := make([]string, 0, len(stages))
 	for _, st := range stages {
-		if st.stage != jobs.StagePickup {
+		if st.stage != executor.StagePickup {
 			parts = append(parts, fmt.Sprintf("%s %.2f", st.stage, st.meanMS))
 		}
 	}
@@ -417,7 +417,7 @@ func (r tpBacklogReport) sliceRows() [][]string {
 			return "—"
 		}
 		out[i] = []string{fmt.Sprintf("%s–%s", thousandsText(s.from+1), thousandsText(s.to+1)), fmt.Sprintf("%.0f", s.rate),
-			cpu(s.workersMS), cpu(s.postgresMS), cpu(s.redisMS), stage(jobs.StageLoad), stage(jobs.StageBegin), stage(jobs.StageRecord)}
+			cpu(s.workersMS), cpu(s.postgresMS), cpu(s.redisMS), stage(executor.StageLoad), stage(executor.StageBegin), stage(executor.StageRecord)}
 	}
 	return out
 }

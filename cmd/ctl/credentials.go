@@ -10,7 +10,7 @@ import (
 
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/limiter"
 )
 
@@ -43,7 +43,7 @@ func (a *app) credentialsCommand() *cli.Command {
 				}
 				var rows []row
 				for _, cr := range cfg.Credentials {
-					lc := lim.Credential(cr.LimiterID(), cr.Name)
+					lc := lim.Gate(cr.LimiterID(), cr.Name)
 					l, src, err := lc.Current(c.Context)
 					if err != nil {
 						return err
@@ -56,7 +56,7 @@ func (a *app) credentialsCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					bs, err := brk.Credential(cr.LimiterID(), cr.Name).Status(c.Context)
+					bs, err := brk.Circuit(cr.LimiterID(), cr.Name).Status(c.Context)
 					if err != nil {
 						return err
 					}
@@ -111,7 +111,7 @@ func (a *app) credentialsCommand() *cli.Command {
 				if !ok {
 					return fmt.Errorf("no credential %q in the config", c.Args().First())
 				}
-				was, err := lim.Credential(cr.LimiterID(), cr.Name).Resume(c.Context)
+				was, err := lim.Gate(cr.LimiterID(), cr.Name).Resume(c.Context)
 				if err != nil {
 					return err
 				}
@@ -137,11 +137,11 @@ func credentialState(c *cli.Context) (*config.Config, *limiter.Limiter, *breaker
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	opt, err := jobs.RedisConnOpt(cfg.RedisURL)
+	opt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	rdb := jobs.NewRedisClient(opt)
+	rdb := dispatch.NewRedisClient(opt)
 	fail := func(err error) (*config.Config, *limiter.Limiter, *breaker.Breaker, func(), error) {
 		rdb.Close()
 		return nil, nil, nil, nil, err

@@ -35,7 +35,7 @@ credentials:
 	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: prefix})
 	require.NoError(t, err)
 	mainCred, _ := cfg.Credential("main")
-	started, err := lim.Credential(mainCred.LimiterID(), "main").Pause(t.Context(), "rate_limited_no_retry_after", "job-1")
+	started, err := lim.Gate(mainCred.LimiterID(), "main").Pause(t.Context(), "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
 	require.True(t, started)
 

@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/redistest"
 )
@@ -19,7 +20,7 @@ import (
 func redisArgs(t *testing.T) ([]string, *asynq.Inspector, string) {
 	t.Helper()
 	redistest.Client(t) // fails the test when Redis is down
-	opt, err := jobs.RedisConnOpt(redistest.URL())
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
 	require.NoError(t, err)
 	insp := asynq.NewInspector(opt)
 	queue := "llmq-test-" + redistest.Rand()

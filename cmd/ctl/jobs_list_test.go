@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -77,11 +78,11 @@ func TestJobsCancel(t *testing.T) {
 		b := setupJobs(t)
 		redis, insp, queue := redisArgs(t)
 		job := b.createJob(t)
-		opt, err := jobs.RedisConnOpt(redisArgsURL(redis))
+		opt, err := dispatch.RedisConnOpt(redisArgsURL(redis))
 		require.NoError(t, err)
 		client := asynq.NewClient(opt)
 		defer client.Close()
-		require.NoError(t, jobs.NewEnqueuer(client, queue).Enqueue(context.Background(), job.ID, time.Time{}))
+		require.NoError(t, dispatch.NewEnqueuer(client, queue).Enqueue(context.Background(), job.ID, time.Time{}))
 
 		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", job.ID)...)
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)

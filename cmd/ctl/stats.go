@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -20,7 +21,7 @@ var statusOrder = []jobs.Status{
 type statsOutput struct {
 	Window string `json:"window"`
 	*jobs.Stats
-	Queue jobs.QueueDepth `json:"queue"`
+	Queue dispatch.QueueDepth `json:"queue"`
 }
 
 func (a *app) statsCommand() *cli.Command {

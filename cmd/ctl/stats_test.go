@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -30,11 +31,11 @@ func TestStats(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '3 seconds' WHERE id = $1`, ok2.ID)
 	require.NoError(t, err)
-	opt, err := jobs.RedisConnOpt(redisArgsURL(redis))
+	opt, err := dispatch.RedisConnOpt(redisArgsURL(redis))
 	require.NoError(t, err)
 	client := asynq.NewClient(opt)
 	defer client.Close()
-	require.NoError(t, jobs.NewEnqueuer(client, queue).Enqueue(ctx, queued.ID, time.Time{}))
+	require.NoError(t, dispatch.NewEnqueuer(client, queue).Enqueue(ctx, queued.ID, time.Time{}))
 
 	t.Run("Table", func(t *testing.T) {
 		t.Parallel()
@@ -70,7 +71,7 @@ func TestStats(t *testing.T) {
 		var got struct {
 			Window             string         `json:"window"`
 			ByStatus           map[string]int `json:"jobs_by_status"`
-			Queue              jobs.QueueDepth
+			Queue              dispatch.QueueDepth
 			Attempts           int     `json:"attempts"`
 			Retries            int     `json:"retries"`
 			RetryRate          float64 `json:"retry_rate"`
@@ -81,7 +82,7 @@ func TestStats(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
 		require.Equal(t, "2h0m0s", got.Window)
 		require.Equal(t, map[string]int{"queued": 1, "running": 0, "retrying": 0, "succeeded": 2, "failed": 0, "dead": 1, "canceled": 0}, got.ByStatus)
-		require.Equal(t, jobs.QueueDepth{Pending: 1}, got.Queue)
+		require.Equal(t, dispatch.QueueDepth{Pending: 1}, got.Queue)
 		require.Equal(t, 5, got.Attempts)
 		require.Equal(t, 2, got.Retries)
 		require.InDelta(t, 0.4, got.RetryRate, 1e-9)

@@ -12,7 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/dispatch"
 )
 
 // fileConfig loads --config when given; nil without it.
@@ -49,16 +49,16 @@ func redisTarget(c *cli.Context) (url, queue string, err error) {
 
 // openTasks connects to the Redis that dispatches jobs, failing fast with a one-line error when
 // it does not answer. close releases the connections.
-func openTasks(c *cli.Context) (tasks *jobs.Tasks, close func(), err error) {
+func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) {
 	url, queue, err := redisTarget(c)
 	if err != nil {
 		return nil, nil, err
 	}
-	opt, err := jobs.RedisConnOpt(url)
+	opt, err := dispatch.RedisConnOpt(url)
 	if err != nil {
 		return nil, nil, err
 	}
-	rdb := jobs.NewRedisClient(opt)
+	rdb := dispatch.NewRedisClient(opt)
 	ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
 	err = rdb.Ping(ctx).Err()
 	cancel()
@@ -68,7 +68,7 @@ func openTasks(c *cli.Context) (tasks *jobs.Tasks, close func(), err error) {
 	}
 	client := asynq.NewClient(opt)
 	insp := asynq.NewInspector(opt)
-	return jobs.NewTasks(insp, jobs.NewEnqueuer(client, queue)), func() {
+	return dispatch.NewTasks(insp, dispatch.NewEnqueuer(client, queue)), func() {
 		_ = insp.Close()
 		_ = client.Close()
 	}, nil

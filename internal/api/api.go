@@ -1,5 +1,5 @@
 // Package api is llmq's HTTP API: submit, poll, stream (SSE) and cancel jobs, health, readiness
-// and metrics. The routes and their JSON are a contract (DESIGN.md, api/openapi.yaml). Every error
+// and metrics. The routes and their JSON are a contract (api/openapi.yaml). Every error
 // is {"error":{"type","message"}} with a fitting status, mapped in one place (writeError);
 // internal details are logged, not returned.
 package api
@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -25,16 +24,23 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
 // Config configures a Server.
 type Config struct {
-	Store     *jobs.Store
-	Submitter *jobs.Submitter
-	Pool      *pgxpool.Pool
-	Redis     redis.UniversalClient
+	Store *jobs.Store
+	// Submit is the submit contract's defaults and limits (the configured credentials, ...).
+	Submit SubmitConfig
+	// Enqueuer hands a new job to the workers. nil: jobs are only committed (the sweeper enqueues
+	// them; tests).
+	Enqueuer *dispatch.Enqueuer
+	// Metrics, when set, counts submits.
+	Metrics *Metrics
+	Pool    *pgxpool.Pool
+	Redis   redis.UniversalClient
 	// Gatherer serves /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
 	// AllowAnonymous maps requests without an Authorization header to tenant "default". A request
@@ -53,7 +59,7 @@ type Config struct {
 	Listener *jobs.Listener
 	// Tasks aborts the running attempt of a canceled job. nil: DELETE cancels in Postgres only
 	// (the worker then skips the job, but an attempt in flight runs to its end).
-	Tasks *jobs.Tasks
+	Tasks *dispatch.Tasks
 	// KeepAlive is the interval of the comment lines that keep an idle event stream open through
 	// proxies; each also re-reads the job's events, a fallback should a notification be lost.
 	// Default 15s.
@@ -62,9 +68,10 @@ type Config struct {
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.
 type Server struct {
-	cfg    Config
-	mux    *http.ServeMux
-	routes []route
+	cfg      Config
+	contract *contract
+	mux      *http.ServeMux
+	routes   []route
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -90,7 +97,7 @@ func New(cfg Config) *Server {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = 15 * time.Second
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), closing: make(chan struct{})}
+	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{})}
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	s.routes = []route{
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
@@ -202,68 +209,6 @@ func (s *Server) admit(r *http.Request, tenantName string) error {
 		header:  http.Header{"Retry-After": {strconv.Itoa(secs)}}}
 }
 
-func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
-	tn, err := s.tenant(r)
-	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
-		return
-	}
-	if err := s.admit(r, tn.Name); err != nil {
-		writeError(w, r, s.cfg.Logger, err)
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusRequestEntityTooLarge, typ: "body_too_large", message: "body exceeds " + humanBytes(mbe.Limit)})
-			return
-		}
-		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_body", message: "could not read body: " + err.Error()})
-		return
-	}
-	// JSON is UTF-8 (RFC 8259); Postgres refuses anything else, so refuse it here with a 400.
-	if !utf8.Valid(body) {
-		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_json", message: "body is not valid UTF-8"})
-		return
-	}
-	key := r.Header.Get("Idempotency-Key")
-	if tn.Credentials != nil {
-		if err := s.checkCredentials(tn, key, body); err != nil {
-			writeError(w, r, s.cfg.Logger, err)
-			return
-		}
-	}
-	job, replayed, err := s.cfg.Submitter.Submit(r.Context(), tn.Name, key, body)
-	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
-		return
-	}
-	w.Header().Set("Location", "/v1/jobs/"+job.ID)
-	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, job)
-		return
-	}
-	writeJSON(w, http.StatusAccepted, job)
-}
-
-// checkCredentials refuses (403) a job naming a credential, primary or fallback, that the tenant
-// may not use. The body is validated first, so an invalid one is a 400 as for anyone.
-func (s *Server) checkCredentials(tn *tenant.Tenant, key string, body []byte) error {
-	p, err := s.cfg.Submitter.Parse(tn.Name, key, body)
-	if err != nil {
-		return err
-	}
-	for _, c := range append([]string{p.Credential}, p.Fallbacks...) {
-		if !tn.Allows(c) {
-			return &httpError{status: http.StatusForbidden, typ: "credential_not_allowed",
-				message: fmt.Sprintf("tenant %q may not use credential %q", tn.Name, c)}
-		}
-	}
-	return nil
-}
-
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	job, err := s.job(r)
 	if err != nil {
@@ -344,7 +289,7 @@ func (e *httpError) Error() string { return e.message }
 // writeError is the one table from errors to HTTP statuses and machine codes.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	var he *httpError
-	var inv *jobs.InvalidError
+	var inv *InvalidError
 	var term *jobs.TerminalError
 	switch {
 	case errors.As(err, &he):
@@ -352,6 +297,8 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		he = &httpError{status: http.StatusBadRequest, typ: inv.Type, message: inv.Message}
 	case errors.As(err, &term):
 		he = &httpError{status: http.StatusConflict, typ: "job_terminal", message: term.Error()}
+	case errors.Is(err, jobs.ErrUnstorable):
+		he = &httpError{status: http.StatusBadRequest, typ: "invalid_body", message: err.Error()}
 	case errors.Is(err, jobs.ErrNotFound):
 		he = &httpError{status: http.StatusNotFound, typ: "not_found", message: "no job with that id"}
 	case errors.Is(err, jobs.ErrIdempotencyKeyReused):

@@ -14,7 +14,7 @@ import (
 	"github.com/llmq/llmq/internal/tenant"
 )
 
-const submitBody = `{"request":{"model":"m"}}`
+const minimalSubmit = `{"request":{"model":"m"}}`
 
 // newTenant creates a tenant (limited to credentials, when given) and returns the header that
 // authenticates as it.
@@ -47,7 +47,7 @@ func TestAuth_BearerTokens(t *testing.T) {
 
 	t.Run("ValidToken", func(t *testing.T) {
 		t.Parallel()
-		r := b.do(t, http.MethodPost, "/v1/jobs", submitBody, acme)
+		r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, acme)
 		require.Equal(t, http.StatusAccepted, r.status, "body %v", r.body)
 		job, err := b.store.Get(context.Background(), r.body["id"].(string))
 		require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestAuth_BearerTokens(t *testing.T) {
 	t.Run("SchemeIsCaseInsensitive", func(t *testing.T) {
 		t.Parallel()
 		h := map[string]string{"Authorization": "bearer " + strings.TrimPrefix(acme["Authorization"], "Bearer ")}
-		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", submitBody, h).status)
+		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, h).status)
 	})
 	for name, auth := range map[string]string{
 		"Unknown":       "Bearer " + unknown,
@@ -70,7 +70,7 @@ func TestAuth_BearerTokens(t *testing.T) {
 	} {
 		t.Run(name+"Is401", func(t *testing.T) {
 			t.Parallel()
-			r := b.do(t, http.MethodPost, "/v1/jobs", submitBody, map[string]string{"Authorization": auth})
+			r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, map[string]string{"Authorization": auth})
 			requireError(t, r, http.StatusUnauthorized, "unauthorized")
 			require.True(t, strings.HasPrefix(r.header.Get("WWW-Authenticate"), `Bearer realm="llmq"`))
 			msg := r.body["error"].(map[string]any)["message"].(string)
@@ -80,7 +80,7 @@ func TestAuth_BearerTokens(t *testing.T) {
 	}
 	t.Run("TwoHeadersIs401", func(t *testing.T) {
 		t.Parallel()
-		req, err := http.NewRequest(http.MethodPost, b.url+"/v1/jobs", strings.NewReader(submitBody))
+		req, err := http.NewRequest(http.MethodPost, b.url+"/v1/jobs", strings.NewReader(minimalSubmit))
 		require.NoError(t, err)
 		req.Header.Add("Authorization", acme["Authorization"])
 		req.Header.Add("Authorization", acme["Authorization"])
@@ -91,7 +91,7 @@ func TestAuth_BearerTokens(t *testing.T) {
 	})
 	t.Run("NoHeaderWithoutAnonymousIs401", func(t *testing.T) {
 		t.Parallel()
-		r := b.do(t, http.MethodPost, "/v1/jobs", submitBody, nil)
+		r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, nil)
 		requireError(t, r, http.StatusUnauthorized, "unauthorized")
 		require.Equal(t, `Bearer realm="llmq"`, r.header.Get("WWW-Authenticate"))
 	})
@@ -102,7 +102,7 @@ func TestAuth_BearerTokens(t *testing.T) {
 			if m != http.MethodPost {
 				path += "/" + b.create(t, "gone").ID
 			}
-			requireError(t, b.do(t, m, path, submitBody, revoked), http.StatusForbidden, "token_revoked")
+			requireError(t, b.do(t, m, path, minimalSubmit, revoked), http.StatusForbidden, "token_revoked")
 		}
 	})
 	require.Zero(t, countJobs(t, b, "elsewhere"))
@@ -112,14 +112,14 @@ func TestAuth_AnonymousOnlyWithoutHeader(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 
-	r := b.do(t, http.MethodPost, "/v1/jobs", submitBody, nil)
+	r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, nil)
 	require.Equal(t, http.StatusAccepted, r.status)
 	job, err := b.store.Get(context.Background(), r.body["id"].(string))
 	require.NoError(t, err)
 	require.Equal(t, tenant.Default, job.Tenant)
 
 	// A header that is present but wrong is not anonymous: it fails.
-	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", submitBody, map[string]string{"Authorization": "Bearer nope"}),
+	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, map[string]string{"Authorization": "Bearer nope"}),
 		http.StatusUnauthorized, "unauthorized")
 }
 
@@ -127,7 +127,7 @@ func TestAuth_TenantsSeeOnlyTheirJobs(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	acme, globex := b.newTenant(t, "acme"), b.newTenant(t, "globex")
-	r := b.do(t, http.MethodPost, "/v1/jobs", submitBody, acme)
+	r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, acme)
 	require.Equal(t, http.StatusAccepted, r.status)
 	id := r.body["id"].(string)
 
@@ -158,12 +158,12 @@ func TestAuth_IdempotencyKeysPerTenant(t *testing.T) {
 		return map[string]string{"Authorization": h["Authorization"], "Idempotency-Key": "same-key"}
 	}
 
-	a := b.do(t, http.MethodPost, "/v1/jobs", submitBody, key(acme))
+	a := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, key(acme))
 	g := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"other"}}`, key(globex))
 	require.Equal(t, http.StatusAccepted, a.status)
 	require.Equal(t, http.StatusAccepted, g.status, "another tenant's key never conflicts")
 	require.NotEqual(t, a.body["id"], g.body["id"])
-	again := b.do(t, http.MethodPost, "/v1/jobs", submitBody, key(acme))
+	again := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, key(acme))
 	require.Equal(t, http.StatusOK, again.status)
 	require.Equal(t, a.body["id"], again.body["id"])
 }
@@ -174,7 +174,7 @@ func TestAuth_CredentialRestriction(t *testing.T) {
 	h := b.newTenant(t, "acme", "default", "cheap")
 
 	for _, ok := range []string{
-		submitBody,
+		minimalSubmit,
 		`{"credential":"cheap","request":{"model":"m"}}`,
 		`{"credential":"default","fallbacks":["cheap"],"request":{"model":"m"}}`,
 	} {
@@ -211,10 +211,10 @@ func TestAuth_SubmitRate(t *testing.T) {
 	acme := one.newTenant(t, "acme")
 
 	for i, b := range []*testBundle{one, two, one} {
-		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", submitBody, acme).status, "submit %d", i)
+		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, acme).status, "submit %d", i)
 	}
 	for _, b := range []*testBundle{two, one} {
-		r := b.do(t, http.MethodPost, "/v1/jobs", submitBody, acme)
+		r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, acme)
 		requireError(t, r, http.StatusTooManyRequests, "rate_limited")
 		secs, err := strconv.Atoi(r.header.Get("Retry-After"))
 		require.NoError(t, err, "Retry-After %q", r.header.Get("Retry-After"))
@@ -222,7 +222,7 @@ func TestAuth_SubmitRate(t *testing.T) {
 		require.LessOrEqual(t, secs, 100)
 	}
 	// Other tenants have their own budget; reads are not limited.
-	require.Equal(t, http.StatusAccepted, two.do(t, http.MethodPost, "/v1/jobs", submitBody, nil).status)
+	require.Equal(t, http.StatusAccepted, two.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, nil).status)
 	require.Equal(t, http.StatusNotFound, one.do(t, http.MethodGet, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", acme).status)
 	require.Equal(t, 3, countJobs(t, one, "acme"))
 }
@@ -236,7 +236,7 @@ func TestAuth_SubmitRateFailsOpenWithoutRedis(t *testing.T) {
 	b := setup(t, setupOpts{submitRate: lim})
 
 	for range 2 {
-		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", submitBody, nil).status)
+		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, nil).status)
 	}
 }
 

@@ -66,13 +66,13 @@ func TestSubmit_InputLimits(t *testing.T) {
 		{"MetadataTooLarge", `{"request":{"model":"m"},"metadata":{"a":"` + strings.Repeat("m", 17<<10) + `"}}`, nil, 400, "invalid_metadata"},
 		{"LongCredentialName", `{"credential":"` + long + `","request":{"model":"m"}}`, nil, 400, "unknown_credential"},
 		{"LongFieldName", `{"` + long + `":1,"request":{"model":"m"}}`, nil, 400, "unknown_field"},
-		{"LongIdempotencyKey", submitBody, map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}, 400, "invalid_idempotency_key"},
-		{"NonASCIIIdempotencyKey", submitBody, map[string]string{"Idempotency-Key": "clé"}, 400, "invalid_idempotency_key"},
+		{"LongIdempotencyKey", minimalSubmit, map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}, 400, "invalid_idempotency_key"},
+		{"NonASCIIIdempotencyKey", minimalSubmit, map[string]string{"Idempotency-Key": "clé"}, 400, "invalid_idempotency_key"},
 		{"TrailingBrace", `{"request":{"model":"m"}}}`, nil, 400, "invalid_json"},
 		{"TrailingBracket", `{"request":{"model":"m"}} ]`, nil, 400, "invalid_json"},
 		{"TrailingObject", `{"request":{"model":"m"}} {}`, nil, 400, "invalid_json"},
 		{"DeepNesting", `{"request":{"a":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}}`, nil, 400, "invalid_json"},
-		{"LongToken", submitBody, map[string]string{"Authorization": "Bearer " + long}, 401, "unauthorized"},
+		{"LongToken", minimalSubmit, map[string]string{"Authorization": "Bearer " + long}, 401, "unauthorized"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

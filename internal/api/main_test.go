@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -66,9 +67,9 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	redistest.Client(t) // fails the test when Redis is down
-	redisOpt, err := jobs.RedisConnOpt(redistest.URL())
+	redisOpt, err := dispatch.RedisConnOpt(redistest.URL())
 	require.NoError(t, err)
-	rdb := jobs.NewRedisClient(redisOpt)
+	rdb := dispatch.NewRedisClient(redisOpt)
 	aclient := asynq.NewClient(redisOpt)
 	insp := asynq.NewInspector(redisOpt)
 	queue := "llmq-test-" + redistest.Rand()
@@ -79,7 +80,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		require.NoError(t, rdb.Close())
 	})
 	store := jobs.NewStore(pool, nil)
-	enq := jobs.NewEnqueuer(aclient, queue)
+	enq := dispatch.NewEnqueuer(aclient, queue)
 	b := &testBundle{dbURL: o.dbURL, pool: pool, store: store, inspector: insp, queue: queue}
 	if o.credentials == nil {
 		o.credentials = []string{"default"}
@@ -90,8 +91,8 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	b.tenants = tenant.NewStore(pool, nil)
 	cfg := Config{
 		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: !o.noAnonymous, MaxBodyBytes: o.maxBody,
-		Submitter: jobs.NewSubmitter(store, enq, jobs.SubmitConfig{Credentials: o.credentials}, o.logger, nil),
-		Tasks:     jobs.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
+		Submit: SubmitConfig{Credentials: o.credentials}, Enqueuer: enq,
+		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
 	}
 	if !o.noListener {

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -213,7 +212,7 @@ func setupUnavailable(t *testing.T, rec *statusRecorder) string {
 	store := jobs.NewStore(pool, nil)
 	s := New(Config{
 		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: true,
-		Submitter: jobs.NewSubmitter(store, nil, jobs.SubmitConfig{Credentials: []string{"default"}}, slog.New(slog.DiscardHandler), nil),
+		Submit: SubmitConfig{Credentials: []string{"default"}},
 	})
 	hs := httptest.NewServer(rec.wrap(s))
 	t.Cleanup(hs.Close)

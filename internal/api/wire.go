@@ -10,8 +10,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // FromConfig builds a Server from the config file on a migrated pool, registering its metrics on
@@ -23,30 +25,28 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	redisOpt, err := jobs.RedisConnOpt(cfg.RedisURL)
+	redisOpt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
 		return nil, nil, err
 	}
-	rdb := jobs.NewRedisClient(redisOpt)
+	rdb := dispatch.NewRedisClient(redisOpt)
 	// Concurrent submits share round trips for their enqueues. The client is closed with rdb
 	// (asynq refuses to close a connection it was given).
-	aclient := asynq.NewClientFromRedisClient(jobs.AutoPipelined(rdb))
+	aclient := asynq.NewClientFromRedisClient(dispatch.AutoPipelined(rdb))
 	inspector := asynq.NewInspector(redisOpt)
 	store := jobs.NewStore(pool, nil)
 	names := make([]string, 0, len(cfg.Credentials))
 	kinds := map[string]string{}
-	tokenLimits := map[string]jobs.TokenLimits{}
+	tokenLimits := map[string]tokens.Limits{}
 	for _, c := range cfg.Credentials {
 		names = append(names, c.Name)
 		kinds[c.Name] = c.Provider
 		if l := c.Limits; l != nil {
-			tokenLimits[c.Name] = jobs.TokenLimits{InputPerMinute: l.InputTokensPerMinute,
+			tokenLimits[c.Name] = tokens.Limits{InputPerMinute: l.InputTokensPerMinute,
 				OutputPerMinute: l.OutputTokensPerMinute, CombinedPerMinute: l.TokensPerMinute}
 		}
 	}
-	enqueuer := jobs.NewEnqueuer(aclient, cfg.Worker.Queue)
-	submitter := jobs.NewSubmitter(store, enqueuer,
-		jobs.SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, DefaultMaxAttempts: cfg.Retry.MaxAttempts}, logger, jobs.NewMetrics(reg))
+	enqueuer := dispatch.NewEnqueuer(aclient, cfg.Worker.Queue)
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["application_name"] = "llmq-api-listener"
 	listener := jobs.NewListener(jobs.ListenerConfig{ConnConfig: connCfg, Logger: logger})
@@ -58,9 +58,10 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 		}
 	}
 	s := New(Config{
-		Store: store, Submitter: submitter, Pool: pool, Redis: rdb, Gatherer: reg,
+		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
+		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
-		Listener: listener, Tasks: jobs.NewTasks(inspector, enqueuer),
+		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
 	})
 	ctx, stop := context.WithCancel(context.Background())

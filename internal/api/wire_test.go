@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
@@ -63,7 +63,7 @@ func TestFromConfig_TenantsAndSubmitRate(t *testing.T) {
 	rdb := redistest.Client(t)
 	t.Cleanup(func() {
 		_ = rdb.Del(context.Background(), "llmq:tenant:{"+name+"}:submit").Err()
-		redisOpt, _ := jobs.RedisConnOpt(redistest.URL())
+		redisOpt, _ := dispatch.RedisConnOpt(redistest.URL())
 		insp := asynq.NewInspector(redisOpt)
 		_ = insp.DeleteQueue(queue, true)
 		_ = insp.Close()
@@ -72,9 +72,9 @@ func TestFromConfig_TenantsAndSubmitRate(t *testing.T) {
 	require.NoError(t, err)
 	auth := map[string]string{"Authorization": "Bearer " + token}
 
-	require.Equal(t, http.StatusUnauthorized, do(t, hs.URL, http.MethodPost, "/v1/jobs", submitBody, nil).status, "anonymous is off")
-	require.Equal(t, http.StatusAccepted, do(t, hs.URL, http.MethodPost, "/v1/jobs", submitBody, auth).status)
-	r := do(t, hs.URL, http.MethodPost, "/v1/jobs", submitBody, auth)
+	require.Equal(t, http.StatusUnauthorized, do(t, hs.URL, http.MethodPost, "/v1/jobs", minimalSubmit, nil).status, "anonymous is off")
+	require.Equal(t, http.StatusAccepted, do(t, hs.URL, http.MethodPost, "/v1/jobs", minimalSubmit, auth).status)
+	r := do(t, hs.URL, http.MethodPost, "/v1/jobs", minimalSubmit, auth)
 	require.Equal(t, http.StatusTooManyRequests, r.status)
 	secs, err := strconv.Atoi(r.header.Get("Retry-After"))
 	require.NoError(t, err)

@@ -228,9 +228,9 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Breaker, error) {
 	return b, nil
 }
 
-// Credential is the breaker of one provider key. Make it with Breaker.Credential; it is cheap,
+// Circuit is the breaker of one provider key. Make it with Breaker.Circuit; it is cheap,
 // holds no state of its own and is safe for concurrent use.
-type Credential struct {
+type Circuit struct {
 	b     *Breaker
 	name  string
 	tag   string // the credential's hash tag, the wake-up message
@@ -238,13 +238,13 @@ type Credential struct {
 	lease string // the cold-start leases
 }
 
-// Credential returns the breaker of the provider key id. id is only hashed (the key looks like
+// Circuit returns the breaker of the provider key id. id is only hashed (the key looks like
 // "<prefix>{<sha256 hex of id>}:cb", beside the limiter's keys): it never reaches Redis, logs or
 // metrics. Pass the API key itself, so that two credential names sharing one key share its
 // breaker. name is the credential's name, used only as the metrics label.
-func (b *Breaker) Credential(id, name string) *Credential {
+func (b *Breaker) Circuit(id, name string) *Circuit {
 	tag := redisscript.CredentialTag(id)
-	return &Credential{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
+	return &Circuit{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
 }
 
 // Admission is Allow's answer.
@@ -284,7 +284,7 @@ type Admission struct {
 // passes. A refusal is not an error: Allowed is false and RetryAt says when to ask again. Allow
 // returns an error only when Redis fails (the Admission is then zero). On a warm closed breaker
 // it writes nothing.
-func (c *Credential) Allow(ctx context.Context) (Admission, error) {
+func (c *Circuit) Allow(ctx context.Context) (Admission, error) {
 	b := c.b
 	cfg := &b.cfg
 	res, err := allowScript.Run(ctx, b.rdb, []string{c.key, c.lease},
@@ -331,7 +331,7 @@ func (c *Credential) Allow(ctx context.Context) (Admission, error) {
 // error without touching Redis. The Report of a probe or of a cold-start request also wakes
 // the callers refused meanwhile, in every process (see Listen). Otherwise Report returns an
 // error only when Redis fails.
-func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State, error) {
+func (c *Circuit) Report(ctx context.Context, a Admission, o Outcome) (State, error) {
 	var st State
 	call, err := c.ReportCall(a, o, &st)
 	if err != nil {
@@ -347,7 +347,7 @@ func (c *Credential) Report(ctx context.Context, a Admission, o Outcome) (State,
 // with others (redisscript.Run, on the breaker's Redis or a client of the same server). After the
 // round trip, state holds the breaker's state (when state is not nil). Its error, and the call's,
 // are Report's.
-func (c *Credential) ReportCall(a Admission, o Outcome, state *State) (redisscript.Call, error) {
+func (c *Circuit) ReportCall(a Admission, o Outcome, state *State) (redisscript.Call, error) {
 	if !a.Allowed {
 		return redisscript.Call{}, errors.New("breaker report: the admission was refused")
 	}
@@ -413,7 +413,7 @@ type Status struct {
 
 // Status reads the credential's breaker. It makes no transition and returns an error only when
 // Redis fails.
-func (c *Credential) Status(ctx context.Context) (Status, error) {
+func (c *Circuit) Status(ctx context.Context) (Status, error) {
 	v, err := statusScript.Run(ctx, c.b.rdb, []string{c.key, c.lease}, c.b.nowArg(), c.b.memory).Slice()
 	if err != nil {
 		return Status{}, fmt.Errorf("breaker status: %w", err)

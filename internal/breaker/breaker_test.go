@@ -375,7 +375,7 @@ func TestCredential_Report(t *testing.T) {
 		c := redistest.Client(t)
 		br, err := breaker.New(c, &breaker.Config{Prefix: redistest.Prefix(t)})
 		require.NoError(t, err)
-		cred := br.Credential(testID, testName)
+		cred := br.Circuit(testID, testName)
 		require.NoError(t, c.Close())
 		_, err = cred.Allow(t.Context())
 		require.ErrorContains(t, err, "breaker allow")
@@ -411,10 +411,10 @@ func TestCredential_Keys(t *testing.T) {
 	// Another name for the same key shares its breaker; another key does not.
 	br, err := breaker.New(b.rdb, &breaker.Config{Prefix: b.prefix, Now: b.clock.Now})
 	require.NoError(t, err)
-	a, err := br.Credential(testID, "alias").Allow(ctx)
+	a, err := br.Circuit(testID, "alias").Allow(ctx)
 	require.NoError(t, err)
 	require.False(t, a.Allowed)
-	a, err = br.Credential("sk-other", testName).Allow(ctx)
+	a, err = br.Circuit("sk-other", testName).Allow(ctx)
 	require.NoError(t, err)
 	require.True(t, a.Allowed)
 }

@@ -214,7 +214,7 @@ func TestCredential_ColdStart(t *testing.T) {
 		}
 		br, err := breaker.New(b.rdb, &breaker.Config{Prefix: b.prefix, Now: b.clock.Now, Threshold: 2})
 		require.NoError(t, err)
-		c := br.Credential(testID, testName)
+		c := br.Circuit(testID, testName)
 		a, err := c.Allow(t.Context())
 		require.NoError(t, err)
 		require.True(t, a.Allowed)

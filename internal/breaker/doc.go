@@ -3,7 +3,7 @@
 //
 // Why: when a provider is down, every job retrying on its own turns a 30 s outage into minutes
 // of wasted requests, and a breaker whose half-open state lets every waiting call through sends
-// the whole herd at a provider that may still be down (../shared/seeds/000_*, 002_*). So:
+// the whole herd at a provider that may still be down (docs/benchmarks.md, outage). So:
 //
 //   - Closed: every request goes (but see the cold-start cap below). Threshold (default 5)
 //     consecutive server-side failures (5xx, 529, timeouts, connection errors) reported by any

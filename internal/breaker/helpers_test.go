@@ -30,7 +30,7 @@ type testBundle struct {
 	cfg    breaker.Config // as given to both breakers, before defaults
 	// creds[0] and creds[1] are the same credential over two Redis clients, as two processes
 	// would have. Both record into one Metrics, so its counters count every transition once.
-	creds [2]*breaker.Credential
+	creds [2]*breaker.Circuit
 }
 
 // setup returns the breaker of one credential over two Redis clients, on a fresh key prefix
@@ -51,7 +51,7 @@ func setup(t *testing.T, mod func(*breaker.Config)) *testBundle {
 		cfg := b.cfg
 		br, err := breaker.New(redistest.Client(t), &cfg)
 		require.NoError(t, err)
-		b.creds[i] = br.Credential(testID, testName)
+		b.creds[i] = br.Circuit(testID, testName)
 	}
 	return b
 }

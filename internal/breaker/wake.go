@@ -42,7 +42,7 @@ func (h *wakeHub) wake(tag string) {
 }
 
 // Listen subscribes to the wake-ups that Reports publish, in whichever process, so that
-// Credential.Wakeup channels close as soon as a probe or a cold-start request reports, instead
+// Circuit.Wakeup channels close as soon as a probe or a cold-start request reports, instead
 // of callers waiting out Admission.Wait. Run it once per Breaker, for as long as callers wait;
 // it returns when ctx ends. Without it, Wakeup channels never close and callers fall back to
 // their timers. go-redis (re-)subscribes in the background whenever the connection is lost or
@@ -67,7 +67,7 @@ func (b *Breaker) Listen(ctx context.Context) {
 // Wakeup returns a channel that is closed when a Report of this credential's probe or
 // cold-start request is next heard by Listen. Take it before Allow, then wait on it (and on a
 // timer of Admission.Wait) after a refusal: a wake-up between the two is not missed.
-func (c *Credential) Wakeup() <-chan struct{} { return c.b.wakes.get(c.tag) }
+func (c *Circuit) Wakeup() <-chan struct{} { return c.b.wakes.get(c.tag) }
 
 // Await waits for wake (from Wakeup), d, or ctx, whichever comes first. It returns ctx's cause
 // when ctx ended first, nil otherwise.
@@ -84,7 +84,7 @@ func Await(ctx context.Context, wake <-chan struct{}, d time.Duration) error {
 }
 
 // publishWake tells every Listen that the credential's refused callers may ask again.
-func (c *Credential) publishWake(ctx context.Context) error {
+func (c *Circuit) publishWake(ctx context.Context) error {
 	if err := c.b.rdb.Publish(ctx, wakeChannel(c.b.cfg.Prefix), c.tag).Err(); err != nil {
 		return fmt.Errorf("breaker wake: %w", err)
 	}

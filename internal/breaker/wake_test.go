@@ -19,11 +19,11 @@ func TestBreaker_Listen(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	clock := clocktest.New(t0)
 	cfg := breaker.Config{Prefix: prefix, Now: clock.Now, Threshold: 2, SuccessMemory: -1}
-	newCred := func() (*breaker.Breaker, *breaker.Credential) {
+	newCred := func() (*breaker.Breaker, *breaker.Circuit) {
 		c := cfg
 		b, err := breaker.New(redistest.Client(t), &c)
 		require.NoError(t, err)
-		return b, b.Credential(testID, testName)
+		return b, b.Circuit(testID, testName)
 	}
 	listener, waiting := newCred()
 	_, prober := newCred()
@@ -50,7 +50,7 @@ func TestBreaker_Listen(t *testing.T) {
 		return err == nil && n[prefix+"cb:wake"] == 2
 	}, 10*time.Second, 5*time.Millisecond, "Listen never subscribed")
 
-	report := func(c *breaker.Credential, o breaker.Outcome) {
+	report := func(c *breaker.Circuit, o breaker.Outcome) {
 		t.Helper()
 		a, err := c.Allow(t.Context())
 		require.NoError(t, err)

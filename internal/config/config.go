@@ -1,6 +1,6 @@
 // Package config loads llmq's one YAML file, shared by the api, worker and ctl programs.
 //
-// The file format is a contract (see DESIGN.md). Unknown fields are rejected so that a typo does
+// The file format is a contract (README.md, Configuration). Unknown fields are rejected so that a typo does
 // not silently fall back to a default; every validation error names the field. Secrets are only
 // referenced (api_key_env, api_key_file) and resolved at load time; they never appear in errors.
 package config
@@ -294,7 +294,7 @@ var (
 	envVarRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
-// redisSchemes are the URL schemes jobs.RedisConnOpt understands.
+// redisSchemes are the URL schemes dispatch.RedisConnOpt understands.
 var redisSchemes = map[string]bool{
 	"redis": true, "rediss": true, "redis-socket": true, "redis-sentinel": true, "redis-cluster": true,
 }

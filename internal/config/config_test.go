@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 // secret is the value every fake environment variable holds; no error may ever contain it.
 const secret = "sk-test-DO-NOT-LEAK-0123456789"
 
-// designExample is the example file of DESIGN.md, "Configuration (contract)", verbatim.
+// designExample is the configuration contract's example file, verbatim.
 const designExample = `database_url: postgres://postgres@127.0.0.1:5432/llmq?sslmode=disable
 redis_url: redis://127.0.0.1:6379/0
 api:    { listen: 127.0.0.1:8080, allow_anonymous: true }   # no bearer token → tenant ` + "`default`" + ` (dev only)

@@ -76,11 +76,11 @@ func TestBreaker_OneProbeAcrossWorkersThenRecovery(t *testing.T) {
 }
 
 // breakerCredential returns the shared breaker of a configured credential, as the workers see it.
-func (b *testBundle) breakerCredential(t *testing.T, name string) *breaker.Credential {
+func (b *testBundle) breakerCredential(t *testing.T, name string) *breaker.Circuit {
 	t.Helper()
 	brk, err := breaker.New(redistest.Client(t), &breaker.Config{Prefix: b.prefix})
 	require.NoError(t, err)
 	c, ok := b.cfg.Credential(name)
 	require.True(t, ok)
-	return brk.Credential(c.LimiterID(), name)
+	return brk.Circuit(c.LimiterID(), name)
 }

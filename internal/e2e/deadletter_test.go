@@ -13,7 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
@@ -22,22 +22,22 @@ import (
 // webhook records the alerts POSTed to it.
 type webhook struct {
 	mu     sync.Mutex
-	alerts []jobs.Alert
+	alerts []alert.Alert
 }
 
 func (w *webhook) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	var a jobs.Alert
+	var a alert.Alert
 	_ = json.Unmarshal(body, &a)
 	w.mu.Lock()
 	w.alerts = append(w.alerts, a)
 	w.mu.Unlock()
 }
 
-func (w *webhook) received() []jobs.Alert {
+func (w *webhook) received() []alert.Alert {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return append([]jobs.Alert(nil), w.alerts...)
+	return append([]alert.Alert(nil), w.alerts...)
 }
 
 func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
@@ -104,13 +104,13 @@ func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
 
 // limiterCredential returns the shared limiter state of a configured credential, as the worker
 // sees it.
-func (b *testBundle) limiterCredential(t *testing.T, name string) *limiter.Credential {
+func (b *testBundle) limiterCredential(t *testing.T, name string) *limiter.Gate {
 	t.Helper()
 	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix})
 	require.NoError(t, err)
 	c, ok := b.cfg.Credential(name)
 	require.True(t, ok)
-	return lim.Credential(c.LimiterID(), name)
+	return lim.Gate(c.LimiterID(), name)
 }
 
 func TestDeadLetter_PauseProbeResumesCredential(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
 )
 
 func ids(js []*jobs.Job) []string {
@@ -21,33 +22,33 @@ func ids(js []*jobs.Job) []string {
 
 func TestStore_List(t *testing.T) {
 	t.Parallel()
-	b := setupStore(t)
+	b := jobstest.New(t)
 	ctx := context.Background()
-	first := b.create(t, jobOpts{})
-	second := b.create(t, jobOpts{})
-	_, err := b.store.Cancel(ctx, first.ID)
+	first := b.Create(t, jobstest.Opts{})
+	second := b.Create(t, jobstest.Opts{})
+	_, err := b.Store.Cancel(ctx, first.ID)
 	require.NoError(t, err)
 
-	all, err := b.store.List(ctx, jobs.ListParams{})
+	all, err := b.Store.List(ctx, jobs.ListParams{})
 	require.NoError(t, err)
 	require.Equal(t, []string{second.ID, first.ID}, ids(all), "newest first")
 
-	canceled, err := b.store.List(ctx, jobs.ListParams{Status: jobs.StatusCanceled})
+	canceled, err := b.Store.List(ctx, jobs.ListParams{Status: jobs.StatusCanceled})
 	require.NoError(t, err)
 	require.Equal(t, []string{first.ID}, ids(canceled))
 
-	one, err := b.store.List(ctx, jobs.ListParams{Limit: 1})
+	one, err := b.Store.List(ctx, jobs.ListParams{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, one, 1)
 }
 
 func TestStore_ListDead(t *testing.T) {
 	t.Parallel()
-	b := setupStore(t)
+	b := jobstest.New(t)
 	ctx := context.Background()
-	exhausted := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 3)
-	capped := b.dead(t, jobOpts{credential: "other"}, jobs.ReasonRateLimitedNoRetryAfter, 1)
-	b.create(t, jobOpts{}) // not dead
+	exhausted := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 3)
+	capped := b.Dead(t, jobstest.Opts{Credential: "other"}, jobs.ReasonRateLimitedNoRetryAfter, 1)
+	b.Create(t, jobstest.Opts{}) // not dead
 
 	cases := map[string]struct {
 		f    jobs.DeadFilter
@@ -63,7 +64,7 @@ func TestStore_ListDead(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			got, err := b.store.ListDead(ctx, tc.f)
+			got, err := b.Store.ListDead(ctx, tc.f)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, ids(got))
 		})
@@ -75,16 +76,16 @@ func TestStore_RetryDead(t *testing.T) {
 
 	t.Run("FreshAttemptsHistoryKept", func(t *testing.T) {
 		t.Parallel()
-		b := setupStore(t)
+		b := jobstest.New(t)
 		ctx := context.Background()
 		// A short timeout that has passed by the time the operator retries.
-		job := b.dead(t, jobOpts{timeout: time.Millisecond}, jobs.ReasonRetriesExhausted, 3)
+		job := b.Dead(t, jobstest.Opts{Timeout: time.Millisecond}, jobs.ReasonRetriesExhausted, 3)
 
-		got, err := b.store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
+		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
 		require.NoError(t, err)
 		require.Equal(t, []string{job.ID}, got)
 
-		j, err := b.store.Get(ctx, job.ID)
+		j, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusQueued, j.Status)
 		require.Equal(t, 0, j.Attempts)
@@ -92,22 +93,22 @@ func TestStore_RetryDead(t *testing.T) {
 		require.Nil(t, j.FinishedAt)
 		require.True(t, j.Deadline.After(time.Now().Add(-time.Second)), "deadline renewed: %s", j.Deadline)
 		require.NotNil(t, j.LastError, "the last error stays for the operator")
-		require.Equal(t, []jobs.Status{"queued", "running", "retrying", "running", "retrying", "running", "dead", "queued"}, b.events(t, job.ID))
-		evs, err := b.store.Events(ctx, job.ID, 7)
+		require.Equal(t, []jobs.Status{"queued", "running", "retrying", "running", "retrying", "running", "dead", "queued"}, b.Events(t, job.ID))
+		evs, err := b.Store.Events(ctx, job.ID, 7)
 		require.NoError(t, err)
 		require.JSONEq(t, `{"retried_from":"dead","previous_reason":"retries_exhausted"}`, string(evs[0].Payload))
 
 		// The next round numbers its attempts after the old ones (the worker says 1 and 2).
-		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
-		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"ok":true}`)})
-		attempts, err := b.store.Attempts(ctx, job.ID)
+		b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+		b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"ok":true}`)})
+		attempts, err := b.Store.Attempts(ctx, job.ID)
 		require.NoError(t, err)
 		numbers := make([]int, len(attempts))
 		for i, a := range attempts {
 			numbers[i] = a.Number
 		}
 		require.Equal(t, []int{1, 2, 3, 4, 5}, numbers)
-		j, err = b.store.Get(ctx, job.ID)
+		j, err = b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusSucceeded, j.Status)
 		require.Equal(t, 2, j.Attempts)
@@ -115,15 +116,15 @@ func TestStore_RetryDead(t *testing.T) {
 
 	t.Run("TwiceContinuesNumbering", func(t *testing.T) {
 		t.Parallel()
-		b := setupStore(t)
+		b := jobstest.New(t)
 		ctx := context.Background()
-		job := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 2)
+		job := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 2)
 		for range 2 {
-			_, err := b.store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
+			_, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
 			require.NoError(t, err)
-			b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+			b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
 		}
-		attempts, err := b.store.Attempts(ctx, job.ID)
+		attempts, err := b.Store.Attempts(ctx, job.ID)
 		require.NoError(t, err)
 		require.Len(t, attempts, 4)
 		require.Equal(t, 4, attempts[3].Number)
@@ -131,26 +132,26 @@ func TestStore_RetryDead(t *testing.T) {
 
 	t.Run("OnlyDeadJobs", func(t *testing.T) {
 		t.Parallel()
-		b := setupStore(t)
+		b := jobstest.New(t)
 		ctx := context.Background()
-		live := b.create(t, jobOpts{})
-		got, err := b.store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{live.ID, "junk", "0190a5b2-7c1e-7d3f-9a8b-123456789abc"}})
+		live := b.Create(t, jobstest.Opts{})
+		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{live.ID, "junk", "0190a5b2-7c1e-7d3f-9a8b-123456789abc"}})
 		require.NoError(t, err)
 		require.Empty(t, got)
-		require.Equal(t, []jobs.Status{"queued"}, b.events(t, live.ID))
+		require.Equal(t, []jobs.Status{"queued"}, b.Events(t, live.ID))
 	})
 
 	t.Run("ByReason", func(t *testing.T) {
 		t.Parallel()
-		b := setupStore(t)
+		b := jobstest.New(t)
 		ctx := context.Background()
-		exhausted := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 1)
-		capped := b.dead(t, jobOpts{}, jobs.ReasonRateLimitedNoRetryAfter, 1)
+		exhausted := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+		capped := b.Dead(t, jobstest.Opts{}, jobs.ReasonRateLimitedNoRetryAfter, 1)
 
-		got, err := b.store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter})
+		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter})
 		require.NoError(t, err)
 		require.Equal(t, []string{capped.ID}, got)
-		left, err := b.store.ListDead(ctx, jobs.DeadFilter{})
+		left, err := b.Store.ListDead(ctx, jobs.DeadFilter{})
 		require.NoError(t, err)
 		require.Equal(t, []string{exhausted.ID}, ids(left))
 	})
@@ -158,50 +159,50 @@ func TestStore_RetryDead(t *testing.T) {
 
 func TestStore_PurgeDead(t *testing.T) {
 	t.Parallel()
-	b := setupStore(t)
+	b := jobstest.New(t)
 	ctx := context.Background()
-	old := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 1)
-	recent := b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 1)
-	live := b.create(t, jobOpts{})
-	_, err := b.pool.Exec(ctx, `UPDATE jobs SET finished_at = now() - interval '2 days' WHERE id = $1`, old.ID)
+	old := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	recent := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	live := b.Create(t, jobstest.Opts{})
+	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = now() - interval '2 days' WHERE id = $1`, old.ID)
 	require.NoError(t, err)
 
-	n, err := b.store.PurgeDead(ctx, time.Now().Add(-24*time.Hour))
+	n, err := b.Store.PurgeDead(ctx, time.Now().Add(-24*time.Hour))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
-	_, err = b.store.Get(ctx, old.ID)
+	_, err = b.Store.Get(ctx, old.ID)
 	require.ErrorIs(t, err, jobs.ErrNotFound)
 	var attempts, events int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM job_attempts WHERE job_id = $1), (SELECT count(*) FROM job_events WHERE job_id = $1)`, old.ID).Scan(&attempts, &events))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM job_attempts WHERE job_id = $1), (SELECT count(*) FROM job_events WHERE job_id = $1)`, old.ID).Scan(&attempts, &events))
 	require.Zero(t, attempts)
 	require.Zero(t, events)
 	for _, id := range []string{recent.ID, live.ID} {
-		_, err := b.store.Get(ctx, id)
+		_, err := b.Store.Get(ctx, id)
 		require.NoError(t, err)
 	}
 	// The kept jobs keep their history.
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM job_attempts WHERE job_id = $1), (SELECT count(*) FROM job_events WHERE job_id = $1)`, recent.ID).Scan(&attempts, &events))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM job_attempts WHERE job_id = $1), (SELECT count(*) FROM job_events WHERE job_id = $1)`, recent.ID).Scan(&attempts, &events))
 	require.Equal(t, 1, attempts)
 	require.Positive(t, events)
 
 	// A delivery that finishes after its job was purged records nothing: no orphan attempt.
-	applied, err := b.store.Finish(ctx, old.ID, &jobs.Attempt{Number: 2, Credential: "c", StartedAt: time.Now(), Class: "ok"},
+	applied, err := b.Store.Finish(ctx, old.ID, &jobs.Attempt{Number: 2, Credential: "c", StartedAt: time.Now(), Class: "ok"},
 		jobs.Outcome{Status: jobs.StatusSucceeded})
 	require.NoError(t, err)
 	require.False(t, applied)
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM job_attempts WHERE job_id = $1`, old.ID).Scan(&attempts))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM job_attempts WHERE job_id = $1`, old.ID).Scan(&attempts))
 	require.Zero(t, attempts)
 }
 
 func TestStore_Stats(t *testing.T) {
 	t.Parallel()
-	b := setupStore(t)
+	b := jobstest.New(t)
 	ctx := context.Background()
 
 	t.Run("Empty", func(t *testing.T) {
 		t.Parallel()
-		e := setupStore(t)
-		st, err := e.store.Stats(ctx, time.Now().Add(-time.Hour))
+		e := jobstest.New(t)
+		st, err := e.Store.Stats(ctx, time.Now().Add(-time.Hour))
 		require.NoError(t, err)
 		require.Empty(t, st.ByStatus)
 		require.Nil(t, st.RetryRate)
@@ -210,20 +211,20 @@ func TestStore_Stats(t *testing.T) {
 	})
 
 	// Two successes (one after a retry), one dead after three attempts, one queued.
-	ok1 := b.create(t, jobOpts{})
-	b.attempt(t, ok1.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
-	ok2 := b.create(t, jobOpts{})
-	b.attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusRetrying})
-	b.attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
-	b.dead(t, jobOpts{}, jobs.ReasonRetriesExhausted, 3)
-	b.create(t, jobOpts{})
+	ok1 := b.Create(t, jobstest.Opts{})
+	b.Attempt(t, ok1.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	ok2 := b.Create(t, jobstest.Opts{})
+	b.Attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	b.Attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 3)
+	b.Create(t, jobstest.Opts{})
 	// Submit → result of 1s and 3s.
-	_, err := b.pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '1 second' WHERE id = $1`, ok1.ID)
+	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '1 second' WHERE id = $1`, ok1.ID)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '3 seconds' WHERE id = $1`, ok2.ID)
+	_, err = b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '3 seconds' WHERE id = $1`, ok2.ID)
 	require.NoError(t, err)
 
-	st, err := b.store.Stats(ctx, time.Now().Add(-time.Hour))
+	st, err := b.Store.Stats(ctx, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, map[jobs.Status]int{"succeeded": 2, "dead": 1, "queued": 1}, st.ByStatus)
 	require.Equal(t, 6, st.Attempts)
@@ -234,7 +235,7 @@ func TestStore_Stats(t *testing.T) {
 	require.InDelta(t, 2000, *st.SubmitToResultP50MS, 1)
 	require.InDelta(t, 2900, *st.SubmitToResultP95MS, 1)
 
-	later, err := b.store.Stats(ctx, time.Now().Add(time.Hour))
+	later, err := b.Store.Stats(ctx, time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	require.Empty(t, later.ByStatus, "nothing in a window that starts later")
 }

@@ -9,20 +9,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
 // listenerBundle is a store and a running Listener on its database.
 type listenerBundle struct {
-	*storeBundle
+	*jobstest.Bundle
 	listener *jobs.Listener
 	appName  string
 }
 
 func setupListener(t *testing.T) *listenerBundle {
 	t.Helper()
-	b := setupStore(t)
-	cfg, err := pgx.ParseConfig(b.url)
+	b := jobstest.New(t)
+	cfg, err := pgx.ParseConfig(b.URL)
 	require.NoError(t, err)
 	appName := "llmq-listener-test-" + redistest.Rand()
 	cfg.RuntimeParams["application_name"] = appName
@@ -39,7 +40,7 @@ func setupListener(t *testing.T) *listenerBundle {
 	})
 	require.Equal(t, 0, next(t, probe))
 	unsubscribe()
-	return &listenerBundle{storeBundle: b, listener: l, appName: appName}
+	return &listenerBundle{Bundle: b, listener: l, appName: appName}
 }
 
 // next returns the next signal or fails after a generous timeout.
@@ -66,7 +67,7 @@ func (b *listenerBundle) connected(t *testing.T, id string) (<-chan int, func())
 func (b *listenerBundle) listening(t *testing.T) bool {
 	t.Helper()
 	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(),
+	require.NoError(t, b.Pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' AND query LIKE 'LISTEN%'`,
 		b.appName).Scan(&n))
 	return n == 1
@@ -75,7 +76,7 @@ func (b *listenerBundle) listening(t *testing.T) bool {
 // notify announces a transition the way the store does, with a payload of our choosing.
 func (b *listenerBundle) notify(t *testing.T, payload string) {
 	t.Helper()
-	_, err := b.pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, jobs.EventsChannel, payload)
+	_, err := b.Pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, jobs.EventsChannel, payload)
 	require.NoError(t, err)
 }
 
@@ -97,9 +98,9 @@ func TestListener_SignalsOnlyTheSubscribedJob(t *testing.T) {
 func TestListener_SignalsStoreTransitions(t *testing.T) {
 	t.Parallel()
 	b := setupListener(t)
-	job := b.create(t, jobOpts{})
+	job := b.Create(t, jobstest.Opts{})
 	// Only watched jobs' transitions are announced (the creation's was not: it came first).
-	require.NoError(t, b.store.Watch(context.Background(), job.ID, time.Minute))
+	require.NoError(t, b.Store.Watch(context.Background(), job.ID, time.Minute))
 	ch, _ := b.connected(t, job.ID)
 	// The creation's notification may still be on its way. Postgres delivers notifications in
 	// commit order, so once a later one has been dispatched, it has been too: drop its signal.
@@ -112,10 +113,10 @@ func TestListener_SignalsStoreTransitions(t *testing.T) {
 	default:
 	}
 
-	_, err := b.store.BeginAttempt(context.Background(), job.ID)
+	_, err := b.Store.BeginAttempt(context.Background(), job.ID)
 	require.NoError(t, err)
 	require.Equal(t, 2, next(t, ch))
-	_, err = b.store.Cancel(context.Background(), job.ID)
+	_, err = b.Store.Cancel(context.Background(), job.ID)
 	require.NoError(t, err)
 	require.Equal(t, 3, next(t, ch))
 }
@@ -123,10 +124,10 @@ func TestListener_SignalsStoreTransitions(t *testing.T) {
 func TestListener_UnwatchedJobsAreNotAnnounced(t *testing.T) {
 	t.Parallel()
 	b := setupListener(t)
-	job := b.create(t, jobOpts{})
+	job := b.Create(t, jobstest.Opts{})
 	ch, _ := b.connected(t, job.ID)
 	barrier, _ := b.connected(t, "barrier")
-	_, err := b.store.BeginAttempt(context.Background(), job.ID)
+	_, err := b.Store.BeginAttempt(context.Background(), job.ID)
 	require.NoError(t, err)
 	// Postgres delivers notifications in commit order: once the barrier's has arrived, the
 	// attempt's would have too.
@@ -154,7 +155,7 @@ func TestListener_FansOutOnOneConnection(t *testing.T) {
 		require.Equal(t, 2, next(t, ch))
 	}
 	var conns int
-	require.NoError(t, b.pool.QueryRow(context.Background(),
+	require.NoError(t, b.Pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&conns))
 	require.Equal(t, 1, conns)
 }
@@ -165,7 +166,7 @@ func TestListener_ReconnectSignalsZero(t *testing.T) {
 	ch, _ := b.connected(t, "job-a")
 
 	var killed bool
-	require.NoError(t, b.pool.QueryRow(context.Background(),
+	require.NoError(t, b.Pool.QueryRow(context.Background(),
 		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
 	require.True(t, killed)
 
@@ -180,7 +181,7 @@ func TestListener_ReconnectSignalsZero(t *testing.T) {
 func TestListener_Unsubscribe(t *testing.T) {
 	t.Parallel()
 	b := setupListener(t)
-	job := b.create(t, jobOpts{})
+	job := b.Create(t, jobstest.Opts{})
 	_, cancel1 := b.listener.Subscribe(job.ID)
 	_, cancel2 := b.listener.Subscribe(job.ID)
 	require.Equal(t, 2, b.listener.Subscribers())

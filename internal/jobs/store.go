@@ -25,6 +25,9 @@ var (
 	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
 	// ErrNotRunnable: the job is terminal, so no attempt may start.
 	ErrNotRunnable = errors.New("job is terminal")
+	// ErrUnstorable: Create was given a value its columns cannot hold (jsonb refuses \u0000 and
+	// unpaired surrogate escapes). Only client data reaches Postgres after validation: a 400.
+	ErrUnstorable = errors.New("the body holds a value that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)")
 )
 
 // EventsChannel is the Postgres NOTIFY channel on which every transition is announced, with
@@ -205,8 +208,7 @@ func createError(err error) error {
 	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
 		// A data exception: a value the columns cannot hold (jsonb refuses \u0000 and unpaired
 		// surrogate escapes). Only client data reaches here after validation: a 400, not a 500.
-		return &InvalidError{Type: "invalid_body",
-			Message: "the body holds a value that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)"}
+		return ErrUnstorable
 	}
 	if err != nil {
 		return fmt.Errorf("create job: %w", err)
@@ -593,8 +595,8 @@ type Unfinished struct {
 	LeaseUntil *time.Time
 }
 
-// leased reports whether a live attempt lease holds the job at now (its delivery is alive).
-func (u Unfinished) leased(now time.Time) bool {
+// Leased reports whether a live attempt lease holds the job at now (its delivery is alive).
+func (u Unfinished) Leased(now time.Time) bool {
 	return u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now)
 }
 

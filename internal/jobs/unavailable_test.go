@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
 )
 
 func TestIsUnavailable(t *testing.T) {
@@ -57,13 +58,13 @@ func TestIsUnavailable(t *testing.T) {
 	t.Run("BackendTerminated", func(t *testing.T) {
 		t.Parallel()
 		// What a Postgres restart does to a pooled connection: the next query on it fails.
-		b := setupStore(t)
-		conn, err := pgx.Connect(ctx, b.url)
+		b := jobstest.New(t)
+		conn, err := pgx.Connect(ctx, b.URL)
 		require.NoError(t, err)
 		defer conn.Close(context.Background())
 		var pid int
 		require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
-		_, err = b.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+		_, err = b.Pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
 		require.NoError(t, err)
 		_, err = conn.Exec(ctx, "SELECT 1")
 		require.Error(t, err)

@@ -17,7 +17,7 @@ func budgetOfFirsts(c *limiter.Config) {
 }
 
 // retriesAllowed asks c's retry budget until it refuses and returns how many it granted.
-func retriesAllowed(t *testing.T, c *limiter.Credential) int {
+func retriesAllowed(t *testing.T, c *limiter.Gate) int {
 	t.Helper()
 	n := 0
 	for {
@@ -37,7 +37,7 @@ func TestCredential_ReserveAttempt(t *testing.T) {
 	t.Run("PausedRefusesAndTakesNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, budgetOfFirsts)
-		c := b.lim.Credential("sk-paused", "main")
+		c := b.lim.Gate("sk-paused", "main")
 		ctx := t.Context()
 		lim := limiter.Limit{Rate: 1, Burst: 1}
 		_, err := c.Pause(ctx, "rate_limited_no_retry_after", "job-1")
@@ -80,7 +80,7 @@ func TestCredential_ReserveAttempt(t *testing.T) {
 		t.Parallel()
 		b := setup(t, budgetOfFirsts)
 		id := "sk-firsts"
-		c1, c2 := b.lim.Credential(id, "main"), b.lim2.Credential(id, "main")
+		c1, c2 := b.lim.Gate(id, "main"), b.lim2.Gate(id, "main")
 		ctx := t.Context()
 		// Nothing is known of the limit: one probe goes out, the others are told to ask again.
 		r, err := c1.ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, both)

@@ -9,7 +9,7 @@ import (
 
 // RecordAttempt counts one first attempt of a job on the credential (not a retry): the base the
 // retry budget is a fraction of. It returns an error only when Redis fails.
-func (c *Credential) RecordAttempt(ctx context.Context) error {
+func (c *Gate) RecordAttempt(ctx context.Context) error {
 	if _, err := c.budget(ctx, "first"); err != nil {
 		return fmt.Errorf("record attempt: %w", err)
 	}
@@ -20,7 +20,7 @@ func (c *Credential) RecordAttempt(ctx context.Context) error {
 // one atomic step: within the sliding window, granted retries never exceed
 // Budget.Floor + Budget.Ratio × first attempts, across all processes. False means over budget:
 // defer the retry (do not send it). It returns an error only when Redis fails.
-func (c *Credential) AllowRetry(ctx context.Context) (bool, error) {
+func (c *Gate) AllowRetry(ctx context.Context) (bool, error) {
 	ok, err := c.budget(ctx, "retry")
 	if err != nil {
 		return false, fmt.Errorf("allow retry: %w", err)
@@ -35,7 +35,7 @@ func (c *Credential) AllowRetry(ctx context.Context) (bool, error) {
 // of long generations, so they draw on an allowance of their own (the same Floor + Ratio × first
 // attempts, counted separately): a run of slow answers cannot starve the retries of real errors,
 // nor the other way round. It returns an error only when Redis fails.
-func (c *Credential) AllowTimeoutRetry(ctx context.Context) (bool, error) {
+func (c *Gate) AllowTimeoutRetry(ctx context.Context) (bool, error) {
 	ok, err := c.budget(ctx, "timeout")
 	if err != nil {
 		return false, fmt.Errorf("allow timeout retry: %w", err)
@@ -46,7 +46,7 @@ func (c *Credential) AllowTimeoutRetry(ctx context.Context) (bool, error) {
 	return ok, nil
 }
 
-func (c *Credential) budget(ctx context.Context, kind string) (bool, error) {
+func (c *Gate) budget(ctx context.Context, kind string) (bool, error) {
 	b := &c.l.cfg.Budget
 	res, err := budgetScript.Run(ctx, c.l.rdb, []string{budgetKey(c.l.cfg.Prefix, c.tag)},
 		c.l.nowArg(), kind, micros(b.Window), b.Buckets, fmtFloat(b.Ratio), b.Floor).Slice()

@@ -18,7 +18,7 @@ func TestCredential_AllowRetry(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
 		id := "sk-storm"
-		creds := []*limiter.Credential{b.lim.Credential(id, "main"), b.lim2.Credential(id, "main")}
+		creds := []*limiter.Gate{b.lim.Gate(id, "main"), b.lim2.Gate(id, "main")}
 		// 1,000 first attempts from 50 workers over two clients; every one fails and asks to
 		// retry, and every granted retry fails and asks again.
 		var allowed, firsts atomic.Int64
@@ -60,7 +60,7 @@ func TestCredential_AllowRetry(t *testing.T) {
 	t.Run("TimeoutsHaveTheirOwnAllowance", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 2, Ratio: 0.5} })
-		c := b.lim.Credential("sk-timeouts", "main")
+		c := b.lim.Gate("sk-timeouts", "main")
 		for range 2 {
 			require.NoError(t, c.RecordAttempt(t.Context()))
 		}
@@ -84,7 +84,7 @@ func TestCredential_AllowRetry(t *testing.T) {
 	t.Run("WindowSlides", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 2, Ratio: 0.5} })
-		c := b.lim.Credential("sk-slide", "main")
+		c := b.lim.Gate("sk-slide", "main")
 		allow := func() bool {
 			ok, err := c.AllowRetry(t.Context())
 			require.NoError(t, err)

@@ -5,11 +5,11 @@
 // Why: a burst of 100 calls against a provider bucket of capacity 20 refilled at 10/s has a
 // floor of 8.0 s. Retrying senders (backoff, jitter, even Retry-After) arrive in waves and
 // waste hundreds of requests; a limiter shared by all senders reaches 8.0 s with 100 requests
-// and no 429 (../shared/seeds/000_*). That only works if every process shares one schedule.
+// and no 429 (docs/benchmarks.md, herd). That only works if every process shares one schedule.
 //
 // # Scheduling
 //
-// Credential.Reserve runs one Lua script (GCRA: a theoretical arrival time tat per key) that
+// Gate.Reserve runs one Lua script (GCRA: a theoretical arrival time tat per key) that
 // returns when the request may be sent. A full bucket lets Burst requests go at once; after that
 // one goes every 1/Rate, whichever process asks. Slots are times, not sleeps: a caller whose
 // slot is far off can hand the job back to its scheduler and send at SendAt. All state lives in
@@ -41,7 +41,7 @@
 // (Granted false), at half the probe's age, within [PollInterval, 1s]. A probe unanswered for
 // ProbeTTL is replaced. A burst of 100 never goes out blind.
 //
-// From each response (Credential.Observe; the caller reads Anthropic's
+// From each response (Gate.Observe; the caller reads Anthropic's
 // anthropic-ratelimit-requests-* and OpenAI's x-ratelimit-*-requests):
 //   - Burst = Limit. A new Limit value starts the rate estimate afresh.
 //   - Rate bounds: the provider needs (Limit-Remaining) refills to be full at ResetAt, so
@@ -86,7 +86,7 @@
 // # Token limits
 //
 // Providers also limit tokens per minute: Anthropic input and output tokens, OpenAI input and
-// output together. Credential.ReserveCost takes a request's tokens.Cost (estimated input tokens, and
+// output together. Gate.ReserveCost takes a request's tokens.Cost (estimated input tokens, and
 // max_tokens of output) from each known token bucket in the same Lua script as its request slot:
 // GCRA on tokens, a bucket of N tokens per minute holding N at once and refilling N per
 // Config.TokenMinute, a request of n tokens advancing the bucket's tat by n spacings. SendAt is
@@ -95,7 +95,7 @@
 // *tokens.TooLargeError (nothing reserved): it can never be sent. Reserve, and a zero tokens.Cost, take no
 // tokens at all: credentials used without costs behave exactly as before.
 //
-// Costs are estimates (internal/tokens): after the answer, Credential.Reconcile trues the grant up
+// Costs are estimates (internal/tokens): after the answer, Gate.Reconcile trues the grant up
 // to the usage the provider reported, so our buckets track the provider's count, as Anthropic's
 // own output limit does (max_tokens charged up front, adjusted at the end). A charge moves later
 // send times later by exactly the difference. A refund moves them earlier, but a slot already
@@ -122,20 +122,20 @@
 //
 // # Retry budget
 //
-// Credential.RecordAttempt counts first attempts; Credential.AllowRetry atomically grants and
+// Gate.RecordAttempt counts first attempts; Gate.AllowRetry atomically grants and
 // counts a retry while granted retries in the sliding window (default 60 s, in 12 buckets) stay
 // within Floor + Ratio × first attempts (defaults 10 and 10%). Refusals are counted in
 // llmq_retry_budget_refusals_total: the caller defers the retry.
 //
 // # Pause
 //
-// A 429 without Retry-After is a spend cap: Credential.Pause stops the key for every process
-// until Credential.Resume, and tells exactly one caller per episode that it started it (the one
-// that alerts). Credential.TryProbe lets one caller per interval send an automatic probe.
+// A 429 without Retry-After is a spend cap: Gate.Pause stops the key for every process
+// until Gate.Resume, and tells exactly one caller per episode that it started it (the one
+// that alerts). Gate.TryProbe lets one caller per interval send an automatic probe.
 //
 // # One round trip per attempt
 //
-// Credential.ReserveAttempt (and AcquireAttempt) is ReserveCost that also checks the pause
+// Gate.ReserveAttempt (and AcquireAttempt) is ReserveCost that also checks the pause
 // (AttemptOptions.UnlessPaused: a paused key is refused, Reservation.Paused, before anything is
 // reserved) and counts a first attempt when the slot is granted (AttemptOptions.FirstAttempt, as
 // RecordAttempt would), in the same script: the worker's admission of a first attempt is one

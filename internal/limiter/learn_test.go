@@ -78,11 +78,11 @@ func TestCredential_Observe(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)
 			b.clock.Advance(300 * time.Millisecond)
-			c := b.lim.Credential("sk-"+tc.name, "main")
+			c := b.lim.Gate("sk-"+tc.name, "main")
 			o := limiter.ObservationFromHeaders(tc.hdr, 200, at, at)
 			require.True(t, o.HeadersKnown)
 			require.NoError(t, c.Observe(t.Context(), o))
-			lim, src, err := b.lim2.Credential("sk-"+tc.name, "main").Current(t.Context())
+			lim, src, err := b.lim2.Gate("sk-"+tc.name, "main").Current(t.Context())
 			require.NoError(t, err)
 			require.Equal(t, limiter.SourceLearned, src)
 			require.Equal(t, tc.want.Burst, lim.Burst)
@@ -93,7 +93,7 @@ func TestCredential_Observe(t *testing.T) {
 	t.Run("FollowsChanges", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-changes", "main")
+		c := b.lim.Gate("sk-changes", "main")
 		b.clock.Advance(300 * time.Millisecond) // off the whole second: resets below are exact
 		observe := func(limit, remaining int, toFull time.Duration) limiter.Limit {
 			t.Helper()
@@ -147,7 +147,7 @@ func TestCredential_Observe(t *testing.T) {
 	t.Run("ReserveUsesLearned", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-learned", "main")
+		c := b.lim.Gate("sk-learned", "main")
 		b.clock.Advance(300 * time.Millisecond)
 		now := b.clock.Now()
 		// A response saying 20 at 10/s, all 20 used.
@@ -176,7 +176,7 @@ func TestCredential_Reserve_UnknownLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	id := "sk-unknown"
-	creds := []*limiter.Credential{b.lim.Credential(id, "main"), b.lim2.Credential(id, "main")}
+	creds := []*limiter.Gate{b.lim.Gate(id, "main"), b.lim2.Gate(id, "main")}
 
 	// Fifty concurrent callers over two clients: exactly one probe goes out.
 	reserveAll := func(n int) []limiter.Reservation {
@@ -235,7 +235,7 @@ func TestCredential_Reserve_UnknownLimit(t *testing.T) {
 	t.Run("ProbeExpires", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-lost-probe", "main")
+		c := b.lim.Gate("sk-lost-probe", "main")
 		r, err := c.Reserve(t.Context(), limiter.Limit{})
 		require.NoError(t, err)
 		require.True(t, r.Probe)

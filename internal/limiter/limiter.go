@@ -8,9 +8,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/tokens"
-	"github.com/redis/go-redis/v9"
 )
 
 // Config configures a Limiter. Zero fields take the defaults documented on each field; nil is
@@ -214,28 +215,28 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Limiter, error) {
 	return &Limiter{rdb: rdb, cfg: c}, nil
 }
 
-// Credential is the limiter of one provider key. Make it with Limiter.Credential; it is cheap,
+// Gate is the limiter of one provider key. Make it with Limiter.Gate; it is cheap,
 // holds no state of its own and is safe for concurrent use.
-type Credential struct {
+type Gate struct {
 	l    *Limiter
 	name string
 	tag  string
 }
 
-// Credential returns the limiter of the provider key id. id is only hashed (keys look like
+// Gate returns the limiter of the provider key id. id is only hashed (keys look like
 // "<prefix>{<sha256 hex of id>}:rl"): it never reaches Redis, logs or metrics. Pass the API key
 // itself, so that two credential names sharing one key share its limit. name is the
 // credential's name, used only as the metrics label.
-func (l *Limiter) Credential(id, name string) *Credential {
-	return &Credential{l: l, name: name, tag: redisscript.CredentialTag(id)}
+func (l *Limiter) Gate(id, name string) *Gate {
+	return &Gate{l: l, name: name, tag: redisscript.CredentialTag(id)}
 }
 
-// Name is the credential name given to Limiter.Credential.
-func (c *Credential) Name() string { return c.name }
+// Name is the credential name given to Limiter.Gate.
+func (c *Gate) Name() string { return c.name }
 
 // Redis is the client the limiter runs its scripts on: send ObserveCalls and ReconcileCall with
 // it (redisscript.Run), together with other calls to the same server.
-func (c *Credential) Redis() redis.UniversalClient { return c.l.rdb }
+func (c *Gate) Redis() redis.UniversalClient { return c.l.rdb }
 
 // Limit is a provider's request limit: a token bucket holding Burst requests, refilled at Rate
 // per second; and optionally its token limits, each a bucket holding that many tokens and
@@ -324,7 +325,7 @@ type Reservation struct {
 // It returns an error when lim is invalid or Redis fails; no slot is taken then.
 //
 // Reserve takes no tokens: the token fields of lim are ignored (see ReserveCost).
-func (c *Credential) Reserve(ctx context.Context, lim Limit) (Reservation, error) {
+func (c *Gate) Reserve(ctx context.Context, lim Limit) (Reservation, error) {
 	if !lim.valid() {
 		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
 	}
@@ -343,7 +344,7 @@ type AttemptOptions struct {
 }
 
 // reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
-func (c *Credential) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts AttemptOptions) (Reservation, error) {
+func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts AttemptOptions) (Reservation, error) {
 	if lim.Rate > 0 && lim.Burst == 0 {
 		lim.Burst = 1
 	}
@@ -416,7 +417,7 @@ func (c *Credential) reserve(ctx context.Context, lim Limit, cost tokens.Cost, o
 // r.Wait, or hands a long wait to its scheduler and sends at SendAt. When the next ask would be
 // further than maxWait away it returns that ungranted Reservation, so the caller can reschedule
 // the job instead of holding a worker. It returns ctx's error when ctx ends first.
-func (c *Credential) Acquire(ctx context.Context, lim Limit, maxWait time.Duration) (Reservation, error) {
+func (c *Gate) Acquire(ctx context.Context, lim Limit, maxWait time.Duration) (Reservation, error) {
 	for {
 		r, err := c.Reserve(ctx, lim)
 		if err != nil || r.Granted || r.Wait > maxWait {
@@ -435,7 +436,7 @@ func (c *Credential) Acquire(ctx context.Context, lim Limit, maxWait time.Durati
 // Current returns the limit in force for the credential and its source: the configured limit if
 // a Reserve passed one within LearnTTL, else the learned one (Rate 0 while only the burst is
 // known), else SourceUnknown. It returns an error only when Redis fails.
-func (c *Credential) Current(ctx context.Context) (Limit, Source, error) {
+func (c *Gate) Current(ctx context.Context) (Limit, Source, error) {
 	cfg := &c.l.cfg
 	res, err := currentScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)},
 		c.l.nowArg(), micros(cfg.LearnTTL)).Slice()

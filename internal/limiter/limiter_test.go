@@ -20,7 +20,7 @@ import (
 // clients, as two processes would) and returns the sorted send times.
 func herd(t *testing.T, b *testBundle, id string, n int, lim limiter.Limit, tick func()) []time.Time {
 	t.Helper()
-	creds := []*limiter.Credential{b.lim.Credential(id, "main"), b.lim2.Credential(id, "main")}
+	creds := []*limiter.Gate{b.lim.Gate(id, "main"), b.lim2.Gate(id, "main")}
 	var (
 		mu    sync.Mutex
 		sends []time.Time
@@ -119,7 +119,7 @@ func TestCredential_Reserve(t *testing.T) {
 	t.Run("BucketRefillsWhileIdle", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-idle", "main")
+		c := b.lim.Gate("sk-idle", "main")
 		lim := limiter.Limit{Rate: 10, Burst: 20}
 		for range 20 {
 			r, err := c.Reserve(t.Context(), lim)
@@ -143,7 +143,7 @@ func TestCredential_Reserve(t *testing.T) {
 		t.Parallel()
 		l, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t)})
 		require.NoError(t, err)
-		c := l.Credential("sk-redis-clock", "main")
+		c := l.Gate("sk-redis-clock", "main")
 		before := time.Now()
 		var last limiter.Reservation
 		for range 3 {
@@ -158,7 +158,7 @@ func TestCredential_Reserve(t *testing.T) {
 	t.Run("InvalidLimit", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-invalid", "main")
+		c := b.lim.Gate("sk-invalid", "main")
 		for _, lim := range []limiter.Limit{{Rate: -1}, {Rate: 1, Burst: -1}} {
 			_, err := c.Reserve(t.Context(), lim)
 			require.ErrorContains(t, err, "invalid limit")
@@ -168,8 +168,8 @@ func TestCredential_Reserve(t *testing.T) {
 	t.Run("RetryAfterPushesBack", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-pushback", "main")
-		other := b.lim2.Credential("sk-pushback", "main")
+		c := b.lim.Gate("sk-pushback", "main")
+		other := b.lim2.Gate("sk-pushback", "main")
 		lim := limiter.Limit{Rate: 10, Burst: 20}
 		r, err := c.Reserve(t.Context(), lim)
 		require.NoError(t, err)
@@ -199,7 +199,7 @@ func TestCredential_Current(t *testing.T) {
 	t.Run("Configured", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-current", "main")
+		c := b.lim.Gate("sk-current", "main")
 		lim, src, err := c.Current(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceUnknown, src)
@@ -207,7 +207,7 @@ func TestCredential_Current(t *testing.T) {
 
 		_, err = c.Reserve(t.Context(), limiter.Limit{Rate: 2.5, Burst: 4})
 		require.NoError(t, err)
-		lim, src, err = b.lim2.Credential("sk-current", "other name").Current(t.Context())
+		lim, src, err = b.lim2.Gate("sk-current", "other name").Current(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceConfigured, src)
 		require.Equal(t, limiter.Limit{Rate: 2.5, Burst: 4}, lim)
@@ -223,7 +223,7 @@ func TestCredential_Keys(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	const id = "sk-ant-api03-SECRET-never-in-redis"
-	c := b.lim.Credential(id, "main")
+	c := b.lim.Gate(id, "main")
 	ctx := t.Context()
 	r, err := c.Reserve(ctx, limiter.Limit{})
 	require.NoError(t, err)
@@ -260,14 +260,14 @@ func TestCredential_Acquire(t *testing.T) {
 	t.Run("WaitsForProbe", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-acquire", "main")
+		c := b.lim.Gate("sk-acquire", "main")
 		probe, err := c.Reserve(t.Context(), limiter.Limit{})
 		require.NoError(t, err)
 		require.True(t, probe.Probe)
 
 		done := make(chan limiter.Reservation, 1)
 		go func() {
-			r, err := b.lim2.Credential("sk-acquire", "main").Acquire(t.Context(), limiter.Limit{}, time.Second)
+			r, err := b.lim2.Gate("sk-acquire", "main").Acquire(t.Context(), limiter.Limit{}, time.Second)
 			if err != nil {
 				r = limiter.Reservation{}
 			}
@@ -288,7 +288,7 @@ func TestCredential_Acquire(t *testing.T) {
 	t.Run("ReturnsLongWait", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-acquire-long", "main")
+		c := b.lim.Gate("sk-acquire-long", "main")
 		_, err := c.Reserve(t.Context(), limiter.Limit{})
 		require.NoError(t, err)
 		r, err := c.Acquire(t.Context(), limiter.Limit{}, time.Millisecond)
@@ -300,7 +300,7 @@ func TestCredential_Acquire(t *testing.T) {
 	t.Run("Canceled", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-acquire-cancel", "main")
+		c := b.lim.Gate("sk-acquire-cancel", "main")
 		_, err := c.Reserve(t.Context(), limiter.Limit{})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(t.Context())

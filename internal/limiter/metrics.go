@@ -1,8 +1,9 @@
 package limiter
 
 import (
-	"github.com/llmq/llmq/internal/tokens"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // Metrics are the limiter's Prometheus metrics. Their only label is the credential's name (never

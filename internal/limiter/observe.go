@@ -75,14 +75,14 @@ type Observation struct {
 //
 // A 429 without Retry-After changes nothing here: it is a spend cap, see Pause. Observe returns
 // an error only when Redis fails.
-func (c *Credential) Observe(ctx context.Context, o Observation) error {
+func (c *Gate) Observe(ctx context.Context, o Observation) error {
 	return redisscript.Run(ctx, c.l.rdb, c.ObserveCalls(o)...)
 }
 
 // ObserveCalls returns Observe's work as script calls, for a caller that sends them in one round
 // trip with others (redisscript.Run on the limiter's Redis). They hold the observation's times as
 // of now; send them at once.
-func (c *Credential) ObserveCalls(o Observation) []redisscript.Call {
+func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 	l := c.l
 	now := l.localNow()
 	if o.At.IsZero() {

@@ -24,7 +24,7 @@ type PauseState struct {
 // operator acts). started is true only for the call that began this episode, across all
 // processes, so the caller alerts once per episode. A pause does not expire. It returns an error
 // only when Redis fails.
-func (c *Credential) Pause(ctx context.Context, reason, jobID string) (started bool, err error) {
+func (c *Gate) Pause(ctx context.Context, reason, jobID string) (started bool, err error) {
 	n, err := pauseScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
 		c.l.nowArg(), reason, jobID).Int()
 	if err != nil {
@@ -36,7 +36,7 @@ func (c *Credential) Pause(ctx context.Context, reason, jobID string) (started b
 
 // Resume ends the pause episode, if any; the next Pause starts a new one. It reports whether the
 // credential was paused, and returns an error only when Redis fails.
-func (c *Credential) Resume(ctx context.Context) (bool, error) {
+func (c *Gate) Resume(ctx context.Context) (bool, error) {
 	n, err := c.l.rdb.Del(ctx, pauseKey(c.l.cfg.Prefix, c.tag)).Result()
 	if err != nil {
 		return false, fmt.Errorf("resume credential: %w", err)
@@ -46,7 +46,7 @@ func (c *Credential) Resume(ctx context.Context) (bool, error) {
 }
 
 // Paused returns the credential's pause state. It returns an error only when Redis fails.
-func (c *Credential) Paused(ctx context.Context) (PauseState, error) {
+func (c *Gate) Paused(ctx context.Context) (PauseState, error) {
 	m, err := c.l.rdb.HGetAll(ctx, pauseKey(c.l.cfg.Prefix, c.tag)).Result()
 	if err != nil {
 		return PauseState{}, fmt.Errorf("read pause state: %w", err)
@@ -65,7 +65,7 @@ func (c *Credential) Paused(ctx context.Context) (PauseState, error) {
 // credential: at most one caller per every, across all processes, the first one every after the
 // pause began. It returns false when the credential is not paused. The caller Resumes when the
 // probe succeeds. It returns an error only when Redis fails.
-func (c *Credential) TryProbe(ctx context.Context, every time.Duration) (bool, error) {
+func (c *Gate) TryProbe(ctx context.Context, every time.Duration) (bool, error) {
 	n, err := probeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
 		c.l.nowArg(), micros(every)).Int()
 	if err != nil {

@@ -15,11 +15,11 @@ func TestCredential_Pause(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	id := "sk-spend-cap"
-	creds := []*limiter.Credential{b.lim.Credential(id, "main"), b.lim2.Credential(id, "main")}
+	creds := []*limiter.Gate{b.lim.Gate(id, "main"), b.lim2.Gate(id, "main")}
 	ctx := t.Context()
 
 	// concurrently runs f from 50 callers over both clients and counts the trues.
-	concurrently := func(f func(c *limiter.Credential, i int) (bool, error)) int {
+	concurrently := func(f func(c *limiter.Gate, i int) (bool, error)) int {
 		var n atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 50 {
@@ -42,7 +42,7 @@ func TestCredential_Pause(t *testing.T) {
 	require.Equal(t, limiter.PauseState{}, st)
 
 	var starter atomic.Value
-	require.Equal(t, 1, concurrently(func(c *limiter.Credential, i int) (bool, error) {
+	require.Equal(t, 1, concurrently(func(c *limiter.Gate, i int) (bool, error) {
 		job := "job-" + string(rune('A'+i%26)) + string(rune('a'+i/26))
 		started, err := c.Pause(ctx, "rate_limited_no_retry_after", job)
 		if started {
@@ -60,7 +60,7 @@ func TestCredential_Pause(t *testing.T) {
 
 	// Automatic probes: none before one interval, then one per interval.
 	every := 30 * time.Second
-	probe := func(c *limiter.Credential, _ int) (bool, error) { return c.TryProbe(ctx, every) }
+	probe := func(c *limiter.Gate, _ int) (bool, error) { return c.TryProbe(ctx, every) }
 	require.Equal(t, 0, concurrently(probe))
 	b.clock.Advance(every)
 	require.Equal(t, 1, concurrently(probe))

@@ -148,7 +148,7 @@ func runSim(t *testing.T, p simParams) simResult {
 	var clock time.Duration
 	now := func() time.Time { return epoch.Add(clock) }
 	prefix := redistest.Prefix(t)
-	creds := make([]*limiter.Credential, p.processes)
+	creds := make([]*limiter.Gate, p.processes)
 	for i := range creds {
 		cfg := &limiter.Config{Prefix: prefix, Now: now}
 		if tk := p.tokens; tk != nil {
@@ -156,7 +156,7 @@ func runSim(t *testing.T, p simParams) simResult {
 		}
 		l, err := limiter.New(redistest.Client(t), cfg)
 		require.NoError(t, err)
-		creds[i] = l.Credential("sk-sim", "sim")
+		creds[i] = l.Gate("sk-sim", "sim")
 	}
 	lim := limiter.Limit{}
 	if p.configured {

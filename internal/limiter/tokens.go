@@ -60,7 +60,7 @@ func (l Limit) tokenLimits() tokens.Limits {
 // CheckCost is Limit.CheckCost against lim's configured token limits and, for the buckets lim
 // does not configure, the limits learned from the provider. It returns a *tokens.TooLargeError, nil, or
 // an error when Redis fails.
-func (c *Credential) CheckCost(ctx context.Context, lim Limit, cost tokens.Cost) error {
+func (c *Gate) CheckCost(ctx context.Context, lim Limit, cost tokens.Cost) error {
 	if err := lim.CheckCost(cost); err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (c *Credential) CheckCost(ctx context.Context, lim Limit, cost tokens.Cost)
 // It returns a *tokens.TooLargeError (matching tokens.ErrTooLarge) when cost exceeds the whole capacity of a
 // known bucket (nothing is reserved: the request can never be sent), and an error when lim or
 // cost is invalid or Redis fails.
-func (c *Credential) ReserveCost(ctx context.Context, lim Limit, cost tokens.Cost) (Reservation, error) {
+func (c *Gate) ReserveCost(ctx context.Context, lim Limit, cost tokens.Cost) (Reservation, error) {
 	return c.ReserveAttempt(ctx, lim, cost, AttemptOptions{})
 }
 
@@ -105,7 +105,7 @@ func (c *Credential) ReserveCost(ctx context.Context, lim Limit, cost tokens.Cos
 // UnlessPaused, a paused credential is refused (Reservation.Paused) before anything is reserved;
 // with FirstAttempt, a granted slot counts a first attempt in the retry budget, as RecordAttempt
 // would. Errors are ReserveCost's.
-func (c *Credential) ReserveAttempt(ctx context.Context, lim Limit, cost tokens.Cost, opts AttemptOptions) (Reservation, error) {
+func (c *Gate) ReserveAttempt(ctx context.Context, lim Limit, cost tokens.Cost, opts AttemptOptions) (Reservation, error) {
 	if !lim.valid() {
 		return Reservation{}, fmt.Errorf("reserve: invalid limit %+v", lim)
 	}
@@ -118,13 +118,13 @@ func (c *Credential) ReserveAttempt(ctx context.Context, lim Limit, cost tokens.
 // AcquireCost is Acquire with ReserveCost: it calls ReserveCost until a slot is granted, sleeping
 // between calls while each wait to ask again is at most maxWait, and returns an ungranted
 // Reservation when the next ask is further away. Errors are ReserveCost's, or ctx's.
-func (c *Credential) AcquireCost(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration) (Reservation, error) {
+func (c *Gate) AcquireCost(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration) (Reservation, error) {
 	return c.AcquireAttempt(ctx, lim, cost, maxWait, AttemptOptions{})
 }
 
 // AcquireAttempt is AcquireCost with ReserveAttempt's duties (opts): it also returns, at once,
 // the refusal of a paused credential (Reservation.Paused).
-func (c *Credential) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration, opts AttemptOptions) (Reservation, error) {
+func (c *Gate) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration, opts AttemptOptions) (Reservation, error) {
 	for {
 		r, err := c.ReserveAttempt(ctx, lim, cost, opts)
 		if err != nil || r.Granted || r.Paused.Paused || r.Wait > maxWait {
@@ -149,7 +149,7 @@ func (c *Credential) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.
 // output (tokens.Cost{InputTokens: r.Cost.InputTokens}); after a 429, nothing (tokens.Cost{}); when no answer
 // came, do not call it (the reservation stays charged). Grant 0 is a no-op. It returns an error
 // only when actual is negative or Redis fails.
-func (c *Credential) Reconcile(ctx context.Context, grant int64, actual tokens.Cost) error {
+func (c *Gate) Reconcile(ctx context.Context, grant int64, actual tokens.Cost) error {
 	call, ok, err := c.ReconcileCall(grant, actual)
 	if err != nil || !ok {
 		return err
@@ -160,7 +160,7 @@ func (c *Credential) Reconcile(ctx context.Context, grant int64, actual tokens.C
 // ReconcileCall returns Reconcile's work as a script call, for a caller that sends it in one round
 // trip with others (redisscript.Run on the limiter's Redis); ok is false when there is nothing to
 // send (grant 0). It returns an error only when actual is negative.
-func (c *Credential) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.Call, ok bool, err error) {
+func (c *Gate) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.Call, ok bool, err error) {
 	if actual.InputTokens < 0 || actual.OutputTokens < 0 {
 		return call, false, fmt.Errorf("reconcile tokens: invalid cost %+v", actual)
 	}
@@ -188,7 +188,7 @@ func (c *Credential) ReconcileCall(grant int64, actual tokens.Cost) (call rediss
 // CurrentTokens returns the token limits in force for the credential: per bucket, the capacity a
 // ReserveCost configured within LearnTTL, else the one learned from the headers, else unknown. It
 // returns an error only when Redis fails.
-func (c *Credential) CurrentTokens(ctx context.Context) (TokenLimits, error) {
+func (c *Gate) CurrentTokens(ctx context.Context) (TokenLimits, error) {
 	cfg := &c.l.cfg
 	s, err := currentTokensScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag)},
 		c.l.nowArg(), micros(cfg.LearnTTL), micros(cfg.TokenMinute)).Text()
@@ -220,7 +220,7 @@ func (t TokenObservation) usable() bool { return t.Known && t.Limit > 0 && t.Rem
 
 // observeTokensCall is the call that learns the token buckets from o (see observeTokensScript);
 // ok is false when o reports none.
-func (c *Credential) observeTokensCall(o Observation, now time.Time) (redisscript.Call, bool) {
+func (c *Gate) observeTokensCall(o Observation, now time.Time) (redisscript.Call, bool) {
 	fams := []TokenObservation{o.InputTokens, o.OutputTokens, o.Tokens}
 	known := false
 	for _, f := range fams {

@@ -43,7 +43,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 	t.Run("ConfiguredExactTwoClients", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		creds := []*limiter.Credential{b.lim.Credential("sk-tok", "main"), b.lim2.Credential("sk-tok", "main")}
+		creds := []*limiter.Gate{b.lim.Gate("sk-tok", "main"), b.lim2.Gate("sk-tok", "main")}
 		// The full bucket holds six requests of 1,000 tokens: they go at once.
 		for k := range 6 {
 			r, err := creds[k%2].ReserveCost(t.Context(), tokenLim, in(1000))
@@ -66,7 +66,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 	t.Run("LargerCostWaitsLonger", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c := b.lim.Credential("sk-tok-mixed", "main")
+		c := b.lim.Gate("sk-tok-mixed", "main")
 		r, err := c.ReserveCost(t.Context(), tokenLim, in(5000))
 		require.NoError(t, err)
 		requireAt(t, t0, r)
@@ -79,7 +79,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 	t.Run("OutputAndCombinedBuckets", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c := b.lim.Credential("sk-tok-out", "main")
+		c := b.lim.Gate("sk-tok-out", "main")
 		// 600 output tokens per minute (10/s); the output allowance is what binds.
 		lim := limiter.Limit{Rate: 1000, Burst: 1000000, InputTokensPerMinute: 6000, OutputTokensPerMinute: 600}
 		cost := tokens.Cost{InputTokens: 100, OutputTokens: 300}
@@ -93,7 +93,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 		requireAt(t, t0.Add(300*101*time.Millisecond+100*time.Millisecond), r)
 
 		// A combined bucket is charged input + output.
-		c = b.lim.Credential("sk-tok-combined", "main")
+		c = b.lim.Gate("sk-tok-combined", "main")
 		lim = limiter.Limit{Rate: 1000, Burst: 1000000, TokensPerMinute: 6000}
 		r, err = c.ReserveCost(t.Context(), lim, tokens.Cost{InputTokens: 4000, OutputTokens: 2000})
 		require.NoError(t, err)
@@ -106,7 +106,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 	t.Run("ReserveIgnoresTokens", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c := b.lim.Credential("sk-tok-plain", "main")
+		c := b.lim.Gate("sk-tok-plain", "main")
 		_, err := c.ReserveCost(t.Context(), tokenLim, in(6000))
 		require.NoError(t, err)
 		// Reserve and a zero cost take no tokens: the empty token bucket does not delay them.
@@ -124,7 +124,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 	t.Run("UnknownTokenLimitsDoNotLimit", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c := b.lim.Credential("sk-tok-unknown", "main")
+		c := b.lim.Gate("sk-tok-unknown", "main")
 		for range 3 {
 			r, err := c.ReserveCost(t.Context(), limiter.Limit{Rate: 10, Burst: 20}, in(1_000_000))
 			require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 	t.Run("RequestBucketStillBinds", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-tok-req", "main")
+		c := b.lim.Gate("sk-tok-req", "main")
 		// Tokens plenty, requests 10/s burst 2: the request schedule, unchanged, and no refusals.
 		lim := limiter.Limit{Rate: 10, Burst: 2, InputTokensPerMinute: 600000}
 		for k := range 30 {
@@ -154,7 +154,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 	t.Run("Invalid", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-tok-invalid", "main")
+		c := b.lim.Gate("sk-tok-invalid", "main")
 		_, err := c.ReserveCost(t.Context(), limiter.Limit{InputTokensPerMinute: -1}, in(1))
 		require.ErrorContains(t, err, "invalid limit")
 		_, err = c.Reserve(t.Context(), limiter.Limit{TokensPerMinute: -1})
@@ -168,7 +168,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 func TestCredential_ReserveCost_TooLarge(t *testing.T) {
 	t.Parallel()
 	b := setup(t, noHorizon)
-	c := b.lim.Credential("sk-tok-large", "main")
+	c := b.lim.Gate("sk-tok-large", "main")
 	lim := limiter.Limit{Rate: 1, Burst: 1, InputTokensPerMinute: 6000, OutputTokensPerMinute: 600, TokensPerMinute: 6500}
 	for _, tc := range []struct {
 		cost tokens.Cost
@@ -197,7 +197,7 @@ func TestCredential_ReserveCost_TooLarge(t *testing.T) {
 	t.Run("ScaledEstimateTakesTheWholeBucket", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c := b.lim.Credential("sk-tok-least", "main")
+		c := b.lim.Gate("sk-tok-least", "main")
 		// Scaled up, 7,500 would not fit 6,000; unscaled, 6,000 does: it takes the whole bucket.
 		cost := tokens.Cost{InputTokens: 7500, MinInputTokens: 6000}
 		require.NoError(t, tokenLim.CheckCost(cost))
@@ -223,11 +223,11 @@ func TestCredential_ReserveCost_TooLarge(t *testing.T) {
 	t.Run("Learned", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-tok-large-learned", "main")
+		c := b.lim.Gate("sk-tok-large-learned", "main")
 		require.NoError(t, c.CheckCost(t.Context(), limiter.Limit{}, in(50000)))
 		require.NoError(t, c.Observe(t.Context(), limiter.Observation{StatusCode: 200,
 			InputTokens: limiter.TokenObservation{Known: true, Limit: 40000, Remaining: 40000}}))
-		err := b.lim2.Credential("sk-tok-large-learned", "main").CheckCost(t.Context(), limiter.Limit{}, in(50000))
+		err := b.lim2.Gate("sk-tok-large-learned", "main").CheckCost(t.Context(), limiter.Limit{}, in(50000))
 		require.Equal(t, &tokens.TooLargeError{Bucket: tokens.BucketInput, Cost: 50000, Capacity: 40000}, err)
 		// A configured limit wins over the learned one.
 		require.NoError(t, c.CheckCost(t.Context(), limiter.Limit{InputTokensPerMinute: 60000}, in(50000)))
@@ -242,7 +242,7 @@ func TestCredential_Reconcile(t *testing.T) {
 	t.Run("RefundAndCharge", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c, other := b.lim.Credential("sk-rec", "main"), b.lim2.Credential("sk-rec", "main")
+		c, other := b.lim.Gate("sk-rec", "main"), b.lim2.Gate("sk-rec", "main")
 		var grants []int64
 		for range 6 {
 			r, err := c.ReserveCost(t.Context(), tokenLim, in(1000))
@@ -278,7 +278,7 @@ func TestCredential_Reconcile(t *testing.T) {
 	t.Run("OutputTrueUp", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c := b.lim.Credential("sk-rec-out", "main")
+		c := b.lim.Gate("sk-rec-out", "main")
 		lim := limiter.Limit{Rate: 1000, Burst: 1000000, OutputTokensPerMinute: 600}
 		r1, err := c.ReserveCost(t.Context(), lim, tokens.Cost{InputTokens: 10, OutputTokens: 400})
 		require.NoError(t, err)
@@ -295,7 +295,7 @@ func TestCredential_Reconcile(t *testing.T) {
 	t.Run("RefundNeverFreesALaterSlotsTokens", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
-		c := b.lim.Credential("sk-rec-later", "main")
+		c := b.lim.Gate("sk-rec-later", "main")
 		x, err := c.ReserveCost(t.Context(), tokenLim, in(6000))
 		require.NoError(t, err)
 		requireAt(t, t0, x)
@@ -315,7 +315,7 @@ func TestCredential_Reconcile(t *testing.T) {
 func TestCredential_ReserveCost_Horizon(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	c, other := b.lim.Credential("sk-hz", "main"), b.lim2.Credential("sk-hz", "main")
+	c, other := b.lim.Gate("sk-hz", "main"), b.lim2.Gate("sk-hz", "main")
 	var grants []int64
 	for range 6 {
 		r, err := c.ReserveCost(t.Context(), tokenLim, in(1000))
@@ -346,7 +346,7 @@ func TestCredential_ReserveCost_Horizon(t *testing.T) {
 	t.Run("NextPendingSlotWhenDue", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, nil)
-		c := b.lim.Credential("sk-hz2", "main")
+		c := b.lim.Gate("sk-hz2", "main")
 		_, err := c.ReserveCost(t.Context(), tokenLim, in(6000))
 		require.NoError(t, err)
 		r, err := c.ReserveCost(t.Context(), tokenLim, in(1000))
@@ -381,8 +381,8 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 	observe := func(t *testing.T, b *testBundle, id string, h http.Header) limiter.TokenLimits {
 		t.Helper()
 		o := limiter.ObservationFromHeaders(h, 200, at, at)
-		require.NoError(t, b.lim.Credential(id, "main").Observe(t.Context(), o))
-		cur, err := b.lim2.Credential(id, "main").CurrentTokens(t.Context())
+		require.NoError(t, b.lim.Gate(id, "main").Observe(t.Context(), o))
+		cur, err := b.lim2.Gate(id, "main").CurrentTokens(t.Context())
 		require.NoError(t, err)
 		return cur
 	}
@@ -447,7 +447,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		// schedule holds at least 29,500 from the send on.
 		got := observe(t, b, "sk-sync", anthropic("input", 40000, 10000, at.Add(45*time.Second)))
 		require.InDelta(t, 40000.0/60, got.Input.Rate, 1e-9)
-		c := b.lim2.Credential("sk-sync", "main")
+		c := b.lim2.Gate("sk-sync", "main")
 		r, err := c.ReserveCost(t.Context(), limiter.Limit{Rate: 100, Burst: 100}, in(20000))
 		require.NoError(t, err)
 		T := 60 / 40000.0 * 1.01 // seconds per token
@@ -460,7 +460,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		b.clock.Advance(300 * time.Millisecond)
 		id := "sk-pending"
 		observe(t, b, id, anthropic("input", 40000, 40000, at))
-		c := b.lim2.Credential(id, "main")
+		c := b.lim2.Gate(id, "main")
 		reqLim := limiter.Limit{Rate: 100, Burst: 100}
 		a, err := c.ReserveCost(t.Context(), reqLim, in(1000))
 		require.NoError(t, err)
@@ -470,7 +470,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		// after A and not yet seen by the provider: the schedule holds 29,500 + 5,000.
 		o := limiter.ObservationFromHeaders(anthropic("input", 40000, 10000, at.Add(45*time.Second)), 200, at, at)
 		o.Grant = a.Grant
-		require.NoError(t, b.lim.Credential(id, "main").Observe(t.Context(), o))
+		require.NoError(t, b.lim.Gate(id, "main").Observe(t.Context(), o))
 		r, err := c.ReserveCost(t.Context(), reqLim, in(20000))
 		require.NoError(t, err)
 		T := 60 / 40000.0 * 1.01 // seconds per token
@@ -481,7 +481,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		t.Parallel()
 		b := setup(t, noHorizon)
 		b.clock.Advance(300 * time.Millisecond)
-		c := b.lim.Credential("sk-configured", "main")
+		c := b.lim.Gate("sk-configured", "main")
 		_, err := c.ReserveCost(t.Context(), tokenLim, in(1))
 		require.NoError(t, err)
 		observe(t, b, "sk-configured", anthropic("input", 6000, 0, at.Add(time.Minute)))
@@ -500,7 +500,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		got = observe(t, b, "sk-change", anthropic("input", 80000, 80000, at))
 		require.Equal(t, limiter.TokenLimit{PerMinute: 80000, Rate: 80000.0 / 60, Source: limiter.SourceLearned}, got.Input)
 		b.clock.Advance(limiter.DefaultLearnTTL + time.Second)
-		cur, err := b.lim.Credential("sk-change", "main").CurrentTokens(t.Context())
+		cur, err := b.lim.Gate("sk-change", "main").CurrentTokens(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceUnknown, cur.Input.Source)
 	})
@@ -515,7 +515,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 			h[k] = v
 		}
 		observe(t, b, "sk-both", h)
-		lim, src, err := b.lim.Credential("sk-both", "main").Current(t.Context())
+		lim, src, err := b.lim.Gate("sk-both", "main").Current(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceLearned, src)
 		require.Equal(t, limiter.Limit{Rate: 14 / 1.501, Burst: 20}, limiter.Limit{Rate: lim.Rate, Burst: lim.Burst})
@@ -531,7 +531,7 @@ func TestCredential_ReserveCost_NeverExceedsBuckets(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, func(c *limiter.Config) { c.TokenHorizon = horizon })
-			creds := []*limiter.Credential{b.lim.Credential("sk-prop", "main"), b.lim2.Credential("sk-prop", "main")}
+			creds := []*limiter.Gate{b.lim.Gate("sk-prop", "main"), b.lim2.Gate("sk-prop", "main")}
 			lim := limiter.Limit{Rate: 1000, Burst: 1000000, InputTokensPerMinute: 6000, OutputTokensPerMinute: 3000}
 			type sent struct {
 				at   time.Time
@@ -605,7 +605,7 @@ func TestCredential_TokenKeys(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	const id = "sk-ant-api03-SECRET-tokens"
-	c := b.lim.Credential(id, "main")
+	c := b.lim.Gate(id, "main")
 	r, err := c.ReserveCost(t.Context(), tokenLim, tokens.Cost{InputTokens: 10, OutputTokens: 5})
 	require.NoError(t, err)
 	require.NoError(t, c.Observe(t.Context(), limiter.Observation{StatusCode: 200,

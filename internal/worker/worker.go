@@ -1,5 +1,5 @@
-// Package worker wires a worker process: providers from the config, the jobs handler on an asynq
-// server, and the sweeper. cmd/worker is its thin main; tests and benchmarks run it in-process.
+// Package worker wires a worker process: upstreams from the config, the executor on dispatch's
+// asynq server, and the sweeper. cmd/worker is its thin main; tests and benchmarks run it in-process.
 package worker
 
 import (
@@ -15,9 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/estimator"
+	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -39,17 +42,17 @@ type Options struct {
 
 // Worker is one worker process's moving parts.
 type Worker struct {
-	cfg     *config.Config
-	opts    Options
-	pool    *pgxpool.Pool
-	redis   asynq.RedisConnOpt
-	server  *asynq.Server
-	handler *jobs.Handler
-	sweeper *jobs.Sweeper
-	breaker *breaker.Breaker
-	client  *asynq.Client
-	insp    *asynq.Inspector
-	rdb     redis.UniversalClient
+	cfg      *config.Config
+	opts     Options
+	pool     *pgxpool.Pool
+	redis    asynq.RedisConnOpt
+	server   *asynq.Server
+	executor *executor.Executor
+	sweeper  *dispatch.Sweeper
+	breaker  *breaker.Breaker
+	client   *asynq.Client
+	insp     *asynq.Inspector
+	rdb      redis.UniversalClient
 }
 
 // New connects to the stores (the database must be migrated) and builds the worker.
@@ -57,25 +60,27 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	redisOpt, err := jobs.RedisConnOpt(cfg.RedisURL)
+	redisOpt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
 		return nil, err
 	}
-	var metrics *jobs.Metrics
+	var metrics *executor.Metrics
+	var dispMetrics *dispatch.Metrics
 	var limMetrics *limiter.Metrics
 	var brkMetrics *breaker.Metrics
 	var tokMetrics *estimator.Metrics
 	if opts.Registerer != nil {
 		tokMetrics = estimator.NewMetrics(opts.Registerer)
-		metrics = jobs.NewMetrics(opts.Registerer)
+		metrics = executor.NewMetrics(opts.Registerer)
+		dispMetrics = dispatch.NewMetrics(opts.Registerer)
 		limMetrics = limiter.NewMetrics(opts.Registerer)
 		brkMetrics = breaker.NewMetrics(opts.Registerer)
 	}
-	rdb := jobs.NewRedisClient(redisOpt)
+	rdb := dispatch.NewRedisClient(redisOpt)
 	// The breaker's calls of concurrent jobs share round trips. The limiter and asynq keep a
 	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
 	// asynq's dequeues measured slower (docs/decisions.md).
-	pipelined := jobs.AutoPipelined(rdb)
+	pipelined := dispatch.AutoPipelined(rdb)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
 	if err != nil {
 		rdb.Close()
@@ -92,7 +97,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		rdb.Close()
 		return nil, err
 	}
-	creds := map[string]jobs.Credential{}
+	upstreams := map[string]executor.Upstream{}
 	for _, c := range cfg.Credentials {
 		kind, err := llm.ParseKind(c.Provider)
 		if err != nil {
@@ -102,57 +107,43 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		jc := jobs.Credential{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
-			Limiter: lim.Credential(c.LimiterID(), c.Name), Breaker: brk.Credential(c.LimiterID(), c.Name),
+		up := executor.Upstream{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
+			Gate: lim.Gate(c.LimiterID(), c.Name), Circuit: brk.Circuit(c.LimiterID(), c.Name),
 			PauseProbeInterval: c.PauseProbeInterval}
 		if l := c.Limits; l != nil {
-			jc.Limit = limiter.Limit{Rate: l.RequestsPerSecond, Burst: l.Burst, InputTokensPerMinute: l.InputTokensPerMinute,
+			up.Limit = limiter.Limit{Rate: l.RequestsPerSecond, Burst: l.Burst, InputTokensPerMinute: l.InputTokensPerMinute,
 				OutputTokensPerMinute: l.OutputTokensPerMinute, TokensPerMinute: l.TokensPerMinute}
 		}
-		creds[c.Name] = jc
+		upstreams[c.Name] = up
 	}
 	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay})
 	store := jobs.NewStore(pool, nil)
 	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk}
-	alerter := jobs.NewAlerter(jobs.AlerterConfig{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
+	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
 		Prefix: opts.RedisPrefix, Logger: opts.Logger})
-	estimator, err := estimator.New(&estimator.Config{Metrics: tokMetrics})
+	est, err := estimator.New(&estimator.Config{Metrics: tokMetrics})
 	if err != nil {
 		rdb.Close()
 		return nil, err
 	}
-	w.handler = jobs.NewHandler(jobs.HandlerConfig{
-		Store: store, Credentials: creds, Policy: policy, Logger: opts.Logger, Metrics: metrics, Alerter: alerter,
-		Estimator: estimator,
+	w.executor = executor.New(executor.Config{
+		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: metrics, Alerter: alerter,
+		Estimator: est,
 	})
 	w.client = asynq.NewClient(redisOpt)
 	w.insp = asynq.NewInspector(redisOpt)
-	w.sweeper = jobs.NewSweeper(jobs.SweeperConfig{
-		Store: store, Enqueuer: jobs.NewEnqueuer(w.client, cfg.Worker.Queue), Inspector: w.insp, Redis: rdb,
-		Queue: cfg.Worker.Queue, Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: metrics,
+	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
+		Store: store, Enqueuer: dispatch.NewEnqueuer(w.client, cfg.Worker.Queue), Inspector: w.insp, Redis: rdb,
+		Queue: cfg.Worker.Queue, Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: dispMetrics,
 	})
-	w.server = asynq.NewServer(redisOpt, asynq.Config{
-		Concurrency: cfg.Worker.Concurrency,
-		Queues:      map[string]int{cfg.Worker.Queue: 1},
-		// asynq polls an idle queue every TaskCheckInterval (default 1s, ~0.5s p50 added to
-		// every job) and moves due retries every DelayedTaskCheckInterval (default 5s). Both
-		// bound how precisely we keep the limiter's and Retry-After's times.
-		TaskCheckInterval:        cfg.Worker.PollInterval,
-		DelayedTaskCheckInterval: 50 * time.Millisecond,
-		RetryDelayFunc:           jobs.RetryDelayFunc(policy, time.Now),
-		IsFailure:                jobs.IsFailure,
-		ShutdownTimeout:          10 * time.Second,
-		Logger:                   asynqLogger{opts.Logger},
-		LogLevel:                 asynq.WarnLevel,
-	})
+	w.server = dispatch.NewServer(redisOpt, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
+		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger})
 	return w, nil
 }
 
 // Run processes jobs and sweeps until ctx ends, then shuts down gracefully.
 func (w *Worker) Run(ctx context.Context) error {
-	mux := asynq.NewServeMux()
-	mux.Handle(jobs.TaskType, w.handler)
-	if err := w.server.Start(mux); err != nil {
+	if err := w.server.Start(dispatch.Mux(w.executor)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
 	sweepDone, listenDone := make(chan error, 1), make(chan struct{})
@@ -166,12 +157,3 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-listenDone
 	return errors.Join(<-sweepDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
 }
-
-// asynqLogger routes asynq's printf-style logs into slog.
-type asynqLogger struct{ l *slog.Logger }
-
-func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
-func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }

@@ -1,29 +1,27 @@
-package jobs_test
+package api
 
 import (
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"reflect"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/llmq/llmq/internal/idem"
-	"github.com/llmq/llmq/internal/jobs"
 )
 
-// FuzzSubmit feeds Submitter.Parse (the submit decoder and validator) arbitrary bodies, tenants
+// FuzzSubmit feeds the submit contract's parse (the submit decoder and validator) arbitrary bodies, tenants
 // and Idempotency-Keys. For every input it must not panic, must refuse with an *InvalidError
 // carrying a type and a message (never another error, which the API would answer with 500), and
 // what it accepts must hold every documented limit. The committed corpus is in
 // testdata/fuzz/FuzzSubmit; `go test` runs it with the seeds below.
 func FuzzSubmit(f *testing.F) {
 	creds := []string{"default", "oai", "backup"}
-	s := jobs.NewSubmitter(nil, nil, jobs.SubmitConfig{
+	s := newContract(SubmitConfig{
 		Credentials: creds,
 		Kinds:       map[string]string{"default": "anthropic", "backup": "anthropic", "oai": "openai"},
-	}, slog.New(slog.DiscardHandler), nil)
+	})
 	for _, seed := range []struct{ body, key string }{
 		{`{"request":{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}}`, ""},
 		{`{"credential":"oai","request":{"model":"gpt","messages":[]},"timeout":"1h","max_attempts":3,"metadata":{"a":1}}`, "order-42"},
@@ -38,9 +36,9 @@ func FuzzSubmit(f *testing.F) {
 		f.Add([]byte(seed.body), "default", seed.key)
 	}
 	f.Fuzz(func(t *testing.T, body []byte, tenant, key string) {
-		p, err := s.Parse(tenant, key, body)
+		p, err := s.parse(tenant, key, body)
 		if err != nil {
-			var inv *jobs.InvalidError
+			var inv *InvalidError
 			if !errors.As(err, &inv) {
 				t.Fatalf("error %T %v is not an *InvalidError", err, err)
 			}
@@ -68,7 +66,7 @@ func FuzzSubmit(f *testing.F) {
 		if !slices.Contains(creds, p.Credential) {
 			t.Fatalf("accepted credential %q", p.Credential)
 		}
-		if len(p.Fallbacks) > jobs.MaxFallbacks {
+		if len(p.Fallbacks) > MaxFallbacks {
 			t.Fatalf("accepted %d fallbacks", len(p.Fallbacks))
 		}
 		for i, fb := range p.Fallbacks {
@@ -83,7 +81,7 @@ func FuzzSubmit(f *testing.F) {
 			p.FirstByteTimeout < 0 || p.FirstByteTimeout > p.Timeout {
 			t.Fatalf("accepted timeouts %s / %s / %s", p.Timeout, p.AttemptTimeout, p.FirstByteTimeout)
 		}
-		if p.Metadata != nil && (len(p.Metadata) > jobs.MaxMetadataBytes || p.Metadata[0] != '{') {
+		if p.Metadata != nil && (len(p.Metadata) > MaxMetadataBytes || p.Metadata[0] != '{') {
 			t.Fatalf("accepted metadata %q", p.Metadata)
 		}
 		if key == "" && p.Fingerprint != "" {
@@ -92,7 +90,7 @@ func FuzzSubmit(f *testing.F) {
 		if fp, err := idem.Fingerprint(body); key != "" && (err != nil || fp != p.Fingerprint) {
 			t.Fatalf("fingerprint %q, want %q (%v)", p.Fingerprint, fp, err)
 		}
-		again, err := s.Parse(tenant, key, body)
+		again, err := s.parse(tenant, key, body)
 		if err != nil || !reflect.DeepEqual(again, p) {
 			t.Fatalf("Parse is not deterministic: %v", err)
 		}

@@ -1,4 +1,4 @@
-package jobs_test
+package executor_test
 
 import (
 	"testing"
@@ -6,40 +6,43 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/estimator"
+	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
-	"github.com/llmq/llmq/internal/tokens"
 )
 
 // After a call, what the limiter learns (limit, token buckets, the reconciled grant) and what the
 // breaker hears go to Redis in one round trip: a job costs three script round trips (breaker,
 // limiter, bookkeeping), not one per script.
-func TestHandler_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
+func TestExecutor_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	b := setupStore(t)
+	b := jobstest.New(t)
 	rdb := redistest.Client(t)
 	trips := &redistest.ScriptTrips{}
 	rdb.AddHook(trips)
 	lim, brk := sharedAdmission(t, rdb)
 	p := simProvider(t, llmsim.Config{Capacity: 100, RefillPerSecond: 100,
 		InputTokensPerMinute: 1_000_000, OutputTokensPerMinute: 1_000_000}, "sk-aftercall")
-	est, err := tokens.New(nil)
+	est, err := estimator.New(nil)
 	require.NoError(t, err)
-	lc, bc := lim.Credential("sk-aftercall", "default"), brk.Credential("sk-aftercall", "default")
-	h := jobs.NewHandler(jobs.HandlerConfig{Store: b.store, Estimator: est, Credentials: map[string]jobs.Credential{
-		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Limiter: lc, Breaker: bc},
+	lc, bc := lim.Gate("sk-aftercall", "default"), brk.Circuit("sk-aftercall", "default")
+	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lc, Circuit: bc},
 	}})
 	run := func() {
 		t.Helper()
-		job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
+		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
 			Request: helloRequest, MaxAttempts: 3, Timeout: time.Minute})
 		require.NoError(t, err)
-		require.NoError(t, h.Process(ctx, job.ID))
-		got, err := b.store.Get(ctx, job.ID)
+		require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusSucceeded, got.Status)
 	}

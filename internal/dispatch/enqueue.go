@@ -1,16 +1,13 @@
-package jobs
+package dispatch
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 )
 
 // TaskType is the asynq task type of one job attempt. The task's ID is the job's ID.
@@ -23,48 +20,9 @@ const taskTimeout = time.Hour
 // only deferrals (not failures, see IsFailure) or infrastructure errors.
 const taskMaxRetry = 1 << 20
 
+// taskPayload is a task's body: the job it delivers.
 type taskPayload struct {
 	JobID string `json:"job_id"`
-}
-
-// RedisConnOpt parses a Redis URL for asynq: redis://, rediss://, redis-socket://,
-// redis-sentinel:// (asynq's own forms) and redis-cluster://host:port,host:port.
-func RedisConnOpt(raw string) (asynq.RedisConnOpt, error) {
-	if rest, ok := strings.CutPrefix(raw, "redis-cluster://"); ok {
-		u, err := url.Parse("redis://" + rest)
-		if err != nil {
-			return nil, fmt.Errorf("parse redis cluster url: %w", err)
-		}
-		opt := asynq.RedisClusterClientOpt{Addrs: strings.Split(u.Host, ",")}
-		if u.User != nil {
-			opt.Username = u.User.Username()
-			opt.Password, _ = u.User.Password()
-		}
-		return opt, nil
-	}
-	opt, err := asynq.ParseRedisURI(raw)
-	if err != nil {
-		return nil, fmt.Errorf("parse redis url: %w", err)
-	}
-	return opt, nil
-}
-
-// NewRedisClient returns a go-redis client for the same Redis as opt (for the limiter and
-// health checks). The caller closes it.
-func NewRedisClient(opt asynq.RedisConnOpt) redis.UniversalClient {
-	return opt.MakeRedisClient().(redis.UniversalClient)
-}
-
-// AutoPipelined returns rdb's blocking autopipeliner (closed with rdb) when it has one: every
-// call still waits for its own reply, but the calls of concurrent goroutines share round trips.
-// It returns rdb itself for clients without one.
-func AutoPipelined(rdb redis.UniversalClient) redis.UniversalClient {
-	if c, ok := rdb.(*redis.Client); ok {
-		if ap, err := c.AutoPipeline(); err == nil {
-			return ap
-		}
-	}
-	return rdb
 }
 
 // Enqueuer hands jobs to asynq. It is safe for concurrent use.
@@ -90,6 +48,9 @@ func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, at time.Time) erro
 func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string) error {
 	return e.enqueue(ctx, jobID, jobID+rescueSuffix, time.Time{})
 }
+
+// rescueSuffix ends the TaskID of a rescue task (see Enqueuer.EnqueueRescue).
+const rescueSuffix = ":rescue"
 
 func (e *Enqueuer) enqueue(ctx context.Context, jobID, taskID string, at time.Time) error {
 	payload, err := json.Marshal(taskPayload{JobID: jobID})

@@ -1,4 +1,7 @@
-package jobs
+// Package alert raises dead-letter alerts: an ERROR log line ("ALERT dead letter") and a JSON POST
+// to the configured webhook, once per episode (a credential's pause) or at most once per interval
+// per credential and reason across every worker process (a Redis key per throttle).
+package alert
 
 import (
 	"bytes"
@@ -21,8 +24,8 @@ type Alert struct {
 	At         time.Time `json:"at"`
 }
 
-// AlerterConfig configures an Alerter.
-type AlerterConfig struct {
+// Config configures an Alerter.
+type Config struct {
 	// WebhookURL receives each alert as a JSON POST; empty disables the webhook.
 	WebhookURL string
 	// Redis, when set, makes Throttled alerts once per key per interval across all processes;
@@ -36,13 +39,13 @@ type AlerterConfig struct {
 }
 
 // Alerter raises dead-letter alerts: an ERROR log line and the webhook. (The counter
-// llmq_dead_letters_total is kept per job by Metrics.) It is safe for concurrent use.
+// llmq_dead_letters_total is kept per job by the executor.) It is safe for concurrent use.
 type Alerter struct {
-	cfg AlerterConfig
+	cfg Config
 }
 
-// NewAlerter returns an Alerter; zero fields take defaults.
-func NewAlerter(cfg AlerterConfig) *Alerter {
+// New returns an Alerter; zero fields take defaults.
+func New(cfg Config) *Alerter {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "llmq:"
 	}

@@ -1,21 +1,21 @@
-package jobs
+package executor
 
 import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmq/llmq/internal/jobs"
 )
 
-// Metrics are the job pipeline's Prometheus metrics. A nil *Metrics records nothing.
+// Metrics are the executor's Prometheus metrics. A nil *Metrics records nothing.
 type Metrics struct {
-	submitted      *prometheus.CounterVec
 	attempts       *prometheus.CounterVec
 	attemptLatency *prometheus.HistogramVec
 	outcomes       *prometheus.CounterVec
 	deadLetters    *prometheus.CounterVec
 	submitToResult *prometheus.HistogramVec
 	stages         *prometheus.HistogramVec
-	swept          prometheus.Counter
 }
 
 // Stages of a delivery, the label values of llmq_delivery_stage_duration_seconds. A delivery
@@ -40,12 +40,10 @@ const (
 	StageRecord = "record"
 )
 
-// NewMetrics registers the metrics on reg.
+// NewMetrics registers the metrics on reg. It panics if they are registered there already (a
+// wiring bug).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		submitted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "llmq_jobs_submitted_total", Help: "Jobs accepted by the API (replays not counted).",
-		}, []string{"credential"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_attempts_total", Help: "Provider calls by outcome class.",
 		}, []string{"credential", "class"}),
@@ -65,23 +63,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"credential", "status"}),
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmq_delivery_stage_duration_seconds",
-			Help: "Time one delivery of a job spent in each stage (see jobs.Stage*): where a job's latency goes.",
+			Help: "Time one delivery of a job spent in each stage: where a job's latency goes.",
 			// 0.5 ms to 65 s: the store's round trips at the bottom, provider calls and pick-up
 			// from a backlog at the top.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}, []string{"stage"}),
-		swept: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "llmq_sweeper_reenqueued_total", Help: "Jobs whose asynq task was missing and was enqueued again.",
-		}),
 	}
-	reg.MustRegister(m.submitted, m.attempts, m.attemptLatency, m.outcomes, m.deadLetters, m.submitToResult, m.stages, m.swept)
+	reg.MustRegister(m.attempts, m.attemptLatency, m.outcomes, m.deadLetters, m.submitToResult, m.stages)
 	return m
-}
-
-func (m *Metrics) submit(credential string) {
-	if m != nil {
-		m.submitted.WithLabelValues(credential).Inc()
-	}
 }
 
 func (m *Metrics) attempt(credential, class string, latency time.Duration) {
@@ -92,13 +81,13 @@ func (m *Metrics) attempt(credential, class string, latency time.Duration) {
 	m.attemptLatency.WithLabelValues(credential).Observe(latency.Seconds())
 }
 
-func (m *Metrics) outcome(credential string, status Status, deadReason string, sinceSubmit time.Duration) {
+func (m *Metrics) outcome(credential string, status jobs.Status, deadReason string, sinceSubmit time.Duration) {
 	if m == nil {
 		return
 	}
 	m.outcomes.WithLabelValues(credential, string(status)).Inc()
 	m.submitToResult.WithLabelValues(credential, string(status)).Observe(sinceSubmit.Seconds())
-	if status == StatusDead {
+	if status == jobs.StatusDead {
 		m.deadLetters.WithLabelValues(credential, deadReason).Inc()
 	}
 }
@@ -107,11 +96,5 @@ func (m *Metrics) outcome(credential string, status Status, deadReason string, s
 func (m *Metrics) stage(stage string, d time.Duration) {
 	if m != nil {
 		m.stages.WithLabelValues(stage).Observe(d.Seconds())
-	}
-}
-
-func (m *Metrics) sweptOne() {
-	if m != nil {
-		m.swept.Inc()
 	}
 }

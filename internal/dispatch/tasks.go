@@ -1,4 +1,4 @@
-package jobs
+package dispatch
 
 import (
 	"context"
@@ -28,7 +28,7 @@ func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
 // is running it (asynq's cancelation channel, so it reaches whichever process holds the task;
 // the provider call's context ends with it), and deletes the task when it is waiting (pending,
 // scheduled or retry), so a canceled job is not even picked up. Best effort: a task that starts
-// between the two steps is skipped by the handler, which finds the job terminal. The error
+// between the two steps is skipped by the executor, which finds the job terminal. The error
 // reports a step that Redis refused; the cancellation in Postgres stands either way.
 func (t *Tasks) Abort(id string) error {
 	var errs []error

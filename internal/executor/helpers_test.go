@@ -1,4 +1,4 @@
-package jobs_test
+package executor_test
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package jobs_test
+package dispatch_test
 
 import (
 	"slices"
@@ -7,21 +7,22 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
 // sweepFixture is n queued jobs, in ID order, and a sweeper checking passJobs of them a pass.
-func sweepFixture(t *testing.T, n, passJobs int) (*storeBundle, *tasksBundle, *jobs.Sweeper, []string) {
+func sweepFixture(t *testing.T, n, passJobs int) (*jobstest.Bundle, *tasksBundle, *dispatch.Sweeper, []string) {
 	t.Helper()
-	b := setupStore(t)
+	b := jobstest.New(t)
 	tb := setupTasks(t)
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = b.create(t, jobOpts{}).ID
+		ids[i] = b.Create(t, jobstest.Opts{}).ID
 	}
 	slices.Sort(ids)
-	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
 		Redis: redistest.Client(t), Queue: tb.queue, PassJobs: passJobs})
 	return b, tb, sw, ids
 }
@@ -71,7 +72,7 @@ func TestSweeper_OrphansFoundWhateverTheBacklog(t *testing.T) {
 	}
 	orphan(t, rdb, tb.queue, ids[5])
 	now := time.Now()
-	sw := jobs.NewSweeper(jobs.SweeperConfig{Store: b.store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
 		Redis: rdb, Queue: tb.queue, PassJobs: 2, OrphanGrace: 15 * time.Second, Now: func() time.Time { return now }})
 	n, err := sw.SweepOnce(t.Context())
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package jobs
+package dispatch
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // sweeperLockKey elects the one sweeping process ("llmqswep").
@@ -19,7 +21,7 @@ const sweeperLockKey int64 = 0x6c6c6d7173776570
 
 // SweeperConfig configures a Sweeper.
 type SweeperConfig struct {
-	Store     *Store
+	Store     *jobs.Store
 	Enqueuer  *Enqueuer
 	Inspector *asynq.Inspector
 	// Redis is asynq's Redis, where the sweeper reads the state of a page of tasks in one
@@ -185,7 +187,7 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 	suspects := map[string]time.Time{}
 	rescued := 0
 	for _, u := range candidates {
-		if u.leased(now) {
+		if u.Leased(now) {
 			continue
 		}
 		since, ok := s.suspects[u.ID]
@@ -224,7 +226,7 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 		full := len(batch) == page
 		if wrapped {
 			// The second lap stops where the pass began: the jobs from there on were checked.
-			if k := slices.IndexFunc(batch, func(u Unfinished) bool { return u.ID > from }); k >= 0 {
+			if k := slices.IndexFunc(batch, func(u jobs.Unfinished) bool { return u.ID > from }); k >= 0 {
 				batch, full = batch[:k], false
 			}
 		}
@@ -271,12 +273,12 @@ const taskLeased = "leased"
 // ("pending", "active", "scheduled", "retry", ...; "" when there is none), read in one pipelined
 // round trip, or taskLeased for a running job whose attempt's lease is live (its delivery renews
 // it: re-enqueueing it would only make a duplicate wait).
-func (s *Sweeper) taskStates(ctx context.Context, batch []Unfinished, now time.Time) ([]string, error) {
+func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished, now time.Time) ([]string, error) {
 	out := make([]string, len(batch))
 	cmds := make([]*redis.StringCmd, len(batch))
 	pipe := s.cfg.Redis.Pipeline()
 	for i, u := range batch {
-		if u.leased(now) {
+		if u.Leased(now) {
 			out[i] = taskLeased
 			continue
 		}
@@ -307,9 +309,6 @@ func asynqTaskKey(queue, id string) string { return "asynq:{" + queue + "}:t:" +
 // (base.ActiveKey). TestSweeper_RescuesOrphans and TestChaos_SIGKILLedWorkerProcess fail if a new
 // asynq version moves it.
 func asynqActiveKey(queue string) string { return "asynq:{" + queue + "}:active" }
-
-// rescueSuffix ends the TaskID of a rescue task (see Enqueuer.EnqueueRescue).
-const rescueSuffix = ":rescue"
 
 // liveTasks returns the IDs of the tasks that live asynq servers (their heartbeat is at most
 // 10 s old) report running.

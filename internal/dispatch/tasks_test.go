@@ -1,4 +1,4 @@
-package jobs_test
+package dispatch_test
 
 import (
 	"context"
@@ -8,13 +8,13 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
 type tasksBundle struct {
-	tasks     *jobs.Tasks
-	enqueuer  *jobs.Enqueuer
+	tasks     *dispatch.Tasks
+	enqueuer  *dispatch.Enqueuer
 	inspector *asynq.Inspector
 	client    *asynq.Client
 	queue     string
@@ -23,7 +23,7 @@ type tasksBundle struct {
 func setupTasks(t *testing.T) *tasksBundle {
 	t.Helper()
 	redistest.Client(t) // fails the test when Redis is down
-	opt, err := jobs.RedisConnOpt(redistest.URL())
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
 	require.NoError(t, err)
 	client := asynq.NewClient(opt)
 	insp := asynq.NewInspector(opt)
@@ -33,8 +33,8 @@ func setupTasks(t *testing.T) *tasksBundle {
 		require.NoError(t, insp.Close())
 		require.NoError(t, client.Close())
 	})
-	enq := jobs.NewEnqueuer(client, queue)
-	return &tasksBundle{tasks: jobs.NewTasks(insp, enq), enqueuer: enq, inspector: insp, client: client, queue: queue}
+	enq := dispatch.NewEnqueuer(client, queue)
+	return &tasksBundle{tasks: dispatch.NewTasks(insp, enq), enqueuer: enq, inspector: insp, client: client, queue: queue}
 }
 
 func (b *tasksBundle) state(t *testing.T, id string) asynq.TaskState {
@@ -107,11 +107,11 @@ func TestTasks_Depth(t *testing.T) {
 
 	d, err := b.tasks.Depth()
 	require.NoError(t, err)
-	require.Equal(t, jobs.QueueDepth{}, d, "a queue that never held a task")
+	require.Equal(t, dispatch.QueueDepth{}, d, "a queue that never held a task")
 
 	require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, time.Time{}))
 	require.NoError(t, b.enqueuer.Enqueue(ctx, "0190a5b2-7c1e-7d3f-9a8b-000000000001", time.Now().Add(time.Hour)))
 	d, err = b.tasks.Depth()
 	require.NoError(t, err)
-	require.Equal(t, jobs.QueueDepth{Pending: 1, Scheduled: 1}, d)
+	require.Equal(t, dispatch.QueueDepth{Pending: 1, Scheduled: 1}, d)
 }

@@ -1,0 +1,82 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// Delivery is one hand-over of a job's task to a worker. asynq delivers at least once: the same
+// job may be delivered again, and twice at once.
+type Delivery struct {
+	// JobID is the job the task is for.
+	JobID string
+	// Retried is how many times asynq handed this task back after a delivery returned an error
+	// (a deferral or a failure of the stores); 0 on its first delivery.
+	Retried int
+}
+
+// Processor runs one delivery of a job: nil when the job needs nothing more from it, a
+// *DeferError when it must come back later, another error when the stores failed (the delivery
+// is retried with backoff). Implementations must be safe for concurrent use.
+type Processor interface {
+	Process(ctx context.Context, d Delivery) error
+}
+
+// DeferError asks for the task to be delivered again at Until without counting a failure.
+type DeferError struct {
+	Until  time.Time
+	Reason string
+}
+
+func (e *DeferError) Error() string {
+	return fmt.Sprintf("deferred until %s: %s", e.Until.Format(time.RFC3339Nano), e.Reason)
+}
+
+// IsFailure tells asynq which errors count as failures: deferrals do not.
+func IsFailure(err error) bool {
+	var d *DeferError
+	return !errors.As(err, &d)
+}
+
+// RetryDelayFunc returns asynq's RetryDelayFunc: deferrals come back at their time (asynq keeps
+// whole seconds, so up to a second early, and the processor waits out the rest); a task whose
+// worker died (asynq.ErrLeaseExpired) comes back at once (the attempt lease in Postgres keeps a
+// live call from being doubled); any other error (Postgres unreachable, say) backs off with full
+// jitter over at most maxStoreRetryStep doublings of the policy's base delay. asynq's n counts
+// every deferral too, so it says nothing about how long the stores have been failing: without
+// the cap, a job deferred a few times waited minutes after a worker crash or a Postgres blip.
+func RetryDelayFunc(policy *retrypolicy.Policy, now func() time.Time) asynq.RetryDelayFunc {
+	return func(n int, err error, _ *asynq.Task) time.Duration {
+		var d *DeferError
+		switch {
+		case errors.As(err, &d):
+			return max(0, d.Until.Sub(now()))
+		case errors.Is(err, asynq.ErrLeaseExpired):
+			return 0
+		}
+		return policy.Delay(min(n+1, maxStoreRetryStep), retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true})
+	}
+}
+
+// maxStoreRetryStep caps the backoff step of a delivery that failed on the stores.
+const maxStoreRetryStep = 3
+
+// handler adapts a Processor to asynq.
+type handler struct{ p Processor }
+
+// ProcessTask implements asynq.Handler.
+func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	var p taskPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return fmt.Errorf("decode task payload: %v: %w", err, asynq.SkipRetry)
+	}
+	retried, _ := asynq.GetRetryCount(ctx)
+	return h.p.Process(ctx, Delivery{JobID: p.JobID, Retried: retried})
+}

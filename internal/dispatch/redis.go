@@ -1,0 +1,50 @@
+package dispatch
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisConnOpt parses a Redis URL for asynq: redis://, rediss://, redis-socket://,
+// redis-sentinel:// (asynq's own forms) and redis-cluster://host:port,host:port.
+func RedisConnOpt(raw string) (asynq.RedisConnOpt, error) {
+	if rest, ok := strings.CutPrefix(raw, "redis-cluster://"); ok {
+		u, err := url.Parse("redis://" + rest)
+		if err != nil {
+			return nil, fmt.Errorf("parse redis cluster url: %w", err)
+		}
+		opt := asynq.RedisClusterClientOpt{Addrs: strings.Split(u.Host, ",")}
+		if u.User != nil {
+			opt.Username = u.User.Username()
+			opt.Password, _ = u.User.Password()
+		}
+		return opt, nil
+	}
+	opt, err := asynq.ParseRedisURI(raw)
+	if err != nil {
+		return nil, fmt.Errorf("parse redis url: %w", err)
+	}
+	return opt, nil
+}
+
+// NewRedisClient returns a go-redis client for the same Redis as opt (for the limiter and
+// health checks). The caller closes it.
+func NewRedisClient(opt asynq.RedisConnOpt) redis.UniversalClient {
+	return opt.MakeRedisClient().(redis.UniversalClient)
+}
+
+// AutoPipelined returns rdb's blocking autopipeliner (closed with rdb) when it has one: every
+// call still waits for its own reply, but the calls of concurrent goroutines share round trips.
+// It returns rdb itself for clients without one.
+func AutoPipelined(rdb redis.UniversalClient) redis.UniversalClient {
+	if c, ok := rdb.(*redis.Client); ok {
+		if ap, err := c.AutoPipeline(); err == nil {
+			return ap
+		}
+	}
+	return rdb
+}

@@ -1,0 +1,63 @@
+package dispatch
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// ServerConfig configures the asynq server that delivers jobs to a worker process.
+type ServerConfig struct {
+	// Queue is the asynq queue the jobs are on.
+	Queue string
+	// Concurrency is how many deliveries run at once.
+	Concurrency int
+	// PollInterval is how often an idle server looks for a pending task (asynq's
+	// TaskCheckInterval, default 1s there: ~0.5s p50 added to every job at moderate load).
+	PollInterval time.Duration
+	// Policy backs off deliveries that failed on the stores (see RetryDelayFunc).
+	Policy *retrypolicy.Policy
+	// Logger receives asynq's warnings and errors. Default discards.
+	Logger *slog.Logger
+}
+
+// NewServer returns an asynq server that hands the tasks of cfg.Queue to p: deferrals come back
+// at their time without counting as failures, and retries and scheduled tasks are moved to
+// pending every 50 ms (asynq's DelayedTaskCheckInterval, default 5s, bounds how precisely a
+// limiter send time or a Retry-After is kept). Run it with Start(Mux(p)).
+func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return asynq.NewServer(opt, asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   map[string]int{cfg.Queue: 1},
+		TaskCheckInterval:        cfg.PollInterval,
+		DelayedTaskCheckInterval: 50 * time.Millisecond,
+		RetryDelayFunc:           RetryDelayFunc(cfg.Policy, time.Now),
+		IsFailure:                IsFailure,
+		ShutdownTimeout:          10 * time.Second,
+		Logger:                   asynqLogger{cfg.Logger},
+		LogLevel:                 asynq.WarnLevel,
+	})
+}
+
+// Mux routes the job tasks to p.
+func Mux(p Processor) *asynq.ServeMux {
+	mux := asynq.NewServeMux()
+	mux.Handle(TaskType, handler{p})
+	return mux
+}
+
+// asynqLogger routes asynq's printf-style logs into slog.
+type asynqLogger struct{ l *slog.Logger }
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }

@@ -1,0 +1,170 @@
+package executor
+
+import (
+	"context"
+	"errors"
+
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/estimator"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// admission is what the breaker and the limiter granted for one attempt.
+type admission struct {
+	breaker    *breaker.Admission  // nil: no breaker
+	seq        int64               // the limiter slot, for Observe
+	grant      int64               // the token reservation, for Reconcile (0: none)
+	est        *estimator.Estimate // the estimate the grant was reserved with (nil: make it again)
+	pauseProbe bool                // an automatic probe of a paused credential
+}
+
+// admit takes the attempt's send slot: the one an earlier delivery held in the job row, or a new
+// one from the credential's gate (see admitGate). A request that can never fit the credential's
+// token limits fails the job; a refusal hands any breaker probe on and may fail the job over.
+func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission) (admission, error) {
+	adm := admission{breaker: circuit}
+	switch {
+	case job.SlotSeq != nil:
+		// The slot (and its tokens) was taken by an earlier delivery and is due now.
+		adm.seq = *job.SlotSeq
+		if job.SlotGrant != nil {
+			adm.grant = *job.SlotGrant
+		}
+		return adm, nil
+	case up.Gate == nil:
+		return adm, nil
+	}
+	t0 := e.cfg.Now()
+	a, err := e.admitGate(ctx, job, up)
+	e.timed(StageAdmit, t0)
+	if errors.Is(err, tokens.ErrTooLarge) {
+		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
+		return adm, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+			Class: string(retrypolicy.ClassPermanent), Message: "request can never be sent: " + err.Error(),
+		}})
+	}
+	if err != nil {
+		e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
+		return adm, e.failOver(ctx, job, err)
+	}
+	adm.seq, adm.grant, adm.est, adm.pauseProbe = a.seq, a.grant, a.est, a.pauseProbe
+	return adm, nil
+}
+
+// admitGate asks the credential's shared gate whether and when this attempt may be sent: not
+// while the credential is paused (unless this is the interval's probe), not past the retry
+// budget, and at the send time of a rate-limiter slot. It sleeps short waits and returns a
+// *deferral for long ones, holding the slot in the job row.
+//
+// A first attempt costs one Redis round trip: the pause check and the count of first attempts
+// (the retry budget's base) go in the reservation's script. A retry that draws on the budget
+// checks the pause on its own first, so that a paused credential draws nothing.
+func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (admission, error) {
+	g := up.Gate
+	var adm admission
+	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0}
+	if job.Attempts > 0 && drawsOnRetryBudget(job) {
+		ps, err := g.Paused(ctx)
+		if err != nil {
+			return adm, err
+		}
+		if ps.Paused {
+			if adm.pauseProbe, err = e.pauseProbe(ctx, up, ps); err != nil {
+				return adm, err
+			}
+		}
+		opts.UnlessPaused = false
+		if !adm.pauseProbe {
+			if err := e.drawRetry(ctx, job, g); err != nil {
+				return adm, err
+			}
+		}
+	}
+	cost, est := e.cost(up, job)
+	adm.est = est
+	res, err := g.AcquireAttempt(ctx, up.Limit, cost, e.cfg.MaxInlineWait, opts)
+	if err == nil && res.Paused.Paused {
+		if adm.pauseProbe, err = e.pauseProbe(ctx, up, res.Paused); err != nil {
+			return adm, err
+		}
+		opts.UnlessPaused = false
+		res, err = g.AcquireAttempt(ctx, up.Limit, cost, e.cfg.MaxInlineWait, opts)
+	}
+	if err != nil {
+		return adm, err
+	}
+	until := e.cfg.Now().Add(res.Wait)
+	if !res.Granted {
+		return adm, &deferral{until: until, reason: "waiting for the rate limit to be learned"}
+	}
+	adm.seq, adm.grant = res.Seq, res.Grant
+	if res.Wait > e.cfg.MaxInlineWait {
+		if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq, res.Grant); err != nil {
+			return adm, err
+		}
+		return adm, &deferral{until: until, reason: "rate limit slot", stored: true}
+	}
+	return adm, sleep(ctx, res.Wait)
+}
+
+// pauseProbe answers an attempt on a paused credential: true when it is the automatic probe of
+// the pause (one per PauseProbeInterval, cluster-wide), else a *deferral to look again.
+func (e *Executor) pauseProbe(ctx context.Context, up Upstream, ps limiter.PauseState) (bool, error) {
+	if up.PauseProbeInterval > 0 {
+		probe, err := up.Gate.TryProbe(ctx, up.PauseProbeInterval)
+		if err != nil || probe {
+			return probe, err
+		}
+	}
+	recheck := pausedRecheck
+	if up.PauseProbeInterval > 0 {
+		recheck = min(recheck, up.PauseProbeInterval)
+	}
+	return false, &deferral{until: e.cfg.Now().Add(e.spread(recheck)), reason: "credential paused: " + ps.Reason, unavailable: true}
+}
+
+// drawRetry asks the shared retry budget for the job's retry, or returns a *deferral when it is
+// spent. Timeouts are the normal failure of long generations: they draw on their own budget.
+func (e *Executor) drawRetry(ctx context.Context, job *jobs.Job, g *limiter.Gate) error {
+	allow, budget := g.AllowRetry, "retry budget spent"
+	if job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout) {
+		allow, budget = g.AllowTimeoutRetry, "timeout retry budget spent"
+	}
+	ok, err := allow(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &deferral{until: e.cfg.Now().Add(e.spread(budgetRecheck)), reason: budget}
+	}
+	return nil
+}
+
+// drawsOnRetryBudget reports whether the job's next attempt is a retry the shared retry budget
+// must allow. Two kinds are not: a retry after a 429 with Retry-After (the limiter paces it: the
+// answer pushed the credential's whole schedule back), and a re-attempt of a call whose outcome
+// was never recorded (the job is still running, its lease ended: the worker died, the provider
+// did not fail). Charging those let a Redis flush or a worker crash hold recovered jobs back for
+// minutes behind a budget meant to stop retry storms against a failing provider.
+func drawsOnRetryBudget(job *jobs.Job) bool {
+	if job.Status == jobs.StatusRunning {
+		return false
+	}
+	return job.LastError == nil || job.LastError.Class != string(retrypolicy.ClassRateLimited)
+}
+
+// cost is the job's estimated tokens for the token buckets, and the estimate behind it (zero and
+// nil without an estimator, or for a body the estimator cannot read: the provider judges that one).
+func (e *Executor) cost(up Upstream, job *jobs.Job) (tokens.Cost, *estimator.Estimate) {
+	if e.cfg.Estimator == nil {
+		return tokens.Cost{}, nil
+	}
+	est, err := e.cfg.Estimator.Estimate(up.Name, up.Kind, job.Request)
+	if err != nil {
+		return tokens.Cost{}, nil
+	}
+	return tokens.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}, &est
+}

@@ -1,0 +1,176 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// begin marks the job running, counts the attempt and takes its lease (jobs.Store.BeginAttempt).
+// Another delivery's live lease defers this one; a job that ended meanwhile needs nothing more.
+func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm admission) (*jobs.Job, error) {
+	request := job.Request
+	t0 := e.cfg.Now()
+	begun, err := e.cfg.Store.BeginAttempt(ctx, job.ID)
+	e.timed(StageBegin, t0)
+	if err != nil {
+		e.reportBreaker(ctx, up, adm.breaker, breaker.Neutral)
+		var leased *jobs.LeasedError
+		switch {
+		case errors.As(err, &leased):
+			return nil, leasedDefer(e.cfg.Now(), leased.Until)
+		case errors.Is(err, jobs.ErrNotRunnable):
+			return nil, errHandled
+		}
+		return nil, err
+	}
+	begun.Request = request // BeginAttempt leaves the (unchanging) body where Get read it
+	return begun, nil
+}
+
+// attempt calls the provider once and records what came of it.
+func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm admission) error {
+	// The lease is kept until the outcome is recorded, not only through the call: recording may
+	// wait for Postgres (see record), and the job must not be taken over meanwhile.
+	stopRenewing := e.keepLease(ctx, job)
+	defer stopRenewing()
+	r := e.call(ctx, job, up, adm)
+	if r.err == nil {
+		usage, _ := json.Marshal(r.resp.Usage)
+		return e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body, Usage: usage, AnsweredBy: up.Name})
+	}
+	return e.decide(ctx, job, up, r)
+}
+
+// callResult is what one provider call came to.
+type callResult struct {
+	resp     *llm.Response        // nil when err is set
+	err      error                // the call's error
+	decision retrypolicy.Decision // err classified
+	attempt  *jobs.Attempt        // the attempt's record
+	at       time.Time            // when the answer or the failure came
+}
+
+// call sends the job's request through up within the attempt's timeouts, tells the limiter and
+// the breaker what the answer showed, and returns what came of it.
+func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm admission) callResult {
+	started := e.cfg.Now()
+	attemptTimeout, firstByte := up.AttemptTimeout, up.FirstByteTimeout
+	if job.AttemptTimeout != nil {
+		attemptTimeout = time.Duration(*job.AttemptTimeout)
+	}
+	if job.FirstByteTimeout != nil {
+		firstByte = time.Duration(*job.FirstByteTimeout)
+	}
+	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
+	resp, callErr := up.Provider.Send(callCtx, job.Request, llm.SendOptions{FirstByteTimeout: firstByte})
+	cancel()
+	now := e.cfg.Now()
+	e.cfg.Metrics.stage(StageCall, now.Sub(started))
+	a := &jobs.Attempt{Number: job.Attempts, Credential: up.Name, StartedAt: started, Latency: now.Sub(started)}
+	if job.LeaseToken != nil {
+		a.LeaseToken = *job.LeaseToken
+	}
+	d := retrypolicy.Classify(callErr, now)
+	e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now)
+	e.timed(StageBookkeeping, now)
+	if callErr == nil {
+		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
+	} else {
+		a.Class, a.StatusCode, a.Error = string(d.Class), d.StatusCode, callErr.Error()
+		var se *llm.StatusError
+		if errors.As(callErr, &se) {
+			a.TTFB = se.TimeToFirstByte
+		}
+		if d.HasRetryAfter {
+			ra := d.RetryAfter
+			a.RetryAfter = &ra
+		}
+	}
+	e.cfg.Metrics.attempt(up.Name, a.Class, a.Latency)
+	return callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now}
+}
+
+// decide records a failed attempt's consequence: the job is given back on shutdown, fails over,
+// dies (a spend cap, or its attempts used up), fails (not worth retrying, or the deadline comes
+// first), or is retried after the policy's delay.
+func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r callResult) error {
+	a, d, now := r.attempt, r.decision, r.at
+	lastErr := lastErrorOf(r.err, d)
+	switch {
+	case d.Class == retrypolicy.ClassCanceled:
+		// Our own context ended (shutdown): give the job back untouched for the next delivery.
+		if ctx.Err() != nil {
+			if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr}); err != nil {
+				return err
+			}
+			return ctx.Err()
+		}
+		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusFailed, LastError: lastErr})
+	case (d.Retry || d.DeadReason != "") && job.HasNextCredential() && job.Attempts < job.MaxAttempts:
+		// Fail over at once: the fallback is a different key, so neither a backoff for this
+		// provider's trouble nor its spend cap applies to it.
+		if d.DeadReason != "" {
+			if err := e.pause(ctx, up, job, d.DeadReason, lastErr.Message); err != nil {
+				return err
+			}
+		}
+		if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr, NextCredential: true}); err != nil {
+			return err
+		}
+		return &deferral{until: now, reason: "fail over after " + string(d.Class), stored: true}
+	case d.DeadReason != "":
+		// Pause first: an operator who sees the dead letter finds the credential paused, and a
+		// resume that follows the dead letter is never overtaken by its pause. A pause Redis
+		// refused is logged, not returned: the answer was paid for and is recorded now (the next
+		// spend-cap answer on the credential pauses it again).
+		if err := e.pause(ctx, up, job, d.DeadReason, lastErr.Message); err != nil {
+			e.cfg.Logger.ErrorContext(ctx, "pause credential after a spend cap", "credential", up.Name, "job_id", job.ID, "error", err)
+		}
+		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusDead, DeadReason: d.DeadReason, LastError: lastErr})
+	case !d.Retry:
+		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusFailed, LastError: lastErr})
+	case job.Attempts >= job.MaxAttempts:
+		if err := e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted, LastError: lastErr}); !errors.Is(err, errHandled) {
+			return err
+		}
+		e.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: up.Name, Reason: jobs.ReasonRetriesExhausted, JobID: job.ID,
+			Message: fmt.Sprintf("job used all %d attempts; last error: %s", job.MaxAttempts, lastErr.Message)}, time.Minute)
+		return errHandled
+	}
+	delay := e.cfg.Policy.Delay(job.Attempts, d)
+	next := now.Add(delay)
+	if !next.Before(job.Deadline) {
+		lastErr.Message = fmt.Sprintf("deadline passes before the next attempt could start (%s)", lastErr.Message)
+		lastErr.Class = jobs.ReasonDeadlineExceeded
+		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusFailed, LastError: lastErr})
+	}
+	a.Delay = &delay
+	if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr, NextAttemptAt: &next}); err != nil {
+		return err
+	}
+	return &deferral{until: next, reason: "retry after " + string(d.Class), stored: true}
+}
+
+// lastErrorOf is the job's last_error for a failed call.
+func lastErrorOf(err error, d retrypolicy.Decision) *jobs.LastError {
+	le := &jobs.LastError{Class: string(d.Class), Status: d.StatusCode, Message: err.Error()}
+	var se *llm.StatusError
+	if errors.As(err, &se) {
+		le.Message = se.Message
+		le.Type = se.ErrorType()
+	}
+	if d.HasRetryAfter {
+		ms := d.RetryAfter.Milliseconds()
+		le.RetryAfterMS = &ms
+	}
+	return le
+}

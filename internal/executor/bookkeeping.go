@@ -1,0 +1,118 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// afterCall does the bookkeeping of an attempt that was sent, in one Redis round trip: it tells
+// the limiter what the attempt showed (the learned limit, a Retry-After push-back, the tokens the
+// provider counted) and the breaker how it went; then it resumes a paused credential whose probe
+// got through. (First attempts were counted for the retry budget when their slot was granted,
+// see admitGate.) Errors are logged: the attempt's outcome matters more than bookkeeping.
+func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response,
+	callErr error, d retrypolicy.Decision, sent, now time.Time) {
+	ctx = context.WithoutCancel(ctx)
+	g := up.Gate
+	if g == nil {
+		e.reportBreaker(ctx, up, adm.breaker, breakerOutcome(d))
+		return
+	}
+	o := observation(up, adm, resp, callErr, d, sent, now)
+	calls := g.ObserveCalls(o)
+	if call, ok := e.reconcileCall(ctx, up, adm, job, resp, o.StatusCode); ok {
+		calls = append(calls, call)
+	}
+	if adm.breaker != nil {
+		call, err := up.Circuit.ReportCall(*adm.breaker, breakerOutcome(d), nil)
+		if err != nil {
+			e.cfg.Logger.WarnContext(ctx, "breaker report", "credential", up.Name, "error", err)
+		} else {
+			calls = append(calls, call)
+		}
+	}
+	// The breaker's keys live on the limiter's Redis (the worker gives both one server).
+	if err := redisscript.Run(ctx, g.Redis(), calls...); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "after-call bookkeeping (limiter, breaker)", "credential", up.Name, "error", err)
+	}
+	if adm.pauseProbe && callErr == nil {
+		if _, err := g.Resume(ctx); err != nil {
+			e.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", up.Name, "error", err)
+		} else {
+			e.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", up.Name, "job_id", job.ID)
+		}
+	}
+}
+
+// observation is what the attempt's answer (or failure) tells the limiter.
+func observation(up Upstream, adm admission, resp *llm.Response, callErr error, d retrypolicy.Decision, sent, now time.Time) limiter.Observation {
+	o := limiter.Observation{At: now, SentAt: sent, Seq: adm.seq, Grant: adm.grant}
+	var rl llm.RateLimit
+	var se *llm.StatusError
+	switch {
+	case resp != nil:
+		o.StatusCode, rl = resp.StatusCode, resp.RateLimit
+	case errors.As(callErr, &se):
+		o.StatusCode, rl = se.StatusCode, se.RateLimit
+	}
+	if rl.Known {
+		o.HeadersKnown, o.Limit, o.Remaining, o.ResetAt = true, rl.Limit, rl.Remaining, rl.ResetAt
+		o.ResetAbsolute, o.ResetGranularity = rl.ResetAbsolute, rl.ResetGranularity
+	}
+	o.InputTokens, o.OutputTokens = tokenObservation(rl.Tokens.Input), tokenObservation(rl.Tokens.Output)
+	if up.Kind == string(llm.KindOpenAI) {
+		// Anthropic's tokens-* family reports its most restrictive limit, not a bucket.
+		o.Tokens = tokenObservation(rl.Tokens.Combined)
+	}
+	if o.StatusCode == 429 && d.HasRetryAfter {
+		o.RetryAfter, o.HasRetryAfter = d.RetryAfter, true
+	}
+	return o
+}
+
+// reconcileCall is the call that trues the token buckets up to what the provider counted: the
+// reported usage after an answer, nothing for a 429 (the provider charged nothing), the input
+// alone for another error. With no answer at all the reservation stays charged (the provider may
+// have counted it): ok is false then, and when no tokens were reserved.
+func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response, status int) (redisscript.Call, bool) {
+	if adm.grant == 0 || status == 0 {
+		return redisscript.Call{}, false
+	}
+	est := adm.est
+	if est == nil { // the slot was held by an earlier delivery: estimate again
+		_, est = e.cost(up, job)
+	}
+	var actual tokens.Cost
+	switch {
+	case resp != nil:
+		actual = tokens.Cost{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens}
+		if est != nil {
+			e.cfg.Estimator.Observe(up.Name, *est, resp.Usage.InputTokens)
+		}
+	case status == 429:
+	case est != nil:
+		actual = tokens.Cost{InputTokens: est.Input}
+	}
+	call, ok, err := up.Gate.ReconcileCall(adm.grant, actual)
+	if err != nil {
+		e.cfg.Logger.WarnContext(ctx, "token reconcile", "credential", up.Name, "error", err)
+	}
+	return call, ok
+}
+
+func tokenObservation(t llm.TokenLimit) limiter.TokenObservation {
+	if !t.Known {
+		return limiter.TokenObservation{}
+	}
+	return limiter.TokenObservation{Known: true, Limit: t.Limit, Remaining: t.Remaining,
+		RemainingGranularity: t.RemainingGranularity, ResetAt: t.ResetAt,
+		ResetGranularity: t.ResetGranularity, ResetAbsolute: t.ResetAbsolute}
+}

@@ -1,0 +1,110 @@
+package executor
+
+import (
+	"context"
+	"errors"
+
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// passBreaker asks the credential's circuit whether the job may go. The breaker comes first:
+// while the provider is down, jobs wait without taking a rate slot or counting an attempt, and
+// after the cooldown exactly one probe goes out cluster-wide. It returns the admission to report
+// the call's outcome on (nil without a circuit), or a *deferral (or the fallback's outcome, see
+// failOver) when refused.
+func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream) (*breaker.Admission, error) {
+	if up.Circuit == nil {
+		return nil, nil
+	}
+	t0 := e.cfg.Now()
+	a, err := e.allowBreaker(ctx, job, up)
+	e.timed(StageBreaker, t0)
+	if err != nil {
+		return nil, err
+	}
+	if !a.Allowed {
+		reason := "circuit " + string(a.State)
+		if a.Capped {
+			// A cold credential waiting for its first answer is not known to be down: wait on
+			// it rather than fail over.
+			reason = "circuit cold start: waiting for a first answer"
+		}
+		return nil, e.failOver(ctx, job, &deferral{until: e.cfg.Now().Add(a.Wait), reason: reason, unavailable: !a.Capped})
+	}
+	return &a, nil
+}
+
+// allowBreaker asks the credential's circuit. A refused job due back within MaxInlineWait (the
+// cooldown ends soon, a probe or the cold-start cap's requests are out) waits here instead of
+// going back to the queue, and asks again as soon as a probe or cold-start request reports (see
+// breaker.Listen) or its wait ends: the probe goes at the cooldown's end, and when it closes the
+// breaker the waiting jobs go at once, not a re-check later. A job with a fallback left is not
+// held on an open or half-open breaker: failOver moves it on at once.
+func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream) (breaker.Admission, error) {
+	deadline := e.cfg.Now().Add(e.cfg.MaxInlineWait)
+	for {
+		wake := up.Circuit.Wakeup()
+		a, err := up.Circuit.Allow(ctx)
+		if err != nil || a.Allowed || (!a.Capped && job.HasNextCredential()) {
+			return a, err
+		}
+		if e.cfg.Now().Add(a.Wait).After(deadline) {
+			return a, nil
+		}
+		if err := breaker.Await(ctx, wake, a.Wait); err != nil {
+			return breaker.Admission{}, err
+		}
+	}
+}
+
+// failOver moves a job whose credential cannot take requests now (breaker open, paused) to its
+// next fallback at once, and runs the delivery again there, instead of waiting for the
+// credential to heal: sequential waiting is what makes failover slow. Other errors, and jobs
+// without a fallback left, pass through.
+func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error) error {
+	var d *deferral
+	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
+		return err
+	}
+	moved, merr := e.cfg.Store.NextCredential(ctx, job.ID)
+	if merr != nil {
+		return merr
+	}
+	if !moved {
+		return err
+	}
+	e.cfg.Logger.InfoContext(ctx, "failing over", "job_id", job.ID, "from", job.CurrentCredential(), "reason", d.reason)
+	if err := e.process(ctx, job.ID, false); err != nil {
+		return err
+	}
+	return errHandled
+}
+
+// reportBreaker tells the circuit how an admitted call went. Errors are logged: the breaker's
+// bookkeeping must not decide the job's outcome.
+func (e *Executor) reportBreaker(ctx context.Context, up Upstream, a *breaker.Admission, o breaker.Outcome) {
+	if a == nil {
+		return
+	}
+	if _, err := up.Circuit.Report(context.WithoutCancel(ctx), *a, o); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "breaker report", "credential", up.Name, "error", err)
+	}
+}
+
+// breakerOutcome says whether an attempt's class is a server-side failure (it counts toward
+// opening the breaker), a success, or neither (our request's fault, rate limits, cancellation).
+func breakerOutcome(d retrypolicy.Decision) breaker.Outcome {
+	switch d.Class {
+	case retrypolicy.ClassOK:
+		return breaker.Success
+	case retrypolicy.ClassTimeout, retrypolicy.ClassNetwork:
+		return breaker.Failure
+	case retrypolicy.ClassRetryable:
+		if d.StatusCode >= 500 {
+			return breaker.Failure
+		}
+	}
+	return breaker.Neutral
+}

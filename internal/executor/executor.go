@@ -1,0 +1,184 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/estimator"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// Upstream is everything the executor needs to send a job through one configured credential:
+// its provider adapter, its shared limiter gate and circuit, and its call timeouts.
+type Upstream struct {
+	// Name is the credential's configured name (a metric label; never the key).
+	Name string
+	// Kind is the provider kind ("anthropic", "openai"): how token counts are read.
+	Kind string
+	// Provider sends requests with this credential's key.
+	Provider llm.Provider
+	// AttemptTimeout bounds one provider call. Default 5m.
+	AttemptTimeout time.Duration
+	// FirstByteTimeout, when positive, bounds the wait for the first body byte of an answer
+	// (generation that has not started); a job may override it. Zero: no such limit.
+	FirstByteTimeout time.Duration
+	// Circuit is the credential's circuit breaker, shared by all processes. Nil: none.
+	Circuit *breaker.Circuit
+	// Gate is the credential's shared admission (rate, retry budget, pause). Nil admits
+	// everything at once (tests of the pipeline without a limiter).
+	Gate *limiter.Gate
+	// Limit is the configured limit; zero means learn it from the provider.
+	Limit limiter.Limit
+	// PauseProbeInterval, when positive, lets one job per interval probe a paused credential;
+	// its success resumes the credential. Zero: only an operator resumes it.
+	PauseProbeInterval time.Duration
+}
+
+// Config configures an Executor.
+type Config struct {
+	// Store is the job store. Required.
+	Store *jobs.Store
+	// Upstreams are the configured credentials by name.
+	Upstreams map[string]Upstream
+	// Policy computes retry delays. Default retrypolicy.New(nil).
+	Policy *retrypolicy.Policy
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Logger receives job outcomes (IDs and classes, never prompts or keys). Default discards.
+	Logger *slog.Logger
+	// Metrics, when set, is updated per attempt and outcome.
+	Metrics *Metrics
+	// MaxInlineWait is the longest wait a delivery sleeps before sending; longer waits go back to
+	// asynq so that they do not hold a worker slot. Default 3s. asynq stores scheduled times in
+	// whole seconds and releases tasks up to 1s early, so this must stay above 1s.
+	MaxInlineWait time.Duration
+	// Alerter raises dead-letter alerts. Nil: none (the metric and the job row remain).
+	Alerter *alert.Alerter
+	// Estimator estimates a request's tokens for the token buckets and learns from the
+	// provider's counts. Nil: requests are reserved without tokens.
+	Estimator *estimator.Estimator
+	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
+	// spent budgets. Default math/rand/v2.
+	Float64 func() float64
+}
+
+// Re-check intervals for jobs that may not be sent yet; each gets up to the same again as
+// random spread so that waiting jobs do not return together.
+const (
+	pausedRecheck = 5 * time.Second
+	budgetRecheck = time.Second
+)
+
+// Executor executes one attempt of a job per delivery. Deliveries are at-least-once; the executor
+// makes that safe: a terminal job is skipped, and a result is stored only by a conditional
+// transition from a non-terminal status. Safe for concurrent use.
+type Executor struct {
+	cfg Config
+}
+
+// New returns an Executor. It panics when Store is nil (a wiring bug).
+func New(cfg Config) *Executor {
+	if cfg.Store == nil {
+		panic("executor.New: Store is required")
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = retrypolicy.New(nil)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxInlineWait == 0 {
+		cfg.MaxInlineWait = 3 * time.Second
+	}
+	if cfg.Float64 == nil {
+		cfg.Float64 = rand.Float64
+	}
+	for name, u := range cfg.Upstreams {
+		if u.AttemptTimeout == 0 {
+			u.AttemptTimeout = 5 * time.Minute
+			cfg.Upstreams[name] = u
+		}
+	}
+	return &Executor{cfg: cfg}
+}
+
+// errHandled ends a delivery that needs nothing more: the job is terminal, was recorded, or was
+// handled by a nested delivery (a failover).
+var errHandled = errors.New("delivery handled")
+
+// deferral is a delivery that must come back at until (see dispatch.DeferError).
+type deferral struct {
+	until  time.Time
+	reason string
+	// unavailable: the credential cannot take requests now (breaker open, paused), so a job
+	// with a fallback moves on instead of waiting.
+	unavailable bool
+	// stored: until is already in the job row (a retry delay, a held limiter slot).
+	stored bool
+}
+
+func (d *deferral) Error() string {
+	return fmt.Sprintf("deferred until %s: %s", d.until.Format(time.RFC3339Nano), d.reason)
+}
+
+// Process runs one delivery of a job (dispatch.Processor). It returns nil when the job needs
+// nothing more from this delivery, a *dispatch.DeferError when it must come back later, and
+// another error when the stores failed (dispatch retries the delivery).
+func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
+	err := e.process(ctx, d.JobID, d.Retried == 0)
+	var df *deferral
+	switch {
+	case errors.Is(err, errHandled):
+		return nil
+	case errors.As(err, &df):
+		if !df.stored {
+			// asynq keeps whole seconds and may hand the task back up to a second early; with
+			// the time in the row, that delivery sleeps the rest instead of being deferred
+			// again (which, for every waiting job, would spin while a breaker is open).
+			if perr := e.cfg.Store.Postpone(context.WithoutCancel(ctx), d.JobID, df.until); perr != nil {
+				return perr
+			}
+		}
+		return &dispatch.DeferError{Until: df.until, Reason: df.reason}
+	}
+	return err
+}
+
+// process is one delivery, step by step (see the package comment). fresh is false when dispatch
+// handed the task back after an earlier delivery's error.
+func (e *Executor) process(ctx context.Context, id string, fresh bool) error {
+	job, err := e.load(ctx, id, fresh)
+	if err != nil {
+		return err
+	}
+	up, err := e.guard(ctx, job)
+	if err != nil {
+		return err
+	}
+	circuit, err := e.passBreaker(ctx, job, up)
+	if err != nil {
+		return err
+	}
+	adm, err := e.admit(ctx, job, up, circuit)
+	if err != nil {
+		return err
+	}
+	job, err = e.begin(ctx, job, up, adm)
+	if err != nil {
+		return err
+	}
+	return e.attempt(ctx, job, up, adm)
+}

@@ -1,0 +1,119 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// load reads the job. A job that does not exist or has ended needs nothing more (errHandled).
+func (e *Executor) load(ctx context.Context, id string, fresh bool) (*jobs.Job, error) {
+	start := e.cfg.Now()
+	job, err := e.cfg.Store.Get(ctx, id)
+	e.timed(StageLoad, start)
+	switch {
+	case errors.Is(err, jobs.ErrNotFound):
+		e.cfg.Logger.WarnContext(ctx, "task for a job that does not exist; dropping it", "job_id", id)
+		return nil, errHandled
+	case err != nil:
+		return nil, err
+	}
+	if fresh && firstDelivery(job) {
+		e.cfg.Metrics.stage(StagePickup, start.Sub(job.CreatedAt))
+	}
+	if job.Status.Terminal() {
+		return nil, errHandled
+	}
+	return job, nil
+}
+
+// firstDelivery reports whether a fresh delivery (not dispatch's retry of one that failed on the
+// stores) is the job's first: nothing attempted, deferred or failed over yet.
+func firstDelivery(job *jobs.Job) bool {
+	return job.Status == jobs.StatusQueued && job.Attempts == 0 && job.NextAttemptAt == nil && job.CredentialIndex == 0
+}
+
+// guard decides whether the job may go on to admission, and with which upstream: not while
+// another delivery's attempt holds it, not past its deadline, not on a credential no longer
+// configured, and not before its retry delay has passed (waited out here when short).
+func (e *Executor) guard(ctx context.Context, job *jobs.Job) (Upstream, error) {
+	now := e.cfg.Now()
+	if job.Leased(now) {
+		// Another delivery's call is in flight (this one is a duplicate: a re-enqueue after
+		// Redis lost the task, say). Look again soon: by then it may have finished the job or
+		// handed it back (and, if this is the only task left, nothing else would run it).
+		return Upstream{}, leasedDefer(now, *job.LeaseUntil)
+	}
+	if !now.Before(job.Deadline) {
+		return Upstream{}, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+			Class: jobs.ReasonDeadlineExceeded, Message: "job deadline passed before it could succeed",
+		}})
+	}
+	up, ok := e.cfg.Upstreams[job.CurrentCredential()]
+	if !ok {
+		// Configuration changed under a queued job: nothing can ever send it.
+		return Upstream{}, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+			Class: string(retrypolicy.ClassPermanent), Message: fmt.Sprintf("credential %q is no longer configured", job.CurrentCredential()),
+		}})
+	}
+	if job.NextAttemptAt != nil {
+		if err := e.waitUntil(ctx, *job.NextAttemptAt, "retry delay"); err != nil {
+			return Upstream{}, err
+		}
+	}
+	return up, nil
+}
+
+// leaseRecheck is how soon a delivery that found the job leased by another looks again. Not the
+// lease's end: the holder usually finishes or hands the job back well before it, and when the
+// holder's own task was lost (a Redis flush), this delivery's task is the only one left.
+const leaseRecheck = 2 * time.Second
+
+// leasedDefer defers a delivery that found the job's attempt leased until leaseUntil, or for
+// leaseRecheck if that is sooner.
+func leasedDefer(now, leaseUntil time.Time) *deferral {
+	return &deferral{until: minTime(leaseUntil, now.Add(leaseRecheck)), reason: "another delivery's attempt holds the job"}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// waitUntil sleeps until t when that is within MaxInlineWait, else defers the delivery.
+func (e *Executor) waitUntil(ctx context.Context, t time.Time, reason string) error {
+	wait := t.Sub(e.cfg.Now())
+	if wait <= 0 {
+		return nil
+	}
+	if wait > e.cfg.MaxInlineWait {
+		return &deferral{until: t, reason: reason, stored: true} // t came from the row
+	}
+	return sleep(ctx, wait)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// spread returns d plus U(0, d).
+func (e *Executor) spread(d time.Duration) time.Duration {
+	return d + time.Duration(e.cfg.Float64()*float64(d))
+}

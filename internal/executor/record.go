@@ -1,0 +1,124 @@
+package executor
+
+import (
+	"context"
+	"time"
+
+	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// end moves the job to a terminal outcome and returns errHandled, or the store's error. Writes
+// survive the delivery's cancellation.
+func (e *Executor) end(ctx context.Context, job *jobs.Job, a *jobs.Attempt, o jobs.Outcome) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	applied, err := e.record(wctx, job.ID, a, o)
+	if err != nil {
+		return err
+	}
+	if !applied {
+		return errHandled
+	}
+	e.cfg.Metrics.outcome(job.Credential, o.Status, o.DeadReason, e.cfg.Now().Sub(job.CreatedAt))
+	attrs := []any{"job_id", job.ID, "credential", job.Credential, "status", o.Status, "attempts", job.Attempts}
+	switch o.Status {
+	case jobs.StatusDead:
+		e.cfg.Logger.ErrorContext(ctx, "job dead-lettered", append(attrs, "reason", o.DeadReason, "class", o.LastError.Class)...)
+	case jobs.StatusFailed:
+		e.cfg.Logger.WarnContext(ctx, "job failed", append(attrs, "class", o.LastError.Class)...)
+	default:
+		e.cfg.Logger.DebugContext(ctx, "job finished", attrs...)
+	}
+	return errHandled
+}
+
+// recordRetryWindow is how long record keeps trying while Postgres cannot be reached.
+const recordRetryWindow = 30 * time.Second
+
+// record stores an attempt's outcome (jobs.Store.Finish), timed as StageRecord, retries included.
+// While Postgres cannot be reached it tries again, backing off from 50 ms to 1 s, for up to
+// recordRetryWindow (or until ctx ends), and returns the last error only then. The call has been
+// made and paid for: handing the delivery back to asynq instead would leave the job's lease to
+// run out and the call to be made again. Finish is safe to run again (a terminal outcome already
+// stored answers applied=false).
+func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o jobs.Outcome) (bool, error) {
+	defer e.timed(StageRecord, e.cfg.Now())
+	ctx, cancel := context.WithTimeout(ctx, recordRetryWindow)
+	defer cancel()
+	wait := 50 * time.Millisecond
+	for tries := 1; ; tries++ {
+		applied, err := e.cfg.Store.Finish(ctx, id, a, o)
+		if err == nil || !jobs.IsUnavailable(err) || ctx.Err() != nil {
+			if err == nil && tries > 1 {
+				e.cfg.Logger.InfoContext(ctx, "attempt outcome recorded after postgres came back", "job_id", id, "tries", tries)
+			}
+			return applied, err
+		}
+		if tries == 1 {
+			e.cfg.Logger.WarnContext(ctx, "postgres unavailable while recording an attempt's outcome; trying again",
+				"job_id", id, "error", err)
+		}
+		if sleep(ctx, wait) != nil {
+			return false, err
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// keepLease renews the attempt's lease (jobs.Store.RenewLease) every third of jobs.AttemptLease
+// until the returned stop is called, so that a long call keeps other deliveries of the job
+// waiting while a dead one frees the job within jobs.AttemptLease. Renewal errors are logged: if
+// Postgres stays unreachable past the lease, a duplicate delivery may start a second call (at
+// least once).
+func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
+	if job.LeaseToken == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(jobs.AttemptLease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if ok, err := e.cfg.Store.RenewLease(ctx, job.ID, *job.LeaseToken); err != nil && ctx.Err() == nil {
+					e.cfg.Logger.WarnContext(ctx, "renew attempt lease", "job_id", job.ID, "error", err)
+				} else if err == nil && !ok {
+					return // the job moved on without us (canceled); nothing left to hold
+				}
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// pause stops the credential after a spend-cap answer so that no further request burns on it,
+// and alerts once per pause episode across all processes.
+func (e *Executor) pause(ctx context.Context, up Upstream, job *jobs.Job, reason, message string) error {
+	if up.Gate == nil {
+		e.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: up.Name, Reason: reason, JobID: job.ID, Message: message}, time.Minute)
+		return nil
+	}
+	started, err := up.Gate.Pause(context.WithoutCancel(ctx), reason, job.ID)
+	if err != nil {
+		return err
+	}
+	if started {
+		e.cfg.Alerter.Raise(ctx, alert.Alert{Credential: up.Name, Reason: reason, JobID: job.ID,
+			Message: "credential paused until an operator resumes it (ctl credentials resume " + up.Name + "): " + message})
+	}
+	return nil
+}
+
+// timed records the time since t0 as the delivery's stage.
+func (e *Executor) timed(stage string, t0 time.Time) {
+	e.cfg.Metrics.stage(stage, e.cfg.Now().Sub(t0))
+}
