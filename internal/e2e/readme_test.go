@@ -89,20 +89,20 @@ func TestReadme_Script(t *testing.T) {
 	require.Equal(t, strings.Count(md, "\n"), strings.Count(script, "\n"), "one script line per README line")
 	require.NotContains(t, script, "exit 7", "the marked block is skipped")
 	require.NotContains(t, script, "a: 1", "the yaml block is not run")
-	out, err := exec.Command("bash", "-c", script).CombinedOutput()
+	out, err := bashOutput(script)
 	require.NoError(t, err, "%s", out)
 
 	bad, err := readmeScript(strings.Replace(md, "# => hi", "# => ho", 1))
 	require.NoError(t, err)
-	out, err = exec.Command("bash", "-c", bad).CombinedOutput()
+	out, err = bashOutput(bad)
 	require.Error(t, err)
-	require.Contains(t, string(out), `README.md:4: printed hi, the README says ho`)
+	require.Contains(t, out, `README.md:4: printed hi, the README says ho`)
 
 	failing, err := readmeScript(strings.Replace(md, "x=hi", "false", 1))
 	require.NoError(t, err)
-	out, err = exec.Command("bash", "-c", failing).CombinedOutput()
+	out, err = bashOutput(failing)
 	require.Error(t, err)
-	require.Contains(t, string(out), "README.md:3: exit status 1")
+	require.Contains(t, out, "README.md:3: exit status 1")
 
 	for name, md := range map[string]string{
 		"BashBlock":      "# t\n```bash\necho\n```\n",
@@ -115,6 +115,14 @@ func TestReadme_Script(t *testing.T) {
 		_, err := readmeScript(md)
 		require.Error(t, err, name)
 	}
+}
+
+// bashOutput runs script with bash, for 30 s at most, and returns its combined output.
+func bashOutput(script string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bash", "-c", script).CombinedOutput()
+	return string(out), err
 }
 
 // TestReadme_NamesExist holds the README's references to the repository: every test it names as
