@@ -98,7 +98,7 @@ func setUsageErrors(cmds []*cli.Command) {
 
 // run executes args and returns the exit code: 0 ok, 1 failure, 2 usage.
 func (a *app) run(ctx context.Context, args []string) int {
-	if err := a.cli.RunContext(ctx, args); err != nil {
+	if err := a.cli.RunContext(ctx, flagsFirst(a.cli, args)); err != nil {
 		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error()))
 		if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
 			return ec.ExitCode()

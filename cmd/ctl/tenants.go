@@ -108,21 +108,12 @@ func (a *app) tenantsCommand() *cli.Command {
 }
 
 // createArgs returns the NAME of `tenants create` and its --credentials value (set reports
-// whether the flag was given). The flag may follow NAME, as the usage line shows, although
-// urfave/cli stops parsing flags at the first argument.
+// whether the flag was given).
 func createArgs(c *cli.Context) (name, creds string, set bool, err error) {
-	args := c.Args().Slice()
-	creds, set = c.String("credentials"), c.IsSet("credentials")
-	switch {
-	case len(args) == 1:
-	case len(args) == 3 && (args[1] == "--credentials" || args[1] == "-credentials"):
-		creds, set = args[2], true
-	case len(args) == 2 && strings.HasPrefix(args[1], "--credentials="):
-		creds, set = strings.TrimPrefix(args[1], "--credentials="), true
-	default:
+	if c.NArg() != 1 {
 		return "", "", false, cli.Exit("usage: ctl tenants create NAME [--credentials a,b]", exitUsage)
 	}
-	return args[0], creds, set, nil
+	return c.Args().First(), c.String("credentials"), c.IsSet("credentials"), nil
 }
 
 // credentialList parses the --credentials value (nil when the flag is absent: every credential)

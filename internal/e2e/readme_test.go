@@ -1,0 +1,306 @@
+package e2e_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// repoRoot is the repository's root, seen from this package's directory.
+const repoRoot = "../.."
+
+// TestReadme_Examples runs the shell examples of README.md as written (see readme_script_test.go
+// for the conventions), against a stack of its own: the bin/ programs the README uses built into
+// a temporary directory that stands for the repository, the simulator, an API and a worker
+// process on the test's own database and a private redis-server, with configs/local.yaml
+// rewritten to point at them. localhost:8080 and :8090 in the examples are the test's API and
+// simulator. It fails on any failing command and on any output that differs from the README's
+// `# => TEXT`.
+func TestReadme_Examples(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"bash", "curl", "jq"} {
+		_, err := exec.LookPath(tool)
+		require.NoError(t, err, "the README's examples need %s", tool)
+	}
+	md, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	script, err := readmeScript(string(md))
+	require.NoError(t, err)
+
+	s := startReadmeStack(t)
+	script = strings.NewReplacer(
+		"localhost:8080", s.apiAddr, "127.0.0.1:8080", s.apiAddr,
+		"localhost:8090", s.simAddr, "127.0.0.1:8090", s.simAddr,
+	).Replace(script)
+	for _, addr := range regexp.MustCompile(`(localhost|127\.0\.0\.1):\d+`).FindAllString(script, -1) {
+		require.Contains(t, []string{s.apiAddr, s.simAddr}, addr, "the README's examples use %s, which this test does not run", addr)
+	}
+	path := filepath.Join(s.dir, "readme.sh")
+	require.NoError(t, os.WriteFile(path, []byte(script), 0o600))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", path)
+	cmd.Dir, cmd.Env = s.dir, s.env()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// Its own process group, so that a timeout also ends the curl it waits for.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	err = cmd.Run()
+	if err != nil || t.Failed() {
+		t.Logf("README examples (trace and output):\n%s", out.String())
+		t.Logf("api log:\n%s", s.api.log.String())
+		t.Logf("worker log:\n%s", s.worker.log.String())
+	}
+	require.NoError(t, ctx.Err(), "the README's examples did not end within 3 minutes")
+	require.NoError(t, err, "a README example failed; the first README.md:N line above names it")
+}
+
+// TestReadme_Script checks the conventions the README test relies on, on a small markdown.
+func TestReadme_Script(t *testing.T) {
+	t.Parallel()
+	md := "# t\n" +
+		"```sh\nx=hi\necho $x          # => hi\n```\n" +
+		"<!-- not run: needs a terminal -->\n```sh\nexit 7\n```\n" +
+		"```yaml\na: 1\n```\n"
+	script, err := readmeScript(md)
+	require.NoError(t, err)
+	require.Equal(t, strings.Count(md, "\n"), strings.Count(script, "\n"), "one script line per README line")
+	require.NotContains(t, script, "exit 7", "the marked block is skipped")
+	require.NotContains(t, script, "a: 1", "the yaml block is not run")
+	out, err := bashOutput(script)
+	require.NoError(t, err, "%s", out)
+
+	bad, err := readmeScript(strings.Replace(md, "# => hi", "# => ho", 1))
+	require.NoError(t, err)
+	out, err = bashOutput(bad)
+	require.Error(t, err)
+	require.Contains(t, out, `README.md:4: printed hi, the README says ho`)
+
+	failing, err := readmeScript(strings.Replace(md, "x=hi", "false", 1))
+	require.NoError(t, err)
+	out, err = bashOutput(failing)
+	require.Error(t, err)
+	require.Contains(t, out, "README.md:3: exit status 1")
+
+	for name, md := range map[string]string{
+		"BashBlock":      "# t\n```bash\necho\n```\n",
+		"NoLanguage":     "# t\n```\necho\n```\n",
+		"MarkerOnYAML":   "# t\n<!-- not run: x -->\n```yaml\na: 1\n```\n",
+		"MarkerNoReason": "# t\n<!-- not run -->\n```sh\necho\n```\n",
+		"Unclosed":       "# t\n```sh\necho\n",
+		"NothingToRun":   "# t\n<!-- not run: x -->\n```sh\necho\n```\n",
+	} {
+		_, err := readmeScript(md)
+		require.Error(t, err, name)
+	}
+}
+
+// bashOutput runs script with bash, for 30 s at most, and returns its combined output.
+func bashOutput(script string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bash", "-c", script).CombinedOutput()
+	return string(out), err
+}
+
+// TestReadme_NamesExist holds the README's references to the repository: every test it names as
+// the holder of a guarantee exists, every file it names exists, and it names nothing outside
+// the repository.
+func TestReadme_NamesExist(t *testing.T) {
+	t.Parallel()
+	md, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	var tests strings.Builder
+	require.NoError(t, filepath.WalkDir(repoRoot, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && p != repoRoot {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(p, "_test.go") {
+			b, err := os.ReadFile(p)
+			tests.Write(b)
+			return err
+		}
+		return nil
+	}))
+	for _, m := range regexp.MustCompile("`((?:Test|Fuzz)[A-Z]\\w*)`").FindAllStringSubmatch(string(md), -1) {
+		require.Contains(t, tests.String(), "func "+m[1]+"(", "README.md names test %s, which does not exist", m[1])
+	}
+	for _, m := range regexp.MustCompile("`([a-z][\\w.-]*(?:/[\\w.-]+)+\\.[a-z]+)`").FindAllStringSubmatch(string(md), -1) {
+		_, err := os.Stat(filepath.Join(repoRoot, m[1]))
+		require.NoError(t, err, "README.md names the file %s", m[1])
+	}
+	for _, outside := range []string{"../", "DESIGN.md", "STYLE.md", "seeds/"} {
+		require.NotContains(t, string(md), outside, "README.md refers to something outside the repository")
+	}
+}
+
+// readmeStack is what the README's examples run against.
+type readmeStack struct {
+	dir              string // stands for the repository: bin/, configs/
+	apiAddr, simAddr string
+	api, worker      *stackProcess
+}
+
+// env is the examples' environment: this process's, without llmq's own variables (the README
+// sets what it needs) and without proxies for the local addresses.
+func (s *readmeStack) env() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "LLMQ_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
+}
+
+// startReadmeStack builds bin/api, bin/worker and bin/ctl into a temporary directory, writes
+// configs/local.yaml there (the repository's, on this test's stores and simulator, its key files
+// copied) and starts the simulator, the API and a worker. Everything ends and is removed when the
+// test ends: the processes, the database, the private Redis, the directory.
+func startReadmeStack(t *testing.T) *readmeStack {
+	t.Helper()
+	s := &readmeStack{dir: t.TempDir()}
+	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(bctx, "go", "build", "-o", filepath.Join(s.dir, "bin")+string(filepath.Separator),
+		"github.com/llmq/llmq/cmd/api", "github.com/llmq/llmq/cmd/worker", "github.com/llmq/llmq/cmd/ctl")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	// As `make run` runs it: 20 requests of burst, 10 a second.
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{Capacity: 20, RefillPerSecond: 10}))
+	t.Cleanup(sim.Close) // after the processes have stopped (cleanups run last first)
+	s.simAddr = strings.TrimPrefix(sim.URL, "http://")
+	s.writeConfig(t, pgtest.URL(t), redistest.Server(t), sim.URL)
+
+	s.api = startProcess(t, s, "api")
+	s.apiAddr = s.api.waitLog(t, "api listening", "addr")
+	s.worker = startProcess(t, s, "worker")
+	return s
+}
+
+// writeConfig writes the repository's configs/local.yaml into s.dir with the stores and the
+// simulator replaced by the test's, the API on a free port and no worker metrics listener, and
+// copies the key files it names.
+func (s *readmeStack) writeConfig(t *testing.T, dbURL, redisURL, simURL string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "configs", "local.yaml"))
+	require.NoError(t, err)
+	var cfg map[string]any
+	require.NoError(t, yaml.Unmarshal(raw, &cfg))
+	cfg["database_url"], cfg["redis_url"] = dbURL, redisURL
+	cfg["api"].(map[string]any)["listen"] = "127.0.0.1:0"
+	cfg["worker"].(map[string]any)["metrics_listen"] = "off"
+	require.NoError(t, os.MkdirAll(filepath.Join(s.dir, "configs"), 0o700))
+	for _, c := range cfg["credentials"].([]any) {
+		cred := c.(map[string]any)
+		require.Regexp(t, `^http://(127\.0\.0\.1|localhost):8090$`, cred["base_url"], "credential %v: the test runs only the simulator", cred["name"])
+		cred["base_url"] = simURL
+		if f, ok := cred["api_key_file"].(string); ok {
+			require.False(t, filepath.IsAbs(f), "credential %v: a key file inside the repository", cred["name"])
+			key, err := os.ReadFile(filepath.Join(repoRoot, f))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(s.dir, f), key, 0o600))
+		}
+	}
+	out, err := yaml.Marshal(cfg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(s.dir, "configs", "local.yaml"), out, 0o600))
+}
+
+// stackProcess is one of the stack's programs, its log kept for the test's failure report.
+type stackProcess struct {
+	name   string
+	log    syncBuffer
+	lines  chan map[string]any // its JSON log lines, while someone waits for one
+	exited chan error
+}
+
+// startProcess runs bin/NAME --config configs/local.yaml in s.dir until the test ends, when it
+// gets SIGTERM (SIGKILL after 15 s).
+func startProcess(t *testing.T, s *readmeStack, name string) *stackProcess {
+	t.Helper()
+	p := &stackProcess{name: name, lines: make(chan map[string]any, 64), exited: make(chan error, 1)}
+	cmd := exec.Command(filepath.Join(s.dir, "bin", name), "--config", "configs/local.yaml")
+	cmd.Dir, cmd.Env = s.dir, s.env()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	cmd.Stdout = &p.log
+	require.NoError(t, cmd.Start())
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(io.TeeReader(stderr, &p.log))
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) == nil {
+				select {
+				case p.lines <- line:
+				default: // nobody waits for it
+				}
+			}
+		}
+	}()
+	go func() {
+		<-scanned // Wait closes the pipe: read it to its end first
+		p.exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-p.exited:
+			require.NoError(t, err, "%s did not stop cleanly:\n%s", name, p.log.String())
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-p.exited
+			t.Errorf("%s did not stop within 15 s of SIGTERM:\n%s", name, p.log.String())
+		}
+	})
+	return p
+}
+
+// waitLog waits (60 s at most) for the process's log line whose msg is msg and returns its
+// field key.
+func (p *stackProcess) waitLog(t *testing.T, msg, key string) string {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case line := <-p.lines:
+			if line["msg"] == msg {
+				return fmt.Sprint(line[key])
+			}
+		case err := <-p.exited:
+			p.exited <- err
+			t.Fatalf("%s exited (%v) before logging %q:\n%s", p.name, err, msg, p.log.String())
+		case <-deadline:
+			t.Fatalf("%s did not log %q within 60 s:\n%s", p.name, msg, p.log.String())
+		}
+	}
+}
