@@ -24,7 +24,7 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 	r := run(t, append(db, "create", "acme")...)
 	require.Equal(t, 0, r.code, r.errOut)
 	token := strings.TrimSuffix(r.out, "\n")
-	require.True(t, strings.HasPrefix(token, tenant.TokenPrefix), r.out)
+	require.True(t, strings.HasPrefix(token, tenant.BearerTokenPrefix), r.out)
 	require.NotContains(t, token, "\n")
 	require.Contains(t, r.errOut, "tenant acme created (credentials: all)")
 	require.Contains(t, r.errOut, "not shown again")
@@ -69,7 +69,7 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 	require.Equal(t, "limited", rows[3]["name"])
 	require.Equal(t, []any{"default", "oai"}, rows[3]["credentials"])
 	require.Nil(t, rows[3]["revoked_at"])
-	require.NotContains(t, r.out, token[len(tenant.TokenPrefix):])
+	require.NotContains(t, r.out, token[len(tenant.BearerTokenPrefix):])
 	require.NotContains(t, r.out, "token")
 
 	table := run(t, append(db, "list")...)
@@ -108,5 +108,5 @@ credentials:
 		`--credentials: not in the config: "typo"`)
 	r := run(t, "--config", cfgFile, "tenants", "create", "acme", "--credentials", "main")
 	require.Equal(t, 0, r.code, r.errOut)
-	require.True(t, strings.HasPrefix(r.out, tenant.TokenPrefix))
+	require.True(t, strings.HasPrefix(r.out, tenant.BearerTokenPrefix))
 }

@@ -159,7 +159,7 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 	switch {
 	case err == nil:
 		return t, nil
-	case errors.Is(err, tenant.ErrMalformedToken), errors.Is(err, tenant.ErrUnknownToken):
+	case errors.Is(err, tenant.ErrMalformedBearerToken), errors.Is(err, tenant.ErrUnknownBearerToken):
 		return nil, unauthorized("invalid_token", "invalid bearer token")
 	case errors.Is(err, tenant.ErrRevoked):
 		if t != nil {

@@ -112,7 +112,7 @@ func TestServer_ClientInputNever5xx(t *testing.T) {
 
 	rng := rand.New(rand.NewPCG(6, 6))
 	auths := []map[string]string{nil, valid, revoked, {"Authorization": "Bearer x"}, {"Authorization": ""},
-		{"Authorization": "Bearer " + tenant.TokenPrefix + strings.Repeat("A", 43)}, {"Authorization": "Bearer \x7f\x01"}}
+		{"Authorization": "Bearer " + tenant.BearerTokenPrefix + strings.Repeat("A", 43)}, {"Authorization": "Bearer \x7f\x01"}}
 	keys := []string{"", "k-1", "k-1", strings.Repeat("k", 256), "a b", "\x00", "ключ", "k\x7f"}
 	ids := []string{existing, "x", "", "0190a5b2-7c1e-7d3f-9a8b-123456789abc", "%00", "../../metrics", strings.Repeat("9", 5000)}
 	for i := range 400 {

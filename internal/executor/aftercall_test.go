@@ -51,7 +51,7 @@ func TestExecutor_AfterCallBookkeepingInOneRoundTrip(t *testing.T) {
 	_, src, err := lc.Current(ctx)
 	require.NoError(t, err)
 	require.Equal(t, limiter.SourceLearned, src, "the limiter heard the first answer")
-	tl, err := lc.CurrentTokens(ctx)
+	tl, err := lc.CurrentTokenBuckets(ctx)
 	require.NoError(t, err)
 	require.Equal(t, limiter.SourceLearned, tl.Input.Source, "the token buckets were learned from it")
 	st, err := bc.Status(ctx)

@@ -108,7 +108,7 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 	return call, ok
 }
 
-func tokenObservation(t llm.TokenLimit) limiter.TokenObservation {
+func tokenObservation(t llm.TokenRateLimit) limiter.TokenObservation {
 	if !t.Known {
 		return limiter.TokenObservation{}
 	}

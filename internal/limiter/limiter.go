@@ -309,7 +309,7 @@ type Reservation struct {
 	// 0 when no token bucket was charged (Reserve, no token limit known, or not Granted).
 	Grant int64
 	// Tokens is the token limits the slot was computed with (ReserveCost only).
-	Tokens TokenLimits
+	Tokens TokenBuckets
 }
 
 // Reserve atomically takes the next send slot of the credential (one Lua script, GCRA): a burst

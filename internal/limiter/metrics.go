@@ -100,7 +100,7 @@ func (m *Metrics) reserved(name string, r Reservation) {
 	if r.Probe {
 		m.probes.WithLabelValues(name).Inc()
 	}
-	if r.Tokens != (TokenLimits{}) {
+	if r.Tokens != (TokenBuckets{}) {
 		m.tokenLimit.WithLabelValues(name, string(tokens.BucketInput)).Set(r.Tokens.Input.PerMinute)
 		m.tokenLimit.WithLabelValues(name, string(tokens.BucketOutput)).Set(r.Tokens.Output.PerMinute)
 		m.tokenLimit.WithLabelValues(name, string(tokens.BucketTokens)).Set(r.Tokens.Combined.PerMinute)

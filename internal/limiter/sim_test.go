@@ -83,7 +83,7 @@ type simResult struct {
 	succeeded int
 	final     limiter.Limit // Current at the end
 	source    limiter.Source
-	tokens    limiter.TokenLimits // CurrentTokens at the end
+	tokens    limiter.TokenBuckets // CurrentTokenBuckets at the end
 }
 
 // simBucket is the provider's token bucket.
@@ -282,7 +282,7 @@ func runSim(t *testing.T, p simParams) simResult {
 	var err error
 	r.final, r.source, err = creds[0].Current(ctx)
 	require.NoError(t, err)
-	r.tokens, err = creds[0].CurrentTokens(ctx)
+	r.tokens, err = creds[0].CurrentTokenBuckets(ctx)
 	require.NoError(t, err)
 	return r
 }

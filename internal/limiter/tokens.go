@@ -13,8 +13,8 @@ import (
 	"github.com/llmq/llmq/internal/tokens"
 )
 
-// TokenLimit is one token bucket as the limiter knows it.
-type TokenLimit struct {
+// TokenBucket is one token bucket as the limiter knows it.
+type TokenBucket struct {
 	// PerMinute is the bucket's capacity (and its refill per Config.TokenMinute); 0: unknown.
 	PerMinute float64
 	// Rate is the refill rate paced at, in tokens per second, without margins. For a learned
@@ -24,14 +24,14 @@ type TokenLimit struct {
 	Source Source
 }
 
-// TokenLimits is a credential's token buckets.
-type TokenLimits struct {
-	Input, Output, Combined TokenLimit
+// TokenBuckets is a credential's token buckets.
+type TokenBuckets struct {
+	Input, Output, Combined TokenBucket
 }
 
 // parseTokenLimits reads the scripts' "capacity rate source" triples (input, output, combined).
-func parseTokenLimits(s string) TokenLimits {
-	var out [3]TokenLimit
+func parseTokenLimits(s string) TokenBuckets {
+	var out [3]TokenBucket
 	for i, part := range strings.SplitN(s, ",", 3) {
 		f := strings.Fields(part)
 		if len(f) != 3 {
@@ -39,12 +39,12 @@ func parseTokenLimits(s string) TokenLimits {
 		}
 		c, _ := strconv.ParseFloat(f[0], 64)
 		r, _ := strconv.ParseFloat(f[1], 64)
-		out[i] = TokenLimit{PerMinute: c, Rate: r, Source: Source(f[2])}
+		out[i] = TokenBucket{PerMinute: c, Rate: r, Source: Source(f[2])}
 	}
 	if s == "" {
-		return TokenLimits{}
+		return TokenBuckets{}
 	}
-	return TokenLimits{Input: out[0], Output: out[1], Combined: out[2]}
+	return TokenBuckets{Input: out[0], Output: out[1], Combined: out[2]}
 }
 
 // CheckCost returns a *tokens.TooLargeError when cost exceeds a token bucket configured in l (see
@@ -64,11 +64,11 @@ func (c *Gate) CheckCost(ctx context.Context, lim Limit, cost tokens.Cost) error
 	if err := lim.CheckCost(cost); err != nil {
 		return err
 	}
-	cur, err := c.CurrentTokens(ctx)
+	cur, err := c.CurrentTokenBuckets(ctx)
 	if err != nil {
 		return err
 	}
-	learned := func(configured float64, t TokenLimit) float64 {
+	learned := func(configured float64, t TokenBucket) float64 {
 		if configured == 0 && t.Source == SourceLearned {
 			return t.PerMinute
 		}
@@ -185,15 +185,15 @@ func (c *Gate) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.
 	}, true, nil
 }
 
-// CurrentTokens returns the token limits in force for the credential: per bucket, the capacity a
+// CurrentTokenBuckets returns the token limits in force for the credential: per bucket, the capacity a
 // ReserveCost configured within LearnTTL, else the one learned from the headers, else unknown. It
 // returns an error only when Redis fails.
-func (c *Gate) CurrentTokens(ctx context.Context) (TokenLimits, error) {
+func (c *Gate) CurrentTokenBuckets(ctx context.Context) (TokenBuckets, error) {
 	cfg := &c.l.cfg
 	s, err := currentTokensScript.Run(ctx, c.l.rdb, []string{tokenKey(cfg.Prefix, c.tag)},
 		c.l.nowArg(), micros(cfg.LearnTTL), micros(cfg.TokenMinute)).Text()
 	if err != nil {
-		return TokenLimits{}, fmt.Errorf("current token limits: %w", err)
+		return TokenBuckets{}, fmt.Errorf("current token limits: %w", err)
 	}
 	return parseTokenLimits(s), nil
 }

@@ -50,7 +50,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 			require.NoError(t, err)
 			requireAt(t, t0, r)
 			require.Positive(t, r.Grant)
-			require.Equal(t, limiter.TokenLimit{PerMinute: 6000, Rate: 100, Source: limiter.SourceConfigured}, r.Tokens.Input)
+			require.Equal(t, limiter.TokenBucket{PerMinute: 6000, Rate: 100, Source: limiter.SourceConfigured}, r.Tokens.Input)
 			require.Equal(t, limiter.SourceUnknown, r.Tokens.Output.Source)
 		}
 		// Then one every 1,000 tokens (10.1 s), after the phase margin.
@@ -114,7 +114,7 @@ func TestCredential_ReserveCost(t *testing.T) {
 		require.NoError(t, err)
 		requireAt(t, t0, r)
 		require.Zero(t, r.Grant)
-		require.Equal(t, limiter.TokenLimits{}, r.Tokens)
+		require.Equal(t, limiter.TokenBuckets{}, r.Tokens)
 		r, err = c.ReserveCost(t.Context(), tokenLim, tokens.Cost{})
 		require.NoError(t, err)
 		requireAt(t, t0, r)
@@ -378,11 +378,11 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		h.Set(p+"reset", reset.UTC().Format(time.RFC3339Nano))
 		return h
 	}
-	observe := func(t *testing.T, b *testBundle, id string, h http.Header) limiter.TokenLimits {
+	observe := func(t *testing.T, b *testBundle, id string, h http.Header) limiter.TokenBuckets {
 		t.Helper()
 		o := limiter.ObservationFromHeaders(h, 200, at, at)
 		require.NoError(t, b.lim.Gate(id, "main").Observe(t.Context(), o))
-		cur, err := b.lim2.Gate(id, "main").CurrentTokens(t.Context())
+		cur, err := b.lim2.Gate(id, "main").CurrentTokenBuckets(t.Context())
 		require.NoError(t, err)
 		return cur
 	}
@@ -390,7 +390,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		hdr  http.Header
-		want limiter.TokenLimits
+		want limiter.TokenBuckets
 	}{
 		{
 			// 40,000 per minute: at least 666.7/s. The reset proves more: the deficit 2,000 (at
@@ -398,13 +398,13 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 			// of clock skew): 3,750/s.
 			name: "AnthropicInputFromHeaders",
 			hdr:  anthropic("input", 40000, 38000, at.Add(300*time.Millisecond)),
-			want: limiter.TokenLimits{Input: limiter.TokenLimit{PerMinute: 40000, Rate: 3750, Source: limiter.SourceLearned}},
+			want: limiter.TokenBuckets{Input: limiter.TokenBucket{PerMinute: 40000, Rate: 3750, Source: limiter.SourceLearned}},
 		},
 		{
 			// The reset proves little (500 in 10.1 s): the per-minute rate, 8000/60.
 			name: "AnthropicOutputPerMinute",
 			hdr:  anthropic("output", 8000, 7000, at.Add(10*time.Second)),
-			want: limiter.TokenLimits{Output: limiter.TokenLimit{PerMinute: 8000, Rate: 8000.0 / 60, Source: limiter.SourceLearned}},
+			want: limiter.TokenBuckets{Output: limiter.TokenBucket{PerMinute: 8000, Rate: 8000.0 / 60, Source: limiter.SourceLearned}},
 		},
 		{
 			// OpenAI's combined bucket; remaining exact (999 at least) in 401 ms: 2,491/s, less than
@@ -417,7 +417,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 				h.Set(limiter.HeaderOpenAIResetTokens, "400ms")
 				return h
 			}(),
-			want: limiter.TokenLimits{Combined: limiter.TokenLimit{PerMinute: 150000, Rate: 2500, Source: limiter.SourceLearned}},
+			want: limiter.TokenBuckets{Combined: limiter.TokenBucket{PerMinute: 150000, Rate: 2500, Source: limiter.SourceLearned}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -425,7 +425,7 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 			b := setup(t, nil)
 			b.clock.Advance(300 * time.Millisecond)
 			got := observe(t, b, "sk-"+tc.name, tc.hdr)
-			for _, p := range []*limiter.TokenLimit{&tc.want.Input, &tc.want.Output, &tc.want.Combined, &got.Input, &got.Output, &got.Combined} {
+			for _, p := range []*limiter.TokenBucket{&tc.want.Input, &tc.want.Output, &tc.want.Combined, &got.Input, &got.Output, &got.Combined} {
 				if p.Source == "" {
 					p.Source = limiter.SourceUnknown
 				}
@@ -498,9 +498,9 @@ func TestCredential_Observe_Tokens(t *testing.T) {
 		require.InDelta(t, 3750, got.Input.Rate, 1e-9)
 		// A new limit starts afresh: 80,000 per minute, nothing proven beyond it.
 		got = observe(t, b, "sk-change", anthropic("input", 80000, 80000, at))
-		require.Equal(t, limiter.TokenLimit{PerMinute: 80000, Rate: 80000.0 / 60, Source: limiter.SourceLearned}, got.Input)
+		require.Equal(t, limiter.TokenBucket{PerMinute: 80000, Rate: 80000.0 / 60, Source: limiter.SourceLearned}, got.Input)
 		b.clock.Advance(limiter.DefaultLearnTTL + time.Second)
-		cur, err := b.lim.Gate("sk-change", "main").CurrentTokens(t.Context())
+		cur, err := b.lim.Gate("sk-change", "main").CurrentTokenBuckets(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, limiter.SourceUnknown, cur.Input.Source)
 	})

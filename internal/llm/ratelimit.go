@@ -29,7 +29,7 @@ type RateLimit struct {
 	ResetGranularity time.Duration
 	// Tokens is the token rate-limit families; each is parsed on its own and is Known only when
 	// its limit and remaining were present and valid.
-	Tokens Tokens
+	Tokens TokenRateLimits
 }
 
 // parseAnthropicRateLimit reads anthropic-ratelimit-requests-{limit,remaining,reset}; reset
@@ -81,22 +81,22 @@ func parseLimitRemaining(limit, remaining string) (RateLimit, bool) {
 	return RateLimit{Known: true, Limit: l, Remaining: r}, true
 }
 
-// Tokens is the provider's token rate-limit families.
-type Tokens struct {
+// TokenRateLimits is the provider's token rate-limit families.
+type TokenRateLimits struct {
 	// Input is Anthropic's input-token bucket (anthropic-ratelimit-input-tokens-*).
-	Input TokenLimit
+	Input TokenRateLimit
 	// Output is Anthropic's output-token bucket (anthropic-ratelimit-output-tokens-*).
-	Output TokenLimit
+	Output TokenRateLimit
 	// Combined is OpenAI's token bucket, charged input and output tokens together
 	// (x-ratelimit-{limit,remaining,reset}-tokens), or Anthropic's anthropic-ratelimit-tokens-*,
 	// which reports the most restrictive of its token limits rather than a bucket of its own (do
 	// not pace by it when Input and Output are known).
-	Combined TokenLimit
+	Combined TokenRateLimit
 }
 
-// TokenLimit is one token rate-limit family: a bucket of Limit tokens, Remaining of them left,
+// TokenRateLimit is one token rate-limit family: a bucket of Limit tokens, Remaining of them left,
 // full again at ResetAt.
-type TokenLimit struct {
+type TokenRateLimit struct {
 	// Known reports that both the limit and the remaining count were present and valid. When
 	// false, the other fields are zero and must be ignored.
 	Known bool
@@ -122,12 +122,12 @@ const anthropicTokenRounding = 1000
 
 // parseAnthropicTokens reads anthropic-ratelimit-{input-tokens,output-tokens,tokens}-{limit,
 // remaining,reset}; reset is an RFC 3339 timestamp.
-func parseAnthropicTokens(h http.Header) Tokens {
-	family := func(name string) TokenLimit {
+func parseAnthropicTokens(h http.Header) TokenRateLimits {
+	family := func(name string) TokenRateLimit {
 		prefix := "Anthropic-Ratelimit-" + name + "-"
 		tl, ok := parseTokenLimitRemaining(h.Get(prefix+"Limit"), h.Get(prefix+"Remaining"))
 		if !ok {
-			return TokenLimit{}
+			return TokenRateLimit{}
 		}
 		tl.RemainingGranularity = anthropicTokenRounding
 		if v := strings.TrimSpace(h.Get(prefix + "Reset")); v != "" {
@@ -137,15 +137,15 @@ func parseAnthropicTokens(h http.Header) Tokens {
 		}
 		return tl
 	}
-	return Tokens{Input: family("Input-Tokens"), Output: family("Output-Tokens"), Combined: family("Tokens")}
+	return TokenRateLimits{Input: family("Input-Tokens"), Output: family("Output-Tokens"), Combined: family("Tokens")}
 }
 
 // parseOpenAITokens reads x-ratelimit-{limit,remaining}-tokens and x-ratelimit-reset-tokens, a
 // Go-style duration from received.
-func parseOpenAITokens(h http.Header, received time.Time) Tokens {
+func parseOpenAITokens(h http.Header, received time.Time) TokenRateLimits {
 	tl, ok := parseTokenLimitRemaining(h.Get("X-Ratelimit-Limit-Tokens"), h.Get("X-Ratelimit-Remaining-Tokens"))
 	if !ok {
-		return Tokens{}
+		return TokenRateLimits{}
 	}
 	if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-Tokens")); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
@@ -156,13 +156,13 @@ func parseOpenAITokens(h http.Header, received time.Time) Tokens {
 			}
 		}
 	}
-	return Tokens{Combined: tl}
+	return TokenRateLimits{Combined: tl}
 }
 
-func parseTokenLimitRemaining(limit, remaining string) (TokenLimit, bool) {
+func parseTokenLimitRemaining(limit, remaining string) (TokenRateLimit, bool) {
 	rl, ok := parseLimitRemaining(limit, remaining)
 	if !ok {
-		return TokenLimit{}, false
+		return TokenRateLimit{}, false
 	}
-	return TokenLimit{Known: true, Limit: rl.Limit, Remaining: rl.Remaining}, true
+	return TokenRateLimit{Known: true, Limit: rl.Limit, Remaining: rl.Remaining}, true
 }

@@ -23,8 +23,8 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 		}
 		return out
 	}
-	anthropic := func(limit, remaining int, resetAt time.Time) llm.TokenLimit {
-		return llm.TokenLimit{Known: true, Limit: limit, Remaining: remaining, RemainingGranularity: 1000,
+	anthropic := func(limit, remaining int, resetAt time.Time) llm.TokenRateLimit {
+		return llm.TokenRateLimit{Known: true, Limit: limit, Remaining: remaining, RemainingGranularity: 1000,
 			ResetAt: resetAt, ResetAbsolute: true}
 	}
 	tests := []struct {
@@ -41,7 +41,7 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 				anthropicFamily("output-tokens", "8000", "7800", "2026-03-01T12:00:01.5Z"),
 				anthropicFamily("tokens", "48000", "45800", "2026-03-01T12:00:03Z")),
 			want: llm.RateLimit{Known: true, Limit: 50, Remaining: 49, ResetAt: testNow.Add(time.Second), ResetAbsolute: true,
-				Tokens: llm.Tokens{
+				Tokens: llm.TokenRateLimits{
 					Input:    anthropic(40000, 38000, testNow.Add(3*time.Second)),
 					Output:   anthropic(8000, 7800, testNow.Add(1500*time.Millisecond)),
 					Combined: anthropic(48000, 45800, testNow.Add(3*time.Second)),
@@ -51,12 +51,12 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 			// The token families are parsed on their own: no request family needed.
 			name: "AnthropicTokensOnly", kind: llm.KindAnthropic,
 			kv:   anthropicFamily("input-tokens", "40000", "0", "2026-03-01T12:01:00Z"),
-			want: llm.RateLimit{Tokens: llm.Tokens{Input: anthropic(40000, 0, testNow.Add(time.Minute))}},
+			want: llm.RateLimit{Tokens: llm.TokenRateLimits{Input: anthropic(40000, 0, testNow.Add(time.Minute))}},
 		},
 		{
 			name: "AnthropicGarbageReset", kind: llm.KindAnthropic,
 			kv: anthropicFamily("output-tokens", "8000", "10", "soon"),
-			want: llm.RateLimit{Tokens: llm.Tokens{Output: llm.TokenLimit{Known: true, Limit: 8000, Remaining: 10,
+			want: llm.RateLimit{Tokens: llm.TokenRateLimits{Output: llm.TokenRateLimit{Known: true, Limit: 8000, Remaining: 10,
 				RemainingGranularity: 1000}}},
 		},
 		{
@@ -79,19 +79,19 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 			kv: []string{"x-ratelimit-limit-requests", "60", "x-ratelimit-remaining-requests", "59", "x-ratelimit-reset-requests", "1s",
 				"x-ratelimit-limit-tokens", "150000", "x-ratelimit-remaining-tokens", "149984", "x-ratelimit-reset-tokens", "6ms"},
 			want: llm.RateLimit{Known: true, Limit: 60, Remaining: 59, ResetAt: testNow.Add(time.Second), ResetGranularity: time.Second,
-				Tokens: llm.Tokens{Combined: llm.TokenLimit{Known: true, Limit: 150000, Remaining: 149984,
+				Tokens: llm.TokenRateLimits{Combined: llm.TokenRateLimit{Known: true, Limit: 150000, Remaining: 149984,
 					ResetAt: testNow.Add(6 * time.Millisecond), ResetGranularity: time.Millisecond}}},
 		},
 		{
 			name: "OpenAITokensWholeSeconds", kind: llm.KindOpenAI,
 			kv: []string{"x-ratelimit-limit-tokens", "40000", "x-ratelimit-remaining-tokens", "0", "x-ratelimit-reset-tokens", "1m0s"},
-			want: llm.RateLimit{Tokens: llm.Tokens{Combined: llm.TokenLimit{Known: true, Limit: 40000,
+			want: llm.RateLimit{Tokens: llm.TokenRateLimits{Combined: llm.TokenRateLimit{Known: true, Limit: 40000,
 				ResetAt: testNow.Add(time.Minute), ResetGranularity: time.Second}}},
 		},
 		{
 			name: "OpenAIGarbageReset", kind: llm.KindOpenAI,
 			kv:   []string{"x-ratelimit-limit-tokens", "40000", "x-ratelimit-remaining-tokens", "3", "x-ratelimit-reset-tokens", "-2s"},
-			want: llm.RateLimit{Tokens: llm.Tokens{Combined: llm.TokenLimit{Known: true, Limit: 40000, Remaining: 3}}},
+			want: llm.RateLimit{Tokens: llm.TokenRateLimits{Combined: llm.TokenRateLimit{Known: true, Limit: 40000, Remaining: 3}}},
 		},
 		{
 			name: "OpenAIGarbageLimit", kind: llm.KindOpenAI,
@@ -123,7 +123,7 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 			bundleOpts{now: fixedClock})
 		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		se := asStatusError(t, err)
-		requireRateLimit(t, llm.RateLimit{Tokens: llm.Tokens{Output: anthropic(8000, 0, testNow.Add(2*time.Second))}}, se.RateLimit)
+		requireRateLimit(t, llm.RateLimit{Tokens: llm.TokenRateLimits{Output: anthropic(8000, 0, testNow.Add(2*time.Second))}}, se.RateLimit)
 	})
 }
 

@@ -34,7 +34,7 @@ type Authenticator struct {
 
 type entry struct {
 	tenant  *Tenant
-	err     error // nil, ErrUnknownToken or ErrRevoked
+	err     error // nil, ErrUnknownBearerToken or ErrRevoked
 	expires time.Time
 }
 
@@ -59,10 +59,10 @@ func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
 // TTL is how long an answer is cached: the longest a revocation takes to reach this process.
 func (a *Authenticator) TTL() time.Duration { return a.cfg.TTL }
 
-// Authenticate returns the token's tenant. Errors: ErrMalformedToken, ErrUnknownToken,
+// Authenticate returns the token's tenant. Errors: ErrMalformedBearerToken, ErrUnknownBearerToken,
 // ErrRevoked (returned with the tenant), or a wrapped database error (not cached).
 func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant, error) {
-	hash, err := HashToken(token)
+	hash, err := HashBearerToken(token)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +75,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant
 	}
 	t, err := a.store.Lookup(ctx, hash)
 	switch {
-	case errors.Is(err, ErrUnknownToken):
+	case errors.Is(err, ErrUnknownBearerToken):
 	case err != nil:
 		return nil, err
 	case t.Revoked():

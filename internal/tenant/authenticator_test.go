@@ -41,11 +41,11 @@ func TestAuthenticator_CachesForTTL(t *testing.T) {
 
 	// Malformed tokens never reach the database; unknown ones are answered from the cache too.
 	_, err = auth.Authenticate(ctx, "nope")
-	require.ErrorIs(t, err, tenant.ErrMalformedToken)
+	require.ErrorIs(t, err, tenant.ErrMalformedBearerToken)
 	_, unknown, err := tenant.NewStore(pgtest.Pool(t), nil).Create(ctx, "elsewhere", nil)
 	require.NoError(t, err)
 	_, err = auth.Authenticate(ctx, unknown)
-	require.ErrorIs(t, err, tenant.ErrUnknownToken)
+	require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
 }
 
 func TestAuthenticator_DatabaseErrorsAreNotCached(t *testing.T) {
@@ -60,7 +60,7 @@ func TestAuthenticator_DatabaseErrorsAreNotCached(t *testing.T) {
 	cancel()
 	_, err = auth.Authenticate(canceled, token)
 	require.ErrorIs(t, err, context.Canceled)
-	require.NotErrorIs(t, err, tenant.ErrUnknownToken)
+	require.NotErrorIs(t, err, tenant.ErrUnknownBearerToken)
 
 	got, err := auth.Authenticate(context.Background(), token)
 	require.NoError(t, err)
@@ -87,7 +87,7 @@ func TestAuthenticator_BoundedCache(t *testing.T) {
 		_, tok, err := other.Create(ctx, n, nil)
 		require.NoError(t, err)
 		_, err = auth.Authenticate(ctx, tok)
-		require.ErrorIs(t, err, tenant.ErrUnknownToken)
+		require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
 	}
 	_, err = auth.Authenticate(ctx, token)
 	require.ErrorIs(t, err, tenant.ErrRevoked)

@@ -57,7 +57,7 @@ func (s *Store) Create(ctx context.Context, name string, credentials []string) (
 	if err != nil {
 		return nil, "", err
 	}
-	hash, err := HashToken(token)
+	hash, err := HashBearerToken(token)
 	if err != nil {
 		return nil, "", fmt.Errorf("new token: %w", err) // a bug: newToken makes well-formed tokens
 	}
@@ -117,11 +117,11 @@ func (s *Store) List(ctx context.Context) ([]Tenant, error) {
 	return out, nil
 }
 
-// Lookup returns the tenant whose token has this SHA-256, revoked or not, or ErrUnknownToken.
+// Lookup returns the tenant whose token has this SHA-256, revoked or not, or ErrUnknownBearerToken.
 func (s *Store) Lookup(ctx context.Context, hash [32]byte) (*Tenant, error) {
 	t, err := scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE token_sha256 = $1`, hash[:]))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrUnknownToken
+		return nil, ErrUnknownBearerToken
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up bearer token: %w", err)
@@ -129,11 +129,11 @@ func (s *Store) Lookup(ctx context.Context, hash [32]byte) (*Tenant, error) {
 	return t, nil
 }
 
-// Authenticate returns the token's tenant. Errors: ErrMalformedToken, ErrUnknownToken, ErrRevoked
+// Authenticate returns the token's tenant. Errors: ErrMalformedBearerToken, ErrUnknownBearerToken, ErrRevoked
 // (with the tenant, for logging), or a wrapped database error. It does not cache; see
 // Authenticator.
 func (s *Store) Authenticate(ctx context.Context, token string) (*Tenant, error) {
-	hash, err := HashToken(token)
+	hash, err := HashBearerToken(token)
 	if err != nil {
 		return nil, err
 	}

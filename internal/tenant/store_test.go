@@ -25,7 +25,7 @@ func TestStore_CreateAuthenticateRevoke(t *testing.T) {
 	require.Equal(t, "acme", created.Name)
 	require.Equal(t, []string{"default", "oai"}, created.Credentials)
 	require.False(t, created.Revoked())
-	require.True(t, strings.HasPrefix(token, tenant.TokenPrefix), token)
+	require.True(t, strings.HasPrefix(token, tenant.BearerTokenPrefix), token)
 	require.Len(t, token, 48)
 
 	t.Run("OnlyTheHashIsStored", func(t *testing.T) {
@@ -36,7 +36,7 @@ func TestStore_CreateAuthenticateRevoke(t *testing.T) {
 		require.Equal(t, sum[:], stored)
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE row_to_json(tenants)::text LIKE '%' || $1 || '%'`,
-			strings.TrimPrefix(token, tenant.TokenPrefix)).Scan(&n))
+			strings.TrimPrefix(token, tenant.BearerTokenPrefix)).Scan(&n))
 		require.Zero(t, n)
 	})
 
@@ -47,10 +47,10 @@ func TestStore_CreateAuthenticateRevoke(t *testing.T) {
 	require.False(t, got.Allows("backup"))
 
 	_, err = store.Authenticate(ctx, token[:len(token)-1]+flip(token[len(token)-1]))
-	require.ErrorIs(t, err, tenant.ErrUnknownToken)
+	require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
 	for _, bad := range []string{"", "llmq_", "Bearer " + token, token + "x", "sk-" + token[5:], strings.Replace(token, token[10:11], "+", 1)} {
 		_, err = store.Authenticate(ctx, bad)
-		require.ErrorIs(t, err, tenant.ErrMalformedToken, "token %q", bad)
+		require.ErrorIs(t, err, tenant.ErrMalformedBearerToken, "token %q", bad)
 	}
 
 	wasActive, err := store.Revoke(ctx, "acme")

@@ -15,10 +15,10 @@ import (
 
 // Errors of authentication and of the Store.
 var (
-	// ErrMalformedToken: the bearer token does not have the shape of an llmq token.
-	ErrMalformedToken = errors.New("malformed bearer token")
-	// ErrUnknownToken: no tenant has that token.
-	ErrUnknownToken = errors.New("unknown bearer token")
+	// ErrMalformedBearerToken: the bearer token does not have the shape of an llmq token.
+	ErrMalformedBearerToken = errors.New("malformed bearer token")
+	// ErrUnknownBearerToken: no tenant has that token.
+	ErrUnknownBearerToken = errors.New("unknown bearer token")
 	// ErrRevoked: the token's tenant was revoked.
 	ErrRevoked = errors.New("tenant revoked")
 	// ErrNotFound: no tenant with that name.
@@ -33,15 +33,15 @@ var (
 // Default is the tenant of anonymous requests when the API allows them (api.allow_anonymous).
 const Default = "default"
 
-// TokenPrefix starts every token, so that a leaked one is recognisable (secret scanners) and a
+// BearerTokenPrefix starts every token, so that a leaked one is recognisable (secret scanners) and a
 // token of another system is refused without a database lookup.
-const TokenPrefix = "llmq_"
+const BearerTokenPrefix = "llmq_"
 
 // tokenBytes is the entropy of a token.
 const tokenBytes = 32
 
 // tokenLen is the length of a token: the prefix and 32 bytes in unpadded base64url.
-var tokenLen = len(TokenPrefix) + base64.RawURLEncoding.EncodedLen(tokenBytes)
+var tokenLen = len(BearerTokenPrefix) + base64.RawURLEncoding.EncodedLen(tokenBytes)
 
 var (
 	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
@@ -78,15 +78,15 @@ func newToken(random io.Reader) (string, error) {
 	if _, err := io.ReadFull(random, b[:]); err != nil {
 		return "", fmt.Errorf("read random token: %w", err)
 	}
-	return TokenPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
+	return BearerTokenPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
-// HashToken returns the SHA-256 of a well-formed token, the only form in which it is stored or
-// cached, or ErrMalformedToken.
-func HashToken(token string) ([32]byte, error) {
-	rest, ok := strings.CutPrefix(token, TokenPrefix)
+// HashBearerToken returns the SHA-256 of a well-formed token, the only form in which it is stored or
+// cached, or ErrMalformedBearerToken.
+func HashBearerToken(token string) ([32]byte, error) {
+	rest, ok := strings.CutPrefix(token, BearerTokenPrefix)
 	if !ok || len(token) != tokenLen || !tokenRE.MatchString(rest) {
-		return [32]byte{}, ErrMalformedToken
+		return [32]byte{}, ErrMalformedBearerToken
 	}
 	return sha256.Sum256([]byte(token)), nil
 }
