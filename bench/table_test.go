@@ -228,7 +228,7 @@ func TestReport(t *testing.T) {
 	t.Parallel()
 	o := herdOpts{n: 100, capacity: 20, rate: 10, timeout: 3 * time.Minute}
 	rep := report{
-		opts: o, floor: 8 * time.Second, command: "go run ./cmd/bench herd -write docs/benchmarks.md",
+		opts: o, floor: 8 * time.Second, command: "go run . herd -write docs/benchmarks.md",
 		date: time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC), machine: "linux/amd64, nproc 2",
 		results: []result{
 			{name: "no retry", n: 100, succeeded: 20, requests: 100, tooMany: 80, complete: true, last: ms(5)},
@@ -237,7 +237,7 @@ func TestReport(t *testing.T) {
 		},
 	}
 	md := rep.markdown()
-	require.Contains(t, md, "`go run ./cmd/bench herd -write docs/benchmarks.md` — 2026-05-01, linux/amd64, nproc 2.")
+	require.Contains(t, md, "`go run . herd -write docs/benchmarks.md` — 2026-05-01, linux/amd64, nproc 2.")
 	require.Contains(t, md, "| llmq (limit configured) | 100/100 | 157 | 57 | 1.57 | 4.00 s | 8.00 s | 9.00 s | 1.12 | FAIL |")
 	require.Contains(t, md, "floor = (100 − 20) / 10 = 8.00 s")
 	require.Contains(t, md, "llmq (limit configured) misses its target: last result 9.00 s > 8.40 s; 157 provider requests ≠ 100; 57 429s > 0.")

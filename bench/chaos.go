@@ -79,7 +79,7 @@ func parseChaosFlags(args []string, stderr io.Writer) (chaosOpts, error) {
 	fs.DurationVar(&o.linger, "linger", 0, "after -grace, keep watching jobs still not terminal for up to this long, to report when they end")
 	fs.IntVar(&o.maxAttempts, "max-attempts", 20, "max_attempts of each job")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the victim choice, the simulator's latency and the client's retry spread")
-	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
+	fs.StringVar(&o.bin, "bin", "../bin", "directory holding the api and worker binaries (built there when missing)")
 	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
 	fs.StringVar(&o.write, "write", "", "Markdown file whose chaos section is replaced with the table (empty: don't write)")
 	fs.StringVar(&o.dbURL, "database-url", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
@@ -135,7 +135,7 @@ func runChaos(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	rep := chaosReport{opts: o, sum: summarizeChaos(res), res: res,
-		command: "go run ./cmd/bench chaos " + strings.Join(args, " "), date: time.Now(), machine: machine()}
+		command: "go run . chaos " + strings.Join(args, " "), date: time.Now(), machine: machine()}
 	fmt.Fprint(stdout, rep.text())
 	if o.write != "" {
 		if err := writeSection(o.write, chaosBegin, chaosEnd, rep.markdown()); err != nil {
@@ -328,7 +328,7 @@ func chaosKey(tag string, i int) string { return fmt.Sprintf("chaos-%s-%d", tag,
 // writeChaosConfig writes the run's llmq config (stores, queue, the simulator's credential with
 // its limit configured) and validates it with the real loader.
 func writeChaosConfig(path, dbURL, redisURL, simURL, apiKey string, o chaosOpts) error {
-	yaml := fmt.Sprintf(`# Written by cmd/bench chaos; removed afterwards.
+	yaml := fmt.Sprintf(`# Written by the bench chaos; removed afterwards.
 database_url: %q
 redis_url: %q
 api: { allow_anonymous: true }

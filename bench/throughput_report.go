@@ -393,7 +393,7 @@ const tpIntro = `## throughput: the queue's own cost against asynq, River and th
 With an instant provider (llmsim with no limit and no latency), how fast do jobs move through llmq
 compared with plain asynq, River, and the least a Postgres-then-asynq design must do (insert a row,
 enqueue, mark the row done)? Each part below is rewritten by its own mode of
-` + "`go run ./cmd/bench throughput -mode <throughput|rate|backlog|profile> -write docs/benchmarks.md`" + `.
+` + "`go run . throughput -mode <throughput|rate|backlog|profile> -write docs/benchmarks.md`" + `.
 `
 
 // throughputSection returns the body of the throughput section with part replaced by body. section is

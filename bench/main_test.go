@@ -67,7 +67,7 @@ func TestParseHerdFlags_Defaults(t *testing.T) {
 	require.InDelta(t, 20.0, o.capacity, 0)
 	require.InDelta(t, 10.0, o.rate, 0)
 	require.Equal(t, 4, o.workers)
-	require.Equal(t, "bin", o.bin)
+	require.Equal(t, "../bin", o.bin)
 	require.Empty(t, o.write)
 	require.Equal(t, "3m0s", o.timeout.String())
 	require.Equal(t, "8.00 s", seconds(floorOf(o.n, o.capacity, o.rate)))

@@ -232,7 +232,7 @@ func parseTokensFlags(args []string, stderr io.Writer) (tokensOpts, error) {
 		"length of the token \"minute\" in the simulator and llmq's worker.token_minute (1m is real time)")
 	fs.DurationVar(&o.latency, "latency", 0, "the simulator's answer latency (0: answers at once, like herd)")
 	fs.IntVar(&o.workers, "workers", 4, "worker processes per row")
-	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
+	fs.StringVar(&o.bin, "bin", "../bin", "directory holding the api and worker binaries (built there when missing)")
 	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
 	fs.StringVar(&o.write, "write", "", "Markdown file whose tokens section is replaced with the table (empty: don't write)")
 	fs.StringVar(&o.only, "only", "", "comma-separated rows to run (default all): "+strings.Join(tokensRowIDs(o), ", "))
@@ -320,7 +320,7 @@ func runTokens(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 
 	rep := tokensReport{opts: o, floor: floor, binding: binding, results: results,
-		command: "go run ./cmd/bench tokens " + strings.Join(args, " "), date: time.Now(), machine: machine()}
+		command: "go run . tokens " + strings.Join(args, " "), date: time.Now(), machine: machine()}
 	fmt.Fprint(stdout, rep.text())
 	if len(failed) > 0 {
 		return fmt.Errorf("rows did not run: %s (table not written)", strings.Join(failed, ", "))

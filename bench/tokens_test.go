@@ -345,7 +345,7 @@ func TestTokensReport(t *testing.T) {
 	t.Parallel()
 	o := defaultTokensOpts(t)
 	floor, binding := tokenFloor(o.buckets())
-	rep := tokensReport{opts: o, floor: floor, binding: binding, command: "go run ./cmd/bench tokens -write docs/benchmarks.md",
+	rep := tokensReport{opts: o, floor: floor, binding: binding, command: "go run . tokens -write docs/benchmarks.md",
 		date: time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), machine: "linux/amd64, nproc 2",
 		results: []tokensResult{
 			{result: result{name: "llmq, request limit only", n: 100, succeeded: 54, requests: 140, tooMany: 86, last: 3 * time.Minute},
@@ -360,7 +360,7 @@ func TestTokensReport(t *testing.T) {
 	require.Equal(t, "> 7.50", rows[0][8])
 	md := rep.markdown()
 	require.True(t, strings.HasPrefix(md, "## tokens: "))
-	require.Contains(t, md, "`go run ./cmd/bench tokens -write docs/benchmarks.md` — 2026-11-29, linux/amd64, nproc 2.")
+	require.Contains(t, md, "`go run . tokens -write docs/benchmarks.md` — 2026-11-29, linux/amd64, nproc 2.")
 	require.Contains(t, md, "| llmq, token limits known | 100/100 | 100 | 0 | 1.00 |")
 	require.Contains(t, md, "input tokens: (2,000 × 100 − 40,000) / (40,000 / 6s) = 24.00 s")
 	require.Contains(t, md, "Floor 24.00 s (input tokens).")

@@ -161,7 +161,7 @@ func parseHerdFlags(args []string, stderr io.Writer) (herdOpts, error) {
 	fs.Float64Var(&o.capacity, "capacity", 20, "the simulator's bucket capacity (requests)")
 	fs.Float64Var(&o.rate, "rate", 10, "the simulator's refill rate (requests per second)")
 	fs.IntVar(&o.workers, "workers", 4, "worker processes for the llmq rows")
-	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
+	fs.StringVar(&o.bin, "bin", "../bin", "directory holding the api and worker binaries (built there when missing)")
 	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
 	fs.StringVar(&o.write, "write", "", "Markdown file whose herd section is replaced with the table (empty: don't write)")
 	fs.StringVar(&o.only, "only", "", "comma-separated rows to run (default all): "+strings.Join(rowIDs(herdRows(o)), ", "))
@@ -235,7 +235,7 @@ func runHerd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("interrupted: %w", context.Cause(ctx))
 	}
 
-	rep := report{opts: o, floor: floor, results: results, command: "go run ./cmd/bench herd " + strings.Join(args, " "),
+	rep := report{opts: o, floor: floor, results: results, command: "go run . herd " + strings.Join(args, " "),
 		date: time.Now(), machine: machine()}
 	fmt.Fprint(stdout, rep.text())
 	if len(failed) > 0 {
@@ -324,7 +324,7 @@ const (
 
 const benchmarksIntro = `# Benchmarks
 
-Figures measured by ` + "`cmd/bench`" + `. Each section is rewritten by the command shown in it
+Figures measured by ` + "`bench/`" + `. Each section is rewritten by the command shown in it
 (` + "`-write docs/benchmarks.md`" + `); they are figures from one machine, not timed tests.
 `
 

@@ -100,7 +100,7 @@ func parseOutageFlags(args []string, stderr io.Writer) (outageOpts, error) {
 	fs.DurationVar(&o.cooldown, "cooldown", outageDefaultCooldown, "llmq's breaker cooldown (llmq's default is 30s)")
 	fs.DurationVar(&o.maxCooldown, "max-cooldown", outageDefaultMaxCooldown, "llmq's breaker max_cooldown, the cap of the cooldown's doubling after failed probes (0: llmq's default, 2 × -cooldown)")
 	fs.IntVar(&o.threshold, "threshold", outageDefaultThreshold, "llmq's breaker threshold (consecutive server-side failures that open it)")
-	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
+	fs.StringVar(&o.bin, "bin", "../bin", "directory holding the api and worker binaries (built there when missing)")
 	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
 	fs.StringVar(&o.write, "write", "", "Markdown file whose outage section is replaced with the table (empty: don't write)")
 	fs.StringVar(&o.only, "only", "", "comma-separated rows to run (default all): "+strings.Join(rowIDs(outageRows(o)), ", "))
@@ -182,7 +182,7 @@ func runOutage(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("interrupted: %w", context.Cause(ctx))
 	}
 
-	rep := outageReport{opts: o, results: results, command: "go run ./cmd/bench outage " + strings.Join(args, " "),
+	rep := outageReport{opts: o, results: results, command: "go run . outage " + strings.Join(args, " "),
 		date: time.Now(), machine: machine()}
 	fmt.Fprint(stdout, rep.text())
 	if len(failed) > 0 {

@@ -112,7 +112,7 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long jobs are offered (rate mode)")
 	fs.StringVar(&o.only, "only", "", "comma-separated systems to run (default: all in throughput mode; composite, httpfloor and llmq in rate mode; "+
 		"llmq otherwise): "+strings.Join(tpRowIDs, ", "))
-	fs.StringVar(&o.bin, "bin", "bin", "directory holding the api and worker binaries (built there when missing)")
+	fs.StringVar(&o.bin, "bin", "../bin", "directory holding the api and worker binaries (built there when missing)")
 	fs.BoolVar(&o.build, "build", false, "build the api and worker binaries into -bin even when present")
 	fs.StringVar(&o.write, "write", "", "Markdown file whose throughput section gets this mode's part (empty: don't write)")
 	fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "cap on each run's wait for its jobs, from its first submit")
@@ -236,7 +236,7 @@ func runThroughput(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return err
 		}
 	}
-	command := strings.TrimSpace("go run ./cmd/bench throughput " + strings.Join(args, " "))
+	command := strings.TrimSpace("go run . throughput " + strings.Join(args, " "))
 	head := tpHead{command: command, date: time.Now(), machine: machine()}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		head.load = loadAverage(string(b))

@@ -410,8 +410,8 @@ func TestLoadAverage(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "6.88, 7.94, 8.22", loadAverage("6.88 7.94 8.22 3/412 12345\n"))
 	require.Empty(t, loadAverage(""))
-	h := tpHead{command: "go run ./cmd/bench throughput", date: time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), machine: "m", load: "1.00, 2.00, 3.00"}
-	require.Equal(t, "`go run ./cmd/bench throughput` — 2026-11-29, m; load average 1.00, 2.00, 3.00 when it started "+
+	h := tpHead{command: "go run . throughput", date: time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), machine: "m", load: "1.00, 2.00, 3.00"}
+	require.Equal(t, "`go run . throughput` — 2026-11-29, m; load average 1.00, 2.00, 3.00 when it started "+
 		"(other work on the machine slows every row).\n\n", h.markdownLine())
 }
 

@@ -1,8 +1,8 @@
 // Command bench runs llmq's benchmark scenarios and prints their tables.
 //
-//	go run ./cmd/bench herd [flags]     # N jobs at once against a rate-limited provider
-//	go run ./cmd/bench outage [flags]   # N jobs at once while the provider is overloaded
-//	go run ./cmd/bench tokens [flags]   # N long prompts at once against token limits
+//	go run . herd [flags]     # N jobs at once against a rate-limited provider
+//	go run . outage [flags]   # N jobs at once while the provider is overloaded
+//	go run . tokens [flags]   # N long prompts at once against token limits
 //
 // Scenarios drive the whole system (the api and worker binaries, Postgres, Redis and an
 // in-process llmsim) and may write their table into docs/benchmarks.md. They are benchmark

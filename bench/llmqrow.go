@@ -140,7 +140,7 @@ func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetu
 		breakerLine = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s%s, cold_start_cap: %t }\n",
 			s.breaker.Threshold, s.breaker.Cooldown, maxCooldown, s.breaker.ColdStartCap)
 	}
-	yaml := fmt.Sprintf(`# Written by cmd/bench for one row; removed afterwards.
+	yaml := fmt.Sprintf(`# Written by the bench for one row; removed afterwards.
 database_url: %q
 redis_url: %q
 api: { allow_anonymous: true }
@@ -596,6 +596,9 @@ func tail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// repoRoot is the llmq checkout whose api and worker are measured: the bench runs in bench/.
+const repoRoot = ".."
+
 // ensureBinaries builds the api and worker into bin when either is missing (or always with
 // force), and warns when they are older than the sources they are built from.
 func ensureBinaries(ctx context.Context, bin string, force bool, stderr io.Writer) error {
@@ -606,18 +609,24 @@ func ensureBinaries(ctx context.Context, bin string, force bool, stderr io.Write
 		}
 	}
 	if !missing && !force {
-		if src := newerSource(filepath.Join(bin, "worker"), "cmd/api", "cmd/worker", "internal", "migrations"); src != "" {
+		if src := newerSource(filepath.Join(bin, "worker"), filepath.Join(repoRoot, "cmd"), filepath.Join(repoRoot, "internal"),
+			filepath.Join(repoRoot, "migrations")); src != "" {
 			fmt.Fprintf(stderr, "herd: warning: %s is older than %s; run `make build` or pass -build to measure the current code\n",
 				filepath.Join(bin, "worker"), src)
 		}
 		return nil
 	}
-	args := []string{"build", "-o", bin + string(filepath.Separator), "./cmd/api", "./cmd/worker"}
-	fmt.Fprintf(stderr, "herd: building the binaries: go %s\n", strings.Join(args, " "))
+	out, err := filepath.Abs(bin)
+	if err != nil {
+		return fmt.Errorf("-bin: %w", err)
+	}
+	args := []string{"build", "-o", out + string(filepath.Separator), "./cmd/api", "./cmd/worker"}
+	fmt.Fprintf(stderr, "herd: building the binaries in %s: go %s\n", repoRoot, strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = repoRoot
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go %s (run from the module root, or pass -bin): %w", strings.Join(args, " "), err)
+		return fmt.Errorf("go %s (run the bench from bench/, or pass -bin): %w", strings.Join(args, " "), err)
 	}
 	return nil
 }

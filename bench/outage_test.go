@@ -173,7 +173,7 @@ func TestOutageReport(t *testing.T) {
 	t.Parallel()
 	o, err := parseOutageFlags(nil, io.Discard)
 	require.NoError(t, err)
-	rep := outageReport{opts: o, command: "go run ./cmd/bench outage -write docs/benchmarks.md",
+	rep := outageReport{opts: o, command: "go run . outage -write docs/benchmarks.md",
 		date: time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC), machine: "linux/amd64",
 		results: []outageResult{
 			{result: result{name: "asynq, default retry", n: 200, succeeded: 200, requests: 900, complete: true, last: time.Minute,
@@ -183,7 +183,7 @@ func TestOutageReport(t *testing.T) {
 		}}
 	md := rep.markdown()
 	require.True(t, strings.HasPrefix(md, "## outage: "))
-	require.Contains(t, md, "`go run ./cmd/bench outage -write docs/benchmarks.md` — 2026-05-01, linux/amd64.")
+	require.Contains(t, md, "`go run . outage -write docs/benchmarks.md` — 2026-05-01, linux/amd64.")
 	require.Contains(t, md, "| strategy | succeeded | requests during outage |")
 	require.Contains(t, md, "- asynq note\n")
 	require.Contains(t, md, "Breaker: threshold 3, cooldown 2.00 s doubling after each failed probe up to max_cooldown 2.80 s")
