@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -44,7 +43,6 @@ type chaosOpts struct {
 	pgDownAt    time.Duration
 	pgDownFor   time.Duration
 	grace       time.Duration
-	linger      time.Duration
 	maxAttempts int
 	seed        uint64
 	bin         string
@@ -76,7 +74,6 @@ func parseChaosFlags(args []string, stderr io.Writer) (chaosOpts, error) {
 	fs.DurationVar(&o.pgDownAt, "pg-down-at", 11*time.Second, "cut Postgres off at this time from the start")
 	fs.DurationVar(&o.pgDownFor, "pg-down-for", 5*time.Second, "for this long (0: never)")
 	fs.DurationVar(&o.grace, "grace", 60*time.Second, "every accepted job must be terminal this long after the last fault ended")
-	fs.DurationVar(&o.linger, "linger", 0, "after -grace, keep watching jobs still not terminal for up to this long, to report when they end")
 	fs.IntVar(&o.maxAttempts, "max-attempts", 20, "max_attempts of each job")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the victim choice, the simulator's latency and the client's retry spread")
 	fs.StringVar(&o.bin, "bin", "../bin", "directory holding the api and worker binaries (built there when missing)")
@@ -104,7 +101,7 @@ func parseChaosFlags(args []string, stderr io.Writer) (chaosOpts, error) {
 		return o, errors.New("-latency, -jitter: must not be negative")
 	case o.killFor > 0 && o.killEvery <= 0:
 		return o, errors.New("-kill-every: must be positive")
-	case o.submitOver < 0 || o.flushAt < 0 || o.pgDownAt < 0 || o.pgDownFor < 0 || o.killFor < 0 || o.linger < 0:
+	case o.submitOver < 0 || o.flushAt < 0 || o.pgDownAt < 0 || o.pgDownFor < 0 || o.killFor < 0:
 		return o, errors.New("times must not be negative")
 	case o.grace <= 0:
 		return o, errors.New("-grace: must be positive")
@@ -244,8 +241,6 @@ func executeChaos(ctx context.Context, o chaosOpts, logf func(string, ...any)) (
 	}
 	rdb := redisOpt.MakeRedisClient().(redis.UniversalClient)
 	defer rdb.Close()
-	insp := asynq.NewInspector(redisOpt)
-	defer insp.Close()
 
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 64
@@ -304,7 +299,7 @@ func executeChaos(ctx context.Context, o chaosOpts, logf func(string, ...any)) (
 	graceAt := start.Add(res.lastFaultEnd + o.grace)
 	logf("faults over at %s; every accepted job must be terminal by %s", seconds(res.lastFaultEnd),
 		seconds(res.lastFaultEnd+o.grace))
-	err = waitChaosJobs(ctx, &res, admin, insp, submitsDone, graceAt, graceAt.Add(o.linger), logf)
+	err = waitChaosJobs(ctx, &res, admin, submitsDone, graceAt, logf)
 	stopProgress()
 	if err != nil {
 		return res, err
@@ -318,7 +313,6 @@ func executeChaos(ctx context.Context, o chaosOpts, logf func(string, ...any)) (
 	for _, s := range slots {
 		res.exits = append(res.exits, s.unexpectedExits()...)
 	}
-	res.internalErrors = grepLogs(dir, "api-", `"internal error"`, 20)
 	return res, nil
 }
 
@@ -538,24 +532,10 @@ func chaosProgress(ctx context.Context, start time.Time, admin *pgxpool.Pool, ac
 	}
 }
 
-// chaosStuck is an accepted job not terminal at the judging time.
-type chaosStuck struct {
-	id        string
-	status    string
-	attempts  int
-	updatedAt time.Time
-	task      string // its asynq task's state, or "missing"
-	events    string // its transitions, "queued 0.05 s, running 0.10 s, ..." (the first few jobs only)
-}
-
-// chaosStuckHistory is how many stuck jobs get their transitions read.
-const chaosStuckHistory = 5
-
-// waitChaosJobs polls the database until every accepted job is terminal, noting the jobs not
-// terminal at graceAt, and gives up at endAt.
-func waitChaosJobs(ctx context.Context, res *chaosResult, admin *pgxpool.Pool, insp *asynq.Inspector,
-	submitsDone <-chan struct{}, graceAt, endAt time.Time, logf func(string, ...any)) error {
-	judged := false
+// waitChaosJobs polls the database until every accepted job is terminal, or until graceAt,
+// when the jobs still pending are recorded.
+func waitChaosJobs(ctx context.Context, res *chaosResult, admin *pgxpool.Pool, submitsDone <-chan struct{}, graceAt time.Time,
+	logf func(string, ...any)) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -567,24 +547,15 @@ func waitChaosJobs(ctx context.Context, res *chaosResult, admin *pgxpool.Pool, i
 		}
 		now := time.Now()
 		pending, err := chaosPending(ctx, admin, res.submits)
-		if err != nil {
+		switch {
+		case err != nil:
 			logf("  polling the database: %v", err)
-		}
-		if err == nil && !judged && (now.After(graceAt) || (done && len(pending) == 0)) {
-			judged = true
-			res.stuck = chaosStuckDetails(ctx, admin, insp, pending, res.start)
-			if len(pending) > 0 {
-				logf("%s: %d accepted jobs not terminal at the grace deadline", seconds(now.Sub(res.start)), len(pending))
-			}
-		}
-		if err == nil && done && len(pending) == 0 {
-			res.observedUntil = now.Sub(res.start)
-			res.allTerminal = true
+		case done && len(pending) == 0:
+			res.observedUntil, res.allTerminal = now.Sub(res.start), true
 			return nil
-		}
-		if judged && now.After(endAt) {
-			res.observedUntil = now.Sub(res.start)
-			res.stillPending = len(pending)
+		case now.After(graceAt):
+			logf("%s: %d accepted jobs not terminal at the grace deadline", seconds(now.Sub(res.start)), len(pending))
+			res.observedUntil, res.pending = now.Sub(res.start), pending
 			return nil
 		}
 		select {
@@ -625,44 +596,6 @@ func chaosPending(ctx context.Context, admin *pgxpool.Pool, submits []chaosSubmi
 	return pending, nil
 }
 
-// chaosStuckDetails describes the pending jobs: their row and their asynq task.
-func chaosStuckDetails(ctx context.Context, admin *pgxpool.Pool, insp *asynq.Inspector, ids []string, start time.Time) []chaosStuck {
-	out := make([]chaosStuck, 0, len(ids))
-	for k, id := range ids {
-		s := chaosStuck{id: id, status: "missing", task: "missing"}
-		_ = admin.QueryRow(ctx, `SELECT status, attempts, updated_at FROM jobs WHERE id = $1`, id).
-			Scan(&s.status, &s.attempts, &s.updatedAt)
-		if info, err := insp.GetTaskInfo(chaosQueue, id); err == nil {
-			s.task = info.State.String()
-		} else if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-			s.task = "unknown: " + err.Error()
-		}
-		if k < chaosStuckHistory {
-			s.events = chaosEvents(ctx, admin, id, start)
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-// chaosEvents renders a job's transitions with their times since start.
-func chaosEvents(ctx context.Context, admin *pgxpool.Pool, id string, start time.Time) string {
-	rows, err := admin.Query(ctx, `SELECT type, created_at FROM job_events WHERE job_id = $1 ORDER BY seq`, id)
-	if err != nil {
-		return "unreadable: " + err.Error()
-	}
-	defer rows.Close()
-	var parts []string
-	for rows.Next() {
-		var typ string
-		var at time.Time
-		if rows.Scan(&typ, &at) == nil {
-			parts = append(parts, fmt.Sprintf("%s %.2f s", typ, at.Sub(start).Seconds()))
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
 // chaosRow is one job row at the end of the run.
 type chaosRow struct {
 	id         string
@@ -696,27 +629,4 @@ FROM jobs j ORDER BY j.id`)
 		return nil, fmt.Errorf("read the jobs: %w", err)
 	}
 	return out, nil
-}
-
-// grepLogs returns up to limit lines containing needle from the logs in dir whose names start
-// with prefix.
-func grepLogs(dir, prefix, needle string, limit int) []string {
-	paths, _ := filepath.Glob(filepath.Join(dir, prefix+"*.log"))
-	slices.Sort(paths)
-	var out []string
-	for _, p := range paths {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), needle) && len(out) < limit {
-				out = append(out, filepath.Base(p)+": "+sc.Text())
-			}
-		}
-		f.Close()
-	}
-	return out
 }

@@ -235,7 +235,6 @@ func TestSummarizeChaos(t *testing.T) {
 		rep := chaosReport{opts: o, res: r, sum: s}
 		require.True(t, rep.pass(), "%s", rep.text())
 		require.Contains(t, rep.text(), "\nPASS\n")
-		require.Contains(t, rep.text(), "plus: +0 s: 1, +30 s: 2 (of 2; observed until +35.00 s)")
 	})
 	t.Run("EveryFailure", func(t *testing.T) {
 		t.Parallel()
@@ -250,8 +249,7 @@ func TestSummarizeChaos(t *testing.T) {
 			chaosRow{id: "d", key: "", status: "succeeded", hasResult: true, finishedAt: ptr(at(7)), prompt: chaosMarker("t", 0)},
 		)
 		r.calls = append(r.calls, chaosCall{job: 0, arrived: at(6.5), ended: at(7), status: 200})
-		r.stuck = []chaosStuck{{id: "c", status: "running", task: "missing"}, {id: "gone", status: "missing", task: "missing"}}
-		r.allTerminal, r.stillPending = false, 2
+		r.allTerminal, r.pending = false, []string{"c", "gone"}
 		r.exits = []chaosExit{
 			{name: "worker-2.4", at: at(12), err: errors.New("exit status 1"), tail: "log line\nworker: connect to postgres: refused"},
 			{name: "worker-2.5", at: at(12.5), err: errors.New("exit status 1"), tail: "worker: connect to postgres: refused again"},
@@ -272,9 +270,8 @@ func TestSummarizeChaos(t *testing.T) {
 		rep := chaosReport{opts: o, res: r, sum: s}
 		require.False(t, rep.pass())
 		text := rep.text()
-		for _, want := range []string{"\nFAIL\n", "500 answers: job 2 at 0.000 s from api-1 (then 202: it had not been committed)",
-			"1 running with task missing", "Calls after success: job 0 (a)", "1 submits were never accepted",
-			"worker-2: 2 exits at 12.0–12.5 s, the first: exit status 1: worker: connect to postgres: refused."} {
+		for _, want := range []string{"\nFAIL\n", "Calls after success: job 0 (a)", "1 submits were never accepted",
+			"2 processes exited on their own"} {
 			require.Contains(t, text, want)
 		}
 		md := rep.markdown()

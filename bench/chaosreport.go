@@ -18,21 +18,16 @@ type chaosResult struct {
 	faults       []chaosFault
 	lastFaultEnd time.Duration // since start
 	submits      []chaosSubmit
-	// stuck are the accepted jobs not terminal at the grace deadline (missing ones included,
-	// with status "missing").
-	stuck []chaosStuck
 	// allTerminal: every accepted job was terminal when the observation ended, at
-	// observedUntil; otherwise stillPending were not.
+	// observedUntil; otherwise pending (IDs) were not, at the grace deadline.
 	allTerminal   bool
 	observedUntil time.Duration
-	stillPending  int
+	pending       []string
 	rows          []chaosRow  // the jobs table at the end
 	calls         []chaosCall // provider requests with a job marker
 	unmarked      int         // provider requests without one
 	refused       int         // connections the Postgres proxy refused while down
 	exits         []chaosExit // processes that ended on their own
-	// internalErrors are API log lines of 500 answers.
-	internalErrors []string
 }
 
 // chaosRecovery is the time from a fault's end to the next job that succeeded.
@@ -64,19 +59,7 @@ type chaosSummary struct {
 	answers                                    map[int]int // HTTP status → count over every submit try; 0: no answer
 	noRetryAfter                               int         // 503s without Retry-After
 	recoveries                                 []chaosRecovery
-	lastTerminal                               time.Duration   // latest finished_at among accepted jobs, since start
-	finished                                   []time.Duration // finished_at of the accepted jobs that ended, since start
-}
-
-// terminalBy counts the accepted jobs that had ended by t (since start).
-func (s chaosSummary) terminalBy(t time.Duration) int {
-	n := 0
-	for _, f := range s.finished {
-		if f <= t {
-			n++
-		}
-	}
-	return n
+	lastTerminal                               time.Duration // latest finished_at among accepted jobs, since start
 }
 
 // lost is the issue's "lost jobs": accepted, then missing or not terminal at the deadline.
@@ -158,7 +141,6 @@ func summarizeChaos(r chaosResult) chaosSummary {
 		s.recordedAttempts += row.recorded
 		if row.finishedAt != nil {
 			s.lastTerminal = max(s.lastTerminal, row.finishedAt.Sub(r.start))
-			s.finished = append(s.finished, row.finishedAt.Sub(r.start))
 		}
 		if row.status != "succeeded" {
 			continue
@@ -185,8 +167,8 @@ func summarizeChaos(r chaosResult) chaosSummary {
 			s.orphans++
 		}
 	}
-	for _, st := range r.stuck {
-		if known[st.id] && st.status != "missing" {
+	for _, id := range r.pending {
+		if _, found := byID[id]; known[id] && found {
 			s.nonTerminalAtGrace++
 		}
 	}
@@ -285,7 +267,7 @@ func chaosChecks(o chaosOpts, r chaosResult, s chaosSummary) []chaosCheck {
 		allTerminal.value = fmt.Sprintf("last fault + %s", seconds(after))
 		allTerminal.pass = s.nonTerminalAtGrace == 0
 	default:
-		allTerminal.value = fmt.Sprintf("%d still not terminal at last fault + %s", r.stillPending, seconds(r.observedUntil-r.lastFaultEnd))
+		allTerminal.value = fmt.Sprintf("%d still not terminal at last fault + %s", len(r.pending), seconds(r.observedUntil-r.lastFaultEnd))
 	}
 	checks = append(checks, allTerminal)
 	return checks
@@ -359,59 +341,13 @@ func (r chaosReport) notes() []string {
 			"canceled attempt), %d without; %d jobs were answered 200 more than once (at-least-once calls); job_attempts "+
 			"recorded %d attempts.", s.calls, s.tooMany, s.aborted, res.unmarked, s.paidTwice, s.recordedAttempts),
 	}
-	var by []string
-	for _, d := range []time.Duration{0, 30 * time.Second, time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 16 * time.Minute} {
-		if d > 0 && res.lastFaultEnd+d > res.observedUntil {
-			break
-		}
-		label := fmt.Sprintf("%.0f s", d.Seconds())
-		if d >= time.Minute {
-			label = fmt.Sprintf("%.0f min", d.Minutes())
-		}
-		by = append(by, fmt.Sprintf("+%s: %d", label, s.terminalBy(res.lastFaultEnd+d)))
-	}
-	notes = append(notes, fmt.Sprintf("Accepted jobs ended by the last fault's end (%.1f s) plus: %s (of %d; observed until +%s).",
-		res.lastFaultEnd.Seconds(), strings.Join(by, ", "), s.accepted, seconds(res.observedUntil-res.lastFaultEnd)))
-	if len(res.stuck) > 0 {
-		groups := map[string]int{}
-		var oldest []string
-		jobOf := map[string]int{}
-		for i, sub := range res.submits {
-			jobOf[sub.id] = i
-		}
-		for _, st := range res.stuck {
-			groups[fmt.Sprintf("%s with task %s", st.status, st.task)]++
-			if st.events != "" {
-				oldest = append(oldest, fmt.Sprintf("%s (%s, %d attempts, task %s; transitions: %s; provider calls: %s)",
-					st.id, st.status, st.attempts, st.task, st.events, callsText(res, jobOf[st.id])))
-			}
-		}
-		var parts []string
-		for _, k := range slices.Sorted(maps.Keys(groups)) {
-			parts = append(parts, fmt.Sprintf("%d %s", groups[k], k))
-		}
-		notes = append(notes, fmt.Sprintf("Not terminal at last fault + %s (%.1f s): %s. For example: %s.",
-			seconds(o.grace), (res.lastFaultEnd+o.grace).Seconds(), strings.Join(parts, "; "), strings.Join(oldest, "; ")))
-	}
 	if len(s.afterSuccess) > 0 {
 		ex := s.afterSuccess[:min(5, len(s.afterSuccess))]
 		notes = append(notes, "Calls after success: "+strings.Join(ex, "; ")+".")
 	}
-	for _, f := range res.faults {
-		if f.kind == "postgres" {
-			notes = append(notes, fmt.Sprintf("Submit answers while Postgres was unreachable (%.2f–%.2f s): %s; in the second after: %s.",
-				f.start.Seconds(), f.end.Seconds(), answersDuring(res, f.start, f.end), answersDuring(res, f.end, f.end+time.Second)))
-		}
-	}
-	if e500 := answersWith(res, http.StatusInternalServerError, 5); len(e500) > 0 {
-		notes = append(notes, "500 answers: "+strings.Join(e500, "; ")+".")
-	}
-	if len(res.internalErrors) > 0 {
-		ex := res.internalErrors[:min(3, len(res.internalErrors))]
-		notes = append(notes, "500s in the api logs: "+strings.Join(ex, " | "))
-	}
 	if len(res.exits) > 0 {
-		notes = append(notes, "Processes that exited on their own (each restarted by the supervisor): "+exitsSummary(res)+".")
+		notes = append(notes, fmt.Sprintf("%d processes exited on their own and were restarted by the supervisor (their logs: -keep-logs).",
+			len(res.exits)))
 	}
 	if s.orphans > 0 {
 		notes = append(notes, fmt.Sprintf("%d job rows belong to no accepted submit (committed, but the client never got a 2xx).", s.orphans))
@@ -427,101 +363,6 @@ func (r chaosReport) notes() []string {
 	}
 	notes = append(notes, "Verdict: "+r.verdict()+".")
 	return notes
-}
-
-// exitsSummary groups the unexpected exits by process slot: "worker-2: 8 exits at 12.0–15.6 s,
-// the first: exit status 1: worker: connect to postgres: …".
-func exitsSummary(res chaosResult) string {
-	type group struct {
-		n           int
-		first, last time.Duration
-		why         string
-	}
-	groups := map[string]*group{}
-	for _, e := range res.exits {
-		slot, _, _ := strings.Cut(e.name, ".")
-		at := e.at.Sub(res.start)
-		g := groups[slot]
-		if g == nil {
-			why := strings.TrimSpace(e.tail)
-			if i := strings.LastIndex(why, "\n"); i >= 0 {
-				why = why[i+1:]
-			}
-			if len(why) > 160 {
-				why = why[:160] + "…"
-			}
-			g = &group{first: at, why: fmt.Sprintf("%v: %s", e.err, why)}
-			groups[slot] = g
-		}
-		g.n++
-		g.last = max(g.last, at)
-	}
-	var parts []string
-	for _, slot := range slices.Sorted(maps.Keys(groups)) {
-		g := groups[slot]
-		parts = append(parts, fmt.Sprintf("%s: %d exits at %.1f–%.1f s, the first: %s", slot, g.n, g.first.Seconds(), g.last.Seconds(), g.why))
-	}
-	return strings.Join(parts, "; ")
-}
-
-// callsText renders the provider calls of job i: "arrived 0.11 s → 499 at 2.00 s, ...".
-func callsText(res chaosResult, i int) string {
-	var parts []string
-	for _, c := range res.calls {
-		if c.job == i {
-			parts = append(parts, fmt.Sprintf("arrived %.2f s → %d at %.2f s", c.arrived.Sub(res.start).Seconds(), c.status,
-				c.ended.Sub(res.start).Seconds()))
-		}
-	}
-	if len(parts) == 0 {
-		return "none"
-	}
-	return strings.Join(parts, ", ")
-}
-
-// answersDuring renders the submit answers received from from to to: "503×40, 202×3".
-func answersDuring(res chaosResult, from, to time.Duration) string {
-	counts := map[int]int{}
-	for _, sub := range res.submits {
-		for _, a := range sub.answers {
-			if a.at >= from && a.at <= to {
-				counts[a.status]++
-			}
-		}
-	}
-	var parts []string
-	for _, st := range slices.Sorted(maps.Keys(counts)) {
-		name := fmt.Sprint(st)
-		if st == 0 {
-			name = "no answer"
-		}
-		parts = append(parts, fmt.Sprintf("%s×%d", name, counts[st]))
-	}
-	if len(parts) == 0 {
-		return "none"
-	}
-	return strings.Join(parts, ", ")
-}
-
-// answersWith lists the submit tries answered with status and what came of their job: "job 17
-// at 4.010 s from api-1 (then 202: it had not been committed)".
-func answersWith(res chaosResult, status, limit int) []string {
-	var out []string
-	for i, sub := range res.submits {
-		then := "never accepted"
-		switch {
-		case sub.accepted && sub.replayed:
-			then = "then 200, replayed: it had been committed"
-		case sub.accepted:
-			then = "then 202: it had not been committed"
-		}
-		for _, a := range sub.answers {
-			if a.status == status && len(out) < limit {
-				out = append(out, fmt.Sprintf("job %d at %.3f s from api-%d (%s)", i, a.at.Seconds(), a.api+1, then))
-			}
-		}
-	}
-	return out
 }
 
 // text is what the command prints: the report and its verdict.

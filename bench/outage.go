@@ -46,8 +46,9 @@ const (
 	outageLLMQRowID       = "llmq"
 	outageScenario        = "outage"
 	outageDefaultCooldown = 2 * time.Second
-	// outageDefaultThreshold and outageDefaultMaxCooldown fit both targets (see cooldownNote):
-	// 3 failures to open leave 7 probes for the outage, one at most every 2.8 s.
+	// outageDefaultThreshold and outageDefaultMaxCooldown fit both targets: 3 failures to open
+	// leave 7 probes for a 20 s outage, one at most every 2.8 s, and a probe at most 2.8 s after
+	// the recovery leaves the drain its time.
 	outageDefaultThreshold   = 3
 	outageDefaultMaxCooldown = 2800 * time.Millisecond
 )
@@ -173,8 +174,6 @@ func runOutage(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		} else {
 			fmt.Fprintf(stderr, "outage: [%d/%d] %s: finished: %d/%d succeeded, %d provider requests (%d during the outage), "+
 				"recovery → last result %s\n", i+1, len(rows), r.name, res.succeeded, res.n, res.requests, res.duringOutage, lagText(res))
-			fmt.Fprintf(stderr, "outage:   requests by arrival second (count×status): %s\n", res.timeline)
-			fmt.Fprintf(stderr, "outage:   requests during the outage arrived at: %s\n", res.arrivals)
 		}
 		results = append(results, res)
 	}
@@ -234,9 +233,6 @@ func runOutageRow(ctx context.Context, o outageOpts, r row, stderr io.Writer) ou
 			res.duringOutage++
 		}
 	}
-	res.timeline = timeline(reqs, time.Second)
-	res.arrivals = outageArrivals(reqs, 40)
-	res.burst, res.probes, res.burstSpan = outageSplit(reqs, o.cooldown)
 	return res
 }
 
@@ -252,14 +248,6 @@ type outageResult struct {
 	recovery time.Duration
 	// judged marks the row the targets apply to (llmq).
 	judged bool
-	// timeline is the requests by arrival second, for stderr.
-	timeline string
-	// arrivals lists when the requests during the outage arrived, for stderr.
-	arrivals string
-	// burst and probes split the requests during the outage (see outageSplit); burstSpan is
-	// the time the burst took.
-	burst, probes int
-	burstSpan     time.Duration
 }
 
 // lag is the time from the recovery instant to the last final outcome (negative when every job
@@ -380,7 +368,6 @@ func (r outageReport) notes() []string {
 		fmt.Sprintf("Targets (issue 5), judged on the llmq row: %d/%d succeeded; ≤ %d provider requests during the outage (probes only); "+
 			"≤ %.1f requests per success; last result ≤ recovery + drain + %s, drain = max(0, (n − capacity) / rate) = (%d − %g) / %g = %s.",
 			o.n, o.n, outageMaxRequests, outageMaxPerSuccess, seconds(outageRecoverySlack), o.n, o.capacity, o.rate, seconds(drain)),
-		cooldownNote(o),
 	}
 	for _, res := range r.results {
 		if res.err != nil {
@@ -392,9 +379,6 @@ func (r outageReport) notes() []string {
 			notes = append(notes, res.note)
 		}
 		if res.judged {
-			notes = append(notes, fmt.Sprintf("%s: of its %d requests during the outage, %d came in the opening burst (%s from the first to "+
-				"the last: jobs admitted while the breaker was still closed, before %d failures had been reported) and %d were probes.",
-				res.name, res.duringOutage, res.burst, seconds(res.burstSpan), o.threshold, res.probes))
 			var parts []string
 			for _, c := range outageChecks(res, o.n, drain) {
 				v := "FAIL"
@@ -407,22 +391,6 @@ func (r outageReport) notes() []string {
 		}
 	}
 	return notes
-}
-
-// cooldownNote says which breaker settings the llmq row used and why: the two targets pull
-// against each other, and these settings are what fits both.
-func cooldownNote(o outageOpts) string {
-	m := o.effectiveMaxCooldown()
-	n := minOutageProbing(o.threshold, o.outage, o.cooldown, m)
-	return fmt.Sprintf("Breaker: threshold %d, cooldown %s doubling after each failed probe up to max_cooldown %s (llmq's defaults, 5, "+
-		"30 s and 60 s, could leave a minute between recovery and the first probe). The targets pull against each other: with the "+
-		"cold-start cap, opening costs exactly the threshold; then each cooldown costs one probe; and the first probe after recovery "+
-		"comes up to max_cooldown after it, which must fit in the %s the last-result target leaves beside the drain. Probing every "+
-		"max_cooldown after the first cooldown sends at least %d requests during a %s outage (target ≤ %d) and sees the recovery up "+
-		"to %s late (plus the probes' own round trips). With threshold 5, ≤ %d requests forces max_cooldown ≥ 4 s, more than "+
-		"the target leaves: it then holds only in some phases of the probes.",
-		o.threshold, seconds(o.cooldown), seconds(m), seconds(outageRecoverySlack), n, seconds(o.outage), outageMaxRequests,
-		seconds(m), outageMaxRequests)
 }
 
 // text is what the command prints.

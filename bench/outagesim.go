@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -115,91 +113,3 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the underlying writer (the simulator flushes).
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// timeline renders requests grouped by arrival interval of width step, each interval as
-// "<start>: <count>×<status> ..." (statuses ascending), intervals in time order, separated by
-// "; ". Intervals without requests are left out; "none" when there are no requests.
-func timeline(reqs []simRequest, step time.Duration) string {
-	if len(reqs) == 0 {
-		return "none"
-	}
-	byStep := map[int64]map[int]int{}
-	for _, q := range reqs {
-		k := int64(q.at / step)
-		if byStep[k] == nil {
-			byStep[k] = map[int]int{}
-		}
-		byStep[k][q.status]++
-	}
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(byStep)) {
-		var counts []string
-		for _, st := range slices.Sorted(maps.Keys(byStep[k])) {
-			counts = append(counts, fmt.Sprintf("%d×%d", byStep[k][st], st))
-		}
-		parts = append(parts, fmt.Sprintf("%s: %s", time.Duration(k)*step, strings.Join(counts, " ")))
-	}
-	return strings.Join(parts, "; ")
-}
-
-// outageArrivals lists the arrival times of the requests received during the outage ("0.012 s,
-// 2.040 s, ..."), or only their count when there are more than limit.
-func outageArrivals(reqs []simRequest, limit int) string {
-	var at []string
-	for _, q := range reqs {
-		if q.duringOutage {
-			at = append(at, fmt.Sprintf("%.3f s", q.at.Seconds()))
-		}
-	}
-	switch {
-	case len(at) == 0:
-		return "none"
-	case len(at) > limit:
-		return fmt.Sprintf("%d requests", len(at))
-	}
-	return strings.Join(at, ", ")
-}
-
-// outageSplit divides the requests received during the outage into the opening burst (those
-// that arrived less than one cooldown after the first of them: a breaker cannot let a probe
-// through before it has opened and cooled down) and the probes (the rest). span is the time
-// from the first request of the burst to its last.
-func outageSplit(reqs []simRequest, cooldown time.Duration) (burst, probes int, span time.Duration) {
-	var during []time.Duration
-	for _, q := range reqs {
-		if q.duringOutage {
-			during = append(during, q.at)
-		}
-	}
-	if len(during) == 0 {
-		return 0, 0, 0
-	}
-	slices.Sort(during)
-	for _, at := range during {
-		if at-during[0] < cooldown {
-			burst++
-			span = at - during[0]
-		} else {
-			probes++
-		}
-	}
-	return burst, probes, span
-}
-
-// minOutageRequests is the fewest provider requests a breaker that opens after exactly
-// threshold failures and then probes once per cooldown sends during an outage of length
-// outage starting at its first request: the threshold, plus a probe at every whole cooldown
-// before the outage ends.
-func minOutageRequests(threshold int, outage, cooldown time.Duration) int {
-	return minOutageProbing(threshold, outage, cooldown, cooldown)
-}
-
-// minOutageProbing is minOutageRequests for a breaker whose first cooldown is cooldown and every
-// later one maxCooldown (the backoff at its cap): the threshold, plus a probe at cooldown,
-// cooldown + maxCooldown, … strictly before the outage ends.
-func minOutageProbing(threshold int, outage, cooldown, maxCooldown time.Duration) int {
-	if cooldown >= outage {
-		return threshold
-	}
-	return threshold + 1 + int((outage-1-cooldown)/maxCooldown)
-}

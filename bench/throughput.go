@@ -54,7 +54,6 @@ type tpOpts struct {
 	mode     string
 	n        int
 	nSet     bool // -n was given (backlog mode defaults to 100,000 otherwise)
-	rateSet  bool // -rate was given (profile mode then profiles that offered load)
 	clients  int
 	workers  int
 	conns    int
@@ -70,7 +69,6 @@ type tpOpts struct {
 	dbURL    string
 	redisURL string
 	keepLogs bool
-	profile  string // directory for the pprof files (profile mode); empty: a temp dir
 }
 
 // Modes of `bench throughput`.
@@ -78,7 +76,6 @@ const (
 	tpModeThroughput = "throughput"
 	tpModeRate       = "rate"
 	tpModeBacklog    = "backlog"
-	tpModeProfile    = "profile"
 )
 
 // Row ids of `bench throughput`.
@@ -100,15 +97,14 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 	fs := flag.NewFlagSet("throughput", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.mode, "mode", tpModeThroughput, "throughput: all systems as fast as they go; rate: llmq at a fixed -rate for -duration; "+
-		"backlog: -n jobs queued with no worker, then drained; profile: llmq in-process under pprof")
+		"backlog: -n jobs queued with no worker, then drained")
 	fs.IntVar(&o.n, "n", 5000, "jobs per system (backlog mode: 100000 unless given)")
 	fs.IntVar(&o.clients, "clients", 64, "concurrent submitting clients (throughput and backlog modes)")
 	fs.IntVar(&o.workers, "workers", 2, "llmq worker processes; the in-process queues get the same total concurrency (200 per worker)")
 	fs.IntVar(&o.conns, "conns", 16, "Postgres pool size of the in-process River and composite rows")
 	fs.IntVar(&o.runs, "runs", 1, "runs per system in throughput mode, and per system and rate in rate mode (interleaved); the run with the median jobs/s (throughput) or the median submit→result p50 (rate) is shown")
 	fs.IntVar(&o.warmup, "warmup", 50, "jobs run through each system before it is measured (not counted)")
-	rates := fs.String("rate", "500", "offered jobs per second (rate mode); several, comma-separated, give one row each; "+
-		"in profile mode, when given, one rate to profile for -duration instead of -n jobs as fast as they go")
+	rates := fs.String("rate", "500", "offered jobs per second (rate mode); several, comma-separated, give one row each")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long jobs are offered (rate mode)")
 	fs.StringVar(&o.only, "only", "", "comma-separated systems to run (default: all in throughput mode; composite, httpfloor and llmq in rate mode; "+
 		"llmq otherwise): "+strings.Join(tpRowIDs, ", "))
@@ -120,13 +116,11 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 		"Postgres server (a database llmq_bench_<random> is created there per run and dropped)")
 	fs.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis (unique queues per run; never flushed)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the llmq runs' config and process logs (their directory is printed)")
-	fs.StringVar(&o.profile, "profile-dir", "", "directory for the pprof files of profile mode (default: a new temp dir, printed)")
 	if err := parseFlags(fs, args); err != nil {
 		return o, err
 	}
 	fs.Visit(func(f *flag.Flag) {
 		o.nSet = o.nSet || f.Name == "n"
-		o.rateSet = o.rateSet || f.Name == "rate"
 	})
 	var parseErr error
 	o.rates, parseErr = parseRates(*rates)
@@ -134,8 +128,8 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 		o.n = backlogDefaultN
 	}
 	switch {
-	case !slices.Contains([]string{tpModeThroughput, tpModeRate, tpModeBacklog, tpModeProfile}, o.mode):
-		return o, fmt.Errorf("-mode: unknown mode %q (throughput, rate, backlog, profile)", o.mode)
+	case !slices.Contains([]string{tpModeThroughput, tpModeRate, tpModeBacklog}, o.mode):
+		return o, fmt.Errorf("-mode: unknown mode %q (throughput, rate, backlog)", o.mode)
 	case o.n < 1:
 		return o, errors.New("-n: must be at least 1")
 	case o.mode == tpModeBacklog && o.n < 2*backlogWindow:
@@ -152,8 +146,6 @@ func parseThroughputFlags(args []string, stderr io.Writer) (tpOpts, error) {
 		return o, errors.New("-warmup: must not be negative")
 	case parseErr != nil:
 		return o, parseErr
-	case o.mode == tpModeProfile && o.rateSet && len(o.rates) != 1:
-		return o, errors.New("-rate: profile mode profiles one offered rate")
 	case o.duration <= 0:
 		return o, errors.New("-duration: must be positive")
 	case o.timeout <= 0:
@@ -201,7 +193,7 @@ func (o tpOpts) selected() ([]string, error) {
 		}
 		want[id] = true
 	}
-	if (o.mode == tpModeBacklog || o.mode == tpModeProfile) && (len(want) != 1 || !want[tpLLMQ]) {
+	if o.mode == tpModeBacklog && (len(want) != 1 || !want[tpLLMQ]) {
 		return nil, fmt.Errorf("-only: %s mode runs llmq only", o.mode)
 	}
 	var out []string
@@ -217,13 +209,6 @@ func (o tpOpts) selected() ([]string, error) {
 // process times the worker processes.
 func (o tpOpts) concurrency() int { return 200 * o.workers }
 
-// saturatedWindow is how many of a drain's first results backlog mode shows as the workers'
-// start-up: backlogWindow less the jobs the workers hold at once (at least a quarter of
-// backlogWindow). Up to there the small backlog's workers still had queued work; its last
-// results come as the jobs in flight finish with nothing left to take, faster than any steady
-// rate.
-func (o tpOpts) saturatedWindow() int { return max(backlogWindow-o.concurrency(), backlogWindow/4) }
-
 // runThroughput is `bench throughput`.
 func runThroughput(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseThroughputFlags(args, stderr)
@@ -231,7 +216,7 @@ func runThroughput(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	ids, _ := o.selected()
-	if slices.Contains(ids, tpLLMQ) && o.mode != tpModeProfile {
+	if slices.Contains(ids, tpLLMQ) {
 		if err := ensureBinaries(ctx, o.bin, o.build, stderr); err != nil {
 			return err
 		}
@@ -267,14 +252,6 @@ func runThroughput(ctx context.Context, args []string, stdout, stderr io.Writer)
 		rep.tpHead = head
 		fmt.Fprint(stdout, rep.text())
 		part, body = tpPartBacklog, rep.markdown()
-	case tpModeProfile:
-		rep, err := runProfileMode(ctx, o, stderr)
-		if err != nil {
-			return err
-		}
-		rep.tpHead = head
-		fmt.Fprint(stdout, rep.text())
-		part, body = tpPartProfile, rep.markdown()
 	}
 	if o.write == "" {
 		return nil
@@ -443,16 +420,9 @@ func scheduleOffset(k int, rate float64) time.Duration {
 	return time.Duration(float64(k) / rate * float64(time.Second))
 }
 
-// measureHook runs around the measured part of a run (after the warm-up, until every job
-// completed): the profile mode's profiler.
-type measureHook struct {
-	start func() error
-	stop  func() error
-}
-
 // measure prepares sys, warms it up with o.warmup jobs, then drives n jobs through it and
-// waits for all of them; hook, when set, runs around that. The system is closed when it returns.
-func measure(ctx context.Context, o tpOpts, sys tpSystem, id, name string, n int, drive driver, stderr io.Writer, hook *measureHook) tpResult {
+// waits for all of them. The system is closed when it returns.
+func measure(ctx context.Context, o tpOpts, sys tpSystem, id, name string, n int, drive driver, stderr io.Writer) tpResult {
 	res := tpResult{id: id, name: name, n: n}
 	defer sys.close()
 	if err := sys.prepare(ctx, n+o.warmup); err != nil {
@@ -478,20 +448,11 @@ func measure(ctx context.Context, o tpOpts, sys tpSystem, id, name string, n int
 			stages0 = t
 		}
 	}
-	if hook != nil {
-		if err := hook.start(); err != nil {
-			res.err = err
-			return res
-		}
-	}
 	res.submit = make([]time.Duration, n)
 	start, err := drive(ctx, sys, 0, n, res.submit)
 	if err == nil {
 		tpLogf(stderr, "  %s: %d jobs submitted in %s", name, n, seconds(time.Since(start)))
 		err = waitCompleted(ctx, sys, o.warmup+n, o.timeout-time.Since(start), name, stderr)
-	}
-	if hook != nil {
-		err = errors.Join(err, hook.stop())
 	}
 	if err != nil {
 		res.err = err
@@ -600,7 +561,7 @@ func runThroughputMode(ctx context.Context, o tpOpts, ids []string, stderr io.Wr
 				return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
 			}
 			tpLogf(stderr, "[%d/%d] %s: run %d/%d", i+1, len(ids), systemName(id), r+1, o.runs)
-			res := measure(ctx, o, newSystem(o, id, stderr), id, systemName(id), o.n, closedLoop(o.clients), stderr, nil)
+			res := measure(ctx, o, newSystem(o, id, stderr), id, systemName(id), o.n, closedLoop(o.clients), stderr)
 			if res.err != nil {
 				tpLogf(stderr, "[%d/%d] %s: error: %v", i+1, len(ids), systemName(id), res.err)
 			} else {

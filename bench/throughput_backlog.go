@@ -16,9 +16,7 @@ import (
 // backlogWindow is the small backlog the drain is compared with: a drain of only backlogWindow
 // jobs, started the same way. The rates compared are the drain rates of each, first result to
 // last: each holds its own start-up and run-out, amortised over its own size, as an operator
-// draining that backlog sees them. The rates over the first saturatedWindow results of each (see
-// tpOpts.saturatedWindow), the workers' start-up alone, are shown beside them, as are the first
-// and last backlogWindow results of the large drain.
+// draining that backlog sees them.
 const backlogWindow = 1000
 
 // backlogSmallRuns is how many times the small backlog is drained; the median of their rates is
@@ -54,21 +52,11 @@ type tpBacklogReport struct {
 	queueTime time.Duration   // submitting the backlog
 	submit    []time.Duration // the submit calls
 	startup   time.Duration   // worker start → first result
-	window    int             // saturatedWindow: the results compared
-	firstSat  float64         // jobs/s over the large drain's first window results
-	smallSat  float64         // jobs/s over the first window results of the small drains: the median
-	first     float64         // jobs/s over the first backlogWindow results
 	small     float64         // drain rate of a backlog of backlogWindow jobs (first result to last): the median drain
 	smallAll  []float64       // jobs/s of each drain of the small backlog
-	satAll    []float64       // jobs/s over the first window results of each small drain
-	last      float64         // jobs/s over the last backlogWindow results
 	overall   float64         // the large drain's rate: jobs/s from the first to the last result
 	slices    []backlogSlice
 	statuses  map[string]int
-	// stagesLarge and stagesSmall are the deliveries' mean time per stage over the large drain and
-	// over each small one (nil: not read).
-	stagesLarge []stageTime
-	stagesSmall [][]stageTime
 }
 
 // rateBetween is the rate of results i+1..j given their finishing times ts (sorted): (j − i) over
@@ -197,30 +185,23 @@ func runBacklogMode(ctx context.Context, o tpOpts, stderr io.Writer) (tpBacklogR
 		return rep, err
 	}
 
-	rep.stagesLarge = drainStages(ctx, sys)
 	rep.statuses = map[string]int{}
 	ts, err := finishTimes(ctx, sys, start, rep.statuses)
 	if err != nil {
 		return rep, err
 	}
-	rep.window = o.saturatedWindow()
 	for k := range backlogSmallRuns {
 		small, err := drainSmallBacklog(ctx, sys, o, o.n+o.warmup+k*backlogWindow, stderr, rep.statuses)
 		if err != nil {
 			return rep, err
 		}
-		rep.stagesSmall = append(rep.stagesSmall, drainStages(ctx, sys))
 		rep.smallAll = append(rep.smallAll, rateBetween(small, 0, len(small)-1))
-		rep.satAll = append(rep.satAll, rateBetween(small, 0, rep.window))
 	}
-	rep.small, rep.smallSat = median(rep.smallAll), median(rep.satAll)
+	rep.small = median(rep.smallAll)
 	if len(ts) < 2*backlogWindow+1 {
 		return rep, fmt.Errorf("%d results, want at least %d", len(ts), 2*backlogWindow+1)
 	}
 	rep.startup = ts[0].Sub(drainStart)
-	rep.first = rateBetween(ts, 0, backlogWindow)
-	rep.firstSat = rateBetween(ts, 0, rep.window)
-	rep.last = rateBetween(ts, len(ts)-1-backlogWindow, len(ts)-1)
 	rep.overall = rateBetween(ts, 0, len(ts)-1)
 	rep.slices = drainSlices(ts, samples, 10)
 	return rep, nil
@@ -282,27 +263,6 @@ func drainSmallBacklog(ctx context.Context, sys *llmqSystem, o tpOpts, first int
 	return finishTimes(ctx, sys, start, statuses)
 }
 
-// withoutPickup renders the stages other than the pick-up, which in a backlog is the time queued.
-func withoutPickup(stages []stageTime) string {
-	parts := make([]string, 0, len(stages))
-	for _, st := range stages {
-		if st.stage != jobs.StagePickup {
-			parts = append(parts, fmt.Sprintf("%s %.2f", st.stage, st.meanMS))
-		}
-	}
-	return "mean ms per delivery: " + strings.Join(parts, ", ")
-}
-
-// drainStages is where the deliveries of the workers' whole life spent their time: the workers
-// start for each drain, so that is the drain just finished (nil: not read).
-func drainStages(ctx context.Context, sys *llmqSystem) []stageTime {
-	t, ok := sys.stageTotals(ctx)
-	if !ok {
-		return nil
-	}
-	return stageTimes(map[string]stageTotal{}, t)
-}
-
 // submitProgress prints how many jobs were submitted every 5 s until stop is called.
 func submitProgress(w io.Writer, sys *llmqSystem, n int) (stop func()) {
 	quit, exited := make(chan struct{}), make(chan struct{})
@@ -359,9 +319,7 @@ func waitDrained(ctx context.Context, sys *llmqSystem, want int, timeout time.Du
 
 var tpBacklogHeader = []string{"system", "backlog", "queued in", "submit call p50", "p99", "first result after",
 	"drain jobs/s", fmt.Sprintf("backlog of %s: drain jobs/s", thousandsText(backlogWindow)),
-	fmt.Sprintf("drain ÷ backlog of %s's", thousandsText(backlogWindow)), "target",
-	"start-up: first N jobs/s", fmt.Sprintf("backlog of %s: first N jobs/s", thousandsText(backlogWindow)), "first N ÷",
-	fmt.Sprintf("first %s jobs/s", thousandsText(backlogWindow)), fmt.Sprintf("last %s jobs/s", thousandsText(backlogWindow))}
+	fmt.Sprintf("drain ÷ backlog of %s's", thousandsText(backlogWindow)), "target"}
 
 // thousandsText renders 100000 as "100,000".
 func thousandsText(n int) string {
@@ -392,8 +350,7 @@ func (r tpBacklogReport) rows() [][]string {
 	f := func(v float64) string { return fmt.Sprintf("%.0f", v) }
 	return [][]string{{systemName(tpLLMQ), thousandsText(r.n), seconds(r.queueTime),
 		msText(percentile(r.submit, 50)), msText(percentile(r.submit, 99)), msText(r.startup),
-		f(r.overall), f(r.small), ratio(r.overall, r.small), passText(r.ok()),
-		f(r.firstSat), f(r.smallSat), ratio(r.firstSat, r.smallSat), f(r.first), f(r.last)}}
+		f(r.overall), f(r.small), ratio(r.overall, r.small), passText(r.ok())}}
 }
 
 var tpSliceHeader = []string{"results", "jobs/s", "worker CPU ms/job", "postgres CPU ms/job", "redis CPU ms/job",
@@ -429,11 +386,8 @@ func (r tpBacklogReport) notes() []string {
 			"%s jobs are submitted over HTTP by %d clients, then the workers start again. Drain rates come from the jobs' "+
 			"finished_at in finishing order. Then the same again, %d times, with a backlog of %s. Compared: each backlog's "+
 			"drain rate, first result to last (the small backlog's is the median of its drains), each with its own start-up "+
-			"and run-out. Shown beside them, the start-up alone: the rate over the first N = %d results of each, %s less the "+
-			"%d jobs the workers hold at once (a window of a few tenths of a second, whose single drains vary by more than the "+
-			"target), and the large drain's first and last %s.",
-			o.workers, o.warmup, thousandsText(r.n), o.clients, backlogSmallRuns, thousandsText(backlogWindow), r.window,
-			thousandsText(backlogWindow), o.concurrency(), thousandsText(backlogWindow)),
+			"and run-out.",
+			o.workers, o.warmup, thousandsText(r.n), o.clients, backlogSmallRuns, thousandsText(backlogWindow)),
 		fmt.Sprintf("Target: the drain rate with the full backlog within %.0f%% of the drain rate with a backlog of %s (drain ÷ the backlog's ≥ %.2f).",
 			tpTargetBacklog*100, thousandsText(backlogWindow), 1-tpTargetBacklog),
 		"The tenths below: jobs/s over each tenth of the results; CPU per job of the worker processes (/proc) and of the " +
@@ -443,12 +397,6 @@ func (r tpBacklogReport) notes() []string {
 			"recording the attempt's start and recording its outcome (the worker's " + stageMetric + ", scraped with the " +
 			"CPU), the stages whose statements touch the jobs table and its indexes, waits for the batch in flight included.",
 	}
-	if r.stagesLarge != nil {
-		notes = append(notes, "Deliveries of the large drain, "+withoutPickup(r.stagesLarge)+".")
-		for i, st := range r.stagesSmall {
-			notes = append(notes, fmt.Sprintf("Deliveries of small drain %d, %s.", i+1, withoutPickup(st)))
-		}
-	}
 	if len(r.smallAll) > 1 {
 		list := func(vs []float64) string {
 			out := make([]string, len(vs))
@@ -457,8 +405,7 @@ func (r tpBacklogReport) notes() []string {
 			}
 			return strings.Join(out, ", ")
 		}
-		notes = append(notes, fmt.Sprintf("Backlog of %s, jobs/s of each drain: first %d results %s; all %s.",
-			thousandsText(backlogWindow), r.window, list(r.satAll), list(r.smallAll)))
+		notes = append(notes, fmt.Sprintf("Backlog of %s, jobs/s of each drain: %s.", thousandsText(backlogWindow), list(r.smallAll)))
 	}
 	if s := statusesNote(tpResult{name: systemName(tpLLMQ), statuses: r.statuses}); s != "" {
 		notes = append(notes, s)

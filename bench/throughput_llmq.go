@@ -19,14 +19,10 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llmsim"
-	"github.com/llmq/llmq/internal/worker"
-	"github.com/llmq/llmq/migrations"
 )
 
 // llmqPollEvery is how often the llmq system counts its unfinished jobs.
@@ -44,16 +40,13 @@ func tpSubmitBody(i int) []byte {
 	return fmt.Appendf(nil, `{"request":%s,"max_attempts":%d,"timeout":%q}`, messagesBody(i), llmqMaxAttempts, llmqJobTimeout.String())
 }
 
-// llmqSystem is llmq end to end: the api binary and worker binaries (or, inProcess, the api and
-// one worker built in this process, for profiling) on a fresh database and queue, an instant
-// llmsim, and jobs submitted over HTTP.
+// llmqSystem is llmq end to end: the api binary and worker binaries on a fresh database and
+// queue, an instant llmsim, and jobs submitted over HTTP.
 type llmqSystem struct {
 	o      tpOpts
 	stderr io.Writer
 	// workersAtStart starts o.workers worker processes in prepare; without, startWorkers does.
 	workersAtStart bool
-	// inProcess runs the api and one worker in this process instead of binaries.
-	inProcess bool
 
 	c         cleanups
 	dir       string
@@ -69,15 +62,11 @@ type llmqSystem struct {
 	workerGen int     // worker processes started so far, for their names
 	hc        *http.Client
 	obs       *pgxpool.Pool // the completion observer
-	// apiPool and workerPool are the in-process api's and worker's pools (inProcess only).
-	apiPool, workerPool *pgxpool.Pool
-	// workerMetrics is the in-process worker's registry (inProcess only); metricsAddrs are the
-	// worker processes' /metrics listeners.
-	workerMetrics *prometheus.Registry
-	metricsAddrs  []string
-	rdb           redis.UniversalClient
-	submitted     atomic.Int64
-	failed        bool
+	// metricsAddrs are the worker processes' /metrics listeners.
+	metricsAddrs []string
+	rdb          redis.UniversalClient
+	submitted    atomic.Int64
+	failed       bool
 }
 
 func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
@@ -110,28 +99,22 @@ func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
 		return err
 	}
 	s.c.add(func() { cleanLLMQRedis(s.o.redisURL, queue, s.cfg.Credentials[0].LimiterID()) })
-	if s.inProcess {
-		if err := s.startInProcess(ctx); err != nil {
-			return err
+	st, err := startStack(ctx, stackConfig{bin: s.o.bin, configPath: s.cfgPath, workers: 0, logDir: s.dir,
+		env: []string{simKeyEnv + "=" + s.apiKey}, redisURL: s.o.redisURL, queue: queue})
+	if err != nil {
+		return err
+	}
+	s.st = st
+	s.apiURL = st.apiURL
+	s.c.add(func() {
+		_ = s.stopWorkers()
+		if err := st.stop(); err != nil {
+			tpLogf(s.stderr, "  stopping the api: %v", err)
 		}
-	} else {
-		st, err := startStack(ctx, stackConfig{bin: s.o.bin, configPath: s.cfgPath, workers: 0, logDir: s.dir,
-			env: []string{simKeyEnv + "=" + s.apiKey}, redisURL: s.o.redisURL, queue: queue})
-		if err != nil {
+	})
+	if s.workersAtStart {
+		if err := s.startWorkers(ctx); err != nil {
 			return err
-		}
-		s.st = st
-		s.apiURL = st.apiURL
-		s.c.add(func() {
-			_ = s.stopWorkers()
-			if err := st.stop(); err != nil {
-				tpLogf(s.stderr, "  stopping the api: %v", err)
-			}
-		})
-		if s.workersAtStart {
-			if err := s.startWorkers(ctx); err != nil {
-				return err
-			}
 		}
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -153,46 +136,6 @@ func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
 		s.rdb = rdb
 		s.c.add(func() { rdb.Close() })
 	}
-	return nil
-}
-
-// startInProcess runs the api (on an httptest server) and one worker in this process, each on
-// its own pool, as internal/e2e does.
-func (s *llmqSystem) startInProcess(ctx context.Context) error {
-	apiPool, err := migrations.Open(ctx, s.dbURL)
-	if err != nil {
-		return err
-	}
-	s.c.add(apiPool.Close)
-	s.apiPool = apiPool
-	srv, closeAPI, err := api.FromConfig(s.cfg, apiPool, prometheus.NewRegistry(), nil)
-	if err != nil {
-		return err
-	}
-	s.c.add(func() { _ = closeAPI() })
-	hs := httptest.NewServer(srv)
-	s.c.add(hs.Close)
-	s.apiURL = hs.URL
-	wPool, err := migrations.Open(ctx, s.dbURL)
-	if err != nil {
-		return err
-	}
-	s.c.add(wPool.Close)
-	s.workerPool = wPool
-	s.workerMetrics = prometheus.NewRegistry()
-	w, err := worker.New(ctx, s.cfg, wPool, worker.Options{Registerer: s.workerMetrics})
-	if err != nil {
-		return err
-	}
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	s.c.add(func() {
-		cancel()
-		if err := <-done; err != nil {
-			tpLogf(s.stderr, "  in-process worker: %v", err)
-		}
-	})
 	return nil
 }
 
@@ -392,7 +335,7 @@ func runRateMode(ctx context.Context, o tpOpts, ids []string, stderr io.Writer) 
 				name := systemName(id)
 				tpLogf(stderr, "[%d/%d] %s at %g jobs/s for %s (%d jobs)", run+1, max(1, o.runs), name, rate, o.duration, n)
 				var ol openLoopStats
-				res := measure(ctx, o, newSystem(o, id, stderr), id, name, n, openLoop(rate, &ol), stderr, nil)
+				res := measure(ctx, o, newSystem(o, id, stderr), id, name, n, openLoop(rate, &ol), stderr)
 				res.lag, res.offered = ol.lag, ol.spread
 				if ctx.Err() != nil {
 					return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
@@ -430,18 +373,8 @@ func medianLatencyRun(runs []tpResult) tpResult {
 	return res
 }
 
-// stageTotals implements stageReporter: the in-process worker's registry, or the worker
-// processes' /metrics.
+// stageTotals implements stageReporter: the worker processes' /metrics.
 func (s *llmqSystem) stageTotals(ctx context.Context) (map[string]stageTotal, bool) {
-	out := map[string]stageTotal{}
-	if s.workerMetrics != nil {
-		mfs, err := s.workerMetrics.Gather()
-		if err != nil {
-			return nil, false
-		}
-		addStageTotals(out, mfs)
-		return out, true
-	}
 	if len(s.metricsAddrs) == 0 {
 		return nil, false
 	}

@@ -379,10 +379,9 @@ const (
 	tpPartTable   = "table"
 	tpPartRate    = "rate"
 	tpPartBacklog = "backlog"
-	tpPartProfile = "profile"
 )
 
-var tpParts = []string{tpPartTable, tpPartRate, tpPartBacklog, tpPartProfile}
+var tpParts = []string{tpPartTable, tpPartRate, tpPartBacklog}
 
 func tpPartMarkers(part string) (begin, end string) {
 	return "<!-- throughput-" + part + ":begin -->", "<!-- throughput-" + part + ":end -->"
@@ -393,7 +392,7 @@ const tpIntro = `## throughput: the queue's own cost against asynq, River and th
 With an instant provider (llmsim with no limit and no latency), how fast do jobs move through llmq
 compared with plain asynq, River, and the least a Postgres-then-asynq design must do (insert a row,
 enqueue, mark the row done)? Each part below is rewritten by its own mode of
-` + "`go run . throughput -mode <throughput|rate|backlog|profile> -write docs/benchmarks.md`" + `.
+` + "`go run . throughput -mode <throughput|rate|backlog> -write docs/benchmarks.md`" + `.
 `
 
 // throughputSection returns the body of the throughput section with part replaced by body. section is
