@@ -62,7 +62,7 @@ type chaosSummary struct {
 	lastTerminal                               time.Duration // latest finished_at among accepted jobs, since start
 }
 
-// lost is the "lost jobs": accepted, then missing or not terminal at the deadline.
+// lost are the lost jobs: accepted, then missing or not terminal at the deadline.
 func (s chaosSummary) lost() int { return s.missing + s.nonTerminalAtGrace }
 
 func summarizeChaos(r chaosResult) chaosSummary {

@@ -99,23 +99,23 @@ func scenarioName(s string) string {
 }
 
 func herdRows(o herdOpts) []row {
-	seed := func(s strategy) func(context.Context, *rowEnv) ([]outcome, error) {
+	plain := func(s strategy) func(context.Context, *rowEnv) ([]outcome, error) {
 		return func(ctx context.Context, e *rowEnv) ([]outcome, error) { return runStrategy(ctx, e, s), nil }
 	}
 	return []row{
-		{id: "no-retry", name: "no retry", run: seed(strategy{attempts: 1})},
-		{id: "backoff3", name: "500ms·2^n·U(0.9,1.1), 3 attempts", run: seed(strategy{attempts: 3, delay: tenPercentJitter(seedBase)})},
-		{id: "backoff8", name: "500ms·2^n·U(0.9,1.1), 8 attempts", run: seed(strategy{attempts: 8, delay: tenPercentJitter(seedBase)})},
-		{id: "full-jitter8", name: "full jitter, 8 attempts", run: seed(strategy{attempts: 8, delay: fullJitter(seedBase, seedCap)})},
-		{id: "retry-after8", name: "Retry-After + full jitter, 8 attempts", run: seed(strategy{attempts: 8, delay: retryAfterJitter(seedBase, seedCap)})},
+		{id: "no-retry", name: "no retry", run: plain(strategy{attempts: 1})},
+		{id: "backoff3", name: "500ms·2^n·U(0.9,1.1), 3 attempts", run: plain(strategy{attempts: 3, delay: tenPercentJitter(backoffBase)})},
+		{id: "backoff8", name: "500ms·2^n·U(0.9,1.1), 8 attempts", run: plain(strategy{attempts: 8, delay: tenPercentJitter(backoffBase)})},
+		{id: "full-jitter8", name: "full jitter, 8 attempts", run: plain(strategy{attempts: 8, delay: fullJitter(backoffBase, backoffCap)})},
+		{id: "retry-after8", name: "Retry-After + full jitter, 8 attempts", run: plain(strategy{attempts: 8, delay: retryAfterJitter(backoffBase, backoffCap)})},
 		{
 			id: "asynq", name: "asynq, default retry", run: runAsynq,
 			note: fmt.Sprintf("asynq runs with its defaults: RetryDelayFunc n⁴ + 15 + U{0..29}·(n+1) s, DelayedTaskCheckInterval 5 s, "+
 				"TaskCheckInterval 1 s (only Concurrency = %d and the queue are set). Were it still running at -timeout (%s), it would "+
 				"be stopped there and count what had succeeded by then.", o.n, o.timeout),
 		},
-		{id: "llmq-configured", name: "llmq (limit configured)", target: &configuredTarget, run: llmqRow(true)},
-		{id: "llmq-learned", name: "llmq (limit learned)", target: &learnedTarget, run: llmqRow(false)},
+		{id: "llmq-configured", name: "llmq (limit configured)", target: &herdConfiguredTarget, run: llmqRow(true)},
+		{id: "llmq-learned", name: "llmq (limit learned)", target: &herdLearnedTarget, run: llmqRow(false)},
 	}
 }
 
@@ -353,10 +353,10 @@ func (r report) notes() []string {
 		"Times are submit → result as the client saw it (llmq: polling GET /v1/jobs/{id}); p50/p95 over succeeded jobs; "+
 		"last result counts from the first submit.", o.n, o.capacity, o.rate, o.n, o.capacity, o.rate, seconds(r.floor))}
 	notes = append(notes,
-		"The seed experiment reproduced here (llm-retry's herd test: the same bucket, 100 calls) measured: ±10% backoff with 8 attempts 16.6 s and 375 requests; "+
+		"An earlier experiment with plain clients against the same bucket and 100 calls measured: ±10% backoff with 8 attempts 16.6 s and 375 requests; "+
 			"full jitter 17.1 s and 408; Retry-After + jitter 11.8 s and 313; a limiter shared by all senders 8.0 s, 100 requests, 0 429s.",
-		"Target, llmq (limit configured): "+configuredTarget.describe(o.n, r.floor)+".",
-		"Target, llmq (limit learned): "+learnedTarget.describe(o.n, r.floor)+".")
+		"Target, llmq (limit configured): "+herdConfiguredTarget.describe(o.n, r.floor)+".",
+		"Target, llmq (limit learned): "+herdLearnedTarget.describe(o.n, r.floor)+".")
 	for _, res := range r.results {
 		if res.note != "" && res.err == nil {
 			notes = append(notes, res.note)

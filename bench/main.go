@@ -39,10 +39,10 @@ func main() {
 const usage = `usage: bench <scenario> [flags]
 
 scenarios:
-  herd   N jobs fired at once against a token bucket: the seed's retry strategies, plain asynq
+  herd   N jobs fired at once against a token bucket: plain retrying clients, plain asynq
          and llmq (limit configured, limit learned) in one table ("bench herd -h" for flags)
   outage N jobs fired at once while the provider answers 529 for a while, then recovers: plain
-         asynq, the seed's Retry-After client and llmq with its circuit breaker ("bench outage -h")
+         asynq, a Retry-After client and llmq with its circuit breaker ("bench outage -h")
   tokens N jobs of long prompts fired at once against input- and output-token limits: llmq
          counting requests only, with token limits known, and with token limits learned
          ("bench tokens -h")

@@ -37,7 +37,7 @@ func (o outageOpts) effectiveMaxCooldown() time.Duration {
 // capacity at once, the rest at the refill rate; zero when the bucket holds them all.
 func (o outageOpts) drain() time.Duration { return floorOf(o.n, o.capacity, o.rate) }
 
-// The outage targets of issue 5, for the llmq row.
+// The outage targets, for the llmq row.
 const (
 	outageMaxRequests     = 10
 	outageMaxPerSuccess   = 1.1
@@ -67,9 +67,9 @@ func outageRows(o outageOpts) []row {
 		{
 			id: "retry-after8", name: "Retry-After + full jitter, 8 attempts",
 			run: func(ctx context.Context, e *rowEnv) ([]outcome, error) {
-				return runStrategy(ctx, e, strategy{attempts: 8, delay: retryAfterJitter(seedBase, seedCap)}), nil
+				return runStrategy(ctx, e, strategy{attempts: 8, delay: retryAfterJitter(backoffBase, backoffCap)}), nil
 			},
-			note: "The seed's best client (Retry-After + U(0, 500ms·2ⁿ), 8 attempts) retries 429 (with its Retry-After), 529 and other 5xx; " +
+			note: "The best plain client (Retry-After + U(0, 500ms·2ⁿ), 8 attempts) retries 429 (with its Retry-After), 529 and other 5xx; " +
 				"the simulator's 529 carries no Retry-After, so during the outage it is plain full jitter, and a job whose 8 attempts " +
 				"all land in the outage gives up (counted as a final, unsuccessful result).",
 		},
@@ -268,7 +268,7 @@ type outageCheck struct {
 	pass bool
 }
 
-// outageChecks judges r against issue 5's targets for n jobs and a drain time of drain.
+// outageChecks judges r against the outage targets for n jobs and a drain time of drain.
 func outageChecks(r outageResult, n int, drain time.Duration) []outageCheck {
 	perSuccess := "n/a"
 	var ratio float64
@@ -365,7 +365,7 @@ func (r outageReport) notes() []string {
 		"Requests during outage: provider requests the simulator received before the recovery instant (counted around its handler). " +
 			"Recovery → last result: from the recovery instant to the last final outcome (a success, or a client giving up); " +
 			"negative when every job had ended before recovery.",
-		fmt.Sprintf("Targets (issue 5), judged on the llmq row: %d/%d succeeded; ≤ %d provider requests during the outage (probes only); "+
+		fmt.Sprintf("Outage targets, judged on the llmq row: %d/%d succeeded; ≤ %d provider requests during the outage (probes only); "+
 			"≤ %.1f requests per success; last result ≤ recovery + drain + %s, drain = max(0, (n − capacity) / rate) = (%d − %g) / %g = %s.",
 			o.n, o.n, outageMaxRequests, outageMaxPerSuccess, seconds(outageRecoverySlack), o.n, o.capacity, o.rate, seconds(drain)),
 	}

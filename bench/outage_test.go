@@ -249,7 +249,7 @@ func TestSimRecorder_Aborted(t *testing.T) {
 	require.True(t, reqs[0].duringOutage)
 }
 
-// TestRunOutageRow runs a small seed-client row through the real scenario plumbing: the outage
+// TestRunOutageRow runs a small plain-client row through the real scenario plumbing: the outage
 // starts at the first submit and ends by itself, and the recorder splits the requests there.
 func TestRunOutageRow(t *testing.T) {
 	t.Parallel()

@@ -13,18 +13,18 @@ import (
 	"time"
 )
 
-// The seed's backoff parameters (../shared/seeds/000_*): 500 ms doubling; the full-jitter
+// The plain clients' backoff: 500 ms doubling, as a textbook retry loop does; the full-jitter
 // ceiling is capped at 60 s (llmq's default retry.max_delay), which 8 attempts never reach.
 const (
-	seedBase = 500 * time.Millisecond
-	seedCap  = 60 * time.Second
+	backoffBase = 500 * time.Millisecond
+	backoffCap  = 60 * time.Second
 )
 
 // delayFunc returns how long a client waits after its failed attempt number attempt (0 for the
 // first call), given the Retry-After the provider sent (0 when absent). u draws from U[0,1).
 type delayFunc func(attempt int, retryAfter time.Duration, u func() float64) time.Duration
 
-// tenPercentJitter is the seed's llm-retry default: base·2^n·U(0.9, 1.1).
+// tenPercentJitter is a common library default: base·2^n·U(0.9, 1.1).
 func tenPercentJitter(base time.Duration) delayFunc {
 	return func(n int, _ time.Duration, u func() float64) time.Duration {
 		return time.Duration(float64(base) * math.Pow(2, float64(n)) * (0.9 + 0.2*u()))
@@ -38,7 +38,7 @@ func fullJitter(base, ceiling time.Duration) delayFunc {
 	}
 }
 
-// retryAfterJitter is the seed's best backoff: the Retry-After the provider sent plus full
+// retryAfterJitter is the best plain client's backoff: the Retry-After the provider sent plus full
 // jitter on top, so that clients told the same whole second do not come back together. Without
 // a Retry-After it is plain full jitter.
 func retryAfterJitter(base, ceiling time.Duration) delayFunc {
@@ -48,7 +48,7 @@ func retryAfterJitter(base, ceiling time.Duration) delayFunc {
 	}
 }
 
-// strategy is one of the seed's plain clients.
+// strategy is a plain client: no shared limiter, each job retried on its own.
 type strategy struct {
 	attempts int
 	delay    delayFunc // unused when attempts == 1
@@ -126,7 +126,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// runClient is one seed client for job i: call, and on a retryable failure wait the
+// runClient is one plain client for job i: call, and on a retryable failure wait the
 // strategy's delay and call again, up to its attempts. It returns when the job has an outcome
 // or ctx ends (then the outcome is not done). start is the herd's start.
 func runClient(ctx context.Context, c *simClient, s strategy, i int, u func() float64, start time.Time) outcome {
@@ -153,7 +153,7 @@ func runClient(ctx context.Context, c *simClient, s strategy, i int, u func() fl
 	}
 }
 
-// runStrategy fires n seed clients at once against the simulator and returns their outcomes.
+// runStrategy fires n plain clients at once against the simulator and returns their outcomes.
 // Client i draws its jitter from a PCG seeded with (seed, i), so runs repeat as far as timing
 // allows. Each job that reaches an outcome is recorded in e.progress. Jobs still waiting after
 // e.timeout, or when ctx ends, have no outcome (not done).

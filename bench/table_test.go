@@ -87,42 +87,42 @@ func TestTarget_Misses(t *testing.T) {
 	good := result{n: 100, succeeded: 100, requests: 100, complete: true, last: ms(8300)}
 	t.Run("ConfiguredMet", func(t *testing.T) {
 		t.Parallel()
-		require.Empty(t, configuredTarget.misses(good, floor))
+		require.Empty(t, herdConfiguredTarget.misses(good, floor))
 	})
 	t.Run("ConfiguredMissedEverywhere", func(t *testing.T) {
 		t.Parallel()
 		r := good
 		r.succeeded, r.requests, r.tooMany, r.last = 97, 130, 30, ms(8500)
 		require.Equal(t, []string{"97/100 succeeded", "last result 8.50 s > 8.40 s", "130 provider requests ≠ 100", "30 429s > 0"},
-			configuredTarget.misses(r, floor))
+			herdConfiguredTarget.misses(r, floor))
 	})
 	t.Run("LearnedAllowsTenPercentMore", func(t *testing.T) {
 		t.Parallel()
 		r := good
 		r.requests, r.tooMany, r.last = 110, 10, ms(9200)
-		require.Empty(t, learnedTarget.misses(r, floor))
+		require.Empty(t, herdLearnedTarget.misses(r, floor))
 		r.requests = 111
-		require.Equal(t, []string{"111 provider requests > 110"}, learnedTarget.misses(r, floor))
+		require.Equal(t, []string{"111 provider requests > 110"}, herdLearnedTarget.misses(r, floor))
 	})
 	t.Run("TimedOut", func(t *testing.T) {
 		t.Parallel()
 		r := good
 		r.complete, r.last = false, time.Minute
-		require.Equal(t, []string{"last result > 60.00 s > 8.40 s"}, configuredTarget.misses(r, floor))
+		require.Equal(t, []string{"last result > 60.00 s > 8.40 s"}, herdConfiguredTarget.misses(r, floor))
 	})
 	t.Run("RowError", func(t *testing.T) {
 		t.Parallel()
 		r := result{n: 100, err: errors.New("worker-1 exited early\nlog tail")}
-		require.Equal(t, []string{"the row failed: worker-1 exited early"}, configuredTarget.misses(r, floor))
-		r.target = &configuredTarget
+		require.Equal(t, []string{"the row failed: worker-1 exited early"}, herdConfiguredTarget.misses(r, floor))
+		r.target = &herdConfiguredTarget
 		require.Equal(t, "FAIL", verdict(r, floor))
 	})
 	t.Run("Describe", func(t *testing.T) {
 		t.Parallel()
 		require.Equal(t, "100/100 succeeded, last result ≤ 1.05 × floor (8.40 s), exactly 100 provider requests, 0 429s",
-			configuredTarget.describe(100, floor))
+			herdConfiguredTarget.describe(100, floor))
 		require.Equal(t, "100/100 succeeded, last result ≤ 1.15 × floor (9.20 s), ≤ 110 provider requests",
-			learnedTarget.describe(100, floor))
+			herdLearnedTarget.describe(100, floor))
 	})
 }
 
@@ -130,7 +130,7 @@ func TestCells(t *testing.T) {
 	t.Parallel()
 	floor := 8 * time.Second
 	r := result{name: "llmq (limit configured)", n: 100, succeeded: 100, requests: 100, p50: ms(4040), p95: ms(7640),
-		last: ms(8040), complete: true, target: &configuredTarget}
+		last: ms(8040), complete: true, target: &herdConfiguredTarget}
 	require.Equal(t, []string{"llmq (limit configured)", "100/100", "100", "0", "1.00", "4.04 s", "7.64 s", "8.04 s", "1.00", "PASS"},
 		cells(r, floor))
 	none := result{name: "no retry", n: 100, requests: 100, tooMany: 100, complete: true}
@@ -233,7 +233,7 @@ func TestReport(t *testing.T) {
 		results: []result{
 			{name: "no retry", n: 100, succeeded: 20, requests: 100, tooMany: 80, complete: true, last: ms(5)},
 			{name: "llmq (limit configured)", n: 100, succeeded: 100, requests: 157, tooMany: 57, complete: true,
-				last: ms(9000), p50: ms(4000), p95: ms(8000), target: &configuredTarget},
+				last: ms(9000), p50: ms(4000), p95: ms(8000), target: &herdConfiguredTarget},
 		},
 	}
 	md := rep.markdown()

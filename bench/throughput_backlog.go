@@ -21,7 +21,7 @@ const backlogWindow = 1000
 
 // backlogSmallRuns is how many times the small backlog is drained; the median of their rates is
 // the one compared. One drain of backlogWindow jobs lasts well under a second; on these machines
-// single drains of the same code ranged from 2184 to 3460 jobs/s in one session.
+// single drains of the same code ranged from 2184 to 3460 jobs/s.
 const backlogSmallRuns = 5
 
 // backlogSample is the drain's state at one moment, for the CPU per job as the backlog shrinks.

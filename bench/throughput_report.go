@@ -33,7 +33,8 @@ func loadAverage(procLoadavg string) string {
 	return strings.Join(f[:3], ", ")
 }
 
-// The targets of issue 7.
+// The throughput targets: llmq's rate against the floor and River, its latency at a fixed
+// rate, and the backlog's drain rate against a small backlog's.
 const (
 	tpTargetVsFloor  = 0.6 // llmq jobs/s ≥ 0.6 × the composite floor's
 	tpTargetVsRiver  = 1.0 // llmq jobs/s ≥ 1.0 × River's
@@ -325,7 +326,7 @@ func (r tpRateReport) notes() []string {
 			"instant provider). llmq's submit→result = created_at → finished_at from the jobs table; the floors' = the submit call's "+
 			"start → the result committed (they include the submit's own time). submit call = the submit as the client saw it. "+
 			"Achieved = the rate at which submits went out.", o.duration, o.warmup, o.workers),
-		fmt.Sprintf("Targets (llmq, at 500/s): submit→result p50 ≤ %s and p99 ≤ %s, submit call p99 ≤ %s (the issue's composite floor gave about 7 / 16 ms). "+
+		fmt.Sprintf("Targets (llmq, at 500/s): submit→result p50 ≤ %s and p99 ≤ %s, submit call p99 ≤ %s. "+
 			"The floors' rows, run in the same invocation, show what this machine allows at the same rate.",
 			msText(tpTargetRateP50), msText(tpTargetRateP99), msText(tpTargetSubmit99)),
 	}

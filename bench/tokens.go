@@ -104,7 +104,7 @@ func tokenFloor(buckets []floorBucket) (time.Duration, int) {
 	return floor, binding
 }
 
-// tokensTarget is what a judged row of the tokens table must reach (issue 8's targets); every
+// tokensTarget is what a judged row of the tokens table must reach (the token targets); every
 // row must also succeed every job.
 type tokensTarget struct {
 	maxRatio      float64 // last result ≤ maxRatio × floor
@@ -112,7 +112,7 @@ type tokensTarget struct {
 	maxPerSuccess float64 // provider requests / successes ≤ this; 0: not judged
 }
 
-// The targets of issue 8: known limits and learned limits.
+// The token targets: with the token limits known, and learned.
 var (
 	tokensKnownTarget   = tokensTarget{maxRatio: 1.05, no429: true}
 	tokensLearnedTarget = tokensTarget{maxRatio: 1.15, maxPerSuccess: 1.1}
@@ -458,7 +458,7 @@ func (r tokensReport) notes() []string {
 			"headers (anthropic-ratelimit-*tokens-*) stripped before llmq sees them, so no token limit can be learned; token limits " +
 			"known = all four limits configured; token limits learned = only the request limit configured, token limits learned " +
 			"from the headers. Every row: jobs with \"timeout\":\"5m\" and \"max_attempts\":20, llmq's defaults otherwise.",
-		"Targets (issue 8): known → 0 429s and last result ≤ 1.05 × floor; learned → last result ≤ 1.15 × floor and ≤ 1.1 " +
+		"Token targets: known → 0 429s and last result ≤ 1.05 × floor; learned → last result ≤ 1.15 × floor and ≤ 1.1 " +
 			"requests per success; both with every job succeeded.",
 	}
 	for _, res := range r.results {

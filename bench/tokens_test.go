@@ -90,7 +90,7 @@ func TestRun_Tokens(t *testing.T) {
 
 func TestTokenFloor(t *testing.T) {
 	t.Parallel()
-	t.Run("IssueShape", func(t *testing.T) {
+	t.Run("DefaultShape", func(t *testing.T) {
 		t.Parallel()
 		o := defaultTokensOpts(t)
 		b := o.buckets()
