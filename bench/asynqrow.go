@@ -2,17 +2,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 )
 
-const asynqTaskType = "bench:herd"
+const asynqTaskType = "bench:job"
 
 // runAsynq is the plain-asynq row: what a user would build instead of llmq. n tasks are
 // enqueued at once on a fresh queue, and an asynq server with its default configuration (only
@@ -20,18 +18,11 @@ const asynqTaskType = "bench:herd"
 // returns an error on any non-2xx answer, so asynq's default retry policy decides the rest. It
 // stops when every task succeeded or at the timeout; the queue's keys are removed at the end.
 func runAsynq(ctx context.Context, e *rowEnv) ([]outcome, error) {
-	opt, err := asynq.ParseRedisURI(e.redisURL)
+	opt, rdb, err := redisFor(ctx, e.redisURL)
 	if err != nil {
-		return nil, fmt.Errorf("parse -redis-url: %w", err)
-	}
-	rdb, ok := opt.MakeRedisClient().(redis.UniversalClient)
-	if !ok {
-		return nil, errors.New("asynq returned an unexpected redis client type")
+		return nil, err
 	}
 	defer rdb.Close()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		return nil, fmt.Errorf("redis at %s: %w", e.redisURL, err)
-	}
 	queue := "bench-asynq-" + randHex(8)
 	defer cleanQueue(rdb, queue)
 
@@ -119,30 +110,4 @@ func runAsynq(ctx context.Context, e *rowEnv) ([]outcome, error) {
 	mu.Lock()
 	defer mu.Unlock()
 	return append([]outcome(nil), outs...), nil
-}
-
-// cleanQueue removes every key of an asynq queue and its entry in asynq's queue set, without
-// touching anything else in the shared Redis. It runs after the caller's context may have
-// ended, so it has its own deadline.
-func cleanQueue(rdb redis.UniversalClient, queue string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	unlinkMatching(ctx, rdb, "asynq:{"+queue+"}:*")
-	rdb.SRem(ctx, "asynq:queues", queue)
-}
-
-// unlinkMatching removes the keys matching pattern, using SCAN so Redis is never blocked.
-func unlinkMatching(ctx context.Context, rdb redis.UniversalClient, pattern string) {
-	iter := rdb.Scan(ctx, 0, pattern, 500).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			rdb.Unlink(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		rdb.Unlink(ctx, batch...)
-	}
 }

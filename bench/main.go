@@ -1,12 +1,11 @@
-// Command bench runs llmq's benchmark scenarios and prints their tables.
+// Command bench runs llmq's benchmark scenarios and prints their tables; with -write it
+// replaces the scenario's section of docs/benchmarks.md. Run it in bench/:
 //
-//	go run . herd [flags]     # N jobs at once against a rate-limited provider
-//	go run . outage [flags]   # N jobs at once while the provider is overloaded
-//	go run . tokens [flags]   # N long prompts at once against token limits
+//	go run . herd [flags]
+//	go run . <scenario> -h
 //
 // Scenarios drive the whole system (the api and worker binaries, Postgres, Redis and an
-// in-process llmsim) and may write their table into docs/benchmarks.md. They are benchmark
-// figures, not timed tests.
+// in-process llmsim); their figures are measurements, not timed tests.
 package main
 
 import (
@@ -22,8 +21,8 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// After the first signal the rows clean up (child processes, database, Redis keys); a second
-	// signal takes the default action and ends the process at once.
+	// After the first signal the rows clean up (child processes, databases, Redis keys); a
+	// second signal takes the default action and ends the process at once.
 	go func() { <-ctx.Done(); stop() }()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -36,39 +35,22 @@ func main() {
 	}
 }
 
-const usage = `usage: bench <scenario> [flags]
-
-scenarios:
-  herd   N jobs fired at once against a token bucket: plain retrying clients, plain asynq
-         and llmq (limit configured, limit learned) in one table ("bench herd -h" for flags)
-  outage N jobs fired at once while the provider answers 529 for a while, then recovers: plain
-         asynq, a Retry-After client and llmq with its circuit breaker ("bench outage -h")
-  tokens N jobs of long prompts fired at once against input- and output-token limits: llmq
-         counting requests only, with token limits known, and with token limits learned
-         ("bench tokens -h")
-`
-
-// run dispatches to a scenario.
+// run runs the scenario named by args[0] with the flags that follow.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return errors.New("no scenario given")
 	}
 	switch args[0] {
-	case "herd":
-		return runHerd(ctx, args[1:], stdout, stderr)
-	case "outage":
-		return runOutage(ctx, args[1:], stdout, stderr)
-	case "throughput":
-		return runThroughput(ctx, args[1:], stdout, stderr)
-	case "tokens":
-		return runTokens(ctx, args[1:], stdout, stderr)
-	case "chaos":
-		return runChaos(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usage())
 		return nil
 	}
-	fmt.Fprint(stderr, usage)
+	for _, e := range scenarios() {
+		if e.name == args[0] {
+			return runScenario(ctx, e, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprint(stderr, usage())
 	return fmt.Errorf("unknown scenario %q", args[0])
 }

@@ -17,13 +17,6 @@ import (
 // stageMetric is the worker's histogram of where a delivery's time goes.
 const stageMetric = "llmq_delivery_stage_duration_seconds"
 
-// stageReporter is a system whose workers report stageMetric; measure reads it around the
-// measured jobs.
-type stageReporter interface {
-	// stageTotals sums stageMetric over the system's workers (ok false: not available).
-	stageTotals(ctx context.Context) (totals map[string]stageTotal, ok bool)
-}
-
 // stageTotal is one delivery stage's histogram totals.
 type stageTotal struct {
 	count uint64
@@ -99,7 +92,8 @@ func stageTimes(before, after map[string]stageTotal) []stageTime {
 	return out
 }
 
-// stagesLine renders stages over n measured jobs ("" when there are none).
+// stagesLine renders stages over n measured jobs ("" when there are none): the mean of each
+// stage per delivery, and their sum per job.
 func stagesLine(stages []stageTime, n int) string {
 	if len(stages) == 0 || n == 0 {
 		return ""
@@ -107,10 +101,8 @@ func stagesLine(stages []stageTime, n int) string {
 	parts := make([]string, 0, len(stages))
 	var sum float64
 	for _, st := range stages {
-		perJob := float64(st.count) / float64(n)
-		parts = append(parts, fmt.Sprintf("%s %.2f ms (%.2f per job)", st.stage, st.meanMS, perJob))
-		sum += st.meanMS * perJob
+		parts = append(parts, fmt.Sprintf("%s %.2f", st.stage, st.meanMS))
+		sum += st.meanMS * float64(st.count) / float64(n)
 	}
-	return fmt.Sprintf("worker stages, mean time per delivery (%s; pickup is creation → first delivery: the API's "+
-		"commit and enqueue and asynq's pick-up): %s; %.1f ms per job in all", stageMetric, strings.Join(parts, ", "), sum)
+	return fmt.Sprintf("stage mean ms per delivery: %s (%.1f ms per job in all)", strings.Join(parts, ", "), sum)
 }

@@ -38,9 +38,9 @@ func fullJitter(base, ceiling time.Duration) delayFunc {
 	}
 }
 
-// retryAfterJitter is the best plain client's backoff: the Retry-After the provider sent plus full
-// jitter on top, so that clients told the same whole second do not come back together. Without
-// a Retry-After it is plain full jitter.
+// retryAfterJitter is the best of the plain clients: the Retry-After the provider sent plus
+// full jitter on top, so that clients told the same whole second do not come back together.
+// Without a Retry-After it is plain full jitter.
 func retryAfterJitter(base, ceiling time.Duration) delayFunc {
 	fj := fullJitter(base, ceiling)
 	return func(n int, retryAfter time.Duration, u func() float64) time.Duration {
@@ -84,11 +84,6 @@ type callResult struct {
 // retryable reports whether a plain client would try again: 408, 429, 5xx and transport errors.
 func (r callResult) retryable() bool {
 	return r.err != nil || r.status == http.StatusRequestTimeout || r.status == http.StatusTooManyRequests || r.status >= 500
-}
-
-// messagesBody is job i's request: a small Anthropic Messages body.
-func messagesBody(i int) []byte {
-	return fmt.Appendf(nil, `{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"herd request %d"}]}`, i)
 }
 
 // call sends request i once.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -85,8 +84,8 @@ func TestRunStrategy(t *testing.T) {
 		sim := llmsim.New(llmsim.Config{Capacity: 2, RefillPerSecond: 0.001})
 		srv := httptest.NewServer(sim)
 		t.Cleanup(srv.Close)
-		e := &rowEnv{herdOpts: herdOpts{n: n, seed: 1, timeout: time.Minute}, simURL: srv.URL, apiKey: "sk-test", stderr: io.Discard}
-		e.progress = newProgress(io.Discard, "herd", "test", n, sim.Stats)
+		e := &rowEnv{burst: burst{shared: &shared{n: n, seed: 1, timeout: time.Minute}}, simURL: srv.URL, apiKey: "sk-test",
+			progress: &progress{}, log: func(string, ...any) {}, started: func() {}}
 		return e, sim
 	}
 	count := func(outs []outcome) (done, ok int) {

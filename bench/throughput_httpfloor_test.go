@@ -19,7 +19,7 @@ func TestHTTPFloorSystem(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	o := tpOpts{dbURL: pgtest.URL(t), redisURL: redistest.URL(), conns: 4, clients: 4, workers: 1}
+	o := tpOpts{shared: &shared{dbURL: pgtest.URL(t), redisURL: redistest.URL(), workers: 1}, conns: 4, clients: 4}
 	sys := &httpFloorSystem{floorBase: floorBase{inProcessQueue: inProcessQueue{o: o}}}
 	t.Cleanup(sys.close)
 	const n = 6

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -74,35 +73,6 @@ func asynqServerConfig(queue string, concurrency int) asynq.Config {
 		TaskCheckInterval: 10 * time.Millisecond,
 		LogLevel:          asynq.WarnLevel,
 	}
-}
-
-// redisFor connects to the Redis of o for asynq and returns its options and a go-redis client.
-func redisFor(ctx context.Context, redisURL string) (asynq.RedisConnOpt, redis.UniversalClient, error) {
-	opt, err := asynq.ParseRedisURI(redisURL)
-	if err != nil {
-		return nil, nil, fmt.Errorf("parse -redis-url: %w", err)
-	}
-	rdb, ok := opt.MakeRedisClient().(redis.UniversalClient)
-	if !ok {
-		return nil, nil, errors.New("asynq returned an unexpected redis client type")
-	}
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		rdb.Close()
-		return nil, nil, fmt.Errorf("redis at %s: %w", redisURL, err)
-	}
-	return opt, rdb, nil
-}
-
-// cleanups runs functions in reverse order of registration, once.
-type cleanups struct{ fns []func() }
-
-func (c *cleanups) add(f func()) { c.fns = append(c.fns, f) }
-
-func (c *cleanups) run() {
-	for i := len(c.fns) - 1; i >= 0; i-- {
-		c.fns[i]()
-	}
-	c.fns = nil
 }
 
 const tpTaskType = "bench:throughput"

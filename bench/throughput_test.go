@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,85 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 )
-
-func TestParseThroughputFlags(t *testing.T) {
-	t.Parallel()
-	t.Run("Defaults", func(t *testing.T) {
-		t.Parallel()
-		o, err := parseThroughputFlags(nil, &bytes.Buffer{})
-		require.NoError(t, err)
-		require.Equal(t, tpModeThroughput, o.mode)
-		require.Equal(t, 5000, o.n)
-		require.Equal(t, 64, o.clients)
-		require.Equal(t, 2, o.workers)
-		require.Equal(t, 400, o.concurrency())
-		ids, err := o.selected()
-		require.NoError(t, err)
-		require.Equal(t, []string{tpAsynq, tpRiver, tpComposite, tpHTTPFloor, tpLLMQ}, ids)
-	})
-	t.Run("BacklogDefaultsTo100k", func(t *testing.T) {
-		t.Parallel()
-		o, err := parseThroughputFlags([]string{"-mode", "backlog"}, &bytes.Buffer{})
-		require.NoError(t, err)
-		require.Equal(t, backlogDefaultN, o.n)
-		o, err = parseThroughputFlags([]string{"-mode", "backlog", "-n", "5000"}, &bytes.Buffer{})
-		require.NoError(t, err)
-		require.Equal(t, 5000, o.n, "an explicit -n wins")
-	})
-	t.Run("RateRunsLLMQAndTheFloors", func(t *testing.T) {
-		t.Parallel()
-		o, err := parseThroughputFlags([]string{"-mode", "rate", "-rate", "100, 500", "-duration", "4s"}, &bytes.Buffer{})
-		require.NoError(t, err)
-		require.Equal(t, []float64{100, 500}, o.rates)
-		ids, err := o.selected()
-		require.NoError(t, err)
-		require.Equal(t, []string{tpComposite, tpHTTPFloor, tpLLMQ}, ids)
-		o, err = parseThroughputFlags([]string{"-mode", "rate", "-only", "llmq"}, &bytes.Buffer{})
-		require.NoError(t, err)
-		ids, _ = o.selected()
-		require.Equal(t, []string{tpLLMQ}, ids)
-	})
-	t.Run("BacklogRunsLLMQOnly", func(t *testing.T) {
-		t.Parallel()
-		_, err := parseThroughputFlags([]string{"-mode", "backlog", "-only", "asynq"}, &bytes.Buffer{})
-		require.ErrorContains(t, err, "backlog mode runs llmq only")
-	})
-	t.Run("OnlyInTableOrder", func(t *testing.T) {
-		t.Parallel()
-		o, err := parseThroughputFlags([]string{"-only", "llmq, asynq"}, &bytes.Buffer{})
-		require.NoError(t, err)
-		ids, err := o.selected()
-		require.NoError(t, err)
-		require.Equal(t, []string{tpAsynq, tpLLMQ}, ids)
-	})
-	for name, tc := range map[string]struct {
-		args []string
-		want string
-	}{
-		"UnknownMode":    {[]string{"-mode", "fast"}, `unknown mode "fast"`},
-		"ZeroJobs":       {[]string{"-n", "0"}, "-n: must be at least 1"},
-		"SmallBacklog":   {[]string{"-mode", "backlog", "-n", "1500"}, "at least 2000 jobs"},
-		"NoClients":      {[]string{"-clients", "0"}, "-clients"},
-		"NoRuns":         {[]string{"-runs", "0"}, "-runs"},
-		"UnknownSystem":  {[]string{"-only", "sidekiq"}, `unknown system "sidekiq"`},
-		"NegativeRate":   {[]string{"-rate", "-1"}, "-rate"},
-		"BadRateList":    {[]string{"-rate", "100,fast"}, `"fast" is not a positive number`},
-		"ExtraArguments": {[]string{"now"}, "unexpected arguments"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			_, err := parseThroughputFlags(tc.args, &bytes.Buffer{})
-			require.ErrorContains(t, err, tc.want)
-		})
-	}
-}
-
-func TestRun_ThroughputBadFlag(t *testing.T) {
-	t.Parallel()
-	var out, errOut bytes.Buffer
-	require.ErrorContains(t, run(context.Background(), []string{"throughput", "-mode", "x"}, &out, &errOut), "unknown mode")
-	require.Empty(t, out.String())
-}
 
 func TestTPSubmitBody(t *testing.T) {
 	t.Parallel()
@@ -220,115 +139,6 @@ func TestDrivers(t *testing.T) {
 	})
 }
 
-func TestMeasure(t *testing.T) {
-	t.Parallel()
-	o := tpOpts{clients: 3, warmup: 5, timeout: 10 * time.Second}
-	sys := newFakeSystem(25)
-	res := measure(context.Background(), o, sys, "fake", "fake", 20, closedLoop(3), &bytes.Buffer{})
-	require.NoError(t, res.err)
-	require.Len(t, res.lat, 20, "warm-up jobs are not counted")
-	require.Len(t, res.submit, 20)
-	require.Positive(t, res.jobsPerSecond())
-	require.True(t, sys.closed)
-}
-
-func TestMedianRun(t *testing.T) {
-	t.Parallel()
-	r := func(n int, el time.Duration, err error) tpResult { return tpResult{n: n, elapsed: el, err: err} }
-	got := medianRun([]tpResult{r(100, time.Second, nil), r(100, 4*time.Second, nil), r(100, 2*time.Second, nil), r(0, 0, errFake)})
-	require.InDelta(t, 50.0, got.jobsPerSecond(), 1e-9)
-	require.ErrorIs(t, medianRun([]tpResult{r(0, 0, errFake)}).err, errFake)
-}
-
-func TestTPReport(t *testing.T) {
-	t.Parallel()
-	res := func(id string, perSecond int) tpResult {
-		return tpResult{id: id, name: systemName(id), n: perSecond, elapsed: time.Second,
-			lat: []time.Duration{ms(5)}, submit: []time.Duration{ms(1)}, cpu: cpuSample{cpuBench: time.Duration(perSecond) * 500 * time.Microsecond}}
-	}
-	rep := tpReport{opts: tpOpts{n: 1000, workers: 2, conns: 16, clients: 64}, results: []tpResult{
-		res(tpAsynq, 8000), res(tpRiver, 2000), res(tpComposite, 3000), res(tpLLMQ, 2100),
-	}}
-	rows := rep.rows()
-	require.Equal(t, "0.26", rows[0][len(rows[0])-1])
-	require.Equal(t, "1.05", rows[1][len(rows[1])-1])
-	require.Equal(t, "0.70", rows[2][len(rows[2])-1])
-	require.Equal(t, "—", rows[3][len(rows[3])-1])
-	require.Equal(t, "0.50", rows[0][7], "CPU seconds per 1,000 jobs")
-	require.Equal(t, "—", rows[0][8], "not measured")
-	notes := strings.Join(rep.notes(), "\n")
-	require.Contains(t, notes, "Target llmq ≥ 0.6 × the floor: 0.70 × — PASS")
-	require.Contains(t, notes, "Target llmq ≥ 1.0 × River: 1.05 × — PASS")
-
-	require.NotContains(t, notes, "Floor over HTTP ÷", "no floor over HTTP ran")
-
-	rep.results[3] = res(tpLLMQ, 1000)
-	notes = strings.Join(rep.notes(), "\n")
-	require.Contains(t, notes, "0.33 × — FAIL")
-	require.Contains(t, notes, "0.50 × — FAIL")
-	require.Contains(t, rep.markdown(), "| llmq end to end |")
-	require.NotContains(t, notes, "worker stages", "no stages were read")
-
-	rep.results[3].stages = []stageTime{{stage: "pickup", count: 1000, meanMS: 4}, {stage: "call", count: 1000, meanMS: 1}}
-	require.Contains(t, strings.Join(rep.notes(), "\n"), "llmq end to end (the run shown): worker stages, mean time per delivery")
-}
-
-func TestTPReport_FloorOverHTTP(t *testing.T) {
-	t.Parallel()
-	res := func(id string, perSecond int) tpResult {
-		return tpResult{id: id, name: systemName(id), n: perSecond, elapsed: time.Second,
-			lat: []time.Duration{ms(5)}, submit: []time.Duration{ms(1)}}
-	}
-	rep := tpReport{opts: tpOpts{n: 1000, workers: 2, conns: 16, clients: 64}, results: []tpResult{
-		res(tpRiver, 2000), res(tpComposite, 2000), res(tpHTTPFloor, 1600), res(tpLLMQ, 800),
-	}}
-	require.Equal(t, "0.50", rep.rows()[2][len(tpHeader)-1], "llmq ÷ the floor over HTTP")
-	notes := strings.Join(rep.notes(), "\n")
-	require.Contains(t, notes, "Floor over HTTP ÷ River: 0.80 × — even with none of llmq's guarantees")
-	require.Contains(t, notes, "out of reach of any such design here")
-	require.Contains(t, notes, "Floor over HTTP ÷ the floor: 0.80 × — the two HTTP hops alone use up 20% of the floor's rate; "+
-		"llmq ≥ 0.6 × the floor asks llmq for 75% of the floor over HTTP's rate.")
-	require.Contains(t, notes, "llmq ÷ the floor over HTTP: 0.50 ×")
-
-	rep.results[2] = res(tpHTTPFloor, 2400)
-	notes = strings.Join(rep.notes(), "\n")
-	require.Contains(t, notes, "Floor over HTTP ÷ River: 1.20 × — a queue that takes jobs and calls its provider over HTTP can reach River's rate here.")
-}
-
-func TestTPRateReport(t *testing.T) {
-	t.Parallel()
-	res := tpResult{id: tpLLMQ, name: "llmq", n: 3, lat: []time.Duration{ms(4), ms(6), ms(40)}, submit: []time.Duration{ms(2), ms(3), ms(4)}}
-	floor := res
-	floor.id, floor.name = tpHTTPFloor, systemName(tpHTTPFloor)
-	rep := tpRateReport{opts: tpOpts{rates: []float64{500}}, runs: []tpRateRun{{rate: 500, res: floor}, {rate: 500, res: res}}}
-	require.Equal(t, []string{"p99 40.0 ms > 30.0 ms"}, rateMisses(res))
-	require.Equal(t, "—", rep.rows()[0][len(tpRateHeader)-1], "the targets are llmq's")
-	require.Equal(t, "FAIL", rep.rows()[1][len(tpRateHeader)-1])
-	notes := strings.Join(rep.notes(), "\n")
-	require.Contains(t, notes, "llmq at 500/s: the largest delay of a submit behind its schedule was 0.0 ms; missed: p99 40.0 ms > 30.0 ms")
-	require.NotContains(t, notes, "update at 500/s: the largest delay of a submit behind its schedule was 0.0 ms; missed", "no target for a floor")
-	rep.runs[1].res.toStart = []time.Duration{ms(3), ms(3), ms(30)}
-	rep.runs[1].res.fromStart = []time.Duration{ms(1), ms(3), ms(10)}
-	require.Contains(t, strings.Join(rep.notes(), "\n"), "; created → first attempt started p50 3.0 ms, p99 30.0 ms; started → finished p50 3.0 ms, p99 10.0 ms")
-	rep.runs[1].res.allLat = [][2]time.Duration{{ms(4), ms(40)}, {ms(6), ms(60)}}
-	require.Contains(t, strings.Join(rep.notes(), "\n"),
-		"; the run with the median p50 of 2 is shown, p50 / p99 of each in the order run: 4.0 ms / 40.0 ms, 6.0 ms / 60.0 ms.")
-	res.lat[2] = ms(7)
-	require.Empty(t, rateMisses(res))
-}
-
-// Rate mode keeps, of several runs, the one with the median p50, and every run's p50 and p99.
-func TestMedianLatencyRun(t *testing.T) {
-	t.Parallel()
-	run := func(p50, p99 int) tpResult {
-		return tpResult{lat: []time.Duration{ms(p50), ms(p50), ms(p99)}}
-	}
-	got := medianLatencyRun([]tpResult{run(30, 90), run(10, 200), run(20, 50)})
-	require.Equal(t, ms(20), percentile(got.lat, 50), "the median p50, not the median p99's run")
-	require.Equal(t, [][2]time.Duration{{ms(30), ms(90)}, {ms(10), ms(200)}, {ms(20), ms(50)}}, got.allLat, "in the order run")
-	require.Nil(t, medianLatencyRun([]tpResult{run(5, 9)}).allLat, "one run: nothing to list")
-}
-
 func TestRateBetweenAndSlices(t *testing.T) {
 	t.Parallel()
 	base := time.Unix(1000, 0)
@@ -359,98 +169,98 @@ func TestRateBetweenAndSlices(t *testing.T) {
 	require.Len(t, sl[1].stages, 1, "no begin in the second slice")
 	require.Equal(t, uint64(51), sl[1].stages[0].count)
 	require.InDelta(t, 2.0, sl[1].stages[0].meanMS, 1e-9)
-	rows := tpBacklogReport{slices: sl}.sliceRows()
+	rows := (&backlog{slices: sl}).sliceRows()
 	require.Equal(t, []string{"1.00", "2.00", "—"}, rows[0][5:])
 	require.Equal(t, []string{"2.00", "—", "—"}, rows[1][5:])
 }
 
-func TestTPBacklogReport(t *testing.T) {
+func TestMeasure(t *testing.T) {
 	t.Parallel()
-	// Judged on each backlog's whole drain rate, the small one's being the median of its drains.
-	rep := tpBacklogReport{n: 100000, small: 1400, overall: 1300, smallAll: []float64{1400, 1100, 1500}}
-	require.True(t, rep.ok(), "1300 ≥ 0.9 × 1400")
-	row := rep.rows()[0]
-	require.Equal(t, len(tpBacklogHeader), len(row))
-	require.Equal(t, []string{"1300", "1400", "0.93", "PASS"}, row[6:])
-	require.Contains(t, strings.Join(rep.notes(), "\n"), "Backlog of 1,000, jobs/s of each drain: 1400, 1100, 1500.")
-	require.Equal(t, 850.0, median([]float64{1000, 700}))
-	require.Zero(t, median(nil))
-	rep.overall = 1190
-	require.False(t, rep.ok(), "1190 < 0.9 × 1400")
-	require.Equal(t, []string{"0.85", "FAIL"}, rep.rows()[0][8:10])
-	require.False(t, tpBacklogReport{overall: 950}.ok(), "no comparison drain, no pass")
-	require.Equal(t, "—", tpBacklogReport{overall: 950}.rows()[0][8])
-	require.Equal(t, "100,000", thousandsText(100000))
-	require.Equal(t, "999", thousandsText(999))
-	require.Equal(t, "1,000", thousandsText(1000))
+	s := &shared{timeout: 10 * time.Second}
+	sys := newFakeSystem(25)
+	res := measure(context.Background(), tpOpts{shared: s, clients: 3, warmup: 5}, sys, tpAsynq, 20, closedLoop(3), func(string, ...any) {})
+	require.NoError(t, res.err)
+	require.Len(t, res.lat, 20, "warm-up jobs are not counted")
+	require.Len(t, res.submit, 20)
+	require.Positive(t, res.jobsPerSecond())
+	require.True(t, sys.closed)
 }
 
-func TestLoadAverage(t *testing.T) {
+func TestMedianBy(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "6.88, 7.94, 8.22", loadAverage("6.88 7.94 8.22 3/412 12345\n"))
-	require.Empty(t, loadAverage(""))
-	h := tpHead{command: "go run . throughput", date: time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC), machine: "m", load: "1.00, 2.00, 3.00"}
-	require.Equal(t, "`go run . throughput` — 2026-11-29, m; load average 1.00, 2.00, 3.00 when it started "+
-		"(other work on the machine slows every row).\n\n", h.markdownLine())
+	r := func(n int, el time.Duration, err error) tpResult { return tpResult{n: n, elapsed: el, err: err} }
+	got := medianBy([]tpResult{r(100, time.Second, nil), r(100, 4*time.Second, nil), r(100, 2*time.Second, nil), r(0, 0, errFake)},
+		tpResult.jobsPerSecond)
+	require.InDelta(t, 50.0, got.jobsPerSecond(), 1e-9, "the failed run is left out; the lower middle of 25, 50, 100")
+	require.ErrorIs(t, medianBy([]tpResult{r(0, 0, errFake)}, tpResult.jobsPerSecond).err, errFake)
 }
 
-func TestMsText(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "4.2 ms", msText(4200*time.Microsecond))
-	require.Equal(t, "153 ms", msText(153*time.Millisecond))
-	require.Equal(t, "12.50 s", msText(12500*time.Millisecond))
+// tpRun is a measured run of system id: perSecond jobs in one second, each with latency lat.
+func tpRun(id string, perSecond int, lat time.Duration) tpResult {
+	return tpResult{id: id, name: systemName(id), n: perSecond, elapsed: time.Second, lat: []time.Duration{lat}, submit: []time.Duration{ms(1)},
+		cpu: cpuSample{cpuBench: time.Duration(perSecond) * 500 * time.Microsecond}}
 }
 
-func TestThroughputSection(t *testing.T) {
+func TestThroughputReport(t *testing.T) {
 	t.Parallel()
-	t.Run("NewSectionHasEveryPart", func(t *testing.T) {
-		t.Parallel()
-		s, err := throughputSection("", tpPartRate, "RATE\n")
-		require.NoError(t, err)
-		require.Contains(t, s, "## throughput")
-		for _, p := range tpParts {
-			b, e := tpPartMarkers(p)
-			require.Contains(t, s, b)
-			require.Contains(t, s, e)
-		}
-		b, e := tpPartMarkers(tpPartRate)
-		require.Contains(t, s, b+"\nRATE\n"+e)
-	})
-	t.Run("OtherPartsKept", func(t *testing.T) {
-		t.Parallel()
-		s, err := throughputSection("", tpPartTable, "TABLE v1\n")
-		require.NoError(t, err)
-		s, err = throughputSection(s, tpPartBacklog, "BACKLOG\n")
-		require.NoError(t, err)
-		s, err = throughputSection(s, tpPartTable, "TABLE v2\n")
-		require.NoError(t, err)
-		require.Contains(t, s, "TABLE v2")
-		require.NotContains(t, s, "TABLE v1")
-		require.Contains(t, s, "BACKLOG")
-	})
-	t.Run("FileKeepsOtherSections", func(t *testing.T) {
-		t.Parallel()
-		path := filepath.Join(t.TempDir(), "benchmarks.md")
-		doc := "# Benchmarks\n\n" + herdBegin + "\nHERD\n" + herdEnd + "\n"
-		require.NoError(t, os.WriteFile(path, []byte(doc), 0o644))
-		require.NoError(t, writeThroughputPart(path, tpPartTable, "T1\n"))
-		require.NoError(t, writeThroughputPart(path, tpPartBacklog, "B1\n"))
-		require.NoError(t, writeThroughputPart(path, tpPartTable, "T2\n"))
-		got, err := os.ReadFile(path)
-		require.NoError(t, err)
-		s := string(got)
-		require.Contains(t, s, herdBegin+"\nHERD\n"+herdEnd)
-		require.Contains(t, s, "T2")
-		require.NotContains(t, s, "T1")
-		require.Contains(t, s, "B1")
-		require.Equal(t, 1, strings.Count(s, tpBegin))
-		require.Equal(t, 1, strings.Count(s, "## throughput"))
-	})
-	t.Run("UnclosedSection", func(t *testing.T) {
-		t.Parallel()
-		_, err := sectionBody("x "+tpBegin+" y", tpBegin, tpEnd)
-		require.ErrorIs(t, err, errNoEndMarker)
-	})
+	tp, _ := parse[*throughput](t, "throughput")
+	tp.results = []tpResult{tpRun(tpAsynq, 8000, ms(5)), tpRun(tpRiver, 2000, ms(5)), tpRun(tpComposite, 3000, ms(5)),
+		tpRun(tpHTTPFloor, 2400, ms(5)), tpRun(tpLLMQ, 2100, ms(5))}
+	tp.rates = [][]float64{{8000, 7900, 8100}, nil, nil, nil, {2100}}
+	rep := tp.report()
+	rows := rep.tables[0].rows
+	require.Equal(t, []string{"0.26", "1.05", "0.70", "0.88", "—"}, []string{rows[0][12], rows[1][12], rows[2][12], rows[3][12], rows[4][12]},
+		"llmq ÷ each system")
+	require.Equal(t, []string{"0.50", "—"}, rows[0][7:9], "CPU seconds per 1,000 jobs; the api is not measured")
+	notes := strings.Join(rep.notes, "\n")
+	require.Contains(t, notes, "Throughput targets: llmq ÷ floor 0.70 (target ≥ 0.6), llmq ÷ River 1.05 (target ≥ 1.0): PASS.")
+	require.Contains(t, notes, "What the floor over HTTP leaves: httpfloor ÷ river 1.20, httpfloor ÷ composite 0.80, llmq ÷ httpfloor 0.88.")
+	require.Contains(t, notes, "jobs/s of each run: asynq 8000, 7900, 8100.")
+
+	tp.results[4] = tpRun(tpLLMQ, 1000, ms(5))
+	tp.results[4].stages = []stageTime{{stage: "pickup", count: 1000, meanMS: 4}, {stage: "call", count: 1000, meanMS: 1}}
+	tp.results[1].err = errors.New("river: boom")
+	rep = tp.report()
+	notes = strings.Join(rep.notes, "\n")
+	require.Contains(t, notes, "Throughput targets: llmq ÷ floor 0.33 (target ≥ 0.6): FAIL (llmq ÷ floor).", "River did not run: not judged")
+	require.Contains(t, notes, "River, no-op worker: failed: river: boom")
+	require.Contains(t, notes, "llmq end to end: stage mean ms per delivery: pickup 4.00, call 1.00 (5.0 ms per job in all).")
+	require.Equal(t, []string{tpRiver}, rep.failed)
+}
+
+func TestRateReport(t *testing.T) {
+	t.Parallel()
+	r, _ := parse[*rate](t, "rate")
+	llmq := tpResult{id: tpLLMQ, name: systemName(tpLLMQ), n: 3, lat: []time.Duration{ms(4), ms(6), ms(40)}, submit: []time.Duration{ms(2), ms(3), ms(4)},
+		toStart: []time.Duration{ms(3), ms(3), ms(30)}, fromStart: []time.Duration{ms(1), ms(3), ms(10)}}
+	floor := llmq
+	floor.id, floor.name, floor.toStart, floor.fromStart = tpHTTPFloor, systemName(tpHTTPFloor), nil, nil
+	r.runs = []rateRun{{rate: 500, res: floor}, medianLatency(500, []tpResult{llmq, {err: errFake}})}
+	rep := r.report()
+	require.Equal(t, []string{"—", "FAIL"}, []string{rep.tables[0].rows[0][16], rep.tables[0].rows[1][16]}, "the targets are llmq's")
+	require.Contains(t, rep.notes, "llmq end to end at 500/s: submits up to 0.0 ms late; created → first attempt started p50 3.0 ms, "+
+		"p99 30.0 ms; started → finished p50 3.0 ms, p99 10.0 ms.")
+	require.Equal(t, "FAIL", verdict(r.runs[1].checks()), "p99 40 ms > 30 ms")
+	llmq.lat[2] = ms(7)
+	require.Equal(t, "PASS", verdict(rateRun{res: llmq}.checks()))
+
+	run := medianLatency(100, []tpResult{{lat: []time.Duration{ms(30), ms(30), ms(90)}}, {lat: []time.Duration{ms(10), ms(10), ms(200)}},
+		{lat: []time.Duration{ms(20), ms(20), ms(50)}}})
+	require.Equal(t, ms(20), percentile(run.res.lat, 50), "the median p50, not the median p99's run")
+	require.Equal(t, [][2]time.Duration{{ms(30), ms(90)}, {ms(10), ms(200)}, {ms(20), ms(50)}}, run.each, "in the order run")
+}
+
+func TestBacklogReport(t *testing.T) {
+	t.Parallel()
+	b, _ := parse[*backlog](t, "backlog")
+	b.small, b.overall, b.smallAll = 1400, 1300, []float64{1400, 1100, 1500}
+	require.True(t, b.ok(), "1300 ≥ 0.9 × 1400")
+	rep := b.report()
+	require.Equal(t, []string{"1300", "1400", "0.93", "PASS"}, rep.tables[0].rows[0][6:])
+	require.Contains(t, rep.notes, "Backlog of 1,000, jobs/s of each drain: 1400, 1100, 1500.")
+	b.overall = 1190
+	require.Equal(t, []string{"0.85", "FAIL"}, b.report().tables[0].rows[0][8:])
+	require.False(t, (&backlog{overall: 950}).ok(), "no comparison drain, no pass")
 }
 
 var errFake = errors.New("fake submit failed")

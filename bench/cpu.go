@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// CPU groups of the throughput table: where the CPU time of a row went.
+// CPU groups of the throughput tables: where the CPU time of a run went.
 const (
 	cpuBench    = "bench"    // this process: clients, observer, simulator, and in-process queues
 	cpuAPI      = "api"      // the api child process
@@ -216,4 +216,26 @@ func (m *cpuMeter) sample(ctx context.Context, first bool) cpuSample {
 		}
 	}
 	return s
+}
+
+// cpuPer1000 is the group's CPU seconds per 1,000 jobs of r; ok is false when it was not
+// measured.
+func (r tpResult) cpuPer1000(group string) (float64, bool) {
+	d, ok := r.cpu[group]
+	if !ok || r.n == 0 {
+		return 0, false
+	}
+	return d.Seconds() * 1000 / float64(r.n), true
+}
+
+// cpuCells renders r's CPU per 1,000 jobs in cpuGroups' order ("—": not measured).
+func cpuCells(r tpResult) []string {
+	out := make([]string, len(cpuGroups))
+	for i, g := range cpuGroups {
+		out[i] = "—"
+		if v, ok := r.cpuPer1000(g); ok {
+			out[i] = fmt.Sprintf("%.2f", v)
+		}
+	}
+	return out
 }

@@ -108,3 +108,26 @@ func (l *chaosCallLog) snapshot() ([]chaosCall, int) {
 	slices.SortStableFunc(out, func(a, b chaosCall) int { return a.arrived.Compare(b.arrived) })
 	return out, l.unmarked
 }
+
+// statusWriter remembers the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer (the simulator flushes).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
