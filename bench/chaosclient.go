@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -59,7 +56,7 @@ type chaosClient struct {
 // than 429 refuses it, chaosSubmitPatience passes, or ctx ends.
 func (c *chaosClient) submit(ctx context.Context, i int, key string, request []byte, maxAttempts int) chaosSubmit {
 	s := chaosSubmit{key: key}
-	body := fmt.Appendf(nil, `{"request":%s,"max_attempts":%d,"timeout":"15m"}`, request, maxAttempts)
+	body := jobBody(request, maxAttempts, 15*time.Minute)
 	began := time.Now()
 	for try := 0; ; try++ {
 		api := (i + try) % len(c.apiURLs)
@@ -104,34 +101,12 @@ func (c *chaosClient) submit(ctx context.Context, i int, key string, request []b
 // post sends one try and returns the answer and, for a 200 or 202, the job ID.
 func (c *chaosClient) post(ctx context.Context, api int, key string, body []byte) (chaosAnswer, string) {
 	a := chaosAnswer{at: time.Since(c.start), api: api}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.apiURLs[api]+"/v1/jobs", bytes.NewReader(body))
+	got, err := postJob(ctx, c.hc, c.apiURLs[api], body, key)
+	a.status, a.retryAfter, a.message = got.status, got.retryAfter, got.body
 	if err != nil {
 		a.message = err.Error()
-		return a, ""
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		a.message = err.Error()
-		return a, ""
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	a.status, a.retryAfter = resp.StatusCode, resp.Header.Get("Retry-After")
-	if err != nil {
-		a.message = "read answer: " + err.Error()
-		return a, ""
-	}
-	if resp.StatusCode != http.StatusAccepted && resp.StatusCode != http.StatusOK {
-		a.message = string(bytes.TrimSpace(raw))
-		return a, ""
-	}
-	var job struct {
-		ID string `json:"id"`
-	}
-	_ = json.Unmarshal(raw, &job)
-	return a, job.ID
+	return a, got.id()
 }
 
 // lockedRand is a seeded source of float64s in [0,1), safe for concurrent use.

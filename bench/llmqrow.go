@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -68,7 +67,11 @@ func burstOverHTTP(ctx context.Context, e *rowEnv, st *stack) ([]outcome, error)
 		wg.Go(func() {
 			<-fire
 			submitted[i] = time.Since(start)
-			ids[i], errs[i] = submitJob(ctx, hc, st.apiURL, i, e.requestBody(i), e.jobMaxAttempts())
+			a, err := submitJob(ctx, hc, st.apiURL, i, jobBody(e.requestBody(i), e.jobMaxAttempts(), 5*time.Minute))
+			if ids[i] = a.id(); err == nil && ids[i] == "" {
+				err = fmt.Errorf("job %d: no id in %s", i, a.body)
+			}
+			errs[i] = err
 		})
 	}
 	e.started()
@@ -129,36 +132,6 @@ func burstOverHTTP(ctx context.Context, e *rowEnv, st *stack) ([]outcome, error)
 		e.log("  terminal statuses: %v", statuses)
 	}
 	return outs, nil
-}
-
-// submitJob posts job i with the provider request request (deadline 5 min, at most maxAttempts
-// attempts) and returns its ID; anything but 202 is an error.
-func submitJob(ctx context.Context, hc *http.Client, apiURL string, i int, request []byte, maxAttempts int) (string, error) {
-	body := fmt.Appendf(nil, `{"request":%s,"max_attempts":%d,"timeout":"5m"}`, request, maxAttempts)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/jobs", bytes.NewReader(body))
-	if err != nil {
-		return "", fmt.Errorf("job %d: %w", i, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("job %d: %w", i, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("job %d: read answer: %w", i, err)
-	}
-	if resp.StatusCode != http.StatusAccepted {
-		return "", fmt.Errorf("job %d: POST /v1/jobs answered %d: %s", i, resp.StatusCode, bytes.TrimSpace(raw))
-	}
-	var job struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(raw, &job); err != nil || job.ID == "" {
-		return "", fmt.Errorf("job %d: no id in %s", i, bytes.TrimSpace(raw))
-	}
-	return job.ID, nil
 }
 
 // pollJobs fetches the status of ids[pending[k]] for every k, at most pollConcurrency at once.

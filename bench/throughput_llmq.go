@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -26,11 +24,6 @@ const llmqMaxAttempts = 3
 // llmqJobTimeout is every throughput job's deadline: long enough for a backlog of 100,000 jobs
 // at a few hundred per second, so that no job fails on its deadline while it waits.
 const llmqJobTimeout = 2 * time.Hour
-
-// tpSubmitBody is the POST /v1/jobs body of job i.
-func tpSubmitBody(i int) []byte {
-	return fmt.Appendf(nil, `{"request":%s,"max_attempts":%d,"timeout":%q}`, messagesBody(i), llmqMaxAttempts, llmqJobTimeout.String())
-}
 
 // llmqSystem is llmq end to end: the api binary and -workers worker binaries on a fresh
 // database and queue, an instant llmsim, and jobs submitted over HTTP. Completion is observed
@@ -90,22 +83,8 @@ func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
 }
 
 func (s *llmqSystem) submit(ctx context.Context, i int) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.st.apiURL+"/v1/jobs", bytes.NewReader(tpSubmitBody(i)))
-	if err != nil {
-		return fmt.Errorf("job %d: %w", i, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("job %d: %w", i, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("job %d: POST /v1/jobs answered %d: %s", i, resp.StatusCode, bytes.TrimSpace(raw))
-	}
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		return fmt.Errorf("job %d: read answer: %w", i, err)
+	if _, err := submitJob(ctx, s.hc, s.st.apiURL, i, jobBody(messagesBody(i), llmqMaxAttempts, llmqJobTimeout)); err != nil {
+		return err
 	}
 	s.submitted.Add(1)
 	return nil

@@ -20,7 +20,7 @@ func TestTPSubmitBody(t *testing.T) {
 		MaxAttempts int            `json:"max_attempts"`
 		Timeout     string         `json:"timeout"`
 	}
-	require.NoError(t, json.Unmarshal(tpSubmitBody(7), &body))
+	require.NoError(t, json.Unmarshal(jobBody(messagesBody(7), llmqMaxAttempts, llmqJobTimeout), &body))
 	require.Equal(t, "claude-bench", body.Request["model"])
 	require.Equal(t, llmqMaxAttempts, body.MaxAttempts)
 	d, err := time.ParseDuration(body.Timeout)
