@@ -43,12 +43,12 @@ func TestTarget_Checks(t *testing.T) {
 	floor := 8 * time.Second
 	good := result{n: 100, succeeded: 100, stats: stats(100, 0), complete: true, last: ms(8300)}
 	require.Equal(t, "PASS", verdict(configured.checks(good, floor)))
-	require.Equal(t, "llmq: succeeded 100/100 (target 100/100), last result 8.30 s (target ≤ 8.40 s (1.05 × floor)), "+
+	require.Equal(t, "llmq: succeeded 100/100 (target 100/100), last result 8.30 s (target ≤ 1.05 × floor = 8.40 s), "+
 		"provider requests 100 (target = 100), 429s 0 (target 0): PASS.", checksNote("llmq", configured.checks(good, floor)))
 
 	bad := good
 	bad.succeeded, bad.stats, bad.last = 97, stats(130, 30), ms(8500)
-	require.Equal(t, "llmq: succeeded 97/100 (target 100/100), last result 8.50 s (target ≤ 8.40 s (1.05 × floor)), "+
+	require.Equal(t, "llmq: succeeded 97/100 (target 100/100), last result 8.50 s (target ≤ 1.05 × floor = 8.40 s), "+
 		"provider requests 130 (target = 100), 429s 30 (target 0): FAIL (succeeded, last result, provider requests, 429s).",
 		checksNote("llmq", configured.checks(bad, floor)))
 
@@ -196,7 +196,7 @@ func TestBurstReports(t *testing.T) {
 	require.Equal(t, []string{"", "PASS", "FAIL"}, []string{rep.tables[0].rows[0][9], rep.tables[0].rows[1][9], rep.tables[0].rows[2][9]})
 	notes := strings.Join(rep.notes, "\n")
 	require.Contains(t, notes, "requests 1.00 s, input tokens 24.00 s, output tokens 5.25 s; floor 24.00 s (input tokens).")
-	require.Contains(t, notes, "last result 29.00 s (target ≤ 27.60 s (1.15 × floor))")
+	require.Contains(t, notes, "last result 29.00 s (target ≤ 1.15 × floor = 27.60 s)")
 	require.Contains(t, notes, "llmq, token limits learned: the simulator charged 0 input and 0 output tokens, not the floor's 200,000 and 15,000.")
 	require.NotContains(t, notes, "llmq, token limits known: the simulator charged")
 }

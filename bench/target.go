@@ -28,7 +28,7 @@ func (t target) checks(r result, floor time.Duration) []check {
 	if floor > 0 {
 		limit := time.Duration(math.Round(t.maxRatio * float64(floor))) // 1.15 × 24 s is 27.6 s, not a hair less
 		cs = append(cs, check{what: "last result", got: r.lastText(),
-			target: fmt.Sprintf("≤ %s (%.2f × floor)", seconds(limit), t.maxRatio), pass: r.complete && r.last <= limit})
+			target: fmt.Sprintf("≤ %.2f × floor = %s", t.maxRatio, seconds(limit)), pass: r.complete && r.last <= limit})
 	}
 	if t.exactRequests {
 		cs = append(cs, check{what: "provider requests", got: fmt.Sprint(r.requests()), target: fmt.Sprintf("= %d", r.n),

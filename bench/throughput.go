@@ -99,6 +99,19 @@ func systemName(id string) string {
 	return "llmq end to end"
 }
 
+// shortName is the name of a system in the notes.
+func shortName(id string) string {
+	switch id {
+	case tpComposite:
+		return "floor"
+	case tpHTTPFloor:
+		return "floor over HTTP"
+	case tpRiver:
+		return "River"
+	}
+	return id
+}
+
 // newSystem returns the system id.
 func newSystem(o tpOpts, id string, log logf) tpSystem {
 	q := inProcessQueue{o: o}

@@ -214,7 +214,7 @@ func TestThroughputReport(t *testing.T) {
 	require.Equal(t, []string{"0.50", "—"}, rows[0][7:9], "CPU seconds per 1,000 jobs; the api is not measured")
 	notes := strings.Join(rep.notes, "\n")
 	require.Contains(t, notes, "Throughput targets: llmq ÷ floor 0.70 (target ≥ 0.6), llmq ÷ River 1.05 (target ≥ 1.0): PASS.")
-	require.Contains(t, notes, "What the floor over HTTP leaves: httpfloor ÷ river 1.20, httpfloor ÷ composite 0.80, llmq ÷ httpfloor 0.88.")
+	require.Contains(t, notes, "What the floor over HTTP leaves: floor over HTTP ÷ River 1.20, floor over HTTP ÷ floor 0.80, llmq ÷ floor over HTTP 0.88.")
 	require.Contains(t, notes, "jobs/s of each run: asynq 8000, 7900, 8100.")
 
 	tp.results[4] = tpRun(tpLLMQ, 1000, ms(5))

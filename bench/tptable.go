@@ -113,11 +113,12 @@ func (t *throughput) report() report {
 		o.n, o.warmup, o.clients, o.concurrency(), o.workers, o.conns, riverVersion())}
 	var cs []check
 	for _, c := range []struct {
-		id, name string
-		target   float64
-	}{{tpComposite, "floor", tpTargetVsFloor}, {tpRiver, "River", tpTargetVsRiver}} {
+		id     string
+		target float64
+	}{{tpComposite, tpTargetVsFloor}, {tpRiver, tpTargetVsRiver}} {
 		if v, ok := t.ratio(tpLLMQ, c.id); ok {
-			cs = append(cs, check{what: "llmq ÷ " + c.name, got: fmt.Sprintf("%.2f", v), target: fmt.Sprintf("≥ %.1f", c.target), pass: v >= c.target})
+			cs = append(cs, check{what: "llmq ÷ " + shortName(c.id), got: fmt.Sprintf("%.2f", v), target: fmt.Sprintf("≥ %.1f", c.target),
+				pass: v >= c.target})
 		}
 	}
 	if len(cs) > 0 {
@@ -126,7 +127,7 @@ func (t *throughput) report() report {
 	var reach []string
 	for _, p := range [][2]string{{tpHTTPFloor, tpRiver}, {tpHTTPFloor, tpComposite}, {tpLLMQ, tpHTTPFloor}} {
 		if v, ok := t.ratio(p[0], p[1]); ok {
-			reach = append(reach, fmt.Sprintf("%s ÷ %s %.2f", p[0], p[1], v))
+			reach = append(reach, fmt.Sprintf("%s ÷ %s %.2f", shortName(p[0]), shortName(p[1]), v))
 		}
 	}
 	if len(reach) > 0 {
@@ -135,7 +136,7 @@ func (t *throughput) report() report {
 	var each []string
 	for i, r := range t.results {
 		if len(t.rates[i]) > 1 {
-			each = append(each, fmt.Sprintf("%s %s", r.id, joinFloats(t.rates[i])))
+			each = append(each, fmt.Sprintf("%s %s", shortName(r.id), joinFloats(t.rates[i])))
 		}
 	}
 	if len(each) > 0 {
