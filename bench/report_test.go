@@ -122,3 +122,22 @@ func TestFormat(t *testing.T) {
 	require.Equal(t, 2.0, median([]float64{3, 1, 2}))
 	require.Zero(t, median(nil))
 }
+
+// Every scenario has its section in docs/benchmarks.md, so that -write replaces it in place,
+// and the top-level headings other documents link to are there.
+func TestBenchmarksDoc(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "docs", "benchmarks.md"))
+	require.NoError(t, err)
+	doc := string(raw)
+	for _, e := range scenarios() {
+		begin, end := markers(e.name)
+		i, j := strings.Index(doc, begin), strings.Index(doc, end)
+		require.True(t, i >= 0 && j > i, "the section of %s", e.name)
+		require.Equal(t, 1, strings.Count(doc, begin), e.name)
+		require.Contains(t, doc[i:j], "`go run . "+e.name+" ", "the section says how it was made")
+	}
+	for _, h := range []string{"herd", "outage", "chaos", "throughput", "tokens"} {
+		require.Contains(t, doc, "\n## "+h+"\n")
+	}
+}
