@@ -78,8 +78,8 @@ func (h *herd) report() report {
 	for i, r := range h.results {
 		rows[i] = burstCells(r, floor, j)
 	}
-	notes := []string{fmt.Sprintf("%d jobs at once; bucket of %g refilling %g/s; floor = (%d − %g) / %g = %s; %d llmq workers.",
-		s.n, s.capacity, s.rate, s.n, s.capacity, s.rate, seconds(floor), s.workers)}
+	notes := []string{fmt.Sprintf("%d jobs at once; bucket of %g refilling %g/s; floor = %s; %d llmq workers.",
+		s.n, s.capacity, s.rate, s.floorText(), s.workers)}
 	judged, failed := burstNotes(h.results, j)
 	return report{tables: []table{{burstHeader, rows}}, notes: append(notes, judged...), failed: failed}
 }

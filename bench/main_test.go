@@ -101,6 +101,9 @@ func TestScenarioDefaults(t *testing.T) {
 	require.Equal(t, shared{n: 100, timeout: 3 * time.Minute, seed: 1, workers: 4, capacity: 20, rate: 10, bin: "../bin",
 		dbURL: s.dbURL, redisURL: "redis://127.0.0.1:6379/0"}, *s)
 	require.Equal(t, 8*time.Second, s.floor())
+	require.Equal(t, "(100 − 20) / 10 = 8.00 s", s.floorText())
+	s.n = 20
+	require.Equal(t, "0 s (the bucket holds every job)", s.floorText())
 	require.Equal(t, []string{"no-retry", "backoff3", "backoff8", "full-jitter8", "retry-after8", "asynq", "llmq-configured", "llmq-learned"},
 		rowIDs(h.rows()))
 

@@ -153,8 +153,7 @@ func (o *outage) report() report {
 			ratioText(perSuccess, ok), o.lag(r), verdict(j(r))})
 	}
 	notes := []string{fmt.Sprintf("%d jobs at once; 529 for %s from the first submit; bucket of %g refilling %g/s, so the drain "+
-		"after the recovery is (%d − %g) / %g = %s; llmq jobs with max_attempts %d.",
-		s.n, o.outage, s.capacity, s.rate, s.n, s.capacity, s.rate, seconds(s.floor()), outageMaxAttempts)}
+		"after the recovery is %s; llmq jobs with max_attempts %d.", s.n, o.outage, s.capacity, s.rate, s.floorText(), outageMaxAttempts)}
 	judged, failed := burstNotes(o.results, j)
 	return report{tables: []table{{outageHeader, rows}}, notes: append(notes, judged...), failed: failed}
 }

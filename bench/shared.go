@@ -81,6 +81,14 @@ func (s *shared) bucket(fs *flagSet, capacity, rate float64) {
 // at the refill rate. Zero when the bucket holds them all.
 func (s *shared) floor() time.Duration { return floorOf(s.n, s.capacity, s.rate) }
 
+// floorText renders the floor's formula: "(100 − 20) / 10 = 8.00 s".
+func (s *shared) floorText() string {
+	if s.floor() == 0 {
+		return "0 s (the bucket holds every job)"
+	}
+	return fmt.Sprintf("(%d − %g) / %g = %s", s.n, s.capacity, s.rate, seconds(s.floor()))
+}
+
 // binaries builds the api and worker when they are missing or -build is set.
 func (s *shared) binaries(ctx context.Context, log logf) error {
 	return ensureBinaries(ctx, s.bin, s.build, log)
