@@ -127,5 +127,8 @@ func tail(path string, n int) string {
 			lines = lines[1:]
 		}
 	}
+	if err := sc.Err(); err != nil {
+		lines = append(lines, "(the rest is unreadable: "+err.Error()+")")
+	}
 	return strings.Join(lines, "\n")
 }
