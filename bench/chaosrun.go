@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -155,44 +154,13 @@ func (sys *chaosSystem) close() { sys.c.run() }
 // drive submits the jobs and injects the faults, waits for the jobs, and collects what
 // happened.
 func (c *chaos) drive(ctx context.Context, sys *chaosSystem, log logf) (chaosResult, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 64
-	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	defer hc.CloseIdleConnections()
-
 	res := chaosResult{tag: sys.tag, start: time.Now()}
-	client := &chaosClient{hc: hc, apiURLs: sys.apiURLs, start: res.start, rand: lockedRand(c.s.seed)}
-	// Job i is submitted at i·submitOver/(n−1) from the start and retried on its own. However
-	// the run ends, no submit outlives it.
-	subCtx, stopSubmits := context.WithCancel(ctx)
-	res.submits = make([]chaosSubmit, c.s.n)
-	var accepted atomic.Int64
-	var subWG sync.WaitGroup
-	for i := range c.s.n {
-		subWG.Go(func() {
-			key := fmt.Sprintf("chaos-%s-%d", sys.tag, i)
-			at := time.Duration(0)
-			if c.s.n > 1 {
-				at = c.submitOver * time.Duration(i) / time.Duration(c.s.n-1)
-			}
-			if !sleepUntil(subCtx, res.start.Add(at)) {
-				res.submits[i] = chaosSubmit{key: key, giveUp: "interrupted"}
-				return
-			}
-			res.submits[i] = client.submit(subCtx, i, key, chaosBody(sys.tag, i), c.maxAttempts)
-			if res.submits[i].accepted {
-				accepted.Add(1)
-			}
-		})
-	}
-	submitsDone := make(chan struct{})
-	go func() { subWG.Wait(); close(submitsDone) }()
-	defer func() { stopSubmits(); <-submitsDone }()
-
+	subs := c.submitAll(ctx, sys, res.start)
+	defer subs.stop()
 	stop := every(2*time.Second, func(d time.Duration) {
 		st := sys.sim.Stats()
 		log("  %5.1fs: accepted %d/%d; jobs: %s; provider: %d requests, %d 429s, %d in flight",
-			d.Seconds(), accepted.Load(), c.s.n, jobsByStatus(ctx, sys.admin), st.Requests, st.ByStatus[429], st.InFlight)
+			d.Seconds(), len(subs.acceptedIDs()), c.s.n, jobsByStatus(ctx, sys.admin), st.Requests, st.ByStatus[429], st.InFlight)
 	})
 	defer stop()
 	res.faults = c.inject(ctx, sys, res.start, log)
@@ -203,10 +171,12 @@ func (c *chaos) drive(ctx context.Context, sys *chaosSystem, log logf) (chaosRes
 		res.lastFaultEnd = max(res.lastFaultEnd, f.end)
 	}
 	log("faults over at %s; every accepted job must be terminal by %s", seconds(res.lastFaultEnd), seconds(res.lastFaultEnd+c.grace))
-	if err := waitChaosJobs(ctx, &res, sys.admin, submitsDone, res.start.Add(res.lastFaultEnd+c.grace), log); err != nil {
+	if err := waitChaosJobs(ctx, &res, sys.admin, subs, res.start.Add(res.lastFaultEnd+c.grace), log); err != nil {
 		return res, err
 	}
 	stop()
+	subs.stop()
+	res.submits = subs.all
 	res.calls, res.unmarked = sys.calls.snapshot()
 	var err error
 	if res.rows, err = chaosRows(ctx, sys.admin); err != nil {
@@ -218,6 +188,77 @@ func (c *chaos) drive(ctx context.Context, sys *chaosSystem, log logf) (chaosRes
 		res.exits = append(res.exits, s.unexpectedExits()...)
 	}
 	return res, nil
+}
+
+// chaosSubmits are the submits of a run in progress. all is complete once done is closed.
+type chaosSubmits struct {
+	mu     sync.Mutex
+	all    []chaosSubmit
+	done   chan struct{}
+	cancel context.CancelFunc
+}
+
+// submitAll submits job i at i·submitOver/(n−1) from start, each retried on its own. However
+// the run ends, no submit outlives stop.
+func (c *chaos) submitAll(ctx context.Context, sys *chaosSystem, start time.Time) *chaosSubmits {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	client := &chaosClient{hc: hc, apiURLs: sys.apiURLs, start: start, rand: lockedRand(c.s.seed)}
+	ctx, cancel := context.WithCancel(ctx)
+	subs := &chaosSubmits{all: make([]chaosSubmit, c.s.n), done: make(chan struct{}), cancel: cancel}
+	var wg sync.WaitGroup
+	for i := range c.s.n {
+		wg.Go(func() {
+			key := fmt.Sprintf("chaos-%s-%d", sys.tag, i)
+			at := time.Duration(0)
+			if c.s.n > 1 {
+				at = c.submitOver * time.Duration(i) / time.Duration(c.s.n-1)
+			}
+			sub := chaosSubmit{key: key, giveUp: "interrupted"}
+			if sleepUntil(ctx, start.Add(at)) {
+				sub = client.submit(ctx, i, key, chaosBody(sys.tag, i), c.maxAttempts)
+			}
+			subs.mu.Lock()
+			defer subs.mu.Unlock()
+			subs.all[i] = sub
+		})
+	}
+	go func() {
+		wg.Wait()
+		hc.CloseIdleConnections()
+		close(subs.done)
+	}()
+	return subs
+}
+
+// acceptedIDs are the IDs of the jobs accepted so far.
+func (s *chaosSubmits) acceptedIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, sub := range s.all {
+		if sub.accepted {
+			ids = append(ids, sub.id)
+		}
+	}
+	return ids
+}
+
+// finished reports whether every submit has ended.
+func (s *chaosSubmits) finished() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop ends the submits still trying and waits for them.
+func (s *chaosSubmits) stop() {
+	s.cancel()
+	<-s.done
 }
 
 // jobsByStatus counts the jobs by status, for the progress lines ("?" when unreadable).
@@ -242,18 +283,13 @@ func jobsByStatus(ctx context.Context, admin *pgxpool.Pool) string {
 
 // waitChaosJobs polls the database until every accepted job is terminal, or until graceAt,
 // when the jobs still pending are recorded.
-func waitChaosJobs(ctx context.Context, res *chaosResult, admin *pgxpool.Pool, submitsDone <-chan struct{}, graceAt time.Time, log logf) error {
+func waitChaosJobs(ctx context.Context, res *chaosResult, admin *pgxpool.Pool, subs *chaosSubmits, graceAt time.Time, log logf) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		done := false
-		select {
-		case <-submitsDone:
-			done = true
-		default:
-		}
+		done := subs.finished()
 		now := time.Now()
-		pending, err := chaosPending(ctx, admin, res.submits)
+		pending, err := chaosPending(ctx, admin, subs.acceptedIDs())
 		switch {
 		case err != nil:
 			log("  polling the database: %v", err)
@@ -273,8 +309,8 @@ func waitChaosJobs(ctx context.Context, res *chaosResult, admin *pgxpool.Pool, s
 	}
 }
 
-// chaosPending returns the IDs of accepted jobs that are missing or not terminal.
-func chaosPending(ctx context.Context, admin *pgxpool.Pool, submits []chaosSubmit) ([]string, error) {
+// chaosPending returns the IDs of accepted that are missing or not terminal.
+func chaosPending(ctx context.Context, admin *pgxpool.Pool, accepted []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	rows, err := admin.Query(ctx, `SELECT id::text, status FROM jobs`)
@@ -294,9 +330,9 @@ func chaosPending(ctx context.Context, admin *pgxpool.Pool, submits []chaosSubmi
 		return nil, fmt.Errorf("read job statuses: %w", err)
 	}
 	var pending []string
-	for _, s := range submits {
-		if s.accepted && !terminal(status[s.id]) {
-			pending = append(pending, s.id)
+	for _, id := range accepted {
+		if !terminal(status[id]) {
+			pending = append(pending, id)
 		}
 	}
 	return pending, nil
