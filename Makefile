@@ -1,7 +1,7 @@
 GO ?= go
 
 
-.PHONY: run test build vet bench-herd clean
+.PHONY: run test build vet bench clean
 
 ## run: simulator, API and worker on the local Postgres and Redis (Ctrl-C stops them)
 run: build
@@ -12,6 +12,13 @@ test:
 	scripts/services.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+## bench: every table of docs/benchmarks.md measured again and written there (BENCHES=herd for one)
+BENCHES ?= herd outage tokens chaos throughput rate backlog
+bench: build
+	scripts/services.sh
+	cd bench && for b in $(BENCHES); do $(GO) run . $$b -write ../docs/benchmarks.md || exit 1; done
 
 build:
 	@mkdir -p bin

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// cleanupTimeout bounds a cleanup, which runs after the caller's context may have ended.
+const cleanupTimeout = 30 * time.Second
+
+// createDatabase creates database name on the server of adminURL and returns its URL and a
+// function that drops it (WITH (FORCE), on its own deadline). The api and worker migrate it at
+// start-up.
+func createDatabase(ctx context.Context, adminURL, name string) (string, func(), error) {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return "", nil, fmt.Errorf("connect to postgres at -database-url: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		return "", nil, fmt.Errorf("parse -database-url: %w", err)
+	}
+	u.Path = "/" + name
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		c, err := pgx.Connect(ctx, adminURL)
+		if err == nil {
+			defer c.Close(ctx)
+			_, err = c.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: drop database %s: %v (drop it by hand)\n", name, err)
+		}
+	}
+	return u.String(), drop, nil
+}
+
+// redisFor connects to the Redis at redisURL as asynq does and returns its options and a
+// go-redis client.
+func redisFor(ctx context.Context, redisURL string) (asynq.RedisConnOpt, redis.UniversalClient, error) {
+	opt, err := asynq.ParseRedisURI(redisURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parse redis url: %w", err)
+	}
+	rdb, ok := opt.MakeRedisClient().(redis.UniversalClient)
+	if !ok {
+		return nil, nil, errors.New("asynq returned an unexpected redis client type")
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		return nil, nil, fmt.Errorf("redis at %s: %w", redisURL, err)
+	}
+	return opt, rdb, nil
+}
+
+// cleanQueue removes every key of an asynq queue and its entry in asynq's queue set, without
+// touching anything else in the shared Redis, on its own deadline.
+func cleanQueue(rdb redis.UniversalClient, queue string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	unlinkMatching(ctx, rdb, "asynq:{"+queue+"}:*")
+	rdb.SRem(ctx, "asynq:queues", queue)
+}
+
+// cleanLLMQRedis removes a run's asynq queue and the limiter's and breaker's keys of its
+// credential (tagged with the SHA-256 of the credential's LimiterID; they would also expire on
+// their own), on its own deadline.
+func cleanLLMQRedis(redisURL, queue, limiterID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, rdb, err := redisFor(ctx, redisURL)
+	if err != nil {
+		return
+	}
+	defer rdb.Close()
+	cleanQueue(rdb, queue)
+	sum := sha256.Sum256([]byte(limiterID))
+	unlinkMatching(ctx, rdb, "*"+hex.EncodeToString(sum[:])+"*")
+}
+
+// unlinkMatching removes the keys matching pattern, using SCAN so Redis is never blocked.
+func unlinkMatching(ctx context.Context, rdb redis.UniversalClient, pattern string) {
+	iter := rdb.Scan(ctx, 0, pattern, 500).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			rdb.Unlink(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		rdb.Unlink(ctx, batch...)
+	}
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/llmsim"
+)
+
+// llmqPollEvery is how often the llmq system counts its unfinished jobs.
+const llmqPollEvery = 50 * time.Millisecond
+
+// llmqMaxAttempts is the max_attempts of every throughput job (the provider never fails).
+const llmqMaxAttempts = 3
+
+// llmqJobTimeout is every throughput job's deadline: long enough for a backlog of 100,000 jobs
+// at a few hundred per second, so that no job fails on its deadline while it waits.
+const llmqJobTimeout = 2 * time.Hour
+
+// llmqSystem is llmq end to end: the api binary and -workers worker binaries on a fresh
+// database and queue, an instant llmsim, and jobs submitted over HTTP. Completion is observed
+// with a count of unfinished jobs, never with per-job GETs.
+type llmqSystem struct {
+	o   tpOpts
+	log logf
+
+	c         cleanups
+	d         *deployment
+	st        *stack
+	hc        *http.Client
+	obs       *pgxpool.Pool // the completion observer
+	rdb       redis.UniversalClient
+	submitted atomic.Int64
+	failed    bool
+}
+
+func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
+	defer func() { s.failed = err != nil }()
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
+	s.c.add(sim.Close)
+	if s.d, err = deploy(ctx, deployOpts{adminURL: s.o.dbURL, redisURL: s.o.redisURL, simURL: sim.URL}); err != nil {
+		return err
+	}
+	s.c.add(func() { s.d.close(s.o.keepLogs || s.failed, s.log) })
+	cfg := s.d.stack(s.o.bin, s.o.redisURL)
+	cfg.metrics = true
+	if s.st, err = startStack(ctx, cfg, s.o.workers); err != nil {
+		return err
+	}
+	s.c.add(func() {
+		if err := s.st.stop(); err != nil {
+			s.log("  stopping llmq: %v", err)
+		}
+	})
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = s.o.clients + openLoopMaxInFlight
+	tr.MaxIdleConnsPerHost = tr.MaxIdleConns
+	s.hc = &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	s.c.add(s.hc.CloseIdleConnections)
+	pcfg, err := pgxpool.ParseConfig(s.d.dbURL)
+	if err != nil {
+		return fmt.Errorf("parse database url: %w", err)
+	}
+	pcfg.MaxConns = 2
+	pcfg.ConnConfig.RuntimeParams["application_name"] = observerApp
+	if s.obs, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return fmt.Errorf("open observer pool: %w", err)
+	}
+	s.c.add(s.obs.Close)
+	if _, rdb, err := redisFor(ctx, s.o.redisURL); err == nil {
+		s.rdb = rdb
+		s.c.add(func() { rdb.Close() })
+	}
+	return nil
+}
+
+func (s *llmqSystem) submit(ctx context.Context, i int) error {
+	if _, err := submitJob(ctx, s.hc, s.st.apiURL, i, jobBody(messagesBody(i), llmqMaxAttempts, llmqJobTimeout)); err != nil {
+		return err
+	}
+	s.submitted.Add(1)
+	return nil
+}
+
+// completed is the jobs submitted less those not yet terminal (an index scan of
+// jobs_unfinished_idx, whose cost follows the unfinished jobs, not the table).
+func (s *llmqSystem) completed(ctx context.Context) (int, error) {
+	if err := s.st.exited(); err != nil {
+		return 0, err
+	}
+	var n int
+	err := s.obs.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying')`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count unfinished jobs: %w", err)
+	}
+	return int(s.submitted.Load()) - n, nil
+}
+
+func (s *llmqSystem) pollEvery() time.Duration { return llmqPollEvery }
+
+// results reads the jobs' times from their rows: submit → result is created_at → finished_at.
+func (s *llmqSystem) results(ctx context.Context, since time.Time) (tpOutcome, error) {
+	rows, err := s.obs.Query(ctx, `SELECT status, created_at, started_at, finished_at FROM jobs WHERE created_at >= $1`, since)
+	if err != nil {
+		return tpOutcome{}, fmt.Errorf("read jobs: %w", err)
+	}
+	out := tpOutcome{statuses: map[string]int{}}
+	var status string
+	var created time.Time
+	var started, finished *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&status, &created, &started, &finished}, func() error {
+		out.statuses[status]++
+		if finished == nil {
+			return nil
+		}
+		out.lat = append(out.lat, finished.Sub(created))
+		if started != nil {
+			out.toStart = append(out.toStart, started.Sub(created))
+			out.fromStart = append(out.fromStart, finished.Sub(*started))
+		}
+		if finished.After(out.last) {
+			out.last = *finished
+		}
+		return nil
+	})
+	if err != nil {
+		return tpOutcome{}, fmt.Errorf("read jobs: %w", err)
+	}
+	return out, nil
+}
+
+func (s *llmqSystem) meter() *cpuMeter {
+	m := &cpuMeter{adminURL: s.o.dbURL, db: s.d.dbName, rdb: s.rdb}
+	if s.st.api != nil {
+		m.api = s.st.api.pid()
+	}
+	m.workers = s.st.workerPIDs()
+	return m
+}
+
+func (s *llmqSystem) close() { s.c.run() }
+
+// stageTotals reads the delivery stages from the workers' /metrics; ok is false when they
+// could not be read.
+func (s *llmqSystem) stageTotals(ctx context.Context) (map[string]stageTotal, bool) {
+	if len(s.st.metricsAddrs) == 0 {
+		return nil, false
+	}
+	out, err := scrapeStageTotals(ctx, s.hc, s.st.metricsAddrs)
+	if err != nil {
+		s.log("  worker stages not read: %v", err)
+		return nil, false
+	}
+	return out, true
+}
