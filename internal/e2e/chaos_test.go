@@ -34,7 +34,7 @@ import (
 	"github.com/llmq/llmq/internal/worker"
 )
 
-// The short chaos run (issue 6; `go run ./cmd/bench chaos` is the long one): jobs against a
+// The short chaos run (the bench module's chaos scenario is the long one): jobs against a
 // slow, rate-limited simulator while one of two workers dies mid-run and Redis is flushed. Every
 // job must succeed with exactly one stored result, and no job may be called after it succeeded.
 
@@ -416,7 +416,7 @@ func TestChaos_WorkerDiesAndRedisFlushed(t *testing.T) {
 // kill. The jobs the dead process left running wait for their attempt lease (15 s); without the
 // flush, its tasks stay active in asynq (which would recover them only after 1-2 min), and the
 // sweeper rescues them once they have looked orphaned for its OrphanGrace (15 s). Every job must
-// end within 60 s of the kill (issue 6's target; LLMQ_CHAOS_SIGKILL_WITHIN overrides it), its
+// end within 60 s of the kill (the chaos target; LLMQ_CHAOS_SIGKILL_WITHIN overrides it), its
 // provider called by one delivery at a time and never after it succeeded.
 func TestChaos_SIGKILLedWorkerProcess(t *testing.T) {
 	t.Parallel()

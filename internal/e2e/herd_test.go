@@ -10,7 +10,7 @@ import (
 )
 
 // A burst against a provider bucket: the shared limiter spreads it so that no request is
-// refused. Counts, not times, are asserted (the timed figures live in cmd/bench herd).
+// refused. Counts, not times, are asserted (the timed figures live in the bench module: make bench BENCHES=herd).
 func TestHerd_SharedLimiterAvoids429s(t *testing.T) {
 	t.Parallel()
 	const n = 30
@@ -20,7 +20,7 @@ func TestHerd_SharedLimiterAvoids429s(t *testing.T) {
 	// the provider's bucket full meanwhile, so the refill our schedule counted on is lost and the
 	// on-time requests after it can find the bucket empty; the limiter's 100 ms phase margin
 	// covers only part of that. Ten spare tokens cover 500 ms more. Without the limiter, 15 of
-	// the 30 would still be refused; the exact figures on a quiet machine are cmd/bench herd's.
+	// the 30 would still be refused; the exact figures on a quiet machine are the herd bench's.
 	sim := llmsim.Config{Capacity: 15, RefillPerSecond: 20}
 
 	run := func(t *testing.T, limits string) (requests, refused int) {

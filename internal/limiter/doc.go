@@ -113,7 +113,7 @@
 // never let below what the provider surely held: Limit - Remaining (less its rounding: Anthropic
 // rounds to the thousand) from the request's send on. There is no lending for tokens.
 //
-// The simulation test (issue 8's shape: 100 jobs of 2,000 input tokens and max_tokens 200 against
+// The simulation test (the tokens benchmark's shape: 100 jobs of 2,000 input tokens and max_tokens 200 against
 // 50 requests/s, 40,000 input and 8,000 output tokens per minute with a 6 s minute, 500 ms
 // answers, the first wave over-estimated by 25%) finishes at 1.04x the 24 s token floor with known
 // limits and with learned ones (TokenMinute matching), 100 requests and no 429; with the limiter's

@@ -460,7 +460,7 @@ func TestLimiter_SimulatedHerd(t *testing.T) {
 
 func TestLimiter_SimulatedTokens(t *testing.T) {
 	t.Parallel()
-	// Issue 8's benchmark shape: 100 jobs of 2,000 input tokens and max_tokens 200 (replies of
+	// The tokens benchmark's shape: 100 jobs of 2,000 input tokens and max_tokens 200 (replies of
 	// 150), against 50 requests/s, 40,000 input and 8,000 output tokens per minute, with the
 	// minute shortened to 6 s: the input tokens bind, floor 24 s. The answer takes 500 ms; the
 	// estimator over-estimates the first wave by 25% until the first usage comes back.
