@@ -91,8 +91,36 @@ type submitBody struct {
 // MaxMetadataBytes caps the metadata object.
 const MaxMetadataBytes = 16 << 10
 
-// parse validates a submit body and returns the job it describes, or an *InvalidError.
+// parse validates a submit body and returns the job it describes, or an *InvalidError. Each
+// step checks one part of the contract, in the order a client reads the errors: the JSON, the
+// request, the credentials, the limits, the metadata, the idempotency key.
 func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams, error) {
+	b, err := decodeSubmit(body)
+	if err != nil {
+		return jobs.CreateParams{}, err
+	}
+	p := jobs.CreateParams{Tenant: tenant, Credential: b.Credential, IdempotencyKey: idemKey, Request: b.Request,
+		MaxAttempts: s.cfg.DefaultMaxAttempts, Timeout: s.cfg.DefaultTimeout, Fallbacks: b.Fallbacks}
+	if p.Credential == "" {
+		p.Credential = "default"
+	}
+	for _, check := range []func() error{
+		func() error { return checkRequest(b.Request) },
+		func() error { return s.checkCredentials(p.Credential, p.Fallbacks) },
+		func() error { return s.checkTokens(append([]string{p.Credential}, p.Fallbacks...), b.Request) },
+		func() error { return s.parseLimits(b, &p) },
+		func() error { return parseMetadata(b.Metadata, &p) },
+		func() error { return fingerprint(idemKey, body, &p) },
+	} {
+		if err := check(); err != nil {
+			return jobs.CreateParams{}, err
+		}
+	}
+	return p, nil
+}
+
+// decodeSubmit decodes body strictly: one JSON object of the contract's fields and nothing after.
+func decodeSubmit(body []byte) (submitBody, error) {
 	var b submitBody
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -101,54 +129,50 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 		var typ *json.UnmarshalTypeError
 		switch {
 		case errors.As(err, &syn), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-			return jobs.CreateParams{}, invalid("invalid_json", "body is not valid JSON: %v", err)
+			return b, invalid("invalid_json", "body is not valid JSON: %v", err)
 		case errors.As(err, &typ):
-			return jobs.CreateParams{}, invalid("invalid_field", "field %q must be %s", typ.Field, typ.Type)
+			return b, invalid("invalid_field", "field %q must be %s", typ.Field, typ.Type)
 		case strings.HasPrefix(err.Error(), "json: unknown field"):
-			return jobs.CreateParams{}, invalid("unknown_field", "%s", strings.TrimPrefix(err.Error(), "json: "))
+			return b, invalid("unknown_field", "%s", strings.TrimPrefix(err.Error(), "json: "))
 		default:
-			return jobs.CreateParams{}, invalid("invalid_json", "body is not valid JSON: %v", err)
+			return b, invalid("invalid_json", "body is not valid JSON: %v", err)
 		}
 	}
 	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
-		return jobs.CreateParams{}, invalid("invalid_json", "body has data after the JSON object")
+		return b, invalid("invalid_json", "body has data after the JSON object")
 	}
-	if len(b.Request) == 0 || string(b.Request) == "null" {
-		return jobs.CreateParams{}, invalid("missing_request", "field \"request\" is required: the provider-native request body")
+	return b, nil
+}
+
+// checkRequest requires the provider-native request: a JSON object, not streamed.
+func checkRequest(request json.RawMessage) error {
+	if len(request) == 0 || string(request) == "null" {
+		return invalid("missing_request", "field \"request\" is required: the provider-native request body")
 	}
 	var req map[string]json.RawMessage
-	if err := json.Unmarshal(b.Request, &req); err != nil {
-		return jobs.CreateParams{}, invalid("invalid_request", "field \"request\" must be a JSON object")
+	if err := json.Unmarshal(request, &req); err != nil {
+		return invalid("invalid_request", "field \"request\" must be a JSON object")
 	}
 	if stream, ok := req["stream"]; ok && string(stream) == "true" {
-		return jobs.CreateParams{}, invalid("stream_unsupported", "\"stream\": true is not supported yet: results are delivered whole")
+		return invalid("stream_unsupported", "\"stream\": true is not supported yet: results are delivered whole")
 	}
-	p := jobs.CreateParams{
-		Tenant:         tenant,
-		Credential:     b.Credential,
-		IdempotencyKey: idemKey,
-		Request:        b.Request,
-		MaxAttempts:    s.cfg.DefaultMaxAttempts,
-		Timeout:        s.cfg.DefaultTimeout,
-		Metadata:       b.Metadata,
+	return nil
+}
+
+// checkCredentials requires a configured primary credential and valid fallbacks.
+func (s *contract) checkCredentials(primary string, fallbacks []string) error {
+	if !s.creds[primary] {
+		return invalid("unknown_credential", "credential %q is not configured", primary)
 	}
-	if p.Credential == "" {
-		p.Credential = "default"
-	}
-	if !s.creds[p.Credential] {
-		return jobs.CreateParams{}, invalid("unknown_credential", "credential %q is not configured", p.Credential)
-	}
-	if err := s.checkFallbacks(p.Credential, b.Fallbacks); err != nil {
-		return jobs.CreateParams{}, err
-	}
-	p.Fallbacks = b.Fallbacks
-	if err := s.checkTokens(append([]string{p.Credential}, p.Fallbacks...), b.Request); err != nil {
-		return jobs.CreateParams{}, err
-	}
+	return s.checkFallbacks(primary, fallbacks)
+}
+
+// parseLimits reads the job's timeout, its per-call timeouts and its attempts into p.
+func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 	if b.Timeout != nil {
 		d, err := time.ParseDuration(*b.Timeout)
 		if err != nil || d <= 0 || d > s.cfg.MaxTimeout {
-			return jobs.CreateParams{}, invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", above 0 and at most %s", *b.Timeout, s.cfg.MaxTimeout)
+			return invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", above 0 and at most %s", *b.Timeout, s.cfg.MaxTimeout)
 		}
 		p.Timeout = d
 	}
@@ -162,38 +186,49 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 		}
 		d, err := time.ParseDuration(*f.val)
 		if err != nil || d <= 0 || d > p.Timeout {
-			return jobs.CreateParams{}, invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", above 0 and at most the job's timeout (%s)", f.name, *f.val, p.Timeout)
+			return invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", above 0 and at most the job's timeout (%s)", f.name, *f.val, p.Timeout)
 		}
 		*f.dst = d
 	}
 	if b.MaxAttempts != nil {
 		if *b.MaxAttempts < 1 || *b.MaxAttempts > 100 {
-			return jobs.CreateParams{}, invalid("invalid_max_attempts", "max_attempts must be between 1 and 100 (got %d)", *b.MaxAttempts)
+			return invalid("invalid_max_attempts", "max_attempts must be between 1 and 100 (got %d)", *b.MaxAttempts)
 		}
 		p.MaxAttempts = *b.MaxAttempts
 	}
-	if len(b.Metadata) > 0 && string(b.Metadata) != "null" {
-		if b.Metadata[0] != '{' {
-			return jobs.CreateParams{}, invalid("invalid_metadata", "metadata must be a JSON object")
-		}
-		if len(b.Metadata) > MaxMetadataBytes {
-			return jobs.CreateParams{}, invalid("invalid_metadata", "metadata is %d bytes; at most %d allowed", len(b.Metadata), MaxMetadataBytes)
-		}
-	} else {
-		p.Metadata = nil
+	return nil
+}
+
+// parseMetadata keeps metadata when it is a JSON object of at most MaxMetadataBytes.
+func parseMetadata(m json.RawMessage, p *jobs.CreateParams) error {
+	if len(m) == 0 || string(m) == "null" {
+		return nil
 	}
+	if m[0] != '{' {
+		return invalid("invalid_metadata", "metadata must be a JSON object")
+	}
+	if len(m) > MaxMetadataBytes {
+		return invalid("invalid_metadata", "metadata is %d bytes; at most %d allowed", len(m), MaxMetadataBytes)
+	}
+	p.Metadata = m
+	return nil
+}
+
+// fingerprint validates the Idempotency-Key and fingerprints the body it will be compared by
+// when the key comes again. Without a key there is nothing to compare: no fingerprint.
+func fingerprint(idemKey string, body []byte, p *jobs.CreateParams) error {
 	if idemKey == "" {
-		return p, nil // no key, nothing to compare a retry's body with: no fingerprint
+		return nil
 	}
 	if err := idem.ValidateKey(idemKey); err != nil {
-		return jobs.CreateParams{}, invalid("invalid_idempotency_key", "Idempotency-Key %v", strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": "))
+		return invalid("invalid_idempotency_key", "Idempotency-Key %v", strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": "))
 	}
 	fp, err := idem.Fingerprint(body)
 	if err != nil {
-		return jobs.CreateParams{}, invalid("invalid_json", "body is not valid JSON: %v", err)
+		return invalid("invalid_json", "body is not valid JSON: %v", err)
 	}
 	p.Fingerprint = fp
-	return p, nil
+	return nil
 }
 
 // checkTokens refuses a request larger than a whole configured token bucket of its credential or
@@ -268,7 +303,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := s.contract.parse(tn.Name, r.Header.Get("Idempotency-Key"), body)
 	if err == nil {
-		err = checkCredentials(tn, p)
+		err = tenantMayUse(tn, p)
 	}
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
@@ -288,9 +323,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, job)
 }
 
-// checkCredentials refuses (403) a job naming a credential, primary or fallback, that the tenant
+// tenantMayUse refuses (403) a job naming a credential, primary or fallback, that the tenant
 // may not use. The body is validated first, so an invalid one is a 400 as for anyone.
-func checkCredentials(tn *tenant.Tenant, p jobs.CreateParams) error {
+func tenantMayUse(tn *tenant.Tenant, p jobs.CreateParams) error {
 	if tn.Credentials == nil {
 		return nil
 	}
