@@ -1,0 +1,305 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// AttemptLease is how long BeginAttempt's lease holds a job without RenewLease: the time after
+// which a delivery that died mid-attempt no longer blocks the next one.
+const AttemptLease = 15 * time.Second
+
+// LeasedError is BeginAttempt's answer when another delivery's attempt holds the job.
+type LeasedError struct {
+	// Until is when the holder's lease ends unless renewed (Postgres's clock).
+	Until time.Time
+}
+
+func (e *LeasedError) Error() string {
+	return "another delivery's attempt holds the job until " + e.Until.UTC().Format(time.RFC3339Nano)
+}
+
+// BeginAttempt marks the job running, counts the attempt and takes the attempt's lease for
+// AttemptLease (Job.LeaseToken; keep it with RenewLease while the call runs, Finish the attempt
+// with it). The job it returns has no Request: a request never changes, use Get's. It returns
+// ErrNotRunnable for a terminal (or missing) job and a *LeasedError while another delivery's
+// lease holds the job: a running job is taken over only once its lease has ended (its delivery
+// died), so one job never has two calls in flight. When the store runs its statement again
+// because the first run's commit answer was lost, it answers with the lease that first run took,
+// and the attempt is counted once.
+func (s *Store) BeginAttempt(ctx context.Context, id string) (*Job, error) {
+	// The lease token is this call's own, so that a run of this statement again (the batcher
+	// reruns a batch whose commit answer was lost) knows the lease it finds for its own.
+	token := uuid.NewString()
+	// One statement (atomic; batched with other callers', see batcher): the update and its
+	// event; a trigger notifies.
+	job, err := s.queryJob(ctx, id, `
+WITH u AS (
+	UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
+		next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL, updated_at = now(), event_seq = event_seq + 1,
+		lease_token = $3::uuid, lease_until = clock_timestamp() + $2 * interval '1 millisecond'
+	WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
+		AND (status <> 'running' OR lease_until IS NULL OR lease_until <= clock_timestamp())
+	RETURNING *
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload)
+	SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts) FROM u
+)
+SELECT `+jobColumnsNoRequest+` FROM u`, id, AttemptLease.Milliseconds(), token)
+	if err == nil {
+		return job, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("begin attempt: %w", err)
+	}
+	// Not runnable: say whether a live lease is why (or the job is terminal or missing). The
+	// lease may be this call's own: its first run committed, and its answer was lost.
+	job, err = scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumnsNoRequest+` FROM jobs
+WHERE id = $1 AND status = 'running' AND lease_until > clock_timestamp()`, id))
+	switch {
+	case err == nil && job.LeaseToken != nil && *job.LeaseToken == token:
+		return job, nil
+	case err == nil && job.LeaseUntil != nil:
+		return nil, &LeasedError{Until: *job.LeaseUntil}
+	case err == nil || errors.Is(err, ErrNotFound):
+		return nil, ErrNotRunnable
+	}
+	return nil, fmt.Errorf("begin attempt: %w", err)
+}
+
+// RenewLease extends the lease token holds on job id to AttemptLease from now. It reports false
+// when the lease is no longer token's (the job finished, or another delivery took it over).
+func (s *Store) RenewLease(ctx context.Context, id, token string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET lease_until = clock_timestamp() + $3 * interval '1 millisecond'
+WHERE id = $1 AND lease_token = $2::uuid AND status = 'running'`, id, token, AttemptLease.Milliseconds())
+	if err != nil {
+		return false, fmt.Errorf("renew attempt lease: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// waitingForAttempt is the SQL condition of a job that waits for its next attempt: queued,
+// retrying, or running with no live lease (the delivery of its last attempt died before
+// recording the outcome). Without the last case, a crashed job's held slot was not recorded, so
+// each delivery reserved a new slot further out and the job never reached its turn.
+const waitingForAttempt = `(status IN ('queued', 'retrying') OR
+	(status = 'running' AND (lease_until IS NULL OR lease_until <= clock_timestamp())))`
+
+// HoldSlot records that the job holds a limiter slot to send at sendAt (sequence seq), so the
+// delivery that comes back for it sends then without reserving again. It is not a transition (no
+// event) and applies only to a job waiting for an attempt (see waitingForAttempt).
+func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq, grant int64) error {
+	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, slot_grant = $4, updated_at = now()
+WHERE id = $1 AND `+waitingForAttempt, id, sendAt, seq, grant)
+	if err != nil {
+		return fmt.Errorf("hold limiter slot: %w", err)
+	}
+	return nil
+}
+
+// Postpone sets the time before which the job's next delivery must not send (a breaker
+// cooldown, a pause, a spent retry budget). A held limiter slot is kept: sending later than a
+// slot is always safe. It is not a transition (no event) and applies only to a job waiting for
+// an attempt (see waitingForAttempt).
+func (s *Store) Postpone(ctx context.Context, id string, until time.Time) error {
+	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, updated_at = now()
+WHERE id = $1 AND `+waitingForAttempt, id, until)
+	if err != nil {
+		return fmt.Errorf("postpone job: %w", err)
+	}
+	return nil
+}
+
+// NextCredential moves a job waiting for an attempt (see waitingForAttempt) to its next fallback
+// credential, without an attempt (the current one is refused by its breaker or paused). It
+// reports whether it moved.
+func (s *Store) NextCredential(ctx context.Context, id string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET credential_index = credential_index + 1, slot_seq = NULL, slot_grant = NULL,
+	next_attempt_at = NULL, updated_at = now()
+WHERE id = $1 AND `+waitingForAttempt+` AND credential_index < cardinality(fallbacks)`, id)
+	if err != nil {
+		return false, fmt.Errorf("move to fallback credential: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Attempt is the record of one provider call.
+type Attempt struct {
+	Number     int
+	Credential string
+	StartedAt  time.Time
+	Latency    time.Duration
+	TTFB       time.Duration // 0: no body byte arrived
+	StatusCode int           // 0: no HTTP answer
+	Class      string
+	RetryAfter *time.Duration
+	Delay      *time.Duration // the wait chosen before the next attempt
+	Error      string
+	// LeaseToken is the lease BeginAttempt took for this attempt; Finish releases it (and only
+	// it: a lease another delivery took over after this one's ended stays).
+	LeaseToken string
+}
+
+// Outcome is what an attempt led to.
+type Outcome struct {
+	Status        Status // succeeded, retrying, failed, dead or queued (deferred without a call)
+	Result        json.RawMessage
+	Usage         json.RawMessage
+	LastError     *LastError
+	DeadReason    string
+	NextAttemptAt *time.Time
+	// AnsweredBy is the credential that produced Result.
+	AnsweredBy string
+	// NextCredential moves the job to its next fallback credential.
+	NextCredential bool
+}
+
+// Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status with its result or
+// error, in one transaction. The move is conditional on the job not being terminal already, so a
+// duplicate delivery can never store a second result: applied is false when it was terminal.
+func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (applied bool, err error) {
+	var lastErr []byte
+	if o.LastError != nil {
+		if lastErr, err = json.Marshal(o.LastError); err != nil {
+			return false, fmt.Errorf("encode last_error: %w", err)
+		}
+	}
+	var dead *string
+	if o.DeadReason != "" {
+		dead = &o.DeadReason
+	}
+	payload := []byte(`{}`)
+	if o.DeadReason != "" {
+		if payload, err = json.Marshal(map[string]string{"reason": o.DeadReason}); err != nil {
+			return false, fmt.Errorf("encode event: %w", err)
+		}
+	}
+	rec := attemptRecord(a)
+	// One statement (atomic; batched with other callers', see batcher): the attempt (recorded
+	// even when the job has ended meanwhile: the call was made; numbered after the attempts of
+	// earlier rounds, see jobs.attempt_base), the conditional move, and its event; a trigger
+	// notifies.
+	var seq int
+	err = s.batch.queryRow(ctx, id, `
+WITH a AS (
+	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
+		class, retry_after_ms, delay_ms, error)
+	SELECT id, $12::integer + attempt_base, $13::text, $14::timestamptz, $15::double precision, $16::double precision,
+		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text
+	FROM jobs WHERE id = $1 AND $11::boolean
+	ON CONFLICT (job_id, attempt) DO NOTHING
+), u AS (
+	UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
+		last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
+		answered_by = coalesce($8, answered_by),
+		credential_index = credential_index + CASE WHEN $9 THEN 1 ELSE 0 END,
+		lease_until = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_until END,
+		lease_token = CASE WHEN lease_token = $10::uuid THEN NULL ELSE lease_token END,
+		finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
+		updated_at = now(), event_seq = event_seq + 1
+	WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
+	RETURNING id, event_seq
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, $2, $22 FROM u
+)
+SELECT event_seq FROM u`, []any{id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
+		nullString(o.AnsweredBy), o.NextCredential, leaseOf(a),
+		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
+		rec.retryAfterMS, rec.delayMS, rec.err, payload}, func(r pgx.Row) error { return r.Scan(&seq) })
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("finish attempt: %w", err)
+	}
+	return true, nil
+}
+
+// leaseOf is the lease token a Finish releases: its attempt's (nil: none).
+func leaseOf(a *Attempt) *string {
+	if a == nil || a.LeaseToken == "" {
+		return nil
+	}
+	return &a.LeaseToken
+}
+
+// attemptColumns is an Attempt as job_attempts' columns (all zero for a nil Attempt).
+type attemptColumns struct {
+	number       int
+	credential   string
+	startedAt    time.Time
+	latencyMS    float64
+	ttfbMS       *float64
+	status       *int
+	class        string
+	retryAfterMS *int64
+	delayMS      *int64
+	err          *string
+}
+
+func attemptRecord(a *Attempt) attemptColumns {
+	if a == nil {
+		return attemptColumns{}
+	}
+	ms := func(d *time.Duration) *int64 {
+		if d == nil {
+			return nil
+		}
+		v := d.Milliseconds()
+		return &v
+	}
+	r := attemptColumns{number: a.Number, credential: a.Credential, startedAt: a.StartedAt,
+		latencyMS: float64(a.Latency) / float64(time.Millisecond), class: a.Class,
+		retryAfterMS: ms(a.RetryAfter), delayMS: ms(a.Delay)}
+	if a.TTFB > 0 {
+		v := float64(a.TTFB) / float64(time.Millisecond)
+		r.ttfbMS = &v
+	}
+	if a.StatusCode != 0 {
+		r.status = &a.StatusCode
+	}
+	if a.Error != "" {
+		r.err = &a.Error
+	}
+	return r
+}
+
+// AttemptRow is a stored attempt, for ctl and tests.
+type AttemptRow struct {
+	Number       int       `json:"attempt"`
+	Credential   string    `json:"credential"`
+	StartedAt    time.Time `json:"started_at"`
+	LatencyMS    float64   `json:"latency_ms"`
+	TTFBMS       *float64  `json:"ttfb_ms"`
+	StatusCode   *int      `json:"status_code"`
+	Class        string    `json:"class"`
+	RetryAfterMS *int64    `json:"retry_after_ms"`
+	DelayMS      *int64    `json:"delay_ms"`
+	Error        *string   `json:"error"`
+}
+
+// Attempts returns a job's attempts in order.
+func (s *Store) Attempts(ctx context.Context, id string) ([]AttemptRow, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT attempt, credential, started_at, latency_ms, ttfb_ms, status_code, class, retry_after_ms, delay_ms, error
+FROM job_attempts WHERE job_id = $1 ORDER BY attempt`, id)
+	if err != nil {
+		return nil, fmt.Errorf("list attempts: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptRow, error) {
+		var a AttemptRow
+		err := r.Scan(&a.Number, &a.Credential, &a.StartedAt, &a.LatencyMS, &a.TTFBMS, &a.StatusCode,
+			&a.Class, &a.RetryAfterMS, &a.DelayMS, &a.Error)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list attempts: %w", err)
+	}
+	return out, nil
+}
