@@ -17,6 +17,8 @@ type llmqSetup struct {
 	breaker *config.Breaker // the breaker block; nil: llmq's defaults
 	// tokenMinute is worker.token_minute (the provider's token "minute"); 0: llmq's default.
 	tokenMinute time.Duration
+	// workers is the number of worker processes; 0: the -workers flag.
+	workers int
 }
 
 // deployment is what one run of llmq needs besides its processes: a directory for the config
@@ -126,7 +128,7 @@ func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetu
 		if b.MaxCooldown > 0 {
 			maxCooldown = fmt.Sprintf(", max_cooldown: %s", b.MaxCooldown)
 		}
-		breaker = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s%s, cold_start_cap: %t }\n", b.Threshold, b.Cooldown, maxCooldown, b.ColdStartCap)
+		breaker = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s%s, cold_start_cap: %t }\n", b.Threshold, b.Cooldown, maxCooldown, b.ColdStart())
 	}
 	yaml := fmt.Sprintf(`# Written by the bench for one run; removed afterwards.
 database_url: %q

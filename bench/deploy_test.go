@@ -37,14 +37,14 @@ func TestWriteConfig(t *testing.T) {
 		t.Parallel()
 		got := write(t, llmqSetup{})
 		require.Nil(t, got.Credentials[0].Limits)
-		require.Equal(t, config.Breaker{Threshold: 5, Cooldown: 30 * time.Second}, got.Breaker, "llmq's defaults")
+		require.Equal(t, config.Breaker{}, got.Breaker, "nothing set: the breaker's defaults apply")
 	})
 	t.Run("ConfiguredWithBreaker", func(t *testing.T) {
 		t.Parallel()
 		got := write(t, llmqSetup{limits: &config.Limits{RequestsPerSecond: 25, Burst: 50},
-			breaker: &config.Breaker{Threshold: 3, Cooldown: 2 * time.Second, MaxCooldown: 2800 * time.Millisecond, ColdStartCap: true}})
+			breaker: &config.Breaker{Threshold: 3, Cooldown: 2 * time.Second, MaxCooldown: 2800 * time.Millisecond, ColdStartCap: new(true)}})
 		require.Equal(t, &config.Limits{RequestsPerSecond: 25, Burst: 50}, got.Credentials[0].Limits)
-		require.Equal(t, config.Breaker{Threshold: 3, Cooldown: 2 * time.Second, MaxCooldown: 2800 * time.Millisecond, ColdStartCap: true}, got.Breaker)
+		require.Equal(t, config.Breaker{Threshold: 3, Cooldown: 2 * time.Second, MaxCooldown: 2800 * time.Millisecond, ColdStartCap: new(true)}, got.Breaker)
 	})
 	t.Run("Tokens", func(t *testing.T) {
 		t.Parallel()

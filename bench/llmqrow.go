@@ -30,12 +30,16 @@ func llmqRow(setup llmqSetup) func(context.Context, *rowEnv) ([]outcome, error) 
 			return nil, err
 		}
 		defer func() { d.close(e.keepLogs || (err != nil && ctx.Err() == nil), e.log) }()
-		st, err := startStack(ctx, d.stack(e.bin, e.redisURL), e.workers)
+		workers := e.workers
+		if setup.workers > 0 {
+			workers = setup.workers
+		}
+		st, err := startStack(ctx, d.stack(e.bin, e.redisURL), workers)
 		if err != nil {
 			return nil, err
 		}
 		defer st.stop()
-		e.log("  api at %s and %d workers ready", st.apiURL, e.workers)
+		e.log("  api at %s and %d workers ready", st.apiURL, workers)
 		if outs, err = burstOverHTTP(ctx, e, st); err != nil {
 			return nil, err
 		}

@@ -37,24 +37,48 @@ func TestCredential_CooldownBackoff(t *testing.T) {
 	t.Parallel()
 	const s = time.Second
 
-	// The outage benchmark's settings: Cooldown 2 s, so with the defaults (factor 2, at most
-	// 2 × Cooldown) the open periods are 2 s, 4 s, 4 s, ... and a success resets them.
+	// The defaults: Cooldown 2 s, growing by 1.4 after each failed probe (in whole µs, rounded
+	// down) up to 30 s. A short outage is seen within seconds; a long one costs two probes a
+	// minute once the cooldown has reached its cap (after about a minute and a half), and a
+	// success resets the backoff.
 	t.Run("Defaults", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, func(c *breaker.Config) { c.Cooldown = 2 * s })
+		b := setup(t, nil)
 		b.open(t)
-		failProbes(t, b, []time.Duration{2 * s, 4 * s, 4 * s, 4 * s, 4 * s})
+		us := time.Microsecond
+		periods := []time.Duration{2 * s, 2800000 * us, 3919999 * us, 5487998 * us, 7683197 * us, 10756475 * us,
+			15059064 * us, 21082689 * us, 29515764 * us, 30 * s, 30 * s, 30 * s, 30 * s, 30 * s, 30 * s, 30 * s, 30 * s}
+		failProbes(t, b, periods)
+		var elapsed time.Duration
+		for i, p := range periods {
+			if elapsed >= 5*time.Minute-30*s {
+				require.GreaterOrEqual(t, p, 30*s, "period %d: at most 2 probes a minute after the first 5 minutes", i)
+			}
+			elapsed += p
+		}
+		require.Greater(t, elapsed, 5*time.Minute, "the outage ran past its first 5 minutes")
 
 		// A successful probe closes the breaker and resets the backoff.
-		b.clock.Advance(4 * s)
+		b.clock.Advance(30 * s)
 		p := b.admit(t, 0)
 		require.True(t, p.Probe)
 		st, err := b.creds[1].Report(t.Context(), p, breaker.Success)
 		require.NoError(t, err)
 		require.Equal(t, breaker.Closed, st)
 		b.open(t)
-		failProbes(t, b, []time.Duration{2 * s, 4 * s, 4 * s})
-		require.Equal(t, 2+8, b.transitions(t, breaker.Open))
+		failProbes(t, b, []time.Duration{2 * s, 2800000 * us, 3919999 * us})
+		require.Equal(t, 2+len(periods)+3, b.transitions(t, breaker.Open))
+	})
+
+	t.Run("DoublingUpToTwiceTheCooldown", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(c *breaker.Config) {
+			c.Cooldown = 2 * s
+			c.CooldownFactor = 2
+			c.MaxCooldown = 4 * s
+		})
+		b.open(t)
+		failProbes(t, b, []time.Duration{2 * s, 4 * s, 4 * s, 4 * s})
 	})
 
 	t.Run("FactorAndCap", func(t *testing.T) {
@@ -95,6 +119,7 @@ func TestCredential_CooldownBackoff(t *testing.T) {
 		t.Parallel()
 		b := setup(t, func(c *breaker.Config) {
 			c.Cooldown = 2 * s
+			c.CooldownFactor = 2
 			c.MaxCooldown = time.Hour
 		})
 		b.open(t)

@@ -26,15 +26,17 @@ type Config struct {
 	// many requests a cold closed breaker lets out at once (see SuccessMemory). Default 5.
 	Threshold int
 	// Cooldown is how long an open breaker refuses everything before it admits a probe, the
-	// first time it opens after being closed. Default 30s.
+	// first time it opens after being closed. Default 2s: a short outage is seen soon, and the
+	// backoff (CooldownFactor, MaxCooldown) keeps a long one to a few probes a minute.
 	Cooldown time.Duration
 	// CooldownFactor multiplies the cooldown after each consecutive failed probe, up to
-	// MaxCooldown; a successful probe (closing the breaker) resets it to Cooldown. Default 2;
+	// MaxCooldown; a successful probe (closing the breaker) resets it to Cooldown. Default 1.4;
 	// 1 disables the backoff. Must be at least 1 and finite.
 	CooldownFactor float64
 	// MaxCooldown caps the cooldown CooldownFactor grows: it bounds how long a recovered
 	// provider can go unnoticed (the worst-case delay from recovery to the probe that sees it,
-	// plus that probe's round trip). Default 2 × Cooldown. Must be at least Cooldown.
+	// plus that probe's round trip), and the probe rate of a long outage (one per MaxCooldown).
+	// Default 30s, or Cooldown when that is longer. Must be at least Cooldown.
 	MaxCooldown time.Duration
 	// ProbeTimeout is how long a probe may stay unreported (its process crashed, or the caller
 	// never sent it) before another caller becomes the probe. Default 2m: LLM calls are slow.
@@ -65,12 +67,13 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultThreshold    = 5
-	DefaultCooldown     = 30 * time.Second
+	DefaultCooldown     = 2 * time.Second
+	DefaultMaxCooldown  = 30 * time.Second
 	DefaultProbeTimeout = 2 * time.Minute
 	DefaultRecheck      = time.Second
 	DefaultIdleTTL      = 10 * time.Minute
-	// DefaultCooldownFactor is CooldownFactor's default; MaxCooldown's is 2 × Cooldown.
-	DefaultCooldownFactor = 2.0
+	// DefaultCooldownFactor is CooldownFactor's default.
+	DefaultCooldownFactor = 1.4
 	DefaultSuccessMemory  = time.Minute
 )
 
@@ -107,7 +110,7 @@ func (c Config) withDefaults() Config {
 		c.CooldownFactor = DefaultCooldownFactor
 	}
 	if c.MaxCooldown == 0 {
-		c.MaxCooldown = 2 * c.Cooldown
+		c.MaxCooldown = max(DefaultMaxCooldown, c.Cooldown)
 	}
 	if c.SuccessMemory == 0 {
 		c.SuccessMemory = DefaultSuccessMemory

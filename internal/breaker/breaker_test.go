@@ -228,16 +228,17 @@ func TestCredential_Probe(t *testing.T) {
 		require.Equal(t, breaker.Open, st)
 		require.Equal(t, 2, b.transitions(t, breaker.Open))
 
-		// Changed by the cooldown backoff: a failed probe doubles the cooldown (capped at the
-		// default MaxCooldown, 2 × Cooldown).
-		end := b.clock.Now().Add(2 * breaker.DefaultCooldown)
+		// Changed by the cooldown backoff: a failed probe grows the cooldown by the default
+		// factor (1.5).
+		grown := time.Duration(float64(breaker.DefaultCooldown) * breaker.DefaultCooldownFactor)
+		end := b.clock.Now().Add(grown)
 		require.Equal(t, breaker.Status{State: breaker.Open, Since: b.clock.Now(), Until: end}, b.status(t))
 		for _, a := range b.allow50(t) {
 			require.False(t, a.Allowed)
 			require.Equal(t, breaker.Open, a.State)
 			require.True(t, end.Equal(a.RetryAt), "a fresh cooldown from the probe's failure: RetryAt %v, want %v", a.RetryAt, end)
 		}
-		b.clock.Advance(2*breaker.DefaultCooldown - time.Millisecond)
+		b.clock.Advance(grown - time.Millisecond)
 		n, _ := probes(t, b.allow50(t))
 		require.Zero(t, n)
 		b.clock.Advance(time.Millisecond)

@@ -10,7 +10,7 @@
 //     process open the breaker. A Success resets the count; a Neutral outcome (4xx, 429 with
 //     Retry-After, not sent) neither counts nor resets it.
 //   - Open: every Allow is refused with RetryAt = the end of the cooldown: Cooldown (default
-//     30 s) when it opened from closed, longer after failed probes (see backoff below). The
+//     2 s) when it opened from closed, longer after failed probes (see backoff below). The
 //     caller defers the job without counting an attempt and without sending anything.
 //   - Half-open: the first Allow after the cooldown, in whichever process, is the probe; all
 //     others are refused with RetryAt = now + Recheck (default 1 s) until the probe reports.
@@ -44,19 +44,17 @@
 //
 // # Cooldown backoff: few probes, recovery seen within MaxCooldown
 //
-// Each consecutive failed probe multiplies the cooldown by CooldownFactor (default 2), up to
-// MaxCooldown (default 2 × Cooldown); a successful probe resets it. Neither a Neutral probe nor a
-// probe replaced after ProbeTimeout counts as failed. With the defaults the open periods are
-// Cooldown, 2·Cooldown, 2·Cooldown, ...: the probes of an outage lasting D after the breaker
-// opened come at Cooldown, 3·Cooldown, 5·Cooldown, ..., about D / MaxCooldown of them (at most
-// ⌊(D − Cooldown)/(2·Cooldown)⌋ + 1, ignoring the probes' own round trips). A provider that
-// recovers right after a failed probe is found by the next one, at most MaxCooldown later (plus
-// the round trips of the two probes): that is the worst-case detection delay, which is why
-// MaxCooldown is a cap and not only a factor. Example (the outage benchmark: threshold 5,
-// Cooldown 2 s, so MaxCooldown 4 s, a 20 s outage): 5 requests open the breaker, probes go at
-// 2, 6, 10, 14 and 18 s, 10 provider requests in all; the next probe, at 22 s, sees the
-// recovery 2 s after it happened (4 s at worst). At the production default (30 s, so at most
-// 60 s), an hour-long outage costs about 60 probes, not 120.
+// Each consecutive failed probe multiplies the cooldown by CooldownFactor (default 1.4), up to
+// MaxCooldown (default 30 s); a successful probe resets it. Neither a Neutral probe nor a probe
+// replaced after ProbeTimeout counts as failed. With the defaults (Cooldown 2 s) the open periods
+// are 2, 2.8, 3.9, 5.5, 7.7, 10.8, 15.1, 21.1 and then 30 s: a short outage is seen within
+// seconds of its end, and once the cooldown has reached its cap (after about a minute) a long
+// outage costs two probes a minute. A provider that recovers right after a failed probe is
+// found by the next one, at most the cooldown then in force later (plus the round trips of the
+// two probes): MaxCooldown bounds that detection delay. Example (the outage benchmark with
+// nothing configured: threshold 5, a 20 s outage under a 200-job burst): the cold-start cap lets
+// 5 requests out, they open the breaker, probes go at about 2, 5, 9 and 14 s, 9 provider
+// requests in all; the next, at about 22 s, sees the recovery.
 //
 // Each transition and each probe granted bumps a generation that Admission carries, so Report
 // ignores an outcome whose state has ended: requests in flight when the breaker opened cannot

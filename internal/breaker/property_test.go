@@ -17,7 +17,7 @@ import (
 // dropped from it. In the log, a run of k >= 5 consecutive failures opens the breaker at its
 // fifth failure, and each later failure of the run is the next probe, which re-opens it: k-4
 // opens. The success ending such a run is a probe and closes the breaker. The first open of a
-// run lasts the cooldown, each re-open twice the last, at most 20 s (the defaults' backoff).
+// run lasts the cooldown, each re-open twice the last, at most 20 s.
 // Calls come one at a time, so the cold-start cap (a cold closed breaker admits Threshold less
 // its failures, at least one, at a time) never refuses one.
 func TestCredential_RandomOutcomes(t *testing.T) {
@@ -46,6 +46,8 @@ func TestCredential_RandomOutcomes(t *testing.T) {
 			b := setup(t, func(c *breaker.Config) {
 				c.Threshold = threshold
 				c.Cooldown = cooldown
+				c.CooldownFactor = 2
+				c.MaxCooldown = maxCooldown
 			})
 			ctx := t.Context()
 			rng := rand.New(rand.NewPCG(seed, 0xc10c))

@@ -50,19 +50,28 @@ type Config struct {
 // Breaker configures the circuit breaker.
 type Breaker struct {
 	// Threshold is how many consecutive server-side failures (5xx, 529, timeouts, connection
-	// errors) open a credential's breaker. Default 5.
+	// errors) open a credential's breaker. 0: the breaker's default, 5.
 	Threshold int `yaml:"threshold"`
-	// Cooldown is how long an open breaker refuses calls before one probe is let through.
-	// Default 30s.
+	// Cooldown is how long an open breaker refuses calls before one probe is let through; it
+	// grows by half after each failed probe, up to MaxCooldown. 0: the breaker's default, 2s.
 	Cooldown time.Duration `yaml:"cooldown"`
-	// MaxCooldown caps the cooldown, which doubles after each failed probe. Default 2 × cooldown.
+	// MaxCooldown caps the cooldown: the longest a recovered provider goes unnoticed, and one
+	// probe per MaxCooldown during a long outage. 0: the breaker's default, 30s (or Cooldown when
+	// that is longer).
 	MaxCooldown time.Duration `yaml:"max_cooldown"`
 	// ColdStartCap, when on, lets at most threshold requests out on a credential with no success
 	// in the last minute until one answers, so an outage that is already under way costs exactly
 	// threshold requests to detect, at the price of one provider round trip for a burst on an
-	// idle credential. Default off.
-	ColdStartCap bool `yaml:"cold_start_cap"`
+	// idle credential. Default on; set false to turn it off.
+	ColdStartCap *bool `yaml:"cold_start_cap"`
 }
+
+// DefaultBreakerCooldown is the breaker's default cooldown (breaker.DefaultCooldown), against
+// which a max_cooldown given alone is checked.
+const DefaultBreakerCooldown = 2 * time.Second
+
+// ColdStart reports whether the cold-start cap is on (the default).
+func (b Breaker) ColdStart() bool { return b.ColdStartCap == nil || *b.ColdStartCap }
 
 // API configures the HTTP API.
 type API struct {
@@ -267,12 +276,6 @@ func (c *Config) withDefaults() {
 	if c.Worker.PollInterval == 0 {
 		c.Worker.PollInterval = 10 * time.Millisecond
 	}
-	if c.Breaker.Threshold == 0 {
-		c.Breaker.Threshold = 5
-	}
-	if c.Breaker.Cooldown == 0 {
-		c.Breaker.Cooldown = 30 * time.Second
-	}
 	if c.Retry.MaxAttempts == 0 {
 		c.Retry.MaxAttempts = 10
 	}
@@ -343,8 +346,8 @@ func (c *Config) validate() error {
 	if c.Breaker.Cooldown < 0 {
 		bad("breaker.cooldown", "must be positive")
 	}
-	if c.Breaker.MaxCooldown != 0 && c.Breaker.MaxCooldown < c.Breaker.Cooldown {
-		bad("breaker.max_cooldown", "must be at least breaker.cooldown")
+	if c.Breaker.MaxCooldown != 0 && c.Breaker.MaxCooldown < max(c.Breaker.Cooldown, DefaultBreakerCooldown) {
+		bad("breaker.max_cooldown", "must be at least breaker.cooldown (default 2s)")
 	}
 	if c.Alerts.WebhookURL != "" {
 		if u, err := url.Parse(c.Alerts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {

@@ -108,6 +108,17 @@ func TestParse_Defaults(t *testing.T) {
 	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second}, cfg.Retry)
 	require.Nil(t, cfg.Credentials[0].Limits, "absent limits stay nil: they are learned")
 	require.Equal(t, 5*time.Minute, cfg.Credentials[0].AttemptTimeout)
+	require.Equal(t, config.Breaker{}, cfg.Breaker, "nothing set: the breaker's own defaults apply")
+	require.True(t, cfg.Breaker.ColdStart(), "the cold-start cap is on by default")
+}
+
+func TestParse_BreakerColdStartCapOff(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Parse(minimal(goodCred, "breaker: { cold_start_cap: false }\n"), secretEnv)
+	require.NoError(t, err)
+	require.False(t, cfg.Breaker.ColdStart())
+	_, err = config.Parse(minimal(goodCred, "breaker: { max_cooldown: 1s }\n"), secretEnv)
+	require.ErrorContains(t, err, "breaker.max_cooldown", "below the default cooldown")
 }
 
 func TestParse_ExplicitValuesKept(t *testing.T) {

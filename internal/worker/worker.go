@@ -86,9 +86,9 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		rdb.Close()
 		return nil, err
 	}
-	successMemory := time.Duration(-1) // the cold-start cap is off unless configured
-	if cfg.Breaker.ColdStartCap {
-		successMemory = 0 // the breaker's default
+	successMemory := time.Duration(0) // the breaker's default: the cold-start cap is on
+	if !cfg.Breaker.ColdStart() {
+		successMemory = -1
 	}
 	brk, err := breaker.New(pipelined, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
 		Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown, SuccessMemory: successMemory,
