@@ -153,51 +153,6 @@ func overdueIDs(os []jobs.Overdue) []string {
 	return out
 }
 
-// finishedJob commits a job that ended in status, with an attempt (but a canceled one), events,
-// an event watch and idempotency key key, and returns its ID.
-func finishedJob(t *testing.T, b *jobstest.Bundle, status jobs.Status, key string) string {
-	t.Helper()
-	ctx := t.Context()
-	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", IdempotencyKey: key,
-		Fingerprint: "fp-" + key, Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 1, Timeout: time.Minute})
-	require.NoError(t, err)
-	require.NoError(t, b.Store.Watch(ctx, job.ID, time.Minute))
-	switch status {
-	case jobs.StatusCanceled:
-		_, err := b.Store.Cancel(ctx, job.ID)
-		require.NoError(t, err)
-	case jobs.StatusDead:
-		b.Attempt(t, job.ID, jobs.Outcome{Status: status, DeadReason: jobs.ReasonRetriesExhausted})
-	default:
-		b.Attempt(t, job.ID, jobs.Outcome{Status: status})
-	}
-	return job.ID
-}
-
-// finishedAgo moves job id's end back by d.
-func finishedAgo(t *testing.T, b *jobstest.Bundle, id string, d time.Duration) {
-	t.Helper()
-	_, err := b.Pool.Exec(t.Context(), `UPDATE jobs SET finished_at = now() - $2 * interval '1 millisecond' WHERE id = $1`,
-		id, d.Milliseconds())
-	require.NoError(t, err)
-}
-
-// rowsOf counts job id's rows in jobs and in each table that hangs off it.
-func rowsOf(t *testing.T, b *jobstest.Bundle, id string) map[string]int {
-	t.Helper()
-	out := map[string]int{}
-	for _, table := range []string{"jobs", "job_attempts", "job_events", "job_watches", "idempotency_keys"} {
-		col := "job_id"
-		if table == "jobs" {
-			col = "id"
-		}
-		var n int
-		require.NoError(t, b.Pool.QueryRow(t.Context(), `SELECT count(*) FROM `+table+` WHERE `+col+` = $1`, id).Scan(&n))
-		out[table] = n
-	}
-	return out
-}
-
 func TestStore_DeleteFinished(t *testing.T) {
 	t.Parallel()
 
@@ -206,34 +161,34 @@ func TestStore_DeleteFinished(t *testing.T) {
 			t.Parallel()
 			b := jobstest.New(t)
 			ctx := t.Context()
-			expired := finishedJob(t, b, status, "expired")
-			finishedAgo(t, b, expired, 10*24*time.Hour)
-			recent := finishedJob(t, b, status, "recent")
-			finishedAgo(t, b, recent, 6*24*time.Hour)
+			expired := b.Finished(t, status, "expired")
+			b.FinishedAgo(t, expired, 10*24*time.Hour)
+			recent := b.Finished(t, status, "recent")
+			b.FinishedAgo(t, recent, 6*24*time.Hour)
 			otherStatus := jobs.StatusSucceeded // another status is not this call's
 			if status == jobs.StatusSucceeded {
 				otherStatus = jobs.StatusFailed
 			}
-			other := finishedJob(t, b, otherStatus, "other-status")
-			finishedAgo(t, b, other, 10*24*time.Hour)
+			other := b.Finished(t, otherStatus, "other-status")
+			b.FinishedAgo(t, other, 10*24*time.Hour)
 			waiting := b.Create(t, jobstest.Opts{})
 			_, err := b.Pool.Exec(ctx, `UPDATE jobs SET created_at = now() - interval '30 days' WHERE id = $1`, waiting.ID)
 			require.NoError(t, err)
 			kept := map[string]map[string]int{}
 			for _, id := range []string{recent, other, waiting.ID} {
-				kept[id] = rowsOf(t, b, id)
+				kept[id] = b.Rows(t, id)
 			}
 			require.Equal(t, map[string]int{"jobs": 1, "job_attempts": attemptsOf(status), "job_events": eventsOf(status),
-				"job_watches": 1, "idempotency_keys": 1}, rowsOf(t, b, expired))
+				"job_watches": 1, "idempotency_keys": 1}, b.Rows(t, expired))
 
 			n, err := b.Store.DeleteFinished(ctx, status, time.Now().Add(-7*24*time.Hour), 500)
 			require.NoError(t, err)
 			require.EqualValues(t, 1, n)
 
 			require.Equal(t, map[string]int{"jobs": 0, "job_attempts": 0, "job_events": 0, "job_watches": 0,
-				"idempotency_keys": 0}, rowsOf(t, b, expired))
+				"idempotency_keys": 0}, b.Rows(t, expired))
 			for id, rows := range kept {
-				require.Equal(t, rows, rowsOf(t, b, id), "job %s keeps its rows", id)
+				require.Equal(t, rows, b.Rows(t, id), "job %s keeps its rows", id)
 			}
 
 			// The key of a deleted job promises nothing more: a resubmit with it makes a new job.
@@ -252,8 +207,8 @@ func TestStore_DeleteFinished(t *testing.T) {
 		ctx := t.Context()
 		var ids []string
 		for i, age := range []time.Duration{9, 11, 10} {
-			id := finishedJob(t, b, jobs.StatusSucceeded, "k"+string(rune('a'+i)))
-			finishedAgo(t, b, id, age*24*time.Hour)
+			id := b.Finished(t, jobs.StatusSucceeded, "k"+string(rune('a'+i)))
+			b.FinishedAgo(t, id, age*24*time.Hour)
 			ids = append(ids, id)
 		}
 		before := time.Now().Add(-7 * 24 * time.Hour)
@@ -261,7 +216,7 @@ func TestStore_DeleteFinished(t *testing.T) {
 		n, err := b.Store.DeleteFinished(ctx, jobs.StatusSucceeded, before, 2)
 		require.NoError(t, err)
 		require.EqualValues(t, 2, n)
-		require.Equal(t, 1, rowsOf(t, b, ids[0])["jobs"], "the youngest is left for the next batch")
+		require.Equal(t, 1, b.Rows(t, ids[0])["jobs"], "the youngest is left for the next batch")
 		n, err = b.Store.DeleteFinished(ctx, jobs.StatusSucceeded, before, 2)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
@@ -278,7 +233,7 @@ func TestStore_DeleteFinished(t *testing.T) {
 	})
 }
 
-// attemptsOf and eventsOf are how many attempts and events finishedJob makes for a job that
+// attemptsOf and eventsOf are how many attempts and events jobstest.Bundle.Finished makes for a job that
 // ends in status.
 func attemptsOf(status jobs.Status) int {
 	if status == jobs.StatusCanceled {
