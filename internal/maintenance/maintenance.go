@@ -56,8 +56,10 @@ type Config struct {
 	// RetentionBatch is how many jobs one statement (one short transaction) of the retention pass
 	// deletes. Default 500.
 	RetentionBatch int
-	// BatchPause is the wait between two batches of a retention pass, so that deleting a large
-	// backlog leaves Postgres to the jobs most of the time. Default 100ms.
+	// BatchPause is the least wait between two batches of a retention pass; the wait is as long
+	// as the batch took when that is longer, so that deleting a large backlog takes at most half
+	// of one Postgres connection's time, and less when a busy Postgres slows the batches down.
+	// Default 100ms.
 	BatchPause time.Duration
 	// Finished, when set, is told of each job the deadline pass failed, as the executor tells
 	// its metrics of the jobs it ends (executor.Metrics.Finished).
@@ -224,9 +226,9 @@ func (m *Maintainer) retains() bool {
 }
 
 // DeleteExpired deletes, for each final status with a retention period, the jobs that finished
-// longer ago than it (see jobs.Store.DeleteFinished), RetentionBatch per transaction with
-// BatchPause between, and returns how many of each status it deleted (until an error, which it
-// returns too).
+// longer ago than it (see jobs.Store.DeleteFinished), RetentionBatch per transaction with a pause
+// between (see Config.BatchPause), and returns how many of each status it deleted (until an
+// error, which it returns too).
 func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, error) {
 	now := m.cfg.Now()
 	deleted := map[jobs.Status]int64{}
@@ -246,6 +248,7 @@ func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, 
 // their count to deleted.
 func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, before time.Time, deleted map[jobs.Status]int64) error {
 	for {
+		start := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
 		n, err := m.cfg.Store.DeleteFinished(sctx, status, before, m.cfg.RetentionBatch)
 		cancel()
@@ -257,7 +260,7 @@ func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, befor
 		if n < int64(m.cfg.RetentionBatch) {
 			return nil
 		}
-		if err := sleep(ctx, m.cfg.BatchPause); err != nil {
+		if err := sleep(ctx, max(m.cfg.BatchPause, time.Since(start))); err != nil {
 			return err
 		}
 	}
