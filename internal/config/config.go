@@ -45,6 +45,8 @@ type Config struct {
 	Alerts Alerts `yaml:"alerts"`
 	// Breaker configures the per-credential circuit breaker shared by all workers.
 	Breaker Breaker `yaml:"breaker"`
+	// Retention says how long finished jobs are kept (see Retention).
+	Retention Retention `yaml:"retention"`
 }
 
 // Breaker configures the circuit breaker.
@@ -285,6 +287,7 @@ func (c *Config) withDefaults() {
 	if c.Retry.MaxDelay == 0 {
 		c.Retry.MaxDelay = 60 * time.Second
 	}
+	c.Retention.withDefaults()
 	for i := range c.Credentials {
 		if c.Credentials[i].AttemptTimeout == 0 {
 			c.Credentials[i].AttemptTimeout = 5 * time.Minute
@@ -354,6 +357,7 @@ func (c *Config) validate() error {
 			bad("alerts.webhook_url", "must be an http(s) URL")
 		}
 	}
+	c.Retention.validate(bad)
 	if len(c.Credentials) == 0 {
 		bad("credentials", "at least one credential is required")
 	}

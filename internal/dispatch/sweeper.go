@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/leader"
 )
 
 // sweeperLockKey elects the one sweeping process ("llmqswep").
@@ -90,35 +90,19 @@ func NewSweeper(cfg SweeperConfig) *Sweeper {
 // queued jobs drained at 0.76 × the rate of a 1,000-job backlog with the pass at start, 1.08
 // without it). Lost tasks are re-enqueued one Interval later than before, at worst.
 func (s *Sweeper) Run(ctx context.Context) error {
-	ticker := time.NewTicker(s.cfg.Interval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-		if err := s.lead(ctx, ticker.C); err != nil && ctx.Err() == nil {
+	leader.Run(ctx, s.cfg.Store.Pool(), sweeperLockKey, s.cfg.Interval, s.lead, func(err error) {
+		if err != nil {
 			s.cfg.Logger.WarnContext(ctx, "sweeper", "error", err)
 		}
-	}
+	})
+	return nil
 }
 
-// lead takes the leader lock on a dedicated connection and sweeps on every tick while it holds it.
-func (s *Sweeper) lead(ctx context.Context, tick <-chan time.Time) error {
-	conn, err := s.cfg.Store.Pool().Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire connection: %w", err)
-	}
-	defer conn.Release()
-	var leader bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", sweeperLockKey).Scan(&leader); err != nil {
-		return fmt.Errorf("take sweeper lock: %w", err)
-	}
-	if !leader {
-		return nil
-	}
-	defer unlock(ctx, conn)
+// lead sweeps at once and then every Interval while this process holds the sweeper's leader
+// lock (see leader.Lead). A failed pass gives the lock up.
+func (s *Sweeper) lead(ctx context.Context) error {
+	ticker := time.NewTicker(s.cfg.Interval)
+	defer ticker.Stop()
 	for {
 		if n, err := s.SweepOnce(ctx); err != nil {
 			return err
@@ -128,19 +112,8 @@ func (s *Sweeper) lead(ctx context.Context, tick <-chan time.Time) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick:
+		case <-ticker.C:
 		}
-		if err := conn.Ping(ctx); err != nil {
-			return fmt.Errorf("sweeper lock connection: %w", err)
-		}
-	}
-}
-
-func unlock(ctx context.Context, conn *pgxpool.Conn) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", sweeperLockKey); err != nil {
-		conn.Conn().Close(uctx) //nolint:errcheck // closing the session releases the lock
 	}
 }
 

@@ -81,7 +81,11 @@ func (m *Metrics) attempt(credential, class string, latency time.Duration) {
 	m.attemptLatency.WithLabelValues(credential).Observe(latency.Seconds())
 }
 
-func (m *Metrics) outcome(credential string, status jobs.Status, deadReason string, sinceSubmit time.Duration) {
+// Finished records that a job of credential reached final status (with deadReason when dead)
+// sinceSubmit after it was submitted: llmq_jobs_finished_total, llmq_job_duration_seconds and
+// llmq_dead_letters_total. The executor calls it for the jobs it ends; the workers' deadline pass
+// (internal/maintenance) for those it fails. Safe for concurrent use, and on a nil *Metrics.
+func (m *Metrics) Finished(credential string, status jobs.Status, deadReason string, sinceSubmit time.Duration) {
 	if m == nil {
 		return
 	}

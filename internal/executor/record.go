@@ -20,7 +20,7 @@ func (e *Executor) end(ctx context.Context, job *jobs.Job, a *jobs.Attempt, o jo
 	if !applied {
 		return errHandled
 	}
-	e.cfg.Metrics.outcome(job.Credential, o.Status, o.DeadReason, e.cfg.Now().Sub(job.CreatedAt))
+	e.cfg.Metrics.Finished(job.Credential, o.Status, o.DeadReason, e.cfg.Now().Sub(job.CreatedAt))
 	attrs := []any{"job_id", job.ID, "credential", job.Credential, "status", o.Status, "attempts", job.Attempts}
 	switch o.Status {
 	case jobs.StatusDead:

@@ -167,22 +167,22 @@ RETURNING j.id::text, j.event_seq, old.dead_reason`, args...)
 }
 
 // PurgeDead deletes the jobs that died before `before`, with their attempts, events and
-// idempotency keys (a later submit with such a key makes a new job), and returns how many.
+// idempotency keys (a later submit with such a key makes a new job), and returns how many. It
+// deletes purgeBatch jobs per transaction (see DeleteFinished), so a large purge holds no lock
+// long; a dead job an operator is retrying meanwhile is left alone.
 func (s *Store) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
-	var args []any
-	where := DeadFilter{Before: before}.where("jobs", &args)
-	// Attempts and events have no foreign key (migration 011): they go in the same statement.
-	var n int64
-	err := s.pool.QueryRow(ctx, `
-WITH d AS (DELETE FROM jobs WHERE `+where+` RETURNING id),
-a AS (DELETE FROM job_attempts WHERE job_id IN (SELECT id FROM d)),
-e AS (DELETE FROM job_events WHERE job_id IN (SELECT id FROM d))
-SELECT count(*) FROM d`, args...).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("purge dead jobs: %w", err)
+	var total int64
+	for {
+		n, err := s.DeleteFinished(ctx, StatusDead, before, purgeBatch)
+		total += n
+		if err != nil || n < purgeBatch {
+			return total, err
+		}
 	}
-	return n, nil
 }
+
+// purgeBatch is how many jobs one of PurgeDead's transactions deletes.
+const purgeBatch = 500
 
 // Stats summarise the jobs and provider calls of a window.
 type Stats struct {

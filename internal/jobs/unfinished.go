@@ -61,10 +61,7 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 		after = uuid.Nil.String()
 	}
 	var out []Unfinished
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, listUnfinishedSettings); err != nil {
-			return err
-		}
+	err := s.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, listUnfinishedSQL, after, limit)
 		if err != nil {
 			return err
@@ -82,12 +79,24 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 // from $1 and stop after $2 rows, or every page costs the whole backlog (a sweep of N unfinished
 // jobs then costs N²/500). Two things broke that before: ORDER BY id named the text output column
 // (id::text), which no index orders, so each page sorted every unfinished job; and without
-// table statistics (a fresh database, or autovacuum off as on our test machines) the planner
-// estimates a handful of rows and picks a bitmap scan and a sort. listUnfinishedSettings rules
-// the sort out for the page's transaction.
+// table statistics the planner picked a bitmap scan and a sort (see inOrderOfIndex).
 const listUnfinishedSQL = `
 SELECT id::text, status, next_attempt_at, lease_until FROM jobs
 WHERE status IN ('queued', 'running', 'retrying') AND id > $1
 ORDER BY jobs.id LIMIT $2`
 
-const listUnfinishedSettings = `SET LOCAL enable_sort = off`
+// inOrderOfIndex runs fn in a transaction whose statements may not sort: for the statements
+// that take the first rows of an index in its order and stop at a LIMIT (ListUnfinished,
+// FailOverdue, DeleteFinished). Without table statistics (a fresh database, or autovacuum off
+// as on our test machines) the planner estimates a handful of rows and picks a bitmap scan and
+// a sort, which reads every matching row however small the LIMIT.
+func (s *Store) inOrderOfIndex(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, noSortSettings); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+const noSortSettings = `SET LOCAL enable_sort = off`

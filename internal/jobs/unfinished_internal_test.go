@@ -26,7 +26,7 @@ FROM generate_series(1, 5000) g`)
 
 	var plan string
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, listUnfinishedSettings); err != nil {
+		if _, err := tx.Exec(ctx, noSortSettings); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+listUnfinishedSQL, uuid.Nil.String(), 500).Scan(&plan)

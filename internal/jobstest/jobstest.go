@@ -110,3 +110,50 @@ func (b *Bundle) ExpireLease(t *testing.T, id string) {
 	_, err := b.Pool.Exec(t.Context(), `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, id)
 	require.NoError(t, err)
 }
+
+// Finished commits a job of tenant "default" that ended in status, with idempotency key key
+// ("": none), an event watch, its events, and one attempt (none when canceled). It returns the
+// job's ID.
+func (b *Bundle) Finished(t *testing.T, status jobs.Status, key string) string {
+	t.Helper()
+	ctx := t.Context()
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", IdempotencyKey: key,
+		Fingerprint: "fp-" + key, Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 1, Timeout: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, b.Store.Watch(ctx, job.ID, time.Minute))
+	switch status {
+	case jobs.StatusCanceled:
+		_, err := b.Store.Cancel(ctx, job.ID)
+		require.NoError(t, err)
+	case jobs.StatusDead:
+		b.Attempt(t, job.ID, jobs.Outcome{Status: status, DeadReason: jobs.ReasonRetriesExhausted})
+	default:
+		b.Attempt(t, job.ID, jobs.Outcome{Status: status})
+	}
+	return job.ID
+}
+
+// FinishedAgo moves job id's end d into the past.
+func (b *Bundle) FinishedAgo(t *testing.T, id string, d time.Duration) {
+	t.Helper()
+	_, err := b.Pool.Exec(t.Context(), `UPDATE jobs SET finished_at = now() - $2 * interval '1 millisecond' WHERE id = $1`,
+		id, d.Milliseconds())
+	require.NoError(t, err)
+}
+
+// Rows counts job id's rows in jobs and in each table that hangs off it: job_attempts,
+// job_events, job_watches and idempotency_keys.
+func (b *Bundle) Rows(t *testing.T, id string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, table := range []string{"jobs", "job_attempts", "job_events", "job_watches", "idempotency_keys"} {
+		col := "job_id"
+		if table == "jobs" {
+			col = "id"
+		}
+		var n int
+		require.NoError(t, b.Pool.QueryRow(t.Context(), `SELECT count(*) FROM `+table+` WHERE `+col+` = $1`, id).Scan(&n))
+		out[table] = n
+	}
+	return out
+}

@@ -1,5 +1,6 @@
 // Package worker wires a worker process: upstreams from the config, the executor on dispatch's
-// asynq server, and the sweeper. cmd/worker is its thin main; tests and benchmarks run it in-process.
+// asynq server, the sweeper, and the maintenance passes (deadlines, retention). cmd/worker is its
+// thin main; tests and benchmarks run it in-process.
 package worker
 
 import (
@@ -24,6 +25,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/maintenance"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
@@ -49,6 +51,7 @@ type Worker struct {
 	server   *asynq.Server
 	executor *executor.Executor
 	sweeper  *dispatch.Sweeper
+	maint    *maintenance.Maintainer
 	breaker  *breaker.Breaker
 	client   *asynq.Client
 	insp     *asynq.Inspector
@@ -69,12 +72,14 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	var limMetrics *limiter.Metrics
 	var brkMetrics *breaker.Metrics
 	var tokMetrics *estimator.Metrics
+	var maintMetrics *maintenance.Metrics
 	if opts.Registerer != nil {
 		tokMetrics = estimator.NewMetrics(opts.Registerer)
 		metrics = executor.NewMetrics(opts.Registerer)
 		dispMetrics = dispatch.NewMetrics(opts.Registerer)
 		limMetrics = limiter.NewMetrics(opts.Registerer)
 		brkMetrics = breaker.NewMetrics(opts.Registerer)
+		maintMetrics = maintenance.NewMetrics(opts.Registerer)
 	}
 	rdb := dispatch.NewRedisClient(redisOpt)
 	// The breaker's calls of concurrent jobs share round trips. The limiter and asynq keep a
@@ -136,18 +141,27 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		Store: store, Enqueuer: dispatch.NewEnqueuer(w.client, cfg.Worker.Queue), Inspector: w.insp, Redis: rdb,
 		Queue: cfg.Worker.Queue, Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: dispMetrics,
 	})
+	w.maint = maintenance.New(maintenance.Config{
+		Store: store, Tasks: dispatch.NewTasks(w.insp, dispatch.NewEnqueuer(w.client, cfg.Worker.Queue)),
+		Retention: map[jobs.Status]time.Duration{
+			jobs.StatusSucceeded: cfg.Retention.Succeeded.Duration(), jobs.StatusFailed: cfg.Retention.Failed.Duration(),
+			jobs.StatusCanceled: cfg.Retention.Canceled.Duration(), jobs.StatusDead: cfg.Retention.Dead.Duration(),
+		},
+		Finished: metrics.Finished, Logger: opts.Logger, Metrics: maintMetrics,
+	})
 	w.server = dispatch.NewServer(redisOpt, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
 		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger})
 	return w, nil
 }
 
-// Run processes jobs and sweeps until ctx ends, then shuts down gracefully.
+// Run processes jobs, sweeps and maintains until ctx ends, then shuts down gracefully.
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.server.Start(dispatch.Mux(w.executor)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
-	sweepDone, listenDone := make(chan error, 1), make(chan struct{})
+	sweepDone, maintDone, listenDone := make(chan error, 1), make(chan error, 1), make(chan struct{})
 	go func() { sweepDone <- w.sweeper.Run(ctx) }()
+	go func() { maintDone <- w.maint.Run(ctx) }()
 	go func() {
 		defer close(listenDone)
 		w.breaker.Listen(ctx)
@@ -155,5 +169,5 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	w.server.Shutdown()
 	<-listenDone
-	return errors.Join(<-sweepDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
+	return errors.Join(<-sweepDone, <-maintDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
 }

@@ -1,0 +1,113 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Retention is how long the workers keep finished jobs, per final status, before deleting them
+// with their attempts, events and idempotency keys. A period is written as a Go duration
+// ("36h"), as days ("7d"), or as 0 or "off" to keep those jobs forever.
+type Retention struct {
+	// Succeeded is how long succeeded jobs are kept. Default 7d.
+	Succeeded Period `yaml:"succeeded"`
+	// Failed is how long failed jobs are kept. Default 7d.
+	Failed Period `yaml:"failed"`
+	// Canceled is how long canceled jobs are kept. Default 7d.
+	Canceled Period `yaml:"canceled"`
+	// Dead is how long dead letters are kept: they wait for an operator. Default 30d.
+	Dead Period `yaml:"dead"`
+}
+
+// Default retention periods.
+const (
+	DefaultRetention     = 7 * 24 * time.Hour
+	DefaultDeadRetention = 30 * 24 * time.Hour
+)
+
+// Period is a retention period. The zero Period stands for the field's default (it was not
+// written); Keep makes one in code.
+type Period struct {
+	d   time.Duration
+	set bool  // written in the file: an explicit 0 ("off") is not the default
+	err error // what was written is not a period; validate names the field
+}
+
+// Keep returns a period of d; 0 keeps forever.
+func Keep(d time.Duration) Period { return Period{d: d, set: true} }
+
+// Duration returns the period; 0 means the jobs are kept forever.
+func (p Period) Duration() time.Duration { return p.d }
+
+// UnmarshalYAML implements yaml.Unmarshaler. A value that is not a period is reported by
+// validation, which names the field.
+func (p *Period) UnmarshalYAML(n *yaml.Node) error {
+	*p = Period{set: true}
+	if n.Kind != yaml.ScalarNode {
+		p.err = errPeriod
+		return nil
+	}
+	p.d, p.err = parsePeriod(n.Value)
+	return nil
+}
+
+var errPeriod = errors.New("must be a duration such as 36h, a number of days such as 7d, or off")
+
+// parsePeriod parses "off", "0", a whole number of days ("7d") or a Go duration ("36h").
+func parsePeriod(s string) (time.Duration, error) {
+	if s == "off" {
+		return 0, nil
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n < 0 || n > 100*365 {
+			return 0, fmt.Errorf("%w (got %q)", errPeriod, s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%w (got %q)", errPeriod, s)
+	}
+	return d, nil
+}
+
+// fields are the retention periods with their names and defaults.
+func (r *Retention) fields() []struct {
+	name string
+	p    *Period
+	def  time.Duration
+} {
+	return []struct {
+		name string
+		p    *Period
+		def  time.Duration
+	}{
+		{"succeeded", &r.Succeeded, DefaultRetention},
+		{"failed", &r.Failed, DefaultRetention},
+		{"canceled", &r.Canceled, DefaultRetention},
+		{"dead", &r.Dead, DefaultDeadRetention},
+	}
+}
+
+func (r *Retention) withDefaults() {
+	for _, f := range r.fields() {
+		if !f.p.set {
+			*f.p = Keep(f.def)
+		}
+	}
+}
+
+// validate reports each period that could not be read, naming its field.
+func (r *Retention) validate(bad func(field, format string, args ...any)) {
+	for _, f := range r.fields() {
+		if f.p.err != nil {
+			bad("retention."+f.name, "%v", f.p.err)
+		}
+	}
+}

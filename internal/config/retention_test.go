@@ -1,0 +1,58 @@
+package config_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/config"
+)
+
+func TestParse_Retention(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+
+	t.Run("Defaults", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := config.Parse(minimal(goodCred, ""), secretEnv)
+		require.NoError(t, err)
+		require.Equal(t, config.Retention{Succeeded: config.Keep(7 * day), Failed: config.Keep(7 * day),
+			Canceled: config.Keep(7 * day), Dead: config.Keep(30 * day)}, cfg.Retention)
+	})
+
+	t.Run("DaysDurationsAndOff", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := config.Parse(minimal(goodCred, "retention: { succeeded: 1d, failed: 36h, canceled: off, dead: 0 }\n"), secretEnv)
+		require.NoError(t, err)
+		require.Equal(t, day, cfg.Retention.Succeeded.Duration())
+		require.Equal(t, 36*time.Hour, cfg.Retention.Failed.Duration())
+		require.Zero(t, cfg.Retention.Canceled.Duration(), "off: kept forever")
+		require.Zero(t, cfg.Retention.Dead.Duration(), "0: kept forever, not the default")
+	})
+
+	t.Run("UnwrittenFieldsTakeTheirDefault", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := config.Parse(minimal(goodCred, "retention: { dead: 90d }\n"), secretEnv)
+		require.NoError(t, err)
+		require.Equal(t, config.Retention{Succeeded: config.Keep(7 * day), Failed: config.Keep(7 * day),
+			Canceled: config.Keep(7 * day), Dead: config.Keep(90 * day)}, cfg.Retention)
+	})
+
+	for name, c := range map[string]struct{ yaml, field string }{
+		"NoUnit":       {"retention: { succeeded: 7 }\n", `retention.succeeded: must be a duration such as 36h, a number of days such as 7d, or off (got "7")`},
+		"Negative":     {"retention: { failed: -1h }\n", "retention.failed: must be a duration"},
+		"NegativeDays": {"retention: { canceled: -2d }\n", "retention.canceled: must be a duration"},
+		"FractionDays": {"retention: { dead: 1.5d }\n", "retention.dead: must be a duration"},
+		"Mixed":        {"retention: { dead: 1d12h }\n", "retention.dead: must be a duration"},
+		"NotAScalar":   {"retention: { succeeded: [7d] }\n", "retention.succeeded: must be a duration"},
+		"UnknownField": {"retention: { completed: 7d }\n", "field completed not found"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := config.Parse(minimal(goodCred, c.yaml), secretEnv)
+			require.Nil(t, cfg)
+			require.ErrorContains(t, err, c.field)
+		})
+	}
+}

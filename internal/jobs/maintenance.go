@@ -1,0 +1,112 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Overdue is a job FailOverdue failed.
+type Overdue struct {
+	ID         string
+	Credential string
+	// From is the status it waited in: queued, retrying, or running with no live lease.
+	From Status
+	// CreatedAt and FinishedAt are the job's submit and its end, on Postgres's clock.
+	CreatedAt  time.Time
+	FinishedAt time.Time
+}
+
+// FailOverdue moves up to limit jobs whose deadline is at or before now and that wait for an
+// attempt (queued, retrying, or running with no live lease: see waitingForAttempt) to failed,
+// with last_error class ReasonDeadlineExceeded and a "failed" event each (a trigger notifies),
+// oldest deadline first, and returns them. A job whose attempt holds a live lease is left to its
+// delivery: its call's timeout ends at the deadline and the delivery records the outcome.
+//
+// One statement, in a transaction of its own (see inOrderOfIndex): the jobs are locked FOR
+// UPDATE SKIP LOCKED (a job a delivery is changing right now is taken on the next call, not
+// waited for) and each is moved only while it is unfinished, like every other transition, so a
+// delivery that races it stores no second outcome (its Finish finds the job terminal; its
+// BeginAttempt answers ErrNotRunnable). It reads jobs_unfinished_deadline_idx: a call that finds
+// nothing costs one index probe, whatever the backlog.
+func (s *Store) FailOverdue(ctx context.Context, now time.Time, limit int) ([]Overdue, error) {
+	var out []Overdue
+	err := s.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, failOverdueSQL, now, limit, ReasonDeadlineExceeded)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Overdue, error) {
+			var o Overdue
+			err := r.Scan(&o.ID, &o.Credential, &o.From, &o.CreatedAt, &o.FinishedAt)
+			return o, err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fail overdue jobs: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteFinished deletes up to limit jobs of final status that finished before `before`, oldest
+// first, with their attempts, events, event watch and idempotency key, and returns how many. A
+// later submit with a deleted job's key makes a new job.
+//
+// One statement in a short transaction of its own (see inOrderOfIndex): the jobs are found through jobs_finished_idx and locked
+// FOR UPDATE SKIP LOCKED (a job an operator is retrying is left for a later call, and nobody waits
+// on the deleter); attempts and events, which have no foreign key (migration 011), go in the same
+// statement; the watch and the key follow by their foreign keys' cascade. Callers delete a large
+// backlog in several calls, so that no lock is held long.
+func (s *Store) DeleteFinished(ctx context.Context, status Status, before time.Time, limit int) (int64, error) {
+	if !status.Terminal() {
+		return 0, fmt.Errorf("delete finished jobs: %q is not a final status", status)
+	}
+	var n int64
+	err := s.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, deleteFinishedSQL, status, before, limit).Scan(&n)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("delete finished jobs: %w", err)
+	}
+	return n, nil
+}
+
+// failOverdueSQL is FailOverdue's statement ($1 now, $2 limit, $3 ReasonDeadlineExceeded).
+const failOverdueSQL = `
+WITH due AS (
+	SELECT id, status AS was FROM jobs
+	WHERE status IN ('queued', 'running', 'retrying') AND deadline <= $1 AND ` + waitingForAttempt + `
+	ORDER BY deadline LIMIT $2
+	FOR UPDATE SKIP LOCKED
+), u AS (
+	UPDATE jobs j SET status = 'failed',
+		last_error = jsonb_build_object('class', $3::text,
+			'message', 'job deadline passed while it waited (' || due.was || ')'),
+		next_attempt_at = NULL, lease_token = NULL, lease_until = NULL,
+		finished_at = now(), updated_at = now(), event_seq = j.event_seq + 1
+	FROM due WHERE j.id = due.id AND j.status IN ('queued', 'running', 'retrying')
+	RETURNING j.id, j.event_seq, j.credential, j.created_at, j.finished_at, due.was
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload)
+	SELECT id, event_seq, 'failed', jsonb_build_object('from', was, 'reason', $3::text) FROM u
+)
+SELECT id::text, credential, was, created_at, finished_at FROM u`
+
+// deleteFinishedSQL is DeleteFinished's statement ($1 status, $2 before, $3 limit). The
+// condition finished_at IS NOT NULL is jobs_finished_idx's: without it the index does not apply.
+const deleteFinishedSQL = `
+WITH victims AS (
+	SELECT id FROM jobs WHERE status = $1 AND finished_at IS NOT NULL AND finished_at < $2
+	ORDER BY finished_at LIMIT $3
+	FOR UPDATE SKIP LOCKED
+), d AS (
+	DELETE FROM jobs j USING victims v WHERE j.id = v.id RETURNING j.id
+), a AS (
+	DELETE FROM job_attempts WHERE job_id IN (SELECT id FROM d)
+), e AS (
+	DELETE FROM job_events WHERE job_id IN (SELECT id FROM d)
+)
+SELECT count(*) FROM d`

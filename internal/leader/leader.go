@@ -1,0 +1,99 @@
+// Package leader elects one process among many for a background duty, with a Postgres
+// session-level advisory lock: the process whose connection holds the lock leads; one that dies,
+// or whose connection breaks, releases it with its session, and another takes it on its next try.
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Run tries to lead (see Lead) every interval, the first time one interval after it starts, until
+// ctx ends; report is told each try's outcome (nil: it led without error, or another process
+// leads). It returns when ctx ends.
+func Run(ctx context.Context, pool *pgxpool.Pool, key int64, interval time.Duration, fn func(context.Context) error, report func(error)) {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		_, err := Lead(ctx, pool, key, interval, fn)
+		if ctx.Err() == nil {
+			report(err)
+		}
+	}
+}
+
+// Lead tries, without waiting, to take advisory lock key on a connection of its own from pool.
+// When another session holds it, Lead returns false at once. Otherwise it runs fn while it holds
+// the lock, checking the lock's connection every check: fn's context ends when ctx does or when
+// that check fails. Once fn returns, Lead releases the lock and returns true with fn's error, or
+// the failed check's.
+//
+// The connection stays out of the pool while this process leads. fn must not use it (it does
+// not see it); it uses the pool like any other code.
+func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duration, fn func(context.Context) error) (bool, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("acquire connection: %w", err)
+	}
+	defer conn.Release()
+	var leader bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&leader); err != nil {
+		return false, fmt.Errorf("take leader lock: %w", err)
+	}
+	if !leader {
+		return false, nil
+	}
+	defer unlock(ctx, conn, key)
+
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		t := time.NewTicker(check)
+		defer t.Stop()
+		for {
+			select {
+			case <-fctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := conn.Ping(fctx); err != nil && fctx.Err() == nil {
+				cancel(&lostError{err})
+				return
+			}
+		}
+	}()
+	err = fn(fctx)
+	cancel(nil)
+	<-checked // the connection is the checker's until it has stopped
+	var lost *lostError
+	if errors.As(context.Cause(fctx), &lost) {
+		return true, errors.Join(err, lost)
+	}
+	return true, err
+}
+
+// lostError is a failed check of the lock's connection: the lock may be gone with it.
+type lostError struct{ err error }
+
+func (e *lostError) Error() string { return "leader lock connection: " + e.err.Error() }
+func (e *lostError) Unwrap() error { return e.err }
+
+// unlock releases key, or closes the session (which releases it) when that fails.
+func unlock(ctx context.Context, conn *pgxpool.Conn, key int64) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+		conn.Conn().Close(uctx) //nolint:errcheck // closing the session releases the lock
+	}
+}

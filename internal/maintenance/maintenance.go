@@ -1,0 +1,299 @@
+// Package maintenance runs the workers' leader-only passes over the job table, in one process at a
+// time (elected with a Postgres advisory lock, see internal/leader):
+//
+//   - the deadline pass, every second, fails the jobs whose deadline passed while they waited for
+//     an attempt (a held limiter slot, a breaker cooldown, a paused credential, a retry delay, a
+//     backlog), so that a job is answered at its deadline rather than when it is next picked up,
+//     and stops their asynq tasks;
+//   - the retention pass, every minute, deletes the finished jobs older than their status's
+//     retention, with their attempts, events and idempotency keys, in short batches.
+//
+// Both are statements of internal/jobs (FailOverdue, DeleteFinished), conditional and batched
+// like every other write there; this package decides when they run and reports what they did.
+// It knows nothing of asynq: the tasks are stopped through a TaskAborter (dispatch.Tasks).
+package maintenance
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/leader"
+)
+
+// lockKey elects the one maintaining process ("llmqmain"). Not the sweeper's: the two duties
+// may lead in different processes, and a long retention pass never delays a sweep.
+const lockKey int64 = 0x6c6c6d716d61696e
+
+// statementTimeout bounds each statement of a pass.
+const statementTimeout = 30 * time.Second
+
+// TaskAborter stops a job's asynq task: dispatch.Tasks. Safe for concurrent use.
+type TaskAborter interface {
+	Abort(id string) error
+}
+
+// Config configures a Maintainer. Zero fields take the defaults documented on each.
+type Config struct {
+	// Store is the job store. Required.
+	Store *jobs.Store
+	// Tasks stops the tasks of the jobs the deadline pass failed. Nil: they are left in asynq,
+	// and each finds its job finished when it is delivered.
+	Tasks TaskAborter
+	// Retention is how long the jobs of each final status are kept after they finished; a status
+	// that is absent, or 0, is kept forever.
+	Retention map[jobs.Status]time.Duration
+	// Interval is the time between deadline passes and between tries to lead: how late after its
+	// deadline a waiting job is failed, at most (plus a pass's own time). Default 1s.
+	Interval time.Duration
+	// RetentionInterval is the time between retention passes; the first comes one interval after
+	// this process begins to lead. Default 1m.
+	RetentionInterval time.Duration
+	// DeadlineBatch is how many jobs one statement of the deadline pass fails. Default 100.
+	DeadlineBatch int
+	// RetentionBatch is how many jobs one statement (one short transaction) of the retention pass
+	// deletes. Default 500.
+	RetentionBatch int
+	// BatchPause is the least wait between two batches of a retention pass; the wait is as long
+	// as the batch took when that is longer, so that deleting a large backlog takes at most half
+	// of one Postgres connection's time, and less when a busy Postgres slows the batches down.
+	// Default 100ms.
+	BatchPause time.Duration
+	// Finished, when set, is told of each job the deadline pass failed, as the executor tells
+	// its metrics of the jobs it ends (executor.Metrics.Finished).
+	Finished func(credential string, status jobs.Status, deadReason string, sinceSubmit time.Duration)
+	// Logger receives one line per job the deadline pass fails, one per retention pass, and
+	// errors. Default discards.
+	Logger *slog.Logger
+	// Metrics counts deleted jobs. Nil: none.
+	Metrics *Metrics
+	// Now is the clock the deadlines and retention periods are measured with. Default time.Now.
+	Now func() time.Time
+}
+
+// Maintainer runs the deadline and retention passes while its process leads. Safe for
+// concurrent use.
+type Maintainer struct {
+	cfg Config
+}
+
+// New returns a Maintainer. It panics when Store is nil (a wiring bug).
+func New(cfg Config) *Maintainer {
+	if cfg.Store == nil {
+		panic("maintenance.New: Store is required")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.RetentionInterval <= 0 {
+		cfg.RetentionInterval = time.Minute
+	}
+	if cfg.DeadlineBatch <= 0 {
+		cfg.DeadlineBatch = 100
+	}
+	if cfg.RetentionBatch <= 0 {
+		cfg.RetentionBatch = 500
+	}
+	if cfg.BatchPause <= 0 {
+		cfg.BatchPause = 100 * time.Millisecond
+	}
+	if cfg.Finished == nil {
+		cfg.Finished = func(string, jobs.Status, string, time.Duration) {}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Maintainer{cfg: cfg}
+}
+
+// Run tries to lead every Interval and, while this process leads, runs the deadline pass every
+// Interval and the retention pass every RetentionInterval. It returns when ctx ends. Errors are
+// logged, the first of a run of them only: during a Postgres outage every process would
+// otherwise log one a second.
+func (m *Maintainer) Run(ctx context.Context) error {
+	var failing bool
+	leader.Run(ctx, m.cfg.Store.Pool(), lockKey, m.cfg.Interval, m.lead, func(err error) {
+		m.logStreak(ctx, &failing, "maintenance leadership", err)
+	})
+	return nil
+}
+
+// lead runs both passes until ctx ends (shutdown, or the leader lock's connection failed).
+func (m *Maintainer) lead(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		m.every(ctx, m.cfg.Interval, true, "deadline pass", func(ctx context.Context) error {
+			_, err := m.FailOverdue(ctx)
+			return err
+		})
+	})
+	if m.retains() {
+		wg.Go(func() {
+			m.every(ctx, m.cfg.RetentionInterval, false, "retention pass", func(ctx context.Context) error {
+				m.retentionPass(ctx) // logs its own line, error included
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	return nil
+}
+
+// every runs pass every interval (at once too when now is set) until ctx ends.
+func (m *Maintainer) every(ctx context.Context, interval time.Duration, now bool, name string, pass func(context.Context) error) {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	var failing bool
+	for {
+		if now {
+			m.logStreak(ctx, &failing, name, pass(ctx))
+		}
+		now = true
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// logStreak logs err when it is the first of a run of errors, and when a run ends.
+func (m *Maintainer) logStreak(ctx context.Context, failing *bool, what string, err error) {
+	switch {
+	case ctx.Err() != nil:
+	case err != nil && !*failing:
+		m.cfg.Logger.WarnContext(ctx, what+" failed; further errors are not logged until it succeeds", "error", err)
+		*failing = true
+	case err == nil && *failing:
+		m.cfg.Logger.InfoContext(ctx, what+" succeeds again")
+		*failing = false
+	}
+}
+
+// FailOverdue fails every job whose deadline has passed while it waited for an attempt (see
+// jobs.Store.FailOverdue), DeadlineBatch at a time, and stops its task. It returns how many it
+// failed. Each is counted as the executor counts the jobs it ends (Config.Finished) and logged
+// as the executor logs them ("job failed", class deadline_exceeded).
+func (m *Maintainer) FailOverdue(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
+		failed, err := m.cfg.Store.FailOverdue(sctx, m.cfg.Now(), m.cfg.DeadlineBatch)
+		cancel()
+		if err != nil {
+			return total, err
+		}
+		total += len(failed)
+		for _, o := range failed {
+			m.cfg.Finished(o.Credential, jobs.StatusFailed, "", o.FinishedAt.Sub(o.CreatedAt))
+			m.cfg.Logger.WarnContext(ctx, "job failed", "job_id", o.ID, "credential", o.Credential,
+				"status", jobs.StatusFailed, "class", jobs.ReasonDeadlineExceeded, "waited_as", o.From)
+			m.abort(ctx, o.ID)
+		}
+		if len(failed) < m.cfg.DeadlineBatch {
+			return total, nil
+		}
+	}
+}
+
+// abort stops the task of a job the deadline pass failed. Postgres has the outcome already: a
+// task left behind finds its job finished when it is delivered, so a failure is only logged.
+func (m *Maintainer) abort(ctx context.Context, id string) {
+	if m.cfg.Tasks == nil {
+		return
+	}
+	if err := m.cfg.Tasks.Abort(id); err != nil {
+		m.cfg.Logger.WarnContext(ctx, "stop the task of a job past its deadline", "job_id", id, "error", err)
+	}
+}
+
+// finalStatuses are the statuses the retention pass deletes, in its order.
+var finalStatuses = []jobs.Status{jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusCanceled, jobs.StatusDead}
+
+// retains reports whether any final status has a retention period.
+func (m *Maintainer) retains() bool {
+	for _, s := range finalStatuses {
+		if m.cfg.Retention[s] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// DeleteExpired deletes, for each final status with a retention period, the jobs that finished
+// longer ago than it (see jobs.Store.DeleteFinished), RetentionBatch per transaction with a pause
+// between (see Config.BatchPause), and returns how many of each status it deleted (until an
+// error, which it returns too).
+func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, error) {
+	now := m.cfg.Now()
+	deleted := map[jobs.Status]int64{}
+	for _, s := range finalStatuses {
+		keep := m.cfg.Retention[s]
+		if keep <= 0 {
+			continue
+		}
+		if err := m.deleteBefore(ctx, s, now.Add(-keep), deleted); err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// deleteBefore deletes status's jobs that finished before `before`, batch by batch, adding
+// their count to deleted.
+func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, before time.Time, deleted map[jobs.Status]int64) error {
+	for {
+		start := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
+		n, err := m.cfg.Store.DeleteFinished(sctx, status, before, m.cfg.RetentionBatch)
+		cancel()
+		if err != nil {
+			return err
+		}
+		deleted[status] += n
+		m.cfg.Metrics.deleted(status, n)
+		if n < int64(m.cfg.RetentionBatch) {
+			return nil
+		}
+		if err := sleep(ctx, max(m.cfg.BatchPause, time.Since(start))); err != nil {
+			return err
+		}
+	}
+}
+
+// retentionPass runs DeleteExpired and logs one line: what it deleted, and its error if any.
+func (m *Maintainer) retentionPass(ctx context.Context) {
+	start := time.Now()
+	deleted, err := m.DeleteExpired(ctx)
+	var total int64
+	attrs := []any{"duration", time.Since(start).Round(time.Millisecond)}
+	for _, s := range finalStatuses {
+		total += deleted[s]
+		attrs = append(attrs, string(s), deleted[s])
+	}
+	level := slog.LevelDebug
+	if total > 0 {
+		level = slog.LevelInfo
+	}
+	if err != nil && ctx.Err() == nil { // not a shutdown
+		level, attrs = slog.LevelWarn, append(attrs, "error", err)
+	}
+	m.cfg.Logger.Log(ctx, level, "retention pass deleted finished jobs", attrs...)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,256 @@
+package maintenance_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/clocktest"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/executor"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/maintenance"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+type testBundle struct {
+	*jobstest.Bundle
+	clock     *clocktest.Clock
+	reg       *prometheus.Registry
+	enqueuer  *dispatch.Enqueuer
+	inspector *asynq.Inspector
+	queue     string
+}
+
+// setup returns a job store, an asynq queue of the test's own, a registry holding the executor's
+// and maintenance's metrics, and a Maintainer on them configured by cfg (its Store, Tasks,
+// Finished, Metrics and Now are set here).
+func setup(t *testing.T, cfg maintenance.Config) (*testBundle, *maintenance.Maintainer) {
+	t.Helper()
+	redistest.Client(t) // fails the test when Redis is down
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	client, insp := asynq.NewClient(opt), asynq.NewInspector(opt)
+	b := &testBundle{Bundle: jobstest.New(t), clock: clocktest.New(time.Now()), reg: prometheus.NewRegistry(),
+		inspector: insp, queue: "llmq-test-" + redistest.Rand()}
+	t.Cleanup(func() {
+		_ = insp.DeleteQueue(b.queue, true)
+		require.NoError(t, insp.Close())
+		require.NoError(t, client.Close())
+	})
+	b.enqueuer = dispatch.NewEnqueuer(client, b.queue)
+	cfg.Store, cfg.Tasks, cfg.Now = b.Store, dispatch.NewTasks(insp, b.enqueuer), b.clock.Now
+	cfg.Finished = executor.NewMetrics(b.reg).Finished
+	cfg.Metrics = maintenance.NewMetrics(b.reg)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	}
+	return b, maintenance.New(cfg)
+}
+
+// taskState is the state of job id's asynq task (0: none).
+func (b *testBundle) taskState(t *testing.T, id string) asynq.TaskState {
+	t.Helper()
+	info, err := b.inspector.GetTaskInfo(b.queue, id)
+	if err != nil {
+		require.ErrorIs(t, err, asynq.ErrTaskNotFound)
+		return 0
+	}
+	return info.State
+}
+
+// status is job id's status.
+func (b *testBundle) status(t *testing.T, id string) jobs.Status {
+	t.Helper()
+	job, err := b.Store.Get(t.Context(), id)
+	require.NoError(t, err)
+	return job.Status
+}
+
+func TestMaintainer_FailOverdue(t *testing.T) {
+	t.Parallel()
+	b, m := setup(t, maintenance.Config{DeadlineBatch: 2})
+	ctx := t.Context()
+	start := b.clock.Now()
+
+	// Given jobs with a one-minute timeout that wait far past it: one holds a limiter slot an
+	// hour out (its task scheduled then), one waits for its retry, one for a worker (a backlog).
+	held := b.Create(t, jobstest.Opts{})
+	require.NoError(t, b.Store.HoldSlot(ctx, held.ID, start.Add(time.Hour), 7, 0))
+	require.NoError(t, b.enqueuer.Enqueue(ctx, held.ID, start.Add(time.Hour)))
+	retrying := b.Create(t, jobstest.Opts{})
+	b.Attempt(t, retrying.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	require.NoError(t, b.enqueuer.Enqueue(ctx, retrying.ID, start.Add(30*time.Minute)))
+	backlog := b.Create(t, jobstest.Opts{})
+	require.NoError(t, b.enqueuer.Enqueue(ctx, backlog.ID, time.Time{}))
+	// And one whose call is in flight (its lease is live), and one with time left.
+	inFlight := b.Create(t, jobstest.Opts{})
+	_, err := b.Store.BeginAttempt(ctx, inFlight.ID)
+	require.NoError(t, err)
+	later := b.Create(t, jobstest.Opts{Timeout: time.Hour})
+	require.NoError(t, b.enqueuer.Enqueue(ctx, later.ID, time.Time{}))
+
+	// Before the deadline, nothing is failed.
+	b.clock.Set(start.Add(59 * time.Second))
+	n, err := m.FailOverdue(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// Just past it, the waiting jobs are failed in one pass (two statements of two), their
+	// events written, their tasks gone, their ends counted.
+	b.clock.Set(start.Add(61 * time.Second))
+	n, err = m.FailOverdue(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	for _, id := range []string{held.ID, retrying.ID, backlog.ID} {
+		job, err := b.Store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusFailed, job.Status)
+		require.Equal(t, jobs.ReasonDeadlineExceeded, job.LastError.Class)
+		evs := b.Events(t, id)
+		require.Equal(t, jobs.StatusFailed, evs[len(evs)-1])
+		require.Zero(t, b.taskState(t, id), "the task of %s is deleted", id)
+	}
+	require.Equal(t, jobs.StatusRunning, b.status(t, inFlight.ID))
+	require.Equal(t, jobs.StatusQueued, b.status(t, later.ID))
+	require.Equal(t, asynq.TaskStatePending, b.taskState(t, later.ID))
+	failed := map[string]string{"credential": "default", "status": "failed"}
+	require.InDelta(t, 3, metric(t, b.reg, "llmq_jobs_finished_total", failed), 0)
+	require.InDelta(t, 3, metric(t, b.reg, "llmq_job_duration_seconds", failed), 0)
+
+	n, err = m.FailOverdue(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// metric is the value of the counter name with labels in reg, or the count of the histogram's
+// observations (0: no such series).
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue series
+				}
+			}
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+func TestMaintainer_DeleteExpired(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	b, m := setup(t, maintenance.Config{RetentionBatch: 2, BatchPause: time.Millisecond, Retention: map[jobs.Status]time.Duration{
+		jobs.StatusSucceeded: 7 * day, jobs.StatusFailed: 7 * day, jobs.StatusCanceled: 7 * day, jobs.StatusDead: 30 * day,
+	}})
+	ctx := t.Context()
+	finished := func(status jobs.Status, key string, ago time.Duration) string {
+		id := b.Finished(t, status, key)
+		b.FinishedAgo(t, id, ago)
+		return id
+	}
+	// Given expired jobs of each status, three succeeded ones (more than a batch)...
+	var expired []string
+	for i, s := range []jobs.Status{jobs.StatusSucceeded, jobs.StatusSucceeded, jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusCanceled} {
+		expired = append(expired, finished(s, "expired-"+string(rune('a'+i)), 8*day))
+	}
+	expired = append(expired, finished(jobs.StatusDead, "expired-dead", 31*day))
+	// ... and jobs to keep: finished within their retention, or not finished however old.
+	kept := []string{
+		finished(jobs.StatusSucceeded, "recent", 6*day),
+		finished(jobs.StatusDead, "dead-for-an-operator", 8*day),
+		b.Create(t, jobstest.Opts{}).ID,
+	}
+	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET created_at = now() - interval '60 days' WHERE id = $1`, kept[2])
+	require.NoError(t, err)
+	keptRows := map[string]map[string]int{}
+	for _, id := range kept {
+		keptRows[id] = b.Rows(t, id)
+	}
+
+	deleted, err := m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[jobs.Status]int64{jobs.StatusSucceeded: 3, jobs.StatusFailed: 1, jobs.StatusCanceled: 1, jobs.StatusDead: 1}, deleted)
+	for _, id := range expired {
+		require.Equal(t, map[string]int{"jobs": 0, "job_attempts": 0, "job_events": 0, "job_watches": 0, "idempotency_keys": 0},
+			b.Rows(t, id), "job %s and all it had", id)
+	}
+	for id, rows := range keptRows {
+		require.Equal(t, rows, b.Rows(t, id), "job %s is kept with all it has", id)
+	}
+	for status, want := range map[string]float64{"succeeded": 3, "failed": 1, "canceled": 1, "dead": 1} {
+		require.InDelta(t, want, metric(t, b.reg, "llmq_retention_deleted_total", map[string]string{"status": status}), 0, status)
+	}
+
+	// A day later the next dead job's time has come; a pass with nothing to do deletes nothing.
+	b.clock.Set(b.clock.Now().Add(23 * day))
+	deleted, err = m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[jobs.Status]int64{jobs.StatusSucceeded: 1, jobs.StatusFailed: 0, jobs.StatusCanceled: 0, jobs.StatusDead: 1}, deleted)
+}
+
+func TestMaintainer_RetentionOff(t *testing.T) {
+	t.Parallel()
+	b, m := setup(t, maintenance.Config{Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: time.Hour}})
+	succeeded := b.Finished(t, jobs.StatusSucceeded, "")
+	failed := b.Finished(t, jobs.StatusFailed, "")
+	for _, id := range []string{succeeded, failed} {
+		b.FinishedAgo(t, id, 365*24*time.Hour)
+	}
+
+	// A status without a retention period is kept forever.
+	deleted, err := m.DeleteExpired(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, map[jobs.Status]int64{jobs.StatusSucceeded: 1}, deleted)
+	require.Equal(t, 1, b.Rows(t, failed)["jobs"])
+}
+
+func TestMaintainer_Run(t *testing.T) {
+	t.Parallel()
+	cfg := maintenance.Config{Interval: 20 * time.Millisecond, RetentionInterval: 20 * time.Millisecond,
+		Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: time.Hour}}
+	b, m := setup(t, cfg)
+	overdue := b.Create(t, jobstest.Opts{})
+	old := b.Finished(t, jobs.StatusSucceeded, "")
+	b.FinishedAgo(t, old, 2*time.Hour)
+	b.clock.Set(b.clock.Now().Add(2 * time.Minute))
+	// A second process's Maintainer on the same database: only one leads at a time.
+	cfg.Store, cfg.Now = b.Store, b.clock.Now
+	second := maintenance.New(cfg)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 2)
+	go func() { done <- m.Run(ctx) }()
+	go func() { done <- second.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		return b.status(t, overdue.ID) == jobs.StatusFailed && b.Rows(t, old)["jobs"] == 0
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, []jobs.Status{"queued", "failed"}, b.Events(t, overdue.ID))
+	cancel()
+	for range 2 {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	}
+}
