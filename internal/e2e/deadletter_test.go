@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/alert"
@@ -69,8 +68,7 @@ func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
 	for range 3 {
 		later = append(later, b.submit(t, anthropicBody("waiting politely")))
 	}
-	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: "127.0.0.1:6379"})
-	defer insp.Close()
+	insp := b.inspector(t)
 	for _, id := range later {
 		require.Eventually(t, func() bool {
 			info, err := insp.GetTaskInfo(b.cfg.Worker.Queue, id)
@@ -106,7 +104,7 @@ func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
 // sees it.
 func (b *testBundle) limiterCredential(t *testing.T, name string) *limiter.Gate {
 	t.Helper()
-	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix})
+	lim, err := limiter.New(redistest.ClientOf(t, b.redisURL), &limiter.Config{Prefix: b.prefix})
 	require.NoError(t, err)
 	c, ok := b.cfg.Credential(name)
 	require.True(t, ok)

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llmsim"
@@ -16,19 +16,21 @@ import (
 
 func TestSubmit_Succeeds(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
+	redistest.OnEach(t, func(t *testing.T, r redistest.Target) {
+		b := setup(t, setupOpts{redisURL: r.URL})
 
-	id := b.submit(t, anthropicBody("hello there"))
-	job := b.waitTerminal(t, id)
+		id := b.submit(t, anthropicBody("hello there"))
+		job := b.waitTerminal(t, id)
 
-	require.Equal(t, "succeeded", job["status"])
-	require.EqualValues(t, 1, job["attempts"])
-	result := job["result"].(map[string]any)
-	require.Equal(t, "message", result["type"])
-	content := result["content"].([]any)[0].(map[string]any)
-	require.Contains(t, content["text"], "hello there")
-	require.NotNil(t, job["usage"])
-	require.Equal(t, 1, b.sim.Stats().Requests)
+		require.Equal(t, "succeeded", job["status"])
+		require.EqualValues(t, 1, job["attempts"])
+		result := job["result"].(map[string]any)
+		require.Equal(t, "message", result["type"])
+		content := result["content"].([]any)[0].(map[string]any)
+		require.Contains(t, content["text"], "hello there")
+		require.NotNil(t, job["usage"])
+		require.Equal(t, 1, b.sim.Stats().Requests)
+	})
 }
 
 func TestSubmit_OpenAICredential(t *testing.T) {
@@ -211,26 +213,27 @@ func TestAPI_Routes(t *testing.T) {
 
 func TestSweeper_RedisFlushLosesNoJob(t *testing.T) {
 	t.Parallel()
-	redisURL := redistest.Server(t) // private: FLUSHALL here touches no other test
-	b := setup(t, setupOpts{redisURL: redisURL, noWorker: true})
+	redistest.OnEach(t, func(t *testing.T, r redistest.Target) {
+		redisURL := r.Private(t) // private: FLUSHALL here touches no other test
+		b := setup(t, setupOpts{redisURL: redisURL, noWorker: true})
 
-	const n = 50
-	ids := make([]string, n)
-	for i := range n {
-		ids[i] = b.submit(t, anthropicBody("survive the flush"))
-	}
-	opt, err := redis.ParseURL(redisURL)
-	require.NoError(t, err)
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	require.NoError(t, rdb.FlushAll(context.Background()).Err())
-	keys, err := rdb.Keys(context.Background(), "*").Result()
-	require.NoError(t, err)
-	require.Empty(t, keys, "the flush removed every queued task")
+		const n = 50
+		ids := make([]string, n)
+		for i := range n {
+			ids[i] = b.submit(t, anthropicBody("survive the flush"))
+		}
+		rdb := redistest.ClientOf(t, redisURL)
+		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+		defer cancel()
+		require.NoError(t, redistest.FlushAll(ctx, rdb)) // every master of a cluster
+		keys, err := rdb.DBSize(ctx).Result()            // a cluster client sums its masters
+		require.NoError(t, err)
+		require.Zero(t, keys, "the flush removed every queued task")
 
-	b.startWorker(t)
-	for _, id := range ids {
-		require.Equal(t, "succeeded", b.waitTerminal(t, id)["status"])
-	}
-	require.Equal(t, n, b.sim.Stats().Requests)
+		b.startWorker(t)
+		for _, id := range ids {
+			require.Equal(t, "succeeded", b.waitTerminal(t, id)["status"])
+		}
+		require.Equal(t, n, b.sim.Stats().Requests)
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -46,14 +48,17 @@ type testBundle struct {
 	simURL string
 	apiURL string
 	dbURL  string
-	prefix string // Redis key prefix of this test's limiter and alerter
-	ctx    context.Context
-	pg     *pgtest.Proxy // with setupOpts.pgProxy: the proxy every process reaches Postgres through
+	// redisURL is the Redis (or Redis Cluster) of this test, and prefix the key prefix of its
+	// limiter, breaker and alerter there.
+	redisURL string
+	prefix   string
+	ctx      context.Context
+	pg       *pgtest.Proxy // with setupOpts.pgProxy: the proxy every process reaches Postgres through
 }
 
 type setupOpts struct {
 	sim        llmsim.Config
-	redisURL   string // default: the shared test Redis
+	redisURL   string // default: the shared test Redis; a redis-cluster:// URL runs on a cluster
 	noWorker   bool   // start the worker later with startWorker
 	webhookURL string // alerts.webhook_url
 	limits     string // YAML limits of credential "default", e.g. "{requests_per_second: 10, burst: 20}"
@@ -79,6 +84,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	if redisURL == "" {
 		redisURL = redistest.URL()
 	}
+	queue := redistest.Queue(t, redisURL) // removed after the processes below stopped
 	dbURL := pgtest.URL(t)
 	var proxy *pgtest.Proxy
 	if o.pgProxy {
@@ -88,7 +94,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 database_url: %s
 redis_url: %s
 api: { allow_anonymous: true, max_body_bytes: 65536 }
-worker: { concurrency: 50, queue: llmq-test-%s, sweep_interval: 100ms, metrics_listen: "off"%s }
+worker: { concurrency: 50, queue: %s, sweep_interval: 100ms, metrics_listen: "off"%s }
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
@@ -96,7 +102,7 @@ credentials:
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 alerts: { webhook_url: %q }
 %s
-`, dbURL, redisURL, redistest.Rand(), extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
+`, dbURL, redisURL, queue, extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == "SIM_KEY" {
 			return simKey
@@ -105,7 +111,8 @@ alerts: { webhook_url: %q }
 	})
 	require.NoError(t, err)
 
-	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, prefix: redistest.Prefix(t), ctx: ctx, pg: proxy}
+	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, redisURL: redisURL,
+		prefix: redistest.PrefixOn(t, redisURL), ctx: ctx, pg: proxy}
 	pool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -136,6 +143,16 @@ func (b *testBundle) startWorker(t *testing.T) {
 		require.NoError(t, <-done)
 		pool.Close()
 	})
+}
+
+// inspector returns an asynq Inspector on the test's Redis, closed when the test ends.
+func (b *testBundle) inspector(t *testing.T) *asynq.Inspector {
+	t.Helper()
+	opt, err := dispatch.RedisConnOpt(b.redisURL)
+	require.NoError(t, err)
+	insp := asynq.NewInspector(opt)
+	t.Cleanup(func() { _ = insp.Close() })
+	return insp
 }
 
 type response struct {

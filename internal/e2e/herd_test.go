@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/redistest"
 )
 
 // A burst against a provider bucket: the shared limiter spreads it so that no request is
@@ -23,8 +24,8 @@ func TestHerd_SharedLimiterAvoids429s(t *testing.T) {
 	// the 30 would still be refused; the exact figures on a quiet machine are the herd bench's.
 	sim := llmsim.Config{Capacity: 15, RefillPerSecond: 20}
 
-	run := func(t *testing.T, limits string) (requests, refused int) {
-		b := setup(t, setupOpts{sim: sim, limits: limits})
+	run := func(t *testing.T, redisURL, limits string) (requests, refused int) {
+		b := setup(t, setupOpts{sim: sim, redisURL: redisURL, limits: limits})
 		ids := make([]string, n)
 		var wg sync.WaitGroup
 		for i := range n {
@@ -42,15 +43,17 @@ func TestHerd_SharedLimiterAvoids429s(t *testing.T) {
 		return st.Requests, st.ByStatus[429]
 	}
 
-	t.Run("Configured", func(t *testing.T) {
-		t.Parallel()
-		requests, refused := run(t, "{requests_per_second: 20, burst: 5}")
-		require.Zero(t, refused)
-		require.Equal(t, n, requests)
-	})
-	t.Run("Learned", func(t *testing.T) {
-		t.Parallel()
-		requests, refused := run(t, "")
-		require.LessOrEqual(t, requests, n+n/10, "refused %d", refused)
+	redistest.OnEach(t, func(t *testing.T, r redistest.Target) {
+		t.Run("Configured", func(t *testing.T) {
+			t.Parallel()
+			requests, refused := run(t, r.URL, "{requests_per_second: 20, burst: 5}")
+			require.Zero(t, refused)
+			require.Equal(t, n, requests)
+		})
+		t.Run("Learned", func(t *testing.T) {
+			t.Parallel()
+			requests, refused := run(t, r.URL, "")
+			require.LessOrEqual(t, requests, n+n/10, "refused %d", refused)
+		})
 	})
 }
