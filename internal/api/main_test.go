@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -226,12 +228,20 @@ func (s *stream) close() {
 // next returns the next frame, or ok=false at the end of the stream.
 func (s *stream) next(t *testing.T) (f sseFrame, ok bool) {
 	t.Helper()
+	f, ok, err := readFrame(s.lines)
+	require.NoError(t, err)
+	return f, ok
+}
+
+// readFrame reads the next frame of an event stream, or ok=false at its end. It fails on a read
+// error (a timeout, say), a line that is no SSE field and a stream that ends inside a frame.
+func readFrame(lines *bufio.Scanner) (f sseFrame, ok bool, err error) {
 	started := false
-	for s.lines.Scan() {
-		line := s.lines.Text()
+	for lines.Scan() {
+		line := lines.Text()
 		if line == "" {
 			if started {
-				return f, true
+				return f, true, nil
 			}
 			continue
 		}
@@ -248,12 +258,16 @@ func (s *stream) next(t *testing.T) (f sseFrame, ok bool) {
 		case "data":
 			f.data = v
 		default:
-			t.Fatalf("unexpected line %q", line)
+			return f, false, fmt.Errorf("unexpected line %q", line)
 		}
 	}
-	require.NoError(t, s.lines.Err(), "stream read failed (timed out?)")
-	require.False(t, started, "stream ended inside a frame")
-	return f, false
+	if err := lines.Err(); err != nil {
+		return f, false, fmt.Errorf("stream read failed (timed out?): %w", err)
+	}
+	if started {
+		return f, false, errors.New("stream ended inside a frame")
+	}
+	return f, false, nil
 }
 
 // nextEvent skips comments and returns the next event; it fails at the end of the stream.

@@ -22,9 +22,9 @@ import (
 //
 // How it follows: it subscribes to the process's Listener (Postgres LISTEN/NOTIFY, so transitions
 // made by any worker or replica arrive) and watches the job (Store.Watch: only watched jobs'
-// transitions are announced) before its first read, and on each signal re-reads the
-// events after the last one sent, so no transition is lost between a read and a notification and
-// none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
+// transitions are announced; it returns once every transition is either committed or sure to be
+// announced) before its first read, and on each signal re-reads the events after the last one
+// sent, so no transition is lost between a read and a notification and none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
 // was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The caller first: who may not see the job learns nothing from the header's validation.
