@@ -14,7 +14,8 @@ import (
 // job_events table. Event name = the new status, id = the per-job sequence number, data = the job
 // JSON (its state when the event is sent, with "status" set to the event's status; the terminal
 // event therefore carries the result or the error). The stream closes after the event that leaves
-// the job terminal.
+// the job terminal; a reconnect after it (Last-Event-ID at or past the terminal event) is answered
+// 204 No Content, which ends an EventSource for good.
 //
 // Where it starts: after Last-Event-ID when the client sends one (so a reconnect gets exactly the
 // events it missed; "0" replays the whole history), else at the job's latest event (its current
@@ -36,6 +37,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	last, resume, err := lastEventID(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	if resume && job.Status.Terminal() && last >= job.EventSeq {
+		// The client has the terminal event: nothing will ever follow. 204 is what makes an
+		// EventSource stop reconnecting (a 200 with an empty stream makes it come back forever).
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	var notify <-chan int
