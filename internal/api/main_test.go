@@ -21,6 +21,7 @@ import (
 
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
@@ -113,7 +114,8 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	if o.wrap != nil {
 		h = o.wrap(b.srv)
 	}
-	hs := httptest.NewServer(h)
+	// Every answer of every test must be one that api/openapi.yaml describes.
+	hs := httptest.NewServer(openapitest.Handler(t, h))
 	t.Cleanup(hs.Close)
 	t.Cleanup(b.srv.Shutdown) // runs first: ends any stream a failed test left open
 	b.url = hs.URL
@@ -141,7 +143,7 @@ func (b *testBundle) attempt(t *testing.T, id string, o jobs.Outcome) {
 	job, err := b.store.BeginAttempt(ctx, id)
 	require.NoError(t, err)
 	if o.Status == jobs.StatusRetrying {
-		o.LastError = &jobs.LastError{Class: "server_error", Status: 503, Message: "overloaded"}
+		o.LastError = &jobs.LastError{Class: "retryable", Status: 503, Message: "overloaded"}
 	}
 	applied, err := b.store.Finish(ctx, id, &jobs.Attempt{
 		Number: job.Attempts, Credential: "default", StartedAt: time.Now(), Latency: time.Millisecond, Class: "ok",

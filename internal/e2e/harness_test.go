@@ -23,6 +23,7 @@ import (
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/worker"
@@ -112,7 +113,8 @@ alerts: { webhook_url: %q }
 	apiSrv, closeAPI, err := api.FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = closeAPI() })
-	hs := httptest.NewServer(apiSrv)
+	// Every answer of every end-to-end test must be one that api/openapi.yaml describes.
+	hs := httptest.NewServer(openapitest.Handler(t, apiSrv))
 	t.Cleanup(hs.Close)
 	b.apiURL = hs.URL
 	if !o.noWorker {
