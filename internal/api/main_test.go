@@ -58,6 +58,7 @@ type setupOpts struct {
 	credentials []string                   // configured credentials; default ["default"]
 	submitRate  *tenant.RateLimiter        // the tenants' submit rate; default unlimited
 	logger      *slog.Logger               // default: discard
+	signer      *StreamSigner              // signs events_url; default none
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -97,6 +98,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Submit: SubmitConfig{Credentials: o.credentials}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
+		StreamSigner: o.signer,
 	}
 	if !o.noListener {
 		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})
@@ -207,8 +209,14 @@ type stream struct {
 // advances through its keep-alive re-read fails a test that expects notifications.
 func openStream(t *testing.T, base, id, lastID string) *stream {
 	t.Helper()
+	return openStreamPath(t, base, "/v1/jobs/"+id+"/events", lastID)
+}
+
+// openStreamPath is openStream of a path (a signed events_url, say).
+func openStreamPath(t *testing.T, base, path, lastID string) *stream {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/jobs/"+id+"/events", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	require.NoError(t, err)
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)

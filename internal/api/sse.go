@@ -29,7 +29,12 @@ import (
 // was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The caller first: who may not see the job learns nothing from the header's validation.
-	job, err := s.job(r)
+	job, signed, err := s.streamJob(r)
+	if signed {
+		// A signed URL carries its own authorization, and no cookie is involved: a page of any
+		// origin may follow the job it was handed the URL of.
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+	}
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return

@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 
 const simKey = "sk-test-e2e-key"
 
+// streamKey signs the API's events_url.
+const streamKey = "e2e-stream-url-key-0123456789abcdef"
+
 type testBundle struct {
 	cfg    *config.Config
 	sim    *llmsim.Server
@@ -88,7 +91,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	yaml := fmt.Sprintf(`
 database_url: %s
 redis_url: %s
-api: { allow_anonymous: true, max_body_bytes: 65536 }
+api: { allow_anonymous: true, max_body_bytes: 65536, stream_secret_env: STREAM_KEY }
 worker: { concurrency: 50, queue: llmq-test-%s, sweep_interval: 100ms, metrics_listen: "off"%s }
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
@@ -99,8 +102,11 @@ alerts: { webhook_url: %q }
 %s
 `, dbURL, redisURL, redistest.Rand(), extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
-		if k == "SIM_KEY" {
+		switch k {
+		case "SIM_KEY":
 			return simKey
+		case "STREAM_KEY":
+			return streamKey
 		}
 		return ""
 	})
