@@ -7,9 +7,11 @@ GO ?= go
 run: build
 	scripts/run-local.sh
 
-## test: every test, with the race detector, against the local Postgres and Redis
+## test: the API description's lint and typed client, then every Go test with the race
+## detector against the local Postgres and Redis (npm installs test/js when it is stale)
 test:
 	scripts/services.sh
+	scripts/js.sh check
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...

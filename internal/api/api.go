@@ -64,6 +64,9 @@ type Config struct {
 	// proxies; each also re-reads the job's events, a fallback should a notification be lost.
 	// Default 15s.
 	KeepAlive time.Duration
+	// StreamSigner signs the events_url of every job answered, and checks the token of such a
+	// URL. nil: jobs carry no events_url and event streams need a bearer token.
+	StreamSigner *StreamSigner
 }
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.
@@ -215,7 +218,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, job)
+	writeJSON(w, http.StatusOK, s.answer(job))
 }
 
 // job returns the job named by the path for the caller's tenant; another tenant's job is
@@ -255,7 +258,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 			s.cfg.Logger.WarnContext(r.Context(), "abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}
-	writeJSON(w, http.StatusOK, job)
+	writeJSON(w, http.StatusOK, s.answer(job))
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
@@ -55,6 +58,7 @@ type setupOpts struct {
 	credentials []string                   // configured credentials; default ["default"]
 	submitRate  *tenant.RateLimiter        // the tenants' submit rate; default unlimited
 	logger      *slog.Logger               // default: discard
+	signer      *StreamSigner              // signs events_url; default none
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -94,6 +98,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Submit: SubmitConfig{Credentials: o.credentials}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
+		StreamSigner: o.signer,
 	}
 	if !o.noListener {
 		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})
@@ -111,7 +116,8 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	if o.wrap != nil {
 		h = o.wrap(b.srv)
 	}
-	hs := httptest.NewServer(h)
+	// Every answer of every test must be one that api/openapi.yaml describes.
+	hs := httptest.NewServer(openapitest.Handler(t, h))
 	t.Cleanup(hs.Close)
 	t.Cleanup(b.srv.Shutdown) // runs first: ends any stream a failed test left open
 	b.url = hs.URL
@@ -139,7 +145,7 @@ func (b *testBundle) attempt(t *testing.T, id string, o jobs.Outcome) {
 	job, err := b.store.BeginAttempt(ctx, id)
 	require.NoError(t, err)
 	if o.Status == jobs.StatusRetrying {
-		o.LastError = &jobs.LastError{Class: "server_error", Status: 503, Message: "overloaded"}
+		o.LastError = &jobs.LastError{Class: "retryable", Status: 503, Message: "overloaded"}
 	}
 	applied, err := b.store.Finish(ctx, id, &jobs.Attempt{
 		Number: job.Attempts, Credential: "default", StartedAt: time.Now(), Latency: time.Millisecond, Class: "ok",
@@ -203,8 +209,14 @@ type stream struct {
 // advances through its keep-alive re-read fails a test that expects notifications.
 func openStream(t *testing.T, base, id, lastID string) *stream {
 	t.Helper()
+	return openStreamPath(t, base, "/v1/jobs/"+id+"/events", lastID)
+}
+
+// openStreamPath is openStream of a path (a signed events_url, say).
+func openStreamPath(t *testing.T, base, path, lastID string) *stream {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/jobs/"+id+"/events", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	require.NoError(t, err)
 	if lastID != "" {
 		req.Header.Set("Last-Event-ID", lastID)
@@ -226,12 +238,20 @@ func (s *stream) close() {
 // next returns the next frame, or ok=false at the end of the stream.
 func (s *stream) next(t *testing.T) (f sseFrame, ok bool) {
 	t.Helper()
+	f, ok, err := readFrame(s.lines)
+	require.NoError(t, err)
+	return f, ok
+}
+
+// readFrame reads the next frame of an event stream, or ok=false at its end. It fails on a read
+// error (a timeout, say), a line that is no SSE field and a stream that ends inside a frame.
+func readFrame(lines *bufio.Scanner) (f sseFrame, ok bool, err error) {
 	started := false
-	for s.lines.Scan() {
-		line := s.lines.Text()
+	for lines.Scan() {
+		line := lines.Text()
 		if line == "" {
 			if started {
-				return f, true
+				return f, true, nil
 			}
 			continue
 		}
@@ -248,12 +268,16 @@ func (s *stream) next(t *testing.T) (f sseFrame, ok bool) {
 		case "data":
 			f.data = v
 		default:
-			t.Fatalf("unexpected line %q", line)
+			return f, false, fmt.Errorf("unexpected line %q", line)
 		}
 	}
-	require.NoError(t, s.lines.Err(), "stream read failed (timed out?)")
-	require.False(t, started, "stream ended inside a frame")
-	return f, false
+	if err := lines.Err(); err != nil {
+		return f, false, fmt.Errorf("stream read failed (timed out?): %w", err)
+	}
+	if started {
+		return f, false, errors.New("stream ended inside a frame")
+	}
+	return f, false, nil
 }
 
 // nextEvent skips comments and returns the next event; it fails at the end of the stream.

@@ -17,7 +17,9 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/retrypolicy"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -69,43 +71,23 @@ type statusRecorder struct {
 func (rec *statusRecorder) wrap(s *Server) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, pattern := s.mux.Handler(r)
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &openapitest.Recorder{ResponseWriter: w}
 		s.ServeHTTP(sw, r)
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		key := r.Method + " " + pattern
-		if !slices.Contains(rec.seen[key], sw.status) {
-			rec.seen[key] = append(rec.seen[key], sw.status)
+		if !slices.Contains(rec.seen[key], sw.Status) {
+			rec.seen[key] = append(rec.seen[key], sw.Status)
 		}
 	})
 }
 
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(p)
-}
-
-// Unwrap lets http.ResponseController flush event streams through the recorder.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
 // TestOpenAPI_MatchesServer checks api/openapi.yaml against the server both ways: every route and
 // method the server registers is documented and every documented operation is registered; every
 // status the server answered below is documented for its operation, and every documented status
-// was answered (except 500, which only a bug produces).
+// was answered (except 500, which only a bug produces). The bodies are checked too: every test's
+// server (setup, and the end-to-end suite's) checks each answer against its schema
+// (openapitest.Handler).
 func TestOpenAPI_MatchesServer(t *testing.T) {
 	t.Parallel()
 	ops := loadOpenAPI(t)
@@ -159,13 +141,14 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 		b.do(t, http.MethodGet, path, "", bearer)                                                              // 401
 		b.do(t, http.MethodGet, strings.Replace(path, id, "0190a5b2-7c1e-7d3f-9a8b-123456789abc", 1), "", nil) // 404
 	}
-	b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)                                               // 200
-	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": "x"}) // 400
-	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", bearer)                                         // 401
-	b.do(t, http.MethodDelete, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", nil)           // 404
-	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                            // 200
-	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                            // 409
-	openStream(t, b.url, id, "").rest(t)                                                           // 200, ends: canceled
+	b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)                                                          // 200
+	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": "x"})            // 400
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", bearer)                                                    // 401
+	b.do(t, http.MethodDelete, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", nil)                      // 404
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                                       // 200
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                                       // 409
+	canceled := openStream(t, b.url, id, "").rest(t)                                                          // 200, ends: canceled
+	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": canceled[0].id}) // 204
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 		b.do(t, http.MethodGet, p, "", nil)
 	}
@@ -214,7 +197,37 @@ func setupUnavailable(t *testing.T, rec *statusRecorder) string {
 		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: true,
 		Submit: SubmitConfig{Credentials: []string{"default"}},
 	})
-	hs := httptest.NewServer(rec.wrap(s))
+	hs := httptest.NewServer(openapitest.Handler(t, rec.wrap(s)))
 	t.Cleanup(hs.Close)
 	return hs.URL
+}
+
+// TestOpenAPI_LastErrorClasses: LastError.class lists exactly the classes a job's last_error can
+// carry: every failure class of the retry policy, and the deadline.
+func TestOpenAPI_LastErrorClasses(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../api/openapi.yaml")
+	require.NoError(t, err)
+	var doc struct {
+		Components struct {
+			Schemas struct {
+				LastError struct {
+					Properties struct {
+						Class struct {
+							Enum []string `yaml:"enum"`
+						} `yaml:"class"`
+					} `yaml:"properties"`
+				} `yaml:"LastError"`
+			} `yaml:"schemas"`
+		} `yaml:"components"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &doc))
+	sent := []string{jobs.ReasonDeadlineExceeded}
+	for _, c := range []retrypolicy.Class{
+		retrypolicy.ClassRetryable, retrypolicy.ClassRateLimited, retrypolicy.ClassSpendCap, retrypolicy.ClassTimeout,
+		retrypolicy.ClassNetwork, retrypolicy.ClassPermanent, retrypolicy.ClassInternal, retrypolicy.ClassCanceled,
+	} {
+		sent = append(sent, string(c))
+	}
+	require.ElementsMatch(t, sent, doc.Components.Schemas.LastError.Properties.Class.Enum)
 }

@@ -14,7 +14,8 @@ import (
 // job_events table. Event name = the new status, id = the per-job sequence number, data = the job
 // JSON (its state when the event is sent, with "status" set to the event's status; the terminal
 // event therefore carries the result or the error). The stream closes after the event that leaves
-// the job terminal.
+// the job terminal; a reconnect after it (Last-Event-ID at or past the terminal event) is answered
+// 204 No Content, which ends an EventSource for good.
 //
 // Where it starts: after Last-Event-ID when the client sends one (so a reconnect gets exactly the
 // events it missed; "0" replays the whole history), else at the job's latest event (its current
@@ -22,13 +23,18 @@ import (
 //
 // How it follows: it subscribes to the process's Listener (Postgres LISTEN/NOTIFY, so transitions
 // made by any worker or replica arrive) and watches the job (Store.Watch: only watched jobs'
-// transitions are announced) before its first read, and on each signal re-reads the
-// events after the last one sent, so no transition is lost between a read and a notification and
-// none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
+// transitions are announced; it returns once every transition is either committed or sure to be
+// announced) before its first read, and on each signal re-reads the events after the last one
+// sent, so no transition is lost between a read and a notification and none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
 // was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The caller first: who may not see the job learns nothing from the header's validation.
-	job, err := s.job(r)
+	job, signed, err := s.streamJob(r)
+	if signed {
+		// A signed URL carries its own authorization, and no cookie is involved: a page of any
+		// origin may follow the job it was handed the URL of.
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+	}
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -36,6 +42,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	last, resume, err := lastEventID(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	if resume && job.Status.Terminal() && last >= job.EventSeq {
+		// The client has the terminal event: nothing will ever follow. 204 is what makes an
+		// EventSource stop reconnecting (a 200 with an empty stream makes it come back forever).
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	var notify <-chan int

@@ -44,7 +44,7 @@ func TestEvents_EveryTransitionInOrder(t *testing.T) {
 	require.Equal(t, map[string]any{"answer": float64(42)}, last["result"])
 	require.EqualValues(t, 3, last["attempts"])
 	retrying := jobData(t, got[2])
-	require.Equal(t, "server_error", retrying["last_error"].(map[string]any)["class"])
+	require.Equal(t, "retryable", retrying["last_error"].(map[string]any)["class"])
 }
 
 func TestEvents_LastEventIDResumes(t *testing.T) {
@@ -86,11 +86,16 @@ func TestEvents_LastEventIDResumes(t *testing.T) {
 		}
 	})
 
-	t.Run("AfterTerminalClosesAtOnce", func(t *testing.T) {
+	t.Run("AfterTerminalIsNoContent", func(t *testing.T) {
 		t.Parallel()
 		job := b.create(t, "")
 		b.failTwiceThenSucceed(t, job.ID)
-		require.Empty(t, openStream(t, b.url, job.ID, "7").rest(t))
+		for _, id := range []string{"7", "8", "100"} {
+			r := b.do(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events", "", map[string]string{"Last-Event-ID": id})
+			require.Equal(t, http.StatusNoContent, r.status, "Last-Event-ID %s", id)
+		}
+		// Before the terminal event, a reconnect still gets the rest.
+		require.Equal(t, []string{"succeeded/7"}, names(openStream(t, b.url, job.ID, "6").rest(t)))
 	})
 
 	t.Run("Invalid", func(t *testing.T) {

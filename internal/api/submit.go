@@ -317,10 +317,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Location", "/v1/jobs/"+job.ID)
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, job)
+		writeJSON(w, http.StatusOK, s.answer(job))
 		return
 	}
-	writeJSON(w, http.StatusAccepted, job)
+	writeJSON(w, http.StatusAccepted, s.answer(job))
 }
 
 // tenantMayUse refuses (403) a job naming a credential, primary or fallback, that the tenant

@@ -29,6 +29,14 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	if err != nil {
 		return nil, nil, err
 	}
+	var signer *StreamSigner
+	if key, err := cfg.API.StreamSecret(); err != nil {
+		return nil, nil, err
+	} else if key != nil {
+		if signer, err = NewStreamSigner(key, cfg.API.StreamURLTTL, nil); err != nil {
+			return nil, nil, err
+		}
+	}
 	rdb := dispatch.NewRedisClient(redisOpt)
 	// Concurrent submits share round trips for their enqueues. The client is closed with rdb
 	// (asynq refuses to close a connection it was given).
@@ -63,6 +71,7 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
+		StreamSigner: signer,
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	listening := make(chan error, 1)

@@ -86,6 +86,54 @@ type API struct {
 	// TenantSubmitRate, when set, limits each tenant's submits (POST /v1/jobs), shared by every
 	// API replica through Redis; above it the API answers 429 with Retry-After. Default: off.
 	TenantSubmitRate *SubmitRate `yaml:"tenant_submit_rate"`
+	// StreamSecretEnv or StreamSecretFile (not both) names where the key that signs event-stream
+	// URLs lives: an environment variable, or a file (trailing white space trimmed). It must be
+	// at least 32 bytes and the same on every API replica. With it, each job the API answers
+	// with carries events_url: a short-lived URL that follows that job alone, which a browser can
+	// open without a bearer token. Default: none (no events_url).
+	StreamSecretEnv  string `yaml:"stream_secret_env"`
+	StreamSecretFile string `yaml:"stream_secret_file"`
+	// StreamURLTTL is how long an events_url is accepted after it was issued (a stream opened
+	// in time runs to its end). Default 10m.
+	StreamURLTTL time.Duration `yaml:"stream_url_ttl"`
+
+	streamSecret    []byte
+	streamSecretErr error
+}
+
+// MinStreamSecretBytes is the shortest key api.stream_secret_* accepts (HMAC-SHA256's block is
+// 64 bytes; 32 random bytes are as strong as its output).
+const MinStreamSecretBytes = 32
+
+// StreamSecret returns the key that signs event-stream URLs: nil when none is configured, or
+// the error reading it met (an unset variable, an unreadable file, a key too short). It is read
+// at load time, but only the API uses it, so only the API fails on that error.
+func (a *API) StreamSecret() ([]byte, error) { return a.streamSecret, a.streamSecretErr }
+
+func (a *API) resolveStreamSecret(getenv func(string) string) {
+	var key string
+	switch {
+	case a.StreamSecretEnv != "":
+		key = getenv(a.StreamSecretEnv)
+		if key == "" {
+			a.streamSecretErr = fmt.Errorf("api.stream_secret_env: environment variable %s is not set", a.StreamSecretEnv)
+			return
+		}
+	case a.StreamSecretFile != "":
+		b, err := os.ReadFile(a.StreamSecretFile)
+		if err != nil {
+			a.streamSecretErr = fmt.Errorf("api.stream_secret_file: cannot read %q: %w", a.StreamSecretFile, errors.Unwrap(err))
+			return
+		}
+		key = strings.TrimSpace(string(b))
+	default:
+		return
+	}
+	if len(key) < MinStreamSecretBytes {
+		a.streamSecretErr = fmt.Errorf("api.stream_secret_*: the key is %d bytes, want at least %d", len(key), MinStreamSecretBytes)
+		return
+	}
+	a.streamSecret = []byte(key)
 }
 
 // SubmitRate is a request rate: Burst requests at once, then RequestsPerSecond.
@@ -251,6 +299,7 @@ func parse(data []byte, getenv func(string) string, secrets bool) (*Config, erro
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.API.resolveStreamSecret(getenv) // its error is the API's alone: see API.StreamSecret
 	if !secrets {
 		return &cfg, nil
 	}
@@ -266,6 +315,9 @@ func (c *Config) withDefaults() {
 	c.API.Listen = or(c.API.Listen, "127.0.0.1:8080")
 	if c.API.MaxBodyBytes == 0 {
 		c.API.MaxBodyBytes = 4 << 20
+	}
+	if c.API.StreamURLTTL == 0 {
+		c.API.StreamURLTTL = 10 * time.Minute
 	}
 	if c.Worker.Concurrency == 0 {
 		c.Worker.Concurrency = 200
@@ -321,6 +373,15 @@ func (c *Config) validate() error {
 	}
 	if r := c.API.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || r.Burst <= 0) {
 		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive")
+	}
+	if c.API.StreamSecretEnv != "" && c.API.StreamSecretFile != "" {
+		bad("api", "at most one of stream_secret_env and stream_secret_file")
+	}
+	if c.API.StreamSecretEnv != "" && !envVarRE.MatchString(c.API.StreamSecretEnv) {
+		bad("api.stream_secret_env", "must name an environment variable (letters, digits, '_'), not hold the key")
+	}
+	if c.API.StreamURLTTL < 0 {
+		bad("api.stream_url_ttl", "must be positive")
 	}
 	if c.Worker.Concurrency < 0 {
 		bad("worker.concurrency", "must be positive")

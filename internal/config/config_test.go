@@ -459,3 +459,56 @@ credentials:
 	require.True(t, ok)
 	require.Empty(t, main.APIKey())
 }
+
+func TestParse_StreamSecret(t *testing.T) {
+	t.Parallel()
+	key := strings.Repeat("k", config.MinStreamSecretBytes)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "stream.secret")
+	require.NoError(t, os.WriteFile(file, []byte(key+"\n"), 0o600))
+	short := filepath.Join(dir, "short.secret")
+	require.NoError(t, os.WriteFile(short, []byte(secret[:10]), 0o600))
+
+	for name, tc := range map[string]struct {
+		api     string
+		want    string // the key; "" for none
+		loadErr string // an error of the API's alone (StreamSecret)
+	}{
+		"None":       {api: `{}`},
+		"Env":        {api: `{stream_secret_env: STREAM_KEY}`, want: key},
+		"File":       {api: fmt.Sprintf(`{stream_secret_file: %q}`, file), want: key},
+		"EnvUnset":   {api: `{stream_secret_env: LLMQ_UNSET}`, loadErr: "LLMQ_UNSET is not set"},
+		"FileAbsent": {api: fmt.Sprintf(`{stream_secret_file: %q}`, file+".x"), loadErr: "cannot read"},
+		"TooShort":   {api: fmt.Sprintf(`{stream_secret_file: %q}`, short), loadErr: "want at least 32"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := config.Parse(minimal(goodCred, "api: "+tc.api+"\n"), func(k string) string {
+				if k == "STREAM_KEY" {
+					return key
+				}
+				return secretEnv(k)
+			})
+			require.NoError(t, err, "only the API fails on its own secret")
+			require.Equal(t, 10*time.Minute, cfg.API.StreamURLTTL)
+			got, err := cfg.API.StreamSecret()
+			if tc.loadErr != "" {
+				require.ErrorContains(t, err, tc.loadErr)
+				require.NotContains(t, err.Error(), secret[:10])
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, string(got))
+		})
+	}
+
+	for name, api := range map[string]string{
+		"Both":       fmt.Sprintf(`{stream_secret_env: K, stream_secret_file: %q}`, file),
+		"EnvHoldsIt": `{stream_secret_env: "` + key + `-"}`,
+		"NegTTL":     `{stream_url_ttl: -1s}`,
+	} {
+		_, err := config.Parse(minimal(goodCred, "api: "+api+"\n"), secretEnv)
+		require.Error(t, err, name)
+		require.NotContains(t, err.Error(), key, name)
+	}
+}

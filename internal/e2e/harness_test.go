@@ -25,6 +25,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/worker"
@@ -40,6 +41,9 @@ func TestMain(m *testing.M) {
 }
 
 const simKey = "sk-test-e2e-key"
+
+// streamKey signs the API's events_url.
+const streamKey = "e2e-stream-url-key-0123456789abcdef"
 
 type testBundle struct {
 	cfg    *config.Config
@@ -93,7 +97,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	yaml := fmt.Sprintf(`
 database_url: %s
 redis_url: %s
-api: { allow_anonymous: true, max_body_bytes: 65536 }
+api: { allow_anonymous: true, max_body_bytes: 65536, stream_secret_env: STREAM_KEY }
 worker: { concurrency: 50, queue: %s, sweep_interval: 100ms, metrics_listen: "off"%s }
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
@@ -104,8 +108,11 @@ alerts: { webhook_url: %q }
 %s
 `, dbURL, redisURL, queue, extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
-		if k == "SIM_KEY" {
+		switch k {
+		case "SIM_KEY":
 			return simKey
+		case "STREAM_KEY":
+			return streamKey
 		}
 		return ""
 	})
@@ -119,7 +126,8 @@ alerts: { webhook_url: %q }
 	apiSrv, closeAPI, err := api.FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = closeAPI() })
-	hs := httptest.NewServer(apiSrv)
+	// Every answer of every end-to-end test must be one that api/openapi.yaml describes.
+	hs := httptest.NewServer(openapitest.Handler(t, apiSrv))
 	t.Cleanup(hs.Close)
 	b.apiURL = hs.URL
 	if !o.noWorker {

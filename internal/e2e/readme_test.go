@@ -224,23 +224,33 @@ func (s *readmeStack) writeConfig(t *testing.T, dbURL, redisURL, simURL string) 
 	var cfg map[string]any
 	require.NoError(t, yaml.Unmarshal(raw, &cfg))
 	cfg["database_url"], cfg["redis_url"] = dbURL, redisURL
-	cfg["api"].(map[string]any)["listen"] = "127.0.0.1:0"
+	api := cfg["api"].(map[string]any)
+	api["listen"] = "127.0.0.1:0"
 	cfg["worker"].(map[string]any)["metrics_listen"] = "off"
 	require.NoError(t, os.MkdirAll(filepath.Join(s.dir, "configs"), 0o700))
+	if f, ok := api["stream_secret_file"].(string); ok {
+		s.copyRepoFile(t, f)
+	}
 	for _, c := range cfg["credentials"].([]any) {
 		cred := c.(map[string]any)
 		require.Regexp(t, `^http://(127\.0\.0\.1|localhost):8090$`, cred["base_url"], "credential %v: the test runs only the simulator", cred["name"])
 		cred["base_url"] = simURL
 		if f, ok := cred["api_key_file"].(string); ok {
-			require.False(t, filepath.IsAbs(f), "credential %v: a key file inside the repository", cred["name"])
-			key, err := os.ReadFile(filepath.Join(repoRoot, f))
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(filepath.Join(s.dir, f), key, 0o600))
+			s.copyRepoFile(t, f)
 		}
 	}
 	out, err := yaml.Marshal(cfg)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(s.dir, "configs", "local.yaml"), out, 0o600))
+}
+
+// copyRepoFile copies a file the config names (a key), relative to the repository, into s.dir.
+func (s *readmeStack) copyRepoFile(t *testing.T, f string) {
+	t.Helper()
+	require.False(t, filepath.IsAbs(f), "%s: a file inside the repository", f)
+	b, err := os.ReadFile(filepath.Join(repoRoot, f))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(s.dir, f), b, 0o600))
 }
 
 // stackProcess is one of the stack's programs, its log kept for the test's failure report.

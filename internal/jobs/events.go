@@ -47,10 +47,17 @@ SELECT seq, type, payload, created_at FROM job_events WHERE job_id = $1 AND seq 
 // notifies only for watched jobs: NOTIFY serializes commits, so unwatched transitions skip it).
 // An event stream calls it before its first read and again before ttl runs out; a stream that
 // ends simply stops renewing. Watching a job that does not exist is a no-op.
+//
+// When Watch returns, every transition of the job is either committed (a read sees it) or will
+// be announced: the watch takes a share lock on the job's row, which every transition updates.
+// A transition whose statement ran first holds the row until it commits, so Watch waits for
+// that commit; one that comes later waits for the watch's commit, and its notify trigger then
+// sees the watch. Without the lock, a transition that checked for watches before the watch
+// committed, and committed after the stream's read, was neither announced nor read.
 func (s *Store) Watch(ctx context.Context, id string, ttl time.Duration) error {
 	_, err := s.pool.Exec(ctx, `
 INSERT INTO job_watches (job_id, expires_at)
-SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM jobs WHERE id = $1
+SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM jobs WHERE id = $1 FOR SHARE
 ON CONFLICT (job_id) DO UPDATE SET expires_at = greatest(job_watches.expires_at, excluded.expires_at)`,
 		id, ttl.Milliseconds())
 	if err != nil {

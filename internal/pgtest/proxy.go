@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"encoding/binary"
 	"io"
 	"net"
@@ -18,6 +19,9 @@ import (
 //     transaction), without forwarding it: the server has committed by then, so the client sees
 //     a broken connection for writes that took effect. LoseNextAnswer does the same for the
 //     next transaction of one statement or more.
+//
+// And one barrier: HoldStatement stops a connection just before a given statement reaches the
+// server, until the test releases it.
 type Proxy struct {
 	ln     net.Listener
 	target string
@@ -28,6 +32,8 @@ type Proxy struct {
 	down      bool
 	refused   int
 	conns     map[net.Conn]struct{}
+	hold      *Hold   // armed, not yet reached (nil: none)
+	holds     []*Hold // every hold made, released when the proxy stops
 }
 
 // NewProxy starts a Proxy in front of the Postgres of dbURL and returns it with dbURL rewritten
@@ -68,6 +74,11 @@ func NewProxy(t testing.TB, dbURL string) (*Proxy, string) {
 	t.Cleanup(func() {
 		ln.Close()
 		f.Cut() // ends the pipes
+		f.mu.Lock()
+		for _, h := range f.holds {
+			h.Release() // so that no pipe waits for a test that has ended
+		}
+		f.mu.Unlock()
 		wg.Wait()
 	})
 	u.Host = ln.Addr().String()
@@ -112,6 +123,52 @@ func (f *Proxy) Restore() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.down = false
+}
+
+// Hold is a statement held by HoldStatement.
+type Hold struct {
+	match             []byte
+	reached, released chan struct{}
+	once              sync.Once
+}
+
+// HoldStatement arms a barrier: the next statement whose SQL text contains substr (a simple
+// Query, or the Parse that prepares it), on any connection, is not forwarded to Postgres until
+// the returned Hold is released; the connection's later messages wait behind it. Reached is
+// closed when a statement is held. A statement the connection prepared before is sent by name
+// only and is not recognised: give the pool default_query_exec_mode=exec, or hold a statement's
+// first run. One hold is armed at a time; arming another replaces one not yet reached.
+func (f *Proxy) HoldStatement(substr string) *Hold {
+	h := &Hold{reached: make(chan struct{}), released: make(chan struct{})}
+	h.match = []byte(substr)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hold = h
+	f.holds = append(f.holds, h)
+	return h
+}
+
+// Reached is closed once a statement is held.
+func (h *Hold) Reached() <-chan struct{} { return h.reached }
+
+// Release forwards the held statement (or, if none was held yet, lets the next one pass) and
+// disarms the hold. It is idempotent.
+func (h *Hold) Release() { h.once.Do(func() { close(h.released) }) }
+
+// takeHold returns the armed hold if the client message of type typ with body matches it,
+// disarming it.
+func (f *Proxy) takeHold(typ byte, body []byte) *Hold {
+	if typ != 'Q' && typ != 'P' {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.hold == nil || !bytes.Contains(body, f.hold.match) {
+		return nil
+	}
+	h := f.hold
+	f.hold = nil
+	return h
 }
 
 // Refused is how many connections the proxy refused while cut off.
@@ -160,7 +217,7 @@ func (f *Proxy) pipe(client net.Conn) {
 	}
 	defer server.Close()
 	go func() {
-		_, _ = io.Copy(server, client)
+		f.forward(server, client)
 		server.Close()
 	}()
 	// Every message from the server is a type byte and a length that counts itself (the
@@ -185,6 +242,46 @@ func (f *Proxy) pipe(client net.Conn) {
 			statements = 0
 		}
 		if _, err := client.Write(append(header, body...)); err != nil {
+			return
+		}
+	}
+}
+
+// forward copies the client's messages to the server, stopping at a held statement until its
+// release. The first message is the untyped startup packet (or a cancel request); every later one
+// is a type byte and a length that counts itself.
+func (f *Proxy) forward(server, client net.Conn) {
+	var length [4]byte
+	if _, err := io.ReadFull(client, length[:]); err != nil {
+		return
+	}
+	n := binary.BigEndian.Uint32(length[:])
+	if n < 4 || n > 10000 {
+		return // not a startup packet
+	}
+	startup := make([]byte, n)
+	copy(startup, length[:])
+	if _, err := io.ReadFull(client, startup[4:]); err != nil {
+		return
+	}
+	if _, err := server.Write(startup); err != nil {
+		return
+	}
+	header := make([]byte, 5)
+	for {
+		if _, err := io.ReadFull(client, header); err != nil {
+			return
+		}
+		msg := make([]byte, 5+binary.BigEndian.Uint32(header[1:])-4)
+		copy(msg, header)
+		if _, err := io.ReadFull(client, msg[5:]); err != nil {
+			return
+		}
+		if h := f.takeHold(msg[0], msg[5:]); h != nil {
+			close(h.reached)
+			<-h.released
+		}
+		if _, err := server.Write(msg); err != nil {
 			return
 		}
 	}

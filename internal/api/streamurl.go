@@ -1,0 +1,106 @@
+package api
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// StreamSigner issues and checks signed event-stream URLs: /v1/jobs/{id}/events?token=T, where T
+// is "<expiry, Unix seconds>.<HMAC-SHA256 of the job ID and the expiry>". A browser's EventSource
+// cannot send an Authorization header, and a tenant's bearer token is long-lived and opens every
+// job of the tenant: it must not sit in a page or a URL. A token opens one job's stream, for a
+// few minutes, and nothing else. Every replica holding the same key accepts every replica's
+// tokens; nothing is stored. Safe for concurrent use.
+type StreamSigner struct {
+	key []byte
+	ttl time.Duration
+	now func() time.Time
+}
+
+// NewStreamSigner returns a StreamSigner with key (at least 32 bytes) whose URLs are accepted for
+// ttl after they are issued (0: 10 minutes). now is the clock; nil means time.Now.
+func NewStreamSigner(key []byte, ttl time.Duration, now func() time.Time) (*StreamSigner, error) {
+	if len(key) < 32 {
+		return nil, fmt.Errorf("stream URL key: %d bytes, want at least 32", len(key))
+	}
+	if ttl <= 0 {
+		ttl = 10 * time.Minute
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &StreamSigner{key: key, ttl: ttl, now: now}, nil
+}
+
+// URL returns the signed event-stream URL of the job (a path: resolve it against the API's base
+// URL).
+func (s *StreamSigner) URL(jobID string) string {
+	exp := strconv.FormatInt(s.now().Add(s.ttl).Unix(), 10)
+	return "/v1/jobs/" + jobID + "/events?token=" + exp + "." + s.mac(jobID, exp)
+}
+
+func (s *StreamSigner) mac(jobID, exp string) string {
+	m := hmac.New(sha256.New, s.key)
+	// The prefix keeps these MACs apart from any other use of the key; the separator makes the
+	// message unambiguous (neither a UUID nor a number holds a newline).
+	m.Write([]byte("llmq event stream v1\n" + jobID + "\n" + exp))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// check verifies token for the job: nil, or the 401 to answer.
+func (s *StreamSigner) check(jobID, token string) error {
+	exp, sig, ok := strings.Cut(token, ".")
+	unix, err := strconv.ParseInt(exp, 10, 64)
+	if !ok || err != nil || !hmac.Equal([]byte(sig), []byte(s.mac(jobID, exp))) {
+		return streamTokenError("invalid_stream_token", "this stream URL is not valid for this job")
+	}
+	if !s.now().Before(time.Unix(unix, 0)) {
+		return streamTokenError("stream_token_expired", "this stream URL has expired; get the job again for a new events_url")
+	}
+	return nil
+}
+
+func streamTokenError(typ, message string) *httpError {
+	return &httpError{status: http.StatusUnauthorized, typ: typ, message: message}
+}
+
+// streamJob returns the job whose events the request asks for: authorized by a signed URL's
+// token when the query has one (signed reports so), else by the caller's bearer token.
+func (s *Server) streamJob(r *http.Request) (job *jobs.Job, signed bool, err error) {
+	tokens, signed := r.URL.Query()["token"]
+	if !signed {
+		job, err = s.job(r)
+		return job, false, err
+	}
+	if s.cfg.StreamSigner == nil {
+		return nil, true, streamTokenError("invalid_stream_token", "this server issues no stream URLs")
+	}
+	if err := s.cfg.StreamSigner.check(r.PathValue("id"), tokens[0]); err != nil {
+		return nil, true, err
+	}
+	job, err = s.cfg.Store.Get(r.Context(), r.PathValue("id"))
+	return job, true, err
+}
+
+// jobJSON is a job as the API answers with it: with its signed events_url when the server
+// issues them.
+type jobJSON struct {
+	*jobs.Job
+	EventsURL string `json:"events_url,omitempty"`
+}
+
+// answer returns what to encode for job.
+func (s *Server) answer(job *jobs.Job) any {
+	if s.cfg.StreamSigner == nil {
+		return job
+	}
+	return jobJSON{Job: job, EventsURL: s.cfg.StreamSigner.URL(job.ID)}
+}

@@ -1,0 +1,122 @@
+package api
+
+import (
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/clocktest"
+)
+
+var streamKey = []byte(strings.Repeat("0123456789abcdef", 2))
+
+func TestStreamURL(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Now())
+	signer, err := NewStreamSigner(streamKey, 10*time.Minute, clock.Now)
+	require.NoError(t, err)
+	// No anonymous access: a stream URL must open its stream by itself.
+	b := setup(t, setupOpts{signer: signer, noAnonymous: true})
+	token := b.newTenant(t, "acme")
+	submitted := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, token)
+	require.Equal(t, http.StatusAccepted, submitted.status)
+	id := submitted.body["id"].(string)
+	eventsURL := submitted.body["events_url"].(string)
+	require.True(t, strings.HasPrefix(eventsURL, "/v1/jobs/"+id+"/events?token="), eventsURL)
+	require.Equal(t, eventsURL, b.do(t, http.MethodGet, "/v1/jobs/"+id, "", token).body["events_url"],
+		"GET answers a URL too (the same while the clock stands still)")
+	other := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, token).body
+	otherID := other["id"].(string)
+
+	t.Run("Valid", func(t *testing.T) {
+		t.Parallel()
+		s := openStreamPath(t, b.url, eventsURL, "")
+		require.Equal(t, "*", s.resp.Header.Get("Access-Control-Allow-Origin"))
+		require.Equal(t, "queued/1", names([]sseFrame{s.nextEvent(t)})[0])
+	})
+	t.Run("AnotherReplica", func(t *testing.T) {
+		t.Parallel()
+		replicaSigner, err := NewStreamSigner(streamKey, time.Minute, clock.Now)
+		require.NoError(t, err)
+		replica := setup(t, setupOpts{dbURL: b.dbURL, signer: replicaSigner, noAnonymous: true})
+		s := openStreamPath(t, replica.url, eventsURL, "")
+		require.Equal(t, "queued/1", names([]sseFrame{s.nextEvent(t)})[0])
+	})
+	t.Run("OnlyTheStream", func(t *testing.T) {
+		t.Parallel()
+		_, query, _ := strings.Cut(eventsURL, "?")
+		r := b.do(t, http.MethodGet, "/v1/jobs/"+id+"?"+query, "", nil)
+		require.Equal(t, http.StatusUnauthorized, r.status)
+	})
+	refused := func(t *testing.T, base, path, want string) {
+		t.Helper()
+		r := do(t, base, http.MethodGet, path, "", nil)
+		require.Equal(t, http.StatusUnauthorized, r.status)
+		require.Equal(t, want, r.body["error"].(map[string]any)["type"])
+	}
+	t.Run("OtherJob", func(t *testing.T) {
+		t.Parallel()
+		refused(t, b.url, strings.Replace(eventsURL, id, otherID, 1), "invalid_stream_token")
+	})
+	t.Run("Tampered", func(t *testing.T) {
+		t.Parallel()
+		u, err := url.Parse(eventsURL)
+		require.NoError(t, err)
+		tok := u.Query().Get("token")
+		exp, sig, _ := strings.Cut(tok, ".")
+		n, err := strconv.ParseInt(exp, 10, 64)
+		require.NoError(t, err)
+		flipped := []byte(sig)
+		flipped[3] ^= 1
+		for name, bad := range map[string]string{
+			"LaterExpiry": strconv.FormatInt(n+3600, 10) + "." + sig,
+			"Signature":   exp + "." + string(flipped),
+			"NoSignature": exp,
+			"Empty":       "",
+			"OtherKey":    mustSigner(t, strings.Repeat("x", 32), clock).URL(id),
+		} {
+			path := u.Path + "?token=" + url.QueryEscape(bad)
+			if strings.HasPrefix(bad, "/") {
+				path = bad
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				refused(t, b.url, path, "invalid_stream_token")
+			})
+		}
+	})
+	t.Run("NotIssuedHere", func(t *testing.T) {
+		t.Parallel()
+		plain := setup(t, setupOpts{dbURL: b.dbURL})
+		refused(t, plain.url, eventsURL, "invalid_stream_token")
+		require.NotContains(t, plain.do(t, http.MethodGet, "/v1/jobs/"+id, "", token).body, "events_url")
+	})
+	t.Run("Expired", func(t *testing.T) {
+		t.Parallel()
+		clock := clocktest.New(time.Now())
+		replica := setup(t, setupOpts{dbURL: b.dbURL, signer: mustSigner(t, string(streamKey), clock), noAnonymous: true})
+		u := replica.do(t, http.MethodGet, "/v1/jobs/"+id, "", token).body["events_url"].(string)
+		clock.Advance(10*time.Minute - time.Second)
+		require.Equal(t, "queued/1", names([]sseFrame{openStreamPath(t, replica.url, u, "").nextEvent(t)})[0])
+		clock.Advance(time.Second)
+		refused(t, replica.url, u, "stream_token_expired")
+	})
+}
+
+func mustSigner(t *testing.T, key string, clock *clocktest.Clock) *StreamSigner {
+	t.Helper()
+	s, err := NewStreamSigner([]byte(key), 10*time.Minute, clock.Now)
+	require.NoError(t, err)
+	return s
+}
+
+func TestNewStreamSigner_ShortKey(t *testing.T) {
+	t.Parallel()
+	_, err := NewStreamSigner(streamKey[:31], time.Minute, nil)
+	require.Error(t, err)
+}

@@ -1,0 +1,73 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llmsim"
+)
+
+// TestReadme_EventSourceExample runs the README's JavaScript example as written, with Node and
+// the real npm eventsource package (test/js, installed by scripts/js.sh), against a stack of its
+// own: it submits, follows the job through its signed events_url, prints each event, and must
+// end by itself: after the terminal event the EventSource reconnects, gets 204 and closes, so
+// Node has nothing left to wait for.
+func TestReadme_EventSourceExample(t *testing.T) {
+	t.Parallel()
+	md, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	blocks := regexp.MustCompile("(?s)\n```js\n(.*?)```\n").FindAllStringSubmatch(string(md), -1)
+	require.Len(t, blocks, 1, "README.md has one ```js block: the EventSource example")
+	example := blocks[0][1]
+	require.LessOrEqual(t, strings.Count(example, "\n"), 12, "the example stays short")
+
+	script, err := filepath.Abs(filepath.Join(repoRoot, "scripts", "js.sh"))
+	require.NoError(t, err)
+	runJS(t, 5*time.Minute, nil, script) // npm ci when stale
+	// The simulator answers after 300 ms, so the stream opens on a job still queued or running.
+	b := setup(t, setupOpts{sim: llmsim.Config{Latency: 300 * time.Millisecond}})
+	out := runJS(t, time.Minute, []string{"LLMQ_API=" + b.apiURL}, "node", "--input-type=module", "--eval", example)
+
+	t.Logf("the example printed:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.GreaterOrEqual(t, len(lines), 2, "output:\n%s", out)
+	require.Equal(t, "closed", lines[len(lines)-1], "the 204 after the end closes the EventSource; output:\n%s", out)
+	var statuses []string
+	for _, l := range lines[:len(lines)-1] {
+		f := strings.Fields(l)
+		require.Len(t, f, 3, "a line per event: id, status, attempts; got %q", l)
+		statuses = append(statuses, f[1])
+	}
+	require.Equal(t, "succeeded", statuses[len(statuses)-1], "output:\n%s", out)
+	require.Subset(t, []string{"queued", "running", "succeeded"}, statuses, "output:\n%s", out)
+}
+
+// runJS runs a program in test/js with env added to this process's environment and returns its
+// standard output; it fails the test on a failure or after timeout, killing the program's whole
+// process group.
+func runJS(t *testing.T, timeout time.Duration, env []string, name string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir, cmd.Env = filepath.Join(repoRoot, "test", "js"), append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
+	require.NoError(t, ctx.Err(), "%s did not end within %s; output:\n%s%s", name, timeout, stdout.String(), stderr.String())
+	require.NoError(t, err, "%s: %s%s", name, stdout.String(), stderr.String())
+	return stdout.String()
+}

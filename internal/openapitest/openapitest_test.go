@@ -1,0 +1,65 @@
+package openapitest_test
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/openapitest"
+)
+
+const job = `{"id":"0190a5b2-7c1e-7d3f-9a8b-123456789abc","status":"retrying","credential":"default",
+"fallbacks":[],"answered_by":null,"attempt_timeout":null,"first_byte_timeout":null,"idempotency_key":null,
+"attempts":1,"max_attempts":5,"timeout":"1m0s","deadline":"2026-12-01T10:00:00Z","created_at":"2026-12-01T09:59:00Z",
+"started_at":"2026-12-01T09:59:01Z","finished_at":null,"next_attempt_at":null,
+"last_error":{"class":"CLASS","status":503,"message":"overloaded"},"result":null,"usage":null,"dead_reason":null,
+"metadata":{"order":"42"}}`
+
+func TestSpec_Check(t *testing.T) {
+	t.Parallel()
+	s := openapitest.Load(t)
+	jsonHeader := http.Header{"Content-Type": {"application/json"}}
+	stream := http.Header{"Content-Type": {"text/event-stream"}}
+	withClass := func(c string) []byte {
+		return []byte(strings.ReplaceAll(job, "CLASS", c))
+	}
+	const id = "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc"
+
+	for name, tc := range map[string]struct {
+		method, path string
+		status       int
+		header       http.Header
+		body         []byte
+		ok           bool
+	}{
+		"Job":                    {"GET", id, 200, jsonHeader, withClass("retryable"), true},
+		"ClassNeverSent":         {"GET", id, 200, jsonHeader, withClass("server_error"), false},
+		"UndocumentedStatus":     {"GET", id, 418, jsonHeader, []byte(`{"error":{"type":"x","message":"y"}}`), false},
+		"Error":                  {"GET", id, 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
+		"ErrorWithoutMessage":    {"GET", id, 404, jsonHeader, []byte(`{"error":{"type":"not_found"}}`), false},
+		"WrongContentType":       {"GET", id, 404, http.Header{"Content-Type": {"text/plain"}}, []byte(`x`), false},
+		"UnknownPath":            {"GET", "/nope", 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
+		"UnknownPathAnswered200": {"GET", "/nope", 200, jsonHeader, []byte(`{}`), false},
+		"MethodNotAllowed":       {"PUT", id, 405, http.Header{"Content-Type": {"application/json"}, "Allow": {"DELETE, GET"}}, []byte(`{"error":{"type":"method_not_allowed","message":"no"}}`), true},
+		"NoContent":              {"GET", id + "/events", 204, http.Header{}, nil, true},
+		"NoContentWithBody":      {"GET", id + "/events", 204, http.Header{}, []byte("x"), false},
+		"Events":                 {"GET", id + "/events", 200, stream, []byte("event: retrying\nid: 3\ndata: " + string(bytes.ReplaceAll(withClass("retryable"), []byte("\n"), nil)) + "\n\n: keep-alive\n\n"), true},
+		"EventDataInvalid":       {"GET", id + "/events", 200, stream, []byte("event: retrying\nid: 3\ndata: " + string(bytes.ReplaceAll(withClass("server_error"), []byte("\n"), nil)) + "\n\n"), false},
+		"EventCutShort":          {"GET", id + "/events", 200, stream, []byte("event: retrying\nid: 3\ndata: {\"id"), true},
+		"SubmitOpenRequest":      {"POST", "/v1/jobs", 202, jsonHeader, withClass("timeout"), true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			err := s.Check(tc.method, tc.path, tc.status, tc.header, tc.body)
+			if tc.ok {
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+				t.Log(err)
+			}
+		})
+	}
+}
