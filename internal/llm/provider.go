@@ -86,9 +86,10 @@ var ErrFirstByteTimeout = errors.New("no response body byte within the first-byt
 type Response struct {
 	// StatusCode is the HTTP status.
 	StatusCode int
-	// Body is the provider's JSON, verbatim.
+	// Body is the provider's JSON, verbatim except that the API key, if the provider echoed it, is
+	// masked byte for byte.
 	Body []byte
-	// Header is the response header.
+	// Header is the response header, the API key redacted.
 	Header http.Header
 	// Usage is the token usage reported in Body; zero when absent.
 	Usage Usage
@@ -126,6 +127,7 @@ type client struct {
 	d        dialect
 	url      string
 	apiKey   string
+	red      redactor
 	http     *http.Client
 	now      func() time.Time
 	maxBytes int64
@@ -157,6 +159,7 @@ func New(cfg Config) (Provider, error) {
 		d:        d,
 		url:      endpoint,
 		apiKey:   cfg.APIKey,
+		red:      newRedactor(cfg.APIKey),
 		now:      cfg.Now,
 		maxBytes: cfg.MaxResponseBytes,
 	}
@@ -270,20 +273,22 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		ttfb = min(max(tr.first.Sub(start), 0), latency)
 	}
 	rl := c.d.rateLimit(resp.Header, received)
+	header := c.red.header(resp.Header)
 
 	if !ok {
 		if readErr != nil && ctx.Err() != nil {
 			return nil, c.transportError(ctx, "read response body", readErr)
 		}
 		// Any other read failure still leaves an authoritative status: report it.
-		return nil, c.statusError(resp, data[:min(int64(len(data)), limit)], rl, latency, ttfb)
+		cut := int64(len(data)) > limit
+		return nil, c.statusError(resp.StatusCode, header, data[:min(int64(len(data)), limit)], cut, rl, latency, ttfb)
 	}
 	if readErr != nil {
 		return nil, c.transportError(ctx, "read response body", readErr)
 	}
 	out := &Response{
 		StatusCode:      resp.StatusCode,
-		Header:          resp.Header,
+		Header:          header,
 		RateLimit:       rl,
 		Latency:         latency,
 		TimeToFirstByte: ttfb,
@@ -291,13 +296,16 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 	if int64(len(data)) > limit {
 		return out, fmt.Errorf("llm: read response body: %w (limit %d bytes)", ErrResponseTooLarge, limit)
 	}
+	// The key inside a string is masked byte for byte, which keeps the JSON valid; one anywhere
+	// else makes the body unusable, and the check below says so.
+	c.red.maskBytes(data)
 	out.Body = data
 	var top struct {
 		Usage json.RawMessage `json:"usage"`
 	}
 	if !isJSONObject(data) || json.Unmarshal(data, &top) != nil {
 		return out, fmt.Errorf("llm: decode %d response (%d bytes, content-type %q): %w",
-			resp.StatusCode, len(data), resp.Header.Get("Content-Type"), ErrDecode)
+			resp.StatusCode, len(data), c.red.clean(header.Get("Content-Type"), maxHeaderTextLen), ErrDecode)
 	}
 	out.Usage = c.d.usage(top.Usage)
 	return out, nil
@@ -312,26 +320,33 @@ func (c *client) transportError(ctx context.Context, op string, err error) error
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return &TransportError{Op: op, Err: ctxErr}
 	}
-	if c.apiKey != "" && strings.Contains(err.Error(), c.apiKey) {
-		err = &redactedError{msg: redact(err.Error(), c.apiKey), err: err}
+	// net/http quotes what a broken server sent ("malformed HTTP response ..."): untrusted text.
+	if msg := err.Error(); c.red.clean(msg, maxMessageLen) != msg {
+		err = &redactedError{msg: c.red.clean(msg, maxMessageLen), err: err}
 	}
 	return &TransportError{Op: op, Err: err}
 }
 
-func (c *client) statusError(resp *http.Response, data []byte, rl RateLimit, latency, ttfb time.Duration) *StatusError {
+// statusError builds the *StatusError of a non-2xx answer. header is already redacted; data is
+// the body read, cut when the body was longer. Every text is cleaned (control characters, the
+// key) before it is cut.
+func (c *client) statusError(status int, header http.Header, data []byte, cut bool, rl RateLimit, latency, ttfb time.Duration) *StatusError {
 	typ, code, msg, parsed := parseErrorBody(data)
-	if !parsed {
-		msg = excerpt(data)
+	if parsed {
+		msg = c.red.clean(msg, maxMessageLen)
+	} else {
+		msg = c.red.excerpt(data, cut)
 	}
+	typ, code = c.red.clean(typ, maxHeaderTextLen), c.red.clean(code, maxHeaderTextLen)
 	if msg == "" && typ == "" && code == "" {
-		msg = http.StatusText(resp.StatusCode)
+		msg = http.StatusText(status)
 	}
 	return &StatusError{
-		StatusCode:      resp.StatusCode,
-		Type:            truncate(redact(typ, c.apiKey), 128),
-		Code:            truncate(redact(code, c.apiKey), 128),
-		Message:         truncate(redact(msg, c.apiKey), maxMessageLen),
-		Header:          resp.Header,
+		StatusCode:      status,
+		Type:            typ,
+		Code:            code,
+		Message:         msg,
+		Header:          header,
 		RateLimit:       rl,
 		Latency:         latency,
 		TimeToFirstByte: ttfb,
@@ -354,16 +369,20 @@ func checkRequestBody(body []byte) error {
 	return nil
 }
 
-func isJSONObject(data []byte) bool {
+func isJSONObject(data []byte) bool { return startsObject(data) && json.Valid(data) }
+
+// startsObject reports whether data's first byte after white space opens a JSON object: an HTML
+// page or a run of white space is refused without a parse.
+func startsObject(data []byte) bool {
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
-	return len(trimmed) > 0 && trimmed[0] == '{' && json.Valid(data)
+	return len(trimmed) > 0 && trimmed[0] == '{'
 }
 
 // parseErrorBody reads either provider's error JSON, and the common variants of
 // OpenAI-compatible servers ({"error":"text"}, {"message":"text"}, {"detail":"text"}).
 func parseErrorBody(data []byte) (typ, code, msg string, ok bool) {
 	var top map[string]json.RawMessage
-	if json.Unmarshal(data, &top) != nil || top == nil {
+	if !startsObject(data) || json.Unmarshal(data, &top) != nil || top == nil {
 		return "", "", "", false
 	}
 	if raw, found := top["error"]; found {
@@ -409,14 +428,6 @@ func jsonText(raw json.RawMessage) string {
 		}
 	}
 	return ""
-}
-
-// excerpt is a short, single-line, valid UTF-8 prefix of an unparseable body.
-func excerpt(data []byte) string {
-	const n = 200
-	s := strings.ToValidUTF8(string(data[:min(len(data), 4*n)]), "")
-	s = strings.Join(strings.Fields(s), " ")
-	return truncate(s, n)
 }
 
 // ttfbReader records when the first body byte was read, and stops the first-byte timer then.
