@@ -80,6 +80,12 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		a.LeaseToken = *job.LeaseToken
 	}
 	d := retrypolicy.Classify(callErr, now)
+	if d.MalformedRetryAfter {
+		// The provider asked for a retry without a usable hint: say so once, with what it sent
+		// (a value cut to 64 bytes, the key already redacted from it by internal/llm).
+		e.cfg.Logger.WarnContext(ctx, "unusable Retry-After from the provider: a retry without a hint (backoff), not a spend cap",
+			"credential", up.Name, "job_id", job.ID, "status", d.StatusCode, "class", d.Class, "retry_after", d.RetryAfterValue)
+	}
 	e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now)
 	e.timed(StageBookkeeping, now)
 	if callErr == nil {

@@ -10,10 +10,12 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // hostileKey has characters URL escaping changes (+, /, =) and both letter cases, so that each
@@ -88,9 +90,10 @@ func leaked(material map[string]bool, texts []string) (string, bool) {
 }
 
 // providerTexts is every text a Send's outcome carries that came from the provider: the error
-// string, each field of a *StatusError, and the header names and values and body of either.
+// string, each field of a *StatusError, the header names and values and body of either, and the
+// malformed Retry-After value that classifying the error keeps for a log line.
 func providerTexts(resp *llm.Response, err error) []string {
-	var texts []string
+	texts := []string{retrypolicy.Classify(err, time.Now()).RetryAfterValue}
 	headers := func(h http.Header) {
 		for k, vs := range h {
 			texts = append(texts, k)
@@ -181,7 +184,8 @@ func TestProvider_Send_KeyNeverSurvives(t *testing.T) {
 			return canned(200, "<html>not json</html>", "Content-Type", "text/html; "+string(text)), nil
 		}},
 		{name: "Header", cut: 64, fill: '~', total: 300, answer: func(text []byte) (*http.Response, error) {
-			return canned(429, `{}`, "X-Echo", string(text), "X-"+strings.Trim(string(text), "~")+"-Echo", "1"), nil
+			return canned(429, `{}`, "X-Echo", string(text), "X-"+strings.Trim(string(text), "~")+"-Echo", "1",
+				"Retry-After", string(text)), nil
 		}},
 		{name: "OKBody", cut: 0, fill: '~', total: 300, answer: func(text []byte) (*http.Response, error) {
 			return canned(200, `{"content":[{"type":"text","text":"`+string(text)+`"}]}`), nil
