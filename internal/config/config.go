@@ -168,6 +168,11 @@ type Retry struct {
 	BaseDelay time.Duration `yaml:"base_delay"`
 	// MaxDelay caps any computed backoff. Default 60s.
 	MaxDelay time.Duration `yaml:"max_delay"`
+	// MaxRetryAfter caps what a provider's Retry-After can impose: how far one 429 pushes a
+	// credential's shared schedule back (every tenant and worker waits for it) and how long the
+	// job waits for its retry. A job whose deadline comes first fails then. Default 5m; between 1s
+	// and 1h.
+	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
 }
 
 // Alerts configures dead-letter alerts.
@@ -282,6 +287,9 @@ func (c *Config) withDefaults() {
 	if c.Retry.MaxDelay == 0 {
 		c.Retry.MaxDelay = 60 * time.Second
 	}
+	if c.Retry.MaxRetryAfter == 0 {
+		c.Retry.MaxRetryAfter = 5 * time.Minute
+	}
 	for i := range c.Credentials {
 		if c.Credentials[i].AttemptTimeout == 0 {
 			c.Credentials[i].AttemptTimeout = 5 * time.Minute
@@ -336,6 +344,9 @@ func (c *Config) validate() error {
 	}
 	if c.Retry.MaxDelay < c.Retry.BaseDelay {
 		bad("retry.max_delay", "must be at least retry.base_delay")
+	}
+	if c.Retry.MaxRetryAfter < time.Second || c.Retry.MaxRetryAfter > time.Hour {
+		bad("retry.max_retry_after", "must be between 1s and 1h (got %s)", c.Retry.MaxRetryAfter)
 	}
 	if c.Breaker.Threshold < 0 {
 		bad("breaker.threshold", "must be positive")

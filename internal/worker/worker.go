@@ -81,7 +81,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
 	// asynq's dequeues measured slower (docs/decisions.md).
 	pipelined := dispatch.AutoPipelined(rdb)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute,
+		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -116,7 +117,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		}
 		upstreams[c.Name] = up
 	}
-	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay})
+	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay,
+		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
 	store := jobs.NewStore(pool, nil)
 	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk}
 	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
