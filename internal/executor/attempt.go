@@ -43,6 +43,8 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 	stopRenewing := e.keepLease(ctx, job)
 	defer stopRenewing()
 	r := e.call(ctx, job, up, adm)
+	// The answer's bytes count against the worker's answer budget until its outcome is stored.
+	defer r.resp.Release()
 	if r.err == nil {
 		usage, _ := json.Marshal(r.resp.Usage)
 		return e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body, Usage: usage, AnsweredBy: up.Name})

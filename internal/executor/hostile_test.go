@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/alert"
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
@@ -78,20 +77,16 @@ func TestExecutor_HostileProviderText(t *testing.T) {
 
 	for _, name := range []string{"json", "text"} {
 		// When a job's one attempt gets the hostile answer
-		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: name, Request: helloRequest,
-			MaxAttempts: 1, Timeout: time.Minute})
+		got, err := process(t, b, ex, name, 1, time.Minute)
 		require.NoError(t, err)
-		require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
 
 		// Then it is recorded (dead: its attempts are used up), with no part of the key anywhere
-		got, err := b.Store.Get(ctx, job.ID)
-		require.NoError(t, err)
 		require.Equal(t, jobs.StatusDead, got.Status, name)
 		requireNoKeyPart(t, key, name+" last_error", got.LastError.Message)
 		requireNoKeyPart(t, strings.ToLower(key), name+" last_error", got.LastError.Message)
 		require.Contains(t, got.LastError.Message, "[redacted]", name)
 		require.NotContains(t, got.LastError.Message, "\x1b", name)
-		attempts, err := b.Store.Attempts(ctx, job.ID)
+		attempts, err := b.Store.Attempts(ctx, got.ID)
 		require.NoError(t, err)
 		require.Len(t, attempts, 1)
 		requireNoKeyPart(t, key, name+" attempt error", *attempts[0].Error)

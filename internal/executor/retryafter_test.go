@@ -69,13 +69,7 @@ func TestExecutor_RetryAfterWithSense(t *testing.T) {
 		}})
 	run := func(t *testing.T, credential string, timeout time.Duration) (*jobs.Job, error) {
 		t.Helper()
-		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: credential,
-			Request: helloRequest, MaxAttempts: 5, Timeout: timeout})
-		require.NoError(t, err)
-		perr := ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
-		got, err := b.Store.Get(ctx, job.ID)
-		require.NoError(t, err)
-		return got, perr
+		return process(t, b, ex, credential, 5, timeout)
 	}
 	// retried runs a job that must come back for a retry, and returns it.
 	retried := func(t *testing.T, credential string) *jobs.Job {

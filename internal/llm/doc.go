@@ -23,4 +23,8 @@
 // and invalid UTF-8 replaced (Postgres refuses a NUL; a terminal must not get escape sequences).
 // A 2xx body has the key masked byte for byte, so that its JSON stays valid; one that the mask
 // would break is an ErrDecode. No error string contains the API key or the request body.
+//
+// Memory: a 2xx body is capped at Config.MaxResponseBytes, and an AnswerBudget shared by the
+// Providers of a process bounds the bytes of all answers held at once: a call waits for room,
+// and its Response holds the room until Release.
 package llm

@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,8 +48,14 @@ type Config struct {
 	// OpenAI's relative reset times. Default time.Now.
 	Now func() time.Time
 	// MaxResponseBytes caps a 2xx body; a larger one fails with ErrResponseTooLarge.
-	// Default DefaultMaxResponseBytes (32 MiB). Must not be negative.
+	// Default DefaultMaxResponseBytes (32 MiB). Must not be negative, nor above the
+	// AnswerBudget's largest answer.
 	MaxResponseBytes int64
+	// AnswerBudget, when set, bounds the bytes of answers held at once by every Provider that
+	// shares it (a worker process gives all of its Providers one): a call waits for room, with
+	// its context, and a Response holds its body's bytes until Release. Nil: each answer is only
+	// capped by MaxResponseBytes.
+	AnswerBudget *AnswerBudget
 }
 
 // Provider sends requests to one provider endpoint with one credential.
@@ -62,9 +69,11 @@ type Provider interface {
 	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object or asks for
 	// "stream": true, and nothing is sent; *StatusError for a non-2xx answer;
 	// *TransportError when no complete answer arrived, wrapping ctx.Err() when the context
-	// ended the call; ErrDecode or ErrResponseTooLarge (wrapped) for a 2xx answer we
-	// cannot use — in that case the *Response is returned too, with status, header and
-	// timings (and Body when it was read), so the attempt can still be recorded.
+	// ended the call (also while it waited for room in the AnswerBudget, before sending);
+	// ErrDecode or ErrResponseTooLarge (wrapped) for a 2xx answer we cannot use — in that
+	// case the *Response is returned too, with status, header and timings (and Body when it
+	// was read), so the attempt can still be recorded. Call Release on a returned *Response
+	// once its Body is no longer held.
 	//
 	// Safe for concurrent use.
 	Send(ctx context.Context, body []byte, opts SendOptions) (*Response, error)
@@ -93,6 +102,8 @@ type Response struct {
 	Header http.Header
 	// Usage is the token usage reported in Body; zero when absent.
 	Usage Usage
+	// hold is the room Body takes in the Provider's AnswerBudget, until Release.
+	hold *answerHold
 	// RateLimit is the request rate-limit family parsed from Header.
 	RateLimit RateLimit
 	// Latency is the time from sending the request to having read the whole body.
@@ -101,6 +112,17 @@ type Response struct {
 	// (not the headers: a provider may send headers long before it has generated
 	// anything). It equals Latency for an empty body.
 	TimeToFirstByte time.Duration
+}
+
+// Release gives the bytes of Body back to the AnswerBudget of the Provider that read it, if any:
+// call it once the body is no longer held (stored, or dropped), or other calls of the process may
+// wait for the room for ever. Body stays valid: the budget counts bytes, it reuses none. It is a
+// no-op on a nil Response and after the first call; it is not safe for concurrent use.
+func (r *Response) Release() {
+	if r != nil {
+		r.hold.release()
+		r.hold = nil
+	}
 }
 
 // Usage is token usage, normalised: OpenAI prompt_tokens and completion_tokens map to
@@ -131,6 +153,7 @@ type client struct {
 	http     *http.Client
 	now      func() time.Time
 	maxBytes int64
+	budget   *AnswerBudget
 }
 
 var _ Provider = (*client)(nil)
@@ -155,6 +178,10 @@ func New(cfg Config) (Provider, error) {
 	if cfg.MaxResponseBytes < 0 {
 		return nil, fmt.Errorf("llm: MaxResponseBytes must not be negative, got %d", cfg.MaxResponseBytes)
 	}
+	if b := cfg.AnswerBudget; b != nil && cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes) > b.reserve {
+		return nil, fmt.Errorf("llm: MaxResponseBytes (%d) is above the AnswerBudget's largest answer (%d)",
+			cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes), b.reserve)
+	}
 	c := &client{
 		d:        d,
 		url:      endpoint,
@@ -162,6 +189,7 @@ func New(cfg Config) (Provider, error) {
 		red:      newRedactor(cfg.APIKey),
 		now:      cfg.Now,
 		maxBytes: cfg.MaxResponseBytes,
+		budget:   cfg.AnswerBudget,
 	}
 	if c.now == nil {
 		c.now = time.Now
@@ -235,6 +263,18 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 	if err := checkRequestBody(body); err != nil {
 		return nil, err
 	}
+	// Room for the answer is taken before the request goes out, so that waiting for it costs the
+	// provider nothing and counts against no first-byte timeout; enough for any error body.
+	hold, err := c.budget.hold(ctx, maxErrorBodyBytes)
+	if err != nil {
+		return nil, c.transportError(ctx, "wait for room for the answer", err)
+	}
+	keepHold := false
+	defer func() {
+		if !keepHold {
+			hold.release()
+		}
+	}()
 	var firstByte *time.Timer
 	if opts.FirstByteTimeout > 0 {
 		var cancel context.CancelCauseFunc
@@ -266,7 +306,7 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		limit = c.maxBytes
 	}
 	tr := &ttfbReader{r: resp.Body, now: c.now, firstByte: firstByte}
-	data, readErr := io.ReadAll(io.LimitReader(tr, limit+1))
+	data, cut, readErr := readBody(ctx, tr, limit, resp.ContentLength, hold)
 	latency := max(c.now().Sub(start), 0) // an injected clock need not be monotonic
 	ttfb := latency
 	if !tr.first.IsZero() {
@@ -280,8 +320,7 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 			return nil, c.transportError(ctx, "read response body", readErr)
 		}
 		// Any other read failure still leaves an authoritative status: report it.
-		cut := int64(len(data)) > limit
-		return nil, c.statusError(resp.StatusCode, header, data[:min(int64(len(data)), limit)], cut, rl, latency, ttfb)
+		return nil, c.statusError(resp.StatusCode, header, data, cut, rl, latency, ttfb)
 	}
 	if readErr != nil {
 		return nil, c.transportError(ctx, "read response body", readErr)
@@ -293,13 +332,19 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		Latency:         latency,
 		TimeToFirstByte: ttfb,
 	}
-	if int64(len(data)) > limit {
+	if cut {
 		return out, fmt.Errorf("llm: read response body: %w (limit %d bytes)", ErrResponseTooLarge, limit)
 	}
 	// The key inside a string is masked byte for byte, which keeps the JSON valid; one anywhere
 	// else makes the body unusable, and the check below says so.
 	c.red.maskBytes(data)
+	if slack := cap(data) - len(data); slack > 4<<10 {
+		// A body of unknown length was read into a doubling buffer: keep (and count) only its bytes.
+		data = append(make([]byte, 0, len(data)), data...)
+	}
 	out.Body = data
+	hold.settle(int64(cap(data)))
+	out.hold, keepHold = hold, true
 	var top struct {
 		Usage json.RawMessage `json:"usage"`
 	}

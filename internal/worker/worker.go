@@ -98,13 +98,23 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		rdb.Close()
 		return nil, err
 	}
+	// One answer budget for every provider of the process: the bound is on the process's memory.
+	answers, err := llm.NewAnswerBudget(cfg.Worker.MaxAnswerBytes, llm.DefaultMaxResponseBytes)
+	if err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("worker.max_answer_bytes: %w", err)
+	}
+	if opts.Registerer != nil {
+		llm.RegisterBudgetMetrics(opts.Registerer, answers)
+	}
 	upstreams := map[string]executor.Upstream{}
 	for _, c := range cfg.Credentials {
 		kind, err := llm.ParseKind(c.Provider)
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		p, err := llm.New(llm.Config{Kind: kind, BaseURL: c.BaseURL, APIKey: c.APIKey(), HTTPClient: opts.HTTPClient})
+		p, err := llm.New(llm.Config{Kind: kind, BaseURL: c.BaseURL, APIKey: c.APIKey(), HTTPClient: opts.HTTPClient,
+			AnswerBudget: answers})
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
