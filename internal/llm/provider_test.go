@@ -287,6 +287,11 @@ func TestProvider_Send_StatusError(t *testing.T) {
 			wantType: "x\uFFFD",
 		},
 		{
+			name: "CRLFTextOnOneLine", kind: llm.KindOpenAI,
+			handler: reply(502, "<html>\r\n<body>bad gateway</body>\r\n</html>\r\n", "Content-Type", "text/html"),
+			want:    llm.StatusError{StatusCode: 502, Message: "<html> <body>bad gateway</body> </html>"},
+		},
+		{
 			name: "InvalidUTF8InTextReplaced", kind: llm.KindOpenAI,
 			handler: reply(502, "bad\xffgate\x00way", "Content-Type", "text/plain"),
 			want:    llm.StatusError{StatusCode: 502, Message: "bad\uFFFDgate\uFFFDway"},

@@ -189,13 +189,14 @@ func (r redactor) header(h http.Header) http.Header {
 	return out
 }
 
-// sanitize replaces invalid UTF-8 and control characters other than tab and newline with U+FFFD:
+// sanitize replaces invalid UTF-8 and control characters other than white space (tab, newline,
+// carriage return) with U+FFFD:
 // Postgres refuses NUL in text and in jsonb, and an escape sequence must not reach an operator's
 // terminal through `ctl jobs show`. It replaces, never removes, so it cannot join a key's parts.
 func sanitize(s string) string {
 	clean := true
 	for _, c := range s {
-		if c == utf8.RuneError || (unicode.IsControl(c) && c != '\t' && c != '\n') {
+		if c == utf8.RuneError || (unicode.IsControl(c) && !isSpaceControl(c)) {
 			clean = false
 			break
 		}
@@ -206,13 +207,15 @@ func sanitize(s string) string {
 	var b strings.Builder
 	b.Grow(len(s))
 	for _, c := range s { // ranging over invalid UTF-8 yields utf8.RuneError per bad byte
-		if unicode.IsControl(c) && c != '\t' && c != '\n' {
+		if unicode.IsControl(c) && !isSpaceControl(c) {
 			c = utf8.RuneError
 		}
 		b.WriteRune(c)
 	}
 	return b.String()
 }
+
+func isSpaceControl(c rune) bool { return c == '\t' || c == '\n' || c == '\r' }
 
 // foldMatches calls match with the start of every ASCII-case-insensitive occurrence of lower (an
 // ASCII lower-cased pattern) in s, overlapping ones included, in order. It allocates nothing and
