@@ -102,8 +102,6 @@ type Response struct {
 	Header http.Header
 	// Usage is the token usage reported in Body; zero when absent.
 	Usage Usage
-	// hold is the room Body takes in the Provider's AnswerBudget, until Release.
-	hold *answerHold
 	// RateLimit is the request rate-limit family parsed from Header.
 	RateLimit RateLimit
 	// Latency is the time from sending the request to having read the whole body.
@@ -112,6 +110,9 @@ type Response struct {
 	// (not the headers: a provider may send headers long before it has generated
 	// anything). It equals Latency for an empty body.
 	TimeToFirstByte time.Duration
+
+	// hold is the room Body takes in the Provider's AnswerBudget, until Release.
+	hold *answerHold
 }
 
 // Release gives the bytes of Body back to the AnswerBudget of the Provider that read it, if any:
@@ -366,8 +367,8 @@ func (c *client) transportError(ctx context.Context, op string, err error) error
 		return &TransportError{Op: op, Err: ctxErr}
 	}
 	// net/http quotes what a broken server sent ("malformed HTTP response ..."): untrusted text.
-	if msg := err.Error(); c.red.clean(msg, maxMessageLen) != msg {
-		err = &redactedError{msg: c.red.clean(msg, maxMessageLen), err: err}
+	if msg, clean := err.Error(), c.red.clean(err.Error(), maxMessageLen); clean != msg {
+		err = &redactedError{msg: clean, err: err}
 	}
 	return &TransportError{Op: op, Err: err}
 }

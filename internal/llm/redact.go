@@ -155,12 +155,12 @@ func (r redactor) clean(s string, n int) string {
 // would otherwise survive in part.
 func (r redactor) excerpt(data []byte, cut bool) string {
 	const n = 200
-	s := r.redact(sanitize(unsafeString(data)))        // what survives of s below is a fresh string
+	s := r.redact(sanitize(unsafeString(data)))        // no copy of up to 64 KiB: see the Clone below
 	s = r.redact(strings.Join(strings.Fields(s), " ")) // joining may complete a key with white space in it
 	if cut {
 		s = r.cutEnd(s)
 	}
-	return truncate(s, n)
+	return strings.Clone(truncate(s, n)) // what is kept must not share data's memory
 }
 
 // header returns h with every form of the key redacted from its names and values: h itself when
