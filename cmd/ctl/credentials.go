@@ -17,10 +17,10 @@ import (
 func (a *app) credentialsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "credentials",
-		Usage: "inspect provider credentials: limits in force, pauses",
+		Usage: "inspect provider credentials: limits in force, pauses, Retry-After push-backs",
 		Subcommands: []*cli.Command{{
 			Name:  "list",
-			Usage: "each credential's limit (configured or learned) and pause state",
+			Usage: "each credential's limit (configured or learned), pause state and Retry-After push-back",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
 				cfg, lim, brk, closeFn, err := credentialState(c)
@@ -38,6 +38,8 @@ func (a *app) credentialsCommand() *cli.Command {
 					PausedSince *time.Time `json:"paused_since,omitempty"`
 					PauseReason string     `json:"pause_reason,omitempty"`
 					FirstJobID  string     `json:"pause_first_job_id,omitempty"`
+					PushedBack  *time.Time `json:"pushed_back_until,omitempty"`
+					PushReason  string     `json:"push_back_reason,omitempty"`
 					Breaker     string     `json:"breaker"`
 					BreakerTill *time.Time `json:"breaker_until,omitempty"`
 				}
@@ -56,6 +58,10 @@ func (a *app) credentialsCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
+					pb, err := lc.PushBack(c.Context)
+					if err != nil {
+						return err
+					}
 					bs, err := brk.Circuit(cr.LimiterID(), cr.Name).Status(c.Context)
 					if err != nil {
 						return err
@@ -70,13 +76,17 @@ func (a *app) credentialsCommand() *cli.Command {
 						since := ps.Since
 						r.PausedSince, r.PauseReason, r.FirstJobID = &since, ps.Reason, ps.FirstJobID
 					}
+					if pb.Active() {
+						until := pb.Until.UTC()
+						r.PushedBack, r.PushReason = &until, pb.Reason()
+					}
 					rows = append(rows, r)
 				}
 				if c.Bool("json") {
 					return writeJSON(a.out, rows)
 				}
 				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tPROVIDER\tLIMIT\tSOURCE\tPAUSED\tBREAKER")
+				fmt.Fprintln(tw, "NAME\tPROVIDER\tLIMIT\tSOURCE\tPAUSED\tPUSHED BACK\tBREAKER")
 				for _, r := range rows {
 					limit := "-"
 					if r.Burst > 0 || r.RatePerSec > 0 {
@@ -86,17 +96,21 @@ func (a *app) credentialsCommand() *cli.Command {
 					if r.Paused {
 						paused = fmt.Sprintf("since %s (%s, first job %s)", r.PausedSince.Format(time.RFC3339), r.PauseReason, r.FirstJobID)
 					}
+					pushed := "no"
+					if r.PushedBack != nil {
+						pushed = fmt.Sprintf("until %s (%s)", r.PushedBack.Format(time.RFC3339), r.PushReason)
+					}
 					brkState := r.Breaker
 					if r.BreakerTill != nil {
 						brkState += " until " + r.BreakerTill.Format(time.RFC3339)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Provider, limit, r.Source, paused, brkState)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Provider, limit, r.Source, paused, pushed, brkState)
 				}
 				return tw.Flush()
 			},
 		}, {
 			Name:      "resume",
-			Usage:     "resume a credential paused by a spend cap (429 without Retry-After)",
+			Usage:     "resume a credential: end its pause (a spend cap: 429 without Retry-After) and its Retry-After push-back",
 			ArgsUsage: "NAME",
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
@@ -111,15 +125,26 @@ func (a *app) credentialsCommand() *cli.Command {
 				if !ok {
 					return fmt.Errorf("no credential %q in the config", c.Args().First())
 				}
-				was, err := lim.Gate(cr.LimiterID(), cr.Name).Resume(c.Context)
+				gate := lim.Gate(cr.LimiterID(), cr.Name)
+				was, err := gate.Resume(c.Context)
 				if err != nil {
 					return err
 				}
-				if !was {
-					fmt.Fprintf(a.out, "credential %s was not paused\n", cr.Name)
-					return nil
+				pb, err := gate.ClearPushBack(c.Context)
+				if err != nil {
+					return err
 				}
-				fmt.Fprintf(a.out, "credential %s resumed\n", cr.Name)
+				switch {
+				case !was && !pb.Active():
+					fmt.Fprintf(a.out, "credential %s was neither paused nor pushed back\n", cr.Name)
+				case !pb.Active():
+					fmt.Fprintf(a.out, "credential %s resumed\n", cr.Name)
+				default:
+					// Jobs already given a send time at the push-back's end keep it: at most
+					// retry.max_retry_after away.
+					fmt.Fprintf(a.out, "credential %s resumed: cleared its push-back until %s (%s)\n", cr.Name,
+						pb.Until.UTC().Format(time.RFC3339), pb.Reason())
+				}
 				return nil
 			},
 		}},

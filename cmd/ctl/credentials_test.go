@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -38,6 +39,10 @@ credentials:
 	started, err := lim.Gate(mainCred.LimiterID(), "main").Pause(t.Context(), "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
 	require.True(t, started)
+	// and "spare" pushed back by a 429 asking for 300 s.
+	spareCred, _ := cfg.Credential("spare")
+	require.NoError(t, lim.Gate(spareCred.LimiterID(), "spare").Observe(t.Context(), limiter.Observation{
+		StatusCode: 429, RetryAfter: 300 * time.Second, HasRetryAfter: true}))
 
 	type row struct {
 		Name       string  `json:"name"`
@@ -46,6 +51,7 @@ credentials:
 		Burst      int     `json:"burst"`
 		Paused     bool    `json:"paused"`
 		FirstJobID string  `json:"pause_first_job_id"`
+		PushReason string  `json:"push_back_reason"`
 		Breaker    string  `json:"breaker"`
 	}
 	list := func() []row {
@@ -56,15 +62,22 @@ credentials:
 		return rows
 	}
 
-	// then list shows its configured limit and the pause, and the other credential as unknown.
+	// then list shows its configured limit and the pause, and the other credential's push-back:
+	// until when, and why.
 	rows := list()
 	require.Len(t, rows, 2)
 	require.Equal(t, row{Name: "main", Source: "configured", Rate: 10, Burst: 20, Paused: true, FirstJobID: "job-1", Breaker: "closed"}, rows[0])
-	require.Equal(t, row{Name: "spare", Source: "unknown", Breaker: "closed"}, rows[1])
+	require.Equal(t, row{Name: "spare", Source: "unknown", PushReason: "Retry-After 300s from a 429", Breaker: "closed"}, rows[1])
+	var raw []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(run(t, append(args, "list", "--json")...).out), &raw))
+	until, err := time.Parse(time.RFC3339Nano, raw[1]["pushed_back_until"].(string))
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now().Add(300*time.Second), until, 10*time.Second)
 	table := run(t, append(args, "list")...)
 	require.Equal(t, 0, table.code)
 	require.Contains(t, table.out, "10/s burst 20")
 	require.Contains(t, table.out, "rate_limited_no_retry_after, first job job-1")
+	require.Contains(t, table.out, "until "+until.Format(time.RFC3339)+" (Retry-After 300s from a 429)")
 
 	// When the operator resumes it, it is no longer paused; resuming again says so.
 	r := run(t, append(args, "resume", "main")...)
@@ -72,7 +85,15 @@ credentials:
 	require.Equal(t, "credential main resumed\n", r.out)
 	require.False(t, list()[0].Paused)
 	r = run(t, append(args, "resume", "main")...)
-	require.Equal(t, "credential main was not paused\n", r.out)
+	require.Equal(t, "credential main was neither paused nor pushed back\n", r.out)
+
+	// Resuming "spare" clears its push-back.
+	r = run(t, append(args, "resume", "spare")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "credential spare resumed: cleared its push-back until "+until.Format(time.RFC3339)+" (Retry-After 300s from a 429)\n", r.out)
+	require.Empty(t, list()[1].PushReason)
+	r = run(t, append(args, "resume", "spare")...)
+	require.Equal(t, "credential spare was neither paused nor pushed back\n", r.out)
 
 	requireOneLineError(t, run(t, append(args, "resume", "nope")...), 1, `no credential "nope"`)
 	require.Equal(t, 2, run(t, append(args, "resume")...).code)

@@ -160,6 +160,10 @@ type Worker struct {
 	// TokenMinute is the length of the providers' token-limit "minute". Default 1m; only a
 	// simulator with a scaled-down minute (benchmarks) differs.
 	TokenMinute time.Duration `yaml:"token_minute"`
+	// MaxAnswerBytes bounds the bytes of provider answers one worker process holds at once (each
+	// answer is capped at 32 MiB): a call waits for room, none is dropped. Default 256 MiB; at
+	// least 32 MiB, so that the largest answer fits.
+	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
 }
 
 // Credential is one provider API key and where it lives.
@@ -227,6 +231,11 @@ type Retry struct {
 	BaseDelay time.Duration `yaml:"base_delay"`
 	// MaxDelay caps any computed backoff. Default 60s.
 	MaxDelay time.Duration `yaml:"max_delay"`
+	// MaxRetryAfter caps what a provider's Retry-After can impose: how far one 429 pushes a
+	// credential's shared schedule back (every tenant and worker waits for it) and how long the
+	// job waits for its retry. A job whose deadline comes first fails then. Default 5m; between 1s
+	// and 1h.
+	MaxRetryAfter time.Duration `yaml:"max_retry_after"`
 }
 
 // Alerts configures dead-letter alerts.
@@ -239,7 +248,14 @@ type Alerts struct {
 const (
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/llmq?sslmode=disable"
 	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	// DefaultMaxAnswerBytes is worker.max_answer_bytes: an eighth of a 2 GiB machine, eight of the
+	// largest answers, thousands of ordinary ones.
+	DefaultMaxAnswerBytes = 256 << 20
 )
+
+// maxAnswer is the largest answer a worker reads (llm.DefaultMaxResponseBytes, which this package
+// does not import): worker.max_answer_bytes must hold it.
+const maxAnswer = 32 << 20
 
 // Load reads, defaults and validates the file at path, applies env overrides and resolves
 // secrets. A missing file is an error naming the path tried. getenv looks up environment
@@ -330,6 +346,9 @@ func (c *Config) withDefaults() {
 	if c.Worker.PollInterval == 0 {
 		c.Worker.PollInterval = 10 * time.Millisecond
 	}
+	if c.Worker.MaxAnswerBytes == 0 {
+		c.Worker.MaxAnswerBytes = DefaultMaxAnswerBytes
+	}
 	if c.Retry.MaxAttempts == 0 {
 		c.Retry.MaxAttempts = 10
 	}
@@ -340,6 +359,9 @@ func (c *Config) withDefaults() {
 		c.Retry.MaxDelay = 60 * time.Second
 	}
 	c.Retention.withDefaults()
+	if c.Retry.MaxRetryAfter == 0 {
+		c.Retry.MaxRetryAfter = 5 * time.Minute
+	}
 	for i := range c.Credentials {
 		if c.Credentials[i].AttemptTimeout == 0 {
 			c.Credentials[i].AttemptTimeout = 5 * time.Minute
@@ -395,6 +417,9 @@ func (c *Config) validate() error {
 	if c.Worker.PollInterval < time.Millisecond {
 		bad("worker.poll_interval", "must be at least 1ms")
 	}
+	if c.Worker.MaxAnswerBytes < maxAnswer {
+		bad("worker.max_answer_bytes", "must be at least %d (32 MiB, the largest answer), got %d", maxAnswer, c.Worker.MaxAnswerBytes)
+	}
 	if c.Retry.MaxAttempts < 0 || c.Retry.MaxAttempts > 100 {
 		bad("retry.max_attempts", "must be between 1 and 100")
 	}
@@ -403,6 +428,9 @@ func (c *Config) validate() error {
 	}
 	if c.Retry.MaxDelay < c.Retry.BaseDelay {
 		bad("retry.max_delay", "must be at least retry.base_delay")
+	}
+	if c.Retry.MaxRetryAfter < time.Second || c.Retry.MaxRetryAfter > time.Hour {
+		bad("retry.max_retry_after", "must be between 1s and 1h (got %s)", c.Retry.MaxRetryAfter)
 	}
 	if c.Breaker.Threshold < 0 {
 		bad("breaker.threshold", "must be positive")

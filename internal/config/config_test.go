@@ -76,7 +76,7 @@ func TestParse_DesignExample(t *testing.T) {
 	require.Equal(t, "127.0.0.1:9091", cfg.Worker.MetricsListen)
 	require.Equal(t, "llmq", cfg.Worker.Queue, "default queue")
 	require.Equal(t, 10*time.Second, cfg.Worker.SweepInterval, "default sweep_interval")
-	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second}, cfg.Retry)
+	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second, MaxRetryAfter: 5 * time.Minute}, cfg.Retry)
 	require.Empty(t, cfg.Alerts.WebhookURL)
 
 	require.Len(t, cfg.Credentials, 1)
@@ -104,8 +104,8 @@ func TestParse_Defaults(t *testing.T) {
 	require.False(t, cfg.API.AllowAnonymous)
 	require.Equal(t, int64(4<<20), cfg.API.MaxBodyBytes)
 	require.Equal(t, config.Worker{Concurrency: 200, MetricsListen: "127.0.0.1:9091", Queue: "llmq", SweepInterval: 10 * time.Second,
-		PollInterval: 10 * time.Millisecond}, cfg.Worker)
-	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second}, cfg.Retry)
+		PollInterval: 10 * time.Millisecond, MaxAnswerBytes: 256 << 20}, cfg.Worker)
+	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second, MaxRetryAfter: 5 * time.Minute}, cfg.Retry)
 	require.Nil(t, cfg.Credentials[0].Limits, "absent limits stay nil: they are learned")
 	require.Equal(t, 5*time.Minute, cfg.Credentials[0].AttemptTimeout)
 	require.Equal(t, config.Breaker{}, cfg.Breaker, "nothing set: the breaker's own defaults apply")
@@ -126,16 +126,16 @@ func TestParse_ExplicitValuesKept(t *testing.T) {
 
 	cfg, err := config.Parse(minimal(goodCred+"\nattempt_timeout: 90s", `
 api: { listen: ":9000", max_body_bytes: 1024 }
-worker: { concurrency: 3, metrics_listen: "off", queue: q1, sweep_interval: 2s, poll_interval: 5ms }
-retry: { max_attempts: 4, base_delay: 1s, max_delay: 1s }
+worker: { concurrency: 3, metrics_listen: "off", queue: q1, sweep_interval: 2s, poll_interval: 5ms, max_answer_bytes: 67108864 }
+retry: { max_attempts: 4, base_delay: 1s, max_delay: 1s, max_retry_after: 90s }
 alerts: { webhook_url: "https://hooks.example/x" }
 `), secretEnv)
 	require.NoError(t, err)
 	require.Equal(t, ":9000", cfg.API.Listen)
 	require.Equal(t, int64(1024), cfg.API.MaxBodyBytes)
 	require.Equal(t, config.Worker{Concurrency: 3, MetricsListen: "off", Queue: "q1", SweepInterval: 2 * time.Second,
-		PollInterval: 5 * time.Millisecond}, cfg.Worker)
-	require.Equal(t, config.Retry{MaxAttempts: 4, BaseDelay: time.Second, MaxDelay: time.Second}, cfg.Retry)
+		PollInterval: 5 * time.Millisecond, MaxAnswerBytes: 64 << 20}, cfg.Worker)
+	require.Equal(t, config.Retry{MaxAttempts: 4, BaseDelay: time.Second, MaxDelay: time.Second, MaxRetryAfter: 90 * time.Second}, cfg.Retry)
 	require.Equal(t, "https://hooks.example/x", cfg.Alerts.WebhookURL)
 	require.Equal(t, 90*time.Second, cfg.Credentials[0].AttemptTimeout)
 }
@@ -318,6 +318,9 @@ func TestParse_Validation(t *testing.T) {
 			"  - { name: b, provider: openai, base_url: 'nope', api_key_env: K }\n"), "credentials[1].base_url"},
 		{"RetryMaxDelayBelowBase", minimal(goodCred, "retry: { base_delay: 2s, max_delay: 1s }\n"), "retry.max_delay"},
 		{"RetryMaxDelayBelowDefaultBase", minimal(goodCred, "retry: { max_delay: 100ms }\n"), "retry.max_delay"},
+		{"RetryMaxRetryAfterBelowASecond", minimal(goodCred, "retry: { max_retry_after: 500ms }\n"), "retry.max_retry_after"},
+		{"RetryMaxRetryAfterNegative", minimal(goodCred, "retry: { max_retry_after: -1m }\n"), "retry.max_retry_after"},
+		{"RetryMaxRetryAfterAboveAnHour", minimal(goodCred, "retry: { max_retry_after: 2h }\n"), "retry.max_retry_after"},
 		{"RetryBaseNegative", minimal(goodCred, "retry: { base_delay: -1s }\n"), "retry.base_delay"},
 		{"RetryAttemptsNegative", minimal(goodCred, "retry: { max_attempts: -1 }\n"), "retry.max_attempts"},
 		{"RetryAttemptsTooMany", minimal(goodCred, "retry: { max_attempts: 101 }\n"), "retry.max_attempts"},
@@ -332,6 +335,8 @@ func TestParse_Validation(t *testing.T) {
 		{"SweepNegative", minimal(goodCred, "worker: { sweep_interval: -1s }\n"), "worker.sweep_interval"},
 		{"PollNegative", minimal(goodCred, "worker: { poll_interval: -1ms }\n"), "worker.poll_interval"},
 		{"PollBelowAMillisecond", minimal(goodCred, "worker: { poll_interval: 500us }\n"), "worker.poll_interval"},
+		{"MaxAnswerBytesBelowOneAnswer", minimal(goodCred, "worker: { max_answer_bytes: 1048576 }\n"), "worker.max_answer_bytes"},
+		{"MaxAnswerBytesNegative", minimal(goodCred, "worker: { max_answer_bytes: -1 }\n"), "worker.max_answer_bytes"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,6 +43,8 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 	stopRenewing := e.keepLease(ctx, job)
 	defer stopRenewing()
 	r := e.call(ctx, job, up, adm)
+	// The answer's bytes count against the worker's answer budget until its outcome is stored.
+	defer r.resp.Release()
 	if r.err == nil {
 		usage, _ := json.Marshal(r.resp.Usage)
 		return e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body, Usage: usage, AnsweredBy: up.Name})
@@ -80,6 +82,12 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		a.LeaseToken = *job.LeaseToken
 	}
 	d := retrypolicy.Classify(callErr, now)
+	if d.MalformedRetryAfter {
+		// The provider asked for a retry without a usable hint: say so once, with what it sent
+		// (a value cut to 64 bytes, the key already redacted from it by internal/llm).
+		e.cfg.Logger.WarnContext(ctx, "unusable Retry-After from the provider: a retry without a hint (backoff), not a spend cap",
+			"credential", up.Name, "job_id", job.ID, "status", d.StatusCode, "class", d.Class, "retry_after", d.RetryAfterValue)
+	}
 	e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now)
 	e.timed(StageBookkeeping, now)
 	if callErr == nil {

@@ -4,11 +4,16 @@ import (
 	"encoding/json"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/executor"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
@@ -38,4 +43,19 @@ func simProvider(t *testing.T, cfg llmsim.Config, key string) llm.Provider {
 	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: sim.URL, APIKey: key})
 	require.NoError(t, err)
 	return p
+}
+
+// process commits a job of helloRequest on credential, runs one delivery of it with ex and
+// returns the job as stored after it, and the delivery's error.
+func process(t *testing.T, b *jobstest.Bundle, ex *executor.Executor, credential string, maxAttempts int,
+	timeout time.Duration) (*jobs.Job, error) {
+	t.Helper()
+	ctx := t.Context()
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: credential,
+		Request: helloRequest, MaxAttempts: maxAttempts, Timeout: timeout})
+	require.NoError(t, err)
+	perr := ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	return got, perr
 }

@@ -72,7 +72,10 @@
 //   - A 429 with Retry-After: nobody sends before At+RetryAfter (the bucket is taken to hold one
 //     request then), nothing is lent until a success, and the learned rate is capped 10% below
 //     what was paced at, until the Limit changes or LearnTTL passes. A ceiling rather than a
-//     lower bound, which the next response would raise again when the error is systematic.
+//     lower bound, which the next response would raise again when the error is systematic. The
+//     push-back is capped at Config.MaxRetryAfter (5 minutes): every tenant and worker waits for
+//     it, so one absurd header must not stall the credential for an hour. Gate.PushBack reports
+//     it (until when, the hint asked and applied); Gate.ClearPushBack ends it.
 //   - Learned state expires LearnTTL (10 min) after the last response, so stale knowledge heals
 //     by probing again. A provider that sends no headers is paced by Retry-After only: configure
 //     its limit.

@@ -68,6 +68,11 @@ type Config struct {
 	// than max_tokens) applies to the next requests at once instead of after every slot handed
 	// out. Default 1s; negative disables it (every slot is handed out at once, in order).
 	TokenHorizon time.Duration
+	// MaxRetryAfter caps how far one 429's Retry-After pushes the credential's shared schedule
+	// back (see Observe): every tenant and worker waits for it, so a longer hint (a typo, a
+	// hostile provider, "Retry-After: 99999999") stalls the credential this long at most.
+	// Default 5m; at least 1s.
+	MaxRetryAfter time.Duration
 	// Budget configures the retry budget.
 	Budget Budget
 	// Metrics receives the limiter's metrics; nil records none.
@@ -91,15 +96,16 @@ type Budget struct {
 
 // Defaults of Config.
 const (
-	DefaultPhaseMargin  = 100 * time.Millisecond
-	DefaultRateMargin   = 0.01
-	DefaultClockSkew    = 100 * time.Millisecond
-	DefaultLearnTTL     = 10 * time.Minute
-	DefaultProbeTTL     = 30 * time.Second
-	DefaultPollInterval = 10 * time.Millisecond
-	DefaultLearnHorizon = 250 * time.Millisecond
-	DefaultTokenMinute  = time.Minute
-	DefaultTokenHorizon = time.Second
+	DefaultPhaseMargin   = 100 * time.Millisecond
+	DefaultRateMargin    = 0.01
+	DefaultClockSkew     = 100 * time.Millisecond
+	DefaultLearnTTL      = 10 * time.Minute
+	DefaultProbeTTL      = 30 * time.Second
+	DefaultPollInterval  = 10 * time.Millisecond
+	DefaultLearnHorizon  = 250 * time.Millisecond
+	DefaultTokenMinute   = time.Minute
+	DefaultTokenHorizon  = time.Second
+	DefaultMaxRetryAfter = 5 * time.Minute
 )
 
 // grantsKept is how many recent token grants can be reconciled; older records are dropped (their
@@ -149,6 +155,9 @@ func (c Config) withDefaults() Config {
 	} else if c.TokenHorizon < 0 {
 		c.TokenHorizon = 0
 	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
 	if c.Budget.Ratio == 0 {
 		c.Budget.Ratio = 0.1
 	}
@@ -180,6 +189,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("LearnHorizon %v: want positive", c.LearnHorizon)
 	case c.TokenMinute < time.Second:
 		return fmt.Errorf("TokenMinute %v: want at least 1s", c.TokenMinute)
+	case c.MaxRetryAfter < time.Second:
+		return fmt.Errorf("MaxRetryAfter %v: want at least 1s", c.MaxRetryAfter)
 	case c.Budget.Ratio < 0 || math.IsNaN(c.Budget.Ratio):
 		return fmt.Errorf("Budget.Ratio %v: want positive", c.Budget.Ratio)
 	case c.Budget.Window < time.Second:

@@ -36,7 +36,8 @@ type Observation struct {
 	// time, OpenAI a duration), so it is off by the clocks' difference: Config.ClockSkew widens
 	// what it says.
 	ResetAbsolute bool
-	// RetryAfter is the wait a 429 asked for, when HasRetryAfter.
+	// RetryAfter is the wait a 429 asked for, when HasRetryAfter, as the provider said it: the
+	// limiter caps the push-back at Config.MaxRetryAfter and remembers both.
 	RetryAfter time.Duration
 	// HasRetryAfter reports that the response carried Retry-After (or retry-after-ms).
 	HasRetryAfter bool
@@ -67,7 +68,8 @@ type Observation struct {
 //     rate (see the package doc); a new Limit value, or a response inconsistent with the bounds,
 //     starts learning afresh, so the limiter follows a provider that changes its limit mid-run;
 //   - on a 429 with Retry-After, pushes the shared schedule back so that nobody sends before
-//     At+RetryAfter, and lowers the learned rate by 10% (until responses say otherwise);
+//     At+min(RetryAfter, Config.MaxRetryAfter), and lowers the learned rate by 10% (until
+//     responses say otherwise); PushBack reports it, ClearPushBack ends it;
 //   - learns each token bucket the response reports (capacity = Limit; the refill rate is at
 //     least Limit per Config.TokenMinute, more when deficit and reset prove it) and, unless the
 //     bucket is configured, never lets the schedule hold fewer tokens than the provider surely
@@ -110,16 +112,18 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 			dtMin = o.ResetAt.Add(-skew).Sub(o.At)
 		}
 	}
-	ra := ""
-	if o.HasRetryAfter && o.StatusCode == 429 {
-		ra = strconv.FormatInt(micros(o.At.Add(o.RetryAfter).Sub(now)), 10)
-	}
 	cfg := &l.cfg
+	ra, asked, applied := "", "", ""
+	if o.HasRetryAfter && o.StatusCode == 429 {
+		wait := min(max(o.RetryAfter, 0), cfg.MaxRetryAfter)
+		ra = strconv.FormatInt(micros(o.At.Add(wait).Sub(now)), 10)
+		asked, applied = strconv.FormatInt(micros(o.RetryAfter), 10), strconv.FormatInt(micros(wait), 10)
+	}
 	calls := []redisscript.Call{{
 		Script: observeScript,
 		Keys:   []string{rateKey(cfg.Prefix, c.tag)},
 		Args: []any{l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),
-			ra, micros(cfg.LearnTTL), fmtFloat(rateDecrease), o.Seq, micros(cfg.LearnTTL)},
+			ra, micros(cfg.LearnTTL), fmtFloat(rateDecrease), o.Seq, micros(cfg.LearnTTL), asked, applied},
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			if err := cmd.Err(); err != nil {
 				return fmt.Errorf("observe response: %w", err)

@@ -344,7 +344,9 @@ return reply(1, send, 0, rate, burst, source, grant(send))
 // rate, requests/s; hi absent = unbounded), lupd (last header update, µs; learned state older than
 // the learn TTL is ignored), av/avs (the provider surely held av requests when seq was avs),
 // cap/capt (ceiling on the rate after a 429, and until when, µs), nohdr (last success without
-// rate-limit headers, µs), nb (not before, µs). Deletes pr: the probe has its answer.
+// rate-limit headers, µs), nb (not before, µs) and why: nbat (when the 429 that set it was
+// observed, µs), nbra and nbap (the wait it asked for and the wait applied, capped, µs). Deletes
+// pr: the probe has its answer.
 // ARGV[1] now µs, or ""
 // ARGV[2] status code
 // ARGV[3] headers known 0|1
@@ -357,6 +359,8 @@ return reply(1, send, 0, rate, burst, source, grant(send))
 // ARGV[10] decrease: fraction the learned rate drops on a 429 with Retry-After
 // ARGV[11] the reservation's seq (0 = unknown)
 // ARGV[12] how long a 429's ceiling on the learned rate lasts, µs
+// ARGV[13] the Retry-After asked for, µs ("" = none)
+// ARGV[14] the Retry-After applied (ARGV[13] capped), µs
 // Returns {limit, rate (string)}.
 var observeScript = redis.NewScript(luaCommon + `
 local key = KEYS[1]
@@ -416,7 +420,10 @@ if status == 429 then
   if av ~= nil and av > 0 then av = 0 end
   if ARGV[8] ~= '' then
     local until_ = now + tonumber(ARGV[8])
-    if until_ > nb then nb = until_ end
+    if until_ > nb then
+      nb = until_
+      redis.call('HSET', key, 'nbat', fmt0(now), 'nbra', ARGV[13], 'nbap', ARGV[14])
+    end
     -- We were early: take it as evidence the rate is lower than we pace at, as a ceiling that
     -- lasts until the limit changes or ARGV[12] passes. A ceiling rather than a lower lo, which
     -- the next response would raise again when the error is systematic (the provider's clock,
@@ -447,6 +454,33 @@ redis.call('PEXPIRE', key, math.ceil(keep / 1000))
 local est = 0
 if L ~= nil then est = estimate(lo, cap, capt, now) end
 return {L or 0, fmt(est)}
+`)
+
+// pushBackScript reports, and with ARGV[2] "1" ends, the push-back of the schedule by a 429's
+// Retry-After.
+//
+// KEYS[1] rate hash (see reserveScript and observeScript: nb, nbat, nbra, nbap; tat, ts, bs).
+// ARGV[1] now µs, or ""
+// ARGV[2] "1": clear it: nobody waits for nb any more, and a schedule it pushed back (tat beyond
+// one request's room from now) starts again from now with the bucket holding one request, as the
+// push-back itself would have at nb. Slots already handed out keep their times.
+// Returns {nb µs (0: none in force), nbat µs, nbra µs, nbap µs}, as they were before a clear.
+var pushBackScript = redis.NewScript(luaCommon + `
+local key = KEYS[1]
+local now = clock(ARGV[1])
+local s = redis.call('HMGET', key, 'nb', 'nbat', 'nbra', 'nbap', 'tat', 'ts', 'bs')
+local nb = num(s[1]) or 0
+if nb <= now then return {0, 0, 0, 0} end
+local out = {fmt0(nb), s[2] or '0', s[3] or '0', s[4] or '0'}
+if ARGV[2] == '1' then
+  redis.call('HDEL', key, 'nb', 'nbat', 'nbra', 'nbap')
+  local tat, ts, bs = num(s[5]), num(s[6]), num(s[7])
+  if tat ~= nil and ts ~= nil and bs ~= nil then
+    local from = now + (bs - 1) * ts
+    if tat > from then redis.call('HSET', key, 'tat', fmt0(from)) end
+  end
+end
+return out
 `)
 
 // currentScript reports the limit in force.

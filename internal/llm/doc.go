@@ -16,5 +16,15 @@
 //   - an error wrapping ErrInvalidRequest: the body was refused before anything was sent.
 //   - an error wrapping ErrDecode (or ErrResponseTooLarge): a 2xx answer we cannot use.
 //
-// No error string contains the API key or the request body.
+// Provider text is untrusted. Every string this package returns that came from the provider
+// (an error's text and fields, response headers, a body) has the API key removed in every form
+// a provider or proxy may echo it (any letter case, URL-escaped, base64 at any alignment: see
+// redact.go), before anything is cut from it; texts kept in errors also have control characters
+// and invalid UTF-8 replaced (Postgres refuses a NUL; a terminal must not get escape sequences).
+// A 2xx body has the key masked byte for byte, so that its JSON stays valid; one that the mask
+// would break is an ErrDecode. No error string contains the API key or the request body.
+//
+// Memory: a 2xx body is capped at Config.MaxResponseBytes, and an AnswerBudget shared by the
+// Providers of a process bounds the bytes of all answers held at once: a call waits for room,
+// and its Response holds the room until Release.
 package llm

@@ -26,12 +26,18 @@ var ErrResponseTooLarge = fmt.Errorf("%w: response body too large", ErrDecode)
 // which echoes the prompt cannot flood logs and rows.
 const maxMessageLen = 512
 
+// maxHeaderTextLen bounds the other provider strings kept in an error: the error type and code,
+// the Content-Type of an answer we cannot decode.
+const maxHeaderTextLen = 128
+
 // StatusError is a non-2xx answer from the provider. Its fields are filled from the error
 // body of either provider: Anthropic {"type":"error","error":{"type","message","details":
 // {"error_code"}}} and OpenAI {"error":{"message","type","param","code"}}. When the body is
 // not such JSON, Message is a short excerpt of it (or the status text when empty).
 //
-// The API key is redacted from Message; Error() carries neither the key nor the request.
+// Every field holds provider text made safe (see doc.go): the API key is redacted from Type, Code,
+// Message and Header, control characters are replaced, and the texts are cut only after that.
+// Error() carries neither the key nor the request.
 type StatusError struct {
 	// StatusCode is the HTTP status.
 	StatusCode int
@@ -41,10 +47,11 @@ type StatusError struct {
 	// insufficient_quota), Anthropic error.details.error_code (e.g.
 	// enforced_spend_limit_reached).
 	Code string
-	// Message is the provider's message, truncated to 512 bytes.
+	// Message is the provider's message, truncated to 512 bytes; for a body that is not error
+	// JSON, its first 200 bytes on one line.
 	Message string
 	// Header is the response header, including Retry-After, retry-after-ms and
-	// x-should-retry for the classifier.
+	// x-should-retry for the classifier, with the key redacted from its names and values.
 	Header http.Header
 	// RateLimit is the request rate-limit family parsed from Header.
 	RateLimit RateLimit
@@ -123,12 +130,4 @@ func truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "…"
-}
-
-// redact removes the API key from s.
-func redact(s, apiKey string) string {
-	if apiKey == "" {
-		return s
-	}
-	return strings.ReplaceAll(s, apiKey, "[redacted]")
 }

@@ -29,6 +29,8 @@ type bundleOpts struct {
 	base     string // appended to the server URL
 	// wrap, when set, wraps the test server's client transport.
 	wrap func(http.RoundTripper) http.RoundTripper
+	// budget, when set, is the provider's answer budget.
+	budget *llm.AnswerBudget
 }
 
 func setup(t *testing.T, kind llm.Kind, h http.HandlerFunc, opts ...bundleOpts) *testBundle {
@@ -51,6 +53,7 @@ func setup(t *testing.T, kind llm.Kind, h http.HandlerFunc, opts ...bundleOpts) 
 		HTTPClient:       hc,
 		Now:              o.now,
 		MaxResponseBytes: o.maxBytes,
+		AnswerBudget:     o.budget,
 	})
 	require.NoError(t, err)
 	return &testBundle{srv: srv, provider: p}

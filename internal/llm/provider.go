@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,8 +48,14 @@ type Config struct {
 	// OpenAI's relative reset times. Default time.Now.
 	Now func() time.Time
 	// MaxResponseBytes caps a 2xx body; a larger one fails with ErrResponseTooLarge.
-	// Default DefaultMaxResponseBytes (32 MiB). Must not be negative.
+	// Default DefaultMaxResponseBytes (32 MiB). Must not be negative, nor above the
+	// AnswerBudget's largest answer.
 	MaxResponseBytes int64
+	// AnswerBudget, when set, bounds the bytes of answers held at once by every Provider that
+	// shares it (a worker process gives all of its Providers one): a call waits for room, with
+	// its context, and a Response holds its body's bytes until Release. Nil: each answer is only
+	// capped by MaxResponseBytes.
+	AnswerBudget *AnswerBudget
 }
 
 // Provider sends requests to one provider endpoint with one credential.
@@ -62,9 +69,11 @@ type Provider interface {
 	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object or asks for
 	// "stream": true, and nothing is sent; *StatusError for a non-2xx answer;
 	// *TransportError when no complete answer arrived, wrapping ctx.Err() when the context
-	// ended the call; ErrDecode or ErrResponseTooLarge (wrapped) for a 2xx answer we
-	// cannot use — in that case the *Response is returned too, with status, header and
-	// timings (and Body when it was read), so the attempt can still be recorded.
+	// ended the call (also while it waited for room in the AnswerBudget, before sending);
+	// ErrDecode or ErrResponseTooLarge (wrapped) for a 2xx answer we cannot use — in that
+	// case the *Response is returned too, with status, header and timings (and Body when it
+	// was read), so the attempt can still be recorded. Call Release on a returned *Response
+	// once its Body is no longer held.
 	//
 	// Safe for concurrent use.
 	Send(ctx context.Context, body []byte, opts SendOptions) (*Response, error)
@@ -86,9 +95,10 @@ var ErrFirstByteTimeout = errors.New("no response body byte within the first-byt
 type Response struct {
 	// StatusCode is the HTTP status.
 	StatusCode int
-	// Body is the provider's JSON, verbatim.
+	// Body is the provider's JSON, verbatim except that the API key, if the provider echoed it, is
+	// masked byte for byte.
 	Body []byte
-	// Header is the response header.
+	// Header is the response header, the API key redacted.
 	Header http.Header
 	// Usage is the token usage reported in Body; zero when absent.
 	Usage Usage
@@ -100,6 +110,20 @@ type Response struct {
 	// (not the headers: a provider may send headers long before it has generated
 	// anything). It equals Latency for an empty body.
 	TimeToFirstByte time.Duration
+
+	// hold is the room Body takes in the Provider's AnswerBudget, until Release.
+	hold *answerHold
+}
+
+// Release gives the bytes of Body back to the AnswerBudget of the Provider that read it, if any:
+// call it once the body is no longer held (stored, or dropped), or other calls of the process may
+// wait for the room for ever. Body stays valid: the budget counts bytes, it reuses none. It is a
+// no-op on a nil Response and after the first call; it is not safe for concurrent use.
+func (r *Response) Release() {
+	if r != nil {
+		r.hold.release()
+		r.hold = nil
+	}
 }
 
 // Usage is token usage, normalised: OpenAI prompt_tokens and completion_tokens map to
@@ -126,9 +150,11 @@ type client struct {
 	d        dialect
 	url      string
 	apiKey   string
+	red      redactor
 	http     *http.Client
 	now      func() time.Time
 	maxBytes int64
+	budget   *AnswerBudget
 }
 
 var _ Provider = (*client)(nil)
@@ -153,12 +179,18 @@ func New(cfg Config) (Provider, error) {
 	if cfg.MaxResponseBytes < 0 {
 		return nil, fmt.Errorf("llm: MaxResponseBytes must not be negative, got %d", cfg.MaxResponseBytes)
 	}
+	if b := cfg.AnswerBudget; b != nil && cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes) > b.reserve {
+		return nil, fmt.Errorf("llm: MaxResponseBytes (%d) is above the AnswerBudget's largest answer (%d)",
+			cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes), b.reserve)
+	}
 	c := &client{
 		d:        d,
 		url:      endpoint,
 		apiKey:   cfg.APIKey,
+		red:      newRedactor(cfg.APIKey),
 		now:      cfg.Now,
 		maxBytes: cfg.MaxResponseBytes,
+		budget:   cfg.AnswerBudget,
 	}
 	if c.now == nil {
 		c.now = time.Now
@@ -232,6 +264,18 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 	if err := checkRequestBody(body); err != nil {
 		return nil, err
 	}
+	// Room for the answer is taken before the request goes out, so that waiting for it costs the
+	// provider nothing and counts against no first-byte timeout; enough for any error body.
+	hold, err := c.budget.hold(ctx, maxErrorBodyBytes)
+	if err != nil {
+		return nil, c.transportError(ctx, "wait for room for the answer", err)
+	}
+	keepHold := false
+	defer func() {
+		if !keepHold {
+			hold.release()
+		}
+	}()
 	var firstByte *time.Timer
 	if opts.FirstByteTimeout > 0 {
 		var cancel context.CancelCauseFunc
@@ -263,41 +307,51 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		limit = c.maxBytes
 	}
 	tr := &ttfbReader{r: resp.Body, now: c.now, firstByte: firstByte}
-	data, readErr := io.ReadAll(io.LimitReader(tr, limit+1))
+	data, cut, readErr := readBody(ctx, tr, limit, resp.ContentLength, hold)
 	latency := max(c.now().Sub(start), 0) // an injected clock need not be monotonic
 	ttfb := latency
 	if !tr.first.IsZero() {
 		ttfb = min(max(tr.first.Sub(start), 0), latency)
 	}
 	rl := c.d.rateLimit(resp.Header, received)
+	header := c.red.header(resp.Header)
 
 	if !ok {
 		if readErr != nil && ctx.Err() != nil {
 			return nil, c.transportError(ctx, "read response body", readErr)
 		}
 		// Any other read failure still leaves an authoritative status: report it.
-		return nil, c.statusError(resp, data[:min(int64(len(data)), limit)], rl, latency, ttfb)
+		return nil, c.statusError(resp.StatusCode, header, data, cut, rl, latency, ttfb)
 	}
 	if readErr != nil {
 		return nil, c.transportError(ctx, "read response body", readErr)
 	}
 	out := &Response{
 		StatusCode:      resp.StatusCode,
-		Header:          resp.Header,
+		Header:          header,
 		RateLimit:       rl,
 		Latency:         latency,
 		TimeToFirstByte: ttfb,
 	}
-	if int64(len(data)) > limit {
+	if cut {
 		return out, fmt.Errorf("llm: read response body: %w (limit %d bytes)", ErrResponseTooLarge, limit)
 	}
+	// The key inside a string is masked byte for byte, which keeps the JSON valid; one anywhere
+	// else makes the body unusable, and the check below says so.
+	c.red.maskBytes(data)
+	if slack := cap(data) - len(data); slack > 4<<10 {
+		// A body of unknown length was read into a doubling buffer: keep (and count) only its bytes.
+		data = append(make([]byte, 0, len(data)), data...)
+	}
 	out.Body = data
+	hold.settle(int64(cap(data)))
+	out.hold, keepHold = hold, true
 	var top struct {
 		Usage json.RawMessage `json:"usage"`
 	}
 	if !isJSONObject(data) || json.Unmarshal(data, &top) != nil {
 		return out, fmt.Errorf("llm: decode %d response (%d bytes, content-type %q): %w",
-			resp.StatusCode, len(data), resp.Header.Get("Content-Type"), ErrDecode)
+			resp.StatusCode, len(data), c.red.clean(header.Get("Content-Type"), maxHeaderTextLen), ErrDecode)
 	}
 	out.Usage = c.d.usage(top.Usage)
 	return out, nil
@@ -312,26 +366,33 @@ func (c *client) transportError(ctx context.Context, op string, err error) error
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return &TransportError{Op: op, Err: ctxErr}
 	}
-	if c.apiKey != "" && strings.Contains(err.Error(), c.apiKey) {
-		err = &redactedError{msg: redact(err.Error(), c.apiKey), err: err}
+	// net/http quotes what a broken server sent ("malformed HTTP response ..."): untrusted text.
+	if msg, clean := err.Error(), c.red.clean(err.Error(), maxMessageLen); clean != msg {
+		err = &redactedError{msg: clean, err: err}
 	}
 	return &TransportError{Op: op, Err: err}
 }
 
-func (c *client) statusError(resp *http.Response, data []byte, rl RateLimit, latency, ttfb time.Duration) *StatusError {
+// statusError builds the *StatusError of a non-2xx answer. header is already redacted; data is
+// the body read, cut when the body was longer. Every text is cleaned (control characters, the
+// key) before it is cut.
+func (c *client) statusError(status int, header http.Header, data []byte, cut bool, rl RateLimit, latency, ttfb time.Duration) *StatusError {
 	typ, code, msg, parsed := parseErrorBody(data)
-	if !parsed {
-		msg = excerpt(data)
+	if parsed {
+		msg = c.red.clean(msg, maxMessageLen)
+	} else {
+		msg = c.red.excerpt(data, cut)
 	}
+	typ, code = c.red.clean(typ, maxHeaderTextLen), c.red.clean(code, maxHeaderTextLen)
 	if msg == "" && typ == "" && code == "" {
-		msg = http.StatusText(resp.StatusCode)
+		msg = http.StatusText(status)
 	}
 	return &StatusError{
-		StatusCode:      resp.StatusCode,
-		Type:            truncate(redact(typ, c.apiKey), 128),
-		Code:            truncate(redact(code, c.apiKey), 128),
-		Message:         truncate(redact(msg, c.apiKey), maxMessageLen),
-		Header:          resp.Header,
+		StatusCode:      status,
+		Type:            typ,
+		Code:            code,
+		Message:         msg,
+		Header:          header,
 		RateLimit:       rl,
 		Latency:         latency,
 		TimeToFirstByte: ttfb,
@@ -354,16 +415,20 @@ func checkRequestBody(body []byte) error {
 	return nil
 }
 
-func isJSONObject(data []byte) bool {
+func isJSONObject(data []byte) bool { return startsObject(data) && json.Valid(data) }
+
+// startsObject reports whether data's first byte after white space opens a JSON object: an HTML
+// page or a run of white space is refused without a parse.
+func startsObject(data []byte) bool {
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
-	return len(trimmed) > 0 && trimmed[0] == '{' && json.Valid(data)
+	return len(trimmed) > 0 && trimmed[0] == '{'
 }
 
 // parseErrorBody reads either provider's error JSON, and the common variants of
 // OpenAI-compatible servers ({"error":"text"}, {"message":"text"}, {"detail":"text"}).
 func parseErrorBody(data []byte) (typ, code, msg string, ok bool) {
 	var top map[string]json.RawMessage
-	if json.Unmarshal(data, &top) != nil || top == nil {
+	if !startsObject(data) || json.Unmarshal(data, &top) != nil || top == nil {
 		return "", "", "", false
 	}
 	if raw, found := top["error"]; found {
@@ -409,14 +474,6 @@ func jsonText(raw json.RawMessage) string {
 		}
 	}
 	return ""
-}
-
-// excerpt is a short, single-line, valid UTF-8 prefix of an unparseable body.
-func excerpt(data []byte) string {
-	const n = 200
-	s := strings.ToValidUTF8(string(data[:min(len(data), 4*n)]), "")
-	s = strings.Join(strings.Fields(s), " ")
-	return truncate(s, n)
 }
 
 // ttfbReader records when the first body byte was read, and stops the first-byte timer then.

@@ -281,6 +281,22 @@ func TestProvider_Send_StatusError(t *testing.T) {
 			wantType: "invalid_api_key",
 		},
 		{
+			name: "ControlCharactersReplaced", kind: llm.KindOpenAI,
+			handler:  reply(500, `{"error":{"message":"a\u0000b\u001b[2Jc\td\ne\u009b","type":"x\u0007"}}`),
+			want:     llm.StatusError{StatusCode: 500, Type: "x\uFFFD", Message: "a\uFFFDb\uFFFD[2Jc\td\ne\uFFFD"},
+			wantType: "x\uFFFD",
+		},
+		{
+			name: "CRLFTextOnOneLine", kind: llm.KindOpenAI,
+			handler: reply(502, "<html>\r\n<body>bad gateway</body>\r\n</html>\r\n", "Content-Type", "text/html"),
+			want:    llm.StatusError{StatusCode: 502, Message: "<html> <body>bad gateway</body> </html>"},
+		},
+		{
+			name: "InvalidUTF8InTextReplaced", kind: llm.KindOpenAI,
+			handler: reply(502, "bad\xffgate\x00way", "Content-Type", "text/plain"),
+			want:    llm.StatusError{StatusCode: 502, Message: "bad\uFFFDgate\uFFFDway"},
+		},
+		{
 			name: "KeyEchoedInTextIsRedacted", kind: llm.KindAnthropic,
 			handler: reply(403, "<html>denied for key "+testKey+"</html>", "Content-Type", "text/html"),
 			want:    llm.StatusError{StatusCode: 403, Message: "<html>denied for key [redacted]</html>"},

@@ -16,13 +16,14 @@ type Class string
 const (
 	// ClassOK is a nil error.
 	ClassOK Class = "ok"
-	// ClassRetryable is a transient provider failure: 408, 409, 500, 502, 503, 504, 529, or
-	// any status the provider marked x-should-retry: true.
+	// ClassRetryable is a transient provider failure: 408, 409, 500, 502, 503, 504, 529, a 429
+	// whose Retry-After is malformed ("retry later, no hint"), or any status the provider
+	// marked x-should-retry: true.
 	ClassRetryable Class = "retryable"
 	// ClassRateLimited is a 429 that carried a usable Retry-After or retry-after-ms.
 	ClassRateLimited Class = "rate_limited"
-	// ClassSpendCap is a 429 without Retry-After or a spend/billing error code: it keeps
-	// failing until an operator acts, so the job goes dead.
+	// ClassSpendCap is a 429 without any Retry-After header or a spend/billing error code: it
+	// keeps failing until an operator acts, so the job goes dead.
 	ClassSpendCap Class = "spend_cap"
 	// ClassTimeout is a timeout: a deadline passed or the transport timed out.
 	ClassTimeout Class = "timeout"
@@ -59,6 +60,14 @@ type Decision struct {
 	// HasRetryAfter reports whether the response carried a usable Retry-After or
 	// retry-after-ms.
 	HasRetryAfter bool
+	// MalformedRetryAfter reports a Retry-After (or retry-after-ms) header that was present but
+	// unusable: negative, not a number ("abc", "1s"), empty, or a date in none of the RFC 9110
+	// forms. The server wants a retry and gave no usable hint: on a 429 the class is
+	// retryable (full jitter), never spend_cap.
+	MalformedRetryAfter bool
+	// RetryAfterValue is the malformed header's value, for a log line: cut to 64 bytes, and
+	// only as clean as the header the error carried (internal/llm redacts the key from it).
+	RetryAfterValue string
 }
 
 // The interfaces embed error so that errors.AsType can look for them; any error in the chain
@@ -114,6 +123,9 @@ func Classify(err error, now time.Time) Decision {
 	if rh, ok := errors.AsType[responseHeaderer](err); ok {
 		header = rh.ResponseHeader()
 		d.RetryAfter, d.HasRetryAfter = ParseRetryAfter(header, now)
+		if !d.HasRetryAfter {
+			d.RetryAfterValue, d.MalformedRetryAfter = malformedRetryAfter(header)
+		}
 	}
 
 	if et, ok := errors.AsType[errorTyper](err); ok && spendCapCodes[strings.ToLower(strings.TrimSpace(et.ErrorType()))] {
@@ -123,13 +135,13 @@ func Classify(err error, now time.Time) Decision {
 		if !retry {
 			return d.with(ClassPermanent)
 		}
-		if c := statusClass(d.StatusCode, d.HasRetryAfter); c == ClassRateLimited {
+		if c := statusClass(d.StatusCode, d.HasRetryAfter, d.MalformedRetryAfter); c == ClassRateLimited {
 			return d.with(c)
 		}
 		return d.with(ClassRetryable)
 	}
 	if d.StatusCode > 0 {
-		return d.with(statusClass(d.StatusCode, d.HasRetryAfter))
+		return d.with(statusClass(d.StatusCode, d.HasRetryAfter, d.MalformedRetryAfter))
 	}
 
 	if errors.Is(err, context.DeadlineExceeded) {
@@ -156,16 +168,20 @@ func (d Decision) with(c Class) Decision {
 	return d
 }
 
-// statusClass is the status table.
-func statusClass(status int, hasRetryAfter bool) Class {
+// statusClass is the status table. A 429 is rate_limited with a usable hint, retryable with a
+// malformed one (the server asks for a retry, just not when), and a spend cap without any.
+func statusClass(status int, hasRetryAfter, malformedRetryAfter bool) Class {
 	switch status {
 	case http.StatusRequestTimeout, http.StatusConflict, http.StatusInternalServerError,
 		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout,
 		529: // Anthropic "overloaded"
 		return ClassRetryable
 	case http.StatusTooManyRequests:
-		if hasRetryAfter {
+		switch {
+		case hasRetryAfter:
 			return ClassRateLimited
+		case malformedRetryAfter:
+			return ClassRetryable
 		}
 		return ClassSpendCap
 	default:

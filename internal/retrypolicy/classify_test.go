@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -50,6 +51,11 @@ func status(code int, kv ...string) error {
 
 func typed(code int, errType string, kv ...string) error {
 	return &providerError{status: code, header: header(kv...), errType: errType}
+}
+
+// malformed429 is the decision for a 429 whose Retry-After value v is unusable.
+func malformed429(v string) retrypolicy.Decision {
+	return retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 429, MalformedRetryAfter: true, RetryAfterValue: v}
 }
 
 func TestClassify(t *testing.T) {
@@ -94,7 +100,22 @@ func TestClassify(t *testing.T) {
 		{"429RetryAfterPastDate", status(429, "Retry-After", past), retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, HasRetryAfter: true}},
 		{"429RateLimitErrorType", typed(429, "rate_limit_error", "Retry-After", "1"), retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, RetryAfter: time.Second, HasRetryAfter: true}},
 		{"429NoRetryAfter", status(429), retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429}},
-		{"429GarbageRetryAfter", status(429, "Retry-After", "later"), retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429}},
+		// A malformed Retry-After still says "retry later": retryable with full jitter, never a spend cap.
+		{"429MalformedRetryAfterWord", status(429, "Retry-After", "later"), malformed429("later")},
+		{"429MalformedRetryAfterNegative", status(429, "Retry-After", "-5"), malformed429("-5")},
+		{"429MalformedRetryAfterLetters", status(429, "Retry-After", "abc"), malformed429("abc")},
+		{"429MalformedRetryAfterUnit", status(429, "Retry-After", "1s"), malformed429("1s")},
+		{"429MalformedRetryAfterEmpty", status(429, "Retry-After", ""), malformed429("")},
+		{"429MalformedRetryAfterBlank", status(429, "Retry-After", "  "), malformed429("  ")},
+		{"429MalformedRetryAfterRFC3339Date", status(429, "Retry-After", "2026-03-01T12:00:05Z"), malformed429("2026-03-01T12:00:05Z")},
+		{"429MalformedRetryAfterDateNoZone", status(429, "Retry-After", "Sun, 01 Mar 2026 12:00:05"), malformed429("Sun, 01 Mar 2026 12:00:05")},
+		{"429MalformedRetryAfterMs", status(429, "Retry-After-Ms", "soon"), malformed429("soon")},
+		{"429MalformedMsButUsableRetryAfter", status(429, "Retry-After-Ms", "soon", "Retry-After", "2"), retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, RetryAfter: 2 * time.Second, HasRetryAfter: true}},
+		{"429MalformedRetryAfterLowerCaseName", &providerError{status: 429, header: http.Header{"retry-after": {"x"}}}, malformed429("x")},
+		{"429MalformedRetryAfterLongValueCut", status(429, "Retry-After", strings.Repeat("é", 40)), malformed429(strings.Repeat("é", 32) + "…")},
+		{"503MalformedRetryAfter", status(503, "Retry-After", "abc"), retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 503, MalformedRetryAfter: true, RetryAfterValue: "abc"}},
+		{"429MalformedRetryAfterSpendCapCode", typed(429, "insufficient_quota", "Retry-After", "abc"), retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429, MalformedRetryAfter: true, RetryAfterValue: "abc"}},
+		{"429MalformedRetryAfterShouldRetryFalse", status(429, "X-Should-Retry", "false", "Retry-After", "abc"), retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 429, MalformedRetryAfter: true, RetryAfterValue: "abc"}},
 
 		{"InsufficientQuotaEvenWithRetryAfter", typed(429, "insufficient_quota", "Retry-After", "1"), retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429, RetryAfter: time.Second, HasRetryAfter: true}},
 		{"InsufficientQuotaUppercase", typed(429, " INSUFFICIENT_QUOTA "), retrypolicy.Decision{Class: retrypolicy.ClassSpendCap, DeadReason: spendCap, StatusCode: 429}},

@@ -26,9 +26,11 @@
 //  4. An x-should-retry response header overrides the status table: "true" → retried (class
 //     rate_limited for a 429 with Retry-After, otherwise retryable); "false" → permanent.
 //  5. The status table: 408, 409, 500, 502, 503, 504, 529 → retryable; 429 with a usable
-//     Retry-After → rate_limited; 429 without one → spend_cap (dead: a 429 that gives no hint
-//     is usually a spend cap); any other status (400, 401, 403, 404, 413, 422, 3xx, 501, ...)
-//     → permanent. When unsure, do not retry.
+//     Retry-After → rate_limited; 429 with a malformed one ("-5", "abc", "1s", empty, a date in
+//     no RFC 9110 form) → retryable: the server wants a retry and gave no usable hint; 429
+//     without the header at all → spend_cap (dead: a 429 that gives no hint is usually a spend
+//     cap); any other status (400, 401, 403, 404, 413, 422, 3xx, 501, ...) → permanent. When
+//     unsure, do not retry.
 //  6. errors.Is(err, context.DeadlineExceeded), or Timeout() == true → timeout (retried).
 //  7. Timeout() == false → network (retried): connection refused or reset, DNS, TLS, a body cut
 //     short.
@@ -39,6 +41,8 @@
 //
 // When the server gives a hint (Retry-After, retry-after-ms) Policy.Delay waits exactly that
 // plus a random spread, so that clients which got the same whole-second answer do not come
-// back in the same instant. Without a hint it uses full jitter, U(0, min(MaxDelay,
-// BaseDelay·2^(attempt-1))). See Config for the defaults and the spread formula.
+// back in the same instant, and never longer than Config.MaxRetryAfter (5 minutes by default:
+// one header must not park a job for an hour). Without a usable hint it uses full jitter,
+// U(0, min(MaxDelay, BaseDelay·2^(attempt-1))). See Config for the defaults and the spread
+// formula.
 package retrypolicy

@@ -13,6 +13,7 @@ const (
 	DefaultBaseDelay        = 500 * time.Millisecond
 	DefaultMaxDelay         = 60 * time.Second
 	DefaultRetryAfterSpread = 5 * time.Second
+	DefaultMaxRetryAfter    = 5 * time.Minute
 )
 
 // minRetryAfterSpread is the smallest spread window added to a server hint. Providers send
@@ -25,9 +26,15 @@ type Config struct {
 	// BaseDelay is the full-jitter ceiling of the first retry; it doubles per attempt.
 	// Default 500ms. Must not be negative.
 	BaseDelay time.Duration
-	// MaxDelay caps the full-jitter ceiling. It does not cap a server's Retry-After, which
-	// ParseRetryAfter already bounds by MaxRetryAfter. Default 60s. Must be ≥ BaseDelay.
+	// MaxDelay caps the full-jitter ceiling. It does not cap a server's Retry-After (see
+	// MaxRetryAfter). Default 60s. Must be ≥ BaseDelay.
 	MaxDelay time.Duration
+	// MaxRetryAfter caps the wait a server's Retry-After imposes, spread included: a longer hint
+	// (a typo, a hostile provider, "Retry-After: 99999999") is waited this long at most. The
+	// providers' rate-limit windows are a minute; a job whose deadline comes first is failed at
+	// once by its caller, not parked. Default 5m. Must be at least 1s and at most the hour
+	// ParseRetryAfter clamps to (MaxRetryAfter, the constant).
+	MaxRetryAfter time.Duration
 	// RetryAfterSpread caps the random spread added to a server's Retry-After. The spread
 	// is U(0, w) with w = min(RetryAfterSpread, max(1s, RetryAfter/5)): at least a second
 	// (hints come in whole seconds), a fifth of long waits, never more than this cap.
@@ -48,6 +55,7 @@ func (c *Config) withDefaults() Config {
 	out.BaseDelay = cmp.Or(out.BaseDelay, DefaultBaseDelay)
 	out.MaxDelay = cmp.Or(out.MaxDelay, DefaultMaxDelay)
 	out.RetryAfterSpread = cmp.Or(out.RetryAfterSpread, DefaultRetryAfterSpread)
+	out.MaxRetryAfter = cmp.Or(out.MaxRetryAfter, DefaultMaxRetryAfter)
 	if out.Float64 == nil {
 		out.Float64 = newLockedRand().Float64
 	}
@@ -70,6 +78,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("retrypolicy: MaxDelay (%s) must not be less than BaseDelay (%s)", c.MaxDelay, c.BaseDelay)
 	case c.RetryAfterSpread < 0:
 		return fmt.Errorf("retrypolicy: RetryAfterSpread must not be negative, got %s", c.RetryAfterSpread)
+	case c.MaxRetryAfter < time.Second || c.MaxRetryAfter > MaxRetryAfter:
+		return fmt.Errorf("retrypolicy: MaxRetryAfter must be between 1s and %s, got %s", MaxRetryAfter, c.MaxRetryAfter)
 	}
 	return nil
 }
@@ -93,25 +103,25 @@ func New(cfg *Config) *Policy {
 // Delay returns how long to wait before the next attempt. attempt counts from 1 and is the
 // attempt that just failed; values below 1 are treated as 1.
 //
-// With a server hint (d.HasRetryAfter) the result is d.RetryAfter plus a spread U(0, w),
-// w = min(RetryAfterSpread, max(1s, RetryAfter/5)); MaxDelay does not apply, the server
-// knows better. Otherwise it is full jitter, FullJitter(attempt, BaseDelay, MaxDelay, r).
-// The result is never negative and never overflows, whatever attempt is.
+// With a server hint (d.HasRetryAfter) the result is h plus a spread U(0, w), where h is
+// d.RetryAfter capped at MaxRetryAfter and w = min(RetryAfterSpread, max(1s, h/5)); MaxDelay
+// does not apply, the server knows better. The result never exceeds MaxRetryAfter: a hint
+// within w of the cap starts its spread at MaxRetryAfter-w, so it may come back up to w
+// before the hint has passed (a shared limiter that the hint pushed back still holds its
+// request). Without a usable hint (none, or MalformedRetryAfter) it is full jitter,
+// FullJitter(attempt, BaseDelay, MaxDelay, r). The result is never negative, whatever attempt
+// is.
 func (p *Policy) Delay(attempt int, d Decision) time.Duration {
 	r := clampUnit(p.cfg.Float64())
 	if d.HasRetryAfter {
-		ra := max(d.RetryAfter, 0)
+		limit := p.cfg.MaxRetryAfter
+		ra := min(max(d.RetryAfter, 0), limit)
 		w := min(p.cfg.RetryAfterSpread, max(minRetryAfterSpread, ra/5))
-		spread := time.Duration(r * float64(w))
-		if ra > maxDuration-spread {
-			return maxDuration
-		}
-		return ra + spread
+		ra = max(min(ra, limit-w), 0)
+		return min(ra+time.Duration(r*float64(w)), limit)
 	}
 	return FullJitter(attempt, p.cfg.BaseDelay, p.cfg.MaxDelay, r)
 }
-
-const maxDuration = time.Duration(1<<63 - 1)
 
 // FullJitter returns r·min(maxDelay, base·2^(attempt-1)): a uniform draw from the full-jitter
 // window when r is uniform in [0, 1). attempt below 1 counts as 1, r is clamped to [0, 1),

@@ -103,7 +103,9 @@ func TestPolicy_Delay(t *testing.T) {
 			{2 * time.Second, 2500 * time.Millisecond},   // window 1s (floor beats 20%)
 			{10 * time.Second, 11 * time.Second},         // window 2s (20%)
 			{60 * time.Second, 62500 * time.Millisecond}, // window capped at 5s
-			{10 * time.Minute, 10*time.Minute + 2500*time.Millisecond},
+			{4 * time.Minute, 4*time.Minute + 2500*time.Millisecond},
+			{5 * time.Minute, 5*time.Minute - 2500*time.Millisecond}, // the cap: spread below it
+			{10 * time.Minute, 5*time.Minute - 2500*time.Millisecond},
 		}
 		for _, tt := range tests {
 			d := retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, RetryAfter: tt.ra, HasRetryAfter: true}
@@ -133,9 +135,39 @@ func TestPolicy_Delay(t *testing.T) {
 
 		p := retrypolicy.New(&retrypolicy.Config{Float64: fixed(0.9)})
 		d := retrypolicy.Decision{RetryAfter: math.MaxInt64, HasRetryAfter: true}
-		require.Equal(t, time.Duration(math.MaxInt64), p.Delay(1, d))
+		require.Equal(t, 5*time.Minute-500*time.Millisecond, p.Delay(1, d), "capped at MaxRetryAfter, spread included")
 		d = retrypolicy.Decision{RetryAfter: -time.Second, HasRetryAfter: true}
 		require.Equal(t, 900*time.Millisecond, p.Delay(1, d), "a negative hint counts as zero")
+	})
+
+	// A hint longer than MaxRetryAfter is waited MaxRetryAfter at most, spread included, whatever
+	// the random draw; a shorter one is untouched.
+	t.Run("RetryAfterCapped", func(t *testing.T) {
+		t.Parallel()
+
+		for _, r := range []float64{0, 0.5, math.Nextafter(1, 0)} {
+			p := retrypolicy.New(&retrypolicy.Config{MaxRetryAfter: 30 * time.Second, Float64: fixed(r)})
+			for _, ra := range []time.Duration{30 * time.Second, time.Minute, retrypolicy.MaxRetryAfter} {
+				got := p.Delay(1, retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, RetryAfter: ra, HasRetryAfter: true})
+				require.LessOrEqual(t, got, 30*time.Second, "hint %s, r %v", ra, r)
+				require.GreaterOrEqual(t, got, 25*time.Second, "hint %s, r %v: spread within the last 5s", ra, r)
+			}
+		}
+		p := retrypolicy.New(&retrypolicy.Config{MaxRetryAfter: time.Second, Float64: fixed(0.5)})
+		require.Equal(t, 500*time.Millisecond, p.Delay(1, retrypolicy.Decision{RetryAfter: time.Hour, HasRetryAfter: true}),
+			"a cap below the spread window spreads over the whole cap")
+		p = retrypolicy.New(&retrypolicy.Config{MaxRetryAfter: 30 * time.Second, Float64: fixed(0.5)})
+		require.Equal(t, 10*time.Second+time.Second, p.Delay(1, retrypolicy.Decision{RetryAfter: 10 * time.Second, HasRetryAfter: true}))
+	})
+
+	// A malformed Retry-After is no hint: full jitter, as for a 503.
+	t.Run("MalformedRetryAfterIsFullJitter", func(t *testing.T) {
+		t.Parallel()
+
+		p := retrypolicy.New(&retrypolicy.Config{Float64: fixed(0.5)})
+		d := retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 429, MalformedRetryAfter: true, RetryAfterValue: "-5"}
+		require.Equal(t, 250*time.Millisecond, p.Delay(1, d))
+		require.Equal(t, time.Second, p.Delay(3, d))
 	})
 
 	t.Run("RandomOutOfRangeClamped", func(t *testing.T) {
@@ -190,6 +222,10 @@ func TestConfig_Validate(t *testing.T) {
 		{"MaxBelowBase", &retrypolicy.Config{BaseDelay: 2 * time.Second, MaxDelay: time.Second}, "MaxDelay"},
 		{"BaseAboveDefaultMax", &retrypolicy.Config{BaseDelay: 2 * time.Minute}, "MaxDelay"},
 		{"NegativeSpread", &retrypolicy.Config{RetryAfterSpread: -1}, "RetryAfterSpread"},
+		{"MaxRetryAfterBelowASecond", &retrypolicy.Config{MaxRetryAfter: time.Millisecond}, "MaxRetryAfter"},
+		{"MaxRetryAfterNegative", &retrypolicy.Config{MaxRetryAfter: -time.Second}, "MaxRetryAfter"},
+		{"MaxRetryAfterAboveAnHour", &retrypolicy.Config{MaxRetryAfter: 2 * time.Hour}, "MaxRetryAfter"},
+		{"MaxRetryAfterAnHour", &retrypolicy.Config{MaxRetryAfter: time.Hour}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

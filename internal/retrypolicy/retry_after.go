@@ -6,13 +6,18 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // MaxRetryAfter is the longest wait ParseRetryAfter returns. A server hint above it (or a
 // far-future date, or a number too large to represent) is clamped to it: an hour is already
 // far beyond any rate-limit window of the providers we call, and an unbounded value would
-// park a job forever on a typo.
+// park a job forever on a typo. What a Policy honours is capped lower still
+// (Config.MaxRetryAfter, 5 minutes by default).
 const MaxRetryAfter = time.Hour
+
+// maxRetryAfterValueLen bounds Decision.RetryAfterValue: it is for a log line.
+const maxRetryAfterValueLen = 64
 
 // ParseRetryAfter returns how long the response headers h ask the client to wait, measured
 // from now, and whether they held a usable hint.
@@ -55,6 +60,31 @@ func ParseRetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	default:
 		return d, true
 	}
+}
+
+// malformedRetryAfter reports whether h carries Retry-After or retry-after-ms (with any value,
+// empty included) and returns the value of the first present, cut to maxRetryAfterValueLen
+// bytes. Call it when ParseRetryAfter found no usable hint: the header is then malformed.
+func malformedRetryAfter(h http.Header) (string, bool) {
+	for _, name := range []string{"Retry-After", "Retry-After-Ms"} {
+		for k, vs := range h {
+			if strings.EqualFold(k, name) {
+				var v string
+				if len(vs) > 0 {
+					v = vs[0]
+				}
+				if len(v) > maxRetryAfterValueLen {
+					cut := maxRetryAfterValueLen
+					for cut > 0 && !utf8.RuneStart(v[cut]) {
+						cut--
+					}
+					v = v[:cut] + "…"
+				}
+				return v, true
+			}
+		}
+	}
+	return "", false
 }
 
 // headerValue returns the first non-empty value of name, trimmed, matching the name

@@ -86,7 +86,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
 	// asynq's dequeues measured slower (docs/decisions.md).
 	pipelined := dispatch.AutoPipelined(rdb)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute})
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute,
+		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -102,13 +103,23 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		rdb.Close()
 		return nil, err
 	}
+	// One answer budget for every provider of the process: the bound is on the process's memory.
+	answers, err := llm.NewAnswerBudget(cfg.Worker.MaxAnswerBytes, llm.DefaultMaxResponseBytes)
+	if err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("worker.max_answer_bytes: %w", err)
+	}
+	if opts.Registerer != nil {
+		llm.RegisterBudgetMetrics(opts.Registerer, answers)
+	}
 	upstreams := map[string]executor.Upstream{}
 	for _, c := range cfg.Credentials {
 		kind, err := llm.ParseKind(c.Provider)
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		p, err := llm.New(llm.Config{Kind: kind, BaseURL: c.BaseURL, APIKey: c.APIKey(), HTTPClient: opts.HTTPClient})
+		p, err := llm.New(llm.Config{Kind: kind, BaseURL: c.BaseURL, APIKey: c.APIKey(), HTTPClient: opts.HTTPClient,
+			AnswerBudget: answers})
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
@@ -121,7 +132,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		}
 		upstreams[c.Name] = up
 	}
-	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay})
+	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay,
+		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
 	store := jobs.NewStore(pool, nil)
 	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk}
 	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
