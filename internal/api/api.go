@@ -5,6 +5,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -294,7 +295,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	switch {
 	case errors.As(err, &he):
 	case errors.As(err, &inv):
-		he = &httpError{status: http.StatusBadRequest, typ: inv.Type, message: inv.Message}
+		he = &httpError{status: cmp.Or(inv.Status, http.StatusBadRequest), typ: inv.Type, message: inv.Message}
 	case errors.As(err, &term):
 		he = &httpError{status: http.StatusConflict, typ: "job_terminal", message: term.Error()}
 	case errors.Is(err, jobs.ErrUnstorable):

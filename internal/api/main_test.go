@@ -119,7 +119,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 }
 
 // create stores a job of tenant "default" (or the given one).
-func (b *testBundle) create(t *testing.T, tenant string) *jobs.Job {
+func (b *testBundle) create(t testing.TB, tenant string) *jobs.Job {
 	t.Helper()
 	if tenant == "" {
 		tenant = "default"

@@ -14,13 +14,14 @@ import (
 
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/jobs"
-	"github.com/llmq/llmq/internal/tenant"
 	"github.com/llmq/llmq/internal/tokens"
 )
 
-// InvalidError is a submission the API must refuse with 400; Type is a stable machine code and
-// Message names the problem. Nothing is stored for it.
+// InvalidError is a submission the API must refuse, with 400 unless Status says otherwise; Type
+// is a stable machine code and Message names the problem. Nothing is stored for it.
 type InvalidError struct {
+	// Status is the HTTP status; 0 means 400. Only credential_not_allowed is 403.
+	Status  int
 	Type    string
 	Message string
 }
@@ -91,8 +92,15 @@ type submitBody struct {
 // MaxMetadataBytes caps the metadata object.
 const MaxMetadataBytes = 16 << 10
 
-// parse validates a submit body and returns the job it describes, or an *InvalidError.
-func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams, error) {
+// minDuration is the shortest timeout a job may ask for: durations are stored in whole
+// milliseconds, and a positive duration that rounds to 0 would be stored as none at all.
+const minDuration = time.Millisecond
+
+// parse validates a submit body and returns the job it describes, or an *InvalidError. allowed
+// is the tenant's credential restriction (nil: every configured credential): a name it refuses is
+// credential_not_allowed before the name is looked up, so a restricted tenant gets the same
+// answer for a credential that exists and for one that does not.
+func (s *contract) parse(tenant string, allowed func(string) bool, idemKey string, body []byte) (jobs.CreateParams, error) {
 	var b submitBody
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -120,6 +128,9 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 	if err := json.Unmarshal(b.Request, &req); err != nil {
 		return jobs.CreateParams{}, invalid("invalid_request", "field \"request\" must be a JSON object")
 	}
+	if err := checkEscapes(b.Request); err != nil {
+		return jobs.CreateParams{}, err
+	}
 	if stream, ok := req["stream"]; ok && string(stream) == "true" {
 		return jobs.CreateParams{}, invalid("stream_unsupported", "\"stream\": true is not supported yet: results are delivered whole")
 	}
@@ -135,6 +146,9 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 	if p.Credential == "" {
 		p.Credential = "default"
 	}
+	if err := checkAllowed(tenant, allowed, p.Credential, b.Fallbacks); err != nil {
+		return jobs.CreateParams{}, err
+	}
 	if !s.creds[p.Credential] {
 		return jobs.CreateParams{}, invalid("unknown_credential", "credential %q is not configured", p.Credential)
 	}
@@ -147,8 +161,8 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 	}
 	if b.Timeout != nil {
 		d, err := time.ParseDuration(*b.Timeout)
-		if err != nil || d <= 0 || d > s.cfg.MaxTimeout {
-			return jobs.CreateParams{}, invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", above 0 and at most %s", *b.Timeout, s.cfg.MaxTimeout)
+		if err != nil || d < minDuration || d > s.cfg.MaxTimeout {
+			return jobs.CreateParams{}, invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", at least %s and at most %s", *b.Timeout, minDuration, s.cfg.MaxTimeout)
 		}
 		p.Timeout = d
 	}
@@ -161,8 +175,8 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 			continue
 		}
 		d, err := time.ParseDuration(*f.val)
-		if err != nil || d <= 0 || d > p.Timeout {
-			return jobs.CreateParams{}, invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", above 0 and at most the job's timeout (%s)", f.name, *f.val, p.Timeout)
+		if err != nil || d < minDuration || d > p.Timeout {
+			return jobs.CreateParams{}, invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", at least %s and at most the job's timeout (%s)", f.name, *f.val, minDuration, p.Timeout)
 		}
 		*f.dst = d
 	}
@@ -194,6 +208,71 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 	}
 	p.Fingerprint = fp
 	return p, nil
+}
+
+// checkAllowed refuses (403) a primary or fallback credential that a restricted tenant may not
+// use, whether or not it is configured: the answer must not tell such a tenant which names exist.
+func checkAllowed(tenant string, allowed func(string) bool, primary string, fallbacks []string) error {
+	if allowed == nil {
+		return nil
+	}
+	for _, c := range append([]string{primary}, fallbacks...) {
+		if !allowed(c) {
+			return &InvalidError{Status: http.StatusForbidden, Type: "credential_not_allowed",
+				Message: fmt.Sprintf("tenant %q may not use credential %q", tenant, c)}
+		}
+	}
+	return nil
+}
+
+// checkEscapes refuses a request holding \u0000 or an unpaired surrogate escape (raw is valid
+// JSON). The json column stores them, but Postgres cannot turn them into text: every query of
+// request->>'...' on the table would then fail, and neither is text a provider can use.
+func checkEscapes(raw []byte) error {
+	hex := func(i int) (rune, bool) { // the \uXXXX escape starting at raw[i], if it is one
+		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+			return 0, false
+		}
+		var r rune
+		for _, c := range raw[i+2 : i+6] {
+			switch {
+			case c >= '0' && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, true
+	}
+	// In valid JSON a backslash only occurs inside a string, as the start of an escape.
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		r, ok := hex(i)
+		if !ok {
+			i++ // a one-letter escape such as \\ or \"
+			continue
+		}
+		switch {
+		case r == 0:
+			return invalid("invalid_request", "field \"request\" must not contain \\u0000")
+		case r >= 0xD800 && r <= 0xDBFF:
+			if lo, ok := hex(i + 6); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+				i += 11
+				continue
+			}
+			return invalid("invalid_request", "field \"request\" must not contain an unpaired surrogate escape (\\u%04x)", r)
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return invalid("invalid_request", "field \"request\" must not contain an unpaired surrogate escape (\\u%04x)", r)
+		}
+		i += 5
+	}
+	return nil
 }
 
 // checkTokens refuses a request larger than a whole configured token bucket of its credential or
@@ -240,7 +319,7 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 }
 
 // submit is POST /v1/jobs: authenticate, apply the tenant's submit rate, read and parse the body
-// once, check the tenant may use its credentials, then commit and enqueue the job.
+// once (which checks the tenant may use its credentials), then commit and enqueue the job.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	tn, err := s.tenant(r)
 	if err != nil {
@@ -266,10 +345,11 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_json", message: "body is not valid UTF-8"})
 		return
 	}
-	p, err := s.contract.parse(tn.Name, r.Header.Get("Idempotency-Key"), body)
-	if err == nil {
-		err = checkCredentials(tn, p)
+	var allowed func(string) bool
+	if tn.Credentials != nil {
+		allowed = tn.Allows
 	}
+	p, err := s.contract.parse(tn.Name, allowed, r.Header.Get("Idempotency-Key"), body)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -286,21 +366,6 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, job)
-}
-
-// checkCredentials refuses (403) a job naming a credential, primary or fallback, that the tenant
-// may not use. The body is validated first, so an invalid one is a 400 as for anyone.
-func checkCredentials(tn *tenant.Tenant, p jobs.CreateParams) error {
-	if tn.Credentials == nil {
-		return nil
-	}
-	for _, c := range append([]string{p.Credential}, p.Fallbacks...) {
-		if !tn.Allows(c) {
-			return &httpError{status: http.StatusForbidden, typ: "credential_not_allowed",
-				message: fmt.Sprintf("tenant %q may not use credential %q", tn.Name, c)}
-		}
-	}
-	return nil
 }
 
 // create commits the job, then enqueues its task. The job exists once create returns without
