@@ -65,6 +65,14 @@ type Config struct {
 	// proxies; each also re-reads the job's events, a fallback should a notification be lost.
 	// Default 15s.
 	KeepAlive time.Duration
+	// EventWriteTimeout bounds the write of each event (and keep-alive) of a stream: a client
+	// that stops reading is cut off, and the stream's memory freed. Default 10s.
+	EventWriteTimeout time.Duration
+	// MaxStreamsPerTenant caps each tenant's open event streams on this replica (429 with
+	// Retry-After above it). Default 100.
+	MaxStreamsPerTenant int
+	// Now is the clock of throttled log lines. Default time.Now.
+	Now func() time.Time
 }
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.
@@ -73,6 +81,10 @@ type Server struct {
 	contract *contract
 	mux      *http.ServeMux
 	routes   []route
+	// streams counts each tenant's open event streams.
+	streams *streamCounter
+	// authLog throttles the log lines of refused credentials.
+	authLog *throttle
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -98,7 +110,17 @@ func New(cfg Config) *Server {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = 15 * time.Second
 	}
-	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{})}
+	if cfg.EventWriteTimeout == 0 {
+		cfg.EventWriteTimeout = 10 * time.Second
+	}
+	if cfg.MaxStreamsPerTenant == 0 {
+		cfg.MaxStreamsPerTenant = 100
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}),
+		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now)}
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	s.routes = []route{
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
@@ -163,9 +185,13 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 	case errors.Is(err, tenant.ErrMalformedBearerToken), errors.Is(err, tenant.ErrUnknownBearerToken):
 		return nil, unauthorized("invalid_token", "invalid bearer token")
 	case errors.Is(err, tenant.ErrRevoked):
+		// Once a minute per tenant: a client that keeps using a revoked token must not flood
+		// the log (the count of those left out goes with the next line).
 		if t != nil {
-			s.cfg.Logger.WarnContext(r.Context(), "request with a revoked tenant's token", "tenant", t.Name,
-				"method", r.Method, "path", r.URL.Path)
+			if log, suppressed := s.authLog.allow(t.Name); log {
+				s.cfg.Logger.WarnContext(r.Context(), "request with a revoked tenant's token", "tenant", t.Name,
+					"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
+			}
 		}
 		return nil, &httpError{status: http.StatusForbidden, typ: "token_revoked", message: "this bearer token was revoked"}
 	default:

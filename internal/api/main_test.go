@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -55,6 +57,14 @@ type setupOpts struct {
 	credentials []string                   // configured credentials; default ["default"]
 	submitRate  *tenant.RateLimiter        // the tenants' submit rate; default unlimited
 	logger      *slog.Logger               // default: discard
+	// server, when set, serves through httpserve.NewServer with these timeouts (default: a
+	// plain httptest server).
+	server *httpserve.Config
+	// listener, when set, wraps the test server's listener.
+	listener          func(net.Listener) net.Listener
+	eventWriteTimeout time.Duration
+	maxStreams        int
+	now               func() time.Time
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -94,6 +104,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Submit: SubmitConfig{Credentials: o.credentials}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
+		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
 	}
 	if !o.noListener {
 		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})
@@ -111,7 +122,14 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	if o.wrap != nil {
 		h = o.wrap(b.srv)
 	}
-	hs := httptest.NewServer(h)
+	hs := httptest.NewUnstartedServer(h)
+	if o.server != nil {
+		hs.Config = httpserve.NewServer(h, *o.server)
+	}
+	if o.listener != nil {
+		hs.Listener = o.listener(hs.Listener)
+	}
+	hs.Start()
 	t.Cleanup(hs.Close)
 	t.Cleanup(b.srv.Shutdown) // runs first: ends any stream a failed test left open
 	b.url = hs.URL
