@@ -121,6 +121,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}),
 		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now)}
+	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	s.routes = []route{
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
@@ -275,6 +276,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
+	s.cfg.Metrics.canceled(job.Credential)
 	if s.cfg.Tasks != nil {
 		// The job is canceled whatever Redis says: the worker skips terminal jobs, so a failed
 		// abort only lets an attempt already in flight run to its (unstored) end.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -65,6 +66,7 @@ type setupOpts struct {
 	eventWriteTimeout time.Duration
 	maxStreams        int
 	now               func() time.Time
+	registry          *prometheus.Registry // the API's metrics; default none
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -105,6 +107,9 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
+	}
+	if o.registry != nil {
+		cfg.Metrics, cfg.Gatherer = NewMetrics(o.registry), o.registry
 	}
 	if !o.noListener {
 		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})
