@@ -10,6 +10,7 @@ run: build
 ## test: every test, with the race detector, against the local Postgres and Redis
 test:
 	scripts/services.sh
+	scripts/promtool.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 
