@@ -20,6 +20,7 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/migrations"
 )
 
@@ -72,7 +73,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(addr s
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.API.Listen, err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	// Hostile clients: timeouts on every read and write, a cap on open connections.
+	ln = httpserve.LimitListener(ln, cfg.API.MaxConnections, httpserve.NewMetrics(reg))
+	serverCfg := httpserve.FromConfig(cfg.API)
+	serverCfg.ErrorLog = logger
+	srv := httpserve.NewServer(handler, serverCfg)
 	// Open event streams end at shutdown instead of holding it for its whole timeout.
 	srv.RegisterOnShutdown(handler.Shutdown)
 	logger.Info("api listening", "addr", ln.Addr().String())

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/internal/worker"
 	"github.com/llmq/llmq/migrations"
 )
@@ -71,7 +72,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		serverCfg := httpserve.FromConfig(cfg.API) // the api section's timeouts apply to every server
+		serverCfg.ErrorLog = logger
+		srv := httpserve.NewServer(mux, serverCfg)
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				logger.Error("metrics server", "error", err)

@@ -5,6 +5,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,6 +68,14 @@ type Config struct {
 	// StreamSigner signs the events_url of every job answered, and checks the token of such a
 	// URL. nil: jobs carry no events_url and event streams need a bearer token.
 	StreamSigner *StreamSigner
+	// EventWriteTimeout bounds the write of each event (and keep-alive) of a stream: a client
+	// that stops reading is cut off, and the stream's memory freed. Default 10s.
+	EventWriteTimeout time.Duration
+	// MaxStreamsPerTenant caps each tenant's open event streams on this replica (429 with
+	// Retry-After above it). Default 100.
+	MaxStreamsPerTenant int
+	// Now is the clock of throttled log lines. Default time.Now.
+	Now func() time.Time
 }
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.
@@ -75,6 +84,10 @@ type Server struct {
 	contract *contract
 	mux      *http.ServeMux
 	routes   []route
+	// streams counts each tenant's open event streams.
+	streams *streamCounter
+	// authLog throttles the log lines of refused credentials.
+	authLog *throttle
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -100,7 +113,18 @@ func New(cfg Config) *Server {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = 15 * time.Second
 	}
-	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{})}
+	if cfg.EventWriteTimeout == 0 {
+		cfg.EventWriteTimeout = 10 * time.Second
+	}
+	if cfg.MaxStreamsPerTenant == 0 {
+		cfg.MaxStreamsPerTenant = 100
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}),
+		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now)}
+	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	s.routes = []route{
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
@@ -165,9 +189,13 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 	case errors.Is(err, tenant.ErrMalformedBearerToken), errors.Is(err, tenant.ErrUnknownBearerToken):
 		return nil, unauthorized("invalid_token", "invalid bearer token")
 	case errors.Is(err, tenant.ErrRevoked):
+		// Once a minute per tenant: a client that keeps using a revoked token must not flood
+		// the log (the count of those left out goes with the next line).
 		if t != nil {
-			s.cfg.Logger.WarnContext(r.Context(), "request with a revoked tenant's token", "tenant", t.Name,
-				"method", r.Method, "path", r.URL.Path)
+			if log, suppressed := s.authLog.allow(t.Name); log {
+				s.cfg.Logger.WarnContext(r.Context(), "request with a revoked tenant's token", "tenant", t.Name,
+					"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
+			}
 		}
 		return nil, &httpError{status: http.StatusForbidden, typ: "token_revoked", message: "this bearer token was revoked"}
 	default:
@@ -251,6 +279,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
+	s.cfg.Metrics.canceled(job.Credential)
 	if s.cfg.Tasks != nil {
 		// The job is canceled whatever Redis says: the worker skips terminal jobs, so a failed
 		// abort only lets an attempt already in flight run to its (unstored) end.
@@ -297,7 +326,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	switch {
 	case errors.As(err, &he):
 	case errors.As(err, &inv):
-		he = &httpError{status: http.StatusBadRequest, typ: inv.Type, message: inv.Message}
+		he = &httpError{status: cmp.Or(inv.Status, http.StatusBadRequest), typ: inv.Type, message: inv.Message}
 	case errors.As(err, &term):
 		he = &httpError{status: http.StatusConflict, typ: "job_terminal", message: term.Error()}
 	case errors.Is(err, jobs.ErrUnstorable):

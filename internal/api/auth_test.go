@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -180,17 +181,26 @@ func TestAuth_CredentialRestriction(t *testing.T) {
 	} {
 		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", ok, h).status, ok)
 	}
+	// A credential the tenant may not use gets the same answer whether it exists ("costly") or
+	// not ("nope"), whatever else the body holds: the tenant learns no names.
 	for _, refused := range []string{
-		`{"credential":"costly","request":{"model":"m"}}`,
-		`{"credential":"cheap","fallbacks":["costly"],"request":{"model":"m"}}`,
+		`{"credential":"%s","request":{"model":"m"}}`,
+		`{"credential":"cheap","fallbacks":["%s"],"request":{"model":"m"}}`,
+		`{"credential":"%s","request":{"model":"m"},"timeout":"bad"}`,
+		`{"credential":"%s","fallbacks":["default","default"],"request":{"model":"m"}}`,
+		`{"credential":"%s","request":{"model":"m","max_tokens":999999999}}`,
 	} {
-		r := b.do(t, http.MethodPost, "/v1/jobs", refused, h)
-		requireError(t, r, http.StatusForbidden, "credential_not_allowed")
-		require.Contains(t, r.body["error"].(map[string]any)["message"], `credential "costly"`)
+		exists := b.do(t, http.MethodPost, "/v1/jobs", fmt.Sprintf(refused, "costly"), h)
+		requireError(t, exists, http.StatusForbidden, "credential_not_allowed")
+		missing := b.do(t, http.MethodPost, "/v1/jobs", fmt.Sprintf(refused, "nope"), h)
+		require.Equal(t, exists.status, missing.status, refused)
+		require.Equal(t, exists.body["error"].(map[string]any)["type"], missing.body["error"].(map[string]any)["type"], refused)
+		require.Equal(t, exists.body["error"].(map[string]any)["message"],
+			strings.ReplaceAll(missing.body["error"].(map[string]any)["message"].(string), "nope", "costly"), refused)
 	}
 	// An invalid body is a 400, as for anyone.
-	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", `{"credential":"nope","request":{"model":"m"}}`, h), http.StatusBadRequest, "unknown_credential")
 	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", `{"request":`, h), http.StatusBadRequest, "invalid_json")
+	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", `{"credential":"cheap","request":{"model":"m"},"timeout":"bad"}`, h), http.StatusBadRequest, "invalid_timeout")
 	// An unrestricted tenant may use them all.
 	require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", `{"credential":"costly","request":{"model":"m"}}`, nil).status)
 	require.Equal(t, 3, countJobs(t, b, "acme"))

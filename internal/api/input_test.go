@@ -6,9 +6,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/tenant"
@@ -89,12 +92,53 @@ func TestSubmit_InputLimits(t *testing.T) {
 		checkClientAnswer(t, rec, "LongLastEventID")
 		require.Equal(t, http.StatusBadRequest, rec.Code)
 	})
-	t.Run("NULInRequestIsStoredVerbatim", func(t *testing.T) {
+	t.Run("EscapesPostgresCannotReadBackAre400", func(t *testing.T) {
 		t.Parallel()
-		// The request column is json (kept byte for byte), which holds \u0000; the provider decides.
-		rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request":{"model":"m\u0000"}}`, nil)
+		// The json column would store them, but any request->>'...' query on the table would fail.
+		for _, req := range []string{`{"model":"m\u0000"}`, `{"\u0000":1}`, `{"a":["\ud800"]}`, `{"a":"\udc00\ud800"}`, `{"a":"\uD800x"}`} {
+			rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request":`+req+`}`, nil)
+			checkClientAnswer(t, rec, req)
+			require.Equal(t, http.StatusBadRequest, rec.Code, req)
+			require.Contains(t, rec.Body.String(), `"type":"invalid_request"`, req)
+		}
+		// An escaped backslash before "u0000" is text, and a surrogate pair is one character.
+		for _, req := range []string{`{"model":"m\\u0000"}`, `{"model":"\ud83d\ude00\uD83D\uDE00"}`, `{"model":"\u0001\\"}`} {
+			rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request":`+req+`}`, nil)
+			require.Equal(t, http.StatusAccepted, rec.Code, req+": "+rec.Body.String())
+		}
+	})
+	t.Run("SubMillisecondDurationsAre400", func(t *testing.T) {
+		t.Parallel()
+		for _, extra := range []string{`"timeout":"1ns"`, `"timeout":"999us"`, `"timeout":"999µs"`, `"timeout":"0.5ms"`,
+			`"attempt_timeout":"999us"`, `"first_byte_timeout":"1ns"`, `"attempt_timeout":"1ms","first_byte_timeout":"999999ns"`} {
+			rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},`+extra+`}`, nil)
+			checkClientAnswer(t, rec, extra)
+			require.Equal(t, http.StatusBadRequest, rec.Code, extra)
+			require.Contains(t, rec.Body.String(), `"type":"invalid_timeout"`, extra)
+		}
+		rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"timeout":"1ms","attempt_timeout":"1ms","first_byte_timeout":"1ms"}`, nil)
 		require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
 	})
+}
+
+// TestServer_IDFormsAre404: uuid.Parse accepts forms of a job's ID that the store does not
+// (urn:uuid:, braces, no hyphens); on every route that takes an ID each is a 404, never a 500.
+func TestServer_IDFormsAre404(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	job := b.create(t, "")
+	for _, id := range []string{"urn:uuid:" + job.ID, "URN:UUID:" + job.ID, "{" + job.ID + "}", strings.ReplaceAll(job.ID, "-", ""),
+		"urn:uuid:0190a5b2-7c1e-7d3f-9a8b-123456789abc"} {
+		for _, rt := range []struct{ method, path string }{
+			{http.MethodGet, "/v1/jobs/" + id}, {http.MethodDelete, "/v1/jobs/" + id}, {http.MethodGet, "/v1/jobs/" + id + "/events"},
+		} {
+			r := b.do(t, rt.method, rt.path, "", nil)
+			requireError(t, r, http.StatusNotFound, "not_found")
+		}
+	}
+	got, err := b.store.Get(context.Background(), job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "queued", string(got.Status), "no form of its ID canceled the job")
 }
 
 // TestServer_ClientInputNever5xx is the property over the whole handler: a few hundred requests
@@ -163,6 +207,89 @@ func FuzzServer_Submit(f *testing.F) {
 			h["Authorization"] = auth
 		}
 		checkClientAnswer(t, serve(t, b.srv, http.MethodPost, "/v1/jobs", string(body), h), "POST")
+	})
+}
+
+// FuzzServer_Jobs sends GET, DELETE and GET .../events with arbitrary IDs, Last-Event-IDs and
+// Authorization headers to the whole handler: never a 5xx, never a panic, every 4xx with the
+// error document, and any ID but the job's own (in either case) names no job: an ID that
+// uuid.Parse accepts in another form (urn:uuid:, braces, bare hex) is a 404. The committed
+// corpus is in testdata/fuzz/FuzzServer_Jobs.
+func FuzzServer_Jobs(f *testing.F) {
+	b := setup(f, setupOpts{})
+	job := b.create(f, "")
+	// Canceled: a terminal job's stream ends after its last event instead of staying open.
+	_, err := b.store.Cancel(context.Background(), job.ID)
+	require.NoError(f, err)
+	other := b.create(f, "someone-else").ID
+	for _, id := range []string{job.ID, strings.ToUpper(job.ID), "urn:uuid:" + job.ID, "{" + job.ID + "}",
+		strings.ReplaceAll(job.ID, "-", ""), other, "nope", "", "..", "../../metrics", job.ID + "/x"} {
+		for m := range uint8(3) {
+			f.Add(m, id, "", "")
+		}
+	}
+	f.Add(uint8(2), job.ID, "0", "")
+	f.Add(uint8(2), job.ID, "-1", "")
+	f.Add(uint8(2), job.ID, "99999999999999999999", "")
+	f.Add(uint8(0), job.ID, "", "Bearer x")
+	f.Fuzz(func(t *testing.T, m uint8, id, lastEventID, auth string) {
+		method, path := http.MethodGet, "/v1/jobs/"+url.PathEscape(id)
+		switch m % 3 {
+		case 1:
+			method = http.MethodDelete
+		case 2:
+			path += "/events"
+		}
+		h := map[string]string{}
+		if lastEventID != "" {
+			h["Last-Event-ID"] = lastEventID
+		}
+		if auth != "" {
+			h["Authorization"] = auth
+		}
+		rec := serve(t, b.srv, method, path, "", h)
+		checkClientAnswer(t, rec, method+" "+path)
+		if strings.EqualFold(id, job.ID) {
+			return
+		}
+		if rec.Code < 300 {
+			t.Fatalf("%s %s answered %d: %s", method, path, rec.Code, rec.Body.String())
+		}
+		if _, err := uuid.Parse(id); err == nil && auth == "" && rec.Code != http.StatusNotFound {
+			t.Fatalf("%s %s answered %d, want 404: %s", method, path, rec.Code, rec.Body.String())
+		}
+	})
+}
+
+// FuzzServer_Durations submits arbitrary timeout, attempt_timeout and first_byte_timeout strings
+// (an empty one is left out): never a 5xx, and a job is accepted only with durations of at
+// least 1ms, which is what Postgres stores. The committed corpus is in
+// testdata/fuzz/FuzzServer_Durations.
+func FuzzServer_Durations(f *testing.F) {
+	b := setup(f, setupOpts{})
+	for _, d := range [][3]string{{"10m", "1m", "5s"}, {"1ns", "", ""}, {"999us", "", ""}, {"", "999us", ""}, {"", "", "1ns"},
+		{"1ms", "1ms", "1ms"}, {"0.9999ms", "", ""}, {"-1s", "", ""}, {"24h0m0.000000001s", "", ""}, {"1e3s", "", ""}} {
+		f.Add(d[0], d[1], d[2])
+	}
+	f.Fuzz(func(t *testing.T, timeout, attempt, firstByte string) {
+		fields := []string{`"request":{"model":"m"}`}
+		for name, v := range map[string]string{"timeout": timeout, "attempt_timeout": attempt, "first_byte_timeout": firstByte} {
+			if v != "" {
+				enc, _ := json.Marshal(v)
+				fields = append(fields, `"`+name+`":`+string(enc))
+			}
+		}
+		body := "{" + strings.Join(fields, ",") + "}"
+		rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", body, nil)
+		checkClientAnswer(t, rec, "POST "+body)
+		if rec.Code != http.StatusAccepted {
+			return
+		}
+		for _, v := range []string{timeout, attempt, firstByte} {
+			if d, err := time.ParseDuration(v); v != "" && (err != nil || d < time.Millisecond) {
+				t.Fatalf("accepted %s", body)
+			}
+		}
 	})
 }
 

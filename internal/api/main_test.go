@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,10 +17,12 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/pgtest"
@@ -59,6 +62,15 @@ type setupOpts struct {
 	submitRate  *tenant.RateLimiter        // the tenants' submit rate; default unlimited
 	logger      *slog.Logger               // default: discard
 	signer      *StreamSigner              // signs events_url; default none
+	// server, when set, serves through httpserve.NewServer with these timeouts (default: a
+	// plain httptest server).
+	server *httpserve.Config
+	// listener, when set, wraps the test server's listener.
+	listener          func(net.Listener) net.Listener
+	eventWriteTimeout time.Duration
+	maxStreams        int
+	now               func() time.Time
+	registry          *prometheus.Registry // the API's metrics; default none
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -98,7 +110,11 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Submit: SubmitConfig{Credentials: o.credentials}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
-		StreamSigner: o.signer,
+		StreamSigner:      o.signer,
+		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
+	}
+	if o.registry != nil {
+		cfg.Metrics, cfg.Gatherer = NewMetrics(o.registry), o.registry
 	}
 	if !o.noListener {
 		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})
@@ -117,7 +133,15 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		h = o.wrap(b.srv)
 	}
 	// Every answer of every test must be one that api/openapi.yaml describes.
-	hs := httptest.NewServer(openapitest.Handler(t, h))
+	vh := openapitest.Handler(t, h)
+	hs := httptest.NewUnstartedServer(vh)
+	if o.server != nil {
+		hs.Config = httpserve.NewServer(vh, *o.server)
+	}
+	if o.listener != nil {
+		hs.Listener = o.listener(hs.Listener)
+	}
+	hs.Start()
 	t.Cleanup(hs.Close)
 	t.Cleanup(b.srv.Shutdown) // runs first: ends any stream a failed test left open
 	b.url = hs.URL
@@ -125,7 +149,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 }
 
 // create stores a job of tenant "default" (or the given one).
-func (b *testBundle) create(t *testing.T, tenant string) *jobs.Job {
+func (b *testBundle) create(t testing.TB, tenant string) *jobs.Job {
 	t.Helper()
 	if tenant == "" {
 		tenant = "default"

@@ -1,10 +1,18 @@
 package api
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
 
 // Metrics are the API's Prometheus metrics. A nil *Metrics records nothing.
 type Metrics struct {
 	submits *prometheus.CounterVec
+	// finished counts the jobs this API canceled: llmq_jobs_finished_total{status="canceled"}.
+	// Workers count the jobs they end in the same metric; a job canceled with ctl is not
+	// counted (ctl has no /metrics).
+	finished *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg. It panics if they are registered there already (a
@@ -14,13 +22,36 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		submits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_jobs_submitted_total", Help: "Jobs accepted by the API (replays not counted).",
 		}, []string{"credential"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			// The worker's metric of the same name and help (executor.FinishedHelp); not imported,
+			// since the API links no executor.
+			Name: "llmq_jobs_finished_total", Help: "Jobs that reached a terminal status (canceled: counted by the API that canceled them).",
+		}, []string{"credential", "status"}),
 	}
-	reg.MustRegister(m.submits)
+	reg.MustRegister(m.submits, m.finished)
 	return m
+}
+
+// initCredentials gives each credential's series a 0 at start, so that the first submit or
+// cancel after a start shows in rate() and increase().
+func (m *Metrics) initCredentials(names []string) {
+	if m == nil {
+		return
+	}
+	for _, name := range names {
+		m.submits.WithLabelValues(name)
+		m.finished.WithLabelValues(name, string(jobs.StatusCanceled))
+	}
 }
 
 func (m *Metrics) submitted(credential string) {
 	if m != nil {
 		m.submits.WithLabelValues(credential).Inc()
+	}
+}
+
+func (m *Metrics) canceled(credential string) {
+	if m != nil {
+		m.finished.WithLabelValues(credential, string(jobs.StatusCanceled)).Inc()
 	}
 }

@@ -50,6 +50,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	release, err := s.streams.open(job.Tenant)
+	if err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	defer release()
 	var notify <-chan int
 	if s.cfg.Listener != nil {
 		ch, unsubscribe := s.cfg.Listener.Subscribe(job.ID)
@@ -79,10 +85,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	// The server's read timeout would end a stream that outlives it; the client sends nothing
+	// more. Writes get a deadline each instead of the server's one for the whole answer.
+	_ = rc.SetReadDeadline(time.Time{})
+	out := &deadlineWriter{w: w, rc: rc, timeout: s.cfg.EventWriteTimeout}
 	ticker := time.NewTicker(s.cfg.KeepAlive)
 	defer ticker.Stop()
 	for {
-		done, err := s.sendEvents(w, r, job.ID, &last)
+		done, err := s.sendEvents(out, r, job.ID, &last)
 		if err != nil {
 			// Headers are sent: the stream just ends, and the client resumes with Last-Event-ID.
 			if r.Context().Err() == nil {
@@ -103,7 +113,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-notify:
 		case <-ticker.C:
-			if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil {
+			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
 			}
 			if err := s.cfg.Store.Watch(r.Context(), job.ID, watchTTL); err != nil && r.Context().Err() == nil {

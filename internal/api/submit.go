@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -14,13 +15,14 @@ import (
 
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/jobs"
-	"github.com/llmq/llmq/internal/tenant"
 	"github.com/llmq/llmq/internal/tokens"
 )
 
-// InvalidError is a submission the API must refuse with 400; Type is a stable machine code and
-// Message names the problem. Nothing is stored for it.
+// InvalidError is a submission the API must refuse, with 400 unless Status says otherwise; Type
+// is a stable machine code and Message names the problem. Nothing is stored for it.
 type InvalidError struct {
+	// Status is the HTTP status; 0 means 400. Only credential_not_allowed is 403.
+	Status  int
 	Type    string
 	Message string
 }
@@ -91,10 +93,17 @@ type submitBody struct {
 // MaxMetadataBytes caps the metadata object.
 const MaxMetadataBytes = 16 << 10
 
+// minDuration is the shortest timeout a job may ask for: durations are stored in whole
+// milliseconds, and a positive duration that rounds to 0 would be stored as none at all.
+const minDuration = time.Millisecond
+
 // parse validates a submit body and returns the job it describes, or an *InvalidError. Each
 // step checks one part of the contract, in the order a client reads the errors: the JSON, the
-// request, the credentials, the limits, the metadata, the idempotency key.
-func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams, error) {
+// request, the credentials, the limits, the metadata, the idempotency key. allowed is the
+// tenant's credential restriction (nil: every configured credential): a name it refuses is
+// credential_not_allowed before the name is looked up, so a restricted tenant gets the same
+// answer for a credential that exists and for one that does not.
+func (s *contract) parse(tenant string, allowed func(string) bool, idemKey string, body []byte) (jobs.CreateParams, error) {
 	b, err := decodeSubmit(body)
 	if err != nil {
 		return jobs.CreateParams{}, err
@@ -106,6 +115,7 @@ func (s *contract) parse(tenant, idemKey string, body []byte) (jobs.CreateParams
 	}
 	for _, check := range []func() error{
 		func() error { return checkRequest(b.Request) },
+		func() error { return checkAllowed(tenant, allowed, p.Credential, p.Fallbacks) },
 		func() error { return s.checkCredentials(p.Credential, p.Fallbacks) },
 		func() error { return s.checkTokens(append([]string{p.Credential}, p.Fallbacks...), b.Request) },
 		func() error { return s.parseLimits(b, &p) },
@@ -144,7 +154,8 @@ func decodeSubmit(body []byte) (submitBody, error) {
 	return b, nil
 }
 
-// checkRequest requires the provider-native request: a JSON object, not streamed.
+// checkRequest requires the provider-native request: a JSON object Postgres can read back (see
+// checkEscapes), not streamed.
 func checkRequest(request json.RawMessage) error {
 	if len(request) == 0 || string(request) == "null" {
 		return invalid("missing_request", "field \"request\" is required: the provider-native request body")
@@ -152,6 +163,9 @@ func checkRequest(request json.RawMessage) error {
 	var req map[string]json.RawMessage
 	if err := json.Unmarshal(request, &req); err != nil {
 		return invalid("invalid_request", "field \"request\" must be a JSON object")
+	}
+	if err := checkEscapes(request); err != nil {
+		return err
 	}
 	if stream, ok := req["stream"]; ok && string(stream) == "true" {
 		return invalid("stream_unsupported", "\"stream\": true is not supported yet: results are delivered whole")
@@ -171,8 +185,8 @@ func (s *contract) checkCredentials(primary string, fallbacks []string) error {
 func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 	if b.Timeout != nil {
 		d, err := time.ParseDuration(*b.Timeout)
-		if err != nil || d <= 0 || d > s.cfg.MaxTimeout {
-			return invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", above 0 and at most %s", *b.Timeout, s.cfg.MaxTimeout)
+		if err != nil || d < minDuration || d > s.cfg.MaxTimeout {
+			return invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", at least %s and at most %s", *b.Timeout, minDuration, s.cfg.MaxTimeout)
 		}
 		p.Timeout = d
 	}
@@ -185,8 +199,8 @@ func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 			continue
 		}
 		d, err := time.ParseDuration(*f.val)
-		if err != nil || d <= 0 || d > p.Timeout {
-			return invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", above 0 and at most the job's timeout (%s)", f.name, *f.val, p.Timeout)
+		if err != nil || d < minDuration || d > p.Timeout {
+			return invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", at least %s and at most the job's timeout (%s)", f.name, *f.val, minDuration, p.Timeout)
 		}
 		*f.dst = d
 	}
@@ -228,6 +242,71 @@ func fingerprint(idemKey string, body []byte, p *jobs.CreateParams) error {
 		return invalid("invalid_json", "body is not valid JSON: %v", err)
 	}
 	p.Fingerprint = fp
+	return nil
+}
+
+// checkAllowed refuses (403) a primary or fallback credential that a restricted tenant may not
+// use, whether or not it is configured: the answer must not tell such a tenant which names exist.
+func checkAllowed(tenant string, allowed func(string) bool, primary string, fallbacks []string) error {
+	if allowed == nil {
+		return nil
+	}
+	for _, c := range append([]string{primary}, fallbacks...) {
+		if !allowed(c) {
+			return &InvalidError{Status: http.StatusForbidden, Type: "credential_not_allowed",
+				Message: fmt.Sprintf("tenant %q may not use credential %q", tenant, c)}
+		}
+	}
+	return nil
+}
+
+// checkEscapes refuses a request holding \u0000 or an unpaired surrogate escape (raw is valid
+// JSON). The json column stores them, but Postgres cannot turn them into text: every query of
+// request->>'...' on the table would then fail, and neither is text a provider can use.
+func checkEscapes(raw []byte) error {
+	hex := func(i int) (rune, bool) { // the \uXXXX escape starting at raw[i], if it is one
+		if i+6 > len(raw) || raw[i] != '\\' || raw[i+1] != 'u' {
+			return 0, false
+		}
+		var r rune
+		for _, c := range raw[i+2 : i+6] {
+			switch {
+			case c >= '0' && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case c >= 'a' && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, true
+	}
+	// In valid JSON a backslash only occurs inside a string, as the start of an escape.
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		r, ok := hex(i)
+		if !ok {
+			i++ // a one-letter escape such as \\ or \"
+			continue
+		}
+		switch {
+		case r == 0:
+			return invalid("invalid_request", "field \"request\" must not contain \\u0000")
+		case r >= 0xD800 && r <= 0xDBFF:
+			if lo, ok := hex(i + 6); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+				i += 11
+				continue
+			}
+			return invalid("invalid_request", "field \"request\" must not contain an unpaired surrogate escape (\\u%04x)", r)
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return invalid("invalid_request", "field \"request\" must not contain an unpaired surrogate escape (\\u%04x)", r)
+		}
+		i += 5
+	}
 	return nil
 }
 
@@ -275,7 +354,7 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 }
 
 // submit is POST /v1/jobs: authenticate, apply the tenant's submit rate, read and parse the body
-// once, check the tenant may use its credentials, then commit and enqueue the job.
+// once (which checks the tenant may use its credentials), then commit and enqueue the job.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	tn, err := s.tenant(r)
 	if err != nil {
@@ -293,6 +372,12 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusRequestEntityTooLarge, typ: "body_too_large", message: "body exceeds " + humanBytes(mbe.Limit)})
 			return
 		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			// The server's read timeout: the body came too slowly (or not at all).
+			writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusRequestTimeout, typ: "request_timeout", message: "the body did not arrive within the server's read timeout"})
+			return
+		}
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_body", message: "could not read body: " + err.Error()})
 		return
 	}
@@ -301,10 +386,11 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_json", message: "body is not valid UTF-8"})
 		return
 	}
-	p, err := s.contract.parse(tn.Name, r.Header.Get("Idempotency-Key"), body)
-	if err == nil {
-		err = tenantMayUse(tn, p)
+	var allowed func(string) bool
+	if tn.Credentials != nil {
+		allowed = tn.Allows
 	}
+	p, err := s.contract.parse(tn.Name, allowed, r.Header.Get("Idempotency-Key"), body)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -321,21 +407,6 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, s.answer(job))
-}
-
-// tenantMayUse refuses (403) a job naming a credential, primary or fallback, that the tenant
-// may not use. The body is validated first, so an invalid one is a 400 as for anyone.
-func tenantMayUse(tn *tenant.Tenant, p jobs.CreateParams) error {
-	if tn.Credentials == nil {
-		return nil
-	}
-	for _, c := range append([]string{p.Credential}, p.Fallbacks...) {
-		if !tn.Allows(c) {
-			return &httpError{status: http.StatusForbidden, typ: "credential_not_allowed",
-				message: fmt.Sprintf("tenant %q may not use credential %q", tn.Name, c)}
-		}
-	}
-	return nil
 }
 
 // create commits the job, then enqueues its task. The job exists once create returns without

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,11 +33,22 @@ func FuzzSubmit(f *testing.F) {
 		{`{"request":null}`, ""},
 		{`{"request":{"model":"m"},"max_attempts":1e400}`, ""},
 		{`{"request":{"model":"m"},"timeout":"-1s"}`, "has space"},
+		{`{"request":{"model":"m"},"timeout":"999us"}`, ""},
+		{`{"credential":"oai","request":{"model":"m"}}`, ""},
 	} {
 		f.Add([]byte(seed.body), "default", seed.key)
 	}
+	// A contract that knows only "default": a tenant allowed only "default" must get from it
+	// exactly the answers it gets from s, or it could learn which other names exist.
+	onlyDefault := newContract(SubmitConfig{Credentials: []string{"default"}, Kinds: map[string]string{"default": "anthropic"}})
+	allowDefault := func(c string) bool { return c == "default" }
 	f.Fuzz(func(t *testing.T, body []byte, tenant, key string) {
-		p, err := s.parse(tenant, key, body)
+		pr, errR := s.parse(tenant, allowDefault, key, body)
+		pd, errD := onlyDefault.parse(tenant, allowDefault, key, body)
+		if !reflect.DeepEqual(pr, pd) || !reflect.DeepEqual(errR, errD) {
+			t.Fatalf("a restricted tenant tells configurations apart: %v / %v", errR, errD)
+		}
+		p, err := s.parse(tenant, nil, key, body)
 		if err != nil {
 			var inv *InvalidError
 			if !errors.As(err, &inv) {
@@ -53,6 +65,10 @@ func FuzzSubmit(f *testing.F) {
 		var req map[string]json.RawMessage
 		if err := json.Unmarshal(p.Request, &req); err != nil {
 			t.Fatalf("accepted a request that is not an object: %q", p.Request)
+		}
+		var decoded any
+		if err := json.Unmarshal(p.Request, &decoded); err != nil || hasNUL(decoded) {
+			t.Fatalf("accepted a request holding \\u0000: %q", p.Request)
 		}
 		if string(req["stream"]) == "true" {
 			t.Fatalf("accepted stream: true")
@@ -77,8 +93,10 @@ func FuzzSubmit(f *testing.F) {
 		if p.MaxAttempts < 1 || p.MaxAttempts > 100 {
 			t.Fatalf("accepted max_attempts %d", p.MaxAttempts)
 		}
-		if p.Timeout <= 0 || p.Timeout > 24*time.Hour || p.AttemptTimeout < 0 || p.AttemptTimeout > p.Timeout ||
-			p.FirstByteTimeout < 0 || p.FirstByteTimeout > p.Timeout {
+		// Durations are stored in whole milliseconds: a set one must be at least 1ms.
+		if p.Timeout < time.Millisecond || p.Timeout > 24*time.Hour || p.AttemptTimeout < 0 || p.AttemptTimeout > p.Timeout ||
+			p.FirstByteTimeout < 0 || p.FirstByteTimeout > p.Timeout ||
+			(p.AttemptTimeout > 0 && p.AttemptTimeout < time.Millisecond) || (p.FirstByteTimeout > 0 && p.FirstByteTimeout < time.Millisecond) {
 			t.Fatalf("accepted timeouts %s / %s / %s", p.Timeout, p.AttemptTimeout, p.FirstByteTimeout)
 		}
 		if p.Metadata != nil && (len(p.Metadata) > MaxMetadataBytes || p.Metadata[0] != '{') {
@@ -90,9 +108,26 @@ func FuzzSubmit(f *testing.F) {
 		if fp, err := idem.Fingerprint(body); key != "" && (err != nil || fp != p.Fingerprint) {
 			t.Fatalf("fingerprint %q, want %q (%v)", p.Fingerprint, fp, err)
 		}
-		again, err := s.parse(tenant, key, body)
+		again, err := s.parse(tenant, nil, key, body)
 		if err != nil || !reflect.DeepEqual(again, p) {
 			t.Fatalf("Parse is not deterministic: %v", err)
 		}
 	})
+}
+
+// hasNUL reports whether a decoded JSON value holds U+0000 in a string or a key.
+func hasNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.ContainsRune(v, 0)
+	case []any:
+		return slices.ContainsFunc(v, hasNUL)
+	case map[string]any:
+		for k, e := range v {
+			if strings.ContainsRune(k, 0) || hasNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -86,6 +86,25 @@ type API struct {
 	// TenantSubmitRate, when set, limits each tenant's submits (POST /v1/jobs), shared by every
 	// API replica through Redis; above it the API answers 429 with Retry-After. Default: off.
 	TenantSubmitRate *SubmitRate `yaml:"tenant_submit_rate"`
+	// ReadTimeout bounds reading one request, headers and body: a client that trickles its body
+	// is cut off. Also the worker's /metrics server. Default 30s.
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// WriteTimeout bounds writing one answer: a reader that stalls is cut off. Event streams
+	// use EventWriteTimeout per event instead. Also the worker's /metrics server. Default 30s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// IdleTimeout closes a keep-alive connection that sends no request for that long. Also the
+	// worker's /metrics server. Default 60s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// EventWriteTimeout bounds writing each event (and keep-alive) of an event stream: a client
+	// that stops reading is cut off and the stream's memory freed. Default 10s.
+	EventWriteTimeout time.Duration `yaml:"event_write_timeout"`
+	// MaxConnections caps the API's open connections; a connection above it is answered 503
+	// with Retry-After and closed. Default 0: three quarters of the process's open-file limit,
+	// at most 10,000.
+	MaxConnections int `yaml:"max_connections"`
+	// MaxStreamsPerTenant caps each tenant's open event streams on one API replica; above it
+	// GET /v1/jobs/{id}/events answers 429 with Retry-After. Default 100.
+	MaxStreamsPerTenant int `yaml:"max_streams_per_tenant"`
 	// StreamSecretEnv or StreamSecretFile (not both) names where the key that signs event-stream
 	// URLs lives: an environment variable, or a file (trailing white space trimmed). It must be
 	// at least 32 bytes and the same on every API replica. With it, each job the API answers
@@ -332,6 +351,13 @@ func (c *Config) withDefaults() {
 	if c.API.MaxBodyBytes == 0 {
 		c.API.MaxBodyBytes = 4 << 20
 	}
+	c.API.ReadTimeout = orDuration(c.API.ReadTimeout, 30*time.Second)
+	c.API.WriteTimeout = orDuration(c.API.WriteTimeout, 30*time.Second)
+	c.API.IdleTimeout = orDuration(c.API.IdleTimeout, 60*time.Second)
+	c.API.EventWriteTimeout = orDuration(c.API.EventWriteTimeout, 10*time.Second)
+	if c.API.MaxStreamsPerTenant == 0 {
+		c.API.MaxStreamsPerTenant = 100
+	}
 	if c.API.StreamURLTTL == 0 {
 		c.API.StreamURLTTL = 10 * time.Minute
 	}
@@ -392,6 +418,21 @@ func (c *Config) validate() error {
 	}
 	if c.API.MaxBodyBytes < 0 {
 		bad("api.max_body_bytes", "must be positive")
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"api.read_timeout", c.API.ReadTimeout}, {"api.write_timeout", c.API.WriteTimeout},
+		{"api.idle_timeout", c.API.IdleTimeout}, {"api.event_write_timeout", c.API.EventWriteTimeout}} {
+		if f.d < time.Millisecond {
+			bad(f.name, "must be at least 1ms")
+		}
+	}
+	if c.API.MaxConnections < 0 {
+		bad("api.max_connections", "must be positive")
+	}
+	if c.API.MaxStreamsPerTenant < 0 {
+		bad("api.max_streams_per_tenant", "must be positive")
 	}
 	if r := c.API.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || r.Burst <= 0) {
 		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive")
@@ -529,6 +570,13 @@ func (c *Config) Credential(name string) (Credential, bool) {
 
 func or(v, def string) string {
 	if v == "" {
+		return def
+	}
+	return v
+}
+
+func orDuration(v, def time.Duration) time.Duration {
+	if v == 0 {
 		return def
 	}
 	return v

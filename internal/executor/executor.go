@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/llmq/llmq/internal/alert"
@@ -112,6 +114,7 @@ func New(cfg Config) *Executor {
 			cfg.Upstreams[name] = u
 		}
 	}
+	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
 	return &Executor{cfg: cfg}
 }
 

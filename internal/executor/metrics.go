@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // Metrics are the executor's Prometheus metrics. A nil *Metrics records nothing.
@@ -40,6 +41,10 @@ const (
 	StageRecord = "record"
 )
 
+// FinishedHelp is the help of llmq_jobs_finished_total, which two processes export: workers
+// count the jobs they end, the API the jobs it cancels.
+const FinishedHelp = "Jobs that reached a terminal status (canceled: counted by the API that canceled them)."
+
 // NewMetrics registers the metrics on reg. It panics if they are registered there already (a
 // wiring bug).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -52,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
 		}, []string{"credential"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "llmq_jobs_finished_total", Help: "Jobs that reached a terminal status.",
+			Name: "llmq_jobs_finished_total", Help: FinishedHelp,
 		}, []string{"credential", "status"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_dead_letters_total", Help: "Jobs dead-lettered, by reason.",
@@ -71,6 +76,29 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.attempts, m.attemptLatency, m.outcomes, m.deadLetters, m.submitToResult, m.stages)
 	return m
+}
+
+// initCredentials gives every series the alerting rules read a 0 for each credential, so that
+// the first attempt, outcome or dead letter after a start is an increase (a series that first
+// appears at 1 shows no increase, and its alert never fires).
+func (m *Metrics) initCredentials(names []string) {
+	if m == nil {
+		return
+	}
+	classes := []retrypolicy.Class{retrypolicy.ClassOK, retrypolicy.ClassRetryable, retrypolicy.ClassRateLimited,
+		retrypolicy.ClassSpendCap, retrypolicy.ClassTimeout, retrypolicy.ClassNetwork, retrypolicy.ClassPermanent,
+		retrypolicy.ClassInternal, retrypolicy.ClassCanceled}
+	for _, name := range names {
+		for _, c := range classes {
+			m.attempts.WithLabelValues(name, string(c))
+		}
+		for _, st := range []jobs.Status{jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusDead} {
+			m.outcomes.WithLabelValues(name, string(st))
+		}
+		for _, reason := range []string{jobs.ReasonRateLimitedNoRetryAfter, jobs.ReasonRetriesExhausted} {
+			m.deadLetters.WithLabelValues(name, reason)
+		}
+	}
 }
 
 func (m *Metrics) attempt(credential, class string, latency time.Duration) {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -69,7 +68,7 @@ func (f DeadFilter) where(t string, args *[]any) string {
 	if f.IDs != nil {
 		ids := make([]string, 0, len(f.IDs))
 		for _, id := range f.IDs {
-			if _, err := uuid.Parse(id); err == nil {
+			if validID(id) {
 				ids = append(ids, id)
 			}
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -25,7 +24,7 @@ func (e *TerminalError) Error() string { return "job is " + string(e.Status) }
 // status, so an attempt in flight can no longer store a result; to stop that attempt's provider
 // call, signal its task too (Tasks.Abort).
 func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	if !validID(id) {
 		return nil, ErrNotFound
 	}
 	var job *Job

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -24,7 +23,7 @@ type Event struct {
 // such events (or without any, or an unknown or malformed ID) yields none and no error: callers
 // check the job itself first.
 func (s *Store) Events(ctx context.Context, id string, after int) ([]Event, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	if !validID(id) {
 		return nil, nil
 	}
 	rows, err := s.pool.Query(ctx, `

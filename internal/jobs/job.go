@@ -3,6 +3,8 @@ package jobs
 import (
 	"encoding/json"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Status is a job's place in its lifecycle:
@@ -121,3 +123,8 @@ type Duration time.Duration
 
 // MarshalJSON implements json.Marshaler.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// validID reports whether id is a job ID in the form the API hands out: 36 characters with
+// hyphens, either case. uuid.Parse also accepts the urn:uuid: prefix, braces and bare hex, and
+// Postgres refuses the first; an ID in another form names no job (ErrNotFound), never an error.
+func validID(id string) bool { return len(id) == 36 && uuid.Validate(id) == nil }

@@ -236,7 +236,7 @@ SELECT ` + jobColumnsNoRequest + ` FROM j`,
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.
 func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
-	if _, err := uuid.Parse(id); err != nil {
+	if !validID(id) {
 		return nil, ErrNotFound
 	}
 	j, err := s.queryJob(ctx, id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)

@@ -28,7 +28,7 @@ func (u Unfinished) Leased(now time.Time) bool {
 func (s *Store) UnfinishedByID(ctx context.Context, ids []string) ([]Unfinished, error) {
 	valid := make([]string, 0, len(ids))
 	for _, id := range ids {
-		if _, err := uuid.Parse(id); err == nil {
+		if validID(id) {
 			valid = append(valid, id)
 		}
 	}

@@ -81,6 +81,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// InitCredentials gives each credential's counters a 0 at start, so that the first increase
+// after a start shows in rate() and increase() (and the rules that read them fire). The pause
+// gauge is set by the first Gate.Paused instead: only Redis knows it.
+func (m *Metrics) InitCredentials(names []string) {
+	if m == nil {
+		return
+	}
+	for _, name := range names {
+		m.probes.WithLabelValues(name)
+		m.pushbacks.WithLabelValues(name)
+		m.refusals.WithLabelValues(name)
+	}
+}
+
 func (m *Metrics) reserved(name string, r Reservation) {
 	if m == nil {
 		return

@@ -40,6 +40,10 @@ type Options struct {
 	// RedisPrefix starts the limiter's and alerter's Redis keys. Default "llmq:"; tests isolate
 	// themselves with redistest.Prefix.
 	RedisPrefix string
+	// PauseRefreshInterval is how often the worker reads each credential's pause state from
+	// Redis into llmq_limiter_paused, so that the gauge follows a pause or resume made by
+	// another process (ctl credentials resume) on an idle credential. Default 15s.
+	PauseRefreshInterval time.Duration
 }
 
 // Worker is one worker process's moving parts.
@@ -56,12 +60,17 @@ type Worker struct {
 	client   *asynq.Client
 	insp     *asynq.Inspector
 	rdb      redis.UniversalClient
+	// gates are the credentials' limiter gates, whose pause state Run refreshes.
+	gates []*limiter.Gate
 }
 
 // New connects to the stores (the database must be migrated) and builds the worker.
 func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Worker, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.PauseRefreshInterval == 0 {
+		opts.PauseRefreshInterval = 15 * time.Second
 	}
 	redisOpt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
@@ -113,7 +122,10 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		llm.RegisterBudgetMetrics(opts.Registerer, answers)
 	}
 	upstreams := map[string]executor.Upstream{}
+	var gates []*limiter.Gate
+	names := make([]string, 0, len(cfg.Credentials))
 	for _, c := range cfg.Credentials {
+		names = append(names, c.Name)
 		kind, err := llm.ParseKind(c.Provider)
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
@@ -123,8 +135,10 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
+		gate := lim.Gate(c.LimiterID(), c.Name)
+		gates = append(gates, gate)
 		up := executor.Upstream{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
-			Gate: lim.Gate(c.LimiterID(), c.Name), Circuit: brk.Circuit(c.LimiterID(), c.Name),
+			Gate: gate, Circuit: brk.Circuit(c.LimiterID(), c.Name),
 			PauseProbeInterval: c.PauseProbeInterval}
 		if l := c.Limits; l != nil {
 			up.Limit = limiter.Limit{Rate: l.RequestsPerSecond, Burst: l.Burst, InputTokensPerMinute: l.InputTokensPerMinute,
@@ -135,7 +149,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay,
 		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
 	store := jobs.NewStore(pool, nil)
-	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk}
+	limMetrics.InitCredentials(names)
+	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk, gates: gates}
 	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
 		Prefix: opts.RedisPrefix, Logger: opts.Logger})
 	est, err := estimator.New(&estimator.Config{Metrics: tokMetrics})
@@ -171,15 +186,44 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.server.Start(dispatch.Mux(w.executor)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
-	sweepDone, maintDone, listenDone := make(chan error, 1), make(chan error, 1), make(chan struct{})
+	sweepDone, maintDone, listenDone, pausesDone := make(chan error, 1), make(chan error, 1), make(chan struct{}), make(chan struct{})
 	go func() { sweepDone <- w.sweeper.Run(ctx) }()
 	go func() { maintDone <- w.maint.Run(ctx) }()
 	go func() {
 		defer close(listenDone)
 		w.breaker.Listen(ctx)
 	}()
+	go func() {
+		defer close(pausesDone)
+		w.refreshPauses(ctx)
+	}()
 	<-ctx.Done()
 	w.server.Shutdown()
 	<-listenDone
+	<-pausesDone
 	return errors.Join(<-sweepDone, <-maintDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
+}
+
+// refreshPauses reads each credential's pause state (which sets llmq_limiter_paused) at once
+// and then every PauseRefreshInterval until ctx ends. The gauge is otherwise only set by this
+// worker's own jobs: after a resume by ctl it would stay 1 on an idle credential, and the
+// paused alert keep firing; and before a credential's first job it would have no series.
+func (w *Worker) refreshPauses(ctx context.Context) {
+	tick := time.NewTicker(w.opts.PauseRefreshInterval)
+	defer tick.Stop()
+	for {
+		for _, g := range w.gates {
+			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
+			_, err := g.Paused(rctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				w.opts.Logger.WarnContext(ctx, "refresh credential pause state", "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }

@@ -1,0 +1,189 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/clocktest"
+	"github.com/llmq/llmq/internal/httpserve"
+	"github.com/llmq/llmq/internal/httpserve/httpservetest"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// smallWriteBuffers shrinks each accepted connection's send buffer, so that a client that reads
+// nothing stalls the server after kilobytes rather than after the megabytes loopback buffers hold.
+type smallWriteBuffers struct{ net.Listener }
+
+func (l smallWriteBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(16 << 10)
+	}
+	return c, err
+}
+
+func (b *testBundle) openStreams(tenant string) int {
+	b.srv.streams.mu.Lock()
+	defer b.srv.streams.mu.Unlock()
+	return b.srv.streams.count[tenant]
+}
+
+// TestEvents_StalledReaderIsCutOff: a client that never reads a 2 MB result stalls the stream's
+// write; the event's write deadline ends the handler, which frees the event and its place.
+func TestEvents_StalledReaderIsCutOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{eventWriteTimeout: 200 * time.Millisecond,
+		listener: func(ln net.Listener) net.Listener { return smallWriteBuffers{ln} }})
+	job := b.create(t, "")
+	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 2<<20)})
+	require.NoError(t, err)
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: result})
+
+	c := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 4<<10)
+	c.Send(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events")
+	require.Eventually(t, func() bool { return b.openStreams("default") == 1 }, httpservetest.Deadline, time.Millisecond,
+		"the stream started")
+	require.Eventually(t, func() bool { return b.openStreams("default") == 0 && b.listener.Subscribers() == 0 },
+		httpservetest.Deadline, 5*time.Millisecond, "the stream still writes to a client that reads nothing")
+}
+
+// TestEvents_StreamOutlivesReadTimeout: the server's read timeout bounds reading a request, not
+// the life of an event stream that follows it.
+func TestEvents_StreamOutlivesReadTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{keepAlive: 20 * time.Millisecond,
+		server: &httpserve.Config{ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond}})
+	job := b.create(t, "")
+	s := openStream(t, b.url, job.ID, "")
+	require.Equal(t, "queued", s.nextEvent(t).event)
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond { // three read and write timeouts
+		f, ok := s.next(t)
+		require.True(t, ok, "the stream ended after %s", time.Since(start))
+		require.Equal(t, "keep-alive", f.comment)
+	}
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})
+	require.Equal(t, []string{"running/2", "succeeded/3"}, names(s.rest(t)))
+}
+
+func TestEvents_StreamsPerTenantCap(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{maxStreams: 2})
+	acme := b.newTenant(t, "acme")
+	job := b.create(t, "")
+
+	first := openStream(t, b.url, job.ID, "")
+	openStream(t, b.url, job.ID, "").nextEvent(t)
+	first.nextEvent(t)
+	r := b.do(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events", "", nil)
+	requireError(t, r, http.StatusTooManyRequests, "too_many_streams")
+	secs, err := strconv.Atoi(r.header.Get("Retry-After"))
+	require.NoError(t, err)
+	require.Positive(t, secs)
+
+	// Another tenant has its own places.
+	other := b.create(t, "acme")
+	require.Equal(t, http.StatusOK, streamStatus(t, b.url, other.ID, acme))
+	// A place frees when a stream ends.
+	first.close()
+	require.Eventually(t, func() bool { return b.openStreams("default") == 1 }, httpservetest.Deadline, 5*time.Millisecond)
+	openStream(t, b.url, job.ID, "").nextEvent(t)
+}
+
+// streamStatus opens the job's event stream with header h and closes it at once.
+func streamStatus(t *testing.T, base, id string, h map[string]string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/jobs/"+id+"/events", nil)
+	require.NoError(t, err)
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return resp.StatusCode
+}
+
+func TestServer_TrickledBodyIsCutOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{server: &httpserve.Config{ReadTimeout: 200 * time.Millisecond}})
+	addr := strings.TrimPrefix(b.url, "http://")
+
+	t.Run("Submit", func(t *testing.T) {
+		t.Parallel()
+		c := httpservetest.Dial(t, addr, 0)
+		c.Send(t, http.MethodPost, "/v1/jobs", "Content-Length: 1000")
+		defer c.Trickle(20*time.Millisecond, 1000)()
+		resp := c.Response(t)
+		require.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+		c.RequireClosed(t)
+	})
+	t.Run("HealthzWithoutAuth", func(t *testing.T) {
+		t.Parallel()
+		c := httpservetest.Dial(t, addr, 0)
+		c.Send(t, http.MethodPost, "/healthz", "Content-Length: 1000")
+		defer c.Trickle(20*time.Millisecond, 1000)()
+		require.Equal(t, http.StatusMethodNotAllowed, c.Response(t).StatusCode)
+		c.RequireClosed(t)
+	})
+	require.Zero(t, countJobs(t, b, "default"))
+}
+
+func TestAuth_RevokedTokenLogIsThrottled(t *testing.T) {
+	t.Parallel()
+	var logs lockedBuffer
+	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	b := setup(t, setupOpts{noAnonymous: true, now: clock.Now,
+		logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	revoked := b.newTenant(t, "gone")
+	_, err := b.tenants.Revoke(context.Background(), "gone")
+	require.NoError(t, err)
+
+	for range 5 {
+		requireError(t, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, revoked), http.StatusForbidden, "token_revoked")
+	}
+	clock.Advance(authLogInterval)
+	requireError(t, b.do(t, http.MethodGet, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", revoked), http.StatusForbidden, "token_revoked")
+
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), l)
+		lines = append(lines, m)
+	}
+	require.Len(t, lines, 2, "one line per tenant and minute: %s", logs.String())
+	require.EqualValues(t, 0, lines[0]["suppressed"])
+	require.EqualValues(t, 4, lines[1]["suppressed"], "the next line counts those left out")
+	require.Equal(t, "gone", lines[1]["tenant"])
+}
+
+// lockedBuffer is a buffer that handlers write while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

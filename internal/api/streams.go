@@ -1,0 +1,67 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// streamRetryAfter is the Retry-After of a stream refused over its tenant's cap: streams last as
+// long as their jobs, so any value is a guess; this one keeps a reconnecting client slow.
+const streamRetryAfter = 5 * time.Second
+
+// streamCounter caps each tenant's open event streams on this replica. It is safe for
+// concurrent use.
+type streamCounter struct {
+	max   int
+	mu    sync.Mutex
+	count map[string]int
+}
+
+func newStreamCounter(max int) *streamCounter {
+	return &streamCounter{max: max, count: map[string]int{}}
+}
+
+// open takes one of the tenant's stream places, or answers 429 with Retry-After when all are
+// taken. Call release once when the stream ends.
+func (c *streamCounter) open(tenant string) (release func(), err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.count[tenant] >= c.max {
+		secs := strconv.Itoa(int(streamRetryAfter / time.Second))
+		return nil, &httpError{status: http.StatusTooManyRequests, typ: "too_many_streams",
+			message: fmt.Sprintf("tenant %q has %d event streams open on this server, its limit; retry after %s s", tenant, c.max, secs),
+			header:  http.Header{"Retry-After": {secs}}}
+	}
+	c.count[tenant]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.count[tenant]--; c.count[tenant] == 0 {
+				delete(c.count, tenant) // the map holds only tenants with a stream open
+			}
+		})
+	}, nil
+}
+
+// deadlineWriter gives each Write (one event or keep-alive of a stream) its own write deadline,
+// so that a client that stops reading is cut off after timeout, and the handler returns and
+// frees the event it held, instead of blocking as long as the client keeps the connection.
+type deadlineWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func (d *deadlineWriter) Write(p []byte) (int, error) {
+	// ErrNotSupported: a writer without a connection (a test's recorder) cannot stall.
+	if err := d.rc.SetWriteDeadline(time.Now().Add(d.timeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return 0, err
+	}
+	return d.w.Write(p)
+}

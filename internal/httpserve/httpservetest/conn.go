@@ -1,0 +1,101 @@
+// Package httpservetest is a raw HTTP/1.1 client connection for tests of hostile clients: one
+// that trickles, stalls or idles on a real socket. For tests only.
+package httpservetest
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Deadline bounds every read and write of a Conn: far above the timeouts under test, so that a
+// server that does not cut a connection off fails the test instead of hanging it.
+const Deadline = 5 * time.Second
+
+// Conn is a raw client connection, closed when the test ends.
+type Conn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// Dial connects to addr. readBuffer, when positive, shrinks the socket's receive buffer (a
+// client that stops reading then stalls the server sooner).
+func Dial(t testing.TB, addr string, readBuffer int) *Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, Deadline)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	if readBuffer > 0 {
+		require.NoError(t, c.(*net.TCPConn).SetReadBuffer(readBuffer))
+	}
+	require.NoError(t, c.SetDeadline(time.Now().Add(Deadline)))
+	return &Conn{Conn: c, r: bufio.NewReader(c)}
+}
+
+// Send writes the request head: method, path and header lines ("Name: value"), and Host.
+func (c *Conn) Send(t testing.TB, method, path string, header ...string) {
+	t.Helper()
+	head := method + " " + path + " HTTP/1.1\r\nHost: llmq\r\n"
+	for _, h := range header {
+		head += h + "\r\n"
+	}
+	_, err := io.WriteString(c, head+"\r\n")
+	require.NoError(t, err)
+}
+
+// Get sends a GET of path and reads its answer.
+func (c *Conn) Get(t testing.TB, path string) *http.Response {
+	t.Helper()
+	c.Send(t, http.MethodGet, path)
+	return c.Response(t)
+}
+
+// Response reads the next answer, body included (Body is then a closed reader; Text holds it).
+func (c *Conn) Response(t testing.TB) *http.Response {
+	t.Helper()
+	resp, err := http.ReadResponse(c.r, nil)
+	require.NoError(t, err, "no answer before the client's deadline")
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	return resp
+}
+
+// Trickle writes one byte of body every interval until the server stops taking them or n are
+// written; the returned function stops it and waits for it.
+func (c *Conn) Trickle(every time.Duration, n int) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for range n {
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+			if _, err := c.Write([]byte("x")); err != nil {
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// RequireClosed requires the server to close the connection before the deadline: an end of
+// stream, or a reset when it closed with input of ours unread.
+func (c *Conn) RequireClosed(t testing.TB) {
+	t.Helper()
+	_, err := c.r.ReadByte()
+	if !errors.Is(err, syscall.ECONNRESET) {
+		require.ErrorIs(t, err, io.EOF, "the server did not close the connection")
+	}
+}

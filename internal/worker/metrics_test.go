@@ -1,0 +1,169 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+type testBundle struct {
+	cfg    *config.Config
+	reg    *prometheus.Registry
+	w      *worker.Worker
+	prefix string
+}
+
+// setup builds a worker with two credentials on a fresh database and its own Redis key space and
+// queue, without running it.
+func setup(t *testing.T, opts worker.Options) *testBundle {
+	t.Helper()
+	queue := "llmq-test-" + redistest.Rand()
+	cfg, err := config.Parse(fmt.Appendf(nil, `
+database_url: %s
+redis_url: %s
+worker: { queue: %s, metrics_listen: "off" }
+credentials:
+  - { name: default, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
+  - { name: backup, provider: anthropic, base_url: "http://127.0.0.1:2", api_key_env: K }
+`, pgtest.URL(t), redistest.URL(), queue), func(k string) string {
+		if k == "K" {
+			return "sk-test"
+		}
+		return ""
+	})
+	require.NoError(t, err)
+	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := &testBundle{cfg: cfg, reg: prometheus.NewRegistry(), prefix: redistest.Prefix(t)}
+	opts.Registerer, opts.RedisPrefix = b.reg, b.prefix
+	b.w, err = worker.New(context.Background(), cfg, pool, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		redisOpt, err := dispatch.RedisConnOpt(cfg.RedisURL)
+		require.NoError(t, err)
+		insp := asynq.NewInspector(redisOpt)
+		_ = insp.DeleteQueue(queue, true)
+		require.NoError(t, insp.Close())
+	})
+	return b
+}
+
+// run runs the worker until the test ends.
+func (b *testBundle) run(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+// TestWorker_AlertedSeriesStartAtZero: every series an alerting rule reads exists, at 0, for
+// each configured credential (and dead reason) before anything happened, so that the first
+// dead letter or refused retry after a start is an increase and its alert fires.
+func TestWorker_AlertedSeriesStartAtZero(t *testing.T) {
+	t.Parallel()
+	b := setup(t, worker.Options{})
+	var want strings.Builder
+	want.WriteString("# HELP llmq_dead_letters_total Jobs dead-lettered, by reason.\n# TYPE llmq_dead_letters_total counter\n")
+	for _, c := range []string{"backup", "default"} {
+		for _, r := range []string{"rate_limited_no_retry_after", "retries_exhausted"} {
+			fmt.Fprintf(&want, "llmq_dead_letters_total{credential=%q,reason=%q} 0\n", c, r)
+		}
+	}
+	require.NoError(t, testutil.GatherAndCompare(b.reg, strings.NewReader(want.String()), "llmq_dead_letters_total"))
+	for _, name := range []string{"llmq_retry_budget_refusals_total", "llmq_limiter_retry_after_pushbacks_total"} {
+		n, err := testutil.GatherAndCount(b.reg, name)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, name)
+	}
+	for _, series := range []string{`status="dead"`, `status="failed"`, `status="succeeded"`} {
+		requireSeries(t, b.reg, "llmq_jobs_finished_total", series, 2)
+	}
+	requireSeries(t, b.reg, "llmq_attempts_total", `class="rate_limited"`, 2)
+
+	// The pause gauge comes from Redis, read as the worker starts.
+	b.run(t)
+	require.Eventually(t, func() bool {
+		n, err := testutil.GatherAndCount(b.reg, "llmq_limiter_paused")
+		return err == nil && n == 2
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
+func requireSeries(t *testing.T, reg *prometheus.Registry, name, label string, n int) {
+	t.Helper()
+	got := 0
+	for labels, v := range values(t, reg, name) {
+		if strings.Contains(labels, label) && v == 0 {
+			got++
+		}
+	}
+	require.Equal(t, n, got, "%s{%s} at 0", name, label)
+}
+
+// values returns the values of the metric's series by their labels (name="value",...).
+func values(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			out[strings.Join(labels, ",")] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+// TestWorker_PausedGaugeFollowsResumeByAnotherProcess: ctl credentials resume changes Redis
+// only; the worker's gauge follows within its refresh interval, with no job on the credential.
+func TestWorker_PausedGaugeFollowsResumeByAnotherProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond})
+	b.run(t)
+	// Another process (ctl) with its own limiter on the same Redis.
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	cred, _ := b.cfg.Credential("default")
+	gate := lim.Gate(cred.LimiterID(), cred.Name)
+	paused := func(want float64) func() bool {
+		return func() bool {
+			v, ok := values(t, b.reg, "llmq_limiter_paused")[`credential="default"`]
+			return ok && v == want
+		}
+	}
+
+	started, err := gate.Pause(context.Background(), "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	require.True(t, started)
+	require.Eventually(t, paused(1), 5*time.Second, 5*time.Millisecond)
+	was, err := gate.Resume(context.Background())
+	require.NoError(t, err)
+	require.True(t, was)
+	require.Eventually(t, paused(0), 5*time.Second, 5*time.Millisecond)
+}
