@@ -10,12 +10,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
+	"github.com/llmq/llmq/internal/httpserve"
+	"github.com/llmq/llmq/internal/httpserve/httpservetest"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -95,7 +98,8 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	rate, err := tenant.NewRateLimiter(redistest.Client(t), &tenant.RateLimiterConfig{
 		Rate: tenant.Rate{PerSecond: 0.001, Burst: 8}, Prefix: redistest.Prefix(t)})
 	require.NoError(t, err)
-	b := setup(t, setupOpts{maxBody: 1024, wrap: rec.wrap, submitRate: rate})
+	b := setup(t, setupOpts{maxBody: 1024, wrap: rec.wrap, submitRate: rate, maxStreams: 1,
+		server: &httpserve.Config{ReadTimeout: time.Second}})
 	down := setupUnavailable(t, rec)
 	revoked := b.newTenant(t, "revoked")
 	_, err = b.tenants.Revoke(context.Background(), "revoked")
@@ -149,6 +153,17 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                                       // 409
 	canceled := openStream(t, b.url, id, "").rest(t)                                                          // 200, ends: canceled
 	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": canceled[0].id}) // 204
+	require.Eventually(t, func() bool { return b.openStreams("default") == 0 }, httpservetest.Deadline, 5*time.Millisecond)
+	waiting := b.create(t, "")
+	open := openStream(t, b.url, waiting.ID, "")
+	open.nextEvent(t)
+	b.do(t, http.MethodGet, "/v1/jobs/"+waiting.ID+"/events", "", nil) // 429: the tenant's one stream is open
+	open.close()
+	trickle := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 0)
+	trickle.Send(t, http.MethodPost, "/v1/jobs", "Content-Length: 1000")
+	stopTrickle := trickle.Trickle(20*time.Millisecond, 1000)
+	require.Equal(t, http.StatusRequestTimeout, trickle.Response(t).StatusCode) // 408
+	stopTrickle()
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 		b.do(t, http.MethodGet, p, "", nil)
 	}
