@@ -136,7 +136,7 @@ func TestScenarioDefaults(t *testing.T) {
 	require.Equal(t, []any{100_000, 25 * time.Minute}, []any{s.n, s.timeout})
 
 	rt, s := parse[*retention](t, "retention")
-	require.Equal(t, []any{20_000, 3, 2, 1_000_000, 10 * time.Minute, 50}, []any{s.n, s.runs, s.workers, rt.finished, s.timeout, rt.o.warmup})
+	require.Equal(t, []any{10_000, 3, 2, 1_000_000, 10 * time.Minute, 50}, []any{s.n, s.runs, s.workers, rt.finished, s.timeout, rt.o.warmup})
 }
 
 func TestSelectIDs(t *testing.T) {

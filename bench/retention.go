@@ -49,7 +49,23 @@ type retentionRun struct {
 	// rowsPerJob is the rows deleted per job deleted (with its attempts, events, watch and key)
 	// over the whole time the workers ran, from Postgres's statistics once they had stopped.
 	rowsPerJob float64
-	load       string // the load average (1, 5, 15 minutes) when the drain ended
+	// cpu is the CPU the workers and the run database's backends (the deleter's included) spent
+	// between the queue's resume and the last result: what the deleter costs in CPU, which the
+	// machine's other load does not blur as it blurs the rates.
+	cpu  cpuSample
+	jobs int    // jobs drained
+	load string // the load average (1, 5, 15 minutes) when the drain ended
+}
+
+// cpuPerJob is the workers' and the database's CPU ms per drained job; ok is false when either
+// was not measured.
+func (r retentionRun) cpuPerJob() (float64, bool) {
+	w, okW := r.cpu[cpuWorkers]
+	pg, okPG := r.cpu[cpuPostgres]
+	if !okW || !okPG || r.jobs == 0 {
+		return 0, false
+	}
+	return float64(w+pg) / float64(time.Millisecond) / float64(r.jobs), true
 }
 
 // rowsDeleted estimates the rows the pass deleted during the drain.
@@ -81,7 +97,7 @@ const (
 
 func (r *retention) flags(fs *flagSet, s *shared) {
 	r.o.flags(fs, s, false)
-	s.jobs(fs, 20_000, "jobs in each drained backlog")
+	s.jobs(fs, 10_000, "jobs in each drained backlog")
 	s.repeat(fs, 3)
 	s.deadline(fs, 10*time.Minute, "cap on the warm-up and on each drain")
 	fs.intAtLeast(&r.finished, "finished", 1_000_000, 1, "finished jobs past their retention in the table when each drain starts")
@@ -214,6 +230,9 @@ func (r *retention) drain(ctx context.Context, sys *llmqSystem, fx *fixture, ins
 	if err != nil {
 		return run, err
 	}
+	meter := sys.meter()
+	meter.api = 0 // idle during the drain
+	c0 := meter.start(ctx)
 	if err := insp.UnpauseQueue(sys.d.queue); err != nil {
 		return run, fmt.Errorf("resume the queue: %w", err)
 	}
@@ -224,6 +243,7 @@ func (r *retention) drain(ctx context.Context, sys *llmqSystem, fx *fixture, ins
 	if err != nil {
 		return run, err
 	}
+	run.cpu, run.jobs = meter.stop(ctx, c0), o.n
 	run.jobsDeleted, run.window = d1-d0, t1.Sub(t0)
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		run.load = loadAverage(string(b))
@@ -346,6 +366,35 @@ func (r *retention) medianRun(on bool) (retentionRun, bool) {
 	return runs[(len(runs)-1)/2], true
 }
 
+// medianCPU is the median CPU ms per drained job of the runs with the deleter on or off; ok is
+// false when none was measured.
+func (r *retention) medianCPU(on bool) (float64, bool) {
+	var vs []float64
+	for _, run := range r.runs {
+		if v, ok := run.cpuPerJob(); ok && run.on == on {
+			vs = append(vs, v)
+		}
+	}
+	return median(vs), len(vs) > 0
+}
+
+// roundRatios are the drain rate with the deleter over the rate without it in each round (a
+// round is two consecutive runs, one of each).
+func (r *retention) roundRatios() []float64 {
+	var out []float64
+	for k := 0; k+1 < len(r.runs); k += 2 {
+		a, b := r.runs[k], r.runs[k+1]
+		if a.on {
+			a, b = b, a
+		}
+		if a.on || !b.on || a.rate <= 0 {
+			continue
+		}
+		out = append(out, b.rate/a.rate)
+	}
+	return out
+}
+
 // ratio is the median drain rate with the deleter over the median without it; ok is false
 // when a side has no run.
 func (r *retention) ratio() (float64, bool) {
@@ -404,6 +453,16 @@ func (r *retention) report() report {
 	}
 	if len(r.runs) > 0 {
 		notes = append(notes, "Each run in order: "+r.runsText()+".")
+	}
+	if rs := r.roundRatios(); len(rs) > 0 {
+		notes = append(notes, "With ÷ without, round by round: "+joinFormatted("%.2f", rs)+".")
+	}
+	cpuOff, okOff := r.medianCPU(false)
+	cpuOn, okOn := r.medianCPU(true)
+	if okOff && okOn && cpuOn > 0 {
+		notes = append(notes, fmt.Sprintf("CPU per drained job, the workers' and the run database's backends' (the deleter's included), "+
+			"median: %.2f ms without the deleter, %.2f ms with it; where the drain is bound by these CPUs the rates would stand at %.2f.",
+			cpuOff, cpuOn, cpuOff/cpuOn))
 	}
 	notes = append(notes, checksNote("Retention target", r.checks()))
 	if s := statusesNote(systemName(tpLLMQ), r.statuses); s != "" {
