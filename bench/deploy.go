@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/llmq/llmq/internal/config"
@@ -19,6 +20,30 @@ type llmqSetup struct {
 	tokenMinute time.Duration
 	// workers is the number of worker processes; 0: the -workers flag.
 	workers int
+	// retention is the retention block; nil: llmq's defaults.
+	retention *retentionSetup
+}
+
+// retentionSetup is a run's retention block: off, or llmq's default periods with the passes
+// interval apart.
+type retentionSetup struct {
+	off      bool          // every final status kept forever
+	interval time.Duration // retention.interval; 0: llmq's default
+}
+
+// yaml is the retention block's line of the config.
+func (r retentionSetup) yaml() string {
+	var fields []string
+	if r.off {
+		fields = append(fields, "succeeded: off, failed: off, canceled: off, dead: off")
+	}
+	if r.interval > 0 {
+		fields = append(fields, "interval: "+r.interval.String())
+	}
+	if len(fields) == 0 {
+		return ""
+	}
+	return "retention: { " + strings.Join(fields, ", ") + " }\n"
 }
 
 // deployment is what one run of llmq needs besides its processes: a directory for the config
@@ -32,6 +57,8 @@ type deployment struct {
 	cfgPath string
 	cfg     *config.Config
 	apiKey  string
+	// rewrite writes the config again with another setup, for the processes started next.
+	rewrite func(llmqSetup) error
 	c       cleanups
 }
 
@@ -78,7 +105,14 @@ func (d *deployment) create(ctx context.Context, o deployOpts) error {
 		cfgDB = u.String()
 	}
 	d.cfgPath = filepath.Join(d.dir, "llmq.yaml")
-	if d.cfg, err = writeConfig(d.cfgPath, cfgDB, o.redisURL, d.queue, o.simURL, d.apiKey, o.setup); err != nil {
+	d.rewrite = func(setup llmqSetup) error {
+		cfg, err := writeConfig(d.cfgPath, cfgDB, o.redisURL, d.queue, o.simURL, d.apiKey, setup)
+		if err == nil {
+			d.cfg = cfg
+		}
+		return err
+	}
+	if err := d.rewrite(o.setup); err != nil {
 		return err
 	}
 	d.c.add(func() { cleanLLMQRedis(o.redisURL, d.queue, d.cfg.Credentials[0].LimiterID()) })
@@ -107,7 +141,7 @@ func (d *deployment) close(keep bool, log logf) {
 // The simulator's key is referenced through simKeyEnv; the file is validated with the real
 // loader before any process starts.
 func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetup) (*config.Config, error) {
-	limits, breaker, worker := "", "", ""
+	limits, breaker, worker, retention := "", "", "", ""
 	if l := s.limits; l != nil {
 		var toks string
 		for _, f := range []struct {
@@ -130,17 +164,20 @@ func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetu
 		}
 		breaker = fmt.Sprintf("breaker: { threshold: %d, cooldown: %s%s, cold_start_cap: %t }\n", b.Threshold, b.Cooldown, maxCooldown, b.ColdStart())
 	}
+	if s.retention != nil {
+		retention = s.retention.yaml()
+	}
 	yaml := fmt.Sprintf(`# Written by the bench for one run; removed afterwards.
 database_url: %q
 redis_url: %q
 api: { allow_anonymous: true }
 worker: { queue: %q, metrics_listen: "off"%s }
-%scredentials:
+%s%scredentials:
   - name: default
     provider: anthropic
     base_url: %q
     api_key_env: %s%s
-`, dbURL, redisURL, queue, worker, breaker, simURL, simKeyEnv, limits)
+`, dbURL, redisURL, queue, worker, breaker, retention, simURL, simKeyEnv, limits)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		if k == simKeyEnv {
 			return apiKey

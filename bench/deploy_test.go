@@ -53,4 +53,15 @@ func TestWriteConfig(t *testing.T) {
 		require.Equal(t, lim, got.Credentials[0].Limits)
 		require.Equal(t, 6*time.Second, got.Worker.TokenMinute)
 	})
+	t.Run("Retention", func(t *testing.T) {
+		t.Parallel()
+		got := write(t, retentionSetupFor(true))
+		require.Equal(t, retentionInterval, got.Retention.Interval)
+		require.Equal(t, config.DefaultRetention, got.Retention.Succeeded.Duration(), "the default periods")
+		got = write(t, retentionSetupFor(false))
+		for _, p := range []config.Period{got.Retention.Succeeded, got.Retention.Failed, got.Retention.Canceled, got.Retention.Dead} {
+			require.Zero(t, p.Duration(), "off: kept forever")
+		}
+		require.Equal(t, config.DefaultRetentionInterval, write(t, llmqSetup{}).Retention.Interval)
+	})
 }

@@ -67,6 +67,9 @@ func TestRun_FlagErrors(t *testing.T) {
 		{[]string{"rate", "-n", "10"}, "flag provided but not defined: -n"},
 		{[]string{"backlog", "-n", "1500"}, "-n: at least 2000 jobs"},
 		{[]string{"backlog", "now"}, "unexpected arguments: now"},
+		{[]string{"retention", "-warmup", "0"}, "-warmup: at least 1 job"},
+		{[]string{"retention", "-n", "1"}, "-n: at least 2 jobs"},
+		{[]string{"retention", "-finished", "0"}, "-finished: must be at least 1"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			t.Parallel()
@@ -131,6 +134,9 @@ func TestScenarioDefaults(t *testing.T) {
 
 	_, s = parse[*backlog](t, "backlog")
 	require.Equal(t, []any{100_000, 25 * time.Minute}, []any{s.n, s.timeout})
+
+	rt, s := parse[*retention](t, "retention")
+	require.Equal(t, []any{10_000, 3, 2, 1_000_000, 10 * time.Minute, 50}, []any{s.n, s.runs, s.workers, rt.finished, s.timeout, rt.o.warmup})
 }
 
 func TestSelectIDs(t *testing.T) {

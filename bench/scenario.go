@@ -48,6 +48,8 @@ func scenarios() []entry {
 			new: func() scenario { return &rate{} }},
 		{name: "backlog", about: "llmq draining a large queued backlog, against a small one",
 			new: func() scenario { return &backlog{} }},
+		{name: "retention", about: "llmq draining a backlog while the retention pass deletes from a million finished jobs, and without it",
+			new: func() scenario { return &retention{} }},
 	}
 }
 

@@ -51,31 +51,40 @@ func addStageTotals(into map[string]stageTotal, mfs []*dto.MetricFamily) {
 
 // scrapeStageTotals reads stageMetric from the /metrics endpoints at addrs (host:port) and sums it.
 func scrapeStageTotals(ctx context.Context, hc *http.Client, addrs []string) (map[string]stageTotal, error) {
+	out := map[string]stageTotal{}
+	if err := scrapeMetrics(ctx, hc, addrs, func(mfs []*dto.MetricFamily) { addStageTotals(out, mfs) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// scrapeMetrics reads the /metrics endpoints at addrs (host:port) and hands each one's metric
+// families to add.
+func scrapeMetrics(ctx context.Context, hc *http.Client, addrs []string, add func([]*dto.MetricFamily)) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	out := map[string]stageTotal{}
 	for _, addr := range addrs {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		resp, err := hc.Do(req)
 		if err != nil {
-			return nil, fmt.Errorf("scrape %s: %w", addr, err)
+			return fmt.Errorf("scrape %s: %w", addr, err)
 		}
 		parser := expfmt.NewTextParser(model.UTF8Validation)
 		fams, err := parser.TextToMetricFamilies(resp.Body)
 		resp.Body.Close()
 		if err != nil {
-			return nil, fmt.Errorf("scrape %s: %w", addr, err)
+			return fmt.Errorf("scrape %s: %w", addr, err)
 		}
 		mfs := make([]*dto.MetricFamily, 0, len(fams))
 		for _, mf := range fams {
 			mfs = append(mfs, mf)
 		}
-		addStageTotals(out, mfs)
+		add(mfs)
 	}
-	return out, nil
+	return nil
 }
 
 // stageTimes is what each stage took between two readings, in the order a delivery runs them.

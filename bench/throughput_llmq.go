@@ -31,6 +31,8 @@ const llmqJobTimeout = 2 * time.Hour
 type llmqSystem struct {
 	o   tpOpts
 	log logf
+	// setup is the config's setup beyond the stores, queue and simulator (zero: llmq's defaults).
+	setup llmqSetup
 
 	c         cleanups
 	d         *deployment
@@ -46,7 +48,7 @@ func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
 	defer func() { s.failed = err != nil }()
 	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
 	s.c.add(sim.Close)
-	if s.d, err = deploy(ctx, deployOpts{adminURL: s.o.dbURL, redisURL: s.o.redisURL, simURL: sim.URL}); err != nil {
+	if s.d, err = deploy(ctx, deployOpts{adminURL: s.o.dbURL, redisURL: s.o.redisURL, simURL: sim.URL, setup: s.setup}); err != nil {
 		return err
 	}
 	s.c.add(func() { s.d.close(s.o.keepLogs || s.failed, s.log) })

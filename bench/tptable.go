@@ -165,10 +165,13 @@ func runNotes(r tpResult) []string {
 }
 
 // joinFloats renders vs rounded, comma-separated.
-func joinFloats(vs []float64) string {
+func joinFloats(vs []float64) string { return joinFormatted("%.0f", vs) }
+
+// joinFormatted renders each of vs with format, comma-separated.
+func joinFormatted(format string, vs []float64) string {
 	out := make([]string, len(vs))
 	for i, v := range vs {
-		out[i] = fmt.Sprintf("%.0f", v)
+		out[i] = fmt.Sprintf(format, v)
 	}
 	return strings.Join(out, ", ")
 }

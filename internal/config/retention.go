@@ -11,8 +11,9 @@ import (
 )
 
 // Retention is how long the workers keep finished jobs, per final status, before deleting them
-// with their attempts, events and idempotency keys. A period is written as a Go duration
-// ("36h"), as days ("7d"), or as 0 or "off" to keep those jobs forever.
+// with their attempts, events and idempotency keys, and how often the leading worker looks for
+// expired ones. A period is written as a Go duration ("36h"), as days ("7d"), or as 0 or "off"
+// to keep those jobs forever.
 type Retention struct {
 	// Succeeded is how long succeeded jobs are kept. Default 7d.
 	Succeeded Period `yaml:"succeeded"`
@@ -22,12 +23,18 @@ type Retention struct {
 	Canceled Period `yaml:"canceled"`
 	// Dead is how long dead letters are kept: they wait for an operator. Default 30d.
 	Dead Period `yaml:"dead"`
+	// Interval is the time between two retention passes of the leading worker; the first comes
+	// one interval after it begins to lead, and a pass runs until nothing expired is left (the
+	// next begins an interval after it began, or at once when it took longer). Default 1m.
+	Interval time.Duration `yaml:"interval"`
 }
 
 // Default retention periods.
 const (
 	DefaultRetention     = 7 * 24 * time.Hour
 	DefaultDeadRetention = 30 * 24 * time.Hour
+	// DefaultRetentionInterval is the default time between retention passes.
+	DefaultRetentionInterval = time.Minute
 )
 
 // Period is a retention period. The zero Period stands for the field's default (it was not
@@ -101,6 +108,9 @@ func (r *Retention) withDefaults() {
 			*f.p = Keep(f.def)
 		}
 	}
+	if r.Interval == 0 {
+		r.Interval = DefaultRetentionInterval
+	}
 }
 
 // validate reports each period that could not be read, naming its field.
@@ -109,5 +119,8 @@ func (r *Retention) validate(bad func(field, format string, args ...any)) {
 		if f.p.err != nil {
 			bad("retention."+f.name, "%v", f.p.err)
 		}
+	}
+	if r.Interval < 0 {
+		bad("retention.interval", "must be positive")
 	}
 }

@@ -18,7 +18,15 @@ func TestParse_Retention(t *testing.T) {
 		cfg, err := config.Parse(minimal(goodCred, ""), secretEnv)
 		require.NoError(t, err)
 		require.Equal(t, config.Retention{Succeeded: config.Keep(7 * day), Failed: config.Keep(7 * day),
-			Canceled: config.Keep(7 * day), Dead: config.Keep(30 * day)}, cfg.Retention)
+			Canceled: config.Keep(7 * day), Dead: config.Keep(30 * day), Interval: time.Minute}, cfg.Retention)
+	})
+
+	t.Run("Interval", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := config.Parse(minimal(goodCred, "retention: { interval: 5s }\n"), secretEnv)
+		require.NoError(t, err)
+		require.Equal(t, 5*time.Second, cfg.Retention.Interval)
+		require.Equal(t, config.Keep(7*day), cfg.Retention.Succeeded, "the periods keep their defaults")
 	})
 
 	t.Run("DaysDurationsAndOff", func(t *testing.T) {
@@ -36,7 +44,7 @@ func TestParse_Retention(t *testing.T) {
 		cfg, err := config.Parse(minimal(goodCred, "retention: { dead: 90d }\n"), secretEnv)
 		require.NoError(t, err)
 		require.Equal(t, config.Retention{Succeeded: config.Keep(7 * day), Failed: config.Keep(7 * day),
-			Canceled: config.Keep(7 * day), Dead: config.Keep(90 * day)}, cfg.Retention)
+			Canceled: config.Keep(7 * day), Dead: config.Keep(90 * day), Interval: time.Minute}, cfg.Retention)
 	})
 
 	for name, c := range map[string]struct{ yaml, field string }{
@@ -47,6 +55,7 @@ func TestParse_Retention(t *testing.T) {
 		"Mixed":        {"retention: { dead: 1d12h }\n", "retention.dead: must be a duration"},
 		"NotAScalar":   {"retention: { succeeded: [7d] }\n", "retention.succeeded: must be a duration"},
 		"UnknownField": {"retention: { completed: 7d }\n", "field completed not found"},
+		"BadInterval":  {"retention: { interval: -1s }\n", "retention.interval: must be positive"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -5,8 +5,9 @@
 //     an attempt (a held limiter slot, a breaker cooldown, a paused credential, a retry delay, a
 //     backlog), so that a job is answered at its deadline rather than when it is next picked up,
 //     and stops their asynq tasks;
-//   - the retention pass, every minute, deletes the finished jobs older than their status's
-//     retention, with their attempts, events and idempotency keys, in short batches.
+//   - the retention pass, every minute by default (retention.interval), deletes the finished
+//     jobs older than their status's retention, with their attempts, events and idempotency
+//     keys, in short batches.
 //
 // Both are statements of internal/jobs (FailOverdue, DeleteFinished), conditional and batched
 // like every other write there; this package decides when they run and reports what they did.

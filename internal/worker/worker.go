@@ -174,7 +174,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 			jobs.StatusSucceeded: cfg.Retention.Succeeded.Duration(), jobs.StatusFailed: cfg.Retention.Failed.Duration(),
 			jobs.StatusCanceled: cfg.Retention.Canceled.Duration(), jobs.StatusDead: cfg.Retention.Dead.Duration(),
 		},
-		Finished: metrics.Finished, Logger: opts.Logger, Metrics: maintMetrics,
+		RetentionInterval: cfg.Retention.Interval, Finished: metrics.Finished, Logger: opts.Logger, Metrics: maintMetrics,
 	})
 	w.server = dispatch.NewServer(redisOpt, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
 		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger})
