@@ -28,6 +28,12 @@ import (
 // may lead in different processes, and a long retention pass never delays a sweep.
 const lockKey int64 = 0x6c6c6d716d61696e
 
+// retentionShareDiv paces the retention pass: it deletes for at most 1/retentionShareDiv of the
+// time. At a half (a pause as long as the batch) the drain of a backlog beside it ran at 0.80 ×
+// its rate without it on two cores (docs/benchmarks.md, retention): the deleter took its share of
+// the CPU the jobs needed.
+const retentionShareDiv = 10
+
 // statementTimeout bounds each statement of a pass.
 const statementTimeout = 30 * time.Second
 
@@ -57,10 +63,10 @@ type Config struct {
 	// RetentionBatch is how many jobs one statement (one short transaction) of the retention pass
 	// deletes. Default 500.
 	RetentionBatch int
-	// BatchPause is the least wait between two batches of a retention pass; the wait is as long
-	// as the batch took when that is longer, so that deleting a large backlog takes at most half
-	// of one Postgres connection's time, and less when a busy Postgres slows the batches down.
-	// Default 100ms.
+	// BatchPause is the least wait between two batches of a retention pass; the wait is
+	// retentionShareDiv-1 times as long as the batch took when that is longer, so that deleting a
+	// large backlog takes at most a tenth of one Postgres connection's time, and less when a busy
+	// Postgres slows the batches down. Default 100ms.
 	BatchPause time.Duration
 	// Finished, when set, is told of each job the deadline pass failed, as the executor tells
 	// its metrics of the jobs it ends (executor.Metrics.Finished).
@@ -261,7 +267,7 @@ func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, befor
 		if n < int64(m.cfg.RetentionBatch) {
 			return nil
 		}
-		if err := sleep(ctx, max(m.cfg.BatchPause, time.Since(start))); err != nil {
+		if err := sleep(ctx, max(m.cfg.BatchPause, (retentionShareDiv-1)*time.Since(start))); err != nil {
 			return err
 		}
 	}
