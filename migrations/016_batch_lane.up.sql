@@ -15,6 +15,11 @@ CREATE TABLE provider_batches (
     provider_batch_id text,
     -- The provider's own word for the batch's state, as last polled (in_progress, ended, ...).
     provider_state    text,
+    -- requests is how many jobs the batch sends, frozen when its first send begins
+    -- (submit_started_at): a send again after a crash sends the same jobs, and the provider's
+    -- batch is recognised by that count where it keeps no metadata (Anthropic).
+    requests          integer     NOT NULL DEFAULT 0,
+    submit_started_at timestamptz,
     polls             integer     NOT NULL DEFAULT 0,
     next_poll_at      timestamptz,
     created_at        timestamptz NOT NULL DEFAULT now(),

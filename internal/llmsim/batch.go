@@ -2,6 +2,7 @@ package llmsim
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -230,7 +231,7 @@ func (s *Server) answerBatchRequest(p provider, r simRequest) simResult {
 		return simResult{customID: r.customID, kind: "expired"}
 	case bytes.Contains(r.body, []byte(cfg.OverloadMarker)):
 		return errored(p.overloadStatus(), "")
-	case s.start.BadRequestMarker != "" && bytes.Contains(r.body, []byte(s.start.BadRequestMarker)):
+	case bytes.Contains(r.body, []byte(cmp.Or(s.start.BadRequestMarker, DefaultBadRequestMarker))):
 		return errored(http.StatusBadRequest, "request contains the llmsim bad-request marker")
 	}
 	req, err := parseChatRequest(r.body)
