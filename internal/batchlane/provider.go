@@ -87,7 +87,9 @@ type StatusError struct {
 	Body   string // at most 512 bytes of the answer
 }
 
-func (e *StatusError) Error() string { return fmt.Sprintf("provider answered %d: %s", e.Status, e.Body) }
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("provider answered %d: %s", e.Status, e.Body)
+}
 
 // httpClient does the round trips of both providers.
 type httpClient struct {
