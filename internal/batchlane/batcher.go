@@ -51,6 +51,8 @@ type Batcher struct {
 	cfg   Config
 	store store
 	lanes map[string]Lane
+	// crashAfterCommit, set by tests only, ends a pass between a batch's commit and its send.
+	crashAfterCommit error
 }
 
 // New returns a Batcher; zero config fields take their defaults.
@@ -170,6 +172,9 @@ func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, id
 		return nil
 	} else if err != nil {
 		return err
+	}
+	if b.crashAfterCommit != nil {
+		return b.crashAfterCommit
 	}
 	return b.send(ctx, lane, batchRow{ID: id, Credential: lane.Credential, Model: model, State: "committed"})
 }
