@@ -44,6 +44,9 @@ func TestSubmit_Lane(t *testing.T) {
 			}
 			got := b.do(t, "GET", "/v1/jobs/"+r.body["id"].(string), "", nil)
 			require.Equal(t, tc.lane, got.body["lane"])
+			if tc.name == "Batch" {
+				require.Equal(t, "1h0m0s", got.body["timeout"], "a batch job without a timeout gets the window")
+			}
 		})
 	}
 
