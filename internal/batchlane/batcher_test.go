@@ -140,6 +140,7 @@ func TestBatcher_Outcomes(t *testing.T) {
 	got = b.get(t, spent.ID)
 	require.Equal(t, jobs.StatusDead, got.Status, "no attempt left")
 	require.Equal(t, jobs.ReasonRetriesExhausted, *got.DeadReason)
+	require.Equal(t, jobs.LaneOnline, got.Lane, "an operator's retry of a dead letter runs online")
 
 	require.ElementsMatch(t, []string{busySoon.ID, late.ID}, b.online(), "the jobs for the online lane are enqueued")
 

@@ -62,13 +62,14 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 }
 
 // retryMove sends job j round again, online: retrying within its attempts (dead with
-// retries_exhausted once they are spent), its last error of class retryable naming why.
+// retries_exhausted once they are spent), its last error of class retryable naming why. A dead
+// job is left in the online lane, so that an operator's retry (ctl dead retry) runs it there.
 func (b *Batcher) retryMove(row batchRow, j batchJob, now time.Time, typ, msg string) move {
 	m := b.attempt(row, j, now, 0, "retryable", msg)
 	m.LastError = map[string]any{"class": "retryable", "type": typ, "message": msg}
 	m.Status, m.Lane, m.BatchState = "retrying", "online", typ
 	if j.Attempts >= j.MaxAttempts {
-		m.Status, m.Lane, m.DeadReason = "dead", "batch", "retries_exhausted"
+		m.Status, m.DeadReason = "dead", "retries_exhausted"
 	}
 	return m
 }

@@ -253,8 +253,8 @@ type move struct {
 }
 
 // apply makes m in one statement, conditional on the job being unfinished and still in m.Ref;
-// it reports whether it applied. A job that leaves the batch (retrying, online) leaves batch_ref;
-// one that ends keeps it as its history.
+// it reports whether it applied. A job that leaves the batch (retrying, online, dead) leaves
+// batch_ref; one that succeeds or fails keeps it as its history.
 func (s store) apply(ctx context.Context, m move) (bool, error) {
 	var lastErr []byte
 	if m.LastError != nil {
@@ -279,7 +279,7 @@ WITH a AS (
 	UPDATE jobs SET status = $8, lane = $9, result = coalesce($10, result), usage = coalesce($11, usage),
 		last_error = coalesce($12, last_error), dead_reason = $13,
 		answered_by = CASE WHEN $8 = 'succeeded' THEN credential ELSE answered_by END,
-		batch_ref = CASE WHEN $8 IN ('succeeded', 'failed', 'dead') THEN batch_ref END,
+		batch_ref = CASE WHEN $8 IN ('succeeded', 'failed') THEN batch_ref END,
 		batch_state = $14, next_attempt_at = NULL,
 		finished_at = CASE WHEN $8 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
 		updated_at = now(), event_seq = event_seq + 1
