@@ -31,7 +31,7 @@ func TestExecutor_DropsBatchLaneTask(t *testing.T) {
 	ex := executor.New(executor.Config{Store: b.Store, Upstreams: map[string]executor.Upstream{
 		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p,
 			Gate: lim.Gate("sk-lane", "default"), Circuit: brk.Circuit("sk-lane", "default")}}})
-	job, _, err = b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
 		Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour, Lane: jobs.LaneBatch})
 	require.NoError(t, err)
 
