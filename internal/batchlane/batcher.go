@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -201,10 +202,37 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 	}
 	if providerID == "" {
 		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs); err != nil {
+			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
+				return b.refused(ctx, row, se)
+			}
 			return fmt.Errorf("send batch %s: %w", row.ID, err)
 		}
 	}
 	return b.store.submitted(ctx, row.ID, providerID, b.cfg.Now().Add(lane.Config.PollInterval))
+}
+
+// refused handles a batch the provider refused as a whole (a 4xx other than 408, 409, 429: too
+// large, a bad key): sending it again would be refused again, so its jobs go to the online lane,
+// where each gets its own answer, and the batch ends canceled.
+func (b *Batcher) refused(ctx context.Context, row batchRow, se *StatusError) error {
+	jobs, err := b.store.jobs(ctx, row.ID)
+	if err != nil {
+		return err
+	}
+	msg := "the provider refused the batch: " + se.Error()
+	var errs []error
+	for _, j := range jobs {
+		if !j.unfinished() {
+			continue
+		}
+		ref := row.ID
+		errs = append(errs, b.applyMove(ctx, move{JobID: j.ID, Ref: &ref, Status: "queued", Lane: "online", BatchState: "refused",
+			LastError: map[string]any{"class": "retryable", "status": se.Status, "type": "batch_refused", "message": msg}}))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return b.store.ended(ctx, row.ID, "canceled", "refused")
 }
 
 // pollDelay is the wait before poll n+1 of a batch: PollInterval doubled per poll, at most ten
@@ -253,6 +281,14 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 		return nil
 	}
 	st, err := lane.Client.Poll(ctx, *row.ProviderID)
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
+		// The provider no longer knows the batch (deleted, or gone with an account): its jobs
+		// have no result and go round again, as expired ones do.
+		if err := b.record(ctx, lane, row, jobs, nil, "not_found"); err != nil {
+			return err
+		}
+		return b.store.ended(ctx, row.ID, "ended", "not_found")
+	}
 	if err != nil {
 		return err
 	}

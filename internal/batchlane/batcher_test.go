@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/llmsim"
 )
@@ -166,4 +167,69 @@ func TestBatcher_ProviderCanceled(t *testing.T) {
 	require.Equal(t, jobs.LaneOnline, got.Lane)
 	require.Equal(t, "batch_canceled", got.LastError.Type)
 	require.Equal(t, []string{j.ID}, b.online())
+}
+
+// refusing is a Client whose provider refuses every batch with status.
+type refusing struct {
+	batchlane.Client
+	status int
+}
+
+func (r refusing) Submit(context.Context, string, []batchlane.Request) (string, error) {
+	return "", &batchlane.StatusError{Status: r.status, Body: "refused"}
+}
+
+// forgetting is a Client whose provider no longer knows any batch when polled.
+type forgetting struct{ batchlane.Client }
+
+func (forgetting) Poll(context.Context, string) (batchlane.State, error) {
+	return batchlane.State{}, &batchlane.StatusError{Status: 404, Body: "not found"}
+}
+
+// TestBatcher_ProviderRefusesOrForgets: a batch the provider refuses as a whole (a 4xx) is not
+// sent again: its jobs go online; a 5xx is retried on the next pass. A batch the provider no
+// longer knows sends its jobs online too, as expired ones.
+func TestBatcher_ProviderRefusesOrForgets(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Refused", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		j := b.submit(t, "x", 0, 0)
+		b.clock.Advance(fill)
+		once(t, b.batcher(refusing{Client: b.client, status: 413}))
+		got := b.get(t, j.ID)
+		require.Equal(t, jobs.StatusQueued, got.Status)
+		require.Equal(t, jobs.LaneOnline, got.Lane)
+		require.Equal(t, "batch_refused", got.LastError.Type)
+		require.Equal(t, "refused", *got.BatchState)
+		require.Equal(t, []string{j.ID}, b.online())
+		require.Zero(t, got.Attempts, "nothing was sent")
+	})
+
+	t.Run("ServerErrorRetried", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		j := b.submit(t, "x", 0, 0)
+		b.clock.Advance(fill)
+		require.Error(t, b.batcher(refusing{Client: b.client, status: 503}).Once(context.Background()))
+		require.Equal(t, "committed", *b.get(t, j.ID).BatchState, "kept for the next pass")
+		once(t, b.batcher(nil))
+		require.Equal(t, jobs.StatusRunning, b.get(t, j.ID).Status)
+		require.Equal(t, 1, b.sim.BatchStats().Created)
+	})
+
+	t.Run("Forgotten", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		j := b.submit(t, "x", 0, 0)
+		b.clock.Advance(fill)
+		once(t, b.batcher(nil))
+		b.clock.Advance(time.Minute)
+		once(t, b.batcher(forgetting{b.client}))
+		got := b.get(t, j.ID)
+		require.Equal(t, jobs.StatusRetrying, got.Status)
+		require.Equal(t, jobs.LaneOnline, got.Lane)
+		require.Equal(t, []string{j.ID}, b.online())
+	})
 }
