@@ -136,17 +136,51 @@ func (s *Server) BatchStats() BatchStats {
 
 // batchRoutes registers both providers' batch endpoints.
 func (s *Server) batchRoutes(mux *http.ServeMux) {
+	aView := func(r *http.Request, b *simBatch) any { return s.anthropicView(r, b) }
+	oView := func(_ *http.Request, b *simBatch) any { return s.openAIView(b) }
+	polled := func(st *BatchStats) { st.Polls++ }
+	canceled := func(st *BatchStats) { st.Cancels++ }
 	mux.HandleFunc("POST /v1/messages/batches", s.anthropicCreate)
 	mux.HandleFunc("GET /v1/messages/batches", s.anthropicList)
-	mux.HandleFunc("GET /v1/messages/batches/{id}", s.anthropicGet)
+	mux.HandleFunc("GET /v1/messages/batches/{id}", s.serveBatch(anthropic{}, "message batch", polled, nil, aView))
 	mux.HandleFunc("GET /v1/messages/batches/{id}/results", s.anthropicResults)
-	mux.HandleFunc("POST /v1/messages/batches/{id}/cancel", s.anthropicCancel)
+	mux.HandleFunc("POST /v1/messages/batches/{id}/cancel", s.serveBatch(anthropic{}, "message batch", canceled, s.cancelLocked, aView))
 	mux.HandleFunc("POST /v1/files", s.openAIUpload)
 	mux.HandleFunc("GET /v1/files/{id}/content", s.openAIFileContent)
 	mux.HandleFunc("POST /v1/batches", s.openAICreate)
 	mux.HandleFunc("GET /v1/batches", s.openAIList)
-	mux.HandleFunc("GET /v1/batches/{id}", s.openAIGet)
-	mux.HandleFunc("POST /v1/batches/{id}/cancel", s.openAICancel)
+	mux.HandleFunc("GET /v1/batches/{id}", s.serveBatch(openAI{}, "batch", polled, nil, oView))
+	mux.HandleFunc("POST /v1/batches/{id}/cancel", s.serveBatch(openAI{}, "batch", canceled, s.cancelLocked, oView))
+}
+
+// serveBatch answers with the batch named in the path as view renders it (404 in p's format
+// when p has none), counting the call with count and letting act (nil: none) act on it first.
+func (s *Server) serveBatch(p provider, what string, count func(*BatchStats), act func(*simBatch),
+	view func(*http.Request, *simBatch) any) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.batches.mu.Lock()
+		defer s.batches.mu.Unlock()
+		count(&s.batches.stats)
+		b := s.lookupLocked(p, r.PathValue("id"))
+		if b == nil {
+			notFound(w, p, what)
+			return
+		}
+		if act != nil {
+			act(b)
+		}
+		writeJSON(w, http.StatusOK, view(r, b))
+	}
+}
+
+// cancelLocked cancels b unless it ended: its requests end canceled (none had been processed:
+// a batch's requests are answered together at its end). The caller holds st.mu.
+func (s *Server) cancelLocked(b *simBatch) {
+	if b.endedAt == nil && b.canceledAt == nil {
+		now := s.cfg.Now()
+		b.canceledAt = &now
+		s.settleLocked(b)
+	}
 }
 
 // newID returns prefix and 24 random hex digits.

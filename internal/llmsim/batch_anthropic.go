@@ -81,19 +81,6 @@ func (s *Server) anthropicCreate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// anthropicGet is GET /v1/messages/batches/{id}.
-func (s *Server) anthropicGet(w http.ResponseWriter, r *http.Request) {
-	s.batches.mu.Lock()
-	defer s.batches.mu.Unlock()
-	s.batches.stats.Polls++
-	b := s.lookupLocked(anthropic{}, r.PathValue("id"))
-	if b == nil {
-		notFound(w, anthropic{}, "message batch")
-		return
-	}
-	writeJSON(w, http.StatusOK, s.anthropicView(r, b))
-}
-
 // anthropicList is GET /v1/messages/batches: newest first, one page.
 func (s *Server) anthropicList(w http.ResponseWriter, r *http.Request) {
 	s.batches.mu.Lock()
@@ -113,25 +100,6 @@ func (s *Server) anthropicList(w http.ResponseWriter, r *http.Request) {
 		page.FirstID, page.LastID = &data[0].ID, &data[len(data)-1].ID
 	}
 	writeJSON(w, http.StatusOK, page)
-}
-
-// anthropicCancel is POST /v1/messages/batches/{id}/cancel: the requests not yet processed end
-// canceled (here: all of them, when the batch had not ended).
-func (s *Server) anthropicCancel(w http.ResponseWriter, r *http.Request) {
-	s.batches.mu.Lock()
-	defer s.batches.mu.Unlock()
-	s.batches.stats.Cancels++
-	b := s.lookupLocked(anthropic{}, r.PathValue("id"))
-	if b == nil {
-		notFound(w, anthropic{}, "message batch")
-		return
-	}
-	if b.endedAt == nil && b.canceledAt == nil {
-		now := s.cfg.Now()
-		b.canceledAt = &now
-		s.settleLocked(b)
-	}
-	writeJSON(w, http.StatusOK, s.anthropicView(r, b))
 }
 
 // anthropicResults is GET /v1/messages/batches/{id}/results: JSONL, one line per request.

@@ -198,19 +198,6 @@ func (s *Server) openAICreate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// openAIGet is GET /v1/batches/{id}.
-func (s *Server) openAIGet(w http.ResponseWriter, r *http.Request) {
-	s.batches.mu.Lock()
-	defer s.batches.mu.Unlock()
-	s.batches.stats.Polls++
-	b := s.lookupLocked(openAI{}, r.PathValue("id"))
-	if b == nil {
-		notFound(w, openAI{}, "batch")
-		return
-	}
-	writeJSON(w, http.StatusOK, s.openAIView(b))
-}
-
 // openAIList is GET /v1/batches: newest first, one page.
 func (s *Server) openAIList(w http.ResponseWriter, _ *http.Request) {
 	s.batches.mu.Lock()
@@ -225,22 +212,4 @@ func (s *Server) openAIList(w http.ResponseWriter, _ *http.Request) {
 		page["first_id"], page["last_id"] = data[0].ID, data[len(data)-1].ID
 	}
 	writeJSON(w, http.StatusOK, page)
-}
-
-// openAICancel is POST /v1/batches/{id}/cancel.
-func (s *Server) openAICancel(w http.ResponseWriter, r *http.Request) {
-	s.batches.mu.Lock()
-	defer s.batches.mu.Unlock()
-	s.batches.stats.Cancels++
-	b := s.lookupLocked(openAI{}, r.PathValue("id"))
-	if b == nil {
-		notFound(w, openAI{}, "batch")
-		return
-	}
-	if b.endedAt == nil && b.canceledAt == nil {
-		now := s.cfg.Now()
-		b.canceledAt = &now
-		s.settleLocked(b)
-	}
-	writeJSON(w, http.StatusOK, s.openAIView(b))
 }
