@@ -245,27 +245,35 @@ func pollDelay(c config.Batch, polls int) time.Duration {
 	return min(d, 10*c.PollInterval)
 }
 
-// poll handles a sent batch: its jobs near their deadline go online; a batch whose jobs have all
-// ended is canceled at the provider; a due batch is polled, and when it ended its results are
-// recorded.
+// poll handles a sent batch when its poll is due: its jobs near their deadline go online; a
+// batch whose jobs have all ended is canceled at the provider; otherwise it is polled, and when
+// it ended its results are recorded. The next poll comes after the backoff, or when the next of
+// its jobs is to fall back online, whichever is first; a pass reads nothing of a batch not due.
 func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 	now := b.cfg.Now()
+	if row.NextPollAt != nil && now.Before(*row.NextPollAt) {
+		return nil
+	}
 	jobs, err := b.store.jobs(ctx, row.ID)
 	if err != nil {
 		return err
 	}
-	live := 0
+	live, next := 0, now.Add(pollDelay(lane.Config, row.Polls+1))
 	for _, j := range jobs {
 		if !j.unfinished() {
 			continue
 		}
-		if !now.Before(j.Deadline.Add(-lane.Config.OnlineFallback)) {
+		fallback := j.Deadline.Add(-lane.Config.OnlineFallback)
+		if !now.Before(fallback) {
 			if err := b.applyMove(ctx, b.retryMove(row, j, now, "deadline_fallback", "the batch had not ended when the job's deadline came near")); err != nil {
 				return err
 			}
 			continue
 		}
 		live++
+		if fallback.Before(next) {
+			next = fallback
+		}
 	}
 	if live == 0 {
 		// Nothing waits for this batch: stop paying for what is left of it.
@@ -276,9 +284,6 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 			}
 		}
 		return b.store.ended(ctx, row.ID, "canceled", "canceled")
-	}
-	if row.NextPollAt != nil && now.Before(*row.NextPollAt) {
-		return nil
 	}
 	st, err := lane.Client.Poll(ctx, *row.ProviderID)
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
@@ -293,7 +298,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 		return err
 	}
 	if !st.Ended {
-		return b.store.polled(ctx, row.ID, st.Provider, now.Add(pollDelay(lane.Config, row.Polls+1)))
+		return b.store.polled(ctx, row.ID, st.Provider, next)
 	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
