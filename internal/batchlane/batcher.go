@@ -40,6 +40,8 @@ type Config struct {
 	// Now is the clock of every decision (fill, poll, deadline). Default time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
+	// Metrics receives the batch lane's counters; nil records none.
+	Metrics *Metrics
 }
 
 // Batcher sends the batch lane's jobs through the providers' batch APIs: it collects waiting
@@ -140,7 +142,7 @@ func (b *Batcher) collect(ctx context.Context, lane Lane) error {
 	var errs []error
 	for _, w := range waiting {
 		if !now.Before(w.Deadline.Add(-lane.Config.OnlineFallback)) {
-			errs = append(errs, b.applyMove(ctx, move{JobID: w.ID, Status: "queued", Lane: "online", BatchState: "deadline_fallback"}))
+			errs = append(errs, b.applyMove(ctx, lane.Credential, move{JobID: w.ID, Status: "queued", Lane: "online", BatchState: "deadline_fallback"}))
 			continue
 		}
 		if _, ok := byModel[w.Model]; !ok {
@@ -208,7 +210,11 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 			return fmt.Errorf("send batch %s: %w", row.ID, err)
 		}
 	}
-	return b.store.submitted(ctx, row.ID, providerID, b.cfg.Now().Add(lane.Config.PollInterval))
+	if err := b.store.submitted(ctx, row.ID, providerID, b.cfg.Now().Add(lane.Config.PollInterval)); err != nil {
+		return err
+	}
+	b.cfg.Metrics.batch(row.Credential, "sent")
+	return nil
 }
 
 // refused handles a batch the provider refused as a whole (a 4xx other than 408, 409, 429: too
@@ -226,12 +232,13 @@ func (b *Batcher) refused(ctx context.Context, row batchRow, se *StatusError) er
 			continue
 		}
 		ref := row.ID
-		errs = append(errs, b.applyMove(ctx, move{JobID: j.ID, Ref: &ref, Status: "queued", Lane: "online", BatchState: "refused",
+		errs = append(errs, b.applyMove(ctx, row.Credential, move{JobID: j.ID, Ref: &ref, Status: "queued", Lane: "online", BatchState: "refused",
 			LastError: map[string]any{"class": "retryable", "status": se.Status, "type": "batch_refused", "message": msg}}))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	b.cfg.Metrics.batch(row.Credential, "refused")
 	return b.store.ended(ctx, row.ID, "canceled", "refused")
 }
 
@@ -265,7 +272,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 		}
 		fallback := j.Deadline.Add(-lane.Config.OnlineFallback)
 		if !now.Before(fallback) {
-			if err := b.applyMove(ctx, b.retryMove(row, j, now, "deadline_fallback", "the batch had not ended when the job's deadline came near")); err != nil {
+			if err := b.applyMove(ctx, row.Credential, b.retryMove(row, j, now, "deadline_fallback", "the batch had not ended when the job's deadline came near")); err != nil {
 				return err
 			}
 			continue
@@ -283,6 +290,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 				return err
 			}
 		}
+		b.cfg.Metrics.batch(row.Credential, "canceled")
 		return b.store.ended(ctx, row.ID, "canceled", "canceled")
 	}
 	st, err := lane.Client.Poll(ctx, *row.ProviderID)
@@ -292,6 +300,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 		if err := b.record(ctx, lane, row, jobs, nil, "not_found"); err != nil {
 			return err
 		}
+		b.cfg.Metrics.batch(row.Credential, "lost")
 		return b.store.ended(ctx, row.ID, "ended", "not_found")
 	}
 	if err != nil {
@@ -307,13 +316,17 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 	if err := b.record(ctx, lane, row, jobs, results, st.Provider); err != nil {
 		return err
 	}
+	b.cfg.Metrics.batch(row.Credential, "ended")
 	return b.store.ended(ctx, row.ID, "ended", st.Provider)
 }
 
 // applyMove applies m and, when it moved the job to the online lane unfinished, enqueues the
 // job's task.
-func (b *Batcher) applyMove(ctx context.Context, m move) error {
+func (b *Batcher) applyMove(ctx context.Context, credential string, m move) error {
 	ok, err := b.store.apply(ctx, m)
+	if ok {
+		b.cfg.Metrics.job(credential, m)
+	}
 	if err != nil || !ok || m.Lane != "online" || (m.Status != "retrying" && m.Status != "queued") {
 		return err
 	}

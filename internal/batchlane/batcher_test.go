@@ -148,6 +148,13 @@ func TestBatcher_Outcomes(t *testing.T) {
 	st := b.sim.BatchStats()
 	require.Equal(t, 2, st.Created)
 	require.Equal(t, 7, st.Requests, "six jobs, then the one retried")
+
+	for outcome, want := range map[string]float64{"succeeded": 1, "failed": 1, "rebatched": 1, "online": 2, "dead": 1} {
+		require.Equal(t, want, b.counter(t, "jobs", outcome), outcome)
+	}
+	require.Equal(t, 2.0, b.counter(t, "batches", "sent"))
+	require.Equal(t, 1.0, b.counter(t, "batches", "ended"))
+	require.Zero(t, b.counter(t, "batches", "refused"), "every series starts at 0")
 }
 
 // TestBatcher_ProviderCanceled: a batch canceled at the provider (by an operator there) sends

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/batchlane"
@@ -30,6 +31,8 @@ type testBundle struct {
 	provider string
 	client   batchlane.Client
 	cfg      config.Batch
+	metrics  *batchlane.Metrics
+	registry *prometheus.Registry
 
 	mu       sync.Mutex
 	enqueued []string
@@ -59,7 +62,8 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	client, err := batchlane.NewClient(o.provider, ts.URL, "sk-test", ts.Client())
 	require.NoError(t, err)
 	pool := pgtest.Pool(t)
-	return &testBundle{pool: pool, store: jobs.NewStore(pool, nil), sim: sim, clock: clock, provider: o.provider, client: client,
+	reg := prometheus.NewRegistry()
+	return &testBundle{pool: pool, registry: reg, metrics: batchlane.NewMetrics(reg, []string{"default"}), store: jobs.NewStore(pool, nil), sim: sim, clock: clock, provider: o.provider, client: client,
 		cfg: config.Batch{Enabled: true, MaxRequestsPerBatch: o.maxReqs, MaxWaitToFill: time.Minute, PollInterval: 30 * time.Second,
 			Window: 24 * time.Hour, OnlineFallback: 10 * time.Minute}}
 }
@@ -69,7 +73,7 @@ func (b *testBundle) batcher(client batchlane.Client) *batchlane.Batcher {
 	if client == nil {
 		client = b.client
 	}
-	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now,
+	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics,
 		Lanes: []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg}},
 		Enqueue: func(_ context.Context, id string) error {
 			b.mu.Lock()
@@ -170,4 +174,28 @@ func (f flaky) Submit(ctx context.Context, ref string, reqs []batchlane.Request)
 		}
 	}
 	return "", context.DeadlineExceeded
+}
+
+// counter is the value of the batch lane's counter name (llmq_batch_<name>_total) for the
+// default credential and outcome.
+func (b *testBundle) counter(t *testing.T, name, outcome string) float64 {
+	t.Helper()
+	families, err := b.registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "llmq_batch_"+name+"_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["credential"] == "default" && labels["outcome"] == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series llmq_batch_%s_total{outcome=%q}", name, outcome)
+	return 0
 }

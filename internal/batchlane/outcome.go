@@ -32,7 +32,7 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 		if !ok {
 			r = Result{CustomID: j.ID, Kind: Expired, Message: "the batch's results hold no line for the job"}
 		}
-		errs = append(errs, b.applyMove(ctx, b.decide(lane, row, j, r, now, providerState)))
+		errs = append(errs, b.applyMove(ctx, row.Credential, b.decide(lane, row, j, r, now, providerState)))
 	}
 	return errors.Join(errs...)
 }

@@ -235,8 +235,16 @@ func (w *Worker) newBatcher() error {
 	if len(lanes) == 0 {
 		return nil
 	}
+	var metrics *batchlane.Metrics
+	if w.opts.Registerer != nil {
+		names := make([]string, len(lanes))
+		for i, l := range lanes {
+			names[i] = l.Credential
+		}
+		metrics = batchlane.NewMetrics(w.opts.Registerer, names)
+	}
 	enq := dispatch.NewEnqueuer(w.client, w.cfg.Worker.Queue)
-	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger,
+	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
 		Enqueue: func(ctx context.Context, id string) error { return enq.Enqueue(ctx, id, time.Time{}) }})
 	return nil
 }
