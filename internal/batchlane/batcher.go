@@ -19,7 +19,9 @@ import (
 // lockKey elects the one batching process ("llmqbtch").
 const lockKey int64 = 0x6c6c6d7162746368
 
-// Lane is one credential's batch lane: its provider's batch client and its batch settings.
+// Lane is one credential's batch lane: its provider's batch client and its batch settings. A
+// lane whose Config.Enabled is false collects nothing (its waiting jobs go online) but still
+// sends and polls the batches it has, so that turning a lane off strands no job.
 type Lane struct {
 	Credential string
 	Client     Client
@@ -113,7 +115,7 @@ func (b *Batcher) Once(ctx context.Context) error {
 	for _, row := range open {
 		lane, ok := b.lanes[row.Credential]
 		if !ok {
-			continue // a credential whose batch lane was turned off: its batches wait for it
+			continue // a credential no longer configured: its jobs end at their deadline
 		}
 		switch row.State {
 		case "committed":
@@ -133,7 +135,7 @@ func (b *Batcher) Once(ctx context.Context) error {
 // goes online instead.
 func (b *Batcher) collect(ctx context.Context, lane Lane) error {
 	now := b.cfg.Now()
-	waiting, err := b.store.waiting(ctx, lane.Credential, 10*lane.Config.MaxRequestsPerBatch)
+	waiting, err := b.store.waiting(ctx, lane.Credential, 10*max(lane.Config.MaxRequestsPerBatch, 1))
 	if err != nil {
 		return err
 	}
@@ -141,7 +143,11 @@ func (b *Batcher) collect(ctx context.Context, lane Lane) error {
 	var models []string
 	var errs []error
 	for _, w := range waiting {
-		if !now.Before(w.Deadline.Add(-lane.Config.OnlineFallback)) {
+		switch {
+		case !lane.Config.Enabled:
+			errs = append(errs, b.applyMove(ctx, lane.Credential, move{JobID: w.ID, Status: "queued", Lane: "online", BatchState: "lane_off"}))
+			continue
+		case !now.Before(w.Deadline.Add(-lane.Config.OnlineFallback)):
 			errs = append(errs, b.applyMove(ctx, lane.Credential, move{JobID: w.ID, Status: "queued", Lane: "online", BatchState: "deadline_fallback"}))
 			continue
 		}
@@ -304,14 +310,14 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 		return b.store.ended(ctx, row.ID, "ended", "not_found")
 	}
 	if err != nil {
-		return err
+		return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
 	}
 	if !st.Ended {
 		return b.store.polled(ctx, row.ID, st.Provider, next)
 	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
-		return err
+		return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
 	}
 	if err := b.record(ctx, lane, row, jobs, results, st.Provider); err != nil {
 		return err

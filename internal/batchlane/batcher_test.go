@@ -240,3 +240,60 @@ func TestBatcher_ProviderRefusesOrForgets(t *testing.T) {
 		require.Equal(t, []string{j.ID}, b.online())
 	})
 }
+
+// failingPoll is a Client whose polls fail as a provider outage would.
+type failingPoll struct {
+	batchlane.Client
+	calls *int
+}
+
+func (f failingPoll) Poll(context.Context, string) (batchlane.State, error) {
+	*f.calls++
+	return batchlane.State{}, &batchlane.StatusError{Status: 503, Body: "overloaded"}
+}
+
+// TestBatcher_PollFailuresBackOff: while the provider fails polls, the batch is polled with its
+// backoff, not on every pass; once it answers, the results are recorded.
+func TestBatcher_PollFailuresBackOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	j := b.submit(t, "x", 0, 0)
+	b.clock.Advance(fill)
+	once(t, b.batcher(nil))
+	calls := 0
+	down := b.batcher(failingPoll{Client: b.client, calls: &calls})
+	b.clock.Advance(30 * time.Second)
+	require.Error(t, down.Once(context.Background()))
+	require.Equal(t, 1, calls, "polled when due")
+	for range 5 {
+		_ = down.Once(context.Background()) // not due again yet: no call
+	}
+	require.Equal(t, 1, calls)
+	b.clock.Advance(2 * time.Hour)
+	once(t, b.batcher(nil))
+	require.Equal(t, jobs.StatusSucceeded, b.get(t, j.ID).Status)
+}
+
+// TestBatcher_LaneTurnedOff: with a credential's batch lane off, its waiting jobs go online and
+// the batches it has are still polled to their end.
+func TestBatcher_LaneTurnedOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	sent := b.submit(t, "x", 0, 0)
+	b.clock.Advance(fill)
+	once(t, b.batcher(nil))
+	waiting := b.submit(t, "y", 0, 0)
+
+	b.cfg.Enabled = false
+	off := b.batcher(nil)
+	once(t, off)
+	got := b.get(t, waiting.ID)
+	require.Equal(t, jobs.LaneOnline, got.Lane)
+	require.Equal(t, "lane_off", *got.BatchState)
+	require.Equal(t, []string{waiting.ID}, b.online())
+
+	b.clock.Advance(2 * time.Hour)
+	once(t, off)
+	require.Equal(t, jobs.StatusSucceeded, b.get(t, sent.ID).Status)
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+}

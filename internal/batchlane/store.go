@@ -191,6 +191,15 @@ WHERE batch_ref = $1 AND status IN ('queued', 'running', 'retrying') AND batch_s
 	return nil
 }
 
+// pollLater sets when batch id is polled next, after a poll that failed (the provider or the
+// network), so that a provider outage is polled with the same backoff, not on every pass.
+func (s store) pollLater(ctx context.Context, id string, next time.Time) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET polls = polls + 1, next_poll_at = $2 WHERE id = $1`, id, next); err != nil {
+		return fmt.Errorf("record failed batch poll: %w", err)
+	}
+	return nil
+}
+
 // ended marks batch id ended (or canceled: nothing was left to wait for).
 func (s store) ended(ctx context.Context, id, state, providerState string) error {
 	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET state = $2, provider_state = $3, ended_at = now(), next_poll_at = NULL

@@ -218,21 +218,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
 }
 
-// newBatcher builds the batch lane's batcher over the credentials whose batch lane is enabled
-// (none: no batcher).
+// newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:
+// no batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
+// online and still polls the batches it has.
 func (w *Worker) newBatcher() error {
 	var lanes []batchlane.Lane
+	enabled := false
 	for _, c := range w.cfg.Credentials {
-		if !c.Batch.Enabled {
-			continue
-		}
+		enabled = enabled || c.Batch.Enabled
 		client, err := batchlane.NewClient(c.Provider, c.BaseURL, c.APIKey(), w.opts.HTTPClient)
 		if err != nil {
 			return fmt.Errorf("credential %q: %w", c.Name, err)
 		}
 		lanes = append(lanes, batchlane.Lane{Credential: c.Name, Client: client, Config: c.Batch})
 	}
-	if len(lanes) == 0 {
+	if !enabled {
 		return nil
 	}
 	var metrics *batchlane.Metrics
