@@ -20,5 +20,7 @@
 // or in a batch not yet ended, goes to the online lane (a result its batch brings later is
 // discarded; the provider may still charge for it). A canceled job leaves its batch before the
 // send; after it, its result is discarded, and a batch none of whose jobs still wait is canceled
-// at the provider.
+// at the provider. A credential whose lane is turned off sends its waiting jobs online and still
+// polls the batches it has. A batch the provider refuses as a whole (4xx) sends its jobs online;
+// one it no longer knows (404) sends them round again; failed polls keep the backoff.
 package batchlane

@@ -15,6 +15,7 @@ func TestBatchLane_EndToEnd(t *testing.T) {
 	b := setup(t, setupOpts{extra: "batch: { enabled: true, max_wait_to_fill: 50ms, poll_interval: 100ms }"})
 	batchBody := `{"lane":"batch",` + anthropicBody("wait for it")[1:]
 	batchID := b.submit(t, batchBody)
+	stream := openEvents(t, b.apiURL, batchID, "")
 	onlineID := b.submit(t, anthropicBody("now"))
 
 	online := b.waitTerminal(t, onlineID)
@@ -30,6 +31,14 @@ func TestBatchLane_EndToEnd(t *testing.T) {
 	require.Equal(t, "ended", job["batch_state"])
 	require.NotNil(t, job["usage"])
 	require.Contains(t, job["result"].(map[string]any)["content"].([]any)[0].(map[string]any)["text"], "wait for it")
+
+	// SSE clients see the online statuses, and the lane, batch id and cost class in the data.
+	evs := stream.rest(t)
+	require.Equal(t, []string{"queued/1", "running/2", "succeeded/3"}, eventNames(evs))
+	last := evs[len(evs)-1].job
+	require.Equal(t, "batch", last["lane"])
+	require.Equal(t, job["batch_id"], last["batch_id"])
+	require.Equal(t, "batch", last["cost_class"])
 
 	require.Equal(t, 1, b.sim.Stats().Requests, "one online call: the online job's; the batch job made none")
 	st := b.sim.BatchStats()
