@@ -192,7 +192,7 @@ func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, id
 // call failed without an answer), the provider may hold it already: it is looked up first, and
 // sent again only when the provider has none.
 func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
-	reqs, since, err := b.store.beginSend(ctx, row.ID)
+	reqs, since, frozen, err := b.store.beginSend(ctx, row.ID)
 	if errors.Is(err, errEmpty) {
 		return nil // every job ended before the send: nothing to pay for
 	}
@@ -201,8 +201,8 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 	}
 	providerID := ""
 	if row.SubmitStartedAt != nil {
-		if providerID, err = lane.Client.Find(ctx, row.ID, since, len(reqs)); err != nil {
-			return fmt.Errorf("look up batch %s: %w", row.ID, err)
+		if providerID, err = lane.Client.Find(ctx, row.ID, since, frozen); err != nil {
+			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row))
 		}
 		if providerID != "" {
 			b.cfg.Logger.InfoContext(ctx, "found a batch sent before a restart", "batch", row.ID, "provider_batch_id", providerID)
@@ -213,7 +213,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
 				return b.refused(ctx, row, se)
 			}
-			return fmt.Errorf("send batch %s: %w", row.ID, err)
+			return errors.Join(fmt.Errorf("send batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row))
 		}
 	}
 	if err := b.store.submitted(ctx, row.ID, providerID, b.cfg.Now().Add(lane.Config.PollInterval)); err != nil {
@@ -221,6 +221,28 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 	}
 	b.cfg.Metrics.batch(row.Credential, "sent")
 	return nil
+}
+
+// unsentFallback moves the jobs of a batch whose send failed (it is sent again on the next pass)
+// to the online lane when their deadline is within OnlineFallback, so that a provider whose
+// batch API is down does not hold them past it. Should the failed send have reached the
+// provider, such a job may be paid for twice: the price of its deadline.
+func (b *Batcher) unsentFallback(ctx context.Context, lane Lane, row batchRow) error {
+	now := b.cfg.Now()
+	jobs, err := b.store.jobs(ctx, row.ID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, j := range jobs {
+		if j.unfinished() && !now.Before(j.Deadline.Add(-lane.Config.OnlineFallback)) {
+			ref := row.ID
+			errs = append(errs, b.applyMove(ctx, row.Credential, move{JobID: j.ID, Ref: &ref, Status: "queued", Lane: "online",
+				BatchState: "deadline_fallback", LastError: map[string]any{"class": "retryable", "type": "deadline_fallback",
+					"message": "the job's batch could not be sent before its deadline came near"}}))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // refused handles a batch the provider refused as a whole (a 4xx other than 408, 409, 429: too

@@ -155,3 +155,34 @@ func TestBatcher_DeadlineFallback(t *testing.T) {
 	require.Equal(t, jobs.StatusRetrying, got.Status)
 	require.Nil(t, got.Result)
 }
+
+// TestBatcher_UnsentBatchDeadlineFallback: while the provider's batch API fails every send (a
+// 5xx: sent again on each pass), a job of the batch whose deadline comes near goes online; the
+// batch, sent at last, is recognised by its frozen size and its other job is not paid twice.
+func TestBatcher_UnsentBatchDeadlineFallback(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	soon, later := b.submit(t, "soon", time.Hour, 0), b.submit(t, "later", 0, 0)
+	b.clock.Advance(fill)
+	// The provider got the batch; the answer was lost. Then its batch API is down a while.
+	require.Error(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()))
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+
+	b.clock.Set(soon.Deadline.Add(-10 * time.Minute))
+	require.Error(t, b.batcher(unreachable{b.client}).Once(context.Background()))
+	got := b.get(t, soon.ID)
+	require.Equal(t, jobs.LaneOnline, got.Lane)
+	require.Equal(t, "deadline_fallback", got.LastError.Type)
+	require.Equal(t, []string{soon.ID}, b.online())
+
+	once(t, b.batcher(nil))
+	require.Equal(t, 1, b.sim.BatchStats().Created, "found by its frozen size of two: not sent again")
+	require.Equal(t, jobs.StatusRunning, b.get(t, later.ID).Status)
+}
+
+// unreachable is a Client whose provider's batch API does not answer.
+type unreachable struct{ batchlane.Client }
+
+func (unreachable) Find(context.Context, string, time.Time, int) (string, error) {
+	return "", &batchlane.StatusError{Status: 503, Body: "unavailable"}
+}

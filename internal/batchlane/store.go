@@ -107,10 +107,12 @@ FROM provider_batches WHERE state IN ('committed', 'submitted') ORDER BY created
 // beginSend freezes what committed batch id sends, the first time it is called for it: the jobs
 // that ended meanwhile (canceled before the send) leave the batch, and the count of the rest is
 // recorded with the time the send began. Every call returns the batch's requests in job order
-// and that time; none left: errEmpty (the batch is marked canceled, nothing to send).
-func (s store) beginSend(ctx context.Context, id string) ([]Request, time.Time, error) {
+// (less those that left it since: moved online near their deadline), that time and the frozen
+// count; none left: errEmpty (the batch is marked canceled, nothing to send).
+func (s store) beginSend(ctx context.Context, id string) ([]Request, time.Time, int, error) {
 	var reqs []Request
 	var since time.Time
+	var frozen int
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var started *time.Time
 		if err := tx.QueryRow(ctx, `SELECT submit_started_at FROM provider_batches WHERE id = $1 FOR UPDATE`, id).Scan(&started); err != nil {
@@ -140,15 +142,15 @@ WHERE batch_ref = $1 AND status NOT IN ('queued', 'running', 'retrying')`, id); 
 		}
 		return tx.QueryRow(ctx, `UPDATE provider_batches SET submit_started_at = coalesce(submit_started_at, now()),
 	requests = CASE WHEN submit_started_at IS NULL THEN $2 ELSE requests END
-WHERE id = $1 RETURNING submit_started_at`, id, len(reqs)).Scan(&since)
+WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs)).Scan(&since, &frozen)
 	})
 	if errors.Is(err, errEmpty) {
-		return nil, time.Time{}, err
+		return nil, time.Time{}, 0, err
 	}
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("begin sending batch: %w", err)
+		return nil, time.Time{}, 0, fmt.Errorf("begin sending batch: %w", err)
 	}
-	return reqs, since, nil
+	return reqs, since, frozen, nil
 }
 
 // submitted records that the provider holds batch id as providerID: the batch's jobs still
