@@ -52,17 +52,16 @@ type testBundle struct {
 }
 
 type setupOpts struct {
-	dbURL        string        // default: a fresh database
-	keepAlive    time.Duration // default: the server's 15s, so a test passing fast proves NOTIFY
-	noListener   bool
-	maxBody      int64
-	wrap         func(*Server) http.Handler // default: the server itself
-	noAnonymous  bool                       // api.allow_anonymous off
-	credentials  []string                   // configured credentials; default ["default"]
-	batchWindows map[string]time.Duration   // credentials with a batch lane; default none
-	submitRate   *tenant.RateLimiter        // the tenants' submit rate; default unlimited
-	logger       *slog.Logger               // default: discard
-	signer       *StreamSigner              // signs events_url; default none
+	dbURL       string        // default: a fresh database
+	keepAlive   time.Duration // default: the server's 15s, so a test passing fast proves NOTIFY
+	noListener  bool
+	maxBody     int64
+	wrap        func(*Server) http.Handler // default: the server itself
+	noAnonymous bool                       // api.allow_anonymous off
+	credentials []string                   // configured credentials; default ["default"]
+	submitRate  *tenant.RateLimiter        // the tenants' submit rate; default unlimited
+	logger      *slog.Logger               // default: discard
+	signer      *StreamSigner              // signs events_url; default none
 	// server, when set, serves through httpserve.NewServer with these timeouts (default: a
 	// plain httptest server).
 	server *httpserve.Config
@@ -72,6 +71,8 @@ type setupOpts struct {
 	maxStreams        int
 	now               func() time.Time
 	registry          *prometheus.Registry // the API's metrics; default none
+	// batchWindows are the credentials with a batch lane, with their window; default none.
+	batchWindows map[string]time.Duration
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
