@@ -28,6 +28,7 @@ func TestSubmit_Lane(t *testing.T) {
 		{"AutoWithRoom", `{"lane":"auto","timeout":"1h",` + req + `}`, "batch", "waiting"},
 		{"AutoWithoutRoom", `{"lane":"auto","timeout":"59m",` + req + `}`, "online", nil},
 		{"AutoWithoutBatches", `{"lane":"auto","credential":"plain","timeout":"24h",` + req + `}`, "online", nil},
+		{"BatchLongAttempt", `{"lane":"batch","attempt_timeout":"30m",` + req + `}`, "batch", "waiting"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := b.do(t, "POST", "/v1/jobs", tc.body, nil)

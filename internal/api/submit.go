@@ -123,8 +123,8 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 		func() error { return checkAllowed(tenant, allowed, p.Credential, p.Fallbacks) },
 		func() error { return s.checkCredentials(p.Credential, p.Fallbacks) },
 		func() error { return s.checkTokens(append([]string{p.Credential}, p.Fallbacks...), b.Request) },
-		func() error { return s.parseLimits(b, &p) },
-		func() error { return parseLane(b.Lane, b.Timeout, s.cfg.BatchWindows, &p) },
+		func() error { batchTimeout(b.Lane, b.Timeout, s.cfg.BatchWindows, &p); return s.parseLimits(b, &p) },
+		func() error { return parseLane(b.Lane, s.cfg.BatchWindows, &p) },
 		func() error { return parseMetadata(b.Metadata, &p) },
 		func() error { return fingerprint(idemKey, body, &p) },
 	} {
