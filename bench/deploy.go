@@ -22,6 +22,8 @@ type llmqSetup struct {
 	workers int
 	// retention is the retention block; nil: llmq's defaults.
 	retention *retentionSetup
+	// batch is the credential's batch block, e.g. "{ enabled: true }"; "": none.
+	batch string
 }
 
 // retentionSetup is a run's retention block: off, or llmq's default periods with the passes
@@ -166,6 +168,9 @@ func writeConfig(path, dbURL, redisURL, queue, simURL, apiKey string, s llmqSetu
 	}
 	if s.retention != nil {
 		retention = s.retention.yaml()
+	}
+	if s.batch != "" {
+		limits += "\n    batch: " + s.batch
 	}
 	yaml := fmt.Sprintf(`# Written by the bench for one run; removed afterwards.
 database_url: %q

@@ -50,6 +50,8 @@ func scenarios() []entry {
 			new: func() scenario { return &backlog{} }},
 		{name: "retention", about: "llmq draining a backlog while the retention pass deletes from a million finished jobs, and without it",
 			new: func() scenario { return &retention{} }},
+		{name: "batch", about: "jobs with \"lane\": \"auto\" through the providers' batch APIs: cost, provider calls, the online lane beside them, a leader crash",
+			new: func() scenario { return &batchBench{} }},
 	}
 }
 

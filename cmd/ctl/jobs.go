@@ -58,6 +58,13 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 	row("credential", j.Credential)
 	row("model", requestModel(j.Request))
 	row("attempts", fmt.Sprintf("%d/%d", j.Attempts, j.MaxAttempts))
+	row("lane", j.Lane)
+	if j.BatchState != nil {
+		row("batch", fmt.Sprintf("%s (%s)", deref(j.BatchID, "-"), *j.BatchState))
+	}
+	if j.CostClass != nil {
+		row("cost class", *j.CostClass)
+	}
 	row("created", j.CreatedAt.Format(time.RFC3339))
 	if j.FinishedAt != nil {
 		row("finished", j.FinishedAt.Format(time.RFC3339))
@@ -94,4 +101,12 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 			(time.Duration(at.LatencyMS * float64(time.Millisecond))).Round(time.Millisecond))
 	}
 	return tw.Flush()
+}
+
+// deref is *p, or def when p is nil.
+func deref(p *string, def string) string {
+	if p == nil {
+		return def
+	}
+	return *p
 }

@@ -59,7 +59,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		seed        = fs.Uint64("seed", 1, "seed of the random source (jitter, error rate)")
 		logLevel    = fs.String("log-level", "info", "debug logs one line per answer: debug|info|warn|error")
 		faults      llmsim.Faults
+		batch       llmsim.BatchConfig
 	)
+	fs.DurationVar(&batch.ProcessingDelay, "batch-delay", 0, "time from a batch's creation to its end (Message Batches, OpenAI Batch)")
+	fs.DurationVar(&batch.Window, "batch-window", 24*time.Hour, "a batch that would take longer ends then with every request expired")
 	fs.BoolVar(&faults.SpendCap, "spend-cap", false, "answer every request 429 without retry-after (spend cap)")
 	fs.Float64Var(&faults.ErrorRate, "error-rate", 0, "fraction of requests answered with -error-status")
 	fs.IntVar(&faults.ErrorStatus, "error-status", 500, "status of -error-rate errors")
@@ -95,6 +98,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Latency:               *latency,
 		LatencyJitter:         *jitter,
 		Faults:                faults,
+		Batch:                 batch,
 		Rand:                  rand.New(rand.NewPCG(*seed, *seed)).Float64,
 		Logger:                logger,
 	}

@@ -71,6 +71,8 @@ type setupOpts struct {
 	maxStreams        int
 	now               func() time.Time
 	registry          *prometheus.Registry // the API's metrics; default none
+	// batchWindows are the credentials with a batch lane, with their window; default none.
+	batchWindows map[string]time.Duration
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -107,7 +109,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	b.tenants = tenant.NewStore(pool, nil)
 	cfg := Config{
 		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: !o.noAnonymous, MaxBodyBytes: o.maxBody,
-		Submit: SubmitConfig{Credentials: o.credentials}, Enqueuer: enq,
+		Submit: SubmitConfig{Credentials: o.credentials, BatchWindows: o.batchWindows}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,

@@ -43,6 +43,9 @@ type SubmitConfig struct {
 	// TokenLimits are the credentials' configured token limits: a request that can never fit
 	// one is refused at submit. Missing: not checked (learned limits are checked by the worker).
 	TokenLimits map[string]tokens.Limits
+	// BatchWindows holds the credentials whose batch lane is enabled, with their batch window
+	// (see parseLane). Nil: no batch lane.
+	BatchWindows map[string]time.Duration
 	// DefaultMaxAttempts applies when the body has no max_attempts. Default 10.
 	DefaultMaxAttempts int
 	// DefaultTimeout applies when the body has no timeout. Default 10m.
@@ -88,6 +91,8 @@ type submitBody struct {
 	Metadata         json.RawMessage `json:"metadata"`
 	// Fallbacks are credentials tried in order after retryable failures on Credential.
 	Fallbacks []string `json:"fallbacks"`
+	// Lane is "online" (default), "batch" or "auto" (see parseLane).
+	Lane *string `json:"lane"`
 }
 
 // MaxMetadataBytes caps the metadata object.
@@ -118,7 +123,8 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 		func() error { return checkAllowed(tenant, allowed, p.Credential, p.Fallbacks) },
 		func() error { return s.checkCredentials(p.Credential, p.Fallbacks) },
 		func() error { return s.checkTokens(append([]string{p.Credential}, p.Fallbacks...), b.Request) },
-		func() error { return s.parseLimits(b, &p) },
+		func() error { batchTimeout(b.Lane, b.Timeout, s.cfg.BatchWindows, &p); return s.parseLimits(b, &p) },
+		func() error { return parseLane(b.Lane, s.cfg.BatchWindows, &p) },
 		func() error { return parseMetadata(b.Metadata, &p) },
 		func() error { return fingerprint(idemKey, body, &p) },
 	} {
@@ -419,7 +425,7 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 		return job, replayed, err
 	}
 	s.cfg.Metrics.submitted(job.Credential)
-	if s.cfg.Enqueuer != nil {
+	if s.cfg.Enqueuer != nil && job.Lane != jobs.LaneBatch { // the batcher collects batch-lane jobs
 		if err := s.cfg.Enqueuer.Enqueue(ctx, job.ID, time.Time{}); err != nil {
 			s.cfg.Logger.WarnContext(ctx, "enqueue after commit failed; the sweeper will enqueue the job", "job_id", job.ID, "error", err)
 		}

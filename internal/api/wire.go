@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,8 +47,12 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	names := make([]string, 0, len(cfg.Credentials))
 	kinds := map[string]string{}
 	tokenLimits := map[string]tokens.Limits{}
+	batchWindows := map[string]time.Duration{}
 	for _, c := range cfg.Credentials {
 		names = append(names, c.Name)
+		if c.Batch.Enabled {
+			batchWindows[c.Name] = c.Batch.Window
+		}
 		kinds[c.Name] = c.Provider
 		if l := c.Limits; l != nil {
 			tokenLimits[c.Name] = tokens.Limits{InputPerMinute: l.InputTokensPerMinute,
@@ -67,7 +72,7 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	}
 	s := New(Config{
 		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
-		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
+		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, BatchWindows: batchWindows, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,

@@ -208,6 +208,8 @@ type Credential struct {
 	// PauseProbeInterval, when set, lets one job per interval probe a credential paused by a
 	// spend cap; its success resumes the credential. Default 0: only an operator resumes it.
 	PauseProbeInterval time.Duration `yaml:"pause_probe_interval"`
+	// Batch configures the credential's batch lane (see Batch). Default: off.
+	Batch Batch `yaml:"batch"`
 
 	// apiKey is behind a pointer so that printing a Config or Credential (%v, %+v, %#v, slog)
 	// shows an address, not the key: fmt prints unexported fields but only addresses of nested
@@ -392,6 +394,7 @@ func (c *Config) withDefaults() {
 		if c.Credentials[i].AttemptTimeout == 0 {
 			c.Credentials[i].AttemptTimeout = 5 * time.Minute
 		}
+		c.Credentials[i].Batch.withDefaults()
 	}
 }
 
@@ -528,6 +531,7 @@ func (c *Config) validate() error {
 		if cr.PauseProbeInterval < 0 {
 			bad(f+".pause_probe_interval", "must be positive")
 		}
+		cr.Batch.validate(f+".batch", bad)
 	}
 	return errors.Join(errs...)
 }

@@ -25,7 +25,8 @@ func (e *Executor) load(ctx context.Context, id string, fresh bool) (*jobs.Job, 
 	if fresh && firstDelivery(job) {
 		e.cfg.Metrics.stage(StagePickup, start.Sub(job.CreatedAt))
 	}
-	if job.Status.Terminal() {
+	if job.Status.Terminal() || job.Lane == jobs.LaneBatch {
+		// A batch-lane job is the batcher's (internal/batchlane): a task for it is a stray.
 		return nil, errHandled
 	}
 	return job, nil

@@ -41,6 +41,17 @@ func (s Status) Valid() bool {
 	return s.Terminal()
 }
 
+// Lane is how a job reaches its provider.
+type Lane string
+
+// The lanes. "auto" is a submit option only: it resolves to one of these.
+const (
+	// LaneOnline: the executor calls the provider under the shared limiter (the default).
+	LaneOnline Lane = "online"
+	// LaneBatch: the batcher sends the job in a provider batch (half the price, hours of wait).
+	LaneBatch Lane = "batch"
+)
+
 // Reasons a job ends dead or failed.
 const (
 	ReasonRateLimitedNoRetryAfter = "rate_limited_no_retry_after"
@@ -78,6 +89,16 @@ type Job struct {
 	Usage            json.RawMessage `json:"usage"`
 	DeadReason       *string         `json:"dead_reason"`
 	Metadata         json.RawMessage `json:"metadata"`
+	// Lane is the lane the job takes: online or batch (see Lane).
+	Lane Lane `json:"lane"`
+	// BatchID and BatchState are the provider's batch id and its state while the job is (or was
+	// last) in a provider batch (null: never batched; "waiting": in the batch lane, not yet in a
+	// batch; "committed": in a batch not yet sent).
+	BatchID    *string `json:"batch_id"`
+	BatchState *string `json:"batch_state"`
+	// CostClass says at which price the stored result was bought: "batch" (the providers' batch
+	// discount) or "online"; null until succeeded.
+	CostClass *string `json:"cost_class"`
 	// Request is the provider-native body, sent verbatim. Not part of the job JSON (it can be
 	// large and is the client's own); ctl shows its size.
 	Request json.RawMessage `json:"-"`

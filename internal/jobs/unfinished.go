@@ -54,8 +54,9 @@ func scanUnfinished(r pgx.CollectableRow) (Unfinished, error) {
 	return u, err
 }
 
-// ListUnfinished returns up to limit non-terminal jobs with IDs after `after`, in ID order
-// (keyset pagination: each page costs the same however large the table).
+// ListUnfinished returns up to limit non-terminal online-lane jobs with IDs after `after`, in ID
+// order (keyset pagination: each page costs the same however large the table). Batch-lane jobs
+// have no task to miss: the batcher holds them.
 func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]Unfinished, error) {
 	if after == "" {
 		after = uuid.Nil.String()
@@ -82,7 +83,7 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 // table statistics the planner picked a bitmap scan and a sort (see inOrderOfIndex).
 const listUnfinishedSQL = `
 SELECT id::text, status, next_attempt_at, lease_until FROM jobs
-WHERE status IN ('queued', 'running', 'retrying') AND id > $1
+WHERE status IN ('queued', 'running', 'retrying') AND id > $1 AND lane = 'online'
 ORDER BY jobs.id LIMIT $2`
 
 // inOrderOfIndex runs fn in a transaction whose statements may not sort: for the statements

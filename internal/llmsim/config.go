@@ -56,6 +56,8 @@ type Config struct {
 	// need not be safe for concurrent use. Default: a PCG source with a fixed
 	// seed, so runs are reproducible.
 	Rand func() float64
+	// Batch configures the batch APIs (see [BatchConfig]).
+	Batch BatchConfig
 	// Logger receives one debug line per answer (endpoint, key id, status,
 	// duration). It never receives API keys or prompts. Default: discard.
 	Logger *slog.Logger
@@ -91,7 +93,7 @@ func (c Config) Validate() error {
 	if err := c.Faults.validate(); err != nil {
 		return fmt.Errorf("faults: %w", err)
 	}
-	return nil
+	return c.Batch.validate()
 }
 
 // tokenMinute is TokenMinute with its default.
@@ -103,6 +105,7 @@ func (c Config) tokenMinute() time.Duration {
 }
 
 func (c Config) withDefaults() Config {
+	c.Batch = c.Batch.withDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -4,6 +4,13 @@
 // it, with per-API-key request and token buckets and switchable fault
 // injection.
 //
+// It also speaks both providers' batch APIs (batch.go): Anthropic Message
+// Batches (create, retrieve, list, cancel, JSONL results by custom_id) and
+// OpenAI Batch (file upload, create, retrieve, list, cancel, output and error
+// files), answered like the online endpoint but outside its buckets, ended by
+// the injected clock after BatchConfig.ProcessingDelay, with per-request
+// errors and expiry by marker and whole-batch expiry past the window.
+//
 // It is used by tests (httptest.NewServer(llmsim.New(cfg))), by benchmarks and
 // as the default provider of the local stack, so that everything runs offline
 // with no API key.

@@ -40,6 +40,8 @@ type Server struct {
 	buckets map[string]*bucket
 	keyToks map[string]*keyTokens
 	stats   Stats
+	// batches holds the batch APIs' batches and files (batch.go), under its own lock.
+	batches *batchStore
 }
 
 // New returns a simulator for cfg. It panics if cfg is invalid (see
@@ -62,6 +64,7 @@ func New(cfg Config) *Server {
 		buckets: map[string]*bucket{},
 		keyToks: map[string]*keyTokens{},
 		stats:   newStats(),
+		batches: newBatchStore(),
 	}
 	if s.limited {
 		s.params = newBucketParams(cfg.Capacity, cfg.RefillPerSecond)
@@ -69,6 +72,7 @@ func New(cfg Config) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/messages", s.serveChat(anthropic{}))
 	mux.HandleFunc("POST /v1/chat/completions", s.serveChat(openAI{}))
+	s.batchRoutes(mux)
 	mux.HandleFunc("GET /_sim/stats", s.serveStats)
 	mux.HandleFunc("POST /_sim/reset", s.serveReset)
 	mux.HandleFunc("GET /_sim/faults", s.serveGetFaults)

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/dispatch"
@@ -56,6 +57,7 @@ type Worker struct {
 	executor *executor.Executor
 	sweeper  *dispatch.Sweeper
 	maint    *maintenance.Maintainer
+	batcher  *batchlane.Batcher // nil: no credential has a batch lane
 	breaker  *breaker.Breaker
 	client   *asynq.Client
 	insp     *asynq.Inspector
@@ -176,6 +178,10 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		},
 		RetentionInterval: cfg.Retention.Interval, Finished: metrics.Finished, Logger: opts.Logger, Metrics: maintMetrics,
 	})
+	if err := w.newBatcher(); err != nil {
+		rdb.Close()
+		return nil, err
+	}
 	w.server = dispatch.NewServer(redisOpt, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
 		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger})
 	return w, nil
@@ -189,6 +195,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	sweepDone, maintDone, listenDone, pausesDone := make(chan error, 1), make(chan error, 1), make(chan struct{}), make(chan struct{})
 	go func() { sweepDone <- w.sweeper.Run(ctx) }()
 	go func() { maintDone <- w.maint.Run(ctx) }()
+	batchDone := make(chan error, 1)
+	go func() {
+		if w.batcher == nil {
+			batchDone <- nil
+			return
+		}
+		batchDone <- w.batcher.Run(ctx)
+	}()
 	go func() {
 		defer close(listenDone)
 		w.breaker.Listen(ctx)
@@ -201,7 +215,38 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.server.Shutdown()
 	<-listenDone
 	<-pausesDone
-	return errors.Join(<-sweepDone, <-maintDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
+	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
+}
+
+// newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:
+// no batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
+// online and still polls the batches it has.
+func (w *Worker) newBatcher() error {
+	var lanes []batchlane.Lane
+	enabled := false
+	for _, c := range w.cfg.Credentials {
+		enabled = enabled || c.Batch.Enabled
+		client, err := batchlane.NewClient(c.Provider, c.BaseURL, c.APIKey(), w.opts.HTTPClient)
+		if err != nil {
+			return fmt.Errorf("credential %q: %w", c.Name, err)
+		}
+		lanes = append(lanes, batchlane.Lane{Credential: c.Name, Client: client, Config: c.Batch})
+	}
+	if !enabled {
+		return nil
+	}
+	var metrics *batchlane.Metrics
+	if w.opts.Registerer != nil {
+		names := make([]string, len(lanes))
+		for i, l := range lanes {
+			names[i] = l.Credential
+		}
+		metrics = batchlane.NewMetrics(w.opts.Registerer, names)
+	}
+	enq := dispatch.NewEnqueuer(w.client, w.cfg.Worker.Queue)
+	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
+		Enqueue: func(ctx context.Context, id string) error { return enq.Enqueue(ctx, id, time.Time{}) }})
+	return nil
 }
 
 // refreshPauses reads each credential's pause state (which sets llmq_limiter_paused) at once

@@ -1,0 +1,123 @@
+package batchlane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// anthropicClient speaks Message Batches (POST /v1/messages/batches and friends).
+type anthropicClient struct{ httpClient }
+
+type anthropicBatch struct {
+	ID               string         `json:"id"`
+	ProcessingStatus string         `json:"processing_status"`
+	RequestCounts    map[string]int `json:"request_counts"`
+	CreatedAt        time.Time      `json:"created_at"`
+}
+
+func (c *anthropicClient) Submit(ctx context.Context, _ string, reqs []Request) (string, error) {
+	type item struct {
+		CustomID string          `json:"custom_id"`
+		Params   json.RawMessage `json:"params"`
+	}
+	items := make([]item, len(reqs))
+	for i, r := range reqs {
+		items[i] = item{CustomID: r.CustomID, Params: r.Body}
+	}
+	var b anthropicBatch
+	if err := c.doJSON(ctx, "POST", "/v1/messages/batches", map[string]any{"requests": items}, &b); err != nil {
+		return "", fmt.Errorf("create message batch: %w", err)
+	}
+	return b.ID, nil
+}
+
+// Find: Message Batches keep no metadata, so the batch is recognised by its creation time (at
+// or after since, less a minute of clock skew) and its number of requests; of several, the
+// earliest. Results are matched by custom_id, so adopting a stranger's batch of the same size
+// cannot record a wrong result: the jobs missing from its results go round again.
+func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, n int) (string, error) {
+	var page struct {
+		Data []anthropicBatch `json:"data"`
+	}
+	if err := c.doJSON(ctx, "GET", "/v1/messages/batches?limit=100", nil, &page); err != nil {
+		return "", fmt.Errorf("list message batches: %w", err)
+	}
+	found := ""
+	for _, b := range page.Data { // newest first
+		if b.CreatedAt.Before(since.Add(-time.Minute)) {
+			break
+		}
+		total := 0
+		for _, v := range b.RequestCounts {
+			total += v
+		}
+		if total == n {
+			found = b.ID
+		}
+	}
+	return found, nil
+}
+
+func (c *anthropicClient) Poll(ctx context.Context, id string) (State, error) {
+	var b anthropicBatch
+	if err := c.doJSON(ctx, "GET", "/v1/messages/batches/"+url.PathEscape(id), nil, &b); err != nil {
+		return State{}, fmt.Errorf("retrieve message batch: %w", err)
+	}
+	return State{Provider: b.ProcessingStatus, Ended: b.ProcessingStatus == "ended"}, nil
+}
+
+func (c *anthropicClient) Results(ctx context.Context, id string) ([]Result, error) {
+	data, err := c.do(ctx, "GET", "/v1/messages/batches/"+url.PathEscape(id)+"/results", "", nil)
+	if err != nil {
+		return nil, fmt.Errorf("message batch results: %w", err)
+	}
+	var out []Result
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	for sc.Scan() {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		var line struct {
+			CustomID string `json:"custom_id"`
+			Result   struct {
+				Type    Kind            `json:"type"`
+				Message json.RawMessage `json:"message"`
+				Error   json.RawMessage `json:"error"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return nil, fmt.Errorf("decode message batch result: %w", err)
+		}
+		r := Result{CustomID: line.CustomID, Kind: line.Result.Type}
+		switch r.Kind {
+		case Succeeded:
+			r.Body = line.Result.Message
+		case Errored:
+			var e struct {
+				Error struct{ Type, Message string } `json:"error"`
+			}
+			_ = json.Unmarshal(line.Result.Error, &e) // an undecodable error is the provider's: 500
+			r.Body, r.ErrorType, r.Message = line.Result.Error, e.Error.Type, e.Error.Message
+			r.Status = anthropicErrorStatus(e.Error.Type)
+		}
+		out = append(out, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read message batch results: %w", err)
+	}
+	return out, nil
+}
+
+func (c *anthropicClient) Cancel(ctx context.Context, id string) error {
+	var b anthropicBatch
+	if err := c.doJSON(ctx, "POST", "/v1/messages/batches/"+url.PathEscape(id)+"/cancel", nil, &b); err != nil {
+		return fmt.Errorf("cancel message batch: %w", err)
+	}
+	return nil
+}

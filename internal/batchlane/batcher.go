@@ -1,0 +1,365 @@
+package batchlane
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/leader"
+)
+
+// lockKey elects the one batching process ("llmqbtch").
+const lockKey int64 = 0x6c6c6d7162746368
+
+// Lane is one credential's batch lane: its provider's batch client and its batch settings. A
+// lane whose Config.Enabled is false collects nothing (its waiting jobs go online) but still
+// sends and polls the batches it has, so that turning a lane off strands no job.
+type Lane struct {
+	Credential string
+	Client     Client
+	Config     config.Batch
+}
+
+// Config configures a Batcher.
+type Config struct {
+	// Pool is the jobs' Postgres (migrated to 016 or later).
+	Pool *pgxpool.Pool
+	// Lanes are the credentials whose batch lane is enabled.
+	Lanes []Lane
+	// Enqueue hands a job that leaves the batch lane to the online lane (its asynq task). When it
+	// fails the sweeper enqueues the job later: it is an unfinished online job without a task.
+	Enqueue func(ctx context.Context, jobID string) error
+	// Tick is the time between two passes (see Once). Default 1s.
+	Tick time.Duration
+	// Now is the clock of every decision (fill, poll, deadline). Default time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// Metrics receives the batch lane's counters; nil records none.
+	Metrics *Metrics
+}
+
+// Batcher sends the batch lane's jobs through the providers' batch APIs: it collects waiting
+// jobs per credential and model into batches, commits each batch and its jobs in Postgres before
+// sending it, polls sent batches with backoff and records each job's result by custom_id (the
+// job ID). One process batches at a time (Run elects it with a Postgres advisory lock); Once is
+// one pass and is safe to call again after any failure or crash: a committed batch is looked up
+// at the provider before it is sent again, so no job is paid for twice by a crash.
+type Batcher struct {
+	cfg   Config
+	store store
+	lanes map[string]Lane
+	// crashAfterCommit, set by tests only, ends a pass between a batch's commit and its send.
+	crashAfterCommit error
+}
+
+// New returns a Batcher; zero config fields take their defaults.
+func New(cfg Config) *Batcher {
+	cfg.Tick = cmp.Or(cfg.Tick, time.Second)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	lanes := map[string]Lane{}
+	for _, l := range cfg.Lanes {
+		lanes[l.Credential] = l
+	}
+	return &Batcher{cfg: cfg, store: store{pool: cfg.Pool}, lanes: lanes}
+}
+
+// Run makes a pass every Tick while this process leads the batch lane, and keeps trying to lead
+// otherwise, until ctx ends.
+func (b *Batcher) Run(ctx context.Context) error {
+	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.lead, func(err error) {
+		if err != nil {
+			b.cfg.Logger.WarnContext(ctx, "batch lane", "error", err)
+		}
+	})
+	return nil
+}
+
+func (b *Batcher) lead(ctx context.Context) error {
+	t := time.NewTicker(b.cfg.Tick)
+	defer t.Stop()
+	for {
+		if err := b.Once(ctx); err != nil && ctx.Err() == nil {
+			b.cfg.Logger.WarnContext(ctx, "batch lane pass", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Once is one pass: it sends the committed batches (after a crash, looking each up first), polls
+// the sent batches that are due and records the results of those that ended, moves the jobs
+// whose deadline is near to the online lane, and collects the waiting jobs into new batches. An
+// error of one batch does not stop the others; Once returns them joined.
+func (b *Batcher) Once(ctx context.Context) error {
+	var errs []error
+	open, err := b.store.open(ctx)
+	if err != nil {
+		return err
+	}
+	for _, row := range open {
+		lane, ok := b.lanes[row.Credential]
+		if !ok {
+			continue // a credential no longer configured: its jobs end at their deadline
+		}
+		switch row.State {
+		case "committed":
+			errs = append(errs, b.send(ctx, lane, row))
+		case "submitted":
+			errs = append(errs, b.poll(ctx, lane, row))
+		}
+	}
+	for _, lane := range b.cfg.Lanes {
+		errs = append(errs, b.collect(ctx, lane))
+	}
+	return errors.Join(errs...)
+}
+
+// collect puts lane's waiting jobs into batches, per model: a batch goes when it is full or when
+// its oldest job has waited MaxWaitToFill. A waiting job whose deadline is within OnlineFallback
+// goes online instead.
+func (b *Batcher) collect(ctx context.Context, lane Lane) error {
+	now := b.cfg.Now()
+	waiting, err := b.store.waiting(ctx, lane.Credential, 10*max(lane.Config.MaxRequestsPerBatch, 1))
+	if err != nil {
+		return err
+	}
+	byModel := map[string][]waitingJob{}
+	var models []string
+	var errs []error
+	for _, w := range waiting {
+		switch {
+		case !lane.Config.Enabled:
+			errs = append(errs, b.applyMove(ctx, lane.Credential, move{JobID: w.ID, Status: "queued", Lane: "online", BatchState: "lane_off"}))
+			continue
+		case !now.Before(w.Deadline.Add(-lane.Config.OnlineFallback)):
+			errs = append(errs, b.applyMove(ctx, lane.Credential, move{JobID: w.ID, Status: "queued", Lane: "online", BatchState: "deadline_fallback"}))
+			continue
+		}
+		if _, ok := byModel[w.Model]; !ok {
+			models = append(models, w.Model)
+		}
+		byModel[w.Model] = append(byModel[w.Model], w)
+	}
+	for _, model := range models {
+		jobs := byModel[model]
+		for len(jobs) > 0 {
+			n := min(len(jobs), lane.Config.MaxRequestsPerBatch)
+			if n < lane.Config.MaxRequestsPerBatch && now.Sub(jobs[0].CreatedAt) < lane.Config.MaxWaitToFill {
+				break // not full, and its oldest job may wait longer
+			}
+			ids := make([]string, n)
+			for i, j := range jobs[:n] {
+				ids[i] = j.ID
+			}
+			jobs = jobs[n:]
+			errs = append(errs, b.commitAndSend(ctx, lane, model, ids))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// commitAndSend commits a batch of ids and then sends it.
+func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, ids []string) error {
+	id := uuid.NewString()
+	if _, err := b.store.commit(ctx, id, lane.Credential, model, ids); errors.Is(err, errEmpty) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if b.crashAfterCommit != nil {
+		return b.crashAfterCommit
+	}
+	return b.send(ctx, lane, batchRow{ID: id, Credential: lane.Credential, Model: model, State: "committed"})
+}
+
+// send submits committed batch row. When a send of it began before (the process died or the
+// call failed without an answer), the provider may hold it already: it is looked up first, and
+// sent again only when the provider has none.
+func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
+	reqs, since, frozen, err := b.store.beginSend(ctx, row.ID)
+	if errors.Is(err, errEmpty) {
+		return nil // every job ended before the send: nothing to pay for
+	}
+	if err != nil {
+		return err
+	}
+	providerID := ""
+	if row.SubmitStartedAt != nil {
+		if providerID, err = lane.Client.Find(ctx, row.ID, since, frozen); err != nil {
+			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row))
+		}
+		if providerID != "" {
+			b.cfg.Logger.InfoContext(ctx, "found a batch sent before a restart", "batch", row.ID, "provider_batch_id", providerID)
+		}
+	}
+	if providerID == "" {
+		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs); err != nil {
+			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
+				return b.refused(ctx, row, se)
+			}
+			return errors.Join(fmt.Errorf("send batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row))
+		}
+	}
+	if err := b.store.submitted(ctx, row.ID, providerID, b.cfg.Now().Add(lane.Config.PollInterval)); err != nil {
+		return err
+	}
+	b.cfg.Metrics.batch(row.Credential, "sent")
+	return nil
+}
+
+// unsentFallback moves the jobs of a batch whose send failed (it is sent again on the next pass)
+// to the online lane when their deadline is within OnlineFallback, so that a provider whose
+// batch API is down does not hold them past it. Should the failed send have reached the
+// provider, such a job may be paid for twice: the price of its deadline.
+func (b *Batcher) unsentFallback(ctx context.Context, lane Lane, row batchRow) error {
+	now := b.cfg.Now()
+	jobs, err := b.store.jobs(ctx, row.ID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, j := range jobs {
+		if j.unfinished() && !now.Before(j.Deadline.Add(-lane.Config.OnlineFallback)) {
+			ref := row.ID
+			errs = append(errs, b.applyMove(ctx, row.Credential, move{JobID: j.ID, Ref: &ref, Status: "queued", Lane: "online",
+				BatchState: "deadline_fallback", LastError: map[string]any{"class": "retryable", "type": "deadline_fallback",
+					"message": "the job's batch could not be sent before its deadline came near"}}))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// refused handles a batch the provider refused as a whole (a 4xx other than 408, 409, 429: too
+// large, a bad key): sending it again would be refused again, so its jobs go to the online lane,
+// where each gets its own answer, and the batch ends canceled.
+func (b *Batcher) refused(ctx context.Context, row batchRow, se *StatusError) error {
+	jobs, err := b.store.jobs(ctx, row.ID)
+	if err != nil {
+		return err
+	}
+	msg := "the provider refused the batch: " + se.Error()
+	var errs []error
+	for _, j := range jobs {
+		if !j.unfinished() {
+			continue
+		}
+		ref := row.ID
+		errs = append(errs, b.applyMove(ctx, row.Credential, move{JobID: j.ID, Ref: &ref, Status: "queued", Lane: "online", BatchState: "refused",
+			LastError: map[string]any{"class": "retryable", "status": se.Status, "type": "batch_refused", "message": msg}}))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	b.cfg.Metrics.batch(row.Credential, "refused")
+	return b.store.ended(ctx, row.ID, "canceled", "refused")
+}
+
+// pollDelay is the wait before poll n+1 of a batch: PollInterval doubled per poll, at most ten
+// times PollInterval.
+func pollDelay(c config.Batch, polls int) time.Duration {
+	d := c.PollInterval
+	for range min(polls, 4) {
+		d *= 2
+	}
+	return min(d, 10*c.PollInterval)
+}
+
+// poll handles a sent batch when its poll is due: its jobs near their deadline go online; a
+// batch whose jobs have all ended is canceled at the provider; otherwise it is polled, and when
+// it ended its results are recorded. The next poll comes after the backoff, or when the next of
+// its jobs is to fall back online, whichever is first; a pass reads nothing of a batch not due.
+func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
+	now := b.cfg.Now()
+	if row.NextPollAt != nil && now.Before(*row.NextPollAt) {
+		return nil
+	}
+	jobs, err := b.store.jobs(ctx, row.ID)
+	if err != nil {
+		return err
+	}
+	live, next := 0, now.Add(pollDelay(lane.Config, row.Polls+1))
+	for _, j := range jobs {
+		if !j.unfinished() {
+			continue
+		}
+		fallback := j.Deadline.Add(-lane.Config.OnlineFallback)
+		if !now.Before(fallback) {
+			if err := b.applyMove(ctx, row.Credential, b.retryMove(row, j, now, "deadline_fallback", "the batch had not ended when the job's deadline came near")); err != nil {
+				return err
+			}
+			continue
+		}
+		live++
+		if fallback.Before(next) {
+			next = fallback
+		}
+	}
+	if live == 0 {
+		// Nothing waits for this batch: stop paying for what is left of it.
+		if err := lane.Client.Cancel(ctx, *row.ProviderID); err != nil {
+			var se *StatusError
+			if !errors.As(err, &se) || se.Status >= 500 {
+				return err
+			}
+		}
+		b.cfg.Metrics.batch(row.Credential, "canceled")
+		return b.store.ended(ctx, row.ID, "canceled", "canceled")
+	}
+	st, err := lane.Client.Poll(ctx, *row.ProviderID)
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
+		// The provider no longer knows the batch (deleted, or gone with an account): its jobs
+		// have no result and go round again, as expired ones do.
+		if err := b.record(ctx, lane, row, jobs, nil, "not_found"); err != nil {
+			return err
+		}
+		b.cfg.Metrics.batch(row.Credential, "lost")
+		return b.store.ended(ctx, row.ID, "ended", "not_found")
+	}
+	if err != nil {
+		return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
+	}
+	if !st.Ended {
+		return b.store.polled(ctx, row.ID, st.Provider, next)
+	}
+	results, err := lane.Client.Results(ctx, *row.ProviderID)
+	if err != nil {
+		return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
+	}
+	if err := b.record(ctx, lane, row, jobs, results, st.Provider); err != nil {
+		return err
+	}
+	b.cfg.Metrics.batch(row.Credential, "ended")
+	return b.store.ended(ctx, row.ID, "ended", st.Provider)
+}
+
+// applyMove applies m and, when it moved the job to the online lane unfinished, enqueues the
+// job's task.
+func (b *Batcher) applyMove(ctx context.Context, credential string, m move) error {
+	ok, err := b.store.apply(ctx, m)
+	if ok {
+		b.cfg.Metrics.job(credential, m)
+	}
+	if err != nil || !ok || m.Lane != "online" || (m.Status != "retrying" && m.Status != "queued") {
+		return err
+	}
+	if err := b.cfg.Enqueue(ctx, m.JobID); err != nil {
+		b.cfg.Logger.WarnContext(ctx, "enqueue a job leaving the batch lane failed; the sweeper will enqueue it", "job_id", m.JobID, "error", err)
+	}
+	return nil
+}

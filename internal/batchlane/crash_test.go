@@ -1,0 +1,188 @@
+package batchlane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/batchlane"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// TestBatcher_CrashBetweenCommitAndSend: the batch and its jobs are committed before the send.
+// When the send fails without an answer (the process died, the connection dropped), the next
+// pass looks the batch up at the provider: one the provider never got is sent then; one it got
+// is adopted, not sent again. Either way each job is in exactly one provider batch, paid once.
+func TestBatcher_CrashBetweenCommitAndSend(t *testing.T) {
+	t.Parallel()
+	for _, provider := range []string{"anthropic", "openai"} {
+		for name, lost := range map[string]bool{"ProviderNeverGotIt": false, "ProviderGotIt": true} {
+			t.Run(provider+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, setupOpts{provider: provider})
+				j1, j2 := b.submit(t, "one", 0, 0), b.submit(t, "two", 0, 0)
+				b.clock.Advance(fill)
+
+				err := b.batcher(flaky{Client: b.client, lost: lost}).Once(context.Background())
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				refs := b.batchRefs(t)
+				require.NotEmpty(t, refs[j1.ID], "committed before the send")
+				require.Equal(t, refs[j1.ID], refs[j2.ID])
+				got := b.get(t, j1.ID)
+				require.Equal(t, jobs.StatusQueued, got.Status)
+				require.Equal(t, "committed", *got.BatchState)
+				wantCreated := map[bool]int{false: 0, true: 1}[lost]
+				require.Equal(t, wantCreated, b.sim.BatchStats().Created)
+
+				// A restarted leader (a new Batcher) resolves the batch.
+				bt := b.batcher(nil)
+				once(t, bt)
+				st := b.sim.BatchStats()
+				require.Equal(t, 1, st.Created, "the provider holds exactly one batch")
+				require.Equal(t, 2, st.Requests, "each job sent once")
+				require.Equal(t, refs, b.batchRefs(t), "the jobs stay in their batch")
+				for _, id := range []string{j1.ID, j2.ID} {
+					got := b.get(t, id)
+					require.Equal(t, jobs.StatusRunning, got.Status)
+					require.Equal(t, 1, got.Attempts)
+				}
+
+				b.clock.Advance(2 * time.Hour)
+				once(t, bt)
+				require.Equal(t, jobs.StatusSucceeded, b.get(t, j1.ID).Status)
+				require.Equal(t, jobs.StatusSucceeded, b.get(t, j2.ID).Status)
+				require.Equal(t, 1, b.sim.BatchStats().Created)
+			})
+		}
+	}
+}
+
+// TestBatcher_Cancel: a job canceled before its batch is sent leaves the batch (not paid for);
+// one canceled after keeps its status when the batch's result comes (the result is discarded);
+// a batch none of whose jobs still wait is canceled at the provider.
+func TestBatcher_Cancel(t *testing.T) {
+	t.Parallel()
+
+	t.Run("BeforeSend", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		keep, drop := b.submit(t, "keep", 0, 0), b.submit(t, "drop", 0, 0)
+		b.clock.Advance(fill)
+		crashed := b.batcher(nil)
+		batchlane.CrashAfterCommit(crashed, context.Canceled)
+		require.ErrorIs(t, crashed.Once(context.Background()), context.Canceled)
+		require.Equal(t, "committed", *b.get(t, drop.ID).BatchState)
+		_, err := b.store.Cancel(context.Background(), drop.ID)
+		require.NoError(t, err)
+		once(t, b.batcher(nil))
+		require.Equal(t, 1, b.sim.BatchStats().Requests, "only the job still waiting is sent")
+		require.Equal(t, jobs.StatusRunning, b.get(t, keep.ID).Status)
+		got := b.get(t, drop.ID)
+		require.Equal(t, jobs.StatusCanceled, got.Status)
+		require.Nil(t, got.BatchID)
+		require.Equal(t, "not_sent", *got.BatchState)
+	})
+
+	t.Run("AfterSend", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		bt := b.batcher(nil)
+		keep, drop := b.submit(t, "keep", 0, 0), b.submit(t, "drop", 0, 0)
+		b.clock.Advance(fill)
+		once(t, bt)
+		_, err := b.store.Cancel(context.Background(), drop.ID)
+		require.NoError(t, err)
+		b.clock.Advance(2 * time.Hour)
+		once(t, bt)
+		require.Equal(t, jobs.StatusSucceeded, b.get(t, keep.ID).Status)
+		got := b.get(t, drop.ID)
+		require.Equal(t, jobs.StatusCanceled, got.Status, "the result is discarded")
+		require.Nil(t, got.Result)
+		require.Zero(t, b.sim.BatchStats().Cancels)
+	})
+
+	t.Run("AllCanceled", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		bt := b.batcher(nil)
+		j := b.submit(t, "x", 0, 0)
+		b.clock.Advance(fill)
+		once(t, bt)
+		_, err := b.store.Cancel(context.Background(), j.ID)
+		require.NoError(t, err)
+		once(t, bt)
+		require.Zero(t, b.sim.BatchStats().Cancels, "seen at the next poll")
+		b.clock.Advance(30 * time.Second)
+		once(t, bt)
+		require.Equal(t, 1, b.sim.BatchStats().Cancels, "nothing waits for the batch: canceled at the provider")
+		once(t, bt)
+		require.Equal(t, 1, b.sim.BatchStats().Cancels, "once")
+	})
+}
+
+// TestBatcher_DeadlineFallback: a job whose deadline comes within online_fallback while its
+// batch has not ended goes to the online lane, and the batch's late result does not touch it;
+// so does a job still waiting for a batch.
+func TestBatcher_DeadlineFallback(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{delay: 5 * time.Hour})
+	bt := b.batcher(nil)
+	inBatch := b.submit(t, "x", 2*time.Hour, 0)
+	b.clock.Advance(fill)
+	once(t, bt)
+	require.Equal(t, jobs.StatusRunning, b.get(t, inBatch.ID).Status)
+	waiting := b.submit(t, "y", 90*time.Minute, 0)
+
+	b.clock.Set(inBatch.Deadline.Add(-11 * time.Minute))
+	once(t, bt)
+	require.Equal(t, jobs.StatusRunning, b.get(t, inBatch.ID).Status, "not yet within online_fallback")
+	require.Equal(t, []string{waiting.ID}, b.online(), "the waiting job's deadline is nearer: online")
+	require.Equal(t, jobs.LaneOnline, b.get(t, waiting.ID).Lane)
+
+	b.clock.Set(inBatch.Deadline.Add(-10 * time.Minute))
+	once(t, bt)
+	got := b.get(t, inBatch.ID)
+	require.Equal(t, jobs.StatusRetrying, got.Status)
+	require.Equal(t, jobs.LaneOnline, got.Lane)
+	require.Equal(t, "deadline_fallback", got.LastError.Type)
+	require.ElementsMatch(t, []string{waiting.ID, inBatch.ID}, b.online())
+
+	b.clock.Advance(6 * time.Hour) // the batch ends: its result is discarded
+	once(t, bt)
+	got = b.get(t, inBatch.ID)
+	require.Equal(t, jobs.StatusRetrying, got.Status)
+	require.Nil(t, got.Result)
+}
+
+// TestBatcher_UnsentBatchDeadlineFallback: while the provider's batch API fails every send (a
+// 5xx: sent again on each pass), a job of the batch whose deadline comes near goes online; the
+// batch, sent at last, is recognised by its frozen size and its other job is not paid twice.
+func TestBatcher_UnsentBatchDeadlineFallback(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	soon, later := b.submit(t, "soon", time.Hour, 0), b.submit(t, "later", 0, 0)
+	b.clock.Advance(fill)
+	// The provider got the batch; the answer was lost. Then its batch API is down a while.
+	require.Error(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()))
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+
+	b.clock.Set(soon.Deadline.Add(-10 * time.Minute))
+	require.Error(t, b.batcher(unreachable{b.client}).Once(context.Background()))
+	got := b.get(t, soon.ID)
+	require.Equal(t, jobs.LaneOnline, got.Lane)
+	require.Equal(t, "deadline_fallback", got.LastError.Type)
+	require.Equal(t, []string{soon.ID}, b.online())
+
+	once(t, b.batcher(nil))
+	require.Equal(t, 1, b.sim.BatchStats().Created, "found by its frozen size of two: not sent again")
+	require.Equal(t, jobs.StatusRunning, b.get(t, later.ID).Status)
+}
+
+// unreachable is a Client whose provider's batch API does not answer.
+type unreachable struct{ batchlane.Client }
+
+func (unreachable) Find(context.Context, string, time.Time, int) (string, error) {
+	return "", &batchlane.StatusError{Status: 503, Body: "unavailable"}
+}

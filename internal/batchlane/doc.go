@@ -1,0 +1,26 @@
+// Package batchlane is the batch lane: jobs submitted with "lane": "batch" (or "auto" with room
+// for the window) go through the providers' batch APIs, Anthropic Message Batches and OpenAI
+// Batch, at half the online price and outside the online rate limits. They are never asynq
+// tasks and never take an online limiter slot; the Batcher, run by one leader among the
+// workers, owns them:
+//
+//  1. collect: a credential's waiting jobs, per model, become a batch when MaxRequestsPerBatch
+//     are waiting or the oldest has waited MaxWaitToFill;
+//  2. commit: the batch row and its jobs' batch_ref are committed in one transaction BEFORE
+//     the batch is sent, so a job is in one batch at a time;
+//  3. send: the first send freezes the batch's jobs (those canceled meanwhile leave it) and
+//     records when it began; a send again (after a crash or a failed call) first looks the
+//     batch up at the provider (OpenAI: by metadata; Anthropic: by creation time and size),
+//     and sends only if the provider has none, so a crash does not pay for a job twice;
+//  4. poll: with backoff (PollInterval doubling to 10 ×), until the batch ended;
+//  5. record: each job's result by custom_id (the job ID), mapped onto the online classes
+//     (see Batcher.record); jobs left for the online lane are enqueued.
+//
+// Deadlines hold whatever a batch does: a job whose deadline is within OnlineFallback, waiting
+// or in a batch not yet ended, goes to the online lane (a result its batch brings later is
+// discarded; the provider may still charge for it). A canceled job leaves its batch before the
+// send; after it, its result is discarded, and a batch none of whose jobs still wait is canceled
+// at the provider. A credential whose lane is turned off sends its waiting jobs online and still
+// polls the batches it has. A batch the provider refuses as a whole (4xx) sends its jobs online;
+// one it no longer knows (404) sends them round again; failed polls keep the backoff.
+package batchlane

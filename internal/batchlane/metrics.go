@@ -1,0 +1,63 @@
+package batchlane
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the batch lane's Prometheus metrics. A nil *Metrics records nothing.
+type Metrics struct {
+	batches *prometheus.CounterVec
+	jobs    *prometheus.CounterVec
+}
+
+// Batch outcomes (label outcome of llmq_batch_batches_total).
+var batchOutcomes = []string{"sent", "ended", "canceled", "refused", "lost"}
+
+// Job outcomes (label outcome of llmq_batch_jobs_total): the job's new status, or where it went
+// on: "rebatched" (a later batch), "online" (the online lane).
+var jobOutcomes = []string{"succeeded", "failed", "dead", "rebatched", "online"}
+
+// NewMetrics registers the metrics on reg, each series at 0 for every credential in credentials.
+// It panics if they are registered there already (a wiring bug).
+func NewMetrics(reg prometheus.Registerer, credentials []string) *Metrics {
+	m := &Metrics{
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_batch_batches_total",
+			Help: "Provider batches by outcome: sent, ended (results recorded), canceled (no job waited for it), refused (by the provider, jobs sent online), lost (unknown to the provider, jobs sent round again).",
+		}, []string{"credential", "outcome"}),
+		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_batch_jobs_total",
+			Help: "Batch-lane jobs decided by the batcher, by outcome: succeeded, failed, dead, rebatched (a later batch), online (sent to the online lane).",
+		}, []string{"credential", "outcome"}),
+	}
+	reg.MustRegister(m.batches, m.jobs)
+	for _, c := range credentials {
+		for _, o := range batchOutcomes {
+			m.batches.WithLabelValues(c, o)
+		}
+		for _, o := range jobOutcomes {
+			m.jobs.WithLabelValues(c, o)
+		}
+	}
+	return m
+}
+
+func (m *Metrics) batch(credential, outcome string) {
+	if m != nil {
+		m.batches.WithLabelValues(credential, outcome).Inc()
+	}
+}
+
+// job counts a move that applied.
+func (m *Metrics) job(credential string, mv move) {
+	if m == nil {
+		return
+	}
+	outcome := mv.Status
+	switch {
+	case mv.Status != "retrying" && mv.Status != "queued":
+	case mv.Lane == "online":
+		outcome = "online"
+	default:
+		outcome = "rebatched"
+	}
+	m.jobs.WithLabelValues(credential, outcome).Inc()
+}

@@ -1,0 +1,190 @@
+package batchlane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// openAIClient speaks the Batch API: a JSONL input file (POST /v1/files), POST /v1/batches, and
+// the output and error files of an ended batch.
+type openAIClient struct{ httpClient }
+
+type openAIBatch struct {
+	ID           string            `json:"id"`
+	Status       string            `json:"status"`
+	OutputFileID *string           `json:"output_file_id"`
+	ErrorFileID  *string           `json:"error_file_id"`
+	Metadata     map[string]string `json:"metadata"`
+}
+
+// metadataKey tags a batch with llmq's batch id, so that Find recognises it after a crash.
+const metadataKey = "llmq_batch"
+
+func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (string, error) {
+	var input bytes.Buffer
+	for _, r := range reqs {
+		line, err := json.Marshal(map[string]any{"custom_id": r.CustomID, "method": "POST", "url": "/v1/chat/completions", "body": r.Body})
+		if err != nil {
+			return "", fmt.Errorf("encode batch input line: %w", err)
+		}
+		input.Write(line)
+		input.WriteByte('\n')
+	}
+	var form bytes.Buffer
+	mw := multipart.NewWriter(&form)
+	if err := mw.WriteField("purpose", "batch"); err != nil {
+		return "", fmt.Errorf("encode batch input file: %w", err)
+	}
+	fw, err := mw.CreateFormFile("file", "llmq-"+ref+".jsonl")
+	if err == nil {
+		_, err = fw.Write(input.Bytes())
+	}
+	if err == nil {
+		err = mw.Close()
+	}
+	if err != nil {
+		return "", fmt.Errorf("encode batch input file: %w", err)
+	}
+	data, err := c.do(ctx, "POST", "/v1/files", mw.FormDataContentType(), form.Bytes())
+	if err != nil {
+		return "", fmt.Errorf("upload batch input file: %w", err)
+	}
+	var file struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(data, &file); err != nil || file.ID == "" {
+		return "", fmt.Errorf("upload batch input file: answer without a file id")
+	}
+	var b openAIBatch
+	err = c.doJSON(ctx, "POST", "/v1/batches", map[string]any{"input_file_id": file.ID, "endpoint": "/v1/chat/completions",
+		"completion_window": "24h", "metadata": map[string]string{metadataKey: ref}}, &b)
+	if err != nil {
+		return "", fmt.Errorf("create batch: %w", err)
+	}
+	return b.ID, nil
+}
+
+// Find looks for the batch whose metadata carries ref among the latest hundred.
+func (c *openAIClient) Find(ctx context.Context, ref string, _ time.Time, _ int) (string, error) {
+	var page struct {
+		Data []openAIBatch `json:"data"`
+	}
+	if err := c.doJSON(ctx, "GET", "/v1/batches?limit=100", nil, &page); err != nil {
+		return "", fmt.Errorf("list batches: %w", err)
+	}
+	for _, b := range page.Data {
+		if b.Metadata[metadataKey] == ref {
+			return b.ID, nil
+		}
+	}
+	return "", nil
+}
+
+func (c *openAIClient) get(ctx context.Context, id string) (openAIBatch, error) {
+	var b openAIBatch
+	if err := c.doJSON(ctx, "GET", "/v1/batches/"+url.PathEscape(id), nil, &b); err != nil {
+		return b, fmt.Errorf("retrieve batch: %w", err)
+	}
+	return b, nil
+}
+
+func (c *openAIClient) Poll(ctx context.Context, id string) (State, error) {
+	b, err := c.get(ctx, id)
+	if err != nil {
+		return State{}, err
+	}
+	switch b.Status {
+	case "completed", "expired", "cancelled", "failed":
+		return State{Provider: b.Status, Ended: true}, nil
+	}
+	return State{Provider: b.Status}, nil
+}
+
+// Results reads the output file (answers) and the error file (error answers, expired and
+// canceled requests). A failed batch (its input refused) has neither: its requests come back
+// as errored with the provider's side to blame, and go round again.
+func (c *openAIClient) Results(ctx context.Context, id string) ([]Result, error) {
+	b, err := c.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var out []Result
+	for _, f := range []*string{b.OutputFileID, b.ErrorFileID} {
+		if f == nil || *f == "" {
+			continue
+		}
+		data, err := c.do(ctx, "GET", "/v1/files/"+url.PathEscape(*f)+"/content", "", nil)
+		if err != nil {
+			return nil, fmt.Errorf("download batch results file: %w", err)
+		}
+		rs, err := parseOpenAIResults(data)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rs...)
+	}
+	return out, nil
+}
+
+// parseOpenAIResults reads the lines of an output or error file.
+func parseOpenAIResults(data []byte) ([]Result, error) {
+	var out []Result
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	for sc.Scan() {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		var line struct {
+			CustomID string `json:"custom_id"`
+			Response *struct {
+				StatusCode int             `json:"status_code"`
+				Body       json.RawMessage `json:"body"`
+			} `json:"response"`
+			Error *struct{ Code, Message string } `json:"error"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return nil, fmt.Errorf("decode batch result line: %w", err)
+		}
+		r := Result{CustomID: line.CustomID}
+		switch {
+		case line.Response != nil && line.Response.StatusCode == http.StatusOK:
+			r.Kind, r.Body = Succeeded, line.Response.Body
+		case line.Response != nil:
+			var e struct {
+				Error struct{ Type, Message string } `json:"error"`
+			}
+			_ = json.Unmarshal(line.Response.Body, &e)
+			r.Kind, r.Body, r.Status, r.ErrorType, r.Message = Errored, line.Response.Body, line.Response.StatusCode, e.Error.Type, e.Error.Message
+		case line.Error != nil && line.Error.Code == "batch_expired":
+			r.Kind = Expired
+		case line.Error != nil && line.Error.Code == "batch_cancelled":
+			r.Kind = Canceled
+		default:
+			r.Kind, r.Status = Errored, http.StatusInternalServerError
+			if line.Error != nil {
+				r.ErrorType, r.Message = line.Error.Code, line.Error.Message
+			}
+		}
+		out = append(out, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read batch results file: %w", err)
+	}
+	return out, nil
+}
+
+func (c *openAIClient) Cancel(ctx context.Context, id string) error {
+	var b openAIBatch
+	if err := c.doJSON(ctx, "POST", "/v1/batches/"+url.PathEscape(id)+"/cancel", nil, &b); err != nil {
+		return fmt.Errorf("cancel batch: %w", err)
+	}
+	return nil
+}

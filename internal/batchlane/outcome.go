@@ -1,0 +1,121 @@
+package batchlane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// record applies an ended batch's results to its jobs by custom_id. Outcomes map onto the
+// online lane's classes:
+//   - succeeded: the job succeeds with the provider's answer (cost class batch);
+//   - errored with a request error (400, 401, 403, 404, 413, 422...): the job fails, as online;
+//   - errored with a server or overload error (408, 409, 429, 5xx, 529), expired, canceled, or
+//     no result for the job: the job is retried within its attempts (see retryMove).
+//
+// A job that ended or left the batch meanwhile (canceled, moved online) is left alone: its
+// result is discarded, though the provider may have charged for it.
+func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []batchJob, results []Result, providerState string) error {
+	now := b.cfg.Now()
+	byID := make(map[string]Result, len(results))
+	for _, r := range results {
+		byID[r.CustomID] = r
+	}
+	var errs []error
+	for _, j := range jobs {
+		if !j.unfinished() {
+			continue
+		}
+		r, ok := byID[j.ID]
+		if !ok {
+			r = Result{CustomID: j.ID, Kind: Expired, Message: "the batch's results hold no line for the job"}
+		}
+		errs = append(errs, b.applyMove(ctx, row.Credential, b.decide(lane, row, j, r, now, providerState)))
+	}
+	return errors.Join(errs...)
+}
+
+// decide maps one result onto the job's move.
+func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time.Time, providerState string) move {
+	switch {
+	case r.Kind == Succeeded:
+		m := b.attempt(row, j, now, http.StatusOK, "ok", "")
+		m.Status, m.Lane, m.Result, m.Usage, m.BatchState = "succeeded", "batch", r.Body, usageOf(r.Body), providerState
+		return m
+	case r.Kind == Errored && !retryableStatus(r.Status):
+		m := b.attempt(row, j, now, r.Status, "permanent", r.Message)
+		m.Status, m.Lane, m.BatchState = "failed", "batch", providerState
+		m.LastError = map[string]any{"class": "permanent", "status": r.Status, "type": r.ErrorType, "message": r.Message}
+		return m
+	case r.Kind == Errored:
+		m := b.retryMove(row, j, now, r.ErrorType, r.Message)
+		m.AttemptStatus = r.Status
+		m.LastError["status"] = r.Status
+		if lane.Config.Window <= j.Deadline.Sub(now) && m.Status == "retrying" {
+			m.Lane, m.BatchState = "batch", "waiting" // room for another batch: stay at half price
+		}
+		return m
+	}
+	return b.retryMove(row, j, now, "batch_"+string(r.Kind), "the job's batch request "+string(r.Kind)+": "+r.Message)
+}
+
+// retryMove sends job j round again, online: retrying within its attempts (dead with
+// retries_exhausted once they are spent), its last error of class retryable naming why. A dead
+// job is left in the online lane, so that an operator's retry (ctl dead retry) runs it there.
+func (b *Batcher) retryMove(row batchRow, j batchJob, now time.Time, typ, msg string) move {
+	m := b.attempt(row, j, now, 0, "retryable", msg)
+	m.LastError = map[string]any{"class": "retryable", "type": typ, "message": msg}
+	m.Status, m.Lane, m.BatchState = "retrying", "online", typ
+	if j.Attempts >= j.MaxAttempts {
+		m.Status, m.DeadReason = "dead", "retries_exhausted"
+	}
+	return m
+}
+
+// attempt is the move's attempt record: the batch request, from the batch's send until now.
+func (b *Batcher) attempt(row batchRow, j batchJob, now time.Time, status int, class, msg string) move {
+	ref := row.ID
+	m := move{JobID: j.ID, Ref: &ref, AttemptStatus: status, AttemptClass: class, AttemptError: msg, AttemptStarted: now}
+	if row.SubmittedAt != nil {
+		m.AttemptStarted, m.AttemptLatency = *row.SubmittedAt, now.Sub(*row.SubmittedAt)
+	}
+	return m
+}
+
+// retryableStatus is the online lane's rule (internal/retrypolicy): 408, 409, 429, 5xx and 529
+// are the provider's side; anything else is the request's.
+func retryableStatus(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooManyRequests, 529:
+		return true
+	}
+	return status >= 500
+}
+
+// usageOf is the answer's token usage in the online lane's form ({"input_tokens",
+// "output_tokens"}), from an Anthropic or OpenAI body; nil when it has none.
+func usageOf(body json.RawMessage) json.RawMessage {
+	var a struct {
+		Usage *struct {
+			InputTokens      *int `json:"input_tokens"`
+			OutputTokens     *int `json:"output_tokens"`
+			PromptTokens     *int `json:"prompt_tokens"`
+			CompletionTokens *int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &a) != nil || a.Usage == nil {
+		return nil
+	}
+	u := a.Usage
+	in, out := u.InputTokens, u.OutputTokens
+	if in == nil {
+		in, out = u.PromptTokens, u.CompletionTokens
+	}
+	if in == nil || out == nil {
+		return nil
+	}
+	b, _ := json.Marshal(map[string]int{"input_tokens": *in, "output_tokens": *out})
+	return b
+}

@@ -1,0 +1,175 @@
+package batchlane
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// Request is one job in a provider batch: its custom_id (the job ID) and its provider-native
+// body, sent as the client submitted it.
+type Request struct {
+	CustomID string
+	Body     json.RawMessage
+}
+
+// Kind is a result's outcome, in the providers' words.
+type Kind string
+
+// The outcomes of one request in an ended batch.
+const (
+	Succeeded Kind = "succeeded"
+	Errored   Kind = "errored"
+	Expired   Kind = "expired"
+	Canceled  Kind = "canceled"
+)
+
+// Result is one request's outcome in an ended batch.
+type Result struct {
+	CustomID string
+	Kind     Kind
+	// Body is the provider-native answer (Succeeded) or error body (Errored).
+	Body json.RawMessage
+	// Status is the HTTP status the request's error stands for (Errored); ErrorType and Message
+	// describe it.
+	Status    int
+	ErrorType string
+	Message   string
+}
+
+// State is a provider batch's state as polled.
+type State struct {
+	// Provider is the provider's own word (in_progress, ended, completed, expired, ...).
+	Provider string
+	// Ended: the results are final and can be read.
+	Ended bool
+}
+
+// Client is one provider's batch API for one credential. Implementations are safe for
+// concurrent use; every call is one or a few HTTP round trips bounded by ctx.
+type Client interface {
+	// Submit creates a batch of reqs tagged with ref (llmq's batch id, where the provider keeps
+	// metadata) and returns the provider's batch id.
+	Submit(ctx context.Context, ref string, reqs []Request) (string, error)
+	// Find returns the id of the batch an earlier Submit of ref may have created at or after
+	// since with n requests, or "" when the provider has none: the crash-window lookup.
+	Find(ctx context.Context, ref string, since time.Time, n int) (string, error)
+	// Poll returns the batch's state.
+	Poll(ctx context.Context, id string) (State, error)
+	// Results returns the ended batch's results, one per request.
+	Results(ctx context.Context, id string) ([]Result, error)
+	// Cancel asks the provider to stop the batch (requests not yet processed end canceled).
+	Cancel(ctx context.Context, id string) error
+}
+
+// NewClient returns the batch client of a credential of provider kind "anthropic" or "openai".
+func NewClient(kind, baseURL, apiKey string, hc *http.Client) (Client, error) {
+	if hc == nil {
+		hc = &http.Client{Timeout: 5 * time.Minute}
+	}
+	h := httpClient{base: baseURL, key: apiKey, hc: hc, kind: kind}
+	switch kind {
+	case "anthropic":
+		return &anthropicClient{h}, nil
+	case "openai":
+		return &openAIClient{h}, nil
+	}
+	return nil, fmt.Errorf("batch client: unknown provider %q", kind)
+}
+
+// StatusError is a batch API call the provider answered with an error status.
+type StatusError struct {
+	Status int
+	Body   string // at most 512 bytes of the answer
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("provider answered %d: %s", e.Status, e.Body)
+}
+
+// httpClient does the round trips of both providers.
+type httpClient struct {
+	base, key, kind string
+	hc              *http.Client
+}
+
+// do sends one request and returns the body of a 2xx answer, or a *StatusError.
+func (c httpClient) do(ctx context.Context, method, path, contentType string, body []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("batch api %s %s: %w", method, path, err)
+	}
+	if body == nil {
+		req.Body = http.NoBody
+	}
+	if contentType != "" {
+		req.Header.Set("content-type", contentType)
+	}
+	if c.kind == "anthropic" {
+		req.Header.Set("x-api-key", c.key)
+		req.Header.Set("anthropic-version", "2023-06-01")
+	} else {
+		req.Header.Set("authorization", "Bearer "+c.key)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("batch api %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
+	if err != nil {
+		return nil, fmt.Errorf("batch api %s %s: read answer: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, &StatusError{Status: resp.StatusCode, Body: string(data[:min(len(data), 512)])}
+	}
+	return data, nil
+}
+
+// doJSON sends v as JSON (nil: no body) and decodes a 2xx answer into out.
+func (c httpClient) doJSON(ctx context.Context, method, path string, v, out any) error {
+	var body []byte
+	ctype := ""
+	if v != nil {
+		var err error
+		if body, err = json.Marshal(v); err != nil {
+			return fmt.Errorf("encode batch api body: %w", err)
+		}
+		ctype = "application/json"
+	}
+	data, err := c.do(ctx, method, path, ctype, body)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode batch api answer of %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// anthropicErrorStatus is the HTTP status an Anthropic error type stands for.
+func anthropicErrorStatus(typ string) int {
+	switch typ {
+	case "invalid_request_error":
+		return http.StatusBadRequest
+	case "authentication_error":
+		return http.StatusUnauthorized
+	case "permission_error", "billing_error":
+		return http.StatusForbidden
+	case "not_found_error":
+		return http.StatusNotFound
+	case "request_too_large":
+		return http.StatusRequestEntityTooLarge
+	case "rate_limit_error":
+		return http.StatusTooManyRequests
+	case "overloaded_error":
+		return 529
+	case "timeout_error":
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError // api_error and anything new: the provider's side
+}

@@ -1,0 +1,330 @@
+package batchlane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// store is the batch lane's Postgres: provider_batches and the batch columns of jobs (migration
+// 016). Job transitions follow internal/jobs' rules: one statement with its event (a trigger
+// notifies), conditional on the job being unfinished AND still in the batch that decides it, so
+// a late result never overwrites a job that ended or left the batch (canceled, fell back
+// online).
+type store struct{ pool *pgxpool.Pool }
+
+// waitingJob is a batch-lane job not yet in a batch.
+type waitingJob struct {
+	ID        string
+	Model     string
+	CreatedAt time.Time
+	Deadline  time.Time
+}
+
+// waiting returns up to limit jobs of credential waiting for a batch, oldest first.
+func (s store) waiting(ctx context.Context, credential string, limit int) ([]waitingJob, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id::text, coalesce(request->>'model', ''), created_at, deadline FROM jobs
+WHERE lane = 'batch' AND batch_ref IS NULL AND status IN ('queued', 'retrying') AND credential = $1
+ORDER BY created_at LIMIT $2`, credential, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs waiting for a batch: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (w waitingJob, err error) {
+		err = r.Scan(&w.ID, &w.Model, &w.CreatedAt, &w.Deadline)
+		return w, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list jobs waiting for a batch: %w", err)
+	}
+	return out, nil
+}
+
+// errEmpty: none of the jobs a batch was to hold could still join it.
+var errEmpty = errors.New("no job left for the batch")
+
+// commit inserts batch id and puts ids in it, in one transaction, before anything is sent: a
+// job joins only while it waits (unfinished, in the batch lane, in no batch), so it is in one
+// batch at a time. It returns how many joined, or errEmpty (nothing is stored then).
+func (s store) commit(ctx context.Context, id, credential, model string, ids []string) (int, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO provider_batches (id, credential, model, state) VALUES ($1, $2, $3, 'committed')`,
+			id, credential, model); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE jobs SET batch_ref = $1, batch_state = 'committed', updated_at = now()
+WHERE id = ANY($2::uuid[]) AND lane = 'batch' AND batch_ref IS NULL AND status IN ('queued', 'retrying')`, id, ids)
+		if err != nil {
+			return err
+		}
+		if n = tag.RowsAffected(); n == 0 {
+			return errEmpty
+		}
+		return nil
+	})
+	if errors.Is(err, errEmpty) {
+		return 0, err
+	}
+	if err != nil {
+		return 0, fmt.Errorf("commit batch: %w", err)
+	}
+	return int(n), nil
+}
+
+// batchRow is an open batch (committed or submitted).
+type batchRow struct {
+	ID, Credential, Model, State string
+	ProviderID, ProviderState    *string
+	Requests, Polls              int
+	SubmitStartedAt, SubmittedAt *time.Time
+	NextPollAt                   *time.Time
+}
+
+// open returns the batches not yet ended, oldest first.
+func (s store) open(ctx context.Context) ([]batchRow, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id::text, credential, model, state, provider_batch_id, provider_state, requests, polls,
+	submit_started_at, submitted_at, next_poll_at
+FROM provider_batches WHERE state IN ('committed', 'submitted') ORDER BY created_at`)
+	if err != nil {
+		return nil, fmt.Errorf("list open batches: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (b batchRow, err error) {
+		err = r.Scan(&b.ID, &b.Credential, &b.Model, &b.State, &b.ProviderID, &b.ProviderState, &b.Requests, &b.Polls,
+			&b.SubmitStartedAt, &b.SubmittedAt, &b.NextPollAt)
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list open batches: %w", err)
+	}
+	return out, nil
+}
+
+// beginSend freezes what committed batch id sends, the first time it is called for it: the jobs
+// that ended meanwhile (canceled before the send) leave the batch, and the count of the rest is
+// recorded with the time the send began. Every call returns the batch's requests in job order
+// (less those that left it since: moved online near their deadline), that time and the frozen
+// count; none left: errEmpty (the batch is marked canceled, nothing to send).
+func (s store) beginSend(ctx context.Context, id string) ([]Request, time.Time, int, error) {
+	var reqs []Request
+	var since time.Time
+	var frozen int
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var started *time.Time
+		if err := tx.QueryRow(ctx, `SELECT submit_started_at FROM provider_batches WHERE id = $1 FOR UPDATE`, id).Scan(&started); err != nil {
+			return err
+		}
+		if started == nil {
+			if _, err := tx.Exec(ctx, `UPDATE jobs SET batch_ref = NULL, batch_state = 'not_sent', updated_at = now()
+WHERE batch_ref = $1 AND status NOT IN ('queued', 'running', 'retrying')`, id); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, `SELECT id::text, request FROM jobs WHERE batch_ref = $1 ORDER BY id`, id)
+		if err != nil {
+			return err
+		}
+		if reqs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (q Request, err error) {
+			err = r.Scan(&q.CustomID, &q.Body)
+			return q, err
+		}); err != nil {
+			return err
+		}
+		if len(reqs) == 0 {
+			if _, err := tx.Exec(ctx, `UPDATE provider_batches SET state = 'canceled', ended_at = now() WHERE id = $1`, id); err != nil {
+				return err
+			}
+			return errEmpty
+		}
+		return tx.QueryRow(ctx, `UPDATE provider_batches SET submit_started_at = coalesce(submit_started_at, now()),
+	requests = CASE WHEN submit_started_at IS NULL THEN $2 ELSE requests END
+WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs)).Scan(&since, &frozen)
+	})
+	if errors.Is(err, errEmpty) {
+		return nil, time.Time{}, 0, err
+	}
+	if err != nil {
+		return nil, time.Time{}, 0, fmt.Errorf("begin sending batch: %w", err)
+	}
+	return reqs, since, frozen, nil
+}
+
+// submitted records that the provider holds batch id as providerID: the batch's jobs still
+// unfinished become running, each counting one attempt, with their event.
+func (s store) submitted(ctx context.Context, id, providerID string, nextPoll time.Time) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE provider_batches SET state = 'submitted', provider_batch_id = $2,
+	provider_state = 'in_progress', submitted_at = now(), next_poll_at = $3 WHERE id = $1`, id, providerID, nextPoll); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `
+WITH u AS (
+	UPDATE jobs SET status = 'running', attempts = attempts + 1, started_at = coalesce(started_at, now()),
+		next_attempt_at = NULL, batch_id = $2, batch_state = 'in_progress', updated_at = now(), event_seq = event_seq + 1
+	WHERE batch_ref = $1 AND status IN ('queued', 'retrying')
+	RETURNING id, event_seq, attempts
+)
+INSERT INTO job_events (job_id, seq, type, payload)
+SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts, 'batch_id', $2::text) FROM u`, id, providerID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("record submitted batch: %w", err)
+	}
+	return nil
+}
+
+// polled records a poll's answer and when to poll next; the batch's unfinished jobs show the
+// provider's state.
+func (s store) polled(ctx context.Context, id, providerState string, nextPoll time.Time) error {
+	_, err := s.pool.Exec(ctx, `
+WITH b AS (
+	UPDATE provider_batches SET provider_state = $2, polls = polls + 1, next_poll_at = $3 WHERE id = $1
+)
+UPDATE jobs SET batch_state = $2, updated_at = now()
+WHERE batch_ref = $1 AND status IN ('queued', 'running', 'retrying') AND batch_state IS DISTINCT FROM $2`, id, providerState, nextPoll)
+	if err != nil {
+		return fmt.Errorf("record batch poll: %w", err)
+	}
+	return nil
+}
+
+// pollLater sets when batch id is polled next, after a poll that failed (the provider or the
+// network), so that a provider outage is polled with the same backoff, not on every pass.
+func (s store) pollLater(ctx context.Context, id string, next time.Time) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET polls = polls + 1, next_poll_at = $2 WHERE id = $1`, id, next); err != nil {
+		return fmt.Errorf("record failed batch poll: %w", err)
+	}
+	return nil
+}
+
+// ended marks batch id ended (or canceled: nothing was left to wait for).
+func (s store) ended(ctx context.Context, id, state, providerState string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET state = $2, provider_state = $3, ended_at = now(), next_poll_at = NULL
+WHERE id = $1`, id, state, providerState); err != nil {
+		return fmt.Errorf("end batch: %w", err)
+	}
+	return nil
+}
+
+// batchJob is a job of a batch as the outcome mapping needs it.
+type batchJob struct {
+	ID          string
+	Status      string
+	Attempts    int
+	MaxAttempts int
+	Deadline    time.Time
+}
+
+// unfinished reports whether the job may still change.
+func (j batchJob) unfinished() bool {
+	return j.Status == "queued" || j.Status == "running" || j.Status == "retrying"
+}
+
+// jobs returns batch id's jobs.
+func (s store) jobs(ctx context.Context, id string) ([]batchJob, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id::text, status, attempts, max_attempts, deadline FROM jobs WHERE batch_ref = $1 ORDER BY id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("list batch jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (j batchJob, err error) {
+		err = r.Scan(&j.ID, &j.Status, &j.Attempts, &j.MaxAttempts, &j.Deadline)
+		return j, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list batch jobs: %w", err)
+	}
+	return out, nil
+}
+
+// move is one transition of a job decided in the batch lane.
+type move struct {
+	JobID string
+	// Ref is the batch the job must still be in (nil: the job must be waiting in no batch).
+	Ref *string
+	// Status is the new status; Lane the lane it goes on in (succeeded, failed, dead: unchanged).
+	Status     string
+	Lane       string
+	Result     json.RawMessage
+	Usage      json.RawMessage
+	LastError  map[string]any
+	DeadReason string
+	// BatchState is the job's batch_state after the move.
+	BatchState string
+	// Attempt, when the job was running in a submitted batch, is recorded as its attempt.
+	AttemptStarted time.Time
+	AttemptLatency time.Duration
+	AttemptStatus  int
+	AttemptClass   string
+	AttemptError   string
+}
+
+// apply makes m in one statement, conditional on the job being unfinished and still in m.Ref;
+// it reports whether it applied. A job that leaves the batch (retrying, online, dead) leaves
+// batch_ref; one that succeeds or fails keeps it as its history.
+func (s store) apply(ctx context.Context, m move) (bool, error) {
+	var lastErr []byte
+	if m.LastError != nil {
+		var err error
+		if lastErr, err = json.Marshal(m.LastError); err != nil {
+			return false, fmt.Errorf("encode last_error: %w", err)
+		}
+	}
+	payload := map[string]any{"lane": m.Lane}
+	if m.DeadReason != "" {
+		payload["reason"] = m.DeadReason
+	}
+	pl, _ := json.Marshal(payload)
+	var ok bool
+	err := s.pool.QueryRow(ctx, `
+WITH a AS (
+	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, status_code, class, error)
+	SELECT id, attempts + attempt_base, credential, $3::timestamptz, $4::double precision, $5::integer, $6::text, $7::text
+	FROM jobs WHERE id = $1 AND batch_ref IS NOT DISTINCT FROM $2::uuid AND status = 'running'
+	ON CONFLICT (job_id, attempt) DO NOTHING
+), u AS (
+	UPDATE jobs SET status = $8, lane = $9, result = coalesce($10, result), usage = coalesce($11, usage),
+		last_error = coalesce($12, last_error), dead_reason = $13,
+		answered_by = CASE WHEN $8 = 'succeeded' THEN credential ELSE answered_by END,
+		batch_ref = CASE WHEN $8 IN ('succeeded', 'failed') THEN batch_ref END,
+		batch_state = $14, next_attempt_at = NULL,
+		finished_at = CASE WHEN $8 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
+		updated_at = now(), event_seq = event_seq + 1
+	WHERE id = $1 AND batch_ref IS NOT DISTINCT FROM $2::uuid AND status IN ('queued', 'running', 'retrying')
+	RETURNING id, event_seq
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, $8, $15 FROM u
+)
+SELECT count(*) = 1 FROM u`, m.JobID, m.Ref, m.AttemptStarted, float64(m.AttemptLatency)/float64(time.Millisecond),
+		nullInt(m.AttemptStatus), m.AttemptClass, nullString(m.AttemptError), m.Status, m.Lane, nullJSON(m.Result), nullJSON(m.Usage),
+		lastErr, nullString(m.DeadReason), nullString(m.BatchState), pl).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("move job %s: %w", m.JobID, err)
+	}
+	return ok, nil
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullInt(v int) *int {
+	if v == 0 {
+		return nil
+	}
+	return &v
+}
+
+func nullJSON(b json.RawMessage) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}

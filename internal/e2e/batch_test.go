@@ -1,0 +1,47 @@
+package e2e_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBatchLane_EndToEnd: through the API, a job with "lane": "batch" goes through the
+// provider's batch API (the worker's batcher; no online call, so no online limiter slot) and
+// ends as an online job does, with the answer, usage and cost class batch; an online job
+// submitted meanwhile on the same credential is unaffected.
+func TestBatchLane_EndToEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{extra: "batch: { enabled: true, max_wait_to_fill: 50ms, poll_interval: 100ms }"})
+	batchBody := `{"lane":"batch",` + anthropicBody("wait for it")[1:]
+	batchID := b.submit(t, batchBody)
+	stream := openEvents(t, b.apiURL, batchID, "")
+	onlineID := b.submit(t, anthropicBody("now"))
+
+	online := b.waitTerminal(t, onlineID)
+	require.Equal(t, "succeeded", online["status"])
+	require.Equal(t, "online", online["cost_class"])
+	require.Nil(t, online["batch_id"])
+
+	job := b.waitTerminal(t, batchID)
+	require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
+	require.Equal(t, "batch", job["lane"])
+	require.Equal(t, "batch", job["cost_class"])
+	require.NotEmpty(t, job["batch_id"])
+	require.Equal(t, "ended", job["batch_state"])
+	require.NotNil(t, job["usage"])
+	require.Contains(t, job["result"].(map[string]any)["content"].([]any)[0].(map[string]any)["text"], "wait for it")
+
+	// SSE clients see the online statuses, and the lane, batch id and cost class in the data.
+	evs := stream.rest(t)
+	require.Equal(t, []string{"queued/1", "running/2", "succeeded/3"}, eventNames(evs))
+	last := evs[len(evs)-1].job
+	require.Equal(t, "batch", last["lane"])
+	require.Equal(t, job["batch_id"], last["batch_id"])
+	require.Equal(t, "batch", last["cost_class"])
+
+	require.Equal(t, 1, b.sim.Stats().Requests, "one online call: the online job's; the batch job made none")
+	st := b.sim.BatchStats()
+	require.Equal(t, 1, st.Created)
+	require.Equal(t, 1, st.Requests)
+}

@@ -1,0 +1,215 @@
+package llmsim
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+)
+
+// openAIBatch is the Batch object.
+type openAIBatch struct {
+	ID               string            `json:"id"`
+	Object           string            `json:"object"`
+	Endpoint         string            `json:"endpoint"`
+	Errors           any               `json:"errors"`
+	InputFileID      string            `json:"input_file_id"`
+	CompletionWindow string            `json:"completion_window"`
+	Status           string            `json:"status"`
+	OutputFileID     *string           `json:"output_file_id"`
+	ErrorFileID      *string           `json:"error_file_id"`
+	CreatedAt        int64             `json:"created_at"`
+	InProgressAt     *int64            `json:"in_progress_at"`
+	ExpiresAt        int64             `json:"expires_at"`
+	FinalizingAt     *int64            `json:"finalizing_at"`
+	CompletedAt      *int64            `json:"completed_at"`
+	FailedAt         *int64            `json:"failed_at"`
+	ExpiredAt        *int64            `json:"expired_at"`
+	CancellingAt     *int64            `json:"cancelling_at"`
+	CancelledAt      *int64            `json:"cancelled_at"`
+	RequestCounts    map[string]int    `json:"request_counts"`
+	Metadata         map[string]string `json:"metadata"`
+}
+
+func unixPtr(t *time.Time) *int64 {
+	if t == nil {
+		return nil
+	}
+	u := t.Unix()
+	return &u
+}
+
+func strPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// openAIView renders b; the caller holds st.mu and settled b.
+func (s *Server) openAIView(b *simBatch) openAIBatch {
+	c := b.counts()
+	created := b.created.Unix()
+	v := openAIBatch{ID: b.id, Object: "batch", Endpoint: "/v1/chat/completions", InputFileID: b.inputFile,
+		CompletionWindow: "24h", Status: "in_progress", CreatedAt: created, InProgressAt: &created,
+		ExpiresAt: b.created.Add(s.cfg.Batch.Window).Unix(), Metadata: b.metadata,
+		CancellingAt: unixPtr(b.canceledAt), OutputFileID: strPtr(b.outputFile), ErrorFileID: strPtr(b.errorFile),
+		RequestCounts: map[string]int{"total": len(b.requests), "completed": c["succeeded"], "failed": c["errored"]}}
+	if b.metadata == nil {
+		v.Metadata = map[string]string{}
+	}
+	switch {
+	case b.endedAt == nil:
+	case b.canceledAt != nil:
+		v.Status, v.CancelledAt = "cancelled", unixPtr(b.endedAt)
+	case c["expired"] == len(b.requests):
+		v.Status, v.ExpiredAt = "expired", unixPtr(b.endedAt)
+	default:
+		v.Status, v.FinalizingAt, v.CompletedAt = "completed", unixPtr(b.endedAt), unixPtr(b.endedAt)
+	}
+	return v
+}
+
+// writeOpenAIFilesLocked stores an ended batch's output file (the requests with a response) and
+// error file (the rest), as OpenAI does. The caller holds st.mu.
+func (s *Server) writeOpenAIFilesLocked(b *simBatch) {
+	var out, errs bytes.Buffer
+	for _, r := range b.results {
+		line := map[string]any{"id": newID("batch_req_"), "custom_id": r.customID, "response": nil, "error": nil}
+		dst := &errs
+		switch r.kind {
+		case "succeeded", "errored":
+			line["response"] = map[string]any{"status_code": r.status, "request_id": newID("req_"), "body": json.RawMessage(r.body)}
+			if r.kind == "succeeded" {
+				dst = &out
+			}
+		case "expired":
+			line["error"] = map[string]string{"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}
+		case "canceled":
+			line["error"] = map[string]string{"code": "batch_cancelled", "message": "This request was not executed because the batch was cancelled."}
+		}
+		dst.Write(mustJSON(line))
+		dst.WriteByte('\n')
+	}
+	if out.Len() > 0 {
+		b.outputFile = newID("file-")
+		s.batches.files[b.outputFile] = out.Bytes()
+	}
+	if errs.Len() > 0 {
+		b.errorFile = newID("file-")
+		s.batches.files[b.errorFile] = errs.Bytes()
+	}
+}
+
+// openAIUpload is POST /v1/files (multipart: purpose=batch, file).
+func (s *Server) openAIUpload(w http.ResponseWriter, r *http.Request) {
+	p := openAI{}
+	if err := r.ParseMultipartForm(64 << 20); err != nil {
+		badRequest(w, p, "a multipart body with purpose and file is required: %v", err)
+		return
+	}
+	f, hdr, err := r.FormFile("file")
+	if err != nil || r.FormValue("purpose") != "batch" {
+		badRequest(w, p, "purpose must be \"batch\" and file is required")
+		return
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		badRequest(w, p, "read file: %v", err)
+		return
+	}
+	id := newID("file-")
+	s.batches.mu.Lock()
+	s.batches.files[id] = data
+	s.batches.stats.Uploads++
+	s.batches.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "file", "bytes": len(data),
+		"created_at": s.cfg.Now().Unix(), "filename": hdr.Filename, "purpose": "batch", "status": "processed"})
+}
+
+// openAIFileContent is GET /v1/files/{id}/content.
+func (s *Server) openAIFileContent(w http.ResponseWriter, r *http.Request) {
+	s.batches.mu.Lock()
+	data, ok := s.batches.files[r.PathValue("id")]
+	s.batches.stats.Results++
+	s.batches.mu.Unlock()
+	if !ok {
+		notFound(w, openAI{}, "file")
+		return
+	}
+	w.Header().Set("content-type", "application/octet-stream")
+	_, _ = w.Write(data)
+}
+
+// openAICreate is POST /v1/batches: {"input_file_id", "endpoint", "completion_window", "metadata"}.
+func (s *Server) openAICreate(w http.ResponseWriter, r *http.Request) {
+	p := openAI{}
+	var body struct {
+		InputFileID      string            `json:"input_file_id"`
+		Endpoint         string            `json:"endpoint"`
+		CompletionWindow string            `json:"completion_window"`
+		Metadata         map[string]string `json:"metadata"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		badRequest(w, p, "body is not valid JSON: %v", err)
+		return
+	}
+	if body.Endpoint != "/v1/chat/completions" || body.CompletionWindow != "24h" {
+		badRequest(w, p, "endpoint must be /v1/chat/completions and completion_window 24h")
+		return
+	}
+	s.batches.mu.Lock()
+	data, ok := s.batches.files[body.InputFileID]
+	s.batches.mu.Unlock()
+	if !ok {
+		badRequest(w, p, "input_file_id %q: no such file", body.InputFileID)
+		return
+	}
+	var reqs []simRequest
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
+	for n := 1; sc.Scan(); n++ {
+		var line struct {
+			CustomID string          `json:"custom_id"`
+			Method   string          `json:"method"`
+			URL      string          `json:"url"`
+			Body     json.RawMessage `json:"body"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil || line.CustomID == "" || seen[line.CustomID] ||
+			line.Method != "POST" || line.URL != body.Endpoint {
+			badRequest(w, p, "input file line %d: a unique custom_id, method POST and url %s are required", n, body.Endpoint)
+			return
+		}
+		seen[line.CustomID] = true
+		reqs = append(reqs, simRequest{customID: line.CustomID, body: line.Body})
+	}
+	if len(reqs) == 0 {
+		badRequest(w, p, "input file has no requests")
+		return
+	}
+	b := s.createBatch(p, "batch_", reqs, body.Metadata, body.InputFileID)
+	s.batches.mu.Lock()
+	v := s.openAIView(b)
+	s.batches.mu.Unlock()
+	writeJSON(w, http.StatusOK, v)
+}
+
+// openAIList is GET /v1/batches: newest first, one page.
+func (s *Server) openAIList(w http.ResponseWriter, _ *http.Request) {
+	s.batches.mu.Lock()
+	defer s.batches.mu.Unlock()
+	s.batches.stats.Polls++
+	data := []openAIBatch{}
+	for _, b := range s.listLocked(openAI{}) {
+		data = append(data, s.openAIView(b))
+	}
+	page := map[string]any{"object": "list", "data": data, "has_more": false, "first_id": nil, "last_id": nil}
+	if len(data) > 0 {
+		page["first_id"], page["last_id"] = data[0].ID, data[len(data)-1].ID
+	}
+	writeJSON(w, http.StatusOK, page)
+}

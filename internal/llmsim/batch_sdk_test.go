@@ -1,0 +1,191 @@
+package llmsim_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go"
+	"github.com/openai/openai-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llmsim"
+)
+
+// batchSim is a simulator whose batches take an hour on its fake clock.
+func batchSim(t *testing.T) *testBundle {
+	return setup(t, llmsim.Config{Batch: llmsim.BatchConfig{ProcessingDelay: time.Hour},
+		Faults: llmsim.Faults{BadRequestMarker: "llmsim-bad-request"}})
+}
+
+func anthropicBatchRequest(id, text string) anthropic.MessageBatchNewParamsRequest {
+	return anthropic.MessageBatchNewParamsRequest{CustomID: id, Params: anthropic.MessageBatchNewParamsRequestParams{
+		Model: "claude-sim", MaxTokens: 64,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(text))}}}
+}
+
+// TestSDK_AnthropicBatches: the official SDK creates, retrieves, lists and cancels Message
+// Batches on the simulator and reads their results, one per custom_id, with each outcome:
+// succeeded (a Message), errored (invalid request, overloaded), expired and canceled. Time is
+// the fake clock's: nothing waits.
+func TestSDK_AnthropicBatches(t *testing.T) {
+	t.Parallel()
+	b := batchSim(t)
+	c := b.anthropicClient("sk-ant-test").Messages.Batches
+	ctx := t.Context()
+
+	batch, err := c.New(ctx, anthropic.MessageBatchNewParams{Requests: []anthropic.MessageBatchNewParamsRequest{
+		anthropicBatchRequest("ok", "hello"),
+		anthropicBatchRequest("bad", "llmsim-bad-request"),
+		anthropicBatchRequest("busy", "llmsim-batch-overloaded"),
+		anthropicBatchRequest("late", "llmsim-batch-expire"),
+	}})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(batch.ID, "msgbatch_"))
+	require.Equal(t, anthropic.MessageBatchProcessingStatusInProgress, batch.ProcessingStatus)
+	require.EqualValues(t, 4, batch.RequestCounts.Processing)
+
+	b.clock.Advance(59 * time.Minute)
+	got, err := c.Get(ctx, batch.ID, anthropic.MessageBatchGetParams{})
+	require.NoError(t, err)
+	require.Equal(t, anthropic.MessageBatchProcessingStatusInProgress, got.ProcessingStatus, "not before its processing delay")
+
+	b.clock.Advance(time.Minute)
+	got, err = c.Get(ctx, batch.ID, anthropic.MessageBatchGetParams{})
+	require.NoError(t, err)
+	require.Equal(t, anthropic.MessageBatchProcessingStatusEnded, got.ProcessingStatus)
+	require.EqualValues(t, 1, got.RequestCounts.Succeeded)
+	require.EqualValues(t, 2, got.RequestCounts.Errored)
+	require.EqualValues(t, 1, got.RequestCounts.Expired)
+	require.NotEmpty(t, got.ResultsURL)
+
+	stream := c.ResultsStreaming(ctx, batch.ID, anthropic.MessageBatchResultsParams{})
+	results := map[string]anthropic.MessageBatchIndividualResponse{}
+	for stream.Next() {
+		results[stream.Current().CustomID] = stream.Current()
+	}
+	require.NoError(t, stream.Err())
+	require.Len(t, results, 4)
+	require.Equal(t, "succeeded", results["ok"].Result.Type)
+	require.Equal(t, "message", string(results["ok"].Result.Message.Type))
+	require.Positive(t, results["ok"].Result.Message.Usage.OutputTokens)
+	require.Equal(t, "errored", results["bad"].Result.Type)
+	require.Equal(t, "invalid_request_error", results["bad"].Result.Error.Error.Type)
+	require.Equal(t, "errored", results["busy"].Result.Type)
+	require.Equal(t, "overloaded_error", results["busy"].Result.Error.Error.Type)
+	require.Equal(t, "expired", results["late"].Result.Type)
+
+	// Cancel: every request not yet processed ends canceled.
+	second, err := c.New(ctx, anthropic.MessageBatchNewParams{Requests: []anthropic.MessageBatchNewParamsRequest{anthropicBatchRequest("x", "hi")}})
+	require.NoError(t, err)
+	canceled, err := c.Cancel(ctx, second.ID, anthropic.MessageBatchCancelParams{})
+	require.NoError(t, err)
+	require.Equal(t, anthropic.MessageBatchProcessingStatusEnded, canceled.ProcessingStatus)
+	require.EqualValues(t, 1, canceled.RequestCounts.Canceled)
+
+	page, err := c.List(ctx, anthropic.MessageBatchListParams{})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 2)
+	require.Equal(t, second.ID, page.Data[0].ID, "newest first")
+
+	_, err = c.Get(ctx, "msgbatch_nope", anthropic.MessageBatchGetParams{})
+	var apiErr *anthropic.Error
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, 404, apiErr.StatusCode)
+}
+
+// TestAnthropicBatches_WindowExpiry: a batch the provider cannot end within its window ends
+// there with every request expired.
+func TestAnthropicBatches_WindowExpiry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, llmsim.Config{Batch: llmsim.BatchConfig{ProcessingDelay: 25 * time.Hour}})
+	c := b.anthropicClient("sk-ant-test").Messages.Batches
+	batch, err := c.New(t.Context(), anthropic.MessageBatchNewParams{Requests: []anthropic.MessageBatchNewParamsRequest{
+		anthropicBatchRequest("a", "hi"), anthropicBatchRequest("b", "hi")}})
+	require.NoError(t, err)
+	b.clock.Advance(24 * time.Hour)
+	got, err := c.Get(t.Context(), batch.ID, anthropic.MessageBatchGetParams{})
+	require.NoError(t, err)
+	require.Equal(t, anthropic.MessageBatchProcessingStatusEnded, got.ProcessingStatus)
+	require.EqualValues(t, 2, got.RequestCounts.Expired)
+}
+
+// TestSDK_OpenAIBatches: the official SDK uploads a JSONL input file, creates a batch with
+// metadata, retrieves, lists and cancels it, and reads the output and error files: the
+// succeeded and errored requests with their responses by custom_id, the expired ones with
+// batch_expired.
+func TestSDK_OpenAIBatches(t *testing.T) {
+	t.Parallel()
+	b := batchSim(t)
+	c := b.openaiClient("sk-test")
+	ctx := t.Context()
+	line := func(id, text string) string {
+		return `{"custom_id":"` + id + `","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-sim","messages":[{"role":"user","content":"` + text + `"}]}}` + "\n"
+	}
+	input := line("ok", "hello") + line("bad", "llmsim-bad-request") + line("busy", "llmsim-batch-overloaded") + line("late", "llmsim-batch-expire")
+	file, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(strings.NewReader(input), "in.jsonl", "application/jsonl"),
+		Purpose: openai.FilePurposeBatch})
+	require.NoError(t, err)
+	batch, err := c.Batches.New(ctx, openai.BatchNewParams{InputFileID: file.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: openai.BatchNewParamsCompletionWindow24h, Metadata: map[string]string{"llmq_batch": "b1"}})
+	require.NoError(t, err)
+	require.Equal(t, openai.BatchStatusInProgress, batch.Status)
+	require.EqualValues(t, 4, batch.RequestCounts.Total)
+
+	b.clock.Advance(time.Hour)
+	got, err := c.Batches.Get(ctx, batch.ID)
+	require.NoError(t, err)
+	require.Equal(t, openai.BatchStatusCompleted, got.Status)
+	require.Equal(t, "b1", got.Metadata["llmq_batch"])
+	require.NotEmpty(t, got.OutputFileID)
+	require.NotEmpty(t, got.ErrorFileID)
+
+	lines := func(id string) map[string]map[string]any {
+		resp, err := c.Files.Content(ctx, id)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		out := map[string]map[string]any{}
+		sc := bufio.NewScanner(strings.NewReader(string(data)))
+		for sc.Scan() {
+			var l map[string]any
+			require.NoError(t, json.Unmarshal(sc.Bytes(), &l))
+			out[l["custom_id"].(string)] = l
+		}
+		return out
+	}
+	out := lines(got.OutputFileID)
+	require.Len(t, out, 1)
+	var completion openai.ChatCompletion
+	body, _ := json.Marshal(out["ok"]["response"].(map[string]any)["body"])
+	require.NoError(t, json.Unmarshal(body, &completion))
+	require.Equal(t, "chat.completion", string(completion.Object))
+	require.Positive(t, completion.Usage.CompletionTokens)
+
+	errs := lines(got.ErrorFileID)
+	require.Len(t, errs, 3)
+	require.EqualValues(t, 400, errs["bad"]["response"].(map[string]any)["status_code"])
+	require.EqualValues(t, 503, errs["busy"]["response"].(map[string]any)["status_code"])
+	require.Equal(t, "batch_expired", errs["late"]["error"].(map[string]any)["code"])
+
+	second, err := c.Batches.New(ctx, openai.BatchNewParams{InputFileID: file.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
+	require.NoError(t, err)
+	canceled, err := c.Batches.Cancel(ctx, second.ID)
+	require.NoError(t, err)
+	require.Equal(t, openai.BatchStatusCancelled, canceled.Status)
+
+	page, err := c.Batches.List(ctx, openai.BatchListParams{})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 2)
+	require.Equal(t, second.ID, page.Data[0].ID, "newest first")
+
+	st := b.sim.BatchStats()
+	require.Equal(t, 2, st.Created)
+	require.Equal(t, 1, st.Uploads)
+	require.Equal(t, 1, st.Succeeded)
+}
