@@ -129,7 +129,6 @@ func TestServer_Answers(t *testing.T) {
 			`{"model":"m","messages":"hi"}`:                                           "messages",
 			`{"model":"m","messages":[{"content":"x"}]}`:                              "messages.0.role",
 			`{"model":"m","messages":[{"role":"user","content":7}]}`:                  "messages.0.content",
-			`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`:  "stream",
 			`{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}`: "stream",
 			`{"model":"m","system":5,"messages":[{"role":"user","content":"x"}]}`:     "system",
 		} {

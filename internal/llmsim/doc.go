@@ -98,6 +98,22 @@
 // that is not a valid request draws nothing from the token buckets.
 // SlowFirstByte applies to every answer written.
 //
+// # Streaming
+//
+// A request with "stream": true that would succeed is answered as Server-Sent Events
+// (text/event-stream) in the provider's format, one content token (4 bytes, never inside a
+// rune) per delta, paced by Config.StreamTokensPerSecond. Anthropic: message_start (usage with
+// the input tokens), content_block_start, ping, content_block_delta (text_delta) per token,
+// content_block_stop, message_delta (stop_reason, usage.output_tokens), message_stop. OpenAI:
+// data-only chat.completion.chunk events (the role first, a chunk per token, then one with
+// finish_reason, and with stream_options.include_usage a last chunk with empty choices and the
+// usage), then data: [DONE]. The text, usage and stop reason equal the non-streaming answer's.
+// Errors decided before the stream starts are ordinary JSON answers. The faults
+// Faults.StreamFailNext, StreamFailAfter and StreamFailMode end the next streams after some
+// tokens with the provider's mid-stream error (Anthropic an "error" event with
+// overloaded_error; OpenAI a data chunk {"error":{...,"type":"server_error"}}), a cut
+// connection, or a stall. Token buckets are charged as for the non-streaming answer.
+//
 // # Control endpoints
 //
 // GET /_sim/stats returns [Stats]; POST /_sim/reset zeroes the statistics,

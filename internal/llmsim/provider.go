@@ -47,6 +47,8 @@ type provider interface {
 	overloadStatus() int
 	errorBody(e apiError, requestID string) []byte
 	successBody(r reply) []byte
+	// streamer renders a successful answer as the provider's event stream.
+	streamer() streamer
 	setHeaders(h http.Header, requestID string, st *bucketState, now time.Time)
 	// combinedTokens reports whether the endpoint has one token bucket for
 	// input and output (OpenAI) rather than one of each (Anthropic).

@@ -22,6 +22,8 @@ type chatRequest struct {
 	lastUserText  string
 	textBytes     int // bytes of all message text plus the Anthropic system text
 	streamRequest bool
+	// includeUsage is OpenAI's stream_options.include_usage: a last chunk carries the usage.
+	includeUsage bool
 	// maxTokens is max_completion_tokens (OpenAI) or else max_tokens; 0 when
 	// absent or invalid.
 	maxTokens int64
@@ -38,7 +40,10 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		Model    json.RawMessage `json:"model"`
 		Messages json.RawMessage `json:"messages"`
 		Stream   json.RawMessage `json:"stream"`
-		System   json.RawMessage `json:"system"`
+		Options  *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+		System json.RawMessage `json:"system"`
 
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
@@ -54,10 +59,8 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		if err := json.Unmarshal(raw.Stream, &req.streamRequest); err != nil {
 			return chatRequest{}, errors.New("stream: must be a boolean")
 		}
-		if req.streamRequest {
-			return chatRequest{}, errors.New("stream: streaming is not supported by llmsim")
-		}
 	}
+	req.includeUsage = raw.Options != nil && raw.Options.IncludeUsage
 	var messages []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
