@@ -13,7 +13,7 @@
 //   - *TransportError: no complete answer arrived (refused, reset, DNS, TLS, a body cut
 //     short, a deadline or a cancellation). errors.Is(err, context.Canceled) and
 //     errors.Is(err, context.DeadlineExceeded) hold when the context ended the call.
-//   - an error wrapping ErrInvalidRequest: the body was refused before anything was sent.
+//   - an error wrapping ErrInvalidRequest: the body (not a JSON object) was refused before anything was sent.
 //   - an error wrapping ErrDecode (or ErrResponseTooLarge): a 2xx answer we cannot use.
 //
 // Provider text is untrusted. Every string this package returns that came from the provider
