@@ -223,4 +223,3 @@ func idsOf(evs []jsEvent) []string {
 	}
 	return out
 }
-
