@@ -223,3 +223,40 @@ func idsOf(evs []jsEvent) []string {
 	}
 	return out
 }
+
+// TestStream_CancelStopsTheStreamingCall proves that DELETE stops a streaming call at once:
+// the provider's stream (50 tokens at 5 per second) is abandoned after its first deltas, the
+// job ends canceled without a result, and the client's stream ends with the canceled event.
+func TestStream_CancelStopsTheStreamingCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{sim: llmsim.Config{ReplyTokens: 50, StreamTokensPerSecond: 5}})
+	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"slowly"}]}}`)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
+	})
+	s := openEvents(t, b.apiURL, id, "0")
+	var seen []sseEvent
+	for {
+		ev, ok := s.next(t)
+		require.True(t, ok)
+		seen = append(seen, ev)
+		if ev.name == "delta" {
+			break
+		}
+	}
+	start := time.Now()
+	r := b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)
+	require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
+	require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 0 }, 5*time.Second, time.Millisecond,
+		"the provider's stream is abandoned")
+	require.Less(t, time.Since(start), time.Second, "at once, not after the 10 s the stream would take")
+
+	rest := s.rest(t)
+	last := rest[len(rest)-1]
+	require.Equal(t, "canceled", last.name)
+	require.Nil(t, last.job["result"])
+	require.Equal(t, 0, count(rest, "reset"), "a canceled job is not retried: nothing to reset")
+	require.Equal(t, "canceled", b.waitTerminal(t, id)["status"])
+}

@@ -149,9 +149,15 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 	case d.Class == retrypolicy.ClassCanceled:
 		// Our own context ended (shutdown): give the job back untouched for the next delivery.
 		if ctx.Err() != nil {
-			resetStream(ctx, r)
-			if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr}); err != nil {
+			// Shutdown, or a cancel that already ended the job (then nothing is recorded, and
+			// nothing reset: the job is over, not retried). A reset after the retrying event is
+			// still ordered before it by the event streams (see internal/api).
+			applied, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr})
+			if err != nil {
 				return err
+			}
+			if applied {
+				resetStream(ctx, r)
 			}
 			return ctx.Err()
 		}
