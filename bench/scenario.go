@@ -50,6 +50,8 @@ func scenarios() []entry {
 			new: func() scenario { return &backlog{} }},
 		{name: "retention", about: "llmq draining a backlog while the retention pass deletes from a million finished jobs, and without it",
 			new: func() scenario { return &retention{} }},
+		{name: "stream", about: "time to the first delta of streaming answers: the simulator directly, and through llmq",
+			new: func() scenario { return &streamBench{} }},
 	}
 }
 

@@ -92,7 +92,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		last = eventPos{seq: job.EventSeq - 1, n: math.MaxInt}
 	}
-	f.pos = last
+	f.pos, f.known = last, last.seq
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -106,8 +106,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	out := &deadlineWriter{w: w, rc: rc, timeout: s.cfg.EventWriteTimeout}
 	ticker := time.NewTicker(s.cfg.KeepAlive)
 	defer ticker.Stop()
+	readStatus := true
 	for {
-		done, err := s.sendEvents(out, r, job.ID, f)
+		done, err := s.sendEvents(out, r, job.ID, f, readStatus)
 		if err != nil {
 			// Headers are sent: the stream just ends, and the client resumes with Last-Event-ID.
 			if r.Context().Err() == nil {
@@ -121,6 +122,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if err := rc.Flush(); err != nil {
 			return
 		}
+		readStatus = true
 		select {
 		case <-r.Context().Done():
 			return
@@ -128,6 +130,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-notify:
 		case <-deltasGrew:
+			readStatus = false // Redis only: no Postgres read per delta
 		case <-ticker.C:
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
@@ -181,6 +184,8 @@ type follower struct {
 	// closed yet (seq 0: none), and openAttempt its number.
 	open        eventPos
 	openAttempt int
+	// known is the newest status event read (sent or not).
+	known int
 }
 
 // streamItem is one event to send.
@@ -194,24 +199,27 @@ type streamItem struct {
 // events (from Postgres) and, for a streaming job, the entries of its delta buffer (from Redis).
 // The worker writes an attempt's entries before it records the attempt's outcome, so after a
 // read of the status events, a read of the buffer has every entry that precedes them; an entry
-// of a newer attempt than the status events read makes them read again. done is true when the
-// job is terminal and its latest event has been sent: the stream is complete.
-func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower) (done bool, err error) {
-	evs, job, err := s.readStatus(r, id, f.pos.seq)
-	if err != nil {
-		return false, err
+// of a newer attempt than the status events read makes them read again. Woken by the buffer
+// alone (status false) it reads Redis only, so that deltas cost no Postgres read: entries of
+// attempts already known precede any status event not read yet. done is true when the job is
+// terminal and its latest event has been sent: the stream is complete.
+func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower, status bool) (done bool, err error) {
+	var evs []jobs.Event
+	var job *jobs.Job
+	if status {
+		if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
+			return false, err
+		}
+		f.noteStatus(evs)
 	}
 	var entries []deltastream.Entry
 	if f.streaming {
 		entries = s.readDeltas(r, id, f)
-		known := f.pos.seq
-		if len(evs) > 0 {
-			known = evs[len(evs)-1].Seq
-		}
-		if len(entries) > 0 && entries[len(entries)-1].Seq > known {
+		if len(entries) > 0 && entries[len(entries)-1].Seq > f.known {
 			if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
 				return false, err
 			}
+			f.noteStatus(evs)
 		}
 	}
 	items := make([]streamItem, 0, len(evs)+len(entries))
@@ -244,7 +252,14 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 		}
 		f.sent(it)
 	}
-	return job.Status.Terminal() && f.pos.seq >= job.EventSeq, nil
+	return job != nil && job.Status.Terminal() && f.pos.seq >= job.EventSeq, nil
+}
+
+// noteStatus records the newest status event read.
+func (f *follower) noteStatus(evs []jobs.Event) {
+	for _, ev := range evs {
+		f.known = max(f.known, ev.Seq)
+	}
 }
 
 func writeEvent(w io.Writer, it streamItem) error {
