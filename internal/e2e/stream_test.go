@@ -260,3 +260,45 @@ func TestStream_CancelStopsTheStreamingCall(t *testing.T) {
 	require.Equal(t, 0, count(rest, "reset"), "a canceled job is not retried: nothing to reset")
 	require.Equal(t, "canceled", b.waitTerminal(t, id)["status"])
 }
+
+// TestStream_TwoReplicasGetEveryDelta proves that deltas reach whichever API replica holds a
+// client's stream, in order and whole, on Redis and on Redis Cluster: two replicas follow one
+// streaming job (20 tokens at 200 per second, so the streams are open while it streams) and
+// both see the same events, whose deltas add up to the stored result.
+func TestStream_TwoReplicasGetEveryDelta(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"Redis": redistest.URL(), "Cluster": redistest.ClusterURL()} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{noWorker: true, redisURL: url, sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 200}})
+			other := b.replica(t)
+			id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"to both"}]}}`)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				redistest.Unlink(ctx, redistest.ClientOf(t, url), "llmq:{"+id+"}:deltas")
+			})
+			sa, sb := openEvents(t, b.apiURL, id, ""), openEvents(t, other, id, "")
+			for _, s := range []*eventStream{sa, sb} {
+				ev, ok := s.next(t)
+				require.True(t, ok)
+				require.Equal(t, "queued", ev.name)
+			}
+			b.startWorker(t)
+			restA, restB := sa.rest(t), sb.rest(t)
+			require.Equal(t, eventNames(restA), eventNames(restB))
+			var text string
+			for _, ev := range restA {
+				if ev.name == "delta" {
+					require.Equal(t, float64(len(text)), ev.job["offset"])
+					text += ev.job["text"].(string)
+				}
+			}
+			last := restA[len(restA)-1]
+			require.Equal(t, "succeeded", last.name)
+			require.Positive(t, count(restA, "delta"))
+			result := last.job["result"].(map[string]any)
+			require.Equal(t, result["content"].([]any)[0].(map[string]any)["text"], text)
+		})
+	}
+}
