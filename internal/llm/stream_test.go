@@ -284,3 +284,51 @@ func TestProvider_Stream_KeyMasked(t *testing.T) {
 	require.True(t, strings.HasPrefix(got.text(llm.DeltaText), "key "))
 	require.False(t, errors.Is(err, llm.ErrDecode))
 }
+
+// TestProvider_Stream_SimulatorTools proves against the simulator that a streamed tool call is
+// carried as input_json deltas (the tool's id and name on the first) and assembled into the
+// input a non-streaming answer carries.
+func TestProvider_Stream_SimulatorTools(t *testing.T) {
+	t.Parallel()
+	for kind, tools := range map[llm.Kind]string{
+		llm.KindAnthropic: `[{"name":"record","input_schema":{"type":"object"}}]`,
+		llm.KindOpenAI:    `[{"type":"function","function":{"name":"record"}}]`,
+	} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			p, _ := simProvider(t, kind, llmsim.Config{})
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(streamBody(kind), &m))
+			m["tools"] = json.RawMessage(tools)
+			body, err := json.Marshal(m)
+			require.NoError(t, err)
+			var got deltas
+			resp, err := p.Send(t.Context(), body, llm.SendOptions{OnDelta: got.add})
+			require.NoError(t, err)
+			var first llm.Delta
+			for _, d := range got.all {
+				if d.Type == llm.DeltaInputJSON {
+					first = d
+					break
+				}
+			}
+			require.Equal(t, "record", first.ToolName)
+			require.NotEmpty(t, first.ToolID)
+			want := `{"reply":"llmsim reply to: hello from the prompt"}`
+			require.JSONEq(t, want, got.text(llm.DeltaInputJSON))
+			var out map[string]any
+			require.NoError(t, json.Unmarshal(resp.Body, &out))
+			if kind == llm.KindAnthropic {
+				require.Equal(t, "tool_use", out["stop_reason"])
+				input, _ := json.Marshal(out["content"].([]any)[1].(map[string]any)["input"])
+				require.JSONEq(t, want, string(input))
+			} else {
+				choice := out["choices"].([]any)[0].(map[string]any)
+				require.Equal(t, "tool_calls", choice["finish_reason"])
+				call := choice["message"].(map[string]any)["tool_calls"].([]any)[0].(map[string]any)
+				require.JSONEq(t, want, call["function"].(map[string]any)["arguments"].(string))
+				require.Equal(t, first.ToolID, call["id"])
+			}
+		})
+	}
+}

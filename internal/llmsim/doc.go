@@ -27,6 +27,11 @@
 // is max_tokens tokens with stop_reason "max_tokens" (OpenAI: finish_reason
 // "length"). Without token limits max_tokens is otherwise ignored.
 //
+// A request with a non-empty "tools" array is answered with the text followed by a call of its
+// first tool (Anthropic a tool_use block with id "toolu_…", stop_reason "tool_use"; OpenAI
+// message.tool_calls with id "call_…", finish_reason "tool_calls"), whose input is
+// {"reply": <the reply text>}; the tool input is not counted in the output tokens.
+//
 // Error bodies follow each provider's format: Anthropic
 // {"type":"error","error":{"type":...,"message":...},"request_id":...} and
 // OpenAI {"error":{"message":...,"type":...,"param":null,"code":...}}. The
@@ -104,8 +109,10 @@
 // (text/event-stream) in the provider's format, one content token (4 bytes, never inside a
 // rune) per delta, paced by Config.StreamTokensPerSecond. Anthropic: message_start (usage with
 // the input tokens), content_block_start, ping, content_block_delta (text_delta) per token,
-// content_block_stop, message_delta (stop_reason, usage.output_tokens), message_stop. OpenAI:
-// data-only chat.completion.chunk events (the role first, a chunk per token, then one with
+// content_block_stop, then for a tool call a tool_use block whose input comes in
+// input_json_delta pieces, message_delta (stop_reason, usage.output_tokens), message_stop.
+// OpenAI: data-only chat.completion.chunk events (the role first, a chunk per token, for a tool
+// call a chunk with its id and name and chunks with argument pieces, then one with
 // finish_reason, and with stream_options.include_usage a last chunk with empty choices and the
 // usage), then data: [DONE]. The text, usage and stop reason equal the non-streaming answer's.
 // Errors decided before the stream starts are ordinary JSON answers. The faults

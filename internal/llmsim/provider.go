@@ -34,6 +34,34 @@ type reply struct {
 	outputTokens int
 	maxedOut     bool // stopped at max_tokens
 	created      time.Time
+	// tool, when set, is a call of the request's first tool that follows the text.
+	tool *toolCall
+}
+
+// toolCall is a reply's call of a tool: input is its JSON arguments, {"reply": <the text>}.
+type toolCall struct {
+	id, name, input string
+}
+
+// stopReason is the reply's Anthropic stop reason (OpenAI: finishReason).
+func (r reply) stopReason() string {
+	switch {
+	case r.maxedOut:
+		return "max_tokens"
+	case r.tool != nil:
+		return "tool_use"
+	}
+	return "end_turn"
+}
+
+func (r reply) finishReason() string {
+	switch {
+	case r.maxedOut:
+		return "length"
+	case r.tool != nil:
+		return "tool_calls"
+	}
+	return "stop"
 }
 
 // provider renders one API's dialect.
@@ -43,6 +71,8 @@ type provider interface {
 	// checkHeaders returns a 400 message for missing required headers, or "".
 	checkHeaders(r *http.Request) string
 	idPrefix() string
+	// toolIDPrefix starts a tool call's id.
+	toolIDPrefix() string
 	// overloadStatus is the status of the overload fault.
 	overloadStatus() int
 	errorBody(e apiError, requestID string) []byte
@@ -60,8 +90,9 @@ type provider interface {
 // anthropic speaks the Messages API.
 type anthropic struct{}
 
-func (anthropic) name() string     { return "anthropic" }
-func (anthropic) idPrefix() string { return "msg_" }
+func (anthropic) name() string         { return "anthropic" }
+func (anthropic) idPrefix() string     { return "msg_" }
+func (anthropic) toolIDPrefix() string { return "toolu_" }
 
 func (anthropic) overloadStatus() int { return 529 }
 
@@ -153,19 +184,24 @@ func (anthropic) successBody(r reply) []byte {
 		InputTokens  int `json:"input_tokens"`
 		OutputTokens int `json:"output_tokens"`
 	}
+	content := []any{text{Type: "text", Text: r.text}}
+	if r.tool != nil {
+		content = append(content, map[string]any{"type": "tool_use", "id": r.tool.id, "name": r.tool.name,
+			"input": json.RawMessage(r.tool.input)})
+	}
 	return mustJSON(struct {
 		ID           string  `json:"id"`
 		Type         string  `json:"type"`
 		Role         string  `json:"role"`
 		Model        string  `json:"model"`
-		Content      []text  `json:"content"`
+		Content      []any   `json:"content"`
 		StopReason   string  `json:"stop_reason"`
 		StopSequence *string `json:"stop_sequence"`
 		Usage        usage   `json:"usage"`
 	}{
 		ID: r.id, Type: "message", Role: "assistant", Model: r.model,
-		Content:    []text{{Type: "text", Text: r.text}},
-		StopReason: cond(r.maxedOut, "max_tokens", "end_turn"),
+		Content:    content,
+		StopReason: r.stopReason(),
 		Usage:      usage{InputTokens: r.inputTokens, OutputTokens: r.outputTokens},
 	})
 }
@@ -223,8 +259,9 @@ func formatAnthropicReset(t time.Time) string {
 // openAI speaks the Chat Completions API.
 type openAI struct{}
 
-func (openAI) name() string     { return "openai" }
-func (openAI) idPrefix() string { return "chatcmpl-" }
+func (openAI) name() string         { return "openai" }
+func (openAI) idPrefix() string     { return "chatcmpl-" }
+func (openAI) toolIDPrefix() string { return "call_" }
 
 func (openAI) overloadStatus() int { return http.StatusServiceUnavailable }
 
@@ -280,9 +317,10 @@ func (openAI) errorBody(e apiError, _ string) []byte {
 
 func (openAI) successBody(r reply) []byte {
 	type message struct {
-		Role    string  `json:"role"`
-		Content string  `json:"content"`
-		Refusal *string `json:"refusal"`
+		Role      string  `json:"role"`
+		Content   string  `json:"content"`
+		Refusal   *string `json:"refusal"`
+		ToolCalls []any   `json:"tool_calls,omitempty"`
 	}
 	type choice struct {
 		Index        int             `json:"index"`
@@ -305,9 +343,9 @@ func (openAI) successBody(r reply) []byte {
 	}{
 		ID: r.id, Object: "chat.completion", Created: r.created.Unix(), Model: r.model,
 		Choices: []choice{{
-			Message:      message{Role: "assistant", Content: r.text},
+			Message:      message{Role: "assistant", Content: r.text, ToolCalls: openAIToolCalls(r.tool)},
 			Logprobs:     json.RawMessage("null"),
-			FinishReason: cond(r.maxedOut, "length", "stop"),
+			FinishReason: r.finishReason(),
 		}},
 		Usage: usage{
 			PromptTokens:     r.inputTokens,
@@ -315,6 +353,15 @@ func (openAI) successBody(r reply) []byte {
 			TotalTokens:      r.inputTokens + r.outputTokens,
 		},
 	})
+}
+
+// openAIToolCalls renders a tool call as a message's tool_calls; nil without one.
+func openAIToolCalls(t *toolCall) []any {
+	if t == nil {
+		return nil
+	}
+	return []any{map[string]any{"id": t.id, "type": "function",
+		"function": map[string]string{"name": t.name, "arguments": t.input}}}
 }
 
 func (openAI) setHeaders(h http.Header, requestID string, st *bucketState, _ time.Time) {

@@ -165,3 +165,73 @@ func TestSDK_OpenAIStream(t *testing.T) {
 		require.Equal(t, "llmsim r", content.String(), "two tokens of four bytes came first")
 	})
 }
+
+// TestSDK_ToolStreams proves that a request with tools is answered with a call of the first
+// tool after the text, streamed as the APIs stream it (Anthropic input_json_delta pieces, OpenAI
+// tool call chunks), and that the SDKs' accumulators assemble the call the non-streaming answer
+// carries.
+func TestSDK_ToolStreams(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Anthropic", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		params := anthropicHello
+		params.Tools = []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "record",
+			InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"reply": map[string]any{"type": "string"}}}}}}
+		client := b.anthropicClient("k")
+		whole, err := client.Messages.New(t.Context(), params)
+		require.NoError(t, err)
+		stream := client.Messages.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var msg anthropic.Message
+		jsonDeltas := 0
+		for stream.Next() {
+			ev := stream.Current()
+			require.NoError(t, msg.Accumulate(ev))
+			if d, ok := ev.AsAny().(anthropic.ContentBlockDeltaEvent); ok && d.Delta.Type == "input_json_delta" {
+				jsonDeltas++
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.Greater(t, jsonDeltas, 1, "the input comes in pieces")
+		require.Equal(t, anthropic.StopReasonToolUse, msg.StopReason)
+		require.Len(t, msg.Content, 2)
+		require.Equal(t, "tool_use", msg.Content[1].Type)
+		require.Equal(t, "record", msg.Content[1].Name)
+		require.True(t, strings.HasPrefix(msg.Content[1].ID, "toolu_"))
+		require.JSONEq(t, `{"reply":"llmsim reply to: Hello, simulator!"}`, string(msg.Content[1].Input))
+		require.JSONEq(t, string(whole.Content[1].Input), string(msg.Content[1].Input))
+		require.Equal(t, whole.StopReason, msg.StopReason)
+	})
+
+	t.Run("OpenAI", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		params := openaiHello
+		params.Tools = []openai.ChatCompletionToolParam{{Function: openai.FunctionDefinitionParam{Name: "record"}}}
+		client := b.openaiClient("sk-test")
+		whole, err := client.Chat.Completions.New(t.Context(), params)
+		require.NoError(t, err)
+		stream := client.Chat.Completions.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		var finished []openai.FinishedChatCompletionToolCall
+		for stream.Next() {
+			require.True(t, acc.AddChunk(stream.Current()))
+			if tc, ok := acc.JustFinishedToolCall(); ok {
+				finished = append(finished, tc)
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.Equal(t, "tool_calls", acc.Choices[0].FinishReason)
+		require.Len(t, acc.Choices[0].Message.ToolCalls, 1)
+		call := acc.Choices[0].Message.ToolCalls[0]
+		require.Equal(t, "record", call.Function.Name)
+		require.True(t, strings.HasPrefix(call.ID, "call_"))
+		require.JSONEq(t, `{"reply":"llmsim reply to: Hello, simulator!"}`, call.Function.Arguments)
+		require.Len(t, finished, 1)
+		require.Equal(t, whole.Choices[0].Message.ToolCalls[0].Function.Arguments, call.Function.Arguments)
+		require.Equal(t, whole.Choices[0].Message.Content, acc.Choices[0].Message.Content)
+	})
+}

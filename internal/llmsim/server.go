@@ -276,6 +276,10 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 		maxedOut:     maxedOut,
 		created:      s.cfg.Now(),
 	}
+	if req.toolName != "" {
+		rep.tool = &toolCall{id: p.toolIDPrefix() + hex.EncodeToString(sum[12:24]), name: req.toolName,
+			input: string(mustJSON(map[string]string{"reply": text}))}
+	}
 	a := answer{status: http.StatusOK, keyID: keyID, header: h}
 	if req.streamRequest {
 		a.stream = &streamAnswer{p: p, r: rep, includeUsage: req.includeUsage, interval: s.tokenInterval(), fail: s.streamFault()}

@@ -56,18 +56,7 @@ type streamer interface {
 }
 
 // splitTokens cuts text into content tokens of 4 bytes (the token rule), never inside a rune.
-func splitTokens(text string) []string {
-	var out []string
-	for len(text) > 0 {
-		n := min(4, len(text))
-		for n < len(text) && !utf8.RuneStart(text[n]) {
-			n++
-		}
-		out = append(out, text[:n])
-		text = text[n:]
-	}
-	return out
-}
+func splitTokens(text string) []string { return splitPieces(text, 4) }
 
 // writeStream sends s: the headers, the opening events, the content tokens paced by
 // s.interval, and the closing events, or the fault. A cut connection panics with
@@ -174,15 +163,52 @@ func (anthropicStreamer) close(sw streamWriter, s *streamAnswer) error {
 	if err := sw.event("content_block_stop", []byte(`{"type":"content_block_stop","index":0}`)); err != nil {
 		return err
 	}
+	if t := s.r.tool; t != nil {
+		if err := anthropicToolBlock(sw, t); err != nil {
+			return err
+		}
+	}
 	msgDelta := mustJSON(map[string]any{
 		"type":  "message_delta",
-		"delta": map[string]any{"stop_reason": cond(s.r.maxedOut, "max_tokens", "end_turn"), "stop_sequence": nil},
+		"delta": map[string]any{"stop_reason": s.r.stopReason(), "stop_sequence": nil},
 		"usage": map[string]int{"output_tokens": s.r.outputTokens},
 	})
 	if err := sw.event("message_delta", msgDelta); err != nil {
 		return err
 	}
 	return sw.event("message_stop", []byte(`{"type":"message_stop"}`))
+}
+
+// anthropicToolBlock writes the tool_use block (index 1): its start with an empty input, its
+// input JSON in input_json_delta pieces, its stop.
+func anthropicToolBlock(sw streamWriter, t *toolCall) error {
+	start := mustJSON(map[string]any{"type": "content_block_start", "index": 1, "content_block": map[string]any{
+		"type": "tool_use", "id": t.id, "name": t.name, "input": map[string]any{}}})
+	if err := sw.event("content_block_start", start); err != nil {
+		return err
+	}
+	for _, piece := range splitPieces(t.input, 8) {
+		d := mustJSON(map[string]any{"type": "content_block_delta", "index": 1,
+			"delta": map[string]string{"type": "input_json_delta", "partial_json": piece}})
+		if err := sw.event("content_block_delta", d); err != nil {
+			return err
+		}
+	}
+	return sw.event("content_block_stop", []byte(`{"type":"content_block_stop","index":1}`))
+}
+
+// splitPieces cuts s into pieces of about n bytes, never inside a rune.
+func splitPieces(s string, n int) []string {
+	var out []string
+	for len(s) > 0 {
+		k := min(n, len(s))
+		for k < len(s) && !utf8.RuneStart(s[k]) {
+			k++
+		}
+		out = append(out, s[:k])
+		s = s[k:]
+	}
+	return out
 }
 
 func (anthropicStreamer) fail(sw streamWriter, _ *streamAnswer) error {
@@ -228,7 +254,20 @@ func (o openAIStreamer) token(sw streamWriter, s *streamAnswer, text string) err
 }
 
 func (o openAIStreamer) close(sw streamWriter, s *streamAnswer) error {
-	finish := cond(s.r.maxedOut, "length", "stop")
+	if t := s.r.tool; t != nil {
+		first := map[string]any{"tool_calls": []any{map[string]any{"index": 0, "id": t.id, "type": "function",
+			"function": map[string]string{"name": t.name, "arguments": ""}}}}
+		if err := sw.event("", o.chunk(s, first, nil, nil)); err != nil {
+			return err
+		}
+		for _, piece := range splitPieces(t.input, 8) {
+			d := map[string]any{"tool_calls": []any{map[string]any{"index": 0, "function": map[string]string{"arguments": piece}}}}
+			if err := sw.event("", o.chunk(s, d, nil, nil)); err != nil {
+				return err
+			}
+		}
+	}
+	finish := s.r.finishReason()
 	if err := sw.event("", o.chunk(s, map[string]any{}, &finish, nil)); err != nil {
 		return err
 	}
