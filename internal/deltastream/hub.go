@@ -55,21 +55,22 @@ func (h *Hub) Close() error {
 func (h *Hub) Follow(ctx context.Context, id string) (wake <-chan struct{}, stop func()) {
 	name := h.b.Key(id)
 	ch := make(chan struct{}, 1)
+	// Subscribe and Unsubscribe are sent under h.mu, so that a follower joining as the last
+	// one of the same job leaves cannot have its SUBSCRIBE overtaken by the other's UNSUBSCRIBE.
 	h.mu.Lock()
 	cs := h.subs[name]
-	first := cs == nil
-	if first {
+	if cs == nil {
 		cs = &channelSubs{ready: make(chan struct{}), followers: map[chan struct{}]struct{}{}}
 		h.subs[name] = cs
+		sctx, cancel := context.WithTimeout(ctx, subscribeWait)
+		if err := h.ps.Subscribe(sctx, name); err != nil && ctx.Err() == nil {
+			h.b.cfg.Logger.Warn("subscribe to stream deltas", "job_id", id, "error", err)
+		}
+		cancel()
 	}
 	cs.followers[ch] = struct{}{}
 	ready := cs.ready
 	h.mu.Unlock()
-	if first {
-		if err := h.ps.Subscribe(ctx, name); err != nil && ctx.Err() == nil {
-			h.b.cfg.Logger.Warn("subscribe to stream deltas", "job_id", id, "error", err)
-		}
-	}
 	t := time.NewTimer(subscribeWait)
 	defer t.Stop()
 	select {
@@ -83,18 +84,16 @@ func (h *Hub) Follow(ctx context.Context, id string) (wake <-chan struct{}, stop
 
 func (h *Hub) unfollow(name string, ch chan struct{}) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	cs := h.subs[name]
 	delete(cs.followers, ch)
-	last := len(cs.followers) == 0
-	if last {
-		delete(h.subs, name)
+	if len(cs.followers) > 0 {
+		return
 	}
-	h.mu.Unlock()
-	if last {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = h.ps.Unsubscribe(ctx, name) // the connection is gone or closing: nothing left to do
-	}
+	delete(h.subs, name)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = h.ps.Unsubscribe(ctx, name) // the connection is gone or closing: nothing left to do
 }
 
 // run receives confirmations and messages until Close.
