@@ -12,8 +12,9 @@
 //
 // A successful answer is deterministic for a given request body: the reply
 // text is "llmsim reply to: " followed by the first 60 characters (runes) of
-// the text of the last message whose role is "user", and the message id is
-// derived from a hash of the request body. Token counts follow one rule:
+// the text of the last message whose role is "user". The message id is new for
+// every answer, as the real APIs give (a hash of the body and the request id).
+// Token counts follow one rule:
 //
 //   - input tokens  = (bytes of the text of every message, plus the Anthropic
 //     "system" text) / 4, at least 1;
@@ -87,6 +88,9 @@
 // these headers is sent and Stats.InputTokens/OutputTokens stay 0.
 //
 // # Order of checks
+//
+// The Anthropic endpoint takes the key from x-api-key or, failing that,
+// Authorization: Bearer; the OpenAI endpoint from Authorization: Bearer.
 //
 // For every provider request, in order: a missing API key is answered 401
 // (no key, no bucket, no stats per key); the Hang fault holds the request

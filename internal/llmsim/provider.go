@@ -96,7 +96,14 @@ func (anthropic) toolIDPrefix() string { return "toolu_" }
 
 func (anthropic) overloadStatus() int { return 529 }
 
-func (anthropic) apiKey(r *http.Request) string { return r.Header.Get("x-api-key") }
+// apiKey reads x-api-key, else Authorization: Bearer (the SDKs send the latter with an auth
+// token rather than an API key; llmsim does not tell them apart).
+func (anthropic) apiKey(r *http.Request) string {
+	if k := r.Header.Get("x-api-key"); k != "" {
+		return k
+	}
+	return bearer(r)
+}
 
 func (anthropic) checkHeaders(r *http.Request) string {
 	if r.Header.Get("anthropic-version") == "" {
@@ -265,7 +272,10 @@ func (openAI) toolIDPrefix() string { return "call_" }
 
 func (openAI) overloadStatus() int { return http.StatusServiceUnavailable }
 
-func (openAI) apiKey(r *http.Request) string {
+func (openAI) apiKey(r *http.Request) string { return bearer(r) }
+
+// bearer is the token of an Authorization: Bearer header; "" without one.
+func bearer(r *http.Request) string {
 	v := r.Header.Get("Authorization")
 	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
 		return strings.TrimSpace(v[7:])

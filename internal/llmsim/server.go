@@ -265,7 +265,8 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 		}
 		text = padReply(text, n)
 	}
-	sum := sha256.Sum256(body)
+	// A new id for every answer, as the real APIs give: the body and this request's id.
+	sum := sha256.Sum256(append(append([]byte(requestID), 0), body...))
 	output := tokens(len(text))
 	rep := reply{
 		id:           p.idPrefix() + hex.EncodeToString(sum[:12]),
