@@ -120,6 +120,10 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			out.readErr = gerr
 			return out
 		}
+		if errors.Is(err, io.EOF) && data != nil {
+			// The last event lacks its blank line: it is complete all the same.
+			line, err = nil, nil
+		}
 		if err != nil {
 			out.readErr = err
 			if errors.Is(err, io.EOF) {

@@ -229,13 +229,15 @@ func TestProvider_Stream_Failures(t *testing.T) {
 		t.Parallel()
 		p, sim := simProvider(t, llm.KindOpenAI, llmsim.Config{})
 		require.NoError(t, sim.SetFaults(llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 1, StreamFailMode: llmsim.StreamFailStall}))
-		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		// The first delta came, then nothing: well past the first-byte timeout the call is still
+		// waiting (the attempt's own deadline applies now), until its context ends it.
+		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		// The first delta came: the first-byte timeout no longer applies, the attempt's does.
-		_, err := p.Send(ctx, streamBody(llm.KindOpenAI), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
-		te := asTransportError(t, err)
-		require.True(t, te.Timeout())
-		require.ErrorIs(t, err, context.DeadlineExceeded)
+		var once sync.Once
+		onDelta := func(llm.Delta) { once.Do(func() { time.AfterFunc(2*time.Second, cancel) }) }
+		_, err := p.Send(ctx, streamBody(llm.KindOpenAI), llm.SendOptions{FirstByteTimeout: time.Second, OnDelta: onDelta})
+		asTransportError(t, err)
+		require.ErrorIs(t, err, context.Canceled)
 		require.NotErrorIs(t, err, llm.ErrFirstByteTimeout)
 	})
 
@@ -252,6 +254,17 @@ func TestProvider_Stream_Failures(t *testing.T) {
 		_, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
 		require.ErrorIs(t, err, llm.ErrFirstByteTimeout)
 		require.Equal(t, retrypolicy.ClassTimeout, retrypolicy.Classify(err, testNow).Class)
+	})
+
+	t.Run("LastEventWithoutBlankLine", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llm.KindOpenAI, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = w.Write([]byte("data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]"))
+		})
+		resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{})
+		require.NoError(t, err, "the end marker counts without its blank line")
+		require.Contains(t, string(resp.Body), `"content":"hi"`)
 	})
 
 	t.Run("EndsWithoutEndMarker", func(t *testing.T) {
