@@ -31,10 +31,10 @@ func TestExecutor_StreamingJob(t *testing.T) {
 	buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)})
 	p := simProvider(t, llmsim.Config{ReplyTokens: 12, Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 3}}, "sk-stream")
 	ex := executor.New(executor.Config{Store: b.Store, Deltas: buf,
-		Policy: retrypolicy.New(&retrypolicy.Config{BaseDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond}),
+		Policy:    retrypolicy.New(&retrypolicy.Config{BaseDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond}),
 		Upstreams: map[string]executor.Upstream{"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p}}})
 	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
-		Request: json.RawMessage(`{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`),
+		Request:     json.RawMessage(`{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`),
 		MaxAttempts: 3, Timeout: time.Minute})
 	require.NoError(t, err)
 
