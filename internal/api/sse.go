@@ -33,6 +33,11 @@ import (
 // announced) before its first read, and on each signal re-reads the events after the last one
 // sent, so no transition is lost between a read and a notification and none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
 // was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
+//
+// Streaming jobs ("stream": true) also get the entries of their delta buffer in Redis
+// (internal/deltastream): "delta" and "reset" events, id "seq.n" (see eventPos), placed among the
+// status events by that id. The stream follows the buffer through the process's DeltaHub; a
+// wake-up from it reads Redis only.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The caller first: who may not see the job learns nothing from the header's validation.
 	job, signed, err := s.streamJob(r)
