@@ -52,6 +52,8 @@ func scenarios() []entry {
 			new: func() scenario { return &retention{} }},
 		{name: "batch", about: "jobs with \"lane\": \"auto\" through the providers' batch APIs: cost, provider calls, the online lane beside them, a leader crash",
 			new: func() scenario { return &batchBench{} }},
+		{name: "stream", about: "time to the first delta of streaming answers: the simulator directly, and through llmq",
+			new: func() scenario { return &streamBench{} }},
 	}
 }
 

@@ -54,6 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		outputTPM   = fs.Int("output-tpm", 0, "output tokens per -token-minute per API key (0 = unlimited)")
 		tokenMinute = fs.Duration("token-minute", time.Minute, "refill period of the token buckets (shorten to scale time down)")
 		replyTokens = fs.Int("reply-tokens", 0, "every reply is exactly this many output tokens, capped by max_tokens (0 = quote the prompt)")
+		streamTPS   = fs.Float64("stream-tokens-per-second", 0, "pace of streamed answers, in content tokens per second (0 = as fast as possible)")
 		latency     = fs.Duration("latency", 0, "delay before every answer")
 		jitter      = fs.Duration("latency-jitter", 0, "extra uniform random delay U(0, jitter)")
 		seed        = fs.Uint64("seed", 1, "seed of the random source (jitter, error rate)")
@@ -95,6 +96,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		OutputTokensPerMinute: *outputTPM,
 		TokenMinute:           *tokenMinute,
 		ReplyTokens:           *replyTokens,
+		StreamTokensPerSecond: *streamTPS,
 		Latency:               *latency,
 		LatencyJitter:         *jitter,
 		Faults:                faults,

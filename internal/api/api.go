@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
@@ -76,6 +77,12 @@ type Config struct {
 	MaxStreamsPerTenant int
 	// Now is the clock of throttled log lines. Default time.Now.
 	Now func() time.Time
+	// Deltas reads the delta buffers of streaming jobs for their event streams. nil: event
+	// streams carry status events only.
+	Deltas *deltastream.Buffer
+	// DeltaHub wakes event streams when their job's buffer grows. nil: streams read the buffer
+	// at status changes and keep-alives only (tests).
+	DeltaHub *deltastream.Hub
 }
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.

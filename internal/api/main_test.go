@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/internal/jobs"
@@ -49,6 +50,7 @@ type testBundle struct {
 	inspector *asynq.Inspector
 	queue     string
 	tenants   *tenant.Store
+	deltas    *deltastream.Buffer // with setupOpts.deltas
 }
 
 type setupOpts struct {
@@ -73,6 +75,7 @@ type setupOpts struct {
 	registry          *prometheus.Registry // the API's metrics; default none
 	// batchWindows are the credentials with a batch lane, with their window; default none.
 	batchWindows map[string]time.Duration
+	deltas       bool // follow streaming jobs' delta buffers (testBundle.deltas)
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -117,6 +120,12 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	}
 	if o.registry != nil {
 		cfg.Metrics, cfg.Gatherer = NewMetrics(o.registry), o.registry
+	}
+	if o.deltas {
+		b.deltas = deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)})
+		hub := b.deltas.NewHub()
+		t.Cleanup(func() { require.NoError(t, hub.Close()) })
+		cfg.Deltas, cfg.DeltaHub = b.deltas, hub
 	}
 	if !o.noListener {
 		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})

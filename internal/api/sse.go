@@ -1,13 +1,19 @@
 package api
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmq/llmq/internal/deltastream"
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // events serves GET /v1/jobs/{id}/events: one Server-Sent Event per transition, read from the
@@ -27,6 +33,11 @@ import (
 // announced) before its first read, and on each signal re-reads the events after the last one
 // sent, so no transition is lost between a read and a notification and none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
 // was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
+//
+// Streaming jobs ("stream": true) also get the entries of their delta buffer in Redis
+// (internal/deltastream): "delta" and "reset" events, id "seq.n" (see eventPos), placed among the
+// status events by that id. The stream follows the buffer through the process's DeltaHub; a
+// wake-up from it reads Redis only.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The caller first: who may not see the job learns nothing from the header's validation.
 	job, signed, err := s.streamJob(r)
@@ -44,7 +55,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	if resume && job.Status.Terminal() && last >= job.EventSeq {
+	if resume && job.Status.Terminal() && last.seq >= job.EventSeq {
 		// The client has the terminal event: nothing will ever follow. 204 is what makes an
 		// EventSource stop reconnecting (a 200 with an empty stream makes it come back forever).
 		w.WriteHeader(http.StatusNoContent)
@@ -62,6 +73,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		defer unsubscribe()
 		notify = ch
 	}
+	f := &follower{streaming: s.cfg.Deltas != nil && deltastream.Requested(job.Request)}
+	var deltasGrew <-chan struct{}
+	if f.streaming && s.cfg.DeltaHub != nil {
+		// Followed before the first read of the buffer, like the Listener.
+		ch, stop := s.cfg.DeltaHub.Follow(r.Context(), job.ID)
+		defer stop()
+		deltasGrew = ch
+	}
 	// Postgres announces only watched jobs' transitions (NOTIFY serializes commits); watch
 	// before the first read, and renew at every keep-alive.
 	watchTTL := 4 * s.cfg.KeepAlive
@@ -76,8 +95,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			writeError(w, r, s.cfg.Logger, err)
 			return
 		}
-		last = job.EventSeq - 1
+		last = eventPos{seq: job.EventSeq - 1, n: math.MaxInt}
 	}
+	f.pos, f.known = last, last.seq
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -91,8 +111,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	out := &deadlineWriter{w: w, rc: rc, timeout: s.cfg.EventWriteTimeout}
 	ticker := time.NewTicker(s.cfg.KeepAlive)
 	defer ticker.Stop()
+	readStatus := true
 	for {
-		done, err := s.sendEvents(out, r, job.ID, &last)
+		done, err := s.sendEvents(out, r, job.ID, f, readStatus)
 		if err != nil {
 			// Headers are sent: the stream just ends, and the client resumes with Last-Event-ID.
 			if r.Context().Err() == nil {
@@ -106,12 +127,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if err := rc.Flush(); err != nil {
 			return
 		}
+		readStatus = true
 		select {
 		case <-r.Context().Done():
 			return
 		case <-s.closing:
 			return
 		case <-notify:
+		case <-deltasGrew:
+			readStatus = false // Redis only: no Postgres read per delta
 		case <-ticker.C:
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
@@ -123,31 +147,87 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// lastEventID parses the Last-Event-ID header: resume is false without it.
-func lastEventID(r *http.Request) (last int, resume bool, err error) {
-	v := strings.TrimSpace(r.Header.Get("Last-Event-ID"))
-	if v == "" {
-		return 0, false, nil
+// eventPos is an event's place in a job's stream: status event seq is (seq, 0); the n-th entry
+// (delta or reset) of the attempt whose running event is seq is (seq, n). Its SSE id is "seq" or
+// "seq.n", so that Last-Event-ID resumes between any two events, inside an attempt too.
+type eventPos struct{ seq, n int }
+
+func (p eventPos) after(q eventPos) bool { return p.seq > q.seq || p.seq == q.seq && p.n > q.n }
+
+func (p eventPos) id() string {
+	if p.n == 0 {
+		return strconv.Itoa(p.seq)
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, false, &httpError{status: http.StatusBadRequest, typ: "invalid_last_event_id", message: fmt.Sprintf("Last-Event-ID %q must be a non-negative event sequence number", v)}
-	}
-	return n, true, nil
+	return strconv.Itoa(p.seq) + "." + strconv.Itoa(p.n)
 }
 
-// sendEvents writes the job's events after *last and advances *last. done is true when the job
-// is terminal and its latest event has been sent: the stream is complete.
-func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, last *int) (done bool, err error) {
-	evs, err := s.cfg.Store.Events(r.Context(), id, *last)
-	if err != nil {
-		return false, err
+// lastEventID parses the Last-Event-ID header ("seq" or "seq.n"): resume is false without it.
+func lastEventID(r *http.Request) (last eventPos, resume bool, err error) {
+	v := strings.TrimSpace(r.Header.Get("Last-Event-ID"))
+	if v == "" {
+		return eventPos{}, false, nil
 	}
-	// Read after the events, so the job is at least as new as the last of them.
-	job, err := s.cfg.Store.Get(r.Context(), id)
-	if err != nil {
-		return false, err
+	seqText, nText, hasN := strings.Cut(v, ".")
+	seq, err := strconv.Atoi(seqText)
+	n := 0
+	if err == nil && hasN {
+		n, err = strconv.Atoi(nText)
 	}
+	if err != nil || seq < 0 || n < 0 {
+		return eventPos{}, false, &httpError{status: http.StatusBadRequest, typ: "invalid_last_event_id", message: fmt.Sprintf("Last-Event-ID %q must be an event id of this stream: a sequence number, or seq.n", v)}
+	}
+	return eventPos{seq: seq, n: n}, true, nil
+}
+
+// follower is one event stream's progress: pos, the last event sent; cursor, the last entry of
+// the job's delta buffer read.
+type follower struct {
+	streaming bool
+	pos       eventPos
+	cursor    string
+	// open is the attempt whose deltas this stream sent and that no reset or terminal event has
+	// closed yet (seq 0: none), and openAttempt its number.
+	open        eventPos
+	openAttempt int
+	// known is the newest status event read (sent or not).
+	known int
+}
+
+// streamItem is one event to send.
+type streamItem struct {
+	pos  eventPos
+	name string
+	data []byte
+}
+
+// sendEvents writes the job's events after f.pos, in order, and advances f.pos: its status
+// events (from Postgres) and, for a streaming job, the entries of its delta buffer (from Redis).
+// The worker writes an attempt's entries before it records the attempt's outcome, so after a
+// read of the status events, a read of the buffer has every entry that precedes them; an entry
+// of a newer attempt than the status events read makes them read again. Woken by the buffer
+// alone (status false) it reads Redis only, so that deltas cost no Postgres read: entries of
+// attempts already known precede any status event not read yet. done is true when the job is
+// terminal and its latest event has been sent: the stream is complete.
+func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower, status bool) (done bool, err error) {
+	var evs []jobs.Event
+	var job *jobs.Job
+	if status {
+		if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
+			return false, err
+		}
+		f.noteStatus(evs)
+	}
+	var entries []deltastream.Entry
+	if f.streaming {
+		entries = s.readDeltas(r, id, f)
+		if len(entries) > 0 && entries[len(entries)-1].Seq > f.known {
+			if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
+				return false, err
+			}
+			f.noteStatus(evs)
+		}
+	}
+	items := make([]streamItem, 0, len(evs)+len(entries))
 	for _, ev := range evs {
 		snapshot := *job
 		snapshot.Status = ev.Type
@@ -155,10 +235,103 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, last *int) 
 		if err != nil {
 			return false, fmt.Errorf("encode job: %w", err)
 		}
-		if _, err := fmt.Fprintf(w, "event: %s\nid: %d\ndata: %s\n\n", ev.Type, ev.Seq, data); err != nil {
+		items = append(items, streamItem{pos: eventPos{seq: ev.Seq}, name: string(ev.Type), data: data})
+	}
+	for _, e := range entries {
+		items = append(items, streamItem{pos: eventPos{seq: e.Seq, n: e.N}, name: e.Kind, data: e.Data})
+	}
+	slices.SortStableFunc(items, func(a, b streamItem) int {
+		return cmp.Or(cmp.Compare(a.pos.seq, b.pos.seq), cmp.Compare(a.pos.n, b.pos.n))
+	})
+	for _, it := range items {
+		if !it.pos.after(f.pos) {
+			continue // sent before (a resumed stream), or an entry of an attempt already over
+		}
+		if reset, ok := f.lostReset(it); ok {
+			if err := writeEvent(w, reset); err != nil {
+				return false, err
+			}
+		}
+		if err := writeEvent(w, it); err != nil {
 			return false, err
 		}
-		*last = ev.Seq
+		f.sent(it)
 	}
-	return job.Status.Terminal() && *last >= job.EventSeq, nil
+	return job != nil && job.Status.Terminal() && f.pos.seq >= job.EventSeq, nil
+}
+
+// noteStatus records the newest status event read.
+func (f *follower) noteStatus(evs []jobs.Event) {
+	for _, ev := range evs {
+		f.known = max(f.known, ev.Seq)
+	}
+}
+
+func writeEvent(w io.Writer, it streamItem) error {
+	_, err := fmt.Fprintf(w, "event: %s\nid: %s\ndata: %s\n\n", it.name, it.pos.id(), it.data)
+	return err
+}
+
+// sent records it as sent.
+func (f *follower) sent(it streamItem) {
+	f.pos = it.pos
+	switch {
+	case it.name == deltastream.KindDelta:
+		var d struct {
+			Attempt int `json:"attempt"`
+		}
+		_ = json.Unmarshal(it.data, &d) // our own JSON
+		f.open, f.openAttempt = it.pos, d.Attempt
+	case it.pos.n == 0 || it.name == deltastream.KindReset:
+		f.open = eventPos{}
+	}
+}
+
+// lostReset is the reset a stream sends itself when the attempt it streamed is followed by a
+// status event that starts over (running again, retrying) with no reset entry between: the worker
+// died mid-stream, or its reset never reached Redis. Its id is the one the entry would have had.
+func (f *follower) lostReset(next streamItem) (streamItem, bool) {
+	if f.open.seq == 0 || next.pos.n != 0 || jobs.Status(next.name).Terminal() {
+		return streamItem{}, false
+	}
+	data, _ := json.Marshal(map[string]int{"attempt": f.openAttempt})
+	return streamItem{pos: eventPos{seq: f.open.seq, n: f.open.n + 1}, name: deltastream.KindReset, data: data}, true
+}
+
+// readStatus reads the job's status events after seq, then the job (at least as new as them).
+func (s *Server) readStatus(r *http.Request, id string, seq int) ([]jobs.Event, *jobs.Job, error) {
+	evs, err := s.cfg.Store.Events(r.Context(), id, seq)
+	if err != nil {
+		return nil, nil, err
+	}
+	job, err := s.cfg.Store.Get(r.Context(), id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return evs, job, nil
+}
+
+// deltaPage is how many buffer entries one read takes.
+const deltaPage = 1000
+
+// readDeltas reads the job's buffer after f.cursor and advances it. Redis failing costs the
+// stream its deltas, not its status events: the failure is logged and the stream goes on.
+func (s *Server) readDeltas(r *http.Request, id string, f *follower) []deltastream.Entry {
+	var out []deltastream.Entry
+	for {
+		page, err := s.cfg.Deltas.Read(r.Context(), id, f.cursor, deltaPage)
+		if err != nil {
+			if r.Context().Err() == nil {
+				s.cfg.Logger.WarnContext(r.Context(), "read stream deltas", "job_id", id, "error", err)
+			}
+			return out
+		}
+		if len(page) > 0 {
+			f.cursor = page[len(page)-1].ID
+		}
+		out = append(out, page...)
+		if len(page) < deltaPage {
+			return out
+		}
+	}
 }

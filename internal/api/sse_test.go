@@ -101,7 +101,7 @@ func TestEvents_LastEventIDResumes(t *testing.T) {
 	t.Run("Invalid", func(t *testing.T) {
 		t.Parallel()
 		job := b.create(t, "")
-		for _, v := range []string{"x", "-1", "1.5"} {
+		for _, v := range []string{"x", "-1", "1.", ".5", "1.x", "1.-2", "1.2.3"} {
 			r := b.do(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events", "", map[string]string{"Last-Event-ID": v})
 			require.Equal(t, http.StatusBadRequest, r.status)
 			require.Equal(t, "invalid_last_event_id", r.body["error"].(map[string]any)["type"])

@@ -161,7 +161,7 @@ func decodeSubmit(body []byte) (submitBody, error) {
 }
 
 // checkRequest requires the provider-native request: a JSON object Postgres can read back (see
-// checkEscapes), not streamed.
+// checkEscapes). "stream": true is accepted: the job streams its deltas (see sse.go).
 func checkRequest(request json.RawMessage) error {
 	if len(request) == 0 || string(request) == "null" {
 		return invalid("missing_request", "field \"request\" is required: the provider-native request body")
@@ -172,9 +172,6 @@ func checkRequest(request json.RawMessage) error {
 	}
 	if err := checkEscapes(request); err != nil {
 		return err
-	}
-	if stream, ok := req["stream"]; ok && string(stream) == "true" {
-		return invalid("stream_unsupported", "\"stream\": true is not supported yet: results are delivered whole")
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
@@ -60,6 +61,7 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 		}
 	}
 	enqueuer := dispatch.NewEnqueuer(aclient, cfg.Worker.Queue)
+
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["application_name"] = "llmq-api-listener"
 	listener := jobs.NewListener(jobs.ListenerConfig{ConnConfig: connCfg, Logger: logger})
@@ -70,6 +72,8 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 			return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 		}
 	}
+	deltas := deltastream.New(deltastream.Config{Redis: rdb, Logger: logger})
+	hub := deltas.NewHub()
 	s := New(Config{
 		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, BatchWindows: batchWindows, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
@@ -78,6 +82,7 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
 		StreamSigner:      signer,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,
+		Deltas: deltas, DeltaHub: hub,
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	listening := make(chan error, 1)
@@ -85,6 +90,6 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 	return s, func() error {
 		s.Shutdown()
 		stop()
-		return errors.Join(<-listening, inspector.Close(), rdb.Close())
+		return errors.Join(<-listening, hub.Close(), inspector.Close(), rdb.Close())
 	}, nil
 }

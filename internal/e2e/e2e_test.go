@@ -177,7 +177,6 @@ func TestSubmit_BadInputIs4xxAndStoresNothing(t *testing.T) {
 		{"RequestNotObject", `{"request":"hi"}`, "invalid_request", nil, 400},
 		{"UnknownCredential", `{"credential":"nope","request":{"model":"m"}}`, "unknown_credential", nil, 400},
 		{"UnknownField", `{"request":{"model":"m"},"colour":"red"}`, "unknown_field", nil, 400},
-		{"Stream", `{"request":{"model":"m","stream":true}}`, "stream_unsupported", nil, 400},
 		{"BadTimeout", `{"request":{"model":"m"},"timeout":"soon"}`, "invalid_timeout", nil, 400},
 		{"BadMaxAttempts", `{"request":{"model":"m"},"max_attempts":0}`, "invalid_max_attempts", nil, 400},
 		{"BadMetadata", `{"request":{"model":"m"},"metadata":[1]}`, "invalid_metadata", nil, 400},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
@@ -59,6 +60,7 @@ type callResult struct {
 	decision retrypolicy.Decision // err classified
 	attempt  *jobs.Attempt        // the attempt's record
 	at       time.Time            // when the answer or the failure came
+	stream   *deltastream.Writer  // a streaming job's deltas (closed); nil otherwise
 }
 
 // call sends the job's request through up within the attempt's timeouts, tells the limiter and
@@ -73,8 +75,20 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		firstByte = time.Duration(*job.FirstByteTimeout)
 	}
 	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
-	resp, callErr := up.Provider.Send(callCtx, job.Request, llm.SendOptions{FirstByteTimeout: firstByte})
+	opts := llm.SendOptions{FirstByteTimeout: firstByte}
+	stream := e.streamWriter(job)
+	if stream != nil {
+		opts.OnDelta = func(d llm.Delta) { stream.Add(deltastream.Delta(d)) }
+	}
+	resp, callErr := up.Provider.Send(callCtx, job.Request, opts)
 	cancel()
+	if stream != nil {
+		// Every delta is in Redis before the outcome is recorded: a client sees the whole
+		// stream before the terminal (or retrying) event.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		stream.Close(wctx)
+		cancel()
+	}
 	now := e.cfg.Now()
 	e.cfg.Metrics.stage(StageCall, now.Sub(started))
 	a := &jobs.Attempt{Number: job.Attempts, Credential: up.Name, StartedAt: started, Latency: now.Sub(started)}
@@ -104,7 +118,25 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		}
 	}
 	e.cfg.Metrics.attempt(up.Name, a.Class, a.Latency)
-	return callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now}
+	return callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now, stream: stream}
+}
+
+// streamWriter returns the delta writer of a streaming job's attempt, or nil.
+func (e *Executor) streamWriter(job *jobs.Job) *deltastream.Writer {
+	if e.cfg.Deltas == nil || !deltastream.Requested(job.Request) {
+		return nil
+	}
+	return e.cfg.Deltas.Writer(job.ID, job.EventSeq, job.Attempts)
+}
+
+// resetStream tells the job's event streams that the attempt's deltas are void: a retry starts
+// over. It runs before the retry is recorded, so the reset precedes the next status event.
+func resetStream(ctx context.Context, r callResult) {
+	if r.stream != nil {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		r.stream.Reset(wctx)
+	}
 }
 
 // decide records a failed attempt's consequence: the job is given back on shutdown, fails over,
@@ -117,8 +149,15 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 	case d.Class == retrypolicy.ClassCanceled:
 		// Our own context ended (shutdown): give the job back untouched for the next delivery.
 		if ctx.Err() != nil {
-			if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr}); err != nil {
+			// Shutdown, or a cancel that already ended the job (then nothing is recorded, and
+			// nothing reset: the job is over, not retried). A reset after the retrying event is
+			// still ordered before it by the event streams (see internal/api).
+			applied, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr})
+			if err != nil {
 				return err
+			}
+			if applied {
+				resetStream(ctx, r)
 			}
 			return ctx.Err()
 		}
@@ -131,6 +170,7 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 				return err
 			}
 		}
+		resetStream(ctx, r)
 		if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr, NextCredential: true}); err != nil {
 			return err
 		}
@@ -162,6 +202,7 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusFailed, LastError: lastErr})
 	}
 	a.Delay = &delay
+	resetStream(ctx, r)
 	if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr, NextAttemptAt: &next}); err != nil {
 		return err
 	}

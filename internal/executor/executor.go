@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/jobs"
@@ -72,6 +73,9 @@ type Config struct {
 	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
 	// spent budgets. Default math/rand/v2.
 	Float64 func() float64
+	// Deltas receives the deltas of streaming jobs ("stream": true), for the API's event
+	// streams. Nil: streaming jobs run and store their result, but stream nothing.
+	Deltas *deltastream.Buffer
 }
 
 // Re-check intervals for jobs that may not be sent yet; each gets up to the same again as

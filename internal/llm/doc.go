@@ -1,8 +1,11 @@
 // Package llm sends one LLM request to a provider over plain net/http and returns a typed
 // result. It speaks the Anthropic Messages API and the OpenAI Chat Completions API.
 //
-// The request body is the job's provider-native JSON and is sent verbatim; the response
-// body is returned verbatim. One Send is exactly one HTTP request: there is no retry loop
+// The request body is the job's provider-native JSON and is sent verbatim (a stream to OpenAI
+// gets stream_options.include_usage when it sets none); the response body is returned verbatim,
+// or, for a stream (stream.go), assembled from its events into the message a non-streaming call
+// returns, its deltas handed to SendOptions.OnDelta on the way. One Send is exactly one HTTP
+// request: there is no retry loop
 // here (internal/retrypolicy decides about retries) and no SDK underneath whose own retries
 // could multiply ours.
 //
@@ -13,7 +16,7 @@
 //   - *TransportError: no complete answer arrived (refused, reset, DNS, TLS, a body cut
 //     short, a deadline or a cancellation). errors.Is(err, context.Canceled) and
 //     errors.Is(err, context.DeadlineExceeded) hold when the context ended the call.
-//   - an error wrapping ErrInvalidRequest: the body was refused before anything was sent.
+//   - an error wrapping ErrInvalidRequest: the body (not a JSON object) was refused before anything was sent.
 //   - an error wrapping ErrDecode (or ErrResponseTooLarge): a 2xx answer we cannot use.
 //
 // Provider text is untrusted. Every string this package returns that came from the provider

@@ -59,6 +59,10 @@ type StatusError struct {
 	Latency time.Duration
 	// TimeToFirstByte is the time from sending the request to reading the first body byte.
 	TimeToFirstByte time.Duration
+	// MidStream reports an error event inside a 200 event stream (Anthropic "error", OpenAI a
+	// chunk {"error":...}); StatusCode is then the status the provider gives that error type
+	// before a stream starts (overloaded_error 529, api_error 500, ...; see streamError).
+	MidStream bool
 }
 
 // Error describes the status, the provider's error type and message.

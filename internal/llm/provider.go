@@ -66,8 +66,16 @@ type Provider interface {
 	// One call is one HTTP request; Send never retries. ctx bounds the whole call,
 	// including reading the body; cancelling it aborts the request in flight.
 	//
-	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object or asks for
-	// "stream": true, and nothing is sent; *StatusError for a non-2xx answer;
+	// A body with "stream": true is answered as an event stream: Send reads it to its end,
+	// hands each delta to opts.OnDelta, and returns the message assembled in the shape a
+	// non-streaming call returns (content, stop reason, usage). For OpenAI it adds
+	// "stream_options":{"include_usage":true} when the body sets no stream_options, so that the
+	// usage is known. The API key is masked in each delta's text as in the body (a key split
+	// across two deltas is masked only in the assembled body).
+	//
+	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object, and nothing is
+	// sent; *StatusError for a non-2xx answer, or for an error event inside a stream
+	// (StatusError.MidStream); a stream cut before its end marker is a *TransportError;
 	// *TransportError when no complete answer arrived, wrapping ctx.Err() when the context
 	// ended the call (also while it waited for room in the AnswerBudget, before sending);
 	// ErrDecode or ErrResponseTooLarge (wrapped) for a 2xx answer we cannot use — in that
@@ -86,6 +94,10 @@ type SendOptions struct {
 	// before it has generated anything). The error is a *TransportError whose Timeout() is true
 	// and which matches ErrFirstByteTimeout. Zero: only ctx bounds the call.
 	FirstByteTimeout time.Duration
+	// OnDelta, when set, receives each piece of a streamed answer (a body with "stream": true),
+	// in order, on the calling goroutine, as it is read: it must not block for long, the
+	// provider's stream waits for it. It is never called for a non-streaming answer.
+	OnDelta func(Delta)
 }
 
 // ErrFirstByteTimeout: no response body byte arrived within SendOptions.FirstByteTimeout.
@@ -144,6 +156,8 @@ type dialect interface {
 	rateLimit(h http.Header, received time.Time) RateLimit
 	// usage parses the usage object of a successful body; best effort.
 	usage(raw json.RawMessage) Usage
+	// assembler reads one event stream.
+	assembler() assembler
 }
 
 type client struct {
@@ -261,8 +275,12 @@ func (c *client) Kind() Kind { return c.d.kind() }
 
 // Send implements Provider.
 func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Response, error) {
-	if err := checkRequestBody(body); err != nil {
+	stream, reqTop, err := checkRequestBody(body)
+	if err != nil {
 		return nil, err
+	}
+	if stream && c.d.kind() == KindOpenAI {
+		body = withStreamUsage(body, reqTop)
 	}
 	// Room for the answer is taken before the request goes out, so that waiting for it costs the
 	// provider nothing and counts against no first-byte timeout; enough for any error body.
@@ -290,6 +308,9 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
+	if stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
 	req.Header.Set("User-Agent", "llmq")
 	c.d.setHeaders(req.Header, c.apiKey)
 
@@ -305,6 +326,13 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 	limit := int64(maxErrorBodyBytes)
 	if ok {
 		limit = c.maxBytes
+	}
+	if ok && stream && isEventStream(resp.Header) {
+		out, err := c.finishStream(ctx, resp, limit, hold, firstByte, opts.OnDelta, start, received)
+		if out != nil && out.hold != nil {
+			keepHold = true
+		}
+		return out, err
 	}
 	tr := &ttfbReader{r: resp.Body, now: c.now, firstByte: firstByte}
 	data, cut, readErr := readBody(ctx, tr, limit, resp.ContentLength, hold)
@@ -399,20 +427,16 @@ func (c *client) statusError(status int, header http.Header, data []byte, cut bo
 	}
 }
 
-// checkRequestBody refuses what we must not send: anything but a JSON object, and streaming,
-// whose text/event-stream answer this package does not read.
-func checkRequestBody(body []byte) error {
-	var top map[string]json.RawMessage
+// checkRequestBody refuses what we must not send, anything but a JSON object, and reports
+// whether the body asks for a stream.
+func checkRequestBody(body []byte) (stream bool, top map[string]json.RawMessage, err error) {
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
-		return fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
+		return false, nil, fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
 	}
 	if raw, ok := top["stream"]; ok {
-		var stream bool
-		if json.Unmarshal(raw, &stream) == nil && stream {
-			return fmt.Errorf("%w: \"stream\": true is not supported", ErrInvalidRequest)
-		}
+		_ = json.Unmarshal(raw, &stream) // anything but true is not a stream; the provider judges it
 	}
-	return nil
+	return stream, top, nil
 }
 
 func isJSONObject(data []byte) bool { return startsObject(data) && json.Valid(data) }

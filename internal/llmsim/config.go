@@ -40,6 +40,9 @@ type Config struct {
 	// finish reason "length"), as a real model stops at its limit. 0 (the
 	// default) keeps the reply of the package comment.
 	ReplyTokens int
+	// StreamTokensPerSecond paces streamed answers: one content token (4 bytes of text) per
+	// 1/StreamTokensPerSecond. 0 (the default) sends them as fast as the connection takes them.
+	StreamTokensPerSecond float64
 	// Latency is how long every answer that passed the bucket waits before it
 	// is written. Default 0. The wait ends early if the client goes away.
 	Latency time.Duration
@@ -84,6 +87,8 @@ func (c Config) Validate() error {
 		return errors.New("output_tokens_per_minute: must not be negative")
 	case c.TokenMinute < 0:
 		return errors.New("token_minute: must not be negative")
+	case c.StreamTokensPerSecond < 0:
+		return errors.New("stream_tokens_per_second: must not be negative")
 	case c.ReplyTokens < 0:
 		return errors.New("reply_tokens: must not be negative")
 	}

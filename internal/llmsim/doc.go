@@ -19,8 +19,9 @@
 //
 // A successful answer is deterministic for a given request body: the reply
 // text is "llmsim reply to: " followed by the first 60 characters (runes) of
-// the text of the last message whose role is "user", and the message id is
-// derived from a hash of the request body. Token counts follow one rule:
+// the text of the last message whose role is "user". The message id is new for
+// every answer, as the real APIs give (a hash of the body and the request id).
+// Token counts follow one rule:
 //
 //   - input tokens  = (bytes of the text of every message, plus the Anthropic
 //     "system" text) / 4, at least 1;
@@ -33,6 +34,11 @@
 // rule above still holds; when the request's max_tokens is smaller, the reply
 // is max_tokens tokens with stop_reason "max_tokens" (OpenAI: finish_reason
 // "length"). Without token limits max_tokens is otherwise ignored.
+//
+// A request with a non-empty "tools" array is answered with the text followed by a call of its
+// first tool (Anthropic a tool_use block with id "toolu_…", stop_reason "tool_use"; OpenAI
+// message.tool_calls with id "call_…", finish_reason "tool_calls"), whose input is
+// {"reply": <the reply text>}; the tool input is not counted in the output tokens.
 //
 // Error bodies follow each provider's format: Anthropic
 // {"type":"error","error":{"type":...,"message":...},"request_id":...} and
@@ -90,6 +96,9 @@
 //
 // # Order of checks
 //
+// The Anthropic endpoint takes the key from x-api-key or, failing that,
+// Authorization: Bearer; the OpenAI endpoint from Authorization: Bearer.
+//
 // For every provider request, in order: a missing API key is answered 401
 // (no key, no bucket, no stats per key); the Hang fault holds the request
 // until the client gives up; the spend-cap fault answers 429 without
@@ -104,6 +113,24 @@
 // fail, and only the buckets' own refusals and the spend cap are free. A body
 // that is not a valid request draws nothing from the token buckets.
 // SlowFirstByte applies to every answer written.
+//
+// # Streaming
+//
+// A request with "stream": true that would succeed is answered as Server-Sent Events
+// (text/event-stream) in the provider's format, one content token (4 bytes, never inside a
+// rune) per delta, paced by Config.StreamTokensPerSecond. Anthropic: message_start (usage with
+// the input tokens), content_block_start, ping, content_block_delta (text_delta) per token,
+// content_block_stop, then for a tool call a tool_use block whose input comes in
+// input_json_delta pieces, message_delta (stop_reason, usage.output_tokens), message_stop.
+// OpenAI: data-only chat.completion.chunk events (the role first, a chunk per token, for a tool
+// call a chunk with its id and name and chunks with argument pieces, then one with
+// finish_reason, and with stream_options.include_usage a last chunk with empty choices and the
+// usage), then data: [DONE]. The text, usage and stop reason equal the non-streaming answer's.
+// Errors decided before the stream starts are ordinary JSON answers. The faults
+// Faults.StreamFailNext, StreamFailAfter and StreamFailMode end the next streams after some
+// tokens with the provider's mid-stream error (Anthropic an "error" event with
+// overloaded_error; OpenAI a data chunk {"error":{...,"type":"server_error"}}), a cut
+// connection, or a stall. Token buckets are charged as for the non-streaming answer.
 //
 // # Control endpoints
 //

@@ -52,7 +52,29 @@ type Faults struct {
 	// SlowFirstByte sends the status and headers at once, flushes, waits this
 	// long, then sends the body: it delays time to first body byte only.
 	SlowFirstByte time.Duration
+	// StreamFailNext makes the next StreamFailNext streaming requests that would succeed fail
+	// part-way through their stream, after StreamFailAfter tokens, the way StreamFailMode says;
+	// it counts down by one per such request. Non-streaming requests are not affected.
+	StreamFailNext int
+	// StreamFailAfter is how many content tokens a failing stream sends first. Default 0: the
+	// failure follows the stream's opening events.
+	StreamFailAfter int
+	// StreamFailMode is how a stream fails: [StreamFailError] (the default), [StreamFailCut] or
+	// [StreamFailStall].
+	StreamFailMode string
 }
+
+// The ways a stream fails (Faults.StreamFailMode).
+const (
+	// StreamFailError sends the provider's mid-stream error: Anthropic an "error" event with
+	// overloaded_error, OpenAI a data chunk {"error":{...,"type":"server_error"}}; then the
+	// stream ends.
+	StreamFailError = "error"
+	// StreamFailCut drops the connection without ending the stream.
+	StreamFailCut = "cut"
+	// StreamFailStall stops sending and holds the connection until the client gives up.
+	StreamFailStall = "stall"
+)
 
 func (f Faults) validate() error {
 	switch {
@@ -70,6 +92,12 @@ func (f Faults) validate() error {
 		return errors.New("retry_after: must not be negative")
 	case f.SlowFirstByte < 0:
 		return errors.New("slow_first_byte: must not be negative")
+	case f.StreamFailNext < 0:
+		return errors.New("stream_fail_next: must not be negative")
+	case f.StreamFailAfter < 0:
+		return errors.New("stream_fail_after: must not be negative")
+	case f.StreamFailMode != "" && f.StreamFailMode != StreamFailError && f.StreamFailMode != StreamFailCut && f.StreamFailMode != StreamFailStall:
+		return errors.New("stream_fail_mode: must be error, cut or stall")
 	}
 	return nil
 }
@@ -84,6 +112,9 @@ func (f Faults) resolve(now time.Time) Faults {
 	}
 	if f.BadRequestMarker == "" {
 		f.BadRequestMarker = DefaultBadRequestMarker
+	}
+	if f.StreamFailMode == "" {
+		f.StreamFailMode = StreamFailError
 	}
 	if f.OverloadedFor > 0 {
 		if until := now.Add(f.OverloadedFor); until.After(f.OverloadedUntil) {
@@ -107,6 +138,9 @@ type faultsJSON struct {
 	BadRequestMarker string     `json:"bad_request_marker,omitempty"`
 	Hang             bool       `json:"hang"`
 	SlowFirstByte    string     `json:"slow_first_byte,omitempty"`
+	StreamFailNext   int        `json:"stream_fail_next,omitempty"`
+	StreamFailAfter  int        `json:"stream_fail_after,omitempty"`
+	StreamFailMode   string     `json:"stream_fail_mode,omitempty"`
 }
 
 // MarshalJSON encodes f in the snake_case wire form.
@@ -122,6 +156,9 @@ func (f Faults) MarshalJSON() ([]byte, error) {
 		OverloadedFor:    durationString(f.OverloadedFor),
 		RetryAfter:       durationString(f.RetryAfter),
 		SlowFirstByte:    durationString(f.SlowFirstByte),
+		StreamFailNext:   f.StreamFailNext,
+		StreamFailAfter:  f.StreamFailAfter,
+		StreamFailMode:   f.StreamFailMode,
 	}
 	if !f.OverloadedUntil.IsZero() {
 		t := f.OverloadedUntil.UTC()
@@ -145,6 +182,9 @@ func (f *Faults) UnmarshalJSON(data []byte) error {
 		FailNextStatus:   w.FailNextStatus,
 		BadRequestMarker: w.BadRequestMarker,
 		Hang:             w.Hang,
+		StreamFailNext:   w.StreamFailNext,
+		StreamFailAfter:  w.StreamFailAfter,
+		StreamFailMode:   w.StreamFailMode,
 	}
 	if w.OverloadedUntil != nil {
 		out.OverloadedUntil = *w.OverloadedUntil

@@ -34,6 +34,34 @@ type reply struct {
 	outputTokens int
 	maxedOut     bool // stopped at max_tokens
 	created      time.Time
+	// tool, when set, is a call of the request's first tool that follows the text.
+	tool *toolCall
+}
+
+// toolCall is a reply's call of a tool: input is its JSON arguments, {"reply": <the text>}.
+type toolCall struct {
+	id, name, input string
+}
+
+// stopReason is the reply's Anthropic stop reason (OpenAI: finishReason).
+func (r reply) stopReason() string {
+	switch {
+	case r.maxedOut:
+		return "max_tokens"
+	case r.tool != nil:
+		return "tool_use"
+	}
+	return "end_turn"
+}
+
+func (r reply) finishReason() string {
+	switch {
+	case r.maxedOut:
+		return "length"
+	case r.tool != nil:
+		return "tool_calls"
+	}
+	return "stop"
 }
 
 // provider renders one API's dialect.
@@ -43,10 +71,14 @@ type provider interface {
 	// checkHeaders returns a 400 message for missing required headers, or "".
 	checkHeaders(r *http.Request) string
 	idPrefix() string
+	// toolIDPrefix starts a tool call's id.
+	toolIDPrefix() string
 	// overloadStatus is the status of the overload fault.
 	overloadStatus() int
 	errorBody(e apiError, requestID string) []byte
 	successBody(r reply) []byte
+	// streamer renders a successful answer as the provider's event stream.
+	streamer() streamer
 	setHeaders(h http.Header, requestID string, st *bucketState, now time.Time)
 	// combinedTokens reports whether the endpoint has one token bucket for
 	// input and output (OpenAI) rather than one of each (Anthropic).
@@ -58,12 +90,20 @@ type provider interface {
 // anthropic speaks the Messages API.
 type anthropic struct{}
 
-func (anthropic) name() string     { return "anthropic" }
-func (anthropic) idPrefix() string { return "msg_" }
+func (anthropic) name() string         { return "anthropic" }
+func (anthropic) idPrefix() string     { return "msg_" }
+func (anthropic) toolIDPrefix() string { return "toolu_" }
 
 func (anthropic) overloadStatus() int { return 529 }
 
-func (anthropic) apiKey(r *http.Request) string { return r.Header.Get("x-api-key") }
+// apiKey reads x-api-key, else Authorization: Bearer (the SDKs send the latter with an auth
+// token rather than an API key; llmsim does not tell them apart).
+func (anthropic) apiKey(r *http.Request) string {
+	if k := r.Header.Get("x-api-key"); k != "" {
+		return k
+	}
+	return bearer(r)
+}
 
 func (anthropic) checkHeaders(r *http.Request) string {
 	if r.Header.Get("anthropic-version") == "" {
@@ -151,19 +191,24 @@ func (anthropic) successBody(r reply) []byte {
 		InputTokens  int `json:"input_tokens"`
 		OutputTokens int `json:"output_tokens"`
 	}
+	content := []any{text{Type: "text", Text: r.text}}
+	if r.tool != nil {
+		content = append(content, map[string]any{"type": "tool_use", "id": r.tool.id, "name": r.tool.name,
+			"input": json.RawMessage(r.tool.input)})
+	}
 	return mustJSON(struct {
 		ID           string  `json:"id"`
 		Type         string  `json:"type"`
 		Role         string  `json:"role"`
 		Model        string  `json:"model"`
-		Content      []text  `json:"content"`
+		Content      []any   `json:"content"`
 		StopReason   string  `json:"stop_reason"`
 		StopSequence *string `json:"stop_sequence"`
 		Usage        usage   `json:"usage"`
 	}{
 		ID: r.id, Type: "message", Role: "assistant", Model: r.model,
-		Content:    []text{{Type: "text", Text: r.text}},
-		StopReason: cond(r.maxedOut, "max_tokens", "end_turn"),
+		Content:    content,
+		StopReason: r.stopReason(),
 		Usage:      usage{InputTokens: r.inputTokens, OutputTokens: r.outputTokens},
 	})
 }
@@ -221,12 +266,16 @@ func formatAnthropicReset(t time.Time) string {
 // openAI speaks the Chat Completions API.
 type openAI struct{}
 
-func (openAI) name() string     { return "openai" }
-func (openAI) idPrefix() string { return "chatcmpl-" }
+func (openAI) name() string         { return "openai" }
+func (openAI) idPrefix() string     { return "chatcmpl-" }
+func (openAI) toolIDPrefix() string { return "call_" }
 
 func (openAI) overloadStatus() int { return http.StatusServiceUnavailable }
 
-func (openAI) apiKey(r *http.Request) string {
+func (openAI) apiKey(r *http.Request) string { return bearer(r) }
+
+// bearer is the token of an Authorization: Bearer header; "" without one.
+func bearer(r *http.Request) string {
 	v := r.Header.Get("Authorization")
 	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
 		return strings.TrimSpace(v[7:])
@@ -278,9 +327,10 @@ func (openAI) errorBody(e apiError, _ string) []byte {
 
 func (openAI) successBody(r reply) []byte {
 	type message struct {
-		Role    string  `json:"role"`
-		Content string  `json:"content"`
-		Refusal *string `json:"refusal"`
+		Role      string  `json:"role"`
+		Content   string  `json:"content"`
+		Refusal   *string `json:"refusal"`
+		ToolCalls []any   `json:"tool_calls,omitempty"`
 	}
 	type choice struct {
 		Index        int             `json:"index"`
@@ -303,9 +353,9 @@ func (openAI) successBody(r reply) []byte {
 	}{
 		ID: r.id, Object: "chat.completion", Created: r.created.Unix(), Model: r.model,
 		Choices: []choice{{
-			Message:      message{Role: "assistant", Content: r.text},
+			Message:      message{Role: "assistant", Content: r.text, ToolCalls: openAIToolCalls(r.tool)},
 			Logprobs:     json.RawMessage("null"),
-			FinishReason: cond(r.maxedOut, "length", "stop"),
+			FinishReason: r.finishReason(),
 		}},
 		Usage: usage{
 			PromptTokens:     r.inputTokens,
@@ -313,6 +363,15 @@ func (openAI) successBody(r reply) []byte {
 			TotalTokens:      r.inputTokens + r.outputTokens,
 		},
 	})
+}
+
+// openAIToolCalls renders a tool call as a message's tool_calls; nil without one.
+func openAIToolCalls(t *toolCall) []any {
+	if t == nil {
+		return nil
+	}
+	return []any{map[string]any{"id": t.id, "type": "function",
+		"function": map[string]string{"name": t.name, "arguments": t.input}}}
 }
 
 func (openAI) setHeaders(h http.Header, requestID string, st *bucketState, _ time.Time) {

@@ -22,6 +22,11 @@ type chatRequest struct {
 	lastUserText  string
 	textBytes     int // bytes of all message text plus the Anthropic system text
 	streamRequest bool
+	// includeUsage is OpenAI's stream_options.include_usage: a last chunk carries the usage.
+	includeUsage bool
+	// toolName is the name of the request's first tool (Anthropic name, OpenAI function.name);
+	// "" without tools.
+	toolName string
 	// maxTokens is max_completion_tokens (OpenAI) or else max_tokens; 0 when
 	// absent or invalid.
 	maxTokens int64
@@ -38,7 +43,11 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		Model    json.RawMessage `json:"model"`
 		Messages json.RawMessage `json:"messages"`
 		Stream   json.RawMessage `json:"stream"`
-		System   json.RawMessage `json:"system"`
+		Options  *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+		Tools  json.RawMessage `json:"tools"`
+		System json.RawMessage `json:"system"`
 
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
@@ -54,10 +63,9 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		if err := json.Unmarshal(raw.Stream, &req.streamRequest); err != nil {
 			return chatRequest{}, errors.New("stream: must be a boolean")
 		}
-		if req.streamRequest {
-			return chatRequest{}, errors.New("stream: streaming is not supported by llmsim")
-		}
 	}
+	req.includeUsage = raw.Options != nil && raw.Options.IncludeUsage
+	req.toolName = firstToolName(raw.Tools)
 	var messages []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
@@ -87,6 +95,24 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 	}
 	req.maxTokens, req.maxTokensErr = parseMaxTokens(raw.MaxTokens, raw.MaxCompletionTokens)
 	return req, nil
+}
+
+// firstToolName is the name of the first tool of a tools array, in either API's form; "" when
+// there is none.
+func firstToolName(raw json.RawMessage) string {
+	var tools []struct {
+		Name     string `json:"name"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if isNull(raw) || json.Unmarshal(raw, &tools) != nil || len(tools) == 0 {
+		return ""
+	}
+	if tools[0].Name != "" {
+		return tools[0].Name
+	}
+	return tools[0].Function.Name
 }
 
 // parseMaxTokens reads max_completion_tokens if present, else max_tokens:

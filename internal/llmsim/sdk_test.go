@@ -69,6 +69,18 @@ func TestSDK_Anthropic(t *testing.T) {
 		require.Equal(t, int64(8), msg.Usage.OutputTokens)
 	})
 
+	t.Run("AuthTokenAndNewIDs", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		c := anthropic.NewClient(aoption.WithBaseURL(b.ts.URL), aoption.WithHTTPClient(b.ts.Client()),
+			aoption.WithAuthToken("sk-ant-token"), aoption.WithMaxRetries(0))
+		first, err := c.Messages.New(t.Context(), anthropicHello)
+		require.NoError(t, err, "Authorization: Bearer is a key too")
+		again, err := c.Messages.New(t.Context(), anthropicHello)
+		require.NoError(t, err)
+		require.NotEqual(t, first.ID, again.ID, "every call gets a new message id, as from the real API")
+	})
+
 	t.Run("RateLimited", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, llmsim.Config{Capacity: 1, RefillPerSecond: 0.5})

@@ -132,6 +132,8 @@ type answer struct {
 	header http.Header
 	body   []byte
 	slow   time.Duration
+	// stream, when set, is sent as an event stream instead of body.
+	stream *streamAnswer
 }
 
 func (s *Server) serveChat(p provider) http.HandlerFunc {
@@ -267,22 +269,49 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 		}
 		text = padReply(text, n)
 	}
-	sum := sha256.Sum256(body)
+	// A new id for every answer, as the real APIs give: the body and this request's id.
+	sum := sha256.Sum256(append(append([]byte(requestID), 0), body...))
 	output := tokens(len(text))
-	return answer{
-		status: http.StatusOK,
-		keyID:  keyID,
-		header: h,
-		body: p.successBody(reply{
-			id:           p.idPrefix() + hex.EncodeToString(sum[:12]),
-			model:        req.model,
-			text:         text,
-			inputTokens:  tokens(req.textBytes),
-			outputTokens: output,
-			maxedOut:     maxedOut,
-			created:      s.cfg.Now(),
-		}),
-	}, output
+	rep := reply{
+		id:           p.idPrefix() + hex.EncodeToString(sum[:12]),
+		model:        req.model,
+		text:         text,
+		inputTokens:  tokens(req.textBytes),
+		outputTokens: output,
+		maxedOut:     maxedOut,
+		created:      s.cfg.Now(),
+	}
+	if req.toolName != "" {
+		rep.tool = &toolCall{id: p.toolIDPrefix() + hex.EncodeToString(sum[12:24]), name: req.toolName,
+			input: string(mustJSON(map[string]string{"reply": text}))}
+	}
+	a := answer{status: http.StatusOK, keyID: keyID, header: h}
+	if req.streamRequest {
+		a.stream = &streamAnswer{p: p, r: rep, includeUsage: req.includeUsage, interval: s.tokenInterval(), fail: s.streamFault()}
+	} else {
+		a.body = p.successBody(rep)
+	}
+	return a, output
+}
+
+// tokenInterval is the wait between streamed content tokens.
+func (s *Server) tokenInterval() time.Duration {
+	if s.cfg.StreamTokensPerSecond <= 0 {
+		return 0
+	}
+	return time.Duration(float64(time.Second) / s.cfg.StreamTokensPerSecond)
+}
+
+// streamFault takes one count of Faults.StreamFailNext, if any is left.
+func (s *Server) streamFault() *streamFault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := &s.faults
+	if f.StreamFailNext <= 0 {
+		return nil
+	}
+	f.StreamFailNext--
+	return &streamFault{after: f.StreamFailAfter, mode: f.StreamFailMode}
 }
 
 // injectedStatus applies the overload window, then FailNext, then ErrorRate.
@@ -476,6 +505,10 @@ func errorAnswer(p provider, h http.Header, requestID, keyID string, e apiError)
 // writeAnswer sends a; with a.slow it sends the headers, flushes and waits
 // before the body. Write errors mean the client left; there is no one to tell.
 func writeAnswer(ctx context.Context, w http.ResponseWriter, a answer) {
+	if a.stream != nil {
+		writeStream(ctx, w, a)
+		return
+	}
 	h := w.Header()
 	for k, v := range a.header {
 		h[k] = v

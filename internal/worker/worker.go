@@ -20,6 +20,7 @@ import (
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/executor"
@@ -163,6 +164,9 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	w.executor = executor.New(executor.Config{
 		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: metrics, Alerter: alerter,
 		Estimator: est,
+		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
+		// per job, so tests stay apart by job ID.
+		Deltas: deltastream.New(deltastream.Config{Redis: rdb, Logger: opts.Logger}),
 	})
 	w.client = asynq.NewClient(redisOpt)
 	w.insp = asynq.NewInspector(redisOpt)

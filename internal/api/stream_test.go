@@ -1,0 +1,87 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/deltastream"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// createStreaming stores a job whose request asks for a stream.
+func (b *testBundle) createStreaming(t *testing.T) *jobs.Job {
+	t.Helper()
+	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{
+		Tenant: "default", Credential: "default", Fingerprint: "fp",
+		Request: json.RawMessage(`{"model":"m","stream":true}`), MaxAttempts: 5, Timeout: time.Minute,
+	})
+	require.NoError(t, err)
+	return job
+}
+
+// streamAttempt begins an attempt and writes its deltas as the worker does, the i-th text in
+// content block i (so that each is an entry of its own).
+func (b *testBundle) streamAttempt(t *testing.T, id string, texts ...string) *jobs.Job {
+	t.Helper()
+	job, err := b.store.BeginAttempt(context.Background(), id)
+	require.NoError(t, err)
+	w := b.deltas.Writer(id, job.EventSeq, job.Attempts)
+	for i, text := range texts {
+		w.Add(deltastream.Delta{Type: "text", Index: i, Text: text})
+	}
+	w.Close(t.Context())
+	return job
+}
+
+// nextFrames reads the next n events.
+func nextFrames(t *testing.T, s *stream, n int) []sseFrame {
+	t.Helper()
+	out := make([]sseFrame, n)
+	for i := range out {
+		out[i] = s.nextEvent(t)
+	}
+	return out
+}
+
+// TestEvents_StreamingJob proves that a streaming job's stream interleaves its deltas with its
+// status events as they happen (the keep-alive is 15s away: the hub's wake-up delivers them),
+// with ids seq.n; and that when an attempt that streamed is followed by a new attempt with no
+// reset entry between (a worker killed mid-stream), the stream sends the reset itself.
+func TestEvents_StreamingJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{deltas: true})
+	job := b.createStreaming(t)
+	s := openStream(t, b.url, job.ID, "")
+	require.Equal(t, []string{"queued/1"}, names(nextFrames(t, s, 1)))
+
+	// Attempt 1 streams two pieces, then its
+	// worker dies: the lease runs out and attempt 2 begins, with no reset entry.
+	b.streamAttempt(t, job.ID, "Hel", "lo")
+	got := nextFrames(t, s, 3)
+	require.Equal(t, []string{"running/2", "delta/2.1", "delta/2.2"}, names(got))
+	require.JSONEq(t, `{"attempt":1,"offset":3,"type":"text","index":1,"text":"lo"}`, got[2].data)
+	_, err := b.pool.Exec(context.Background(), `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, job.ID)
+	require.NoError(t, err)
+	b.streamAttempt(t, job.ID, "Hi!")
+	got = nextFrames(t, s, 3)
+	require.Equal(t, []string{"reset/2.3", "running/3", "delta/3.1"}, names(got))
+	require.JSONEq(t, `{"attempt":1}`, got[0].data)
+	require.JSONEq(t, `{"attempt":2,"offset":0,"type":"text","index":0,"text":"Hi!"}`, got[2].data)
+
+	applied, err := b.store.Finish(context.Background(), job.ID, &jobs.Attempt{Number: 2, Credential: "default",
+		StartedAt: time.Now(), Class: "ok"}, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{"text":"Hi!"}`)})
+	require.NoError(t, err)
+	require.True(t, applied)
+	rest := s.rest(t)
+	require.Equal(t, []string{"succeeded/4"}, names(rest))
+	require.Equal(t, map[string]any{"text": "Hi!"}, jobData(t, rest[0])["result"])
+
+	// Resumes: inside attempt 1, and between attempt 2's running event and its delta.
+	require.Equal(t, []string{"delta/2.2", "reset/2.3", "running/3", "delta/3.1", "succeeded/4"},
+		names(openStream(t, b.url, job.ID, "2.1").rest(t)))
+	require.Equal(t, []string{"delta/3.1", "succeeded/4"}, names(openStream(t, b.url, job.ID, "3").rest(t)))
+}

@@ -1,0 +1,28 @@
+// Package deltastream carries the deltas of streaming jobs from the worker that calls the
+// provider to every API replica that holds a client's event stream, through Redis, never through
+// Postgres: Postgres gets the one assembled result, as for any job.
+//
+// Each job has one Redis Stream, its buffer, at key <prefix>{<job id>}:deltas (the job ID is the
+// hash tag, so the key has a slot of its own on Redis Cluster and every command touches one key).
+// Its entries, in order:
+//
+//   - delta: a piece of an attempt's output: data {"attempt","offset","type","index","text"} and,
+//     for a tool call's first piece, "tool_id" and "tool_name"; offset is the byte offset of text
+//     within everything that attempt streamed (all types together);
+//   - reset: the attempt streamed, failed, and a retry will start over: data {"attempt"}.
+//
+// Every entry carries its position: seq, the job's event sequence number of the attempt's
+// "running" event, and n, 1, 2, ... within that attempt. (seq, n) orders entries among the job's
+// status events, status event seq being (seq, 0), and is the SSE event id "seq.n".
+//
+// The buffer is bounded and expires: every write trims it to about Config.MaxLen entries
+// (XADD MAXLEN ~) and sets its TTL (Config.TTL), so that a late or resuming client can catch up
+// while nothing is kept for long. A client later than that misses what was trimmed; the
+// terminal event still carries the whole result.
+//
+// A Writer batches: Add never blocks the provider's stream; one goroutine writes what has
+// accumulated, consecutive pieces of one block merged into one entry, in one pipelined round
+// trip (XADD..., EXPIRE, PUBLISH), so a fast stream costs far fewer round trips than tokens.
+// The PUBLISH on channel <prefix>{<job id>}:deltas wakes the API replicas that follow the job
+// (Hub: one pub/sub connection per process), which then read the buffer with XRANGE.
+package deltastream

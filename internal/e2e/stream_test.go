@@ -1,0 +1,304 @@
+package e2e_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// followJS follows EVENTS_URL with the npm eventsource package and prints one JSON line per
+// event, status, delta and reset alike, then "closed" when the stream has ended for good.
+const followJS = `
+import { EventSource } from 'eventsource'
+const es = new EventSource(process.env.EVENTS_URL)
+const terminal = ['succeeded', 'failed', 'dead', 'canceled']
+for (const name of ['queued', 'running', 'retrying', 'delta', 'reset', ...terminal])
+  es.addEventListener(name, (e) => {
+    console.log(JSON.stringify({ name, id: e.lastEventId, data: JSON.parse(e.data) }))
+    if (terminal.includes(name)) { es.close(); console.log('"closed"') }
+  })
+`
+
+// jsEvent is one line printed by followJS.
+type jsEvent struct {
+	Name string         `json:"name"`
+	ID   string         `json:"id"`
+	Data map[string]any `json:"data"`
+}
+
+// followWithEventSource starts followJS on url and returns its events as they come; the channel
+// closes when the program printed "closed" or ended. The program is killed at the test's end.
+func followWithEventSource(t *testing.T, url string) <-chan jsEvent {
+	t.Helper()
+	script, err := filepath.Abs(filepath.Join(repoRoot, "scripts", "js.sh"))
+	require.NoError(t, err)
+	runJS(t, 5*time.Minute, nil, script) // npm ci when stale
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	cmd := exec.CommandContext(ctx, "node", "--input-type=module", "--eval", followJS)
+	cmd.Dir, cmd.Env = filepath.Join(repoRoot, "test", "js"), append(os.Environ(), "EVENTS_URL="+url)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	events := make(chan jsEvent, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(events)
+		lines := bufio.NewScanner(out)
+		lines.Buffer(make([]byte, 64<<10), 1<<20)
+		for lines.Scan() {
+			if lines.Text() == `"closed"` {
+				return
+			}
+			var ev jsEvent
+			if json.Unmarshal(lines.Bytes(), &ev) == nil {
+				events <- ev
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = cmd.Wait()
+	})
+	return events
+}
+
+// next returns the next event, failing the test after 30s or when the stream ended.
+func nextJS(t *testing.T, events <-chan jsEvent) jsEvent {
+	t.Helper()
+	select {
+	case ev, ok := <-events:
+		require.True(t, ok, "the EventSource stream ended early")
+		return ev
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event from the EventSource within 30s")
+	}
+	return jsEvent{}
+}
+
+// TestStream_DeltasResetRetryAndResume submits a streaming job whose first attempt fails part
+// way (an overloaded_error event after 5 tokens) and follows it with the npm eventsource
+// package: the client sees the first attempt's deltas, a reset, the retry's deltas and the
+// terminal event with the stored result, which is the retry's message alone. Then a client
+// resuming with Last-Event-ID inside an attempt gets exactly the events after it.
+func TestStream_DeltasResetRetryAndResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noWorker: true, sim: llmsim.Config{ReplyTokens: 30, StreamTokensPerSecond: 1000,
+		Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 5}}})
+	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Stream to me"}]}}`)
+	t.Cleanup(func() { // the delta buffer expires by itself; leave nothing behind meanwhile
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
+	})
+	job := b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)
+	events := followWithEventSource(t, b.apiURL+job.body["events_url"].(string))
+	require.Equal(t, "queued", nextJS(t, events).Name, "the client follows the job before it runs")
+	b.startWorker(t)
+
+	var got []jsEvent
+	for {
+		ev := nextJS(t, events)
+		got = append(got, ev)
+		if ev.Name == "succeeded" {
+			break
+		}
+	}
+	// queued 1, running 2, deltas 2.1..., reset, retrying 3, running 4, deltas 4.1..., succeeded 5.
+	var shape []string
+	texts := map[string]string{} // by attempt running event
+	for i, ev := range got {
+		if ev.Name != "delta" || got[i-1].Name != "delta" {
+			shape = append(shape, ev.Name)
+		}
+		if ev.Name == "delta" {
+			seq, n, ok := strings.Cut(ev.ID, ".")
+			require.True(t, ok, "a delta's id is seq.n: %q", ev.ID)
+			require.Equal(t, float64(len(texts[seq])), ev.Data["offset"], "offsets follow each other: no gap, no duplicate")
+			texts[seq] += ev.Data["text"].(string)
+			require.NotEmpty(t, n)
+		}
+	}
+	require.Equal(t, []string{"running", "delta", "reset", "retrying", "running", "delta", "succeeded"}, shape)
+	requireIncreasingIDs(t, got)
+	require.Equal(t, "2."+strconv.Itoa(countNamed(got, "delta", "2.")+1), got[indexOf(got, "reset")].ID, "the reset closes attempt 1")
+
+	result := got[len(got)-1].Data["result"].(map[string]any)
+	text := result["content"].([]any)[0].(map[string]any)["text"].(string)
+	require.Equal(t, text, texts["4"], "the retry's deltas add up to the stored result")
+	require.Equal(t, text[:20], texts["2"], "attempt 1 streamed 5 tokens before it failed")
+	stored := b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil).body
+	require.Equal(t, result, stored["result"], "the terminal event carries the stored result")
+	require.Equal(t, float64(2), stored["attempts"])
+	require.Equal(t, "end_turn", result["stop_reason"])
+
+	// Resume inside the second attempt, after its second delta: exactly the rest follows.
+	at := indexOfID(got, "4.2")
+	require.Positive(t, at, "attempt 2 sent at least 2 deltas")
+	rest := openEvents(t, b.apiURL, id, "4.2").rest(t)
+	require.Equal(t, idsOf(got[at+1:]), eventNames(rest))
+	// And inside the first: the rest of it, its reset, the retry, to the end.
+	rest = openEvents(t, b.apiURL, id, "2.1").rest(t)
+	require.Equal(t, idsOf(got[indexOfID(got, "2.1")+1:]), eventNames(rest))
+	// After the terminal event: nothing more.
+	req, err := http.NewRequestWithContext(b.ctx, http.MethodGet, b.apiURL+"/v1/jobs/"+id+"/events", nil)
+	require.NoError(t, err)
+	req.Header.Set("Last-Event-ID", "5")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+}
+
+func requireIncreasingIDs(t *testing.T, evs []jsEvent) {
+	t.Helper()
+	prev := [2]int{}
+	for _, ev := range evs {
+		seqText, nText, _ := strings.Cut(ev.ID, ".")
+		seq, err := strconv.Atoi(seqText)
+		require.NoError(t, err)
+		n := 0
+		if nText != "" {
+			n, err = strconv.Atoi(nText)
+			require.NoError(t, err)
+		}
+		cur := [2]int{seq, n}
+		require.True(t, cur[0] > prev[0] || cur[0] == prev[0] && cur[1] > prev[1], "ids increase: %v after %v", cur, prev)
+		prev = cur
+	}
+}
+
+func countNamed(evs []jsEvent, name, idPrefix string) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.Name == name && strings.HasPrefix(ev.ID, idPrefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func indexOf(evs []jsEvent, name string) int {
+	for i, ev := range evs {
+		if ev.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func indexOfID(evs []jsEvent, id string) int {
+	for i, ev := range evs {
+		if ev.ID == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func idsOf(evs []jsEvent) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = fmt.Sprintf("%s/%s", ev.Name, ev.ID)
+	}
+	return out
+}
+
+// TestStream_CancelStopsTheStreamingCall proves that DELETE stops a streaming call at once:
+// the provider's stream (100 tokens at 5 per second) is abandoned after its first deltas, the
+// job ends canceled without a result, and the client's stream ends with the canceled event.
+func TestStream_CancelStopsTheStreamingCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{sim: llmsim.Config{ReplyTokens: 100, StreamTokensPerSecond: 5}})
+	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"slowly"}]}}`)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
+	})
+	s := openEvents(t, b.apiURL, id, "0")
+	var seen []sseEvent
+	for {
+		ev, ok := s.next(t)
+		require.True(t, ok)
+		seen = append(seen, ev)
+		if ev.name == "delta" {
+			break
+		}
+	}
+	start := time.Now()
+	r := b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)
+	require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
+	require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 0 }, 5*time.Second, time.Millisecond,
+		"the provider's stream is abandoned")
+	require.Less(t, time.Since(start), 5*time.Second, "at once, not after the 20 s the stream would take")
+
+	rest := s.rest(t)
+	last := rest[len(rest)-1]
+	require.Equal(t, "canceled", last.name)
+	require.Nil(t, last.job["result"])
+	require.Equal(t, 0, count(rest, "reset"), "a canceled job is not retried: nothing to reset")
+	require.Equal(t, "canceled", b.waitTerminal(t, id)["status"])
+}
+
+// TestStream_TwoReplicasGetEveryDelta proves that deltas reach whichever API replica holds a
+// client's stream, in order and whole, on Redis and on Redis Cluster: two replicas follow one
+// streaming job (20 tokens at 200 per second, so the streams are open while it streams) and
+// both see the same events, whose deltas add up to the stored result.
+func TestStream_TwoReplicasGetEveryDelta(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"Redis": redistest.URL(), "Cluster": redistest.ClusterURL()} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{noWorker: true, redisURL: url, sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 200}})
+			other := b.replica(t)
+			id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"to both"}]}}`)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				redistest.Unlink(ctx, redistest.ClientOf(t, url), "llmq:{"+id+"}:deltas")
+			})
+			sa, sb := openEvents(t, b.apiURL, id, ""), openEvents(t, other, id, "")
+			for _, s := range []*eventStream{sa, sb} {
+				ev, ok := s.next(t)
+				require.True(t, ok)
+				require.Equal(t, "queued", ev.name)
+			}
+			b.startWorker(t)
+			restA, restB := sa.rest(t), sb.rest(t)
+			require.Equal(t, eventNames(restA), eventNames(restB))
+			var text string
+			for _, ev := range restA {
+				if ev.name == "delta" {
+					require.Equal(t, float64(len(text)), ev.job["offset"])
+					text += ev.job["text"].(string)
+				}
+			}
+			last := restA[len(restA)-1]
+			require.Equal(t, "succeeded", last.name)
+			require.Positive(t, count(restA, "delta"))
+			result := last.job["result"].(map[string]any)
+			require.Equal(t, result["content"].([]any)[0].(map[string]any)["text"], text)
+		})
+	}
+}

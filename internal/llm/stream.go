@@ -1,0 +1,275 @@
+package llm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"time"
+)
+
+// The kinds of Delta.
+const (
+	// DeltaText is answer text: Anthropic text_delta, OpenAI delta.content.
+	DeltaText = "text"
+	// DeltaInputJSON is a piece of a tool call's JSON input: Anthropic input_json_delta, OpenAI
+	// delta.tool_calls[].function.arguments.
+	DeltaInputJSON = "input_json"
+	// DeltaThinking is Anthropic extended thinking (thinking_delta).
+	DeltaThinking = "thinking"
+	// DeltaRefusal is an OpenAI refusal (delta.refusal).
+	DeltaRefusal = "refusal"
+)
+
+// Delta is one piece of a streamed answer, as the provider sent it (the API key masked).
+type Delta struct {
+	// Type is DeltaText, DeltaInputJSON, DeltaThinking or DeltaRefusal.
+	Type string `json:"type"`
+	// Index is the Anthropic content block index, or the OpenAI choice index.
+	Index int `json:"index"`
+	// ToolIndex is the OpenAI tool call index within the choice (DeltaInputJSON only).
+	ToolIndex int `json:"tool_index,omitempty"`
+	// ToolID and ToolName are set on the first delta of a tool call (DeltaInputJSON), which may
+	// carry no Text.
+	ToolID   string `json:"tool_id,omitempty"`
+	ToolName string `json:"tool_name,omitempty"`
+	// Text is the text added.
+	Text string `json:"text"`
+}
+
+// maxEventBytes bounds one server-sent event's line: far above any provider event.
+const maxEventBytes = 1 << 20
+
+// errStreamIncomplete: the event stream ended before the provider's end marker (Anthropic
+// message_stop, OpenAI data: [DONE]): the connection was cut.
+var errStreamIncomplete = errors.New("event stream ended before the answer was complete")
+
+// assembler turns a provider's events into deltas and, at the end, the message a
+// non-streaming call would have returned.
+type assembler interface {
+	// event takes one server-sent event (its name, "" when none, and data); it reports done at
+	// the provider's end marker and returns a *StatusError for a mid-stream error event.
+	event(name string, data []byte, emit func(Delta)) (done bool, err error)
+	// message returns the assembled body and its usage object.
+	message() (body []byte, usage json.RawMessage, err error)
+}
+
+// isEventStream reports whether h announces text/event-stream.
+func isEventStream(h http.Header) bool {
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	return err == nil && mt == "text/event-stream"
+}
+
+// withStreamUsage asks OpenAI for the usage of a stream (stream_options.include_usage) when the
+// body does not say: the token limiter needs it. Anything the client set is kept.
+func withStreamUsage(body []byte, top map[string]json.RawMessage) []byte {
+	if _, ok := top["stream_options"]; ok {
+		return body
+	}
+	i := bytes.IndexByte(body, '{')
+	out := make([]byte, 0, len(body)+40)
+	out = append(out, body[:i+1]...)
+	out = append(out, `"stream_options":{"include_usage":true},`...)
+	return append(out, body[i+1:]...)
+}
+
+// streamRead is what reading a stream came to.
+type streamRead struct {
+	body    []byte
+	usage   json.RawMessage
+	first   time.Time // the first delta (or the end, when none came)
+	readErr error     // the transport failed (or the stream was cut)
+	err     error     // a mid-stream error event (*StatusError) or a stream we cannot use
+}
+
+// readStream reads an event stream to its end marker, emitting deltas with their text masked,
+// and assembles the message. firstByte, when set, is stopped by the first delta: generation has
+// started. The bytes read count against limit and hold.
+func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, limit int64, hold *answerHold,
+	firstByte *time.Timer, onDelta func(Delta)) streamRead {
+	var out streamRead
+	emit := func(d Delta) {
+		if out.first.IsZero() {
+			out.first = c.now()
+			if firstByte != nil {
+				firstByte.Stop()
+			}
+		}
+		if onDelta != nil {
+			d.Text = c.maskString(d.Text)
+			onDelta(d)
+		}
+	}
+	br := bufio.NewReaderSize(r, 16<<10)
+	var name string
+	var data []byte
+	var read int64
+	for {
+		line, err := readLine(br)
+		read += int64(len(line)) + 1
+		if read > limit {
+			out.err = fmt.Errorf("llm: read response stream: %w (limit %d bytes)", ErrResponseTooLarge, limit)
+			return out
+		}
+		if gerr := hold.grow(ctx, max(read-hold.size(), 0)); gerr != nil {
+			out.readErr = gerr
+			return out
+		}
+		if errors.Is(err, io.EOF) && data != nil {
+			// The last event lacks its blank line: it is complete all the same.
+			line, err = nil, nil
+		}
+		if err != nil {
+			out.readErr = err
+			if errors.Is(err, io.EOF) {
+				out.readErr = errStreamIncomplete
+			}
+			return out
+		}
+		switch {
+		case len(line) == 0: // the event is complete
+			if data == nil {
+				name = ""
+				continue
+			}
+			done, everr := asm.event(name, data, emit)
+			name, data = "", nil
+			if everr != nil {
+				out.err = everr
+				return out
+			}
+			if done {
+				out.body, out.usage, out.err = asm.message()
+				if out.first.IsZero() {
+					out.first = c.now()
+				}
+				return out
+			}
+		case line[0] == ':': // a comment
+		default:
+			field, value, _ := bytes.Cut(line, []byte(":"))
+			value = bytes.TrimPrefix(value, []byte(" "))
+			switch string(field) {
+			case "event":
+				name = string(value)
+			case "data":
+				if data != nil {
+					data = append(data, '\n')
+				}
+				data = append(data, value...)
+			}
+		}
+	}
+}
+
+// readLine reads one line without its end (LF or CRLF), at most maxEventBytes.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		part, isPrefix, err := br.ReadLine()
+		if err != nil {
+			return nil, err
+		}
+		line = append(line, part...)
+		if len(line) > maxEventBytes {
+			return nil, fmt.Errorf("server-sent event line longer than %d bytes", maxEventBytes)
+		}
+		if !isPrefix {
+			return line, nil
+		}
+	}
+}
+
+// maskString masks the API key in s byte for byte (see redactor.maskBytes).
+func (c *client) maskString(s string) string {
+	b := []byte(s)
+	c.red.maskBytes(b)
+	return string(b)
+}
+
+// streamError is the *StatusError of a mid-stream error event: the HTTP status was 200, so the
+// status is the one the provider gives that error type before a stream starts. A rate limit
+// signalled mid-stream carries no Retry-After; it is reported as 503 (retry with backoff), not
+// as a 429 that would read as a spend cap.
+func (c *client) streamError(typ, code, msg string, header http.Header, rl RateLimit, latency, ttfb time.Duration) *StatusError {
+	status := http.StatusInternalServerError
+	switch typ {
+	case "overloaded_error":
+		status = 529
+	case "timeout_error":
+		status = http.StatusGatewayTimeout
+	case "rate_limit_error", "requests", "tokens":
+		status = http.StatusServiceUnavailable
+	case "invalid_request_error":
+		status = http.StatusBadRequest
+	case "authentication_error":
+		status = http.StatusUnauthorized
+	case "permission_error":
+		status = http.StatusForbidden
+	case "not_found_error":
+		status = http.StatusNotFound
+	case "request_too_large":
+		status = http.StatusRequestEntityTooLarge
+	case "billing_error", "insufficient_quota":
+		status = http.StatusPaymentRequired
+	}
+	return &StatusError{
+		StatusCode:      status,
+		Type:            c.red.clean(typ, maxHeaderTextLen),
+		Code:            c.red.clean(code, maxHeaderTextLen),
+		Message:         c.red.clean(msg, maxMessageLen),
+		Header:          header,
+		RateLimit:       rl,
+		Latency:         latency,
+		TimeToFirstByte: ttfb,
+		MidStream:       true,
+	}
+}
+
+// midStreamError is a provider's error event, before it is made a *StatusError.
+type midStreamError struct {
+	typ, code, msg string
+}
+
+func (e *midStreamError) Error() string { return "llm: stream error event " + e.typ + ": " + e.msg }
+
+// finishStream reads a 2xx event stream and returns the assembled answer as a non-streaming
+// call would: Body the message (the key masked), Usage from the stream's usage, TimeToFirstByte
+// the time to the first delta. A mid-stream error event is a *StatusError (MidStream), a cut
+// stream a *TransportError, a stream we cannot assemble an ErrDecode with the *Response.
+func (c *client) finishStream(ctx context.Context, resp *http.Response, limit int64, hold *answerHold,
+	firstByte *time.Timer, onDelta func(Delta), start, received time.Time) (*Response, error) {
+	sr := c.readStream(ctx, resp.Body, c.d.assembler(), limit, hold, firstByte, onDelta)
+	latency := max(c.now().Sub(start), 0)
+	ttfb := latency
+	if !sr.first.IsZero() {
+		ttfb = min(max(sr.first.Sub(start), 0), latency)
+	}
+	rl := c.d.rateLimit(resp.Header, received)
+	header := c.red.header(resp.Header)
+	var mse *midStreamError
+	switch {
+	case sr.readErr != nil:
+		return nil, c.transportError(ctx, "read response stream", sr.readErr)
+	case errors.As(sr.err, &mse):
+		return nil, c.streamError(mse.typ, mse.code, mse.msg, header, rl, latency, ttfb)
+	}
+	out := &Response{StatusCode: resp.StatusCode, Header: header, RateLimit: rl, Latency: latency, TimeToFirstByte: ttfb}
+	if sr.err != nil {
+		return out, sr.err
+	}
+	c.red.maskBytes(sr.body)
+	if !isJSONObject(sr.body) {
+		return out, fmt.Errorf("llm: assemble %d response stream: %w", resp.StatusCode, ErrDecode)
+	}
+	out.Body = sr.body
+	hold.settle(int64(cap(sr.body)))
+	out.hold = hold
+	out.Usage = c.d.usage(sr.usage)
+	return out, nil
+}

@@ -1,0 +1,198 @@
+package llm
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// openAIAssembler reads the Chat Completions stream: data-only chat.completion.chunk events whose
+// choices carry deltas (role, content, refusal, tool_calls by index with id, name and argument
+// pieces) and a finish_reason; a chunk with a non-null usage (stream_options.include_usage);
+// data: [DONE] ends it; a chunk {"error":{...}} fails it.
+type openAIAssembler struct {
+	top     map[string]json.RawMessage // the first chunk's fields, but choices and usage
+	choices map[int]*openAIChoice
+	usage   json.RawMessage
+}
+
+type openAIChoice struct {
+	role          string
+	content       strings.Builder
+	hasContent    bool
+	refusal       strings.Builder
+	hasRefusal    bool
+	tools         map[int]*openAITool
+	finishReason  json.RawMessage
+	hasToolsField bool
+}
+
+type openAITool struct {
+	id, typ, name string
+	args          strings.Builder
+}
+
+func (openAI) assembler() assembler { return &openAIAssembler{choices: map[int]*openAIChoice{}} }
+
+type openAIChunkChoice struct {
+	Index int `json:"index"`
+	Delta struct {
+		Role      string  `json:"role"`
+		Content   *string `json:"content"`
+		Refusal   *string `json:"refusal"`
+		ToolCalls []struct {
+			Index    int    `json:"index"`
+			ID       string `json:"id"`
+			Type     string `json:"type"`
+			Function struct {
+				Name      string `json:"name"`
+				Arguments string `json:"arguments"`
+			} `json:"function"`
+		} `json:"tool_calls"`
+	} `json:"delta"`
+	FinishReason json.RawMessage `json:"finish_reason"`
+}
+
+type openAIChunk struct {
+	Error   json.RawMessage     `json:"error"`
+	Choices []openAIChunkChoice `json:"choices"`
+	Usage   json.RawMessage     `json:"usage"`
+}
+
+func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta)) (bool, error) {
+	if strings.TrimSpace(string(data)) == "[DONE]" {
+		return true, nil
+	}
+	var ch openAIChunk
+	if err := json.Unmarshal(data, &ch); err != nil {
+		return false, fmt.Errorf("%w: stream chunk is not JSON", ErrDecode)
+	}
+	if len(ch.Error) > 0 && string(ch.Error) != "null" {
+		typ, code, msg, _ := parseErrorBody(append(append([]byte(`{"error":`), ch.Error...), '}'))
+		return false, &midStreamError{typ: typ, code: code, msg: msg}
+	}
+	if a.top == nil {
+		if err := json.Unmarshal(data, &a.top); err != nil {
+			return false, fmt.Errorf("%w: stream chunk is not a JSON object", ErrDecode)
+		}
+		delete(a.top, "choices")
+		delete(a.top, "usage")
+	}
+	if len(ch.Usage) > 0 && string(ch.Usage) != "null" {
+		a.usage = ch.Usage
+	}
+	for _, c := range ch.Choices {
+		a.choice(c.Index, c, emit)
+	}
+	return false, nil
+}
+
+func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
+	ch := a.choices[i]
+	if ch == nil {
+		ch = &openAIChoice{tools: map[int]*openAITool{}}
+		a.choices[i] = ch
+	}
+	d := c.Delta
+	if d.Role != "" {
+		ch.role = d.Role
+	}
+	if d.Content != nil {
+		ch.hasContent = true
+		if *d.Content != "" {
+			ch.content.WriteString(*d.Content)
+			emit(Delta{Type: DeltaText, Index: i, Text: *d.Content})
+		}
+	}
+	if d.Refusal != nil {
+		ch.hasRefusal = true
+		if *d.Refusal != "" {
+			ch.refusal.WriteString(*d.Refusal)
+			emit(Delta{Type: DeltaRefusal, Index: i, Text: *d.Refusal})
+		}
+	}
+	for _, tc := range d.ToolCalls {
+		ch.hasToolsField = true
+		t := ch.tools[tc.Index]
+		if t == nil {
+			t = &openAITool{}
+			ch.tools[tc.Index] = t
+		}
+		if tc.ID != "" {
+			t.id = tc.ID
+		}
+		if tc.Type != "" {
+			t.typ = tc.Type
+		}
+		t.name += tc.Function.Name
+		t.args.WriteString(tc.Function.Arguments)
+		if tc.ID != "" || tc.Function.Name != "" || tc.Function.Arguments != "" {
+			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: tc.Index, ToolID: tc.ID, ToolName: tc.Function.Name,
+				Text: tc.Function.Arguments})
+		}
+	}
+	if len(c.FinishReason) > 0 && string(c.FinishReason) != "null" {
+		ch.finishReason = c.FinishReason
+	}
+}
+
+func (a *openAIAssembler) message() ([]byte, json.RawMessage, error) {
+	if a.top == nil {
+		return nil, nil, fmt.Errorf("%w: stream ended without a chunk", ErrDecode)
+	}
+	out := map[string]json.RawMessage{}
+	for k, v := range a.top {
+		out[k] = v
+	}
+	out["object"] = mustMarshal("chat.completion")
+	idx := make([]int, 0, len(a.choices))
+	for i := range a.choices {
+		idx = append(idx, i)
+	}
+	sort.Ints(idx)
+	choices := make([]json.RawMessage, 0, len(idx))
+	for _, i := range idx {
+		choices = append(choices, a.choices[i].render(i))
+	}
+	out["choices"] = mustMarshal(choices)
+	usage := a.usage
+	if usage == nil {
+		usage = json.RawMessage("null")
+	}
+	out["usage"] = usage
+	return mustMarshal(out), a.usage, nil
+}
+
+// render writes the choice as a non-streaming answer carries it.
+func (c *openAIChoice) render(i int) json.RawMessage {
+	msg := map[string]any{"role": c.role, "content": nil, "refusal": nil}
+	if c.role == "" {
+		msg["role"] = "assistant"
+	}
+	if c.hasContent {
+		msg["content"] = c.content.String()
+	}
+	if c.hasRefusal {
+		msg["refusal"] = c.refusal.String()
+	}
+	if c.hasToolsField {
+		keys := make([]int, 0, len(c.tools))
+		for k := range c.tools {
+			keys = append(keys, k)
+		}
+		sort.Ints(keys)
+		calls := make([]map[string]any, 0, len(keys))
+		for _, k := range keys {
+			t := c.tools[k]
+			calls = append(calls, map[string]any{"id": t.id, "type": t.typ,
+				"function": map[string]string{"name": t.name, "arguments": t.args.String()}})
+		}
+		msg["tool_calls"] = calls
+	}
+	finish := c.finishReason
+	if finish == nil {
+		finish = json.RawMessage("null")
+	}
+	return mustMarshal(map[string]any{"index": i, "message": msg, "logprobs": nil, "finish_reason": finish})
+}

@@ -1,0 +1,347 @@
+package llm_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/retrypolicy"
+)
+
+// simBundle is a Provider pointed at a real simulator.
+func simProvider(t *testing.T, kind llm.Kind, cfg llmsim.Config) (llm.Provider, *llmsim.Server) {
+	t.Helper()
+	sim := llmsim.New(cfg)
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: kind, BaseURL: srv.URL, APIKey: testKey, HTTPClient: srv.Client()})
+	require.NoError(t, err)
+	return p, sim
+}
+
+// deltas collects what OnDelta receives.
+type deltas struct {
+	mu  sync.Mutex
+	all []llm.Delta
+}
+
+func (d *deltas) add(x llm.Delta) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.all = append(d.all, x)
+}
+
+func (d *deltas) text(typ string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var b strings.Builder
+	for _, x := range d.all {
+		if x.Type == typ {
+			b.WriteString(x.Text)
+		}
+	}
+	return b.String()
+}
+
+func streamBody(kind llm.Kind) []byte {
+	var m map[string]any
+	_ = json.Unmarshal(bodyFor(kind), &m)
+	m["stream"] = true
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// TestProvider_Stream_SameAsWhole proves that a streamed answer is assembled into the message a
+// non-streaming call returns (content, stop reason, usage), and that the deltas add up to its text.
+func TestProvider_Stream_SameAsWhole(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []llm.Kind{llm.KindAnthropic, llm.KindOpenAI} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			p, _ := simProvider(t, kind, llmsim.Config{ReplyTokens: 25})
+			whole, err := p.Send(t.Context(), bodyFor(kind), llm.SendOptions{})
+			require.NoError(t, err)
+			var got deltas
+			streamed, err := p.Send(t.Context(), streamBody(kind), llm.SendOptions{OnDelta: got.add})
+			require.NoError(t, err)
+			require.Equal(t, whole.Usage, streamed.Usage, "usage feeds the token limiter as before")
+			require.Greater(t, len(got.all), 10, "one delta per token")
+
+			var w, s map[string]any
+			require.NoError(t, json.Unmarshal(whole.Body, &w))
+			require.NoError(t, json.Unmarshal(streamed.Body, &s))
+			if kind == llm.KindAnthropic {
+				require.Equal(t, w["content"], s["content"])
+				require.Equal(t, w["stop_reason"], s["stop_reason"])
+				require.Equal(t, w["usage"], s["usage"])
+				require.Equal(t, "message", s["type"])
+				text := s["content"].([]any)[0].(map[string]any)["text"]
+				require.Equal(t, text, got.text(llm.DeltaText))
+			} else {
+				require.Equal(t, w["choices"], s["choices"])
+				require.Equal(t, w["usage"], s["usage"])
+				require.Equal(t, "chat.completion", s["object"])
+				msg := s["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+				require.Equal(t, msg["content"], got.text(llm.DeltaText))
+			}
+			require.Positive(t, streamed.TimeToFirstByte)
+			streamed.Release()
+			whole.Release()
+		})
+	}
+}
+
+// sseHandler writes events verbatim, flushing each; pause, when set, is waited on before the
+// events after index at.
+func sseHandler(events []string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		for _, e := range events {
+			_, _ = w.Write([]byte(e + "\n\n"))
+			_ = http.NewResponseController(w).Flush()
+		}
+	}
+}
+
+// TestProvider_Stream_ToolDeltas proves that tool-use JSON deltas are carried faithfully and the
+// tool input assembled: Anthropic input_json_delta and OpenAI tool call chunks.
+func TestProvider_Stream_ToolDeltas(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Anthropic", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llm.KindAnthropic, sseHandler([]string{
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"c\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}",
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}",
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"hmm\"}}",
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"sig\"}}",
+			"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}",
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get_weather\",\"input\":{}}}",
+			": a comment line",
+			"event: ping\ndata: {\"type\":\"ping\"}",
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"loc\"}}",
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"ation\\\": \\\"Paris\\\"}\"}}",
+			"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}",
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":30}}",
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}",
+		}))
+		var got deltas
+		resp, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{OnDelta: got.add})
+		require.NoError(t, err)
+		require.Equal(t, llm.Usage{InputTokens: 12, OutputTokens: 30}, resp.Usage)
+		require.Equal(t, []llm.Delta{
+			{Type: llm.DeltaThinking, Index: 0, Text: "hmm"},
+			{Type: llm.DeltaInputJSON, Index: 1, ToolID: "toolu_1", ToolName: "get_weather"},
+			{Type: llm.DeltaInputJSON, Index: 1, Text: `{"loc`},
+			{Type: llm.DeltaInputJSON, Index: 1, Text: `ation": "Paris"}`},
+		}, got.all)
+		require.JSONEq(t, `{"id":"msg_1","type":"message","role":"assistant","model":"c",
+			"content":[{"type":"thinking","thinking":"hmm","signature":"sig"},
+				{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"location":"Paris"}}],
+			"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":30}}`, string(resp.Body))
+	})
+
+	t.Run("OpenAI", func(t *testing.T) {
+		t.Parallel()
+		chunk := func(choices string) string {
+			return `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"g","choices":` + choices + `,"usage":null}`
+		}
+		var sent []byte
+		b := setup(t, llm.KindOpenAI, func(w http.ResponseWriter, r *http.Request) {
+			buf := make([]byte, 4096)
+			n, _ := r.Body.Read(buf)
+			sent = buf[:n]
+			sseHandler([]string{
+				chunk(`[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]`),
+				chunk(`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"location\":"}}]},"finish_reason":null}]`),
+				chunk(`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]},"finish_reason":null}]`),
+				chunk(`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+				`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"g","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":5,"total_tokens":14}}`,
+				`data: [DONE]`,
+			})(w, r)
+		})
+		var got deltas
+		resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
+		require.NoError(t, err)
+		require.Contains(t, string(sent), `"stream_options":{"include_usage":true}`, "usage is asked for")
+		require.Equal(t, llm.Usage{InputTokens: 9, OutputTokens: 5}, resp.Usage)
+		require.Equal(t, []llm.Delta{
+			{Type: llm.DeltaInputJSON, ToolID: "call_1", ToolName: "get_weather"},
+			{Type: llm.DeltaInputJSON, Text: `{"location":`},
+			{Type: llm.DeltaInputJSON, Text: `"Paris"}`},
+		}, got.all)
+		require.JSONEq(t, `{"id":"chatcmpl-1","object":"chat.completion","created":7,"model":"g",
+			"choices":[{"index":0,"logprobs":null,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"refusal":null,
+				"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"location\":\"Paris\"}"}}]}}],
+			"usage":{"prompt_tokens":9,"completion_tokens":5,"total_tokens":14}}`, string(resp.Body))
+	})
+}
+
+// TestProvider_Stream_Failures proves that a failure inside a stream is classified like any
+// other: an overloaded_error event (Anthropic) or an error chunk (OpenAI) is a retryable
+// *StatusError, a cut connection is a network error, a stall hits the attempt's deadline.
+func TestProvider_Stream_Failures(t *testing.T) {
+	t.Parallel()
+
+	for _, tc := range []struct {
+		kind   llm.Kind
+		status int
+		typ    string
+	}{{llm.KindAnthropic, 529, "overloaded_error"}, {llm.KindOpenAI, 500, "server_error"}} {
+		t.Run("ErrorEvent"+string(tc.kind), func(t *testing.T) {
+			t.Parallel()
+			p, sim := simProvider(t, tc.kind, llmsim.Config{})
+			require.NoError(t, sim.SetFaults(llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 3}))
+			var got deltas
+			_, err := p.Send(t.Context(), streamBody(tc.kind), llm.SendOptions{OnDelta: got.add})
+			se := asStatusError(t, err)
+			require.True(t, se.MidStream)
+			require.Equal(t, tc.status, se.StatusCode)
+			require.Equal(t, tc.typ, se.Type)
+			require.Equal(t, "llmsim reply", got.text(llm.DeltaText), "three tokens came first")
+			d := retrypolicy.Classify(err, testNow)
+			require.Equal(t, retrypolicy.ClassRetryable, d.Class)
+		})
+	}
+
+	t.Run("Cut", func(t *testing.T) {
+		t.Parallel()
+		p, sim := simProvider(t, llm.KindAnthropic, llmsim.Config{})
+		require.NoError(t, sim.SetFaults(llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 2, StreamFailMode: llmsim.StreamFailCut}))
+		_, err := p.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{})
+		te := asTransportError(t, err)
+		require.False(t, te.Timeout())
+		require.Equal(t, retrypolicy.ClassNetwork, retrypolicy.Classify(err, testNow).Class)
+	})
+
+	t.Run("StallAfterFirstDelta", func(t *testing.T) {
+		t.Parallel()
+		p, sim := simProvider(t, llm.KindOpenAI, llmsim.Config{})
+		require.NoError(t, sim.SetFaults(llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 1, StreamFailMode: llmsim.StreamFailStall}))
+		// The first delta came, then nothing: well past the first-byte timeout the call is still
+		// waiting (the attempt's own deadline applies now), until its context ends it.
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var once sync.Once
+		onDelta := func(llm.Delta) { once.Do(func() { time.AfterFunc(2*time.Second, cancel) }) }
+		_, err := p.Send(ctx, streamBody(llm.KindOpenAI), llm.SendOptions{FirstByteTimeout: time.Second, OnDelta: onDelta})
+		asTransportError(t, err)
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, llm.ErrFirstByteTimeout)
+	})
+
+	t.Run("FirstByteTimeoutWaitsForTheFirstDelta", func(t *testing.T) {
+		t.Parallel()
+		// The opening events come at once, then nothing: no delta, so generation never started.
+		b := setup(t, llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) {
+			sseHandler([]string{
+				"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[]}}",
+				"event: ping\ndata: {\"type\":\"ping\"}",
+			})(w, r)
+			<-r.Context().Done()
+		})
+		_, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
+		require.ErrorIs(t, err, llm.ErrFirstByteTimeout)
+		require.Equal(t, retrypolicy.ClassTimeout, retrypolicy.Classify(err, testNow).Class)
+	})
+
+	t.Run("LastEventWithoutBlankLine", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llm.KindOpenAI, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = w.Write([]byte("data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]"))
+		})
+		resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{})
+		require.NoError(t, err, "the end marker counts without its blank line")
+		require.Contains(t, string(resp.Body), `"content":"hi"`)
+	})
+
+	t.Run("EndsWithoutEndMarker", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llm.KindOpenAI, sseHandler([]string{
+			`data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}`,
+		}))
+		_, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{})
+		require.Equal(t, retrypolicy.ClassNetwork, retrypolicy.Classify(asTransportError(t, err), testNow).Class)
+	})
+}
+
+// TestProvider_Stream_KeyMasked proves that a key the provider echoes in a delta is masked in
+// the delta and in the assembled body, and kept out of a mid-stream error.
+func TestProvider_Stream_KeyMasked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, llm.KindAnthropic, sseHandler([]string{
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[]}}",
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"key " + testKey + "\"}}",
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"echo " + testKey + "\"}}",
+	}))
+	var got deltas
+	_, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{OnDelta: got.add})
+	requireNoSecret(t, err)
+	se := asStatusError(t, err)
+	require.Equal(t, 500, se.StatusCode)
+	require.NotContains(t, se.Message, testKey)
+	require.NotContains(t, got.text(llm.DeltaText), testKey)
+	require.True(t, strings.HasPrefix(got.text(llm.DeltaText), "key "))
+	require.False(t, errors.Is(err, llm.ErrDecode))
+}
+
+// TestProvider_Stream_SimulatorTools proves against the simulator that a streamed tool call is
+// carried as input_json deltas (the tool's id and name on the first) and assembled into the
+// input a non-streaming answer carries.
+func TestProvider_Stream_SimulatorTools(t *testing.T) {
+	t.Parallel()
+	for kind, tools := range map[llm.Kind]string{
+		llm.KindAnthropic: `[{"name":"record","input_schema":{"type":"object"}}]`,
+		llm.KindOpenAI:    `[{"type":"function","function":{"name":"record"}}]`,
+	} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			p, _ := simProvider(t, kind, llmsim.Config{})
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(streamBody(kind), &m))
+			m["tools"] = json.RawMessage(tools)
+			body, err := json.Marshal(m)
+			require.NoError(t, err)
+			var got deltas
+			resp, err := p.Send(t.Context(), body, llm.SendOptions{OnDelta: got.add})
+			require.NoError(t, err)
+			var first llm.Delta
+			for _, d := range got.all {
+				if d.Type == llm.DeltaInputJSON {
+					first = d
+					break
+				}
+			}
+			require.Equal(t, "record", first.ToolName)
+			require.NotEmpty(t, first.ToolID)
+			want := `{"reply":"llmsim reply to: hello from the prompt"}`
+			require.JSONEq(t, want, got.text(llm.DeltaInputJSON))
+			var out map[string]any
+			require.NoError(t, json.Unmarshal(resp.Body, &out))
+			if kind == llm.KindAnthropic {
+				require.Equal(t, "tool_use", out["stop_reason"])
+				input, _ := json.Marshal(out["content"].([]any)[1].(map[string]any)["input"])
+				require.JSONEq(t, want, string(input))
+			} else {
+				choice := out["choices"].([]any)[0].(map[string]any)
+				require.Equal(t, "tool_calls", choice["finish_reason"])
+				call := choice["message"].(map[string]any)["tool_calls"].([]any)[0].(map[string]any)
+				require.JSONEq(t, want, call["function"].(map[string]any)["arguments"].(string))
+				require.Equal(t, first.ToolID, call["id"])
+			}
+		})
+	}
+}

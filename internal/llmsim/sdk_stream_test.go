@@ -1,0 +1,237 @@
+package llmsim_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/anthropics/anthropic-sdk-go"
+	"github.com/openai/openai-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llmsim"
+)
+
+// These tests read the simulator's streams with the official SDKs' own stream readers and
+// accumulators, as a user of either SDK would.
+
+func TestSDK_AnthropicStream(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Message", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		stream := b.anthropicClient("sk-ant-test").Messages.NewStreaming(t.Context(), anthropicHello)
+		defer stream.Close()
+		var msg anthropic.Message
+		var types []string
+		var text strings.Builder
+		for stream.Next() {
+			ev := stream.Current()
+			types = append(types, ev.Type)
+			require.NoError(t, msg.Accumulate(ev))
+			if d, ok := ev.AsAny().(anthropic.ContentBlockDeltaEvent); ok {
+				text.WriteString(d.Delta.Text)
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.Equal(t, "message_start", types[0])
+		require.Equal(t, "message_stop", types[len(types)-1])
+		require.Contains(t, types, "message_delta")
+		require.Greater(t, strings.Count(strings.Join(types, ","), "content_block_delta"), 1, "one delta per token")
+		require.True(t, strings.HasPrefix(msg.ID, "msg_"), msg.ID)
+		require.Len(t, msg.Content, 1)
+		require.Equal(t, "llmsim reply to: Hello, simulator!", msg.Content[0].Text)
+		require.Equal(t, msg.Content[0].Text, text.String())
+		require.Equal(t, anthropic.StopReasonEndTurn, msg.StopReason)
+		require.Equal(t, int64(4), msg.Usage.InputTokens)
+		require.Equal(t, int64(8), msg.Usage.OutputTokens)
+	})
+
+	t.Run("SameAsNonStreaming", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{ReplyTokens: 30})
+		client := b.anthropicClient("k")
+		whole, err := client.Messages.New(t.Context(), anthropicHello)
+		require.NoError(t, err)
+		stream := client.Messages.NewStreaming(t.Context(), anthropicHello)
+		defer stream.Close()
+		var msg anthropic.Message
+		for stream.Next() {
+			require.NoError(t, msg.Accumulate(stream.Current()))
+		}
+		require.NoError(t, stream.Err())
+		require.Equal(t, whole.Content[0].Text, msg.Content[0].Text)
+		require.Equal(t, whole.Usage.OutputTokens, msg.Usage.OutputTokens)
+		require.Equal(t, whole.StopReason, msg.StopReason)
+	})
+
+	t.Run("OverloadedMidStream", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		b.setFaults(t, `{"stream_fail_next":1,"stream_fail_after":3}`)
+		stream := b.anthropicClient("k").Messages.NewStreaming(t.Context(), anthropicHello)
+		defer stream.Close()
+		deltas := 0
+		for stream.Next() {
+			if stream.Current().Type == "content_block_delta" {
+				deltas++
+			}
+		}
+		require.Equal(t, 3, deltas)
+		var apiErr *anthropic.Error
+		require.ErrorAs(t, stream.Err(), &apiErr)
+		require.Equal(t, "overloaded_error", string(apiErr.Type()))
+		require.Zero(t, b.sim.Faults().StreamFailNext, "the fault counts down")
+
+		again := b.anthropicClient("k").Messages.NewStreaming(t.Context(), anthropicHello)
+		defer again.Close()
+		for again.Next() {
+		}
+		require.NoError(t, again.Err(), "only the next stream fails")
+	})
+
+	t.Run("CutMidStream", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		require.NoError(t, b.sim.SetFaults(llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 2, StreamFailMode: llmsim.StreamFailCut}))
+		stream := b.anthropicClient("k").Messages.NewStreaming(t.Context(), anthropicHello)
+		defer stream.Close()
+		var types []string
+		for stream.Next() {
+			types = append(types, stream.Current().Type)
+		}
+		require.NotContains(t, types, "message_stop")
+		var apiErr *anthropic.Error
+		require.NotErrorAs(t, stream.Err(), &apiErr, "a cut is no API error")
+		require.Error(t, stream.Err(), "a cut connection is an error, not a short message")
+	})
+}
+
+func TestSDK_OpenAIStream(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ChatCompletionWithUsage", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		params := openaiHello
+		params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		chunks := 0
+		for stream.Next() {
+			chunks++
+			require.True(t, acc.AddChunk(stream.Current()))
+		}
+		require.NoError(t, stream.Err())
+		require.Greater(t, chunks, 3)
+		require.True(t, strings.HasPrefix(acc.ID, "chatcmpl-"), acc.ID)
+		require.Len(t, acc.Choices, 1)
+		require.Equal(t, "llmsim reply to: Hello, simulator!", acc.Choices[0].Message.Content)
+		require.Equal(t, "stop", acc.Choices[0].FinishReason)
+		require.Equal(t, int64(4), acc.Usage.PromptTokens)
+		require.Equal(t, int64(8), acc.Usage.CompletionTokens)
+		require.Equal(t, int64(12), acc.Usage.TotalTokens)
+	})
+
+	t.Run("NoUsageUnlessAsked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), openaiHello)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		for stream.Next() {
+			require.NotContains(t, stream.Current().RawJSON(), `"usage"`)
+			acc.AddChunk(stream.Current())
+		}
+		require.NoError(t, stream.Err())
+		require.Zero(t, acc.Usage.TotalTokens)
+		require.Equal(t, "llmsim reply to: Hello, simulator!", acc.Choices[0].Message.Content)
+	})
+
+	t.Run("ErrorMidStream", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		b.setFaults(t, `{"stream_fail_next":1,"stream_fail_after":2}`)
+		stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), openaiHello)
+		defer stream.Close()
+		var content strings.Builder
+		for stream.Next() {
+			if ch := stream.Current().Choices; len(ch) > 0 {
+				content.WriteString(ch[0].Delta.Content)
+			}
+		}
+		require.ErrorContains(t, stream.Err(), "server_error")
+		require.Equal(t, "llmsim r", content.String(), "two tokens of four bytes came first")
+	})
+}
+
+// TestSDK_ToolStreams proves that a request with tools is answered with a call of the first
+// tool after the text, streamed as the APIs stream it (Anthropic input_json_delta pieces, OpenAI
+// tool call chunks), and that the SDKs' accumulators assemble the call the non-streaming answer
+// carries.
+func TestSDK_ToolStreams(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Anthropic", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		params := anthropicHello
+		params.Tools = []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "record",
+			InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"reply": map[string]any{"type": "string"}}}}}}
+		client := b.anthropicClient("k")
+		whole, err := client.Messages.New(t.Context(), params)
+		require.NoError(t, err)
+		stream := client.Messages.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var msg anthropic.Message
+		jsonDeltas := 0
+		for stream.Next() {
+			ev := stream.Current()
+			require.NoError(t, msg.Accumulate(ev))
+			if d, ok := ev.AsAny().(anthropic.ContentBlockDeltaEvent); ok && d.Delta.Type == "input_json_delta" {
+				jsonDeltas++
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.Greater(t, jsonDeltas, 1, "the input comes in pieces")
+		require.Equal(t, anthropic.StopReasonToolUse, msg.StopReason)
+		require.Len(t, msg.Content, 2)
+		require.Equal(t, "tool_use", msg.Content[1].Type)
+		require.Equal(t, "record", msg.Content[1].Name)
+		require.True(t, strings.HasPrefix(msg.Content[1].ID, "toolu_"))
+		require.JSONEq(t, `{"reply":"llmsim reply to: Hello, simulator!"}`, string(msg.Content[1].Input))
+		require.JSONEq(t, string(whole.Content[1].Input), string(msg.Content[1].Input))
+		require.Equal(t, whole.StopReason, msg.StopReason)
+	})
+
+	t.Run("OpenAI", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{})
+		params := openaiHello
+		params.Tools = []openai.ChatCompletionToolParam{{Function: openai.FunctionDefinitionParam{Name: "record"}}}
+		client := b.openaiClient("sk-test")
+		whole, err := client.Chat.Completions.New(t.Context(), params)
+		require.NoError(t, err)
+		stream := client.Chat.Completions.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		var finished []openai.FinishedChatCompletionToolCall
+		for stream.Next() {
+			require.True(t, acc.AddChunk(stream.Current()))
+			if tc, ok := acc.JustFinishedToolCall(); ok {
+				finished = append(finished, tc)
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.Equal(t, "tool_calls", acc.Choices[0].FinishReason)
+		require.Len(t, acc.Choices[0].Message.ToolCalls, 1)
+		call := acc.Choices[0].Message.ToolCalls[0]
+		require.Equal(t, "record", call.Function.Name)
+		require.True(t, strings.HasPrefix(call.ID, "call_"))
+		require.JSONEq(t, `{"reply":"llmsim reply to: Hello, simulator!"}`, call.Function.Arguments)
+		require.Len(t, finished, 1)
+		require.Equal(t, whole.Choices[0].Message.ToolCalls[0].Function.Arguments, call.Function.Arguments)
+		require.Equal(t, whole.Choices[0].Message.Content, acc.Choices[0].Message.Content)
+	})
+}
