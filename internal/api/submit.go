@@ -88,6 +88,30 @@ type submitBody struct {
 	Metadata         json.RawMessage `json:"metadata"`
 	// Fallbacks are credentials tried in order after retryable failures on Credential.
 	Fallbacks []string `json:"fallbacks"`
+	// Priority orders the job among its tenant's waiting work: "high", "normal" (default), "low".
+	Priority *string `json:"priority"`
+}
+
+// parsePriority sets the job's priority: absent means normal; anything but the three names is
+// invalid_priority.
+func parsePriority(raw *string, p *jobs.CreateParams) error {
+	p.Priority = jobs.PriorityNormal
+	if raw == nil {
+		return nil
+	}
+	if pr := jobs.Priority(*raw); pr.Valid() {
+		p.Priority = pr
+		return nil
+	}
+	return invalid("invalid_priority", "priority %q must be \"high\", \"normal\" or \"low\"", truncateValue(*raw))
+}
+
+// truncateValue keeps a client's value short enough to quote in an error message.
+func truncateValue(s string) string {
+	if len(s) <= 40 {
+		return s
+	}
+	return s[:40] + "…"
 }
 
 // MaxMetadataBytes caps the metadata object.
@@ -120,6 +144,7 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 		func() error { return s.checkTokens(append([]string{p.Credential}, p.Fallbacks...), b.Request) },
 		func() error { return s.parseLimits(b, &p) },
 		func() error { return parseMetadata(b.Metadata, &p) },
+		func() error { return parsePriority(b.Priority, &p) },
 		func() error { return fingerprint(idemKey, body, &p) },
 	} {
 		if err := check(); err != nil {
