@@ -3,9 +3,11 @@ package tenant_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -44,4 +46,26 @@ func TestStore_Weight(t *testing.T) {
 	w, err = store.Weight(ctx, "plain")
 	require.NoError(t, err)
 	require.Equal(t, 7, w, "a refused change leaves the weight")
+}
+
+func TestWeights_Cached(t *testing.T) {
+	t.Parallel()
+	store := tenant.NewStore(pgtest.Pool(t), nil)
+	ctx := context.Background()
+	clock := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	_, _, err := store.CreateWeighted(ctx, "acme", nil, 2)
+	require.NoError(t, err)
+	c := tenant.NewWeights(store, clock.Now)
+
+	w, err := c.Weight(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, 2, w)
+	require.NoError(t, store.SetWeight(ctx, "acme", 5))
+	w, _ = c.Weight(ctx, "acme")
+	require.Equal(t, 2, w, "kept for the cache's TTL")
+	clock.Advance(tenant.WeightCacheTTL)
+	w, _ = c.Weight(ctx, "acme")
+	require.Equal(t, 5, w, "read again once stale")
+	w, _ = c.Weight(ctx, tenant.Default)
+	require.Equal(t, tenant.DefaultWeight, w)
 }
