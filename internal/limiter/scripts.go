@@ -311,7 +311,7 @@ local granted = 1
 local tagain = nil
 if FQ ~= nil then
   -- fair queueing: the slot goes to this ask only when its turn is within the horizon
-  local ok, again = fadmit(now, base, T, burst, phase, poll)
+  local ok, again = fadmit(now, base, T, burst, phase, poll, source == 'learned')
   if not ok then granted, tagain = 0, again end
 end
 if granted == 1 and source == 'learned' and send - now > hz then granted = 0 end

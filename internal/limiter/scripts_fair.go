@@ -118,14 +118,18 @@ end
 -- fadmit decides whether the ask may take a slot now: the free slots of the request bucket whose
 -- send time lies within the horizon (slot k may go at base + (k+1-burst)T, plus the phase margin
 -- when it waits for a refill) must outnumber the tickets due before it. Returns true, or false
--- and when to ask again: about when its turn comes, half a horizon early.
-local function fadmit(now, base, T, burst, phase, poll)
+-- and when to ask again: about when its turn comes, half a horizon early; under a learned limit
+-- at least once a second, as the learned schedule asks (the rate estimate rises, and the
+-- provider's surplus is lent only to those who ask).
+local function fadmit(now, base, T, burst, phase, poll, learned)
   local k1 = math.floor((now - base) / T + burst - 1)
   local k2 = math.floor((now + FQ.hz - phase - base) / T + burst - 1)
   local free = math.max(k1, k2) + 1
   if FQ.rank < free then return true end
   local again = base + (FQ.rank + 1 - burst) * T + phase - FQ.hz / 2
-  if again > now + FQ.maxwait then again = now + FQ.maxwait end
+  local maxwait = FQ.maxwait
+  if learned and maxwait > 1000000 then maxwait = 1000000 end
+  if again > now + maxwait then again = now + maxwait end
   if again < now + poll then again = now + poll end
   redis.call('ZADD', FQ.dl, again + FQ.grace, FQ.lane .. '\n' .. FQ.ticket)
   return false, again
