@@ -50,6 +50,8 @@ func scenarios() []entry {
 			new: func() scenario { return &backlog{} }},
 		{name: "retention", about: "llmq draining a backlog while the retention pass deletes from a million finished jobs, and without it",
 			new: func() scenario { return &retention{} }},
+		{name: "fairness", about: "two tenants and three priorities sharing one credential: waits, shares per window, 429s",
+			new: func() scenario { return &fairness{} }},
 	}
 }
 
