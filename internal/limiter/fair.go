@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -43,7 +44,7 @@ type Lane struct {
 
 func (l *Lane) valid() error {
 	switch {
-	case l.Tenant == "" || containsBar(l.Tenant):
+	case l.Tenant == "" || strings.Contains(l.Tenant, "|"):
 		return fmt.Errorf("lane tenant %q: want a non-empty name without '|'", l.Tenant)
 	case l.Weight < 0 || l.Weight > 1000:
 		return fmt.Errorf("lane weight %d: want 1..1000", l.Weight)
@@ -53,15 +54,6 @@ func (l *Lane) valid() error {
 		return fmt.Errorf("lane ticket: want the attempt's job ID")
 	}
 	return nil
-}
-
-func containsBar(s string) bool {
-	for i := range len(s) {
-		if s[i] == '|' {
-			return true
-		}
-	}
-	return false
 }
 
 // name is the lane's name in Redis: "<tenant>|<priority>".

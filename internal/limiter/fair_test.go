@@ -284,3 +284,36 @@ func TestFair_HerdStillAtTheFloor(t *testing.T) {
 	require.LessOrEqual(t, last.Sub(t0).Seconds(), 8.0*1.05)
 	requireWithinBucket(t, sortTimes(sends), 20, 10)
 }
+
+// TestFair_Validation: a bad Lane reserves nothing and says what is wrong; a bad Fairness config
+// names its field.
+func TestFair_Validation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	g := b.lim.Gate("fair-"+redistest.Rand(), "main")
+	for _, tc := range []struct {
+		lane limiter.Lane
+		want string
+	}{
+		{limiter.Lane{Ticket: "j"}, "lane tenant"},
+		{limiter.Lane{Tenant: "a|b", Ticket: "j"}, "lane tenant"},
+		{limiter.Lane{Tenant: "a", Weight: 1001, Ticket: "j"}, "lane weight"},
+		{limiter.Lane{Tenant: "a", Priority: 3, Ticket: "j"}, "lane priority"},
+		{limiter.Lane{Tenant: "a"}, "lane ticket"},
+	} {
+		_, err := g.ReserveAttempt(context.Background(), fairLimit, noCost, limiter.AttemptOptions{Lane: &tc.lane})
+		require.ErrorContains(t, err, tc.want)
+	}
+	for _, tc := range []struct {
+		f    limiter.Fairness
+		want string
+	}{
+		{limiter.Fairness{MinShareLow: 0.6}, "Fairness.MinShareLow"},
+		{limiter.Fairness{MinShareNormal: -1}, "Fairness.MinShareNormal"},
+		{limiter.Fairness{MinShareNormal: 0.5, MinShareLow: 0.5}, "at most 0.9"},
+		{limiter.Fairness{Horizon: time.Minute}, "Fairness.MaxRecheck"},
+	} {
+		_, err := limiter.New(redistest.Client(t), &limiter.Config{Fairness: tc.f})
+		require.ErrorContains(t, err, tc.want)
+	}
+}
