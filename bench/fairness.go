@@ -32,16 +32,16 @@ type fairness struct {
 
 // fairRow is one scenario's figures.
 type fairRow struct {
-	name          string
-	waitP50       string // B's (or the high jobs') wait, submit → provider
-	waitP99       string
-	share         string // the share per window (min-max) of the tenant or priority named
-	n429          int
-	rps           float64 // provider requests per second while there was work, against the limit
-	target        string
-	pass          bool
-	err           error
-	windowSeconds int
+	name    string
+	waitP50 string // B's (or the high jobs') wait, submit → provider
+	waitP99 string
+	share   string // the share per window (min-max) of the tenant or priority named
+	n429    int
+	rps     float64 // provider requests per second while there was work, against the limit
+	target  string
+	pass    bool
+	err     error
+	at429   []string // when each 429 came, from the first provider request
 }
 
 func (f *fairness) flags(fs *flagSet, s *shared) {
@@ -204,6 +204,7 @@ func (f *fairness) runScenario(ctx context.Context, log logf, name string, wA, w
 		for k, a := range all {
 			if a.status == http.StatusTooManyRequests {
 				log("%s: 429 at %s (request %d of %d, %s %s)", name, seconds(a.at.Sub(all[0].at)), k, len(all), a.tenant, a.prio)
+				row.at429 = append(row.at429, seconds(a.at.Sub(all[0].at)))
 			}
 		}
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -206,8 +208,11 @@ var fairHeader = []string{"scenario", "wait p50", "wait p99", "share per 10 s (m
 
 func (f *fairness) report() report {
 	var rows [][]string
-	var failed []string
+	var failed, at429 []string
 	for _, r := range f.rows {
+		if len(r.at429) > 0 {
+			at429 = append(at429, fmt.Sprintf("%s at %s", r.name, strings.Join(r.at429, ", ")))
+		}
 		if r.err != nil {
 			rows = append(rows, []string{r.name, "-", "-", "-", "-", "-", "-", "error: " + r.err.Error()})
 			failed = append(failed, r.name)
@@ -226,6 +231,7 @@ func (f *fairness) report() report {
 			f.s.workers, f.s.rate, f.s.capacity, seconds(f.dur)),
 		"wait: submit → the request's arrival at the provider (scenario 1: B's jobs; 3: the 20 high jobs). Scenario 4's minimum share is " +
 			"judged per 10 s, not per minute, to keep the run short. Every scenario also needs 0 429s.",
+		"429s, from the first provider request: " + cmp.Or(strings.Join(at429, "; "), "none") + ".",
 		"Not measured yet: asynq with three weighted queues beside it, and the 100,000-job backlog (behaviour 6).",
 	}
 	return report{tables: []table{{fairHeader, rows}}, notes: notes, failed: failed}
