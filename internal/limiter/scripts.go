@@ -177,8 +177,6 @@ local function tgate(m0, s0)
   return true, s, m
 end
 
-if FQ ~= nil then fenter(now) end
-
 local s = redis.call('HMGET', key, 'tat', 'ts', 'bs', 'full', 'L', 'lo', 'lupd', 'av', 'avs',
   'pr', 'pt', 'nb', 'nohdr', 'bg', 'seq', 'c1t', 'c1s', 'c2t', 'c2s', 'cap', 'capt')
 local tat, ts, bs, full = num(s[1]), num(s[2]), num(s[3]), num(s[4])
@@ -197,7 +195,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
   if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
   if nb - now + learnttl > keep then keep = nb - now + learnttl end
   redis.call('PEXPIRE', key, math.ceil(keep / 1000))
-  if granted == 1 and FQ ~= nil then fgranted() end
+  if granted == 1 and FQ ~= nil and FQ.mine ~= nil then fgranted() end
   if granted == 1 and ARGV[23] == '1' then
     budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
       tonumber(ARGV[27]))
@@ -310,7 +308,9 @@ if allow > (full or 0) and allow + phase > now then send = allow + phase end
 local granted = 1
 local tagain = nil
 if FQ ~= nil then
-  -- fair queueing: the slot goes to this ask only when its turn is within the horizon
+  -- fair queueing: the slot goes to this ask only when its turn is within the horizon (a limit
+  -- being learned, or a provider without headers, goes one probe at a time as before: no queue)
+  fenter(now)
   local ok, again = fadmit(now, base, T, burst, phase, poll, source == 'learned')
   if not ok then granted, tagain = 0, again end
 end

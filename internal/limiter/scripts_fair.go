@@ -1,7 +1,8 @@
 package limiter
 
 // luaFair is the fair queueing of a credential's slots between lanes (a tenant × a priority),
-// run inside reserveScript when an attempt names its Lane (ARGV[28] = "1"). See fair.go for the
+// run inside reserveScript when an attempt names its Lane (ARGV[28] = "1") and the request rate is
+// known (an unknown limit goes one probe at a time, with no queue to order). See fair.go for the
 // model; in short: every waiting attempt holds a ticket in its lane (a sorted set ordered by the
 // job's creation time, so that a ticket lost with Redis is put back in the same place), each
 // lane has a virtual finish time F, and the n-th ticket of lane L is due at virtual time
