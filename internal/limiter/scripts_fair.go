@@ -119,7 +119,8 @@ end
 -- fadmit decides whether the ask may take a slot now: the free slots of the request bucket whose
 -- send time lies within the horizon (slot k may go at base + (k+1-burst)T, plus the phase margin
 -- when it waits for a refill) must outnumber the tickets due before it. Returns true, or false
--- and when to ask again: about when its turn comes, half a horizon early; under a learned limit
+-- and when to ask again: about when its turn comes, half a horizon (and a tenth of the wait)
+-- early; under a learned limit
 -- at least once a second, as the learned schedule asks (the rate estimate rises, and the
 -- provider's surplus is lent only to those who ask).
 local function fadmit(now, base, T, burst, phase, poll, learned)
@@ -128,6 +129,10 @@ local function fadmit(now, base, T, burst, phase, poll, learned)
   local free = math.max(k1, k2) + 1
   if FQ.rank < free then return true end
   local again = base + (FQ.rank + 1 - burst) * T + phase - FQ.hz / 2
+  -- a turn more than a second off is asked for a tenth early (at most a second): a waiter that
+  -- comes back through its scheduler (asynq keeps whole seconds; a loaded worker is slow) is then
+  -- still in time, and waits out the rest in process
+  if again - now > 1000000 then again = again - math.min(1000000, (again - now) / 10) end
   local maxwait = FQ.maxwait
   if learned and maxwait > 1000000 then maxwait = 1000000 end
   if again > now + maxwait then again = now + maxwait end
