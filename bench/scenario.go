@@ -54,6 +54,8 @@ func scenarios() []entry {
 			new: func() scenario { return &batchBench{} }},
 		{name: "stream", about: "time to the first delta of streaming answers: the simulator directly, and through llmq",
 			new: func() scenario { return &streamBench{} }},
+		{name: "fairness", about: "two tenants and three priorities sharing one credential: waits, shares per window, 429s",
+			new: func() scenario { return &fairness{} }},
 	}
 }
 

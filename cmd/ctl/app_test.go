@@ -173,6 +173,7 @@ func TestJobsShow(t *testing.T) {
 		require.Equal(t, job.ID, rows["id"])
 		require.Equal(t, "queued", rows["status"])
 		require.Equal(t, "default", rows["credential"])
+		require.Equal(t, "normal", rows["priority"])
 		require.Equal(t, "0/3", rows["attempts"])
 		require.Equal(t, fmt.Sprint(len(`{"model":"m"}`)), rows["request bytes"])
 		require.Equal(t, "0", rows["result bytes"])
@@ -192,6 +193,7 @@ func TestJobsShow(t *testing.T) {
 				ID          string `json:"id"`
 				Status      string `json:"status"`
 				Credential  string `json:"credential"`
+				Priority    string `json:"priority"`
 				MaxAttempts int    `json:"max_attempts"`
 				Timeout     string `json:"timeout"`
 			} `json:"job"`
@@ -201,6 +203,7 @@ func TestJobsShow(t *testing.T) {
 		require.Equal(t, job.ID, got.Job.ID)
 		require.Equal(t, "queued", got.Job.Status)
 		require.Equal(t, "default", got.Job.Credential)
+		require.Equal(t, "normal", got.Job.Priority)
 		require.Equal(t, 3, got.Job.MaxAttempts)
 		require.Equal(t, "1m0s", got.Job.Timeout)
 		require.Empty(t, got.Attempts)

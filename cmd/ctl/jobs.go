@@ -56,6 +56,7 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 	row("id", j.ID)
 	row("status", j.Status)
 	row("credential", j.Credential)
+	row("priority", j.Priority)
 	row("model", requestModel(j.Request))
 	row("attempts", fmt.Sprintf("%d/%d", j.Attempts, j.MaxAttempts))
 	row("lane", j.Lane)

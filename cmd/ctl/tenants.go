@@ -21,7 +21,8 @@ func (a *app) tenantsCommand() *cli.Command {
 			Usage:     "create a tenant and print its bearer token (shown once: only its SHA-256 is stored)",
 			ArgsUsage: "NAME",
 			Flags: []cli.Flag{&cli.StringFlag{Name: "credentials",
-				Usage: "comma-separated credentials the tenant's jobs may use (default: all); checked against --config when given"}},
+				Usage: "comma-separated credentials the tenant's jobs may use (default: all); checked against --config when given"},
+				weightFlag(tenant.DefaultWeight)},
 			Action: func(c *cli.Context) error {
 				name, raw, set, err := createArgs(c)
 				if err != nil {
@@ -36,14 +37,14 @@ func (a *app) tenantsCommand() *cli.Command {
 					return err
 				}
 				defer p.Close()
-				t, token, err := tenant.NewStore(p, nil).Create(c.Context, name, creds)
+				t, token, err := tenant.NewStore(p, nil).CreateWeighted(c.Context, name, creds, c.Int("weight"))
 				if err != nil {
 					return err
 				}
 				// The token alone on the output (TOKEN=$(ctl tenants create NAME)); the notice on
 				// the error output.
-				fmt.Fprintf(a.errOut, "tenant %s created (credentials: %s); its bearer token follows and is not shown again:\n",
-					t.Name, credentialsText(t.Credentials))
+				fmt.Fprintf(a.errOut, "tenant %s created (credentials: %s), weight %d; its bearer token follows and is not shown again:\n",
+					t.Name, credentialsText(t.Credentials), t.Weight)
 				fmt.Fprintln(a.out, token)
 				return nil
 			},
@@ -73,6 +74,27 @@ func (a *app) tenantsCommand() *cli.Command {
 				return nil
 			},
 		}, {
+			Name:      "set",
+			Usage:     "change a tenant's weight: its share of a credential against other tenants with work (workers apply it within seconds)",
+			ArgsUsage: "NAME --weight N",
+			Flags:     []cli.Flag{weightFlag(0)},
+			Action: func(c *cli.Context) error {
+				if c.NArg() != 1 || !c.IsSet("weight") {
+					return cli.Exit("usage: ctl tenants set NAME --weight N", exitUsage)
+				}
+				p, err := pool(c)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				name, w := c.Args().First(), c.Int("weight")
+				if err := tenant.NewStore(p, nil).SetWeight(c.Context, name, w); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "tenant %s: weight %d\n", name, w)
+				return nil
+			},
+		}, {
 			Name:  "list",
 			Usage: "every tenant, its credentials and whether it is revoked (tokens are not stored, so never shown)",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
@@ -93,13 +115,14 @@ func (a *app) tenantsCommand() *cli.Command {
 					return writeJSON(a.out, list)
 				}
 				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tCREDENTIALS\tCREATED\tREVOKED")
+				fmt.Fprintln(tw, "NAME\tCREDENTIALS\tWEIGHT\tCREATED\tREVOKED")
 				for _, t := range list {
 					revoked := "-"
 					if t.RevokedAt != nil {
 						revoked = t.RevokedAt.Format(time.RFC3339)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", t.Name, credentialsText(t.Credentials), t.CreatedAt.Format(time.RFC3339), revoked)
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", t.Name, credentialsText(t.Credentials), t.Weight,
+						t.CreatedAt.Format(time.RFC3339), revoked)
 				}
 				return tw.Flush()
 			},
@@ -146,6 +169,12 @@ func credentialList(c *cli.Context, raw string, set bool) ([]string, error) {
 		return nil, errors.New("--credentials: not in the config: " + strings.Join(unknown, ", "))
 	}
 	return creds, nil
+}
+
+// weightFlag is --weight: a tenant's share of a credential against other tenants with work.
+func weightFlag(def int) *cli.IntFlag {
+	return &cli.IntFlag{Name: "weight", Value: def,
+		Usage: fmt.Sprintf("the tenant's share of a credential against other tenants with work waiting (1..%d; weights 2 and 1 get two slots and one)", tenant.MaxWeight)}
 }
 
 func credentialsText(creds []string) string {

@@ -26,7 +26,7 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 	token := strings.TrimSuffix(r.out, "\n")
 	require.True(t, strings.HasPrefix(token, tenant.BearerTokenPrefix), r.out)
 	require.NotContains(t, token, "\n")
-	require.Contains(t, r.errOut, "tenant acme created (credentials: all)")
+	require.Contains(t, r.errOut, "tenant acme created (credentials: all), weight 1;")
 	require.Contains(t, r.errOut, "not shown again")
 	got, err := store.Authenticate(context.Background(), token)
 	require.NoError(t, err)
@@ -76,9 +76,45 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 	require.Equal(t, 0, table.code)
 	lines := strings.Split(strings.TrimSpace(table.out), "\n")
 	require.Len(t, lines, 5)
-	require.Regexp(t, `^NAME\s+CREDENTIALS\s+CREATED\s+REVOKED$`, lines[0])
-	require.Regexp(t, `^acme\s+all\s+\S+\s+\d{4}-`, lines[1])
-	require.Regexp(t, `^limited\s+default,oai\s+\S+\s+-$`, lines[4])
+	require.Regexp(t, `^NAME\s+CREDENTIALS\s+WEIGHT\s+CREATED\s+REVOKED$`, lines[0])
+	require.Regexp(t, `^acme\s+all\s+1\s+\S+\s+\d{4}-`, lines[1])
+	require.Regexp(t, `^limited\s+default,oai\s+1\s+\S+\s+-$`, lines[4])
+}
+
+// TestTenants_Weight: create --weight, set --weight and list; a bad weight or usage is refused
+// with one line.
+func TestTenants_Weight(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	db := []string{"--database-url", b.url, "tenants"}
+
+	r := run(t, append(db, "create", "big", "--weight", "3")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Contains(t, r.errOut, "tenant big created (credentials: all), weight 3;")
+	r = run(t, append(db, "create", "small")...)
+	require.Equal(t, 0, r.code, r.errOut)
+
+	r = run(t, append(db, "set", "small", "--weight", "2")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "tenant small: weight 2\n", r.out)
+	r = run(t, append(db, "set", "--weight=5", "big")...)
+	require.Equal(t, 0, r.code, r.errOut)
+
+	table := run(t, append(db, "list")...)
+	require.Equal(t, 0, table.code)
+	lines := strings.Split(strings.TrimSpace(table.out), "\n")
+	require.Regexp(t, `^big\s+all\s+5\s`, lines[1])
+	require.Regexp(t, `^small\s+all\s+2\s`, lines[2])
+	r = run(t, append(db, "list", "--json")...)
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.out), &rows))
+	require.EqualValues(t, 5, rows[0]["weight"])
+
+	requireOneLineError(t, run(t, append(db, "set", "small", "--weight", "0")...), 1, "invalid weight: 0 (want 1..1000)")
+	requireOneLineError(t, run(t, append(db, "create", "x", "--weight", "1001")...), 1, "invalid weight: 1001")
+	requireOneLineError(t, run(t, append(db, "set", "nobody", "--weight", "2")...), 1, `tenant not found: "nobody"`)
+	requireOneLineError(t, run(t, append(db, "set", "small")...), 2, "usage: ctl tenants set NAME --weight N")
+	requireOneLineError(t, run(t, append(db, "set", "--weight", "2")...), 2, "usage: ctl tenants set NAME --weight N")
 }
 
 func TestTenants_ListEmptyAndUnreachable(t *testing.T) {

@@ -336,6 +336,7 @@ func randomSubmit(rng *rand.Rand) string {
 		"first_byte_timeout": {[]string{`"1s"`}, []string{`"-1ms"`, texts[rng.IntN(len(texts))]}},
 		"max_attempts":       {[]string{`1`, `100`}, []string{`101`, `0`, `-5`, `1e999`, `2.5`, `"3"`}},
 		"metadata":           {[]string{object(1), object(0), `null`}, []string{`[1]`, `"x"`}},
+		"priority":           {[]string{`"high"`, `"normal"`, `"low"`}, []string{`"urgent"`, `""`, `1`}},
 		"colour":             {nil, []string{`"red"`}}, // unknown
 	}
 	var parts []string

@@ -93,6 +93,30 @@ type submitBody struct {
 	Fallbacks []string `json:"fallbacks"`
 	// Lane is "online" (default), "batch" or "auto" (see parseLane).
 	Lane *string `json:"lane"`
+	// Priority orders the job among its tenant's waiting work: "high", "normal" (default), "low".
+	Priority *string `json:"priority"`
+}
+
+// parsePriority sets the job's priority: absent means normal; anything but the three names is
+// invalid_priority.
+func parsePriority(raw *string, p *jobs.CreateParams) error {
+	p.Priority = jobs.PriorityNormal
+	if raw == nil {
+		return nil
+	}
+	if pr := jobs.Priority(*raw); pr.Valid() {
+		p.Priority = pr
+		return nil
+	}
+	return invalid("invalid_priority", "priority %q must be \"high\", \"normal\" or \"low\"", truncateValue(*raw))
+}
+
+// truncateValue keeps a client's value short enough to quote in an error message.
+func truncateValue(s string) string {
+	if len(s) <= 40 {
+		return s
+	}
+	return s[:40] + "…"
 }
 
 // MaxMetadataBytes caps the metadata object.
@@ -126,6 +150,7 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 		func() error { batchTimeout(b.Lane, b.Timeout, s.cfg.BatchWindows, &p); return s.parseLimits(b, &p) },
 		func() error { return parseLane(b.Lane, s.cfg.BatchWindows, &p) },
 		func() error { return parseMetadata(b.Metadata, &p) },
+		func() error { return parsePriority(b.Priority, &p) },
 		func() error { return fingerprint(idemKey, body, &p) },
 	} {
 		if err := check(); err != nil {

@@ -47,6 +47,8 @@ type Config struct {
 	Breaker Breaker `yaml:"breaker"`
 	// Retention says how long finished jobs are kept (see Retention).
 	Retention Retention `yaml:"retention"`
+	// Fairness says how tenants and priorities share a credential (see Fairness).
+	Fairness Fairness `yaml:"fairness"`
 }
 
 // Breaker configures the circuit breaker.
@@ -387,6 +389,7 @@ func (c *Config) withDefaults() {
 		c.Retry.MaxDelay = 60 * time.Second
 	}
 	c.Retention.withDefaults()
+	c.Fairness.withDefaults()
 	if c.Retry.MaxRetryAfter == 0 {
 		c.Retry.MaxRetryAfter = 5 * time.Minute
 	}
@@ -491,6 +494,7 @@ func (c *Config) validate() error {
 		}
 	}
 	c.Retention.validate(bad)
+	c.Fairness.validate(bad)
 	if len(c.Credentials) == 0 {
 		bad("credentials", "at least one credential is required")
 	}

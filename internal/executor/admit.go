@@ -66,6 +66,15 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (a
 	g := up.Gate
 	var adm admission
 	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0}
+	lane, err := e.lane(ctx, job)
+	if err != nil {
+		return adm, err
+	}
+	opts.Lane = lane
+	// Under fair queueing a retry may be told to come back for its turn many times: it draws on
+	// the budget once its slot is granted, not at every ask (a refused draw leaves that slot
+	// unused, as a canceled job would).
+	drawAfter := false
 	if job.Attempts > 0 && drawsOnRetryBudget(job) {
 		ps, err := g.Paused(ctx)
 		if err != nil {
@@ -77,7 +86,11 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (a
 			}
 		}
 		opts.UnlessPaused = false
-		if !adm.pauseProbe {
+		switch {
+		case adm.pauseProbe:
+		case lane != nil:
+			drawAfter = true
+		default:
 			if err := e.drawRetry(ctx, job, g); err != nil {
 				return adm, err
 			}
@@ -98,7 +111,12 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (a
 	}
 	until := e.cfg.Now().Add(res.Wait)
 	if !res.Granted {
-		return adm, &deferral{until: until, reason: "waiting for the rate limit to be learned"}
+		return adm, &deferral{until: until, reason: "waiting for a send slot (the job's turn, or the limit being learned)"}
+	}
+	if drawAfter {
+		if err := e.drawRetry(ctx, job, g); err != nil {
+			return adm, err
+		}
 	}
 	adm.seq, adm.grant = res.Seq, res.Grant
 	if res.Wait > e.cfg.MaxInlineWait {
@@ -108,6 +126,27 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (a
 		return adm, &deferral{until: until, reason: "rate limit slot", stored: true}
 	}
 	return adm, sleep(ctx, res.Wait)
+}
+
+// lane is the job's fair-queueing lane on its credential (its tenant, the tenant's weight, its
+// priority; its ID is its ticket, its creation time its place), or nil without
+// Config.TenantWeight.
+func (e *Executor) lane(ctx context.Context, job *jobs.Job) (*limiter.Lane, error) {
+	if e.cfg.TenantWeight == nil {
+		return nil, nil
+	}
+	w, err := e.cfg.TenantWeight(ctx, job.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	p := limiter.PriorityNormal
+	switch job.Priority {
+	case jobs.PriorityHigh:
+		p = limiter.PriorityHigh
+	case jobs.PriorityLow:
+		p = limiter.PriorityLow
+	}
+	return &limiter.Lane{Tenant: job.Tenant, Weight: w, Priority: p, Ticket: job.ID, Since: job.CreatedAt}, nil
 }
 
 // pauseProbe answers an attempt on a paused credential: true when it is the automatic probe of

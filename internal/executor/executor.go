@@ -70,6 +70,10 @@ type Config struct {
 	// Estimator estimates a request's tokens for the token buckets and learns from the
 	// provider's counts. Nil: requests are reserved without tokens.
 	Estimator *estimator.Estimator
+	// TenantWeight returns a tenant's weight (tenant.Store.Weight, cached). When set, every
+	// attempt is queued fairly on its credential in its lane (tenant × priority; see
+	// limiter.Lane); nil: attempts take the credential's slots in the order they ask.
+	TenantWeight func(ctx context.Context, tenant string) (int, error)
 	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
 	// spent budgets. Default math/rand/v2.
 	Float64 func() float64

@@ -99,6 +99,8 @@ type Job struct {
 	// CostClass says at which price the stored result was bought: "batch" (the providers' batch
 	// discount) or "online"; null until succeeded.
 	CostClass *string `json:"cost_class"`
+	// Priority orders the waiting work of the job's tenant on a credential (see Priority).
+	Priority Priority `json:"priority"`
 	// Request is the provider-native body, sent verbatim. Not part of the job JSON (it can be
 	// large and is the client's own); ctl shows its size.
 	Request json.RawMessage `json:"-"`
@@ -129,6 +131,23 @@ func (j *Job) CurrentCredential() string {
 
 // HasNextCredential reports whether a fallback remains after the current credential.
 func (j *Job) HasNextCredential() bool { return j.CredentialIndex < len(j.Fallbacks) }
+
+// Priority orders the waiting work of one tenant on a credential: a tenant's free slots go to its
+// highest priority with work, except for the minimum share each lower priority with work keeps
+// (internal/limiter, Fairness). Tenants share a credential by weight whatever their priorities.
+type Priority string
+
+// The priorities.
+const (
+	PriorityHigh   Priority = "high"
+	PriorityNormal Priority = "normal"
+	PriorityLow    Priority = "low"
+)
+
+// Valid reports whether p is one of the priorities.
+func (p Priority) Valid() bool {
+	return p == PriorityHigh || p == PriorityNormal || p == PriorityLow
+}
 
 // LastError describes the latest failed attempt.
 type LastError struct {

@@ -74,13 +74,15 @@ type CreateParams struct {
 	// Lane is the job's lane (empty: online). A batch-lane job is never enqueued: the batcher
 	// collects it.
 	Lane Lane
+	// Priority orders the job among its tenant's waiting work; empty: PriorityNormal.
+	Priority Priority
 }
 
 const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
 	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
 	result, usage, dead_reason, metadata, request, event_seq, slot_seq,
 	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by, slot_grant,
-	lease_token::text, lease_until, lane, batch_id, batch_state`
+	lease_token::text, lease_until, lane, batch_id, batch_state, priority`
 
 // jobColumnsNoRequest is jobColumns with a NULL request: for the transitions whose caller
 // already holds the body (it never changes after Create), so a large one does not travel back.
@@ -106,7 +108,7 @@ func scanJob(row pgx.Row) (*Job, error) {
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
 		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant,
-		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState)
+		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -231,9 +233,9 @@ func insertJob(id string, key *string, deadline time.Time, p CreateParams) (stri
 WITH j AS (
 	INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
 		max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms, fallbacks,
-		lane, batch_state)
+		lane, batch_state, priority)
 	VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1, $11, $12, $13,
-		$14, CASE WHEN $14 = 'batch' THEN 'waiting' END)
+		$14, CASE WHEN $14 = 'batch' THEN 'waiting' END, $15)
 	RETURNING *
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}' FROM j
@@ -241,7 +243,7 @@ WITH j AS (
 SELECT ` + jobColumnsNoRequest + ` FROM j`,
 		[]any{id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
 			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
-			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), string(cmp.Or(p.Lane, LaneOnline))}
+			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), string(cmp.Or(p.Lane, LaneOnline)), cmp.Or(p.Priority, PriorityNormal)}
 }
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.

@@ -21,3 +21,13 @@ func tokenKey(prefix, tag string) string { return prefix + tag + ":tk" }
 // grantKey holds the token grants not yet reconciled (a hash: grant id → tokens charged per
 // bucket), at most the most recent grantsKept. It expires with tokenKey.
 func grantKey(prefix, tag string) string { return prefix + tag + ":tkg" }
+
+// fairKey holds the fair queueing's virtual times and tenant weights (a hash; see luaFair),
+// fairLanesKey the set of lanes with waiting tickets, fairDeadlineKey when each ticket is dropped
+// unless asked for again (a sorted set), and fairLaneKey + lane name each lane's tickets in order
+// (a sorted set). All expire after twice Fairness.MaxRecheck + TicketGrace (plus a minute) without
+// an ask; losing them loses no job, only places in line until the tickets are asked for again.
+func fairKey(prefix, tag string) string         { return prefix + tag + ":fq" }
+func fairLanesKey(prefix, tag string) string    { return prefix + tag + ":fql" }
+func fairDeadlineKey(prefix, tag string) string { return prefix + tag + ":fqd" }
+func fairLaneKey(prefix, tag string) string     { return prefix + tag + ":fq:" }

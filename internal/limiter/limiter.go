@@ -73,6 +73,8 @@ type Config struct {
 	// hostile provider, "Retry-After: 99999999") stalls the credential this long at most.
 	// Default 5m; at least 1s.
 	MaxRetryAfter time.Duration
+	// Fairness configures how attempts that name a Lane share the credential.
+	Fairness Fairness
 	// Budget configures the retry budget.
 	Budget Budget
 	// Metrics receives the limiter's metrics; nil records none.
@@ -158,6 +160,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
 	}
+	c.Fairness = c.Fairness.withDefaults()
 	if c.Budget.Ratio == 0 {
 		c.Budget.Ratio = 0.1
 	}
@@ -198,7 +201,7 @@ func (c Config) validate() error {
 	case c.Budget.Buckets < 1 || c.Budget.Buckets > 600:
 		return fmt.Errorf("Budget.Buckets %d: want 1..600", c.Budget.Buckets)
 	}
-	return nil
+	return c.Fairness.validate()
 }
 
 // Limiter is the admission control of every provider key, shared by all processes through
@@ -352,6 +355,11 @@ type AttemptOptions struct {
 	// FirstAttempt counts a first attempt in the retry budget (RecordAttempt) when, and only
 	// when, a slot is granted: an ask that is refused or told to come back counts nothing.
 	FirstAttempt bool
+	// Lane, when set, queues the attempt fairly among the credential's other waiting attempts
+	// (see Lane): it is granted a slot only when its turn comes within Fairness.Horizon, else told
+	// to ask again (Granted false) with the same Lane. It applies while the request limit is
+	// known (configured or learned); a limit being learned goes one probe at a time as before.
+	Lane *Lane
 }
 
 // reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
@@ -382,6 +390,13 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		keys = append(keys, pauseKey(cfg.Prefix, c.tag), budgetKey(cfg.Prefix, c.tag))
 		args = append(args, flag(opts.UnlessPaused), flag(opts.FirstAttempt),
 			micros(b.Window), b.Buckets, fmtFloat(b.Ratio), b.Floor)
+	}
+	if opts.Lane != nil {
+		if err := opts.Lane.valid(); err != nil {
+			return Reservation{}, fmt.Errorf("reserve: %w", err)
+		}
+		keys = append(keys, c.fairKeys(opts.Lane)...)
+		args = append(args, c.fairArgs(opts.Lane)...)
 	}
 	res, err := reserveScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {

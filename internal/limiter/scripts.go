@@ -66,7 +66,7 @@ end
 // token limits is "capacity rate source" for the input, output and combined buckets, comma
 // separated ("" without tokens). A cost larger than a whole bucket returns {-1, bucket name,
 // cost, capacity} and changes nothing.
-var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + `
+var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + luaFair + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
 if ARGV[22] == '1' then
@@ -195,6 +195,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
   if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
   if nb - now + learnttl > keep then keep = nb - now + learnttl end
   redis.call('PEXPIRE', key, math.ceil(keep / 1000))
+  if granted == 1 and FQ ~= nil and FQ.mine ~= nil then fgranted() end
   if granted == 1 and ARGV[23] == '1' then
     budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
       tonumber(ARGV[27]))
@@ -305,8 +306,15 @@ local send = now
 if allow > (full or 0) and allow + phase > now then send = allow + phase end
 
 local granted = 1
-if source == 'learned' and send - now > hz then granted = 0 end
 local tagain = nil
+if FQ ~= nil then
+  -- fair queueing: the slot goes to this ask only when its turn is within the horizon (a limit
+  -- being learned, or a provider without headers, goes one probe at a time as before: no queue)
+  fenter(now)
+  local ok, again = fadmit(now, base, T, burst, phase, poll, source == 'learned')
+  if not ok then granted, tagain = 0, again end
+end
+if granted == 1 and source == 'learned' and send - now > hz then granted = 0 end
 if granted == 1 then
   -- The request bucket has room at max(now, allow); the token buckets may push the slot later,
   -- and the request is then counted at that later time.

@@ -32,11 +32,11 @@ func NewStore(pool *pgxpool.Pool, cfg *StoreConfig) *Store {
 	return s
 }
 
-const tenantColumns = `name, credentials, created_at, revoked_at`
+const tenantColumns = `name, credentials, created_at, revoked_at, weight`
 
 func scanTenant(row pgx.Row) (*Tenant, error) {
 	var t Tenant
-	if err := row.Scan(&t.Name, &t.Credentials, &t.CreatedAt, &t.RevokedAt); err != nil {
+	if err := row.Scan(&t.Name, &t.Credentials, &t.CreatedAt, &t.RevokedAt, &t.Weight); err != nil {
 		return nil, err
 	}
 	return &t, nil
@@ -47,6 +47,15 @@ func scanTenant(row pgx.Row) (*Tenant, error) {
 // use (their existence in the config is the caller's to check). Errors: ErrInvalidName,
 // ErrExists, or a wrapped database error.
 func (s *Store) Create(ctx context.Context, name string, credentials []string) (*Tenant, string, error) {
+	return s.CreateWeighted(ctx, name, credentials, DefaultWeight)
+}
+
+// CreateWeighted is Create with the tenant's weight (see Tenant.Weight); a weight outside
+// 1..MaxWeight is ErrInvalidWeight.
+func (s *Store) CreateWeighted(ctx context.Context, name string, credentials []string, weight int) (*Tenant, string, error) {
+	if err := checkWeight(weight); err != nil {
+		return nil, "", err
+	}
 	if !ValidName(name) {
 		return nil, "", fmt.Errorf("%w: tenant %q must be 1-64 letters, digits, '_', '.' or '-'", ErrInvalidName, truncate(name, 70))
 	}
@@ -62,8 +71,8 @@ func (s *Store) Create(ctx context.Context, name string, credentials []string) (
 		return nil, "", fmt.Errorf("new token: %w", err) // a bug: newToken makes well-formed tokens
 	}
 	t, err := scanTenant(s.pool.QueryRow(ctx, `
-INSERT INTO tenants (name, token_sha256, credentials) VALUES ($1, $2, $3)
-RETURNING `+tenantColumns, name, hash[:], credentials))
+INSERT INTO tenants (name, token_sha256, credentials, weight) VALUES ($1, $2, $3, $4)
+RETURNING `+tenantColumns, name, hash[:], credentials, weight))
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "tenants_pkey" {
@@ -95,6 +104,37 @@ func (s *Store) Revoke(ctx context.Context, name string) (wasActive bool, err er
 		return false, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	return false, nil
+}
+
+// SetWeight changes the tenant's weight (see Tenant.Weight); workers apply it within
+// WeightCacheTTL. Errors: ErrInvalidWeight, ErrNotFound, or a wrapped database error.
+func (s *Store) SetWeight(ctx context.Context, name string, weight int) error {
+	if err := checkWeight(weight); err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET weight = $2 WHERE name = $1`, name, weight)
+	if err != nil {
+		return fmt.Errorf("set tenant weight: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	return nil
+}
+
+// Weight returns the tenant's weight: DefaultWeight for a name with no row (the anonymous
+// tenant Default, or a tenant deleted since its jobs were submitted). Errors: a wrapped database
+// error.
+func (s *Store) Weight(ctx context.Context, name string) (int, error) {
+	var w int
+	err := s.pool.QueryRow(ctx, `SELECT weight FROM tenants WHERE name = $1`, name).Scan(&w)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return DefaultWeight, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("tenant weight: %w", err)
+	}
+	return w, nil
 }
 
 // List returns every tenant, revoked ones included, by name. Tokens are not stored, so none is

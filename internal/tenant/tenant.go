@@ -25,6 +25,8 @@ var (
 	ErrNotFound = errors.New("tenant not found")
 	// ErrExists: a tenant with that name exists already (revoked or not).
 	ErrExists = errors.New("tenant exists")
+	// ErrInvalidWeight: a weight outside 1..MaxWeight.
+	ErrInvalidWeight = errors.New("invalid weight")
 	// ErrInvalidName: a tenant or credential name is not 1-64 letters, digits, '_', '.' or '-',
 	// starting with a letter or digit.
 	ErrInvalidName = errors.New("invalid name")
@@ -59,6 +61,25 @@ type Tenant struct {
 	Credentials []string   `json:"credentials"`
 	CreatedAt   time.Time  `json:"created_at"`
 	RevokedAt   *time.Time `json:"revoked_at"`
+	// Weight is the tenant's share of a credential against the other tenants with work waiting
+	// on it: tenants of weights 2 and 1 get two slots and one. DefaultWeight unless set.
+	Weight int `json:"weight"`
+}
+
+// Weights of tenants.
+const (
+	// DefaultWeight is the weight of a tenant created without one, and of the anonymous tenant.
+	DefaultWeight = 1
+	// MaxWeight bounds a weight (the column's check, migration 013).
+	MaxWeight = 1000
+)
+
+// checkWeight is ErrInvalidWeight for a weight outside 1..MaxWeight.
+func checkWeight(w int) error {
+	if w < 1 || w > MaxWeight {
+		return fmt.Errorf("%w: %d (want 1..%d)", ErrInvalidWeight, w, MaxWeight)
+	}
+	return nil
 }
 
 // Allows reports whether the tenant's jobs may use the credential.

@@ -29,6 +29,7 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/maintenance"
 	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // Options are the in-process knobs a config file does not carry.
@@ -99,7 +100,8 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	// asynq's dequeues measured slower (docs/decisions.md).
 	pipelined := dispatch.AutoPipelined(rdb)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute,
-		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
+		MaxRetryAfter: cfg.Retry.MaxRetryAfter, Fairness: limiter.Fairness{MinShareNormal: cfg.Fairness.MinShare.Normal,
+			MinShareLow: cfg.Fairness.MinShare.Low, Horizon: cfg.Fairness.Horizon}})
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -163,7 +165,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 	}
 	w.executor = executor.New(executor.Config{
 		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: metrics, Alerter: alerter,
-		Estimator: est,
+		Estimator: est, TenantWeight: tenant.NewWeights(tenant.NewStore(pool, nil), nil).Weight,
 		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
 		// per job, so tests stay apart by job ID.
 		Deltas: deltastream.New(deltastream.Config{Redis: rdb, Logger: opts.Logger}),

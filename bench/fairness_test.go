@@ -1,0 +1,34 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestFairness_Defaults(t *testing.T) {
+	t.Parallel()
+	f, s := parse[*fairness](t, "fairness")
+	require.Equal(t, []any{20 * time.Second, 4, 20.0, 10.0, 3 * time.Minute, true}, []any{f.dur, s.workers, s.capacity, s.rate, s.timeout, s.build})
+}
+
+// TestFairness_Shares: the share of matching requests per window, min and max, skipping empty
+// windows; and the busy rate.
+func TestFairness_Shares(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	var log []arrival
+	for i := range 40 { // 10/s for 4 s: A, B, A, B, ... then only A in the last second
+		who := "A"
+		if i%2 == 1 && i < 30 {
+			who = "B"
+		}
+		log = append(log, arrival{at: t0.Add(time.Duration(i) * 100 * time.Millisecond), tenant: who})
+	}
+	lo, hi := shares(log, t0, t0.Add(4*time.Second), time.Second, func(a arrival) bool { return a.tenant == "A" })
+	require.InDelta(t, 0.5, lo, 1e-9)
+	require.InDelta(t, 1.0, hi, 1e-9)
+	require.InDelta(t, 10.0, busyRate(log, t0.Add(time.Hour)), 1e-9)
+	require.InDelta(t, 10.0, busyRate(log, t0.Add(2*time.Second)), 1e-9)
+}

@@ -1,0 +1,145 @@
+package limiter
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Priority orders a tenant's waiting attempts on a credential (Lane.Priority).
+type Priority int
+
+// The priorities, highest first.
+const (
+	PriorityHigh Priority = iota
+	PriorityNormal
+	PriorityLow
+)
+
+// Lane names the fair-queueing lane of an attempt (AttemptOptions.Lane): its tenant and
+// priority, and its ticket, the attempt's place in that lane.
+//
+// A credential's slots are shared between the lanes with waiting attempts by weighted fair
+// queueing: a tenant's share is its Weight against the other waiting tenants' weights, and
+// inside a tenant its highest waiting priority takes the share but for the minimum share
+// (Fairness.MinShareNormal, MinShareLow) each lower waiting priority keeps. Inside a lane,
+// tickets go in the order of Since.
+type Lane struct {
+	// Tenant names the tenant (letters, digits, '_', '.', '-'; no '|').
+	Tenant string
+	// Weight is the tenant's weight, 1..1000; 0 means 1.
+	Weight int
+	// Priority is the attempt's priority.
+	Priority Priority
+	// Ticket identifies the waiting attempt (the job ID): asking again with the same ticket keeps
+	// its place.
+	Ticket string
+	// Since orders the tickets of a lane (the job's creation time): a ticket lost with Redis
+	// state, or dropped because its holder did not come back in time, takes the same place again
+	// when it asks next.
+	Since time.Time
+}
+
+func (l *Lane) valid() error {
+	switch {
+	case l.Tenant == "" || strings.Contains(l.Tenant, "|"):
+		return fmt.Errorf("lane tenant %q: want a non-empty name without '|'", l.Tenant)
+	case l.Weight < 0 || l.Weight > 1000:
+		return fmt.Errorf("lane weight %d: want 1..1000", l.Weight)
+	case l.Priority < PriorityHigh || l.Priority > PriorityLow:
+		return fmt.Errorf("lane priority %d: want PriorityHigh..PriorityLow", l.Priority)
+	case l.Ticket == "":
+		return fmt.Errorf("lane ticket: want the attempt's job ID")
+	}
+	return nil
+}
+
+// name is the lane's name in Redis: "<tenant>|<priority>".
+func (l *Lane) name() string { return l.Tenant + "|" + strconv.Itoa(int(l.Priority)) }
+
+// Fairness configures the fair queueing of attempts that name a Lane.
+type Fairness struct {
+	// MinShareNormal is the least share of its tenant's slots that normal work keeps while it
+	// waits beside high work. Default 0.1.
+	MinShareNormal float64
+	// MinShareLow is the least share of its tenant's slots that low work keeps while it waits
+	// beside higher work. Default 0.05.
+	MinShareLow float64
+	// Horizon is how far ahead slots are handed out to attempts with a Lane: an attempt is
+	// granted a slot only when its turn (among every lane's waiting tickets) comes within
+	// Horizon; it is told to ask again about when it will. A newly arrived attempt of another
+	// tenant or a higher priority thus waits about Horizon at most behind slots handed out
+	// already. Default 150ms.
+	Horizon time.Duration
+	// TicketGrace is how long past the time it was told to ask again a waiting ticket is kept
+	// for its holder (a worker that died, a job canceled). Its job finds the same place again
+	// when it does ask (Lane.Since). Default 5s.
+	TicketGrace time.Duration
+	// MaxRecheck is the longest an attempt with a Lane is told to wait before asking again,
+	// however far off its turn: the cost of one Reserve per waiting attempt per MaxRecheck,
+	// against the slots lost when the turns come sooner than foreseen (tickets ahead dropped).
+	// Default 30s.
+	MaxRecheck time.Duration
+}
+
+// Defaults of Fairness.
+const (
+	DefaultMinShareNormal = 0.1
+	DefaultMinShareLow    = 0.05
+	DefaultFairHorizon    = 150 * time.Millisecond
+	DefaultTicketGrace    = 5 * time.Second
+	DefaultMaxRecheck     = 30 * time.Second
+)
+
+func (f Fairness) withDefaults() Fairness {
+	if f.MinShareNormal == 0 {
+		f.MinShareNormal = DefaultMinShareNormal
+	}
+	if f.MinShareLow == 0 {
+		f.MinShareLow = DefaultMinShareLow
+	}
+	if f.Horizon == 0 {
+		f.Horizon = DefaultFairHorizon
+	}
+	if f.TicketGrace == 0 {
+		f.TicketGrace = DefaultTicketGrace
+	}
+	if f.MaxRecheck == 0 {
+		f.MaxRecheck = DefaultMaxRecheck
+	}
+	return f
+}
+
+func (f Fairness) validate() error {
+	bad := func(x float64) bool { return math.IsNaN(x) || x <= 0 || x > 0.5 }
+	switch {
+	case bad(f.MinShareNormal):
+		return fmt.Errorf("Fairness.MinShareNormal %v: want above 0, at most 0.5", f.MinShareNormal)
+	case bad(f.MinShareLow):
+		return fmt.Errorf("Fairness.MinShareLow %v: want above 0, at most 0.5", f.MinShareLow)
+	case f.MinShareNormal+f.MinShareLow > 0.9:
+		return fmt.Errorf("Fairness.MinShareNormal + MinShareLow %v: want at most 0.9", f.MinShareNormal+f.MinShareLow)
+	case f.Horizon < time.Millisecond:
+		return fmt.Errorf("Fairness.Horizon %v: want at least 1ms", f.Horizon)
+	case f.TicketGrace < 100*time.Millisecond:
+		return fmt.Errorf("Fairness.TicketGrace %v: want at least 100ms", f.TicketGrace)
+	case f.MaxRecheck < f.Horizon:
+		return fmt.Errorf("Fairness.MaxRecheck %v: want at least Fairness.Horizon", f.MaxRecheck)
+	}
+	return nil
+}
+
+// fairKeys and fairArgs are reserveScript's KEYS[6..9] and ARGV[28..40] for lane l.
+func (c *Gate) fairKeys(l *Lane) []string {
+	p := c.l.cfg.Prefix
+	return []string{fairKey(p, c.tag), fairLanesKey(p, c.tag), fairDeadlineKey(p, c.tag), fairLaneKey(p, c.tag) + l.name()}
+}
+
+func (c *Gate) fairArgs(l *Lane) []any {
+	f := &c.l.cfg.Fairness
+	return []any{"1", fairLaneKey(c.l.cfg.Prefix, c.tag), l.name(), l.Tenant, int(l.Priority), max(l.Weight, 1),
+		l.Ticket, l.Since.UnixMicro(), fmtFloat(f.MinShareNormal), fmtFloat(f.MinShareLow),
+		micros(f.Horizon), micros(f.TicketGrace), micros(f.MaxRecheck)}
+}

@@ -1,0 +1,158 @@
+package limiter
+
+// luaFair is the fair queueing of a credential's slots between lanes (a tenant × a priority),
+// run inside reserveScript when an attempt names its Lane (ARGV[28] = "1") and the request rate is
+// known (an unknown limit goes one probe at a time, with no queue to order). See fair.go for the
+// model; in short: every waiting attempt holds a ticket in its lane (a sorted set ordered by the
+// job's creation time, so that a ticket lost with Redis is put back in the same place), each
+// lane has a virtual finish time F, and the n-th ticket of lane L is due at virtual time
+// F_L + n/w_L (weighted fair queueing, w_L the lane's weight). An ask is granted a slot only when
+// fewer tickets are due before its own than there are free slots within the horizon; otherwise
+// it is told to come back about when its turn will be, and nothing is reserved.
+//
+// KEYS[6] fair hash: v (virtual time while no lane waits), F|<lane> (a waiting lane's virtual
+// finish time), w|<tenant> (the tenant's weight, as its last attempt said)
+// KEYS[7] the set of waiting lanes
+// KEYS[8] ticket deadlines (sorted set of "<lane>\n<ticket>" by µs): a ticket whose holder has
+// not asked again by then is dropped (its job asks again later, and finds its place again)
+// KEYS[9] the asking lane's tickets (sorted set: ticket → its order, µs); the other lanes' keys
+// are ARGV[29] .. lane, in the same hash tag (so in the same Redis Cluster slot)
+// ARGV[28] "1"
+// ARGV[29] lane key prefix
+// ARGV[30] lane ("<tenant>|<priority>"), ARGV[31] tenant, ARGV[32] priority 0 (high) .. 2 (low)
+// ARGV[33] the tenant's weight
+// ARGV[34] ticket, ARGV[35] its order (µs)
+// ARGV[36..37] minimum share of normal and low (fractions of the tenant's slots)
+// ARGV[38] horizon µs, ARGV[39] ticket grace µs, ARGV[40] longest wait before asking again µs
+const luaFair = `
+local FQ = nil
+if ARGV[28] == '1' then
+  FQ = {h = KEYS[6], act = KEYS[7], dl = KEYS[8], own = KEYS[9], pre = ARGV[29], lane = ARGV[30],
+    tenant = ARGV[31], prio = tonumber(ARGV[32]), tw = tonumber(ARGV[33]), ticket = ARGV[34],
+    order = tonumber(ARGV[35]), ms = {tonumber(ARGV[36]), tonumber(ARGV[37])}, hz = tonumber(ARGV[38]),
+    grace = tonumber(ARGV[39]), maxwait = tonumber(ARGV[40])}
+end
+
+-- fkeep makes the fairness keys outlive every ticket in them.
+local function fkeep()
+  local ms = math.ceil((2 * (FQ.maxwait + FQ.grace)) / 1000) + 60000
+  for _, k in ipairs({FQ.h, FQ.act, FQ.dl, FQ.own}) do redis.call('PEXPIRE', k, ms) end
+end
+
+-- fenter drops expired tickets, registers the asking ticket (in its lane, by its order: a
+-- ticket already there keeps its place), and computes its rank: how many waiting tickets are
+-- due (in virtual time) before it.
+local function fenter(now)
+  local old = redis.call('ZRANGEBYSCORE', FQ.dl, '-inf', now, 'LIMIT', 0, 100)
+  for _, m in ipairs(old) do
+    local i = string.find(m, '\n', 1, true)
+    if i then redis.call('ZREM', FQ.pre .. string.sub(m, 1, i - 1), string.sub(m, i + 1)) end
+    redis.call('ZREM', FQ.dl, m)
+  end
+  redis.call('ZADD', FQ.own, 'NX', FQ.order, FQ.ticket)
+  redis.call('ZADD', FQ.dl, now + FQ.grace + 1000000, FQ.lane .. '\n' .. FQ.ticket)
+  redis.call('HSET', FQ.h, 'w|' .. FQ.tenant, FQ.tw)
+  local v = num(redis.call('HGET', FQ.h, 'v')) or 0
+  -- the waiting lanes; a lane left empty (its tickets granted or expired) stops waiting
+  local lanes, minF, mine = {}, nil, nil
+  for _, ln in ipairs(redis.call('SMEMBERS', FQ.act)) do
+    local n = redis.call('ZCARD', FQ.pre .. ln)
+    local F = num(redis.call('HGET', FQ.h, 'F|' .. ln))
+    if n == 0 then
+      redis.call('SREM', FQ.act, ln)
+      redis.call('HDEL', FQ.h, 'F|' .. ln)
+      if F ~= nil and F > v then v = F end
+    else
+      local bar = string.find(ln, '|', 1, true)
+      local x = {name = ln, n = n, F = F, tenant = string.sub(ln, 1, bar - 1),
+        prio = tonumber(string.sub(ln, bar + 1))}
+      lanes[#lanes + 1] = x
+      if ln == FQ.lane then mine = x end
+      if F ~= nil and (minF == nil or F < minF) then minF = F end
+    end
+  end
+  redis.call('HSET', FQ.h, 'v', fmt(v))
+  -- a lane that starts waiting starts at the virtual time of the others (no credit for idling)
+  local V = minF or v
+  for _, x in ipairs(lanes) do
+    if x.F == nil then
+      x.F = V
+      redis.call('HSET', FQ.h, 'F|' .. x.name, fmt(V))
+    end
+  end
+  if mine == nil then
+    mine = {name = FQ.lane, n = redis.call('ZCARD', FQ.own), F = V, tenant = FQ.tenant, prio = FQ.prio}
+    lanes[#lanes + 1] = mine
+    redis.call('SADD', FQ.act, FQ.lane)
+    redis.call('HSET', FQ.h, 'F|' .. FQ.lane, fmt(V))
+  end
+  -- weights: a tenant's weight, split between its waiting priorities: each lower one keeps its
+  -- minimum share, the highest gets the rest
+  local top, lower = {}, {}
+  for _, x in ipairs(lanes) do
+    if top[x.tenant] == nil or x.prio < top[x.tenant] then top[x.tenant] = x.prio end
+  end
+  for _, x in ipairs(lanes) do
+    if x.prio ~= top[x.tenant] then lower[x.tenant] = (lower[x.tenant] or 0) + FQ.ms[x.prio] end
+  end
+  for _, x in ipairs(lanes) do
+    local tw = num(redis.call('HGET', FQ.h, 'w|' .. x.tenant)) or 1
+    if x.prio == top[x.tenant] then x.w = tw * (1 - (lower[x.tenant] or 0)) else x.w = tw * FQ.ms[x.prio] end
+  end
+  -- rank: tickets due before ours (ties go to the lane whose name sorts first)
+  local pos = redis.call('ZRANK', FQ.own, FQ.ticket) + 1
+  local tag = mine.F + pos / mine.w
+  local rank = pos - 1
+  for _, x in ipairs(lanes) do
+    if x ~= mine then
+      local d = (tag - x.F) * x.w
+      local c
+      if x.name < mine.name then c = math.floor(d + 1e-9) else c = math.ceil(d - 1e-9) - 1 end
+      if c > x.n then c = x.n end
+      if c > 0 then rank = rank + c end
+    end
+  end
+  FQ.rank, FQ.mine = rank, mine
+  fkeep()
+end
+
+-- fadmit decides whether the ask may take a slot now: the free slots of the request bucket whose
+-- send time lies within the horizon (slot k may go at base + (k+1-burst)T, plus the phase margin
+-- when it waits for a refill) must outnumber the tickets due before it. Returns true, or false
+-- and when to ask again: about when its turn comes, half a horizon (and a tenth of the wait)
+-- early; under a learned limit
+-- at least once a second, as the learned schedule asks (the rate estimate rises, and the
+-- provider's surplus is lent only to those who ask).
+local function fadmit(now, base, T, burst, phase, poll, learned)
+  local k1 = math.floor((now - base) / T + burst - 1)
+  local k2 = math.floor((now + FQ.hz - phase - base) / T + burst - 1)
+  local free = math.max(k1, k2) + 1
+  if FQ.rank < free then return true end
+  local again = base + (FQ.rank + 1 - burst) * T + phase - FQ.hz / 2
+  -- a turn more than a second off is asked for a tenth early (at most a second): a waiter that
+  -- comes back through its scheduler (asynq keeps whole seconds; a loaded worker is slow) is then
+  -- still in time, and waits out the rest in process
+  if again - now > 1000000 then again = again - math.min(1000000, (again - now) / 10) end
+  local maxwait = FQ.maxwait
+  if learned and maxwait > 1000000 then maxwait = 1000000 end
+  if again > now + maxwait then again = now + maxwait end
+  if again < now + poll then again = now + poll end
+  redis.call('ZADD', FQ.dl, again + FQ.grace, FQ.lane .. '\n' .. FQ.ticket)
+  return false, again
+end
+
+-- fgranted takes the granted ticket out of its lane: the lane has used one slot of its share.
+local function fgranted()
+  redis.call('ZREM', FQ.own, FQ.ticket)
+  redis.call('ZREM', FQ.dl, FQ.lane .. '\n' .. FQ.ticket)
+  local F = FQ.mine.F + 1 / FQ.mine.w
+  if redis.call('ZCARD', FQ.own) == 0 then
+    redis.call('SREM', FQ.act, FQ.lane)
+    redis.call('HDEL', FQ.h, 'F|' .. FQ.lane)
+    local v = num(redis.call('HGET', FQ.h, 'v')) or 0
+    if F > v then redis.call('HSET', FQ.h, 'v', fmt(F)) end
+  else
+    redis.call('HSET', FQ.h, 'F|' .. FQ.lane, fmt(F))
+  end
+end
+`

@@ -1,0 +1,71 @@
+package tenant_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/clocktest"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+func TestStore_Weight(t *testing.T) {
+	t.Parallel()
+	store := tenant.NewStore(pgtest.Pool(t), nil)
+	ctx := context.Background()
+
+	plain, _, err := store.Create(ctx, "plain", nil)
+	require.NoError(t, err)
+	require.Equal(t, tenant.DefaultWeight, plain.Weight)
+	heavy, _, err := store.CreateWeighted(ctx, "heavy", nil, 3)
+	require.NoError(t, err)
+	require.Equal(t, 3, heavy.Weight)
+
+	w, err := store.Weight(ctx, "heavy")
+	require.NoError(t, err)
+	require.Equal(t, 3, w)
+	w, err = store.Weight(ctx, tenant.Default) // the anonymous tenant has no row
+	require.NoError(t, err)
+	require.Equal(t, tenant.DefaultWeight, w)
+
+	require.NoError(t, store.SetWeight(ctx, "plain", 7))
+	list, err := store.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, list[0].Weight)
+	require.Equal(t, 7, list[1].Weight)
+
+	for _, bad := range []int{0, -1, tenant.MaxWeight + 1} {
+		require.ErrorIs(t, store.SetWeight(ctx, "plain", bad), tenant.ErrInvalidWeight)
+		_, _, err := store.CreateWeighted(ctx, "other", nil, bad)
+		require.ErrorIs(t, err, tenant.ErrInvalidWeight)
+	}
+	require.ErrorIs(t, store.SetWeight(ctx, "nobody", 2), tenant.ErrNotFound)
+	w, err = store.Weight(ctx, "plain")
+	require.NoError(t, err)
+	require.Equal(t, 7, w, "a refused change leaves the weight")
+}
+
+func TestWeights_Cached(t *testing.T) {
+	t.Parallel()
+	store := tenant.NewStore(pgtest.Pool(t), nil)
+	ctx := context.Background()
+	clock := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	_, _, err := store.CreateWeighted(ctx, "acme", nil, 2)
+	require.NoError(t, err)
+	c := tenant.NewWeights(store, clock.Now)
+
+	w, err := c.Weight(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, 2, w)
+	require.NoError(t, store.SetWeight(ctx, "acme", 5))
+	w, _ = c.Weight(ctx, "acme")
+	require.Equal(t, 2, w, "kept for the cache's TTL")
+	clock.Advance(tenant.WeightCacheTTL)
+	w, _ = c.Weight(ctx, "acme")
+	require.Equal(t, 5, w, "read again once stale")
+	w, _ = c.Weight(ctx, tenant.Default)
+	require.Equal(t, tenant.DefaultWeight, w)
+}

@@ -1,0 +1,56 @@
+package tenant
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// WeightCacheTTL is how long Weights keeps a tenant's weight: `ctl tenants set --weight` reaches
+// every worker within it.
+const WeightCacheTTL = 10 * time.Second
+
+// Weights answers tenants' weights from the Store, each kept WeightCacheTTL, so that the workers'
+// admission of every attempt does not read Postgres. Safe for concurrent use.
+type Weights struct {
+	store *Store
+	now   func() time.Time
+	mu    sync.Mutex
+	m     map[string]cachedWeight
+}
+
+type cachedWeight struct {
+	w   int
+	exp time.Time
+}
+
+// NewWeights returns a cache over store; now is its clock (nil: time.Now).
+func NewWeights(store *Store, now func() time.Time) *Weights {
+	if now == nil {
+		now = time.Now
+	}
+	return &Weights{store: store, now: now, m: map[string]cachedWeight{}}
+}
+
+// Weight returns the tenant's weight (DefaultWeight for a name with no row), from the cache while
+// fresh. Errors: Store.Weight's, when the cache holds nothing fresh.
+func (c *Weights) Weight(ctx context.Context, name string) (int, error) {
+	now := c.now()
+	c.mu.Lock()
+	e, ok := c.m[name]
+	c.mu.Unlock()
+	if ok && now.Before(e.exp) {
+		return e.w, nil
+	}
+	w, err := c.store.Weight(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	if len(c.m) > 100_000 {
+		clear(c.m) // tenants are few; a bound all the same
+	}
+	c.m[name] = cachedWeight{w: w, exp: now.Add(WeightCacheTTL)}
+	c.mu.Unlock()
+	return w, nil
+}

@@ -1,0 +1,2 @@
+ALTER TABLE tenants DROP COLUMN weight;
+ALTER TABLE jobs DROP COLUMN priority;
