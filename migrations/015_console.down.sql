@@ -1,0 +1,4 @@
+DROP INDEX jobs_created_idx;
+DROP TABLE audit_log;
+DROP TABLE operator_sessions;
+DROP TABLE operators;
