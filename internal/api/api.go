@@ -76,6 +76,8 @@ type Config struct {
 	MaxStreamsPerTenant int
 	// Now is the clock of throttled log lines. Default time.Now.
 	Now func() time.Time
+	// Console, when set, serves everything under /console/ (the operators' console).
+	Console http.Handler
 }
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.
@@ -136,6 +138,9 @@ func New(cfg Config) *Server {
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.pattern, s.methods(rt.methods))
+	}
+	if cfg.Console != nil {
+		s.mux.Handle("/console/", cfg.Console)
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusNotFound, typ: "not_found", message: "no route for " + r.Method + " " + r.URL.Path})

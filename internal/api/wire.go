@@ -22,6 +22,18 @@ import (
 // listener and releases the Redis connections (not the pool); call it once, after the HTTP
 // server stopped.
 func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry, logger *slog.Logger) (*Server, func() error, error) {
+	return FromConfigWith(cfg, pool, reg, logger, Options{})
+}
+
+// Options are FromConfigWith's knobs that the config file does not hold.
+type Options struct {
+	// RedisPrefix starts llmq's own Redis keys, which the console reads (the workers' prefix).
+	// Default "llmq:"; tests isolate with their own.
+	RedisPrefix string
+}
+
+// FromConfigWith is FromConfig with Options.
+func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry, logger *slog.Logger, opts Options) (*Server, func() error, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -65,7 +77,12 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 			return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 		}
 	}
+	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), listener, logger)
+	if err != nil {
+		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
+	}
 	s := New(Config{
+		Console: con,
 		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,

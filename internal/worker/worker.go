@@ -26,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/maintenance"
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
@@ -183,6 +184,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 
 // Run processes jobs, sweeps and maintains until ctx ends, then shuts down gracefully.
 func (w *Worker) Run(ctx context.Context) error {
+	w.publishCredentialTags(ctx)
 	if err := w.server.Start(dispatch.Mux(w.executor)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
@@ -202,6 +204,22 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-listenDone
 	<-pausesDone
 	return errors.Join(<-sweepDone, <-maintDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
+}
+
+// publishCredentialTags writes each credential's Redis tag under its name
+// (redisscript.CredentialIndexKey), for the console, which has no provider keys. A failure is
+// logged: only the console's credentials page needs it.
+func (w *Worker) publishCredentialTags(ctx context.Context) {
+	tags := make(map[string]any, len(w.cfg.Credentials))
+	for _, c := range w.cfg.Credentials {
+		tags[c.Name] = redisscript.CredentialTag(c.LimiterID())
+	}
+	if len(tags) == 0 {
+		return
+	}
+	if err := w.rdb.HSet(ctx, redisscript.CredentialIndexKey(w.opts.RedisPrefix), tags).Err(); err != nil {
+		w.opts.Logger.WarnContext(ctx, "publish credential tags for the console", "error", err)
+	}
 }
 
 // refreshPauses reads each credential's pause state (which sets llmq_limiter_paused) at once

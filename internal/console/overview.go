@@ -1,0 +1,146 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
+)
+
+// statusOrder lists every status in lifecycle order (the same rows as ctl stats).
+var statusOrder = []jobs.Status{
+	jobs.StatusQueued, jobs.StatusRunning, jobs.StatusRetrying,
+	jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusDead, jobs.StatusCanceled,
+}
+
+// overviewWindow is the overview's window: the last hour, like ctl stats' default.
+const overviewWindow = time.Hour
+
+// Overview is the overview page's figures: those of `ctl stats` (the same queries) and the dead
+// letters by reason.
+type Overview struct {
+	Window string `json:"window"`
+	*jobs.Stats
+	// Queue is the asynq queue's depth; nil when the console has no Tasks or Redis failed.
+	Queue *dispatch.QueueDepth `json:"queue"`
+	// DeadByReason counts every dead letter (of any age) by its reason.
+	DeadByReason map[string]int `json:"dead_by_reason"`
+}
+
+func (h *Handler) computeOverview(ctx context.Context) (*Overview, error) {
+	st, err := h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow))
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range statusOrder {
+		st.ByStatus[s] += 0 // every status present, zeros included
+	}
+	// Stats' Since is the clock's reading: it would change every recompute and make every
+	// live update look new.
+	st.Since = time.Time{}
+	dead, err := h.cfg.Jobs.DeadByReason(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ov := &Overview{Window: overviewWindow.String(), Stats: st, DeadByReason: dead}
+	if h.cfg.Tasks != nil {
+		if d, err := h.cfg.Tasks.Depth(); err == nil {
+			ov.Queue = &d
+		} else {
+			h.cfg.Logger.WarnContext(ctx, "console: queue depth", "error", err)
+		}
+	}
+	return ov, nil
+}
+
+func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	ov, err := h.computeOverview(r.Context())
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ov)
+}
+
+// overviewLive streams the overview as "overview" events: the current figures at once, then
+// each time a recompute (every LiveInterval, on the server) differs from what was sent last.
+func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	out, ok := startStream(w)
+	if !ok {
+		return
+	}
+	tick := time.NewTicker(h.cfg.LiveInterval)
+	defer tick.Stop()
+	keep := time.NewTicker(h.cfg.KeepAlive)
+	defer keep.Stop()
+	var last []byte
+	for {
+		ov, err := h.computeOverview(r.Context())
+		if err == nil {
+			if last, err = sendIfChanged(out, "overview", ov, last); err != nil {
+				return
+			}
+		} else if r.Context().Err() == nil {
+			h.cfg.Logger.WarnContext(r.Context(), "console: overview stream", "error", err)
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		case <-keep.C:
+			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+// streamWriter writes a Server-Sent Events stream and flushes it.
+type streamWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (s *streamWriter) Write(p []byte) (int, error) {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	return s.w.Write(p)
+}
+
+func (s *streamWriter) flush() error { return s.rc.Flush() }
+
+// startStream sends the headers of an event stream. The server's read and write timeouts
+// would end a stream that outlives them: each write gets its own deadline instead.
+func startStream(w http.ResponseWriter) (*streamWriter, bool) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	s := &streamWriter{w: w, rc: rc}
+	return s, s.flush() == nil
+}
+
+// sendIfChanged sends v as event name unless its JSON equals last; it returns the JSON sent
+// (or last).
+func sendIfChanged(out *streamWriter, name string, v any, last []byte) ([]byte, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return last, fmt.Errorf("encode %s: %w", name, err)
+	}
+	if bytes.Equal(data, last) {
+		return last, nil
+	}
+	if _, err := fmt.Fprintf(out, "event: %s\ndata: %s\n\n", name, data); err != nil {
+		return last, err
+	}
+	return data, out.flush()
+}
