@@ -83,7 +83,7 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 	}
 	s := New(Config{
 		Console: con,
-		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
+		Store:   store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
