@@ -76,7 +76,8 @@ type Config struct {
 	MaxStreamsPerTenant int
 	// Now is the clock of throttled log lines. Default time.Now.
 	Now func() time.Time
-	// Console, when set, serves everything under /console/ (the operators' console).
+	// Console, when set, serves everything under /console/ (the operators' console). Shutdown
+	// calls its Shutdown method, when it has one.
 	Console http.Handler
 }
 
@@ -155,7 +156,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // replica or another) and makes new ones end at once. Call it when the HTTP server shuts down
 // (http.Server.RegisterOnShutdown), which otherwise waits for streams that never go idle. It is
 // idempotent and safe for concurrent use.
-func (s *Server) Shutdown() { s.closeOnce.Do(func() { close(s.closing) }) }
+func (s *Server) Shutdown() {
+	s.closeOnce.Do(func() { close(s.closing) })
+	if c, ok := s.cfg.Console.(interface{ Shutdown() }); ok {
+		c.Shutdown()
+	}
+}
 
 func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {

@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -83,6 +84,9 @@ type Handler struct {
 	limiter   *limiter.Limiter
 	breaker   *breaker.Breaker
 	mux       *http.ServeMux
+	// closing is closed by Shutdown to end the event streams.
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // Prefix is the path the console is served under.
@@ -120,7 +124,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, fmt.Errorf("console: %w", err)
 	}
 	h := &Handler{cfg: cfg, operators: operator.NewStore(cfg.Pool, nil), tenants: tenant.NewStore(cfg.Pool, nil),
-		limiter: lim, breaker: brk, mux: http.NewServeMux()}
+		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{})}
 	h.routes()
 	return h, nil
 }
@@ -156,6 +160,11 @@ func (h *Handler) routes() {
 		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
 	})
 }
+
+// Shutdown ends every open event stream of the console (the page's EventSource reconnects, to
+// this replica or another), so that an HTTP server's shutdown does not wait for them. It is
+// idempotent and safe for concurrent use.
+func (h *Handler) Shutdown() { h.closeOnce.Do(func() { close(h.closing) }) }
 
 // ServeHTTP implements http.Handler for every path under Prefix.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }

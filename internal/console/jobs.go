@@ -186,6 +186,8 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 		select {
 		case <-r.Context().Done():
 			return
+		case <-h.closing:
+			return
 		case <-notify:
 		case <-keep.C:
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {

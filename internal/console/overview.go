@@ -93,6 +93,8 @@ func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operat
 		select {
 		case <-r.Context().Done():
 			return
+		case <-h.closing:
+			return
 		case <-tick.C:
 		case <-keep.C:
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {

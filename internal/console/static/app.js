@@ -25,8 +25,11 @@ function h(tag, attrs, ...children) {
 }
 
 const $ = (id) => document.getElementById(id);
+// show replaces root's children, leaving out the absent ones (null, undefined, false).
+const show = (root, ...kids) => show(root, ...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
 const fmtTime = (t) => (t ? new Date(t).toLocaleString() : '–');
 const fmtMS = (ms) => (ms === null || ms === undefined ? '–' : ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`);
+const clip = (t, n) => (t.length > n ? t.slice(0, n - 1) + '…' : t);
 const badge = (s) => h('span', { class: `status ${s}` }, s);
 const jobLink = (id) => h('a', { href: `#/job/${id}`, class: 'mono' }, id);
 
@@ -133,10 +136,10 @@ function renderOverview(ov) {
 }
 
 async function pageOverview(root) {
-  root.replaceChildren(h('h1', {}, 'Overview', h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'ov' }));
+  show(root, h('h1', {}, 'Overview', h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'ov' }));
   const ov = await api('GET', '/overview');
-  $('ov').replaceChildren(...renderOverview(ov));
-  follow('/overview/live', 'overview', (o) => { const el = $('ov'); if (el) el.replaceChildren(...renderOverview(o)); });
+  show($('ov'), renderOverview(ov));
+  follow('/overview/live', 'overview', (o) => { const el = $('ov'); if (el) show(el, renderOverview(o)); });
 }
 
 function jobsTable(jobs, opts = {}) {
@@ -150,7 +153,7 @@ function jobsTable(jobs, opts = {}) {
     h('td', { class: 'num' }, `${j.attempts}/${j.max_attempts}`),
     opts.dead ? h('td', {}, j.dead_reason || '–') : null,
     h('td', {}, fmtTime(opts.dead ? j.finished_at : j.created_at)),
-    h('td', {}, j.last_error ? `${j.last_error.class}${j.last_error.status ? ' ' + j.last_error.status : ''}: ${j.last_error.message}`.slice(0, 90) : '–')));
+    h('td', {}, j.last_error && j.status !== 'succeeded' ? clip(`${j.last_error.class}${j.last_error.status ? ' ' + j.last_error.status : ''}: ${j.last_error.message}`, 90) : '–')));
   return h('table', { id: opts.id || 'jobs' }, head, rows);
 }
 
@@ -172,7 +175,7 @@ async function pageJobs(root, params) {
   const data = await api('GET', `/jobs?${params}`);
   const next = new URLSearchParams(params);
   next.set('after', data.next);
-  root.replaceChildren(h('h1', {}, 'Jobs', h('span', { class: 'muted' }, ' newest first, every tenant')),
+  show(root, h('h1', {}, 'Jobs', h('span', { class: 'muted' }, ' newest first, every tenant')),
     filterForm([['status', 'status', STATUSES], ['tenant', 'tenant'], ['credential', 'credential']], params, (f) => toHash('jobs', f)),
     data.jobs.length ? jobsTable(data.jobs) : h('p', { class: 'muted' }, 'No jobs match.'),
     h('div', { class: 'pager' }, params.get('after') ? h('a', { href: '#/jobs' + (() => { const p = new URLSearchParams(params); p.delete('after'); return p.size ? '?' + p : ''; })() }, '« first page') : null,
@@ -219,10 +222,10 @@ function renderJob(d) {
 }
 
 async function pageJob(root, id) {
-  root.replaceChildren(h('h1', {}, 'Job ', h('span', { class: 'mono' }, id), h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'job' }));
+  show(root, h('h1', {}, 'Job ', h('span', { class: 'mono' }, id), h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'job' }));
   const d = await api('GET', `/jobs/${encodeURIComponent(id)}`);
-  $('job').replaceChildren(...renderJob(d));
-  follow(`/jobs/${encodeURIComponent(id)}/live`, 'job', (x) => { const el = $('job'); if (el) el.replaceChildren(...renderJob(x)); });
+  show($('job'), renderJob(d));
+  follow(`/jobs/${encodeURIComponent(id)}/live`, 'job', (x) => { const el = $('job'); if (el) show(el, renderJob(x)); });
 }
 
 // deadAction retries or purges the selected dead letters after a confirmation naming the count.
@@ -246,7 +249,7 @@ async function deadAction(action, ids) {
 async function pageDead(root, params) {
   const data = await api('GET', `/dead?${params}`);
   const selected = () => [...document.querySelectorAll('input.sel:checked')].map((c) => c.value);
-  root.replaceChildren(h('h1', {}, 'Dead letters'),
+  show(root, h('h1', {}, 'Dead letters'),
     filterForm([['reason', 'reason', ['rate_limited_no_retry_after', 'retries_exhausted']], ['credential', 'credential']], params, (f) => toHash('dead', f)),
     h('p', {}, h('button', { id: 'retry-selected', onclick: () => deadAction('retry', selected()) }, 'Retry selected'), ' ',
       h('button', { id: 'purge-selected', class: 'danger', onclick: () => deadAction('purge', selected()) }, 'Purge selected')),
@@ -259,11 +262,11 @@ async function pageCredentials(root) {
   const resume = async (name) => {
     try { flash((await api('POST', `/credentials/${encodeURIComponent(name)}/resume`)).message); route(); } catch (e) { flash(e.message, true); }
   };
-  root.replaceChildren(h('h1', {}, 'Credentials'),
+  show(root, h('h1', {}, 'Credentials'),
     h('table', { id: 'credentials' }, h('tr', {}, ['name', 'provider', 'limit in force', 'token limits', 'breaker', 'paused', 'pushed back', ''].map((t) => h('th', {}, t))),
       data.credentials.map((c) => h('tr', { dataset: { name: c.name } }, h('td', {}, c.name), h('td', {}, c.provider),
         !c.known ? h('td', { colspan: 6, class: 'muted' }, 'no worker has started with this credential yet') : [
-          h('td', {}, c.requests_per_second || c.burst ? `${+c.requests_per_second.toPrecision(4)}/s, burst ${c.burst} (${c.limit_source})` : `unknown (${c.limit_source})`),
+          h('td', {}, c.requests_per_second || c.burst ? `${+c.requests_per_second.toPrecision(4)}/s, burst ${c.burst} (${c.limit_source})` : 'not learned yet'),
           h('td', {}, c.token_limits.length ? c.token_limits.map((t) => `${t.bucket} ${t.per_minute}/min (${t.source})`).join(', ') : '–'),
           h('td', {}, c.breaker, c.breaker_until ? ` until ${fmtTime(c.breaker_until)}` : ''),
           h('td', { 'data-testid': 'paused' }, c.paused ? [`since ${fmtTime(c.paused_since)} (${c.pause_reason}, first job `, jobLink(c.pause_first_job_id), ')'] : 'no'),
@@ -289,7 +292,7 @@ async function pageTenants(root) {
     if (!(await confirmAction(`Revoke tenant ${name}? Its token stops working within seconds.`))) return;
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`)).message); route(); } catch (e) { flash(e.message, true); }
   };
-  root.replaceChildren(h('h1', {}, 'Tenants'),
+  show(root, h('h1', {}, 'Tenants'),
     h('form', { class: 'filters', id: 'tenant-form', onsubmit: create },
       h('label', {}, 'name', h('input', { name: 'name', required: true, size: 16 })),
       h('label', {}, 'credentials (comma-separated; empty: all)', h('input', { name: 'credentials', size: 24 })),
@@ -302,7 +305,7 @@ async function pageTenants(root) {
 
 async function pageAudit(root) {
   const data = await api('GET', '/audit');
-  root.replaceChildren(h('h1', {}, 'Audit log'),
+  show(root, h('h1', {}, 'Audit log'),
     h('table', { id: 'audit' }, h('tr', {}, ['at', 'operator', 'action', 'target', 'count'].map((t) => h('th', {}, t))),
       data.entries.map((e) => h('tr', {}, h('td', {}, fmtTime(e.at)), h('td', {}, e.operator), h('td', {}, e.action),
         h('td', { class: 'mono' }, e.target || '–'), h('td', { class: 'num' }, e.count)))));
@@ -330,7 +333,7 @@ async function route() {
     }
   } catch (e) {
     if (e.status === 401) return;
-    root.replaceChildren(h('h1', {}, 'Cannot show this page'), h('p', { class: 'error', id: 'page-error' }, e.message),
+    show(root, h('h1', {}, 'Cannot show this page'), h('p', { class: 'error', id: 'page-error' }, e.message),
       h('p', {}, h('a', { href: '#/overview' }, 'Back to the overview')));
   }
 }
