@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/llmq/llmq/internal/dispatch"
@@ -35,8 +37,32 @@ type Overview struct {
 }
 
 func (h *Handler) computeOverview(ctx context.Context) (*Overview, error) {
-	st, err := h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow))
-	if err != nil {
+	// The three reads are independent: run them at once (the first load waits for the slowest).
+	var (
+		wg                sync.WaitGroup
+		st                *jobs.Stats
+		dead              map[string]int
+		depth             *dispatch.QueueDepth
+		statsErr, deadErr error
+	)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		st, statsErr = h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow))
+	}()
+	go func() {
+		defer wg.Done()
+		dead, deadErr = h.cfg.Jobs.DeadByReason(ctx)
+	}()
+	if h.cfg.Tasks != nil {
+		if d, err := h.cfg.Tasks.Depth(); err == nil {
+			depth = &d
+		} else {
+			h.cfg.Logger.WarnContext(ctx, "console: queue depth", "error", err)
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(statsErr, deadErr); err != nil {
 		return nil, err
 	}
 	for _, s := range statusOrder {
@@ -45,19 +71,7 @@ func (h *Handler) computeOverview(ctx context.Context) (*Overview, error) {
 	// Stats' Since is the clock's reading: it would change every recompute and make every
 	// live update look new.
 	st.Since = time.Time{}
-	dead, err := h.cfg.Jobs.DeadByReason(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ov := &Overview{Window: overviewWindow.String(), Stats: st, DeadByReason: dead}
-	if h.cfg.Tasks != nil {
-		if d, err := h.cfg.Tasks.Depth(); err == nil {
-			ov.Queue = &d
-		} else {
-			h.cfg.Logger.WarnContext(ctx, "console: queue depth", "error", err)
-		}
-	}
-	return ov, nil
+	return &Overview{Window: overviewWindow.String(), Stats: st, Queue: depth, DeadByReason: dead}, nil
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.Session) {

@@ -73,7 +73,7 @@ try {
     viewport: { width: 1280, height: 800 },
   });
   const errors = [];
-  context.on('weberror', (e) => errors.push(e.error().message));
+  context.on('weberror', (e) => { console.error('page error:', e.error().message); errors.push(e.error().message); });
   const page = context.pages()[0] || await context.newPage();
 
   step('a finished job to count');
@@ -106,9 +106,11 @@ try {
   await page.locator('[data-testid=count-succeeded]', { hasText: /^1$/ }).waitFor(WAIT);
   const load = await page.evaluate(() => {
     const entries = [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')];
-    return { bytes: entries.reduce((n, e) => n + (e.transferSize || 0), 0), ms: Math.round(performance.now()) };
+    const api = entries.filter((e) => e.name.includes('/console/api/') && !e.name.includes('/live'))
+      .map((e) => `${new URL(e.name).pathname} ${Math.round(e.responseEnd - e.startTime)} ms`);
+    return { bytes: entries.reduce((n, e) => n + (e.transferSize || 0), 0), ms: Math.round(performance.now()), api };
   });
-  console.log(`overview first load: ${load.bytes} bytes transferred, interactive with figures at ${load.ms} ms`);
+  console.log(`overview first load: ${load.bytes} bytes transferred, interactive with figures at ${load.ms} ms (${load.api.join(', ')})`);
   assert.ok(load.bytes <= 200_000, `the overview weighs ${load.bytes} bytes`);
 
   step('a dead letter appears on the overview live when a spend cap hits');

@@ -26,7 +26,7 @@ function h(tag, attrs, ...children) {
 
 const $ = (id) => document.getElementById(id);
 // show replaces root's children, leaving out the absent ones (null, undefined, false).
-const show = (root, ...kids) => show(root, ...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
+const show = (root, ...kids) => root.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
 const fmtTime = (t) => (t ? new Date(t).toLocaleString() : '–');
 const fmtMS = (ms) => (ms === null || ms === undefined ? '–' : ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`);
 const clip = (t, n) => (t.length > n ? t.slice(0, n - 1) + '…' : t);
