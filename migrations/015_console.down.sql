@@ -1,3 +1,4 @@
+DROP INDEX job_attempts_started_brin;
 DROP INDEX jobs_created_idx;
 DROP TABLE audit_log;
 DROP TABLE operator_sessions;

@@ -1,17 +1,15 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -27,7 +25,9 @@ import (
 // waiting job's page goes live to succeeded, retrying the dead letter after a confirmation that
 // names the count, creating and revoking a tenant, an action without the CSRF token refused,
 // an unknown job's message, the audit log, logout. It also measures the overview's first load.
-// LLMQ_SCREENSHOTS=docs/console (from the repository root) writes the README's screenshots.
+// LLMQ_SCREENSHOTS=docs/console (from the repository root) writes the README's screenshots;
+// LLMQ_CONSOLE_ROWS=1000000 first fills the table with that many older jobs (one attempt each),
+// to measure the overview's first load on a large table.
 func TestConsole_Browser(t *testing.T) {
 	t.Parallel()
 	script, err := filepath.Abs(filepath.Join(repoRoot, "scripts", "browser.sh"))
@@ -49,6 +49,9 @@ func TestConsole_Browser(t *testing.T) {
 		hs.CloseClientConnections()
 		hs.Close()
 	})
+	if n := os.Getenv("LLMQ_CONSOLE_ROWS"); n != "" {
+		seedOldJobs(t, pool, n)
+	}
 	_, opToken, err := operator.NewStore(pool, nil).Create(ctx, "alice")
 	require.NoError(t, err)
 	_, tenantToken, err := tenant.NewStore(pool, nil).Create(ctx, "someone", nil)
@@ -66,21 +69,27 @@ func TestConsole_Browser(t *testing.T) {
 	require.True(t, strings.HasSuffix(strings.TrimSpace(out), "step: done"), out)
 }
 
-// runBrowser runs a program in test/browser with env added and returns its standard output; it
-// fails the test on a failure or after timeout, killing the program's process group.
+// runBrowser runs a program in test/browser (see runIn).
 func runBrowser(t *testing.T, timeout time.Duration, env []string, name string, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir, cmd.Env = filepath.Join(repoRoot, "test", "browser"), append(os.Environ(), env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
-	require.NoError(t, ctx.Err(), "%s did not end within %s; output:\n%s%s", name, timeout, stdout.String(), stderr.String())
-	require.NoError(t, err, "%s: %s%s", name, stdout.String(), stderr.String())
-	return stdout.String()
+	return runIn(t, filepath.Join(repoRoot, "test", "browser"), timeout, env, name, args...)
+}
+
+// seedOldJobs inserts n succeeded jobs created 2 hours to 30 days ago, with an attempt each.
+func seedOldJobs(t *testing.T, pool *pgxpool.Pool, n string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+WITH j AS (
+	INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline, created_at,
+		finished_at, attempts)
+	SELECT gen_random_uuid(), 'default', 'f', 'succeeded', '{}', 3, 60000, now(), c, c + interval '1 second', 1
+	FROM generate_series(1, $1::int) g, LATERAL (SELECT now() - interval '2 hours' - g * interval '2.5 seconds' AS c) x
+	RETURNING id, created_at
+)
+INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, status_code, class)
+SELECT id, 1, 'default', created_at, 800, 200, 'success' FROM j`, n)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE jobs; ANALYZE job_attempts`)
+	require.NoError(t, err)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -83,4 +84,21 @@ func TestCursor_RoundTripAndGarbage(t *testing.T) {
 		_, _, err := decodeCursor(bad)
 		require.ErrorIs(t, err, ErrBadCursor, bad)
 	}
+}
+
+// TestStats_AttemptsCountReadsTheBRIN: ctl stats and the console's overview count the attempts
+// of the last hour through job_attempts_started_brin (migration 015), not by reading the table.
+func TestStats_AttemptsCountReadsTheBRIN(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, class)
+SELECT gen_random_uuid(), 1, 'c', now() - g * interval '1 second', 1, 'success' FROM generate_series(1, 50000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE job_attempts`)
+	require.NoError(t, err)
+	var plan string
+	require.NoError(t, pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON)
+SELECT count(*), count(*) FILTER (WHERE attempt > 1) FROM job_attempts WHERE started_at >= $1`, time.Now().Add(-time.Hour)).Scan(&plan))
+	require.Contains(t, plan, `"Index Name": "job_attempts_started_brin"`)
 }
