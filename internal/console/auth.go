@@ -126,9 +126,16 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: sessionToken, Path: Prefix, Expires: sess.Expires,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 	h.audit(r, sess.Operator, audit.Entry{Action: "login", Count: 1})
 	writeJSON(w, http.StatusOK, sessionAnswer{Operator: sess.Operator, CSRF: sess.CSRF, Expires: sess.Expires})
+}
+
+// overTLS reports whether the browser reached the console over TLS: directly, or through a
+// proxy that ended TLS and says so (X-Forwarded-Proto: https). Trusting the header is safe here:
+// a client that lies about it only gets a cookie its own browser will not send back over HTTP.
+func overTLS(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
 
 // logout ends the session (with its CSRF token: a cross-site page cannot log an operator out)
@@ -141,7 +148,7 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
-			HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+			HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 		h.audit(r, s.Operator, audit.Entry{Action: "logout", Count: 1})
 		writeJSON(w, http.StatusOK, map[string]string{"status": "logged out"})
 	})(w, r)

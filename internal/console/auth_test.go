@@ -43,6 +43,14 @@ func TestLogin_CookieFlags(t *testing.T) {
 		require.False(t, ck.Secure, "not Secure without TLS: the browser would drop it")
 		require.NotContains(t, body, ck.Value, "the session token is in the cookie only")
 	})
+	t.Run("SecureBehindATLSProxy", func(t *testing.T) {
+		t.Parallel()
+		c := b.anonymous(t)
+		res, body := c.do(http.MethodPost, "/console/api/login", map[string]string{"token": b.token},
+			http.Header{"X-Forwarded-Proto": {"https"}})
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		require.True(t, sessionCookie(t, res).Secure)
+	})
 	t.Run("SecureOverTLS", func(t *testing.T) {
 		t.Parallel()
 		h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix})
