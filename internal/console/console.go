@@ -68,7 +68,8 @@ type Config struct {
 	Logger   *slog.Logger
 	// SessionTTL is how long a login lasts. Default 12h.
 	SessionTTL time.Duration
-	// LiveInterval is how often an open overview stream recomputes its figures. Default 2s.
+	// LiveInterval is how often the overview's figures are recomputed while at least one
+	// overview stream is open (once for all of them). Default 2s.
 	LiveInterval time.Duration
 	// KeepAlive is the interval of keep-alive comments on the event streams. Default 15s.
 	KeepAlive time.Duration
@@ -84,6 +85,8 @@ type Handler struct {
 	limiter   *limiter.Limiter
 	breaker   *breaker.Breaker
 	mux       *http.ServeMux
+	// live shares the overview's recomputation among its streams.
+	live *liveOverview
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -125,6 +128,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, operators: operator.NewStore(cfg.Pool, nil), tenants: tenant.NewStore(cfg.Pool, nil),
 		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{})}
+	h.live = newLiveOverview(h)
 	h.routes()
 	return h, nil
 }

@@ -83,38 +83,149 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.S
 	writeJSON(w, http.StatusOK, ov)
 }
 
-// overviewLive streams the overview as "overview" events: the current figures at once, then
-// each time a recompute (every LiveInterval, on the server) differs from what was sent last.
+// overviewLive streams the overview as "overview" events: the latest figures at once (once
+// there are any), then each time the process's shared recomputation (liveOverview) changes them.
 func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	changed, unsubscribe := h.live.subscribe()
+	defer unsubscribe()
 	out, ok := startStream(w)
 	if !ok {
 		return
 	}
-	tick := time.NewTicker(h.cfg.LiveInterval)
-	defer tick.Stop()
 	keep := time.NewTicker(h.cfg.KeepAlive)
 	defer keep.Stop()
-	var last []byte
+	var sent []byte
 	for {
-		ov, err := h.computeOverview(r.Context())
-		if err == nil {
-			if last, err = sendIfChanged(out, "overview", ov, last); err != nil {
+		if data := h.live.latest(); data != nil && !bytes.Equal(data, sent) {
+			if _, err := fmt.Fprintf(out, "event: overview\ndata: %s\n\n", data); err != nil || out.flush() != nil {
 				return
 			}
-		} else if r.Context().Err() == nil {
-			h.cfg.Logger.WarnContext(r.Context(), "console: overview stream", "error", err)
+			sent = data
 		}
 		select {
 		case <-r.Context().Done():
 			return
 		case <-h.closing:
 			return
-		case <-tick.C:
+		case <-changed:
 		case <-keep.C:
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {
 				return
 			}
 		}
+	}
+}
+
+// liveOverview recomputes the overview every LiveInterval while at least one overview stream of
+// the process is open, once for all of them: the cost of open consoles does not grow with their
+// number. Its goroutine ends as soon as the last stream closes, or at Shutdown.
+type liveOverview struct {
+	h    *Handler
+	wake chan struct{} // an unsubscribe pokes the loop, which ends without subscribers
+
+	mu      sync.Mutex
+	subs    map[chan struct{}]struct{}
+	last    []byte // the latest figures' JSON; nil before the first computation
+	running bool
+}
+
+func newLiveOverview(h *Handler) *liveOverview {
+	return &liveOverview{h: h, wake: make(chan struct{}, 1), subs: map[chan struct{}]struct{}{}}
+}
+
+// subscribe registers a stream: its channel receives (coalesced) a signal when the figures
+// change. cancel must be called; it is idempotent.
+func (l *liveOverview) subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	l.subs[ch] = struct{}{}
+	if !l.running {
+		l.running = true
+		go l.run()
+	}
+	l.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			l.mu.Lock()
+			delete(l.subs, ch)
+			l.mu.Unlock()
+			signal(l.wake)
+		})
+	}
+}
+
+func (l *liveOverview) latest() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last
+}
+
+func (l *liveOverview) run() {
+	tick := time.NewTicker(l.h.cfg.LiveInterval)
+	defer tick.Stop()
+	l.compute()
+	for {
+		due := false
+		select {
+		case <-l.h.closing:
+		case <-tick.C:
+			due = true
+		case <-l.wake: // a stream left: end if it was the last
+		}
+		l.mu.Lock()
+		if len(l.subs) == 0 || isClosed(l.h.closing) {
+			// A later subscribe starts a new loop (and a first computation at once).
+			l.running, l.last = false, nil
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		if due {
+			l.compute()
+		}
+	}
+}
+
+// compute recomputes the figures and signals the streams when they changed.
+func (l *liveOverview) compute() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.h.cfg.LiveInterval+5*time.Second)
+	defer cancel()
+	ov, err := l.h.computeOverview(ctx)
+	if err != nil {
+		l.h.cfg.Logger.WarnContext(ctx, "console: overview stream", "error", err)
+		return
+	}
+	data, err := json.Marshal(ov)
+	if err != nil {
+		l.h.cfg.Logger.ErrorContext(ctx, "console: encode overview", "error", err)
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if bytes.Equal(data, l.last) {
+		return
+	}
+	l.last = data
+	for ch := range l.subs {
+		signal(ch)
+	}
+}
+
+// signal sends on ch unless a signal is pending already.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -198,6 +198,7 @@ try {
   for (const action of ['login', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.revoke']) {
     await tab.locator('#audit td', { hasText: new RegExp(`^${action.replace('.', '\\.')}$`) }).first().waitFor(WAIT);
   }
+  await shot(tab, 'audit');
 
   step('log out');
   await tab.click('#logout');
