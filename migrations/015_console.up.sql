@@ -41,5 +41,7 @@ CREATE INDEX jobs_created_idx ON jobs (created_at, id);
 -- in the last hour: without an index that reads the whole attempts table (337 ms on a million
 -- rows). A BRIN index: attempts are appended in about the order they start, so block ranges
 -- summarise well; it is a few kB for millions of rows and costs the hot insert path next to
--- nothing, where a B-tree would add a tree insert to every attempt (migration 011).
-CREATE INDEX job_attempts_started_brin ON job_attempts USING brin (started_at);
+-- nothing, where a B-tree would add a tree insert to every attempt (migration 011). A range is
+-- summarised by (auto)vacuum, which autosummarize asks for as soon as the range is full; until
+-- then it matches every query, so with autovacuum off the index helps only after a VACUUM.
+CREATE INDEX job_attempts_started_brin ON job_attempts USING brin (started_at) WITH (autosummarize = on);

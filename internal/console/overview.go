@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -36,7 +37,16 @@ type Overview struct {
 	DeadByReason map[string]int `json:"dead_by_reason"`
 }
 
-func (h *Handler) computeOverview(ctx context.Context) (*Overview, error) {
+// overviewTimings are how long each read of computeOverview took (for the Server-Timing header).
+type overviewTimings struct{ stats, dead, queue time.Duration }
+
+// header formats them as a Server-Timing header, which the browser shows the page's scripts.
+func (t overviewTimings) header() string {
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) }
+	return "stats;dur=" + ms(t.stats) + ", dead;dur=" + ms(t.dead) + ", queue;dur=" + ms(t.queue)
+}
+
+func (h *Handler) computeOverview(ctx context.Context) (*Overview, overviewTimings, error) {
 	// The three reads are independent: run them at once (the first load waits for the slowest).
 	var (
 		wg                sync.WaitGroup
@@ -44,26 +54,34 @@ func (h *Handler) computeOverview(ctx context.Context) (*Overview, error) {
 		dead              map[string]int
 		depth             *dispatch.QueueDepth
 		statsErr, deadErr error
+		tm                overviewTimings
 	)
+	timed := func(d *time.Duration, f func()) {
+		t0 := time.Now()
+		f()
+		*d = time.Since(t0)
+	}
 	wg.Add(2)
-	go func() {
+	go timed(&tm.stats, func() {
 		defer wg.Done()
 		st, statsErr = h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow))
-	}()
-	go func() {
+	})
+	go timed(&tm.dead, func() {
 		defer wg.Done()
 		dead, deadErr = h.cfg.Jobs.DeadByReason(ctx)
-	}()
+	})
 	if h.cfg.Tasks != nil {
-		if d, err := h.cfg.Tasks.Depth(); err == nil {
-			depth = &d
-		} else {
-			h.cfg.Logger.WarnContext(ctx, "console: queue depth", "error", err)
-		}
+		timed(&tm.queue, func() {
+			if d, err := h.cfg.Tasks.Depth(); err == nil {
+				depth = &d
+			} else {
+				h.cfg.Logger.WarnContext(ctx, "console: queue depth", "error", err)
+			}
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(statsErr, deadErr); err != nil {
-		return nil, err
+		return nil, tm, err
 	}
 	for _, s := range statusOrder {
 		st.ByStatus[s] += 0 // every status present, zeros included
@@ -71,15 +89,16 @@ func (h *Handler) computeOverview(ctx context.Context) (*Overview, error) {
 	// Stats' Since is the clock's reading: it would change every recompute and make every
 	// live update look new.
 	st.Since = time.Time{}
-	return &Overview{Window: overviewWindow.String(), Stats: st, Queue: depth, DeadByReason: dead}, nil
+	return &Overview{Window: overviewWindow.String(), Stats: st, Queue: depth, DeadByReason: dead}, tm, nil
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
-	ov, err := h.computeOverview(r.Context())
+	ov, tm, err := h.computeOverview(r.Context())
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
+	w.Header().Set("Server-Timing", tm.header())
 	writeJSON(w, http.StatusOK, ov)
 }
 
@@ -191,7 +210,7 @@ func (l *liveOverview) run() {
 func (l *liveOverview) compute() {
 	ctx, cancel := context.WithTimeout(context.Background(), l.h.cfg.LiveInterval+5*time.Second)
 	defer cancel()
-	ov, err := l.h.computeOverview(ctx)
+	ov, _, err := l.h.computeOverview(ctx)
 	if err != nil {
 		l.h.cfg.Logger.WarnContext(ctx, "console: overview stream", "error", err)
 		return

@@ -107,7 +107,8 @@ try {
   const load = await page.evaluate(() => {
     const entries = [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')];
     const api = entries.filter((e) => e.name.includes('/console/api/') && !e.name.includes('/live'))
-      .map((e) => `${new URL(e.name).pathname} ${Math.round(e.responseEnd - e.startTime)} ms`);
+      .map((e) => `${new URL(e.name).pathname} ${Math.round(e.responseEnd - e.startTime)} ms` +
+        (e.serverTiming?.length ? ` [${e.serverTiming.map((t) => `${t.name} ${Math.round(t.duration)} ms`).join(', ')}]` : ''));
     const dcl = Math.round(performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd);
     return { bytes: entries.reduce((n, e) => n + (e.transferSize || 0), 0), ms: Math.round(performance.now()), api, dcl };
   });
