@@ -82,13 +82,12 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 	}
 	s := New(Config{
-		Console: con,
-		Store:   store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
+		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
-		StreamSigner:      signer,
+		StreamSigner: signer, Console: con,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,
 	})
 	ctx, stop := context.WithCancel(context.Background())

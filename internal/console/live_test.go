@@ -18,6 +18,11 @@ import (
 
 // liveBundle is setup with a running job event listener and a fast overview.
 func liveBundle(t *testing.T) (*testBundle, *client) {
+	b, c, _ := liveHandler(t)
+	return b, c
+}
+
+func liveHandler(t *testing.T) (*testBundle, *client, *console.Handler) {
 	t.Helper()
 	b := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -33,12 +38,13 @@ func liveBundle(t *testing.T) (*testBundle, *client) {
 	require.NoError(t, err)
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
-	return b, b.login(t)
+	return b, b.login(t), h
 }
 
 // stream reads one event stream's events of one name.
 type stream struct {
 	events chan string
+	ended  chan struct{} // closed when the server ended the stream
 }
 
 func (c *client) stream(t *testing.T, path, name string) *stream {
@@ -52,6 +58,7 @@ func (c *client) stream(t *testing.T, path, name string) *stream {
 	require.Equal(t, "text/event-stream", res.Header.Get("Content-Type"))
 	s := &stream{events: make(chan string, 100)}
 	finished := make(chan struct{})
+	s.ended = finished
 	go func() {
 		defer close(finished)
 		sc := bufio.NewScanner(res.Body)
@@ -133,5 +140,28 @@ func TestOverviewLive_CountsChange(t *testing.T) {
 		var ov console.Overview
 		s.next(t, &ov)
 		require.Equal(t, 1, ov.ByStatus[jobs.StatusQueued], "sent because it changed")
+	}
+}
+
+func TestShutdown_EndsTheStreams(t *testing.T) {
+	t.Parallel()
+	b, c, h := liveHandler(t)
+	job := b.jobs.Create(t, jobstestOpts())
+	streams := []*stream{
+		c.stream(t, "/console/api/overview/live", "overview"),
+		c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job"),
+	}
+	var v map[string]any
+	for _, s := range streams {
+		s.next(t, &v) // open and sending
+	}
+	h.Shutdown()
+	h.Shutdown() // idempotent
+	for _, s := range streams {
+		select {
+		case <-s.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream outlived Shutdown")
+		}
 	}
 }

@@ -62,14 +62,14 @@ func (h *Handler) computeOverview(ctx context.Context) (*Overview, overviewTimin
 		*d = time.Since(t0)
 	}
 	wg.Add(2)
-	go timed(&tm.stats, func() {
+	go func() {
 		defer wg.Done()
-		st, statsErr = h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow))
-	})
-	go timed(&tm.dead, func() {
+		timed(&tm.stats, func() { st, statsErr = h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow)) })
+	}()
+	go func() {
 		defer wg.Done()
-		dead, deadErr = h.cfg.Jobs.DeadByReason(ctx)
-	})
+		timed(&tm.dead, func() { dead, deadErr = h.cfg.Jobs.DeadByReason(ctx) })
+	}()
 	if h.cfg.Tasks != nil {
 		timed(&tm.queue, func() {
 			if d, err := h.cfg.Tasks.Depth(); err == nil {

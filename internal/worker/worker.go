@@ -184,7 +184,6 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 
 // Run processes jobs, sweeps and maintains until ctx ends, then shuts down gracefully.
 func (w *Worker) Run(ctx context.Context) error {
-	w.publishCredentialTags(ctx)
 	if err := w.server.Start(dispatch.Mux(w.executor)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
@@ -207,8 +206,9 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // publishCredentialTags writes each credential's Redis tag under its name
-// (redisscript.CredentialIndexKey), for the console, which has no provider keys. A failure is
-// logged: only the console's credentials page needs it.
+// (redisscript.CredentialIndexKey), for the console, which has no provider keys. refreshPauses
+// calls it at start and at every refresh, so a Redis flushed or unreachable at start is repaired.
+// A failure is logged: only the console's credentials page needs it.
 func (w *Worker) publishCredentialTags(ctx context.Context) {
 	tags := make(map[string]any, len(w.cfg.Credentials))
 	for _, c := range w.cfg.Credentials {
@@ -217,7 +217,9 @@ func (w *Worker) publishCredentialTags(ctx context.Context) {
 	if len(tags) == 0 {
 		return
 	}
-	if err := w.rdb.HSet(ctx, redisscript.CredentialIndexKey(w.opts.RedisPrefix), tags).Err(); err != nil {
+	rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
+	defer cancel()
+	if err := w.rdb.HSet(rctx, redisscript.CredentialIndexKey(w.opts.RedisPrefix), tags).Err(); err != nil && ctx.Err() == nil {
 		w.opts.Logger.WarnContext(ctx, "publish credential tags for the console", "error", err)
 	}
 }
@@ -230,6 +232,7 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
 	for {
+		w.publishCredentialTags(ctx)
 		for _, g := range w.gates {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
 			_, err := g.Paused(rctx)
