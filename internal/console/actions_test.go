@@ -3,8 +3,11 @@ package console_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
@@ -279,4 +282,24 @@ func TestOverview_FiguresOfCtlStats(t *testing.T) {
 	require.Equal(t, 0, ov.ByStatus[jobs.StatusSucceeded], "every status present")
 	require.Equal(t, 3, ov.Attempts)
 	require.Equal(t, map[string]int{jobs.ReasonRetriesExhausted: 1, jobs.ReasonRateLimitedNoRetryAfter: 1}, ov.DeadByReason)
+}
+
+func TestCredentials_RedisDownIs503(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = down.Close() })
+	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: down,
+		Credentials: []console.Credential{{Name: "default", Provider: "anthropic"}}})
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	c := b.login(t)
+	r, out := c.do(http.MethodGet, "/console/api/credentials", nil, nil)
+	requireError(t, r, out, http.StatusServiceUnavailable, "unavailable")
+	r, out = c.do(http.MethodPost, "/console/api/credentials/default/resume", nil, nil)
+	requireError(t, r, out, http.StatusServiceUnavailable, "unavailable")
+	// The pages that need only Postgres still work.
+	r, out = c.do(http.MethodGet, "/console/api/overview", nil, nil)
+	require.Equal(t, http.StatusOK, r.StatusCode, out)
 }

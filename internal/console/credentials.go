@@ -117,7 +117,7 @@ func (h *Handler) credentialList(w http.ResponseWriter, r *http.Request, _ *oper
 	for _, c := range h.cfg.Credentials {
 		st, err := h.credentialState(r.Context(), c)
 		if err != nil {
-			writeError(w, r, h.cfg.Logger, err)
+			writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
 			return
 		}
 		out = append(out, st)
@@ -152,12 +152,12 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 	gate := h.limiter.GateByTag(tag, name)
 	was, err := gate.Resume(r.Context())
 	if err != nil {
-		writeError(w, r, h.cfg.Logger, err)
+		writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
 		return
 	}
 	pb, err := gate.ClearPushBack(r.Context())
 	if err != nil {
-		writeError(w, r, h.cfg.Logger, err)
+		writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
 		return
 	}
 	n, msg := 1, "credential "+name+" resumed"
@@ -166,4 +166,14 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 	}
 	h.audit(r, s.Operator, audit.Entry{Action: "credential.resume", Target: name, Count: n})
 	writeJSON(w, http.StatusOK, map[string]any{"message": msg, "changed": n == 1})
+}
+
+// redisFailure turns a failure of the shared state's Redis into a 503 that says so (logged).
+func redisFailure(r *http.Request, h *Handler, err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	h.cfg.Logger.WarnContext(r.Context(), "console: credential state", "error", err)
+	return &apiError{http.StatusServiceUnavailable, "unavailable", "the credentials' shared state (Redis) did not answer; try again shortly"}
 }
