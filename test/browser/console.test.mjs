@@ -167,6 +167,23 @@ try {
   await tab.goto(`${CONSOLE}#/job/${dead}`);
   await tab.locator('[data-testid=job-status]', { hasText: 'succeeded' }).waitFor(WAIT);
 
+  step('purge a dead letter found by its reason');
+  await faults({ fail_next: 1, fail_next_status: 500 });
+  const r = await post(`${API}/v1/jobs`, { max_attempts: 1, request: { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: 'once' }] } });
+  assert.equal(r.status, 202);
+  const exhausted = (await r.json()).id;
+  await waitStatus(exhausted, 'dead');
+  await tab.goto(`${CONSOLE}#/dead`);
+  await tab.selectOption('select[name=reason]', 'retries_exhausted');
+  await tab.click('form.filters button');
+  await tab.waitForURL(/reason=retries_exhausted/);
+  await tab.locator(`#dead tr[data-id="${exhausted}"]`).waitFor(WAIT);
+  assert.equal(await tab.locator('#dead tr[data-id]').count(), 1);
+  await tab.check('#select-all');
+  await confirm(tab, '#purge-selected', /^Purge 1 dead letter\?/, 'ok');
+  await tab.locator('#flash', { hasText: 'Purged 1 of 1.' }).waitFor(WAIT);
+  assert.equal((await fetch(`${API}/v1/jobs/${exhausted}`)).status, 404);
+
   step('the jobs list');
   await tab.goto(`${CONSOLE}#/jobs`);
   await tab.locator(`#jobs tr[data-id="${dead}"]`).waitFor(WAIT);
