@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -261,6 +262,17 @@ func TestJobs_PagedNewestFirst(t *testing.T) {
 	for i := range seen {
 		require.Equal(t, made[len(made)-1-i], seen[i], "newest first")
 	}
+	// Rows carry no result (the job page does).
+	done := b.jobs.Create(t, jobstest.Opts{Credential: "third"})
+	b.jobs.Attempt(t, done.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"big":"answer"}`)})
+	r, out := c.do(http.MethodGet, "/console/api/jobs?credential=third", nil, nil)
+	require.Equal(t, http.StatusOK, r.StatusCode)
+	require.Contains(t, out, done.ID)
+	require.NotContains(t, out, "big")
+	r, out = c.do(http.MethodGet, "/console/api/jobs/"+done.ID, nil, nil)
+	require.Equal(t, http.StatusOK, r.StatusCode)
+	require.Contains(t, out, `"big":"answer"`)
+
 	var p page
 	c.json(http.MethodGet, "/console/api/jobs?credential=other", nil, &p)
 	require.Len(t, p.Jobs, 1)

@@ -18,10 +18,14 @@ type jobView struct {
 	Tenant string `json:"tenant"`
 }
 
+// views are the rows of a list: without their results, which only the job page shows (a page
+// of 50 answers could weigh megabytes).
 func views(list []*jobs.Job) []jobView {
 	out := make([]jobView, 0, len(list))
 	for _, j := range list {
-		out = append(out, jobView{Job: j, Tenant: j.Tenant})
+		row := *j
+		row.Result = nil
+		out = append(out, jobView{Job: &row, Tenant: j.Tenant})
 	}
 	return out
 }
