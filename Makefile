@@ -8,10 +8,12 @@ run: build
 	scripts/run-local.sh
 
 ## test: the API description's lint and typed client, then every Go test with the race
-## detector against the local Postgres and Redis (npm installs test/js when it is stale)
+## detector against the local Postgres and Redis (npm installs test/js when it is stale;
+## scripts/browser.sh installs Chromium and test/browser for the console's browser suite)
 test:
 	scripts/services.sh
 	scripts/js.sh check
+	scripts/browser.sh
 	scripts/promtool.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...

@@ -45,6 +45,8 @@ func newApp(out, errOut io.Writer) *app {
 			a.credentialsCommand(),
 			a.tenantsCommand(),
 			a.statsCommand(),
+			a.operatorsCommand(),
+			a.auditCommand(),
 		},
 		// Errors are printed once, by run; never os.Exit inside the library.
 		ExitErrHandler: func(*cli.Context, error) {},

@@ -83,6 +83,9 @@ type Config struct {
 	// DeltaHub wakes event streams when their job's buffer grows. nil: streams read the buffer
 	// at status changes and keep-alives only (tests).
 	DeltaHub *deltastream.Hub
+	// Console, when set, serves everything under /console/ (the operators' console). Shutdown
+	// calls its Shutdown method, when it has one.
+	Console http.Handler
 }
 
 // Server serves the HTTP API. It holds no per-request state; run any number of replicas.
@@ -144,6 +147,9 @@ func New(cfg Config) *Server {
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.pattern, s.methods(rt.methods))
 	}
+	if cfg.Console != nil {
+		s.mux.Handle("/console/", cfg.Console)
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusNotFound, typ: "not_found", message: "no route for " + r.Method + " " + r.URL.Path})
 	})
@@ -157,7 +163,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // replica or another) and makes new ones end at once. Call it when the HTTP server shuts down
 // (http.Server.RegisterOnShutdown), which otherwise waits for streams that never go idle. It is
 // idempotent and safe for concurrent use.
-func (s *Server) Shutdown() { s.closeOnce.Do(func() { close(s.closing) }) }
+func (s *Server) Shutdown() {
+	s.closeOnce.Do(func() { close(s.closing) })
+	if c, ok := s.cfg.Console.(interface{ Shutdown() }); ok {
+		c.Shutdown()
+	}
+}
 
 func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {

@@ -24,6 +24,18 @@ import (
 // listener and releases the Redis connections (not the pool); call it once, after the HTTP
 // server stopped.
 func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry, logger *slog.Logger) (*Server, func() error, error) {
+	return FromConfigWith(cfg, pool, reg, logger, Options{})
+}
+
+// Options are FromConfigWith's knobs that the config file does not hold.
+type Options struct {
+	// RedisPrefix starts llmq's own Redis keys, which the console reads (the workers' prefix).
+	// Default "llmq:"; tests isolate with their own.
+	RedisPrefix string
+}
+
+// FromConfigWith is FromConfig with Options.
+func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry, logger *slog.Logger, opts Options) (*Server, func() error, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -72,6 +84,10 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 			return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 		}
 	}
+	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), listener, logger)
+	if err != nil {
+		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
+	}
 	deltas := deltastream.New(deltastream.Config{Redis: rdb, Logger: logger})
 	hub := deltas.NewHub()
 	s := New(Config{
@@ -80,7 +96,7 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
-		StreamSigner:      signer,
+		StreamSigner: signer, Console: con,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,
 		Deltas: deltas, DeltaHub: hub,
 	})

@@ -246,7 +246,12 @@ type Circuit struct {
 // metrics. Pass the API key itself, so that two credential names sharing one key share its
 // breaker. name is the credential's name, used only as the metrics label.
 func (b *Breaker) Circuit(id, name string) *Circuit {
-	tag := redisscript.CredentialTag(id)
+	return b.CircuitByTag(redisscript.CredentialTag(id), name)
+}
+
+// CircuitByTag is Circuit for a process that knows the credential's tag (redisscript.CredentialTag,
+// as the workers publish it under redisscript.CredentialIndexKey) but not its key.
+func (b *Breaker) CircuitByTag(tag, name string) *Circuit {
 	return &Circuit{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
 }
 

@@ -53,14 +53,21 @@ func TestReadme_EventSourceExample(t *testing.T) {
 }
 
 // runJS runs a program in test/js with env added to this process's environment and returns its
+// standard output; it fails the test on a failure or after timeout (see runIn).
+func runJS(t *testing.T, timeout time.Duration, env []string, name string, args ...string) string {
+	t.Helper()
+	return runIn(t, filepath.Join(repoRoot, "test", "js"), timeout, env, name, args...)
+}
+
+// runIn runs a program in dir with env added to this process's environment and returns its
 // standard output; it fails the test on a failure or after timeout, killing the program's whole
 // process group.
-func runJS(t *testing.T, timeout time.Duration, env []string, name string, args ...string) string {
+func runIn(t *testing.T, dir string, timeout time.Duration, env []string, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir, cmd.Env = filepath.Join(repoRoot, "test", "js"), append(os.Environ(), env...)
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

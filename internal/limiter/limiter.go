@@ -242,7 +242,13 @@ type Gate struct {
 // itself, so that two credential names sharing one key share its limit. name is the
 // credential's name, used only as the metrics label.
 func (l *Limiter) Gate(id, name string) *Gate {
-	return &Gate{l: l, name: name, tag: redisscript.CredentialTag(id)}
+	return l.GateByTag(redisscript.CredentialTag(id), name)
+}
+
+// GateByTag is Gate for a process that knows the credential's tag (redisscript.CredentialTag,
+// as the workers publish it under redisscript.CredentialIndexKey) but not its key.
+func (l *Limiter) GateByTag(tag, name string) *Gate {
+	return &Gate{l: l, name: name, tag: tag}
 }
 
 // Name is the credential name given to Limiter.Gate.

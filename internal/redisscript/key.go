@@ -15,3 +15,9 @@ func CredentialTag(id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return "{" + hex.EncodeToString(sum[:]) + "}"
 }
+
+// CredentialIndexKey is a Redis hash from credential name to its CredentialTag. Workers, which
+// hold the provider keys, write it at start, so that a process without the keys (the API's
+// console) finds a credential's shared state by name. A tag is no secret: it is in every key name
+// of the credential already.
+func CredentialIndexKey(prefix string) string { return prefix + "credential-tags" }

@@ -17,6 +17,7 @@ import (
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/worker"
 )
@@ -166,4 +167,29 @@ func TestWorker_PausedGaugeFollowsResumeByAnotherProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, was)
 	require.Eventually(t, paused(0), 5*time.Second, 5*time.Millisecond)
+}
+
+// TestWorker_PublishesCredentialTags: the worker writes each credential's Redis tag under its
+// name at start, and again at each pause refresh (here after a loss of the hash), so that the
+// console, which has no provider keys, finds the credential's shared state.
+func TestWorker_PublishesCredentialTags(t *testing.T) {
+	t.Parallel()
+	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond})
+	rdb := redistest.Client(t)
+	key := redisscript.CredentialIndexKey(b.prefix)
+	want := map[string]string{}
+	for _, c := range b.cfg.Credentials {
+		want[c.Name] = redisscript.CredentialTag(c.LimiterID())
+	}
+	b.run(t)
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		got, err := rdb.HGetAll(ctx, key).Result()
+		return err == nil && fmt.Sprint(got) == fmt.Sprint(want)
+	}, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, rdb.Del(ctx, key).Err())
+	require.Eventually(t, func() bool {
+		n, err := rdb.HLen(ctx, key).Result()
+		return err == nil && n == int64(len(want))
+	}, 10*time.Second, 10*time.Millisecond)
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/maintenance"
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/retrypolicy"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -255,6 +256,25 @@ func (w *Worker) newBatcher() error {
 	return nil
 }
 
+// publishCredentialTags writes each credential's Redis tag under its name
+// (redisscript.CredentialIndexKey), for the console, which has no provider keys. refreshPauses
+// calls it at start and at every refresh, so a Redis flushed or unreachable at start is repaired.
+// A failure is logged: only the console's credentials page needs it.
+func (w *Worker) publishCredentialTags(ctx context.Context) {
+	tags := make(map[string]any, len(w.cfg.Credentials))
+	for _, c := range w.cfg.Credentials {
+		tags[c.Name] = redisscript.CredentialTag(c.LimiterID())
+	}
+	if len(tags) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
+	defer cancel()
+	if err := w.rdb.HSet(rctx, redisscript.CredentialIndexKey(w.opts.RedisPrefix), tags).Err(); err != nil && ctx.Err() == nil {
+		w.opts.Logger.WarnContext(ctx, "publish credential tags for the console", "error", err)
+	}
+}
+
 // refreshPauses reads each credential's pause state (which sets llmq_limiter_paused) at once
 // and then every PauseRefreshInterval until ctx ends. The gauge is otherwise only set by this
 // worker's own jobs: after a resume by ctl it would stay 1 on an idle credential, and the
@@ -263,6 +283,7 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
 	for {
+		w.publishCredentialTags(ctx)
 		for _, g := range w.gates {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
 			_, err := g.Paused(rctx)

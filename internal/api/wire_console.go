@@ -1,0 +1,28 @@
+package api
+
+import (
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// newConsole builds the operators' console (/console/) on the API's stores and listener.
+func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jobs.Store, rdb redis.UniversalClient,
+	tasks *dispatch.Tasks, listener *jobs.Listener, logger *slog.Logger) (*console.Handler, error) {
+	creds := make([]console.Credential, 0, len(cfg.Credentials))
+	for _, c := range cfg.Credentials {
+		cc := console.Credential{Name: c.Name, Provider: c.Provider}
+		if l := c.Limits; l != nil {
+			cc.RequestsPerSecond, cc.Burst = l.RequestsPerSecond, l.Burst
+		}
+		creds = append(creds, cc)
+	}
+	return console.New(console.Config{Pool: pool, Jobs: store, Tasks: tasks, Redis: rdb, Credentials: creds,
+		Listener: listener, Logger: logger, RedisPrefix: prefix})
+}

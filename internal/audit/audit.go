@@ -1,0 +1,84 @@
+// Package audit is the operators' audit log in Postgres (table audit_log, migration 015): every
+// action of the console and of the operator commands of ctl, with who, what, on what, how many
+// and when. It is append-only: nothing here updates or deletes a row.
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Entry is one audited action.
+type Entry struct {
+	ID int64     `json:"id"`
+	At time.Time `json:"at"`
+	// Operator is who acted: an operator's name, or "ctl" for the command line.
+	Operator string `json:"operator"`
+	// Action names what was done, e.g. "dead.retry", "tenant.create", "login".
+	Action string `json:"action"`
+	// Target is what it was done to: a job id, a tenant or credential name; "" for several.
+	Target string `json:"target"`
+	// Count is how many things the action changed (jobs retried, purged; 1 for a tenant).
+	Count int `json:"count"`
+	// Detail holds the action's parameters (job ids asked for, filters); nil without.
+	Detail map[string]any `json:"detail,omitempty"`
+}
+
+// Queryer is what Log writes with: a pool, or a transaction so that the entry commits with
+// the action it records.
+type Queryer interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Log appends e (its ID and At are set by the database and returned) through q. Errors are
+// wrapped database errors.
+func Log(ctx context.Context, q Queryer, e Entry) (*Entry, error) {
+	var detail []byte
+	if e.Detail != nil {
+		var err error
+		if detail, err = json.Marshal(e.Detail); err != nil {
+			return nil, fmt.Errorf("audit detail: %w", err)
+		}
+	}
+	if err := q.QueryRow(ctx, `
+INSERT INTO audit_log (operator, action, target, count, detail) VALUES ($1, $2, $3, $4, $5)
+RETURNING id, at`, e.Operator, e.Action, e.Target, e.Count, detail).Scan(&e.ID, &e.At); err != nil {
+		return nil, fmt.Errorf("write audit log: %w", err)
+	}
+	return &e, nil
+}
+
+// ListParams select entries for List.
+type ListParams struct {
+	// Operator keeps only this operator's entries; "": everyone's.
+	Operator string
+	// Limit caps the entries returned. Default 50.
+	Limit int
+}
+
+// List returns entries, newest first.
+func List(ctx context.Context, pool *pgxpool.Pool, p ListParams) ([]Entry, error) {
+	if p.Limit <= 0 {
+		p.Limit = 50
+	}
+	rows, err := pool.Query(ctx, `
+SELECT id, at, operator, action, target, count, detail FROM audit_log
+WHERE $1 = '' OR operator = $1 ORDER BY id DESC LIMIT $2`, p.Operator, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list audit log: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Entry, error) {
+		var e Entry
+		err := r.Scan(&e.ID, &e.At, &e.Operator, &e.Action, &e.Target, &e.Count, &e.Detail)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list audit log: %w", err)
+	}
+	return out, nil
+}

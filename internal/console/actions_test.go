@@ -1,0 +1,317 @@
+package console_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+func jobstestOpts() jobstest.Opts { return jobstest.Opts{} }
+
+type actionResult struct {
+	Requested int               `json:"requested"`
+	Done      []string          `json:"done"`
+	Skipped   map[string]string `json:"skipped"`
+}
+
+func TestDeadRetry_SelectionAndAudit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	ctx := context.Background()
+	d1 := b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 2)
+	d2 := b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRateLimitedNoRetryAfter, 1)
+	queued := b.jobs.Create(t, jobstest.Opts{}) // "changed meanwhile": not dead any more
+	const unknown = "00000000-0000-4000-8000-000000000000"
+
+	var res actionResult
+	c.json(http.MethodPost, "/console/api/dead/retry", map[string]any{"ids": []string{d1.ID, d2.ID, queued.ID, unknown, d1.ID}}, &res)
+	require.Equal(t, 4, res.Requested, "duplicates count once")
+	require.ElementsMatch(t, []string{d1.ID, d2.ID}, res.Done)
+	require.Equal(t, "it is queued now, no longer dead", res.Skipped[queued.ID])
+	require.Equal(t, "no such job (purged?)", res.Skipped[unknown])
+	for _, id := range []string{d1.ID, d2.ID} {
+		j, err := b.jobs.Store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusQueued, j.Status)
+	}
+	// Retrying them again (a stale page): nothing done, each named.
+	c.json(http.MethodPost, "/console/api/dead/retry", map[string]any{"ids": []string{d1.ID}}, &res)
+	require.Empty(t, res.Done)
+	require.Contains(t, res.Skipped[d1.ID], "no longer dead")
+
+	entries := b.audit(t)
+	require.Equal(t, "dead.retry", entries[0].Action)
+	require.Equal(t, 0, entries[0].Count)
+	require.Equal(t, d1.ID, entries[0].Target)
+	require.Equal(t, "dead.retry", entries[1].Action)
+	require.Equal(t, "alice", entries[1].Operator)
+	require.Equal(t, 2, entries[1].Count)
+	require.Len(t, entries[1].Detail["requested"], 4)
+
+	for _, body := range []any{map[string]any{"ids": []string{}}, map[string]any{"nope": 1}, "x"} {
+		r, out := c.do(http.MethodPost, "/console/api/dead/retry", body, nil)
+		require.Equal(t, http.StatusBadRequest, r.StatusCode, out)
+	}
+}
+
+func TestDeadPurge_SelectionAndAudit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	d1 := b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	d2 := b.jobs.Dead(t, jobstest.Opts{Credential: "other"}, jobs.ReasonRetriesExhausted, 1)
+	queued := b.jobs.Create(t, jobstest.Opts{})
+
+	var list struct {
+		Jobs []struct {
+			ID     string `json:"id"`
+			Tenant string `json:"tenant"`
+		} `json:"jobs"`
+	}
+	c.json(http.MethodGet, "/console/api/dead?credential=other", nil, &list)
+	require.Len(t, list.Jobs, 1)
+	require.Equal(t, d2.ID, list.Jobs[0].ID)
+	require.Equal(t, "default", list.Jobs[0].Tenant)
+
+	var res actionResult
+	c.json(http.MethodPost, "/console/api/dead/purge", map[string]any{"ids": []string{d1.ID, d2.ID, queued.ID}}, &res)
+	require.ElementsMatch(t, []string{d1.ID, d2.ID}, res.Done)
+	require.Contains(t, res.Skipped[queued.ID], "queued")
+	require.Zero(t, b.jobs.Rows(t, d1.ID)["jobs"])
+	require.Zero(t, b.jobs.Rows(t, d1.ID)["job_attempts"])
+	c.json(http.MethodGet, "/console/api/dead", nil, &list)
+	require.Empty(t, list.Jobs)
+	// The job page of a purged job says so.
+	r, out := c.do(http.MethodGet, "/console/api/jobs/"+d1.ID, nil, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+
+	e := b.audit(t)[0]
+	require.Equal(t, "dead.purge", e.Action)
+	require.Equal(t, 2, e.Count)
+}
+
+func TestTenants_CreateRevokeAudited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})
+	c := b.login(t)
+	var created struct {
+		Tenant tenant.Tenant `json:"tenant"`
+		Token  string        `json:"token"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants", map[string]any{"name": "acme", "credentials": []string{"default"}}, &created)
+	require.Equal(t, "acme", created.Tenant.Name)
+	got, err := tenant.NewStore(b.jobs.Pool, nil).Authenticate(context.Background(), created.Token)
+	require.NoError(t, err, "the token shown works")
+	require.Equal(t, []string{"default"}, got.Credentials)
+
+	r, out := c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "acme"}, nil)
+	requireError(t, r, out, http.StatusConflict, "tenant_exists")
+	r, out = c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "a b"}, nil)
+	requireError(t, r, out, http.StatusBadRequest, "invalid_name")
+	r, out = c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "x", "credentials": []string{"nope"}}, nil)
+	requireError(t, r, out, http.StatusBadRequest, "unknown_credential")
+
+	var list struct {
+		Tenants []tenant.Tenant `json:"tenants"`
+	}
+	c.json(http.MethodGet, "/console/api/tenants", nil, &list)
+	require.Len(t, list.Tenants, 1)
+	require.NotContains(t, out, created.Token)
+
+	var rev struct {
+		Changed bool `json:"changed"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants/acme/revoke", nil, &rev)
+	require.True(t, rev.Changed)
+	c.json(http.MethodPost, "/console/api/tenants/acme/revoke", nil, &rev)
+	require.False(t, rev.Changed)
+	r, out = c.do(http.MethodPost, "/console/api/tenants/nobody/revoke", nil, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+
+	entries := b.audit(t)
+	require.Equal(t, []string{"tenant.revoke", "tenant.revoke", "tenant.create", "login"},
+		[]string{entries[0].Action, entries[1].Action, entries[2].Action, entries[3].Action})
+	require.Equal(t, 0, entries[0].Count)
+	require.Equal(t, 1, entries[1].Count)
+	require.Equal(t, "acme", entries[2].Target)
+}
+
+func TestCredentials_StateAndResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Credential{Name: "default", Provider: "anthropic", RequestsPerSecond: 10, Burst: 20},
+		console.Credential{Name: "unseen", Provider: "openai"})
+	c := b.login(t)
+	ctx := context.Background()
+	// A worker published the tag of "default" and paused it.
+	tag := redisscript.CredentialTag("anthropic\x00http://sim\x00key")
+	require.NoError(t, b.rdb.HSet(ctx, redisscript.CredentialIndexKey(b.prefix), "default", tag).Err())
+	lim, err := limiter.New(b.rdb, &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	_, err = lim.GateByTag(tag, "default").Pause(ctx, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+
+	var list struct {
+		Credentials []console.CredentialState `json:"credentials"`
+	}
+	c.json(http.MethodGet, "/console/api/credentials", nil, &list)
+	require.Len(t, list.Credentials, 2)
+	def, unseen := list.Credentials[0], list.Credentials[1]
+	require.True(t, def.Known)
+	require.True(t, def.Paused)
+	require.Equal(t, "job-1", def.FirstJobID)
+	require.Equal(t, "configured", def.LimitSource)
+	require.InDelta(t, 10, def.RatePerSec, 0.001)
+	require.Equal(t, 20, def.Burst)
+	require.Equal(t, "closed", def.Breaker)
+	require.False(t, unseen.Known)
+
+	var res struct {
+		Message string `json:"message"`
+		Changed bool   `json:"changed"`
+	}
+	c.json(http.MethodPost, "/console/api/credentials/default/resume", nil, &res)
+	require.True(t, res.Changed)
+	ps, err := lim.GateByTag(tag, "default").Paused(ctx)
+	require.NoError(t, err)
+	require.False(t, ps.Paused)
+	c.json(http.MethodPost, "/console/api/credentials/default/resume", nil, &res)
+	require.False(t, res.Changed)
+	require.Contains(t, res.Message, "neither paused nor pushed back")
+	r, out := c.do(http.MethodPost, "/console/api/credentials/unseen/resume", nil, nil)
+	requireError(t, r, out, http.StatusConflict, "state_unknown")
+	r, out = c.do(http.MethodPost, "/console/api/credentials/nope/resume", nil, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+
+	e := b.audit(t)
+	require.Equal(t, "credential.resume", e[0].Action)
+	require.Equal(t, 0, e[0].Count)
+	require.Equal(t, 1, e[1].Count)
+	require.Equal(t, "default", e[1].Target)
+}
+
+func TestBadInput_ClearMessagesNever500(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	for _, tc := range []struct {
+		path   string
+		status int
+		typ    string
+	}{
+		{"/console/api/jobs/00000000-0000-4000-8000-000000000000", 404, "not_found"},
+		{"/console/api/jobs/not-an-id", 404, "not_found"},
+		{"/console/api/jobs/not-an-id/live", 404, "not_found"},
+		{"/console/api/jobs?after=garbage", 400, "stale_page"},
+		{"/console/api/jobs?after=" + "MTIzLHh4eA", 400, "stale_page"},
+		{"/console/api/jobs?status=lost", 400, "invalid_status"},
+		{"/console/api/jobs?limit=0", 400, "invalid_limit"},
+		{"/console/api/nothing", 404, "not_found"},
+	} {
+		r, out := c.do(http.MethodGet, tc.path, nil, nil)
+		requireError(t, r, out, tc.status, tc.typ)
+	}
+}
+
+func TestJobs_PagedNewestFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	var made []string
+	for range 5 {
+		made = append(made, b.jobs.Create(t, jobstest.Opts{}).ID)
+	}
+	b.jobs.Dead(t, jobstest.Opts{Credential: "other"}, jobs.ReasonRetriesExhausted, 1)
+
+	type page struct {
+		Jobs []struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+		} `json:"jobs"`
+		Next string `json:"next"`
+	}
+	var seen []string
+	next := ""
+	for i := 0; ; i++ {
+		var p page
+		c.json(http.MethodGet, "/console/api/jobs?status=queued&limit=2&after="+next, nil, &p)
+		for _, j := range p.Jobs {
+			require.Equal(t, "queued", j.Status)
+			seen = append(seen, j.ID)
+		}
+		if p.Next == "" {
+			break
+		}
+		require.Less(t, i, 5)
+		next = p.Next
+	}
+	require.Len(t, seen, 5)
+	for i := range seen {
+		require.Equal(t, made[len(made)-1-i], seen[i], "newest first")
+	}
+	// Rows carry no result (the job page does).
+	done := b.jobs.Create(t, jobstest.Opts{Credential: "third"})
+	b.jobs.Attempt(t, done.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"big":"answer"}`)})
+	r, out := c.do(http.MethodGet, "/console/api/jobs?credential=third", nil, nil)
+	require.Equal(t, http.StatusOK, r.StatusCode)
+	require.Contains(t, out, done.ID)
+	require.NotContains(t, out, "big")
+	r, out = c.do(http.MethodGet, "/console/api/jobs/"+done.ID, nil, nil)
+	require.Equal(t, http.StatusOK, r.StatusCode)
+	require.Contains(t, out, `"big":"answer"`)
+
+	var p page
+	c.json(http.MethodGet, "/console/api/jobs?credential=other", nil, &p)
+	require.Len(t, p.Jobs, 1)
+	c.json(http.MethodGet, "/console/api/jobs?tenant=nobody", nil, &p)
+	require.Empty(t, p.Jobs)
+}
+
+func TestOverview_FiguresOfCtlStats(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	b.jobs.Create(t, jobstest.Opts{})
+	b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 2)
+	b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRateLimitedNoRetryAfter, 1)
+	var ov console.Overview
+	c.json(http.MethodGet, "/console/api/overview", nil, &ov)
+	require.Equal(t, 1, ov.ByStatus[jobs.StatusQueued])
+	require.Equal(t, 2, ov.ByStatus[jobs.StatusDead])
+	require.Equal(t, 0, ov.ByStatus[jobs.StatusSucceeded], "every status present")
+	require.Equal(t, 3, ov.Attempts)
+	require.Equal(t, map[string]int{jobs.ReasonRetriesExhausted: 1, jobs.ReasonRateLimitedNoRetryAfter: 1}, ov.DeadByReason)
+}
+
+func TestCredentials_RedisDownIs503(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = down.Close() })
+	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: down,
+		Credentials: []console.Credential{{Name: "default", Provider: "anthropic"}}})
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	c := b.login(t)
+	r, out := c.do(http.MethodGet, "/console/api/credentials", nil, nil)
+	requireError(t, r, out, http.StatusServiceUnavailable, "unavailable")
+	r, out = c.do(http.MethodPost, "/console/api/credentials/default/resume", nil, nil)
+	requireError(t, r, out, http.StatusServiceUnavailable, "unavailable")
+	// The pages that need only Postgres still work.
+	r, out = c.do(http.MethodGet, "/console/api/overview", nil, nil)
+	require.Equal(t, http.StatusOK, r.StatusCode, out)
+}

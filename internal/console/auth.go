@@ -1,0 +1,170 @@
+package console
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+// cookieName is the session cookie. Its Path keeps it off every route but the console's.
+const cookieName = "llmq_console"
+
+// csrfHeader carries the session's CSRF token on every state-changing request.
+const csrfHeader = "X-CSRF-Token"
+
+// sessionHandler is a handler that runs only for a live session.
+type sessionHandler func(w http.ResponseWriter, r *http.Request, s *operator.Session)
+
+// authed runs next for a request with a live session cookie: 401 without one. A request that
+// changes state (any method but GET and HEAD) must also come from the console's own origin and
+// carry the session's CSRF token: 403 otherwise. A bearer token, a tenant's or any other, is
+// never a session.
+func (h *Handler) authed(next sessionHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c, err := r.Cookie(cookieName)
+		if err != nil {
+			msg := "log in with an operator token (ctl operators create NAME)"
+			if r.Header.Get("Authorization") != "" {
+				msg = "the console does not take bearer tokens: " + msg
+			}
+			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "unauthorized", msg})
+			return
+		}
+		sess, err := h.operators.Session(r.Context(), c.Value)
+		if errors.Is(err, operator.ErrNoSession) {
+			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "session_expired", "your session ended; log in again"})
+			return
+		}
+		if err != nil {
+			writeError(w, r, h.cfg.Logger, err)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			if err := checkCSRF(r, sess); err != nil {
+				writeError(w, r, h.cfg.Logger, err)
+				return
+			}
+		}
+		next(w, r, sess)
+	}
+}
+
+// checkCSRF requires the session's CSRF token in the header and, when the browser names the
+// request's origin, the console's own.
+func checkCSRF(r *http.Request, sess *operator.Session) error {
+	if err := sameOrigin(r); err != nil {
+		return err
+	}
+	got := r.Header.Get(csrfHeader)
+	if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(sess.CSRF)) != 1 {
+		return &apiError{http.StatusForbidden, "csrf", "this action lacks the page's CSRF token; reload the console"}
+	}
+	return nil
+}
+
+// sameOrigin refuses a request whose Origin header names another host (browsers send it on
+// every cross-site POST).
+func sameOrigin(r *http.Request) error {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return nil
+	}
+	u, err := url.Parse(o)
+	if err != nil || !strings.EqualFold(u.Host, r.Host) {
+		return &apiError{http.StatusForbidden, "cross_origin", "this action came from another site"}
+	}
+	return nil
+}
+
+type loginRequest struct {
+	Token string `json:"token"`
+}
+
+// sessionAnswer is what the page learns of its session: who, and the CSRF token to send.
+type sessionAnswer struct {
+	Operator string    `json:"operator"`
+	CSRF     string    `json:"csrf_token"`
+	Expires  time.Time `json:"expires_at"`
+}
+
+// login exchanges an operator token for a session cookie. A tenant's bearer token is refused
+// with a message saying so.
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	if err := sameOrigin(r); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	var req loginRequest
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	token := strings.TrimSpace(req.Token)
+	sessionToken, sess, err := h.operators.Login(r.Context(), token, h.cfg.SessionTTL)
+	switch {
+	case err == nil:
+	case strings.HasPrefix(token, tenant.BearerTokenPrefix):
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "tenant_token",
+			"that is a tenant's API token; the console takes an operator token (ctl operators create NAME)"})
+		return
+	case errors.Is(err, operator.ErrMalformedToken), errors.Is(err, operator.ErrUnknownToken):
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "invalid_token", "unknown operator token"})
+		return
+	case errors.Is(err, operator.ErrRevoked):
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusForbidden, "operator_revoked", "this operator was revoked"})
+		return
+	default:
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: sessionToken, Path: Prefix, Expires: sess.Expires,
+		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
+	h.audit(r, sess.Operator, audit.Entry{Action: "login", Count: 1})
+	writeJSON(w, http.StatusOK, sessionAnswer{Operator: sess.Operator, CSRF: sess.CSRF, Expires: sess.Expires})
+}
+
+// overTLS reports whether the browser reached the console over TLS: directly, or through a
+// proxy that ended TLS and says so (X-Forwarded-Proto: https). Trusting the header is safe here:
+// a client that lies about it only gets a cookie its own browser will not send back over HTTP.
+func overTLS(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
+}
+
+// logout ends the session (with its CSRF token: a cross-site page cannot log an operator out)
+// and clears the cookie.
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	h.authed(func(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+		c, _ := r.Cookie(cookieName)
+		if err := h.operators.Logout(r.Context(), c.Value); err != nil {
+			writeError(w, r, h.cfg.Logger, err)
+			return
+		}
+		http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
+			HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
+		h.audit(r, s.Operator, audit.Entry{Action: "logout", Count: 1})
+		writeJSON(w, http.StatusOK, map[string]string{"status": "logged out"})
+	})(w, r)
+}
+
+func (h *Handler) session(w http.ResponseWriter, _ *http.Request, s *operator.Session) {
+	writeJSON(w, http.StatusOK, sessionAnswer{Operator: s.Operator, CSRF: s.CSRF, Expires: s.Expires})
+}
+
+// audit records an action done; a failure to record it is logged (the action happened).
+func (h *Handler) audit(r *http.Request, op string, e audit.Entry) {
+	e.Operator = op
+	// Written even when the client has gone: the action was done.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	defer cancel()
+	if _, err := audit.Log(ctx, h.cfg.Pool, e); err != nil {
+		h.cfg.Logger.ErrorContext(r.Context(), "console: write audit log", "operator", op, "action", e.Action, "error", err)
+	}
+}

@@ -1,0 +1,204 @@
+package console_test
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+func sessionCookie(t *testing.T, res *http.Response) *http.Cookie {
+	t.Helper()
+	for _, c := range res.Cookies() {
+		if c.Name == "llmq_console" {
+			return c
+		}
+	}
+	t.Fatalf("no session cookie in %v", res.Header["Set-Cookie"])
+	return nil
+}
+
+func TestLogin_CookieFlags(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	t.Run("PlainHTTP", func(t *testing.T) {
+		t.Parallel()
+		c := b.anonymous(t)
+		res, body := c.do(http.MethodPost, "/console/api/login", map[string]string{"token": b.token}, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		ck := sessionCookie(t, res)
+		require.True(t, ck.HttpOnly)
+		require.Equal(t, http.SameSiteStrictMode, ck.SameSite)
+		require.Equal(t, "/console/", ck.Path)
+		require.False(t, ck.Secure, "not Secure without TLS: the browser would drop it")
+		require.NotContains(t, body, ck.Value, "the session token is in the cookie only")
+	})
+	t.Run("SecureBehindATLSProxy", func(t *testing.T) {
+		t.Parallel()
+		c := b.anonymous(t)
+		res, body := c.do(http.MethodPost, "/console/api/login", map[string]string{"token": b.token},
+			http.Header{"X-Forwarded-Proto": {"https"}})
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		require.True(t, sessionCookie(t, res).Secure)
+	})
+	t.Run("SecureOverTLS", func(t *testing.T) {
+		t.Parallel()
+		h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix})
+		require.NoError(t, err)
+		srv := httptest.NewTLSServer(h)
+		defer srv.Close()
+		jar, _ := cookiejar.New(nil)
+		c := &client{t: t, base: srv.URL, http: &http.Client{Jar: jar, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}} //nolint:gosec // the test server's own certificate
+		res, body := c.do(http.MethodPost, "/console/api/login", map[string]string{"token": b.token}, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		ck := sessionCookie(t, res)
+		require.True(t, ck.Secure)
+		require.True(t, ck.HttpOnly)
+		require.Equal(t, http.SameSiteStrictMode, ck.SameSite)
+	})
+}
+
+func TestLogin_Refusals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, tenantToken, err := tenant.NewStore(b.jobs.Pool, nil).Create(ctx, "acme", nil)
+	require.NoError(t, err)
+
+	t.Run("TenantToken", func(t *testing.T) {
+		t.Parallel()
+		c := b.anonymous(t)
+		res, body := c.do(http.MethodPost, "/console/api/login", map[string]string{"token": tenantToken}, nil)
+		requireError(t, res, body, http.StatusUnauthorized, "tenant_token")
+		require.Empty(t, res.Cookies())
+		// Nor does a bearer token open any page of the console.
+		res, body = c.do(http.MethodGet, "/console/api/overview", nil, http.Header{"Authorization": {"Bearer " + tenantToken}})
+		requireError(t, res, body, http.StatusUnauthorized, "unauthorized")
+		require.Contains(t, body, "does not take bearer tokens")
+		res, body = c.do(http.MethodGet, "/console/api/overview", nil, http.Header{"Authorization": {"Bearer " + b.token}})
+		requireError(t, res, body, http.StatusUnauthorized, "unauthorized")
+	})
+	t.Run("UnknownAndMalformed", func(t *testing.T) {
+		t.Parallel()
+		c := b.anonymous(t)
+		for _, tok := range []string{"", "nonsense", operator.TokenPrefix + strings.Repeat("A", 43)} {
+			res, body := c.do(http.MethodPost, "/console/api/login", map[string]string{"token": tok}, nil)
+			requireError(t, res, body, http.StatusUnauthorized, "invalid_token")
+		}
+		res, body := c.do(http.MethodPost, "/console/api/login", nil, nil)
+		requireError(t, res, body, http.StatusBadRequest, "invalid_body")
+	})
+	t.Run("Revoked", func(t *testing.T) {
+		t.Parallel()
+		store := operator.NewStore(b.jobs.Pool, nil)
+		_, tok, err := store.Create(ctx, "bob")
+		require.NoError(t, err)
+		c := b.anonymous(t)
+		res, body := c.do(http.MethodPost, "/console/api/login", map[string]string{"token": tok}, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+		_, err = store.Revoke(ctx, "bob")
+		require.NoError(t, err)
+		// The open session ends with the revocation; the token no longer logs in.
+		res, body = c.do(http.MethodGet, "/console/api/session", nil, nil)
+		requireError(t, res, body, http.StatusUnauthorized, "session_expired")
+		res, body = c.do(http.MethodPost, "/console/api/login", map[string]string{"token": tok}, nil)
+		requireError(t, res, body, http.StatusForbidden, "operator_revoked")
+	})
+	t.Run("NoSession", func(t *testing.T) {
+		t.Parallel()
+		c := b.anonymous(t)
+		for _, p := range []string{"/console/api/overview", "/console/api/jobs", "/console/api/dead", "/console/api/session"} {
+			res, body := c.do(http.MethodGet, p, nil, nil)
+			requireError(t, res, body, http.StatusUnauthorized, "unauthorized")
+		}
+	})
+}
+
+func TestCSRF_EveryActionNeedsTheToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})
+	c := b.login(t)
+	dead := b.jobs.Dead(t, jobstestOpts(), "retries_exhausted", 1)
+	actions := []struct {
+		path string
+		body any
+	}{
+		{"/console/api/dead/retry", map[string]any{"ids": []string{dead.ID}}},
+		{"/console/api/dead/purge", map[string]any{"ids": []string{dead.ID}}},
+		{"/console/api/credentials/default/resume", nil},
+		{"/console/api/tenants", map[string]any{"name": "evil"}},
+		{"/console/api/tenants/x/revoke", nil},
+		{"/console/api/logout", nil},
+	}
+	for _, a := range actions {
+		for name, h := range map[string]http.Header{
+			"missing":     {"X-Csrf-Token": {""}},
+			"wrong":       {"X-Csrf-Token": {c.csrf + "x"}},
+			"crossOrigin": {"Origin": {"https://evil.example"}},
+		} {
+			res, body := c.do(http.MethodPost, a.path, a.body, h)
+			typ := "csrf"
+			if name == "crossOrigin" {
+				typ = "cross_origin"
+			}
+			requireError(t, res, body, http.StatusForbidden, typ)
+		}
+	}
+	// Nothing happened: the job is still dead, no tenant was made, the session is alive, and
+	// the audit log has only the login.
+	job, err := b.jobs.Store.Get(context.Background(), dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, "dead", string(job.Status))
+	res, body := c.do(http.MethodGet, "/console/api/session", nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	entries := b.audit(t)
+	require.Len(t, entries, 1)
+	require.Equal(t, "login", entries[0].Action)
+}
+
+func TestLogout_EndsTheSession(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	res, body := c.do(http.MethodPost, "/console/api/logout", nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	require.Equal(t, -1, sessionCookie(t, res).MaxAge)
+	res, body = c.do(http.MethodGet, "/console/api/session", nil, nil)
+	requireError(t, res, body, http.StatusUnauthorized, "unauthorized")
+	actions := []string{}
+	for _, e := range b.audit(t) {
+		actions = append(actions, e.Action)
+		require.Equal(t, "alice", e.Operator)
+	}
+	require.Equal(t, []string{"logout", "login"}, actions)
+}
+
+func TestPage_ServedEmbeddedWithHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.anonymous(t)
+	res, body := c.do(http.MethodGet, "/console/", nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, body, `<script src="/console/static/app.js"`)
+	require.Contains(t, res.Header.Get("Content-Security-Policy"), "default-src 'self'")
+	require.Equal(t, "DENY", res.Header.Get("X-Frame-Options"))
+	for _, p := range []string{"/console/static/app.js", "/console/static/app.css"} {
+		res, body := c.do(http.MethodGet, p, nil, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode, p)
+		require.NotContains(t, body, "http://", "no asset is fetched from elsewhere")
+		require.NotContains(t, body, "https://", "no asset is fetched from elsewhere")
+	}
+	res, body = c.do(http.MethodGet, "/console/nope", nil, nil)
+	requireError(t, res, body, http.StatusNotFound, "not_found")
+}

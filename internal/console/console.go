@@ -1,0 +1,192 @@
+// Package console is the operators' web console, served by the API under /console/: a page of
+// plain HTML and a little JavaScript (embedded in the binary; nothing is fetched from elsewhere)
+// over a small JSON API of its own under /console/api/.
+//
+// Operators are not tenants (package operator): the login exchanges an operator token for a
+// session cookie (HttpOnly, SameSite=Strict, Secure over TLS), every state-changing request must
+// carry the session's CSRF token in the X-CSRF-Token header and come from the console's own
+// origin, and a tenant's bearer token opens nothing here. Every action is written to the audit
+// log (package audit) with the operator's name and how many things it changed.
+//
+// Live figures reach the page over Server-Sent Events: the job page follows the job's
+// transitions through the API's Postgres listener (LISTEN/NOTIFY), the overview is recomputed by
+// the server every LiveInterval and sent when it changed. The page itself never polls.
+package console
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+//go:embed static
+var static embed.FS
+
+// Credential is a configured credential, as the console shows it.
+type Credential struct {
+	Name     string
+	Provider string
+	// RequestsPerSecond and Burst are the configured request limit (zero: learned from the
+	// provider).
+	RequestsPerSecond float64
+	Burst             int
+}
+
+// Config configures a Handler.
+type Config struct {
+	// Pool is the database of jobs, operators, tenants and the audit log. Required.
+	Pool *pgxpool.Pool
+	// Jobs is the job store. Required.
+	Jobs *jobs.Store
+	// Tasks requeues retried dead letters and reads the queue depth. nil: retried jobs wait for
+	// the sweeper, and the overview has no queue depth.
+	Tasks *dispatch.Tasks
+	// Redis holds the credentials' shared state (limiter, breaker). Required.
+	Redis redis.UniversalClient
+	// RedisPrefix starts llmq's own Redis keys. Default redisscript.DefaultPrefix.
+	RedisPrefix string
+	// Credentials are the configured credentials, in config order.
+	Credentials []Credential
+	// Listener follows job transitions for the job page. nil: the job page is re-read every
+	// KeepAlive only (tests).
+	Listener *jobs.Listener
+	Logger   *slog.Logger
+	// SessionTTL is how long a login lasts. Default 12h.
+	SessionTTL time.Duration
+	// LiveInterval is how often the overview's figures are recomputed while at least one
+	// overview stream is open (once for all of them). Default 2s.
+	LiveInterval time.Duration
+	// KeepAlive is the interval of keep-alive comments on the event streams. Default 15s.
+	KeepAlive time.Duration
+	// Now is the clock of the overview's window. Default time.Now.
+	Now func() time.Time
+}
+
+// Handler serves /console/. It holds no per-request state; safe for concurrent use.
+type Handler struct {
+	cfg       Config
+	operators *operator.Store
+	tenants   *tenant.Store
+	limiter   *limiter.Limiter
+	breaker   *breaker.Breaker
+	mux       *http.ServeMux
+	// live shares the overview's recomputation among its streams.
+	live *liveOverview
+	// closing is closed by Shutdown to end the event streams.
+	closing   chan struct{}
+	closeOnce sync.Once
+}
+
+// Prefix is the path the console is served under.
+const Prefix = "/console/"
+
+// New returns a Handler. Errors: a missing required field, or an invalid Redis prefix.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Pool == nil || cfg.Jobs == nil || cfg.Redis == nil {
+		return nil, fmt.Errorf("console: Pool, Jobs and Redis are required")
+	}
+	if cfg.RedisPrefix == "" {
+		cfg.RedisPrefix = redisscript.DefaultPrefix
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.SessionTTL == 0 {
+		cfg.SessionTTL = 12 * time.Hour
+	}
+	if cfg.LiveInterval == 0 {
+		cfg.LiveInterval = 2 * time.Second
+	}
+	if cfg.KeepAlive == 0 {
+		cfg.KeepAlive = 15 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	lim, err := limiter.New(cfg.Redis, &limiter.Config{Prefix: cfg.RedisPrefix})
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	brk, err := breaker.New(cfg.Redis, &breaker.Config{Prefix: cfg.RedisPrefix})
+	if err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
+	h := &Handler{cfg: cfg, operators: operator.NewStore(cfg.Pool, nil), tenants: tenant.NewStore(cfg.Pool, nil),
+		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{})}
+	h.live = newLiveOverview(h)
+	h.routes()
+	return h, nil
+}
+
+func (h *Handler) routes() {
+	assets, _ := fs.Sub(static, "static")
+	files := http.FileServerFS(assets)
+	m := h.mux
+	m.HandleFunc("GET /console/{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-cache")
+		securityHeaders(w)
+		http.ServeFileFS(w, r, assets, "index.html")
+	})
+	m.Handle("GET /console/static/", http.StripPrefix("/console/static/", securityWrap(files)))
+	m.HandleFunc("POST /console/api/login", h.login)
+	m.HandleFunc("POST /console/api/logout", h.logout)
+	m.HandleFunc("GET /console/api/session", h.authed(h.session))
+	m.HandleFunc("GET /console/api/overview", h.authed(h.overview))
+	m.HandleFunc("GET /console/api/overview/live", h.authed(h.overviewLive))
+	m.HandleFunc("GET /console/api/jobs", h.authed(h.jobList))
+	m.HandleFunc("GET /console/api/jobs/{id}", h.authed(h.jobDetail))
+	m.HandleFunc("GET /console/api/jobs/{id}/live", h.authed(h.jobLive))
+	m.HandleFunc("GET /console/api/dead", h.authed(h.deadList))
+	m.HandleFunc("POST /console/api/dead/retry", h.authed(h.deadRetry))
+	m.HandleFunc("POST /console/api/dead/purge", h.authed(h.deadPurge))
+	m.HandleFunc("GET /console/api/credentials", h.authed(h.credentialList))
+	m.HandleFunc("POST /console/api/credentials/{name}/resume", h.authed(h.credentialResume))
+	m.HandleFunc("GET /console/api/tenants", h.authed(h.tenantList))
+	m.HandleFunc("POST /console/api/tenants", h.authed(h.tenantCreate))
+	m.HandleFunc("POST /console/api/tenants/{name}/revoke", h.authed(h.tenantRevoke))
+	m.HandleFunc("GET /console/api/audit", h.authed(h.auditList))
+	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
+	})
+}
+
+// Shutdown ends every open event stream of the console (the page's EventSource reconnects, to
+// this replica or another), so that an HTTP server's shutdown does not wait for them. It is
+// idempotent and safe for concurrent use.
+func (h *Handler) Shutdown() { h.closeOnce.Do(func() { close(h.closing) }) }
+
+// ServeHTTP implements http.Handler for every path under Prefix.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// securityHeaders forbids what the console never needs: framing (clickjacking), scripts or
+// styles from anywhere but itself, and sniffing.
+func securityHeaders(w http.ResponseWriter) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("X-Frame-Options", "DENY")
+}
+
+func securityWrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		securityHeaders(w)
+		w.Header().Set("Cache-Control", "no-cache")
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,179 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/redisscript"
+)
+
+// CredentialState is one row of the credentials page: `ctl credentials list`'s figures.
+type CredentialState struct {
+	Name     string `json:"name"`
+	Provider string `json:"provider"`
+	// Known is false until a worker published the credential's Redis tag: its shared state
+	// cannot be found without (the API has no provider keys). The other fields are then empty.
+	Known       bool       `json:"known"`
+	LimitSource string     `json:"limit_source,omitempty"`
+	RatePerSec  float64    `json:"requests_per_second"`
+	Burst       int        `json:"burst"`
+	TokenLimits []tokenRow `json:"token_limits"`
+	Paused      bool       `json:"paused"`
+	PausedSince *time.Time `json:"paused_since,omitempty"`
+	PauseReason string     `json:"pause_reason,omitempty"`
+	FirstJobID  string     `json:"pause_first_job_id,omitempty"`
+	PushedBack  *time.Time `json:"pushed_back_until,omitempty"`
+	PushReason  string     `json:"push_back_reason,omitempty"`
+	Breaker     string     `json:"breaker,omitempty"`
+	BreakerTill *time.Time `json:"breaker_until,omitempty"`
+}
+
+// tokenRow is one token bucket in force.
+type tokenRow struct {
+	Bucket    string  `json:"bucket"`
+	PerMinute float64 `json:"per_minute"`
+	Source    string  `json:"source"`
+}
+
+// tag returns the credential's Redis tag as the workers published it; "" when none did.
+func (h *Handler) tag(ctx context.Context, name string) (string, error) {
+	t, err := h.cfg.Redis.HGet(ctx, redisscript.CredentialIndexKey(h.cfg.RedisPrefix), name).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", &apiError{http.StatusServiceUnavailable, "unavailable", "Redis is unreachable; try again shortly"}
+	}
+	return t, nil
+}
+
+func (h *Handler) credentialState(ctx context.Context, c Credential) (CredentialState, error) {
+	st := CredentialState{Name: c.Name, Provider: c.Provider, TokenLimits: []tokenRow{}}
+	tag, err := h.tag(ctx, c.Name)
+	if err != nil || tag == "" {
+		return st, err
+	}
+	st.Known = true
+	gate := h.limiter.GateByTag(tag, c.Name)
+	l, src, err := gate.Current(ctx)
+	if err != nil {
+		return st, err
+	}
+	if (c.RequestsPerSecond > 0 || c.Burst > 0) && src == limiter.SourceUnknown {
+		// What the next reservation will apply.
+		l, src = limiter.Limit{Rate: c.RequestsPerSecond, Burst: c.Burst}, limiter.SourceConfigured
+	}
+	st.LimitSource, st.RatePerSec, st.Burst = string(src), l.Rate, l.Burst
+	tb, err := gate.CurrentTokenBuckets(ctx)
+	if err != nil {
+		return st, err
+	}
+	for _, b := range []struct {
+		name string
+		b    limiter.TokenBucket
+	}{{"input", tb.Input}, {"output", tb.Output}, {"combined", tb.Combined}} {
+		if b.b.PerMinute > 0 {
+			st.TokenLimits = append(st.TokenLimits, tokenRow{Bucket: b.name, PerMinute: b.b.PerMinute, Source: string(b.b.Source)})
+		}
+	}
+	ps, err := gate.Paused(ctx)
+	if err != nil {
+		return st, err
+	}
+	if ps.Paused {
+		since := ps.Since
+		st.Paused, st.PausedSince, st.PauseReason, st.FirstJobID = true, &since, ps.Reason, ps.FirstJobID
+	}
+	pb, err := gate.PushBack(ctx)
+	if err != nil {
+		return st, err
+	}
+	if pb.Active() {
+		until := pb.Until.UTC()
+		st.PushedBack, st.PushReason = &until, pb.Reason()
+	}
+	bs, err := h.breaker.CircuitByTag(tag, c.Name).Status(ctx)
+	if err != nil {
+		return st, err
+	}
+	st.Breaker = string(bs.State)
+	if bs.State != breaker.Closed && !bs.Until.IsZero() {
+		until := bs.Until
+		st.BreakerTill = &until
+	}
+	return st, nil
+}
+
+func (h *Handler) credentialList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	out := make([]CredentialState, 0, len(h.cfg.Credentials))
+	for _, c := range h.cfg.Credentials {
+		st, err := h.credentialState(r.Context(), c)
+		if err != nil {
+			writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
+			return
+		}
+		out = append(out, st)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"credentials": out})
+}
+
+// credentialResume ends the credential's pause and its Retry-After push-back, like
+// `ctl credentials resume`.
+func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	name := r.PathValue("name")
+	var cred *Credential
+	for i := range h.cfg.Credentials {
+		if h.cfg.Credentials[i].Name == name {
+			cred = &h.cfg.Credentials[i]
+		}
+	}
+	if cred == nil {
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no credential " + name + " in the config"})
+		return
+	}
+	tag, err := h.tag(r.Context(), name)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	if tag == "" {
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusConflict, "state_unknown",
+			"no worker has started with credential " + name + " yet: it has no shared state to resume"})
+		return
+	}
+	gate := h.limiter.GateByTag(tag, name)
+	was, err := gate.Resume(r.Context())
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
+		return
+	}
+	pb, err := gate.ClearPushBack(r.Context())
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
+		return
+	}
+	n, msg := 1, "credential "+name+" resumed"
+	if !was && !pb.Active() {
+		n, msg = 0, "credential "+name+" was neither paused nor pushed back"
+	}
+	h.audit(r, s.Operator, audit.Entry{Action: "credential.resume", Target: name, Count: n})
+	writeJSON(w, http.StatusOK, map[string]any{"message": msg, "changed": n == 1})
+}
+
+// redisFailure turns a failure of the shared state's Redis into a 503 that says so (logged).
+func redisFailure(r *http.Request, h *Handler, err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	h.cfg.Logger.WarnContext(r.Context(), "console: credential state", "error", err)
+	return &apiError{http.StatusServiceUnavailable, "unavailable", "the credentials' shared state (Redis) did not answer; try again shortly"}
+}

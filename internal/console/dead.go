@@ -1,0 +1,136 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
+)
+
+// deadListLimit caps the dead letters listed at once (most recently dead first).
+const deadListLimit = 200
+
+// deadList serves the dead letters: ?reason=&credential=.
+func (h *Handler) deadList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	q := r.URL.Query()
+	list, err := h.cfg.Jobs.ListDead(r.Context(), jobs.DeadFilter{Reason: q.Get("reason"),
+		Credential: q.Get("credential"), Limit: deadListLimit})
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": views(list), "limit": deadListLimit})
+}
+
+// selection is the body of a dead-letter action: the jobs the operator selected.
+type selection struct {
+	IDs []string `json:"ids"`
+}
+
+// maxSelection caps a selection (one request, one transaction).
+const maxSelection = 1000
+
+func readSelection(r *http.Request) ([]string, error) {
+	var s selection
+	if err := readJSON(r, &s); err != nil {
+		return nil, err
+	}
+	if len(s.IDs) == 0 || len(s.IDs) > maxSelection {
+		return nil, badRequest("invalid_selection", fmt.Sprintf("select 1 to %d jobs", maxSelection))
+	}
+	slices.Sort(s.IDs)
+	return slices.Compact(s.IDs), nil
+}
+
+// actionResult answers a dead-letter action: what was done, and why the rest was not.
+type actionResult struct {
+	Requested int      `json:"requested"`
+	Done      []string `json:"done"`
+	// Skipped names each selected job left alone and why (retried or purged meanwhile, ...).
+	Skipped map[string]string `json:"skipped"`
+}
+
+// skipped explains each id of ids not in done, by reading the job again.
+func (h *Handler) skipped(r *http.Request, ids, done []string) map[string]string {
+	out := map[string]string{}
+	for _, id := range ids {
+		if slices.Contains(done, id) {
+			continue
+		}
+		job, err := h.cfg.Jobs.Get(r.Context(), id)
+		switch {
+		case err == nil:
+			out[id] = "it is " + string(job.Status) + " now, no longer dead"
+		case jobs.IsUnavailable(err) || r.Context().Err() != nil:
+			out[id] = "could not be read"
+		default:
+			out[id] = "no such job (purged?)"
+		}
+	}
+	return out
+}
+
+// deadRetry puts the selected dead jobs back to queued (with a fresh attempt budget) and
+// enqueues them. A selected job that is no longer dead is left alone and named in "skipped".
+func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	ids, err := readSelection(r)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	done, err := h.cfg.Jobs.RetryDead(r.Context(), jobs.DeadFilter{IDs: ids})
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	for _, id := range done {
+		if h.cfg.Tasks == nil {
+			break
+		}
+		if err := h.cfg.Tasks.Requeue(r.Context(), id); err != nil {
+			// Queued in Postgres: the sweeper enqueues it.
+			h.cfg.Logger.WarnContext(r.Context(), "console: requeue retried job (the sweeper will)", "job_id", id, "error", err)
+		}
+	}
+	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}
+	h.audit(r, s.Operator, audit.Entry{Action: "dead.retry", Target: single(ids), Count: len(done),
+		Detail: map[string]any{"requested": ids, "skipped": res.Skipped}})
+	writeJSON(w, http.StatusOK, res)
+}
+
+// deadPurge deletes the selected dead jobs with their history. A selected job that is no
+// longer dead is left alone and named in "skipped".
+func (h *Handler) deadPurge(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	ids, err := readSelection(r)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	done, err := h.cfg.Jobs.PurgeDeadIDs(r.Context(), ids)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}
+	h.audit(r, s.Operator, audit.Entry{Action: "dead.purge", Target: single(ids), Count: len(done),
+		Detail: map[string]any{"requested": ids, "skipped": res.Skipped}})
+	writeJSON(w, http.StatusOK, res)
+}
+
+// single is the audit target of a selection: the id when there is one, else "".
+func single(ids []string) string {
+	if len(ids) == 1 {
+		return ids[0]
+	}
+	return ""
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

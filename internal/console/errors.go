@@ -1,0 +1,68 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+// apiError is an error with its HTTP answer: {"error":{"type","message"}}, as the API's.
+type apiError struct {
+	status  int
+	typ     string
+	message string
+}
+
+func (e *apiError) Error() string { return e.message }
+
+func badRequest(typ, msg string) *apiError { return &apiError{http.StatusBadRequest, typ, msg} }
+
+// writeError is the console's one table from errors to statuses. A client's mistake (unknown
+// id, stale cursor, bad name) is a 4xx naming it; only a failure of ours is a 500, logged.
+func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+	case errors.Is(err, jobs.ErrNotFound):
+		ae = &apiError{http.StatusNotFound, "not_found", "no job with that id (it may have been purged)"}
+	case errors.Is(err, jobs.ErrBadCursor):
+		ae = badRequest("stale_page", "this page link is stale or malformed; start again from the first page")
+	case errors.Is(err, tenant.ErrInvalidName):
+		ae = badRequest("invalid_name", err.Error())
+	case errors.Is(err, tenant.ErrExists):
+		ae = &apiError{http.StatusConflict, "tenant_exists", err.Error()}
+	case errors.Is(err, tenant.ErrNotFound):
+		ae = &apiError{http.StatusNotFound, "not_found", err.Error()}
+	case errors.Is(err, context.Canceled):
+		return // the client left
+	case jobs.IsUnavailable(err):
+		logger.WarnContext(r.Context(), "console: store unavailable", "path", r.URL.Path, "error", err)
+		ae = &apiError{http.StatusServiceUnavailable, "unavailable", "the database is unreachable; try again shortly"}
+	default:
+		logger.ErrorContext(r.Context(), "console: internal error", "method", r.Method, "path", r.URL.Path, "error", err)
+		ae = &apiError{http.StatusInternalServerError, "internal", "internal error (logged)"}
+	}
+	writeJSON(w, ae.status, map[string]any{"error": map[string]string{"type": ae.typ, "message": ae.message}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// readJSON decodes a small JSON body into v: 400 naming the problem otherwise.
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badRequest("invalid_body", "the request body must be a JSON object of this action: "+err.Error())
+	}
+	return nil
+}

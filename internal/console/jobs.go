@@ -1,0 +1,203 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
+)
+
+// jobView is a job as the console shows it: the API's job JSON and its tenant.
+type jobView struct {
+	*jobs.Job
+	Tenant string `json:"tenant"`
+}
+
+// views are the rows of a list: without their results, which only the job page shows (a page
+// of 50 answers could weigh megabytes).
+func views(list []*jobs.Job) []jobView {
+	out := make([]jobView, 0, len(list))
+	for _, j := range list {
+		row := *j
+		row.Result = nil
+		out = append(out, jobView{Job: &row, Tenant: j.Tenant})
+	}
+	return out
+}
+
+// jobList serves a page of jobs: ?status=&tenant=&credential=&after=<cursor>&limit=.
+func (h *Handler) jobList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	q := r.URL.Query()
+	p := jobs.PageParams{Status: jobs.Status(q.Get("status")), Tenant: q.Get("tenant"),
+		Credential: q.Get("credential"), After: q.Get("after")}
+	if p.Status != "" && !p.Status.Valid() {
+		writeError(w, r, h.cfg.Logger, badRequest("invalid_status", "status "+strconv.Quote(string(p.Status))+
+			" is not one of queued, running, retrying, succeeded, failed, dead, canceled"))
+		return
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 500 {
+			writeError(w, r, h.cfg.Logger, badRequest("invalid_limit", "limit must be 1 to 500"))
+			return
+		}
+		p.Limit = n
+	}
+	page, err := h.cfg.Jobs.Page(r.Context(), p)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": views(page.Jobs), "next": page.Next})
+}
+
+// JobDetail is the job page: the job, a summary of its request, every attempt, every event.
+type JobDetail struct {
+	Job      jobView           `json:"job"`
+	Request  RequestSummary    `json:"request"`
+	Attempts []jobs.AttemptRow `json:"attempts"`
+	Events   []jobs.Event      `json:"events"`
+}
+
+// RequestSummary describes a provider request without showing it whole.
+type RequestSummary struct {
+	Bytes     int    `json:"bytes"`
+	Model     string `json:"model"`
+	MaxTokens int    `json:"max_tokens,omitempty"`
+	Stream    bool   `json:"stream,omitempty"`
+	Messages  int    `json:"messages"`
+	// FirstText is the start of the first message's text (at most 300 characters).
+	FirstText string `json:"first_text,omitempty"`
+}
+
+func summarize(req []byte) RequestSummary {
+	var body struct {
+		Model     string `json:"model"`
+		MaxTokens int    `json:"max_tokens"`
+		Stream    bool   `json:"stream"`
+		Messages  []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	s := RequestSummary{Bytes: len(req)}
+	if json.Unmarshal(req, &body) != nil {
+		return s
+	}
+	s.Model, s.MaxTokens, s.Stream, s.Messages = body.Model, body.MaxTokens, body.Stream, len(body.Messages)
+	if len(body.Messages) > 0 {
+		s.FirstText = firstText(body.Messages[0].Content)
+	}
+	return s
+}
+
+// firstText returns the text of a message's content: a string, or its first text block.
+func firstText(c json.RawMessage) string {
+	var text string
+	if json.Unmarshal(c, &text) != nil {
+		var blocks []struct {
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(c, &blocks) != nil || len(blocks) == 0 {
+			return ""
+		}
+		text = blocks[0].Text
+	}
+	if r := []rune(text); len(r) > 300 {
+		return string(r[:299]) + "…"
+	}
+	return text
+}
+
+func (h *Handler) detail(ctx context.Context, id string) (*JobDetail, error) {
+	job, err := h.cfg.Jobs.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	attempts, err := h.cfg.Jobs.Attempts(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	events, err := h.cfg.Jobs.Events(ctx, id, 0)
+	if err != nil {
+		return nil, err
+	}
+	if attempts == nil {
+		attempts = []jobs.AttemptRow{}
+	}
+	if events == nil {
+		events = []jobs.Event{}
+	}
+	return &JobDetail{Job: jobView{Job: job, Tenant: job.Tenant}, Request: summarize(job.Request), Attempts: attempts, Events: events}, nil
+}
+
+func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	d, err := h.detail(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// jobLive streams the job page as "job" events: at once, then after every transition of the
+// job (announced by Postgres to the Listener; the stream watches the job so that its
+// transitions are announced), whatever process made it. It stays open after the job ends: an
+// operator may retry it. A job deleted meanwhile ends the stream with a "gone" event.
+func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	id := r.PathValue("id")
+	if _, err := h.cfg.Jobs.Get(r.Context(), id); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	var notify <-chan int
+	if h.cfg.Listener != nil {
+		ch, unsubscribe := h.cfg.Listener.Subscribe(id)
+		defer unsubscribe()
+		notify = ch
+	}
+	watchTTL := 4 * h.cfg.KeepAlive
+	if err := h.cfg.Jobs.Watch(r.Context(), id, watchTTL); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	out, ok := startStream(w)
+	if !ok {
+		return
+	}
+	keep := time.NewTicker(h.cfg.KeepAlive)
+	defer keep.Stop()
+	var last []byte
+	for {
+		d, err := h.detail(r.Context(), id)
+		switch {
+		case err == nil:
+			if last, err = sendIfChanged(out, "job", d, last); err != nil {
+				return
+			}
+		case r.Context().Err() != nil:
+			return
+		default:
+			if _, err := io.WriteString(out, "event: gone\ndata: {}\n\n"); err == nil {
+				_ = out.flush()
+			}
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-h.closing:
+			return
+		case <-notify:
+		case <-keep.C:
+			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {
+				return
+			}
+			_ = h.cfg.Jobs.Watch(r.Context(), id, watchTTL)
+		}
+	}
+}

@@ -1,0 +1,167 @@
+package console_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// liveBundle is setup with a running job event listener and a fast overview.
+func liveBundle(t *testing.T) (*testBundle, *client) {
+	b, c, _ := liveHandler(t)
+	return b, c
+}
+
+func liveHandler(t *testing.T) (*testBundle, *client, *console.Handler) {
+	t.Helper()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: b.jobs.Pool.Config().ConnConfig.Copy()})
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
+		Listener: l, LiveInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	return b, b.login(t), h
+}
+
+// stream reads one event stream's events of one name.
+type stream struct {
+	events chan string
+	ended  chan struct{} // closed when the server ended the stream
+}
+
+func (c *client) stream(t *testing.T, path, name string) *stream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	require.NoError(t, err)
+	res, err := c.http.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Equal(t, "text/event-stream", res.Header.Get("Content-Type"))
+	s := &stream{events: make(chan string, 100)}
+	finished := make(chan struct{})
+	s.ended = finished
+	go func() {
+		defer close(finished)
+		sc := bufio.NewScanner(res.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		event := ""
+		for sc.Scan() {
+			line := sc.Text()
+			if v, ok := strings.CutPrefix(line, "event: "); ok {
+				event = v
+			}
+			if v, ok := strings.CutPrefix(line, "data: "); ok && event == name {
+				s.events <- v
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		res.Body.Close()
+		<-finished
+	})
+	return s
+}
+
+// next waits (at most 10 s) for the next event and decodes it into v.
+func (s *stream) next(t *testing.T, v any) {
+	t.Helper()
+	select {
+	case data := <-s.events:
+		require.NoError(t, json.Unmarshal([]byte(data), v))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event within 10 s")
+	}
+}
+
+func TestJobLive_FollowsTransitions(t *testing.T) {
+	t.Parallel()
+	b, c := liveBundle(t)
+	job := b.jobs.Create(t, jobstestOpts())
+	s := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
+	var d struct {
+		Job struct {
+			Status jobs.Status `json:"status"`
+		} `json:"job"`
+		Attempts []jobs.AttemptRow `json:"attempts"`
+		Events   []jobs.Event      `json:"events"`
+	}
+	s.next(t, &d)
+	require.Equal(t, jobs.StatusQueued, d.Job.Status)
+	require.Empty(t, d.Attempts)
+
+	// Each transition, made elsewhere, arrives as a new state of the page.
+	b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	for d.Job.Status != jobs.StatusRetrying {
+		s.next(t, &d)
+	}
+	require.Len(t, d.Attempts, 1)
+	b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+	for d.Job.Status != jobs.StatusDead {
+		s.next(t, &d)
+	}
+	require.Len(t, d.Attempts, 2)
+	require.Equal(t, jobs.StatusDead, d.Events[len(d.Events)-1].Type)
+}
+
+func TestOverviewLive_CountsChange(t *testing.T) {
+	t.Parallel()
+	b, c := liveBundle(t)
+	// Two consoles open: one recomputation serves both (its goroutine ends with the last
+	// stream; goleak checks in TestMain).
+	s1 := c.stream(t, "/console/api/overview/live", "overview")
+	s2 := b.login(t).stream(t, "/console/api/overview/live", "overview")
+	for _, s := range []*stream{s1, s2} {
+		var ov console.Overview
+		s.next(t, &ov)
+		require.Equal(t, 0, ov.ByStatus[jobs.StatusQueued])
+	}
+	b.jobs.Create(t, jobstestOpts())
+	for _, s := range []*stream{s1, s2} {
+		var ov console.Overview
+		s.next(t, &ov)
+		require.Equal(t, 1, ov.ByStatus[jobs.StatusQueued], "sent because it changed")
+	}
+}
+
+func TestShutdown_EndsTheStreams(t *testing.T) {
+	t.Parallel()
+	b, c, h := liveHandler(t)
+	job := b.jobs.Create(t, jobstestOpts())
+	streams := []*stream{
+		c.stream(t, "/console/api/overview/live", "overview"),
+		c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job"),
+	}
+	var v map[string]any
+	for _, s := range streams {
+		s.next(t, &v) // open and sending
+	}
+	h.Shutdown()
+	h.Shutdown() // idempotent
+	for _, s := range streams {
+		select {
+		case <-s.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream outlived Shutdown")
+		}
+	}
+}

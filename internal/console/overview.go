@@ -1,0 +1,292 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
+)
+
+// statusOrder lists every status in lifecycle order (the same rows as ctl stats).
+var statusOrder = []jobs.Status{
+	jobs.StatusQueued, jobs.StatusRunning, jobs.StatusRetrying,
+	jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusDead, jobs.StatusCanceled,
+}
+
+// overviewWindow is the overview's window: the last hour, like ctl stats' default.
+const overviewWindow = time.Hour
+
+// Overview is the overview page's figures: those of `ctl stats` (the same queries) and the dead
+// letters by reason.
+type Overview struct {
+	Window string `json:"window"`
+	*jobs.Stats
+	// Queue is the asynq queue's depth; nil when the console has no Tasks or Redis failed.
+	Queue *dispatch.QueueDepth `json:"queue"`
+	// DeadByReason counts every dead letter (of any age) by its reason.
+	DeadByReason map[string]int `json:"dead_by_reason"`
+}
+
+// overviewTimings are how long each read of computeOverview took (for the Server-Timing header).
+type overviewTimings struct{ stats, dead, queue time.Duration }
+
+// header formats them as a Server-Timing header, which the browser shows the page's scripts.
+func (t overviewTimings) header() string {
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) }
+	return "stats;dur=" + ms(t.stats) + ", dead;dur=" + ms(t.dead) + ", queue;dur=" + ms(t.queue)
+}
+
+func (h *Handler) computeOverview(ctx context.Context) (*Overview, overviewTimings, error) {
+	// The three reads are independent: run them at once (the first load waits for the slowest).
+	var (
+		wg                sync.WaitGroup
+		st                *jobs.Stats
+		dead              map[string]int
+		depth             *dispatch.QueueDepth
+		statsErr, deadErr error
+		tm                overviewTimings
+	)
+	timed := func(d *time.Duration, f func()) {
+		t0 := time.Now()
+		f()
+		*d = time.Since(t0)
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		timed(&tm.stats, func() { st, statsErr = h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow)) })
+	}()
+	go func() {
+		defer wg.Done()
+		timed(&tm.dead, func() { dead, deadErr = h.cfg.Jobs.DeadByReason(ctx) })
+	}()
+	if h.cfg.Tasks != nil {
+		timed(&tm.queue, func() {
+			if d, err := h.cfg.Tasks.Depth(); err == nil {
+				depth = &d
+			} else {
+				h.cfg.Logger.WarnContext(ctx, "console: queue depth", "error", err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(statsErr, deadErr); err != nil {
+		return nil, tm, err
+	}
+	for _, s := range statusOrder {
+		st.ByStatus[s] += 0 // every status present, zeros included
+	}
+	// Stats' Since is the clock's reading: it would change every recompute and make every
+	// live update look new.
+	st.Since = time.Time{}
+	return &Overview{Window: overviewWindow.String(), Stats: st, Queue: depth, DeadByReason: dead}, tm, nil
+}
+
+func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	ov, tm, err := h.computeOverview(r.Context())
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	w.Header().Set("Server-Timing", tm.header())
+	writeJSON(w, http.StatusOK, ov)
+}
+
+// overviewLive streams the overview as "overview" events: the latest figures at once (once
+// there are any), then each time the process's shared recomputation (liveOverview) changes them.
+func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	changed, unsubscribe := h.live.subscribe()
+	defer unsubscribe()
+	out, ok := startStream(w)
+	if !ok {
+		return
+	}
+	keep := time.NewTicker(h.cfg.KeepAlive)
+	defer keep.Stop()
+	var sent []byte
+	for {
+		if data := h.live.latest(); data != nil && !bytes.Equal(data, sent) {
+			if _, err := fmt.Fprintf(out, "event: overview\ndata: %s\n\n", data); err != nil || out.flush() != nil {
+				return
+			}
+			sent = data
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-h.closing:
+			return
+		case <-changed:
+		case <-keep.C:
+			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+// liveOverview recomputes the overview every LiveInterval while at least one overview stream of
+// the process is open, once for all of them: the cost of open consoles does not grow with their
+// number. Its goroutine ends as soon as the last stream closes, or at Shutdown.
+type liveOverview struct {
+	h    *Handler
+	wake chan struct{} // an unsubscribe pokes the loop, which ends without subscribers
+
+	mu      sync.Mutex
+	subs    map[chan struct{}]struct{}
+	last    []byte // the latest figures' JSON; nil before the first computation
+	running bool
+}
+
+func newLiveOverview(h *Handler) *liveOverview {
+	return &liveOverview{h: h, wake: make(chan struct{}, 1), subs: map[chan struct{}]struct{}{}}
+}
+
+// subscribe registers a stream: its channel receives (coalesced) a signal when the figures
+// change. cancel must be called; it is idempotent.
+func (l *liveOverview) subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	l.subs[ch] = struct{}{}
+	if !l.running {
+		l.running = true
+		go l.run()
+	}
+	l.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			l.mu.Lock()
+			delete(l.subs, ch)
+			l.mu.Unlock()
+			signal(l.wake)
+		})
+	}
+}
+
+func (l *liveOverview) latest() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last
+}
+
+func (l *liveOverview) run() {
+	tick := time.NewTicker(l.h.cfg.LiveInterval)
+	defer tick.Stop()
+	l.compute()
+	for {
+		due := false
+		select {
+		case <-l.h.closing:
+		case <-tick.C:
+			due = true
+		case <-l.wake: // a stream left: end if it was the last
+		}
+		l.mu.Lock()
+		if len(l.subs) == 0 || isClosed(l.h.closing) {
+			// A later subscribe starts a new loop (and a first computation at once).
+			l.running, l.last = false, nil
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		if due {
+			l.compute()
+		}
+	}
+}
+
+// compute recomputes the figures and signals the streams when they changed.
+func (l *liveOverview) compute() {
+	ctx, cancel := context.WithTimeout(context.Background(), l.h.cfg.LiveInterval+5*time.Second)
+	defer cancel()
+	ov, _, err := l.h.computeOverview(ctx)
+	if err != nil {
+		l.h.cfg.Logger.WarnContext(ctx, "console: overview stream", "error", err)
+		return
+	}
+	data, err := json.Marshal(ov)
+	if err != nil {
+		l.h.cfg.Logger.ErrorContext(ctx, "console: encode overview", "error", err)
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if bytes.Equal(data, l.last) {
+		return
+	}
+	l.last = data
+	for ch := range l.subs {
+		signal(ch)
+	}
+}
+
+// signal sends on ch unless a signal is pending already.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// streamWriter writes a Server-Sent Events stream and flushes it.
+type streamWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (s *streamWriter) Write(p []byte) (int, error) {
+	_ = s.rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	return s.w.Write(p)
+}
+
+func (s *streamWriter) flush() error { return s.rc.Flush() }
+
+// startStream sends the headers of an event stream. The server's read and write timeouts
+// would end a stream that outlives them: each write gets its own deadline instead.
+func startStream(w http.ResponseWriter) (*streamWriter, bool) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	s := &streamWriter{w: w, rc: rc}
+	return s, s.flush() == nil
+}
+
+// sendIfChanged sends v as event name unless its JSON equals last; it returns the JSON sent
+// (or last).
+func sendIfChanged(out *streamWriter, name string, v any, last []byte) ([]byte, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return last, fmt.Errorf("encode %s: %w", name, err)
+	}
+	if bytes.Equal(data, last) {
+		return last, nil
+	}
+	if _, err := fmt.Fprintf(out, "event: %s\ndata: %s\n\n", name, data); err != nil {
+		return last, err
+	}
+	return data, out.flush()
+}

@@ -1,0 +1,378 @@
+// llmq console: plain JavaScript, no build step, no dependency. Pages are rendered from the
+// console's JSON API (/console/api/); live figures arrive over Server-Sent Events. Every value
+// from the server becomes a text node (never HTML), so no job or tenant can inject markup.
+'use strict';
+
+const API = '/console/api';
+const STATUSES = ['queued', 'running', 'retrying', 'succeeded', 'failed', 'dead', 'canceled'];
+let csrf = '';
+let live = null; // the open EventSource of the current page
+let prefetched = null; // the first load's overview request, made alongside the session's
+
+// takePrefetch returns the prefetched overview once (null when there is none or it failed).
+function takePrefetch() {
+  const p = prefetched;
+  prefetched = null;
+  return p || Promise.resolve(null);
+}
+
+// h builds an element: h('td', {class: 'num'}, 'text', child, ...).
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (k === 'dataset') Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+const $ = (id) => document.getElementById(id);
+// show replaces root's children, leaving out the absent ones (null, undefined, false).
+const show = (root, ...kids) => root.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false));
+const fmtTime = (t) => (t ? new Date(t).toLocaleString() : '–');
+const fmtMS = (ms) => (ms === null || ms === undefined ? '–' : ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`);
+const clip = (t, n) => (t.length > n ? t.slice(0, n - 1) + '…' : t);
+const badge = (s) => h('span', { class: `status ${s}` }, s);
+const jobLink = (id) => h('a', { href: `#/job/${id}`, class: 'mono' }, id);
+
+class APIError extends Error {
+  constructor(status, type, message) { super(message); this.status = status; this.type = type; }
+}
+
+async function api(method, path, body) {
+  const opts = { method, headers: {}, credentials: 'same-origin' };
+  if (method !== 'GET') opts.headers['X-CSRF-Token'] = csrf;
+  if (body !== undefined) {
+    opts.headers['Content-Type'] = 'application/json';
+    opts.body = JSON.stringify(body);
+  }
+  const res = await fetch(API + path, opts);
+  const data = await res.json().catch(() => ({}));
+  if (!res.ok) {
+    const e = data.error || {};
+    if (res.status === 401 && path !== '/login') showLogin(e.message);
+    throw new APIError(res.status, e.type || 'error', e.message || `HTTP ${res.status}`);
+  }
+  return data;
+}
+
+function flash(msg, isError) {
+  const f = $('flash');
+  f.textContent = msg;
+  f.className = isError ? 'error' : '';
+  f.hidden = !msg;
+}
+
+function confirmAction(text) {
+  return new Promise((resolve) => {
+    const d = $('confirm');
+    $('confirm-text').textContent = text;
+    d.addEventListener('close', () => resolve(d.returnValue === 'ok'), { once: true });
+    d.returnValue = '';
+    d.showModal();
+  });
+}
+
+function showLogin(msg) {
+  closeLive();
+  csrf = '';
+  $('nav').hidden = true;
+  $('logout').hidden = true;
+  $('who').textContent = '';
+  $('page').replaceChildren();
+  $('login').hidden = false;
+  const le = $('login-error');
+  le.textContent = msg || '';
+  le.hidden = !msg;
+}
+
+function loggedIn(s) {
+  csrf = s.csrf_token;
+  $('login').hidden = true;
+  $('nav').hidden = false;
+  $('logout').hidden = false;
+  $('who').textContent = s.operator;
+}
+
+function closeLive() {
+  if (live) { live.close(); live = null; }
+}
+
+// follow opens an event stream and calls fn with each event's JSON.
+function follow(path, event, fn) {
+  closeLive();
+  live = new EventSource(API + path);
+  live.addEventListener(event, (ev) => fn(JSON.parse(ev.data)));
+  live.addEventListener('gone', () => { closeLive(); flash('This job no longer exists (purged).', true); });
+  return live;
+}
+
+// ---- pages -------------------------------------------------------------------------------------
+
+function card(label, value, testid) {
+  return h('div', { class: 'card' }, h('div', { class: 'label' }, label),
+    h('div', { class: 'value', 'data-testid': testid }, value));
+}
+
+function renderOverview(ov) {
+  const q = ov.queue || {};
+  const dead = Object.entries(ov.dead_by_reason || {});
+  return [
+    h('h2', {}, `Jobs created in the last hour, by status`),
+    h('div', { class: 'cards' }, STATUSES.map((s) => card(s, ov.jobs_by_status[s] ?? 0, `count-${s}`))),
+    h('h2', {}, 'Queue'),
+    h('div', { class: 'cards' }, ['pending', 'active', 'scheduled', 'retry', 'archived'].map((k) => card(k, q[k] ?? '–', `queue-${k}`))),
+    h('h2', {}, 'Calls in the last hour'),
+    h('div', { class: 'cards' },
+      card('attempts', ov.attempts, 'attempts'),
+      card('retry rate', ov.retry_rate == null ? '–' : `${(100 * ov.retry_rate).toFixed(1)}%`, 'retry-rate'),
+      card('requests per success', ov.requests_per_success == null ? '–' : ov.requests_per_success.toFixed(2), 'requests-per-success'),
+      card('submit→result p50', fmtMS(ov.submit_to_result_p50_ms), 'p50'),
+      card('submit→result p95', fmtMS(ov.submit_to_result_p95_ms), 'p95')),
+    h('h2', {}, 'Dead letters by reason'),
+    dead.length === 0 ? h('p', { class: 'muted', 'data-testid': 'dead-none' }, 'No dead letters.') :
+      h('table', {}, h('tr', {}, h('th', {}, 'reason'), h('th', { class: 'num' }, 'jobs')),
+        dead.map(([r, n]) => h('tr', {}, h('td', {}, h('a', { href: `#/dead?reason=${encodeURIComponent(r)}` }, r || '–')),
+          h('td', { class: 'num', 'data-testid': `dead-${r}` }, n)))),
+  ];
+}
+
+async function pageOverview(root) {
+  show(root, h('h1', {}, 'Overview', h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'ov' }));
+  const ov = (await takePrefetch()) || await api('GET', '/overview');
+  show($('ov'), renderOverview(ov));
+  follow('/overview/live', 'overview', (o) => { const el = $('ov'); if (el) show(el, renderOverview(o)); });
+}
+
+function jobsTable(jobs, opts = {}) {
+  const head = h('tr', {}, opts.select ? h('th', {}, h('input', { type: 'checkbox', id: 'select-all', 'aria-label': 'select all',
+    onchange: (e) => document.querySelectorAll('input.sel').forEach((c) => { c.checked = e.target.checked; }) })) : null,
+  h('th', {}, 'id'), h('th', {}, 'status'), h('th', {}, 'tenant'), h('th', {}, 'credential'), h('th', { class: 'num' }, 'attempts'),
+  opts.dead ? h('th', {}, 'reason') : null, h('th', {}, opts.dead ? 'died' : 'created'), h('th', {}, 'last error'));
+  const rows = jobs.map((j) => h('tr', { dataset: { id: j.id } },
+    opts.select ? h('td', {}, h('input', { type: 'checkbox', class: 'sel', value: j.id, 'aria-label': `select ${j.id}` })) : null,
+    h('td', {}, jobLink(j.id)), h('td', {}, badge(j.status)), h('td', {}, j.tenant), h('td', {}, j.credential),
+    h('td', { class: 'num' }, `${j.attempts}/${j.max_attempts}`),
+    opts.dead ? h('td', {}, j.dead_reason || '–') : null,
+    h('td', {}, fmtTime(opts.dead ? j.finished_at : j.created_at)),
+    h('td', {}, j.last_error && j.status !== 'succeeded' ? clip(`${j.last_error.class}${j.last_error.status ? ' ' + j.last_error.status : ''}: ${j.last_error.message}`, 90) : '–')));
+  return h('table', { id: opts.id || 'jobs' }, head, rows);
+}
+
+function filterForm(fields, params, onsubmit) {
+  return h('form', { class: 'filters', onsubmit: (e) => { e.preventDefault(); onsubmit(new FormData(e.target)); } },
+    fields.map(([name, label, options]) => h('label', {}, label, options ?
+      h('select', { name }, h('option', { value: '' }, 'any'), options.map((o) => h('option', { value: o, selected: params.get(name) === o }, o))) :
+      h('input', { name, value: params.get(name) || '', size: 14 }))),
+    h('button', { type: 'submit' }, 'Filter'));
+}
+
+function toHash(page, form) {
+  const p = new URLSearchParams();
+  for (const [k, v] of form) if (v) p.set(k, v);
+  location.hash = `#/${page}${p.size ? '?' + p : ''}`;
+}
+
+async function pageJobs(root, params) {
+  const data = await api('GET', `/jobs?${params}`);
+  const next = new URLSearchParams(params);
+  next.set('after', data.next);
+  show(root, h('h1', {}, 'Jobs', h('span', { class: 'muted' }, ' newest first, every tenant')),
+    filterForm([['status', 'status', STATUSES], ['tenant', 'tenant'], ['credential', 'credential']], params, (f) => toHash('jobs', f)),
+    data.jobs.length ? jobsTable(data.jobs) : h('p', { class: 'muted' }, 'No jobs match.'),
+    h('div', { class: 'pager' }, params.get('after') ? h('a', { href: '#/jobs' + (() => { const p = new URLSearchParams(params); p.delete('after'); return p.size ? '?' + p : ''; })() }, '« first page') : null,
+      data.next ? h('a', { href: `#/jobs?${next}`, id: 'next-page' }, 'next page »') : null));
+}
+
+function attemptItem(a) {
+  const ok = a.status_code && a.status_code < 300;
+  return h('li', { class: ok ? 'ok' : 'bad' },
+    h('strong', {}, `#${a.attempt}`), ` ${fmtTime(a.started_at)} · ${a.credential} · `,
+    h('span', { class: 'mono' }, `${a.status_code ?? '–'} ${a.class}`),
+    ` · latency ${fmtMS(a.latency_ms)}`, a.ttfb_ms != null ? ` · first byte ${fmtMS(a.ttfb_ms)}` : null,
+    a.retry_after_ms != null ? ` · retry-after ${fmtMS(a.retry_after_ms)}` : null,
+    a.delay_ms != null ? ` · next in ${fmtMS(a.delay_ms)}` : null,
+    a.error ? h('div', { class: 'muted' }, a.error.slice(0, 300)) : null);
+}
+
+function renderJob(d) {
+  const j = d.job;
+  const rq = d.request;
+  const actions = j.status === 'dead' ? h('p', {}, h('button', { id: 'retry-one', onclick: () => deadAction('retry', [j.id]) }, 'Retry'), ' ',
+    h('button', { class: 'danger', id: 'purge-one', onclick: () => deadAction('purge', [j.id]) }, 'Purge')) : null;
+  return [
+    h('dl', { class: 'kv' },
+      h('dt', {}, 'status'), h('dd', { 'data-testid': 'job-status' }, badge(j.status), j.dead_reason ? ` (${j.dead_reason})` : ''),
+      h('dt', {}, 'tenant'), h('dd', {}, j.tenant),
+      h('dt', {}, 'credential'), h('dd', {}, j.credential, j.fallbacks?.length ? ` → ${j.fallbacks.join(' → ')}` : ''),
+      h('dt', {}, 'attempts'), h('dd', {}, `${j.attempts} of ${j.max_attempts}`),
+      h('dt', {}, 'created'), h('dd', {}, fmtTime(j.created_at)),
+      h('dt', {}, 'finished'), h('dd', {}, fmtTime(j.finished_at),
+        j.finished_at ? ` · submit → result ${fmtMS(new Date(j.finished_at) - new Date(j.created_at))}` : ''),
+      h('dt', {}, 'request'), h('dd', {}, `${rq.model || '?'} · ${rq.messages} message(s) · max_tokens ${rq.max_tokens || '–'} · ${rq.bytes} bytes`,
+        rq.first_text ? h('div', { class: 'muted' }, `“${rq.first_text}”`) : null),
+      j.last_error ? [h('dt', {}, 'last error'), h('dd', {}, `${j.last_error.class} ${j.last_error.status || ''}: ${j.last_error.message}`)] : null),
+    actions,
+    h('h2', {}, `Attempts (${d.attempts.length})`),
+    d.attempts.length ? h('ol', { class: 'timeline', id: 'attempts' }, d.attempts.map(attemptItem)) : h('p', { class: 'muted', id: 'attempts' }, 'No attempt yet.'),
+    h('h2', {}, 'Events'),
+    h('table', { id: 'events' }, h('tr', {}, h('th', { class: 'num' }, '#'), h('th', {}, 'status'), h('th', {}, 'at'), h('th', {}, 'payload')),
+      d.events.map((e) => h('tr', {}, h('td', { class: 'num' }, e.seq), h('td', {}, badge(e.type)), h('td', {}, fmtTime(e.created_at)),
+        h('td', { class: 'mono' }, e.payload ? JSON.stringify(e.payload).slice(0, 200) : '')))),
+    h('h2', {}, 'Result'),
+    j.result ? h('pre', { id: 'result' }, JSON.stringify(j.result, null, 2)) : h('p', { class: 'muted', id: 'result' }, 'No result.'),
+  ];
+}
+
+async function pageJob(root, id) {
+  show(root, h('h1', {}, 'Job ', h('span', { class: 'mono' }, id), h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'job' }));
+  const d = await api('GET', `/jobs/${encodeURIComponent(id)}`);
+  show($('job'), renderJob(d));
+  follow(`/jobs/${encodeURIComponent(id)}/live`, 'job', (x) => { const el = $('job'); if (el) show(el, renderJob(x)); });
+}
+
+// deadAction retries or purges the selected dead letters after a confirmation naming the count.
+async function deadAction(action, ids) {
+  if (!ids.length) { flash('Select at least one dead letter.', true); return; }
+  const n = ids.length;
+  const what = `${n} dead letter${n === 1 ? '' : 's'}`;
+  const text = action === 'retry' ? `Retry ${what}? They go back to the queue with a fresh attempt budget.` :
+    `Purge ${what}? They are deleted with their history; this cannot be undone.`;
+  if (!(await confirmAction(text))) return;
+  try {
+    const res = await api('POST', `/dead/${action}`, { ids });
+    const verb = action === 'retry' ? 'Retried' : 'Purged';
+    const skipped = Object.entries(res.skipped);
+    flash(`${verb} ${res.done.length} of ${res.requested}.` + (skipped.length ? ' Left alone: ' +
+      skipped.map(([id, why]) => `${id.slice(0, 8)}… ${why}`).join('; ') : ''), skipped.length > 0);
+    route();
+  } catch (e) { flash(e.message, true); }
+}
+
+async function pageDead(root, params) {
+  const data = await api('GET', `/dead?${params}`);
+  const selected = () => [...document.querySelectorAll('input.sel:checked')].map((c) => c.value);
+  show(root, h('h1', {}, 'Dead letters'),
+    filterForm([['reason', 'reason', ['rate_limited_no_retry_after', 'retries_exhausted']], ['credential', 'credential']], params, (f) => toHash('dead', f)),
+    h('p', {}, h('button', { id: 'retry-selected', onclick: () => deadAction('retry', selected()) }, 'Retry selected'), ' ',
+      h('button', { id: 'purge-selected', class: 'danger', onclick: () => deadAction('purge', selected()) }, 'Purge selected')),
+    data.jobs.length ? jobsTable(data.jobs, { select: true, dead: true, id: 'dead' }) : h('p', { class: 'muted', id: 'dead' }, 'No dead letters.'),
+    data.jobs.length >= data.limit ? h('p', { class: 'muted' }, `The ${data.limit} most recent; narrow the filter to see others.`) : null);
+}
+
+async function pageCredentials(root) {
+  const data = await api('GET', '/credentials');
+  const resume = async (name) => {
+    try { flash((await api('POST', `/credentials/${encodeURIComponent(name)}/resume`)).message); route(); } catch (e) { flash(e.message, true); }
+  };
+  show(root, h('h1', {}, 'Credentials'),
+    h('table', { id: 'credentials' }, h('tr', {}, ['name', 'provider', 'limit in force', 'token limits', 'breaker', 'paused', 'pushed back', ''].map((t) => h('th', {}, t))),
+      data.credentials.map((c) => h('tr', { dataset: { name: c.name } }, h('td', {}, c.name), h('td', {}, c.provider),
+        !c.known ? h('td', { colspan: 6, class: 'muted' }, 'no worker has started with this credential yet') : [
+          h('td', {}, c.requests_per_second || c.burst ? `${+c.requests_per_second.toPrecision(4)}/s, burst ${c.burst} (${c.limit_source})` : 'not learned yet'),
+          h('td', {}, c.token_limits.length ? c.token_limits.map((t) => `${t.bucket} ${t.per_minute}/min (${t.source})`).join(', ') : '–'),
+          h('td', {}, c.breaker, c.breaker_until ? ` until ${fmtTime(c.breaker_until)}` : ''),
+          h('td', { 'data-testid': 'paused' }, c.paused ? [`since ${fmtTime(c.paused_since)} (${c.pause_reason}, first job `, jobLink(c.pause_first_job_id), ')'] : 'no'),
+          h('td', {}, c.pushed_back_until ? `until ${fmtTime(c.pushed_back_until)} (${c.push_back_reason})` : 'no'),
+          h('td', {}, c.paused || c.pushed_back_until ? h('button', { class: 'resume', onclick: () => resume(c.name) }, 'Resume') : null)]))));
+}
+
+async function pageTenants(root) {
+  const data = await api('GET', '/tenants');
+  const create = async (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    const creds = String(f.get('credentials') || '').split(',').map((s) => s.trim()).filter(Boolean);
+    try {
+      const res = await api('POST', '/tenants', { name: f.get('name'), credentials: creds.length ? creds : null });
+      await pageTenants(root);
+      root.prepend(h('div', { class: 'token', id: 'new-token' }, `Tenant ${res.tenant.name} created. Its API token, shown this once: `,
+        h('code', { 'data-testid': 'token' }, res.token)));
+      flash('');
+    } catch (err) { flash(err.message, true); }
+  };
+  const revoke = async (name) => {
+    if (!(await confirmAction(`Revoke tenant ${name}? Its token stops working within seconds.`))) return;
+    try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`)).message); route(); } catch (e) { flash(e.message, true); }
+  };
+  show(root, h('h1', {}, 'Tenants'),
+    h('form', { class: 'filters', id: 'tenant-form', onsubmit: create },
+      h('label', {}, 'name', h('input', { name: 'name', required: true, size: 16 })),
+      h('label', {}, 'credentials (comma-separated; empty: all)', h('input', { name: 'credentials', size: 24 })),
+      h('button', { type: 'submit' }, 'Create tenant')),
+    h('table', { id: 'tenants' }, h('tr', {}, ['name', 'credentials', 'created', 'revoked', ''].map((t) => h('th', {}, t))),
+      data.tenants.map((t) => h('tr', { dataset: { name: t.name } }, h('td', {}, t.name), h('td', {}, t.credentials ? t.credentials.join(', ') : 'all'),
+        h('td', {}, fmtTime(t.created_at)), h('td', { class: 'revoked' }, t.revoked_at ? fmtTime(t.revoked_at) : '–'),
+        h('td', {}, t.revoked_at ? null : h('button', { class: 'danger revoke', onclick: () => revoke(t.name) }, 'Revoke'))))));
+}
+
+async function pageAudit(root) {
+  const data = await api('GET', '/audit');
+  show(root, h('h1', {}, 'Audit log'),
+    h('table', { id: 'audit' }, h('tr', {}, ['at', 'operator', 'action', 'target', 'count'].map((t) => h('th', {}, t))),
+      data.entries.map((e) => h('tr', {}, h('td', {}, fmtTime(e.at)), h('td', {}, e.operator), h('td', {}, e.action),
+        h('td', { class: 'mono' }, e.target || '–'), h('td', { class: 'num' }, e.count)))));
+}
+
+// ---- routing -----------------------------------------------------------------------------------
+
+async function route() {
+  if (!csrf) return;
+  closeLive();
+  const [path, query] = (location.hash.slice(1) || '/overview').split('?');
+  const params = new URLSearchParams(query || '');
+  const parts = path.split('/').filter(Boolean);
+  document.querySelectorAll('#nav a').forEach((a) => a.classList.toggle('active', a.getAttribute('href') === `#/${parts[0]}`));
+  const root = $('page');
+  try {
+    switch (parts[0]) {
+      case 'jobs': await pageJobs(root, params); break;
+      case 'job': await pageJob(root, parts[1] || ''); break;
+      case 'dead': await pageDead(root, params); break;
+      case 'credentials': await pageCredentials(root); break;
+      case 'tenants': await pageTenants(root); break;
+      case 'audit': await pageAudit(root); break;
+      default: await pageOverview(root);
+    }
+  } catch (e) {
+    if (e.status === 401) return;
+    show(root, h('h1', {}, 'Cannot show this page'), h('p', { class: 'error', id: 'page-error' }, e.message),
+      h('p', {}, h('a', { href: '#/overview' }, 'Back to the overview')));
+  }
+}
+
+async function start() {
+  $('login-form').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    try {
+      loggedIn(await api('POST', '/login', { token: $('token').value }));
+      $('token').value = '';
+      route();
+    } catch (err) {
+      const le = $('login-error');
+      le.textContent = err.message;
+      le.hidden = false;
+    }
+  });
+  $('logout').addEventListener('click', async () => {
+    try { await api('POST', '/logout'); } catch (e) { /* the session is gone either way */ }
+    flash('');
+    showLogin('Logged out.');
+  });
+  window.addEventListener('hashchange', () => { flash(''); route(); });
+  // The overview's figures are asked for with the session, not after it: one round trip less
+  // on the first load.
+  if ((location.hash || '#/overview').startsWith('#/overview')) prefetched = api('GET', '/overview').catch(() => null);
+  try {
+    loggedIn(await api('GET', '/session'));
+    route();
+  } catch (e) { if (e.status !== 401) showLogin(e.message); }
+}
+
+start();

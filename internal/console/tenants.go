@@ -1,0 +1,82 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+func (h *Handler) tenantList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	list, err := h.tenants.List(r.Context())
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	if list == nil {
+		list = []tenant.Tenant{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tenants": list})
+}
+
+type tenantRequest struct {
+	Name string `json:"name"`
+	// Credentials limits the tenant's jobs to these; null or absent: every credential.
+	Credentials []string `json:"credentials"`
+}
+
+// tenantCreate creates a tenant and answers its bearer token, which is shown this once.
+func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	var req tenantRequest
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	for _, c := range req.Credentials {
+		if !slices.ContainsFunc(h.cfg.Credentials, func(cc Credential) bool { return cc.Name == c }) {
+			writeError(w, r, h.cfg.Logger, badRequest("unknown_credential", fmt.Sprintf("credential %q is not in the config", c)))
+			return
+		}
+	}
+	if req.Credentials != nil && len(req.Credentials) == 0 {
+		req.Credentials = nil
+	}
+	t, token, err := h.tenants.Create(r.Context(), req.Name, req.Credentials)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	h.audit(r, s.Operator, audit.Entry{Action: "tenant.create", Target: t.Name, Count: 1,
+		Detail: map[string]any{"credentials": t.Credentials}})
+	writeJSON(w, http.StatusCreated, map[string]any{"tenant": t, "token": token})
+}
+
+func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	name := r.PathValue("name")
+	was, err := h.tenants.Revoke(r.Context(), name)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	n, msg := 1, "tenant "+name+" revoked"
+	if !was {
+		n, msg = 0, "tenant "+name+" was revoked already"
+	}
+	h.audit(r, s.Operator, audit.Entry{Action: "tenant.revoke", Target: name, Count: n})
+	writeJSON(w, http.StatusOK, map[string]any{"message": msg, "changed": was})
+}
+
+func (h *Handler) auditList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	list, err := audit.List(r.Context(), h.cfg.Pool, audit.ListParams{Limit: 100})
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	if list == nil {
+		list = []audit.Entry{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": list})
+}

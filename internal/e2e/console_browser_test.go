@@ -1,0 +1,99 @@
+package e2e_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+// TestConsole_Browser runs the console's browser suite (test/browser/console.test.mjs:
+// playwright-core driving Debian's Chromium, both installed by scripts/browser.sh) against a
+// stack of its own: log in (a tenant token refused), the overview's counts, a dead letter
+// appearing live when a spend cap hits, its attempts, resuming the paused credential while a
+// waiting job's page goes live to succeeded, retrying the dead letter after a confirmation that
+// names the count, purging a dead letter found by its reason, creating and revoking a tenant, an action without the CSRF token refused,
+// an unknown job's message, the audit log, logout. It also measures the overview's first load.
+// LLMQ_SCREENSHOTS=docs/console (from the repository root) writes the README's screenshots;
+// LLMQ_CONSOLE_ROWS=1000000 first fills the table with that many older jobs (one attempt each),
+// to measure the overview's first load on a large table.
+func TestConsole_Browser(t *testing.T) {
+	t.Parallel()
+	script, err := filepath.Abs(filepath.Join(repoRoot, "scripts", "browser.sh"))
+	require.NoError(t, err)
+	runBrowser(t, 10*time.Minute, nil, script) // apt-get chromium and npm ci when missing or stale
+
+	b := setup(t, setupOpts{})
+	ctx := context.Background()
+	pool, err := openPool(ctx, b.dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	// The console is served by an API of its own, outside the OpenAPI check of the harness's
+	// (the console's routes are not part of the API's contract), reading the worker's keys.
+	srv, closeAPI, err := api.FromConfigWith(b.cfg, pool, prometheus.NewRegistry(), nil, api.Options{RedisPrefix: b.prefix})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = closeAPI() })
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+	})
+	if n := os.Getenv("LLMQ_CONSOLE_ROWS"); n != "" {
+		seedOldJobs(t, pool, n)
+	}
+	_, opToken, err := operator.NewStore(pool, nil).Create(ctx, "alice")
+	require.NoError(t, err)
+	_, tenantToken, err := tenant.NewStore(pool, nil).Create(ctx, "someone", nil)
+	require.NoError(t, err)
+
+	env := []string{"LLMQ_CONSOLE_URL=" + hs.URL, "LLMQ_API=" + b.apiURL, "LLMQ_SIM=" + b.simURL,
+		"LLMQ_OPERATOR_TOKEN=" + opToken, "LLMQ_TENANT_TOKEN=" + tenantToken}
+	if dir := os.Getenv("LLMQ_SCREENSHOTS"); dir != "" {
+		abs, err := filepath.Abs(filepath.Join(repoRoot, dir))
+		require.NoError(t, err)
+		env = append(env, "LLMQ_SCREENSHOTS="+abs)
+	}
+	out := runBrowser(t, 3*time.Minute, env, script, "console.test.mjs")
+	t.Logf("browser suite:\n%s", out)
+	require.True(t, strings.HasSuffix(strings.TrimSpace(out), "step: done"), out)
+}
+
+// runBrowser runs a program in test/browser (see runIn).
+func runBrowser(t *testing.T, timeout time.Duration, env []string, name string, args ...string) string {
+	t.Helper()
+	return runIn(t, filepath.Join(repoRoot, "test", "browser"), timeout, env, name, args...)
+}
+
+// seedOldJobs inserts n succeeded jobs created 2 hours to 30 days ago, with an attempt each.
+func seedOldJobs(t *testing.T, pool *pgxpool.Pool, n string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+WITH j AS (
+	INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline, created_at,
+		finished_at, attempts)
+	SELECT gen_random_uuid(), 'default', 'f', 'succeeded', '{}', 3, 60000, now(), c, c + interval '1 second', 1
+	FROM generate_series(1, $1::int) g, LATERAL (SELECT now() - interval '2 hours' - g * interval '2.5 seconds' AS c) x
+	RETURNING id, created_at
+)
+INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, status_code, class)
+SELECT id, 1, 'default', created_at, 800, 200, 'success' FROM j`, n)
+	require.NoError(t, err)
+	// What autovacuum does on a live database (it is off on the test machines): statistics,
+	// and the summaries of the attempts' BRIN index.
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE jobs`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE job_attempts`)
+	require.NoError(t, err)
+}

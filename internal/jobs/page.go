@@ -1,0 +1,171 @@
+package jobs
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrBadCursor: a page cursor that Page did not make (or that was altered).
+var ErrBadCursor = errors.New("malformed page cursor")
+
+// PageParams select a page of jobs for Page (the console's job list). Zero fields do not filter.
+type PageParams struct {
+	Status     Status
+	Tenant     string
+	Credential string
+	// After is the Next of the previous page; "": the first page.
+	After string
+	// Limit caps the rows of the page. Default 50, at most 500.
+	Limit int
+}
+
+// JobPage is one page of jobs, newest first.
+type JobPage struct {
+	Jobs []*Job
+	// Next is the cursor of the following page; "" on the last one.
+	Next string
+}
+
+// Page returns every tenant's jobs that p selects, newest first (created_at, then id), one page
+// at a time. The cursor is the (created_at, id) of the page's last row, so a page is read
+// through jobs_created_idx (or jobs_tenant_created_idx with a tenant) from where the previous one
+// stopped, whatever the page number: on 10 million rows a page costs what the first one costs
+// (see TestStore_PageUsesIndex). Jobs created after the first page was read appear on no page;
+// a deleted job simply leaves its page. Errors: ErrBadCursor, or a wrapped database error.
+func (s *Store) Page(ctx context.Context, p PageParams) (*JobPage, error) {
+	if p.Limit <= 0 {
+		p.Limit = 50
+	}
+	p.Limit = min(p.Limit, 500)
+	sql, args, err := pageQuery(p)
+	if err != nil {
+		return nil, err
+	}
+	var list []*Job
+	err = s.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		list, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return scanJob(r) })
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("page jobs: %w", err)
+	}
+	page := &JobPage{Jobs: list}
+	if len(list) > p.Limit {
+		page.Jobs = list[:p.Limit]
+		last := page.Jobs[p.Limit-1]
+		page.Next = encodeCursor(last.CreatedAt, last.ID)
+	}
+	return page, nil
+}
+
+// pageQuery is Page's statement: it reads Limit+1 rows, the last only to know whether a next
+// page exists.
+func pageQuery(p PageParams) (string, []any, error) {
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	conds := []string{"true"}
+	if p.Status != "" {
+		conds = append(conds, "status = "+arg(string(p.Status)))
+	}
+	if p.Tenant != "" {
+		conds = append(conds, "tenant = "+arg(p.Tenant))
+	}
+	if p.Credential != "" {
+		conds = append(conds, "credential = "+arg(p.Credential))
+	}
+	if p.After != "" {
+		at, id, err := decodeCursor(p.After)
+		if err != nil {
+			return "", nil, err
+		}
+		conds = append(conds, "(created_at, id) < ("+arg(at)+"::timestamptz, "+arg(id)+"::uuid)")
+	}
+	sql := `SELECT ` + jobColumns + ` FROM jobs WHERE ` + strings.Join(conds, " AND ") +
+		` ORDER BY created_at DESC, id DESC LIMIT ` + arg(p.Limit+1)
+	return sql, args, nil
+}
+
+// encodeCursor makes the opaque cursor of a row: its creation time (µs since the epoch, the
+// precision of Postgres) and its id.
+func encodeCursor(at time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(at.UnixMicro(), 10) + "," + id))
+}
+
+func decodeCursor(c string) (time.Time, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, "", ErrBadCursor
+	}
+	us, id, ok := strings.Cut(string(b), ",")
+	n, err := strconv.ParseInt(us, 10, 64)
+	if !ok || err != nil || !validID(id) {
+		return time.Time{}, "", ErrBadCursor
+	}
+	return time.UnixMicro(n), id, nil
+}
+
+// PurgeDeadIDs deletes the jobs among ids that are dead, with their attempts, events and
+// idempotency keys, in one transaction, and returns the ids deleted. A job that is not dead
+// (any more: retried meanwhile), unknown, malformed or locked by a concurrent change is left
+// alone and not returned.
+func (s *Store) PurgeDeadIDs(ctx context.Context, ids []string) ([]string, error) {
+	valid := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if validID(id) {
+			valid = append(valid, id)
+		}
+	}
+	rows, err := s.pool.Query(ctx, `
+WITH victims AS (
+	SELECT id FROM jobs WHERE status = 'dead' AND id = ANY($1::uuid[]) FOR UPDATE SKIP LOCKED
+), d AS (
+	DELETE FROM jobs j USING victims v WHERE j.id = v.id RETURNING j.id
+), a AS (
+	DELETE FROM job_attempts WHERE job_id IN (SELECT id FROM d)
+), e AS (
+	DELETE FROM job_events WHERE job_id IN (SELECT id FROM d)
+)
+SELECT id::text FROM d`, valid)
+	if err != nil {
+		return nil, fmt.Errorf("purge dead jobs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("purge dead jobs: %w", err)
+	}
+	return out, nil
+}
+
+// DeadByReason counts every dead job by its dead reason (through jobs_finished_idx: dead jobs
+// only).
+func (s *Store) DeadByReason(ctx context.Context) (map[string]int, error) {
+	rows, err := s.pool.Query(ctx, `
+SELECT coalesce(dead_reason, ''), count(*) FROM jobs WHERE status = 'dead' AND finished_at IS NOT NULL GROUP BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("count dead jobs: %w", err)
+	}
+	out := map[string]int{}
+	var reason string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&reason, &n}, func() error {
+		out[reason] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("count dead jobs: %w", err)
+	}
+	return out, nil
+}

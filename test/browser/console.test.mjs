@@ -1,0 +1,236 @@
+// The console's browser suite: playwright-core drives Debian's Chromium against a real stack
+// (API with the console, worker, simulator) that internal/e2e/console_browser_test.go starts and
+// describes in the environment. Each step logs "step: NAME"; any failure exits non-zero.
+// Screenshots go to $LLMQ_SCREENSHOTS (default test/browser/out).
+import assert from 'node:assert/strict';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const need = (k) => {
+  const v = process.env[k];
+  if (!v) throw new Error(`${k} is required`);
+  return v;
+};
+const CONSOLE = need('LLMQ_CONSOLE_URL') + '/console/';
+const API = need('LLMQ_API');
+const SIM = need('LLMQ_SIM');
+const OPERATOR_TOKEN = need('LLMQ_OPERATOR_TOKEN');
+const TENANT_TOKEN = need('LLMQ_TENANT_TOKEN');
+const SHOTS = process.env.LLMQ_SCREENSHOTS || join(import.meta.dirname, 'out');
+const WAIT = { timeout: 30_000 };
+
+// The Go test kills this process group after its own deadline; end first, cleanly.
+const deadline = setTimeout(() => { console.error('browser suite: no end within 170 s'); process.exit(3); }, 170_000);
+const step = (name) => console.log(`step: ${name}`);
+
+async function post(url, body) {
+  return fetch(url, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+}
+async function faults(f) {
+  const r = await post(`${SIM}/_sim/faults`, f);
+  assert.ok(r.ok, `set simulator faults: ${r.status}`);
+}
+async function submit(text) {
+  const r = await post(`${API}/v1/jobs`, { request: { model: 'claude-sonnet-4-5', max_tokens: 64, messages: [{ role: 'user', content: text }] } });
+  const body = await r.text();
+  assert.equal(r.status, 202, body);
+  return JSON.parse(body).id;
+}
+// waitStatus polls the API (not the browser) until the job has the status.
+async function waitStatus(id, status) {
+  for (const until = Date.now() + 30_000; Date.now() < until;) {
+    const job = await (await fetch(`${API}/v1/jobs/${id}`)).json();
+    if (job.status === status) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`job ${id} not ${status} within 30 s`);
+}
+const text = (page, sel) => page.locator(sel).first().textContent();
+const shot = (page, name) => page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+
+// confirm clicks a button whose action asks for confirmation, checks the dialog's text, and
+// answers it.
+async function confirm(page, button, expected, answer) {
+  await page.click(button);
+  const dialog = page.locator('dialog#confirm[open]');
+  await dialog.waitFor(WAIT);
+  assert.match(await dialog.locator('#confirm-text').textContent(), expected);
+  await page.click(answer === 'ok' ? '#confirm-ok' : '#confirm-cancel');
+  await page.locator('dialog#confirm[open]').waitFor({ state: 'detached', ...WAIT });
+}
+
+const profile = mkdtempSync(join(tmpdir(), 'llmq-chromium-'));
+mkdirSync(SHOTS, { recursive: true });
+let context;
+try {
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.LLMQ_CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    viewport: { width: 1280, height: 800 },
+  });
+  const errors = [];
+  context.on('weberror', (e) => { console.error('page error:', e.error().message); errors.push(e.error().message); });
+  const page = context.pages()[0] || await context.newPage();
+
+  step('a finished job to count');
+  await faults({});
+  const first = await submit('Hello from the browser suite');
+  await waitStatus(first, 'succeeded');
+
+  step('a tenant token is refused');
+  await page.goto(CONSOLE);
+  await page.locator('#login').waitFor(WAIT);
+  await page.fill('#token', TENANT_TOKEN);
+  await page.click('#login-form button');
+  await page.locator('#login-error', { hasText: "tenant's API token" }).waitFor(WAIT);
+  assert.equal(await page.locator('#nav').isVisible(), false);
+  const bearer = await page.request.get(`${CONSOLE}api/overview`, { headers: { Authorization: `Bearer ${TENANT_TOKEN}` } });
+  assert.equal(bearer.status(), 401);
+
+  step('log in; the overview shows the counts');
+  await page.fill('#token', OPERATOR_TOKEN);
+  await page.click('#login-form button');
+  await page.locator('#who', { hasText: 'alice' }).waitFor(WAIT);
+  await page.locator('[data-testid=count-succeeded]', { hasText: /^1$/ }).waitFor(WAIT);
+  const cookie = (await context.cookies()).find((c) => c.name === 'llmq_console');
+  assert.ok(cookie && cookie.httpOnly && cookie.sameSite === 'Strict', JSON.stringify(cookie));
+  assert.equal(await page.evaluate(() => document.cookie.includes('llmq_console')), false, 'HttpOnly: no script reads it');
+
+  step('the overview\'s first load: weight and time');
+  await page.goto(CONSOLE + '#/overview');
+  await page.reload(); // a real load: the session cookie opens it at once
+  await page.locator('[data-testid=count-succeeded]', { hasText: /^1$/ }).waitFor(WAIT);
+  const load = await page.evaluate(() => {
+    const entries = [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')];
+    const api = entries.filter((e) => e.name.includes('/console/api/') && !e.name.includes('/live'))
+      .map((e) => `${new URL(e.name).pathname} ${Math.round(e.responseEnd - e.startTime)} ms` +
+        (e.serverTiming?.length ? ` [${e.serverTiming.map((t) => `${t.name} ${Math.round(t.duration)} ms`).join(', ')}]` : ''));
+    const dcl = Math.round(performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd);
+    return { bytes: entries.reduce((n, e) => n + (e.transferSize || 0), 0), ms: Math.round(performance.now()), api, dcl };
+  });
+  console.log(`overview first load: ${load.bytes} bytes transferred, interactive with figures at ${load.ms} ms ` +
+    `(DOMContentLoaded ${load.dcl} ms; ${load.api.join(', ')})`);
+  assert.ok(load.bytes <= 200_000, `the overview weighs ${load.bytes} bytes`);
+
+  step('a dead letter appears on the overview live when a spend cap hits');
+  await page.evaluate(() => { window.llmqNoReload = true; });
+  await faults({ spend_cap: true });
+  const dead = await submit('This one hits the spend cap');
+  await page.locator('[data-testid="dead-rate_limited_no_retry_after"]', { hasText: /^1$/ }).waitFor(WAIT);
+  assert.equal(await page.evaluate(() => window.llmqNoReload), true, 'updated without a reload');
+  await shot(page, 'overview');
+
+  step('a job waits on the paused credential; its page is open');
+  const waiting = await submit('This one waits for the resume');
+  await page.goto(`${CONSOLE}#/job/${waiting}`);
+  await page.locator('[data-testid=job-status]').waitFor(WAIT);
+  assert.doesNotMatch(await text(page, '[data-testid=job-status]'), /succeeded/);
+  await page.evaluate(() => { window.llmqNoReload = true; });
+
+  step('the dead letter, its attempts');
+  const tab = await context.newPage();
+  await tab.goto(`${CONSOLE}#/dead`);
+  await tab.locator(`#dead tr[data-id="${dead}"]`).waitFor(WAIT);
+  await shot(tab, 'dead-letters');
+  await tab.click(`#dead tr[data-id="${dead}"] a`);
+  await tab.locator('[data-testid=job-status]', { hasText: 'dead' }).waitFor(WAIT);
+  await tab.locator('#attempts li').first().waitFor(WAIT);
+  assert.match(await text(tab, '#attempts li'), /429/);
+  await shot(tab, 'job');
+
+  step('resume the paused credential');
+  await tab.goto(`${CONSOLE}#/credentials`);
+  await tab.locator('#credentials tr[data-name=default] [data-testid=paused]', { hasText: 'since' }).waitFor(WAIT);
+  await shot(tab, 'credentials');
+  await faults({});
+  await tab.click('#credentials tr[data-name=default] button.resume');
+  await tab.locator('#flash', { hasText: 'credential default resumed' }).waitFor(WAIT);
+  await tab.locator('#credentials tr[data-name=default] [data-testid=paused]', { hasText: /^no$/ }).waitFor(WAIT);
+
+  step('the open job page goes live to succeeded');
+  await page.locator('[data-testid=job-status]', { hasText: 'succeeded' }).waitFor(WAIT);
+  assert.equal(await page.evaluate(() => window.llmqNoReload), true, 'updated without a reload');
+  await page.locator('#result', { hasText: 'llmsim reply to: This one waits for the resume' }).waitFor(WAIT);
+
+  step('retry the dead letter, with a confirmation naming the count');
+  await tab.goto(`${CONSOLE}#/dead`);
+  await tab.check(`#dead tr[data-id="${dead}"] input.sel`);
+  await confirm(tab, '#retry-selected', /^Retry 1 dead letter\?/, 'cancel');
+  await tab.locator(`#dead tr[data-id="${dead}"]`).waitFor(WAIT); // cancel did nothing
+  await confirm(tab, '#retry-selected', /^Retry 1 dead letter\?/, 'ok');
+  await tab.locator('#flash', { hasText: 'Retried 1 of 1.' }).waitFor(WAIT);
+  await tab.locator(`#dead tr[data-id="${dead}"]`).waitFor({ state: 'detached', ...WAIT });
+  await tab.goto(`${CONSOLE}#/job/${dead}`);
+  await tab.locator('[data-testid=job-status]', { hasText: 'succeeded' }).waitFor(WAIT);
+
+  step('purge a dead letter found by its reason');
+  await faults({ fail_next: 1, fail_next_status: 500 });
+  const r = await post(`${API}/v1/jobs`, { max_attempts: 1, request: { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: 'once' }] } });
+  assert.equal(r.status, 202);
+  const exhausted = (await r.json()).id;
+  await waitStatus(exhausted, 'dead');
+  await tab.goto(`${CONSOLE}#/dead`);
+  await tab.selectOption('select[name=reason]', 'retries_exhausted');
+  await tab.click('form.filters button');
+  await tab.waitForURL(/reason=retries_exhausted/);
+  await tab.locator(`#dead tr[data-id="${exhausted}"]`).waitFor(WAIT);
+  assert.equal(await tab.locator('#dead tr[data-id]').count(), 1);
+  await tab.check('#select-all');
+  await confirm(tab, '#purge-selected', /^Purge 1 dead letter\?/, 'ok');
+  await tab.locator('#flash', { hasText: 'Purged 1 of 1.' }).waitFor(WAIT);
+  assert.equal((await fetch(`${API}/v1/jobs/${exhausted}`)).status, 404);
+
+  step('the jobs list');
+  await tab.goto(`${CONSOLE}#/jobs`);
+  await tab.locator(`#jobs tr[data-id="${dead}"]`).waitFor(WAIT);
+  for (const id of [first, waiting, dead]) await tab.locator(`#jobs tr[data-id="${id}"]`).waitFor(WAIT);
+  await shot(tab, 'jobs');
+
+  step('create a tenant (its token shown once) and revoke it');
+  await tab.goto(`${CONSOLE}#/tenants`);
+  await tab.fill('#tenant-form input[name=name]', 'acme');
+  await tab.click('#tenant-form button');
+  await tab.locator('[data-testid=token]').waitFor(WAIT);
+  assert.match(await text(tab, '[data-testid=token]'), /^llmq_[A-Za-z0-9_-]{43}$/);
+  await shot(tab, 'tenants');
+  await confirm(tab, '#tenants tr[data-name=acme] button.revoke', /^Revoke tenant acme\?/, 'ok');
+  await tab.locator('#flash', { hasText: 'tenant acme revoked' }).waitFor(WAIT);
+  // The table is drawn again after the message: wait for the revocation's date.
+  await tab.locator('#tenants tr[data-name=acme] td.revoked', { hasText: /\d/ }).waitFor(WAIT);
+
+  step('an action without the CSRF token is refused');
+  const refused = await tab.evaluate(async () => {
+    const r = await fetch('/console/api/tenants', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{"name":"sneaky"}' });
+    return { status: r.status, body: await r.json() };
+  });
+  assert.equal(refused.status, 403);
+  assert.equal(refused.body.error.type, 'csrf');
+
+  step('an unknown job: a clear message');
+  await tab.goto(`${CONSOLE}#/job/00000000-0000-4000-8000-000000000000`);
+  await tab.locator('#page-error', { hasText: 'no job with that id' }).waitFor(WAIT);
+
+  step('the audit log lists the actions');
+  await tab.goto(`${CONSOLE}#/audit`);
+  for (const action of ['login', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.revoke']) {
+    await tab.locator('#audit td', { hasText: new RegExp(`^${action.replace('.', '\\.')}$`) }).first().waitFor(WAIT);
+  }
+  await shot(tab, 'audit');
+
+  step('log out');
+  await tab.click('#logout');
+  await tab.locator('#login').waitFor(WAIT);
+  const after = await tab.evaluate(async () => (await fetch('/console/api/session')).status);
+  assert.equal(after, 401);
+
+  assert.deepEqual(errors, [], 'no script error on any page');
+  step('done');
+} finally {
+  await context?.close();
+  rmSync(profile, { recursive: true, force: true });
+  clearTimeout(deadline);
+}
