@@ -411,6 +411,7 @@ var redisSchemes = map[string]bool{
 	"redis": true, "rediss": true, "redis-socket": true, "redis-sentinel": true, "redis-cluster": true,
 }
 
+// validate checks every field, and reports every bad one by name.
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
@@ -422,72 +423,10 @@ func (c *Config) validate() error {
 	if u, err := url.Parse(c.RedisURL); err != nil || !redisSchemes[u.Scheme] {
 		bad("redis_url", "must be a redis://, rediss://, redis-socket://, redis-sentinel:// or redis-cluster:// URL")
 	}
-	if c.API.MaxBodyBytes < 0 {
-		bad("api.max_body_bytes", "must be positive")
-	}
-	for _, f := range []struct {
-		name string
-		d    time.Duration
-	}{{"api.read_timeout", c.API.ReadTimeout}, {"api.write_timeout", c.API.WriteTimeout},
-		{"api.idle_timeout", c.API.IdleTimeout}, {"api.event_write_timeout", c.API.EventWriteTimeout}} {
-		if f.d < time.Millisecond {
-			bad(f.name, "must be at least 1ms")
-		}
-	}
-	if c.API.MaxConnections < 0 {
-		bad("api.max_connections", "must be positive")
-	}
-	if c.API.MaxStreamsPerTenant < 0 {
-		bad("api.max_streams_per_tenant", "must be positive")
-	}
-	if r := c.API.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || r.Burst <= 0) {
-		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive")
-	}
-	if c.API.StreamSecretEnv != "" && c.API.StreamSecretFile != "" {
-		bad("api", "at most one of stream_secret_env and stream_secret_file")
-	}
-	if c.API.StreamSecretEnv != "" && !envVarRE.MatchString(c.API.StreamSecretEnv) {
-		bad("api.stream_secret_env", "must name an environment variable (letters, digits, '_'), not hold the key")
-	}
-	if c.API.StreamURLTTL < 0 {
-		bad("api.stream_url_ttl", "must be positive")
-	}
-	if c.Worker.Concurrency < 0 {
-		bad("worker.concurrency", "must be positive")
-	}
-	if c.Worker.TokenMinute < 0 {
-		bad("worker.token_minute", "must be positive")
-	}
-	if c.Worker.SweepInterval < 0 {
-		bad("worker.sweep_interval", "must be positive")
-	}
-	if c.Worker.PollInterval < time.Millisecond {
-		bad("worker.poll_interval", "must be at least 1ms")
-	}
-	if c.Worker.MaxAnswerBytes < maxAnswer {
-		bad("worker.max_answer_bytes", "must be at least %d (32 MiB, the largest answer), got %d", maxAnswer, c.Worker.MaxAnswerBytes)
-	}
-	if c.Retry.MaxAttempts < 0 || c.Retry.MaxAttempts > 100 {
-		bad("retry.max_attempts", "must be between 1 and 100")
-	}
-	if c.Retry.BaseDelay < 0 {
-		bad("retry.base_delay", "must be positive")
-	}
-	if c.Retry.MaxDelay < c.Retry.BaseDelay {
-		bad("retry.max_delay", "must be at least retry.base_delay")
-	}
-	if c.Retry.MaxRetryAfter < time.Second || c.Retry.MaxRetryAfter > time.Hour {
-		bad("retry.max_retry_after", "must be between 1s and 1h (got %s)", c.Retry.MaxRetryAfter)
-	}
-	if c.Breaker.Threshold < 0 {
-		bad("breaker.threshold", "must be positive")
-	}
-	if c.Breaker.Cooldown < 0 {
-		bad("breaker.cooldown", "must be positive")
-	}
-	if c.Breaker.MaxCooldown != 0 && c.Breaker.MaxCooldown < max(c.Breaker.Cooldown, DefaultBreakerCooldown) {
-		bad("breaker.max_cooldown", "must be at least breaker.cooldown (default 2s)")
-	}
+	c.API.validate(bad)
+	c.Worker.validate(bad)
+	c.Retry.validate(bad)
+	c.Breaker.validate(bad)
 	if c.Alerts.WebhookURL != "" {
 		if u, err := url.Parse(c.Alerts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
 			bad("alerts.webhook_url", "must be an http(s) URL")
@@ -499,45 +438,127 @@ func (c *Config) validate() error {
 		bad("credentials", "at least one credential is required")
 	}
 	seen := map[string]bool{}
-	for i, cr := range c.Credentials {
-		f := fmt.Sprintf("credentials[%d]", i)
-		if !nameRE.MatchString(cr.Name) {
-			bad(f+".name", "must be 1-64 letters, digits, '_', '.' or '-' (got %q)", cr.Name)
-		} else if seen[cr.Name] {
-			bad(f+".name", "duplicate credential %q", cr.Name)
-		}
-		seen[cr.Name] = true
-		if cr.Provider != "anthropic" && cr.Provider != "openai" {
-			bad(f+".provider", "must be anthropic or openai (got %q)", cr.Provider)
-		}
-		if u, err := url.Parse(cr.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad(f+".base_url", "must be an absolute http(s) URL (got %q)", cr.BaseURL)
-		}
-		if (cr.APIKeyEnv == "") == (cr.APIKeyFile == "") {
-			bad(f, "exactly one of api_key_env and api_key_file is required")
-		}
-		// Not echoed: a value that is not a variable name is likely the key itself pasted here.
-		if cr.APIKeyEnv != "" && !envVarRE.MatchString(cr.APIKeyEnv) {
-			bad(f+".api_key_env", "must name an environment variable (letters, digits, '_'), not hold the key")
-		}
-		if cr.Limits != nil && (cr.Limits.InputTokensPerMinute < 0 || cr.Limits.OutputTokensPerMinute < 0 || cr.Limits.TokensPerMinute < 0) {
-			bad(f+".limits", "token limits must not be negative")
-		}
-		if cr.Limits != nil && (cr.Limits.RequestsPerSecond <= 0 || cr.Limits.Burst <= 0) {
-			bad(f+".limits", "requests_per_second and burst must both be positive")
-		}
-		if cr.AttemptTimeout < 0 {
-			bad(f+".attempt_timeout", "must be positive")
-		}
-		if cr.FirstByteTimeout < 0 {
-			bad(f+".first_byte_timeout", "must be positive")
-		}
-		if cr.PauseProbeInterval < 0 {
-			bad(f+".pause_probe_interval", "must be positive")
-		}
-		cr.Batch.validate(f+".batch", bad)
+	for i := range c.Credentials {
+		c.Credentials[i].validate(fmt.Sprintf("credentials[%d]", i), seen, bad)
 	}
 	return errors.Join(errs...)
+}
+
+func (a *API) validate(bad func(field, format string, args ...any)) {
+	if a.MaxBodyBytes < 0 {
+		bad("api.max_body_bytes", "must be positive")
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"api.read_timeout", a.ReadTimeout}, {"api.write_timeout", a.WriteTimeout},
+		{"api.idle_timeout", a.IdleTimeout}, {"api.event_write_timeout", a.EventWriteTimeout}} {
+		if f.d < time.Millisecond {
+			bad(f.name, "must be at least 1ms")
+		}
+	}
+	if a.MaxConnections < 0 {
+		bad("api.max_connections", "must be positive")
+	}
+	if a.MaxStreamsPerTenant < 0 {
+		bad("api.max_streams_per_tenant", "must be positive")
+	}
+	if r := a.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || r.Burst <= 0) {
+		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive")
+	}
+	if a.StreamSecretEnv != "" && a.StreamSecretFile != "" {
+		bad("api", "at most one of stream_secret_env and stream_secret_file")
+	}
+	if a.StreamSecretEnv != "" && !envVarRE.MatchString(a.StreamSecretEnv) {
+		bad("api.stream_secret_env", "must name an environment variable (letters, digits, '_'), not hold the key")
+	}
+	if a.StreamURLTTL < 0 {
+		bad("api.stream_url_ttl", "must be positive")
+	}
+}
+
+func (w *Worker) validate(bad func(field, format string, args ...any)) {
+	if w.Concurrency < 0 {
+		bad("worker.concurrency", "must be positive")
+	}
+	if w.TokenMinute < 0 {
+		bad("worker.token_minute", "must be positive")
+	}
+	if w.SweepInterval < 0 {
+		bad("worker.sweep_interval", "must be positive")
+	}
+	if w.PollInterval < time.Millisecond {
+		bad("worker.poll_interval", "must be at least 1ms")
+	}
+	if w.MaxAnswerBytes < maxAnswer {
+		bad("worker.max_answer_bytes", "must be at least %d (32 MiB, the largest answer), got %d", maxAnswer, w.MaxAnswerBytes)
+	}
+}
+
+func (r *Retry) validate(bad func(field, format string, args ...any)) {
+	if r.MaxAttempts < 0 || r.MaxAttempts > 100 {
+		bad("retry.max_attempts", "must be between 1 and 100")
+	}
+	if r.BaseDelay < 0 {
+		bad("retry.base_delay", "must be positive")
+	}
+	if r.MaxDelay < r.BaseDelay {
+		bad("retry.max_delay", "must be at least retry.base_delay")
+	}
+	if r.MaxRetryAfter < time.Second || r.MaxRetryAfter > time.Hour {
+		bad("retry.max_retry_after", "must be between 1s and 1h (got %s)", r.MaxRetryAfter)
+	}
+}
+
+func (b *Breaker) validate(bad func(field, format string, args ...any)) {
+	if b.Threshold < 0 {
+		bad("breaker.threshold", "must be positive")
+	}
+	if b.Cooldown < 0 {
+		bad("breaker.cooldown", "must be positive")
+	}
+	if b.MaxCooldown != 0 && b.MaxCooldown < max(b.Cooldown, DefaultBreakerCooldown) {
+		bad("breaker.max_cooldown", "must be at least breaker.cooldown (default 2s)")
+	}
+}
+
+// validate checks credential entry f; seen holds the names of the entries before it.
+func (cr *Credential) validate(f string, seen map[string]bool, bad func(field, format string, args ...any)) {
+	if !nameRE.MatchString(cr.Name) {
+		bad(f+".name", "must be 1-64 letters, digits, '_', '.' or '-' (got %q)", cr.Name)
+	} else if seen[cr.Name] {
+		bad(f+".name", "duplicate credential %q", cr.Name)
+	}
+	seen[cr.Name] = true
+	if cr.Provider != "anthropic" && cr.Provider != "openai" {
+		bad(f+".provider", "must be anthropic or openai (got %q)", cr.Provider)
+	}
+	if u, err := url.Parse(cr.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad(f+".base_url", "must be an absolute http(s) URL (got %q)", cr.BaseURL)
+	}
+	if (cr.APIKeyEnv == "") == (cr.APIKeyFile == "") {
+		bad(f, "exactly one of api_key_env and api_key_file is required")
+	}
+	// Not echoed: a value that is not a variable name is likely the key itself pasted here.
+	if cr.APIKeyEnv != "" && !envVarRE.MatchString(cr.APIKeyEnv) {
+		bad(f+".api_key_env", "must name an environment variable (letters, digits, '_'), not hold the key")
+	}
+	if cr.Limits != nil && (cr.Limits.InputTokensPerMinute < 0 || cr.Limits.OutputTokensPerMinute < 0 || cr.Limits.TokensPerMinute < 0) {
+		bad(f+".limits", "token limits must not be negative")
+	}
+	if cr.Limits != nil && (cr.Limits.RequestsPerSecond <= 0 || cr.Limits.Burst <= 0) {
+		bad(f+".limits", "requests_per_second and burst must both be positive")
+	}
+	if cr.AttemptTimeout < 0 {
+		bad(f+".attempt_timeout", "must be positive")
+	}
+	if cr.FirstByteTimeout < 0 {
+		bad(f+".first_byte_timeout", "must be positive")
+	}
+	if cr.PauseProbeInterval < 0 {
+		bad(f+".pause_probe_interval", "must be positive")
+	}
+	cr.Batch.validate(f+".batch", bad)
 }
 
 func (c *Config) resolveSecrets(getenv func(string) string) error {

@@ -69,82 +69,143 @@ type Worker struct {
 	gates []*limiter.Gate
 }
 
-// New connects to the stores (the database must be migrated) and builds the worker.
+// New connects to the stores (the database must be migrated) and builds the worker. On an
+// error nothing it opened stays open.
 func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Options) (*Worker, error) {
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.PauseRefreshInterval == 0 {
-		opts.PauseRefreshInterval = 15 * time.Second
-	}
+	opts = opts.withDefaults()
 	redisOpt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
 		return nil, err
 	}
-	var metrics *executor.Metrics
-	var dispMetrics *dispatch.Metrics
-	var limMetrics *limiter.Metrics
-	var brkMetrics *breaker.Metrics
-	var tokMetrics *estimator.Metrics
-	var maintMetrics *maintenance.Metrics
-	if opts.Registerer != nil {
-		tokMetrics = estimator.NewMetrics(opts.Registerer)
-		metrics = executor.NewMetrics(opts.Registerer)
-		dispMetrics = dispatch.NewMetrics(opts.Registerer)
-		limMetrics = limiter.NewMetrics(opts.Registerer)
-		brkMetrics = breaker.NewMetrics(opts.Registerer)
-		maintMetrics = maintenance.NewMetrics(opts.Registerer)
+	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: dispatch.NewRedisClient(redisOpt)}
+	if err := w.build(newMetrics(opts.Registerer)); err != nil {
+		return nil, errors.Join(err, w.close())
 	}
-	rdb := dispatch.NewRedisClient(redisOpt)
-	// The breaker's calls of concurrent jobs share round trips. The limiter and asynq keep a
-	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
-	// asynq's dequeues measured slower (docs/decisions.md).
-	pipelined := dispatch.AutoPipelined(rdb)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: limMetrics, TokenMinute: cfg.Worker.TokenMinute,
+	return w, nil
+}
+
+// withDefaults fills the options left zero.
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.PauseRefreshInterval == 0 {
+		o.PauseRefreshInterval = 15 * time.Second
+	}
+	return o
+}
+
+// metrics are the worker's metric sets; all nil without a Registerer.
+type metrics struct {
+	executor    *executor.Metrics
+	dispatch    *dispatch.Metrics
+	limiter     *limiter.Metrics
+	breaker     *breaker.Metrics
+	estimator   *estimator.Metrics
+	maintenance *maintenance.Metrics
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	if reg == nil {
+		return metrics{}
+	}
+	return metrics{executor: executor.NewMetrics(reg), dispatch: dispatch.NewMetrics(reg), limiter: limiter.NewMetrics(reg),
+		breaker: breaker.NewMetrics(reg), estimator: estimator.NewMetrics(reg), maintenance: maintenance.NewMetrics(reg)}
+}
+
+// build makes the worker's parts, in the order they depend on each other: the shared admission
+// state (limiter, breaker), the upstreams, the executor, then the asynq side (sweeper,
+// maintenance, batcher, server).
+func (w *Worker) build(m metrics) error {
+	cfg, opts := w.cfg, w.opts
+	lim, err := limiter.New(w.rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: m.limiter, TokenMinute: cfg.Worker.TokenMinute,
 		MaxRetryAfter: cfg.Retry.MaxRetryAfter, Fairness: limiter.Fairness{MinShareNormal: cfg.Fairness.MinShare.Normal,
 			MinShareLow: cfg.Fairness.MinShare.Low, Horizon: cfg.Fairness.Horizon}})
 	if err != nil {
-		rdb.Close()
-		return nil, err
+		return err
 	}
 	successMemory := time.Duration(0) // the breaker's default: the cold-start cap is on
 	if !cfg.Breaker.ColdStart() {
 		successMemory = -1
 	}
-	brk, err := breaker.New(pipelined, &breaker.Config{Prefix: opts.RedisPrefix, Threshold: cfg.Breaker.Threshold,
-		Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown, SuccessMemory: successMemory,
-		Metrics: brkMetrics})
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	// The breaker's calls of concurrent jobs share round trips. The limiter and asynq keep a
+	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
+	// asynq's dequeues measured slower (docs/decisions.md).
+	if w.breaker, err = breaker.New(dispatch.AutoPipelined(w.rdb), &breaker.Config{Prefix: opts.RedisPrefix,
+		Threshold: cfg.Breaker.Threshold, Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown,
+		SuccessMemory: successMemory, Metrics: m.breaker}); err != nil {
+		return err
 	}
-	// One answer budget for every provider of the process: the bound is on the process's memory.
-	answers, err := llm.NewAnswerBudget(cfg.Worker.MaxAnswerBytes, llm.DefaultMaxResponseBytes)
+	upstreams, err := w.newUpstreams(lim, m.limiter)
 	if err != nil {
-		rdb.Close()
+		return err
+	}
+	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay,
+		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
+	store := jobs.NewStore(w.pool, nil)
+	est, err := estimator.New(&estimator.Config{Metrics: m.estimator})
+	if err != nil {
+		return err
+	}
+	w.executor = executor.New(executor.Config{
+		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: m.executor, Estimator: est,
+		Alerter:      alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger}),
+		TenantWeight: tenant.NewWeights(tenant.NewStore(w.pool, nil), nil).Weight,
+		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
+		// per job, so tests stay apart by job ID.
+		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger}),
+	})
+	w.client = asynq.NewClient(w.redis)
+	w.insp = asynq.NewInspector(w.redis)
+	enq := dispatch.NewEnqueuer(w.client, cfg.Worker.Queue)
+	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
+		Store: store, Enqueuer: enq, Inspector: w.insp, Redis: w.rdb,
+		Queue: cfg.Worker.Queue, Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: m.dispatch,
+	})
+	w.maint = maintenance.New(maintenance.Config{
+		Store: store, Tasks: dispatch.NewTasks(w.insp, enq),
+		Retention: map[jobs.Status]time.Duration{
+			jobs.StatusSucceeded: cfg.Retention.Succeeded.Duration(), jobs.StatusFailed: cfg.Retention.Failed.Duration(),
+			jobs.StatusCanceled: cfg.Retention.Canceled.Duration(), jobs.StatusDead: cfg.Retention.Dead.Duration(),
+		},
+		RetentionInterval: cfg.Retention.Interval, Finished: m.executor.Finished, Logger: opts.Logger, Metrics: m.maintenance,
+	})
+	if err := w.newBatcher(); err != nil {
+		return err
+	}
+	w.server = dispatch.NewServer(w.redis, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
+		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger})
+	return nil
+}
+
+// newUpstreams makes each credential's provider adapter, limiter gate and breaker circuit, all
+// sharing one answer budget: the bound is on the process's memory. It keeps the gates for
+// refreshPauses.
+func (w *Worker) newUpstreams(lim *limiter.Limiter, limMetrics *limiter.Metrics) (map[string]executor.Upstream, error) {
+	answers, err := llm.NewAnswerBudget(w.cfg.Worker.MaxAnswerBytes, llm.DefaultMaxResponseBytes)
+	if err != nil {
 		return nil, fmt.Errorf("worker.max_answer_bytes: %w", err)
 	}
-	if opts.Registerer != nil {
-		llm.RegisterBudgetMetrics(opts.Registerer, answers)
+	if w.opts.Registerer != nil {
+		llm.RegisterBudgetMetrics(w.opts.Registerer, answers)
 	}
 	upstreams := map[string]executor.Upstream{}
-	var gates []*limiter.Gate
-	names := make([]string, 0, len(cfg.Credentials))
-	for _, c := range cfg.Credentials {
+	names := make([]string, 0, len(w.cfg.Credentials))
+	for _, c := range w.cfg.Credentials {
 		names = append(names, c.Name)
 		kind, err := llm.ParseKind(c.Provider)
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		p, err := llm.New(llm.Config{Kind: kind, BaseURL: c.BaseURL, APIKey: c.APIKey(), HTTPClient: opts.HTTPClient,
+		p, err := llm.New(llm.Config{Kind: kind, BaseURL: c.BaseURL, APIKey: c.APIKey(), HTTPClient: w.opts.HTTPClient,
 			AnswerBudget: answers})
 		if err != nil {
 			return nil, fmt.Errorf("credential %q: %w", c.Name, err)
 		}
 		gate := lim.Gate(c.LimiterID(), c.Name)
-		gates = append(gates, gate)
-		up := executor.Upstream{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout, FirstByteTimeout: c.FirstByteTimeout,
-			Gate: gate, Circuit: brk.Circuit(c.LimiterID(), c.Name),
+		w.gates = append(w.gates, gate)
+		up := executor.Upstream{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout,
+			FirstByteTimeout: c.FirstByteTimeout, Gate: gate, Circuit: w.breaker.Circuit(c.LimiterID(), c.Name),
 			PauseProbeInterval: c.PauseProbeInterval}
 		if l := c.Limits; l != nil {
 			up.Limit = limiter.Limit{Rate: l.RequestsPerSecond, Burst: l.Burst, InputTokensPerMinute: l.InputTokensPerMinute,
@@ -152,46 +213,20 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		}
 		upstreams[c.Name] = up
 	}
-	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay,
-		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
-	store := jobs.NewStore(pool, nil)
 	limMetrics.InitCredentials(names)
-	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: rdb, breaker: brk, gates: gates}
-	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: rdb,
-		Prefix: opts.RedisPrefix, Logger: opts.Logger})
-	est, err := estimator.New(&estimator.Config{Metrics: tokMetrics})
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	return upstreams, nil
+}
+
+// close closes what New opened, for the error paths of New (Run closes them after a run).
+func (w *Worker) close() error {
+	var errs []error
+	if w.client != nil {
+		errs = append(errs, w.client.Close())
 	}
-	w.executor = executor.New(executor.Config{
-		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: metrics, Alerter: alerter,
-		Estimator: est, TenantWeight: tenant.NewWeights(tenant.NewStore(pool, nil), nil).Weight,
-		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
-		// per job, so tests stay apart by job ID.
-		Deltas: deltastream.New(deltastream.Config{Redis: rdb, Logger: opts.Logger}),
-	})
-	w.client = asynq.NewClient(redisOpt)
-	w.insp = asynq.NewInspector(redisOpt)
-	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
-		Store: store, Enqueuer: dispatch.NewEnqueuer(w.client, cfg.Worker.Queue), Inspector: w.insp, Redis: rdb,
-		Queue: cfg.Worker.Queue, Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: dispMetrics,
-	})
-	w.maint = maintenance.New(maintenance.Config{
-		Store: store, Tasks: dispatch.NewTasks(w.insp, dispatch.NewEnqueuer(w.client, cfg.Worker.Queue)),
-		Retention: map[jobs.Status]time.Duration{
-			jobs.StatusSucceeded: cfg.Retention.Succeeded.Duration(), jobs.StatusFailed: cfg.Retention.Failed.Duration(),
-			jobs.StatusCanceled: cfg.Retention.Canceled.Duration(), jobs.StatusDead: cfg.Retention.Dead.Duration(),
-		},
-		RetentionInterval: cfg.Retention.Interval, Finished: metrics.Finished, Logger: opts.Logger, Metrics: maintMetrics,
-	})
-	if err := w.newBatcher(); err != nil {
-		rdb.Close()
-		return nil, err
+	if w.insp != nil {
+		errs = append(errs, w.insp.Close())
 	}
-	w.server = dispatch.NewServer(redisOpt, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
-		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger})
-	return w, nil
+	return errors.Join(append(errs, w.rdb.Close())...)
 }
 
 // Run processes jobs, sweeps and maintains until ctx ends, then shuts down gracefully.
@@ -222,7 +257,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.server.Shutdown()
 	<-listenDone
 	<-pausesDone
-	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, w.client.Close(), w.insp.Close(), w.rdb.Close())
+	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, w.close())
 }
 
 // newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:

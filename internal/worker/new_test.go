@@ -1,0 +1,33 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// TestNew_ErrorNamesTheCredential: a credential New cannot build fails New with the
+// credential's name, and leaves nothing running (the package's goleak check).
+func TestNew_ErrorNamesTheCredential(t *testing.T) {
+	cfg, err := config.Parse(fmt.Appendf(nil, `
+database_url: %s
+redis_url: %s
+credentials:
+  - { name: default, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
+`, pgtest.URL(t), redistest.URL()), func(string) string { return "sk-test" })
+	require.NoError(t, err)
+	cfg.Credentials[0].Provider = "gemini" // past the config's own validation
+	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = worker.New(context.Background(), cfg, pool, worker.Options{RedisPrefix: redistest.Prefix(t)})
+	require.ErrorContains(t, err, `credential "default"`)
+}
