@@ -104,8 +104,10 @@ function closeLive() {
   if (live) { live.close(); live = null; }
 }
 
-// follow opens an event stream and calls fn with each event's JSON.
-function follow(path, event, fn) {
+// follow opens an event stream for the page drawn in root and calls fn with each event's JSON.
+// A page left before its data arrived (root no longer shown) opens none.
+function follow(root, path, event, fn) {
+  if (!root.isConnected) return null;
   closeLive();
   live = new EventSource(API + path);
   live.addEventListener(event, (ev) => fn(JSON.parse(ev.data)));
@@ -146,8 +148,9 @@ function renderOverview(ov) {
 async function pageOverview(root) {
   show(root, h('h1', {}, 'Overview', h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'ov' }));
   const ov = (await takePrefetch()) || await api('GET', '/overview');
-  show($('ov'), renderOverview(ov));
-  follow('/overview/live', 'overview', (o) => { const el = $('ov'); if (el) show(el, renderOverview(o)); });
+  const el = root.querySelector('#ov');
+  show(el, renderOverview(ov));
+  follow(root, '/overview/live', 'overview', (o) => show(el, renderOverview(o)));
 }
 
 function jobsTable(jobs, opts = {}) {
@@ -233,8 +236,9 @@ function renderJob(d) {
 async function pageJob(root, id) {
   show(root, h('h1', {}, 'Job ', h('span', { class: 'mono' }, id), h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'job' }));
   const d = await api('GET', `/jobs/${encodeURIComponent(id)}`);
-  show($('job'), renderJob(d));
-  follow(`/jobs/${encodeURIComponent(id)}/live`, 'job', (x) => { const el = $('job'); if (el) show(el, renderJob(x)); });
+  const el = root.querySelector('#job');
+  show(el, renderJob(d));
+  follow(root, `/jobs/${encodeURIComponent(id)}/live`, 'job', (x) => show(el, renderJob(x)));
 }
 
 // deadAction retries or purges the selected dead letters after a confirmation naming the count.
@@ -329,7 +333,11 @@ async function route() {
   const params = new URLSearchParams(query || '');
   const parts = path.split('/').filter(Boolean);
   document.querySelectorAll('#nav a').forEach((a) => a.classList.toggle('active', a.getAttribute('href') === `#/${parts[0]}`));
-  const root = $('page');
+  // Each visit draws into an element of its own: a page whose data arrives after the operator
+  // moved on (a slow list, a refresh after an action) draws into a detached element, never over
+  // the page now shown.
+  const root = document.createElement('div');
+  $('page').replaceChildren(root);
   try {
     switch (parts[0]) {
       case 'jobs': await pageJobs(root, params); break;
