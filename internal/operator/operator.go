@@ -1,15 +1,11 @@
 package operator
 
 import (
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
-	"fmt"
-	"io"
 	"regexp"
-	"strings"
 	"time"
+
+	"github.com/llmq/llmq/internal/secrettoken"
 )
 
 // Errors of the Store.
@@ -35,13 +31,7 @@ var (
 // tenant token is recognised and refused without a lookup, and a leaked token is recognisable.
 const TokenPrefix = "llmqop_"
 
-// tokenBytes is the entropy of operator and session tokens.
-const tokenBytes = 32
-
-var (
-	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
-	tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{43}$`)
-)
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // ValidName reports whether s is a valid operator name.
 func ValidName(s string) bool { return nameRE.MatchString(s) }
@@ -63,33 +53,22 @@ type Session struct {
 	Expires time.Time
 }
 
-// randomToken returns 32 random bytes from random (crypto/rand when nil) in unpadded base64url.
-func randomToken(random io.Reader) (string, error) {
-	if random == nil {
-		random = rand.Reader
-	}
-	var b [tokenBytes]byte
-	if _, err := io.ReadFull(random, b[:]); err != nil {
-		return "", fmt.Errorf("read random token: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:]), nil
-}
-
 // HashToken returns the SHA-256 of a well-formed operator token, or ErrMalformedToken.
 func HashToken(token string) ([32]byte, error) {
-	rest, ok := strings.CutPrefix(token, TokenPrefix)
-	if !ok || !tokenRE.MatchString(rest) {
+	h, ok := secrettoken.Hash(token, TokenPrefix)
+	if !ok {
 		return [32]byte{}, ErrMalformedToken
 	}
-	return sha256.Sum256([]byte(token)), nil
+	return h, nil
 }
 
 // hashSession returns the SHA-256 of a well-formed session token, or ErrNoSession.
 func hashSession(token string) ([32]byte, error) {
-	if !tokenRE.MatchString(token) {
+	h, ok := secrettoken.Hash(token, "")
+	if !ok {
 		return [32]byte{}, ErrNoSession
 	}
-	return sha256.Sum256([]byte(token)), nil
+	return h, nil
 }
 
 func truncate(s string, n int) string {

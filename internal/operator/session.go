@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/llmq/llmq/internal/secrettoken"
 )
 
 // Login authenticates the operator token and opens a session of ttl. It returns the session
@@ -17,15 +19,15 @@ func (s *Store) Login(ctx context.Context, token string, ttl time.Duration) (str
 	if err != nil {
 		return "", nil, err
 	}
-	sessionToken, err := randomToken(s.random)
+	sessionToken, err := secrettoken.New(s.random, "")
 	if err != nil {
 		return "", nil, err
 	}
-	csrf, err := randomToken(s.random)
+	csrf, err := secrettoken.New(s.random, "")
 	if err != nil {
 		return "", nil, err
 	}
-	hash, _ := hashSession(sessionToken) // well-formed: randomToken made it
+	hash, _ := hashSession(sessionToken) // well-formed: secrettoken.New made it
 	now := s.now()
 	sess := &Session{Operator: o.Name, CSRF: csrf, Expires: now.Add(ttl)}
 	if _, err := s.pool.Exec(ctx, `DELETE FROM operator_sessions WHERE expires_at < $1`, now); err != nil {

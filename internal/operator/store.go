@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/llmq/llmq/internal/secrettoken"
 )
 
 // Store keeps operators and sessions in Postgres (migration 015). It is safe for concurrent use.
@@ -55,14 +57,13 @@ func (s *Store) Create(ctx context.Context, name string) (*Operator, string, err
 	if !ValidName(name) {
 		return nil, "", fmt.Errorf("%w: %q must be 1-64 letters, digits, '_', '.' or '-'", ErrInvalidName, truncate(name, 70))
 	}
-	rest, err := randomToken(s.random)
+	token, err := secrettoken.New(s.random, TokenPrefix)
 	if err != nil {
 		return nil, "", err
 	}
-	token := TokenPrefix + rest
 	hash, err := HashToken(token)
 	if err != nil {
-		return nil, "", fmt.Errorf("new operator token: %w", err) // a bug: randomToken is well-formed
+		return nil, "", fmt.Errorf("new operator token: %w", err) // a bug: secrettoken.New makes well-formed tokens
 	}
 	o, err := scanOperator(s.pool.QueryRow(ctx, `
 INSERT INTO operators (name, token_sha256) VALUES ($1, $2) RETURNING `+operatorColumns, name, hash[:]))

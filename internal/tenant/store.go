@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/llmq/llmq/internal/secrettoken"
 )
 
 // Store keeps tenants in Postgres (table tenants, migration 006). It is safe for concurrent use.
@@ -62,13 +64,13 @@ func (s *Store) CreateWeighted(ctx context.Context, name string, credentials []s
 	if err := checkCredentials(credentials); err != nil {
 		return nil, "", err
 	}
-	token, err := newToken(s.random)
+	token, err := secrettoken.New(s.random, BearerTokenPrefix)
 	if err != nil {
 		return nil, "", err
 	}
 	hash, err := HashBearerToken(token)
 	if err != nil {
-		return nil, "", fmt.Errorf("new token: %w", err) // a bug: newToken makes well-formed tokens
+		return nil, "", fmt.Errorf("new token: %w", err) // a bug: secrettoken.New makes well-formed tokens
 	}
 	t, err := scanTenant(s.pool.QueryRow(ctx, `
 INSERT INTO tenants (name, token_sha256, credentials, weight) VALUES ($1, $2, $3, $4)

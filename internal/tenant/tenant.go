@@ -1,16 +1,13 @@
 package tenant
 
 import (
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"slices"
-	"strings"
 	"time"
+
+	"github.com/llmq/llmq/internal/secrettoken"
 )
 
 // Errors of authentication and of the Store.
@@ -39,16 +36,7 @@ const Default = "default"
 // token of another system is refused without a database lookup.
 const BearerTokenPrefix = "llmq_"
 
-// tokenBytes is the entropy of a token.
-const tokenBytes = 32
-
-// tokenLen is the length of a token: the prefix and 32 bytes in unpadded base64url.
-var tokenLen = len(BearerTokenPrefix) + base64.RawURLEncoding.EncodedLen(tokenBytes)
-
-var (
-	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
-	tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
-)
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // ValidName reports whether s is a valid tenant or credential name (the same rule as the
 // credential names of the config file).
@@ -90,26 +78,14 @@ func (t *Tenant) Allows(credential string) bool {
 // Revoked reports whether the tenant was revoked.
 func (t *Tenant) Revoked() bool { return t.RevokedAt != nil }
 
-// newToken returns a fresh token read from random (crypto/rand when nil).
-func newToken(random io.Reader) (string, error) {
-	if random == nil {
-		random = rand.Reader
-	}
-	var b [tokenBytes]byte
-	if _, err := io.ReadFull(random, b[:]); err != nil {
-		return "", fmt.Errorf("read random token: %w", err)
-	}
-	return BearerTokenPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
-}
-
 // HashBearerToken returns the SHA-256 of a well-formed token, the only form in which it is stored or
 // cached, or ErrMalformedBearerToken.
 func HashBearerToken(token string) ([32]byte, error) {
-	rest, ok := strings.CutPrefix(token, BearerTokenPrefix)
-	if !ok || len(token) != tokenLen || !tokenRE.MatchString(rest) {
+	h, ok := secrettoken.Hash(token, BearerTokenPrefix)
+	if !ok {
 		return [32]byte{}, ErrMalformedBearerToken
 	}
-	return sha256.Sum256([]byte(token)), nil
+	return h, nil
 }
 
 // checkCredentials validates a credential list: valid names, no duplicates.
