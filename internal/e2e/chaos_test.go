@@ -125,14 +125,12 @@ type chaosStack struct {
 	apiURL   string
 	pool     *pgxpool.Pool
 	calls    *chaosCalls
+	sim      *llmsim.Server
 	ctx      context.Context
 }
 
 func newChaosStack(t *testing.T) *chaosStack {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	s := &chaosStack{ctx: ctx, redisURL: redistest.Server(t), dbURL: pgtest.URL(t)}
 	// 10 requests per second against 200 ms answers: 40 jobs take about 3 s, long enough to
 	// fault in the middle. The simulator's bucket holds twice the limiter's burst: a flush makes
 	// the shared limiter forget what it granted, and its fresh burst would otherwise meet an
@@ -141,8 +139,17 @@ func newChaosStack(t *testing.T) *chaosStack {
 	// is out of the way for the same reason: the calls cut by a dying worker are network errors,
 	// which open it for its 30 s cooldown. Both are designed behaviour with tests of their own;
 	// this test is about losing and duplicating nothing.
-	sim := llmsim.New(llmsim.Config{Capacity: 20, RefillPerSecond: 10, Latency: 200 * time.Millisecond})
-	s.calls = newChaosCalls(sim)
+	return newChaosStackSim(t, llmsim.Config{Capacity: 20, RefillPerSecond: 10, Latency: 200 * time.Millisecond})
+}
+
+// newChaosStackSim is a chaos stack whose provider is a simulator configured by simCfg.
+func newChaosStackSim(t *testing.T, simCfg llmsim.Config) *chaosStack {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := &chaosStack{ctx: ctx, redisURL: redistest.Server(t), dbURL: pgtest.URL(t)}
+	s.sim = llmsim.New(simCfg)
+	s.calls = newChaosCalls(s.sim)
 	simSrv := httptest.NewServer(s.calls)
 	t.Cleanup(simSrv.Close)
 	s.yaml = fmt.Sprintf(`
@@ -426,11 +433,7 @@ func TestChaos_SIGKILLedWorkerProcess(t *testing.T) {
 		require.NoError(t, err)
 		within = d
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "worker")
-	build := exec.Command("go", "build", "-o", bin, "github.com/llmq/llmq/cmd/worker")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	bin := buildWorker(t)
 	for _, flush := range []bool{true, false} {
 		t.Run(fmt.Sprintf("flush=%v", flush), func(t *testing.T) {
 			t.Parallel()
@@ -440,8 +443,45 @@ func TestChaos_SIGKILLedWorkerProcess(t *testing.T) {
 }
 
 func sigkillRun(t *testing.T, bin string, flush bool, within time.Duration) {
-	dir := t.TempDir()
 	s := newChaosStack(t)
+	proc := s.startWorkerProcess(t, bin)
+
+	const n = 40
+	ids := s.submitAll(t, n)
+	// Mid-run for the process: it has sent some requests and has more to send.
+	deadline := time.Now().Add(20 * time.Second)
+	for s.calls.total() < 10 {
+		require.True(t, time.Now().Before(deadline), "the worker process sent no requests")
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	require.NoError(t, proc.Signal(syscall.SIGKILL))
+	require.Positive(t, s.unfinished(t))
+	if flush {
+		s.flush(t)
+	}
+	s.startWorker(t, nil, 0)
+
+	s.waitAllTerminal(t, within)
+	s.requireExactlyOnce(t, ids)
+}
+
+// buildWorker builds cmd/worker into the test's temporary directory and returns its path.
+func buildWorker(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "worker")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/llmq/llmq/cmd/worker").CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
+// startWorkerProcess runs the worker binary bin on the stack's config as a process of its own,
+// logging to worker.log in a temporary directory; it is killed, if still running, when the test
+// ends. The caller may SIGKILL it through the returned process.
+func (s *chaosStack) startWorkerProcess(t *testing.T, bin string) *os.Process {
+	t.Helper()
+	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "llmq.yaml")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(s.yaml), 0o600))
 	var env []string
@@ -452,7 +492,7 @@ func sigkillRun(t *testing.T, bin string, flush bool, within time.Duration) {
 	}
 	logf, err := os.Create(filepath.Join(dir, "worker.log"))
 	require.NoError(t, err)
-	defer logf.Close()
+	t.Cleanup(func() { _ = logf.Close() })
 	proc := exec.Command(bin, "--config", cfgPath)
 	proc.Env = append(env, "SIM_KEY="+simKey)
 	proc.Stdout, proc.Stderr = logf, logf
@@ -461,22 +501,5 @@ func sigkillRun(t *testing.T, bin string, flush bool, within time.Duration) {
 	exited := make(chan error, 1)
 	go func() { exited <- proc.Wait() }()
 	t.Cleanup(func() { _ = proc.Process.Kill(); <-exited })
-
-	const n = 40
-	ids := s.submitAll(t, n)
-	// Mid-run for the process: it has sent some requests and has more to send.
-	deadline := time.Now().Add(20 * time.Second)
-	for s.calls.total() < 10 {
-		require.True(t, time.Now().Before(deadline), "the worker process sent no requests")
-		time.Sleep(10 * time.Millisecond) // polling with a deadline
-	}
-	require.NoError(t, proc.Process.Signal(syscall.SIGKILL))
-	require.Positive(t, s.unfinished(t))
-	if flush {
-		s.flush(t)
-	}
-	s.startWorker(t, nil, 0)
-
-	s.waitAllTerminal(t, within)
-	s.requireExactlyOnce(t, ids)
+	return proc.Process
 }

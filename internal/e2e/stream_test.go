@@ -48,7 +48,7 @@ func followWithEventSource(t *testing.T, url string) <-chan jsEvent {
 	script, err := filepath.Abs(filepath.Join(repoRoot, "scripts", "js.sh"))
 	require.NoError(t, err)
 	runJS(t, 5*time.Minute, nil, script) // npm ci when stale
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	cmd := exec.CommandContext(ctx, "node", "--input-type=module", "--eval", followJS)
 	cmd.Dir, cmd.Env = filepath.Join(repoRoot, "test", "js"), append(os.Environ(), "EVENTS_URL="+url)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -83,15 +83,21 @@ func followWithEventSource(t *testing.T, url string) <-chan jsEvent {
 	return events
 }
 
-// next returns the next event, failing the test after 30s or when the stream ended.
+// nextJS returns the next event, failing the test after 30s or when the stream ended.
 func nextJS(t *testing.T, events <-chan jsEvent) jsEvent {
+	t.Helper()
+	return nextJSWithin(t, events, 30*time.Second)
+}
+
+// nextJSWithin returns the next event, failing the test after d or when the stream ended.
+func nextJSWithin(t *testing.T, events <-chan jsEvent, d time.Duration) jsEvent {
 	t.Helper()
 	select {
 	case ev, ok := <-events:
 		require.True(t, ok, "the EventSource stream ended early")
 		return ev
-	case <-time.After(30 * time.Second):
-		t.Fatal("no event from the EventSource within 30s")
+	case <-time.After(d):
+		t.Fatalf("no event from the EventSource within %v", d)
 	}
 	return jsEvent{}
 }

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/anthropics/anthropic-sdk-go"
-	"github.com/openai/openai-go"
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/openai/openai-go/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llmsim"
@@ -209,7 +209,7 @@ func TestSDK_ToolStreams(t *testing.T) {
 		t.Parallel()
 		b := setup(t, llmsim.Config{})
 		params := openaiHello
-		params.Tools = []openai.ChatCompletionToolParam{{Function: openai.FunctionDefinitionParam{Name: "record"}}}
+		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
 		client := b.openaiClient("sk-test")
 		whole, err := client.Chat.Completions.New(t.Context(), params)
 		require.NoError(t, err)
