@@ -35,8 +35,8 @@ type fairness struct {
 type fairRow struct {
 	name    string
 	system  string
-	unseen  int // jobs submitted but never answered 2xx by the provider before the scenario's cap
-	jobs    int // jobs submitted
+	unseen  int    // jobs submitted but never answered 2xx by the provider before the scenario's cap
+	jobs    int    // jobs submitted
 	waitP50 string // B's (or the high jobs') wait, submit → provider
 	waitP99 string
 	share   string // the share per window (min-max) of the tenant or priority named
