@@ -35,8 +35,8 @@ type fairness struct {
 type fairRow struct {
 	name    string
 	system  string
-	unseen  int    // jobs submitted but never answered 2xx by the provider before the scenario's cap
-	jobs    int    // jobs submitted
+	unseen  int    // of the jobs the scenario waits for, those not served when its cap ended it
+	waited  int    // the jobs the scenario waits for
 	waitP50 string // B's (or the high jobs') wait, submit → provider
 	waitP99 string
 	share   string // the share per window (min-max) of the tenant or priority named
@@ -253,15 +253,15 @@ func (f *fairness) runScenario(ctx context.Context, log logf, sys fairSystem, wA
 	}
 	row.n429 = sim.Stats().ByStatus[http.StatusTooManyRequests]
 	all := sortedByTime(plog.snapshot())
-	row.jobs = int(e.submitted.Load())
-	row.unseen = row.jobs - len(distinct(served(all)))
+	jobs := int(e.submitted.Load())
+	unserved := jobs - len(distinct(served(all)))
 	for k, a := range all {
 		if a.status == http.StatusTooManyRequests && len(row.at429) < 5 {
 			row.at429 = append(row.at429, seconds(a.at.Sub(all[0].at)))
 			log("429 at %s (request %d of %d, %s %s)", seconds(a.at.Sub(all[0].at)), k, len(all), a.tenant, a.prio)
 		}
 	}
-	log("done (%d provider requests, %d 429s, %d of %d jobs not answered 2xx)", sim.Stats().Requests, row.n429, row.unseen, row.jobs)
+	log("done (%d provider requests, %d 429s; %d of %d jobs not answered 2xx when it ended)", sim.Stats().Requests, row.n429, unserved, jobs)
 	return row, nil
 }
 
