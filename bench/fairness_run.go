@@ -116,7 +116,7 @@ func (f *fairness) split(ctx context.Context, e *fairEnv, n int, want float64) (
 	unseen := n - max(count(log, "A", ""), count(log, "B", ""))
 	return fairRow{waitP50: "-", waitP99: "-", share: shareText("A", lo, hi, 2), rps: busyRate(log, to),
 		target: fmt.Sprintf("A %.2f ± 0.05", want), unseen: max(unseen, 0), waited: n,
-		pass: lo >= want-0.05 && hi <= want+0.05}, nil
+		pass: lo <= hi && lo >= want-0.05 && hi <= want+0.05}, nil
 }
 
 // priority is scenario 3: A has n low jobs waiting and submits 20 high: they reach the provider
@@ -171,7 +171,7 @@ func (f *fairness) starvation(ctx context.Context, e *fairEnv, n int) (fairRow, 
 	to := lastOf(log, "A", "high")
 	lo, hi := shares(log, from, to, fairWindow, func(a arrival) bool { return a.prio == "low" })
 	return fairRow{waitP50: "-", waitP99: "-", share: shareText("low", lo, hi, 3), rps: busyRate(log, to),
-		target: "low ≥ 0.045 per window", unseen: max(n-count(log, "A", "high"), 0), waited: n, pass: lo >= 0.045}, nil
+		target: "low ≥ 0.045 per window", unseen: max(n-count(log, "A", "high"), 0), waited: n, pass: lo <= hi && lo >= 0.045}, nil
 }
 
 // waitFor waits until done holds of the provider's log of served requests (sorted by time),
