@@ -36,36 +36,27 @@ func runAsynq(ctx context.Context, e *rowEnv) ([]outcome, error) {
 		left      = e.n
 		allDone   = make(chan struct{})
 	)
-	handler := asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+	handler := simHandler(func(ctx context.Context, t *asynq.Task) (callResult, error) {
 		i, err := strconv.Atoi(string(t.Payload()))
 		if err != nil || i < 0 || i >= e.n {
-			return fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
+			return callResult{}, fmt.Errorf("bad payload %q: %w", t.Payload(), asynq.SkipRetry)
 		}
-		res := c.call(ctx, i)
-		if res.err != nil {
-			return res.err
-		}
-		if res.status/100 != 2 {
-			return fmt.Errorf("provider answered %d", res.status)
-		}
+		return c.call(ctx, i), nil
+	}, func(t *asynq.Task) {
+		i, _ := strconv.Atoi(string(t.Payload()))
 		mu.Lock()
 		defer mu.Unlock()
 		at := time.Since(start)
 		if outs[i].done {
-			return nil // a duplicate delivery
+			return // a duplicate delivery
 		}
 		outs[i] = outcome{done: true, ok: true, latency: at - submitted[i], at: at}
 		e.progress.record(true)
 		if left--; left == 0 {
 			close(allDone)
 		}
-		return nil
 	})
-	srv := asynq.NewServer(opt, asynq.Config{
-		Concurrency: e.n,
-		Queues:      map[string]int{queue: 1},
-		LogLevel:    asynq.WarnLevel, // its per-start info lines would drown the progress output
-	})
+	srv := newAsynqServer(opt, map[string]int{queue: 1}, e.n)
 	if err := srv.Start(handler); err != nil {
 		return nil, fmt.Errorf("start asynq server: %w", err)
 	}
@@ -110,4 +101,33 @@ func runAsynq(ctx context.Context, e *rowEnv) ([]outcome, error) {
 	mu.Lock()
 	defer mu.Unlock()
 	return append([]outcome(nil), outs...), nil
+}
+
+// newAsynqServer is an asynq server with its default configuration but for queues (name →
+// weight, asynq's weighted priority) and concurrency (0: asynq's default, the number of CPUs).
+func newAsynqServer(opt asynq.RedisConnOpt, queues map[string]int, concurrency int) *asynq.Server {
+	return asynq.NewServer(opt, asynq.Config{
+		Concurrency: concurrency,
+		Queues:      queues,
+		LogLevel:    asynq.WarnLevel, // its per-start info lines would drown the progress output
+	})
+}
+
+// simHandler is the plain-asynq handler: call the provider once for the task (call's error ends
+// the task as it says) and return an error on a transport error or any non-2xx answer, so that
+// asynq's default retry policy decides the rest; ok is called after each 2xx answer.
+func simHandler(call func(context.Context, *asynq.Task) (callResult, error), ok func(*asynq.Task)) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		res, err := call(ctx, t)
+		switch {
+		case err != nil:
+			return err
+		case res.err != nil:
+			return res.err
+		case res.status/100 != 2:
+			return fmt.Errorf("provider answered %d", res.status)
+		}
+		ok(t)
+		return nil
+	})
 }

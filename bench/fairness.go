@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,17 +23,20 @@ import (
 
 // fairness is `bench fairness`: issue 19's scenarios against the simulator, through the whole
 // system (the api and -workers worker processes sharing one credential), judged on the
-// provider's log (which request of which tenant arrived when). llmq only: the comparison with
-// asynq's weighted queues is not built yet.
+// provider's log (which request of which tenant arrived when); each scenario also runs on plain
+// asynq with three weighted queues, what a Go team would build instead.
 type fairness struct {
 	s    *shared
 	dur  time.Duration
 	rows []fairRow
 }
 
-// fairRow is one scenario's figures.
+// fairRow is one scenario's figures on one system.
 type fairRow struct {
 	name    string
+	system  string
+	unseen  int    // of the jobs the scenario waits for, those not served when its cap ended it
+	waited  int    // the jobs the scenario waits for
 	waitP50 string // B's (or the high jobs') wait, submit → provider
 	waitP99 string
 	share   string // the share per window (min-max) of the tenant or priority named
@@ -49,7 +53,8 @@ func (f *fairness) flags(fs *flagSet, s *shared) {
 	s.base(fs, 4)
 	s.redis(fs)
 	s.bucket(fs, 20, 10)
-	s.deadline(fs, 3*time.Minute, "cap on each scenario")
+	s.deadline(fs, 3*time.Minute, "cap on each scenario and system")
+	s.rows(fs, []string{"llmq", "asynq"})
 	fs.DurationVar(&f.dur, "duration", 20*time.Second, "how long each scenario keeps the credential busy")
 	s.build = true // the binaries must hold the code measured
 }
@@ -98,35 +103,93 @@ func (p *providerLog) snapshot() []arrival {
 
 // fairEnv is one scenario's running system.
 type fairEnv struct {
-	f      *fairness
-	apiURL string
-	tokens map[string]string
-	hc     *http.Client
-	plog   *providerLog
-	sim    *llmsim.Server
-	log    logf
+	f         *fairness
+	send      sendFunc
+	plog      *providerLog
+	sim       *llmsim.Server
+	log       logf
+	submitted atomic.Int64
 }
 
-// submit posts job i of tenant at prio and returns when it was submitted.
+// sendFunc submits job i of tenant at prio, whose provider request is body, to the system.
+type sendFunc func(ctx context.Context, tenantName, prio string, i int, body []byte) error
+
+// fairSystem is a system the scenarios run on: start brings it up for tenants of the given
+// weights against the simulator at simURL and returns how to submit to it and how to stop it.
+type fairSystem struct {
+	name  string
+	start func(ctx context.Context, log logf, simURL string, weights map[string]int) (sendFunc, func(), error)
+}
+
+// fairBody is the provider request of job i of tenant at prio, tagged for the provider's log.
+func fairBody(tenantName, prio string, i int) []byte {
+	return fmt.Appendf(nil, `{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"fair %s %s %d"}]}`,
+		tenantName, prio, i)
+}
+
+// submit submits job i of tenant at prio and returns when it was submitted.
 func (e *fairEnv) submit(ctx context.Context, tenantName, prio string, i int) (time.Time, error) {
-	body := fmt.Sprintf(`{"priority":%q,"max_attempts":20,"request":{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"fair %s %s %d"}]}}`,
-		prio, tenantName, prio, i)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.apiURL+"/v1/jobs", bytes.NewReader([]byte(body)))
-	if err != nil {
-		return time.Time{}, err
-	}
-	req.Header.Set("Authorization", "Bearer "+e.tokens[tenantName])
 	at := time.Now()
-	resp, err := e.hc.Do(req)
-	if err != nil {
+	if err := e.send(ctx, tenantName, prio, i, fairBody(tenantName, prio, i)); err != nil {
 		return at, err
+	}
+	e.submitted.Add(1)
+	return at, nil
+}
+
+// llmqSystem is the whole system: a fresh deployment, its api and -workers worker processes,
+// the tenants created with their weights, jobs submitted over HTTP with their priority.
+func (f *fairness) llmqSystem() fairSystem {
+	return fairSystem{name: "llmq", start: func(ctx context.Context, log logf, simURL string, weights map[string]int) (sendFunc, func(), error) {
+		d, err := deploy(ctx, deployOpts{adminURL: f.s.dbURL, redisURL: f.s.redisURL, simURL: simURL,
+			setup: llmqSetup{limits: &config.Limits{RequestsPerSecond: f.s.rate, Burst: int(f.s.capacity)}}})
+		if err != nil {
+			return nil, nil, err
+		}
+		st, err := startStack(ctx, d.stack(f.s.bin, f.s.redisURL), f.s.workers)
+		if err != nil {
+			d.close(f.s.keepLogs, log)
+			return nil, nil, err
+		}
+		stop := func() {
+			st.stop()
+			d.close(f.s.keepLogs, log)
+		}
+		log("api and %d workers ready", f.s.workers)
+		tokens, err := createTenants(ctx, d.dbURL, weights)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = 64
+		hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+		send := func(ctx context.Context, tenantName, prio string, _ int, body []byte) error {
+			return postTenantJob(ctx, hc, st.apiURL, tokens[tenantName], prio, body)
+		}
+		return send, func() { hc.CloseIdleConnections(); stop() }, nil
+	}}
+}
+
+// postTenantJob posts one job with its priority and provider request as the tenant of token;
+// anything but a 202 is an error.
+func postTenantJob(ctx context.Context, hc *http.Client, apiURL, token, prio string, request []byte) error {
+	body := fmt.Appendf(nil, `{"priority":%q,"max_attempts":20,"request":%s}`, prio, request)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/jobs", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusAccepted {
-		return at, fmt.Errorf("submit: %d %s", resp.StatusCode, b)
+		return fmt.Errorf("submit: %d %s", resp.StatusCode, b)
 	}
-	return at, nil
+	return nil
 }
 
 // submitMany posts n jobs of tenant at prio (indices from first), 32 at a time.
@@ -153,19 +216,24 @@ func (e *fairEnv) submitMany(ctx context.Context, tenantName, prio string, first
 	return out, firstErr
 }
 
-// scenario runs one scenario on a fresh deployment with tenants A and B of the given weights.
-func (f *fairness) scenario(ctx context.Context, log logf, name string, wA, wB int,
+// scenario runs one scenario on a fresh system with tenants A and B of the given weights.
+func (f *fairness) scenario(ctx context.Context, log logf, sys fairSystem, name string, wA, wB int,
 	drive func(context.Context, *fairEnv) (fairRow, error)) fairRow {
-	row, err := f.runScenario(ctx, log, name, wA, wB, drive)
+	log = prefixed(log, name+", "+sys.name+": ")
+	row, err := f.runScenario(ctx, log, sys, wA, wB, drive)
 	if err != nil {
-		log("%s: error: %v", name, err)
-		return fairRow{name: name, err: err}
+		log("error: %v", err)
+		row = fairRow{err: err}
 	}
-	row.name = name
+	row.name, row.system = name, sys.name
 	return row
 }
 
-func (f *fairness) runScenario(ctx context.Context, log logf, name string, wA, wB int,
+func prefixed(log logf, prefix string) logf {
+	return func(format string, args ...any) { log(prefix+format, args...) }
+}
+
+func (f *fairness) runScenario(ctx context.Context, log logf, sys fairSystem, wA, wB int,
 	drive func(context.Context, *fairEnv) (fairRow, error)) (fairRow, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.s.timeout)
 	defer cancel()
@@ -173,43 +241,42 @@ func (f *fairness) runScenario(ctx context.Context, log logf, name string, wA, w
 	plog := &providerLog{next: sim}
 	srv := httptest.NewServer(plog)
 	defer srv.Close()
-	d, err := deploy(ctx, deployOpts{adminURL: f.s.dbURL, redisURL: f.s.redisURL, simURL: srv.URL,
-		setup: llmqSetup{limits: &config.Limits{RequestsPerSecond: f.s.rate, Burst: int(f.s.capacity)}}})
+	send, stop, err := sys.start(ctx, log, srv.URL, map[string]int{"A": wA, "B": wB})
 	if err != nil {
 		return fairRow{}, err
 	}
-	defer func() { d.close(f.s.keepLogs, log) }()
-	st, err := startStack(ctx, d.stack(f.s.bin, f.s.redisURL), f.s.workers)
-	if err != nil {
-		return fairRow{}, err
-	}
-	defer st.stop()
-	log("%s: api and %d workers ready", name, f.s.workers)
-	tokens, err := createTenants(ctx, d.dbURL, map[string]int{"A": wA, "B": wB})
-	if err != nil {
-		return fairRow{}, err
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = 64
-	e := &fairEnv{f: f, apiURL: st.apiURL, tokens: tokens, hc: &http.Client{Transport: tr, Timeout: 30 * time.Second},
-		plog: plog, sim: sim, log: log}
-	defer e.hc.CloseIdleConnections()
+	defer stop()
+	e := &fairEnv{f: f, send: send, plog: plog, sim: sim, log: log}
 	row, err := drive(ctx, e)
 	if err != nil {
 		return fairRow{}, err
 	}
 	row.n429 = sim.Stats().ByStatus[http.StatusTooManyRequests]
-	if row.n429 > 0 {
-		all := sortedByTime(plog.snapshot())
-		for k, a := range all {
-			if a.status == http.StatusTooManyRequests {
-				log("%s: 429 at %s (request %d of %d, %s %s)", name, seconds(a.at.Sub(all[0].at)), k, len(all), a.tenant, a.prio)
-				row.at429 = append(row.at429, seconds(a.at.Sub(all[0].at)))
-			}
+	all := sortedByTime(plog.snapshot())
+	jobs := int(e.submitted.Load())
+	unserved := jobs - len(distinct(served(all)))
+	for k, a := range all {
+		if a.status == http.StatusTooManyRequests && len(row.at429) < 5 {
+			row.at429 = append(row.at429, seconds(a.at.Sub(all[0].at)))
+			log("429 at %s (request %d of %d, %s %s)", seconds(a.at.Sub(all[0].at)), k, len(all), a.tenant, a.prio)
 		}
 	}
-	log("%s: done (%d provider requests, %d 429s)", name, sim.Stats().Requests, row.n429)
+	log("done (%d provider requests, %d 429s; %d of %d jobs not answered 2xx when it ended)", sim.Stats().Requests, row.n429, unserved, jobs)
 	return row, nil
+}
+
+// served is the arrivals the provider answered 2xx: the requests that used the limit.
+func served(log []arrival) []arrival {
+	return slices.DeleteFunc(slices.Clone(log), func(a arrival) bool { return a.status/100 != 2 })
+}
+
+// distinct is the set of jobs (tenant, priority, index) among the arrivals.
+func distinct(log []arrival) map[arrival]bool {
+	out := map[arrival]bool{}
+	for _, a := range log {
+		out[arrival{tenant: a.tenant, prio: a.prio, i: a.i}] = true
+	}
+	return out
 }
 
 // createTenants creates the tenants with their weights (once the processes have migrated the
@@ -230,20 +297,6 @@ func createTenants(ctx context.Context, dbURL string, weights map[string]int) (m
 		tokens[name] = tok
 	}
 	return tokens, nil
-}
-
-// waitArrivals waits until the provider has seen n tagged requests, or ctx ends.
-func (e *fairEnv) waitArrivals(ctx context.Context, n int) []arrival {
-	for {
-		a := e.plog.snapshot()
-		if len(a) >= n || ctx.Err() != nil {
-			return a
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // shares returns the min and max, over windows of w from from to to, of the share of requests

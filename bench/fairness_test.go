@@ -32,3 +32,22 @@ func TestFairness_Shares(t *testing.T) {
 	require.InDelta(t, 10.0, busyRate(log, t0.Add(time.Hour)), 1e-9)
 	require.InDelta(t, 10.0, busyRate(log, t0.Add(2*time.Second)), 1e-9)
 }
+
+// TestFairness_FirstWaits: each job's wait is to its first served request; a job never served
+// waits until now (a lower bound) and is counted missing.
+func TestFairness_FirstWaits(t *testing.T) {
+	t.Parallel()
+	t0 := time.Now().Add(-time.Minute)
+	log := []arrival{
+		{at: t0.Add(2 * time.Second), tenant: "B", i: 0},
+		{at: t0.Add(3 * time.Second), tenant: "A", i: 1}, // another tenant's job 1
+		{at: t0.Add(4 * time.Second), tenant: "B", i: 0}, // a duplicate
+	}
+	waits, missing := firstWaits(log, 2, func(a arrival) bool { return a.tenant == "B" }, func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) })
+	require.Equal(t, 1, missing)
+	require.Equal(t, 2*time.Second, waits[0])
+	require.GreaterOrEqual(t, waits[1], 59*time.Second)
+	require.Equal(t, "≥ 2.00 s", waitText(2*time.Second, missing))
+	require.Equal(t, "A -", shareText("A", 1, 0, 2))
+	require.Equal(t, 1, len(served([]arrival{{status: 200}, {status: 429}})))
+}

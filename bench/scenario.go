@@ -54,7 +54,7 @@ func scenarios() []entry {
 			new: func() scenario { return &batchBench{} }},
 		{name: "stream", about: "time to the first delta of streaming answers: the simulator directly, and through llmq",
 			new: func() scenario { return &streamBench{} }},
-		{name: "fairness", about: "two tenants and three priorities sharing one credential: waits, shares per window, 429s",
+		{name: "fairness", about: "two tenants and three priorities sharing one credential, llmq beside asynq 6:3:1: waits, shares, 429s",
 			new: func() scenario { return &fairness{} }},
 	}
 }

@@ -87,8 +87,11 @@ func (r callResult) retryable() bool {
 }
 
 // call sends request i once.
-func (c *simClient) call(ctx context.Context, i int) callResult {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url+"/v1/messages", bytes.NewReader(messagesBody(i)))
+func (c *simClient) call(ctx context.Context, i int) callResult { return c.send(ctx, messagesBody(i)) }
+
+// send sends the Messages request body once.
+func (c *simClient) send(ctx context.Context, body []byte) callResult {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url+"/v1/messages", bytes.NewReader(body))
 	if err != nil {
 		return callResult{err: fmt.Errorf("build request: %w", err)}
 	}
