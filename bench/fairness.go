@@ -21,7 +21,7 @@ import (
 	"github.com/llmq/llmq/internal/tenant"
 )
 
-// fairness is `bench fairness`: issue 19's scenarios against the simulator, through the whole
+// fairness is `bench fairness`: the fairness scenarios against the simulator, through the whole
 // system (the api and -workers worker processes sharing one credential), judged on the
 // provider's log (which request of which tenant arrived when); each scenario also runs on plain
 // asynq with three weighted queues, what a Go team would build instead.

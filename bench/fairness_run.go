@@ -12,7 +12,7 @@ import (
 // fairWindow is the window the shares are judged in.
 const fairWindow = 10 * time.Second
 
-// fairScenario is one of issue 19's scenarios: tenants A and B of weights wA and wB, and what
+// fairScenario is one of the fairness scenarios: tenants A and B of weights wA and wB, and what
 // they submit and how it is judged.
 type fairScenario struct {
 	name   string
@@ -299,7 +299,7 @@ func (f *fairness) report() report {
 			"them were not served by the cap, their wait counted until then. cut off: of the jobs a scenario waits for (1: B's; " +
 			"2: all of one tenant's; 3: the 20 high; 4: the high), those not served when the cap ended it. Shares and req/s count the served requests; 429s are " +
 			"the provider's. Scenario 4's minimum share is judged per 10 s, not per minute, to keep the run short. Targets are " +
-			"issue 19's, for llmq; the asynq rows are judged the same way for comparison; every target also needs 0 429s and every job served.",
+			"the fairness targets, for llmq; the asynq rows are judged the same way for comparison; every target also needs 0 429s and every job served.",
 		"429s, from the first provider request (the first 5 of each row): " + cmp.Or(strings.Join(at429, "; "), "none") + ".",
 		"Not measured: the 100,000-job backlog (behaviour 6). Timed on a shared, loaded 2-core machine: indicative only.",
 	}

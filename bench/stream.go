@@ -225,7 +225,7 @@ func (b *streamBench) report() report {
 			fmt.Sprintf("%d streaming calls each, %d at once, %d workers, 1 API; the simulator streams %d tokens at %g tokens/s; %d delta events read through llmq (pieces merged while a write is in flight).",
 				b.s.n, b.concurrency, b.s.workers, b.tokens, b.tps, b.deltas),
 			"Submit → first delta includes the submit, the queue's pick-up, the limiter and the attempt's start in Postgres. Running event → first delta, both seen by the client, is the provider's time to first delta plus the delta's path (worker → Redis → API → client), less the running event's own path (Postgres NOTIFY → API).",
-			"The issue's target (first delta through llmq − the provider's time to first byte ≤ 5 ms p50, ≤ 20 ms p99, 200 jobs at once over 2 API replicas) is not met by submit → first delta, which is dominated by the queue's pick-up; the delta's own path is not isolated here (the running event and the first delta mostly reach the client in one read). One API: its default cap of 100 streams per tenant keeps -c at or below 100.",
+			"The stream target (first delta through llmq − the provider's time to first byte ≤ 5 ms p50, ≤ 20 ms p99, 200 jobs at once over 2 API replicas) is not met by submit → first delta, which is dominated by the queue's pick-up; the delta's own path is not isolated here (the running event and the first delta mostly reach the client in one read). One API: its default cap of 100 streams per tenant keeps -c at or below 100.",
 			"Timed on a shared, loaded 2-core machine: indicative only.",
 		},
 	}

@@ -28,7 +28,7 @@ func sortTimes(ts []time.Time) []time.Time {
 	return ts
 }
 
-// fairLimit is the credential: 10 requests/s, burst 20.
+// fairLimit is the benchmark's credential: 10 requests/s, burst 20.
 var fairLimit = limiter.Limit{Rate: 10, Burst: 20}
 
 // simAttempt is one waiting attempt.
