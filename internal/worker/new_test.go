@@ -22,7 +22,12 @@ database_url: %s
 redis_url: %s
 credentials:
   - { name: default, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
-`, pgtest.URL(t), redistest.URL()), func(string) string { return "sk-test" })
+`, pgtest.URL(t), redistest.URL()), func(k string) string {
+		if k == "K" {
+			return "sk-test"
+		}
+		return ""
+	})
 	require.NoError(t, err)
 	cfg.Credentials[0].Provider = "gemini" // past the config's own validation
 	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
