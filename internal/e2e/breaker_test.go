@@ -45,21 +45,19 @@ func TestBreaker_OneProbeAcrossWorkersThenRecovery(t *testing.T) {
 		answered := func() int { st := b.sim.Stats(); return st.Requests - st.ByStatus[llmsim.StatusClientClosed] }
 		before := answered()
 		require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 1 }, 20*time.Second, 10*time.Millisecond)
-		var probe string
+		// Each job is refused while the probe is out, or is active: the probe itself, or (under
+		// load) a job held inline on the breaker (executor.MaxInlineWait), whose last error may
+		// still be an earlier refusal. That nothing but the probe reached the provider is what the
+		// simulator's counts below check.
 		for _, id := range ids {
 			require.Eventually(t, func() bool {
 				info, err := insp.GetTaskInfo(b.cfg.Worker.Queue, id)
 				if err != nil {
 					return false
 				}
-				if info.State == asynq.TaskStateActive && probe == "" {
-					probe = id
-					return true
-				}
-				return strings.Contains(info.LastErr, "circuit half_open")
+				return info.State == asynq.TaskStateActive || strings.Contains(info.LastErr, "circuit half_open")
 			}, 20*time.Second, 10*time.Millisecond, "job %s was never refused during the probe", id)
 		}
-		require.NotEmpty(t, probe)
 		st := b.sim.Stats()
 		require.LessOrEqual(t, st.InFlight, 1, "one probe at a time, no other request")
 		require.Equal(t, before, answered(), "only hung probes reached the provider")
