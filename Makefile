@@ -20,7 +20,7 @@ test:
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 ## bench: every table of docs/benchmarks.md measured again and written there (BENCHES=herd for one)
-BENCHES ?= herd outage tokens chaos throughput rate backlog retention batch stream
+BENCHES ?= herd outage tokens chaos throughput rate backlog retention batch stream fairness
 bench: build
 	scripts/services.sh
 	cd bench && for b in $(BENCHES); do $(GO) run . $$b -write ../docs/benchmarks.md || exit 1; done
