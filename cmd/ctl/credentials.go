@@ -10,6 +10,7 @@ import (
 
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/credstate"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/limiter"
 )
@@ -29,58 +30,21 @@ func (a *app) credentialsCommand() *cli.Command {
 				}
 				defer closeFn()
 				type row struct {
-					Name        string     `json:"name"`
-					Provider    string     `json:"provider"`
-					Source      string     `json:"limit_source"`
-					RatePerSec  float64    `json:"requests_per_second"`
-					Burst       int        `json:"burst"`
-					Paused      bool       `json:"paused"`
-					PausedSince *time.Time `json:"paused_since,omitempty"`
-					PauseReason string     `json:"pause_reason,omitempty"`
-					FirstJobID  string     `json:"pause_first_job_id,omitempty"`
-					PushedBack  *time.Time `json:"pushed_back_until,omitempty"`
-					PushReason  string     `json:"push_back_reason,omitempty"`
-					Breaker     string     `json:"breaker"`
-					BreakerTill *time.Time `json:"breaker_until,omitempty"`
+					Name     string `json:"name"`
+					Provider string `json:"provider"`
+					credstate.State
 				}
 				var rows []row
 				for _, cr := range cfg.Credentials {
-					lc := lim.Gate(cr.LimiterID(), cr.Name)
-					l, src, err := lc.Current(c.Context)
+					var configured limiter.Limit
+					if cr.Limits != nil {
+						configured = limiter.Limit{Rate: cr.Limits.RequestsPerSecond, Burst: cr.Limits.Burst}
+					}
+					st, err := credstate.Read(c.Context, lim.Gate(cr.LimiterID(), cr.Name), brk.Circuit(cr.LimiterID(), cr.Name), configured)
 					if err != nil {
 						return err
 					}
-					if cr.Limits != nil && src == limiter.SourceUnknown {
-						// No worker has reserved yet; the configured limit is what will apply.
-						l, src = limiter.Limit{Rate: cr.Limits.RequestsPerSecond, Burst: cr.Limits.Burst}, limiter.SourceConfigured
-					}
-					ps, err := lc.Paused(c.Context)
-					if err != nil {
-						return err
-					}
-					pb, err := lc.PushBack(c.Context)
-					if err != nil {
-						return err
-					}
-					bs, err := brk.Circuit(cr.LimiterID(), cr.Name).Status(c.Context)
-					if err != nil {
-						return err
-					}
-					r := row{Name: cr.Name, Provider: cr.Provider, Source: string(src), RatePerSec: l.Rate, Burst: l.Burst,
-						Paused: ps.Paused, Breaker: string(bs.State)}
-					if bs.State != breaker.Closed && !bs.Until.IsZero() {
-						until := bs.Until
-						r.BreakerTill = &until
-					}
-					if ps.Paused {
-						since := ps.Since
-						r.PausedSince, r.PauseReason, r.FirstJobID = &since, ps.Reason, ps.FirstJobID
-					}
-					if pb.Active() {
-						until := pb.Until.UTC()
-						r.PushedBack, r.PushReason = &until, pb.Reason()
-					}
-					rows = append(rows, r)
+					rows = append(rows, row{Name: cr.Name, Provider: cr.Provider, State: st})
 				}
 				if c.Bool("json") {
 					return writeJSON(a.out, rows)
@@ -104,7 +68,7 @@ func (a *app) credentialsCommand() *cli.Command {
 					if r.BreakerTill != nil {
 						brkState += " until " + r.BreakerTill.Format(time.RFC3339)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Provider, limit, r.Source, paused, pushed, brkState)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Provider, limit, r.LimitSource, paused, pushed, brkState)
 				}
 				return tw.Flush()
 			},

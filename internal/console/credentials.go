@@ -4,36 +4,26 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/audit"
-	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/credstate"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/redisscript"
 )
 
-// CredentialState is one row of the credentials page: `ctl credentials list`'s figures.
+// CredentialState is one row of the credentials page: `ctl credentials list`'s figures, and the
+// token limits in force.
 type CredentialState struct {
 	Name     string `json:"name"`
 	Provider string `json:"provider"`
 	// Known is false until a worker published the credential's Redis tag: its shared state
 	// cannot be found without (the API has no provider keys). The other fields are then empty.
 	Known       bool       `json:"known"`
-	LimitSource string     `json:"limit_source,omitempty"`
-	RatePerSec  float64    `json:"requests_per_second"`
-	Burst       int        `json:"burst"`
 	TokenLimits []tokenRow `json:"token_limits"`
-	Paused      bool       `json:"paused"`
-	PausedSince *time.Time `json:"paused_since,omitempty"`
-	PauseReason string     `json:"pause_reason,omitempty"`
-	FirstJobID  string     `json:"pause_first_job_id,omitempty"`
-	PushedBack  *time.Time `json:"pushed_back_until,omitempty"`
-	PushReason  string     `json:"push_back_reason,omitempty"`
-	Breaker     string     `json:"breaker,omitempty"`
-	BreakerTill *time.Time `json:"breaker_until,omitempty"`
+	credstate.State
 }
 
 // tokenRow is one token bucket in force.
@@ -63,15 +53,10 @@ func (h *Handler) credentialState(ctx context.Context, c Credential) (Credential
 	}
 	st.Known = true
 	gate := h.limiter.GateByTag(tag, c.Name)
-	l, src, err := gate.Current(ctx)
-	if err != nil {
+	if st.State, err = credstate.Read(ctx, gate, h.breaker.CircuitByTag(tag, c.Name),
+		limiter.Limit{Rate: c.RequestsPerSecond, Burst: c.Burst}); err != nil {
 		return st, err
 	}
-	if (c.RequestsPerSecond > 0 || c.Burst > 0) && src == limiter.SourceUnknown {
-		// What the next reservation will apply.
-		l, src = limiter.Limit{Rate: c.RequestsPerSecond, Burst: c.Burst}, limiter.SourceConfigured
-	}
-	st.LimitSource, st.RatePerSec, st.Burst = string(src), l.Rate, l.Burst
 	tb, err := gate.CurrentTokenBuckets(ctx)
 	if err != nil {
 		return st, err
@@ -83,31 +68,6 @@ func (h *Handler) credentialState(ctx context.Context, c Credential) (Credential
 		if b.b.PerMinute > 0 {
 			st.TokenLimits = append(st.TokenLimits, tokenRow{Bucket: b.name, PerMinute: b.b.PerMinute, Source: string(b.b.Source)})
 		}
-	}
-	ps, err := gate.Paused(ctx)
-	if err != nil {
-		return st, err
-	}
-	if ps.Paused {
-		since := ps.Since
-		st.Paused, st.PausedSince, st.PauseReason, st.FirstJobID = true, &since, ps.Reason, ps.FirstJobID
-	}
-	pb, err := gate.PushBack(ctx)
-	if err != nil {
-		return st, err
-	}
-	if pb.Active() {
-		until := pb.Until.UTC()
-		st.PushedBack, st.PushReason = &until, pb.Reason()
-	}
-	bs, err := h.breaker.CircuitByTag(tag, c.Name).Status(ctx)
-	if err != nil {
-		return st, err
-	}
-	st.Breaker = string(bs.State)
-	if bs.State != breaker.Closed && !bs.Until.IsZero() {
-		until := bs.Until
-		st.BreakerTill = &until
 	}
 	return st, nil
 }
