@@ -5,6 +5,8 @@
 # was installed from another package.json or lock file. Then, with arguments, it runs
 # `node ARGS` in test/browser. Concurrent runs take turns on a lock.
 set -euo pipefail
+# shellcheck source=scripts/npm-ci.sh
+source "$(dirname "$0")/npm-ci.sh"
 cd "$(dirname "$0")/../test/browser"
 
 for tool in node npm flock sha256sum; do
@@ -20,13 +22,7 @@ if [[ ! -x /usr/bin/chromium ]]; then
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium >&2
 fi
-want=$(cat package.json package-lock.json | sha256sum | cut -d' ' -f1)
-have=$(cat node_modules/.installed-from 2>/dev/null || true)
-if [[ "$want" != "$have" ]]; then
-  echo "scripts/browser.sh: npm ci in test/browser" >&2
-  npm ci --no-audit --no-fund --loglevel=error >&2
-  echo "$want" > node_modules/.installed-from
-fi
+npm_ci_if_stale scripts/browser.sh
 flock -u 9
 
 if [[ $# -gt 0 ]]; then

@@ -7,6 +7,8 @@
 # Concurrent runs (test packages in parallel) take turns on a lock; an up-to-date install costs a
 # hash of two files.
 set -euo pipefail
+# shellcheck source=scripts/npm-ci.sh
+source "$(dirname "$0")/npm-ci.sh"
 cd "$(dirname "$0")/../test/js"
 
 for tool in node npm flock sha256sum; do
@@ -15,13 +17,7 @@ done
 
 exec 9>.install.lock
 flock 9
-want=$(cat package.json package-lock.json | sha256sum | cut -d' ' -f1)
-have=$(cat node_modules/.installed-from 2>/dev/null || true)
-if [[ "$want" != "$have" ]]; then
-  echo "scripts/js.sh: npm ci in test/js" >&2
-  npm ci --no-audit --no-fund --loglevel=error >&2
-  echo "$want" > node_modules/.installed-from
-fi
+npm_ci_if_stale scripts/js.sh
 flock -u 9
 
 if [[ $# -gt 0 ]]; then
