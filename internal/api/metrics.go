@@ -1,6 +1,8 @@
 package api
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -15,8 +17,9 @@ type Metrics struct {
 	finished *prometheus.CounterVec
 }
 
-// NewMetrics registers the metrics on reg. It panics if they are registered there already (a
-// wiring bug).
+// NewMetrics registers the metrics on reg. llmq_jobs_finished_total may be there already, from
+// the worker of the same process (llmq serve): the API then counts its cancels in that one. It
+// panics if another metric is registered there already (a wiring bug).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		submits: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -28,7 +31,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmq_jobs_finished_total", Help: "Jobs that reached a terminal status (canceled: counted by the API that canceled them).",
 		}, []string{"credential", "status"}),
 	}
-	reg.MustRegister(m.submits, m.finished)
+	reg.MustRegister(m.submits)
+	if err := reg.Register(m.finished); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(err)
+		}
+		m.finished = are.ExistingCollector.(*prometheus.CounterVec)
+	}
 	return m
 }
 

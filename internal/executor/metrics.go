@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,8 +46,9 @@ const (
 // count the jobs they end, the API the jobs it cancels.
 const FinishedHelp = "Jobs that reached a terminal status (canceled: counted by the API that canceled them)."
 
-// NewMetrics registers the metrics on reg. It panics if they are registered there already (a
-// wiring bug).
+// NewMetrics registers the metrics on reg. llmq_jobs_finished_total may be there already, from
+// the API of the same process (llmq serve): the worker then counts in that one. It panics if
+// another metric is registered there already (a wiring bug).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -74,7 +76,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}, []string{"stage"}),
 	}
-	reg.MustRegister(m.attempts, m.attemptLatency, m.outcomes, m.deadLetters, m.submitToResult, m.stages)
+	reg.MustRegister(m.attempts, m.attemptLatency, m.deadLetters, m.submitToResult, m.stages)
+	if err := reg.Register(m.outcomes); err != nil {
+		// The API of the same process (llmq serve) registered it first: count in that one.
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			panic(err)
+		}
+		m.outcomes = are.ExistingCollector.(*prometheus.CounterVec)
+	}
 	return m
 }
 

@@ -1,0 +1,61 @@
+// Command llmq is llmq's server in one binary. `llmq serve` runs the API and a worker in one
+// process: a small deployment needs nothing else. `llmq api` and `llmq worker` run them apart
+// (the same as the api and worker commands), to scale each out; all of them share one database
+// and one Redis. Operators use the ctl command.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/llmq/llmq/internal/process"
+)
+
+const usage = `usage: llmq <command> [flags]
+
+commands:
+  serve   the API and a worker in one process (--config, --listen)
+  api     the API alone (--config, --listen)
+  worker  a worker alone (--config, --metrics-listen)
+
+Run "llmq <command> -h" for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], process.Options{}); err != nil {
+		fmt.Fprintln(os.Stderr, "llmq:", err)
+		os.Exit(1)
+	}
+}
+
+// run runs the command args name.
+func run(ctx context.Context, args []string, o process.Options) error {
+	var stderr io.Writer = os.Stderr
+	if o.Stderr != nil {
+		stderr = o.Stderr
+	}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given (want serve, api or worker)")
+	}
+	switch args[0] {
+	case "serve":
+		return process.Serve(ctx, args[1:], o)
+	case "api":
+		return process.API(ctx, args[1:], o)
+	case "worker":
+		return process.Worker(ctx, args[1:], o)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stderr, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q (want serve, api or worker)", args[0])
+}

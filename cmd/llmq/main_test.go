@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/process"
+)
+
+// TestRun_Commands: a missing or unknown command is an error naming the commands, with the
+// usage printed; help prints the usage; a known command gets its flags.
+func TestRun_Commands(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{nil, "no command given (want serve, api or worker)"},
+		{[]string{"serv"}, `unknown command "serv" (want serve, api or worker)`},
+		{[]string{"help"}, ""},
+	} {
+		var stderr bytes.Buffer
+		err := run(ctx, tc.args, process.Options{Stderr: &stderr})
+		if tc.wantErr == "" {
+			require.NoError(t, err, tc.args)
+		} else {
+			require.EqualError(t, err, tc.wantErr, tc.args)
+		}
+		require.Contains(t, stderr.String(), "serve   the API and a worker in one process", tc.args)
+	}
+	// Each command parses its own flags: an unknown one is refused before anything opens.
+	for _, cmd := range []string{"serve", "api", "worker"} {
+		var stderr bytes.Buffer
+		err := run(ctx, []string{cmd, "--no-such-flag"}, process.Options{Stderr: &stderr})
+		require.ErrorContains(t, err, "flag provided but not defined: -no-such-flag", cmd)
+	}
+}

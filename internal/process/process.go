@@ -1,0 +1,126 @@
+// Package process runs llmq's long-lived processes from their command-line arguments: the API
+// (API), a worker (Worker), or both in one process (Serve). cmd/api, cmd/worker and cmd/llmq are
+// its thin mains, so that the three share one way to load the config, open the stores, expose
+// metrics and shut down.
+//
+// Serve is for a small deployment: one process holds the API and a worker, shares one Postgres
+// pool and one metrics registry, and needs no second process to run. The separate processes
+// remain for scaling the API and the workers apart; any mix of them may share one database and
+// one Redis, since every hand-off between them goes through the stores.
+package process
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/httpserve"
+	"github.com/llmq/llmq/migrations"
+)
+
+// Options are what a process takes besides its command-line arguments.
+type Options struct {
+	// Stderr receives the logs (JSON lines) and flag errors. Default os.Stderr.
+	Stderr io.Writer
+	// Ready, when set, receives the API's bound address once it listens (API and Serve).
+	Ready func(addr string)
+	// Getenv reads the environment: the config file's path (LLMQ_CONFIG) and overrides, and
+	// the provider keys the config names. Default os.Getenv.
+	Getenv func(string) string
+}
+
+func (o Options) withDefaults() Options {
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	return o
+}
+
+// shutdownTimeout bounds how long a stopping process waits for its HTTP server's requests.
+const shutdownTimeout = 10 * time.Second
+
+// flags is a process's flag set with the flags every process has.
+type flags struct {
+	*flag.FlagSet
+	configPath *string
+}
+
+func newFlags(name string, o Options) flags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(o.Stderr)
+	return flags{FlagSet: fs, configPath: fs.String("config", o.Getenv(config.EnvConfig), "config file (env "+config.EnvConfig+")")}
+}
+
+// newLogger is the process's JSON logger, its lines tagged with the process kind.
+func newLogger(o Options, kind string) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(o.Stderr, nil)).With("process", kind, "pid", os.Getpid())
+}
+
+// openPool opens the config's database, waiting for Postgres to come up, and migrates it.
+func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pgxpool.Pool, error) {
+	return migrations.OpenWait(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
+		logger.Warn("postgres not reachable yet; trying again", "error", err, "retry_in", wait.String())
+	})
+}
+
+// newRegistry is a metrics registry holding the Go runtime's and the process's collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// server is an HTTP server bound to its listener, with llmq's timeouts (httpserve).
+type server struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// listen binds addr and builds the server for handler with the api section's timeouts. With
+// capped, the listener also holds the api section's connection cap.
+func listen(addr string, handler http.Handler, cfg *config.Config, reg *prometheus.Registry, logger *slog.Logger, capped bool) (*server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	if capped {
+		// Hostile clients: a cap on open connections that answers 503 beyond it.
+		ln = httpserve.LimitListener(ln, cfg.API.MaxConnections, httpserve.NewMetrics(reg))
+	}
+	serverCfg := httpserve.FromConfig(cfg.API) // the api section's timeouts apply to every server
+	serverCfg.ErrorLog = logger
+	return &server{srv: httpserve.NewServer(handler, serverCfg), ln: ln}, nil
+}
+
+// serve serves until ctx ends or the server fails, then shuts the server down gracefully
+// (within shutdownTimeout).
+func (s *server) serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := s.srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shut the HTTP server down: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,163 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// API runs the HTTP API (submit, poll, events, console) until ctx ends, then stops taking
+// requests and ends open event streams. It never reads a provider key. Flags: --config,
+// --listen (overrides api.listen).
+func API(ctx context.Context, args []string, o Options) error {
+	o = o.withDefaults()
+	fs := newFlags("api", o)
+	listenAddr := fs.String("listen", "", "override api.listen")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.LoadWithoutSecrets(*fs.configPath, o.Getenv) // the API never calls a provider
+	if err != nil {
+		return err
+	}
+	if *listenAddr != "" {
+		cfg.API.Listen = *listenAddr
+	}
+	logger := newLogger(o, "api")
+	pool, err := openPool(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := newRegistry()
+	handler, closeAPI, err := api.FromConfig(cfg, pool, reg, logger)
+	if err != nil {
+		return err
+	}
+	defer closeAPI()
+	return serveAPI(ctx, cfg, handler, reg, logger, o)
+}
+
+// Worker runs a worker (asynq server, executor, sweeper, maintenance) until ctx ends, then
+// hands back the tasks it has not finished. Flags: --config, --metrics-listen (overrides
+// worker.metrics_listen; "off" serves no metrics).
+func Worker(ctx context.Context, args []string, o Options) error {
+	o = o.withDefaults()
+	fs := newFlags("worker", o)
+	metricsListen := fs.String("metrics-listen", "", "override worker.metrics_listen (\"off\" disables)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*fs.configPath, o.Getenv)
+	if err != nil {
+		return err
+	}
+	if *metricsListen != "" {
+		cfg.Worker.MetricsListen = *metricsListen
+	}
+	logger := newLogger(o, "worker")
+	pool, err := openPool(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := newRegistry()
+	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	if cfg.Worker.MetricsListen != "off" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		srv, err := listen(cfg.Worker.MetricsListen, mux, cfg, reg, logger, false)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		metricsDone := make(chan error, 1)
+		mctx, stopMetrics := context.WithCancel(ctx)
+		go func() { metricsDone <- srv.serve(mctx) }()
+		defer func() {
+			stopMetrics()
+			if err := <-metricsDone; err != nil {
+				logger.Error("metrics server", "error", err)
+			}
+		}()
+	}
+	logger.Info("worker started", "queue", cfg.Worker.Queue, "concurrency", cfg.Worker.Concurrency)
+	return w.Run(ctx)
+}
+
+// Serve runs the API and a worker in one process until ctx ends: one config (the worker's, with
+// the provider keys), one Postgres pool, one metrics registry served on the API's /metrics. A
+// job still goes through Postgres and asynq as with separate processes, so serve processes,
+// APIs and workers mix freely on one database and Redis. When either half fails, both stop.
+// Flags: --config, --listen (overrides api.listen).
+func Serve(ctx context.Context, args []string, o Options) error {
+	o = o.withDefaults()
+	fs := newFlags("serve", o)
+	listenAddr := fs.String("listen", "", "override api.listen")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*fs.configPath, o.Getenv)
+	if err != nil {
+		return err
+	}
+	if *listenAddr != "" {
+		cfg.API.Listen = *listenAddr
+	}
+	logger := newLogger(o, "serve")
+	pool, err := openPool(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := newRegistry()
+	handler, closeAPI, err := api.FromConfig(cfg, pool, reg, logger)
+	if err != nil {
+		return err
+	}
+	defer closeAPI()
+	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	workerDone := make(chan error, 1)
+	go func() {
+		workerDone <- w.Run(ctx)
+		stop() // a worker that ended early takes the API down with it
+	}()
+	logger.Info("worker started", "queue", cfg.Worker.Queue, "concurrency", cfg.Worker.Concurrency)
+	err = serveAPI(ctx, cfg, handler, reg, logger, o)
+	stop()
+	return errors.Join(err, <-workerDone)
+}
+
+// serveAPI serves handler on api.listen, behind the connection cap, until ctx ends.
+func serveAPI(ctx context.Context, cfg *config.Config, handler *api.Server, reg *prometheus.Registry, logger *slog.Logger, o Options) error {
+	if cfg.API.AllowAnonymous {
+		logger.Warn("api.allow_anonymous is on: unauthenticated requests act as tenant \"default\" (development only)")
+	}
+	srv, err := listen(cfg.API.Listen, handler, cfg, reg, logger, true)
+	if err != nil {
+		return err
+	}
+	// Open event streams end at shutdown instead of holding it for its whole timeout.
+	srv.srv.RegisterOnShutdown(handler.Shutdown)
+	logger.Info("api listening", "addr", srv.ln.Addr().String())
+	if o.Ready != nil {
+		o.Ready(srv.ln.Addr().String())
+	}
+	return srv.serve(ctx)
+}

@@ -1,0 +1,177 @@
+package process_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/process"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgxpool's background health check ends after the test's pool.Close.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+// syncBuffer is a bytes.Buffer safe for the process's loggers and the test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// writeConfig writes a config for a fresh database, a private Redis and the simulator at simURL,
+// and returns its path.
+func writeConfig(t *testing.T, simURL string) string {
+	t.Helper()
+	yaml := fmt.Sprintf(`
+database_url: %s
+redis_url: %s
+api: { listen: "127.0.0.1:0", allow_anonymous: true }
+worker: { concurrency: 10, metrics_listen: "off" }
+credentials:
+  - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY }
+`, pgtest.URL(t), redistest.Server(t), simURL)
+	path := filepath.Join(t.TempDir(), "llmq.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o600))
+	return path
+}
+
+func getenv(k string) string {
+	if k == "SIM_KEY" {
+		return "sk-sim"
+	}
+	return ""
+}
+
+// TestServe_RunsAJobInOneProcess: `llmq serve` takes a submit, runs the job with its own worker
+// and stores the result; its /metrics holds both halves' metrics; it stops when its context ends.
+func TestServe_RunsAJobInOneProcess(t *testing.T) {
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
+	t.Cleanup(sim.Close)
+	cfgPath := writeConfig(t, sim.URL)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	logs := &syncBuffer{}
+	go func() {
+		done <- process.Serve(ctx, []string{"--config", cfgPath}, process.Options{
+			Stderr: logs, Getenv: getenv, Ready: func(addr string) { ready <- addr }})
+	}()
+	stopped := false
+	stop := func() error {
+		cancel()
+		if stopped {
+			return nil
+		}
+		stopped = true
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("serve did not stop within 30s of its context's end")
+		}
+	}
+	// Stopped before the stores go away (cleanups run last in, first out), also on a failure.
+	t.Cleanup(func() { _ = stop() })
+	var base string
+	select {
+	case addr := <-ready:
+		base = "http://" + addr
+	case err := <-done:
+		t.Fatalf("serve ended before listening: %v\n%s", err, logs)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("serve did not listen within 60s\n%s", logs)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second}
+
+	body := `{"request": {"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello"}]}}`
+	resp, err := hc.Post(base+"/v1/jobs", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	var job struct {
+		ID, Status string
+		Result     json.RawMessage
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&job))
+	resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+
+	// The events stream ends with the job: no polling loop.
+	ev, err := hc.Get(base + "/v1/jobs/" + job.ID + "/events")
+	require.NoError(t, err)
+	events, err := io.ReadAll(ev.Body)
+	ev.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(events), "event: succeeded", "the job ends in serve's own worker")
+
+	resp, err = hc.Get(base + "/v1/jobs/" + job.ID)
+	require.NoError(t, err)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&job))
+	resp.Body.Close()
+	require.Equal(t, "succeeded", job.Status)
+	require.Contains(t, string(job.Result), "llmsim reply to: Say hello")
+
+	// The worker counts a job after storing it: read /metrics until its count is there.
+	want := []string{
+		`llmq_jobs_submitted_total{credential="default"} 1`,                   // the API's
+		`llmq_attempts_total{class="ok",credential="default"} 1`,              // the worker's
+		`llmq_jobs_finished_total{credential="default",status="succeeded"} 1`, // both count in it
+	}
+	missing := want
+	for deadline := time.Now().Add(10 * time.Second); len(missing) > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp, err = hc.Get(base + "/metrics")
+		require.NoError(t, err)
+		metrics, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		missing = nil
+		for _, series := range want {
+			if !strings.Contains(string(metrics), series+"\n") {
+				missing = append(missing, series)
+			}
+		}
+	}
+	require.Empty(t, missing, "/metrics lacks these series")
+	require.NoError(t, stop())
+}
+
+// TestServe_BadConfigNamesTheProblem: a config that fails validation stops serve before it
+// opens anything, with the config's own error.
+func TestServe_BadConfigNamesTheProblem(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "llmq.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("database_url: postgres://x\nredis_url: redis://x\nworker: { concurrency: -1 }\n"), 0o600))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := process.Serve(ctx, []string{"--config", path}, process.Options{Stderr: io.Discard, Getenv: getenv})
+	require.ErrorContains(t, err, "concurrency")
+}
