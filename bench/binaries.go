@@ -10,11 +10,11 @@ import (
 	"strings"
 )
 
-// ensureBinaries builds the api and worker into bin when either is missing (or always with
+// ensureBinaries builds the api, worker and llmq (serve) binaries into bin when one is missing (or always with
 // force), and warns when they are older than the sources they are built from.
 func ensureBinaries(ctx context.Context, bin string, force bool, log logf) error {
 	missing := false
-	for _, name := range []string{"api", "worker"} {
+	for _, name := range []string{"api", "worker", "llmq"} {
 		if _, err := os.Stat(filepath.Join(bin, name)); err != nil {
 			missing = true
 		}
@@ -30,7 +30,7 @@ func ensureBinaries(ctx context.Context, bin string, force bool, log logf) error
 	if err != nil {
 		return fmt.Errorf("-bin: %w", err)
 	}
-	args := []string{"build", "-o", out + string(filepath.Separator), "./cmd/api", "./cmd/worker"}
+	args := []string{"build", "-o", out + string(filepath.Separator), "./cmd/api", "./cmd/worker", "./cmd/llmq"}
 	log("building the binaries in %s: go %s", repoRoot, strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = repoRoot

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -65,10 +64,8 @@ func (r *rate) run(ctx context.Context, log logf) error {
 	if err != nil {
 		return err
 	}
-	if slices.Contains(ids, tpLLMQ) {
-		if err := r.o.binaries(ctx, log); err != nil {
-			return err
-		}
+	if err := r.o.binariesFor(ctx, ids, log); err != nil {
+		return err
 	}
 	for _, rt := range r.rates {
 		n := max(1, int(rt*r.duration.Seconds()))

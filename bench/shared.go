@@ -94,6 +94,15 @@ func (s *shared) binaries(ctx context.Context, log logf) error {
 	return ensureBinaries(ctx, s.bin, s.build, log)
 }
 
+// binariesFor builds the binaries when one of the throughput systems ids runs them (an llmq
+// layout); see binaries.
+func (s *shared) binariesFor(ctx context.Context, ids []string, log logf) error {
+	if !slices.Contains(ids, tpLLMQ) && !slices.Contains(ids, tpServe) {
+		return nil
+	}
+	return s.binaries(ctx, log)
+}
+
 // selectIDs keeps the ids named in only (comma-separated), in the order of ids; empty keeps
 // all.
 func selectIDs(ids []string, only string) ([]string, error) {

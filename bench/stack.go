@@ -24,6 +24,9 @@ type stackConfig struct {
 	queue      string // the config's worker.queue
 	// metrics makes each worker serve /metrics on a free port (metricsAddrs).
 	metrics bool
+	// serve runs `llmq serve` processes (an API and a worker in each) instead of an api and
+	// separate workers: the stack's workers are those processes, apiURLs theirs.
+	serve bool
 }
 
 // stack is a running api and its workers. Its processes are stopped by stop, by the parent's
@@ -32,6 +35,7 @@ type stack struct {
 	cfg          stackConfig
 	env          []string
 	apiURL       string
+	apiURLs      []string // every API of the stack (serve: one per process), apiURL first
 	api          *proc
 	workers      []*proc
 	metricsAddrs []string // the workers' /metrics listeners, with cfg.metrics
@@ -50,11 +54,15 @@ func startStack(ctx context.Context, cfg stackConfig, n int) (*stack, error) {
 }
 
 func (st *stack) start(ctx context.Context, n int) error {
+	if st.cfg.serve {
+		return st.startServe(ctx, n)
+	}
 	addr, err := freeAddr()
 	if err != nil {
 		return err
 	}
 	st.apiURL = "http://" + addr
+	st.apiURLs = []string{st.apiURL}
 	if st.api, err = startProc(filepath.Join(st.cfg.bin, "api"), "api", st.cfg.logDir, st.env, "--config", st.cfg.configPath, "--listen", addr); err != nil {
 		return err
 	}
@@ -62,6 +70,30 @@ func (st *stack) start(ctx context.Context, n int) error {
 		return err
 	}
 	return st.startWorkers(ctx, n)
+}
+
+// startServe starts n `llmq serve` processes, each on a free port with its /metrics there, and
+// waits until every API answers and every worker has registered.
+func (st *stack) startServe(ctx context.Context, n int) error {
+	for range n {
+		st.started++
+		addr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		p, err := startProc(filepath.Join(st.cfg.bin, "llmq"), fmt.Sprintf("serve-%d", st.started), st.cfg.logDir, st.env,
+			"serve", "--config", st.cfg.configPath, "--listen", addr)
+		if err != nil {
+			return err
+		}
+		st.workers = append(st.workers, p)
+		st.apiURLs = append(st.apiURLs, "http://"+addr)
+		if st.cfg.metrics {
+			st.metricsAddrs = append(st.metricsAddrs, addr)
+		}
+	}
+	st.apiURL = st.apiURLs[0]
+	return waitReady(ctx, st.cfg.redisURL, st.cfg.queue, st.apiURLs, st.workerPIDs, st.exited)
 }
 
 // startWorkers starts n more workers and waits until each has registered.

@@ -79,10 +79,11 @@ const (
 	tpComposite = "composite"
 	tpHTTPFloor = "httpfloor"
 	tpLLMQ      = "llmq"
+	tpServe     = "serve"
 )
 
 // tpIDs are the systems in table order.
-func tpIDs() []string { return []string{tpAsynq, tpRiver, tpComposite, tpHTTPFloor, tpLLMQ} }
+func tpIDs() []string { return []string{tpAsynq, tpRiver, tpComposite, tpHTTPFloor, tpLLMQ, tpServe} }
 
 // systemName is the name of a system in the tables.
 func systemName(id string) string {
@@ -95,6 +96,8 @@ func systemName(id string) string {
 		return "floor: insert → asynq → update"
 	case tpHTTPFloor:
 		return "floor over HTTP: POST → insert → asynq → provider → update"
+	case tpServe:
+		return "llmq serve: API and worker in each process"
 	}
 	return "llmq end to end"
 }
@@ -108,6 +111,8 @@ func shortName(id string) string {
 		return "floor over HTTP"
 	case tpRiver:
 		return "River"
+	case tpServe:
+		return "llmq serve"
 	}
 	return id
 }
@@ -124,6 +129,8 @@ func newSystem(o tpOpts, id string, log logf) tpSystem {
 		return &compositeSystem{floorBase{inProcessQueue: q}}
 	case tpHTTPFloor:
 		return &httpFloorSystem{floorBase: floorBase{inProcessQueue: q}}
+	case tpServe:
+		return &llmqSystem{o: o, log: log, serve: true}
 	}
 	return &llmqSystem{o: o, log: log}
 }

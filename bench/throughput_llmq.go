@@ -33,6 +33,9 @@ type llmqSystem struct {
 	log logf
 	// setup is the config's setup beyond the stores, queue and simulator (zero: llmq's defaults).
 	setup llmqSetup
+	// serve runs -workers `llmq serve` processes (an API and a worker in each) instead of an
+	// api and -workers workers; submits go round the APIs.
+	serve bool
 
 	c         cleanups
 	d         *deployment
@@ -54,6 +57,7 @@ func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
 	s.c.add(func() { s.d.close(s.o.keepLogs || s.failed, s.log) })
 	cfg := s.d.stack(s.o.bin, s.o.redisURL)
 	cfg.metrics = true
+	cfg.serve = s.serve
 	if s.st, err = startStack(ctx, cfg, s.o.workers); err != nil {
 		return err
 	}
@@ -85,7 +89,7 @@ func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
 }
 
 func (s *llmqSystem) submit(ctx context.Context, i int) error {
-	if _, err := submitJob(ctx, s.hc, s.st.apiURL, i, jobBody(messagesBody(i), llmqMaxAttempts, llmqJobTimeout)); err != nil {
+	if _, err := submitJob(ctx, s.hc, s.st.apiURLs[i%len(s.st.apiURLs)], i, jobBody(messagesBody(i), llmqMaxAttempts, llmqJobTimeout)); err != nil {
 		return err
 	}
 	s.submitted.Add(1)

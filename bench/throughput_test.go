@@ -205,27 +205,28 @@ func TestThroughputReport(t *testing.T) {
 	t.Parallel()
 	tp, _ := parse[*throughput](t, "throughput")
 	tp.results = []tpResult{tpRun(tpAsynq, 8000, ms(5)), tpRun(tpRiver, 2000, ms(5)), tpRun(tpComposite, 3000, ms(5)),
-		tpRun(tpHTTPFloor, 2400, ms(5)), tpRun(tpLLMQ, 2100, ms(5))}
-	tp.rates = [][]float64{{8000, 7900, 8100}, nil, nil, nil, {2100}}
+		tpRun(tpHTTPFloor, 2400, ms(5)), tpRun(tpLLMQ, 2200, ms(5)), tpRun(tpServe, 2100, ms(5))}
+	tp.rates = [][]float64{{8000, 7900, 8100}, nil, nil, nil, {2200}, nil}
 	rep := tp.report()
 	rows := rep.tables[0].rows
-	require.Equal(t, []string{"0.26", "1.05", "0.70", "0.88", "—"}, []string{rows[0][12], rows[1][12], rows[2][12], rows[3][12], rows[4][12]},
+	require.Equal(t, []string{"0.28", "1.10", "0.73", "0.92", "—", "1.05"}, []string{rows[0][12], rows[1][12], rows[2][12], rows[3][12], rows[4][12], rows[5][12]},
 		"llmq ÷ each system")
 	require.Equal(t, []string{"0.50", "—"}, rows[0][7:9], "CPU seconds per 1,000 jobs; the api is not measured")
 	notes := strings.Join(rep.notes, "\n")
-	require.Contains(t, notes, "Throughput targets: llmq ÷ floor 0.70 (target ≥ 0.6), llmq ÷ River 1.05 (target ≥ 1.0): PASS.")
-	require.Contains(t, notes, "What the floor over HTTP leaves: floor over HTTP ÷ River 1.20, floor over HTTP ÷ floor 0.80, llmq ÷ floor over HTTP 0.88.")
+	require.Contains(t, notes, "Throughput targets: llmq ÷ floor over HTTP 0.92 (target ≥ 0.9), llmq serve ÷ floor over HTTP 0.88 (target ≥ 0.9): FAIL (llmq serve ÷ floor over HTTP).",
+		"each layout is judged")
+	require.Contains(t, notes, "What the floor over HTTP leaves: floor over HTTP ÷ River 1.20, floor over HTTP ÷ floor 0.80, llmq ÷ floor over HTTP 0.92, llmq serve ÷ llmq 0.95.")
 	require.Contains(t, notes, "jobs/s of each run: asynq 8000, 7900, 8100.")
 
 	tp.results[4] = tpRun(tpLLMQ, 1000, ms(5))
 	tp.results[4].stages = []stageTime{{stage: "pickup", count: 1000, meanMS: 4}, {stage: "call", count: 1000, meanMS: 1}}
-	tp.results[1].err = errors.New("river: boom")
+	tp.results[3].err = errors.New("floor: boom")
 	rep = tp.report()
 	notes = strings.Join(rep.notes, "\n")
-	require.Contains(t, notes, "Throughput targets: llmq ÷ floor 0.33 (target ≥ 0.6): FAIL (llmq ÷ floor).", "River did not run: not judged")
-	require.Contains(t, notes, "River, no-op worker: failed: river: boom")
+	require.NotContains(t, notes, "Throughput targets", "the floor over HTTP did not run: nothing is judged")
+	require.Contains(t, notes, "floor over HTTP: POST → insert → asynq → provider → update: failed: floor: boom")
 	require.Contains(t, notes, "llmq end to end: stage mean ms per delivery: pickup 4.00, call 1.00 (5.0 ms per job in all).")
-	require.Equal(t, []string{tpRiver}, rep.failed)
+	require.Equal(t, []string{tpHTTPFloor}, rep.failed)
 }
 
 func TestRateReport(t *testing.T) {
