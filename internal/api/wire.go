@@ -32,6 +32,9 @@ type Options struct {
 	// RedisPrefix starts llmq's own Redis keys, which the console reads (the workers' prefix).
 	// Default "llmq:"; tests isolate with their own.
 	RedisPrefix string
+	// Store is the job store, shared with the worker of the same process (llmq serve) so that
+	// both send their statements through one batcher. Default: a store of its own on the pool.
+	Store *jobs.Store
 }
 
 // FromConfigWith is FromConfig with Options.
@@ -56,7 +59,10 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 	// (asynq refuses to close a connection it was given).
 	aclient := asynq.NewClientFromRedisClient(dispatch.AutoPipelined(rdb))
 	inspector := asynq.NewInspector(redisOpt)
-	store := jobs.NewStore(pool, nil)
+	store := opts.Store
+	if store == nil {
+		store = jobs.NewStore(pool, nil)
+	}
 	names := make([]string, 0, len(cfg.Credentials))
 	kinds := map[string]string{}
 	tokenLimits := map[string]tokens.Limits{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/worker"
 )
 
@@ -97,7 +98,8 @@ func Worker(ctx context.Context, args []string, o Options) error {
 }
 
 // Serve runs the API and a worker in one process until ctx ends: one config (the worker's, with
-// the provider keys), one Postgres pool, one metrics registry served on the API's /metrics. A
+// the provider keys), one Postgres pool and job store (whose batcher commits the API's creates
+// and the worker's transitions together), one metrics registry served on the API's /metrics. A
 // job still goes through Postgres and asynq as with separate processes, so serve processes,
 // APIs and workers mix freely on one database and Redis. When either half fails, both stop.
 // Flags: --config, --listen (overrides api.listen).
@@ -122,12 +124,14 @@ func Serve(ctx context.Context, args []string, o Options) error {
 	}
 	defer pool.Close()
 	reg := newRegistry()
-	handler, closeAPI, err := api.FromConfig(cfg, pool, reg, logger)
+	// One store: the API's creates and the worker's transitions share the batcher's commits.
+	store := jobs.NewStore(pool, nil)
+	handler, closeAPI, err := api.FromConfigWith(cfg, pool, reg, logger, api.Options{Store: store})
 	if err != nil {
 		return err
 	}
 	defer closeAPI()
-	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg})
+	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg, Store: store})
 	if err != nil {
 		return err
 	}

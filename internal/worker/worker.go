@@ -44,6 +44,9 @@ type Options struct {
 	// RedisPrefix starts the limiter's and alerter's Redis keys. Default "llmq:"; tests isolate
 	// themselves with redistest.Prefix.
 	RedisPrefix string
+	// Store is the job store, shared with the API of the same process (llmq serve) so that
+	// both send their statements through one batcher. Default: a store of its own on the pool.
+	Store *jobs.Store
 	// PauseRefreshInterval is how often the worker reads each credential's pause state from
 	// Redis into llmq_limiter_paused, so that the gauge follows a pause or resume made by
 	// another process (ctl credentials resume) on an idle credential. Default 15s.
@@ -142,7 +145,10 @@ func (w *Worker) build(m metrics) error {
 	}
 	policy := retrypolicy.New(&retrypolicy.Config{BaseDelay: cfg.Retry.BaseDelay, MaxDelay: cfg.Retry.MaxDelay,
 		MaxRetryAfter: cfg.Retry.MaxRetryAfter})
-	store := jobs.NewStore(w.pool, nil)
+	store := w.opts.Store
+	if store == nil {
+		store = jobs.NewStore(w.pool, nil)
+	}
 	est, err := estimator.New(&estimator.Config{Metrics: m.estimator})
 	if err != nil {
 		return err
