@@ -228,6 +228,17 @@ func (r tpResult) cpuPer1000(group string) (float64, bool) {
 	return d.Seconds() * 1000 / float64(r.n), true
 }
 
+// cpuTotalPer1000 is r's CPU seconds per 1,000 jobs over every group measured.
+func (r tpResult) cpuTotalPer1000() float64 {
+	var total float64
+	for _, g := range cpuGroups {
+		if v, ok := r.cpuPer1000(g); ok {
+			total += v
+		}
+	}
+	return total
+}
+
 // cpuCells renders r's CPU per 1,000 jobs in cpuGroups' order ("—": not measured).
 func cpuCells(r tpResult) []string {
 	out := make([]string, len(cpuGroups))

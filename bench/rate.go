@@ -10,8 +10,9 @@ import (
 )
 
 // rate is `bench rate`: each system at fixed offered rates for a while (an open loop: job k is
-// submitted at k/rate whatever the answers). The latency targets, for llmq at every rate:
-// submit → result p50 ≤ 10 ms and p99 ≤ 30 ms, the submit call's p99 ≤ 20 ms.
+// submitted at k/rate whatever the answers). The targets, for each llmq layout at every rate:
+// submit → result p50 ≤ 8 ms and p99 ≤ 20 ms, the submit call's p99 ≤ 20 ms, and CPU per job
+// (every process and server counted) at most 1.2 × the floor over HTTP's at the same rate.
 type rate struct {
 	o        tpOpts
 	rates    []float64
@@ -26,18 +27,19 @@ type rateRun struct {
 	each [][2]time.Duration
 }
 
-// The latency targets.
+// The rate targets.
 const (
-	tpTargetRateP50  = 10 * time.Millisecond
-	tpTargetRateP99  = 30 * time.Millisecond
+	tpTargetRateP50  = 8 * time.Millisecond
+	tpTargetRateP99  = 20 * time.Millisecond
 	tpTargetSubmit99 = 20 * time.Millisecond
+	tpTargetRateCPU  = 1.2 // CPU per job ≤ 1.2 × the floor over HTTP's
 )
 
 func (r *rate) flags(fs *flagSet, s *shared) {
 	r.o.flags(fs, s, true)
 	s.repeat(fs, 3)
 	s.deadline(fs, 3*time.Minute, "cap on each run's wait for its jobs, from its first submit")
-	fs.StringVar(&s.only, "only", "composite,httpfloor,llmq", "comma-separated systems to run: "+strings.Join(tpIDs(), ", "))
+	fs.StringVar(&s.only, "only", "httpfloor,llmq,serve", "comma-separated systems to run: "+strings.Join(tpIDs(), ", "))
 	fs.Func("rate", "offered jobs per second, comma-separated: one row each (default 100,500)", func(v string) (err error) {
 		r.rates, err = parseRates(v)
 		return err
@@ -105,8 +107,9 @@ func medianLatency(rt float64, runs []tpResult) rateRun {
 	return run
 }
 
-// checks judges an llmq run against the latency targets.
-func (run rateRun) checks() []check {
+// checks judges an llmq run against the rate targets; floor is the floor over HTTP's run at the
+// same rate (nil: CPU is not judged).
+func (run rateRun) checks(floor *rateRun) []check {
 	res := run.res
 	if res.err != nil {
 		return []check{{what: "run", got: "failed", target: "done"}}
@@ -114,11 +117,29 @@ func (run rateRun) checks() []check {
 	ms := func(what string, got, target time.Duration) check {
 		return check{what: what, got: msText(got), target: "≤ " + msText(target), pass: got <= target}
 	}
-	return []check{
+	cs := []check{
 		ms("p50", percentile(res.lat, 50), tpTargetRateP50),
 		ms("p99", percentile(res.lat, 99), tpTargetRateP99),
 		ms("submit p99", percentile(res.submit, 99), tpTargetSubmit99),
 	}
+	if floor != nil && floor.res.err == nil {
+		if mine, theirs := res.cpuTotalPer1000(), floor.res.cpuTotalPer1000(); theirs > 0 {
+			v := mine / theirs
+			cs = append(cs, check{what: "CPU per job ÷ floor over HTTP's", got: fmt.Sprintf("%.2f", v),
+				target: fmt.Sprintf("≤ %.1f", tpTargetRateCPU), pass: v <= tpTargetRateCPU})
+		}
+	}
+	return cs
+}
+
+// floorAt is the floor over HTTP's run at rate, or nil.
+func (r *rate) floorAt(rate float64) *rateRun {
+	for i := range r.runs {
+		if r.runs[i].res.id == tpHTTPFloor && r.runs[i].rate == rate {
+			return &r.runs[i]
+		}
+	}
+	return nil
 }
 
 // rateHeader is the header of the rate table.
@@ -131,8 +152,8 @@ func (r *rate) report() report {
 	for _, run := range r.runs {
 		res := run.res
 		target := "—" // the targets are llmq's; the floors show what the machine allows
-		if res.id == tpLLMQ {
-			target = verdict(run.checks())
+		if res.id == tpLLMQ || res.id == tpServe {
+			target = verdict(run.checks(r.floorAt(run.rate)))
 		}
 		if res.err != nil {
 			rows = append(rows, append([]string{res.name, fmt.Sprintf("%g/s", run.rate), "error"}, make([]string, len(rateHeader)-3)...))
@@ -150,8 +171,9 @@ func (r *rate) report() report {
 	}
 	rep.tables = []table{{rateHeader, rows}}
 	rep.notes = []string{fmt.Sprintf("%s at each offered rate after %d warm-up jobs, a fresh system for each run, the runs "+
-		"interleaved; llmq with %d workers. Latency targets (llmq): submit→result p50 ≤ %s, p99 ≤ %s; submit call p99 ≤ %s.",
-		r.duration, r.o.warmup, r.o.workers, msText(tpTargetRateP50), msText(tpTargetRateP99), msText(tpTargetSubmit99))}
+		"interleaved; llmq with %d workers. Targets (llmq): submit→result p50 ≤ %s, p99 ≤ %s; submit call p99 ≤ %s; "+
+		"CPU per job (every column) ≤ %.1f × the floor over HTTP's at the same rate.",
+		r.duration, r.o.warmup, r.o.workers, msText(tpTargetRateP50), msText(tpTargetRateP99), msText(tpTargetSubmit99), tpTargetRateCPU)}
 	for _, run := range r.runs {
 		rep.notes = append(rep.notes, run.note()...)
 	}

@@ -241,9 +241,14 @@ func TestRateReport(t *testing.T) {
 	require.Equal(t, []string{"—", "FAIL"}, []string{rep.tables[0].rows[0][16], rep.tables[0].rows[1][16]}, "the targets are llmq's")
 	require.Contains(t, rep.notes, "llmq end to end at 500/s: submits up to 0.0 ms late; created → first attempt started p50 3.0 ms, "+
 		"p99 30.0 ms; started → finished p50 3.0 ms, p99 10.0 ms.")
-	require.Equal(t, "FAIL", verdict(r.runs[1].checks()), "p99 40 ms > 30 ms")
+	require.Equal(t, "FAIL", verdict(r.runs[1].checks(nil)), "p99 40 ms > 20 ms")
 	llmq.lat[2] = ms(7)
-	require.Equal(t, "PASS", verdict(rateRun{res: llmq}.checks()))
+	require.Equal(t, "PASS", verdict(rateRun{res: llmq}.checks(nil)))
+	llmq.cpu, floor.cpu = cpuSample{cpuWorkers: 5 * time.Millisecond}, cpuSample{cpuBench: 3 * time.Millisecond}
+	cs := rateRun{res: llmq}.checks(&rateRun{res: floor})
+	require.Equal(t, check{what: "CPU per job ÷ floor over HTTP's", got: "1.67", target: "≤ 1.2"}, cs[3], "every group counts")
+	floor.cpu[cpuRedis] = 2 * time.Millisecond
+	require.Equal(t, "PASS", verdict(rateRun{res: llmq}.checks(&rateRun{res: floor})), "5 ms ≤ 1.2 × 5 ms")
 
 	run := medianLatency(100, []tpResult{{lat: []time.Duration{ms(30), ms(30), ms(90)}}, {lat: []time.Duration{ms(10), ms(10), ms(200)}},
 		{lat: []time.Duration{ms(20), ms(20), ms(50)}}})
