@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// phaseStats is what a phase measured, derived from the clients' views and the simulator's
+// record of the same calls.
+type phaseStats struct {
+	ttfd       []time.Duration // submit → first delta event read (first client of each job)
+	simTTFB    []time.Duration // the call reached the simulator → its first token flushed
+	overSim    []time.Duration // ttfd − simTTFB, per job: what llmq adds
+	pickup     []time.Duration // submit → the call reached the simulator
+	firstPath  []time.Duration // first token flushed → first delta event read
+	toRunning  []time.Duration // submit → running event read
+	runToDelta []time.Duration // running event read → first delta event read
+	lags       []time.Duration // per token and client: flushed → the delta event completing it read
+	delivered  int             // delta events read, all clients
+	clients    int
+	mismatched int // clients whose final text is not what the simulator sent
+	gaps       int // delta events whose offset did not follow the text read
+	resets     int
+	retried    int // jobs the simulator was called more than once for
+}
+
+func (b *streamBench) stats(p *streamPhase) phaseStats {
+	var s phaseStats
+	for _, j := range p.jobs {
+		call, tries := b.sim.call(j.marker)
+		if call == nil || len(j.views) == 0 || j.views[0] == nil {
+			continue
+		}
+		if tries > 1 {
+			s.retried++
+		}
+		text, ends, at := call.snapshot()
+		if len(at) == 0 {
+			continue
+		}
+		ttfb := at[0].Sub(call.arrived)
+		v0 := j.views[0]
+		s.simTTFB = append(s.simTTFB, ttfb)
+		s.pickup = append(s.pickup, call.arrived.Sub(j.submitted))
+		if !v0.firstDelta.IsZero() {
+			ttfd := v0.firstDelta.Sub(j.submitted)
+			s.ttfd = append(s.ttfd, ttfd)
+			s.overSim = append(s.overSim, ttfd-ttfb)
+			s.firstPath = append(s.firstPath, v0.firstDelta.Sub(at[0]))
+			if !v0.running.IsZero() {
+				s.toRunning = append(s.toRunning, v0.running.Sub(j.submitted))
+				s.runToDelta = append(s.runToDelta, v0.firstDelta.Sub(v0.running))
+			}
+		}
+		for _, v := range j.views {
+			if v == nil {
+				continue
+			}
+			s.clients++
+			s.delivered += v.deltas
+			s.gaps += v.gaps
+			s.resets += v.resets
+			if !bytes.Equal(v.text, text) {
+				s.mismatched++
+			}
+			s.lags = lags(s.lags, ends, at, v)
+		}
+	}
+	return s
+}
+
+func (b *streamBench) report() report {
+	stats := make([]phaseStats, len(b.phases))
+	for i, p := range b.phases {
+		stats[i] = b.stats(p)
+	}
+	pct := func(ds []time.Duration) []string {
+		if len(ds) == 0 {
+			return []string{"–", "–", "–"}
+		}
+		return []string{msText(percentile(ds, 50)), msText(percentile(ds, 99)), msText(slices.Max(ds))}
+	}
+	row := func(name string, ds []time.Duration) []string { return append([]string{name}, pct(ds)...) }
+	first := stats[0]
+	diff := func(p float64) string { return msText(percentile(first.ttfd, p) - percentile(b.direct, p)) }
+	ttfd := table{
+		header: []string{fmt.Sprintf("time to first delta, %d jobs at once, one client each", b.s.n), "p50", "p99", "max"},
+		rows: [][]string{
+			row("the simulator read directly (POST → first content delta)", b.direct),
+			row("its own time to first token, direct calls (request in → token flushed)", b.directSim),
+			row("through llmq: submit → first delta event", first.ttfd),
+			{"difference of the two reads' percentiles", diff(50), diff(99), ""},
+			row("**through llmq − that call's simulator time to first token** (target ≤ 5 / ≤ 20 ms)", first.overSim),
+			row("· submit → the simulator gets the call (submit, pick-up, limiter, attempt start)", first.pickup),
+			row("· the simulator's time to first token, through llmq", first.simTTFB),
+			row("· first token flushed → first delta event read (the delta path)", first.firstPath),
+			row("submit → running event read", first.toRunning),
+			row("running event read → first delta event read", first.runToDelta),
+		},
+	}
+	delivery := table{
+		header: []string{"delivery", "clients", "delta events read", "texts as sent", "resets", "lag p50", "lag p99", "lag max", "first delta − sim TTFB p50", "p99"},
+	}
+	cost := table{
+		header: []string{"cost", "elapsed", "API CPU", "per delta event", "workers CPU", "Redis CPU", "Redis commands per delta event (delta path)", "Redis bytes in / out per delta event"},
+	}
+	for i, p := range b.phases {
+		s := stats[i]
+		lag := pct(s.lags)
+		delivery.rows = append(delivery.rows, []string{p.name, fmt.Sprint(s.clients), fmt.Sprint(s.delivered),
+			fmt.Sprintf("%d / %d", s.clients-s.mismatched, s.clients), fmt.Sprint(s.resets), lag[0], lag[1], lag[2],
+			msText(percentile(s.overSim, 50)), msText(percentile(s.overSim, 99))})
+		l, n := p.load, float64(max(s.delivered, 1))
+		cost.rows = append(cost.rows, []string{p.name, seconds(p.elapsed), msText(l.apiCPU),
+			usText(time.Duration(float64(l.apiCPU) / n)), msText(l.workerCPU), msText(l.redisCPU),
+			fmt.Sprintf("%.2f (%.2f)", float64(l.commands)/n, float64(l.deltaCommands)/n),
+			fmt.Sprintf("%.0f / %.0f", float64(l.netIn)/n, float64(l.netOut)/n)})
+	}
+	if len(b.phases) == 2 {
+		a, f := b.phases[0].load, b.phases[1].load
+		extra := float64(max(stats[1].delivered-stats[0].delivered, 1))
+		cost.rows = append(cost.rows, []string{"the extra clients alone (difference)", "", msText(f.apiCPU - a.apiCPU),
+			usText(time.Duration(float64(f.apiCPU-a.apiCPU) / extra)), "", "",
+			fmt.Sprintf("%.2f (%.2f)", float64(f.commands-a.commands)/extra, float64(f.deltaCommands-a.deltaCommands)/extra),
+			fmt.Sprintf("%.0f / %.0f", float64(f.netIn-a.netIn)/extra, float64(f.netOut-a.netOut)/extra)})
+	}
+	retried, gaps := 0, 0
+	for _, s := range stats {
+		retried += s.retried
+		gaps += s.gaps
+	}
+	return report{
+		tables: []table{ttfd, delivery, cost},
+		notes: []string{
+			fmt.Sprintf("%d streaming jobs per phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d.",
+				b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, retried, gaps),
+			"Lag: for every token the simulator sent and every client, the time from the simulator's flush of the token to the client's read of the delta event that completes it, both stamped on the bench's clock. Texts as sent: the client's text assembled from its delta events (checked offset by offset) equals the simulator's, byte for byte.",
+			"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the last row divides the fan-out phase's excess over the first by its excess deltas: what a client more costs. Delta path commands: XADD, PEXPIRE, PUBLISH (worker) and XRANGE (API).",
+			"Timed on a shared, loaded 2-core machine (every process of the run, the clients and the simulator share the 2 cores): indicative only.",
+		},
+	}
+}
+
+// usText renders a small duration in microseconds: "42 µs".
+func usText(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
