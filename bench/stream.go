@@ -195,7 +195,9 @@ func (b *streamBench) directCalls(ctx context.Context, hc *http.Client, simURL, 
 	errs := make([]error, b.s.n)
 	var wg sync.WaitGroup
 	for i := range b.s.n {
-		wg.Go(func() { b.direct[i], errs[i] = directCall(ctx, hc, simURL, key, fmt.Sprintf("%s-direct-%d", b.runID, i)) })
+		wg.Go(func() {
+			b.direct[i], errs[i] = directCall(ctx, hc, simURL, key, fmt.Sprintf("%s-direct-%d", b.runID, i))
+		})
 	}
 	wg.Wait()
 	for i := range b.s.n {

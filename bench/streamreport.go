@@ -144,4 +144,6 @@ func (b *streamBench) report() report {
 }
 
 // usText renders a small duration in microseconds: "42 µs".
-func usText(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
+func usText(d time.Duration) string {
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+}
