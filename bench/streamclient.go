@@ -12,6 +12,7 @@ import (
 
 // jobView is what one SSE client of a job's event stream read, stamped on the bench's clock.
 type jobView struct {
+	opened     time.Time   // the stream's headers were read
 	running    time.Time   // the first running event (zero: none)
 	firstDelta time.Time   // the first delta event
 	text       []byte      // the text of the delta events since the last reset
@@ -38,7 +39,7 @@ func follow(ctx context.Context, hc *http.Client, apiURL, id string) (*jobView, 
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("job %s events: answered %d", id, resp.StatusCode)
 	}
-	v := &jobView{}
+	v := &jobView{opened: time.Now()}
 	rd := bufio.NewReaderSize(resp.Body, 64<<10)
 	var name string
 	var data []byte
@@ -99,19 +100,25 @@ func (v *jobView) event(name string, data []byte, at time.Time) (done bool, err 
 	return false, nil
 }
 
-// lags appends, for each token the provider sent, how long after its flush the client read the
-// delta event that completed it; tokens the client never got are skipped (counted as a text
-// mismatch by the caller).
-func lags(out []time.Duration, simEnds []int, simAt []time.Time, v *jobView) []time.Duration {
+// lags appends to all, for each token the provider sent, how long after its flush the client
+// read the delta event that completed it, and to steady the same for the tokens flushed after
+// the client had read its first delta event (its stream open and the attempt's running event
+// read: the delta path alone, Redis and the API's write). Tokens the client never got are
+// skipped (counted as a text mismatch by the caller).
+func lags(all, steady []time.Duration, simEnds []int, simAt []time.Time, v *jobView) ([]time.Duration, []time.Duration) {
 	j := 0
 	for k, end := range simEnds {
 		for j < len(v.ends) && v.ends[j] < end {
 			j++
 		}
 		if j == len(v.ends) {
-			return out
+			break
 		}
-		out = append(out, v.at[j].Sub(simAt[k]))
+		lag := v.at[j].Sub(simAt[k])
+		all = append(all, lag)
+		if simAt[k].After(v.firstDelta) {
+			steady = append(steady, lag)
+		}
 	}
-	return out
+	return all, steady
 }
