@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -34,11 +35,12 @@ type streamBench struct {
 	maxStreams  int
 	redisServer string
 
-	sim       *simRecorder
-	runID     string
-	direct    []time.Duration // POST to the simulator → its first content_block_delta, read
-	directSim []time.Duration // the simulator's own time to first token for those calls
-	phases    []*streamPhase
+	sim        *simRecorder
+	runID      string
+	direct     []time.Duration // POST to the simulator → its first content_block_delta, read
+	directSim  []time.Duration // the simulator's own time to first token for those calls
+	directRead delivery        // what the direct readers got
+	phases     []*streamPhase
 }
 
 // streamPhase is n jobs submitted at once, each followed by clients event streams.
@@ -191,57 +193,76 @@ func streamRequest(marker string) []byte {
 }
 
 // directCalls streams n answers from the simulator at once, recording the time to each one's
-// first content delta as read and as the simulator sent it.
+// first content delta as read and as the simulator sent it, and what each reader got.
 func (b *streamBench) directCalls(ctx context.Context, hc *http.Client, simURL, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, b.s.timeout)
 	defer cancel()
 	b.direct = make([]time.Duration, b.s.n)
+	views := make([]*jobView, b.s.n)
 	errs := make([]error, b.s.n)
 	var wg sync.WaitGroup
 	for i := range b.s.n {
 		wg.Go(func() {
-			b.direct[i], errs[i] = directCall(ctx, hc, simURL, key, fmt.Sprintf("%s-direct-%d", b.runID, i))
+			b.direct[i], views[i], errs[i] = directCall(ctx, hc, simURL, key, fmt.Sprintf("%s-direct-%d", b.runID, i))
 		})
 	}
 	wg.Wait()
-	for i := range b.s.n {
-		if c, _ := b.sim.call(fmt.Sprintf("%s-direct-%d", b.runID, i)); c != nil {
-			if d, ok := c.firstToken(); ok {
-				b.directSim = append(b.directSim, d)
-			}
+	for i, v := range views {
+		c, _ := b.sim.call(fmt.Sprintf("%s-direct-%d", b.runID, i))
+		if c == nil || v == nil {
+			continue
 		}
+		if d, ok := c.firstToken(); ok {
+			b.directSim = append(b.directSim, d)
+		}
+		text, ends, at := c.snapshot()
+		b.directRead.add(text, ends, at, v)
 	}
 	return errors.Join(errs...)
 }
 
-// directCall streams one answer and returns the time to its first content delta; it reads the
-// stream to its end.
-func directCall(ctx context.Context, hc *http.Client, simURL, key, marker string) (time.Duration, error) {
+// directCall streams one answer and returns the time to its first content delta and the
+// deltas read, stamped; it reads the stream to its end.
+func directCall(ctx context.Context, hc *http.Client, simURL, key, marker string) (time.Duration, *jobView, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, simURL+"/v1/messages", bytes.NewReader(streamRequest(marker)))
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	req.Header.Set("x-api-key", key)
 	req.Header.Set("anthropic-version", "2023-06-01")
 	start := time.Now()
 	resp, err := hc.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("simulator answered %d", resp.StatusCode)
+		return 0, nil, fmt.Errorf("simulator answered %d", resp.StatusCode)
 	}
+	v := &jobView{opened: time.Now()}
 	rd := bufio.NewReader(resp.Body)
+	delta := false
 	for {
 		line, err := rd.ReadString('\n')
-		if err != nil {
-			return 0, fmt.Errorf("no content delta: %w", err)
+		if errors.Is(err, io.EOF) && !v.firstDelta.IsZero() {
+			return v.firstDelta.Sub(start), v, nil
 		}
-		if strings.HasPrefix(line, "event: content_block_delta") {
-			first := time.Since(start)
-			_, err := io.Copy(io.Discard, rd)
-			return first, err
+		if err != nil {
+			return 0, v, fmt.Errorf("simulator stream: %w", err)
+		}
+		switch {
+		case strings.HasPrefix(line, "event: "):
+			delta = line == "event: content_block_delta\n"
+		case delta && strings.HasPrefix(line, "data: "):
+			var d struct {
+				Delta struct {
+					Text string `json:"text"`
+				} `json:"delta"`
+			}
+			if err := json.Unmarshal([]byte(line[len("data: "):]), &d); err != nil {
+				return 0, v, fmt.Errorf("content delta: %w", err)
+			}
+			v.delta(len(v.text), d.Delta.Text, time.Now())
 		}
 	}
 }

@@ -79,16 +79,7 @@ func (v *jobView) event(name string, data []byte, at time.Time) (done bool, err 
 		if err := json.Unmarshal(data, &d); err != nil {
 			return false, fmt.Errorf("delta event: %w", err)
 		}
-		if v.firstDelta.IsZero() {
-			v.firstDelta = at
-		}
-		v.deltas++
-		if d.Offset != len(v.text) {
-			v.gaps++
-		}
-		v.text = append(v.text, d.Text...)
-		v.ends = append(v.ends, len(v.text))
-		v.at = append(v.at, at)
+		v.delta(d.Offset, d.Text, at)
 	case "reset":
 		v.resets++
 		v.text, v.ends, v.at = v.text[:0], v.ends[:0], v.at[:0]
@@ -98,6 +89,44 @@ func (v *jobView) event(name string, data []byte, at time.Time) (done bool, err 
 		return true, fmt.Errorf("job ended %s", name)
 	}
 	return false, nil
+}
+
+// delta takes a piece of text at offset, read at.
+func (v *jobView) delta(offset int, text string, at time.Time) {
+	if v.firstDelta.IsZero() {
+		v.firstDelta = at
+	}
+	v.deltas++
+	if offset != len(v.text) {
+		v.gaps++
+	}
+	v.text = append(v.text, text...)
+	v.ends = append(v.ends, len(v.text))
+	v.at = append(v.at, at)
+}
+
+// delivery sums what clients read against what the simulator sent them.
+type delivery struct {
+	clients    int
+	delivered  int             // delta events read
+	mismatched int             // clients whose final text is not what the simulator sent
+	gaps       int             // delta events whose offset did not follow the text read
+	resets     int             // reset events read
+	lags       []time.Duration // per token and client: flushed → the delta event completing it read
+	steady     []time.Duration // the same, for tokens flushed after the client read its first delta
+}
+
+// add takes one client's view v of a call the simulator sent as text, its tokens ending at ends
+// and flushed at at.
+func (d *delivery) add(text []byte, ends []int, at []time.Time, v *jobView) {
+	d.clients++
+	d.delivered += v.deltas
+	d.gaps += v.gaps
+	d.resets += v.resets
+	if !bytes.Equal(v.text, text) {
+		d.mismatched++
+	}
+	d.lags, d.steady = lags(d.lags, d.steady, ends, at, v)
 }
 
 // lags appends to all, for each token the provider sent, how long after its flush the client

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 	"time"
@@ -17,14 +16,8 @@ type phaseStats struct {
 	firstPath  []time.Duration // first token flushed → first delta event read
 	toRunning  []time.Duration // submit → running event read
 	runToDelta []time.Duration // running event read → first delta event read
-	lags       []time.Duration // per token and client: flushed → the delta event completing it read
-	steady     []time.Duration // the same, for tokens flushed after the client read its first delta
-	delivered  int             // delta events read, all clients
-	clients    int
-	mismatched int // clients whose final text is not what the simulator sent
-	gaps       int // delta events whose offset did not follow the text read
-	resets     int
-	retried    int // jobs the simulator was called more than once for
+	delivery
+	retried int // jobs the simulator was called more than once for
 }
 
 func (b *streamBench) stats(p *streamPhase) phaseStats {
@@ -59,14 +52,7 @@ func (b *streamBench) stats(p *streamPhase) phaseStats {
 			if v == nil {
 				continue
 			}
-			s.clients++
-			s.delivered += v.deltas
-			s.gaps += v.gaps
-			s.resets += v.resets
-			if !bytes.Equal(v.text, text) {
-				s.mismatched++
-			}
-			s.lags, s.steady = lags(s.lags, s.steady, ends, at, v)
+			s.add(text, ends, at, v)
 		}
 	}
 	return s
@@ -101,17 +87,21 @@ func (b *streamBench) report() report {
 			row("running event read → first delta event read", first.runToDelta),
 		},
 	}
-	delivery := table{
+	deliveries := table{
 		header: []string{"delivery", "clients", "delta events read", "texts as sent", "lag p50", "p99", "max",
 			"after the first delta: lag p50", "p99", "max"},
 	}
 	cost := table{
 		header: []string{"cost", "elapsed", "API CPU", "per delta event", "workers CPU", "Redis CPU", "Redis commands per delta event (delta path)", "Redis bytes in / out per delta event"},
 	}
+	deliveryRow := func(name string, d delivery) []string {
+		return slices.Concat([]string{name, fmt.Sprint(d.clients), fmt.Sprint(d.delivered),
+			fmt.Sprintf("%d / %d", d.clients-d.mismatched, d.clients)}, pct(d.lags), pct(d.steady))
+	}
+	deliveries.rows = append(deliveries.rows, deliveryRow("the simulator read directly (control)", b.directRead))
 	for i, p := range b.phases {
 		s := stats[i]
-		delivery.rows = append(delivery.rows, slices.Concat([]string{p.name, fmt.Sprint(s.clients), fmt.Sprint(s.delivered),
-			fmt.Sprintf("%d / %d", s.clients-s.mismatched, s.clients)}, pct(s.lags), pct(s.steady)))
+		deliveries.rows = append(deliveries.rows, deliveryRow(p.name, s.delivery))
 		l, n := p.load, float64(max(s.delivered, 1))
 		cost.rows = append(cost.rows, []string{p.name, seconds(p.elapsed), msText(l.apiCPU),
 			usText(time.Duration(float64(l.apiCPU) / n)), msText(l.workerCPU), msText(l.redisCPU),
@@ -132,7 +122,7 @@ func (b *streamBench) report() report {
 	}
 	last := stats[len(stats)-1]
 	return report{
-		tables: []table{ttfd, delivery, cost},
+		tables: []table{ttfd, deliveries, cost},
 		notes: []string{
 			fmt.Sprintf("%d streaming jobs per phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.",
 				b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, retried, gaps, resets,
