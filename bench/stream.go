@@ -33,6 +33,7 @@ type streamBench struct {
 	tokens      int
 	tps         float64
 	maxStreams  int
+	poolConns   int
 	redisServer string
 
 	sim        *simRecorder
@@ -69,6 +70,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.tokens, "reply-tokens", 100, 1, "tokens of each streamed answer")
 	fs.positiveFloat(&b.tps, "tps", 50, "the simulator's tokens per second")
 	fs.intAtLeast(&b.maxStreams, "max-streams", 1000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out)")
+	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary: the run starts a private one, so that its INFO counts only llmq")
 	b.s = s
 }
@@ -91,7 +93,7 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 		return err
 	}
 	defer d.close(b.s.keepLogs, log)
-	if err := raiseStreamCap(d.cfgPath, b.maxStreams); err != nil {
+	if err := streamConfig(d.cfgPath, b.maxStreams, b.poolConns); err != nil {
 		return err
 	}
 	st, err := startStack(ctx, d.stack(b.s.bin, redisURL), b.s.workers)
@@ -140,8 +142,9 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 	return nil
 }
 
-// raiseStreamCap sets api.max_streams_per_tenant in the bench's config file.
-func raiseStreamCap(path string, n int) error {
+// streamConfig sets api.max_streams_per_tenant in the bench's config file and, when pool is
+// not 0, the processes' Postgres pool size.
+func streamConfig(path string, n, pool int) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read bench config: %w", err)
@@ -151,6 +154,13 @@ func raiseStreamCap(path string, n int) error {
 		return errors.New("bench config: no api line to raise max_streams_per_tenant on")
 	}
 	raw = bytes.Replace(raw, []byte(api), fmt.Appendf(nil, "api: { allow_anonymous: true, max_streams_per_tenant: %d }", n), 1)
+	if pool > 0 {
+		const db = "sslmode=disable\""
+		if !bytes.Contains(raw, []byte(db)) {
+			return errors.New("bench config: no database URL to set pool_max_conns on")
+		}
+		raw = bytes.Replace(raw, []byte(db), fmt.Appendf(nil, "sslmode=disable&pool_max_conns=%d\"", pool), 1)
+	}
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		return fmt.Errorf("write bench config: %w", err)
 	}

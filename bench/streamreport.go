@@ -121,11 +121,15 @@ func (b *streamBench) report() report {
 		retried, gaps, resets = retried+s.retried, gaps+s.gaps, resets+s.resets
 	}
 	last := stats[len(stats)-1]
+	pool := "Postgres pools of llmq's default size (16 per process)"
+	if b.poolConns > 0 {
+		pool = fmt.Sprintf("Postgres pools of %d connections per process (pool_max_conns: the machine's Postgres, max_connections 100, is shared with other runs)", b.poolConns)
+	}
 	return report{
 		tables: []table{ttfd, deliveries, cost},
 		notes: []string{
-			fmt.Sprintf("%d streaming jobs per phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.",
-				b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, retried, gaps, resets,
+			fmt.Sprintf("%d streaming jobs per phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). %s. A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.",
+				b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, pool, retried, gaps, resets,
 				b.clients, msText(percentile(last.overSim, 50)), msText(percentile(last.overSim, 99))),
 			"Lag: for every token the simulator sent and every client, the time from the simulator's flush of the token to the client's read of the delta event that completes it, both stamped on the bench's clock; after the first delta: only the tokens flushed after the client read its first delta event, i.e. the delta path alone (worker → XADD/PUBLISH → the API's wake-up → XRANGE → write), without the stream's opening and the attempt's first delta, which waits for the running event's Postgres read. Texts as sent: the client's text assembled from its delta events (checked offset by offset) equals the simulator's, byte for byte.",
 			"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the last row divides the fan-out phase's excess over the first by its excess deltas: what a client more costs. Delta path commands: XADD, PEXPIRE, PUBLISH (worker) and XRANGE (API).",
