@@ -124,7 +124,7 @@ func (b *streamBench) report() report {
 		pool = fmt.Sprintf("Postgres pools of %d connections per process (pool_max_conns: the machine's Postgres, max_connections 100, is shared with other runs)", b.poolConns)
 	}
 	return report{
-		tables: []table{ttfd, deliveries, cost},
+		tables: []table{b.targets(first, last), ttfd, deliveries, cost},
 		notes: []string{
 			fmt.Sprintf("%d streaming jobs per phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). %s. A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.",
 				b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, pool, retried, gaps, resets,
@@ -132,6 +132,33 @@ func (b *streamBench) report() report {
 			"Lag: for every token the simulator sent and every client, the time from the simulator's flush of the token to the client's read of the delta event that completes it, both stamped on the bench's clock; after the first delta: only the tokens flushed after the client read its first delta event, i.e. the delta path alone (worker → XADD/PUBLISH → the API's wake-up → XRANGE → write), without the stream's opening and the attempt's first delta, which waits for the running event's Postgres read. Texts as sent: the client's text assembled from its delta events (checked offset by offset) equals the simulator's, byte for byte.",
 			"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the last row divides the fan-out phase's excess API CPU over the first by its excess delta events: about what a client more costs (the phases' other work is alike; their Redis writes are not, pieces being merged differently, so Redis is not compared). Delta path commands: XADD, PEXPIRE, PUBLISH (worker) and XRANGE (API).",
 			"Timed on a shared, loaded 2-core machine (every process of the run, the clients and the simulator share the 2 cores): indicative only.",
+		},
+	}
+}
+
+// targets judges the targets: the first phase's time to first delta over the
+// simulator's, and the last (fan-out) phase's delivery.
+func (b *streamBench) targets(first, last phaseStats) table {
+	verdict := func(ok bool) string {
+		if ok {
+			return "PASS"
+		}
+		return "FAIL"
+	}
+	p50, p99 := percentile(first.overSim, 50), percentile(first.overSim, 99)
+	var maxLag time.Duration
+	if len(last.lags) > 0 {
+		maxLag = slices.Max(last.lags)
+	}
+	intact := last.mismatched == 0 && last.gaps == 0 && last.clients == b.s.n*b.clients
+	return table{
+		header: []string{"target", "measured", "result"},
+		rows: [][]string{
+			{"first delta through llmq − the simulator's time to first token, p50 ≤ 5 ms", msText(p50), verdict(p50 <= 5*time.Millisecond)},
+			{"the same, p99 ≤ 20 ms", msText(p99), verdict(p99 <= 20*time.Millisecond)},
+			{fmt.Sprintf("every byte to every client in order (%d clients on %d jobs)", b.s.n*b.clients, b.s.n),
+				fmt.Sprintf("%d of %d texts as sent, %d out of order", last.clients-last.mismatched, b.s.n*b.clients, last.gaps), verdict(intact)},
+			{"no client more than 100 ms behind the provider (max lag, fan-out)", msText(maxLag), verdict(maxLag <= 100*time.Millisecond)},
 		},
 	}
 }
