@@ -18,6 +18,7 @@ var deltaPathCommands = []string{"xadd", "pexpire", "publish", "xrange"}
 // the (private) Redis server's counters.
 type loadSample struct {
 	apiCPU, workerCPU, redisCPU time.Duration
+	benchCPU                    time.Duration // this process: the clients and the simulator
 	commands, netIn, netOut     int64
 	deltaCommands               int64 // calls of deltaPathCommands
 }
@@ -38,6 +39,9 @@ func sampleLoad(ctx context.Context, rdb redis.UniversalClient, apiPIDs, workerP
 		}
 	}
 	var err error
+	if s.benchCPU, err = selfCPU(); err != nil {
+		return s, err
+	}
 	if s.redisCPU, err = redisCPU(ctx, rdb); err != nil {
 		return s, err
 	}
@@ -63,7 +67,7 @@ func sampleLoad(ctx context.Context, rdb redis.UniversalClient, apiPIDs, workerP
 // sub returns s − before.
 func (s loadSample) sub(before loadSample) loadSample {
 	return loadSample{apiCPU: s.apiCPU - before.apiCPU, workerCPU: s.workerCPU - before.workerCPU,
-		redisCPU: s.redisCPU - before.redisCPU, commands: s.commands - before.commands,
+		redisCPU: s.redisCPU - before.redisCPU, benchCPU: s.benchCPU - before.benchCPU, commands: s.commands - before.commands,
 		netIn: s.netIn - before.netIn, netOut: s.netOut - before.netOut, deltaCommands: s.deltaCommands - before.deltaCommands}
 }
 

@@ -92,7 +92,7 @@ func (b *streamBench) report() report {
 			"after the first delta: lag p50", "p99", "max"},
 	}
 	cost := table{
-		header: []string{"cost", "elapsed", "API CPU", "per delta event", "workers CPU", "Redis CPU", "Redis commands per delta event (delta path)", "Redis bytes in / out per delta event"},
+		header: []string{"cost", "elapsed", "API CPU", "per delta event", "workers CPU", "Redis CPU", "bench CPU (clients, simulator)", "Redis commands per delta event (delta path)", "Redis bytes in / out per delta event"},
 	}
 	deliveryRow := func(name string, d delivery) []string {
 		return slices.Concat([]string{name, fmt.Sprint(d.clients), fmt.Sprint(d.delivered),
@@ -104,7 +104,7 @@ func (b *streamBench) report() report {
 		deliveries.rows = append(deliveries.rows, deliveryRow(p.name, s.delivery))
 		l, n := p.load, float64(max(s.delivered, 1))
 		cost.rows = append(cost.rows, []string{p.name, seconds(p.elapsed), msText(l.apiCPU),
-			usText(time.Duration(float64(l.apiCPU) / n)), msText(l.workerCPU), msText(l.redisCPU),
+			usText(time.Duration(float64(l.apiCPU) / n)), msText(l.workerCPU), msText(l.redisCPU), msText(l.benchCPU),
 			fmt.Sprintf("%.2f (%.2f)", float64(l.commands)/n, float64(l.deltaCommands)/n),
 			fmt.Sprintf("%.0f / %.0f", float64(l.netIn)/n, float64(l.netOut)/n)})
 	}
@@ -112,7 +112,7 @@ func (b *streamBench) report() report {
 		a, f := b.phases[0].load, b.phases[1].load
 		extra := float64(max(stats[1].delivered-stats[0].delivered, 1))
 		cost.rows = append(cost.rows, []string{"the extra clients alone (difference)", "", msText(f.apiCPU - a.apiCPU),
-			usText(time.Duration(float64(f.apiCPU-a.apiCPU) / extra)), "", "", "", ""})
+			usText(time.Duration(float64(f.apiCPU-a.apiCPU) / extra)), "", "", "", "", ""})
 	}
 	retried, gaps, resets := 0, 0, 0
 	for _, s := range stats {
@@ -131,9 +131,19 @@ func (b *streamBench) report() report {
 				b.clients, msText(percentile(last.overSim, 50)), msText(percentile(last.overSim, 99))),
 			"Lag: for every token the simulator sent and every client, the time from the simulator's flush of the token to the client's read of the delta event that completes it, both stamped on the bench's clock; after the first delta: only the tokens flushed after the client read its first delta event, i.e. the delta path alone (worker → XADD/PUBLISH → the API's wake-up → XRANGE → write), without the stream's opening and the attempt's first delta, which waits for the running event's Postgres read. Texts as sent: the client's text assembled from its delta events (checked offset by offset) equals the simulator's, byte for byte.",
 			"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the last row divides the fan-out phase's excess API CPU over the first by its excess delta events: about what a client more costs (the phases' other work is alike; their Redis writes are not, pieces being merged differently, so Redis is not compared). Delta path commands: XADD, PEXPIRE, PUBLISH (worker) and XRANGE (API).",
+			b.busy(),
 			"Timed on a shared, loaded 2-core machine (every process of the run, the clients and the simulator share the 2 cores): indicative only.",
 		},
 	}
+}
+
+// busy says how much of the machine the fan-out phase's processes took (Postgres not counted).
+func (b *streamBench) busy() string {
+	p := b.phases[len(b.phases)-1]
+	l := p.load
+	used := l.apiCPU + l.workerCPU + l.redisCPU + l.benchCPU
+	return fmt.Sprintf("In the fan-out phase the API replicas, workers, Redis and the bench (clients, simulator) used %s of CPU in %s, %.0f%% of the 2 cores, Postgres and other runs on the machine not counted.",
+		seconds(used), seconds(p.elapsed), 100*used.Seconds()/(2*p.elapsed.Seconds()))
 }
 
 // targets judges the targets: the first phase's time to first delta over the
