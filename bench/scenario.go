@@ -52,7 +52,7 @@ func scenarios() []entry {
 			new: func() scenario { return &retention{} }},
 		{name: "batch", about: "jobs with \"lane\": \"auto\" through the providers' batch APIs: cost, provider calls, the online lane beside them, a leader crash",
 			new: func() scenario { return &batchBench{} }},
-		{name: "stream", about: "time to the first delta of streaming answers: the simulator directly, and through llmq",
+		{name: "stream", about: "streaming jobs over API replicas: first delta against the simulator's, each token's lag, every client's text, CPU and Redis per delta",
 			new: func() scenario { return &streamBench{} }},
 		{name: "fairness", about: "two tenants and three priorities sharing one credential, llmq beside asynq 6:3:1: waits, shares, 429s",
 			new: func() scenario { return &fairness{} }},

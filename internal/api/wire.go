@@ -94,7 +94,8 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 	if err != nil {
 		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 	}
-	deltas := deltastream.New(deltastream.Config{Redis: rdb, Logger: logger})
+	deltas := deltastream.New(deltastream.Config{Redis: rdb, Logger: logger,
+		MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL}) // the API only reads
 	hub := deltas.NewHub()
 	s := New(Config{
 		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,

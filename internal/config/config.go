@@ -49,6 +49,8 @@ type Config struct {
 	Retention Retention `yaml:"retention"`
 	// Fairness says how tenants and priorities share a credential (see Fairness).
 	Fairness Fairness `yaml:"fairness"`
+	// Streaming configures streaming jobs' delta buffers (see Streaming).
+	Streaming Streaming `yaml:"streaming"`
 }
 
 // Breaker configures the circuit breaker.
@@ -390,6 +392,7 @@ func (c *Config) withDefaults() {
 	}
 	c.Retention.withDefaults()
 	c.Fairness.withDefaults()
+	c.Streaming.withDefaults()
 	if c.Retry.MaxRetryAfter == 0 {
 		c.Retry.MaxRetryAfter = 5 * time.Minute
 	}
@@ -434,6 +437,7 @@ func (c *Config) validate() error {
 	}
 	c.Retention.validate(bad)
 	c.Fairness.validate(bad)
+	c.Streaming.validate(bad)
 	if len(c.Credentials) == 0 {
 		bad("credentials", "at least one credential is required")
 	}

@@ -27,9 +27,11 @@ type Config struct {
 	// Prefix starts every key and channel. Default "llmq:".
 	Prefix string
 	// MaxLen bounds each job's buffer, in entries (trimmed approximately, XADD MAXLEN ~).
-	// Default 10000: with merged pieces, far more than one long answer.
+	// Default 10000: with merged pieces, far more than one long answer. The programs set it
+	// from streaming.buffer_max_entries.
 	MaxLen int64
-	// TTL is how long a buffer outlives its last write. Default 10m.
+	// TTL is how long a buffer outlives its last write. Default 10m. The programs set it from
+	// streaming.buffer_ttl.
 	TTL time.Duration
 	// WriteTimeout bounds one write round trip. Default 5s.
 	WriteTimeout time.Duration

@@ -159,7 +159,8 @@ func (w *Worker) build(m metrics) error {
 		TenantWeight: tenant.NewWeights(tenant.NewStore(w.pool, nil), nil).Weight,
 		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
 		// per job, so tests stay apart by job ID.
-		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger}),
+		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger,
+			MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL}),
 	})
 	w.client = asynq.NewClient(w.redis)
 	w.insp = asynq.NewInspector(w.redis)

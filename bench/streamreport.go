@@ -1,0 +1,179 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// phaseStats is what a phase measured, derived from the clients' views and the simulator's
+// record of the same calls.
+type phaseStats struct {
+	ttfd       []time.Duration // submit → first delta event read (first client of each job)
+	simTTFB    []time.Duration // the call reached the simulator → its first token flushed
+	overSim    []time.Duration // ttfd − simTTFB, per job: what llmq adds
+	pickup     []time.Duration // submit → the call reached the simulator
+	firstPath  []time.Duration // first token flushed → first delta event read
+	toRunning  []time.Duration // submit → running event read
+	runToDelta []time.Duration // running event read → first delta event read
+	delivery
+	retried int // jobs the simulator was called more than once for
+}
+
+func (b *streamBench) stats(p *streamPhase) phaseStats {
+	var s phaseStats
+	for _, j := range p.jobs {
+		call, tries := b.sim.call(j.marker)
+		if call == nil || len(j.views) == 0 || j.views[0] == nil {
+			continue
+		}
+		if tries > 1 {
+			s.retried++
+		}
+		text, ends, at := call.snapshot()
+		if len(at) == 0 {
+			continue
+		}
+		ttfb := at[0].Sub(call.arrived)
+		v0 := j.views[0]
+		s.simTTFB = append(s.simTTFB, ttfb)
+		s.pickup = append(s.pickup, call.arrived.Sub(j.submitted))
+		if !v0.firstDelta.IsZero() {
+			ttfd := v0.firstDelta.Sub(j.submitted)
+			s.ttfd = append(s.ttfd, ttfd)
+			s.overSim = append(s.overSim, ttfd-ttfb)
+			s.firstPath = append(s.firstPath, v0.firstDelta.Sub(at[0]))
+			if !v0.running.IsZero() {
+				s.toRunning = append(s.toRunning, v0.running.Sub(j.submitted))
+				s.runToDelta = append(s.runToDelta, v0.firstDelta.Sub(v0.running))
+			}
+		}
+		for _, v := range j.views {
+			if v == nil {
+				continue
+			}
+			s.add(text, ends, at, v)
+		}
+	}
+	return s
+}
+
+func (b *streamBench) report() report {
+	stats := make([]phaseStats, len(b.phases))
+	for i, p := range b.phases {
+		stats[i] = b.stats(p)
+	}
+	pct := func(ds []time.Duration) []string {
+		if len(ds) == 0 {
+			return []string{"–", "–", "–"}
+		}
+		return []string{msText(percentile(ds, 50)), msText(percentile(ds, 99)), msText(slices.Max(ds))}
+	}
+	row := func(name string, ds []time.Duration) []string { return append([]string{name}, pct(ds)...) }
+	first := stats[0]
+	diff := func(p float64) string { return msText(percentile(first.ttfd, p) - percentile(b.direct, p)) }
+	ttfd := table{
+		header: []string{fmt.Sprintf("time to first delta, %d jobs at once, one client each", b.s.n), "p50", "p99", "max"},
+		rows: [][]string{
+			row("the simulator read directly (POST → first content delta)", b.direct),
+			row("its own time to first token, direct calls (request in → token flushed)", b.directSim),
+			row("through llmq: submit → first delta event", first.ttfd),
+			{"difference of the two reads' percentiles", diff(50), diff(99), ""},
+			row("**through llmq − that call's simulator time to first token** (target ≤ 5 / ≤ 20 ms)", first.overSim),
+			row("· submit → the simulator gets the call (submit, pick-up, limiter, attempt start)", first.pickup),
+			row("· the simulator's time to first token, through llmq", first.simTTFB),
+			row("· first token flushed → first delta event read (the delta path)", first.firstPath),
+			row("submit → running event read", first.toRunning),
+			row("running event read → first delta event read", first.runToDelta),
+		},
+	}
+	deliveries := table{
+		header: []string{"delivery", "clients", "delta events read", "texts as sent", "lag p50", "p99", "max",
+			"after the first delta: lag p50", "p99", "max"},
+	}
+	cost := table{
+		header: []string{"cost", "elapsed", "API CPU", "per delta event", "workers CPU", "Redis CPU", "bench CPU (clients, simulator)", "Redis commands per delta event (delta path)", "Redis bytes in / out per delta event"},
+	}
+	deliveryRow := func(name string, d delivery) []string {
+		return slices.Concat([]string{name, fmt.Sprint(d.clients), fmt.Sprint(d.delivered),
+			fmt.Sprintf("%d / %d", d.clients-d.mismatched, d.clients)}, pct(d.lags), pct(d.steady))
+	}
+	deliveries.rows = append(deliveries.rows, deliveryRow("the simulator read directly (control)", b.directRead))
+	for i, p := range b.phases {
+		s := stats[i]
+		deliveries.rows = append(deliveries.rows, deliveryRow(p.name, s.delivery))
+		l, n := p.load, float64(max(s.delivered, 1))
+		cost.rows = append(cost.rows, []string{p.name, seconds(p.elapsed), msText(l.apiCPU),
+			usText(time.Duration(float64(l.apiCPU) / n)), msText(l.workerCPU), msText(l.redisCPU), msText(l.benchCPU),
+			fmt.Sprintf("%.2f (%.2f)", float64(l.commands)/n, float64(l.deltaCommands)/n),
+			fmt.Sprintf("%.0f / %.0f", float64(l.netIn)/n, float64(l.netOut)/n)})
+	}
+	if len(b.phases) == 2 {
+		a, f := b.phases[0].load, b.phases[1].load
+		extra := float64(max(stats[1].delivered-stats[0].delivered, 1))
+		cost.rows = append(cost.rows, []string{"the extra clients alone (difference)", "", msText(f.apiCPU - a.apiCPU),
+			usText(time.Duration(float64(f.apiCPU-a.apiCPU) / extra)), "", "", "", "", ""})
+	}
+	retried, gaps, resets := 0, 0, 0
+	for _, s := range stats {
+		retried, gaps, resets = retried+s.retried, gaps+s.gaps, resets+s.resets
+	}
+	last := stats[len(stats)-1]
+	pool := "Postgres pools of llmq's default size (16 per process)"
+	if b.poolConns > 0 {
+		pool = fmt.Sprintf("Postgres pools of %d connections per process (pool_max_conns: the machine's Postgres, max_connections 100, is shared with other runs)", b.poolConns)
+	}
+	return report{
+		tables: []table{b.targets(first, last), ttfd, deliveries, cost},
+		notes: []string{
+			fmt.Sprintf("%d streaming jobs per phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). %s. A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.",
+				b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, pool, retried, gaps, resets,
+				b.clients, msText(percentile(last.overSim, 50)), msText(percentile(last.overSim, 99))),
+			"Lag: for every token the simulator sent and every client, the time from the simulator's flush of the token to the client's read of the delta event that completes it, both stamped on the bench's clock; after the first delta: only the tokens flushed after the client read its first delta event, i.e. the delta path alone (worker → XADD/PUBLISH → the API's wake-up → XRANGE → write), without the stream's opening and the attempt's first delta, which waits for the running event's Postgres read. Texts as sent: the client's text assembled from its delta events (checked offset by offset) equals the simulator's, byte for byte.",
+			"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the last row divides the fan-out phase's excess API CPU over the first by its excess delta events: about what a client more costs (the phases' other work is alike; their Redis writes are not, pieces being merged differently, so Redis is not compared). Delta path commands: XADD, PEXPIRE, PUBLISH (worker) and XRANGE (API).",
+			b.busy(),
+			"Timed on a shared, loaded 2-core machine (every process of the run, the clients and the simulator share the 2 cores): indicative only.",
+		},
+	}
+}
+
+// busy says how much of the machine the fan-out phase's processes took (Postgres not counted).
+func (b *streamBench) busy() string {
+	p := b.phases[len(b.phases)-1]
+	l := p.load
+	used := l.apiCPU + l.workerCPU + l.redisCPU + l.benchCPU
+	return fmt.Sprintf("In the fan-out phase the API replicas, workers, Redis and the bench (clients, simulator) used %s of CPU in %s, %.0f%% of the 2 cores, Postgres and other runs on the machine not counted.",
+		seconds(used), seconds(p.elapsed), 100*used.Seconds()/(2*p.elapsed.Seconds()))
+}
+
+// targets judges the targets: the first phase's time to first delta over the
+// simulator's, and the last (fan-out) phase's delivery.
+func (b *streamBench) targets(first, last phaseStats) table {
+	verdict := func(ok bool) string {
+		if ok {
+			return "PASS"
+		}
+		return "FAIL"
+	}
+	p50, p99 := percentile(first.overSim, 50), percentile(first.overSim, 99)
+	var maxLag time.Duration
+	if len(last.lags) > 0 {
+		maxLag = slices.Max(last.lags)
+	}
+	intact := last.mismatched == 0 && last.gaps == 0 && last.clients == b.s.n*b.clients
+	return table{
+		header: []string{"target", "measured", "result"},
+		rows: [][]string{
+			{"first delta through llmq − the simulator's time to first token, p50 ≤ 5 ms", msText(p50), verdict(p50 <= 5*time.Millisecond)},
+			{"the same, p99 ≤ 20 ms", msText(p99), verdict(p99 <= 20*time.Millisecond)},
+			{fmt.Sprintf("every byte to every client in order (%d clients on %d jobs)", b.s.n*b.clients, b.s.n),
+				fmt.Sprintf("%d of %d texts as sent, %d out of order", last.clients-last.mismatched, b.s.n*b.clients, last.gaps), verdict(intact)},
+			{"no client more than 100 ms behind the provider (max lag, fan-out)", msText(maxLag), verdict(maxLag <= 100*time.Millisecond)},
+		},
+	}
+}
+
+// usText renders a small duration in microseconds: "42 µs".
+func usText(d time.Duration) string {
+	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+}
