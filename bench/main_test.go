@@ -128,7 +128,7 @@ func TestScenarioDefaults(t *testing.T) {
 
 	r, s := parse[*rate](t, "rate")
 	require.Equal(t, []float64{100, 500}, r.rates)
-	require.Equal(t, "composite,httpfloor,llmq", s.only)
+	require.Equal(t, "httpfloor,llmq,serve", s.only)
 	r, _ = parse[*rate](t, "rate", "-rate", "250")
 	require.Equal(t, []float64{250}, r.rates)
 
