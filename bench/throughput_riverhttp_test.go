@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,4 +84,17 @@ func TestRiverStatus(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "succeeded", riverStatus("completed"))
 	require.Equal(t, "discarded", riverStatus("discarded"))
+}
+
+// The row is judged against llmq's target of 1.0 × River, like River's no-op row.
+func TestThroughputReport_RiverOverHTTP(t *testing.T) {
+	t.Parallel()
+	tp, _ := parse[*throughput](t, "throughput", "-only", "riverhttp,llmq")
+	tp.results = []tpResult{tpRun(tpRiverHTTP, 2500, ms(40)), tpRun(tpLLMQ, 2000, ms(5))}
+	tp.rates = [][]float64{nil, nil}
+	rep := tp.report()
+	require.Equal(t, "River over HTTP: POST → River insert → 2 worker processes → provider → RecordOutput", rep.tables[0].rows[0][0])
+	require.Equal(t, "0.80", rep.tables[0].rows[0][12], "llmq ÷ this")
+	require.Contains(t, strings.Join(rep.notes, "\n"),
+		"Throughput targets: llmq ÷ River over HTTP 0.80 (target ≥ 1.0): FAIL (llmq ÷ River over HTTP).")
 }
