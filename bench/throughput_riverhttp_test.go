@@ -59,11 +59,15 @@ func TestCallProvider(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	hc := providerClient(4)
-	defer hc.CloseIdleConnections()
-
 	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
 	defer sim.Close()
+	overloaded := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "overloaded", 529)
+	}))
+	defer overloaded.Close()
+	hc := providerClient(4)
+	defer hc.CloseIdleConnections() // first: the servers' Close waits for the connections
+
 	answer, err := callProvider(ctx, hc, sim.URL, messagesBody(3))
 	require.NoError(t, err)
 	var msg struct {
@@ -72,10 +76,6 @@ func TestCallProvider(t *testing.T) {
 	require.NoError(t, json.Unmarshal(answer, &msg), "%s", answer)
 	require.Equal(t, "message", msg.Type)
 
-	overloaded := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "overloaded", 529)
-	}))
-	defer overloaded.Close()
 	_, err = callProvider(ctx, hc, overloaded.URL, messagesBody(3))
 	require.ErrorContains(t, err, "provider answered 529: overloaded")
 }
