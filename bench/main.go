@@ -41,6 +41,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usage())
 		return errors.New("no scenario given")
 	}
+	if proc, ok := riverProcess(args[0]); ok { // the hidden processes of the River over HTTP row
+		return proc(ctx, args[1:], stderr)
+	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage())

@@ -78,12 +78,15 @@ const (
 	tpRiver     = "river"
 	tpComposite = "composite"
 	tpHTTPFloor = "httpfloor"
+	tpRiverHTTP = "riverhttp"
 	tpLLMQ      = "llmq"
 	tpServe     = "serve"
 )
 
 // tpIDs are the systems in table order.
-func tpIDs() []string { return []string{tpAsynq, tpRiver, tpComposite, tpHTTPFloor, tpLLMQ, tpServe} }
+func tpIDs() []string {
+	return []string{tpAsynq, tpRiver, tpComposite, tpHTTPFloor, tpRiverHTTP, tpLLMQ, tpServe}
+}
 
 // systemName is the name of a system in the tables.
 func systemName(id string) string {
@@ -96,6 +99,8 @@ func systemName(id string) string {
 		return "floor: insert → asynq → update"
 	case tpHTTPFloor:
 		return "floor over HTTP: POST → insert → asynq → provider → update"
+	case tpRiverHTTP:
+		return "River over HTTP: POST → River insert → 2 worker processes → provider → RecordOutput"
 	case tpServe:
 		return "llmq serve: API and worker in each process"
 	}
@@ -111,6 +116,8 @@ func shortName(id string) string {
 		return "floor over HTTP"
 	case tpRiver:
 		return "River"
+	case tpRiverHTTP:
+		return "River over HTTP"
 	case tpServe:
 		return "llmq serve"
 	}
@@ -129,6 +136,8 @@ func newSystem(o tpOpts, id string, log logf) tpSystem {
 		return &compositeSystem{floorBase{inProcessQueue: q}}
 	case tpHTTPFloor:
 		return &httpFloorSystem{floorBase: floorBase{inProcessQueue: q}}
+	case tpRiverHTTP:
+		return &riverHTTPSystem{o: o, log: log}
 	case tpServe:
 		return &llmqSystem{o: o, log: log, serve: true}
 	}
@@ -146,8 +155,9 @@ type tpResult struct {
 	statuses map[string]int
 	lag      time.Duration // rate: the largest delay of a submit behind its schedule
 	offered  time.Duration // rate: first to last scheduled submit
-	// toStart and fromStart split submit → result at the first attempt's start (llmq only: its
-	// started_at): the wait before the call, and the call with the result's write.
+	// toStart and fromStart split submit → result at the attempt's start (llmq: its first
+	// attempt's started_at; River over HTTP: its last attempt's attempted_at): the wait before
+	// the call, and the call with the result's write.
 	toStart, fromStart []time.Duration
 	// stages is where the workers' deliveries spent their time (llmq only).
 	stages []stageTime

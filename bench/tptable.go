@@ -9,9 +9,9 @@ import (
 )
 
 // throughput is `bench throughput`: n jobs through each system as fast as it goes, from a
-// closed loop of clients, the systems' runs interleaved. The throughput target, for each of
+// closed loop of clients, the systems' runs interleaved. The throughput targets, for each of
 // llmq's layouts (an api and workers; serve processes): at least 0.9 × the rate of the floor
-// over HTTP.
+// over HTTP, and 1.0 × River over HTTP's.
 type throughput struct {
 	o       tpOpts
 	results []tpResult // the median run of each system
@@ -21,6 +21,7 @@ type throughput struct {
 // The throughput targets.
 const (
 	tpTargetVsHTTPFloor = 0.9 // llmq jobs/s ≥ 0.9 × the floor over HTTP's
+	tpTargetVsRiverHTTP = 1.0 // llmq jobs/s ≥ 1.0 × River over HTTP's
 )
 
 func (t *throughput) flags(fs *flagSet, s *shared) {
@@ -111,9 +112,14 @@ func (t *throughput) report() report {
 		o.n, o.warmup, o.clients, o.concurrency(), o.workers, o.conns, riverVersion())}
 	var cs []check
 	for _, layout := range []string{tpLLMQ, tpServe} {
-		if v, ok := t.ratio(layout, tpHTTPFloor); ok {
-			cs = append(cs, check{what: shortName(layout) + " ÷ " + shortName(tpHTTPFloor), got: fmt.Sprintf("%.2f", v),
-				target: fmt.Sprintf("≥ %.1f", tpTargetVsHTTPFloor), pass: v >= tpTargetVsHTTPFloor})
+		for _, c := range []struct {
+			id     string
+			target float64
+		}{{tpHTTPFloor, tpTargetVsHTTPFloor}, {tpRiverHTTP, tpTargetVsRiverHTTP}} {
+			if v, ok := t.ratio(layout, c.id); ok {
+				cs = append(cs, check{what: shortName(layout) + " ÷ " + shortName(c.id), got: fmt.Sprintf("%.2f", v),
+					target: fmt.Sprintf("≥ %.1f", c.target), pass: v >= c.target})
+			}
 		}
 	}
 	if len(cs) > 0 {
