@@ -330,6 +330,9 @@ type Reservation struct {
 	Grant int64
 	// Tokens is the token limits the slot was computed with (ReserveCost only).
 	Tokens TokenBuckets
+	// ReportSend is set on the first slot granted from a full bucket when AttemptOptions.ReportSend
+	// asked for it: call Gate.Sent just before sending its request.
+	ReportSend bool
 }
 
 // Reserve atomically takes the next send slot of the credential (one Lua script, GCRA): a burst
@@ -366,6 +369,13 @@ type AttemptOptions struct {
 	// to ask again (Granted false) with the same Lane. It applies while the request limit is
 	// known (configured or learned); a limit being learned goes one probe at a time as before.
 	Lane *Lane
+	// ReportSend promises that a slot granted with Reservation.ReportSend is reported by
+	// Gate.Sent just before its request leaves. The first grant from a full bucket is then
+	// marked, and slots that need a refill wait (Granted false, ask again shortly) until the
+	// report, or a second without one: the provider's bucket starts refilling when the burst's
+	// first request reaches it, which may be well after the grant (the caller's bookkeeping
+	// before the send); a schedule counted from the grant then sends the first refill slot early.
+	ReportSend bool
 }
 
 // reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
@@ -402,8 +412,8 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 			return Reservation{}, fmt.Errorf("reserve: %w", err)
 		}
 		keys = append(keys, c.fairKeys(opts.Lane)...)
-		args = append(args, c.fairArgs(opts.Lane)...)
 	}
+	args = append(args, c.anchorArgs(opts)...)
 	res, err := reserveScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {
 		return Reservation{}, fmt.Errorf("reserve: %w", err)
@@ -440,6 +450,7 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		r.Grant = redisscript.Int(res[8])
 		r.Tokens = parseTokenLimits(redisscript.String(res[9]))
 	}
+	r.ReportSend = len(res) >= 11 && redisscript.Int(res[10]) == 1
 	c.l.cfg.Metrics.reserved(c.name, r)
 	return r, nil
 }
