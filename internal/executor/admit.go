@@ -19,7 +19,7 @@ type admission struct {
 	grant      int64               // the token reservation, for Reconcile (0: none)
 	est        *estimator.Estimate // the estimate the grant was reserved with (nil: make it again)
 	pauseProbe bool                // an automatic probe of a paused credential
-	reportSend bool                // the first slot of a full bucket: tell the gate when it leaves
+	reportSend int64               // a burst's slot: tell the gate when it leaves (limiter.Gate.Sent)
 }
 
 // admit takes the attempt's send slot: the one an earlier delivery held in the job row, or a new
@@ -55,14 +55,14 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	return adm, nil
 }
 
-// reportSend tells the credential's gate that the first slot of a full bucket leaves now
-// (limiter.Gate.Sent), so that the slots after the burst count the provider's refill from this
-// send rather than from the grant. A failure only costs those slots a second's wait.
+// reportSend tells the credential's gate that a burst's slot leaves now (limiter.Gate.Sent), so
+// that the slots after the burst count the provider's refill from the burst's sends rather than
+// from its grants. A failure only costs those slots a second's wait.
 func (e *Executor) reportSend(ctx context.Context, up Upstream, adm admission) {
-	if !adm.reportSend || up.Gate == nil {
+	if adm.reportSend == 0 || up.Gate == nil {
 		return
 	}
-	_, _ = up.Gate.Sent(ctx)
+	_, _ = up.Gate.Sent(ctx, adm.reportSend)
 }
 
 // admitGate asks the credential's shared gate whether and when this attempt may be sent: not

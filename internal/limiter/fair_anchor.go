@@ -6,14 +6,15 @@ import (
 	"time"
 )
 
-// Sent reports that the request of a slot granted with Reservation.ReportSend leaves now: the
-// credential's schedule after the burst then counts the provider's refill from this moment, not
-// from the grant (see AttemptOptions.ReportSend). Call it just before sending, once; calling it
-// for another slot, or twice, is harmless. It returns how much later the schedule moved, or an
-// error when Redis fails (the slots after the burst then wait a second before going on their own).
-func (c *Gate) Sent(ctx context.Context) (time.Duration, error) {
+// Sent reports that the request of a slot granted with a non-zero Reservation.ReportSend (pass
+// it as period) leaves now: once the burst's every slot is reported, the credential's schedule
+// after the burst counts the provider's refill from when they left, not from their grants (see
+// AttemptOptions.ReportSend). Call it just before sending, once per slot. It returns how much
+// later the schedule moved (0 until the burst's last report), or an error when Redis fails (the
+// slots after the burst then wait a second before going on their own).
+func (c *Gate) Sent(ctx context.Context, period int64) (time.Duration, error) {
 	cfg := &c.l.cfg
-	d, err := sentScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)}, c.l.nowArg()).Int64()
+	d, err := sentScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)}, c.l.nowArg(), period).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("report send: %w", err)
 	}

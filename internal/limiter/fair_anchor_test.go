@@ -35,11 +35,11 @@ func providerAccepts(arrivals []time.Time, burst int, rate float64) []time.Time 
 }
 
 // TestReportSend_RefillCountsFromTheBurstsSend: a burst granted from a full bucket whose requests
-// leave 300 ms after their grant (a worker's bookkeeping before the send, under load). Counted
-// from the grant, the first slot after the burst would go at 0.2 s, 0.1 s after the burst
-// reached the provider, whose bucket was full (not refilling) until then: a 429. With the send
-// reported, the slots after the burst wait for the report and count from it: the provider
-// accepts every request. With or without a Lane.
+// leave late (a worker's bookkeeping before the send, under load): one 50 ms after its grant, the
+// other 19 after 300 ms. Counted from the grants, the first slot after the burst would go at
+// 0.2 s, before the burst reached the provider, whose bucket was full (not refilling) until then:
+// a 429. With the sends reported, the slots after the burst wait for the last report and count
+// from the sends: the provider accepts every request. With or without a Lane.
 func TestReportSend_RefillCountsFromTheBurstsSend(t *testing.T) {
 	t.Parallel()
 	for _, withLane := range []bool{false, true} {
@@ -63,12 +63,13 @@ func TestReportSend_RefillCountsFromTheBurstsSend(t *testing.T) {
 				}
 				return r
 			}
-			var arrivals []time.Time
+			var burst []limiter.Reservation
 			for i := range 20 {
 				r := ask()
 				require.True(t, r.Granted, "burst slot %d", i)
 				require.Zero(t, r.Wait)
-				require.Equal(t, i == 0, r.ReportSend, "only the first slot of the full bucket reports its send")
+				require.NotZero(t, r.ReportSend, "a burst slot reports its send")
+				burst = append(burst, r)
 			}
 			r := ask()
 			require.False(t, r.Granted, "no refill slot before the burst has left")
@@ -76,13 +77,20 @@ func TestReportSend_RefillCountsFromTheBurstsSend(t *testing.T) {
 				require.Equal(t, limiter.DefaultPollInterval, r.Wait)
 			}
 
-			late := 300 * time.Millisecond
-			b.clock.Advance(late)
-			moved, err := g.Sent(ctx)
-			require.NoError(t, err)
-			require.Equal(t, late, moved)
-			for range 20 {
+			var arrivals []time.Time
+			send := func(r limiter.Reservation) time.Duration {
+				moved, err := g.Sent(ctx, r.ReportSend)
+				require.NoError(t, err)
 				arrivals = append(arrivals, b.clock.Now())
+				return moved
+			}
+			b.clock.Advance(50 * time.Millisecond)
+			require.Zero(t, send(burst[0]), "the schedule waits for the whole burst")
+			b.clock.Advance(250 * time.Millisecond)
+			r = ask()
+			require.False(t, r.Granted, "19 of the burst have not left")
+			for _, r := range burst[1:] {
+				send(r)
 			}
 			for i := range 30 {
 				r := ask()
@@ -92,20 +100,64 @@ func TestReportSend_RefillCountsFromTheBurstsSend(t *testing.T) {
 					b.clock.Set(r.SendAt)
 					r = ask()
 				}
-				require.False(t, r.ReportSend)
+				require.Zero(t, r.ReportSend, "a refill slot reports nothing")
 				arrivals = append(arrivals, r.SendAt)
 				b.clock.Set(r.SendAt)
 			}
 			require.Empty(t, providerAccepts(arrivals, 20, 10), "the provider refuses none")
-			again, err := g.Sent(ctx)
+			again, err := g.Sent(ctx, burst[0].ReportSend)
 			require.NoError(t, err)
-			require.Zero(t, again, "a second report changes nothing")
+			require.Zero(t, again, "a report too many changes nothing")
 		})
 	}
 }
 
-// TestReportSend_NoReportWaitsASecond: a first slot whose send is never reported (its worker
-// died) holds the refill slots back one second, taken as when it left; a plain Reserve, which
+// TestReportSend_CarriedOver: a burst slot not yet reported when the bucket is full again (its
+// worker slow for 0.5 s) still leaves in the next burst: that burst holds one slot fewer, and its
+// report counts there.
+func TestReportSend_CarriedOver(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := setup(t, nil)
+	g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
+	opts := limiter.AttemptOptions{ReportSend: true}
+	late, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+	require.NoError(t, err)
+	require.True(t, late.Granted)
+	b.clock.Advance(500 * time.Millisecond)
+	var burst []limiter.Reservation
+	for {
+		r, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+		require.NoError(t, err)
+		if !r.Granted {
+			break
+		}
+		require.Less(t, len(burst), 20)
+		require.NotZero(t, r.ReportSend)
+		burst = append(burst, r)
+	}
+	require.Len(t, burst, 19, "the late slot takes the next burst's room")
+	arrivals := []time.Time{b.clock.Now()}
+	_, err = g.Sent(ctx, late.ReportSend)
+	require.NoError(t, err)
+	for _, r := range burst {
+		_, err := g.Sent(ctx, r.ReportSend)
+		require.NoError(t, err)
+		arrivals = append(arrivals, b.clock.Now())
+	}
+	for range 10 {
+		r, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+		arrivals = append(arrivals, r.SendAt)
+		b.clock.Set(r.SendAt)
+	}
+	require.Empty(t, providerAccepts(arrivals, 20, 10), "the provider refuses none")
+}
+
+// TestReportSend_NoReportWaitsASecond: a burst whose sends are never reported (its workers died)
+// holds the refill slots back one second after its last grant, taken as when it left; a plain Reserve, which
 // promises no report, is not marked and does not wait.
 func TestReportSend_NoReportWaitsASecond(t *testing.T) {
 	t.Parallel()
@@ -134,7 +186,7 @@ func TestReportSend_NoReportWaitsASecond(t *testing.T) {
 	for range 20 {
 		r, err := plain.Reserve(ctx, fairLimit)
 		require.NoError(t, err)
-		require.False(t, r.ReportSend)
+		require.Zero(t, r.ReportSend)
 	}
 	r, err = plain.Reserve(ctx, fairLimit)
 	require.NoError(t, err)

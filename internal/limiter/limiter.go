@@ -330,9 +330,9 @@ type Reservation struct {
 	Grant int64
 	// Tokens is the token limits the slot was computed with (ReserveCost only).
 	Tokens TokenBuckets
-	// ReportSend is set on the first slot granted from a full bucket when AttemptOptions.ReportSend
-	// asked for it: call Gate.Sent just before sending its request.
-	ReportSend bool
+	// ReportSend is non-zero on a slot a full bucket held (a burst's) when
+	// AttemptOptions.ReportSend asked for it: pass it to Gate.Sent just before sending the request.
+	ReportSend int64
 }
 
 // Reserve atomically takes the next send slot of the credential (one Lua script, GCRA): a burst
@@ -369,12 +369,13 @@ type AttemptOptions struct {
 	// to ask again (Granted false) with the same Lane. It applies while the request limit is
 	// known (configured or learned); a limit being learned goes one probe at a time as before.
 	Lane *Lane
-	// ReportSend promises that a slot granted with Reservation.ReportSend is reported by
-	// Gate.Sent just before its request leaves. The first grant from a full bucket is then
-	// marked, and slots that need a refill wait (Granted false, ask again shortly) until the
-	// report, or a second without one: the provider's bucket starts refilling when the burst's
-	// first request reaches it, which may be well after the grant (the caller's bookkeeping
-	// before the send); a schedule counted from the grant then sends the first refill slot early.
+	// ReportSend promises that a slot granted with a non-zero Reservation.ReportSend is reported
+	// by Gate.Sent just before its request leaves. The slots a full bucket holds (a burst) are
+	// then reported, and slots that need a refill wait (Granted false, ask again shortly) until
+	// the burst's every report is in, or a second after its last grant: the provider's bucket
+	// refills from when the burst's requests reach it, which may be well after their grants (the
+	// caller's bookkeeping before the send); a schedule counted from the grants then sends the
+	// first refill slots early.
 	ReportSend bool
 }
 
@@ -450,7 +451,9 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		r.Grant = redisscript.Int(res[8])
 		r.Tokens = parseTokenLimits(redisscript.String(res[9]))
 	}
-	r.ReportSend = len(res) >= 11 && redisscript.Int(res[10]) == 1
+	if len(res) >= 11 {
+		r.ReportSend = redisscript.Int(res[10])
+	}
 	c.l.cfg.Metrics.reserved(c.name, r)
 	return r, nil
 }

@@ -180,13 +180,13 @@ local function tgate(m0, s0)
 end
 
 local s = redis.call('HMGET', key, 'tat', 'ts', 'bs', 'full', 'L', 'lo', 'lupd', 'av', 'avs',
-  'pr', 'pt', 'nb', 'nohdr', 'bg', 'seq', 'c1t', 'c1s', 'c2t', 'c2s', 'cap', 'capt', 'fa')
+  'pr', 'pt', 'nb', 'nohdr', 'bg', 'seq', 'c1t', 'c1s', 'c2t', 'c2s', 'cap', 'capt', 'fa', 'fu', 'tp', 'fl')
 local tat, ts, bs, full = num(s[1]), num(s[2]), num(s[3]), num(s[4])
 local L, lo, lupd, av, avs = num(s[5]), num(s[6]), num(s[7]), num(s[8]), num(s[9])
 local pr, pt, nb, nohdr, bg = num(s[10]), num(s[11]), num(s[12]) or 0, num(s[13]), num(s[14])
 local seq, c1t, c1s, c2t, c2s = num(s[15]) or 0, num(s[16]), num(s[17]), num(s[18]), num(s[19])
 local cap, capt = num(s[20]), num(s[21])
-local fa = num(s[22])
+local fa, fu, tp, fl = num(s[22]), num(s[23]) or 0, num(s[24]), num(s[25])
 if lupd == nil or now - lupd > learnttl then L, av = nil, nil end
 if nohdr ~= nil and now - nohdr > learnttl then nohdr = nil end
 -- lend: requests the provider surely still holds (its reported remaining less our grants since)
@@ -298,9 +298,12 @@ if nb > now then
   local pb = nb + (burst - 1) * T
   if tat == nil or tat < pb then tat = pb end
 end
-tat, full, fa = aexpire(key, tat, full, fa, now)
+tat, full, fa, fu, tp = aexpire(key, tat, full, fa, fu, tp, fl, now, T)
 local wasfull = tat == nil or tat <= now - phase
-if wasfull then full = now end
+if wasfull then
+  full = now
+  if ARGV[41] == '1' then tat, fa, fu = anew(key, tat, now, fa, fu, T) end
+end
 local base = tat
 if base == nil or base < now then base = now end
 local ntat = base + T
@@ -320,9 +323,9 @@ if FQ ~= nil then
   if not ok then granted, tagain = 0, again end
 end
 if granted == 1 and source == 'learned' and send - now > hz then granted = 0 end
-if granted == 1 and ARGV[41] == '1' and fa ~= nil and fa == full and allow > full then
-  -- the burst's first request has not left yet: the provider's refill has not started
-  granted, tagain = 0, math.min(now + poll, fa + AW)
+if granted == 1 and ARGV[41] == '1' and fa ~= nil and fa == full and fu > 0 and allow > full then
+  -- some of the burst has not left yet: where the provider's refill stands is not known
+  granted, tagain = 0, math.min(now + poll, fl + AW)
 end
 if granted == 1 then
   -- The request bucket has room at max(now, allow); the token buckets may push the slot later,
@@ -337,10 +340,7 @@ if granted == 1 then
   end
 end
 if granted == 1 then tat = ntat end
-if granted == 1 and ARGV[41] == '1' and wasfull then
-  redis.call('HSET', key, 'fa', fmt0(full))
-  AREPORT = 1
-end
+if granted == 1 and ARGV[41] == '1' then aheld(key, allow, full, fa, fu, now) end
 redis.call('HSET', key, 'tat', fmt0(tat), 'ts', fmt(T), 'bs', burst, 'full', fmt0(full or 0))
 if tagain ~= nil then return reply(0, tagain, 0, rate, burst, source) end
 if granted == 0 then
