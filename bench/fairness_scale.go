@@ -103,6 +103,13 @@ func (f *fairness) bigFlood(ctx context.Context, log logf) (fairRow, error) {
 		return fairRow{}, err
 	}
 	row.n429 = sim.Stats().ByStatus[http.StatusTooManyRequests]
+	all := sortedByTime(plog.snapshot())
+	for k, a := range all {
+		if a.status == http.StatusTooManyRequests && len(row.at429) < 5 {
+			row.at429 = append(row.at429, seconds(a.at.Sub(all[0].at)))
+			log("429 at %s (request %d of %d, %s %s)", seconds(a.at.Sub(all[0].at)), k, len(all), a.tenant, a.prio)
+		}
+	}
 	return row, nil
 }
 
