@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,9 +29,16 @@ import (
 // provider's log (which request of which tenant arrived when); each scenario also runs on plain
 // asynq with three weighted queues, what a Go team would build instead.
 type fairness struct {
-	s    *shared
-	dur  time.Duration
-	rows []fairRow
+	s     *shared
+	dur   time.Duration
+	which string // -scenarios: comma-separated scenario numbers to run (empty: all)
+	// backlog is scenario 6's number of A's low jobs waiting (-backlog).
+	backlog int
+	// drainJobs is the drain comparison's backlog (-drain-jobs); baseBin holds the api and
+	// worker built without lanes to compare with (-baseline-bin; empty: not compared).
+	drainJobs int
+	baseBin   string
+	rows      []fairRow
 }
 
 // fairRow is one scenario's figures on one system.
@@ -42,6 +52,7 @@ type fairRow struct {
 	share   string // the share per window (min-max) of the tenant or priority named
 	n429    int
 	rps     float64 // provider requests per second while there was work, against the limit
+	rpsText string  // rps as shown, when not against the limit (the drain's jobs/s)
 	target  string
 	pass    bool
 	err     error
@@ -56,6 +67,10 @@ func (f *fairness) flags(fs *flagSet, s *shared) {
 	s.deadline(fs, 3*time.Minute, "cap on each scenario and system")
 	s.rows(fs, []string{"llmq", "asynq"})
 	fs.DurationVar(&f.dur, "duration", 20*time.Second, "how long each scenario keeps the credential busy")
+	fs.StringVar(&f.which, "scenarios", "", "comma-separated scenario numbers to run (default all): 1, 2, 3, 4, 6")
+	fs.IntVar(&f.backlog, "backlog", 100_000, "scenario 6: A's low jobs waiting (queued with the workers stopped) when B starts (0: not run)")
+	fs.IntVar(&f.drainJobs, "drain-jobs", 20_000, "scenario 6: the backlog A drains alone on an instant, unlimited provider (0: not run)")
+	fs.StringVar(&f.baseBin, "baseline-bin", "", "scenario 6: directory of an api and worker built without fair-queueing lanes, whose drain is compared (empty: none)")
 	s.build = true // the binaries must hold the code measured
 }
 
@@ -124,7 +139,7 @@ type fairSystem struct {
 // fairBody is the provider request of job i of tenant at prio, tagged for the provider's log.
 func fairBody(tenantName, prio string, i int) []byte {
 	return fmt.Appendf(nil, `{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"fair %s %s %d"}]}`,
-		tenantName, prio, i)
+		tenantName, cmp.Or(prio, "default"), i)
 }
 
 // submit submits job i of tenant at prio and returns when it was submitted.
@@ -141,40 +156,66 @@ func (e *fairEnv) submit(ctx context.Context, tenantName, prio string, i int) (t
 // the tenants created with their weights, jobs submitted over HTTP with their priority.
 func (f *fairness) llmqSystem() fairSystem {
 	return fairSystem{name: "llmq", start: func(ctx context.Context, log logf, simURL string, weights map[string]int) (sendFunc, func(), error) {
-		d, err := deploy(ctx, deployOpts{adminURL: f.s.dbURL, redisURL: f.s.redisURL, simURL: simURL,
-			setup: llmqSetup{limits: &config.Limits{RequestsPerSecond: f.s.rate, Burst: int(f.s.capacity)}}})
+		r, err := f.startLLMQ(ctx, log, f.s.bin, simURL, &config.Limits{RequestsPerSecond: f.s.rate, Burst: int(f.s.capacity)}, weights)
 		if err != nil {
 			return nil, nil, err
 		}
-		st, err := startStack(ctx, d.stack(f.s.bin, f.s.redisURL), f.s.workers)
-		if err != nil {
-			d.close(f.s.keepLogs, log)
-			return nil, nil, err
-		}
-		stop := func() {
-			st.stop()
-			d.close(f.s.keepLogs, log)
-		}
-		log("api and %d workers ready", f.s.workers)
-		tokens, err := createTenants(ctx, d.dbURL, weights)
-		if err != nil {
-			stop()
-			return nil, nil, err
-		}
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConnsPerHost = 64
-		hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-		send := func(ctx context.Context, tenantName, prio string, _ int, body []byte) error {
-			return postTenantJob(ctx, hc, st.apiURL, tokens[tenantName], prio, body)
-		}
-		return send, func() { hc.CloseIdleConnections(); stop() }, nil
+		return r.send, r.stop, nil
 	}}
 }
 
-// postTenantJob posts one job with its priority and provider request as the tenant of token;
-// anything but a 202 is an error.
+// llmqRun is a running llmq deployment of the fairness bench.
+type llmqRun struct {
+	st   *stack
+	send sendFunc
+	stop func()
+}
+
+// startLLMQ deploys llmq from the binaries in bin against the simulator at simURL with the
+// credential's limits, starts its api and -workers workers and creates the tenants (weights nil:
+// the tenants named in names, with no weight column, as before tenants had weights).
+func (f *fairness) startLLMQ(ctx context.Context, log logf, bin, simURL string, limits *config.Limits, weights map[string]int) (*llmqRun, error) {
+	d, err := deploy(ctx, deployOpts{adminURL: f.s.dbURL, redisURL: f.s.redisURL, simURL: simURL,
+		setup: llmqSetup{limits: limits}})
+	if err != nil {
+		return nil, err
+	}
+	st, err := startStack(ctx, d.stack(bin, f.s.redisURL), f.s.workers)
+	if err != nil {
+		d.close(f.s.keepLogs, log)
+		return nil, err
+	}
+	stop := func() {
+		st.stop()
+		d.close(f.s.keepLogs, log)
+	}
+	log("api and %d workers ready", f.s.workers)
+	var tokens map[string]string
+	if bin == f.baseBin {
+		tokens, err = createUnweightedTenants(ctx, d.dbURL, weights)
+	} else {
+		tokens, err = createTenants(ctx, d.dbURL, weights)
+	}
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	send := func(ctx context.Context, tenantName, prio string, _ int, body []byte) error {
+		return postTenantJob(ctx, hc, st.apiURL, tokens[tenantName], prio, body)
+	}
+	return &llmqRun{st: st, send: send, stop: func() { hc.CloseIdleConnections(); stop() }}, nil
+}
+
+// postTenantJob posts one job with its priority ("": none, the default) and provider request as
+// the tenant of token; anything but a 202 is an error.
 func postTenantJob(ctx context.Context, hc *http.Client, apiURL, token, prio string, request []byte) error {
-	body := fmt.Appendf(nil, `{"priority":%q,"max_attempts":20,"request":%s}`, prio, request)
+	body := fmt.Appendf(nil, `{"max_attempts":20,"request":%s}`, request)
+	if prio != "" {
+		body = fmt.Appendf(nil, `{"priority":%q,"max_attempts":20,"request":%s}`, prio, request)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/jobs", bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -299,6 +340,33 @@ func createTenants(ctx context.Context, dbURL string, weights map[string]int) (m
 	return tokens, nil
 }
 
+// createUnweightedTenants creates the tenants named in weights as the schema before tenant
+// weights stored them (the baseline binaries' database) and returns their bearer tokens.
+func createUnweightedTenants(ctx context.Context, dbURL string, weights map[string]int) (map[string]string, error) {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	tokens := map[string]string{}
+	for name := range weights {
+		raw := make([]byte, 32)
+		if _, err := rand.Read(raw); err != nil {
+			return nil, err
+		}
+		tok := tenant.BearerTokenPrefix + base64.RawURLEncoding.EncodeToString(raw)
+		hash, err := tenant.HashBearerToken(tok)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO tenants (name, token_sha256) VALUES ($1, $2)`, name, hash[:]); err != nil {
+			return nil, fmt.Errorf("create tenant %s: %w", name, err)
+		}
+		tokens[name] = tok
+	}
+	return tokens, nil
+}
+
 // shares returns the min and max, over windows of w from from to to, of the share of requests
 // that match.
 func shares(log []arrival, from, to time.Time, w time.Duration, match func(arrival) bool) (lo, hi float64) {
@@ -322,8 +390,12 @@ func shares(log []arrival, from, to time.Time, w time.Duration, match func(arriv
 	return lo, hi
 }
 
-// busyRate is requests per second between the first arrival and the last one before to.
-func busyRate(log []arrival, to time.Time) float64 {
+// busyRate is the rate beyond the burst: (requests - burst) per second between the first
+// arrival and the last one before to. A provider bucket of burst b refilled at r/s serves at
+// most b + r·t requests in t, so this is at most r however short the run, and at least 0.95 r
+// when the limit is used to the full. burst below 1 counts as 1 (n-1 intervals between n
+// arrivals).
+func busyRate(log []arrival, to time.Time, burst float64) float64 {
 	if len(log) < 2 {
 		return 0
 	}
@@ -338,7 +410,7 @@ func busyRate(log []arrival, to time.Time) float64 {
 	if !last.After(first) {
 		return 0
 	}
-	return float64(n-1) / last.Sub(first).Seconds()
+	return (float64(n) - max(burst, 1)) / last.Sub(first).Seconds()
 }
 
 func sortedByTime(log []arrival) []arrival {

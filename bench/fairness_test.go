@@ -29,8 +29,18 @@ func TestFairness_Shares(t *testing.T) {
 	lo, hi := shares(log, t0, t0.Add(4*time.Second), time.Second, func(a arrival) bool { return a.tenant == "A" })
 	require.InDelta(t, 0.5, lo, 1e-9)
 	require.InDelta(t, 1.0, hi, 1e-9)
-	require.InDelta(t, 10.0, busyRate(log, t0.Add(time.Hour)), 1e-9)
-	require.InDelta(t, 10.0, busyRate(log, t0.Add(2*time.Second)), 1e-9)
+	require.InDelta(t, 10.0, busyRate(log, t0.Add(time.Hour), 0), 1e-9)
+	require.InDelta(t, 10.0, busyRate(log, t0.Add(2*time.Second), 1), 1e-9)
+	// a burst of 20 at once, then 10/s for 2 s: 10/s beyond the burst, not 20.5
+	var burst []arrival
+	for i := range 40 {
+		at := t0
+		if i >= 20 {
+			at = t0.Add(time.Duration(i-19) * 100 * time.Millisecond)
+		}
+		burst = append(burst, arrival{at: at})
+	}
+	require.InDelta(t, 10.0, busyRate(burst, t0.Add(time.Hour), 20), 1e-9)
 }
 
 // TestFairness_FirstWaits: each job's wait is to its first served request; a job never served

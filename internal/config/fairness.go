@@ -17,7 +17,7 @@ type Fairness struct {
 	// Horizon is how far ahead a credential's send slots are handed out: a job that arrives
 	// waits at most about this long (plus its turn) behind slots already given to others.
 	// Shorter: a new high-priority or other tenant's job goes sooner; waiting jobs ask again more
-	// often. Default 150ms; between 10ms and 10s.
+	// often. Default 50ms; between 10ms and 10s.
 	Horizon time.Duration `yaml:"horizon"`
 }
 
@@ -33,7 +33,7 @@ type MinShare struct {
 const (
 	DefaultMinShareNormal  = 0.1
 	DefaultMinShareLow     = 0.05
-	DefaultFairnessHorizon = 150 * time.Millisecond
+	DefaultFairnessHorizon = 50 * time.Millisecond
 )
 
 func (f *Fairness) withDefaults() {

@@ -16,7 +16,7 @@ func TestParse_Fairness(t *testing.T) {
 		t.Parallel()
 		cfg, err := config.Parse(minimal(goodCred, ""), secretEnv)
 		require.NoError(t, err)
-		require.Equal(t, config.Fairness{MinShare: config.MinShare{Normal: 0.1, Low: 0.05}, Horizon: 150 * time.Millisecond},
+		require.Equal(t, config.Fairness{MinShare: config.MinShare{Normal: 0.1, Low: 0.05}, Horizon: 50 * time.Millisecond},
 			cfg.Fairness)
 	})
 

@@ -19,6 +19,7 @@ type admission struct {
 	grant      int64               // the token reservation, for Reconcile (0: none)
 	est        *estimator.Estimate // the estimate the grant was reserved with (nil: make it again)
 	pauseProbe bool                // an automatic probe of a paused credential
+	reportSend int64               // a burst's slot: tell the gate when it leaves (limiter.Gate.Sent)
 }
 
 // admit takes the attempt's send slot: the one an earlier delivery held in the job row, or a new
@@ -50,8 +51,18 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
 		return adm, e.failOver(ctx, job, err)
 	}
-	adm.seq, adm.grant, adm.est, adm.pauseProbe = a.seq, a.grant, a.est, a.pauseProbe
+	adm.seq, adm.grant, adm.est, adm.pauseProbe, adm.reportSend = a.seq, a.grant, a.est, a.pauseProbe, a.reportSend
 	return adm, nil
+}
+
+// reportSend tells the credential's gate that a burst's slot leaves now (limiter.Gate.Sent), so
+// that the slots after the burst count the provider's refill from the burst's sends rather than
+// from its grants. A failure only costs those slots a second's wait.
+func (e *Executor) reportSend(ctx context.Context, up Upstream, adm admission) {
+	if adm.reportSend == 0 || up.Gate == nil {
+		return
+	}
+	_, _ = up.Gate.Sent(ctx, adm.reportSend)
 }
 
 // admitGate asks the credential's shared gate whether and when this attempt may be sent: not
@@ -65,7 +76,7 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (admission, error) {
 	g := up.Gate
 	var adm admission
-	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0}
+	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0, ReportSend: true}
 	lane, err := e.lane(ctx, job)
 	if err != nil {
 		return adm, err
@@ -118,7 +129,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (a
 			return adm, err
 		}
 	}
-	adm.seq, adm.grant = res.Seq, res.Grant
+	adm.seq, adm.grant, adm.reportSend = res.Seq, res.Grant, res.ReportSend
 	if res.Wait > e.cfg.MaxInlineWait {
 		if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq, res.Grant); err != nil {
 			return adm, err

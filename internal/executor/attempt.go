@@ -43,6 +43,7 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 	// wait for Postgres (see record), and the job must not be taken over meanwhile.
 	stopRenewing := e.keepLease(ctx, job)
 	defer stopRenewing()
+	e.reportSend(ctx, up, adm)
 	r := e.call(ctx, job, up, adm)
 	// The answer's bytes count against the worker's answer budget until its outcome is stored.
 	defer r.resp.Release()

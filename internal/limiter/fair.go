@@ -71,16 +71,18 @@ type Fairness struct {
 	// granted a slot only when its turn (among every lane's waiting tickets) comes within
 	// Horizon; it is told to ask again about when it will. A newly arrived attempt of another
 	// tenant or a higher priority thus waits about Horizon at most behind slots handed out
-	// already. Default 150ms.
+	// already. Default 50ms.
 	Horizon time.Duration
 	// TicketGrace is how long past the time it was told to ask again a waiting ticket is kept
 	// for its holder (a worker that died, a job canceled). Its job finds the same place again
 	// when it does ask (Lane.Since). Default 5s.
 	TicketGrace time.Duration
-	// MaxRecheck is the longest an attempt with a Lane is told to wait before asking again,
-	// however far off its turn: the cost of one Reserve per waiting attempt per MaxRecheck,
-	// against the slots lost when the turns come sooner than foreseen (tickets ahead dropped).
-	// Default 30s.
+	// MaxRecheck is the longest a waiting ticket is kept without its holder asking again (plus
+	// TicketGrace): a ticket whose turn is further off is told to ask again at half its foreseen
+	// wait (so a backlog of N jobs asks about N log N times, spread by place in line, rather
+	// than N times every MaxRecheck), is dropped meanwhile, and takes its place again (Since)
+	// when it asks. Under a learned limit it is also the longest wait before asking again (at
+	// most 1s). Default 30s.
 	MaxRecheck time.Duration
 }
 
@@ -88,7 +90,7 @@ type Fairness struct {
 const (
 	DefaultMinShareNormal = 0.1
 	DefaultMinShareLow    = 0.05
-	DefaultFairHorizon    = 150 * time.Millisecond
+	DefaultFairHorizon    = 50 * time.Millisecond
 	DefaultTicketGrace    = 5 * time.Second
 	DefaultMaxRecheck     = 30 * time.Second
 )

@@ -48,6 +48,7 @@ type fairSim struct {
 	gates []*limiter.Gate
 	all   []*simAttempt
 	seq   int
+	asked []time.Time // when each ask was made
 }
 
 func newFairSim(t *testing.T, mod func(*limiter.Config)) *fairSim {
@@ -84,6 +85,7 @@ func (s *fairSim) run(until time.Time) {
 			}
 			if !a.next.After(now) {
 				a.asks++
+				s.asked = append(s.asked, now)
 				r, err := s.gates[i%2].ReserveAttempt(ctx, fairLimit, noCost, limiter.AttemptOptions{Lane: &a.lane})
 				require.NoError(s.t, err)
 				if r.Granted {
@@ -313,4 +315,30 @@ func TestFair_Validation(t *testing.T) {
 		_, err := limiter.New(redistest.Client(t), &limiter.Config{Fairness: tc.f})
 		require.ErrorContains(t, err, tc.want)
 	}
+}
+
+// TestFair_BacklogAsksSpread is behaviour 6 on the schedule: a backlog's waiting jobs ask again
+// at about half their foreseen wait once it is beyond MaxRecheck (30 s), spread by their place in
+// line; they do not all come back together every 30 s (3,000 jobs asking within one second, each
+// a deferral through the queue that an interactive job then waits behind). The credential's
+// rate is still used in full.
+func TestFair_BacklogAsksSpread(t *testing.T) {
+	t.Parallel()
+	s := newFairSim(t, nil)
+	s.add("A", 1, limiter.PriorityLow, 3000, 0)
+	s.run(t0.Add(100 * time.Second))
+	perSecond := map[int64]int{}
+	for _, at := range s.asked {
+		if at.After(t0.Add(time.Second)) {
+			perSecond[at.Sub(t0).Milliseconds()/1000]++
+		}
+	}
+	worst := 0
+	for _, n := range perSecond {
+		worst = max(worst, n)
+	}
+	n := s.sends(t0, t0.Add(100*time.Second))
+	t.Logf("%d asks after the first second (at most %d in one second); %d sends in 100 s", len(s.asked)-3000, worst, n[""])
+	require.LessOrEqual(t, worst, 100, "asks in any one second after the first")
+	require.GreaterOrEqual(t, n[""], 20+980, "20 at once, then 10/s spaced 1% apart")
 }

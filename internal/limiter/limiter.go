@@ -330,6 +330,9 @@ type Reservation struct {
 	Grant int64
 	// Tokens is the token limits the slot was computed with (ReserveCost only).
 	Tokens TokenBuckets
+	// ReportSend is non-zero on a slot a full bucket held (a burst's) when
+	// AttemptOptions.ReportSend asked for it: pass it to Gate.Sent just before sending the request.
+	ReportSend int64
 }
 
 // Reserve atomically takes the next send slot of the credential (one Lua script, GCRA): a burst
@@ -366,6 +369,14 @@ type AttemptOptions struct {
 	// to ask again (Granted false) with the same Lane. It applies while the request limit is
 	// known (configured or learned); a limit being learned goes one probe at a time as before.
 	Lane *Lane
+	// ReportSend promises that a slot granted with a non-zero Reservation.ReportSend is reported
+	// by Gate.Sent just before its request leaves. The slots a full bucket holds (a burst) are
+	// then reported, and slots that need a refill wait (Granted false, ask again shortly) until
+	// the burst's every report is in, or a second after its last grant: the provider's bucket
+	// refills from when the burst's requests reach it, which may be well after their grants (the
+	// caller's bookkeeping before the send); a schedule counted from the grants then sends the
+	// first refill slots early.
+	ReportSend bool
 }
 
 // reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
@@ -402,8 +413,8 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 			return Reservation{}, fmt.Errorf("reserve: %w", err)
 		}
 		keys = append(keys, c.fairKeys(opts.Lane)...)
-		args = append(args, c.fairArgs(opts.Lane)...)
 	}
+	args = append(args, c.anchorArgs(opts)...)
 	res, err := reserveScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {
 		return Reservation{}, fmt.Errorf("reserve: %w", err)
@@ -439,6 +450,9 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	if len(res) >= 10 {
 		r.Grant = redisscript.Int(res[8])
 		r.Tokens = parseTokenLimits(redisscript.String(res[9]))
+	}
+	if len(res) >= 11 {
+		r.ReportSend = redisscript.Int(res[10])
 	}
 	c.l.cfg.Metrics.reserved(c.name, r)
 	return r, nil

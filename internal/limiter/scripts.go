@@ -59,14 +59,16 @@ end
 // ARGV[22] "1": refuse while paused: {-2, since µs, reason, job}, and nothing is reserved
 // ARGV[23] "1": a granted slot counts a first attempt in the retry budget
 // ARGV[24..27] the budget's window µs, buckets, ratio and floor
+// ARGV[41] "1": the caller reports the send of a burst's first slot (AttemptOptions.ReportSend;
+// see luaAnchor). ARGV[28..40] are then passed too, empty without a Lane.
 // Returns {granted 0|1, send µs, now µs, probe 0|1, rate (string), burst, source, seq, grant,
-// token limits (string)}. When granted is 0 nothing was reserved and send is when to ask again.
+// token limits (string), report 0|1 (Reservation.ReportSend)}. When granted is 0 nothing was reserved and send is when to ask again.
 // seq is 1 + a number of grants all sent at least a phase margin before this one
 // (Observation.Seq). grant is the token grant to Reconcile (0: no token bucket was charged);
 // token limits is "capacity rate source" for the input, output and combined buckets, comma
 // separated ("" without tokens). A cost larger than a whole bucket returns {-1, bucket name,
 // cost, capacity} and changes nothing.
-var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + luaFair + `
+var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + luaFair + luaAnchor + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
 if ARGV[22] == '1' then
@@ -178,12 +180,13 @@ local function tgate(m0, s0)
 end
 
 local s = redis.call('HMGET', key, 'tat', 'ts', 'bs', 'full', 'L', 'lo', 'lupd', 'av', 'avs',
-  'pr', 'pt', 'nb', 'nohdr', 'bg', 'seq', 'c1t', 'c1s', 'c2t', 'c2s', 'cap', 'capt')
+  'pr', 'pt', 'nb', 'nohdr', 'bg', 'seq', 'c1t', 'c1s', 'c2t', 'c2s', 'cap', 'capt', 'fa', 'fu', 'tp', 'fl')
 local tat, ts, bs, full = num(s[1]), num(s[2]), num(s[3]), num(s[4])
 local L, lo, lupd, av, avs = num(s[5]), num(s[6]), num(s[7]), num(s[8]), num(s[9])
 local pr, pt, nb, nohdr, bg = num(s[10]), num(s[11]), num(s[12]) or 0, num(s[13]), num(s[14])
 local seq, c1t, c1s, c2t, c2s = num(s[15]) or 0, num(s[16]), num(s[17]), num(s[18]), num(s[19])
 local cap, capt = num(s[20]), num(s[21])
+local fa, fu, tp, fl = num(s[22]), num(s[23]) or 0, num(s[24]), num(s[25])
 if lupd == nil or now - lupd > learnttl then L, av = nil, nil end
 if nohdr ~= nil and now - nohdr > learnttl then nohdr = nil end
 -- lend: requests the provider surely still holds (its reported remaining less our grants since)
@@ -200,7 +203,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
     budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
       tonumber(ARGV[27]))
   end
-  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM}
+  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM, AREPORT}
 end
 -- grant counts one grant sent at snd and returns its Observation.Seq: 1 + the grants sent at
 -- least a phase margin earlier, which surely reached the provider first. Later ones may not be
@@ -295,7 +298,12 @@ if nb > now then
   local pb = nb + (burst - 1) * T
   if tat == nil or tat < pb then tat = pb end
 end
-if tat == nil or tat <= now - phase then full = now end
+tat, full, fa, fu, tp = aexpire(key, tat, full, fa, fu, tp, fl, now, T)
+local wasfull = tat == nil or tat <= now - phase
+if wasfull then
+  full = now
+  if ARGV[41] == '1' then tat, fa, fu = anew(key, tat, now, fa, fu, T) end
+end
 local base = tat
 if base == nil or base < now then base = now end
 local ntat = base + T
@@ -315,6 +323,10 @@ if FQ ~= nil then
   if not ok then granted, tagain = 0, again end
 end
 if granted == 1 and source == 'learned' and send - now > hz then granted = 0 end
+if granted == 1 and ARGV[41] == '1' and fa ~= nil and fa == full and fu > 0 and allow > full then
+  -- some of the burst has not left yet: where the provider's refill stands is not known
+  granted, tagain = 0, math.min(now + poll, fl + AW)
+end
 if granted == 1 then
   -- The request bucket has room at max(now, allow); the token buckets may push the slot later,
   -- and the request is then counted at that later time.
@@ -328,6 +340,7 @@ if granted == 1 then
   end
 end
 if granted == 1 then tat = ntat end
+if granted == 1 and ARGV[41] == '1' then aheld(key, allow, full, fa, fu, now) end
 redis.call('HSET', key, 'tat', fmt0(tat), 'ts', fmt(T), 'bs', burst, 'full', fmt0(full or 0))
 if tagain ~= nil then return reply(0, tagain, 0, rate, burst, source) end
 if granted == 0 then

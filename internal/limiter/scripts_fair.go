@@ -99,7 +99,9 @@ local function fenter(now)
     local tw = num(redis.call('HGET', FQ.h, 'w|' .. x.tenant)) or 1
     if x.prio == top[x.tenant] then x.w = tw * (1 - (lower[x.tenant] or 0)) else x.w = tw * FQ.ms[x.prio] end
   end
-  -- rank: tickets due before ours (ties go to the lane whose name sorts first)
+  -- rank: tickets due before ours. Ties go to the lane with fewer tickets waiting (a lane that
+  -- has just started waiting, an interactive job's, goes before a backlog due at the same
+  -- virtual time: it has used none of its share), then to the lane whose name sorts first.
   local pos = redis.call('ZRANK', FQ.own, FQ.ticket) + 1
   local tag = mine.F + pos / mine.w
   local rank = pos - 1
@@ -107,7 +109,11 @@ local function fenter(now)
     if x ~= mine then
       local d = (tag - x.F) * x.w
       local c
-      if x.name < mine.name then c = math.floor(d + 1e-9) else c = math.ceil(d - 1e-9) - 1 end
+      if x.n < mine.n or (x.n == mine.n and x.name < mine.name) then
+        c = math.floor(d + 1e-9)
+      else
+        c = math.ceil(d - 1e-9) - 1
+      end
       if c > x.n then c = x.n end
       if c > 0 then rank = rank + c end
     end
@@ -120,9 +126,9 @@ end
 -- send time lies within the horizon (slot k may go at base + (k+1-burst)T, plus the phase margin
 -- when it waits for a refill) must outnumber the tickets due before it. Returns true, or false
 -- and when to ask again: about when its turn comes, half a horizon (and a tenth of the wait)
--- early; under a learned limit
--- at least once a second, as the learned schedule asks (the rate estimate rises, and the
--- provider's surplus is lent only to those who ask).
+-- early, and at half the wait when that is beyond maxwait; under a learned limit at least once a
+-- second, as the learned schedule asks (the rate estimate rises, and the provider's surplus is
+-- lent only to those who ask).
 local function fadmit(now, base, T, burst, phase, poll, learned)
   local k1 = math.floor((now - base) / T + burst - 1)
   local k2 = math.floor((now + FQ.hz - phase - base) / T + burst - 1)
@@ -135,9 +141,19 @@ local function fadmit(now, base, T, burst, phase, poll, learned)
   if again - now > 1000000 then again = again - math.min(1000000, (again - now) / 10) end
   local maxwait = FQ.maxwait
   if learned and maxwait > 1000000 then maxwait = 1000000 end
-  if again > now + maxwait then again = now + maxwait end
+  -- the ticket is kept until it is due to ask again, at most maxwait (plus the grace): a ticket
+  -- whose holder went away blocks nobody for longer
+  local keep = again
+  if again > now + maxwait then
+    -- a turn further off asks again at half its wait (a learned limit: after maxwait), so that a
+    -- backlog of N asks about N log N times, spread by place in line, not N every maxwait; its
+    -- ticket is dropped meanwhile and takes its place again (by its order) when it asks
+    keep = now + maxwait
+    if learned then again = keep else again = now + (again - now) / 2 end
+  end
   if again < now + poll then again = now + poll end
-  redis.call('ZADD', FQ.dl, again + FQ.grace, FQ.lane .. '\n' .. FQ.ticket)
+  if keep < again and keep < now + maxwait then keep = again end
+  redis.call('ZADD', FQ.dl, keep + FQ.grace, FQ.lane .. '\n' .. FQ.ticket)
   return false, again
 end
 

@@ -1,0 +1,40 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Sent reports that the request of a slot granted with a non-zero Reservation.ReportSend (pass
+// it as period) leaves now: once the burst's every slot is reported, the credential's schedule
+// after the burst counts the provider's refill from when they left, not from their grants (see
+// AttemptOptions.ReportSend). Call it just before sending, once per slot. It returns how much
+// later the schedule moved (0 until the burst's last report), or an error when Redis fails (the
+// slots after the burst then wait a second before going on their own).
+func (c *Gate) Sent(ctx context.Context, period int64) (time.Duration, error) {
+	cfg := &c.l.cfg
+	d, err := sentScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)}, c.l.nowArg(), period).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("report send: %w", err)
+	}
+	return time.Duration(d) * time.Microsecond, nil
+}
+
+// anchorArgs are reserveScript's ARGV[28..41] for opts: the fairness arguments (empty without a
+// Lane) and the ReportSend flag; nothing when neither is asked for.
+func (c *Gate) anchorArgs(opts AttemptOptions) []any {
+	var args []any
+	if opts.Lane != nil {
+		args = c.fairArgs(opts.Lane)
+	} else if opts.ReportSend {
+		args = make([]any, 13)
+		for i := range args {
+			args[i] = ""
+		}
+	}
+	if opts.ReportSend {
+		args = append(args, "1")
+	}
+	return args
+}

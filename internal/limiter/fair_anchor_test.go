@@ -1,0 +1,194 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// providerAccepts replays arrivals against a provider's bucket of burst requests refilled at
+// rate per second, full before the first (the simulator's GCRA), and returns the arrivals it
+// refuses.
+func providerAccepts(arrivals []time.Time, burst int, rate float64) []time.Time {
+	arrivals = slices.Clone(arrivals)
+	slices.SortFunc(arrivals, func(a, b time.Time) int { return a.Compare(b) })
+	interval := time.Duration(float64(time.Second) / rate)
+	window := time.Duration(burst) * interval
+	var fullAt time.Time
+	var refused []time.Time
+	for _, at := range arrivals {
+		debt := max(fullAt.Sub(at), 0)
+		if debt+interval > window {
+			refused = append(refused, at)
+			continue
+		}
+		fullAt = at.Add(debt + interval)
+	}
+	return refused
+}
+
+// TestReportSend_RefillCountsFromTheBurstsSend: a burst granted from a full bucket whose requests
+// leave late (a worker's bookkeeping before the send, under load): one 50 ms after its grant, the
+// other 19 after 300 ms. Counted from the grants, the first slot after the burst would go at
+// 0.2 s, before the burst reached the provider, whose bucket was full (not refilling) until then:
+// a 429. With the sends reported, the slots after the burst wait for the last report and count
+// from the sends: the provider accepts every request. With or without a Lane.
+func TestReportSend_RefillCountsFromTheBurstsSend(t *testing.T) {
+	t.Parallel()
+	for _, withLane := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lane=%v", withLane), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			b := setup(t, nil)
+			g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
+			n := 0
+			ask := func() limiter.Reservation {
+				opts := limiter.AttemptOptions{ReportSend: true}
+				if withLane {
+					opts.Lane = &limiter.Lane{Tenant: "A", Priority: limiter.PriorityLow, Ticket: fmt.Sprintf("job-%03d", n),
+						Since: t0.Add(time.Duration(n) * time.Microsecond)}
+				}
+				r, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+				require.NoError(t, err)
+				if r.Granted {
+					n++
+				}
+				return r
+			}
+			var burst []limiter.Reservation
+			for i := range 20 {
+				r := ask()
+				require.True(t, r.Granted, "burst slot %d", i)
+				require.Zero(t, r.Wait)
+				require.NotZero(t, r.ReportSend, "a burst slot reports its send")
+				burst = append(burst, r)
+			}
+			r := ask()
+			require.False(t, r.Granted, "no refill slot before the burst has left")
+			if !withLane { // a lane's ask is told to come back at its turn (later) first
+				require.Equal(t, limiter.DefaultPollInterval, r.Wait)
+			}
+
+			var arrivals []time.Time
+			send := func(r limiter.Reservation) time.Duration {
+				moved, err := g.Sent(ctx, r.ReportSend)
+				require.NoError(t, err)
+				arrivals = append(arrivals, b.clock.Now())
+				return moved
+			}
+			b.clock.Advance(50 * time.Millisecond)
+			require.Zero(t, send(burst[0]), "the schedule waits for the whole burst")
+			b.clock.Advance(250 * time.Millisecond)
+			r = ask()
+			require.False(t, r.Granted, "19 of the burst have not left")
+			for _, r := range burst[1:] {
+				send(r)
+			}
+			for i := range 30 {
+				r := ask()
+				for k := 0; !r.Granted; k++ { // a lane's ask comes back when told to
+					require.Less(t, k, 10, "slot %d after the burst never granted", i)
+					require.Positive(t, r.Wait)
+					b.clock.Set(r.SendAt)
+					r = ask()
+				}
+				require.Zero(t, r.ReportSend, "a refill slot reports nothing")
+				arrivals = append(arrivals, r.SendAt)
+				b.clock.Set(r.SendAt)
+			}
+			require.Empty(t, providerAccepts(arrivals, 20, 10), "the provider refuses none")
+			again, err := g.Sent(ctx, burst[0].ReportSend)
+			require.NoError(t, err)
+			require.Zero(t, again, "a report too many changes nothing")
+		})
+	}
+}
+
+// TestReportSend_CarriedOver: a burst slot not yet reported when the bucket is full again (its
+// worker slow for 0.5 s) still leaves in the next burst: that burst holds one slot fewer, and its
+// report counts there.
+func TestReportSend_CarriedOver(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := setup(t, nil)
+	g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
+	opts := limiter.AttemptOptions{ReportSend: true}
+	late, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+	require.NoError(t, err)
+	require.True(t, late.Granted)
+	b.clock.Advance(500 * time.Millisecond)
+	var burst []limiter.Reservation
+	for {
+		r, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+		require.NoError(t, err)
+		if !r.Granted {
+			break
+		}
+		require.Less(t, len(burst), 20)
+		require.NotZero(t, r.ReportSend)
+		burst = append(burst, r)
+	}
+	require.Len(t, burst, 19, "the late slot takes the next burst's room")
+	arrivals := []time.Time{b.clock.Now()}
+	_, err = g.Sent(ctx, late.ReportSend)
+	require.NoError(t, err)
+	for _, r := range burst {
+		_, err := g.Sent(ctx, r.ReportSend)
+		require.NoError(t, err)
+		arrivals = append(arrivals, b.clock.Now())
+	}
+	for range 10 {
+		r, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+		arrivals = append(arrivals, r.SendAt)
+		b.clock.Set(r.SendAt)
+	}
+	require.Empty(t, providerAccepts(arrivals, 20, 10), "the provider refuses none")
+}
+
+// TestReportSend_NoReportWaitsASecond: a burst whose sends are never reported (its workers died)
+// holds the refill slots back one second after its last grant, taken as when it left; a plain Reserve, which
+// promises no report, is not marked and does not wait.
+func TestReportSend_NoReportWaitsASecond(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := setup(t, nil)
+	g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
+	opts := limiter.AttemptOptions{ReportSend: true}
+	for range 20 {
+		r, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+	}
+	b.clock.Advance(999 * time.Millisecond)
+	r, err := g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+	require.NoError(t, err)
+	require.False(t, r.Granted)
+	require.Equal(t, time.Millisecond, r.Wait, "asked back when the report is given up")
+	b.clock.Advance(time.Millisecond)
+	r, err = g.ReserveAttempt(ctx, fairLimit, noCost, opts)
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	require.False(t, r.SendAt.Before(t0.Add(time.Second+100*time.Millisecond)), "counted from a send at 1 s: %v", r.SendAt.Sub(t0))
+
+	plain := b.lim.Gate("plain-"+redistest.Rand(), "main")
+	for range 20 {
+		r, err := plain.Reserve(ctx, fairLimit)
+		require.NoError(t, err)
+		require.Zero(t, r.ReportSend)
+	}
+	r, err = plain.Reserve(ctx, fairLimit)
+	require.NoError(t, err)
+	require.True(t, r.Granted, "without ReportSend the refill slot is granted at once, as before")
+}

@@ -1,0 +1,88 @@
+package limiter
+
+import "github.com/redis/go-redis/v9"
+
+// luaAnchor sets the schedule after a full bucket by when the burst's requests left, not by
+// when they were granted (AttemptOptions.ReportSend).
+//
+// A full bucket hands out its burst at once, and the slots after it are one refill apart from
+// that moment. The provider's bucket, though, stays full (and wastes its refill) until the
+// burst's requests reach it, and a worker sends a granted slot only after its own bookkeeping (a
+// Postgres write, under a flood of submits as slow as a few hundred ms). When the burst leaves
+// later than the first refill slots by more than the phase margin, those slots are 429s. So,
+// for a caller that reports its sends, every slot a full bucket holds (a burst; period fa = the
+// time the bucket was full, µs) is counted (fu: not yet reported; fl: the last such grant) and
+// reported (Reservation.ReportSend = fa; a slot not yet reported when the bucket is full again
+// is carried over to the next period); sentScript folds each report into the provider's
+// schedule (tp: GCRA over the send times), and once every one is in, the schedule is moved to
+// at least that. Until then, slots that need a refill are refused (ask again after the poll
+// interval). A report that never comes (the holder died, or its job ended) is taken as a send AW
+// after the period's last burst grant. A later schedule only costs time.
+const luaAnchor = `
+local AREPORT = 0
+local AW = 1000000
+
+-- aexpire drops a stale period (the bucket was full again since) and takes reports that never
+-- came as sends AW after the last burst grant. Returns tat, full, fa, fu, tp.
+local function aexpire(key, tat, full, fa, fu, tp, fl, now, T)
+  if fa == nil then return tat, full, nil, 0, nil end
+  if tat == nil or full == nil or full ~= fa then
+    redis.call('HDEL', key, 'fa', 'fu', 'tp', 'fl')
+    return tat, full, nil, 0, nil
+  end
+  if fu > 0 and fl ~= nil and now - fl >= AW then
+    local p = math.max(tp or 0, fl + AW) + fu * T
+    if p > tat then tat = p end
+    fu, tp = 0, nil
+    redis.call('HSET', key, 'fu', 0)
+    redis.call('HDEL', key, 'tp')
+  end
+  return tat, full, fa, fu, tp
+end
+
+-- anew starts a period when the bucket is full (at now): burst slots of the last one not yet
+-- reported are still to leave, and take their room in this one (tat), and their reports count
+-- here. Returns tat, fa, fu.
+local function anew(key, tat, now, fa, fu, T)
+  if fa ~= nil and fu > 0 then tat = now + fu * T else fu = 0 end
+  redis.call('HSET', key, 'fa', fmt0(now), 'fu', fu)
+  redis.call('HDEL', key, 'tp')
+  return tat, now, fu
+end
+
+-- aheld records a granted slot: one the bucket held (sent at once) in the period is counted and
+-- is to be reported.
+local function aheld(key, allow, full, fa, fu, now)
+  if fa == nil or fa ~= full or allow > full then return end
+  redis.call('HSET', key, 'fu', fu + 1, 'fl', fmt0(now))
+  AREPORT = fa
+end
+`
+
+// sentScript folds the report of a burst slot's send into the provider's schedule
+// (Reservation.ReportSend; see luaAnchor).
+//
+// KEYS[1] rate hash (fields fa, fu, tp, fl, ts, tat, full: see reserveScript and luaAnchor)
+// ARGV[1] now µs, or ""
+// ARGV[2] the period the slot was granted in (Reservation.ReportSend); an earlier one counts in
+// the current period (carried over)
+// Returns how much later the schedule moved, µs (0: not at all, or not yet).
+var sentScript = redis.NewScript(luaCommon + `
+local key = KEYS[1]
+local now = clock(ARGV[1])
+local s = redis.call('HMGET', key, 'fa', 'fu', 'tp', 'ts', 'tat', 'full')
+local fa, fu, tp, T, tat, full = num(s[1]), num(s[2]) or 0, num(s[3]), num(s[4]), num(s[5]), num(s[6])
+-- a report of an earlier period counts here: its slot was carried over (see anew)
+if fa == nil or tonumber(ARGV[2]) > fa or full ~= fa or fu <= 0 or T == nil or tat == nil then return 0 end
+tp = math.max(tp or 0, now) + T
+fu = fu - 1
+redis.call('HSET', key, 'fu', fu)
+if fu > 0 then
+  redis.call('HSET', key, 'tp', fmt0(tp))
+  return 0
+end
+redis.call('HDEL', key, 'tp')
+if tp <= tat then return 0 end
+redis.call('HSET', key, 'tat', fmt0(tp))
+return math.floor(tp - tat)
+`)
