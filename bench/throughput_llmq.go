@@ -102,28 +102,44 @@ func (s *llmqSystem) completed(ctx context.Context) (int, error) {
 	if err := s.st.exited(); err != nil {
 		return 0, err
 	}
-	var n int
-	err := s.obs.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying')`).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("count unfinished jobs: %w", err)
-	}
-	return int(s.submitted.Load()) - n, nil
+	return completedRows(ctx, s.obs, int(s.submitted.Load()),
+		`SELECT count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying')`)
 }
 
 func (s *llmqSystem) pollEvery() time.Duration { return llmqPollEvery }
 
 // results reads the jobs' times from their rows: submit → result is created_at → finished_at.
 func (s *llmqSystem) results(ctx context.Context, since time.Time) (tpOutcome, error) {
-	rows, err := s.obs.Query(ctx, `SELECT status, created_at, started_at, finished_at FROM jobs WHERE created_at >= $1`, since)
+	return rowOutcome(ctx, s.obs, since, nil,
+		`SELECT status, created_at, started_at, finished_at FROM jobs WHERE created_at >= $1`)
+}
+
+// completedRows is submitted less the count countUnfinished reads.
+func completedRows(ctx context.Context, obs *pgxpool.Pool, submitted int, countUnfinished string) (int, error) {
+	var n int
+	if err := obs.QueryRow(ctx, countUnfinished).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count unfinished jobs: %w", err)
+	}
+	return submitted - n, nil
+}
+
+// rowOutcome reads the outcome of the jobs created at or after since from query, whose rows
+// are (status, created, started or NULL, finished or NULL) and whose $1 is since; status maps a
+// row's status to the tables' words (nil: as it is).
+func rowOutcome(ctx context.Context, obs *pgxpool.Pool, since time.Time, status func(string) string, query string) (tpOutcome, error) {
+	rows, err := obs.Query(ctx, query, since)
 	if err != nil {
 		return tpOutcome{}, fmt.Errorf("read jobs: %w", err)
 	}
 	out := tpOutcome{statuses: map[string]int{}}
-	var status string
+	var st string
 	var created time.Time
 	var started, finished *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&status, &created, &started, &finished}, func() error {
-		out.statuses[status]++
+	_, err = pgx.ForEachRow(rows, []any{&st, &created, &started, &finished}, func() error {
+		if status != nil {
+			st = status(st)
+		}
+		out.statuses[st]++
 		if finished == nil {
 			return nil
 		}

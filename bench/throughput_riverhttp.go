@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -208,12 +207,8 @@ func (s *riverHTTPSystem) completed(ctx context.Context) (int, error) {
 	if err := s.exited(); err != nil {
 		return 0, err
 	}
-	var n int
-	err := s.obs.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state IN ('available', 'pending', 'retryable', 'running', 'scheduled')`).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("count unfinished river jobs: %w", err)
-	}
-	return int(s.submitted.Load()) - n, nil
+	return completedRows(ctx, s.obs, int(s.submitted.Load()),
+		`SELECT count(*) FROM river_job WHERE state IN ('available', 'pending', 'retryable', 'running', 'scheduled')`)
 }
 
 func (s *riverHTTPSystem) pollEvery() time.Duration { return riverHTTPPollEvery }
@@ -223,33 +218,8 @@ func (s *riverHTTPSystem) pollEvery() time.Duration { return riverHTTPPollEvery 
 // batches a moment later), the wait before the call ends at attempted_at. River's completed is
 // reported as succeeded.
 func (s *riverHTTPSystem) results(ctx context.Context, since time.Time) (tpOutcome, error) {
-	rows, err := s.obs.Query(ctx, `SELECT state, created_at, attempted_at, finalized_at FROM river_job WHERE created_at >= $1`, since)
-	if err != nil {
-		return tpOutcome{}, fmt.Errorf("read river jobs: %w", err)
-	}
-	out := tpOutcome{statuses: map[string]int{}}
-	var state string
-	var created time.Time
-	var attempted, finalized *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&state, &created, &attempted, &finalized}, func() error {
-		out.statuses[riverStatus(state)]++
-		if finalized == nil {
-			return nil
-		}
-		out.lat = append(out.lat, finalized.Sub(created))
-		if attempted != nil {
-			out.toStart = append(out.toStart, attempted.Sub(created))
-			out.fromStart = append(out.fromStart, finalized.Sub(*attempted))
-		}
-		if finalized.After(out.last) {
-			out.last = *finalized
-		}
-		return nil
-	})
-	if err != nil {
-		return tpOutcome{}, fmt.Errorf("read river jobs: %w", err)
-	}
-	return out, nil
+	return rowOutcome(ctx, s.obs, since, riverStatus,
+		`SELECT state, created_at, attempted_at, finalized_at FROM river_job WHERE created_at >= $1`)
 }
 
 // riverStatus is River's job state in the tables' words: completed is succeeded.
