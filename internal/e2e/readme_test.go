@@ -355,9 +355,9 @@ func (p *stackProcess) waitLog(t *testing.T, msg, key string) string {
 // reported; one that stays inside, or names a repository file from a subdirectory, is not.
 func TestEscapesRepo(t *testing.T) {
 	p := filepath.Join(repoRoot, "docs", "guide.md")
-	got := escapesRepo(p, []byte("see ../../shared/NOTES.md and ../docs/benchmarks.md, ../api/openapi.yaml; "+
+	got := escapesRepo(p, []byte("see ../../elsewhere/NOTES.md and ../docs/benchmarks.md, ../api/openapi.yaml; "+
 		"cd bench && go run . -write ../docs/benchmarks.md"))
-	require.Equal(t, []string{"../../shared/NOTES.md"}, got)
+	require.Equal(t, []string{"../../elsewhere/NOTES.md"}, got)
 	require.Equal(t, []string{"../other/plan.md"},
 		escapesRepo(filepath.Join(repoRoot, "Makefile"), []byte("cd bench && cat ../docs/benchmarks.md ../other/plan.md")))
 }
