@@ -62,7 +62,10 @@ func (e *Executor) reportSend(ctx context.Context, up Upstream, adm admission) {
 	if adm.reportSend == 0 || up.Gate == nil {
 		return
 	}
-	_, _ = up.Gate.Sent(ctx, adm.reportSend)
+	if _, err := up.Gate.Sent(context.WithoutCancel(ctx), adm.reportSend); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "report a burst slot's send (the slots after the burst wait a second instead)",
+			"credential", up.Name, "error", err)
+	}
 }
 
 // admitGate asks the credential's shared gate whether and when this attempt may be sent: not
