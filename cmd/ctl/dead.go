@@ -180,17 +180,19 @@ func (a *app) deadRetry(c *cli.Context) error {
 	if !all {
 		f.IDs = ids
 	}
-	requeued, err := store.RetryDead(c.Context, f)
+	retried, err := store.RetryDead(c.Context, f)
 	if err != nil {
 		return err
 	}
 	var problems []string
-	for _, id := range requeued {
-		if err := tasks.Requeue(c.Context, id); err != nil {
-			problems = append(problems, fmt.Sprintf("%s is queued but its task was not enqueued (the sweeper will): %v", id, err))
+	requeued := make([]string, 0, len(retried))
+	for _, job := range retried {
+		requeued = append(requeued, job.ID)
+		if err := tasks.Requeue(c.Context, job.ID, job.Priority); err != nil {
+			problems = append(problems, fmt.Sprintf("%s is queued but its task was not enqueued (the sweeper will): %v", job.ID, err))
 			continue
 		}
-		fmt.Fprintf(a.out, "requeued %s\n", id)
+		fmt.Fprintf(a.out, "requeued %s\n", job.ID)
 	}
 	if all && len(requeued) == 0 {
 		fmt.Fprintln(a.out, "no dead jobs matched")

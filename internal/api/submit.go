@@ -448,7 +448,7 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 	}
 	s.cfg.Metrics.submitted(job.Credential)
 	if s.cfg.Enqueuer != nil && job.Lane != jobs.LaneBatch { // the batcher collects batch-lane jobs
-		if err := s.cfg.Enqueuer.Enqueue(ctx, job.ID, time.Time{}); err != nil {
+		if err := s.cfg.Enqueuer.Enqueue(ctx, job.ID, job.Priority, time.Time{}); err != nil {
 			s.cfg.Logger.WarnContext(ctx, "enqueue after commit failed; the sweeper will enqueue the job", "job_id", job.ID, "error", err)
 		}
 	}

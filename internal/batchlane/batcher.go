@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
 )
 
@@ -36,7 +37,8 @@ type Config struct {
 	Lanes []Lane
 	// Enqueue hands a job that leaves the batch lane to the online lane (its asynq task). When it
 	// fails the sweeper enqueues the job later: it is an unfinished online job without a task.
-	Enqueue func(ctx context.Context, jobID string) error
+	// priority is the job's.
+	Enqueue func(ctx context.Context, jobID string, priority jobs.Priority) error
 	// Tick is the time between two passes (see Once). Default 1s.
 	Tick time.Duration
 	// Now is the clock of every decision (fill, poll, deadline). Default time.Now.
@@ -351,14 +353,14 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 // applyMove applies m and, when it moved the job to the online lane unfinished, enqueues the
 // job's task.
 func (b *Batcher) applyMove(ctx context.Context, credential string, m move) error {
-	ok, err := b.store.apply(ctx, m)
+	priority, ok, err := b.store.apply(ctx, m)
 	if ok {
 		b.cfg.Metrics.job(credential, m)
 	}
 	if err != nil || !ok || m.Lane != "online" || (m.Status != "retrying" && m.Status != "queued") {
 		return err
 	}
-	if err := b.cfg.Enqueue(ctx, m.JobID); err != nil {
+	if err := b.cfg.Enqueue(ctx, m.JobID, priority); err != nil {
 		b.cfg.Logger.WarnContext(ctx, "enqueue a job leaving the batch lane failed; the sweeper will enqueue it", "job_id", m.JobID, "error", err)
 	}
 	return nil

@@ -75,7 +75,7 @@ func (b *testBundle) batcher(client batchlane.Client) *batchlane.Batcher {
 	}
 	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics,
 		Lanes: []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg}},
-		Enqueue: func(_ context.Context, id string) error {
+		Enqueue: func(_ context.Context, id string, _ jobs.Priority) error {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			b.enqueued = append(b.enqueued, id)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // store is the batch lane's Postgres: provider_batches and the batch columns of jobs (migration
@@ -266,12 +267,14 @@ type move struct {
 // apply makes m in one statement, conditional on the job being unfinished and still in m.Ref;
 // it reports whether it applied. A job that leaves the batch (retrying, online, dead) leaves
 // batch_ref; one that succeeds or fails keeps it as its history.
-func (s store) apply(ctx context.Context, m move) (bool, error) {
+// apply moves the job as m says; ok is false when the job was not where m expects it. priority is
+// the job's (it names the task's queue when the job goes back online).
+func (s store) apply(ctx context.Context, m move) (priority jobs.Priority, ok bool, err error) {
 	var lastErr []byte
 	if m.LastError != nil {
 		var err error
 		if lastErr, err = json.Marshal(m.LastError); err != nil {
-			return false, fmt.Errorf("encode last_error: %w", err)
+			return "", false, fmt.Errorf("encode last_error: %w", err)
 		}
 	}
 	payload := map[string]any{"lane": m.Lane}
@@ -279,8 +282,8 @@ func (s store) apply(ctx context.Context, m move) (bool, error) {
 		payload["reason"] = m.DeadReason
 	}
 	pl, _ := json.Marshal(payload)
-	var ok bool
-	err := s.pool.QueryRow(ctx, `
+	var prio *string
+	err = s.pool.QueryRow(ctx, `
 WITH a AS (
 	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, status_code, class, error)
 	SELECT id, attempts + attempt_base, credential, $3::timestamptz, $4::double precision, $5::integer, $6::text, $7::text
@@ -295,17 +298,20 @@ WITH a AS (
 		finished_at = CASE WHEN $8 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
 		updated_at = now(), event_seq = event_seq + 1
 	WHERE id = $1 AND batch_ref IS NOT DISTINCT FROM $2::uuid AND status IN ('queued', 'running', 'retrying')
-	RETURNING id, event_seq
+	RETURNING id, event_seq, priority
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, $8, $15 FROM u
 )
-SELECT count(*) = 1 FROM u`, m.JobID, m.Ref, m.AttemptStarted, float64(m.AttemptLatency)/float64(time.Millisecond),
+SELECT count(*) = 1, max(priority) FROM u`, m.JobID, m.Ref, m.AttemptStarted, float64(m.AttemptLatency)/float64(time.Millisecond),
 		nullInt(m.AttemptStatus), m.AttemptClass, nullString(m.AttemptError), m.Status, m.Lane, nullJSON(m.Result), nullJSON(m.Usage),
-		lastErr, nullString(m.DeadReason), nullString(m.BatchState), pl).Scan(&ok)
+		lastErr, nullString(m.DeadReason), nullString(m.BatchState), pl).Scan(&ok, &prio)
 	if err != nil {
-		return false, fmt.Errorf("move job %s: %w", m.JobID, err)
+		return "", false, fmt.Errorf("move job %s: %w", m.JobID, err)
 	}
-	return ok, nil
+	if prio != nil {
+		priority = jobs.Priority(*prio)
+	}
+	return priority, ok, nil
 }
 
 func nullString(s string) *string {

@@ -81,18 +81,20 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	done, err := h.cfg.Jobs.RetryDead(r.Context(), jobs.DeadFilter{IDs: ids})
+	retried, err := h.cfg.Jobs.RetryDead(r.Context(), jobs.DeadFilter{IDs: ids})
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	for _, id := range done {
+	done := make([]string, 0, len(retried))
+	for _, job := range retried {
+		done = append(done, job.ID)
 		if h.cfg.Tasks == nil {
-			break
+			continue
 		}
-		if err := h.cfg.Tasks.Requeue(r.Context(), id); err != nil {
+		if err := h.cfg.Tasks.Requeue(r.Context(), job.ID, job.Priority); err != nil {
 			// Queued in Postgres: the sweeper enqueues it.
-			h.cfg.Logger.WarnContext(r.Context(), "console: requeue retried job (the sweeper will)", "job_id", id, "error", err)
+			h.cfg.Logger.WarnContext(r.Context(), "console: requeue retried job (the sweeper will)", "job_id", job.ID, "error", err)
 		}
 	}
 	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // TaskType is the asynq task type of one job attempt. The task's ID is the job's ID.
@@ -25,39 +27,45 @@ type taskPayload struct {
 	JobID string `json:"job_id"`
 }
 
-// Enqueuer hands jobs to asynq. It is safe for concurrent use.
+// Enqueuer hands jobs to asynq, each on its priority's queue (see Queues). It is safe for
+// concurrent use.
 type Enqueuer struct {
 	client *asynq.Client
-	queue  string
+	queues Queues
 }
 
-// NewEnqueuer returns an Enqueuer on queue using client (not closed by the Enqueuer).
+// NewEnqueuer returns an Enqueuer on the llmq queue named queue using client (not closed by the
+// Enqueuer).
 func NewEnqueuer(client *asynq.Client, queue string) *Enqueuer {
-	return &Enqueuer{client: client, queue: queue}
+	return &Enqueuer{client: client, queues: NewQueues(queue)}
 }
 
-// Enqueue schedules the job's task for at (now if zero or past). Enqueueing a job whose task
-// already exists is a no-op, which is what makes the API's enqueue and the sweeper's safe to race.
-func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, at time.Time) error {
-	return e.enqueue(ctx, jobID, jobID, at)
+// Queues returns the asynq queues the Enqueuer puts jobs on.
+func (e *Enqueuer) Queues() Queues { return e.queues }
+
+// Enqueue schedules the task of the job, whose priority is p, for at (now if zero or past).
+// Enqueueing a job whose task already exists is a no-op, which is what makes the API's enqueue
+// and the sweeper's safe to race.
+func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, p jobs.Priority, at time.Time) error {
+	return e.enqueue(ctx, jobID, jobID, p, at)
 }
 
 // EnqueueRescue enqueues a second task for the job, under its own TaskID (the job ID +
 // ":rescue"), for when the job's task is stuck active on a dead worker. It is a no-op while a
 // rescue task exists. The stuck task, once asynq recovers it, finds the job finished or leased.
-func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string) error {
-	return e.enqueue(ctx, jobID, jobID+rescueSuffix, time.Time{})
+func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string, p jobs.Priority) error {
+	return e.enqueue(ctx, jobID, jobID+rescueSuffix, p, time.Time{})
 }
 
 // rescueSuffix ends the TaskID of a rescue task (see Enqueuer.EnqueueRescue).
 const rescueSuffix = ":rescue"
 
-func (e *Enqueuer) enqueue(ctx context.Context, jobID, taskID string, at time.Time) error {
+func (e *Enqueuer) enqueue(ctx context.Context, jobID, taskID string, p jobs.Priority, at time.Time) error {
 	payload, err := json.Marshal(taskPayload{JobID: jobID})
 	if err != nil {
 		return err
 	}
-	opts := []asynq.Option{asynq.TaskID(taskID), asynq.Queue(e.queue), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
+	opts := []asynq.Option{asynq.TaskID(taskID), asynq.Queue(e.queues.For(p)), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
 	if !at.IsZero() && time.Until(at) > 0 {
 		opts = append(opts, asynq.ProcessAt(at))
 	}

@@ -12,7 +12,8 @@ import (
 
 // ServerConfig configures the asynq server that delivers jobs to a worker process.
 type ServerConfig struct {
-	// Queue is the asynq queue the jobs are on.
+	// Queue is the llmq queue the jobs are on: the server takes from each of its priorities'
+	// asynq queues (see Queues).
 	Queue string
 	// Concurrency is how many deliveries run at once.
 	Concurrency int
@@ -25,7 +26,9 @@ type ServerConfig struct {
 	Logger *slog.Logger
 }
 
-// NewServer returns an asynq server that hands the tasks of cfg.Queue to p: deferrals come back
+// NewServer returns an asynq server that hands the tasks of cfg.Queue's asynq queues to p, a
+// free delivery slot taking from high, normal and low in the ratio 6:3:1 while each has tasks
+// waiting (see Queues.weights): deferrals come back
 // at their time without counting as failures, and retries and scheduled tasks are moved to
 // pending every 50 ms (asynq's DelayedTaskCheckInterval, default 5s, bounds how precisely a
 // limiter send time or a Retry-After is kept). Run it with Start(Mux(p)).
@@ -35,7 +38,7 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
 	}
 	return asynq.NewServer(opt, asynq.Config{
 		Concurrency:              cfg.Concurrency,
-		Queues:                   map[string]int{cfg.Queue: 1},
+		Queues:                   NewQueues(cfg.Queue).weights(),
 		TaskCheckInterval:        cfg.PollInterval,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
 		RetryDelayFunc:           RetryDelayFunc(cfg.Policy, time.Now),

@@ -25,9 +25,9 @@ type SweeperConfig struct {
 	Enqueuer  *Enqueuer
 	Inspector *asynq.Inspector
 	// Redis is asynq's Redis, where the sweeper reads the state of a page of tasks in one
-	// pipelined round trip (asynq's Inspector asks one task per call).
+	// pipelined round trip (asynq's Inspector asks one task per call). The queues are the
+	// Enqueuer's.
 	Redis redis.UniversalClient
-	Queue string
 	// Interval between sweeps. Default 10s.
 	Interval time.Duration
 	// OrphanGrace is how long a job's task must look orphaned (active in asynq, but on no live
@@ -143,14 +143,16 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	active, err := s.cfg.Redis.LRange(ctx, asynqActiveKey(s.cfg.Queue), 0, -1).Result()
-	if err != nil {
-		return 0, fmt.Errorf("list active tasks: %w", err)
-	}
 	var ids []string
-	for _, id := range active {
-		if !live[id] && !strings.HasSuffix(id, rescueSuffix) {
-			ids = append(ids, id)
+	for _, queue := range s.cfg.Enqueuer.queues.All() {
+		active, err := s.cfg.Redis.LRange(ctx, asynqActiveKey(queue), 0, -1).Result()
+		if err != nil {
+			return 0, fmt.Errorf("list active tasks of %s: %w", queue, err)
+		}
+		for _, id := range active {
+			if !live[id] && !strings.HasSuffix(id, rescueSuffix) {
+				ids = append(ids, id)
+			}
 		}
 	}
 	candidates, err := s.cfg.Store.UnfinishedByID(ctx, ids)
@@ -171,7 +173,7 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 			suspects[u.ID] = since
 			continue
 		}
-		if err := s.cfg.Enqueuer.EnqueueRescue(ctx, u.ID); err != nil {
+		if err := s.cfg.Enqueuer.EnqueueRescue(ctx, u.ID, u.Priority); err != nil {
 			return rescued, err
 		}
 		rescued++
@@ -216,7 +218,7 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 			if u.NextAttemptAt != nil {
 				at = *u.NextAttemptAt
 			}
-			if err := s.cfg.Enqueuer.Enqueue(ctx, u.ID, at); err != nil {
+			if err := s.cfg.Enqueuer.Enqueue(ctx, u.ID, u.Priority, at); err != nil {
 				return enqueued, err
 			}
 			enqueued++
@@ -242,7 +244,8 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 // taskLeased marks, in taskStates' answer, a job whose attempt holds a live lease (not looked up).
 const taskLeased = "leased"
 
-// taskStates returns, for each job of batch, the state of its asynq task as asynq stores it
+// taskStates returns, for each job of batch, the state of its asynq task on its priority's queue
+// as asynq stores it
 // ("pending", "active", "scheduled", "retry", ...; "" when there is none), read in one pipelined
 // round trip, or taskLeased for a running job whose attempt's lease is live (its delivery renews
 // it: re-enqueueing it would only make a duplicate wait).
@@ -255,7 +258,7 @@ func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished, now t
 			out[i] = taskLeased
 			continue
 		}
-		cmds[i] = pipe.HGet(ctx, asynqTaskKey(s.cfg.Queue, u.ID), "state")
+		cmds[i] = pipe.HGet(ctx, asynqTaskKey(s.cfg.Enqueuer.queues.For(u.Priority), u.ID), "state")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("look up tasks: %w", err)
@@ -293,7 +296,7 @@ func (s *Sweeper) liveTasks() (map[string]bool, error) {
 	live := map[string]bool{}
 	for _, srv := range servers {
 		for _, w := range srv.ActiveWorkers {
-			if w.Queue == s.cfg.Queue {
+			if s.cfg.Enqueuer.queues.contains(w.Queue) {
 				live[w.TaskID] = true
 			}
 		}

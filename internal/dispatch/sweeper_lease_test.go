@@ -27,7 +27,7 @@ func TestSweeper_RespectsLease(t *testing.T) {
 	_, err := b.Store.BeginAttempt(context.Background(), job.ID)
 	require.NoError(t, err)
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-		Redis: redistest.Client(t), Queue: tb.queue})
+		Redis: redistest.Client(t)})
 
 	n, err := sw.SweepOnce(t.Context())
 	require.NoError(t, err)
@@ -65,13 +65,13 @@ func TestSweeper_RescuesOrphans(t *testing.T) {
 	b := jobstest.New(t)
 	tb := setupTasks(t)
 	job := b.Create(t, jobstest.Opts{})
-	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), job.ID, time.Time{}))
+	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), job.ID, "", time.Time{}))
 	rdb := redistest.Client(t)
 	orphan(t, rdb, tb.queue, job.ID)
 
 	now := time.Now()
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-		Redis: rdb, Queue: tb.queue, OrphanGrace: 15 * time.Second, Now: func() time.Time { return now }})
+		Redis: rdb, OrphanGrace: 15 * time.Second, Now: func() time.Time { return now }})
 	n, err := sw.SweepOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 0, n, "first seen orphaned: not yet")
@@ -106,7 +106,7 @@ func TestSweeper_RedisLookupFails(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: dead, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { _ = rdb.Close() })
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-		Redis: rdb, Queue: tb.queue})
+		Redis: rdb})
 
 	n, err := sw.SweepOnce(t.Context())
 	require.ErrorIs(t, err, syscall.ECONNREFUSED)
@@ -136,7 +136,7 @@ func TestSweeper_TaskLookupFails(t *testing.T) {
 	rdb := redistest.Client(t)
 	rdb.AddHook(failPipelines{})
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-		Redis: rdb, Queue: tb.queue})
+		Redis: rdb})
 	n, err := sw.SweepOnce(t.Context())
 	require.ErrorIs(t, err, errPipelineDown)
 	require.ErrorContains(t, err, "look up tasks")

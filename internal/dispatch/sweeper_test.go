@@ -23,7 +23,7 @@ func sweepFixture(t *testing.T, n, passJobs int) (*jobstest.Bundle, *tasksBundle
 	}
 	slices.Sort(ids)
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-		Redis: redistest.Client(t), Queue: tb.queue, PassJobs: passJobs})
+		Redis: redistest.Client(t), PassJobs: passJobs})
 	return b, tb, sw, ids
 }
 
@@ -34,7 +34,7 @@ func TestSweeper_PassJobsBoundsAPass(t *testing.T) {
 	t.Parallel()
 	_, tb, sw, ids := sweepFixture(t, 5, 2)
 	for _, id := range ids[:4] {
-		require.NoError(t, tb.enqueuer.Enqueue(t.Context(), id, time.Time{}))
+		require.NoError(t, tb.enqueuer.Enqueue(t.Context(), id, "", time.Time{}))
 	}
 	for pass, want := range []int{0, 0, 1, 0} {
 		n, err := sw.SweepOnce(t.Context())
@@ -68,12 +68,12 @@ func TestSweeper_OrphansFoundWhateverTheBacklog(t *testing.T) {
 	b, tb, _, ids := sweepFixture(t, 6, 2)
 	rdb := redistest.Client(t)
 	for _, id := range ids {
-		require.NoError(t, tb.enqueuer.Enqueue(t.Context(), id, time.Time{}))
+		require.NoError(t, tb.enqueuer.Enqueue(t.Context(), id, "", time.Time{}))
 	}
 	orphan(t, rdb, tb.queue, ids[5])
 	now := time.Now()
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-		Redis: rdb, Queue: tb.queue, PassJobs: 2, OrphanGrace: 15 * time.Second, Now: func() time.Time { return now }})
+		Redis: rdb, PassJobs: 2, OrphanGrace: 15 * time.Second, Now: func() time.Time { return now }})
 	n, err := sw.SweepOnce(t.Context())
 	require.NoError(t, err)
 	require.Zero(t, n, "first seen orphaned (the walk checked ids[0..1])")
@@ -91,7 +91,7 @@ func TestSweeper_RecoveryFromMidTable(t *testing.T) {
 	t.Parallel()
 	_, tb, sw, ids := sweepFixture(t, 5, 2)
 	for _, id := range ids {
-		require.NoError(t, tb.enqueuer.Enqueue(t.Context(), id, time.Time{}))
+		require.NoError(t, tb.enqueuer.Enqueue(t.Context(), id, "", time.Time{}))
 	}
 	n, err := sw.SweepOnce(t.Context())
 	require.NoError(t, err)

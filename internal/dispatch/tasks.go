@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // Tasks acts on the asynq side of jobs: aborting the attempt of a canceled job, putting a job
@@ -27,9 +29,10 @@ func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
 // Abort stops the job's task: it signals every worker process to cancel the task's context if it
 // is running it (asynq's cancelation channel, so it reaches whichever process holds the task;
 // the provider call's context ends with it), and deletes the task when it is waiting (pending,
-// scheduled or retry), so a canceled job is not even picked up. Best effort: a task that starts
-// between the two steps is skipped by the executor, which finds the job terminal. The error
-// reports a step that Redis refused; the cancellation in Postgres stands either way.
+// scheduled or retry) on any priority's queue, so a canceled job is not even picked up. Best
+// effort: a task that starts between the two steps is skipped by the executor, which finds the
+// job terminal. The error reports a step that Redis refused; the cancellation in Postgres stands
+// either way.
 func (t *Tasks) Abort(id string) error {
 	var errs []error
 	if err := t.inspector.CancelProcessing(id); err != nil {
@@ -41,31 +44,34 @@ func (t *Tasks) Abort(id string) error {
 	return errors.Join(errs...)
 }
 
-// Requeue puts the job's task back on the queue to run now. A waiting, completed or archived task
-// with the job's ID is deleted first, because asynq rejects a second task with the same ID while
-// the first exists (Enqueue would silently do nothing); an active one is left alone. When Requeue
-// fails after the job was set queued in Postgres, the sweeper enqueues it later.
-func (t *Tasks) Requeue(ctx context.Context, id string) error {
+// Requeue puts the task of the job, whose priority is p, back on the queue to run now. A
+// waiting, completed or archived task with the job's ID is deleted first, from every priority's
+// queue, because asynq rejects a second task with the same ID while the first exists (Enqueue
+// would silently do nothing); an active one is left alone. When Requeue fails after the job was
+// set queued in Postgres, the sweeper enqueues it later.
+func (t *Tasks) Requeue(ctx context.Context, id string, p jobs.Priority) error {
 	if err := t.deleteWaiting(id); err != nil {
 		return err
 	}
-	return t.enqueuer.Enqueue(ctx, id, time.Time{})
+	return t.enqueuer.Enqueue(ctx, id, p, time.Time{})
 }
 
-// deleteWaiting deletes the task unless it is absent or active.
+// deleteWaiting deletes the job's task from each queue that holds it, unless it is active.
 func (t *Tasks) deleteWaiting(id string) error {
-	info, err := t.inspector.GetTaskInfo(t.enqueuer.queue, id)
-	if taskAbsent(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("look up task %s: %w", id, err)
-	}
-	if info.State == asynq.TaskStateActive {
-		return nil
-	}
-	if err := t.inspector.DeleteTask(t.enqueuer.queue, id); err != nil && !taskAbsent(err) {
-		return fmt.Errorf("delete task %s: %w", id, err)
+	for _, queue := range t.enqueuer.queues.All() {
+		info, err := t.inspector.GetTaskInfo(queue, id)
+		if taskAbsent(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("look up task %s: %w", id, err)
+		}
+		if info.State == asynq.TaskStateActive {
+			continue
+		}
+		if err := t.inspector.DeleteTask(queue, id); err != nil && !taskAbsent(err) {
+			return fmt.Errorf("delete task %s: %w", id, err)
+		}
 	}
 	return nil
 }
@@ -83,19 +89,28 @@ type QueueDepth struct {
 	Archived  int `json:"archived"`
 }
 
-// Depth returns the queue's task counts; a queue that never held a task counts zero.
+// Depth returns the task counts of the llmq queue, summed over its priorities' asynq queues; a
+// queue that never held a task counts zero.
 func (t *Tasks) Depth() (QueueDepth, error) {
 	// GetQueueInfo's not-found error is asynq-internal (no sentinel matches it): ask first.
 	queues, err := t.inspector.Queues()
 	if err != nil {
 		return QueueDepth{}, fmt.Errorf("list queues: %w", err)
 	}
-	if !slices.Contains(queues, t.enqueuer.queue) {
-		return QueueDepth{}, nil
+	var d QueueDepth
+	for _, queue := range t.enqueuer.queues.All() {
+		if !slices.Contains(queues, queue) {
+			continue
+		}
+		info, err := t.inspector.GetQueueInfo(queue)
+		if err != nil {
+			return QueueDepth{}, fmt.Errorf("read queue %s: %w", queue, err)
+		}
+		d.Pending += info.Pending
+		d.Active += info.Active
+		d.Scheduled += info.Scheduled
+		d.Retry += info.Retry
+		d.Archived += info.Archived
 	}
-	info, err := t.inspector.GetQueueInfo(t.enqueuer.queue)
-	if err != nil {
-		return QueueDepth{}, fmt.Errorf("read queue %s: %w", t.enqueuer.queue, err)
-	}
-	return QueueDepth{Pending: info.Pending, Active: info.Active, Scheduled: info.Scheduled, Retry: info.Retry, Archived: info.Archived}, nil
+	return d, nil
 }

@@ -29,7 +29,9 @@ func setupTasks(t *testing.T) *tasksBundle {
 	insp := asynq.NewInspector(opt)
 	queue := "llmq-test-" + redistest.Rand()
 	t.Cleanup(func() {
-		_ = insp.DeleteQueue(queue, true)
+		for _, q := range dispatch.NewQueues(queue).All() {
+			_ = insp.DeleteQueue(q, true)
+		}
 		require.NoError(t, insp.Close())
 		require.NoError(t, client.Close())
 	})
@@ -55,7 +57,7 @@ func TestTasks_Abort(t *testing.T) {
 	t.Run("DeletesPending", func(t *testing.T) {
 		t.Parallel()
 		b := setupTasks(t)
-		require.NoError(t, b.enqueuer.Enqueue(context.Background(), taskID, time.Time{}))
+		require.NoError(t, b.enqueuer.Enqueue(context.Background(), taskID, "", time.Time{}))
 		require.Equal(t, asynq.TaskStatePending, b.state(t, taskID))
 		require.NoError(t, b.tasks.Abort(taskID))
 		require.Zero(t, b.state(t, taskID))
@@ -63,7 +65,7 @@ func TestTasks_Abort(t *testing.T) {
 	t.Run("DeletesScheduled", func(t *testing.T) {
 		t.Parallel()
 		b := setupTasks(t)
-		require.NoError(t, b.enqueuer.Enqueue(context.Background(), taskID, time.Now().Add(time.Hour)))
+		require.NoError(t, b.enqueuer.Enqueue(context.Background(), taskID, "", time.Now().Add(time.Hour)))
 		require.Equal(t, asynq.TaskStateScheduled, b.state(t, taskID))
 		require.NoError(t, b.tasks.Abort(taskID))
 		require.Zero(t, b.state(t, taskID))
@@ -82,20 +84,20 @@ func TestTasks_Requeue(t *testing.T) {
 		t.Parallel()
 		b := setupTasks(t)
 		ctx := context.Background()
-		require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, time.Time{}))
+		require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, "", time.Time{}))
 		require.NoError(t, b.inspector.ArchiveTask(b.queue, taskID))
 		require.Equal(t, asynq.TaskStateArchived, b.state(t, taskID))
 		// A plain enqueue is a no-op while the archived task exists...
-		require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, time.Time{}))
+		require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, "", time.Time{}))
 		require.Equal(t, asynq.TaskStateArchived, b.state(t, taskID))
 		// ...Requeue replaces it.
-		require.NoError(t, b.tasks.Requeue(ctx, taskID))
+		require.NoError(t, b.tasks.Requeue(ctx, taskID, ""))
 		require.Equal(t, asynq.TaskStatePending, b.state(t, taskID))
 	})
 	t.Run("Fresh", func(t *testing.T) {
 		t.Parallel()
 		b := setupTasks(t)
-		require.NoError(t, b.tasks.Requeue(context.Background(), taskID))
+		require.NoError(t, b.tasks.Requeue(context.Background(), taskID, ""))
 		require.Equal(t, asynq.TaskStatePending, b.state(t, taskID))
 	})
 }
@@ -109,8 +111,8 @@ func TestTasks_Depth(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, dispatch.QueueDepth{}, d, "a queue that never held a task")
 
-	require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, time.Time{}))
-	require.NoError(t, b.enqueuer.Enqueue(ctx, "0190a5b2-7c1e-7d3f-9a8b-000000000001", time.Now().Add(time.Hour)))
+	require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, "", time.Time{}))
+	require.NoError(t, b.enqueuer.Enqueue(ctx, "0190a5b2-7c1e-7d3f-9a8b-000000000001", "", time.Now().Add(time.Hour)))
 	d, err = b.tasks.Depth()
 	require.NoError(t, err)
 	require.Equal(t, dispatch.QueueDepth{Pending: 1, Scheduled: 1}, d)

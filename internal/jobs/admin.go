@@ -109,17 +109,17 @@ ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
 	return out, nil
 }
 
-// RetryDead puts every dead job f selects back to queued, in one transaction, and returns their
-// IDs (f.Limit does not apply). Each gets a fresh attempt budget (attempts 0), a fresh deadline
+// RetryDead puts every dead job f selects back to queued, in one transaction, and returns them
+// (f.Limit does not apply), each with its priority, which names its task's queue. Each gets a fresh attempt budget (attempts 0), a fresh deadline
 // (now + its timeout), no dead reason, and a "queued" event whose payload names the previous
 // reason. Its earlier attempts stay in job_attempts and the new ones continue their numbering
 // (jobs.attempt_base, migration 002). Jobs that are not dead are left alone and not returned.
 // The caller then enqueues the returned jobs (Tasks.Requeue); one it fails to enqueue is picked
 // up by the sweeper.
-func (s *Store) RetryDead(ctx context.Context, f DeadFilter) ([]string, error) {
+func (s *Store) RetryDead(ctx context.Context, f DeadFilter) ([]Unfinished, error) {
 	args := []any{s.now()}
 	where := f.where("d", &args)
-	var ids []string
+	var out []Unfinished
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 UPDATE jobs j SET status = 'queued', attempts = 0,
@@ -130,18 +130,19 @@ UPDATE jobs j SET status = 'queued', attempts = 0,
 	updated_at = now(), event_seq = j.event_seq + 1
 FROM (SELECT d.id, d.dead_reason FROM jobs d WHERE `+where+` FOR UPDATE) old
 WHERE j.id = old.id
-RETURNING j.id::text, j.event_seq, old.dead_reason`, args...)
+RETURNING j.id::text, j.event_seq, old.dead_reason, j.priority`, args...)
 		if err != nil {
 			return err
 		}
 		type requeued struct {
-			id     string
-			seq    int
-			reason *string
+			id       string
+			seq      int
+			reason   *string
+			priority Priority
 		}
 		done, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (requeued, error) {
 			var q requeued
-			err := r.Scan(&q.id, &q.seq, &q.reason)
+			err := r.Scan(&q.id, &q.seq, &q.reason, &q.priority)
 			return q, err
 		})
 		if err != nil {
@@ -155,14 +156,14 @@ RETURNING j.id::text, j.event_seq, old.dead_reason`, args...)
 			if err := appendEvent(ctx, tx, q.id, q.seq, StatusQueued, payload); err != nil {
 				return err
 			}
-			ids = append(ids, q.id)
+			out = append(out, Unfinished{ID: q.id, Status: StatusQueued, Priority: q.priority})
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("retry dead jobs: %w", err)
 	}
-	return ids, nil
+	return out, nil
 }
 
 // PurgeDead deletes the jobs that died before `before`, with their attempts, events and

@@ -79,11 +79,12 @@ func TestStore_RetryDead(t *testing.T) {
 		b := jobstest.New(t)
 		ctx := context.Background()
 		// A short timeout that has passed by the time the operator retries.
-		job := b.Dead(t, jobstest.Opts{Timeout: time.Millisecond}, jobs.ReasonRetriesExhausted, 3)
+		job := b.Dead(t, jobstest.Opts{Timeout: time.Millisecond, Priority: jobs.PriorityLow}, jobs.ReasonRetriesExhausted, 3)
 
 		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
 		require.NoError(t, err)
-		require.Equal(t, []string{job.ID}, got)
+		require.Equal(t, []jobs.Unfinished{{ID: job.ID, Status: jobs.StatusQueued, Priority: jobs.PriorityLow}}, got,
+			"the job, with the priority that names its task's queue")
 
 		j, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
@@ -150,7 +151,7 @@ func TestStore_RetryDead(t *testing.T) {
 
 		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter})
 		require.NoError(t, err)
-		require.Equal(t, []string{capped.ID}, got)
+		require.Equal(t, []string{capped.ID}, unfinishedIDs(got))
 		left, err := b.Store.ListDead(ctx, jobs.DeadFilter{})
 		require.NoError(t, err)
 		require.Equal(t, []string{exhausted.ID}, ids(left))
@@ -238,4 +239,12 @@ func TestStore_Stats(t *testing.T) {
 	later, err := b.Store.Stats(ctx, time.Now().Add(time.Hour))
 	require.NoError(t, err)
 	require.Empty(t, later.ByStatus, "nothing in a window that starts later")
+}
+
+func unfinishedIDs(us []jobs.Unfinished) []string {
+	out := make([]string, len(us))
+	for i, u := range us {
+		out[i] = u.ID
+	}
+	return out
 }

@@ -16,6 +16,8 @@ type Unfinished struct {
 	NextAttemptAt *time.Time
 	// LeaseUntil is when the running attempt's lease ends (nil: no lease).
 	LeaseUntil *time.Time
+	// Priority names the asynq queue of the job's task.
+	Priority Priority
 }
 
 // Leased reports whether a live attempt lease holds the job at now (its delivery is alive).
@@ -35,7 +37,7 @@ func (s *Store) UnfinishedByID(ctx context.Context, ids []string) ([]Unfinished,
 	if len(valid) == 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id::text, status, next_attempt_at, lease_until FROM jobs
+	rows, err := s.pool.Query(ctx, `SELECT id::text, status, next_attempt_at, lease_until, priority FROM jobs
 WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running', 'retrying')`, valid)
 	if err != nil {
 		return nil, fmt.Errorf("read unfinished jobs: %w", err)
@@ -47,10 +49,10 @@ WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running', 'retrying')`, val
 	return out, nil
 }
 
-// scanUnfinished reads a row of id::text, status, next_attempt_at, lease_until.
+// scanUnfinished reads a row of id::text, status, next_attempt_at, lease_until, priority.
 func scanUnfinished(r pgx.CollectableRow) (Unfinished, error) {
 	var u Unfinished
-	err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil)
+	err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil, &u.Priority)
 	return u, err
 }
 
@@ -82,7 +84,7 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 // (id::text), which no index orders, so each page sorted every unfinished job; and without
 // table statistics the planner picked a bitmap scan and a sort (see inOrderOfIndex).
 const listUnfinishedSQL = `
-SELECT id::text, status, next_attempt_at, lease_until FROM jobs
+SELECT id::text, status, next_attempt_at, lease_until, priority FROM jobs
 WHERE status IN ('queued', 'running', 'retrying') AND id > $1 AND lane = 'online'
 ORDER BY jobs.id LIMIT $2`
 

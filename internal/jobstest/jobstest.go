@@ -39,6 +39,8 @@ type Opts struct {
 	Credential string
 	// Timeout is the job's timeout. Default a minute.
 	Timeout time.Duration
+	// Priority is the job's priority. Default normal.
+	Priority jobs.Priority
 }
 
 // Create commits a queued job of tenant "default" with a small request and 3 attempts.
@@ -52,7 +54,7 @@ func (b *Bundle) Create(t *testing.T, o Opts) *jobs.Job {
 	}
 	job, _, err := b.Store.Create(context.Background(), jobs.CreateParams{
 		Tenant: "default", Credential: o.Credential, Fingerprint: "fp",
-		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: o.Timeout,
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: o.Timeout, Priority: o.Priority,
 	})
 	require.NoError(t, err)
 	return job

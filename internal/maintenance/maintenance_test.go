@@ -83,18 +83,18 @@ func TestMaintainer_FailOverdue(t *testing.T) {
 	// hour out (its task scheduled then), one waits for its retry, one for a worker (a backlog).
 	held := b.Create(t, jobstest.Opts{})
 	require.NoError(t, b.Store.HoldSlot(ctx, held.ID, start.Add(time.Hour), 7, 0))
-	require.NoError(t, b.enqueuer.Enqueue(ctx, held.ID, start.Add(time.Hour)))
+	require.NoError(t, b.enqueuer.Enqueue(ctx, held.ID, "", start.Add(time.Hour)))
 	retrying := b.Create(t, jobstest.Opts{})
 	b.Attempt(t, retrying.ID, jobs.Outcome{Status: jobs.StatusRetrying})
-	require.NoError(t, b.enqueuer.Enqueue(ctx, retrying.ID, start.Add(30*time.Minute)))
+	require.NoError(t, b.enqueuer.Enqueue(ctx, retrying.ID, "", start.Add(30*time.Minute)))
 	backlog := b.Create(t, jobstest.Opts{})
-	require.NoError(t, b.enqueuer.Enqueue(ctx, backlog.ID, time.Time{}))
+	require.NoError(t, b.enqueuer.Enqueue(ctx, backlog.ID, "", time.Time{}))
 	// And one whose call is in flight (its lease is live), and one with time left.
 	inFlight := b.Create(t, jobstest.Opts{})
 	_, err := b.Store.BeginAttempt(ctx, inFlight.ID)
 	require.NoError(t, err)
 	later := b.Create(t, jobstest.Opts{Timeout: time.Hour})
-	require.NoError(t, b.enqueuer.Enqueue(ctx, later.ID, time.Time{}))
+	require.NoError(t, b.enqueuer.Enqueue(ctx, later.ID, "", time.Time{}))
 
 	// Before the deadline, nothing is failed.
 	b.clock.Set(start.Add(59 * time.Second))

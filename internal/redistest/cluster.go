@@ -102,10 +102,11 @@ func newClient(raw string) (redis.UniversalClient, error) {
 }
 
 // Queue returns a fresh asynq queue name "llmq-test-<rand>" on the Redis at url, and removes
-// every key of the queue (asynq keeps them all under "asynq:{<queue>}:", completed tasks and
-// daily counters included) and its entry in asynq's list of queues when the test ends. Register
-// it before starting the servers and clients that use the queue, so that it runs after they
-// stopped.
+// every key of the queue and of the queues named after it (llmq's priority queues, "<queue>:high"
+// and "<queue>:low"; asynq keeps a queue's keys under "asynq:{<queue>}:", completed tasks and
+// daily counters included) and their entries in asynq's list of queues when the test ends.
+// Register it before starting the servers and clients that use the queue, so that it runs after
+// they stopped.
 func Queue(t testing.TB, url string) string {
 	t.Helper()
 	q := "llmq-test-" + Rand()
@@ -114,7 +115,13 @@ func Queue(t testing.TB, url string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		Unlink(ctx, c, "asynq:{"+q+"}:*")
-		c.SRem(ctx, "asynq:queues", q)
+		Unlink(ctx, c, "asynq:{"+q+":*")
+		names, _ := c.SMembers(ctx, "asynq:queues").Result()
+		for _, name := range names {
+			if name == q || strings.HasPrefix(name, q+":") {
+				c.SRem(ctx, "asynq:queues", name)
+			}
+		}
 	})
 	return q
 }

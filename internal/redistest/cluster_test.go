@@ -84,20 +84,24 @@ func TestQueue_LeavesNothingBehind(t *testing.T) {
 			require.NoError(t, err)
 			client := asynq.NewClient(opt)
 			defer client.Close()
-			for i := range 3 {
-				_, err := client.EnqueueContext(t.Context(), asynq.NewTask("t", nil), asynq.Queue(queue),
-					asynq.TaskID(strconv.Itoa(i)), asynq.Retention(time.Minute))
+			for _, q := range []string{queue, queue + ":low"} {
+				for i := range 3 {
+					_, err := client.EnqueueContext(t.Context(), asynq.NewTask("t", nil), asynq.Queue(q),
+						asynq.TaskID(strconv.Itoa(i)), asynq.Retention(time.Minute))
+					require.NoError(t, err)
+				}
+				require.Positive(t, keysMatching(t, c, "asynq:{"+q+"}:*"))
+				in, err := c.SIsMember(t.Context(), "asynq:queues", q).Result()
 				require.NoError(t, err)
+				require.True(t, in)
 			}
-			require.Positive(t, keysMatching(t, c, "asynq:{"+queue+"}:*"))
-			in, err := c.SIsMember(t.Context(), "asynq:queues", queue).Result()
-			require.NoError(t, err)
-			require.True(t, in)
 		})
-		require.Zero(t, keysMatching(t, c, "asynq:{"+queue+"}:*"))
-		in, err := c.SIsMember(t.Context(), "asynq:queues", queue).Result()
-		require.NoError(t, err)
-		require.False(t, in)
+		for _, q := range []string{queue, queue + ":low"} {
+			require.Zero(t, keysMatching(t, c, "asynq:{"+q+"}:*"))
+			in, err := c.SIsMember(t.Context(), "asynq:queues", q).Result()
+			require.NoError(t, err)
+			require.False(t, in)
+		}
 	})
 }
 

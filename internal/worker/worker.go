@@ -167,7 +167,7 @@ func (w *Worker) build(m metrics) error {
 	enq := dispatch.NewEnqueuer(w.client, cfg.Worker.Queue)
 	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
 		Store: store, Enqueuer: enq, Inspector: w.insp, Redis: w.rdb,
-		Queue: cfg.Worker.Queue, Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: m.dispatch,
+		Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: m.dispatch,
 	})
 	w.maint = maintenance.New(maintenance.Config{
 		Store: store, Tasks: dispatch.NewTasks(w.insp, enq),
@@ -294,7 +294,9 @@ func (w *Worker) newBatcher() error {
 	}
 	enq := dispatch.NewEnqueuer(w.client, w.cfg.Worker.Queue)
 	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
-		Enqueue: func(ctx context.Context, id string) error { return enq.Enqueue(ctx, id, time.Time{}) }})
+		Enqueue: func(ctx context.Context, id string, p jobs.Priority) error {
+			return enq.Enqueue(ctx, id, p, time.Time{})
+		}})
 	return nil
 }
 
