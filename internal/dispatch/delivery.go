@@ -2,7 +2,6 @@ package dispatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -73,10 +72,10 @@ type handler struct{ p Processor }
 
 // ProcessTask implements asynq.Handler.
 func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
-	var p taskPayload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+	id, err := jobIDOf(t.Payload())
+	if err != nil {
 		return fmt.Errorf("decode task payload: %v: %w", err, asynq.SkipRetry)
 	}
 	retried, _ := asynq.GetRetryCount(ctx)
-	return h.p.Process(ctx, Delivery{JobID: p.JobID, Retried: retried})
+	return h.p.Process(ctx, Delivery{JobID: id, Retried: retried})
 }
