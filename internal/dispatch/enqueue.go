@@ -55,9 +55,6 @@ func NewEnqueuer(client *asynq.Client, queue string) *Enqueuer {
 	return &Enqueuer{client: client, queues: NewQueues(queue)}
 }
 
-// Queues returns the asynq queues the Enqueuer puts jobs on.
-func (e *Enqueuer) Queues() Queues { return e.queues }
-
 // Enqueue schedules the task of the job, whose priority is p, for at (now if zero or past).
 // Enqueueing a job whose task already exists is a no-op, which is what makes the API's enqueue
 // and the sweeper's safe to race.
