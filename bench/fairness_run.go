@@ -339,7 +339,7 @@ func (f *fairness) report() report {
 		"429s, from the first provider request (the first 5 of each row): " + cmp.Or(strings.Join(at429, "; "), "none") + ".",
 		fmt.Sprintf("6 (llmq only): A's %d low jobs are queued with the workers stopped, then the workers start as B begins "+
 			"scenario 1's submits, while the workers make their first pass over the backlog (A's tasks are on the low "+
-			"priority's asynq queue, B's on the normal one); the drain is %d of A's jobs alone, queued with the workers stopped, on an instant, unlimited "+
+			"jobs' asynq queue, B's on the main one); the drain is %d of A's jobs alone, queued with the workers stopped, on an instant, unlimited "+
 			"simulator through a credential configured at 1,000,000 requests/s (its limit known, so the lanes apply, but never "+
 			"waited for), jobs/s from the first provider request to the last, the median of %d runs alternating with \"without lanes\" (each run's "+
 			"rate in brackets): the api and worker built at the commit before the executor named lanes (-baseline-bin). B's wait in "+

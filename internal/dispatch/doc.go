@@ -5,9 +5,9 @@
 // Postgres.
 //
 // Postgres is the source of truth (internal/jobs); Redis only dispatches. Each job is one asynq
-// task, on its priority's queue (see Queues), whose TaskID is the job ID, so a second enqueue is
-// a no-op and the sweeper's re-enqueue of
-// a job whose task Redis lost races safely with the API's. The sweeper is the only code that reads
-// asynq's private keys (a page of task states in one pipelined round trip, and the active list of
-// the live servers); it is pinned to asynq v0.26's key layout and tested against it.
+// task, on its priority's queue (low jobs have their own, see Queues), whose TaskID is the job
+// ID, so a second enqueue is a no-op and the sweeper's re-enqueue of a job whose task Redis lost
+// races safely with the API's. The sweeper is the only code that reads asynq's private keys (a
+// page of task states in one pipelined round trip, and the active list of the live servers); it
+// is pinned to asynq v0.26's key layout and tested against it.
 package dispatch

@@ -17,14 +17,14 @@ import (
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
-func TestQueues_OnePerPriority(t *testing.T) {
+func TestQueues_LowHasItsOwn(t *testing.T) {
 	t.Parallel()
 	q := dispatch.NewQueues("llmq")
-	require.Equal(t, "llmq:high", q.For(jobs.PriorityHigh))
+	require.Equal(t, "llmq", q.For(jobs.PriorityHigh))
 	require.Equal(t, "llmq", q.For(jobs.PriorityNormal), "normal keeps the queue's own name")
 	require.Equal(t, "llmq", q.For(""))
 	require.Equal(t, "llmq:low", q.For(jobs.PriorityLow))
-	require.Equal(t, []string{"llmq:high", "llmq", "llmq:low"}, q.All())
+	require.Equal(t, []string{"llmq", "llmq:low"}, q.All())
 }
 
 // stateIn is the state of task id on queue (0: none there).
@@ -41,8 +41,8 @@ func (b *tasksBundle) stateIn(t *testing.T, queue, id string) asynq.TaskState {
 	return info.State
 }
 
-// TestTasks_PriorityQueues: a job's task goes on its priority's queue, and aborting, requeueing
-// and counting find it there.
+// TestTasks_PriorityQueues: a job's task goes on its priority's queue (low: its own), and
+// aborting, requeueing and counting find it there.
 func TestTasks_PriorityQueues(t *testing.T) {
 	t.Parallel()
 	b := setupTasks(t)
@@ -53,7 +53,7 @@ func TestTasks_PriorityQueues(t *testing.T) {
 	require.NoError(t, b.enqueuer.Enqueue(ctx, high, jobs.PriorityHigh, time.Time{}))
 	require.NoError(t, b.enqueuer.Enqueue(ctx, low, jobs.PriorityLow, time.Now().Add(time.Hour)))
 	require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, jobs.PriorityNormal, time.Time{}))
-	require.Equal(t, asynq.TaskStatePending, b.stateIn(t, q.For(jobs.PriorityHigh), high))
+	require.Equal(t, asynq.TaskStatePending, b.stateIn(t, b.queue, high))
 	require.Equal(t, asynq.TaskStateScheduled, b.stateIn(t, q.For(jobs.PriorityLow), low))
 	require.Equal(t, asynq.TaskStatePending, b.stateIn(t, b.queue, taskID))
 	d, err := b.tasks.Depth()
@@ -114,8 +114,9 @@ func (r recorder) Process(ctx context.Context, d dispatch.Delivery) error {
 // TestServer_HigherPriorityOvertakesABacklog: with 200 low tasks waiting, a normal and a high
 // task enqueued after them are among the first deliveries, not the last. One delivery slot, so
 // the order of deliveries is the order of dequeues; each dequeue takes a non-empty queue in
-// asynq's weighted random order (high 6, normal 3, low 1), so a lone normal task loses to the
-// low backlog with probability 1/4 a dequeue and is late past the 20th with probability ~1e-12.
+// asynq's weighted random order (9:1), so the main queue loses to the low backlog with
+// probability 1/10 a dequeue, and its second task is late past the 20th delivery with
+// probability ~2e-18.
 func TestServer_HigherPriorityOvertakesABacklog(t *testing.T) {
 	t.Parallel()
 	queue := redistest.Queue(t, redistest.URL())

@@ -12,8 +12,8 @@ import (
 
 // ServerConfig configures the asynq server that delivers jobs to a worker process.
 type ServerConfig struct {
-	// Queue is the llmq queue the jobs are on: the server takes from each of its priorities'
-	// asynq queues (see Queues).
+	// Queue is the llmq queue the jobs are on: the server takes from both of its asynq queues
+	// (see Queues).
 	Queue string
 	// Concurrency is how many deliveries run at once.
 	Concurrency int
@@ -27,11 +27,11 @@ type ServerConfig struct {
 }
 
 // NewServer returns an asynq server that hands the tasks of cfg.Queue's asynq queues to p, a
-// free delivery slot taking from high, normal and low in the ratio 6:3:1 while each has tasks
-// waiting (see Queues.weights): deferrals come back
-// at their time without counting as failures, and retries and scheduled tasks are moved to
-// pending every 50 ms (asynq's DelayedTaskCheckInterval, default 5s, bounds how precisely a
-// limiter send time or a Retry-After is kept). Run it with Start(Mux(p)).
+// free delivery slot taking from the main queue and the low one 9:1 while both have tasks
+// waiting (see Queues.weights): deferrals come back at their time without counting as failures,
+// and retries and scheduled tasks are moved to pending every 50 ms (asynq's
+// DelayedTaskCheckInterval, default 5s, bounds how precisely a limiter send time or a
+// Retry-After is kept). Run it with Start(Mux(p)).
 func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

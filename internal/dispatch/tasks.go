@@ -29,7 +29,7 @@ func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
 // Abort stops the job's task: it signals every worker process to cancel the task's context if it
 // is running it (asynq's cancelation channel, so it reaches whichever process holds the task;
 // the provider call's context ends with it), and deletes the task when it is waiting (pending,
-// scheduled or retry) on any priority's queue, so a canceled job is not even picked up. Best
+// scheduled or retry) on either of its queues, so a canceled job is not even picked up. Best
 // effort: a task that starts between the two steps is skipped by the executor, which finds the
 // job terminal. The error reports a step that Redis refused; the cancellation in Postgres stands
 // either way.
@@ -45,8 +45,7 @@ func (t *Tasks) Abort(id string) error {
 }
 
 // Requeue puts the task of the job, whose priority is p, back on the queue to run now. A
-// waiting, completed or archived task with the job's ID is deleted first, from every priority's
-// queue, because asynq rejects a second task with the same ID while the first exists (Enqueue
+// waiting, completed or archived task with the job's ID is deleted first, from both queues, because asynq rejects a second task with the same ID while the first exists (Enqueue
 // would silently do nothing); an active one is left alone. When Requeue fails after the job was
 // set queued in Postgres, the sweeper enqueues it later.
 func (t *Tasks) Requeue(ctx context.Context, id string, p jobs.Priority) error {

@@ -102,8 +102,8 @@ func newClient(raw string) (redis.UniversalClient, error) {
 }
 
 // Queue returns a fresh asynq queue name "llmq-test-<rand>" on the Redis at url, and removes
-// every key of the queue and of the queues named after it (llmq's priority queues, "<queue>:high"
-// and "<queue>:low"; asynq keeps a queue's keys under "asynq:{<queue>}:", completed tasks and
+// every key of the queue and of the queues named after it (llmq's low queue, "<queue>:low";
+// asynq keeps a queue's keys under "asynq:{<queue>}:", completed tasks and
 // daily counters included) and their entries in asynq's list of queues when the test ends.
 // Register it before starting the servers and clients that use the queue, so that it runs after
 // they stopped.
