@@ -58,7 +58,7 @@ func TestTasks_PriorityQueues(t *testing.T) {
 	require.Equal(t, asynq.TaskStatePending, b.stateIn(t, b.queue, taskID))
 	d, err := b.tasks.Depth()
 	require.NoError(t, err)
-	require.Equal(t, dispatch.QueueDepth{Pending: 2, Scheduled: 1}, d, "the priorities' queues summed")
+	require.Equal(t, dispatch.QueueDepth{Pending: 2, Scheduled: 1}, d, "both queues summed")
 
 	require.NoError(t, b.tasks.Abort(low))
 	require.Zero(t, b.stateIn(t, q.For(jobs.PriorityLow), low), "aborted on its own queue")

@@ -88,7 +88,7 @@ type QueueDepth struct {
 	Archived  int `json:"archived"`
 }
 
-// Depth returns the task counts of the llmq queue, summed over its priorities' asynq queues; a
+// Depth returns the task counts of the llmq queue, summed over its asynq queues; a
 // queue that never held a task counts zero.
 func (t *Tasks) Depth() (QueueDepth, error) {
 	// GetQueueInfo's not-found error is asynq-internal (no sentinel matches it): ask first.
