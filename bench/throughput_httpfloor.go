@@ -118,13 +118,19 @@ func (s *httpFloorSystem) submit(ctx context.Context, i int) error {
 	if err != nil {
 		return fmt.Errorf("encode job %d: %w", i, err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.apiURL+"/jobs", bytes.NewReader(body))
+	s.t.submitted(i)
+	return postBenchJob(ctx, s.hc, s.apiURL, i, body)
+}
+
+// postBenchJob posts job i's body to the /jobs of a bench row's own API (the floor over HTTP's,
+// River over HTTP's); anything but a 202 is an error.
+func postBenchJob(ctx context.Context, hc *http.Client, apiURL string, i int, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/jobs", bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("build submit %d: %w", i, err)
 	}
 	req.Header.Set("content-type", "application/json")
-	s.t.submitted(i)
-	resp, err := s.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("submit job %d: %w", i, err)
 	}

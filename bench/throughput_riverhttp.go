@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -182,20 +180,8 @@ func (s *riverHTTPSystem) removeLogs() {
 }
 
 func (s *riverHTTPSystem) submit(ctx context.Context, i int) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.apiURL+"/jobs",
-		bytes.NewReader(fmt.Appendf(nil, `{"request":%s}`, messagesBody(i))))
-	if err != nil {
-		return fmt.Errorf("build submit %d: %w", i, err)
-	}
-	req.Header.Set("content-type", "application/json")
-	resp, err := s.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("submit job %d: %w", i, err)
-	}
-	msg, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		return fmt.Errorf("submit job %d: %d %s", i, resp.StatusCode, bytes.TrimSpace(msg))
+	if err := postBenchJob(ctx, s.hc, s.apiURL, i, fmt.Appendf(nil, `{"request":%s}`, messagesBody(i))); err != nil {
+		return err
 	}
 	s.submitted.Add(1)
 	return nil
