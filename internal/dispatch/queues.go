@@ -1,6 +1,8 @@
 package dispatch
 
 import (
+	"slices"
+
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -35,9 +37,7 @@ func (q Queues) All() []string {
 }
 
 // contains reports whether name is one of the queues.
-func (q Queues) contains(name string) bool {
-	return name == q.base || name == q.For(jobs.PriorityLow)
-}
+func (q Queues) contains(name string) bool { return slices.Contains(q.All(), name) }
 
 // weights are the asynq server's weights, 9:1. They only decide which waiting task a free
 // delivery slot takes next; the shares of the provider's limit are the limiter's fair queue's
