@@ -49,6 +49,10 @@ type batcher struct {
 	mu       sync.Mutex
 	pending  []*batchOp
 	inFlight int
+
+	// idle, when set (by tests, before the batcher's first use), is called each time the batcher
+	// has sent everything and stopped.
+	idle func()
 }
 
 // batchOp is one statement and what its caller does with the row it answers with.
@@ -69,7 +73,9 @@ type batchOp struct {
 }
 
 // queryRow runs sql as part of a batch and scans its row with scan, returning scan's error (or
-// the batch's, or ctx's if it ends first: the statement may still commit).
+// the batch's, or ctx's if it ends first: the statement may still commit). scan runs on the
+// batch's goroutine: what it writes may be read after a nil return only; after ctx's end it may
+// still be running.
 func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, scan func(pgx.Row) error) error {
 	op := &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scan, done: make(chan struct{})}
 	b.mu.Lock()
@@ -97,6 +103,9 @@ func (b *batcher) send() {
 		if len(b.pending) == 0 {
 			b.inFlight--
 			b.mu.Unlock()
+			if b.idle != nil {
+				b.idle()
+			}
 			return
 		}
 		n := min(len(b.pending), batchMax)

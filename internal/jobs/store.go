@@ -96,7 +96,11 @@ func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job
 		job, err = scanJob(r)
 		return err
 	})
-	return job, err
+	if err != nil {
+		// job is not ours to read: after ctx's end, the batch may still be scanning into it.
+		return nil, err
+	}
+	return job, nil
 }
 
 func scanJob(row pgx.Row) (*Job, error) {
