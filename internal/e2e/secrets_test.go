@@ -165,7 +165,7 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 	record = false
 	require.Contains(t, call(http.MethodPost, "/v1/jobs", `{"credential":"`+canary+`","request":{}}`, nil), "unknown_credential")
 	record = true
-	waiting := dumpRedis(t)
+	waiting := dumpRedis(t, queue, prefix)
 	require.Contains(t, waiting, "asynq:{"+queue+"}:t:"+ok, "the dump holds the waiting tasks")
 	require.Contains(t, waiting, "llmq:tenant:{default}:submit", "and the tenant's submit rate")
 
@@ -206,7 +206,7 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 		"api answers":     answers.String(),
 		"pg_dump":         string(dump),
 		"redis (waiting)": waiting,
-		"redis (after)":   dumpRedis(t),
+		"redis (after)":   dumpRedis(t, queue, prefix),
 		"api /metrics":    call(http.MethodGet, "/metrics", "", nil),
 		"worker /metrics": serveMetrics(t, workerReg),
 	}
@@ -235,9 +235,9 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 
 // dumpRedis returns every key of the test Redis with its value, read according to its type, so
 // that a search covers strings, hashes, lists, sets, sorted sets and streams alike. It reads the
-// whole database, not only this test's prefix and queue: a stricter search, and the canary is
-// unique to this run.
-func dumpRedis(t *testing.T) string {
+// whole database but for the namespaces other tests and benchmark runs own (othersKey): a
+// stricter search than this test's prefix and queue alone, and the canary is unique to this run.
+func dumpRedis(t *testing.T, queue, prefix string) string {
 	t.Helper()
 	ctx := context.Background()
 	rdb := redistest.Client(t)
@@ -245,6 +245,9 @@ func dumpRedis(t *testing.T) string {
 	iter := rdb.Scan(ctx, 0, "*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
+		if othersKey(key, queue, prefix) {
+			continue
+		}
 		typ, err := rdb.Type(ctx, key).Result()
 		require.NoError(t, err)
 		var val any
@@ -274,6 +277,18 @@ func dumpRedis(t *testing.T) string {
 	}
 	require.NoError(t, iter.Err())
 	return out.String()
+}
+
+// othersKey reports whether key is in a namespace that another test or a benchmark run owns on the
+// shared Redis (its asynq queues, its key prefix): not this test's to read, and perhaps large.
+// Every other key is this test's or llmq's shared state, and is dumped.
+func othersKey(key, queue, prefix string) bool {
+	for _, ns := range []string{"asynq:{llmq-test-", "asynq:{llmq-bench-", "asynq:{bench-", "llmq:test:"} {
+		if strings.HasPrefix(key, ns) {
+			return !strings.HasPrefix(key, "asynq:{"+queue) && !strings.HasPrefix(key, prefix)
+		}
+	}
+	return false
 }
 
 // serveMetrics returns what /metrics serves for reg.
