@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -68,14 +69,31 @@ func RetryDelayFunc(policy *retrypolicy.Policy, now func() time.Time) asynq.Retr
 const maxStoreRetryStep = 3
 
 // handler adapts a Processor to asynq.
-type handler struct{ p Processor }
+type handler struct {
+	p   Processor
+	due *Enqueuer
+}
 
-// ProcessTask implements asynq.Handler.
+// ProcessTask implements asynq.Handler. A deferral of a task of the main or the low queue
+// becomes a due task for the deferral's time (see Mux), and the task itself completes; a due
+// task that is deferred again waits on the due queue (asynq's retry), and so does any task when
+// the due task cannot be enqueued.
 func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	id, err := jobIDOf(t.Payload())
 	if err != nil {
 		return fmt.Errorf("decode task payload: %v: %w", err, asynq.SkipRetry)
 	}
 	retried, _ := asynq.GetRetryCount(ctx)
-	return h.p.Process(ctx, Delivery{JobID: id, Retried: retried})
+	err = h.p.Process(ctx, Delivery{JobID: id, Retried: retried})
+	var d *DeferError
+	if !errors.As(err, &d) {
+		return err
+	}
+	if taskID, _ := asynq.GetTaskID(ctx); strings.HasSuffix(taskID, dueSuffix) {
+		return err
+	}
+	if h.due.enqueueDue(context.WithoutCancel(ctx), id, d.Until, d.Reason) != nil {
+		return err // back on its own queue, as before there was a due queue
+	}
+	return nil
 }

@@ -22,20 +22,24 @@ const taskTimeout = time.Hour
 // only deferrals (not failures, see IsFailure) or infrastructure errors.
 const taskMaxRetry = 1 << 20
 
-// legacyPayload is the body of a task enqueued before bodies were the bare job ID (see
-// jobIDOf).
-type legacyPayload struct {
+// objectPayload is the body of a due task (see Mux), and of a task enqueued before bodies were
+// the bare job ID (see jobIDOf).
+type objectPayload struct {
 	JobID string `json:"job_id"`
+	// Deferred is why a due task's job waits (the executor's reason for the deferral): asynq
+	// keeps no error for a task that never ran, and an operator inspecting the due queue sees it
+	// here.
+	Deferred string `json:"deferred,omitempty"`
 }
 
-// jobIDOf returns the job a task's body names: the body is the job ID itself, or, for a task
-// enqueued by an earlier version, {"job_id": ...}. The bare ID saves a JSON encode and decode
-// per delivery (half of the worker's JSON time in its profile).
+// jobIDOf returns the job a task's body names: the body is the job ID itself, or, for a due task
+// or a task enqueued by an earlier version, {"job_id": ...}. The bare ID saves a JSON encode and
+// decode per delivery (half of the worker's JSON time in its profile).
 func jobIDOf(payload []byte) (string, error) {
 	if len(payload) == 0 || payload[0] != '{' {
 		return string(payload), nil
 	}
-	var p legacyPayload
+	var p objectPayload
 	if err := json.Unmarshal(payload, &p); err != nil {
 		return "", err
 	}
@@ -59,27 +63,41 @@ func NewEnqueuer(client *asynq.Client, queue string) *Enqueuer {
 // Enqueueing a job whose task already exists is a no-op, which is what makes the API's enqueue
 // and the sweeper's safe to race.
 func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, p jobs.Priority, at time.Time) error {
-	return e.enqueue(ctx, jobID, jobID, p, at)
+	return e.enqueue(ctx, []byte(jobID), jobID, e.queues.For(p), at)
 }
 
 // EnqueueRescue enqueues a second task for the job, under its own TaskID (the job ID +
 // ":rescue"), for when the job's task is stuck active on a dead worker. It is a no-op while a
 // rescue task exists. The stuck task, once asynq recovers it, finds the job finished or leased.
 func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string, p jobs.Priority) error {
-	return e.enqueue(ctx, jobID, jobID+rescueSuffix, p, time.Time{})
+	return e.enqueue(ctx, []byte(jobID), jobID+rescueSuffix, e.queues.For(p), time.Time{})
 }
 
 // rescueSuffix ends the TaskID of a rescue task (see Enqueuer.EnqueueRescue).
 const rescueSuffix = ":rescue"
 
-func (e *Enqueuer) enqueue(ctx context.Context, jobID, taskID string, p jobs.Priority, at time.Time) error {
-	opts := []asynq.Option{asynq.TaskID(taskID), asynq.Queue(e.queues.For(p)), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
+// enqueueDue schedules a delivery of the job for at on the due queue, under its own TaskID (the
+// job ID + ":due"; see Mux), its body naming why the job waits. It is a no-op while a due task
+// for the job exists.
+func (e *Enqueuer) enqueueDue(ctx context.Context, jobID string, at time.Time, reason string) error {
+	body, err := json.Marshal(objectPayload{JobID: jobID, Deferred: reason})
+	if err != nil {
+		return fmt.Errorf("encode due task of job %s: %w", jobID, err)
+	}
+	return e.enqueue(ctx, body, jobID+dueSuffix, e.queues.Due(), at)
+}
+
+// dueSuffix ends the TaskID of a due task (see Enqueuer.enqueueDue).
+const dueSuffix = ":due"
+
+func (e *Enqueuer) enqueue(ctx context.Context, body []byte, taskID, queue string, at time.Time) error {
+	opts := []asynq.Option{asynq.TaskID(taskID), asynq.Queue(queue), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
 	if !at.IsZero() && time.Until(at) > 0 {
 		opts = append(opts, asynq.ProcessAt(at))
 	}
-	_, err := e.client.EnqueueContext(ctx, asynq.NewTask(TaskType, []byte(jobID)), opts...)
+	_, err := e.client.EnqueueContext(ctx, asynq.NewTask(TaskType, body), opts...)
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("enqueue job %s: %w", jobID, err)
+		return fmt.Errorf("enqueue task %s: %w", taskID, err)
 	}
 	return nil
 }

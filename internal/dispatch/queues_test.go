@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,7 +25,8 @@ func TestQueues_LowHasItsOwn(t *testing.T) {
 	require.Equal(t, "llmq", q.For(jobs.PriorityNormal), "normal keeps the queue's own name")
 	require.Equal(t, "llmq", q.For(""))
 	require.Equal(t, "llmq:low", q.For(jobs.PriorityLow))
-	require.Equal(t, []string{"llmq", "llmq:low"}, q.All())
+	require.Equal(t, "llmq:due", q.Due())
+	require.Equal(t, []string{"llmq", "llmq:low", "llmq:due"}, q.All())
 }
 
 // stateIn is the state of task id on queue (0: none there).
@@ -136,7 +138,7 @@ func TestServer_HigherPriorityOvertakesABacklog(t *testing.T) {
 	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: queue, Concurrency: 1,
 		PollInterval: 10 * time.Millisecond, Policy: policy})
 	deliveries := make(recorder)
-	require.NoError(t, srv.Start(dispatch.Mux(deliveries)))
+	require.NoError(t, srv.Start(dispatch.Mux(deliveries, enq)))
 	t.Cleanup(srv.Shutdown)
 
 	deadline := time.After(10 * time.Second)
@@ -150,4 +152,130 @@ func TestServer_HigherPriorityOvertakesABacklog(t *testing.T) {
 		}
 		require.LessOrEqual(t, n, 20, "high at %d, normal at %d (0: not yet)", seen["high"], seen["normal"])
 	}
+}
+
+// deferOnce is a Processor that defers the first delivery of job "x" (to now) and reports every
+// other delivery's job.
+type deferOnce struct {
+	deliveries chan string
+	deferred   atomic.Bool
+}
+
+func (p *deferOnce) Process(ctx context.Context, d dispatch.Delivery) error {
+	if d.JobID == "x" && p.deferred.CompareAndSwap(false, true) {
+		return &dispatch.DeferError{Until: time.Now(), Reason: "its turn is now"}
+	}
+	select {
+	case p.deliveries <- d.JobID:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// TestServer_DeferredTaskComesBackAheadOfABacklog: a task deferred to now comes back among the
+// next deliveries, not behind the 200 tasks that were waiting on its queue (where asynq's own
+// retry would put it: the limiter's turn would pass while the workers went through them). One
+// delivery slot; each dequeue takes the due queue first with probability 1/11 while the main
+// queue has tasks (weights 9:1:1), so x is later than the 150th delivery with probability
+// (10/11)^150, about 6e-7.
+func TestServer_DeferredTaskComesBackAheadOfABacklog(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, redistest.URL())
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	client := asynq.NewClient(opt)
+	t.Cleanup(func() { require.NoError(t, client.Close()) })
+	enq := dispatch.NewEnqueuer(client, queue)
+	ctx := t.Context()
+	require.NoError(t, enq.Enqueue(ctx, "x", jobs.PriorityNormal, time.Time{}))
+	for i := range 200 {
+		require.NoError(t, enq.Enqueue(ctx, fmt.Sprintf("b-%d", i), jobs.PriorityNormal, time.Time{}))
+	}
+
+	policy := retrypolicy.New(&retrypolicy.Config{})
+	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: queue, Concurrency: 1,
+		PollInterval: 10 * time.Millisecond, Policy: policy})
+	p := &deferOnce{deliveries: make(chan string)}
+	require.NoError(t, srv.Start(dispatch.Mux(p, enq)))
+	t.Cleanup(srv.Shutdown)
+
+	deadline := time.After(20 * time.Second)
+	for n := 1; ; n++ {
+		select {
+		case id := <-p.deliveries:
+			if id == "x" {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("x had not come back after %d deliveries", n-1)
+		}
+		require.LessOrEqual(t, n, 150, "x had not come back after 150 of the backlog's deliveries")
+	}
+}
+
+// deferAlways is a Processor that defers every delivery an hour and counts them.
+type deferAlways struct{ n atomic.Int32 }
+
+func (p *deferAlways) Process(context.Context, dispatch.Delivery) error {
+	p.n.Add(1)
+	return &dispatch.DeferError{Until: time.Now().Add(time.Hour), Reason: "later"}
+}
+
+// TestServer_DeferralsWaitOnTheDueQueue: a deferred task of the main queue becomes the job's due
+// task and ends; a due task deferred again stays itself (asynq's retry on the due queue); a
+// deferral of another of the job's tasks while the due task exists just ends that task. The
+// sweeper finds the job's task in place, abort deletes it.
+func TestServer_DeferralsWaitOnTheDueQueue(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tb := setupTasks(t)
+	due := dispatch.NewQueues(tb.queue).Due()
+	job := b.Create(t, jobstest.Opts{})
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: tb.queue, Concurrency: 1,
+		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
+	p := &deferAlways{}
+	require.NoError(t, srv.Start(dispatch.Mux(p, tb.enqueuer)))
+	t.Cleanup(srv.Shutdown)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		require.Eventually(t, cond, 10*time.Second, 5*time.Millisecond, what)
+	}
+
+	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), job.ID, jobs.PriorityNormal, time.Time{}))
+	waitFor("the task's deferral makes a due task", func() bool {
+		return tb.stateIn(t, due, job.ID+":due") == asynq.TaskStateScheduled
+	})
+	waitFor("and the task itself ends", func() bool { return tb.stateIn(t, tb.queue, job.ID) == 0 })
+	info, err := tb.inspector.GetTaskInfo(due, job.ID+":due")
+	require.NoError(t, err)
+	require.JSONEq(t, `{"job_id":"`+job.ID+`","deferred":"later"}`, string(info.Payload), "it names why it waits")
+
+	require.NoError(t, tb.inspector.RunTask(due, job.ID+":due"))
+	waitFor("the due task, deferred again, waits as itself", func() bool {
+		return tb.stateIn(t, due, job.ID+":due") == asynq.TaskStateRetry
+	})
+	require.EqualValues(t, 2, p.n.Load())
+
+	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), job.ID, jobs.PriorityNormal, time.Time{}))
+	waitFor("a duplicate's deferral ends the duplicate", func() bool {
+		return p.n.Load() == 3 && tb.stateIn(t, tb.queue, job.ID) == 0
+	})
+	require.Equal(t, asynq.TaskStateRetry, tb.stateIn(t, due, job.ID+":due"), "the due task is untouched")
+
+	rdb := redistest.Client(t)
+	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector, Redis: rdb})
+	n, err := sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, n, "the due task counts as the job's task")
+	d, err := tb.tasks.Depth()
+	require.NoError(t, err)
+	require.Equal(t, dispatch.QueueDepth{Retry: 1}, d, "the due queue is counted")
+
+	require.NoError(t, tb.tasks.Abort(job.ID))
+	require.Zero(t, tb.stateIn(t, due, job.ID+":due"), "abort deletes the due task")
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "with no task left, the sweeper enqueues one")
 }

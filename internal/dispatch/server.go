@@ -31,7 +31,7 @@ type ServerConfig struct {
 // waiting (see Queues.weights): deferrals come back at their time without counting as failures,
 // and retries and scheduled tasks are moved to pending every 50 ms (asynq's
 // DelayedTaskCheckInterval, default 5s, bounds how precisely a limiter send time or a
-// Retry-After is kept). Run it with Start(Mux(p)).
+// Retry-After is kept). Run it with Start(Mux(p, e)).
 func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -49,10 +49,16 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
 	})
 }
 
-// Mux routes the job tasks to p.
-func Mux(p Processor) *asynq.ServeMux {
+// Mux routes the job tasks to p. A delivery that p defers comes back on the due queue of e's
+// llmq queue (see Queues.Due), under the TaskID job ID + ":due": asynq would put the task back
+// at the tail of its own queue when its time comes, behind every task waiting there, and the
+// limiter's turn it was deferred to would pass while the workers went through them. The due
+// queue holds only tasks whose time has come (or is coming), so it is short. A job has at most
+// one due task: when one exists, a deferral of another of the job's tasks (a duplicate after a
+// sweep or a rescue) just ends that task.
+func Mux(p Processor, e *Enqueuer) *asynq.ServeMux {
 	mux := asynq.NewServeMux()
-	mux.Handle(TaskType, handler{p})
+	mux.Handle(TaskType, handler{p: p, due: e})
 	return mux
 }
 

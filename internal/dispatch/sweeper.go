@@ -151,7 +151,7 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 		}
 		for _, id := range active {
 			if !live[id] && !strings.HasSuffix(id, rescueSuffix) {
-				ids = append(ids, id)
+				ids = append(ids, strings.TrimSuffix(id, dueSuffix))
 			}
 		}
 	}
@@ -244,34 +244,44 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 // taskLeased marks, in taskStates' answer, a job whose attempt holds a live lease (not looked up).
 const taskLeased = "leased"
 
-// taskStates returns, for each job of batch, the state of its asynq task on its priority's queue
-// as asynq stores it
-// ("pending", "active", "scheduled", "retry", ...; "" when there is none), read in one pipelined
-// round trip, or taskLeased for a running job whose attempt's lease is live (its delivery renews
-// it: re-enqueueing it would only make a duplicate wait).
+// taskStates returns, for each job of batch, the state of its asynq task as asynq stores it
+// ("pending", "active", "scheduled", "retry", ...; "" when there is none): its due task's when it
+// has one, else its task's on its priority's queue, read in one pipelined round trip; or
+// taskLeased for a running job whose attempt's lease is live (its delivery renews it:
+// re-enqueueing it would only make a duplicate wait).
 func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished, now time.Time) ([]string, error) {
 	out := make([]string, len(batch))
-	cmds := make([]*redis.StringCmd, len(batch))
+	type lookup struct{ due, own *redis.StringCmd }
+	cmds := make([]lookup, len(batch))
+	q := s.cfg.Enqueuer.queues
 	pipe := s.cfg.Redis.Pipeline()
 	for i, u := range batch {
 		if u.Leased(now) {
 			out[i] = taskLeased
 			continue
 		}
-		cmds[i] = pipe.HGet(ctx, asynqTaskKey(s.cfg.Enqueuer.queues.For(u.Priority), u.ID), "state")
+		cmds[i] = lookup{
+			due: pipe.HGet(ctx, asynqTaskKey(q.Due(), u.ID+dueSuffix), "state"),
+			own: pipe.HGet(ctx, asynqTaskKey(q.For(u.Priority), u.ID), "state"),
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("look up tasks: %w", err)
 	}
 	for i, c := range cmds {
-		if c == nil {
+		if c.due == nil {
 			continue
 		}
-		v, err := c.Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("look up task %s: %w", batch[i].ID, err)
+		for _, cmd := range []*redis.StringCmd{c.due, c.own} {
+			v, err := cmd.Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return nil, fmt.Errorf("look up task %s: %w", batch[i].ID, err)
+			}
+			if v != "" {
+				out[i] = v
+				break
+			}
 		}
-		out[i] = v
 	}
 	return out, nil
 }

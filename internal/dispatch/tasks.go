@@ -29,14 +29,19 @@ func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
 // Abort stops the job's task: it signals every worker process to cancel the task's context if it
 // is running it (asynq's cancelation channel, so it reaches whichever process holds the task;
 // the provider call's context ends with it), and deletes the task when it is waiting (pending,
-// scheduled or retry) on either of its queues, so a canceled job is not even picked up. Best
-// effort: a task that starts between the two steps is skipped by the executor, which finds the
-// job terminal. The error reports a step that Redis refused; the cancellation in Postgres stands
-// either way.
+// scheduled or retry) on any of its queues, so a canceled job is not even picked up. The job's
+// due task (see Mux) is stopped the same way. Best effort: a task that starts between the two
+// steps is skipped by the executor, which finds the job terminal. The error reports a step that
+// Redis refused; the cancellation in Postgres stands either way.
 func (t *Tasks) Abort(id string) error {
 	var errs []error
-	if err := t.inspector.CancelProcessing(id); err != nil {
-		errs = append(errs, fmt.Errorf("signal cancelation of task %s: %w", id, err))
+	for _, task := range t.enqueuer.queues.tasksOf(id) {
+		if task.queue == t.enqueuer.queues.For(jobs.PriorityLow) {
+			continue // the same task ID as on the main queue: one signal reaches either
+		}
+		if err := t.inspector.CancelProcessing(task.id); err != nil {
+			errs = append(errs, fmt.Errorf("signal cancelation of task %s: %w", task.id, err))
+		}
 	}
 	if err := t.deleteWaiting(id); err != nil {
 		errs = append(errs, err)
@@ -45,9 +50,10 @@ func (t *Tasks) Abort(id string) error {
 }
 
 // Requeue puts the task of the job, whose priority is p, back on the queue to run now. A
-// waiting, completed or archived task with the job's ID is deleted first, from both queues, because asynq rejects a second task with the same ID while the first exists (Enqueue
-// would silently do nothing); an active one is left alone. When Requeue fails after the job was
-// set queued in Postgres, the sweeper enqueues it later.
+// waiting, completed or archived task of the job is deleted first, from every queue, because
+// asynq rejects a second task with the same ID while the first exists (Enqueue would silently
+// do nothing); an active one is left alone. When Requeue fails after the job was set queued in
+// Postgres, the sweeper enqueues it later.
 func (t *Tasks) Requeue(ctx context.Context, id string, p jobs.Priority) error {
 	if err := t.deleteWaiting(id); err != nil {
 		return err
@@ -55,21 +61,21 @@ func (t *Tasks) Requeue(ctx context.Context, id string, p jobs.Priority) error {
 	return t.enqueuer.Enqueue(ctx, id, p, time.Time{})
 }
 
-// deleteWaiting deletes the job's task from each queue that holds it, unless it is active.
+// deleteWaiting deletes the job's tasks from each queue that holds one, unless it is active.
 func (t *Tasks) deleteWaiting(id string) error {
-	for _, queue := range t.enqueuer.queues.All() {
-		info, err := t.inspector.GetTaskInfo(queue, id)
+	for _, task := range t.enqueuer.queues.tasksOf(id) {
+		info, err := t.inspector.GetTaskInfo(task.queue, task.id)
 		if taskAbsent(err) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("look up task %s: %w", id, err)
+			return fmt.Errorf("look up task %s: %w", task.id, err)
 		}
 		if info.State == asynq.TaskStateActive {
 			continue
 		}
-		if err := t.inspector.DeleteTask(queue, id); err != nil && !taskAbsent(err) {
-			return fmt.Errorf("delete task %s: %w", id, err)
+		if err := t.inspector.DeleteTask(task.queue, task.id); err != nil && !taskAbsent(err) {
+			return fmt.Errorf("delete task %s: %w", task.id, err)
 		}
 	}
 	return nil

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
@@ -51,11 +50,8 @@ func TestBreaker_OneProbeAcrossWorkersThenRecovery(t *testing.T) {
 		// simulator's counts below check.
 		for _, id := range ids {
 			require.Eventually(t, func() bool {
-				info, err := insp.GetTaskInfo(b.cfg.Worker.Queue, id)
-				if err != nil {
-					return false
-				}
-				return info.State == asynq.TaskStateActive || strings.Contains(info.LastErr, "circuit half_open")
+				active, why, ok := b.deferral(insp, id)
+				return ok && (active || strings.Contains(why, "circuit half_open"))
 			}, 20*time.Second, 10*time.Millisecond, "job %s was never refused during the probe", id)
 		}
 		st := b.sim.Stats()

@@ -71,8 +71,8 @@ func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
 	insp := b.inspector(t)
 	for _, id := range later {
 		require.Eventually(t, func() bool {
-			info, err := insp.GetTaskInfo(b.cfg.Worker.Queue, id)
-			return err == nil && strings.Contains(info.LastErr, "credential paused")
+			_, why, ok := b.deferral(insp, id)
+			return ok && strings.Contains(why, "credential paused")
 		}, 20*time.Second, 20*time.Millisecond, "job %s was never deferred by the pause", id)
 	}
 	require.Equal(t, 1, b.sim.Stats().Requests, "a paused credential sent requests")

@@ -67,6 +67,7 @@ type Worker struct {
 	breaker  *breaker.Breaker
 	client   *asynq.Client
 	insp     *asynq.Inspector
+	enqueuer *dispatch.Enqueuer
 	rdb      redis.UniversalClient
 	// gates are the credentials' limiter gates, whose pause state Run refreshes.
 	gates []*limiter.Gate
@@ -165,6 +166,7 @@ func (w *Worker) build(m metrics) error {
 	w.client = asynq.NewClient(w.redis)
 	w.insp = asynq.NewInspector(w.redis)
 	enq := dispatch.NewEnqueuer(w.client, cfg.Worker.Queue)
+	w.enqueuer = enq
 	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
 		Store: store, Enqueuer: enq, Inspector: w.insp, Redis: w.rdb,
 		Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: m.dispatch,
@@ -238,7 +240,7 @@ func (w *Worker) close() error {
 
 // Run processes jobs, sweeps and maintains until ctx ends, then shuts down gracefully.
 func (w *Worker) Run(ctx context.Context) error {
-	if err := w.server.Start(dispatch.Mux(w.executor)); err != nil {
+	if err := w.server.Start(dispatch.Mux(w.executor, w.enqueuer)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
 	sweepDone, maintDone, listenDone, pausesDone := make(chan error, 1), make(chan error, 1), make(chan struct{}), make(chan struct{})
@@ -292,10 +294,9 @@ func (w *Worker) newBatcher() error {
 		}
 		metrics = batchlane.NewMetrics(w.opts.Registerer, names)
 	}
-	enq := dispatch.NewEnqueuer(w.client, w.cfg.Worker.Queue)
 	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
 		Enqueue: func(ctx context.Context, id string, p jobs.Priority) error {
-			return enq.Enqueue(ctx, id, p, time.Time{})
+			return w.enqueuer.Enqueue(ctx, id, p, time.Time{})
 		}})
 	return nil
 }
