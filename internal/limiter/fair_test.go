@@ -49,6 +49,10 @@ type fairSim struct {
 	all   []*simAttempt
 	seq   int
 	asked []time.Time // when each ask was made
+	// limit is the credential's (fairLimit when zero); costs are each tenant's attempts' tokens
+	// (none when absent).
+	limit limiter.Limit
+	costs map[string]tokens.Cost
 }
 
 func newFairSim(t *testing.T, mod func(*limiter.Config)) *fairSim {
@@ -86,7 +90,11 @@ func (s *fairSim) run(until time.Time) {
 			if !a.next.After(now) {
 				a.asks++
 				s.asked = append(s.asked, now)
-				r, err := s.gates[i%2].ReserveAttempt(ctx, fairLimit, noCost, limiter.AttemptOptions{Lane: &a.lane})
+				lim := s.limit
+				if lim.Rate == 0 {
+					lim = fairLimit
+				}
+				r, err := s.gates[i%2].ReserveAttempt(ctx, lim, s.costs[a.lane.Tenant], limiter.AttemptOptions{Lane: &a.lane})
 				require.NoError(s.t, err)
 				if r.Granted {
 					a.granted, a.send = true, r.SendAt
@@ -150,6 +158,31 @@ func requireShares(t *testing.T, wA int, want float64) {
 		t.Logf("window %d: A %d, B %d (A %.3f)", w, n["A"], n["B"], share)
 		require.InDelta(t, want, share, 0.05, "window %d", w)
 		require.GreaterOrEqual(t, n[""], 97, "window %d: the credential's rate is used", w)
+	}
+}
+
+// TestFair_TokensShareLikeRequests: on a credential whose input tokens bind (10 requests/s, but
+// 60,000 input tokens a minute: 1,000 a second), A's prompts are ten times B's. Both have work
+// waiting: each gets half of the input tokens (± 5%) in every 20 s window, not half of the
+// requests (which would give A ten elevenths of the tokens). A grant moves its lane on by the
+// request's dominant share: A's 1,000 tokens take a second of the token bucket, ten request
+// slots. (The windows are 20 s, not 10: A's requests come about six to a 10 s window, and one
+// more or less is 8% of its tokens.)
+func TestFair_TokensShareLikeRequests(t *testing.T) {
+	t.Parallel()
+	s := newFairSim(t, nil)
+	s.limit = limiter.Limit{Rate: 10, Burst: 20, InputTokensPerMinute: 60000}
+	s.costs = map[string]tokens.Cost{"A": {InputTokens: 1000}, "B": {InputTokens: 100}}
+	s.add("A", 1, limiter.PriorityNormal, 200, 0)
+	s.add("B", 1, limiter.PriorityNormal, 2000, time.Millisecond)
+	s.run(t0.Add(121 * time.Second))
+	for w := range 6 {
+		from := t0.Add(time.Second + time.Duration(w)*20*time.Second)
+		n := s.sends(from, from.Add(20*time.Second))
+		a, b := 1000*n["A"], 100*n["B"]
+		share := float64(a) / float64(a+b)
+		t.Logf("window %d: A %d (%d tokens), B %d (%d tokens): A's token share %.3f", w, n["A"], a, n["B"], b, share)
+		require.InDelta(t, 0.5, share, 0.05, "window %d", w)
 	}
 }
 

@@ -198,7 +198,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
   if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
   if nb - now + learnttl > keep then keep = nb - now + learnttl end
   redis.call('PEXPIRE', key, math.ceil(keep / 1000))
-  if granted == 1 and FQ ~= nil and FQ.mine ~= nil then fgranted() end
+  if granted == 1 and FQ ~= nil and FQ.mine ~= nil then fgranted(TK) end
   if granted == 1 and ARGV[23] == '1' then
     budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
       tonumber(ARGV[27]))

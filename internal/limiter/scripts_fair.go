@@ -8,7 +8,10 @@ package limiter
 // lane has a virtual finish time F, and the n-th ticket of lane L is due at virtual time
 // F_L + n/w_L (weighted fair queueing, w_L the lane's weight). An ask is granted a slot only when
 // fewer tickets are due before its own than there are free slots within the horizon; otherwise
-// it is told to come back about when its turn will be, and nothing is reserved.
+// it is told to come back about when its turn will be, and nothing is reserved. A grant moves its
+// lane's F on by its request's dominant share (funits) over the lane's weight: one request slot,
+// or more when the request's tokens take longer of a limited token bucket than a slot takes of
+// the request bucket, so that a lane's large prompts consume its share.
 //
 // KEYS[6] fair hash: v (virtual time while no lane waits), F|<lane> (a waiting lane's virtual
 // finish time), w|<tenant> (the tenant's weight, as its last attempt said)
@@ -130,6 +133,7 @@ end
 -- second, as the learned schedule asks (the rate estimate rises, and the provider's surplus is
 -- lent only to those who ask).
 local function fadmit(now, base, T, burst, phase, poll, learned)
+  FQ.T = T
   local k1 = math.floor((now - base) / T + burst - 1)
   local k2 = math.floor((now + FQ.hz - phase - base) / T + burst - 1)
   local free = math.max(k1, k2) + 1
@@ -157,11 +161,28 @@ local function fadmit(now, base, T, burst, phase, poll, learned)
   return false, again
 end
 
--- fgranted takes the granted ticket out of its lane: the lane has used one slot of its share.
-local function fgranted()
+-- funits is what the granted request uses of the credential, in request slots (dominant
+-- resource): 1, or the time its tokens take of a limited token bucket (cost × µs per token) over
+-- the time a request takes of the request bucket (FQ.T), when that is longer. tk is the token
+-- work (the script's TK); without it, or before the request rate is known, 1.
+local function funits(tk)
+  local u = 1
+  if tk == nil or FQ.T == nil or FQ.T <= 0 then return u end
+  for _, x in ipairs(tk.xs) do
+    if x.C ~= nil and x.C > 0 and x.T ~= nil and x.n ~= nil and x.n > 0 then
+      local v = x.n * x.T / FQ.T
+      if v > u then u = v end
+    end
+  end
+  return u
+end
+
+-- fgranted takes the granted ticket out of its lane: the lane has used its request's units
+-- (funits) of its share. tk is the script's token work (TK), nil without.
+local function fgranted(tk)
   redis.call('ZREM', FQ.own, FQ.ticket)
   redis.call('ZREM', FQ.dl, FQ.lane .. '\n' .. FQ.ticket)
-  local F = FQ.mine.F + 1 / FQ.mine.w
+  local F = FQ.mine.F + funits(tk) / FQ.mine.w
   if redis.call('ZCARD', FQ.own) == 0 then
     redis.call('SREM', FQ.act, FQ.lane)
     redis.call('HDEL', FQ.h, 'F|' .. FQ.lane)
