@@ -69,13 +69,13 @@ func redisFor(ctx context.Context, redisURL string) (asynq.RedisConnOpt, redis.U
 	return opt, rdb, nil
 }
 
-// cleanQueue removes every key of an asynq queue and of llmq's low and due queues named after it
-// ("<queue>:low", "<queue>:due"), and their entries in asynq's queue set, without touching
-// anything else in the shared Redis, on its own deadline.
+// cleanQueue removes every key of an asynq queue and of llmq's low queue named after it
+// ("<queue>:low"), and their entries in asynq's queue set, without touching anything else in the
+// shared Redis, on its own deadline.
 func cleanQueue(rdb redis.UniversalClient, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	for _, q := range []string{queue, queue + ":low", queue + ":due"} {
+	for _, q := range []string{queue, queue + ":low"} {
 		unlinkMatching(ctx, rdb, "asynq:{"+q+"}:*")
 		rdb.SRem(ctx, "asynq:queues", q)
 	}

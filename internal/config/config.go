@@ -171,9 +171,9 @@ type Worker struct {
 	Concurrency int `yaml:"concurrency"`
 	// MetricsListen is where the worker serves /metrics. Default 127.0.0.1:9091; "off" disables it.
 	MetricsListen string `yaml:"metrics_listen"`
-	// Queue names the asynq queues: high and normal jobs use it as is, low jobs "<queue>:low",
-	// and deliveries deferred to a later time (a limiter's turn, a retry) "<queue>:due".
-	// Default "llmq".
+	// Queue names the asynq queues: high and normal jobs use it as is, low jobs "<queue>:low"
+	// (their deliveries deferred to a later time, a limiter's turn or a retry, come back on
+	// "<queue>"). Default "llmq".
 	Queue string `yaml:"queue"`
 	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost. Default 10s.
 	SweepInterval time.Duration `yaml:"sweep_interval"`

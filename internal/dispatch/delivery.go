@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/llmq/llmq/internal/jobs"
 
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
@@ -74,10 +75,10 @@ type handler struct {
 	due *Enqueuer
 }
 
-// ProcessTask implements asynq.Handler. A deferral of a task of the main or the low queue
-// becomes a due task for the deferral's time (see Mux), and the task itself completes; a due
-// task that is deferred again waits on the due queue (asynq's retry), and so does any task when
-// the due task cannot be enqueued.
+// ProcessTask implements asynq.Handler. A deferral of a task on the low queue becomes a due task
+// on the main queue for the deferral's time (see Mux), and the task itself completes; any other
+// deferral, and a low task's when its due task cannot be enqueued, is asynq's retry of the task
+// on its own queue.
 func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	id, err := jobIDOf(t.Payload())
 	if err != nil {
@@ -89,11 +90,11 @@ func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if !errors.As(err, &d) {
 		return err
 	}
-	if taskID, _ := asynq.GetTaskID(ctx); strings.HasSuffix(taskID, dueSuffix) {
+	if queue, _ := asynq.GetQueueName(ctx); queue != h.due.queues.For(jobs.PriorityLow) {
 		return err
 	}
 	if h.due.enqueueDue(context.WithoutCancel(ctx), id, d.Until, d.Reason) != nil {
-		return err // back on its own queue, as before there was a due queue
+		return err // back on the low queue, as before there were due tasks
 	}
 	return nil
 }

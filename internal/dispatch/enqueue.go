@@ -76,9 +76,9 @@ func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string, p jobs.Prior
 // rescueSuffix ends the TaskID of a rescue task (see Enqueuer.EnqueueRescue).
 const rescueSuffix = ":rescue"
 
-// enqueueDue schedules a delivery of the job for at on the due queue, under its own TaskID (the
-// job ID + ":due"; see Mux), its body naming why the job waits. It is a no-op while a due task
-// for the job exists.
+// enqueueDue schedules a delivery of the job for at on the main queue (Queues.Due), under its own
+// TaskID (the job ID + ":due"; see Mux), its body naming why the job waits. It is a no-op while a
+// due task for the job exists.
 func (e *Enqueuer) enqueueDue(ctx context.Context, jobID string, at time.Time, reason string) error {
 	body, err := json.Marshal(objectPayload{JobID: jobID, Deferred: reason})
 	if err != nil {

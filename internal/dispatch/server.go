@@ -49,13 +49,15 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
 	})
 }
 
-// Mux routes the job tasks to p. A delivery that p defers comes back on the due queue of e's
-// llmq queue (see Queues.Due), under the TaskID job ID + ":due": asynq would put the task back
-// at the tail of its own queue when its time comes, behind every task waiting there, and the
-// limiter's turn it was deferred to would pass while the workers went through them. The due
-// queue holds only tasks whose time has come (or is coming), so it is short. A job has at most
-// one due task: when one exists, a deferral of another of the job's tasks (a duplicate after a
-// sweep or a rescue) just ends that task.
+// Mux routes the job tasks to p. A delivery of a low job's task (on the low queue) that p defers
+// comes back on the main queue (Queues.Due) of e's llmq queue, under the TaskID job ID + ":due":
+// asynq would put the task back at the tail of the low queue when its time came, behind every
+// low task waiting there, and the limiter's turn it was deferred to would pass while the workers
+// went through a batch backlog (2 of 10 requests a second used during a first pass over 100,000
+// low jobs). The main queue holds interactive work and the deferred deliveries whose time has
+// come; a deferral of any other task (the main queue's, or a due task's) is asynq's retry on its
+// own queue. A job has at most one due task: when one exists, a deferral of the job's low task
+// (a sweep's or a rescue's duplicate) just ends that task.
 func Mux(p Processor, e *Enqueuer) *asynq.ServeMux {
 	mux := asynq.NewServeMux()
 	mux.Handle(TaskType, handler{p: p, due: e})
