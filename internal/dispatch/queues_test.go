@@ -102,6 +102,33 @@ func TestSweeper_PriorityQueues(t *testing.T) {
 	require.Equal(t, asynq.TaskStatePending, tb.stateIn(t, lowQueue, orphaned.ID+":rescue"))
 }
 
+// servedQueue is a fresh llmq queue on the test Redis and its Enqueuer.
+type servedQueue struct {
+	name string
+	opt  asynq.RedisConnOpt
+	enq  *dispatch.Enqueuer
+}
+
+func newServedQueue(t *testing.T) *servedQueue {
+	t.Helper()
+	name := redistest.Queue(t, redistest.URL())
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	client := asynq.NewClient(opt)
+	t.Cleanup(func() { require.NoError(t, client.Close()) })
+	return &servedQueue{name: name, opt: opt, enq: dispatch.NewEnqueuer(client, name)}
+}
+
+// serveOneAtATime starts a worker server on the queue with one delivery slot (so the order of
+// deliveries is the order of dequeues), delivering to p, until the test ends.
+func (q *servedQueue) serveOneAtATime(t *testing.T, p dispatch.Processor) {
+	t.Helper()
+	srv := dispatch.NewServer(q.opt, dispatch.ServerConfig{Queue: q.name, Concurrency: 1,
+		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
+	require.NoError(t, srv.Start(dispatch.Mux(p, q.enq)))
+	t.Cleanup(srv.Shutdown)
+}
+
 // recorder is a Processor that reports each delivery's job.
 type recorder chan string
 
@@ -121,25 +148,15 @@ func (r recorder) Process(ctx context.Context, d dispatch.Delivery) error {
 // probability ~2e-18.
 func TestServer_HigherPriorityOvertakesABacklog(t *testing.T) {
 	t.Parallel()
-	queue := redistest.Queue(t, redistest.URL())
-	opt, err := dispatch.RedisConnOpt(redistest.URL())
-	require.NoError(t, err)
-	client := asynq.NewClient(opt)
-	t.Cleanup(func() { require.NoError(t, client.Close()) })
-	enq := dispatch.NewEnqueuer(client, queue)
+	q := newServedQueue(t)
 	ctx := t.Context()
 	for i := range 200 {
-		require.NoError(t, enq.Enqueue(ctx, fmt.Sprintf("low-%d", i), jobs.PriorityLow, time.Time{}))
+		require.NoError(t, q.enq.Enqueue(ctx, fmt.Sprintf("low-%d", i), jobs.PriorityLow, time.Time{}))
 	}
-	require.NoError(t, enq.Enqueue(ctx, "normal", jobs.PriorityNormal, time.Time{}))
-	require.NoError(t, enq.Enqueue(ctx, "high", jobs.PriorityHigh, time.Time{}))
-
-	policy := retrypolicy.New(&retrypolicy.Config{})
-	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: queue, Concurrency: 1,
-		PollInterval: 10 * time.Millisecond, Policy: policy})
+	require.NoError(t, q.enq.Enqueue(ctx, "normal", jobs.PriorityNormal, time.Time{}))
+	require.NoError(t, q.enq.Enqueue(ctx, "high", jobs.PriorityHigh, time.Time{}))
 	deliveries := make(recorder)
-	require.NoError(t, srv.Start(dispatch.Mux(deliveries, enq)))
-	t.Cleanup(srv.Shutdown)
+	q.serveOneAtATime(t, deliveries)
 
 	deadline := time.After(10 * time.Second)
 	seen := map[string]int{}
@@ -180,24 +197,14 @@ func (p *deferOnce) Process(ctx context.Context, d dispatch.Delivery) error {
 // probability 1e-20.
 func TestServer_DeferredLowTaskComesBackAheadOfABacklog(t *testing.T) {
 	t.Parallel()
-	queue := redistest.Queue(t, redistest.URL())
-	opt, err := dispatch.RedisConnOpt(redistest.URL())
-	require.NoError(t, err)
-	client := asynq.NewClient(opt)
-	t.Cleanup(func() { require.NoError(t, client.Close()) })
-	enq := dispatch.NewEnqueuer(client, queue)
+	q := newServedQueue(t)
 	ctx := t.Context()
-	require.NoError(t, enq.Enqueue(ctx, "x", jobs.PriorityLow, time.Time{}))
+	require.NoError(t, q.enq.Enqueue(ctx, "x", jobs.PriorityLow, time.Time{}))
 	for i := range 200 {
-		require.NoError(t, enq.Enqueue(ctx, fmt.Sprintf("b-%d", i), jobs.PriorityLow, time.Time{}))
+		require.NoError(t, q.enq.Enqueue(ctx, fmt.Sprintf("b-%d", i), jobs.PriorityLow, time.Time{}))
 	}
-
-	policy := retrypolicy.New(&retrypolicy.Config{})
-	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: queue, Concurrency: 1,
-		PollInterval: 10 * time.Millisecond, Policy: policy})
-	p := &deferOnce{deliveries: make(chan string)}
-	require.NoError(t, srv.Start(dispatch.Mux(p, enq)))
-	t.Cleanup(srv.Shutdown)
+	p := &deferOnce{deliveries: make(chan string, 256)} // never blocks: the server stops at once
+	q.serveOneAtATime(t, p)
 
 	deadline := time.After(20 * time.Second)
 	for n := 1; ; n++ {
