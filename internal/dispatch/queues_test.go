@@ -278,6 +278,7 @@ func TestServer_DeferralsWaitAsDueTasks(t *testing.T) {
 		return tb.stateIn(t, tb.queue, normal.ID) == asynq.TaskStateRetry
 	})
 	require.Zero(t, tb.stateIn(t, due, normal.ID+":due"))
+	srv.Shutdown() // what follows reads the queues as the sweeper and an operator find them
 
 	rdb := redistest.Client(t)
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector, Redis: rdb})
