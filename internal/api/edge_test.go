@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,10 +54,17 @@ func TestEvents_StalledReaderIsCutOff(t *testing.T) {
 
 	c := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 4<<10)
 	c.Send(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events")
-	require.Eventually(t, func() bool { return b.openStreams("default") == 1 }, httpservetest.Deadline, time.Millisecond,
-		"the stream started")
+	require.Eventually(t, func() bool { return b.listener.Subscribers() == 1 }, httpservetest.Deadline, time.Millisecond,
+		"the stream subscribed")
 	require.Eventually(t, func() bool { return b.openStreams("default") == 0 && b.listener.Subscribers() == 0 },
 		httpservetest.Deadline, 5*time.Millisecond, "the stream still writes to a client that reads nothing")
+	// What the client had not read is still in its socket: the stream had started.
+	resp := c.Head(t)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.Error(t, err, "the stream was cut off, not ended (nor still open: the client's deadline)")
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server did not close the connection")
 }
 
 // TestEvents_StreamOutlivesReadTimeout: the server's read timeout bounds reading a request, not

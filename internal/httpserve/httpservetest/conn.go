@@ -68,6 +68,14 @@ func (c *Conn) Response(t testing.TB) *http.Response {
 	return resp
 }
 
+// Head reads the next answer's status line and header, leaving its body unread.
+func (c *Conn) Head(t testing.TB) *http.Response {
+	t.Helper()
+	resp, err := http.ReadResponse(c.r, nil)
+	require.NoError(t, err, "no answer before the client's deadline")
+	return resp
+}
+
 // Trickle writes one byte of body every interval until the server stops taking them or n are
 // written; the returned function stops it and waits for it.
 func (c *Conn) Trickle(every time.Duration, n int) (stop func()) {
