@@ -24,15 +24,39 @@ import (
 )
 
 // smallWriteBuffers shrinks each accepted connection's send buffer, so that a client that reads
-// nothing stalls the server after kilobytes rather than after the megabytes loopback buffers hold.
-type smallWriteBuffers struct{ net.Listener }
+// nothing stalls the server after kilobytes rather than after the megabytes loopback buffers hold,
+// and sends on closed the client's address of each connection the server closes.
+type smallWriteBuffers struct {
+	net.Listener
+	closed chan string
+}
 
-func (l smallWriteBuffers) Accept() (net.Conn, error) {
+func (l *smallWriteBuffers) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetWriteBuffer(16 << 10)
 	}
-	return c, err
+	return &notifyingConn{Conn: c, closed: l.closed}, nil
+}
+
+// notifyingConn sends its remote address on closed when it is first closed.
+type notifyingConn struct {
+	net.Conn
+	closed chan string
+	once   sync.Once
+}
+
+func (c *notifyingConn) Close() error {
+	c.once.Do(func() {
+		select {
+		case c.closed <- c.RemoteAddr().String():
+		default: // nobody is waiting for so many
+		}
+	})
+	return c.Conn.Close()
 }
 
 func (b *testBundle) openStreams(tenant string) int {
@@ -45,8 +69,9 @@ func (b *testBundle) openStreams(tenant string) int {
 // write; the event's write deadline ends the handler, which frees the event and its place.
 func TestEvents_StalledReaderIsCutOff(t *testing.T) {
 	t.Parallel()
+	ln := &smallWriteBuffers{closed: make(chan string, 16)}
 	b := setup(t, setupOpts{eventWriteTimeout: 200 * time.Millisecond,
-		listener: func(ln net.Listener) net.Listener { return smallWriteBuffers{ln} }})
+		listener: func(inner net.Listener) net.Listener { ln.Listener = inner; return ln }})
 	job := b.create(t, "")
 	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 2<<20)})
 	require.NoError(t, err)
@@ -54,17 +79,25 @@ func TestEvents_StalledReaderIsCutOff(t *testing.T) {
 
 	c := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 4<<10)
 	c.Send(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events")
-	require.Eventually(t, func() bool { return b.listener.Subscribers() == 1 }, httpservetest.Deadline, time.Millisecond,
-		"the stream subscribed")
-	require.Eventually(t, func() bool { return b.openStreams("default") == 0 && b.listener.Subscribers() == 0 },
-		httpservetest.Deadline, 5*time.Millisecond, "the stream still writes to a client that reads nothing")
-	// What the client had not read is still in its socket: the stream had started.
+	// The client reads nothing until the server has closed the connection: then what it had not
+	// read (the answer's head, part of the event) is still in its socket, and the connection's end.
+	deadline := time.After(httpservetest.Deadline)
+	for closed := false; !closed; {
+		select {
+		case addr := <-ln.closed:
+			closed = addr == c.LocalAddr().String()
+		case <-deadline:
+			t.Fatal("the stream still writes to a client that reads nothing")
+		}
+	}
 	resp := c.Head(t)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
 	_, err = io.Copy(io.Discard, resp.Body)
-	require.Error(t, err, "the stream was cut off, not ended (nor still open: the client's deadline)")
+	require.Error(t, err, "the stream was cut off, not ended")
 	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server did not close the connection")
+	require.Eventually(t, func() bool { return b.openStreams("default") == 0 && b.listener.Subscribers() == 0 },
+		httpservetest.Deadline, 5*time.Millisecond, "the stream's slot and subscription were not released")
 }
 
 // TestEvents_StreamOutlivesReadTimeout: the server's read timeout bounds reading a request, not
