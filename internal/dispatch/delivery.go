@@ -9,7 +9,6 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/llmq/llmq/internal/jobs"
-
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 

@@ -245,10 +245,10 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 const taskLeased = "leased"
 
 // taskStates returns, for each job of batch, the state of its asynq task as asynq stores it
-// ("pending", "active", "scheduled", "retry", ...; "" when there is none): its due task's when it
-// has one, else its task's on its priority's queue, read in one pipelined round trip; or
-// taskLeased for a running job whose attempt's lease is live (its delivery renews it:
-// re-enqueueing it would only make a duplicate wait).
+// ("pending", "active", "scheduled", "retry", ...; "" when there is none): a low job's due task's
+// when it has one (see Mux), else its task's on its priority's queue, read in one pipelined
+// round trip; or taskLeased for a running job whose attempt's lease is live (its delivery renews
+// it: re-enqueueing it would only make a duplicate wait).
 func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished, now time.Time) ([]string, error) {
 	out := make([]string, len(batch))
 	type lookup struct{ due, own *redis.StringCmd }
@@ -260,19 +260,19 @@ func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished, now t
 			out[i] = taskLeased
 			continue
 		}
-		cmds[i] = lookup{
-			due: pipe.HGet(ctx, asynqTaskKey(q.Due(), u.ID+dueSuffix), "state"),
-			own: pipe.HGet(ctx, asynqTaskKey(q.For(u.Priority), u.ID), "state"),
+		if u.Priority == jobs.PriorityLow { // only a low job's deferrals are due tasks
+			cmds[i].due = pipe.HGet(ctx, asynqTaskKey(q.Due(), u.ID+dueSuffix), "state")
 		}
+		cmds[i].own = pipe.HGet(ctx, asynqTaskKey(q.For(u.Priority), u.ID), "state")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("look up tasks: %w", err)
 	}
 	for i, c := range cmds {
-		if c.due == nil {
-			continue
-		}
 		for _, cmd := range []*redis.StringCmd{c.due, c.own} {
+			if cmd == nil {
+				continue
+			}
 			v, err := cmd.Result()
 			if err != nil && !errors.Is(err, redis.Nil) {
 				return nil, fmt.Errorf("look up task %s: %w", batch[i].ID, err)
