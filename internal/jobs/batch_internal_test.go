@@ -236,9 +236,9 @@ func TestQueryJob_CallerThatGaveUpReadsNothing(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool {
 		var held bool
-		require.NoError(t, pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE state = 'active' AND query LIKE '%llmq_held%' AND pid <> pg_backend_pid())`).Scan(&held))
-		return held
+		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE state = 'active' AND query LIKE '%llmq_held%' AND pid <> pg_backend_pid())`).Scan(&held)
+		return err == nil && held
 	}, 10*time.Second, 5*time.Millisecond, "the statement was never seen running")
 	cancel()
 	select {
