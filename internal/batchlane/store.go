@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -265,10 +266,9 @@ type move struct {
 }
 
 // apply makes m in one statement, conditional on the job being unfinished and still in m.Ref;
-// it reports whether it applied. A job that leaves the batch (retrying, online, dead) leaves
-// batch_ref; one that succeeds or fails keeps it as its history.
-// apply moves the job as m says; ok is false when the job was not where m expects it. priority is
-// the job's (it names the task's queue when the job goes back online).
+// ok reports whether it applied, and priority is the job's (it names the task's queue when the
+// job goes back online). A job that leaves the batch (retrying, online, dead) leaves batch_ref;
+// one that succeeds or fails keeps it as its history.
 func (s store) apply(ctx context.Context, m move) (priority jobs.Priority, ok bool, err error) {
 	var lastErr []byte
 	if m.LastError != nil {

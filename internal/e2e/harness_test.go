@@ -164,9 +164,9 @@ func (b *testBundle) inspector(t *testing.T) *asynq.Inspector {
 }
 
 // deferral says where job id's delivery stands, as an operator inspecting asynq sees it: active
-// when a worker runs its task (on the job's queue or the due queue), else why it waits (its
-// task's last error on the job's queue, or, once deferred to the due queue, its due task's last
-// error or the reason in its body); ok is false when neither is found.
+// when a worker runs its task or its due task (a low job's deferral, on the main queue), else why
+// it waits (its task's last error, or its due task's last error or the reason in its body); ok
+// is false when neither is found.
 func (b *testBundle) deferral(insp *asynq.Inspector, id string) (active bool, why string, ok bool) {
 	q := dispatch.NewQueues(b.cfg.Worker.Queue)
 	if info, err := insp.GetTaskInfo(q.For(""), id); err == nil {

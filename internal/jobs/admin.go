@@ -110,9 +110,9 @@ ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
 }
 
 // RetryDead puts every dead job f selects back to queued, in one transaction, and returns them
-// (f.Limit does not apply), each with its priority, which names its task's queue. Each gets a fresh attempt budget (attempts 0), a fresh deadline
-// (now + its timeout), no dead reason, and a "queued" event whose payload names the previous
-// reason. Its earlier attempts stay in job_attempts and the new ones continue their numbering
+// (f.Limit does not apply), each with its priority, which names its task's queue. Each gets a
+// fresh attempt budget (attempts 0), a fresh deadline (now + its timeout), no dead reason, and
+// a "queued" event whose payload names the previous reason. Its earlier attempts stay in job_attempts and the new ones continue their numbering
 // (jobs.attempt_base, migration 002). Jobs that are not dead are left alone and not returned.
 // The caller then enqueues the returned jobs (Tasks.Requeue); one it fails to enqueue is picked
 // up by the sweeper.
