@@ -296,3 +296,26 @@ func TestServer_DeferralsWaitAsDueTasks(t *testing.T) {
 	require.Equal(t, 1, n, "with no task left, the sweeper enqueues one")
 	require.Equal(t, asynq.TaskStatePending, tb.stateIn(t, low, job.ID), "on the job's own queue")
 }
+
+// TestServer_LowDeferralStaysWhenItsDueTaskCannotBeEnqueued: when the due task cannot be
+// enqueued (here the handler's client is closed), the deferred low task is not lost: it waits as
+// itself on the low queue (asynq's retry), as before there were due tasks.
+func TestServer_LowDeferralStaysWhenItsDueTaskCannotBeEnqueued(t *testing.T) {
+	t.Parallel()
+	tb := setupTasks(t)
+	q := dispatch.NewQueues(tb.queue)
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	closed := asynq.NewClient(opt)
+	require.NoError(t, closed.Close())
+	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: tb.queue, Concurrency: 1,
+		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
+	require.NoError(t, srv.Start(dispatch.Mux(&deferAlways{}, dispatch.NewEnqueuer(closed, tb.queue))))
+	t.Cleanup(srv.Shutdown)
+
+	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), taskID, jobs.PriorityLow, time.Time{}))
+	require.Eventually(t, func() bool {
+		return tb.stateIn(t, q.For(jobs.PriorityLow), taskID) == asynq.TaskStateRetry
+	}, 10*time.Second, 5*time.Millisecond, "the deferred low task waits as itself")
+	require.Zero(t, tb.stateIn(t, q.Due(), taskID+":due"), "no due task")
+}
