@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -374,4 +375,48 @@ func TestFair_BacklogAsksSpread(t *testing.T) {
 	t.Logf("%d asks after the first second (at most %d in one second); %d sends in 100 s", len(s.asked)-3000, worst, n[""])
 	require.LessOrEqual(t, worst, 100, "asks in any one second after the first")
 	require.GreaterOrEqual(t, n[""], 20+980, "20 at once, then 10/s spaced 1% apart")
+}
+
+// TestFair_LoneLaneSkipsTheQueue: while no lane waits, a granted ask leaves no fairness state
+// behind (it costs Redis no more than an ask without a lane), and an ask refused after all, here
+// because the burst has not reported its sends (ReportSend), still takes its place in its lane.
+func TestFair_LoneLaneSkipsTheQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := t.Context()
+	g := b.lim.Gate("fair-"+redistest.Rand(), "main")
+	ask := func(i int) limiter.Reservation {
+		t.Helper()
+		r, err := g.ReserveAttempt(ctx, fairLimit, noCost, limiter.AttemptOptions{ReportSend: true, Lane: &limiter.Lane{
+			Tenant: "A", Priority: limiter.PriorityNormal, Ticket: fmt.Sprintf("j%02d", i), Since: t0.Add(time.Duration(i))}})
+		require.NoError(t, err)
+		return r
+	}
+	rdb := redistest.Client(t)
+	fairKeys := func() []string {
+		t.Helper()
+		keys, err := rdb.Keys(ctx, b.prefix+"*").Result()
+		require.NoError(t, err)
+		return slices.DeleteFunc(keys, func(k string) bool { return !strings.Contains(k, ":fq") })
+	}
+
+	for i := range fairLimit.Burst {
+		require.True(t, ask(i).Granted, "burst slot %d", i)
+	}
+	require.Empty(t, fairKeys(), "a lone lane's granted asks")
+
+	// the first refill slot (at 100 ms, sent after the phase margin: 200 ms) is within the horizon
+	// (50 ms), but the burst has not reported its sends
+	b.clock.Set(t0.Add(160 * time.Millisecond))
+	require.False(t, ask(20).Granted, "a refill slot before the burst's sends are reported")
+	var lane string
+	for _, k := range fairKeys() {
+		if strings.HasSuffix(k, ":fq:A|1") {
+			lane = k
+		}
+	}
+	require.NotEmpty(t, lane, "the refused ask's lane, among %v", fairKeys())
+	tickets, err := rdb.ZRange(ctx, lane, 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"j20"}, tickets)
 }

@@ -199,6 +199,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
   if nb - now + learnttl > keep then keep = nb - now + learnttl end
   redis.call('PEXPIRE', key, math.ceil(keep / 1000))
   if granted == 1 and FQ ~= nil and FQ.mine ~= nil then fgranted(TK) end
+  if granted == 0 then fquickrefused(now) end
   if granted == 1 and ARGV[23] == '1' then
     budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
       tonumber(ARGV[27]))
@@ -318,9 +319,11 @@ local tagain = nil
 if FQ ~= nil then
   -- fair queueing: the slot goes to this ask only when its turn is within the horizon (a limit
   -- being learned, or a provider without headers, goes one probe at a time as before: no queue)
-  fenter(now)
-  local ok, again = fadmit(now, base, T, burst, phase, poll, source == 'learned')
-  if not ok then granted, tagain = 0, again end
+  if not fquick(now, base, T, burst, phase) then
+    fenter(now)
+    local ok, again = fadmit(now, base, T, burst, phase, poll, source == 'learned')
+    if not ok then granted, tagain = 0, again end
+  end
 end
 if granted == 1 and source == 'learned' and send - now > hz then granted = 0 end
 if granted == 1 and ARGV[41] == '1' and fa ~= nil and fa == full and fu > 0 and allow > full then
