@@ -167,6 +167,7 @@ func (f *fairness) llmqSystem() fairSystem {
 // llmqRun is a running llmq deployment of the fairness bench.
 type llmqRun struct {
 	st   *stack
+	db   string // the deployment's database, for its backends' CPU
 	send sendFunc
 	stop func()
 }
@@ -206,7 +207,7 @@ func (f *fairness) startLLMQ(ctx context.Context, log logf, bin, simURL string, 
 	send := func(ctx context.Context, tenantName, prio string, _ int, body []byte) error {
 		return postTenantJob(ctx, hc, st.apiURL, tokens[tenantName], prio, body)
 	}
-	return &llmqRun{st: st, send: send, stop: func() { hc.CloseIdleConnections(); stop() }}, nil
+	return &llmqRun{st: st, db: d.dbName, send: send, stop: func() { hc.CloseIdleConnections(); stop() }}, nil
 }
 
 // postTenantJob posts one job with its priority ("": none, the default) and provider request as

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llmsim"
@@ -129,6 +132,16 @@ func (f *fairness) queueStopped(ctx context.Context, log logf, r *llmqRun, e *fa
 	return nil
 }
 
+// redisCommands is Redis's count of the commands it has processed; 0 when it cannot be read.
+func redisCommands(ctx context.Context, rdb redis.UniversalClient) int64 {
+	info, err := rdb.Info(ctx, "stats").Result()
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(infoFields(info)["total_commands_processed"], 10, 64)
+	return n
+}
+
 // drainRow measures the drain of -drain-jobs of A's jobs alone (no priority given: the
 // baseline's api has none), queued with the workers
 // stopped, on an instant, unlimited provider through a credential configured far above what
@@ -156,13 +169,26 @@ func (f *fairness) drainRow(ctx context.Context, log logf, bin string) fairRow {
 	if err := r.st.startWorkers(cctx, f.s.workers); err != nil {
 		return fail(err)
 	}
+	_, rdb, err := redisFor(ctx, f.s.redisURL)
+	if err != nil {
+		return fail(err)
+	}
+	defer rdb.Close()
+	m := &cpuMeter{adminURL: f.s.dbURL, db: r.db, rdb: rdb, api: r.st.api.pid(), workers: r.st.workerPIDs()}
+	cpu0, cmds0 := m.start(ctx), redisCommands(ctx, rdb)
 	all := waitFor(cctx, e, func(log []arrival) bool { return len(distinct(log)) >= f.drainJobs })
+	cpu, cmds := m.stop(ctx, cpu0), redisCommands(ctx, rdb)-cmds0
 	n := len(distinct(all))
 	var rate float64
 	if len(all) > 1 {
 		rate = float64(len(all)-1) / all[len(all)-1].at.Sub(all[0].at).Seconds()
 	}
 	log("%d of %d served, %.0f jobs/s", n, f.drainJobs, rate)
+	if n > 0 {
+		per := func(g string) float64 { return float64(cpu[g].Microseconds()) / float64(n) }
+		log("CPU per job: workers %.0f µs, Postgres %.0f µs, Redis %.0f µs, bench %.0f µs; Redis commands per job %.1f",
+			per(cpuWorkers), per(cpuPostgres), per(cpuRedis), per(cpuBench), float64(cmds)/float64(n))
+	}
 	row := fairRow{waitP50: "-", waitP99: "-", share: "-", rps: rate, unseen: f.drainJobs - n, waited: f.drainJobs,
 		target: "-", pass: n == f.drainJobs}
 	return row
