@@ -10,9 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// deltaPathCommands are the Redis commands of the delta path: the worker's XADD, PEXPIRE and
-// PUBLISH per write, the API's XRANGE per wake-up.
-var deltaPathCommands = []string{"xadd", "pexpire", "publish", "xrange"}
+// deltaPathCommands are the Redis commands of the delta path: the worker's XREVRANGE, XADD,
+// PEXPIRE and PUBLISH per write (inside one script), the API's XRANGE when a stream opens, after
+// a status event, or when a published batch may be missing.
+var deltaPathCommands = []string{"xrevrange", "xadd", "pexpire", "publish", "xrange"}
 
 // loadSample is cumulative resource use at one moment: the API and worker processes' CPU and
 // the (private) Redis server's counters.

@@ -77,9 +77,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	var deltasGrew <-chan struct{}
 	if f.streaming && s.cfg.DeltaHub != nil {
 		// Followed before the first read of the buffer, like the Listener.
-		ch, stop := s.cfg.DeltaHub.Follow(r.Context(), job.ID)
-		defer stop()
-		deltasGrew = ch
+		f.hub = s.cfg.DeltaHub.Follow(r.Context(), job.ID)
+		defer f.hub.Stop()
+		deltasGrew = f.hub.Wake()
 	}
 	// Postgres announces only watched jobs' transitions (NOTIFY serializes commits); watch
 	// before the first read, and renew at every keep-alive.
@@ -135,7 +135,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-notify:
 		case <-deltasGrew:
-			readStatus = false // Redis only: no Postgres read per delta
+			readStatus = false // the published entries only: no Postgres read per delta
 		case <-ticker.C:
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
@@ -179,12 +179,15 @@ func lastEventID(r *http.Request) (last eventPos, resume bool, err error) {
 	return eventPos{seq: seq, n: n}, true, nil
 }
 
-// follower is one event stream's progress: pos, the last event sent; cursor, the last entry of
-// the job's delta buffer read.
+// follower is one event stream's progress: pos, the last event sent; last, the last entry of the
+// job's delta buffer read.
 type follower struct {
 	streaming bool
-	pos       eventPos
-	cursor    string
+	// hub receives the entries written to the job's buffer (nil: read the buffer each time).
+	hub *deltastream.Follower
+	pos eventPos
+	// last is the last entry of the job's buffer read (the zero Entry: none).
+	last deltastream.Entry
 	// open is the attempt whose deltas this stream sent and that no reset or terminal event has
 	// closed yet (seq 0: none), and openAttempt its number.
 	open        eventPos
@@ -219,7 +222,7 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 	}
 	var entries []deltastream.Entry
 	if f.streaming {
-		entries = s.readDeltas(r, id, f)
+		entries = s.readDeltas(r, id, f, status)
 		if len(entries) > 0 && entries[len(entries)-1].Seq > f.known {
 			if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
 				return false, err
@@ -314,12 +317,23 @@ func (s *Server) readStatus(r *http.Request, id string, seq int) ([]jobs.Event, 
 // deltaPage is how many buffer entries one read takes.
 const deltaPage = 1000
 
-// readDeltas reads the job's buffer after f.cursor and advances it. Redis failing costs the
-// stream its deltas, not its status events: the failure is logged and the stream goes on.
-func (s *Server) readDeltas(r *http.Request, id string, f *follower) []deltastream.Entry {
+// readDeltas returns the job's buffer entries after f.last and advances it. Woken by the buffer
+// alone (status false), it takes the entries the hub received when they follow the last one read,
+// and reads the buffer only when they do not; a read of status events is always followed by a
+// read of the buffer (see sendEvents). Redis failing costs the stream its deltas, not its status
+// events: the failure is logged and the stream goes on.
+func (s *Server) readDeltas(r *http.Request, id string, f *follower, status bool) []deltastream.Entry {
+	if !status && f.hub != nil {
+		if entries, ok := f.hub.Next(f.last); ok {
+			if len(entries) > 0 {
+				f.last = entries[len(entries)-1]
+			}
+			return entries
+		}
+	}
 	var out []deltastream.Entry
 	for {
-		page, err := s.cfg.Deltas.Read(r.Context(), id, f.cursor, deltaPage)
+		page, err := s.cfg.Deltas.Read(r.Context(), id, f.last.ID, deltaPage)
 		if err != nil {
 			if r.Context().Err() == nil {
 				s.cfg.Logger.WarnContext(r.Context(), "read stream deltas", "job_id", id, "error", err)
@@ -327,7 +341,7 @@ func (s *Server) readDeltas(r *http.Request, id string, f *follower) []deltastre
 			return out
 		}
 		if len(page) > 0 {
-			f.cursor = page[len(page)-1].ID
+			f.last = page[len(page)-1]
 		}
 		out = append(out, page...)
 		if len(page) < deltaPage {

@@ -21,8 +21,10 @@
 // terminal event still carries the whole result.
 //
 // A Writer batches: Add never blocks the provider's stream; one goroutine writes what has
-// accumulated, consecutive pieces of one block merged into one entry, in one pipelined round
-// trip (XADD..., EXPIRE, PUBLISH), so a fast stream costs far fewer round trips than tokens.
-// The PUBLISH on channel <prefix>{<job id>}:deltas wakes the API replicas that follow the job
-// (Hub: one pub/sub connection per process), which then read the buffer with XRANGE.
+// accumulated, consecutive pieces of one block merged into one entry, in one script (XADD...,
+// PEXPIRE, PUBLISH), so a fast stream costs far fewer round trips than tokens. The PUBLISH on
+// channel <prefix>{<job id>}:deltas carries the entries themselves, with their IDs, to the API
+// replicas that follow the job (Hub: one pub/sub connection per process). A follower appends
+// them without reading Redis when the first is the entry right after the last it read (by
+// seq and n), and reads the buffer (XRANGE) only when one may be missing.
 package deltastream

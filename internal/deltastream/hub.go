@@ -2,7 +2,9 @@ package deltastream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,8 +16,9 @@ import (
 // follower reads anyway; what it might miss, its periodic re-read finds.
 const subscribeWait = 2 * time.Second
 
-// Hub wakes a process's followers of streaming jobs when their buffers grow: one pub/sub
-// connection for the whole process, one channel per followed job. Safe for concurrent use.
+// Hub hands a process's followers of streaming jobs the entries written to their buffers: one
+// pub/sub connection for the whole process, one channel per followed job, each message a batch.
+// Safe for concurrent use.
 type Hub struct {
 	b      *Buffer
 	ps     *redis.PubSub
@@ -29,7 +32,128 @@ type Hub struct {
 type channelSubs struct {
 	ready     chan struct{} // closed when Redis confirmed the subscription
 	confirmed bool
-	followers map[chan struct{}]struct{}
+	followers map[*Follower]struct{}
+}
+
+// batch is one write to a job's buffer, as published (writeScript): its entries, in order.
+type batch struct {
+	Entries []batchEntry `json:"entries"`
+}
+
+type batchEntry struct {
+	ID string          `json:"id"`
+	S  int             `json:"s"`
+	N  int             `json:"n"`
+	K  string          `json:"k"`
+	D  json.RawMessage `json:"d"`
+}
+
+// inboxMax bounds the batches a follower holds between two calls of Next: past it they are
+// dropped, and the follower reads the buffer instead.
+const inboxMax = 256
+
+// Follower receives the entries written to one job's buffer (Hub.Follow).
+type Follower struct {
+	h     *Hub
+	name  string
+	wake  chan struct{}
+	once  sync.Once
+	mu    sync.Mutex
+	inbox []batch
+	lost  bool // a batch may be missing from inbox
+}
+
+// Wake is signalled (capacity 1, never closed) whenever entries arrive, or may have been lost.
+func (f *Follower) Wake() <-chan struct{} { return f.wake }
+
+// Next returns the entries received since the last call that follow last, the last entry the
+// caller read (the zero Entry: none), in order. The caller reads the buffer once after Follow
+// returns, and goes on from there with Next. ok is false when they may not follow it
+// directly: the caller then reads the buffer after last.ID (Buffer.Read). That is when a batch
+// may be missing (the connection to Redis was lost, the inbox overflowed, a message was not a
+// batch), and when the first entry received is not the one after last: entries of an attempt
+// are numbered 1, 2, ... (Entry.N), and an attempt may follow another only after its reset
+// entry (one whose worker died has none).
+func (f *Follower) Next(last Entry) (entries []Entry, ok bool) {
+	batches, complete := f.take()
+	if !complete {
+		return nil, false
+	}
+	return after(last, batches)
+}
+
+// take returns the batches received since the last take, in the order written; complete is false
+// when one may be missing.
+func (f *Follower) take() (batches []batch, complete bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	batches, complete = f.inbox, !f.lost
+	f.inbox, f.lost = nil, false
+	return batches, complete
+}
+
+// Stop ends the following. Safe to call more than once.
+func (f *Follower) Stop() { f.once.Do(func() { f.h.unfollow(f.name, f) }) }
+
+// deliver queues b (nil: lost) and signals.
+func (f *Follower) deliver(b *batch) {
+	f.mu.Lock()
+	switch {
+	case b == nil || len(f.inbox) >= inboxMax:
+		f.inbox, f.lost = nil, true
+	default:
+		f.inbox = append(f.inbox, *b)
+	}
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// after returns the entries of batches after last; ok is false when they do not follow it
+// directly. Batches read already (a batch is written, and so read, whole) are skipped.
+func after(last Entry, batches []batch) (entries []Entry, ok bool) {
+	for _, b := range batches {
+		for _, be := range b.Entries {
+			e := Entry{ID: be.ID, Seq: be.S, N: be.N, Kind: be.K, Data: be.D}
+			if last.ID != "" && !idAfter(e.ID, last.ID) {
+				continue
+			}
+			if !follows(e, last) || !json.Valid(e.Data) {
+				return nil, false
+			}
+			entries = append(entries, e)
+			last = e
+		}
+	}
+	return entries, true
+}
+
+// follows reports whether e is the entry right after last (the zero Entry: before the first).
+func follows(e, last Entry) bool {
+	switch {
+	case last.ID == "":
+		return e.N == 1
+	case e.Seq == last.Seq:
+		return e.N == last.N+1
+	default:
+		return e.Seq > last.Seq && e.N == 1 && last.Kind == KindReset
+	}
+}
+
+// idAfter reports whether stream entry ID a ("ms-seq") comes after b.
+func idAfter(a, b string) bool {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	ams, _ := strconv.ParseUint(am, 10, 64)
+	bms, _ := strconv.ParseUint(bm, 10, 64)
+	if ams != bms {
+		return ams > bms
+	}
+	asq, _ := strconv.ParseUint(as, 10, 64)
+	bsq, _ := strconv.ParseUint(bs, 10, 64)
+	return asq > bsq
 }
 
 // NewHub starts a Hub; Close stops it.
@@ -49,18 +173,18 @@ func (h *Hub) Close() error {
 	return err
 }
 
-// Follow wakes the returned channel (capacity 1, never closed) whenever job id's buffer grows,
-// until stop is called. It returns once Redis confirmed the subscription (or after a short
-// wait, or when ctx ends), so that a read of the buffer after it misses no wake-up.
-func (h *Hub) Follow(ctx context.Context, id string) (wake <-chan struct{}, stop func()) {
+// Follow returns the follower of job id's buffer, which receives every batch written to it
+// until Stop. It returns once Redis confirmed the subscription (or after a short wait, or when
+// ctx ends), so that a read of the buffer after it misses no batch.
+func (h *Hub) Follow(ctx context.Context, id string) *Follower {
 	name := h.b.Key(id)
-	ch := make(chan struct{}, 1)
+	f := &Follower{h: h, name: name, wake: make(chan struct{}, 1)}
 	// Subscribe and Unsubscribe are sent under h.mu, so that a follower joining as the last
 	// one of the same job leaves cannot have its SUBSCRIBE overtaken by the other's UNSUBSCRIBE.
 	h.mu.Lock()
 	cs := h.subs[name]
 	if cs == nil {
-		cs = &channelSubs{ready: make(chan struct{}), followers: map[chan struct{}]struct{}{}}
+		cs = &channelSubs{ready: make(chan struct{}), followers: map[*Follower]struct{}{}}
 		h.subs[name] = cs
 		sctx, cancel := context.WithTimeout(ctx, subscribeWait)
 		if err := h.ps.Subscribe(sctx, name); err != nil && ctx.Err() == nil {
@@ -68,7 +192,7 @@ func (h *Hub) Follow(ctx context.Context, id string) (wake <-chan struct{}, stop
 		}
 		cancel()
 	}
-	cs.followers[ch] = struct{}{}
+	cs.followers[f] = struct{}{}
 	ready := cs.ready
 	h.mu.Unlock()
 	t := time.NewTimer(subscribeWait)
@@ -78,15 +202,14 @@ func (h *Hub) Follow(ctx context.Context, id string) (wake <-chan struct{}, stop
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	var once sync.Once
-	return ch, func() { once.Do(func() { h.unfollow(name, ch) }) }
+	return f
 }
 
-func (h *Hub) unfollow(name string, ch chan struct{}) {
+func (h *Hub) unfollow(name string, f *Follower) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cs := h.subs[name]
-	delete(cs.followers, ch)
+	delete(cs.followers, f)
 	if len(cs.followers) > 0 {
 		return
 	}
@@ -119,7 +242,12 @@ func (h *Hub) run(ctx context.Context) {
 				h.confirm(m.Channel)
 			}
 		case *redis.Message:
-			h.wake(m.Channel)
+			var b batch
+			if err := json.Unmarshal([]byte(m.Payload), &b); err != nil {
+				h.deliver(m.Channel, nil) // not a batch (a writer of an older version): read the buffer
+			} else {
+				h.deliver(m.Channel, &b)
+			}
 		}
 	}
 }
@@ -135,25 +263,23 @@ func (h *Hub) confirm(name string) {
 		close(cs.ready)
 	default:
 		// A resubscription after a reconnect: messages may have been lost meanwhile.
-		h.wakeLocked(name)
+		h.deliverLocked(name, nil)
 	}
 }
 
-func (h *Hub) wake(name string) {
+// deliver hands b (nil: a batch may have been lost) to the channel's followers.
+func (h *Hub) deliver(name string, b *batch) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.wakeLocked(name)
+	h.deliverLocked(name, b)
 }
 
-func (h *Hub) wakeLocked(name string) {
+func (h *Hub) deliverLocked(name string, b *batch) {
 	cs := h.subs[name]
 	if cs == nil {
 		return
 	}
-	for ch := range cs.followers {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	for f := range cs.followers {
+		f.deliver(b)
 	}
 }

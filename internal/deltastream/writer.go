@@ -3,7 +3,6 @@ package deltastream
 import (
 	"context"
 	"encoding/json"
-	"strconv"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -112,8 +111,8 @@ func (w *Writer) run() {
 	}
 }
 
-// flush writes the pending pieces as entries, then trims, sets the TTL and wakes the readers,
-// in one pipelined round trip. A failed write is logged and its pieces dropped.
+// flush writes the pending pieces as entries, then trims, sets the TTL and publishes them to the
+// readers, in one round trip. A failed write is logged and its pieces dropped.
 func (w *Writer) flush() {
 	w.mu.Lock()
 	batch := w.pending
@@ -124,10 +123,10 @@ func (w *Writer) flush() {
 	if len(batch) == 0 {
 		return
 	}
-	values := make([]map[string]any, len(batch))
+	values := make([]entryValues, len(batch))
 	for i, d := range batch {
 		data, _ := json.Marshal(d) // plain fields: cannot fail
-		values[i] = map[string]any{"s": w.seq, "n": first + i, "k": KindDelta, "d": data}
+		values[i] = entryValues{seq: w.seq, n: first + i, kind: KindDelta, data: data}
 	}
 	if err := w.b.write(w.job, values); err != nil {
 		w.b.cfg.Logger.Warn("write stream deltas", "job_id", w.job, "attempt", w.attempt, "error", err)
@@ -174,24 +173,49 @@ func (w *Writer) Reset(ctx context.Context) {
 		Attempt int `json:"attempt"`
 	}{w.attempt})
 	w.n++
-	if err := w.b.write(w.job, []map[string]any{{"s": w.seq, "n": w.n, "k": KindReset, "d": data}}); err != nil {
+	if err := w.b.write(w.job, []entryValues{{seq: w.seq, n: w.n, kind: KindReset, data: data}}); err != nil {
 		w.b.cfg.Logger.Warn("write stream reset", "job_id", w.job, "attempt", w.attempt, "error", err)
 	}
 }
 
-// write appends entries to job id's buffer, trims it, sets its TTL and publishes, in one round
-// trip.
-func (b *Buffer) write(id string, values []map[string]any) error {
+// write appends entries to job id's buffer, trims it, sets its TTL and publishes the entries, in
+// one round trip (writeScript).
+func (b *Buffer) write(id string, values []entryValues) error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.WriteTimeout)
 	defer cancel()
-	key := b.Key(id)
-	_, err := b.cfg.Redis.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, v := range values {
-			p.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: b.cfg.MaxLen, Approx: true, Values: v})
-		}
-		p.PExpire(ctx, key, b.cfg.TTL)
-		p.Publish(ctx, key, strconv.Itoa(len(values)))
-		return nil
-	})
-	return err
+	args := make([]any, 0, 2+4*len(values))
+	args = append(args, b.cfg.MaxLen, b.cfg.TTL.Milliseconds())
+	for _, v := range values {
+		args = append(args, v.seq, v.n, v.kind, v.data)
+	}
+	return writeScript.Run(ctx, b.cfg.Redis, []string{b.Key(id)}, args...).Err()
 }
+
+// entryValues are one entry's fields.
+type entryValues struct {
+	seq, n int
+	kind   string
+	data   []byte
+}
+
+// writeScript appends entries to a job's buffer, trims it, sets its TTL and publishes them on the
+// job's channel, atomically: a reader sees a batch whole or not at all, in the buffer and on the
+// channel alike.
+//
+// KEYS[1] the buffer (its name is also the channel's). ARGV[1] MaxLen, ARGV[2] TTL ms, then four
+// per entry: seq, n, kind, data (JSON). The message is a batch's JSON (see hub.go): the entries
+// with the IDs the buffer gave them. The pieces are the writer's own (numbers, a kind, JSON it
+// encoded), so they are concatenated as they are.
+var writeScript = redis.NewScript(`
+local key = KEYS[1]
+local parts = {}
+for i = 3, #ARGV, 4 do
+  local id = redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', 's', ARGV[i], 'n', ARGV[i + 1],
+    'k', ARGV[i + 2], 'd', ARGV[i + 3])
+  parts[#parts + 1] = '{"id":"' .. id .. '","s":' .. ARGV[i] .. ',"n":' .. ARGV[i + 1] ..
+    ',"k":"' .. ARGV[i + 2] .. '","d":' .. ARGV[i + 3] .. '}'
+end
+redis.call('PEXPIRE', key, ARGV[2])
+redis.call('PUBLISH', key, '{"entries":[' .. table.concat(parts, ',') .. ']}')
+return #parts
+`)

@@ -1,0 +1,58 @@
+package deltastream
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestAfter: received entries are taken when the first one not read yet is the entry right
+// after the last one read (the next n of its attempt, or the first of a later attempt after a
+// reset); entries read already are skipped, whatever the order of their IDs' parts; any other
+// first entry says one may be missing.
+func TestAfter(t *testing.T) {
+	d := json.RawMessage(`{"attempt":1}`)
+	be := func(id string, seq, n int, kind string) batchEntry {
+		return batchEntry{ID: id, S: seq, N: n, K: kind, D: d}
+	}
+	ent := func(b batchEntry) Entry { return Entry{ID: b.ID, Seq: b.S, N: b.N, Kind: b.K, Data: b.D} }
+	a1, a2 := be("9-0", 2, 1, KindDelta), be("9-1", 2, 2, KindDelta)
+	reset := be("10-0", 2, 3, KindReset)
+	b1 := be("10-1", 5, 1, KindDelta)
+	all := []batch{{Entries: []batchEntry{a1, a2}}, {Entries: []batchEntry{reset}}, {Entries: []batchEntry{b1}}}
+
+	entries, ok := after(Entry{}, all)
+	require.True(t, ok)
+	require.Equal(t, []Entry{ent(a1), ent(a2), ent(reset), ent(b1)}, entries)
+
+	entries, ok = after(ent(a2), all)
+	require.True(t, ok, "read up to a2 (9-1 is before 10-0)")
+	require.Equal(t, []Entry{ent(reset), ent(b1)}, entries)
+
+	entries, ok = after(ent(b1), all)
+	require.True(t, ok)
+	require.Empty(t, entries)
+
+	for name, tc := range map[string]struct {
+		last    Entry
+		batches []batch
+	}{
+		"an entry of the attempt missing":     {ent(a1), []batch{{Entries: []batchEntry{reset}}}},
+		"a later attempt without a reset":     {ent(a2), []batch{{Entries: []batchEntry{b1}}}},
+		"none read, and not the first":        {Entry{}, []batch{{Entries: []batchEntry{a2}}}},
+		"not JSON (not a writer of ours)":     {Entry{}, []batch{{Entries: []batchEntry{{ID: "9-0", S: 2, N: 1, K: KindDelta}}}}},
+		"a later attempt's second entry only": {ent(reset), []batch{{Entries: []batchEntry{be("10-2", 5, 2, KindDelta)}}}},
+	} {
+		entries, ok := after(tc.last, tc.batches)
+		require.False(t, ok, name)
+		require.Empty(t, entries, name)
+	}
+}
+
+func TestIDAfter(t *testing.T) {
+	require.True(t, idAfter("10-0", "9-5"))
+	require.True(t, idAfter("9-10", "9-9"))
+	require.False(t, idAfter("9-9", "9-9"))
+	require.False(t, idAfter("9-9", "10-0"))
+}
