@@ -372,6 +372,9 @@ func createUnweightedTenants(ctx context.Context, dbURL string, weights map[stri
 // that match.
 func shares(log []arrival, from, to time.Time, w time.Duration, match func(arrival) bool) (lo, hi float64) {
 	lo, hi = 1, 0
+	if w <= 0 {
+		return lo, hi
+	}
 	for s := from; !s.Add(w).After(to); s = s.Add(w) {
 		n, m := 0, 0
 		for _, a := range log {

@@ -29,6 +29,11 @@ func TestFairness_Shares(t *testing.T) {
 	lo, hi := shares(log, t0, t0.Add(4*time.Second), time.Second, func(a arrival) bool { return a.tenant == "A" })
 	require.InDelta(t, 0.5, lo, 1e-9)
 	require.InDelta(t, 1.0, hi, 1e-9)
+	lo, hi = shares(log, t0, t0.Add(4*time.Second), 4*time.Second, func(a arrival) bool { return a.tenant == "A" })
+	require.InDelta(t, 25.0/40, lo, 1e-9, "one window over the whole span")
+	require.InDelta(t, 25.0/40, hi, 1e-9)
+	lo, hi = shares(log, t0, t0, 0, func(a arrival) bool { return true })
+	require.Greater(t, lo, hi, "no window: no share (and no endless loop)")
 	require.InDelta(t, 10.0, busyRate(log, t0.Add(time.Hour), 0), 1e-9)
 	require.InDelta(t, 10.0, busyRate(log, t0.Add(2*time.Second), 1), 1e-9)
 	// a burst of 20 at once, then 10/s for 2 s: 10/s beyond the burst, not 20.5
