@@ -14,7 +14,8 @@ import (
 // slots after the burst then wait a second before going on their own).
 func (c *Gate) Sent(ctx context.Context, period int64) (time.Duration, error) {
 	cfg := &c.l.cfg
-	d, err := sentScript.Run(ctx, c.l.rdb, []string{rateKey(cfg.Prefix, c.tag)}, c.l.nowArg(), period).Int64()
+	keys := []string{rateKey(cfg.Prefix, c.tag), tokenKey(cfg.Prefix, c.tag)}
+	d, err := sentScript.Run(ctx, c.l.rdb, keys, c.l.nowArg(), period).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("report send: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // providerAccepts replays arrivals against a provider's bucket of burst requests refilled at
@@ -191,4 +192,58 @@ func TestReportSend_NoReportWaitsASecond(t *testing.T) {
 	r, err = plain.Reserve(ctx, fairLimit)
 	require.NoError(t, err)
 	require.True(t, r.Granted, "without ReportSend the refill slot is granted at once, as before")
+}
+
+// TestReportSend_TokenRefillCountsFromTheBurstsSend: the token buckets' schedule after a burst
+// counts from the burst's sends too. 4 requests of 100 input tokens empty a bucket of 400 per
+// second (the request bucket has room for 100): granted at once, they leave 150 ms later. The
+// provider's token bucket stayed full until then, so a fifth request at the refill counted from
+// the grants (0.25 s, plus the phase margin) would be refused. The token-bound slots wait for the
+// burst's reports, and then count from them: the provider accepts every request.
+func TestReportSend_TokenRefillCountsFromTheBurstsSend(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := setup(t, func(c *limiter.Config) { c.TokenMinute = time.Second })
+	g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
+	lim := limiter.Limit{Rate: 100, Burst: 100, InputTokensPerMinute: 400}
+	cost := tokens.Cost{InputTokens: 100}
+	opts := limiter.AttemptOptions{ReportSend: true}
+	var burst []limiter.Reservation
+	for i := range 4 {
+		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
+		require.NoError(t, err)
+		require.True(t, r.Granted, "burst slot %d", i)
+		require.Zero(t, r.Wait)
+		require.NotZero(t, r.ReportSend)
+		burst = append(burst, r)
+	}
+	r, err := g.ReserveAttempt(ctx, lim, cost, opts)
+	require.NoError(t, err)
+	require.False(t, r.Granted, "a slot the tokens push waits for the burst's sends")
+
+	b.clock.Advance(150 * time.Millisecond)
+	var arrivals []time.Time
+	for _, r := range burst {
+		_, err := g.Sent(ctx, r.ReportSend)
+		require.NoError(t, err)
+		arrivals = append(arrivals, b.clock.Now())
+	}
+	for i := range 8 {
+		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
+		require.NoError(t, err)
+		for k := 0; !r.Granted; k++ { // told to ask again (the token horizon: after the poll interval)
+			require.Less(t, k, 200, "slot %d after the burst never granted", i)
+			require.Positive(t, r.Wait)
+			b.clock.Set(r.SendAt)
+			r, err = g.ReserveAttempt(ctx, lim, cost, opts)
+			require.NoError(t, err)
+		}
+		arrivals = append(arrivals, r.SendAt)
+		b.clock.Set(r.SendAt)
+	}
+	// 100 tokens of a bucket of 400 refilled at 400/s: a request bucket of 4 refilled at 4/s
+	require.Empty(t, providerAccepts(arrivals, 4, 4), "the provider refuses none")
+	last := arrivals[len(arrivals)-1].Sub(t0)
+	require.Less(t, last, 2600*time.Millisecond, "and the schedule is not held back beyond the burst's lateness")
 }

@@ -80,9 +80,13 @@ local phase, rmargin = tonumber(ARGV[4]), tonumber(ARGV[5])
 local learnttl, probettl, poll = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local hz = tonumber(ARGV[9])
 
--- Token buckets: TK is nil for a plain Reserve (no token work at all).
+-- Token buckets: TK is nil for a plain Reserve (no token work at all). THOLD, when set, is when
+-- to ask again for a slot the token buckets push (one that waits for their refill): set while
+-- the request bucket's burst has not reported its sends (see luaAnchor), since where the
+-- provider's token refill stands is not known either until they have left.
 local TG, TLIM = 0, ''
 local TK = nil
+local THOLD = nil
 if ARGV[10] ~= nil and ARGV[10] ~= '' then
   local tk, tmin = KEYS[2], tonumber(ARGV[17])
   TK = {xs = {}, tail = num(redis.call('HGET', tk, 'tail')) or 0, thz = tonumber(ARGV[18])}
@@ -146,6 +150,11 @@ local function tgate(m0, s0)
     end
   end
   local bound = m > m0 or s > s0
+  if bound and THOLD ~= nil then
+    tsave(tk, TK.xs)
+    tkeep(tk, KEYS[3], now, learnttl, TK.xs)
+    return false, THOLD
+  end
   local thz = TK.thz
   if bound and thz > 0 and s > now + thz and TK.tail > now + thz then
     tsave(tk, TK.xs)
@@ -326,9 +335,12 @@ if FQ ~= nil then
   end
 end
 if granted == 1 and source == 'learned' and send - now > hz then granted = 0 end
-if granted == 1 and ARGV[41] == '1' and fa ~= nil and fa == full and fu > 0 and allow > full then
-  -- some of the burst has not left yet: where the provider's refill stands is not known
-  granted, tagain = 0, math.min(now + poll, fl + AW)
+if ARGV[41] == '1' and fa ~= nil and fa == full and fu > 0 then
+  -- some of the burst has not left yet: where the provider's refill stands is not known, for the
+  -- requests (a slot that needs a refill waits here) and for the tokens (tgate holds one the
+  -- tokens push)
+  THOLD = math.min(now + poll, fl + AW)
+  if granted == 1 and allow > full then granted, tagain = 0, THOLD end
 end
 if granted == 1 then
   -- The request bucket has room at max(now, allow); the token buckets may push the slot later,

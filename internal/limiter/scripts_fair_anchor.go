@@ -17,7 +17,10 @@ import "github.com/redis/go-redis/v9"
 // schedule (tp: GCRA over the send times), and once every one is in, the schedule is moved to
 // at least that. Until then, slots that need a refill are refused (ask again after the poll
 // interval). A report that never comes (the holder died, or its job ended) is taken as a send AW
-// after the period's last burst grant. A later schedule only costs time.
+// after the period's last burst grant. A later schedule only costs time. The token buckets
+// follow the same period: a slot they push waits while the burst's sends are unreported (THOLD
+// in reserveScript), and when the last report is in, the buckets that were full at its start
+// move on by the time from then to that send (fts: how far they were moved in this period).
 const luaAnchor = `
 local AREPORT = 0
 local AW = 1000000
@@ -27,7 +30,7 @@ local AW = 1000000
 local function aexpire(key, tat, full, fa, fu, tp, fl, now, T)
   if fa == nil then return tat, full, nil, 0, nil end
   if tat == nil or full == nil or full ~= fa then
-    redis.call('HDEL', key, 'fa', 'fu', 'tp', 'fl')
+    redis.call('HDEL', key, 'fa', 'fu', 'tp', 'fl', 'fts')
     return tat, full, nil, 0, nil
   end
   if fu > 0 and fl ~= nil and now - fl >= AW then
@@ -46,7 +49,7 @@ end
 local function anew(key, tat, now, fa, fu, T)
   if fa ~= nil and fu > 0 then tat = now + fu * T else fu = 0 end
   redis.call('HSET', key, 'fa', fmt0(now), 'fu', fu)
-  redis.call('HDEL', key, 'tp')
+  redis.call('HDEL', key, 'tp', 'fts')
   return tat, now, fu
 end
 
@@ -63,11 +66,17 @@ end
 // (Reservation.ReportSend; see luaAnchor).
 //
 // KEYS[1] rate hash (fields fa, fu, tp, fl, ts, tat, full: see reserveScript and luaAnchor)
+// KEYS[2] token hash (see luaTokens): when the burst's last send is reported, each token bucket
+// that was full when the burst began has its schedule moved on by the time from the burst's
+// start to that send. Its provider's bucket stayed full (its refill wasted) until the burst's
+// requests arrived, so its refill counts from then, not from the grants. Each slot of the burst
+// left at most that long after its grant; moving the whole schedule by it is the conservative
+// bound, paid once per burst.
 // ARGV[1] now µs, or ""
 // ARGV[2] the period the slot was granted in (Reservation.ReportSend); an earlier one counts in
 // the current period (carried over)
 // Returns how much later the schedule moved, µs (0: not at all, or not yet).
-var sentScript = redis.NewScript(luaCommon + `
+var sentScript = redis.NewScript(luaCommon + luaTokens + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
 local s = redis.call('HMGET', key, 'fa', 'fu', 'tp', 'ts', 'tat', 'full')
@@ -82,6 +91,21 @@ if fu > 0 then
   return 0
 end
 redis.call('HDEL', key, 'tp')
+-- the period's later bursts (fu back to 0 more than once) move the tokens only by what is new
+local done = num(redis.call('HGET', key, 'fts')) or 0
+local late = now - fa - done
+if late > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HSET', key, 'fts', fmt0(done + late))
+  local xs = tload(KEYS[2])
+  for _, x in ipairs(xs) do
+    if x.tat ~= nil and x.full ~= nil and x.full >= fa then
+      local floor = x.tat + late
+      kpush(x, redis.call('HINCRBY', KEYS[2], 'tid', 1), floor, x.R)
+      x.tat = floor
+    end
+  end
+  tsave(KEYS[2], xs)
+end
 if tp <= tat then return 0 end
 redis.call('HSET', key, 'tat', fmt0(tp))
 return math.floor(tp - tat)
