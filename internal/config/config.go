@@ -185,6 +185,13 @@ type Worker struct {
 	// TokenMinute is the length of the providers' token-limit "minute". Default 1m; only a
 	// simulator with a scaled-down minute (benchmarks) differs.
 	TokenMinute time.Duration `yaml:"token_minute"`
+	// PhaseMargin is how much later than its slot a request that waits for a provider's refill
+	// is sent: room for the provider's clock and for the lateness of the requests before it (a
+	// burst sent late makes the provider's refill start late). Default 100ms; at most 5s. A
+	// loaded deployment whose requests leave well after their grants may need more; so do tests
+	// with a scaled-down token_minute, where a few hundred ms of lateness is a large share of a
+	// refill.
+	PhaseMargin time.Duration `yaml:"phase_margin"`
 	// MaxAnswerBytes bounds the bytes of provider answers one worker process holds at once (each
 	// answer is capped at 32 MiB): a call waits for room, none is dropped. Default 256 MiB; at
 	// least 32 MiB, so that the largest answer fits.
@@ -278,6 +285,9 @@ const (
 	// DefaultMaxAnswerBytes is worker.max_answer_bytes: an eighth of a 2 GiB machine, eight of the
 	// largest answers, thousands of ordinary ones.
 	DefaultMaxAnswerBytes = 256 << 20
+	// DefaultPhaseMargin is worker.phase_margin (limiter.DefaultPhaseMargin, which this package
+	// does not import).
+	DefaultPhaseMargin = 100 * time.Millisecond
 )
 
 // maxAnswer is the largest answer a worker reads (llm.DefaultMaxResponseBytes, which this package
@@ -379,6 +389,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.Worker.PollInterval == 0 {
 		c.Worker.PollInterval = 10 * time.Millisecond
+	}
+	if c.Worker.PhaseMargin == 0 {
+		c.Worker.PhaseMargin = DefaultPhaseMargin
 	}
 	if c.Worker.MaxAnswerBytes == 0 {
 		c.Worker.MaxAnswerBytes = DefaultMaxAnswerBytes
@@ -495,6 +508,9 @@ func (w *Worker) validate(bad func(field, format string, args ...any)) {
 	}
 	if w.PollInterval < time.Millisecond {
 		bad("worker.poll_interval", "must be at least 1ms")
+	}
+	if w.PhaseMargin < 0 || w.PhaseMargin > 5*time.Second {
+		bad("worker.phase_margin", "must be between 0 and 5s, got %s", w.PhaseMargin)
 	}
 	if w.MaxAnswerBytes < maxAnswer {
 		bad("worker.max_answer_bytes", "must be at least %d (32 MiB, the largest answer), got %d", maxAnswer, w.MaxAnswerBytes)

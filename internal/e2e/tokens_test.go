@@ -22,7 +22,10 @@ func TestTokens_KnownTokenLimitAvoids429s(t *testing.T) {
 		sim: llmsim.Config{Capacity: 100, RefillPerSecond: 100, InputTokensPerMinute: 400,
 			OutputTokensPerMinute: 1000, TokenMinute: time.Second, ReplyTokens: 10},
 		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
-		worker: "token_minute: 1s",
+		// A token minute of 1 s makes every ms of a request's lateness 60 times the share of a
+		// refill it is with a real minute: under the race detector on a loaded machine a burst
+		// leaves up to a few hundred ms after its grants, beyond the default margin (100 ms).
+		worker: "token_minute: 1s, phase_margin: 500ms",
 	})
 	prompt := strings.Repeat("word ", 80) // 400 bytes: 100 input tokens by the simulator's rule
 	ids := make([]string, n)

@@ -123,6 +123,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 func (w *Worker) build(m metrics) error {
 	cfg, opts := w.cfg, w.opts
 	lim, err := limiter.New(w.rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: m.limiter, TokenMinute: cfg.Worker.TokenMinute,
+		PhaseMargin:   cfg.Worker.PhaseMargin,
 		MaxRetryAfter: cfg.Retry.MaxRetryAfter, Fairness: limiter.Fairness{MinShareNormal: cfg.Fairness.MinShare.Normal,
 			MinShareLow: cfg.Fairness.MinShare.Low, Horizon: cfg.Fairness.Horizon}})
 	if err != nil {
