@@ -93,9 +93,8 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	rdb := dispatch.NewRedisClient(redisOpt)
 	aclient := asynq.NewClient(redisOpt)
 	insp := asynq.NewInspector(redisOpt)
-	queue := "llmq-test-" + redistest.Rand()
+	queue := redistest.Queue(t, redistest.URL())
 	t.Cleanup(func() {
-		_ = insp.DeleteQueue(queue, true)
 		require.NoError(t, insp.Close())
 		require.NoError(t, aclient.Close())
 		require.NoError(t, rdb.Close())

@@ -8,13 +8,11 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
@@ -46,7 +44,7 @@ func parseWire(t *testing.T, dbURL, queue, apiExtra string) (*config.Config, err
 func TestFromConfig_TenantsAndSubmitRate(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.URL(t)
-	queue := "llmq-test-" + redistest.Rand()
+	queue := redistest.Queue(t, redistest.URL())
 	cfg, err := parseWire(t, dbURL, queue, ", tenant_submit_rate: { requests_per_second: 0.01, burst: 1 }")
 	require.NoError(t, err)
 	require.Equal(t, &config.SubmitRate{RequestsPerSecond: 0.01, Burst: 1}, cfg.API.TenantSubmitRate)
@@ -63,10 +61,6 @@ func TestFromConfig_TenantsAndSubmitRate(t *testing.T) {
 	rdb := redistest.Client(t)
 	t.Cleanup(func() {
 		_ = rdb.Del(context.Background(), "llmq:tenant:{"+name+"}:submit").Err()
-		redisOpt, _ := dispatch.RedisConnOpt(redistest.URL())
-		insp := asynq.NewInspector(redisOpt)
-		_ = insp.DeleteQueue(queue, true)
-		_ = insp.Close()
 	})
 	_, token, err := tenant.NewStore(pool, nil).Create(context.Background(), name, nil)
 	require.NoError(t, err)

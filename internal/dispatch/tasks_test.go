@@ -27,11 +27,8 @@ func setupTasks(t *testing.T) *tasksBundle {
 	require.NoError(t, err)
 	client := asynq.NewClient(opt)
 	insp := asynq.NewInspector(opt)
-	queue := "llmq-test-" + redistest.Rand()
+	queue := redistest.Queue(t, redistest.URL())
 	t.Cleanup(func() {
-		for _, q := range dispatch.NewQueues(queue).All() {
-			_ = insp.DeleteQueue(q, true)
-		}
 		require.NoError(t, insp.Close())
 		require.NoError(t, client.Close())
 	})

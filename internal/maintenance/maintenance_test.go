@@ -38,9 +38,8 @@ func setup(t *testing.T, cfg maintenance.Config) (*testBundle, *maintenance.Main
 	require.NoError(t, err)
 	client, insp := asynq.NewClient(opt), asynq.NewInspector(opt)
 	b := &testBundle{Bundle: jobstest.New(t), clock: clocktest.New(time.Now()), reg: prometheus.NewRegistry(),
-		inspector: insp, queue: "llmq-test-" + redistest.Rand()}
+		inspector: insp, queue: redistest.Queue(t, redistest.URL())}
 	t.Cleanup(func() {
-		_ = insp.DeleteQueue(b.queue, true)
 		require.NoError(t, insp.Close())
 		require.NoError(t, client.Close())
 	})

@@ -7,14 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/config"
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redisscript"
@@ -33,7 +31,7 @@ type testBundle struct {
 // queue, without running it.
 func setup(t *testing.T, opts worker.Options) *testBundle {
 	t.Helper()
-	queue := "llmq-test-" + redistest.Rand()
+	queue := redistest.Queue(t, redistest.URL()) // removed after the worker below stopped
 	cfg, err := config.Parse(fmt.Appendf(nil, `
 database_url: %s
 redis_url: %s
@@ -55,13 +53,6 @@ credentials:
 	opts.Registerer, opts.RedisPrefix = b.reg, b.prefix
 	b.w, err = worker.New(context.Background(), cfg, pool, opts)
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		redisOpt, err := dispatch.RedisConnOpt(cfg.RedisURL)
-		require.NoError(t, err)
-		insp := asynq.NewInspector(redisOpt)
-		_ = insp.DeleteQueue(queue, true)
-		require.NoError(t, insp.Close())
-	})
 	return b
 }
 
