@@ -2,6 +2,7 @@ package deltastream
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -55,4 +56,21 @@ func TestIDAfter(t *testing.T) {
 	require.True(t, idAfter("9-10", "9-9"))
 	require.False(t, idAfter("9-9", "9-9"))
 	require.False(t, idAfter("9-9", "10-0"))
+}
+
+// TestFollower_InboxOverflowReadsTheBuffer: a follower that does not take its batches keeps at
+// most inboxMax; past that they are dropped and Next says one may be missing (and is complete
+// again after).
+func TestFollower_InboxOverflowReadsTheBuffer(t *testing.T) {
+	f := &Follower{wake: make(chan struct{}, 1)}
+	d := json.RawMessage(`{}`)
+	for i := range inboxMax + 1 {
+		f.deliver(&batch{Entries: []batchEntry{{ID: "9-" + strconv.Itoa(i), S: 2, N: i + 1, K: KindDelta, D: d}}})
+	}
+	_, ok := f.Next(Entry{})
+	require.False(t, ok, "more than inboxMax batches")
+	f.deliver(&batch{Entries: []batchEntry{{ID: "10-0", S: 2, N: inboxMax + 2, K: KindDelta, D: d}}})
+	entries, ok := f.Next(Entry{ID: "9-256", Seq: 2, N: inboxMax + 1})
+	require.True(t, ok)
+	require.Len(t, entries, 1)
 }

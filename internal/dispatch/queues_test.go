@@ -174,7 +174,7 @@ func TestServer_HigherPriorityOvertakesABacklog(t *testing.T) {
 // deferOnce is a Processor that defers the first delivery of job "x" (to now) and reports every
 // other delivery's job.
 type deferOnce struct {
-	deliveries chan string
+	deliveries recorder
 	deferred   atomic.Bool
 }
 
@@ -182,11 +182,7 @@ func (p *deferOnce) Process(ctx context.Context, d dispatch.Delivery) error {
 	if d.JobID == "x" && p.deferred.CompareAndSwap(false, true) {
 		return &dispatch.DeferError{Until: time.Now(), Reason: "its turn is now"}
 	}
-	select {
-	case p.deliveries <- d.JobID:
-	case <-ctx.Done():
-	}
-	return nil
+	return p.deliveries.Process(ctx, d)
 }
 
 // TestServer_DeferredLowTaskComesBackAheadOfABacklog: a low job's task deferred to now comes
@@ -203,7 +199,7 @@ func TestServer_DeferredLowTaskComesBackAheadOfABacklog(t *testing.T) {
 	for i := range 200 {
 		require.NoError(t, q.enq.Enqueue(ctx, fmt.Sprintf("b-%d", i), jobs.PriorityLow, time.Time{}))
 	}
-	p := &deferOnce{deliveries: make(chan string, 256)} // never blocks: the server stops at once
+	p := &deferOnce{deliveries: make(recorder, 256)} // never blocks: the server stops at once
 	q.serveOneAtATime(t, p)
 
 	deadline := time.After(20 * time.Second)
