@@ -196,6 +196,12 @@ type Worker struct {
 	// answer is capped at 32 MiB): a call waits for room, none is dropped. Default 256 MiB; at
 	// least 32 MiB, so that the largest answer fits.
 	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
+	// BacklogSteps bounds how many deliveries of low-priority jobs run their steps before the
+	// call at once in one worker process (loading the job, asking for its turn, deferring it
+	// when refused); the others wait for a place. A backlog's pass over thousands of low jobs
+	// then leaves the process's Postgres connections and CPU to other priorities' jobs. The
+	// call itself, and a wait for a slot, are outside the bound. Default 8.
+	BacklogSteps int `yaml:"backlog_steps"`
 }
 
 // Credential is one provider API key and where it lives.
@@ -288,6 +294,8 @@ const (
 	// DefaultPhaseMargin is worker.phase_margin (limiter.DefaultPhaseMargin, which this package
 	// does not import).
 	DefaultPhaseMargin = 100 * time.Millisecond
+	// DefaultBacklogSteps is worker.backlog_steps: half of a worker's 16 Postgres connections.
+	DefaultBacklogSteps = 8
 )
 
 // maxAnswer is the largest answer a worker reads (llm.DefaultMaxResponseBytes, which this package
@@ -395,6 +403,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.Worker.MaxAnswerBytes == 0 {
 		c.Worker.MaxAnswerBytes = DefaultMaxAnswerBytes
+	}
+	if c.Worker.BacklogSteps == 0 {
+		c.Worker.BacklogSteps = DefaultBacklogSteps
 	}
 	if c.Retry.MaxAttempts == 0 {
 		c.Retry.MaxAttempts = 10
@@ -508,6 +519,9 @@ func (w *Worker) validate(bad func(field, format string, args ...any)) {
 	}
 	if w.PollInterval < time.Millisecond {
 		bad("worker.poll_interval", "must be at least 1ms")
+	}
+	if w.BacklogSteps < 0 {
+		bad("worker.backlog_steps", "must be positive, got %d", w.BacklogSteps)
 	}
 	if w.PhaseMargin < 0 || w.PhaseMargin > 5*time.Second {
 		bad("worker.phase_margin", "must be between 0 and 5s, got %s", w.PhaseMargin)

@@ -104,7 +104,7 @@ func TestParse_Defaults(t *testing.T) {
 	require.False(t, cfg.API.AllowAnonymous)
 	require.Equal(t, int64(4<<20), cfg.API.MaxBodyBytes)
 	require.Equal(t, config.Worker{Concurrency: 200, MetricsListen: "127.0.0.1:9091", Queue: "llmq", SweepInterval: 10 * time.Second,
-		PollInterval: 10 * time.Millisecond, MaxAnswerBytes: 256 << 20, PhaseMargin: 100 * time.Millisecond}, cfg.Worker)
+		PollInterval: 10 * time.Millisecond, MaxAnswerBytes: 256 << 20, PhaseMargin: 100 * time.Millisecond, BacklogSteps: 8}, cfg.Worker)
 	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second, MaxRetryAfter: 5 * time.Minute}, cfg.Retry)
 	require.Nil(t, cfg.Credentials[0].Limits, "absent limits stay nil: they are learned")
 	require.Equal(t, 5*time.Minute, cfg.Credentials[0].AttemptTimeout)
@@ -126,7 +126,7 @@ func TestParse_ExplicitValuesKept(t *testing.T) {
 
 	cfg, err := config.Parse(minimal(goodCred+"\nattempt_timeout: 90s", `
 api: { listen: ":9000", max_body_bytes: 1024 }
-worker: { concurrency: 3, metrics_listen: "off", queue: q1, sweep_interval: 2s, poll_interval: 5ms, max_answer_bytes: 67108864, phase_margin: 300ms }
+worker: { concurrency: 3, metrics_listen: "off", queue: q1, sweep_interval: 2s, poll_interval: 5ms, max_answer_bytes: 67108864, phase_margin: 300ms, backlog_steps: 3 }
 retry: { max_attempts: 4, base_delay: 1s, max_delay: 1s, max_retry_after: 90s }
 alerts: { webhook_url: "https://hooks.example/x" }
 `), secretEnv)
@@ -134,7 +134,7 @@ alerts: { webhook_url: "https://hooks.example/x" }
 	require.Equal(t, ":9000", cfg.API.Listen)
 	require.Equal(t, int64(1024), cfg.API.MaxBodyBytes)
 	require.Equal(t, config.Worker{Concurrency: 3, MetricsListen: "off", Queue: "q1", SweepInterval: 2 * time.Second,
-		PollInterval: 5 * time.Millisecond, MaxAnswerBytes: 64 << 20, PhaseMargin: 300 * time.Millisecond}, cfg.Worker)
+		PollInterval: 5 * time.Millisecond, MaxAnswerBytes: 64 << 20, PhaseMargin: 300 * time.Millisecond, BacklogSteps: 3}, cfg.Worker)
 	require.Equal(t, config.Retry{MaxAttempts: 4, BaseDelay: time.Second, MaxDelay: time.Second, MaxRetryAfter: 90 * time.Second}, cfg.Retry)
 	require.Equal(t, "https://hooks.example/x", cfg.Alerts.WebhookURL)
 	require.Equal(t, 90*time.Second, cfg.Credentials[0].AttemptTimeout)
@@ -337,6 +337,7 @@ func TestParse_Validation(t *testing.T) {
 		{"PollBelowAMillisecond", minimal(goodCred, "worker: { poll_interval: 500us }\n"), "worker.poll_interval"},
 		{"PhaseMarginNegative", minimal(goodCred, "worker: { phase_margin: -1ms }\n"), "worker.phase_margin"},
 		{"PhaseMarginAboveFiveSeconds", minimal(goodCred, "worker: { phase_margin: 6s }\n"), "worker.phase_margin"},
+		{"BacklogStepsNegative", minimal(goodCred, "worker: { backlog_steps: -1 }\n"), "worker.backlog_steps"},
 		{"MaxAnswerBytesBelowOneAnswer", minimal(goodCred, "worker: { max_answer_bytes: 1048576 }\n"), "worker.max_answer_bytes"},
 		{"MaxAnswerBytesNegative", minimal(goodCred, "worker: { max_answer_bytes: -1 }\n"), "worker.max_answer_bytes"},
 	}

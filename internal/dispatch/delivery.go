@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -20,6 +21,9 @@ type Delivery struct {
 	// Retried is how many times asynq handed this task back after a delivery returned an error
 	// (a deferral or a failure of the stores); 0 on its first delivery.
 	Retried int
+	// Low is set when the task is a low job's: it came from the low jobs' queue, or it is the
+	// due task of a low job's deferred delivery (see Enqueuer.enqueueDue).
+	Low bool
 }
 
 // Processor runs one delivery of a job: nil when the job needs nothing more from it, a
@@ -84,12 +88,12 @@ func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("decode task payload: %v: %w", err, asynq.SkipRetry)
 	}
 	retried, _ := asynq.GetRetryCount(ctx)
-	err = h.p.Process(ctx, Delivery{JobID: id, Retried: retried})
+	queue, _ := asynq.GetQueueName(ctx)
+	taskID, _ := asynq.GetTaskID(ctx)
+	lowQueue := queue == h.due.queues.For(jobs.PriorityLow)
+	err = h.p.Process(ctx, Delivery{JobID: id, Retried: retried, Low: lowQueue || strings.HasSuffix(taskID, dueSuffix)})
 	var d *DeferError
-	if !errors.As(err, &d) {
-		return err
-	}
-	if queue, _ := asynq.GetQueueName(ctx); queue != h.due.queues.For(jobs.PriorityLow) {
+	if !errors.As(err, &d) || !lowQueue {
 		return err
 	}
 	if h.due.enqueueDue(context.WithoutCancel(ctx), id, d.Until, d.Reason) != nil {

@@ -315,3 +315,45 @@ func TestServer_LowDeferralStaysWhenItsDueTaskCannotBeEnqueued(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond, "the deferred low task waits as itself")
 	require.Zero(t, tb.stateIn(t, q.Due(), taskID+":due"), "no due task")
 }
+
+// lowRecorder is a Processor that hands each delivery to deliveries and defers the first
+// delivery of job "x" to now (so that it comes back as x's due task).
+type lowRecorder struct {
+	deliveries chan dispatch.Delivery
+	deferred   atomic.Bool
+}
+
+func (p *lowRecorder) Process(ctx context.Context, d dispatch.Delivery) error {
+	select {
+	case p.deliveries <- d:
+	case <-ctx.Done():
+	}
+	if d.JobID == "x" && p.deferred.CompareAndSwap(false, true) {
+		return &dispatch.DeferError{Until: time.Now(), Reason: "its turn is now"}
+	}
+	return nil
+}
+
+// TestServer_DeliveriesSayWhetherTheJobIsLow: the delivery of a low job's task, and of its due
+// task (which comes on the main queue), is Low; a normal job's is not.
+func TestServer_DeliveriesSayWhetherTheJobIsLow(t *testing.T) {
+	t.Parallel()
+	q := newServedQueue(t)
+	ctx := t.Context()
+	require.NoError(t, q.enq.Enqueue(ctx, "x", jobs.PriorityLow, time.Time{}))
+	require.NoError(t, q.enq.Enqueue(ctx, "n", jobs.PriorityNormal, time.Time{}))
+	p := &lowRecorder{deliveries: make(chan dispatch.Delivery, 16)} // never blocks: the server stops at once
+	q.serveOneAtATime(t, p)
+
+	low := map[string][]bool{}
+	deadline := time.After(20 * time.Second)
+	for len(low["x"]) < 2 || len(low["n"]) < 1 {
+		select {
+		case d := <-p.deliveries:
+			low[d.JobID] = append(low[d.JobID], d.Low)
+		case <-deadline:
+			t.Fatalf("deliveries so far: %v", low)
+		}
+	}
+	require.Equal(t, map[string][]bool{"x": {true, true}, "n": {false}}, low)
+}

@@ -25,7 +25,7 @@ type admission struct {
 // admit takes the attempt's send slot: the one an earlier delivery held in the job row, or a new
 // one from the credential's gate (see admitGate). A request that can never fit the credential's
 // token limits fails the job; a refusal hands any breaker probe on and may fail the job over.
-func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission) (admission, error) {
+func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, pass *gatePass) (admission, error) {
 	adm := admission{breaker: circuit}
 	switch {
 	case job.SlotSeq != nil:
@@ -39,7 +39,7 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 		return adm, nil
 	}
 	t0 := e.cfg.Now()
-	a, err := e.admitGate(ctx, job, up)
+	a, err := e.admitGate(ctx, job, up, pass)
 	e.timed(StageAdmit, t0)
 	if errors.Is(err, tokens.ErrTooLarge) {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
@@ -49,7 +49,7 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	}
 	if err != nil {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
-		return adm, e.failOver(ctx, job, err)
+		return adm, e.failOver(ctx, job, err, pass)
 	}
 	adm.seq, adm.grant, adm.est, adm.pauseProbe, adm.reportSend = a.seq, a.grant, a.est, a.pauseProbe, a.reportSend
 	return adm, nil
@@ -71,12 +71,13 @@ func (e *Executor) reportSend(ctx context.Context, up Upstream, adm admission) {
 // admitGate asks the credential's shared gate whether and when this attempt may be sent: not
 // while the credential is paused (unless this is the interval's probe), not past the retry
 // budget, and at the send time of a rate-limiter slot. It sleeps short waits and returns a
-// *deferral for long ones, holding the slot in the job row.
+// *deferral for long ones, holding the slot in the job row. A short wait is slept out of the
+// backlog gate.
 //
 // A first attempt costs one Redis round trip: the pause check and the count of first attempts
 // (the retry budget's base) go in the reservation's script. A retry that draws on the budget
 // checks the pause on its own first, so that a paused credential draws nothing.
-func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (admission, error) {
+func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (admission, error) {
 	g := up.Gate
 	var adm admission
 	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0, ReportSend: true}
@@ -139,6 +140,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream) (a
 		}
 		return adm, &deferral{until: until, reason: "rate limit slot", stored: true}
 	}
+	pass.leave()
 	return adm, sleep(ctx, res.Wait)
 }
 

@@ -14,12 +14,12 @@ import (
 // after the cooldown exactly one probe goes out cluster-wide. It returns the admission to report
 // the call's outcome on (nil without a circuit), or a *deferral (or the fallback's outcome, see
 // failOver) when refused.
-func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream) (*breaker.Admission, error) {
+func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (*breaker.Admission, error) {
 	if up.Circuit == nil {
 		return nil, nil
 	}
 	t0 := e.cfg.Now()
-	a, err := e.allowBreaker(ctx, job, up)
+	a, err := e.allowBreaker(ctx, job, up, pass)
 	e.timed(StageBreaker, t0)
 	if err != nil {
 		return nil, err
@@ -31,7 +31,7 @@ func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream) 
 			// it rather than fail over.
 			reason = "circuit cold start: waiting for a first answer"
 		}
-		return nil, e.failOver(ctx, job, &deferral{until: e.cfg.Now().Add(a.Wait), reason: reason, unavailable: !a.Capped})
+		return nil, e.failOver(ctx, job, &deferral{until: e.cfg.Now().Add(a.Wait), reason: reason, unavailable: !a.Capped}, pass)
 	}
 	return &a, nil
 }
@@ -41,8 +41,9 @@ func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream) 
 // going back to the queue, and asks again as soon as a probe or cold-start request reports (see
 // breaker.Listen) or its wait ends: the probe goes at the cooldown's end, and when it closes the
 // breaker the waiting jobs go at once, not a re-check later. A job with a fallback left is not
-// held on an open or half-open breaker: failOver moves it on at once.
-func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream) (breaker.Admission, error) {
+// held on an open or half-open breaker: failOver moves it on at once. The wait is out of the
+// backlog gate.
+func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (breaker.Admission, error) {
 	deadline := e.cfg.Now().Add(e.cfg.MaxInlineWait)
 	for {
 		wake := up.Circuit.Wakeup()
@@ -53,6 +54,7 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream)
 		if e.cfg.Now().Add(a.Wait).After(deadline) {
 			return a, nil
 		}
+		pass.leave()
 		if err := breaker.Await(ctx, wake, a.Wait); err != nil {
 			return breaker.Admission{}, err
 		}
@@ -62,8 +64,9 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream)
 // failOver moves a job whose credential cannot take requests now (breaker open, paused) to its
 // next fallback at once, and runs the delivery again there, instead of waiting for the
 // credential to heal: sequential waiting is what makes failover slow. Other errors, and jobs
-// without a fallback left, pass through.
-func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error) error {
+// without a fallback left, pass through. The delivery there leaves this one's place in the
+// backlog gate and takes its own.
+func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass *gatePass) error {
 	var d *deferral
 	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
 		return err
@@ -76,7 +79,8 @@ func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error) error
 		return err
 	}
 	e.cfg.Logger.InfoContext(ctx, "failing over", "job_id", job.ID, "from", job.CurrentCredential(), "reason", d.reason)
-	if err := e.process(ctx, job.ID, false); err != nil {
+	pass.leave()
+	if err := e.process(ctx, job.ID, false, pass); err != nil {
 		return err
 	}
 	return errHandled

@@ -80,6 +80,12 @@ type Config struct {
 	// Deltas receives the deltas of streaming jobs ("stream": true), for the API's event
 	// streams. Nil: streaming jobs run and store their result, but stream nothing.
 	Deltas *deltastream.Buffer
+	// BacklogSteps is how many deliveries of low-priority jobs may run their steps before the
+	// call at once in this process (loading the job, asking for its turn, deferring it); the
+	// rest wait for a place, so that a backlog's pass leaves the process's Postgres
+	// connections and CPU to other priorities' jobs. Waits for a slot and the call itself are
+	// outside. Zero: no bound.
+	BacklogSteps int
 }
 
 // Re-check intervals for jobs that may not be sent yet; each gets up to the same again as
@@ -93,7 +99,8 @@ const (
 // makes that safe: a terminal job is skipped, and a result is stored only by a conditional
 // transition from a non-terminal status. Safe for concurrent use.
 type Executor struct {
-	cfg Config
+	cfg     Config
+	backlog *backlogGate
 }
 
 // New returns an Executor. It panics when Store is nil (a wiring bug).
@@ -123,7 +130,7 @@ func New(cfg Config) *Executor {
 		}
 	}
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
-	return &Executor{cfg: cfg}
+	return &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps)}
 }
 
 // errHandled ends a delivery that needs nothing more: the job is terminal, was recorded, or was
@@ -149,7 +156,14 @@ func (d *deferral) Error() string {
 // nothing more from this delivery, a *dispatch.DeferError when it must come back later, and
 // another error when the stores failed (dispatch retries the delivery).
 func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
-	err := e.process(ctx, d.JobID, d.Retried == 0)
+	pass := &gatePass{g: e.backlog}
+	defer pass.leave()
+	if d.Low {
+		if err := pass.enter(ctx); err != nil {
+			return err
+		}
+	}
+	err := e.process(ctx, d.JobID, d.Retried == 0, pass)
 	var df *deferral
 	switch {
 	case errors.Is(err, errHandled):
@@ -169,24 +183,32 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 }
 
 // process is one delivery, step by step (see the package comment). fresh is false when dispatch
-// handed the task back after an earlier delivery's error.
-func (e *Executor) process(ctx context.Context, id string, fresh bool) error {
+// handed the task back after an earlier delivery's error. A low job's steps before the call go
+// through the backlog gate (pass; a task from the low queue entered it before the load).
+func (e *Executor) process(ctx context.Context, id string, fresh bool, pass *gatePass) error {
 	job, err := e.load(ctx, id, fresh)
 	if err != nil {
 		return err
 	}
-	up, err := e.guard(ctx, job)
+	if job.Priority == jobs.PriorityLow {
+		// A low job's due task comes on the main queue: it enters here.
+		if err := pass.enter(ctx); err != nil {
+			return err
+		}
+	}
+	up, err := e.guard(ctx, job, pass)
 	if err != nil {
 		return err
 	}
-	circuit, err := e.passBreaker(ctx, job, up)
+	circuit, err := e.passBreaker(ctx, job, up, pass)
 	if err != nil {
 		return err
 	}
-	adm, err := e.admit(ctx, job, up, circuit)
+	adm, err := e.admit(ctx, job, up, circuit, pass)
 	if err != nil {
 		return err
 	}
+	pass.leave()
 	job, err = e.begin(ctx, job, up, adm)
 	if err != nil {
 		return err

@@ -40,8 +40,9 @@ func firstDelivery(job *jobs.Job) bool {
 
 // guard decides whether the job may go on to admission, and with which upstream: not while
 // another delivery's attempt holds it, not past its deadline, not on a credential no longer
-// configured, and not before its retry delay has passed (waited out here when short).
-func (e *Executor) guard(ctx context.Context, job *jobs.Job) (Upstream, error) {
+// configured, and not before its retry delay has passed (waited out here when short, after
+// leaving the backlog gate).
+func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Upstream, error) {
 	now := e.cfg.Now()
 	if job.Leased(now) {
 		// Another delivery's call is in flight (this one is a duplicate: a re-enqueue after
@@ -62,7 +63,7 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job) (Upstream, error) {
 		}})
 	}
 	if job.NextAttemptAt != nil {
-		if err := e.waitUntil(ctx, *job.NextAttemptAt, "retry delay"); err != nil {
+		if err := e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass); err != nil {
 			return Upstream{}, err
 		}
 	}
@@ -87,8 +88,9 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// waitUntil sleeps until t when that is within MaxInlineWait, else defers the delivery.
-func (e *Executor) waitUntil(ctx context.Context, t time.Time, reason string) error {
+// waitUntil sleeps until t when that is within MaxInlineWait (out of the backlog gate), else
+// defers the delivery.
+func (e *Executor) waitUntil(ctx context.Context, t time.Time, reason string, pass *gatePass) error {
 	wait := t.Sub(e.cfg.Now())
 	if wait <= 0 {
 		return nil
@@ -96,6 +98,7 @@ func (e *Executor) waitUntil(ctx context.Context, t time.Time, reason string) er
 	if wait > e.cfg.MaxInlineWait {
 		return &deferral{until: t, reason: reason, stored: true} // t came from the row
 	}
+	pass.leave()
 	return sleep(ctx, wait)
 }
 

@@ -163,6 +163,7 @@ func (w *Worker) build(m metrics) error {
 		// per job, so tests stay apart by job ID.
 		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger,
 			MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL}),
+		BacklogSteps: cfg.Worker.BacklogSteps,
 	})
 	w.client = asynq.NewClient(w.redis)
 	w.insp = asynq.NewInspector(w.redis)

@@ -1,0 +1,52 @@
+package executor
+
+import "context"
+
+// backlogGate bounds how many deliveries of low-priority jobs run their steps before the call
+// (load, guard, breaker, admission, and a refusal's deferral) at once in one process. A backlog's
+// first pass (each of thousands of tasks loaded, refused its turn and deferred) otherwise fills
+// every worker slot with bookkeeping that shares the process's Postgres connections and CPU
+// with an interactive job's steps, which then wait about as long as the pass's in-flight count
+// times a step (see docs/decisions.md, "A backlog's pass goes through a gate"). The call, and
+// any wait for a slot or a retry delay, are outside the gate, so low work still uses the whole
+// limit.
+type backlogGate struct {
+	places chan struct{} // nil: no bound
+}
+
+func newBacklogGate(n int) *backlogGate {
+	if n <= 0 {
+		return &backlogGate{}
+	}
+	return &backlogGate{places: make(chan struct{}, n)}
+}
+
+// gatePass is one delivery's hold on a place in a backlogGate. It belongs to the delivery's
+// goroutine.
+type gatePass struct {
+	g    *backlogGate
+	held bool
+}
+
+// enter takes a place unless the pass holds one, waiting for it until ctx ends. Without a bound
+// it returns at once.
+func (p *gatePass) enter(ctx context.Context) error {
+	if p.held || p.g.places == nil {
+		return nil
+	}
+	select {
+	case p.g.places <- struct{}{}:
+		p.held = true
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// leave gives the place back, if the pass holds one.
+func (p *gatePass) leave() {
+	if p.held {
+		p.held = false
+		<-p.g.places
+	}
+}

@@ -1,0 +1,150 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/executor"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// createJob commits a job of helloRequest for tenant on credential "default" at prio.
+func createJob(t *testing.T, b *jobstest.Bundle, tenant string, prio jobs.Priority) *jobs.Job {
+	t.Helper()
+	job, _, err := b.Store.Create(t.Context(), jobs.CreateParams{Tenant: tenant, Credential: "default",
+		Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour, Priority: prio})
+	require.NoError(t, err)
+	return job
+}
+
+// TestExecutor_BacklogGateHoldsOnlyLowJobsSteps: with one place in the backlog gate, held by a
+// low job's delivery (stuck in its admission), a normal job's delivery runs to the end, while a
+// second low job's delivery waits for the place: as a task of the low queue (Delivery.Low)
+// before it even reads the job, and as a task of the main queue after the read that tells it the
+// job is low. When the place is free, it goes through.
+func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, _ := sharedAdmission(t, redistest.Client(t))
+	p := simProvider(t, llmsim.Config{}, "sk-gate")
+	release, entered := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var asked []string
+	reg := prometheus.NewRegistry()
+	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, Metrics: executor.NewMetrics(reg), Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate", "default"),
+			Limit: limiter.Limit{Rate: 1000, Burst: 100}},
+	}, TenantWeight: func(ctx context.Context, tenant string) (int, error) {
+		mu.Lock()
+		asked = append(asked, tenant)
+		mu.Unlock()
+		if tenant == "flood" {
+			close(entered)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		return 1, nil
+	}})
+	askedFor := func(tenant string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(asked, tenant)
+	}
+
+	holder := createJob(t, b, "flood", jobs.PriorityLow)
+	held := make(chan error, 1)
+	go func() { held <- ex.Process(ctx, dispatch.Delivery{JobID: holder.ID, Low: true}) }()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first low delivery never reached its admission")
+	}
+
+	normal := createJob(t, b, "acme", jobs.PriorityNormal)
+	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ex.Process(nctx, dispatch.Delivery{JobID: normal.ID}), "a normal job does not wait for the gate")
+	got, err := b.Store.Get(ctx, normal.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+
+	late := createJob(t, b, "late", jobs.PriorityLow)
+	loads := stageCounts(t, reg)[executor.StageLoad]
+	for i, d := range []dispatch.Delivery{{JobID: late.ID, Low: true}, {JobID: late.ID}} {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		err := ex.Process(wctx, d)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, "delivery %+v waits for the gate's place", d)
+		require.Equal(t, loads+uint64(i), stageCounts(t, reg)[executor.StageLoad], "only the main queue's delivery read the job")
+	}
+	require.False(t, askedFor("late"), "the waiting low job asked for no slot")
+	got, err = b.Store.Get(ctx, late.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status)
+
+	close(release)
+	select {
+	case err := <-held:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder did not finish after its release")
+	}
+	require.NoError(t, ex.Process(nctx, dispatch.Delivery{JobID: late.ID, Low: true}))
+	got, err = b.Store.Get(ctx, late.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+}
+
+// TestExecutor_BacklogGateIsLeftForTheSlotsWait: a low job's delivery that sleeps until its
+// slot (granted a few seconds ahead) does not keep its place in the gate meanwhile. With one
+// place and 1 request per 2 s, of two low deliveries after the burst's, one sleeps 2 s for its
+// slot; the other must get in and be deferred (its slot 4 s away, past MaxInlineWait) before the
+// sleeper ends. Were the place held through the sleep, the deferral would come after it.
+func TestExecutor_BacklogGateIsLeftForTheSlotsWait(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, _ := sharedAdmission(t, redistest.Client(t))
+	p := simProvider(t, llmsim.Config{}, "sk-gate-wait")
+	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-wait", "default"),
+			Limit: limiter.Limit{Rate: 0.5, Burst: 1}},
+	}})
+	first := createJob(t, b, "acme", jobs.PriorityLow)
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: first.ID, Low: true}), "the burst's slot")
+
+	results := make(chan error, 2)
+	for range 2 {
+		job := createJob(t, b, "acme", jobs.PriorityLow)
+		go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: job.ID, Low: true}) }()
+	}
+	var got []error
+	for range 2 {
+		select {
+		case err := <-results:
+			got = append(got, err)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("deliveries did not end: %v so far", got)
+		}
+	}
+	var df *dispatch.DeferError
+	require.True(t, errors.As(got[0], &df), "the deferral ends first, during the other's sleep: %v", got)
+	require.NoError(t, got[1], "the sleeper sends at its slot")
+}
