@@ -215,3 +215,55 @@ func awaitWake(t *testing.T, wake <-chan struct{}) {
 		t.Fatal("no wake-up for a write to the followed job")
 	}
 }
+
+// TestHub_ResubscribesAfterAReconnect: when the hub's Pub/Sub connection is cut, the hub
+// connects and subscribes again by itself, and tells each follower that a batch may have been
+// lost meanwhile (Next is not ok: read the buffer); the writes after that reach it as before.
+func TestHub_ResubscribesAfterAReconnect(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	opts, err := redis.ParseURL(redistest.URL())
+	require.NoError(t, err)
+	opts.ClientName = "hub-reconnect-" + redistest.Rand()
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)})
+	hub := buf.NewHub()
+	defer hub.Close()
+	f := hub.Follow(ctx, "jobR")
+	defer f.Stop()
+
+	w := buf.Writer("jobR", 2, 1)
+	defer w.Close(ctx)
+	w.Add(deltastream.Delta{Type: "text", Text: "before"})
+	awaitWake(t, f.Wake())
+	got, ok := f.Next(deltastream.Entry{})
+	require.True(t, ok)
+	require.Len(t, got, 1)
+
+	admin := redistest.Client(t)
+	list, err := admin.ClientList(ctx).Result()
+	require.NoError(t, err)
+	killed := 0
+	for line := range strings.SplitSeq(list, "\n") {
+		if !strings.Contains(line, " name="+opts.ClientName+" ") || !strings.Contains(line, " sub=1 ") {
+			continue
+		}
+		id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
+		n, err := admin.ClientKillByFilter(ctx, "ID", id).Result()
+		require.NoError(t, err)
+		killed += int(n)
+	}
+	require.Equal(t, 1, killed, "the hub's one Pub/Sub connection, in:\n%s", list)
+
+	awaitWake(t, f.Wake())
+	_, ok = f.Next(got[0])
+	require.False(t, ok, "after the resubscription a batch may be missing: read the buffer")
+
+	w.Add(deltastream.Delta{Type: "text", Index: 1, Text: "after"})
+	awaitWake(t, f.Wake())
+	entries, ok := f.Next(got[0])
+	require.True(t, ok, "the subscription is live again")
+	require.Len(t, entries, 1)
+	require.Equal(t, "after", decode(t, entries[0]).Text)
+}
