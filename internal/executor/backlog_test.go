@@ -43,6 +43,7 @@ func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
 	p := simProvider(t, llmsim.Config{}, "sk-gate")
 	release, entered := make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex
+	var enteredOnce sync.Once
 	var asked []string
 	reg := prometheus.NewRegistry()
 	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, Metrics: executor.NewMetrics(reg), Upstreams: map[string]executor.Upstream{
@@ -53,7 +54,7 @@ func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
 		asked = append(asked, tenant)
 		mu.Unlock()
 		if tenant == "flood" {
-			close(entered)
+			enteredOnce.Do(func() { close(entered) })
 			select {
 			case <-release:
 			case <-ctx.Done():
@@ -114,19 +115,21 @@ func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
 
 // TestExecutor_BacklogGateIsLeftForTheSlotsWait: a low job's delivery that sleeps until its
 // slot (granted a few seconds ahead) does not keep its place in the gate meanwhile. With one
-// place and 1 request per 2 s, of two low deliveries after the burst's, one sleeps 2 s for its
-// slot; the other must get in and be deferred (its slot 4 s away, past MaxInlineWait) before the
-// sleeper ends. Were the place held through the sleep, the deferral would come after it.
+// place and 1 request per 3 s, of two low deliveries after the burst's, one sleeps about 3 s for
+// its slot; the other must get in and be deferred (its slot about 6 s away, past MaxInlineWait,
+// 3.5 s) before the sleeper ends. Were the place held through the sleep, the deferral would come
+// after it. (Both would sleep only if the asks came more than 2.5 s after the burst's.)
 func TestExecutor_BacklogGateIsLeftForTheSlotsWait(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := jobstest.New(t)
 	lim, _ := sharedAdmission(t, redistest.Client(t))
 	p := simProvider(t, llmsim.Config{}, "sk-gate-wait")
-	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, Upstreams: map[string]executor.Upstream{
-		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-wait", "default"),
-			Limit: limiter.Limit{Rate: 0.5, Burst: 1}},
-	}})
+	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, MaxInlineWait: 3500 * time.Millisecond,
+		Upstreams: map[string]executor.Upstream{
+			"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-wait", "default"),
+				Limit: limiter.Limit{Rate: 1.0 / 3, Burst: 1}},
+		}})
 	first := createJob(t, b, "acme", jobs.PriorityLow)
 	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: first.ID, Low: true}), "the burst's slot")
 
