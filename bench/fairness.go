@@ -38,7 +38,9 @@ type fairness struct {
 	// worker built without lanes to compare with (-baseline-bin; empty: not compared).
 	drainJobs int
 	baseBin   string
-	rows      []fairRow
+	// drainPairs is how many drains of each build the comparison alternates (-drain-pairs).
+	drainPairs int
+	rows       []fairRow
 }
 
 // fairRow is one scenario's figures on one system.
@@ -70,6 +72,7 @@ func (f *fairness) flags(fs *flagSet, s *shared) {
 	fs.StringVar(&f.which, "scenarios", "", "comma-separated scenario numbers to run (default all): 1, 2, 3, 4, 6")
 	fs.IntVar(&f.backlog, "backlog", 100_000, "scenario 6: A's low jobs waiting (queued with the workers stopped) when B starts (0: not run)")
 	fs.IntVar(&f.drainJobs, "drain-jobs", 20_000, "scenario 6: the backlog A drains alone on an instant, unlimited provider (0: not run)")
+	fs.IntVar(&f.drainPairs, "drain-pairs", 6, "scenario 6: drains of each build, in pairs whose order alternates (even: each build goes first as often); judged by the median of the pairs' ratios")
 	fs.StringVar(&f.baseBin, "baseline-bin", "", "scenario 6: directory of an api and worker built without fair-queueing lanes, whose drain is compared (empty: none)")
 	s.build = true // the binaries must hold the code measured
 }

@@ -344,9 +344,10 @@ func (f *fairness) report() report {
 			"scenario 1's submits, while the workers make their first pass over the backlog (A's tasks are on the low "+
 			"jobs' asynq queue, B's on the main one); the drain is %d of A's jobs alone, queued with the workers stopped, on an instant, unlimited "+
 			"simulator through a credential configured at 1,000,000 requests/s (its limit known, so the lanes apply, but never "+
-			"waited for), jobs/s from the first provider request to the last, the median of %d runs alternating with \"without lanes\" (each run's "+
-			"rate in brackets): the api and worker built at the commit before the executor named lanes (-baseline-bin). B's wait in "+
-			"6 is capped at -timeout plus 5 ms per backlog job.", f.backlog, f.drainJobs, fairDrainRuns),
+			"waited for), jobs/s from the first provider request to the last (the median of each build's runs, each run's rate in brackets), "+
+			"in %d pairs with \"without lanes\", the api and worker built at the commit before the executor named lanes (-baseline-bin), "+
+			"run back to back in an order that swaps from one pair to the next; judged by the median of the pairs' ratios. B's wait in "+
+			"6 is capped at -timeout plus 5 ms per backlog job.", f.backlog, f.drainJobs, max(1, f.drainPairs)),
 		"Timed on a shared, loaded 2-core machine: indicative only.",
 	}
 	return report{tables: []table{{fairHeader, rows}}, notes: notes, failed: failed}
