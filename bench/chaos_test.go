@@ -195,10 +195,9 @@ func TestSummarizeChaos(t *testing.T) {
 			},
 		}
 	}
-	c, _ := parse[*chaos](t, "chaos")
-
 	t.Run("Clean", func(t *testing.T) {
 		t.Parallel()
+		c, _ := parse[*chaos](t, "chaos") // each subtest its own: they run in parallel and set c.res
 		r := clean()
 		s := summarizeChaos(r)
 		require.Equal(t, 2, s.accepted)
@@ -217,6 +216,7 @@ func TestSummarizeChaos(t *testing.T) {
 	})
 	t.Run("EveryFailure", func(t *testing.T) {
 		t.Parallel()
+		c, _ := parse[*chaos](t, "chaos")
 		r := clean()
 		r.submits = append(r.submits,
 			chaosSubmit{key: "k2", id: "c", accepted: true, answers: []chaosAnswer{{status: 500}, {status: 503}, {status: 202}}},
