@@ -14,6 +14,7 @@ type backlogGate struct {
 	places chan struct{} // nil: no bound
 }
 
+// newBacklogGate returns a gate of n places; n ≤ 0: no bound.
 func newBacklogGate(n int) *backlogGate {
 	if n <= 0 {
 		return &backlogGate{}
