@@ -24,10 +24,7 @@ import (
 // createJob commits a job of helloRequest for tenant on credential "default" at prio.
 func createJob(t *testing.T, b *jobstest.Bundle, tenant string, prio jobs.Priority) *jobs.Job {
 	t.Helper()
-	job, _, err := b.Store.Create(t.Context(), jobs.CreateParams{Tenant: tenant, Credential: "default",
-		Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour, Priority: prio})
-	require.NoError(t, err)
-	return job
+	return b.Create(t, jobstest.Opts{Tenant: tenant, Priority: prio, Request: helloRequest, Timeout: time.Hour})
 }
 
 // TestExecutor_BacklogGateHoldsOnlyLowJobsSteps: with one place in the backlog gate, held by a

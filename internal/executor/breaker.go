@@ -64,8 +64,8 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream,
 // failOver moves a job whose credential cannot take requests now (breaker open, paused) to its
 // next fallback at once, and runs the delivery again there, instead of waiting for the
 // credential to heal: sequential waiting is what makes failover slow. Other errors, and jobs
-// without a fallback left, pass through. The delivery there leaves this one's place in the
-// backlog gate and takes its own.
+// without a fallback left, pass through. The delivery there keeps this one's pass in the
+// backlog gate.
 func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass *gatePass) error {
 	var d *deferral
 	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
@@ -79,7 +79,6 @@ func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass 
 		return err
 	}
 	e.cfg.Logger.InfoContext(ctx, "failing over", "job_id", job.ID, "from", job.CurrentCredential(), "reason", d.reason)
-	pass.leave()
 	if err := e.process(ctx, job.ID, false, pass); err != nil {
 		return err
 	}

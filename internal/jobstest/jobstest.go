@@ -41,20 +41,30 @@ type Opts struct {
 	Timeout time.Duration
 	// Priority is the job's priority. Default normal.
 	Priority jobs.Priority
+	// Tenant is the job's tenant. Default "default".
+	Tenant string
+	// Request is the provider request. Default {"model":"m"}.
+	Request json.RawMessage
 }
 
-// Create commits a queued job of tenant "default" with a small request and 3 attempts.
+// Create commits a queued job with 3 attempts (see Opts for the defaults).
 func (b *Bundle) Create(t *testing.T, o Opts) *jobs.Job {
 	t.Helper()
 	if o.Credential == "" {
 		o.Credential = "default"
 	}
+	if o.Tenant == "" {
+		o.Tenant = "default"
+	}
+	if o.Request == nil {
+		o.Request = json.RawMessage(`{"model":"m"}`)
+	}
 	if o.Timeout == 0 {
 		o.Timeout = time.Minute
 	}
 	job, _, err := b.Store.Create(context.Background(), jobs.CreateParams{
-		Tenant: "default", Credential: o.Credential, Fingerprint: "fp",
-		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: o.Timeout, Priority: o.Priority,
+		Tenant: o.Tenant, Credential: o.Credential, Fingerprint: "fp",
+		Request: o.Request, MaxAttempts: 3, Timeout: o.Timeout, Priority: o.Priority,
 	})
 	require.NoError(t, err)
 	return job
