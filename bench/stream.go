@@ -35,19 +35,23 @@ type streamBench struct {
 	maxStreams  int
 	poolConns   int
 	redisServer string
+	steady      time.Duration
 
 	sim        *simRecorder
 	runID      string
 	direct     []time.Duration // POST to the simulator → its first content_block_delta, read
 	directSim  []time.Duration // the simulator's own time to first token for those calls
 	directRead delivery        // what the direct readers got
-	phases     []*streamPhase
+	phases     []*streamPhase  // the jobs submitted at once: one client each, then the fan-out
+	steadyRun  *streamPhase    // the jobs that arrived evenly (nil without -steady)
 }
 
-// streamPhase is n jobs submitted at once, each followed by clients event streams.
+// streamPhase is n jobs submitted at once or one every spacing, each followed by clients event
+// streams.
 type streamPhase struct {
 	name    string
 	clients int
+	spacing time.Duration // between two submits; 0: all at once
 	jobs    []*streamJob
 	elapsed time.Duration
 	load    loadSample
@@ -71,6 +75,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.positiveFloat(&b.tps, "tps", 50, "the simulator's tokens per second")
 	fs.intAtLeast(&b.maxStreams, "max-streams", 1000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out)")
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
+	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary: the run starts a private one, so that its INFO counts only llmq")
 	b.s = s
 }
@@ -125,7 +130,7 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 	sample := func(ctx context.Context) (loadSample, error) { return sampleLoad(ctx, rdb, apiPIDs, st.workerPIDs()) }
 	// Warm-up, not reported: the first jobs of a fresh stack pay for its connections and the
 	// limiter's first look at the credential.
-	if _, err := b.phase(ctx, hc, apiURLs, "warm-up", 4*b.apis, 1, sample); err != nil {
+	if _, err := b.phase(ctx, hc, apiURLs, "warm-up", 4*b.apis, 1, 0, sample); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	for _, ph := range []struct {
@@ -133,13 +138,33 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 		clients int
 	}{{"one client per job", 1}, {fmt.Sprintf("%d clients per job", b.clients), b.clients}} {
 		log("%d streaming jobs through llmq at once, %s, %d API replicas, %d workers", b.s.n, ph.name, b.apis, b.s.workers)
-		p, err := b.phase(ctx, hc, apiURLs, ph.name, b.s.n, ph.clients, sample)
+		p, err := b.phase(ctx, hc, apiURLs, ph.name, b.s.n, ph.clients, 0, sample)
 		if err != nil {
 			return fmt.Errorf("%s: %w", ph.name, err)
 		}
 		b.phases = append(b.phases, p)
 	}
+	if b.steady > 0 {
+		spacing, jobs := b.steadyArrivals()
+		log("%d streaming jobs through llmq, one every %s (%d streams at once), one client per job", jobs, spacing, b.s.n)
+		p, err := b.phase(ctx, hc, apiURLs, steadyPhase, jobs, 1, spacing, sample)
+		if err != nil {
+			return fmt.Errorf("steady: %w", err)
+		}
+		b.steadyRun = p
+	}
 	return nil
+}
+
+// steadyPhase names the phase whose jobs arrive evenly.
+const steadyPhase = "steady"
+
+// steadyArrivals is the steady phase's spacing between submits, such that -n streams run at
+// once (a stream lasts reply-tokens / tps), and its number of jobs.
+func (b *streamBench) steadyArrivals() (time.Duration, int) {
+	stream := time.Duration(float64(b.tokens) / b.tps * float64(time.Second))
+	spacing := stream / time.Duration(b.s.n)
+	return spacing, max(1, int(b.steady/spacing))
 }
 
 // streamConfig sets api.max_streams_per_tenant in the bench's config file and, when pool is
@@ -277,13 +302,14 @@ func directCall(ctx context.Context, hc *http.Client, simURL, key, marker string
 	}
 }
 
-// phase submits n jobs at once, round robin over the replicas, and follows each with clients
-// event streams on the other replicas; sample brackets it with the resources used.
+// phase submits n jobs, at once (spacing 0) or one every spacing, round robin over the replicas,
+// and follows each with clients event streams on the other replicas; sample brackets it with
+// the resources used.
 func (b *streamBench) phase(ctx context.Context, hc *http.Client, apiURLs []string, name string, n, clients int,
-	sample func(context.Context) (loadSample, error)) (*streamPhase, error) {
+	spacing time.Duration, sample func(context.Context) (loadSample, error)) (*streamPhase, error) {
 	ctx, cancel := context.WithTimeout(ctx, b.s.timeout)
 	defer cancel()
-	p := &streamPhase{name: name, clients: clients, jobs: make([]*streamJob, n)}
+	p := &streamPhase{name: name, clients: clients, spacing: spacing, jobs: make([]*streamJob, n)}
 	before, err := sample(ctx)
 	if err != nil {
 		return nil, err
@@ -293,6 +319,12 @@ func (b *streamBench) phase(ctx context.Context, hc *http.Client, apiURLs []stri
 	var wg sync.WaitGroup
 	for i := range n {
 		p.jobs[i] = &streamJob{marker: fmt.Sprintf("%s-%s-%d", b.runID, name, i)}
+	}
+	for i := range n {
+		if spacing > 0 && !sleepUntil(ctx, start.Add(time.Duration(i)*spacing)) {
+			errs[i] = ctx.Err()
+			break
+		}
 		wg.Go(func() { errs[i] = p.jobs[i].run(ctx, hc, apiURLs, i, clients) })
 	}
 	wg.Wait()

@@ -43,3 +43,26 @@ func TestRecordingWriter(t *testing.T) {
 	require.Equal(t, []int{2, 4}, ends)
 	require.Len(t, at, 2)
 }
+
+// TestSteadyArrivals proves that the steady phase spaces its submits so that -n streams run at
+// once (a stream lasts reply-tokens / tps) and fills its length with them.
+func TestSteadyArrivals(t *testing.T) {
+	b := &streamBench{s: &shared{n: 200}, tokens: 100, tps: 50, steady: 10 * time.Second}
+	spacing, jobs := b.steadyArrivals()
+	require.Equal(t, 10*time.Millisecond, spacing, "2 s streams, 200 at once")
+	require.Equal(t, 1000, jobs)
+	b.steady = time.Millisecond
+	_, jobs = b.steadyArrivals()
+	require.Equal(t, 1, jobs, "a phase shorter than one spacing still submits a job")
+}
+
+// TestSteadyTargets proves that the steady phase is judged on its own time to first delta.
+func TestSteadyTargets(t *testing.T) {
+	b := &streamBench{s: &shared{n: 200}, steadyRun: &streamPhase{spacing: 10 * time.Millisecond}}
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	s := phaseStats{overSim: []time.Duration{ms(3), ms(4), ms(4), ms(30)}}
+	rows := b.steadyTargets(s)
+	require.Len(t, rows, 2)
+	require.Equal(t, []string{"4.0 ms", "PASS"}, rows[0][1:], "p50 within 5 ms")
+	require.Equal(t, []string{"30.0 ms", "FAIL"}, rows[1][1:], "p99 over 20 ms")
+}
