@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
@@ -147,4 +148,56 @@ func TestExecutor_BacklogGateIsLeftForTheSlotsWait(t *testing.T) {
 	var df *dispatch.DeferError
 	require.True(t, errors.As(got[0], &df), "the deferral ends first, during the other's sleep: %v", got)
 	require.NoError(t, got[1], "the sleeper sends at its slot")
+}
+
+// TestExecutor_BacklogGateIsLeftForTheBreakersWait: a low job's delivery that waits inline on
+// the circuit breaker (here its cold-start cap: one request out until the first answer) does
+// not keep its place in the gate meanwhile. With one place: A's call is out (3 s), B is refused
+// by the cap and waits for A's report; C must get in and read its job during B's wait. Were the
+// place held through the wait, C would not be read before A's answer.
+func TestExecutor_BacklogGateIsLeftForTheBreakersWait(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	rdb := redistest.Client(t)
+	lim, _ := sharedAdmission(t, rdb)
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: redistest.Prefix(t) + "cap:", Threshold: 1})
+	require.NoError(t, err)
+	p := simProvider(t, llmsim.Config{Latency: 3 * time.Second}, "sk-gate-breaker")
+	reg := prometheus.NewRegistry()
+	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, MaxInlineWait: 10 * time.Second, Metrics: executor.NewMetrics(reg),
+		Upstreams: map[string]executor.Upstream{
+			"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-breaker", "default"),
+				Circuit: brk.Circuit("sk-gate-breaker", "default"), Limit: limiter.Limit{Rate: 1000, Burst: 100}},
+		}})
+	loads := func() uint64 { return stageCounts(t, reg)[executor.StageLoad] }
+
+	a, bj := createJob(t, b, "acme", jobs.PriorityLow), createJob(t, b, "acme", jobs.PriorityLow)
+	results := make(chan error, 2)
+	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: a.ID, Low: true}) }()
+	require.Eventually(t, func() bool {
+		got, err := b.Store.Get(ctx, a.ID)
+		return err == nil && got.Status == jobs.StatusRunning
+	}, 10*time.Second, 5*time.Millisecond, "A's call goes out")
+	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: bj.ID, Low: true}) }()
+	require.Eventually(t, func() bool { return loads() == 2 }, 10*time.Second, time.Millisecond, "B reads its job")
+
+	c := createJob(t, b, "acme", jobs.PriorityLow)
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	err = ex.Process(cctx, dispatch.Delivery{JobID: c.ID, Low: true})
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "C waits on the cap too, A's call being out")
+	require.Equal(t, uint64(3), loads(), "C got B's place during B's wait on the breaker")
+	got, err := b.Store.Get(ctx, a.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusRunning, got.Status, "all of it happened while A's call was out")
+
+	for range 2 {
+		select {
+		case err := <-results:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("A and B did not finish")
+		}
+	}
 }
