@@ -36,6 +36,7 @@ type streamBench struct {
 	poolConns   int
 	redisServer string
 	steady      time.Duration
+	poll        time.Duration
 
 	sim        *simRecorder
 	runID      string
@@ -76,6 +77,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.maxStreams, "max-streams", 1000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out)")
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
+	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker polls asynq); 0: llmq's default")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary: the run starts a private one, so that its INFO counts only llmq")
 	b.s = s
 }
@@ -98,7 +100,7 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 		return err
 	}
 	defer d.close(b.s.keepLogs, log)
-	if err := streamConfig(d.cfgPath, b.maxStreams, b.poolConns); err != nil {
+	if err := streamConfig(d.cfgPath, b.maxStreams, b.poolConns, b.poll); err != nil {
 		return err
 	}
 	st, err := startStack(ctx, d.stack(b.s.bin, redisURL), b.s.workers)
@@ -167,9 +169,9 @@ func (b *streamBench) steadyArrivals() (time.Duration, int) {
 	return spacing, max(1, int(b.steady/spacing))
 }
 
-// streamConfig sets api.max_streams_per_tenant in the bench's config file and, when pool is
-// not 0, the processes' Postgres pool size.
-func streamConfig(path string, n, pool int) error {
+// streamConfig sets api.max_streams_per_tenant in the bench's config file and, when pool and
+// poll are not 0, the processes' Postgres pool size and the workers' poll interval.
+func streamConfig(path string, n, pool int, poll time.Duration) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read bench config: %w", err)
@@ -185,6 +187,13 @@ func streamConfig(path string, n, pool int) error {
 			return errors.New("bench config: no database URL to set pool_max_conns on")
 		}
 		raw = bytes.Replace(raw, []byte(db), fmt.Appendf(nil, "sslmode=disable&pool_max_conns=%d\"", pool), 1)
+	}
+	if poll > 0 {
+		const worker = `metrics_listen: "off"`
+		if !bytes.Contains(raw, []byte(worker)) {
+			return errors.New("bench config: no worker line to set poll_interval on")
+		}
+		raw = bytes.Replace(raw, []byte(worker), fmt.Appendf(nil, "%s, poll_interval: %s", worker, poll), 1)
 	}
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		return fmt.Errorf("write bench config: %w", err)

@@ -111,6 +111,9 @@ func (b *streamBench) report() report {
 	if b.poolConns > 0 {
 		pool = fmt.Sprintf("Postgres pools of %d connections per process (pool_max_conns: the machine's Postgres, max_connections 100, is shared with other runs)", b.poolConns)
 	}
+	if b.poll > 0 {
+		pool += fmt.Sprintf("; worker.poll_interval %s", b.poll)
+	}
 	steadyNote := ""
 	if b.steadyRun != nil {
 		steadyNote = fmt.Sprintf(" Then the steady phase: %d jobs submitted one every %s for %s, so that %d streams run at once, as a service streaming to its users would see them; its submits are spread, not a burst.",
