@@ -44,7 +44,7 @@ type streamBench struct {
 	directSim  []time.Duration // the simulator's own time to first token for those calls
 	directRead delivery        // what the direct readers got
 	phases     []*streamPhase  // the jobs submitted at once: one client each, then the fan-out
-	steadyRun  *streamPhase    // the jobs that arrived evenly (nil without -steady)
+	steadyRun  *streamPhase    // the jobs that arrived evenly (nil with -steady 0)
 }
 
 // streamPhase is n jobs submitted at once or one every spacing, each followed by clients event
@@ -83,6 +83,9 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 }
 
 func (b *streamBench) run(ctx context.Context, log logf) error {
+	if b.steady >= b.s.timeout {
+		return fmt.Errorf("-steady %s: must be shorter than -timeout %s, the cap on each phase", b.steady, b.s.timeout)
+	}
 	if err := b.s.binaries(ctx, log); err != nil {
 		return err
 	}
@@ -165,7 +168,7 @@ const steadyPhase = "steady"
 // once (a stream lasts reply-tokens / tps), and its number of jobs.
 func (b *streamBench) steadyArrivals() (time.Duration, int) {
 	stream := time.Duration(float64(b.tokens) / b.tps * float64(time.Second))
-	spacing := stream / time.Duration(b.s.n)
+	spacing := max(stream/time.Duration(b.s.n), time.Microsecond)
 	return spacing, max(1, int(b.steady/spacing))
 }
 

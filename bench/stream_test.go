@@ -54,6 +54,9 @@ func TestSteadyArrivals(t *testing.T) {
 	b.steady = time.Millisecond
 	_, jobs = b.steadyArrivals()
 	require.Equal(t, 1, jobs, "a phase shorter than one spacing still submits a job")
+	b.s.n, b.tokens, b.tps = 1_000_000_000, 1, 1000
+	spacing, _ = b.steadyArrivals()
+	require.Equal(t, time.Microsecond, spacing, "more streams than nanoseconds in one: no zero spacing")
 }
 
 // TestSteadyTargets proves that the steady phase is judged on its own time to first delta.
