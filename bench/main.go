@@ -41,7 +41,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usage())
 		return errors.New("no scenario given")
 	}
-	if proc, ok := riverProcess(args[0]); ok { // the hidden processes of the River over HTTP row
+	if proc, ok := hiddenProcess(args[0]); ok { // the processes of the River over HTTP row, the floor's
 		return proc(ctx, args[1:], stderr)
 	}
 	switch args[0] {

@@ -44,6 +44,8 @@ func scenarios() []entry {
 			new: func() scenario { return &chaos{} }},
 		{name: "throughput", about: "an instant provider: llmq, asynq, River and two floors, as fast as each goes",
 			new: func() scenario { return &throughput{} }},
+		{name: "instructions", about: "instructions per job of llmq serve and of the floor over HTTP, counted by valgrind's callgrind",
+			new: func() scenario { return &instructionsBench{} }},
 		{name: "rate", about: "the same systems at fixed offered rates: latency at a steady load",
 			new: func() scenario { return &rate{} }},
 		{name: "backlog", about: "llmq draining a large queued backlog, against a small one",

@@ -258,6 +258,16 @@ func (s *riverSystem) submit(ctx context.Context, i int) error {
 	return nil
 }
 
+// benchJobsDDL creates the floors' table of jobs.
+const benchJobsDDL = `CREATE TABLE bench_jobs (
+	id bigint PRIMARY KEY,
+	status text NOT NULL DEFAULT 'queued',
+	request jsonb NOT NULL,
+	result jsonb,
+	created_at timestamptz NOT NULL DEFAULT now(),
+	finished_at timestamptz
+)`
+
 // floorBase is what the two floor rows share: a fresh database holding the bench_jobs table, an
 // asynq queue with its server and client, and the tracker of the in-process completions.
 type floorBase struct {
@@ -277,14 +287,7 @@ func (b *floorBase) prepareStores(ctx context.Context, kind string, total int) e
 		return err
 	}
 	b.pool = pool
-	if _, err := pool.Exec(ctx, `CREATE TABLE bench_jobs (
-	id bigint PRIMARY KEY,
-	status text NOT NULL DEFAULT 'queued',
-	request jsonb NOT NULL,
-	result jsonb,
-	created_at timestamptz NOT NULL DEFAULT now(),
-	finished_at timestamptz
-)`); err != nil {
+	if _, err := pool.Exec(ctx, benchJobsDDL); err != nil {
 		return fmt.Errorf("create bench_jobs: %w", err)
 	}
 	opt, rdb, err := redisFor(ctx, b.o.redisURL)

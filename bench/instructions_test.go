@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDumpTotal proves that a callgrind dump's total is read from its totals line, else its
+// summary line, and that a dump with neither is an error.
+func TestDumpTotal(t *testing.T) {
+	read := func(s string) (uint64, error) { return dumpTotal(bufio.NewScanner(strings.NewReader(s))) }
+	n, err := read("version: 1\nevents: Ir\nsummary: 456\nfn=(1) main\n3 4\ntotals: 456049556\n")
+	require.NoError(t, err)
+	require.Equal(t, uint64(456049556), n)
+	n, err = read("events: Ir\nsummary: 789\n")
+	require.NoError(t, err)
+	require.Equal(t, uint64(789), n)
+	_, err = read("events: Ir\n")
+	require.Error(t, err)
+}
+
+// TestLatestDumpTotal proves that the newest dump of the process is read (dumps count up:
+// cg.<pid>.<n>), not another process's nor the file written at exit.
+func TestLatestDumpTotal(t *testing.T) {
+	dir := t.TempDir()
+	for name, total := range map[string]string{"cg.42": "1", "cg.42.1": "10", "cg.42.2": "20", "cg.42.10": "100", "cg.7.11": "7"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte("totals: "+total+"\n"), 0o600))
+	}
+	n, err := latestDumpTotal(dir, 42)
+	require.NoError(t, err)
+	require.Equal(t, uint64(100), n, "dump 10 is newer than dump 2")
+	_, err = latestDumpTotal(dir, 43)
+	require.Error(t, err)
+}
+
+// TestInstrRoundPerJob proves that a job's instructions are the busy window's less the idle
+// rate over the busy window's length.
+func TestInstrRoundPerJob(t *testing.T) {
+	r := instrRound{idle: instrWindow{instr: 50_000_000, secs: 5}, busy: instrWindow{instr: 340_000_000, secs: 10}}
+	require.InDelta(t, 1_200_000, r.perJob(200), 0.001, "(340 M − 10 M/s × 10 s) / 200")
+}
+
+// TestInstructionsReport proves that the table shows each round, the median and the ratio to the
+// floor, and that a system that could not be measured is named as failed.
+func TestInstructionsReport(t *testing.T) {
+	idle := instrWindow{instr: 10_000_000, secs: 1}
+	round := func(busy uint64) instrRound { return instrRound{idle: idle, busy: instrWindow{instr: busy, secs: 2}} }
+	b := &instructionsBench{s: &shared{n: 100}, rows: []instrRow{
+		{name: "llmq", rounds: []instrRound{round(140_000_000), round(120_000_000)}},
+		{name: "floor", rounds: []instrRound{round(60_000_000), round(60_000_000)}},
+	}}
+	rep := b.report()
+	require.Empty(t, rep.failed)
+	require.Equal(t, []string{"llmq", "100", "1.20 M, 1.00 M", "1.10 M", "10.00 M /s", "2.75"}, rep.tables[0].rows[0])
+	require.Equal(t, []string{"floor", "100", "0.40 M, 0.40 M", "0.40 M", "10.00 M /s", "1.00"}, rep.tables[0].rows[1])
+
+	b.rows[1] = instrRow{name: "floor", err: io.ErrUnexpectedEOF}
+	rep = b.report()
+	require.Equal(t, []string{"floor"}, rep.failed)
+	require.Equal(t, "", rep.tables[0].rows[0][5], "no ratio without the floor")
+}
+
+// TestFloorProcArgs proves that the floor process's command line parses back to its config, and
+// that a missing required flag is refused.
+func TestFloorProcArgs(t *testing.T) {
+	cfg := floorProcConfig{dbURL: "postgres://x/db", redisURL: "redis://r:6379/0", queue: "q", simURL: "http://sim",
+		listen: "127.0.0.1:1", conns: 8, concurrency: 50}
+	args := cfg.args()
+	require.Equal(t, httpFloorCmd, args[0])
+	got, err := parseFloorProc(args[1:], io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, cfg, got)
+	_, err = parseFloorProc([]string{"-database-url", "postgres://x/db"}, io.Discard)
+	require.ErrorContains(t, err, "-redis-url is required")
+}
