@@ -22,8 +22,8 @@ import (
 )
 
 // instructionsBench is `bench instructions`: the instructions one job costs the queue's own
-// process, counted by valgrind's callgrind (exact for a given binary and input, whatever else
-// the shared machine is doing, where CPU seconds drift by tens of percent), for `llmq serve` (the
+// process, counted by valgrind's callgrind (repeatable within a few percent whatever else the
+// shared machine is doing, where CPU seconds drift by tens of percent), for `llmq serve` (the
 // API and a worker in one process) and for the floor over HTTP as a process of its own. Each
 // runs under callgrind against an instant simulator in this process; after a warm-up, each round
 // counts an idle window (the pollers' instructions per second) and a window in which -n jobs
