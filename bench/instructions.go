@@ -38,14 +38,20 @@ type instructionsBench struct {
 	rows     []instrRow
 }
 
-// instrRow is one system's measurement.
+// instrRow is one system's measurement: each of its processes' rounds.
 type instrRow struct {
-	name   string
-	rounds []instrRound
-	err    error
+	name  string
+	procs []instrProc
+	err   error
 }
 
-// instrRound is one round: an idle window and a busy one.
+// instrProc is one process's rounds.
+type instrProc struct {
+	name   string
+	rounds []instrRound
+}
+
+// instrRound is one process's round: an idle window and a busy one.
 type instrRound struct{ idle, busy instrWindow }
 
 // instrWindow is the instructions counted between a zeroing and a dump, and the seconds between.
@@ -65,6 +71,9 @@ func (r instrRound) perJob(n int) float64 {
 // decode: SIGILL in runtime.cputicks) and without asynchronous preemption (its signals trip an
 // assertion in callgrind's signal handling).
 const instrGodebug = "GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1"
+
+// httpFloorRow names the floor's row, which the others are divided by.
+const httpFloorRow = "floor over HTTP: POST → insert → asynq → provider → update"
 
 // instrWarmup is how many jobs each system runs before the rounds.
 const instrWarmup = 20
@@ -103,15 +112,18 @@ func (b *instructionsBench) run(ctx context.Context, log logf) error {
 		start func(context.Context, string) (*instrTarget, error)
 	}{
 		{"llmq serve: API and worker in one process", func(ctx context.Context, dir string) (*instrTarget, error) {
-			return b.startLLMQ(ctx, vg, dir, sim.URL)
+			return b.startLLMQ(ctx, vg, dir, sim.URL, true)
 		}},
-		{"floor over HTTP: POST → insert → asynq → provider → update", func(ctx context.Context, dir string) (*instrTarget, error) {
+		{"llmq api and worker processes", func(ctx context.Context, dir string) (*instrTarget, error) {
+			return b.startLLMQ(ctx, vg, dir, sim.URL, false)
+		}},
+		{httpFloorRow, func(ctx context.Context, dir string) (*instrTarget, error) {
 			return b.startFloor(ctx, vg, self, dir, sim.URL)
 		}},
 	} {
 		log("%s under callgrind: %d rounds of %s idle and %d jobs", t.name, b.rounds, b.idle, b.s.n)
 		row := instrRow{name: t.name}
-		row.rounds, row.err = b.measure(ctx, control, hc, t.start, log)
+		row.procs, row.err = b.measure(ctx, control, hc, t.start, log)
 		if row.err != nil {
 			log("  %v", row.err)
 		}
@@ -125,9 +137,9 @@ func (b *instructionsBench) run(ctx context.Context, log logf) error {
 
 // instrTarget is a system running under callgrind.
 type instrTarget struct {
-	p      *proc
-	outDir string // where callgrind writes cg.<pid>.<n>
-	url    string
+	procs  []*proc // each counted on its own
+	outDir string  // where callgrind writes cg.<pid>.<n>
+	url    string  // the system's API
 	// submit posts job i; unfinished counts the jobs not yet finished.
 	submit     func(ctx context.Context, hc *http.Client, i int) error
 	unfinished func(ctx context.Context) (int, error)
@@ -136,7 +148,7 @@ type instrTarget struct {
 
 // measure starts a system, warms it up and counts its rounds.
 func (b *instructionsBench) measure(ctx context.Context, control string, hc *http.Client,
-	start func(context.Context, string) (*instrTarget, error), log logf) ([]instrRound, error) {
+	start func(context.Context, string) (*instrTarget, error), log logf) ([]instrProc, error) {
 	dir, err := os.MkdirTemp("", "llmq-bench-instr-")
 	if err != nil {
 		return nil, fmt.Errorf("create temp dir: %w", err)
@@ -167,26 +179,32 @@ func (b *instructionsBench) measure(ctx context.Context, control string, hc *htt
 	if _, err := batch(instrWarmup); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
-	var rounds []instrRound
+	procs := make([]instrProc, len(t.procs))
+	for i, p := range t.procs {
+		procs[i].name = p.name
+	}
 	for range b.rounds {
-		var r instrRound
-		if r.idle, err = b.window(ctx, control, t, func() error {
+		idle, err := b.window(ctx, control, t, func() error {
 			if !sleepUntil(ctx, time.Now().Add(b.idle)) {
 				return ctx.Err()
 			}
 			return nil
-		}); err != nil {
-			return rounds, fmt.Errorf("idle window: %w", err)
+		})
+		if err != nil {
+			return procs, fmt.Errorf("idle window: %w", err)
 		}
-		if r.busy, err = b.window(ctx, control, t, func() error {
+		busy, err := b.window(ctx, control, t, func() error {
 			_, err := batch(b.s.n)
 			return err
-		}); err != nil {
-			return rounds, fmt.Errorf("busy window: %w", err)
+		})
+		if err != nil {
+			return procs, fmt.Errorf("busy window: %w", err)
 		}
-		rounds = append(rounds, r)
+		for i := range procs {
+			procs[i].rounds = append(procs[i].rounds, instrRound{idle: idle[i], busy: busy[i]})
+		}
 	}
-	return rounds, nil
+	return procs, nil
 }
 
 // kill ends a process under callgrind: a signal Go's runtime handles (SIGTERM) trips callgrind's
@@ -202,7 +220,7 @@ func (b *instructionsBench) ready(ctx context.Context, t *instrTarget) error {
 	ctx, cancel := context.WithTimeout(ctx, b.s.timeout)
 	defer cancel()
 	for {
-		if err := t.p.exited(); err != nil {
+		if err := t.exited(); err != nil {
 			return err
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url+"/healthz", nil)
@@ -216,7 +234,7 @@ func (b *instructionsBench) ready(ctx context.Context, t *instrTarget) error {
 			}
 		}
 		if !sleepUntil(ctx, time.Now().Add(200*time.Millisecond)) {
-			return fmt.Errorf("%s not ready: %w", t.p.name, ctx.Err())
+			return fmt.Errorf("%s not ready: %w", t.url, ctx.Err())
 		}
 	}
 }
@@ -254,7 +272,7 @@ func (b *instructionsBench) jobs(ctx context.Context, hc *http.Client, t *instrT
 		if left == 0 {
 			return time.Since(start), nil
 		}
-		if err := t.p.exited(); err != nil {
+		if err := t.exited(); err != nil {
 			return 0, err
 		}
 		if !sleepUntil(ctx, time.Now().Add(20*time.Millisecond)) {
@@ -263,22 +281,47 @@ func (b *instructionsBench) jobs(ctx context.Context, hc *http.Client, t *instrT
 	}
 }
 
-// window zeroes the process's counts, runs work, dumps them and reads the dump.
-func (b *instructionsBench) window(ctx context.Context, control string, t *instrTarget, work func() error) (instrWindow, error) {
-	pid := strconv.Itoa(t.p.pid())
-	if out, err := exec.CommandContext(ctx, control, "-z", pid).CombinedOutput(); err != nil {
-		return instrWindow{}, fmt.Errorf("callgrind_control -z: %w: %s", err, out)
+// window zeroes the processes' counts, runs work, dumps them and reads the dumps (one window per
+// process, in t.procs' order).
+func (b *instructionsBench) window(ctx context.Context, control string, t *instrTarget, work func() error) ([]instrWindow, error) {
+	each := func(cmd string) error {
+		for _, p := range t.procs {
+			if out, err := exec.CommandContext(ctx, control, cmd, strconv.Itoa(p.pid())).CombinedOutput(); err != nil {
+				return fmt.Errorf("callgrind_control %s %s: %w: %s", cmd, p.name, err, out)
+			}
+		}
+		return nil
+	}
+	if err := each("-z"); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	if err := work(); err != nil {
-		return instrWindow{}, err
+		return nil, err
 	}
-	if out, err := exec.CommandContext(ctx, control, "-d", pid).CombinedOutput(); err != nil {
-		return instrWindow{}, fmt.Errorf("callgrind_control -d: %w: %s", err, out)
+	if err := each("-d"); err != nil {
+		return nil, err
 	}
 	secs := time.Since(start).Seconds()
-	n, err := latestDumpTotal(t.outDir, t.p.pid())
-	return instrWindow{instr: n, secs: secs}, err
+	out := make([]instrWindow, len(t.procs))
+	for i, p := range t.procs {
+		n, err := latestDumpTotal(t.outDir, p.pid())
+		if err != nil {
+			return nil, err
+		}
+		out[i] = instrWindow{instr: n, secs: secs}
+	}
+	return out, nil
+}
+
+// exited returns the first of the processes' early exits.
+func (t *instrTarget) exited() error {
+	for _, p := range t.procs {
+		if err := p.exited(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // latestDumpTotal reads the total instruction count of the newest callgrind dump of pid in dir
@@ -333,8 +376,9 @@ func callgrindArgs(dir string, argv ...string) []string {
 	return append([]string{"--tool=callgrind", "--callgrind-out-file=" + filepath.Join(dir, "cg.%p")}, argv...)
 }
 
-// startLLMQ deploys llmq (its database, queue and config) and starts `llmq serve` under callgrind.
-func (b *instructionsBench) startLLMQ(ctx context.Context, vg, dir, simURL string) (*instrTarget, error) {
+// startLLMQ deploys llmq (its database, queue and config) and starts it under callgrind: `llmq
+// serve` when serve is set, else an api process and, once it answers, a worker process.
+func (b *instructionsBench) startLLMQ(ctx context.Context, vg, dir, simURL string, serve bool) (*instrTarget, error) {
 	d, err := deploy(ctx, deployOpts{adminURL: b.s.dbURL, redisURL: b.s.redisURL, simURL: simURL})
 	if err != nil {
 		return nil, err
@@ -350,13 +394,17 @@ func (b *instructionsBench) startLLMQ(ctx context.Context, vg, dir, simURL strin
 	if err != nil {
 		return t, err
 	}
+	t.url = "http://" + addr
 	env := childEnv(os.Environ(), []string{simKeyEnv + "=" + d.apiKey, instrGodebug})
-	p, err := startProc(vg, "llmq-serve", dir, env, callgrindArgs(dir, filepath.Join(b.s.bin, "llmq"), "serve", "--config", d.cfgPath, "--listen", addr)...)
-	if err != nil {
-		return t, err
+	start := func(name, binary string, args ...string) error {
+		p, err := startProc(vg, name, dir, env, callgrindArgs(dir, append([]string{filepath.Join(b.s.bin, binary)}, args...)...)...)
+		if err != nil {
+			return err
+		}
+		t.procs = append(t.procs, p)
+		t.c.add(func() { kill(p) })
+		return nil
 	}
-	t.p, t.url = p, "http://"+addr
-	t.c.add(func() { kill(p) })
 	t.submit = func(ctx context.Context, hc *http.Client, i int) error {
 		_, err := submitJob(ctx, hc, t.url, i, jobBody(messagesBody(i), llmqMaxAttempts, llmqJobTimeout))
 		return err
@@ -364,7 +412,16 @@ func (b *instructionsBench) startLLMQ(ctx context.Context, vg, dir, simURL strin
 	t.unfinished = func(ctx context.Context) (int, error) {
 		return countRows(ctx, obs, `SELECT count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying')`)
 	}
-	return t, nil
+	if serve {
+		return t, start("llmq-serve", "llmq", "serve", "--config", d.cfgPath, "--listen", addr)
+	}
+	if err := start("api", "api", "--config", d.cfgPath, "--listen", addr); err != nil {
+		return t, err
+	}
+	if err := b.ready(ctx, t); err != nil { // the api migrates the database the worker needs
+		return t, err
+	}
+	return t, start("worker", "worker", "--config", d.cfgPath)
 }
 
 // startFloor makes the floor's database and queue and starts its process (the bench binary's
@@ -397,7 +454,7 @@ func (b *instructionsBench) startFloor(ctx context.Context, vg, self, dir, simUR
 	if err != nil {
 		return t, err
 	}
-	t.p, t.url = p, "http://"+addr
+	t.procs, t.url = []*proc{p}, "http://"+addr
 	t.c.add(func() { kill(p) })
 	t.submit = func(ctx context.Context, hc *http.Client, i int) error {
 		body, err := json.Marshal(httpFloorJob{I: i, Request: messagesBody(i)})
@@ -422,38 +479,59 @@ func countRows(ctx context.Context, pool *pgxpool.Pool, query string) (int, erro
 }
 
 func (b *instructionsBench) report() report {
-	t := table{header: []string{"system (one process, under callgrind)", "jobs per round", "instructions per job, each round",
+	t := table{header: []string{"system (its processes, under callgrind)", "jobs per round", "instructions per job, each round",
 		"median", "idle: instructions per second", "÷ floor over HTTP"}}
-	medians := make([]float64, len(b.rows))
-	for i, r := range b.rows {
-		var per []float64
-		var idle []float64
-		for _, rd := range r.rounds {
-			per = append(per, rd.perJob(b.s.n))
-			idle = append(idle, float64(rd.idle.instr)/rd.idle.secs)
+	type line struct {
+		name       string
+		per, idle  []float64 // per round
+		err        error
+		systemLine bool
+	}
+	var lines []line
+	for _, r := range b.rows {
+		total := line{name: r.name, err: r.err, systemLine: true}
+		var parts []line
+		for _, p := range r.procs {
+			l := line{name: "· " + p.name}
+			for k, rd := range p.rounds {
+				l.per = append(l.per, rd.perJob(b.s.n))
+				l.idle = append(l.idle, float64(rd.idle.instr)/rd.idle.secs)
+				if k == len(total.per) {
+					total.per, total.idle = append(total.per, 0), append(total.idle, 0)
+				}
+				total.per[k] += l.per[k]
+				total.idle[k] += l.idle[k]
+			}
+			parts = append(parts, l)
 		}
-		if len(per) > 0 {
-			medians[i] = median(per)
+		lines = append(lines, total)
+		if len(parts) > 1 {
+			lines = append(lines, parts...)
 		}
-		cells := make([]string, len(per))
-		for k, v := range per {
+	}
+	var floor float64
+	for _, l := range lines {
+		if l.systemLine && l.name == httpFloorRow && len(l.per) > 0 {
+			floor = median(l.per)
+		}
+	}
+	for _, l := range lines {
+		cells := make([]string, len(l.per))
+		for k, v := range l.per {
 			cells[k] = millions(v)
 		}
-		row := []string{r.name, strconv.Itoa(b.s.n), strings.Join(cells, ", "), "–", "–", ""}
-		if len(per) > 0 {
-			row[3], row[4] = millions(medians[i]), millions(median(idle))+" /s"
-		}
-		if r.err != nil {
-			row[2] = "not measured: " + firstLine(r.err)
-		}
-		t.rows = append(t.rows, row)
-	}
-	if len(t.rows) == 2 && medians[1] > 0 {
-		for i := range t.rows {
-			if medians[i] > 0 {
-				t.rows[i][5] = fmt.Sprintf("%.2f", medians[i]/medians[1])
+		row := []string{l.name, strconv.Itoa(b.s.n), strings.Join(cells, ", "), "–", "–", ""}
+		if len(l.per) > 0 {
+			m := median(l.per)
+			row[3], row[4] = millions(m), millions(median(l.idle))+" /s"
+			if floor > 0 && l.systemLine {
+				row[5] = fmt.Sprintf("%.2f", m/floor)
 			}
 		}
+		if l.err != nil {
+			row[2] = "not measured: " + firstLine(l.err)
+		}
+		t.rows = append(t.rows, row)
 	}
 	var failed []string
 	for _, r := range b.rows {
@@ -462,7 +540,7 @@ func (b *instructionsBench) report() report {
 		}
 	}
 	return report{tables: []table{t}, failed: failed, notes: []string{
-		fmt.Sprintf("Each system runs alone under valgrind's callgrind (%s), against an instant simulator in the bench's process; %d warm-up jobs, then %d rounds of an idle window (%s) and a busy one (%d jobs from %d clients, until all finished), counts zeroed and dumped with callgrind_control around each window. A job's instructions: the busy window's less the idle window's rate over the busy window's length, divided by the jobs. Only the queue's own process is counted (llmq serve: the API and a worker; the floor: its API and asynq handler), not Postgres, Redis, the simulator or the clients.",
+		fmt.Sprintf("Each system runs alone under valgrind's callgrind (%s), against an instant simulator in the bench's process; %d warm-up jobs, then %d rounds of an idle window (%s) and a busy one (%d jobs from %d clients, until all finished), counts zeroed and dumped with callgrind_control around each window. A job's instructions: the busy window's less the idle window's rate over the busy window's length, divided by the jobs; a system of several processes is their sum, each shown below it. Only the queues' own processes are counted (llmq serve: the API and a worker; the floor: its API and asynq handler), not Postgres, Redis, the simulator or the clients.",
 			instrGodebug, instrWarmup, b.rounds, b.idle, b.s.n, b.clients),
 		"Instruction counts do not drift with the machine's load as CPU seconds do; what moves them is the work: the idle subtraction assumes the pollers run at their idle rate during the busy window, and a process under valgrind runs some 50 times slower, so time-driven work (polls, heartbeats, tickers) weighs more than at full speed.",
 	}}

@@ -47,23 +47,34 @@ func TestInstrRoundPerJob(t *testing.T) {
 }
 
 // TestInstructionsReport proves that the table shows each round, the median and the ratio to the
-// floor, and that a system that could not be measured is named as failed.
+// floor, that a system of several processes is their sum with each process below it, and that a
+// system that could not be measured is named as failed.
 func TestInstructionsReport(t *testing.T) {
 	idle := instrWindow{instr: 10_000_000, secs: 1}
 	round := func(busy uint64) instrRound { return instrRound{idle: idle, busy: instrWindow{instr: busy, secs: 2}} }
+	one := func(rounds ...instrRound) []instrProc { return []instrProc{{name: "p", rounds: rounds}} }
 	b := &instructionsBench{s: &shared{n: 100}, rows: []instrRow{
-		{name: "llmq", rounds: []instrRound{round(140_000_000), round(120_000_000)}},
-		{name: "floor", rounds: []instrRound{round(60_000_000), round(60_000_000)}},
+		{name: "llmq", procs: one(round(140_000_000), round(120_000_000))},
+		{name: "split", procs: []instrProc{
+			{name: "api", rounds: []instrRound{round(60_000_000), round(60_000_000)}},
+			{name: "worker", rounds: []instrRound{round(100_000_000), round(80_000_000)}},
+		}},
+		{name: httpFloorRow, procs: one(round(60_000_000), round(60_000_000))},
 	}}
 	rep := b.report()
 	require.Empty(t, rep.failed)
-	require.Equal(t, []string{"llmq", "100", "1.20 M, 1.00 M", "1.10 M", "10.00 M /s", "2.75"}, rep.tables[0].rows[0])
-	require.Equal(t, []string{"floor", "100", "0.40 M, 0.40 M", "0.40 M", "10.00 M /s", "1.00"}, rep.tables[0].rows[1])
+	rows := rep.tables[0].rows
+	require.Equal(t, []string{"llmq", "100", "1.20 M, 1.00 M", "1.10 M", "10.00 M /s", "2.75"}, rows[0], "a lone process is its system")
+	require.Equal(t, []string{"split", "100", "1.20 M, 1.00 M", "1.10 M", "20.00 M /s", "2.75"}, rows[1], "the processes' sum")
+	require.Equal(t, []string{"· api", "100", "0.40 M, 0.40 M", "0.40 M", "10.00 M /s", ""}, rows[2])
+	require.Equal(t, []string{"· worker", "100", "0.80 M, 0.60 M", "0.70 M", "10.00 M /s", ""}, rows[3])
+	require.Equal(t, []string{httpFloorRow, "100", "0.40 M, 0.40 M", "0.40 M", "10.00 M /s", "1.00"}, rows[4])
 
-	b.rows[1] = instrRow{name: "floor", err: io.ErrUnexpectedEOF}
+	b.rows[2] = instrRow{name: httpFloorRow, err: io.ErrUnexpectedEOF}
 	rep = b.report()
-	require.Equal(t, []string{"floor"}, rep.failed)
+	require.Equal(t, []string{httpFloorRow}, rep.failed)
 	require.Equal(t, "", rep.tables[0].rows[0][5], "no ratio without the floor")
+	require.Equal(t, "not measured: unexpected EOF", rep.tables[0].rows[4][2])
 }
 
 // TestFloorProcArgs proves that the floor process's command line parses back to its config, and
