@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/llmsim"
 )
@@ -208,11 +209,27 @@ func (b *instructionsBench) measure(ctx context.Context, control string, hc *htt
 }
 
 // kill ends a process under callgrind: a signal Go's runtime handles (SIGTERM) trips callgrind's
-// signal assertion, so there is no graceful stop; the counts were dumped already, and what the
-// process leaves in Redis (its asynq server's heartbeat) expires by itself.
-func kill(p *proc) {
+// signal assertion, so there is no graceful stop; the counts were dumped already. An asynq server
+// of the process leaves its entries in asynq's lists of servers and workers (their keys expire,
+// the list entries do not), which rdb removes.
+func kill(p *proc, rdb redis.UniversalClient) {
 	_ = p.cmd.Process.Kill()
 	<-p.done
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	mark := fmt.Sprintf(":%d:", p.pid())
+	for _, list := range []string{"asynq:servers", "asynq:workers"} {
+		members, err := rdb.ZRange(ctx, list, 0, -1).Result()
+		if err != nil {
+			continue
+		}
+		for _, m := range members {
+			if strings.Contains(m, mark) {
+				rdb.ZRem(ctx, list, m)
+				rdb.Unlink(ctx, m)
+			}
+		}
+	}
 }
 
 // ready waits for the system's /healthz (a start under valgrind takes seconds).
@@ -395,6 +412,11 @@ func (b *instructionsBench) startLLMQ(ctx context.Context, vg, dir, simURL strin
 		return t, err
 	}
 	t.url = "http://" + addr
+	_, rdb, err := redisFor(ctx, b.s.redisURL)
+	if err != nil {
+		return t, err
+	}
+	t.c.add(func() { rdb.Close() })
 	env := childEnv(os.Environ(), []string{simKeyEnv + "=" + d.apiKey, instrGodebug})
 	start := func(name, binary string, args ...string) error {
 		p, err := startProc(vg, name, dir, env, callgrindArgs(dir, append([]string{filepath.Join(b.s.bin, binary)}, args...)...)...)
@@ -402,7 +424,7 @@ func (b *instructionsBench) startLLMQ(ctx context.Context, vg, dir, simURL strin
 			return err
 		}
 		t.procs = append(t.procs, p)
-		t.c.add(func() { kill(p) })
+		t.c.add(func() { kill(p, rdb) })
 		return nil
 	}
 	t.submit = func(ctx context.Context, hc *http.Client, i int) error {
@@ -455,7 +477,7 @@ func (b *instructionsBench) startFloor(ctx context.Context, vg, self, dir, simUR
 		return t, err
 	}
 	t.procs, t.url = []*proc{p}, "http://"+addr
-	t.c.add(func() { kill(p) })
+	t.c.add(func() { kill(p, rdb) })
 	t.submit = func(ctx context.Context, hc *http.Client, i int) error {
 		body, err := json.Marshal(httpFloorJob{I: i, Request: messagesBody(i)})
 		if err != nil {
