@@ -76,8 +76,6 @@ const instrGodebug = "GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1"
 // httpFloorRow names the floor's row, which the others are divided by.
 const httpFloorRow = "floor over HTTP: POST → insert → asynq → provider → update"
 
-// instrWarmup is how many jobs each system runs before the rounds.
-const instrWarmup = 20
 
 func (b *instructionsBench) flags(fs *flagSet, s *shared) {
 	s.base(fs, 1)
@@ -177,7 +175,9 @@ func (b *instructionsBench) measure(ctx context.Context, control string, hc *htt
 		next += n
 		return b.jobs(ctx, hc, t, first, n)
 	}
-	if _, err := batch(instrWarmup); err != nil {
+	// A warm-up as large as a round: the pools (Postgres, Redis, the provider's connections) grow
+	// to what a round needs before anything is counted.
+	if _, err := batch(b.s.n); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	procs := make([]instrProc, len(t.procs))
@@ -562,8 +562,8 @@ func (b *instructionsBench) report() report {
 		}
 	}
 	return report{tables: []table{t}, failed: failed, notes: []string{
-		fmt.Sprintf("Each system runs alone under valgrind's callgrind (%s), against an instant simulator in the bench's process; %d warm-up jobs, then %d rounds of an idle window (%s) and a busy one (%d jobs from %d clients, until all finished), counts zeroed and dumped with callgrind_control around each window. A job's instructions: the busy window's less the idle window's rate over the busy window's length, divided by the jobs; a system of several processes is their sum, each shown below it. Only the queues' own processes are counted (llmq serve: the API and a worker; the floor: its API and asynq handler), not Postgres, Redis, the simulator or the clients.",
-			instrGodebug, instrWarmup, b.rounds, b.idle, b.s.n, b.clients),
+		fmt.Sprintf("Each system runs alone under valgrind's callgrind (%s), against an instant simulator in the bench's process; a warm-up of %d jobs, then %d rounds of an idle window (%s) and a busy one (%d jobs from %d clients, until all finished), counts zeroed and dumped with callgrind_control around each window. A job's instructions: the busy window's less the idle window's rate over the busy window's length, divided by the jobs; a system of several processes is their sum, each shown below it. Only the queues' own processes are counted (llmq serve: the API and a worker; the floor: its API and asynq handler), not Postgres, Redis, the simulator or the clients.",
+			instrGodebug, b.s.n, b.rounds, b.idle, b.s.n, b.clients),
 		"Instruction counts do not drift with the machine's load as CPU seconds do; what moves them is the work: the idle subtraction assumes the pollers run at their idle rate during the busy window, and a process under valgrind runs some 50 times slower, so time-driven work (polls, heartbeats, tickers) weighs more than at full speed.",
 	}}
 }
