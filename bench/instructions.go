@@ -76,14 +76,13 @@ const instrGodebug = "GODEBUG=cpu.rdtscp=off,asyncpreemptoff=1"
 // httpFloorRow names the floor's row, which the others are divided by.
 const httpFloorRow = "floor over HTTP: POST → insert → asynq → provider → update"
 
-
 func (b *instructionsBench) flags(fs *flagSet, s *shared) {
 	s.base(fs, 1)
 	s.redis(fs)
 	s.jobs(fs, 200, "jobs of each busy window")
 	s.deadline(fs, 5*time.Minute, "cap on each window's wait for its jobs (and on a start under valgrind)")
 	fs.positiveDuration(&b.idle, "idle", 5*time.Second, "length of each idle window")
-	fs.intAtLeast(&b.rounds, "rounds", 2, 1, "rounds (an idle window, then a busy one) per system")
+	fs.intAtLeast(&b.rounds, "rounds", 3, 1, "rounds (an idle window, then a busy one) per system")
 	fs.intAtLeast(&b.clients, "clients", 4, 1, "concurrent submitting clients")
 	fs.StringVar(&b.valgrind, "valgrind", "valgrind", "valgrind binary (callgrind_control is looked for beside it)")
 	b.s = s
@@ -170,14 +169,14 @@ func (b *instructionsBench) measure(ctx context.Context, control string, hc *htt
 		return nil, err
 	}
 	next := 0
-	batch := func(n int) (time.Duration, error) {
+	batch := func(n int) error {
 		first := next
 		next += n
 		return b.jobs(ctx, hc, t, first, n)
 	}
 	// A warm-up as large as a round: the pools (Postgres, Redis, the provider's connections) grow
 	// to what a round needs before anything is counted.
-	if _, err := batch(b.s.n); err != nil {
+	if err := batch(b.s.n); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	procs := make([]instrProc, len(t.procs))
@@ -194,10 +193,7 @@ func (b *instructionsBench) measure(ctx context.Context, control string, hc *htt
 		if err != nil {
 			return procs, fmt.Errorf("idle window: %w", err)
 		}
-		busy, err := b.window(ctx, control, t, func() error {
-			_, err := batch(b.s.n)
-			return err
-		})
+		busy, err := b.window(ctx, control, t, func() error { return batch(b.s.n) })
 		if err != nil {
 			return procs, fmt.Errorf("busy window: %w", err)
 		}
@@ -257,10 +253,9 @@ func (b *instructionsBench) ready(ctx context.Context, t *instrTarget) error {
 }
 
 // jobs submits jobs first..first+n-1 from the clients and waits until none is unfinished.
-func (b *instructionsBench) jobs(ctx context.Context, hc *http.Client, t *instrTarget, first, n int) (time.Duration, error) {
+func (b *instructionsBench) jobs(ctx context.Context, hc *http.Client, t *instrTarget, first, n int) error {
 	ctx, cancel := context.WithTimeout(ctx, b.s.timeout)
 	defer cancel()
-	start := time.Now()
 	next := make(chan int)
 	errs := make([]error, b.clients)
 	var wg sync.WaitGroup
@@ -279,21 +274,21 @@ func (b *instructionsBench) jobs(ctx context.Context, hc *http.Client, t *instrT
 	close(next)
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return 0, err
+		return err
 	}
 	for {
 		left, err := t.unfinished(ctx)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if left == 0 {
-			return time.Since(start), nil
+			return nil
 		}
 		if err := t.exited(); err != nil {
-			return 0, err
+			return err
 		}
 		if !sleepUntil(ctx, time.Now().Add(20*time.Millisecond)) {
-			return 0, fmt.Errorf("%d of %d jobs unfinished: %w", left, n, ctx.Err())
+			return fmt.Errorf("%d of %d jobs unfinished: %w", left, n, ctx.Err())
 		}
 	}
 }
