@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"strconv"
 
 	"github.com/hibiken/asynq"
@@ -52,8 +51,8 @@ func parseFloorProc(args []string, stderr io.Writer) (floorProcConfig, error) {
 }
 
 // serveHTTPFloor runs the floor over HTTP until ctx ends, then shuts its server down.
-func serveHTTPFloor(ctx context.Context, cfg floorProcConfig, logger *slog.Logger) error {
-	pool, err := openRiverPool(ctx, cfg.dbURL, cfg.conns)
+func serveHTTPFloor(ctx context.Context, cfg floorProcConfig) error {
+	pool, err := openPool(ctx, cfg.dbURL, cfg.conns)
 	if err != nil {
 		return err
 	}
@@ -68,9 +67,7 @@ func serveHTTPFloor(ctx context.Context, cfg floorProcConfig, logger *slog.Logge
 	hc := providerClient(cfg.concurrency)
 	defer hc.CloseIdleConnections()
 	s := &httpFloorSystem{floorBase: floorBase{pool: pool, client: client, queue: cfg.queue, opt: opt}, simURL: cfg.simURL, hc: hc}
-	acfg := asynqServerConfig(cfg.queue, cfg.concurrency)
-	acfg.Logger = slogAsynq{logger}
-	srv := asynq.NewServer(opt, acfg)
+	srv := asynq.NewServer(opt, asynqServerConfig(cfg.queue, cfg.concurrency)) // its warnings on stderr, the process's log
 	if err := srv.Start(asynq.HandlerFunc(s.handle)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
@@ -79,15 +76,6 @@ func serveHTTPFloor(ctx context.Context, cfg floorProcConfig, logger *slog.Logge
 	mux.HandleFunc("POST /jobs", s.serveSubmit)
 	return serveUntilDone(ctx, cfg.listen, mux)
 }
-
-// slogAsynq routes asynq's logs to a slog.Logger.
-type slogAsynq struct{ l *slog.Logger }
-
-func (a slogAsynq) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...)) }
-func (a slogAsynq) Info(args ...any)  { a.l.Info(fmt.Sprint(args...)) }
-func (a slogAsynq) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...)) }
-func (a slogAsynq) Error(args ...any) { a.l.Error(fmt.Sprint(args...)) }
-func (a slogAsynq) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...)) }
 
 // hiddenProcess returns the main of a hidden command (the River over HTTP row's processes, the
 // floor's); ok is false when name is none.
@@ -100,7 +88,7 @@ func hiddenProcess(name string) (main func(ctx context.Context, args []string, s
 		if err != nil {
 			return err
 		}
-		err = serveHTTPFloor(ctx, cfg, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+		err = serveHTTPFloor(ctx, cfg)
 		if errors.Is(err, context.Canceled) {
 			return nil
 		}

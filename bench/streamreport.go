@@ -156,14 +156,14 @@ func (b *streamBench) firstDeltaTable(title string, s phaseStats, withDirect boo
 	} else {
 		t.rows = append(t.rows, row("through llmq: submit → first delta event", s.ttfd))
 	}
-	return table{header: t.header, rows: append(t.rows,
+	t.rows = append(t.rows,
 		row("**through llmq − that call's simulator time to first token** (target ≤ 5 / ≤ 20 ms)", s.overSim),
 		row("· submit → the simulator gets the call (submit, pick-up, limiter, attempt start)", s.pickup),
 		row("· the simulator's time to first token, through llmq", s.simTTFB),
 		row("· first token flushed → first delta event read (the delta path)", s.firstPath),
 		row("submit → running event read", s.toRunning),
-		row("running event read → first delta event read", s.runToDelta),
-	)}
+		row("running event read → first delta event read", s.runToDelta))
+	return t
 }
 
 // busy says how much of the machine the fan-out phase's processes took (Postgres not counted).

@@ -116,11 +116,8 @@ func (s *llmqSystem) results(ctx context.Context, since time.Time) (tpOutcome, e
 
 // completedRows is submitted less the count countUnfinished reads.
 func completedRows(ctx context.Context, obs *pgxpool.Pool, submitted int, countUnfinished string) (int, error) {
-	var n int
-	if err := obs.QueryRow(ctx, countUnfinished).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count unfinished jobs: %w", err)
-	}
-	return submitted - n, nil
+	n, err := countRows(ctx, obs, countUnfinished)
+	return submitted - n, err
 }
 
 // rowOutcome reads the outcome of the jobs created at or after since from query, whose rows

@@ -106,8 +106,9 @@ type riverHTTPArgs struct {
 // Kind implements river.JobArgs.
 func (riverHTTPArgs) Kind() string { return "bench_river_http" }
 
-// openRiverPool opens a pool of conns connections on the database at dbURL.
-func openRiverPool(ctx context.Context, dbURL string, conns int) (*pgxpool.Pool, error) {
+// openPool opens a pool of conns connections on the database at dbURL (for the processes the
+// bench binary runs itself: River over HTTP's, the floor's).
+func openPool(ctx context.Context, dbURL string, conns int) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse -database-url: %w", err)
@@ -123,7 +124,7 @@ func openRiverPool(ctx context.Context, dbURL string, conns int) (*pgxpool.Pool,
 // serveRiverAPI is the API: POST /jobs with {"request": {...}} inserts a River job holding the
 // request and answers 202 {"id": "<River's job id>"}.
 func serveRiverAPI(ctx context.Context, cfg riverProcConfig, logger *slog.Logger) error {
-	pool, err := openRiverPool(ctx, cfg.dbURL, cfg.conns)
+	pool, err := openPool(ctx, cfg.dbURL, cfg.conns)
 	if err != nil {
 		return err
 	}
@@ -205,7 +206,7 @@ func providerClient(maxWorkers int) *http.Client {
 // serveRiverWorker runs a River client working the default queue with riverHTTPWorker until
 // ctx ends, then stops it gracefully (jobs in hand finish).
 func serveRiverWorker(ctx context.Context, cfg riverProcConfig, logger *slog.Logger) error {
-	pool, err := openRiverPool(ctx, cfg.dbURL, cfg.conns)
+	pool, err := openPool(ctx, cfg.dbURL, cfg.conns)
 	if err != nil {
 		return err
 	}
