@@ -2,9 +2,11 @@ package main
 
 import (
 	"net/http/httptest"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/internal/config"
 	"github.com/stretchr/testify/require"
 )
 
@@ -68,4 +70,27 @@ func TestSteadyTargets(t *testing.T) {
 	require.Len(t, rows, 2)
 	require.Equal(t, []string{"4.0 ms", "PASS"}, rows[0][1:], "p50 within 5 ms")
 	require.Equal(t, []string{"30.0 ms", "FAIL"}, rows[1][1:], "p99 over 20 ms")
+}
+
+// TestStreamConfig proves that the stream bench's edits of the run's config load with llmq's
+// own loader: the streams cap, and the pool and poll interval only when asked for.
+func TestStreamConfig(t *testing.T) {
+	const db = "postgres://postgres@127.0.0.1:5432/llmq_bench_x?sslmode=disable"
+	load := func(t *testing.T, pool int, poll time.Duration) *config.Config {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "llmq.yaml")
+		_, err := writeConfig(path, db, "redis://127.0.0.1:6379/0", "llmq-bench-q", "http://127.0.0.1:9", "sk-x", llmqSetup{})
+		require.NoError(t, err)
+		require.NoError(t, streamConfig(path, 1000, pool, poll))
+		cfg, err := config.LoadWithoutSecrets(path, func(string) string { return "" })
+		require.NoError(t, err)
+		return cfg
+	}
+	cfg := load(t, 0, 0)
+	require.Equal(t, 1000, cfg.API.MaxStreamsPerTenant)
+	require.Equal(t, 10*time.Millisecond, cfg.Worker.PollInterval, "llmq's default poll")
+	require.Equal(t, db, cfg.DatabaseURL)
+	cfg = load(t, 8, 2*time.Millisecond)
+	require.Equal(t, 2*time.Millisecond, cfg.Worker.PollInterval)
+	require.Contains(t, cfg.DatabaseURL, "pool_max_conns=8")
 }
