@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,9 @@ func (r instrRound) perJob(n int) float64 {
 	return (float64(r.busy.instr) - rate*r.busy.secs) / float64(n)
 }
 
+// instrIDs are the systems -only selects from.
+var instrIDs = []string{"serve", "llmq", "httpfloor"}
+
 // instrGodebug keeps Go programs runnable under valgrind 3.19: without rdtscp (which VEX does not
 // decode: SIGILL in runtime.cputicks) and without asynchronous preemption (its signals trip an
 // assertion in callgrind's signal handling).
@@ -85,10 +89,15 @@ func (b *instructionsBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.rounds, "rounds", 3, 1, "rounds (an idle window, then a busy one) per system")
 	fs.intAtLeast(&b.clients, "clients", 4, 1, "concurrent submitting clients")
 	fs.StringVar(&b.valgrind, "valgrind", "valgrind", "valgrind binary (callgrind_control is looked for beside it)")
+	s.rows(fs, instrIDs)
 	b.s = s
 }
 
 func (b *instructionsBench) run(ctx context.Context, log logf) error {
+	ids, err := selectIDs(instrIDs, b.s.only)
+	if err != nil {
+		return err
+	}
 	if err := b.s.binaries(ctx, log); err != nil {
 		return err
 	}
@@ -106,19 +115,22 @@ func (b *instructionsBench) run(ctx context.Context, log logf) error {
 	hc := providerClient(b.clients)
 	defer hc.CloseIdleConnections()
 	for _, t := range []struct {
-		name  string
-		start func(context.Context, string) (*instrTarget, error)
+		id, name string
+		start    func(context.Context, string) (*instrTarget, error)
 	}{
-		{"llmq serve: API and worker in one process", func(ctx context.Context, dir string) (*instrTarget, error) {
+		{"serve", "llmq serve: API and worker in one process", func(ctx context.Context, dir string) (*instrTarget, error) {
 			return b.startLLMQ(ctx, vg, dir, sim.URL, true)
 		}},
-		{"llmq api and worker processes", func(ctx context.Context, dir string) (*instrTarget, error) {
+		{"llmq", "llmq api and worker processes", func(ctx context.Context, dir string) (*instrTarget, error) {
 			return b.startLLMQ(ctx, vg, dir, sim.URL, false)
 		}},
-		{httpFloorRow, func(ctx context.Context, dir string) (*instrTarget, error) {
+		{"httpfloor", httpFloorRow, func(ctx context.Context, dir string) (*instrTarget, error) {
 			return b.startFloor(ctx, vg, self, dir, sim.URL)
 		}},
 	} {
+		if !slices.Contains(ids, t.id) {
+			continue
+		}
 		log("%s under callgrind: %d rounds of %s idle and %d jobs", t.name, b.rounds, b.idle, b.s.n)
 		row := instrRow{name: t.name}
 		row.procs, row.err = b.measure(ctx, control, hc, t.start, log)

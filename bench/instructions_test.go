@@ -90,3 +90,13 @@ func TestFloorProcArgs(t *testing.T) {
 	_, err = parseFloorProc([]string{"-database-url", "postgres://x/db"}, io.Discard)
 	require.ErrorContains(t, err, "-redis-url is required")
 }
+
+// TestInstructionsOnly: -only picks systems by id, in the table's order; an unknown id is refused.
+func TestInstructionsOnly(t *testing.T) {
+	_, s := parse[*instructionsBench](t, "instructions", "-only", "httpfloor,serve")
+	ids, err := selectIDs(instrIDs, s.only)
+	require.NoError(t, err)
+	require.Equal(t, []string{"serve", "httpfloor"}, ids)
+	_, err = selectIDs(instrIDs, "river")
+	require.ErrorContains(t, err, `-only: unknown row "river" (rows: serve, llmq, httpfloor)`)
+}
