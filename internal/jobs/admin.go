@@ -34,7 +34,7 @@ ORDER BY created_at DESC, id DESC LIMIT $2`, status, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return scanJob(r) })
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
@@ -102,7 +102,7 @@ ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead jobs: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return scanJob(r) })
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
 	if err != nil {
 		return nil, fmt.Errorf("list dead jobs: %w", err)
 	}

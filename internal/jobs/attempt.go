@@ -60,7 +60,7 @@ SELECT `+jobColumnsNoRequest+` FROM u`, id, AttemptLease.Milliseconds(), token)
 	}
 	// Not runnable: say whether a live lease is why (or the job is terminal or missing). The
 	// lease may be this call's own: its first run committed, and its answer was lost.
-	job, err = scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumnsNoRequest+` FROM jobs
+	job, err = s.scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumnsNoRequest+` FROM jobs
 WHERE id = $1 AND status = 'running' AND lease_until > clock_timestamp()`, id))
 	switch {
 	case err == nil && job.LeaseToken != nil && *job.LeaseToken == token:

@@ -24,7 +24,7 @@ func createOp(t *testing.T, meta string) (*batchOp, **Job) {
 		Metadata: json.RawMessage(meta)})
 	var job *Job
 	return &batchOp{ctx: context.Background(), key: id, sql: sql, args: args, done: make(chan struct{}), scan: func(r pgx.Row) (err error) {
-		job, err = scanJob(r)
+		job, err = new(Store).scanJob(r)
 		return err
 	}}, &job
 }

@@ -41,7 +41,7 @@ func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
 		if status.Terminal() {
 			return &TerminalError{Status: status}
 		}
-		job, err = scanJob(tx.QueryRow(ctx, `
+		job, err = s.scanJob(tx.QueryRow(ctx, `
 UPDATE jobs SET status = 'canceled', next_attempt_at = NULL, finished_at = now(), updated_at = now(),
 	event_seq = event_seq + 1
 WHERE id = $1

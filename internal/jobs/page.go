@@ -54,7 +54,7 @@ func (s *Store) Page(ctx context.Context, p PageParams) (*JobPage, error) {
 		if err != nil {
 			return err
 		}
-		list, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return scanJob(r) })
+		list, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
 		return err
 	})
 	if err != nil {

@@ -39,6 +39,7 @@ const EventsChannel = "llmq_job_events"
 type Store struct {
 	pool  *pgxpool.Pool
 	batch *batcher // the hot path's transitions, sent together under load
+	plans scanPlans // pgx's scan plans for job rows, per connection
 	now   func() time.Time
 	newID func() (uuid.UUID, error) // a new job's ID: uuid.NewV7 (tests fix it)
 }
@@ -93,7 +94,7 @@ var jobColumnsNoRequest = strings.Replace(jobColumns, " request,", " NULL::json 
 func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job, error) {
 	var job *Job
 	err := s.batch.queryRow(ctx, id, sql, args, func(r pgx.Row) (err error) {
-		job, err = scanJob(r)
+		job, err = s.scanJob(r)
 		return err
 	})
 	if err != nil {
@@ -103,16 +104,17 @@ func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job
 	return job, nil
 }
 
-func scanJob(row pgx.Row) (*Job, error) {
+// scanJob reads a row of jobColumns (or jobColumnsNoRequest) into a Job.
+func (s *Store) scanJob(row pgx.Row) (*Job, error) {
 	var j Job
 	var timeoutMS int64
 	var lastErr []byte
 	var attemptMS, firstByteMS *int64
-	err := row.Scan(&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
+	err := row.Scan(rowScanner{p: &s.plans, dest: []any{&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
 		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant,
-		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority)
+		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority}})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -180,12 +182,12 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 			if !c.Matches(p.Fingerprint) {
 				return ErrIdempotencyKeyReused
 			}
-			job, err = scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, c.JobID))
+			job, err = s.scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, c.JobID))
 			replayed = true
 			return err
 		}
 		sql, args := insertJob(id.String(), &p.IdempotencyKey, s.now().Add(p.Timeout), p)
-		if job, err = scanJob(tx.QueryRow(ctx, sql, args...)); err != nil {
+		if job, err = s.scanJob(tx.QueryRow(ctx, sql, args...)); err != nil {
 			return err
 		}
 		job.Request = p.Request // insertJob does not send the body back

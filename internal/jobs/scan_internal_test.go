@@ -1,0 +1,81 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+)
+
+// TestScanJob_PlansKeptPerConnection: a connection's job rows are scanned with the plans its
+// first row made; a column of another type in a later statement is planned again and read
+// right; another connection gets plans of its own.
+func TestScanJob_PlansKeptPerConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := pgtest.Pool(t)
+	s := NewStore(pool, nil)
+	created, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
+		MaxAttempts: 3, Timeout: time.Hour, Fallbacks: []string{"d"}})
+	require.NoError(t, err)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	byID := `SELECT ` + jobColumns + ` FROM jobs WHERE id = $1`
+	first, err := s.scanJob(conn.QueryRow(ctx, byID, created.ID))
+	require.NoError(t, err)
+	require.Equal(t, created, first)
+	plans := s.plans.forMap(conn.Conn().TypeMap())
+	made := append([]pgtype.ScanPlan(nil), plans.plans...)
+	require.Len(t, made, 33)
+
+	again, err := s.scanJob(conn.QueryRow(ctx, byID, created.ID))
+	require.NoError(t, err)
+	require.Equal(t, created, again)
+	require.Equal(t, made, plans.plans, "the second row used the first row's plans")
+
+	// attempts as bigint: that column alone is planned again, and read right.
+	wide := strings.Replace(byID, " attempts,", " attempts::bigint + 2 AS attempts,", 1)
+	require.NotEqual(t, byID, wide)
+	bumped, err := s.scanJob(conn.QueryRow(ctx, wide, created.ID))
+	require.NoError(t, err)
+	require.Equal(t, created.Attempts+2, bumped.Attempts)
+	require.Equal(t, uint32(pgtype.Int8OID), plans.oids[5])
+	for i := range made {
+		if i != 5 {
+			require.Equal(t, made[i], plans.plans[i], "column %d", i)
+		}
+	}
+
+	other, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer other.Release()
+	require.NotSame(t, plans, s.plans.forMap(other.Conn().TypeMap()))
+}
+
+// TestScanPlans_DroppedWithTheirConnection: the plans of a connection whose type map is gone
+// (a closed connection) are dropped, so that a pool's turnover does not grow them.
+func TestScanPlans_DroppedWithTheirConnection(t *testing.T) {
+	t.Parallel()
+	var p scanPlans
+	func() { p.forMap(pgtype.NewMap()) }()
+	count := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.byMap)
+	}
+	require.Equal(t, 1, count())
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return count() == 0
+	}, 10*time.Second, 10*time.Millisecond)
+}
