@@ -92,6 +92,17 @@ func TestSubmit_InputLimits(t *testing.T) {
 		checkClientAnswer(t, rec, "LongLastEventID")
 		require.Equal(t, http.StatusBadRequest, rec.Code)
 	})
+	t.Run("RequestThatIsNoObjectIs400", func(t *testing.T) {
+		t.Parallel()
+		for _, req := range []string{`[{"model":"m"}]`, `"hi"`, `42`, `true`, ` []`} {
+			rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request":`+req+`}`, nil)
+			checkClientAnswer(t, rec, req)
+			require.Equal(t, http.StatusBadRequest, rec.Code, req)
+			require.Contains(t, rec.Body.String(), `"type":"invalid_request"`, req)
+		}
+		rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request": {"model":"m"} }`, nil)
+		require.Equal(t, http.StatusAccepted, rec.Code, rec.Body.String())
+	})
 	t.Run("EscapesPostgresCannotReadBackAre400", func(t *testing.T) {
 		t.Parallel()
 		// The json column would store them, but any request->>'...' query on the table would fail.

@@ -191,8 +191,9 @@ func checkRequest(request json.RawMessage) error {
 	if len(request) == 0 || string(request) == "null" {
 		return invalid("missing_request", "field \"request\" is required: the provider-native request body")
 	}
-	var req map[string]json.RawMessage
-	if err := json.Unmarshal(request, &req); err != nil {
+	// The body's decode (decodeSubmit) has checked that request is JSON: an object is one that
+	// opens with a brace. No second parse.
+	if v := bytes.TrimLeft(request, " \t\r\n"); len(v) == 0 || v[0] != '{' {
 		return invalid("invalid_request", "field \"request\" must be a JSON object")
 	}
 	if err := checkEscapes(request); err != nil {

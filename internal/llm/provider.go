@@ -377,7 +377,8 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 	var top struct {
 		Usage json.RawMessage `json:"usage"`
 	}
-	if !isJSONObject(data) || json.Unmarshal(data, &top) != nil {
+	// Unmarshal checks the whole answer is valid JSON before it decodes (no json.Valid first).
+	if !startsObject(data) || json.Unmarshal(data, &top) != nil {
 		return out, fmt.Errorf("llm: decode %d response (%d bytes, content-type %q): %w",
 			resp.StatusCode, len(data), c.red.clean(header.Get("Content-Type"), maxHeaderTextLen), ErrDecode)
 	}

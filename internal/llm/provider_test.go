@@ -514,7 +514,7 @@ func TestProvider_Send_InvalidRequest(t *testing.T) {
 func TestProvider_Send_Decode(t *testing.T) {
 	t.Parallel()
 
-	for _, body := range []string{"<html>hello</html>", "[1,2]", "null", `{"usage":`, ""} {
+	for _, body := range []string{"<html>hello</html>", "[1,2]", "null", `{"usage":`, "", `{"usage":{}} trailing`, `{"content":[]}{}`} {
 		t.Run(body, func(t *testing.T) {
 			t.Parallel()
 
