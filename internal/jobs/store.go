@@ -110,9 +110,12 @@ func (s *Store) scanJob(row pgx.Row) (*Job, error) {
 	var timeoutMS int64
 	var lastErr []byte
 	var attemptMS, firstByteMS *int64
+	// The JSON columns are read as bytes: Postgres has checked them, and pgx would check them
+	// again (json.Unmarshal) for a json.RawMessage.
+	var result, usage, metadata, request []byte
 	err := row.Scan(rowScanner{p: &s.plans, dest: []any{&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
-		&j.NextAttemptAt, &lastErr, &j.Result, &j.Usage, &j.DeadReason, &j.Metadata, &j.Request,
+		&j.NextAttemptAt, &lastErr, &result, &usage, &j.DeadReason, &metadata, &request,
 		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant,
 		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority}})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -121,6 +124,7 @@ func (s *Store) scanJob(row pgx.Row) (*Job, error) {
 	if err != nil {
 		return nil, err
 	}
+	j.Result, j.Usage, j.Metadata, j.Request = result, usage, metadata, request
 	j.Timeout = Duration(time.Duration(timeoutMS) * time.Millisecond)
 	if j.Status == StatusSucceeded {
 		class := string(j.Lane)
