@@ -45,29 +45,28 @@ func Count(provider string, body []byte) (Request, error) {
 	if provider != ProviderAnthropic && provider != ProviderOpenAI {
 		return Request{}, fmt.Errorf("count tokens: unknown provider %q", provider)
 	}
+	// One parse of the body, messages included (their contents stay raw).
 	var raw struct {
-		Model               json.RawMessage `json:"model"`
-		Messages            json.RawMessage `json:"messages"`
+		Model    json.RawMessage `json:"model"`
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
 		System              json.RawMessage `json:"system"`
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	}
 	if err := json.Unmarshal(body, &raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "messages" {
+			return Request{}, fmt.Errorf("%w: messages is not an array of messages", ErrInvalidRequest)
+		}
 		return Request{}, fmt.Errorf("%w: body is not a JSON object: %w", ErrInvalidRequest, err)
 	}
 	var r Request
 	if !isNull(raw.Model) {
 		_ = json.Unmarshal(raw.Model, &r.Model) // a non-string model is only a worse label
 	}
-	var messages []struct {
-		Content json.RawMessage `json:"content"`
-	}
-	if !isNull(raw.Messages) {
-		if err := json.Unmarshal(raw.Messages, &messages); err != nil {
-			return Request{}, fmt.Errorf("%w: messages is not an array of messages", ErrInvalidRequest)
-		}
-	}
-	for i, m := range messages {
+	for i, m := range raw.Messages {
 		n, err := textBytes(m.Content)
 		if err != nil {
 			return Request{}, fmt.Errorf("%w: messages.%d.content: %w", ErrInvalidRequest, i, err)

@@ -69,17 +69,20 @@ func TestCount(t *testing.T) {
 
 	t.Run("Errors", func(t *testing.T) {
 		t.Parallel()
-		for _, body := range []string{
-			`[1]`, `not json`,
-			`{"messages":{"role":"user"}}`,
-			`{"messages":[{"role":"user","content":42}]}`,
-			`{"system":42,"messages":[]}`,
-			`{"max_tokens":0,"messages":[]}`,
-			`{"max_tokens":"many","messages":[]}`,
-			`{"max_tokens":1.5,"messages":[]}`,
+		for body, want := range map[string]string{
+			`[1]`:                          "body is not a JSON object",
+			`not json`:                     "body is not a JSON object",
+			`{"messages":{"role":"user"}}`: "messages is not an array of messages",
+			`{"messages":[1]}`:             "messages is not an array of messages",
+			`{"messages":[{"role":"user","content":42}]}`: "messages.0.content: must be a string or an array of content blocks",
+			`{"system":42,"messages":[]}`:                 "system: must be a string or an array of content blocks",
+			`{"max_tokens":0,"messages":[]}`:              "max_tokens must be a positive integer",
+			`{"max_tokens":"many","messages":[]}`:         "max_tokens must be a positive integer",
+			`{"max_tokens":1.5,"messages":[]}`:            "max_tokens must be a positive integer",
 		} {
 			_, err := tokens.Count(tokens.ProviderAnthropic, []byte(body))
 			require.ErrorIs(t, err, tokens.ErrInvalidRequest, body)
+			require.ErrorContains(t, err, want, body)
 		}
 		_, err := tokens.Count("gemini", []byte(`{}`))
 		require.ErrorContains(t, err, "unknown provider")
