@@ -74,8 +74,9 @@ const maxStoreRetryStep = 3
 
 // handler adapts a Processor to asynq.
 type handler struct {
-	p   Processor
-	due *Enqueuer
+	p      Processor
+	due    *Enqueuer
+	stacks *Stacks // where deliveries run (nil: on asynq's goroutine)
 }
 
 // ProcessTask implements asynq.Handler. A deferral of a task on the low queue becomes a due task
@@ -91,7 +92,9 @@ func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	queue, _ := asynq.GetQueueName(ctx)
 	taskID, _ := asynq.GetTaskID(ctx)
 	lowQueue := queue == h.due.queues.For(jobs.PriorityLow)
-	err = h.p.Process(ctx, Delivery{JobID: id, Retried: retried, Low: lowQueue || strings.HasSuffix(taskID, dueSuffix)})
+	h.stacks.Run(func() {
+		err = h.p.Process(ctx, Delivery{JobID: id, Retried: retried, Low: lowQueue || strings.HasSuffix(taskID, dueSuffix)})
+	})
 	var d *DeferError
 	if !errors.As(err, &d) || !lowQueue {
 		return err
