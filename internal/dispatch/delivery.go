@@ -74,9 +74,8 @@ const maxStoreRetryStep = 3
 
 // handler adapts a Processor to asynq.
 type handler struct {
-	p      Processor
-	due    *Enqueuer
-	stacks *Stacks // where deliveries run (nil: on asynq's goroutine)
+	p   Processor
+	due *Enqueuer
 }
 
 // ProcessTask implements asynq.Handler. A deferral of a task on the low queue becomes a due task
@@ -92,9 +91,7 @@ func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	queue, _ := asynq.GetQueueName(ctx)
 	taskID, _ := asynq.GetTaskID(ctx)
 	lowQueue := queue == h.due.queues.For(jobs.PriorityLow)
-	h.stacks.Run(func() {
-		err = h.p.Process(ctx, Delivery{JobID: id, Retried: retried, Low: lowQueue || strings.HasSuffix(taskID, dueSuffix)})
-	})
+	err = h.p.Process(ctx, Delivery{JobID: id, Retried: retried, Low: lowQueue || strings.HasSuffix(taskID, dueSuffix)})
 	var d *DeferError
 	if !errors.As(err, &d) || !lowQueue {
 		return err

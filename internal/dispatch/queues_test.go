@@ -125,7 +125,7 @@ func (q *servedQueue) serveOneAtATime(t *testing.T, p dispatch.Processor) {
 	t.Helper()
 	srv := dispatch.NewServer(q.opt, dispatch.ServerConfig{Queue: q.name, Concurrency: 1,
 		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
-	require.NoError(t, srv.Start(dispatch.Mux(p, q.enq, nil)))
+	require.NoError(t, srv.Start(dispatch.Mux(p, q.enq)))
 	t.Cleanup(srv.Shutdown)
 }
 
@@ -240,7 +240,7 @@ func TestServer_DeferralsWaitAsDueTasks(t *testing.T) {
 	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: tb.queue, Concurrency: 1,
 		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
 	p := &deferAlways{}
-	require.NoError(t, srv.Start(dispatch.Mux(p, tb.enqueuer, nil)))
+	require.NoError(t, srv.Start(dispatch.Mux(p, tb.enqueuer)))
 	t.Cleanup(srv.Shutdown)
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -306,7 +306,7 @@ func TestServer_LowDeferralStaysWhenItsDueTaskCannotBeEnqueued(t *testing.T) {
 	require.NoError(t, closed.Close())
 	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: tb.queue, Concurrency: 1,
 		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
-	require.NoError(t, srv.Start(dispatch.Mux(&deferAlways{}, dispatch.NewEnqueuer(closed, tb.queue), nil)))
+	require.NoError(t, srv.Start(dispatch.Mux(&deferAlways{}, dispatch.NewEnqueuer(closed, tb.queue))))
 	t.Cleanup(srv.Shutdown)
 
 	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), taskID, jobs.PriorityLow, time.Time{}))

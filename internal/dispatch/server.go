@@ -31,7 +31,7 @@ type ServerConfig struct {
 // waiting (see Queues.weights): deferrals come back at their time without counting as failures,
 // and retries and scheduled tasks are moved to pending every 50 ms (asynq's
 // DelayedTaskCheckInterval, default 5s, bounds how precisely a limiter send time or a
-// Retry-After is kept). Run it with Start(Mux(p, e, s)).
+// Retry-After is kept). Run it with Start(Mux(p, e)).
 func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -57,11 +57,10 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
 // low jobs). The main queue holds interactive work and the deferred deliveries whose time has
 // come; a deferral of any other task (the main queue's, or a due task's) is asynq's retry on its
 // own queue. A job has at most one due task: when one exists, a deferral of the job's low task
-// (a sweep's or a rescue's duplicate) just ends that task. Deliveries run on s's goroutines (see
-// Stacks; nil: on asynq's).
-func Mux(p Processor, e *Enqueuer, s *Stacks) *asynq.ServeMux {
+// (a sweep's or a rescue's duplicate) just ends that task.
+func Mux(p Processor, e *Enqueuer) *asynq.ServeMux {
 	mux := asynq.NewServeMux()
-	mux.Handle(TaskType, handler{p: p, due: e, stacks: s})
+	mux.Handle(TaskType, handler{p: p, due: e})
 	return mux
 }
 

@@ -242,8 +242,7 @@ func (w *Worker) close() error {
 
 // Run processes jobs, sweeps and maintains until ctx ends, then shuts down gracefully.
 func (w *Worker) Run(ctx context.Context) error {
-	stacks := dispatch.NewStacks()
-	if err := w.server.Start(dispatch.Mux(w.executor, w.enqueuer, stacks)); err != nil {
+	if err := w.server.Start(dispatch.Mux(w.executor, w.enqueuer)); err != nil {
 		return fmt.Errorf("start asynq server: %w", err)
 	}
 	sweepDone, maintDone, listenDone, pausesDone := make(chan error, 1), make(chan error, 1), make(chan struct{}), make(chan struct{})
@@ -267,7 +266,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	w.server.Shutdown()
-	stacks.Close()
 	<-listenDone
 	<-pausesDone
 	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, w.close())
