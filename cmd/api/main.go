@@ -15,7 +15,6 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	process.TuneGC(os.Getenv)
 	if err := process.API(ctx, os.Args[1:], process.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "api:", err)
 		os.Exit(1)

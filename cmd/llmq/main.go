@@ -29,7 +29,6 @@ Run "llmq <command> -h" for a command's flags.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	process.TuneGC(os.Getenv)
 	if err := run(ctx, os.Args[1:], process.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "llmq:", err)
 		os.Exit(1)

@@ -16,7 +16,6 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	process.TuneGC(os.Getenv)
 	if err := process.Worker(ctx, os.Args[1:], process.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)

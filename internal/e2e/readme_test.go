@@ -203,12 +203,11 @@ type readmeStack struct {
 }
 
 // env is the examples' environment: this process's, without llmq's own variables (the README
-// sets what it needs), without GOGC (the README shows the processes' default) and without
-// proxies for the local addresses.
+// sets what it needs) and without proxies for the local addresses.
 func (s *readmeStack) env() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "LLMQ_") && !strings.HasPrefix(kv, "GOGC=") {
+		if !strings.HasPrefix(kv, "LLMQ_") {
 			env = append(env, kv)
 		}
 	}
