@@ -20,6 +20,9 @@ const (
 	cpuWorkers  = "workers"  // the worker child processes, summed
 	cpuPostgres = "postgres" // the Postgres backends connected to the row's database
 	cpuRedis    = "redis"    // the whole Redis server (shared: other clients count too)
+	// cpuSystem is the system (kernel) part of the api and worker processes' CPU: not a column,
+	// a note (systemNote). Instruction counts (bench instructions) do not see it.
+	cpuSystem = "system"
 )
 
 // cpuGroups is the column order of the CPU groups.
@@ -43,36 +46,46 @@ func (s cpuSample) sub(before cpuSample) cpuSample {
 // clockTick is the unit of the times in /proc/<pid>/stat (USER_HZ, 100 on every Linux ABI).
 const clockTick = 10 * time.Millisecond
 
-// parseProcStatCPU returns utime + stime from the text of /proc/<pid>/stat. The command name
-// (field 2) may hold spaces and parentheses, so fields are counted after its last ')'.
+// parseProcStatCPU returns utime + stime from the text of /proc/<pid>/stat.
 func parseProcStatCPU(stat string) (time.Duration, error) {
+	user, system, err := parseProcStatTimes(stat)
+	return user + system, err
+}
+
+// parseProcStatTimes returns utime and stime from the text of /proc/<pid>/stat. The command name
+// (field 2) may hold spaces and parentheses, so fields are counted after its last ')'.
+func parseProcStatTimes(stat string) (user, system time.Duration, err error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, errors.New("proc stat: no command name")
+		return 0, 0, errors.New("proc stat: no command name")
 	}
 	f := strings.Fields(stat[i+1:])
 	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
 	if len(f) < 13 {
-		return 0, fmt.Errorf("proc stat: %d fields after the command name, want at least 13", len(f))
+		return 0, 0, fmt.Errorf("proc stat: %d fields after the command name, want at least 13", len(f))
 	}
-	var ticks int64
-	for _, s := range f[11:13] {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("proc stat: %w", err)
+	var ticks [2]int64
+	for j, s := range f[11:13] {
+		if ticks[j], err = strconv.ParseInt(s, 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("proc stat: %w", err)
 		}
-		ticks += v
 	}
-	return time.Duration(ticks) * clockTick, nil
+	return time.Duration(ticks[0]) * clockTick, time.Duration(ticks[1]) * clockTick, nil
 }
 
 // procCPU returns the CPU time of process pid so far (Linux only).
 func procCPU(pid int) (time.Duration, error) {
+	user, system, err := procTimes(pid)
+	return user + system, err
+}
+
+// procTimes returns the user and system CPU time of process pid so far (Linux only).
+func procTimes(pid int) (user, system time.Duration, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, fmt.Errorf("read cpu of pid %d: %w", pid, err)
+		return 0, 0, fmt.Errorf("read cpu of pid %d: %w", pid, err)
 	}
-	return parseProcStatCPU(string(b))
+	return parseProcStatTimes(string(b))
 }
 
 // parseRedisCPU returns used_cpu_sys + used_cpu_user from the text of Redis's INFO cpu.
@@ -180,25 +193,35 @@ func (m *cpuMeter) sample(ctx context.Context, first bool) cpuSample {
 	if d, err := selfCPU(); err == nil {
 		s[cpuBench] = d
 	}
+	var system time.Duration
+	systemOK := m.api != 0 || len(m.workers) > 0
 	if m.api != 0 {
-		if d, err := procCPU(m.api); err == nil {
-			s[cpuAPI] = d
+		if u, sys, err := procTimes(m.api); err == nil {
+			s[cpuAPI] = u + sys
+			system += sys
+		} else {
+			systemOK = false
 		}
 	}
 	if len(m.workers) > 0 {
 		var sum time.Duration
 		ok := true
 		for _, pid := range m.workers {
-			d, err := procCPU(pid)
+			u, sys, err := procTimes(pid)
 			if err != nil {
 				ok = false
 				break
 			}
-			sum += d
+			sum += u + sys
+			system += sys
 		}
 		if ok {
 			s[cpuWorkers] = sum
 		}
+		systemOK = systemOK && ok
+	}
+	if systemOK {
+		s[cpuSystem] = system
 	}
 	if m.adminURL != "" {
 		if b, err := postgresBackends(ctx, m.adminURL, m.db); err == nil {
@@ -249,4 +272,15 @@ func cpuCells(r tpResult) []string {
 		}
 	}
 	return out
+}
+
+// systemNote says what share of the api and worker processes' CPU was system time, or "" when
+// it was not measured.
+func systemNote(r tpResult) string {
+	sys, ok := r.cpu[cpuSystem]
+	total := r.cpu[cpuAPI] + r.cpu[cpuWorkers]
+	if !ok || total <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("its processes' CPU %.0f%% system time", 100*sys.Seconds()/total.Seconds())
 }

@@ -196,6 +196,9 @@ func (run rateRun) note() []string {
 	if s := stagesLine(res.stages, res.n); s != "" {
 		parts = append(parts, s)
 	}
+	if s := systemNote(res); s != "" {
+		parts = append(parts, s)
+	}
 	if len(run.each) > 1 {
 		each := make([]string, len(run.each))
 		for i, l := range run.each {

@@ -37,6 +37,9 @@ func TestParseProcStatCPU(t *testing.T) {
 		d, err := parseProcStatCPU(stat)
 		require.NoError(t, err)
 		require.Equal(t, 287*clockTick, d)
+		user, system, err := parseProcStatTimes(stat)
+		require.NoError(t, err)
+		require.Equal(t, []time.Duration{250 * clockTick, 37 * clockTick}, []time.Duration{user, system})
 	})
 	t.Run("Truncated", func(t *testing.T) {
 		t.Parallel()
@@ -226,7 +229,12 @@ func TestThroughputReport(t *testing.T) {
 	require.NotContains(t, notes, "Throughput targets", "the floor over HTTP did not run: nothing is judged")
 	require.Contains(t, notes, "floor over HTTP: POST → insert → asynq → provider → update: failed: floor: boom")
 	require.Contains(t, notes, "llmq end to end: stage mean ms per delivery: pickup 4.00, call 1.00 (5.0 ms per job in all).")
+	require.NotContains(t, notes, "system time", "not measured, not said")
 	require.Equal(t, []string{tpHTTPFloor}, rep.failed)
+
+	tp.results[4].cpu = cpuSample{cpuAPI: time.Second, cpuWorkers: 3 * time.Second, cpuSystem: 1600 * time.Millisecond}
+	notes = strings.Join(tp.report().notes, "\n")
+	require.Contains(t, notes, "llmq end to end: its processes' CPU 40% system time.", "the api's and the workers' system share")
 }
 
 func TestRateReport(t *testing.T) {
@@ -241,6 +249,9 @@ func TestRateReport(t *testing.T) {
 	require.Equal(t, []string{"—", "FAIL"}, []string{rep.tables[0].rows[0][16], rep.tables[0].rows[1][16]}, "the targets are llmq's")
 	require.Contains(t, rep.notes, "llmq end to end at 500/s: submits up to 0.0 ms late; created → first attempt started p50 3.0 ms, "+
 		"p99 30.0 ms; started → finished p50 3.0 ms, p99 10.0 ms.")
+	withSystem := r.runs[1]
+	withSystem.res.cpu = cpuSample{cpuWorkers: 4 * time.Second, cpuSystem: time.Second}
+	require.Contains(t, withSystem.note()[0], "; its processes' CPU 25% system time")
 	require.Equal(t, "FAIL", verdict(r.runs[1].checks(nil)), "p99 40 ms > 20 ms")
 	llmq.lat[2] = ms(7)
 	require.Equal(t, "PASS", verdict(rateRun{res: llmq}.checks(nil)))

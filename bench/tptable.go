@@ -162,6 +162,9 @@ func runNotes(r tpResult) []string {
 	if s := stagesLine(r.stages, r.n); s != "" {
 		notes = append(notes, r.name+": "+s+".")
 	}
+	if s := systemNote(r); s != "" {
+		notes = append(notes, r.name+": "+s+".")
+	}
 	return notes
 }
 
