@@ -38,7 +38,7 @@ const EventsChannel = "llmq_job_events"
 // Store is the Postgres job store: the source of truth. It is safe for concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
-	batch *batcher // the hot path's transitions, sent together under load
+	batch *batcher  // the hot path's transitions, sent together under load
 	plans scanPlans // pgx's scan plans for job rows, per connection
 	now   func() time.Time
 	newID func() (uuid.UUID, error) // a new job's ID: uuid.NewV7 (tests fix it)
