@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
@@ -78,4 +79,42 @@ func TestScanPlans_DroppedWithTheirConnection(t *testing.T) {
 		runtime.GC()
 		return count() == 0
 	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestScanJob_ErrorsAndRowsWithoutConnection: a row that is not a job row is an error naming the
+// column count; a column that cannot be read is pgx's ScanArgError naming it; rows read without
+// a connection (no type map to keep plans for) are still scanned.
+func TestScanJob_ErrorsAndRowsWithoutConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := pgtest.Pool(t)
+	s := NewStore(pool, nil)
+	created, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
+		MaxAttempts: 3, Timeout: time.Hour})
+	require.NoError(t, err)
+
+	_, err = s.scanJob(pool.QueryRow(ctx, `SELECT 1`))
+	require.ErrorContains(t, err, "scan job row: 1 columns, want 33")
+
+	byID := `SELECT ` + jobColumns + ` FROM jobs WHERE id = $1`
+	bad := strings.Replace(byID, " attempts,", " 'many' AS attempts,", 1)
+	_, err = s.scanJob(pool.QueryRow(ctx, bad, created.ID))
+	var argErr pgx.ScanArgError
+	require.ErrorAs(t, err, &argErr)
+	require.Equal(t, "attempts", argErr.FieldName)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	rr := conn.Conn().PgConn().ExecParams(ctx, byID, [][]byte{[]byte(created.ID)}, nil, nil, nil)
+	rows := pgx.RowsFromResultReader(conn.Conn().TypeMap(), rr)
+	defer rows.Close()
+	require.True(t, rows.Next())
+	require.Nil(t, rows.Conn())
+	got, err := s.scanJob(rows)
+	require.NoError(t, err)
+	require.Equal(t, created.ID, got.ID)
+	require.Equal(t, created.CreatedAt, got.CreatedAt)
+	require.JSONEq(t, string(created.Request), string(got.Request))
 }
