@@ -327,6 +327,24 @@ func (c *Circuit) Allow(ctx context.Context) (Admission, error) {
 	return a, nil
 }
 
+// Key is the circuit's hash in Redis, for a caller's own script that makes Allow's test for
+// admitting without writing anything (limiter.AttemptOptions.Circuit): the hash's state field
+// is absent or "closed" and, when SuccessMemory is positive, its ok field (µs) lies within
+// SuccessMemory of now; its gen field (absent: 0) is then the generation to pass to
+// ClosedAdmission. Any other state must go through Allow.
+func (c *Circuit) Key() string { return c.key }
+
+// SuccessMemory is the cold-start cap's memory (0: no cap; see Key).
+func (c *Circuit) SuccessMemory() time.Duration { return time.Duration(c.b.memory) * time.Microsecond }
+
+// ClosedAdmission is the Admission Allow returns when it admits a closed, warm breaker's request
+// at generation gen, for a caller whose own script made that test (see Key); it records the
+// state as Allow does. Report the request's outcome on it as on any other.
+func (c *Circuit) ClosedAdmission(gen int64) Admission {
+	c.b.cfg.Metrics.setState(c.name, Closed)
+	return Admission{Allowed: true, State: Closed, gen: gen}
+}
+
 // Report records the outcome of a request Allow admitted, and returns the breaker's state after
 // it. In a closed breaker, Threshold consecutive Failures open it (for Cooldown) and a Success
 // resets the count and lifts the cold-start cap; any report frees the admission's cold-start

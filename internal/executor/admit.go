@@ -22,10 +22,40 @@ type admission struct {
 	reportSend int64               // a burst's slot: tell the gate when it leaves (limiter.Gate.Sent)
 }
 
+// errAskBreaker: the reservation's own test of the breaker (see clear) did not admit; the
+// delivery asks the breaker first, as it would without that test.
+var errAskBreaker = errors.New("the breaker is not plainly closed: ask it first")
+
+// clear takes the breaker's admission and the attempt's send slot. The breaker decides first:
+// while the provider is down, jobs wait without taking a rate slot or counting an attempt. An
+// attempt with nothing to do before its reservation (no slot held from an earlier delivery, no
+// draw on the retry budget) has the reservation's script make the breaker's test for admitting
+// without writing (closed and warm, the usual case), saving the breaker's own round trip; in
+// any other state, and on a paused credential, it asks the breaker itself (passBreaker), as the
+// other attempts do.
+func (e *Executor) clear(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (admission, error) {
+	t0 := e.cfg.Now()
+	var lane laneMemo // the tenant's weight is read once per delivery
+	if up.Circuit != nil && up.Gate != nil && job.SlotSeq == nil && (job.Attempts == 0 || !drawsOnRetryBudget(job)) {
+		adm, err := e.admit(ctx, job, up, nil, &lane, pass)
+		if !errors.Is(err, errAskBreaker) {
+			return adm, err
+		}
+	}
+	// The breaker stage counts the declined test too.
+	circuit, err := e.passBreaker(ctx, job, up, pass, t0)
+	if err != nil {
+		return admission{}, err
+	}
+	return e.admit(ctx, job, up, circuit, &lane, pass)
+}
+
 // admit takes the attempt's send slot: the one an earlier delivery held in the job row, or a new
 // one from the credential's gate (see admitGate). A request that can never fit the credential's
 // token limits fails the job; a refusal hands any breaker probe on and may fail the job over.
-func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, pass *gatePass) (admission, error) {
+// With a credential's breaker but no circuit admission, the gate makes the breaker's test (see
+// clear), and errAskBreaker says it did not admit.
+func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, lane *laneMemo, pass *gatePass) (admission, error) {
 	adm := admission{breaker: circuit}
 	switch {
 	case job.SlotSeq != nil:
@@ -39,8 +69,13 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 		return adm, nil
 	}
 	t0 := e.cfg.Now()
-	a, err := e.admitGate(ctx, job, up, pass)
+	a, err := e.admitGate(ctx, job, up, circuit, lane, pass)
+	if errors.Is(err, errAskBreaker) {
+		return adm, err
+	}
 	e.timed(StageAdmit, t0)
+	circuit = a.breaker // the gate's own test admitted it, or the one passed in
+	adm.breaker = circuit
 	if errors.Is(err, tokens.ErrTooLarge) {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
 		return adm, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
@@ -74,14 +109,19 @@ func (e *Executor) reportSend(ctx context.Context, up Upstream, adm admission) {
 // *deferral for long ones, holding the slot in the job row. A short wait is slept out of the
 // backlog gate.
 //
-// A first attempt costs one Redis round trip: the pause check and the count of first attempts
-// (the retry budget's base) go in the reservation's script. A retry that draws on the budget
-// checks the pause on its own first, so that a paused credential draws nothing.
-func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (admission, error) {
+// A first attempt costs one Redis round trip: the breaker's test (circuit nil; see clear), the
+// pause check and the count of first attempts (the retry budget's base) go in the reservation's
+// script. A retry that draws on the budget checks the pause on its own first, so that a paused
+// credential draws nothing. The admission returned holds the breaker's: circuit, or the one the
+// gate's test made.
+func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, memo *laneMemo, pass *gatePass) (admission, error) {
 	g := up.Gate
-	var adm admission
+	adm := admission{breaker: circuit}
 	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0, ReportSend: true}
-	lane, err := e.lane(ctx, job)
+	if circuit == nil && up.Circuit != nil {
+		opts.Circuit = &limiter.CircuitCheck{Key: up.Circuit.Key(), SuccessMemory: up.Circuit.SuccessMemory()}
+	}
+	lane, err := memo.get(ctx, e, job)
 	if err != nil {
 		return adm, err
 	}
@@ -114,6 +154,14 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, pa
 	cost, est := e.cost(up, job)
 	adm.est = est
 	res, err := g.AcquireAttempt(ctx, up.Limit, cost, e.cfg.MaxInlineWait, opts)
+	if err == nil && opts.Circuit != nil && (res.CircuitRefused || res.Paused.Paused) {
+		// A paused credential, too, goes the way it goes without the test: breaker first.
+		return adm, errAskBreaker
+	}
+	if err == nil && opts.Circuit != nil && res.Granted {
+		a := up.Circuit.ClosedAdmission(res.CircuitGen)
+		adm.breaker = &a
+	}
 	if err == nil && res.Paused.Paused {
 		if adm.pauseProbe, err = e.pauseProbe(ctx, up, res.Paused); err != nil {
 			return adm, err
@@ -142,6 +190,25 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, pa
 	}
 	pass.leave()
 	return adm, sleep(ctx, res.Wait)
+}
+
+// laneMemo keeps a delivery's lane (see lane) once read.
+type laneMemo struct {
+	lane *limiter.Lane
+	read bool
+}
+
+// get returns the job's lane, reading it the first time.
+func (m *laneMemo) get(ctx context.Context, e *Executor, job *jobs.Job) (*limiter.Lane, error) {
+	if m.read {
+		return m.lane, nil
+	}
+	l, err := e.lane(ctx, job)
+	if err != nil {
+		return nil, err
+	}
+	m.lane, m.read = l, true
+	return l, nil
 }
 
 // lane is the job's fair-queueing lane on its credential (its tenant, the tenant's weight, its

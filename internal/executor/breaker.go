@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/jobs"
@@ -13,12 +14,11 @@ import (
 // while the provider is down, jobs wait without taking a rate slot or counting an attempt, and
 // after the cooldown exactly one probe goes out cluster-wide. It returns the admission to report
 // the call's outcome on (nil without a circuit), or a *deferral (or the fallback's outcome, see
-// failOver) when refused.
-func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (*breaker.Admission, error) {
+// failOver) when refused. Its stage is timed from t0.
+func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass, t0 time.Time) (*breaker.Admission, error) {
 	if up.Circuit == nil {
 		return nil, nil
 	}
-	t0 := e.cfg.Now()
 	a, err := e.allowBreaker(ctx, job, up, pass)
 	e.timed(StageBreaker, t0)
 	if err != nil {

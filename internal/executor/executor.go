@@ -200,11 +200,7 @@ func (e *Executor) process(ctx context.Context, id string, fresh bool, pass *gat
 	if err != nil {
 		return err
 	}
-	circuit, err := e.passBreaker(ctx, job, up, pass)
-	if err != nil {
-		return err
-	}
-	adm, err := e.admit(ctx, job, up, circuit, pass)
+	adm, err := e.clear(ctx, job, up, pass)
 	if err != nil {
 		return err
 	}

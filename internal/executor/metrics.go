@@ -28,7 +28,9 @@ const (
 	StagePickup = "pickup"
 	// StageLoad: reading the job row.
 	StageLoad = "load"
-	// StageBreaker: the circuit breaker's admission, with any short wait on it.
+	// StageBreaker: the circuit breaker's admission, with any short wait on it. Not recorded
+	// when the limiter's reservation made the breaker's test and it admitted (a closed, warm
+	// breaker: the admit stage's one round trip).
 	StageBreaker = "breaker"
 	// StageAdmit: the limiter's admission (pause, retry budget, rate slot), with its inline wait.
 	StageAdmit = "admit"

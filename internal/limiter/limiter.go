@@ -333,6 +333,12 @@ type Reservation struct {
 	// ReportSend is non-zero on a slot a full bucket held (a burst's) when
 	// AttemptOptions.ReportSend asked for it: pass it to Gate.Sent just before sending the request.
 	ReportSend int64
+	// CircuitRefused reports that AttemptOptions.Circuit found the breaker not closed and warm:
+	// nothing was reserved or checked (not even the pause); ask the breaker itself.
+	CircuitRefused bool
+	// CircuitGen is the breaker's generation when AttemptOptions.Circuit found it closed and warm
+	// (breaker.Circuit.ClosedAdmission makes the admission to report on).
+	CircuitGen int64
 }
 
 // Reserve atomically takes the next send slot of the credential (one Lua script, GCRA): a burst
@@ -377,6 +383,21 @@ type AttemptOptions struct {
 	// caller's bookkeeping before the send); a schedule counted from the grants then sends the
 	// first refill slots early.
 	ReportSend bool
+	// Circuit, when set, first makes the credential's circuit breaker's own test for admitting
+	// without writing (closed, and not under its cold-start cap), in the same script: the breaker's
+	// admission and the slot in one round trip, the breaker still deciding before anything is
+	// reserved. When the test fails nothing is done (Reservation.CircuitRefused).
+	Circuit *CircuitCheck
+}
+
+// CircuitCheck names a circuit breaker's state for AttemptOptions.Circuit (see
+// breaker.Circuit.Check). The hash must be on the gate's Redis, in its hash slot.
+type CircuitCheck struct {
+	// Key is the breaker's hash.
+	Key string
+	// SuccessMemory is its cold-start cap's memory: a closed breaker with no Success recorded
+	// within it is cold. 0: no cap.
+	SuccessMemory time.Duration
 }
 
 // reserve runs reserveScript; a zero cost runs it exactly as before token limits existed.
@@ -415,9 +436,19 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		keys = append(keys, c.fairKeys(opts.Lane)...)
 	}
 	args = append(args, c.anchorArgs(opts)...)
+	if opts.Circuit != nil {
+		for len(args) < 41 { // ARGV[28..41]: no lane, no report of the send
+			args = append(args, "")
+		}
+		keys = append(keys, opts.Circuit.Key)
+		args = append(args, "1", micros(opts.Circuit.SuccessMemory))
+	}
 	res, err := reserveScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {
 		return Reservation{}, fmt.Errorf("reserve: %w", err)
+	}
+	if len(res) == 1 && redisscript.Int(res[0]) == -3 {
+		return Reservation{CircuitRefused: true}, nil
 	}
 	if len(res) == 4 && redisscript.Int(res[0]) == -1 {
 		return Reservation{}, &tokens.TooLargeError{Bucket: tokens.Bucket(redisscript.String(res[1])), Cost: int(redisscript.Int(res[2])),
@@ -453,6 +484,9 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	}
 	if len(res) >= 11 {
 		r.ReportSend = redisscript.Int(res[10])
+	}
+	if len(res) >= 12 {
+		r.CircuitGen = redisscript.Int(res[11])
 	}
 	c.l.cfg.Metrics.reserved(c.name, r)
 	return r, nil

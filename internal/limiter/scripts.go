@@ -61,8 +61,12 @@ end
 // ARGV[24..27] the budget's window µs, buckets, ratio and floor
 // ARGV[41] "1": the caller reports the send of a burst's first slot (AttemptOptions.ReportSend;
 // see luaAnchor). ARGV[28..40] are then passed too, empty without a Lane.
+// ARGV[42] "1": the credential's circuit breaker must be closed and warm (AttemptOptions.Circuit),
+// KEYS[#KEYS] its hash; ARGV[43] its success memory µs (0: no cold-start cap). Anything else
+// returns {-3} before the pause check, and nothing is reserved: the caller asks the breaker.
 // Returns {granted 0|1, send µs, now µs, probe 0|1, rate (string), burst, source, seq, grant,
-// token limits (string), report 0|1 (Reservation.ReportSend)}. When granted is 0 nothing was reserved and send is when to ask again.
+// token limits (string), report 0|1 (Reservation.ReportSend), breaker generation (0 without
+// ARGV[42])}. When granted is 0 nothing was reserved and send is when to ask again.
 // seq is 1 + a number of grants all sent at least a phase margin before this one
 // (Observation.Seq). grant is the token grant to Reconcile (0: no token bucket was charged);
 // token limits is "capacity rate source" for the input, output and combined buckets, comma
@@ -71,6 +75,15 @@ end
 var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + luaFair + luaAnchor + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
+-- The breaker's closed-and-warm test, as its allowScript makes it (a closed breaker that is not
+-- cold admits without writing anything): the state, and a Success recorded within the memory.
+local BGEN = 0
+if ARGV[42] == '1' then
+  local h = redis.call('HMGET', KEYS[#KEYS], 'state', 'gen', 'ok')
+  local mem, ok = tonumber(ARGV[43]), num(h[3])
+  if (h[1] and h[1] ~= 'closed') or (mem > 0 and (ok == nil or now - ok >= mem)) then return {-3} end
+  BGEN = num(h[2]) or 0
+end
 if ARGV[22] == '1' then
   local p = redis.call('HMGET', KEYS[4], 'since', 'reason', 'job')
   if p[1] then return {-2, p[1], p[2] or '', p[3] or ''} end
@@ -213,7 +226,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
     budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
       tonumber(ARGV[27]))
   end
-  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM, AREPORT}
+  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM, AREPORT, BGEN}
 end
 -- grant counts one grant sent at snd and returns its Observation.Seq: 1 + the grants sent at
 -- least a phase margin earlier, which surely reached the provider first. Later ones may not be

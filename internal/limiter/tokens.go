@@ -102,6 +102,7 @@ func (c *Gate) ReserveCost(ctx context.Context, lim Limit, cost tokens.Cost) (Re
 }
 
 // ReserveAttempt is ReserveCost that also does opts' duties in the same atomic script: with
+// Circuit, a breaker that is not closed and warm refuses first (Reservation.CircuitRefused); with
 // UnlessPaused, a paused credential is refused (Reservation.Paused) before anything is reserved;
 // with FirstAttempt, a granted slot counts a first attempt in the retry budget, as RecordAttempt
 // would. Errors are ReserveCost's.
@@ -123,11 +124,12 @@ func (c *Gate) AcquireCost(ctx context.Context, lim Limit, cost tokens.Cost, max
 }
 
 // AcquireAttempt is AcquireCost with ReserveAttempt's duties (opts): it also returns, at once,
-// the refusal of a paused credential (Reservation.Paused).
+// the refusal of a paused credential (Reservation.Paused) or of a circuit breaker that is not
+// closed and warm (Reservation.CircuitRefused).
 func (c *Gate) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration, opts AttemptOptions) (Reservation, error) {
 	for {
 		r, err := c.ReserveAttempt(ctx, lim, cost, opts)
-		if err != nil || r.Granted || r.Paused.Paused || r.Wait > maxWait {
+		if err != nil || r.Granted || r.Paused.Paused || r.CircuitRefused || r.Wait > maxWait {
 			return r, err
 		}
 		t := time.NewTimer(r.Wait)
