@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
@@ -84,4 +85,73 @@ func (p *tripsAtAnswer) Send(ctx context.Context, body []byte, opts llm.SendOpti
 	r, err := p.Provider.Send(ctx, body, opts)
 	p.at.Store(int64(p.trips.Count()))
 	return r, err
+}
+
+// An answer's result is stored without waiting for the bookkeeping after the call: the two go
+// to Postgres and Redis side by side, and the delivery ends when both are done. Here the
+// bookkeeping's round trip is held until the job reads as succeeded in Postgres (it would wait
+// out its deadline if the result were recorded after it).
+func TestExecutor_ResultIsNotHeldBackByTheBookkeeping(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	rdb := redistest.Client(t)
+	hold := &holdBookkeeping{store: b.Store}
+	rdb.AddHook(hold)
+	lim, brk := sharedAdmission(t, rdb)
+	p := simProvider(t, llmsim.Config{Capacity: 100, RefillPerSecond: 100}, "sk-side-by-side")
+	lc := lim.Gate("sk-side-by-side", "default")
+	ex := executor.New(executor.Config{Store: b.Store, Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lc,
+			Circuit: brk.Circuit("sk-side-by-side", "default")},
+	}})
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
+		Request: helloRequest, MaxAttempts: 3, Timeout: time.Minute})
+	require.NoError(t, err)
+	hold.job.Store(&job.ID)
+
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+
+	require.Equal(t, int64(1), hold.held.Load(), "the bookkeeping's round trip was held once")
+	require.Zero(t, hold.timedOut.Load(), "the result was stored while the bookkeeping waited")
+	// And the bookkeeping was done by the time the delivery ended
+	_, src, err := lc.Current(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.SourceLearned, src, "the limiter heard the answer")
+}
+
+// holdBookkeeping holds every pipeline of scripts (the after-call bookkeeping is the only one in
+// a delivery) until job reads as succeeded, for at most 5 s.
+type holdBookkeeping struct {
+	store    *jobs.Store
+	job      atomic.Pointer[string]
+	held     atomic.Int64
+	timedOut atomic.Int64
+}
+
+func (h *holdBookkeeping) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdBookkeeping) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *holdBookkeeping) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		id := h.job.Load()
+		if id == nil || len(cmds) < 2 || (cmds[0].Name() != "evalsha" && cmds[0].Name() != "eval") {
+			return next(ctx, cmds)
+		}
+		h.held.Add(1)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			j, err := h.store.Get(ctx, *id)
+			if err == nil && j.Status == jobs.StatusSucceeded {
+				break
+			}
+			if time.Now().After(deadline) {
+				h.timedOut.Add(1)
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return next(ctx, cmds)
+	}
 }

@@ -48,8 +48,18 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 	// The answer's bytes count against the worker's answer budget until its outcome is stored.
 	defer r.resp.Release()
 	if r.err == nil {
+		// What the answer taught the limiter and the breaker goes to Redis while the result goes
+		// to Postgres: the result is not held back by the bookkeeping, and the delivery ends
+		// when both are done.
+		booked := make(chan struct{})
+		go func() {
+			defer close(booked)
+			r.bookkeeping()
+		}()
 		usage, _ := json.Marshal(r.resp.Usage)
-		return e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body, Usage: usage, AnsweredBy: up.Name})
+		err := e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body, Usage: usage, AnsweredBy: up.Name})
+		<-booked
+		return err
 	}
 	return e.decide(ctx, job, up, r)
 }
@@ -62,10 +72,14 @@ type callResult struct {
 	attempt  *jobs.Attempt        // the attempt's record
 	at       time.Time            // when the answer or the failure came
 	stream   *deltastream.Writer  // a streaming job's deltas (closed); nil otherwise
+	// bookkeeping tells the limiter and the breaker what a successful answer showed (the caller
+	// runs it once); a failure's was done before call returned, for the retry decision.
+	bookkeeping func()
 }
 
-// call sends the job's request through up within the attempt's timeouts, tells the limiter and
-// the breaker what the answer showed, and returns what came of it.
+// call sends the job's request through up within the attempt's timeouts and returns what came of
+// it; it has told the limiter and the breaker what a failure showed, and returns that work for
+// an answer (callResult.bookkeeping).
 func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm admission) callResult {
 	started := e.cfg.Now()
 	attemptTimeout, firstByte := up.AttemptTimeout, up.FirstByteTimeout
@@ -103,8 +117,14 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		e.cfg.Logger.WarnContext(ctx, "unusable Retry-After from the provider: a retry without a hint (backoff), not a spend cap",
 			"credential", up.Name, "job_id", job.ID, "status", d.StatusCode, "class", d.Class, "retry_after", d.RetryAfterValue)
 	}
-	e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now)
-	e.timed(StageBookkeeping, now)
+	book := func() {
+		e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now)
+		e.timed(StageBookkeeping, now)
+	}
+	if callErr != nil {
+		book()
+		book = nil
+	}
 	if callErr == nil {
 		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
 	} else {
@@ -119,7 +139,7 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		}
 	}
 	e.cfg.Metrics.attempt(up.Name, a.Class, a.Latency)
-	return callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now, stream: stream}
+	return callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now, stream: stream, bookkeeping: book}
 }
 
 // streamWriter returns the delta writer of a streaming job's attempt, or nil.
