@@ -9,6 +9,10 @@
 //	call    send the request to the provider, tell the limiter and breaker what it showed
 //	record  classify the outcome and store it: succeeded, retrying (with a delay), failed or dead
 //
+// The breaker decides before the limiter, but on a first attempt its usual answer (closed, and
+// warm) is read by the limiter's reservation script in the same round trip (see clear); an
+// answer's bookkeeping with the limiter and the breaker runs beside its record (see attempt).
+//
 // Each step returns an error: nil to go on; errHandled when the delivery is complete; a
 // *deferral when the job must come back later (Process hands it to dispatch as a
 // *dispatch.DeferError); any other error when a store failed (dispatch retries the delivery).
