@@ -121,3 +121,37 @@ func TestReserveAttempt_CircuitTestAgreesWithTheBreaker(t *testing.T) {
 	warm(c)
 	failTwice("warm", c)
 }
+
+// The breaker's hash comes after the fair queue's keys: with a lane and the report of a burst's
+// send, the test still reads the breaker (an open one refuses, a warm one admits at its
+// generation).
+func TestReserveAttempt_CircuitTestWithALane(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, nil)
+	brk, err := breaker.New(redistest.Client(t), &breaker.Config{Prefix: b.prefix, Now: b.clock.Now, Threshold: 1,
+		Cooldown: time.Minute})
+	require.NoError(t, err)
+	c := brk.Circuit("laned", "laned")
+	ask := func(ticket string) limiter.Reservation {
+		t.Helper()
+		r, err := b.lim.Gate("laned", "laned").ReserveAttempt(ctx, limiter.Limit{Rate: 100, Burst: 10}, tokens.Cost{},
+			limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: true, ReportSend: true,
+				Lane:    &limiter.Lane{Tenant: "acme", Priority: limiter.PriorityNormal, Ticket: ticket, Since: b.clock.Now()},
+				Circuit: &limiter.CircuitCheck{Key: c.Key(), SuccessMemory: c.SuccessMemory()}})
+		require.NoError(t, err)
+		return r
+	}
+
+	require.True(t, ask("job-1").CircuitRefused, "cold")
+	a, err := c.Allow(ctx)
+	require.NoError(t, err)
+	_, err = c.Report(ctx, a, breaker.Success)
+	require.NoError(t, err)
+
+	r := ask("job-2")
+	require.True(t, r.Granted, "warm")
+	_, err = c.Report(ctx, c.ClosedAdmission(r.CircuitGen), breaker.Failure)
+	require.NoError(t, err)
+	require.True(t, ask("job-3").CircuitRefused, "opened by the failure reported on the admission")
+}
