@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +19,10 @@ type rate struct {
 	rates    []float64
 	duration time.Duration
 	runs     []rateRun
+	// baseBin holds another build's binaries (-baseline-bin; empty: none), and compared its
+	// pairs with this build's, per llmq layout and rate.
+	baseBin  string
+	compared []buildComparison
 }
 
 // rateRun is the median run of one system at one rate, with the p50 and p99 of every run.
@@ -25,6 +30,8 @@ type rateRun struct {
 	rate float64
 	res  tpResult
 	each [][2]time.Duration
+	// baseline: run with -baseline-bin's binaries (not judged).
+	baseline bool
 }
 
 // The rate targets.
@@ -46,6 +53,15 @@ func (r *rate) flags(fs *flagSet, s *shared) {
 	})
 	r.rates = []float64{100, 500}
 	fs.positiveDuration(&r.duration, "duration", 10*time.Second, "how long jobs are offered at each rate")
+	fs.StringVar(&r.baseBin, "baseline-bin", "", "directory of another build's api, worker and llmq binaries: each llmq "+
+		"layout also runs with them, in pairs with this build whose order alternates (an even -runs: each build first as often), "+
+		"compared by the median of the pairs' ratios (empty: none)")
+	fs.check(func() error {
+		if r.baseBin == "" {
+			return nil
+		}
+		return checkBaselineBin(r.baseBin)
+	})
 }
 
 // parseRates parses "100,500" into positive rates.
@@ -69,27 +85,49 @@ func (r *rate) run(ctx context.Context, log logf) error {
 	if err := r.o.binariesFor(ctx, ids, log); err != nil {
 		return err
 	}
+	compare := r.baseBin != "" && (slices.Contains(ids, tpLLMQ) || slices.Contains(ids, tpServe))
 	for _, rt := range r.rates {
 		n := max(1, int(rt*r.duration.Seconds()))
-		runs := make([][]tpResult, len(ids))
+		runs, baseRuns := make([][]tpResult, len(ids)), make([][]tpResult, len(ids))
+		one := func(k int, id string, o tpOpts, suffix string) tpResult {
+			log("[%d/%d] %s%s at %g jobs/s for %s (%d jobs)", k+1, r.o.runs, systemName(id), suffix, rt, r.duration, n)
+			var ol openLoopStats
+			res := measure(ctx, o, newSystem(o, id, log), id, n, openLoop(rt, &ol), log)
+			res.name += suffix
+			res.lag, res.offered = ol.lag, ol.spread
+			if res.err == nil {
+				log("  p50 %s, p99 %s, submit p99 %s", msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
+					msText(percentile(res.submit, 99)))
+			}
+			return res
+		}
 		for k := range r.o.runs {
 			for i, id := range ids { // interleaved, so that a change in the machine's load hits every system
 				if ctx.Err() != nil {
 					return nil
 				}
-				log("[%d/%d] %s at %g jobs/s for %s (%d jobs)", k+1, r.o.runs, systemName(id), rt, r.duration, n)
-				var ol openLoopStats
-				res := measure(ctx, r.o, newSystem(r.o, id, log), id, n, openLoop(rt, &ol), log)
-				res.lag, res.offered = ol.lag, ol.spread
-				if res.err == nil {
-					log("  p50 %s, p99 %s, submit p99 %s", msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
-						msText(percentile(res.submit, 99)))
+				if !compare || (id != tpLLMQ && id != tpServe) {
+					runs[i] = append(runs[i], one(k, id, r.o, ""))
+					continue
 				}
-				runs[i] = append(runs[i], res)
+				this, base := pairRuns(k, func() tpResult { return one(k, id, r.o, "") },
+					func() tpResult { return one(k, id, r.o.withBin(r.baseBin), baselineSuffix) })
+				runs[i], baseRuns[i] = append(runs[i], this), append(baseRuns[i], base)
 			}
 		}
-		for i := range ids {
+		for i, id := range ids {
 			r.runs = append(r.runs, medianLatency(rt, runs[i]))
+			if len(baseRuns[i]) == 0 {
+				continue
+			}
+			base := medianLatency(rt, baseRuns[i])
+			base.baseline = true
+			r.runs = append(r.runs, base)
+			c := buildComparison{rate: rt, name: systemName(id)}
+			for k := range baseRuns[i] {
+				c.pairs = append(c.pairs, buildPair{this: runs[i][k], base: baseRuns[i][k]})
+			}
+			r.compared = append(r.compared, c)
 		}
 	}
 	return nil
@@ -152,7 +190,7 @@ func (r *rate) report() report {
 	for _, run := range r.runs {
 		res := run.res
 		target := "—" // the targets are llmq's; the floors show what the machine allows
-		if res.id == tpLLMQ || res.id == tpServe {
+		if (res.id == tpLLMQ || res.id == tpServe) && !run.baseline {
 			target = verdict(run.checks(r.floorAt(run.rate)))
 		}
 		if res.err != nil {
@@ -176,6 +214,11 @@ func (r *rate) report() report {
 		r.duration, r.o.warmup, r.o.workers, msText(tpTargetRateP50), msText(tpTargetRateP99), msText(tpTargetSubmit99), tpTargetRateCPU)}
 	for _, run := range r.runs {
 		rep.notes = append(rep.notes, run.note()...)
+	}
+	for _, c := range r.compared {
+		if s := c.note(); s != "" {
+			rep.notes = append(rep.notes, s)
+		}
 	}
 	return rep
 }

@@ -267,6 +267,48 @@ func TestRateReport(t *testing.T) {
 	require.Equal(t, [][2]time.Duration{{ms(30), ms(90)}, {ms(10), ms(200)}, {ms(20), ms(50)}}, run.each, "in the order run")
 }
 
+// With -baseline-bin, the baseline build's row is shown unjudged beside this build's, and each
+// measure is compared by the median of the pairs' ratios (a pair with a failed run is left out).
+func TestRateReport_BaselineBuild(t *testing.T) {
+	t.Parallel()
+	r, _ := parse[*rate](t, "rate")
+	run := func(cpuMS, p50, started int) tpResult {
+		return tpResult{id: tpServe, name: systemName(tpServe), n: 1, lat: []time.Duration{ms(p50)}, submit: []time.Duration{ms(1)},
+			fromStart: []time.Duration{ms(started)}, cpu: cpuSample{cpuWorkers: ms(cpuMS)}}
+	}
+	base := medianLatency(500, []tpResult{run(4, 20, 4)})
+	base.res.name += baselineSuffix
+	base.baseline = true
+	r.runs = []rateRun{medianLatency(500, []tpResult{run(3, 10, 2)}), base}
+	r.compared = []buildComparison{{rate: 500, name: systemName(tpServe), pairs: []buildPair{
+		{this: run(3, 10, 2), base: run(4, 20, 4)},
+		{this: run(4, 12, 3), base: run(4, 12, 3)},
+		{this: run(2, 9, 1), base: run(4, 10, 2)},
+		{this: run(1, 1, 1), base: tpResult{err: errFake}},
+	}}}
+	rep := r.report()
+	rows := rep.tables[0].rows
+	require.Equal(t, "llmq serve: API and worker in each process (baseline build)", rows[1][0])
+	require.Equal(t, []string{"FAIL", "—"}, []string{rows[0][16], rows[1][16]}, "the baseline build is not judged")
+	require.Contains(t, rep.notes, "llmq serve: API and worker in each process at 500/s, this build ÷ the baseline build, "+
+		"median of 3 order-swapped pairs (each pair's): CPU per job 0.75 (0.75, 1.00, 0.50), submit → result p50 0.90 "+
+		"(0.50, 1.00, 0.90), started → finished p50 0.50 (0.50, 1.00, 0.50).")
+
+	// The order of a pair's runs alternates
+	var order []string
+	run0 := func(name string) func() tpResult {
+		return func() tpResult { order = append(order, name); return tpResult{name: name} }
+	}
+	for k := range 4 {
+		this, base := pairRuns(k, run0("this"), run0("base"))
+		require.Equal(t, []string{"this", "base"}, []string{this.name, base.name})
+	}
+	require.Equal(t, []string{"this", "base", "base", "this", "this", "base", "base", "this"}, order)
+
+	// No pair with both runs: nothing to say
+	require.Empty(t, buildComparison{rate: 500, name: "x", pairs: []buildPair{{this: run(1, 1, 1), base: tpResult{err: errFake}}}}.note())
+}
+
 func TestBacklogReport(t *testing.T) {
 	t.Parallel()
 	b, _ := parse[*backlog](t, "backlog")
