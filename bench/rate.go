@@ -19,8 +19,8 @@ type rate struct {
 	rates    []float64
 	duration time.Duration
 	runs     []rateRun
-	// baseBin holds another build's binaries (-baseline-bin; empty: none), and compared its
-	// pairs with this build's, per llmq layout and rate.
+	// baseBin is the directory of another build's binaries (-baseline-bin; empty: none);
+	// compared holds its runs paired with this build's, per llmq layout and rate.
 	baseBin  string
 	compared []buildComparison
 }
@@ -195,7 +195,11 @@ func (r *rate) report() report {
 		}
 		if res.err != nil {
 			rows = append(rows, append([]string{res.name, fmt.Sprintf("%g/s", run.rate), "error"}, make([]string, len(rateHeader)-3)...))
-			rep.failed = append(rep.failed, fmt.Sprintf("%s at %g/s", res.id, run.rate))
+			label := res.id
+			if run.baseline {
+				label += baselineSuffix
+			}
+			rep.failed = append(rep.failed, fmt.Sprintf("%s at %g/s", label, run.rate))
 			continue
 		}
 		achieved := "—"

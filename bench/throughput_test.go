@@ -294,6 +294,10 @@ func TestRateReport_BaselineBuild(t *testing.T) {
 		"median of 3 order-swapped pairs (each pair's): CPU per job 0.75 (0.75, 1.00, 0.50), submit → result p50 0.90 "+
 		"(0.50, 1.00, 0.90), started → finished p50 0.50 (0.50, 1.00, 0.50).")
 
+	// A failed baseline run is named as the baseline's
+	r.runs[1].res.err = errFake
+	require.Equal(t, []string{"serve (baseline build) at 500/s"}, r.report().failed)
+
 	// The order of a pair's runs alternates
 	var order []string
 	run0 := func(name string) func() tpResult {

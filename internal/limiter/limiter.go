@@ -390,8 +390,8 @@ type AttemptOptions struct {
 	Circuit *CircuitCheck
 }
 
-// CircuitCheck names a circuit breaker's state for AttemptOptions.Circuit (see
-// breaker.Circuit.Check). The hash must be on the gate's Redis, in its hash slot.
+// CircuitCheck names a circuit breaker's state for AttemptOptions.Circuit (breaker.Circuit's Key
+// and SuccessMemory). The hash must be on the gate's Redis, in its hash slot.
 type CircuitCheck struct {
 	// Key is the breaker's hash.
 	Key string
