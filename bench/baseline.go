@@ -17,6 +17,31 @@ import (
 // baselineSuffix marks the rows run with the baseline build's binaries.
 const baselineSuffix = " (baseline build)"
 
+// baselineFlag registers -baseline-bin on fs, into dir, checked before anything runs.
+func baselineFlag(fs *flagSet, dir *string) {
+	fs.StringVar(dir, "baseline-bin", "", "directory of another build's api, worker and llmq binaries: each llmq "+
+		"layout also runs with them, in pairs with this build whose order alternates (an even -runs: each build first as often), "+
+		"compared by the median of the pairs' ratios (empty: none)")
+	fs.check(func() error {
+		if *dir == "" {
+			return nil
+		}
+		return checkBaselineBin(*dir)
+	})
+}
+
+// comparing reports whether a -baseline-bin comparison applies to system id.
+func comparing(baseBin, id string) bool { return baseBin != "" && (id == tpLLMQ || id == tpServe) }
+
+// runBaseline runs the baseline build's side of a pair (see pairRuns): measure with o's binaries
+// taken from baseBin, and the result marked.
+func runBaseline(baseBin string, o tpOpts, run func(tpOpts) tpResult) tpResult {
+	res := run(o.withBin(baseBin))
+	res.name += baselineSuffix
+	res.baseline = true
+	return res
+}
+
 // checkBaselineBin reports a directory that lacks a binary the llmq layouts run.
 func checkBaselineBin(dir string) error {
 	for _, name := range []string{"api", "worker", "llmq"} {
@@ -47,14 +72,15 @@ func pairRuns(k int, this, base func() tpResult) (tpResult, tpResult) {
 	return t, base()
 }
 
-// buildPair is one pair of runs of a system at a rate: this build's and the baseline build's.
+// buildPair is one pair of runs of a system: this build's and the baseline build's.
 type buildPair struct{ this, base tpResult }
 
-// buildComparison is a system's pairs at one rate.
+// buildComparison is a system's pairs (at one rate, for bench rate), compared on measures.
 type buildComparison struct {
-	rate  float64
-	name  string
-	pairs []buildPair
+	rate     float64 // 0: not at a fixed rate
+	name     string
+	pairs    []buildPair
+	measures []pairRatio
 }
 
 // pairRatio is one measure of this build ÷ the baseline's, per pair.
@@ -63,13 +89,21 @@ type pairRatio struct {
 	of   func(tpResult) (float64, bool)
 }
 
-// pairRatios are the measures compared: CPU per job (every group), submit → result p50, and
-// the attempt's start → its result p50 (the part after the pick-up, whose poll is noisy).
-var pairRatios = []pairRatio{
-	{"CPU per job", func(r tpResult) (float64, bool) { v := r.cpuTotalPer1000(); return v, v > 0 }},
-	{"submit → result p50", func(r tpResult) (float64, bool) { return durationOf(r.lat) }},
-	{"started → finished p50", func(r tpResult) (float64, bool) { return durationOf(r.fromStart) }},
-}
+// The measures compared. At a fixed rate: CPU per job (every group), submit → result p50, and
+// the attempt's start → its result p50 (the part after the pick-up, whose poll is noisy). As
+// fast as it goes: jobs/s and CPU per job.
+var (
+	cpuPerJob    = pairRatio{"CPU per job", func(r tpResult) (float64, bool) { v := r.cpuTotalPer1000(); return v, v > 0 }}
+	rateMeasures = []pairRatio{
+		cpuPerJob,
+		{"submit → result p50", func(r tpResult) (float64, bool) { return durationOf(r.lat) }},
+		{"started → finished p50", func(r tpResult) (float64, bool) { return durationOf(r.fromStart) }},
+	}
+	throughputMeasures = []pairRatio{
+		{"jobs/s", func(r tpResult) (float64, bool) { v := r.jobsPerSecond(); return v, v > 0 }},
+		cpuPerJob,
+	}
+)
 
 func durationOf(ds []time.Duration) (float64, bool) {
 	if len(ds) == 0 {
@@ -83,7 +117,7 @@ func durationOf(ds []time.Duration) (float64, bool) {
 func (c buildComparison) note() string {
 	var parts []string
 	n := 0
-	for _, m := range pairRatios {
+	for _, m := range c.measures {
 		var ratios []float64
 		for _, p := range c.pairs {
 			if p.this.err != nil || p.base.err != nil {
@@ -104,6 +138,10 @@ func (c buildComparison) note() string {
 	if len(parts) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%s at %g/s, this build ÷ the baseline build, median of %d order-swapped pairs (each pair's): %s.",
-		c.name, c.rate, n, strings.Join(parts, ", "))
+	at := ""
+	if c.rate > 0 {
+		at = fmt.Sprintf(" at %g/s", c.rate)
+	}
+	return fmt.Sprintf("%s%s, this build ÷ the baseline build, median of %d order-swapped pairs (each pair's): %s.",
+		c.name, at, n, strings.Join(parts, ", "))
 }

@@ -66,6 +66,7 @@ func TestRun_FlagErrors(t *testing.T) {
 		{[]string{"rate", "-rate", "100,fast"}, `"fast" is not a positive number`},
 		{[]string{"rate", "-n", "10"}, "flag provided but not defined: -n"},
 		{[]string{"rate", "-baseline-bin", "/nonexistent"}, "-baseline-bin: no api binary in /nonexistent"},
+		{[]string{"throughput", "-baseline-bin", "/nonexistent"}, "-baseline-bin: no api binary in /nonexistent"},
 		{[]string{"backlog", "-n", "1500"}, "-n: at least 2000 jobs"},
 		{[]string{"backlog", "now"}, "unexpected arguments: now"},
 		{[]string{"retention", "-warmup", "0"}, "-warmup: at least 1 job"},

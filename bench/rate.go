@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,8 +29,6 @@ type rateRun struct {
 	rate float64
 	res  tpResult
 	each [][2]time.Duration
-	// baseline: run with -baseline-bin's binaries (not judged).
-	baseline bool
 }
 
 // The rate targets.
@@ -53,15 +50,7 @@ func (r *rate) flags(fs *flagSet, s *shared) {
 	})
 	r.rates = []float64{100, 500}
 	fs.positiveDuration(&r.duration, "duration", 10*time.Second, "how long jobs are offered at each rate")
-	fs.StringVar(&r.baseBin, "baseline-bin", "", "directory of another build's api, worker and llmq binaries: each llmq "+
-		"layout also runs with them, in pairs with this build whose order alternates (an even -runs: each build first as often), "+
-		"compared by the median of the pairs' ratios (empty: none)")
-	fs.check(func() error {
-		if r.baseBin == "" {
-			return nil
-		}
-		return checkBaselineBin(r.baseBin)
-	})
+	baselineFlag(fs, &r.baseBin)
 }
 
 // parseRates parses "100,500" into positive rates.
@@ -85,15 +74,17 @@ func (r *rate) run(ctx context.Context, log logf) error {
 	if err := r.o.binariesFor(ctx, ids, log); err != nil {
 		return err
 	}
-	compare := r.baseBin != "" && (slices.Contains(ids, tpLLMQ) || slices.Contains(ids, tpServe))
 	for _, rt := range r.rates {
 		n := max(1, int(rt*r.duration.Seconds()))
 		runs, baseRuns := make([][]tpResult, len(ids)), make([][]tpResult, len(ids))
-		one := func(k int, id string, o tpOpts, suffix string) tpResult {
-			log("[%d/%d] %s%s at %g jobs/s for %s (%d jobs)", k+1, r.o.runs, systemName(id), suffix, rt, r.duration, n)
+		one := func(k int, id string, o tpOpts) tpResult {
+			side := ""
+			if o.bin == r.baseBin {
+				side = baselineSuffix
+			}
+			log("[%d/%d] %s%s at %g jobs/s for %s (%d jobs)", k+1, r.o.runs, systemName(id), side, rt, r.duration, n)
 			var ol openLoopStats
 			res := measure(ctx, o, newSystem(o, id, log), id, n, openLoop(rt, &ol), log)
-			res.name += suffix
 			res.lag, res.offered = ol.lag, ol.spread
 			if res.err == nil {
 				log("  p50 %s, p99 %s, submit p99 %s", msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)),
@@ -106,12 +97,14 @@ func (r *rate) run(ctx context.Context, log logf) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				if !compare || (id != tpLLMQ && id != tpServe) {
-					runs[i] = append(runs[i], one(k, id, r.o, ""))
+				if !comparing(r.baseBin, id) {
+					runs[i] = append(runs[i], one(k, id, r.o))
 					continue
 				}
-				this, base := pairRuns(k, func() tpResult { return one(k, id, r.o, "") },
-					func() tpResult { return one(k, id, r.o.withBin(r.baseBin), baselineSuffix) })
+				this, base := pairRuns(k, func() tpResult { return one(k, id, r.o) },
+					func() tpResult {
+						return runBaseline(r.baseBin, r.o, func(o tpOpts) tpResult { return one(k, id, o) })
+					})
 				runs[i], baseRuns[i] = append(runs[i], this), append(baseRuns[i], base)
 			}
 		}
@@ -120,10 +113,8 @@ func (r *rate) run(ctx context.Context, log logf) error {
 			if len(baseRuns[i]) == 0 {
 				continue
 			}
-			base := medianLatency(rt, baseRuns[i])
-			base.baseline = true
-			r.runs = append(r.runs, base)
-			c := buildComparison{rate: rt, name: systemName(id)}
+			r.runs = append(r.runs, medianLatency(rt, baseRuns[i]))
+			c := buildComparison{rate: rt, name: systemName(id), measures: rateMeasures}
 			for k := range baseRuns[i] {
 				c.pairs = append(c.pairs, buildPair{this: runs[i][k], base: baseRuns[i][k]})
 			}
@@ -190,13 +181,13 @@ func (r *rate) report() report {
 	for _, run := range r.runs {
 		res := run.res
 		target := "—" // the targets are llmq's; the floors show what the machine allows
-		if (res.id == tpLLMQ || res.id == tpServe) && !run.baseline {
+		if (res.id == tpLLMQ || res.id == tpServe) && !res.baseline {
 			target = verdict(run.checks(r.floorAt(run.rate)))
 		}
 		if res.err != nil {
 			rows = append(rows, append([]string{res.name, fmt.Sprintf("%g/s", run.rate), "error"}, make([]string, len(rateHeader)-3)...))
 			label := res.id
-			if run.baseline {
+			if res.baseline {
 				label += baselineSuffix
 			}
 			rep.failed = append(rep.failed, fmt.Sprintf("%s at %g/s", label, run.rate))

@@ -147,6 +147,7 @@ func newSystem(o tpOpts, id string, log logf) tpSystem {
 // tpResult is one measured run of a system.
 type tpResult struct {
 	id, name string
+	baseline bool // run with -baseline-bin's binaries: shown, not judged
 	n        int
 	elapsed  time.Duration   // first submit → last result
 	lat      []time.Duration // submit → result, per job

@@ -237,6 +237,35 @@ func TestThroughputReport(t *testing.T) {
 	require.Contains(t, notes, "llmq end to end: its processes' CPU 40% system time.", "the api's and the workers' system share")
 }
 
+// With -baseline-bin, the baseline build's rows are shown beside this build's without a ratio,
+// the targets are judged on this build's alone, and jobs/s and CPU per job are compared by the
+// median of the pairs' ratios.
+func TestThroughputReport_BaselineBuild(t *testing.T) {
+	t.Parallel()
+	tp, _ := parse[*throughput](t, "throughput")
+	base := tpRun(tpServe, 1000, ms(5))
+	base.name += baselineSuffix
+	base.baseline = true
+	tp.results = []tpResult{tpRun(tpHTTPFloor, 2000, ms(5)), tpRun(tpLLMQ, 2200, ms(5)), tpRun(tpServe, 1900, ms(5)), base}
+	tp.rates = [][]float64{{2000}, {2200}, {1900, 1800}, {1000, 1100}}
+	tp.compared = []buildComparison{{name: systemName(tpServe), measures: throughputMeasures, pairs: []buildPair{
+		{this: tpRun(tpServe, 1900, ms(5)), base: tpRun(tpServe, 1000, ms(5))},
+		{this: tpRun(tpServe, 1800, ms(5)), base: tpRun(tpServe, 1100, ms(5))},
+	}}}
+	rep := tp.report()
+	rows := rep.tables[0].rows
+	require.Equal(t, []string{"1.10", "—", "1.16", "—"}, []string{rows[0][12], rows[1][12], rows[2][12], rows[3][12]},
+		"llmq ÷ each system; the baseline's row has none")
+	notes := strings.Join(rep.notes, "\n")
+	require.Contains(t, notes, "llmq serve ÷ floor over HTTP 0.95 (target ≥ 0.9)", "judged on this build")
+	require.Contains(t, notes, "llmq serve (baseline build) 1000, 1100")
+	require.Contains(t, notes, "llmq serve: API and worker in each process, this build ÷ the baseline build, median of 2 "+
+		"order-swapped pairs (each pair's): jobs/s 1.77 (1.90, 1.64), CPU per job 1.00 (1.00, 1.00).")
+
+	tp.results[3].err = errFake
+	require.Equal(t, []string{"serve (baseline build)"}, tp.report().failed)
+}
+
 func TestRateReport(t *testing.T) {
 	t.Parallel()
 	r, _ := parse[*rate](t, "rate")
@@ -278,9 +307,9 @@ func TestRateReport_BaselineBuild(t *testing.T) {
 	}
 	base := medianLatency(500, []tpResult{run(4, 20, 4)})
 	base.res.name += baselineSuffix
-	base.baseline = true
+	base.res.baseline = true
 	r.runs = []rateRun{medianLatency(500, []tpResult{run(3, 10, 2)}), base}
-	r.compared = []buildComparison{{rate: 500, name: systemName(tpServe), pairs: []buildPair{
+	r.compared = []buildComparison{{rate: 500, name: systemName(tpServe), measures: rateMeasures, pairs: []buildPair{
 		{this: run(3, 10, 2), base: run(4, 20, 4)},
 		{this: run(4, 12, 3), base: run(4, 12, 3)},
 		{this: run(2, 9, 1), base: run(4, 10, 2)},
@@ -310,7 +339,7 @@ func TestRateReport_BaselineBuild(t *testing.T) {
 	require.Equal(t, []string{"this", "base", "base", "this", "this", "base", "base", "this"}, order)
 
 	// No pair with both runs: nothing to say
-	require.Empty(t, buildComparison{rate: 500, name: "x", pairs: []buildPair{{this: run(1, 1, 1), base: tpResult{err: errFake}}}}.note())
+	require.Empty(t, buildComparison{rate: 500, name: "x", measures: rateMeasures, pairs: []buildPair{{this: run(1, 1, 1), base: tpResult{err: errFake}}}}.note())
 }
 
 func TestBacklogReport(t *testing.T) {

@@ -14,8 +14,12 @@ import (
 // over HTTP, and 1.0 × River over HTTP's.
 type throughput struct {
 	o       tpOpts
-	results []tpResult // the median run of each system
+	results []tpResult // the median run of each system (then of each baseline build's layout)
 	rates   [][]float64
+	// baseBin is the directory of another build's binaries (-baseline-bin; empty: none);
+	// compared holds its runs paired with this build's, per llmq layout.
+	baseBin  string
+	compared []buildComparison
 }
 
 // The throughput targets.
@@ -30,6 +34,7 @@ func (t *throughput) flags(fs *flagSet, s *shared) {
 	s.repeat(fs, 3)
 	s.deadline(fs, 3*time.Minute, "cap on each run's wait for its jobs, from its first submit")
 	s.rows(fs, tpIDs())
+	baselineFlag(fs, &t.baseBin)
 }
 
 func (t *throughput) run(ctx context.Context, log logf) error {
@@ -41,27 +46,61 @@ func (t *throughput) run(ctx context.Context, log logf) error {
 		return err
 	}
 	log("%d jobs per system, %d clients, %d runs, instant provider", t.o.n, t.o.clients, t.o.runs)
-	runs := make([][]tpResult, len(ids))
-	t.rates = make([][]float64, len(ids))
+	runs, baseRuns := make([][]tpResult, len(ids)), make([][]tpResult, len(ids))
+	one := func(i, r int, id string, o tpOpts) tpResult {
+		name := systemName(id)
+		if o.bin == t.baseBin {
+			name += baselineSuffix
+		}
+		log("[%d/%d] %s: run %d/%d", i+1, len(ids), name, r+1, t.o.runs)
+		res := measure(ctx, o, newSystem(o, id, log), id, t.o.n, closedLoop(t.o.clients), log)
+		if res.err != nil {
+			log("[%d/%d] %s: error: %v", i+1, len(ids), name, res.err)
+		} else {
+			log("[%d/%d] %s: %.0f jobs/s, p50 %s, p99 %s", i+1, len(ids), name, res.jobsPerSecond(),
+				msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)))
+		}
+		return res
+	}
 	for r := range t.o.runs {
 		for i, id := range ids { // interleaved, so that a change in the machine's load hits every system
 			if ctx.Err() != nil {
 				return nil
 			}
-			log("[%d/%d] %s: run %d/%d", i+1, len(ids), systemName(id), r+1, t.o.runs)
-			res := measure(ctx, t.o, newSystem(t.o, id, log), id, t.o.n, closedLoop(t.o.clients), log)
-			if res.err != nil {
-				log("[%d/%d] %s: error: %v", i+1, len(ids), systemName(id), res.err)
-			} else {
-				log("[%d/%d] %s: %.0f jobs/s, p50 %s, p99 %s", i+1, len(ids), systemName(id), res.jobsPerSecond(),
-					msText(percentile(res.lat, 50)), msText(percentile(res.lat, 99)))
-				t.rates[i] = append(t.rates[i], res.jobsPerSecond())
+			if !comparing(t.baseBin, id) {
+				runs[i] = append(runs[i], one(i, r, id, t.o))
+				continue
 			}
-			runs[i] = append(runs[i], res)
+			this, base := pairRuns(r, func() tpResult { return one(i, r, id, t.o) },
+				func() tpResult {
+					return runBaseline(t.baseBin, t.o, func(o tpOpts) tpResult { return one(i, r, id, o) })
+				})
+			runs[i], baseRuns[i] = append(runs[i], this), append(baseRuns[i], base)
 		}
 	}
+	add := func(rs []tpResult) {
+		t.results = append(t.results, medianBy(rs, tpResult.jobsPerSecond))
+		var rates []float64
+		for _, res := range rs {
+			if res.err == nil {
+				rates = append(rates, res.jobsPerSecond())
+			}
+		}
+		t.rates = append(t.rates, rates)
+	}
 	for i := range ids {
-		t.results = append(t.results, medianBy(runs[i], tpResult.jobsPerSecond))
+		add(runs[i])
+	}
+	for i, id := range ids {
+		if len(baseRuns[i]) == 0 {
+			continue
+		}
+		add(baseRuns[i])
+		c := buildComparison{name: systemName(id), measures: throughputMeasures}
+		for k := range baseRuns[i] {
+			c.pairs = append(c.pairs, buildPair{this: runs[i][k], base: baseRuns[i][k]})
+		}
+		t.compared = append(t.compared, c)
 	}
 	return nil
 }
@@ -69,7 +108,7 @@ func (t *throughput) run(ctx context.Context, log logf) error {
 // rate is the system's jobs/s; ok is false when it did not run or has no figure.
 func (t *throughput) rate(id string) (float64, bool) {
 	for _, r := range t.results {
-		if r.id == id && r.jobsPerSecond() > 0 {
+		if r.id == id && !r.baseline && r.jobsPerSecond() > 0 {
 			return r.jobsPerSecond(), true
 		}
 	}
@@ -93,11 +132,15 @@ func (t *throughput) report() report {
 	for _, r := range t.results {
 		if r.err != nil {
 			rows = append(rows, append([]string{r.name, "error"}, make([]string, len(tpHeader)-2)...))
-			rep.failed = append(rep.failed, r.id)
+			label := r.id
+			if r.baseline {
+				label += baselineSuffix
+			}
+			rep.failed = append(rep.failed, label)
 			continue
 		}
 		ratio := "—"
-		if v, ok := t.ratio(tpLLMQ, r.id); ok && r.id != tpLLMQ {
+		if v, ok := t.ratio(tpLLMQ, r.id); ok && r.id != tpLLMQ && !r.baseline {
 			ratio = fmt.Sprintf("%.2f", v)
 		}
 		row := []string{r.name, fmt.Sprint(r.n), fmt.Sprintf("%.0f", r.jobsPerSecond()), msText(percentile(r.lat, 50)),
@@ -137,7 +180,11 @@ func (t *throughput) report() report {
 	var each []string
 	for i, r := range t.results {
 		if len(t.rates[i]) > 1 {
-			each = append(each, fmt.Sprintf("%s %s", shortName(r.id), joinFloats(t.rates[i])))
+			name := shortName(r.id)
+			if r.baseline {
+				name += baselineSuffix
+			}
+			each = append(each, fmt.Sprintf("%s %s", name, joinFloats(t.rates[i])))
 		}
 	}
 	if len(each) > 0 {
@@ -145,6 +192,11 @@ func (t *throughput) report() report {
 	}
 	for _, r := range t.results {
 		rep.notes = append(rep.notes, runNotes(r)...)
+	}
+	for _, c := range t.compared {
+		if s := c.note(); s != "" {
+			rep.notes = append(rep.notes, s)
+		}
 	}
 	return rep
 }
