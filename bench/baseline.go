@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// A change's effect is measured against the build before it in one invocation (`bench rate
-// -baseline-bin DIR`): each llmq layout runs with this build's binaries and with DIR's, in pairs
+// A change's effect is measured against the build before it in one invocation (`bench rate` or
+// `bench throughput` with -baseline-bin DIR): each llmq layout runs with this build's binaries and with DIR's, in pairs
 // whose two runs are back to back and whose order is swapped from one pair to the next (the run
 // after another pays for what that one left behind), and the change is judged by the median of
 // the pairs' ratios, which on this shared machine hold where single runs drift.
@@ -105,6 +105,7 @@ var (
 	}
 )
 
+// durationOf is the p50 of ds; false when there is none.
 func durationOf(ds []time.Duration) (float64, bool) {
 	if len(ds) == 0 {
 		return 0, false

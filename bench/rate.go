@@ -79,7 +79,7 @@ func (r *rate) run(ctx context.Context, log logf) error {
 		runs, baseRuns := make([][]tpResult, len(ids)), make([][]tpResult, len(ids))
 		one := func(k int, id string, o tpOpts) tpResult {
 			side := ""
-			if o.bin == r.baseBin {
+			if o.shared != r.o.shared { // the baseline's side (see runBaseline)
 				side = baselineSuffix
 			}
 			log("[%d/%d] %s%s at %g jobs/s for %s (%d jobs)", k+1, r.o.runs, systemName(id), side, rt, r.duration, n)

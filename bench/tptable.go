@@ -49,7 +49,7 @@ func (t *throughput) run(ctx context.Context, log logf) error {
 	runs, baseRuns := make([][]tpResult, len(ids)), make([][]tpResult, len(ids))
 	one := func(i, r int, id string, o tpOpts) tpResult {
 		name := systemName(id)
-		if o.bin == t.baseBin {
+		if o.shared != t.o.shared { // the baseline's side (see runBaseline)
 			name += baselineSuffix
 		}
 		log("[%d/%d] %s: run %d/%d", i+1, len(ids), name, r+1, t.o.runs)
