@@ -72,6 +72,23 @@ func pairRuns(k int, this, base func() tpResult) (tpResult, tpResult) {
 	return t, base()
 }
 
+// side is baselineSuffix for a run of the baseline build, "" for this build's.
+func (r tpResult) side() string {
+	if r.baseline {
+		return baselineSuffix
+	}
+	return ""
+}
+
+// newComparison pairs a system's runs of this build with the baseline's, run k with run k.
+func newComparison(name string, rate float64, measures []pairRatio, this, base []tpResult) buildComparison {
+	c := buildComparison{rate: rate, name: name, measures: measures}
+	for k := range min(len(this), len(base)) {
+		c.pairs = append(c.pairs, buildPair{this: this[k], base: base[k]})
+	}
+	return c
+}
+
 // buildPair is one pair of runs of a system: this build's and the baseline build's.
 type buildPair struct{ this, base tpResult }
 

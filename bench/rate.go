@@ -114,11 +114,7 @@ func (r *rate) run(ctx context.Context, log logf) error {
 				continue
 			}
 			r.runs = append(r.runs, medianLatency(rt, baseRuns[i]))
-			c := buildComparison{rate: rt, name: systemName(id), measures: rateMeasures}
-			for k := range baseRuns[i] {
-				c.pairs = append(c.pairs, buildPair{this: runs[i][k], base: baseRuns[i][k]})
-			}
-			r.compared = append(r.compared, c)
+			r.compared = append(r.compared, newComparison(systemName(id), rt, rateMeasures, runs[i], baseRuns[i]))
 		}
 	}
 	return nil
@@ -186,11 +182,7 @@ func (r *rate) report() report {
 		}
 		if res.err != nil {
 			rows = append(rows, append([]string{res.name, fmt.Sprintf("%g/s", run.rate), "error"}, make([]string, len(rateHeader)-3)...))
-			label := res.id
-			if res.baseline {
-				label += baselineSuffix
-			}
-			rep.failed = append(rep.failed, fmt.Sprintf("%s at %g/s", label, run.rate))
+			rep.failed = append(rep.failed, fmt.Sprintf("%s%s at %g/s", res.id, res.side(), run.rate))
 			continue
 		}
 		achieved := "—"

@@ -96,11 +96,7 @@ func (t *throughput) run(ctx context.Context, log logf) error {
 			continue
 		}
 		add(baseRuns[i])
-		c := buildComparison{name: systemName(id), measures: throughputMeasures}
-		for k := range baseRuns[i] {
-			c.pairs = append(c.pairs, buildPair{this: runs[i][k], base: baseRuns[i][k]})
-		}
-		t.compared = append(t.compared, c)
+		t.compared = append(t.compared, newComparison(systemName(id), 0, throughputMeasures, runs[i], baseRuns[i]))
 	}
 	return nil
 }
@@ -132,11 +128,7 @@ func (t *throughput) report() report {
 	for _, r := range t.results {
 		if r.err != nil {
 			rows = append(rows, append([]string{r.name, "error"}, make([]string, len(tpHeader)-2)...))
-			label := r.id
-			if r.baseline {
-				label += baselineSuffix
-			}
-			rep.failed = append(rep.failed, label)
+			rep.failed = append(rep.failed, r.id+r.side())
 			continue
 		}
 		ratio := "—"
@@ -180,11 +172,7 @@ func (t *throughput) report() report {
 	var each []string
 	for i, r := range t.results {
 		if len(t.rates[i]) > 1 {
-			name := shortName(r.id)
-			if r.baseline {
-				name += baselineSuffix
-			}
-			each = append(each, fmt.Sprintf("%s %s", name, joinFloats(t.rates[i])))
+			each = append(each, fmt.Sprintf("%s%s %s", shortName(r.id), r.side(), joinFloats(t.rates[i])))
 		}
 	}
 	if len(each) > 0 {

@@ -10,23 +10,32 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/pgtest"
 )
+
+// scanSetup returns a context with a deadline, a test database's pool, a store on it and a job
+// created there (with a fallback, so that every column holds a value of its type).
+func scanSetup(t *testing.T) (context.Context, *pgxpool.Pool, *Store, *Job) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	pool := pgtest.Pool(t)
+	s := NewStore(pool, nil)
+	created, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
+		MaxAttempts: 3, Timeout: time.Hour, Fallbacks: []string{"d"}})
+	require.NoError(t, err)
+	return ctx, pool, s, created
+}
 
 // TestScanJob_PlansKeptPerConnection: a connection's job rows are scanned with the plans its
 // first row made; a column of another type in a later statement is planned again and read
 // right; another connection gets plans of its own.
 func TestScanJob_PlansKeptPerConnection(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pool := pgtest.Pool(t)
-	s := NewStore(pool, nil)
-	created, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
-		MaxAttempts: 3, Timeout: time.Hour, Fallbacks: []string{"d"}})
-	require.NoError(t, err)
+	ctx, pool, s, created := scanSetup(t)
 
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -86,15 +95,9 @@ func TestScanPlans_DroppedWithTheirConnection(t *testing.T) {
 // a connection (no type map to keep plans for) are still scanned.
 func TestScanJob_ErrorsAndRowsWithoutConnection(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pool := pgtest.Pool(t)
-	s := NewStore(pool, nil)
-	created, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
-		MaxAttempts: 3, Timeout: time.Hour})
-	require.NoError(t, err)
+	ctx, pool, s, created := scanSetup(t)
 
-	_, err = s.scanJob(pool.QueryRow(ctx, `SELECT 1`))
+	_, err := s.scanJob(pool.QueryRow(ctx, `SELECT 1`))
 	require.ErrorContains(t, err, "scan job row: 1 columns, want 33")
 
 	byID := `SELECT ` + jobColumns + ` FROM jobs WHERE id = $1`
