@@ -77,7 +77,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.maxStreams, "max-streams", 1000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out)")
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
-	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker polls asynq); 0: llmq's default")
+	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker looks for a job it was not woken for); 0: llmq's default")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary: the run starts a private one, so that its INFO counts only llmq")
 	b.s = s
 }

@@ -88,7 +88,7 @@ func TestStreamConfig(t *testing.T) {
 	}
 	cfg := load(t, 0, 0)
 	require.Equal(t, 1000, cfg.API.MaxStreamsPerTenant)
-	require.Equal(t, 10*time.Millisecond, cfg.Worker.PollInterval, "llmq's default poll")
+	require.Equal(t, 100*time.Millisecond, cfg.Worker.PollInterval, "llmq's default poll")
 	require.Equal(t, db, cfg.DatabaseURL)
 	cfg = load(t, 8, 2*time.Millisecond)
 	require.Equal(t, 2*time.Millisecond, cfg.Worker.PollInterval)

@@ -82,7 +82,7 @@ func TestJobsCancel(t *testing.T) {
 		require.NoError(t, err)
 		client := asynq.NewClient(opt)
 		defer client.Close()
-		require.NoError(t, dispatch.NewEnqueuer(client, queue).Enqueue(context.Background(), job.ID, "", time.Time{}))
+		require.NoError(t, dispatch.NewEnqueuer(client, queue, nil).Enqueue(context.Background(), job.ID, "", time.Time{}))
 
 		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", job.ID)...)
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)

@@ -35,7 +35,7 @@ func TestStats(t *testing.T) {
 	require.NoError(t, err)
 	client := asynq.NewClient(opt)
 	defer client.Close()
-	require.NoError(t, dispatch.NewEnqueuer(client, queue).Enqueue(ctx, queued.ID, "", time.Time{}))
+	require.NoError(t, dispatch.NewEnqueuer(client, queue, nil).Enqueue(ctx, queued.ID, "", time.Time{}))
 
 	t.Run("Table", func(t *testing.T) {
 		t.Parallel()

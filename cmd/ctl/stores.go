@@ -62,15 +62,17 @@ func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) 
 	ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
 	err = rdb.Ping(ctx).Err()
 	cancel()
-	_ = rdb.Close()
 	if err != nil {
+		_ = rdb.Close()
 		return nil, nil, fmt.Errorf("redis unreachable: %w", err)
 	}
 	client := asynq.NewClient(opt)
 	insp := asynq.NewInspector(opt)
-	return dispatch.NewTasks(insp, dispatch.NewEnqueuer(client, queue)), func() {
+	// A requeued job wakes an idle worker (rdb).
+	return dispatch.NewTasks(insp, dispatch.NewEnqueuer(client, queue, rdb)), func() {
 		_ = insp.Close()
 		_ = client.Close()
+		_ = rdb.Close()
 	}, nil
 }
 

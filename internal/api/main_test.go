@@ -100,7 +100,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		require.NoError(t, rdb.Close())
 	})
 	store := jobs.NewStore(pool, nil)
-	enq := dispatch.NewEnqueuer(aclient, queue)
+	enq := dispatch.NewEnqueuer(aclient, queue, nil)
 	b := &testBundle{dbURL: o.dbURL, pool: pool, store: store, inspector: insp, queue: queue}
 	if o.credentials == nil {
 		o.credentials = []string{"default"}

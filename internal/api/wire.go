@@ -55,9 +55,10 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		}
 	}
 	rdb := dispatch.NewRedisClient(redisOpt)
-	// Concurrent submits share round trips for their enqueues. The client is closed with rdb
-	// (asynq refuses to close a connection it was given).
-	aclient := asynq.NewClientFromRedisClient(dispatch.AutoPipelined(rdb))
+	// Concurrent submits share round trips for their enqueues and wake-ups. The client is closed
+	// with rdb (asynq refuses to close a connection it was given).
+	pipelined := dispatch.AutoPipelined(rdb)
+	aclient := asynq.NewClientFromRedisClient(pipelined)
 	inspector := asynq.NewInspector(redisOpt)
 	store := opts.Store
 	if store == nil {
@@ -78,7 +79,7 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 				OutputPerMinute: l.OutputTokensPerMinute, CombinedPerMinute: l.TokensPerMinute}
 		}
 	}
-	enqueuer := dispatch.NewEnqueuer(aclient, cfg.Worker.Queue)
+	enqueuer := dispatch.NewEnqueuer(aclient, cfg.Worker.Queue, pipelined)
 
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["application_name"] = "llmq-api-listener"

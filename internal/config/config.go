@@ -177,10 +177,11 @@ type Worker struct {
 	Queue string `yaml:"queue"`
 	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost. Default 10s.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
-	// PollInterval is how often an idle worker looks for a queued job (asynq's
-	// TaskCheckInterval: it sleeps between half and one and a half of it). It is most of a job's
-	// pick-up latency at moderate load, and an idle worker's Redis polling grows as it shrinks.
-	// Default 10ms; at least 1ms.
+	// PollInterval is how often an idle worker looks for a queued job it was not woken for.
+	// Workers are woken for every task enqueued due now and for tasks whose deferral or retry
+	// time came; the poll finds the rest (a wake-up Redis lost, a task enqueued by a process of
+	// an earlier version during an upgrade). An idle worker's Redis polling grows as it shrinks.
+	// Default 100ms; at least 1ms; an idle worker waits at most 2s whatever it is.
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// TokenMinute is the length of the providers' token-limit "minute". Default 1m; only a
 	// simulator with a scaled-down minute (benchmarks) differs.
@@ -396,7 +397,7 @@ func (c *Config) withDefaults() {
 		c.Worker.SweepInterval = 10 * time.Second
 	}
 	if c.Worker.PollInterval == 0 {
-		c.Worker.PollInterval = 10 * time.Millisecond
+		c.Worker.PollInterval = 100 * time.Millisecond
 	}
 	if c.Worker.PhaseMargin == 0 {
 		c.Worker.PhaseMargin = DefaultPhaseMargin

@@ -104,7 +104,7 @@ func TestParse_Defaults(t *testing.T) {
 	require.False(t, cfg.API.AllowAnonymous)
 	require.Equal(t, int64(4<<20), cfg.API.MaxBodyBytes)
 	require.Equal(t, config.Worker{Concurrency: 200, MetricsListen: "127.0.0.1:9091", Queue: "llmq", SweepInterval: 10 * time.Second,
-		PollInterval: 10 * time.Millisecond, MaxAnswerBytes: 256 << 20, PhaseMargin: 100 * time.Millisecond, BacklogSteps: 8}, cfg.Worker)
+		PollInterval: 100 * time.Millisecond, MaxAnswerBytes: 256 << 20, PhaseMargin: 100 * time.Millisecond, BacklogSteps: 8}, cfg.Worker)
 	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second, MaxRetryAfter: 5 * time.Minute}, cfg.Retry)
 	require.Nil(t, cfg.Credentials[0].Limits, "absent limits stay nil: they are learned")
 	require.Equal(t, 5*time.Minute, cfg.Credentials[0].AttemptTimeout)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/jobs"
 )
@@ -46,17 +47,19 @@ func jobIDOf(payload []byte) (string, error) {
 	return p.JobID, nil
 }
 
-// Enqueuer hands jobs to asynq, each on its priority's queue (see Queues). It is safe for
-// concurrent use.
+// Enqueuer hands jobs to asynq, each on its priority's queue (see Queues), and wakes an idle
+// worker for a task due now (see wake.go). It is safe for concurrent use.
 type Enqueuer struct {
 	client *asynq.Client
 	queues Queues
+	wake   redis.Cmdable
 }
 
-// NewEnqueuer returns an Enqueuer on the llmq queue named queue using client (not closed by the
-// Enqueuer).
-func NewEnqueuer(client *asynq.Client, queue string) *Enqueuer {
-	return &Enqueuer{client: client, queues: NewQueues(queue)}
+// NewEnqueuer returns an Enqueuer on the llmq queue named queue using client, and wakeRedis (the
+// same Redis) for the wake-ups; nil wakeRedis: the workers find its tasks at their next poll.
+// Neither is closed by the Enqueuer.
+func NewEnqueuer(client *asynq.Client, queue string, wakeRedis redis.Cmdable) *Enqueuer {
+	return &Enqueuer{client: client, queues: NewQueues(queue), wake: wakeRedis}
 }
 
 // Enqueue schedules the task of the job, whose priority is p, for at (now if zero or past).
@@ -92,12 +95,19 @@ const dueSuffix = ":due"
 
 func (e *Enqueuer) enqueue(ctx context.Context, body []byte, taskID, queue string, at time.Time) error {
 	opts := []asynq.Option{asynq.TaskID(taskID), asynq.Queue(queue), asynq.MaxRetry(taskMaxRetry), asynq.Timeout(taskTimeout)}
-	if !at.IsZero() && time.Until(at) > 0 {
+	later := !at.IsZero() && time.Until(at) > 0
+	if later {
 		opts = append(opts, asynq.ProcessAt(at))
 	}
 	_, err := e.client.EnqueueContext(ctx, asynq.NewTask(TaskType, body), opts...)
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		return nil // the task exists: whoever enqueued it woke a worker
+	case err != nil:
 		return fmt.Errorf("enqueue task %s: %w", taskID, err)
+	}
+	if !later && e.wake != nil {
+		wake(ctx, e.wake, e.queues.base, queue)
 	}
 	return nil
 }

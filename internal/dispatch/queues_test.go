@@ -116,7 +116,7 @@ func newServedQueue(t *testing.T) *servedQueue {
 	require.NoError(t, err)
 	client := asynq.NewClient(opt)
 	t.Cleanup(func() { require.NoError(t, client.Close()) })
-	return &servedQueue{name: name, opt: opt, enq: dispatch.NewEnqueuer(client, name)}
+	return &servedQueue{name: name, opt: opt, enq: dispatch.NewEnqueuer(client, name, nil)}
 }
 
 // serveOneAtATime starts a worker server on the queue with one delivery slot (so the order of
@@ -306,7 +306,7 @@ func TestServer_LowDeferralStaysWhenItsDueTaskCannotBeEnqueued(t *testing.T) {
 	require.NoError(t, closed.Close())
 	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: tb.queue, Concurrency: 1,
 		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
-	require.NoError(t, srv.Start(dispatch.Mux(&deferAlways{}, dispatch.NewEnqueuer(closed, tb.queue))))
+	require.NoError(t, srv.Start(dispatch.Mux(&deferAlways{}, dispatch.NewEnqueuer(closed, tb.queue, nil))))
 	t.Cleanup(srv.Shutdown)
 
 	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), taskID, jobs.PriorityLow, time.Time{}))

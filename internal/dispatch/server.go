@@ -3,9 +3,11 @@ package dispatch
 import (
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
@@ -17,8 +19,9 @@ type ServerConfig struct {
 	Queue string
 	// Concurrency is how many deliveries run at once.
 	Concurrency int
-	// PollInterval is how often an idle server looks for a pending task (asynq's
-	// TaskCheckInterval, default 1s there: ~0.5s p50 added to every job at moderate load).
+	// PollInterval is how often an idle server looks for a pending task it was not woken for
+	// (see wake.go): one requeued by asynq's inspector, or enqueued by a process without a
+	// wake-up client. Each wait lasts between half and one and a half of it, at most 2s.
 	PollInterval time.Duration
 	// Policy backs off deliveries that failed on the stores (see RetryDelayFunc).
 	Policy *retrypolicy.Policy
@@ -26,26 +29,53 @@ type ServerConfig struct {
 	Logger *slog.Logger
 }
 
+// Server is the asynq server of a worker process, on a Redis client of its own whose idle
+// polls wait for a wake-up (see wake.go).
+type Server struct {
+	srv   *asynq.Server
+	rdb   redis.UniversalClient
+	hook  *wakeHook
+	close sync.Once
+}
+
 // NewServer returns an asynq server that hands the tasks of cfg.Queue's asynq queues to p, a
 // free delivery slot taking from the main queue and the low one 9:1 while both have tasks
 // waiting (see Queues.weights): deferrals come back at their time without counting as failures,
 // and retries and scheduled tasks are moved to pending every 50 ms (asynq's
 // DelayedTaskCheckInterval, default 5s, bounds how precisely a limiter send time or a
-// Retry-After is kept). Run it with Start(Mux(p, e)).
-func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *asynq.Server {
+// Retry-After is kept). An idle server is woken for a task enqueued by an Enqueuer with a wake-up
+// client and for tasks its forwarder moved (see wake.go). Run it with Start(Mux(p, e)); Shutdown
+// closes its connections.
+func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return asynq.NewServer(opt, asynq.Config{
+	rdb := NewRedisClient(opt)
+	hook := newWakeHook(rdb, cfg.Queue, cfg.PollInterval)
+	rdb.AddHook(hook)
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   NewQueues(cfg.Queue).weights(),
-		TaskCheckInterval:        cfg.PollInterval,
+		TaskCheckInterval:        wokenSleep,
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
 		RetryDelayFunc:           RetryDelayFunc(cfg.Policy, time.Now),
 		IsFailure:                IsFailure,
 		ShutdownTimeout:          10 * time.Second,
 		Logger:                   asynqLogger{cfg.Logger},
 		LogLevel:                 asynq.WarnLevel,
+	})
+	return &Server{srv: srv, rdb: rdb, hook: hook}
+}
+
+// Start starts the server's processing of tasks with h (see asynq.Server.Start).
+func (s *Server) Start(h asynq.Handler) error { return s.srv.Start(h) }
+
+// Shutdown stops the server gracefully (see asynq.Server.Shutdown) and closes its Redis
+// client. Calling it again does nothing.
+func (s *Server) Shutdown() {
+	s.close.Do(func() {
+		s.srv.Shutdown()
+		_ = s.rdb.Close()
 	})
 }
 

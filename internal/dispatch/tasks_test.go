@@ -32,7 +32,7 @@ func setupTasks(t *testing.T) *tasksBundle {
 		require.NoError(t, insp.Close())
 		require.NoError(t, client.Close())
 	})
-	enq := dispatch.NewEnqueuer(client, queue)
+	enq := dispatch.NewEnqueuer(client, queue, nil)
 	return &tasksBundle{tasks: dispatch.NewTasks(insp, enq), enqueuer: enq, inspector: insp, client: client, queue: queue}
 }
 

@@ -43,7 +43,7 @@ func setup(t *testing.T, cfg maintenance.Config) (*testBundle, *maintenance.Main
 		require.NoError(t, insp.Close())
 		require.NoError(t, client.Close())
 	})
-	b.enqueuer = dispatch.NewEnqueuer(client, b.queue)
+	b.enqueuer = dispatch.NewEnqueuer(client, b.queue, nil)
 	cfg.Store, cfg.Tasks, cfg.Now = b.Store, dispatch.NewTasks(insp, b.enqueuer), b.clock.Now
 	cfg.Finished = executor.NewMetrics(b.reg).Finished
 	cfg.Metrics = maintenance.NewMetrics(b.reg)

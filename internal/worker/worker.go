@@ -59,7 +59,7 @@ type Worker struct {
 	opts     Options
 	pool     *pgxpool.Pool
 	redis    asynq.RedisConnOpt
-	server   *asynq.Server
+	server   *dispatch.Server
 	executor *executor.Executor
 	sweeper  *dispatch.Sweeper
 	maint    *maintenance.Maintainer
@@ -167,7 +167,7 @@ func (w *Worker) build(m metrics) error {
 	})
 	w.client = asynq.NewClient(w.redis)
 	w.insp = asynq.NewInspector(w.redis)
-	enq := dispatch.NewEnqueuer(w.client, cfg.Worker.Queue)
+	enq := dispatch.NewEnqueuer(w.client, cfg.Worker.Queue, w.rdb)
 	w.enqueuer = enq
 	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
 		Store: store, Enqueuer: enq, Inspector: w.insp, Redis: w.rdb,
