@@ -110,6 +110,9 @@ func (h *wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			if !h.found(q, err) || h.hold(ctx) != q {
 				return err
 			}
+			// The same call again: its lease end, computed by asynq before the hold, is
+			// shorter by the hold (at most maxHold of asynq's 30s lease, which its heartbeat
+			// extends).
 			again := redis.NewCmd(ctx, reply.Args()...)
 			err = next(ctx, again)
 			h.found(q, err)
