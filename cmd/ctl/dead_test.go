@@ -16,18 +16,15 @@ import (
 )
 
 // redisArgs returns the flags that point ctl at the test Redis and a fresh asynq queue, and an
-// inspector on that queue; the queue is deleted when the test ends.
+// inspector on that queue; the queue's keys are removed when the test ends.
 func redisArgs(t *testing.T) ([]string, *asynq.Inspector, string) {
 	t.Helper()
 	redistest.Client(t) // fails the test when Redis is down
 	opt, err := dispatch.RedisConnOpt(redistest.URL())
 	require.NoError(t, err)
+	queue := redistest.Queue(t, redistest.URL()) // every key of the queue removed at the end
 	insp := asynq.NewInspector(opt)
-	queue := "llmq-test-" + redistest.Rand()
-	t.Cleanup(func() {
-		_ = insp.DeleteQueue(queue, true)
-		require.NoError(t, insp.Close())
-	})
+	t.Cleanup(func() { require.NoError(t, insp.Close()) })
 	return []string{"--redis-url", redistest.URL(), "--queue", queue}, insp, queue
 }
 
