@@ -61,7 +61,7 @@ func wake(ctx context.Context, rdb redis.Cmdable, base, queue string) {
 type wakeHook struct {
 	rdb     redis.UniversalClient
 	base    string
-	queues  []string
+	queues  []queueKeys
 	poll    time.Duration
 	float64 func() float64
 
@@ -74,11 +74,19 @@ type wakeHook struct {
 	holds, wakes atomic.Int64
 }
 
+// queueKeys are the keys of one asynq queue that its dequeue and forward scripts start with.
+type queueKeys struct{ name, pending, paused, scheduled, retry string }
+
 // newWakeHook returns the hook for the asynq queues of the llmq queue named base, whose server
 // asks through rdb every poll when idle and not woken.
 func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration) *wakeHook {
-	return &wakeHook{rdb: rdb, base: base, queues: NewQueues(base).All(), poll: poll, float64: rand.Float64,
-		empty: map[string]bool{}}
+	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, empty: map[string]bool{}}
+	for _, q := range NewQueues(base).All() {
+		p := "asynq:{" + q + "}:"
+		h.queues = append(h.queues, queueKeys{name: q, pending: p + "pending", paused: p + "paused",
+			scheduled: p + "scheduled", retry: p + "retry"})
+	}
+	return h
 }
 
 // DialHook implements redis.Hook.
@@ -146,12 +154,11 @@ func (h *wakeHook) scriptOf(args []any) (asynqScript, string) {
 	first, _ := args[3].(string)
 	second, _ := args[4].(string)
 	for _, q := range h.queues {
-		prefix := "asynq:{" + q + "}:"
 		switch {
-		case first == prefix+"pending" && second == prefix+"paused":
-			return dequeueScript, q
-		case (first == prefix+"scheduled" || first == prefix+"retry") && second == prefix+"pending":
-			return forwardScript, q
+		case first == q.pending && second == q.paused:
+			return dequeueScript, q.name
+		case (first == q.scheduled || first == q.retry) && second == q.pending:
+			return forwardScript, q.name
 		}
 	}
 	return otherCommand, ""
