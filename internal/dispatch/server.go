@@ -27,6 +27,8 @@ type ServerConfig struct {
 	Policy *retrypolicy.Policy
 	// Logger receives asynq's warnings and errors. Default discards.
 	Logger *slog.Logger
+	// Metrics, when set, counts the idle waits' ends (llmq_worker_idle_waits_total).
+	Metrics *Metrics
 }
 
 // Server is the asynq server of a worker process, on a Redis client of its own whose idle
@@ -51,7 +53,7 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	rdb := NewRedisClient(opt)
-	hook := newWakeHook(rdb, cfg.Queue, cfg.PollInterval)
+	hook := newWakeHook(rdb, cfg.Queue, cfg.PollInterval, cfg.Metrics)
 	rdb.AddHook(hook)
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,

@@ -64,6 +64,7 @@ type wakeHook struct {
 	queues  []queueKeys
 	poll    time.Duration
 	float64 func() float64
+	metrics *Metrics
 
 	mu sync.Mutex
 	// empty holds the queues asked and found empty since the last hold's time passed, and not
@@ -78,9 +79,9 @@ type wakeHook struct {
 type queueKeys struct{ name, pending, paused, scheduled, retry string }
 
 // newWakeHook returns the hook for the asynq queues of the llmq queue named base, whose server
-// asks through rdb every poll when idle and not woken.
-func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration) *wakeHook {
-	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, empty: map[string]bool{}}
+// asks through rdb every poll when idle and not woken; m (nil: none) counts the waits' ends.
+func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration, m *Metrics) *wakeHook {
+	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, metrics: m, empty: map[string]bool{}}
 	for _, q := range NewQueues(base).All() {
 		p := "asynq:{" + q + "}:"
 		h.queues = append(h.queues, queueKeys{name: q, pending: p + "pending", paused: p + "paused",
@@ -191,10 +192,12 @@ func (h *wakeHook) hold(ctx context.Context) string {
 		delete(h.empty, q)
 		h.mu.Unlock()
 		h.wakes.Add(1)
+		h.metrics.idleWaitEnded(waitEndedByWakeUp)
 		return q
 	}
 	clear(h.empty)
 	h.mu.Unlock()
+	h.metrics.idleWaitEnded(waitEndedByPoll)
 	if err != nil && !errors.Is(err, redis.Nil) {
 		// Redis refused the wait (the dequeue worked, so this is rare): keep the pace anyway.
 		sleepCtx(ctx, d-time.Since(start))

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -18,6 +20,7 @@ import (
 // random spread), an Enqueuer with a wake-up client, and the deliveries' job IDs.
 type wakeRig struct {
 	queue     string
+	metrics   *Metrics
 	srv       *Server
 	client    *asynq.Client
 	rdb       redis.UniversalClient
@@ -33,12 +36,18 @@ func newWakeRig(t *testing.T, url string, poll time.Duration) *wakeRig {
 		delivered: make(chan string, 16)}
 	t.Cleanup(func() { require.NoError(t, r.client.Close()) })
 	r.enq = NewEnqueuer(r.client, r.queue, r.rdb)
+	r.metrics = NewMetrics(prometheus.NewRegistry())
 	r.srv = NewServer(opt, ServerConfig{Queue: r.queue, Concurrency: 2, PollInterval: poll,
-		Policy: retrypolicy.New(&retrypolicy.Config{})})
+		Policy: retrypolicy.New(&retrypolicy.Config{}), Metrics: r.metrics})
 	r.srv.hook.float64 = func() float64 { return 0.5 }
 	require.NoError(t, r.srv.Start(Mux(r, r.enq)))
 	t.Cleanup(r.srv.Shutdown)
 	return r
+}
+
+// waitsEndedBy reads llmq_worker_idle_waits_total{ended}.
+func (r *wakeRig) waitsEndedBy(ended string) float64 {
+	return testutil.ToFloat64(r.metrics.idleWaits.WithLabelValues(ended))
 }
 
 // Process implements Processor: it reports the delivery's job.
@@ -88,6 +97,7 @@ func TestServer_AWakeUpEndsTheHold(t *testing.T) {
 			require.Equal(t, id, r.next(t), "delivery %d", i)
 			require.Less(t, time.Since(begun), poll/2, "%s: delivered long before the hold's time", p)
 			require.Equal(t, wakes+1, r.srv.hook.wakes.Load(), "%s: a wake-up ended the hold", p)
+			require.Equal(t, float64(wakes+1), r.waitsEndedBy(waitEndedByWakeUp), "%s: and the metric counts it", p)
 		}
 	})
 }
@@ -122,6 +132,8 @@ func TestServer_PollsForWhatNobodyWokeItFor(t *testing.T) {
 	require.NoError(t, NewEnqueuer(r.client, r.queue, nil).Enqueue(t.Context(), "unannounced", jobs.PriorityNormal, time.Time{}))
 	require.Equal(t, "unannounced", r.next(t))
 	require.Zero(t, r.srv.hook.wakes.Load(), "found by a poll")
+	require.GreaterOrEqual(t, r.waitsEndedBy(waitEndedByPoll), 3.0, "the metric counts the waits the poll ended")
+	require.Zero(t, r.waitsEndedBy(waitEndedByWakeUp))
 }
 
 // TestEnqueuer_WakeSet: a task due now leaves its asynq queue's name in the llmq queue's wake set,
@@ -184,7 +196,7 @@ func TestWakeHook_StateMachine(t *testing.T) {
 	queue := redistest.Queue(t, redistest.URL())
 	low := NewQueues(queue).For(jobs.PriorityLow)
 	ctx := t.Context()
-	h := newWakeHook(rdb, queue, time.Minute) // a hold without a wake-up would fail the test's deadline
+	h := newWakeHook(rdb, queue, time.Minute, nil) // a hold without a wake-up would fail the test's deadline
 	script := func(q string, kind asynqScript) *redis.Cmd {
 		p := "asynq:{" + q + "}:"
 		if kind == forwardScript {

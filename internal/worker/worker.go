@@ -185,7 +185,8 @@ func (w *Worker) build(m metrics) error {
 		return err
 	}
 	w.server = dispatch.NewServer(w.redis, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
-		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger})
+		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger,
+		Metrics: m.dispatch})
 	return nil
 }
 
