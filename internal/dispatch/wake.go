@@ -29,8 +29,8 @@ import (
 //   - A name wakes one waiting worker (BZPOPMIN), and the set holds each name once, so a burst of
 //     tasks into busy workers wakes a worker in vain once at most.
 //
-// The poll interval is left to bound what comes without a wake-up: a task requeued by asynq's
-// inspector, or enqueued by a process without a wake-up client.
+// The poll interval is left to bound what comes without a wake-up: a lost wake-up, a task
+// requeued by asynq's inspector, or one enqueued by a process without a wake-up client.
 
 // wokenSleep is asynq's TaskCheckInterval under a wakeHook: the sleep after a round that found
 // nothing (asynq sleeps between half and one and a half of it), e.g. after a hold woken for
@@ -47,9 +47,10 @@ func wakeKey(base string) string { return "asynq:{" + base + "}:llmq-wake" }
 
 // wake leaves queue's name (an asynq queue that has a task pending) in the wake set of the llmq
 // queue named base. An error is dropped: the task is in its queue already, and a lost wake-up only
-// leaves it to a worker's next poll.
+// leaves it to a worker's next poll. The wake-up is sent even when ctx was canceled meanwhile
+// (a client gone after its job was enqueued).
 func wake(ctx context.Context, rdb redis.Cmdable, base, queue string) {
-	_ = rdb.ZAdd(ctx, wakeKey(base), redis.Z{Member: queue}).Err()
+	_ = rdb.ZAdd(context.WithoutCancel(ctx), wakeKey(base), redis.Z{Member: queue}).Err()
 }
 
 // wakeHook is the hook on an asynq server's Redis client that holds its idle processor's empty

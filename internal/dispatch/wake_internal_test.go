@@ -137,7 +137,8 @@ func TestServer_PollsForWhatNobodyWokeItFor(t *testing.T) {
 }
 
 // TestEnqueuer_WakeSet: a task due now leaves its asynq queue's name in the llmq queue's wake set,
-// once however many tasks; a task for later, or an Enqueuer without a wake-up client, none.
+// once however many tasks; a task for later, or an Enqueuer without a wake-up client, none; a
+// wake-up is sent even when the caller's context has ended.
 func TestEnqueuer_WakeSet(t *testing.T) {
 	t.Parallel()
 	url := redistest.URL()
@@ -164,6 +165,12 @@ func TestEnqueuer_WakeSet(t *testing.T) {
 	}
 	require.NoError(t, enq.Enqueue(ctx, "d", jobs.PriorityLow, time.Time{}))
 	require.ElementsMatch(t, []string{queue, queue + ":low"}, members(), "each queue named once")
+
+	require.NoError(t, rdb.Del(ctx, wakeKey(queue)).Err())
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	wake(gone, rdb, queue, queue)
+	require.Equal(t, []string{queue}, members(), "sent though the submit's context ended after the enqueue")
 }
 
 // scriptReply is a fake of Redis's replies to asynq's script calls, for the hook's state
