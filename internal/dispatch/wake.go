@@ -72,8 +72,8 @@ type wakeHook struct {
 	// named by a wake-up since.
 	empty map[string]bool
 
-	// holds and wakes count the holds begun and those a wake-up ended.
-	holds, wakes atomic.Int64
+	// holds counts the holds begun.
+	holds atomic.Int64
 }
 
 // queueKeys are the keys of one asynq queue that its dequeue and forward scripts start with.
@@ -192,7 +192,6 @@ func (h *wakeHook) hold(ctx context.Context) string {
 		q, _ := popped[1].(string)
 		delete(h.empty, q)
 		h.mu.Unlock()
-		h.wakes.Add(1)
 		h.metrics.idleWaitEnded(waitEndedByWakeUp)
 		return q
 	}

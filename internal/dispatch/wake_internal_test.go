@@ -90,14 +90,13 @@ func TestServer_AWakeUpEndsTheHold(t *testing.T) {
 		const poll = 1500 * time.Millisecond
 		r := newWakeRig(t, target.URL, poll)
 		for i, p := range []jobs.Priority{jobs.PriorityNormal, jobs.PriorityLow} {
-			holds, wakes := r.srv.hook.holds.Load(), r.srv.hook.wakes.Load()
+			holds, wakes := r.srv.hook.holds.Load(), r.waitsEndedBy(waitEndedByWakeUp)
 			begun := r.holdBegun(t, holds)
 			id := "job-" + string(p) + redistest.Rand()
 			require.NoError(t, r.enq.Enqueue(t.Context(), id, p, time.Time{}))
 			require.Equal(t, id, r.next(t), "delivery %d", i)
 			require.Less(t, time.Since(begun), poll/2, "%s: delivered long before the hold's time", p)
-			require.Equal(t, wakes+1, r.srv.hook.wakes.Load(), "%s: a wake-up ended the hold", p)
-			require.Equal(t, float64(wakes+1), r.waitsEndedBy(waitEndedByWakeUp), "%s: and the metric counts it", p)
+			require.Equal(t, wakes+1, r.waitsEndedBy(waitEndedByWakeUp), "%s: a wake-up ended the hold", p)
 		}
 	})
 }
@@ -116,7 +115,7 @@ func TestServer_AForwardedTaskWakesTheServer(t *testing.T) {
 	require.Empty(t, members, "a task for later wakes nobody at its enqueue")
 	require.Equal(t, "later", r.next(t))
 	require.Less(t, time.Since(begun), poll/2+100*time.Millisecond, "delivered long before the hold's time")
-	require.EqualValues(t, 1, r.srv.hook.wakes.Load(), "the forwarder's move woke the server")
+	require.Equal(t, 1.0, r.waitsEndedBy(waitEndedByWakeUp), "the forwarder's move woke the server")
 }
 
 // TestServer_PollsForWhatNobodyWokeItFor: a task enqueued without a wake-up (an Enqueuer without
@@ -131,9 +130,8 @@ func TestServer_PollsForWhatNobodyWokeItFor(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(begun), 3*poll, "each hold lasts its time")
 	require.NoError(t, NewEnqueuer(r.client, r.queue, nil).Enqueue(t.Context(), "unannounced", jobs.PriorityNormal, time.Time{}))
 	require.Equal(t, "unannounced", r.next(t))
-	require.Zero(t, r.srv.hook.wakes.Load(), "found by a poll")
-	require.GreaterOrEqual(t, r.waitsEndedBy(waitEndedByPoll), 3.0, "the metric counts the waits the poll ended")
-	require.Zero(t, r.waitsEndedBy(waitEndedByWakeUp))
+	require.Zero(t, r.waitsEndedBy(waitEndedByWakeUp), "found by a poll")
+	require.GreaterOrEqual(t, r.waitsEndedBy(waitEndedByPoll), 3.0, "the waits the poll ended")
 }
 
 // TestEnqueuer_WakeSet: a task due now leaves its asynq queue's name in the llmq queue's wake set,
@@ -203,7 +201,8 @@ func TestWakeHook_StateMachine(t *testing.T) {
 	queue := redistest.Queue(t, redistest.URL())
 	low := NewQueues(queue).For(jobs.PriorityLow)
 	ctx := t.Context()
-	h := newWakeHook(rdb, queue, time.Minute, nil) // a hold without a wake-up would fail the test's deadline
+	m := NewMetrics(prometheus.NewRegistry())
+	h := newWakeHook(rdb, queue, time.Minute, m) // a hold without a wake-up would fail the test's deadline
 	script := func(q string, kind asynqScript) *redis.Cmd {
 		p := "asynq:{" + q + "}:"
 		if kind == forwardScript {
@@ -219,7 +218,7 @@ func TestWakeHook_StateMachine(t *testing.T) {
 	require.Zero(t, h.holds.Load())
 	wakeFor(queue)
 	require.ErrorIs(t, process(ctx, script(low, dequeueScript)), redis.Nil, "low empty: every queue known, a hold woken for main")
-	require.EqualValues(t, 1, h.wakes.Load())
+	require.Equal(t, 1.0, testutil.ToFloat64(m.idleWaits.WithLabelValues(waitEndedByWakeUp)))
 	require.Equal(t, 2, fake.calls, "woken for another queue: not asked again")
 
 	wakeFor(queue)
