@@ -58,6 +58,8 @@ type testBundle struct {
 	prefix   string
 	ctx      context.Context
 	pg       *pgtest.Proxy // with setupOpts.pgProxy: the proxy every process reaches Postgres through
+	// workerMetrics is the registry of the worker startWorker started last.
+	workerMetrics *prometheus.Registry
 }
 
 type setupOpts struct {
@@ -141,7 +143,8 @@ func (b *testBundle) startWorker(t *testing.T) {
 	t.Helper()
 	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
-	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: prometheus.NewRegistry(), RedisPrefix: b.prefix})
+	b.workerMetrics = prometheus.NewRegistry()
+	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: b.workerMetrics, RedisPrefix: b.prefix})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)
