@@ -135,8 +135,8 @@ func TestServer_PollsForWhatNobodyWokeItFor(t *testing.T) {
 }
 
 // TestEnqueuer_WakeSet: a task due now leaves its asynq queue's name in the llmq queue's wake set,
-// once however many tasks; a task for later, or an Enqueuer without a wake-up client, none; a
-// wake-up is sent even when the caller's context has ended.
+// once however many tasks; a task for later, a task that exists already, or an Enqueuer without
+// a wake-up client, none; a wake-up is sent even when the caller's context has ended.
 func TestEnqueuer_WakeSet(t *testing.T) {
 	t.Parallel()
 	url := redistest.URL()
@@ -165,6 +165,8 @@ func TestEnqueuer_WakeSet(t *testing.T) {
 	require.ElementsMatch(t, []string{queue, queue + ":low"}, members(), "each queue named once")
 
 	require.NoError(t, rdb.Del(ctx, wakeKey(queue)).Err())
+	require.NoError(t, enq.Enqueue(ctx, "a", jobs.PriorityNormal, time.Time{}))
+	require.Empty(t, members(), "a task enqueued again (it exists) wakes nobody")
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
 	wake(gone, rdb, queue, queue)
@@ -240,4 +242,23 @@ func TestWakeHook_StateMachine(t *testing.T) {
 	require.NoError(t, forward(ctx, script(low, forwardScript)))
 	require.Equal(t, []string{low}, members(), "a forward that moved tasks names their queue")
 	require.Equal(t, 4, fake.calls)
+}
+
+// TestWakeHook_HoldKeepsThePaceWhenRedisRefusesTheWait: when the wait itself fails (here the
+// client is closed), a hold still lasts its time instead of letting asynq ask again at once, and
+// counts as ended by the poll.
+func TestWakeHook_HoldKeepsThePaceWhenRedisRefusesTheWait(t *testing.T) {
+	t.Parallel()
+	opt, err := RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	closed := NewRedisClient(opt)
+	require.NoError(t, closed.Close())
+	m := NewMetrics(prometheus.NewRegistry())
+	const poll = 100 * time.Millisecond
+	h := newWakeHook(closed, "llmq-test-"+redistest.Rand(), poll, m)
+	h.float64 = func() float64 { return 0.5 } // the hold lasts exactly poll
+	start := time.Now()
+	require.Empty(t, h.hold(t.Context()), "no queue named")
+	require.GreaterOrEqual(t, time.Since(start), poll, "the hold lasted its time")
+	require.Equal(t, 1.0, testutil.ToFloat64(m.idleWaits.WithLabelValues(waitEndedByPoll)))
 }
