@@ -1,8 +1,10 @@
 package main
 
 import (
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/executor"
 )
 
@@ -73,4 +76,50 @@ func TestScrapeStageTotals_Unreachable(t *testing.T) {
 	srv.Close()
 	_, err := scrapeStageTotals(t.Context(), http.DefaultClient, []string{addr})
 	require.ErrorContains(t, err, "scrape "+addr)
+}
+
+// The API's submit stages are read from its own /metrics beside the workers' delivery stages,
+// listed after them and left out of the delivery stages' sum: they lie within the pick-up.
+func TestStageTimes_SubmitStages(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	_, worker, workerAddr := stageWorker(t)
+	apiReg := prometheus.NewRegistry()
+	submit := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: submitStageMetric}, []string{"stage"})
+	apiReg.MustRegister(submit)
+	apiSrv := httptest.NewServer(promhttp.HandlerFor(apiReg, promhttp.HandlerOpts{}))
+	t.Cleanup(apiSrv.Close)
+	addrs := []string{workerAddr, strings.TrimPrefix(apiSrv.URL, "http://")}
+	before, err := scrapeStageTotals(ctx, http.DefaultClient, addrs)
+	require.NoError(t, err)
+
+	for range 2 {
+		worker.WithLabelValues(executor.StagePickup).Observe(0.003)
+		worker.WithLabelValues(executor.StageCall).Observe(0.001)
+		submit.WithLabelValues(api.SubmitStageCreate).Observe(0.0015)
+		submit.WithLabelValues(api.SubmitStageEnqueue).Observe(0.0005)
+	}
+	after, err := scrapeStageTotals(ctx, http.DefaultClient, addrs)
+	require.NoError(t, err)
+
+	got := stageTimes(before, after)
+	require.Equal(t, []stageTime{
+		{stage: executor.StagePickup, count: 2, meanMS: 3},
+		{stage: executor.StageCall, count: 2, meanMS: 1},
+		{stage: api.SubmitStageCreate, count: 2, meanMS: 1.5, submit: true},
+		{stage: api.SubmitStageEnqueue, count: 2, meanMS: 0.5, submit: true},
+	}, roundedStages(got))
+	require.Equal(t, "stage mean ms per delivery: pickup 3.00, call 1.00 (4.0 ms per job in all); "+
+		"of the pick-up, the API's submit stages, mean ms per job: create 1.50, enqueue 0.50", stagesLine(got, 2))
+	require.Equal(t, "of the pick-up, the API's submit stages, mean ms per job: create 1.50, enqueue 0.50",
+		stagesLine(got[2:], 2), "submit stages alone")
+}
+
+// roundedStages rounds the means to µs, so that float sums of histogram samples compare exactly.
+func roundedStages(stages []stageTime) []stageTime {
+	out := slices.Clone(stages)
+	for i := range out {
+		out[i].meanMS = math.Round(out[i].meanMS*1000) / 1000
+	}
+	return out
 }

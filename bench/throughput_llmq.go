@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -167,13 +169,17 @@ func (s *llmqSystem) meter() *cpuMeter {
 
 func (s *llmqSystem) close() { s.c.run() }
 
-// stageTotals reads the delivery stages from the workers' /metrics; ok is false when they
-// could not be read.
+// stageTotals reads the delivery stages from the workers' /metrics and the submit stages from
+// the API's (serve: the same /metrics); ok is false when they could not be read.
 func (s *llmqSystem) stageTotals(ctx context.Context) (map[string]stageTotal, bool) {
 	if len(s.st.metricsAddrs) == 0 {
 		return nil, false
 	}
-	out, err := scrapeStageTotals(ctx, s.hc, s.st.metricsAddrs)
+	addrs := s.st.metricsAddrs
+	if s.st.api != nil {
+		addrs = append(slices.Clone(addrs), strings.TrimPrefix(s.st.apiURL, "http://"))
+	}
+	out, err := scrapeStageTotals(ctx, s.hc, addrs)
 	if err != nil {
 		s.log("  worker stages not read: %v", err)
 		return nil, false

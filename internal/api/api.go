@@ -75,7 +75,7 @@ type Config struct {
 	// MaxStreamsPerTenant caps each tenant's open event streams on this replica (429 with
 	// Retry-After above it). Default 100.
 	MaxStreamsPerTenant int
-	// Now is the clock of throttled log lines. Default time.Now.
+	// Now is the clock of throttled log lines and of the submit stages' metric. Default time.Now.
 	Now func() time.Time
 	// Deltas reads the delta buffers of streaming jobs for their event streams. nil: event
 	// streams carry status events only.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -15,7 +16,20 @@ type Metrics struct {
 	// Workers count the jobs they end in the same metric; a job canceled with ctl is not
 	// counted (ctl has no /metrics).
 	finished *prometheus.CounterVec
+	// submitStages is where a submit's time goes before its answer (SubmitStageCreate,
+	// SubmitStageEnqueue).
+	submitStages *prometheus.HistogramVec
 }
+
+// Stages of a submit, the label values of llmq_submit_stage_duration_seconds. Both lie within
+// the worker's pick-up stage (llmq_delivery_stage_duration_seconds{stage="pickup"}), which runs
+// from the job's insert to its first delivery: they show how much of the pick-up is the API's.
+const (
+	// SubmitStageCreate: committing the new job and its first event to Postgres.
+	SubmitStageCreate = "create"
+	// SubmitStageEnqueue: handing the committed job's task to asynq and waking an idle worker.
+	SubmitStageEnqueue = "enqueue"
+)
 
 // NewMetrics registers the metrics on reg. llmq_jobs_finished_total may be there already, from
 // the worker of the same process (llmq serve): the API then counts its cancels in that one. It
@@ -30,8 +44,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			// since the API links no executor.
 			Name: "llmq_jobs_finished_total", Help: "Jobs that reached a terminal status (canceled: counted by the API that canceled them).",
 		}, []string{"credential", "status"}),
+		submitStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmq_submit_stage_duration_seconds",
+			Help: "Time one submit of a new job spent in each stage before the API answered.",
+			// The buckets of llmq_delivery_stage_duration_seconds (0.5 ms to 65 s), so that the
+			// two can be read side by side.
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+		}, []string{"stage"}),
 	}
-	reg.MustRegister(m.submits)
+	reg.MustRegister(m.submits, m.submitStages)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
@@ -52,6 +73,8 @@ func (m *Metrics) initCredentials(names []string) {
 		m.submits.WithLabelValues(name)
 		m.finished.WithLabelValues(name, string(jobs.StatusCanceled))
 	}
+	m.submitStages.WithLabelValues(SubmitStageCreate)
+	m.submitStages.WithLabelValues(SubmitStageEnqueue)
 }
 
 func (m *Metrics) submitted(credential string) {
@@ -63,5 +86,12 @@ func (m *Metrics) submitted(credential string) {
 func (m *Metrics) canceled(credential string) {
 	if m != nil {
 		m.finished.WithLabelValues(credential, string(jobs.StatusCanceled)).Inc()
+	}
+}
+
+// submitStage records that a submit spent d in stage.
+func (m *Metrics) submitStage(stage string, d time.Duration) {
+	if m != nil {
+		m.submitStages.WithLabelValues(stage).Observe(d.Seconds())
 	}
 }

@@ -1,13 +1,17 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/redistest"
 )
 
 // TestMetrics_CanceledJobsAreCountedFromZero: the API cancels, so it counts the canceled jobs in
@@ -34,4 +38,53 @@ llmq_jobs_finished_total{credential="other",status="canceled"} 0
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+`llmq_jobs_finished_total{credential="default",status="canceled"} 0
 llmq_jobs_finished_total{credential="other",status="canceled"} 1
 `), "llmq_jobs_finished_total"))
+}
+
+// TestMetrics_SubmitStages: a new job's submit records the time of its commit and of its enqueue,
+// from a 0 at start; a replay records nothing. The API's clock here reads the stores: a second
+// per job row, a minute per queued task, so each stage's time shows what happened within it.
+func TestMetrics_SubmitStages(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	rdb := redistest.Client(t)
+	var b *testBundle
+	now := func() time.Time {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var rows int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&rows))
+		tasks, err := rdb.LLen(ctx, "asynq:{"+b.queue+"}:pending").Result()
+		require.NoError(t, err)
+		return time.Unix(1_700_000_000, 0).Add(time.Duration(rows)*time.Second + time.Duration(tasks)*time.Minute)
+	}
+	b = setup(t, setupOpts{registry: reg, now: now})
+	stages := func() map[string][2]float64 { // stage → count, sum (seconds)
+		t.Helper()
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		out := map[string][2]float64{}
+		for _, mf := range mfs {
+			if mf.GetName() != "llmq_submit_stage_duration_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				h := m.GetHistogram()
+				out[m.GetLabel()[0].GetValue()] = [2]float64{float64(h.GetSampleCount()), h.GetSampleSum()}
+			}
+		}
+		return out
+	}
+	require.Equal(t, map[string][2]float64{SubmitStageCreate: {0, 0}, SubmitStageEnqueue: {0, 0}}, stages(), "both series from the start")
+
+	key := map[string]string{"Idempotency-Key": "stages-1"}
+	for range 2 {
+		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, nil).status)
+	}
+	require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, key).status)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, key).status, "a replay")
+	got := stages()
+	require.Equal(t, float64(3), got[SubmitStageCreate][0], "one per new job, none for the replay")
+	require.Equal(t, float64(3), got[SubmitStageEnqueue][0])
+	require.InDelta(t, 3.0, got[SubmitStageCreate][1], 1e-9, "each create's time holds its row's insert, not its task")
+	require.InDelta(t, 180.0, got[SubmitStageEnqueue][1], 1e-9, "each enqueue's time holds its task, not its row")
 }

@@ -442,15 +442,23 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 // error, even if the enqueue failed (the sweeper will enqueue it): an enqueue failure is logged,
 // not returned. replayed is true when the idempotency key matched an existing job with the same
 // body.
+//
+// The stages of a new job's submit go to the metrics (llmq_submit_stage_duration_seconds); a
+// replay's or a failure's do not.
 func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bool, error) {
+	t0 := s.cfg.Now()
 	job, replayed, err := s.cfg.Store.Create(ctx, p)
 	if err != nil || replayed {
 		return job, replayed, err
 	}
+	t1 := s.cfg.Now()
+	s.cfg.Metrics.submitStage(SubmitStageCreate, t1.Sub(t0))
 	s.cfg.Metrics.submitted(job.Credential)
 	if s.cfg.Enqueuer != nil && job.Lane != jobs.LaneBatch { // the batcher collects batch-lane jobs
 		if err := s.cfg.Enqueuer.Enqueue(ctx, job.ID, job.Priority, time.Time{}); err != nil {
 			s.cfg.Logger.WarnContext(ctx, "enqueue after commit failed; the sweeper will enqueue the job", "job_id", job.ID, "error", err)
+		} else {
+			s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))
 		}
 	}
 	return job, false, nil
