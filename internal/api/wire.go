@@ -18,6 +18,13 @@ import (
 	"github.com/llmq/llmq/internal/tokens"
 )
 
+// enqueueBatches is how many batches of the submits' enqueues and wake-ups may be in flight to
+// Redis at once (dispatch.AutoPipelined). With one, a submit's enqueue, then its wake-up, each
+// waited while the batch before it made its round trip. With four, at full throttle: jobs/s
+// 1.01-1.04 × and CPU per job 0.96-0.99 × (medians of three series of order-swapped pairs); at
+// 500 jobs/s no change past the pairs' spread.
+const enqueueBatches = 4
+
 // FromConfig builds a Server from the config file on a migrated pool, registering its metrics on
 // reg, and starts its job event listener (one Postgres connection of its own, shared by every
 // event stream of this process). The returned close function ends the event streams, stops the
@@ -55,9 +62,11 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		}
 	}
 	rdb := dispatch.NewRedisClient(redisOpt)
-	// Concurrent submits share round trips for their enqueues and wake-ups. The client is closed
-	// with rdb (asynq refuses to close a connection it was given).
-	pipelined := dispatch.AutoPipelined(rdb)
+	// Concurrent submits share round trips for their enqueues and wake-ups, in up to
+	// enqueueBatches batches at once: each submit waits for its enqueue's reply before its
+	// wake-up, so their order between submits does not matter. The client is closed with rdb
+	// (asynq refuses to close a connection it was given).
+	pipelined := dispatch.AutoPipelined(rdb, enqueueBatches)
 	aclient := asynq.NewClientFromRedisClient(pipelined)
 	inspector := asynq.NewInspector(redisOpt)
 	store := opts.Store

@@ -40,11 +40,25 @@ func NewRedisClient(opt asynq.RedisConnOpt) redis.UniversalClient {
 // AutoPipelined returns rdb's blocking autopipeliner (closed with rdb) when it has one: every
 // call still waits for its own reply, but the calls of concurrent goroutines share round trips.
 // It returns rdb itself for clients without one.
-func AutoPipelined(rdb redis.UniversalClient) redis.UniversalClient {
-	if c, ok := rdb.(*redis.Client); ok {
-		if ap, err := c.AutoPipeline(); err == nil {
-			return ap
-		}
+//
+// batches is how many batches may be in flight at once. 1 keeps every caller's commands in one
+// ordered stream: a command waits while the batch before it makes its round trip. More lets it
+// go at once, in no order between batches; that is safe where each caller waits for a reply
+// before its next command (as the blocking face makes it, unless the caller stops waiting when
+// its context ends: a command it sends after that may run before the one it gave up on). The
+// autopipeliner is kept by rdb: a second call gets the first one's, whatever its batches.
+func AutoPipelined(rdb redis.UniversalClient, batches int) redis.UniversalClient {
+	c, ok := rdb.(*redis.Client)
+	if !ok {
+		return rdb
 	}
-	return rdb
+	opts := redis.DefaultBlockingAutoPipelineOptions()
+	if batches > 1 {
+		opts.MaxConcurrentBatches, opts.Unordered = batches, true
+	}
+	ap, err := c.AutoPipelineWithOptions(opts)
+	if err != nil {
+		return rdb
+	}
+	return ap
 }

@@ -136,7 +136,7 @@ func (w *Worker) build(m metrics) error {
 	// The breaker's calls of concurrent jobs share round trips. The limiter and asynq keep a
 	// plain client: through the autopipeliner the limiter's learned token limits paced worse, and
 	// asynq's dequeues measured slower (docs/decisions.md).
-	if w.breaker, err = breaker.New(dispatch.AutoPipelined(w.rdb), &breaker.Config{Prefix: opts.RedisPrefix,
+	if w.breaker, err = breaker.New(dispatch.AutoPipelined(w.rdb, 1), &breaker.Config{Prefix: opts.RedisPrefix,
 		Threshold: cfg.Breaker.Threshold, Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown,
 		SuccessMemory: successMemory, Metrics: m.breaker}); err != nil {
 		return err
