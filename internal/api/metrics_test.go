@@ -48,14 +48,22 @@ func TestMetrics_SubmitStages(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	rdb := redistest.Client(t)
 	var b *testBundle
-	now := func() time.Time {
+	base := time.Unix(1_700_000_000, 0)
+	now := func() time.Time { // called on the server's goroutines: t.Errorf, not require
+		if b == nil {
+			return base // setup itself
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		var rows int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&rows))
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&rows); err != nil {
+			t.Errorf("count jobs: %v", err)
+		}
 		tasks, err := rdb.LLen(ctx, "asynq:{"+b.queue+"}:pending").Result()
-		require.NoError(t, err)
-		return time.Unix(1_700_000_000, 0).Add(time.Duration(rows)*time.Second + time.Duration(tasks)*time.Minute)
+		if err != nil {
+			t.Errorf("count tasks: %v", err)
+		}
+		return base.Add(time.Duration(rows)*time.Second + time.Duration(tasks)*time.Minute)
 	}
 	b = setup(t, setupOpts{registry: reg, now: now})
 	stages := func() map[string][2]float64 { // stage → count, sum (seconds)
