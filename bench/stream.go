@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,6 +46,9 @@ type streamBench struct {
 	directRead delivery        // what the direct readers got
 	phases     []*streamPhase  // the jobs submitted at once: one client each, then the fan-out
 	steadyRun  *streamPhase    // the jobs that arrived evenly (nil with -steady 0)
+	// steadyStages are where the steady phase's deliveries and submits spent their time, from the
+	// processes' metrics (nil: not read).
+	steadyStages []stageTime
 }
 
 // streamPhase is n jobs submitted at once or one every spacing, each followed by clients event
@@ -106,7 +110,9 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 	if err := streamConfig(d.cfgPath, b.maxStreams, b.poolConns, b.poll); err != nil {
 		return err
 	}
-	st, err := startStack(ctx, d.stack(b.s.bin, redisURL), b.s.workers)
+	stackCfg := d.stack(b.s.bin, redisURL)
+	stackCfg.metrics = true // the steady phase's stages (steadyStagesNote)
+	st, err := startStack(ctx, stackCfg, b.s.workers)
 	if err != nil {
 		return err
 	}
@@ -152,11 +158,26 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 	if b.steady > 0 {
 		spacing, jobs := b.steadyArrivals()
 		log("%d streaming jobs through llmq, one every %s (%d streams at once), one client per job", jobs, spacing, b.s.n)
+		// The workers' delivery stages and the APIs' submit stages over the phase.
+		addrs := slices.Clone(st.metricsAddrs)
+		for _, u := range apiURLs {
+			addrs = append(addrs, strings.TrimPrefix(u, "http://"))
+		}
+		stages0, serr := scrapeStageTotals(ctx, hc, addrs)
 		p, err := b.phase(ctx, hc, apiURLs, steadyPhase, jobs, 1, spacing, sample)
 		if err != nil {
 			return fmt.Errorf("steady: %w", err)
 		}
 		b.steadyRun = p
+		var stages1 map[string]stageTotal
+		if serr == nil {
+			stages1, serr = scrapeStageTotals(ctx, hc, addrs)
+		}
+		if serr != nil {
+			log("  stages not read: %v", serr)
+		} else {
+			b.steadyStages = stageTimes(stages0, stages1)
+		}
 	}
 	return nil
 }

@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmq/llmq/internal/config"
 	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/executor"
 )
 
 // TestLags proves that each token's lag runs from its flush to the read of the delta event that
@@ -93,4 +96,20 @@ func TestStreamConfig(t *testing.T) {
 	cfg = load(t, 8, 2*time.Millisecond)
 	require.Equal(t, 2*time.Millisecond, cfg.Worker.PollInterval)
 	require.Contains(t, cfg.DatabaseURL, "pool_max_conns=8")
+}
+
+// TestSteadyStagesNote proves that the steady phase's stages are reported per job of the phase,
+// and that nothing is said when they were not read or there was no steady phase.
+func TestSteadyStagesNote(t *testing.T) {
+	b := &streamBench{s: &shared{n: 20}, steadyRun: &streamPhase{jobs: make([]*streamJob, 2)}}
+	require.Empty(t, b.steadyStagesNote(), "stages not read")
+	b.steadyStages = []stageTime{
+		{stage: executor.StagePickup, count: 2, meanMS: 2},
+		{stage: executor.StageCall, count: 2, meanMS: 2000},
+		{stage: api.SubmitStageCreate, count: 2, meanMS: 1.5, submit: true},
+	}
+	require.Equal(t, "Steady phase, stage mean ms per delivery: pickup 2.00, call 2000.00 (2002.0 ms per job in all); "+
+		"of the pick-up, the API's submit stages, mean ms per job: create 1.50 (the call holds the whole stream).", b.steadyStagesNote())
+	b.steadyRun = nil
+	require.Empty(t, b.steadyStagesNote(), "no steady phase")
 }

@@ -119,18 +119,19 @@ func (b *streamBench) report() report {
 		steadyNote = fmt.Sprintf(" Then the steady phase: %d jobs submitted one every %s for %s, so that %d streams run at once, as a service streaming to its users would see them; its submits are spread, not a burst.",
 			len(b.steadyRun.jobs), b.steadyRun.spacing, b.steady, b.s.n)
 	}
-	return report{
-		tables: append(tables, deliveries, cost),
-		notes: []string{
-			fmt.Sprintf("%d streaming jobs per burst phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). %s. A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.%s",
-				b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, pool, retried, gaps, resets,
-				b.clients, msText(percentile(fanOut.overSim, 50)), msText(percentile(fanOut.overSim, 99)), steadyNote),
-			"Lag: for every token the simulator sent and every client, the time from the simulator's flush of the token to the client's read of the delta event that completes it, both stamped on the bench's clock; after the first delta: only the tokens flushed after the client read its first delta event, i.e. the delta path alone (worker → XADD and PUBLISH of the entries → the API's hub → write), without the stream's opening and the attempt's first delta, which waits for the running event's Postgres read. Texts as sent: the client's text assembled from its delta events (checked offset by offset) equals the simulator's, byte for byte.",
-			"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the extra clients' row divides the fan-out phase's excess API CPU over the first by its excess delta events: about what a client more costs (the phases' other work is alike; their Redis writes are not, pieces being merged differently, so Redis is not compared). Delta path commands: XREVRANGE, XADD, PEXPIRE, PUBLISH (the worker's write script) and XRANGE (the API, when a stream opens, after a status event, or when a published batch may be missing).",
-			b.busy(),
-			"Timed on a shared, loaded 2-core machine (every process of the run, the clients and the simulator share the 2 cores): indicative only.",
-		},
+	notes := []string{
+		fmt.Sprintf("%d streaming jobs per burst phase, all submitted at once, round robin over %d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). %s. A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.%s",
+			b.s.n, b.apis, b.s.workers, b.tokens, b.tps, b.maxStreams, pool, retried, gaps, resets,
+			b.clients, msText(percentile(fanOut.overSim, 50)), msText(percentile(fanOut.overSim, 99)), steadyNote),
+		"Lag: for every token the simulator sent and every client, the time from the simulator's flush of the token to the client's read of the delta event that completes it, both stamped on the bench's clock; after the first delta: only the tokens flushed after the client read its first delta event, i.e. the delta path alone (worker → XADD and PUBLISH of the entries → the API's hub → write), without the stream's opening and the attempt's first delta, which waits for the running event's Postgres read. Texts as sent: the client's text assembled from its delta events (checked offset by offset) equals the simulator's, byte for byte.",
+		"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the extra clients' row divides the fan-out phase's excess API CPU over the first by its excess delta events: about what a client more costs (the phases' other work is alike; their Redis writes are not, pieces being merged differently, so Redis is not compared). Delta path commands: XREVRANGE, XADD, PEXPIRE, PUBLISH (the worker's write script) and XRANGE (the API, when a stream opens, after a status event, or when a published batch may be missing).",
+		b.busy(),
 	}
+	if s := b.steadyStagesNote(); s != "" {
+		notes = append(notes, s)
+	}
+	notes = append(notes, "Timed on a shared, loaded 2-core machine (every process of the run, the clients and the simulator share the 2 cores): indicative only.")
+	return report{tables: append(tables, deliveries, cost), notes: notes}
 }
 
 // pctCells renders p50, p99 and the max of ds ("–" each when empty).
@@ -167,6 +168,19 @@ func (b *streamBench) firstDeltaTable(title string, s phaseStats, withDirect boo
 }
 
 // busy says how much of the machine the fan-out phase's processes took (Postgres not counted).
+// steadyStagesNote is where the steady phase's jobs spent their time by stage ("" when the
+// stages were not read): the call stage holds the whole stream.
+func (b *streamBench) steadyStagesNote() string {
+	if b.steadyRun == nil {
+		return ""
+	}
+	line := stagesLine(b.steadyStages, len(b.steadyRun.jobs))
+	if line == "" {
+		return ""
+	}
+	return "Steady phase, " + line + " (the call holds the whole stream)."
+}
+
 func (b *streamBench) busy() string {
 	p := b.phases[len(b.phases)-1]
 	l := p.load
