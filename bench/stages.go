@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -63,6 +64,19 @@ func addStageTotals(into map[string]stageTotal, mfs []*dto.MetricFamily) {
 			}
 		}
 	}
+}
+
+// stageAddrs is where a stack's stages are read: its workers' /metrics listeners (with
+// stackConfig.metrics; serve processes' are also their APIs') and those of the APIs at apiURLs
+// that are not among them.
+func stageAddrs(st *stack, apiURLs []string) []string {
+	addrs := slices.Clone(st.metricsAddrs)
+	for _, u := range apiURLs {
+		if a := strings.TrimPrefix(u, "http://"); !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // scrapeStageTotals reads stageMetric from the /metrics endpoints at addrs (host:port) and sums it.

@@ -123,3 +123,13 @@ func roundedStages(stages []stageTime) []stageTime {
 	}
 	return out
 }
+
+// A stack's stages are read once from each process: a serve process's API shares its /metrics.
+func TestStageAddrs(t *testing.T) {
+	t.Parallel()
+	serve := &stack{metricsAddrs: []string{"127.0.0.1:1", "127.0.0.1:2"}}
+	require.Equal(t, []string{"127.0.0.1:1", "127.0.0.1:2"}, stageAddrs(serve, []string{"http://127.0.0.1:1", "http://127.0.0.1:2"}))
+	apart := &stack{metricsAddrs: []string{"127.0.0.1:3"}}
+	require.Equal(t, []string{"127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:5"}, stageAddrs(apart, []string{"http://127.0.0.1:4", "http://127.0.0.1:5"}))
+	require.Equal(t, []string{"127.0.0.1:3"}, apart.metricsAddrs, "the stack's own list is left as it was")
+}

@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -159,10 +158,7 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 		spacing, jobs := b.steadyArrivals()
 		log("%d streaming jobs through llmq, one every %s (%d streams at once), one client per job", jobs, spacing, b.s.n)
 		// The workers' delivery stages and the APIs' submit stages over the phase.
-		addrs := slices.Clone(st.metricsAddrs)
-		for _, u := range apiURLs {
-			addrs = append(addrs, strings.TrimPrefix(u, "http://"))
-		}
+		addrs := stageAddrs(st, apiURLs)
 		stages0, serr := scrapeStageTotals(ctx, hc, addrs)
 		p, err := b.phase(ctx, hc, apiURLs, steadyPhase, jobs, 1, spacing, sample)
 		if err != nil {

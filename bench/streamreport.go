@@ -167,7 +167,6 @@ func (b *streamBench) firstDeltaTable(title string, s phaseStats, withDirect boo
 	return t
 }
 
-// busy says how much of the machine the fan-out phase's processes took (Postgres not counted).
 // steadyStagesNote is where the steady phase's jobs spent their time by stage ("" when the
 // stages were not read): the call stage holds the whole stream.
 func (b *streamBench) steadyStagesNote() string {
@@ -181,6 +180,7 @@ func (b *streamBench) steadyStagesNote() string {
 	return "Steady phase, " + line + " (the call holds the whole stream)."
 }
 
+// busy says how much of the machine the fan-out phase's processes took (Postgres not counted).
 func (b *streamBench) busy() string {
 	p := b.phases[len(b.phases)-1]
 	l := p.load

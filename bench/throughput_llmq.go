@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -175,11 +173,7 @@ func (s *llmqSystem) stageTotals(ctx context.Context) (map[string]stageTotal, bo
 	if len(s.st.metricsAddrs) == 0 {
 		return nil, false
 	}
-	addrs := s.st.metricsAddrs
-	if s.st.api != nil {
-		addrs = append(slices.Clone(addrs), strings.TrimPrefix(s.st.apiURL, "http://"))
-	}
-	out, err := scrapeStageTotals(ctx, s.hc, addrs)
+	out, err := scrapeStageTotals(ctx, s.hc, stageAddrs(s.st, s.st.apiURLs))
 	if err != nil {
 		s.log("  worker stages not read: %v", err)
 		return nil, false
