@@ -75,7 +75,8 @@ type setupOpts struct {
 	registry          *prometheus.Registry // the API's metrics; default none
 	// batchWindows are the credentials with a batch lane, with their window; default none.
 	batchWindows map[string]time.Duration
-	deltas       bool // follow streaming jobs' delta buffers (testBundle.deltas)
+	deltas       bool    // follow streaming jobs' delta buffers (testBundle.deltas)
+	handoff      Handoff // Config.Handoff; default none
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -116,6 +117,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
+		Handoff: o.handoff,
 	}
 	if o.registry != nil {
 		cfg.Metrics, cfg.Gatherer = NewMetrics(o.registry), o.registry

@@ -27,7 +27,8 @@ type Metrics struct {
 const (
 	// SubmitStageCreate: committing the new job and its first event to Postgres.
 	SubmitStageCreate = "create"
-	// SubmitStageEnqueue: handing the committed job's task to asynq and waking an idle worker.
+	// SubmitStageEnqueue: handing the committed job's task to asynq and waking an idle worker, or
+	// handing the job to this process's worker (llmq serve; Config.Handoff).
 	SubmitStageEnqueue = "enqueue"
 )
 

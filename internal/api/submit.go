@@ -438,7 +438,8 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, s.answer(job))
 }
 
-// create commits the job, then enqueues its task. The job exists once create returns without
+// create commits the job, then hands it to this process's worker (Config.Handoff) or enqueues its
+// task. The job exists once create returns without
 // error, even if the enqueue failed (the sweeper will enqueue it): an enqueue failure is logged,
 // not returned. replayed is true when the idempotency key matched an existing job with the same
 // body.
@@ -454,7 +455,18 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 	t1 := s.cfg.Now()
 	s.cfg.Metrics.submitStage(SubmitStageCreate, t1.Sub(t0))
 	s.cfg.Metrics.submitted(job.Credential)
-	if s.cfg.Enqueuer != nil && job.Lane != jobs.LaneBatch { // the batcher collects batch-lane jobs
+	if job.Lane == jobs.LaneBatch {
+		return job, false, nil // the batcher collects batch-lane jobs
+	}
+	if s.cfg.Handoff != nil {
+		// The delivery gets a copy: this job is the answer, written while the delivery runs.
+		fresh := *job
+		if s.cfg.Handoff.Offer(&fresh) {
+			s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))
+			return job, false, nil
+		}
+	}
+	if s.cfg.Enqueuer != nil {
 		if err := s.cfg.Enqueuer.Enqueue(ctx, job.ID, job.Priority, time.Time{}); err != nil {
 			s.cfg.Logger.WarnContext(ctx, "enqueue after commit failed; the sweeper will enqueue the job", "job_id", job.ID, "error", err)
 		} else {

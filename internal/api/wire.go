@@ -42,6 +42,9 @@ type Options struct {
 	// Store is the job store, shared with the worker of the same process (llmq serve) so that
 	// both send their statements through one batcher. Default: a store of its own on the pool.
 	Store *jobs.Store
+	// Handoff, when set, runs the first delivery of the jobs this API creates in its process
+	// (llmq serve; see Config.Handoff).
+	Handoff Handoff
 }
 
 // FromConfigWith is FromConfig with Options.
@@ -108,7 +111,7 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL}) // the API only reads
 	hub := deltas.NewHub()
 	s := New(Config{
-		Store: store, Enqueuer: enqueuer, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
+		Store: store, Enqueuer: enqueuer, Handoff: opts.Handoff, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, BatchWindows: batchWindows, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),

@@ -35,6 +35,13 @@ type SweeperConfig struct {
 	// instead of waiting for asynq's own recovery (1-2 minutes). It must exceed asynq's server
 	// heartbeat (5 s), which is how old a live server's list of running tasks can be. Default 15s.
 	OrphanGrace time.Duration
+	// FreshGrace is how long a job created and never tried or deferred may be without a task
+	// before the sweeper enqueues one: its first delivery may be running in the serve process
+	// that created it (Handoff), and a second task would take a second limiter slot for it. It
+	// must exceed the longest a delivery waits for its slot before the attempt starts (the
+	// executor's MaxInlineWait). The job's creation time is Postgres's, compared with Now: keep
+	// the hosts' clocks in step. Zero: no grace.
+	FreshGrace time.Duration
 	// PassJobs is how many unfinished jobs one pass checks when it finds every task in place; the
 	// next pass goes on from there, so with a large backlog a round of the whole table spans
 	// several passes and a pass's cost does not grow with the backlog. A pass that finds a job
@@ -213,6 +220,9 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 			after = u.ID
 			if states[i] != "" {
 				continue // in place (or leased, or active: see rescueOrphans)
+			}
+			if u.Fresh(now, s.cfg.FreshGrace) {
+				continue // perhaps a Handoff's; a pass after the grace enqueues it
 			}
 			var at time.Time
 			if u.NextAttemptAt != nil {

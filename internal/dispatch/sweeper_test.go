@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/redistest"
 )
@@ -110,4 +112,44 @@ func TestSweeper_RecoveryFromMidTable(t *testing.T) {
 	for _, id := range ids {
 		require.NotZero(t, tb.state(t, id))
 	}
+}
+
+// TestSweeper_FreshGraceSparesNewJobs checks that a job created a moment ago, never tried nor
+// deferred, whose first delivery may be running in the serve process that created it (Handoff),
+// is not enqueued while within FreshGrace, and is once the grace has passed; while jobs that are
+// not fresh (deferred, tried, or queued again after an attempt) are enqueued at once within it.
+func TestSweeper_FreshGraceSparesNewJobs(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tb := setupTasks(t)
+	ctx := t.Context()
+	fresh := b.Create(t, jobstest.Opts{})
+	postponed := b.Create(t, jobstest.Opts{})
+	until := time.Now().Add(time.Hour)
+	require.NoError(t, b.Store.Postpone(ctx, postponed.ID, until))
+	retrying := b.Create(t, jobstest.Opts{})
+	b.Attempt(t, retrying.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	requeued := b.Create(t, jobstest.Opts{}) // queued, with an attempt behind it
+	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET attempts = 1 WHERE id = $1`, requeued.ID)
+	require.NoError(t, err)
+
+	now := time.Now()
+	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+		Redis: redistest.Client(t), FreshGrace: time.Minute, Now: func() time.Time { return now }})
+	n, err := sw.SweepOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "the jobs that are not fresh")
+	require.Zero(t, tb.state(t, fresh.ID), "within the grace")
+	require.Equal(t, asynq.TaskStateScheduled, tb.state(t, postponed.ID))
+	info, err := tb.inspector.GetTaskInfo(tb.queue, postponed.ID)
+	require.NoError(t, err)
+	require.Equal(t, until.Unix(), info.NextProcessAt.Unix(), "at its next attempt's time")
+	require.Equal(t, asynq.TaskStatePending, tb.state(t, retrying.ID))
+	require.Equal(t, asynq.TaskStatePending, tb.state(t, requeued.ID))
+
+	now = now.Add(2 * time.Minute) // past created_at + FreshGrace
+	n, err = sw.SweepOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the fresh job, past its grace")
+	require.Equal(t, asynq.TaskStatePending, tb.state(t, fresh.ID))
 }

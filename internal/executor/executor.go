@@ -64,6 +64,7 @@ type Config struct {
 	// MaxInlineWait is the longest wait a delivery sleeps before sending; longer waits go back to
 	// asynq so that they do not hold a worker slot. Default 3s. asynq stores scheduled times in
 	// whole seconds and releases tasks up to 1s early, so this must stay above 1s.
+	// Default DefaultMaxInlineWait.
 	MaxInlineWait time.Duration
 	// Alerter raises dead-letter alerts. Nil: none (the metric and the job row remain).
 	Alerter *alert.Alerter
@@ -87,6 +88,9 @@ type Config struct {
 	// outside. Zero: no bound.
 	BacklogSteps int
 }
+
+// DefaultMaxInlineWait is Config.MaxInlineWait's default.
+const DefaultMaxInlineWait = 3 * time.Second
 
 // Re-check intervals for jobs that may not be sent yet; each gets up to the same again as
 // random spread so that waiting jobs do not return together.
@@ -118,7 +122,7 @@ func New(cfg Config) *Executor {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.MaxInlineWait == 0 {
-		cfg.MaxInlineWait = 3 * time.Second
+		cfg.MaxInlineWait = DefaultMaxInlineWait
 	}
 	if cfg.Float64 == nil {
 		cfg.Float64 = rand.Float64
@@ -163,7 +167,23 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 			return err
 		}
 	}
-	err := e.process(ctx, d.JobID, d.Retried == 0, pass)
+	return e.outcome(ctx, d.JobID, e.process(ctx, d.JobID, d.Retried == 0, pass))
+}
+
+// ProcessFresh runs the first delivery of a job its caller has just created, in this process
+// and without an asynq task (dispatch.Handoff): job is the one jobs.Store.Create returned (with
+// its request). The job is not read again (it was committed a moment ago;
+// the attempt's start is conditional on its state all the same). It answers as Process does.
+func (e *Executor) ProcessFresh(ctx context.Context, job *jobs.Job) error {
+	e.cfg.Metrics.stage(StagePickup, e.cfg.Now().Sub(job.CreatedAt))
+	pass := &gatePass{g: e.backlog}
+	defer pass.leave()
+	return e.outcome(ctx, job.ID, e.run(ctx, job, pass))
+}
+
+// outcome is what a delivery of job id that ended with err answers (see Process): a deferral
+// not yet in the job row is written there first.
+func (e *Executor) outcome(ctx context.Context, id string, err error) error {
 	var df *deferral
 	switch {
 	case errors.Is(err, errHandled):
@@ -173,7 +193,7 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 			// asynq keeps whole seconds and may hand the task back up to a second early; with
 			// the time in the row, that delivery sleeps the rest instead of being deferred
 			// again (which, for every waiting job, would spin while a breaker is open).
-			if perr := e.cfg.Store.Postpone(context.WithoutCancel(ctx), d.JobID, df.until); perr != nil {
+			if perr := e.cfg.Store.Postpone(context.WithoutCancel(ctx), id, df.until); perr != nil {
 				return perr
 			}
 		}
@@ -190,6 +210,12 @@ func (e *Executor) process(ctx context.Context, id string, fresh bool, pass *gat
 	if err != nil {
 		return err
 	}
+	return e.run(ctx, job, pass)
+}
+
+// run is a delivery's steps after the job's read: the guard, the breaker and the limiter, the
+// attempt's start and the attempt.
+func (e *Executor) run(ctx context.Context, job *jobs.Job, pass *gatePass) error {
 	if job.Priority == jobs.PriorityLow {
 		// A low job's due task comes on the main queue: it enters here.
 		if err := pass.enter(ctx); err != nil {

@@ -18,11 +18,21 @@ type Unfinished struct {
 	LeaseUntil *time.Time
 	// Priority names the asynq queue of the job's task.
 	Priority Priority
+	// Attempts is how many attempts have started; CreatedAt is when the job was created.
+	Attempts  int
+	CreatedAt time.Time
 }
 
 // Leased reports whether a live attempt lease holds the job at now (its delivery is alive).
 func (u Unfinished) Leased(now time.Time) bool {
 	return u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now)
+}
+
+// Fresh reports whether the job was created less than grace before now and has not been tried
+// or deferred: its first delivery may be running in the process that created it, with no task
+// (dispatch.Handoff).
+func (u Unfinished) Fresh(now time.Time, grace time.Duration) bool {
+	return u.Status == StatusQueued && u.Attempts == 0 && u.NextAttemptAt == nil && now.Sub(u.CreatedAt) < grace
 }
 
 // UnfinishedByID returns those of the jobs ids that are not terminal (malformed and unknown IDs
@@ -37,7 +47,7 @@ func (s *Store) UnfinishedByID(ctx context.Context, ids []string) ([]Unfinished,
 	if len(valid) == 0 {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id::text, status, next_attempt_at, lease_until, priority FROM jobs
+	rows, err := s.pool.Query(ctx, `SELECT `+unfinishedColumns+` FROM jobs
 WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running', 'retrying')`, valid)
 	if err != nil {
 		return nil, fmt.Errorf("read unfinished jobs: %w", err)
@@ -49,10 +59,13 @@ WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running', 'retrying')`, val
 	return out, nil
 }
 
-// scanUnfinished reads a row of id::text, status, next_attempt_at, lease_until, priority.
+// unfinishedColumns are the columns scanUnfinished reads.
+const unfinishedColumns = `id::text, status, next_attempt_at, lease_until, priority, attempts, created_at`
+
+// scanUnfinished reads a row of unfinishedColumns.
 func scanUnfinished(r pgx.CollectableRow) (Unfinished, error) {
 	var u Unfinished
-	err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil, &u.Priority)
+	err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil, &u.Priority, &u.Attempts, &u.CreatedAt)
 	return u, err
 }
 
@@ -84,7 +97,7 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 // (id::text), which no index orders, so each page sorted every unfinished job; and without
 // table statistics the planner picked a bitmap scan and a sort (see inOrderOfIndex).
 const listUnfinishedSQL = `
-SELECT id::text, status, next_attempt_at, lease_until, priority FROM jobs
+SELECT ` + unfinishedColumns + ` FROM jobs
 WHERE status IN ('queued', 'running', 'retrying') AND id > $1 AND lane = 'online'
 ORDER BY jobs.id LIMIT $2`
 

@@ -126,15 +126,16 @@ func Serve(ctx context.Context, args []string, o Options) error {
 	reg := newRegistry()
 	// One store: the API's creates and the worker's transitions share the batcher's commits.
 	store := jobs.NewStore(pool, nil)
-	handler, closeAPI, err := api.FromConfigWith(cfg, pool, reg, logger, api.Options{Store: store})
+	// The worker takes the first delivery of the API's new jobs in this process (Handoff).
+	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg, Store: store, Handoff: true})
 	if err != nil {
 		return err
+	}
+	handler, closeAPI, err := api.FromConfigWith(cfg, pool, reg, logger, api.Options{Store: store, Handoff: w.Handoff()})
+	if err != nil {
+		return errors.Join(err, w.Close())
 	}
 	defer closeAPI()
-	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg, Store: store})
-	if err != nil {
-		return err
-	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	workerDone := make(chan error, 1)

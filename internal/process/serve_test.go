@@ -74,7 +74,7 @@ func getenv(k string) string {
 }
 
 // TestServe_RunsAJobInOneProcess: `llmq serve` takes a submit, runs the job with its own worker
-// and stores the result; its /metrics holds both halves' metrics; it stops when its context ends.
+// (handed over in the process, without an asynq task) and stores the result; its /metrics holds both halves' metrics; it stops when its context ends.
 func TestServe_RunsAJobInOneProcess(t *testing.T) {
 	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
 	t.Cleanup(sim.Close)
@@ -146,6 +146,9 @@ func TestServe_RunsAJobInOneProcess(t *testing.T) {
 		`llmq_jobs_submitted_total{credential="default"} 1`,                   // the API's
 		`llmq_attempts_total{class="ok",credential="default"} 1`,              // the worker's
 		`llmq_jobs_finished_total{credential="default",status="succeeded"} 1`, // both count in it
+		// The job was not enqueued: its first delivery ran in this process (dispatch.Handoff).
+		`llmq_worker_handoffs_total{outcome="taken"} 1`,
+		`llmq_worker_handoffs_total{outcome="returned"} 0`,
 	}
 	missing := want
 	for deadline := time.Now().Add(10 * time.Second); len(missing) > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

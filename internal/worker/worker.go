@@ -51,6 +51,9 @@ type Options struct {
 	// Redis into llmq_limiter_paused, so that the gauge follows a pause or resume made by
 	// another process (ctl credentials resume) on an idle credential. Default 15s.
 	PauseRefreshInterval time.Duration
+	// Handoff builds a Handoff (see Worker.Handoff) for the API of the same process (llmq
+	// serve) to hand its new jobs to. Default: none.
+	Handoff bool
 }
 
 // Worker is one worker process's moving parts.
@@ -61,6 +64,7 @@ type Worker struct {
 	redis    asynq.RedisConnOpt
 	server   *dispatch.Server
 	executor *executor.Executor
+	handoff  *dispatch.Handoff // nil unless Options.Handoff
 	sweeper  *dispatch.Sweeper
 	maint    *maintenance.Maintainer
 	batcher  *batchlane.Batcher // nil: no credential has a batch lane
@@ -169,9 +173,15 @@ func (w *Worker) build(m metrics) error {
 	w.insp = asynq.NewInspector(w.redis)
 	enq := dispatch.NewEnqueuer(w.client, cfg.Worker.Queue, w.rdb)
 	w.enqueuer = enq
+	if opts.Handoff {
+		w.handoff = dispatch.NewHandoff(dispatch.HandoffConfig{Processor: w.executor, Enqueuer: enq, Redis: w.rdb,
+			Slots: cfg.Worker.Concurrency, Logger: opts.Logger, Metrics: m.dispatch})
+	}
+	// Every sweeper leaves fresh taskless jobs alone for a while, whether or not its process has
+	// a Handoff: the sweeping process is whichever holds the lock.
 	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
 		Store: store, Enqueuer: enq, Inspector: w.insp, Redis: w.rdb,
-		Interval: cfg.Worker.SweepInterval, Logger: opts.Logger, Metrics: m.dispatch,
+		Interval: cfg.Worker.SweepInterval, FreshGrace: freshGrace, Logger: opts.Logger, Metrics: m.dispatch,
 	})
 	w.maint = maintenance.New(maintenance.Config{
 		Store: store, Tasks: dispatch.NewTasks(w.insp, enq),
@@ -189,6 +199,15 @@ func (w *Worker) build(m metrics) error {
 		Metrics: m.dispatch})
 	return nil
 }
+
+// freshGrace is how long the sweeper leaves a fresh job without a task (SweeperConfig.
+// FreshGrace): twice the longest wait of a delivery for its slot before the attempt starts.
+const freshGrace = 2 * executor.DefaultMaxInlineWait
+
+// Handoff is where the API of the same process hands its new jobs (api.Options.Handoff): their
+// first delivery runs here, beside asynq's, in up to worker.concurrency at once. Nil unless
+// Options.Handoff was set.
+func (w *Worker) Handoff() *dispatch.Handoff { return w.handoff }
 
 // newUpstreams makes each credential's provider adapter, limiter gate and breaker circuit, all
 // sharing one answer budget: the bound is on the process's memory. It keeps the gates for
@@ -230,6 +249,9 @@ func (w *Worker) newUpstreams(lim *limiter.Limiter, limMetrics *limiter.Metrics)
 }
 
 // close closes what New opened, for the error paths of New (Run closes them after a run).
+// Close closes the connections of a worker that will not Run (Run closes its own at its end).
+func (w *Worker) Close() error { return w.close() }
+
 func (w *Worker) close() error {
 	var errs []error
 	if w.client != nil {
@@ -248,6 +270,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	sweepDone, maintDone, listenDone, pausesDone := make(chan error, 1), make(chan error, 1), make(chan struct{}), make(chan struct{})
 	go func() { sweepDone <- w.sweeper.Run(ctx) }()
+	handoffDone := make(chan error, 1)
+	go func() {
+		if w.handoff == nil {
+			handoffDone <- nil
+			return
+		}
+		// Its deliveries hand their jobs back through the asynq client: it ends before close.
+		handoffDone <- w.handoff.Run(ctx)
+	}()
 	go func() { maintDone <- w.maint.Run(ctx) }()
 	batchDone := make(chan error, 1)
 	go func() {
@@ -269,7 +300,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.server.Shutdown()
 	<-listenDone
 	<-pausesDone
-	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, w.close())
+	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, <-handoffDone, w.close())
 }
 
 // newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:

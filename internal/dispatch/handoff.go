@@ -1,0 +1,241 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// FreshProcessor runs the first delivery of a job created in this process
+// (executor.Executor.ProcessFresh): nil when the job needs nothing more from it, a *DeferError
+// when it must come back later, another error when the stores failed.
+type FreshProcessor interface {
+	ProcessFresh(ctx context.Context, job *jobs.Job) error
+}
+
+// HandoffConfig configures a Handoff.
+type HandoffConfig struct {
+	// Processor runs the deliveries. Required.
+	Processor FreshProcessor
+	// Enqueuer takes the jobs whose delivery must come back (a deferral, a failure of the
+	// stores, a shutdown) as asynq tasks. Required.
+	Enqueuer *Enqueuer
+	// Redis is asynq's Redis, whose cancelation channel (Tasks.Abort) ends a running delivery
+	// of a canceled job. Nil: only a shutdown ends one.
+	Redis redis.UniversalClient
+	// Slots is how many deliveries run at once; a job offered while all are taken is declined
+	// (its submit enqueues it). Default 1.
+	Slots int
+	// ShutdownTimeout is how long Run waits, once its context ends, for the deliveries running
+	// to finish before it cancels them and hands their jobs to asynq. Default 10s (asynq's
+	// shutdown timeout in a worker).
+	ShutdownTimeout time.Duration
+	// Logger receives the deliveries that failed and handbacks that did not reach asynq.
+	// Default discards.
+	Logger *slog.Logger
+	// Metrics, when set, counts the offers by outcome (llmq_worker_handoffs_total).
+	Metrics *Metrics
+}
+
+// Handoff runs the first delivery of a job submitted to this process's API in this process,
+// without an asynq task: the submit's enqueue, the task's dequeue and acknowledgement and the
+// delivery's read of the job are not needed (llmq serve, where the API and a worker share a
+// process; docs/decisions.md, *A serve process runs its own submits' first delivery*).
+//
+// A job with no task is the sweeper's to find; its grace for fresh jobs (SweeperConfig.
+// FreshGrace) keeps it from enqueuing a job a Handoff is running. Every delivery that must come
+// back goes to asynq as a task: a deferral at its time, a failure of the stores at once, a
+// delivery canceled by a shutdown at once (its attempt's lease, if it took one, makes the next
+// delivery wait). A delivery of a job canceled by its owner (Tasks.Abort) ends at once, as a
+// task's does. If the process dies, the sweeper enqueues the job after the grace. Safe for
+// concurrent use.
+type Handoff struct {
+	cfg   HandoffConfig
+	slots chan struct{}
+	// base is every delivery's parent context; stop cancels it (a shutdown past its timeout).
+	base context.Context
+	stop context.CancelFunc
+
+	mu      sync.Mutex
+	closed  bool
+	running map[string]*handoffRun // by job ID
+	wg      sync.WaitGroup
+}
+
+// handoffRun is a delivery in progress.
+type handoffRun struct {
+	cancel  context.CancelFunc
+	aborted bool // canceled through the cancelation channel: the job was canceled
+}
+
+// NewHandoff returns a Handoff. It panics when Processor or Enqueuer is nil (a wiring bug).
+func NewHandoff(cfg HandoffConfig) *Handoff {
+	if cfg.Processor == nil || cfg.Enqueuer == nil {
+		panic("dispatch.NewHandoff: Processor and Enqueuer are required")
+	}
+	if cfg.Slots <= 0 {
+		cfg.Slots = 1
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	base, stop := context.WithCancel(context.Background())
+	return &Handoff{cfg: cfg, slots: make(chan struct{}, cfg.Slots), base: base, stop: stop,
+		running: map[string]*handoffRun{}}
+}
+
+// Offer starts the first delivery of job, a job committed a moment ago with no task (the one
+// jobs.Store.Create returned, with its request), and reports whether it did. It does
+// not for a low job (they wait behind the others on their own asynq queue), a batch-lane job,
+// when every slot is taken, or once Run is shutting down: the caller then enqueues the job.
+func (h *Handoff) Offer(job *jobs.Job) bool {
+	if job.Priority == jobs.PriorityLow || job.Lane == jobs.LaneBatch {
+		h.cfg.Metrics.handoff(handoffDeclined)
+		return false
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		h.cfg.Metrics.handoff(handoffDeclined)
+		return false
+	}
+	select {
+	case h.slots <- struct{}{}:
+	default:
+		h.mu.Unlock()
+		h.cfg.Metrics.handoff(handoffDeclined)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(h.base, taskTimeout)
+	run := &handoffRun{cancel: cancel}
+	h.running[job.ID] = run
+	h.wg.Add(1)
+	h.mu.Unlock()
+	h.cfg.Metrics.handoff(handoffTaken)
+	go h.deliver(ctx, job, run)
+	return true
+}
+
+// deliver runs job's delivery and hands the job to asynq when it must come back.
+func (h *Handoff) deliver(ctx context.Context, job *jobs.Job, run *handoffRun) {
+	defer h.wg.Done()
+	err := h.process(ctx, job)
+	h.mu.Lock()
+	delete(h.running, job.ID)
+	aborted := run.aborted
+	h.mu.Unlock()
+	run.cancel()
+	<-h.slots
+	if err == nil || aborted {
+		return // done, or canceled by its owner (Postgres says so; nothing comes back)
+	}
+	var at time.Time
+	var d *DeferError
+	switch {
+	case errors.As(err, &d):
+		at = d.Until
+	case h.base.Err() != nil:
+		h.cfg.Logger.Info("a handed-over delivery was cut by the shutdown; its job goes to asynq", "job_id", job.ID)
+	default:
+		h.cfg.Logger.Warn("a handed-over delivery failed; its job goes to asynq", "job_id", job.ID, "error", err)
+	}
+	h.cfg.Metrics.handoff(handoffReturned)
+	ectx, cancel := context.WithTimeout(context.Background(), handbackTimeout)
+	defer cancel()
+	if err := h.cfg.Enqueuer.Enqueue(ectx, job.ID, job.Priority, at); err != nil {
+		h.cfg.Logger.Error("hand a job back to asynq; the sweeper will enqueue it", "job_id", job.ID, "error", err)
+	}
+}
+
+// handbackTimeout bounds the enqueue of a job whose handed-over delivery must come back.
+const handbackTimeout = 5 * time.Second
+
+// process runs the delivery, turning a panic into an error (asynq recovers a handler's panic
+// the same way), so that the job goes back to asynq instead of taking the process down.
+func (h *Handoff) process(ctx context.Context, job *jobs.Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in a handed-over delivery: %v", r)
+		}
+	}()
+	return h.cfg.Processor.ProcessFresh(ctx, job)
+}
+
+// Run listens on asynq's cancelation channel until ctx ends, ending the delivery of a job whose
+// owner canceled it. Then it declines every offer, waits up to ShutdownTimeout for the
+// deliveries running, cancels the rest and returns once each has ended and its job is handed
+// to asynq (the Enqueuer's client must stay open until then).
+func (h *Handoff) Run(ctx context.Context) error {
+	var listenErr error
+	if h.cfg.Redis != nil {
+		listenErr = h.listen(ctx)
+	}
+	if listenErr != nil {
+		// Deliveries still run; only a canceled job's call goes on until its lease ends.
+		h.cfg.Logger.Error("asynq's cancelation channel: a canceled job's handed-over delivery is no longer stopped at once", "error", listenErr)
+	}
+	<-ctx.Done()
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(h.cfg.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		h.stop()
+		<-done
+	}
+	h.stop()
+	return listenErr
+}
+
+// listen cancels the deliveries named on asynq's cancelation channel until ctx ends. A lost
+// subscription is taken again (go-redis resubscribes); a cancelation sent meanwhile is missed,
+// as a task's would be, and the job's attempt ends when its lease is not renewed.
+func (h *Handoff) listen(ctx context.Context) error {
+	sub := h.cfg.Redis.Subscribe(ctx, asynqCancelChannel)
+	defer sub.Close()
+	msgs := sub.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-msgs:
+			if !ok {
+				return errors.New("asynq's cancelation channel closed")
+			}
+			h.abort(m.Payload)
+		}
+	}
+}
+
+// abort cancels the delivery of job id, if this Handoff runs one.
+func (h *Handoff) abort(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if run, ok := h.running[id]; ok {
+		run.aborted = true
+		run.cancel()
+	}
+}
+
+// asynqCancelChannel is the Pub/Sub channel on which asynq v0.26's Inspector.CancelProcessing
+// names the task to cancel (base.CancelChannel, not exported). TestHandoff_CanceledByAbort fails
+// if a new asynq version moves it.
+const asynqCancelChannel = "asynq:cancel"

@@ -1,0 +1,434 @@
+package dispatch_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// waitFor bounds every wait of the Handoff tests; tick is how often a condition is polled.
+const (
+	waitFor = 5 * time.Second
+	tick    = 5 * time.Millisecond
+)
+
+// fakeProcessor is a dispatch.FreshProcessor whose deliveries run fn. It reports each job it is
+// given on started, before fn runs, and counts its calls.
+type fakeProcessor struct {
+	fn      func(ctx context.Context, job *jobs.Job) error
+	started chan *jobs.Job
+	calls   atomic.Int32
+}
+
+func newFakeProcessor(fn func(ctx context.Context, job *jobs.Job) error) *fakeProcessor {
+	return &fakeProcessor{fn: fn, started: make(chan *jobs.Job, 16)}
+}
+
+func (p *fakeProcessor) ProcessFresh(ctx context.Context, job *jobs.Job) error {
+	p.calls.Add(1)
+	p.started <- job
+	return p.fn(ctx, job)
+}
+
+// next returns the next job a delivery was started for, failing the test if none starts in time.
+func (p *fakeProcessor) next(t *testing.T) *jobs.Job {
+	t.Helper()
+	select {
+	case job := <-p.started:
+		return job
+	case <-time.After(waitFor):
+		t.Fatal("no delivery started")
+		return nil
+	}
+}
+
+// handoffBundle is a Handoff on a queue of its own, with its Run running, and the metrics it
+// counts on.
+type handoffBundle struct {
+	*tasksBundle
+	h   *dispatch.Handoff
+	reg *prometheus.Registry
+
+	stopOnce sync.Once
+	cancel   context.CancelFunc
+	runDone  chan error
+	runErr   error
+}
+
+// setupHandoff builds a Handoff from cfg with p as its processor, the bundle's enqueuer, asynq's
+// Redis and metrics of its own, and starts its Run; the test's end stops it (see stop).
+func setupHandoff(t *testing.T, p dispatch.FreshProcessor, cfg dispatch.HandoffConfig) *handoffBundle {
+	t.Helper()
+	tb := setupTasks(t)
+	reg := prometheus.NewRegistry()
+	cfg.Processor, cfg.Enqueuer, cfg.Redis, cfg.Metrics = p, tb.enqueuer, redistest.Client(t), dispatch.NewMetrics(reg)
+	b := &handoffBundle{tasksBundle: tb, h: dispatch.NewHandoff(cfg), reg: reg, runDone: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.cancel = cancel
+	go func() { b.runDone <- b.h.Run(ctx) }()
+	// Registered after the clients' cleanups, so it runs before them: the handbacks of a shutdown
+	// go through the asynq client.
+	t.Cleanup(func() { b.stop(t) })
+	return b
+}
+
+// stop cancels Run's context and waits for Run to return (every delivery ended and handed
+// back), failing the test if it does not in time or returns an error. Later calls do nothing.
+func (b *handoffBundle) stop(t *testing.T) {
+	t.Helper()
+	b.stopOnce.Do(func() {
+		b.cancel()
+		select {
+		case b.runErr = <-b.runDone:
+		case <-time.After(waitFor):
+			b.runErr = errors.New("Run did not return")
+		}
+	})
+	require.NoError(t, b.runErr)
+}
+
+// handoffs returns llmq_worker_handoffs_total{outcome=outcome}.
+func (b *handoffBundle) handoffs(t *testing.T, outcome string) float64 {
+	t.Helper()
+	mfs, err := b.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "llmq_worker_handoffs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no llmq_worker_handoffs_total{outcome=%q}", outcome)
+	return 0
+}
+
+// requireHandoffs checks the three counts of llmq_worker_handoffs_total.
+func (b *handoffBundle) requireHandoffs(t *testing.T, taken, declined, returned float64) {
+	t.Helper()
+	require.Equal(t, map[string]float64{"taken": taken, "declined": declined, "returned": returned},
+		map[string]float64{"taken": b.handoffs(t, "taken"), "declined": b.handoffs(t, "declined"),
+			"returned": b.handoffs(t, "returned")})
+}
+
+// tasksOfJob returns the state of every asynq task of job id, keyed by queue and task ID, on
+// each queue where one may wait: under the job's ID on the main and the low queue, and as its
+// due task on the main queue. A queue asynq has never seen holds none.
+func (b *handoffBundle) tasksOfJob(t *testing.T, id string) map[string]asynq.TaskState {
+	t.Helper()
+	out, err := b.readTasksOfJob(id)
+	require.NoError(t, err)
+	return out
+}
+
+// hasTask reports whether job id has an asynq task (for require.Eventually, whose condition
+// runs outside the test's goroutine: an error is no task yet).
+func (b *handoffBundle) hasTask(id string) bool {
+	out, err := b.readTasksOfJob(id)
+	return err == nil && len(out) > 0
+}
+
+// readTasksOfJob is tasksOfJob, returning its error.
+func (b *handoffBundle) readTasksOfJob(id string) (map[string]asynq.TaskState, error) {
+	out := map[string]asynq.TaskState{}
+	for _, place := range [][2]string{{b.queue, id}, {b.queue + ":low", id}, {b.queue, id + ":due"}} {
+		info, err := b.inspector.GetTaskInfo(place[0], place[1])
+		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[place[0]+"/"+place[1]] = info.State
+	}
+	return out, nil
+}
+
+// newJob is a job as the API offers it: the row Create returned, of which a Handoff reads the ID,
+// the priority and the lane.
+func newJob(p jobs.Priority, lane jobs.Lane) *jobs.Job {
+	return &jobs.Job{ID: uuid.NewString(), Priority: p, Lane: lane, CreatedAt: time.Now()}
+}
+
+// TestHandoff_OfferedJobRunsWithoutTask checks that an offered job is taken: its delivery runs in
+// the process with the job the API offered, no asynq task is made for it when the delivery needs
+// nothing more, and the offer is counted as taken.
+func TestHandoff_OfferedJobRunsWithoutTask(t *testing.T) {
+	t.Parallel()
+	p := newFakeProcessor(func(context.Context, *jobs.Job) error { return nil })
+	b := setupHandoff(t, p, dispatch.HandoffConfig{})
+	job := newJob(jobs.PriorityHigh, jobs.LaneOnline)
+
+	require.True(t, b.h.Offer(job))
+	got := p.next(t)
+	require.Equal(t, job.ID, got.ID)
+	require.Same(t, job, got, "the delivery runs on the row the API offered, not a read of it")
+	b.stop(t) // Run returns once the delivery has ended (and anything it handed back is in asynq)
+	require.Empty(t, b.tasksOfJob(t, job.ID), "a delivery that needs nothing more leaves no task")
+	require.EqualValues(t, 1, p.calls.Load())
+	b.requireHandoffs(t, 1, 0, 0)
+}
+
+// TestHandoff_DeclinesWhenSlotsTaken checks that an offer made while every slot is taken by a
+// running delivery is declined (counted), without a delivery, and that the slot is free again
+// once its delivery ends.
+func TestHandoff_DeclinesWhenSlotsTaken(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	p := newFakeProcessor(func(ctx context.Context, job *jobs.Job) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	b := setupHandoff(t, p, dispatch.HandoffConfig{Slots: 1})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the bundle's stop: a failed test does not wait for its shutdown timeout
+
+	first, second := newJob(jobs.PriorityNormal, jobs.LaneOnline), newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	require.True(t, b.h.Offer(first))
+	require.Equal(t, first.ID, p.next(t).ID) // the slot is held while the delivery runs
+	require.False(t, b.h.Offer(second), "the only slot is taken")
+	b.requireHandoffs(t, 1, 1, 0)
+
+	// Once the first delivery ends, its slot takes the next offer.
+	free()
+	third := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	require.Eventually(t, func() bool { return b.h.Offer(third) }, waitFor, tick, "the slot was never freed")
+	require.Equal(t, third.ID, p.next(t).ID)
+	b.stop(t)
+	require.EqualValues(t, 2, p.calls.Load(), "the declined job was not delivered")
+	require.Empty(t, b.tasksOfJob(t, second.ID), "a declined job is its submit's to enqueue")
+}
+
+// TestHandoff_DeclinesLowAndBatchJobs checks that a low job (it waits on its own asynq queue) and
+// a batch-lane job (the batcher's) are declined even with a slot free, and never delivered; a
+// normal job offered next is taken, so the slot was free.
+func TestHandoff_DeclinesLowAndBatchJobs(t *testing.T) {
+	t.Parallel()
+	p := newFakeProcessor(func(context.Context, *jobs.Job) error { return nil })
+	b := setupHandoff(t, p, dispatch.HandoffConfig{Slots: 1})
+
+	low, batch := newJob(jobs.PriorityLow, jobs.LaneOnline), newJob(jobs.PriorityNormal, jobs.LaneBatch)
+	require.False(t, b.h.Offer(low), "a low job")
+	require.False(t, b.h.Offer(batch), "a batch-lane job")
+	require.Zero(t, b.handoffs(t, "taken"))
+	require.EqualValues(t, 2, b.handoffs(t, "declined"), "both are counted: their submits enqueue them")
+
+	normal := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	require.True(t, b.h.Offer(normal), "the slot is free")
+	require.Equal(t, normal.ID, p.next(t).ID)
+	b.stop(t)
+	require.EqualValues(t, 1, p.calls.Load(), "only the normal job was delivered")
+	require.Empty(t, b.tasksOfJob(t, low.ID))
+	require.Empty(t, b.tasksOfJob(t, batch.ID))
+}
+
+// TestHandoff_DeferralBecomesScheduledTask checks that a delivery deferred (a *DeferError) goes
+// to asynq as the job's task, scheduled at the deferral's time (asynq keeps whole seconds), and
+// that the offer is counted as returned.
+func TestHandoff_DeferralBecomesScheduledTask(t *testing.T) {
+	t.Parallel()
+	until := time.Now().Add(time.Hour)
+	p := newFakeProcessor(func(context.Context, *jobs.Job) error {
+		return &dispatch.DeferError{Until: until, Reason: "the limiter's turn"}
+	})
+	b := setupHandoff(t, p, dispatch.HandoffConfig{})
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+
+	require.True(t, b.h.Offer(job))
+	require.Equal(t, job.ID, p.next(t).ID)
+	require.Eventually(t, func() bool { return b.hasTask(job.ID) }, waitFor, tick, "no task was enqueued")
+	b.stop(t)
+	require.Equal(t, map[string]asynq.TaskState{b.queue + "/" + job.ID: asynq.TaskStateScheduled}, b.tasksOfJob(t, job.ID))
+	info, err := b.inspector.GetTaskInfo(b.queue, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, until.Unix(), info.NextProcessAt.Unix(), "scheduled at the deferral's time")
+	require.Equal(t, dispatch.TaskType, info.Type)
+	require.Equal(t, job.ID, string(info.Payload), "a task the workers deliver like any other")
+	b.requireHandoffs(t, 1, 0, 1)
+}
+
+// TestHandoff_FailedDeliveryGoesBackAtOnce checks that a delivery that fails (the stores) or
+// panics hands its job to asynq as a task due at once, counted as returned, and that a panic does
+// not take the process down.
+func TestHandoff_FailedDeliveryGoesBackAtOnce(t *testing.T) {
+	t.Parallel()
+	for name, fn := range map[string]func(context.Context, *jobs.Job) error{
+		"Error": func(context.Context, *jobs.Job) error { return errors.New("postgres unreachable") },
+		"Panic": func(context.Context, *jobs.Job) error { panic("a bug in a delivery") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := newFakeProcessor(fn)
+			b := setupHandoff(t, p, dispatch.HandoffConfig{})
+			job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+
+			require.True(t, b.h.Offer(job))
+			require.Equal(t, job.ID, p.next(t).ID)
+			require.Eventually(t, func() bool { return b.hasTask(job.ID) }, waitFor, tick, "no task was enqueued")
+			b.stop(t)
+			require.Equal(t, map[string]asynq.TaskState{b.queue + "/" + job.ID: asynq.TaskStatePending}, b.tasksOfJob(t, job.ID))
+			b.requireHandoffs(t, 1, 0, 1)
+		})
+	}
+}
+
+// TestHandoff_CanceledByAbort checks that Tasks.Abort, which signals asynq's cancelation channel,
+// ends the running delivery of the job it names (and only that one), and that the aborted job is
+// not handed back to asynq: its owner canceled it. It fails if asynq moves its channel.
+func TestHandoff_CanceledByAbort(t *testing.T) {
+	t.Parallel()
+	aborted, other := newJob(jobs.PriorityNormal, jobs.LaneOnline), newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	ended := make(chan error, 1)         // the aborted delivery's ctx.Err()
+	abortsDone := make(chan struct{})    // the test's last Abort has returned
+	releaseOther := make(chan struct{})  // the other delivery may end
+	otherEnded := make(chan struct{}, 1) // the other delivery's ctx ended before it was released
+	p := newFakeProcessor(func(ctx context.Context, job *jobs.Job) error {
+		if job.ID == other.ID {
+			select {
+			case <-releaseOther:
+				return nil
+			case <-ctx.Done():
+				otherEnded <- struct{}{}
+				return ctx.Err()
+			}
+		}
+		<-ctx.Done()
+		ended <- ctx.Err()
+		// Return (and let the Handoff decide about a handback) only after the test's last Abort,
+		// whose deletion of waiting tasks would otherwise hide a task handed back.
+		<-abortsDone
+		return ctx.Err()
+	})
+	// A short shutdown timeout: a failed test's stop does not wait for the blocked delivery.
+	b := setupHandoff(t, p, dispatch.HandoffConfig{Slots: 2, ShutdownTimeout: time.Second})
+	var once sync.Once
+	finish := func() { once.Do(func() { close(abortsDone); close(releaseOther) }) }
+	t.Cleanup(finish)
+
+	require.True(t, b.h.Offer(aborted))
+	require.True(t, b.h.Offer(other))
+	started := map[string]bool{p.next(t).ID: true, p.next(t).ID: true}
+	require.Equal(t, map[string]bool{aborted.ID: true, other.ID: true}, started)
+
+	// Run's subscription to the channel may not be in place yet: abort until the delivery ends.
+	var endErr error
+	require.Eventually(t, func() bool {
+		if err := b.tasks.Abort(aborted.ID); err != nil {
+			return false
+		}
+		select {
+		case endErr = <-ended:
+			return true
+		default:
+			return false
+		}
+	}, waitFor, 20*time.Millisecond, "the abort did not end the delivery")
+	require.ErrorIs(t, endErr, context.Canceled)
+	select {
+	case <-otherEnded:
+		t.Fatal("the abort ended another job's delivery")
+	default:
+	}
+	finish()
+	b.stop(t)
+	require.Empty(t, b.tasksOfJob(t, aborted.ID), "an aborted job does not come back")
+	require.Empty(t, b.tasksOfJob(t, other.ID))
+	select {
+	case <-otherEnded:
+		t.Fatal("the other delivery was canceled")
+	default:
+	}
+	b.requireHandoffs(t, 2, 0, 0)
+}
+
+// TestHandoff_ShutdownHandsBackRunningDeliveries checks that once Run's context ends, a delivery
+// still running after ShutdownTimeout is canceled, its job handed to asynq at once (counted as
+// returned), Run returns, and offers made afterwards are declined.
+func TestHandoff_ShutdownHandsBackRunningDeliveries(t *testing.T) {
+	t.Parallel()
+	ended := make(chan error, 1)
+	p := newFakeProcessor(func(ctx context.Context, _ *jobs.Job) error {
+		<-ctx.Done()
+		ended <- ctx.Err()
+		return ctx.Err() // what the executor answers when its context ends (a shutdown)
+	})
+	b := setupHandoff(t, p, dispatch.HandoffConfig{ShutdownTimeout: 50 * time.Millisecond})
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+
+	require.True(t, b.h.Offer(job))
+	require.Equal(t, job.ID, p.next(t).ID)
+	b.stop(t) // fails unless Run returns in time
+	select {
+	case err := <-ended:
+		require.ErrorIs(t, err, context.Canceled)
+	default:
+		t.Fatal("Run returned with the delivery still running")
+	}
+	require.Equal(t, map[string]asynq.TaskState{b.queue + "/" + job.ID: asynq.TaskStatePending}, b.tasksOfJob(t, job.ID),
+		"the job is handed back, due at once")
+
+	late := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	require.False(t, b.h.Offer(late), "offered after Run returned")
+	require.EqualValues(t, 1, p.calls.Load())
+	b.requireHandoffs(t, 1, 1, 1)
+}
+
+// TestHandoff_ShutdownWaitsForDeliveries checks that once Run's context ends, Run waits (within
+// ShutdownTimeout) for a running delivery to end on its own rather than cancel it, and a delivery
+// that ends so is not handed back.
+func TestHandoff_ShutdownWaitsForDeliveries(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	ctxErr := make(chan error, 1) // the delivery's ctx.Err() when it ended
+	p := newFakeProcessor(func(ctx context.Context, _ *jobs.Job) error {
+		<-release // ignores ctx: a delivery finishing its attempt
+		ctxErr <- ctx.Err()
+		return nil
+	})
+	b := setupHandoff(t, p, dispatch.HandoffConfig{ShutdownTimeout: time.Minute})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+
+	require.True(t, b.h.Offer(job))
+	require.Equal(t, job.ID, p.next(t).ID)
+	b.cancel()
+	select {
+	case err := <-b.runDone:
+		b.runDone <- err // for stop
+		t.Fatalf("Run returned (%v) with a delivery running, before its shutdown timeout", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	free()
+	b.stop(t)
+	select {
+	case err := <-ctxErr:
+		require.NoError(t, err, "the delivery was canceled within the shutdown timeout")
+	default:
+		t.Fatal("Run returned with the delivery still running")
+	}
+	require.Empty(t, b.tasksOfJob(t, job.ID), "a delivery that ended is not handed back")
+	b.requireHandoffs(t, 1, 0, 0)
+}
