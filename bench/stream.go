@@ -37,6 +37,7 @@ type streamBench struct {
 	redisServer string
 	steady      time.Duration
 	poll        time.Duration
+	serve       bool
 
 	sim        *simRecorder
 	runID      string
@@ -81,6 +82,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
 	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker looks for a job it was not woken for); 0: llmq's default")
+	fs.BoolVar(&b.serve, "serve", false, "run -workers `llmq serve` processes (each an API replica and a worker; -apis is ignored) instead of API replicas and workers apart; their CPU is the workers' column")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary: the run starts a private one, so that its INFO counts only llmq")
 	b.s = s
 }
@@ -111,6 +113,7 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 	}
 	stackCfg := d.stack(b.s.bin, redisURL)
 	stackCfg.metrics = true // the steady phase's stages (steadyStagesNote)
+	stackCfg.serve = b.serve
 	st, err := startStack(ctx, stackCfg, b.s.workers)
 	if err != nil {
 		return err
@@ -223,8 +226,14 @@ func streamConfig(path string, n, pool int, poll time.Duration) error {
 }
 
 // moreAPIs starts the replicas beyond the stack's API and returns every replica's URL and pid;
-// stop stops those it started (call it even on an error).
+// stop stops those it started (call it even on an error). With -serve the stack's processes are
+// the replicas, and no pid is returned (their CPU is the workers').
 func (b *streamBench) moreAPIs(ctx context.Context, st *stack, redisURL, queue string) (urls []string, pids []int, stop func(), err error) {
+	if st.cfg.serve {
+		// Every serve process is a replica; their CPU is counted once, as the workers'.
+		b.apis = len(st.apiURLs)
+		return st.apiURLs, nil, func() {}, nil
+	}
 	urls, pids = []string{st.apiURL}, []int{st.api.pid()}
 	var procs []*proc
 	stop = func() { _ = stopAll(procs) }
