@@ -97,8 +97,12 @@ func NewHandoff(cfg HandoffConfig) *Handoff {
 // Offer starts the first delivery of job, a job committed a moment ago with no task (the one
 // jobs.Store.Create returned, with its request), and reports whether it did. It does
 // not for a low job (they wait behind the others on their own asynq queue), a batch-lane job,
-// when every slot is taken, or once Run is shutting down: the caller then enqueues the job.
+// when every slot is taken, or once Run is shutting down: the caller then enqueues the job. A
+// nil *Handoff declines every job.
 func (h *Handoff) Offer(job *jobs.Job) bool {
+	if h == nil {
+		return false
+	}
 	if job.Priority == jobs.PriorityLow || job.Lane == jobs.LaneBatch {
 		h.cfg.Metrics.handoff(handoffDeclined)
 		return false

@@ -432,3 +432,11 @@ func TestHandoff_ShutdownWaitsForDeliveries(t *testing.T) {
 	require.Empty(t, b.tasksOfJob(t, job.ID), "a delivery that ended is not handed back")
 	b.requireHandoffs(t, 1, 0, 0)
 }
+
+// TestHandoff_NilDeclines checks that a nil *Handoff (a worker built without one) declines every
+// job, so that an API given it enqueues as it would without.
+func TestHandoff_NilDeclines(t *testing.T) {
+	t.Parallel()
+	var h *dispatch.Handoff
+	require.False(t, h.Offer(newJob(jobs.PriorityNormal, jobs.LaneOnline)))
+}

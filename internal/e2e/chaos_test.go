@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -206,9 +208,15 @@ func (s *chaosStack) startWorker(t *testing.T, hc *http.Client, concurrency int)
 	return cancel
 }
 
-// submitAll submits n jobs at once, each with its own Idempotency-Key and marker, and returns
-// their IDs.
+// submitAll submits n jobs at once to the stack's API, each with its own Idempotency-Key and
+// marker, and returns their IDs.
 func (s *chaosStack) submitAll(t *testing.T, n int) []string {
+	t.Helper()
+	return s.submitAllTo(t, s.apiURL, n)
+}
+
+// submitAllTo is submitAll through the API at apiURL.
+func (s *chaosStack) submitAllTo(t *testing.T, apiURL string, n int) []string {
 	t.Helper()
 	ids := make([]string, n)
 	errs := make([]error, n)
@@ -217,7 +225,7 @@ func (s *chaosStack) submitAll(t *testing.T, n int) []string {
 		wg.Go(func() {
 			body := fmt.Sprintf(`{"request":{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":%q}]},"max_attempts":20}`,
 				chaosPrompt(i))
-			req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, s.apiURL+"/v1/jobs", strings.NewReader(body))
+			req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, apiURL+"/v1/jobs", strings.NewReader(body))
 			if err != nil {
 				errs[i] = err
 				return
@@ -468,10 +476,16 @@ func sigkillRun(t *testing.T, bin string, flush bool, within time.Duration) {
 // buildWorker builds cmd/worker into the test's temporary directory and returns its path.
 func buildWorker(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "worker")
+	return buildCmd(t, "worker")
+}
+
+// buildCmd builds cmd/<name> into the test's temporary directory and returns its path.
+func buildCmd(t *testing.T, name string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/llmq/llmq/cmd/worker").CombinedOutput()
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/llmq/llmq/cmd/"+name).CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	return bin
 }
@@ -480,6 +494,13 @@ func buildWorker(t *testing.T) string {
 // logging to worker.log in a temporary directory; it is killed, if still running, when the test
 // ends. The caller may SIGKILL it through the returned process.
 func (s *chaosStack) startWorkerProcess(t *testing.T, bin string) *os.Process {
+	t.Helper()
+	return s.startProcess(t, bin)
+}
+
+// startProcess runs bin with args, then --config and the stack's config, as startWorkerProcess
+// does.
+func (s *chaosStack) startProcess(t *testing.T, bin string, args ...string) *os.Process {
 	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "llmq.yaml")
@@ -493,7 +514,7 @@ func (s *chaosStack) startWorkerProcess(t *testing.T, bin string) *os.Process {
 	logf, err := os.Create(filepath.Join(dir, "worker.log"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = logf.Close() })
-	proc := exec.Command(bin, "--config", cfgPath)
+	proc := exec.Command(bin, append(args, "--config", cfgPath)...)
 	proc.Env = append(env, "SIM_KEY="+simKey)
 	proc.Stdout, proc.Stderr = logf, logf
 	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -502,4 +523,74 @@ func (s *chaosStack) startWorkerProcess(t *testing.T, bin string) *os.Process {
 	go func() { exited <- proc.Wait() }()
 	t.Cleanup(func() { _ = proc.Process.Kill(); <-exited })
 	return proc.Process
+}
+
+// TestChaos_SIGKILLedServeProcess: the jobs submitted to an `llmq serve` process run their first
+// delivery in it with no asynq task (dispatch.Handoff). SIGKILLed mid-run, it leaves jobs that
+// no task names anywhere, waiting for their limiter slot or running. The sweeper enqueues them
+// (after its grace for fresh jobs, or once their attempt's lease ended) and another worker
+// finishes each, its provider called by one delivery at a time and never after it succeeded,
+// within the chaos target.
+func TestChaos_SIGKILLedServeProcess(t *testing.T) {
+	t.Parallel()
+	bin := buildCmd(t, "llmq")
+	s := newChaosStack(t)
+	addr := freeLocalAddr(t)
+	proc := s.startProcess(t, bin, "serve", "--listen", addr)
+	apiURL := "http://" + addr
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(apiURL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "llmq serve did not answer /healthz within 30s: %v", err)
+		time.Sleep(20 * time.Millisecond) // polling with a deadline
+	}
+
+	const n = 40
+	ids := s.submitAllTo(t, apiURL, n)
+	for s.calls.total() < 10 {
+		require.True(t, time.Now().Before(deadline.Add(20*time.Second)), "the serve process sent no requests")
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	require.NoError(t, proc.Signal(syscall.SIGKILL))
+	require.Positive(t, s.taskless(t), "the serve process ran jobs without a task (else this test is the worker's)")
+	s.startWorker(t, nil, 0)
+
+	s.waitAllTerminal(t, 60*time.Second)
+	s.requireExactlyOnce(t, ids)
+}
+
+// taskless counts the unfinished jobs whose task is on no queue of the stack.
+func (s *chaosStack) taskless(t *testing.T) int {
+	t.Helper()
+	rows, err := s.pool.Query(s.ctx, `SELECT id::text FROM jobs WHERE status IN ('queued', 'running', 'retrying')`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	opt, err := dispatch.RedisConnOpt(s.redisURL)
+	require.NoError(t, err)
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	n := 0
+	for _, id := range ids {
+		if _, err := insp.GetTaskInfo(s.cfg.Worker.Queue, id); err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// freeLocalAddr returns a 127.0.0.1 address with a port free a moment ago.
+func freeLocalAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
 }
