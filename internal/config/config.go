@@ -167,7 +167,8 @@ type SubmitRate struct {
 
 // Worker configures the job executor.
 type Worker struct {
-	// Concurrency is the number of jobs one worker process runs at once. Default 200.
+	// Concurrency is the number of jobs one worker process runs at once (llmq serve: the jobs
+	// asynq delivers, and as many first deliveries of its own submits). Default 200.
 	Concurrency int `yaml:"concurrency"`
 	// MetricsListen is where the worker serves /metrics. Default 127.0.0.1:9091; "off" disables it.
 	MetricsListen string `yaml:"metrics_listen"`
