@@ -439,10 +439,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 // create commits the job, then hands it to this process's worker (Config.Handoff) or enqueues its
-// task. The job exists once create returns without
-// error, even if the enqueue failed (the sweeper will enqueue it): an enqueue failure is logged,
-// not returned. replayed is true when the idempotency key matched an existing job with the same
-// body.
+// task. The job exists once create returns without error, even if the enqueue failed (the
+// sweeper will enqueue it): an enqueue failure is logged, not returned. replayed is true when
+// the idempotency key matched an existing job with the same body.
 //
 // The stages of a new job's submit go to the metrics (llmq_submit_stage_duration_seconds); a
 // replay's or a failure's do not.

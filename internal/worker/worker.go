@@ -248,10 +248,10 @@ func (w *Worker) newUpstreams(lim *limiter.Limiter, limMetrics *limiter.Metrics)
 	return upstreams, nil
 }
 
-// close closes what New opened, for the error paths of New (Run closes them after a run).
 // Close closes the connections of a worker that will not Run (Run closes its own at its end).
 func (w *Worker) Close() error { return w.close() }
 
+// close closes what New opened, for the error paths of New (Run closes them after a run).
 func (w *Worker) close() error {
 	var errs []error
 	if w.client != nil {
