@@ -95,10 +95,10 @@ func NewHandoff(cfg HandoffConfig) *Handoff {
 }
 
 // Offer starts the first delivery of job, a job committed a moment ago with no task (the one
-// jobs.Store.Create returned, with its request), and reports whether it did. It does
-// not for a low job (they wait behind the others on their own asynq queue), a batch-lane job,
-// when every slot is taken, or once Run is shutting down: the caller then enqueues the job. A
-// nil *Handoff declines every job.
+// jobs.Store.Create returned, with its request), and reports whether it did. It does not for a
+// low job (they wait behind the others on their own asynq queue), a batch-lane job, when every
+// slot is taken, or once Run is shutting down: the caller then enqueues the job. A nil *Handoff
+// declines every job.
 func (h *Handoff) Offer(job *jobs.Job) bool {
 	if h == nil {
 		return false

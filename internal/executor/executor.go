@@ -62,9 +62,9 @@ type Config struct {
 	// Metrics, when set, is updated per attempt and outcome.
 	Metrics *Metrics
 	// MaxInlineWait is the longest wait a delivery sleeps before sending; longer waits go back to
-	// asynq so that they do not hold a worker slot. Default 3s. asynq stores scheduled times in
-	// whole seconds and releases tasks up to 1s early, so this must stay above 1s.
-	// Default DefaultMaxInlineWait.
+	// asynq so that they do not hold a worker slot. Default DefaultMaxInlineWait. asynq stores
+	// scheduled times in whole seconds and releases tasks up to 1s early, so this must stay
+	// above 1s.
 	MaxInlineWait time.Duration
 	// Alerter raises dead-letter alerts. Nil: none (the metric and the job row remain).
 	Alerter *alert.Alerter
@@ -172,8 +172,8 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 
 // ProcessFresh runs the first delivery of a job its caller has just created, in this process
 // and without an asynq task (dispatch.Handoff): job is the one jobs.Store.Create returned (with
-// its request). The job is not read again (it was committed a moment ago;
-// the attempt's start is conditional on its state all the same). It answers as Process does.
+// its request). The job is not read again (it was committed a moment ago; the attempt's start
+// is conditional on its state all the same). It answers as Process does.
 func (e *Executor) ProcessFresh(ctx context.Context, job *jobs.Job) error {
 	e.cfg.Metrics.stage(StagePickup, e.cfg.Now().Sub(job.CreatedAt))
 	pass := &gatePass{g: e.backlog}
