@@ -113,3 +113,13 @@ func TestSteadyStagesNote(t *testing.T) {
 	b.steadyRun = nil
 	require.Empty(t, b.steadyStagesNote(), "no steady phase")
 }
+
+// TestStreamLayout proves that a -serve run says its jobs went through serve processes, whose CPU
+// is the workers' column, and that a run apart names its replicas and workers.
+func TestStreamLayout(t *testing.T) {
+	b := &streamBench{s: &shared{workers: 2}, apis: 3}
+	require.Equal(t, "3 API replicas, each followed (Last-Event-ID: 0) on the next replica(s); 2 workers", b.layout())
+	b.serve = true
+	require.Contains(t, b.layout(), "2 `llmq serve` processes")
+	require.Contains(t, b.layout(), "the API CPU column is empty")
+}

@@ -119,10 +119,7 @@ func (b *streamBench) report() report {
 		steadyNote = fmt.Sprintf(" Then the steady phase: %d jobs submitted one every %s for %s, so that %d streams run at once, as a service streaming to its users would see them; its submits are spread, not a burst.",
 			len(b.steadyRun.jobs), b.steadyRun.spacing, b.steady, b.s.n)
 	}
-	layout := fmt.Sprintf("%d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers", b.apis, b.s.workers)
-	if b.serve {
-		layout = fmt.Sprintf("%d `llmq serve` processes (each an API replica and a worker: the API CPU column is empty, their CPU is the workers'), each job followed (Last-Event-ID: 0) on the next one(s)", b.s.workers)
-	}
+	layout := b.layout()
 	notes := []string{
 		fmt.Sprintf("%d streaming jobs per burst phase, all submitted at once, round robin over %s; the simulator (in the bench's process) streams %d tokens of 4 bytes at %g tokens/s. api.max_streams_per_tenant is raised to %d for the run (every job is the anonymous tenant's). %s. A private Redis, so that its counters are llmq's alone. Jobs the simulator was called more than once for: %d; delta events out of order: %d; resets: %d. With %d clients per job, through llmq − the simulator's time to first token was %s p50, %s p99.%s",
 			b.s.n, layout, b.tokens, b.tps, b.maxStreams, pool, retried, gaps, resets,
@@ -227,4 +224,12 @@ func (b *streamBench) steadyTargets(steady phaseStats) [][]string {
 // usText renders a small duration in microseconds: "42 µs".
 func usText(d time.Duration) string {
 	return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+}
+
+// layout says which processes the run's jobs went through and where their CPU is counted.
+func (b *streamBench) layout() string {
+	if b.serve {
+		return fmt.Sprintf("%d `llmq serve` processes (each an API replica and a worker: the API CPU column is empty, their CPU is the workers'), each job followed (Last-Event-ID: 0) on the next one(s)", b.s.workers)
+	}
+	return fmt.Sprintf("%d API replicas, each followed (Last-Event-ID: 0) on the next replica(s); %d workers", b.apis, b.s.workers)
 }
