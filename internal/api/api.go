@@ -31,13 +31,6 @@ import (
 	"github.com/llmq/llmq/internal/tenant"
 )
 
-// Handoff runs the first delivery of a job created by this process's API in the same process
-// (dispatch.Handoff, in llmq serve). Offer reports whether it took the job: job is the one
-// jobs.Store.Create returned (with its request).
-type Handoff interface {
-	Offer(job *jobs.Job) bool
-}
-
 // Config configures a Server.
 type Config struct {
 	Store *jobs.Store
@@ -46,9 +39,11 @@ type Config struct {
 	// Enqueuer hands a new job to the workers. nil: jobs are only committed (the sweeper enqueues
 	// them; tests).
 	Enqueuer *dispatch.Enqueuer
-	// Handoff, when set, runs a new job's first delivery in this process instead (llmq serve);
-	// a job it declines is enqueued.
-	Handoff Handoff
+	// Handoff, when set, runs a new job's first delivery in this process instead (llmq serve):
+	// a submit claims a slot of it and the first attempt's admission before the job's insert,
+	// which then starts the attempt too when the admission allows. A job it declines is
+	// enqueued.
+	Handoff *dispatch.Handoff
 	// Metrics, when set, counts submits.
 	Metrics *Metrics
 	Pool    *pgxpool.Pool

@@ -51,6 +51,9 @@ type testBundle struct {
 	queue     string
 	tenants   *tenant.Store
 	deltas    *deltastream.Buffer // with setupOpts.deltas
+	// handoff is Config.Handoff (with setupOpts.handoff); stopHandoff ends its Run.
+	handoff     *dispatch.Handoff
+	stopHandoff func()
 }
 
 type setupOpts struct {
@@ -75,8 +78,10 @@ type setupOpts struct {
 	registry          *prometheus.Registry // the API's metrics; default none
 	// batchWindows are the credentials with a batch lane, with their window; default none.
 	batchWindows map[string]time.Duration
-	deltas       bool    // follow streaming jobs' delta buffers (testBundle.deltas)
-	handoff      Handoff // Config.Handoff; default none
+	deltas       bool // follow streaming jobs' delta buffers (testBundle.deltas)
+	// handoff, when set, is the processor of a Handoff (Config.Handoff) the bundle runs on its
+	// queue (testBundle.handoff, testBundle.stopHandoff); default none.
+	handoff dispatch.FreshProcessor
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -117,7 +122,11 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
-		Handoff: o.handoff,
+	}
+	if o.handoff != nil {
+		b.handoff = dispatch.NewHandoff(dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16})
+		b.stopHandoff = runHandoff(t, b.handoff)
+		cfg.Handoff = b.handoff
 	}
 	if o.registry != nil {
 		cfg.Metrics, cfg.Gatherer = NewMetrics(o.registry), o.registry

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tokens"
@@ -443,12 +444,23 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 // sweeper will enqueue it): an enqueue failure is logged, not returned. replayed is true when
 // the idempotency key matched an existing job with the same body.
 //
+// With a Handoff, a slot of it is claimed before the insert (dispatch.Handoff.Claim), and the
+// job's first attempt's admission asked for once the job is known to be new
+// (jobs.CreateParams.Admit), so that the insert may start the attempt too.
+//
 // The stages of a new job's submit go to the metrics (llmq_submit_stage_duration_seconds); a
 // replay's or a failure's do not.
 func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bool, error) {
+	var claim *dispatch.Claim
+	if claim = s.cfg.Handoff.Claim(p.Priority, p.Lane); claim != nil {
+		p.Admit = claim.Admit
+	}
 	t0 := s.cfg.Now()
 	job, replayed, err := s.cfg.Store.Create(ctx, p)
 	if err != nil || replayed {
+		if claim != nil {
+			claim.Drop(ctx)
+		}
 		return job, replayed, err
 	}
 	t1 := s.cfg.Now()
@@ -457,13 +469,12 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 	if job.Lane == jobs.LaneBatch {
 		return job, false, nil // the batcher collects batch-lane jobs
 	}
-	if s.cfg.Handoff != nil {
+	if claim != nil {
 		// The delivery gets a copy: this job is the answer, written while the delivery runs.
 		fresh := *job
-		if s.cfg.Handoff.Offer(&fresh) {
-			s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))
-			return job, false, nil
-		}
+		claim.Start(&fresh)
+		s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))
+		return job, false, nil
 	}
 	if s.cfg.Enqueuer != nil {
 		if err := s.cfg.Enqueuer.Enqueue(ctx, job.ID, job.Priority, time.Time{}); err != nil {

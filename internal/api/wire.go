@@ -44,7 +44,7 @@ type Options struct {
 	Store *jobs.Store
 	// Handoff, when set, runs the first delivery of the jobs this API creates in its process
 	// (llmq serve; see Config.Handoff).
-	Handoff Handoff
+	Handoff *dispatch.Handoff
 }
 
 // FromConfigWith is FromConfig with Options.

@@ -13,11 +13,29 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 )
 
-// FreshProcessor runs the first delivery of a job created in this process
-// (executor.Executor.ProcessFresh): nil when the job needs nothing more from it, a *DeferError
-// when it must come back later, another error when the stores failed.
+// FreshProcessor runs the first delivery of a job created in this process (executor.Executor).
 type FreshProcessor interface {
-	ProcessFresh(ctx context.Context, job *jobs.Job) error
+	// AdmitFirst asks, before job is created (jobs.Store.Prepare's job), for its first
+	// attempt's admission, without waiting: nil when none was had at once (the delivery asks
+	// again). Its Begin says whether the job is to be created with the attempt started.
+	AdmitFirst(ctx context.Context, job *jobs.Job) Admission
+	// ProcessFresh runs the first delivery of job, as created, with AdmitFirst's admission (nil:
+	// none): nil when the job needs nothing more from it, a *DeferError when it must come back
+	// later, another error when the stores failed.
+	ProcessFresh(ctx context.Context, job *jobs.Job, adm Admission) error
+}
+
+// Admission is a new job's first attempt admitted before the job was created
+// (FreshProcessor.AdmitFirst): a rate-limit slot and the breaker's admission, for the delivery
+// that runs the job.
+type Admission interface {
+	// Begin is the attempt's start to create the job with (jobs.CreateParams.Begin), or nil
+	// when the slot is not due yet: the job is created queued and the delivery starts the
+	// attempt when it is.
+	Begin() *jobs.Begin
+	// Release gives back what the admission holds, for a job that was not created (its create
+	// failed, or it was a replay): its breaker admission and its reserved tokens.
+	Release(ctx context.Context)
 }
 
 // HandoffConfig configures a Handoff.
@@ -94,46 +112,90 @@ func NewHandoff(cfg HandoffConfig) *Handoff {
 		running: map[string]*handoffRun{}}
 }
 
-// Offer starts the first delivery of job, a job committed a moment ago with no task (the one
-// jobs.Store.Create returned, with its request), and reports whether it did. It does not for a
-// low job (they wait behind the others on their own asynq queue), a batch-lane job, when every
-// slot is taken, or once Run is shutting down: the caller then enqueues the job. A nil *Handoff
-// declines every job.
-func (h *Handoff) Offer(job *jobs.Job) bool {
+// Claim takes a delivery slot for a job of priority p on lane, about to be created. It returns
+// nil, and the caller creates and enqueues the job, for a low job (they wait behind the others
+// on their own asynq queue), a batch-lane job, when every slot is taken, or once Run is
+// shutting down. Every Claim returned must be started (Claim.Start) or dropped (Claim.Drop). A
+// nil *Handoff declines every job.
+func (h *Handoff) Claim(p jobs.Priority, lane jobs.Lane) *Claim {
 	if h == nil {
-		return false
+		return nil
 	}
-	if job.Priority == jobs.PriorityLow || job.Lane == jobs.LaneBatch {
+	if p == jobs.PriorityLow || lane == jobs.LaneBatch {
 		h.cfg.Metrics.handoff(handoffDeclined)
-		return false
+		return nil
 	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		h.cfg.Metrics.handoff(handoffDeclined)
-		return false
+		return nil
 	}
 	select {
 	case h.slots <- struct{}{}:
 	default:
 		h.mu.Unlock()
 		h.cfg.Metrics.handoff(handoffDeclined)
-		return false
+		return nil
 	}
+	h.wg.Add(1) // Run's shutdown waits for the claim to start or drop
+	h.mu.Unlock()
+	return &Claim{h: h}
+}
+
+// Claim is a delivery slot of a Handoff taken for a job about to be created, and the job's
+// first attempt's admission once asked (Claim.Admit). Start or Drop it, once.
+type Claim struct {
+	h   *Handoff
+	adm Admission // nil: none (yet)
+}
+
+// Admit asks the processor for the first attempt's admission of job, the job about to be
+// created (jobs.CreateParams.Admit, whose signature it has), keeps it for the delivery, and
+// returns the attempt's start to insert with the job (nil: the job is created queued). A panic
+// in the processor means no admission (the delivery asks again), not a lost slot. Call it at
+// most once.
+func (c *Claim) Admit(ctx context.Context, job *jobs.Job) (begin *jobs.Begin) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.h.cfg.Logger.Error("panic in a first attempt's admission; the delivery asks again", "job_id", job.ID, "panic", r)
+			c.adm, begin = nil, nil
+		}
+	}()
+	c.adm = c.h.cfg.Processor.AdmitFirst(ctx, job)
+	if c.adm == nil {
+		return nil
+	}
+	return c.adm.Begin()
+}
+
+// Start runs the first delivery of job, the one jobs.Store.Create returned (with its request,
+// committed, with no task), in the claimed slot.
+func (c *Claim) Start(job *jobs.Job) {
+	h := c.h
 	ctx, cancel := context.WithTimeout(h.base, taskTimeout)
 	run := &handoffRun{cancel: cancel}
+	h.mu.Lock()
 	h.running[job.ID] = run
-	h.wg.Add(1)
 	h.mu.Unlock()
 	h.cfg.Metrics.handoff(handoffTaken)
-	go h.deliver(ctx, job, run)
-	return true
+	go h.deliver(ctx, job, c.adm, run)
+}
+
+// Drop frees the slot and releases the admission, if any: the job was not created (its create
+// failed, or it is a replay of an existing job).
+func (c *Claim) Drop(ctx context.Context) {
+	if c.adm != nil {
+		c.adm.Release(ctx)
+	}
+	<-c.h.slots
+	c.h.wg.Done()
 }
 
 // deliver runs job's delivery and hands the job to asynq when it must come back.
-func (h *Handoff) deliver(ctx context.Context, job *jobs.Job, run *handoffRun) {
+func (h *Handoff) deliver(ctx context.Context, job *jobs.Job, adm Admission, run *handoffRun) {
 	defer h.wg.Done()
-	err := h.process(ctx, job)
+	err := h.process(ctx, job, adm)
 	h.mu.Lock()
 	delete(h.running, job.ID)
 	aborted := run.aborted
@@ -166,13 +228,13 @@ const handbackTimeout = 5 * time.Second
 
 // process runs the delivery, turning a panic into an error (asynq recovers a handler's panic
 // the same way), so that the job goes back to asynq instead of taking the process down.
-func (h *Handoff) process(ctx context.Context, job *jobs.Job) (err error) {
+func (h *Handoff) process(ctx context.Context, job *jobs.Job, adm Admission) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic in a handed-over delivery: %v", r)
 		}
 	}()
-	return h.cfg.Processor.ProcessFresh(ctx, job)
+	return h.cfg.Processor.ProcessFresh(ctx, job, adm)
 }
 
 // Run listens on asynq's cancelation channel until ctx ends, ending the delivery of a job whose

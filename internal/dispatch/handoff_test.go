@@ -25,21 +25,54 @@ const (
 )
 
 // fakeProcessor is a dispatch.FreshProcessor whose deliveries run fn. It reports each job it is
-// given on started, before fn runs, and counts its calls.
+// given on started, before fn runs, and counts its calls; its AdmitFirst answers admit's
+// admission (nil: none), and each delivery's admission goes to admissions.
 type fakeProcessor struct {
-	fn      func(ctx context.Context, job *jobs.Job) error
-	started chan *jobs.Job
-	calls   atomic.Int32
+	fn         func(ctx context.Context, job *jobs.Job) error
+	admit      func(job *jobs.Job) dispatch.Admission
+	started    chan *jobs.Job
+	admissions chan dispatch.Admission
+	calls      atomic.Int32
 }
 
 func newFakeProcessor(fn func(ctx context.Context, job *jobs.Job) error) *fakeProcessor {
-	return &fakeProcessor{fn: fn, started: make(chan *jobs.Job, 16)}
+	return &fakeProcessor{fn: fn, started: make(chan *jobs.Job, 16), admissions: make(chan dispatch.Admission, 16)}
 }
 
-func (p *fakeProcessor) ProcessFresh(ctx context.Context, job *jobs.Job) error {
+func (p *fakeProcessor) AdmitFirst(_ context.Context, job *jobs.Job) dispatch.Admission {
+	if p.admit == nil {
+		return nil
+	}
+	return p.admit(job)
+}
+
+func (p *fakeProcessor) ProcessFresh(ctx context.Context, job *jobs.Job, adm dispatch.Admission) error {
 	p.calls.Add(1)
+	p.admissions <- adm
 	p.started <- job
 	return p.fn(ctx, job)
+}
+
+// fakeAdmission is a dispatch.Admission that counts its releases.
+type fakeAdmission struct {
+	begin    *jobs.Begin
+	released atomic.Int32
+}
+
+func (a *fakeAdmission) Begin() *jobs.Begin      { return a.begin }
+func (a *fakeAdmission) Release(context.Context) { a.released.Add(1) }
+
+// offer claims a slot of h for job and, when it got one, asks for its admission and starts
+// job's delivery in it, as the API does around the job's insert; it reports whether it did.
+func offer(t *testing.T, h *dispatch.Handoff, job *jobs.Job) bool {
+	t.Helper()
+	c := h.Claim(job.Priority, job.Lane)
+	if c == nil {
+		return false
+	}
+	c.Admit(t.Context(), job)
+	c.Start(job)
+	return true
 }
 
 // next returns the next job a delivery was started for, failing the test if none starts in time.
@@ -176,7 +209,7 @@ func TestHandoff_OfferedJobRunsWithoutTask(t *testing.T) {
 	b := setupHandoff(t, p, dispatch.HandoffConfig{})
 	job := newJob(jobs.PriorityHigh, jobs.LaneOnline)
 
-	require.True(t, b.h.Offer(job))
+	require.True(t, offer(t, b.h, job))
 	got := p.next(t)
 	require.Equal(t, job.ID, got.ID)
 	require.Same(t, job, got, "the delivery runs on the row the API offered, not a read of it")
@@ -205,15 +238,15 @@ func TestHandoff_DeclinesWhenSlotsTaken(t *testing.T) {
 	t.Cleanup(free) // before the bundle's stop: a failed test does not wait for its shutdown timeout
 
 	first, second := newJob(jobs.PriorityNormal, jobs.LaneOnline), newJob(jobs.PriorityNormal, jobs.LaneOnline)
-	require.True(t, b.h.Offer(first))
+	require.True(t, offer(t, b.h, first))
 	require.Equal(t, first.ID, p.next(t).ID) // the slot is held while the delivery runs
-	require.False(t, b.h.Offer(second), "the only slot is taken")
+	require.False(t, offer(t, b.h, second), "the only slot is taken")
 	b.requireHandoffs(t, 1, 1, 0)
 
 	// Once the first delivery ends, its slot takes the next offer.
 	free()
 	third := newJob(jobs.PriorityNormal, jobs.LaneOnline)
-	require.Eventually(t, func() bool { return b.h.Offer(third) }, waitFor, tick, "the slot was never freed")
+	require.Eventually(t, func() bool { return offer(t, b.h, third) }, waitFor, tick, "the slot was never freed")
 	require.Equal(t, third.ID, p.next(t).ID)
 	b.stop(t)
 	require.EqualValues(t, 2, p.calls.Load(), "the declined job was not delivered")
@@ -229,13 +262,13 @@ func TestHandoff_DeclinesLowAndBatchJobs(t *testing.T) {
 	b := setupHandoff(t, p, dispatch.HandoffConfig{Slots: 1})
 
 	low, batch := newJob(jobs.PriorityLow, jobs.LaneOnline), newJob(jobs.PriorityNormal, jobs.LaneBatch)
-	require.False(t, b.h.Offer(low), "a low job")
-	require.False(t, b.h.Offer(batch), "a batch-lane job")
+	require.False(t, offer(t, b.h, low), "a low job")
+	require.False(t, offer(t, b.h, batch), "a batch-lane job")
 	require.Zero(t, b.handoffs(t, "taken"))
 	require.EqualValues(t, 2, b.handoffs(t, "declined"), "both are counted: their submits enqueue them")
 
 	normal := newJob(jobs.PriorityNormal, jobs.LaneOnline)
-	require.True(t, b.h.Offer(normal), "the slot is free")
+	require.True(t, offer(t, b.h, normal), "the slot is free")
 	require.Equal(t, normal.ID, p.next(t).ID)
 	b.stop(t)
 	require.EqualValues(t, 1, p.calls.Load(), "only the normal job was delivered")
@@ -255,7 +288,7 @@ func TestHandoff_DeferralBecomesScheduledTask(t *testing.T) {
 	b := setupHandoff(t, p, dispatch.HandoffConfig{})
 	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
 
-	require.True(t, b.h.Offer(job))
+	require.True(t, offer(t, b.h, job))
 	require.Equal(t, job.ID, p.next(t).ID)
 	require.Eventually(t, func() bool { return b.hasTask(job.ID) }, waitFor, tick, "no task was enqueued")
 	b.stop(t)
@@ -283,7 +316,7 @@ func TestHandoff_FailedDeliveryGoesBackAtOnce(t *testing.T) {
 			b := setupHandoff(t, p, dispatch.HandoffConfig{})
 			job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
 
-			require.True(t, b.h.Offer(job))
+			require.True(t, offer(t, b.h, job))
 			require.Equal(t, job.ID, p.next(t).ID)
 			require.Eventually(t, func() bool { return b.hasTask(job.ID) }, waitFor, tick, "no task was enqueued")
 			b.stop(t)
@@ -326,8 +359,8 @@ func TestHandoff_CanceledByAbort(t *testing.T) {
 	finish := func() { once.Do(func() { close(abortsDone); close(releaseOther) }) }
 	t.Cleanup(finish)
 
-	require.True(t, b.h.Offer(aborted))
-	require.True(t, b.h.Offer(other))
+	require.True(t, offer(t, b.h, aborted))
+	require.True(t, offer(t, b.h, other))
 	started := map[string]bool{p.next(t).ID: true, p.next(t).ID: true}
 	require.Equal(t, map[string]bool{aborted.ID: true, other.ID: true}, started)
 
@@ -376,7 +409,7 @@ func TestHandoff_ShutdownHandsBackRunningDeliveries(t *testing.T) {
 	b := setupHandoff(t, p, dispatch.HandoffConfig{ShutdownTimeout: 50 * time.Millisecond})
 	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
 
-	require.True(t, b.h.Offer(job))
+	require.True(t, offer(t, b.h, job))
 	require.Equal(t, job.ID, p.next(t).ID)
 	b.stop(t) // fails unless Run returns in time
 	select {
@@ -389,7 +422,7 @@ func TestHandoff_ShutdownHandsBackRunningDeliveries(t *testing.T) {
 		"the job is handed back, due at once")
 
 	late := newJob(jobs.PriorityNormal, jobs.LaneOnline)
-	require.False(t, b.h.Offer(late), "offered after Run returned")
+	require.False(t, offer(t, b.h, late), "offered after Run returned")
 	require.EqualValues(t, 1, p.calls.Load())
 	b.requireHandoffs(t, 1, 1, 1)
 }
@@ -412,7 +445,7 @@ func TestHandoff_ShutdownWaitsForDeliveries(t *testing.T) {
 	t.Cleanup(free)
 	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
 
-	require.True(t, b.h.Offer(job))
+	require.True(t, offer(t, b.h, job))
 	require.Equal(t, job.ID, p.next(t).ID)
 	b.cancel()
 	select {
@@ -438,5 +471,85 @@ func TestHandoff_ShutdownWaitsForDeliveries(t *testing.T) {
 func TestHandoff_NilDeclines(t *testing.T) {
 	t.Parallel()
 	var h *dispatch.Handoff
-	require.False(t, h.Offer(newJob(jobs.PriorityNormal, jobs.LaneOnline)))
+	require.Nil(t, h.Claim(jobs.PriorityNormal, jobs.LaneOnline))
+}
+
+// TestHandoff_ClaimCarriesTheAdmission checks that a claim asks the processor for the job's
+// first attempt's admission before the job exists, gives its Begin to the job's insert, and
+// hands that admission to the delivery it starts, unreleased.
+func TestHandoff_ClaimCarriesTheAdmission(t *testing.T) {
+	t.Parallel()
+	p := newFakeProcessor(func(context.Context, *jobs.Job) error { return nil })
+	adm := &fakeAdmission{begin: &jobs.Begin{LeaseToken: uuid.NewString()}}
+	var asked atomic.Pointer[jobs.Job]
+	p.admit = func(job *jobs.Job) dispatch.Admission {
+		asked.Store(job)
+		return adm
+	}
+	b := setupHandoff(t, p, dispatch.HandoffConfig{})
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+
+	c := b.h.Claim(job.Priority, job.Lane)
+	require.NotNil(t, c)
+	require.Nil(t, asked.Load(), "the admission is asked for once the job is known to be new")
+	require.Same(t, adm.begin, c.Admit(t.Context(), job))
+	require.Same(t, job, asked.Load(), "the admission was asked for the job about to be created")
+	c.Start(job)
+	require.Equal(t, job.ID, p.next(t).ID)
+	require.Same(t, adm, <-p.admissions, "the delivery gets the claim's admission")
+	b.stop(t)
+	require.Zero(t, adm.released.Load(), "a started claim's admission is the delivery's")
+	b.requireHandoffs(t, 1, 0, 0)
+}
+
+// TestHandoff_DropFreesTheSlotAndReleases checks that a dropped claim (its job was not created)
+// releases its admission and frees its slot without a delivery, and that until then the slot
+// is taken.
+func TestHandoff_DropFreesTheSlotAndReleases(t *testing.T) {
+	t.Parallel()
+	p := newFakeProcessor(func(context.Context, *jobs.Job) error { return nil })
+	adm := &fakeAdmission{}
+	p.admit = func(*jobs.Job) dispatch.Admission { return adm }
+	b := setupHandoff(t, p, dispatch.HandoffConfig{Slots: 1})
+
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	c := b.h.Claim(job.Priority, job.Lane)
+	require.NotNil(t, c)
+	require.Nil(t, c.Admit(t.Context(), job), "an admission whose slot is not due creates the job queued")
+	require.Nil(t, b.h.Claim(jobs.PriorityNormal, jobs.LaneOnline), "the claim holds the only slot")
+	c.Drop(t.Context())
+	require.EqualValues(t, 1, adm.released.Load())
+	next := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	require.True(t, offer(t, b.h, next), "the dropped claim's slot is free")
+	require.Equal(t, next.ID, p.next(t).ID)
+	b.stop(t)
+	require.EqualValues(t, 1, p.calls.Load(), "the dropped claim ran no delivery")
+	b.requireHandoffs(t, 1, 1, 0)
+}
+
+// TestHandoff_ShutdownWaitsForAClaim checks that Run's shutdown waits for a claim taken before it
+// to be started or dropped (its submit is inserting the job), and that a panic in AdmitFirst
+// costs the claim its admission, not its slot.
+func TestHandoff_ShutdownWaitsForAClaim(t *testing.T) {
+	t.Parallel()
+	p := newFakeProcessor(func(context.Context, *jobs.Job) error { return nil })
+	p.admit = func(*jobs.Job) dispatch.Admission { panic("a bug in an admission") }
+	b := setupHandoff(t, p, dispatch.HandoffConfig{ShutdownTimeout: time.Minute})
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+
+	c := b.h.Claim(job.Priority, job.Lane)
+	require.NotNil(t, c)
+	require.Nil(t, c.Admit(t.Context(), job), "a panic in AdmitFirst leaves the claim without an admission")
+	b.cancel()
+	select {
+	case err := <-b.runDone:
+		b.runDone <- err // for stop
+		t.Fatalf("Run returned (%v) with a claim outstanding", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	c.Start(job)
+	require.Equal(t, job.ID, p.next(t).ID)
+	require.Nil(t, <-p.admissions)
+	b.stop(t)
+	require.Empty(t, b.tasksOfJob(t, job.ID))
 }

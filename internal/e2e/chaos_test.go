@@ -215,6 +215,9 @@ func (s *chaosStack) submitAll(t *testing.T, n int) []string {
 	return s.submitAllTo(t, s.apiURL, n)
 }
 
+// submitTimeout bounds each of submitAllTo's submits.
+const submitTimeout = 30 * time.Second
+
 // submitAllTo is submitAll through the API at apiURL.
 func (s *chaosStack) submitAllTo(t *testing.T, apiURL string, n int) []string {
 	t.Helper()
@@ -225,7 +228,10 @@ func (s *chaosStack) submitAllTo(t *testing.T, apiURL string, n int) []string {
 		wg.Go(func() {
 			body := fmt.Sprintf(`{"request":{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":%q}]},"max_attempts":20}`,
 				chaosPrompt(i))
-			req, err := http.NewRequestWithContext(s.ctx, http.MethodPost, apiURL+"/v1/jobs", strings.NewReader(body))
+			// A submit answers in milliseconds: one that hangs fails the test, not the suite.
+			rctx, cancel := context.WithTimeout(s.ctx, submitTimeout)
+			defer cancel()
+			req, err := http.NewRequestWithContext(rctx, http.MethodPost, apiURL+"/v1/jobs", strings.NewReader(body))
 			if err != nil {
 				errs[i] = err
 				return

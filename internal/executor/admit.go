@@ -222,6 +222,11 @@ func (e *Executor) lane(ctx context.Context, job *jobs.Job) (*limiter.Lane, erro
 	if err != nil {
 		return nil, err
 	}
+	return laneOf(job, w), nil
+}
+
+// laneOf is the job's fair-queueing lane with its tenant's weight w (see lane).
+func laneOf(job *jobs.Job, w int) *limiter.Lane {
 	p := limiter.PriorityNormal
 	switch job.Priority {
 	case jobs.PriorityHigh:
@@ -229,7 +234,7 @@ func (e *Executor) lane(ctx context.Context, job *jobs.Job) (*limiter.Lane, erro
 	case jobs.PriorityLow:
 		p = limiter.PriorityLow
 	}
-	return &limiter.Lane{Tenant: job.Tenant, Weight: w, Priority: p, Ticket: job.ID, Since: job.CreatedAt}, nil
+	return &limiter.Lane{Tenant: job.Tenant, Weight: w, Priority: p, Ticket: job.ID, Since: job.CreatedAt}
 }
 
 // pauseProbe answers an attempt on a paused credential: true when it is the automatic probe of

@@ -75,6 +75,10 @@ type Config struct {
 	// attempt is queued fairly on its credential in its lane (tenant × priority; see
 	// limiter.Lane); nil: attempts take the credential's slots in the order they ask.
 	TenantWeight func(ctx context.Context, tenant string) (int, error)
+	// CachedTenantWeight returns a tenant's weight without waiting (tenant.Weights.Cached),
+	// false when it has none at hand: AdmitFirst, which runs inside a job's insert transaction,
+	// must not read Postgres. With TenantWeight set and this nil, AdmitFirst admits nothing.
+	CachedTenantWeight func(tenant string) (int, bool)
 	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
 	// spent budgets. Default math/rand/v2.
 	Float64 func() float64
@@ -172,10 +176,14 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 
 // ProcessFresh runs the first delivery of a job its caller has just created, in this process
 // and without an asynq task (dispatch.Handoff): job is the one jobs.Store.Create returned (with
-// its request). The job is not read again (it was committed a moment ago; the attempt's start
-// is conditional on its state all the same). It answers as Process does.
-func (e *Executor) ProcessFresh(ctx context.Context, job *jobs.Job) error {
+// its request), adm AdmitFirst's admission for it (nil: none). The job is not read again (it
+// was committed a moment ago; the attempt's start is conditional on its state all the same).
+// It answers as Process does.
+func (e *Executor) ProcessFresh(ctx context.Context, job *jobs.Job, adm dispatch.Admission) error {
 	e.cfg.Metrics.stage(StagePickup, e.cfg.Now().Sub(job.CreatedAt))
+	if a, ok := adm.(*FirstAdmission); ok && a != nil {
+		return e.outcome(ctx, job.ID, e.runAdmitted(ctx, job, a))
+	}
 	pass := &gatePass{g: e.backlog}
 	defer pass.leave()
 	return e.outcome(ctx, job.ID, e.run(ctx, job, pass))

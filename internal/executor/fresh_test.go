@@ -1,6 +1,8 @@
 package executor_test
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
@@ -31,13 +34,24 @@ func freshJob(t *testing.T, b *jobstest.Bundle) *jobs.Job {
 // answering key, and the credential's gate; the executor's metrics go to reg.
 func freshSetup(t *testing.T, key string, reg *prometheus.Registry) (*jobstest.Bundle, *executor.Executor, *limiter.Gate) {
 	t.Helper()
+	return freshSetupLimited(t, key, reg, limiter.Limit{}, 0)
+}
+
+// freshSetupLimited is freshSetup with the credential's request limit (zero: learned) and the
+// executor's MaxInlineWait (zero: its default).
+func freshSetupLimited(t *testing.T, key string, reg *prometheus.Registry, limit limiter.Limit,
+	maxInlineWait time.Duration) (*jobstest.Bundle, *executor.Executor, *limiter.Gate) {
+	t.Helper()
 	b := jobstest.New(t)
 	lim, brk := sharedAdmission(t, redistest.Client(t))
 	gate := lim.Gate(key, "default")
-	ex := executor.New(executor.Config{Store: b.Store, Metrics: executor.NewMetrics(reg), Upstreams: map[string]executor.Upstream{
-		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: simProvider(t, llmsim.Config{}, key),
-			Gate: gate, Circuit: brk.Circuit(key, "default")},
-	}})
+	est, err := estimator.New(nil)
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: b.Store, Metrics: executor.NewMetrics(reg), MaxInlineWait: maxInlineWait, Estimator: est,
+		Upstreams: map[string]executor.Upstream{
+			"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: simProvider(t, llmsim.Config{}, key),
+				Gate: gate, Circuit: brk.Circuit(key, "default"), Limit: limit},
+		}})
 	return b, ex, gate
 }
 
@@ -50,7 +64,7 @@ func TestExecutor_ProcessFreshRunsWithoutReadingTheJob(t *testing.T) {
 	b, ex, _ := freshSetup(t, "sk-fresh", reg)
 	job := freshJob(t, b)
 
-	require.NoError(t, ex.ProcessFresh(ctx, job))
+	require.NoError(t, ex.ProcessFresh(ctx, job, nil))
 
 	got, err := b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
@@ -73,7 +87,7 @@ func TestExecutor_ProcessFreshDefersLikeAProcess(t *testing.T) {
 	require.NoError(t, err)
 	job := freshJob(t, b)
 
-	err = ex.ProcessFresh(ctx, job)
+	err = ex.ProcessFresh(ctx, job, nil)
 
 	var d *dispatch.DeferError
 	require.ErrorAs(t, err, &d)
@@ -96,11 +110,168 @@ func TestExecutor_ProcessFreshSkipsACanceledJob(t *testing.T) {
 	_, err := b.Store.Cancel(ctx, job.ID)
 	require.NoError(t, err)
 
-	require.NoError(t, ex.ProcessFresh(ctx, job))
+	require.NoError(t, ex.ProcessFresh(ctx, job, nil))
 
 	got, err := b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusCanceled, got.Status)
 	require.Zero(t, got.Attempts)
 	require.Zero(t, stageCounts(t, reg)[executor.StageCall], "the provider was not called")
+}
+
+// newParams is a new job of helloRequest on credential "default", at priority p.
+func newParams(p jobs.Priority) jobs.CreateParams {
+	return jobs.CreateParams{Tenant: "default", Credential: "default", Request: helloRequest, MaxAttempts: 3,
+		Timeout: time.Minute, Priority: p}
+}
+
+// warm runs one job through a handed-over delivery that asks for its admission itself, so that
+// the credential's breaker has a success recorded: a cold breaker (none within its memory)
+// admits only its own probes, and the reservation's test of it declines.
+func warm(t *testing.T, b *jobstest.Bundle, ex *executor.Executor) {
+	t.Helper()
+	job := freshJob(t, b)
+	require.NoError(t, ex.ProcessFresh(t.Context(), job, nil))
+	got, err := b.Store.Get(t.Context(), job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+}
+
+// A first attempt admitted before its job exists (AdmitFirst) with its slot due at once starts
+// with the job's insert: the job is created running, and its handed-over delivery calls the
+// provider without a statement of its own before the call (no begin stage), storing one
+// attempt and the answer.
+func TestExecutor_AdmitFirstStartsTheAttemptWithTheInsert(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reg := prometheus.NewRegistry()
+	b, ex, _ := freshSetup(t, "sk-first", reg)
+	warm(t, b, ex)
+	before := stageCounts(t, reg)
+	p := newParams(jobs.PriorityNormal)
+	prepared, err := b.Store.Prepare(&p)
+	require.NoError(t, err)
+
+	adm := ex.AdmitFirst(ctx, prepared)
+	require.NotNil(t, adm)
+	require.NotNil(t, adm.Begin(), "the slot is due at once")
+	p.Admit = func(context.Context, *jobs.Job) *jobs.Begin { return adm.Begin() }
+	job, _, err := b.Store.Create(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, prepared.ID, job.ID)
+	require.Equal(t, jobs.StatusRunning, job.Status)
+	require.NoError(t, ex.ProcessFresh(ctx, job, adm))
+
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	require.Equal(t, 1, got.Attempts)
+	require.NotEmpty(t, got.Result)
+	require.Nil(t, got.LeaseToken, "the attempt's lease is released")
+	attempts, err := b.Store.Attempts(ctx, job.ID)
+	require.NoError(t, err)
+	require.Len(t, attempts, 1)
+	stages := stageCounts(t, reg)
+	require.Equal(t, before[executor.StageBegin], stages[executor.StageBegin], "no statement of its own started the attempt")
+	require.Equal(t, before[executor.StageAdmit]+1, stages[executor.StageAdmit])
+	require.Equal(t, before[executor.StageCall]+1, stages[executor.StageCall])
+}
+
+// AdmitFirst takes no admission, leaving the delivery to ask as any other, where its one ask
+// cannot admit the attempt outright: a low job, a job past its deadline, a credential not
+// configured, a paused credential.
+func TestExecutor_AdmitFirstDeclines(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, ex, gate := freshSetup(t, "sk-first-declines", prometheus.NewRegistry())
+	cold := newParams(jobs.PriorityNormal)
+	coldJob, err := b.Store.Prepare(&cold)
+	require.NoError(t, err)
+	require.Nil(t, ex.AdmitFirst(ctx, coldJob), "a cold breaker: its own probe decides")
+	warm(t, b, ex)
+	prepare := func(p jobs.CreateParams) *jobs.Job {
+		t.Helper()
+		job, err := b.Store.Prepare(&p)
+		require.NoError(t, err)
+		return job
+	}
+
+	require.NotNil(t, ex.AdmitFirst(ctx, prepare(newParams(jobs.PriorityNormal))), "the control: admitted")
+	require.Nil(t, ex.AdmitFirst(ctx, prepare(newParams(jobs.PriorityLow))), "a low job")
+	late := newParams(jobs.PriorityNormal)
+	late.Timeout = -time.Second
+	require.Nil(t, ex.AdmitFirst(ctx, prepare(late)), "past its deadline")
+	other := newParams(jobs.PriorityNormal)
+	other.Credential = "other"
+	require.Nil(t, ex.AdmitFirst(ctx, prepare(other)), "a credential not configured")
+	_, err = gate.Pause(ctx, "spend_cap", "")
+	require.NoError(t, err)
+	require.Nil(t, ex.AdmitFirst(ctx, prepare(newParams(jobs.PriorityNormal))), "a paused credential")
+}
+
+// A first attempt admitted with its slot further out than a delivery sleeps creates the job
+// queued; its handed-over delivery holds the slot in the row and defers to the slot's time,
+// without reserving again or counting an attempt.
+func TestExecutor_AdmitFirstForALaterSlotHoldsIt(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	// One request a minute: the second slot is a minute after the first.
+	b, ex, _ := freshSetupLimited(t, "sk-first-later", prometheus.NewRegistry(), limiter.Limit{Rate: 1.0 / 60, Burst: 1}, 10*time.Millisecond)
+	warm(t, b, ex) // takes the burst's slot
+
+	p := newParams(jobs.PriorityNormal)
+	prepared, err := b.Store.Prepare(&p)
+	require.NoError(t, err)
+	adm := ex.AdmitFirst(ctx, prepared)
+	require.NotNil(t, adm, "a slot a minute out is granted")
+	require.Nil(t, adm.Begin(), "not due: the job is created queued")
+	job, _, err := b.Store.Create(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, job.Status)
+
+	err = ex.ProcessFresh(ctx, job, adm)
+	var d *dispatch.DeferError
+	require.ErrorAs(t, err, &d)
+	require.WithinDuration(t, time.Now().Add(time.Minute), d.Until, 5*time.Second)
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status)
+	require.Zero(t, got.Attempts)
+	require.NotNil(t, got.SlotSeq, "the slot is held in the row for the delivery that comes back")
+	require.NotNil(t, got.NextAttemptAt)
+	require.WithinDuration(t, d.Until, *got.NextAttemptAt, time.Millisecond)
+}
+
+// Under fair queueing, AdmitFirst admits only with the tenant's weight at hand
+// (Config.CachedTenantWeight): it runs inside the job's insert transaction and must not wait for
+// a Postgres read of the weight, for which the pool's other connections, held by other inserts
+// in the same wait, may never come free.
+func TestExecutor_AdmitFirstNeedsTheWeightAtHand(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, brk := sharedAdmission(t, redistest.Client(t))
+	var cached atomic.Bool
+	ex := executor.New(executor.Config{Store: b.Store, Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: simProvider(t, llmsim.Config{}, "sk-first-weight"),
+			Gate: lim.Gate("sk-first-weight", "default"), Circuit: brk.Circuit("sk-first-weight", "default")},
+	},
+		TenantWeight: func(context.Context, string) (int, error) { return 1, nil },
+		CachedTenantWeight: func(string) (int, bool) {
+			return 1, cached.Load()
+		}})
+	warm(t, b, ex)
+	admit := func() dispatch.Admission {
+		t.Helper()
+		p := newParams(jobs.PriorityNormal)
+		job, err := b.Store.Prepare(&p)
+		require.NoError(t, err)
+		return ex.AdmitFirst(ctx, job)
+	}
+
+	require.Nil(t, admit(), "no weight at hand")
+	cached.Store(true)
+	adm := admit()
+	require.NotNil(t, adm, "the weight at hand")
+	require.NotNil(t, adm.Begin())
 }

@@ -21,7 +21,7 @@ func createOp(t *testing.T, meta string) (*batchOp, **Job) {
 	id := uuid.NewString()
 	sql, args := insertJob(id, nil, time.Now().Add(time.Hour), CreateParams{Tenant: "default", Credential: "c",
 		Fingerprint: "f", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
-		Metadata: json.RawMessage(meta)})
+		Metadata: json.RawMessage(meta)}, nil)
 	var job *Job
 	return &batchOp{ctx: context.Background(), key: id, sql: sql, args: args, done: make(chan struct{}), scan: func(r pgx.Row) (err error) {
 		job, err = new(Store).scanJob(r)
@@ -178,7 +178,7 @@ func TestCreate_RerunAfterALostCommitAnswersItsOwnJob(t *testing.T) {
 	p := CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
 		Metadata: json.RawMessage(`{}`)}
 	// Given the first try's batch committed the job (and its event)
-	sql, args := insertJob(id.String(), nil, time.Now().Add(time.Hour), p)
+	sql, args := insertJob(id.String(), nil, time.Now().Add(time.Hour), p, nil)
 	_, err := pool.Exec(ctx, sql, args...)
 	require.NoError(t, err)
 

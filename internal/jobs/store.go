@@ -57,6 +57,8 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // CreateParams describe a new job.
 type CreateParams struct {
+	// ID is the job's ID when Prepare gave it one; empty: Create makes one.
+	ID             string
 	Tenant         string
 	Credential     string
 	IdempotencyKey string // empty: none
@@ -77,6 +79,55 @@ type CreateParams struct {
 	Lane Lane
 	// Priority orders the job among its tenant's waiting work; empty: PriorityNormal.
 	Priority Priority
+	// Admit, when set, is asked once the job is known to be new (its idempotency key, if any,
+	// claimed; inside Create's transaction), with the job as it will be inserted (see Prepare),
+	// whether its first attempt starts with the insert: a non-nil Begin creates the job running,
+	// its attempt counted and leased as BeginAttempt would, in the same statement. For a caller
+	// that admits the attempt (the rate limiter's slot) before the job exists: a replay asks
+	// nothing, so takes no slot.
+	Admit func(ctx context.Context, job *Job) *Begin
+}
+
+// Begin is the first attempt's start written with the job (CreateParams.Admit).
+type Begin struct {
+	// LeaseToken is the attempt's lease (Job.LeaseToken), held for AttemptLease from the commit.
+	LeaseToken string
+}
+
+// Prepare gives p the ID its job will have (a new one when p has none) and returns the job as
+// Create would insert it, before it exists (what CreateParams.Admit is given). Its CreatedAt
+// and Deadline are this process's clock's, not the row's.
+func (s *Store) Prepare(p *CreateParams) (*Job, error) {
+	if err := s.assignID(p); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	job := &Job{ID: p.ID, Tenant: p.Tenant, Status: StatusQueued, Credential: p.Credential,
+		MaxAttempts: p.MaxAttempts, Timeout: Duration(p.Timeout), Deadline: now.Add(p.Timeout), CreatedAt: now,
+		Request: p.Request, Metadata: p.Metadata, Fallbacks: nonNil(p.Fallbacks),
+		Lane: cmp.Or(p.Lane, LaneOnline), Priority: cmp.Or(p.Priority, PriorityNormal)}
+	if p.AttemptTimeout > 0 {
+		d := Duration(p.AttemptTimeout)
+		job.AttemptTimeout = &d
+	}
+	if p.FirstByteTimeout > 0 {
+		d := Duration(p.FirstByteTimeout)
+		job.FirstByteTimeout = &d
+	}
+	return job, nil
+}
+
+// assignID gives p a new job ID unless it has one.
+func (s *Store) assignID(p *CreateParams) error {
+	if p.ID != "" {
+		return nil
+	}
+	id, err := s.newID()
+	if err != nil {
+		return fmt.Errorf("new job id: %w", err)
+	}
+	p.ID = id.String()
+	return nil
 }
 
 const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
@@ -147,29 +198,34 @@ func (s *Store) scanJob(row pgx.Row) (*Job, error) {
 	return &j, nil
 }
 
-// Create inserts a job and its "queued" event in one transaction and returns it. With an
-// idempotency key already used by the same body (same fingerprint) it returns the existing job
-// and replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
+// Create inserts a job and its "queued" event in one transaction and returns it (with
+// p.Begin, also its first attempt's start and "running" event). With an idempotency key
+// already used by the same body (same fingerprint) it returns the existing job and
+// replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
 // key yield exactly one job.
 func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed bool, err error) {
-	id, err := s.newID()
-	if err != nil {
-		return nil, false, fmt.Errorf("new job id: %w", err)
+	if err := s.assignID(&p); err != nil {
+		return nil, false, err
 	}
+	id := p.ID
 	if p.Metadata == nil {
 		p.Metadata = json.RawMessage("{}")
 	}
 	if p.IdempotencyKey == "" {
 		// No key to claim: one statement, batched with other callers' (see batcher).
-		sql, args := insertJob(id.String(), nil, s.now().Add(p.Timeout), p)
-		job, err = s.queryJob(ctx, id.String(), sql, args...)
+		begin, err := s.admit(ctx, &p)
+		if err != nil {
+			return nil, false, err
+		}
+		sql, args := insertJob(id, nil, s.now().Add(p.Timeout), p, begin)
+		job, err = s.queryJob(ctx, id, sql, args...)
 		if isJobIDTaken(err) {
 			// The batcher runs a failed batch's statements again one by one. When the batch's
 			// connection dropped after its commit, this insert already took effect: the ID is
 			// this call's own fresh UUIDv7, so the row holding it is the job this call created.
 			// Answering a duplicate key instead would fail a submit whose job exists (and that
 			// the sweeper would run), inviting the client to pay for it twice.
-			job, err = s.ownJob(ctx, id.String(), p, err)
+			job, err = s.ownJob(ctx, id, p, err)
 		}
 		if err != nil {
 			return nil, false, createError(err)
@@ -178,7 +234,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		return job, false, nil
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		c, err := idem.ClaimKey(ctx, tx, p.Tenant, p.IdempotencyKey, p.Fingerprint, id.String())
+		c, err := idem.ClaimKey(ctx, tx, p.Tenant, p.IdempotencyKey, p.Fingerprint, id)
 		if err != nil {
 			return err
 		}
@@ -190,7 +246,11 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 			replayed = true
 			return err
 		}
-		sql, args := insertJob(id.String(), &p.IdempotencyKey, s.now().Add(p.Timeout), p)
+		begin, err := s.admit(ctx, &p)
+		if err != nil {
+			return err
+		}
+		sql, args := insertJob(id, &p.IdempotencyKey, s.now().Add(p.Timeout), p, begin)
 		if job, err = s.scanJob(tx.QueryRow(ctx, sql, args...)); err != nil {
 			return err
 		}
@@ -201,6 +261,18 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		return nil, false, createError(err)
 	}
 	return job, replayed, nil
+}
+
+// admit is p.Admit's answer for p's job (nil without Admit).
+func (s *Store) admit(ctx context.Context, p *CreateParams) (*Begin, error) {
+	if p.Admit == nil {
+		return nil, nil
+	}
+	job, err := s.Prepare(p)
+	if err != nil {
+		return nil, err
+	}
+	return p.Admit(ctx, job), nil
 }
 
 // isJobIDTaken reports whether err is an insert's conflict on the jobs' primary key.
@@ -237,23 +309,33 @@ func createError(err error) error {
 }
 
 // insertJob is the statement that inserts a queued job and its first event (a trigger
-// notifies), answering with the job's columns but its request (scanJob).
-func insertJob(id string, key *string, deadline time.Time, p CreateParams) (string, []any) {
+// notifies), answering with the job's columns but its request (scanJob). With begin the job is
+// inserted running, its first attempt counted and leased, and its "running" event follows.
+func insertJob(id string, key *string, deadline time.Time, p CreateParams, begin *Begin) (string, []any) {
+	var lease *string
+	if begin != nil {
+		lease = &begin.LeaseToken
+	}
 	return `
 WITH j AS (
 	INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
 		max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms, fallbacks,
-		lane, batch_state, priority)
-	VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, $9, $10, 1, $11, $12, $13,
-		$14, CASE WHEN $14 = 'batch' THEN 'waiting' END, $15)
+		lane, batch_state, priority, attempts, started_at, lease_token, lease_until)
+	VALUES ($1, $2, $3, $4, $5, CASE WHEN $16::uuid IS NULL THEN 'queued' ELSE 'running' END, $6, $7, $8, $9, $10,
+		CASE WHEN $16::uuid IS NULL THEN 1 ELSE 2 END, $11, $12, $13,
+		$14, CASE WHEN $14 = 'batch' THEN 'waiting' END, $15,
+		CASE WHEN $16::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $16::uuid IS NOT NULL THEN now() END,
+		$16::uuid, CASE WHEN $16::uuid IS NOT NULL THEN clock_timestamp() + $17 * interval '1 millisecond' END)
 	RETURNING *
 ), e AS (
-	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}' FROM j
+	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}'::jsonb FROM j
+	UNION ALL SELECT id, 2, 'running', '{"attempt": 1}'::jsonb FROM j WHERE lease_token IS NOT NULL
 )
 SELECT ` + jobColumnsNoRequest + ` FROM j`,
 		[]any{id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
 			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
-			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), string(cmp.Or(p.Lane, LaneOnline)), cmp.Or(p.Priority, PriorityNormal)}
+			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), string(cmp.Or(p.Lane, LaneOnline)), cmp.Or(p.Priority, PriorityNormal),
+			lease, AttemptLease.Milliseconds()}
 }
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.

@@ -54,3 +54,17 @@ func (c *Weights) Weight(ctx context.Context, name string) (int, error) {
 	c.mu.Unlock()
 	return w, nil
 }
+
+// Cached returns the tenant's weight if the cache holds it fresh, without reading the Store:
+// for a caller that must not wait on Postgres (a first attempt's admission inside the job's
+// insert transaction). ok is false when it does not; Weight then reads it.
+func (c *Weights) Cached(name string) (w int, ok bool) {
+	now := c.now()
+	c.mu.Lock()
+	e, found := c.m[name]
+	c.mu.Unlock()
+	if !found || !now.Before(e.exp) {
+		return 0, false
+	}
+	return e.w, true
+}

@@ -159,10 +159,11 @@ func (w *Worker) build(m metrics) error {
 	if err != nil {
 		return err
 	}
+	weights := tenant.NewWeights(tenant.NewStore(w.pool, nil), nil)
 	w.executor = executor.New(executor.Config{
 		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: m.executor, Estimator: est,
 		Alerter:      alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger}),
-		TenantWeight: tenant.NewWeights(tenant.NewStore(w.pool, nil), nil).Weight,
+		TenantWeight: weights.Weight, CachedTenantWeight: weights.Cached,
 		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
 		// per job, so tests stay apart by job ID.
 		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger,

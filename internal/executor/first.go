@@ -1,0 +1,148 @@
+package executor
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// beginWithin is how soon a slot admitted before its job exists must be due for the job to be
+// created with its attempt started (FirstAdmission.Begin): about the create's own commit, so
+// that the "running" event does not come noticeably before the call.
+const beginWithin = 2 * time.Millisecond
+
+// FirstAdmission is a new job's first attempt admitted before the job was created
+// (AdmitFirst): the credential's rate-limit slot and the breaker's admission, held for the
+// delivery that runs the job (ProcessFresh). It implements dispatch.Admission.
+type FirstAdmission struct {
+	e      *Executor
+	up     Upstream
+	adm    admission
+	sendAt time.Time   // when the slot is due, on this process's clock
+	begin  *jobs.Begin // nil: the slot is not due within beginWithin
+}
+
+// Begin is the attempt's start to create the job with, when the slot is due at once (nil: the
+// job is created queued; ProcessFresh starts the attempt when the slot is due).
+func (a *FirstAdmission) Begin() *jobs.Begin { return a.begin }
+
+// Release gives back what an admission for a job that was never created holds: the breaker's
+// admission (neutral: nothing was sent), the reserved tokens, and a burst slot's send report
+// (so the slots after the burst do not wait for it).
+func (a *FirstAdmission) Release(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	a.e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+	a.e.reportSend(ctx, a.up, a.adm)
+	if a.adm.grant != 0 {
+		if err := a.up.Gate.Reconcile(ctx, a.adm.grant, tokens.Cost{}); err != nil {
+			a.e.cfg.Logger.WarnContext(ctx, "refund the tokens of a job that was not created", "credential", a.up.Name, "error", err)
+		}
+	}
+}
+
+// AdmitFirst asks for the first attempt of job, a job about to be created (jobs.Store.Prepare's)
+// whose first delivery runs in this process (dispatch.Handoff), in one Redis round trip and
+// without waiting: the breaker's test and the credential's rate slot, as a first delivery's
+// admission does. It returns nil, and the delivery admits the attempt as any other, unless a
+// slot was granted outright: not for a low job, a job on a credential with a breaker and no
+// limiter (or the reverse), a paused or not plainly closed credential, a tenant whose weight is
+// not cached (see Config.CachedTenantWeight), a turn not yet come, a request too large for the
+// limits, or a failure of Redis. So the job's insert can take the attempt's start with it,
+// sparing the delivery a statement and a commit (docs/decisions.md). It never reads Postgres:
+// it runs inside the insert's transaction (jobs.CreateParams.Admit), whose connection it would
+// otherwise wait on with the pool's others.
+func (e *Executor) AdmitFirst(ctx context.Context, job *jobs.Job) dispatch.Admission {
+	if job.Priority == jobs.PriorityLow || !e.cfg.Now().Before(job.Deadline) {
+		return nil
+	}
+	up, ok := e.cfg.Upstreams[job.CurrentCredential()]
+	if !ok {
+		return nil
+	}
+	a := &FirstAdmission{e: e, up: up}
+	switch {
+	case up.Gate == nil && up.Circuit == nil:
+		a.sendAt = e.cfg.Now()
+	case up.Gate == nil || up.Circuit == nil:
+		return nil
+	default:
+		t0 := e.cfg.Now()
+		granted, err := e.reserveFirst(ctx, job, up, a)
+		e.timed(StageAdmit, t0)
+		if err != nil {
+			e.cfg.Logger.WarnContext(ctx, "admit a new job's first attempt (its delivery asks again)", "job_id", job.ID, "error", err)
+		}
+		if !granted {
+			return nil
+		}
+	}
+	if a.sendAt.Sub(e.cfg.Now()) <= beginWithin {
+		a.begin = &jobs.Begin{LeaseToken: uuid.NewString()}
+	}
+	return a
+}
+
+// reserveFirst is AdmitFirst's one ask of the credential's gate, with the breaker's test, the
+// pause check and the fair-queueing lane in the reservation's script (see admitGate). It
+// reports whether a slot was granted, and fills a with it.
+func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream, a *FirstAdmission) (bool, error) {
+	var lane *limiter.Lane
+	if e.cfg.TenantWeight != nil {
+		if e.cfg.CachedTenantWeight == nil {
+			return false, nil
+		}
+		w, ok := e.cfg.CachedTenantWeight(job.Tenant)
+		if !ok {
+			return false, nil
+		}
+		lane = laneOf(job, w)
+	}
+	cost, est := e.cost(up, job)
+	res, err := up.Gate.ReserveAttempt(ctx, up.Limit, cost, limiter.AttemptOptions{
+		UnlessPaused: true, FirstAttempt: true, ReportSend: true, Lane: lane,
+		Circuit: &limiter.CircuitCheck{Key: up.Circuit.Key(), SuccessMemory: up.Circuit.SuccessMemory()},
+	})
+	if err != nil || !res.Granted || res.CircuitRefused || res.Paused.Paused {
+		return false, err
+	}
+	circuit := up.Circuit.ClosedAdmission(res.CircuitGen)
+	a.adm = admission{breaker: &circuit, seq: res.Seq, grant: res.Grant, est: est, reportSend: res.ReportSend}
+	a.sendAt = e.cfg.Now().Add(res.Wait)
+	return true, nil
+}
+
+// runAdmitted is a handed-over delivery with its first attempt admitted before the job was
+// created (see AdmitFirst): the job was created with the attempt started, or its slot is due
+// later (slept out within MaxInlineWait, else held in the row and the delivery deferred).
+func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmission) error {
+	if job.Status != jobs.StatusRunning {
+		until := a.sendAt
+		if until.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
+			e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+			if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, a.adm.seq, a.adm.grant); err != nil {
+				return err
+			}
+			return &deferral{until: until, reason: "rate limit slot", stored: true}
+		}
+		if err := sleep(ctx, until.Sub(e.cfg.Now())); err != nil {
+			e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+			return err
+		}
+		begun, err := e.begin(ctx, job, a.up, a.adm)
+		if err != nil {
+			return err
+		}
+		job = begun
+	} else if err := sleep(ctx, a.sendAt.Sub(e.cfg.Now())); err != nil {
+		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+		return err
+	}
+	return e.attempt(ctx, job, a.up, a.adm)
+}
