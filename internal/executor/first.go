@@ -18,6 +18,13 @@ import (
 // that the "running" event does not come noticeably before the call.
 const beginWithin = 2 * time.Millisecond
 
+// firstAdmitTimeout bounds AdmitFirst's wait for Redis (well under a millisecond when Redis is
+// well): a submit does not wait on a Redis that does not answer, nor hold its insert
+// transaction's connection meanwhile. Past it the job is created without an admission, and an
+// admission that comes later is released. (The Redis clients' reads keep their own timeout,
+// seconds, whatever the context says: go-redis's ContextTimeoutEnabled is off.)
+const firstAdmitTimeout = 200 * time.Millisecond
+
 // FirstAdmission is a new job's first attempt admitted before the job was created
 // (AdmitFirst): the credential's rate-limit slot and the breaker's admission, held for the
 // delivery that runs the job (ProcessFresh). It implements dispatch.Admission.
@@ -73,13 +80,7 @@ func (e *Executor) AdmitFirst(ctx context.Context, job *jobs.Job) dispatch.Admis
 	case up.Gate == nil || up.Circuit == nil:
 		return nil
 	default:
-		t0 := e.cfg.Now()
-		granted, err := e.reserveFirst(ctx, job, up, a)
-		e.timed(StageAdmit, t0)
-		if err != nil {
-			e.cfg.Logger.WarnContext(ctx, "admit a new job's first attempt (its delivery asks again)", "job_id", job.ID, "error", err)
-		}
-		if !granted {
+		if !e.reserveFirstWithin(ctx, job, up, a) {
 			return nil
 		}
 	}
@@ -87,6 +88,41 @@ func (e *Executor) AdmitFirst(ctx context.Context, job *jobs.Job) dispatch.Admis
 		a.begin = &jobs.Begin{LeaseToken: uuid.NewString()}
 	}
 	return a
+}
+
+// reserveFirstWithin is reserveFirst bounded by firstAdmitTimeout; it reports whether a slot
+// was granted in time. The ask runs on, detached, past the bound, and releases what it took.
+func (e *Executor) reserveFirstWithin(ctx context.Context, job *jobs.Job, up Upstream, a *FirstAdmission) bool {
+	type answer struct {
+		granted bool
+		err     error
+	}
+	t0 := e.cfg.Now()
+	ch := make(chan answer, 1)
+	rctx := context.WithoutCancel(ctx) // a late answer is still released, whatever the submit's fate
+	go func() {
+		granted, err := e.reserveFirst(rctx, job, up, a)
+		ch <- answer{granted, err}
+	}()
+	timer := time.NewTimer(firstAdmitTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-ch:
+		e.timed(StageAdmit, t0)
+		if r.err != nil {
+			e.cfg.Logger.WarnContext(ctx, "admit a new job's first attempt (its delivery asks again)", "job_id", job.ID, "error", r.err)
+		}
+		return r.granted
+	case <-timer.C:
+		e.cfg.Logger.WarnContext(ctx, "admit a new job's first attempt: Redis did not answer in time (its delivery asks again)",
+			"job_id", job.ID, "timeout", firstAdmitTimeout)
+		go func() {
+			if r := <-ch; r.granted {
+				a.Release(rctx)
+			}
+		}()
+		return false
+	}
 }
 
 // reserveFirst is AdmitFirst's one ask of the credential's gate, with the breaker's test, the

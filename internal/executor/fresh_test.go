@@ -2,9 +2,13 @@ package executor_test
 
 import (
 	"context"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -274,4 +278,56 @@ func TestExecutor_AdmitFirstNeedsTheWeightAtHand(t *testing.T) {
 	adm := admit()
 	require.NotNil(t, adm, "the weight at hand")
 	require.NotNil(t, adm.Begin())
+}
+
+// AdmitFirst does not wait on a Redis that does not answer: past its bound it admits nothing,
+// and the job is created without an admission (a submit, and the keyed insert's transaction
+// around it, are not held).
+func TestExecutor_AdmitFirstDoesNotWaitOnASilentRedis(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, ln.Close()) })
+	var held []net.Conn // accepted and never answered
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	silent := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1})
+	t.Cleanup(func() { _ = silent.Close() })
+	lim, brk := sharedAdmission(t, silent)
+	b := jobstest.New(t)
+	ex := executor.New(executor.Config{Store: b.Store, Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: simProvider(t, llmsim.Config{}, "sk-silent"),
+			Gate: lim.Gate("sk-silent", "default"), Circuit: brk.Circuit("sk-silent", "default")},
+	}})
+	p := newParams(jobs.PriorityNormal)
+	job, err := b.Store.Prepare(&p)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	done := make(chan dispatch.Admission, 1)
+	go func() { done <- ex.AdmitFirst(ctx, job) }()
+	select {
+	case adm := <-done:
+		require.Nil(t, adm)
+	case <-time.After(5 * time.Second):
+		t.Fatal("AdmitFirst waited on a Redis that does not answer")
+	}
 }
