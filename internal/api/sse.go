@@ -82,22 +82,25 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		deltasGrew = f.hub.Wake()
 	}
 	// Postgres announces only watched jobs' transitions (NOTIFY serializes commits); watch
-	// before the first read, and renew at every keep-alive.
+	// before the first read, and renew at every keep-alive. The watch and the first read of
+	// the status events and the job go in one round trip (jobs.Store.WatchAndRead).
 	watchTTL := 4 * s.cfg.KeepAlive
-	if err := s.cfg.Store.Watch(r.Context(), job.ID, watchTTL); err != nil {
+	after := last.seq
+	if !resume {
+		after = job.EventSeq - 1 // the job may have moved on since: the events read cover that
+	}
+	evs, fresh, err := s.cfg.Store.WatchAndRead(r.Context(), job.ID, watchTTL, after)
+	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
 	if !resume {
-		// Read the job again now that we are subscribed: any transition after this read is
+		// The job read now that we are subscribed: any transition after this read is
 		// signalled, so starting at its latest event loses nothing.
-		if job, err = s.cfg.Store.Get(r.Context(), job.ID); err != nil {
-			writeError(w, r, s.cfg.Logger, err)
-			return
-		}
-		last = eventPos{seq: job.EventSeq - 1, n: math.MaxInt}
+		last = eventPos{seq: fresh.EventSeq - 1, n: math.MaxInt}
 	}
 	f.pos, f.known = last, last.seq
+	f.read = &statusRead{evs: evs, job: fresh}
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -194,6 +197,15 @@ type follower struct {
 	openAttempt int
 	// known is the newest status event read (sent or not).
 	known int
+	// read, when set, is a read of the status events and the job the stream made as it opened,
+	// which its first sendEvents takes instead of reading them.
+	read *statusRead
+}
+
+// statusRead is a read of a job's status events after some sequence number, and of the job.
+type statusRead struct {
+	evs []jobs.Event
+	job *jobs.Job
 }
 
 // streamItem is one event to send.
@@ -214,7 +226,11 @@ type streamItem struct {
 func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower, status bool) (done bool, err error) {
 	var evs []jobs.Event
 	var job *jobs.Job
-	if status {
+	switch {
+	case status && f.read != nil:
+		evs, job, f.read = f.read.evs, f.read.job, nil
+		f.noteStatus(evs)
+	case status:
 		if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
 			return false, err
 		}

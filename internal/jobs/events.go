@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -26,11 +27,25 @@ func (s *Store) Events(ctx context.Context, id string, after int) ([]Event, erro
 	if !validID(id) {
 		return nil, nil
 	}
-	rows, err := s.pool.Query(ctx, `
-SELECT seq, type, payload, created_at FROM job_events WHERE job_id = $1 AND seq > $2 ORDER BY seq`, id, after)
+	rows, err := s.pool.Query(ctx, eventsSQL, id, after)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
+	return scanEvents(rows)
+}
+
+// watchSQL is Watch's statement: $1 the job, $2 the TTL in milliseconds.
+const watchSQL = `
+INSERT INTO job_watches (job_id, expires_at)
+SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM jobs WHERE id = $1 FOR SHARE
+ON CONFLICT (job_id) DO UPDATE SET expires_at = greatest(job_watches.expires_at, excluded.expires_at)`
+
+// eventsSQL is Events's statement: $1 the job, $2 the sequence number to read after.
+const eventsSQL = `
+SELECT seq, type, payload, created_at FROM job_events WHERE job_id = $1 AND seq > $2 ORDER BY seq`
+
+// scanEvents reads eventsSQL's rows.
+func scanEvents(rows pgx.Rows) ([]Event, error) {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
 		var e Event
 		err := r.Scan(&e.Seq, &e.Type, &e.Payload, &e.CreatedAt)
@@ -54,15 +69,59 @@ SELECT seq, type, payload, created_at FROM job_events WHERE job_id = $1 AND seq 
 // sees the watch. Without the lock, a transition that checked for watches before the watch
 // committed, and committed after the stream's read, was neither announced nor read.
 func (s *Store) Watch(ctx context.Context, id string, ttl time.Duration) error {
-	_, err := s.pool.Exec(ctx, `
-INSERT INTO job_watches (job_id, expires_at)
-SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM jobs WHERE id = $1 FOR SHARE
-ON CONFLICT (job_id) DO UPDATE SET expires_at = greatest(job_watches.expires_at, excluded.expires_at)`,
-		id, ttl.Milliseconds())
+	_, err := s.pool.Exec(ctx, watchSQL, id, ttl.Milliseconds())
 	if err != nil {
 		return fmt.Errorf("watch job events: %w", err)
 	}
 	return nil
+}
+
+// WatchAndRead is Watch, then Events after seq after, then Get, in one round trip: what an event
+// stream does when it opens. The three statements run in one transaction (a pipelined batch),
+// each with its own snapshot, so Watch's guarantee holds for the reads as if they followed its
+// commit: a transition committed before the watch took the job's row is read; one that comes
+// after waits for the watch's commit and is announced. It returns ErrNotFound for a job that
+// does not exist (or a malformed ID).
+func (s *Store) WatchAndRead(ctx context.Context, id string, ttl time.Duration, after int) ([]Event, *Job, error) {
+	if !validID(id) {
+		return nil, nil, ErrNotFound
+	}
+	var b pgx.Batch
+	b.Queue(watchSQL, id, ttl.Milliseconds())
+	b.Queue(eventsSQL, id, after)
+	b.Queue(`SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
+	br := s.pool.SendBatch(ctx, &b)
+	evs, job, err := s.readWatchBatch(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("watch and read job events: %w", err)
+	}
+	return evs, job, nil
+}
+
+// readWatchBatch reads WatchAndRead's three answers.
+func (s *Store) readWatchBatch(br pgx.BatchResults) ([]Event, *Job, error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	evs, err := scanEvents(rows)
+	if err != nil {
+		return nil, nil, err
+	}
+	job, err := s.scanJob(br.QueryRow())
+	if err != nil {
+		return nil, nil, err
+	}
+	return evs, job, nil
 }
 
 // PruneWatches deletes the watches that ended more than a minute ago (the sweeper calls it).

@@ -201,3 +201,35 @@ func TestListener_UnreachableKeepsRetryingUntilCanceled(t *testing.T) {
 	defer cancel()
 	require.NoError(t, l.Run(ctx), "Run ends without error when its context ends")
 }
+
+// WatchAndRead watches the job and reads its events after a sequence number and the job in one
+// round trip: the events and the job are those committed before it, and the transitions after
+// it are announced.
+func TestListener_WatchAndReadAnnouncesWhatFollows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupListener(t)
+	job := b.Create(t, jobstest.Opts{})
+	_, err := b.Store.BeginAttempt(ctx, job.ID) // before the watch: read, not announced
+	require.NoError(t, err)
+	ch, _ := b.connected(t, job.ID)
+
+	evs, got, err := b.Store.WatchAndRead(ctx, job.ID, time.Minute, 0)
+	require.NoError(t, err)
+	require.Len(t, evs, 2)
+	require.Equal(t, []jobs.Status{jobs.StatusQueued, jobs.StatusRunning}, []jobs.Status{evs[0].Type, evs[1].Type})
+	require.Equal(t, jobs.StatusRunning, got.Status)
+	require.Equal(t, 2, got.EventSeq)
+	evs, _, err = b.Store.WatchAndRead(ctx, job.ID, time.Minute, 1)
+	require.NoError(t, err)
+	require.Len(t, evs, 1, "only the events after the sequence number given")
+
+	_, err = b.Store.Cancel(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, 3, next(t, ch), "a transition after the watch is announced")
+
+	for _, id := range []string{"0190a5b2-7c1e-7d3f-9a8b-123456789abc", "nope"} {
+		_, _, err = b.Store.WatchAndRead(ctx, id, time.Minute, 0)
+		require.ErrorIs(t, err, jobs.ErrNotFound)
+	}
+}
