@@ -13,7 +13,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tokens"
@@ -451,16 +450,20 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 // The stages of a new job's submit go to the metrics (llmq_submit_stage_duration_seconds); a
 // replay's or a failure's do not.
 func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bool, error) {
-	var claim *dispatch.Claim
-	if claim = s.cfg.Handoff.Claim(p.Priority, p.Lane); claim != nil {
+	claim := s.cfg.Handoff.Claim(p.Priority, p.Lane)
+	if claim != nil {
 		p.Admit = claim.Admit
+		// A claim not started (the insert failed, a replay, a panic) is dropped: its slot is
+		// freed and Run's shutdown does not wait for it.
+		defer func() {
+			if claim != nil {
+				claim.Drop(ctx)
+			}
+		}()
 	}
 	t0 := s.cfg.Now()
 	job, replayed, err := s.cfg.Store.Create(ctx, p)
 	if err != nil || replayed {
-		if claim != nil {
-			claim.Drop(ctx)
-		}
 		return job, replayed, err
 	}
 	t1 := s.cfg.Now()
@@ -473,6 +476,7 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 		// The delivery gets a copy: this job is the answer, written while the delivery runs.
 		fresh := *job
 		claim.Start(&fresh)
+		claim = nil
 		s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))
 		return job, false, nil
 	}

@@ -29,9 +29,9 @@ type FreshProcessor interface {
 // (FreshProcessor.AdmitFirst): a rate-limit slot and the breaker's admission, for the delivery
 // that runs the job.
 type Admission interface {
-	// Begin is the attempt's start to create the job with (jobs.CreateParams.Begin), or nil
-	// when the slot is not due yet: the job is created queued and the delivery starts the
-	// attempt when it is.
+	// Begin is the attempt's start to create the job with (what jobs.CreateParams.Admit
+	// answers), or nil when the slot is not due yet: the job is created queued and the delivery
+	// starts the attempt when it is.
 	Begin() *jobs.Begin
 	// Release gives back what the admission holds, for a job that was not created (its create
 	// failed, or it was a replay): its breaker admission and its reserved tokens.
