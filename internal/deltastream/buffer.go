@@ -42,7 +42,8 @@ type Config struct {
 
 // Buffer reads and writes jobs' delta buffers. Safe for concurrent use.
 type Buffer struct {
-	cfg Config
+	cfg     Config
+	flusher *flusher // writes every Writer's pieces
 }
 
 // New returns a Buffer. It panics without Redis (a wiring bug).
@@ -65,7 +66,9 @@ func New(cfg Config) *Buffer {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Buffer{cfg: cfg}
+	b := &Buffer{cfg: cfg}
+	b.flusher = &flusher{b: b}
+	return b
 }
 
 // Key returns the Redis key of job id's buffer; it is also the name of its pub/sub channel.

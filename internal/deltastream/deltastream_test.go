@@ -2,11 +2,15 @@ package deltastream_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/deltastream"
@@ -118,6 +122,52 @@ func TestWriter_Buffer(t *testing.T) {
 		require.NoError(t, err)
 		require.Less(t, n, int64(200), "trimmed to about MaxLen")
 	})
+}
+
+// TestWriter_ManyWritersShareRoundTrips proves that the writers of one Buffer, whose pieces go
+// to Redis together (one pipelined round trip per round, on Redis Cluster across slots too),
+// each still get every piece into their own job's buffer, in order, numbered and with offsets,
+// and that Close waits for each writer's last piece.
+func TestWriter_ManyWritersShareRoundTrips(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"Redis": redistest.URL(), "Cluster": redistest.ClusterURL()} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, url, deltastream.Config{TTL: time.Minute})
+			const writers, pieces = 20, 50
+			var wg sync.WaitGroup
+			for j := range writers {
+				wg.Go(func() {
+					w := b.buf.Writer(fmt.Sprintf("many-%d", j), 2, 1)
+					for i := range pieces {
+						// Alternating blocks: no merging, so each piece is an entry.
+						w.Add(deltastream.Delta{Type: "text", Index: i % 2, Text: strconv.Itoa(i) + ","})
+					}
+					w.Close(t.Context())
+					assert.True(t, w.Streamed())
+				})
+			}
+			wg.Wait()
+			for j := range writers {
+				entries, err := b.buf.Read(t.Context(), fmt.Sprintf("many-%d", j), "", 1000)
+				require.NoError(t, err)
+				var text strings.Builder
+				offset := 0
+				for i, e := range entries {
+					require.Equal(t, i+1, e.N, "numbered in order")
+					d := decode(t, e)
+					require.Equal(t, offset, d.Offset)
+					offset += len(d.Text)
+					text.WriteString(d.Text)
+				}
+				var want strings.Builder
+				for i := range pieces {
+					want.WriteString(strconv.Itoa(i) + ",")
+				}
+				require.Equal(t, want.String(), text.String(), "writer %d: every piece, in order", j)
+			}
+		})
+	}
 }
 
 // TestHub_Follow proves that a follower receives the entries written to its job's buffer, and

@@ -20,9 +20,11 @@
 // while nothing is kept for long. A client later than that misses what was trimmed; the
 // terminal event still carries the whole result.
 //
-// A Writer batches: Add never blocks the provider's stream; one goroutine writes what has
-// accumulated, consecutive pieces of one block merged into one entry, in one script (XADD...,
-// PEXPIRE, PUBLISH), so a fast stream costs far fewer round trips than tokens. The PUBLISH on
+// Writers batch: Add never blocks the provider's stream; consecutive pieces of one block merge
+// into one entry, and each writer's pending entries go in one script (XADD..., PEXPIRE,
+// PUBLISH). The scripts of all the writers of a Buffer with something pending go together, in
+// one pipelined round trip per round, one round at a time (so each writer's entries stay in
+// order): a fast stream costs far fewer round trips than tokens, and many streams share them. The PUBLISH on
 // channel <prefix>{<job id>}:deltas carries the entries themselves, with their IDs, to the API
 // replicas that follow the job (Hub: one pub/sub connection per process). A follower appends
 // them without reading Redis when the first is the entry right after the last it read (by

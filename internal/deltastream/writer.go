@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // Delta is one piece of an attempt's output, as the provider adapter reads it.
@@ -48,22 +50,19 @@ type Writer struct {
 
 	mu      sync.Mutex
 	pending []deltaData
-	offset  int // bytes of text added so far
-	n       int // entries numbered so far
-	wake    chan struct{}
-	stop    chan struct{}
-	done    chan struct{}
+	offset  int  // bytes of text added so far
+	n       int  // entries numbered so far
+	queued  bool // in the Buffer's flusher's queue
+	writing bool // a batch of it is in the flusher's round trip
 	closed  bool
-	written int // entries written to Redis (by the flusher; read after done)
+	drained chan struct{} // made by Close; closed once nothing is pending or being written
+	written int           // entries written to Redis
 }
 
 // Writer starts the writer of an attempt of job id: seq is the job's event sequence number of
 // the attempt's running event, attempt its number. Call Close when the attempt's call returns.
 func (b *Buffer) Writer(id string, seq, attempt int) *Writer {
-	w := &Writer{b: b, job: id, seq: seq, attempt: attempt,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go w.run()
-	return w
+	return &Writer{b: b, job: id, seq: seq, attempt: attempt}
 }
 
 // Add queues d; it never blocks on Redis. Consecutive pieces of one block are merged.
@@ -73,92 +72,95 @@ func (w *Writer) Add(d Delta) {
 		w.mu.Unlock()
 		return
 	}
+	w.offset += len(d.Text)
 	if k := len(w.pending) - 1; k >= 0 && d.ToolID == "" && d.ToolName == "" {
 		p := &w.pending[k]
 		if p.Type == d.Type && p.Index == d.Index && p.ToolIndex == d.ToolIndex && len(p.Text)+len(d.Text) <= maxMerged {
 			p.Text += d.Text
-			w.offset += len(d.Text)
 			w.mu.Unlock()
-			w.signal()
-			return
+			return // queued already, with the piece it joins
 		}
 	}
-	w.pending = append(w.pending, deltaData{Attempt: w.attempt, Offset: w.offset, Type: d.Type, Index: d.Index,
+	w.pending = append(w.pending, deltaData{Attempt: w.attempt, Offset: w.offset - len(d.Text), Type: d.Type, Index: d.Index,
 		ToolIndex: d.ToolIndex, ToolID: d.ToolID, ToolName: d.ToolName, Text: d.Text})
-	w.offset += len(d.Text)
+	enqueue := !w.queued
+	w.queued = true
 	w.mu.Unlock()
-	w.signal()
-}
-
-func (w *Writer) signal() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
+	if enqueue {
+		w.b.flusher.add(w)
 	}
 }
 
-// run writes what accumulated, one batch at a time, until Close.
-func (w *Writer) run() {
-	defer close(w.done)
-	for {
-		select {
-		case <-w.wake:
-			w.flush()
-		case <-w.stop:
-			w.flush()
-			return
-		}
-	}
-}
-
-// flush writes the pending pieces as entries, then trims, sets the TTL and publishes them to the
-// readers, in one round trip. A failed write is logged and its pieces dropped.
-func (w *Writer) flush() {
+// take hands the flusher the writer's pending pieces as entries (nil: none), marking them being
+// written.
+func (w *Writer) take() []entryValues {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.queued = false
 	batch := w.pending
 	w.pending = nil
+	if len(batch) == 0 {
+		return nil
+	}
 	first := w.n + 1
 	w.n += len(batch)
-	w.mu.Unlock()
-	if len(batch) == 0 {
-		return
-	}
+	w.writing = true
 	values := make([]entryValues, len(batch))
 	for i, d := range batch {
 		data, _ := json.Marshal(d) // plain fields: cannot fail
 		values[i] = entryValues{seq: w.seq, n: first + i, kind: KindDelta, data: data}
 	}
-	if err := w.b.write(w.job, values); err != nil {
-		w.b.cfg.Logger.Warn("write stream deltas", "job_id", w.job, "attempt", w.attempt, "error", err)
-		return
-	}
-	w.written += len(batch)
+	return values
 }
 
-// Close writes what is pending and stops the writer; it returns once everything added is in
-// Redis (or its write failed), or when ctx ends. Safe to call more than once.
+// wrote records the outcome of the flusher's write of n entries taken from the writer.
+func (w *Writer) wrote(n int, err error) {
+	if err != nil {
+		w.b.cfg.Logger.Warn("write stream deltas", "job_id", w.job, "attempt", w.attempt, "error", err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err == nil {
+		w.written += n
+	}
+	w.writing = false
+	w.checkDrained()
+}
+
+// checkDrained closes drained once Close was called and nothing is pending or being written.
+// Call with mu held.
+func (w *Writer) checkDrained() {
+	if w.drained != nil && !w.queued && !w.writing && len(w.pending) == 0 {
+		select {
+		case <-w.drained:
+		default:
+			close(w.drained)
+		}
+	}
+}
+
+// Close stops the writer; it returns once everything added is in Redis (or its write failed),
+// or when ctx ends. Safe to call more than once.
 func (w *Writer) Close(ctx context.Context) {
 	w.mu.Lock()
-	already := w.closed
-	w.closed = true
-	w.mu.Unlock()
-	if !already {
-		close(w.stop)
+	if !w.closed {
+		w.closed = true
+		w.drained = make(chan struct{})
+		w.checkDrained()
 	}
+	drained := w.drained
+	w.mu.Unlock()
 	select {
-	case <-w.done:
+	case <-drained:
 	case <-ctx.Done():
 	}
 }
 
 // Streamed reports whether any entry of the attempt reached the buffer. Call after Close.
 func (w *Writer) Streamed() bool {
-	select {
-	case <-w.done:
-		return w.written > 0
-	default:
-		return false
-	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.written > 0
 }
 
 // Reset closes the writer and, when the attempt streamed, appends a reset entry: the clients
@@ -183,12 +185,24 @@ func (w *Writer) Reset(ctx context.Context) {
 func (b *Buffer) write(id string, values []entryValues) error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.WriteTimeout)
 	defer cancel()
+	return redisscript.Run(ctx, b.cfg.Redis, b.writeCall(id, values, nil))
+}
+
+// writeCall is write's script call; done, when set, receives its outcome.
+func (b *Buffer) writeCall(id string, values []entryValues, done func(error)) redisscript.Call {
 	args := make([]any, 0, 2+4*len(values))
 	args = append(args, b.cfg.MaxLen, b.cfg.TTL.Milliseconds())
 	for _, v := range values {
 		args = append(args, v.seq, v.n, v.kind, v.data)
 	}
-	return writeScript.Run(ctx, b.cfg.Redis, []string{b.Key(id)}, args...).Err()
+	c := redisscript.Call{Script: writeScript, Keys: []string{b.Key(id)}, Args: args}
+	if done != nil {
+		c.Done = func(_ context.Context, cmd *redis.Cmd) error {
+			done(cmd.Err())
+			return cmd.Err()
+		}
+	}
+	return c
 }
 
 // entryValues are one entry's fields.
@@ -219,3 +233,66 @@ redis.call('PEXPIRE', key, ARGV[2])
 redis.call('PUBLISH', key, '{"entries":[' .. table.concat(parts, ',') .. ']}')
 return #parts
 `)
+
+// flusher writes the pending pieces of every Writer of a Buffer: each round takes what all the
+// writers with pieces hold and sends their scripts in one pipelined round trip
+// (redisscript.Run), one round at a time, so that a writer's batches reach Redis in order. A
+// piece added while a round is out goes in the next: under load, many streams' tokens share a
+// round trip, where one goroutine and one round trip per writer cost a wake-up and a round trip
+// per token. There is no background goroutine while nothing is pending: the Add that finds the
+// flusher idle starts one, which runs until the queue is empty (as the job store's batcher).
+type flusher struct {
+	b *Buffer
+
+	mu      sync.Mutex
+	queue   []*Writer
+	running bool
+}
+
+// add queues w (which has pieces pending and was not queued) and starts a round if none runs.
+func (f *flusher) add(w *Writer) {
+	f.mu.Lock()
+	f.queue = append(f.queue, w)
+	start := !f.running
+	f.running = true
+	f.mu.Unlock()
+	if start {
+		go f.run()
+	}
+}
+
+// maxRound bounds the writers of one round.
+const maxRound = 256
+
+// run sends rounds until the queue is empty.
+func (f *flusher) run() {
+	for {
+		f.mu.Lock()
+		if len(f.queue) == 0 {
+			f.running = false
+			f.mu.Unlock()
+			return
+		}
+		n := min(len(f.queue), maxRound)
+		round := append([]*Writer(nil), f.queue[:n]...)
+		f.queue = append(f.queue[:0], f.queue[n:]...)
+		f.mu.Unlock()
+		f.send(round)
+	}
+}
+
+// send writes the round's writers' pieces in one round trip.
+func (f *flusher) send(round []*Writer) {
+	calls := make([]redisscript.Call, 0, len(round))
+	for _, w := range round {
+		values := w.take()
+		if values == nil {
+			w.wrote(0, nil)
+			continue
+		}
+		calls = append(calls, f.b.writeCall(w.job, values, func(err error) { w.wrote(len(values), err) }))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.b.cfg.WriteTimeout)
+	defer cancel()
+	_ = redisscript.Run(ctx, f.b.cfg.Redis, calls...) // each call's outcome went to its writer
+}
