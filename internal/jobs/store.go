@@ -57,7 +57,8 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // CreateParams describe a new job.
 type CreateParams struct {
-	// ID is the job's ID when Prepare gave it one; empty: Create makes one.
+	// ID is the job's ID when Prepare gave it one; empty: Create makes one. Only Prepare sets it:
+	// Create takes a row with this ID for its own (a rerun after a lost commit answer).
 	ID             string
 	Tenant         string
 	Credential     string
@@ -198,8 +199,8 @@ func (s *Store) scanJob(row pgx.Row) (*Job, error) {
 	return &j, nil
 }
 
-// Create inserts a job and its "queued" event in one transaction and returns it (with
-// p.Begin, also its first attempt's start and "running" event). With an idempotency key
+// Create inserts a job and its "queued" event in one transaction and returns it (when p.Admit
+// answers a Begin, also its first attempt's start and "running" event). With an idempotency key
 // already used by the same body (same fingerprint) it returns the existing job and
 // replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
 // key yield exactly one job.
