@@ -119,7 +119,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	adm := admission{breaker: circuit}
 	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0, ReportSend: true}
 	if circuit == nil && up.Circuit != nil {
-		opts.Circuit = &limiter.CircuitCheck{Key: up.Circuit.Key(), SuccessMemory: up.Circuit.SuccessMemory()}
+		opts.Circuit = circuitCheck(up)
 	}
 	lane, err := memo.get(ctx, e, job)
 	if err != nil {
@@ -190,6 +190,11 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	}
 	pass.leave()
 	return adm, sleep(ctx, res.Wait)
+}
+
+// circuitCheck is up's breaker for the reservation's own test (limiter.AttemptOptions.Circuit).
+func circuitCheck(up Upstream) *limiter.CircuitCheck {
+	return &limiter.CircuitCheck{Key: up.Circuit.Key(), SuccessMemory: up.Circuit.SuccessMemory()}
 }
 
 // laneMemo keeps a delivery's lane (see lane) once read.

@@ -143,7 +143,7 @@ func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream,
 	cost, est := e.cost(up, job)
 	res, err := up.Gate.ReserveAttempt(ctx, up.Limit, cost, limiter.AttemptOptions{
 		UnlessPaused: true, FirstAttempt: true, ReportSend: true, Lane: lane,
-		Circuit: &limiter.CircuitCheck{Key: up.Circuit.Key(), SuccessMemory: up.Circuit.SuccessMemory()},
+		Circuit: circuitCheck(up),
 	})
 	if err != nil || !res.Granted || res.CircuitRefused || res.Paused.Paused {
 		return false, err
@@ -158,27 +158,24 @@ func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream,
 // created (see AdmitFirst): the job was created with the attempt started, or its slot is due
 // later (slept out within MaxInlineWait, else held in the row and the delivery deferred).
 func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmission) error {
-	if job.Status != jobs.StatusRunning {
-		until := a.sendAt
-		if until.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
-			e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
-			if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, a.adm.seq, a.adm.grant); err != nil {
-				return err
-			}
-			return &deferral{until: until, reason: "rate limit slot", stored: true}
-		}
-		if err := sleep(ctx, until.Sub(e.cfg.Now())); err != nil {
-			e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+	begun := job.Status == jobs.StatusRunning // the insert started the attempt
+	if !begun && a.sendAt.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
+		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+		if err := e.cfg.Store.HoldSlot(ctx, job.ID, a.sendAt, a.adm.seq, a.adm.grant); err != nil {
 			return err
 		}
-		begun, err := e.begin(ctx, job, a.up, a.adm)
+		return &deferral{until: a.sendAt, reason: "rate limit slot", stored: true}
+	}
+	if err := sleep(ctx, a.sendAt.Sub(e.cfg.Now())); err != nil {
+		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+		return err
+	}
+	if !begun {
+		started, err := e.begin(ctx, job, a.up, a.adm)
 		if err != nil {
 			return err
 		}
-		job = begun
-	} else if err := sleep(ctx, a.sendAt.Sub(e.cfg.Now())); err != nil {
-		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
-		return err
+		job = started
 	}
 	return e.attempt(ctx, job, a.up, a.adm)
 }
