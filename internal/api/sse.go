@@ -157,11 +157,13 @@ type eventPos struct{ seq, n int }
 
 func (p eventPos) after(q eventPos) bool { return p.seq > q.seq || p.seq == q.seq && p.n > q.n }
 
-func (p eventPos) id() string {
-	if p.n == 0 {
-		return strconv.Itoa(p.seq)
+// appendID appends the SSE id ("seq" or "seq.n") to b.
+func (p eventPos) appendID(b []byte) []byte {
+	b = strconv.AppendInt(b, int64(p.seq), 10)
+	if p.n != 0 {
+		b = strconv.AppendInt(append(b, '.'), int64(p.n), 10)
 	}
-	return strconv.Itoa(p.seq) + "." + strconv.Itoa(p.n)
+	return b
 }
 
 // lastEventID parses the Last-Event-ID header ("seq" or "seq.n"): resume is false without it.
@@ -213,6 +215,8 @@ type streamItem struct {
 	pos  eventPos
 	name string
 	data []byte
+	// attempt is a delta's attempt number (deltastream.Entry.Attempt).
+	attempt int
 }
 
 // sendEvents writes the job's events after f.pos, in order, and advances f.pos: its status
@@ -257,7 +261,7 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 		items = append(items, streamItem{pos: eventPos{seq: ev.Seq}, name: string(ev.Type), data: data})
 	}
 	for _, e := range entries {
-		items = append(items, streamItem{pos: eventPos{seq: e.Seq, n: e.N}, name: e.Kind, data: e.Data})
+		items = append(items, streamItem{pos: eventPos{seq: e.Seq, n: e.N}, name: e.Kind, data: e.Data, attempt: e.Attempt})
 	}
 	slices.SortStableFunc(items, func(a, b streamItem) int {
 		return cmp.Or(cmp.Compare(a.pos.seq, b.pos.seq), cmp.Compare(a.pos.n, b.pos.n))
@@ -287,7 +291,11 @@ func (f *follower) noteStatus(evs []jobs.Event) {
 }
 
 func writeEvent(w io.Writer, it streamItem) error {
-	_, err := fmt.Fprintf(w, "event: %s\nid: %s\ndata: %s\n\n", it.name, it.pos.id(), it.data)
+	b := make([]byte, 0, len("event: \nid: \ndata: \n\n")+len(it.name)+24+len(it.data))
+	b = append(append(append(b, "event: "...), it.name...), "\nid: "...)
+	b = it.pos.appendID(b)
+	b = append(append(append(b, "\ndata: "...), it.data...), "\n\n"...)
+	_, err := w.Write(b)
 	return err
 }
 
@@ -296,11 +304,7 @@ func (f *follower) sent(it streamItem) {
 	f.pos = it.pos
 	switch {
 	case it.name == deltastream.KindDelta:
-		var d struct {
-			Attempt int `json:"attempt"`
-		}
-		_ = json.Unmarshal(it.data, &d) // our own JSON
-		f.open, f.openAttempt = it.pos, d.Attempt
+		f.open, f.openAttempt = it.pos, it.attempt
 	case it.pos.n == 0 || it.name == deltastream.KindReset:
 		f.open = eventPos{}
 	}

@@ -96,6 +96,28 @@ type Entry struct {
 	Kind string
 	// Data is the entry's JSON (see the package comment).
 	Data json.RawMessage
+	// Attempt is the attempt number in Data, read once for every follower of the entry.
+	Attempt int
+}
+
+// attemptOf reads the "attempt" of an entry's JSON: at once when it comes first, as the writers
+// put it, else by decoding (0: none).
+func attemptOf(data []byte) int {
+	const prefix = `{"attempt":`
+	if rest, ok := bytes.CutPrefix(data, []byte(prefix)); ok {
+		n, digits := 0, 0
+		for ; digits < len(rest) && digits < 9 && rest[digits] >= '0' && rest[digits] <= '9'; digits++ {
+			n = n*10 + int(rest[digits]-'0')
+		}
+		if digits > 0 && digits < len(rest) && (rest[digits] == ',' || rest[digits] == '}') {
+			return n
+		}
+	}
+	var d struct {
+		Attempt int `json:"attempt"`
+	}
+	_ = json.Unmarshal(data, &d)
+	return d.Attempt
 }
 
 // Read returns up to count entries of job id's buffer after the entry ID after ("" reads from
@@ -120,6 +142,7 @@ func (b *Buffer) Read(ctx context.Context, id, after string, count int64) ([]Ent
 		if e.Seq <= 0 || e.N <= 0 || !json.Valid(e.Data) {
 			continue // not ours: skip it rather than fail the stream
 		}
+		e.Attempt = attemptOf(e.Data)
 		out = append(out, e)
 	}
 	return out, nil

@@ -46,6 +46,8 @@ type batchEntry struct {
 	N  int             `json:"n"`
 	K  string          `json:"k"`
 	D  json.RawMessage `json:"d"`
+	// attempt is D's, read once by the hub for all the followers (attemptOf).
+	attempt int
 }
 
 // inboxMax bounds the batches a follower holds between two calls of Next: past it they are
@@ -116,11 +118,12 @@ func (f *Follower) deliver(b *batch) {
 func after(last Entry, batches []batch) (entries []Entry, ok bool) {
 	for _, b := range batches {
 		for _, be := range b.Entries {
-			e := Entry{ID: be.ID, Seq: be.S, N: be.N, Kind: be.K, Data: be.D}
+			// D is valid JSON: the hub decoded the whole message (json.Unmarshal checks it all).
+			e := Entry{ID: be.ID, Seq: be.S, N: be.N, Kind: be.K, Data: be.D, Attempt: be.attempt}
 			if last.ID != "" && !idAfter(e.ID, last.ID) {
 				continue
 			}
-			if !follows(e, last) || !json.Valid(e.Data) {
+			if !follows(e, last) || len(e.Data) == 0 {
 				return nil, false
 			}
 			entries = append(entries, e)
@@ -246,6 +249,9 @@ func (h *Hub) run(ctx context.Context) {
 			if err := json.Unmarshal([]byte(m.Payload), &b); err != nil {
 				h.deliver(m.Channel, nil) // not a batch (a writer of an older version): read the buffer
 			} else {
+				for i := range b.Entries {
+					b.Entries[i].attempt = attemptOf(b.Entries[i].D)
+				}
 				h.deliver(m.Channel, &b)
 			}
 		}

@@ -74,3 +74,19 @@ func TestFollower_InboxOverflowReadsTheBuffer(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, entries, 1)
 }
+
+// TestAttemptOf: an entry's attempt number is read from its JSON, at once in the writers' form
+// ("attempt" first) and by decoding in any other; JSON without one is attempt 0.
+func TestAttemptOf(t *testing.T) {
+	for data, want := range map[string]int{
+		`{"attempt":3,"offset":0,"type":"text","index":0,"text":"hi"}`: 3,
+		`{"attempt":12}`:                  12,
+		`{"offset":4,"attempt":2}`:        2,
+		`{"attempt": 7 , "offset":0}`:     7,
+		`{"attempt":1234567890123,"x":1}`: 1234567890123,
+		`{"offset":0}`:                    0,
+		`[]`:                              0,
+	} {
+		require.Equal(t, want, attemptOf([]byte(data)), data)
+	}
+}
