@@ -130,6 +130,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if err := rc.Flush(); err != nil {
 			return
 		}
+		out.rearm()
 		readStatus = true
 		select {
 		case <-r.Context().Done():
