@@ -46,6 +46,10 @@ type streamBench struct {
 	directRead delivery        // what the direct readers got
 	phases     []*streamPhase  // the jobs submitted at once: one client each, then the fan-out
 	steadyRun  *streamPhase    // the jobs that arrived evenly (nil with -steady 0)
+	// steadyFanOut is the steady phase again with -clients clients per job (nil with -steady 0
+	// or -clients 1): as many clients at once as the fan-out's, on as many streams, none of it a
+	// burst.
+	steadyFanOut *streamPhase
 	// steadyStages are where the steady phase's deliveries and submits spent their time, from the
 	// processes' metrics (nil: not read).
 	steadyStages []stageTime
@@ -176,6 +180,13 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 			log("  stages not read: %v", serr)
 		} else {
 			b.steadyStages = stageTimes(stages0, stages1)
+		}
+		if b.clients > 1 {
+			name := fmt.Sprintf("steady, %d clients per job", b.clients)
+			log("%d streaming jobs through llmq, one every %s (%d streams at once), %d clients per job", jobs, spacing, b.s.n, b.clients)
+			if b.steadyFanOut, err = b.phase(ctx, hc, apiURLs, name, jobs, b.clients, spacing, sample); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
 		}
 	}
 	return nil

@@ -75,6 +75,17 @@ func TestSteadyTargets(t *testing.T) {
 	require.Equal(t, []string{"30.0 ms", "FAIL"}, rows[1][1:], "p99 over 20 ms")
 }
 
+// TestSteadyFanOutTarget proves that the steady fan-out is judged on its largest lag, against
+// the same 100 ms as the burst's fan-out.
+func TestSteadyFanOutTarget(t *testing.T) {
+	b := &streamBench{s: &shared{n: 200}, clients: 5}
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	row := b.steadyFanOutTarget(phaseStats{delivery: delivery{lags: []time.Duration{ms(3), ms(99), ms(2)}}})
+	require.Equal(t, []string{"the same, steady (200 streams at once, 5 clients per job)", "99.0 ms", "PASS"}, row)
+	row = b.steadyFanOutTarget(phaseStats{delivery: delivery{lags: []time.Duration{ms(3), ms(101)}}})
+	require.Equal(t, []string{"101 ms", "FAIL"}, row[1:])
+}
+
 // TestStreamConfig proves that the stream bench's edits of the run's config load with llmq's
 // own loader: the streams cap, and the pool and poll interval only when asked for.
 func TestStreamConfig(t *testing.T) {
