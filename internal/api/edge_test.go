@@ -230,10 +230,9 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// TestEvents_WriteDeadlineIsPerWakeUp: the write deadline covers one wake-up's writes, not the
-// stream's life: a stream idle for longer than the event write timeout still sends the next
-// event.
-func TestEvents_WriteDeadlineIsPerWakeUp(t *testing.T) {
+// TestEvents_WriteDeadlineIsRenewed: the write deadline bounds a write, not the stream's life: a
+// stream idle for longer than the event write timeout still sends the next event.
+func TestEvents_WriteDeadlineIsRenewed(t *testing.T) {
 	t.Parallel()
 	const timeout = 50 * time.Millisecond
 	b := setup(t, setupOpts{eventWriteTimeout: timeout})
@@ -241,7 +240,7 @@ func TestEvents_WriteDeadlineIsPerWakeUp(t *testing.T) {
 	s := openStream(t, b.url, job.ID, "")
 	defer s.close()
 	require.Equal(t, "queued", s.nextEvent(t).event)
-	time.Sleep(3 * timeout) // idle past the deadline of the first wake-up's writes
+	time.Sleep(3 * timeout) // idle past the deadline of the first event's write
 	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{}`)})
 	require.Equal(t, "running", s.nextEvent(t).event)
 	require.Equal(t, "succeeded", s.nextEvent(t).event)

@@ -130,7 +130,6 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if err := rc.Flush(); err != nil {
 			return
 		}
-		out.rearm()
 		readStatus = true
 		select {
 		case <-r.Context().Done():
@@ -203,6 +202,9 @@ type follower struct {
 	// read, when set, is a read of the status events and the job the stream made as it opened,
 	// which its first sendEvents takes instead of reading them.
 	read *statusRead
+	// items and frame are sendEvents's buffers, reused from one wake-up to the next.
+	items []streamItem
+	frame []byte
 }
 
 // statusRead is a read of a job's status events after some sequence number, and of the job.
@@ -251,7 +253,7 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 			f.noteStatus(evs)
 		}
 	}
-	items := make([]streamItem, 0, len(evs)+len(entries))
+	items := f.items[:0] // reused: a stream writes an event or two per wake-up, thousands of times
 	for _, ev := range evs {
 		snapshot := *job
 		snapshot.Status = ev.Type
@@ -272,15 +274,17 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 			continue // sent before (a resumed stream), or an entry of an attempt already over
 		}
 		if reset, ok := f.lostReset(it); ok {
-			if err := writeEvent(w, reset); err != nil {
+			if err := f.write(w, reset); err != nil {
 				return false, err
 			}
 		}
-		if err := writeEvent(w, it); err != nil {
+		if err := f.write(w, it); err != nil {
 			return false, err
 		}
 		f.sent(it)
 	}
+	clear(items) // holds no event's data past this wake-up
+	f.items = items[:0]
 	return job != nil && job.Status.Terminal() && f.pos.seq >= job.EventSeq, nil
 }
 
@@ -291,11 +295,18 @@ func (f *follower) noteStatus(evs []jobs.Event) {
 	}
 }
 
-func writeEvent(w io.Writer, it streamItem) error {
-	b := make([]byte, 0, len("event: \nid: \ndata: \n\n")+len(it.name)+24+len(it.data))
-	b = append(append(append(b, "event: "...), it.name...), "\nid: "...)
+// maxKeptFrame bounds the frame buffer a stream keeps between events.
+const maxKeptFrame = 64 << 10
+
+// write writes it as one SSE frame, built in the follower's reused buffer.
+func (f *follower) write(w io.Writer, it streamItem) error {
+	b := append(append(append(f.frame[:0], "event: "...), it.name...), "\nid: "...)
 	b = it.pos.appendID(b)
 	b = append(append(append(b, "\ndata: "...), it.data...), "\n\n"...)
+	f.frame = b
+	if cap(b) > maxKeptFrame {
+		f.frame = nil // a large event (a result): not kept for the stream's life
+	}
 	_, err := w.Write(b)
 	return err
 }
