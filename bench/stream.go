@@ -79,7 +79,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	s.jobs(fs, 200, "streaming jobs of each phase, submitted at once")
 	s.deadline(fs, 2*time.Minute, "cap on each phase")
 	fs.intAtLeast(&b.apis, "apis", 2, 1, "API replicas; jobs are submitted round robin and followed on another replica")
-	fs.intAtLeast(&b.clients, "clients", 5, 1, "event-stream clients per job in the fan-out phase, spread over the replicas")
+	fs.intAtLeast(&b.clients, "clients", 5, 1, "event-stream clients per job in the fan-out phase and the steady fan-out phase (1: no steady fan-out), spread over the replicas")
 	fs.intAtLeast(&b.tokens, "reply-tokens", 100, 1, "tokens of each streamed answer")
 	fs.positiveFloat(&b.tps, "tps", 50, "the simulator's tokens per second")
 	fs.intAtLeast(&b.maxStreams, "max-streams", 1000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out)")
