@@ -1,6 +1,7 @@
 package deltastream_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -316,4 +317,22 @@ func TestHub_ResubscribesAfterAReconnect(t *testing.T) {
 	require.True(t, ok, "the subscription is live again")
 	require.Len(t, entries, 1)
 	require.Equal(t, "after", decode(t, entries[0]).Text)
+}
+
+// TestWriter_FailedWriteEndsClose proves that a writer whose writes fail (Redis unreachable)
+// still drains: Close returns once the failed write is done, long before its own deadline, and
+// the attempt counts as not streamed (so no reset follows it).
+func TestWriter_FailedWriteEndsClose(t *testing.T) {
+	t.Parallel()
+	// A client of a port nothing listens on: every write fails at once.
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	buf := deltastream.New(deltastream.Config{Redis: rdb, WriteTimeout: 2 * time.Second})
+	w := buf.Writer("job-unreachable", 2, 1)
+	w.Add(deltastream.Delta{Type: "text", Text: "lost"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w.Close(ctx)
+	require.NoError(t, ctx.Err(), "Close waited for its deadline instead of the failed write")
+	require.False(t, w.Streamed(), "nothing reached the buffer")
 }

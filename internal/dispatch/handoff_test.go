@@ -132,6 +132,18 @@ func (b *handoffBundle) stop(t *testing.T) {
 	require.NoError(t, b.runErr)
 }
 
+// requireRunWaits fails the test if Run, whose context was canceled, returns within 100 ms
+// (what it waits for is named by why); Run's answer is kept for stop.
+func (b *handoffBundle) requireRunWaits(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case err := <-b.runDone:
+		b.runDone <- err // for stop
+		t.Fatalf("Run returned (%v) %s", err, why)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
 // handoffs returns llmq_worker_handoffs_total{outcome=outcome}.
 func (b *handoffBundle) handoffs(t *testing.T, outcome string) float64 {
 	t.Helper()
@@ -448,12 +460,7 @@ func TestHandoff_ShutdownWaitsForDeliveries(t *testing.T) {
 	require.True(t, offer(t, b.h, job))
 	require.Equal(t, job.ID, p.next(t).ID)
 	b.cancel()
-	select {
-	case err := <-b.runDone:
-		b.runDone <- err // for stop
-		t.Fatalf("Run returned (%v) with a delivery running, before its shutdown timeout", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	b.requireRunWaits(t, "with a delivery running, before its shutdown timeout")
 	free()
 	b.stop(t)
 	select {
@@ -541,12 +548,7 @@ func TestHandoff_ShutdownWaitsForAClaim(t *testing.T) {
 	require.NotNil(t, c)
 	require.Nil(t, c.Admit(t.Context(), job), "a panic in AdmitFirst leaves the claim without an admission")
 	b.cancel()
-	select {
-	case err := <-b.runDone:
-		b.runDone <- err // for stop
-		t.Fatalf("Run returned (%v) with a claim outstanding", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	b.requireRunWaits(t, "with a claim outstanding")
 	c.Start(job)
 	require.Equal(t, job.ID, p.next(t).ID)
 	require.Nil(t, <-p.admissions)

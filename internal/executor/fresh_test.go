@@ -70,11 +70,7 @@ func TestExecutor_ProcessFreshRunsWithoutReadingTheJob(t *testing.T) {
 
 	require.NoError(t, ex.ProcessFresh(ctx, job, nil))
 
-	got, err := b.Store.Get(ctx, job.ID)
-	require.NoError(t, err)
-	require.Equal(t, jobs.StatusSucceeded, got.Status)
-	require.Equal(t, 1, got.Attempts)
-	require.NotEmpty(t, got.Result)
+	succeededOnce(t, b, job.ID)
 	stages := stageCounts(t, reg)
 	require.Zero(t, stages[executor.StageLoad], "the job was not read")
 	require.Equal(t, uint64(1), stages[executor.StagePickup])
@@ -129,6 +125,17 @@ func newParams(p jobs.Priority) jobs.CreateParams {
 		Timeout: time.Minute, Priority: p}
 }
 
+// succeededOnce requires job id succeeded in one attempt with a result, and returns it.
+func succeededOnce(t *testing.T, b *jobstest.Bundle, id string) *jobs.Job {
+	t.Helper()
+	got, err := b.Store.Get(t.Context(), id)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	require.Equal(t, 1, got.Attempts)
+	require.NotEmpty(t, got.Result)
+	return got
+}
+
 // warm runs one job through a handed-over delivery that asks for its admission itself, so that
 // the credential's breaker has a success recorded: a cold breaker (none within its memory)
 // admits only its own probes, and the reservation's test of it declines.
@@ -166,11 +173,7 @@ func TestExecutor_AdmitFirstStartsTheAttemptWithTheInsert(t *testing.T) {
 	require.Equal(t, jobs.StatusRunning, job.Status)
 	require.NoError(t, ex.ProcessFresh(ctx, job, adm))
 
-	got, err := b.Store.Get(ctx, job.ID)
-	require.NoError(t, err)
-	require.Equal(t, jobs.StatusSucceeded, got.Status)
-	require.Equal(t, 1, got.Attempts)
-	require.NotEmpty(t, got.Result)
+	got := succeededOnce(t, b, job.ID)
 	require.Nil(t, got.LeaseToken, "the attempt's lease is released")
 	attempts, err := b.Store.Attempts(ctx, job.ID)
 	require.NoError(t, err)

@@ -35,13 +35,10 @@ func NewWeights(store *Store, now func() time.Time) *Weights {
 // Weight returns the tenant's weight (DefaultWeight for a name with no row), from the cache while
 // fresh. Errors: Store.Weight's, when the cache holds nothing fresh.
 func (c *Weights) Weight(ctx context.Context, name string) (int, error) {
-	now := c.now()
-	c.mu.Lock()
-	e, ok := c.m[name]
-	c.mu.Unlock()
-	if ok && now.Before(e.exp) {
-		return e.w, nil
+	if w, ok := c.Cached(name); ok {
+		return w, nil
 	}
+	now := c.now()
 	w, err := c.store.Weight(ctx, name)
 	if err != nil {
 		return 0, err
