@@ -107,10 +107,11 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 	}
 	br := bufio.NewReaderSize(r, 16<<10)
 	var name string
-	var data []byte
+	var data, long []byte // data is reused from event to event: the assemblers keep none of it
+	hasData := false
 	var read int64
 	for {
-		line, err := readLine(br)
+		line, err := readLine(br, &long)
 		read += int64(len(line)) + 1
 		if read > limit {
 			out.err = fmt.Errorf("llm: read response stream: %w (limit %d bytes)", ErrResponseTooLarge, limit)
@@ -120,7 +121,7 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			out.readErr = gerr
 			return out
 		}
-		if errors.Is(err, io.EOF) && data != nil {
+		if errors.Is(err, io.EOF) && hasData {
 			// The last event lacks its blank line: it is complete all the same.
 			line, err = nil, nil
 		}
@@ -133,12 +134,12 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 		}
 		switch {
 		case len(line) == 0: // the event is complete
-			if data == nil {
+			if !hasData {
 				name = ""
 				continue
 			}
 			done, everr := asm.event(name, data, emit)
-			name, data = "", nil
+			name, data, hasData = "", data[:0], false
 			if everr != nil {
 				out.err = everr
 				return out
@@ -156,20 +157,38 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			value = bytes.TrimPrefix(value, []byte(" "))
 			switch string(field) {
 			case "event":
-				name = string(value)
+				name = eventName(value)
 			case "data":
-				if data != nil {
+				if hasData {
 					data = append(data, '\n')
 				}
-				data = append(data, value...)
+				data, hasData = append(data, value...), true
 			}
 		}
 	}
 }
 
-// readLine reads one line without its end (LF or CRLF), at most maxEventBytes.
-func readLine(br *bufio.Reader) ([]byte, error) {
-	var line []byte
+// eventName returns an event's name, without allocating for the names the providers send per
+// token.
+func eventName(b []byte) string {
+	for _, n := range [...]string{"content_block_delta", "ping"} {
+		if string(b) == n {
+			return n
+		}
+	}
+	return string(b)
+}
+
+// readLine reads one line without its end (LF or CRLF), at most maxEventBytes. The line is
+// valid until the next read of br: a line that fits br's buffer is returned from it, a longer one
+// is assembled in *long.
+func readLine(br *bufio.Reader, long *[]byte) ([]byte, error) {
+	part, isPrefix, err := br.ReadLine()
+	if err != nil || !isPrefix {
+		return part, err
+	}
+	line := append((*long)[:0], part...)
+	defer func() { *long = line[:0] }()
 	for {
 		part, isPrefix, err := br.ReadLine()
 		if err != nil {
@@ -187,6 +206,9 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 
 // maskString masks the API key in s byte for byte (see redactor.maskBytes).
 func (c *client) maskString(s string) string {
+	if len(c.red.spans(s)) == 0 {
+		return s
+	}
 	b := []byte(s)
 	c.red.maskBytes(b)
 	return string(b)

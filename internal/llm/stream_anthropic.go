@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // anthropicAssembler reads the Messages API stream: message_start carries the message without
@@ -49,6 +50,14 @@ type anthropicEvent struct {
 }
 
 func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta)) (bool, error) {
+	if index, text, ok := textDeltaOf(data); ok {
+		if index >= len(a.blocks) {
+			return false, fmt.Errorf("%w: delta for unknown content block %d", ErrDecode, index)
+		}
+		a.blocks[index].text.WriteString(text)
+		emit(Delta{Type: DeltaText, Index: index, Text: text})
+		return false, nil
+	}
 	var ev anthropicEvent
 	if err := json.Unmarshal(data, &ev); err != nil {
 		return false, fmt.Errorf("%w: stream event %q is not JSON", ErrDecode, name)
@@ -100,6 +109,52 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta)) (
 		return false, &midStreamError{typ: ev.Error.Type, msg: ev.Error.Message}
 	}
 	return false, nil // ping, content_block_stop, and event types added later
+}
+
+// textDeltaOf reads a text delta written as the Messages API writes one,
+// {"type":"content_block_delta","index":N,"delta":{"type":"text_delta","text":"..."}}, without
+// decoding the event into anthropicEvent: a stream is mostly these, and their decoding was most of
+// a worker's own work per token. ok is false for any other event or form (other fields, another
+// order, spaces), which event decodes in full; when ok, index and text are what that decoding
+// gives.
+func textDeltaOf(data []byte) (index int, text string, ok bool) {
+	rest, found := bytes.CutPrefix(data, []byte(`{"type":"content_block_delta","index":`))
+	if !found {
+		return 0, "", false
+	}
+	digits := 0
+	for ; digits < len(rest) && digits < 9 && rest[digits] >= '0' && rest[digits] <= '9'; digits++ {
+		index = index*10 + int(rest[digits]-'0')
+	}
+	if digits == 0 || (digits > 1 && rest[0] == '0') { // JSON has no leading zeros
+		return 0, "", false
+	}
+	rest, found = bytes.CutPrefix(rest[digits:], []byte(`,"delta":{"type":"text_delta","text":`))
+	if !found {
+		return 0, "", false
+	}
+	lit, found := bytes.CutSuffix(rest, []byte(`}}`))
+	if !found || len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
+		return 0, "", false
+	}
+	if inner := lit[1 : len(lit)-1]; plainJSONString(inner) {
+		return index, string(inner), true
+	}
+	if json.Unmarshal(lit, &text) != nil { // escapes, or not one string
+		return 0, "", false
+	}
+	return index, text, true
+}
+
+// plainJSONString reports whether s, between a JSON string's quotes, is its text as it is: no
+// quote, backslash or control character, and valid UTF-8 (which decoding would replace).
+func plainJSONString(s []byte) bool {
+	for _, c := range s {
+		if c < 0x20 || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(s)
 }
 
 func (a *anthropicAssembler) delta(b *anthropicBlock, ev anthropicEvent, emit func(Delta)) {

@@ -1,6 +1,7 @@
 package llm
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -61,7 +62,7 @@ type openAIChunk struct {
 }
 
 func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta)) (bool, error) {
-	if strings.TrimSpace(string(data)) == "[DONE]" {
+	if string(bytes.TrimSpace(data)) == "[DONE]" {
 		return true, nil
 	}
 	var ch openAIChunk

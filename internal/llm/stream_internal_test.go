@@ -1,0 +1,144 @@
+package llm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// anthropicStream is a Messages API stream of n text deltas, as the API (and llmsim) writes it.
+func anthropicStream(n int) []byte {
+	var b bytes.Buffer
+	event := func(name, data string) { fmt.Fprintf(&b, "event: %s\ndata: %s\n\n", name, data) }
+	event("message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}}`)
+	event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
+	event("ping", `{"type":"ping"}`)
+	for i := range n {
+		event("content_block_delta", fmt.Sprintf(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"tok%d "}}`, i))
+	}
+	event("content_block_stop", `{"type":"content_block_stop","index":0}`)
+	event("message_delta", fmt.Sprintf(`{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":%d}}`, n))
+	event("message_stop", `{"type":"message_stop"}`)
+	return b.Bytes()
+}
+
+// BenchmarkReadStream_Anthropic is the worker's own work per streamed answer of 100 tokens:
+// reading the events, emitting the deltas (masked) and assembling the message.
+func BenchmarkReadStream_Anthropic(b *testing.B) {
+	stream := anthropicStream(100)
+	c := &client{red: newRedactor("sk-ant-bench-key-0123456789"), now: time.Now}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(stream)))
+	for b.Loop() {
+		deltas := 0
+		sr := c.readStream(ctx, bytes.NewReader(stream), anthropic{}.assembler(), 1<<30, nil, nil, func(Delta) { deltas++ })
+		if sr.err != nil || sr.readErr != nil || deltas != 100 {
+			b.Fatalf("read: %v %v, %d deltas", sr.err, sr.readErr, deltas)
+		}
+	}
+}
+
+// TestReadStream_AnthropicAssembles reads the benchmark's stream: every delta in order, the
+// message whole.
+func TestReadStream_AnthropicAssembles(t *testing.T) {
+	c := &client{red: newRedactor("sk-ant-bench-key-0123456789"), now: time.Now}
+	var text strings.Builder
+	sr := c.readStream(context.Background(), bytes.NewReader(anthropicStream(3)), anthropic{}.assembler(), 1<<30, nil, nil,
+		func(d Delta) { text.WriteString(d.Text) })
+	if sr.err != nil || sr.readErr != nil {
+		t.Fatalf("read: %v %v", sr.err, sr.readErr)
+	}
+	if got := text.String(); got != "tok0 tok1 tok2 " {
+		t.Fatalf("deltas %q", got)
+	}
+	var msg struct {
+		Content []struct{ Type, Text string }
+	}
+	if err := json.Unmarshal(sr.body, &msg); err != nil || len(msg.Content) != 1 || msg.Content[0].Text != "tok0 tok1 tok2 " {
+		t.Fatalf("message %s (%v)", sr.body, err)
+	}
+}
+
+// TestTextDeltaOf proves that the text delta read without decoding is the one decoding gives,
+// that the API's own form is read that way, and that any other form is left to decoding.
+func TestTextDeltaOf(t *testing.T) {
+	for _, tc := range []struct {
+		data  string
+		ok    bool
+		index int
+		text  string
+	}{
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}`, true, 0, "Hello"},
+		{`{"type":"content_block_delta","index":12,"delta":{"type":"text_delta","text":""}}`, true, 12, ""},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"say \"hi\"\n\u00e9\\"}}`, true, 0, "say \"hi\"\n\u00e9\\"},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"caf` + "\xff" + `"}}`, true, 0, "caf\ufffd"},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a` + "\t" + `"}}`, false, 0, ""},
+		{`{"type":"content_block_delta","index":01,"delta":{"type":"text_delta","text":"a"}}`, false, 0, ""},
+		{`{"type":"content_block_delta","index":-1,"delta":{"type":"text_delta","text":"a"}}`, false, 0, ""},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}`, false, 0, ""},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"},"x":1}`, false, 0, ""},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"},"delta":{"type":"text_delta","text":"b"}}`, false, 0, ""},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}} `, false, 0, ""},
+		{`{"type": "content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}`, false, 0, ""},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a}}`, false, 0, ""},
+	} {
+		index, text, ok := textDeltaOf([]byte(tc.data))
+		if ok != tc.ok || index != tc.index || text != tc.text {
+			t.Errorf("textDeltaOf(%s) = %d, %q, %v; want %d, %q, %v", tc.data, index, text, ok, tc.index, tc.text, tc.ok)
+		}
+	}
+}
+
+// FuzzTextDeltaOf proves that whatever textDeltaOf reads is what decoding the event reads.
+func FuzzTextDeltaOf(f *testing.F) {
+	f.Add([]byte(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}`))
+	f.Add([]byte(`{"type":"content_block_delta","index":3,"delta":{"type":"text_delta","text":"\ud83d\ude00 \u0000"}}`))
+	f.Add([]byte(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","x":"b"}}`))
+	f.Add([]byte(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		index, text, ok := textDeltaOf(data)
+		if !ok {
+			return
+		}
+		var ev anthropicEvent
+		if err := json.Unmarshal(data, &ev); err != nil {
+			t.Fatalf("read %d, %q from %s, which does not decode: %v", index, text, data, err)
+		}
+		if ev.Type != "content_block_delta" || ev.Delta.Type != "text_delta" || ev.Index != index || ev.Delta.Text != text {
+			t.Fatalf("read %d, %q from %s, decoded %+v", index, text, data, ev)
+		}
+	})
+}
+
+// TestReadStream_LongLines proves that events longer than the reader's buffer arrive whole, one
+// after another (the long line's buffer is reused), and that a line past maxEventBytes fails the
+// stream.
+func TestReadStream_LongLines(t *testing.T) {
+	c := &client{now: time.Now}
+	long1, long2 := strings.Repeat("a", 40<<10), strings.Repeat("b", 20<<10)
+	stream := string(anthropicStream(0))
+	i := strings.Index(stream, "event: content_block_stop")
+	deltaEvent := func(s string) string {
+		return "event: content_block_delta\ndata: " + `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` + s + `"}}` + "\n\n"
+	}
+	var got []string
+	sr := c.readStream(context.Background(), strings.NewReader(stream[:i]+deltaEvent(long1)+deltaEvent(long2)+stream[i:]),
+		anthropic{}.assembler(), 1<<30, nil, nil, func(d Delta) { got = append(got, d.Text) })
+	if sr.err != nil || sr.readErr != nil {
+		t.Fatalf("read: %v %v", sr.err, sr.readErr)
+	}
+	if len(got) != 2 || got[0] != long1 || got[1] != long2 {
+		t.Fatalf("got %d deltas of %d bytes", len(got), len(strings.Join(got, "")))
+	}
+
+	sr = c.readStream(context.Background(), strings.NewReader(stream[:i]+deltaEvent(strings.Repeat("c", maxEventBytes))+stream[i:]),
+		anthropic{}.assembler(), 1<<30, nil, nil, func(Delta) {})
+	if sr.readErr == nil || !strings.Contains(sr.readErr.Error(), "longer than") {
+		t.Fatalf("a line past maxEventBytes: %v %v", sr.err, sr.readErr)
+	}
+}
