@@ -50,6 +50,85 @@ type batchEntry struct {
 	attempt int
 }
 
+// parseBatch reads a published batch. The writers' script gives each entry's data length
+// ("dl"), so that the message is read field by field with only the data checked (json.Valid),
+// where decoding it whole was most of an API replica's own work per message; a message in any
+// other form (a writer of an earlier version) is decoded whole. ok is false when msg is not a
+// batch. Every entry's D is valid JSON.
+func parseBatch(msg []byte) (b batch, ok bool) {
+	if b, ok := scanBatch(msg); ok {
+		return b, true
+	}
+	b = batch{}
+	return b, json.Unmarshal(msg, &b) == nil
+}
+
+// scanBatch reads msg written exactly as writeScript writes it; ok is false for any other form.
+func scanBatch(msg []byte) (b batch, ok bool) {
+	p := batchScanner{rest: msg}
+	if !p.lit(`{"entries":[`) {
+		return batch{}, false
+	}
+	for {
+		var e batchEntry
+		var dl int
+		if !p.lit(`{"id":"`) || !p.until('"', &e.ID) || !p.lit(`,"s":`) || !p.int(&e.S) || !p.lit(`,"n":`) || !p.int(&e.N) ||
+			!p.lit(`,"k":"`) || !p.until('"', &e.K) || !p.lit(`,"dl":`) || !p.int(&dl) || !p.lit(`,"d":`) ||
+			dl > len(p.rest) || !json.Valid(p.rest[:dl]) {
+			return batch{}, false
+		}
+		e.D, p.rest = p.rest[:dl:dl], p.rest[dl:]
+		b.Entries = append(b.Entries, e)
+		switch {
+		case p.lit(`},`):
+		case p.lit(`}]}`) && len(p.rest) == 0:
+			return b, true
+		default:
+			return batch{}, false
+		}
+	}
+}
+
+// batchScanner reads a published batch from its start.
+type batchScanner struct{ rest []byte }
+
+// lit consumes s.
+func (p *batchScanner) lit(s string) bool {
+	if len(p.rest) < len(s) || string(p.rest[:len(s)]) != s {
+		return false
+	}
+	p.rest = p.rest[len(s):]
+	return true
+}
+
+// until consumes the text before stop, printable ASCII without a quote or backslash (as the IDs
+// and kinds are), into *s, and stop itself.
+func (p *batchScanner) until(stop byte, s *string) bool {
+	for i, c := range p.rest {
+		switch {
+		case c == stop:
+			*s, p.rest = string(p.rest[:i]), p.rest[i+1:]
+			return true
+		case c < 0x20 || c > 0x7e || c == '"' || c == '\\':
+			return false
+		}
+	}
+	return false
+}
+
+// int consumes a non-negative integer of at most 9 digits, without leading zeros.
+func (p *batchScanner) int(n *int) bool {
+	digits := 0
+	for ; digits < len(p.rest) && digits < 10 && p.rest[digits] >= '0' && p.rest[digits] <= '9'; digits++ {
+	}
+	if digits == 0 || digits > 9 || (digits > 1 && p.rest[0] == '0') {
+		return false
+	}
+	*n, _ = strconv.Atoi(string(p.rest[:digits]))
+	p.rest = p.rest[digits:]
+	return true
+}
+
 // inboxMax bounds the batches a follower holds between two calls of Next: past it they are
 // dropped, and the follower reads the buffer instead.
 const inboxMax = 256
@@ -245,15 +324,15 @@ func (h *Hub) run(ctx context.Context) {
 				h.confirm(m.Channel)
 			}
 		case *redis.Message:
-			var b batch
-			if err := json.Unmarshal([]byte(m.Payload), &b); err != nil {
+			b, ok := parseBatch([]byte(m.Payload))
+			if !ok {
 				h.deliver(m.Channel, nil) // not a batch (a writer of an older version): read the buffer
-			} else {
-				for i := range b.Entries {
-					b.Entries[i].attempt = attemptOf(b.Entries[i].D)
-				}
-				h.deliver(m.Channel, &b)
+				continue
 			}
+			for i := range b.Entries {
+				b.Entries[i].attempt = attemptOf(b.Entries[i].D)
+			}
+			h.deliver(m.Channel, &b)
 		}
 	}
 }

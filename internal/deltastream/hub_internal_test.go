@@ -1,11 +1,15 @@
 package deltastream
 
 import (
+	"context"
 	"encoding/json"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/redistest"
 )
 
 // TestAfter: received entries are taken when the first one not read yet is the entry right
@@ -88,5 +92,95 @@ func TestAttemptOf(t *testing.T) {
 		`[]`:                              0,
 	} {
 		require.Equal(t, want, attemptOf([]byte(data)), data)
+	}
+}
+
+// TestParseBatch proves that a batch published by the writers' script is read field by field
+// (scanBatch) into what decoding it whole gives, and that a batch in another form (a writer of
+// an earlier version, without "dl") is still read, by decoding.
+func TestParseBatch(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"Redis": redistest.URL(), "Cluster": redistest.ClusterURL()} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rdb := redistest.ClientOf(t, url)
+			b := New(Config{Redis: rdb, Prefix: redistest.PrefixOn(t, url)})
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			ps := rdb.Subscribe(ctx, b.Key("job1"))
+			defer ps.Close()
+			_, err := ps.Receive(ctx) // the subscription's confirmation
+			require.NoError(t, err)
+			require.NoError(t, b.write("job1", []entryValues{
+				{seq: 4, n: 1, kind: KindDelta, data: []byte(`{"attempt":2,"offset":0,"type":"text","index":0,"text":"say \"hi\" \u00e9}]}"}`)},
+				{seq: 4, n: 2, kind: KindReset, data: []byte(`{"attempt":2}`)},
+			}))
+			msg, err := ps.ReceiveMessage(ctx)
+			require.NoError(t, err)
+
+			scanned, ok := scanBatch([]byte(msg.Payload))
+			require.True(t, ok, "the script's form is scanned: %s", msg.Payload)
+			var decoded batch
+			require.NoError(t, json.Unmarshal([]byte(msg.Payload), &decoded))
+			require.Equal(t, decoded, scanned)
+			require.Len(t, scanned.Entries, 2)
+			require.Equal(t, KindReset, scanned.Entries[1].K)
+		})
+	}
+
+	old := `{"entries":[{"id":"9-0","s":4,"n":1,"k":"delta","d":{"attempt":2,"text":"a"}}]}`
+	_, ok := scanBatch([]byte(old))
+	require.False(t, ok)
+	got, ok := parseBatch([]byte(old))
+	require.True(t, ok, "an earlier writer's batch is decoded")
+	require.Equal(t, batch{Entries: []batchEntry{{ID: "9-0", S: 4, N: 1, K: KindDelta, D: json.RawMessage(`{"attempt":2,"text":"a"}`)}}}, got)
+
+	for _, msg := range []string{
+		`not a batch`,
+		`{"entries":[{"id":"9-0","s":4,"n":1,"k":"delta","dl":5,"d":{"a":}}]}`,
+		`{"entries":[{"id":"9-0","s":4,"n":1,"k":"delta","dl":3,"d":{a}}]}`,
+	} {
+		_, ok := parseBatch([]byte(msg))
+		require.False(t, ok, msg)
+	}
+}
+
+// FuzzScanBatch proves that whatever scanBatch reads is what decoding the message reads.
+func FuzzScanBatch(f *testing.F) {
+	f.Add([]byte(`{"entries":[{"id":"9-0","s":4,"n":1,"k":"delta","dl":24,"d":{"attempt":2,"text":"a"}}]}`))
+	f.Add([]byte(`{"entries":[{"id":"9-0","s":4,"n":1,"k":"delta","dl":2,"d":{}},{"id":"9-1","s":4,"n":2,"k":"reset","dl":13,"d":{"attempt":2}}]}`))
+	f.Add([]byte(`{"entries":[{"id":"9-0","s":04,"n":1,"k":"delta","dl":2,"d":{}}]}`))
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		scanned, ok := scanBatch(msg)
+		if !ok {
+			return
+		}
+		var decoded batch
+		if err := json.Unmarshal(msg, &decoded); err != nil {
+			t.Fatalf("scanned %s, which does not decode: %v", msg, err)
+		}
+		if len(decoded.Entries) != len(scanned.Entries) {
+			t.Fatalf("scanned %d entries of %s, decoded %d", len(scanned.Entries), msg, len(decoded.Entries))
+		}
+		for i, d := range decoded.Entries {
+			s := scanned.Entries[i]
+			if s.ID != d.ID || s.S != d.S || s.N != d.N || s.K != d.K || string(s.D) != string(d.D) {
+				t.Fatalf("entry %d of %s: scanned %+v, decoded %+v", i, msg, s, d)
+			}
+		}
+	})
+}
+
+// BenchmarkParseBatch is an API replica's own work per published batch of one token's entry.
+func BenchmarkParseBatch(b *testing.B) {
+	msg := []byte(`{"entries":[{"id":"1764763200000-12","s":4,"n":17,"k":"delta","dl":63,"d":{"attempt":1,"offset":64,"type":"text","index":0,"text":"tok "}}]}`)
+	if _, ok := scanBatch(msg); !ok {
+		b.Fatal("not in the script's form")
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := parseBatch(msg); !ok {
+			b.Fatal("not a batch")
+		}
 	}
 }

@@ -190,10 +190,10 @@ func (b *Buffer) write(id string, values []entryValues) error {
 
 // writeCall is write's script call; done, when set, receives its outcome.
 func (b *Buffer) writeCall(id string, values []entryValues, done func(error)) redisscript.Call {
-	args := make([]any, 0, 2+4*len(values))
+	args := make([]any, 0, 2+5*len(values))
 	args = append(args, b.cfg.MaxLen, b.cfg.TTL.Milliseconds())
 	for _, v := range values {
-		args = append(args, v.seq, v.n, v.kind, v.data)
+		args = append(args, v.seq, v.n, v.kind, len(v.data), v.data)
 	}
 	c := redisscript.Call{Script: writeScript, Keys: []string{b.Key(id)}, Args: args}
 	if done != nil {
@@ -216,18 +216,19 @@ type entryValues struct {
 // job's channel, atomically: a reader sees a batch whole or not at all, in the buffer and on the
 // channel alike.
 //
-// KEYS[1] the buffer (its name is also the channel's). ARGV[1] MaxLen, ARGV[2] TTL ms, then four
-// per entry: seq, n, kind, data (JSON). The message is a batch's JSON (see hub.go): the entries
-// with the IDs the buffer gave them. The pieces are the writer's own (numbers, a kind, JSON it
-// encoded), so they are concatenated as they are.
+// KEYS[1] the buffer (its name is also the channel's). ARGV[1] MaxLen, ARGV[2] TTL ms, then five
+// per entry: seq, n, kind, the data's length in bytes, data (JSON). The message is a batch's JSON
+// (see hub.go): the entries with the IDs the buffer gave them, each with its data's length ("dl",
+// see parseBatch). The pieces are the writer's own (numbers, a kind, JSON it encoded), so they
+// are concatenated as they are.
 var writeScript = redis.NewScript(`
 local key = KEYS[1]
 local parts = {}
-for i = 3, #ARGV, 4 do
+for i = 3, #ARGV, 5 do
   local id = redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', 's', ARGV[i], 'n', ARGV[i + 1],
-    'k', ARGV[i + 2], 'd', ARGV[i + 3])
+    'k', ARGV[i + 2], 'd', ARGV[i + 4])
   parts[#parts + 1] = '{"id":"' .. id .. '","s":' .. ARGV[i] .. ',"n":' .. ARGV[i + 1] ..
-    ',"k":"' .. ARGV[i + 2] .. '","d":' .. ARGV[i + 3] .. '}'
+    ',"k":"' .. ARGV[i + 2] .. '","dl":' .. ARGV[i + 3] .. ',"d":' .. ARGV[i + 4] .. '}'
 end
 redis.call('PEXPIRE', key, ARGV[2])
 redis.call('PUBLISH', key, '{"entries":[' .. table.concat(parts, ',') .. ']}')
