@@ -82,7 +82,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.clients, "clients", 5, 1, "event-stream clients per job in the fan-out phase and the steady fan-out phase (1: no steady fan-out), spread over the replicas")
 	fs.intAtLeast(&b.tokens, "reply-tokens", 100, 1, "tokens of each streamed answer")
 	fs.positiveFloat(&b.tps, "tps", 50, "the simulator's tokens per second")
-	fs.intAtLeast(&b.maxStreams, "max-streams", 1000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out)")
+	fs.intAtLeast(&b.maxStreams, "max-streams", 5000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out, and on a saturated machine the steady fan-out holds far more than -n streams at once)")
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
 	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker looks for a job it was not woken for); 0: llmq's default")
