@@ -108,7 +108,6 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 	br := bufio.NewReaderSize(r, 16<<10)
 	var name string
 	var data, long []byte // data is reused from event to event: the assemblers keep none of it
-	hasData := false
 	var read int64
 	for {
 		line, err := readLine(br, &long)
@@ -121,7 +120,7 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			out.readErr = gerr
 			return out
 		}
-		if errors.Is(err, io.EOF) && hasData {
+		if errors.Is(err, io.EOF) && len(data) > 0 {
 			// The last event lacks its blank line: it is complete all the same.
 			line, err = nil, nil
 		}
@@ -134,12 +133,12 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 		}
 		switch {
 		case len(line) == 0: // the event is complete
-			if !hasData {
+			if len(data) == 0 { // no data, or only empty data lines: no event
 				name = ""
 				continue
 			}
 			done, everr := asm.event(name, data, emit)
-			name, data, hasData = "", data[:0], false
+			name, data = "", data[:0]
 			if everr != nil {
 				out.err = everr
 				return out
@@ -159,10 +158,10 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			case "event":
 				name = eventName(value)
 			case "data":
-				if hasData {
+				if len(data) > 0 {
 					data = append(data, '\n')
 				}
-				data, hasData = append(data, value...), true
+				data = append(data, value...)
 			}
 		}
 	}

@@ -142,3 +142,20 @@ func TestReadStream_LongLines(t *testing.T) {
 		t.Fatalf("a line past maxEventBytes: %v %v", sr.err, sr.readErr)
 	}
 }
+
+// TestReadStream_EmptyDataIsNoEvent proves that an event whose data lines are empty is skipped,
+// as a provider's keep-alive would be, and not handed to the assembler as an event to decode.
+func TestReadStream_EmptyDataIsNoEvent(t *testing.T) {
+	c := &client{now: time.Now}
+	stream := string(anthropicStream(1))
+	i := strings.Index(stream, "event: content_block_stop")
+	var got []string
+	sr := c.readStream(context.Background(), strings.NewReader(stream[:i]+"event: ping\ndata:\n\ndata: \ndata:\n\n"+stream[i:]),
+		anthropic{}.assembler(), 1<<30, nil, nil, func(d Delta) { got = append(got, d.Text) })
+	if sr.err != nil || sr.readErr != nil {
+		t.Fatalf("read: %v %v", sr.err, sr.readErr)
+	}
+	if len(got) != 1 || got[0] != "tok0 " {
+		t.Fatalf("deltas %q", got)
+	}
+}
