@@ -5,9 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmq/llmq/internal/llmsim"
 )
 
 // anthropicStream is a Messages API stream of n text deltas, as the API (and llmsim) writes it.
@@ -157,5 +162,46 @@ func TestReadStream_EmptyDataIsNoEvent(t *testing.T) {
 	}
 	if len(got) != 1 || got[0] != "tok0 " {
 		t.Fatalf("deltas %q", got)
+	}
+}
+
+// TestTextDeltaOf_Simulator proves that the simulator's text deltas, which the stream bench
+// measures, are read without decoding: each one is read by textDeltaOf as decoding reads it.
+func TestTextDeltaOf_Simulator(t *testing.T) {
+	srv := httptest.NewServer(llmsim.New(llmsim.Config{ReplyTokens: 20}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/messages", strings.NewReader(
+		`{"model":"claude-sim","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"say \"hi\" é"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-api-key", "sk-ant-test")
+	req.Header.Set("anthropic-version", "2023-06-01")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d %v\n%s", resp.StatusCode, err, body)
+	}
+	deltas := 0
+	for _, ev := range strings.Split(string(body), "\n\n") {
+		data, ok := strings.CutPrefix(ev, "event: content_block_delta\ndata: ")
+		if !ok {
+			continue
+		}
+		deltas++
+		index, text, ok := textDeltaOf([]byte(data))
+		var decoded anthropicEvent
+		if !ok || json.Unmarshal([]byte(data), &decoded) != nil || decoded.Index != index || decoded.Delta.Text != text {
+			t.Fatalf("delta %s: read %d, %q, %v; decoded %+v", data, index, text, ok, decoded)
+		}
+	}
+	if deltas < 20 {
+		t.Fatalf("%d text deltas in:\n%s", deltas, body)
 	}
 }
