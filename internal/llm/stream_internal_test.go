@@ -48,6 +48,39 @@ func BenchmarkReadStream_Anthropic(b *testing.B) {
 	}
 }
 
+// openAIStream is a Chat Completions stream of n content deltas, with the usage chunk.
+func openAIStream(n int) []byte {
+	var b bytes.Buffer
+	chunk := func(choices, usage string) {
+		fmt.Fprintf(&b, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"g","system_fingerprint":"fp_1","choices":%s,"usage":%s}`+"\n\n", choices, usage)
+	}
+	chunk(`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`, "null")
+	for i := range n {
+		chunk(fmt.Sprintf(`[{"index":0,"delta":{"content":"tok%d "},"logprobs":null,"finish_reason":null}]`, i), "null")
+	}
+	chunk(`[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]`, "null")
+	chunk(`[]`, fmt.Sprintf(`{"prompt_tokens":9,"completion_tokens":%d,"total_tokens":%d}`, n, n+9))
+	b.WriteString("data: [DONE]\n\n")
+	return b.Bytes()
+}
+
+// BenchmarkReadStream_OpenAI is BenchmarkReadStream_Anthropic for a Chat Completions stream,
+// whose chunks are all decoded.
+func BenchmarkReadStream_OpenAI(b *testing.B) {
+	stream := openAIStream(100)
+	c := &client{red: newRedactor("sk-bench-key-0123456789"), now: time.Now}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(stream)))
+	for b.Loop() {
+		deltas := 0
+		sr := c.readStream(ctx, bytes.NewReader(stream), openAI{}.assembler(), 1<<30, nil, nil, func(Delta) { deltas++ })
+		if sr.err != nil || sr.readErr != nil || deltas != 100 {
+			b.Fatalf("read: %v %v, %d deltas", sr.err, sr.readErr, deltas)
+		}
+	}
+}
+
 // TestReadStream_AnthropicAssembles reads the benchmark's stream: every delta in order, the
 // message whole.
 func TestReadStream_AnthropicAssembles(t *testing.T) {
