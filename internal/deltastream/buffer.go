@@ -103,15 +103,10 @@ type Entry struct {
 // attemptOf reads the "attempt" of an entry's JSON: at once when it comes first, as the writers
 // put it, else by decoding (0: none).
 func attemptOf(data []byte) int {
-	const prefix = `{"attempt":`
-	if rest, ok := bytes.CutPrefix(data, []byte(prefix)); ok {
-		n, digits := 0, 0
-		for ; digits < len(rest) && digits < 9 && rest[digits] >= '0' && rest[digits] <= '9'; digits++ {
-			n = n*10 + int(rest[digits]-'0')
-		}
-		if digits > 0 && digits < len(rest) && (rest[digits] == ',' || rest[digits] == '}') {
-			return n
-		}
+	p := batchScanner{rest: data}
+	var n int
+	if p.lit(`{"attempt":`) && p.int(&n) && len(p.rest) > 0 && (p.rest[0] == ',' || p.rest[0] == '}') {
+		return n
 	}
 	var d struct {
 		Attempt int `json:"attempt"`

@@ -59,7 +59,6 @@ func parseBatch(msg []byte) (b batch, ok bool) {
 	if b, ok := scanBatch(msg); ok {
 		return b, true
 	}
-	b = batch{}
 	return b, json.Unmarshal(msg, &b) == nil
 }
 
@@ -118,14 +117,14 @@ func (p *batchScanner) until(stop byte, s *string) bool {
 
 // int consumes a non-negative integer of at most 9 digits, without leading zeros.
 func (p *batchScanner) int(n *int) bool {
-	digits := 0
-	for ; digits < len(p.rest) && digits < 10 && p.rest[digits] >= '0' && p.rest[digits] <= '9'; digits++ {
+	v, digits := 0, 0
+	for ; digits < len(p.rest) && p.rest[digits] >= '0' && p.rest[digits] <= '9'; digits++ {
+		v = v*10 + int(p.rest[digits]-'0')
 	}
 	if digits == 0 || digits > 9 || (digits > 1 && p.rest[0] == '0') {
 		return false
 	}
-	*n, _ = strconv.Atoi(string(p.rest[:digits]))
-	p.rest = p.rest[digits:]
+	*n, p.rest = v, p.rest[digits:]
 	return true
 }
 

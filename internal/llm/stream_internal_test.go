@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -236,5 +237,16 @@ func TestTextDeltaOf_Simulator(t *testing.T) {
 	}
 	if deltas < 20 {
 		t.Fatalf("%d text deltas in:\n%s", deltas, body)
+	}
+}
+
+// TestReadStream_TextDeltaForUnknownBlock proves that a text delta read without decoding is
+// refused as decoding refuses it when its content block was never started.
+func TestReadStream_TextDeltaForUnknownBlock(t *testing.T) {
+	c := &client{now: time.Now}
+	stream := strings.Replace(string(anthropicStream(1)), `"index":0,"delta":{"type":"text_delta"`, `"index":1,"delta":{"type":"text_delta"`, 1)
+	sr := c.readStream(context.Background(), strings.NewReader(stream), anthropic{}.assembler(), 1<<30, nil, nil, func(Delta) {})
+	if !errors.Is(sr.err, ErrDecode) || !strings.Contains(sr.err.Error(), "unknown content block 1") {
+		t.Fatalf("read: %v %v", sr.err, sr.readErr)
 	}
 }
