@@ -109,6 +109,9 @@ const (
 type Executor struct {
 	cfg     Config
 	backlog *backlogGate
+	// renewEvery is how often a held attempt lease is renewed (keepLease): a third of
+	// jobs.AttemptLease, so that two renewals may fail before it ends.
+	renewEvery time.Duration
 }
 
 // New returns an Executor. It panics when Store is nil (a wiring bug).
@@ -138,7 +141,7 @@ func New(cfg Config) *Executor {
 		}
 	}
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
-	return &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps)}
+	return &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps), renewEvery: jobs.AttemptLease / 3}
 }
 
 // errHandled ends a delivery that needs nothing more: the job is terminal, was recorded, or was

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/llmq/llmq/internal/alert"
@@ -66,8 +67,8 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 	}
 }
 
-// keepLease renews the attempt's lease (jobs.Store.RenewLease) every third of jobs.AttemptLease
-// until the returned stop is called, so that a long call keeps other deliveries of the job
+// keepLease renews the attempt's lease (jobs.Store.RenewLease) every renewEvery until the
+// returned stop is called (which returns once a renewal under way has ended), so that a long call keeps other deliveries of the job
 // waiting while a dead one frees the job within jobs.AttemptLease. Renewal errors are logged: if
 // Postgres stays unreachable past the lease, a duplicate delivery may start a second call (at
 // least once).
@@ -75,28 +76,46 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
 	if job.LeaseToken == nil {
 		return func() {}
 	}
+	// A timer, not a goroutine of its own: most calls end before the first renewal, and a
+	// goroutine started and stopped per attempt cost two wake-ups each.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(jobs.AttemptLease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if ok, err := e.cfg.Store.RenewLease(ctx, job.ID, *job.LeaseToken); err != nil && ctx.Err() == nil {
-					e.cfg.Logger.WarnContext(ctx, "renew attempt lease", "job_id", job.ID, "error", err)
-				} else if err == nil && !ok {
-					return // the job moved on without us (canceled); nothing left to hold
-				}
-			}
+	var (
+		mu       sync.Mutex
+		stopped  bool
+		renewing sync.WaitGroup
+		t        *time.Timer
+	)
+	renew := func() {
+		mu.Lock()
+		if stopped {
+			mu.Unlock()
+			return
 		}
-	}()
+		renewing.Add(1)
+		mu.Unlock()
+		defer renewing.Done()
+		ok, err := e.cfg.Store.RenewLease(ctx, job.ID, *job.LeaseToken)
+		if err != nil && ctx.Err() == nil {
+			e.cfg.Logger.WarnContext(ctx, "renew attempt lease", "job_id", job.ID, "error", err)
+		} else if err == nil && !ok {
+			return // the job moved on without us (canceled); nothing left to hold
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(e.renewEvery)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(e.renewEvery, renew)
+	mu.Unlock()
 	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
 		cancel()
-		<-done
+		renewing.Wait()
 	}
 }
 

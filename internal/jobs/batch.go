@@ -41,8 +41,9 @@ const (
 // statement fails alone; a statement run alone whose connection broke is run once more, on
 // another connection. So every statement the batcher takes must be safe to run again after a
 // run whose commit answer was lost (see decisions.md): a create recognises its own row, an
-// attempt start its own lease. There is no background goroutine: the caller that finds fewer than
-// batchInFlight batches out starts one, which keeps sending what has queued until nothing has.
+// attempt start its own lease. There is no background goroutine: a statement that finds nothing
+// out or waiting runs on its caller's goroutine (runOwn); otherwise the caller that finds fewer
+// than batchInFlight batches out starts one, which keeps sending what has queued until nothing has.
 type batcher struct {
 	pool *pgxpool.Pool
 
@@ -79,6 +80,14 @@ type batchOp struct {
 func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, scan func(pgx.Row) error) error {
 	op := &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scan, done: make(chan struct{})}
 	b.mu.Lock()
+	if b.inFlight < batchInFlight && len(b.pending) == 0 {
+		// Nothing is out or waiting: the statement goes at once, alone, from the caller's own
+		// goroutine. Handing it to a goroutine of its own, and waking the caller when it is done,
+		// cost two goroutine wake-ups per statement, the common case below full throttle.
+		b.inFlight++
+		b.mu.Unlock()
+		return b.runOwn(ctx, op)
+	}
 	b.pending = append(b.pending, op)
 	start := b.inFlight < batchInFlight
 	if start {
@@ -94,6 +103,30 @@ func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, sca
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// runOwn runs op, alone, on its caller's goroutine, within the caller's context: the caller's
+// end cancels the statement, which may still commit, as a batched statement's may. What queued
+// meanwhile goes to a goroutine that sends it, which takes over op's place in flight.
+func (b *batcher) runOwn(ctx context.Context, op *batchOp) error {
+	rctx, cancel := context.WithTimeout(ctx, batchTimeout)
+	err := b.runAlone(rctx, op)
+	cancel()
+	b.mu.Lock()
+	more := len(b.pending) > 0
+	if !more {
+		b.inFlight--
+	}
+	b.mu.Unlock()
+	if more {
+		go b.send()
+	} else if b.idle != nil {
+		b.idle()
+	}
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // send runs batches of what is pending until nothing is.

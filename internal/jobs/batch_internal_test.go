@@ -254,3 +254,47 @@ WHERE state = 'active' AND query LIKE '%llmq_held%' AND pid <> pg_backend_pid())
 		t.Fatal("the batch never finished")
 	}
 }
+
+// TestBatcher_QueuedBehindACallersOwnStatementIsSent: a statement that finds the batcher idle runs
+// on its caller's goroutine; one that arrives meanwhile waits, and is sent when the first is done,
+// with no third statement to start a batch.
+func TestBatcher_QueuedBehindACallersOwnStatementIsSent(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := pgtest.Pool(t)
+	s := NewStore(pool, nil)
+	job, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour})
+	require.NoError(t, err)
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := s.queryJob(ctx, job.ID, `SELECT `+jobColumnsNoRequest+
+			` FROM jobs, (SELECT pg_sleep(0.3) AS llmq_held_own) w WHERE id = $1`, job.ID)
+		held <- err
+	}()
+	require.Eventually(t, func() bool {
+		s.batch.mu.Lock()
+		defer s.batch.mu.Unlock()
+		return s.batch.inFlight == 1 && len(s.batch.pending) == 0
+	}, 10*time.Second, time.Millisecond, "the first statement never went out")
+
+	queued := make(chan error, 1)
+	go func() {
+		_, err := s.Get(ctx, job.ID)
+		queued <- err
+	}()
+	select {
+	case err := <-held:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("the held statement never answered")
+	}
+	select {
+	case err := <-queued:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("the statement queued behind it was never sent")
+	}
+}
