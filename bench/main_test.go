@@ -160,3 +160,16 @@ func TestChildEnv(t *testing.T) {
 		[]string{"LLMQ_BENCH_SIM_KEY=sk"})
 	require.Equal(t, []string{"PATH=/bin", "HOME=/root", "LLMQ_BENCH_SIM_KEY=sk"}, got)
 }
+
+// TestProcessEnv: -gomaxprocs reaches the llmq processes, over the bench's own GOMAXPROCS, and
+// nothing is set at Go's default.
+func TestProcessEnv(t *testing.T) {
+	t.Parallel()
+	base := []string{"PATH=/bin", "GOMAXPROCS=4"}
+	require.Equal(t, []string{"PATH=/bin", "GOMAXPROCS=4", "LLMQ_BENCH_SIM_KEY=sk"},
+		stackConfig{apiKey: "sk"}.processEnv(base))
+	require.Equal(t, []string{"PATH=/bin", "GOMAXPROCS=4", "LLMQ_BENCH_SIM_KEY=sk", "GOMAXPROCS=1"},
+		stackConfig{apiKey: "sk", gomaxprocs: 1}.processEnv(base), "the last value is the one a process gets")
+	require.Nil(t, gomaxprocsNote(0))
+	require.Equal(t, []string{"Each llmq process ran with GOMAXPROCS=1 (-gomaxprocs), not Go's default (the machine's cores)."}, gomaxprocsNote(1))
+}

@@ -199,6 +199,7 @@ func (r *rate) report() report {
 		"interleaved; llmq with %d workers. Targets (llmq): submit→result p50 ≤ %s, p99 ≤ %s; submit call p99 ≤ %s; "+
 		"CPU per job (every column) ≤ %.1f × the floor over HTTP's at the same rate.",
 		r.duration, r.o.warmup, r.o.workers, msText(tpTargetRateP50), msText(tpTargetRateP99), msText(tpTargetSubmit99), tpTargetRateCPU)}
+	rep.notes = append(rep.notes, gomaxprocsNote(r.o.gomaxprocs)...)
 	for _, run := range r.runs {
 		rep.notes = append(rep.notes, run.note()...)
 	}

@@ -27,6 +27,26 @@ type stackConfig struct {
 	// serve runs `llmq serve` processes (an API and a worker in each) instead of an api and
 	// separate workers: the stack's workers are those processes, apiURLs theirs.
 	serve bool
+	// gomaxprocs is each process's GOMAXPROCS (0: Go's default, the machine's cores).
+	gomaxprocs int
+}
+
+// processEnv is the environment of the stack's processes: base without what would override
+// their config, with the simulator's key and -gomaxprocs (a later value wins over base's).
+func (cfg stackConfig) processEnv(base []string) []string {
+	extra := []string{simKeyEnv + "=" + cfg.apiKey}
+	if cfg.gomaxprocs > 0 {
+		extra = append(extra, fmt.Sprintf("GOMAXPROCS=%d", cfg.gomaxprocs))
+	}
+	return childEnv(base, extra)
+}
+
+// gomaxprocsNote is a report's note of -gomaxprocs (nothing at Go's default).
+func gomaxprocsNote(n int) []string {
+	if n == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("Each llmq process ran with GOMAXPROCS=%d (-gomaxprocs), not Go's default (the machine's cores).", n)}
 }
 
 // stack is a running api and its workers. Its processes are stopped by stop, by the parent's
@@ -45,7 +65,7 @@ type stack struct {
 // startStack starts the api on a free port and n workers, and returns once /healthz answers
 // and every worker has registered its asynq server for the queue.
 func startStack(ctx context.Context, cfg stackConfig, n int) (*stack, error) {
-	st := &stack{cfg: cfg, env: childEnv(os.Environ(), []string{simKeyEnv + "=" + cfg.apiKey})}
+	st := &stack{cfg: cfg, env: cfg.processEnv(os.Environ())}
 	if err := st.start(ctx, n); err != nil {
 		_ = st.stop()
 		return nil, err

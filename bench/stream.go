@@ -38,6 +38,7 @@ type streamBench struct {
 	steady      time.Duration
 	poll        time.Duration
 	serve       bool
+	gomaxprocs  int
 
 	sim        *simRecorder
 	runID      string
@@ -86,6 +87,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
 	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker looks for a job it was not woken for); 0: llmq's default")
+	fs.intAtLeast(&b.gomaxprocs, "gomaxprocs", 0, 0, "GOMAXPROCS of each llmq process (0: Go's default, the machine's cores)")
 	fs.BoolVar(&b.serve, "serve", false, "run -workers `llmq serve` processes (each an API replica and a worker; -apis is ignored) instead of API replicas and workers apart; their CPU is the workers' column")
 	fs.StringVar(&b.redisServer, "redis-server", "redis-server", "redis-server binary: the run starts a private one, so that its INFO counts only llmq")
 	b.s = s
@@ -118,6 +120,7 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 	stackCfg := d.stack(b.s.bin, redisURL)
 	stackCfg.metrics = true // the steady phase's stages (steadyStagesNote)
 	stackCfg.serve = b.serve
+	stackCfg.gomaxprocs = b.gomaxprocs
 	st, err := startStack(ctx, stackCfg, b.s.workers)
 	if err != nil {
 		return err

@@ -138,6 +138,7 @@ func (b *streamBench) report() report {
 		"Cost: the processes' CPU from /proc and Redis's INFO (stats, commandstats) over the whole phase, submits, status events and the queue included, divided by the delta events read; the extra clients' row divides the fan-out phase's excess API CPU over the first by its excess delta events: about what a client more costs (the phases' other work is alike; their Redis writes are not, pieces being merged differently, so Redis is not compared). Delta path commands: XREVRANGE, XADD, PEXPIRE, PUBLISH (the worker's write script) and XRANGE (the API, when a stream opens, after a status event, or when a published batch may be missing).",
 		b.busy(),
 	}
+	notes = append(notes, gomaxprocsNote(b.gomaxprocs)...)
 	if s := b.steadyStagesNote(); s != "" {
 		notes = append(notes, s)
 	}

@@ -54,6 +54,8 @@ type tpOpts struct {
 	clients int // concurrent submitting clients (closed loop)
 	conns   int // Postgres pool of the in-process queues
 	warmup  int // jobs run through a system before it is measured
+	// gomaxprocs is each llmq process's GOMAXPROCS (0: Go's default).
+	gomaxprocs int
 }
 
 // flags registers the throughput flags; conns only for the scenarios with in-process queues.
@@ -63,6 +65,7 @@ func (o *tpOpts) flags(fs *flagSet, s *shared, conns bool) {
 	s.redis(fs)
 	fs.intAtLeast(&o.clients, "clients", 64, 1, "concurrent submitting clients (and warm-up clients)")
 	fs.intAtLeast(&o.warmup, "warmup", 50, 0, "jobs run through each system before it is measured (not counted)")
+	fs.intAtLeast(&o.gomaxprocs, "gomaxprocs", 0, 0, "GOMAXPROCS of each llmq process (0: Go's default, the machine's cores)")
 	if conns {
 		fs.intAtLeast(&o.conns, "conns", 16, 2, "Postgres pool size of the in-process River and floor rows")
 	}

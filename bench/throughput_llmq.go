@@ -58,6 +58,7 @@ func (s *llmqSystem) prepare(ctx context.Context, total int) (err error) {
 	cfg := s.d.stack(s.o.bin, s.o.redisURL)
 	cfg.metrics = true
 	cfg.serve = s.serve
+	cfg.gomaxprocs = s.o.gomaxprocs
 	if s.st, err = startStack(ctx, cfg, s.o.workers); err != nil {
 		return err
 	}

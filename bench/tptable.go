@@ -145,6 +145,7 @@ func (t *throughput) report() report {
 		"(first submit → last result). Concurrency %d (asynq's Concurrency, River's MaxWorkers, llmq's %d workers × 200); the "+
 		"in-process queues' pools %d connections; River %s. CPU in seconds per 1,000 jobs.",
 		o.n, o.warmup, o.clients, o.concurrency(), o.workers, o.conns, riverVersion())}
+	rep.notes = append(rep.notes, gomaxprocsNote(o.gomaxprocs)...)
 	var cs []check
 	for _, layout := range []string{tpLLMQ, tpServe} {
 		for _, c := range []struct {
