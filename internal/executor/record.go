@@ -68,10 +68,10 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 }
 
 // keepLease renews the attempt's lease (jobs.Store.RenewLease) every renewEvery until the
-// returned stop is called (which returns once a renewal under way has ended), so that a long call keeps other deliveries of the job
-// waiting while a dead one frees the job within jobs.AttemptLease. Renewal errors are logged: if
-// Postgres stays unreachable past the lease, a duplicate delivery may start a second call (at
-// least once).
+// returned stop is called (it returns once a renewal under way has ended), so that a long call
+// keeps other deliveries of the job waiting while a dead one frees the job within
+// jobs.AttemptLease. Renewal errors are logged: if Postgres stays unreachable past the lease, a
+// duplicate delivery may start a second call (at least once).
 func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
 	if job.LeaseToken == nil {
 		return func() {}

@@ -73,12 +73,12 @@ type batchOp struct {
 	done chan struct{}
 }
 
-// queryRow runs sql as part of a batch and scans its row with scan, returning scan's error (or
-// the batch's, or ctx's if it ends first: the statement may still commit). scan runs on the
-// batch's goroutine: what it writes may be read after a nil return only; after ctx's end it may
-// still be running.
+// queryRow runs sql alone or as part of a batch and scans its row with scan, returning scan's
+// error (or the batch's, or ctx's if it ends first: the statement may still commit). scan may run
+// on the batch's goroutine: what it writes may be read after a nil return only; after ctx's end it
+// may still be running.
 func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, scan func(pgx.Row) error) error {
-	op := &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scan, done: make(chan struct{})}
+	op := &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scan}
 	b.mu.Lock()
 	if b.inFlight < batchInFlight && len(b.pending) == 0 {
 		// Nothing is out or waiting: the statement goes at once, alone, from the caller's own
@@ -88,6 +88,7 @@ func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, sca
 		b.mu.Unlock()
 		return b.runOwn(ctx, op)
 	}
+	op.done = make(chan struct{})
 	b.pending = append(b.pending, op)
 	start := b.inFlight < batchInFlight
 	if start {

@@ -210,48 +210,68 @@ func TestCreate_RerunAfterALostCommitAnswersItsOwnJob(t *testing.T) {
 // out returns the context's error and reads nothing the batch scans afterwards. Under -race, such
 // a read is reported (the CI failure this test was written for). Between the caller's return and
 // the batch's scan, the test only waits on channels: a mutex or a poll taken then can order the
-// caller's read before the scan in the race detector's eyes, and hide the race.
+// caller's read before the scan in the race detector's eyes, and hide the race. Both ways out: a
+// statement sent alone from its caller's goroutine, and one sent in a batch.
 func TestQueryJob_CallerThatGaveUpReadsNothing(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.Pool(t)
-	job, _, err := NewStore(pool, nil).Create(context.Background(), CreateParams{Tenant: "default",
-		Credential: "c", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour})
-	require.NoError(t, err)
-	s := NewStore(pool, nil) // its batcher sends one batch: the held statement
-	idle := make(chan struct{})
-	s.batch.idle = func() { close(idle) }
+	for _, batched := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "batched"}[batched], func(t *testing.T) {
+			t.Parallel()
+			pool := pgtest.Pool(t)
+			job, _, err := NewStore(pool, nil).Create(context.Background(), CreateParams{Tenant: "default",
+				Credential: "c", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour})
+			require.NoError(t, err)
+			s := NewStore(pool, nil) // its batcher sends one statement: the held one
+			idle := make(chan struct{})
+			s.batch.idle = func() { close(idle) }
+			if batched {
+				// The slot taken, the statement queues; a sender then takes it over.
+				s.batch.mu.Lock()
+				s.batch.inFlight = batchInFlight
+				s.batch.mu.Unlock()
+			}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	type answer struct {
-		job *Job
-		err error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		// The statement answers the job's row after a second.
-		j, err := s.queryJob(ctx, job.ID, `SELECT `+jobColumnsNoRequest+
-			` FROM jobs, (SELECT pg_sleep(1) AS llmq_held) w WHERE id = $1`, job.ID)
-		answered <- answer{j, err}
-	}()
-	require.Eventually(t, func() bool {
-		var held bool
-		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE state = 'active' AND query LIKE '%llmq_held%' AND pid <> pg_backend_pid())`).Scan(&held)
-		return err == nil && held
-	}, 10*time.Second, 5*time.Millisecond, "the statement was never seen running")
-	cancel()
-	select {
-	case a := <-answered:
-		require.ErrorIs(t, a.err, context.Canceled)
-		require.Nil(t, a.job)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the caller was not released when its context ended")
-	}
-	select {
-	case <-idle: // the batch has scanned the answer: a read of its target is reported by now
-	case <-time.After(10 * time.Second):
-		t.Fatal("the batch never finished")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			type answer struct {
+				job *Job
+				err error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				// The statement answers the job's row after a second.
+				j, err := s.queryJob(ctx, job.ID, `SELECT `+jobColumnsNoRequest+
+					` FROM jobs, (SELECT pg_sleep(1) AS llmq_held) w WHERE id = $1`, job.ID)
+				answered <- answer{j, err}
+			}()
+			if batched {
+				require.Eventually(t, func() bool {
+					s.batch.mu.Lock()
+					defer s.batch.mu.Unlock()
+					return len(s.batch.pending) == 1
+				}, 10*time.Second, time.Millisecond, "the statement never queued")
+				go s.batch.send()
+			}
+			require.Eventually(t, func() bool {
+				var held bool
+				err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE state = 'active' AND query LIKE '%llmq_held%' AND datname = current_database() AND pid <> pg_backend_pid())`).Scan(&held)
+				return err == nil && held
+			}, 10*time.Second, 5*time.Millisecond, "the statement was never seen running")
+			cancel()
+			select {
+			case a := <-answered:
+				require.ErrorIs(t, a.err, context.Canceled)
+				require.Nil(t, a.job)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the caller was not released when its context ended")
+			}
+			select {
+			case <-idle: // the batch has scanned the answer: a read of its target is reported by now
+			case <-time.After(10 * time.Second):
+				t.Fatal("the batch never finished")
+			}
+		})
 	}
 }
 
@@ -271,7 +291,7 @@ func TestBatcher_QueuedBehindACallersOwnStatementIsSent(t *testing.T) {
 	held := make(chan error, 1)
 	go func() {
 		_, err := s.queryJob(ctx, job.ID, `SELECT `+jobColumnsNoRequest+
-			` FROM jobs, (SELECT pg_sleep(0.3) AS llmq_held_own) w WHERE id = $1`, job.ID)
+			` FROM jobs, (SELECT pg_sleep(0.3) AS llmq_own) w WHERE id = $1`, job.ID)
 		held <- err
 	}()
 	require.Eventually(t, func() bool {
