@@ -118,7 +118,14 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta)) (
 // order, spaces), which event decodes in full; when ok, index and text are what that decoding
 // gives.
 func textDeltaOf(data []byte) (index int, text string, ok bool) {
-	rest, found := bytes.CutPrefix(data, []byte(`{"type":"content_block_delta","index":`))
+	return indexedText(data, `{"type":"content_block_delta","index":`, `,"delta":{"type":"text_delta","text":`, `}}`)
+}
+
+// indexedText reads data written exactly as prefix, a JSON index (no sign, no leading zero, at
+// most 9 digits), middle, one JSON string and suffix: the index and the string as decoding gives
+// them. ok is false for anything else.
+func indexedText(data []byte, prefix, middle, suffix string) (index int, text string, ok bool) {
+	rest, found := cutPrefix(data, prefix)
 	if !found {
 		return 0, "", false
 	}
@@ -129,11 +136,11 @@ func textDeltaOf(data []byte) (index int, text string, ok bool) {
 	if digits == 0 || (digits > 1 && rest[0] == '0') { // JSON has no leading zeros
 		return 0, "", false
 	}
-	rest, found = bytes.CutPrefix(rest[digits:], []byte(`,"delta":{"type":"text_delta","text":`))
+	rest, found = cutPrefix(rest[digits:], middle)
 	if !found {
 		return 0, "", false
 	}
-	lit, found := bytes.CutSuffix(rest, []byte(`}}`))
+	lit, found := cutSuffix(rest, suffix)
 	if !found || len(lit) < 2 || lit[0] != '"' || lit[len(lit)-1] != '"' {
 		return 0, "", false
 	}
@@ -144,6 +151,22 @@ func textDeltaOf(data []byte) (index int, text string, ok bool) {
 		return 0, "", false
 	}
 	return index, text, true
+}
+
+// cutPrefix is bytes.CutPrefix for a string prefix, without converting it.
+func cutPrefix(b []byte, prefix string) ([]byte, bool) {
+	if len(b) < len(prefix) || string(b[:len(prefix)]) != prefix {
+		return b, false
+	}
+	return b[len(prefix):], true
+}
+
+// cutSuffix is bytes.CutSuffix for a string suffix, without converting it.
+func cutSuffix(b []byte, suffix string) ([]byte, bool) {
+	if len(b) < len(suffix) || string(b[len(b)-len(suffix):]) != suffix {
+		return b, false
+	}
+	return b[:len(b)-len(suffix)], true
 }
 
 // plainJSONString reports whether s, between a JSON string's quotes, is its text as it is: no

@@ -66,7 +66,7 @@ func openAIStream(n int) []byte {
 }
 
 // BenchmarkReadStream_OpenAI is BenchmarkReadStream_Anthropic for a Chat Completions stream,
-// whose chunks are all decoded.
+// whose text chunks are read without decoding (contentChunkOf).
 func BenchmarkReadStream_OpenAI(b *testing.B) {
 	stream := openAIStream(100)
 	c := &client{red: newRedactor("sk-bench-key-0123456789"), now: time.Now}
@@ -202,28 +202,10 @@ func TestReadStream_EmptyDataIsNoEvent(t *testing.T) {
 // TestTextDeltaOf_Simulator proves that the simulator's text deltas, which the stream bench
 // measures, are read without decoding: each one is read by textDeltaOf as decoding reads it.
 func TestTextDeltaOf_Simulator(t *testing.T) {
-	srv := httptest.NewServer(llmsim.New(llmsim.Config{ReplyTokens: 20}))
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/messages", strings.NewReader(
-		`{"model":"claude-sim","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"say \"hi\" é"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("x-api-key", "sk-ant-test")
-	req.Header.Set("anthropic-version", "2023-06-01")
-	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("stream: %d %v\n%s", resp.StatusCode, err, body)
-	}
+	body := simStream(t, "/v1/messages", `{"model":"claude-sim","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"say \"hi\" é"}]}`,
+		"x-api-key", "sk-ant-test", "anthropic-version", "2023-06-01")
 	deltas := 0
-	for _, ev := range strings.Split(string(body), "\n\n") {
+	for _, ev := range strings.Split(body, "\n\n") {
 		data, ok := strings.CutPrefix(ev, "event: content_block_delta\ndata: ")
 		if !ok {
 			continue
@@ -249,4 +231,129 @@ func TestReadStream_TextDeltaForUnknownBlock(t *testing.T) {
 	if !errors.Is(sr.err, ErrDecode) || !strings.Contains(sr.err.Error(), "unknown content block 1") {
 		t.Fatalf("read: %v %v", sr.err, sr.readErr)
 	}
+}
+
+// TestContentChunkOf: a Chat Completions chunk whose only choice adds text is read without
+// decoding, whatever the top-level members around it; any other chunk or form is left to
+// decoding.
+func TestContentChunkOf(t *testing.T) {
+	const choice = `[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}]`
+	for _, tc := range []struct {
+		data  string
+		ok    bool
+		index int
+		text  string
+	}{
+		{`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","system_fingerprint":"fp","choices":` + choice + `}`, true, 0, "Hello"},
+		{`{"choices":` + choice + `,"usage":null,"service_tier":"default","obfuscation":"x{[\"y"}`, true, 0, "Hello"},
+		{` { "id" : {"a":[1,{"b":"}"}]} , "choices":` + choice + ` , "error" : null } `, true, 0, "Hello"},
+		{`{"choices":[{"index":3,"delta":{"content":""},"logprobs":null,"finish_reason":null}]}`, true, 3, ""},
+		{`{"choices":[{"index":0,"delta":{"content":"say \"hi\"\n\u00e9\\"},"logprobs":null,"finish_reason":null}]}`, true, 0, "say \"hi\"\n\u00e9\\"},
+		{`{"choices":[{"index":0,"delta":{"content":"caf` + "\xff" + `"},"logprobs":null,"finish_reason":null}]}`, true, 0, "caf\ufffd"},
+		{`{"choices":` + choice + `,"usage":{"prompt_tokens":1}}`, false, 0, ""},
+		{`{"choices":` + choice + `,"error":{"message":"x"}}`, false, 0, ""},
+		{`{"choices":` + choice + `,"Usage":{"prompt_tokens":1}}`, false, 0, ""},
+		{`{"choices":` + choice + `,"cho\u0069ces":[]}`, false, 0, ""},
+		{`{"choices":` + choice + `,"choices":[]}`, false, 0, ""},
+		{`{"Choices":` + choice + `}`, false, 0, ""},
+		{`{"choices":[{"index":0,"delta":{"role":"assistant","content":"a"},"logprobs":null,"finish_reason":null}]}`, false, 0, ""},
+		{`{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":"stop"}]}`, false, 0, ""},
+		{`{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null},{"index":1,"delta":{"content":"b"},"logprobs":null,"finish_reason":null}]}`, false, 0, ""},
+		{`{"choices":[{"index":01,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}`, false, 0, ""},
+		{`{"choices":[{"index":0, "delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}`, false, 0, ""},
+		{`{"choices":[{"index":0,"delta":{"content":"a","refusal":null},"logprobs":null,"finish_reason":null}]}`, false, 0, ""},
+		{`{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]`, false, 0, ""},
+		{`{"choices":[]}`, false, 0, ""},
+		{`{"id":"c"}`, false, 0, ""},
+		{`[` + choice + `]`, false, 0, ""},
+	} {
+		index, text, ok := contentChunkOf([]byte(tc.data))
+		if ok != tc.ok || index != tc.index || text != tc.text {
+			t.Errorf("contentChunkOf(%s) = %d, %q, %v; want %d, %q, %v", tc.data, index, text, ok, tc.index, tc.text, tc.ok)
+		}
+	}
+}
+
+// FuzzContentChunkOf proves that whatever contentChunkOf reads is what decoding the chunk reads:
+// one choice, its index, its text, and nothing else that the assembler would take from it.
+func FuzzContentChunkOf(f *testing.F) {
+	f.Add([]byte(`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}],"usage":null}`))
+	f.Add([]byte(`{"choices":[{"index":2,"delta":{"content":"\ud83d\ude00 \u0000"},"logprobs":null,"finish_reason":null}],"x":{"y":"]}\""}}`))
+	f.Add([]byte(`{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}],"usage":null,"usage":{"total_tokens":1}}`))
+	f.Add([]byte(`{"cHoices":[],"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		index, text, ok := contentChunkOf(data)
+		if !ok {
+			return
+		}
+		var ch openAIChunk
+		if err := json.Unmarshal(data, &ch); err != nil {
+			t.Fatalf("read %d, %q from %s, which does not decode: %v", index, text, data, err)
+		}
+		null := func(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+		if !null(ch.Error) || !null(ch.Usage) || len(ch.Choices) != 1 {
+			t.Fatalf("read %d, %q from %s, decoded %+v", index, text, data, ch)
+		}
+		c := ch.Choices[0]
+		if c.Index != index || c.Delta.Content == nil || *c.Delta.Content != text || c.Delta.Role != "" ||
+			c.Delta.Refusal != nil || len(c.Delta.ToolCalls) != 0 || !null(c.FinishReason) {
+			t.Fatalf("read %d, %q from %s, decoded %+v", index, text, data, c)
+		}
+	})
+}
+
+// TestContentChunkOf_Simulator proves that every text chunk llmsim streams in the Chat
+// Completions format is read without decoding, as decoding reads it.
+func TestContentChunkOf_Simulator(t *testing.T) {
+	body := simStream(t, "/v1/chat/completions", `{"model":"gpt-sim","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"say \"hi\" é <b>"}]}`,
+		"Authorization", "Bearer sk-test")
+	texts := 0
+	for _, ev := range strings.Split(body, "\n\n") {
+		data, ok := strings.CutPrefix(ev, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var decoded openAIChunk
+		if err := json.Unmarshal([]byte(data), &decoded); err != nil {
+			t.Fatalf("chunk %s: %v", data, err)
+		}
+		if len(decoded.Choices) != 1 || decoded.Choices[0].Delta.Content == nil || decoded.Choices[0].Delta.Role != "" {
+			continue
+		}
+		texts++
+		index, text, ok := contentChunkOf([]byte(data))
+		if !ok || index != decoded.Choices[0].Index || text != *decoded.Choices[0].Delta.Content {
+			t.Fatalf("chunk %s: read %d, %q, %v", data, index, text, ok)
+		}
+	}
+	if texts < 20 {
+		t.Fatalf("%d text chunks in:\n%s", texts, body)
+	}
+}
+
+// simStream POSTs body to llmsim's path with the headers given as name, value pairs and returns
+// the stream it answers (20 tokens).
+func simStream(t *testing.T, path, body string, headers ...string) string {
+	t.Helper()
+	srv := httptest.NewServer(llmsim.New(llmsim.Config{ReplyTokens: 20}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d %v\n%s", resp.StatusCode, err, got)
+	}
+	return string(got)
 }

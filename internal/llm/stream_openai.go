@@ -65,6 +65,12 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta)) (bool, 
 	if string(bytes.TrimSpace(data)) == "[DONE]" {
 		return true, nil
 	}
+	if a.top != nil {
+		if index, text, ok := contentChunkOf(data); ok {
+			a.content(index, text, emit)
+			return false, nil
+		}
+	}
 	var ch openAIChunk
 	if err := json.Unmarshal(data, &ch); err != nil {
 		return false, fmt.Errorf("%w: stream chunk is not JSON", ErrDecode)
@@ -87,6 +93,125 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta)) (bool, 
 		a.choice(c.Index, c, emit)
 	}
 	return false, nil
+}
+
+// contentChunkOf reads a chunk whose only choice carries a piece of text and nothing else, as
+// the API writes one, {…,"choices":[{"index":N,"delta":{"content":"..."},"logprobs":null,
+// "finish_reason":null}],…}, without decoding the chunk: a stream is mostly these. The chunk's
+// other top-level members, which vary (id, model, system_fingerprint, service_tier, obfuscation),
+// are skipped; "usage" and "error" must be null or absent. ok is false for any other chunk or
+// form (another member of the choice, spaces, a key that decoding would match another way), which
+// event decodes in full; when ok, index and text are what that decoding gives.
+func contentChunkOf(data []byte) (index int, text string, ok bool) {
+	if !json.Valid(data) {
+		return 0, "", false
+	}
+	var choices []byte
+	ok = topLevelMembers(data, func(key, value []byte) bool {
+		switch k := string(key); {
+		case k == "choices":
+			if choices != nil {
+				return false // a second one: decoding keeps the last
+			}
+			choices = value
+			return true
+		case k == "usage" || k == "error":
+			return string(value) == "null"
+		case bytes.IndexByte(key, '\\') >= 0, strings.EqualFold(k, "choices"), strings.EqualFold(k, "usage"), strings.EqualFold(k, "error"):
+			return false // decoding matches keys unescaped and case-insensitively
+		}
+		return true
+	})
+	if !ok || choices == nil {
+		return 0, "", false
+	}
+	return indexedText(choices, `[{"index":`, `,"delta":{"content":`, `},"logprobs":null,"finish_reason":null}]`)
+}
+
+// topLevelMembers calls f with each member of the JSON object data (valid JSON, checked by the
+// caller) in order: its key between the quotes, undecoded, and its value's bytes. It stops, false,
+// when f does, or when data is not an object.
+func topLevelMembers(data []byte, f func(key, value []byte) bool) bool {
+	p := bytes.TrimSpace(data)
+	if len(p) < 2 || p[0] != '{' {
+		return false
+	}
+	p = p[1:]
+	for {
+		p = bytes.TrimLeft(p, " \t\r\n")
+		if len(p) > 0 && p[0] == '}' {
+			return true
+		}
+		if len(p) > 0 && p[0] == ',' {
+			p = bytes.TrimLeft(p[1:], " \t\r\n")
+		}
+		end := jsonValueEnd(p)
+		if end < 2 {
+			return false
+		}
+		key := p[1 : end-1]
+		p = bytes.TrimLeft(p[end:], " \t\r\n")
+		if len(p) == 0 || p[0] != ':' {
+			return false
+		}
+		p = bytes.TrimLeft(p[1:], " \t\r\n")
+		end = jsonValueEnd(p)
+		if end == 0 || !f(key, p[:end]) {
+			return false
+		}
+		p = p[end:]
+	}
+}
+
+// jsonValueEnd returns the length of the JSON value that starts p (valid JSON), 0 if none does.
+func jsonValueEnd(p []byte) int {
+	if len(p) == 0 {
+		return 0
+	}
+	depth, inString := 0, false
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case inString:
+			if c == '\\' {
+				i++
+			} else if c == '"' {
+				inString = false
+				if depth == 0 {
+					return i + 1
+				}
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth == 0 {
+				return i // the end of the enclosing value
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n'):
+			return i
+		}
+	}
+	return len(p)
+}
+
+// content is choice for a chunk that contentChunkOf read.
+func (a *openAIAssembler) content(i int, text string, emit func(Delta)) {
+	ch := a.choices[i]
+	if ch == nil {
+		ch = &openAIChoice{tools: map[int]*openAITool{}}
+		a.choices[i] = ch
+	}
+	ch.hasContent = true
+	if text != "" {
+		ch.content.WriteString(text)
+		emit(Delta{Type: DeltaText, Index: i, Text: text})
+	}
 }
 
 func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
