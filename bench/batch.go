@@ -73,7 +73,9 @@ func (b *batchBench) run(ctx context.Context, log logf) error {
 	}
 	failed := true
 	c.add(func() { d.close(b.o.keepLogs || failed, log) })
-	st, err := startStack(ctx, d.stack(b.o.bin, b.o.redisURL), b.o.workers)
+	cfg := d.stack(b.o.bin, b.o.redisURL)
+	cfg.gomaxprocs = b.o.gomaxprocs
+	st, err := startStack(ctx, cfg, b.o.workers)
 	if err != nil {
 		return err
 	}
