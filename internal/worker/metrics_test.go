@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/config"
@@ -183,4 +184,43 @@ func TestWorker_PublishesCredentialTags(t *testing.T) {
 		n, err := rdb.HLen(ctx, key).Result()
 		return err == nil && n == int64(len(want))
 	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// TestWorker_PublishesCredentialTagsUnderTheDefaultPrefix: a worker started as the processes
+// start it (no prefix given) publishes the tags where a console with its default prefix reads
+// them. Before, it wrote them under no prefix at all, and the console knew no credential. On a
+// Redis of its own, so that the default prefix's keys are nobody else's.
+func TestWorker_PublishesCredentialTagsUnderTheDefaultPrefix(t *testing.T) {
+	t.Parallel()
+	url := redistest.Server(t)
+	cfg, err := config.Parse(fmt.Appendf(nil, `
+database_url: %s
+redis_url: %s
+worker: { metrics_listen: "off" }
+credentials:
+  - { name: default, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
+`, pgtest.URL(t), url), func(k string) string {
+		if k == "K" {
+			return "sk-test"
+		}
+		return ""
+	})
+	require.NoError(t, err)
+	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	w, err := worker.New(context.Background(), cfg, pool, worker.Options{})
+	require.NoError(t, err)
+	b := &testBundle{cfg: cfg, w: w}
+	b.run(t)
+
+	opt, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	want := redisscript.CredentialTag(cfg.Credentials[0].LimiterID())
+	require.Eventually(t, func() bool {
+		got, err := rdb.HGet(context.Background(), redisscript.CredentialIndexKey(redisscript.DefaultPrefix), "default").Result()
+		return err == nil && got == want
+	}, 10*time.Second, 10*time.Millisecond, "no tag where the console reads it")
 }

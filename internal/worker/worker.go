@@ -100,6 +100,11 @@ func (o Options) withDefaults() Options {
 	if o.PauseRefreshInterval == 0 {
 		o.PauseRefreshInterval = 15 * time.Second
 	}
+	if o.RedisPrefix == "" {
+		// The limiter, the breaker and the alerter default to it on their own; the credential
+		// tags the console reads (publishCredentialTags) need it here.
+		o.RedisPrefix = redisscript.DefaultPrefix
+	}
 	return o
 }
 
