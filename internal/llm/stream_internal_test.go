@@ -35,14 +35,18 @@ func anthropicStream(n int) []byte {
 // BenchmarkReadStream_Anthropic is the worker's own work per streamed answer of 100 tokens:
 // reading the events, emitting the deltas (masked) and assembling the message.
 func BenchmarkReadStream_Anthropic(b *testing.B) {
-	stream := anthropicStream(100)
-	c := &client{red: newRedactor("sk-ant-bench-key-0123456789"), now: time.Now}
+	benchReadStream(b, anthropicStream(100), "sk-ant-bench-key-0123456789", anthropic{}.assembler)
+}
+
+// benchReadStream reads stream, an answer of 100 deltas, with a fresh assembler each time.
+func benchReadStream(b *testing.B, stream []byte, key string, assembler func() assembler) {
+	c := &client{red: newRedactor(key), now: time.Now}
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.SetBytes(int64(len(stream)))
 	for b.Loop() {
 		deltas := 0
-		sr := c.readStream(ctx, bytes.NewReader(stream), anthropic{}.assembler(), 1<<30, nil, nil, func(Delta) { deltas++ })
+		sr := c.readStream(ctx, bytes.NewReader(stream), assembler(), 1<<30, nil, nil, func(Delta) { deltas++ })
 		if sr.err != nil || sr.readErr != nil || deltas != 100 {
 			b.Fatalf("read: %v %v, %d deltas", sr.err, sr.readErr, deltas)
 		}
@@ -68,18 +72,7 @@ func openAIStream(n int) []byte {
 // BenchmarkReadStream_OpenAI is BenchmarkReadStream_Anthropic for a Chat Completions stream,
 // whose text chunks are read without decoding (contentChunkOf).
 func BenchmarkReadStream_OpenAI(b *testing.B) {
-	stream := openAIStream(100)
-	c := &client{red: newRedactor("sk-bench-key-0123456789"), now: time.Now}
-	ctx := context.Background()
-	b.ReportAllocs()
-	b.SetBytes(int64(len(stream)))
-	for b.Loop() {
-		deltas := 0
-		sr := c.readStream(ctx, bytes.NewReader(stream), openAI{}.assembler(), 1<<30, nil, nil, func(Delta) { deltas++ })
-		if sr.err != nil || sr.readErr != nil || deltas != 100 {
-			b.Fatalf("read: %v %v, %d deltas", sr.err, sr.readErr, deltas)
-		}
-	}
+	benchReadStream(b, openAIStream(100), "sk-bench-key-0123456789", openAI{}.assembler)
 }
 
 // TestReadStream_AnthropicAssembles reads the benchmark's stream: every delta in order, the

@@ -33,14 +33,27 @@ type testBundle struct {
 func setup(t *testing.T, opts worker.Options) *testBundle {
 	t.Helper()
 	queue := redistest.Queue(t, redistest.URL()) // removed after the worker below stopped
+	cfg, pool := testConfig(t, redistest.URL(), "queue: "+queue+", ")
+	b := &testBundle{cfg: cfg, reg: prometheus.NewRegistry(), prefix: redistest.Prefix(t)}
+	opts.Registerer, opts.RedisPrefix = b.reg, b.prefix
+	var err error
+	b.w, err = worker.New(context.Background(), cfg, pool, opts)
+	require.NoError(t, err)
+	return b
+}
+
+// testConfig is a config with two credentials on a fresh database and the Redis at redisURL, with
+// worker settings (YAML flow members, each followed by ", ") added, and a pool on its database.
+func testConfig(t *testing.T, redisURL, workerSettings string) (*config.Config, *pgxpool.Pool) {
+	t.Helper()
 	cfg, err := config.Parse(fmt.Appendf(nil, `
 database_url: %s
 redis_url: %s
-worker: { queue: %s, metrics_listen: "off" }
+worker: { %smetrics_listen: "off" }
 credentials:
   - { name: default, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
   - { name: backup, provider: anthropic, base_url: "http://127.0.0.1:2", api_key_env: K }
-`, pgtest.URL(t), redistest.URL(), queue), func(k string) string {
+`, pgtest.URL(t), redisURL, workerSettings), func(k string) string {
 		if k == "K" {
 			return "sk-test"
 		}
@@ -50,11 +63,7 @@ credentials:
 	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	b := &testBundle{cfg: cfg, reg: prometheus.NewRegistry(), prefix: redistest.Prefix(t)}
-	opts.Registerer, opts.RedisPrefix = b.reg, b.prefix
-	b.w, err = worker.New(context.Background(), cfg, pool, opts)
-	require.NoError(t, err)
-	return b
+	return cfg, pool
 }
 
 // run runs the worker until the test ends.
@@ -193,22 +202,7 @@ func TestWorker_PublishesCredentialTags(t *testing.T) {
 func TestWorker_PublishesCredentialTagsUnderTheDefaultPrefix(t *testing.T) {
 	t.Parallel()
 	url := redistest.Server(t)
-	cfg, err := config.Parse(fmt.Appendf(nil, `
-database_url: %s
-redis_url: %s
-worker: { metrics_listen: "off" }
-credentials:
-  - { name: default, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
-`, pgtest.URL(t), url), func(k string) string {
-		if k == "K" {
-			return "sk-test"
-		}
-		return ""
-	})
-	require.NoError(t, err)
-	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	cfg, pool := testConfig(t, url, "")
 	w, err := worker.New(context.Background(), cfg, pool, worker.Options{})
 	require.NoError(t, err)
 	b := &testBundle{cfg: cfg, w: w}
