@@ -243,11 +243,9 @@ func TestStream_CancelStopsTheStreamingCall(t *testing.T) {
 		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
 	})
 	s := openEvents(t, b.apiURL, id, "0")
-	var seen []sseEvent
 	for {
 		ev, ok := s.next(t)
 		require.True(t, ok)
-		seen = append(seen, ev)
 		if ev.name == "delta" {
 			break
 		}

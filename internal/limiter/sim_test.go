@@ -119,7 +119,6 @@ type simEvent struct {
 	hdr  http.Header
 	// token mode
 	grant int64
-	cost  tokens.Cost
 }
 
 type simQueue []*simEvent

@@ -405,13 +405,6 @@ func formatOpenAIDuration(d time.Duration) string {
 	return d.String()
 }
 
-func cond[T any](c bool, yes, no T) T {
-	if c {
-		return yes
-	}
-	return no
-}
-
 func formatLimit(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // retryAfterSeconds is ceil(d) in whole seconds, at least 1.

@@ -3,6 +3,7 @@ package redistest_test
 import (
 	"context"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,12 +41,17 @@ func keysMatching(t *testing.T, c redis.UniversalClient, pattern string) int {
 // clusterAddrs lists the addresses of the cluster's masters.
 func clusterAddrs(t *testing.T, cc *redis.ClusterClient) []string {
 	t.Helper()
-	slots, err := cc.ClusterSlots(t.Context()).Result()
-	require.NoError(t, err)
-	var addrs []string
-	for _, s := range slots {
-		addrs = append(addrs, s.Nodes[0].Addr)
-	}
+	var (
+		mu    sync.Mutex
+		addrs []string
+	)
+	// ForEachMaster calls fn on the masters concurrently.
+	require.NoError(t, cc.ForEachMaster(t.Context(), func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		addrs = append(addrs, node.Options().Addr)
+		return nil
+	}))
 	return addrs
 }
 
