@@ -6,10 +6,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,6 +35,17 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// These tests mostly wait (for processes, attempt leases, the sweeper), so running only as
+	// many at once as there are cores (go test's default) made this package the suite's longest
+	// by a minute; an explicit -parallel wins.
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		if err := flag.Set("test.parallel", strconv.Itoa(max(4, runtime.GOMAXPROCS(0)))); err != nil {
+			panic(err)
+		}
+	}
 	goleak.VerifyTestMain(m,
 		// pgxpool's background health check and net/http keep-alives end after the test's Close.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
