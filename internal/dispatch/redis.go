@@ -37,6 +37,23 @@ func NewRedisClient(opt asynq.RedisConnOpt) redis.UniversalClient {
 	return opt.MakeRedisClient().(redis.UniversalClient)
 }
 
+// Deferred returns rdb's deferred autopipeliner (go-redis's async face; closed with rdb) when it
+// has one: a command call returns at once, and the command goes in the next batch of one ordered
+// stream, so that a caller sends what it needs no answer to without waiting for a round trip.
+// Reading a command's result waits for it. It returns rdb itself for clients without one, whose
+// calls wait.
+func Deferred(rdb redis.UniversalClient) redis.Cmdable {
+	c, ok := rdb.(*redis.Client)
+	if !ok {
+		return rdb
+	}
+	ap, err := c.AsyncAutoPipeline()
+	if err != nil {
+		return rdb
+	}
+	return ap
+}
+
 // AutoPipelined returns rdb's blocking autopipeliner (closed with rdb) when it has one: every
 // call still waits for its own reply, but the calls of concurrent goroutines share round trips.
 // It returns rdb itself for clients without one.

@@ -9,10 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
@@ -112,6 +114,22 @@ func (p *holdingProxy) close() {
 	p.wg.Wait()
 }
 
+// clientHeldOn returns a client to Redis through a holdingProxy that holds the replies on every
+// connection that has carried marker. When the test ends the replies go and the client closes.
+func clientHeldOn(t *testing.T, marker string) (*redis.Client, *holdingProxy) {
+	t.Helper()
+	opt, err := redis.ParseURL(redistest.URL())
+	require.NoError(t, err)
+	proxy := startHoldingProxy(t, opt.Addr, []byte(marker))
+	opt.Addr = proxy.ln.Addr().String()
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() {
+		proxy.unhold()
+		require.NoError(t, rdb.Close())
+	})
+	return rdb, proxy
+}
+
 // With more than one batch in flight, a command does not wait while an earlier batch's round
 // trip is held up; with one (an ordered stream), it does. Each caller still gets its own reply.
 func TestAutoPipelined_BatchesInFlight(t *testing.T) {
@@ -127,19 +145,11 @@ func TestAutoPipelined_BatchesInFlight(t *testing.T) {
 		t.Run(tc.description, func(t *testing.T) {
 			t.Parallel()
 			prefix := redistest.Prefix(t)
-			opt, err := redis.ParseURL(redistest.URL())
-			require.NoError(t, err)
 			slow := prefix + "slow"
-			proxy := startHoldingProxy(t, opt.Addr, []byte(slow))
-			opt.Addr = proxy.ln.Addr().String()
-			rdb := redis.NewClient(opt)
+			rdb, proxy := clientHeldOn(t, slow)
 			ap := dispatch.AutoPipelined(rdb, tc.batches)
 			_, isAP := ap.(*redis.AutoPipeliner)
 			require.True(t, isAP, "a plain client gets an autopipeliner")
-			defer func() {
-				proxy.unhold()
-				require.NoError(t, rdb.Close())
-			}()
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			direct := redistest.Client(t)
@@ -186,4 +196,68 @@ func TestAutoPipelined_ClusterClientAsItIs(t *testing.T) {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer func() { require.NoError(t, cc.Close()) }()
 	require.Same(t, cc, dispatch.AutoPipelined(cc, 2))
+}
+
+// A command sent through Deferred returns before its reply: a submit's wake-up costs it no round
+// trip. The command still reaches Redis, and its result, when read, is Redis's reply.
+func TestDeferred_SendsWithoutWaitingForTheReply(t *testing.T) {
+	t.Parallel()
+	held := redistest.Prefix(t) + "held"
+	rdb, proxy := clientHeldOn(t, held)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	direct := redistest.Client(t)
+
+	sent := make(chan *redis.IntCmd, 1)
+	go func() { sent <- dispatch.Deferred(rdb).ZAdd(ctx, held, redis.Z{Member: "q"}) }()
+	var cmd *redis.IntCmd
+	select {
+	case cmd = <-sent:
+	case <-ctx.Done():
+		t.Fatal("the call waited for its reply")
+	}
+	require.Eventually(t, func() bool { return direct.ZScore(ctx, held, "q").Err() == nil },
+		5*time.Second, time.Millisecond, "the command reached Redis while its reply is held")
+	proxy.unhold()
+	n, err := cmd.Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the result read is Redis's reply")
+}
+
+// A client without a deferred autopipeliner (a cluster client) is returned as it is.
+func TestDeferred_ClusterClientAsItIs(t *testing.T) {
+	t.Parallel()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer func() { require.NoError(t, cc.Close()) }()
+	require.Same(t, cc, dispatch.Deferred(cc))
+}
+
+// An Enqueuer whose wake-up client is Deferred (the API's) returns once the task is enqueued,
+// before the wake-up's reply: the submit waits for one round trip, not two. The wake-up is sent
+// all the same.
+func TestEnqueuer_DoesNotWaitForADeferredWakeUp(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, redistest.URL())
+	aopt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	client := asynq.NewClient(aopt)
+	defer func() { require.NoError(t, client.Close()) }()
+	wakeSet := "asynq:{" + queue + "}:llmq-wake"
+	rdb, _ := clientHeldOn(t, wakeSet)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	direct := redistest.Client(t)
+
+	done := make(chan error, 1)
+	go func() {
+		done <- dispatch.NewEnqueuer(client, queue, dispatch.Deferred(rdb)).Enqueue(ctx, "job", jobs.PriorityNormal, time.Time{})
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-ctx.Done():
+		t.Fatal("the enqueue waited for its wake-up's reply")
+	}
+	require.Eventually(t, func() bool { return direct.ZScore(ctx, wakeSet, queue).Err() == nil },
+		5*time.Second, time.Millisecond, "the wake-up reached Redis")
 }

@@ -47,10 +47,11 @@ func wakeKey(base string) string { return "asynq:{" + base + "}:llmq-wake" }
 
 // wake leaves queue's name (an asynq queue that has a task pending) in the wake set of the llmq
 // queue named base. An error is dropped: the task is in its queue already, and a lost wake-up only
-// leaves it to a worker's next poll. The wake-up is sent even when ctx was canceled meanwhile
-// (a client gone after its job was enqueued).
+// leaves it to a worker's next poll; so the reply is not read either, and on a Deferred client the
+// caller does not wait for it (on any other, the call has waited already). The wake-up is sent
+// even when ctx was canceled meanwhile (a client gone after its job was enqueued).
 func wake(ctx context.Context, rdb redis.Cmdable, base, queue string) {
-	_ = rdb.ZAdd(context.WithoutCancel(ctx), wakeKey(base), redis.Z{Member: queue}).Err()
+	rdb.ZAdd(context.WithoutCancel(ctx), wakeKey(base), redis.Z{Member: queue})
 }
 
 // wakeHook is the hook on an asynq server's Redis client that holds its idle processor's empty
