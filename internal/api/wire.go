@@ -20,10 +20,9 @@ import (
 
 // enqueueBatches is how many batches of the submits' enqueues may be in flight to Redis at once
 // (dispatch.AutoPipelined). With one, a submit's enqueue, then its wake-up (which went through
-// the same autopipeliner then), each waited while the batch before it made its round trip.
-// With four, at full throttle: jobs/s
-// 1.01-1.04 × and CPU per job 0.96-0.99 × (medians of three series of order-swapped pairs); at
-// 500 jobs/s no change past the pairs' spread.
+// the same autopipeliner then), each waited while the batch before it made its round trip. With
+// four, at full throttle: jobs/s 1.01-1.04 × and CPU per job 0.96-0.99 × (medians of three series
+// of order-swapped pairs); at 500 jobs/s no change past the pairs' spread.
 const enqueueBatches = 4
 
 // FromConfig builds a Server from the config file on a migrated pool, registering its metrics on
