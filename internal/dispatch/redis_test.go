@@ -190,12 +190,18 @@ func TestAutoPipelined_BatchesInFlight(t *testing.T) {
 	}
 }
 
-// A client without an autopipeliner (a cluster client) is returned as it is.
-func TestAutoPipelined_ClusterClientAsItIs(t *testing.T) {
+// A client with no autopipeliner to give (a cluster client; a closed client, whose getters
+// refuse) is returned as it is, by AutoPipelined and by Deferred alike.
+func TestAutoPipelinedAndDeferred_ClientsWithoutOneAsTheyAre(t *testing.T) {
 	t.Parallel()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer func() { require.NoError(t, cc.Close()) }()
-	require.Same(t, cc, dispatch.AutoPipelined(cc, 2))
+	closed := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	require.NoError(t, closed.Close())
+	for _, c := range []redis.UniversalClient{cc, closed} {
+		require.Same(t, c, dispatch.AutoPipelined(c, 2))
+		require.Same(t, c, dispatch.Deferred(c))
+	}
 }
 
 // A command sent through Deferred returns before its reply: a submit's wake-up costs it no round
@@ -222,14 +228,6 @@ func TestDeferred_SendsWithoutWaitingForTheReply(t *testing.T) {
 	n, err := cmd.Result()
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n, "the result read is Redis's reply")
-}
-
-// A client without a deferred autopipeliner (a cluster client) is returned as it is.
-func TestDeferred_ClusterClientAsItIs(t *testing.T) {
-	t.Parallel()
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
-	defer func() { require.NoError(t, cc.Close()) }()
-	require.Same(t, cc, dispatch.Deferred(cc))
 }
 
 // An Enqueuer whose wake-up client is Deferred (the API's) returns once the task is enqueued,
