@@ -65,7 +65,7 @@ type HandoffConfig struct {
 // Handoff runs the first delivery of a job submitted to this process's API in this process,
 // without an asynq task: the submit's enqueue, the task's dequeue and acknowledgement and the
 // delivery's read of the job are not needed (llmq serve, where the API and a worker share a
-// process; docs/decisions.md, *A serve process runs its own submits' first delivery*).
+// process; docs/decisions.md, *A serve process runs the first delivery of its own submits*).
 //
 // A job with no task is the sweeper's to find; its grace for fresh jobs (SweeperConfig.
 // FreshGrace) keeps it from enqueuing a job a Handoff is running. Every delivery that must come
