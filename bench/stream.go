@@ -37,6 +37,7 @@ type streamBench struct {
 	redisServer string
 	steady      time.Duration
 	poll        time.Duration
+	deltaSpacing string // streaming.delta_spacing; empty: the default
 	serve       bool
 	gomaxprocs  int
 
@@ -86,6 +87,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.maxStreams, "max-streams", 5000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out, and on a saturated machine the steady fan-out holds far more than -n streams at once)")
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
+	fs.StringVar(&b.deltaSpacing, "delta-spacing", "", "streaming.delta_spacing (the least time between two writes of a stream's pieces, e.g. 25ms); empty: llmq's default")
 	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker looks for a job it was not woken for); 0: llmq's default")
 	fs.intAtLeast(&b.gomaxprocs, "gomaxprocs", 0, 0, "GOMAXPROCS of each llmq process (0: Go's default, the machine's cores)")
 	fs.BoolVar(&b.serve, "serve", false, "run -workers `llmq serve` processes (each an API replica and a worker; -apis is ignored) instead of API replicas and workers apart; their CPU is the workers' column")
@@ -114,7 +116,7 @@ func (b *streamBench) run(ctx context.Context, log logf) error {
 		return err
 	}
 	defer d.close(b.s.keepLogs, log)
-	if err := streamConfig(d.cfgPath, b.maxStreams, b.poolConns, b.poll); err != nil {
+	if err := streamConfig(d.cfgPath, b.maxStreams, b.poolConns, b.poll, b.deltaSpacing); err != nil {
 		return err
 	}
 	stackCfg := d.stack(b.s.bin, redisURL)
@@ -207,8 +209,9 @@ func (b *streamBench) steadyArrivals() (time.Duration, int) {
 }
 
 // streamConfig sets api.max_streams_per_tenant in the bench's config file and, when pool and
-// poll are not 0, the processes' Postgres pool size and the workers' poll interval.
-func streamConfig(path string, n, pool int, poll time.Duration) error {
+// poll are not 0, the processes' Postgres pool size and the workers' poll interval, and when
+// spacing is not empty, streaming.delta_spacing.
+func streamConfig(path string, n, pool int, poll time.Duration, spacing string) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read bench config: %w", err)
@@ -231,6 +234,9 @@ func streamConfig(path string, n, pool int, poll time.Duration) error {
 			return errors.New("bench config: no worker line to set poll_interval on")
 		}
 		raw = bytes.Replace(raw, []byte(worker), fmt.Appendf(nil, "%s, poll_interval: %s", worker, poll), 1)
+	}
+	if spacing != "" {
+		raw = fmt.Appendf(raw, "streaming: { delta_spacing: %s }\n", spacing)
 	}
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		return fmt.Errorf("write bench config: %w", err)

@@ -87,26 +87,29 @@ func TestSteadyFanOutTarget(t *testing.T) {
 }
 
 // TestStreamConfig proves that the stream bench's edits of the run's config load with llmq's
-// own loader: the streams cap, and the pool and poll interval only when asked for.
+// own loader: the streams cap, and the pool, the poll interval and the delta spacing only when
+// asked for.
 func TestStreamConfig(t *testing.T) {
 	const db = "postgres://postgres@127.0.0.1:5432/llmq_bench_x?sslmode=disable"
-	load := func(t *testing.T, pool int, poll time.Duration) *config.Config {
+	load := func(t *testing.T, pool int, poll time.Duration, spacing string) *config.Config {
 		t.Helper()
 		path := filepath.Join(t.TempDir(), "llmq.yaml")
 		_, err := writeConfig(path, db, "redis://127.0.0.1:6379/0", "llmq-bench-q", "http://127.0.0.1:9", "sk-x", llmqSetup{})
 		require.NoError(t, err)
-		require.NoError(t, streamConfig(path, 1000, pool, poll))
+		require.NoError(t, streamConfig(path, 1000, pool, poll, spacing))
 		cfg, err := config.LoadWithoutSecrets(path, func(string) string { return "" })
 		require.NoError(t, err)
 		return cfg
 	}
-	cfg := load(t, 0, 0)
+	cfg := load(t, 0, 0, "")
 	require.Equal(t, 1000, cfg.API.MaxStreamsPerTenant)
 	require.Equal(t, 100*time.Millisecond, cfg.Worker.PollInterval, "llmq's default poll")
 	require.Equal(t, db, cfg.DatabaseURL)
-	cfg = load(t, 8, 2*time.Millisecond)
+	require.Zero(t, cfg.Streaming.DeltaSpacing, "llmq's default spacing")
+	cfg = load(t, 8, 2*time.Millisecond, "40ms")
 	require.Equal(t, 2*time.Millisecond, cfg.Worker.PollInterval)
 	require.Contains(t, cfg.DatabaseURL, "pool_max_conns=8")
+	require.Equal(t, 40*time.Millisecond, cfg.Streaming.DeltaSpacing)
 }
 
 // TestSteadyStagesNote proves that the steady phase's stages are reported per job of the phase,

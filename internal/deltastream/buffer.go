@@ -35,6 +35,14 @@ type Config struct {
 	TTL time.Duration
 	// WriteTimeout bounds one write round trip. Default 5s.
 	WriteTimeout time.Duration
+	// Spacing spaces the writes of an attempt's pieces: a piece added less than Spacing after
+	// the attempt's last write waits for the Buffer's next flush tick (at most Spacing away),
+	// and the pieces added meanwhile go with it, merged (one entry, one event per client, where
+	// a provider's every token would be one); the waiting writers of every attempt go together,
+	// in one round trip per tick. An attempt's first piece, and a piece after a quiet spell of
+	// Spacing, go at once; Close sends what waits at once. 0 (the default): each piece goes as
+	// soon as the flusher takes it. The worker sets it from streaming.delta_spacing.
+	Spacing time.Duration
 	// Logger receives write failures (deltas are best effort: the result is stored whole in
 	// Postgres). Default discards.
 	Logger *slog.Logger
@@ -44,6 +52,10 @@ type Config struct {
 type Buffer struct {
 	cfg     Config
 	flusher *flusher // writes every Writer's pieces
+	// now and afterFunc are the clock that Spacing is kept by (time.Now, time.AfterFunc; tests
+	// replace them): afterFunc runs f after d.
+	now       func() time.Time
+	afterFunc func(d time.Duration, f func())
 }
 
 // New returns a Buffer. It panics without Redis (a wiring bug).
@@ -66,7 +78,7 @@ func New(cfg Config) *Buffer {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	b := &Buffer{cfg: cfg}
+	b := &Buffer{cfg: cfg, now: time.Now, afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) }}
 	b.flusher = &flusher{b: b}
 	return b
 }

@@ -24,9 +24,14 @@
 // into one entry, and each writer's pending entries go in one script (XADD..., PEXPIRE,
 // PUBLISH). The scripts of all the writers of a Buffer with something pending go together, in
 // one pipelined round trip per round, one round at a time (so each writer's entries stay in
-// order): a fast stream costs far fewer round trips than tokens, and many streams share them. The PUBLISH on
-// channel <prefix>{<job id>}:deltas carries the entries themselves, with their IDs, to the API
-// replicas that follow the job (Hub: one pub/sub connection per process). A follower appends
-// them without reading Redis when the first is the entry right after the last it read (by
-// seq and n), and reads the buffer (XRANGE) only when one may be missing.
+// order): a fast stream costs far fewer round trips than tokens, and many streams share them.
+// With Config.Spacing, a writer written to less than Spacing ago waits for the flusher's next
+// tick (every waiting writer in one round), and the pieces added meanwhile go as one entry:
+// about one event per client per Spacing instead of one per token (the attempt's first piece
+// never waits).
+//
+// The PUBLISH on channel <prefix>{<job id>}:deltas carries the entries themselves, with their
+// IDs, to the API replicas that follow the job (Hub: one pub/sub connection per process). A
+// follower appends them without reading Redis when the first is the entry right after the last
+// it read (by seq and n), and reads the buffer (XRANGE) only when one may be missing.
 package deltastream

@@ -3,7 +3,9 @@ package deltastream
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -52,7 +54,9 @@ type Writer struct {
 	pending []deltaData
 	offset  int  // bytes of text added so far
 	n       int  // entries numbered so far
-	queued  bool // in the Buffer's flusher's queue
+	queued  bool // in the Buffer's flusher's queue, or waiting for its tick (flusher.wait)
+	// sentAt is when the flusher last took pieces of the writer (zero: never, or no Spacing).
+	sentAt  time.Time
 	writing bool // a batch of it is in the flusher's round trip
 	closed  bool
 	drained chan struct{} // made by Close; closed once nothing is pending or being written
@@ -85,6 +89,11 @@ func (w *Writer) Add(d Delta) {
 		ToolIndex: d.ToolIndex, ToolID: d.ToolID, ToolName: d.ToolName, Text: d.Text})
 	enqueue := !w.queued
 	w.queued = true
+	if enqueue && w.b.cfg.Spacing > 0 && !w.sentAt.IsZero() && w.b.now().Sub(w.sentAt) < w.b.cfg.Spacing {
+		// Written less than Spacing ago: these wait for the flusher's next tick.
+		w.b.flusher.wait(w)
+		enqueue = false
+	}
 	w.mu.Unlock()
 	if enqueue {
 		w.b.flusher.add(w)
@@ -101,6 +110,9 @@ func (w *Writer) take() []entryValues {
 	w.pending = nil
 	if len(batch) == 0 {
 		return nil
+	}
+	if w.b.cfg.Spacing > 0 {
+		w.sentAt = w.b.now()
 	}
 	first := w.n + 1
 	w.n += len(batch)
@@ -146,6 +158,9 @@ func (w *Writer) Close(ctx context.Context) {
 	if !w.closed {
 		w.closed = true
 		w.drained = make(chan struct{})
+		if w.queued {
+			w.b.flusher.promote(w) // pieces waiting for the tick go now
+		}
 		w.checkDrained()
 	}
 	drained := w.drained
@@ -242,12 +257,59 @@ return #parts
 // round trip, where one goroutine and one round trip per writer cost a wake-up and a round trip
 // per token. There is no background goroutine while nothing is pending: the Add that finds the
 // flusher idle starts one, which runs until the queue is empty (as the job store's batcher).
+//
+// With Config.Spacing, a writer written to less than Spacing ago waits instead (wait), and
+// every waiting writer joins the queue at the next tick, one Spacing after the first of them
+// began to wait: one round for them all, where a timer per writer would cost a round each.
 type flusher struct {
 	b *Buffer
 
 	mu      sync.Mutex
 	queue   []*Writer
 	running bool
+	waiting []*Writer // for the tick
+	ticking bool      // a tick is scheduled
+}
+
+// wait makes w (which has pieces pending and is not queued) wait for the next tick, scheduling
+// it if none is. Call with w.mu held.
+func (f *flusher) wait(w *Writer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.waiting = append(f.waiting, w)
+	if !f.ticking {
+		f.ticking = true
+		f.b.afterFunc(f.b.cfg.Spacing, f.tick)
+	}
+}
+
+// tick queues every waiting writer and runs the rounds.
+func (f *flusher) tick() {
+	f.mu.Lock()
+	f.ticking = false
+	f.queue = append(f.queue, f.waiting...)
+	clear(f.waiting)
+	f.waiting = f.waiting[:0]
+	start := !f.running && len(f.queue) > 0
+	f.running = f.running || start
+	f.mu.Unlock()
+	if start {
+		f.run()
+	}
+}
+
+// promote queues w now if it waits for the tick (Close: the attempt's last pieces do not wait).
+// Call with w.mu held.
+func (f *flusher) promote(w *Writer) {
+	f.mu.Lock()
+	i := slices.Index(f.waiting, w)
+	if i >= 0 {
+		f.waiting = slices.Delete(f.waiting, i, i+1)
+	}
+	f.mu.Unlock()
+	if i >= 0 {
+		f.add(w)
+	} // else queued already
 }
 
 // add queues w (which has pieces pending and was not queued) and starts a round if none runs.

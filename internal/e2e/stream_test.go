@@ -291,18 +291,44 @@ func TestStream_TwoReplicasGetEveryDelta(t *testing.T) {
 			b.startWorker(t)
 			restA, restB := sa.rest(t), sb.rest(t)
 			require.Equal(t, eventNames(restA), eventNames(restB))
-			var text string
-			for _, ev := range restA {
-				if ev.name == "delta" {
-					require.Equal(t, float64(len(text)), ev.job["offset"])
-					text += ev.job["text"].(string)
-				}
-			}
-			last := restA[len(restA)-1]
-			require.Equal(t, "succeeded", last.name)
 			require.Positive(t, count(restA, "delta"))
-			result := last.job["result"].(map[string]any)
-			require.Equal(t, result["content"].([]any)[0].(map[string]any)["text"], text)
+			requireStreamedResult(t, restA)
 		})
 	}
+}
+
+// requireStreamedResult checks that evs (a stream's events after its first) end with the job's
+// success, and that their deltas, each at the offset the ones before it reached, add up to the
+// stored result's text.
+func requireStreamedResult(t *testing.T, evs []sseEvent) {
+	t.Helper()
+	var text string
+	for _, ev := range evs {
+		if ev.name == "delta" {
+			require.Equal(t, float64(len(text)), ev.job["offset"])
+			text += ev.job["text"].(string)
+		}
+	}
+	last := evs[len(evs)-1]
+	require.Equal(t, "succeeded", last.name)
+	result := last.job["result"].(map[string]any)
+	require.Equal(t, result["content"].([]any)[0].(map[string]any)["text"], text)
+}
+
+// TestStream_DeltaSpacingMergesPieces proves that streaming.delta_spacing reaches the worker:
+// with a spacing longer than the whole stream (20 tokens at 200 per second), the attempt's first
+// piece goes at once and the rest waits for the attempt's end, so the client gets two delta
+// events (one per token without it) that still add up to the stored result.
+func TestStream_DeltaSpacingMergesPieces(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{top: "streaming: { delta_spacing: 1s }", sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 200}})
+	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"spaced"}]}}`)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
+	})
+	evs := openEvents(t, b.apiURL, id, "0").rest(t)
+	requireStreamedResult(t, evs)
+	require.Equal(t, 2, count(evs, "delta"), "the first piece, then the rest at the attempt's end: %v", eventNames(evs))
 }

@@ -172,7 +172,7 @@ func (w *Worker) build(m metrics) error {
 		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
 		// per job, so tests stay apart by job ID.
 		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger,
-			MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL}),
+			MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL, Spacing: cfg.Streaming.DeltaSpacing}),
 		BacklogSteps: cfg.Worker.BacklogSteps,
 	})
 	w.client = asynq.NewClient(w.redis)
