@@ -316,12 +316,13 @@ func requireStreamedResult(t *testing.T, evs []sseEvent) {
 }
 
 // TestStream_DeltaSpacingMergesPieces proves that streaming.delta_spacing reaches the worker:
-// with a spacing longer than the whole stream (20 tokens at 200 per second), the attempt's first
-// piece goes at once and the rest waits for the attempt's end, so the client gets two delta
-// events (one per token without it) that still add up to the stored result.
+// with a spacing far longer than the whole stream (20 tokens at 400 per second), the attempt's
+// first piece goes at once and the rest waits for the attempt's end, so the client gets two
+// delta events (one per token without it; a third only if the stream outlasted the spacing on a
+// stalled machine) that still add up to the stored result.
 func TestStream_DeltaSpacingMergesPieces(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{top: "streaming: { delta_spacing: 1s }", sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 200}})
+	b := setup(t, setupOpts{top: "streaming: { delta_spacing: 1s }", sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 400}})
 	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"spaced"}]}}`)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -330,5 +331,6 @@ func TestStream_DeltaSpacingMergesPieces(t *testing.T) {
 	})
 	evs := openEvents(t, b.apiURL, id, "0").rest(t)
 	requireStreamedResult(t, evs)
-	require.Equal(t, 2, count(evs, "delta"), "the first piece, then the rest at the attempt's end: %v", eventNames(evs))
+	n := count(evs, "delta")
+	require.True(t, n == 2 || n == 3, "the first piece, then the rest at the attempt's end: %v", eventNames(evs))
 }
