@@ -27,19 +27,19 @@ import (
 // so the delta path's own latency (provider → worker → Redis → API → client) is measured per
 // token, apart from the queue's pick-up.
 type streamBench struct {
-	s           *shared
-	apis        int
-	clients     int
-	tokens      int
-	tps         float64
-	maxStreams  int
-	poolConns   int
-	redisServer string
-	steady      time.Duration
-	poll        time.Duration
+	s            *shared
+	apis         int
+	clients      int
+	tokens       int
+	tps          float64
+	maxStreams   int
+	poolConns    int
+	redisServer  string
+	steady       time.Duration
+	poll         time.Duration
 	deltaSpacing string // streaming.delta_spacing; empty: the default
-	serve       bool
-	gomaxprocs  int
+	serve        bool
+	gomaxprocs   int
 
 	sim        *simRecorder
 	runID      string
@@ -87,7 +87,7 @@ func (b *streamBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.maxStreams, "max-streams", 5000, 1, "api.max_streams_per_tenant (every job is the anonymous tenant's; the default, 100, would refuse the fan-out, and on a saturated machine the steady fan-out holds far more than -n streams at once)")
 	fs.intAtLeast(&b.poolConns, "pool-max-conns", 0, 0, "each process's Postgres pool (pool_max_conns in the database URL); 0: llmq's default, 16")
 	fs.DurationVar(&b.steady, "steady", 10*time.Second, "length of the steady phase: jobs arrive evenly, so many that -n stream at once (0: no steady phase)")
-	fs.StringVar(&b.deltaSpacing, "delta-spacing", "", "streaming.delta_spacing (the least time between two writes of a stream's pieces, e.g. 25ms); empty: llmq's default")
+	fs.StringVar(&b.deltaSpacing, "delta-spacing", "", "streaming.delta_spacing (a piece sent sooner than this after a stream's last write waits for the next tick and merges with what follows, e.g. 40ms); empty: llmq's default")
 	fs.DurationVar(&b.poll, "poll-interval", 0, "worker.poll_interval (how often an idle worker looks for a job it was not woken for); 0: llmq's default")
 	fs.intAtLeast(&b.gomaxprocs, "gomaxprocs", 0, 0, "GOMAXPROCS of each llmq process (0: Go's default, the machine's cores)")
 	fs.BoolVar(&b.serve, "serve", false, "run -workers `llmq serve` processes (each an API replica and a worker; -apis is ignored) instead of API replicas and workers apart; their CPU is the workers' column")
