@@ -66,15 +66,19 @@ func texts(t *testing.T, b *Buffer, id string, want int) []string {
 		idle := !b.flusher.running && len(b.flusher.queue) == 0
 		b.flusher.mu.Unlock()
 		entries, err := b.Read(t.Context(), id, "", 100)
-		require.NoError(t, err)
+		if err != nil {
+			return false // the condition runs on Eventually's goroutine: no FailNow there
+		}
 		out = out[:0]
 		for _, e := range entries {
 			var d deltaData
-			require.NoError(t, json.Unmarshal(e.Data, &d))
+			if json.Unmarshal(e.Data, &d) != nil {
+				return false
+			}
 			out = append(out, d.Text)
 		}
 		return idle && len(out) >= want
-	}, 10*time.Second, time.Millisecond)
+	}, 10*time.Second, time.Millisecond, "buffer of %s: want %d entries with the flusher idle", id, want)
 	return out
 }
 
