@@ -168,6 +168,38 @@ func postgresBackends(ctx context.Context, adminURL, db string) (backendCPU, err
 	return out, nil
 }
 
+// walUse is the WAL a run wrote, in bytes; ok is false when it could not be read (no server
+// to ask).
+type walUse struct {
+	bytes int64
+	ok    bool
+}
+
+// readWALPosition reads the server's current WAL insert position at adminURL, in bytes. The WAL
+// is the whole server's, every database's: a run's share is its own only while nothing else
+// writes (the bench runs one system at a time). The position moves as records are inserted;
+// pg_stat_wal's counters would count records too, but a backend reports them up to 10 s late.
+func readWALPosition(ctx context.Context, adminURL string) (int64, error) {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return 0, fmt.Errorf("read the WAL position: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var pos int64
+	if err := conn.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint`).Scan(&pos); err != nil {
+		return 0, fmt.Errorf("read the WAL position: %w", err)
+	}
+	return pos, nil
+}
+
+// walNote says how much WAL the run wrote per job, or "" when it was not measured.
+func walNote(r tpResult) string {
+	if !r.wal.ok || r.n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Postgres's WAL %.2f kB per job", float64(r.wal.bytes)/1024/float64(r.n))
+}
+
 // cpuMeter samples the CPU groups of one row: this process always, the given child processes,
 // the row database's Postgres backends and Redis when their handles are set.
 type cpuMeter struct {
@@ -178,6 +210,9 @@ type cpuMeter struct {
 	rdb      redis.UniversalClient
 	// pgStart is the backends' CPU at the first sample, kept so that the delta can follow pids.
 	pgStart backendCPU
+	// walStart is the server's WAL position at the first sample (walStartOK: read).
+	walStart   int64
+	walStartOK bool
 }
 
 // start takes the first sample.
@@ -186,6 +221,19 @@ func (m *cpuMeter) start(ctx context.Context) cpuSample { return m.sample(ctx, t
 // stop takes the second sample and returns the CPU spent since start per group.
 func (m *cpuMeter) stop(ctx context.Context, start cpuSample) cpuSample {
 	return m.sample(ctx, false).sub(start)
+}
+
+// wal is the WAL the server wrote between the first sample and now (not measured without a
+// Postgres server).
+func (m *cpuMeter) wal(ctx context.Context) walUse {
+	if !m.walStartOK {
+		return walUse{}
+	}
+	pos, err := readWALPosition(ctx, m.adminURL)
+	if err != nil {
+		return walUse{}
+	}
+	return walUse{bytes: pos - m.walStart, ok: true}
 }
 
 func (m *cpuMeter) sample(ctx context.Context, first bool) cpuSample {
@@ -224,6 +272,12 @@ func (m *cpuMeter) sample(ctx context.Context, first bool) cpuSample {
 		s[cpuSystem] = system
 	}
 	if m.adminURL != "" {
+		if first {
+			m.walStart, m.walStartOK = 0, false
+			if pos, err := readWALPosition(ctx, m.adminURL); err == nil {
+				m.walStart, m.walStartOK = pos, true
+			}
+		}
 		if b, err := postgresBackends(ctx, m.adminURL, m.db); err == nil {
 			if first {
 				m.pgStart = b

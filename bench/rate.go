@@ -230,6 +230,9 @@ func (run rateRun) note() []string {
 	if s := systemNote(res); s != "" {
 		parts = append(parts, s)
 	}
+	if s := walNote(res); s != "" {
+		parts = append(parts, s)
+	}
 	if len(run.each) > 1 {
 		each := make([]string, len(run.each))
 		for i, l := range run.each {

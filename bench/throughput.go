@@ -156,6 +156,7 @@ type tpResult struct {
 	lat      []time.Duration // submit → result, per job
 	submit   []time.Duration // the submit call, per job
 	cpu      cpuSample       // CPU spent per group during the measurement
+	wal      walUse          // the Postgres server's WAL written during the measurement
 	statuses map[string]int
 	lag      time.Duration // rate: the largest delay of a submit behind its schedule
 	offered  time.Duration // rate: first to last scheduled submit
@@ -312,6 +313,7 @@ func measure(ctx context.Context, o tpOpts, sys tpSystem, id string, n int, driv
 		return res
 	}
 	res.cpu = m.stop(ctx, c0)
+	res.wal = m.wal(ctx)
 	if stages0 != nil {
 		if t, ok := l.stageTotals(ctx); ok {
 			res.stages = stageTimes(stages0, t)

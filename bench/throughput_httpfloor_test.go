@@ -24,6 +24,8 @@ func TestHTTPFloorSystem(t *testing.T) {
 	t.Cleanup(sys.close)
 	const n = 6
 	require.NoError(t, sys.prepare(ctx, n))
+	m := sys.meter()
+	m.start(ctx)
 	since := time.Now()
 	for i := range n {
 		require.NoError(t, sys.submit(ctx, i))
@@ -35,6 +37,11 @@ func TestHTTPFloorSystem(t *testing.T) {
 	out, err := sys.results(ctx, since)
 	require.NoError(t, err)
 	require.Len(t, out.lat, n)
+	// The server's WAL since the meter's start holds at least each job's insert, update and
+	// their commits (the position is the whole server's: tests beside this one only add to it).
+	wal := m.wal(ctx)
+	require.True(t, wal.ok, "the WAL position read at the meter's start and now")
+	require.GreaterOrEqual(t, wal.bytes, int64(n*200), "a job's row (its request, then its answer) and two commits")
 
 	var done, answered int
 	require.NoError(t, sys.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'done'),

@@ -235,6 +235,11 @@ func TestThroughputReport(t *testing.T) {
 	tp.results[4].cpu = cpuSample{cpuAPI: time.Second, cpuWorkers: 3 * time.Second, cpuSystem: 1600 * time.Millisecond}
 	notes = strings.Join(tp.report().notes, "\n")
 	require.Contains(t, notes, "llmq end to end: its processes' CPU 40% system time.", "the api's and the workers' system share")
+	require.NotContains(t, notes, "WAL", "not measured, not said")
+
+	tp.results[4].wal = walUse{bytes: 3_584_000, ok: true}
+	notes = strings.Join(tp.report().notes, "\n")
+	require.Contains(t, notes, "llmq end to end: Postgres's WAL 3.50 kB per job.", "the server's WAL over the 1,000 jobs")
 }
 
 // With -baseline-bin, the baseline build's rows are shown beside this build's without a ratio,
@@ -281,6 +286,8 @@ func TestRateReport(t *testing.T) {
 	withSystem := r.runs[1]
 	withSystem.res.cpu = cpuSample{cpuWorkers: 4 * time.Second, cpuSystem: time.Second}
 	require.Contains(t, withSystem.note()[0], "; its processes' CPU 25% system time")
+	withSystem.res.wal = walUse{bytes: 3 * 2048, ok: true}
+	require.Contains(t, withSystem.note()[0], "; Postgres's WAL 2.00 kB per job")
 	require.Equal(t, "FAIL", verdict(r.runs[1].checks(nil)), "p99 40 ms > 20 ms")
 	llmq.lat[2] = ms(7)
 	require.Equal(t, "PASS", verdict(rateRun{res: llmq}.checks(nil)))

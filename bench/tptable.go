@@ -206,6 +206,9 @@ func runNotes(r tpResult) []string {
 	if s := systemNote(r); s != "" {
 		notes = append(notes, r.name+": "+s+".")
 	}
+	if s := walNote(r); s != "" {
+		notes = append(notes, r.name+": "+s+".")
+	}
 	return notes
 }
 
