@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrBadCursor: a page cursor that Page did not make (or that was altered).
+// ErrBadCursor is the error for a page cursor that Page did not make (or that was altered).
 var ErrBadCursor = errors.New("malformed page cursor")
 
 // PageParams select a page of jobs for Page (the console's job list). Zero fields do not filter.

@@ -100,7 +100,8 @@ type SendOptions struct {
 	OnDelta func(Delta)
 }
 
-// ErrFirstByteTimeout: no response body byte arrived within SendOptions.FirstByteTimeout.
+// ErrFirstByteTimeout is the error when no response body byte arrived within
+// SendOptions.FirstByteTimeout.
 var ErrFirstByteTimeout = errors.New("no response body byte within the first-byte timeout")
 
 // Response is a 2xx answer.
