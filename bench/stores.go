@@ -13,6 +13,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // cleanupTimeout bounds a cleanup, which runs after the caller's context may have ended.
@@ -95,6 +97,23 @@ func cleanLLMQRedis(redisURL, queue, limiterID string) {
 	cleanQueue(rdb, queue)
 	sum := sha256.Sum256([]byte(limiterID))
 	unlinkMatching(ctx, rdb, "*"+hex.EncodeToString(sum[:])+"*")
+	unindexCredential(ctx, rdb, redisscript.CredentialIndexKey(redisscript.DefaultPrefix), redisscript.CredentialTag(limiterID))
+}
+
+// unindexScript removes the fields of hash KEYS[1] whose value is ARGV[1]; Redis deletes the
+// hash with its last field.
+var unindexScript = redis.NewScript(`
+local kv = redis.call('HGETALL', KEYS[1])
+for i = 1, #kv, 2 do
+  if kv[i + 1] == ARGV[1] then redis.call('HDEL', KEYS[1], kv[i]) end
+end
+return 0`)
+
+// unindexCredential removes a run's credential from the workers' credential index (key; the
+// workers write name → tag there at start): its name's field when it still points at the run's
+// tag, so that a run beside it on the same Redis keeps its own.
+func unindexCredential(ctx context.Context, rdb redis.UniversalClient, key, tag string) {
+	_ = unindexScript.Run(ctx, rdb, []string{key}, tag).Err()
 }
 
 // unlinkMatching removes the keys matching pattern, using SCAN so Redis is never blocked.
