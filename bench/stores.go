@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -95,9 +93,9 @@ func cleanLLMQRedis(redisURL, queue, limiterID string) {
 	}
 	defer rdb.Close()
 	cleanQueue(rdb, queue)
-	sum := sha256.Sum256([]byte(limiterID))
-	unlinkMatching(ctx, rdb, "*"+hex.EncodeToString(sum[:])+"*")
-	unindexCredential(ctx, rdb, redisscript.CredentialIndexKey(redisscript.DefaultPrefix), redisscript.CredentialTag(limiterID))
+	tag := redisscript.CredentialTag(limiterID) // in the name of every key of the credential
+	unlinkMatching(ctx, rdb, "*"+tag+"*")
+	unindexCredential(ctx, rdb, redisscript.CredentialIndexKey(redisscript.DefaultPrefix), tag)
 }
 
 // unindexScript removes the fields of hash KEYS[1] whose value is ARGV[1]; Redis deletes the
