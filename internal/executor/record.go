@@ -68,17 +68,21 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 }
 
 // keepLease renews the attempt's lease (jobs.Store.RenewLease) every renewEvery until the
-// returned stop is called (it returns once a renewal under way has ended), so that a long call
-// keeps other deliveries of the job waiting while a dead one frees the job within
-// jobs.AttemptLease. Renewal errors are logged: if Postgres stays unreachable past the lease, a
-// duplicate delivery may start a second call (at least once).
+// returned stop is called, so that a long call keeps other deliveries of the job waiting while a
+// dead one frees the job within jobs.AttemptLease. Stop lets a renewal under way finish (or reach
+// its own deadline, jobs.AttemptLease) before it returns, and none starts after: once it returns
+// the lease no longer moves. (Canceling the
+// renewal instead would not stop it: pgx returns at once on a canceled context while the server
+// still commits the UPDATE it was sent.) Renewal errors are logged: if Postgres stays
+// unreachable past the lease, a duplicate delivery may start a second call (at least once).
 func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
 	if job.LeaseToken == nil {
 		return func() {}
 	}
 	// A timer, not a goroutine of its own: most calls end before the first renewal, and a
-	// goroutine started and stopped per attempt cost two wake-ups each.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// goroutine started and stopped per attempt cost two wake-ups each. The renewals outlive the
+	// caller's cancellation: stop, not the context, ends them.
+	ctx = context.WithoutCancel(ctx)
 	var (
 		mu       sync.Mutex
 		stopped  bool
@@ -94,10 +98,14 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
 		renewing.Add(1)
 		mu.Unlock()
 		defer renewing.Done()
-		ok, err := e.cfg.Store.RenewLease(ctx, job.ID, *job.LeaseToken)
-		if err != nil && ctx.Err() == nil {
+		// A renewal that takes as long as the lease is moot: the lease has ended either way.
+		// The bound keeps a Postgres that never answers from holding stop forever.
+		rctx, cancel := context.WithTimeout(ctx, jobs.AttemptLease)
+		ok, err := e.cfg.Store.RenewLease(rctx, job.ID, *job.LeaseToken)
+		cancel()
+		if err != nil {
 			e.cfg.Logger.WarnContext(ctx, "renew attempt lease", "job_id", job.ID, "error", err)
-		} else if err == nil && !ok {
+		} else if !ok {
 			return // the job moved on without us (canceled); nothing left to hold
 		}
 		mu.Lock()
@@ -114,7 +122,6 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
 		stopped = true
 		t.Stop()
 		mu.Unlock()
-		cancel()
 		renewing.Wait()
 	}
 }
