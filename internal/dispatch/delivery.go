@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/llmq/llmq/internal/gostack"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
@@ -83,6 +84,7 @@ type handler struct {
 // deferral, and a low task's when its due task cannot be enqueued, is asynq's retry of the task
 // on its own queue.
 func (h handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	gostack.Grow() // asynq runs each task on a goroutine of its own: grown once, while shallow
 	id, err := jobIDOf(t.Payload())
 	if err != nil {
 		return fmt.Errorf("decode task payload: %v: %w", err, asynq.SkipRetry)

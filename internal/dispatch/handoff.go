@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/gostack"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -194,6 +195,7 @@ func (c *Claim) Drop(ctx context.Context) {
 
 // deliver runs job's delivery and hands the job to asynq when it must come back.
 func (h *Handoff) deliver(ctx context.Context, job *jobs.Job, adm Admission, run *handoffRun) {
+	gostack.Grow() // a goroutine per delivery: its stack grown once, while shallow
 	defer h.wg.Done()
 	err := h.process(ctx, job, adm)
 	h.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/deltastream"
+	"github.com/llmq/llmq/internal/gostack"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
@@ -53,6 +54,7 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 		// when both are done.
 		booked := make(chan struct{})
 		go func() {
+			gostack.Grow()
 			defer close(booked)
 			r.bookkeeping()
 		}()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/gostack"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/tokens"
@@ -101,6 +102,7 @@ func (e *Executor) reserveFirstWithin(ctx context.Context, job *jobs.Job, up Ups
 	ch := make(chan answer, 1)
 	rctx := context.WithoutCancel(ctx) // a late answer is still released, whatever the submit's fate
 	go func() {
+		gostack.Grow()
 		granted, err := e.reserveFirst(rctx, job, up, a)
 		ch <- answer{granted, err}
 	}()
