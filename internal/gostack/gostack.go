@@ -1,13 +1,13 @@
 // Package gostack gives a fresh goroutine its stack in one step.
 //
-// A goroutine starts with a small stack (Go's adaptive starting size, a few kilobytes) and
-// grows it by doubling whenever a call would overflow it; each growth copies the whole stack
-// and adjusts every frame on it. A job's delivery runs deep call paths (the HTTP client, pgx,
-// encoding/json) on goroutines that live for one job, so it paid about six growths per job,
-// each made when the stack was deep and dear to copy: a sixth of the instructions `llmq serve`
-// ran for its jobs (callgrind). Grow, called first thing on such a goroutine, takes the room at once, while
-// the stack holds a frame or two and is cheap to copy. CockroachDB's util/growstack does the
-// same for its request goroutines.
+// A goroutine starts with a small stack (Go's adaptive starting size, a few kilobytes) and grows it
+// by doubling whenever a call would overflow it; each growth copies the whole stack and adjusts
+// every frame on it. A job's delivery runs deep call paths (the HTTP client, pgx, encoding/json) on
+// goroutines that live for one job, so it paid about six growths per job, each made when the stack
+// was deep and dear to copy: a sixth of the instructions `llmq serve` ran for its jobs (callgrind).
+// Grow, called first thing on such a goroutine, takes the room at once, while the stack holds a
+// frame or two and is cheap to copy. CockroachDB's util/growstack does the same for its request
+// goroutines.
 package gostack
 
 // Room is the frame Grow takes. A goroutine that has called Grow has a stack of at least 2 ×
