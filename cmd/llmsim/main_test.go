@@ -104,6 +104,13 @@ func TestRun(t *testing.T) {
 	t.Run("HangEndsAtShutdown", func(t *testing.T) {
 		t.Parallel()
 		url, stop := start(t, "-hang")
+		// Each client has a transport of its own. On a shared one, the poll below could take the
+		// connection dialed for the hanging request, or the other way round, and leave a second
+		// connection that never carries a request: net/http's Shutdown waits up to 5 s for such a
+		// new connection, which is not what this test is about.
+		hangClient := &http.Client{Transport: &http.Transport{}}
+		pollClient := &http.Client{Transport: &http.Transport{}}
+		defer pollClient.CloseIdleConnections()
 		errc := make(chan error, 1)
 		go func() {
 			req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{}`))
@@ -112,7 +119,7 @@ func TestRun(t *testing.T) {
 				return
 			}
 			req.Header.Set("authorization", "Bearer k")
-			resp, err := (&http.Client{}).Do(req)
+			resp, err := hangClient.Do(req)
 			if err == nil {
 				resp.Body.Close()
 			}
@@ -120,7 +127,7 @@ func TestRun(t *testing.T) {
 		}()
 		// Once the request hangs, shutdown ends it instead of waiting for it
 		require.Eventually(t, func() bool {
-			resp, err := http.Get(url + "/_sim/stats")
+			resp, err := pollClient.Get(url + "/_sim/stats")
 			if err != nil {
 				return false
 			}
@@ -130,6 +137,7 @@ func TestRun(t *testing.T) {
 			}
 			return json.NewDecoder(resp.Body).Decode(&st) == nil && st.InFlight == 1
 		}, 5*time.Second, 5*time.Millisecond)
+		pollClient.CloseIdleConnections()
 		require.NoError(t, stop())
 		require.Error(t, <-errc)
 	})
