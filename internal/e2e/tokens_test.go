@@ -27,6 +27,9 @@ func TestTokens_KnownTokenLimitAvoids429s(t *testing.T) {
 		// lands, so that burst's lateness after its grants must stay within the margin. Under the
 		// race detector, beside the rest of the suite on a loaded machine, it has exceeded 500 ms
 		// (one 429 in three runs of the package with two busy loops on both cores): hence 2 s.
+		// Such a margin would also hide pacing a few times too fast; the pacing's arithmetic is
+		// the limiter's own tests' (TestCredential_ReserveCost_NeverExceedsBuckets, on an
+		// injected clock), this test that a known token limit reaches it.
 		worker: "token_minute: 1s, phase_margin: 2s",
 	})
 	prompt := strings.Repeat("word ", 80) // 400 bytes: 100 input tokens by the simulator's rule
