@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -37,6 +38,7 @@ type Server struct {
 	srv   *asynq.Server
 	rdb   redis.UniversalClient
 	hook  *wakeHook
+	log   *slog.Logger
 	close sync.Once
 }
 
@@ -46,14 +48,16 @@ type Server struct {
 // and retries and scheduled tasks are moved to pending every 50 ms (asynq's
 // DelayedTaskCheckInterval, default 5s, bounds how precisely a limiter send time or a
 // Retry-After is kept). An idle server is woken for a task enqueued by an Enqueuer with a wake-up
-// client and for tasks its forwarder moved (see wake.go). Run it with Start(Mux(p, e)); Shutdown
-// closes its connections.
+// client and for tasks its forwarder moved (see wake.go); a server with most of its slots free
+// takes a main-queue backlog several tasks a round trip (see prefetch.go). Run it with
+// Start(Mux(p, e)); Shutdown closes its connections.
 func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	rdb := NewRedisClient(opt)
 	hook := newWakeHook(rdb, cfg.Queue, cfg.PollInterval, cfg.Metrics)
+	hook.concurrency = cfg.Concurrency
 	rdb.AddHook(hook)
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
@@ -66,17 +70,31 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *Server {
 		Logger:                   asynqLogger{cfg.Logger},
 		LogLevel:                 asynq.WarnLevel,
 	})
-	return &Server{srv: srv, rdb: rdb, hook: hook}
+	return &Server{srv: srv, rdb: rdb, hook: hook, log: cfg.Logger}
 }
 
 // Start starts the server's processing of tasks with h (see asynq.Server.Start).
-func (s *Server) Start(h asynq.Handler) error { return s.srv.Start(h) }
+func (s *Server) Start(h asynq.Handler) error {
+	busy := &s.hook.busy
+	return s.srv.Start(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		busy.Add(1)
+		defer busy.Add(-1)
+		return h.ProcessTask(ctx, t)
+	}))
+}
 
-// Shutdown stops the server gracefully (see asynq.Server.Shutdown) and closes its Redis
-// client. Calling it again does nothing.
+// Shutdown stops the server gracefully (see asynq.Server.Shutdown), gives back the tasks a
+// batch dequeue took and asynq did not ask for (see prefetch.go), and closes its Redis client.
+// Calling it again does nothing.
 func (s *Server) Shutdown() {
 	s.close.Do(func() {
 		s.srv.Shutdown()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := s.hook.giveBackKept(ctx); err != nil {
+			// asynq's recoverer retries them when their lease ends.
+			s.log.Warn("tasks taken ahead are left to asynq's recoverer", "err", err)
+		}
 		_ = s.rdb.Close()
 	})
 }

@@ -31,6 +31,8 @@ import (
 //
 // The poll interval is left to bound what comes without a wake-up: a lost wake-up, a task
 // requeued by asynq's inspector, or one enqueued by a process without a wake-up client.
+//
+// The same hook takes a main-queue backlog several tasks a round trip (see prefetch.go).
 
 // wokenSleep is asynq's TaskCheckInterval under a wakeHook: the sleep after a round that found
 // nothing (asynq sleeps between half and one and a half of it), e.g. after a hold woken for
@@ -73,8 +75,18 @@ type wakeHook struct {
 	// named by a wake-up since.
 	empty map[string]bool
 
-	// holds counts the holds begun.
-	holds atomic.Int64
+	// kept are the main queue's tasks a batch dequeue took and asynq has not asked for yet,
+	// oldest first (see prefetch.go).
+	kept []keptTask
+
+	// concurrency is the server's delivery slots (0: no batch dequeues), busy the deliveries
+	// running in its handler.
+	concurrency int
+	busy        atomic.Int64
+
+	// holds counts the holds begun, prefetched the tasks kept by batch dequeues.
+	holds      atomic.Int64
+	prefetched atomic.Int64
 }
 
 // queueKeys are the keys of one asynq queue that its dequeue and forward scripts start with.
@@ -105,19 +117,20 @@ func (h *wakeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // named it; a forward that moved tasks leaves a wake-up.
 func (h *wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
 		reply, ok := cmd.(*redis.Cmd) // what go-redis's Script.Run sends
 		if !ok {
-			return err
+			return next(ctx, cmd)
 		}
 		script, q := h.scriptOf(reply.Args())
 		switch script {
 		case forwardScript:
+			err := next(ctx, cmd)
 			if n, _ := reply.Int64(); n > 0 {
 				wake(ctx, h.rdb, h.base, q)
 			}
 			return err
 		case dequeueScript:
+			err := h.dequeue(ctx, next, reply, q)
 			if !h.found(q, err) || h.hold(ctx) != q {
 				return err
 			}
@@ -125,12 +138,13 @@ func (h *wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			// shorter by the hold (at most maxHold of asynq's 30s lease, which its heartbeat
 			// extends).
 			again := redis.NewCmd(ctx, reply.Args()...)
-			err = next(ctx, again)
+			err = h.dequeue(ctx, next, again, q)
 			h.found(q, err)
 			reply.SetVal(again.Val())
 			reply.SetErr(err)
+			return err
 		}
-		return err
+		return next(ctx, cmd)
 	}
 }
 

@@ -30,19 +30,32 @@ type wakeRig struct {
 
 func newWakeRig(t *testing.T, url string, poll time.Duration) *wakeRig {
 	t.Helper()
+	r := newIdleWakeRig(t, url, poll, 2)
+	r.start(t)
+	return r
+}
+
+// newIdleWakeRig is newWakeRig with concurrency delivery slots, not started yet.
+func newIdleWakeRig(t *testing.T, url string, poll time.Duration, concurrency int) *wakeRig {
+	t.Helper()
 	opt, err := RedisConnOpt(url)
 	require.NoError(t, err)
 	r := &wakeRig{queue: redistest.Queue(t, url), client: asynq.NewClient(opt), rdb: redistest.ClientOf(t, url),
-		delivered: make(chan string, 16)}
+		delivered: make(chan string, 64)}
 	t.Cleanup(func() { require.NoError(t, r.client.Close()) })
 	r.enq = NewEnqueuer(r.client, r.queue, r.rdb)
 	r.metrics = NewMetrics(prometheus.NewRegistry())
-	r.srv = NewServer(opt, ServerConfig{Queue: r.queue, Concurrency: 2, PollInterval: poll,
+	r.srv = NewServer(opt, ServerConfig{Queue: r.queue, Concurrency: concurrency, PollInterval: poll,
 		Policy: retrypolicy.New(&retrypolicy.Config{}), Metrics: r.metrics})
 	r.srv.hook.float64 = func() float64 { return 0.5 }
+	return r
+}
+
+// start starts the rig's server.
+func (r *wakeRig) start(t *testing.T) {
+	t.Helper()
 	require.NoError(t, r.srv.Start(Mux(r, r.enq)))
 	t.Cleanup(r.srv.Shutdown)
-	return r
 }
 
 // waitsEndedBy reads llmq_worker_idle_waits_total{ended}.
