@@ -106,6 +106,8 @@ func (h *wakeHook) dequeue(ctx context.Context, next redis.ProcessHook, cmd *red
 		return nil
 	}
 	n := h.prefetchSize()
+	// EVALSHA|EVAL, the script, 4, its keys (pending, paused, active, lease), the lease end and
+	// the task key prefix.
 	args := cmd.Args()
 	if n < 2 || len(args) != 9 {
 		return next(ctx, cmd)
