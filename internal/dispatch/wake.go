@@ -114,7 +114,8 @@ func (h *wakeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 
 // ProcessHook implements redis.Hook: an empty dequeue reply while every other queue is known
 // empty comes back after a wake-up or the hold's time, with the queue's task when the wake-up
-// named it; a forward that moved tasks leaves a wake-up.
+// named it; a forward that moved tasks leaves a wake-up; a dequeue of the main queue may be
+// answered from or with a batch (see prefetch.go).
 func (h *wakeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		reply, ok := cmd.(*redis.Cmd) // what go-redis's Script.Run sends
