@@ -107,14 +107,14 @@ func (h *wakeHook) dequeue(ctx context.Context, next redis.ProcessHook, cmd *red
 	}
 	n := h.prefetchSize()
 	// EVALSHA|EVAL, the script, 4, its keys (pending, paused, active, lease), the lease end and
-	// the task key prefix.
+	// the task key prefix: the lease end is the one argument taken from asynq's call.
 	args := cmd.Args()
 	if n < 2 || len(args) != 9 {
 		return next(ctx, cmd)
 	}
-	keys := args[3:7]
-	res, err := dequeueBatchScript.Run(ctx, h.rdb, []string{fmt.Sprint(keys[1]), fmt.Sprint(keys[0]),
-		fmt.Sprint(keys[2]), fmt.Sprint(keys[3])}, args[7], args[8], n).StringSlice()
+	mainQ := h.queues[0]
+	res, err := dequeueBatchScript.Run(ctx, h.rdb, []string{mainQ.paused, mainQ.pending, mainQ.active, mainQ.lease},
+		args[7], mainQ.tasks, n).StringSlice()
 	if err != nil || len(res) < 2 || len(res)%2 != 0 {
 		if err == nil {
 			err = fmt.Errorf("batch dequeue: unexpected reply of %d values", len(res))
@@ -149,6 +149,8 @@ func (h *wakeHook) takeKept(ctx context.Context) (string, bool) {
 	}
 	h.mu.Unlock()
 	if len(stale) > 0 {
+		// Not given back, they stay active until their lease ends and asynq's recoverer
+		// retries them: late, not lost.
 		_ = h.giveBack(ctx, stale)
 	}
 	return msg, ok
@@ -171,13 +173,13 @@ func (h *wakeHook) giveBackKept(ctx context.Context) error {
 
 // giveBack puts the main queue's active tasks ids back at its head, ids[0] first.
 func (h *wakeHook) giveBack(ctx context.Context, ids []string) error {
-	p := "asynq:{" + h.base + "}:"
+	mainQ := h.queues[0]
 	args := make([]any, 0, len(ids)+1)
-	args = append(args, p+"t:")
+	args = append(args, mainQ.tasks)
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	if err := giveBackScript.Run(context.WithoutCancel(ctx), h.rdb, []string{p + "active", p + "lease", p + "pending"}, args...).Err(); err != nil {
+	if err := giveBackScript.Run(context.WithoutCancel(ctx), h.rdb, []string{mainQ.active, mainQ.lease, mainQ.pending}, args...).Err(); err != nil {
 		return fmt.Errorf("give back %d prefetched tasks: %w", len(ids), err)
 	}
 	return nil

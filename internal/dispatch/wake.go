@@ -89,8 +89,10 @@ type wakeHook struct {
 	prefetched atomic.Int64
 }
 
-// queueKeys are the keys of one asynq queue that its dequeue and forward scripts start with.
-type queueKeys struct{ name, pending, paused, scheduled, retry string }
+// queueKeys are the keys of one asynq queue that its dequeue and forward scripts start with,
+// and those the batch dequeue and its give-back use (see prefetch.go): the active list, the
+// lease set and the task keys' prefix.
+type queueKeys struct{ name, pending, paused, scheduled, retry, active, lease, tasks string }
 
 // newWakeHook returns the hook for the asynq queues of the llmq queue named base, whose server
 // asks through rdb every poll when idle and not woken; m (nil: none) counts the waits' ends.
@@ -99,7 +101,7 @@ func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration, m *
 	for _, q := range NewQueues(base).All() {
 		p := "asynq:{" + q + "}:"
 		h.queues = append(h.queues, queueKeys{name: q, pending: p + "pending", paused: p + "paused",
-			scheduled: p + "scheduled", retry: p + "retry"})
+			scheduled: p + "scheduled", retry: p + "retry", active: p + "active", lease: p + "lease", tasks: p + "t:"})
 	}
 	return h
 }
