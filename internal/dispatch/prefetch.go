@@ -149,9 +149,9 @@ func (h *wakeHook) takeKept(ctx context.Context) (string, bool) {
 	}
 	h.mu.Unlock()
 	if len(stale) > 0 {
-		// Not given back, they stay active until their lease ends and asynq's recoverer
-		// retries them: late, not lost.
-		_ = h.giveBack(ctx, stale)
+		if err := h.giveBack(ctx, stale); err != nil {
+			h.log.Warn("tasks kept too long are left to asynq's recoverer", "err", err)
+		}
 	}
 	return msg, ok
 }

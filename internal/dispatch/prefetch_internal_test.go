@@ -1,8 +1,10 @@
 package dispatch
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -103,7 +105,7 @@ func TestWakeHook_BatchDequeue(t *testing.T) {
 			return ids
 		}
 		trips := 0
-		h := newWakeHook(rdb, queue, time.Minute, nil)
+		h := newWakeHook(rdb, queue, time.Minute, nil, nil)
 		h.concurrency = 40
 		dequeue := h.ProcessHook(func(ctx context.Context, cmd redis.Cmder) error {
 			trips++
@@ -164,4 +166,25 @@ func TestWakeHook_BatchDequeue(t *testing.T) {
 		require.Equal(t, msgOf("t5"), got)
 		require.Equal(t, 1, trips, "with one slot free, asynq's own dequeue")
 	})
+}
+
+// TestWakeHook_StaleGiveBackRefusedIsLogged: when Redis refuses to take back a task kept too long
+// (here the client is closed), the next fresh kept task is still served and the refusal is
+// logged, as the task is left to asynq's recoverer.
+func TestWakeHook_StaleGiveBackRefusedIsLogged(t *testing.T) {
+	t.Parallel()
+	opt, err := RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	closed := NewRedisClient(opt)
+	require.NoError(t, closed.Close())
+	var logged bytes.Buffer
+	h := newWakeHook(closed, "llmq-test-"+redistest.Rand(), time.Minute, nil, slog.New(slog.NewTextHandler(&logged, nil)))
+	h.kept = []keptTask{{id: "old", msg: "m-old", at: time.Now().Add(-prefetchMaxAge - time.Second)},
+		{id: "new", msg: "m-new", at: time.Now()}}
+	msg, ok := h.takeKept(t.Context())
+	require.True(t, ok)
+	require.Equal(t, "m-new", msg, "the stale task skipped")
+	require.Empty(t, h.kept)
+	require.Contains(t, logged.String(), "left to asynq's recoverer")
+	require.Contains(t, logged.String(), "give back 1 prefetched tasks")
 }

@@ -56,7 +56,7 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	rdb := NewRedisClient(opt)
-	hook := newWakeHook(rdb, cfg.Queue, cfg.PollInterval, cfg.Metrics)
+	hook := newWakeHook(rdb, cfg.Queue, cfg.PollInterval, cfg.Metrics, cfg.Logger)
 	hook.concurrency = cfg.Concurrency
 	rdb.AddHook(hook)
 	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{

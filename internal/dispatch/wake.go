@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -69,6 +70,7 @@ type wakeHook struct {
 	poll    time.Duration
 	float64 func() float64
 	metrics *Metrics
+	log     *slog.Logger
 
 	mu sync.Mutex
 	// empty holds the queues asked and found empty since the last hold's time passed, and not
@@ -95,9 +97,13 @@ type wakeHook struct {
 type queueKeys struct{ name, pending, paused, scheduled, retry, active, lease, tasks string }
 
 // newWakeHook returns the hook for the asynq queues of the llmq queue named base, whose server
-// asks through rdb every poll when idle and not woken; m (nil: none) counts the waits' ends.
-func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration, m *Metrics) *wakeHook {
-	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, metrics: m, empty: map[string]bool{}}
+// asks through rdb every poll when idle and not woken; m (nil: none) counts the waits' ends; log
+// (nil: discard) hears of kept tasks it could not give back.
+func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration, m *Metrics, log *slog.Logger) *wakeHook {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, metrics: m, log: log, empty: map[string]bool{}}
 	for _, q := range NewQueues(base).All() {
 		p := "asynq:{" + q + "}:"
 		h.queues = append(h.queues, queueKeys{name: q, pending: p + "pending", paused: p + "paused",

@@ -217,7 +217,7 @@ func TestWakeHook_StateMachine(t *testing.T) {
 	low := NewQueues(queue).For(jobs.PriorityLow)
 	ctx := t.Context()
 	m := NewMetrics(prometheus.NewRegistry())
-	h := newWakeHook(rdb, queue, time.Minute, m) // a hold without a wake-up would fail the test's deadline
+	h := newWakeHook(rdb, queue, time.Minute, m, nil) // a hold without a wake-up would fail the test's deadline
 	script := func(q string, kind asynqScript) *redis.Cmd {
 		p := "asynq:{" + q + "}:"
 		if kind == forwardScript {
@@ -268,7 +268,7 @@ func TestWakeHook_HoldKeepsThePaceWhenRedisRefusesTheWait(t *testing.T) {
 	require.NoError(t, closed.Close())
 	m := NewMetrics(prometheus.NewRegistry())
 	const poll = 100 * time.Millisecond
-	h := newWakeHook(closed, "llmq-test-"+redistest.Rand(), poll, m)
+	h := newWakeHook(closed, "llmq-test-"+redistest.Rand(), poll, m, nil)
 	h.float64 = func() float64 { return 0.5 } // the hold lasts exactly poll
 	start := time.Now()
 	require.Empty(t, h.hold(t.Context()), "no queue named")
