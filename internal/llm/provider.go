@@ -98,6 +98,21 @@ type SendOptions struct {
 	// in order, on the calling goroutine, as it is read: it must not block for long, the
 	// provider's stream waits for it. It is never called for a non-streaming answer.
 	OnDelta func(Delta)
+	// OnStream, when set, is called once for a streamed answer (a 2xx event stream answering a
+	// body with "stream": true) as soon as its headers are in: before its body is read and
+	// before the first OnDelta, on the calling goroutine, so it must not block for long. It is
+	// what the headers say, for a caller that learns from them (a rate limit) and should not
+	// wait for the end of a stream that may last minutes. It is not called for any other
+	// answer, whose headers come back with Send's result.
+	OnStream func(StreamStart)
+}
+
+// StreamStart is what a streamed answer's headers say (SendOptions.OnStream).
+type StreamStart struct {
+	// StatusCode is the HTTP status (2xx).
+	StatusCode int
+	// RateLimit is the request rate-limit family parsed from the headers, as Response.RateLimit.
+	RateLimit RateLimit
 }
 
 // ErrFirstByteTimeout is the error when no response body byte arrived within
@@ -329,7 +344,11 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		limit = c.maxBytes
 	}
 	if ok && stream && isEventStream(resp.Header) {
-		out, err := c.finishStream(ctx, resp, limit, hold, firstByte, opts.OnDelta, start, received)
+		rl := c.d.rateLimit(resp.Header, received)
+		if opts.OnStream != nil {
+			opts.OnStream(StreamStart{StatusCode: resp.StatusCode, RateLimit: rl})
+		}
+		out, err := c.finishStream(ctx, resp, limit, hold, firstByte, opts.OnDelta, start, rl)
 		if out != nil && out.hold != nil {
 			keepHold = true
 		}

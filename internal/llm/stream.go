@@ -264,14 +264,13 @@ func (e *midStreamError) Error() string { return "llm: stream error event " + e.
 // the time to the first delta. A mid-stream error event is a *StatusError (MidStream), a cut
 // stream a *TransportError, a stream we cannot assemble an ErrDecode with the *Response.
 func (c *client) finishStream(ctx context.Context, resp *http.Response, limit int64, hold *answerHold,
-	firstByte *time.Timer, onDelta func(Delta), start, received time.Time) (*Response, error) {
+	firstByte *time.Timer, onDelta func(Delta), start time.Time, rl RateLimit) (*Response, error) {
 	sr := c.readStream(ctx, resp.Body, c.d.assembler(), limit, hold, firstByte, onDelta)
 	latency := max(c.now().Sub(start), 0)
 	ttfb := latency
 	if !sr.first.IsZero() {
 		ttfb = min(max(sr.first.Sub(start), 0), latency)
 	}
-	rl := c.d.rateLimit(resp.Header, received)
 	header := c.red.header(resp.Header)
 	var mse *midStreamError
 	switch {

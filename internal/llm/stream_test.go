@@ -101,6 +101,41 @@ func TestProvider_Stream_SameAsWhole(t *testing.T) {
 	}
 }
 
+// TestProvider_Stream_OnStream proves that a streamed answer's headers reach OnStream once, before
+// the first delta, with the rate limit they report (the same Send's result carries), and that a
+// non-streaming call does not call it.
+func TestProvider_Stream_OnStream(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []llm.Kind{llm.KindAnthropic, llm.KindOpenAI} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			p, _ := simProvider(t, kind, llmsim.Config{ReplyTokens: 5, Capacity: 40, RefillPerSecond: 20})
+			var starts []llm.StreamStart
+			deltasAtStart := -1
+			var got deltas
+			resp, err := p.Send(t.Context(), streamBody(kind), llm.SendOptions{OnDelta: got.add,
+				OnStream: func(s llm.StreamStart) {
+					starts = append(starts, s)
+					deltasAtStart = len(got.all)
+				}})
+			require.NoError(t, err)
+			defer resp.Release()
+			require.Len(t, starts, 1)
+			require.Zero(t, deltasAtStart, "called before the first delta")
+			require.Equal(t, 200, starts[0].StatusCode)
+			require.True(t, starts[0].RateLimit.Known, "the headers' rate limit")
+			require.Equal(t, 40, starts[0].RateLimit.Limit)
+			require.Equal(t, resp.RateLimit, starts[0].RateLimit, "what Send returns at the end")
+
+			whole, err := p.Send(t.Context(), bodyFor(kind), llm.SendOptions{OnStream: func(llm.StreamStart) {
+				t.Error("OnStream called for a non-streaming answer")
+			}})
+			require.NoError(t, err)
+			whole.Release()
+		})
+	}
+}
+
 // sseHandler writes events verbatim, flushing each; pause, when set, is waited on before the
 // events after index at.
 func sseHandler(events []string) http.HandlerFunc {
