@@ -285,6 +285,12 @@ type Admission struct {
 	lease int64
 }
 
+// ColdStart reports whether the admission holds one of a cold closed breaker's slots (the
+// cold-start cap, see Config.SuccessMemory): callers beyond the cap wait for the first Success,
+// so a caller that knows the provider answers before the request ends (a stream's 2xx headers)
+// may Report Success then, and Report a Failure later if the request still fails.
+func (a Admission) ColdStart() bool { return a.lease != 0 }
+
 // Allow asks whether a request may be sent: a closed breaker admits everyone (but, cold, only
 // Threshold unreported requests at a time: see Config.SuccessMemory); an open one refuses
 // until its cooldown ends, then makes exactly one caller, across all processes, the probe (the

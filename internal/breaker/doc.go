@@ -35,7 +35,9 @@
 //
 // The price is paid on a cold credential whose provider is fine: everyone but the first
 // Threshold callers waits for the first Success, one round trip of the provider rounded up to
-// the next Recheck (1 s by default; for a 30 s generation, ~30 s). Refused callers re-ask every
+// the next Recheck (1 s by default; for a 30 s generation, ~30 s, unless it streams: llmq's
+// executor reports a streamed answer's 2xx headers as the Success of a start slot, see
+// Admission.ColdStart, and a failure later as a Failure). Refused callers re-ask every
 // Recheck meanwhile (one read-write script call each). The cap comes back after SuccessMemory
 // without a Success; a warm breaker records a Success at most once per SuccessMemory/16 (so that
 // a healthy credential's Reports stay read-only), so it can come back up to that much early.

@@ -94,8 +94,12 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
 	opts := llm.SendOptions{FirstByteTimeout: firstByte}
 	stream := e.streamWriter(job)
+	var heard *heardAtStart // what a stream's headers told when they came
 	if stream != nil {
 		opts.OnDelta = func(d llm.Delta) { stream.Add(deltastream.Delta(d)) }
+		if up.Gate != nil {
+			opts.OnStream = func(s llm.StreamStart) { heard = e.observeStreamStart(ctx, up, adm, s, started, job) }
+		}
 	}
 	resp, callErr := up.Provider.Send(callCtx, job.Request, opts)
 	cancel()
@@ -120,7 +124,7 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 			"credential", up.Name, "job_id", job.ID, "status", d.StatusCode, "class", d.Class, "retry_after", d.RetryAfterValue)
 	}
 	book := func() {
-		e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now)
+		e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now, heard)
 		e.timed(StageBookkeeping, now)
 	}
 	if callErr != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
@@ -18,8 +19,14 @@ import (
 // provider counted) and the breaker how it went; then it resumes a paused credential whose probe
 // got through. (First attempts were counted for the retry budget when their slot was granted,
 // see admitGate.) Errors are logged: the attempt's outcome matters more than bookkeeping.
+//
+// heard, when not nil, is what a streamed answer's headers told when they came
+// (observeStreamStart): the limiter is not told again, as a stream that began with a 2xx has
+// nothing more for it (a failure after is a cut or an error event, with no headers of its own);
+// the breaker, which heard a Success then, hears only a failure; and a paused credential was
+// resumed then.
 func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response,
-	callErr error, d retrypolicy.Decision, sent, now time.Time) {
+	callErr error, d retrypolicy.Decision, sent, now time.Time, heard *heardAtStart) {
 	ctx = context.WithoutCancel(ctx)
 	g := up.Gate
 	if g == nil {
@@ -27,12 +34,17 @@ func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, jo
 		return
 	}
 	o := observation(up, adm, resp, callErr, d, sent, now)
-	calls := g.ObserveCalls(o)
+	var calls []redisscript.Call
+	if heard == nil {
+		calls = g.ObserveCalls(o)
+	} else {
+		<-heard.done
+	}
 	if call, ok := e.reconcileCall(ctx, up, adm, job, resp, o.StatusCode); ok {
 		calls = append(calls, call)
 	}
-	if adm.breaker != nil {
-		call, err := up.Circuit.ReportCall(*adm.breaker, breakerOutcome(d), nil)
+	if outcome := breakerOutcome(d); adm.breaker != nil && (heard == nil || !heard.breaker || outcome == breaker.Failure) {
+		call, err := up.Circuit.ReportCall(*adm.breaker, outcome, nil)
 		if err != nil {
 			e.cfg.Logger.WarnContext(ctx, "breaker report", "credential", up.Name, "error", err)
 		} else {
@@ -43,13 +55,62 @@ func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, jo
 	if err := redisscript.Run(ctx, g.Redis(), calls...); err != nil {
 		e.cfg.Logger.WarnContext(ctx, "after-call bookkeeping (limiter, breaker)", "credential", up.Name, "error", err)
 	}
-	if adm.pauseProbe && callErr == nil {
-		if _, err := g.Resume(ctx); err != nil {
-			e.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", up.Name, "error", err)
+	if adm.pauseProbe && callErr == nil && heard == nil {
+		e.resumeAfterProbe(ctx, g, up, job)
+	}
+}
+
+// resumeAfterProbe resumes a paused credential whose automatic probe got through.
+func (e *Executor) resumeAfterProbe(ctx context.Context, g *limiter.Gate, up Upstream, job *jobs.Job) {
+	if _, err := g.Resume(ctx); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", up.Name, "error", err)
+	} else {
+		e.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", up.Name, "job_id", job.ID)
+	}
+}
+
+// heardAtStart is what a streamed answer's headers told the limiter and the breaker when they
+// came (observeStreamStart).
+type heardAtStart struct {
+	done    chan struct{} // closed once told
+	breaker bool          // the breaker was told a Success
+}
+
+// observeStreamStart tells the limiter what a streamed answer's 2xx headers say as soon as they
+// are in, beside the stream, instead of after it; so too a cold breaker's start slot, a Success,
+// and a paused credential whose probe this is, its resume. While a limit is being learned every
+// other attempt on the credential waits for its one probe to be observed, a cold breaker's for a
+// first Success, a paused credential's for its probe; after the stream, that is as long as the
+// stream lasts (minutes for a long answer). A 2xx's headers are what those waits are for: the
+// provider answers, and its limits.
+func (e *Executor) observeStreamStart(ctx context.Context, up Upstream, adm admission, s llm.StreamStart,
+	sent time.Time, job *jobs.Job) *heardAtStart {
+	ctx = context.WithoutCancel(ctx)
+	g := up.Gate
+	o := observation(up, adm, &llm.Response{StatusCode: s.StatusCode, RateLimit: s.RateLimit}, nil,
+		retrypolicy.Decision{}, sent, e.cfg.Now())
+	calls := g.ObserveCalls(o)
+	h := &heardAtStart{done: make(chan struct{})}
+	if adm.breaker != nil && adm.breaker.ColdStart() {
+		// Not a warm breaker's admission: a Success resets the failure count, and a provider
+		// whose streams all fail midway must still open the breaker. Nor a half-open probe's:
+		// closing the breaker after an outage takes a whole answer.
+		if call, err := up.Circuit.ReportCall(*adm.breaker, breaker.Success, nil); err != nil {
+			e.cfg.Logger.WarnContext(ctx, "breaker report", "credential", up.Name, "error", err)
 		} else {
-			e.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", up.Name, "job_id", job.ID)
+			calls, h.breaker = append(calls, call), true
 		}
 	}
+	go func() {
+		defer close(h.done)
+		if err := redisscript.Run(ctx, g.Redis(), calls...); err != nil {
+			e.cfg.Logger.WarnContext(ctx, "stream start bookkeeping (limiter, breaker)", "credential", up.Name, "error", err)
+		}
+		if adm.pauseProbe {
+			e.resumeAfterProbe(ctx, g, up, job)
+		}
+	}()
+	return h
 }
 
 // observation is what the attempt's answer (or failure) tells the limiter.
