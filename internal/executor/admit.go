@@ -19,6 +19,7 @@ type admission struct {
 	grant      int64               // the token reservation, for Reconcile (0: none)
 	est        *estimator.Estimate // the estimate the grant was reserved with (nil: make it again)
 	pauseProbe bool                // an automatic probe of a paused credential
+	probe      bool                // the limiter's probe of a limit being learned
 	reportSend int64               // a burst's slot: tell the gate when it leaves (limiter.Gate.Sent)
 }
 
@@ -87,6 +88,7 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 		return adm, e.failOver(ctx, job, err, pass)
 	}
 	adm.seq, adm.grant, adm.est, adm.pauseProbe, adm.reportSend = a.seq, a.grant, a.est, a.pauseProbe, a.reportSend
+	adm.probe = a.probe
 	return adm, nil
 }
 
@@ -181,7 +183,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 			return adm, err
 		}
 	}
-	adm.seq, adm.grant, adm.reportSend = res.Seq, res.Grant, res.ReportSend
+	adm.seq, adm.grant, adm.reportSend, adm.probe = res.Seq, res.Grant, res.ReportSend, res.Probe
 	if res.Wait > e.cfg.MaxInlineWait {
 		if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq, res.Grant); err != nil {
 			return adm, err

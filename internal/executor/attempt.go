@@ -97,7 +97,7 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 	var heard *heardAtStart // what a stream's headers told when they came
 	if stream != nil {
 		opts.OnDelta = func(d llm.Delta) { stream.Add(deltastream.Delta(d)) }
-		if up.Gate != nil {
+		if up.Gate != nil && adm.awaited() {
 			opts.OnStream = func(s llm.StreamStart) { heard = e.observeStreamStart(ctx, up, adm, s, started, job) }
 		}
 	}

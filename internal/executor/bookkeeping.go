@@ -76,6 +76,14 @@ type heardAtStart struct {
 	breaker bool          // the breaker was told a Success
 }
 
+// awaited reports whether other attempts on the credential wait for this one's news: the probe
+// of a limit being learned, a cold breaker's start slot, a paused credential's probe. Only then
+// does a stream's bookkeeping start at its headers (observeStreamStart), a round trip of its own;
+// any other attempt's goes in one round trip after the call.
+func (a admission) awaited() bool {
+	return a.probe || a.pauseProbe || (a.breaker != nil && a.breaker.ColdStart())
+}
+
 // observeStreamStart tells the limiter what a streamed answer's 2xx headers say as soon as they
 // are in, beside the stream, instead of after it; so too a cold breaker's start slot, a Success,
 // and a paused credential whose probe this is, its resume. While a limit is being learned every

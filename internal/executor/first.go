@@ -151,7 +151,7 @@ func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream,
 		return false, err
 	}
 	circuit := up.Circuit.ClosedAdmission(res.CircuitGen)
-	a.adm = admission{breaker: &circuit, seq: res.Seq, grant: res.Grant, est: est, reportSend: res.ReportSend}
+	a.adm = admission{breaker: &circuit, seq: res.Seq, grant: res.Grant, est: est, reportSend: res.ReportSend, probe: res.Probe}
 	a.sendAt = e.cfg.Now().Add(res.Wait)
 	return true, nil
 }
