@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
@@ -90,19 +91,22 @@ func TestExecutor_StreamingJob(t *testing.T) {
 
 // TestExecutor_StreamedProbeLetsOthersInAtItsHeaders: a credential's first attempts wait for news
 // of the provider: with its limit unknown, for the one probe that learns it; with its breaker
-// cold, for a first Success. When that attempt is a streaming job, the limiter and the breaker
-// hear its headers when they come, not when the stream ends: here the first stream is held after
-// its first delta, and a second job on the credential is let in and finishes meanwhile (told
-// after the stream, it would wait for the whole of it).
+// cold, for a first Success; paused, for its probe to get through. When that attempt is a
+// streaming job, the limiter and the breaker hear its headers when they come, not when the
+// stream ends: here the first stream is held after its first delta, and a second job on the
+// credential is let in and finishes meanwhile (told after the stream, it would wait for the
+// whole of it).
 func TestExecutor_StreamedProbeLetsOthersInAtItsHeaders(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		limit   limiter.Limit // zero: learned
 		breaker bool          // a breaker that lets one attempt out while cold
+		paused  bool          // the credential paused, one probe an hour
 	}{
 		{name: "limit being learned"},
 		{name: "cold breaker", limit: limiter.Limit{Rate: 100, Burst: 100}, breaker: true},
+		{name: "paused credential", limit: limiter.Limit{Rate: 100, Burst: 100}, paused: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -110,7 +114,12 @@ func TestExecutor_StreamedProbeLetsOthersInAtItsHeaders(t *testing.T) {
 			b := jobstest.New(t)
 			rdb := redistest.Client(t)
 			buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)})
-			lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t)})
+			limCfg := &limiter.Config{Prefix: redistest.Prefix(t)}
+			clock := clocktest.New(time.Now())
+			if tc.paused {
+				limCfg.Now = clock.Now // the pause's first probe comes an interval after it began
+			}
+			lim, err := limiter.New(rdb, limCfg)
 			require.NoError(t, err)
 			key := "sk-streamed-probe"
 			up := executor.Upstream{Name: "default", Kind: string(llm.KindAnthropic), Gate: lim.Gate(key, "default"),
@@ -126,6 +135,16 @@ func TestExecutor_StreamedProbeLetsOthersInAtItsHeaders(t *testing.T) {
 				ready = func() bool {
 					st, err := up.Circuit.Status(ctx)
 					return err == nil && !st.Capped
+				}
+			}
+			if tc.paused {
+				_, err := up.Gate.Pause(ctx, "spend cap", "")
+				require.NoError(t, err)
+				up.PauseProbeInterval = time.Hour
+				clock.Advance(time.Hour) // one probe now, the next an hour later
+				ready = func() bool {
+					ps, err := up.Gate.Paused(ctx)
+					return err == nil && !ps.Paused
 				}
 			}
 			p := &holdFirstStream{Provider: simProvider(t, llmsim.Config{ReplyTokens: 5, Capacity: 100, RefillPerSecond: 100}, key),
