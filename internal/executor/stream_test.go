@@ -162,8 +162,18 @@ func TestExecutor_StreamedProbeLetsOthersInAtItsHeaders(t *testing.T) {
 			other := create(string(helloRequest))
 			require.False(t, ready(), "nothing heard before the first attempt")
 
-			firstDone := make(chan error, 1)
-			go func() { firstDone <- ex.Process(ctx, dispatch.Delivery{JobID: first.ID}) }()
+			firstDone, finished := make(chan error, 1), make(chan struct{})
+			go func() {
+				defer close(finished)
+				firstDone <- ex.Process(ctx, dispatch.Delivery{JobID: first.ID})
+			}()
+			defer func() { // a failed assertion below must not leave the first delivery running
+				p.free()
+				select {
+				case <-finished:
+				case <-time.After(10 * time.Second):
+				}
+			}()
 			select {
 			case <-p.held:
 			case <-time.After(10 * time.Second):
@@ -177,7 +187,7 @@ func TestExecutor_StreamedProbeLetsOthersInAtItsHeaders(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, jobs.StatusSucceeded, got.Status)
 
-			close(p.release)
+			p.free()
 			select {
 			case err := <-firstDone:
 				require.NoError(t, err)
@@ -234,12 +244,15 @@ func TestExecutor_StreamFailingMidwayCountsForTheBreaker(t *testing.T) {
 }
 
 // holdFirstStream is a provider whose first streamed answer stops after its first delta (closing
-// held) until release is closed.
+// held) until release is closed (free).
 type holdFirstStream struct {
 	llm.Provider
-	once          sync.Once
+	once, freed   sync.Once
 	held, release chan struct{}
 }
+
+// free lets the held stream go on; calling it again does nothing.
+func (p *holdFirstStream) free() { p.freed.Do(func() { close(p.release) }) }
 
 func (p *holdFirstStream) Send(ctx context.Context, body []byte, opts llm.SendOptions) (*llm.Response, error) {
 	if opts.OnDelta != nil {
