@@ -43,11 +43,8 @@ func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, jo
 	if call, ok := e.reconcileCall(ctx, up, adm, job, resp, o.StatusCode); ok {
 		calls = append(calls, call)
 	}
-	if outcome := breakerOutcome(d); adm.breaker != nil && (heard == nil || !heard.breaker || outcome == breaker.Failure) {
-		call, err := up.Circuit.ReportCall(*adm.breaker, outcome, nil)
-		if err != nil {
-			e.cfg.Logger.WarnContext(ctx, "breaker report", "credential", up.Name, "error", err)
-		} else {
+	if outcome := breakerOutcome(d); adm.breaker != nil && !heard.toldBreaker(outcome) {
+		if call, ok := e.breakerCall(ctx, up, *adm.breaker, outcome); ok {
 			calls = append(calls, call)
 		}
 	}
@@ -69,11 +66,29 @@ func (e *Executor) resumeAfterProbe(ctx context.Context, g *limiter.Gate, up Ups
 	}
 }
 
+// breakerCall is the breaker's report of outcome for admission a, as a script call to send with
+// the rest of the bookkeeping; false (logged) when the report cannot be made.
+func (e *Executor) breakerCall(ctx context.Context, up Upstream, a breaker.Admission, o breaker.Outcome) (redisscript.Call, bool) {
+	call, err := up.Circuit.ReportCall(a, o, nil)
+	if err != nil {
+		e.cfg.Logger.WarnContext(ctx, "breaker report", "credential", up.Name, "error", err)
+		return redisscript.Call{}, false
+	}
+	return call, true
+}
+
 // heardAtStart is what a streamed answer's headers told the limiter and the breaker when they
 // came (observeStreamStart).
 type heardAtStart struct {
 	done    chan struct{} // closed once told
 	breaker bool          // the breaker was told a Success
+}
+
+// toldBreaker reports whether the breaker already heard what the attempt's outcome would tell it:
+// the Success at the headers stands for a success or a neutral end, not for a failure. A nil h
+// (nothing told at the headers) told nothing.
+func (h *heardAtStart) toldBreaker(o breaker.Outcome) bool {
+	return h != nil && h.breaker && o != breaker.Failure
 }
 
 // awaited reports whether other attempts on the credential wait for this one's news: the probe
@@ -103,9 +118,7 @@ func (e *Executor) observeStreamStart(ctx context.Context, up Upstream, adm admi
 		// Not a warm breaker's admission: a Success resets the failure count, and a provider
 		// whose streams all fail midway must still open the breaker. Nor a half-open probe's:
 		// closing the breaker after an outage takes a whole answer.
-		if call, err := up.Circuit.ReportCall(*adm.breaker, breaker.Success, nil); err != nil {
-			e.cfg.Logger.WarnContext(ctx, "breaker report", "credential", up.Name, "error", err)
-		} else {
+		if call, ok := e.breakerCall(ctx, up, *adm.breaker, breaker.Success); ok {
 			calls, h.breaker = append(calls, call), true
 		}
 	}
