@@ -247,3 +247,56 @@ func TestReportSend_TokenRefillCountsFromTheBurstsSend(t *testing.T) {
 	last := arrivals[len(arrivals)-1].Sub(t0)
 	require.Less(t, last, 2600*time.Millisecond, "and the schedule is not held back beyond the burst's lateness")
 }
+
+// TestReportSend_TokenPushedSlotIsNoBurstSlot: a slot the request bucket holds at once but the
+// token buckets push later is sent (and reported, as the worker reports every slot granted with
+// ReportSend) at its send time, not at its grant. Counted as one of the request bucket's burst
+// slots, it held every later token-bound ask until it left, and its own wait for the tokens was
+// then taken for the burst's lateness and added to the token schedule: each slot after the burst
+// pushed the next further (in the tokens bench, 0.4, 0.7 and 1.0 s). The schedule after the
+// burst must keep the token bucket's pace: one request a refill interval after the other.
+func TestReportSend_TokenPushedSlotIsNoBurstSlot(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := setup(t, func(c *limiter.Config) { c.TokenMinute = time.Second })
+	g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
+	lim := limiter.Limit{Rate: 100, Burst: 100, InputTokensPerMinute: 400}
+	cost := tokens.Cost{InputTokens: 100}
+	opts := limiter.AttemptOptions{ReportSend: true}
+	var arrivals []time.Time
+	// send reports r's send at its send time, as the worker does, and records the arrival.
+	send := func(r limiter.Reservation) {
+		b.clock.Set(r.SendAt)
+		if r.ReportSend != 0 {
+			_, err := g.Sent(ctx, r.ReportSend)
+			require.NoError(t, err)
+		}
+		arrivals = append(arrivals, b.clock.Now())
+	}
+	for i := range 4 { // the token bucket's burst, sent at once
+		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
+		require.NoError(t, err)
+		require.True(t, r.Granted, "burst slot %d", i)
+		send(r)
+	}
+	for i := range 8 {
+		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
+		require.NoError(t, err)
+		for k := 0; !r.Granted; k++ {
+			require.Less(t, k, 200, "slot %d after the burst never granted", i)
+			b.clock.Set(r.SendAt)
+			r, err = g.ReserveAttempt(ctx, lim, cost, opts)
+			require.NoError(t, err)
+		}
+		send(r)
+	}
+	require.Empty(t, providerAccepts(arrivals, 4, 4), "the provider refuses none")
+	// 8 slots at the refill's pace (0.25 s) after the burst, plus the phase margin and the rate
+	// margin: 2.0 s and a little. Each slot's wait taken for lateness made it 4 s and more.
+	last := arrivals[len(arrivals)-1].Sub(t0)
+	require.Less(t, last, 2300*time.Millisecond, "the slots after the burst keep the token bucket's pace")
+	for i := 5; i < len(arrivals); i++ {
+		require.Less(t, arrivals[i].Sub(arrivals[i-1]), 300*time.Millisecond, "slot %d comes one refill interval after the one before", i)
+	}
+}

@@ -355,6 +355,7 @@ if ARGV[41] == '1' and fa ~= nil and fa == full and fu > 0 then
   THOLD = math.min(now + poll, fl + AW)
   if granted == 1 and allow > full then granted, tagain = 0, THOLD end
 end
+local tpushed = false
 if granted == 1 then
   -- The request bucket has room at max(now, allow); the token buckets may push the slot later,
   -- and the request is then counted at that later time.
@@ -362,13 +363,16 @@ if granted == 1 then
   local ok, s2, m2 = tgate(m0, send)
   if ok then
     if m2 > m0 then ntat = math.max(base, m2) + T end
+    tpushed = m2 > m0 or s2 > send
     send = s2
   else
     granted, tagain = 0, s2
   end
 end
 if granted == 1 then tat = ntat end
-if granted == 1 and ARGV[41] == '1' then aheld(key, allow, full, fa, fu, now) end
+-- A slot the token buckets push leaves at its send time, not at once: it is no burst slot (its
+-- report would hold the asks after it, and its wait would read as the burst's lateness).
+if granted == 1 and ARGV[41] == '1' and not tpushed then aheld(key, allow, full, fa, fu, now) end
 redis.call('HSET', key, 'tat', fmt0(tat), 'ts', fmt(T), 'bs', burst, 'full', fmt0(full or 0))
 if tagain ~= nil then return reply(0, tagain, 0, rate, burst, source) end
 if granted == 0 then

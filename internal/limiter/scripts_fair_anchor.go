@@ -11,7 +11,9 @@ import "github.com/redis/go-redis/v9"
 // Postgres write, under a flood of submits as slow as a few hundred ms). When the burst leaves
 // later than the first refill slots by more than the phase margin, those slots are 429s. So,
 // for a caller that reports its sends, every slot a full bucket holds (a burst; period fa = the
-// time the bucket was full, µs) is counted (fu: not yet reported; fl: the last such grant) and
+// time the bucket was full, µs) and sends at once is counted (fu: not yet reported; fl: the last
+// such grant; a slot the token buckets push later is not: it leaves at its own send time, which
+// is no lateness of the burst's, and the asks after it need not wait for it) and
 // reported (Reservation.ReportSend = fa; a slot not yet reported when the bucket is full again
 // is carried over to the next period); sentScript folds each report into the provider's
 // schedule (tp: GCRA over the send times), and once every one is in, the schedule is moved to
