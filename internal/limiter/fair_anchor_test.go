@@ -194,6 +194,54 @@ func TestReportSend_NoReportWaitsASecond(t *testing.T) {
 	require.True(t, r.Granted, "without ReportSend the refill slot is granted at once, as before")
 }
 
+// tokenAnchor is the token-bound anchoring tests' credential: requests of 100 input tokens on a
+// bucket of 400 a second, whose request bucket (room for 100) never binds, asked with ReportSend
+// on an injected clock.
+type tokenAnchor struct {
+	t    *testing.T
+	ctx  context.Context
+	b    *testBundle
+	g    *limiter.Gate
+	lim  limiter.Limit
+	cost tokens.Cost
+	opts limiter.AttemptOptions
+}
+
+func newTokenAnchor(t *testing.T) *tokenAnchor {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	b := setup(t, func(c *limiter.Config) { c.TokenMinute = time.Second })
+	return &tokenAnchor{t: t, ctx: ctx, b: b, g: b.lim.Gate("anchor-"+redistest.Rand(), "main"),
+		lim:  limiter.Limit{Rate: 100, Burst: 100, InputTokensPerMinute: 400},
+		cost: tokens.Cost{InputTokens: 100}, opts: limiter.AttemptOptions{ReportSend: true}}
+}
+
+// reserve asks for a slot once.
+func (a *tokenAnchor) reserve() limiter.Reservation {
+	r, err := a.g.ReserveAttempt(a.ctx, a.lim, a.cost, a.opts)
+	require.NoError(a.t, err)
+	return r
+}
+
+// granted asks for slot i until it is granted, each time at the time it was told to ask again
+// (the token horizon: after the poll interval).
+func (a *tokenAnchor) granted(i int) limiter.Reservation {
+	r := a.reserve()
+	for k := 0; !r.Granted; k++ {
+		require.Less(a.t, k, 200, "slot %d after the burst never granted", i)
+		require.Positive(a.t, r.Wait)
+		a.b.clock.Set(r.SendAt)
+		r = a.reserve()
+	}
+	return r
+}
+
+// sent reports r's send now.
+func (a *tokenAnchor) sent(r limiter.Reservation) {
+	_, err := a.g.Sent(a.ctx, r.ReportSend)
+	require.NoError(a.t, err)
+}
+
 // TestReportSend_TokenRefillCountsFromTheBurstsSend: the token buckets' schedule after a burst
 // counts from the burst's sends too. 4 requests of 100 input tokens empty a bucket of 400 per
 // second (the request bucket has room for 100): granted at once, they leave 150 ms later. The
@@ -202,45 +250,27 @@ func TestReportSend_NoReportWaitsASecond(t *testing.T) {
 // burst's reports, and then count from them: the provider accepts every request.
 func TestReportSend_TokenRefillCountsFromTheBurstsSend(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b := setup(t, func(c *limiter.Config) { c.TokenMinute = time.Second })
-	g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
-	lim := limiter.Limit{Rate: 100, Burst: 100, InputTokensPerMinute: 400}
-	cost := tokens.Cost{InputTokens: 100}
-	opts := limiter.AttemptOptions{ReportSend: true}
+	a := newTokenAnchor(t)
 	var burst []limiter.Reservation
 	for i := range 4 {
-		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
-		require.NoError(t, err)
+		r := a.reserve()
 		require.True(t, r.Granted, "burst slot %d", i)
 		require.Zero(t, r.Wait)
 		require.NotZero(t, r.ReportSend)
 		burst = append(burst, r)
 	}
-	r, err := g.ReserveAttempt(ctx, lim, cost, opts)
-	require.NoError(t, err)
-	require.False(t, r.Granted, "a slot the tokens push waits for the burst's sends")
+	require.False(t, a.reserve().Granted, "a slot the tokens push waits for the burst's sends")
 
-	b.clock.Advance(150 * time.Millisecond)
+	a.b.clock.Advance(150 * time.Millisecond)
 	var arrivals []time.Time
 	for _, r := range burst {
-		_, err := g.Sent(ctx, r.ReportSend)
-		require.NoError(t, err)
-		arrivals = append(arrivals, b.clock.Now())
+		a.sent(r)
+		arrivals = append(arrivals, a.b.clock.Now())
 	}
 	for i := range 8 {
-		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
-		require.NoError(t, err)
-		for k := 0; !r.Granted; k++ { // told to ask again (the token horizon: after the poll interval)
-			require.Less(t, k, 200, "slot %d after the burst never granted", i)
-			require.Positive(t, r.Wait)
-			b.clock.Set(r.SendAt)
-			r, err = g.ReserveAttempt(ctx, lim, cost, opts)
-			require.NoError(t, err)
-		}
+		r := a.granted(i)
 		arrivals = append(arrivals, r.SendAt)
-		b.clock.Set(r.SendAt)
+		a.b.clock.Set(r.SendAt)
 	}
 	// 100 tokens of a bucket of 400 refilled at 400/s: a request bucket of 4 refilled at 4/s
 	require.Empty(t, providerAccepts(arrivals, 4, 4), "the provider refuses none")
@@ -257,39 +287,23 @@ func TestReportSend_TokenRefillCountsFromTheBurstsSend(t *testing.T) {
 // burst must keep the token bucket's pace: one request a refill interval after the other.
 func TestReportSend_TokenPushedSlotIsNoBurstSlot(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b := setup(t, func(c *limiter.Config) { c.TokenMinute = time.Second })
-	g := b.lim.Gate("anchor-"+redistest.Rand(), "main")
-	lim := limiter.Limit{Rate: 100, Burst: 100, InputTokensPerMinute: 400}
-	cost := tokens.Cost{InputTokens: 100}
-	opts := limiter.AttemptOptions{ReportSend: true}
+	a := newTokenAnchor(t)
 	var arrivals []time.Time
 	// send reports r's send at its send time, as the worker does, and records the arrival.
 	send := func(r limiter.Reservation) {
-		b.clock.Set(r.SendAt)
+		a.b.clock.Set(r.SendAt)
 		if r.ReportSend != 0 {
-			_, err := g.Sent(ctx, r.ReportSend)
-			require.NoError(t, err)
+			a.sent(r)
 		}
-		arrivals = append(arrivals, b.clock.Now())
+		arrivals = append(arrivals, a.b.clock.Now())
 	}
 	for i := range 4 { // the token bucket's burst, sent at once
-		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
-		require.NoError(t, err)
+		r := a.reserve()
 		require.True(t, r.Granted, "burst slot %d", i)
 		send(r)
 	}
 	for i := range 8 {
-		r, err := g.ReserveAttempt(ctx, lim, cost, opts)
-		require.NoError(t, err)
-		for k := 0; !r.Granted; k++ {
-			require.Less(t, k, 200, "slot %d after the burst never granted", i)
-			b.clock.Set(r.SendAt)
-			r, err = g.ReserveAttempt(ctx, lim, cost, opts)
-			require.NoError(t, err)
-		}
-		send(r)
+		send(a.granted(i))
 	}
 	require.Empty(t, providerAccepts(arrivals, 4, 4), "the provider refuses none")
 	// 8 slots at the refill's pace (0.25 s) after the burst, plus the phase margin and the rate
