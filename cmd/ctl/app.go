@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -200,4 +201,26 @@ func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// printList prints list to w: as a JSON array when asJSON (an empty list as [], never null);
+// else, when the list is empty and none is set, the line none; else a table under header, its
+// columns separated by tabs, one line of row's columns for each item.
+func printList[T any](w io.Writer, asJSON bool, list []T, none, header string, row func(T) []string) error {
+	if asJSON {
+		if list == nil {
+			list = []T{}
+		}
+		return writeJSON(w, list)
+	}
+	if len(list) == 0 && none != "" {
+		_, err := fmt.Fprintln(w, none)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, item := range list {
+		fmt.Fprintln(tw, strings.Join(row(item), "\t"))
+	}
+	return tw.Flush()
 }

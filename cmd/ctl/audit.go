@@ -2,8 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
-	"text/tabwriter"
+	"strconv"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -36,30 +35,18 @@ func (a *app) auditCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if c.Bool("json") {
-				if list == nil {
-					list = []audit.Entry{}
-				}
-				return writeJSON(a.out, list)
-			}
-			if len(list) == 0 {
-				_, err := fmt.Fprintln(a.out, "no actions")
-				return err
-			}
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "AT\tOPERATOR\tACTION\tTARGET\tCOUNT\tDETAIL")
-			for _, e := range list {
-				target, detail := e.Target, "-"
-				if target == "" {
-					target = "-"
-				}
-				if e.Detail != nil {
-					b, _ := json.Marshal(e.Detail)
-					detail = oneLineText(string(b), 60)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", e.At.Format(time.RFC3339), e.Operator, e.Action, target, e.Count, detail)
-			}
-			return tw.Flush()
+			return printList(a.out, c.Bool("json"), list, "no actions", "AT\tOPERATOR\tACTION\tTARGET\tCOUNT\tDETAIL",
+				func(e audit.Entry) []string {
+					target, detail := e.Target, "-"
+					if target == "" {
+						target = "-"
+					}
+					if e.Detail != nil {
+						b, _ := json.Marshal(e.Detail)
+						detail = oneLineText(string(b), 60)
+					}
+					return []string{e.At.Format(time.RFC3339), e.Operator, e.Action, target, strconv.Itoa(e.Count), detail}
+				})
 		},
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -46,12 +45,7 @@ func (a *app) credentialsCommand() *cli.Command {
 					}
 					rows = append(rows, row{Name: cr.Name, Provider: cr.Provider, State: st})
 				}
-				if c.Bool("json") {
-					return writeJSON(a.out, rows)
-				}
-				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tPROVIDER\tLIMIT\tSOURCE\tPAUSED\tPUSHED BACK\tBREAKER")
-				for _, r := range rows {
+				return printList(a.out, c.Bool("json"), rows, "", "NAME\tPROVIDER\tLIMIT\tSOURCE\tPAUSED\tPUSHED BACK\tBREAKER", func(r row) []string {
 					limit := "-"
 					if r.Burst > 0 || r.RatePerSec > 0 {
 						limit = fmt.Sprintf("%.4g/s burst %d", r.RatePerSec, r.Burst)
@@ -68,9 +62,8 @@ func (a *app) credentialsCommand() *cli.Command {
 					if r.BreakerTill != nil {
 						brkState += " until " + r.BreakerTill.Format(time.RFC3339)
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Provider, limit, r.LimitSource, paused, pushed, brkState)
-				}
-				return tw.Flush()
+					return []string{r.Name, r.Provider, limit, r.LimitSource, paused, pushed, brkState}
+				})
 			},
 		}, {
 			Name:      "resume",

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -80,27 +79,19 @@ func (a *app) deadList(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.Bool("json") {
-		if dead == nil {
-			dead = []*jobs.Job{}
-		}
-		return writeJSON(a.out, dead)
-	}
-	if len(dead) == 0 {
-		_, err := fmt.Fprintln(a.out, "no dead jobs")
-		return err
-	}
-	tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCREDENTIAL\tREASON\tATTEMPTS\tDIED\tLAST ERROR")
-	for _, j := range dead {
-		reason := "-"
-		if j.DeadReason != nil {
-			reason = *j.DeadReason
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", j.ID, j.Credential, reason, j.Attempts, j.MaxAttempts,
-			ts(j.FinishedAt), lastErrorText(j.LastError))
-	}
-	return tw.Flush()
+	return printList(a.out, c.Bool("json"), dead, "no dead jobs", "ID\tCREDENTIAL\tREASON\tATTEMPTS\tDIED\tLAST ERROR",
+		func(j *jobs.Job) []string {
+			reason := "-"
+			if j.DeadReason != nil {
+				reason = *j.DeadReason
+			}
+			return []string{j.ID, j.Credential, reason, attemptsText(j), ts(j.FinishedAt), lastErrorText(j.LastError)}
+		})
+}
+
+// attemptsText is a job's attempts made out of its most, as tables show it: "2/5".
+func attemptsText(j *jobs.Job) string {
+	return fmt.Sprintf("%d/%d", j.Attempts, j.MaxAttempts)
 }
 
 // lastErrorText is a one-line summary of a job's last error for tables.

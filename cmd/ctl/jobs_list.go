@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -39,23 +38,11 @@ func (a *app) jobsListCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if c.Bool("json") {
-				if list == nil {
-					list = []*jobs.Job{}
-				}
-				return writeJSON(a.out, list)
-			}
-			if len(list) == 0 {
-				_, err := fmt.Fprintln(a.out, "no jobs")
-				return err
-			}
-			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATUS\tCREDENTIAL\tATTEMPTS\tCREATED\tFINISHED")
-			for _, j := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", j.ID, j.Status, j.Credential, j.Attempts, j.MaxAttempts,
-					j.CreatedAt.Format(time.RFC3339), ts(j.FinishedAt))
-			}
-			return tw.Flush()
+			return printList(a.out, c.Bool("json"), list, "no jobs", "ID\tSTATUS\tCREDENTIAL\tATTEMPTS\tCREATED\tFINISHED",
+				func(j *jobs.Job) []string {
+					return []string{j.ID, string(j.Status), j.Credential, attemptsText(j),
+						j.CreatedAt.Format(time.RFC3339), ts(j.FinishedAt)}
+				})
 		},
 	}
 }

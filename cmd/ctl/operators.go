@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os/user"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -91,22 +90,9 @@ func (a *app) operatorsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				if c.Bool("json") {
-					if list == nil {
-						list = []operator.Operator{}
-					}
-					return writeJSON(a.out, list)
-				}
-				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tCREATED\tREVOKED")
-				for _, o := range list {
-					revoked := "-"
-					if o.RevokedAt != nil {
-						revoked = o.RevokedAt.Format(time.RFC3339)
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\n", o.Name, o.CreatedAt.Format(time.RFC3339), revoked)
-				}
-				return tw.Flush()
+				return printList(a.out, c.Bool("json"), list, "", "NAME\tCREATED\tREVOKED", func(o operator.Operator) []string {
+					return []string{o.Name, o.CreatedAt.Format(time.RFC3339), ts(o.RevokedAt)}
+				})
 			},
 		}},
 	}

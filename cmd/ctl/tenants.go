@@ -3,8 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -108,23 +108,9 @@ func (a *app) tenantsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				if c.Bool("json") {
-					if list == nil {
-						list = []tenant.Tenant{}
-					}
-					return writeJSON(a.out, list)
-				}
-				tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NAME\tCREDENTIALS\tWEIGHT\tCREATED\tREVOKED")
-				for _, t := range list {
-					revoked := "-"
-					if t.RevokedAt != nil {
-						revoked = t.RevokedAt.Format(time.RFC3339)
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", t.Name, credentialsText(t.Credentials), t.Weight,
-						t.CreatedAt.Format(time.RFC3339), revoked)
-				}
-				return tw.Flush()
+				return printList(a.out, c.Bool("json"), list, "", "NAME\tCREDENTIALS\tWEIGHT\tCREATED\tREVOKED", func(t tenant.Tenant) []string {
+					return []string{t.Name, credentialsText(t.Credentials), strconv.Itoa(t.Weight), t.CreatedAt.Format(time.RFC3339), ts(t.RevokedAt)}
+				})
 			},
 		}},
 	}
