@@ -1,14 +1,34 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"os/user"
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/audit"
 )
+
+// ctlActor is who the audit log names for an action of ctl: "ctl", with the OS user when known.
+func ctlActor() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return "ctl:" + u.Username
+	}
+	return "ctl"
+}
+
+// logAction writes e to the audit log as ctl's (ctlActor), as the console writes its operators'
+// actions: ctl's commands that change jobs, tenants or operators call it once the change is made,
+// and a refused write fails the command, whose change stays made.
+func logAction(ctx context.Context, p *pgxpool.Pool, e audit.Entry) error {
+	e.Operator = ctlActor()
+	_, err := audit.Log(ctx, p, e)
+	return err
+}
 
 func (a *app) auditCommand() *cli.Command {
 	return &cli.Command{

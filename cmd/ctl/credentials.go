@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/credstate"
@@ -82,6 +83,12 @@ func (a *app) credentialsCommand() *cli.Command {
 				if !ok {
 					return fmt.Errorf("no credential %q in the config", c.Args().First())
 				}
+				// Postgres before the change: a resume the audit log cannot record is not made.
+				p, err := pool(c)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
 				gate := lim.Gate(cr.LimiterID(), cr.Name)
 				was, err := gate.Resume(c.Context)
 				if err != nil {
@@ -91,18 +98,19 @@ func (a *app) credentialsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				switch {
-				case !was && !pb.Active():
+				if !was && !pb.Active() {
 					fmt.Fprintf(a.out, "credential %s was neither paused nor pushed back\n", cr.Name)
-				case !pb.Active():
-					fmt.Fprintf(a.out, "credential %s resumed\n", cr.Name)
-				default:
+					return nil
+				}
+				if pb.Active() {
 					// Jobs already given a send time at the push-back's end keep it: at most
 					// retry.max_retry_after away.
 					fmt.Fprintf(a.out, "credential %s resumed: cleared its push-back until %s (%s)\n", cr.Name,
 						pb.Until.UTC().Format(time.RFC3339), pb.Reason())
+				} else {
+					fmt.Fprintf(a.out, "credential %s resumed\n", cr.Name)
 				}
-				return nil
+				return logAction(c.Context, p, audit.Entry{Action: "credential.resume", Target: cr.Name, Count: 1})
 			},
 		}},
 	}

@@ -21,12 +21,14 @@ func TestCredentials_ListAndResume(t *testing.T) {
 	keyFile := filepath.Join(dir, "key")
 	require.NoError(t, os.WriteFile(keyFile, []byte("sk-ctl-test\n"), 0o600))
 	cfgFile := filepath.Join(dir, "llmq.yaml")
+	b := setupJobs(t) // the audit log's database, named by the config
 	require.NoError(t, os.WriteFile(cfgFile, fmt.Appendf(nil, `
+database_url: %s
 redis_url: %s
 credentials:
   - { name: main, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_file: %s, limits: { requests_per_second: 10, burst: 20 } }
   - { name: spare, provider: openai, base_url: "http://127.0.0.1:2", api_key_file: %s }
-`, redistest.URL(), keyFile, keyFile), 0o600))
+`, b.url, redistest.URL(), keyFile, keyFile), 0o600))
 	prefix := redistest.Prefix(t)
 	args := []string{"--config", cfgFile, "--redis-prefix", prefix, "credentials"}
 
@@ -94,6 +96,14 @@ credentials:
 	require.Empty(t, list()[1].PushReason)
 	r = run(t, append(args, "resume", "spare")...)
 	require.Equal(t, "credential spare was neither paused nor pushed back\n", r.out)
+
+	// The two resumes that changed something are in the audit log.
+	var resumed []string
+	for _, e := range auditLog(t, b.url) {
+		require.Equal(t, "credential.resume", e.Action)
+		resumed = append(resumed, e.Target)
+	}
+	require.Equal(t, []string{"spare", "main"}, resumed)
 
 	requireOneLineError(t, run(t, append(args, "resume", "nope")...), 1, `no credential "nope"`)
 	require.Equal(t, 2, run(t, append(args, "resume")...).code)

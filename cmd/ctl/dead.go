@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -188,6 +189,14 @@ func (a *app) deadRetry(c *cli.Context) error {
 	if all && len(requeued) == 0 {
 		fmt.Fprintln(a.out, "no dead jobs matched")
 	}
+	detail := map[string]any{"requested": ids}
+	if all {
+		detail = map[string]any{"all": true, "reason": f.Reason, "credential": f.Credential}
+	}
+	if err := logAction(c.Context, p, audit.Entry{Action: "dead.retry", Target: auditTarget(ids), Count: len(requeued),
+		Detail: detail}); err != nil {
+		problems = append(problems, err.Error())
+	}
 	for _, id := range ids {
 		if slices.Contains(requeued, id) {
 			continue
@@ -225,6 +234,17 @@ func (a *app) deadPurge(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(a.out, "purged %d dead jobs\n", n)
-	return err
+	if _, err := fmt.Fprintf(a.out, "purged %d dead jobs\n", n); err != nil {
+		return err
+	}
+	return logAction(c.Context, p, audit.Entry{Action: "dead.purge", Count: int(n),
+		Detail: map[string]any{"older_than": d.String()}})
+}
+
+// auditTarget is the audit log's target of an action on ids: the id when there is one, else "".
+func auditTarget(ids []string) string {
+	if len(ids) == 1 {
+		return ids[0]
+	}
+	return ""
 }

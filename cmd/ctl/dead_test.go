@@ -236,6 +236,13 @@ func TestDeadRetry(t *testing.T) {
 		evs, err := b.store.Events(context.Background(), job.ID, 0)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusQueued, evs[5].Type, "the retry appended an event")
+
+		entries := auditLog(t, b.url)
+		require.Len(t, entries, 1, "the retry is in the audit log")
+		require.Equal(t, "dead.retry", entries[0].Action)
+		require.Equal(t, job.ID, entries[0].Target)
+		require.Equal(t, 1, entries[0].Count)
+		require.True(t, strings.HasPrefix(entries[0].Operator, "ctl"), entries[0].Operator)
 	})
 
 	t.Run("AllByReason", func(t *testing.T) {
@@ -260,6 +267,13 @@ func TestDeadRetry(t *testing.T) {
 		r = run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all", "--reason", jobs.ReasonRateLimitedNoRetryAfter)...)
 		require.Equal(t, 0, r.code)
 		require.Equal(t, "no dead jobs matched\n", r.out)
+
+		entries := auditLog(t, b.url)
+		require.Len(t, entries, 2, "both retries are in the audit log, the one that matched nothing too")
+		require.Equal(t, 0, entries[0].Count)
+		require.Equal(t, 2, entries[1].Count)
+		require.Empty(t, entries[1].Target, "several jobs")
+		require.Equal(t, map[string]any{"all": true, "reason": jobs.ReasonRateLimitedNoRetryAfter, "credential": ""}, entries[1].Detail)
 	})
 
 	t.Run("NotDeadAndUnknown", func(t *testing.T) {
@@ -319,6 +333,11 @@ func TestDeadPurge(t *testing.T) {
 	require.ErrorIs(t, err, jobs.ErrNotFound)
 	_, err = b.store.Get(context.Background(), recent.ID)
 	require.NoError(t, err)
+	entries := auditLog(t, b.url)
+	require.Len(t, entries, 1, "the purge is in the audit log")
+	require.Equal(t, "dead.purge", entries[0].Action)
+	require.Equal(t, 1, entries[0].Count)
+	require.Equal(t, map[string]any{"older_than": "168h0m0s"}, entries[0].Detail)
 
 	r = run(t, "--database-url", b.url, "dead", "purge")
 	requireOneLineError(t, r, 2, "older-than")

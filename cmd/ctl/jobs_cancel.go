@@ -6,6 +6,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -40,10 +41,11 @@ func (a *app) jobsCancelCommand() *cli.Command {
 				return err
 			}
 			fmt.Fprintf(a.out, "canceled %s\n", job.ID)
+			logged := logAction(c.Context, p, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
 			if err := tasks.Abort(job.ID); err != nil {
 				return fmt.Errorf("job %s is canceled, but its task could not be aborted (an attempt in flight runs to its end, unstored): %w", job.ID, err)
 			}
-			return nil
+			return logged
 		},
 	}
 }

@@ -92,6 +92,10 @@ func TestJobsCancel(t *testing.T) {
 		require.Equal(t, jobs.StatusCanceled, got.Status)
 		_, err = insp.GetTaskInfo(queue, job.ID)
 		require.ErrorIs(t, err, asynq.ErrTaskNotFound, "its task is gone")
+		entries := auditLog(t, b.url)
+		require.Len(t, entries, 1, "the cancel is in the audit log")
+		require.Equal(t, "job.cancel", entries[0].Action)
+		require.Equal(t, job.ID, entries[0].Target)
 	})
 	t.Run("Terminal", func(t *testing.T) {
 		t.Parallel()

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/user"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -10,14 +9,6 @@ import (
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/operator"
 )
-
-// ctlActor is who the audit log names for an action of ctl: "ctl", with the OS user when known.
-func ctlActor() string {
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		return "ctl:" + u.Username
-	}
-	return "ctl"
-}
 
 func (a *app) operatorsCommand() *cli.Command {
 	return &cli.Command{
@@ -40,7 +31,7 @@ func (a *app) operatorsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				if _, err := audit.Log(c.Context, p, audit.Entry{Operator: ctlActor(), Action: "operator.create", Target: o.Name, Count: 1}); err != nil {
+				if err := logAction(c.Context, p, audit.Entry{Action: "operator.create", Target: o.Name, Count: 1}); err != nil {
 					return err
 				}
 				// The token alone on the output (TOKEN=$(ctl operators create NAME)).
@@ -70,7 +61,7 @@ func (a *app) operatorsCommand() *cli.Command {
 					fmt.Fprintf(a.out, "operator %s was revoked already\n", name)
 					return nil
 				}
-				if _, err := audit.Log(c.Context, p, audit.Entry{Operator: ctlActor(), Action: "operator.revoke", Target: name, Count: 1}); err != nil {
+				if err := logAction(c.Context, p, audit.Entry{Action: "operator.revoke", Target: name, Count: 1}); err != nil {
 					return err
 				}
 				fmt.Fprintf(a.out, "operator %s revoked\n", name)

@@ -42,10 +42,7 @@ func TestOperators_CreateListRevokeAudit(t *testing.T) {
 	requireOneLineError(t, run(t, append(db, "operators", "revoke", "nobody")...), 1, `operator not found: "nobody"`)
 
 	// Both changes are in the audit log, newest first.
-	r = run(t, append(db, "audit", "--json")...)
-	require.Equal(t, 0, r.code, r.errOut)
-	var entries []audit.Entry
-	require.NoError(t, json.Unmarshal([]byte(r.out), &entries))
+	entries := auditLog(t, b.url)
 	require.Len(t, entries, 2)
 	require.Equal(t, "operator.revoke", entries[0].Action)
 	require.Equal(t, "operator.create", entries[1].Action)
@@ -55,4 +52,14 @@ func TestOperators_CreateListRevokeAudit(t *testing.T) {
 	require.Equal(t, 0, r.code, r.errOut)
 	require.Contains(t, r.out, "operator.create")
 	requireOneLineError(t, run(t, append(db, "audit", "--limit", "0")...), 2, "--limit must be at least 1")
+}
+
+// auditLog is `ctl audit --json` on the database at url: the audit log, newest first.
+func auditLog(t *testing.T, url string) []audit.Entry {
+	t.Helper()
+	r := run(t, "--database-url", url, "audit", "--json")
+	require.Equal(t, 0, r.code, r.errOut)
+	var entries []audit.Entry
+	require.NoError(t, json.Unmarshal([]byte(r.out), &entries))
+	return entries
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -46,7 +47,8 @@ func (a *app) tenantsCommand() *cli.Command {
 				fmt.Fprintf(a.errOut, "tenant %s created (credentials: %s), weight %d; its bearer token follows and is not shown again:\n",
 					t.Name, credentialsText(t.Credentials), t.Weight)
 				fmt.Fprintln(a.out, token)
-				return nil
+				return logAction(c.Context, p, audit.Entry{Action: "tenant.create", Target: t.Name, Count: 1,
+					Detail: map[string]any{"credentials": t.Credentials, "weight": t.Weight}})
 			},
 		}, {
 			Name:      "revoke",
@@ -71,7 +73,7 @@ func (a *app) tenantsCommand() *cli.Command {
 					return nil
 				}
 				fmt.Fprintf(a.out, "tenant %s revoked\n", name)
-				return nil
+				return logAction(c.Context, p, audit.Entry{Action: "tenant.revoke", Target: name, Count: 1})
 			},
 		}, {
 			Name:      "set",
@@ -92,7 +94,8 @@ func (a *app) tenantsCommand() *cli.Command {
 					return err
 				}
 				fmt.Fprintf(a.out, "tenant %s: weight %d\n", name, w)
-				return nil
+				return logAction(c.Context, p, audit.Entry{Action: "tenant.weight", Target: name, Count: 1,
+					Detail: map[string]any{"weight": w}})
 			},
 		}, {
 			Name:  "list",

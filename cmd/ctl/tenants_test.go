@@ -79,6 +79,14 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 	require.Regexp(t, `^NAME\s+CREDENTIALS\s+WEIGHT\s+CREATED\s+REVOKED$`, lines[0])
 	require.Regexp(t, `^acme\s+all\s+1\s+\S+\s+\d{4}-`, lines[1])
 	require.Regexp(t, `^limited\s+default,oai\s+1\s+\S+\s+-$`, lines[4])
+
+	// The four creates and the one revoke that changed something are in the audit log.
+	var actions []string
+	for _, e := range auditLog(t, b.url) {
+		actions = append(actions, e.Action+" "+e.Target)
+	}
+	require.Equal(t, []string{"tenant.revoke acme", "tenant.create flag-after", "tenant.create flag-first",
+		"tenant.create limited", "tenant.create acme"}, actions)
 }
 
 // TestTenants_Weight: create --weight, set --weight and list; a bad weight or usage is refused
@@ -109,6 +117,12 @@ func TestTenants_Weight(t *testing.T) {
 	var rows []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.out), &rows))
 	require.EqualValues(t, 5, rows[0]["weight"])
+	entries := auditLog(t, b.url)
+	require.Len(t, entries, 4, "two creates and two weights")
+	require.Equal(t, "tenant.weight", entries[0].Action)
+	require.Equal(t, "big", entries[0].Target)
+	require.Equal(t, map[string]any{"weight": float64(5)}, entries[0].Detail)
+	require.Equal(t, map[string]any{"credentials": nil, "weight": float64(3)}, entries[3].Detail)
 
 	requireOneLineError(t, run(t, append(db, "set", "small", "--weight", "0")...), 1, "invalid weight: 0 (want 1..1000)")
 	requireOneLineError(t, run(t, append(db, "create", "x", "--weight", "1001")...), 1, "invalid weight: 1001")
