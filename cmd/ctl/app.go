@@ -29,7 +29,7 @@ func newApp(out, errOut io.Writer) *app {
 	jobs.Subcommands = append(jobs.Subcommands, a.jobsListCommand(), a.jobsCancelCommand())
 	a.cli = &cli.App{
 		Name:      "ctl",
-		Usage:     "operate llmq: migrations, jobs, dead letters, stats",
+		Usage:     "operate llmq: migrations, jobs, dead letters, credentials, tenants, operators, stats, audit",
 		Writer:    out,
 		ErrWriter: errOut,
 		Flags: []cli.Flag{

@@ -18,7 +18,7 @@ import (
 func (a *app) credentialsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "credentials",
-		Usage: "inspect provider credentials: limits in force, pauses, Retry-After push-backs",
+		Usage: "inspect provider credentials (limits in force, pauses, Retry-After push-backs) and resume one",
 		Subcommands: []*cli.Command{{
 			Name:  "list",
 			Usage: "each credential's limit (configured or learned), pause state and Retry-After push-back",

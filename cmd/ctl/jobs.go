@@ -14,7 +14,7 @@ import (
 func (a *app) jobsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "jobs",
-		Usage: "inspect jobs",
+		Usage: "inspect jobs and cancel one",
 		Subcommands: []*cli.Command{{
 			Name:      "show",
 			Usage:     "show a job and its attempts",
