@@ -21,7 +21,8 @@ func TestOpen_CreatesDatabaseFromAPoolURL(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// A database that does not exist yet, named in a URL carrying pool settings.
+	// A database that does not exist yet, named in a URL carrying pool settings, which the pool
+	// takes.
 	u, err := url.Parse(pgtest.URL(t))
 	require.NoError(t, err)
 	name := "llmq_test_" + redistest.Rand()
@@ -29,6 +30,7 @@ func TestOpen_CreatesDatabaseFromAPoolURL(t *testing.T) {
 	u.Path = "/" + name
 	q := u.Query()
 	q.Set("pool_max_conns", "8")
+	q.Set("pool_min_conns", "2") // the README's way to keep a pool open
 	u.RawQuery = q.Encode()
 	t.Cleanup(func() {
 		c, err := pgx.Connect(context.Background(), admin.String())
@@ -42,6 +44,7 @@ func TestOpen_CreatesDatabaseFromAPoolURL(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	require.EqualValues(t, 8, pool.Config().MaxConns)
+	require.EqualValues(t, 2, pool.Config().MinConns)
 	var version int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version))
 	require.Equal(t, migrations.All()[len(migrations.All())-1].Version, version)
