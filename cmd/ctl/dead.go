@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -46,10 +47,11 @@ func (a *app) deadCommand() *cli.Command {
 			},
 			Action: a.deadRetry,
 		}, {
-			Name:  "purge",
-			Usage: "delete dead jobs, with their attempts and events",
+			Name:      "purge",
+			Usage:     "delete dead jobs, with their attempts and events",
+			ArgsUsage: "ID... | --older-than D",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "older-than", Usage: "required: only jobs that died longer ago than this (24h, 30d)"},
+				&cli.StringFlag{Name: "older-than", Usage: "every job that died longer ago than this (24h, 30d)"},
 			},
 			Action: a.deadPurge,
 		}},
@@ -197,11 +199,22 @@ func (a *app) deadRetry(c *cli.Context) error {
 		Detail: detail}); err != nil {
 		problems = append(problems, err.Error())
 	}
+	problems = append(problems, whyNotDone(c.Context, store, ids, requeued)...)
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// whyNotDone says, for each of the ids an action on dead jobs asked for and did not do (not in
+// done), why: no such job, or a job that is not dead.
+func whyNotDone(ctx context.Context, store *jobs.Store, ids, done []string) []string {
+	var problems []string
 	for _, id := range ids {
-		if slices.Contains(requeued, id) {
+		if slices.Contains(done, id) {
 			continue
 		}
-		job, err := store.Get(c.Context, id)
+		job, err := store.Get(ctx, id)
 		switch {
 		case errors.Is(err, jobs.ErrNotFound):
 			problems = append(problems, fmt.Sprintf("no job %q", id))
@@ -211,34 +224,54 @@ func (a *app) deadRetry(c *cli.Context) error {
 			problems = append(problems, fmt.Sprintf("job %s is %s, not dead", id, job.Status))
 		}
 	}
-	if len(problems) > 0 {
-		return errors.New(strings.Join(problems, "; "))
-	}
-	return nil
+	return problems
 }
 
 func (a *app) deadPurge(c *cli.Context) error {
-	if c.NArg() != 0 || c.String("older-than") == "" {
-		return cli.Exit("usage: ctl dead purge --older-than D", exitUsage)
+	ids, age := c.Args().Slice(), c.String("older-than")
+	if (len(ids) == 0) == (age == "") {
+		return cli.Exit("usage: ctl dead purge ID... | --older-than D", exitUsage)
 	}
-	d, err := parseAge("older-than", c.String("older-than"))
-	if err != nil {
-		return err
+	var d time.Duration
+	if age != "" {
+		var err error
+		if d, err = parseAge("older-than", age); err != nil {
+			return err
+		}
 	}
 	p, err := pool(c)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	n, err := jobs.NewStore(p, nil).PurgeDead(c.Context, time.Now().Add(-d))
+	store := jobs.NewStore(p, nil)
+	if age != "" {
+		n, err := store.PurgeDead(c.Context, time.Now().Add(-d))
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(a.out, "purged %d dead jobs\n", n); err != nil {
+			return err
+		}
+		return logAction(c.Context, p, audit.Entry{Action: "dead.purge", Count: int(n),
+			Detail: map[string]any{"older_than": d.String()}})
+	}
+	purged, err := store.PurgeDeadIDs(c.Context, ids)
 	if err != nil {
 		return err
 	}
-	if _, err := fmt.Fprintf(a.out, "purged %d dead jobs\n", n); err != nil {
-		return err
+	for _, id := range purged {
+		fmt.Fprintf(a.out, "purged %s\n", id)
 	}
-	return logAction(c.Context, p, audit.Entry{Action: "dead.purge", Count: int(n),
-		Detail: map[string]any{"older_than": d.String()}})
+	problems := whyNotDone(c.Context, store, ids, purged)
+	if err := logAction(c.Context, p, audit.Entry{Action: "dead.purge", Target: auditTarget(ids), Count: len(purged),
+		Detail: map[string]any{"requested": ids}}); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	return nil
 }
 
 // auditTarget is the audit log's target of an action on ids: the id when there is one, else "".

@@ -340,5 +340,24 @@ func TestDeadPurge(t *testing.T) {
 	require.Equal(t, map[string]any{"older_than": "168h0m0s"}, entries[0].Detail)
 
 	r = run(t, "--database-url", b.url, "dead", "purge")
-	requireOneLineError(t, r, 2, "older-than")
+	requireOneLineError(t, r, 2, "usage: ctl dead purge ID... | --older-than D")
+	r = run(t, "--database-url", b.url, "dead", "purge", recent.ID, "--older-than", "7d")
+	requireOneLineError(t, r, 2, "usage: ctl dead purge ID... | --older-than D")
+
+	// By IDs: the dead one goes, a live job and an unknown ID are named and left alone.
+	live := b.createJob(t)
+	const unknown = "0190a5b2-7c1e-7d3f-9a8b-123456789abc"
+	r = run(t, "--database-url", b.url, "dead", "purge", recent.ID, live.ID, unknown)
+	requireOneLineError(t, r, 1, "job "+live.ID+" is queued, not dead")
+	require.Contains(t, r.errOut, `no job "`+unknown+`"`)
+	require.Equal(t, "purged "+recent.ID+"\n", r.out)
+	_, err = b.store.Get(context.Background(), recent.ID)
+	require.ErrorIs(t, err, jobs.ErrNotFound)
+	_, err = b.store.Get(context.Background(), live.ID)
+	require.NoError(t, err, "the live job stays")
+	entries = auditLog(t, b.url)
+	require.Len(t, entries, 2)
+	require.Equal(t, "dead.purge", entries[0].Action)
+	require.Equal(t, 1, entries[0].Count)
+	require.Equal(t, map[string]any{"requested": []any{recent.ID, live.ID, unknown}}, entries[0].Detail)
 }
