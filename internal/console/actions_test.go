@@ -104,6 +104,52 @@ func TestDeadPurge_SelectionAndAudit(t *testing.T) {
 	require.Equal(t, 2, e.Count)
 }
 
+// TestJobCancel_Audited: an operator cancels a queued job from its page: it ends canceled with
+// its event, the audit log names the operator; a second cancel is 409 job_terminal naming the
+// status, an unknown job 404, and a cancel without the session's CSRF token is refused.
+func TestJobCancel_Audited(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	ctx := context.Background()
+	queued := b.jobs.Create(t, jobstest.Opts{})
+
+	var res struct {
+		Message string `json:"message"`
+		Changed bool   `json:"changed"`
+	}
+	c.json(http.MethodPost, "/console/api/jobs/"+queued.ID+"/cancel", nil, &res)
+	require.True(t, res.Changed)
+	require.Equal(t, "job "+queued.ID+" canceled", res.Message)
+	j, err := b.jobs.Store.Get(ctx, queued.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, j.Status)
+	evs, err := b.jobs.Store.Events(ctx, queued.ID, 0)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, evs[len(evs)-1].Type)
+
+	e := b.audit(t)[0]
+	require.Equal(t, "job.cancel", e.Action)
+	require.Equal(t, "alice", e.Operator)
+	require.Equal(t, queued.ID, e.Target)
+
+	r, out := c.do(http.MethodPost, "/console/api/jobs/"+queued.ID+"/cancel", nil, nil)
+	requireError(t, r, out, http.StatusConflict, "job_terminal")
+	require.Contains(t, out, "it is canceled")
+	r, out = c.do(http.MethodPost, "/console/api/jobs/00000000-0000-4000-8000-000000000000/cancel", nil, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+	r, out = c.do(http.MethodPost, "/console/api/jobs/nope/cancel", nil, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+
+	other := b.jobs.Create(t, jobstest.Opts{})
+	r, _ = c.do(http.MethodPost, "/console/api/jobs/"+other.ID+"/cancel", nil, http.Header{"X-CSRF-Token": {"wrong"}})
+	require.Equal(t, http.StatusForbidden, r.StatusCode)
+	j, err = b.jobs.Store.Get(ctx, other.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, j.Status, "refused without the CSRF token")
+	require.Len(t, b.audit(t), 2, "login and the one cancel")
+}
+
 func TestTenants_CreateRevokeAudited(t *testing.T) {
 	t.Parallel()
 	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})

@@ -53,8 +53,9 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Jobs is the job store. Required.
 	Jobs *jobs.Store
-	// Tasks requeues retried dead letters and reads the queue depth. nil: retried jobs wait for
-	// the sweeper, and the overview has no queue depth.
+	// Tasks requeues retried dead letters, aborts canceled jobs' tasks and reads the queue depth.
+	// nil: retried jobs wait for the sweeper, a canceled job's attempt in flight runs to its
+	// (unstored) end, and the overview has no queue depth.
 	Tasks *dispatch.Tasks
 	// Redis holds the credentials' shared state (limiter, breaker). Required.
 	Redis redis.UniversalClient
@@ -151,6 +152,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /console/api/jobs", h.authed(h.jobList))
 	m.HandleFunc("GET /console/api/jobs/{id}", h.authed(h.jobDetail))
 	m.HandleFunc("GET /console/api/jobs/{id}/live", h.authed(h.jobLive))
+	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.authed(h.jobCancel))
 	m.HandleFunc("GET /console/api/dead", h.authed(h.deadList))
 	m.HandleFunc("POST /console/api/dead/retry", h.authed(h.deadRetry))
 	m.HandleFunc("POST /console/api/dead/purge", h.authed(h.deadPurge))

@@ -3,11 +3,13 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
 )
@@ -200,4 +202,28 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 			_ = h.cfg.Jobs.Watch(r.Context(), id, watchTTL)
 		}
 	}
+}
+
+// jobCancel cancels a job that has not ended, as DELETE /v1/jobs/{id} does for its tenant: the
+// transition in Postgres (after it no result can be stored), then the abort of its task wherever
+// it runs. A job that already ended is 409 job_terminal, naming its status.
+func (h *Handler) jobCancel(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	job, err := h.cfg.Jobs.Cancel(r.Context(), r.PathValue("id"))
+	var te *jobs.TerminalError
+	if errors.As(err, &te) {
+		err = &apiError{http.StatusConflict, "job_terminal", "the job already ended: it is " + string(te.Status)}
+	}
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	if h.cfg.Tasks != nil {
+		// Canceled whatever Redis says: the worker skips terminal jobs, so a failed abort only
+		// lets an attempt already in flight run to its (unstored) end.
+		if err := h.cfg.Tasks.Abort(job.ID); err != nil {
+			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
+		}
+	}
+	h.audit(r, s.Operator, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
+	writeJSON(w, http.StatusOK, map[string]any{"message": "job " + job.ID + " canceled", "changed": true})
 }

@@ -142,6 +142,16 @@ try {
   assert.match(await text(tab, '#attempts li'), /429/);
   await shot(tab, 'job');
 
+  step('cancel a waiting job from its page, with a confirmation');
+  const doomed = await submit('This one is canceled while it waits');
+  await tab.goto(`${CONSOLE}#/job/${doomed}`);
+  await tab.locator('#cancel-job').waitFor(WAIT);
+  await confirm(tab, '#cancel-job', /^Cancel job [0-9a-f-]{36}\?/, 'ok');
+  await tab.locator('#flash', { hasText: `job ${doomed} canceled` }).waitFor(WAIT);
+  await tab.locator('[data-testid=job-status]', { hasText: 'canceled' }).waitFor(WAIT);
+  assert.equal(await tab.locator('#cancel-job').count(), 0, 'no Cancel on a job that ended');
+  assert.equal((await (await fetch(`${API}/v1/jobs/${doomed}`)).json()).status, 'canceled');
+
   step('resume the paused credential');
   await tab.goto(`${CONSOLE}#/credentials`);
   await tab.locator('#credentials tr[data-name=default] [data-testid=paused]', { hasText: 'since' }).waitFor(WAIT);
@@ -216,7 +226,7 @@ try {
 
   step('the audit log lists the actions');
   await tab.goto(`${CONSOLE}#/audit`);
-  for (const action of ['login', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.revoke']) {
+  for (const action of ['login', 'job.cancel', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.revoke']) {
     await tab.locator('#audit td', { hasText: new RegExp(`^${action.replace('.', '\\.')}$`) }).first().waitFor(WAIT);
   }
   await shot(tab, 'audit');

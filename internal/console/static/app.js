@@ -207,8 +207,10 @@ function attemptItem(a) {
 function renderJob(d) {
   const j = d.job;
   const rq = d.request;
+  const ended = ['succeeded', 'failed', 'dead', 'canceled'].includes(j.status);
   const actions = j.status === 'dead' ? h('p', {}, h('button', { id: 'retry-one', onclick: () => deadAction('retry', [j.id]) }, 'Retry'), ' ',
-    h('button', { class: 'danger', id: 'purge-one', onclick: () => deadAction('purge', [j.id]) }, 'Purge')) : null;
+    h('button', { class: 'danger', id: 'purge-one', onclick: () => deadAction('purge', [j.id]) }, 'Purge')) :
+    !ended ? h('p', {}, h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id) }, 'Cancel')) : null;
   return [
     h('dl', { class: 'kv' },
       h('dt', {}, 'status'), h('dd', { 'data-testid': 'job-status' }, badge(j.status), j.dead_reason ? ` (${j.dead_reason})` : ''),
@@ -239,6 +241,12 @@ async function pageJob(root, id) {
   const el = root.querySelector('#job');
   show(el, renderJob(d));
   follow(root, `/jobs/${encodeURIComponent(id)}/live`, 'job', (x) => show(el, renderJob(x)));
+}
+
+// cancelJob cancels a job that has not ended, after a confirmation; its live page shows the end.
+async function cancelJob(id) {
+  if (!(await confirmAction(`Cancel job ${id}? It ends as canceled; a call in flight is aborted and its answer not stored.`))) return;
+  try { flash((await api('POST', `/jobs/${encodeURIComponent(id)}/cancel`)).message); } catch (e) { flash(e.message, true); }
 }
 
 // deadAction retries or purges the selected dead letters after a confirmation naming the count.
