@@ -103,7 +103,8 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 			return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 		}
 	}
-	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), listener, logger)
+	metrics := NewMetrics(reg)
+	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), listener, metrics, logger)
 	if err != nil {
 		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 	}
@@ -111,7 +112,7 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL}) // the API only reads
 	hub := deltas.NewHub()
 	s := New(Config{
-		Store: store, Enqueuer: enqueuer, Handoff: opts.Handoff, Metrics: NewMetrics(reg), Pool: pool, Redis: rdb, Gatherer: reg,
+		Store: store, Enqueuer: enqueuer, Handoff: opts.Handoff, Metrics: metrics, Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, BatchWindows: batchWindows, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),

@@ -128,6 +128,9 @@ func TestJobCancel_Audited(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusCanceled, evs[len(evs)-1].Type)
 
+	b.mu.Lock()
+	require.Equal(t, []string{"default"}, b.canceled, "counted once, by its credential")
+	b.mu.Unlock()
 	e := b.audit(t)[0]
 	require.Equal(t, "job.cancel", e.Action)
 	require.Equal(t, "alice", e.Operator)
@@ -148,6 +151,9 @@ func TestJobCancel_Audited(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusQueued, j.Status, "refused without the CSRF token")
 	require.Len(t, b.audit(t), 2, "login and the one cancel")
+	b.mu.Lock()
+	require.Len(t, b.canceled, 1, "refused and terminal cancels are not counted")
+	b.mu.Unlock()
 }
 
 func TestTenants_CreateRevokeAudited(t *testing.T) {

@@ -63,6 +63,9 @@ type Config struct {
 	RedisPrefix string
 	// Credentials are the configured credentials, in config order.
 	Credentials []Credential
+	// Canceled, when set, is told the credential of each job the console cancels (the API
+	// counts it in llmq_jobs_finished_total, as its own cancels).
+	Canceled func(credential string)
 	// Listener follows job transitions for the job page. nil: the job page is re-read every
 	// KeepAlive only (tests).
 	Listener *jobs.Listener

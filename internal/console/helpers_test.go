@@ -8,6 +8,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -27,13 +28,20 @@ type testBundle struct {
 	prefix string
 	srv    *httptest.Server
 	token  string // alice's operator token
+
+	mu       sync.Mutex
+	canceled []string // the credentials of the jobs the console canceled, as told to Config.Canceled
 }
 
 func setup(t *testing.T, creds ...console.Credential) *testBundle {
 	t.Helper()
 	b := &testBundle{jobs: jobstest.New(t), rdb: redistest.Client(t), prefix: redistest.Prefix(t)}
 	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
-		Credentials: creds})
+		Credentials: creds, Canceled: func(credential string) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.canceled = append(b.canceled, credential)
+		}})
 	require.NoError(t, err)
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)

@@ -224,6 +224,9 @@ func (h *Handler) jobCancel(w http.ResponseWriter, r *http.Request, s *operator.
 			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}
+	if h.cfg.Canceled != nil {
+		h.cfg.Canceled(job.Credential)
+	}
 	h.audit(r, s.Operator, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
 	writeJSON(w, http.StatusOK, map[string]any{"message": "job " + job.ID + " canceled", "changed": true})
 }

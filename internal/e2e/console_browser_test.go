@@ -21,7 +21,8 @@ import (
 // TestConsole_Browser runs the console's browser suite (test/browser/console.test.mjs:
 // playwright-core driving Debian's Chromium, both installed by scripts/browser.sh) against a
 // stack of its own: log in (a tenant token refused), the overview's counts, a dead letter
-// appearing live when a spend cap hits, its attempts, resuming the paused credential while a
+// appearing live when a spend cap hits, its attempts, canceling a waiting job from its page
+// (counted in the API's metrics), resuming the paused credential while a
 // waiting job's page goes live to succeeded, retrying the dead letter after a confirmation that
 // names the count, purging a dead letter found by its reason, creating and revoking a tenant, an action without the CSRF token refused,
 // an unknown job's message, the audit log, logout. It also measures the overview's first load.

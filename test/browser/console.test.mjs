@@ -151,6 +151,8 @@ try {
   await tab.locator('[data-testid=job-status]', { hasText: 'canceled' }).waitFor(WAIT);
   assert.equal(await tab.locator('#cancel-job').count(), 0, 'no Cancel on a job that ended');
   assert.equal((await (await fetch(`${API}/v1/jobs/${doomed}`)).json()).status, 'canceled');
+  const metrics = await (await fetch(`${need('LLMQ_CONSOLE_URL')}/metrics`)).text(); // the console's own API
+  assert.match(metrics, /^llmq_jobs_finished_total\{credential="default",status="canceled"\} 1$/m, 'the API counts its console\'s cancel');
 
   step('resume the paused credential');
   await tab.goto(`${CONSOLE}#/credentials`);
