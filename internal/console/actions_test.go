@@ -202,6 +202,50 @@ func TestTenants_CreateRevokeAudited(t *testing.T) {
 	require.Equal(t, "acme", entries[2].Target)
 }
 
+// TestTenants_Weight: a tenant created with a weight (absent: the default), the weight changed
+// and listed, the change audited; a weight out of range is 400 invalid_weight naming the range,
+// an unknown tenant 404.
+func TestTenants_Weight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	var res struct {
+		Message string `json:"message"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants", map[string]any{"name": "big", "weight": 3}, &res)
+	c.json(http.MethodPost, "/console/api/tenants", map[string]any{"name": "small"}, &res)
+	c.json(http.MethodPost, "/console/api/tenants/small/weight", map[string]any{"weight": 2}, &res)
+	require.Equal(t, "tenant small: weight 2", res.Message)
+
+	var list struct {
+		Tenants []tenant.Tenant `json:"tenants"`
+	}
+	c.json(http.MethodGet, "/console/api/tenants", nil, &list)
+	weights := map[string]int{}
+	for _, tn := range list.Tenants {
+		weights[tn.Name] = tn.Weight
+	}
+	require.Equal(t, map[string]int{"big": 3, "small": 2}, weights)
+
+	for _, w := range []int{0, 1001} {
+		r, out := c.do(http.MethodPost, "/console/api/tenants/small/weight", map[string]any{"weight": w}, nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_weight")
+		require.Contains(t, out, "want 1..1000")
+	}
+	r, out := c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "huge", "weight": 5000}, nil)
+	requireError(t, r, out, http.StatusBadRequest, "invalid_weight")
+	r, out = c.do(http.MethodPost, "/console/api/tenants/nobody/weight", map[string]any{"weight": 2}, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+	r, out = c.do(http.MethodPost, "/console/api/tenants/small/weight", map[string]any{"weight": "2"}, nil)
+	requireError(t, r, out, http.StatusBadRequest, "invalid_body")
+
+	e := b.audit(t)[0]
+	require.Equal(t, "tenant.weight", e.Action)
+	require.Equal(t, "small", e.Target)
+	require.Equal(t, map[string]any{"weight": float64(2)}, e.Detail)
+	require.Equal(t, map[string]any{"credentials": nil, "weight": float64(3)}, b.audit(t)[2].Detail, "big's create")
+}
+
 func TestCredentials_StateAndResume(t *testing.T) {
 	t.Parallel()
 	b := setup(t, console.Credential{Name: "default", Provider: "anthropic", RequestsPerSecond: 10, Burst: 20},

@@ -34,6 +34,8 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		ae = badRequest("stale_page", "this page link is stale or malformed; start again from the first page")
 	case errors.Is(err, tenant.ErrInvalidName):
 		ae = badRequest("invalid_name", err.Error())
+	case errors.Is(err, tenant.ErrInvalidWeight):
+		ae = badRequest("invalid_weight", err.Error())
 	case errors.Is(err, tenant.ErrExists):
 		ae = &apiError{http.StatusConflict, "tenant_exists", err.Error()}
 	case errors.Is(err, tenant.ErrNotFound):

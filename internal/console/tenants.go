@@ -26,6 +26,9 @@ type tenantRequest struct {
 	Name string `json:"name"`
 	// Credentials limits the tenant's jobs to these; null or absent: every credential.
 	Credentials []string `json:"credentials"`
+	// Weight is the tenant's share of a credential against other tenants with work (see
+	// tenant.Tenant.Weight); absent or 0: tenant.DefaultWeight.
+	Weight int `json:"weight"`
 }
 
 // tenantCreate creates a tenant and answers its bearer token, which is shown this once.
@@ -44,13 +47,16 @@ func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operat
 	if req.Credentials != nil && len(req.Credentials) == 0 {
 		req.Credentials = nil
 	}
-	t, token, err := h.tenants.Create(r.Context(), req.Name, req.Credentials)
+	if req.Weight == 0 {
+		req.Weight = tenant.DefaultWeight
+	}
+	t, token, err := h.tenants.CreateWeighted(r.Context(), req.Name, req.Credentials, req.Weight)
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
 	h.audit(r, s.Operator, audit.Entry{Action: "tenant.create", Target: t.Name, Count: 1,
-		Detail: map[string]any{"credentials": t.Credentials}})
+		Detail: map[string]any{"credentials": t.Credentials, "weight": t.Weight}})
 	writeJSON(w, http.StatusCreated, map[string]any{"tenant": t, "token": token})
 }
 
@@ -67,6 +73,26 @@ func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operat
 	}
 	h.audit(r, s.Operator, audit.Entry{Action: "tenant.revoke", Target: name, Count: n})
 	writeJSON(w, http.StatusOK, map[string]any{"message": msg, "changed": was})
+}
+
+// tenantWeight changes a tenant's weight: its share of a credential against other tenants with
+// work waiting on it (workers apply it within seconds).
+func (h *Handler) tenantWeight(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	var req struct {
+		Weight int `json:"weight"`
+	}
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	name := r.PathValue("name")
+	if err := h.tenants.SetWeight(r.Context(), name, req.Weight); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	h.audit(r, s.Operator, audit.Entry{Action: "tenant.weight", Target: name, Count: 1,
+		Detail: map[string]any{"weight": req.Weight}})
+	writeJSON(w, http.StatusOK, map[string]any{"message": fmt.Sprintf("tenant %s: weight %d", name, req.Weight), "changed": true})
 }
 
 func (h *Handler) auditList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {

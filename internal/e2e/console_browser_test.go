@@ -24,7 +24,7 @@ import (
 // appearing live when a spend cap hits, its attempts, canceling a waiting job from its page
 // (counted in the API's metrics), resuming the paused credential while a
 // waiting job's page goes live to succeeded, retrying the dead letter after a confirmation that
-// names the count, purging a dead letter found by its reason, creating and revoking a tenant, an action without the CSRF token refused,
+// names the count, purging a dead letter found by its reason, creating a tenant, setting its weight and revoking it, an action without the CSRF token refused,
 // an unknown job's message, the audit log, logout. It also measures the overview's first load.
 // LLMQ_SCREENSHOTS=docs/console (from the repository root) writes the README's screenshots;
 // LLMQ_CONSOLE_ROWS=1000000 first fills the table with that many older jobs (one attempt each),

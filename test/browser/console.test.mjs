@@ -202,13 +202,18 @@ try {
   for (const id of [first, waiting, dead]) await tab.locator(`#jobs tr[data-id="${id}"]`).waitFor(WAIT);
   await shot(tab, 'jobs');
 
-  step('create a tenant (its token shown once) and revoke it');
+  step('create a tenant (its token shown once), set its weight and revoke it');
   await tab.goto(`${CONSOLE}#/tenants`);
   await tab.fill('#tenant-form input[name=name]', 'acme');
   await tab.click('#tenant-form button');
   await tab.locator('[data-testid=token]').waitFor(WAIT);
   assert.match(await text(tab, '[data-testid=token]'), /^llmq_[A-Za-z0-9_-]{43}$/);
   await shot(tab, 'tenants');
+  assert.equal(await tab.inputValue('#tenants tr[data-name=acme] td.weight input'), '1', 'the default weight');
+  await tab.fill('#tenants tr[data-name=acme] td.weight input', '3');
+  await tab.click('#tenants tr[data-name=acme] button.set-weight');
+  await tab.locator('#flash', { hasText: 'tenant acme: weight 3' }).waitFor(WAIT);
+  await tab.locator('#tenants tr[data-name=acme] td.weight input[value="3"]').waitFor(WAIT); // drawn again from the server
   await confirm(tab, '#tenants tr[data-name=acme] button.revoke', /^Revoke tenant acme\?/, 'ok');
   await tab.locator('#flash', { hasText: 'tenant acme revoked' }).waitFor(WAIT);
   // The table is drawn again after the message: wait for the revocation's date.
@@ -228,7 +233,7 @@ try {
 
   step('the audit log lists the actions');
   await tab.goto(`${CONSOLE}#/audit`);
-  for (const action of ['login', 'job.cancel', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.revoke']) {
+  for (const action of ['login', 'job.cancel', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.weight', 'tenant.revoke']) {
     await tab.locator('#audit td', { hasText: new RegExp(`^${action.replace('.', '\\.')}$`) }).first().waitFor(WAIT);
   }
   await shot(tab, 'audit');

@@ -302,12 +302,16 @@ async function pageTenants(root) {
     const f = new FormData(e.target);
     const creds = String(f.get('credentials') || '').split(',').map((s) => s.trim()).filter(Boolean);
     try {
-      const res = await api('POST', '/tenants', { name: f.get('name'), credentials: creds.length ? creds : null });
+      const res = await api('POST', '/tenants', { name: f.get('name'), credentials: creds.length ? creds : null,
+        weight: Number(f.get('weight') || 0) });
       await pageTenants(root);
       root.prepend(h('div', { class: 'token', id: 'new-token' }, `Tenant ${res.tenant.name} created. Its API token, shown this once: `,
         h('code', { 'data-testid': 'token' }, res.token)));
       flash('');
     } catch (err) { flash(err.message, true); }
+  };
+  const setWeight = async (name, input) => {
+    try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/weight`, { weight: Number(input.value) })).message); route(); } catch (e) { flash(e.message, true); }
   };
   const revoke = async (name) => {
     if (!(await confirmAction(`Revoke tenant ${name}? Its token stops working within seconds.`))) return;
@@ -317,9 +321,12 @@ async function pageTenants(root) {
     h('form', { class: 'filters', id: 'tenant-form', onsubmit: create },
       h('label', {}, 'name', h('input', { name: 'name', required: true, size: 16 })),
       h('label', {}, 'credentials (comma-separated; empty: all)', h('input', { name: 'credentials', size: 24 })),
+      h('label', {}, 'weight', h('input', { name: 'weight', type: 'number', min: 1, max: 1000, placeholder: '1', size: 4 })),
       h('button', { type: 'submit' }, 'Create tenant')),
-    h('table', { id: 'tenants' }, h('tr', {}, ['name', 'credentials', 'created', 'revoked', ''].map((t) => h('th', {}, t))),
+    h('table', { id: 'tenants' }, h('tr', {}, ['name', 'credentials', 'weight', 'created', 'revoked', ''].map((t) => h('th', {}, t))),
       data.tenants.map((t) => h('tr', { dataset: { name: t.name } }, h('td', {}, t.name), h('td', {}, t.credentials ? t.credentials.join(', ') : 'all'),
+        h('td', { class: 'weight' }, ((input) => [input, ' ', h('button', { class: 'set-weight', onclick: () => setWeight(t.name, input) }, 'Set')])(
+          h('input', { type: 'number', min: 1, max: 1000, value: t.weight, size: 4, 'aria-label': `weight of ${t.name}` }))),
         h('td', {}, fmtTime(t.created_at)), h('td', { class: 'revoked' }, t.revoked_at ? fmtTime(t.revoked_at) : '–'),
         h('td', {}, t.revoked_at ? null : h('button', { class: 'danger revoke', onclick: () => revoke(t.name) }, 'Revoke'))))));
 }
