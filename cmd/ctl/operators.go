@@ -81,7 +81,7 @@ func (a *app) operatorsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				return printList(a.out, c.Bool("json"), list, "", "NAME\tCREATED\tREVOKED", func(o operator.Operator) []string {
+				return printList(a.out, c.Bool("json"), list, "no operators (ctl operators create NAME)", "NAME\tCREATED\tREVOKED", func(o operator.Operator) []string {
 					return []string{o.Name, o.CreatedAt.Format(time.RFC3339), ts(o.RevokedAt)}
 				})
 			},

@@ -18,7 +18,11 @@ func TestOperators_CreateListRevokeAudit(t *testing.T) {
 	db := []string{"--database-url", b.url}
 	ctx := context.Background()
 
-	r := run(t, append(db, "operators", "create", "alice")...)
+	r := run(t, append(db, "operators", "list")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "no operators (ctl operators create NAME)\n", r.out)
+
+	r = run(t, append(db, "operators", "create", "alice")...)
 	require.Equal(t, 0, r.code, r.errOut)
 	token := strings.TrimSuffix(r.out, "\n")
 	require.True(t, strings.HasPrefix(token, operator.TokenPrefix), r.out)

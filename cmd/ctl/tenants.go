@@ -111,7 +111,7 @@ func (a *app) tenantsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				return printList(a.out, c.Bool("json"), list, "", "NAME\tCREDENTIALS\tWEIGHT\tCREATED\tREVOKED", func(t tenant.Tenant) []string {
+				return printList(a.out, c.Bool("json"), list, "no tenants (ctl tenants create NAME)", "NAME\tCREDENTIALS\tWEIGHT\tCREATED\tREVOKED", func(t tenant.Tenant) []string {
 					return []string{t.Name, credentialsText(t.Credentials), strconv.Itoa(t.Weight), t.CreatedAt.Format(time.RFC3339), ts(t.RevokedAt)}
 				})
 			},

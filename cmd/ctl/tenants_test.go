@@ -137,6 +137,9 @@ func TestTenants_ListEmptyAndUnreachable(t *testing.T) {
 	r := run(t, "--database-url", b.url, "tenants", "list", "--json")
 	require.Equal(t, 0, r.code, r.errOut)
 	require.Equal(t, "[]\n", r.out)
+	r = run(t, "--database-url", b.url, "tenants", "list")
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "no tenants (ctl tenants create NAME)\n", r.out)
 	requireOneLineError(t, run(t, "--database-url", unreachableURL, "tenants", "list"), 1, "postgres unreachable")
 	require.Equal(t, 2, run(t, "tenants").code)
 }
