@@ -195,7 +195,7 @@ func (a *app) deadRetry(c *cli.Context) error {
 	if all {
 		detail = map[string]any{"all": true, "reason": f.Reason, "credential": f.Credential}
 	}
-	if err := logAction(c.Context, p, audit.Entry{Action: "dead.retry", Target: auditTarget(ids), Count: len(requeued),
+	if err := logAction(c.Context, p, audit.Entry{Action: "dead.retry", Target: audit.TargetOf(ids), Count: len(requeued),
 		Detail: detail}); err != nil {
 		problems = append(problems, err.Error())
 	}
@@ -264,7 +264,7 @@ func (a *app) deadPurge(c *cli.Context) error {
 		fmt.Fprintf(a.out, "purged %s\n", id)
 	}
 	problems := whyNotDone(c.Context, store, ids, purged)
-	if err := logAction(c.Context, p, audit.Entry{Action: "dead.purge", Target: auditTarget(ids), Count: len(purged),
+	if err := logAction(c.Context, p, audit.Entry{Action: "dead.purge", Target: audit.TargetOf(ids), Count: len(purged),
 		Detail: map[string]any{"requested": ids}}); err != nil {
 		problems = append(problems, err.Error())
 	}
@@ -272,12 +272,4 @@ func (a *app) deadPurge(c *cli.Context) error {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// auditTarget is the audit log's target of an action on ids: the id when there is one, else "".
-func auditTarget(ids []string) string {
-	if len(ids) == 1 {
-		return ids[0]
-	}
-	return ""
 }

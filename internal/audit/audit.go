@@ -29,6 +29,15 @@ type Entry struct {
 	Detail map[string]any `json:"detail,omitempty"`
 }
 
+// TargetOf is the Target of an action on the things named ids: the one name when there is one,
+// "" for several (Detail names them).
+func TargetOf(ids []string) string {
+	if len(ids) == 1 {
+		return ids[0]
+	}
+	return ""
+}
+
 // Queryer is what Log writes with: a pool, or a transaction so that the entry commits with
 // the action it records.
 type Queryer interface {

@@ -98,7 +98,7 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 		}
 	}
 	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}
-	h.audit(r, s.Operator, audit.Entry{Action: "dead.retry", Target: single(ids), Count: len(done),
+	h.audit(r, s.Operator, audit.Entry{Action: "dead.retry", Target: audit.TargetOf(ids), Count: len(done),
 		Detail: map[string]any{"requested": ids, "skipped": res.Skipped}})
 	writeJSON(w, http.StatusOK, res)
 }
@@ -117,17 +117,9 @@ func (h *Handler) deadPurge(w http.ResponseWriter, r *http.Request, s *operator.
 		return
 	}
 	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}
-	h.audit(r, s.Operator, audit.Entry{Action: "dead.purge", Target: single(ids), Count: len(done),
+	h.audit(r, s.Operator, audit.Entry{Action: "dead.purge", Target: audit.TargetOf(ids), Count: len(done),
 		Detail: map[string]any{"requested": ids, "skipped": res.Skipped}})
 	writeJSON(w, http.StatusOK, res)
-}
-
-// single is the audit target of a selection: the id when there is one, else "".
-func single(ids []string) string {
-	if len(ids) == 1 {
-		return ids[0]
-	}
-	return ""
 }
 
 func nonNil(s []string) []string {
