@@ -81,6 +81,11 @@ credentials:
 	require.Contains(t, table.out, "rate_limited_no_retry_after, first job job-1")
 	require.Contains(t, table.out, "until "+until.Format(time.RFC3339)+" (Retry-After 300s from a 429)")
 
+	// Without the Postgres its audit entry goes to, the resume is not made.
+	requireOneLineError(t, run(t, append([]string{"--database-url", unreachableURL}, append(args, "resume", "main")...)...),
+		1, "postgres unreachable")
+	require.True(t, list()[0].Paused, "still paused")
+
 	// When the operator resumes it, it is no longer paused; resuming again says so.
 	r := run(t, append(args, "resume", "main")...)
 	require.Equal(t, 0, r.code, r.errOut)

@@ -163,3 +163,21 @@ credentials:
 	require.Equal(t, 0, r.code, r.errOut)
 	require.True(t, strings.HasPrefix(r.out, tenant.BearerTokenPrefix))
 }
+
+// TestAudit_RefusedWriteFailsTheCommand: a change made when the audit log then refuses its entry
+// (here, its table gone) fails the command with one line, and the change stays made.
+func TestAudit_RefusedWriteFailsTheCommand(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	db := []string{"--database-url", b.url, "tenants"}
+	r := run(t, append(db, "create", "acme")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	_, err := b.pool.Exec(context.Background(), `DROP TABLE audit_log`)
+	require.NoError(t, err)
+
+	r = run(t, append(db, "set", "acme", "--weight", "4")...)
+	requireOneLineError(t, r, 1, "write audit log")
+	w, err := tenant.NewStore(b.pool, nil).Weight(context.Background(), "acme")
+	require.NoError(t, err)
+	require.Equal(t, 4, w, "the change stays made")
+}
