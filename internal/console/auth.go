@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -54,6 +55,26 @@ func (h *Handler) authed(next sessionHandler) http.HandlerFunc {
 			}
 		}
 		next(w, r, sess)
+	}
+}
+
+// sessionEnded reports whether the session whose cookie opened the event stream r has ended
+// since (logout, expiry, its operator revoked). A failed read is not an end: the stream's next
+// pass asks again.
+func (h *Handler) sessionEnded(r *http.Request) bool {
+	c, err := r.Cookie(cookieName)
+	if err != nil {
+		return true
+	}
+	_, err = h.operators.Session(r.Context(), c.Value)
+	return errors.Is(err, operator.ErrNoSession)
+}
+
+// endStream ends an event stream whose session ended with a "session_expired" event, on which
+// the page shows the login.
+func endStream(out *streamWriter) {
+	if _, err := io.WriteString(out, "event: session_expired\ndata: {}\n\n"); err == nil {
+		_ = out.flush()
 	}
 }
 

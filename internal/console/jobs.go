@@ -150,6 +150,7 @@ func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.
 // job (announced by Postgres to the Listener; the stream watches the job so that its
 // transitions are announced), whatever process made it. It stays open after the job ends: an
 // operator may retry it. A job deleted meanwhile ends the stream with a "gone" event.
+// The stream ends with a "session_expired" event once its session has (see sessionEnded).
 func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	id := r.PathValue("id")
 	if _, err := h.cfg.Jobs.Get(r.Context(), id); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
 )
 
 // liveBundle is setup with a running job event listener and a fast overview.
@@ -45,6 +46,7 @@ func liveHandler(t *testing.T) (*testBundle, *client, *console.Handler) {
 type stream struct {
 	events chan string
 	ended  chan struct{} // closed when the server ended the stream
+	last   string        // the name of the last event read; set before ended is closed
 }
 
 func (c *client) stream(t *testing.T, path, name string) *stream {
@@ -67,7 +69,7 @@ func (c *client) stream(t *testing.T, path, name string) *stream {
 		for sc.Scan() {
 			line := sc.Text()
 			if v, ok := strings.CutPrefix(line, "event: "); ok {
-				event = v
+				event, s.last = v, v
 			}
 			if v, ok := strings.CutPrefix(line, "data: "); ok && event == name {
 				s.events <- v
@@ -140,6 +142,61 @@ func TestOverviewLive_CountsChange(t *testing.T) {
 		var ov console.Overview
 		s.next(t, &ov)
 		require.Equal(t, 1, ov.ByStatus[jobs.StatusQueued], "sent because it changed")
+	}
+}
+
+// requireSessionEnd waits (at most 10 s) for the server to end s with a session_expired event.
+func (s *stream) requireSessionEnd(t *testing.T) {
+	t.Helper()
+	select {
+	case <-s.ended:
+		require.Equal(t, "session_expired", s.last)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream outlived its session")
+	}
+}
+
+func TestLive_EndsWithItsSession(t *testing.T) {
+	t.Parallel()
+	b, c := liveBundle(t)
+	other := b.login(t)
+	job := b.jobs.Create(t, jobstestOpts())
+	follow := func(c *client) (*stream, *stream) {
+		j := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
+		o := c.stream(t, "/console/api/overview/live", "overview")
+		var v map[string]any
+		j.next(t, &v)
+		o.next(t, &v)
+		return j, o
+	}
+	j1, o1 := follow(c)
+	j2, o2 := follow(other)
+
+	// A logout ends that session's open pages at their next pass, not the other session's.
+	res, body := other.do(http.MethodPost, "/console/api/logout", nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	j2.requireSessionEnd(t)
+	o2.requireSessionEnd(t)
+	var d struct {
+		Job struct {
+			Status jobs.Status `json:"status"`
+		} `json:"job"`
+	}
+	for d.Job.Status != jobs.StatusRetrying {
+		j1.next(t, &d)
+	}
+
+	// Revoking the operator ends every page it has open, though no session was logged out.
+	_, err := operator.NewStore(b.jobs.Pool, nil).Revoke(t.Context(), "alice")
+	require.NoError(t, err)
+	b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+	j1.requireSessionEnd(t)
+	o1.requireSessionEnd(t)
+	select {
+	case data := <-j1.events:
+		require.NotContains(t, data, `"status":"dead"`, "a revoked operator's page was sent the job")
+	default:
 	}
 }
 

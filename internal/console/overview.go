@@ -104,6 +104,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.S
 
 // overviewLive streams the overview as "overview" events: the latest figures at once (once
 // there are any), then each time the process's shared recomputation (liveOverview) changes them.
+// It ends with a "session_expired" event once its session has (see sessionEnded).
 func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	changed, unsubscribe := h.live.subscribe()
 	defer unsubscribe()

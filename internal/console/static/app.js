@@ -112,6 +112,7 @@ function follow(root, path, event, fn) {
   live = new EventSource(API + path);
   live.addEventListener(event, (ev) => fn(JSON.parse(ev.data)));
   live.addEventListener('gone', () => { closeLive(); flash('This job no longer exists (purged).', true); });
+  live.addEventListener('session_expired', () => showLogin('your session ended; log in again'));
   return live;
 }
 
