@@ -176,6 +176,10 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 	defer keep.Stop()
 	var last []byte
 	for {
+		if h.sessionEnded(r) {
+			endStream(out)
+			return
+		}
 		d, err := h.detail(r.Context(), id)
 		switch {
 		case err == nil:

@@ -116,6 +116,10 @@ func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operat
 	defer keep.Stop()
 	var sent []byte
 	for {
+		if h.sessionEnded(r) {
+			endStream(out)
+			return
+		}
 		if data := h.live.latest(); data != nil && !bytes.Equal(data, sent) {
 			if _, err := fmt.Fprintf(out, "event: overview\ndata: %s\n\n", data); err != nil || out.flush() != nil {
 				return
