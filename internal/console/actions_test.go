@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,8 +39,10 @@ func TestDeadRetry_SelectionAndAudit(t *testing.T) {
 	const unknown = "00000000-0000-4000-8000-000000000000"
 
 	var res actionResult
-	c.json(http.MethodPost, "/console/api/dead/retry", map[string]any{"ids": []string{d1.ID, d2.ID, queued.ID, unknown, d1.ID}}, &res)
+	// An ID in capitals names its job too (and is the same job as in lower case).
+	c.json(http.MethodPost, "/console/api/dead/retry", map[string]any{"ids": []string{d1.ID, strings.ToUpper(d2.ID), queued.ID, unknown, strings.ToUpper(d1.ID)}}, &res)
 	require.Equal(t, 4, res.Requested, "duplicates count once")
+	require.Empty(t, res.Skipped[d2.ID])
 	require.ElementsMatch(t, []string{d1.ID, d2.ID}, res.Done)
 	require.Equal(t, "it is queued now, no longer dead", res.Skipped[queued.ID])
 	require.Equal(t, "no such job (purged?)", res.Skipped[unknown])
@@ -62,9 +65,14 @@ func TestDeadRetry_SelectionAndAudit(t *testing.T) {
 	require.Equal(t, 2, entries[1].Count)
 	require.Len(t, entries[1].Detail["requested"], 4)
 
-	for _, body := range []any{map[string]any{"ids": []string{}}, map[string]any{"nope": 1}, "x"} {
+	for body, typ := range map[any]string{
+		rawBody(`{"ids": []}`): "invalid_selection",
+		rawBody(`{"nope": 1}`): "invalid_body",
+		"x":                    "invalid_body",
+		rawBody(`{"ids": ["` + d1.ID + `"]} {"ids": []}`): "invalid_body", // one object, nothing after it
+	} {
 		r, out := c.do(http.MethodPost, "/console/api/dead/retry", body, nil)
-		require.Equal(t, http.StatusBadRequest, r.StatusCode, out)
+		requireError(t, r, out, http.StatusBadRequest, typ)
 	}
 }
 
@@ -88,8 +96,9 @@ func TestDeadPurge_SelectionAndAudit(t *testing.T) {
 	require.Equal(t, "default", list.Jobs[0].Tenant)
 
 	var res actionResult
-	c.json(http.MethodPost, "/console/api/dead/purge", map[string]any{"ids": []string{d1.ID, d2.ID, queued.ID}}, &res)
+	c.json(http.MethodPost, "/console/api/dead/purge", map[string]any{"ids": []string{d1.ID, strings.ToUpper(d2.ID), queued.ID}}, &res)
 	require.ElementsMatch(t, []string{d1.ID, d2.ID}, res.Done)
+	require.Len(t, res.Skipped, 1)
 	require.Contains(t, res.Skipped[queued.ID], "queued")
 	require.Zero(t, b.jobs.Rows(t, d1.ID)["jobs"])
 	require.Zero(t, b.jobs.Rows(t, d1.ID)["job_attempts"])
@@ -176,6 +185,8 @@ func TestTenants_CreateRevokeAudited(t *testing.T) {
 	requireError(t, r, out, http.StatusBadRequest, "invalid_name")
 	r, out = c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "x", "credentials": []string{"nope"}}, nil)
 	requireError(t, r, out, http.StatusBadRequest, "unknown_credential")
+	r, out = c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "x", "credentials": []string{"default", "default"}}, nil)
+	requireError(t, r, out, http.StatusBadRequest, "duplicate_credential")
 
 	var list struct {
 		Tenants []tenant.Tenant `json:"tenants"`

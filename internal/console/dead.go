@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
@@ -40,6 +41,11 @@ func readSelection(r *http.Request) ([]string, error) {
 	}
 	if len(s.IDs) == 0 || len(s.IDs) > maxSelection {
 		return nil, badRequest("invalid_selection", fmt.Sprintf("select 1 to %d jobs", maxSelection))
+	}
+	// A job ID in either case names the job; the store answers in lower case, and the answer
+	// says what was done to each ID as the store names it.
+	for i, id := range s.IDs {
+		s.IDs[i] = strings.ToLower(id)
 	}
 	slices.Sort(s.IDs)
 	return slices.Compact(s.IDs), nil

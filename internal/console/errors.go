@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 
@@ -34,6 +35,8 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		ae = badRequest("stale_page", "this page link is stale or malformed; start again from the first page")
 	case errors.Is(err, tenant.ErrInvalidName):
 		ae = badRequest("invalid_name", err.Error())
+	case errors.Is(err, tenant.ErrDuplicateCredential):
+		ae = badRequest("duplicate_credential", err.Error())
 	case errors.Is(err, tenant.ErrInvalidWeight):
 		ae = badRequest("invalid_weight", err.Error())
 	case errors.Is(err, tenant.ErrExists):
@@ -65,6 +68,9 @@ func readJSON(r *http.Request, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return badRequest("invalid_body", "the request body must be a JSON object of this action: "+err.Error())
+	}
+	if dec.Decode(&struct{}{}) != io.EOF {
+		return badRequest("invalid_body", "the request body must be one JSON object, with nothing after it")
 	}
 	return nil
 }

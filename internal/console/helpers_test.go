@@ -83,7 +83,9 @@ func (b *testBundle) login(t *testing.T) *client {
 func (c *client) do(method, path string, body any, header http.Header) (*http.Response, string) {
 	c.t.Helper()
 	var r io.Reader
-	if body != nil {
+	if raw, ok := body.(rawBody); ok {
+		r = strings.NewReader(string(raw))
+	} else if body != nil {
 		b, err := json.Marshal(body)
 		require.NoError(c.t, err)
 		r = strings.NewReader(string(b))
@@ -103,6 +105,9 @@ func (c *client) do(method, path string, body any, header http.Header) (*http.Re
 	require.NoError(c.t, err)
 	return res, string(out)
 }
+
+// rawBody is a request body sent as it is, not as JSON.
+type rawBody string
 
 // json sends a request and decodes a 2xx answer into v.
 func (c *client) json(method, path string, body, v any) {

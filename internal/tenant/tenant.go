@@ -27,6 +27,8 @@ var (
 	// ErrInvalidName: a tenant or credential name is not 1-64 letters, digits, '_', '.' or '-',
 	// starting with a letter or digit.
 	ErrInvalidName = errors.New("invalid name")
+	// ErrDuplicateCredential: a tenant's credential list names one credential twice.
+	ErrDuplicateCredential = errors.New("credential listed twice")
 )
 
 // Default is the tenant of anonymous requests when the API allows them (api.allow_anonymous).
@@ -96,7 +98,7 @@ func checkCredentials(creds []string) error {
 			return fmt.Errorf("%w: credential %q", ErrInvalidName, truncate(c, 70))
 		}
 		if seen[c] {
-			return fmt.Errorf("credential %q listed twice", c)
+			return fmt.Errorf("%w: %q", ErrDuplicateCredential, c)
 		}
 		seen[c] = true
 	}
