@@ -127,6 +127,9 @@ func credentialState(c *cli.Context) (*config.Config, *limiter.Limiter, *breaker
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
+	if u := c.String("redis-url"); u != "" {
+		cfg.RedisURL = u // the flag overrides the file, as for every command
+	}
 	opt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
 		return nil, nil, nil, nil, err

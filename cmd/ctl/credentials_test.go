@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,4 +114,14 @@ credentials:
 	requireOneLineError(t, run(t, append(args, "resume", "nope")...), 1, `no credential "nope"`)
 	require.Equal(t, 2, run(t, append(args, "resume")...).code)
 	requireOneLineError(t, run(t, "credentials", "list"), 1, "need --config")
+
+	// --redis-url overrides the config file's, as for every command.
+	text, err := os.ReadFile(cfgFile)
+	require.NoError(t, err)
+	elsewhere := filepath.Join(dir, "elsewhere.yaml")
+	require.NoError(t, os.WriteFile(elsewhere, []byte(strings.Replace(string(text), redistest.URL(), "redis://127.0.0.1:1/0", 1)), 0o600))
+	requireOneLineError(t, run(t, "--config", elsewhere, "--redis-prefix", prefix, "credentials", "list"), 1, "redis unreachable")
+	r = run(t, "--config", elsewhere, "--redis-url", redistest.URL(), "--redis-prefix", prefix, "credentials", "list", "--json")
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Contains(t, r.out, `"name": "spare"`)
 }

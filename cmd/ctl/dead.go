@@ -147,8 +147,18 @@ func (a *app) deadShow(c *cli.Context) error {
 	return printJob(a, job, attempts)
 }
 
-func (a *app) deadRetry(c *cli.Context) error {
+// jobIDs are the job IDs of a command line in lower case, as the store names them: an ID in
+// capitals names its job too, and what was done is told ID by ID.
+func jobIDs(c *cli.Context) []string {
 	ids := c.Args().Slice()
+	for i, id := range ids {
+		ids[i] = strings.ToLower(id)
+	}
+	return ids
+}
+
+func (a *app) deadRetry(c *cli.Context) error {
+	ids := jobIDs(c)
 	all := c.Bool("all")
 	switch {
 	case all && len(ids) > 0:
@@ -228,7 +238,7 @@ func whyNotDone(ctx context.Context, store *jobs.Store, ids, done []string) []st
 }
 
 func (a *app) deadPurge(c *cli.Context) error {
-	ids, age := c.Args().Slice(), c.String("older-than")
+	ids, age := jobIDs(c), c.String("older-than")
 	if (len(ids) == 0) == (age == "") {
 		return cli.Exit("usage: ctl dead purge ID... | --older-than D", exitUsage)
 	}

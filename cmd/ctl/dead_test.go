@@ -215,7 +215,8 @@ func TestDeadRetry(t *testing.T) {
 		redis, insp, queue := redisArgs(t)
 		job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 2)
 
-		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", job.ID)...)
+		// An ID in capitals names its job too.
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", strings.ToUpper(job.ID))...)
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		require.Equal(t, "requeued "+job.ID+"\n", r.out)
 
@@ -341,13 +342,17 @@ func TestDeadPurge(t *testing.T) {
 
 	r = run(t, "--database-url", b.url, "dead", "purge")
 	requireOneLineError(t, r, 2, "usage: ctl dead purge ID... | --older-than D")
+	for _, age := range []string{"300000d", "0d", "-1h", "Infd"} { // 300000 days overflow a Duration
+		r = run(t, "--database-url", b.url, "dead", "purge", "--older-than", age)
+		requireOneLineError(t, r, 2, "want a positive duration")
+	}
 	r = run(t, "--database-url", b.url, "dead", "purge", recent.ID, "--older-than", "7d")
 	requireOneLineError(t, r, 2, "usage: ctl dead purge ID... | --older-than D")
 
 	// By IDs: the dead one goes, a live job and an unknown ID are named and left alone.
 	live := b.createJob(t)
 	const unknown = "0190a5b2-7c1e-7d3f-9a8b-123456789abc"
-	r = run(t, "--database-url", b.url, "dead", "purge", recent.ID, live.ID, unknown)
+	r = run(t, "--database-url", b.url, "dead", "purge", strings.ToUpper(recent.ID), live.ID, unknown)
 	requireOneLineError(t, r, 1, "job "+live.ID+" is queued, not dead")
 	require.Contains(t, r.errOut, `no job "`+unknown+`"`)
 	require.Equal(t, "purged "+recent.ID+"\n", r.out)

@@ -31,13 +31,11 @@ func (a *app) operatorsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				if err := logAction(c.Context, p, audit.Entry{Action: "operator.create", Target: o.Name, Count: 1}); err != nil {
-					return err
-				}
-				// The token alone on the output (TOKEN=$(ctl operators create NAME)).
+				// The token alone on the output (TOKEN=$(ctl operators create NAME)), and before
+				// the audit entry: the operator exists now, and its token nowhere else.
 				fmt.Fprintf(a.errOut, "operator %s created; its console token follows and is not shown again:\n", o.Name)
 				fmt.Fprintln(a.out, token)
-				return nil
+				return logAction(c.Context, p, audit.Entry{Action: "operator.create", Target: o.Name, Count: 1})
 			},
 		}, {
 			Name:      "revoke",

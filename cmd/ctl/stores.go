@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -80,7 +81,7 @@ func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) 
 func parseAge(flag, s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseFloat(days, 64)
-		if err == nil && n > 0 {
+		if err == nil && n > 0 && n*float64(24*time.Hour) < math.MaxInt64 { // a Duration holds ~292 years
 			return time.Duration(n * float64(24*time.Hour)), nil
 		}
 	}

@@ -180,4 +180,13 @@ func TestAudit_RefusedWriteFailsTheCommand(t *testing.T) {
 	w, err := tenant.NewStore(b.pool, nil).Weight(context.Background(), "acme")
 	require.NoError(t, err)
 	require.Equal(t, 4, w, "the change stays made")
+
+	// An operator created is shown its token even so: it exists nowhere else.
+	r = run(t, "--database-url", b.url, "operators", "create", "alice")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.errOut, "write audit log")
+	require.True(t, strings.HasPrefix(r.out, "llmqop_"), "stdout %q", r.out)
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM operators WHERE name = 'alice'`).Scan(&n))
+	require.Equal(t, 1, n)
 }
