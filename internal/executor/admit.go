@@ -27,6 +27,9 @@ type admission struct {
 // delivery asks the breaker first, as it would without that test.
 var errAskBreaker = errors.New("the breaker is not plainly closed: ask it first")
 
+// errSlotAfterDeadline: the send slot granted lies at or after the job's deadline (see admit).
+var errSlotAfterDeadline = errors.New("send slot at or after the job's deadline")
+
 // clear takes the breaker's admission and the attempt's send slot. The breaker decides first:
 // while the provider is down, jobs wait without taking a rate slot or counting an attempt. An
 // attempt with nothing to do before its reservation (no slot held from an earlier delivery, no
@@ -77,6 +80,15 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	e.timed(StageAdmit, t0)
 	circuit = a.breaker // the gate's own test admitted it, or the one passed in
 	adm.breaker = circuit
+	if errors.Is(err, errSlotAfterDeadline) {
+		// Failed now rather than when the slot comes: the client learns it at once, and a job
+		// that cannot be sent does not sit queued until after its own deadline.
+		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
+		e.releaseProbe(ctx, up, a)
+		return adm, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+			Class: jobs.ReasonDeadlineExceeded, Message: "the job's deadline passes before its send slot",
+		}})
+	}
 	if errors.Is(err, tokens.ErrTooLarge) {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
 		return adm, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
@@ -178,12 +190,16 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	if !res.Granted {
 		return adm, &deferral{until: until, reason: "waiting for a send slot (the job's turn, or the limit being learned)"}
 	}
+	adm.seq, adm.grant, adm.reportSend, adm.probe = res.Seq, res.Grant, res.ReportSend, res.Probe
 	if drawAfter {
 		if err := e.drawRetry(ctx, job, g); err != nil {
+			e.releaseProbe(ctx, up, adm)
 			return adm, err
 		}
 	}
-	adm.seq, adm.grant, adm.reportSend, adm.probe = res.Seq, res.Grant, res.ReportSend, res.Probe
+	if !until.Before(job.Deadline) {
+		return adm, errSlotAfterDeadline
+	}
 	if res.Wait > e.cfg.MaxInlineWait {
 		if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq, res.Grant); err != nil {
 			return adm, err
@@ -192,6 +208,21 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	}
 	pass.leave()
 	return adm, sleep(ctx, res.Wait)
+}
+
+// releaseProbe ends the limiter's probe of a limit being learned, when adm holds it and it will
+// not be sent: the credential's other attempts wait for the probe's answer, which would
+// otherwise come only when the probe's hold (limiter.Config.ProbeTTL) runs out. A failure is
+// logged: it only costs them that wait.
+func (e *Executor) releaseProbe(ctx context.Context, up Upstream, adm admission) {
+	if !adm.probe || up.Gate == nil {
+		return
+	}
+	// StatusCode 0, no headers: the answer to the probe is that there is none.
+	if err := up.Gate.Observe(context.WithoutCancel(ctx), limiter.Observation{Seq: adm.seq}); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "release an unsent probe (the credential's other attempts wait for its hold to end)",
+			"credential", up.Name, "error", err)
+	}
 }
 
 // circuitCheck is up's breaker for the reservation's own test (limiter.AttemptOptions.Circuit).

@@ -2,6 +2,11 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +23,8 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // After a call, what the limiter learns (limit, token buckets, the reconciled grant) and what the
@@ -154,4 +161,46 @@ func (h *holdBookkeeping) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// An answer that reports no usage keeps its grant's tokens charged: the provider counted
+// something, and taking it as zero would refund the whole reservation and let the next requests
+// overdraw the provider's token limit.
+func TestExecutor_AnswerWithoutUsageKeepsItsTokens(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, _ := sharedAdmission(t, redistest.Client(t))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"claude-test",`+
+			`"content":[{"type":"text","text":"ok"}],"stop_reason":"end_turn"}`)
+	}))
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-usage"})
+	require.NoError(t, err)
+	est, err := estimator.New(nil)
+	require.NoError(t, err)
+	limit := limiter.Limit{Rate: 100, Burst: 1, InputTokensPerMinute: 1000}
+	gate := lim.Gate("sk-usage", "usage")
+	ex := executor.New(executor.Config{Store: b.Store, Policy: retrypolicy.New(nil), Estimator: est,
+		Upstreams: map[string]executor.Upstream{"usage": {Name: "usage", Kind: string(llm.KindAnthropic),
+			Provider: p, Gate: gate, Limit: limit}}})
+	body, err := json.Marshal(map[string]any{"model": "claude-test", "max_tokens": 16,
+		"messages": []any{map[string]any{"role": "user", "content": strings.Repeat("a", 2000)}}}) // ~625 tokens reserved
+	require.NoError(t, err)
+	_, err = gate.Reserve(ctx, limit) // the request bucket's burst taken: the job's slot is a refill's
+	require.NoError(t, err)
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "usage", Request: body,
+		MaxAttempts: 1, Timeout: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+
+	// Of the minute's 1,000 input tokens ~625 are still in use: another 625 wait for the refill.
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{InputTokens: 625})
+	require.NoError(t, err)
+	require.Greater(t, r.Wait, time.Second, "the answered request's tokens were refunded as if never counted")
 }

@@ -25,6 +25,7 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 	e.timed(StageBegin, t0)
 	if err != nil {
 		e.reportBreaker(ctx, up, adm.breaker, breaker.Neutral)
+		e.releaseProbe(ctx, up, adm)
 		var leased *jobs.LeasedError
 		switch {
 		case errors.As(err, &leased):

@@ -162,8 +162,9 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 
 // reconcileCall is the call that trues the token buckets up to what the provider counted: the
 // reported usage after an answer, nothing for a 429 (the provider charged nothing), the input
-// alone for another error. With no answer at all the reservation stays charged (the provider may
-// have counted it): ok is false then, and when no tokens were reserved.
+// alone for another error. With no answer at all, or an answer that reports no usage, the
+// reservation stays charged (the provider counted something, but what is unknown): ok is false
+// then, and when no tokens were reserved.
 func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response, status int) (redisscript.Call, bool) {
 	if adm.grant == 0 || status == 0 {
 		return redisscript.Call{}, false
@@ -174,6 +175,8 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 	}
 	var actual tokens.Cost
 	switch {
+	case resp != nil && resp.Usage == (llm.Usage{}):
+		return redisscript.Call{}, false
 	case resp != nil:
 		actual = tokens.Cost{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens}
 		if est != nil {
