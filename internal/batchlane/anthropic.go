@@ -37,10 +37,12 @@ func (c *anthropicClient) Submit(ctx context.Context, _ string, reqs []Request) 
 }
 
 // Find: Message Batches keep no metadata, so the batch is recognised by its creation time (at
-// or after since, less a minute of clock skew) and its number of requests; of several, the
-// earliest. Results are matched by custom_id, so adopting a stranger's batch of the same size
-// cannot record a wrong result: the jobs missing from its results go round again.
-func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, n int) (string, error) {
+// or after since, less a minute of clock skew) and its number of requests; of several not taken
+// by another of llmq's batches, the earliest. Results are matched by custom_id, so adopting a
+// stranger's batch of the same size cannot record a wrong result: the jobs missing from its
+// results go round again. (Adopting one of llmq's own, already recorded, would leave this
+// batch's real one unread, paid for and its jobs sent again: hence taken.)
+func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, n int, taken func(string) bool) (string, error) {
 	var page struct {
 		Data []anthropicBatch `json:"data"`
 	}
@@ -56,7 +58,7 @@ func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, n
 		for _, v := range b.RequestCounts {
 			total += v
 		}
-		if total == n {
+		if total == n && !taken(b.ID) {
 			found = b.ID
 		}
 	}
@@ -91,8 +93,10 @@ func (c *anthropicClient) Results(ctx context.Context, id string) ([]Result, err
 				Error   json.RawMessage `json:"error"`
 			} `json:"result"`
 		}
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			return nil, fmt.Errorf("decode message batch result: %w", err)
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil || line.CustomID == "" {
+			// One undecodable line does not hold back the batch's other results: its job,
+			// finding no line, goes round again (see record).
+			continue
 		}
 		r := Result{CustomID: line.CustomID, Kind: line.Result.Type}
 		switch r.Kind {

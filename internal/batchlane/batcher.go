@@ -203,7 +203,11 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 	}
 	providerID := ""
 	if row.SubmitStartedAt != nil {
-		if providerID, err = lane.Client.Find(ctx, row.ID, since, frozen); err != nil {
+		taken, err := b.store.providerIDs(ctx, row.Credential, row.ID, since.Add(-findWindow))
+		if err != nil {
+			return err
+		}
+		if providerID, err = lane.Client.Find(ctx, row.ID, since, frozen, func(id string) bool { return taken[id] }); err != nil {
 			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row))
 		}
 		if providerID != "" {

@@ -3,6 +3,10 @@ package batchlane_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -296,4 +300,43 @@ func TestBatcher_LaneTurnedOff(t *testing.T) {
 	once(t, off)
 	require.Equal(t, jobs.StatusSucceeded, b.get(t, sent.ID).Status)
 	require.Equal(t, 1, b.sim.BatchStats().Created)
+}
+
+// TestBatcher_MalformedResultLine: a results file with a line that is not JSON (or names no
+// job) still records every other job's result, for both providers; before, the one line failed
+// the whole batch's results at every poll until the jobs' deadlines sent them online, their
+// answers paid for and thrown away.
+func TestBatcher_MalformedResultLine(t *testing.T) {
+	t.Parallel()
+	for _, provider := range []string{"anthropic", "openai"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{provider: provider})
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if !strings.HasSuffix(r.URL.Path, "/results") && !strings.HasSuffix(r.URL.Path, "/content") {
+					b.sim.ServeHTTP(w, r)
+					return
+				}
+				rec := httptest.NewRecorder()
+				b.sim.ServeHTTP(rec, r)
+				maps.Copy(w.Header(), rec.Header())
+				w.Header().Del("Content-Length")
+				w.WriteHeader(rec.Code)
+				_, _ = w.Write(rec.Body.Bytes())
+				_, _ = w.Write([]byte(`{"custom_id":"not-a-job","result":{"type":"succ` + "\n" + `{"result": {}}` + "\n"))
+			}))
+			t.Cleanup(ts.Close)
+			client, err := batchlane.NewClient(provider, ts.URL, "sk-test", ts.Client())
+			require.NoError(t, err)
+			bt := b.batcher(client)
+			j1, j2 := b.submit(t, "one", 0, 0), b.submit(t, "two", 0, 0)
+			b.clock.Advance(fill)
+			once(t, bt)
+			b.clock.Advance(2 * time.Hour)
+			once(t, bt)
+			for _, id := range []string{j1.ID, j2.ID} {
+				require.Equal(t, jobs.StatusSucceeded, b.get(t, id).Status, "the job's own line is fine")
+			}
+		})
+	}
 }

@@ -59,6 +59,35 @@ func TestBatcher_CrashBetweenCommitAndSend(t *testing.T) {
 	}
 }
 
+// TestBatcher_LookUpPassesOverItsOwnBatches: Anthropic's batches keep no metadata, so a send
+// whose answer was lost is looked up by its size and time. An earlier batch of llmq's of the same
+// size, already recorded for its own jobs, is not it: adopted, the lost batch (paid for) would
+// never be read and its jobs would be sent again.
+func TestBatcher_LookUpPassesOverItsOwnBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{provider: "anthropic"})
+	a1, a2 := b.submit(t, "a1", 0, 0), b.submit(t, "a2", 0, 0)
+	b.clock.Advance(fill)
+	once(t, b.batcher(nil)) // batch A sent and recorded
+	first := *b.get(t, a1.ID).BatchID
+	b1, b2 := b.submit(t, "b1", 0, 0), b.submit(t, "b2", 0, 0)
+	b.clock.Advance(fill)
+	// Batch B, of the same size, reaches the provider; the answer is lost.
+	require.Error(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()))
+	require.Equal(t, 2, b.sim.BatchStats().Created)
+
+	once(t, b.batcher(nil)) // B is looked up, not sent again
+	require.NotEqual(t, first, *b.get(t, b1.ID).BatchID, "batch B adopted batch A's provider batch")
+	require.Equal(t, 2, b.sim.BatchStats().Created)
+	b.clock.Advance(2 * time.Hour)
+	once(t, b.batcher(nil))
+	for _, id := range []string{a1.ID, a2.ID, b1.ID, b2.ID} {
+		got := b.get(t, id)
+		require.Equal(t, jobs.StatusSucceeded, got.Status, "%s: %+v", id, got.LastError)
+		require.Equal(t, 1, got.Attempts, "sent once")
+	}
+}
+
 // TestBatcher_Cancel: a job canceled before its batch is sent leaves the batch (not paid for);
 // one canceled after keeps its status when the batch's result comes (the result is discarded);
 // a batch none of whose jobs still wait is canceled at the provider.
@@ -183,6 +212,6 @@ func TestBatcher_UnsentBatchDeadlineFallback(t *testing.T) {
 // unreachable is a Client whose provider's batch API does not answer.
 type unreachable struct{ batchlane.Client }
 
-func (unreachable) Find(context.Context, string, time.Time, int) (string, error) {
+func (unreachable) Find(context.Context, string, time.Time, int, func(string) bool) (string, error) {
 	return "", &batchlane.StatusError{Status: 503, Body: "unavailable"}
 }

@@ -72,7 +72,7 @@ func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (
 }
 
 // Find looks for the batch whose metadata carries ref among the latest hundred.
-func (c *openAIClient) Find(ctx context.Context, ref string, _ time.Time, _ int) (string, error) {
+func (c *openAIClient) Find(ctx context.Context, ref string, _ time.Time, _ int, _ func(string) bool) (string, error) {
 	var page struct {
 		Data []openAIBatch `json:"data"`
 	}
@@ -150,8 +150,10 @@ func parseOpenAIResults(data []byte) ([]Result, error) {
 			} `json:"response"`
 			Error *struct{ Code, Message string } `json:"error"`
 		}
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
-			return nil, fmt.Errorf("decode batch result line: %w", err)
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil || line.CustomID == "" {
+			// One undecodable line does not hold back the batch's other results: its job,
+			// finding no line, goes round again (see record).
+			continue
 		}
 		r := Result{CustomID: line.CustomID}
 		switch {

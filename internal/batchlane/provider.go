@@ -56,8 +56,9 @@ type Client interface {
 	// metadata) and returns the provider's batch id.
 	Submit(ctx context.Context, ref string, reqs []Request) (string, error)
 	// Find returns the id of the batch an earlier Submit of ref may have created at or after
-	// since with n requests, or "" when the provider has none: the crash-window lookup.
-	Find(ctx context.Context, ref string, since time.Time, n int) (string, error)
+	// since with n requests, or "" when the provider has none: the crash-window lookup. A batch
+	// whose id taken reports true is another of llmq's batches, and is never the one.
+	Find(ctx context.Context, ref string, since time.Time, n int, taken func(id string) bool) (string, error)
 	// Poll returns the batch's state.
 	Poll(ctx context.Context, id string) (State, error)
 	// Results returns the ended batch's results, one per request.

@@ -155,6 +155,30 @@ WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs)).Scan(&since
 	return reqs, since, frozen, nil
 }
 
+// findWindow is how long before a send's start the provider batches of other rows are read for
+// Find to pass over: beyond its own minute of clock skew, room for the time between a batch's
+// creation at the provider and its record here.
+const findWindow = 10 * time.Minute
+
+// providerIDs returns the provider batch ids recorded for credential's batches other than id
+// since the time given: the batches a look-up for id must not adopt.
+func (s store) providerIDs(ctx context.Context, credential, id string, since time.Time) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT provider_batch_id FROM provider_batches
+WHERE credential = $1 AND id <> $2 AND provider_batch_id IS NOT NULL AND submitted_at >= $3`, credential, id, since)
+	if err != nil {
+		return nil, fmt.Errorf("read recorded provider batches: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read recorded provider batches: %w", err)
+	}
+	out := make(map[string]bool, len(ids))
+	for _, v := range ids {
+		out[v] = true
+	}
+	return out, nil
+}
+
 // submitted records that the provider holds batch id as providerID: the batch's jobs still
 // unfinished become running, each counting one attempt, with their event.
 func (s store) submitted(ctx context.Context, id, providerID string, nextPoll time.Time) error {
