@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
@@ -250,4 +251,34 @@ func TestEvents_WriteDeadlineIsRenewed(t *testing.T) {
 	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{}`)})
 	require.Equal(t, "running", s.nextEvent(t).event)
 	require.Equal(t, "succeeded", s.nextEvent(t).event)
+}
+
+// TestSubmit_EnqueueOutlivesTheClient: a client that leaves once its job is committed (a timeout,
+// a closed connection) does not leave the job without its task, waiting for the sweeper: the
+// enqueue after the commit does not take the request's cancellation.
+func TestSubmit_EnqueueOutlivesTheClient(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	calls := 0
+	b := setup(t, setupOpts{now: func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls == 2 { // the submit's second reading of the clock, just after the commit
+			cancel()
+		}
+		return time.Now()
+	}})
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/jobs", strings.NewReader(minimalSubmit))
+	rec := httptest.NewRecorder()
+	b.srv.ServeHTTP(rec, req)
+	require.Error(t, ctx.Err(), "the client left during the submit")
+	var got struct{ ID string }
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &got), rec.Body.String())
+	_, err := b.store.Get(context.Background(), got.ID)
+	require.NoError(t, err, "the job is committed")
+	_, err = b.inspector.GetTaskInfo(b.queue, got.ID)
+	require.NoError(t, err, "and has its task")
 }

@@ -71,6 +71,7 @@ func TestSubmit_InputLimits(t *testing.T) {
 		{"LongFieldName", `{"` + long + `":1,"request":{"model":"m"}}`, nil, 400, "unknown_field"},
 		{"LongIdempotencyKey", minimalSubmit, map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}, 400, "invalid_idempotency_key"},
 		{"NonASCIIIdempotencyKey", minimalSubmit, map[string]string{"Idempotency-Key": "clé"}, 400, "invalid_idempotency_key"},
+		{"EmptyIdempotencyKey", minimalSubmit, map[string]string{"Idempotency-Key": ""}, 400, "invalid_idempotency_key"},
 		{"TrailingBrace", `{"request":{"model":"m"}}}`, nil, 400, "invalid_json"},
 		{"TrailingBracket", `{"request":{"model":"m"}} ]`, nil, 400, "invalid_json"},
 		{"TrailingObject", `{"request":{"model":"m"}} {}`, nil, 400, "invalid_json"},
@@ -85,6 +86,17 @@ func TestSubmit_InputLimits(t *testing.T) {
 			require.Contains(t, rec.Body.String(), `"type":"`+tc.typ+`"`)
 		})
 	}
+	t.Run("IdempotencyKeyTwice", func(t *testing.T) {
+		t.Parallel()
+		req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/jobs", strings.NewReader(minimalSubmit))
+		req.Header.Add("Idempotency-Key", "k1")
+		req.Header.Add("Idempotency-Key", "k2")
+		rec := httptest.NewRecorder()
+		b.srv.ServeHTTP(rec, req)
+		checkClientAnswer(t, rec, "IdempotencyKeyTwice")
+		require.Equal(t, http.StatusBadRequest, rec.Code, rec.Body.String())
+		require.Contains(t, rec.Body.String(), `"type":"invalid_idempotency_key"`)
+	})
 	t.Run("LongLastEventID", func(t *testing.T) {
 		t.Parallel()
 		id := b.create(t, "").ID

@@ -220,7 +220,10 @@ func (b *testBundle) do(t *testing.T, method, path, body string, header map[stri
 
 func do(t *testing.T, base, method, path, body string, header map[string]string) response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), method, base+path, strings.NewReader(body))
+	// A deadline: an answer expected whole that turns out to be an endless stream fails the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
 	require.NoError(t, err)
 	for k, v := range header {
 		req.Header.Set(k, v)

@@ -61,6 +61,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	if resume && last.seq > job.EventSeq {
+		// Events are committed before any stream sends them: the client never had this one, and
+		// waiting for it would skip every event up to it, the terminal one too.
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_last_event_id",
+			message: fmt.Sprintf("Last-Event-ID %d is past the job's latest event (%d): not an event id of this stream", last.seq, job.EventSeq)})
+		return
+	}
 	release, err := s.streams.open(job.Tenant)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
@@ -173,15 +180,26 @@ func lastEventID(r *http.Request) (last eventPos, resume bool, err error) {
 		return eventPos{}, false, nil
 	}
 	seqText, nText, hasN := strings.Cut(v, ".")
-	seq, err := strconv.Atoi(seqText)
+	seq, err := eventNumber(seqText)
 	n := 0
 	if err == nil && hasN {
-		n, err = strconv.Atoi(nText)
+		n, err = eventNumber(nText)
 	}
-	if err != nil || seq < 0 || n < 0 {
+	if err != nil {
 		return eventPos{}, false, &httpError{status: http.StatusBadRequest, typ: "invalid_last_event_id", message: fmt.Sprintf("Last-Event-ID %q must be an event id of this stream: a sequence number, or seq.n", v)}
 	}
 	return eventPos{seq: seq, n: n}, true, nil
+}
+
+// eventNumber parses one part of an event id: decimal digits only (no sign, as the contract's
+// pattern says), within Postgres's integer, which job_events.seq is (a larger number is no event
+// id of any stream, and would fail the read as a 500).
+func eventNumber(s string) (int, error) {
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, strconv.ErrSyntax
+	}
+	n, err := strconv.ParseInt(s, 10, 32)
+	return int(n), err
 }
 
 // follower is one event stream's progress: pos, the last event sent; last, the last entry of the
@@ -271,6 +289,11 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 	})
 	for _, it := range items {
 		if !it.pos.after(f.pos) {
+			if it.pos == f.pos && it.name == deltastream.KindDelta {
+				// A stream resumed right after this delta: its attempt is open, and a retry
+				// that starts over must be preceded by its reset.
+				f.open, f.openAttempt = it.pos, it.attempt
+			}
 			continue // sent before (a resumed stream), or an entry of an attempt already over
 		}
 		if reset, ok := f.lostReset(it); ok {

@@ -101,9 +101,12 @@ func TestEvents_LastEventIDResumes(t *testing.T) {
 	t.Run("Invalid", func(t *testing.T) {
 		t.Parallel()
 		job := b.create(t, "")
-		for _, v := range []string{"x", "-1", "1.", ".5", "1.x", "1.-2", "1.2.3"} {
+		// Beside the malformed: a sign, numbers past job_events.seq's integer (a 500 before), and
+		// an event the job has not reached (waiting for it skipped the terminal event).
+		for _, v := range []string{"x", "-1", "1.", ".5", "1.x", "1.-2", "1.2.3", "+1", "1.+2",
+			"2147483648", "9223372036854775807", "1.2147483648", "2"} {
 			r := b.do(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events", "", map[string]string{"Last-Event-ID": v})
-			require.Equal(t, http.StatusBadRequest, r.status)
+			require.Equal(t, http.StatusBadRequest, r.status, "Last-Event-ID %s", v)
 			require.Equal(t, "invalid_last_event_id", r.body["error"].(map[string]any)["type"])
 		}
 	})

@@ -80,8 +80,12 @@ func TestEvents_StreamingJob(t *testing.T) {
 	require.Equal(t, []string{"succeeded/4"}, names(rest))
 	require.Equal(t, map[string]any{"text": "Hi!"}, jobData(t, rest[0])["result"])
 
-	// Resumes: inside attempt 1, and between attempt 2's running event and its delta.
+	// Resumes: inside attempt 1; right after its last delta (the reset is still owed: without it
+	// the client appends attempt 2's text to attempt 1's); and between attempt 2's running event
+	// and its delta.
 	require.Equal(t, []string{"delta/2.2", "reset/2.3", "running/3", "delta/3.1", "succeeded/4"},
 		names(openStream(t, b.url, job.ID, "2.1").rest(t)))
+	require.Equal(t, []string{"reset/2.3", "running/3", "delta/3.1", "succeeded/4"},
+		names(openStream(t, b.url, job.ID, "2.2").rest(t)))
 	require.Equal(t, []string{"delta/3.1", "succeeded/4"}, names(openStream(t, b.url, job.ID, "3").rest(t)))
 }

@@ -257,6 +257,22 @@ func parseMetadata(m json.RawMessage, p *jobs.CreateParams) error {
 	return nil
 }
 
+// idempotencyKey is the request's Idempotency-Key, "" without one. A header sent empty or more
+// than once is a 400: a client whose key went missing must not get a new, billed job at each of
+// its retries.
+func idempotencyKey(h http.Header) (string, error) {
+	v, ok := h["Idempotency-Key"]
+	switch {
+	case !ok:
+		return "", nil
+	case len(v) != 1:
+		return "", invalid("invalid_idempotency_key", "send one Idempotency-Key header, not %d", len(v))
+	case v[0] == "":
+		return "", invalid("invalid_idempotency_key", "Idempotency-Key is empty: it must be 1-%d printable ASCII characters without spaces", idem.MaxKeyLength)
+	}
+	return v[0], nil
+}
+
 // fingerprint validates the Idempotency-Key and fingerprints the body it will be compared by
 // when the key comes again. Without a key there is nothing to compare: no fingerprint.
 func fingerprint(idemKey string, body []byte, p *jobs.CreateParams) error {
@@ -419,7 +435,12 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	if tn.Credentials != nil {
 		allowed = tn.Allows
 	}
-	p, err := s.contract.parse(tn.Name, allowed, r.Header.Get("Idempotency-Key"), body)
+	key, err := idempotencyKey(r.Header)
+	if err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	p, err := s.contract.parse(tn.Name, allowed, key, body)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -481,7 +502,8 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 		return job, false, nil
 	}
 	if s.cfg.Enqueuer != nil {
-		if err := s.cfg.Enqueuer.Enqueue(ctx, job.ID, job.Priority, time.Time{}); err != nil {
+		// The job is committed: its enqueue does not depend on the client staying for the answer.
+		if err := s.cfg.Enqueuer.Enqueue(context.WithoutCancel(ctx), job.ID, job.Priority, time.Time{}); err != nil {
 			s.cfg.Logger.WarnContext(ctx, "enqueue after commit failed; the sweeper will enqueue the job", "job_id", job.ID, "error", err)
 		} else {
 			s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))
