@@ -314,3 +314,32 @@ func TestReportSend_TokenPushedSlotIsNoBurstSlot(t *testing.T) {
 		require.Less(t, arrivals[i].Sub(arrivals[i-1]), 300*time.Millisecond, "slot %d comes one refill interval after the one before", i)
 	}
 }
+
+// TestReportSend_RefundAfterTheBurstsSend: a grant reconciled after its burst's send was
+// reported still gives back what it over-reserved. The report moves the token schedule later (by
+// the burst's lateness); it is a shift of the whole schedule, so the refund bounds move with it.
+// Recorded instead as a new slot after the grant, it kept every burst slot's full reservation (an
+// estimate's margin, max_tokens against the output bucket) for the whole token minute.
+func TestReportSend_RefundAfterTheBurstsSend(t *testing.T) {
+	t.Parallel()
+	limit := limiter.Limit{Rate: 100, Burst: 100, InputTokensPerMinute: 1000}
+	for _, report := range []bool{false, true} {
+		b := setup(t, nil)
+		ctx := t.Context()
+		g := b.lim.Gate("refund-"+redistest.Rand(), "refund")
+		r, err := g.ReserveAttempt(ctx, limit, tokens.Cost{InputTokens: 625}, limiter.AttemptOptions{ReportSend: true})
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+		require.NotZero(t, r.ReportSend, "a full bucket's slot")
+		b.clock.Advance(20 * time.Millisecond)
+		if report {
+			_, err = g.Sent(ctx, r.ReportSend)
+			require.NoError(t, err)
+		}
+		b.clock.Advance(500 * time.Millisecond)
+		require.NoError(t, g.Reconcile(ctx, r.Grant, tokens.Cost{InputTokens: 100})) // the provider counted 100
+		next, err := g.ReserveCost(ctx, limit, tokens.Cost{InputTokens: 625})
+		require.NoError(t, err)
+		require.Less(t, next.Wait, time.Second, "send reported %v: 900 of the 1,000 tokens are free after the refund", report)
+	}
+}

@@ -73,7 +73,8 @@ end
 // start to that send. Its provider's bucket stayed full (its refill wasted) until the burst's
 // requests arrived, so its refill counts from then, not from the grants. Each slot of the burst
 // left at most that long after its grant; moving the whole schedule by it is the conservative
-// bound, paid once per burst.
+// bound, paid once per burst. The refund bounds (b..'k') move with the schedule, so that a grant
+// reconciled after the move still gives back what it over-reserved.
 // ARGV[1] now µs, or ""
 // ARGV[2] the period the slot was granted in (Reservation.ReportSend); an earlier one counts in
 // the current period (carried over)
@@ -101,9 +102,12 @@ if late > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   local xs = tload(KEYS[2])
   for _, x in ipairs(xs) do
     if x.tat ~= nil and x.full ~= nil and x.full >= fa then
-      local floor = x.tat + late
-      kpush(x, redis.call('HINCRBY', KEYS[2], 'tid', 1), floor, x.R)
-      x.tat = floor
+      -- A shift of the whole schedule, not a slot: the events' model times move with it (see
+      -- kquery), so that a refund to a grant before the shift still gives its tokens back.
+      local l = kparse(x.k)
+      for j = 2, #l, 3 do l[j] = l[j] + late end
+      if #l > 0 then x.k = cmsgpack.pack(l) end
+      x.tat = x.tat + late
     end
   end
   tsave(KEYS[2], xs)
