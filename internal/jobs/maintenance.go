@@ -51,6 +51,21 @@ func (s *Store) FailOverdue(ctx context.Context, now time.Time, limit int) ([]Ov
 	return out, nil
 }
 
+// DeleteEndedBatches deletes up to limit rows of the batch lane's provider batches that ended
+// (or were canceled) before `before` and that no job is in any more (its jobs were deleted, or
+// left it), and returns how many. An ended batch gains no job, so nothing waits on the rows.
+func (s *Store) DeleteEndedBatches(ctx context.Context, before time.Time, limit int) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM provider_batches WHERE id IN (
+	SELECT pb.id FROM provider_batches pb
+	WHERE pb.state IN ('ended', 'canceled') AND pb.ended_at < $1
+		AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_ref = pb.id)
+	LIMIT $2 FOR UPDATE SKIP LOCKED)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete ended provider batches: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // DeleteFinished deletes up to limit jobs of final status that finished before `before`, oldest
 // first, with their attempts, events, event watch and idempotency key, and returns how many. A
 // later submit with a deleted job's key makes a new job.

@@ -232,10 +232,15 @@ func (m *Maintainer) retains() bool {
 	return false
 }
 
+// endedBatchKeep is how long the row of a provider batch that ended and holds no job any more is
+// kept: long past the lost-send look-up that reads recent batches (batchlane's findWindow).
+const endedBatchKeep = 24 * time.Hour
+
 // DeleteExpired deletes, for each final status with a retention period, the jobs that finished
 // longer ago than it (see jobs.Store.DeleteFinished), RetentionBatch per transaction with a pause
 // between (see Config.BatchPause), and returns how many of each status it deleted (until an
-// error, which it returns too).
+// error, which it returns too). Then the batch lane's provider batches that ended a day ago and
+// hold no job any more go (jobs.Store.DeleteEndedBatches): a row per batch, kept forever before.
 func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, error) {
 	now := m.cfg.Now()
 	deleted := map[jobs.Status]int64{}
@@ -248,7 +253,14 @@ func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, 
 			return deleted, err
 		}
 	}
-	return deleted, nil
+	for {
+		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
+		n, err := m.cfg.Store.DeleteEndedBatches(sctx, now.Add(-endedBatchKeep), m.cfg.RetentionBatch)
+		cancel()
+		if err != nil || n < int64(m.cfg.RetentionBatch) {
+			return deleted, err
+		}
+	}
 }
 
 // deleteBefore deletes status's jobs that finished before `before`, batch by batch, adding

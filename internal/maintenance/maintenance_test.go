@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -252,4 +253,43 @@ func TestMaintainer_Run(t *testing.T) {
 			t.Fatal("Run did not return after its context ended")
 		}
 	}
+}
+
+// TestMaintainer_DeletesEndedBatches: the batch lane's provider batches go once they ended a day
+// ago and no job is in them any more; a batch still holding a job, one that ended lately and one
+// still open are kept.
+func TestMaintainer_DeletesEndedBatches(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	b, m := setup(t, maintenance.Config{Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: 7 * day}})
+	ctx := t.Context()
+	batch := func(state string, endedAgo time.Duration) string {
+		var id string
+		require.NoError(t, b.Pool.QueryRow(ctx, `INSERT INTO provider_batches (id, credential, model, state, provider_batch_id, ended_at)
+VALUES (gen_random_uuid(), 'default', 'm', $1, 'msgbatch_' || md5(random()::text), CASE WHEN $2::bigint > 0 THEN now() - make_interval(secs => $2::bigint) END)
+RETURNING id::text`, state, int64(endedAgo/time.Second)).Scan(&id))
+		return id
+	}
+	inBatch := func(jobID, batchID string) {
+		_, err := b.Pool.Exec(ctx, `UPDATE jobs SET lane = 'batch', batch_ref = $2 WHERE id = $1`, jobID, batchID)
+		require.NoError(t, err)
+	}
+	emptied := batch("ended", 8*day) // its job is deleted by this pass
+	expired := b.Finished(t, jobs.StatusSucceeded, "")
+	b.FinishedAgo(t, expired, 8*day)
+	inBatch(expired, emptied)
+	canceled := batch("canceled", 2*day)
+	holding := batch("ended", 8*day) // its job is kept
+	inBatch(b.Finished(t, jobs.StatusSucceeded, ""), holding)
+	recent := batch("ended", time.Hour)
+	open := batch("submitted", 0)
+
+	_, err := m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	var left []string
+	rows, err := b.Pool.Query(ctx, `SELECT id::text FROM provider_batches`)
+	require.NoError(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{holding, recent, open}, left, "gone: %s, %s", emptied, canceled)
 }
