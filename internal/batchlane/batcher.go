@@ -192,8 +192,17 @@ func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, id
 
 // send submits committed batch row. When a send of it began before (the process died or the
 // call failed without an answer), the provider may hold it already: it is looked up first, and
-// sent again only when the provider has none.
+// sent again only when the provider has none. A send or look-up that failed is tried again after
+// the polls' backoff (pollDelay), not at every pass: a provider whose batch API is down or
+// overloaded is not asked once a second (for OpenAI, with the batch's file uploaded each time);
+// meanwhile the batch's jobs near their deadline still go online.
 func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
+	if row.NextPollAt != nil && b.cfg.Now().Before(*row.NextPollAt) {
+		return b.unsentFallback(ctx, lane, row)
+	}
+	later := func() error {
+		return b.store.pollLater(ctx, row.ID, b.cfg.Now().Add(pollDelay(lane.Config, row.Polls)))
+	}
 	reqs, since, frozen, err := b.store.beginSend(ctx, row.ID)
 	if errors.Is(err, errEmpty) {
 		return nil // every job ended before the send: nothing to pay for
@@ -208,7 +217,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 			return err
 		}
 		if providerID, err = lane.Client.Find(ctx, row.ID, since, frozen, func(id string) bool { return taken[id] }); err != nil {
-			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row))
+			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later())
 		}
 		if providerID != "" {
 			b.cfg.Logger.InfoContext(ctx, "found a batch sent before a restart", "batch", row.ID, "provider_batch_id", providerID)
@@ -219,7 +228,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
 				return b.refused(ctx, row, se)
 			}
-			return errors.Join(fmt.Errorf("send batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row))
+			return errors.Join(fmt.Errorf("send batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later())
 		}
 	}
 	if err := b.store.submitted(ctx, row.ID, providerID, b.cfg.Now().Add(lane.Config.PollInterval)); err != nil {
@@ -229,7 +238,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 	return nil
 }
 
-// unsentFallback moves the jobs of a batch whose send failed (it is sent again on the next pass)
+// unsentFallback moves the jobs of a batch whose send failed (it is sent again after a backoff; see send)
 // to the online lane when their deadline is within OnlineFallback, so that a provider whose
 // batch API is down does not hold them past it. Should the failed send have reached the
 // provider, such a job may be paid for twice: the price of its deadline.

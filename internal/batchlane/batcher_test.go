@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,9 +185,13 @@ func TestBatcher_ProviderCanceled(t *testing.T) {
 type refusing struct {
 	batchlane.Client
 	status int
+	calls  *atomic.Int32 // counts the Submits when not nil
 }
 
 func (r refusing) Submit(context.Context, string, []batchlane.Request) (string, error) {
+	if r.calls != nil {
+		r.calls.Add(1)
+	}
 	return "", &batchlane.StatusError{Status: r.status, Body: "refused"}
 }
 
@@ -223,8 +228,23 @@ func TestBatcher_ProviderRefusesOrForgets(t *testing.T) {
 		b := setup(t, setupOpts{})
 		j := b.submit(t, "x", 0, 0)
 		b.clock.Advance(fill)
-		require.Error(t, b.batcher(refusing{Client: b.client, status: 503}).Once(context.Background()))
+		var calls atomic.Int32
+		down := b.batcher(refusing{Client: b.client, status: 503, calls: &calls})
+		require.Error(t, down.Once(context.Background()))
 		require.Equal(t, "committed", *b.get(t, j.ID).BatchState, "kept for the next pass")
+		// Sent again after the backoff (the poll interval, doubling), not at every pass: a batch
+		// API that is down is not asked once a second.
+		for range 5 {
+			require.NoError(t, down.Once(context.Background()))
+		}
+		require.Equal(t, int32(1), calls.Load())
+		b.clock.Advance(30 * time.Second)
+		require.Error(t, down.Once(context.Background()))
+		require.Equal(t, int32(2), calls.Load())
+		b.clock.Advance(30 * time.Second)
+		require.NoError(t, down.Once(context.Background()), "the second backoff is twice the first")
+		require.Equal(t, int32(2), calls.Load())
+		b.clock.Advance(30 * time.Second)
 		once(t, b.batcher(nil))
 		require.Equal(t, jobs.StatusRunning, b.get(t, j.ID).Status)
 		require.Equal(t, 1, b.sim.BatchStats().Created)

@@ -36,7 +36,9 @@ func TestBatcher_CrashBetweenCommitAndSend(t *testing.T) {
 				wantCreated := map[bool]int{false: 0, true: 1}[lost]
 				require.Equal(t, wantCreated, b.sim.BatchStats().Created)
 
-				// A restarted leader (a new Batcher) resolves the batch.
+				// A restarted leader (a new Batcher) resolves the batch, after the failed send's
+				// backoff.
+				b.clock.Advance(time.Minute)
 				bt := b.batcher(nil)
 				once(t, bt)
 				st := b.sim.BatchStats()
@@ -76,7 +78,8 @@ func TestBatcher_LookUpPassesOverItsOwnBatches(t *testing.T) {
 	require.Error(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()))
 	require.Equal(t, 2, b.sim.BatchStats().Created)
 
-	once(t, b.batcher(nil)) // B is looked up, not sent again
+	b.clock.Advance(time.Minute) // past the failed send's backoff
+	once(t, b.batcher(nil))      // B is looked up, not sent again
 	require.NotEqual(t, first, *b.get(t, b1.ID).BatchID, "batch B adopted batch A's provider batch")
 	require.Equal(t, 2, b.sim.BatchStats().Created)
 	b.clock.Advance(2 * time.Hour)
@@ -204,6 +207,7 @@ func TestBatcher_UnsentBatchDeadlineFallback(t *testing.T) {
 	require.Equal(t, "deadline_fallback", got.LastError.Type)
 	require.Equal(t, []string{soon.ID}, b.online())
 
+	b.clock.Advance(time.Minute) // past the failed look-up's backoff
 	once(t, b.batcher(nil))
 	require.Equal(t, 1, b.sim.BatchStats().Created, "found by its frozen size of two: not sent again")
 	require.Equal(t, jobs.StatusRunning, b.get(t, later.ID).Status)

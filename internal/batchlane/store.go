@@ -184,7 +184,7 @@ WHERE credential = $1 AND id <> $2 AND provider_batch_id IS NOT NULL AND submitt
 func (s store) submitted(ctx context.Context, id, providerID string, nextPoll time.Time) error {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE provider_batches SET state = 'submitted', provider_batch_id = $2,
-	provider_state = 'in_progress', submitted_at = now(), next_poll_at = $3 WHERE id = $1`, id, providerID, nextPoll); err != nil {
+	provider_state = 'in_progress', submitted_at = now(), next_poll_at = $3, polls = 0 WHERE id = $1`, id, providerID, nextPoll); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `
