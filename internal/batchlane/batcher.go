@@ -238,9 +238,9 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 	return nil
 }
 
-// unsentFallback moves the jobs of a batch whose send failed (it is sent again after a backoff; see send)
-// to the online lane when their deadline is within OnlineFallback, so that a provider whose
-// batch API is down does not hold them past it. Should the failed send have reached the
+// unsentFallback moves the jobs of a batch whose send failed (it is sent again after a backoff,
+// see send) to the online lane when their deadline is within OnlineFallback, so that a provider
+// whose batch API is down does not hold them past it. Should the failed send have reached the
 // provider, such a job may be paid for twice: the price of its deadline.
 func (b *Batcher) unsentFallback(ctx context.Context, lane Lane, row batchRow) error {
 	now := b.cfg.Now()
