@@ -17,7 +17,7 @@ import (
 type Entry struct {
 	ID int64     `json:"id"`
 	At time.Time `json:"at"`
-	// Operator is who acted: an operator's name, or "ctl" for the command line.
+	// Operator is who acted: an operator's name, or "ctl:<OS user>" for the command line.
 	Operator string `json:"operator"`
 	// Action names what was done, e.g. "dead.retry", "tenant.create", "login".
 	Action string `json:"action"`
