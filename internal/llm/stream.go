@@ -109,6 +109,7 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 	var name string
 	var data, long []byte // data is reused from event to event: the assemblers keep none of it
 	var read int64
+	atEOF := false
 	for {
 		line, err := readLine(br, &long)
 		read += int64(len(line)) + 1
@@ -121,8 +122,8 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			return out
 		}
 		if errors.Is(err, io.EOF) && len(data) > 0 {
-			// The last event lacks its blank line: it is complete all the same.
-			line, err = nil, nil
+			// The last event lacks its blank line: it is complete all the same, if it parses.
+			line, err, atEOF = nil, nil, true
 		}
 		if err != nil {
 			out.readErr = err
@@ -140,6 +141,13 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			done, everr := asm.event(name, data, emit)
 			name, data = "", data[:0]
 			if everr != nil {
+				var mse *midStreamError
+				if atEOF && !errors.As(everr, &mse) {
+					// The connection ended inside the event's line (a body delimited by the
+					// connection's close): a cut stream, which heals, not a bad answer.
+					out.readErr = errStreamIncomplete
+					return out
+				}
 				out.err = everr
 				return out
 			}

@@ -24,6 +24,7 @@ type anthropicBlock struct {
 	text      strings.Builder // text, thinking
 	json      strings.Builder // tool input
 	signature strings.Builder
+	citations []json.RawMessage // citations_delta's, in order (text blocks)
 }
 
 func (anthropic) assembler() assembler { return &anthropicAssembler{} }
@@ -39,6 +40,7 @@ type anthropicEvent struct {
 		PartialJSON  string          `json:"partial_json"`
 		Thinking     string          `json:"thinking"`
 		Signature    string          `json:"signature"`
+		Citation     json.RawMessage `json:"citation"`
 		StopReason   json.RawMessage `json:"stop_reason"`
 		StopSequence json.RawMessage `json:"stop_sequence"`
 	} `json:"delta"`
@@ -193,6 +195,10 @@ func (a *anthropicAssembler) delta(b *anthropicBlock, ev anthropicEvent, emit fu
 		emit(Delta{Type: DeltaThinking, Index: ev.Index, Text: ev.Delta.Thinking})
 	case "signature_delta":
 		b.signature.WriteString(ev.Delta.Signature)
+	case "citations_delta":
+		if len(ev.Delta.Citation) > 0 {
+			b.citations = append(b.citations, ev.Delta.Citation)
+		}
 	}
 }
 
@@ -244,6 +250,9 @@ func (b *anthropicBlock) block() (json.RawMessage, error) {
 	switch b.typ {
 	case "text":
 		out["text"] = mustMarshal(b.text.String())
+		if len(b.citations) > 0 {
+			out["citations"] = mustMarshal(b.citations)
+		}
 	case "thinking":
 		out["thinking"] = mustMarshal(b.text.String())
 		out["signature"] = mustMarshal(b.signature.String())

@@ -27,6 +27,10 @@ type openAIChoice struct {
 	tools         map[int]*openAITool
 	finishReason  json.RawMessage
 	hasToolsField bool
+	// logprobs (with "logprobs": true): every chunk's content and refusal entries, in order.
+	hasLogprobs bool
+	logContent  []json.RawMessage
+	logRefusal  []json.RawMessage
 }
 
 type openAITool struct {
@@ -52,6 +56,10 @@ type openAIChunkChoice struct {
 			} `json:"function"`
 		} `json:"tool_calls"`
 	} `json:"delta"`
+	Logprobs *struct {
+		Content []json.RawMessage `json:"content"`
+		Refusal []json.RawMessage `json:"refusal"`
+	} `json:"logprobs"`
 	FinishReason json.RawMessage `json:"finish_reason"`
 }
 
@@ -224,6 +232,11 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	if d.Role != "" {
 		ch.role = d.Role
 	}
+	if lp := c.Logprobs; lp != nil {
+		ch.hasLogprobs = true
+		ch.logContent = append(ch.logContent, lp.Content...)
+		ch.logRefusal = append(ch.logRefusal, lp.Refusal...)
+	}
 	if d.Content != nil {
 		ch.hasContent = true
 		if *d.Content != "" {
@@ -320,5 +333,9 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 	if finish == nil {
 		finish = json.RawMessage("null")
 	}
-	return mustMarshal(map[string]any{"index": i, "message": msg, "logprobs": nil, "finish_reason": finish})
+	var logprobs any // null, as a non-streaming answer without "logprobs": true has it
+	if c.hasLogprobs {
+		logprobs = map[string]any{"content": c.logContent, "refusal": c.logRefusal}
+	}
+	return mustMarshal(map[string]any{"index": i, "message": msg, "logprobs": logprobs, "finish_reason": finish})
 }

@@ -380,3 +380,94 @@ func TestProvider_Stream_SimulatorTools(t *testing.T) {
 		})
 	}
 }
+
+// A body delimited by the connection's close (no chunking) that ends inside an event's line is a
+// cut stream, a network error that is retried, like a cut chunked body; not an undecodable
+// answer, which fails the job for good.
+func TestStream_CutInsideAnEventLineIsANetworkError(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		kind llm.Kind
+		body string
+	}{
+		{llm.KindAnthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[]}}\n\n" +
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hel"},
+		{llm.KindOpenAI, "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+			"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"the"},
+	} {
+		t.Run(string(tc.kind), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, tc.kind, func(w http.ResponseWriter, _ *http.Request) {
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				require.NoError(t, err)
+				defer conn.Close()
+				_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + tc.body)
+				_ = buf.Flush()
+			})
+			_, err := b.provider.Send(t.Context(), streamBody(tc.kind), llm.SendOptions{})
+			require.Equal(t, retrypolicy.ClassNetwork, retrypolicy.Classify(err, testNow).Class, "err: %v", err)
+		})
+	}
+}
+
+// Citations arrive as citations_delta events of their text block: the stored message carries
+// them as a non-streaming answer does.
+func TestStream_AnthropicCitationsKept(t *testing.T) {
+	t.Parallel()
+	b := setup(t, llm.KindAnthropic, sseHandler([]string{
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"c\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}",
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\",\"citations\":[]}}",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"citations_delta\",\"citation\":{\"type\":\"char_location\",\"cited_text\":\"The grass is green.\",\"document_index\":0,\"document_title\":\"Doc\",\"start_char_index\":0,\"end_char_index\":20}}}",
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"the grass is green\"}}",
+		"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}",
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":5}}",
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}",
+	}))
+	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{})
+	require.NoError(t, err)
+	defer resp.Release()
+	var msg struct {
+		Content []struct {
+			Text      string `json:"text"`
+			Citations []struct {
+				CitedText string `json:"cited_text"`
+			} `json:"citations"`
+		} `json:"content"`
+	}
+	require.NoError(t, json.Unmarshal(resp.Body, &msg))
+	require.Len(t, msg.Content, 1)
+	require.Equal(t, "the grass is green", msg.Content[0].Text)
+	require.Len(t, msg.Content[0].Citations, 1, "body: %s", resp.Body)
+	require.Equal(t, "The grass is green.", msg.Content[0].Citations[0].CitedText)
+}
+
+// With "logprobs": true each chunk carries its tokens' logprobs: the stored message has them all,
+// in order, as a non-streaming answer does.
+func TestStream_OpenAILogprobsKept(t *testing.T) {
+	t.Parallel()
+	chunk := func(choices string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":` + choices + `}`
+	}
+	b := setup(t, llm.KindOpenAI, sseHandler([]string{
+		chunk(`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":{"content":[],"refusal":null},"finish_reason":null}]`),
+		chunk(`[{"index":0,"delta":{"content":"Hi"},"logprobs":{"content":[{"token":"Hi","logprob":-0.1,"bytes":[72,105],"top_logprobs":[]}],"refusal":null},"finish_reason":null}]`),
+		chunk(`[{"index":0,"delta":{"content":"!"},"logprobs":{"content":[{"token":"!","logprob":-0.2,"bytes":[33],"top_logprobs":[]}],"refusal":null},"finish_reason":null}]`),
+		chunk(`[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]`),
+		`data: [DONE]`,
+	}))
+	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{})
+	require.NoError(t, err)
+	defer resp.Release()
+	var out struct {
+		Choices []struct {
+			Logprobs *struct {
+				Content []struct{ Token string } `json:"content"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal(resp.Body, &out))
+	require.Len(t, out.Choices, 1)
+	require.NotNil(t, out.Choices[0].Logprobs, "body: %s", resp.Body)
+	require.Equal(t, []struct{ Token string }{{"Hi"}, {"!"}}, out.Choices[0].Logprobs.Content)
+}
