@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
 	"regexp"
@@ -459,8 +460,8 @@ func (c *Config) validate() error {
 	c.Retry.validate(bad)
 	c.Breaker.validate(bad)
 	if c.Alerts.WebhookURL != "" {
-		if u, err := url.Parse(c.Alerts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-			bad("alerts.webhook_url", "must be an http(s) URL")
+		if u, err := url.Parse(c.Alerts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("alerts.webhook_url", "must be an absolute http(s) URL")
 		}
 	}
 	c.Retention.validate(bad)
@@ -495,8 +496,8 @@ func (a *API) validate(bad func(field, format string, args ...any)) {
 	if a.MaxStreamsPerTenant < 0 {
 		bad("api.max_streams_per_tenant", "must be positive")
 	}
-	if r := a.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || r.Burst <= 0) {
-		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive")
+	if r := a.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || math.IsInf(r.RequestsPerSecond, 1) || r.Burst <= 0) {
+		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive and finite")
 	}
 	if a.StreamSecretEnv != "" && a.StreamSecretFile != "" {
 		bad("api", "at most one of stream_secret_env and stream_secret_file")
@@ -513,8 +514,8 @@ func (w *Worker) validate(bad func(field, format string, args ...any)) {
 	if w.Concurrency < 0 {
 		bad("worker.concurrency", "must be positive")
 	}
-	if w.TokenMinute < 0 {
-		bad("worker.token_minute", "must be positive")
+	if w.TokenMinute < 0 || (w.TokenMinute != 0 && w.TokenMinute < time.Second) {
+		bad("worker.token_minute", "must be at least 1s (the limiter's smallest token minute)")
 	}
 	if w.SweepInterval < 0 {
 		bad("worker.sweep_interval", "must be positive")
@@ -581,11 +582,14 @@ func (cr *Credential) validate(f string, seen map[string]bool, bad func(field, f
 	if cr.APIKeyEnv != "" && !envVarRE.MatchString(cr.APIKeyEnv) {
 		bad(f+".api_key_env", "must name an environment variable (letters, digits, '_'), not hold the key")
 	}
-	if cr.Limits != nil && (cr.Limits.InputTokensPerMinute < 0 || cr.Limits.OutputTokensPerMinute < 0 || cr.Limits.TokensPerMinute < 0) {
-		bad(f+".limits", "token limits must not be negative")
+	// YAML's .inf and .nan are numbers too; the limiter refuses them at every reservation.
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	if l := cr.Limits; l != nil && (!(l.InputTokensPerMinute >= 0) || !(l.OutputTokensPerMinute >= 0) || !(l.TokensPerMinute >= 0) ||
+		!finite(l.InputTokensPerMinute) || !finite(l.OutputTokensPerMinute) || !finite(l.TokensPerMinute)) {
+		bad(f+".limits", "token limits must be finite and not negative")
 	}
-	if cr.Limits != nil && (cr.Limits.RequestsPerSecond <= 0 || cr.Limits.Burst <= 0) {
-		bad(f+".limits", "requests_per_second and burst must both be positive")
+	if l := cr.Limits; l != nil && (!(l.RequestsPerSecond > 0) || !finite(l.RequestsPerSecond) || l.Burst <= 0) {
+		bad(f+".limits", "requests_per_second and burst must both be positive and finite")
 	}
 	if cr.AttemptTimeout < 0 {
 		bad(f+".attempt_timeout", "must be positive")

@@ -312,6 +312,12 @@ func TestParse_Validation(t *testing.T) {
 		{"LimitsRateNegative", minimal(goodCred+"\nlimits: { requests_per_second: -1, burst: 5 }", ""), "credentials[0].limits"},
 		{"LimitsBurstZero", minimal(goodCred+"\nlimits: { requests_per_second: 5, burst: 0 }", ""), "credentials[0].limits"},
 		{"LimitsEmpty", minimal(goodCred+"\nlimits: {}", ""), "credentials[0].limits"},
+		{"LimitsRateInfinite", minimal(goodCred+"\nlimits: { requests_per_second: .inf, burst: 5 }", ""), "credentials[0].limits"},
+		{"LimitsRateNaN", minimal(goodCred+"\nlimits: { requests_per_second: .nan, burst: 5 }", ""), "credentials[0].limits"},
+		{"LimitsTokensNaN", minimal(goodCred+"\nlimits: { requests_per_second: 5, burst: 5, input_tokens_per_minute: .nan }", ""), "credentials[0].limits"},
+		{"LimitsTokensInfinite", minimal(goodCred+"\nlimits: { requests_per_second: 5, burst: 5, tokens_per_minute: .inf }", ""), "credentials[0].limits"},
+		{"SubmitRateInfinite", minimal(goodCred, "api: { tenant_submit_rate: { requests_per_second: .inf, burst: 5 } }\n"), "api.tenant_submit_rate"},
+		{"TokenMinuteBelowASecond", minimal(goodCred, "worker: { token_minute: 500ms }\n"), "worker.token_minute"},
 		{"AttemptTimeoutNegative", minimal(goodCred+"\nattempt_timeout: -1s", ""), "credentials[0].attempt_timeout"},
 		{"SecondCredentialIndexed", []byte("credentials:\n" +
 			"  - { name: a, provider: openai, base_url: 'http://x', api_key_env: K }\n" +
@@ -326,6 +332,9 @@ func TestParse_Validation(t *testing.T) {
 		{"RetryAttemptsTooMany", minimal(goodCred, "retry: { max_attempts: 101 }\n"), "retry.max_attempts"},
 		{"WebhookScheme", minimal(goodCred, "alerts: { webhook_url: 'ftp://hooks.example/x' }\n"), "alerts.webhook_url"},
 		{"WebhookNoScheme", minimal(goodCred, "alerts: { webhook_url: 'hooks.example/x' }\n"), "alerts.webhook_url"},
+		{"WebhookNoHost", minimal(goodCred, "alerts: { webhook_url: 'http://' }\n"), "alerts.webhook_url"},
+		{"WebhookEmptyHost", minimal(goodCred, "alerts: { webhook_url: 'https:///hooks/alert' }\n"), "alerts.webhook_url"},
+		{"WebhookOpaque", minimal(goodCred, "alerts: { webhook_url: 'https:hooks.example.com/x' }\n"), "alerts.webhook_url"},
 		{"DatabaseScheme", minimal(goodCred, "database_url: mysql://127.0.0.1/llmq\n"), "database_url"},
 		{"DatabaseUnparsable", minimal(goodCred, "database_url: 'postgres://u:%zz@h/db'\n"), "database_url"},
 		{"RedisScheme", minimal(goodCred, "redis_url: http://127.0.0.1:6379\n"), "redis_url"},

@@ -57,6 +57,9 @@ func (f *Fairness) validate(bad func(field, format string, args ...any)) {
 			bad(s.field, "must be between 0.01 and 0.5 (a fraction of the tenant's slots), got %v", s.v)
 		}
 	}
+	if sum := f.MinShare.Normal + f.MinShare.Low; sum > 0.9 { // limiter.Fairness refuses more
+		bad("fairness.min_share", "normal + low must be at most 0.9 (the rest is the high jobs'), got %v", sum)
+	}
 	if f.Horizon < 10*time.Millisecond || f.Horizon > 10*time.Second {
 		bad("fairness.horizon", "must be between 10ms and 10s (got %s)", f.Horizon)
 	}
