@@ -7,9 +7,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -112,6 +114,12 @@ func (a *Alerter) post(ctx context.Context, al Alert) error {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.cfg.HTTPClient.Do(req)
 	if err != nil {
+		// Not the *url.Error as it is: it quotes the whole URL, and a chat webhook's path is
+		// its secret.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			return fmt.Errorf("POST to %s: %w", req.URL.Host, uerr.Err)
+		}
 		return err
 	}
 	defer resp.Body.Close()

@@ -121,7 +121,9 @@ type API struct {
 	// in time runs to its end). Default 10m.
 	StreamURLTTL time.Duration `yaml:"stream_url_ttl"`
 
-	streamSecret    []byte
+	// streamSecret is behind a pointer, as Credential's apiKey, so that printing a Config or an
+	// API (%v, %+v, %#v, slog) shows an address, not the key that signs every events_url.
+	streamSecret    *string
 	streamSecretErr error
 }
 
@@ -132,7 +134,12 @@ const MinStreamSecretBytes = 32
 // StreamSecret returns the key that signs event-stream URLs: nil when none is configured, or
 // the error reading it met (an unset variable, an unreadable file, a key too short). It is read
 // at load time, but only the API uses it, so only the API fails on that error.
-func (a *API) StreamSecret() ([]byte, error) { return a.streamSecret, a.streamSecretErr }
+func (a *API) StreamSecret() ([]byte, error) {
+	if a.streamSecret == nil {
+		return nil, a.streamSecretErr
+	}
+	return []byte(*a.streamSecret), a.streamSecretErr
+}
 
 func (a *API) resolveStreamSecret(getenv func(string) string) {
 	var key string
@@ -157,7 +164,7 @@ func (a *API) resolveStreamSecret(getenv func(string) string) {
 		a.streamSecretErr = fmt.Errorf("api.stream_secret_*: the key is %d bytes, want at least %d", len(key), MinStreamSecretBytes)
 		return
 	}
-	a.streamSecret = []byte(key)
+	a.streamSecret = &key
 }
 
 // SubmitRate is a request rate: Burst requests at once, then RequestsPerSecond.

@@ -516,6 +516,17 @@ func TestParse_StreamSecret(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.want, string(got))
+			if tc.want == "" {
+				return
+			}
+			// Printed, the config shows no key (it signs every job's events_url).
+			for _, verb := range []string{"%v", "%+v", "%#v", "%s"} {
+				for _, v := range []any{*cfg, cfg.API} {
+					out := fmt.Sprintf(verb, v)
+					require.NotContains(t, out, key, verb)
+					require.NotContains(t, out, "107 107 107", "%s: the key's bytes", verb)
+				}
+			}
 		})
 	}
 
