@@ -163,6 +163,14 @@ type Outcome struct {
 // Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status with its result or
 // error, in one transaction. The move is conditional on the job not being terminal already, so a
 // duplicate delivery can never store a second result: applied is false when it was terminal.
+// An attempt whose lease another delivery took over (and still holds) does not move the job to
+// a status that is not final: the other's call is under way, and a job moved back to retrying
+// under it would let a third call start beside it. A final outcome still ends the job (an answer
+// paid for is stored; the other's, when it comes, finds the job ended).
+//
+// Finish is safe to run again after its commit's answer was lost (the batcher and record do): an
+// attempt already recorded marks the run as a repeat, which moves nothing and answers applied
+// when the job is in o.Status.
 func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (applied bool, err error) {
 	var lastErr []byte
 	if o.LastError != nil {
@@ -194,6 +202,7 @@ WITH a AS (
 		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text
 	FROM jobs WHERE id = $1 AND $11::boolean
 	ON CONFLICT (job_id, attempt) DO NOTHING
+	RETURNING 1
 ), u AS (
 	UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
 		last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
@@ -204,11 +213,19 @@ WITH a AS (
 		finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
 		updated_at = now(), event_seq = event_seq + 1
 	WHERE id = $1 AND status IN ('queued', 'running', 'retrying')
+		AND ($2 IN ('succeeded', 'failed', 'dead', 'canceled') OR $10::uuid IS NULL OR lease_token IS NULL
+			OR lease_token = $10::uuid OR lease_until <= clock_timestamp())
+		AND (NOT $11::boolean OR EXISTS (SELECT 1 FROM a))
 	RETURNING id, event_seq
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, $2, $22 FROM u
 )
-SELECT event_seq FROM u`, []any{id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
+SELECT event_seq FROM u
+UNION ALL
+SELECT j.event_seq FROM jobs j
+WHERE j.id = $1 AND $11::boolean AND NOT EXISTS (SELECT 1 FROM a) AND j.status = $2
+	AND EXISTS (SELECT 1 FROM job_attempts x
+		WHERE x.job_id = j.id AND x.attempt = $12::integer + j.attempt_base AND x.started_at = $14::timestamptz)`, []any{id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
 		nullString(o.AnsweredBy), o.NextCredential, leaseOf(a),
 		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
 		rec.retryAfterMS, rec.delayMS, rec.err, payload}, func(r pgx.Row) error { return r.Scan(&seq) })

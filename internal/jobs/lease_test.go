@@ -81,6 +81,36 @@ func TestStore_AttemptLease(t *testing.T) {
 		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, taker.LeaseToken, got.LeaseToken)
+		// Nor move the job out from under the taker's call: a job back in retrying would let a
+		// third delivery start a call beside it.
+		require.Equal(t, jobs.StatusRunning, got.Status)
+		_, err = b.Store.BeginAttempt(ctx, job.ID)
+		var leased *jobs.LeasedError
+		require.ErrorAs(t, err, &leased, "the taker's live lease keeps a third call out")
+	})
+
+	t.Run("DeadDeliveryAnswerStored", func(t *testing.T) {
+		t.Parallel()
+		b := jobstest.New(t)
+		job := b.Create(t, jobstest.Opts{})
+		dead, err := b.Store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		b.ExpireLease(t, job.ID)
+		taker, err := b.Store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+
+		// An answer the old delivery got is stored all the same: it was paid for, and the
+		// taker's, when it comes, finds the job ended.
+		applied, err := b.Store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(),
+			Class: "ok", StatusCode: 200, LeaseToken: *dead.LeaseToken},
+			jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{"late":true}`)})
+		require.NoError(t, err)
+		require.True(t, applied)
+		applied, err = b.Store.Finish(ctx, job.ID, &jobs.Attempt{Number: 2, Credential: "default", StartedAt: time.Now(),
+			Class: "ok", StatusCode: 200, LeaseToken: *taker.LeaseToken},
+			jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{"taker":true}`)})
+		require.NoError(t, err)
+		require.False(t, applied, "one result")
 	})
 
 	t.Run("TerminalIsNotRunnable", func(t *testing.T) {

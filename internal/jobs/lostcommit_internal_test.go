@@ -184,3 +184,46 @@ func TestBeginAttempt_AloneWhoseCommitAnswerIsLostAnswersItsLease(t *testing.T) 
 	require.Equal(t, 1, cutter.LostAnswers(), "the start's commit answer was dropped")
 	requireOwnLease(t, direct, job)
 }
+
+// An attempt's finish commits and its answer is lost; run again (by the batcher, or by the
+// executor's record), it finds its attempt recorded and moves nothing more: one retrying event,
+// the job on its first fallback (not past it), and the answer "applied", which it was.
+func TestFinish_WhoseCommitAnswerIsLostAppliesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, cutter, direct := newCutStore(t)
+	p := cutTestParams
+	p.Fallbacks = []string{"f1", "f2"}
+	created, _, err := s.Create(ctx, p)
+	require.NoError(t, err)
+	begun, err := s.BeginAttempt(ctx, created.ID)
+	require.NoError(t, err)
+
+	cutter.LoseNextAnswer()
+	next := time.Now().Add(time.Minute)
+	applied, err := s.Finish(ctx, created.ID, &Attempt{Number: 1, Credential: "c", StartedAt: time.Now(),
+		Class: "server_error", StatusCode: 503, LeaseToken: *begun.LeaseToken},
+		Outcome{Status: StatusRetrying, NextAttemptAt: &next, NextCredential: true,
+			LastError: &LastError{Class: "server_error", Message: "x"}})
+	require.NoError(t, err)
+	require.True(t, applied)
+	require.Equal(t, 1, cutter.LostAnswers(), "the finish's commit answer was dropped")
+
+	var credIndex, retrying, seq int
+	require.NoError(t, direct.QueryRow(ctx, `SELECT credential_index, event_seq FROM jobs WHERE id = $1`, created.ID).Scan(&credIndex, &seq))
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM job_events WHERE job_id = $1 AND type = 'retrying'`, created.ID).Scan(&retrying))
+	require.Equal(t, 1, retrying, "one retrying event")
+	require.Equal(t, 3, seq, "queued, running, retrying")
+	require.Equal(t, 1, credIndex, "moved to the first fallback, not past it")
+
+	// The same for a final outcome: the repeat answers applied (its result is the one stored).
+	begun, err = s.BeginAttempt(ctx, created.ID)
+	require.NoError(t, err)
+	cutter.LoseNextAnswer()
+	applied, err = s.Finish(ctx, created.ID, &Attempt{Number: 2, Credential: "f1", StartedAt: time.Now(),
+		Class: "ok", StatusCode: 200, LeaseToken: *begun.LeaseToken},
+		Outcome{Status: StatusSucceeded, Result: []byte(`{"ok":true}`), AnsweredBy: "f1"})
+	require.NoError(t, err)
+	require.Equal(t, 2, cutter.LostAnswers())
+	require.True(t, applied, "this call's outcome is the one stored")
+}
