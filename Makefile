@@ -11,7 +11,7 @@ run: build
 ## detector against the local Postgres and Redis (npm installs test/js when it is stale;
 ## scripts/browser.sh installs Chromium and test/browser for the console's browser suite)
 test:
-	scripts/services.sh
+	scripts/services.sh --with-cluster
 	scripts/js.sh check
 	scripts/browser.sh
 	scripts/promtool.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the local PostgreSQL and Redis when they are not already answering (the commands of
-# this machine kind's env notes), then waits until both accept connections; then the Redis
-# Cluster that the tests also run on (scripts/redis-cluster.sh).
+# this machine kind's env notes), then waits until both accept connections; with --with-cluster
+# (make test), then the Redis Cluster that the tests also run on (scripts/redis-cluster.sh), which
+# `make run` and the benchmarks do not need.
 set -euo pipefail
 
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
@@ -16,7 +17,10 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
 fi
 for _ in $(seq 1 60); do
   if pg_isready -q -h 127.0.0.1 -p 5432 && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-    exec "$(dirname "$0")/redis-cluster.sh"
+    if [ "${1:-}" = --with-cluster ]; then
+      exec "$(dirname "$0")/redis-cluster.sh"
+    fi
+    exit 0
   fi
   sleep 0.5
 done

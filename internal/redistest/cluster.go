@@ -17,7 +17,8 @@ import (
 )
 
 // DefaultClusterURL is the Redis Cluster used when TEST_REDIS_CLUSTER_URL is unset: the three
-// masters that scripts/redis-cluster.sh starts (make test and .ci/run call it).
+// masters that scripts/redis-cluster.sh starts (make test has scripts/services.sh --with-cluster
+// call it).
 const DefaultClusterURL = "redis-cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003"
 
 // ClusterURL returns TEST_REDIS_CLUSTER_URL or DefaultClusterURL.
@@ -75,7 +76,7 @@ func ClientOf(t testing.TB, url string) redis.UniversalClient {
 		err = c.Ping(ctx).Err()
 	}
 	if err != nil {
-		t.Fatalf("redis unreachable at %s (make test starts it: scripts/services.sh): %v", url, err)
+		t.Fatalf("redis unreachable at %s (make test starts it: scripts/services.sh --with-cluster): %v", url, err)
 	}
 	return c
 }
