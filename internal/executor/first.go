@@ -42,11 +42,12 @@ type FirstAdmission struct {
 func (a *FirstAdmission) Begin() *jobs.Begin { return a.begin }
 
 // Release gives back what an admission for a job that was never created holds: the breaker's
-// admission (neutral: nothing was sent), the reserved tokens, and a burst slot's send report
-// (so the slots after the burst do not wait for it).
+// admission (neutral: nothing was sent), the probe of a limit being learned, the reserved
+// tokens, and a burst slot's send report (so the slots after the burst do not wait for it).
 func (a *FirstAdmission) Release(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	a.e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+	a.e.releaseProbe(ctx, a.up, a.adm)
 	a.e.reportSend(ctx, a.up, a.adm)
 	if a.adm.grant != 0 {
 		if err := a.up.Gate.Reconcile(ctx, a.adm.grant, tokens.Cost{}); err != nil {
@@ -85,7 +86,7 @@ func (e *Executor) AdmitFirst(ctx context.Context, job *jobs.Job) dispatch.Admis
 			return nil
 		}
 	}
-	if a.sendAt.Sub(e.cfg.Now()) <= beginWithin {
+	if a.sendAt.Sub(e.cfg.Now()) <= beginWithin && a.sendAt.Before(job.Deadline) {
 		a.begin = &jobs.Begin{LeaseToken: uuid.NewString()}
 	}
 	return a
@@ -161,6 +162,14 @@ func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream,
 // later (slept out within MaxInlineWait, else held in the row and the delivery deferred).
 func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmission) error {
 	begun := job.Status == jobs.StatusRunning // the insert started the attempt
+	if !begun && !a.sendAt.Before(job.Deadline) {
+		// As admit's errSlotAfterDeadline: failed now, unsent, not sent past the deadline.
+		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+		e.releaseProbe(ctx, a.up, a.adm)
+		return e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+			Class: jobs.ReasonDeadlineExceeded, Message: "the job's deadline passes before its send slot",
+		}})
+	}
 	if !begun && a.sendAt.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
 		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
 		if err := e.cfg.Store.HoldSlot(ctx, job.ID, a.sendAt, a.adm.seq, a.adm.grant); err != nil {

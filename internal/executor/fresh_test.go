@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/executor"
@@ -227,6 +228,7 @@ func TestExecutor_AdmitFirstForALaterSlotHoldsIt(t *testing.T) {
 	warm(t, b, ex) // takes the burst's slot
 
 	p := newParams(jobs.PriorityNormal)
+	p.Timeout = 10 * time.Minute // the slot comes before the deadline
 	prepared, err := b.Store.Prepare(&p)
 	require.NoError(t, err)
 	adm := ex.AdmitFirst(ctx, prepared)
@@ -333,4 +335,66 @@ func TestExecutor_AdmitFirstDoesNotWaitOnASilentRedis(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("AdmitFirst waited on a Redis that does not answer")
 	}
+}
+
+// A first admission whose slot comes at or after the job's deadline fails the job at once,
+// deadline_exceeded and unsent, as a delivery's own admission does (TestExecutor_SlotAfterThe
+// DeadlineFailsAtOnce); it was held in the row (or slept out) and the job waited, or was sent,
+// past its deadline.
+func TestExecutor_AdmitFirstSlotAfterTheDeadlineFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reg := prometheus.NewRegistry()
+	b, ex, _ := freshSetupLimited(t, "sk-first-deadline", reg, limiter.Limit{Rate: 1.0 / 60, Burst: 1}, 10*time.Millisecond)
+	warm(t, b, ex) // takes the burst's slot: the next is a minute out
+	calls := stageCounts(t, reg)[executor.StageCall]
+
+	p := newParams(jobs.PriorityNormal)
+	p.Timeout = 30 * time.Second
+	prepared, err := b.Store.Prepare(&p)
+	require.NoError(t, err)
+	adm := ex.AdmitFirst(ctx, prepared)
+	require.NotNil(t, adm, "a slot a minute out is granted")
+	require.Nil(t, adm.Begin(), "the insert does not start an attempt past the deadline")
+	job, _, err := b.Store.Create(ctx, p)
+	require.NoError(t, err)
+
+	require.NoError(t, ex.ProcessFresh(ctx, job, adm))
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusFailed, got.Status)
+	require.Equal(t, jobs.ReasonDeadlineExceeded, got.LastError.Class)
+	require.Zero(t, got.Attempts, "nothing was started")
+	require.Equal(t, calls, stageCounts(t, reg)[executor.StageCall], "the provider was not called")
+}
+
+// A first admission given back (its job was not created: Claim.Drop) hands on the probe of a
+// limit being learned, as a delivery's unsent probe does: the credential's other attempts do not
+// wait out the probe's hold.
+func TestExecutor_ReleasedFirstAdmissionHandsTheProbeOn(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, brk := sharedAdmission(t, redistest.Client(t))
+	gate := lim.Gate("sk-first-probe", "default")
+	circuit := brk.Circuit("sk-first-probe", "default")
+	a, err := circuit.Allow(ctx) // a warm breaker: a cold one declines AdmitFirst
+	require.NoError(t, err)
+	_, err = circuit.Report(ctx, a, breaker.Success)
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: b.Store,
+		Upstreams: map[string]executor.Upstream{"default": {Name: "default", Kind: string(llm.KindAnthropic),
+			Provider: simProvider(t, llmsim.Config{}, "sk-first-probe"), Gate: gate, Circuit: circuit}}}) // the limit is learned
+
+	p := newParams(jobs.PriorityNormal)
+	prepared, err := b.Store.Prepare(&p)
+	require.NoError(t, err)
+	adm := ex.AdmitFirst(ctx, prepared)
+	require.NotNil(t, adm, "the limit's probe is granted at once")
+
+	adm.Release(ctx)
+
+	r, err := gate.Reserve(ctx, limiter.Limit{})
+	require.NoError(t, err)
+	require.True(t, r.Granted && r.Probe, "the next attempt is the probe: %+v", r)
 }
