@@ -93,8 +93,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// the status events and the job go in one round trip (jobs.Store.WatchAndRead).
 	watchTTL := 4 * s.cfg.KeepAlive
 	after := last.seq
-	if !resume {
+	switch {
+	case !resume:
 		after = job.EventSeq - 1 // the job may have moved on since: the events read cover that
+	case last.n > 0:
+		after = last.seq - 1 // the attempt's running event too (not sent again): its number
 	}
 	evs, fresh, err := s.cfg.Store.WatchAndRead(r.Context(), job.ID, watchTTL, after)
 	if err != nil {
@@ -107,6 +110,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		last = eventPos{seq: fresh.EventSeq - 1, n: math.MaxInt}
 	}
 	f.pos, f.known = last, last.seq
+	if resume && last.n > 0 && f.streaming {
+		// The client shows this attempt's deltas: a retry must be preceded by a reset, even
+		// when the buffer no longer holds the entry it resumes after (its TTL, its bound).
+		f.resumeInAttempt(evs, last)
+	}
 	f.read = &statusRead{evs: evs, job: fresh}
 
 	h := w.Header()
@@ -289,10 +297,13 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 	})
 	for _, it := range items {
 		if !it.pos.after(f.pos) {
-			if it.pos == f.pos && it.name == deltastream.KindDelta {
+			switch {
+			case it.pos == f.pos && it.name == deltastream.KindDelta:
 				// A stream resumed right after this delta: its attempt is open, and a retry
 				// that starts over must be preceded by its reset.
 				f.open, f.openAttempt = it.pos, it.attempt
+			case it.pos == f.pos && it.name == deltastream.KindReset:
+				f.open = eventPos{} // resumed right after the reset: none is owed
 			}
 			continue // sent before (a resumed stream), or an entry of an attempt already over
 		}
@@ -309,6 +320,23 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 	clear(items) // holds no event's data past this wake-up
 	f.items = items[:0]
 	return job != nil && job.Status.Terminal() && f.pos.seq >= job.EventSeq, nil
+}
+
+// resumeInAttempt marks the attempt of the running event at last.seq open for a stream resumed
+// at last (seq.n, inside the attempt): the client shows its deltas, whether or not the buffer
+// still holds them.
+func (f *follower) resumeInAttempt(evs []jobs.Event, last eventPos) {
+	for _, ev := range evs {
+		if ev.Seq != last.seq || ev.Type != jobs.StatusRunning {
+			continue
+		}
+		var p struct {
+			Attempt int `json:"attempt"`
+		}
+		if json.Unmarshal(ev.Payload, &p) == nil {
+			f.open, f.openAttempt = last, p.Attempt
+		}
+	}
 }
 
 // noteStatus records the newest status event read.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/redistest"
 )
 
 // createStreaming stores a job whose request asks for a stream.
@@ -88,4 +89,27 @@ func TestEvents_StreamingJob(t *testing.T) {
 	require.Equal(t, []string{"reset/2.3", "running/3", "delta/3.1", "succeeded/4"},
 		names(openStream(t, b.url, job.ID, "2.2").rest(t)))
 	require.Equal(t, []string{"delta/3.1", "succeeded/4"}, names(openStream(t, b.url, job.ID, "3").rest(t)))
+}
+
+// A client resuming inside an attempt whose entries the buffer no longer holds (its TTL passed
+// during a long Retry-After, or its bound trimmed them) still gets the reset before the retry's
+// deltas: it shows that attempt's text, whether or not the stream can read it again.
+func TestEvents_ResumeInAnAttemptTheBufferLostGetsTheReset(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{deltas: true})
+	job := b.createStreaming(t)
+	ctx := context.Background()
+	b.streamAttempt(t, job.ID, "Hel", "lo") // running/2, delta/2.1, delta/2.2
+	next := time.Now()
+	applied, err := b.store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(), Class: "retryable"},
+		jobs.Outcome{Status: jobs.StatusRetrying, NextAttemptAt: &next, LastError: &jobs.LastError{Class: "retryable", Status: 503, Message: "overloaded"}})
+	require.NoError(t, err)
+	require.True(t, applied)
+	require.NoError(t, redistest.Client(t).Del(ctx, b.deltas.Key(job.ID)).Err()) // expired
+	b.streamAttempt(t, job.ID, "Hi!")                                            // running/4, delta/4.1
+
+	require.Equal(t, []string{"reset/2.3", "retrying/3", "running/4", "delta/4.1"},
+		names(nextFrames(t, openStream(t, b.url, job.ID, "2.2"), 4)))
+	// (Resumed after that reset, which the buffer never held, the stream cannot tell it from a
+	// delta and sends another: a reset of nothing shown, harmless.)
 }

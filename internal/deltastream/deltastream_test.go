@@ -336,3 +336,80 @@ func TestWriter_FailedWriteEndsClose(t *testing.T) {
 	require.NoError(t, ctx.Err(), "Close waited for its deadline instead of the failed write")
 	require.False(t, w.Streamed(), "nothing reached the buffer")
 }
+
+// gateHook holds the first command or pipeline sent after arm until release is closed, and says
+// when it holds it (entered).
+type gateHook struct {
+	mu      sync.Mutex
+	armed   bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *gateHook) arm() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed, h.entered, h.release = true, make(chan struct{}), make(chan struct{})
+}
+
+func (h *gateHook) hold() {
+	h.mu.Lock()
+	armed := h.armed
+	h.armed = false
+	entered, release := h.entered, h.release
+	h.mu.Unlock()
+	if armed {
+		close(entered)
+		<-release
+	}
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.hold(); return next(ctx, cmd) }
+}
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.hold(); return next(ctx, cmds) }
+}
+
+// A reset made after a Close that returned at its deadline (Redis slow: the executor waits a few
+// seconds at most) drops the attempt's pieces the flusher has not taken: taken after the reset,
+// they were numbered after it, and a client showed the dead attempt's text after the reset,
+// then the retry's after that.
+func TestWriter_ResetAfterATimedOutCloseDropsWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	url := redistest.URL()
+	rdb := redistest.ClientOf(t, url)
+	hook := &gateHook{}
+	rdb.AddHook(hook)
+	buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.PrefixOn(t, url)})
+	w := buf.Writer("job", 2, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	w.Add(deltastream.Delta{Type: "text", Index: 0, Text: "a"})
+	require.Eventually(t, func() bool { return rdb.XLen(ctx, buf.Key("job")).Val() == 1 }, 5*time.Second, time.Millisecond)
+	hook.arm()
+	w.Add(deltastream.Delta{Type: "text", Index: 1, Text: "b"}) // taken: its round trip is held
+	select {
+	case <-hook.entered:
+	case <-ctx.Done():
+		t.Fatal("the flusher did not send b")
+	}
+	w.Add(deltastream.Delta{Type: "text", Index: 2, Text: "c"}) // waits for the next round
+	timedOut, stop := context.WithCancel(ctx)
+	stop()
+	w.Reset(timedOut) // its Close returns at once, as at the executor's deadline
+	close(hook.release)
+	w.Close(ctx) // everything left is written (or dropped) now
+	require.NoError(t, ctx.Err())
+
+	entries, err := buf.Read(ctx, "job", "", 100)
+	require.NoError(t, err)
+	var kinds []string
+	for _, e := range entries {
+		kinds = append(kinds, fmt.Sprintf("%s/%d.%d", e.Kind, e.Seq, e.N))
+	}
+	// In the buffer b may follow the reset (its round trip was held): readers order by seq.n.
+	require.ElementsMatch(t, []string{"delta/2.1", "delta/2.2", "reset/2.3"}, kinds, "nothing of the attempt after its reset")
+}

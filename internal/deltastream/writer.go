@@ -183,14 +183,21 @@ func (w *Writer) Streamed() bool {
 // reset precedes the job's next status event.
 func (w *Writer) Reset(ctx context.Context) {
 	w.Close(ctx)
-	if !w.Streamed() {
+	w.mu.Lock()
+	// Close may have returned at ctx's end with pieces the flusher has not taken yet: the
+	// attempt is void, and none of them may be numbered after its reset.
+	w.pending = nil
+	streamed := w.written > 0
+	w.n++
+	n := w.n
+	w.mu.Unlock()
+	if !streamed {
 		return
 	}
 	data, _ := json.Marshal(struct {
 		Attempt int `json:"attempt"`
 	}{w.attempt})
-	w.n++
-	if err := w.b.write(w.job, []entryValues{{seq: w.seq, n: w.n, kind: KindReset, data: data}}); err != nil {
+	if err := w.b.write(w.job, []entryValues{{seq: w.seq, n: n, kind: KindReset, data: data}}); err != nil {
 		w.b.cfg.Logger.Warn("write stream reset", "job_id", w.job, "attempt", w.attempt, "error", err)
 	}
 }
