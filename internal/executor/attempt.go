@@ -39,16 +39,34 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 	return begun, nil
 }
 
+// errLeaseLost: a renewal of the attempt's lease found the job moved on without it (canceled, or
+// taken over by another delivery); the call is stopped.
+var errLeaseLost = errors.New("the job moved on without this attempt (canceled, or its lease taken over)")
+
 // attempt calls the provider once and records what came of it.
 func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm admission) error {
 	// The lease is kept until the outcome is recorded, not only through the call: recording may
-	// wait for Postgres (see record), and the job must not be taken over meanwhile.
-	stopRenewing := e.keepLease(ctx, job)
+	// wait for Postgres (see record), and the job must not be taken over meanwhile. A renewal
+	// that finds the job moved on stops the call: a cancel whose abort never reached this
+	// process (asynq's signal goes through Redis) ends it within a renewal, a long stream too.
+	callCtx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	stopRenewing := e.keepLease(ctx, job, func() { abort(errLeaseLost) })
 	defer stopRenewing()
 	e.reportSend(ctx, up, adm)
-	r := e.call(ctx, job, up, adm)
+	r := e.call(callCtx, job, up, adm)
 	// The answer's bytes count against the worker's answer budget until its outcome is stored.
 	defer r.resp.Release()
+	if r.err != nil && errors.Is(context.Cause(callCtx), errLeaseLost) {
+		// The attempt is recorded (it was sent); the job is not moved: it ended, or another
+		// delivery holds it (a status that is not final is refused under another's lease).
+		_, err := e.record(context.WithoutCancel(ctx), job.ID, r.attempt,
+			jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErrorOf(r.err, r.decision)})
+		if err != nil {
+			return err
+		}
+		return errHandled
+	}
 	if r.err == nil {
 		// What the answer taught the limiter and the breaker goes to Redis while the result goes
 		// to Postgres: the result is not held back by the bookkeeping, and the delivery ends

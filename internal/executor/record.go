@@ -68,14 +68,15 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 }
 
 // keepLease renews the attempt's lease (jobs.Store.RenewLease) every renewEvery until the returned
-// stop is called, so that a long call keeps other deliveries of the job waiting while a dead one
+// stop is called, and calls lost (when not nil) once a renewal finds the job moved on without
+// the attempt (canceled, or its lease taken over by another delivery), so that a long call keeps other deliveries of the job waiting while a dead one
 // frees the job within jobs.AttemptLease. Stop lets a renewal under way finish (or reach its own
 // deadline, jobs.AttemptLease) before it returns, and none starts after: once it returns the lease
 // no longer moves. (Canceling the renewal instead would not stop it: pgx returns at once on a
 // canceled context while the server still commits the UPDATE it was sent.) Renewal errors are
 // logged: if Postgres stays unreachable past the lease, a duplicate delivery may start a second
 // call (at least once).
-func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
+func (e *Executor) keepLease(ctx context.Context, job *jobs.Job, lost func()) (stop func()) {
 	if job.LeaseToken == nil {
 		return func() {}
 	}
@@ -106,7 +107,11 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job) (stop func()) {
 		if err != nil {
 			e.cfg.Logger.WarnContext(ctx, "renew attempt lease", "job_id", job.ID, "error", err)
 		} else if !ok {
-			return // the job moved on without us (canceled); nothing left to hold
+			// The job moved on without us: nothing left to hold, and the call is for nobody.
+			if lost != nil {
+				lost()
+			}
+			return
 		}
 		mu.Lock()
 		if !stopped {
