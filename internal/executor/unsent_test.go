@@ -64,7 +64,8 @@ func TestExecutor_UnsentProbeIsHandedOn(t *testing.T) {
 			Provider: simProvider(t, llmsim.Config{}, "sk-probe"), Gate: gate}}})
 	job := b.Create(t, jobstest.Opts{Credential: "probe", Timeout: time.Hour})
 	b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying}) // failed once: the next is a retry
-	for range 1000 {                                                // spend the retry budget
+	// Spend the retry budget.
+	for range 1000 {
 		ok, err := gate.AllowRetry(ctx)
 		require.NoError(t, err)
 		if !ok {
