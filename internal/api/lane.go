@@ -3,6 +3,7 @@ package api
 import (
 	"time"
 
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -31,10 +32,14 @@ func parseLane(lane *string, windows map[string]time.Duration, p *jobs.CreatePar
 		if !enabled {
 			return invalid("batch_unavailable", "lane \"batch\": credential %q has no batch lane (its batch.enabled is false)", p.Credential)
 		}
+		if deltastream.Requested(p.Request) {
+			return invalid("stream_in_batch", "lane \"batch\": a streaming request (\"stream\": true) cannot go through a batch API; send it online")
+		}
 		p.Lane = jobs.LaneBatch
 	case laneAuto:
+		// A streaming request wants its answer as it is written: online, whatever its timeout.
 		p.Lane = jobs.LaneOnline
-		if enabled && p.Timeout >= window {
+		if enabled && p.Timeout >= window && !deltastream.Requested(p.Request) {
 			p.Lane = jobs.LaneBatch
 		}
 	default:

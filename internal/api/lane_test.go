@@ -29,6 +29,8 @@ func TestSubmit_Lane(t *testing.T) {
 		{"AutoWithoutRoom", `{"lane":"auto","timeout":"59m",` + req + `}`, "online", nil},
 		{"AutoWithoutBatches", `{"lane":"auto","credential":"plain","timeout":"24h",` + req + `}`, "online", nil},
 		{"BatchLongAttempt", `{"lane":"batch","attempt_timeout":"30m",` + req + `}`, "batch", "waiting"},
+		// A streaming request wants its answer as it is written: auto sends it online.
+		{"AutoStreaming", `{"lane":"auto","timeout":"1h","request":{"model":"m","max_tokens":8,"stream":true,"messages":[]}}`, "online", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := b.do(t, "POST", "/v1/jobs", tc.body, nil)
@@ -55,6 +57,7 @@ func TestSubmit_Lane(t *testing.T) {
 		{"BadLane", `{"lane":"later",` + req + `}`, "invalid_lane", `lane "later" must be "online", "batch" or "auto"`},
 		{"NotAString", `{"lane":1,` + req + `}`, "invalid_field", `"lane"`},
 		{"NoBatchLane", `{"lane":"batch","credential":"plain",` + req + `}`, "batch_unavailable", `credential "plain" has no batch lane`},
+		{"StreamingBatch", `{"lane":"batch","request":{"model":"m","max_tokens":8,"stream":true,"messages":[]}}`, "stream_in_batch", `cannot go through a batch API`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := b.do(t, "POST", "/v1/jobs", tc.body, nil)
