@@ -1,16 +1,19 @@
 package api
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -255,4 +258,29 @@ func countJobs(t *testing.T, b *testBundle, tenantName string) int {
 	var n int
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM jobs WHERE tenant = $1`, tenantName).Scan(&n))
 	return n
+}
+
+// A stream opened with a bearer token ends once the token is revoked, as every other request of
+// it is refused (within the tenants' cache TTL): a leaked token's open streams are cut off too,
+// not left to deliver the job's result. Here the cache holds a lookup for 1 ms.
+func TestAuth_RevokedTokensStreamEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noAnonymous: true, tenantTTL: time.Millisecond})
+	h := b.newTenant(t, "acme")
+	job := b.create(t, "acme")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.url+"/v1/jobs/"+job.ID+"/events", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", h["Authorization"])
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	s := &stream{resp: resp, lines: bufio.NewScanner(resp.Body), cancel: cancel}
+	t.Cleanup(s.close)
+	require.Equal(t, "queued", s.nextEvent(t).event)
+
+	_, err = b.tenants.Revoke(context.Background(), "acme")
+	require.NoError(t, err)
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{"secret":"answer"}`)})
+	require.Empty(t, names(s.rest(t)), "the revoked token's stream delivered the job")
 }

@@ -79,6 +79,8 @@ type setupOpts struct {
 	// batchWindows are the credentials with a batch lane, with their window; default none.
 	batchWindows map[string]time.Duration
 	deltas       bool // follow streaming jobs' delta buffers (testBundle.deltas)
+	// tenantTTL is how long a token's lookup is cached (the delay of a revocation); default 2s.
+	tenantTTL time.Duration
 	// handoff, when set, is the processor of a Handoff (Config.Handoff) the bundle runs on its
 	// queue (testBundle.handoff, testBundle.stopHandoff); default none.
 	handoff dispatch.FreshProcessor
@@ -119,7 +121,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: !o.noAnonymous, MaxBodyBytes: o.maxBody,
 		Submit: SubmitConfig{Credentials: o.credentials, BatchWindows: o.batchWindows}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
-		Tenants: tenant.NewAuthenticator(b.tenants, nil), SubmitRate: o.submitRate,
+		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -130,7 +131,17 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	ticker := time.NewTicker(s.cfg.KeepAlive)
 	defer ticker.Stop()
 	readStatus := true
+	var authedUntil time.Time // a bearer stream's token is checked again after this
 	for {
+		if !signed && !time.Now().Before(authedUntil) {
+			// A stream ends once its token is revoked (within the tenants' cache TTL, as every
+			// request of it), at its next wake-up or keep-alive. A store error does not end it.
+			var refused *httpError
+			if _, err := s.tenant(r); errors.As(err, &refused) {
+				return
+			}
+			authedUntil = time.Now().Add(s.authRecheck())
+		}
 		done, err := s.sendEvents(out, r, job.ID, f, readStatus)
 		if err != nil {
 			// Headers are sent: the stream just ends, and the client resumes with Last-Event-ID.
@@ -163,6 +174,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// authRecheck is how long a bearer stream goes before its token is checked again: the tenants'
+// cache TTL, which a revocation takes to reach this process anyway.
+func (s *Server) authRecheck() time.Duration {
+	if s.cfg.Tenants == nil {
+		return time.Second
+	}
+	return s.cfg.Tenants.TTL()
 }
 
 // eventPos is an event's place in a job's stream: status event seq is (seq, 0); the n-th entry
