@@ -53,6 +53,13 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 		return false, nil
 	}
 	defer unlock(ctx, conn, key)
+	// A leader that falls silent (its host lost, a partition, a paused VM) must not keep the lock
+	// until TCP's keepalive gives up (2 hours by default): Postgres ends a session idle longer
+	// than three checks, and with it the lock. A live leader's checks keep it busy.
+	idle := fmt.Sprintf("%dms", (3*check + time.Second).Milliseconds())
+	if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", idle); err != nil {
+		return true, fmt.Errorf("bound the leader session's idle time: %w", err)
+	}
 
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -67,7 +74,11 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 				return
 			case <-t.C:
 			}
-			if err := conn.Ping(fctx); err != nil && fctx.Err() == nil {
+			// A check that does not answer within its interval is a lost lock too.
+			pctx, pcancel := context.WithTimeout(fctx, check)
+			err := conn.Ping(pctx)
+			pcancel()
+			if err != nil && fctx.Err() == nil {
 				cancel(&lostError{err})
 				return
 			}
@@ -89,11 +100,16 @@ type lostError struct{ err error }
 func (e *lostError) Error() string { return "leader lock connection: " + e.err.Error() }
 func (e *lostError) Unwrap() error { return e.err }
 
-// unlock releases key, or closes the session (which releases it) when that fails.
+// unlock releases key and the session's idle bound (the connection goes back to the pool), or
+// closes the session (which releases the lock) when that fails.
 func unlock(ctx context.Context, conn *pgxpool.Conn, key int64) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+	_, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key)
+	if err == nil {
+		_, err = conn.Exec(uctx, "RESET idle_session_timeout")
+	}
+	if err != nil {
 		conn.Conn().Close(uctx) //nolint:errcheck // closing the session releases the lock
 	}
 }

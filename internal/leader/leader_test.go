@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/leader"
@@ -147,4 +148,41 @@ func TestRun(t *testing.T) {
 	require.EqualError(t, within(t, reports), "duty failed")
 	cancel()
 	within(t, done)
+}
+
+// A leader whose lock connection falls silent (its host lost without closing the socket, a
+// partition) does not keep the lock until TCP's keepalive gives up, hours later: Postgres ends
+// the idle session after three checks, and another process leads.
+func TestLead_SilentLeaderLosesTheLock(t *testing.T) {
+	t.Parallel()
+	const check = 200 * time.Millisecond
+	dbURL := pgtest.URL(t)
+	proxy, viaProxy := pgtest.NewProxy(t, dbURL)
+	silent, err := pgxpool.New(t.Context(), viaProxy)
+	require.NoError(t, err)
+	t.Cleanup(silent.Close)
+	other, err := pgxpool.New(t.Context(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	started, _ := leadInBackground(ctx, t, func(ctx context.Context, fn func(context.Context) error) (bool, error) {
+		return leader.Lead(ctx, silent, key, check, fn)
+	}, nil)
+	within(t, started)
+	hold := proxy.HoldStatement("-- ping") // its checks reach Postgres no more
+	t.Cleanup(hold.Release)
+	within(t, hold.Reached())
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		led, err := leader.Lead(t.Context(), other, key, check, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		if led {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "no other process could lead 10 s after the leader fell silent")
+		time.Sleep(check)
+	}
 }
