@@ -23,7 +23,9 @@ import (
 //     slot for every kept task: with the 9:1 weights, the low queue takes about one call in ten.
 //   - A kept task older than prefetchMaxAge is given back to the head of its queue instead of
 //     served, long before its lease (asynq's 30s, extended only for tasks asynq is running) could
-//     run out and asynq's recoverer retry it under a running delivery.
+//     run out and asynq's recoverer retry it under a running delivery; a timer per batch gives
+//     it back then even when no dequeue comes (every slot busy on long calls), before the
+//     sweeper's grace would take it for an orphan.
 //   - Shutdown gives back what is kept (Server.Shutdown); a crashed worker's kept tasks are
 //     active with a lease, as its running ones are, and asynq's recoverer retries them.
 //   - Only the main queue is taken in batches: a low task kept while main tasks fill the slots
@@ -128,6 +130,11 @@ func (h *wakeHook) dequeue(ctx context.Context, next redis.ProcessHook, cmd *red
 		h.kept = append(h.kept, keptTask{id: res[i], msg: res[i+1], at: now})
 	}
 	h.mu.Unlock()
+	if len(res) > 2 {
+		// Given back at their age whether or not asynq asks again: with every slot busy on long
+		// calls no dequeue comes, and a task active on no worker's list is the sweeper's orphan.
+		time.AfterFunc(h.maxAge, func() { h.giveBackStale(context.WithoutCancel(ctx)) })
+	}
 	h.prefetched.Add(int64(len(res)/2 - 1))
 	cmd.SetVal(res[1])
 	return nil
@@ -136,11 +143,7 @@ func (h *wakeHook) dequeue(ctx context.Context, next redis.ProcessHook, cmd *red
 // takeKept returns the oldest kept task's message, giving back those kept too long.
 func (h *wakeHook) takeKept(ctx context.Context) (string, bool) {
 	h.mu.Lock()
-	var stale []string
-	for len(h.kept) > 0 && time.Since(h.kept[0].at) > prefetchMaxAge {
-		stale = append(stale, h.kept[0].id)
-		h.kept = h.kept[1:]
-	}
+	stale := h.takeStale()
 	var msg string
 	ok := len(h.kept) > 0
 	if ok {
@@ -154,6 +157,28 @@ func (h *wakeHook) takeKept(ctx context.Context) (string, bool) {
 		}
 	}
 	return msg, ok
+}
+
+// takeStale removes the kept tasks kept maxAge or longer and returns their ids. h.mu is held.
+func (h *wakeHook) takeStale() []string {
+	var stale []string
+	for len(h.kept) > 0 && time.Since(h.kept[0].at) >= h.maxAge {
+		stale = append(stale, h.kept[0].id)
+		h.kept = h.kept[1:]
+	}
+	return stale
+}
+
+// giveBackStale gives back the kept tasks kept maxAge or longer (a batch's timer).
+func (h *wakeHook) giveBackStale(ctx context.Context) {
+	h.mu.Lock()
+	stale := h.takeStale()
+	h.mu.Unlock()
+	if len(stale) > 0 {
+		if err := h.giveBack(ctx, stale); err != nil {
+			h.log.Warn("tasks kept too long are left to asynq's recoverer", "err", err)
+		}
+	}
 }
 
 // giveBackKept puts every kept task back at the head of the main queue.

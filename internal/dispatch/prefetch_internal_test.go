@@ -188,3 +188,44 @@ func TestWakeHook_StaleGiveBackRefusedIsLogged(t *testing.T) {
 	require.Contains(t, logged.String(), "left to asynq's recoverer")
 	require.Contains(t, logged.String(), "give back 1 prefetched tasks")
 }
+
+// TestWakeHook_KeptTasksGoBackWithoutADequeue: tasks a batch kept are given back at their age even
+// when asynq asks for nothing more (every slot busy on long calls): left active on no worker's
+// list, they waited behind those calls and the sweeper took them for orphans (a second task).
+func TestWakeHook_KeptTasksGoBackWithoutADequeue(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := redistest.URL()
+	rdb := redistest.ClientOf(t, url)
+	queue := redistest.Queue(t, url)
+	opt, err := RedisConnOpt(url)
+	require.NoError(t, err)
+	client := asynq.NewClient(opt)
+	t.Cleanup(func() { require.NoError(t, client.Close()) })
+	enq := NewEnqueuer(client, queue, nil)
+	for _, id := range []string{"t1", "t2", "t3"} {
+		require.NoError(t, enq.Enqueue(ctx, id, jobs.PriorityNormal, time.Time{}))
+	}
+	p := "asynq:{" + queue + "}:"
+	h := newWakeHook(rdb, queue, time.Minute, nil, nil)
+	h.concurrency, h.maxAge = 40, 50*time.Millisecond
+	dequeue := h.ProcessHook(func(ctx context.Context, cmd redis.Cmder) error { return rdb.Process(ctx, cmd) })
+	cmd := redis.NewCmd(ctx, "eval", asynqDequeueScript, 4, p+"pending", p+"paused", p+"active", p+"lease",
+		time.Now().Add(30*time.Second).Unix(), p+"t:")
+	require.NoError(t, dequeue(ctx, cmd))
+	require.EqualValues(t, 2, h.prefetched.Load(), "one served, two kept")
+
+	// No dequeue comes: the two are back at the head of the queue, pending, all the same.
+	require.Eventually(t, func() bool {
+		ids, err := rdb.LRange(ctx, p+"pending", 0, -1).Result()
+		return err == nil && len(ids) == 2
+	}, 10*time.Second, 5*time.Millisecond)
+	for _, id := range []string{"t2", "t3"} {
+		state, err := rdb.HGet(ctx, p+"t:"+id, "state").Result()
+		require.NoError(t, err)
+		require.Equal(t, "pending", state, id)
+	}
+	h.mu.Lock()
+	require.Empty(t, h.kept)
+	h.mu.Unlock()
+}

@@ -78,8 +78,10 @@ type wakeHook struct {
 	empty map[string]bool
 
 	// kept are the main queue's tasks a batch dequeue took and asynq has not asked for yet,
-	// oldest first (see prefetch.go).
-	kept []keptTask
+	// oldest first (see prefetch.go); maxAge is how long one is kept before it is given back
+	// (prefetchMaxAge).
+	kept   []keptTask
+	maxAge time.Duration
 
 	// concurrency is the server's delivery slots (0: no batch dequeues), busy the deliveries
 	// running in its handler.
@@ -103,7 +105,8 @@ func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration, m *
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, metrics: m, log: log, empty: map[string]bool{}}
+	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, metrics: m, log: log, empty: map[string]bool{},
+		maxAge: prefetchMaxAge}
 	for _, q := range NewQueues(base).All() {
 		p := "asynq:{" + q + "}:"
 		h.queues = append(h.queues, queueKeys{name: q, pending: p + "pending", paused: p + "paused",
