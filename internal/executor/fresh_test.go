@@ -227,18 +227,10 @@ func TestExecutor_AdmitFirstForALaterSlotHoldsIt(t *testing.T) {
 	b, ex, _ := freshSetupLimited(t, "sk-first-later", prometheus.NewRegistry(), limiter.Limit{Rate: 1.0 / 60, Burst: 1}, 10*time.Millisecond)
 	warm(t, b, ex) // takes the burst's slot
 
-	p := newParams(jobs.PriorityNormal)
-	p.Timeout = 10 * time.Minute // the slot comes before the deadline
-	prepared, err := b.Store.Prepare(&p)
-	require.NoError(t, err)
-	adm := ex.AdmitFirst(ctx, prepared)
-	require.NotNil(t, adm, "a slot a minute out is granted")
-	require.Nil(t, adm.Begin(), "not due: the job is created queued")
-	job, _, err := b.Store.Create(ctx, p)
-	require.NoError(t, err)
+	job, adm := admittedForALaterSlot(t, b, ex, 10*time.Minute) // the slot comes before the deadline
 	require.Equal(t, jobs.StatusQueued, job.Status)
 
-	err = ex.ProcessFresh(ctx, job, adm)
+	err := ex.ProcessFresh(ctx, job, adm)
 	var d *dispatch.DeferError
 	require.ErrorAs(t, err, &d)
 	require.WithinDuration(t, time.Now().Add(time.Minute), d.Until, 5*time.Second)
@@ -349,15 +341,7 @@ func TestExecutor_AdmitFirstSlotAfterTheDeadlineFailsAtOnce(t *testing.T) {
 	warm(t, b, ex) // takes the burst's slot: the next is a minute out
 	calls := stageCounts(t, reg)[executor.StageCall]
 
-	p := newParams(jobs.PriorityNormal)
-	p.Timeout = 30 * time.Second
-	prepared, err := b.Store.Prepare(&p)
-	require.NoError(t, err)
-	adm := ex.AdmitFirst(ctx, prepared)
-	require.NotNil(t, adm, "a slot a minute out is granted")
-	require.Nil(t, adm.Begin(), "the insert does not start an attempt past the deadline")
-	job, _, err := b.Store.Create(ctx, p)
-	require.NoError(t, err)
+	job, adm := admittedForALaterSlot(t, b, ex, 30*time.Second) // the deadline comes first
 
 	require.NoError(t, ex.ProcessFresh(ctx, job, adm))
 	got, err := b.Store.Get(ctx, job.ID)
@@ -397,4 +381,21 @@ func TestExecutor_ReleasedFirstAdmissionHandsTheProbeOn(t *testing.T) {
 	r, err := gate.Reserve(ctx, limiter.Limit{})
 	require.NoError(t, err)
 	require.True(t, r.Granted && r.Probe, "the next attempt is the probe: %+v", r)
+}
+
+// admittedForALaterSlot creates a job with the given timeout whose first attempt AdmitFirst
+// admitted for a slot a minute out (the credential's one-a-minute burst taken by warm): the
+// insert does not start it, and the job is created queued.
+func admittedForALaterSlot(t *testing.T, b *jobstest.Bundle, ex *executor.Executor, timeout time.Duration) (*jobs.Job, dispatch.Admission) {
+	t.Helper()
+	p := newParams(jobs.PriorityNormal)
+	p.Timeout = timeout
+	prepared, err := b.Store.Prepare(&p)
+	require.NoError(t, err)
+	adm := ex.AdmitFirst(t.Context(), prepared)
+	require.NotNil(t, adm, "a slot a minute out is granted")
+	require.Nil(t, adm.Begin(), "not due (or past the deadline): the insert starts no attempt")
+	job, _, err := b.Store.Create(t.Context(), p)
+	require.NoError(t, err)
+	return job, adm
 }

@@ -57,15 +57,21 @@ func TestStore_AttemptLease(t *testing.T) {
 		require.Equal(t, 2, second.Attempts)
 	})
 
-	t.Run("DeadDeliveryTakenOver", func(t *testing.T) {
-		t.Parallel()
-		b := jobstest.New(t)
-		job := b.Create(t, jobstest.Opts{})
+	// takenOver is a job whose first delivery's lease ran out and a second delivery took it.
+	takenOver := func(t *testing.T) (b *jobstest.Bundle, job, dead, taker *jobs.Job) {
+		b = jobstest.New(t)
+		job = b.Create(t, jobstest.Opts{})
 		dead, err := b.Store.BeginAttempt(ctx, job.ID)
 		require.NoError(t, err)
 		b.ExpireLease(t, job.ID)
-		taker, err := b.Store.BeginAttempt(ctx, job.ID)
+		taker, err = b.Store.BeginAttempt(ctx, job.ID)
 		require.NoError(t, err)
+		return b, job, dead, taker
+	}
+
+	t.Run("DeadDeliveryTakenOver", func(t *testing.T) {
+		t.Parallel()
+		b, job, dead, taker := takenOver(t)
 		require.NotEqual(t, *dead.LeaseToken, *taker.LeaseToken)
 		require.Equal(t, 2, taker.Attempts)
 
@@ -91,13 +97,7 @@ func TestStore_AttemptLease(t *testing.T) {
 
 	t.Run("DeadDeliveryAnswerStored", func(t *testing.T) {
 		t.Parallel()
-		b := jobstest.New(t)
-		job := b.Create(t, jobstest.Opts{})
-		dead, err := b.Store.BeginAttempt(ctx, job.ID)
-		require.NoError(t, err)
-		b.ExpireLease(t, job.ID)
-		taker, err := b.Store.BeginAttempt(ctx, job.ID)
-		require.NoError(t, err)
+		b, job, dead, taker := takenOver(t)
 
 		// An answer the old delivery got is stored all the same: it was paid for, and the
 		// taker's, when it comes, finds the job ended.
