@@ -459,3 +459,28 @@ func hash(t *testing.T, b *testBundle, key string) map[string]string {
 func zeroGen(a breaker.Admission) breaker.Admission {
 	return breaker.Admission{Allowed: a.Allowed, Probe: a.Probe, Capped: a.Capped, State: a.State, RetryAt: a.RetryAt, Wait: a.Wait}
 }
+
+// A closed breaker's key expires IdleTTL after its last transition however busy the credential
+// (a warm breaker with no cold-start cap writes nothing), and starts again at generation 0. The
+// failures of requests admitted before carry the old generation: the first recreated the key, and
+// the rest were taken for stale, so Threshold consecutive failures left the breaker closed.
+func TestReport_FailuresAdmittedBeforeTheKeyExpiredCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *breaker.Config) { c.SuccessMemory = -1 })
+	b.open(t)
+	b.clock.Advance(breaker.DefaultCooldown)
+	require.Equal(t, breaker.Closed, b.send(t, 0, breaker.Success), "the probe closes it")
+	var inflight []breaker.Admission
+	for i := range breaker.DefaultThreshold {
+		inflight = append(inflight, b.admit(t, i))
+	}
+	require.NoError(t, b.rdb.Del(t.Context(), b.creds[0].Key()).Err()) // the closed key expired
+
+	var st breaker.State
+	for i, a := range inflight {
+		var err error
+		st, err = b.creds[i%2].Report(t.Context(), a, breaker.Failure)
+		require.NoError(t, err)
+	}
+	require.Equal(t, breaker.Open, st, "%d consecutive failures", breaker.DefaultThreshold)
+}

@@ -114,13 +114,16 @@ return {1, 1, 'half_open', 0, now, gen, 0, 0, 0}
 // ARGV[13] TTL of a closed key holding leases, ms
 // Returns {state after the report, state transitioned to (” when none)}.
 //
-// A report whose generation is not the key's is stale and changes nothing. With no key (closed,
-// never opened or expired) every report counts as a closed-state report.
+// A report whose generation is not the key's is stale and changes nothing, but for a closed key
+// and a later generation: a live key's generation only grows, so that admission was taken before
+// the key expired (and started again at 0), in the same closed state, and counts. With no key
+// (closed, never opened or expired) every report counts as a closed-state report.
 var reportScript = redis.NewScript(luaCommon + `
 local h = redis.call('HMGET', KEYS[1], 'state', 'gen', 'fails', 'ok', 'cd')
 local exists = h[1] ~= false
 local state, gen, fails = h[1] or 'closed', num(h[2]) or 0, num(h[3]) or 0
-if exists and tonumber(ARGV[2]) ~= gen then return {state, ''} end
+local agen = tonumber(ARGV[2])
+if exists and agen ~= gen and not (state == 'closed' and agen > gen) then return {state, ''} end
 local o = ARGV[3]
 local mem = tonumber(ARGV[9])
 local function open(now, cd)

@@ -126,14 +126,16 @@ func (e *Estimator) Ratio(credential, model string) float64 {
 
 // Observe learns from one answer: est is the Estimate the request was reserved with, reported
 // the input tokens the provider reported (usage.input_tokens, what its input-token limit
-// counts). A report of 0 or less (no usage) is ignored. The first report's ratio reported /
-// est.Raw replaces InitialRatio; later ones enter the moving average; the result is clamped.
+// counts). A report of 0 or less (no usage) is ignored. The ratio reported / est.Raw is clamped
+// to MinRatio..MaxRatio; the first replaces InitialRatio, later ones enter the moving average.
+// Clamped first, one odd answer (an image of few bytes and many tokens, say) weighs Alpha: it
+// does not throw the average to a bound.
 func (e *Estimator) Observe(credential string, est Estimate, reported int) {
 	if reported <= 0 || est.Raw <= 0 {
 		return
 	}
 	e.cfg.Metrics.observe(credential, est.Input, reported)
-	obs := float64(reported) / float64(est.Raw)
+	obs := min(max(float64(reported)/float64(est.Raw), e.cfg.MinRatio), e.cfg.MaxRatio)
 	k := key{credential, est.Model}
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -136,3 +136,20 @@ func body(textBytes int, model string) []byte {
 	return []byte(fmt.Sprintf(`{"model":%q,"max_tokens":200,"messages":[{"role":"user","content":%q}]}`,
 		model, strings.Repeat("y", textBytes)))
 }
+
+// One odd answer (an image-only message: few bytes, many tokens) moves a learned ratio by its
+// weight, Alpha, not to MaxRatio: clamped only after the average, it made every later request
+// reserve four times its input until some fifteen normal answers pulled it back.
+func TestEstimator_OneOddAnswerWeighsAlpha(t *testing.T) {
+	t.Parallel()
+	e, err := estimator.New(nil)
+	require.NoError(t, err)
+	text := estimator.Estimate{Model: "claude", Raw: 1000}
+	for range 50 {
+		e.Observe("k", text, 1000)
+	}
+	require.InDelta(t, 1.0, e.Ratio("k", "claude"), 1e-9)
+	e.Observe("k", estimator.Estimate{Model: "claude", Raw: 1}, 1500)
+	// The odd ratio counts as MaxRatio (4): 1 + Alpha (0.2) × (4 − 1).
+	require.InDelta(t, 1.6, e.Ratio("k", "claude"), 1e-9)
+}
