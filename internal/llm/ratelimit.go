@@ -41,7 +41,7 @@ func parseAnthropicRateLimit(h http.Header) RateLimit {
 	}
 	rl.Tokens = parseAnthropicTokens(h)
 	if v := strings.TrimSpace(h.Get("Anthropic-Ratelimit-Requests-Reset")); v != "" {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && !t.IsZero() { // the zero time: no reset
 			rl.ResetAt, rl.ResetAbsolute = t, true
 		}
 	}
@@ -131,7 +131,7 @@ func parseAnthropicTokens(h http.Header) TokenRateLimits {
 		}
 		tl.RemainingGranularity = anthropicTokenRounding
 		if v := strings.TrimSpace(h.Get(prefix + "Reset")); v != "" {
-			if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil && !t.IsZero() { // the zero time: no reset
 				tl.ResetAt, tl.ResetAbsolute = t, true
 			}
 		}
