@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -35,4 +37,14 @@ credentials:
 	t.Cleanup(pool.Close)
 	_, err = worker.New(context.Background(), cfg, pool, worker.Options{RedisPrefix: redistest.Prefix(t)})
 	require.ErrorContains(t, err, `credential "default"`)
+}
+
+// The breaker's probe outlives every credential's attempt timeout (config default 5m), and never
+// falls below the breaker's own default.
+func TestProbeTimeout_OutlivesEveryAttempt(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, breaker.DefaultProbeTimeout, worker.ProbeTimeout(nil))
+	require.Equal(t, breaker.DefaultProbeTimeout, worker.ProbeTimeout([]config.Credential{{AttemptTimeout: time.Minute}}))
+	require.Equal(t, 10*time.Minute+30*time.Second, worker.ProbeTimeout([]config.Credential{
+		{AttemptTimeout: 5 * time.Minute}, {AttemptTimeout: 10 * time.Minute}, {AttemptTimeout: time.Minute}}))
 }

@@ -147,7 +147,7 @@ func (w *Worker) build(m metrics) error {
 	// asynq's dequeues measured slower (docs/decisions.md).
 	if w.breaker, err = breaker.New(dispatch.AutoPipelined(w.rdb, 1), &breaker.Config{Prefix: opts.RedisPrefix,
 		Threshold: cfg.Breaker.Threshold, Cooldown: cfg.Breaker.Cooldown, MaxCooldown: cfg.Breaker.MaxCooldown,
-		SuccessMemory: successMemory, Metrics: m.breaker}); err != nil {
+		ProbeTimeout: ProbeTimeout(cfg.Credentials), SuccessMemory: successMemory, Metrics: m.breaker}); err != nil {
 		return err
 	}
 	upstreams, err := w.newUpstreams(lim, m.limiter)
@@ -383,4 +383,19 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// ProbeTimeout is how long the breaker lets a probe (or a cold-start slot) go unreported before
+// another caller takes its place: longer than any credential's attempt_timeout, so that a call
+// still running is never replaced. Replaced, a live probe let a second one out beside it, and its
+// Failure, of an older generation, was ignored: against a provider whose calls hang to the
+// attempt timeout (5m by default, past the breaker's own 2m) the breaker stayed half-open with
+// three probes out and never backed off. The price: a probe whose worker died holds its place
+// that long.
+func ProbeTimeout(creds []config.Credential) time.Duration {
+	d := breaker.DefaultProbeTimeout
+	for _, c := range creds {
+		d = max(d, c.AttemptTimeout+30*time.Second)
+	}
+	return d
 }
