@@ -55,11 +55,10 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 	defer unlock(ctx, conn, key)
 	// A leader that falls silent (its host lost, a partition, a paused VM) must not keep the lock
 	// until TCP's keepalive gives up (2 hours by default): Postgres ends a session idle longer
-	// than three checks, and with it the lock. A live leader's checks keep it busy.
+	// than three checks, and with it the lock. A live leader's checks keep it busy. Best effort:
+	// a server before PostgreSQL 14 has no such setting, and leads as before.
 	idle := fmt.Sprintf("%dms", (3*check + time.Second).Milliseconds())
-	if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", idle); err != nil {
-		return true, fmt.Errorf("bound the leader session's idle time: %w", err)
-	}
+	_, _ = conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", idle)
 
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -105,11 +104,10 @@ func (e *lostError) Unwrap() error { return e.err }
 func unlock(ctx context.Context, conn *pgxpool.Conn, key int64) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key)
-	if err == nil {
-		_, err = conn.Exec(uctx, "RESET idle_session_timeout")
-	}
-	if err != nil {
+	if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
 		conn.Conn().Close(uctx) //nolint:errcheck // closing the session releases the lock
+		return
 	}
+	// Back to the pool without the leader's idle bound (best effort, as it was set).
+	_, _ = conn.Exec(uctx, "SELECT set_config('idle_session_timeout', '0', false)")
 }
