@@ -81,8 +81,9 @@ type Fairness struct {
 	// TicketGrace): a ticket whose turn is further off is told to ask again at half its foreseen
 	// wait (so a backlog of N jobs asks about N log N times, spread by place in line, rather
 	// than N times every MaxRecheck), is dropped meanwhile, and takes its place again (Since)
-	// when it asks. Under a learned limit it is also the longest wait before asking again (at
-	// most 1s). Default 30s.
+	// when it asks; but the first ticket of its lane is kept until its holder comes back, so that
+	// the lane keeps its place against the others'. Under a learned limit it is also the longest
+	// wait before asking again (at most 1s). Default 30s.
 	MaxRecheck time.Duration
 }
 

@@ -420,3 +420,33 @@ func TestFair_LoneLaneSkipsTheQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"j20"}, tickets)
 }
+
+// A lane whose turn is far off (more than twice MaxRecheck on a slow credential) keeps its place
+// while its holder waits to ask again: its one ticket was dropped meanwhile, the lane found empty
+// and removed, and on its return it started again at the other lanes' virtual time, a full
+// share later every time, so that its wait never shrank.
+func TestFair_AFarTurnKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	t.Run("LightTenantsLoneJob", func(t *testing.T) {
+		t.Parallel()
+		// A (weight 1) has one job; B (weight 1000) a backlog of 2,000 at 10/s: A's turn is about
+		// 1,000 of B's slots (100 s) out, well before B's backlog is done (200 s).
+		s := newFairSim(t, nil)
+		s.add("B", 1000, limiter.PriorityNormal, 2000, 0)
+		a := s.add("A", 1, limiter.PriorityNormal, 1, time.Millisecond)[0]
+		s.run(t0.Add(150 * time.Second))
+		require.True(t, a.granted, "A's job starved by B's backlog (asked %d times)", a.asks)
+	})
+	t.Run("LowMinimumShareOnASlowCredential", func(t *testing.T) {
+		t.Parallel()
+		// A's one low job beside its normal backlog at 12 requests a minute: its minimum share (5%)
+		// puts its turn about 19 slots (95 s) out.
+		s := newFairSim(t, nil)
+		s.limit = limiter.Limit{Rate: 0.2, Burst: 1}
+		s.add("A", 1, limiter.PriorityNormal, 100, 0)
+		low := s.add("A", 1, limiter.PriorityLow, 1, time.Millisecond)[0]
+		s.run(t0.Add(200 * time.Second))
+		require.True(t, low.granted && low.send.Before(t0.Add(110*time.Second)),
+			"the low job held back past its minimum share's turn (granted %v, send %v)", low.granted, low.send.Sub(t0))
+	})
+}

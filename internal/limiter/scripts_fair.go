@@ -106,6 +106,7 @@ local function fenter(now)
   -- has just started waiting, an interactive job's, goes before a backlog due at the same
   -- virtual time: it has used none of its share), then to the lane whose name sorts first.
   local pos = redis.call('ZRANK', FQ.own, FQ.ticket) + 1
+  FQ.pos = pos
   local tag = mine.F + pos / mine.w
   local rank = pos - 1
   for _, x in ipairs(lanes) do
@@ -160,6 +161,10 @@ local function fadmit(now, base, T, burst, phase, poll, learned)
   end
   if again < now + poll then again = now + poll end
   if keep < again and keep < now + maxwait then keep = again end
+  -- The lane's first ticket is kept until its holder comes back: were the lane left empty
+  -- meanwhile, it would start again at the others' virtual time, its place lost at every return
+  -- (a light tenant's lone job, or a low job's minimum share, starved behind a backlog).
+  if FQ.pos == 1 and keep < again then keep = again end
   redis.call('ZADD', FQ.dl, keep + FQ.grace, FQ.lane .. '\n' .. FQ.ticket)
   return false, again
 end
