@@ -147,12 +147,12 @@ func (a *app) deadShow(c *cli.Context) error {
 	return printJob(a, job, attempts)
 }
 
-// jobIDs are the job IDs of a command line in lower case, as the store names them: an ID in
+// jobIDs are the job IDs of a command line as the store names them (jobs.CanonicalID): an ID in
 // capitals names its job too, and what was done is told ID by ID.
 func jobIDs(c *cli.Context) []string {
 	ids := c.Args().Slice()
 	for i, id := range ids {
-		ids[i] = strings.ToLower(id)
+		ids[i] = jobs.CanonicalID(id)
 	}
 	return ids
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
@@ -42,10 +41,10 @@ func readSelection(r *http.Request) ([]string, error) {
 	if len(s.IDs) == 0 || len(s.IDs) > maxSelection {
 		return nil, badRequest("invalid_selection", fmt.Sprintf("select 1 to %d jobs", maxSelection))
 	}
-	// A job ID in either case names the job; the store answers in lower case, and the answer
-	// says what was done to each ID as the store names it.
+	// A job ID in either case names the job; the answer says what was done to each ID as the
+	// store names it.
 	for i, id := range s.IDs {
-		s.IDs[i] = strings.ToLower(id)
+		s.IDs[i] = jobs.CanonicalID(id)
 	}
 	slices.Sort(s.IDs)
 	return slices.Compact(s.IDs), nil

@@ -151,11 +151,7 @@ func (h *wakeHook) takeKept(ctx context.Context) (string, bool) {
 		h.kept = h.kept[1:]
 	}
 	h.mu.Unlock()
-	if len(stale) > 0 {
-		if err := h.giveBack(ctx, stale); err != nil {
-			h.log.Warn("tasks kept too long are left to asynq's recoverer", "err", err)
-		}
-	}
+	h.giveBackStaleIDs(ctx, stale)
 	return msg, ok
 }
 
@@ -174,10 +170,17 @@ func (h *wakeHook) giveBackStale(ctx context.Context) {
 	h.mu.Lock()
 	stale := h.takeStale()
 	h.mu.Unlock()
-	if len(stale) > 0 {
-		if err := h.giveBack(ctx, stale); err != nil {
-			h.log.Warn("tasks kept too long are left to asynq's recoverer", "err", err)
-		}
+	h.giveBackStaleIDs(ctx, stale)
+}
+
+// giveBackStaleIDs gives back the kept tasks stale (takeStale's), logging a refusal: they are
+// left to asynq's recoverer then.
+func (h *wakeHook) giveBackStaleIDs(ctx context.Context, stale []string) {
+	if len(stale) == 0 {
+		return
+	}
+	if err := h.giveBack(ctx, stale); err != nil {
+		h.log.Warn("tasks kept too long are left to asynq's recoverer", "err", err)
 	}
 }
 

@@ -81,13 +81,7 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	circuit = a.breaker // the gate's own test admitted it, or the one passed in
 	adm.breaker = circuit
 	if errors.Is(err, errSlotAfterDeadline) {
-		// Failed now rather than when the slot comes: the client learns it at once, and a job
-		// that cannot be sent does not sit queued until after its own deadline.
-		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
-		e.releaseProbe(ctx, up, a)
-		return adm, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
-			Class: jobs.ReasonDeadlineExceeded, Message: "the job's deadline passes before its send slot",
-		}})
+		return adm, e.failSlotAfterDeadline(ctx, job, up, a)
 	}
 	if errors.Is(err, tokens.ErrTooLarge) {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
@@ -208,6 +202,17 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	}
 	pass.leave()
 	return adm, sleep(ctx, res.Wait)
+}
+
+// failSlotAfterDeadline fails job, unsent, whose send slot (held in adm) comes at or after its
+// deadline: the client learns it at once, and a job that cannot be sent does not sit queued
+// until after its own deadline. The breaker's admission and a probe are handed on.
+func (e *Executor) failSlotAfterDeadline(ctx context.Context, job *jobs.Job, up Upstream, adm admission) error {
+	e.reportBreaker(ctx, up, adm.breaker, breaker.Neutral)
+	e.releaseProbe(ctx, up, adm)
+	return e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+		Class: jobs.ReasonDeadlineExceeded, Message: "the job's deadline passes before its send slot",
+	}})
 }
 
 // releaseProbe ends the limiter's probe of a limit being learned, when adm holds it and it will

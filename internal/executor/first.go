@@ -163,12 +163,7 @@ func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream,
 func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmission) error {
 	begun := job.Status == jobs.StatusRunning // the insert started the attempt
 	if !begun && !a.sendAt.Before(job.Deadline) {
-		// As admit's errSlotAfterDeadline: failed now, unsent, not sent past the deadline.
-		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
-		e.releaseProbe(ctx, a.up, a.adm)
-		return e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
-			Class: jobs.ReasonDeadlineExceeded, Message: "the job's deadline passes before its send slot",
-		}})
+		return e.failSlotAfterDeadline(ctx, job, a.up, a.adm)
 	}
 	if !begun && a.sendAt.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
 		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)

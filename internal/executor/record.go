@@ -68,9 +68,9 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 }
 
 // keepLease renews the attempt's lease (jobs.Store.RenewLease) every renewEvery until the returned
-// stop is called, and calls lost (when not nil) once a renewal finds the job moved on without
-// the attempt (canceled, or its lease taken over by another delivery), so that a long call keeps other deliveries of the job waiting while a dead one
-// frees the job within jobs.AttemptLease. Stop lets a renewal under way finish (or reach its own
+// stop is called, so that a long call keeps other deliveries of the job waiting while a dead one
+// frees the job within jobs.AttemptLease; lost (when not nil) is called once a renewal finds the
+// job moved on without the attempt (canceled, or its lease taken over by another delivery). Stop lets a renewal under way finish (or reach its own
 // deadline, jobs.AttemptLease) before it returns, and none starts after: once it returns the lease
 // no longer moves. (Canceling the renewal instead would not stop it: pgx returns at once on a
 // canceled context while the server still commits the UPDATE it was sent.) Renewal errors are

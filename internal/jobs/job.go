@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -168,3 +169,8 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 // hyphens, either case. uuid.Parse also accepts the urn:uuid: prefix, braces and bare hex, and
 // Postgres refuses the first; an ID in another form names no job (ErrNotFound), never an error.
 func validID(id string) bool { return len(id) == 36 && uuid.Validate(id) == nil }
+
+// CanonicalID is id in the form the store answers with: lower case. An ID in capitals names the
+// same job (validID); a caller comparing the IDs it asked about with those the store acted on
+// compares these.
+func CanonicalID(id string) string { return strings.ToLower(id) }
