@@ -6,14 +6,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/llmq/llmq/internal/process"
+	"github.com/llmq/llmq/internal/signals"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signals.Context(context.Background())
 	defer stop()
 	if err := process.API(ctx, os.Args[1:], process.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "api:", err)

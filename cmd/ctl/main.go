@@ -4,9 +4,8 @@ package main
 import (
 	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
+	"github.com/llmq/llmq/internal/signals"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -14,7 +13,7 @@ func main() {
 	// go-redis logs each failed dial to stderr; ctl reports an unreachable Redis itself, on one
 	// line. The logger is process-wide, so only the binary (not the in-process tests) sets it.
 	redis.SetLogger(quietRedis{})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signals.Context(context.Background())
 	code := newApp(os.Stdout, os.Stderr).run(ctx, os.Args)
 	stop()
 	os.Exit(code)

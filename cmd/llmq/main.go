@@ -10,10 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/llmq/llmq/internal/process"
+	"github.com/llmq/llmq/internal/signals"
 )
 
 const usage = `usage: llmq <command> [flags]
@@ -27,7 +26,7 @@ Run "llmq <command> -h" for a command's flags.
 `
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signals.Context(context.Background())
 	defer stop()
 	if err := run(ctx, os.Args[1:], process.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, "llmq:", err)

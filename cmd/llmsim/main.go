@@ -17,18 +17,17 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/signals"
 )
 
 // shutdownTimeout bounds the graceful shutdown.
 const shutdownTimeout = 5 * time.Second
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signals.Context(context.Background())
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	switch {
