@@ -81,7 +81,7 @@ func Worker(ctx context.Context, args []string, o Options) error {
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		srv, err := listen(cfg.Worker.MetricsListen, mux, cfg, reg, logger, false)
 		if err != nil {
-			return fmt.Errorf("metrics: %w", err)
+			return errors.Join(fmt.Errorf("metrics: %w", err), w.Close())
 		}
 		metricsDone := make(chan error, 1)
 		mctx, stopMetrics := context.WithCancel(ctx)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -177,4 +178,24 @@ func TestServe_BadConfigNamesTheProblem(t *testing.T) {
 	defer cancel()
 	err := process.Serve(ctx, []string{"--config", path}, process.Options{Stderr: io.Discard, Getenv: getenv})
 	require.ErrorContains(t, err, "concurrency")
+}
+
+// TestWorker_MetricsPortTakenClosesWhatItOpened: a worker whose metrics address is taken
+// returns the error having closed the Redis clients it opened, with their goroutines (an
+// embedding caller that retries must not pile them up).
+func TestWorker_MetricsPortTakenClosesWhatItOpened(t *testing.T) {
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
+	t.Cleanup(sim.Close)
+	cfgPath := writeConfig(t, sim.URL)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = taken.Close() })
+	before := goleak.IgnoreCurrent()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = process.Worker(ctx, []string{"--config", cfgPath, "--metrics-listen", taken.Addr().String()},
+		process.Options{Stderr: io.Discard, Getenv: getenv})
+	require.ErrorContains(t, err, "metrics")
+	goleak.VerifyNone(t, before, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
 }

@@ -260,6 +260,9 @@ func (w *Worker) Close() error { return w.close() }
 // close closes what New opened, for the error paths of New (Run closes them after a run).
 func (w *Worker) close() error {
 	var errs []error
+	if w.server != nil {
+		w.server.Shutdown() // closes the connections of a server never started, too
+	}
 	if w.client != nil {
 		errs = append(errs, w.client.Close())
 	}
