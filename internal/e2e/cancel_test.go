@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/llmsim"
 )
 
@@ -24,12 +25,12 @@ func (b *testBundle) attemptsOf(t *testing.T, id string) int {
 func TestCancel_AbortsTheInFlightCall(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{sim: llmsim.Config{Faults: llmsim.Faults{Hang: true}}})
+	submitted := time.Now() // the attempt's lease starts after this
 	id := b.submit(t, anthropicBody("never answered"))
 	s := openEvents(t, b.apiURL, id, "0")
 	require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 1 }, 20*time.Second, 5*time.Millisecond,
 		"the worker's call reaches the simulator")
 
-	start := time.Now()
 	r := b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)
 	require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
 	require.Equal(t, "canceled", r.body["status"])
@@ -38,8 +39,11 @@ func TestCancel_AbortsTheInFlightCall(t *testing.T) {
 	require.Eventually(t, func() bool {
 		st := b.sim.Stats()
 		return st.InFlight == 0 && st.ByStatus[llmsim.StatusClientClosed] == 1
-	}, 5*time.Second, time.Millisecond)
-	require.Less(t, time.Since(start), time.Second, "aborted within a second")
+	}, 10*time.Second, time.Millisecond)
+	// A renewal of the attempt's lease finding the job canceled also stops the call, a third of
+	// the lease after the attempt began at the earliest: ended before that, the cancel did it.
+	require.Less(t, time.Since(submitted), jobs.AttemptLease/3,
+		"the call ended by the attempt's lease renewal, not by the cancel")
 
 	// The aborted call is recorded, and no result is stored once it has been.
 	require.Eventually(t, func() bool { return b.attemptsOf(t, id) == 1 }, 10*time.Second, 5*time.Millisecond)
