@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -331,6 +332,41 @@ func TestBadInput_ClearMessagesNever500(t *testing.T) {
 		r, out := c.do(http.MethodGet, tc.path, nil, nil)
 		requireError(t, r, out, tc.status, tc.typ)
 	}
+}
+
+// TestBadInput_TextPostgresCannotHoldNever500: a filter or a name holding NUL or bytes that are
+// not UTF-8, or a cursor whose time Postgres cannot hold, names nothing stored; sent to Postgres
+// as a parameter it would fail the query, a 500. Each is a 4xx naming the problem.
+func TestBadInput_TextPostgresCannotHoldNever500(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	cursor := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+	for _, tc := range []struct {
+		path   string
+		status int
+		typ    string
+	}{
+		{"/console/api/jobs?tenant=%00", 400, "invalid_filter"},
+		{"/console/api/jobs?tenant=%ff", 400, "invalid_filter"},
+		{"/console/api/jobs?credential=a%00b", 400, "invalid_filter"},
+		{"/console/api/dead?reason=%00", 400, "invalid_filter"},
+		{"/console/api/dead?credential=%c3%28", 400, "invalid_filter"},
+		// Before 4713 BC, the first time Postgres holds.
+		{"/console/api/jobs?after=" + cursor("-300000000000000000,00000000-0000-4000-8000-000000000000"), 400, "stale_page"},
+	} {
+		r, out := c.do(http.MethodGet, tc.path, nil, nil)
+		requireError(t, r, out, tc.status, tc.typ)
+	}
+	for _, name := range []string{"%00", "%ff", "a%00"} {
+		r, out := c.do(http.MethodPost, "/console/api/tenants/"+name+"/revoke", nil, nil)
+		requireError(t, r, out, http.StatusNotFound, "not_found")
+		r, out = c.do(http.MethodPost, "/console/api/tenants/"+name+"/weight", map[string]any{"weight": 2}, nil)
+		requireError(t, r, out, http.StatusNotFound, "not_found")
+	}
+	e := b.audit(t)
+	require.Len(t, e, 1, "nothing was done: only the login is audited")
+	require.Equal(t, "login", e[0].Action)
 }
 
 func TestJobs_PagedNewestFirst(t *testing.T) {

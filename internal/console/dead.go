@@ -16,6 +16,12 @@ const deadListLimit = 200
 // deadList serves the dead letters: ?reason=&credential=.
 func (h *Handler) deadList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	q := r.URL.Query()
+	for _, name := range []string{"reason", "credential"} {
+		if err := checkFilter(name, q.Get(name)); err != nil {
+			writeError(w, r, h.cfg.Logger, err)
+			return
+		}
+	}
 	list, err := h.cfg.Jobs.ListDead(r.Context(), jobs.DeadFilter{Reason: q.Get("reason"),
 		Credential: q.Get("credential"), Limit: deadListLimit})
 	if err != nil {

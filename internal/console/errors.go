@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
@@ -22,6 +24,15 @@ type apiError struct {
 func (e *apiError) Error() string { return e.message }
 
 func badRequest(typ, msg string) *apiError { return &apiError{http.StatusBadRequest, typ, msg} }
+
+// checkFilter refuses (400) a filter value Postgres cannot hold as text: not UTF-8, or holding
+// NUL. It names nothing stored, and as a query's parameter it would fail the query (a 500).
+func checkFilter(name, v string) error {
+	if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+		return badRequest("invalid_filter", name+" must be UTF-8 text without NUL")
+	}
+	return nil
+}
 
 // writeError is the console's one table from errors to statuses. A client's mistake (unknown
 // id, stale cursor, bad name) is a 4xx naming it; only a failure of ours is a 500, logged.

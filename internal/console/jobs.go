@@ -42,6 +42,12 @@ func (h *Handler) jobList(w http.ResponseWriter, r *http.Request, _ *operator.Se
 			" is not one of queued, running, retrying, succeeded, failed, dead, canceled"))
 		return
 	}
+	for _, f := range []struct{ name, v string }{{"tenant", p.Tenant}, {"credential", p.Credential}} {
+		if err := checkFilter(f.name, f.v); err != nil {
+			writeError(w, r, h.cfg.Logger, err)
+			return
+		}
+	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 500 {
@@ -152,11 +158,13 @@ func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.
 // operator may retry it. A job deleted meanwhile ends the stream with a "gone" event.
 // The stream ends with a "session_expired" event once its session has (see sessionEnded).
 func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
-	id := r.PathValue("id")
-	if _, err := h.cfg.Jobs.Get(r.Context(), id); err != nil {
+	job, err := h.cfg.Jobs.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
+	// The ID as the store names it (the path's may be in capitals): the Listener signals that.
+	id := job.ID
 	var notify <-chan int
 	if h.cfg.Listener != nil {
 		ch, unsubscribe := h.cfg.Listener.Subscribe(id)

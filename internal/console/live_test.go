@@ -125,6 +125,43 @@ func TestJobLive_FollowsTransitions(t *testing.T) {
 	require.Equal(t, jobs.StatusDead, d.Events[len(d.Events)-1].Type)
 }
 
+// TestJobLive_IDInCapitalsFollowsTransitions: an ID in capitals names the job (the page opens),
+// and its page follows the job's transitions as the ID in lower case does. The keep-alive, which
+// re-reads the job too, is an hour away: only the job's notifications can bring them.
+func TestJobLive_IDInCapitalsFollowsTransitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: b.jobs.Pool.Config().ConnConfig.Copy()})
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
+		Listener: l, KeepAlive: time.Hour})
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	c := b.login(t)
+
+	job := b.jobs.Create(t, jobstestOpts())
+	s := c.stream(t, "/console/api/jobs/"+strings.ToUpper(job.ID)+"/live", "job")
+	var d struct {
+		Job struct {
+			ID     string      `json:"id"`
+			Status jobs.Status `json:"status"`
+		} `json:"job"`
+	}
+	s.next(t, &d)
+	require.Equal(t, job.ID, d.Job.ID)
+	require.Equal(t, jobs.StatusQueued, d.Job.Status)
+	b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
+	s.next(t, &d)
+	require.Equal(t, jobs.StatusRetrying, d.Job.Status)
+}
+
 func TestOverviewLive_CountsChange(t *testing.T) {
 	t.Parallel()
 	b, c := liveBundle(t)

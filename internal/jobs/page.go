@@ -105,6 +105,10 @@ func encodeCursor(at time.Time, id string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(at.UnixMicro(), 10) + "," + id))
 }
 
+// maxCursorMicros is the latest time a cursor may hold, in µs since the epoch: the start of year
+// 10000, past any job's creation.
+const maxCursorMicros = 253402300800 * 1_000_000
+
 func decodeCursor(c string) (time.Time, string, error) {
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
@@ -112,7 +116,9 @@ func decodeCursor(c string) (time.Time, string, error) {
 	}
 	us, id, ok := strings.Cut(string(b), ",")
 	n, err := strconv.ParseInt(us, 10, 64)
-	if !ok || err != nil || !validID(id) {
+	// A cursor holds a job's creation time: another time is no cursor Page made, and one that
+	// Postgres cannot hold would fail the query.
+	if !ok || err != nil || n < 0 || n > maxCursorMicros || !validID(id) {
 		return time.Time{}, "", ErrBadCursor
 	}
 	return time.UnixMicro(n), id, nil

@@ -87,8 +87,12 @@ RETURNING `+tenantColumns, name, hash[:], credentials, weight))
 
 // Revoke marks the tenant revoked: its token answers ErrRevoked from then on (after the
 // Authenticator's TTL on API replicas that cached it). wasActive is false when it was revoked
-// already. Errors: ErrNotFound or a wrapped database error.
+// already. Errors: ErrNotFound (also for a name no tenant can have) or a wrapped database error.
 func (s *Store) Revoke(ctx context.Context, name string) (wasActive bool, err error) {
+	if !ValidName(name) {
+		// Not looked up: a name that is not UTF-8 or holds NUL would fail the query.
+		return false, fmt.Errorf("%w: %q", ErrNotFound, truncate(name, 70))
+	}
 	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET revoked_at = now() WHERE name = $1 AND revoked_at IS NULL`, name)
 	if err != nil {
 		return false, fmt.Errorf("revoke tenant: %w", err)
@@ -109,10 +113,14 @@ func (s *Store) Revoke(ctx context.Context, name string) (wasActive bool, err er
 }
 
 // SetWeight changes the tenant's weight (see Tenant.Weight); workers apply it within
-// WeightCacheTTL. Errors: ErrInvalidWeight, ErrNotFound, or a wrapped database error.
+// WeightCacheTTL. Errors: ErrInvalidWeight, ErrNotFound (also for a name no tenant can have), or
+// a wrapped database error.
 func (s *Store) SetWeight(ctx context.Context, name string, weight int) error {
 	if err := checkWeight(weight); err != nil {
 		return err
+	}
+	if !ValidName(name) {
+		return fmt.Errorf("%w: %q", ErrNotFound, truncate(name, 70))
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET weight = $2 WHERE name = $1`, name, weight)
 	if err != nil {
