@@ -450,3 +450,34 @@ func TestFair_AFarTurnKeepsItsPlace(t *testing.T) {
 			"the low job held back past its minimum share's turn (granted %v, send %v)", low.granted, low.send.Sub(t0))
 	})
 }
+
+// The fairness hash keeps the weight of a tenant only while one of its lanes waits: every tenant
+// that ever waited on a busy credential left its weight there for good (the hash's expiry is
+// pushed on by every ask), a field per tenant without bound. Here 100 tenants with a job each wait
+// behind A's backlog; once every job is granted, no lane waits and no weight is left.
+func TestFair_WeightsLeaveWithTheirLanes(t *testing.T) {
+	t.Parallel()
+	s := newFairSim(t, nil)
+	s.add("A", 1, limiter.PriorityNormal, 200, 0)
+	for i := range 100 {
+		s.add(fmt.Sprintf("t%03d", i), 2, limiter.PriorityNormal, 1, time.Second+time.Duration(i)*100*time.Millisecond)
+	}
+	s.run(t0.Add(60 * time.Second))
+	for _, a := range s.all {
+		require.True(t, a.granted, "%s was never granted", a.lane.Ticket)
+	}
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, s.b.prefix+"*:fq").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	fields, err := rdb.HKeys(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	var weights []string
+	for _, f := range fields {
+		if strings.HasPrefix(f, "w|") {
+			weights = append(weights, f)
+		}
+	}
+	require.Empty(t, weights, "weights of tenants with no lane waiting")
+}

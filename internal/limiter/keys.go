@@ -19,7 +19,8 @@ func pauseKey(prefix, tag string) string { return prefix + tag + ":pause" }
 func tokenKey(prefix, tag string) string { return prefix + tag + ":tk" }
 
 // grantKey holds the token grants not yet reconciled (a hash: grant id → tokens charged per
-// bucket), at most the most recent grantsKept. It expires with tokenKey.
+// bucket), at most the most recent grantsKept: each id of the token hash's counter (a grant's, or
+// a push's in observeTokensScript) drops the record grantsKept ids back. It expires with tokenKey.
 func grantKey(prefix, tag string) string { return prefix + tag + ":tkg" }
 
 // fairKey holds the fair queueing's virtual times and tenant weights (a hash; see luaFair),

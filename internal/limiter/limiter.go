@@ -111,7 +111,8 @@ const (
 )
 
 // grantsKept is how many recent token grants can be reconciled; older records are dropped (their
-// reservation then simply stays charged).
+// reservation then simply stays charged). It counts ids of the token hash's counter, which the
+// pushes of token learning take too: a record goes once grantsKept ids were handed out after it.
 const grantsKept = 4096
 
 // A 429 with Retry-After caps the learned rate at (1-rateDecrease) of what was paced at, until

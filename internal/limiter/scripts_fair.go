@@ -14,7 +14,8 @@ package limiter
 // the request bucket, so that a lane's large prompts consume its share.
 //
 // KEYS[6] fair hash: v (virtual time while no lane waits), F|<lane> (a waiting lane's virtual
-// finish time), w|<tenant> (the tenant's weight, as its last attempt said)
+// finish time), w|<tenant> (the tenant's weight, as its last attempt said; kept while one of its
+// lanes waits)
 // KEYS[7] the set of waiting lanes
 // KEYS[8] ticket deadlines (sorted set of "<lane>\n<ticket>" by µs): a ticket whose holder has
 // not asked again by then is dropped (its job asks again later, and finds its place again)
@@ -42,6 +43,17 @@ local function fkeep()
   for _, k in ipairs({FQ.h, FQ.act, FQ.dl, FQ.own}) do redis.call('PEXPIRE', k, ms) end
 end
 
+-- fleave drops the weight of the tenant of lane ln, which has just stopped waiting, unless another
+-- of its lanes still waits: a weight is kept only while its tenant waits (each ask sets its own
+-- again), so that the hash does not keep a field for every tenant that ever waited.
+local function fleave(ln)
+  local tenant = string.sub(ln, 1, string.find(ln, '|', 1, true) - 1)
+  for p = 0, 2 do
+    if redis.call('SISMEMBER', FQ.act, tenant .. '|' .. p) == 1 then return end
+  end
+  redis.call('HDEL', FQ.h, 'w|' .. tenant)
+end
+
 -- fenter drops expired tickets, registers the asking ticket (in its lane, by its order: a
 -- ticket already there keeps its place), and computes its rank: how many waiting tickets are
 -- due (in virtual time) before it.
@@ -64,6 +76,8 @@ local function fenter(now)
     if n == 0 then
       redis.call('SREM', FQ.act, ln)
       redis.call('HDEL', FQ.h, 'F|' .. ln)
+      -- the asking tenant's weight, set above, is about to be used
+      if string.sub(ln, 1, #FQ.tenant + 1) ~= FQ.tenant .. '|' then fleave(ln) end
       if F ~= nil and F > v then v = F end
     else
       local bar = string.find(ln, '|', 1, true)
@@ -215,6 +229,7 @@ local function fgranted(tk)
   if redis.call('ZCARD', FQ.own) == 0 then
     redis.call('SREM', FQ.act, FQ.lane)
     redis.call('HDEL', FQ.h, 'F|' .. FQ.lane)
+    fleave(FQ.lane)
     local v = num(redis.call('HGET', FQ.h, 'v')) or 0
     if F > v then redis.call('HSET', FQ.h, 'v', fmt(F)) end
   else

@@ -157,7 +157,7 @@ end
 
 // observeTokensScript learns the token buckets from one response's token headers.
 //
-// KEYS[1] token hash (see luaTokens).
+// KEYS[1] token hash (see luaTokens), KEYS[2] grants hash (see reconcileScript).
 // ARGV[1] now µs, or ""
 // ARGV[2] learn TTL µs
 // ARGV[3] rate margin (fraction)
@@ -167,6 +167,9 @@ end
 // full, measured from the send; 0 = no reset), dtmin µs (earliest, from the response), the send
 // time as an offset from now (µs, <= 0).
 // ARGV[26] the response's grant id (0: unknown).
+// ARGV[27] grant records kept: a push takes an id of the grants' counter ('tid'), and drops the
+// grant record that many ids back, as a grant does (so that every record goes, answered or not,
+// once that many ids were handed out after it).
 // Each known bucket: the capacity is the limit (a new value starts the rate bounds afresh); the
 // deficit limit-remaining and the time to refill it bound the rate, as for requests; and unless
 // the bucket is configured, the schedule is pushed to hold at least what the provider surely
@@ -217,6 +220,7 @@ for i, b in ipairs(TB) do
         local floor = sent + used * x.T
         if x.tat == nil or x.tat < floor then
           local id = redis.call('HINCRBY', tk, 'tid', 1)
+          redis.call('HDEL', KEYS[2], id - tonumber(ARGV[27]))
           kpush(x, id, floor, x.R)
           x.tat = floor
         end

@@ -254,8 +254,9 @@ func (c *Gate) observeTokensCall(o Observation, now time.Time) (redisscript.Call
 		args = append(args, 1, f.Limit, f.Remaining, max(f.RemainingGranularity, 1),
 			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))
 	}
-	args = append(args, o.Grant)
-	return redisscript.Call{Script: observeTokensScript, Keys: []string{tokenKey(cfg.Prefix, c.tag)}, Args: args,
+	args = append(args, o.Grant, grantsKept)
+	keys := []string{tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag)}
+	return redisscript.Call{Script: observeTokensScript, Keys: keys, Args: args,
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			if err := cmd.Err(); err != nil {
 				return fmt.Errorf("observe token limits: %w", err)

@@ -634,3 +634,39 @@ func TestNew_TokenConfig(t *testing.T) {
 	_, err := limiter.New(redistest.Client(t), &limiter.Config{TokenMinute: time.Millisecond})
 	require.ErrorContains(t, err, "TokenMinute")
 }
+
+// The grants hash keeps at most the most recent grantsKept (4,096) records, however long the
+// credential stays busy. A grant that got no answer is never reconciled (Reconcile's contract),
+// and the ids of grants share one counter with the pushes that learning from a response makes:
+// a record whose id plus 4,096 was a push's was never dropped, so on a busy credential (its keys
+// never idle long enough to expire) such records piled up for good. Here every response pushes
+// the learned schedule, and of each two grants the second never gets an answer.
+func TestCredential_UnreconciledGrantsStayBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, noHorizon)
+	const id = "sk-grants-bound"
+	c := b.lim.Gate(id, "main")
+	requests := limiter.Limit{Rate: 1000, Burst: 1000000} // tokens learned, not configured
+	// The provider reports its input bucket empty: learning pushes the schedule to the refill.
+	empty := limiter.Observation{StatusCode: 200, InputTokens: limiter.TokenObservation{Known: true, Limit: 6000, Remaining: 0}}
+	require.NoError(t, c.Observe(t.Context(), empty))
+	const rounds = 4200 // beyond grantsKept (4,096)
+	for range rounds {
+		b.clock.Advance(61 * time.Second) // the bucket is full again
+		answered, err := c.ReserveCost(t.Context(), requests, in(1))
+		require.NoError(t, err)
+		require.Positive(t, answered.Grant)
+		lost, err := c.ReserveCost(t.Context(), requests, in(1))
+		require.NoError(t, err)
+		require.Positive(t, lost.Grant)
+		require.NoError(t, c.Reconcile(t.Context(), answered.Grant, in(1)))
+		require.NoError(t, c.Observe(t.Context(), empty))
+	}
+	rdb := redistest.Client(t)
+	keys, err := rdb.Keys(t.Context(), b.prefix+"*:tkg").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	n, err := rdb.HLen(t.Context(), keys[0]).Result()
+	require.NoError(t, err)
+	require.LessOrEqual(t, n, int64(4096), "grant records kept")
+}
