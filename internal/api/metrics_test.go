@@ -96,3 +96,27 @@ func TestMetrics_SubmitStages(t *testing.T) {
 	require.InDelta(t, 3.0, got[SubmitStageCreate][1], 1e-9, "each create's time holds its row's insert, not its task")
 	require.InDelta(t, 180.0, got[SubmitStageEnqueue][1], 1e-9, "each enqueue's time holds its task, not its row")
 }
+
+// TestMetrics_EveryScrapeFormatIsDocumented: /metrics answers in the format a scraper asks for
+// (promhttp's negotiation): the text format by default, the protobuf one to a Prometheus that
+// scrapes native histograms. Each answer must be one api/openapi.yaml describes (setup checks).
+func TestMetrics_EveryScrapeFormatIsDocumented(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	b := setup(t, setupOpts{registry: reg})
+	for accept, want := range map[string]string{
+		"": "text/plain",
+		// As a Prometheus that scrapes native histograms asks (scrape_protocols led by
+		// PrometheusProto).
+		"application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6," +
+			"application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1": "application/vnd.google.protobuf",
+	} {
+		h := map[string]string{}
+		if accept != "" {
+			h["Accept"] = accept
+		}
+		r := b.do(t, http.MethodGet, "/metrics", "", h)
+		require.Equal(t, http.StatusOK, r.status)
+		require.True(t, strings.HasPrefix(r.header.Get("Content-Type"), want), "Accept %q: Content-Type %q", accept, r.header.Get("Content-Type"))
+	}
+}

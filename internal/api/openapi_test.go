@@ -2,9 +2,12 @@ package api
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +23,7 @@ import (
 	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/internal/httpserve/httpservetest"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/retrypolicy"
@@ -178,6 +182,8 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 		do(t, down, r.method, r.path, b, nil) // 503
 	}
 
+	overCap(t, ops, id, rec)
+
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	for op, statuses := range rec.seen {
@@ -195,6 +201,35 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 			}
 			require.Contains(t, rec.seen[op], st, "api/openapi.yaml documents %d for %s, which the test never saw", st, op)
 		}
+	}
+}
+
+// overCap serves an API whose connection cap (api.max_connections) is 1, and holds that one
+// connection: every documented operation, asked on another connection, gets the listener's 503,
+// which no handler sees. It checks each answer against api/openapi.yaml and records it in rec.
+func overCap(t *testing.T, ops map[string][]int, id string, rec *statusRecorder) {
+	t.Helper()
+	b := setup(t, setupOpts{listener: func(ln net.Listener) net.Listener { return httpserve.LimitListener(ln, 1, nil) }})
+	addr := strings.TrimPrefix(b.url, "http://")
+	held := httpservetest.Dial(t, addr, 0)
+	require.Equal(t, http.StatusOK, held.Get(t, "/healthz").StatusCode, "the connection under the cap")
+	spec := openapitest.Load(t)
+	for op := range ops {
+		method, path, _ := strings.Cut(op, " ")
+		path = strings.Replace(path, "{id}", id, 1)
+		c := httpservetest.Dial(t, addr, 0)
+		c.Send(t, method, path)
+		resp := c.Head(t)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s over the connection cap", op)
+		require.NoError(t, spec.Check(method, path, resp.StatusCode, resp.Header, body), "%s over the connection cap", op)
+		rec.mu.Lock()
+		if !slices.Contains(rec.seen[op], resp.StatusCode) {
+			rec.seen[op] = append(rec.seen[op], resp.StatusCode)
+		}
+		rec.mu.Unlock()
 	}
 }
 
@@ -245,4 +280,45 @@ func TestOpenAPI_LastErrorClasses(t *testing.T) {
 		sent = append(sent, string(c))
 	}
 	require.ElementsMatch(t, sent, doc.Components.Schemas.LastError.Properties.Class.Enum)
+}
+
+// TestOpenAPI_RetryableStatuses: LastError.class's description lists, one by one, the provider
+// statuses of class retryable, and they are exactly those the retry policy retries (429 aside:
+// its class is rate_limited or spend_cap by its Retry-After).
+func TestOpenAPI_RetryableStatuses(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../api/openapi.yaml")
+	require.NoError(t, err)
+	var doc struct {
+		Components struct {
+			Schemas struct {
+				LastError struct {
+					Properties struct {
+						Class struct {
+							Description string `yaml:"description"`
+						} `yaml:"class"`
+					} `yaml:"properties"`
+				} `yaml:"LastError"`
+			} `yaml:"schemas"`
+		} `yaml:"components"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &doc))
+	m := regexp.MustCompile("`retryable` \\(([^)]*)\\)").FindStringSubmatch(doc.Components.Schemas.LastError.Properties.Class.Description)
+	require.NotNil(t, m, "LastError.class's description names the statuses of retryable in parentheses")
+	var documented []int
+	for _, f := range strings.Split(m[1], ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		require.NoError(t, err, "retryable (%s): list the statuses one by one", m[1])
+		documented = append(documented, n)
+	}
+	var retried []int
+	for status := 400; status < 600; status++ {
+		if status == http.StatusTooManyRequests {
+			continue
+		}
+		if retrypolicy.Classify(&llm.StatusError{StatusCode: status}, time.Now()).Class == retrypolicy.ClassRetryable {
+			retried = append(retried, status)
+		}
+	}
+	require.Equal(t, retried, documented, "the statuses LastError.class calls retryable")
 }

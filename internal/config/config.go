@@ -60,7 +60,7 @@ type Breaker struct {
 	// errors) open a credential's breaker. 0: the breaker's default, 5.
 	Threshold int `yaml:"threshold"`
 	// Cooldown is how long an open breaker refuses calls before one probe is let through; it
-	// grows by half after each failed probe, up to MaxCooldown. 0: the breaker's default, 2s.
+	// grows ×1.4 after each failed probe, up to MaxCooldown. 0: the breaker's default, 2s.
 	Cooldown time.Duration `yaml:"cooldown"`
 	// MaxCooldown caps the cooldown: the longest a recovered provider goes unnoticed, and one
 	// probe per MaxCooldown during a long outage. 0: the breaker's default, 30s (or Cooldown when

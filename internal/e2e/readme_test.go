@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
+	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -268,6 +269,38 @@ func (s *readmeStack) writeConfig(t *testing.T, dbURL, redisURL, simURL string) 
 	out, err := yaml.Marshal(cfg)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(s.dir, "configs", "local.yaml"), out, 0o600))
+}
+
+// TestReadme_ComposeStackIsTheLocalStack: the README offers `docker compose up --build` as the
+// stack of `make run`, and its examples (the EventSource one needs events_url, the lanes a batch
+// lane) assume configs/local.yaml. configs/compose.yaml must say the same apart from where things
+// are: the stores' and the simulator's addresses, the listen addresses and the directory of the
+// files it names.
+func TestReadme_ComposeStackIsTheLocalStack(t *testing.T) {
+	t.Parallel()
+	load := func(name string) map[string]any {
+		t.Helper()
+		cfg, err := config.LoadWithoutSecrets(filepath.Join(repoRoot, "configs", name), func(string) string { return "" })
+		require.NoError(t, err)
+		cfg.DatabaseURL, cfg.RedisURL, cfg.API.Listen, cfg.Worker.MetricsListen = "", "", "", ""
+		if cfg.API.StreamSecretFile != "" {
+			cfg.API.StreamSecretFile = filepath.Base(cfg.API.StreamSecretFile)
+		}
+		for i := range cfg.Credentials {
+			c := &cfg.Credentials[i]
+			c.BaseURL = ""
+			if c.APIKeyFile != "" {
+				c.APIKeyFile = filepath.Base(c.APIKeyFile)
+			}
+		}
+		// Through YAML: the exported settings, as the file format names them.
+		raw, err := yaml.Marshal(cfg)
+		require.NoError(t, err)
+		var m map[string]any
+		require.NoError(t, yaml.Unmarshal(raw, &m))
+		return m
+	}
+	require.Equal(t, load("local.yaml"), load("compose.yaml"), "configs/compose.yaml departs from configs/local.yaml")
 }
 
 // copyRepoFile copies a file the config names (a key), relative to the repository, into s.dir.

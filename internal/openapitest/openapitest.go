@@ -249,9 +249,11 @@ func (s *Spec) schema(ptr string) (*jsonschema.Schema, error) {
 	return sch, nil
 }
 
-// match finds the documented path of a request path; a literal segment beats a parameter.
+// match finds the documented path of a request path; a literal segment beats a parameter, which
+// matches a segment that is not empty. A trailing slash makes another path (/v1/jobs/ is not
+// /v1/jobs), as it does for the server's routes.
 func (s *Spec) match(path string) (pathTemplate, bool) {
-	segs := strings.Split(strings.Trim(path, "/"), "/")
+	segs := strings.Split(strings.TrimPrefix(path, "/"), "/")
 	var best pathTemplate
 	bestLiterals := -1
 	for _, tpl := range s.paths {
@@ -262,7 +264,7 @@ func (s *Spec) match(path string) (pathTemplate, bool) {
 		for i, seg := range tpl.segments {
 			switch {
 			case seg == "" && segs[i] != "":
-			case seg == segs[i]:
+			case seg != "" && seg == segs[i]:
 				literals++
 			default:
 				ok = false

@@ -43,6 +43,10 @@ func TestSpec_Check(t *testing.T) {
 		"WrongContentType":       {"GET", id, 404, http.Header{"Content-Type": {"text/plain"}}, []byte(`x`), false},
 		"UnknownPath":            {"GET", "/nope", 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
 		"UnknownPathAnswered200": {"GET", "/nope", 200, jsonHeader, []byte(`{}`), false},
+		// A trailing slash names another path, which the server does not serve, and an empty
+		// segment is no {id}.
+		"TrailingSlash":          {"POST", "/v1/jobs/", 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
+		"TrailingSlashOperation": {"GET", "/healthz/", 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
 		"MethodNotAllowed":       {"PUT", id, 405, http.Header{"Content-Type": {"application/json"}, "Allow": {"DELETE, GET"}}, []byte(`{"error":{"type":"method_not_allowed","message":"no"}}`), true},
 		"NoContent":              {"GET", id + "/events", 204, http.Header{}, nil, true},
 		"NoContentWithBody":      {"GET", id + "/events", 204, http.Header{}, []byte("x"), false},
