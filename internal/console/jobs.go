@@ -155,7 +155,8 @@ func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.
 // jobLive streams the job page as "job" events: at once, then after every transition of the
 // job (announced by Postgres to the Listener; the stream watches the job so that its
 // transitions are announced), whatever process made it. It stays open after the job ends: an
-// operator may retry it. A job deleted meanwhile ends the stream with a "gone" event.
+// operator may retry it. A job deleted meanwhile ends the stream with a "gone" event; a read that
+// fails otherwise is tried again at the next wake-up.
 // The stream ends with a "session_expired" event once its session has (see sessionEnded).
 func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	job, err := h.cfg.Jobs.Get(r.Context(), r.PathValue("id"))
@@ -196,11 +197,15 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 			}
 		case r.Context().Err() != nil:
 			return
-		default:
+		case errors.Is(err, jobs.ErrNotFound):
 			if _, err := io.WriteString(out, "event: gone\ndata: {}\n\n"); err == nil {
 				_ = out.flush()
 			}
 			return
+		default:
+			// A failed read is not an end (Postgres away for a moment): the next wake-up reads
+			// again, at the latest the next keep-alive.
+			h.cfg.Logger.Warn("console: the job page's read failed", "job", id, "error", err)
 		}
 		select {
 		case <-r.Context().Done():

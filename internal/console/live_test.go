@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/pgtest"
 )
 
 // liveBundle is setup with a running job event listener and a fast overview.
@@ -257,5 +259,73 @@ func TestShutdown_EndsTheStreams(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a stream outlived Shutdown")
 		}
+	}
+}
+
+// TestJobLive_AFailedReadIsNotAnEnd: while Postgres does not answer the job's reads, the job
+// page's stream says nothing (no "gone": the page would tell the operator the job was purged and
+// stop following it) and follows the job again once Postgres is back.
+func TestJobLive_AFailedReadIsNotAnEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
+	pool, err := pgxpool.New(context.Background(), proxied)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: jobs.NewStore(pool, nil), Redis: b.rdb,
+		RedisPrefix: b.prefix, KeepAlive: 20 * time.Millisecond}) // no listener: each keep-alive reads
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	c := b.login(t)
+
+	job := b.jobs.Create(t, jobstestOpts())
+	s := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
+	var d struct {
+		Job struct {
+			Status jobs.Status `json:"status"`
+		} `json:"job"`
+	}
+	s.next(t, &d)
+	require.Equal(t, jobs.StatusQueued, d.Job.Status)
+
+	proxy.Cut()
+	refused := proxy.Refused()
+	require.Eventually(t, func() bool { return proxy.Refused() >= refused+3 }, 10*time.Second, 5*time.Millisecond,
+		"the page's reads reach the cut proxy")
+	select {
+	case <-s.ended:
+		t.Fatalf("the stream ended while Postgres did not answer, its last event %q", s.last)
+	default:
+	}
+	b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying}) // on the direct pool
+	proxy.Restore()
+	s.next(t, &d)
+	require.Equal(t, jobs.StatusRetrying, d.Job.Status, "the page follows the job again")
+}
+
+// TestJobLive_APurgedJobIsGone: a job deleted while its page is open (retention, a purge) ends
+// the page's stream with a "gone" event.
+func TestJobLive_APurgedJobIsGone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb,
+		RedisPrefix: b.prefix, KeepAlive: 20 * time.Millisecond}) // no listener: each keep-alive reads
+	require.NoError(t, err)
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	c := b.login(t)
+	job := b.jobs.Create(t, jobstestOpts())
+	s := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
+	var d struct{}
+	s.next(t, &d)
+
+	_, err = b.jobs.Pool.Exec(context.Background(), `DELETE FROM jobs WHERE id = $1`, job.ID)
+	require.NoError(t, err)
+	select {
+	case <-s.ended:
+		require.Equal(t, "gone", s.last)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream outlived its job")
 	}
 }
