@@ -68,8 +68,12 @@ func (s *StreamSigner) check(jobID, token string) error {
 	return nil
 }
 
+// streamTokenError is the 401 of a signed URL's token that does not open the stream; its
+// challenge names the other way in, a bearer token (RFC 6750).
 func streamTokenError(typ, message string) *httpError {
-	return &httpError{status: http.StatusUnauthorized, typ: typ, message: message}
+	e := unauthorized("invalid_token", message)
+	e.typ = typ
+	return e
 }
 
 // streamJob returns the job whose events the request asks for: authorized by a signed URL's

@@ -58,6 +58,8 @@ func TestStreamURL(t *testing.T) {
 		r := do(t, base, http.MethodGet, path, "", nil)
 		require.Equal(t, http.StatusUnauthorized, r.status)
 		require.Equal(t, want, r.body["error"].(map[string]any)["type"])
+		// A 401 names how to authenticate (RFC 9110): a bearer token opens the stream too.
+		require.Equal(t, `Bearer realm="llmq", error="invalid_token"`, r.header.Get("WWW-Authenticate"))
 	}
 	t.Run("OtherJob", func(t *testing.T) {
 		t.Parallel()
