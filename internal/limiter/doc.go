@@ -71,7 +71,8 @@
 //     (a configured limit takes one Reserve per attempt).
 //   - A 429 with Retry-After: nobody sends before At+RetryAfter (the bucket is taken to hold one
 //     request then), nothing is lent until a success, and the learned rate is capped 10% below
-//     what was paced at, until the Limit changes or LearnTTL passes. A ceiling rather than a
+//     what was paced at, until the Limit changes or LearnTTL passes; the 429s of requests sent
+//     before that cut (a burst refused together) do not cut it again. A ceiling rather than a
 //     lower bound, which the next response would raise again when the error is systematic. The
 //     push-back is capped at Config.MaxRetryAfter (5 minutes): every tenant and worker waits for
 //     it, so one absurd header must not stall the credential for an hour. Gate.PushBack reports

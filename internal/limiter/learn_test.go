@@ -247,3 +247,51 @@ func TestCredential_Reserve_UnknownLimit(t *testing.T) {
 		require.Equal(t, 2.0, b.metric(t, "llmq_limiter_probes_total", "main"))
 	})
 }
+
+// TestCredential_OneCutPerOverload: the 429s of requests sent before a cut of the learned rate
+// do not cut it again: sent together at the rate being corrected and refused together, they
+// compounded it (here five: 0.9^5 of the rate instead of 0.9). A 429 of a request sent after the
+// cut cuts again.
+func TestCredential_OneCutPerOverload(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	c := b.lim.Gate("sk-one-cut", "main")
+	b.clock.Advance(300 * time.Millisecond)
+	now := b.clock.Now()
+	// 20, of which 15 left, full again in 2 s: a rate learned.
+	require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: now, StatusCode: 200,
+		HeadersKnown: true, Limit: 20, Remaining: 15, ResetAt: now.Add(2 * time.Second)}))
+	rate := func() float64 {
+		t.Helper()
+		lim, src, err := c.Current(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, limiter.SourceLearned, src)
+		return lim.Rate
+	}
+	learned := rate()
+	require.Positive(t, learned)
+	tooMany := func(sent time.Time) {
+		t.Helper()
+		require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: b.clock.Now(), SentAt: sent,
+			StatusCode: 429, RetryAfter: time.Second, HasRetryAfter: true}))
+	}
+
+	sent := b.clock.Now() // five requests sent together
+	b.clock.Advance(50 * time.Millisecond)
+	for range 5 {
+		tooMany(sent)
+		b.clock.Advance(time.Millisecond)
+	}
+	require.InDelta(t, learned*0.9, rate(), 1e-9, "the burst's five 429s cut the rate once")
+
+	b.clock.Advance(2 * time.Second) // past the Retry-After
+	sent = b.clock.Now()
+	b.clock.Advance(50 * time.Millisecond)
+	tooMany(sent)
+	require.InDelta(t, learned*0.9*0.9, rate(), 1e-9, "a request sent after the cut, refused too, cuts again")
+
+	// A 429 whose send time is unknown (it is taken as sent when answered) is a new overload.
+	b.clock.Advance(time.Millisecond)
+	tooMany(time.Time{})
+	require.InDelta(t, learned*0.9*0.9*0.9, rate(), 1e-9)
+}

@@ -396,7 +396,7 @@ return reply(1, send, 0, rate, burst, source, grant(send))
 // KEYS[1] rate hash. Learned fields: L (the provider's limit, used as burst), lo/hi (bounds on its
 // rate, requests/s; hi absent = unbounded), lupd (last header update, µs; learned state older than
 // the learn TTL is ignored), av/avs (the provider surely held av requests when seq was avs),
-// cap/capt (ceiling on the rate after a 429, and until when, µs), nohdr (last success without
+// cap/capt/capa (ceiling on the rate after a 429, until when and since when, µs), nohdr (last success without
 // rate-limit headers, µs), nb (not before, µs) and why: nbat (when the 429 that set it was
 // observed, µs), nbra and nbap (the wait it asked for and the wait applied, capped, µs). Deletes
 // pr: the probe has its answer.
@@ -414,6 +414,7 @@ return reply(1, send, 0, rate, burst, source, grant(send))
 // ARGV[12] how long a 429's ceiling on the learned rate lasts, µs
 // ARGV[13] the Retry-After asked for, µs ("" = none)
 // ARGV[14] the Retry-After applied (ARGV[13] capped), µs
+// ARGV[15] when the request was sent, µs from now (≤ 0)
 // Returns {limit, rate (string)}.
 var observeScript = redis.NewScript(luaCommon + `
 local key = KEYS[1]
@@ -426,18 +427,19 @@ local oseq = tonumber(ARGV[11])
 
 redis.call('HDEL', key, 'pr')
 local s = redis.call('HMGET', key, 'L', 'lo', 'hi', 'lupd', 'av', 'avs', 'nb', 'tat', 'seq', 'cap',
-  'capt')
+  'capt', 'capa')
 local L, lo, hi, lupd, av, avs = num(s[1]), num(s[2]), num(s[3]), num(s[4]), num(s[5]), num(s[6])
 local nb, tat, seq, cap, capt = num(s[7]) or 0, num(s[8]), num(s[9]) or 0, num(s[10]), num(s[11])
+local capa = num(s[12])
 if lupd == nil or now - lupd > learnttl then
   L, lo, hi, av, avs, cap = nil, nil, nil, nil, nil, nil
-  redis.call('HDEL', key, 'cap', 'capt')
+  redis.call('HDEL', key, 'cap', 'capt', 'capa')
 end
 
 if hdr == 1 and newL > 0 then
   if L ~= nil and newL ~= L then
     lo, hi, cap = nil, nil, nil
-    redis.call('HDEL', key, 'cap', 'capt')
+    redis.call('HDEL', key, 'cap', 'capt', 'capa')
   end
   L = newL
   -- What the provider surely holds now: remaining, less every grant that may have reached it
@@ -480,12 +482,17 @@ if status == 429 then
     -- We were early: take it as evidence the rate is lower than we pace at, as a ceiling that
     -- lasts until the limit changes or ARGV[12] passes. A ceiling rather than a lower lo, which
     -- the next response would raise again when the error is systematic (the provider's clock,
-    -- for absolute reset times). A low ceiling costs little: surplus is lent.
-    if L ~= nil then
+    -- for absolute reset times). A low ceiling costs little: surplus is lent. One cut per
+    -- overload: a request sent before the last cut (capa) went out at the rate that cut already
+    -- lowered, and a burst of them, refused together, would otherwise compound it once each
+    -- (50 of them: 0.5% of the rate).
+    local sentBefore = cap ~= nil and capt ~= nil and capt > now and capa ~= nil and
+      now + tonumber(ARGV[15]) < capa
+    if L ~= nil and not sentBefore then
       local est = estimate(lo, cap, capt, now)
       if est > 0 then
         cap, capt = est * (1 - dec), now + tonumber(ARGV[12])
-        redis.call('HSET', key, 'cap', fmt(cap), 'capt', fmt0(capt))
+        redis.call('HSET', key, 'cap', fmt(cap), 'capt', fmt0(capt), 'capa', fmt0(now))
       end
     end
   end
