@@ -98,7 +98,7 @@ func (s *llmqSystem) submit(ctx context.Context, i int) error {
 }
 
 // completed is the jobs submitted less those not yet terminal (an index scan of
-// jobs_unfinished_idx, whose cost follows the unfinished jobs, not the table).
+// jobs_unfinished_deadline_idx, whose cost follows the unfinished jobs, not the table).
 func (s *llmqSystem) completed(ctx context.Context) (int, error) {
 	if err := s.st.exited(); err != nil {
 		return 0, err

@@ -16,7 +16,8 @@ import (
 
 // EnsureDatabase creates the database named in url when it does not exist yet, connecting to the
 // server's "postgres" database to do so. It is what lets `make run` start on a fresh machine.
-// A concurrent creation by another process is not an error.
+// A concurrent creation by another process (an api and a worker, or two replicas, starting at
+// once on a fresh server) is not an error.
 func EnsureDatabase(ctx context.Context, url string) error {
 	// Parsed as a pool URL, so pool settings (pool_max_conns, ...) are accepted and left out of
 	// this single connection.
@@ -45,7 +46,10 @@ func EnsureDatabase(ctx context.Context, url string) error {
 	}
 	defer aconn.Close(context.WithoutCancel(ctx))
 	_, err = aconn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database
+	// duplicate_database when the other creation had committed before this one began; a unique
+	// violation of pg_database's name index when the two ran at once (the loser waits for the
+	// winner's commit, so the database exists either way).
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") {
 		return nil
 	}
 	if err != nil {

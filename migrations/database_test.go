@@ -133,3 +133,43 @@ func TestOpenWait_GivesUpWithItsContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, 2, tries)
 }
+
+// TestEnsureDatabase_ConcurrentCreators starts several processes' EnsureDatabase at once on a
+// database that does not exist yet (an api and a worker, or two replicas, starting together on a
+// fresh server): each finds it missing and creates it, and those that lose the race must take
+// the winner's database, not fail. Postgres reports a creation that lost to a concurrent one as
+// a unique violation of pg_database's name index, not as duplicate_database.
+func TestEnsureDatabase_ConcurrentCreators(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := url.Parse(pgtest.URL(t))
+	require.NoError(t, err)
+	admin := *u
+	name := "llmq_test_" + redistest.Rand()
+	u.Path = "/" + name
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), admin.String())
+		if err == nil {
+			_, _ = c.Exec(context.Background(), fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name))
+			_ = c.Close(context.Background())
+		}
+	})
+
+	const processes = 6
+	start := make(chan struct{})
+	errs := make(chan error, processes)
+	for range processes {
+		go func() {
+			<-start
+			errs <- migrations.EnsureDatabase(ctx, u.String())
+		}()
+	}
+	close(start)
+	for range processes {
+		require.NoError(t, <-errs)
+	}
+	c, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	require.NoError(t, c.Close(ctx))
+}

@@ -58,13 +58,15 @@ type DeadFilter struct {
 }
 
 // where returns the SQL condition selecting f's dead jobs in table alias t, appending its
-// arguments to args.
+// arguments to args. A dead job always has finished_at (every final transition sets it); the
+// condition finished_at IS NOT NULL says so to the planner, which without it can use neither
+// jobs_finished_idx nor jobs_dead_reason_idx (both partial) and reads the whole table.
 func (f DeadFilter) where(t string, args *[]any) string {
 	arg := func(v any) string {
 		*args = append(*args, v)
 		return "$" + strconv.Itoa(len(*args))
 	}
-	conds := []string{t + ".status = 'dead'"}
+	conds := []string{t + ".status = 'dead'", t + ".finished_at IS NOT NULL"}
 	if f.IDs != nil {
 		ids := make([]string, 0, len(f.IDs))
 		for _, id := range f.IDs {
@@ -91,14 +93,8 @@ func (f DeadFilter) where(t string, args *[]any) string {
 
 // ListDead returns the dead jobs f selects, most recently dead first.
 func (s *Store) ListDead(ctx context.Context, f DeadFilter) ([]*Job, error) {
-	if f.Limit <= 0 {
-		f.Limit = 50
-	}
-	var args []any
-	where := f.where("jobs", &args)
-	args = append(args, f.Limit)
-	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+where+`
-ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
+	sql, args := listDeadQuery(f)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead jobs: %w", err)
 	}
@@ -107,6 +103,18 @@ ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
 		return nil, fmt.Errorf("list dead jobs: %w", err)
 	}
 	return out, nil
+}
+
+// listDeadQuery is ListDead's statement.
+func listDeadQuery(f DeadFilter) (string, []any) {
+	if f.Limit <= 0 {
+		f.Limit = 50
+	}
+	var args []any
+	where := f.where("jobs", &args)
+	args = append(args, f.Limit)
+	return `SELECT ` + jobColumns + ` FROM jobs WHERE ` + where + `
+ORDER BY finished_at DESC, id DESC LIMIT $` + strconv.Itoa(len(args)), args
 }
 
 // RetryDead puts every dead job f selects back to queued, in one transaction, and returns them

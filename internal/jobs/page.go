@@ -156,11 +156,10 @@ SELECT id::text FROM d`, valid)
 	return out, nil
 }
 
-// DeadByReason counts every dead job by its dead reason (through jobs_finished_idx: dead jobs
-// only).
+// DeadByReason counts every dead job by its dead reason (an index-only scan of
+// jobs_dead_reason_idx, migration 018: dead jobs only).
 func (s *Store) DeadByReason(ctx context.Context) (map[string]int, error) {
-	rows, err := s.pool.Query(ctx, `
-SELECT coalesce(dead_reason, ''), count(*) FROM jobs WHERE status = 'dead' AND finished_at IS NOT NULL GROUP BY 1`)
+	rows, err := s.pool.Query(ctx, deadByReasonSQL)
 	if err != nil {
 		return nil, fmt.Errorf("count dead jobs: %w", err)
 	}
@@ -175,3 +174,7 @@ SELECT coalesce(dead_reason, ''), count(*) FROM jobs WHERE status = 'dead' AND f
 	}
 	return out, nil
 }
+
+// deadByReasonSQL is DeadByReason's statement.
+const deadByReasonSQL = `
+SELECT coalesce(dead_reason, ''), count(*) FROM jobs WHERE status = 'dead' AND finished_at IS NOT NULL GROUP BY 1`

@@ -91,11 +91,12 @@ func (s *Store) ListUnfinished(ctx context.Context, after string, limit int) ([]
 	return out, nil
 }
 
-// listUnfinishedSQL is one page of ListUnfinished: it must read jobs_unfinished_idx in order
-// from $1 and stop after $2 rows, or every page costs the whole backlog (a sweep of N unfinished
-// jobs then costs N²/500). Two things broke that before: ORDER BY id named the text output column
-// (id::text), which no index orders, so each page sorted every unfinished job; and without
-// table statistics the planner picked a bitmap scan and a sort (see inOrderOfIndex).
+// listUnfinishedSQL is one page of ListUnfinished: it must read jobs_unfinished_online_idx in
+// order from $1 and stop after $2 rows, or every page costs the whole backlog (a sweep of N
+// unfinished jobs then costs N²/500). Three things broke that before: ORDER BY id named the text
+// output column (id::text), which no index orders, so each page sorted every unfinished job;
+// without table statistics the planner picked a bitmap scan and a sort (see inOrderOfIndex);
+// and the index held the batch lane's jobs too, which every pass read to leave out.
 const listUnfinishedSQL = `
 SELECT ` + unfinishedColumns + ` FROM jobs
 WHERE status IN ('queued', 'running', 'retrying') AND id > $1 AND lane = 'online'

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/google/uuid"
@@ -31,7 +32,7 @@ FROM generate_series(1, 5000) g`)
 		}
 		return tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+listUnfinishedSQL, uuid.Nil.String(), 500).Scan(&plan)
 	}))
-	require.Contains(t, plan, `"Index Name": "jobs_unfinished_idx"`)
+	require.Contains(t, plan, `"Index Name": "jobs_unfinished_online_idx"`)
 	require.NotContains(t, plan, `"Node Type": "Sort"`)
 
 	// And the pages walk every unfinished job once, in ID order.
@@ -55,4 +56,39 @@ FROM generate_series(1, 5000) g`)
 	want, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, want, seen)
+}
+
+// TestListUnfinished_PageSkipsTheBatchLane: the batch lane's jobs wait for their batch in the
+// unfinished statuses for hours (a provider's batch takes up to a day) and in the hundreds of
+// thousands, and ListUnfinished leaves them out. A page must not read them to leave them out:
+// the sweeper's pass, every 10 s, would otherwise read the whole batch backlog, row by row,
+// however few online jobs it checks. The page's index holds the online lane's jobs only
+// (migration 019), so the scan reads its 500 rows and no other.
+func TestListUnfinished_PageSkipsTheBatchLane(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline, lane)
+SELECT gen_random_uuid(), 'c', 'f', CASE WHEN g % 2 = 0 THEN 'running' ELSE 'queued' END, '{}', 3, 60000, now() + interval '1 hour',
+	CASE WHEN g % 10 = 0 THEN 'online' ELSE 'batch' END
+FROM generate_series(1, 10000) g`)
+	require.NoError(t, err)
+
+	var raw []byte
+	require.NoError(t, NewStore(pool, nil).inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+listUnfinishedSQL, uuid.Nil.String(), 500).Scan(&raw)
+	}))
+	var out []struct {
+		Plan struct {
+			Plans []struct {
+				IndexName    string  `json:"Index Name"`
+				ActualRows   float64 `json:"Actual Rows"`
+				RowsFiltered float64 `json:"Rows Removed by Filter"`
+			} `json:"Plans"`
+		} `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &out))
+	scan := out[0].Plan.Plans[0]
+	require.Equal(t, float64(500), scan.ActualRows, string(raw))
+	require.Zero(t, scan.RowsFiltered, "a page of 500 online jobs read %v batch-lane jobs to leave them out", scan.RowsFiltered)
 }

@@ -1,0 +1,1 @@
+DROP INDEX jobs_dead_reason_idx;
