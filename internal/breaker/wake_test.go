@@ -106,13 +106,18 @@ func TestBreaker_Listen(t *testing.T) {
 	})
 }
 
+// TestAwait: a wake-up, the wait's end and ctx's each end Await. Each case ends within 10 s
+// whatever Await does: one that misses what should end it fails the test instead of hanging it
+// (for an hour) until go test's -timeout.
 func TestAwait(t *testing.T) {
 	t.Parallel()
+	bounded, stop := context.WithTimeout(t.Context(), 10*time.Second)
+	defer stop()
 	woken := make(chan struct{})
 	close(woken)
-	require.NoError(t, breaker.Await(t.Context(), woken, time.Hour))
-	require.NoError(t, breaker.Await(t.Context(), nil, time.Nanosecond))
+	require.NoError(t, breaker.Await(bounded, woken, time.Hour), "the wake-up ends the wait")
+	require.NoError(t, breaker.Await(bounded, nil, time.Nanosecond))
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	require.ErrorIs(t, breaker.Await(ctx, nil, time.Hour), context.Canceled)
+	require.ErrorIs(t, breaker.Await(ctx, nil, 10*time.Second), context.Canceled, "ctx ends the wait")
 }

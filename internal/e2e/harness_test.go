@@ -199,6 +199,11 @@ func (b *testBundle) deferral(insp *asynq.Inspector, id string) (active bool, wh
 	return info.State == asynq.TaskStateActive, info.LastErr + " " + body.Deferred, true
 }
 
+// requestTimeout bounds each request a test makes to the API and the reading of its answer: an
+// answer that never comes, or one expected whole that turns out to be an endless stream, fails
+// the test instead of hanging the package until go test's -timeout.
+const requestTimeout = 20 * time.Second
+
 type response struct {
 	status int
 	header http.Header
@@ -211,7 +216,9 @@ func (b *testBundle) do(t *testing.T, method, path string, body string, header m
 	if body != "" {
 		rd = bytes.NewBufferString(body)
 	}
-	req, err := http.NewRequestWithContext(b.ctx, method, b.apiURL+path, rd)
+	ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, b.apiURL+path, rd)
 	require.NoError(t, err)
 	for k, v := range header {
 		req.Header.Set(k, v)

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -37,7 +38,9 @@ func TestSubmit_ConcurrentSameKeyOnTwoReplicas(t *testing.T) {
 			defer wg.Done()
 			<-start
 			answers[i] = func() answer {
-				req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, urls[i%2]+"/v1/jobs", strings.NewReader(body))
+				ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
+				defer cancel()
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, urls[i%2]+"/v1/jobs", strings.NewReader(body))
 				if err != nil {
 					return answer{err: err}
 				}

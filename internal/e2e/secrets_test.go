@@ -124,14 +124,19 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	apiReg := prometheus.NewRegistry()
-	apiSrv, closeAPI, err := api.FromConfig(cfg, pool, apiReg, slog.New(slog.NewJSONHandler(&apiLogs, debug)))
+	apiSrv, shutdownAPI, err := api.FromConfig(cfg, pool, apiReg, slog.New(slog.NewJSONHandler(&apiLogs, debug)))
 	require.NoError(t, err)
 	hs := httptest.NewServer(apiSrv)
 	t.Cleanup(hs.Close)
+	// Closed before its server and pool (cleanups run last in, first out), also on a failure.
+	closeAPI := sync.OnceValue(shutdownAPI)
+	t.Cleanup(func() { _ = closeAPI() })
 	var answers strings.Builder // every API answer, headers and body, unless record is off
 	record := true
 	call := func(method, path, body string, header map[string]string) string {
 		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
 		req, err := http.NewRequestWithContext(ctx, method, hs.URL+path, strings.NewReader(body))
 		require.NoError(t, err)
 		for k, v := range header {
@@ -177,6 +182,23 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 	wctx, stopWorker := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
+	stopped := false
+	stop := func() error {
+		stopWorker()
+		if stopped {
+			return nil
+		}
+		stopped = true
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("the worker did not stop within 30s of its context's end")
+		}
+	}
+	// Stopped before its pool closes, also on a failure: wpool.Close waits for the connections a
+	// running worker holds, for ever.
+	t.Cleanup(func() { _ = stop() })
 	for id, want := range map[string]string{ok: "succeeded", echoed: "failed", dead: "dead"} {
 		require.Eventually(t, func() bool {
 			return strings.Contains(call(http.MethodGet, "/v1/jobs/"+id, "", nil), `"status":"`+want+`"`)
@@ -185,8 +207,7 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 	}
 	require.Contains(t, call(http.MethodGet, "/v1/jobs/"+echoed, "", nil), "[redacted]", "the echoed key was redacted")
 	call(http.MethodDelete, "/v1/jobs/"+ok, "", nil) // 409: terminal
-	stopWorker()
-	require.NoError(t, <-done)
+	require.NoError(t, stop())
 	require.NoError(t, closeAPI())
 
 	// The key went where it must: to the providers.

@@ -51,25 +51,25 @@ func TestAnswerBudget_SecondAnswerWaitsForTheFirst(t *testing.T) {
 	}, bundleOpts{maxBytes: 48 << 10, budget: budget})
 
 	// Given one answer held
-	first, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
+	first, err := b.provider.Send(callContext(t), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 	require.NoError(t, err)
 	require.Len(t, first.Body, size)
 	require.Equal(t, int64(size), budget.InUse(), "the answer holds its bytes, no more")
-	<-arrived
+	within(t, arrived, "first request")
 
 	// When a second call starts, it waits for room before it sends anything.
 	done := make(chan error, 1)
 	var second *llm.Response
 	go func() {
 		var err error
-		second, err = b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
+		second, err = b.provider.Send(callContext(t), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		done <- err
 	}()
 	waitFor(t, "the second call to wait", func() bool { return budget.Waiting() == 1 }, done)
 	require.Empty(t, arrived, "the provider has not been called")
 
 	// A third whose context ends while it waits fails, holding nothing.
-	ctx, cancel := context.WithCancel(t.Context())
+	ctx, cancel := context.WithCancel(callContext(t))
 	third := make(chan error, 1)
 	go func() {
 		_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic), llm.SendOptions{})
@@ -77,13 +77,13 @@ func TestAnswerBudget_SecondAnswerWaitsForTheFirst(t *testing.T) {
 	}()
 	waitFor(t, "the third call to wait", func() bool { return budget.Waiting() == 2 }, third)
 	cancel()
-	require.ErrorIs(t, <-third, context.Canceled)
+	require.ErrorIs(t, within(t, third, "end of the canceled call"), context.Canceled)
 	require.Equal(t, int64(size), budget.InUse())
 
 	// Then once the first answer is released, the second call goes on and holds its own.
 	first.Release()
-	require.NoError(t, <-done)
-	<-arrived
+	require.NoError(t, within(t, done, "end of the second call"))
+	within(t, arrived, "second request")
 	require.Len(t, second.Body, size)
 	require.Equal(t, int64(size), budget.InUse())
 	require.Equal(t, 0, budget.Waiting())
@@ -126,7 +126,7 @@ func TestAnswerBudget_GrowingAnswersNeverDeadlock(t *testing.T) {
 	letGo := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(letGo) // before the server's Close (cleanups run last first): a failing test must not hang
 	send := func(which string) (*llm.Response, error) {
-		ctx := context.WithValue(t.Context(), callKey{}, which)
+		ctx := context.WithValue(callContext(t), callKey{}, which)
 		return b.provider.Send(ctx, bodyFor(llm.KindOpenAI), llm.SendOptions{})
 	}
 
@@ -138,13 +138,13 @@ func TestAnswerBudget_GrowingAnswersNeverDeadlock(t *testing.T) {
 		late, err = send("late")
 		lateDone <- err
 	}()
-	require.Equal(t, "late", <-arrived)
+	require.Equal(t, "late", within(t, arrived, "late request"))
 	require.Equal(t, int64(64<<10), budget.InUse())
 
 	// When a second call comes, it takes the reserve and reads its whole answer
 	prompt, err := send("prompt")
 	require.NoError(t, err)
-	require.Equal(t, "prompt", <-arrived)
+	require.Equal(t, "prompt", within(t, arrived, "prompt request"))
 	require.Len(t, prompt.Body, size)
 
 	// and the late answer, once it comes, waits for room to grow
@@ -154,7 +154,7 @@ func TestAnswerBudget_GrowingAnswersNeverDeadlock(t *testing.T) {
 
 	// until the second answer is released.
 	prompt.Release()
-	require.NoError(t, <-lateDone)
+	require.NoError(t, within(t, lateDone, "end of the late call"))
 	require.Len(t, late.Body, size)
 	late.Release()
 	require.Zero(t, budget.InUse())

@@ -109,15 +109,16 @@ func TestClassify_LLMErrors(t *testing.T) {
 		t.Parallel()
 
 		b, ready, _ := blockingServer(t, llm.KindAnthropic, true)
-		ctx, cancel := context.WithCancel(t.Context())
+		ctx, cancel := context.WithCancel(callContext(t))
 		errc := make(chan error, 1)
 		go func() {
 			_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic), llm.SendOptions{})
 			errc <- err
 		}()
-		<-ready
+		within(t, ready, "request at the server")
 		cancel()
-		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassCanceled}, retrypolicy.Classify(<-errc, time.Now()))
+		err := within(t, errc, "end of the canceled call")
+		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassCanceled}, retrypolicy.Classify(err, time.Now()))
 	})
 
 	t.Run("DelayHonoursProviderRetryAfter", func(t *testing.T) {

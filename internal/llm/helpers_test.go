@@ -1,6 +1,7 @@
 package llm_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,31 @@ import (
 const testKey = "sk-test-0123456789abcdef-SECRET"
 
 var testNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// testWait bounds each wait of a test whose end the code under test decides (a timeout, a
+// cancellation, a wake-up): a regression there fails the test after it instead of hanging the
+// package until go test's -timeout.
+const testWait = 10 * time.Second
+
+// callContext returns t's context, ended after testWait.
+func callContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), testWait)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// within returns what ch yields, failing the test unless it does within testWait.
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(testWait):
+		t.Fatalf("no %s within %s", what, testWait)
+		panic("unreachable")
+	}
+}
 
 // testBundle is one scripted provider and a Provider pointed at it.
 type testBundle struct {

@@ -440,13 +440,13 @@ func TestProvider_Send_TimeToFirstByte(t *testing.T) {
 			<-r.Context().Done() // headers at once, then nothing: only the timeout ends this
 			close(gone)
 		})
-		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
+		_, err := b.provider.Send(callContext(t), bodyFor(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
 		require.ErrorIs(t, err, llm.ErrFirstByteTimeout)
 		var te *llm.TransportError
 		require.ErrorAs(t, err, &te)
 		require.True(t, te.Timeout())
 		require.NotErrorIs(t, err, context.Canceled)
-		<-gone // the server saw the request aborted
+		within(t, gone, "abort seen by the server")
 	})
 
 	t.Run("FirstByteTimeoutStopsOnceTheBodyStarts", func(t *testing.T) {
@@ -699,16 +699,16 @@ func TestProvider_Send_Context(t *testing.T) {
 			t.Parallel()
 
 			b, ready, aborted := blockingServer(t, llm.KindAnthropic, partial)
-			ctx, cancel := context.WithCancel(t.Context())
+			ctx, cancel := context.WithCancel(callContext(t))
 			defer cancel()
 			errc := make(chan error, 1)
 			go func() {
 				_, err := b.provider.Send(ctx, bodyFor(llm.KindAnthropic), llm.SendOptions{})
 				errc <- err
 			}()
-			<-ready
+			within(t, ready, "request at the server")
 			cancel()
-			err := <-errc
+			err := within(t, errc, "end of the canceled call")
 			require.ErrorIs(t, err, context.Canceled)
 			requireNoSecret(t, err)
 			te := asTransportError(t, err)

@@ -286,7 +286,7 @@ func TestProvider_Stream_Failures(t *testing.T) {
 			})(w, r)
 			<-r.Context().Done()
 		})
-		_, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
+		_, err := b.provider.Send(callContext(t), streamBody(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: 50 * time.Millisecond})
 		require.ErrorIs(t, err, llm.ErrFirstByteTimeout)
 		require.Equal(t, retrypolicy.ClassTimeout, retrypolicy.Classify(err, testNow).Class)
 	})
