@@ -60,7 +60,12 @@ type Config struct {
 	SubmitRate *tenant.RateLimiter
 	// MaxBodyBytes caps a submit body (413 above it). Default 4 MiB.
 	MaxBodyBytes int64
-	Logger       *slog.Logger
+	// MaxBodyBytesInFlight caps the bytes of the submit bodies this replica reads at once, each
+	// counted at its Content-Length (MaxBodyBytes without one) until its request ends; a submit
+	// above it is answered 503 (type overloaded, with Retry-After). Default 64 × MaxBodyBytes;
+	// less than MaxBodyBytes is taken as MaxBodyBytes.
+	MaxBodyBytesInFlight int64
+	Logger               *slog.Logger
 	// Listener signals job transitions to event streams. nil: streams only re-read the job's
 	// events at every KeepAlive (tests; never in production).
 	Listener *jobs.Listener
@@ -103,6 +108,8 @@ type Server struct {
 	streams *streamCounter
 	// authLog throttles the log lines of refused credentials.
 	authLog *throttle
+	// bodies bounds the submit bodies read at once (MaxBodyBytesInFlight).
+	bodies *bodyBudget
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -119,6 +126,10 @@ func New(cfg Config) *Server {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = 4 << 20
 	}
+	if cfg.MaxBodyBytesInFlight == 0 {
+		cfg.MaxBodyBytesInFlight = 64 * cfg.MaxBodyBytes
+	}
+	cfg.MaxBodyBytesInFlight = max(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -138,7 +149,8 @@ func New(cfg Config) *Server {
 		cfg.Now = time.Now
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}),
-		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now)}
+		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now),
+		bodies: &bodyBudget{max: cfg.MaxBodyBytesInFlight}}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	s.routes = []route{

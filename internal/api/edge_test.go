@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -281,4 +282,48 @@ func TestSubmit_EnqueueOutlivesTheClient(t *testing.T) {
 	require.NoError(t, err, "the job is committed")
 	_, err = b.inspector.GetTaskInfo(b.queue, got.ID)
 	require.NoError(t, err, "and has its task")
+}
+
+// TestSubmit_BodiesInFlightAreBounded: the submit bodies a replica reads at once are bounded
+// (Config.MaxBodyBytesInFlight), each counted at its Content-Length or, without one, at the
+// largest body allowed: many clients sending large bodies slowly cannot make it hold more. A
+// submit over the budget is a 503 naming the overload, with Retry-After; the budget comes back
+// when a body's request ends. A Content-Length above the largest body is a 413 before any read.
+func TestSubmit_BodiesInFlightAreBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{maxBody: 1000, maxBodyInFlight: 1500})
+	addr := strings.TrimPrefix(b.url, "http://")
+	body := `{"request":{"model":"m"}}`
+
+	// 1000 bytes announced, 10 sent: the body holds 1000 of the 1500 while it is read.
+	slow := httpservetest.Dial(t, addr, 0)
+	slow.Send(t, http.MethodPost, "/v1/jobs", "Content-Length: 1000", "Content-Type: application/json")
+	_, err := io.WriteString(slow, `{"request"`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 1000 }, httpservetest.Deadline, time.Millisecond)
+
+	// 600 more would pass the budget; a body without a length counts 1000.
+	over := do(t, b.url, http.MethodPost, "/v1/jobs", body+strings.Repeat(" ", 600-len(body)), nil)
+	require.Equal(t, http.StatusServiceUnavailable, over.status, "body %v", over.body)
+	require.Equal(t, "overloaded", over.body["error"].(map[string]any)["type"])
+	require.Equal(t, "1", over.header.Get("Retry-After"))
+	chunked := httpservetest.Dial(t, addr, 0)
+	chunked.Send(t, http.MethodPost, "/v1/jobs", "Transfer-Encoding: chunked", "Content-Type: application/json")
+	_, err = fmt.Fprintf(chunked, "%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, chunked.Response(t).StatusCode)
+	// What fits is read.
+	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body, nil).status)
+	// Too large for any budget: refused before its body is asked for (no 100 Continue).
+	huge := httpservetest.Dial(t, addr, 0)
+	huge.Send(t, http.MethodPost, "/v1/jobs", "Content-Length: 1001", "Content-Type: application/json",
+		"Expect: 100-continue")
+	require.Equal(t, http.StatusRequestEntityTooLarge, huge.Response(t).StatusCode)
+
+	// The slow body ends (a 400: it is not JSON); its bytes come back to the budget.
+	_, err = io.WriteString(slow, strings.Repeat(" ", 990))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, slow.Response(t).StatusCode)
+	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Deadline, time.Millisecond)
+	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body+strings.Repeat(" ", 600-len(body)), nil).status)
 }

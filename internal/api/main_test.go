@@ -57,16 +57,18 @@ type testBundle struct {
 }
 
 type setupOpts struct {
-	dbURL       string        // default: a fresh database
-	keepAlive   time.Duration // default: the server's 15s, so a test passing fast proves NOTIFY
-	noListener  bool
-	maxBody     int64
-	wrap        func(*Server) http.Handler // default: the server itself
-	noAnonymous bool                       // api.allow_anonymous off
-	credentials []string                   // configured credentials; default ["default"]
-	submitRate  *tenant.RateLimiter        // the tenants' submit rate; default unlimited
-	logger      *slog.Logger               // default: discard
-	signer      *StreamSigner              // signs events_url; default none
+	dbURL      string        // default: a fresh database
+	keepAlive  time.Duration // default: the server's 15s, so a test passing fast proves NOTIFY
+	noListener bool
+	maxBody    int64
+	// maxBodyInFlight is Config.MaxBodyBytesInFlight; default the server's.
+	maxBodyInFlight int64
+	wrap            func(*Server) http.Handler // default: the server itself
+	noAnonymous     bool                       // api.allow_anonymous off
+	credentials     []string                   // configured credentials; default ["default"]
+	submitRate      *tenant.RateLimiter        // the tenants' submit rate; default unlimited
+	logger          *slog.Logger               // default: discard
+	signer          *StreamSigner              // signs events_url; default none
 	// server, when set, serves through httpserve.NewServer with these timeouts (default: a
 	// plain httptest server).
 	server *httpserve.Config
@@ -118,7 +120,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	}
 	b.tenants = tenant.NewStore(pool, nil)
 	cfg := Config{
-		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: !o.noAnonymous, MaxBodyBytes: o.maxBody,
+		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: !o.noAnonymous, MaxBodyBytes: o.maxBody, MaxBodyBytesInFlight: o.maxBodyInFlight,
 		Submit: SubmitConfig{Credentials: o.credentials, BatchWindows: o.batchWindows}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,

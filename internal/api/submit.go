@@ -398,8 +398,9 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 	return nil
 }
 
-// submit is POST /v1/jobs: authenticate, apply the tenant's submit rate, read and parse the body
-// once (which checks the tenant may use its credentials), then commit and enqueue the job.
+// submit is POST /v1/jobs: authenticate, apply the tenant's submit rate, read (within the
+// replica's budget of bodies in flight) and parse the body once (which checks the tenant may use
+// its credentials), then commit and enqueue the job.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	tn, err := s.tenant(r)
 	if err != nil {
@@ -410,11 +411,25 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		writeError(w, r, s.cfg.Logger, bodyTooLarge(s.cfg.MaxBodyBytes))
+		return
+	}
+	reserved := s.cfg.MaxBodyBytes
+	if r.ContentLength >= 0 {
+		reserved = r.ContentLength
+	}
+	if !s.bodies.take(reserved) {
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
+			message: "too many submit bodies are being read at once; retry shortly", header: http.Header{"Retry-After": {"1"}}})
+		return
+	}
+	defer s.bodies.give(reserved)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusRequestEntityTooLarge, typ: "body_too_large", message: "body exceeds " + humanBytes(mbe.Limit)})
+			writeError(w, r, s.cfg.Logger, bodyTooLarge(mbe.Limit))
 			return
 		}
 		var ne net.Error
@@ -510,4 +525,9 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 		}
 	}
 	return job, false, nil
+}
+
+// bodyTooLarge is the 413 of a submit body above limit bytes.
+func bodyTooLarge(limit int64) *httpError {
+	return &httpError{status: http.StatusRequestEntityTooLarge, typ: "body_too_large", message: "body exceeds " + humanBytes(limit)}
 }

@@ -114,7 +114,8 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 	s := New(Config{
 		Store: store, Enqueuer: enqueuer, Handoff: opts.Handoff, Metrics: metrics, Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, BatchWindows: batchWindows, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
-		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes, Logger: logger,
+		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes,
+		MaxBodyBytesInFlight: cfg.API.MaxBodyBytesInFlight, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
 		StreamSigner: signer, Console: con,

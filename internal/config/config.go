@@ -88,6 +88,10 @@ type API struct {
 	AllowAnonymous bool `yaml:"allow_anonymous"`
 	// MaxBodyBytes caps a submitted body; larger bodies get 413. Default 4 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxBodyBytesInFlight caps the bytes of the submit bodies one API process reads at once
+	// (each counted at its Content-Length, or MaxBodyBytes without one); above it a submit gets
+	// 503 with Retry-After. Default 64 × MaxBodyBytes; at least MaxBodyBytes.
+	MaxBodyBytesInFlight int64 `yaml:"max_body_bytes_in_flight"`
 	// TenantSubmitRate, when set, limits each tenant's submits (POST /v1/jobs), shared by every
 	// API replica through Redis; above it the API answers 429 with Retry-After. Default: off.
 	TenantSubmitRate *SubmitRate `yaml:"tenant_submit_rate"`
@@ -387,6 +391,9 @@ func (c *Config) withDefaults() {
 	if c.API.MaxBodyBytes == 0 {
 		c.API.MaxBodyBytes = 4 << 20
 	}
+	if c.API.MaxBodyBytesInFlight == 0 {
+		c.API.MaxBodyBytesInFlight = 64 * c.API.MaxBodyBytes
+	}
 	c.API.ReadTimeout = orDuration(c.API.ReadTimeout, 30*time.Second)
 	c.API.WriteTimeout = orDuration(c.API.WriteTimeout, 30*time.Second)
 	c.API.IdleTimeout = orDuration(c.API.IdleTimeout, 60*time.Second)
@@ -487,6 +494,9 @@ func (c *Config) validate() error {
 func (a *API) validate(bad func(field, format string, args ...any)) {
 	if a.MaxBodyBytes < 0 {
 		bad("api.max_body_bytes", "must be positive")
+	}
+	if a.MaxBodyBytesInFlight < a.MaxBodyBytes {
+		bad("api.max_body_bytes_in_flight", "must be at least api.max_body_bytes (%d)", a.MaxBodyBytes)
 	}
 	for _, f := range []struct {
 		name string
