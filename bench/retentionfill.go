@@ -28,7 +28,7 @@ import (
 // default retention: the others 8 to 38 days ago, dead letters 31 to 61 days ago, spread evenly
 // by i over the table's size, the oldest first in the heap.
 
-// Fixture ratios, per job, for the notes; TestRetentionFixtureRatios checks them against the
+// Fixture ratios, per job, for the notes; TestFixture checks them against the
 // statement's mix.
 const (
 	fixtureAttemptsPerJob = 1.10

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,6 +45,11 @@ type Config struct {
 // llmq_dead_letters_total is kept per job by the executor.) It is safe for concurrent use.
 type Alerter struct {
 	cfg Config
+
+	// mu guards raised: when each (credential, reason) was last raised by Throttled, for the
+	// throttle without Redis.
+	mu     sync.Mutex
+	raised map[string]time.Time
 }
 
 // New returns an Alerter; zero fields take defaults.
@@ -60,7 +66,7 @@ func New(cfg Config) *Alerter {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Alerter{cfg: cfg}
+	return &Alerter{cfg: cfg, raised: map[string]time.Time{}}
 }
 
 // Raise sends a. Callers make sure it is once per episode (a pause reports whether it began
@@ -89,8 +95,12 @@ func (a *Alerter) Throttled(ctx context.Context, al Alert, interval time.Duratio
 	if a == nil {
 		return
 	}
-	if a.cfg.Redis != nil {
-		key := fmt.Sprintf("%salert:%s:%s", a.cfg.Prefix, al.Credential, al.Reason)
+	key := fmt.Sprintf("%salert:%s:%s", a.cfg.Prefix, al.Credential, al.Reason)
+	if a.cfg.Redis == nil {
+		if !a.firstInInterval(key, interval) {
+			return
+		}
+	} else {
 		ok, err := a.cfg.Redis.SetNX(ctx, key, al.JobID, interval).Result()
 		if err == nil && !ok {
 			return
@@ -98,6 +108,19 @@ func (a *Alerter) Throttled(ctx context.Context, al Alert, interval time.Duratio
 		// On a Redis error, alert anyway: a duplicate alert beats a lost one.
 	}
 	a.Raise(ctx, al)
+}
+
+// firstInInterval reports whether key was not raised in this process within the last interval,
+// and if so records that it is raised now: Throttled's throttle without Redis.
+func (a *Alerter) firstInInterval(key string, interval time.Duration) bool {
+	now := a.cfg.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last, ok := a.raised[key]; ok && now.Sub(last) < interval {
+		return false
+	}
+	a.raised[key] = now
+	return true
 }
 
 func (a *Alerter) post(ctx context.Context, al Alert) error {

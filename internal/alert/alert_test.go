@@ -38,3 +38,27 @@ func TestRaise_FailedWebhookLogsNoSecretPath(t *testing.T) {
 	require.Contains(t, out, strings.TrimPrefix(srv.URL, "http://"), "with the webhook's host")
 	require.NotContains(t, out, "XXXXSECRETXXXX")
 }
+
+// Without Redis, Throttled still raises an alert at most once per interval per credential and
+// reason, in this process (Config.Redis): a burst of retries_exhausted dead letters is one alert,
+// not one per job.
+func TestThrottled_WithoutRedisOncePerIntervalPerProcess(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := alert.New(alert.Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Now: func() time.Time { return now }})
+	ctx := context.Background()
+	raise := func(cred, job string) {
+		a.Throttled(ctx, alert.Alert{Credential: cred, Reason: "retries_exhausted", JobID: job}, time.Minute)
+	}
+	alerts := func() int { return strings.Count(logs.String(), "ALERT dead letter") }
+
+	raise("main", "j1")
+	raise("main", "j2")
+	require.Equal(t, 1, alerts(), "a second dead letter within the interval is not alerted again")
+	raise("backup", "j3")
+	require.Equal(t, 2, alerts(), "another credential has a throttle of its own")
+	now = now.Add(time.Minute)
+	raise("main", "j4")
+	require.Equal(t, 3, alerts(), "once the interval has passed the next one is alerted")
+}

@@ -68,7 +68,7 @@ func (b *Batch) validate(f string, bad func(field, format string, args ...any)) 
 }
 
 // AutoBatch reports whether a job of timeout may take the batch lane when submitted with "auto":
-// batches are enabled and its deadline leaves room for the window and the online fallback.
+// batches are enabled and its timeout is at least the window (the online fallback is not added).
 func (b Batch) AutoBatch(timeout time.Duration) bool {
 	return b.Enabled && timeout >= b.Window
 }

@@ -183,6 +183,7 @@ type Worker struct {
 	// asynq delivers, and as many first deliveries of its own submits). Default 200.
 	Concurrency int `yaml:"concurrency"`
 	// MetricsListen is where the worker serves /metrics. Default 127.0.0.1:9091; "off" disables it.
+	// llmq serve does not use it: its worker's metrics are on the API's /metrics.
 	MetricsListen string `yaml:"metrics_listen"`
 	// Queue names the asynq queues: high and normal jobs use it as is, low jobs "<queue>:low"
 	// (their deliveries deferred to a later time, a limiter's turn or a retry, come back on

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"syscall"
@@ -126,13 +127,14 @@ func bashOutput(script string) (string, error) {
 	return string(out), err
 }
 
-// TestReadme_NamesExist holds the README's references to the repository: every test it names as
-// the holder of a guarantee exists, every file it names exists, and no file of the repository
-// refers to a file outside it (see escapesRepo).
+// TestReadme_NamesExist holds the references to the repository of the README and of the
+// documents under docs/: every test they name as the holder of a guarantee exists, every file
+// they name exists, and no file of the repository refers to a file outside it (see escapesRepo).
 func TestReadme_NamesExist(t *testing.T) {
 	t.Parallel()
-	md, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	docs, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
 	require.NoError(t, err)
+	docs = append([]string{filepath.Join(repoRoot, "README.md")}, docs...)
 	declared := map[string]bool{}
 	funcName := regexp.MustCompile(`(?m)^func ((?:Test|Fuzz)\w+)\(`)
 	require.NoError(t, filepath.WalkDir(repoRoot, func(p string, d os.DirEntry, err error) error {
@@ -164,13 +166,59 @@ func TestReadme_NamesExist(t *testing.T) {
 		}
 		return nil
 	}))
-	for _, m := range regexp.MustCompile("`((?:Test|Fuzz)[A-Z]\\w*)`").FindAllStringSubmatch(string(md), -1) {
-		require.True(t, declared[m[1]], "README.md names test %s, which does not exist", m[1])
+	for _, doc := range docs {
+		md, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		name := strings.TrimPrefix(doc, repoRoot+"/")
+		for _, m := range regexp.MustCompile("`((?:Test|Fuzz)[A-Z]\\w*)`").FindAllStringSubmatch(string(md), -1) {
+			require.True(t, declared[m[1]], "%s names test %s, which does not exist", name, m[1])
+		}
+		for _, m := range regexp.MustCompile("`([a-z][\\w.-]*(?:/[\\w.-]+)+\\.[a-z]+)`").FindAllStringSubmatch(string(md), -1) {
+			_, err := os.Stat(filepath.Join(repoRoot, m[1]))
+			require.NoError(t, err, "%s names the file %s", name, m[1])
+		}
 	}
-	for _, m := range regexp.MustCompile("`([a-z][\\w.-]*(?:/[\\w.-]+)+\\.[a-z]+)`").FindAllStringSubmatch(string(md), -1) {
-		_, err := os.Stat(filepath.Join(repoRoot, m[1]))
-		require.NoError(t, err, "README.md names the file %s", m[1])
+}
+
+// TestConfigurationDoc_NamesEverySetting: the README sends readers to docs/configuration.md for
+// "every setting and its default", so every field of the config file (each yaml name of
+// config.Config, nested ones too) is named there, in backquotes.
+func TestConfigurationDoc_NamesEverySetting(t *testing.T) {
+	t.Parallel()
+	md, err := os.ReadFile(filepath.Join(repoRoot, "docs", "configuration.md"))
+	require.NoError(t, err)
+	for _, f := range yamlFields(reflect.TypeFor[config.Config](), "") {
+		name := f[strings.LastIndex(f, ".")+1:]
+		if !bytes.Contains(md, []byte("`"+name+"`")) && !bytes.Contains(md, []byte("`"+name+"[]`")) {
+			t.Errorf("docs/configuration.md does not name the setting %s", f)
+		}
 	}
+}
+
+// yamlFields returns the yaml paths (api.listen, credentials[].batch.window) of the settings of
+// struct type typ, under prefix.
+func yamlFields(typ reflect.Type, prefix string) []string {
+	var out []string
+	for f := range typ.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if !f.IsExported() || name == "" || name == "-" {
+			continue
+		}
+		path := prefix + name
+		out = append(out, path)
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+			if ft.Kind() == reflect.Slice {
+				path += "[]"
+			}
+			ft = ft.Elem()
+		}
+		// A struct that reads itself from YAML (config.Period) is one setting.
+		if ft.Kind() == reflect.Struct && !reflect.PointerTo(ft).Implements(reflect.TypeFor[yaml.Unmarshaler]()) {
+			out = append(out, yamlFields(ft, path+".")...)
+		}
+	}
+	return out
 }
 
 // relativePath is a path that climbs with "../".

@@ -31,8 +31,9 @@ var (
 	ErrUnstorable = errors.New("the body holds a value that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)")
 )
 
-// EventsChannel is the Postgres NOTIFY channel on which every transition is announced, with
-// payload "<job id>:<seq>".
+// EventsChannel is the Postgres NOTIFY channel on which the transitions of watched jobs
+// (Store.Watch) are announced, with payload "<job id>:<seq>"; other jobs' are not (a NOTIFY
+// serializes commits).
 const EventsChannel = "llmq_job_events"
 
 // Store is the Postgres job store: the source of truth. It is safe for concurrent use.
@@ -351,8 +352,8 @@ func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
 	return j, err
 }
 
-// appendEvent inserts event seq for a job; a trigger (migration 009) notifies listeners on
-// EventsChannel when the transaction commits.
+// appendEvent inserts event seq for a job; when the job is watched, a trigger (migration 010)
+// notifies listeners on EventsChannel when the transaction commits.
 func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status, payload map[string]any) error {
 	if payload == nil {
 		payload = map[string]any{}

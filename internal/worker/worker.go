@@ -390,11 +390,12 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 
 // ProbeTimeout is how long the breaker lets a probe (or a cold-start slot) go unreported before
 // another caller takes its place: longer than any credential's attempt_timeout, so that a call
-// still running is never replaced. Replaced, a live probe let a second one out beside it, and its
-// Failure, of an older generation, was ignored: against a provider whose calls hang to the
-// attempt timeout (5m by default, past the breaker's own 2m) the breaker stayed half-open with
-// three probes out and never backed off. The price: a probe whose worker died holds its place
-// that long.
+// still running is not replaced (a job's own longer attempt_timeout, which a submit may set up
+// to the job's timeout, can still outlive it). Replaced, a live probe let a second one out
+// beside it, and its Failure, of an older generation, was ignored: against a provider whose
+// calls hang to the attempt timeout (5m by default, past the breaker's own 2m) the breaker
+// stayed half-open with three probes out and never backed off. The price: a probe whose worker
+// died holds its place that long.
 func ProbeTimeout(creds []config.Credential) time.Duration {
 	d := breaker.DefaultProbeTimeout
 	for _, c := range creds {
