@@ -32,11 +32,11 @@ const repoRoot = "../.."
 
 // TestReadme_Examples runs the shell examples of README.md as written (see readme_script_test.go
 // for the conventions), against a stack of its own: the bin/ programs the README uses built into
-// a temporary directory that stands for the repository, the simulator, an API and a worker
-// process on the test's own database and a private redis-server, with configs/local.yaml
-// rewritten to point at them. localhost:8080 and :8090 in the examples are the test's API and
-// simulator. It fails on any failing command and on any output that differs from the README's
-// `# => TEXT`.
+// a temporary directory that stands for the repository, the simulator, and llmq on the test's own
+// database and a private redis-server, with configs/local.yaml rewritten to point at them; llmq
+// in each layout the README offers: `llmq serve` as `make run` runs it, and an API and a worker
+// process. localhost:8080 and :8090 in the examples are the test's API and simulator. It fails on
+// any failing command and on any output that differs from the README's `# => TEXT`.
 func TestReadme_Examples(t *testing.T) {
 	t.Parallel()
 	for _, tool := range []string{"bash", "curl", "jq"} {
@@ -47,8 +47,21 @@ func TestReadme_Examples(t *testing.T) {
 	require.NoError(t, err)
 	script, err := readmeScript(string(md))
 	require.NoError(t, err)
+	for _, serve := range []bool{true, false} {
+		name := "APIAndWorker"
+		if serve {
+			name = "Serve"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			runReadme(t, startReadmeStack(t, serve), script)
+		})
+	}
+}
 
-	s := startReadmeStack(t)
+// runReadme runs the README's examples, script, against s.
+func runReadme(t *testing.T, s *readmeStack, script string) {
+	t.Helper()
 	script = strings.NewReplacer(
 		"localhost:8080", s.apiAddr, "127.0.0.1:8080", s.apiAddr,
 		"localhost:8090", s.simAddr, "127.0.0.1:8090", s.simAddr,
@@ -69,11 +82,13 @@ func TestReadme_Examples(t *testing.T) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	err = cmd.Run()
+	err := cmd.Run()
 	if err != nil || t.Failed() {
 		t.Logf("README examples (trace and output):\n%s", out.String())
 		t.Logf("api log:\n%s", s.api.log.String())
-		t.Logf("worker log:\n%s", s.worker.log.String())
+		if s.worker != nil {
+			t.Logf("worker log:\n%s", s.worker.log.String())
+		}
 	}
 	require.NoError(t, ctx.Err(), "the README's examples did not end within 3 minutes")
 	require.NoError(t, err, "a README example failed; the first README.md:N line above names it")
@@ -248,7 +263,7 @@ func escapesRepo(p string, b []byte) []string {
 type readmeStack struct {
 	dir              string // stands for the repository: bin/, configs/
 	apiAddr, simAddr string
-	api, worker      *stackProcess
+	api, worker      *stackProcess // api is the serve process when there is no worker
 }
 
 // env is the examples' environment: this process's, without llmq's own variables (the README
@@ -263,17 +278,19 @@ func (s *readmeStack) env() []string {
 	return append(env, "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
 }
 
-// startReadmeStack builds bin/api, bin/worker and bin/ctl into a temporary directory, writes
-// configs/local.yaml there (the repository's, on this test's stores and simulator, its key files
-// copied) and starts the simulator, the API and a worker. Everything ends and is removed when the
-// test ends: the processes, the database, the private Redis, the directory.
-func startReadmeStack(t *testing.T) *readmeStack {
+// startReadmeStack builds bin/llmq, bin/api, bin/worker and bin/ctl into a temporary directory,
+// writes configs/local.yaml there (the repository's, on this test's stores and simulator, its key
+// files copied) and starts the simulator and llmq: `llmq serve` with serve, else an API and a
+// worker process. Everything ends and is removed when the test ends: the processes, the database,
+// the private Redis, the directory.
+func startReadmeStack(t *testing.T, serve bool) *readmeStack {
 	t.Helper()
 	s := &readmeStack{dir: t.TempDir()}
 	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	build := exec.CommandContext(bctx, "go", "build", "-o", filepath.Join(s.dir, "bin")+string(filepath.Separator),
-		"github.com/llmq/llmq/cmd/api", "github.com/llmq/llmq/cmd/worker", "github.com/llmq/llmq/cmd/ctl")
+		"github.com/llmq/llmq/cmd/llmq", "github.com/llmq/llmq/cmd/api", "github.com/llmq/llmq/cmd/worker",
+		"github.com/llmq/llmq/cmd/ctl")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 
@@ -283,6 +300,11 @@ func startReadmeStack(t *testing.T) *readmeStack {
 	s.simAddr = strings.TrimPrefix(sim.URL, "http://")
 	s.writeConfig(t, pgtest.URL(t), redistest.Server(t), sim.URL)
 
+	if serve {
+		s.api = startProcess(t, s, "llmq", "serve")
+		s.apiAddr = s.api.waitLog(t, "api listening", "addr")
+		return s
+	}
 	s.api = startProcess(t, s, "api")
 	s.apiAddr = s.api.waitLog(t, "api listening", "addr")
 	s.worker = startProcess(t, s, "worker")
@@ -370,10 +392,10 @@ type stackProcess struct {
 
 // startProcess runs bin/NAME --config configs/local.yaml in s.dir until the test ends, when it
 // gets SIGTERM (SIGKILL after 15 s).
-func startProcess(t *testing.T, s *readmeStack, name string) *stackProcess {
+func startProcess(t *testing.T, s *readmeStack, name string, args ...string) *stackProcess {
 	t.Helper()
 	p := &stackProcess{name: name, lines: make(chan map[string]any, 64), exited: make(chan error, 1)}
-	cmd := exec.Command(filepath.Join(s.dir, "bin", name), "--config", "configs/local.yaml")
+	cmd := exec.Command(filepath.Join(s.dir, "bin", name), append(args, "--config", "configs/local.yaml")...)
 	cmd.Dir, cmd.Env = s.dir, s.env()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
