@@ -10,6 +10,7 @@ import (
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/credstate"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/limiter"
@@ -90,7 +91,8 @@ func (a *app) credentialsCommand() *cli.Command {
 				}
 				defer p.Close()
 				gate := lim.Gate(cr.LimiterID(), cr.Name)
-				was, err := gate.Resume(c.Context)
+				// Postgres keeps the pause too, so that it survives Redis losing its data.
+				was, err := credpause.NewStore(p, nil).Resume(c.Context, gate)
 				if err != nil {
 					return err
 				}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/redistest"
 )
@@ -33,13 +34,14 @@ credentials:
 	prefix := redistest.Prefix(t)
 	args := []string{"--config", cfgFile, "--redis-prefix", prefix, "credentials"}
 
-	// Given "main" paused by a spend cap, as a worker would have done,
+	// Given "main" paused by a spend cap, as a worker would have done (in Postgres and Redis),
 	cfg, err := config.Load(cfgFile, nil)
 	require.NoError(t, err)
 	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: prefix})
 	require.NoError(t, err)
 	mainCred, _ := cfg.Credential("main")
-	started, err := lim.Gate(mainCred.LimiterID(), "main").Pause(t.Context(), "rate_limited_no_retry_after", "job-1")
+	pauses := credpause.NewStore(b.pool, nil)
+	started, err := pauses.Pause(t.Context(), lim.Gate(mainCred.LimiterID(), "main"), "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
 	require.True(t, started)
 	// and "spare" pushed back by a 429 asking for 300 s.
@@ -87,11 +89,15 @@ credentials:
 		1, "postgres unreachable")
 	require.True(t, list()[0].Paused, "still paused")
 
-	// When the operator resumes it, it is no longer paused; resuming again says so.
+	// When the operator resumes it, it is no longer paused, in Postgres either (a Redis that
+	// lost its data would get the pause back from there); resuming again says so.
 	r := run(t, append(args, "resume", "main")...)
 	require.Equal(t, 0, r.code, r.errOut)
 	require.Equal(t, "credential main resumed\n", r.out)
 	require.False(t, list()[0].Paused)
+	kept, err := pauses.Get(t.Context(), lim.Gate(mainCred.LimiterID(), "main"))
+	require.NoError(t, err)
+	require.False(t, kept.Paused, "the pause Postgres keeps outlived the resume")
 	r = run(t, append(args, "resume", "main")...)
 	require.Equal(t, "credential main was neither paused nor pushed back\n", r.out)
 

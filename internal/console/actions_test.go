@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/limiter"
@@ -269,7 +270,8 @@ func TestCredentials_StateAndResume(t *testing.T) {
 	require.NoError(t, b.rdb.HSet(ctx, redisscript.CredentialIndexKey(b.prefix), "default", tag).Err())
 	lim, err := limiter.New(b.rdb, &limiter.Config{Prefix: b.prefix})
 	require.NoError(t, err)
-	_, err = lim.GateByTag(tag, "default").Pause(ctx, "rate_limited_no_retry_after", "job-1")
+	pauses := credpause.NewStore(b.jobs.Pool, nil)
+	_, err = pauses.Pause(ctx, lim.GateByTag(tag, "default"), "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
 
 	var list struct {
@@ -296,6 +298,10 @@ func TestCredentials_StateAndResume(t *testing.T) {
 	ps, err := lim.GateByTag(tag, "default").Paused(ctx)
 	require.NoError(t, err)
 	require.False(t, ps.Paused)
+	// Nor in Postgres, from where a Redis that lost its data would get the pause back.
+	ps, err = pauses.Get(ctx, lim.GateByTag(tag, "default"))
+	require.NoError(t, err)
+	require.False(t, ps.Paused, "the pause Postgres keeps outlived the resume")
 	c.json(http.MethodPost, "/console/api/credentials/default/resume", nil, &res)
 	require.False(t, res.Changed)
 	require.Contains(t, res.Message, "neither paused nor pushed back")

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/credstate"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/operator"
@@ -110,7 +111,13 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 		return
 	}
 	gate := h.limiter.GateByTag(tag, name)
-	was, err := gate.Resume(r.Context())
+	// Postgres keeps the pause too, so that it survives Redis losing its data.
+	was, err := credpause.NewStore(h.cfg.Pool, nil).Resume(r.Context(), gate)
+	if errors.Is(err, credpause.ErrDatabase) {
+		h.cfg.Logger.WarnContext(r.Context(), "console: credential resume", "error", err)
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusServiceUnavailable, "unavailable", "the database did not answer; try again shortly"})
+		return
+	}
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
 		return

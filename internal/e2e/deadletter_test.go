@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
@@ -139,4 +140,57 @@ func TestDeadLetter_PauseProbeResumesCredential(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ps.Paused)
 	require.Equal(t, 4, b.sim.Stats().Requests)
+}
+
+// TestDeadLetter_SpendCapPauseSurvivesRedisLosingItsData: a credential paused by a spend cap
+// stays paused when Redis loses its data (a restart without persistence, a FLUSHALL): the pause
+// is kept in Postgres, and a later job on the still-capped credential waits without a call, a
+// second dead letter or a second alert.
+func TestDeadLetter_SpendCapPauseSurvivesRedisLosingItsData(t *testing.T) {
+	t.Parallel()
+	hook := &webhook{}
+	hookSrv := httptest.NewServer(hook)
+	t.Cleanup(hookSrv.Close)
+	b := setup(t, setupOpts{
+		sim:        llmsim.Config{Faults: llmsim.Faults{SpendCap: true}},
+		webhookURL: hookSrv.URL,
+	})
+
+	// Given a credential paused by a spend cap,
+	first := b.submit(t, anthropicBody("over the cap"))
+	require.Equal(t, "dead", b.waitTerminal(t, first)["status"])
+	require.Equal(t, 1, b.sim.Stats().Requests)
+	require.Eventually(t, func() bool { return len(hook.received()) == 1 }, 10*time.Second, 10*time.Millisecond)
+
+	// when Redis loses every llmq key of this test (the limiter's, the breaker's, the pause),
+	redistest.Unlink(b.ctx, redistest.ClientOf(t, b.redisURL), b.prefix+"*")
+
+	// then a later job on the credential, whose cap still holds, is deferred as paused and sends
+	// nothing.
+	later := b.submit(t, anthropicBody("after the flush"))
+	insp := b.inspector(t)
+	require.Eventually(t, func() bool {
+		_, why, ok := b.deferral(insp, later)
+		return (ok && strings.Contains(why, "credential paused")) || b.sim.Stats().Requests > 1
+	}, 20*time.Second, 20*time.Millisecond, "job %s neither deferred by the pause nor sent", later)
+	require.Equal(t, 1, b.sim.Stats().Requests, "the paused credential sent a request after Redis lost its data")
+	r := b.do(t, http.MethodGet, "/v1/jobs/"+later, "", nil)
+	require.Equal(t, "queued", r.body["status"])
+	require.Len(t, hook.received(), 1, "one alert per pause episode")
+	ps, err := b.limiterCredential(t, "default").Paused(b.ctx)
+	require.NoError(t, err)
+	require.True(t, ps.Paused)
+	require.Equal(t, first, ps.FirstJobID, "the episode restored is the one the first job began")
+
+	// When the operator lifts the cap and resumes the credential (as ctl and the console do),
+	// the waiting job goes through, and nothing is left to restore.
+	require.NoError(t, b.sim.SetFaults(llmsim.Faults{}))
+	pool, err := openPool(b.ctx, b.dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	resumed, err := credpause.NewStore(pool, nil).Resume(b.ctx, b.limiterCredential(t, "default"))
+	require.NoError(t, err)
+	require.True(t, resumed)
+	require.Equal(t, "succeeded", b.waitTerminal(t, later)["status"])
+	require.Equal(t, 0, b.countRows(t, "credential_pauses"))
 }

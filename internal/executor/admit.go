@@ -125,7 +125,8 @@ func (e *Executor) reportSend(ctx context.Context, up Upstream, adm admission) {
 func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, memo *laneMemo, pass *gatePass) (admission, error) {
 	g := up.Gate
 	adm := admission{breaker: circuit}
-	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: job.Attempts == 0, ReportSend: true}
+	opts := limiter.AttemptOptions{UnlessPaused: true, PauseDurable: e.cfg.Pauses != nil, FirstAttempt: job.Attempts == 0,
+		ReportSend: true}
 	if circuit == nil && up.Circuit != nil {
 		opts.Circuit = circuitCheck(up)
 	}
@@ -140,6 +141,9 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	drawAfter := false
 	if job.Attempts > 0 && drawsOnRetryBudget(job) {
 		ps, err := g.Paused(ctx)
+		if err == nil && ps.Unknown && e.cfg.Pauses != nil {
+			ps, err = e.restorePause(ctx, up)
+		}
 		if err != nil {
 			return adm, err
 		}
@@ -162,6 +166,13 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	cost, est := e.cost(up, job)
 	adm.est = est
 	res, err := g.AcquireAttempt(ctx, up.Limit, cost, e.cfg.MaxInlineWait, opts)
+	if err == nil && res.PauseUnknown {
+		// Redis lost the pause state: restore it from Postgres, then ask again. (Lost once more
+		// in between, the ask is refused again and the job looks again at once.)
+		if _, err = e.restorePause(ctx, up); err == nil {
+			res, err = g.AcquireAttempt(ctx, up.Limit, cost, e.cfg.MaxInlineWait, opts)
+		}
+	}
 	if err == nil && opts.Circuit != nil && (res.CircuitRefused || res.Paused.Paused) {
 		// A paused credential, too, goes the way it goes without the test: breaker first.
 		return adm, errAskBreaker

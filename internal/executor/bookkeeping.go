@@ -59,7 +59,13 @@ func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, jo
 
 // resumeAfterProbe resumes a paused credential whose automatic probe got through.
 func (e *Executor) resumeAfterProbe(ctx context.Context, g *limiter.Gate, up Upstream, job *jobs.Job) {
-	if _, err := g.Resume(ctx); err != nil {
+	var err error
+	if e.cfg.Pauses != nil {
+		_, err = e.cfg.Pauses.Resume(ctx, g)
+	} else {
+		_, err = g.Resume(ctx)
+	}
+	if err != nil {
 		e.cfg.Logger.WarnContext(ctx, "resume after probe", "credential", up.Name, "error", err)
 	} else {
 		e.cfg.Logger.WarnContext(ctx, "credential resumed: the pause probe succeeded", "credential", up.Name, "job_id", job.ID)

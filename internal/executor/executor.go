@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/estimator"
@@ -68,6 +69,11 @@ type Config struct {
 	MaxInlineWait time.Duration
 	// Alerter raises dead-letter alerts. Nil: none (the metric and the job row remain).
 	Alerter *alert.Alerter
+	// Pauses keeps credential pauses in Postgres, so that a pause survives Redis losing its data:
+	// a spend cap records its pause there, a successful pause probe ends it, and an admission
+	// that finds Redis holding no pause state restores it from there before anything is sent.
+	// Nil: pauses live in Redis only.
+	Pauses *credpause.Store
 	// Estimator estimates a request's tokens for the token buckets and learns from the
 	// provider's counts. Nil: requests are reserved without tokens.
 	Estimator *estimator.Estimator

@@ -145,7 +145,7 @@ func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream,
 	}
 	cost, est := e.cost(up, job)
 	res, err := up.Gate.ReserveAttempt(ctx, up.Limit, cost, limiter.AttemptOptions{
-		UnlessPaused: true, FirstAttempt: true, ReportSend: true, Lane: lane,
+		UnlessPaused: true, PauseDurable: e.cfg.Pauses != nil, FirstAttempt: true, ReportSend: true, Lane: lane,
 		Circuit: circuitCheck(up),
 	})
 	if err != nil || !res.Granted || res.CircuitRefused || res.Paused.Paused {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
 )
 
 // end moves the job to a terminal outcome and returns errHandled, or the store's error. Writes
@@ -131,22 +132,46 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job, lost func()) (s
 	}
 }
 
-// pause stops the credential after a spend-cap answer so that no further request burns on it,
-// and alerts once per pause episode across all processes.
+// pauseTimeout bounds the writes of a pause, which outlive the delivery's cancellation.
+const pauseTimeout = 30 * time.Second
+
+// pause stops the credential after a spend-cap answer so that no further request burns on it
+// (in Postgres too, with Config.Pauses), and alerts once per pause episode across all processes.
 func (e *Executor) pause(ctx context.Context, up Upstream, job *jobs.Job, reason, message string) error {
 	if up.Gate == nil {
 		e.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: up.Name, Reason: reason, JobID: job.ID, Message: message}, time.Minute)
 		return nil
 	}
-	started, err := up.Gate.Pause(context.WithoutCancel(ctx), reason, job.ID)
-	if err != nil {
-		return err
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
+	defer cancel()
+	var (
+		started bool
+		err     error
+	)
+	if e.cfg.Pauses != nil {
+		started, err = e.cfg.Pauses.Pause(wctx, up.Gate, reason, job.ID)
+	} else {
+		started, err = up.Gate.Pause(wctx, reason, job.ID)
 	}
 	if started {
 		e.cfg.Alerter.Raise(ctx, alert.Alert{Credential: up.Name, Reason: reason, JobID: job.ID,
 			Message: "credential paused until an operator resumes it (ctl credentials resume " + up.Name + "): " + message})
 	}
-	return nil
+	return err
+}
+
+// restorePause writes the credential's pause state kept in Postgres (Config.Pauses) into Redis,
+// which holds none (it lost it), and returns that state.
+func (e *Executor) restorePause(ctx context.Context, up Upstream) (limiter.PauseState, error) {
+	ps, restored, err := e.cfg.Pauses.Restore(ctx, up.Gate)
+	if err != nil {
+		return ps, err
+	}
+	if restored && ps.Paused {
+		e.cfg.Logger.WarnContext(ctx, "credential pause restored from postgres: redis had lost it", "credential", up.Name,
+			"since", ps.Since, "reason", ps.Reason)
+	}
+	return ps, nil
 }
 
 // timed records the time since t0 as the delivery's stage.

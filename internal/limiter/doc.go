@@ -147,7 +147,10 @@
 //
 // A 429 without Retry-After is a spend cap: Gate.Pause stops the key for every process
 // until Gate.Resume, and tells exactly one caller per episode that it started it (the one
-// that alerts). Gate.TryProbe lets one caller per interval send an automatic probe.
+// that alerts). Gate.TryProbe lets one caller per interval send an automatic probe. A resumed key
+// keeps a "not paused" mark, so that a Redis that lost the pause (PauseState.Unknown,
+// Reservation.PauseUnknown with AttemptOptions.PauseDurable) can be told from one never paused;
+// Gate.RestorePause writes back the state kept in Postgres (internal/credpause).
 //
 // # One round trip per attempt
 //

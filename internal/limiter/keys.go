@@ -10,8 +10,9 @@ func rateKey(prefix, tag string) string { return prefix + tag + ":rl" }
 // last attempt.
 func budgetKey(prefix, tag string) string { return prefix + tag + ":budget" }
 
-// pauseKey holds the pause episode of a credential (a hash). It has no TTL: only Resume ends a
-// pause.
+// pauseKey holds the pause episode of a credential (a hash), or "clear" after a Resume (a missing
+// hash is a state Redis lost or never had: see Gate.RestorePause). It has no TTL: only Resume
+// ends a pause.
 func pauseKey(prefix, tag string) string { return prefix + tag + ":pause" }
 
 // tokenKey holds the credential's token buckets and what was learned about them (a hash; see

@@ -255,6 +255,10 @@ func (l *Limiter) GateByTag(tag, name string) *Gate {
 // Name is the credential name given to Limiter.Gate.
 func (c *Gate) Name() string { return c.name }
 
+// Tag is the credential's Redis tag (redisscript.CredentialTag of its id): what identifies its
+// shared state, never the key itself.
+func (c *Gate) Tag() string { return c.tag }
+
 // Redis is the client the limiter runs its scripts on: send ObserveCalls and ReconcileCall with
 // it (redisscript.Run), together with other calls to the same server.
 func (c *Gate) Redis() redis.UniversalClient { return c.l.rdb }
@@ -326,6 +330,10 @@ type Reservation struct {
 	// Paused is the credential's pause episode when AttemptOptions.UnlessPaused refused the
 	// ask (Granted false, nothing reserved, SendAt and Wait zero); the zero PauseState otherwise.
 	Paused PauseState
+	// PauseUnknown reports that AttemptOptions.PauseDurable refused the ask because Redis holds
+	// no pause state for the credential (PauseState.Unknown): nothing was reserved. Restore the
+	// state (RestorePause) and ask again.
+	PauseUnknown bool
 	// Grant identifies the tokens charged for this slot, to pass to Reconcile after the answer;
 	// 0 when no token bucket was charged (Reserve, no token limit known, or not Granted).
 	Grant int64
@@ -368,6 +376,10 @@ type AttemptOptions struct {
 	// UnlessPaused refuses while the credential is paused (see Pause): nothing is reserved and
 	// Reservation.Paused says why. It is Paused and the reservation in one atomic step.
 	UnlessPaused bool
+	// PauseDurable, with UnlessPaused, also refuses when Redis holds no pause state for the
+	// credential at all (Reservation.PauseUnknown): for a caller that keeps pauses durably
+	// (internal/credpause), a missing state is one Redis lost, which may have been a pause.
+	PauseDurable bool
 	// FirstAttempt counts a first attempt in the retry budget (RecordAttempt) when, and only
 	// when, a slot is granted: an ask that is refused or told to come back counts nothing.
 	FirstAttempt bool
@@ -427,7 +439,11 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	if gated {
 		b := &cfg.Budget
 		keys = append(keys, pauseKey(cfg.Prefix, c.tag), budgetKey(cfg.Prefix, c.tag))
-		args = append(args, flag(opts.UnlessPaused), flag(opts.FirstAttempt),
+		unlessPaused := flag(opts.UnlessPaused)
+		if opts.UnlessPaused && opts.PauseDurable {
+			unlessPaused = "2"
+		}
+		args = append(args, unlessPaused, flag(opts.FirstAttempt),
 			micros(b.Window), b.Buckets, fmtFloat(b.Ratio), b.Floor)
 	}
 	if opts.Lane != nil {
@@ -450,6 +466,9 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	}
 	if len(res) == 1 && redisscript.Int(res[0]) == -3 {
 		return Reservation{CircuitRefused: true}, nil
+	}
+	if len(res) == 1 && redisscript.Int(res[0]) == -4 {
+		return Reservation{PauseUnknown: true}, nil
 	}
 	if len(res) == 4 && redisscript.Int(res[0]) == -1 {
 		return Reservation{}, &tokens.TooLargeError{Bucket: tokens.Bucket(redisscript.String(res[1])), Cost: int(redisscript.Int(res[2])),

@@ -17,6 +17,11 @@ type PauseState struct {
 	Reason string
 	// FirstJobID is the job whose failure began it.
 	FirstJobID string
+	// Unknown reports that Redis holds no pause state for the credential at all, neither a
+	// pause nor a resume: it lost it (a restart without persistence, a flush), or none was ever
+	// written. Paused is false then; a caller that keeps pauses durably (internal/credpause)
+	// restores the state with RestorePause.
+	Unknown bool
 }
 
 // Pause stops the credential until Resume, shared by all processes: the caller checks Paused
@@ -34,10 +39,11 @@ func (c *Gate) Pause(ctx context.Context, reason, jobID string) (started bool, e
 	return n == 1, nil
 }
 
-// Resume ends the pause episode, if any; the next Pause starts a new one. It reports whether the
+// Resume ends the pause episode, if any; the next Pause starts a new one. Redis keeps that the
+// credential is not paused (PauseState.Unknown is false after it). It reports whether the
 // credential was paused, and returns an error only when Redis fails.
 func (c *Gate) Resume(ctx context.Context) (bool, error) {
-	n, err := c.l.rdb.Del(ctx, pauseKey(c.l.cfg.Prefix, c.tag)).Result()
+	n, err := resumeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}).Int()
 	if err != nil {
 		return false, fmt.Errorf("resume credential: %w", err)
 	}
@@ -54,11 +60,31 @@ func (c *Gate) Paused(ctx context.Context) (PauseState, error) {
 	since, ok := m["since"]
 	if !ok {
 		c.l.cfg.Metrics.setPaused(c.name, false)
-		return PauseState{}, nil
+		return PauseState{Unknown: len(m) == 0}, nil
 	}
 	us, _ := strconv.ParseInt(since, 10, 64)
 	c.l.cfg.Metrics.setPaused(c.name, true)
 	return PauseState{Paused: true, Since: time.UnixMicro(us), Reason: m["reason"], FirstJobID: m["job"]}, nil
+}
+
+// RestorePause writes ps, a pause state kept elsewhere (ps.Paused false: not paused), into Redis
+// when Redis holds none for the credential (PauseState.Unknown); a state Redis holds, a pause or
+// a resume made since ps was read, is left as it is. It reports whether it wrote ps, and returns
+// an error only when Redis fails.
+func (c *Gate) RestorePause(ctx context.Context, ps PauseState) (bool, error) {
+	since := ""
+	if ps.Paused {
+		since = strconv.FormatInt(ps.Since.UnixMicro(), 10)
+	}
+	n, err := restorePauseScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
+		since, ps.Reason, ps.FirstJobID).Int()
+	if err != nil {
+		return false, fmt.Errorf("restore pause state: %w", err)
+	}
+	if n == 1 {
+		c.l.cfg.Metrics.setPaused(c.name, ps.Paused)
+	}
+	return n == 1, nil
 }
 
 // TryProbe reports whether the caller may send one automatic probe request on the paused

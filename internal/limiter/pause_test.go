@@ -1,6 +1,7 @@
 package limiter_test
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 func TestCredential_Pause(t *testing.T) {
@@ -39,7 +42,7 @@ func TestCredential_Pause(t *testing.T) {
 
 	st, err := creds[0].Paused(ctx)
 	require.NoError(t, err)
-	require.Equal(t, limiter.PauseState{}, st)
+	require.Equal(t, limiter.PauseState{Unknown: true}, st, "never paused nor resumed: Redis holds no state")
 
 	var starter atomic.Value
 	require.Equal(t, 1, concurrently(func(c *limiter.Gate, i int) (bool, error) {
@@ -80,7 +83,7 @@ func TestCredential_Pause(t *testing.T) {
 	require.True(t, was)
 	st, err = creds[0].Paused(ctx)
 	require.NoError(t, err)
-	require.False(t, st.Paused)
+	require.Equal(t, limiter.PauseState{}, st, "a resume leaves Redis knowing the credential is not paused")
 	require.Equal(t, 0.0, b.metric(t, "llmq_limiter_paused", "main"))
 	require.Equal(t, 0, concurrently(probe), "no probes when not paused")
 	was, err = creds[1].Resume(ctx)
@@ -91,4 +94,73 @@ func TestCredential_Pause(t *testing.T) {
 	started, err := creds[0].Pause(ctx, "rate_limited_no_retry_after", "job-next")
 	require.NoError(t, err)
 	require.True(t, started)
+}
+
+// TestCredential_PauseLostByRedis: with AttemptOptions.PauseDurable, an ask on a credential
+// whose pause state Redis does not hold (lost in a restart or a flush, or never written) is
+// refused as PauseUnknown, taking nothing; RestorePause writes back the state kept elsewhere,
+// unless Redis holds one again by then (a pause or a resume made since), which it leaves alone.
+func TestCredential_PauseLostByRedis(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	c := b.lim.Gate("sk-lost", "main")
+	ctx := t.Context()
+	lim := limiter.Limit{Rate: 1, Burst: 1}
+	durable := limiter.AttemptOptions{UnlessPaused: true, PauseDurable: true, FirstAttempt: true}
+	lose := func() { redistest.Unlink(context.WithoutCancel(ctx), redistest.Client(t), b.prefix+"*") }
+	reserve := func(opts limiter.AttemptOptions) limiter.Reservation {
+		t.Helper()
+		r, err := c.AcquireAttempt(ctx, lim, tokens.Cost{}, time.Hour, opts)
+		require.NoError(t, err)
+		return r
+	}
+
+	// Nothing written yet: refused as unknown, with nothing reserved; without PauseDurable the
+	// check is as before.
+	r := reserve(durable)
+	require.True(t, r.PauseUnknown)
+	require.False(t, r.Granted)
+	require.False(t, r.Paused.Paused)
+	require.Zero(t, r.Seq)
+	restored, err := c.RestorePause(ctx, limiter.PauseState{})
+	require.NoError(t, err)
+	require.True(t, restored)
+	r = reserve(durable)
+	require.True(t, r.Granted)
+	require.Zero(t, r.Wait, "the refusal took no slot")
+	restored, err = c.RestorePause(ctx, limiter.PauseState{Paused: true, Since: t0, Reason: "stale"})
+	require.NoError(t, err)
+	require.False(t, restored, "a state Redis holds stays")
+
+	// A pause Redis lost is refused as unknown until restored, then refused as the same episode.
+	_, err = c.Pause(ctx, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	kept, err := c.Paused(ctx)
+	require.NoError(t, err)
+	lose()
+	r = reserve(limiter.AttemptOptions{UnlessPaused: true})
+	require.True(t, r.Granted, "without PauseDurable a lost pause lets the ask through")
+	lose()
+	r = reserve(durable)
+	require.True(t, r.PauseUnknown)
+	restored, err = c.RestorePause(ctx, kept)
+	require.NoError(t, err)
+	require.True(t, restored)
+	require.Equal(t, 1.0, b.metric(t, "llmq_limiter_paused", "main"))
+	r = reserve(durable)
+	require.False(t, r.Granted)
+	require.Equal(t, kept, r.Paused)
+	started, err := c.Pause(ctx, "rate_limited_no_retry_after", "job-2")
+	require.NoError(t, err)
+	require.False(t, started, "the restored episode goes on")
+
+	// A resume made before the restore lands wins over it.
+	_, err = c.Resume(ctx)
+	require.NoError(t, err)
+	restored, err = c.RestorePause(ctx, kept)
+	require.NoError(t, err)
+	require.False(t, restored)
+	st, err := c.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.PauseState{}, st)
 }

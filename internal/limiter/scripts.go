@@ -56,7 +56,9 @@ end
 // The attempt's gate (AttemptOptions; KEYS[2..3] and ARGV[10..21] are then passed, empty when
 // there is no token work):
 // KEYS[4] pause hash (see pauseScript), KEYS[5] budget hash (see luaBudget)
-// ARGV[22] "1": refuse while paused: {-2, since µs, reason, job}, and nothing is reserved
+// ARGV[22] "1": refuse while paused: {-2, since µs, reason, job}, and nothing is reserved; "2":
+// that, and also refuse with {-4} when the pause hash is missing altogether (its state lost:
+// AttemptOptions.PauseDurable)
 // ARGV[23] "1": a granted slot counts a first attempt in the retry budget
 // ARGV[24..27] the budget's window µs, buckets, ratio and floor
 // ARGV[41] "1": the caller reports the send of a burst's first slot (AttemptOptions.ReportSend;
@@ -84,9 +86,10 @@ if ARGV[42] == '1' then
   if (h[1] and h[1] ~= 'closed') or (mem > 0 and (ok == nil or now - ok >= mem)) then return {-3} end
   BGEN = num(h[2]) or 0
 end
-if ARGV[22] == '1' then
+if ARGV[22] == '1' or ARGV[22] == '2' then
   local p = redis.call('HMGET', KEYS[4], 'since', 'reason', 'job')
   if p[1] then return {-2, p[1], p[2] or '', p[3] or ''} end
+  if ARGV[22] == '2' and redis.call('EXISTS', KEYS[4]) == 0 then return {-4} end
 end
 local crate, cburst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local phase, rmargin = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -623,16 +626,48 @@ return {allowed, first, used}
 
 // pauseScript starts a pause episode unless one is running.
 //
-// KEYS[1] pause hash: since (µs), reason, job (the first job ID), probe (last automatic probe, µs).
-// No TTL: a pause ends only by Resume.
+// KEYS[1] pause hash: since (µs), reason, job (the first job ID), probe (last automatic probe, µs)
+// while paused; only "clear" once resumed (see resumeScript). No TTL: a pause ends only by
+// Resume.
 // ARGV[1] now µs, or ""
 // ARGV[2] reason
 // ARGV[3] job ID
 // Returns 1 when this call started the episode, else 0.
 var pauseScript = redis.NewScript(luaCommon + `
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'since') == 1 then return 0 end
 local now = clock(ARGV[1])
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'since', fmt0(now), 'reason', ARGV[2], 'job', ARGV[3])
+return 1
+`)
+
+// resumeScript ends the pause episode, if any, and leaves the hash saying so ("clear"): a
+// missing hash is a state Redis lost (see restorePauseScript), not a credential never paused.
+//
+// KEYS[1] pause hash (see pauseScript).
+// Returns 1 when the credential was paused, else 0.
+var resumeScript = redis.NewScript(`
+local was = redis.call('HEXISTS', KEYS[1], 'since')
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'clear', '1')
+return was
+`)
+
+// restorePauseScript writes a pause state kept elsewhere (Postgres) back into a pause hash that
+// Redis does not have; a hash that exists (a pause, or a resume since) is left as it is.
+//
+// KEYS[1] pause hash (see pauseScript).
+// ARGV[1] since µs ("": not paused, the hash says "clear")
+// ARGV[2] reason
+// ARGV[3] job ID
+// Returns 1 when it wrote the hash, else 0.
+var restorePauseScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if ARGV[1] == '' then
+  redis.call('HSET', KEYS[1], 'clear', '1')
+else
+  redis.call('HSET', KEYS[1], 'since', ARGV[1], 'reason', ARGV[2], 'job', ARGV[3])
+end
 return 1
 `)
 

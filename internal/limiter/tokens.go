@@ -124,12 +124,12 @@ func (c *Gate) AcquireCost(ctx context.Context, lim Limit, cost tokens.Cost, max
 }
 
 // AcquireAttempt is AcquireCost with ReserveAttempt's duties (opts): it also returns, at once,
-// the refusal of a paused credential (Reservation.Paused) or of a circuit breaker that is not
-// closed and warm (Reservation.CircuitRefused).
+// the refusal of a paused credential (Reservation.Paused, Reservation.PauseUnknown) or of a
+// circuit breaker that is not closed and warm (Reservation.CircuitRefused).
 func (c *Gate) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.Cost, maxWait time.Duration, opts AttemptOptions) (Reservation, error) {
 	for {
 		r, err := c.ReserveAttempt(ctx, lim, cost, opts)
-		if err != nil || r.Granted || r.Paused.Paused || r.CircuitRefused || r.Wait > maxWait {
+		if err != nil || r.Granted || r.Paused.Paused || r.PauseUnknown || r.CircuitRefused || r.Wait > maxWait {
 			return r, err
 		}
 		t := time.NewTimer(r.Wait)

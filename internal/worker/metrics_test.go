@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redisscript"
@@ -168,6 +169,35 @@ func TestWorker_PausedGaugeFollowsResumeByAnotherProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, was)
 	require.Eventually(t, paused(0), 5*time.Second, 5*time.Millisecond)
+}
+
+// TestWorker_RestoresAPauseRedisLost: a pause kept in Postgres that Redis lost (a restart
+// without persistence, a flush) is written back by the worker's refresh, with no job on the
+// credential, and its gauge stays 1.
+func TestWorker_RestoresAPauseRedisLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond})
+	b.run(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, b.cfg.DatabaseURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	cred, _ := b.cfg.Credential("default")
+	gate := lim.Gate(cred.LimiterID(), cred.Name)
+	_, err = credpause.NewStore(pool, nil).Pause(ctx, gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+
+	redistest.Unlink(ctx, redistest.Client(t), b.prefix+"*") // Redis loses every key of the test
+	require.Eventually(t, func() bool {
+		ps, err := gate.Paused(ctx)
+		return err == nil && ps.Paused && ps.FirstJobID == "job-1"
+	}, 10*time.Second, 10*time.Millisecond, "the pause Redis lost was not restored")
+	require.Eventually(t, func() bool {
+		v, ok := values(t, b.reg, "llmq_limiter_paused")[`credential="default"`]
+		return ok && v == 1
+	}, 5*time.Second, 5*time.Millisecond)
 }
 
 // TestWorker_PublishesCredentialTags: the worker writes each credential's Redis tag under its

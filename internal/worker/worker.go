@@ -20,6 +20,7 @@ import (
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/estimator"
@@ -75,6 +76,8 @@ type Worker struct {
 	rdb      redis.UniversalClient
 	// gates are the credentials' limiter gates, whose pause state Run refreshes.
 	gates []*limiter.Gate
+	// pauses keeps the credentials' pauses in Postgres; refreshPauses restores one Redis lost.
+	pauses *credpause.Store
 }
 
 // New connects to the stores (the database must be migrated) and builds the worker. On an
@@ -165,10 +168,11 @@ func (w *Worker) build(m metrics) error {
 		return err
 	}
 	weights := tenant.NewWeights(tenant.NewStore(w.pool, nil), nil)
+	w.pauses = credpause.NewStore(w.pool, nil)
 	w.executor = executor.New(executor.Config{
 		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: m.executor, Estimator: est,
 		Alerter:      alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger}),
-		TenantWeight: weights.Weight, CachedTenantWeight: weights.Cached,
+		TenantWeight: weights.Weight, CachedTenantWeight: weights.Cached, Pauses: w.pauses,
 		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
 		// per job, so tests stay apart by job ID.
 		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger,
@@ -366,7 +370,9 @@ func (w *Worker) publishCredentialTags(ctx context.Context) {
 // refreshPauses reads each credential's pause state (which sets llmq_limiter_paused) at once
 // and then every PauseRefreshInterval until ctx ends. The gauge is otherwise only set by this
 // worker's own jobs: after a resume by ctl it would stay 1 on an idle credential, and the
-// paused alert keep firing; and before a credential's first job it would have no series.
+// paused alert keep firing; and before a credential's first job it would have no series. A
+// state Redis lost (limiter.PauseState.Unknown) is restored from Postgres, so that the gauge of
+// an idle credential paused before the loss stays 1.
 func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
@@ -374,7 +380,10 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 		w.publishCredentialTags(ctx)
 		for _, g := range w.gates {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
-			_, err := g.Paused(rctx)
+			ps, err := g.Paused(rctx)
+			if err == nil && ps.Unknown {
+				_, _, err = w.pauses.Restore(rctx, g)
+			}
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				w.opts.Logger.WarnContext(ctx, "refresh credential pause state", "error", err)
