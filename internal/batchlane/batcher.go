@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
@@ -46,6 +47,14 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the batch lane's counters; nil records none.
 	Metrics *Metrics
+	// DeadLettered, when set, is told of each job the batcher dead-letters, as the executor
+	// counts its own (executor.Metrics.DeadLettered: llmq_dead_letters_total, which the
+	// dead-letter alert reads).
+	DeadLettered func(credential, reason string)
+	// Alerter raises the dead-letter alert (log line and webhook) for the jobs the batcher
+	// dead-letters, at most once a minute per credential, as the executor does for retries
+	// exhausted online. Nil: none.
+	Alerter *alert.Alerter
 }
 
 // Batcher sends the batch lane's jobs through the providers' batch APIs: it collects waiting
@@ -363,12 +372,25 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 	return b.store.ended(ctx, row.ID, "ended", st.Provider)
 }
 
+// deadLettered counts a move that dead-lettered its job (Config.DeadLettered) and alerts
+// (Config.Alerter).
+func (b *Batcher) deadLettered(ctx context.Context, credential string, m move) {
+	if b.cfg.DeadLettered != nil {
+		b.cfg.DeadLettered(credential, m.DeadReason)
+	}
+	b.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: credential, Reason: m.DeadReason, JobID: m.JobID,
+		Message: fmt.Sprintf("batch-lane job used all its attempts; last error: %v", m.LastError["message"])}, time.Minute)
+}
+
 // applyMove applies m and, when it moved the job to the online lane unfinished, enqueues the
 // job's task.
 func (b *Batcher) applyMove(ctx context.Context, credential string, m move) error {
 	priority, ok, err := b.store.apply(ctx, m)
 	if ok {
 		b.cfg.Metrics.job(credential, m)
+		if m.Status == string(jobs.StatusDead) {
+			b.deadLettered(ctx, credential, m)
+		}
 	}
 	if err != nil || !ok || m.Lane != "online" || (m.Status != "retrying" && m.Status != "queued") {
 		return err

@@ -1,12 +1,23 @@
 package dispatch
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are dispatch's Prometheus metrics. A nil *Metrics records nothing.
 type Metrics struct {
-	swept     prometheus.Counter
+	swept prometheus.Counter
+	// lastSweep is when the last pass that succeeded in this process started: a sweeper whose
+	// passes fail or stall, or no sweeping process at all, shows as a time that stops moving
+	// in every process (the LLMQSweeperStalled rule).
+	lastSweep prometheus.Gauge
 	idleWaits *prometheus.CounterVec
 	handoffs  *prometheus.CounterVec
+	// deliveryErrors counts the deliveries that failed (see ServerConfig.Metrics): asynq retries
+	// them and logs nothing, so without it a worker whose stores fail on every job is silent.
+	deliveryErrors prometheus.Counter
 }
 
 // NewMetrics registers the metrics on reg. It panics if they are registered there already (a
@@ -15,6 +26,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmq_sweeper_reenqueued_total", Help: "Jobs whose asynq task was missing and was enqueued again.",
+		}),
+		lastSweep: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmq_sweeper_last_success_timestamp_seconds",
+			Help: "Start (Unix time) of the last sweep that succeeded in this process while it led the sweeper; 0: none yet. " +
+				"The max over the workers is the leader's.",
 		}),
 		idleWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_worker_idle_waits_total",
@@ -28,13 +44,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				"enqueued as a task), returned (taken, then handed to asynq: a deferral, a failure of the stores, a shutdown).",
 		}, []string{"outcome"}),
 	}
+	m.deliveryErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "llmq_delivery_errors_total",
+		Help: "Deliveries of a job's task that ended in an error (the stores failing: Postgres or Redis unreachable or " +
+			"refusing, a task timeout), handed back to asynq to retry with backoff. Deferrals and cancels are not counted.",
+	})
 	for _, ended := range []string{waitEndedByWakeUp, waitEndedByPoll} {
 		m.idleWaits.WithLabelValues(ended)
 	}
 	for _, outcome := range []string{handoffTaken, handoffDeclined, handoffReturned} {
 		m.handoffs.WithLabelValues(outcome)
 	}
-	reg.MustRegister(m.swept, m.idleWaits, m.handoffs)
+	reg.MustRegister(m.swept, m.lastSweep, m.idleWaits, m.handoffs, m.deliveryErrors)
 	return m
 }
 
@@ -66,5 +87,19 @@ func (m *Metrics) idleWaitEnded(by string) {
 func (m *Metrics) sweptOne() {
 	if m != nil {
 		m.swept.Inc()
+	}
+}
+
+// sweepSucceeded records that a sweep that started at start succeeded.
+func (m *Metrics) sweepSucceeded(start time.Time) {
+	if m != nil {
+		m.lastSweep.Set(float64(start.UnixNano()) / 1e9)
+	}
+}
+
+// deliveryFailed counts a delivery that ended in an error.
+func (m *Metrics) deliveryFailed() {
+	if m != nil {
+		m.deliveryErrors.Inc()
 	}
 }

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -28,7 +29,8 @@ type ServerConfig struct {
 	Policy *retrypolicy.Policy
 	// Logger receives asynq's warnings and errors. Default discards.
 	Logger *slog.Logger
-	// Metrics, when set, counts the idle waits' ends (llmq_worker_idle_waits_total).
+	// Metrics, when set, counts the idle waits' ends (llmq_worker_idle_waits_total) and the
+	// deliveries that failed (llmq_delivery_errors_total).
 	Metrics *Metrics
 }
 
@@ -66,11 +68,23 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *Server {
 		DelayedTaskCheckInterval: 50 * time.Millisecond,
 		RetryDelayFunc:           RetryDelayFunc(cfg.Policy, time.Now),
 		IsFailure:                IsFailure,
+		ErrorHandler:             deliveryErrors(cfg.Metrics),
 		ShutdownTimeout:          10 * time.Second,
 		Logger:                   asynqLogger{cfg.Logger},
 		LogLevel:                 asynq.WarnLevel,
 	})
 	return &Server{srv: srv, rdb: rdb, hook: hook, log: cfg.Logger}
+}
+
+// deliveryErrors is asynq's ErrorHandler: it counts the deliveries that failed, the processor's
+// errors other than a deferral, and a lost task lease. A cancel (an abort of the job's task, a
+// shutdown) is not a failure.
+func deliveryErrors(m *Metrics) asynq.ErrorHandler {
+	return asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
+		if IsFailure(err) && !errors.Is(err, context.Canceled) {
+			m.deliveryFailed()
+		}
+	})
 }
 
 // Start starts the server's processing of tasks with h (see asynq.Server.Start).

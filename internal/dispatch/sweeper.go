@@ -128,7 +128,8 @@ func (s *Sweeper) lead(ctx context.Context) error {
 // no live worker server) and enqueues the non-terminal jobs whose task is missing. It returns how
 // many tasks it enqueued. Orphans are looked for among asynq's active tasks, so finding them
 // costs what the tasks in flight do, whatever the backlog; missing tasks are looked for by
-// walking the unfinished jobs (see reenqueueMissing).
+// walking the unfinished jobs (see reenqueueMissing). A pass that succeeds is dated in the
+// metrics (llmq_sweeper_last_success_timestamp_seconds).
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	now := s.cfg.Now()
 	if err := s.cfg.Store.PruneWatches(ctx); err != nil {
@@ -139,6 +140,9 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 		return rescued, err
 	}
 	enqueued, err := s.reenqueueMissing(ctx, now)
+	if err == nil {
+		s.cfg.Metrics.sweepSucceeded(now)
+	}
 	return rescued + enqueued, err
 }
 

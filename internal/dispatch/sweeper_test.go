@@ -6,8 +6,11 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
@@ -152,4 +155,46 @@ func TestSweeper_FreshGraceSparesNewJobs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the fresh job, past its grace")
 	require.Equal(t, asynq.TaskStatePending, tb.state(t, fresh.ID))
+}
+
+// TestSweeper_DatesItsLastSuccessfulPass: a pass that succeeds sets
+// llmq_sweeper_last_success_timestamp_seconds to its start, which the LLMQSweeperStalled rule
+// reads; one that fails leaves it where it was. The series is there at 0 before any pass.
+func TestSweeper_DatesItsLastSuccessfulPass(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tb := setupTasks(t)
+	reg := prometheus.NewRegistry()
+	clock := clocktest.New(time.Now())
+	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+		Redis: redistest.Client(t), Metrics: dispatch.NewMetrics(reg), Now: clock.Now})
+	const name = "llmq_sweeper_last_success_timestamp_seconds"
+	value := func() float64 {
+		t.Helper()
+		n, err := testutil.GatherAndCount(reg, name)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "%s: one series, from the start", name)
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	require.Zero(t, value(), "no pass yet")
+
+	t0 := clock.Now()
+	_, err := sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, float64(t0.UnixNano())/1e9, value())
+
+	// A pass that fails (its first statement cannot run) is not a success.
+	_, err = b.Pool.Exec(t.Context(), `ALTER TABLE job_watches RENAME TO job_watches_gone`)
+	require.NoError(t, err)
+	clock.Advance(time.Minute)
+	_, err = sw.SweepOnce(t.Context())
+	require.Error(t, err)
+	require.Equal(t, float64(t0.UnixNano())/1e9, value())
 }

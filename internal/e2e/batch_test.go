@@ -1,7 +1,9 @@
 package e2e_test
 
 import (
+	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -44,4 +46,50 @@ func TestBatchLane_EndToEnd(t *testing.T) {
 	st := b.sim.BatchStats()
 	require.Equal(t, 1, st.Created)
 	require.Equal(t, 1, st.Requests)
+}
+
+// TestBatchLane_DeadLetterAlerts: a batch-lane job that uses its last attempt in a batch is a
+// dead letter like an online one: the webhook is told, and llmq_dead_letters_total (which the
+// LLMQDeadLetters rule reads) counts it.
+func TestBatchLane_DeadLetterAlerts(t *testing.T) {
+	t.Parallel()
+	hook := &webhook{}
+	hookSrv := httptest.NewServer(hook)
+	t.Cleanup(hookSrv.Close)
+	b := setup(t, setupOpts{webhookURL: hookSrv.URL,
+		extra: "batch: { enabled: true, max_wait_to_fill: 50ms, poll_interval: 100ms }"})
+	id := b.submit(t, `{"lane":"batch","max_attempts":1,`+anthropicBody("llmsim-batch-expire")[1:])
+
+	job := b.waitTerminal(t, id)
+	require.Equal(t, "dead", job["status"], "%v", job["last_error"])
+	require.Equal(t, "retries_exhausted", job["dead_reason"])
+
+	require.Eventually(t, func() bool { return len(hook.received()) > 0 }, 10*time.Second, 10*time.Millisecond,
+		"no dead-letter alert reached the webhook")
+	alerts := hook.received()
+	require.Len(t, alerts, 1)
+	require.Equal(t, "default", alerts[0].Credential)
+	require.Equal(t, "retries_exhausted", alerts[0].Reason)
+	require.Equal(t, id, alerts[0].JobID)
+
+	families, err := b.workerMetrics.Gather()
+	require.NoError(t, err)
+	value := func(name string, labels map[string]string) float64 {
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+		series:
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+						continue series
+					}
+				}
+				return m.GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	require.Equal(t, 1.0, value("llmq_dead_letters_total", map[string]string{"credential": "default", "reason": "retries_exhausted"}))
 }

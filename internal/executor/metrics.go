@@ -132,7 +132,17 @@ func (m *Metrics) Finished(credential string, status jobs.Status, deadReason str
 	m.outcomes.WithLabelValues(credential, string(status)).Inc()
 	m.submitToResult.WithLabelValues(credential, string(status)).Observe(sinceSubmit.Seconds())
 	if status == jobs.StatusDead {
-		m.deadLetters.WithLabelValues(credential, deadReason).Inc()
+		m.DeadLettered(credential, deadReason)
+	}
+}
+
+// DeadLettered counts a dead letter of credential in llmq_dead_letters_total. Finished calls it
+// for the jobs the executor ends; the batch lane (internal/batchlane), which keeps its jobs'
+// other counts apart (llmq_batch_jobs_total), for its own. Safe for concurrent use, and on a
+// nil *Metrics.
+func (m *Metrics) DeadLettered(credential, reason string) {
+	if m != nil {
+		m.deadLetters.WithLabelValues(credential, reason).Inc()
 	}
 }
 

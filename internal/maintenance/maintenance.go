@@ -74,7 +74,7 @@ type Config struct {
 	// Logger receives one line per job the deadline pass fails, one per retention pass, and
 	// errors. Default discards.
 	Logger *slog.Logger
-	// Metrics counts deleted jobs. Nil: none.
+	// Metrics counts deleted jobs and dates the last successful pass of each kind. Nil: none.
 	Metrics *Metrics
 	// Now is the clock the deadlines and retention periods are measured with. Default time.Now.
 	Now func() time.Time
@@ -135,7 +135,11 @@ func (m *Maintainer) lead(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		m.every(ctx, m.cfg.Interval, true, "deadline pass", func(ctx context.Context) error {
+			start := m.cfg.Now()
 			_, err := m.FailOverdue(ctx)
+			if err == nil {
+				m.cfg.Metrics.passed(passDeadline, start)
+			}
 			return err
 		})
 	})
@@ -287,8 +291,11 @@ func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, befor
 
 // retentionPass runs DeleteExpired and logs one line: what it deleted, and its error if any.
 func (m *Maintainer) retentionPass(ctx context.Context) {
-	start := time.Now()
+	start, began := time.Now(), m.cfg.Now()
 	deleted, err := m.DeleteExpired(ctx)
+	if err == nil {
+		m.cfg.Metrics.passed(passRetention, began)
+	}
 	var total int64
 	attrs := []any{"duration", time.Since(start).Round(time.Millisecond)}
 	for _, s := range finalStatuses {

@@ -1,14 +1,18 @@
 package maintenance_test
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/clocktest"
@@ -129,8 +133,8 @@ func TestMaintainer_FailOverdue(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// metric is the value of the counter name with labels in reg, or the count of the histogram's
-// observations (0: no such series).
+// metric is the value of the counter or gauge name with labels in reg, or the count of the
+// histogram's observations (0: no such series).
 func metric(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -148,6 +152,9 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, labels map[stri
 			}
 			if h := m.GetHistogram(); h != nil {
 				return float64(h.GetSampleCount())
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
 			}
 			return m.GetCounter().GetValue()
 		}
@@ -253,6 +260,73 @@ func TestMaintainer_Run(t *testing.T) {
 			t.Fatal("Run did not return after its context ended")
 		}
 	}
+}
+
+// TestMaintainer_RunDatesItsLastSuccessfulPass: while a process leads, each pass that succeeds
+// sets llmq_maintenance_last_success_timestamp_seconds to its start, which the
+// LLMQMaintenanceStalled rule reads; a pass that fails leaves it where it was (its errors are
+// logged once a run, so without it a deadline pass failing for hours showed one line). The
+// deadline pass's series is there at 0 before any pass.
+func TestMaintainer_RunDatesItsLastSuccessfulPass(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	b, m := setup(t, maintenance.Config{Interval: 20 * time.Millisecond, RetentionInterval: 20 * time.Millisecond,
+		Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: time.Hour}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	const name = "llmq_maintenance_last_success_timestamp_seconds"
+	deadline, retention := map[string]string{"pass": "deadline"}, map[string]string{"pass": "retention"}
+	n, err := testutil.GatherAndCount(b.reg, name)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the deadline pass's series, at 0 before any pass")
+	unix := func(at time.Time) float64 { return float64(at.UnixNano()) / 1e9 }
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	}()
+	t0 := b.clock.Now()
+	require.Eventually(t, func() bool {
+		return metric(t, b.reg, name, deadline) == unix(t0) && metric(t, b.reg, name, retention) == unix(t0)
+	}, 10*time.Second, 10*time.Millisecond, "the passes that succeeded are dated")
+
+	// The deadline pass fails from now on: its date stays.
+	_, err = b.Pool.Exec(t.Context(), `ALTER TABLE jobs RENAME COLUMN deadline TO deadline_gone`)
+	require.NoError(t, err)
+	b.clock.Advance(time.Minute)
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "deadline pass failed") },
+		10*time.Second, 10*time.Millisecond)
+	require.Equal(t, unix(t0), metric(t, b.reg, name, deadline), "a failed pass is not a success")
+
+	// It succeeds again: dated again.
+	_, err = b.Pool.Exec(t.Context(), `ALTER TABLE jobs RENAME COLUMN deadline_gone TO deadline`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return metric(t, b.reg, name, deadline) == unix(b.clock.Now()) },
+		10*time.Second, 10*time.Millisecond)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
 }
 
 // TestMaintainer_DeletesEndedBatches: the batch lane's provider batches go once they ended a day

@@ -1,6 +1,8 @@
 package maintenance
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -10,7 +12,17 @@ import (
 // jobs the deadline pass fails are counted with the executor's (Config.Finished).
 type Metrics struct {
 	deletedJobs *prometheus.CounterVec
+	// lastSuccess is when the last pass of each kind that succeeded in this process started:
+	// a leader whose passes fail, or stall, or no leader at all, shows as a time that stops
+	// moving in every process (the LLMQMaintenanceStalled rule).
+	lastSuccess *prometheus.GaugeVec
 }
+
+// Passes, the label values of llmq_maintenance_last_success_timestamp_seconds.
+const (
+	passDeadline  = "deadline"
+	passRetention = "retention"
+)
 
 // NewMetrics registers the metrics on reg. It panics if they are registered there already (a
 // wiring bug).
@@ -20,8 +32,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmq_retention_deleted_total",
 			Help: "Finished jobs the retention pass deleted (each with its attempts, events and idempotency key), by status.",
 		}, []string{"status"}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_maintenance_last_success_timestamp_seconds",
+			Help: "Start (Unix time) of the last pass, by pass (deadline, retention), that succeeded in this process " +
+				"while it led maintenance; 0: none yet. The max over the workers is the leader's.",
+		}, []string{"pass"}),
 	}
-	reg.MustRegister(m.deletedJobs)
+	reg.MustRegister(m.deletedJobs, m.lastSuccess)
+	// 0 from the start: a deployment whose deadline pass never succeeds shows as such. The
+	// retention pass's series appears with its first success (retention may be off).
+	m.lastSuccess.WithLabelValues(passDeadline)
 	for _, s := range finalStatuses {
 		m.deletedJobs.WithLabelValues(string(s)) // 0 from the start: rate() needs a first sample
 	}
@@ -31,5 +51,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) deleted(status jobs.Status, n int64) {
 	if m != nil && n > 0 {
 		m.deletedJobs.WithLabelValues(string(status)).Add(float64(n))
+	}
+}
+
+// passed records that a pass of kind pass that started at start succeeded.
+func (m *Metrics) passed(pass string, start time.Time) {
+	if m != nil {
+		m.lastSuccess.WithLabelValues(pass).Set(float64(start.UnixNano()) / 1e9)
 	}
 }

@@ -102,6 +102,10 @@ func TestWorker_AlertedSeriesStartAtZero(t *testing.T) {
 		requireSeries(t, b.reg, "llmq_jobs_finished_total", series, 2)
 	}
 	requireSeries(t, b.reg, "llmq_attempts_total", `class="rate_limited"`, 2)
+	// The leader duties' dates, 0 until a pass succeeds here (the stalled rules read the max).
+	requireSeries(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", `pass="deadline"`, 1)
+	requireSeries(t, b.reg, "llmq_sweeper_last_success_timestamp_seconds", "", 1)
+	requireSeries(t, b.reg, "llmq_delivery_errors_total", "", 1)
 
 	// The pause gauge comes from Redis, read as the worker starts.
 	b.run(t)

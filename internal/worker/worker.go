@@ -169,9 +169,10 @@ func (w *Worker) build(m metrics) error {
 	}
 	weights := tenant.NewWeights(tenant.NewStore(w.pool, nil), nil)
 	w.pauses = credpause.NewStore(w.pool, nil)
+	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger})
 	w.executor = executor.New(executor.Config{
 		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: m.executor, Estimator: est,
-		Alerter:      alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger}),
+		Alerter:      alerter,
 		TenantWeight: weights.Weight, CachedTenantWeight: weights.Cached, Pauses: w.pauses,
 		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
 		// per job, so tests stay apart by job ID.
@@ -201,7 +202,7 @@ func (w *Worker) build(m metrics) error {
 		},
 		RetentionInterval: cfg.Retention.Interval, Finished: m.executor.Finished, Logger: opts.Logger, Metrics: m.maintenance,
 	})
-	if err := w.newBatcher(); err != nil {
+	if err := w.newBatcher(m.executor.DeadLettered, alerter); err != nil {
 		return err
 	}
 	w.server = dispatch.NewServer(w.redis, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
@@ -318,8 +319,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:
 // no batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
-// online and still polls the batches it has.
-func (w *Worker) newBatcher() error {
+// online and still polls the batches it has. Its dead letters are counted by deadLettered (the
+// executor's metrics) and alerted by alerter, as the executor's are.
+func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerter *alert.Alerter) error {
 	var lanes []batchlane.Lane
 	enabled := false
 	for _, c := range w.cfg.Credentials {
@@ -342,6 +344,7 @@ func (w *Worker) newBatcher() error {
 		metrics = batchlane.NewMetrics(w.opts.Registerer, names)
 	}
 	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
+		DeadLettered: deadLettered, Alerter: alerter,
 		Enqueue: func(ctx context.Context, id string, p jobs.Priority) error {
 			return w.enqueuer.Enqueue(ctx, id, p, time.Time{})
 		}})
