@@ -38,26 +38,42 @@ func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 }
 
 // Pause pauses the credential behind g until Resume: in Postgres first, then in Redis (see
-// limiter.Gate.Pause), which is tried even when Postgres fails. started is true only for the
-// call that began the episode in Postgres (in Redis when Postgres failed), so that the caller
-// alerts once per episode, also when Redis lost the pause and a later answer pauses it again;
-// it may be true beside an error. Errors are wrapped Redis errors, or database errors (matching
-// ErrDatabase).
+// limiter.Gate.PauseSince) with the row's start and first job, so that both hold one episode
+// whichever caller reaches Redis first; Redis is tried even when Postgres fails. started is
+// true only for the call that began the episode in Postgres (in Redis when Postgres failed), so
+// that the caller alerts once per episode, also when Redis lost the pause and a later answer
+// pauses it again; a pause Redis held before the row was written (its insert failed, or it
+// predates the table) began the episode then, and the insert that keeps it now starts nothing.
+// started may be true beside an error. Errors are wrapped Redis errors, or, when only Postgres
+// failed (Redis holds the pause), a database error (matching ErrDatabase).
 func (s *Store) Pause(ctx context.Context, g *limiter.Gate, reason, jobID string) (started bool, err error) {
-	var since time.Time
+	var row limiter.PauseState
+	var inserted bool
+	// DO UPDATE rather than DO NOTHING: the row is returned to every caller, also one that
+	// conflicted with an insert committed after its statement began.
 	perr := s.pool.QueryRow(ctx, `
 INSERT INTO credential_pauses (tag, credential, since, reason, first_job_id) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (tag) DO NOTHING
-RETURNING since`, g.Tag(), g.Name(), s.now(), reason, jobID).Scan(&since)
-	inserted := perr == nil
-	if errors.Is(perr, pgx.ErrNoRows) {
-		perr = nil
-	}
-	redisStarted, rerr := g.Pause(ctx, reason, jobID)
+ON CONFLICT (tag) DO UPDATE SET tag = EXCLUDED.tag
+RETURNING since, reason, first_job_id, xmax = 0`, g.Tag(), g.Name(), s.now(), reason, jobID).Scan(
+		&row.Since, &row.Reason, &row.FirstJobID, &inserted)
 	if perr != nil {
-		return redisStarted && rerr == nil, errors.Join(fmt.Errorf("record credential pause: %w: %w", ErrDatabase, perr), rerr)
+		redisStarted, rerr := g.Pause(ctx, reason, jobID)
+		if rerr != nil {
+			return false, fmt.Errorf("%w (nor was it recorded in postgres: %v)", rerr, perr)
+		}
+		return redisStarted, fmt.Errorf("record credential pause: %w: %w", ErrDatabase, perr)
 	}
-	return inserted, rerr
+	redisStarted, err := g.PauseSince(ctx, row.Since, row.Reason, row.FirstJobID)
+	if err != nil || !inserted || redisStarted {
+		return inserted, err
+	}
+	// Redis was paused already: by this row's episode (another caller of it, or a restore, got
+	// there first), or by one that began without the row, which alerted then.
+	ps, err := g.Paused(ctx)
+	if err != nil {
+		return true, err
+	}
+	return !ps.Paused || ps.Since.UnixMicro() == row.Since.UnixMicro(), nil
 }
 
 // Resume ends the credential's pause, if any: in Postgres first (a failure there changes

@@ -22,6 +22,7 @@ type testBundle struct {
 	store  *credpause.Store
 	gate   *limiter.Gate
 	prefix string
+	clock  *clocktest.Clock
 	// lose removes every key of the test's Redis namespace, as a restart without persistence or
 	// a FLUSHALL would.
 	lose func()
@@ -30,7 +31,7 @@ type testBundle struct {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	clock := clocktest.New(t0)
-	b := &testBundle{prefix: redistest.Prefix(t)}
+	b := &testBundle{prefix: redistest.Prefix(t), clock: clock}
 	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix, Now: clock.Now})
 	require.NoError(t, err)
 	b.store = credpause.NewStore(pgtest.Pool(t), clock.Now)
@@ -148,4 +149,75 @@ func TestStore_ResumeWinsOverARestoreReadBeforeIt(t *testing.T) {
 	st, err := b.gate.Paused(ctx)
 	require.NoError(t, err)
 	require.Equal(t, limiter.PauseState{}, st)
+}
+
+// TestStore_PauseWithoutItsRowAlertsOnce: an episode Redis holds without its Postgres row (its
+// insert failed, or it began before migration 020) alerted when it began; the next spend-cap
+// answer on the credential (its pause probe's, say) writes the row but starts nothing, so it
+// raises no second alert. A pause restored from the row between its insert and the Redis pause
+// is still the episode that insert began.
+func TestStore_PauseWithoutItsRowAlertsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+
+	// Given an episode in Redis only (it alerted when it began),
+	started, err := b.gate.Pause(ctx, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	require.True(t, started)
+	// when the next spend cap answers, later, the row is written and the episode goes on unannounced.
+	b.clock.Advance(10 * time.Minute)
+	started, err = b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-probe")
+	require.NoError(t, err)
+	require.False(t, started, "a pause Redis held before its row was written alerted a second time")
+	inPG, err := b.store.Get(ctx, b.gate)
+	require.NoError(t, err)
+	require.True(t, inPG.Paused, "the episode is kept in Postgres from now on")
+
+	// A row whose pause a restore wrote into Redis before the inserting call paused Redis: the
+	// insert began the episode.
+	_, err = b.store.Resume(ctx, b.gate)
+	require.NoError(t, err)
+	b.lose()
+	_, err = b.gate.RestorePause(ctx, limiter.PauseState{Paused: true, Since: b.clock.Now(), Reason: "rate_limited_no_retry_after", FirstJobID: "job-2"})
+	require.NoError(t, err)
+	started, err = b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-2")
+	require.NoError(t, err)
+	require.True(t, started, "the call whose insert began the episode did not alert")
+}
+
+// TestStore_ConcurrentPausesKeepOneEpisode: concurrent spend-cap answers, with Redis on its own
+// clock (as in production), start one episode: one caller alerts, and Redis holds the start and
+// first job Postgres keeps, whichever caller reached Redis first, so that a restore after a
+// loss brings back the same episode.
+func TestStore_ConcurrentPausesKeepOneEpisode(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t)}) // Redis's clock
+	require.NoError(t, err)
+	gate := lim.Gate("sk-capped", "main")
+	store := credpause.NewStore(pgtest.Pool(t), clocktest.New(t0).Now)
+
+	var starts atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			started, err := store.Pause(ctx, gate, "rate_limited_no_retry_after", "job-"+string(rune('a'+i)))
+			if err != nil {
+				t.Error(err)
+			}
+			if started {
+				starts.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 1, starts.Load(), "exactly one caller starts the episode")
+	inRedis, err := gate.Paused(ctx)
+	require.NoError(t, err)
+	inPG, err := store.Get(ctx, gate)
+	require.NoError(t, err)
+	require.Equal(t, inPG.FirstJobID, inRedis.FirstJobID, "Redis and Postgres name different first jobs")
+	require.True(t, inPG.Since.Equal(inRedis.Since), "Redis and Postgres date the episode differently: %s, %s",
+		inRedis.Since, inPG.Since)
 }

@@ -92,3 +92,53 @@ func TestExecutor_PauseKeptInPostgresOutlivesRedis(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, kept.Paused, "the probe's resume left the pause in Postgres")
 }
+
+// TestExecutor_SpendCapFailsOverWhenPostgresRefusesThePause: a spend cap on a job with a
+// fallback pauses the credential and fails the job over at once. When Postgres refuses the
+// pause's row (down a moment, say) while Redis takes the pause, the credential is paused all the
+// same (sends stop; the failure is logged) and the job still fails over with its attempt
+// recorded: the delivery is not handed back with the paid-for answer unrecorded, to come back
+// on the paused credential and wait there for an operator.
+func TestExecutor_SpendCapFailsOverWhenPostgresRefusesThePause(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-capped", "capped")
+	capped := executor.Upstream{Name: "capped", Kind: string(llm.KindAnthropic), Gate: gate,
+		Provider: simProvider(t, llmsim.Config{Faults: llmsim.Faults{SpendCap: true}}, "sk-capped")}
+	backup := executor.Upstream{Name: "backup", Kind: string(llm.KindAnthropic),
+		Provider: simProvider(t, llmsim.Config{}, "sk-backup")}
+	ex := executor.New(executor.Config{Store: b.Store, Pauses: credpause.NewStore(b.Pool, nil),
+		Upstreams: map[string]executor.Upstream{"capped": capped, "backup": backup},
+		Policy:    retrypolicy.New(&retrypolicy.Config{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})})
+	// Redis knows the credential is not paused (no restore needed), and Postgres refuses the
+	// pause's row.
+	_, err = gate.Resume(ctx)
+	require.NoError(t, err)
+	_, err = b.Pool.Exec(ctx, `ALTER TABLE credential_pauses RENAME TO credential_pauses_unreachable`)
+	require.NoError(t, err)
+
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "capped", Fallbacks: []string{"backup"},
+		Request: helloRequest, MaxAttempts: 3, Timeout: time.Minute})
+	require.NoError(t, err)
+	perr := ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, perr, &deferred, "the spend cap's failover was handed back to asynq as an error")
+	require.Contains(t, deferred.Reason, "fail over")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusRetrying, got.Status)
+	require.Equal(t, 1, got.CredentialIndex, "the job moves to its fallback")
+	ps, err := gate.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, ps.Paused, "the credential is paused in Redis")
+
+	// The fallback answers the next delivery.
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	got, err = b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	require.Equal(t, "backup", *got.AnsweredBy)
+}

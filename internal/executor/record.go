@@ -2,10 +2,12 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 )
@@ -150,6 +152,13 @@ func (e *Executor) pause(ctx context.Context, up Upstream, job *jobs.Job, reason
 	)
 	if e.cfg.Pauses != nil {
 		started, err = e.cfg.Pauses.Pause(wctx, up.Gate, reason, job.ID)
+		if errors.Is(err, credpause.ErrDatabase) {
+			// Redis holds the pause, which is what stops the sends: the job goes its way (a
+			// failover too), and the durable copy is missing until the next spend-cap answer.
+			e.cfg.Logger.ErrorContext(ctx, "record a credential pause in postgres (it is kept in redis only)",
+				"credential", up.Name, "job_id", job.ID, "error", err)
+			err = nil
+		}
 	} else {
 		started, err = up.Gate.Pause(wctx, reason, job.ID)
 	}

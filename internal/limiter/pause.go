@@ -39,6 +39,19 @@ func (c *Gate) Pause(ctx context.Context, reason, jobID string) (started bool, e
 	return n == 1, nil
 }
 
+// PauseSince is Pause for an episode kept elsewhere too (internal/credpause): it began at since,
+// by jobID, which every caller pausing the episode gives alike, so that Redis holds the same
+// state whichever of them reaches it first.
+func (c *Gate) PauseSince(ctx context.Context, since time.Time, reason, jobID string) (started bool, err error) {
+	n, err := pauseScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
+		strconv.FormatInt(since.UnixMicro(), 10), reason, jobID).Int()
+	if err != nil {
+		return false, fmt.Errorf("pause credential: %w", err)
+	}
+	c.l.cfg.Metrics.setPaused(c.name, true)
+	return n == 1, nil
+}
+
 // Resume ends the pause episode, if any; the next Pause starts a new one. Redis keeps that the
 // credential is not paused (PauseState.Unknown is false after it). It reports whether the
 // credential was paused, and returns an error only when Redis fails.
