@@ -189,7 +189,8 @@ type Worker struct {
 	// (their deliveries deferred to a later time, a limiter's turn or a retry, come back on
 	// "<queue>"). Default "llmq".
 	Queue string `yaml:"queue"`
-	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost. Default 10s.
+	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost. Default 10s,
+	// at most 5m.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
 	// PollInterval is how often an idle worker looks for a queued job it was not woken for.
 	// Workers are woken for every task enqueued due now and for tasks whose deferral or retry
@@ -535,8 +536,9 @@ func (w *Worker) validate(bad func(field, format string, args ...any)) {
 	if w.TokenMinute < 0 || (w.TokenMinute != 0 && w.TokenMinute < time.Second) {
 		bad("worker.token_minute", "must be at least 1s (the limiter's smallest token minute)")
 	}
-	if w.SweepInterval < 0 {
-		bad("worker.sweep_interval", "must be positive")
+	if w.SweepInterval < 0 || w.SweepInterval > 5*time.Minute {
+		// Above it, LLMQSweeperStalled (10 minutes without a pass) would fire on a healthy sweeper.
+		bad("worker.sweep_interval", "must be positive and at most 5m")
 	}
 	if w.PollInterval < time.Millisecond {
 		bad("worker.poll_interval", "must be at least 1ms")

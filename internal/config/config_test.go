@@ -342,6 +342,7 @@ func TestParse_Validation(t *testing.T) {
 		{"MaxBodyNegative", minimal(goodCred, "api: { max_body_bytes: -1 }\n"), "api.max_body_bytes"},
 		{"ConcurrencyNegative", minimal(goodCred, "worker: { concurrency: -1 }\n"), "worker.concurrency"},
 		{"SweepNegative", minimal(goodCred, "worker: { sweep_interval: -1s }\n"), "worker.sweep_interval"},
+		{"SweepTooRare", minimal(goodCred, "worker: { sweep_interval: 6m }\n"), "worker.sweep_interval"},
 		{"PollNegative", minimal(goodCred, "worker: { poll_interval: -1ms }\n"), "worker.poll_interval"},
 		{"PollBelowAMillisecond", minimal(goodCred, "worker: { poll_interval: 500us }\n"), "worker.poll_interval"},
 		{"PhaseMarginNegative", minimal(goodCred, "worker: { phase_margin: -1ms }\n"), "worker.phase_margin"},
