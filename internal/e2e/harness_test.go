@@ -212,6 +212,14 @@ type response struct {
 
 func (b *testBundle) do(t *testing.T, method, path string, body string, header map[string]string) response {
 	t.Helper()
+	out, err := b.tryDo(method, path, body, header)
+	require.NoError(t, err)
+	return out
+}
+
+// tryDo is do for a goroutine other than the test's, which must not end the test (FailNow): it
+// returns the failure instead.
+func (b *testBundle) tryDo(method, path string, body string, header map[string]string) (response, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = bytes.NewBufferString(body)
@@ -219,20 +227,28 @@ func (b *testBundle) do(t *testing.T, method, path string, body string, header m
 	ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, b.apiURL+path, rd)
-	require.NoError(t, err)
+	if err != nil {
+		return response{}, err
+	}
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
+	if err != nil {
+		return response{}, err
+	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	if err != nil {
+		return response{}, err
+	}
 	out := response{status: resp.StatusCode, header: resp.Header}
 	if len(raw) > 0 {
-		require.NoError(t, json.Unmarshal(raw, &out.body), "body: %s", raw)
+		if err := json.Unmarshal(raw, &out.body); err != nil {
+			return out, fmt.Errorf("body %s: %w", raw, err)
+		}
 	}
-	return out
+	return out, nil
 }
 
 // submit posts a job and requires 202; it returns the job ID.

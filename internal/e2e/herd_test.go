@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"net/http"
 	"sync"
 	"testing"
 
@@ -29,15 +30,23 @@ func TestHerd_SharedLimiterAvoids429s(t *testing.T) {
 	run := func(t *testing.T, redisURL, limits string) (requests, refused int) {
 		b := setup(t, setupOpts{sim: sim, redisURL: redisURL, limits: limits, worker: "phase_margin: 1s"})
 		ids := make([]string, n)
+		answers := make([]response, n)
+		errs := make([]error, n)
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ids[i] = b.submit(t, `{"max_attempts":10,"request":{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"herd"}]}}`)
+				answers[i], errs[i] = b.tryDo(http.MethodPost, "/v1/jobs",
+					`{"max_attempts":10,"request":{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"herd"}]}}`, nil)
 			}()
 		}
 		wg.Wait()
+		for i, r := range answers {
+			require.NoError(t, errs[i])
+			require.Equal(t, http.StatusAccepted, r.status, "body: %v", r.body)
+			ids[i] = r.body["id"].(string)
+		}
 		for _, id := range ids {
 			require.Equal(t, "succeeded", b.waitTerminal(t, id)["status"])
 		}
