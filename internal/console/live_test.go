@@ -28,6 +28,14 @@ func liveBundle(t *testing.T) (*testBundle, *client) {
 func liveHandler(t *testing.T) (*testBundle, *client, *console.Handler) {
 	t.Helper()
 	b := setup(t)
+	l := b.listener(t)
+	c, h := b.serve(t, func(cfg *console.Config) { cfg.Listener, cfg.LiveInterval = l, 20*time.Millisecond })
+	return b, c, h
+}
+
+// listener runs a job event listener on b's database until the test ends.
+func (b *testBundle) listener(t *testing.T) *jobs.Listener {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: b.jobs.Pool.Config().ConnConfig.Copy()})
 	done := make(chan error, 1)
@@ -36,12 +44,20 @@ func liveHandler(t *testing.T) (*testBundle, *client, *console.Handler) {
 		cancel()
 		require.NoError(t, <-done)
 	})
-	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
-		Listener: l, LiveInterval: 20 * time.Millisecond})
+	return l
+}
+
+// serve replaces b's console by one on b's stores with change made to its config, and returns a
+// client logged in to it and its handler.
+func (b *testBundle) serve(t *testing.T, change func(*console.Config)) (*client, *console.Handler) {
+	t.Helper()
+	cfg := console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix}
+	change(&cfg)
+	h, err := console.New(cfg)
 	require.NoError(t, err)
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)
-	return b, b.login(t), h
+	return b.login(t), h
 }
 
 // stream reads one event stream's events of one name.
@@ -133,20 +149,8 @@ func TestJobLive_FollowsTransitions(t *testing.T) {
 func TestJobLive_IDInCapitalsFollowsTransitions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: b.jobs.Pool.Config().ConnConfig.Copy()})
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
-		Listener: l, KeepAlive: time.Hour})
-	require.NoError(t, err)
-	b.srv = httptest.NewServer(h)
-	t.Cleanup(b.srv.Close)
-	c := b.login(t)
+	l := b.listener(t)
+	c, _ := b.serve(t, func(cfg *console.Config) { cfg.Listener, cfg.KeepAlive = l, time.Hour })
 
 	job := b.jobs.Create(t, jobstestOpts())
 	s := c.stream(t, "/console/api/jobs/"+strings.ToUpper(job.ID)+"/live", "job")
@@ -272,12 +276,8 @@ func TestJobLive_AFailedReadIsNotAnEnd(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), proxied)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: jobs.NewStore(pool, nil), Redis: b.rdb,
-		RedisPrefix: b.prefix, KeepAlive: 20 * time.Millisecond}) // no listener: each keep-alive reads
-	require.NoError(t, err)
-	b.srv = httptest.NewServer(h)
-	t.Cleanup(b.srv.Close)
-	c := b.login(t)
+	// No listener: each keep-alive reads.
+	c, _ := b.serve(t, func(cfg *console.Config) { cfg.Jobs, cfg.KeepAlive = jobs.NewStore(pool, nil), 20*time.Millisecond })
 
 	job := b.jobs.Create(t, jobstestOpts())
 	s := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
@@ -309,18 +309,13 @@ func TestJobLive_AFailedReadIsNotAnEnd(t *testing.T) {
 func TestJobLive_APurgedJobIsGone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb,
-		RedisPrefix: b.prefix, KeepAlive: 20 * time.Millisecond}) // no listener: each keep-alive reads
-	require.NoError(t, err)
-	b.srv = httptest.NewServer(h)
-	t.Cleanup(b.srv.Close)
-	c := b.login(t)
+	c, _ := b.serve(t, func(cfg *console.Config) { cfg.KeepAlive = 20 * time.Millisecond }) // no listener: each keep-alive reads
 	job := b.jobs.Create(t, jobstestOpts())
 	s := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
 	var d struct{}
 	s.next(t, &d)
 
-	_, err = b.jobs.Pool.Exec(context.Background(), `DELETE FROM jobs WHERE id = $1`, job.ID)
+	_, err := b.jobs.Pool.Exec(context.Background(), `DELETE FROM jobs WHERE id = $1`, job.ID)
 	require.NoError(t, err)
 	select {
 	case <-s.ended:
