@@ -14,8 +14,10 @@ import (
 
 	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
+	"github.com/llmq/llmq/internal/limiter"
 )
 
 // lockKey elects the one batching process ("llmqbtch").
@@ -28,6 +30,9 @@ type Lane struct {
 	Credential string
 	Client     Client
 	Config     config.Batch
+	// Gate is the credential's limiter gate, whose pause (a spend cap; limiter.Gate.Paused)
+	// holds the lane's sends until the credential is resumed. Nil: never held.
+	Gate *limiter.Gate
 }
 
 // Config configures a Batcher.
@@ -55,6 +60,9 @@ type Config struct {
 	// dead-letters, at most once a minute per credential, as the executor does for retries
 	// exhausted online. Nil: none.
 	Alerter *alert.Alerter
+	// Pauses keeps the credentials' pauses in Postgres: a pause state Redis lost is restored from
+	// it before a lane sends (see credpause). Nil: Redis's state alone is read.
+	Pauses *credpause.Store
 }
 
 // Batcher sends the batch lane's jobs through the providers' batch APIs: it collects waiting
@@ -123,6 +131,7 @@ func (b *Batcher) Once(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	held := heldLanes{}
 	for _, row := range open {
 		lane, ok := b.lanes[row.Credential]
 		if !ok {
@@ -130,21 +139,56 @@ func (b *Batcher) Once(ctx context.Context) error {
 		}
 		switch row.State {
 		case "committed":
+			if h, err := b.held(ctx, lane, held); h {
+				// Sent when the credential is resumed; meanwhile its jobs near their deadline go
+				// online, as when a send fails.
+				errs = append(errs, err, b.unsentFallback(ctx, lane, row))
+				continue
+			}
 			errs = append(errs, b.send(ctx, lane, row))
 		case "submitted":
-			errs = append(errs, b.poll(ctx, lane, row))
+			errs = append(errs, b.poll(ctx, lane, row)) // a paused credential's too: it is paid for
 		}
 	}
 	for _, lane := range b.cfg.Lanes {
-		errs = append(errs, b.collect(ctx, lane))
+		errs = append(errs, b.collect(ctx, lane, held))
 	}
 	return errors.Join(errs...)
 }
 
+// heldLanes memoizes, for one pass, whether each credential's sends are held (see held).
+type heldLanes map[string]bool
+
+// held reports whether lane sends nothing this pass: its credential is paused (Lane.Gate; a
+// state Redis lost is restored from Config.Pauses first, as the executor does). A paused
+// credential's provider refuses the send or, should the cap lift, charges for a batch the
+// operator has not resumed: its batches wait for the resume (ctl credentials resume, or the
+// online lane's pause probe). The pause is read at most once per pass per credential; one that
+// cannot be read holds the sends too, and the error is returned once.
+func (b *Batcher) held(ctx context.Context, lane Lane, memo heldLanes) (bool, error) {
+	if lane.Gate == nil {
+		return false, nil
+	}
+	if h, ok := memo[lane.Credential]; ok {
+		return h, nil
+	}
+	ps, err := lane.Gate.Paused(ctx)
+	if err == nil && ps.Unknown && b.cfg.Pauses != nil {
+		ps, _, err = b.cfg.Pauses.Restore(ctx, lane.Gate)
+	}
+	if err != nil {
+		memo[lane.Credential] = true
+		return true, fmt.Errorf("read the pause of credential %s (its batches are held): %w", lane.Credential, err)
+	}
+	memo[lane.Credential] = ps.Paused
+	return ps.Paused, nil
+}
+
 // collect puts lane's waiting jobs into batches, per model: a batch goes when it is full or when
 // its oldest job has waited MaxWaitToFill. A waiting job whose deadline is within OnlineFallback
-// goes online instead.
-func (b *Batcher) collect(ctx context.Context, lane Lane) error {
+// goes online instead. While the credential is paused (see held) no batch is made: the jobs
+// keep waiting.
+func (b *Batcher) collect(ctx context.Context, lane Lane, held heldLanes) error {
 	now := b.cfg.Now()
 	waiting, err := b.store.waiting(ctx, lane.Credential, 10*max(lane.Config.MaxRequestsPerBatch, 1))
 	if err != nil {
@@ -173,6 +217,9 @@ func (b *Batcher) collect(ctx context.Context, lane Lane) error {
 			n := min(len(jobs), lane.Config.MaxRequestsPerBatch)
 			if n < lane.Config.MaxRequestsPerBatch && now.Sub(jobs[0].CreatedAt) < lane.Config.MaxWaitToFill {
 				break // not full, and its oldest job may wait longer
+			}
+			if h, err := b.held(ctx, lane, held); h {
+				return errors.Join(append(errs, err)...)
 			}
 			ids := make([]string, n)
 			for i, j := range jobs[:n] {

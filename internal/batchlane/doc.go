@@ -21,6 +21,8 @@
 // discarded; the provider may still charge for it). A canceled job leaves its batch before the
 // send; after it, its result is discarded, and a batch none of whose jobs still wait is canceled
 // at the provider. A credential whose lane is turned off sends its waiting jobs online and still
-// polls the batches it has. A batch the provider refuses as a whole (4xx) sends its jobs online;
-// one it no longer knows (404) sends them round again; failed polls keep the backoff.
+// polls the batches it has; a paused credential (a spend cap) sends no batch until it is
+// resumed, and still polls the batches it sent. A batch the provider refuses as a whole (4xx)
+// sends its jobs online; one it no longer knows (404) sends them round again; failed polls keep
+// the backoff.
 package batchlane

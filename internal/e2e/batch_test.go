@@ -1,11 +1,14 @@
 package e2e_test
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/credpause"
 )
 
 // TestBatchLane_EndToEnd: through the API, a job with "lane": "batch" goes through the
@@ -92,4 +95,40 @@ func TestBatchLane_DeadLetterAlerts(t *testing.T) {
 		return 0
 	}
 	require.Equal(t, 1.0, value("llmq_dead_letters_total", map[string]string{"credential": "default", "reason": "retries_exhausted"}))
+}
+
+// TestBatchLane_PausedCredentialHoldsItsBatches: a credential paused by a spend cap (as the
+// executor pauses it) sends no provider batch: its batch-lane job keeps waiting, while another
+// credential's lane goes on; after the operator resumes it, the job goes in a batch.
+func TestBatchLane_PausedCredentialHoldsItsBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{extra: "batch: { enabled: true, max_wait_to_fill: 50ms, poll_interval: 100ms }",
+		backup: "batch: { enabled: true, max_wait_to_fill: 1s, poll_interval: 100ms }"})
+	pool, err := openPool(b.ctx, b.dbURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	pauses, gate := credpause.NewStore(pool, nil), b.limiterCredential(t, "default")
+	started, err := pauses.Pause(b.ctx, gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	require.True(t, started)
+
+	held := b.submit(t, `{"lane":"batch",`+anthropicBody("held")[1:])
+	other := b.submit(t, `{"lane":"batch","credential":"backup",`+anthropicBody("not paused")[1:])
+	// The pass that sent backup's batch (its job had waited its 1s to fill) collected the default
+	// credential's lane first, its job having waited longer than its 50ms.
+	job := b.waitTerminal(t, other)
+	require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
+	require.Equal(t, "batch", job["cost_class"])
+	r := b.do(t, http.MethodGet, "/v1/jobs/"+held, "", nil)
+	require.Equal(t, "queued", r.body["status"], "the paused credential's job was sent: %v", r.body)
+	require.Equal(t, "waiting", r.body["batch_state"])
+	require.Zero(t, b.sim.BatchStats().Created, "the paused credential sent a batch")
+
+	resumed, err := pauses.Resume(b.ctx, gate)
+	require.NoError(t, err)
+	require.True(t, resumed)
+	job = b.waitTerminal(t, held)
+	require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
+	require.Equal(t, "batch", job["cost_class"])
+	require.Equal(t, 1, b.sim.BatchStats().Created)
 }

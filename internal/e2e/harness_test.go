@@ -82,6 +82,7 @@ type setupOpts struct {
 	webhookURL string // alerts.webhook_url
 	limits     string // YAML limits of credential "default", e.g. "{requests_per_second: 10, burst: 20}"
 	extra      string // more YAML fields of credential "default", e.g. "pause_probe_interval: 1s"
+	backup     string // more YAML fields of credential "backup", as extra
 	top        string // more top-level YAML, e.g. "breaker: {threshold: 2, cooldown: 1s}"
 	worker     string // more fields of the worker block, e.g. "token_minute: 1s"
 	// pgProxy puts a proxy that the test can cut off (testBundle.pg) between every llmq
@@ -117,11 +118,12 @@ worker: { concurrency: 50, queue: %s, sweep_interval: 100ms, metrics_listen: "of
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
-  - { name: backup, provider: anthropic, base_url: %s, api_key_env: SIM_KEY }
+  - { name: backup, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 alerts: { webhook_url: %q }
 %s
-`, dbURL, redisURL, queue, extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL, o.webhookURL, o.top)
+`, dbURL, redisURL, queue, extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL,
+		extraYAML(o.backup), o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		switch k {
 		case "SIM_KEY":

@@ -319,9 +319,14 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:
 // no batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
-// online and still polls the batches it has. Its dead letters are counted by deadLettered (the
+// online and still polls the batches it has; a paused one (its limiter gate, restored from
+// w.pauses) sends none until resumed. Its dead letters are counted by deadLettered (the
 // executor's metrics) and alerted by alerter, as the executor's are.
 func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerter *alert.Alerter) error {
+	gates := make(map[string]*limiter.Gate, len(w.gates))
+	for _, g := range w.gates {
+		gates[g.Name()] = g
+	}
 	var lanes []batchlane.Lane
 	enabled := false
 	for _, c := range w.cfg.Credentials {
@@ -330,7 +335,7 @@ func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerte
 		if err != nil {
 			return fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		lanes = append(lanes, batchlane.Lane{Credential: c.Name, Client: client, Config: c.Batch})
+		lanes = append(lanes, batchlane.Lane{Credential: c.Name, Client: client, Config: c.Batch, Gate: gates[c.Name]})
 	}
 	if !enabled {
 		return nil
@@ -344,7 +349,7 @@ func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerte
 		metrics = batchlane.NewMetrics(w.opts.Registerer, names)
 	}
 	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
-		DeadLettered: deadLettered, Alerter: alerter,
+		DeadLettered: deadLettered, Alerter: alerter, Pauses: w.pauses,
 		Enqueue: func(ctx context.Context, id string, p jobs.Priority) error {
 			return w.enqueuer.Enqueue(ctx, id, p, time.Time{})
 		}})

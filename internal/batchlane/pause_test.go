@@ -1,0 +1,119 @@
+package batchlane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/batchlane"
+	"github.com/llmq/llmq/internal/credpause"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// pausable is the default credential's limiter gate and its durable pauses, on the test's Redis
+// namespace and database, as the worker gives them to the executor and the batcher.
+type pausable struct {
+	gate   *limiter.Gate
+	pauses *credpause.Store
+	// lose removes every key of the test's Redis namespace, as a restart without persistence
+	// would.
+	lose func()
+}
+
+func (b *testBundle) pausable(t *testing.T) *pausable {
+	t.Helper()
+	prefix := redistest.Prefix(t)
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: prefix, Now: b.clock.Now})
+	require.NoError(t, err)
+	return &pausable{gate: lim.Gate("sk-test", "default"), pauses: credpause.NewStore(b.pool, b.clock.Now),
+		lose: func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			redistest.Unlink(ctx, redistest.Client(t), prefix+"*")
+		}}
+}
+
+// batcher returns a batcher of the default credential whose lane reads p's pause.
+func (p *pausable) batcher(b *testBundle) *batchlane.Batcher {
+	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics, Pauses: p.pauses,
+		Lanes: []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg, Gate: p.gate}},
+		Enqueue: func(_ context.Context, id string, _ jobs.Priority) error {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.enqueued = append(b.enqueued, id)
+			return nil
+		}})
+}
+
+// TestBatcher_PausedCredentialHoldsSends: while the credential is paused (a spend cap, as the
+// executor pauses it), its lane sends no batch: waiting jobs stay waiting (no batch row), a batch
+// committed before the pause stays unsent, also after Redis lost the pause (restored from
+// Postgres), and a job whose deadline comes near still goes online. A batch sent before the
+// pause is still polled to its end (it is paid for). After the resume both batches go.
+func TestBatcher_PausedCredentialHoldsSends(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, setupOpts{})
+	p := b.pausable(t)
+	bt := p.batcher(b)
+
+	sent := b.submit(t, "sent before the pause", 0, 0)
+	b.clock.Advance(fill)
+	once(t, bt)
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+	require.Equal(t, jobs.StatusRunning, b.get(t, sent.ID).Status)
+
+	committed := b.submit(t, "committed before the pause", 0, 0)
+	b.clock.Advance(fill)
+	crashing := p.batcher(b)
+	batchlane.CrashAfterCommit(crashing, context.Canceled)
+	require.ErrorIs(t, crashing.Once(ctx), context.Canceled)
+	require.NotEmpty(t, b.batchRefs(t)[committed.ID], "committed, not sent")
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+
+	started, err := p.pauses.Pause(ctx, p.gate, "spend_cap", sent.ID)
+	require.NoError(t, err)
+	require.True(t, started)
+	waiting := b.submit(t, "waiting", 0, 0)
+	near := b.submit(t, "near its deadline", 30*time.Minute, 0)
+	b.clock.Advance(fill)
+	once(t, bt)
+	require.Equal(t, 1, b.sim.BatchStats().Created, "a paused credential sends no batch")
+	require.Empty(t, b.batchRefs(t)[waiting.ID], "its waiting jobs stay waiting, in no batch")
+	require.Equal(t, "waiting", *b.get(t, waiting.ID).BatchState)
+
+	p.lose()
+	once(t, bt)
+	require.Equal(t, 1, b.sim.BatchStats().Created, "a pause Redis lost still holds the sends")
+	ps, err := p.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, ps.Paused, "restored from Postgres")
+
+	b.clock.Set(near.Deadline.Add(-b.cfg.OnlineFallback))
+	once(t, bt)
+	require.Equal(t, []string{near.ID}, b.online(), "within online_fallback of its deadline: online, as unpaused")
+	require.Equal(t, jobs.LaneOnline, b.get(t, near.ID).Lane)
+
+	b.clock.Advance(time.Hour)
+	once(t, bt)
+	got := b.get(t, sent.ID)
+	require.Equal(t, jobs.StatusSucceeded, got.Status, "the batch sent before the pause is polled to its end: %+v", got.LastError)
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+	require.Equal(t, jobs.StatusQueued, b.get(t, committed.ID).Status)
+
+	resumed, err := p.pauses.Resume(ctx, p.gate)
+	require.NoError(t, err)
+	require.True(t, resumed)
+	once(t, bt)
+	st := b.sim.BatchStats()
+	require.Equal(t, 3, st.Created, "after the resume the committed batch and the waiting jobs' go")
+	require.Equal(t, 3, st.Requests)
+	for _, id := range []string{committed.ID, waiting.ID} {
+		require.Equal(t, jobs.StatusRunning, b.get(t, id).Status)
+	}
+	require.Equal(t, []string{near.ID}, b.online())
+}
