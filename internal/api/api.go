@@ -153,13 +153,15 @@ func New(cfg Config) *Server {
 		bodies: &bodyBudget{max: cfg.MaxBodyBytesInFlight}}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
+	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
+	// every path that serves GET; but not the event stream, which never ends.
 	s.routes = []route{
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
-		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.get, http.MethodDelete: s.cancel}},
+		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.get, http.MethodHead: s.get, http.MethodDelete: s.cancel}},
 		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events}},
-		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz}},
-		{"/readyz", map[string]http.HandlerFunc{http.MethodGet: s.readyz}},
-		{"/metrics", map[string]http.HandlerFunc{http.MethodGet: metrics.ServeHTTP}},
+		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz, http.MethodHead: s.healthz}},
+		{"/readyz", map[string]http.HandlerFunc{http.MethodGet: s.readyz, http.MethodHead: s.readyz}},
+		{"/metrics", map[string]http.HandlerFunc{http.MethodGet: metrics.ServeHTTP, http.MethodHead: metrics.ServeHTTP}},
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.pattern, s.methods(rt.methods))

@@ -25,42 +25,6 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 )
 
-// smallWriteBuffers shrinks each accepted connection's send buffer, so that a client that reads
-// nothing stalls the server after kilobytes rather than after the megabytes loopback buffers hold,
-// and sends on closed the client's address of each connection the server closes.
-type smallWriteBuffers struct {
-	net.Listener
-	closed chan string
-}
-
-func (l *smallWriteBuffers) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return c, err
-	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetWriteBuffer(16 << 10)
-	}
-	return &notifyingConn{Conn: c, closed: l.closed}, nil
-}
-
-// notifyingConn sends its remote address on closed when it is first closed.
-type notifyingConn struct {
-	net.Conn
-	closed chan string
-	once   sync.Once
-}
-
-func (c *notifyingConn) Close() error {
-	c.once.Do(func() {
-		select {
-		case c.closed <- c.RemoteAddr().String():
-		default: // nobody is waiting for so many
-		}
-	})
-	return c.Conn.Close()
-}
-
 func (b *testBundle) openStreams(tenant string) int {
 	b.srv.streams.mu.Lock()
 	defer b.srv.streams.mu.Unlock()
@@ -76,9 +40,9 @@ func (b *testBundle) openStreams(tenant string) int {
 // A second keeps that delay out of the test without making it slow.
 func TestEvents_StalledReaderIsCutOff(t *testing.T) {
 	t.Parallel()
-	ln := &smallWriteBuffers{closed: make(chan string, 16)}
+	var ln *httpservetest.StallListener
 	b := setup(t, setupOpts{eventWriteTimeout: time.Second,
-		listener: func(inner net.Listener) net.Listener { ln.Listener = inner; return ln }})
+		listener: func(inner net.Listener) net.Listener { ln = httpservetest.NewStallListener(inner); return ln }})
 	job := b.create(t, "")
 	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 2<<20)})
 	require.NoError(t, err)
@@ -88,15 +52,7 @@ func TestEvents_StalledReaderIsCutOff(t *testing.T) {
 	c.Send(t, http.MethodGet, "/v1/jobs/"+job.ID+"/events")
 	// The client reads nothing until the server has closed the connection: then what it had not
 	// read (the answer's head, part of the event) is still in its socket, and the connection's end.
-	deadline := time.After(httpservetest.Deadline)
-	for closed := false; !closed; {
-		select {
-		case addr := <-ln.closed:
-			closed = addr == c.LocalAddr().String()
-		case <-deadline:
-			t.Fatal("the stream still writes to a client that reads nothing")
-		}
-	}
+	ln.WaitClosed(t, c, "the stream still writes to a client that reads nothing")
 	resp := c.Head(t)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
@@ -189,6 +145,28 @@ func TestServer_TrickledBodyIsCutOff(t *testing.T) {
 		c.RequireClosed(t)
 	})
 	require.Zero(t, countJobs(t, b, "default"))
+}
+
+// TestServer_HeadAnswersAsGet: HEAD answers as GET does, without a body, wherever GET is served
+// (RFC 9110 §9.3.2; load balancers' health checks send HEAD), except on the event stream, which
+// never ends.
+func TestServer_HeadAnswersAsGet(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	job := b.create(t, "")
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/v1/jobs/" + job.ID,
+		"/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc"} {
+		get := b.do(t, http.MethodGet, path, "", nil)
+		head := b.do(t, http.MethodHead, path, "", nil)
+		require.Equal(t, get.status, head.status, "HEAD %s", path)
+		require.Equal(t, get.header.Get("Content-Type"), head.header.Get("Content-Type"), "HEAD %s", path)
+		require.Nil(t, head.body, "HEAD %s", path)
+	}
+
+	events := b.do(t, http.MethodHead, "/v1/jobs/"+job.ID+"/events", "", nil)
+	require.Equal(t, http.StatusMethodNotAllowed, events.status)
+	require.Equal(t, "GET", events.header.Get("Allow"))
+	require.Equal(t, "DELETE, GET, HEAD", b.do(t, http.MethodPut, "/v1/jobs/"+job.ID, "", nil).header.Get("Allow"))
 }
 
 func TestAuth_RevokedTokenLogIsThrottled(t *testing.T) {

@@ -80,6 +80,9 @@ func (rec *statusRecorder) wrap(s *Server) http.Handler {
 		_, pattern := s.mux.Handler(r)
 		sw := &openapitest.Recorder{ResponseWriter: w}
 		s.ServeHTTP(sw, r)
+		if sw.Status == 0 {
+			sw.Status = http.StatusOK // a HEAD's handler may write nothing
+		}
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		key := r.Method + " " + pattern
@@ -157,6 +160,10 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                                       // 409
 	canceled := openStream(t, b.url, id, "").rest(t)                                                          // 200, ends: canceled
 	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": canceled[0].id}) // 204
+	for _, h := range []map[string]string{nil, bearer, revoked} {
+		b.do(t, http.MethodHead, "/v1/jobs/"+id, "", h) // 200, 401, 403
+	}
+	b.do(t, http.MethodHead, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", nil) // 404
 	require.Eventually(t, func() bool { return b.openStreams("default") == 0 }, httpservetest.Deadline, 5*time.Millisecond)
 	waiting := b.create(t, "")
 	open := openStream(t, b.url, waiting.ID, "")
@@ -170,10 +177,12 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	stopTrickle()
 	for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
 		b.do(t, http.MethodGet, p, "", nil)
+		b.do(t, http.MethodHead, p, "", nil)
 	}
 	for _, r := range []struct{ method, path string }{
-		{http.MethodPost, "/v1/jobs"}, {http.MethodGet, "/v1/jobs/" + id}, {http.MethodDelete, "/v1/jobs/" + id},
-		{http.MethodGet, "/v1/jobs/" + id + "/events"}, {http.MethodGet, "/readyz"},
+		{http.MethodPost, "/v1/jobs"}, {http.MethodGet, "/v1/jobs/" + id}, {http.MethodHead, "/v1/jobs/" + id},
+		{http.MethodDelete, "/v1/jobs/" + id}, {http.MethodGet, "/v1/jobs/" + id + "/events"},
+		{http.MethodGet, "/readyz"}, {http.MethodHead, "/readyz"},
 	} {
 		b := body
 		if r.method != http.MethodPost {

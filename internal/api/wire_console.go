@@ -25,5 +25,6 @@ func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jo
 		creds = append(creds, cc)
 	}
 	return console.New(console.Config{Pool: pool, Jobs: store, Tasks: tasks, Redis: rdb, Credentials: creds,
-		Canceled: m.canceled, Listener: listener, Logger: logger, RedisPrefix: prefix})
+		Canceled: m.canceled, Listener: listener, Logger: logger, RedisPrefix: prefix,
+		EventWriteTimeout: cfg.API.EventWriteTimeout})
 }

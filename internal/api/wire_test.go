@@ -2,10 +2,12 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,6 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/httpserve/httpservetest"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
@@ -92,4 +97,45 @@ func TestConfig_TenantSubmitRateValidated(t *testing.T) {
 	// A request rate only: token limits belong to credentials.
 	_, err = parseWire(t, pgtest.DefaultURL, "q", ", tenant_submit_rate: { requests_per_second: 1, burst: 1, tokens_per_minute: 5 }")
 	require.ErrorContains(t, err, "tokens_per_minute")
+}
+
+// TestFromConfig_ConsoleEventWriteTimeout: api.event_write_timeout bounds each event's write on
+// the console's streams too: a client that never reads a job page carrying a 2 MB result is cut
+// off after the configured second, not after the console's default 10 s (the wait gives up after
+// httpservetest.Deadline, 5 s).
+func TestFromConfig_ConsoleEventWriteTimeout(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	cfg, err := parseWire(t, dbURL, redistest.Queue(t, redistest.URL()), ", event_write_timeout: 1s")
+	require.NoError(t, err)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	srv, closeAPI, err := FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, closeAPI()) })
+	hs := httptest.NewUnstartedServer(srv)
+	ln := httpservetest.NewStallListener(hs.Listener)
+	hs.Listener = ln
+	hs.Start()
+	t.Cleanup(hs.Close)
+
+	b := &testBundle{store: jobs.NewStore(pool, nil)}
+	job := b.create(t, "")
+	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 2<<20)})
+	require.NoError(t, err)
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: result})
+	_, token, err := operator.NewStore(pool, nil).Create(context.Background(), "alice")
+	require.NoError(t, err)
+	login := do(t, hs.URL, http.MethodPost, "/console/api/login", `{"token":"`+token+`"}`, nil)
+	require.Equal(t, http.StatusOK, login.status)
+	cookie := (&http.Response{Header: login.header}).Cookies()
+	require.NotEmpty(t, cookie)
+
+	c := httpservetest.Dial(t, strings.TrimPrefix(hs.URL, "http://"), 4<<10)
+	c.Send(t, http.MethodGet, "/console/api/jobs/"+job.ID+"/live", "Cookie: "+cookie[0].String())
+	ln.WaitClosed(t, c, "the console's stream still writes to a client that reads nothing")
+	resp := c.Head(t)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
 }

@@ -104,8 +104,9 @@ type API struct {
 	// IdleTimeout closes a keep-alive connection that sends no request for that long. Also the
 	// worker's /metrics server. Default 60s.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// EventWriteTimeout bounds writing each event (and keep-alive) of an event stream: a client
-	// that stops reading is cut off and the stream's memory freed. Default 10s.
+	// EventWriteTimeout bounds writing each event (and keep-alive) of an event stream, the API's
+	// and the console's: a client that stops reading is cut off and the stream's memory freed.
+	// Default 10s.
 	EventWriteTimeout time.Duration `yaml:"event_write_timeout"`
 	// MaxConnections caps the API's open connections; a connection above it is answered 503
 	// with Retry-After and closed. Default 0: three quarters of the process's open-file limit,

@@ -77,6 +77,9 @@ type Config struct {
 	LiveInterval time.Duration
 	// KeepAlive is the interval of keep-alive comments on the event streams. Default 15s.
 	KeepAlive time.Duration
+	// EventWriteTimeout bounds the write of each event (and keep-alive) of an event stream: a
+	// client that stops reading is cut off. Default 10s (the API's api.event_write_timeout).
+	EventWriteTimeout time.Duration
 	// Now is the clock of the overview's window. Default time.Now.
 	Now func() time.Time
 }
@@ -118,6 +121,9 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = 15 * time.Second
+	}
+	if cfg.EventWriteTimeout == 0 {
+		cfg.EventWriteTimeout = 10 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -177,7 +177,7 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	out, ok := startStream(w)
+	out, ok := startStream(w, h.cfg.EventWriteTimeout)
 	if !ok {
 		return
 	}

@@ -4,8 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/httpserve/httpservetest"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgtest"
@@ -51,11 +56,22 @@ func (b *testBundle) listener(t *testing.T) *jobs.Listener {
 // client logged in to it and its handler.
 func (b *testBundle) serve(t *testing.T, change func(*console.Config)) (*client, *console.Handler) {
 	t.Helper()
+	return b.serveOn(t, change, nil)
+}
+
+// serveOn is serve with the server's listener wrapped by listener (when not nil).
+func (b *testBundle) serveOn(t *testing.T, change func(*console.Config),
+	listener func(net.Listener) net.Listener) (*client, *console.Handler) {
+	t.Helper()
 	cfg := console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix}
 	change(&cfg)
 	h, err := console.New(cfg)
 	require.NoError(t, err)
-	b.srv = httptest.NewServer(h)
+	b.srv = httptest.NewUnstartedServer(h)
+	if listener != nil {
+		b.srv.Listener = listener(b.srv.Listener)
+	}
+	b.srv.Start()
 	t.Cleanup(b.srv.Close)
 	return b.login(t), h
 }
@@ -323,4 +339,37 @@ func TestJobLive_APurgedJobIsGone(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream outlived its job")
 	}
+}
+
+// TestJobLive_StalledReaderIsCutOff: the write of each event of a console stream is bounded by
+// Config.EventWriteTimeout (api.event_write_timeout), as the API's streams are: a client that
+// never reads a job page carrying a 2 MB result is cut off after it, not after a fixed 10 s (the
+// wait below gives up after httpservetest.Deadline, 5 s). A second, not less: the deadline also
+// counts the server's own delay before the write reaches the socket (see the API's
+// TestEvents_StalledReaderIsCutOff).
+func TestJobLive_StalledReaderIsCutOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var ln *httpservetest.StallListener
+	c, _ := b.serveOn(t, func(cfg *console.Config) { cfg.EventWriteTimeout = time.Second },
+		func(inner net.Listener) net.Listener { ln = httpservetest.NewStallListener(inner); return ln })
+	job := b.jobs.Create(t, jobstestOpts())
+	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 2<<20)})
+	require.NoError(t, err)
+	b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: result})
+	base, err := url.Parse(b.srv.URL)
+	require.NoError(t, err)
+	cookies := c.http.Jar.Cookies(&url.URL{Scheme: "http", Host: base.Host, Path: console.Prefix})
+	require.NotEmpty(t, cookies)
+
+	conn := httpservetest.Dial(t, base.Host, 4<<10)
+	conn.Send(t, http.MethodGet, "/console/api/jobs/"+job.ID+"/live", "Cookie: "+cookies[0].String())
+	// The client reads nothing until the server has closed the connection.
+	ln.WaitClosed(t, conn, "the stream still writes to a client that reads nothing")
+	resp := conn.Head(t)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.Error(t, err, "the stream was cut off, not ended")
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server did not close the connection")
 }

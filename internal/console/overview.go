@@ -108,7 +108,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.S
 func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	changed, unsubscribe := h.live.subscribe()
 	defer unsubscribe()
-	out, ok := startStream(w)
+	out, ok := startStream(w, h.cfg.EventWriteTimeout)
 	if !ok {
 		return
 	}
@@ -255,20 +255,21 @@ func isClosed(ch <-chan struct{}) bool {
 
 // streamWriter writes a Server-Sent Events stream and flushes it.
 type streamWriter struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration // of each write (Config.EventWriteTimeout)
 }
 
 func (s *streamWriter) Write(p []byte) (int, error) {
-	_ = s.rc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.timeout))
 	return s.w.Write(p)
 }
 
 func (s *streamWriter) flush() error { return s.rc.Flush() }
 
 // startStream sends the headers of an event stream. The server's read and write timeouts
-// would end a stream that outlives them: each write gets its own deadline instead.
-func startStream(w http.ResponseWriter) (*streamWriter, bool) {
+// would end a stream that outlives them: each write gets its own deadline (writeTimeout) instead.
+func startStream(w http.ResponseWriter, writeTimeout time.Duration) (*streamWriter, bool) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -276,7 +277,7 @@ func startStream(w http.ResponseWriter) (*streamWriter, bool) {
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(time.Time{})
-	s := &streamWriter{w: w, rc: rc}
+	s := &streamWriter{w: w, rc: rc, timeout: writeTimeout}
 	return s, s.flush() == nil
 }
 

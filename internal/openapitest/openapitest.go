@@ -129,13 +129,19 @@ func repoRoot() (string, error) {
 }
 
 // Check reports how an answer departs from the description: nil when it conforms. path is the
-// request's path; body the whole body as sent.
+// request's path; body the whole body as sent. The body of an answer to HEAD is not checked:
+// net/http sends none, whatever the handler writes, and the answer of a connection over the
+// cap (written before the request is read) is a GET's.
 func (s *Spec) Check(method, path string, status int, header http.Header, body []byte) error {
+	head := method == http.MethodHead
 	tpl, ok := s.match(path)
 	if !ok {
 		// The description's promise for unknown paths: 404 not_found.
 		if status != http.StatusNotFound {
 			return fmt.Errorf("%s %s: no documented path, answered %d (want 404)", method, path, status)
+		}
+		if head {
+			return nil
 		}
 		return s.checkBody("#/components/schemas/Error", "application/json", header, body)
 	}
@@ -145,6 +151,9 @@ func (s *Spec) Check(method, path string, status int, header http.Header, body [
 		if status != http.StatusMethodNotAllowed || header.Get("Allow") == "" {
 			return fmt.Errorf("%s %s: undocumented method, answered %d (want 405 with Allow)", method, tpl.path, status)
 		}
+		if head {
+			return nil
+		}
 		return s.checkBody("#/components/schemas/Error", "application/json", header, body)
 	}
 	where := method + " " + tpl.path + " " + strconv.Itoa(status)
@@ -152,6 +161,9 @@ func (s *Spec) Check(method, path string, status int, header http.Header, body [
 	respObj, ptr := s.resolve(mapGet(resp, strconv.Itoa(status)), ptr+"/"+strconv.Itoa(status))
 	if respObj == nil {
 		return fmt.Errorf("%s: status not documented", where)
+	}
+	if head {
+		return nil
 	}
 	content, _ := respObj["content"].(map[string]any)
 	if len(content) == 0 {

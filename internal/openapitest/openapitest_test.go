@@ -47,13 +47,18 @@ func TestSpec_Check(t *testing.T) {
 		// segment is no {id}.
 		"TrailingSlash":          {"POST", "/v1/jobs/", 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
 		"TrailingSlashOperation": {"GET", "/healthz/", 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
-		"MethodNotAllowed":       {"PUT", id, 405, http.Header{"Content-Type": {"application/json"}, "Allow": {"DELETE, GET"}}, []byte(`{"error":{"type":"method_not_allowed","message":"no"}}`), true},
+		"MethodNotAllowed":       {"PUT", id, 405, http.Header{"Content-Type": {"application/json"}, "Allow": {"DELETE, GET, HEAD"}}, []byte(`{"error":{"type":"method_not_allowed","message":"no"}}`), true},
 		"NoContent":              {"GET", id + "/events", 204, http.Header{}, nil, true},
 		"NoContentWithBody":      {"GET", id + "/events", 204, http.Header{}, []byte("x"), false},
 		"Events":                 {"GET", id + "/events", 200, stream, []byte("event: retrying\nid: 3\ndata: " + string(bytes.ReplaceAll(withClass("retryable"), []byte("\n"), nil)) + "\n\n: keep-alive\n\n"), true},
 		"EventDataInvalid":       {"GET", id + "/events", 200, stream, []byte("event: retrying\nid: 3\ndata: " + string(bytes.ReplaceAll(withClass("server_error"), []byte("\n"), nil)) + "\n\n"), false},
 		"EventCutShort":          {"GET", id + "/events", 200, stream, []byte("event: retrying\nid: 3\ndata: {\"id"), true},
-		"SubmitOpenRequest":      {"POST", "/v1/jobs", 202, jsonHeader, withClass("timeout"), true},
+		// A HEAD's body is not checked (net/http sends none), its status is.
+		"Head":                     {"HEAD", id, 200, jsonHeader, withClass("retryable"), true},
+		"HeadUndocumentedStatus":   {"HEAD", id, 418, jsonHeader, nil, false},
+		"HeadOfEvents":             {"HEAD", id + "/events", 405, http.Header{"Allow": {"GET"}}, nil, true},
+		"HeadOfEventsWithoutAllow": {"HEAD", id + "/events", 200, http.Header{}, nil, false},
+		"SubmitOpenRequest":        {"POST", "/v1/jobs", 202, jsonHeader, withClass("timeout"), true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -106,4 +107,64 @@ func (c *Conn) RequireClosed(t testing.TB) {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		require.ErrorIs(t, err, io.EOF, "the server did not close the connection")
 	}
+}
+
+// StallListener wraps a server's listener for tests of a client that stops reading: it shrinks
+// each accepted connection's send buffer, so that such a client stalls the server after
+// kilobytes rather than after the megabytes loopback buffers hold, and it tells WaitClosed of
+// each connection the server closes. Make it with NewStallListener.
+type StallListener struct {
+	net.Listener
+	closed chan string
+}
+
+// NewStallListener wraps inner.
+func NewStallListener(inner net.Listener) *StallListener {
+	return &StallListener{Listener: inner, closed: make(chan string, 16)}
+}
+
+// Accept implements net.Listener.
+func (l *StallListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return c, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(16 << 10)
+	}
+	return &notifyingConn{Conn: c, closed: l.closed}, nil
+}
+
+// WaitClosed waits until the server has closed its end of c, and fails the test (msg) if it
+// has not before Deadline. It reads nothing from c.
+func (l *StallListener) WaitClosed(t testing.TB, c *Conn, msg string) {
+	t.Helper()
+	deadline := time.After(Deadline)
+	for {
+		select {
+		case addr := <-l.closed:
+			if addr == c.LocalAddr().String() {
+				return
+			}
+		case <-deadline:
+			t.Fatal(msg)
+		}
+	}
+}
+
+// notifyingConn sends its remote address on closed when it is first closed.
+type notifyingConn struct {
+	net.Conn
+	closed chan string
+	once   sync.Once
+}
+
+func (c *notifyingConn) Close() error {
+	c.once.Do(func() {
+		select {
+		case c.closed <- c.RemoteAddr().String():
+		default: // nobody is waiting for so many
+		}
+	})
+	return c.Conn.Close()
 }
