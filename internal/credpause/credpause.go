@@ -44,17 +44,21 @@ func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 // that the caller alerts once per episode, also when Redis lost the pause and a later answer
 // pauses it again; a pause Redis held before the row was written (its insert failed, or it
 // predates the table) began the episode then, and the insert that keeps it now starts nothing.
-// started may be true beside an error. Errors are wrapped Redis errors, or, when only Postgres
-// failed (Redis holds the pause), a database error (matching ErrDatabase).
+// A row whose pause Redis holds as resumed (a resume in Redis alone, by the last release's ctl,
+// console or pause probe during a rolling upgrade) is an episode that ended: the call that
+// begins the next one in Redis replaces it, and is started. started may be true beside an
+// error. Errors are wrapped Redis errors, or, when only Postgres failed (Redis holds the pause),
+// a database error (matching ErrDatabase).
 func (s *Store) Pause(ctx context.Context, g *limiter.Gate, reason, jobID string) (started bool, err error) {
 	var row limiter.PauseState
 	var inserted bool
+	fresh := limiter.PauseState{Paused: true, Since: s.now(), Reason: reason, FirstJobID: jobID}
 	// DO UPDATE rather than DO NOTHING: the row is returned to every caller, also one that
 	// conflicted with an insert committed after its statement began.
 	perr := s.pool.QueryRow(ctx, `
 INSERT INTO credential_pauses (tag, credential, since, reason, first_job_id) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (tag) DO UPDATE SET tag = EXCLUDED.tag
-RETURNING since, reason, first_job_id, xmax = 0`, g.Tag(), g.Name(), s.now(), reason, jobID).Scan(
+RETURNING since, reason, first_job_id, xmax = 0`, g.Tag(), g.Name(), fresh.Since, reason, jobID).Scan(
 		&row.Since, &row.Reason, &row.FirstJobID, &inserted)
 	if perr != nil {
 		redisStarted, rerr := g.Pause(ctx, reason, jobID)
@@ -63,7 +67,18 @@ RETURNING since, reason, first_job_id, xmax = 0`, g.Tag(), g.Name(), s.now(), re
 		}
 		return redisStarted, fmt.Errorf("record credential pause: %w: %w", ErrDatabase, perr)
 	}
-	redisStarted, err := g.PauseSince(ctx, row.Since, row.Reason, row.FirstJobID)
+	redisStarted, known, err := g.PauseSince(ctx, row, fresh)
+	if err == nil && redisStarted && known && !inserted {
+		// Redis held the credential as resumed: the row's episode had ended, and Redis began
+		// this one (fresh), which the row now keeps.
+		if _, err := s.pool.Exec(ctx, `
+INSERT INTO credential_pauses (tag, credential, since, reason, first_job_id) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tag) DO UPDATE SET credential = $2, since = $3, reason = $4, first_job_id = $5`,
+			g.Tag(), g.Name(), fresh.Since, reason, jobID); err != nil {
+			return true, fmt.Errorf("replace ended credential pause: %w: %w", ErrDatabase, err)
+		}
+		return true, nil
+	}
 	if err != nil || !inserted || redisStarted {
 		return inserted, err
 	}

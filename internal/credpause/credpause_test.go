@@ -221,3 +221,49 @@ func TestStore_ConcurrentPausesKeepOneEpisode(t *testing.T) {
 	require.True(t, inPG.Since.Equal(inRedis.Since), "Redis and Postgres date the episode differently: %s, %s",
 		inRedis.Since, inPG.Since)
 }
+
+// TestStore_ResumeByTheLastRelease: during a rolling upgrade, the last release's ctl, console and
+// pause probe resume a credential in Redis only (they delete the pause hash), leaving its row in
+// Postgres. That resume holds: a new worker does not take it for a pause Redis lost and restore
+// the row, and the credential's next spend cap is a new episode, which alerts (started) and
+// replaces the row, in Redis as in Postgres, rather than the old episode coming back unannounced.
+func TestStore_ResumeByTheLastRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	started, err := b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	require.True(t, started)
+
+	// ctl credentials resume, as the last release ran it.
+	require.NoError(t, redistest.Client(t).Del(ctx, b.prefix+b.gate.Tag()+":pause").Err())
+
+	st, err := b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.PauseState{}, st, "resumed, not lost")
+	_, restored, err := b.store.Restore(ctx, b.gate)
+	require.NoError(t, err)
+	require.False(t, restored, "the resume stays")
+	st, err = b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.False(t, st.Paused)
+
+	b.clock.Advance(time.Hour)
+	started, err = b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-2")
+	require.NoError(t, err)
+	require.True(t, started, "a new episode: it alerts")
+	inPG, err := b.store.Get(ctx, b.gate)
+	require.NoError(t, err)
+	require.Equal(t, "job-2", inPG.FirstJobID)
+	require.True(t, t0.Add(time.Hour).Equal(inPG.Since))
+	st, err = b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, inPG, st, "Redis holds the same episode")
+
+	// Redis losing it now restores the new episode.
+	b.lose()
+	ps, restored, err := b.store.Restore(ctx, b.gate)
+	require.NoError(t, err)
+	require.True(t, restored)
+	require.Equal(t, "job-2", ps.FirstJobID)
+}

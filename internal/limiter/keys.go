@@ -10,10 +10,17 @@ func rateKey(prefix, tag string) string { return prefix + tag + ":rl" }
 // last attempt.
 func budgetKey(prefix, tag string) string { return prefix + tag + ":budget" }
 
-// pauseKey holds the pause episode of a credential (a hash), or "clear" after a Resume (a missing
-// hash is a state Redis lost or never had: see Gate.RestorePause). It has no TTL: only Resume
-// ends a pause.
+// pauseKey holds the pause episode of a credential (a hash; missing while not paused, as the
+// last release's binaries expect, which pause only when it does not exist and resume by deleting
+// it). It has no TTL: only Resume ends a pause.
 func pauseKey(prefix, tag string) string { return prefix + tag + ":pause" }
+
+// pauseKnownKey says that Redis holds the credential's pause state (a string, "1"): written by
+// every Pause, Resume and RestorePause and never deleted, so that a pause hash missing beside it
+// means "not paused", and both missing a state Redis lost or never had (see Gate.RestorePause).
+// It is the pause hash's name and ":known" (the scripts given the one find the other); it has no
+// TTL.
+func pauseKnownKey(prefix, tag string) string { return pauseKey(prefix, tag) + ":known" }
 
 // tokenKey holds the credential's token buckets and what was learned about them (a hash; see
 // luaTokens). It expires LearnTTL after its buckets are full again.

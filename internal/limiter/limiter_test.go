@@ -239,8 +239,15 @@ func TestCredential_Keys(t *testing.T) {
 	sum := sha256.Sum256([]byte(id))
 	tag := "{" + hex.EncodeToString(sum[:]) + "}"
 	slices.Sort(keys)
-	require.Equal(t, []string{b.prefix + tag + ":budget", b.prefix + tag + ":pause", b.prefix + tag + ":rl"}, keys)
+	require.Equal(t, []string{b.prefix + tag + ":budget", b.prefix + tag + ":pause", b.prefix + tag + ":pause:known",
+		b.prefix + tag + ":rl"}, keys)
 	for _, k := range keys {
+		if strings.HasSuffix(k, ":pause:known") {
+			v, err := rdb.Get(ctx, k).Result()
+			require.NoError(t, err)
+			require.Equal(t, "1", v)
+			continue // like the pause, no TTL
+		}
 		vals, err := rdb.HGetAll(ctx, k).Result()
 		require.NoError(t, err)
 		for f, v := range vals {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // PauseState is a credential's pause episode.
@@ -30,33 +32,44 @@ type PauseState struct {
 // processes, so the caller alerts once per episode. A pause does not expire. It returns an error
 // only when Redis fails.
 func (c *Gate) Pause(ctx context.Context, reason, jobID string) (started bool, err error) {
-	n, err := pauseScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
-		c.l.nowArg(), reason, jobID).Int()
+	n, err := pauseScript.Run(ctx, c.l.rdb, c.pauseKeys(), c.l.nowArg(), reason, jobID).Int()
 	if err != nil {
 		return false, fmt.Errorf("pause credential: %w", err)
 	}
 	c.l.cfg.Metrics.setPaused(c.name, true)
-	return n == 1, nil
+	return n >= 1, nil
 }
 
-// PauseSince is Pause for an episode kept elsewhere too (internal/credpause): it began at since,
-// by jobID, which every caller pausing the episode gives alike, so that Redis holds the same
-// state whichever of them reaches it first.
-func (c *Gate) PauseSince(ctx context.Context, since time.Time, reason, jobID string) (started bool, err error) {
-	n, err := pauseScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
-		strconv.FormatInt(since.UnixMicro(), 10), reason, jobID).Int()
+// pauseKeys are the KEYS of the pause scripts: the pause hash and its known flag.
+func (c *Gate) pauseKeys() []string {
+	return []string{pauseKey(c.l.cfg.Prefix, c.tag), pauseKnownKey(c.l.cfg.Prefix, c.tag)}
+}
+
+// PauseSince is Pause for an episode kept elsewhere too (internal/credpause): kept (Since,
+// Reason, FirstJobID) is the episode as kept, which every caller pausing it gives alike, so that
+// Redis holds the same state whichever of them reaches it first. fresh is the episode this call
+// would begin: Redis begins it instead of kept when it holds the credential as not paused (a
+// resume or a restore of "not paused" since; known reports it), for kept is then an episode that
+// a resume in Redis alone ended (the last release's ctl, console and pause probe resumed so). A
+// zero fresh begins kept in any case.
+func (c *Gate) PauseSince(ctx context.Context, kept, fresh PauseState) (started, known bool, err error) {
+	args := []any{strconv.FormatInt(kept.Since.UnixMicro(), 10), kept.Reason, kept.FirstJobID}
+	if !fresh.Since.IsZero() {
+		args = append(args, strconv.FormatInt(fresh.Since.UnixMicro(), 10), fresh.Reason, fresh.FirstJobID)
+	}
+	n, err := pauseScript.Run(ctx, c.l.rdb, c.pauseKeys(), args...).Int()
 	if err != nil {
-		return false, fmt.Errorf("pause credential: %w", err)
+		return false, false, fmt.Errorf("pause credential: %w", err)
 	}
 	c.l.cfg.Metrics.setPaused(c.name, true)
-	return n == 1, nil
+	return n >= 1, n == 2, nil
 }
 
 // Resume ends the pause episode, if any; the next Pause starts a new one. Redis keeps that the
 // credential is not paused (PauseState.Unknown is false after it). It reports whether the
 // credential was paused, and returns an error only when Redis fails.
 func (c *Gate) Resume(ctx context.Context) (bool, error) {
-	n, err := resumeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}).Int()
+	n, err := resumeScript.Run(ctx, c.l.rdb, c.pauseKeys()).Int()
 	if err != nil {
 		return false, fmt.Errorf("resume credential: %w", err)
 	}
@@ -66,14 +79,24 @@ func (c *Gate) Resume(ctx context.Context) (bool, error) {
 
 // Paused returns the credential's pause state. It returns an error only when Redis fails.
 func (c *Gate) Paused(ctx context.Context) (PauseState, error) {
-	m, err := c.l.rdb.HGetAll(ctx, pauseKey(c.l.cfg.Prefix, c.tag)).Result()
+	var (
+		hash  *redis.MapStringStringCmd
+		known *redis.IntCmd
+	)
+	// One transaction: the hash and its known flag as one state (both keys are in one slot).
+	_, err := c.l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		hash = p.HGetAll(ctx, pauseKey(c.l.cfg.Prefix, c.tag))
+		known = p.Exists(ctx, pauseKnownKey(c.l.cfg.Prefix, c.tag))
+		return nil
+	})
 	if err != nil {
 		return PauseState{}, fmt.Errorf("read pause state: %w", err)
 	}
+	m := hash.Val()
 	since, ok := m["since"]
 	if !ok {
 		c.l.cfg.Metrics.setPaused(c.name, false)
-		return PauseState{Unknown: len(m) == 0}, nil
+		return PauseState{Unknown: len(m) == 0 && known.Val() == 0}, nil
 	}
 	us, _ := strconv.ParseInt(since, 10, 64)
 	c.l.cfg.Metrics.setPaused(c.name, true)
@@ -89,8 +112,7 @@ func (c *Gate) RestorePause(ctx context.Context, ps PauseState) (bool, error) {
 	if ps.Paused {
 		since = strconv.FormatInt(ps.Since.UnixMicro(), 10)
 	}
-	n, err := restorePauseScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
-		since, ps.Reason, ps.FirstJobID).Int()
+	n, err := restorePauseScript.Run(ctx, c.l.rdb, c.pauseKeys(), since, ps.Reason, ps.FirstJobID).Int()
 	if err != nil {
 		return false, fmt.Errorf("restore pause state: %w", err)
 	}

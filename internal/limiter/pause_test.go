@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tokens"
 )
@@ -163,4 +166,81 @@ func TestCredential_PauseLostByRedis(t *testing.T) {
 	st, err := c.Paused(ctx)
 	require.NoError(t, err)
 	require.Equal(t, limiter.PauseState{}, st)
+}
+
+// TestCredential_PauseStateSharedWithTheLastRelease: during a rolling upgrade the workers, ctl and
+// consoles of the last release (1a97d08) share the pause hash with this one. Their pause began
+// an episode only when the hash did not exist (EXISTS), and their resume deleted it. A state
+// this release writes for a credential that is not paused (a resume, or the restore every new
+// worker's pause refresh makes at start) must not stop an old worker's spend-cap answer from
+// pausing the credential (it would dead-letter every job it takes on it, without an alert), and
+// an old resume must not read as a state Redis lost (a new worker would restore the pause from
+// Postgres: the resume undone). On a Redis Cluster too: the pause's keys share the
+// credential's slot.
+func TestCredential_PauseStateSharedWithTheLastRelease(t *testing.T) {
+	t.Parallel()
+	redistest.OnEach(t, func(t *testing.T, target redistest.Target) {
+		testPauseStateSharedWithTheLastRelease(t, redistest.ClientOf(t, target.URL), redistest.PrefixOn(t, target.URL))
+	})
+}
+
+func testPauseStateSharedWithTheLastRelease(t *testing.T, rdb redis.UniversalClient, prefix string) {
+	l, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clocktest.New(t0).Now})
+	require.NoError(t, err)
+	id := "sk-rolling"
+	c := l.Gate(id, "main")
+	ctx := t.Context()
+	key := prefix + redisscript.CredentialTag(id) + ":pause"
+	// The last release's Gate.Pause (its script, the time given as µs) and Gate.Resume.
+	oldPause := redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'since', ARGV[1], 'reason', ARGV[2], 'job', ARGV[3])
+return 1
+`)
+	oldResume := func() {
+		t.Helper()
+		require.NoError(t, rdb.Del(ctx, key).Err())
+	}
+	durable := limiter.AttemptOptions{UnlessPaused: true, PauseDurable: true}
+	lim := limiter.Limit{Rate: 1000, Burst: 1000}
+
+	// A new worker starts: its pause refresh finds no state and restores "not paused" (no row
+	// in Postgres). An old worker's spend-cap answer then pauses the credential.
+	st, err := c.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Unknown)
+	restored, err := c.RestorePause(ctx, limiter.PauseState{})
+	require.NoError(t, err)
+	require.True(t, restored)
+	n, err := oldPause.Run(ctx, rdb, []string{key}, t0.UnixMicro(), "rate_limited_no_retry_after", "job-old").Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "an old worker's spend cap starts the episode (and alerts)")
+	st, err = c.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Paused, "the credential is paused for every worker")
+	require.Equal(t, "job-old", st.FirstJobID)
+
+	// An old ctl resumes it: the credential is known not paused, not a state Redis lost.
+	oldResume()
+	st, err = c.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.PauseState{}, st, "an old resume is a resume")
+	r, err := c.ReserveAttempt(ctx, lim, tokens.Cost{}, durable)
+	require.NoError(t, err)
+	require.False(t, r.PauseUnknown)
+	require.True(t, r.Granted)
+
+	// The same after a new resume.
+	started, err := c.Pause(ctx, "rate_limited_no_retry_after", "job-new")
+	require.NoError(t, err)
+	require.True(t, started)
+	was, err := c.Resume(ctx)
+	require.NoError(t, err)
+	require.True(t, was)
+	n, err = oldPause.Run(ctx, rdb, []string{key}, t0.UnixMicro(), "rate_limited_no_retry_after", "job-old-2").Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "an old worker pauses a credential a new binary resumed")
+	st, err = c.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Paused)
 }

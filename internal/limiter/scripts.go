@@ -57,8 +57,8 @@ end
 // there is no token work):
 // KEYS[4] pause hash (see pauseScript), KEYS[5] budget hash (see luaBudget)
 // ARGV[22] "1": refuse while paused: {-2, since µs, reason, job}, and nothing is reserved; "2":
-// that, and also refuse with {-4} when the pause hash is missing altogether (its state lost:
-// AttemptOptions.PauseDurable)
+// that, and also refuse with {-4} when Redis holds no pause state at all, neither the pause hash
+// nor its KEYS[4]..':known' (pauseKnownKey; its state lost: AttemptOptions.PauseDurable)
 // ARGV[23] "1": a granted slot counts a first attempt in the retry budget
 // ARGV[24..27] the budget's window µs, buckets, ratio and floor
 // ARGV[41] "1": the caller reports the send of a burst's first slot (AttemptOptions.ReportSend;
@@ -89,7 +89,7 @@ end
 if ARGV[22] == '1' or ARGV[22] == '2' then
   local p = redis.call('HMGET', KEYS[4], 'since', 'reason', 'job')
   if p[1] then return {-2, p[1], p[2] or '', p[3] or ''} end
-  if ARGV[22] == '2' and redis.call('EXISTS', KEYS[4]) == 0 then return {-4} end
+  if ARGV[22] == '2' and redis.call('EXISTS', KEYS[4], KEYS[4] .. ':known') == 0 then return {-4} end
 end
 local crate, cburst = tonumber(ARGV[2]), tonumber(ARGV[3])
 local phase, rmargin = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -627,47 +627,57 @@ return {allowed, first, used}
 // pauseScript starts a pause episode unless one is running.
 //
 // KEYS[1] pause hash: since (µs), reason, job (the first job ID), probe (last automatic probe, µs)
-// while paused; only "clear" once resumed (see resumeScript). No TTL: a pause ends only by
-// Resume.
-// ARGV[1] now µs, or ""
+// while paused; deleted by a resume (see resumeScript). No TTL: a pause ends only by Resume.
+// KEYS[2] its known flag (pauseKnownKey), set here.
+// ARGV[1] since µs (now, or an episode kept elsewhere: Gate.PauseSince), or "" for now
 // ARGV[2] reason
 // ARGV[3] job ID
-// Returns 1 when this call started the episode, else 0.
+// ARGV[4..6] optional: the since µs, reason and job ID to start instead when Redis holds the
+// credential as not paused (the hash missing beside the known flag)
+// Returns 0 when an episode is running, else 1 when this call started it on no state at all
+// (Redis lost it, or never had it), 2 when on a state Redis kept (not paused).
 var pauseScript = redis.NewScript(luaCommon + `
 if redis.call('HEXISTS', KEYS[1], 'since') == 1 then return 0 end
-local now = clock(ARGV[1])
+local known = redis.call('EXISTS', KEYS[1], KEYS[2]) > 0
+local since, reason, job = ARGV[1], ARGV[2], ARGV[3]
+if known and ARGV[4] ~= nil and ARGV[4] ~= '' then since, reason, job = ARGV[4], ARGV[5], ARGV[6] end
+local now = clock(since)
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'since', fmt0(now), 'reason', ARGV[2], 'job', ARGV[3])
+redis.call('HSET', KEYS[1], 'since', fmt0(now), 'reason', reason, 'job', job)
+redis.call('SET', KEYS[2], '1')
+if known then return 2 end
 return 1
 `)
 
-// resumeScript ends the pause episode, if any, and leaves the hash saying so ("clear"): a
-// missing hash is a state Redis lost (see restorePauseScript), not a credential never paused.
+// resumeScript ends the pause episode, if any: it deletes the pause hash, as the last release's
+// Resume did (its Pause starts an episode only when the hash does not exist), and sets the known
+// flag, so that Redis says the credential is not paused rather than that it lost the state
+// (see restorePauseScript).
 //
-// KEYS[1] pause hash (see pauseScript).
+// KEYS[1] pause hash (see pauseScript), KEYS[2] its known flag.
 // Returns 1 when the credential was paused, else 0.
 var resumeScript = redis.NewScript(`
 local was = redis.call('HEXISTS', KEYS[1], 'since')
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'clear', '1')
+redis.call('SET', KEYS[2], '1')
 return was
 `)
 
-// restorePauseScript writes a pause state kept elsewhere (Postgres) back into a pause hash that
-// Redis does not have; a hash that exists (a pause, or a resume since) is left as it is.
+// restorePauseScript writes a pause state kept elsewhere (Postgres) back into Redis when Redis
+// holds none, neither a pause hash nor its known flag; a state Redis holds (a pause, or a resume
+// since) is left as it is.
 //
-// KEYS[1] pause hash (see pauseScript).
-// ARGV[1] since µs ("": not paused, the hash says "clear")
+// KEYS[1] pause hash (see pauseScript), KEYS[2] its known flag.
+// ARGV[1] since µs ("": not paused, only the known flag is set)
 // ARGV[2] reason
 // ARGV[3] job ID
-// Returns 1 when it wrote the hash, else 0.
+// Returns 1 when it wrote the state, else 0.
 var restorePauseScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if ARGV[1] == '' then
-  redis.call('HSET', KEYS[1], 'clear', '1')
-else
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
+if ARGV[1] ~= '' then
   redis.call('HSET', KEYS[1], 'since', ARGV[1], 'reason', ARGV[2], 'job', ARGV[3])
 end
+redis.call('SET', KEYS[2], '1')
 return 1
 `)
 
