@@ -261,10 +261,12 @@ func setupUnavailable(t *testing.T, rec *statusRecorder) string {
 	return hs.URL
 }
 
-// TestOpenAPI_LastErrorClasses: LastError.class lists exactly the classes a job's last_error can
-// carry: every failure class of the retry policy, and the deadline.
-func TestOpenAPI_LastErrorClasses(t *testing.T) {
-	t.Parallel()
+// lastErrorClass is api/openapi.yaml's LastError.class.
+func lastErrorClass(t *testing.T) (class struct {
+	Enum        []string `yaml:"enum"`
+	Description string   `yaml:"description"`
+}) {
+	t.Helper()
 	raw, err := os.ReadFile("../../api/openapi.yaml")
 	require.NoError(t, err)
 	var doc struct {
@@ -273,7 +275,8 @@ func TestOpenAPI_LastErrorClasses(t *testing.T) {
 				LastError struct {
 					Properties struct {
 						Class struct {
-							Enum []string `yaml:"enum"`
+							Enum        []string `yaml:"enum"`
+							Description string   `yaml:"description"`
 						} `yaml:"class"`
 					} `yaml:"properties"`
 				} `yaml:"LastError"`
@@ -281,6 +284,14 @@ func TestOpenAPI_LastErrorClasses(t *testing.T) {
 		} `yaml:"components"`
 	}
 	require.NoError(t, yaml.Unmarshal(raw, &doc))
+	return doc.Components.Schemas.LastError.Properties.Class
+}
+
+// TestOpenAPI_LastErrorClasses: LastError.class lists exactly the classes a job's last_error can
+// carry: every failure class of the retry policy, and the deadline.
+func TestOpenAPI_LastErrorClasses(t *testing.T) {
+	t.Parallel()
+	class := lastErrorClass(t)
 	sent := []string{jobs.ReasonDeadlineExceeded}
 	for _, c := range []retrypolicy.Class{
 		retrypolicy.ClassRetryable, retrypolicy.ClassRateLimited, retrypolicy.ClassSpendCap, retrypolicy.ClassTimeout,
@@ -288,7 +299,7 @@ func TestOpenAPI_LastErrorClasses(t *testing.T) {
 	} {
 		sent = append(sent, string(c))
 	}
-	require.ElementsMatch(t, sent, doc.Components.Schemas.LastError.Properties.Class.Enum)
+	require.ElementsMatch(t, sent, class.Enum)
 }
 
 // TestOpenAPI_RetryableStatuses: LastError.class's description lists, one by one, the provider
@@ -296,23 +307,8 @@ func TestOpenAPI_LastErrorClasses(t *testing.T) {
 // its class is rate_limited or spend_cap by its Retry-After).
 func TestOpenAPI_RetryableStatuses(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile("../../api/openapi.yaml")
-	require.NoError(t, err)
-	var doc struct {
-		Components struct {
-			Schemas struct {
-				LastError struct {
-					Properties struct {
-						Class struct {
-							Description string `yaml:"description"`
-						} `yaml:"class"`
-					} `yaml:"properties"`
-				} `yaml:"LastError"`
-			} `yaml:"schemas"`
-		} `yaml:"components"`
-	}
-	require.NoError(t, yaml.Unmarshal(raw, &doc))
-	m := regexp.MustCompile("`retryable` \\(([^)]*)\\)").FindStringSubmatch(doc.Components.Schemas.LastError.Properties.Class.Description)
+	class := lastErrorClass(t)
+	m := regexp.MustCompile("`retryable` \\(([^)]*)\\)").FindStringSubmatch(class.Description)
 	require.NotNil(t, m, "LastError.class's description names the statuses of retryable in parentheses")
 	var documented []int
 	for _, f := range strings.Split(m[1], ",") {

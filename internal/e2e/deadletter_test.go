@@ -40,15 +40,22 @@ func (w *webhook) received() []alert.Alert {
 	return append([]alert.Alert(nil), w.alerts...)
 }
 
-func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
-	t.Parallel()
+// spendCapped is a bundle whose provider answers every call as a spend cap (429 without
+// Retry-After), its alerts posted to the returned webhook.
+func spendCapped(t *testing.T) (*testBundle, *webhook) {
+	t.Helper()
 	hook := &webhook{}
 	hookSrv := httptest.NewServer(hook)
 	t.Cleanup(hookSrv.Close)
-	b := setup(t, setupOpts{
+	return setup(t, setupOpts{
 		sim:        llmsim.Config{Faults: llmsim.Faults{SpendCap: true}},
 		webhookURL: hookSrv.URL,
-	})
+	}), hook
+}
+
+func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
+	t.Parallel()
+	b, hook := spendCapped(t)
 
 	// Given a provider answering 429 without Retry-After (a spend cap),
 	// when a job runs, then it is dead after exactly one call and one alert goes out.
@@ -148,13 +155,7 @@ func TestDeadLetter_PauseProbeResumesCredential(t *testing.T) {
 // second dead letter or a second alert.
 func TestDeadLetter_SpendCapPauseSurvivesRedisLosingItsData(t *testing.T) {
 	t.Parallel()
-	hook := &webhook{}
-	hookSrv := httptest.NewServer(hook)
-	t.Cleanup(hookSrv.Close)
-	b := setup(t, setupOpts{
-		sim:        llmsim.Config{Faults: llmsim.Faults{SpendCap: true}},
-		webhookURL: hookSrv.URL,
-	})
+	b, hook := spendCapped(t)
 
 	// Given a credential paused by a spend cap,
 	first := b.submit(t, anthropicBody("over the cap"))
