@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/batchlane"
@@ -116,4 +117,26 @@ func TestBatcher_PausedCredentialHoldsSends(t *testing.T) {
 		require.Equal(t, jobs.StatusRunning, b.get(t, id).Status)
 	}
 	require.Equal(t, []string{near.ID}, b.online())
+}
+
+// TestBatcher_UnreadablePauseHoldsSends: a pause that cannot be read (Redis does not answer) holds
+// the lane's sends, as a pause would, and the pass returns the error naming the credential.
+func TestBatcher_UnreadablePauseHoldsSends(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	p := b.pausable(t)
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = down.Close() })
+	lim, err := limiter.New(down, &limiter.Config{Prefix: redistest.Prefix(t), Now: b.clock.Now})
+	require.NoError(t, err)
+	p.gate = lim.Gate("sk-test", "default")
+	bt := p.batcher(b)
+
+	waiting := b.submit(t, "waiting", 0, 0)
+	b.clock.Advance(fill)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.ErrorContains(t, bt.Once(ctx), "read the pause of credential default")
+	require.Zero(t, b.sim.BatchStats().Created, "no batch sent while the pause cannot be read")
+	require.Empty(t, b.batchRefs(t)[waiting.ID], "the job waits, in no batch")
 }
