@@ -204,7 +204,8 @@ type Worker struct {
 	TokenMinute time.Duration `yaml:"token_minute"`
 	// PhaseMargin is how much later than its slot a request that waits for a provider's refill
 	// is sent: room for the provider's clock and for the lateness of the requests before it (a
-	// burst sent late makes the provider's refill start late). Default 100ms; at most 5s. A
+	// burst sent late makes the provider's refill start late). Default 100ms, which 0 also
+	// takes; 1ns is as good as none; at most 5s. A
 	// loaded deployment whose requests leave well after their grants may need more; so do tests
 	// with a scaled-down token_minute, where a few hundred ms of lateness is a large share of a
 	// refill.
@@ -548,7 +549,7 @@ func (w *Worker) validate(bad func(field, format string, args ...any)) {
 		bad("worker.backlog_steps", "must be positive, got %d", w.BacklogSteps)
 	}
 	if w.PhaseMargin < 0 || w.PhaseMargin > 5*time.Second {
-		bad("worker.phase_margin", "must be between 0 and 5s, got %s", w.PhaseMargin)
+		bad("worker.phase_margin", "must be at most 5s and not negative (0 takes the default, 100ms; 1ns is as good as none), got %s", w.PhaseMargin)
 	}
 	if w.MaxAnswerBytes < maxAnswer {
 		bad("worker.max_answer_bytes", "must be at least %d (32 MiB, the largest answer), got %d", maxAnswer, w.MaxAnswerBytes)

@@ -121,6 +121,18 @@ func TestParse_BreakerColdStartCapOff(t *testing.T) {
 	require.ErrorContains(t, err, "breaker.max_cooldown", "below the default cooldown")
 }
 
+// TestParse_PhaseMarginZeroTakesTheDefault pins what docs/configuration.md says of
+// worker.phase_margin: a written 0 takes the default, as an absent one does (the limiter reads 0
+// as "unset"), and the smallest margin one can write, 1ns, is kept.
+func TestParse_PhaseMarginZeroTakesTheDefault(t *testing.T) {
+	t.Parallel()
+	for margin, want := range map[string]time.Duration{"0s": config.DefaultPhaseMargin, "1ns": time.Nanosecond} {
+		cfg, err := config.Parse(minimal(goodCred, "worker: { phase_margin: "+margin+" }\n"), secretEnv)
+		require.NoError(t, err, margin)
+		require.Equal(t, want, cfg.Worker.PhaseMargin, margin)
+	}
+}
+
 func TestParse_ExplicitValuesKept(t *testing.T) {
 	t.Parallel()
 
