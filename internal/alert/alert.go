@@ -39,6 +39,8 @@ type Config struct {
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	Now        func() time.Time
+	// Metrics counts the webhook's failures; nil records none.
+	Metrics *Metrics
 }
 
 // Alerter raises dead-letter alerts: an ERROR log line and the webhook. (The counter
@@ -70,8 +72,8 @@ func New(cfg Config) *Alerter {
 }
 
 // Raise sends a. Callers make sure it is once per episode (a pause reports whether it began
-// one); use Throttled for alerts without episodes. A webhook failure is logged, not returned:
-// the dead letter is already safe in Postgres.
+// one); use Throttled for alerts without episodes. A webhook failure is logged and counted
+// (llmq_alert_webhook_failures_total), not returned: the dead letter is already safe in Postgres.
 func (a *Alerter) Raise(ctx context.Context, al Alert) {
 	if a == nil {
 		return
@@ -85,6 +87,7 @@ func (a *Alerter) Raise(ctx context.Context, al Alert) {
 		return
 	}
 	if err := a.post(ctx, al); err != nil {
+		a.cfg.Metrics.webhookFailed()
 		a.cfg.Logger.ErrorContext(ctx, "alert webhook failed", "credential", al.Credential, "reason", al.Reason, "error", err)
 	}
 }

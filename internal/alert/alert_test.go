@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/alert"
@@ -61,4 +63,35 @@ func TestThrottled_WithoutRedisOncePerIntervalPerProcess(t *testing.T) {
 	now = now.Add(time.Minute)
 	raise("main", "j4")
 	require.Equal(t, 3, alerts(), "once the interval has passed the next one is alerted")
+}
+
+// TestRaise_CountsWebhookFailures: a POST to the webhook that fails (a status above 299, or no
+// answer) counts in llmq_alert_webhook_failures_total, there at 0 from the start; one delivered
+// does not. The log line alone left an alert lost on its way to the webhook unalerted.
+func TestRaise_CountsWebhookFailures(t *testing.T) {
+	t.Parallel()
+	answers := make(chan int, 3)
+	answers <- http.StatusInternalServerError
+	answers <- http.StatusNoContent
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(<-answers)
+	}))
+	t.Cleanup(srv.Close)
+	reg := prometheus.NewRegistry()
+	a := alert.New(alert.Config{WebhookURL: srv.URL, Metrics: alert.NewMetrics(reg)})
+	const name = "llmq_alert_webhook_failures_total"
+	const head = "# HELP " + name + " Alerts whose POST to alerts.webhook_url failed (no answer, or a status above 299); " +
+		"each is logged (\"alert webhook failed\") and not sent again.\n# TYPE " + name + " counter\n"
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 0\n"), name), "0 from the start")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	al := alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: "j1"}
+	a.Raise(ctx, al) // 500
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 1\n"), name))
+	a.Raise(ctx, al) // 204
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 1\n"), name), "a delivered alert is not counted")
+	srv.Close()
+	a.Raise(ctx, al) // unreachable
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 2\n"), name))
 }

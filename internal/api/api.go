@@ -164,14 +164,14 @@ func New(cfg Config) *Server {
 		{"/metrics", map[string]http.HandlerFunc{http.MethodGet: metrics.ServeHTTP, http.MethodHead: metrics.ServeHTTP}},
 	}
 	for _, rt := range s.routes {
-		s.mux.HandleFunc(rt.pattern, s.methods(rt.methods))
+		s.mux.Handle(rt.pattern, cfg.Metrics.instrument(rt.pattern, s.methods(rt.methods)))
 	}
 	if cfg.Console != nil {
-		s.mux.Handle("/console/", cfg.Console)
+		s.mux.Handle("/console/", cfg.Metrics.instrument("/console/", cfg.Console))
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle("/", cfg.Metrics.instrument("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusNotFound, typ: "not_found", message: "no route for " + r.Method + " " + r.URL.Path})
-	})
+	})))
 	return s
 }
 

@@ -2,9 +2,11 @@ package api
 
 import (
 	"errors"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/llmq/llmq/internal/jobs"
 )
@@ -19,6 +21,10 @@ type Metrics struct {
 	// submitStages is where a submit's time goes before its answer (SubmitStageCreate,
 	// SubmitStageEnqueue).
 	submitStages *prometheus.HistogramVec
+	// responses counts every answer by route (the ServeMux pattern that matched: a bounded set,
+	// never the path, which holds job IDs) and status code. Its 5xx share is the API failing
+	// (the LLMQAPIServerErrors rule); nothing else counts those answers.
+	responses *prometheus.CounterVec
 }
 
 // Stages of a submit, the label values of llmq_submit_stage_duration_seconds. Both lie within
@@ -52,8 +58,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			// two can be read side by side.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}, []string{"stage"}),
+		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_http_responses_total",
+			Help: "Answers of the API by route (the pattern that matched; / is any unknown path) and HTTP status code. " +
+				"Connections refused at api.max_connections are not here (llmq_http_connections_rejected_total).",
+		}, []string{"route", "code"}),
 	}
-	reg.MustRegister(m.submits, m.submitStages)
+	reg.MustRegister(m.submits, m.submitStages, m.responses)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
@@ -87,6 +98,37 @@ func (m *Metrics) submitted(credential string) {
 func (m *Metrics) canceled(credential string) {
 	if m != nil {
 		m.finished.WithLabelValues(credential, string(jobs.StatusCanceled)).Inc()
+	}
+}
+
+// serverErrorCodes are the 5xx codes the API answers (writeError's 500 and 503), whose series
+// start at 0 for each route (see instrument).
+var serverErrorCodes = []string{"500", "503"}
+
+// instrument counts each answer of h, the handler of route, in llmq_http_responses_total, whose
+// 5xx series for route it creates at 0 (so that the first after a start is an increase). The
+// ResponseWriter h gets unwraps to the server's (http.ResponseController: flushes, write
+// deadlines); see rootWriter. On a nil *Metrics it returns h.
+func (m *Metrics) instrument(route string, h http.Handler) http.Handler {
+	if m == nil {
+		return h
+	}
+	for _, code := range serverErrorCodes {
+		m.responses.WithLabelValues(route, code)
+	}
+	return promhttp.InstrumentHandlerCounter(m.responses.MustCurryWith(prometheus.Labels{"route": route}), h)
+}
+
+// rootWriter is the ResponseWriter the server gave, under those that wrap it (instrument's, and
+// tests' recorders). http.MaxBytesReader needs that one: only it can close the connection after
+// the answer to a body over the limit, rather than read on through the rest of the body.
+func rootWriter(w http.ResponseWriter) http.ResponseWriter {
+	for {
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return w
+		}
+		w = u.Unwrap()
 	}
 }
 

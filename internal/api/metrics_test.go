@@ -2,15 +2,21 @@ package api
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
@@ -119,4 +125,114 @@ func TestMetrics_EveryScrapeFormatIsDocumented(t *testing.T) {
 		require.Equal(t, http.StatusOK, r.status)
 		require.True(t, strings.HasPrefix(r.header.Get("Content-Type"), want), "Accept %q: Content-Type %q", accept, r.header.Get("Content-Type"))
 	}
+}
+
+// TestMetrics_ResponsesByRouteAndCode: every answer is counted in llmq_http_responses_total by
+// its route's pattern (never the path, which holds a job ID) and status code, so that an
+// operator can alert on the 5xx share (LLMQAPIServerErrors). The 5xx series an API gives exist
+// at 0 from the start, so that the first one after a start is an increase. Here the job store
+// and Redis are unreachable: each route that reads them answers 503.
+func TestMetrics_ResponsesByRouteAndCode(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	s := New(Config{Store: jobs.NewStore(pool, nil), Pool: pool, Redis: rdb, AllowAnonymous: true,
+		Submit: SubmitConfig{Credentials: []string{"default"}}, Metrics: NewMetrics(reg), Gatherer: reg})
+	hs := httptest.NewServer(openapitest.Handler(t, s))
+	t.Cleanup(hs.Close)
+	want := map[string]float64{"/ 500": 0, "/ 503": 0} // the catch-all's: unknown paths
+	for _, rt := range s.routes {
+		want[rt.pattern+" 500"], want[rt.pattern+" 503"] = 0, 0
+	}
+	require.Equal(t, want, responses(t, reg), "each route's 5xx series, at 0")
+
+	const id = "0190a5b2-7c1e-7d3f-9a8b-123456789abc"
+	for _, r := range []struct {
+		method, path string
+		status       int
+	}{
+		{http.MethodGet, "/v1/jobs/" + id, http.StatusServiceUnavailable},
+		{http.MethodHead, "/v1/jobs/" + id, http.StatusServiceUnavailable},
+		{http.MethodDelete, "/v1/jobs/" + id, http.StatusServiceUnavailable},
+		{http.MethodPost, "/v1/jobs", http.StatusServiceUnavailable},
+		{http.MethodGet, "/readyz", http.StatusServiceUnavailable},
+		{http.MethodGet, "/healthz", http.StatusOK},
+		{http.MethodPut, "/healthz", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/v2/anything", http.StatusNotFound},
+	} {
+		body := ""
+		if r.method == http.MethodPost {
+			body = `{"request":{"model":"m"}}`
+		}
+		require.Equal(t, r.status, do(t, hs.URL, r.method, r.path, body, nil).status, "%s %s", r.method, r.path)
+	}
+	want["/v1/jobs/{id} 503"] = 3
+	want["/v1/jobs 503"] = 1
+	want["/readyz 503"] = 1
+	want["/healthz 200"] = 1
+	want["/healthz 405"] = 1
+	want["/ 404"] = 1
+	require.Equal(t, want, responses(t, reg))
+}
+
+// TestMetrics_CountedEventStreamsStillStream: the count of answers wraps each route's
+// ResponseWriter; an event stream must still flush each event as it comes (and set its write
+// deadlines), and is counted once it ends.
+func TestMetrics_CountedEventStreamsStillStream(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	b := setup(t, setupOpts{registry: reg})
+	job := b.create(t, "")
+	s := openStream(t, b.url, job.ID, "")
+	require.Equal(t, "queued", s.nextEvent(t).event, "the first event, while the stream is open")
+	_, err := b.store.Cancel(context.Background(), job.ID)
+	require.NoError(t, err)
+	s.rest(t)
+	s.close()
+	require.Equal(t, float64(1), responses(t, reg)["/v1/jobs/{id}/events 200"])
+}
+
+// responses returns llmq_http_responses_total's counts in reg by "route code".
+func responses(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "llmq_http_responses_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			out[l["route"]+" "+l["code"]] = m.GetCounter().GetValue()
+		}
+	}
+	return out
+}
+
+// TestMetrics_OversizeBodyStillClosesTheConnection: a submit body found over api.max_body_bytes
+// as it is read is answered 413 and its connection closed, the rest of the body unread, through the counting
+// wrapper too (http.MaxBytesReader can tell only the server's own ResponseWriter).
+func TestMetrics_OversizeBodyStillClosesTheConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{registry: prometheus.NewRegistry(), maxBody: 1024})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Chunked (a reader of unknown length): a Content-Length over the limit is refused before
+	// the body is read.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/jobs",
+		io.MultiReader(strings.NewReader(`{"request":{"m":"`+strings.Repeat("x", 4096)+`"}}`)))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	require.True(t, resp.Close, "Connection: close")
 }

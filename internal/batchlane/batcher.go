@@ -124,8 +124,19 @@ func (b *Batcher) lead(ctx context.Context) error {
 // Once is one pass: it sends the committed batches (after a crash, looking each up first), polls
 // the sent batches that are due and records the results of those that ended, moves the jobs
 // whose deadline is near to the online lane, and collects the waiting jobs into new batches. An
-// error of one batch does not stop the others; Once returns them joined.
+// error of one batch does not stop the others; Once returns them joined. A pass without error is
+// dated in the metrics (llmq_batch_last_success_timestamp_seconds).
 func (b *Batcher) Once(ctx context.Context) error {
+	start := b.cfg.Now()
+	err := b.pass(ctx)
+	if err == nil {
+		b.cfg.Metrics.passed(start)
+	}
+	return err
+}
+
+// pass is Once's work.
+func (b *Batcher) pass(ctx context.Context) error {
 	var errs []error
 	open, err := b.store.open(ctx)
 	if err != nil {

@@ -360,3 +360,43 @@ func TestBatcher_MalformedResultLine(t *testing.T) {
 		})
 	}
 }
+
+// TestBatcher_DatesEachPassThatSucceeds: a pass that succeeds sets
+// llmq_batch_last_success_timestamp_seconds to when it started, there at 0 from the start (a
+// worker that does not lead); one that fails (here: its send) leaves it. A leader whose passes
+// hang or fail, or no leader at all, shows as a date that stops moving in every worker
+// (LLMQBatchLaneStalled): before, nothing showed it.
+func TestBatcher_DatesEachPassThatSucceeds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	const name = "llmq_batch_last_success_timestamp_seconds"
+	date := func() float64 {
+		t.Helper()
+		families, err := b.registry.Gather()
+		require.NoError(t, err)
+		for _, f := range families {
+			if f.GetName() == name {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("no metric %s", name)
+		return 0
+	}
+	unix := func(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+	require.Equal(t, float64(0), date(), "0 until a pass succeeds here")
+
+	started := b.clock.Now()
+	once(t, b.batcher(nil))
+	require.Equal(t, unix(started), date())
+
+	b.submit(t, "one", 0, 0)
+	b.clock.Advance(fill)
+	require.Error(t, b.batcher(flaky{Client: b.client}).Once(context.Background()))
+	require.Equal(t, unix(started), date(), "a failed pass is not dated")
+
+	b.clock.Advance(time.Hour) // past the failed send's backoff
+	started = b.clock.Now()
+	once(t, b.batcher(nil))
+	require.Equal(t, unix(started), date())
+	require.Equal(t, float64(1), b.counter(t, "batches", "sent"))
+}

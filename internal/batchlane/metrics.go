@@ -1,11 +1,20 @@
 package batchlane
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the batch lane's Prometheus metrics. A nil *Metrics records nothing.
 type Metrics struct {
 	batches *prometheus.CounterVec
 	jobs    *prometheus.CounterVec
+	// lastPass is when the last pass that succeeded in this process started: a leader whose
+	// passes fail or hang (a provider call or a statement that does not answer holds the lead
+	// and logs nothing), or no leader at all, shows as a time that stops moving in every
+	// process (the LLMQBatchLaneStalled rule).
+	lastPass prometheus.Gauge
 }
 
 // Batch outcomes (label outcome of llmq_batch_batches_total).
@@ -27,8 +36,13 @@ func NewMetrics(reg prometheus.Registerer, credentials []string) *Metrics {
 			Name: "llmq_batch_jobs_total",
 			Help: "Batch-lane jobs decided by the batcher, by outcome: succeeded, failed, dead, rebatched (a later batch), online (sent to the online lane).",
 		}, []string{"credential", "outcome"}),
+		lastPass: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmq_batch_last_success_timestamp_seconds",
+			Help: "Start (Unix time) of the last batch-lane pass that succeeded in this process while it led the batch lane; " +
+				"0: none yet. The max over the workers is the leader's.",
+		}),
 	}
-	reg.MustRegister(m.batches, m.jobs)
+	reg.MustRegister(m.batches, m.jobs, m.lastPass)
 	for _, c := range credentials {
 		for _, o := range batchOutcomes {
 			m.batches.WithLabelValues(c, o)
@@ -38,6 +52,13 @@ func NewMetrics(reg prometheus.Registerer, credentials []string) *Metrics {
 		}
 	}
 	return m
+}
+
+// passed records that a pass that started at start succeeded.
+func (m *Metrics) passed(start time.Time) {
+	if m != nil {
+		m.lastPass.Set(float64(start.UnixNano()) / 1e9)
+	}
 }
 
 func (m *Metrics) batch(credential, outcome string) {

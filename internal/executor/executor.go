@@ -180,7 +180,12 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 			return err
 		}
 	}
-	return e.outcome(ctx, d.JobID, e.process(ctx, d.JobID, d.Retried == 0, pass))
+	err := e.outcome(ctx, d.JobID, e.process(ctx, d.JobID, d.Retried == 0, pass))
+	var de *dispatch.DeferError
+	if errors.As(err, &de) {
+		e.cfg.Metrics.deferred() // not in ProcessFresh: its delivery reads no job either
+	}
+	return err
 }
 
 // ProcessFresh runs the first delivery of a job its caller has just created, in this process

@@ -18,6 +18,10 @@ type Metrics struct {
 	deadLetters    *prometheus.CounterVec
 	submitToResult *prometheus.HistogramVec
 	stages         *prometheus.HistogramVec
+	// deferrals counts the deliveries from asynq that were deferred: each comes back at its time
+	// and reads its job again (the load stage), so LLMQDeliveryErrors leaves them out of the
+	// deliveries it divides by.
+	deferrals prometheus.Counter
 }
 
 // Stages of a delivery, the label values of llmq_delivery_stage_duration_seconds. A delivery
@@ -77,8 +81,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			// from a backlog at the top.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 		}, []string{"stage"}),
+		deferrals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmq_delivery_deferrals_total",
+			Help: "Deliveries of a job's task that were deferred (its rate slot, its retry delay, an open breaker, a pause): " +
+				"the task is delivered again at its time, and reads its job again (the load stage).",
+		}),
 	}
-	reg.MustRegister(m.attempts, m.attemptLatency, m.deadLetters, m.submitToResult, m.stages)
+	reg.MustRegister(m.attempts, m.attemptLatency, m.deadLetters, m.submitToResult, m.stages, m.deferrals)
 	if err := reg.Register(m.outcomes); err != nil {
 		// The API of the same process (llmq serve) registered it first: count in that one.
 		var are prometheus.AlreadyRegisteredError
@@ -150,5 +159,12 @@ func (m *Metrics) DeadLettered(credential, reason string) {
 func (m *Metrics) stage(stage string, d time.Duration) {
 	if m != nil {
 		m.stages.WithLabelValues(stage).Observe(d.Seconds())
+	}
+}
+
+// deferred counts a delivery from asynq that was deferred.
+func (m *Metrics) deferred() {
+	if m != nil {
+		m.deferrals.Inc()
 	}
 }

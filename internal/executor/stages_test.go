@@ -87,3 +87,54 @@ func TestExecutor_RecordsTheStagesOfADelivery(t *testing.T) {
 	require.Equal(t, uint64(2), got[executor.StagePickup])
 	require.Equal(t, uint64(4), got[executor.StageLoad])
 }
+
+// A delivery from asynq that is deferred (here: its credential paused, no fallback) counts in
+// llmq_delivery_deferrals_total, there at 0 from the start: each is delivered again at its time
+// and reads its job again, and LLMQDeliveryErrors leaves those redeliveries out of its ratio. A
+// delivery run to its end does not count; nor does a deferred first delivery handed over in
+// process (ProcessFresh), which reads no job either.
+func TestExecutor_CountsDeferredDeliveries(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	rdb := redistest.Client(t)
+	lim, brk := sharedAdmission(t, rdb)
+	p := simProvider(t, llmsim.Config{}, "sk-deferrals")
+	reg := prometheus.NewRegistry()
+	gate := lim.Gate("sk-deferrals", "default")
+	ex := executor.New(executor.Config{Store: b.Store, Metrics: executor.NewMetrics(reg), Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate,
+			Circuit: brk.Circuit("sk-deferrals", "default")},
+	}})
+	const name = "llmq_delivery_deferrals_total"
+	deferrals := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatalf("no metric %s", name)
+		return 0
+	}
+	create := func() *jobs.Job {
+		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
+			Request: helloRequest, MaxAttempts: 3, Timeout: time.Minute})
+		require.NoError(t, err)
+		return job
+	}
+	require.Equal(t, float64(0), deferrals(), "0 from the start")
+
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: create().ID}))
+	require.Equal(t, float64(0), deferrals(), "a delivery run to its end")
+
+	_, err := gate.Pause(ctx, "spend_cap", "")
+	require.NoError(t, err)
+	var de *dispatch.DeferError
+	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: create().ID}), &de)
+	require.Equal(t, float64(1), deferrals())
+	require.ErrorAs(t, ex.ProcessFresh(ctx, create(), nil), &de)
+	require.Equal(t, float64(1), deferrals(), "a handed-over first delivery reads no job: not counted")
+}

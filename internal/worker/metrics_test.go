@@ -106,6 +106,8 @@ func TestWorker_AlertedSeriesStartAtZero(t *testing.T) {
 	requireSeries(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", `pass="deadline"`, 1)
 	requireSeries(t, b.reg, "llmq_sweeper_last_success_timestamp_seconds", "", 1)
 	requireSeries(t, b.reg, "llmq_delivery_errors_total", "", 1)
+	requireSeries(t, b.reg, "llmq_delivery_deferrals_total", "", 1)
+	requireSeries(t, b.reg, "llmq_alert_webhook_failures_total", "", 1)
 
 	// The pause gauge comes from Redis, read as the worker starts.
 	b.run(t)

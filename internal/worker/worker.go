@@ -119,6 +119,7 @@ type metrics struct {
 	breaker     *breaker.Metrics
 	estimator   *estimator.Metrics
 	maintenance *maintenance.Metrics
+	alert       *alert.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -126,7 +127,8 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		return metrics{}
 	}
 	return metrics{executor: executor.NewMetrics(reg), dispatch: dispatch.NewMetrics(reg), limiter: limiter.NewMetrics(reg),
-		breaker: breaker.NewMetrics(reg), estimator: estimator.NewMetrics(reg), maintenance: maintenance.NewMetrics(reg)}
+		breaker: breaker.NewMetrics(reg), estimator: estimator.NewMetrics(reg), maintenance: maintenance.NewMetrics(reg),
+		alert: alert.NewMetrics(reg)}
 }
 
 // build makes the worker's parts, in the order they depend on each other: the shared admission
@@ -169,7 +171,8 @@ func (w *Worker) build(m metrics) error {
 	}
 	weights := tenant.NewWeights(tenant.NewStore(w.pool, nil), nil)
 	w.pauses = credpause.NewStore(w.pool, nil)
-	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger})
+	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger,
+		Metrics: m.alert})
 	w.executor = executor.New(executor.Config{
 		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: m.executor, Estimator: est,
 		Alerter:      alerter,
