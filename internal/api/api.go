@@ -50,8 +50,9 @@ type Config struct {
 	Redis   redis.UniversalClient
 	// Gatherer serves /metrics. Default: an empty registry.
 	Gatherer prometheus.Gatherer
-	// AllowAnonymous maps requests without an Authorization header to tenant "default". A request
-	// with one is authenticated whatever this says.
+	// AllowAnonymous maps requests without an Authorization header to tenant "default", as
+	// Tenants has it stored (its credentials, its revocation), when it does. A request with one is
+	// authenticated whatever this says.
 	AllowAnonymous bool
 	// Tenants resolves bearer tokens to tenants. nil: no token is accepted (a request with an
 	// Authorization header is 401), which leaves only anonymous access.
@@ -201,7 +202,8 @@ func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 }
 
 // tenant authenticates the caller. Without an Authorization header it is tenant "default" when
-// anonymous access is allowed, else 401. With one, it must be exactly "Bearer <token>" with a
+// anonymous access is allowed (as stored, when the operator created it: its credentials apply,
+// and it is 403 once revoked), else 401. With one, it must be exactly "Bearer <token>" with a
 // known token: 401 otherwise, 403 when the token's tenant was revoked. The token itself never
 // reaches a log or an error message.
 func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
@@ -210,7 +212,17 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		if !s.cfg.AllowAnonymous {
 			return nil, unauthorized("", "authentication required: send Authorization: Bearer <token>")
 		}
-		return &tenant.Tenant{Name: tenant.Default}, nil
+		if s.cfg.Tenants == nil {
+			return &tenant.Tenant{Name: tenant.Default, Weight: tenant.DefaultWeight}, nil
+		}
+		// The operator may have stored tenant "default" (its credentials, a revocation): an
+		// anonymous request is that tenant, as a request with its token is.
+		t, err := s.cfg.Tenants.Named(r.Context(), tenant.Default)
+		if errors.Is(err, tenant.ErrRevoked) {
+			return nil, &httpError{status: http.StatusForbidden, typ: "tenant_revoked",
+				message: "tenant \"default\", which requests without a token act as, was revoked"}
+		}
+		return t, err
 	}
 	scheme, token, ok := strings.Cut(values[0], " ")
 	if len(values) != 1 || !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {

@@ -284,3 +284,30 @@ func TestAuth_RevokedTokensStreamEnds(t *testing.T) {
 	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{"secret":"answer"}`)})
 	require.Empty(t, names(s.rest(t)), "the revoked token's stream delivered the job")
 }
+
+// TestAuth_AnonymousIsTheStoredDefaultTenant: with api.allow_anonymous, a request without a token
+// acts as tenant "default" as the operator stored it (`ctl tenants create default --credentials
+// ...`): its credential restriction applies, and once it is revoked anonymous requests are refused
+// as its token is. (Its weight, read by name by the workers, applied already.)
+func TestAuth_AnonymousIsTheStoredDefaultTenant(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{credentials: []string{"default", "costly"}, tenantTTL: time.Nanosecond})
+	costly := `{"credential":"costly","request":{"model":"m"}}`
+
+	// Nothing stored: every credential.
+	first := b.do(t, http.MethodPost, "/v1/jobs", costly, nil)
+	require.Equal(t, http.StatusAccepted, first.status, first.body)
+
+	token := b.newTenant(t, tenant.Default, "default")
+	for _, h := range []map[string]string{nil, token} {
+		requireError(t, b.do(t, http.MethodPost, "/v1/jobs", costly, h), http.StatusForbidden, "credential_not_allowed")
+		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, h).status)
+	}
+
+	_, err := b.tenants.Revoke(context.Background(), tenant.Default)
+	require.NoError(t, err)
+	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, nil), http.StatusForbidden, "tenant_revoked")
+	requireError(t, b.do(t, http.MethodGet, "/v1/jobs/"+first.body["id"].(string), "", nil), http.StatusForbidden, "tenant_revoked")
+	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, token), http.StatusForbidden, "token_revoked")
+	require.Equal(t, 3, countJobs(t, b, tenant.Default))
+}

@@ -160,7 +160,9 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 	return p, nil
 }
 
-// decodeSubmit decodes body strictly: one JSON object of the contract's fields and nothing after.
+// decodeSubmit decodes body strictly: one JSON object of the contract's fields, each spelled
+// exactly and sent once, and nothing after; the request's fields llmq reads too (see
+// checkFieldNames).
 func decodeSubmit(body []byte) (submitBody, error) {
 	var b submitBody
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -181,6 +183,11 @@ func decodeSubmit(body []byte) (submitBody, error) {
 	}
 	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
 		return b, invalid("invalid_json", "body has data after the JSON object")
+	}
+	// The decode matched names in any case and kept the last of duplicates: refuse what it
+	// read otherwise than the provider would.
+	if err := checkFieldNames(body); err != nil {
+		return b, err
 	}
 	return b, nil
 }

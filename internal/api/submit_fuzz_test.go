@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/idem"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // FuzzSubmit feeds the submit contract's parse (the submit decoder and validator) arbitrary bodies, tenants
@@ -35,6 +37,8 @@ func FuzzSubmit(f *testing.F) {
 		{`{"request":{"model":"m"},"timeout":"-1s"}`, "has space"},
 		{`{"request":{"model":"m"},"timeout":"999us"}`, ""},
 		{`{"credential":"oai","request":{"model":"m"}}`, ""},
+		{`{"request":{"model":"m","Stream":true,"MAX_TOKENS":5}}`, ""},
+		{`{"request":{"model":"m","stream":true,"stream":false,"max_tokens":9,"max_tokens":5}}`, ""},
 	} {
 		f.Add([]byte(seed.body), "default", seed.key)
 	}
@@ -65,6 +69,21 @@ func FuzzSubmit(f *testing.F) {
 		var req map[string]json.RawMessage
 		if err := json.Unmarshal(p.Request, &req); err != nil {
 			t.Fatalf("accepted a request that is not an object: %q", p.Request)
+		}
+		// llmq reads the request as a provider does: names exactly, the last of duplicates.
+		var stream bool
+		_ = json.Unmarshal(req["stream"], &stream)
+		if deltastream.Requested(p.Request) != stream {
+			t.Fatalf("llmq reads stream %v in %q", !stream, p.Request)
+		}
+		if r, err := tokens.Count(tokens.ProviderAnthropic, p.Request); err == nil {
+			want := tokens.DefaultMaxOutput
+			if raw, ok := req["max_tokens"]; ok && string(raw) != "null" {
+				_ = json.Unmarshal(raw, &want)
+			}
+			if r.MaxOutput != want {
+				t.Fatalf("llmq reads max_tokens %d in %q, the provider %d", r.MaxOutput, p.Request, want)
+			}
 		}
 		var decoded any
 		if err := json.Unmarshal(p.Request, &decoded); err != nil || hasNUL(decoded) {

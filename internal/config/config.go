@@ -84,7 +84,8 @@ func (b Breaker) ColdStart() bool { return b.ColdStartCap == nil || *b.ColdStart
 type API struct {
 	// Listen is the address to serve on. Default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
-	// AllowAnonymous maps requests without a bearer token to tenant "default" (development only).
+	// AllowAnonymous maps requests without a bearer token to tenant "default" (development only),
+	// as stored when an operator created it (its credentials, its revocation).
 	AllowAnonymous bool `yaml:"allow_anonymous"`
 	// MaxBodyBytes caps a submitted body; larger bodies get 413. Default 4 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`

@@ -116,6 +116,32 @@ func TestLimitListener_OneConnectionOverTheCap(t *testing.T) {
 	require.GreaterOrEqual(t, gauge(t, reg, "llmq_http_connections_rejected_total"), 1.0)
 }
 
+// TestLimitListener_HeadOverTheCapHasNoBody: the 503 of a connection over the cap is the answer
+// to the request it carries, so a HEAD's has no body (RFC 9110 §9.3.2); a GET's has the error
+// document.
+func TestLimitListener_HeadOverTheCapHasNoBody(t *testing.T) {
+	t.Parallel()
+	addr := serve(t, ok, httpserve.Config{}, 1, nil)
+	held := httpservetest.Dial(t, addr, 0)
+	require.Equal(t, http.StatusOK, held.Get(t, "/").StatusCode)
+
+	for _, method := range []string{http.MethodHead, http.MethodGet} {
+		over := httpservetest.Dial(t, addr, 0)
+		over.Send(t, method, "/")
+		raw, err := io.ReadAll(over) // the whole answer, to the close
+		require.NoError(t, err)
+		head, body, found := strings.Cut(string(raw), "\r\n\r\n")
+		require.True(t, found, "%s: %q", method, raw)
+		require.True(t, strings.HasPrefix(head, "HTTP/1.1 503 "), "%s: %q", method, head)
+		require.Contains(t, head, "\r\nRetry-After: 1", method)
+		if method == http.MethodHead {
+			require.Empty(t, body, "HEAD answered with a body")
+		} else {
+			require.Contains(t, body, `"type":"overloaded"`)
+		}
+	}
+}
+
 // gauge returns the value of the gauge or counter without labels called name.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,11 +25,15 @@ func DefaultMaxConnections() int {
 	return max(1, min(MaxDefaultConnections, n*3/4))
 }
 
-// rejectAnswer is what a connection over the cap reads before its connection closes.
-var rejectAnswer = func() []byte {
+// rejectAnswer is what a connection over the cap reads before its connection closes;
+// rejectHeadAnswer is the answer to a HEAD (RFC 9110 §9.3.2: no body). It has no Content-Length
+// either (optional for a HEAD), so that a client reading it as any answer, to the close, reads
+// no body rather than waiting for one.
+var rejectAnswer, rejectHeadAnswer = func() ([]byte, []byte) {
 	body := `{"error":{"type":"overloaded","message":"too many open connections; retry shortly"}}` + "\n"
-	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n" +
-		"Connection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	head := "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n" +
+		"Connection: close\r\n"
+	return []byte(head + "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body), []byte(head + "\r\n")
 }()
 
 // maxRejecting bounds the connections being refused at once; past it one is closed without an
@@ -84,19 +89,43 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// reject answers 503 and closes c. It closes its side for writing, then reads what the client
-// sent until the client closes too (or rejectTimeout): closing a socket with unread input sends
-// a reset, which can destroy the answer before the client reads it.
+// reject answers 503 and closes c. It reads the request's method first, for half of
+// rejectTimeout at most (a client that sends nothing then gets the answer of a GET): a HEAD's
+// answer has no body. It closes its side for writing, then reads what the client sent until the
+// client closes too (or rejectTimeout): closing a socket with unread input sends a reset, which
+// can destroy the answer before the client reads it.
 func reject(c net.Conn) {
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(rejectTimeout))
-	if _, err := c.Write(rejectAnswer); err != nil {
+	deadline := time.Now().Add(rejectTimeout)
+	_ = c.SetDeadline(deadline)
+	_ = c.SetReadDeadline(time.Now().Add(rejectTimeout / 2))
+	answer := rejectAnswer
+	if isHead(c) {
+		answer = rejectHeadAnswer
+	}
+	_ = c.SetReadDeadline(deadline)
+	if _, err := c.Write(answer); err != nil {
 		return
 	}
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
+// isHead reads the first bytes of the request on c, as far as "HEAD ", and reports whether its
+// method is HEAD. What it reads is not needed: the answer is the same whatever the request.
+func isHead(c net.Conn) bool {
+	const want = "HEAD "
+	var buf [len(want)]byte
+	for n := 0; n < len(want); {
+		m, err := c.Read(buf[n:])
+		n += m
+		if !strings.HasPrefix(want, string(buf[:n])) || err != nil && n < len(want) {
+			return false
+		}
+	}
+	return true
 }
 
 // limitConn gives its place back once, on its first Close.

@@ -30,6 +30,8 @@ type Authenticator struct {
 
 	mu      sync.Mutex
 	entries map[[32]byte]entry
+	// named caches Named's answers, by tenant name.
+	named map[string]entry
 }
 
 type entry struct {
@@ -53,7 +55,7 @@ func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}}
+	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}, named: map[string]entry{}}
 }
 
 // TTL is how long an answer is cached: the longest a revocation takes to reach this process.
@@ -82,6 +84,36 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant
 		err = ErrRevoked
 	}
 	a.put(hash, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
+	return t, err
+}
+
+// Named returns the tenant of that name as stored, for a request that names it without a token
+// (the anonymous tenant Default): with no stored tenant of that name, a tenant of that name that
+// may use every credential, of DefaultWeight. The answer is cached for the TTL as Authenticate's
+// are. Errors: ErrRevoked (returned with the tenant), or a wrapped database error (not cached).
+func (a *Authenticator) Named(ctx context.Context, name string) (*Tenant, error) {
+	now := a.cfg.Now()
+	a.mu.Lock()
+	e, ok := a.named[name]
+	a.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.tenant, e.err
+	}
+	t, err := a.store.Get(ctx, name)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		t, err = &Tenant{Name: name, Weight: DefaultWeight}, nil
+	case err != nil:
+		return nil, err
+	case t.Revoked():
+		err = ErrRevoked
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.named) >= a.cfg.MaxEntries {
+		clear(a.named) // callers name a handful of tenants; a bound all the same
+	}
+	a.named[name] = entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)}
 	return t, err
 }
 

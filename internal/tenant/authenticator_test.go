@@ -92,3 +92,45 @@ func TestAuthenticator_BoundedCache(t *testing.T) {
 	_, err = auth.Authenticate(ctx, token)
 	require.ErrorIs(t, err, tenant.ErrRevoked)
 }
+
+func TestAuthenticator_Named(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	store := tenant.NewStore(pool, nil)
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{TTL: 2 * time.Second, Now: clock.Now})
+
+	// No stored tenant: one of that name, unrestricted, of the default weight.
+	got, err := auth.Named(ctx, tenant.Default)
+	require.NoError(t, err)
+	require.Equal(t, &tenant.Tenant{Name: tenant.Default, Weight: tenant.DefaultWeight}, got)
+
+	// A tenant stored since is seen once the TTL has passed, with its restriction and weight.
+	_, _, err = store.CreateWeighted(ctx, tenant.Default, []string{"cheap"}, 3)
+	require.NoError(t, err)
+	got, err = auth.Named(ctx, tenant.Default)
+	require.NoError(t, err)
+	require.Nil(t, got.Credentials)
+	clock.Advance(2 * time.Second)
+	got, err = auth.Named(ctx, tenant.Default)
+	require.NoError(t, err)
+	require.Equal(t, []string{"cheap"}, got.Credentials)
+	require.Equal(t, 3, got.Weight)
+
+	_, err = store.Revoke(ctx, tenant.Default)
+	require.NoError(t, err)
+	clock.Advance(2 * time.Second)
+	got, err = auth.Named(ctx, tenant.Default)
+	require.ErrorIs(t, err, tenant.ErrRevoked)
+	require.Equal(t, tenant.Default, got.Name)
+
+	// Database errors are not cached.
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = auth.Named(canceled, "other")
+	require.ErrorIs(t, err, context.Canceled)
+	got, err = auth.Named(ctx, "other")
+	require.NoError(t, err)
+	require.Equal(t, "other", got.Name)
+}

@@ -147,6 +147,22 @@ func (s *Store) Weight(ctx context.Context, name string) (int, error) {
 	return w, nil
 }
 
+// Get returns the tenant of that name, revoked or not. Errors: ErrNotFound (also for a name no
+// tenant can have) or a wrapped database error.
+func (s *Store) Get(ctx context.Context, name string) (*Tenant, error) {
+	if !ValidName(name) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, truncate(name, 70))
+	}
+	t, err := scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE name = $1`, name))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get tenant: %w", err)
+	}
+	return t, nil
+}
+
 // List returns every tenant, revoked ones included, by name. Tokens are not stored, so none is
 // returned.
 func (s *Store) List(ctx context.Context) ([]Tenant, error) {

@@ -64,6 +64,15 @@ func TestStore_CreateAuthenticateRevoke(t *testing.T) {
 	require.False(t, wasActive)
 	_, err = store.Revoke(ctx, "nobody")
 	require.ErrorIs(t, err, tenant.ErrNotFound)
+
+	stored, err := store.Get(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, "acme", stored.Name)
+	require.True(t, stored.Revoked())
+	for _, name := range []string{"nobody", "a\x00"} {
+		_, err = store.Get(ctx, name)
+		require.ErrorIs(t, err, tenant.ErrNotFound, name)
+	}
 }
 
 func TestStore_Create(t *testing.T) {

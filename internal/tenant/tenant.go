@@ -31,7 +31,8 @@ var (
 	ErrDuplicateCredential = errors.New("credential listed twice")
 )
 
-// Default is the tenant of anonymous requests when the API allows them (api.allow_anonymous).
+// Default is the tenant of anonymous requests when the API allows them (api.allow_anonymous):
+// as stored, when an operator created a tenant of that name (see Authenticator.Named).
 const Default = "default"
 
 // BearerTokenPrefix starts every token, so that a leaked one is recognisable (secret scanners) and a
