@@ -19,19 +19,33 @@ const subscribeWait = 2 * time.Second
 // Hub hands a process's followers of streaming jobs the entries written to their buffers: one
 // pub/sub connection for the whole process, one channel per followed job, each message a batch.
 // Safe for concurrent use.
+//
+// The SUBSCRIBE and UNSUBSCRIBE commands go from one goroutine of the hub's own (subscribe),
+// never from a caller of Follow or Stop, and never under mu: a subscription held up (Redis slow,
+// a network stall) holds up no other client's Follow or Stop, nor the hub's delivery under mu;
+// the changes made meanwhile go together in the next round.
 type Hub struct {
 	b      *Buffer
 	ps     *redis.PubSub
 	cancel context.CancelFunc
-	done   chan struct{}
+	done   chan struct{} // closed when run returned
+	// changed (capacity 1) wakes subscribe; subDone is closed when it returned.
+	changed chan struct{}
+	subDone chan struct{}
 
 	mu   sync.Mutex
 	subs map[string]*channelSubs // by channel
+	// pending names the channels whose followers came or went since subscribe last looked.
+	pending map[string]struct{}
 }
 
 type channelSubs struct {
 	ready     chan struct{} // closed when Redis confirmed the subscription
 	confirmed bool
+	// sent is set when subscribe sent the channel's SUBSCRIBE; the channel stays in Hub.subs,
+	// followers or not, until subscribe sent its UNSUBSCRIBE (or, never sent, dropped it), so a
+	// follower joining meanwhile finds it subscribed, and no UNSUBSCRIBE overtakes a SUBSCRIBE.
+	sent      bool
 	followers map[*Follower]struct{}
 }
 
@@ -141,6 +155,9 @@ type Follower struct {
 	mu    sync.Mutex
 	inbox []batch
 	lost  bool // a batch may be missing from inbox
+	// early is set when Follow returned before Redis confirmed the subscription (under Hub.mu):
+	// the confirmation tells the follower that a batch may be missing.
+	early bool
 }
 
 // Wake is signalled (capacity 1, never closed) whenever entries arrive, or may have been lost.
@@ -241,8 +258,10 @@ func idAfter(a, b string) bool {
 func (b *Buffer) NewHub() *Hub {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &Hub{b: b, ps: b.cfg.Redis.Subscribe(ctx), cancel: cancel, done: make(chan struct{}),
-		subs: map[string]*channelSubs{}}
+		changed: make(chan struct{}, 1), subDone: make(chan struct{}),
+		subs: map[string]*channelSubs{}, pending: map[string]struct{}{}}
 	go h.run(ctx)
+	go h.subscribe(ctx)
 	return h
 }
 
@@ -251,27 +270,23 @@ func (h *Hub) Close() error {
 	h.cancel()
 	err := h.ps.Close()
 	<-h.done
+	<-h.subDone
 	return err
 }
 
 // Follow returns the follower of job id's buffer, which receives every batch written to it
 // until Stop. It returns once Redis confirmed the subscription (or after a short wait, or when
-// ctx ends), so that a read of the buffer after it misses no batch.
+// ctx ends), so that a read of the buffer after it misses no batch; when it returned before,
+// the confirmation wakes the follower and its Next says to read the buffer.
 func (h *Hub) Follow(ctx context.Context, id string) *Follower {
 	name := h.b.Key(id)
 	f := &Follower{h: h, name: name, wake: make(chan struct{}, 1)}
-	// Subscribe and Unsubscribe are sent under h.mu, so that a follower joining as the last
-	// one of the same job leaves cannot have its SUBSCRIBE overtaken by the other's UNSUBSCRIBE.
 	h.mu.Lock()
 	cs := h.subs[name]
 	if cs == nil {
 		cs = &channelSubs{ready: make(chan struct{}), followers: map[*Follower]struct{}{}}
 		h.subs[name] = cs
-		sctx, cancel := context.WithTimeout(ctx, subscribeWait)
-		if err := h.ps.Subscribe(sctx, name); err != nil && ctx.Err() == nil {
-			h.b.cfg.Logger.Warn("subscribe to stream deltas", "job_id", id, "error", err)
-		}
-		cancel()
+		h.changedLocked(name)
 	}
 	cs.followers[f] = struct{}{}
 	ready := cs.ready
@@ -283,6 +298,11 @@ func (h *Hub) Follow(ctx context.Context, id string) *Follower {
 	case <-t.C:
 	case <-ctx.Done():
 	}
+	h.mu.Lock()
+	// The caller reads the buffer next: what is published before the subscription is
+	// confirmed, after that read, reaches neither.
+	f.early = !cs.confirmed
+	h.mu.Unlock()
 	return f
 }
 
@@ -291,13 +311,64 @@ func (h *Hub) unfollow(name string, f *Follower) {
 	defer h.mu.Unlock()
 	cs := h.subs[name]
 	delete(cs.followers, f)
-	if len(cs.followers) > 0 {
-		return
+	if len(cs.followers) == 0 {
+		h.changedLocked(name)
 	}
-	delete(h.subs, name)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = h.ps.Unsubscribe(ctx, name) // the connection is gone or closing: nothing left to do
+}
+
+// changedLocked has subscribe look at channel name again. Call with mu held.
+func (h *Hub) changedLocked(name string) {
+	h.pending[name] = struct{}{}
+	select {
+	case h.changed <- struct{}{}:
+	default:
+	}
+}
+
+// subscribe keeps the connection subscribed to the channels followed, until ctx ends: each round
+// unsubscribes from the channels that lost their last follower and subscribes to the new ones,
+// each in one command, outside mu (see Hub). The rounds go one at a time, so a channel's
+// commands reach Redis in the order of its followers' coming and going.
+func (h *Hub) subscribe(ctx context.Context) {
+	defer close(h.subDone)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.changed:
+		}
+		var sub, unsub []string
+		h.mu.Lock()
+		for name := range h.pending {
+			cs := h.subs[name]
+			switch {
+			case cs == nil:
+			case len(cs.followers) == 0:
+				delete(h.subs, name)
+				if cs.sent {
+					unsub = append(unsub, name)
+				}
+			case !cs.sent:
+				cs.sent = true
+				sub = append(sub, name)
+			}
+		}
+		clear(h.pending)
+		h.mu.Unlock()
+		if len(unsub) > 0 {
+			uctx, cancel := context.WithTimeout(ctx, time.Second)
+			_ = h.ps.Unsubscribe(uctx, unsub...) // the connection is gone or closing: nothing left to do
+			cancel()
+		}
+		if len(sub) > 0 {
+			sctx, cancel := context.WithTimeout(ctx, subscribeWait)
+			if err := h.ps.Subscribe(sctx, sub...); err != nil && ctx.Err() == nil {
+				// go-redis subscribes again to every channel at its next connection.
+				h.b.cfg.Logger.Warn("subscribe to stream deltas", "channels", len(sub), "error", err)
+			}
+			cancel()
+		}
+	}
 }
 
 // run receives confirmations and messages until Close.
@@ -345,6 +416,12 @@ func (h *Hub) confirm(name string) {
 	case !cs.confirmed:
 		cs.confirmed = true
 		close(cs.ready)
+		for f := range cs.followers {
+			if f.early {
+				f.early = false
+				f.deliver(nil) // it stopped waiting: a batch may have been missed
+			}
+		}
 	default:
 		// A resubscription after a reconnect: messages may have been lost meanwhile.
 		h.deliverLocked(name, nil)

@@ -143,6 +143,21 @@ func (r redactor) cutEnd(s string) string {
 	return s[:len(s)-best] + redactMark
 }
 
+// startTail returns the length of the longest suffix of s that is a proper prefix of a form of
+// the key (0: none): text that the text after it may complete into the key.
+func (r redactor) startTail(s string) int {
+	best := 0
+	for _, f := range r.forms {
+		for n := min(len(f)-1, len(s)); n > best; n-- {
+			if equalFoldLower(s[len(s)-n:], f[:n]) {
+				best = n
+				break
+			}
+		}
+	}
+	return best
+}
+
 // clean makes a provider string fit to store, log and show: control characters and invalid
 // UTF-8 replaced, the key redacted, then cut to at most n bytes (plus the cut mark).
 func (r redactor) clean(s string, n int) string {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"time"
 )
 
@@ -93,6 +94,7 @@ type streamRead struct {
 func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, limit int64, hold *answerHold,
 	firstByte *time.Timer, onDelta func(Delta)) streamRead {
 	var out streamRead
+	masker := deltaMasker{red: c.red}
 	emit := func(d Delta) {
 		if out.first.IsZero() {
 			out.first = c.now()
@@ -100,8 +102,10 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 				firstByte.Stop()
 			}
 		}
-		if onDelta != nil {
-			d.Text = c.maskString(d.Text)
+		if onDelta == nil {
+			return
+		}
+		if d, ok := masker.mask(d); ok {
 			onDelta(d)
 		}
 	}
@@ -152,6 +156,9 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 				return out
 			}
 			if done {
+				if onDelta != nil {
+					masker.flush(onDelta)
+				}
 				out.body, out.usage, out.err = asm.message()
 				if out.first.IsZero() {
 					out.first = c.now()
@@ -211,14 +218,77 @@ func readLine(br *bufio.Reader, long *[]byte) ([]byte, error) {
 	}
 }
 
-// maskString masks the API key in s byte for byte (see redactor.maskBytes).
-func (c *client) maskString(s string) string {
-	if len(c.red.spans(s)) == 0 {
-		return s
+// deltaBlock is the text a delta adds to: a content block, or a choice's content or tool call.
+type deltaBlock struct {
+	typ              string
+	index, toolIndex int
+}
+
+// deltaMasker masks the API key in a stream's deltas as the assembled body has it masked: byte
+// for byte, in each block's text as a whole, so that a key split across deltas is masked too,
+// and the deltas of a block add up to its text in the body. Of each block's text it holds back,
+// until the block's next delta or the stream's end (flush), the tail that the next delta may
+// complete into the key, and a masked key that ends the text (a key right after it would be
+// masked with it as one). What it holds is shorter than a key form, or keys end to end.
+type deltaMasker struct {
+	red    redactor
+	held   map[deltaBlock]string
+	blocks []deltaBlock // the blocks that held text, in the order they first did
+}
+
+// mask returns d with its block's held text before its own, masked, less the tail it now holds;
+// ok is false when nothing is left to hand on (d added text, all of it held).
+func (m *deltaMasker) mask(d Delta) (_ Delta, ok bool) {
+	if len(m.red.forms) == 0 {
+		return d, true
 	}
-	b := []byte(s)
-	c.red.maskBytes(b)
-	return string(b)
+	k := deltaBlock{typ: d.Type, index: d.Index, toolIndex: d.ToolIndex}
+	held, had := m.held[k]
+	text := held + d.Text
+	cut := len(text) - m.red.startTail(text)
+	spans := m.red.spans(text)
+	for _, sp := range spans {
+		if sp[0] < cut && cut <= sp[1] {
+			cut = sp[0]
+		}
+	}
+	switch {
+	case cut < len(text) && !had:
+		if m.held == nil {
+			m.held = map[deltaBlock]string{}
+		}
+		if !slices.Contains(m.blocks, k) {
+			m.blocks = append(m.blocks, k)
+		}
+		m.held[k] = text[cut:]
+	case cut < len(text):
+		m.held[k] = text[cut:]
+	case had:
+		delete(m.held, k)
+	}
+	added := d.Text != ""
+	d.Text = text[:cut]
+	if len(spans) > 0 {
+		b := []byte(d.Text)
+		m.red.maskBytes(b)
+		d.Text = string(b)
+	}
+	return d, d.Text != "" || !added || d.ToolID != "" || d.ToolName != ""
+}
+
+// flush hands on the text every block holds, masked: the stream is complete.
+func (m *deltaMasker) flush(emit func(Delta)) {
+	for _, k := range m.blocks {
+		held, ok := m.held[k]
+		if !ok {
+			continue
+		}
+		b := []byte(held)
+		m.red.maskBytes(b)
+		emit(Delta{Type: k.typ, Index: k.index, ToolIndex: k.toolIndex, Text: string(b)})
+	}
+	clear(m.held)
+	m.blocks = m.blocks[:0]
 }
 
 // streamError is the *StatusError of a mid-stream error event: the HTTP status was 200, so the

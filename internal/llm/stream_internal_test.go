@@ -3,15 +3,21 @@ package llm
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llmsim"
 )
@@ -349,4 +355,51 @@ func simStream(t *testing.T, path, body string, headers ...string) string {
 		t.Fatalf("stream: %d %v\n%s", resp.StatusCode, err, got)
 	}
 	return string(got)
+}
+
+// TestDeltaMasker_SplitsAddUpToTheMaskedText: however two blocks' texts, holding the key in
+// several forms (URL-escaped, base64 at other alignments, in another case, twice in a row), are
+// cut into interleaved deltas, each block's deltas add up to its text masked whole (as the
+// stored body has it), and none holds a form of the key.
+func TestDeltaMasker_SplitsAddUpToTheMaskedText(t *testing.T) {
+	t.Parallel()
+	const key = "sk-ant-api03-Zq9/x+Y=0123456789abcdef"
+	red := newRedactor(key)
+	b64 := base64.StdEncoding.EncodeToString([]byte("x" + key)) // key at alignment 1
+	texts := []string{
+		"a " + key + key + " b " + url.QueryEscape(key) + " c " + strings.ToUpper(key) + "s",
+		"thinking about " + b64 + " and " + key[:10] + " (a start only) then " + key,
+	}
+	want := make([]string, len(texts))
+	for i, text := range texts {
+		b := []byte(text)
+		red.maskBytes(b)
+		want[i] = string(b)
+		require.NotContains(t, want[i], key[10:], "the whole text is masked")
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 500 {
+		m := deltaMasker{red: red}
+		got := make([]strings.Builder, len(texts))
+		emit := func(d Delta) {
+			require.Empty(t, red.spans(d.Text), "a form of the key in %q", d.Text)
+			got[d.Index].WriteString(d.Text)
+		}
+		rest := slices.Clone(texts)
+		for rest[0] != "" || rest[1] != "" {
+			i := rng.IntN(2)
+			if rest[i] == "" {
+				i = 1 - i
+			}
+			n := min(1+rng.IntN(12), len(rest[i]))
+			if d, ok := m.mask(Delta{Type: DeltaText, Index: i, Text: rest[i][:n]}); ok {
+				emit(d)
+			}
+			rest[i] = rest[i][n:]
+		}
+		m.flush(emit)
+		for i := range texts {
+			require.Equal(t, want[i], got[i].String(), "block %d", i)
+		}
+	}
 }

@@ -2,8 +2,10 @@ package llm_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -178,8 +180,9 @@ func TestProvider_Stream_ToolDeltas(t *testing.T) {
 		require.Equal(t, []llm.Delta{
 			{Type: llm.DeltaThinking, Index: 0, Text: "hmm"},
 			{Type: llm.DeltaInputJSON, Index: 1, ToolID: "toolu_1", ToolName: "get_weather"},
-			{Type: llm.DeltaInputJSON, Index: 1, Text: `{"loc`},
-			{Type: llm.DeltaInputJSON, Index: 1, Text: `ation": "Paris"}`},
+			// "c" may start the key's base64 form ("c2st..."): held for the block's next delta.
+			{Type: llm.DeltaInputJSON, Index: 1, Text: `{"lo`},
+			{Type: llm.DeltaInputJSON, Index: 1, Text: `cation": "Paris"}`},
 		}, got.all)
 		require.JSONEq(t, `{"id":"msg_1","type":"message","role":"assistant","model":"c",
 			"content":[{"type":"thinking","thinking":"hmm","signature":"sig"},
@@ -470,4 +473,81 @@ func TestStream_OpenAILogprobsKept(t *testing.T) {
 	require.Len(t, out.Choices, 1)
 	require.NotNil(t, out.Choices[0].Logprobs, "body: %s", resp.Body)
 	require.Equal(t, []struct{ Token string }{{"Hi"}, {"!"}}, out.Choices[0].Logprobs.Content)
+}
+
+// splitEvents returns the events of a streamed answer whose text is text, one delta per size
+// bytes, in kind's form.
+func splitEvents(kind llm.Kind, text string, size int) []string {
+	var pieces []string
+	for len(text) > 0 {
+		n := min(size, len(text))
+		pieces = append(pieces, text[:n])
+		text = text[n:]
+	}
+	str := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	if kind == llm.KindOpenAI {
+		chunk := func(choices string) string {
+			return `data: {"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":` + choices + `}`
+		}
+		events := []string{chunk(`[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]`)}
+		for _, p := range pieces {
+			events = append(events, chunk(`[{"index":0,"delta":{"content":`+str(p)+`},"finish_reason":null}]`))
+		}
+		return append(events, chunk(`[{"index":0,"delta":{},"finish_reason":"stop"}]`), `data: [DONE]`)
+	}
+	events := []string{
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"c\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}",
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}",
+	}
+	for _, p := range pieces {
+		events = append(events, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"+str(p)+"}}")
+	}
+	return append(events,
+		"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}",
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":9}}",
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}")
+}
+
+// TestProvider_Stream_KeySplitAcrossDeltasMasked proves that a key the provider echoes split
+// across deltas (in any form: as sent, base64; once, or twice in a row) is masked in the deltas
+// as in the assembled body, and that the deltas add up to the body's text byte for byte.
+func TestProvider_Stream_KeySplitAcrossDeltasMasked(t *testing.T) {
+	t.Parallel()
+	b64 := base64.StdEncoding.EncodeToString([]byte(testKey))
+	text := "key " + testKey + ", twice " + testKey + strings.ToUpper(testKey) + ", encoded " + b64 + ", and the end: s"
+	for _, kind := range []llm.Kind{llm.KindAnthropic, llm.KindOpenAI} {
+		for _, size := range []int{1, 2, 3, 5, 7, 13} {
+			t.Run(fmt.Sprintf("%s/%d", kind, size), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t, kind, sseHandler(splitEvents(kind, text, size)))
+				var got deltas
+				resp, err := b.provider.Send(t.Context(), streamBody(kind), llm.SendOptions{OnDelta: got.add})
+				require.NoError(t, err)
+				defer resp.Release()
+				var stored string
+				if kind == llm.KindAnthropic {
+					var m struct {
+						Content []struct{ Text string } `json:"content"`
+					}
+					require.NoError(t, json.Unmarshal(resp.Body, &m))
+					stored = m.Content[0].Text
+				} else {
+					var m struct {
+						Choices []struct {
+							Message struct{ Content string } `json:"message"`
+						} `json:"choices"`
+					}
+					require.NoError(t, json.Unmarshal(resp.Body, &m))
+					stored = m.Choices[0].Message.Content
+				}
+				streamed := got.text(llm.DeltaText)
+				for _, secret := range []string{"0123456789abcdef", b64[4 : len(b64)-4]} {
+					require.NotContains(t, strings.ToLower(stored), strings.ToLower(secret), "stored")
+					require.NotContains(t, strings.ToLower(streamed), strings.ToLower(secret), "streamed")
+				}
+				require.Equal(t, stored, streamed, "the deltas add up to the stored text")
+				require.True(t, strings.HasSuffix(streamed, "the end: s"), "a held tail is sent at the end")
+			})
+		}
+	}
 }
