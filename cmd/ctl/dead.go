@@ -184,37 +184,62 @@ func (a *app) deadRetry(c *cli.Context) error {
 	if !all {
 		f.IDs = ids
 	}
-	retried, err := store.RetryDead(c.Context, f)
-	if err != nil {
-		return err
+	// RetryDead commits each batch before it is enqueued and told: a run stopped halfway (an
+	// error, Ctrl-C) keeps the batches done, and the audit entry counts them.
+	var problems, requeued []string
+	var unqueued int // --all: jobs queued whose task was not enqueued
+	_, retryErr := store.RetryDead(c.Context, f, &jobs.RetryDeadOpts{Batch: deadRetryBatch,
+		BatchFunc: func(ctx context.Context, batch []jobs.Unfinished) error {
+			for _, job := range batch {
+				requeued = append(requeued, job.ID)
+				if err := tasks.Requeue(ctx, job.ID, job.Priority); err != nil {
+					if unqueued++; !all || unqueued == 1 {
+						problems = append(problems, fmt.Sprintf("%s is queued but its task was not enqueued (the sweeper will): %v", job.ID, err))
+					}
+					continue
+				}
+				if !all {
+					fmt.Fprintf(a.out, "requeued %s\n", job.ID)
+				}
+			}
+			if all && len(batch) == deadRetryBatch { // more may follow: a long run tells its progress
+				fmt.Fprintf(a.out, "requeued %d dead jobs so far\n", len(requeued))
+			}
+			return nil
+		}})
+	if retryErr != nil {
+		problems = append([]string{fmt.Sprintf("retry stopped after %d jobs: %v", len(requeued), retryErr)}, problems...)
 	}
-	var problems []string
-	requeued := make([]string, 0, len(retried))
-	for _, job := range retried {
-		requeued = append(requeued, job.ID)
-		if err := tasks.Requeue(c.Context, job.ID, job.Priority); err != nil {
-			problems = append(problems, fmt.Sprintf("%s is queued but its task was not enqueued (the sweeper will): %v", job.ID, err))
-			continue
+	if all && unqueued > 1 {
+		problems = append(problems, fmt.Sprintf("%d more jobs are queued without a task (the sweeper will enqueue them)", unqueued-1))
+	}
+	if all && retryErr == nil {
+		if len(requeued) == 0 {
+			fmt.Fprintln(a.out, "no dead jobs matched")
+		} else {
+			fmt.Fprintf(a.out, "requeued %d dead jobs\n", len(requeued))
 		}
-		fmt.Fprintf(a.out, "requeued %s\n", job.ID)
-	}
-	if all && len(requeued) == 0 {
-		fmt.Fprintln(a.out, "no dead jobs matched")
 	}
 	detail := map[string]any{"requested": ids}
 	if all {
 		detail = map[string]any{"all": true, "reason": f.Reason, "credential": f.Credential}
 	}
-	if err := logAction(c.Context, p, audit.Entry{Action: "dead.retry", Target: audit.TargetOf(ids), Count: len(requeued),
-		Detail: detail}); err != nil {
+	if err := logAction(context.WithoutCancel(c.Context), p, audit.Entry{Action: "dead.retry", Target: audit.TargetOf(ids),
+		Count: len(requeued), Detail: detail}); err != nil {
 		problems = append(problems, err.Error())
 	}
-	problems = append(problems, whyNotDone(c.Context, store, ids, requeued)...)
+	if retryErr == nil {
+		problems = append(problems, whyNotDone(c.Context, store, ids, requeued)...)
+	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
 }
+
+// deadRetryBatch is how many jobs one transaction of ctl dead retry puts back (see jobs.RetryDead);
+// --all tells its progress after each.
+const deadRetryBatch = 500
 
 // whyNotDone says, for each of the ids an action on dead jobs asked for and did not do (not in
 // done), why: no such job, or a job that is not dead.

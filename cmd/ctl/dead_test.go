@@ -256,7 +256,7 @@ func TestDeadRetry(t *testing.T) {
 
 		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all", "--reason", jobs.ReasonRateLimitedNoRetryAfter)...)
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
-		require.ElementsMatch(t, []string{"requeued " + capped1.ID, "requeued " + capped2.ID}, strings.Split(strings.TrimSpace(r.out), "\n"))
+		require.Equal(t, "requeued 2 dead jobs\n", r.out)
 		for _, id := range []string{capped1.ID, capped2.ID} {
 			_, err := insp.GetTaskInfo(queue, id)
 			require.NoError(t, err)
@@ -275,6 +275,30 @@ func TestDeadRetry(t *testing.T) {
 		require.Equal(t, 2, entries[1].Count)
 		require.Empty(t, entries[1].Target, "several jobs")
 		require.Equal(t, map[string]any{"all": true, "reason": jobs.ReasonRateLimitedNoRetryAfter, "credential": ""}, entries[1].Detail)
+	})
+
+	// A long run goes in batches, each committed and enqueued before the next, and tells its
+	// progress after each.
+	t.Run("AllTellsProgress", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, insp, queue := redisArgs(t)
+		const n = deadRetryBatch + 1
+		_, err := b.pool.Exec(context.Background(), `INSERT INTO jobs (id, credential, fingerprint, status, request,
+	max_attempts, timeout_ms, deadline, dead_reason, finished_at)
+SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted', now() - g * interval '1 second'
+FROM generate_series(1, $1::int) g`, n)
+		require.NoError(t, err)
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "requeued 500 dead jobs so far\nrequeued 501 dead jobs\n", r.out)
+		info, err := insp.GetQueueInfo(queue)
+		require.NoError(t, err)
+		require.Equal(t, n, info.Pending, "every job's task is enqueued")
+		entries := auditLog(t, b.url)
+		require.Len(t, entries, 1)
+		require.Equal(t, n, entries[0].Count)
 	})
 
 	t.Run("NotDeadAndUnknown", func(t *testing.T) {

@@ -27,7 +27,7 @@ type statsOutput struct {
 func (a *app) statsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "stats",
-		Usage: "jobs by status, queue depth, retry rate, requests per success, submit→result latency",
+		Usage: "jobs submitted and ended in the window, jobs waiting or running now, queue depth, retry rate, requests per success, submit→result latency",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "window", Value: "1h", Usage: "how far back to look (30m, 24h, 7d)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
@@ -67,8 +67,13 @@ func (a *app) statsCommand() *cli.Command {
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
 			row("window", window.String())
+			row("jobs submitted", st.Submitted)
 			for _, s := range statusOrder {
-				row("jobs "+string(s), st.ByStatus[s])
+				if s.Terminal() {
+					row("jobs "+string(s), st.ByStatus[s]) // ended in the window
+				} else {
+					row("jobs "+string(s)+" now", st.ByStatus[s]) // whatever their age
+				}
 			}
 			row("queue pending", depth.Pending)
 			row("queue active", depth.Active)

@@ -44,9 +44,10 @@ func TestStats(t *testing.T) {
 		require.Empty(t, r.errOut)
 		require.Equal(t, map[string]string{
 			"window":               "1h0m0s",
-			"jobs queued":          "1",
-			"jobs running":         "0",
-			"jobs retrying":        "0",
+			"jobs submitted":       "4",
+			"jobs queued now":      "1",
+			"jobs running now":     "0",
+			"jobs retrying now":    "0",
 			"jobs succeeded":       "2",
 			"jobs failed":          "0",
 			"jobs dead":            "1",
@@ -71,6 +72,7 @@ func TestStats(t *testing.T) {
 		var got struct {
 			Window             string         `json:"window"`
 			ByStatus           map[string]int `json:"jobs_by_status"`
+			Submitted          int            `json:"jobs_submitted"`
 			Queue              dispatch.QueueDepth
 			Attempts           int     `json:"attempts"`
 			Retries            int     `json:"retries"`
@@ -82,6 +84,7 @@ func TestStats(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
 		require.Equal(t, "2h0m0s", got.Window)
 		require.Equal(t, map[string]int{"queued": 1, "running": 0, "retrying": 0, "succeeded": 2, "failed": 0, "dead": 1, "canceled": 0}, got.ByStatus)
+		require.Equal(t, 4, got.Submitted)
 		require.Equal(t, dispatch.QueueDepth{Pending: 1}, got.Queue)
 		require.Equal(t, 5, got.Attempts)
 		require.Equal(t, 2, got.Retries)

@@ -1,6 +1,8 @@
 // Package audit is the operators' audit log in Postgres (table audit_log, migration 015): every
 // action of the console and of the operator commands of ctl, with who, what, on what, how many
-// and when. It is append-only: nothing here updates or deletes a row.
+// and when. It is append-only: no entry is ever changed, and entries go only when they are older
+// than the audit log's retention (config retention.audit; the maintenance retention pass calls
+// DeleteBefore).
 package audit
 
 import (
@@ -90,4 +92,25 @@ WHERE $1 = '' OR operator = $1 ORDER BY id DESC LIMIT $2`, p.Operator, p.Limit)
 		return nil, fmt.Errorf("list audit log: %w", err)
 	}
 	return out, nil
+}
+
+// DeleteBefore deletes up to limit of the oldest entries written before `before` and returns how
+// many; callers delete a large backlog in several calls, so that no statement runs long.
+//
+// Entries are appended in time order, so the expired ones are the first by id: the statement
+// walks the primary key up to the first entry written at or after `before` and stops there,
+// without an index on at (one would cost every insert) and without reading the entries it
+// keeps. An entry written out of order (its transaction began before an earlier id's) goes with
+// the next call that finds it below that boundary. Nothing else changes or locks entries, so
+// nothing waits on it.
+func DeleteBefore(ctx context.Context, pool *pgxpool.Pool, before time.Time, limit int) (int64, error) {
+	tag, err := pool.Exec(ctx, `
+DELETE FROM audit_log WHERE id IN (
+	SELECT id FROM audit_log
+	WHERE at < $1 AND id < coalesce((SELECT min(id) FROM audit_log WHERE at >= $1), 9223372036854775807)
+	ORDER BY id LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete expired audit entries: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }

@@ -11,9 +11,9 @@ import (
 )
 
 // Retention is how long the workers keep finished jobs, per final status, before deleting them
-// with their attempts, events and idempotency keys, and how often the leading worker looks for
-// expired ones. A period is written as a Go duration ("36h"), as days ("7d"), or as 0 or "off"
-// to keep those jobs forever.
+// with their attempts, events and idempotency keys, how long they keep the operators' audit log,
+// and how often the leading worker looks for expired ones. A period is written as a Go duration
+// ("36h"), as days ("7d"), or as 0 or "off" to keep those rows forever.
 type Retention struct {
 	// Succeeded is how long succeeded jobs are kept. Default 7d.
 	Succeeded Period `yaml:"succeeded"`
@@ -23,6 +23,9 @@ type Retention struct {
 	Canceled Period `yaml:"canceled"`
 	// Dead is how long dead letters are kept: they wait for an operator. Default 30d.
 	Dead Period `yaml:"dead"`
+	// Audit is how long the audit log's entries (ctl's and the console's actions) are kept.
+	// Default 365d: a year of who did what, for a table of a few rows per operator action.
+	Audit Period `yaml:"audit"`
 	// Interval is the time between two retention passes of the leading worker; the first comes
 	// one interval after it begins to lead, and a pass runs until nothing expired is left (the
 	// next begins an interval after it began, or at once when it took longer). Default 1m.
@@ -33,6 +36,8 @@ type Retention struct {
 const (
 	DefaultRetention     = 7 * 24 * time.Hour
 	DefaultDeadRetention = 30 * 24 * time.Hour
+	// DefaultAuditRetention is how long audit log entries are kept by default.
+	DefaultAuditRetention = 365 * 24 * time.Hour
 	// DefaultRetentionInterval is the default time between retention passes.
 	DefaultRetentionInterval = time.Minute
 )
@@ -48,7 +53,7 @@ type Period struct {
 // Keep returns a period of d; 0 keeps forever.
 func Keep(d time.Duration) Period { return Period{d: d, set: true} }
 
-// Duration returns the period; 0 means the jobs are kept forever.
+// Duration returns the period; 0 means the rows are kept forever.
 func (p Period) Duration() time.Duration { return p.d }
 
 // UnmarshalYAML implements yaml.Unmarshaler. A value that is not a period is reported by
@@ -99,6 +104,7 @@ func (r *Retention) fields() []struct {
 		{"failed", &r.Failed, DefaultRetention},
 		{"canceled", &r.Canceled, DefaultRetention},
 		{"dead", &r.Dead, DefaultDeadRetention},
+		{"audit", &r.Audit, DefaultAuditRetention},
 	}
 }
 

@@ -18,7 +18,7 @@ func TestParse_Retention(t *testing.T) {
 		cfg, err := config.Parse(minimal(goodCred, ""), secretEnv)
 		require.NoError(t, err)
 		require.Equal(t, config.Retention{Succeeded: config.Keep(7 * day), Failed: config.Keep(7 * day),
-			Canceled: config.Keep(7 * day), Dead: config.Keep(30 * day), Interval: time.Minute}, cfg.Retention)
+			Canceled: config.Keep(7 * day), Dead: config.Keep(30 * day), Audit: config.Keep(365 * day), Interval: time.Minute}, cfg.Retention)
 	})
 
 	t.Run("Interval", func(t *testing.T) {
@@ -31,12 +31,13 @@ func TestParse_Retention(t *testing.T) {
 
 	t.Run("DaysDurationsAndOff", func(t *testing.T) {
 		t.Parallel()
-		cfg, err := config.Parse(minimal(goodCred, "retention: { succeeded: 1d, failed: 36h, canceled: off, dead: 0 }\n"), secretEnv)
+		cfg, err := config.Parse(minimal(goodCred, "retention: { succeeded: 1d, failed: 36h, canceled: off, dead: 0, audit: 90d }\n"), secretEnv)
 		require.NoError(t, err)
 		require.Equal(t, day, cfg.Retention.Succeeded.Duration())
 		require.Equal(t, 36*time.Hour, cfg.Retention.Failed.Duration())
 		require.Zero(t, cfg.Retention.Canceled.Duration(), "off: kept forever")
 		require.Zero(t, cfg.Retention.Dead.Duration(), "0: kept forever, not the default")
+		require.Equal(t, 90*day, cfg.Retention.Audit.Duration())
 	})
 
 	t.Run("UnwrittenFieldsTakeTheirDefault", func(t *testing.T) {
@@ -44,7 +45,7 @@ func TestParse_Retention(t *testing.T) {
 		cfg, err := config.Parse(minimal(goodCred, "retention: { dead: 90d }\n"), secretEnv)
 		require.NoError(t, err)
 		require.Equal(t, config.Retention{Succeeded: config.Keep(7 * day), Failed: config.Keep(7 * day),
-			Canceled: config.Keep(7 * day), Dead: config.Keep(90 * day), Interval: time.Minute}, cfg.Retention)
+			Canceled: config.Keep(7 * day), Dead: config.Keep(90 * day), Audit: config.Keep(365 * day), Interval: time.Minute}, cfg.Retention)
 	})
 
 	for name, c := range map[string]struct{ yaml, field string }{
@@ -56,6 +57,7 @@ func TestParse_Retention(t *testing.T) {
 		"NotAScalar":   {"retention: { succeeded: [7d] }\n", "retention.succeeded: must be a duration"},
 		"UnknownField": {"retention: { completed: 7d }\n", "field completed not found"},
 		"BadInterval":  {"retention: { interval: -1s }\n", "retention.interval: must be positive"},
+		"BadAudit":     {"retention: { audit: 1y }\n", "retention.audit: must be a duration"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -92,7 +92,7 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	retried, err := h.cfg.Jobs.RetryDead(r.Context(), jobs.DeadFilter{IDs: ids})
+	retried, err := h.cfg.Jobs.RetryDead(r.Context(), jobs.DeadFilter{IDs: ids}, nil)
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return

@@ -23,7 +23,8 @@ type Delivery struct {
 	// (a deferral or a failure of the stores); 0 on its first delivery.
 	Retried int
 	// Low is set when the task is a low job's: it came from the low jobs' queue, or it is the
-	// due task of a low job's deferred delivery (see Enqueuer.enqueueDue).
+	// due task of a low job's deferred delivery (see Enqueuer.enqueueDue). The rescue of a low
+	// job's stuck due task, on the main queue (see Sweeper.rescueOrphans), is not: one delivery.
 	Low bool
 }
 

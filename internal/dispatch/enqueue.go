@@ -73,7 +73,13 @@ func (e *Enqueuer) Enqueue(ctx context.Context, jobID string, p jobs.Priority, a
 // ":rescue"), for when the job's task is stuck active on a dead worker. It is a no-op while a
 // rescue task exists. The stuck task, once asynq recovers it, finds the job finished or leased.
 func (e *Enqueuer) EnqueueRescue(ctx context.Context, jobID string, p jobs.Priority) error {
-	return e.enqueue(ctx, []byte(jobID), jobID+rescueSuffix, e.queues.For(p), time.Time{})
+	return e.enqueueRescue(ctx, jobID, e.queues.For(p))
+}
+
+// enqueueRescue enqueues the job's rescue task on queue: its priority's, or the main queue for
+// a low job whose due task is the stuck one (see Sweeper.rescueOrphans).
+func (e *Enqueuer) enqueueRescue(ctx context.Context, jobID, queue string) error {
+	return e.enqueue(ctx, []byte(jobID), jobID+rescueSuffix, queue, time.Time{})
 }
 
 // rescueSuffix ends the TaskID of a rescue task (see Enqueuer.EnqueueRescue).

@@ -149,21 +149,31 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 // rescueOrphans enqueues a rescue task for each non-terminal job whose task is active in asynq
 // but on no live worker server's list, once it has looked so for OrphanGrace, unless a live
 // attempt lease holds the job (its delivery is alive somewhere). It returns how many it rescued.
+//
+// A low job's stuck due task (its deferred delivery) is rescued on the main queue, where the
+// due task waited: on the low queue the rescue would wait behind the low backlog, and its
+// deferral would end it (the stuck task holds the job's due-task ID, see Mux), leaving the job
+// to asynq's recoverer, 1-2 minutes after the worker died. On the main queue a deferral is the
+// rescue's own retry.
 func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error) {
 	live, err := s.liveTasks()
 	if err != nil {
 		return 0, err
 	}
 	var ids []string
+	stuckDue := map[string]bool{}
 	for _, queue := range s.cfg.Enqueuer.queues.All() {
 		active, err := s.cfg.Redis.LRange(ctx, asynqActiveKey(queue), 0, -1).Result()
 		if err != nil {
 			return 0, fmt.Errorf("list active tasks of %s: %w", queue, err)
 		}
 		for _, id := range active {
-			if !live[id] && !strings.HasSuffix(id, rescueSuffix) {
-				ids = append(ids, strings.TrimSuffix(id, dueSuffix))
+			if live[id] || strings.HasSuffix(id, rescueSuffix) {
+				continue
 			}
+			jobID, due := strings.CutSuffix(id, dueSuffix)
+			ids = append(ids, jobID)
+			stuckDue[jobID] = stuckDue[jobID] || due
 		}
 	}
 	candidates, err := s.cfg.Store.UnfinishedByID(ctx, ids)
@@ -184,7 +194,11 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 			suspects[u.ID] = since
 			continue
 		}
-		if err := s.cfg.Enqueuer.EnqueueRescue(ctx, u.ID, u.Priority); err != nil {
+		queue := s.cfg.Enqueuer.queues.For(u.Priority)
+		if stuckDue[u.ID] {
+			queue = s.cfg.Enqueuer.queues.Due()
+		}
+		if err := s.cfg.Enqueuer.enqueueRescue(ctx, u.ID, queue); err != nil {
 			return rescued, err
 		}
 		rescued++

@@ -13,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // TestSweeper_RespectsLease checks that a running job whose task Redis lost is re-enqueued only
@@ -89,6 +91,51 @@ func TestSweeper_RescuesOrphans(t *testing.T) {
 	n, err = sw.SweepOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 0, n)
+}
+
+// TestSweeper_RescuesALowJobsOrphanedDueTask: a low job whose due task (its deferred delivery,
+// on the main queue) a dead worker left active is rescued on the main queue too, not at the
+// tail of the low queue behind its backlog; and the rescue's own deferral waits as the rescue
+// (asynq's retry), where on the low queue it would end: the orphaned due task holds the job's
+// due-task ID, so the deferral could not become a due task, and the job would wait for asynq's
+// recoverer (its lease, 30 s more, and up to a minute's interval: 1-2 minutes after the death).
+func TestSweeper_RescuesALowJobsOrphanedDueTask(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tb := setupTasks(t)
+	rdb := redistest.Client(t)
+	q := dispatch.NewQueues(tb.queue)
+	job := b.Create(t, jobstest.Opts{Priority: jobs.PriorityLow})
+	// Given the job's due task, taken by a worker that died.
+	_, err := tb.client.Enqueue(asynq.NewTask(dispatch.TaskType, []byte(`{"job_id":"`+job.ID+`","deferred":"its turn"}`)),
+		asynq.TaskID(job.ID+":due"), asynq.Queue(q.Due()))
+	require.NoError(t, err)
+	orphan(t, rdb, q.Due(), job.ID+":due")
+
+	now := time.Now()
+	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+		Redis: rdb, OrphanGrace: 15 * time.Second, Now: func() time.Time { return now }})
+	n, err := sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, n, "first seen orphaned: not yet")
+	now = now.Add(16 * time.Second)
+	n, err = sw.SweepOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, asynq.TaskStatePending, tb.stateIn(t, q.Due(), job.ID+":rescue"), "rescued on the main queue")
+	require.Zero(t, tb.stateIn(t, q.For(jobs.PriorityLow), job.ID+":rescue"), "not behind the low backlog")
+
+	// The rescue's delivery is deferred: it waits as itself for its time.
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	srv := dispatch.NewServer(opt, dispatch.ServerConfig{Queue: tb.queue, Concurrency: 1,
+		PollInterval: 10 * time.Millisecond, Policy: retrypolicy.New(&retrypolicy.Config{})})
+	p := &deferAlways{}
+	require.NoError(t, srv.Start(dispatch.Mux(p, tb.enqueuer)))
+	t.Cleanup(srv.Shutdown)
+	require.Eventually(t, func() bool { return p.n.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	srv.Shutdown()
+	require.Equal(t, asynq.TaskStateRetry, tb.stateIn(t, q.Due(), job.ID+":rescue"), "the deferral is kept")
 }
 
 // TestSweeper_RedisLookupFails checks that a sweep whose look-up of the tasks fails (Redis

@@ -117,61 +117,106 @@ func listDeadQuery(f DeadFilter) (string, []any) {
 ORDER BY finished_at DESC, id DESC LIMIT $` + strconv.Itoa(len(args)), args
 }
 
-// RetryDead puts every dead job f selects back to queued, in one transaction, and returns them
-// (f.Limit does not apply), each with its priority, which names its task's queue. Each gets a
-// fresh attempt budget (attempts 0), a fresh deadline (now + its timeout), no dead reason, and
-// a "queued" event whose payload names the previous reason. Its earlier attempts stay in job_attempts and the new ones continue their numbering
-// (jobs.attempt_base, migration 002). Jobs that are not dead are left alone and not returned.
-// The caller then enqueues the returned jobs (Tasks.Requeue); one it fails to enqueue is picked
-// up by the sweeper.
-func (s *Store) RetryDead(ctx context.Context, f DeadFilter) ([]Unfinished, error) {
-	args := []any{s.now()}
-	where := f.where("d", &args)
-	var out []Unfinished
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `
-UPDATE jobs j SET status = 'queued', attempts = 0,
-	attempt_base = greatest(j.attempt_base + j.attempts,
-		coalesce((SELECT max(a.attempt) FROM job_attempts a WHERE a.job_id = j.id), 0)),
-	dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL,
-	deadline = $1::timestamptz + j.timeout_ms * interval '1 millisecond',
-	updated_at = now(), event_seq = j.event_seq + 1
-FROM (SELECT d.id, d.dead_reason FROM jobs d WHERE `+where+` FOR UPDATE) old
-WHERE j.id = old.id
-RETURNING j.id::text, j.event_seq, old.dead_reason, j.priority`, args...)
-		if err != nil {
-			return err
-		}
-		type requeued struct {
-			id       string
-			seq      int
-			reason   *string
-			priority Priority
-		}
-		done, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (requeued, error) {
-			var q requeued
-			err := r.Scan(&q.id, &q.seq, &q.reason, &q.priority)
-			return q, err
-		})
-		if err != nil {
-			return err
-		}
-		for _, q := range done {
-			payload := map[string]any{"retried_from": StatusDead}
-			if q.reason != nil {
-				payload["previous_reason"] = *q.reason
-			}
-			if err := appendEvent(ctx, tx, q.id, q.seq, StatusQueued, payload); err != nil {
-				return err
-			}
-			out = append(out, Unfinished{ID: q.id, Status: StatusQueued, Priority: q.priority})
-		}
-		return nil
-	})
-	if err != nil {
+// RetryDeadOpts are RetryDead's per-call knobs; nil takes the defaults.
+type RetryDeadOpts struct {
+	// Batch is how many jobs one transaction retries. Default 500.
+	Batch int
+	// BatchFunc, when set, is called with each batch's jobs once the batch has committed, before
+	// the next begins (on RetryDead's goroutine): the caller enqueues them and tells its progress.
+	// An error it returns stops RetryDead, which returns it.
+	BatchFunc func(ctx context.Context, retried []Unfinished) error
+}
+
+// RetryDead puts every dead job f selects back to queued and returns them (f.Limit does not
+// apply), each with its priority, which names its task's queue. Each gets a fresh attempt budget
+// (attempts 0), a fresh deadline (now + its timeout), no dead reason, and a "queued" event whose
+// payload names the previous reason. Its earlier attempts stay in job_attempts and the new ones
+// continue their numbering (jobs.attempt_base, migration 002). Jobs that are not dead are left
+// alone and not returned. The caller then enqueues the returned jobs (Tasks.Requeue); one it
+// fails to enqueue is picked up by the sweeper.
+//
+// It works in batches of opts.Batch jobs, oldest death first, each in a transaction of its own,
+// so that a retry of 100,000 dead letters never holds their row locks at once (the sweeper, the
+// retention pass and the workers would wait on it) and a failure keeps the batches done. It
+// retries only the jobs that died before it began (by Postgres's clock): a job it retried that
+// dies again meanwhile is not retried twice, and the run ends. A matching job another
+// transaction holds is waited for, not skipped, and taken if it is still dead. On an error it
+// returns the jobs of the batches that committed with it.
+func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts) ([]Unfinished, error) {
+	var o RetryDeadOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.Batch <= 0 {
+		o.Batch = retryDeadBatch
+	}
+	var began time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&began); err != nil {
 		return nil, fmt.Errorf("retry dead jobs: %w", err)
 	}
-	return out, nil
+	sql, args := retryDeadQuery(f, s.now(), began, o.Batch)
+	var out []Unfinished
+	for {
+		args[0] = s.now() // each batch's deadlines run from its own start
+		rows, err := s.pool.Query(ctx, sql, args...)
+		if err != nil {
+			return out, fmt.Errorf("retry dead jobs: %w", err)
+		}
+		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
+			u := Unfinished{Status: StatusQueued}
+			err := r.Scan(&u.ID, &u.Priority)
+			return u, err
+		})
+		if err != nil {
+			return out, fmt.Errorf("retry dead jobs: %w", err)
+		}
+		out = append(out, batch...)
+		if len(batch) > 0 && o.BatchFunc != nil {
+			if err := o.BatchFunc(ctx, batch); err != nil {
+				return out, err
+			}
+		}
+		if len(batch) < o.Batch {
+			return out, nil
+		}
+	}
+}
+
+// retryDeadBatch is how many jobs one of RetryDead's transactions retries by default.
+const retryDeadBatch = 500
+
+// retryDeadQuery is one batch of RetryDead: one statement, so its own transaction. It locks
+// (FOR UPDATE, waiting) up to limit of f's dead jobs that died by began, oldest death first (in
+// the order of jobs_finished_idx or jobs_dead_reason_idx, so two retries lock in the same order);
+// a job that is no longer dead once its lock is free is passed over. The jobs it puts back to
+// queued no longer match, so the next batch takes the next ones. The update finds them by
+// primary key (= ANY of an array): joined with the CTE, the planner read the whole table for a
+// few hundred rows out of 20,000.
+// Its first argument is now, which the deadlines run from.
+func retryDeadQuery(f DeadFilter, now, began time.Time, limit int) (string, []any) {
+	args := []any{now, began, limit}
+	where := f.where("d", &args)
+	return `
+WITH old AS (
+	SELECT d.id, d.dead_reason FROM jobs d WHERE ` + where + ` AND d.finished_at <= $2
+	ORDER BY d.finished_at LIMIT $3
+	FOR UPDATE
+), u AS (
+	UPDATE jobs j SET status = 'queued', attempts = 0,
+		attempt_base = greatest(j.attempt_base + j.attempts,
+			coalesce((SELECT max(a.attempt) FROM job_attempts a WHERE a.job_id = j.id), 0)),
+		dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL,
+		deadline = $1::timestamptz + j.timeout_ms * interval '1 millisecond',
+		updated_at = now(), event_seq = j.event_seq + 1
+	WHERE j.id = ANY (ARRAY(SELECT id FROM old))
+	RETURNING j.id, j.event_seq, j.priority
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload)
+	SELECT u.id, u.event_seq, 'queued',
+		jsonb_strip_nulls(jsonb_build_object('retried_from', 'dead', 'previous_reason', old.dead_reason))
+	FROM u JOIN old ON old.id = u.id
+)
+SELECT id::text, priority FROM u`, args
 }
 
 // PurgeDead deletes the jobs that died before `before`, with their attempts, events and
@@ -196,8 +241,13 @@ const purgeBatch = 500
 type Stats struct {
 	// Since is the start of the window.
 	Since time.Time `json:"since"`
-	// ByStatus counts the jobs created in the window by their current status.
+	// ByStatus counts the jobs waiting or running now (queued, running, retrying), whenever they
+	// were submitted, and the jobs that reached each final status in the window, whenever they
+	// were submitted: a backlog older than the window is still counted, and a job is counted
+	// where it ended, not where it began.
 	ByStatus map[Status]int `json:"jobs_by_status"`
+	// Submitted counts the jobs created in the window.
+	Submitted int `json:"jobs_submitted"`
 	// Attempts counts the provider calls started in the window.
 	Attempts int `json:"attempts"`
 	// Retries counts those calls that were not their job's first.
@@ -217,7 +267,15 @@ type Stats struct {
 // Stats computes the window's statistics, from `since` until now.
 func (s *Store) Stats(ctx context.Context, since time.Time) (*Stats, error) {
 	st := &Stats{Since: since, ByStatus: map[Status]int{}}
-	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM jobs WHERE created_at >= $1 GROUP BY status`, since)
+	// The unfinished count reads jobs_unfinished_deadline_idx and the rows it names (a backlog's
+	// worth); the final ones jobs_finished_idx alone (its status and finished_at); submitted
+	// jobs_created_idx alone.
+	rows, err := s.pool.Query(ctx, `
+SELECT status, count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying') GROUP BY status
+UNION ALL
+SELECT status, count(*) FROM jobs
+WHERE status IN ('succeeded', 'failed', 'dead', 'canceled') AND finished_at IS NOT NULL AND finished_at >= $1
+GROUP BY status`, since)
 	if err != nil {
 		return nil, fmt.Errorf("count jobs by status: %w", err)
 	}
@@ -228,6 +286,9 @@ func (s *Store) Stats(ctx context.Context, since time.Time) (*Stats, error) {
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("count jobs by status: %w", err)
+	}
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE created_at >= $1`, since).Scan(&st.Submitted); err != nil {
+		return nil, fmt.Errorf("count submitted jobs: %w", err)
 	}
 	if err := s.pool.QueryRow(ctx, `
 SELECT count(*), count(*) FILTER (WHERE attempt > 1) FROM job_attempts WHERE started_at >= $1`, since).

@@ -3,9 +3,11 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -81,7 +83,7 @@ func TestStore_RetryDead(t *testing.T) {
 		// A short timeout that has passed by the time the operator retries.
 		job := b.Dead(t, jobstest.Opts{Timeout: time.Millisecond, Priority: jobs.PriorityLow}, jobs.ReasonRetriesExhausted, 3)
 
-		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
+		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}}, nil)
 		require.NoError(t, err)
 		require.Equal(t, []jobs.Unfinished{{ID: job.ID, Status: jobs.StatusQueued, Priority: jobs.PriorityLow}}, got,
 			"the job, with the priority that names its task's queue")
@@ -121,7 +123,7 @@ func TestStore_RetryDead(t *testing.T) {
 		ctx := context.Background()
 		job := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 2)
 		for range 2 {
-			_, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}})
+			_, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}}, nil)
 			require.NoError(t, err)
 			b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
 		}
@@ -136,7 +138,7 @@ func TestStore_RetryDead(t *testing.T) {
 		b := jobstest.New(t)
 		ctx := context.Background()
 		live := b.Create(t, jobstest.Opts{})
-		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{live.ID, "junk", "0190a5b2-7c1e-7d3f-9a8b-123456789abc"}})
+		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{live.ID, "junk", "0190a5b2-7c1e-7d3f-9a8b-123456789abc"}}, nil)
 		require.NoError(t, err)
 		require.Empty(t, got)
 		require.Equal(t, []jobs.Status{"queued"}, b.Events(t, live.ID))
@@ -149,13 +151,125 @@ func TestStore_RetryDead(t *testing.T) {
 		exhausted := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
 		capped := b.Dead(t, jobstest.Opts{}, jobs.ReasonRateLimitedNoRetryAfter, 1)
 
-		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter})
+		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter}, nil)
 		require.NoError(t, err)
 		require.Equal(t, []string{capped.ID}, unfinishedIDs(got))
 		left, err := b.Store.ListDead(ctx, jobs.DeadFilter{})
 		require.NoError(t, err)
 		require.Equal(t, []string{exhausted.ID}, ids(left))
 	})
+}
+
+// TestStore_RetryDeadInBatches: a retry of many dead jobs commits them a batch at a time, oldest
+// death first, so it never holds every match's row lock at once: while it waits for a job another
+// transaction holds (a sweep, an operator's purge), the batches before are committed, queued for
+// everyone and free to lock. It takes the locked job once it is free: none is missed.
+func TestStore_RetryDeadInBatches(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	// Given 600 dead jobs (more than a batch), dead one second apart, the last to die locked.
+	rows, err := b.Pool.Query(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts,
+	timeout_ms, deadline, dead_reason, created_at, finished_at)
+SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted',
+	now() - g * interval '1 minute', now() - g * interval '1 second'
+FROM generate_series(1, 600) g ORDER BY g RETURNING id::text`)
+	require.NoError(t, err)
+	dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	lastToDie, firstToDie := dead[0], dead[len(dead)-1]
+	lock, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = lock.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, lastToDie)
+	require.NoError(t, err)
+
+	type result struct {
+		got []jobs.Unfinished
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRetriesExhausted}, nil) // batches of 500
+		done <- result{got, err}
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 10*time.Millisecond, "the retry waits for the locked job")
+
+	// While it waits, the first batch is committed: queued, and nobody's lock holds it.
+	tx, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	var status jobs.Status
+	err = tx.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1 FOR UPDATE NOWAIT`, firstToDie).Scan(&status)
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, err, "the first job to die is not locked any more")
+	require.Equal(t, jobs.StatusQueued, status)
+
+	// Once the lock is gone the retry ends, every job retried once.
+	require.NoError(t, lock.Rollback(ctx))
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("RetryDead did not end after the lock was gone")
+	}
+	require.NoError(t, r.err)
+	require.ElementsMatch(t, dead, unfinishedIDs(r.got))
+}
+
+// TestStore_RetryDeadOnceEach: a job a retry put back that dies again before the retry ends
+// (a spend cap still on) is not retried a second time by it, and the retry ends; each batch is
+// handed to BatchFunc once it committed.
+func TestStore_RetryDeadOnceEach(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var dead []string
+	for range 5 {
+		dead = append(dead, b.Dead(t, jobstest.Opts{}, jobs.ReasonRateLimitedNoRetryAfter, 1).ID)
+	}
+
+	var batches [][]string
+	got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter}, &jobs.RetryDeadOpts{
+		Batch: 2,
+		BatchFunc: func(ctx context.Context, retried []jobs.Unfinished) error {
+			batches = append(batches, unfinishedIDs(retried))
+			for _, u := range retried {
+				require.Equal(t, jobs.StatusQueued, getStatus(t, b, u.ID), "committed before BatchFunc")
+				b.Attempt(t, u.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRateLimitedNoRetryAfter})
+			}
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	require.ElementsMatch(t, dead, unfinishedIDs(got))
+	require.Len(t, got, 5, "each once")
+	require.Equal(t, []int{2, 2, 1}, []int{len(batches[0]), len(batches[1]), len(batches[2])})
+	require.Equal(t, dead[:2], sorted(batches[0], dead), "oldest death first")
+}
+
+// getStatus is job id's status.
+func getStatus(t *testing.T, b *jobstest.Bundle, id string) jobs.Status {
+	t.Helper()
+	j, err := b.Store.Get(t.Context(), id)
+	require.NoError(t, err)
+	return j.Status
+}
+
+// sorted returns ids in the order they appear in order.
+func sorted(ids, order []string) []string {
+	var out []string
+	for _, id := range order {
+		if slices.Contains(ids, id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func TestStore_PurgeDead(t *testing.T) {
@@ -228,6 +342,7 @@ func TestStore_Stats(t *testing.T) {
 	st, err := b.Store.Stats(ctx, time.Now().Add(-time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, map[jobs.Status]int{"succeeded": 2, "dead": 1, "queued": 1}, st.ByStatus)
+	require.Equal(t, 4, st.Submitted)
 	require.Equal(t, 6, st.Attempts)
 	require.Equal(t, 3, st.Retries)
 	require.Equal(t, 2, st.Succeeded)
@@ -238,7 +353,42 @@ func TestStore_Stats(t *testing.T) {
 
 	later, err := b.Store.Stats(ctx, time.Now().Add(time.Hour))
 	require.NoError(t, err)
-	require.Empty(t, later.ByStatus, "nothing in a window that starts later")
+	require.Equal(t, map[jobs.Status]int{"queued": 1}, later.ByStatus, "only what waits now in a window that starts later")
+	require.Zero(t, later.Submitted)
+}
+
+// TestStore_StatsCountsWhatHappenedInTheWindow: the jobs of a final status are those that ended
+// in the window, whenever they were submitted; the unfinished ones are those waiting or running
+// now, however old (a backlog submitted before the window is still a backlog); the jobs
+// submitted are those created in the window.
+func TestStore_StatsCountsWhatHappenedInTheWindow(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	ago := func(id, column string, d time.Duration) {
+		t.Helper()
+		_, err := b.Pool.Exec(ctx, `UPDATE jobs SET `+column+` = now() - make_interval(secs => $2::bigint) WHERE id = $1`,
+			id, int64(d/time.Second))
+		require.NoError(t, err)
+	}
+	// Submitted two hours ago: one still queued, one that succeeded ten minutes ago, one that
+	// died ninety minutes ago. Submitted half an hour ago: one that succeeded.
+	oldQueued := b.Create(t, jobstest.Opts{})
+	ago(oldQueued.ID, "created_at", 2*time.Hour)
+	oldSucceeded := b.Finished(t, jobs.StatusSucceeded, "")
+	ago(oldSucceeded, "created_at", 2*time.Hour)
+	ago(oldSucceeded, "finished_at", 10*time.Minute)
+	oldDead := b.Finished(t, jobs.StatusDead, "")
+	ago(oldDead, "created_at", 2*time.Hour)
+	ago(oldDead, "finished_at", 90*time.Minute)
+	recent := b.Finished(t, jobs.StatusSucceeded, "")
+	ago(recent, "created_at", 30*time.Minute)
+
+	st, err := b.Store.Stats(ctx, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, map[jobs.Status]int{"queued": 1, "succeeded": 2}, st.ByStatus)
+	require.Equal(t, 2, st.Succeeded)
+	require.Equal(t, 1, st.Submitted)
 }
 
 func unfinishedIDs(us []jobs.Unfinished) []string {

@@ -7,10 +7,11 @@
 //     and stops their asynq tasks;
 //   - the retention pass, every minute by default (retention.interval), deletes the finished
 //     jobs older than their status's retention, with their attempts, events and idempotency
-//     keys, in short batches.
+//     keys, in short batches, and then the audit log's entries older than its retention.
 //
-// Both are statements of internal/jobs (FailOverdue, DeleteFinished), conditional and batched
-// like every other write there; this package decides when they run and reports what they did.
+// Both are statements of internal/jobs (FailOverdue, DeleteFinished) and internal/audit
+// (DeleteBefore), conditional and batched like every other write there; this package decides
+// when they run and reports what they did.
 // It knows nothing of asynq: the tasks are stopped through a TaskAborter (dispatch.Tasks).
 package maintenance
 
@@ -20,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
 )
@@ -52,6 +54,9 @@ type Config struct {
 	// Retention is how long the jobs of each final status are kept after they finished; a status
 	// that is absent, or 0, is kept forever.
 	Retention map[jobs.Status]time.Duration
+	// AuditRetention is how long the audit log's entries are kept (internal/audit); 0 keeps them
+	// forever.
+	AuditRetention time.Duration
 	// Interval is the time between deadline passes and between tries to lead: how late after its
 	// deadline a waiting job is failed, at most (plus a pass's own time). Default 1s.
 	Interval time.Duration
@@ -60,8 +65,8 @@ type Config struct {
 	RetentionInterval time.Duration
 	// DeadlineBatch is how many jobs one statement of the deadline pass fails. Default 100.
 	DeadlineBatch int
-	// RetentionBatch is how many jobs one statement (one short transaction) of the retention pass
-	// deletes. Default 500.
+	// RetentionBatch is how many jobs (or audit entries) one statement (one short transaction) of
+	// the retention pass deletes. Default 500.
 	RetentionBatch int
 	// BatchPause is the least wait between two batches of a retention pass; the wait is
 	// retentionShareDiv-1 times as long as the batch took when that is longer, so that deleting a
@@ -206,6 +211,10 @@ func (m *Maintainer) FailOverdue(ctx context.Context) (int, error) {
 				"status", jobs.StatusFailed, "class", jobs.ReasonDeadlineExceeded, "waited_as", o.From)
 			m.abort(ctx, o.ID)
 		}
+		// A short batch means no overdue job is left that is not locked: SKIP LOCKED passes over
+		// a locked row before the LIMIT counts (Postgres locks below the Limit node), so a
+		// statement skipping some still fills its batch when others remain. The locked ones (a
+		// delivery's short transaction) are taken by the next pass; going on now would spin.
 		if len(failed) < m.cfg.DeadlineBatch {
 			return total, nil
 		}
@@ -226,8 +235,11 @@ func (m *Maintainer) abort(ctx context.Context, id string) {
 // finalStatuses are the statuses the retention pass deletes, in its order.
 var finalStatuses = []jobs.Status{jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusCanceled, jobs.StatusDead}
 
-// retains reports whether any final status has a retention period.
+// retains reports whether any final status, or the audit log, has a retention period.
 func (m *Maintainer) retains() bool {
+	if m.cfg.AuditRetention > 0 {
+		return true
+	}
 	for _, s := range finalStatuses {
 		if m.cfg.Retention[s] > 0 {
 			return true
@@ -270,16 +282,43 @@ func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, 
 // deleteBefore deletes status's jobs that finished before `before`, batch by batch, adding
 // their count to deleted.
 func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, before time.Time, deleted map[jobs.Status]int64) error {
+	return m.inBatches(ctx, func(ctx context.Context) (int64, error) {
+		n, err := m.cfg.Store.DeleteFinished(ctx, status, before, m.cfg.RetentionBatch)
+		deleted[status] += n
+		m.cfg.Metrics.deleted(status, n)
+		return n, err
+	})
+}
+
+// DeleteExpiredAudit deletes the audit log's entries older than AuditRetention (see
+// audit.DeleteBefore), RetentionBatch per statement with a pause between as for the jobs, and
+// returns how many it deleted (until an error, which it returns too). With no AuditRetention it
+// deletes nothing.
+func (m *Maintainer) DeleteExpiredAudit(ctx context.Context) (int64, error) {
+	if m.cfg.AuditRetention <= 0 {
+		return 0, nil
+	}
+	before := m.cfg.Now().Add(-m.cfg.AuditRetention)
+	var total int64
+	err := m.inBatches(ctx, func(ctx context.Context) (int64, error) {
+		n, err := audit.DeleteBefore(ctx, m.cfg.Store.Pool(), before, m.cfg.RetentionBatch)
+		total += n
+		return n, err
+	})
+	return total, err
+}
+
+// inBatches runs del, which deletes up to RetentionBatch rows, each under statementTimeout,
+// until it deletes fewer, waiting between two as Config.BatchPause says.
+func (m *Maintainer) inBatches(ctx context.Context, del func(context.Context) (int64, error)) error {
 	for {
 		start := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
-		n, err := m.cfg.Store.DeleteFinished(sctx, status, before, m.cfg.RetentionBatch)
+		n, err := del(sctx)
 		cancel()
 		if err != nil {
 			return err
 		}
-		deleted[status] += n
-		m.cfg.Metrics.deleted(status, n)
 		if n < int64(m.cfg.RetentionBatch) {
 			return nil
 		}
@@ -289,19 +328,25 @@ func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, befor
 	}
 }
 
-// retentionPass runs DeleteExpired and logs one line: what it deleted, and its error if any.
+// retentionPass runs DeleteExpired and DeleteExpiredAudit and logs one line: what they deleted,
+// and the error if any.
 func (m *Maintainer) retentionPass(ctx context.Context) {
 	start, began := time.Now(), m.cfg.Now()
 	deleted, err := m.DeleteExpired(ctx)
+	var auditDeleted int64
+	if err == nil {
+		auditDeleted, err = m.DeleteExpiredAudit(ctx)
+	}
 	if err == nil {
 		m.cfg.Metrics.passed(passRetention, began)
 	}
-	var total int64
+	total := auditDeleted
 	attrs := []any{"duration", time.Since(start).Round(time.Millisecond)}
 	for _, s := range finalStatuses {
 		total += deleted[s]
 		attrs = append(attrs, string(s), deleted[s])
 	}
+	attrs = append(attrs, "audit_entries", auditDeleted)
 	level := slog.LevelDebug
 	if total > 0 {
 		level = slog.LevelInfo

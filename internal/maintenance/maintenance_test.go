@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
@@ -366,4 +367,103 @@ RETURNING id::text`, state, int64(endedAgo/time.Second)).Scan(&id))
 	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{holding, recent, open}, left, "gone: %s, %s", emptied, canceled)
+}
+
+// TestMaintainer_FailOverdueSkipsLockedRows: a job another transaction holds locked is skipped
+// (not waited for), and the pass still fails every overdue job that is not locked, however many
+// batches they take: a statement skips the locked row and takes the next ones up to its limit,
+// so a short batch means no unlocked overdue job is left. The locked one is failed by the next
+// pass once its lock is gone.
+func TestMaintainer_FailOverdueSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	b, m := setup(t, maintenance.Config{DeadlineBatch: 2})
+	ctx := t.Context()
+
+	// Given five overdue jobs, the first (oldest deadline) locked by another transaction.
+	var ids []string
+	for range 5 {
+		ids = append(ids, b.Create(t, jobstest.Opts{}).ID)
+	}
+	tx, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, ids[0])
+	require.NoError(t, err)
+	b.clock.Set(b.clock.Now().Add(2 * time.Minute))
+
+	// One pass fails the four others, in batches of two: the lock makes no batch end early.
+	n, err := m.FailOverdue(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	require.Equal(t, jobs.StatusQueued, b.status(t, ids[0]))
+	for _, id := range ids[1:] {
+		require.Equal(t, jobs.StatusFailed, b.status(t, id))
+	}
+
+	// Once the lock is gone, the next pass fails the last.
+	require.NoError(t, tx.Rollback(ctx))
+	n, err = m.FailOverdue(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, jobs.StatusFailed, b.status(t, ids[0]))
+}
+
+// TestMaintainer_DeletesExpiredAuditEntries: the retention pass deletes the audit log's entries
+// older than AuditRetention, in batches, and keeps the others; it runs for the audit log even
+// when no job status has a retention period.
+func TestMaintainer_DeletesExpiredAuditEntries(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	b, m := setup(t, maintenance.Config{Interval: 20 * time.Millisecond, RetentionInterval: 20 * time.Millisecond,
+		RetentionBatch: 2, BatchPause: time.Millisecond, AuditRetention: 365 * day})
+	ctx := t.Context()
+	entry := func(action string, ago time.Duration) {
+		e, err := audit.Log(ctx, b.Pool, audit.Entry{Operator: "ctl:root", Action: action})
+		require.NoError(t, err)
+		_, err = b.Pool.Exec(ctx, `UPDATE audit_log SET at = at - make_interval(secs => $2::bigint) WHERE id = $1`,
+			e.ID, int64(ago/time.Second))
+		require.NoError(t, err)
+	}
+	actions := func() []string {
+		entries, err := audit.List(ctx, b.Pool, audit.ListParams{Limit: 100})
+		require.NoError(t, err)
+		var out []string
+		for _, e := range entries {
+			out = append(out, e.Action)
+		}
+		return out
+	}
+	// Given five entries past the year (more than two batches) and two within it, written in
+	// time order as entries are.
+	for range 5 {
+		entry("expired", 400*day)
+	}
+	entry("kept", 364*day)
+	entry("recent", time.Minute)
+
+	n, err := m.DeleteExpiredAudit(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), n)
+	require.Equal(t, []string{"recent", "kept"}, actions())
+	n, err = m.DeleteExpiredAudit(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left to do")
+
+	// Two days later the leader's retention pass deletes the next, though no job status has a
+	// retention period.
+	b.clock.Set(b.clock.Now().Add(2 * day))
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	require.Eventually(t, func() bool { // on testify's goroutine: no require here
+		entries, err := audit.List(ctx, b.Pool, audit.ListParams{Limit: 100})
+		return err == nil && len(entries) == 1 && entries[0].Action == "recent"
+	}, 10*time.Second, 20*time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
 }

@@ -203,6 +203,7 @@ func (w *Worker) build(m metrics) error {
 			jobs.StatusSucceeded: cfg.Retention.Succeeded.Duration(), jobs.StatusFailed: cfg.Retention.Failed.Duration(),
 			jobs.StatusCanceled: cfg.Retention.Canceled.Duration(), jobs.StatusDead: cfg.Retention.Dead.Duration(),
 		},
+		AuditRetention:    cfg.Retention.Audit.Duration(),
 		RetentionInterval: cfg.Retention.Interval, Finished: m.executor.Finished, Logger: opts.Logger, Metrics: m.maintenance,
 	})
 	if err := w.newBatcher(m.executor.DeadLettered, alerter); err != nil {

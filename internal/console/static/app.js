@@ -127,7 +127,7 @@ function renderOverview(ov) {
   const q = ov.queue || {};
   const dead = Object.entries(ov.dead_by_reason || {});
   return [
-    h('h2', {}, `Jobs created in the last hour, by status`),
+    h('h2', {}, `Jobs waiting or running now, and ended in the last hour`),
     h('div', { class: 'cards' }, STATUSES.map((s) => card(s, ov.jobs_by_status[s] ?? 0, `count-${s}`))),
     h('h2', {}, 'Queue'),
     h('div', { class: 'cards' }, ['pending', 'active', 'scheduled', 'retry', 'archived'].map((k) => card(k, q[k] ?? '–', `queue-${k}`))),
