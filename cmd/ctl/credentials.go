@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/audit"
@@ -30,6 +31,18 @@ func (a *app) credentialsCommand() *cli.Command {
 					return err
 				}
 				defer closeFn()
+				// Postgres keeps the pauses: a pause Redis lost is read (and restored) from there.
+				// The pool connects only then, so the list does not need Postgres otherwise.
+				u, err := databaseURL(c)
+				if err != nil {
+					return err
+				}
+				p, err := pgxpool.New(c.Context, u)
+				if err != nil {
+					return fmt.Errorf("open database: %w", err)
+				}
+				defer p.Close()
+				pauses := credpause.NewStore(p, nil)
 				type row struct {
 					Name     string `json:"name"`
 					Provider string `json:"provider"`
@@ -41,9 +54,9 @@ func (a *app) credentialsCommand() *cli.Command {
 					if cr.Limits != nil {
 						configured = limiter.Limit{Rate: cr.Limits.RequestsPerSecond, Burst: cr.Limits.Burst}
 					}
-					st, err := credstate.Read(c.Context, lim.Gate(cr.LimiterID(), cr.Name), brk.Circuit(cr.LimiterID(), cr.Name), configured)
+					st, err := credstate.Read(c.Context, lim.Gate(cr.LimiterID(), cr.Name), brk.Circuit(cr.LimiterID(), cr.Name), configured, pauses)
 					if err != nil {
-						return err
+						return unreachable(err) // Postgres, for a pause Redis lost
 					}
 					rows = append(rows, row{Name: cr.Name, Provider: cr.Provider, State: st})
 				}

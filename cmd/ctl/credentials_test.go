@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -130,4 +131,47 @@ credentials:
 	r = run(t, "--config", elsewhere, "--redis-url", redistest.URL(), "--redis-prefix", prefix, "credentials", "list", "--json")
 	require.Equal(t, 0, r.code, r.errOut)
 	require.Contains(t, r.out, `"name": "spare"`)
+}
+
+// Right after Redis lost its data, list tells a credential paused by a spend cap as paused
+// (Postgres keeps the pause), not as not paused until a worker's refresh restores it.
+func TestCredentials_ListReadsAPauseRedisLost(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("sk-ctl-lost\n"), 0o600))
+	cfgFile := filepath.Join(dir, "llmq.yaml")
+	b := setupJobs(t)
+	require.NoError(t, os.WriteFile(cfgFile, fmt.Appendf(nil, `
+database_url: %s
+redis_url: %s
+credentials:
+  - { name: main, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_file: %s }
+`, b.url, redistest.URL(), keyFile), 0o600))
+	prefix := redistest.Prefix(t)
+	cfg, err := config.Load(cfgFile, nil)
+	require.NoError(t, err)
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: prefix})
+	require.NoError(t, err)
+	mainCred, _ := cfg.Credential("main")
+	gate := lim.Gate(mainCred.LimiterID(), "main")
+	_, err = credpause.NewStore(b.pool, nil).Pause(t.Context(), gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	redistest.Unlink(ctx, redistest.Client(t), prefix+"*") // Redis loses its data
+
+	r := run(t, "--config", cfgFile, "--redis-prefix", prefix, "credentials", "list", "--json")
+	require.Equal(t, 0, r.code, r.errOut)
+	var rows []struct {
+		Paused     bool   `json:"paused"`
+		FirstJobID string `json:"pause_first_job_id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &rows))
+	require.Len(t, rows, 1)
+	require.True(t, rows[0].Paused, "a pause Postgres keeps shows as not paused after Redis lost it")
+	require.Equal(t, "job-1", rows[0].FirstJobID)
+	ps, err := gate.Paused(t.Context())
+	require.NoError(t, err)
+	require.True(t, ps.Paused, "the pause is back in Redis")
 }

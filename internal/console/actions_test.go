@@ -19,6 +19,7 @@ import (
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -315,6 +316,43 @@ func TestCredentials_StateAndResume(t *testing.T) {
 	require.Equal(t, 0, e[0].Count)
 	require.Equal(t, 1, e[1].Count)
 	require.Equal(t, "default", e[1].Target)
+}
+
+// TestCredentials_StateReadsAPauseRedisLost: right after Redis lost its data, the credentials
+// view tells a credential paused by a spend cap as paused (Postgres keeps the pause), not as not
+// paused until a worker's refresh restores it.
+func TestCredentials_StateReadsAPauseRedisLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})
+	c := b.login(t)
+	ctx := context.Background()
+	tag := redisscript.CredentialTag("anthropic\x00http://sim\x00key")
+	publish := func() {
+		require.NoError(t, b.rdb.HSet(ctx, redisscript.CredentialIndexKey(b.prefix), "default", tag).Err())
+	}
+	publish()
+	lim, err := limiter.New(b.rdb, &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	pauses := credpause.NewStore(b.jobs.Pool, nil)
+	_, err = pauses.Pause(ctx, lim.GateByTag(tag, "default"), "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	// Redis loses its data; a worker publishes the credentials' tags again.
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	redistest.Unlink(lctx, b.rdb, b.prefix+"*")
+	publish()
+
+	var list struct {
+		Credentials []console.CredentialState `json:"credentials"`
+	}
+	c.json(http.MethodGet, "/console/api/credentials", nil, &list)
+	require.Len(t, list.Credentials, 1)
+	require.True(t, list.Credentials[0].Known)
+	require.True(t, list.Credentials[0].Paused, "a pause Postgres keeps shows as not paused after Redis lost it")
+	require.Equal(t, "job-1", list.Credentials[0].FirstJobID)
+	ps, err := lim.GateByTag(tag, "default").Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, ps.Paused, "the pause is back in Redis")
 }
 
 func TestBadInput_ClearMessagesNever500(t *testing.T) {

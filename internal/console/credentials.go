@@ -55,7 +55,7 @@ func (h *Handler) credentialState(ctx context.Context, c Credential) (Credential
 	st.Known = true
 	gate := h.limiter.GateByTag(tag, c.Name)
 	if st.State, err = credstate.Read(ctx, gate, h.breaker.CircuitByTag(tag, c.Name),
-		limiter.Limit{Rate: c.RequestsPerSecond, Burst: c.Burst}); err != nil {
+		limiter.Limit{Rate: c.RequestsPerSecond, Burst: c.Burst}, credpause.NewStore(h.cfg.Pool, nil)); err != nil {
 		return st, err
 	}
 	tb, err := gate.CurrentTokenBuckets(ctx)
@@ -142,5 +142,8 @@ func redisFailure(r *http.Request, h *Handler, err error) error {
 		return err
 	}
 	h.cfg.Logger.WarnContext(r.Context(), "console: credential state", "error", err)
+	if errors.Is(err, credpause.ErrDatabase) { // a pause Redis lost, read from Postgres
+		return &apiError{http.StatusServiceUnavailable, "unavailable", "the database did not answer; try again shortly"}
+	}
 	return &apiError{http.StatusServiceUnavailable, "unavailable", "the credentials' shared state (Redis) did not answer; try again shortly"}
 }

@@ -48,18 +48,22 @@ func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 // console or pause probe during a rolling upgrade) is an episode that ended: the call that
 // begins the next one in Redis replaces it, and is started. started may be true beside an
 // error. Errors are wrapped Redis errors, or, when only Postgres failed (Redis holds the pause),
-// a database error (matching ErrDatabase).
+// a database error (matching ErrDatabase). It holds the credential's lock (see lock) throughout.
 func (s *Store) Pause(ctx context.Context, g *limiter.Gate, reason, jobID string) (started bool, err error) {
 	var row limiter.PauseState
 	var inserted bool
 	fresh := limiter.PauseState{Paused: true, Since: s.now(), Reason: reason, FirstJobID: jobID}
-	// DO UPDATE rather than DO NOTHING: the row is returned to every caller, also one that
-	// conflicted with an insert committed after its statement began.
-	perr := s.pool.QueryRow(ctx, `
+	conn, unlock, perr := s.lock(ctx, g)
+	if perr == nil {
+		defer unlock()
+		// DO UPDATE rather than DO NOTHING: the row is returned to every caller, also one that
+		// conflicted with an insert committed after its statement began.
+		perr = conn.QueryRow(ctx, `
 INSERT INTO credential_pauses (tag, credential, since, reason, first_job_id) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (tag) DO UPDATE SET tag = EXCLUDED.tag
 RETURNING since, reason, first_job_id, xmax = 0`, g.Tag(), g.Name(), fresh.Since, reason, jobID).Scan(
-		&row.Since, &row.Reason, &row.FirstJobID, &inserted)
+			&row.Since, &row.Reason, &row.FirstJobID, &inserted)
+	}
 	if perr != nil {
 		redisStarted, rerr := g.Pause(ctx, reason, jobID)
 		if rerr != nil {
@@ -71,7 +75,7 @@ RETURNING since, reason, first_job_id, xmax = 0`, g.Tag(), g.Name(), fresh.Since
 	if err == nil && redisStarted && known && !inserted {
 		// Redis held the credential as resumed: the row's episode had ended, and Redis began
 		// this one (fresh), which the row now keeps.
-		if _, err := s.pool.Exec(ctx, `
+		if _, err := conn.Exec(ctx, `
 INSERT INTO credential_pauses (tag, credential, since, reason, first_job_id) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (tag) DO UPDATE SET credential = $2, since = $3, reason = $4, first_job_id = $5`,
 			g.Tag(), g.Name(), fresh.Since, reason, jobID); err != nil {
@@ -94,15 +98,58 @@ ON CONFLICT (tag) DO UPDATE SET credential = $2, since = $3, reason = $4, first_
 // Resume ends the credential's pause, if any: in Postgres first (a failure there changes
 // nothing: a pause resumed in Redis only would come back with Redis's next loss), then in Redis.
 // It reports whether the credential was paused in either. Errors are wrapped Redis errors, or
-// database errors (matching ErrDatabase).
+// database errors (matching ErrDatabase). It holds the credential's lock (see lock) throughout.
 func (s *Store) Resume(ctx context.Context, g *limiter.Gate) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM credential_pauses WHERE tag = $1`, g.Tag())
+	conn, unlock, err := s.lock(ctx, g)
+	if err != nil {
+		return false, fmt.Errorf("resume credential: %w: %w", ErrDatabase, err)
+	}
+	defer unlock()
+	tag, err := conn.Exec(ctx, `DELETE FROM credential_pauses WHERE tag = $1`, g.Tag())
 	if err != nil {
 		return false, fmt.Errorf("resume credential: %w: %w", ErrDatabase, err)
 	}
 	was, err := g.Resume(ctx)
 	return was || tag.RowsAffected() > 0, err
 }
+
+// lockClass is the first key of the credentials' pause locks ("lqps"), the second a hash of the
+// credential's tag: Postgres keeps two-key advisory locks apart from one-key ones (migrations,
+// leader elections).
+const lockClass int32 = 0x6c717073
+
+// lock takes the credential's pause lock, a session-level Postgres advisory lock on its tag, on
+// a connection of its own, and returns the connection (for the caller's statements) and the
+// unlock, which gives both back. Pause and Resume hold it across their writes to Postgres and to
+// Redis, so that two of them on one credential, in any processes, write both stores one after
+// the other: interleaved, a resume between a pause's row and its Redis write left Redis paused
+// and no row (the console showed a pause that Redis losing its data would end by itself), and
+// a pause between a resume's delete and its Redis write left the row with Redis resumed (the
+// next restore paused the credential again). A connection whose unlock fails is closed, which
+// ends the lock with its session.
+func (s *Store) lock(ctx context.Context, g *limiter.Gate) (*pgxpool.Conn, func(), error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("lock credential pause: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, g.Tag()); err != nil {
+		conn.Release()
+		return nil, nil, fmt.Errorf("lock credential pause: %w", err)
+	}
+	unlock := func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+		defer cancel()
+		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, g.Tag()); err != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+		conn.Release()
+	}
+	return conn, unlock, nil
+}
+
+// unlockTimeout bounds the unlock of a credential's pause lock, past which its connection is
+// closed instead.
+const unlockTimeout = 5 * time.Second
 
 // Get returns the credential's pause as Postgres keeps it (Paused false: not paused). Errors
 // match ErrDatabase.

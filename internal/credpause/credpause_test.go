@@ -2,11 +2,14 @@ package credpause_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/clocktest"
@@ -266,4 +269,137 @@ func TestStore_ResumeByTheLastRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, restored)
 	require.Equal(t, "job-2", ps.FirstJobID)
+}
+
+// holdPause is a go-redis hook that holds the client's first pause script (limiter.Gate.Pause or
+// PauseSince: a script on the pause hash and its flag, with arguments; a resume has none) until
+// released: the moment between a Store.Pause's write to Postgres and its write to Redis.
+type holdPause struct {
+	once, releaseOnce sync.Once
+	reached, released chan struct{}
+}
+
+// release lets the held script through (idempotent).
+func (h *holdPause) release() { h.releaseOnce.Do(func() { close(h.released) }) }
+
+func (h *holdPause) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdPause) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *holdPause) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && len(args) > 5 && fmt.Sprint(args[2]) == "2" {
+			first := false
+			h.once.Do(func() { first = true })
+			if first {
+				close(h.reached)
+				select {
+				case <-h.released:
+				case <-time.After(30 * time.Second): // never forever, whatever the test does
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// waitingForLock returns a channel closed once a session of the test's database waits for a lock
+// (polled until ctx ends).
+func waitingForLock(ctx context.Context, pool *pgxpool.Pool) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		for {
+			var waiting bool
+			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE d.datname = current_database() AND NOT l.granted)`).Scan(&waiting)
+			if err == nil && waiting {
+				close(ch)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return ch
+}
+
+// TestStore_PauseAndResumeAtOnce: a resume that comes while a pause has written Postgres but not
+// yet Redis does not leave Redis paused with no row in Postgres (the console showing a pause that
+// every operator's resume must end again, and that Redis losing its data would end by itself):
+// the two are one after the other in both stores, and the resume, the later, holds.
+func TestStore_PauseAndResumeAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	prefix := redistest.Prefix(t)
+	pool := pgtest.Pool(t)
+	store := credpause.NewStore(pool, nil)
+	hook := &holdPause{reached: make(chan struct{}), released: make(chan struct{})}
+	held := redistest.Client(t)
+	held.AddHook(hook)
+	t.Cleanup(hook.release) // a failed test leaves no pause held (before the client closes)
+	pausing, err := limiter.New(held, &limiter.Config{Prefix: prefix})
+	require.NoError(t, err)
+	resuming, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: prefix})
+	require.NoError(t, err)
+	gate := resuming.Gate("sk-capped", "main")
+	// Redis knows the credential is not paused (resumed before).
+	_, err = gate.Resume(ctx)
+	require.NoError(t, err)
+
+	paused := make(chan error, 1)
+	go func() {
+		_, err := store.Pause(ctx, pausing.Gate("sk-capped", "main"), "rate_limited_no_retry_after", "job-1")
+		paused <- err
+	}()
+	select {
+	case <-hook.reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pause did not reach Redis")
+	}
+	// The pause has written Postgres, not Redis; an operator resumes.
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := store.Resume(ctx, gate)
+		resumed <- err
+	}()
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
+	resumeEnded := false
+	select {
+	case err := <-resumed: // the resume did not wait for the pause
+		require.NoError(t, err)
+		resumeEnded = true
+	case <-waitingForLock(pollCtx, pool): // the resume waits for the pause to end
+	case <-time.After(10 * time.Second):
+		t.Fatal("the resume neither ended nor waited for the pause")
+	}
+	stopPolling()
+	hook.release()
+	select {
+	case err := <-paused:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pause did not end")
+	}
+	if !resumeEnded {
+		select {
+		case err := <-resumed:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the resume did not end")
+		}
+	}
+
+	inRedis, err := gate.Paused(ctx)
+	require.NoError(t, err)
+	kept, err := store.Get(ctx, gate)
+	require.NoError(t, err)
+	require.False(t, kept.Paused, "the resume came last: Postgres keeps no pause")
+	require.False(t, inRedis.Paused, "Redis is paused, Postgres is not: the console shows a pause no row keeps")
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/limiter"
 )
 
@@ -29,8 +30,13 @@ type State struct {
 
 // Read reads the state of the credential behind gate and circuit. configured is the credential's
 // configured limit (zero: none): before any worker reserved, it is what the next reservation
-// will apply, and it is reported as the configured limit.
-func Read(ctx context.Context, gate *limiter.Gate, circuit *breaker.Circuit, configured limiter.Limit) (State, error) {
+// will apply, and it is reported as the configured limit. pauses is where pauses are kept
+// (nil: Redis only): a pause state Redis lost (limiter.PauseState.Unknown) is read from there
+// and restored into Redis (credpause.Store.Restore), so that a paused credential shows as paused
+// right after Redis lost its data, not only once a worker's refresh restored it. Errors are the
+// stores' (Redis's, or Postgres's matching credpause.ErrDatabase).
+func Read(ctx context.Context, gate *limiter.Gate, circuit *breaker.Circuit, configured limiter.Limit,
+	pauses *credpause.Store) (State, error) {
 	var st State
 	l, src, err := gate.Current(ctx)
 	if err != nil {
@@ -41,6 +47,9 @@ func Read(ctx context.Context, gate *limiter.Gate, circuit *breaker.Circuit, con
 	}
 	st.LimitSource, st.RatePerSec, st.Burst = string(src), l.Rate, l.Burst
 	ps, err := gate.Paused(ctx)
+	if err == nil && ps.Unknown && pauses != nil {
+		ps, _, err = pauses.Restore(ctx, gate)
+	}
 	if err != nil {
 		return st, err
 	}

@@ -18,7 +18,7 @@ type admission struct {
 	seq        int64               // the limiter slot, for Observe
 	grant      int64               // the token reservation, for Reconcile (0: none)
 	est        *estimator.Estimate // the estimate the grant was reserved with (nil: make it again)
-	pauseProbe bool                // an automatic probe of a paused credential
+	pauseProbe limiter.PauseProbe  // an automatic probe of a paused credential (zero: none)
 	probe      bool                // the limiter's probe of a limit being learned
 	reportSend int64               // a burst's slot: tell the gate when it leaves (limiter.Gate.Sent)
 }
@@ -63,10 +63,24 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	adm := admission{breaker: circuit}
 	switch {
 	case job.SlotSeq != nil:
-		// The slot (and its tokens) was taken by an earlier delivery and is due now.
+		// The slot (and its tokens) was taken by an earlier delivery and is due now: it goes,
+		// unless the credential was paused since (each held slot went out, was refused and
+		// dead-lettered its job); then it stays held until the resume, or the pause's probe.
 		adm.seq = *job.SlotSeq
 		if job.SlotGrant != nil {
 			adm.grant = *job.SlotGrant
+		}
+		if up.Gate == nil {
+			return adm, nil
+		}
+		var err error
+		if adm.pauseProbe, err = e.checkPause(ctx, up); err != nil {
+			e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
+			var df *deferral
+			if errors.As(err, &df) && df.unavailable && job.HasNextCredential() {
+				e.releaseSlot(ctx, up, adm) // the job leaves the credential, and its slot
+			}
+			return adm, e.failOver(ctx, job, err, pass)
 		}
 		return adm, nil
 	case up.Gate == nil:
@@ -140,21 +154,12 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	// unused, as a canceled job would).
 	drawAfter := false
 	if job.Attempts > 0 && drawsOnRetryBudget(job) {
-		ps, err := g.Paused(ctx)
-		if err == nil && ps.Unknown && e.cfg.Pauses != nil {
-			ps, err = e.restorePause(ctx, up)
-		}
-		if err != nil {
+		if adm.pauseProbe, err = e.checkPause(ctx, up); err != nil {
 			return adm, err
-		}
-		if ps.Paused {
-			if adm.pauseProbe, err = e.pauseProbe(ctx, up, ps); err != nil {
-				return adm, err
-			}
 		}
 		opts.UnlessPaused = false
 		switch {
-		case adm.pauseProbe:
+		case adm.pauseProbe.Granted():
 		case lane != nil:
 			drawAfter = true
 		default:
@@ -188,56 +193,92 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 		opts.UnlessPaused = false
 		res, err = g.AcquireAttempt(ctx, up.Limit, cost, e.cfg.MaxInlineWait, opts)
 	}
+	// From here on, every way out but a send, or a slot held in the job row, gives back what was
+	// granted (releaseSlot): a pause probe kept the credential's next one an interval away, a
+	// limit's probe kept its other attempts waiting, and the tokens pushed later slots back.
 	if err != nil {
+		e.releaseSlot(ctx, up, adm)
 		return adm, err
 	}
 	until := e.cfg.Now().Add(res.Wait)
 	if !res.Granted {
+		e.releaseSlot(ctx, up, adm)
 		return adm, &deferral{until: until, reason: "waiting for a send slot (the job's turn, or the limit being learned)"}
 	}
 	adm.seq, adm.grant, adm.reportSend, adm.probe = res.Seq, res.Grant, res.ReportSend, res.Probe
 	if drawAfter {
 		if err := e.drawRetry(ctx, job, g); err != nil {
-			e.releaseProbe(ctx, up, adm)
+			e.releaseSlot(ctx, up, adm)
 			return adm, err
 		}
 	}
 	if !until.Before(job.Deadline) {
-		return adm, errSlotAfterDeadline
+		return adm, errSlotAfterDeadline // admit releases it
 	}
 	if res.Wait > e.cfg.MaxInlineWait {
+		// A pause probe's slot held for later keeps the probe: the interval's one attempt on the
+		// paused credential is that slot's.
 		if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq, res.Grant); err != nil {
+			e.releaseSlot(ctx, up, adm)
 			return adm, err
 		}
 		return adm, &deferral{until: until, reason: "rate limit slot", stored: true}
 	}
 	pass.leave()
-	return adm, sleep(ctx, res.Wait)
+	if err := sleep(ctx, res.Wait); err != nil {
+		// The job was canceled, or the worker is stopping, before its send time.
+		e.releaseSlot(ctx, up, adm)
+		return adm, err
+	}
+	return adm, nil
 }
 
 // failSlotAfterDeadline fails job, unsent, whose send slot (held in adm) comes at or after its
 // deadline: the client learns it at once, and a job that cannot be sent does not sit queued
-// until after its own deadline. The breaker's admission and a probe are handed on.
+// until after its own deadline. What adm holds is given back (release).
 func (e *Executor) failSlotAfterDeadline(ctx context.Context, job *jobs.Job, up Upstream, adm admission) error {
-	e.reportBreaker(ctx, up, adm.breaker, breaker.Neutral)
-	e.releaseProbe(ctx, up, adm)
+	e.release(ctx, up, adm)
 	return e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
 		Class: jobs.ReasonDeadlineExceeded, Message: "the job's deadline passes before its send slot",
 	}})
 }
 
-// releaseProbe ends the limiter's probe of a limit being learned, when adm holds it and it will
-// not be sent: the credential's other attempts wait for the probe's answer, which would
-// otherwise come only when the probe's hold (limiter.Config.ProbeTTL) runs out. A failure is
-// logged: it only costs them that wait.
-func (e *Executor) releaseProbe(ctx context.Context, up Upstream, adm admission) {
-	if !adm.probe || up.Gate == nil {
+// release gives back what adm holds for an attempt that will not be sent: the breaker's
+// admission (reported neutral: nothing was sent, so a breaker probe is handed on) and the
+// limiter's grants (releaseSlot).
+func (e *Executor) release(ctx context.Context, up Upstream, adm admission) {
+	e.reportBreaker(ctx, up, adm.breaker, breaker.Neutral)
+	e.releaseSlot(ctx, up, adm)
+}
+
+// releaseSlot gives back the limiter's grants in adm for an attempt that will not be sent (its
+// job canceled, failed, deferred, or a store refusing its step before the call): the probe of a
+// limit being learned (the credential's other attempts wait for its answer, which would
+// otherwise come only when its hold, limiter.Config.ProbeTTL, runs out), the pause's automatic
+// probe (the next would wait a whole Upstream.PauseProbeInterval), a burst slot's send report
+// (the slots after the burst wait for it) and the reserved tokens (they push later slots back,
+// and a far one holds the token horizon). Each grant ends so in a send or here. Failures are
+// logged: they only cost the credential's other attempts those waits.
+func (e *Executor) releaseSlot(ctx context.Context, up Upstream, adm admission) {
+	if up.Gate == nil {
 		return
 	}
-	// StatusCode 0, no headers: the answer to the probe is that there is none.
-	if err := up.Gate.Observe(context.WithoutCancel(ctx), limiter.Observation{Seq: adm.seq}); err != nil {
-		e.cfg.Logger.WarnContext(ctx, "release an unsent probe (the credential's other attempts wait for its hold to end)",
-			"credential", up.Name, "error", err)
+	ctx = context.WithoutCancel(ctx)
+	if adm.probe {
+		// StatusCode 0, no headers: the answer to the probe is that there is none.
+		if err := up.Gate.Observe(ctx, limiter.Observation{Seq: adm.seq}); err != nil {
+			e.cfg.Logger.WarnContext(ctx, "release an unsent probe (the credential's other attempts wait for its hold to end)",
+				"credential", up.Name, "error", err)
+		}
+	}
+	if err := up.Gate.ReleaseProbe(ctx, adm.pauseProbe); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "release an unsent pause probe (the next waits its interval)", "credential", up.Name, "error", err)
+	}
+	e.reportSend(ctx, up, adm)
+	if adm.grant != 0 {
+		if err := up.Gate.Reconcile(ctx, adm.grant, tokens.Cost{}); err != nil {
+			e.cfg.Logger.WarnContext(ctx, "refund the tokens of an unsent attempt", "credential", up.Name, "error", err)
+		}
 	}
 }
 
@@ -291,12 +332,27 @@ func laneOf(job *jobs.Job, w int) *limiter.Lane {
 	return &limiter.Lane{Tenant: job.Tenant, Weight: w, Priority: p, Ticket: job.ID, Since: job.CreatedAt}
 }
 
-// pauseProbe answers an attempt on a paused credential: true when it is the automatic probe of
-// the pause (one per PauseProbeInterval, cluster-wide), else a *deferral to look again.
-func (e *Executor) pauseProbe(ctx context.Context, up Upstream, ps limiter.PauseState) (bool, error) {
+// checkPause reads the credential's pause state on its own (restoring one Redis lost, with
+// Config.Pauses) for an attempt that does not reserve a slot with the pause check in the same
+// script: nil error when not paused; when paused, pauseProbe's answer.
+func (e *Executor) checkPause(ctx context.Context, up Upstream) (limiter.PauseProbe, error) {
+	ps, err := up.Gate.Paused(ctx)
+	if err == nil && ps.Unknown && e.cfg.Pauses != nil {
+		ps, err = e.restorePause(ctx, up)
+	}
+	if err != nil || !ps.Paused {
+		return limiter.PauseProbe{}, err
+	}
+	return e.pauseProbe(ctx, up, ps)
+}
+
+// pauseProbe answers an attempt on a paused credential: the automatic probe of the pause when
+// it is this attempt's turn (one per PauseProbeInterval, cluster-wide), else a *deferral to look
+// again.
+func (e *Executor) pauseProbe(ctx context.Context, up Upstream, ps limiter.PauseState) (limiter.PauseProbe, error) {
 	if up.PauseProbeInterval > 0 {
 		probe, err := up.Gate.TryProbe(ctx, up.PauseProbeInterval)
-		if err != nil || probe {
+		if err != nil || probe.Granted() {
 			return probe, err
 		}
 	}
@@ -304,7 +360,7 @@ func (e *Executor) pauseProbe(ctx context.Context, up Upstream, ps limiter.Pause
 	if up.PauseProbeInterval > 0 {
 		recheck = min(recheck, up.PauseProbeInterval)
 	}
-	return false, &deferral{until: e.cfg.Now().Add(e.spread(recheck)), reason: "credential paused: " + ps.Reason, unavailable: true}
+	return limiter.PauseProbe{}, &deferral{until: e.cfg.Now().Add(e.spread(recheck)), reason: "credential paused: " + ps.Reason, unavailable: true}
 }
 
 // drawRetry asks the shared retry budget for the job's retry, or returns a *deferral when it is

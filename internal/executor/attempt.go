@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/alert"
-	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/gostack"
 	"github.com/llmq/llmq/internal/jobs"
@@ -24,8 +23,7 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 	begun, err := e.cfg.Store.BeginAttempt(ctx, job.ID)
 	e.timed(StageBegin, t0)
 	if err != nil {
-		e.reportBreaker(ctx, up, adm.breaker, breaker.Neutral)
-		e.releaseProbe(ctx, up, adm)
+		e.release(ctx, up, adm)
 		var leased *jobs.LeasedError
 		switch {
 		case errors.As(err, &leased):

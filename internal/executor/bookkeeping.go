@@ -52,7 +52,7 @@ func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, jo
 	if err := redisscript.Run(ctx, g.Redis(), calls...); err != nil {
 		e.cfg.Logger.WarnContext(ctx, "after-call bookkeeping (limiter, breaker)", "credential", up.Name, "error", err)
 	}
-	if adm.pauseProbe && callErr == nil && heard == nil {
+	if adm.pauseProbe.Granted() && callErr == nil && heard == nil {
 		e.resumeAfterProbe(ctx, g, up, job)
 	}
 }
@@ -102,7 +102,7 @@ func (h *heardAtStart) toldBreaker(o breaker.Outcome) bool {
 // does a stream's bookkeeping start at its headers (observeStreamStart), a round trip of its own;
 // any other attempt's goes in one round trip after the call.
 func (a admission) awaited() bool {
-	return a.probe || a.pauseProbe || (a.breaker != nil && a.breaker.ColdStart())
+	return a.probe || a.pauseProbe.Granted() || (a.breaker != nil && a.breaker.ColdStart())
 }
 
 // observeStreamStart tells the limiter what a streamed answer's 2xx headers say as soon as they
@@ -133,7 +133,7 @@ func (e *Executor) observeStreamStart(ctx context.Context, up Upstream, adm admi
 		if err := redisscript.Run(ctx, g.Redis(), calls...); err != nil {
 			e.cfg.Logger.WarnContext(ctx, "stream start bookkeeping (limiter, breaker)", "credential", up.Name, "error", err)
 		}
-		if adm.pauseProbe {
+		if adm.pauseProbe.Granted() {
 			e.resumeAfterProbe(ctx, g, up, job)
 		}
 	}()

@@ -11,7 +11,6 @@ import (
 	"github.com/llmq/llmq/internal/gostack"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
-	"github.com/llmq/llmq/internal/tokens"
 )
 
 // beginWithin is how soon a slot admitted before its job exists must be due for the job to be
@@ -45,15 +44,7 @@ func (a *FirstAdmission) Begin() *jobs.Begin { return a.begin }
 // admission (neutral: nothing was sent), the probe of a limit being learned, the reserved
 // tokens, and a burst slot's send report (so the slots after the burst do not wait for it).
 func (a *FirstAdmission) Release(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
-	a.e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
-	a.e.releaseProbe(ctx, a.up, a.adm)
-	a.e.reportSend(ctx, a.up, a.adm)
-	if a.adm.grant != 0 {
-		if err := a.up.Gate.Reconcile(ctx, a.adm.grant, tokens.Cost{}); err != nil {
-			a.e.cfg.Logger.WarnContext(ctx, "refund the tokens of a job that was not created", "credential", a.up.Name, "error", err)
-		}
-	}
+	a.e.release(ctx, a.up, a.adm)
 }
 
 // AdmitFirst asks for the first attempt of job, a job about to be created (jobs.Store.Prepare's)
@@ -168,12 +159,13 @@ func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmis
 	if !begun && a.sendAt.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
 		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
 		if err := e.cfg.Store.HoldSlot(ctx, job.ID, a.sendAt, a.adm.seq, a.adm.grant); err != nil {
+			e.releaseSlot(ctx, a.up, a.adm)
 			return err
 		}
 		return &deferral{until: a.sendAt, reason: "rate limit slot", stored: true}
 	}
 	if err := sleep(ctx, a.sendAt.Sub(e.cfg.Now())); err != nil {
-		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
+		e.release(ctx, a.up, a.adm)
 		return err
 	}
 	if !begun {

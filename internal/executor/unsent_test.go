@@ -2,13 +2,18 @@ package executor_test
 
 import (
 	"context"
+	"errors"
+	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
@@ -17,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 // A slot granted at or after the job's deadline (here behind a 5-minute Retry-After push-back,
@@ -85,4 +91,284 @@ func TestExecutor_UnsentProbeIsHandedOn(t *testing.T) {
 	r, err := gate.Reserve(ctx, limiter.Limit{})
 	require.NoError(t, err)
 	require.True(t, r.Granted && r.Probe, "the next attempt is the probe: %+v", r)
+}
+
+// unsentBundle is a paused credential, "capped", whose automatic probe (one per probeEvery) is
+// due, with an output token limit of helloRequest's max_tokens per token minute, the whole of
+// which the test took: a delivery's slot comes one token minute on.
+type unsentBundle struct {
+	b     *jobstest.Bundle
+	gate  *limiter.Gate
+	limit limiter.Limit
+	ex    *executor.Executor
+	reg   *prometheus.Registry
+	sim   *llmsim.Server
+	clock *clocktest.Clock
+}
+
+const probeEvery = 30 * time.Second
+
+// unsentSetup builds an unsentBundle whose token minute is tokenMinute.
+func unsentSetup(t *testing.T, tokenMinute time.Duration) *unsentBundle {
+	t.Helper()
+	ctx := t.Context()
+	clock := clocktest.New(time.Now())
+	reg := prometheus.NewRegistry()
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now,
+		TokenMinute: tokenMinute, Metrics: limiter.NewMetrics(reg)})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-capped", "capped")
+	est, err := estimator.New(nil)
+	require.NoError(t, err)
+	b := jobstest.New(t)
+	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16} // helloRequest's max_tokens
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-capped"})
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Upstreams: map[string]executor.Upstream{
+		"capped": {Name: "capped", Kind: string(llm.KindAnthropic), Provider: p,
+			Gate: gate, Limit: limit, PauseProbeInterval: probeEvery}}})
+	// The credential is paused, its first probe due,
+	_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "first")
+	require.NoError(t, err)
+	clock.Advance(probeEvery)
+	// and the test takes the token minute's output tokens.
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	require.Zero(t, r.Wait)
+	return &unsentBundle{b: b, gate: gate, limit: limit, ex: ex, reg: reg, sim: sim, clock: clock}
+}
+
+// grants is how many slots the credential's gate granted.
+func (u *unsentBundle) grants(t *testing.T) uint64 {
+	t.Helper()
+	mfs, err := u.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "llmq_limiter_wait_seconds" {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
+}
+
+// requireHandedBack checks that the delivery's probe and tokens were given back: the next probe
+// may go at once, and once the test's token minute has passed, 16 output tokens go at once
+// (the unsent attempt's would have taken that minute's refill).
+func (u *unsentBundle) requireHandedBack(t *testing.T, tokenMinute time.Duration) {
+	t.Helper()
+	ctx := t.Context()
+	p, err := u.gate.TryProbe(ctx, probeEvery)
+	require.NoError(t, err)
+	require.True(t, p.Granted(), "the unsent probe was not handed back: the next one waits its interval (%s)", probeEvery)
+	u.clock.Advance(tokenMinute)
+	r, err := u.gate.ReserveCost(ctx, u.limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	require.Less(t, r.Wait, tokenMinute/2, "the unsent attempt's tokens were not refunded")
+}
+
+// A paused credential's automatic probe, granted with a slot and then not sent, is handed back
+// with the slot's tokens: the next probe goes at once, not a whole interval later (probes are
+// what ends a pause without an operator), and the tokens do not push later slots back.
+func TestExecutor_UnsentPauseProbeIsHandedBack(t *testing.T) {
+	t.Parallel()
+
+	// The job is canceled (its delivery's context ends) while it waits for its slot.
+	t.Run("CanceledWhileWaiting", func(t *testing.T) {
+		t.Parallel()
+		tokenMinute := 2 * time.Second // the slot is slept out (within MaxInlineWait)
+		u := unsentSetup(t, tokenMinute)
+		job := u.b.Create(t, jobstest.Opts{Credential: "capped", Timeout: time.Hour, Request: helloRequest})
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}) }()
+		// The delivery's slot is granted (after its probe): it sleeps until the slot.
+		require.Eventually(t, func() bool { return u.grants(t) == 2 }, 10*time.Second, 5*time.Millisecond)
+		cancel()
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the delivery did not end with its context")
+		}
+		require.Zero(t, u.sim.Stats().Requests, "nothing was sent")
+		u.requireHandedBack(t, tokenMinute)
+	})
+
+	// The slot is slept out, and the attempt's start is refused (a store failing; a job
+	// canceled meanwhile takes the same way out).
+	t.Run("BeginFails", func(t *testing.T) {
+		t.Parallel()
+		tokenMinute := 2 * time.Second
+		u := unsentSetup(t, tokenMinute)
+		_, err := u.b.Pool.Exec(t.Context(), `
+CREATE FUNCTION refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'running' THEN RAISE EXCEPTION 'start refused'; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_start BEFORE UPDATE OF status ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_start()`)
+		require.NoError(t, err)
+		job := u.b.Create(t, jobstest.Opts{Credential: "capped", Timeout: time.Hour, Request: helloRequest})
+		require.ErrorContains(t, u.ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}), "start refused")
+		require.Zero(t, u.sim.Stats().Requests, "nothing was sent")
+		u.requireHandedBack(t, tokenMinute)
+	})
+
+	// The slot is too far off to sleep out, and holding it in the job row fails.
+	t.Run("HoldSlotFails", func(t *testing.T) {
+		t.Parallel()
+		tokenMinute := time.Minute
+		u := unsentSetup(t, tokenMinute)
+		refuseSlots(t, u.b)
+		job := u.b.Create(t, jobstest.Opts{Credential: "capped", Timeout: time.Hour, Request: helloRequest})
+		err := u.ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID})
+		require.ErrorContains(t, err, "slot refused")
+		var deferred *dispatch.DeferError
+		require.False(t, errors.As(err, &deferred))
+		got, err := u.b.Store.Get(t.Context(), job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusQueued, got.Status)
+		require.Zero(t, u.sim.Stats().Requests, "nothing was sent")
+		u.requireHandedBack(t, tokenMinute)
+	})
+}
+
+// A new job's first attempt admitted before its insert (AdmitFirst) whose slot its delivery does
+// not send, its job canceled while it waits for the slot or the slot refused by the job row, gives
+// the slot's tokens back: they do not push the credential's later slots back.
+func TestExecutor_UnsentFirstAdmissionIsHandedBack(t *testing.T) {
+	t.Parallel()
+	// setup returns a job created with its first attempt admitted by ex, the slot one token minute
+	// away (the test took the minute's output tokens), and what requireRefunded needs.
+	setup := func(t *testing.T, tokenMinute time.Duration) (*jobstest.Bundle, *executor.Executor, *jobs.Job, dispatch.Admission, func()) {
+		t.Helper()
+		ctx := t.Context()
+		clock := clocktest.New(time.Now())
+		prefix := redistest.Prefix(t)
+		lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: prefix, Now: clock.Now, TokenMinute: tokenMinute})
+		require.NoError(t, err)
+		brk, err := breaker.New(redistest.Client(t), &breaker.Config{Prefix: prefix, Now: clock.Now})
+		require.NoError(t, err)
+		gate, circuit := lim.Gate("sk-first", "first"), brk.Circuit("sk-first", "first")
+		// A warm breaker: the reservation's own test of it admits.
+		a, err := circuit.Allow(ctx)
+		require.NoError(t, err)
+		_, err = circuit.Report(ctx, a, breaker.Success)
+		require.NoError(t, err)
+		est, err := estimator.New(nil)
+		require.NoError(t, err)
+		b := jobstest.New(t)
+		limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16}
+		ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Upstreams: map[string]executor.Upstream{
+			"first": {Name: "first", Kind: string(llm.KindAnthropic), Provider: simProvider(t, llmsim.Config{}, "sk-first"),
+				Gate: gate, Circuit: circuit, Limit: limit}}})
+		r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+
+		p := jobs.CreateParams{Tenant: "default", Credential: "first", Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour}
+		prepared, err := b.Store.Prepare(&p)
+		require.NoError(t, err)
+		adm := ex.AdmitFirst(ctx, prepared)
+		require.NotNil(t, adm, "the first attempt is admitted before the insert")
+		require.Nil(t, adm.Begin(), "its slot is a token minute away")
+		p.Admit = func(context.Context, *jobs.Job) *jobs.Begin { return adm.Begin() }
+		job, _, err := b.Store.Create(ctx, p)
+		require.NoError(t, err)
+		requireRefunded := func() {
+			t.Helper()
+			clock.Advance(tokenMinute)
+			r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+			require.NoError(t, err)
+			require.True(t, r.Granted)
+			require.Less(t, r.Wait, tokenMinute/2, "the unsent attempt's tokens were not refunded")
+		}
+		return b, ex, job, adm, requireRefunded
+	}
+
+	t.Run("CanceledWhileWaiting", func(t *testing.T) {
+		t.Parallel()
+		_, ex, job, adm, requireRefunded := setup(t, 2*time.Second) // slept out, within MaxInlineWait
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel() // the job was canceled: its delivery's context has ended
+		require.ErrorIs(t, ex.ProcessFresh(ctx, job, adm), context.Canceled)
+		requireRefunded()
+	})
+
+	t.Run("HoldSlotFails", func(t *testing.T) {
+		t.Parallel()
+		b, ex, job, adm, requireRefunded := setup(t, time.Minute)
+		refuseSlots(t, b)
+		require.ErrorContains(t, ex.ProcessFresh(t.Context(), job, adm), "slot refused")
+		requireRefunded()
+	})
+}
+
+// refuseSlots makes Postgres refuse to hold a limiter slot in any job row (jobs.Store.HoldSlot).
+func refuseSlots(t *testing.T, b *jobstest.Bundle) {
+	t.Helper()
+	_, err := b.Pool.Exec(t.Context(), `
+CREATE FUNCTION refuse_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.slot_seq IS NOT NULL THEN RAISE EXCEPTION 'slot refused'; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_slot BEFORE UPDATE OF slot_seq ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_slot()`)
+	require.NoError(t, err)
+}
+
+// A slot held in the job row (its wait was too long to sleep out) is not sent while the
+// credential is paused: a spend cap that came meanwhile stops it as it stops every other
+// attempt, instead of each held slot going out, being refused and dead-lettering its job.
+func TestExecutor_HeldSlotWaitsForThePause(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := clocktest.New(time.Now())
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-held", "held")
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held"})
+	require.NoError(t, err)
+	limit := limiter.Limit{Rate: 0.1, Burst: 1} // a slot every 10 s
+	b := jobstest.New(t)
+	ex := executor.New(executor.Config{Store: b.Store, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit}}})
+	r, err := gate.Reserve(ctx, limit) // the test takes the slot at hand
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+
+	// The job's slot is 10 s away: it is held in the job row.
+	job := b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	err = ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, err, &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+	// Meanwhile a spend cap pauses the credential; the slot comes due.
+	_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "other")
+	require.NoError(t, err)
+	clock.Advance(11 * time.Second)
+
+	err = ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
+	require.Zero(t, sim.Stats().Requests, "a held slot was sent on a paused credential")
+	require.ErrorAs(t, err, &deferred)
+	require.Contains(t, deferred.Reason, "credential paused")
+
+	// Once resumed, the held slot goes.
+	_, err = gate.Resume(ctx)
+	require.NoError(t, err)
+	clock.Advance(10 * time.Second)
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	require.Equal(t, 1, sim.Stats().Requests)
 }

@@ -150,7 +150,8 @@
 // that alerts). Gate.TryProbe lets one caller per interval send an automatic probe. A resumed key
 // keeps a "not paused" mark, so that a Redis that lost the pause (PauseState.Unknown,
 // Reservation.PauseUnknown with AttemptOptions.PauseDurable) can be told from one never paused;
-// Gate.RestorePause writes back the state kept in Postgres (internal/credpause).
+// Gate.RestorePause writes back the state kept in Postgres (internal/credpause). A probe that is
+// not sent is given back (Gate.ReleaseProbe): the next may go at once.
 //
 // # One round trip per attempt
 //

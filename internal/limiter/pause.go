@@ -122,15 +122,43 @@ func (c *Gate) RestorePause(ctx context.Context, ps PauseState) (bool, error) {
 	return n == 1, nil
 }
 
-// TryProbe reports whether the caller may send one automatic probe request on the paused
-// credential: at most one caller per every, across all processes, the first one every after the
-// pause began. It returns false when the credential is not paused. The caller Resumes when the
-// probe succeeds. It returns an error only when Redis fails.
-func (c *Gate) TryProbe(ctx context.Context, every time.Duration) (bool, error) {
-	n, err := probeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
-		c.l.nowArg(), micros(every)).Int()
+// PauseProbe is an automatic probe of a paused credential that TryProbe granted; the zero
+// PauseProbe is none.
+type PauseProbe struct {
+	grant string // the probe's time as the pause hash holds it (µs)
+}
+
+// Granted reports whether p is a probe the caller may send.
+func (p PauseProbe) Granted() bool { return p.grant != "" }
+
+// TryProbe grants the caller one automatic probe request on the paused credential: at most one
+// caller per every, across all processes, the first one every after the pause began. It
+// returns the zero PauseProbe when the credential is not paused or the interval's probe is
+// taken. The caller Resumes when the probe succeeds, and ReleaseProbe when it does not send it.
+// It returns an error only when Redis fails.
+func (c *Gate) TryProbe(ctx context.Context, every time.Duration) (PauseProbe, error) {
+	v, err := probeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
+		c.l.nowArg(), micros(every)).Result()
 	if err != nil {
-		return false, fmt.Errorf("try pause probe: %w", err)
+		return PauseProbe{}, fmt.Errorf("try pause probe: %w", err)
 	}
-	return n == 1, nil
+	s, ok := v.(string)
+	if !ok {
+		return PauseProbe{}, nil
+	}
+	return PauseProbe{grant: s}, nil
+}
+
+// ReleaseProbe gives back probe p, granted by TryProbe, when its request will not be sent (its
+// job was canceled, deferred or failed before the call): the credential's next probe may then go
+// at once rather than an interval later. A probe already released, or one whose pause has ended
+// since, is left alone, as is a zero p. It returns an error only when Redis fails.
+func (c *Gate) ReleaseProbe(ctx context.Context, p PauseProbe) error {
+	if !p.Granted() {
+		return nil
+	}
+	if err := releaseProbeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, p.grant).Err(); err != nil {
+		return fmt.Errorf("release pause probe: %w", err)
+	}
+	return nil
 }

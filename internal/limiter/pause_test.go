@@ -66,7 +66,10 @@ func TestCredential_Pause(t *testing.T) {
 
 	// Automatic probes: none before one interval, then one per interval.
 	every := 30 * time.Second
-	probe := func(c *limiter.Gate, _ int) (bool, error) { return c.TryProbe(ctx, every) }
+	probe := func(c *limiter.Gate, _ int) (bool, error) {
+		p, err := c.TryProbe(ctx, every)
+		return p.Granted(), err
+	}
 	require.Equal(t, 0, concurrently(probe))
 	b.clock.Advance(every)
 	require.Equal(t, 1, concurrently(probe))
@@ -243,4 +246,48 @@ return 1
 	st, err = c.Paused(ctx)
 	require.NoError(t, err)
 	require.True(t, st.Paused)
+}
+
+// An automatic probe that is not sent is given back: the pause's next probe may go at once
+// instead of an interval later. Only the probe released is: a stale grant releases nothing, nor
+// does one whose pause has ended.
+func TestGate_ReleaseProbe(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := t.Context()
+	gate := b.lim.Gate("sk-release-probe", "main")
+	every := 30 * time.Second
+	_, err := gate.Pause(ctx, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	b.clock.Advance(every)
+
+	p, err := gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.True(t, p.Granted())
+	again, err := gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.False(t, again.Granted(), "one probe per interval")
+
+	require.NoError(t, gate.ReleaseProbe(ctx, p))
+	b.clock.Advance(time.Millisecond)
+	q, err := gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.True(t, q.Granted(), "the released probe's place is free at once")
+
+	// p's grant is no longer the pause's probe: releasing it again leaves q's in place.
+	require.NoError(t, gate.ReleaseProbe(ctx, p))
+	again, err = gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.False(t, again.Granted(), "a stale release freed another caller's probe")
+
+	// A probe whose pause ended is not released into the next episode.
+	_, err = gate.Resume(ctx)
+	require.NoError(t, err)
+	_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "job-2")
+	require.NoError(t, err)
+	require.NoError(t, gate.ReleaseProbe(ctx, q))
+	again, err = gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.False(t, again.Granted(), "the new episode's first probe comes an interval after it began")
+	require.NoError(t, gate.ReleaseProbe(ctx, limiter.PauseProbe{}), "a zero probe is no-op")
 }

@@ -686,8 +686,8 @@ return 1
 // KEYS[1] pause hash (see pauseScript).
 // ARGV[1] now µs, or ""
 // ARGV[2] interval µs
-// Returns 1 when the caller may probe, else 0 (also when not paused). The first probe comes one
-// interval after the pause began.
+// Returns the probe's grant, the µs it wrote (a string), when the caller may probe, else 0 (also
+// when not paused). The first probe comes one interval after the pause began.
 var probeScript = redis.NewScript(luaCommon + `
 local s = redis.call('HMGET', KEYS[1], 'since', 'probe')
 local since, last = num(s[1]), num(s[2])
@@ -696,5 +696,18 @@ local now = clock(ARGV[1])
 if last == nil then last = since end
 if now < last + tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'probe', fmt0(now))
+return fmt0(now)
+`)
+
+// releaseProbeScript gives back an automatic probe that will not be sent: the pause's next probe
+// may go at once, as if this one had not been granted (the last probe counts from the pause's
+// start again, which lies at least an interval back, since this probe was granted).
+//
+// KEYS[1] pause hash (see pauseScript).
+// ARGV[1] the probe's grant (what probeScript returned)
+// Returns 1 when released, else 0: the hash holds another probe's grant, or none (resumed since).
+var releaseProbeScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'probe') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'probe')
 return 1
 `)
