@@ -39,8 +39,8 @@ type SweeperConfig struct {
 	// before the sweeper enqueues one: its first delivery may be running in the serve process
 	// that created it (Handoff), and a second task would take a second limiter slot for it. It
 	// must exceed the longest a delivery waits for its slot before the attempt starts (the
-	// executor's MaxInlineWait). The job's creation time is Postgres's, compared with Now: keep
-	// the hosts' clocks in step. Zero: no grace.
+	// executor's MaxInlineWait). It is measured on Postgres's clock, as the attempt leases are
+	// (jobs.Unfinished). Zero: no grace.
 	FreshGrace time.Duration
 	// PassJobs is how many unfinished jobs one pass checks when it finds every task in place; the
 	// next pass goes on from there, so with a large backlog a round of the whole table spans
@@ -139,7 +139,7 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return rescued, err
 	}
-	enqueued, err := s.reenqueueMissing(ctx, now)
+	enqueued, err := s.reenqueueMissing(ctx)
 	if err == nil {
 		s.cfg.Metrics.sweepSucceeded(now)
 	}
@@ -183,7 +183,7 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 	suspects := map[string]time.Time{}
 	rescued := 0
 	for _, u := range candidates {
-		if u.Leased(now) {
+		if u.Leased() {
 			continue
 		}
 		since, ok := s.suspects[u.ID]
@@ -213,7 +213,7 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 // (the next pass goes on from there, and the one after the end starts over); once one was
 // missing it goes on round the whole table, back to where it began, so that recovery from a
 // Redis flush takes one pass. It returns how many it enqueued.
-func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, error) {
+func (s *Sweeper) reenqueueMissing(ctx context.Context) (int, error) {
 	page := min(500, s.cfg.PassJobs)
 	from := s.after
 	enqueued, checked := 0, 0
@@ -230,7 +230,7 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 				batch, full = batch[:k], false
 			}
 		}
-		states, err := s.taskStates(ctx, batch, now)
+		states, err := s.taskStates(ctx, batch)
 		if err != nil {
 			return enqueued, err
 		}
@@ -239,7 +239,7 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context, now time.Time) (int, err
 			if states[i] != "" {
 				continue // in place (or leased, or active: see rescueOrphans)
 			}
-			if u.Fresh(now, s.cfg.FreshGrace) {
+			if u.Fresh(s.cfg.FreshGrace) {
 				continue // perhaps a Handoff's; a pass after the grace enqueues it
 			}
 			var at time.Time
@@ -277,14 +277,14 @@ const taskLeased = "leased"
 // when it has one (see Mux), else its task's on its priority's queue, read in one pipelined
 // round trip; or taskLeased for a running job whose attempt's lease is live (its delivery renews
 // it: re-enqueueing it would only make a duplicate wait).
-func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished, now time.Time) ([]string, error) {
+func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished) ([]string, error) {
 	out := make([]string, len(batch))
 	type lookup struct{ due, own *redis.StringCmd }
 	cmds := make([]lookup, len(batch))
 	q := s.cfg.Enqueuer.queues
 	pipe := s.cfg.Redis.Pipeline()
 	for i, u := range batch {
-		if u.Leased(now) {
+		if u.Leased() {
 			out[i] = taskLeased
 			continue
 		}

@@ -191,3 +191,37 @@ func TestSweeper_TaskLookupFails(t *testing.T) {
 	_, err = tb.inspector.GetTaskInfo(tb.queue, job.ID)
 	require.ErrorIs(t, err, asynq.ErrQueueNotFound, "nothing was enqueued")
 }
+
+// TestSweeper_ClockSkew checks that the sweeper measures leases and the fresh grace on Postgres's
+// clock, on which they were written, not on its host's: a sweeper whose clock runs ahead neither
+// takes a live lease for a dead delivery nor a fresh job (whose first delivery may be running in
+// its serve process, Handoff) for one past its grace, so it makes no second task to take a second
+// limiter slot; and one whose clock runs behind re-enqueues a job whose lease has ended.
+func TestSweeper_ClockSkew(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tb := setupTasks(t)
+	ctx := t.Context()
+	fresh := b.Create(t, jobstest.Opts{})
+	running := b.Create(t, jobstest.Opts{})
+	_, err := b.Store.BeginAttempt(ctx, running.ID)
+	require.NoError(t, err)
+	sweeper := func(skew time.Duration) *dispatch.Sweeper {
+		return dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
+			Redis: redistest.Client(t), FreshGrace: 6 * time.Second, Now: func() time.Time { return time.Now().Add(skew) }})
+	}
+
+	n, err := sweeper(30 * time.Second).SweepOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "the lease is live and the job fresh, on Postgres's clock")
+	for _, id := range []string{fresh.ID, running.ID} {
+		_, err = tb.inspector.GetTaskInfo(tb.queue, id)
+		require.Error(t, err, "nothing was enqueued")
+	}
+
+	b.ExpireLease(t, running.ID)
+	n, err = sweeper(-30 * time.Second).SweepOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the lease has ended, on Postgres's clock")
+	require.Equal(t, asynq.TaskStatePending, tb.state(t, running.ID))
+}

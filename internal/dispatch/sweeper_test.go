@@ -136,9 +136,8 @@ func TestSweeper_FreshGraceSparesNewJobs(t *testing.T) {
 	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET attempts = 1 WHERE id = $1`, requeued.ID)
 	require.NoError(t, err)
 
-	now := time.Now()
 	sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-		Redis: redistest.Client(t), FreshGrace: time.Minute, Now: func() time.Time { return now }})
+		Redis: redistest.Client(t), FreshGrace: time.Minute})
 	n, err := sw.SweepOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, n, "the jobs that are not fresh")
@@ -150,7 +149,9 @@ func TestSweeper_FreshGraceSparesNewJobs(t *testing.T) {
 	require.Equal(t, asynq.TaskStatePending, tb.state(t, retrying.ID))
 	require.Equal(t, asynq.TaskStatePending, tb.state(t, requeued.ID))
 
-	now = now.Add(2 * time.Minute) // past created_at + FreshGrace
+	// Past created_at + FreshGrace, on Postgres's clock (the grace is measured on it).
+	_, err = b.Pool.Exec(ctx, `UPDATE jobs SET created_at = created_at - interval '2 minutes' WHERE id = $1`, fresh.ID)
+	require.NoError(t, err)
 	n, err = sw.SweepOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the fresh job, past its grace")

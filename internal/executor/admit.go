@@ -218,7 +218,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	if res.Wait > e.cfg.MaxInlineWait {
 		// A pause probe's slot held for later keeps the probe: the interval's one attempt on the
 		// paused credential is that slot's.
-		if err := e.cfg.Store.HoldSlot(ctx, job.ID, until, res.Seq, res.Grant); err != nil {
+		if err := e.cfg.Store.HoldSlot(ctx, job.ID, res.SendAt, res.Seq, res.Grant); err != nil {
 			e.releaseSlot(ctx, up, adm)
 			return adm, err
 		}

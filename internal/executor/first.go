@@ -33,6 +33,7 @@ type FirstAdmission struct {
 	up     Upstream
 	adm    admission
 	sendAt time.Time   // when the slot is due, on this process's clock
+	slotAt time.Time   // the same on the limiter's clock (Reservation.SendAt): what the row holds
 	begin  *jobs.Begin // nil: the slot is not due within beginWithin
 }
 
@@ -144,7 +145,7 @@ func (e *Executor) reserveFirst(ctx context.Context, job *jobs.Job, up Upstream,
 	}
 	circuit := up.Circuit.ClosedAdmission(res.CircuitGen)
 	a.adm = admission{breaker: &circuit, seq: res.Seq, grant: res.Grant, est: est, reportSend: res.ReportSend, probe: res.Probe}
-	a.sendAt = e.cfg.Now().Add(res.Wait)
+	a.sendAt, a.slotAt = e.cfg.Now().Add(res.Wait), res.SendAt
 	return true, nil
 }
 
@@ -158,7 +159,7 @@ func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmis
 	}
 	if !begun && a.sendAt.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
 		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
-		if err := e.cfg.Store.HoldSlot(ctx, job.ID, a.sendAt, a.adm.seq, a.adm.grant); err != nil {
+		if err := e.cfg.Store.HoldSlot(ctx, job.ID, a.slotAt, a.adm.seq, a.adm.grant); err != nil {
 			e.releaseSlot(ctx, a.up, a.adm)
 			return err
 		}

@@ -63,11 +63,28 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Up
 		}})
 	}
 	if job.NextAttemptAt != nil {
-		if err := e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass); err != nil {
+		if err := e.waitForAttempt(ctx, job, up, pass); err != nil {
 			return Upstream{}, err
 		}
 	}
 	return up, nil
+}
+
+// waitForAttempt waits for the job's next attempt time (see waitUntil): a retry delay, on this
+// process's clock; or a limiter slot held in the row (jobs.Store.HoldSlot), whose time is the
+// limiter's (limiter.Reservation.SendAt, Redis's clock) and is waited for on it. The slot is not
+// asked for again: measured on a local clock running ahead of Redis's, it would be sent early,
+// into the provider's limit.
+func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) error {
+	if job.SlotSeq == nil || up.Gate == nil {
+		return e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass)
+	}
+	now, err := up.Gate.Now(ctx)
+	if err != nil {
+		return err
+	}
+	// The slot's time on this process's clock, as asynq (and the sleep) will measure it.
+	return e.waitUntil(ctx, e.cfg.Now().Add(job.NextAttemptAt.Sub(now)), "rate limit slot", pass)
 }
 
 // leaseRecheck is how soon a delivery that found the job leased by another looks again. Not the
@@ -96,7 +113,7 @@ func (e *Executor) waitUntil(ctx context.Context, t time.Time, reason string, pa
 		return nil
 	}
 	if wait > e.cfg.MaxInlineWait {
-		return &deferral{until: t, reason: reason, stored: true} // t came from the row
+		return &deferral{until: t, reason: reason, stored: true} // the row holds it
 	}
 	pass.leave()
 	return sleep(ctx, wait)

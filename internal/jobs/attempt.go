@@ -92,8 +92,11 @@ const waitingForAttempt = `(status IN ('queued', 'retrying') OR
 	(status = 'running' AND (lease_until IS NULL OR lease_until <= clock_timestamp())))`
 
 // HoldSlot records that the job holds a limiter slot to send at sendAt (sequence seq), so the
-// delivery that comes back for it sends then without reserving again. It is not a transition (no
-// event) and applies only to a job waiting for an attempt (see waitingForAttempt).
+// delivery that comes back for it sends then without reserving again. sendAt is on the limiter's
+// clock (limiter.Reservation.SendAt, Redis's), and so is the job's NextAttemptAt while it holds
+// the slot: the delivery waits for it on that clock (limiter.Gate.Now), not on its host's. It is
+// not a transition (no event) and applies only to a job waiting for an attempt (see
+// waitingForAttempt).
 func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq, grant int64) error {
 	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, slot_grant = $4, updated_at = now()
 WHERE id = $1 AND `+waitingForAttempt, id, sendAt, seq, grant)

@@ -21,18 +21,23 @@ type Unfinished struct {
 	// Attempts is how many attempts have started; CreatedAt is when the job was created.
 	Attempts  int
 	CreatedAt time.Time
+	// ReadAt is Postgres's clock when the row was read, the clock LeaseUntil and CreatedAt are
+	// on: Leased and Fresh measure on it, so that a reader whose host clock is off from the
+	// database's neither takes a live lease for an ended one nor the reverse.
+	ReadAt time.Time
 }
 
-// Leased reports whether a live attempt lease holds the job at now (its delivery is alive).
-func (u Unfinished) Leased(now time.Time) bool {
-	return u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(now)
+// Leased reports whether a live attempt lease held the job when it was read (its delivery is
+// alive).
+func (u Unfinished) Leased() bool {
+	return u.Status == StatusRunning && u.LeaseUntil != nil && u.LeaseUntil.After(u.ReadAt)
 }
 
-// Fresh reports whether the job was created less than grace before now and has not been tried
-// or deferred: its first delivery may be running in the process that created it, with no task
-// (dispatch.Handoff).
-func (u Unfinished) Fresh(now time.Time, grace time.Duration) bool {
-	return u.Status == StatusQueued && u.Attempts == 0 && u.NextAttemptAt == nil && now.Sub(u.CreatedAt) < grace
+// Fresh reports whether the job, when read, was created less than grace before and had not been
+// tried or deferred: its first delivery may be running in the process that created it, with no
+// task (dispatch.Handoff).
+func (u Unfinished) Fresh(grace time.Duration) bool {
+	return u.Status == StatusQueued && u.Attempts == 0 && u.NextAttemptAt == nil && u.ReadAt.Sub(u.CreatedAt) < grace
 }
 
 // UnfinishedByID returns those of the jobs ids that are not terminal (malformed and unknown IDs
@@ -60,12 +65,13 @@ WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running', 'retrying')`, val
 }
 
 // unfinishedColumns are the columns scanUnfinished reads.
-const unfinishedColumns = `id::text, status, next_attempt_at, lease_until, priority, attempts, created_at`
+const unfinishedColumns = `id::text, status, next_attempt_at, lease_until, priority, attempts, created_at,
+	clock_timestamp()`
 
 // scanUnfinished reads a row of unfinishedColumns.
 func scanUnfinished(r pgx.CollectableRow) (Unfinished, error) {
 	var u Unfinished
-	err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil, &u.Priority, &u.Attempts, &u.CreatedAt)
+	err := r.Scan(&u.ID, &u.Status, &u.NextAttemptAt, &u.LeaseUntil, &u.Priority, &u.Attempts, &u.CreatedAt, &u.ReadAt)
 	return u, err
 }
 

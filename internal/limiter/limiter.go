@@ -550,6 +550,19 @@ func (c *Gate) Current(ctx context.Context) (Limit, Source, error) {
 	return Limit{Rate: rate, Burst: int(redisscript.Int(res[2]))}, Source(redisscript.String(res[0])), nil
 }
 
+// Now returns the limiter's clock as the credential's scripts read it: Redis TIME (Config.Now
+// when set), the clock Reservation.SendAt is on. A send time kept elsewhere (a slot held in a job
+// row) is to be waited for on it, never on a local clock, which may be skewed from Redis's: a
+// worker whose clock runs ahead would send before the slot. It returns an error only when Redis
+// fails.
+func (c *Gate) Now(ctx context.Context) (time.Time, error) {
+	us, err := clockScript.Run(ctx, c.l.rdb, []string{rateKey(c.l.cfg.Prefix, c.tag)}, c.l.nowArg()).Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the limiter's clock: %w", err)
+	}
+	return time.UnixMicro(us), nil
+}
+
 // nowArg is the scripts' "now" argument (redisscript.NowArg of the injected clock).
 func (l *Limiter) nowArg() string { return redisscript.NowArg(l.cfg.Now) }
 

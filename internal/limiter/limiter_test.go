@@ -340,3 +340,23 @@ func TestNew(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, l)
 }
+
+// TestGate_Now: the gate's clock is the one its scripts read, and Reservation.SendAt is on:
+// the injected clock, or else Redis TIME (the test host's clock here, as Redis runs beside it).
+func TestGate_Now(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	g := b.lim.Gate("sk-now", "main")
+	now, err := g.Now(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, t0, now.UTC())
+	r, err := g.Reserve(t.Context(), limiter.Limit{Rate: 1, Burst: 1})
+	require.NoError(t, err)
+	require.Equal(t, now.Add(r.Wait), r.SendAt)
+
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	now, err = lim.Gate("sk-now", "main").Now(t.Context())
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now(), now, 2*time.Second, "Redis TIME")
+}

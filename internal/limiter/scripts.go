@@ -546,6 +546,16 @@ end
 return out
 `)
 
+// clockScript reads the clock the credential's scripts read (Gate.Now). It names the rate hash,
+// without touching it, so that it runs on the server (in a cluster, the node) that holds it.
+//
+// KEYS[1] rate hash.
+// ARGV[1] now µs, or ""
+// Returns now µs.
+var clockScript = redis.NewScript(luaCommon + `
+return clock(ARGV[1])
+`)
+
 // currentScript reports the limit in force.
 //
 // KEYS[1] rate hash.

@@ -105,7 +105,7 @@ var spendCapCodes = map[string]bool{
 }
 
 // Classify reports what kind of failure err is and whether to retry it. now is used to turn
-// an HTTP-date Retry-After into a wait. A nil err is ClassOK. Classify is pure and safe for
+// an HTTP-date Retry-After into a wait when the response has no Date (see ParseRetryAfter). A nil err is ClassOK. Classify is pure and safe for
 // concurrent use; the rules and their order are in the package documentation.
 func Classify(err error, now time.Time) Decision {
 	if err == nil {

@@ -20,7 +20,8 @@ const MaxRetryAfter = time.Hour
 const maxRetryAfterValueLen = 64
 
 // ParseRetryAfter returns how long the response headers h ask the client to wait, measured
-// from now, and whether they held a usable hint.
+// from now, and whether they held a usable hint. An HTTP-date is measured from the response's
+// Date header when it has a valid one (the provider's clock, as the date is), else from now.
 //
 // It reads, in order:
 //   - retry-after-ms: milliseconds as a non-negative decimal ("1500", "20.5");
@@ -50,6 +51,14 @@ func ParseRetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	t, err := http.ParseTime(v)
 	if err != nil {
 		return 0, false
+	}
+	// The date is on the provider's clock: the response's Date, on the same clock, says how far
+	// off it is. Measured from now, a host clock running ahead of the provider's would wait less
+	// than asked, and send again into the limit (the shared limiter's push-back with it).
+	if dv, ok := headerValue(h, "Date"); ok {
+		if date, err := http.ParseTime(dv); err == nil {
+			now = date
+		}
 	}
 	d := t.Sub(now)
 	switch {

@@ -58,6 +58,15 @@ func TestParseRetryAfter(t *testing.T) {
 		{"DateNow", header("Retry-After", testNow.Format(http.TimeFormat)), 0, true},
 		{"DateFarFutureClamped", header("Retry-After", testNow.AddDate(1, 0, 0).Format(http.TimeFormat)), retrypolicy.MaxRetryAfter, true},
 		{"DateGarbage", header("Retry-After", "Sun, 99 Foo 2026 25:61:00 GMT"), 0, false},
+		// The date is the provider's clock: it is measured from the response's Date (the same
+		// clock), so that a host whose clock runs ahead of the provider's (here by 5 s) does not
+		// wait less than asked, and send again into the limit.
+		{"DateFromResponseDate", header("Retry-After", testNow.Add(25*time.Second).Format(http.TimeFormat),
+			"Date", testNow.Add(-5*time.Second).Format(http.TimeFormat)), 30 * time.Second, true},
+		{"DateFromResponseDateBehind", header("Retry-After", testNow.Add(35*time.Second).Format(http.TimeFormat),
+			"Date", testNow.Add(5*time.Second).Format(http.TimeFormat)), 30 * time.Second, true},
+		{"DateBadResponseDateFromNow", header("Retry-After", testNow.Add(30*time.Second).Format(http.TimeFormat),
+			"Date", "yesterday"), 30 * time.Second, true},
 		{"Ms", header("Retry-After-Ms", "1500"), 1500 * time.Millisecond, true},
 		{"MsDecimal", header("Retry-After-Ms", "20.5"), 20500 * time.Microsecond, true},
 		{"MsZero", header("Retry-After-Ms", "0"), 0, true},
