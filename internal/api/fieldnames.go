@@ -58,68 +58,149 @@ func jsonNames(t reflect.Type) []string {
 }
 
 // checkFieldNames refuses a submit body (valid JSON) with a name spelled otherwise than the
-// contract's, or a name of the request that llmq reads spelled in another case or sent twice,
+// contract's, or a name of the request that llmq reads spelled in another case, written with an
+// escape ("\u0073tream": deltastream.Requested looks for the bytes "stream") or sent twice,
 // naming it; envelope names are unknown_field and invalid_field, the request's invalid_request.
+// It runs on every submit: it allocates its scanner and an error, nothing per member.
 func checkFieldNames(body []byte) error {
-	s := &jsonScanner{b: body}
+	s := jsonScanner{b: body}
+	s.path = s.pathBuf[:0]
 	if s.peek() != '{' {
 		return nil // decodeSubmit has refused it
 	}
-	return s.checkObject(envelopeFields, func() string { return "" })
+	return s.checkObject(envelopeFields)
 }
 
-// checkObject checks the names of the object at the scanner against spec; path is its place in
-// the body, for the error message ("" for the body, else ending with a dot).
-func (s *jsonScanner) checkObject(spec *fieldSpec, path func() string) error {
+// checkObject checks the names of the object at the scanner against spec and passes over it.
+func (s *jsonScanner) checkObject(spec *fieldSpec) error {
 	var seen uint64 // bit i: spec.names[i]
-	return s.object(func(name string) error {
-		known := false
-		for i, want := range spec.names {
-			if !strings.EqualFold(name, want) {
-				continue
-			}
-			switch {
-			case name != want && spec.closed:
-				return invalid("unknown_field", "unknown field %s: field names are case-sensitive (did you mean %q?)", strconv.Quote(path()+name), want)
-			case name != want:
-				return invalid(spec.typ, "field %s must be spelled %q: the provider reads field names exactly, and so does llmq", strconv.Quote(path()+name), want)
-			case seen&(1<<i) != 0:
-				return invalid(spec.typ, "field %s appears twice: send it once", strconv.Quote(path()+name))
-			}
-			seen |= 1 << i
-			known = true
-		}
-		if spec.closed && !known {
-			// decodeSubmit refuses other unknown names; a name it took in another case (Unicode
-			// folding) ends here.
-			return invalid("unknown_field", "unknown field %s", strconv.Quote(path()+name))
-		}
-		child := spec.in[name]
-		switch {
-		case child == nil:
-			s.skip()
+	s.i++           // {
+	for {
+		switch s.peek() {
+		case 0:
 			return nil
-		case s.peek() == '{':
-			return s.checkObject(child, func() string { return path() + name + "." })
-		case s.peek() == '[':
-			return s.array(func(i int) error {
-				if s.peek() != '{' {
-					s.skip()
-					return nil
-				}
-				return s.checkObject(child, func() string { return path() + name + "[" + strconv.Itoa(i) + "]." })
-			})
-		default:
-			s.skip()
+		case '}':
+			s.i++
 			return nil
+		case ',':
+			s.i++
+			continue
 		}
-	})
+		raw := s.str()
+		if len(raw) < 2 {
+			return nil // not valid JSON: decodeSubmit has refused it
+		}
+		name, escaped := raw[1:len(raw)-1], false
+		if bytes.IndexByte(name, '\\') >= 0 {
+			var decoded string
+			_ = json.Unmarshal(raw, &decoded) // valid JSON: the escapes decode
+			name, escaped = []byte(decoded), true
+		}
+		s.peek()
+		s.i++ // :
+		if err := s.checkMember(spec, &seen, name, escaped); err != nil {
+			return err
+		}
+	}
 }
 
-// jsonScanner walks a JSON document known to be valid, without decoding what it skips.
+// checkMember checks one member's name (decoded; escaped when written with an escape) and
+// passes over its value, checking the objects under it that spec names.
+func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, escaped bool) error {
+	known := false
+	for i, want := range spec.names {
+		if !bytes.EqualFold(name, []byte(want)) {
+			continue
+		}
+		exact := string(name) == want
+		switch {
+		case !exact && spec.closed:
+			return invalid("unknown_field", "unknown field %s: field names are case-sensitive (did you mean %q?)", s.quotedPath(name), want)
+		case !exact:
+			return invalid(spec.typ, "field %s must be spelled %q: the provider reads field names exactly, and so does llmq", s.quotedPath(name), want)
+		case escaped && !spec.closed:
+			return invalid(spec.typ, "field %s must be spelled %q, without escapes: llmq reads it as written", s.quotedPath(name), want)
+		case *seen&(1<<i) != 0:
+			return invalid(spec.typ, "field %s appears twice: send it once", s.quotedPath(name))
+		}
+		*seen |= 1 << i
+		known = true
+	}
+	if spec.closed && !known {
+		// decodeSubmit refuses other unknown names; a name it took in another case (Unicode
+		// folding) ends here.
+		return invalid("unknown_field", "unknown field %s", s.quotedPath(name))
+	}
+	child := spec.in[string(name)]
+	switch {
+	case child == nil:
+		s.skip()
+	case s.peek() == '{':
+		s.path = append(s.path, pathStep{name: name, index: -1})
+		defer s.pop()
+		return s.checkObject(child)
+	case s.peek() == '[':
+		s.i++ // [
+		for i := 0; ; {
+			switch s.peek() {
+			case 0:
+				return nil
+			case ']':
+				s.i++
+				return nil
+			case ',':
+				s.i++
+				continue
+			case '{':
+				s.path = append(s.path, pathStep{name: name, index: i})
+				err := s.checkObject(child)
+				s.pop()
+				if err != nil {
+					return err
+				}
+			default:
+				s.skip()
+			}
+			i++
+		}
+	default:
+		s.skip()
+	}
+	return nil
+}
+
+// pathStep is one step from the body to an object being checked: a name, and an index in its
+// value when an array (-1 when not).
+type pathStep struct {
+	name  []byte
+	index int
+}
+
+func (s *jsonScanner) pop() { s.path = s.path[:len(s.path)-1] }
+
+// quotedPath returns the place of name in the body, quoted, for an error message
+// ("request.messages[1].Content").
+func (s *jsonScanner) quotedPath(name []byte) string {
+	var b strings.Builder
+	for _, p := range s.path {
+		b.Write(p.name)
+		if p.index >= 0 {
+			b.WriteString("[" + strconv.Itoa(p.index) + "]")
+		}
+		b.WriteByte('.')
+	}
+	b.Write(name)
+	return strconv.Quote(b.String())
+}
+
+// jsonScanner walks a JSON document known to be valid, without decoding what it skips. It
+// compares names where they lie in the document and keeps its path in pathBuf (the checked
+// objects lie at most three deep): a check allocates nothing per member.
 type jsonScanner struct {
-	b []byte
-	i int
+	b       []byte
+	i       int
+	path    []pathStep
+	pathBuf [4]pathStep
 }
 
 // peek returns the next byte that is not white space (0 at the end).
@@ -182,60 +263,5 @@ func (s *jsonScanner) skip() {
 		if depth <= 0 {
 			return
 		}
-	}
-}
-
-// object passes over the object at the scanner, calling f with each member's name (decoded)
-// when the scanner is at its value; f must pass over the value. It stops at f's first error.
-func (s *jsonScanner) object(f func(name string) error) error {
-	s.peek()
-	s.i++ // {
-	for {
-		switch s.peek() {
-		case 0:
-			return nil
-		case '}':
-			s.i++
-			return nil
-		case ',':
-			s.i++
-			continue
-		}
-		raw := s.str()
-		if len(raw) < 2 {
-			return nil // not valid JSON: decodeSubmit has refused it
-		}
-		name := string(raw[1 : len(raw)-1])
-		if strings.IndexByte(name, '\\') >= 0 {
-			_ = json.Unmarshal(raw, &name) // valid JSON: the escapes decode
-		}
-		s.peek()
-		s.i++ // :
-		if err := f(name); err != nil {
-			return err
-		}
-	}
-}
-
-// array passes over the array at the scanner, calling f with each element's index when the
-// scanner is at it; f must pass over the element. It stops at f's first error.
-func (s *jsonScanner) array(f func(i int) error) error {
-	s.peek()
-	s.i++ // [
-	for i := 0; ; {
-		switch s.peek() {
-		case 0:
-			return nil
-		case ']':
-			s.i++
-			return nil
-		case ',':
-			s.i++
-			continue
-		}
-		if err := f(i); err != nil {
-			return err
-		}
-		i++
 	}
 }

@@ -58,6 +58,10 @@ func TestSubmit_Lane(t *testing.T) {
 		{"NotAString", `{"lane":1,` + req + `}`, "invalid_field", `"lane"`},
 		{"NoBatchLane", `{"lane":"batch","credential":"plain",` + req + `}`, "batch_unavailable", `credential "plain" has no batch lane`},
 		{"StreamingBatch", `{"lane":"batch","request":{"model":"m","max_tokens":8,"stream":true,"messages":[]}}`, "stream_in_batch", `cannot go through a batch API`},
+		// "\u0073tream" is "stream" to the provider (and to llm's Send, which streams it), but not to
+		// deltastream.Requested's byte search: it went to the batch lane, never streamed.
+		{"StreamingBatchEscaped", `{"lane":"batch","request":{"model":"m","max_tokens":8,"\u0073tream":true,"messages":[]}}`, "invalid_request", `field "request.stream" must be spelled "stream"`},
+		{"StreamingAutoEscaped", `{"lane":"auto","timeout":"2h","request":{"model":"m","max_tokens":8,"\u0073tream":true,"messages":[]}}`, "invalid_request", `field "request.stream" must be spelled "stream"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := b.do(t, "POST", "/v1/jobs", tc.body, nil)

@@ -181,7 +181,8 @@ func decodeSubmit(body []byte) (submitBody, error) {
 			return b, invalid("invalid_json", "body is not valid JSON: %v", err)
 		}
 	}
-	if len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
+	// JSON's white space only: bytes.TrimSpace also took a form feed or a no-break space.
+	if len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) > 0 {
 		return b, invalid("invalid_json", "body has data after the JSON object")
 	}
 	// The decode matched names in any case and kept the last of duplicates: refuse what it

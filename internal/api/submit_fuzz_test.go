@@ -39,6 +39,7 @@ func FuzzSubmit(f *testing.F) {
 		{`{"credential":"oai","request":{"model":"m"}}`, ""},
 		{`{"request":{"model":"m","Stream":true,"MAX_TOKENS":5}}`, ""},
 		{`{"request":{"model":"m","stream":true,"stream":false,"max_tokens":9,"max_tokens":5}}`, ""},
+		{`{"request":{"model":"m","\u0073tream":true,"max_tok\u0065ns":5}}`, ""},
 	} {
 		f.Add([]byte(seed.body), "default", seed.key)
 	}

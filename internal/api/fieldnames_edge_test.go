@@ -1,0 +1,75 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/deltastream"
+)
+
+// TestDecodeSubmit_EdgeCases: the submit body's decode and checkFieldNames's scanner past the plain
+// case. What it accepts, llmq reads as the provider does: "\u0073tream" is "stream" to the
+// provider but not to deltastream.Requested, which looks for the bytes (refused, as other names
+// llmq reads written with escapes); after the object only JSON's white space may follow (not a
+// form feed or a no-break space); a BOM, deep nesting, numbers and escaped quotes before a name
+// do not mislead the scanner.
+func TestDecodeSubmit_EdgeCases(t *testing.T) {
+	t.Parallel()
+	deep := strings.Repeat(`{"a":[`, 4000) + strings.Repeat(`]}`, 4000)
+	for _, tc := range []struct{ name, body, typ string }{
+		{"BOM", "\ufeff" + `{"request":{"model":"m"}}`, "invalid_json"},
+		{"BOMInName", `{"request":{"model":"m","` + "\ufeff" + `Stream":true}}`, ""},
+		{"TrailingNBSP", `{"request":{"model":"m"}}` + "\u00a0", "invalid_json"},
+		{"TrailingFormFeed", `{"request":{"model":"m"}}` + "\f", "invalid_json"},
+		{"TrailingNEL", `{"request":{"model":"m"}}` + "\u0085", "invalid_json"},
+		{"TrailingNewline", `{"request":{"model":"m"}}` + "\r\n", ""},
+		{"EscapedExact", `{"request":{"model":"m","\u0073tream":true}}`, "invalid_request"},
+		{"EscapedBlockName", `{"request":{"model":"m","messages":[{"content":[{"type":"text","te\u0078t":"x"}]}]}}`, "invalid_request"},
+		{"EscapedUnreadName", `{"request":{"model":"m","\u0073tream_x":true,"metadata":{"\u0073tream":1}},"metadata":{"\u0073":1}}`, ""},
+		{"EscapedEnvelopeName", `{"\u0072equest":{"model":"m"}}`, ""},
+		{"EscapedSlash", `{"request":{"model":"m","max\/tokens":1,"Stream":true}}`, "invalid_request"},
+		{"BackslashRunsBeforeName", `{"request":{"x\\\\":"\\\\","y":"\\\"Stream\\\"","Stream":true}}`, "invalid_request"},
+		{"Numbers", `{"request":{"model":"m","a":-0.5E-7,"b":[1e300,-0,2],"c":{"d":12345678901234567890},"stream":true,"max_tokens":7}}`, ""},
+		{"NumberThenCase", `{"request":{"a":1,"b":2e5,"MAX_TOKENS":5}}`, "invalid_request"},
+		{"DeepUnread", `{"request":{"model":"m","tools":` + deep + `,"Stream":true}}`, "invalid_request"},
+		{"DeepInMessages", `{"request":{"model":"m","messages":[{"role":"user","content":"x","extra":` + deep + `}],"Stream":true}}`, "invalid_request"},
+		{"ArraysOfArraysInMessages", `{"request":{"model":"m","messages":[[{"Content":1}]],"stream":true}}`, ""},
+		{"InvalidUTF8Name", "{\"request\":{\"model\":\"m\",\"stre\xffam\":true}}", ""},
+		{"WhitespaceEverywhere", " \r\n\t{ \"request\" : { \"model\" : \"m\" , \"Stream\" : true } } ", "invalid_request"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, err := decodeSubmit([]byte(tc.body))
+			if tc.typ == "" {
+				require.NoError(t, err)
+				// llmq reads "stream" as the provider does: exactly, escapes decoded.
+				var top map[string]json.RawMessage
+				require.NoError(t, json.Unmarshal(b.Request, &top))
+				require.Equal(t, string(top["stream"]) == "true", deltastream.Requested(b.Request), "%s", b.Request)
+				return
+			}
+			var ie *InvalidError
+			require.True(t, errors.As(err, &ie), "%v", err)
+			require.Equal(t, tc.typ, ie.Type, ie.Message)
+		})
+	}
+}
+
+// TestCheckFieldNames_AllocationFree: the check runs on every submit, after the body's decode; it
+// walks the body with one allocation (its scanner), none per member (names are compared in place,
+// the error's path is built only for an error): a pass over the bytes whatever the request's shape.
+func TestCheckFieldNames_AllocationFree(t *testing.T) {
+	var msgs []string
+	for range 200 {
+		msgs = append(msgs, `{"role":"user","content":[{"type":"text","text":"a \"quoted\" word"},{"type":"image","source":{"type":"url"}}]}`)
+	}
+	body := []byte(`{"credential":"default","request":{"model":"m","max_tokens":1024,"cache_control_and_a_long_name_past_32_bytes":1,` +
+		`"system":[{"type":"text","text":"s"}],"messages":[` + strings.Join(msgs, ",") + `]},"metadata":{"k":"v"}}`)
+	require.NoError(t, checkFieldNames(body))
+	allocs := testing.AllocsPerRun(20, func() { _ = checkFieldNames(body) })
+	require.LessOrEqual(t, allocs, 1.0, "allocations per check of a body of %d messages (the scanner's one)", len(msgs))
+}
