@@ -23,7 +23,8 @@ const subscribeWait = 2 * time.Second
 // The SUBSCRIBE and UNSUBSCRIBE commands go from one goroutine of the hub's own (subscribe),
 // never from a caller of Follow or Stop, and never under mu: a subscription held up (Redis slow,
 // a network stall) holds up no other client's Follow or Stop, nor the hub's delivery under mu;
-// the changes made meanwhile go together in the next round.
+// the changes made meanwhile go together in the next round. A SUBSCRIBE that failed is sent
+// again (subscribeRetry).
 type Hub struct {
 	b      *Buffer
 	ps     *redis.PubSub
@@ -325,20 +326,39 @@ func (h *Hub) changedLocked(name string) {
 	}
 }
 
+// subscribeRetry is how long after a failed SUBSCRIBE its channels are subscribed again.
+const subscribeRetry = time.Second
+
 // subscribe keeps the connection subscribed to the channels followed, until ctx ends: each round
 // unsubscribes from the channels that lost their last follower and subscribes to the new ones,
 // each in one command, outside mu (see Hub). The rounds go one at a time, so a channel's
-// commands reach Redis in the order of its followers' coming and going.
+// commands reach Redis in the order of its followers' coming and going. A SUBSCRIBE that failed
+// is sent again (subscribeRetry later) to the channels still followed: go-redis, reconnecting
+// inside the failed command, subscribes the new connection only to the channels it had before.
 func (h *Hub) subscribe(ctx context.Context) {
 	defer close(h.subDone)
+	var retry []string // the channels of the SUBSCRIBEs that failed since the last retry
+	var again <-chan time.Time
+	failing := false // the last SUBSCRIBE failed: the next failure is not logged again
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-h.changed:
+		case <-again:
+			again = nil
 		}
 		var sub, unsub []string
 		h.mu.Lock()
+		if again == nil {
+			// Before the new ones: a channel subscribed since (sent) is not subscribed twice.
+			for _, name := range retry {
+				if cs := h.subs[name]; cs != nil && cs.sent && len(cs.followers) > 0 {
+					sub = append(sub, name)
+				}
+			}
+			retry = nil
+		}
 		for name := range h.pending {
 			cs := h.subs[name]
 			switch {
@@ -362,11 +382,21 @@ func (h *Hub) subscribe(ctx context.Context) {
 		}
 		if len(sub) > 0 {
 			sctx, cancel := context.WithTimeout(ctx, subscribeWait)
-			if err := h.ps.Subscribe(sctx, sub...); err != nil && ctx.Err() == nil {
-				// go-redis subscribes again to every channel at its next connection.
-				h.b.cfg.Logger.Warn("subscribe to stream deltas", "channels", len(sub), "error", err)
-			}
+			err := h.ps.Subscribe(sctx, sub...)
 			cancel()
+			switch {
+			case err == nil:
+				failing = false
+			case ctx.Err() == nil:
+				if !failing {
+					h.b.cfg.Logger.Warn("subscribe to stream deltas", "channels", len(sub), "error", err)
+				}
+				failing = true
+				retry = append(retry, sub...)
+				if again == nil {
+					again = time.After(subscribeRetry)
+				}
+			}
 		}
 	}
 }

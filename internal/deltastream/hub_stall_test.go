@@ -3,6 +3,7 @@ package deltastream_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -196,4 +197,87 @@ func TestHub_AFollowThatStoppedWaitingIsToldWhenSubscribed(t *testing.T) {
 	read, err = buf.Read(ctx, "jobLate", "", 10)
 	require.NoError(t, err)
 	require.Len(t, read, 1)
+}
+
+// resetDialer dials Redis with connections of which the first write carrying marker (a channel's
+// name: its SUBSCRIBE) fails at once, as a connection that Redis or a proxy dropped while it was
+// idle fails the next write; reset is closed once it did.
+type resetDialer struct {
+	marker []byte
+	once   sync.Once
+	reset  chan struct{}
+}
+
+func (d *resetDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &resetConn{Conn: c, d: d}, nil
+}
+
+type resetConn struct {
+	net.Conn
+	d *resetDialer
+}
+
+func (c *resetConn) Write(p []byte) (int, error) {
+	failed := false
+	if bytes.Contains(p, c.d.marker) {
+		c.d.once.Do(func() { failed = true })
+	}
+	if failed {
+		_ = c.Conn.Close()
+		close(c.d.reset)
+		return 0, &net.OpError{Op: "write", Net: "tcp", Err: errors.New("connection reset by peer")}
+	}
+	return c.Conn.Write(p)
+}
+
+// TestHub_ASubscribeWhoseWriteFailedIsSentAgain: go-redis reconnects inside a SUBSCRIBE whose
+// write failed and subscribes the new connection to the channels it knew before that command,
+// not to the command's own: the hub sends the subscription again, so that the job is followed,
+// and its follower told to read the buffer, without waiting for another reconnect.
+func TestHub_ASubscribeWhoseWriteFailedIsSentAgain(t *testing.T) {
+	t.Parallel()
+	prefix := redistest.Prefix(t)
+	opts, err := redis.ParseURL(redistest.URL())
+	require.NoError(t, err)
+	d := &resetDialer{marker: []byte(prefix + "{jobReset}:deltas"), reset: make(chan struct{})}
+	opts.Dialer = d.dial
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: prefix})
+	hub := buf.NewHub()
+	defer hub.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+
+	before := hub.Follow(ctx, "jobBefore")
+	defer before.Stop()
+	ended, end := context.WithCancel(ctx)
+	end()
+	f := hub.Follow(ended, "jobReset")
+	defer f.Stop()
+	select {
+	case <-d.reset:
+	case <-ctx.Done():
+		t.Fatal("the subscription to jobReset was never sent")
+	}
+	for _, job := range []string{"jobBefore", "jobReset"} {
+		require.Eventually(t, func() bool {
+			n, err := redistest.NumSub(ctx, rdb, buf.Key(job))
+			return err == nil && n == 1
+		}, 10*time.Second, 5*time.Millisecond, "%s is not subscribed", job)
+	}
+	awaitWake(t, f.Wake())
+	_, ok := f.Next(deltastream.Entry{})
+	require.False(t, ok, "subscribed after Follow returned: read the buffer")
+	w := buf.Writer("jobReset", 2, 1)
+	w.Add(deltastream.Delta{Type: "text", Text: "x"})
+	awaitWake(t, f.Wake())
+	got, ok := f.Next(deltastream.Entry{})
+	require.True(t, ok)
+	require.Len(t, got, 1)
+	w.Close(ctx)
 }

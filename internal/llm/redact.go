@@ -67,7 +67,10 @@ func base64Core(enc *base64.Encoding, key string, shift int) string {
 	return s[from:to]
 }
 
-// spans returns the sorted, merged [start, end) ranges of s that match a form of the key.
+// spans returns the sorted [start, end) ranges of s that match a form of the key, overlapping
+// ones merged. Ranges that only touch (a key right after a key) stay apart: a text's ranges up
+// to a point are those of any longer text with the same start, unless a match straddles the point
+// (see deltaMasker).
 func (r redactor) spans(s string) [][2]int {
 	var out [][2]int
 	for _, f := range r.forms {
@@ -80,7 +83,7 @@ func (r redactor) spans(s string) [][2]int {
 	merged := out[:1]
 	for _, sp := range out[1:] {
 		last := &merged[len(merged)-1]
-		if sp[0] <= last[1] {
+		if sp[0] < last[1] {
 			last[1] = max(last[1], sp[1])
 			continue
 		}

@@ -228,8 +228,9 @@ type deltaBlock struct {
 // for byte, in each block's text as a whole, so that a key split across deltas is masked too,
 // and the deltas of a block add up to its text in the body. Of each block's text it holds back,
 // until the block's next delta or the stream's end (flush), the tail that the next delta may
-// complete into the key, and a masked key that ends the text (a key right after it would be
-// masked with it as one). What it holds is shorter than a key form, or keys end to end.
+// complete into the key, from the start of the key it overlaps, if any. What it holds is shorter
+// than two key forms, so that a delta costs the same however long the stream (a key echoed end
+// to end included).
 type deltaMasker struct {
 	red    redactor
 	held   map[deltaBlock]string
@@ -248,7 +249,7 @@ func (m *deltaMasker) mask(d Delta) (_ Delta, ok bool) {
 	cut := len(text) - m.red.startTail(text)
 	spans := m.red.spans(text)
 	for _, sp := range spans {
-		if sp[0] < cut && cut <= sp[1] {
+		if sp[0] < cut && cut < sp[1] {
 			cut = sp[0]
 		}
 	}

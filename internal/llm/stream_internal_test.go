@@ -403,3 +403,32 @@ func TestDeltaMasker_SplitsAddUpToTheMaskedText(t *testing.T) {
 		}
 	}
 }
+
+// TestDeltaMasker_KeysEndToEndAreHandedOn: a provider echoing the key many times end to end (a
+// model asked to repeat it) gets its deltas handed on as they come, masked, not held to the end
+// of the stream: what the masker holds stays under two key forms, so each delta costs the same
+// however long the echo, and the deltas still add up to the text masked whole.
+func TestDeltaMasker_KeysEndToEndAreHandedOn(t *testing.T) {
+	t.Parallel()
+	const key = "sk-ant-api03-Zq9/x+Y=0123456789abcdef"
+	red := newRedactor(key)
+	text := strings.Repeat(key, 200) + strings.Repeat(strings.ToUpper(key), 200)
+	want := []byte(text)
+	red.maskBytes(want)
+	bound := 2 * len(red.forms[0])
+	m := deltaMasker{red: red}
+	var got strings.Builder
+	emit := func(d Delta) { got.WriteString(d.Text) }
+	for rest := text; rest != ""; {
+		n := min(7, len(rest))
+		if d, ok := m.mask(Delta{Type: DeltaText, Text: rest[:n]}); ok {
+			emit(d)
+		}
+		rest = rest[n:]
+		held := m.held[deltaBlock{typ: DeltaText}]
+		require.Less(t, len(held), bound, "held back after %d of %d bytes", len(text)-len(rest), len(text))
+	}
+	m.flush(emit)
+	require.Equal(t, string(want), got.String(), "the deltas add up to the text masked whole")
+	require.Empty(t, red.spans(got.String()))
+}
