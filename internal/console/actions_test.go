@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -501,4 +502,70 @@ func TestCredentials_RedisDownIs503(t *testing.T) {
 	// The pages that need only Postgres still work.
 	r, out = c.do(http.MethodGet, "/console/api/overview", nil, nil)
 	require.Equal(t, http.StatusOK, r.StatusCode, out)
+}
+
+// TestDeadRetry_SelectionIsOneTransaction: a console retry of a selection larger than
+// RetryDead's default batch (500; a selection holds up to 1000) is one transaction, as an
+// answer about the selection needs: when it fails, no job of the selection was put back. In
+// batches, a failure of the second left the first 500 queued behind an error answer, with no
+// audit entry and no task (they waited for the sweeper).
+func TestDeadRetry_SelectionIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// Given 501 dead jobs, dead a second apart; the last to die (in a second batch) locked.
+	rows, err := b.jobs.Pool.Query(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts,
+	timeout_ms, deadline, dead_reason, finished_at)
+SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted', now() - g * interval '1 second'
+FROM generate_series(1, 501) g ORDER BY g RETURNING id::text`)
+	require.NoError(t, err)
+	dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	lock, err := b.jobs.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = lock.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, dead[0])
+	require.NoError(t, err)
+
+	// The retry waits for the locked job, and its statement fails there (canceled).
+	body, err := json.Marshal(map[string]any{"ids": dead})
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/console/api/dead/retry", strings.NewReader(string(body)))
+	require.NoError(t, err)
+	req.Header.Set("X-CSRF-Token", c.csrf)
+	answered := make(chan int, 1)
+	go func() {
+		res, err := c.http.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		res.Body.Close()
+		answered <- res.StatusCode
+	}()
+	var pid int
+	require.Eventually(t, func() bool { // on testify's goroutine: no require here
+		return b.jobs.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&pid) == nil
+	}, 10*time.Second, 10*time.Millisecond, "the retry waits for the locked job")
+	_, err = b.jobs.Pool.Exec(ctx, `SELECT pg_cancel_backend($1)`, pid)
+	require.NoError(t, err)
+	var status int
+	select {
+	case status = <-answered:
+	case <-ctx.Done():
+		t.Fatal("no answer")
+	}
+	require.GreaterOrEqual(t, status, 500, "the retry failed")
+	require.NoError(t, lock.Rollback(ctx))
+
+	// Then no job of the selection was put back.
+	var queued int
+	require.NoError(t, b.jobs.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE status <> 'dead'`).Scan(&queued))
+	require.Zero(t, queued, "an error answer, and jobs of the selection queued")
+	for _, e := range b.audit(t) {
+		require.NotEqual(t, "dead.retry", e.Action)
+	}
 }

@@ -92,7 +92,9 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	retried, err := h.cfg.Jobs.RetryDead(r.Context(), jobs.DeadFilter{IDs: ids}, nil)
+	// One batch longer than the selection: one statement, so one transaction (see maxSelection).
+	// In batches, a failure after the first would answer an error over jobs already put back.
+	retried, err := h.cfg.Jobs.RetryDead(r.Context(), jobs.DeadFilter{IDs: ids}, &jobs.RetryDeadOpts{Batch: len(ids) + 1})
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return

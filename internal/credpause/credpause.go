@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,9 @@ var ErrDatabase = errors.New("postgres")
 type Store struct {
 	pool *pgxpool.Pool
 	now  func() time.Time
+
+	mu    sync.Mutex
+	turns map[string]chan struct{} // per credential tag: the process's turn at its lock (see lock)
 }
 
 // NewStore returns a Store on a migrated pool. now is the clock a new pause's start is read on;
@@ -34,7 +38,7 @@ func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{pool: pool, now: now}
+	return &Store{pool: pool, now: now, turns: map[string]chan struct{}{}}
 }
 
 // Pause pauses the credential behind g until Resume: in Postgres first, then in Redis (see
@@ -127,13 +131,25 @@ const lockClass int32 = 0x6c717073
 // a pause between a resume's delete and its Redis write left the row with Redis resumed (the
 // next restore paused the credential again). A connection whose unlock fails is closed, which
 // ends the lock with its session.
+//
+// The store's callers on one credential take their turn in the process first, without a
+// connection: a burst of spend-cap answers (a worker's every delivery on the key) waits on one
+// connection, not on the whole pool, which the deliveries of every other credential need.
 func (s *Store) lock(ctx context.Context, g *limiter.Gate) (*pgxpool.Conn, func(), error) {
+	turn := s.turn(g.Tag())
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("lock credential pause: %w", context.Cause(ctx))
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
+		<-turn
 		return nil, nil, fmt.Errorf("lock credential pause: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, g.Tag()); err != nil {
 		conn.Release()
+		<-turn
 		return nil, nil, fmt.Errorf("lock credential pause: %w", err)
 	}
 	unlock := func() {
@@ -143,8 +159,22 @@ func (s *Store) lock(ctx context.Context, g *limiter.Gate) (*pgxpool.Conn, func(
 			_ = conn.Conn().Close(uctx)
 		}
 		conn.Release()
+		<-turn
 	}
 	return conn, unlock, nil
+}
+
+// turn returns the credential's turn in this process (see lock): a channel that holds one
+// caller at a time.
+func (s *Store) turn(tag string) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.turns[tag]
+	if !ok {
+		t = make(chan struct{}, 1)
+		s.turns[tag] = t
+	}
+	return t
 }
 
 // unlockTimeout bounds the unlock of a credential's pause lock, past which its connection is

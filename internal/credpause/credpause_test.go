@@ -362,10 +362,10 @@ func TestStore_PauseAndResumeAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the pause did not reach Redis")
 	}
-	// The pause has written Postgres, not Redis; an operator resumes.
+	// The pause has written Postgres, not Redis; an operator resumes (ctl: another process).
 	resumed := make(chan error, 1)
 	go func() {
-		_, err := store.Resume(ctx, gate)
+		_, err := credpause.NewStore(pool, nil).Resume(ctx, gate)
 		resumed <- err
 	}()
 	pollCtx, stopPolling := context.WithCancel(ctx)
@@ -402,4 +402,83 @@ func TestStore_PauseAndResumeAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, kept.Paused, "the resume came last: Postgres keeps no pause")
 	require.False(t, inRedis.Paused, "Redis is paused, Postgres is not: the console shows a pause no row keeps")
+}
+
+// TestStore_PausesWaitingForTheLockLeaveThePoolFree: a burst of spend-cap answers on one
+// credential, while another process holds its pause lock (its pause waits on a slow Redis, say),
+// does not take every connection of the worker's pool (16 for its 200 deliveries) to wait on the
+// lock: one of the process's pauses waits on it, the others wait their turn without a connection,
+// and the deliveries of every other credential still reach Postgres (leases renewed, results
+// recorded).
+func TestStore_PausesWaitingForTheLockLeaveThePoolFree(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	u := pgtest.URL(t)
+	pcfg, err := pgxpool.ParseConfig(u)
+	require.NoError(t, err)
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	other, err := pgxpool.New(ctx, u) // another process's, and the test's observer
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-capped", "main")
+	store := credpause.NewStore(pool, nil)
+
+	// Another process holds the credential's pause lock.
+	holder, err := other.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	const lockClass = 0x6c717073 // credpause's
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, gate.Tag())
+	require.NoError(t, err)
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			_, err := holder.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, gate.Tag())
+			require.NoError(t, err)
+		}
+	}
+	defer unlock()
+
+	// Three spend-cap answers on the credential in this process.
+	const pauses = 3
+	done := make(chan error, pauses)
+	for i := range pauses {
+		go func() {
+			_, err := store.Pause(ctx, gate, "rate_limited_no_retry_after", fmt.Sprintf("job-%d", i))
+			done <- err
+		}()
+	}
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
+	select {
+	case <-waitingForLock(pollCtx, other):
+	case <-time.After(10 * time.Second):
+		t.Fatal("no pause waits for the lock")
+	}
+	stopPolling()
+
+	// Other work on the pool gets a connection.
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = pool.Exec(qctx, `SELECT 1`)
+	require.NoError(t, err, "the pauses waiting for the lock hold every connection of the pool")
+
+	unlock()
+	for range pauses {
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("a pause did not end once the lock was free")
+		}
+	}
+	ps, err := store.Get(ctx, gate)
+	require.NoError(t, err)
+	require.True(t, ps.Paused)
 }

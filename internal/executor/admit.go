@@ -21,6 +21,7 @@ type admission struct {
 	pauseProbe limiter.PauseProbe  // an automatic probe of a paused credential (zero: none)
 	probe      bool                // the limiter's probe of a limit being learned
 	reportSend int64               // a burst's slot: tell the gate when it leaves (limiter.Gate.Sent)
+	held       bool                // the slot was held in the job row: its grant is the row's (see begin)
 }
 
 // errAskBreaker: the reservation's own test of the breaker (see clear) did not admit; the
@@ -65,8 +66,9 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	case job.SlotSeq != nil:
 		// The slot (and its tokens) was taken by an earlier delivery and is due now: it goes,
 		// unless the credential was paused since (each held slot went out, was refused and
-		// dead-lettered its job); then it stays held until the resume, or the pause's probe.
-		adm.seq = *job.SlotSeq
+		// dead-lettered its job); then it stays held until the resume, or the pause's probe (the
+		// slot may be the probe's own: see admitGate).
+		adm.seq, adm.held = *job.SlotSeq, true
 		if job.SlotGrant != nil {
 			adm.grant = *job.SlotGrant
 		}
@@ -74,7 +76,7 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 			return adm, nil
 		}
 		var err error
-		if adm.pauseProbe, err = e.checkPause(ctx, up); err != nil {
+		if adm.pauseProbe, err = e.checkPause(ctx, up, job.ID); err != nil {
 			e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
 			var df *deferral
 			if errors.As(err, &df) && df.unavailable && job.HasNextCredential() {
@@ -154,7 +156,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	// unused, as a canceled job would).
 	drawAfter := false
 	if job.Attempts > 0 && drawsOnRetryBudget(job) {
-		if adm.pauseProbe, err = e.checkPause(ctx, up); err != nil {
+		if adm.pauseProbe, err = e.checkPause(ctx, up, ""); err != nil {
 			return adm, err
 		}
 		opts.UnlessPaused = false
@@ -217,10 +219,14 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	}
 	if res.Wait > e.cfg.MaxInlineWait {
 		// A pause probe's slot held for later keeps the probe: the interval's one attempt on the
-		// paused credential is that slot's.
+		// paused credential is that slot's, which the pause's check of a held slot lets through.
 		if err := e.cfg.Store.HoldSlot(ctx, job.ID, res.SendAt, res.Seq, res.Grant); err != nil {
 			e.releaseSlot(ctx, up, adm)
 			return adm, err
+		}
+		if err := g.HoldProbe(ctx, adm.pauseProbe, job.ID); err != nil {
+			e.cfg.Logger.WarnContext(ctx, "hold a pause probe with its slot (the next probe waits its interval)",
+				"credential", up.Name, "job_id", job.ID, "error", err)
 		}
 		return adm, &deferral{until: until, reason: "rate limit slot", stored: true}
 	}
@@ -334,14 +340,21 @@ func laneOf(job *jobs.Job, w int) *limiter.Lane {
 
 // checkPause reads the credential's pause state on its own (restoring one Redis lost, with
 // Config.Pauses) for an attempt that does not reserve a slot with the pause check in the same
-// script: nil error when not paused; when paused, pauseProbe's answer.
-func (e *Executor) checkPause(ctx context.Context, up Upstream) (limiter.PauseProbe, error) {
+// script: nil error when not paused; when paused, pauseProbe's answer. held is the job ID of a
+// slot held in the job row ("" for none): when the pause's probe was granted with that slot
+// (limiter.Gate.HoldProbe), it is this attempt's.
+func (e *Executor) checkPause(ctx context.Context, up Upstream, held string) (limiter.PauseProbe, error) {
 	ps, err := up.Gate.Paused(ctx)
 	if err == nil && ps.Unknown && e.cfg.Pauses != nil {
 		ps, err = e.restorePause(ctx, up)
 	}
 	if err != nil || !ps.Paused {
 		return limiter.PauseProbe{}, err
+	}
+	if held != "" {
+		if probe, err := up.Gate.ReclaimProbe(ctx, held); err != nil || probe.Granted() {
+			return probe, err
+		}
 	}
 	return e.pauseProbe(ctx, up, ps)
 }

@@ -23,7 +23,14 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 	begun, err := e.cfg.Store.BeginAttempt(ctx, job.ID)
 	e.timed(StageBegin, t0)
 	if err != nil {
-		e.release(ctx, up, adm)
+		rel := adm
+		if adm.held && !errors.Is(err, jobs.ErrNotRunnable) {
+			// A slot held in the row is the row's: it still holds it (the store failed, and the
+			// retried delivery sends it), or another delivery took it with the lease. Whichever
+			// sends it reconciles its tokens; refunded here, they would never be charged.
+			rel.grant = 0
+		}
+		e.release(ctx, up, rel)
 		var leased *jobs.LeasedError
 		switch {
 		case errors.As(err, &leased):

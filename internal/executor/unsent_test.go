@@ -372,3 +372,90 @@ func TestExecutor_HeldSlotWaitsForThePause(t *testing.T) {
 	require.Equal(t, jobs.StatusSucceeded, got.Status)
 	require.Equal(t, 1, sim.Stats().Requests)
 }
+
+// A slot held in the job row belongs to the row, not to the delivery that read it: a delivery
+// whose attempt's start fails (a store failing; another delivery's lease, taken since the read,
+// takes the same way out) leaves its tokens charged, for the delivery that sends the slot (the
+// retried one, or the lease's holder) reconciles them. Refunded here, the slot still went out
+// later, its tokens never charged: another request's worth went into the token minute.
+func TestExecutor_HeldSlotKeepsItsTokensWhenTheStartFails(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const tokenMinute = time.Minute
+	clock := clocktest.New(time.Now())
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now,
+		TokenMinute: tokenMinute})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-held-tokens", "held")
+	est, err := estimator.New(nil)
+	require.NoError(t, err)
+	b := jobstest.New(t)
+	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16} // helloRequest's max_tokens
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-tokens"})
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit}}})
+	// The test takes the token minute's output tokens: the job's slot is a minute away, held.
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	job := b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+
+	// The slot is due; its delivery's start fails.
+	clock.Advance(tokenMinute)
+	_, err = b.Pool.Exec(ctx, `
+CREATE FUNCTION refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.status = 'running' THEN RAISE EXCEPTION 'start refused'; END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_start BEFORE UPDATE OF status ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_start()`)
+	require.NoError(t, err)
+	require.ErrorContains(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), "start refused")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.SlotSeq, "the row still holds the slot, for the delivery dispatch retries")
+
+	// The slot's tokens are still charged: the minute's next 16 tokens wait for the next minute.
+	r, err = gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	require.GreaterOrEqual(t, r.Wait, tokenMinute/2, "the held slot's tokens were refunded, and the slot is still to go")
+
+	// The retried delivery sends the held slot.
+	_, err = b.Pool.Exec(ctx, `DROP TRIGGER refuse_start ON jobs`)
+	require.NoError(t, err)
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	require.Equal(t, 1, sim.Stats().Requests)
+}
+
+// A paused credential's automatic probe whose slot is too far off to sleep out is held in the
+// job row with its slot, and goes when the slot is due: the pause's check of a held slot lets
+// that one through. Refused as any other held slot would be (the interval's probe is taken, by
+// it), the probe went an interval later, and a lifted cap ended its pause that much later.
+func TestExecutor_HeldPauseProbeGoes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tokenMinute := 10 * time.Second // past MaxInlineWait, within probeEvery
+	u := unsentSetup(t, tokenMinute)
+	job := u.b.Create(t, jobstest.Opts{Credential: "capped", Timeout: time.Hour, Request: helloRequest})
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot", "the probe's slot is held")
+
+	u.clock.Advance(tokenMinute)
+	require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	require.Equal(t, 1, u.sim.Stats().Requests, "the held probe was not sent")
+	got, err := u.b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	ps, err := u.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.False(t, ps.Paused, "the probe's success resumes the credential")
+}

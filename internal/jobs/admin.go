@@ -186,8 +186,10 @@ func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts
 const retryDeadBatch = 500
 
 // retryDeadQuery is one batch of RetryDead: one statement, so its own transaction. It locks
-// (FOR UPDATE, waiting) up to limit of f's dead jobs that died by began, oldest death first (in
-// the order of jobs_finished_idx or jobs_dead_reason_idx, so two retries lock in the same order);
+// (FOR UPDATE, waiting) up to limit of f's dead jobs that died by began, oldest death first, in
+// the order of (finished_at, id), which every plan and snapshot agree on, so two retries lock in
+// the same order (deaths whose transactions began in the same microsecond share finished_at:
+// ordered by it alone, they went in each plan's order, and concurrent retries deadlocked);
 // a job that is no longer dead once its lock is free is passed over. The jobs it puts back to
 // queued no longer match, so the next batch takes the next ones. The update finds them by
 // primary key (= ANY of an array): joined with the CTE, the planner read the whole table for a
@@ -199,7 +201,7 @@ func retryDeadQuery(f DeadFilter, now, began time.Time, limit int) (string, []an
 	return `
 WITH old AS (
 	SELECT d.id, d.dead_reason FROM jobs d WHERE ` + where + ` AND d.finished_at <= $2
-	ORDER BY d.finished_at LIMIT $3
+	ORDER BY d.finished_at, d.id LIMIT $3
 	FOR UPDATE
 ), u AS (
 	UPDATE jobs j SET status = 'queued', attempts = 0,

@@ -193,11 +193,11 @@ FROM generate_series(1, 600) g ORDER BY g RETURNING id::text`)
 		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRetriesExhausted}, nil) // batches of 500
 		done <- result{got, err}
 	}()
-	require.Eventually(t, func() bool {
+	require.Eventually(t, func() bool { // on testify's goroutine: no require here
 		var waiting bool
-		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting))
-		return waiting
+		err := b.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		return err == nil && waiting
 	}, 10*time.Second, 10*time.Millisecond, "the retry waits for the locked job")
 
 	// While it waits, the first batch is committed: queued, and nobody's lock holds it.
@@ -219,6 +219,61 @@ WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting
 	}
 	require.NoError(t, r.err)
 	require.ElementsMatch(t, dead, unfinishedIDs(r.got))
+}
+
+// TestStore_RetryDeadConcurrently: retries that run at once (ctl's --all, a console selection)
+// lock their jobs in one order, so none fails on a deadlock, and each job is retried once. Jobs
+// whose deaths began in the same microsecond (a burst of deaths: a spend cap, an outage) share
+// finished_at: ordered by it alone, each statement locked them in its own plan's order, and
+// retries deadlocked.
+func TestStore_RetryDeadConcurrently(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	// Given 3,000 dead jobs, 60 at each finished_at.
+	rows, err := b.Pool.Query(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts,
+	timeout_ms, deadline, dead_reason, finished_at)
+SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted',
+	date_trunc('second', now()) - (g % 50) * interval '1 second'
+FROM generate_series(1, 3000) g RETURNING id::text`)
+	require.NoError(t, err)
+	dead, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+
+	type result struct {
+		got []jobs.Unfinished
+		err error
+	}
+	const runs = 4
+	done := make(chan result, runs)
+	for i := range runs {
+		f := jobs.DeadFilter{}
+		if i%2 == 1 {
+			f.IDs = dead
+		}
+		go func() {
+			got, err := b.Store.RetryDead(ctx, f, &jobs.RetryDeadOpts{Batch: 37})
+			done <- result{got, err}
+		}()
+	}
+	retried := map[string]int{}
+	for range runs {
+		var r result
+		select {
+		case r = <-done:
+		case <-ctx.Done():
+			t.Fatal("the retries did not end")
+		}
+		require.NoError(t, r.err)
+		for _, u := range r.got {
+			retried[u.ID]++
+		}
+	}
+	require.Len(t, retried, len(dead))
+	for id, n := range retried {
+		require.Equal(t, 1, n, "job %s retried once", id)
+	}
 }
 
 // TestStore_RetryDeadOnceEach: a job a retry put back that dies again before the retry ends

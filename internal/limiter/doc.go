@@ -151,7 +151,8 @@
 // keeps a "not paused" mark, so that a Redis that lost the pause (PauseState.Unknown,
 // Reservation.PauseUnknown with AttemptOptions.PauseDurable) can be told from one never paused;
 // Gate.RestorePause writes back the state kept in Postgres (internal/credpause). A probe that is
-// not sent is given back (Gate.ReleaseProbe): the next may go at once.
+// not sent is given back (Gate.ReleaseProbe): the next may go at once. One held for later with a
+// job's slot (Gate.HoldProbe) goes with that slot (Gate.ReclaimProbe).
 //
 // # One round trip per attempt
 //

@@ -162,3 +162,32 @@ func (c *Gate) ReleaseProbe(ctx context.Context, p PauseProbe) error {
 	}
 	return nil
 }
+
+// HoldProbe marks probe p, granted by TryProbe, as held by job jobID, whose request waits for a
+// slot held in its row (its send time too far off to wait for in the delivery): the delivery
+// that comes back for the slot takes p again with ReclaimProbe, where TryProbe refuses it (the
+// interval's probe is p). A p no longer the pause's probe (released, or its pause ended) is not
+// marked, nor is a zero p. It returns an error only when Redis fails.
+func (c *Gate) HoldProbe(ctx context.Context, p PauseProbe, jobID string) error {
+	if !p.Granted() {
+		return nil
+	}
+	if err := holdProbeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, p.grant, jobID).Err(); err != nil {
+		return fmt.Errorf("hold pause probe: %w", err)
+	}
+	return nil
+}
+
+// ReclaimProbe returns the pause's probe when job jobID holds it (HoldProbe), once; else the zero
+// PauseProbe. It returns an error only when Redis fails.
+func (c *Gate) ReclaimProbe(ctx context.Context, jobID string) (PauseProbe, error) {
+	v, err := reclaimProbeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, jobID).Result()
+	if err != nil {
+		return PauseProbe{}, fmt.Errorf("reclaim pause probe: %w", err)
+	}
+	s, ok := v.(string)
+	if !ok {
+		return PauseProbe{}, nil
+	}
+	return PauseProbe{grant: s}, nil
+}

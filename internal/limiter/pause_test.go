@@ -291,3 +291,55 @@ func TestGate_ReleaseProbe(t *testing.T) {
 	require.False(t, again.Granted(), "the new episode's first probe comes an interval after it began")
 	require.NoError(t, gate.ReleaseProbe(ctx, limiter.PauseProbe{}), "a zero probe is no-op")
 }
+
+// TestGate_HeldProbe: a probe held with a job's slot (HoldProbe) is handed back to that job once
+// (ReclaimProbe), to no other job, and not once released or replaced by the next interval's.
+func TestGate_HeldProbe(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := t.Context()
+	gate := b.lim.Gate("sk-held-probe", "main")
+	every := 30 * time.Second
+	_, err := gate.Pause(ctx, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	b.clock.Advance(every)
+
+	p, err := gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.True(t, p.Granted())
+	require.NoError(t, gate.HoldProbe(ctx, p, "job-a"))
+	b.clock.Advance(every / 3)
+	other, err := gate.ReclaimProbe(ctx, "job-b")
+	require.NoError(t, err)
+	require.False(t, other.Granted(), "another job took the held probe")
+	again, err := gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.False(t, again.Granted(), "the held probe is the interval's")
+	mine, err := gate.ReclaimProbe(ctx, "job-a")
+	require.NoError(t, err)
+	require.Equal(t, p, mine, "the holder takes its probe back")
+	mine, err = gate.ReclaimProbe(ctx, "job-a")
+	require.NoError(t, err)
+	require.False(t, mine.Granted(), "a held probe is taken back once")
+
+	// Held, then released: not taken back.
+	require.NoError(t, gate.HoldProbe(ctx, p, "job-a"))
+	require.NoError(t, gate.ReleaseProbe(ctx, p))
+	mine, err = gate.ReclaimProbe(ctx, "job-a")
+	require.NoError(t, err)
+	require.False(t, mine.Granted(), "a released probe was taken back")
+
+	// Held, then replaced by the next interval's probe: not taken back.
+	q, err := gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.True(t, q.Granted())
+	require.NoError(t, gate.HoldProbe(ctx, q, "job-a"))
+	b.clock.Advance(every)
+	r, err := gate.TryProbe(ctx, every)
+	require.NoError(t, err)
+	require.True(t, r.Granted())
+	mine, err = gate.ReclaimProbe(ctx, "job-a")
+	require.NoError(t, err)
+	require.False(t, mine.Granted(), "a probe the next interval's replaced was taken back")
+	require.NoError(t, gate.HoldProbe(ctx, limiter.PauseProbe{}, "job-a"), "a zero probe is no-op")
+}

@@ -718,6 +718,32 @@ return fmt0(now)
 // Returns 1 when released, else 0: the hash holds another probe's grant, or none (resumed since).
 var releaseProbeScript = redis.NewScript(`
 if redis.call('HGET', KEYS[1], 'probe') ~= ARGV[1] then return 0 end
-redis.call('HDEL', KEYS[1], 'probe')
+redis.call('HDEL', KEYS[1], 'probe', 'probe_held')
 return 1
+`)
+
+// holdProbeScript marks an automatic probe as held by a job (its slot is held in the job row, to
+// go later): the hash's 'probe_held' field is "<grant> <job ID>".
+//
+// KEYS[1] pause hash (see pauseScript).
+// ARGV[1] the probe's grant (what probeScript returned)
+// ARGV[2] job ID
+// Returns 1 when marked, else 0: the hash holds another probe's grant, or none (resumed since).
+var holdProbeScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'probe') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'probe_held', ARGV[1] .. ' ' .. ARGV[2])
+return 1
+`)
+
+// reclaimProbeScript hands the pause's probe back to the job holding it (holdProbeScript), once:
+// the mark is taken with it.
+//
+// KEYS[1] pause hash (see pauseScript).
+// ARGV[1] job ID
+// Returns the probe's grant (a string) when the pause's probe is held by the job, else 0.
+var reclaimProbeScript = redis.NewScript(`
+local s = redis.call('HMGET', KEYS[1], 'probe', 'probe_held')
+if not s[1] or s[2] ~= s[1] .. ' ' .. ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'probe_held')
+return s[1]
 `)
