@@ -68,23 +68,13 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant
 	if err != nil {
 		return nil, err
 	}
-	now := a.cfg.Now()
-	a.mu.Lock()
-	e, ok := a.entries[hash]
-	a.mu.Unlock()
-	if ok && now.Before(e.expires) {
-		return e.tenant, e.err
-	}
-	t, err := a.store.Lookup(ctx, hash)
-	switch {
-	case errors.Is(err, ErrUnknownBearerToken):
-	case err != nil:
-		return nil, err
-	case t.Revoked():
-		err = ErrRevoked
-	}
-	a.put(hash, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
-	return t, err
+	return cached(ctx, a, a.entries, hash, func(ctx context.Context) (*Tenant, error) {
+		t, err := a.store.Lookup(ctx, hash)
+		if errors.Is(err, ErrUnknownBearerToken) {
+			return nil, errAnswer{err}
+		}
+		return t, err
+	})
 }
 
 // Named returns the tenant of that name as stored, for a request that names it without a token
@@ -92,47 +82,62 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant
 // may use every credential, of DefaultWeight. The answer is cached for the TTL as Authenticate's
 // are. Errors: ErrRevoked (returned with the tenant), or a wrapped database error (not cached).
 func (a *Authenticator) Named(ctx context.Context, name string) (*Tenant, error) {
+	return cached(ctx, a, a.named, name, func(ctx context.Context) (*Tenant, error) {
+		t, err := a.store.Get(ctx, name)
+		if errors.Is(err, ErrNotFound) {
+			return &Tenant{Name: name, Weight: DefaultWeight}, nil
+		}
+		return t, err
+	})
+}
+
+// errAnswer wraps an error that is an answer (cached as one), not a failure of the lookup.
+type errAnswer struct{ error }
+
+func (e errAnswer) Unwrap() error { return e.error }
+
+// cached returns the lookup of key in cache: the cached answer while it is fresh, else load's,
+// which it caches for the TTL when it is an answer (a tenant, ErrRevoked for a revoked one, or
+// an errAnswer), not a failure (a database error, returned and not cached).
+func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]entry, key K,
+	load func(context.Context) (*Tenant, error)) (*Tenant, error) {
 	now := a.cfg.Now()
 	a.mu.Lock()
-	e, ok := a.named[name]
+	e, ok := cache[key]
 	a.mu.Unlock()
 	if ok && now.Before(e.expires) {
 		return e.tenant, e.err
 	}
-	t, err := a.store.Get(ctx, name)
+	t, err := load(ctx)
+	var answer errAnswer
 	switch {
-	case errors.Is(err, ErrNotFound):
-		t, err = &Tenant{Name: name, Weight: DefaultWeight}, nil
+	case errors.As(err, &answer):
+		err = answer.error
 	case err != nil:
 		return nil, err
 	case t.Revoked():
 		err = ErrRevoked
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.named) >= a.cfg.MaxEntries {
-		clear(a.named) // callers name a handful of tenants; a bound all the same
-	}
-	a.named[name] = entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)}
+	put(a, cache, key, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
 	return t, err
 }
 
-// put stores an answer, making room first when the cache is full: expired entries go, and if
-// that is not enough, all of them. Simpler than an LRU; the cost of a full clear is one lookup
-// per live token, and it takes a flood of distinct tokens within one TTL to get there.
-func (a *Authenticator) put(hash [32]byte, e entry) {
+// put stores an answer in cache, making room first when it is full: expired entries go, and
+// if that is not enough, all of them. Simpler than an LRU; the cost of a full clear is one lookup
+// per live key, and it takes a flood of distinct tokens within one TTL to get there.
+func put[K comparable](a *Authenticator, cache map[K]entry, key K, e entry) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if len(a.entries) >= a.cfg.MaxEntries {
+	if len(cache) >= a.cfg.MaxEntries {
 		now := a.cfg.Now()
-		for k, v := range a.entries {
+		for k, v := range cache {
 			if !now.Before(v.expires) {
-				delete(a.entries, k)
+				delete(cache, k)
 			}
 		}
-		if len(a.entries) >= a.cfg.MaxEntries {
-			clear(a.entries)
+		if len(cache) >= a.cfg.MaxEntries {
+			clear(cache)
 		}
 	}
-	a.entries[hash] = e
+	cache[key] = e
 }
