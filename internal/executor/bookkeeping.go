@@ -155,6 +155,7 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 		o.HeadersKnown, o.Limit, o.Remaining, o.ResetAt = true, rl.Limit, rl.Remaining, rl.ResetAt
 		o.ResetAbsolute, o.ResetGranularity = rl.ResetAbsolute, rl.ResetGranularity
 	}
+	o.Date = rl.Date // absolute resets, the tokens' too, are measured from it
 	o.InputTokens, o.OutputTokens = tokenObservation(rl.Tokens.Input), tokenObservation(rl.Tokens.Output)
 	if up.Kind == string(llm.KindOpenAI) {
 		// Anthropic's tokens-* family reports its most restrictive limit, not a bucket.

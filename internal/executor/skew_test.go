@@ -53,3 +53,34 @@ func TestExecutor_HeldSlotWaitsOnTheLimitersClock(t *testing.T) {
 	require.WithinDuration(t, time.Now().Add(skew+10*time.Second), d.Until, 2*time.Second,
 		"on the clock of the worker it goes back to")
 }
+
+// Anthropic's reset times are on the provider's clock: a worker whose clock runs ahead of it
+// learns the rate from the reset measured against the response's Date (the same clock), not
+// against its own: else the refill looks shorter by the difference, the learned rate too high,
+// and the credential's requests go out into 429s. The simulator (20 requests, 10 a second) is
+// drained by 19 calls; the worker's probe takes the 20th, and its clock is 1.5 s ahead.
+func TestExecutor_LearnsTheRateOnTheProvidersClock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, _ := sharedAdmission(t, redistest.Client(t))
+	const key = "sk-learn-skew"
+	p := simProvider(t, llmsim.Config{Capacity: 20, RefillPerSecond: 10}, key)
+	for range 19 {
+		resp, err := p.Send(ctx, helloRequest, llm.SendOptions{})
+		require.NoError(t, err)
+		resp.Release()
+	}
+	gate := lim.Gate(key, "default")
+	ahead := executor.New(executor.Config{Store: b.Store, Upstreams: map[string]executor.Upstream{
+		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate}}, // learned
+		Now: func() time.Time { return time.Now().Add(1500 * time.Millisecond) }})
+
+	job := createJob(t, b, "acme", jobs.PriorityNormal)
+	require.NoError(t, ahead.Process(ctx, dispatch.Delivery{JobID: job.ID}), "the probe")
+	got, src, err := gate.Current(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.SourceLearned, src)
+	require.Equal(t, 20, got.Burst)
+	require.LessOrEqual(t, got.Rate, 10.0, "no more than the provider refills")
+}

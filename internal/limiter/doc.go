@@ -47,10 +47,12 @@
 //   - Rate bounds: the provider needs (Limit-Remaining) refills to be full at ResetAt, so
 //     rate = deficit / (ResetAt - evaluation time). Remaining is rounded down (the deficit may
 //     be one less), the request was evaluated between SentAt and At, a reset that is a whole
-//     second is taken as truncated to the second, and an absolute reset (Anthropic's) may be off
-//     by ClockSkew (100 ms). Each response thus proves an interval lo..hi; the limiter keeps the
-//     intersection (max lo, min hi), which tightens as responses with different quantisation
-//     phases arrive. A response outside it means the provider changed its rate: the interval
+//     second is taken as truncated to the second, and an absolute reset (Anthropic's) is off by
+//     the clocks' offset: as the responses' Date headers prove it (each bounds it to a second;
+//     the process keeps their intersection per credential, which narrows to about a round
+//     trip), or by up to ClockSkew (100 ms) for a response without a Date. Each response thus
+//     proves an interval lo..hi; the limiter keeps the intersection (max lo, min hi), which
+//     tightens as responses with different quantisation phases arrive. A response outside it means the provider changed its rate: the interval
 //     restarts from that response.
 //   - The rate paced at is lo, the most the evidence guarantees: never the midpoint or a median
 //     of point estimates, which overshoot when the reset is coarse (a 2 s refill reported to the
@@ -84,8 +86,8 @@
 // The simulation test (100 jobs, capacity 20, 10/s) learns at 1.03-1.07x the floor with 100
 // requests and no 429, with reset headers exact, truncated to seconds, as millisecond durations
 // or as whole seconds rounded up; 1,000 jobs at 50/s over 8 processes at 1.01x; and follows a
-// provider that raises or lowers its limit mid-run. With the provider's clock 300 ms off ours,
-// 0-2 429s.
+// provider that raises or lowers its limit mid-run. With the provider's clock 300 ms or 1.5 s
+// off ours, no 429 when its responses carry a Date (real ones do); 0-2 at 300 ms without one.
 //
 // # Token limits
 //

@@ -34,8 +34,8 @@ const (
 	HeaderOpenAIResetTokens           = "x-ratelimit-reset-tokens"
 )
 
-// ObservationFromHeaders reads the request and token rate-limit headers of either provider family, and
-// Retry-After (seconds or HTTP-date) or retry-after-ms, from a response with the given status
+// ObservationFromHeaders reads the request and token rate-limit headers of either provider family,
+// Date (with an absolute reset), and Retry-After (seconds or HTTP-date) or retry-after-ms, from a response with the given status
 // that was sent at sentAt and arrived at at. HeadersKnown is set only when limit, remaining and
 // reset all parse; a malformed header is ignored, never an error.
 func ObservationFromHeaders(h http.Header, status int, sentAt, at time.Time) Observation {
@@ -68,6 +68,11 @@ func ObservationFromHeaders(h http.Header, status int, sentAt, at time.Time) Obs
 	}
 	o.InputTokens = anthropicTokens(HeaderAnthropicInputTokensPrefix)
 	o.OutputTokens = anthropicTokens(HeaderAnthropicOutputTokensPrefix)
+	if o.ResetAbsolute || o.InputTokens.ResetAbsolute || o.OutputTokens.ResetAbsolute {
+		if d, err := http.ParseTime(strings.TrimSpace(h.Get("Date"))); err == nil {
+			o.Date = d
+		}
+	}
 	if lim, rem, ok := limitRemaining(h, HeaderOpenAILimitTokens, HeaderOpenAIRemainingTokens); ok {
 		o.Tokens = TokenObservation{Known: true, Limit: lim, Remaining: rem}
 		if d, err := time.ParseDuration(strings.TrimSpace(h.Get(HeaderOpenAIResetTokens))); err == nil && d >= 0 {

@@ -21,6 +21,12 @@ func anthropicHeaders(limit, remaining int, reset time.Time, layout string) http
 	return h
 }
 
+// withDate adds the Date header of a response the provider sent when its clock read date.
+func withDate(h http.Header, date time.Time) http.Header {
+	h.Set("Date", date.UTC().Format(http.TimeFormat))
+	return h
+}
+
 // openaiHeaders returns OpenAI's request rate-limit headers.
 func openaiHeaders(limit, remaining int, reset string) http.Header {
 	h := http.Header{}
@@ -53,6 +59,16 @@ func TestCredential_Observe(t *testing.T) {
 			// reset truncated to 12:00:02: full within 2.7 s (2.8 with the clock skew)
 			name: "AnthropicSeconds",
 			hdr:  anthropicHeaders(20, 0, at.Add(2*time.Second), time.RFC3339),
+			want: limiter.Limit{Rate: 19 / 2.8, Burst: 20},
+		},
+		{
+			// The provider's clock is 1.5 s behind ours: its Date reads 11:59:58 (11:59:58.8,
+			// truncated) and the bucket is full 2 s after its now. Measured from the Date, the
+			// refill takes at most 2.8 s (the Date may be up to a second late): not 0.6 s, as ours
+			// would say (a rate of 32/s, three times the provider's).
+			name: "AnthropicDateClockBehind",
+			hdr: withDate(anthropicHeaders(20, 0, at.Add(500*time.Millisecond), time.RFC3339Nano),
+				at.Add(-1500*time.Millisecond)),
 			want: limiter.Limit{Rate: 19 / 2.8, Burst: 20},
 		},
 		{

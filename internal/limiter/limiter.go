@@ -35,9 +35,11 @@ type Config struct {
 	// 10/s). Negative disables it.
 	RateMargin float64
 	// ClockSkew is how far the provider's clock may be from ours. It widens what an absolute
-	// reset time (Anthropic's) says about the rate; without it, a provider clock 100 ms behind
-	// makes the first response (one request used, full again in 1/Rate) claim a rate many times
-	// the true one. Default 100ms; negative disables it.
+	// reset time (Anthropic's) of a response without a Date (Observation.Date) says about the
+	// rate; without it, a provider clock 100 ms behind makes the first response (one request
+	// used, full again in 1/Rate) claim a rate many times the true one. A response with a Date is
+	// measured on the provider's clock instead, whatever the offset. Default 100ms; negative
+	// disables it.
 	ClockSkew time.Duration
 	// LearnTTL is how long learned knowledge lasts without a new observation; stale knowledge
 	// then heals by probing again. It is also how long Current reports a configured limit after
@@ -211,6 +213,9 @@ func (c Config) validate() error {
 type Limiter struct {
 	rdb redis.UniversalClient
 	cfg Config
+	// offsets is what responses' Date headers proved about each credential's provider clock
+	// against this process's: the one piece of state kept in the process, as it is its clock's.
+	offsets *clockOffsets
 }
 
 // New returns a Limiter over rdb. cfg may be nil. It returns an error naming the field when cfg
@@ -227,7 +232,7 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Limiter, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("new limiter: %w", err)
 	}
-	return &Limiter{rdb: rdb, cfg: c}, nil
+	return &Limiter{rdb: rdb, cfg: c, offsets: &clockOffsets{byTag: map[string]clockOffset{}}}, nil
 }
 
 // Gate is the limiter of one provider key. Make it with Limiter.Gate; it is cheap,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,9 +34,15 @@ type Observation struct {
 	// rounded to the second, anything else as exact.
 	ResetGranularity time.Duration
 	// ResetAbsolute reports that ResetAt was read from the provider's clock (Anthropic sends a
-	// time, OpenAI a duration), so it is off by the clocks' difference: Config.ClockSkew widens
-	// what it says.
+	// time, OpenAI a duration), so it is off by the clocks' difference: measured from Date when
+	// the response has one, else Config.ClockSkew widens what it says.
 	ResetAbsolute bool
+	// Date is the response's Date header: the provider's clock when it answered, truncated to
+	// the second (zero: none, or not valid). The provider stamped it between SentAt and At, so it
+	// bounds how far the provider's clock is from ours; the limiter keeps, per credential and in
+	// the process, what its responses' Dates prove together, and measures an absolute reset (this
+	// one, and the token buckets') on it instead of assuming Config.ClockSkew.
+	Date time.Time
 	// RetryAfter is the wait a 429 asked for, when HasRetryAfter, as the provider said it: the
 	// limiter caps the push-back at Config.MaxRetryAfter and remembers both.
 	RetryAfter time.Duration
@@ -93,23 +100,13 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 	if o.SentAt.IsZero() || o.SentAt.After(o.At) {
 		o.SentAt = o.At
 	}
+	off := l.offsets.observe(c.tag, o, l.cfg.LearnTTL)
 	var dtMax, dtMin time.Duration
 	hdr := 0
 	if o.HeadersKnown && o.Limit > 0 {
 		hdr = 1
 		if !o.ResetAt.IsZero() {
-			// The provider's bucket is full at some R (our clock) within
-			// [ResetAt-skew, ResetAt+granularity+skew): a coarse reset is taken as truncated.
-			q := o.ResetGranularity
-			if q == 0 && o.ResetAt.Nanosecond() == 0 {
-				q = time.Second
-			}
-			var skew time.Duration
-			if o.ResetAbsolute {
-				skew = l.cfg.ClockSkew
-			}
-			dtMax = o.ResetAt.Add(q + skew).Sub(o.SentAt)
-			dtMin = o.ResetAt.Add(-skew).Sub(o.At)
+			dtMax, dtMin = l.resetBounds(o, off, o.ResetAt, o.ResetGranularity, o.ResetAbsolute)
 		}
 	}
 	cfg := &l.cfg
@@ -135,8 +132,75 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 			return nil
 		},
 	}}
-	if tc, ok := c.observeTokensCall(o, now); ok {
+	if tc, ok := c.observeTokensCall(o, off, now); ok {
 		calls = append(calls, tc)
 	}
 	return calls
+}
+
+// resetBounds returns how long after o.SentAt a bucket reported full at reset is full at the
+// latest (dtMax), and how long after o.At at the earliest (dtMin). granularity is how coarse reset
+// is (0: a whole-second reset is taken as truncated to the second, anything else as exact);
+// absolute reports that reset is on the provider's clock, off ours by off when off.known, else
+// by up to Config.ClockSkew either way.
+func (l *Limiter) resetBounds(o Observation, off clockOffset, reset time.Time, granularity time.Duration, absolute bool) (dtMax, dtMin time.Duration) {
+	q := granularity
+	if q == 0 && reset.Nanosecond() == 0 {
+		q = time.Second
+	}
+	lo, hi := time.Duration(0), time.Duration(0)
+	switch {
+	case absolute && off.known:
+		lo, hi = off.lo, off.hi
+	case absolute:
+		lo, hi = -l.cfg.ClockSkew, l.cfg.ClockSkew
+	}
+	// The provider's bucket is full at some R (our clock) within [reset-hi, reset+q-lo): a
+	// coarse reset is taken as truncated.
+	return reset.Add(q - lo).Sub(o.SentAt), reset.Add(-hi).Sub(o.At)
+}
+
+// clockOffset is what Date headers proved about a provider's clock: it is ahead of ours by more
+// than lo and less than hi (known false: nothing).
+type clockOffset struct {
+	known  bool
+	lo, hi time.Duration
+	at     time.Time // the last response that narrowed it (our clock)
+}
+
+// clockOffsets is each credential's clockOffset, by tag. Safe for concurrent use.
+type clockOffsets struct {
+	mu    sync.Mutex
+	byTag map[string]clockOffset
+}
+
+// observe narrows the offset of tag's provider by what o's Date proves and returns it (known false
+// when o has no Date). The provider stamped Date, truncated to the second, between o.SentAt and
+// o.At: its clock was then ahead of ours by more than Date-At and less than Date+1s-SentAt. One
+// response tells the offset to a second; responses at other phases of the provider's second
+// narrow it (kept as the intersection) to about their round trip, tighter than ClockSkew. An
+// intersection that comes out empty means a clock stepped: the offset starts over from o, as it
+// does once ttl passes without a Date.
+func (c *clockOffsets) observe(tag string, o Observation, ttl time.Duration) clockOffset {
+	if o.Date.IsZero() {
+		return clockOffset{}
+	}
+	n := clockOffset{known: true, lo: o.Date.Sub(o.At), hi: o.Date.Add(time.Second).Sub(o.SentAt), at: o.At}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.byTag[tag]; ok && o.At.Sub(p.at).Abs() <= ttl {
+		if lo, hi := max(p.lo, n.lo), min(p.hi, n.hi); lo < hi {
+			n.lo, n.hi = lo, hi
+		}
+		n.at = later(p.at, o.At)
+	}
+	c.byTag[tag] = n
+	return n
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

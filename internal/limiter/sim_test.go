@@ -49,6 +49,7 @@ type simParams struct {
 	processes  int
 	seed       uint64
 	skew       time.Duration // provider clock minus ours (absolute reset formats only)
+	noDate     bool          // the provider sends no Date header
 	// change, when set, replaces the provider's bucket at changeAt.
 	changeAt                   time.Duration
 	changeCapacity, changeRate float64
@@ -329,6 +330,9 @@ func simHeaders(p simParams, b *simBucket, providerNow time.Time, code int) http
 		h.Set(limiter.HeaderOpenAIRemaining, remaining)
 		h.Set(limiter.HeaderOpenAIReset, d.String())
 	}
+	if !p.noDate {
+		h.Set("Date", providerNow.UTC().Format(http.TimeFormat)) // truncated to the second
+	}
 	if code == http.StatusTooManyRequests {
 		wait := (1 - b.tokens) / b.rate
 		h.Set("Retry-After", strconv.Itoa(int(math.Ceil(wait))))
@@ -406,11 +410,20 @@ func TestLimiter_SimulatedHerd(t *testing.T) {
 	big.format = anthropicSeconds
 	cases = append(cases, learned{"LearnedBig", big, 1, 0})
 	for _, skew := range []time.Duration{-300 * time.Millisecond, 300 * time.Millisecond} {
-		// The provider's absolute reset times are off by skew: the rate is misjudged by up to
-		// skew/2s, corrected by 429s and by what the provider says remains.
+		// The provider's absolute reset times are off by skew, and it sends no Date: the rate is
+		// misjudged by up to skew/2s, corrected by 429s and by what the provider says remains.
 		p := base
-		p.skew = skew
-		cases = append(cases, learned{fmt.Sprintf("LearnedClockSkew%v", skew), p, 3, 5})
+		p.skew, p.noDate = skew, true
+		cases = append(cases, learned{fmt.Sprintf("LearnedClockSkew%vNoDate", skew), p, 3, 5})
+	}
+	for _, skew := range []time.Duration{-1500 * time.Millisecond, -300 * time.Millisecond, 300 * time.Millisecond, 1500 * time.Millisecond} {
+		// The same with the response's Date (the provider's clock, to the second): the resets
+		// are measured from it, and no request is refused, whichever clock runs ahead.
+		for _, f := range []resetFormat{anthropicExact, anthropicSeconds} {
+			p := base
+			p.skew, p.format = skew, f
+			cases = append(cases, learned{fmt.Sprintf("LearnedClockSkew%v%v", skew, f), p, 3, 0})
+		}
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -222,7 +222,7 @@ func (t TokenObservation) usable() bool { return t.Known && t.Limit > 0 && t.Rem
 
 // observeTokensCall is the call that learns the token buckets from o (see observeTokensScript);
 // ok is false when o reports none.
-func (c *Gate) observeTokensCall(o Observation, now time.Time) (redisscript.Call, bool) {
+func (c *Gate) observeTokensCall(o Observation, off clockOffset, now time.Time) (redisscript.Call, bool) {
 	fams := []TokenObservation{o.InputTokens, o.OutputTokens, o.Tokens}
 	known := false
 	for _, f := range fams {
@@ -240,16 +240,7 @@ func (c *Gate) observeTokensCall(o Observation, now time.Time) (redisscript.Call
 		}
 		var dtMax, dtMin time.Duration
 		if !f.ResetAt.IsZero() {
-			q := f.ResetGranularity
-			if q == 0 && f.ResetAt.Nanosecond() == 0 {
-				q = time.Second
-			}
-			var skew time.Duration
-			if f.ResetAbsolute {
-				skew = cfg.ClockSkew
-			}
-			dtMax = f.ResetAt.Add(q + skew).Sub(o.SentAt)
-			dtMin = f.ResetAt.Add(-skew).Sub(o.At)
+			dtMax, dtMin = c.l.resetBounds(o, off, f.ResetAt, f.ResetGranularity, f.ResetAbsolute)
 		}
 		args = append(args, 1, f.Limit, f.Remaining, max(f.RemainingGranularity, 1),
 			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))

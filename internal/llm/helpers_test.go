@@ -103,6 +103,7 @@ func steppingClock(step time.Duration) func() time.Time {
 // reply writes status, headers (pairs) and body.
 func reply(status int, body string, kv ...string) http.HandlerFunc {
 	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Date", testNow.Format(http.TimeFormat)) // the provider's clock: the tests'
 		for i := 0; i < len(kv); i += 2 {
 			w.Header().Add(kv[i], kv[i+1])
 		}

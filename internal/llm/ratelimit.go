@@ -30,19 +30,27 @@ type RateLimit struct {
 	// Tokens is the token rate-limit families; each is parsed on its own and is Known only when
 	// its limit and remaining were present and valid.
 	Tokens TokenRateLimits
+	// Date is the response's Date header (the provider's clock, to the second) when the response
+	// carried an absolute reset, here or in Tokens, and a valid Date; zero otherwise. An absolute
+	// reset is measured from it: it is the provider's now on the same clock.
+	Date time.Time
 }
 
 // parseAnthropicRateLimit reads anthropic-ratelimit-requests-{limit,remaining,reset}; reset
-// is an RFC 3339 timestamp, fractional seconds allowed.
+// is an RFC 3339 timestamp, fractional seconds allowed. With an absolute reset it reads Date.
 func parseAnthropicRateLimit(h http.Header) RateLimit {
 	rl, ok := parseLimitRemaining(h.Get("Anthropic-Ratelimit-Requests-Limit"), h.Get("Anthropic-Ratelimit-Requests-Remaining"))
-	if !ok {
-		return RateLimit{Tokens: parseAnthropicTokens(h)}
+	if ok {
+		if v := strings.TrimSpace(h.Get("Anthropic-Ratelimit-Requests-Reset")); v != "" {
+			if t, err := time.Parse(time.RFC3339Nano, v); err == nil && !t.IsZero() { // the zero time: no reset
+				rl.ResetAt, rl.ResetAbsolute = t, true
+			}
+		}
 	}
 	rl.Tokens = parseAnthropicTokens(h)
-	if v := strings.TrimSpace(h.Get("Anthropic-Ratelimit-Requests-Reset")); v != "" {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && !t.IsZero() { // the zero time: no reset
-			rl.ResetAt, rl.ResetAbsolute = t, true
+	if t := rl.Tokens; rl.ResetAbsolute || t.Input.ResetAbsolute || t.Output.ResetAbsolute || t.Combined.ResetAbsolute {
+		if d, err := http.ParseTime(strings.TrimSpace(h.Get("Date"))); err == nil {
+			rl.Date = d
 		}
 	}
 	return rl

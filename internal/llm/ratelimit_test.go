@@ -41,6 +41,7 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 				anthropicFamily("output-tokens", "8000", "7800", "2026-03-01T12:00:01.5Z"),
 				anthropicFamily("tokens", "48000", "45800", "2026-03-01T12:00:03Z")),
 			want: llm.RateLimit{Known: true, Limit: 50, Remaining: 49, ResetAt: testNow.Add(time.Second), ResetAbsolute: true,
+				Date: testNow, // the response's Date: absolute resets are measured from it
 				Tokens: llm.TokenRateLimits{
 					Input:    anthropic(40000, 38000, testNow.Add(3*time.Second)),
 					Output:   anthropic(8000, 7800, testNow.Add(1500*time.Millisecond)),
@@ -51,7 +52,7 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 			// The token families are parsed on their own: no request family needed.
 			name: "AnthropicTokensOnly", kind: llm.KindAnthropic,
 			kv:   anthropicFamily("input-tokens", "40000", "0", "2026-03-01T12:01:00Z"),
-			want: llm.RateLimit{Tokens: llm.TokenRateLimits{Input: anthropic(40000, 0, testNow.Add(time.Minute))}},
+			want: llm.RateLimit{Tokens: llm.TokenRateLimits{Input: anthropic(40000, 0, testNow.Add(time.Minute))}, Date: testNow},
 		},
 		{
 			name: "AnthropicGarbageReset", kind: llm.KindAnthropic,
@@ -123,7 +124,8 @@ func TestProvider_Send_TokenRateLimit(t *testing.T) {
 			bundleOpts{now: fixedClock})
 		_, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{})
 		se := asStatusError(t, err)
-		requireRateLimit(t, llm.RateLimit{Tokens: llm.TokenRateLimits{Output: anthropic(8000, 0, testNow.Add(2*time.Second))}}, se.RateLimit)
+		requireRateLimit(t, llm.RateLimit{Tokens: llm.TokenRateLimits{Output: anthropic(8000, 0, testNow.Add(2*time.Second))},
+			Date: testNow}, se.RateLimit)
 	})
 }
 
@@ -141,6 +143,7 @@ func requireRateLimit(t *testing.T, want, got llm.RateLimit) {
 		rl.Tokens.Input.ResetAt = at(rl.Tokens.Input.ResetAt)
 		rl.Tokens.Output.ResetAt = at(rl.Tokens.Output.ResetAt)
 		rl.Tokens.Combined.ResetAt = at(rl.Tokens.Combined.ResetAt)
+		rl.Date = at(rl.Date)
 		return rl
 	}
 	require.Equal(t, norm(want), norm(got))
