@@ -269,28 +269,34 @@ type Stats struct {
 // Stats computes the window's statistics, from `since` until now.
 func (s *Store) Stats(ctx context.Context, since time.Time) (*Stats, error) {
 	st := &Stats{Since: since, ByStatus: map[Status]int{}}
-	// The unfinished count reads jobs_unfinished_deadline_idx and the rows it names (a backlog's
-	// worth); the final ones jobs_finished_idx alone (its status and finished_at); submitted
-	// jobs_created_idx alone.
+	// One statement, so one snapshot: the counts by status and the submitted count agree (the
+	// console's overview sends a new state when any of them changed; read apart, a job created
+	// between two reads showed as submitted and not queued). The unfinished count reads
+	// jobs_unfinished_deadline_idx and the rows it names (a backlog's worth); the final ones
+	// jobs_finished_idx alone (its status and finished_at); submitted (the row whose status is
+	// NULL) jobs_created_idx alone.
 	rows, err := s.pool.Query(ctx, `
-SELECT status, count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying') GROUP BY status
+SELECT status::text, count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying') GROUP BY status
 UNION ALL
-SELECT status, count(*) FROM jobs
+SELECT status::text, count(*) FROM jobs
 WHERE status IN ('succeeded', 'failed', 'dead', 'canceled') AND finished_at IS NOT NULL AND finished_at >= $1
-GROUP BY status`, since)
+GROUP BY status
+UNION ALL
+SELECT NULL, count(*) FROM jobs WHERE created_at >= $1`, since)
 	if err != nil {
 		return nil, fmt.Errorf("count jobs by status: %w", err)
 	}
-	var status Status
+	var status *string
 	var n int
 	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error {
-		st.ByStatus[status] = n
+		if status == nil {
+			st.Submitted = n
+		} else {
+			st.ByStatus[Status(*status)] = n
+		}
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("count jobs by status: %w", err)
-	}
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE created_at >= $1`, since).Scan(&st.Submitted); err != nil {
-		return nil, fmt.Errorf("count submitted jobs: %w", err)
 	}
 	if err := s.pool.QueryRow(ctx, `
 SELECT count(*), count(*) FILTER (WHERE attempt > 1) FROM job_attempts WHERE started_at >= $1`, since).
