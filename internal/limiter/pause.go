@@ -137,10 +137,15 @@ func (p PauseProbe) Granted() bool { return p.grant != "" }
 // taken. The caller Resumes when the probe succeeds, and ReleaseProbe when it does not send it.
 // It returns an error only when Redis fails.
 func (c *Gate) TryProbe(ctx context.Context, every time.Duration) (PauseProbe, error) {
-	v, err := probeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)},
-		c.l.nowArg(), micros(every)).Result()
+	return c.probeAnswer(ctx, probeScript, "try pause probe", c.l.nowArg(), micros(every))
+}
+
+// probeAnswer runs script, which answers a probe's grant (a string) or 0, on the pause hash with
+// args, and returns the probe it grants (zero: none). what names the call in its error.
+func (c *Gate) probeAnswer(ctx context.Context, script *redis.Script, what string, args ...any) (PauseProbe, error) {
+	v, err := script.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, args...).Result()
 	if err != nil {
-		return PauseProbe{}, fmt.Errorf("try pause probe: %w", err)
+		return PauseProbe{}, fmt.Errorf("%s: %w", what, err)
 	}
 	s, ok := v.(string)
 	if !ok {
@@ -149,18 +154,24 @@ func (c *Gate) TryProbe(ctx context.Context, every time.Duration) (PauseProbe, e
 	return PauseProbe{grant: s}, nil
 }
 
+// onProbe runs script on the pause hash with p's grant and args, when p is granted (a zero p
+// changes nothing). what names the call in its error.
+func (c *Gate) onProbe(ctx context.Context, p PauseProbe, script *redis.Script, what string, args ...any) error {
+	if !p.Granted() {
+		return nil
+	}
+	if err := script.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, append([]any{p.grant}, args...)...).Err(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
 // ReleaseProbe gives back probe p, granted by TryProbe, when its request will not be sent (its
 // job was canceled, deferred or failed before the call): the credential's next probe may then go
 // at once rather than an interval later. A probe already released, or one whose pause has ended
 // since, is left alone, as is a zero p. It returns an error only when Redis fails.
 func (c *Gate) ReleaseProbe(ctx context.Context, p PauseProbe) error {
-	if !p.Granted() {
-		return nil
-	}
-	if err := releaseProbeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, p.grant).Err(); err != nil {
-		return fmt.Errorf("release pause probe: %w", err)
-	}
-	return nil
+	return c.onProbe(ctx, p, releaseProbeScript, "release pause probe")
 }
 
 // HoldProbe marks probe p, granted by TryProbe, as held by job jobID, whose request waits for a
@@ -169,25 +180,11 @@ func (c *Gate) ReleaseProbe(ctx context.Context, p PauseProbe) error {
 // interval's probe is p). A p no longer the pause's probe (released, or its pause ended) is not
 // marked, nor is a zero p. It returns an error only when Redis fails.
 func (c *Gate) HoldProbe(ctx context.Context, p PauseProbe, jobID string) error {
-	if !p.Granted() {
-		return nil
-	}
-	if err := holdProbeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, p.grant, jobID).Err(); err != nil {
-		return fmt.Errorf("hold pause probe: %w", err)
-	}
-	return nil
+	return c.onProbe(ctx, p, holdProbeScript, "hold pause probe", jobID)
 }
 
 // ReclaimProbe returns the pause's probe when job jobID holds it (HoldProbe), once; else the zero
 // PauseProbe. It returns an error only when Redis fails.
 func (c *Gate) ReclaimProbe(ctx context.Context, jobID string) (PauseProbe, error) {
-	v, err := reclaimProbeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, jobID).Result()
-	if err != nil {
-		return PauseProbe{}, fmt.Errorf("reclaim pause probe: %w", err)
-	}
-	s, ok := v.(string)
-	if !ok {
-		return PauseProbe{}, nil
-	}
-	return PauseProbe{grant: s}, nil
+	return c.probeAnswer(ctx, reclaimProbeScript, "reclaim pause probe", jobID)
 }
