@@ -86,15 +86,24 @@ func New(cfg Config) *Buffer {
 // Key returns the Redis key of job id's buffer; it is also the name of its pub/sub channel.
 func (b *Buffer) Key(id string) string { return b.cfg.Prefix + "{" + id + "}:deltas" }
 
-// Requested reports whether a provider-native request body asks for a stream ("stream": true).
+// Requested reports whether a provider-native request body asks for a stream ("stream": true),
+// as the provider call reads it (llm's Send): the top-level member named exactly "stream", the
+// last one when sent twice, its name unescaped. A submit refuses that name escaped or in another
+// case, but a job stored by an earlier release may have it so ("\u0073tream", "Stream") and is
+// delivered by this one: whether it streams is what the provider is asked, so that its deltas
+// are written and followed exactly when the provider streams them.
 func Requested(body []byte) bool {
-	if !bytes.Contains(body, []byte(`"stream"`)) {
+	// A name is "stream" only spelled so or with an escape (\u0073): most bodies are neither.
+	if !bytes.Contains(body, []byte(`"stream"`)) && !bytes.Contains(body, []byte(`\u`)) {
 		return false
 	}
-	var top struct {
-		Stream bool `json:"stream"`
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return false
 	}
-	return json.Unmarshal(body, &top) == nil && top.Stream
+	var stream bool
+	raw, ok := top["stream"]
+	return ok && json.Unmarshal(raw, &stream) == nil && stream
 }
 
 // Entry is one entry of a job's buffer.

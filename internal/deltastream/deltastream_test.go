@@ -413,3 +413,29 @@ func TestWriter_ResetAfterATimedOutCloseDropsWhatIsLeft(t *testing.T) {
 	// In the buffer b may follow the reset (its round trip was held): readers order by seq.n.
 	require.ElementsMatch(t, []string{"delta/2.1", "delta/2.2", "reset/2.3"}, kinds, "nothing of the attempt after its reset")
 }
+
+// TestRequested_AsTheProviderIsAsked: whether a job streams is read as the provider call reads
+// the body (the top-level member named exactly "stream", its name unescaped, the last of two),
+// also for a job stored by the last release, whose submits took a name written with an escape
+// or in another case: a stored "\u0073tream": true streams at the provider, and its deltas must
+// be written and followed; a stored "Stream": true after "stream": false does not.
+func TestRequested_AsTheProviderIsAsked(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		body string
+		want bool
+	}{
+		{`{"model":"m","stream":true}`, true},
+		{`{"model":"m","\u0073tream":true}`, true},
+		{`{"model":"m","s\u0074re\u0061m":true}`, true},
+		{`{"model":"m","stream":false,"Stream":true}`, false},
+		{`{"model":"m","Stream":true}`, false},
+		{`{"model":"m","stream":true,"stream":false}`, false},
+		{`{"model":"m","stream":"true"}`, false},
+		{`{"messages":[{"content":"\u00e9 \"stream\":true"}]}`, false},
+		{`{"messages":[{"stream":true}]}`, false},
+		{`not json "stream":true`, false},
+	} {
+		require.Equal(t, tc.want, deltastream.Requested([]byte(tc.body)), "%s", tc.body)
+	}
+}

@@ -53,9 +53,11 @@ var errStreamIncomplete = errors.New("event stream ended before the answer was c
 // assembler turns a provider's events into deltas and, at the end, the message a
 // non-streaming call would have returned.
 type assembler interface {
-	// event takes one server-sent event (its name, "" when none, and data); it reports done at
-	// the provider's end marker and returns a *StatusError for a mid-stream error event.
-	event(name string, data []byte, emit func(Delta)) (done bool, err error)
+	// event takes one server-sent event (its name, "" when none, and data), emitting its deltas
+	// and calling end(index) when the provider says the blocks of index (an Anthropic content
+	// block, an OpenAI choice) are complete; it reports done at the provider's end marker and
+	// returns a *StatusError for a mid-stream error event.
+	event(name string, data []byte, emit func(Delta), end func(index int)) (done bool, err error)
 	// message returns the assembled body and its usage object.
 	message() (body []byte, usage json.RawMessage, err error)
 }
@@ -109,6 +111,11 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 			onDelta(d)
 		}
 	}
+	end := func(index int) {
+		if onDelta != nil {
+			masker.flushIndex(index, onDelta)
+		}
+	}
 	br := bufio.NewReaderSize(r, 16<<10)
 	var name string
 	var data, long []byte // data is reused from event to event: the assemblers keep none of it
@@ -142,7 +149,7 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 				name = ""
 				continue
 			}
-			done, everr := asm.event(name, data, emit)
+			done, everr := asm.event(name, data, emit, end)
 			name, data = "", data[:0]
 			if everr != nil {
 				var mse *midStreamError
@@ -227,8 +234,9 @@ type deltaBlock struct {
 // deltaMasker masks the API key in a stream's deltas as the assembled body has it masked: byte
 // for byte, in each block's text as a whole, so that a key split across deltas is masked too,
 // and the deltas of a block add up to its text in the body. Of each block's text it holds back,
-// until the block's next delta or the stream's end (flush), the tail that the next delta may
-// complete into the key, from the start of the key it overlaps, if any. What it holds is shorter
+// until the block's next delta, the block's end (flushIndex) or the stream's end (flush), the
+// tail that the next delta may complete into the key, from the start of the key it overlaps, if
+// any. What it holds is shorter
 // than two key forms, so that a delta costs the same however long the stream (a key echoed end
 // to end included).
 type deltaMasker struct {
@@ -275,6 +283,27 @@ func (m *deltaMasker) mask(d Delta) (_ Delta, ok bool) {
 		d.Text = string(b)
 	}
 	return d, d.Text != "" || !added || d.ToolID != "" || d.ToolName != ""
+}
+
+// flushIndex hands on the text the blocks of index hold, masked: the provider said they are
+// complete (Anthropic content_block_stop, an OpenAI choice's finish_reason), so that their last
+// characters come before the deltas of the blocks after them, not at the end of the stream.
+func (m *deltaMasker) flushIndex(index int, emit func(Delta)) {
+	kept := m.blocks[:0]
+	for _, k := range m.blocks {
+		if k.index != index {
+			kept = append(kept, k)
+			continue
+		}
+		if held, ok := m.held[k]; ok {
+			delete(m.held, k)
+			b := []byte(held)
+			m.red.maskBytes(b)
+			emit(Delta{Type: k.typ, Index: k.index, ToolIndex: k.toolIndex, Text: string(b)})
+		}
+	}
+	clear(m.blocks[len(kept):])
+	m.blocks = kept
 }
 
 // flush hands on the text every block holds, masked: the stream is complete.

@@ -51,7 +51,7 @@ type anthropicEvent struct {
 	} `json:"error"`
 }
 
-func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta)) (bool, error) {
+func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), end func(int)) (bool, error) {
 	if index, text, ok := textDeltaOf(data); ok {
 		if index >= len(a.blocks) {
 			return false, fmt.Errorf("%w: delta for unknown content block %d", ErrDecode, index)
@@ -92,6 +92,10 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta)) (
 			return false, fmt.Errorf("%w: delta for unknown content block %d", ErrDecode, ev.Index)
 		}
 		a.delta(a.blocks[ev.Index], ev, emit)
+	case "content_block_stop":
+		if ev.Index >= 0 && ev.Index < len(a.blocks) {
+			end(ev.Index) // its last characters go before the next block's
+		}
 	case "message_delta":
 		if a.msg == nil {
 			return false, fmt.Errorf("%w: message_delta before message_start", ErrDecode)
@@ -110,7 +114,7 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta)) (
 	case "error":
 		return false, &midStreamError{typ: ev.Error.Type, msg: ev.Error.Message}
 	}
-	return false, nil // ping, content_block_stop, and event types added later
+	return false, nil // ping, and event types added later
 }
 
 // textDeltaOf reads a text delta written as the Messages API writes one,

@@ -432,3 +432,59 @@ func TestDeltaMasker_KeysEndToEndAreHandedOn(t *testing.T) {
 	require.Equal(t, string(want), got.String(), "the deltas add up to the text masked whole")
 	require.Empty(t, red.spans(got.String()))
 }
+
+// TestReadStream_ABlockEndsBeforeTheNext: a block's last characters that could start the key
+// (held back by the masker) are handed on when the provider ends the block (Anthropic
+// content_block_stop, an OpenAI choice's finish_reason), before the deltas of the blocks after
+// it, not at the end of the stream: a client shows each block complete before the next grows.
+func TestReadStream_ABlockEndsBeforeTheNext(t *testing.T) {
+	t.Parallel()
+	c := &client{red: newRedactor("sk-ant-api03-Zq9/x+Y=0123456789abcdef"), now: time.Now}
+	type piece struct {
+		index int
+		text  string
+	}
+	read := func(t *testing.T, stream string, asm assembler) []piece {
+		t.Helper()
+		var got []piece
+		sr := c.readStream(context.Background(), strings.NewReader(stream), asm, 1<<30, nil, nil,
+			func(d Delta) { got = append(got, piece{d.Index, d.Text}) })
+		require.NoError(t, sr.err)
+		require.NoError(t, sr.readErr)
+		return got
+	}
+
+	t.Run("anthropic", func(t *testing.T) {
+		var b strings.Builder
+		event := func(name, data string) { fmt.Fprintf(&b, "event: %s\ndata: %s\n\n", name, data) }
+		event("message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}}`)
+		event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}`)
+		event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"the user asks"}}`)
+		event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"sig"}}`)
+		event("content_block_stop", `{"type":"content_block_stop","index":0}`)
+		event("content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}`)
+		event("content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Here it is"}}`)
+		event("content_block_stop", `{"type":"content_block_stop","index":1}`)
+		event("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}`)
+		event("message_stop", `{"type":"message_stop"}`)
+		require.Equal(t, []piece{{0, "the user ask"}, {0, "s"}, {1, "Here it i"}, {1, "s"}},
+			read(t, b.String(), anthropic{}.assembler()))
+	})
+
+	t.Run("openai", func(t *testing.T) {
+		var b strings.Builder
+		chunk := func(data string) { fmt.Fprintf(&b, "data: %s\n\n", data) }
+		choice := func(i int, content, finish string) string {
+			return fmt.Sprintf(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":%d,"delta":{"content":%q},"logprobs":null,"finish_reason":%s}]}`, i, content, finish)
+		}
+		chunk(choice(0, "yes", "null"))
+		chunk(choice(1, "no", "null"))
+		chunk(choice(0, "", `"stop"`))
+		chunk(choice(1, " thanks", "null"))
+		chunk(choice(1, "", `"stop"`))
+		chunk(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":4,"total_tokens":5}}`)
+		chunk("[DONE]")
+		require.Equal(t, []piece{{0, "ye"}, {1, "no"}, {0, "s"}, {1, " thank"}, {1, "s"}},
+			read(t, b.String(), openAI{}.assembler()))
+	})
+}

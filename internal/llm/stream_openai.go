@@ -69,7 +69,7 @@ type openAIChunk struct {
 	Usage   json.RawMessage     `json:"usage"`
 }
 
-func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta)) (bool, error) {
+func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), end func(int)) (bool, error) {
 	if string(bytes.TrimSpace(data)) == "[DONE]" {
 		return true, nil
 	}
@@ -99,6 +99,9 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta)) (bool, 
 	}
 	for _, c := range ch.Choices {
 		a.choice(c.Index, c, emit)
+		if len(c.FinishReason) > 0 && string(c.FinishReason) != "null" {
+			end(c.Index) // the choice is complete: its last characters go before other choices' next
+		}
 	}
 	return false, nil
 }
