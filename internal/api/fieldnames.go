@@ -59,7 +59,7 @@ func jsonNames(t reflect.Type) []string {
 
 // checkFieldNames refuses a submit body (valid JSON) with a name spelled otherwise than the
 // contract's, or a name of the request that llmq reads spelled in another case, written with an
-// escape ("\u0073tream": deltastream.Requested looks for the bytes "stream") or sent twice,
+// escape ("\u0073tream", which readers of raw bytes would miss) or sent twice,
 // naming it; envelope names are unknown_field and invalid_field, the request's invalid_request.
 // It runs on every submit: it allocates its scanner and an error, nothing per member.
 func checkFieldNames(body []byte) error {

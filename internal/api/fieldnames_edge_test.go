@@ -13,8 +13,8 @@ import (
 
 // TestDecodeSubmit_EdgeCases: the submit body's decode and checkFieldNames's scanner past the plain
 // case. What it accepts, llmq reads as the provider does: "\u0073tream" is "stream" to the
-// provider but not to deltastream.Requested, which looks for the bytes (refused, as other names
-// llmq reads written with escapes); after the object only JSON's white space may follow (not a
+// provider but not to a reader of raw bytes (refused, as other names llmq reads written with
+// escapes); after the object only JSON's white space may follow (not a
 // form feed or a no-break space); a BOM, deep nesting, numbers and escaped quotes before a name
 // do not mislead the scanner.
 func TestDecodeSubmit_EdgeCases(t *testing.T) {
