@@ -205,6 +205,8 @@ type Breaker struct {
 	memory, refresh int64
 	// wakes are the channels Listen closes when a Report announces a wake-up.
 	wakes wakeHub
+	// calls names each report (see reportScript).
+	calls *redisscript.CallIDs
 }
 
 // New returns a Breaker over rdb. cfg may be nil. It returns an error naming the field when cfg
@@ -221,7 +223,7 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Breaker, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("new breaker: %w", err)
 	}
-	b := &Breaker{rdb: rdb, cfg: c}
+	b := &Breaker{rdb: rdb, cfg: c, calls: redisscript.NewCallIDs()}
 	b.closedTTL = max(c.IdleTTL, c.SuccessMemory).Milliseconds()
 	b.leaseTTL = max(b.closedTTL, c.ProbeTimeout.Milliseconds())
 	if c.SuccessMemory > 0 {
@@ -394,7 +396,7 @@ func (c *Circuit) ReportCall(a Admission, o Outcome, state *State) (redisscript.
 		Args: []any{b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
 			b.closedTTL, abandonedTTL.Milliseconds(), a.lease, b.memory, b.refresh,
 			strconv.FormatFloat(cfg.CooldownFactor, 'g', -1, 64), cfg.MaxCooldown.Microseconds(),
-			b.leaseTTL},
+			b.leaseTTL, b.calls.Next()},
 		Done: func(ctx context.Context, cmd *redis.Cmd) error {
 			res, err := cmd.Slice()
 			if err != nil {

@@ -112,6 +112,11 @@ return {1, 1, 'half_open', 0, now, gen, 0, 0, 0}
 // ARGV[11] cooldown factor applied per failed probe
 // ARGV[12] max cooldown µs
 // ARGV[13] TTL of a closed key holding leases, ms
+// ARGV[14] the report's call id (redisscript.CallIDs; "": none): a closed-state failure is counted
+// once per id (go-redis sends the report again when its reply was lost with the connection, after
+// Redis may have run it). The hash's fids holds the ids of the failures counted since fails was
+// last 0 (" id1 id2 "): a report sent again later finds the breaker opened (a new generation: the
+// report is stale) or fails reset (a Success came between: the retry counts again, as one).
 // Returns {state after the report, state transitioned to (” when none)}.
 //
 // A report whose generation is not the key's is stale and changes nothing, but for a closed key
@@ -119,7 +124,7 @@ return {1, 1, 'half_open', 0, now, gen, 0, 0, 0}
 // the key expired (and started again at 0), in the same closed state, and counts. With no key
 // (closed, never opened or expired) every report counts as a closed-state report.
 var reportScript = redis.NewScript(luaCommon + `
-local h = redis.call('HMGET', KEYS[1], 'state', 'gen', 'fails', 'ok', 'cd')
+local h = redis.call('HMGET', KEYS[1], 'state', 'gen', 'fails', 'ok', 'cd', 'fids')
 local exists = h[1] ~= false
 local state, gen, fails = h[1] or 'closed', num(h[2]) or 0, num(h[3]) or 0
 local agen = tonumber(ARGV[2])
@@ -129,6 +134,7 @@ local mem = tonumber(ARGV[9])
 local function open(now, cd)
   redis.call('HSET', KEYS[1], 'state', 'open', 'gen', fmt0(gen + 1), 'since', fmt0(now),
     'until', fmt0(now + cd), 'fails', '0', 'cd', fmt0(cd))
+  redis.call('HDEL', KEYS[1], 'fids')
   redis.call('PEXPIRE', KEYS[1], fmt0(math.ceil(cd / 1000) + tonumber(ARGV[7])))
   redis.call('DEL', KEYS[2])
   return {'open', 'open'}
@@ -138,9 +144,17 @@ if state == 'closed' then
   local ttl = ARGV[6]
   if redis.call('EXISTS', KEYS[2]) == 1 then ttl = ARGV[13] end
   if o == 'failure' then
+    local fids = h[6] or ''
+    if ARGV[14] ~= '' then
+      if fails > 0 and string.find(fids, ' ' .. ARGV[14] .. ' ', 1, true) then
+        return {'closed', ''} -- this report sent again: its failure was counted
+      end
+      if fails == 0 or fids == '' then fids = ' ' end
+      fids = fids .. ARGV[14] .. ' '
+    end
     fails = fails + 1
     if fails >= tonumber(ARGV[4]) then return open(clock(ARGV[1]), tonumber(ARGV[5])) end
-    redis.call('HSET', KEYS[1], 'state', 'closed', 'gen', fmt0(gen), 'fails', fmt0(fails))
+    redis.call('HSET', KEYS[1], 'state', 'closed', 'gen', fmt0(gen), 'fails', fmt0(fails), 'fids', fids)
     redis.call('PEXPIRE', KEYS[1], ttl)
   elseif o == 'success' then
     local now = clock(ARGV[1])
@@ -153,6 +167,7 @@ if state == 'closed' then
     local stamp = mem > 0 and (ok == nil or now - ok >= tonumber(ARGV[10]))
     if fails > 0 or stamp then
       redis.call('HSET', KEYS[1], 'state', 'closed', 'gen', fmt0(gen), 'fails', '0')
+      redis.call('HDEL', KEYS[1], 'fids')
       if stamp then redis.call('HSET', KEYS[1], 'ok', fmt0(now)) end
       redis.call('PEXPIRE', KEYS[1], ttl)
     end

@@ -216,6 +216,8 @@ type Limiter struct {
 	// offsets is what responses' Date headers proved about each credential's provider clock
 	// against this process's: the one piece of state kept in the process, as it is its clock's.
 	offsets *clockOffsets
+	// calls names each reservation call (see reserveScript).
+	calls *redisscript.CallIDs
 }
 
 // New returns a Limiter over rdb. cfg may be nil. It returns an error naming the field when cfg
@@ -232,7 +234,8 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Limiter, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("new limiter: %w", err)
 	}
-	return &Limiter{rdb: rdb, cfg: c, offsets: &clockOffsets{byTag: map[string]clockOffset{}}}, nil
+	return &Limiter{rdb: rdb, cfg: c, offsets: &clockOffsets{byTag: map[string]clockOffset{}},
+		calls: redisscript.NewCallIDs()}, nil
 }
 
 // Gate is the limiter of one provider key. Make it with Limiter.Gate; it is cheap,
@@ -425,7 +428,7 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	}
 	cfg := &c.l.cfg
 	keys := []string{rateKey(cfg.Prefix, c.tag)}
-	args := []any{c.l.nowArg(), fmtFloat(lim.Rate), lim.Burst,
+	args := []any{c.l.nowArg() + " " + c.l.calls.Next(), fmtFloat(lim.Rate), lim.Burst,
 		micros(cfg.PhaseMargin), fmtFloat(cfg.RateMargin), micros(cfg.LearnTTL),
 		micros(cfg.ProbeTTL), micros(cfg.PollInterval), micros(cfg.LearnHorizon)}
 	gated := opts != (AttemptOptions{})

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
@@ -239,8 +241,12 @@ func TestCredential_Keys(t *testing.T) {
 	sum := sha256.Sum256([]byte(id))
 	tag := "{" + hex.EncodeToString(sum[:]) + "}"
 	slices.Sort(keys)
+	calls := slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return !strings.HasPrefix(k, b.prefix+tag+":rl:call:") })
+	require.Len(t, calls, 1, "the granted probe's reply, kept for a retry of its call")
+	keys = slices.DeleteFunc(keys, func(k string) bool { return slices.Contains(calls, k) })
 	require.Equal(t, []string{b.prefix + tag + ":budget", b.prefix + tag + ":pause", b.prefix + tag + ":pause:known",
 		b.prefix + tag + ":rl"}, keys)
+	requireCallKeysExpire(t, rdb, calls)
 	for _, k := range keys {
 		if strings.HasSuffix(k, ":pause:known") {
 			v, err := rdb.Get(ctx, k).Result()
@@ -359,4 +365,19 @@ func TestGate_Now(t *testing.T) {
 	now, err = lim.Gate("sk-now", "main").Now(t.Context())
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now(), now, 2*time.Second, "Redis TIME")
+}
+
+// requireCallKeysExpire checks the keys that keep reservations' replies for a retry of their
+// calls: no secret in them, and each expires within redisscript.CallKeep.
+func requireCallKeysExpire(t *testing.T, rdb *redis.Client, keys []string) {
+	t.Helper()
+	for _, k := range keys {
+		v, err := rdb.Get(t.Context(), k).Result()
+		require.NoError(t, err)
+		require.NotContains(t, v, "SECRET")
+		ttl, err := rdb.PTTL(t.Context(), k).Result()
+		require.NoError(t, err)
+		require.Positive(t, ttl, "%s must expire by itself", k)
+		require.LessOrEqual(t, ttl, redisscript.CallKeep)
+	}
 }

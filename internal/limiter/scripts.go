@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"strconv"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/redisscript"
@@ -32,7 +34,11 @@ end
 // (probe held until / probe start, µs), bg (last grant lent while the rate was unknown, µs),
 // cr/cb/cupd (last configured limit seen, and when). Learned fields (L, lo, lupd, av, avs,
 // nohdr, cap, capt): see observeScript.
-// ARGV[1] now µs, or "" for Redis TIME
+// ARGV[1] now µs, or "" for Redis TIME; then a space and the call's id (redisscript.CallIDs): a
+// granted probe's reply is kept redisscript.CallKeep under KEYS[1]..':call:'..id (see keys.go),
+// and a call that finds it returns it again. Only a probe's: a probe nobody observes holds every
+// other caller back for ProbeTTL, while a slot granted twice wastes one of the provider's, rarely
+// (a reply lost with its connection), against a key written for every job
 // ARGV[2] configured rate (requests/s; 0 = not configured: use what was learned)
 // ARGV[3] configured burst
 // ARGV[4] phase margin µs
@@ -76,7 +82,16 @@ end
 // cost, capacity} and changes nothing.
 var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + luaFair + luaAnchor + `
 local key = KEYS[1]
-local now = clock(ARGV[1])
+-- A call whose reply was lost after it ran (its connection cut) is sent again by the client: a
+-- probe it was granted is kept for it (see ARGV[1]), not left out for ProbeTTL.
+local nowarg, callid = string.match(ARGV[1], '^([^ ]*) ?(.*)$')
+local callkey = nil
+if callid ~= '' then
+  callkey = key .. ':call:' .. callid
+  local kept = redis.call('GET', callkey)
+  if kept then return cmsgpack.unpack(kept) end
+end
+local now = clock(nowarg)
 -- The breaker's closed-and-warm test, as its allowScript makes it (a closed breaker that is not
 -- cold admits without writing anything): the state, and a Success recorded within the memory.
 local BGEN = 0
@@ -229,7 +244,11 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
     budget(KEYS[5], now, 'first', tonumber(ARGV[24]), tonumber(ARGV[25]), tonumber(ARGV[26]),
       tonumber(ARGV[27]))
   end
-  return {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM, AREPORT, BGEN}
+  local r = {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM, AREPORT, BGEN}
+  if granted == 1 and probe == 1 and callkey ~= nil then
+    redis.call('SET', callkey, cmsgpack.pack(r), 'PX', ` + strconv.FormatInt(redisscript.CallKeep.Milliseconds(), 10) + `)
+  end
+  return r
 end
 -- grant counts one grant sent at snd and returns its Observation.Seq: 1 + the grants sent at
 -- least a phase margin earlier, which surely reached the provider first. Later ones may not be

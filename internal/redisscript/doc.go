@@ -24,4 +24,10 @@
 // or SCRIPT FLUSH) fails with NOSCRIPT and does nothing; go-redis's Script.Run falls back to EVAL
 // only outside a pipeline, so Run does it: after the round trip it sends those calls again with
 // EVAL (which caches the script), in their order. The calls that did run are not sent twice.
+//
+// # Calls sent again
+//
+// go-redis sends a call (or a pipeline) again on a new connection when the connection failed
+// after the write, and Redis may have run it already. A script whose second run would do its work
+// twice takes a call id (CallIDs) and keeps what the call did under it (see CallKeep).
 package redisscript

@@ -1,0 +1,49 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/clocktest"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// A reservation whose reply is lost after Redis ran it (the connection cut: a failover, a proxy
+// restart, CLIENT KILL) is sent again by go-redis on a new connection. A probe the first run
+// granted is the retry's: it is not left out, unobserved, holding every other caller of the
+// credential back for ProbeTTL. (A slot granted twice is left so: it wastes one of the provider's,
+// rarely, where keeping every reply would write a key for every job; see reserveScript.)
+func TestReserve_LostReplyKeepsTheProbe(t *testing.T) {
+	t.Parallel()
+	prefix := redistest.Prefix(t)
+	clock := clocktest.New(t0)
+	rdb, cut := redistest.CutClient(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	g := lim.Gate("sk-cut", "main")
+	reserve := func() limiter.Reservation {
+		r, err := g.ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
+		require.NoError(t, err)
+		return r
+	}
+
+	// Redis caches the script first (an EVALSHA that finds it missing runs nothing).
+	_, err = lim.Gate("sk-warm", "main").ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
+	require.NoError(t, err)
+	cut.Arm(prefix + redisscript.CredentialTag("sk-cut") + ":rl")
+	first := reserve()
+	require.Equal(t, 1, cut.Cuts(), "the reservation's reply was lost")
+	require.True(t, first.Granted, "the retry got the probe the first run took")
+	require.True(t, first.Probe)
+
+	second := reserve()
+	require.False(t, second.Granted, "the probe is out: the others wait for its answer")
+}
