@@ -18,6 +18,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // lockKey elects the one batching process ("llmqbtch").
@@ -31,8 +32,13 @@ type Lane struct {
 	Client     Client
 	Config     config.Batch
 	// Gate is the credential's limiter gate, whose pause (a spend cap; limiter.Gate.Paused)
-	// holds the lane's sends until the credential is resumed. Nil: never held.
+	// holds the lane's sends until the credential is resumed. Nil: never held (and a spend cap
+	// of the batch API is only alerted).
 	Gate *limiter.Gate
+	// PauseProbeInterval, when set, lets one send per interval probe the paused credential (the
+	// credential's pause_probe_interval, shared with the online lane's probe through Gate): its
+	// success resumes the credential. Zero: only an operator resumes it.
+	PauseProbeInterval time.Duration
 }
 
 // Config configures a Batcher.
@@ -143,6 +149,7 @@ func (b *Batcher) pass(ctx context.Context) error {
 		return err
 	}
 	held := heldLanes{}
+	defer b.releaseProbes(ctx, held)
 	for _, row := range open {
 		lane, ok := b.lanes[row.Credential]
 		if !ok {
@@ -156,7 +163,7 @@ func (b *Batcher) pass(ctx context.Context) error {
 				errs = append(errs, err, b.unsentFallback(ctx, lane, row))
 				continue
 			}
-			errs = append(errs, b.send(ctx, lane, row))
+			errs = append(errs, b.send(ctx, lane, row, held))
 		case "submitted":
 			errs = append(errs, b.poll(ctx, lane, row)) // a paused credential's too: it is paid for
 		}
@@ -168,31 +175,125 @@ func (b *Batcher) pass(ctx context.Context) error {
 }
 
 // heldLanes memoizes, for one pass, whether each credential's sends are held (see held).
-type heldLanes map[string]bool
+type heldLanes map[string]laneHold
+
+// laneHold is one credential's state in a pass: held, or free to send; free while paused when
+// probe (the pause's probe, granted for this pass) is granted and not yet spent.
+type laneHold struct {
+	held  bool
+	probe limiter.PauseProbe
+}
 
 // held reports whether lane sends nothing this pass: its credential is paused (Lane.Gate; a
 // state Redis lost is restored from Config.Pauses first, as the executor does). A paused
 // credential's provider refuses the send or, should the cap lift, charges for a batch the
-// operator has not resumed: its batches wait for the resume (ctl credentials resume, or the
-// online lane's pause probe). The pause is read at most once per pass per credential; one that
+// operator has not resumed: its batches wait for the resume (ctl credentials resume, the online
+// lane's pause probe, or the lane's own: with Lane.PauseProbeInterval, the pass's first send of
+// the interval's probe, granted as the online lane's is, goes, and its success resumes the
+// credential; see send). The pause is read at most once per pass per credential; one that
 // cannot be read holds the sends too, and the error is returned once.
 func (b *Batcher) held(ctx context.Context, lane Lane, memo heldLanes) (bool, error) {
 	if lane.Gate == nil {
 		return false, nil
 	}
 	if h, ok := memo[lane.Credential]; ok {
-		return h, nil
+		return h.held, nil
 	}
 	ps, err := lane.Gate.Paused(ctx)
 	if err == nil && ps.Unknown && b.cfg.Pauses != nil {
 		ps, _, err = b.cfg.Pauses.Restore(ctx, lane.Gate)
 	}
 	if err != nil {
-		memo[lane.Credential] = true
+		memo[lane.Credential] = laneHold{held: true}
 		return true, fmt.Errorf("read the pause of credential %s (its batches are held): %w", lane.Credential, err)
 	}
-	memo[lane.Credential] = ps.Paused
-	return ps.Paused, nil
+	h := laneHold{held: ps.Paused}
+	if ps.Paused && lane.PauseProbeInterval > 0 {
+		probe, err := lane.Gate.TryProbe(ctx, lane.PauseProbeInterval)
+		if err != nil {
+			memo[lane.Credential] = h
+			return true, fmt.Errorf("probe the pause of credential %s (its batches are held): %w", lane.Credential, err)
+		}
+		if probe.Granted() {
+			h = laneHold{probe: probe}
+		}
+	}
+	memo[lane.Credential] = h
+	return h.held, nil
+}
+
+// releaseProbes gives back the pass's probes that no send spent (every batch found before a
+// send, or in its backoff): the next pass may probe at once rather than an interval later.
+func (b *Batcher) releaseProbes(ctx context.Context, memo heldLanes) {
+	for cred, h := range memo {
+		if lane, ok := b.lanes[cred]; ok && h.probe.Granted() {
+			if err := lane.Gate.ReleaseProbe(ctx, h.probe); err != nil {
+				b.cfg.Logger.WarnContext(ctx, "release an unsent pause probe (the next waits its interval)", "credential", cred, "error", err)
+			}
+		}
+	}
+}
+
+// probed ends the pass's probe of lane's paused credential, if one is going, after a send was
+// tried: accepted (ok), the credential is resumed (Config.Pauses, then Redis); failed, the probe
+// is spent and the lane's sends are held for the rest of the pass.
+func (b *Batcher) probed(ctx context.Context, lane Lane, memo heldLanes, ok bool) {
+	h := memo[lane.Credential]
+	if !h.probe.Granted() {
+		return
+	}
+	if !ok {
+		memo[lane.Credential] = laneHold{held: true}
+		return
+	}
+	memo[lane.Credential] = laneHold{}
+	var err error
+	if b.cfg.Pauses != nil {
+		_, err = b.cfg.Pauses.Resume(ctx, lane.Gate)
+	} else {
+		_, err = lane.Gate.Resume(ctx)
+	}
+	if err != nil {
+		b.cfg.Logger.WarnContext(ctx, "resume after a batch probe", "credential", lane.Credential, "error", err)
+		return
+	}
+	b.cfg.Logger.WarnContext(ctx, "credential resumed: the batch lane's pause probe was accepted", "credential", lane.Credential)
+}
+
+// spendCap pauses lane's credential after its batch API answered a send with a spend cap (a 429
+// without Retry-After, or a spend-cap code: retrypolicy.Classify, as the online lane reads an
+// answer), in Postgres too, and alerts once per episode, as the executor does: a key that can
+// no longer pay is sent nothing more, batch or online, until it is resumed. The lane's sends are
+// held for the rest of the pass.
+func (b *Batcher) spendCap(ctx context.Context, lane Lane, memo heldLanes, row batchRow, reason string, cause error) error {
+	memo[lane.Credential] = laneHold{held: true}
+	message := fmt.Sprintf("the batch API refused batch %s: %v", row.ID, cause)
+	if lane.Gate == nil {
+		b.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: lane.Credential, Reason: reason, Message: message}, time.Minute)
+		return nil
+	}
+	var (
+		started bool
+		err     error
+	)
+	if b.cfg.Pauses != nil {
+		started, err = b.cfg.Pauses.Pause(ctx, lane.Gate, reason, "")
+		if errors.Is(err, credpause.ErrDatabase) {
+			b.cfg.Logger.ErrorContext(ctx, "record a credential pause in postgres (it is kept in redis only)",
+				"credential", lane.Credential, "error", err)
+			err = nil
+		}
+	} else {
+		started, err = lane.Gate.Pause(ctx, reason, "")
+	}
+	if started {
+		b.cfg.Alerter.Raise(ctx, alert.Alert{Credential: lane.Credential, Reason: reason,
+			Message: "credential paused until an operator resumes it (ctl credentials resume " + lane.Credential + "): " + message})
+	}
+	if err != nil {
+		return fmt.Errorf("pause credential %s after a spend cap: %w", lane.Credential, err)
+	}
+	return nil
 }
 
 // collect puts lane's waiting jobs into batches, per model: a batch goes when it is full or when
@@ -237,14 +338,14 @@ func (b *Batcher) collect(ctx context.Context, lane Lane, held heldLanes) error 
 				ids[i] = j.ID
 			}
 			jobs = jobs[n:]
-			errs = append(errs, b.commitAndSend(ctx, lane, model, ids))
+			errs = append(errs, b.commitAndSend(ctx, lane, model, ids, held))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // commitAndSend commits a batch of ids and then sends it.
-func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, ids []string) error {
+func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, ids []string, held heldLanes) error {
 	id := uuid.NewString()
 	if _, err := b.store.commit(ctx, id, lane.Credential, model, ids); errors.Is(err, errEmpty) {
 		return nil
@@ -254,7 +355,7 @@ func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, id
 	if b.crashAfterCommit != nil {
 		return b.crashAfterCommit
 	}
-	return b.send(ctx, lane, batchRow{ID: id, Credential: lane.Credential, Model: model, State: "committed"})
+	return b.send(ctx, lane, batchRow{ID: id, Credential: lane.Credential, Model: model, State: "committed"}, held)
 }
 
 // send submits committed batch row. When a send of it began before (the process died or the
@@ -262,8 +363,10 @@ func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, id
 // sent again only when the provider has none. A send or look-up that failed is tried again after
 // the polls' backoff (pollDelay), not at every pass: a provider whose batch API is down or
 // overloaded is not asked once a second (for OpenAI, with the batch's file uploaded each time);
-// meanwhile the batch's jobs near their deadline still go online.
-func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
+// meanwhile the batch's jobs near their deadline still go online. A send refused with a spend
+// cap pauses the credential (see spendCap) and stays committed, to go once it is resumed. A
+// send that reached the provider ends the pass's pause probe, if one is going (see probed).
+func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLanes) error {
 	if row.NextPollAt != nil && b.cfg.Now().Before(*row.NextPollAt) {
 		return b.unsentFallback(ctx, lane, row)
 	}
@@ -292,11 +395,17 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow) error {
 	}
 	if providerID == "" {
 		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs); err != nil {
+			b.probed(ctx, lane, held, false) // a probe whose send failed is spent (it may have reached the provider)
+			if d := retrypolicy.Classify(err, b.cfg.Now()); d.Class == retrypolicy.ClassSpendCap {
+				return errors.Join(fmt.Errorf("send batch %s: a spend cap: %w", row.ID, err),
+					b.spendCap(ctx, lane, held, row, d.DeadReason, err), b.unsentFallback(ctx, lane, row))
+			}
 			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
 				return b.refused(ctx, row, se)
 			}
 			return errors.Join(fmt.Errorf("send batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later())
 		}
+		b.probed(ctx, lane, held, true)
 	}
 	if err := b.store.submitted(ctx, row.ID, providerID, b.cfg.Now().Add(lane.Config.PollInterval)); err != nil {
 		return err

@@ -22,7 +22,10 @@
 // send; after it, its result is discarded, and a batch none of whose jobs still wait is canceled
 // at the provider. A credential whose lane is turned off sends its waiting jobs online and still
 // polls the batches it has; a paused credential (a spend cap) sends no batch until it is
-// resumed, and still polls the batches it sent. A batch the provider refuses as a whole (4xx)
+// resumed (by an operator, or by a pause probe: the online lane's, or, with the credential's
+// pause_probe_interval, one batch send per interval), and still polls the batches it sent. A
+// send the batch API refuses with a spend cap (a 429 without Retry-After, or a spend-cap code, as
+// the online lane classifies answers) pauses the credential and alerts, as the executor does. A batch the provider refuses as a whole (4xx)
 // sends its jobs online; one it no longer knows (404) sends them round again; failed polls keep
 // the backoff.
 package batchlane

@@ -2,6 +2,10 @@ package batchlane_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,4 +143,124 @@ func TestBatcher_UnreadablePauseHoldsSends(t *testing.T) {
 	require.ErrorContains(t, bt.Once(ctx), "read the pause of credential default")
 	require.Zero(t, b.sim.BatchStats().Created, "no batch sent while the pause cannot be read")
 	require.Empty(t, b.batchRefs(t)[waiting.ID], "the job waits, in no batch")
+}
+
+// capping is the simulator behind a front that, while capped, answers the creation of a batch
+// as a spent Anthropic key does: 429 rate_limit_error, error.details.error_code
+// enforced_spend_limit_reached, no Retry-After (OpenAI answers 429 insufficient_quota, also
+// without one). creates counts the creations it refused.
+type capping struct {
+	client  batchlane.Client
+	capped  atomic.Bool
+	refused atomic.Int32
+}
+
+func (b *testBundle) capping(t *testing.T) *capping {
+	t.Helper()
+	c := &capping{}
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c.capped.Load() && r.Method == http.MethodPost && r.URL.Path == "/v1/messages/batches" {
+			c.refused.Add(1)
+			w.Header().Set("content-type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, `{"type":"error","error":{"type":"rate_limit_error","message":"spend limit reached",`+
+				`"details":{"error_code":"enforced_spend_limit_reached"}}}`)
+			return
+		}
+		b.sim.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	client, err := batchlane.NewClient("anthropic", front.URL, "sk-test", front.Client())
+	require.NoError(t, err)
+	c.client = client
+	return c
+}
+
+// TestBatcher_SpendCapOnSendPausesTheCredential: a batch API that answers a send 429 without
+// Retry-After (a spend cap, as the online lane classifies it) pauses the credential, in Postgres
+// too, as the executor does for an online answer: the batch stays committed, unsent, and no
+// send is tried again until the credential is resumed.
+func TestBatcher_SpendCapOnSendPausesTheCredential(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, setupOpts{})
+	p := b.pausable(t)
+	c := b.capping(t)
+	c.capped.Store(true)
+	b.client = c.client
+	bt := p.batcher(b)
+
+	job := b.submit(t, "on a spent key", 0, 0)
+	b.clock.Advance(fill)
+	_ = bt.Once(ctx) // the pass reports the refused send
+	ps, err := p.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, ps.Paused, "a 429 without Retry-After on the batch API pauses the credential")
+	kept, err := p.pauses.Get(ctx, p.gate)
+	require.NoError(t, err)
+	require.True(t, kept.Paused, "kept in Postgres")
+	require.Equal(t, int32(1), c.refused.Load())
+
+	c.capped.Store(false)
+	b.clock.Advance(time.Hour)
+	once(t, bt)
+	require.Equal(t, int32(1), c.refused.Load())
+	require.Zero(t, b.sim.BatchStats().Created, "nothing is sent while paused")
+	require.NotEmpty(t, b.batchRefs(t)[job.ID], "the batch stays committed")
+
+	_, err = p.pauses.Resume(ctx, p.gate)
+	require.NoError(t, err)
+	once(t, bt)
+	require.Equal(t, 1, b.sim.BatchStats().Created, "sent once resumed")
+	require.Equal(t, jobs.StatusRunning, b.get(t, job.ID).Status)
+}
+
+// TestBatcher_PausedBatchOnlyCredentialIsProbed: a paused credential whose traffic is all in
+// the batch lane is probed, as the online lane probes its own (one request per
+// pause_probe_interval): the interval's first send goes as the probe; refused again with a
+// spend cap, the credential stays paused and nothing more is sent until the next interval;
+// accepted, the credential is resumed and the lane sends again.
+func TestBatcher_PausedBatchOnlyCredentialIsProbed(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, setupOpts{maxReqs: 1})
+	p := b.pausable(t)
+	c := b.capping(t)
+	c.capped.Store(true)
+	b.client = c.client
+	bt := batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics, Pauses: p.pauses,
+		Lanes: []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg, Gate: p.gate,
+			PauseProbeInterval: 5 * time.Minute}},
+		Enqueue: func(context.Context, string, jobs.Priority) error { return nil }})
+
+	started, err := p.pauses.Pause(ctx, p.gate, "rate_limited_no_retry_after", "")
+	require.NoError(t, err)
+	require.True(t, started)
+	first := b.submit(t, "first", 0, 0)
+	second := b.submit(t, "second", 0, 0)
+	once(t, bt)
+	require.Zero(t, c.refused.Load(), "no probe before the interval")
+
+	b.clock.Advance(5 * time.Minute)
+	_ = bt.Once(ctx)
+	require.Equal(t, int32(1), c.refused.Load(), "one probe, refused: the other batch is not sent")
+	ps, err := p.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, ps.Paused, "still paused")
+	once(t, bt)
+	require.Equal(t, int32(1), c.refused.Load(), "the next probe waits its interval")
+
+	c.capped.Store(false)
+	b.clock.Advance(5 * time.Minute)
+	once(t, bt)
+	ps, err = p.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.False(t, ps.Paused, "the probe got through: resumed")
+	kept, err := p.pauses.Get(ctx, p.gate)
+	require.NoError(t, err)
+	require.False(t, kept.Paused, "in Postgres too")
+	require.Equal(t, 2, b.sim.BatchStats().Created, "the probe's batch and, resumed, the other")
+	for _, id := range []string{first.ID, second.ID} {
+		require.Equal(t, jobs.StatusRunning, b.get(t, id).Status)
+	}
 }

@@ -82,14 +82,50 @@ func NewClient(kind, baseURL, apiKey string, hc *http.Client) (Client, error) {
 	return nil, fmt.Errorf("batch client: unknown provider %q", kind)
 }
 
-// StatusError is a batch API call the provider answered with an error status.
+// StatusError is a batch API call the provider answered with an error status. It answers
+// HTTPStatus, ResponseHeader and ErrorType, so that retrypolicy.Classify reads it as the online
+// lane reads an answer (a 429 without Retry-After, or a spend-cap code, is a spend cap).
 type StatusError struct {
 	Status int
 	Body   string // at most 512 bytes of the answer
+	// Header is the answer's header (Retry-After, x-should-retry).
+	Header http.Header
 }
 
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("provider answered %d: %s", e.Status, e.Body)
+}
+
+// HTTPStatus returns the answer's status.
+func (e *StatusError) HTTPStatus() int { return e.Status }
+
+// ResponseHeader returns the answer's header.
+func (e *StatusError) ResponseHeader() http.Header { return e.Header }
+
+// ErrorType returns the most specific machine-readable reason of the answer's body, in either
+// provider's form: OpenAI error.code, else error.type ({"error":{"type","code"}}); Anthropic
+// error.details.error_code, else error.type. "" when the body says none.
+func (e *StatusError) ErrorType() string {
+	var body struct {
+		Error struct {
+			Type    string          `json:"type"`
+			Code    json.RawMessage `json:"code"`
+			Details struct {
+				ErrorCode string `json:"error_code"`
+			} `json:"details"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(e.Body), &body) != nil {
+		return ""
+	}
+	var code string
+	if json.Unmarshal(body.Error.Code, &code) == nil && code != "" {
+		return code
+	}
+	if body.Error.Details.ErrorCode != "" {
+		return body.Error.Details.ErrorCode
+	}
+	return body.Error.Type
 }
 
 // httpClient does the round trips of both providers.
@@ -126,7 +162,7 @@ func (c httpClient) do(ctx context.Context, method, path, contentType string, bo
 		return nil, fmt.Errorf("batch api %s %s: read answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return nil, &StatusError{Status: resp.StatusCode, Body: string(data[:min(len(data), 512)])}
+		return nil, &StatusError{Status: resp.StatusCode, Body: string(data[:min(len(data), 512)]), Header: resp.Header}
 	}
 	return data, nil
 }

@@ -73,14 +73,16 @@ type Config struct {
 	// SessionTTL is how long a login lasts. Default 12h.
 	SessionTTL time.Duration
 	// LiveInterval is how often the overview's figures are recomputed while at least one
-	// overview stream is open (once for all of them). Default 2s.
+	// overview stream is open (once for all of them), at most: a recomputation that took d is
+	// followed by the next after 20 × d at the least. Default 2s.
 	LiveInterval time.Duration
 	// KeepAlive is the interval of keep-alive comments on the event streams. Default 15s.
 	KeepAlive time.Duration
 	// EventWriteTimeout bounds the write of each event (and keep-alive) of an event stream: a
 	// client that stops reading is cut off. Default 10s (the API's api.event_write_timeout).
 	EventWriteTimeout time.Duration
-	// Now is the clock of the overview's window. Default time.Now.
+	// Now is the clock of the overview's window and of its recomputations' durations. Default
+	// time.Now.
 	Now func() time.Time
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,6 +206,35 @@ func TestOverviewLive_CountsChange(t *testing.T) {
 		var ov console.Overview
 		s.next(t, &ov)
 		require.Equal(t, 1, ov.ByStatus[jobs.StatusQueued], "sent because it changed")
+	}
+}
+
+// TestOverviewLive_ASlowRecomputationWaitsLonger: the live overview's next recomputation waits
+// 20 times the last one's duration, LiveInterval at the least: on a large backlog, whose counts
+// take most of a second, an open console keeps a Postgres backend busy a twentieth of the time,
+// not most of it. Here the clock says each recomputation took 10 s, so a change is not sent at
+// the 20 ms interval (TestOverviewLive_CountsChange: it is, when recomputations are quick).
+func TestOverviewLive_ASlowRecomputationWaitsLonger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { // 5 s pass at each reading
+		mu.Lock()
+		defer mu.Unlock()
+		now = now.Add(5 * time.Second)
+		return now
+	}
+	c, _ := b.serve(t, func(cfg *console.Config) { cfg.LiveInterval, cfg.Now = 20*time.Millisecond, clock })
+	s := c.stream(t, "/console/api/overview/live", "overview")
+	var ov console.Overview
+	s.next(t, &ov)
+	require.Equal(t, 0, ov.ByStatus[jobs.StatusQueued])
+	b.jobs.Create(t, jobstestOpts())
+	select {
+	case data := <-s.events:
+		t.Fatalf("recomputed within a second of a recomputation that took 10 s: %s", data)
+	case <-time.After(time.Second):
 	}
 }
 

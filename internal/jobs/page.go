@@ -29,27 +29,51 @@ type PageParams struct {
 // JobPage is one page of jobs, newest first.
 type JobPage struct {
 	Jobs []*Job
-	// Next is the cursor of the following page; "" on the last one.
+	// Next is the cursor of the following page; "" on the last one. A page with a status or
+	// credential filter may have fewer than Limit jobs, or none, and a Next: its read stopped at
+	// PageScanRows jobs (see Page).
 	Next string
 }
+
+// PageScanRows is the most jobs one page with a status or credential filter reads (newest
+// first, from its cursor): a filter that matches few jobs or none would otherwise read the
+// whole table for one page (1.6 s on 400,000 jobs).
+const PageScanRows = 10_000
 
 // Page returns every tenant's jobs that p selects, newest first (created_at, then id), one page
 // at a time. The cursor is the (created_at, id) of the page's last row, so a page is read
 // through jobs_created_idx (or jobs_tenant_created_idx with a tenant) from where the previous one
 // stopped, whatever the page number: on 10 million rows a page costs what the first one costs
 // (see TestStore_PageUsesIndex). Jobs created after the first page was read appear on no page;
-// a deleted job simply leaves its page. Errors: ErrBadCursor, or a wrapped database error.
+// a deleted job simply leaves its page. A page with a status or credential filter reads at most
+// PageScanRows jobs (of the tenant's, with a tenant) from its cursor: when they hold fewer than
+// Limit matches, it ends there, with what they held (perhaps nothing) and a Next that goes on
+// from the last job read. Errors: ErrBadCursor, or a wrapped database error.
 func (s *Store) Page(ctx context.Context, p PageParams) (*JobPage, error) {
 	if p.Limit <= 0 {
 		p.Limit = 50
 	}
 	p.Limit = min(p.Limit, 500)
-	sql, args, err := pageQuery(p)
+	var bound *pageBound
+	boundSQL, boundArgs, err := pageBoundQuery(p)
 	if err != nil {
 		return nil, err
 	}
 	var list []*Job
 	err = s.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+		if boundSQL != "" {
+			var b pageBound
+			switch err := tx.QueryRow(ctx, boundSQL, boundArgs...).Scan(&b.at, &b.id); {
+			case err == nil:
+				bound = &b
+			case !errors.Is(err, pgx.ErrNoRows): // none: fewer jobs than PageScanRows are left
+				return err
+			}
+		}
+		sql, args, err := pageQuery(p, bound)
+		if err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, sql, args...)
 		if err != nil {
 			return err
@@ -57,21 +81,51 @@ func (s *Store) Page(ctx context.Context, p PageParams) (*JobPage, error) {
 		list, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
 		return err
 	})
+	if errors.Is(err, ErrBadCursor) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("page jobs: %w", err)
 	}
 	page := &JobPage{Jobs: list}
-	if len(list) > p.Limit {
+	switch {
+	case len(list) > p.Limit:
 		page.Jobs = list[:p.Limit]
 		last := page.Jobs[p.Limit-1]
 		page.Next = encodeCursor(last.CreatedAt, last.ID)
+	case bound != nil:
+		page.Next = encodeCursor(bound.at, bound.id)
 	}
 	return page, nil
 }
 
+// pageBound is the last job a filtered page may read (see Page): the PageScanRows-th from its
+// cursor.
+type pageBound struct {
+	at time.Time
+	id string
+}
+
+// pageBoundQuery is the statement that finds p's pageBound, or "" when p has no status or
+// credential filter (its page reads its index from the cursor to its limit). It reads
+// PageScanRows entries of the page's index (jobs_created_idx alone, or jobs_tenant_created_idx
+// and the rows they name), no row more.
+func pageBoundQuery(p PageParams) (string, []any, error) {
+	if p.Status == "" && p.Credential == "" {
+		return "", nil, nil
+	}
+	return pageSQL(PageParams{Tenant: p.Tenant, After: p.After}, nil, "created_at, id::text", PageScanRows-1, 1)
+}
+
 // pageQuery is Page's statement: it reads Limit+1 rows, the last only to know whether a next
-// page exists.
-func pageQuery(p PageParams) (string, []any, error) {
+// page exists, and none past bound (nil: none).
+func pageQuery(p PageParams, bound *pageBound) (string, []any, error) {
+	return pageSQL(p, bound, jobColumns, 0, p.Limit+1)
+}
+
+// pageSQL selects columns of p's jobs, newest first, none past bound (nil: none), skipping
+// offset and returning at most limit.
+func pageSQL(p PageParams, bound *pageBound, columns string, offset, limit int) (string, []any, error) {
 	var args []any
 	arg := func(v any) string {
 		args = append(args, v)
@@ -94,9 +148,15 @@ func pageQuery(p PageParams) (string, []any, error) {
 		}
 		conds = append(conds, "(created_at, id) < ("+arg(at)+"::timestamptz, "+arg(id)+"::uuid)")
 	}
-	sql := `SELECT ` + jobColumns + ` FROM jobs WHERE ` + strings.Join(conds, " AND ") +
-		` ORDER BY created_at DESC, id DESC LIMIT ` + arg(p.Limit+1)
-	return sql, args, nil
+	if bound != nil {
+		conds = append(conds, "(created_at, id) >= ("+arg(bound.at)+"::timestamptz, "+arg(bound.id)+"::uuid)")
+	}
+	sql := `SELECT ` + columns + ` FROM jobs WHERE ` + strings.Join(conds, " AND ") +
+		` ORDER BY created_at DESC, id DESC`
+	if offset > 0 {
+		sql += ` OFFSET ` + arg(offset)
+	}
+	return sql + ` LIMIT ` + arg(limit), args, nil
 }
 
 // encodeCursor makes the opaque cursor of a row: its creation time (µs since the epoch, the

@@ -44,7 +44,7 @@ FROM generate_series(1, 100000) g`)
 		{PageParams{After: cursor, Limit: 50, Credential: "c1"}, "jobs_created_idx"},
 		{PageParams{After: cursor, Limit: 50, Tenant: "t3"}, "jobs_tenant_created_idx"},
 	} {
-		sql, args, err := pageQuery(c.p)
+		sql, args, err := pageQuery(c.p, nil)
 		require.NoError(t, err)
 		var raw []byte
 		require.NoError(t, store.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
@@ -67,6 +67,47 @@ FROM generate_series(1, 100000) g`)
 		require.Equal(t, float64(51), scan.ActualRows, "Limit+1 rows, %+v", c.p)
 		// A filter on a status or credential that is a third of the rows reads ~3 rows per hit.
 		require.Less(t, scan.RowsFiltered, float64(200), "%+v", c.p)
+	}
+
+	// A filtered page's bound (the PageScanRows-th job from the cursor) is read from the page's
+	// index alone, and the page reads no row past it: a filter that matches nothing reads
+	// PageScanRows rows, not the 80,000 left.
+	for _, c := range []struct {
+		p     PageParams
+		index string
+	}{
+		{PageParams{After: cursor, Limit: 50, Credential: "none"}, "jobs_created_idx"},
+		{PageParams{Limit: 50, Tenant: "t3", Status: StatusFailed}, "jobs_tenant_created_idx"},
+	} {
+		bsql, bargs, err := pageBoundQuery(c.p)
+		require.NoError(t, err)
+		var raw []byte
+		var b pageBound
+		require.NoError(t, store.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+bsql, bargs...).Scan(&raw); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, bsql, bargs...).Scan(&b.at, &b.id)
+		}))
+		require.Contains(t, string(raw), `"Index Name": "`+c.index+`"`, "%+v", c.p)
+		require.NotContains(t, string(raw), `"Node Type": "Seq Scan"`)
+		sql, args, err := pageQuery(c.p, &b)
+		require.NoError(t, err)
+		require.NoError(t, store.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql, args...).Scan(&raw)
+		}))
+		require.Contains(t, string(raw), `"Index Name": "`+c.index+`"`, "%+v", c.p)
+		var out []struct {
+			Plan struct {
+				Plans []struct {
+					ActualRows   float64 `json:"Actual Rows"`
+					RowsFiltered float64 `json:"Rows Removed by Filter"`
+				} `json:"Plans"`
+			} `json:"Plan"`
+		}
+		require.NoError(t, json.Unmarshal(raw, &out))
+		scan := out[0].Plan.Plans[0]
+		require.LessOrEqual(t, scan.ActualRows+scan.RowsFiltered, float64(PageScanRows), "%+v: %s", c.p, raw)
 	}
 
 	// And Page walks it: the page after the cursor starts right after it.

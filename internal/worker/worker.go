@@ -339,7 +339,8 @@ func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerte
 		if err != nil {
 			return fmt.Errorf("credential %q: %w", c.Name, err)
 		}
-		lanes = append(lanes, batchlane.Lane{Credential: c.Name, Client: client, Config: c.Batch, Gate: gates[c.Name]})
+		lanes = append(lanes, batchlane.Lane{Credential: c.Name, Client: client, Config: c.Batch, Gate: gates[c.Name],
+			PauseProbeInterval: c.PauseProbeInterval})
 	}
 	if !enabled {
 		return nil

@@ -189,7 +189,10 @@ async function pageJobs(root, params) {
   next.set('after', data.next);
   show(root, h('h1', {}, 'Jobs', h('span', { class: 'muted' }, ' newest first, every tenant')),
     filterForm([['status', 'status', STATUSES], ['tenant', 'tenant'], ['credential', 'credential']], params, (f) => toHash('jobs', f)),
-    data.jobs.length ? jobsTable(data.jobs) : h('p', { class: 'muted' }, 'No jobs match.'),
+    // A filtered page reads at most 10,000 jobs (jobs.PageScanRows): with fewer matches it ends
+    // there, and the next page goes on with older jobs.
+    data.jobs.length ? jobsTable(data.jobs) : h('p', { class: 'muted' },
+      data.next ? 'No job matches among the next 10,000 read; older jobs: next page.' : 'No jobs match.'),
     h('div', { class: 'pager' }, params.get('after') ? h('a', { href: '#/jobs' + (() => { const p = new URLSearchParams(params); p.delete('after'); return p.size ? '?' + p : ''; })() }, '« first page') : null,
       data.next ? h('a', { href: `#/jobs?${next}`, id: 'next-page' }, 'next page »') : null));
 }

@@ -1,0 +1,56 @@
+package jobs_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
+)
+
+// TestStore_PageWithAFilterStopsItsRead: a page whose status or credential filter matches few
+// jobs or none reads at most 10,000 jobs (jobs.PageScanRows) from its cursor, newest first, and
+// ends there with what it found and a cursor that goes on: a filter matching nothing no longer
+// reads the whole table for one page. Paging on finds every match, once, and ends.
+func TestStore_PageWithAFilterStopsItsRead(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	// 25,000 jobs of credential c; the oldest but one is of credential rare.
+	_, err := b.Pool.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline, created_at)
+SELECT gen_random_uuid(), CASE WHEN g = 24999 THEN 'rare' ELSE 'c' END, 'f', 'succeeded', '{}', 3, 60000, now(),
+	now() - g * interval '1 millisecond'
+FROM generate_series(1, 25000) g`)
+	require.NoError(t, err)
+
+	page, err := b.Store.Page(ctx, jobs.PageParams{Credential: "nope"})
+	require.NoError(t, err)
+	require.Empty(t, page.Jobs)
+	require.NotEmpty(t, page.Next, "the read stopped short of the table's end, and says where to go on")
+
+	var found []string
+	pages := 0
+	for p := (jobs.PageParams{Credential: "rare", Limit: 5}); ; pages++ {
+		require.Less(t, pages, 10)
+		page, err := b.Store.Page(ctx, p)
+		require.NoError(t, err)
+		for _, j := range page.Jobs {
+			found = append(found, j.Credential)
+		}
+		if page.Next == "" {
+			break
+		}
+		p.After = page.Next
+	}
+	require.Equal(t, []string{"rare"}, found)
+	require.Equal(t, 2, pages, "10,000 jobs, 10,000 more, then the last 5,000 and the end")
+
+	// Without a filter, or with a page's worth of matches, a page is full as before.
+	page, err = b.Store.Page(ctx, jobs.PageParams{Credential: "c", Limit: 500})
+	require.NoError(t, err)
+	require.Len(t, page.Jobs, 500)
+	page, err = b.Store.Page(ctx, jobs.PageParams{Limit: 500, After: page.Next})
+	require.NoError(t, err)
+	require.Len(t, page.Jobs, 500)
+}
