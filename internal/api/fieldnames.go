@@ -10,7 +10,7 @@ import (
 
 // Field names match exactly. Go's encoding/json, which decodes the submit body and reads the
 // fields of the request that llmq uses (deltastream.Requested: stream; tokens.Count: model,
-// max_tokens, the messages' text), matches a name in any case, Unicode folding included ("ſtream"
+// max_tokens, n, the messages' text), matches a name in any case, Unicode folding included ("ſtream"
 // is "stream" to it), and keeps the last of a name sent twice; a provider matches names exactly.
 // llmq's view of a request (streaming or not, the tokens the limiter reserves, the model) must be
 // the provider's, so such names are refused at submit (checkFieldNames) rather than read.
@@ -33,9 +33,9 @@ var blockFields = &fieldSpec{names: []string{"type", "text"}, typ: "invalid_requ
 
 // requestFields are the names llmq reads in the provider-native request, in either dialect:
 // deltastream.Requested and llm's Send (stream, stream_options), tokens.Count (model, messages'
-// content, system, max_tokens, max_completion_tokens).
+// content, system, max_tokens, max_completion_tokens, OpenAI's n).
 var requestFields = &fieldSpec{
-	names: []string{"model", "messages", "system", "max_tokens", "max_completion_tokens", "stream", "stream_options"},
+	names: []string{"model", "messages", "system", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options"},
 	in: map[string]*fieldSpec{
 		"messages": {names: []string{"content"}, in: map[string]*fieldSpec{"content": blockFields}, typ: "invalid_request"},
 		"system":   blockFields,

@@ -29,6 +29,7 @@ import (
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 func TestMain(m *testing.M) {
@@ -66,6 +67,8 @@ type setupOpts struct {
 	wrap            func(*Server) http.Handler // default: the server itself
 	noAnonymous     bool                       // api.allow_anonymous off
 	credentials     []string                   // configured credentials; default ["default"]
+	kinds           map[string]string          // the credentials' provider kinds; default not checked
+	tokenLimits     map[string]tokens.Limits   // the credentials' configured token limits; default none
 	submitRate      *tenant.RateLimiter        // the tenants' submit rate; default unlimited
 	logger          *slog.Logger               // default: discard
 	signer          *StreamSigner              // signs events_url; default none
@@ -121,7 +124,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	b.tenants = tenant.NewStore(pool, nil)
 	cfg := Config{
 		Store: store, Pool: pool, Redis: rdb, AllowAnonymous: !o.noAnonymous, MaxBodyBytes: o.maxBody, MaxBodyBytesInFlight: o.maxBodyInFlight,
-		Submit: SubmitConfig{Credentials: o.credentials, BatchWindows: o.batchWindows}, Enqueuer: enq,
+		Submit: SubmitConfig{Credentials: o.credentials, BatchWindows: o.batchWindows, Kinds: o.kinds, TokenLimits: o.tokenLimits}, Enqueuer: enq,
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,

@@ -364,14 +364,30 @@ func checkEscapes(raw []byte) error {
 }
 
 // checkTokens refuses a request larger than a whole configured token bucket of its credential or
-// of a fallback: it could never be sent, so it must fail now rather than after a wait.
+// of a fallback (OpenAI's n choices multiply its output): it could never be sent, so it must fail
+// now rather than after a wait. A request it cannot count (an n that is not an integer from 1 to
+// tokens.MaxChoices, say) goes: the provider judges it, and refuses it before any token is used.
+// The request is counted once: fallbacks share the primary's provider kind (checkFallbacks).
 func (s *contract) checkTokens(creds []string, request []byte) error {
+	var (
+		counted  bool
+		kind     string
+		r        tokens.Request
+		countErr error
+	)
+	count := func(k string) (tokens.Request, error) {
+		if !counted || k != kind {
+			r, countErr = tokens.Count(k, request)
+			counted, kind = true, k
+		}
+		return r, countErr
+	}
 	for _, name := range creds {
 		tl, ok := s.cfg.TokenLimits[name]
 		if !ok {
 			continue
 		}
-		r, err := tokens.Count(s.cfg.Kinds[name], request)
+		r, err := count(s.cfg.Kinds[name])
 		if err != nil {
 			continue // the provider judges a body we cannot count
 		}

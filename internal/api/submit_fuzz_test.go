@@ -40,6 +40,9 @@ func FuzzSubmit(f *testing.F) {
 		{`{"request":{"model":"m","Stream":true,"MAX_TOKENS":5}}`, ""},
 		{`{"request":{"model":"m","stream":true,"stream":false,"max_tokens":9,"max_tokens":5}}`, ""},
 		{`{"request":{"model":"m","\u0073tream":true,"max_tok\u0065ns":5}}`, ""},
+		{`{"request":{"model":"m","max_tokens":4096.0}}`, ""},
+		{`{"credential":"oai","request":{"model":"m","max_tokens":5,"n":3}}`, ""},
+		{`{"credential":"oai","request":{"model":"m","n":0}}`, ""},
 	} {
 		f.Add([]byte(seed.body), "default", seed.key)
 	}
@@ -80,10 +83,24 @@ func FuzzSubmit(f *testing.F) {
 		if r, err := tokens.Count(tokens.ProviderAnthropic, p.Request); err == nil {
 			want := tokens.DefaultMaxOutput
 			if raw, ok := req["max_tokens"]; ok && string(raw) != "null" {
-				_ = json.Unmarshal(raw, &want)
+				var f float64 // the providers read 4096.0 as 4096
+				_ = json.Unmarshal(raw, &f)
+				want = int(f)
 			}
 			if r.MaxOutput != want {
 				t.Fatalf("llmq reads max_tokens %d in %q, the provider %d", r.MaxOutput, p.Request, want)
+			}
+		}
+		// An OpenAI request's n multiplies the output reserved: llmq reads the n the provider does.
+		if r, err := tokens.Count(tokens.ProviderOpenAI, p.Request); err == nil {
+			want := 1
+			if raw, ok := req["n"]; ok && string(raw) != "null" {
+				var f float64 // the providers read 3.0 as 3
+				_ = json.Unmarshal(raw, &f)
+				want = int(f)
+			}
+			if r.Choices != want {
+				t.Fatalf("llmq reads n %d in %q, the provider %d", r.Choices, p.Request, want)
 			}
 		}
 		var decoded any

@@ -153,3 +153,25 @@ func TestEstimator_OneOddAnswerWeighsAlpha(t *testing.T) {
 	// The odd ratio counts as MaxRatio (4): 1 + Alpha (0.2) × (4 − 1).
 	require.InDelta(t, 1.6, e.Ratio("k", "claude"), 1e-9)
 }
+
+// TestEstimator_OutputAllowance: the output reserved is what the provider may produce: an OpenAI
+// request's max_tokens times its n (each choice may use it all), and 4096.0 read as 4096, never
+// an error that leaves the job reserving nothing.
+func TestEstimator_OutputAllowance(t *testing.T) {
+	t.Parallel()
+	e, err := estimator.New(nil)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		provider, body string
+		want           int
+	}{
+		{tokens.ProviderOpenAI, `{"model":"g","max_tokens":100,"messages":[]}`, 100},
+		{tokens.ProviderOpenAI, `{"model":"g","max_tokens":100,"n":1,"messages":[]}`, 100},
+		{tokens.ProviderOpenAI, `{"model":"g","max_completion_tokens":100,"n":3,"messages":[]}`, 300},
+		{tokens.ProviderAnthropic, `{"model":"c","max_tokens":4096.0,"messages":[]}`, 4096},
+	} {
+		est, err := e.Estimate("main", tc.provider, []byte(tc.body))
+		require.NoError(t, err, tc.body)
+		require.Equal(t, tc.want, est.MaxOutput, tc.body)
+	}
+}

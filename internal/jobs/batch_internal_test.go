@@ -19,7 +19,7 @@ import (
 func createOp(t *testing.T, meta string) (*batchOp, **Job) {
 	t.Helper()
 	id := uuid.NewString()
-	sql, args := insertJob(id, nil, time.Now().Add(time.Hour), CreateParams{Tenant: "default", Credential: "c",
+	sql, args := insertJob(id, nil, CreateParams{Tenant: "default", Credential: "c",
 		Fingerprint: "f", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
 		Metadata: json.RawMessage(meta)}, nil)
 	var job *Job
@@ -178,7 +178,7 @@ func TestCreate_RerunAfterALostCommitAnswersItsOwnJob(t *testing.T) {
 	p := CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
 		Metadata: json.RawMessage(`{}`)}
 	// Given the first try's batch committed the job (and its event)
-	sql, args := insertJob(id.String(), nil, time.Now().Add(time.Hour), p, nil)
+	sql, args := insertJob(id.String(), nil, p, nil)
 	_, err := pool.Exec(ctx, sql, args...)
 	require.NoError(t, err)
 

@@ -98,7 +98,7 @@ type Begin struct {
 
 // Prepare gives p the ID its job will have (a new one when p has none) and returns the job as
 // Create would insert it, before it exists (what CreateParams.Admit is given). Its CreatedAt
-// and Deadline are this process's clock's, not the row's.
+// and Deadline are this process's clock's, not the row's (whose deadline is on Postgres's).
 func (s *Store) Prepare(p *CreateParams) (*Job, error) {
 	if err := s.assignID(p); err != nil {
 		return nil, err
@@ -219,7 +219,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		if err != nil {
 			return nil, false, err
 		}
-		sql, args := insertJob(id, nil, s.now().Add(p.Timeout), p, begin)
+		sql, args := insertJob(id, nil, p, begin)
 		job, err = s.queryJob(ctx, id, sql, args...)
 		if isJobIDTaken(err) {
 			// The batcher runs a failed batch's statements again one by one. When the batch's
@@ -252,7 +252,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		if err != nil {
 			return err
 		}
-		sql, args := insertJob(id, &p.IdempotencyKey, s.now().Add(p.Timeout), p, begin)
+		sql, args := insertJob(id, &p.IdempotencyKey, p, begin)
 		if job, err = s.scanJob(tx.QueryRow(ctx, sql, args...)); err != nil {
 			return err
 		}
@@ -312,8 +312,10 @@ func createError(err error) error {
 
 // insertJob is the statement that inserts a queued job and its first event (a trigger
 // notifies), answering with the job's columns but its request (scanJob). With begin the job is
-// inserted running, its first attempt counted and leased, and its "running" event follows.
-func insertJob(id string, key *string, deadline time.Time, p CreateParams, begin *Begin) (string, []any) {
+// inserted running, its first attempt counted and leased, and its "running" event follows. The
+// deadline is the timeout from Postgres's clock_timestamp(), not from this host's clock: a
+// skewed API host would move every job's deadline by its skew.
+func insertJob(id string, key *string, p CreateParams, begin *Begin) (string, []any) {
 	var lease *string
 	if begin != nil {
 		lease = &begin.LeaseToken
@@ -323,11 +325,11 @@ WITH j AS (
 	INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
 		max_attempts, timeout_ms, deadline, metadata, event_seq, attempt_timeout_ms, first_byte_timeout_ms, fallbacks,
 		lane, batch_state, priority, attempts, started_at, lease_token, lease_until)
-	VALUES ($1, $2, $3, $4, $5, CASE WHEN $16::uuid IS NULL THEN 'queued' ELSE 'running' END, $6, $7, $8, $9, $10,
-		CASE WHEN $16::uuid IS NULL THEN 1 ELSE 2 END, $11, $12, $13,
-		$14, CASE WHEN $14 = 'batch' THEN 'waiting' END, $15,
-		CASE WHEN $16::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $16::uuid IS NOT NULL THEN now() END,
-		$16::uuid, CASE WHEN $16::uuid IS NOT NULL THEN clock_timestamp() + $17 * interval '1 millisecond' END)
+	VALUES ($1, $2, $3, $4, $5, CASE WHEN $15::uuid IS NULL THEN 'queued' ELSE 'running' END, $6, $7, $8::bigint, clock_timestamp() + $8::bigint * interval '1 millisecond', $9,
+		CASE WHEN $15::uuid IS NULL THEN 1 ELSE 2 END, $10, $11, $12,
+		$13, CASE WHEN $13 = 'batch' THEN 'waiting' END, $14,
+		CASE WHEN $15::uuid IS NULL THEN 0 ELSE 1 END, CASE WHEN $15::uuid IS NOT NULL THEN now() END,
+		$15::uuid, CASE WHEN $15::uuid IS NOT NULL THEN clock_timestamp() + $16 * interval '1 millisecond' END)
 	RETURNING *
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}'::jsonb FROM j
@@ -335,7 +337,7 @@ WITH j AS (
 )
 SELECT ` + jobColumnsNoRequest + ` FROM j`,
 		[]any{id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
-			p.Timeout.Milliseconds(), deadline, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
+			p.Timeout.Milliseconds(), []byte(p.Metadata), positiveMS(p.AttemptTimeout),
 			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), string(cmp.Or(p.Lane, LaneOnline)), cmp.Or(p.Priority, PriorityNormal),
 			lease, AttemptLease.Milliseconds()}
 }

@@ -58,7 +58,7 @@ func (s *Server) anthropicCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	raw, err := io.ReadAll(r.Body)
 	if err == nil {
-		err = json.Unmarshal(raw, &body)
+		err = unmarshalExact(raw, &body)
 	}
 	if err != nil || len(body.Requests) == 0 {
 		badRequest(w, p, "requests: a non-empty list of {custom_id, params} is required")

@@ -153,7 +153,11 @@ func (s *Server) openAICreate(w http.ResponseWriter, r *http.Request) {
 		CompletionWindow string            `json:"completion_window"`
 		Metadata         map[string]string `json:"metadata"`
 	}
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+	raw, err := io.ReadAll(r.Body)
+	if err == nil {
+		err = unmarshalExact(raw, &body)
+	}
+	if err != nil {
 		badRequest(w, p, "body is not valid JSON: %v", err)
 		return
 	}
@@ -179,7 +183,7 @@ func (s *Server) openAICreate(w http.ResponseWriter, r *http.Request) {
 			URL      string          `json:"url"`
 			Body     json.RawMessage `json:"body"`
 		}
-		if err := json.Unmarshal(sc.Bytes(), &line); err != nil || line.CustomID == "" || seen[line.CustomID] ||
+		if err := unmarshalExact(sc.Bytes(), &line); err != nil || line.CustomID == "" || seen[line.CustomID] ||
 			line.Method != "POST" || line.URL != body.Endpoint {
 			badRequest(w, p, "input file line %d: a unique custom_id, method POST and url %s are required", n, body.Endpoint)
 			return

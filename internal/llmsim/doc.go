@@ -15,6 +15,10 @@
 // as the default provider of the local stack, so that everything runs offline
 // with no API key.
 //
+// It reads a request's field names exactly, as the providers do: "Stream" or
+// "ſtream" is not stream, and "Content" is no message text (unmarshalExact).
+// An integral max_tokens written 4096.0 is 4096.
+//
 // # Answers
 //
 // A successful answer is deterministic for a given request body: the reply

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"unicode/utf8"
 )
@@ -36,8 +37,9 @@ type chatRequest struct {
 }
 
 // parseChatRequest validates body as an Anthropic Messages or OpenAI Chat
-// Completions request and extracts what the answer needs. The error message
-// is meant for the client.
+// Completions request and extracts what the answer needs, reading field names
+// exactly as the providers do (unmarshalExact). The error message is meant for
+// the client.
 func parseChatRequest(body []byte) (chatRequest, error) {
 	var raw struct {
 		Model    json.RawMessage `json:"model"`
@@ -52,7 +54,7 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	}
-	if err := json.Unmarshal(body, &raw); err != nil {
+	if err := unmarshalExact(body, &raw); err != nil {
 		return chatRequest{}, fmt.Errorf("request body is not a valid JSON object: %w", err)
 	}
 	var req chatRequest
@@ -70,7 +72,7 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
-	if isNull(raw.Messages) || json.Unmarshal(raw.Messages, &messages) != nil || len(messages) == 0 {
+	if isNull(raw.Messages) || unmarshalExact(raw.Messages, &messages) != nil || len(messages) == 0 {
 		return chatRequest{}, errors.New("messages: Field required (a non-empty array of messages)")
 	}
 	for i, m := range messages {
@@ -106,7 +108,7 @@ func firstToolName(raw json.RawMessage) string {
 			Name string `json:"name"`
 		} `json:"function"`
 	}
-	if isNull(raw) || json.Unmarshal(raw, &tools) != nil || len(tools) == 0 {
+	if isNull(raw) || unmarshalExact(raw, &tools) != nil || len(tools) == 0 {
 		return ""
 	}
 	if tools[0].Name != "" {
@@ -116,7 +118,9 @@ func firstToolName(raw json.RawMessage) string {
 }
 
 // parseMaxTokens reads max_completion_tokens if present, else max_tokens:
-// absent is 0, otherwise it must be a positive integer.
+// absent is 0, otherwise it must be a positive integer. As the providers' JSON
+// Schema "integer", a number with a zero fraction or an exponent (4096.0,
+// 4.096e3) is the integer it equals.
 func parseMaxTokens(maxTokens, maxCompletionTokens json.RawMessage) (int64, error) {
 	name, raw := "max_tokens", maxTokens
 	if !isNull(maxCompletionTokens) {
@@ -126,10 +130,14 @@ func parseMaxTokens(maxTokens, maxCompletionTokens json.RawMessage) (int64, erro
 		return 0, nil
 	}
 	var n int64
-	if json.Unmarshal(raw, &n) != nil || n < 1 {
+	if json.Unmarshal(raw, &n) == nil && n >= 1 {
+		return n, nil
+	}
+	var f float64 // a JSON number only: a string does not decode
+	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f < 1 || f > math.MaxInt32 {
 		return 0, fmt.Errorf("%s: must be a positive integer", name)
 	}
-	return n, nil
+	return int64(f), nil
 }
 
 // contentText returns the text of a content value: a string, an array of
@@ -146,7 +154,7 @@ func contentText(raw json.RawMessage) (string, error) {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
-	if err := json.Unmarshal(raw, &blocks); err != nil {
+	if err := unmarshalExact(raw, &blocks); err != nil {
 		return "", errors.New("must be a string or an array of content blocks")
 	}
 	var b bytes.Buffer

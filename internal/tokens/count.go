@@ -21,8 +21,15 @@ const DefaultMaxOutput = 4096
 // BytesPerToken is the fixed rule's divisor: input tokens = text bytes / BytesPerToken, at least 1.
 const BytesPerToken = 4
 
+// MaxChoices is the largest n (choices) an OpenAI Chat Completions request may ask for.
+const MaxChoices = 128
+
 // ErrInvalidRequest is wrapped by Count's errors: the body is not a request it can read.
 var ErrInvalidRequest = errors.New("tokens: cannot read request")
+
+// ErrInvalidChoices is Count's error for an OpenAI request whose n is not an integer from 1 to
+// MaxChoices. It wraps ErrInvalidRequest.
+var ErrInvalidChoices = fmt.Errorf("%w: n must be an integer from 1 to %d", ErrInvalidRequest, MaxChoices)
 
 // Request is what the fixed rule reads from a request body.
 type Request struct {
@@ -32,15 +39,21 @@ type Request struct {
 	TextBytes int
 	// Input is the rule's input tokens: TextBytes / BytesPerToken, at least 1.
 	Input int
-	// MaxOutput is max_completion_tokens, else max_tokens, else DefaultMaxOutput.
+	// Choices is OpenAI's n, the choices the answer holds (1 when absent, and for Anthropic).
+	Choices int
+	// MaxOutput is the output allowance of the whole answer: max_completion_tokens, else
+	// max_tokens, else DefaultMaxOutput, times Choices (each choice may use the whole allowance,
+	// and the answer's usage counts them all).
 	MaxOutput int
 }
 
 // Count applies the fixed rule to body, an Anthropic Messages (provider "anthropic") or OpenAI
 // Chat Completions ("openai") request. It is pure. It returns an error wrapping
 // ErrInvalidRequest when body is not a JSON object, messages is not an array, a content is
-// neither a string nor an array of blocks, or max_tokens is not a positive integer, and an error
-// for an unknown provider.
+// neither a string nor an array of blocks, or max_tokens is not a positive integer,
+// ErrInvalidChoices for an OpenAI n that is not an integer from 1 to MaxChoices, and an error for
+// an unknown provider. An integral number written with a fraction or an exponent (4096.0, 4.096e3)
+// is that integer, as the providers read it (their JSON Schema's "integer").
 func Count(provider string, body []byte) (Request, error) {
 	if provider != ProviderAnthropic && provider != ProviderOpenAI {
 		return Request{}, fmt.Errorf("count tokens: unknown provider %q", provider)
@@ -54,6 +67,7 @@ func Count(provider string, body []byte) (Request, error) {
 		System              json.RawMessage `json:"system"`
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+		N                   json.RawMessage `json:"n"`
 	}
 	if err := json.Unmarshal(body, &raw); err != nil {
 		var te *json.UnmarshalTypeError
@@ -87,13 +101,37 @@ func Count(provider string, body []byte) (Request, error) {
 		name, v = "max_completion_tokens", raw.MaxCompletionTokens
 	}
 	if !isNull(v) {
-		var n int64
-		if err := json.Unmarshal(v, &n); err != nil || n < 1 || n > math.MaxInt32 {
+		n, ok := integer(v, math.MaxInt32)
+		if !ok {
 			return Request{}, fmt.Errorf("%w: %s must be a positive integer", ErrInvalidRequest, name)
 		}
-		r.MaxOutput = int(n)
+		r.MaxOutput = n
 	}
+	r.Choices = 1
+	if provider == ProviderOpenAI && !isNull(raw.N) {
+		n, ok := integer(raw.N, MaxChoices)
+		if !ok {
+			return Request{}, ErrInvalidChoices
+		}
+		r.Choices = n
+	}
+	r.MaxOutput *= r.Choices // at most MaxInt32 × MaxChoices: no overflow in 64 bits
 	return r, nil
+}
+
+// integer reads raw, a JSON value, as an integer from 1 to limit. A number with a zero fraction
+// or an exponent (4096.0, 4.096e3) is the integer it equals; a string, a fraction (1.5) or a
+// number out of range is not.
+func integer(raw json.RawMessage, limit int) (int, bool) {
+	var n int64
+	if json.Unmarshal(raw, &n) == nil {
+		return int(n), n >= 1 && n <= int64(limit)
+	}
+	var f float64 // a JSON number only: a string is an *UnmarshalTypeError
+	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f < 1 || f > float64(limit) {
+		return 0, false
+	}
+	return int(f), true
 }
 
 // textBytes is the byte length of a content: a string, or the text of an array of blocks

@@ -21,7 +21,7 @@ func TestCount(t *testing.T) {
 		{
 			name: "AnthropicString", provider: tokens.ProviderAnthropic,
 			body: `{"model":"claude-x","max_tokens":200,"messages":[{"role":"user","content":"` + text + `"}]}`,
-			want: tokens.Request{Model: "claude-x", TextBytes: 8000, Input: 2000, MaxOutput: 200},
+			want: tokens.Request{Model: "claude-x", TextBytes: 8000, Input: 2000, Choices: 1, MaxOutput: 200},
 		},
 		{
 			// blocks are joined by a newline; non-text blocks count nothing; system counts
@@ -29,34 +29,34 @@ func TestCount(t *testing.T) {
 			body: `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"abc"}],"messages":[
 				{"role":"user","content":[{"type":"text","text":"hello"},{"type":"image","source":{}},{"type":"text","text":"world"}]},
 				{"role":"assistant","content":"ok"}]}`,
-			want: tokens.Request{Model: "m", TextBytes: 3 + 11 + 2, Input: 4, MaxOutput: 5},
+			want: tokens.Request{Model: "m", TextBytes: 3 + 11 + 2, Input: 4, Choices: 1, MaxOutput: 5},
 		},
 		{
 			name: "AnthropicSystemString", provider: tokens.ProviderAnthropic,
 			body: `{"model":"m","max_tokens":5,"system":"12345678","messages":[{"role":"user","content":"1234"}]}`,
-			want: tokens.Request{Model: "m", TextBytes: 12, Input: 3, MaxOutput: 5},
+			want: tokens.Request{Model: "m", TextBytes: 12, Input: 3, Choices: 1, MaxOutput: 5},
 		},
 		{
 			// OpenAI's system prompt is a message; a top-level "system" is not its API
 			name: "OpenAI", provider: tokens.ProviderOpenAI,
 			body: `{"model":"gpt-x","max_tokens":100,"system":"ignored","messages":[{"role":"system","content":"12345678"},
 				{"role":"user","content":[{"type":"text","text":"1234"}]},{"role":"assistant","content":null}]}`,
-			want: tokens.Request{Model: "gpt-x", TextBytes: 12, Input: 3, MaxOutput: 100},
+			want: tokens.Request{Model: "gpt-x", TextBytes: 12, Input: 3, Choices: 1, MaxOutput: 100},
 		},
 		{
 			name: "OpenAIMaxCompletionTokensWins", provider: tokens.ProviderOpenAI,
 			body: `{"model":"o","max_tokens":100,"max_completion_tokens":300,"messages":[{"role":"user","content":"hi"}]}`,
-			want: tokens.Request{Model: "o", TextBytes: 2, Input: 1, MaxOutput: 300},
+			want: tokens.Request{Model: "o", TextBytes: 2, Input: 1, Choices: 1, MaxOutput: 300},
 		},
 		{
 			name: "DefaultMaxOutputAndAtLeastOneToken", provider: tokens.ProviderOpenAI,
 			body: `{"model":"o","messages":[{"role":"user","content":""}]}`,
-			want: tokens.Request{Model: "o", Input: 1, MaxOutput: tokens.DefaultMaxOutput},
+			want: tokens.Request{Model: "o", Input: 1, Choices: 1, MaxOutput: tokens.DefaultMaxOutput},
 		},
 		{
 			name: "UTF8Bytes", provider: tokens.ProviderAnthropic,
 			body: `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"héllo wörld"}]}`,
-			want: tokens.Request{Model: "m", TextBytes: 13, Input: 3, MaxOutput: 1},
+			want: tokens.Request{Model: "m", TextBytes: 13, Input: 3, Choices: 1, MaxOutput: 1},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,4 +87,65 @@ func TestCount(t *testing.T) {
 		_, err := tokens.Count("gemini", []byte(`{}`))
 		require.ErrorContains(t, err, "unknown provider")
 	})
+}
+
+// TestCount_IntegralNumbers: the providers read 4096.0 as the integer 4096 (their JSON Schema's
+// "integer"); Count reads it so too, rather than failing the count and reserving nothing.
+func TestCount_IntegralNumbers(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		provider, body string
+		want           int
+	}{
+		{tokens.ProviderAnthropic, `{"max_tokens":4096.0,"messages":[]}`, 4096},
+		{tokens.ProviderAnthropic, `{"max_tokens":4.096e3,"messages":[]}`, 4096},
+		{tokens.ProviderAnthropic, `{"max_tokens":1E0,"messages":[]}`, 1},
+		{tokens.ProviderOpenAI, `{"max_tokens":100,"max_completion_tokens":300.00,"messages":[]}`, 300},
+		{tokens.ProviderOpenAI, `{"max_tokens":2147483647.0,"messages":[]}`, 2147483647},
+	} {
+		r, err := tokens.Count(tc.provider, []byte(tc.body))
+		require.NoError(t, err, tc.body)
+		require.Equal(t, tc.want, r.MaxOutput, tc.body)
+	}
+	for _, body := range []string{
+		`{"max_tokens":4096.5,"messages":[]}`, `{"max_tokens":"4096","messages":[]}`, `{"max_tokens":0.0,"messages":[]}`,
+		`{"max_tokens":-1.0,"messages":[]}`, `{"max_tokens":2147483648.0,"messages":[]}`, `{"max_tokens":1e400,"messages":[]}`,
+		`{"max_tokens":true,"messages":[]}`,
+	} {
+		_, err := tokens.Count(tokens.ProviderAnthropic, []byte(body))
+		require.ErrorIs(t, err, tokens.ErrInvalidRequest, body)
+		require.ErrorContains(t, err, "max_tokens must be a positive integer", body)
+	}
+}
+
+// TestCount_Choices: OpenAI's n asks for n choices, each up to the output allowance, and the
+// answer's usage counts them all: the output reserved is the allowance times n.
+func TestCount_Choices(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		provider, body      string
+		choices, wantOutput int
+	}{
+		{tokens.ProviderOpenAI, `{"max_tokens":100,"messages":[]}`, 1, 100},
+		{tokens.ProviderOpenAI, `{"max_tokens":100,"n":null,"messages":[]}`, 1, 100},
+		{tokens.ProviderOpenAI, `{"max_tokens":100,"n":1,"messages":[]}`, 1, 100},
+		{tokens.ProviderOpenAI, `{"max_completion_tokens":100,"n":3,"messages":[]}`, 3, 300},
+		{tokens.ProviderOpenAI, `{"n":3.0,"messages":[]}`, 3, 3 * tokens.DefaultMaxOutput},
+		{tokens.ProviderOpenAI, `{"max_tokens":2147483647,"n":128,"messages":[]}`, 128, 2147483647 * 128},
+		// Anthropic has no n: the field is not its API, and counts nothing.
+		{tokens.ProviderAnthropic, `{"max_tokens":100,"n":3,"messages":[]}`, 1, 100},
+		{tokens.ProviderAnthropic, `{"max_tokens":100,"n":"x","messages":[]}`, 1, 100},
+	} {
+		r, err := tokens.Count(tc.provider, []byte(tc.body))
+		require.NoError(t, err, tc.body)
+		require.Equal(t, tc.choices, r.Choices, tc.body)
+		require.Equal(t, tc.wantOutput, r.MaxOutput, tc.body)
+	}
+	for _, n := range []string{`0`, `-1`, `129`, `1.5`, `"3"`, `true`, `[3]`, `1e400`} {
+		body := `{"max_tokens":100,"n":` + n + `,"messages":[]}`
+		_, err := tokens.Count(tokens.ProviderOpenAI, []byte(body))
+		require.ErrorIs(t, err, tokens.ErrInvalidChoices, body)
+		require.ErrorIs(t, err, tokens.ErrInvalidRequest, body)
+		require.ErrorContains(t, err, "n must be an integer from 1 to 128", body)
+	}
 }

@@ -10,7 +10,10 @@
 // those bytes / 4, at least 1: the rule cmd/llmsim charges, so tests and benchmarks are exact.
 // Images, tool definitions and a provider's own framing are not counted; for real providers the
 // ratio that internal/estimator learns absorbs the difference. MaxOutput is max_completion_tokens
-// (OpenAI) or else max_tokens; DefaultMaxOutput (4,096) when absent.
+// (OpenAI) or else max_tokens; DefaultMaxOutput (4,096) when absent; times OpenAI's n (Choices),
+// since each choice may use the whole allowance and the answer's usage counts them all. An
+// integral number written with a fraction or an exponent (4096.0) is that integer, as the
+// providers' JSON Schema "integer" reads it.
 //
 // No real tokenizer is used: the well-kept pure-Go port of tiktoken (github.com/pkoukk/tiktoken-go)
 // downloads its BPE files at run time unless github.com/pkoukk/tiktoken-go-loader embeds them, and
