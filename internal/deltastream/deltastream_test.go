@@ -439,3 +439,37 @@ func TestRequested_AsTheProviderIsAsked(t *testing.T) {
 		require.Equal(t, tc.want, deltastream.Requested([]byte(tc.body)), "%s", tc.body)
 	}
 }
+
+// TestRequested_EscapedTextIsNotDecoded: a body whose text has non-ASCII characters escaped, as
+// Python's json.dumps writes them ("\u00e9"), and no member "stream" is answered without a
+// decode: a name that decodes to "stream" escapes one of its letters (\u0073, …), which such a
+// body never does. Requested runs on every delivery, lane choice and follow of a job.
+func TestRequested_EscapedTextIsNotDecoded(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's
+	text := strings.Repeat(`Gr\u00fc\u00dfe aus K\u00f6ln, caf\u00e9 \u6771\u4eac `, 2500)
+	body := []byte(`{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"` + text + `"}]}`)
+	require.Greater(t, len(body), 100_000)
+	got := true
+	allocs := testing.AllocsPerRun(5, func() { got = deltastream.Requested(body) })
+	require.False(t, got)
+	require.Zero(t, allocs, "allocations per call for a %d-byte body", len(body))
+	streaming := []byte(`{"model":"m","stre\u0061m":true,"messages":[{"role":"user","content":"` + text + `"}]}`)
+	require.True(t, deltastream.Requested(streaming))
+}
+
+// FuzzRequested: Requested answers as the provider call reads the body (llm's checkRequestBody:
+// the top-level member "stream" of a map decode, true as a JSON bool).
+func FuzzRequested(f *testing.F) {
+	for _, s := range []string{`{"stream":true}`, `{"\u0073tream":true}`, `{"strea\u006D":true}`,
+		`{"stream":true,"stream":null}`, `{"\u0053tream":true}`, `{"x":"\\u0073","stream":false}`,
+		`{"stream": true }`, `{"stream":{"stream":true}}`, `[{"stream":true}]`, `null`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var top map[string]json.RawMessage
+		var want bool
+		if json.Unmarshal(body, &top) == nil {
+			_ = json.Unmarshal(top["stream"], &want)
+		}
+		require.Equal(t, want, deltastream.Requested(body), "%s", body)
+	})
+}

@@ -99,8 +99,8 @@ type SendOptions struct {
 	// provider's stream waits for it. It is never called for a non-streaming answer. The key is
 	// masked in each block's text as in the body, so a block's pieces add up to its text in the
 	// body; a piece's last few characters that may start the key wait for the block's next piece
-	// or its end (Anthropic content_block_stop, the OpenAI choice's finish_reason, else the end
-	// marker), and are dropped when the stream fails.
+	// or its end (Anthropic content_block_stop; else the end marker: an OpenAI finish_reason
+	// does not promise the choice's end), and are dropped when the stream fails.
 	OnDelta func(Delta)
 	// OnStream, when set, is called once for a streamed answer (a 2xx event stream answering a
 	// body with "stream": true) as soon as its headers are in: before its body is read and

@@ -54,9 +54,10 @@ var errStreamIncomplete = errors.New("event stream ended before the answer was c
 // non-streaming call would have returned.
 type assembler interface {
 	// event takes one server-sent event (its name, "" when none, and data), emitting its deltas
-	// and calling end(index) when the provider says the blocks of index (an Anthropic content
-	// block, an OpenAI choice) are complete; it reports done at the provider's end marker and
-	// returns a *StatusError for a mid-stream error event.
+	// and calling end(index) when the provider says the blocks of index are complete (an
+	// Anthropic content_block_stop, after which a delta for the block is refused: no text may
+	// follow a tail end hands on); it reports done at the provider's end marker and returns a
+	// *StatusError for a mid-stream error event.
 	event(name string, data []byte, emit func(Delta), end func(index int)) (done bool, err error)
 	// message returns the assembled body and its usage object.
 	message() (body []byte, usage json.RawMessage, err error)
@@ -286,8 +287,9 @@ func (m *deltaMasker) mask(d Delta) (_ Delta, ok bool) {
 }
 
 // flushIndex hands on the text the blocks of index hold, masked: the provider said they are
-// complete (Anthropic content_block_stop, an OpenAI choice's finish_reason), so that their last
-// characters come before the deltas of the blocks after them, not at the end of the stream.
+// complete (Anthropic content_block_stop), so that their last characters come before the deltas
+// of the blocks after them, not at the end of the stream. The caller must hand on no later text
+// of those blocks: it could complete the key the flushed tail began.
 func (m *deltaMasker) flushIndex(index int, emit func(Delta)) {
 	kept := m.blocks[:0]
 	for _, k := range m.blocks {

@@ -25,6 +25,9 @@ type anthropicBlock struct {
 	json      strings.Builder // tool input
 	signature strings.Builder
 	citations []json.RawMessage // citations_delta's, in order (text blocks)
+	// stopped: its content_block_stop came, and the masker handed on what it held of the block,
+	// so a later delta could complete a key it began: one is refused.
+	stopped bool
 }
 
 func (anthropic) assembler() assembler { return &anthropicAssembler{} }
@@ -53,8 +56,8 @@ type anthropicEvent struct {
 
 func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), end func(int)) (bool, error) {
 	if index, text, ok := textDeltaOf(data); ok {
-		if index >= len(a.blocks) {
-			return false, fmt.Errorf("%w: delta for unknown content block %d", ErrDecode, index)
+		if err := a.open(index); err != nil {
+			return false, err
 		}
 		a.blocks[index].text.WriteString(text)
 		emit(Delta{Type: DeltaText, Index: index, Text: text})
@@ -75,12 +78,14 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		}
 		a.mergeUsage(a.msg["usage"])
 	case "content_block_start":
-		if ev.Index < 0 || ev.Index > len(a.blocks) {
+		// A block started again would take the place of one whose deltas (and held tail) went
+		// out: the body would lose them, and its text could complete a key the tail began.
+		if ev.Index != len(a.blocks) {
 			return false, fmt.Errorf("%w: content block %d out of order", ErrDecode, ev.Index)
 		}
 		b := &anthropicBlock{raw: ev.ContentBlock}
 		_ = json.Unmarshal(b.raw["type"], &b.typ)
-		a.blocks = append(a.blocks[:ev.Index], b)
+		a.blocks = append(a.blocks, b)
 		if b.typ == "tool_use" || b.typ == "server_tool_use" {
 			var id, name string
 			_ = json.Unmarshal(b.raw["id"], &id)
@@ -88,12 +93,13 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 			emit(Delta{Type: DeltaInputJSON, Index: ev.Index, ToolID: id, ToolName: name})
 		}
 	case "content_block_delta":
-		if ev.Index < 0 || ev.Index >= len(a.blocks) {
-			return false, fmt.Errorf("%w: delta for unknown content block %d", ErrDecode, ev.Index)
+		if err := a.open(ev.Index); err != nil {
+			return false, err
 		}
 		a.delta(a.blocks[ev.Index], ev, emit)
 	case "content_block_stop":
-		if ev.Index >= 0 && ev.Index < len(a.blocks) {
+		if ev.Index >= 0 && ev.Index < len(a.blocks) && !a.blocks[ev.Index].stopped {
+			a.blocks[ev.Index].stopped = true
 			end(ev.Index) // its last characters go before the next block's
 		}
 	case "message_delta":
@@ -115,6 +121,17 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		return false, &midStreamError{typ: ev.Error.Type, msg: ev.Error.Message}
 	}
 	return false, nil // ping, and event types added later
+}
+
+// open refuses a delta for a block that was never started or has stopped.
+func (a *anthropicAssembler) open(index int) error {
+	switch {
+	case index < 0 || index >= len(a.blocks):
+		return fmt.Errorf("%w: delta for unknown content block %d", ErrDecode, index)
+	case a.blocks[index].stopped:
+		return fmt.Errorf("%w: delta for content block %d after its content_block_stop", ErrDecode, index)
+	}
+	return nil
 }
 
 // textDeltaOf reads a text delta written as the Messages API writes one,

@@ -435,8 +435,9 @@ func TestDeltaMasker_KeysEndToEndAreHandedOn(t *testing.T) {
 
 // TestReadStream_ABlockEndsBeforeTheNext: a block's last characters that could start the key
 // (held back by the masker) are handed on when the provider ends the block (Anthropic
-// content_block_stop, an OpenAI choice's finish_reason), before the deltas of the blocks after
-// it, not at the end of the stream: a client shows each block complete before the next grows.
+// content_block_stop), before the deltas of the blocks after it, not at the end of the stream: a
+// client shows each block complete before the next grows. An OpenAI choice's finish_reason does
+// not end it (see TestReadStream_KeyAcrossAChoiceEndIsMasked): its tail goes at [DONE].
 func TestReadStream_ABlockEndsBeforeTheNext(t *testing.T) {
 	t.Parallel()
 	c := &client{red: newRedactor("sk-ant-api03-Zq9/x+Y=0123456789abcdef"), now: time.Now}
@@ -484,7 +485,77 @@ func TestReadStream_ABlockEndsBeforeTheNext(t *testing.T) {
 		chunk(choice(1, "", `"stop"`))
 		chunk(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":4,"total_tokens":5}}`)
 		chunk("[DONE]")
-		require.Equal(t, []piece{{0, "ye"}, {1, "no"}, {0, "s"}, {1, " thank"}, {1, "s"}},
+		require.Equal(t, []piece{{0, "ye"}, {1, "no"}, {1, " thank"}, {0, "s"}, {1, "s"}},
 			read(t, b.String(), openAI{}.assembler()))
 	})
+}
+
+// TestReadStream_KeyAcrossAChoiceEndIsMasked: OpenAI-compatible servers send a non-null
+// finish_reason on chunks that are not a choice's last (Ollama writes "finish_reason":"" on every
+// chunk; proxies have sent "stop" on a reasoning chunk and gone on), so a finish_reason does not
+// end a choice's text: a key that such a stream splits across two chunks is masked in the deltas,
+// as in the stored body, and the deltas still add up to the body's text.
+func TestReadStream_KeyAcrossAChoiceEndIsMasked(t *testing.T) {
+	t.Parallel()
+	const key = "sk-ant-api03-Zq9/x+Y=0123456789abcdef"
+	c := &client{red: newRedactor(key), now: time.Now}
+	var b strings.Builder
+	for _, piece := range []string{"the key is ", key[:15], key[15:], " ok"} {
+		fmt.Fprintf(&b, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":%q},\"finish_reason\":\"\"}]}\n\n", piece)
+	}
+	b.WriteString("data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+	var got strings.Builder
+	sr := c.readStream(context.Background(), strings.NewReader(b.String()), openAI{}.assembler(), 1<<30, nil, nil,
+		func(d Delta) { got.WriteString(d.Text) })
+	require.NoError(t, sr.err)
+	require.NoError(t, sr.readErr)
+	require.Empty(t, c.red.spans(got.String()), "a form of the key in the deltas: %q", got.String())
+	c.red.maskBytes(sr.body)
+	var msg struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal(sr.body, &msg))
+	require.Equal(t, msg.Choices[0].Message.Content, got.String(), "the deltas add up to the stored text")
+}
+
+// TestReadStream_DeltaAfterItsBlockStopIsRefused: the masker hands on a block's held-back tail at
+// its content_block_stop, so text for that block after its stop (or after the block is started
+// again) could complete a key the tail began, unmasked; the Messages API sends neither, and a
+// stream that does is refused as one that cannot be assembled (as a delta for a block never
+// started is), its key never handed on whole.
+func TestReadStream_DeltaAfterItsBlockStopIsRefused(t *testing.T) {
+	t.Parallel()
+	const key = "sk-ant-api03-Zq9/x+Y=0123456789abcdef"
+	c := &client{red: newRedactor(key), now: time.Now}
+	const start = `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`
+	for name, tc := range map[string]struct{ delta, restart string }{
+		"fast":      {delta: `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"%s"}}`},
+		"full":      {delta: `{"index":0,"type":"content_block_delta","delta":{"type":"text_delta","text":"%s"}}`},
+		"restarted": {delta: `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"%s"}}`, restart: start},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var b strings.Builder
+			event := func(name, data string) { fmt.Fprintf(&b, "event: %s\ndata: %s\n\n", name, data) }
+			event("message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":1,"output_tokens":1}}}`)
+			event("content_block_start", start)
+			event("content_block_delta", fmt.Sprintf(tc.delta, "the key is "+key[:15]))
+			event("content_block_stop", `{"type":"content_block_stop","index":0}`)
+			if tc.restart != "" {
+				event("content_block_start", tc.restart)
+			}
+			event("content_block_delta", fmt.Sprintf(tc.delta, key[15:]))
+			event("content_block_stop", `{"type":"content_block_stop","index":0}`)
+			event("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}`)
+			event("message_stop", `{"type":"message_stop"}`)
+			var got strings.Builder
+			sr := c.readStream(context.Background(), strings.NewReader(b.String()), anthropic{}.assembler(), 1<<30, nil, nil,
+				func(d Delta) { got.WriteString(d.Text) })
+			require.Empty(t, c.red.spans(got.String()), "a form of the key in the deltas: %q", got.String())
+			require.ErrorIs(t, sr.err, ErrDecode)
+		})
+	}
 }

@@ -69,7 +69,11 @@ type openAIChunk struct {
 	Usage   json.RawMessage     `json:"usage"`
 }
 
-func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), end func(int)) (bool, error) {
+// event never signals a choice's end: a finish_reason does not promise that the choice's text is
+// complete (OpenAI-compatible servers send one on chunks that are not the last: Ollama "" on
+// every chunk, proxies "stop" mid-choice), and a tail handed on there and completed into the key
+// by the next chunk would reach clients unmasked. What a choice holds goes at data: [DONE].
+func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(int)) (bool, error) {
 	if string(bytes.TrimSpace(data)) == "[DONE]" {
 		return true, nil
 	}
@@ -99,9 +103,6 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), end fun
 	}
 	for _, c := range ch.Choices {
 		a.choice(c.Index, c, emit)
-		if len(c.FinishReason) > 0 && string(c.FinishReason) != "null" {
-			end(c.Index) // the choice is complete: its last characters go before other choices' next
-		}
 	}
 	return false, nil
 }
