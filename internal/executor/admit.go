@@ -37,30 +37,35 @@ var errSlotAfterDeadline = errors.New("send slot at or after the job's deadline"
 // draw on the retry budget) has the reservation's script make the breaker's test for admitting
 // without writing (closed and warm, the usual case), saving the breaker's own round trip; in
 // any other state, and on a paused credential, it asks the breaker itself (passBreaker), as the
-// other attempts do.
-func (e *Executor) clear(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (admission, error) {
+// other attempts do. paused is the credential's pause state as guard read it for a slot held in
+// the job row (nil: none read); it is read again after a wait for the breaker.
+func (e *Executor) clear(ctx context.Context, job *jobs.Job, up Upstream, paused *limiter.PauseState, pass *gatePass) (admission, error) {
 	t0 := e.cfg.Now()
 	var lane laneMemo // the tenant's weight is read once per delivery
 	if up.Circuit != nil && up.Gate != nil && job.SlotSeq == nil && (job.Attempts == 0 || !drawsOnRetryBudget(job)) {
-		adm, err := e.admit(ctx, job, up, nil, &lane, pass)
+		adm, err := e.admit(ctx, job, up, nil, nil, &lane, pass)
 		if !errors.Is(err, errAskBreaker) {
 			return adm, err
 		}
 	}
 	// The breaker stage counts the declined test too.
-	circuit, err := e.passBreaker(ctx, job, up, pass, t0)
+	circuit, waited, err := e.passBreaker(ctx, job, up, pass, t0)
 	if err != nil {
 		return admission{}, err
 	}
-	return e.admit(ctx, job, up, circuit, &lane, pass)
+	if waited {
+		paused = nil // read before the breaker's wait: admit reads it again
+	}
+	return e.admit(ctx, job, up, circuit, paused, &lane, pass)
 }
 
 // admit takes the attempt's send slot: the one an earlier delivery held in the job row, or a new
 // one from the credential's gate (see admitGate). A request that can never fit the credential's
 // token limits fails the job; a refusal hands any breaker probe on and may fail the job over.
 // With a credential's breaker but no circuit admission, the gate makes the breaker's test (see
-// clear), and errAskBreaker says it did not admit.
-func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, lane *laneMemo, pass *gatePass) (admission, error) {
+// clear), and errAskBreaker says it did not admit. paused, when not nil, is the credential's
+// pause state already read for the held slot (see guard).
+func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, paused *limiter.PauseState, lane *laneMemo, pass *gatePass) (admission, error) {
 	adm := admission{breaker: circuit}
 	switch {
 	case job.SlotSeq != nil:
@@ -76,13 +81,12 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 			return adm, nil
 		}
 		var err error
-		if adm.pauseProbe, err = e.checkPause(ctx, up, job.ID); err != nil {
+		if adm.pauseProbe, err = e.checkPause(ctx, up, paused, job.ID); err != nil {
 			e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
-			var df *deferral
-			if errors.As(err, &df) && df.unavailable && job.HasNextCredential() {
-				e.releaseSlot(ctx, up, adm) // the job leaves the credential, and its slot
-			}
-			return adm, e.failOver(ctx, job, err, pass)
+			// A job that leaves the credential leaves its slot: given back once the job has
+			// moved, not before (a move that fails leaves the slot in the row, to be sent and
+			// reconciled by the delivery that sends it; a grant is reconciled once).
+			return adm, e.failOver(ctx, job, err, pass, func() { e.releaseSlot(ctx, up, adm) })
 		}
 		return adm, nil
 	case up.Gate == nil:
@@ -107,7 +111,7 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	}
 	if err != nil {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
-		return adm, e.failOver(ctx, job, err, pass)
+		return adm, e.failOver(ctx, job, err, pass, nil)
 	}
 	adm.seq, adm.grant, adm.est, adm.pauseProbe, adm.reportSend = a.seq, a.grant, a.est, a.pauseProbe, a.reportSend
 	adm.probe = a.probe
@@ -156,7 +160,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	// unused, as a canceled job would).
 	drawAfter := false
 	if job.Attempts > 0 && drawsOnRetryBudget(job) {
-		if adm.pauseProbe, err = e.checkPause(ctx, up, ""); err != nil {
+		if adm.pauseProbe, err = e.checkPause(ctx, up, nil, ""); err != nil {
 			return adm, err
 		}
 		opts.UnlessPaused = false
@@ -340,11 +344,18 @@ func laneOf(job *jobs.Job, w int) *limiter.Lane {
 
 // checkPause reads the credential's pause state on its own (restoring one Redis lost, with
 // Config.Pauses) for an attempt that does not reserve a slot with the pause check in the same
-// script: nil error when not paused; when paused, pauseProbe's answer. held is the job ID of a
-// slot held in the job row ("" for none): when the pause's probe was granted with that slot
+// script: nil error when not paused; when paused, pauseProbe's answer. known, when not nil, is
+// the state already read (limiter.Gate.NowAndPaused): it is not read again. held is the job ID of
+// a slot held in the job row ("" for none): when the pause's probe was granted with that slot
 // (limiter.Gate.HoldProbe), it is this attempt's.
-func (e *Executor) checkPause(ctx context.Context, up Upstream, held string) (limiter.PauseProbe, error) {
-	ps, err := up.Gate.Paused(ctx)
+func (e *Executor) checkPause(ctx context.Context, up Upstream, known *limiter.PauseState, held string) (limiter.PauseProbe, error) {
+	var ps limiter.PauseState
+	var err error
+	if known != nil {
+		ps = *known
+	} else {
+		ps, err = up.Gate.Paused(ctx)
+	}
 	if err == nil && ps.Unknown && e.cfg.Pauses != nil {
 		ps, err = e.restorePause(ctx, up)
 	}

@@ -14,15 +14,16 @@ import (
 // while the provider is down, jobs wait without taking a rate slot or counting an attempt, and
 // after the cooldown exactly one probe goes out cluster-wide. It returns the admission to report
 // the call's outcome on (nil without a circuit), or a *deferral (or the fallback's outcome, see
-// failOver) when refused. Its stage is timed from t0.
-func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass, t0 time.Time) (*breaker.Admission, error) {
+// failOver) when refused. Its stage is timed from t0. waited reports that the delivery waited
+// for the breaker (see allowBreaker).
+func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass, t0 time.Time) (_ *breaker.Admission, waited bool, _ error) {
 	if up.Circuit == nil {
-		return nil, nil
+		return nil, false, nil
 	}
-	a, err := e.allowBreaker(ctx, job, up, pass)
+	a, waited, err := e.allowBreaker(ctx, job, up, pass)
 	e.timed(StageBreaker, t0)
 	if err != nil {
-		return nil, err
+		return nil, waited, err
 	}
 	if !a.Allowed {
 		reason := "circuit " + string(a.State)
@@ -31,9 +32,9 @@ func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, 
 			// it rather than fail over.
 			reason = "circuit cold start: waiting for a first answer"
 		}
-		return nil, e.failOver(ctx, job, &deferral{until: e.cfg.Now().Add(a.Wait), reason: reason, unavailable: !a.Capped}, pass)
+		return nil, waited, e.failOver(ctx, job, &deferral{until: e.cfg.Now().Add(a.Wait), reason: reason, unavailable: !a.Capped}, pass, nil)
 	}
-	return &a, nil
+	return &a, waited, nil
 }
 
 // allowBreaker asks the credential's circuit. A refused job due back within MaxInlineWait (the
@@ -42,21 +43,22 @@ func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, 
 // breaker.Listen) or its wait ends: the probe goes at the cooldown's end, and when it closes the
 // breaker the waiting jobs go at once, not a re-check later. A job with a fallback left is not
 // held on an open or half-open breaker: failOver moves it on at once. The wait is out of the
-// backlog gate.
-func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (breaker.Admission, error) {
+// backlog gate. waited reports that it waited.
+func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (_ breaker.Admission, waited bool, _ error) {
 	deadline := e.cfg.Now().Add(e.cfg.MaxInlineWait)
 	for {
 		wake := up.Circuit.Wakeup()
 		a, err := up.Circuit.Allow(ctx)
 		if err != nil || a.Allowed || (!a.Capped && job.HasNextCredential()) {
-			return a, err
+			return a, waited, err
 		}
 		if e.cfg.Now().Add(a.Wait).After(deadline) {
-			return a, nil
+			return a, waited, nil
 		}
 		pass.leave()
+		waited = true
 		if err := breaker.Await(ctx, wake, a.Wait); err != nil {
-			return breaker.Admission{}, err
+			return breaker.Admission{}, waited, err
 		}
 	}
 }
@@ -65,8 +67,9 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream,
 // next fallback at once, and runs the delivery again there, instead of waiting for the
 // credential to heal: sequential waiting is what makes failover slow. Other errors, and jobs
 // without a fallback left, pass through. The delivery there keeps this one's pass in the
-// backlog gate.
-func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass *gatePass) error {
+// backlog gate. left, when not nil, runs once the job has moved (and only then): what the job
+// held on the credential it left is given back there.
+func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass *gatePass, left func()) error {
 	var d *deferral
 	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
 		return err
@@ -77,6 +80,9 @@ func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass 
 	}
 	if !moved {
 		return err
+	}
+	if left != nil {
+		left()
 	}
 	e.cfg.Logger.InfoContext(ctx, "failing over", "job_id", job.ID, "from", job.CurrentCredential(), "reason", d.reason)
 	if err := e.process(ctx, job.ID, false, pass); err != nil {

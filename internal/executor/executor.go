@@ -244,11 +244,11 @@ func (e *Executor) run(ctx context.Context, job *jobs.Job, pass *gatePass) error
 			return err
 		}
 	}
-	up, err := e.guard(ctx, job, pass)
+	up, paused, err := e.guard(ctx, job, pass)
 	if err != nil {
 		return err
 	}
-	adm, err := e.clear(ctx, job, up, pass)
+	adm, err := e.clear(ctx, job, up, paused, pass)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
@@ -41,50 +42,59 @@ func firstDelivery(job *jobs.Job) bool {
 // guard decides whether the job may go on to admission, and with which upstream: not while
 // another delivery's attempt holds it, not past its deadline, not on a credential no longer
 // configured, and not before its retry delay has passed (waited out here when short, after
-// leaving the backlog gate).
-func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Upstream, error) {
+// leaving the backlog gate). For a slot held in the row it returns the credential's pause
+// state, read with the limiter's clock (see waitForAttempt), for admit's check; else nil.
+func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Upstream, *limiter.PauseState, error) {
 	now := e.cfg.Now()
 	if job.Leased(now) {
 		// Another delivery's call is in flight (this one is a duplicate: a re-enqueue after
 		// Redis lost the task, say). Look again soon: by then it may have finished the job or
 		// handed it back (and, if this is the only task left, nothing else would run it).
-		return Upstream{}, leasedDefer(now, *job.LeaseUntil)
+		return Upstream{}, nil, leasedDefer(now, *job.LeaseUntil)
 	}
 	if !now.Before(job.Deadline) {
-		return Upstream{}, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+		return Upstream{}, nil, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
 			Class: jobs.ReasonDeadlineExceeded, Message: "job deadline passed before it could succeed",
 		}})
 	}
 	up, ok := e.cfg.Upstreams[job.CurrentCredential()]
 	if !ok {
 		// Configuration changed under a queued job: nothing can ever send it.
-		return Upstream{}, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+		return Upstream{}, nil, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
 			Class: string(retrypolicy.ClassPermanent), Message: fmt.Sprintf("credential %q is no longer configured", job.CurrentCredential()),
 		}})
 	}
-	if job.NextAttemptAt != nil {
-		if err := e.waitForAttempt(ctx, job, up, pass); err != nil {
-			return Upstream{}, err
-		}
+	if job.NextAttemptAt == nil {
+		return up, nil, nil
 	}
-	return up, nil
+	paused, err := e.waitForAttempt(ctx, job, up, pass)
+	if err != nil {
+		return Upstream{}, nil, err
+	}
+	return up, paused, nil
 }
 
 // waitForAttempt waits for the job's next attempt time (see waitUntil): a retry delay, on this
 // process's clock; or a limiter slot held in the row (jobs.Store.HoldSlot), whose time is the
 // limiter's (limiter.Reservation.SendAt, Redis's clock) and is waited for on it. The slot is not
 // asked for again: measured on a local clock running ahead of Redis's, it would be sent early,
-// into the provider's limit.
-func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) error {
+// into the provider's limit. The limiter's clock is read with the credential's pause state in
+// one round trip (limiter.Gate.NowAndPaused), which it returns for admit's check of the held
+// slot (nil for a retry delay): as a reservation's pause check is, it is the state before a
+// short wait is slept out.
+func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (*limiter.PauseState, error) {
 	if job.SlotSeq == nil || up.Gate == nil {
-		return e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass)
+		return nil, e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass)
 	}
-	now, err := up.Gate.Now(ctx)
+	now, paused, err := up.Gate.NowAndPaused(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The slot's time on this process's clock, as asynq (and the sleep) will measure it.
-	return e.waitUntil(ctx, e.cfg.Now().Add(job.NextAttemptAt.Sub(now)), "rate limit slot", pass)
+	if err := e.waitUntil(ctx, e.cfg.Now().Add(job.NextAttemptAt.Sub(now)), "rate limit slot", pass); err != nil {
+		return nil, err
+	}
+	return &paused, nil
 }
 
 // leaseRecheck is how soon a delivery that found the job leased by another looks again. Not the

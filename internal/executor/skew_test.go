@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
@@ -83,4 +84,50 @@ func TestExecutor_LearnsTheRateOnTheProvidersClock(t *testing.T) {
 	require.Equal(t, limiter.SourceLearned, src)
 	require.Equal(t, 20, got.Burst)
 	require.LessOrEqual(t, got.Rate, 10.0, "no more than the provider refills")
+}
+
+// A held slot postponed once it was due (its credential paused, its breaker open) keeps it in the
+// row with the recheck written on the postponing worker's clock, while the row's time is read on
+// the limiter's: a worker X ahead makes the recheck X late, one X behind X early; never is the
+// slot sent before its time, for it was due when postponed. Here the limiter's clock is the
+// test's; the worker is 8 s ahead of it.
+func TestExecutor_PostponedHeldSlotRecheckShiftsByTheSkew(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const skew = 8 * time.Second
+	clock := clocktest.New(time.Now())
+	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-held-postpone", "held")
+	p := simProvider(t, llmsim.Config{}, "sk-held-postpone")
+	limit := limiter.Limit{Rate: 0.1, Burst: 1} // a slot every 10 s
+	b := jobstest.New(t)
+	upstreams := map[string]executor.Upstream{"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p,
+		Gate: gate, Limit: limit}}
+	ahead := executor.New(executor.Config{Store: b.Store, Upstreams: upstreams, Float64: func() float64 { return 0 },
+		Now: func() time.Time { return clock.Now().Add(skew) }})
+	r, err := gate.Reserve(ctx, limit) // the test takes the slot at hand
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	job := b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	var d *dispatch.DeferError
+	require.ErrorAs(t, ahead.Process(ctx, dispatch.Delivery{JobID: job.ID}), &d)
+	require.Contains(t, d.Reason, "rate limit slot")
+	held, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.WithinDuration(t, clock.Now().Add(10*time.Second), *held.NextAttemptAt, time.Second, "the slot, on the limiter's clock")
+
+	// The slot is due; the credential was paused meanwhile: the job is postponed, the slot kept.
+	_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "other")
+	require.NoError(t, err)
+	clock.Advance(11 * time.Second)
+	require.ErrorAs(t, ahead.Process(ctx, dispatch.Delivery{JobID: job.ID}), &d)
+	require.Contains(t, d.Reason, "credential paused")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.SlotSeq, "the slot is kept")
+	const recheck = 5 * time.Second // pausedRecheck, no spread
+	require.WithinDuration(t, clock.Now().Add(skew+recheck), *got.NextAttemptAt, time.Second,
+		"the recheck, on the worker's clock: the skew late on the limiter's")
+	require.True(t, got.NextAttemptAt.After(*held.NextAttemptAt), "never before the slot")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -373,6 +374,63 @@ func TestExecutor_HeldSlotWaitsForThePause(t *testing.T) {
 	require.Equal(t, 1, sim.Stats().Requests)
 }
 
+// A delivery of a slot held in the job row makes one Redis round trip before its send: the
+// limiter's clock (the slot's time is on it) and the credential's pause state (a held slot does
+// not go on a paused credential) are read together. Under a rate-limit backlog most deliveries
+// are such; reading them apart cost each a second round trip.
+func TestExecutor_HeldSlotDeliveryOneRoundTripBeforeTheSend(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := clocktest.New(time.Now())
+	rdb := redistest.Client(t)
+	trips := &redistest.Trips{}
+	rdb.AddHook(trips)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-held-trips", "held")
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-trips"})
+	require.NoError(t, err)
+	sent := &tripsAtSend{Provider: p, trips: trips}
+	limit := limiter.Limit{Rate: 0.1, Burst: 1} // a slot every 10 s
+	b := jobstest.New(t)
+	ex := executor.New(executor.Config{Store: b.Store, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: sent, Gate: gate, Limit: limit}}})
+	r, err := gate.Reserve(ctx, limit) // the test takes the slot at hand
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	job := b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+	// Every script the delivery may run is in Redis's script cache (a cold one costs an EVAL
+	// after the EVALSHA's NOSCRIPT, a round trip more, once per server).
+	_, err = gate.Now(ctx)
+	require.NoError(t, err)
+	_, _, err = gate.NowAndPaused(ctx)
+	require.NoError(t, err)
+
+	clock.Advance(11 * time.Second) // the slot is due
+	before := trips.Count()
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	require.Equal(t, 1, sim.Stats().Requests)
+	require.Equal(t, 1, int(sent.at.Load())-before, "Redis round trips of a held slot's delivery before its send")
+}
+
+// tripsAtSend is a provider that notes the Redis round trips counted when a request is sent.
+type tripsAtSend struct {
+	llm.Provider
+	trips *redistest.Trips
+	at    atomic.Int64
+}
+
+func (p *tripsAtSend) Send(ctx context.Context, body []byte, opts llm.SendOptions) (*llm.Response, error) {
+	p.at.Store(int64(p.trips.Count()))
+	return p.Provider.Send(ctx, body, opts)
+}
+
 // A slot held in the job row belongs to the row, not to the delivery that read it: a delivery
 // whose attempt's start fails (a store failing; another delivery's lease, taken since the read,
 // takes the same way out) leaves its tokens charged, for the delivery that sends the slot (the
@@ -433,6 +491,108 @@ CREATE TRIGGER refuse_start BEFORE UPDATE OF status ON jobs FOR EACH ROW EXECUTE
 	require.NoError(t, err)
 	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
 	require.Equal(t, 1, sim.Stats().Requests)
+}
+
+// A held slot on a credential paused since is given back when its job moves to its fallback, and
+// only then: when the move fails (Postgres refusing it here; or another delivery took the job
+// meanwhile), the row still holds the slot, and the delivery that sends it (once the credential
+// is resumed) reconciles its tokens. Refunded before the move, the slot still went out later
+// with its tokens never charged (a grant is reconciled once): another request's worth went into
+// the token minute.
+func TestExecutor_HeldSlotOfAJobFailingOver(t *testing.T) {
+	t.Parallel()
+	const tokenMinute = time.Minute
+	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16} // helloRequest's max_tokens
+	// setup holds a slot a minute away for a job with a fallback, pauses its credential and
+	// lets the slot come due.
+	setup := func(t *testing.T) (*jobstest.Bundle, *executor.Executor, *limiter.Gate, *llmsim.Server, *jobs.Job) {
+		ctx := t.Context()
+		clock := clocktest.New(time.Now())
+		lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now,
+			TokenMinute: tokenMinute})
+		require.NoError(t, err)
+		gate := lim.Gate("sk-held-failover", "held")
+		est, err := estimator.New(nil)
+		require.NoError(t, err)
+		b := jobstest.New(t)
+		sim := llmsim.New(llmsim.Config{})
+		srv := httptest.NewServer(sim)
+		t.Cleanup(srv.Close)
+		p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-failover"})
+		require.NoError(t, err)
+		ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+			"held":   {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit},
+			"backup": {Name: "backup", Kind: string(llm.KindAnthropic), Provider: p}}})
+		// The test takes the token minute's output tokens: the job's slot is a minute away, held.
+		r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "held", Fallbacks: []string{"backup"},
+			Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
+		require.NoError(t, err)
+		var deferred *dispatch.DeferError
+		require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+		require.Contains(t, deferred.Reason, "rate limit slot")
+		// The credential is paused; the slot is due.
+		_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "other")
+		require.NoError(t, err)
+		clock.Advance(tokenMinute)
+		return b, ex, gate, sim, job
+	}
+	answeredBy := func(t *testing.T, b *jobstest.Bundle, id, want string) {
+		t.Helper()
+		got, err := b.Store.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusSucceeded, got.Status)
+		require.NotNil(t, got.AnsweredBy)
+		require.Equal(t, want, *got.AnsweredBy)
+	}
+
+	t.Run("Moved", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		b, ex, gate, sim, job := setup(t)
+		require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+		require.Equal(t, 1, sim.Stats().Requests)
+		answeredBy(t, b, job.ID, "backup")
+		// The slot left with the job: its tokens are given back, the minute's next 16 go now.
+		r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+		require.Less(t, r.Wait, tokenMinute/2, "the slot the job left still holds its tokens")
+	})
+
+	t.Run("MoveFails", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		b, ex, gate, sim, job := setup(t)
+		_, err := b.Pool.Exec(ctx, `
+CREATE FUNCTION refuse_move() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'move refused';
+END $$;
+CREATE TRIGGER refuse_move BEFORE UPDATE OF credential_index ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_move()`)
+		require.NoError(t, err)
+		require.ErrorContains(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), "move refused")
+		got, err := b.Store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.NotNil(t, got.SlotSeq, "the row still holds the slot")
+
+		// The slot's tokens are still charged: the minute's next 16 tokens wait for the next minute.
+		r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+		require.GreaterOrEqual(t, r.Wait, tokenMinute/2, "the held slot's tokens were refunded, and the slot is still to go")
+
+		// Resumed, the retried delivery sends the held slot on its credential.
+		_, err = b.Pool.Exec(ctx, `DROP TRIGGER refuse_move ON jobs`)
+		require.NoError(t, err)
+		_, err = gate.Resume(ctx)
+		require.NoError(t, err)
+		require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+		require.Equal(t, 1, sim.Stats().Requests)
+		answeredBy(t, b, job.ID, "held")
+	})
 }
 
 // A paused credential's automatic probe whose slot is too far off to sleep out is held in the

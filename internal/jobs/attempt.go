@@ -94,7 +94,7 @@ const waitingForAttempt = `(status IN ('queued', 'retrying') OR
 // HoldSlot records that the job holds a limiter slot to send at sendAt (sequence seq), so the
 // delivery that comes back for it sends then without reserving again. sendAt is on the limiter's
 // clock (limiter.Reservation.SendAt, Redis's), and so is the job's NextAttemptAt while it holds
-// the slot: the delivery waits for it on that clock (limiter.Gate.Now), not on its host's. It is
+// the slot: the delivery waits for it on that clock (limiter.Gate.NowAndPaused), not on its host's. It is
 // not a transition (no event) and applies only to a job waiting for an attempt (see
 // waitingForAttempt).
 func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq, grant int64) error {
@@ -108,8 +108,10 @@ WHERE id = $1 AND `+waitingForAttempt, id, sendAt, seq, grant)
 
 // Postpone sets the time before which the job's next delivery must not send (a breaker
 // cooldown, a pause, a spent retry budget). A held limiter slot is kept: sending later than a
-// slot is always safe. It is not a transition (no event) and applies only to a job waiting for
-// an attempt (see waitingForAttempt).
+// slot is always safe. until is on the caller's clock, and a row holding a slot is read on the
+// limiter's: the executor postpones a held slot only once it is due, so a host's skew moves the
+// recheck, never the slot (docs/operations.md, Clocks). It is not a transition (no event) and
+// applies only to a job waiting for an attempt (see waitingForAttempt).
 func (s *Store) Postpone(ctx context.Context, id string, until time.Time) error {
 	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, updated_at = now()
 WHERE id = $1 AND `+waitingForAttempt, id, until)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // PauseState is a credential's pause episode.
@@ -94,13 +96,37 @@ func (c *Gate) Paused(ctx context.Context) (PauseState, error) {
 	}
 	m := hash.Val()
 	since, ok := m["since"]
+	return c.pauseState(since, ok, m["reason"], m["job"], len(m) == 0 && known.Val() == 0), nil
+}
+
+// pauseState is the PauseState of a pause hash read: its since field (ok: present), reason and
+// job, and whether neither the hash nor its known flag exists (unknown). It updates the paused
+// gauge.
+func (c *Gate) pauseState(since string, ok bool, reason, job string, unknown bool) PauseState {
 	if !ok {
 		c.l.cfg.Metrics.setPaused(c.name, false)
-		return PauseState{Unknown: len(m) == 0 && known.Val() == 0}, nil
+		return PauseState{Unknown: unknown}
 	}
 	us, _ := strconv.ParseInt(since, 10, 64)
 	c.l.cfg.Metrics.setPaused(c.name, true)
-	return PauseState{Paused: true, Since: time.UnixMicro(us), Reason: m["reason"], FirstJobID: m["job"]}, nil
+	return PauseState{Paused: true, Since: time.UnixMicro(us), Reason: reason, FirstJobID: job}
+}
+
+// NowAndPaused is Now and Paused in one round trip: the limiter's clock and the credential's
+// pause state, read together. A delivery of a slot held in a job row needs both (the slot's
+// time is on the limiter's clock, and a held slot does not go on a paused credential); under a
+// rate-limit backlog most deliveries are such. It returns an error only when Redis fails.
+func (c *Gate) NowAndPaused(ctx context.Context) (time.Time, PauseState, error) {
+	res, err := clockPauseScript.Run(ctx, c.l.rdb, c.pauseKeys(), c.l.nowArg()).Slice()
+	if err != nil {
+		return time.Time{}, PauseState{}, fmt.Errorf("read the limiter's clock and pause state: %w", err)
+	}
+	if len(res) != 5 {
+		return time.Time{}, PauseState{}, fmt.Errorf("read the limiter's clock and pause state: unexpected reply %v", res)
+	}
+	since, ok := res[1].(string)
+	ps := c.pauseState(since, ok, redisscript.String(res[2]), redisscript.String(res[3]), redisscript.Int(res[4]) == 0)
+	return time.UnixMicro(redisscript.Int(res[0])), ps, nil
 }
 
 // RestorePause writes ps, a pause state kept elsewhere (ps.Paused false: not paused), into Redis

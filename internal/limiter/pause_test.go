@@ -343,3 +343,44 @@ func TestGate_HeldProbe(t *testing.T) {
 	require.False(t, mine.Granted(), "a probe the next interval's replaced was taken back")
 	require.NoError(t, gate.HoldProbe(ctx, limiter.PauseProbe{}, "job-a"), "a zero probe is no-op")
 }
+
+// NowAndPaused answers in one round trip what Now and Paused answer: the limiter's clock (the
+// injected one, or Redis TIME) and the pause state, in each state the pause can be in (none
+// known, paused, resumed).
+func TestGate_NowAndPausedIsNowAndPaused(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	check := func(t *testing.T, g *limiter.Gate, wantNow func(got time.Time)) {
+		t.Helper()
+		now, got, err := g.NowAndPaused(ctx)
+		require.NoError(t, err)
+		want, err := g.Paused(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+		wantNow(now)
+	}
+
+	b := setup(t, nil)
+	g := b.lim.Gate("sk-now-paused", "main")
+	onClock := func(got time.Time) { require.True(t, got.Equal(b.clock.Now()), "the injected clock: %v", got) }
+	check(t, g, onClock)
+	_, err := g.Pause(ctx, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	check(t, g, onClock)
+	b.clock.Advance(time.Minute)
+	_, err = g.Resume(ctx)
+	require.NoError(t, err)
+	check(t, g, onClock)
+
+	// On Redis TIME.
+	l, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	g = l.Gate("sk-now-paused", "main")
+	_, err = g.Pause(ctx, "rate_limited_no_retry_after", "job-2")
+	require.NoError(t, err)
+	check(t, g, func(got time.Time) {
+		ref, err := g.Now(ctx)
+		require.NoError(t, err)
+		require.WithinDuration(t, ref, got, time.Second, "Redis's clock")
+	})
+}

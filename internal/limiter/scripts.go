@@ -575,6 +575,18 @@ var clockScript = redis.NewScript(luaCommon + `
 return clock(ARGV[1])
 `)
 
+// clockPauseScript reads the clock the credential's scripts read and its pause state, for a
+// delivery of a slot held in a job row (Gate.NowAndPaused): one round trip for what Now and
+// Paused read.
+//
+// KEYS[1] pause hash (see pauseScript), KEYS[2] its known flag.
+// ARGV[1] now µs, or ""
+// Returns {now µs, since µs or nil (not paused), reason, job, how many of KEYS exist}.
+var clockPauseScript = redis.NewScript(luaCommon + `
+local s = redis.call('HMGET', KEYS[1], 'since', 'reason', 'job')
+return {clock(ARGV[1]), s[1], s[2], s[3], redis.call('EXISTS', KEYS[1], KEYS[2])}
+`)
+
 // currentScript reports the limit in force.
 //
 // KEYS[1] rate hash.

@@ -39,3 +39,44 @@ func (h *ScriptTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		return next(ctx, cmds)
 	}
 }
+
+// Trips is a go-redis hook (client.AddHook) that counts all of the client's round trips: a
+// command, a pipeline or a transaction counts once (a script sent again as EVAL after NOSCRIPT
+// counts twice), a new connection's handshake (HELLO, AUTH, SELECT, CLIENT SETINFO, which go
+// through the hooks too) not at all. It is safe for concurrent use.
+type Trips struct{ n atomic.Int64 }
+
+// Count is how many round trips the client made since the hook was added.
+func (h *Trips) Count() int { return int(h.n.Load()) }
+
+// DialHook implements redis.Hook.
+func (h *Trips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (h *Trips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !isHandshake(cmd) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// isHandshake reports whether cmd is one a new connection sends before it is used.
+func isHandshake(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "auth", "select", "client":
+		return true
+	}
+	return false
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (h *Trips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && !isHandshake(cmds[0]) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
