@@ -358,14 +358,24 @@ func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, id
 	return b.send(ctx, lane, batchRow{ID: id, Credential: lane.Credential, Model: model, State: "committed"}, held)
 }
 
+// sendClaim is how long a send holds its batch against another send (see store.beginSend): past
+// the longest a send of a leader that lost its lock goes on (its pass ends at its next lock check,
+// one Tick on, abandoning its request; a hung request ends at the batch client's timeout, 5
+// minutes by default). A send that ends records its outcome, which ends the claim; one whose
+// process died leaves it, and the next leader looks the batch up once it has run out.
+const sendClaim = 10 * time.Minute
+
 // send submits committed batch row. When a send of it began before (the process died or the
 // call failed without an answer), the provider may hold it already: it is looked up first, and
 // sent again only when the provider has none. A send or look-up that failed is tried again after
 // the polls' backoff (pollDelay), not at every pass: a provider whose batch API is down or
 // overloaded is not asked once a second (for OpenAI, with the batch's file uploaded each time);
-// meanwhile the batch's jobs near their deadline still go online. A send refused with a spend
-// cap pauses the credential (see spendCap) and stays committed, to go once it is resumed. A
-// send that reached the provider ends the pass's pause probe, if one is going (see probed).
+// meanwhile the batch's jobs near their deadline still go online. A send claims its batch for
+// sendClaim (see store.beginSend): a second leader, while a cut-off one may still be sending it,
+// leaves it alone until the claim or the send's outcome ends. A send refused with a spend cap
+// pauses the credential (see spendCap) and stays committed, its claim ended, to go once the
+// credential is resumed. A send that reached the provider ends the pass's pause probe, if one is
+// going (see probed).
 func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLanes) error {
 	if row.NextPollAt != nil && b.cfg.Now().Before(*row.NextPollAt) {
 		return b.unsentFallback(ctx, lane, row)
@@ -373,9 +383,15 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 	later := func() error {
 		return b.store.pollLater(ctx, row.ID, b.cfg.Now().Add(pollDelay(lane.Config, row.Polls)))
 	}
-	reqs, since, frozen, err := b.store.beginSend(ctx, row.ID)
+	now := b.cfg.Now()
+	reqs, since, frozen, err := b.store.beginSend(ctx, row.ID, now, now.Add(sendClaim))
 	if errors.Is(err, errEmpty) {
 		return nil // every job ended before the send: nothing to pay for
+	}
+	if errors.Is(err, errNotDue) {
+		// Another send holds it (a leader cut off from its lock may still be sending it), or
+		// a failed one's backoff does, read since this pass listed the batch.
+		return b.unsentFallback(ctx, lane, row)
 	}
 	if err != nil {
 		return err
@@ -397,8 +413,10 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs); err != nil {
 			b.probed(ctx, lane, held, false) // a probe whose send failed is spent (it may have reached the provider)
 			if d := retrypolicy.Classify(err, b.cfg.Now()); d.Class == retrypolicy.ClassSpendCap {
+				// Refused, so not on its way: the claim ends, and the batch goes once resumed.
 				return errors.Join(fmt.Errorf("send batch %s: a spend cap: %w", row.ID, err),
-					b.spendCap(ctx, lane, held, row, d.DeadReason, err), b.unsentFallback(ctx, lane, row))
+					b.spendCap(ctx, lane, held, row, d.DeadReason, err), b.store.endClaim(ctx, row.ID),
+					b.unsentFallback(ctx, lane, row))
 			}
 			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
 				return b.refused(ctx, row, se)

@@ -49,6 +49,10 @@ ORDER BY created_at LIMIT $2`, credential, limit)
 // errEmpty: none of the jobs a batch was to hold could still join it.
 var errEmpty = errors.New("no job left for the batch")
 
+// errNotDue: a committed batch's send is claimed by another send under way, or waits out a
+// failed send's backoff (see beginSend).
+var errNotDue = errors.New("the batch's send is not due")
+
 // commit inserts batch id and puts ids in it, in one transaction, before anything is sent: a
 // job joins only while it waits (unfinished, in the batch lane, in no batch), so it is in one
 // batch at a time. It returns how many joined, or errEmpty (nothing is stored then).
@@ -111,14 +115,24 @@ FROM provider_batches WHERE state IN ('committed', 'submitted') ORDER BY created
 // recorded with the time the send began. Every call returns the batch's requests in job order
 // (less those that left it since: moved online near their deadline), that time and the frozen
 // count; none left: errEmpty (the batch is marked canceled, nothing to send).
-func (s store) beginSend(ctx context.Context, id string) ([]Request, time.Time, int, error) {
+//
+// Each call claims the send until claimUntil (the batch's next_poll_at, which send reads before
+// it begins, and which the send's outcome replaces: the first poll, or a failed send's backoff).
+// A call while another's claim holds (now before it) sends nothing and returns errNotDue: the
+// other send may still be on its way to the provider (a leader whose lock connection was cut
+// sends on until its next check), and looked up before it lands, the batch would be sent twice.
+func (s store) beginSend(ctx context.Context, id string, now, claimUntil time.Time) ([]Request, time.Time, int, error) {
 	var reqs []Request
 	var since time.Time
 	var frozen int
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var started *time.Time
-		if err := tx.QueryRow(ctx, `SELECT submit_started_at FROM provider_batches WHERE id = $1 FOR UPDATE`, id).Scan(&started); err != nil {
+		var started, due *time.Time
+		if err := tx.QueryRow(ctx, `SELECT submit_started_at, next_poll_at FROM provider_batches WHERE id = $1 FOR UPDATE`,
+			id).Scan(&started, &due); err != nil {
 			return err
+		}
+		if due != nil && now.Before(*due) {
+			return errNotDue
 		}
 		if started == nil {
 			if _, err := tx.Exec(ctx, `UPDATE jobs SET batch_ref = NULL, batch_state = 'not_sent', updated_at = now()
@@ -143,10 +157,10 @@ WHERE batch_ref = $1 AND status NOT IN ('queued', 'running', 'retrying')`, id); 
 			return errEmpty
 		}
 		return tx.QueryRow(ctx, `UPDATE provider_batches SET submit_started_at = coalesce(submit_started_at, now()),
-	requests = CASE WHEN submit_started_at IS NULL THEN $2 ELSE requests END
-WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs)).Scan(&since, &frozen)
+	requests = CASE WHEN submit_started_at IS NULL THEN $2 ELSE requests END, next_poll_at = $3
+WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs), claimUntil).Scan(&since, &frozen)
 	})
-	if errors.Is(err, errEmpty) {
+	if errors.Is(err, errEmpty) || errors.Is(err, errNotDue) {
 		return nil, time.Time{}, 0, err
 	}
 	if err != nil {
@@ -224,6 +238,15 @@ WHERE batch_ref = $1 AND status IN ('queued', 'running', 'retrying') AND batch_s
 func (s store) pollLater(ctx context.Context, id string, next time.Time) error {
 	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET polls = polls + 1, next_poll_at = $2 WHERE id = $1`, id, next); err != nil {
 		return fmt.Errorf("record failed batch poll: %w", err)
+	}
+	return nil
+}
+
+// endClaim ends a committed batch's send claim (see beginSend) after a send the provider
+// refused without taking it: the next pass that may send it does.
+func (s store) endClaim(ctx context.Context, id string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET next_poll_at = NULL WHERE id = $1 AND state = 'committed'`, id); err != nil {
+		return fmt.Errorf("end the send claim of batch %s: %w", id, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -38,10 +39,10 @@ const (
 // Nothing is weakened: each caller still returns only after the transaction holding its statement
 // committed, and each statement keeps its own conditions. A batch whose transaction fails (one
 // statement's error aborts all of them) is run again one statement at a time, so one bad
-// statement fails alone; a statement run alone whose connection broke is run once more, on
-// another connection. So every statement the batcher takes must be safe to run again after a
-// run whose commit answer was lost (see decisions.md): a create recognises its own row, an
-// attempt start its own lease. There is no background goroutine: a statement that finds nothing
+// statement fails alone; a statement run alone whose connection broke is run again, on another
+// connection (see runAlone). So every statement the batcher takes must be safe to run again
+// after a run whose commit answer was lost (see decisions.md): a create recognises its own row,
+// an attempt start its own lease. There is no background goroutine: a statement that finds nothing
 // out or waiting runs on its caller's goroutine (runOwn); otherwise the caller that finds fewer
 // than batchInFlight batches out starts one, which keeps sending what has queued until nothing has.
 type batcher struct {
@@ -176,13 +177,30 @@ func (b *batcher) run(ops []*batchOp) {
 
 // runAlone runs op in a transaction of its own. When the connection broke under it, the statement
 // may have committed without its answer reaching us, or not have reached Postgres at all: it is
-// run once more, on another connection, unless its caller or the batch's time is gone.
+// run again, on another connection, unless its caller or the batch's time is gone; and again,
+// up to once per connection the pool may hold: after a Postgres restart or failover every idle
+// connection of the pool is dead, and the pool hands them out unchecked (it pings only one idle
+// for over a second), so a single try more failed a statement on a server that was back. Each
+// connection that failed leaves the pool, and the last try dials a new one. Past the first try
+// again, one that could not connect at all ends the tries: the server is down, not a connection.
 func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
 	err := op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
-	if err != nil && IsUnavailable(err) && ctx.Err() == nil && op.ctx.Err() == nil {
+	for tries := int32(0); ; tries++ {
+		if !IsUnavailable(err) || ctx.Err() != nil || op.ctx.Err() != nil {
+			return err
+		}
+		if tries > 0 && (!brokenConn(err) || tries >= b.pool.Stat().MaxConns()) {
+			return err
+		}
 		err = op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
 	}
-	return err
+}
+
+// brokenConn reports whether err is a connection that broke (or was dead already) under a
+// statement, so that the statement may run on another; not a failure to connect.
+func brokenConn(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return IsUnavailable(err) && !errors.As(err, &connectErr)
 }
 
 // runTogether sends ops as one batch (one implicit transaction) and reports whether it
