@@ -381,3 +381,44 @@ func TestInvalidConfigFileIsOneLine(t *testing.T) {
 	require.Contains(t, r.errOut, "redis_url")
 	require.Contains(t, r.errOut, "credentials")
 }
+
+// TestMalformedRedisURLHidesPassword: a Redis URL that does not parse (--redis-url, or
+// LLMQ_REDIS_URL, which ctl takes unchecked) is refused in one line naming the problem, without
+// its password: before, the parser's error quoted the whole URL onto the terminal (and into any
+// log of a scripted ctl).
+func TestMalformedRedisURLHidesPassword(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"redis://:hunter2secret@local host:6379/0",
+		"redis://:hunter2secret%zz@localhost:6379/0",
+		"redis-cluster://:hunter2secret@a b:7000,c:7001",
+	} {
+		r := run(t, "--redis-url", u, "--queue", "llmq", "stats")
+		requireOneLineError(t, r, 1, "parse redis")
+		require.NotContains(t, r.errOut, "hunter2secret", "the password of %q", u)
+	}
+}
+
+// TestJobsShow_ModelWithEscapesIsQuoted: the request's model is the tenant's text; one holding
+// terminal escape sequences (a window title, the clipboard: OSC 52) or other unprintable
+// characters is shown quoted and escaped, never written raw to the operator's terminal.
+func TestJobsShow_ModelWithEscapesIsQuoted(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{
+		Tenant: "default", Credential: "default", Fingerprint: "x",
+		Request:     json.RawMessage(`{"model":"m\u001b]52;c;ZWNobyBwd25lZA==\u0007\u202e"}`),
+		MaxAttempts: 3, Timeout: time.Minute,
+	})
+	require.NoError(t, err)
+	r := run(t, "--database-url", b.url, "jobs", "show", job.ID)
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.NotContains(t, r.out, "\x1b")
+	require.NotContains(t, r.out, "\a")
+	require.NotContains(t, r.out, "\u202e")
+	require.Equal(t, `"m\x1b]52;c;ZWNobyBwd25lZA==\a\u202e"`, fields(r.out)["model"])
+
+	job = b.createJob(t)
+	r = run(t, "--database-url", b.url, "jobs", "show", job.ID)
+	require.Equal(t, "m", fields(r.out)["model"], "a plain model as it is")
+}

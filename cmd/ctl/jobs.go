@@ -57,7 +57,7 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 	row("status", j.Status)
 	row("credential", j.Credential)
 	row("priority", j.Priority)
-	row("model", requestModel(j.Request))
+	row("model", printable(requestModel(j.Request))) // the tenant's text
 	row("attempts", fmt.Sprintf("%d/%d", j.Attempts, j.MaxAttempts))
 	row("lane", j.Lane)
 	if j.BatchState != nil {

@@ -103,6 +103,16 @@ func requestModel(req []byte) string {
 	return body.Model
 }
 
+// printable is s for a terminal: s itself, or, when s holds a character that is not printable
+// (a terminal escape sequence, a bidirectional override), s quoted and escaped. For a tenant's
+// text in a table (JSON output escapes them already).
+func printable(s string) string {
+	if strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
 // oneLineText shortens s to n runes on one line, for table cells.
 func oneLineText(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")

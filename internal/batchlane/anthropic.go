@@ -109,6 +109,7 @@ func (c *anthropicClient) Results(ctx context.Context, id string) ([]Result, err
 			_ = json.Unmarshal(line.Result.Error, &e) // an undecodable error is the provider's: 500
 			r.Body, r.ErrorType, r.Message = line.Result.Error, e.Error.Type, e.Error.Message
 			r.Status = anthropicErrorStatus(e.Error.Type)
+			c.cleanError(&r)
 		}
 		out = append(out, r)
 	}

@@ -124,7 +124,7 @@ func (c *openAIClient) Results(ctx context.Context, id string) ([]Result, error)
 		if err != nil {
 			return nil, fmt.Errorf("download batch results file: %w", err)
 		}
-		rs, err := parseOpenAIResults(data)
+		rs, err := c.parseResults(data)
 		if err != nil {
 			return nil, err
 		}
@@ -133,8 +133,8 @@ func (c *openAIClient) Results(ctx context.Context, id string) ([]Result, error)
 	return out, nil
 }
 
-// parseOpenAIResults reads the lines of an output or error file.
-func parseOpenAIResults(data []byte) ([]Result, error) {
+// parseResults reads the lines of an output or error file.
+func (c *openAIClient) parseResults(data []byte) ([]Result, error) {
 	var out []Result
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)
@@ -175,6 +175,7 @@ func parseOpenAIResults(data []byte) ([]Result, error) {
 				r.ErrorType, r.Message = line.Error.Code, line.Error.Message
 			}
 		}
+		c.cleanError(&r)
 		out = append(out, r)
 	}
 	if err := sc.Err(); err != nil {

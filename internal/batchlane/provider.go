@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/llmq/llmq/internal/llm"
 )
 
 // Request is one job in a provider batch: its custom_id (the job ID) and its provider-native
@@ -68,11 +70,17 @@ type Client interface {
 }
 
 // NewClient returns the batch client of a credential of provider kind "anthropic" or "openai".
+// hc (nil: one with a 5-minute timeout) is copied with its CheckRedirect replaced so that
+// redirects are never followed: following one would send the key wherever it points (Go drops
+// Authorization on a redirect to another host, not x-api-key). A 3xx is a *StatusError.
 func NewClient(kind, baseURL, apiKey string, hc *http.Client) (Client, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: 5 * time.Minute}
 	}
-	h := httpClient{base: baseURL, key: apiKey, hc: hc, kind: kind}
+	copied := *hc
+	copied.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	hc = &copied
+	h := httpClient{base: baseURL, key: apiKey, hc: hc, kind: kind, red: llm.NewRedactor(apiKey)}
 	switch kind {
 	case "anthropic":
 		return &anthropicClient{h}, nil
@@ -87,10 +95,20 @@ func NewClient(kind, baseURL, apiKey string, hc *http.Client) (Client, error) {
 // lane reads an answer (a 429 without Retry-After, or a spend-cap code, is a spend cap).
 type StatusError struct {
 	Status int
-	Body   string // at most 512 bytes of the answer
+	// Body is the start of the answer made safe (llm.Redactor.Clean): the API key redacted,
+	// control characters and invalid UTF-8 replaced, at most maxErrorBodyLen bytes.
+	Body string
 	// Header is the answer's header (Retry-After, x-should-retry).
 	Header http.Header
 }
+
+// maxErrorBodyLen caps a StatusError's Body; maxErrorTypeLen and maxErrorMessageLen a result's
+// ErrorType and Message (the online lane's caps, internal/llm).
+const (
+	maxErrorBodyLen    = 512
+	maxErrorTypeLen    = 128
+	maxErrorMessageLen = 512
+)
 
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("provider answered %d: %s", e.Status, e.Body)
@@ -132,9 +150,13 @@ func (e *StatusError) ErrorType() string {
 type httpClient struct {
 	base, key, kind string
 	hc              *http.Client
+	// red removes the key from what the provider answers, which is untrusted as the online
+	// lane's answers are: providers and proxies echo the key (a 401's message, an answer).
+	red llm.Redactor
 }
 
-// do sends one request and returns the body of a 2xx answer, or a *StatusError.
+// do sends one request and returns the body of a 2xx answer, the key masked in it byte for byte
+// (so that its JSON stays valid), or a *StatusError whose Body is cleaned.
 func (c httpClient) do(ctx context.Context, method, path, contentType string, body []byte) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
 	if err != nil {
@@ -162,9 +184,18 @@ func (c httpClient) do(ctx context.Context, method, path, contentType string, bo
 		return nil, fmt.Errorf("batch api %s %s: read answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return nil, &StatusError{Status: resp.StatusCode, Body: string(data[:min(len(data), 512)]), Header: resp.Header}
+		// The whole body is cleaned before it is cut: a key straddling the cut would otherwise
+		// survive in part.
+		return nil, &StatusError{Status: resp.StatusCode, Body: c.red.Clean(string(data), maxErrorBodyLen), Header: resp.Header}
 	}
+	c.red.Mask(data)
 	return data, nil
+}
+
+// cleanError makes a result's error type and message, provider text decoded from JSON (where
+// the key may have been escaped past the byte mask), fit to store and show.
+func (c httpClient) cleanError(r *Result) {
+	r.ErrorType, r.Message = c.red.Clean(r.ErrorType, maxErrorTypeLen), c.red.Clean(r.Message, maxErrorMessageLen)
 }
 
 // doJSON sends v as JSON (nil: no body) and decodes a 2xx answer into out.

@@ -595,8 +595,12 @@ func (cr *Credential) validate(f string, seen map[string]bool, bad func(field, f
 	if cr.Provider != "anthropic" && cr.Provider != "openai" {
 		bad(f+".provider", "must be anthropic or openai (got %q)", cr.Provider)
 	}
-	if u, err := url.Parse(cr.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		bad(f+".base_url", "must be an absolute http(s) URL (got %q)", cr.BaseURL)
+	// Quoted without a password (a proxy's URL may hold one); one that does not parse is not
+	// quoted at all.
+	if u, err := url.Parse(cr.BaseURL); err != nil {
+		bad(f+".base_url", "must be an absolute http(s) URL")
+	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		bad(f+".base_url", "must be an absolute http(s) URL (got %q)", u.Redacted())
 	}
 	if (cr.APIKeyEnv == "") == (cr.APIKeyFile == "") {
 		bad(f, "exactly one of api_key_env and api_key_file is required")

@@ -553,3 +553,21 @@ func TestParse_StreamSecret(t *testing.T) {
 		require.NotContains(t, err.Error(), key, name)
 	}
 }
+
+// TestParse_BadBaseURLHidesItsPassword: an invalid base_url (a proxy's, with a user and
+// password in it) is refused naming the field, without its password: the error of a config
+// goes to every process's log. Before, it was quoted whole.
+func TestParse_BadBaseURLHidesItsPassword(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{
+		"ftp://proxyuser:hunter2secret@proxy:8080",     // parses; wrong scheme
+		"//proxyuser:hunter2secret@proxy:8080/v1",      // parses; not absolute
+		"http://proxyuser:hunter2secret@proxy:80 80",   // does not parse
+		"http://proxyuser:hunter2secret%zz@proxy:8080", // does not parse
+	} {
+		doc := minimal(strings.Replace(goodCred, "http://127.0.0.1:8090", "'"+u+"'", 1), "")
+		_, err := config.Parse(doc, secretEnv)
+		require.ErrorContains(t, err, "credentials[0].base_url", u)
+		require.NotContains(t, err.Error(), "hunter2secret", u)
+	}
+}

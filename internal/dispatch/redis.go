@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -10,12 +11,13 @@ import (
 )
 
 // RedisConnOpt parses a Redis URL for asynq: redis://, rediss://, redis-socket://,
-// redis-sentinel:// (asynq's own forms) and redis-cluster://host:port,host:port.
+// redis-sentinel:// (asynq's own forms) and redis-cluster://host:port,host:port. An error never
+// quotes the URL, which may hold a password.
 func RedisConnOpt(raw string) (asynq.RedisConnOpt, error) {
 	if rest, ok := strings.CutPrefix(raw, "redis-cluster://"); ok {
 		u, err := url.Parse("redis://" + rest)
 		if err != nil {
-			return nil, fmt.Errorf("parse redis cluster url: %w", err)
+			return nil, fmt.Errorf("parse redis cluster url: %w", withoutURL(err))
 		}
 		opt := asynq.RedisClusterClientOpt{Addrs: strings.Split(u.Host, ",")}
 		if u.User != nil {
@@ -24,11 +26,25 @@ func RedisConnOpt(raw string) (asynq.RedisConnOpt, error) {
 		}
 		return opt, nil
 	}
+	// Parsed here first: asynq's error for a URL that does not parse quotes it whole.
+	if _, err := url.Parse(raw); err != nil {
+		return nil, fmt.Errorf("parse redis url: %w", withoutURL(err))
+	}
 	opt, err := asynq.ParseRedisURI(raw)
 	if err != nil {
 		return nil, fmt.Errorf("parse redis url: %w", err)
 	}
 	return opt, nil
+}
+
+// withoutURL is a url.Parse error without the URL it quotes (its password with it): only what
+// is wrong with it.
+func withoutURL(err error) error {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		return uerr.Err
+	}
+	return err
 }
 
 // NewRedisClient returns a go-redis client for the same Redis as opt (for the limiter and
