@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -182,7 +183,8 @@ func (b *batcher) run(ops []*batchOp) {
 // connection of the pool is dead, and the pool hands them out unchecked (it pings only one idle
 // for over a second), so a single try more failed a statement on a server that was back. Each
 // connection that failed leaves the pool, and the last try dials a new one. Past the first try
-// again, one that could not connect at all ends the tries: the server is down, not a connection.
+// again, one that could not connect at all ends the tries (the server is down, not a
+// connection), and so does an error the server answered on a working connection (see brokenConn).
 func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
 	err := op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
 	for tries := int32(0); ; tries++ {
@@ -197,10 +199,22 @@ func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
 }
 
 // brokenConn reports whether err is a connection that broke (or was dead already) under a
-// statement, so that the statement may run on another; not a failure to connect.
+// statement, so that the statement may run on another; not a failure to connect, nor an error
+// the server answered on a connection that works (a statement it canceled, 57014, for a
+// statement_timeout or an operator's cancel; out of memory or disk, class 53): run once per
+// connection the pool may hold, such a statement would wait that many statement_timeouts with
+// the store's other statements queued behind it, and multiply the load of a server that cancels
+// statements because it is overloaded. A server shutting down (57P01-57P03) ends the connection.
 func brokenConn(err error) bool {
 	var connectErr *pgconn.ConnectError
-	return IsUnavailable(err) && !errors.As(err, &connectErr)
+	if !IsUnavailable(err) || errors.As(err, &connectErr) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	return true
 }
 
 // runTogether sends ops as one batch (one implicit transaction) and reports whether it

@@ -2,10 +2,13 @@ package jobs
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -103,4 +106,59 @@ func TestStore_StatementWhilePostgresIsDownDialsOnce(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, IsUnavailable(err), "%v", err)
 	require.LessOrEqual(t, cutter.Refused()-perDial, 2*perDial, "dials refused to the read")
+}
+
+// countingTracer counts the runs of the statements whose SQL holds marker.
+type countingTracer struct {
+	marker string
+	runs   atomic.Int32
+}
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, c.marker) {
+		c.runs.Add(1)
+	}
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A statement the server cancels on a connection that works (a statement_timeout while it waits
+// on a row lock: SQLSTATE 57014, which reads as unavailable) is not a broken connection: it is
+// run again once, as any unavailable one, not once per connection the pool may hold (each a
+// statement_timeout more of waiting, with every other statement of the store queued behind it,
+// and on a server canceling statements because it is overloaded, that many times its load).
+func TestStore_StatementCanceledByTheServerIsNotRunOncePerConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dbURL := pgtest.URL(t)
+	direct, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	cfg, err := pgxpool.ParseConfig(dbURL + "&pool_max_conns=8")
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "100"
+	tracer := &countingTracer{marker: "UPDATE jobs SET status = 'running', attempts = attempts + 1"}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := NewStore(pool, nil)
+	created, _, err := s.Create(ctx, cutTestParams)
+	require.NoError(t, err)
+
+	// When another transaction holds the job's row past the statement_timeout
+	tx, err := direct.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, created.ID)
+	require.NoError(t, err)
+	_, err = s.BeginAttempt(ctx, created.ID)
+
+	// Then the attempt's start fails, canceled by the server, after two runs at most
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "57014", pgErr.Code)
+	require.LessOrEqual(t, tracer.runs.Load(), int32(2), "runs of the canceled statement")
 }
