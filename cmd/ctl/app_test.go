@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -421,4 +422,33 @@ func TestJobsShow_ModelWithEscapesIsQuoted(t *testing.T) {
 	job = b.createJob(t)
 	r = run(t, "--database-url", b.url, "jobs", "show", job.ID)
 	require.Equal(t, "m", fields(r.out)["model"], "a plain model as it is")
+}
+
+// TestJobsShow_LastErrorWithUnprintablesIsQuoted: a job's last error holds the provider's
+// message, which quotes the tenant's text (OpenAI "The model `...` does not exist", Anthropic
+// "model: ..."); the provider text is cleaned of control characters other than white space, but a
+// bidirectional override or a carriage return (which rewrites the line on the terminal) passes.
+// Shown by `ctl jobs show` or `ctl dead list`, it is quoted and escaped, as the model is.
+func TestJobsShow_LastErrorWithUnprintablesIsQuoted(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{
+		Tenant: "default", Credential: "default", Fingerprint: "x",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 1, Timeout: time.Minute,
+	})
+	require.NoError(t, err)
+	msg := "The model `m\u202eexe.txt` does not exist\rall good"
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: "permanent_error",
+		LastError: &jobs.LastError{Class: "permanent", Status: 404, Message: msg}})
+
+	r := run(t, "--database-url", b.url, "jobs", "show", job.ID)
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.NotContains(t, r.out, "\u202e")
+	require.NotContains(t, r.out, "\r")
+	require.Equal(t, strconv.Quote("permanent 404: "+msg), fields(r.out)["last error"])
+
+	r = run(t, "--database-url", b.url, "dead", "list")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.NotContains(t, r.out, "\u202e")
+	require.Contains(t, r.out, `\u202e`)
 }

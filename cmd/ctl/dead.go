@@ -106,7 +106,7 @@ func lastErrorText(le *jobs.LastError) string {
 	if le.Status != 0 {
 		s += fmt.Sprintf(" %d", le.Status)
 	}
-	return oneLineText(s+": "+le.Message, 60)
+	return printable(oneLineText(s+": "+le.Message, 60)) // the provider's text, quoting the tenant's
 }
 
 func (a *app) deadShow(c *cli.Context) error {

@@ -74,7 +74,8 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 		row("dead reason", *j.DeadReason)
 	}
 	if j.LastError != nil {
-		row("last error", fmt.Sprintf("%s %d: %s", j.LastError.Class, j.LastError.Status, j.LastError.Message))
+		// The provider's message, which quotes the tenant's text (a model it does not know).
+		row("last error", printable(fmt.Sprintf("%s %d: %s", j.LastError.Class, j.LastError.Status, j.LastError.Message)))
 	}
 	row("request bytes", len(j.Request))
 	row("result bytes", len(j.Result))

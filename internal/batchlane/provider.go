@@ -100,6 +100,11 @@ type StatusError struct {
 	Body string
 	// Header is the answer's header (Retry-After, x-should-retry).
 	Header http.Header
+
+	// errorType, when typed, is ErrorType read from the whole answer (cleaned), not from Body:
+	// a reason after the 512th byte (a long message first) would be lost in the cut.
+	errorType string
+	typed     bool
 }
 
 // maxErrorBodyLen caps a StatusError's Body; maxErrorTypeLen and maxErrorMessageLen a result's
@@ -108,6 +113,9 @@ const (
 	maxErrorBodyLen    = 512
 	maxErrorTypeLen    = 128
 	maxErrorMessageLen = 512
+	// maxErrorTypeBodyLen is the longest error answer whose reason is read from the whole of it
+	// (a longer one's from Body): the online lane reads 64 KiB of an error answer.
+	maxErrorTypeBodyLen = 64 << 10
 )
 
 func (e *StatusError) Error() string {
@@ -124,6 +132,14 @@ func (e *StatusError) ResponseHeader() http.Header { return e.Header }
 // provider's form: OpenAI error.code, else error.type ({"error":{"type","code"}}); Anthropic
 // error.details.error_code, else error.type. "" when the body says none.
 func (e *StatusError) ErrorType() string {
+	if e.typed {
+		return e.errorType
+	}
+	return errorTypeOf([]byte(e.Body))
+}
+
+// errorTypeOf is ErrorType's reading of an error answer's body.
+func errorTypeOf(data []byte) string {
 	var body struct {
 		Error struct {
 			Type    string          `json:"type"`
@@ -133,7 +149,7 @@ func (e *StatusError) ErrorType() string {
 			} `json:"details"`
 		} `json:"error"`
 	}
-	if json.Unmarshal([]byte(e.Body), &body) != nil {
+	if json.Unmarshal(data, &body) != nil {
 		return ""
 	}
 	var code string
@@ -186,7 +202,11 @@ func (c httpClient) do(ctx context.Context, method, path, contentType string, bo
 	if resp.StatusCode/100 != 2 {
 		// The whole body is cleaned before it is cut: a key straddling the cut would otherwise
 		// survive in part.
-		return nil, &StatusError{Status: resp.StatusCode, Body: c.red.Clean(string(data), maxErrorBodyLen), Header: resp.Header}
+		se := &StatusError{Status: resp.StatusCode, Body: c.red.Clean(string(data), maxErrorBodyLen), Header: resp.Header}
+		if len(data) <= maxErrorTypeBodyLen { // as much as the online lane reads of an error
+			se.errorType, se.typed = c.red.Clean(errorTypeOf(data), maxErrorTypeLen), true
+		}
+		return nil, se
 	}
 	c.red.Mask(data)
 	return data, nil

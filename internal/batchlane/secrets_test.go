@@ -21,6 +21,7 @@ import (
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // secretKey is the credential's API key in these tests, which the provider echoes.
@@ -203,5 +204,37 @@ func TestClient_RedirectNotFollowed(t *testing.T) {
 		require.Zero(t, seen.Load(), "%s: the key went to the redirect's target", provider)
 		require.ErrorAs(t, err, &se, provider)
 		require.Equal(t, http.StatusTemporaryRedirect, se.Status)
+	}
+}
+
+// TestClient_SpendCapCodeAfterTheCutIsRead: an error answer's reason (a spend-cap code) is read
+// from the whole answer, as the online lane reads it, not from the 512 bytes kept in Body: a
+// long message before it (a proxy's, or one quoting the request) hid it, and a spend cap
+// answered with a status that says nothing by itself (402, or a 429 with Retry-After) was not
+// classified as one, so the credential was not paused.
+func TestClient_SpendCapCodeAfterTheCutIsRead(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("you exceeded your current quota; ", 30) // ~1 KB before the code
+	bodies := map[string]string{
+		"openai":    `{"error":{"message":"` + long + `","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`,
+		"anthropic": `{"type":"error","error":{"type":"rate_limit_error","message":"` + long + `","details":{"error_code":"enforced_spend_limit_reached"}}}`,
+	}
+	for provider, body := range bodies {
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Retry-After", "30")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, body)
+		}))
+		t.Cleanup(ts.Close)
+		client, err := batchlane.NewClient(provider, ts.URL, secretKey, ts.Client())
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = client.Submit(ctx, "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"m"}`)}})
+		cancel()
+		var se *batchlane.StatusError
+		require.ErrorAs(t, err, &se, provider)
+		require.LessOrEqual(t, len(se.Body), 512+len("…"), provider)
+		require.Equal(t, retrypolicy.ClassSpendCap, retrypolicy.Classify(err, time.Now()).Class, "%s: %s", provider, se.ErrorType())
 	}
 }
