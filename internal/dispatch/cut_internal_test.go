@@ -115,7 +115,7 @@ func (p *killProxy) close() {
 // wake-up ends it.
 func TestServer_AKilledHoldStillWakes(t *testing.T) {
 	t.Parallel()
-	const poll = 1500 * time.Millisecond
+	const poll = 3 * time.Second // a hold lasts poll/2 at the least: room for a loaded machine
 	proxy := startKillProxy(t, "bzpopmin")
 	r := newWakeRig(t, proxy.url(), poll)
 	begun := r.holdBegun(t, 0)

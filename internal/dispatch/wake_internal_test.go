@@ -94,13 +94,13 @@ func (r *wakeRig) next(t *testing.T) string {
 }
 
 // TestServer_AWakeUpEndsTheHold: an idle server holds its empty dequeue for its poll interval
-// (1.5s here); a task enqueued due now, on the main or the low queue, is delivered well before
+// (3s here); a task enqueued due now, on the main or the low queue, is delivered well before
 // that, and a token ended the hold. On a Redis Cluster too (the wake set and the queue's keys
 // share a slot).
 func TestServer_AWakeUpEndsTheHold(t *testing.T) {
 	t.Parallel()
 	redistest.OnEach(t, func(t *testing.T, target redistest.Target) {
-		const poll = 1500 * time.Millisecond
+		const poll = 3 * time.Second // a hold lasts poll/2 at the least: room for a loaded machine
 		r := newWakeRig(t, target.URL, poll)
 		for i, p := range []jobs.Priority{jobs.PriorityNormal, jobs.PriorityLow} {
 			holds, wakes := r.srv.hook.holds.Load(), r.waitsEndedBy(waitEndedByWakeUp)
@@ -119,7 +119,7 @@ func TestServer_AWakeUpEndsTheHold(t *testing.T) {
 // instead of finding it at the end of its hold.
 func TestServer_AForwardedTaskWakesTheServer(t *testing.T) {
 	t.Parallel()
-	const poll = 1500 * time.Millisecond
+	const poll = 3 * time.Second // a hold lasts poll/2 at the least: room for a loaded machine
 	r := newWakeRig(t, redistest.URL(), poll)
 	begun := r.holdBegun(t, 0)
 	require.NoError(t, r.enq.Enqueue(t.Context(), "later", jobs.PriorityNormal, time.Now().Add(10*time.Millisecond)))
