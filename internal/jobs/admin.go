@@ -129,11 +129,11 @@ type RetryDeadOpts struct {
 
 // RetryDead puts every dead job f selects back to queued and returns them (f.Limit does not
 // apply), each with its priority, which names its task's queue. Each gets a fresh attempt budget
-// (attempts 0), a fresh deadline (now + its timeout), no dead reason, and a "queued" event whose
-// payload names the previous reason. Its earlier attempts stay in job_attempts and the new ones
-// continue their numbering (jobs.attempt_base, migration 002). Jobs that are not dead are left
-// alone and not returned. The caller then enqueues the returned jobs (Tasks.Requeue); one it
-// fails to enqueue is picked up by the sweeper.
+// (attempts 0), a fresh deadline (its timeout from Postgres's clock, as a new job's), no dead
+// reason, and a "queued" event whose payload names the previous reason. Its earlier attempts
+// stay in job_attempts and the new ones continue their numbering (jobs.attempt_base, migration
+// 002). Jobs that are not dead are left alone and not returned. The caller then enqueues the
+// returned jobs (Tasks.Requeue); one it fails to enqueue is picked up by the sweeper.
 //
 // It works in batches of opts.Batch jobs, oldest death first, each in a transaction of its own,
 // so that a retry of 100,000 dead letters never holds their row locks at once (the sweeper, the
@@ -154,10 +154,9 @@ func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts
 	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&began); err != nil {
 		return nil, fmt.Errorf("retry dead jobs: %w", err)
 	}
-	sql, args := retryDeadQuery(f, s.now(), began, o.Batch)
+	sql, args := retryDeadQuery(f, began, o.Batch)
 	var out []Unfinished
 	for {
-		args[0] = s.now() // each batch's deadlines run from its own start
 		rows, err := s.pool.Query(ctx, sql, args...)
 		if err != nil {
 			return out, fmt.Errorf("retry dead jobs: %w", err)
@@ -194,21 +193,22 @@ const retryDeadBatch = 500
 // queued no longer match, so the next batch takes the next ones. The update finds them by
 // primary key (= ANY of an array): joined with the CTE, the planner read the whole table for a
 // few hundred rows out of 20,000.
-// Its first argument is now, which the deadlines run from.
-func retryDeadQuery(f DeadFilter, now, began time.Time, limit int) (string, []any) {
-	args := []any{now, began, limit}
+// Each job's deadline runs from the statement's clock_timestamp(), on Postgres's clock: a
+// retrying host's skew (an API host's console, ctl's) would otherwise be every retried job's.
+func retryDeadQuery(f DeadFilter, began time.Time, limit int) (string, []any) {
+	args := []any{began, limit}
 	where := f.where("d", &args)
 	return `
 WITH old AS (
-	SELECT d.id, d.dead_reason FROM jobs d WHERE ` + where + ` AND d.finished_at <= $2
-	ORDER BY d.finished_at, d.id LIMIT $3
+	SELECT d.id, d.dead_reason FROM jobs d WHERE ` + where + ` AND d.finished_at <= $1
+	ORDER BY d.finished_at, d.id LIMIT $2
 	FOR UPDATE
 ), u AS (
 	UPDATE jobs j SET status = 'queued', attempts = 0,
 		attempt_base = greatest(j.attempt_base + j.attempts,
 			coalesce((SELECT max(a.attempt) FROM job_attempts a WHERE a.job_id = j.id), 0)),
 		dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL,
-		deadline = $1::timestamptz + j.timeout_ms * interval '1 millisecond',
+		deadline = clock_timestamp() + j.timeout_ms * interval '1 millisecond',
 		updated_at = now(), event_seq = j.event_seq + 1
 	WHERE j.id = ANY (ARRAY(SELECT id FROM old))
 	RETURNING j.id, j.event_seq, j.priority

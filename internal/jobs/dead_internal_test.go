@@ -46,7 +46,7 @@ FROM generate_series(1, 20000) g, LATERAL (SELECT CASE WHEN g % 50 = 0 THEN 'dea
 		plan := explain(sql, args...)
 		require.NotContains(t, plan, `"Node Type": "Seq Scan"`, "ListDead %s reads the whole table", name)
 
-		sql, args = retryDeadQuery(f, time.Now(), time.Now(), retryDeadBatch)
+		sql, args = retryDeadQuery(f, time.Now(), retryDeadBatch)
 		plan = explain(sql, args...)
 		require.NotContains(t, plan, `"Node Type": "Seq Scan"`, "RetryDead %s reads the whole table", name)
 	}

@@ -45,7 +45,8 @@ type Store struct {
 	newID func() (uuid.UUID, error) // a new job's ID: uuid.NewV7 (tests fix it)
 }
 
-// NewStore returns a Store on pool. now is the clock used for deadlines; nil means time.Now.
+// NewStore returns a Store on pool. now is the clock of Prepare's job (its CreatedAt and
+// Deadline, an estimate: the rows' deadlines are on Postgres's clock); nil means time.Now.
 func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 	if now == nil {
 		now = time.Now
