@@ -157,6 +157,13 @@ func (b *Batcher) pass(ctx context.Context) error {
 		}
 		switch row.State {
 		case "committed":
+			if row.NextPollAt != nil && b.cfg.Now().Before(*row.NextPollAt) {
+				// Its send is not due (another send's claim, or a failed one's backoff): it reads
+				// no pause, so takes no probe it would not send (the online lane's attempts
+				// would be refused it while the pass goes on, every pass until the send is due).
+				errs = append(errs, b.unsentFallback(ctx, lane, row))
+				continue
+			}
 			if h, err := b.held(ctx, lane, held); h {
 				// Sent when the credential is resumed; meanwhile its jobs near their deadline go
 				// online, as when a send fails.
@@ -222,9 +229,14 @@ func (b *Batcher) held(ctx context.Context, lane Lane, memo heldLanes) (bool, er
 	return h.held, nil
 }
 
-// releaseProbes gives back the pass's probes that no send spent (every batch found before a
-// send, or in its backoff): the next pass may probe at once rather than an interval later.
+// releaseProbes gives back the pass's probes that no send spent (its batches found at the
+// provider, or emptied, before a send): the next pass may probe at once rather than an
+// interval later. It does so also when the pass was canceled (its leader lost the lock, the
+// worker stops), on a context without the cancel, as the executor gives back an unsent
+// attempt's: else the credential's next probe, the online lane's or the next leader's, waits a
+// whole interval.
 func (b *Batcher) releaseProbes(ctx context.Context, memo heldLanes) {
+	ctx = context.WithoutCancel(ctx)
 	for cred, h := range memo {
 		if lane, ok := b.lanes[cred]; ok && h.probe.Granted() {
 			if err := lane.Gate.ReleaseProbe(ctx, h.probe); err != nil {

@@ -264,3 +264,125 @@ func TestBatcher_PausedBatchOnlyCredentialIsProbed(t *testing.T) {
 		require.Equal(t, jobs.StatusRunning, b.get(t, id).Status)
 	}
 }
+
+// cancelingFind is a client whose look-up (Find, the send of a batch begun before) ends the
+// pass as a leader that lost its lock, or a worker shutting down, sees it: cancel is called and
+// the look-up fails with the pass's context.
+type cancelingFind struct {
+	batchlane.Client
+	cancel atomic.Pointer[context.CancelFunc]
+}
+
+func (c *cancelingFind) Find(ctx context.Context, ref string, since time.Time, n int, taken func(string) bool) (string, error) {
+	if cancel := c.cancel.Load(); cancel != nil {
+		(*cancel)()
+		return "", ctx.Err()
+	}
+	return c.Client.Find(ctx, ref, since, n, taken)
+}
+
+// TestBatcher_ProbeOfACanceledPassIsGivenBack: a pass that took the pause's probe and ends
+// canceled (its leader lost the lock, or the worker stops) before any send used it gives it
+// back, as the executor gives back an unsent attempt's (on a context without its cancel): the
+// credential's next probe, the online lane's or the next leader's, may go at once rather than
+// an interval later.
+func TestBatcher_ProbeOfACanceledPassIsGivenBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	p := b.pausable(t)
+	c := b.capping(t)
+	c.capped.Store(true)
+	client := &cancelingFind{Client: c.client}
+	const every = 5 * time.Minute
+	bt := batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics, Pauses: p.pauses,
+		Lanes: []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg, Gate: p.gate,
+			PauseProbeInterval: every}},
+		Enqueue: func(context.Context, string, jobs.Priority) error { return nil }})
+
+	b.submit(t, "on a spent key", 0, 0)
+	b.clock.Advance(fill)
+	_ = bt.Once(t.Context()) // refused with a spend cap: paused, the batch committed, its send begun
+	ps, err := p.gate.Paused(t.Context())
+	require.NoError(t, err)
+	require.True(t, ps.Paused)
+
+	b.clock.Advance(every)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	client.cancel.Store(&cancel)
+	require.ErrorIs(t, bt.Once(ctx), context.Canceled, "the pass took the probe, then was canceled in the look-up")
+	require.Equal(t, int32(1), c.refused.Load(), "nothing sent")
+
+	probe, err := p.gate.TryProbe(t.Context(), every)
+	require.NoError(t, err)
+	require.True(t, probe.Granted(), "the canceled pass's unsent probe was given back")
+	require.NoError(t, p.gate.ReleaseProbe(t.Context(), probe))
+}
+
+// diesInSend is a client whose first Submit ends its pass as a leader's death does mid-send
+// (the pass's context canceled, the request's fate unknown: the batch keeps its send claim), and
+// whose Polls call onPoll, where a test looks at the limiter as the online lane would meanwhile.
+type diesInSend struct {
+	batchlane.Client
+	cancel atomic.Pointer[context.CancelFunc]
+	onPoll atomic.Pointer[func()]
+}
+
+func (c *diesInSend) Submit(ctx context.Context, ref string, reqs []batchlane.Request) (string, error) {
+	if cancel := c.cancel.Swap(nil); cancel != nil {
+		(*cancel)()
+		return "", ctx.Err()
+	}
+	return c.Client.Submit(ctx, ref, reqs)
+}
+
+func (c *diesInSend) Poll(ctx context.Context, id string) (batchlane.State, error) {
+	if f := c.onPoll.Load(); f != nil {
+		(*f)()
+	}
+	return c.Client.Poll(ctx, id)
+}
+
+// TestBatcher_NoProbeForASendNotDue: a committed batch whose send is not due (another send's
+// claim, here a leader that died mid-send, or a failed send's backoff) takes no pause probe: its
+// pass would send nothing with it, and while the pass goes on (polling the other batches) the
+// online lane's attempts would be refused the probe, every pass, until that send is due.
+func TestBatcher_NoProbeForASendNotDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{maxReqs: 1})
+	p := b.pausable(t)
+	client := &diesInSend{Client: b.client}
+	const every = 10 * time.Second
+	bt := batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics, Pauses: p.pauses,
+		Lanes: []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg, Gate: p.gate,
+			PauseProbeInterval: every}},
+		Enqueue: func(context.Context, string, jobs.Priority) error { return nil }})
+
+	claimed := b.submit(t, "its sender died mid-send", 0, 0)
+	dead, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	client.cancel.Store(&cancel)
+	require.Error(t, bt.Once(dead))
+	require.NotEmpty(t, b.batchRefs(t)[claimed.ID], "committed, its send claimed")
+
+	sent := b.submit(t, "sent", 0, 0)
+	once(t, bt)
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+	require.Equal(t, jobs.StatusRunning, b.get(t, sent.ID).Status)
+
+	started, err := p.pauses.Pause(t.Context(), p.gate, "rate_limited_no_retry_after", "")
+	require.NoError(t, err)
+	require.True(t, started)
+	b.clock.Advance(b.cfg.PollInterval) // the probe's interval is past; the sent batch's poll is due, the claim is not over
+	var online []bool
+	look := func() {
+		probe, err := p.gate.TryProbe(t.Context(), every)
+		require.NoError(t, err)
+		online = append(online, probe.Granted())
+		require.NoError(t, p.gate.ReleaseProbe(t.Context(), probe))
+	}
+	client.onPoll.Store(&look)
+	once(t, bt)
+	require.Equal(t, []bool{true}, online, "the online lane may probe during the pass: the batch lane had no send to probe with")
+	require.Equal(t, 1, b.sim.BatchStats().Created, "the claimed batch is not sent")
+}
