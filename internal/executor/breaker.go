@@ -32,9 +32,24 @@ func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, 
 			// it rather than fail over.
 			reason = "circuit cold start: waiting for a first answer"
 		}
-		return nil, waited, e.failOver(ctx, job, &deferral{until: e.cfg.Now().Add(a.Wait), reason: reason, unavailable: !a.Capped}, pass, nil)
+		return nil, waited, e.failOver(ctx, job, &deferral{until: e.cfg.Now().Add(a.Wait), reason: reason, unavailable: !a.Capped}, pass,
+			func() { e.releaseHeld(ctx, job, up) })
 	}
 	return &a, waited, nil
+}
+
+// releaseHeld gives back the slot held in the row of job, which has left up's credential (see
+// failOver): its row no longer holds it, and nothing else would refund its tokens. A job holding
+// none gives back nothing.
+func (e *Executor) releaseHeld(ctx context.Context, job *jobs.Job, up Upstream) {
+	if job.SlotSeq == nil {
+		return
+	}
+	adm := admission{seq: *job.SlotSeq, held: true}
+	if job.SlotGrant != nil {
+		adm.grant = *job.SlotGrant
+	}
+	e.releaseSlot(ctx, up, adm)
 }
 
 // allowBreaker asks the credential's circuit. A refused job due back within MaxInlineWait (the

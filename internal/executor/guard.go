@@ -81,7 +81,8 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Up
 // into the provider's limit. The limiter's clock is read with the credential's pause state in
 // one round trip (limiter.Gate.NowAndPaused), which it returns for admit's check of the held
 // slot (nil for a retry delay): as a reservation's pause check is, it is the state before a
-// short wait is slept out.
+// short wait is slept out. A pause read before a sleep is not returned (nil): a reservation
+// never acts on a pause read before its sleep either.
 func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (*limiter.PauseState, error) {
 	if job.SlotSeq == nil || up.Gate == nil {
 		return nil, e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass)
@@ -93,6 +94,12 @@ func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstrea
 	// The slot's time on this process's clock, as asynq (and the sleep) will measure it.
 	if err := e.waitUntil(ctx, e.cfg.Now().Add(job.NextAttemptAt.Sub(now)), "rate limit slot", pass); err != nil {
 		return nil, err
+	}
+	if paused.Paused && job.NextAttemptAt.After(now) {
+		// Slept since the read: the pause may have ended meanwhile, and acted on as read it
+		// would defer the slot, or move its job off a credential serving again. admit reads it
+		// again (a round trip only on a paused credential, whose check makes more).
+		return nil, nil
 	}
 	return &paused, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
@@ -618,4 +619,214 @@ func TestExecutor_HeldPauseProbeGoes(t *testing.T) {
 	ps, err := u.gate.Paused(ctx)
 	require.NoError(t, err)
 	require.False(t, ps.Paused, "the probe's success resumes the credential")
+}
+
+// A held slot read as paused just before the short wait for its time, and resumed during that
+// wait, goes on its credential when the wait ends. Acted on as read, the stale pause deferred
+// the job as "credential paused" or, with a fallback, moved it off a credential serving again
+// (for good: its slot given back); a reservation never acts on a pause read before a sleep.
+func TestExecutor_HeldSlotResumedDuringItsWaitGoes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := clocktest.New(time.Now())
+	rdb := redistest.Client(t)
+	after := &afterNext{}
+	rdb.AddHook(after)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-held-resumed", "held")
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-resumed"})
+	require.NoError(t, err)
+	limit := limiter.Limit{Rate: 0.1, Burst: 1} // a slot every 10 s
+	b := jobstest.New(t)
+	ex := executor.New(executor.Config{Store: b.Store, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held":   {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit},
+		"backup": {Name: "backup", Kind: string(llm.KindAnthropic), Provider: p}}})
+	r, err := gate.Reserve(ctx, limit) // the test takes the slot at hand
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "held", Fallbacks: []string{"backup"},
+		Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
+	require.NoError(t, err)
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+
+	// The credential is paused; the delivery comes a little early for its slot (asynq hands a
+	// task back up to a second early), reads the pause, and the credential is resumed while it
+	// sleeps out the rest: the delivery's first Redis call is that read.
+	_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "other")
+	require.NoError(t, err)
+	clock.Advance(10*time.Second - 200*time.Millisecond)
+	after.arm(func() {
+		_, err := gate.Resume(context.WithoutCancel(ctx))
+		require.NoError(t, err)
+	})
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	require.False(t, after.armed(), "the resume ran")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	require.NotNil(t, got.AnsweredBy)
+	require.Equal(t, "held", *got.AnsweredBy, "the job left a credential resumed before its send")
+	require.Equal(t, 1, sim.Stats().Requests)
+}
+
+// afterNext is a go-redis hook that runs f once, after the next command (or pipeline) the
+// client sends once armed has returned; f may arm the next.
+type afterNext struct{ f atomic.Pointer[func()] }
+
+func (h *afterNext) arm(f func()) { h.f.Store(&f) }
+
+func (h *afterNext) armed() bool { return h.f.Load() != nil }
+
+func (h *afterNext) run() {
+	if f := h.f.Swap(nil); f != nil {
+		(*f)()
+	}
+}
+
+func (h *afterNext) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *afterNext) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.run()
+		return err
+	}
+}
+
+func (h *afterNext) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.run()
+		return err
+	}
+}
+
+// A held slot's delivery that waits for its breaker reads the pause again after the wait: the
+// state read with the limiter's clock, before it, said not paused, and the credential was paused
+// while the delivery waited for the breaker's probe.
+func TestExecutor_HeldSlotPausedDuringItsBreakerWaitStays(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := clocktest.New(time.Now())
+	rdb := redistest.Client(t)
+	after := &afterNext{}
+	rdb.AddHook(after)
+	prefix := redistest.Prefix(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now})
+	require.NoError(t, err)
+	const cooldown = 100 * time.Millisecond
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix + "brk:", Now: clock.Now, Threshold: 1, Cooldown: cooldown})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-held-brk", "held")
+	circuit := brk.Circuit("sk-held-brk", "held")
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-brk"})
+	require.NoError(t, err)
+	limit := limiter.Limit{Rate: 0.1, Burst: 1} // a slot every 10 s
+	b := jobstest.New(t)
+	ex := executor.New(executor.Config{Store: b.Store, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Circuit: circuit, Limit: limit}}})
+	r, err := gate.Reserve(ctx, limit) // the test takes the slot at hand
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	job := b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+
+	// The slot is due; the breaker opens (its cooldown short enough to wait for).
+	clock.Advance(10 * time.Second)
+	a, err := circuit.Allow(ctx)
+	require.NoError(t, err)
+	require.True(t, a.Allowed)
+	_, err = circuit.Report(ctx, a, breaker.Failure)
+	require.NoError(t, err)
+	// The credential is paused right after the delivery's first Redis call (the clock and the
+	// pause, read together: not paused); its breaker refuses it, and its cooldown ends while it
+	// waits (the clock moved on after that refusal), when the delivery becomes the probe.
+	after.arm(func() {
+		_, err := gate.Pause(context.WithoutCancel(ctx), "rate_limited_no_retry_after", "other")
+		require.NoError(t, err)
+		after.arm(func() { clock.Advance(cooldown) })
+	})
+	err = ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
+	require.False(t, after.armed(), "the pause ran")
+	require.Zero(t, sim.Stats().Requests, "a held slot was sent on a paused credential")
+	require.ErrorAs(t, err, &deferred)
+	require.Contains(t, deferred.Reason, "credential paused")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.SlotSeq, "the slot is kept")
+}
+
+// A held slot whose job fails over from an open breaker is given back once the job has moved,
+// as one failing over from a pause is: the job's row no longer holds it, and nothing else would
+// refund its tokens (the credential's next requests waited for a slot that never went).
+func TestExecutor_HeldSlotOfAJobFailingOverFromAnOpenBreaker(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const tokenMinute = time.Minute
+	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16} // helloRequest's max_tokens
+	clock := clocktest.New(time.Now())
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now, TokenMinute: tokenMinute})
+	require.NoError(t, err)
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix + "brk:", Now: clock.Now, Threshold: 1, Cooldown: time.Hour})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-held-open", "held")
+	circuit := brk.Circuit("sk-held-open", "held")
+	est, err := estimator.New(nil)
+	require.NoError(t, err)
+	b := jobstest.New(t)
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-open"})
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held":   {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Circuit: circuit, Limit: limit},
+		"backup": {Name: "backup", Kind: string(llm.KindAnthropic), Provider: p}}})
+	// The test takes the token minute's output tokens: the job's slot is a minute away, held.
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "held", Fallbacks: []string{"backup"},
+		Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
+	require.NoError(t, err)
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+	// The slot is due; the credential's breaker is open.
+	clock.Advance(tokenMinute)
+	for {
+		a, err := circuit.Allow(ctx)
+		require.NoError(t, err)
+		if !a.Allowed {
+			break
+		}
+		_, err = circuit.Report(ctx, a, breaker.Failure)
+		require.NoError(t, err)
+	}
+
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	require.Equal(t, 1, sim.Stats().Requests)
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	require.NotNil(t, got.AnsweredBy)
+	require.Equal(t, "backup", *got.AnsweredBy)
+	// The slot left with the job: its tokens are given back, the minute's next 16 go now.
+	r, err = gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	require.Less(t, r.Wait, tokenMinute/2, "the slot the job left still holds its tokens")
 }
