@@ -205,7 +205,7 @@ type Breaker struct {
 	memory, refresh int64
 	// wakes are the channels Listen closes when a Report announces a wake-up.
 	wakes wakeHub
-	// calls names each report (see reportScript).
+	// calls names each admission and report (see allowScript and reportScript).
 	calls *redisscript.CallIDs
 }
 
@@ -305,7 +305,8 @@ func (c *Circuit) Allow(ctx context.Context) (Admission, error) {
 	cfg := &b.cfg
 	res, err := allowScript.Run(ctx, b.rdb, []string{c.key, c.lease},
 		b.nowArg(), cfg.ProbeTimeout.Microseconds(), cfg.Recheck.Microseconds(),
-		(cfg.ProbeTimeout + abandonedTTL).Milliseconds(), cfg.Threshold, b.memory, b.leaseTTL).Slice()
+		(cfg.ProbeTimeout + abandonedTTL).Milliseconds(), cfg.Threshold, b.memory, b.leaseTTL,
+		b.calls.Next()).Slice()
 	if err != nil {
 		return Admission{}, fmt.Errorf("breaker allow: %w", err)
 	}

@@ -1,6 +1,8 @@
 package breaker
 
 import (
+	"strconv"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/redisscript"
@@ -43,6 +45,12 @@ end
 // ARGV[5] threshold
 // ARGV[6] success memory µs (0: no cold-start cap)
 // ARGV[7] TTL of a closed key holding leases, ms
+// ARGV[8] the call's id (redisscript.CallIDs; "" or absent: none): an admission that wrote (the
+// probe, a cold-start lease) keeps its reply under KEYS[1]..':call:'..id for
+// redisscript.CallKeep, and a call that finds it returns it again: go-redis sends the call again
+// when its reply was lost with the connection, after Redis may have run it, and the retry must
+// get the probe (or lease), not find it out for ProbeTimeout. A warm closed breaker's admission
+// writes nothing, so it neither looks nor keeps.
 // Returns {allowed 0/1, probe 0/1, state, retry_at µs (0 when allowed), now µs, gen,
 // transitioned 0/1 (this call moved open to half_open), lease id (0: none), capped 0/1 (refused
 // by the cold-start cap)}.
@@ -53,10 +61,22 @@ var allowScript = redis.NewScript(luaCommon + `
 local now = clock(ARGV[1])
 local h = redis.call('HMGET', KEYS[1], 'state', 'gen', 'until', 'fails', 'ok', 'seq')
 local state, gen, untl = h[1], num(h[2]) or 0, num(h[3]) or 0
-if state == false or state == 'closed' then
-  if not cold(now, num(h[5]), tonumber(ARGV[6])) then
-    return {1, 0, 'closed', 0, now, gen, 0, 0, 0}
+local warm = (state == false or state == 'closed') and not cold(now, num(h[5]), tonumber(ARGV[6]))
+if warm then return {1, 0, 'closed', 0, now, gen, 0, 0, 0} end
+-- A call sent again after its reply was lost gets what its first run granted (see ARGV[8]).
+local callkey = nil
+if ARGV[8] ~= nil and ARGV[8] ~= '' then
+  callkey = KEYS[1] .. ':call:' .. ARGV[8]
+  local kept = redis.call('GET', callkey)
+  if kept then return cmsgpack.unpack(kept) end
+end
+local function granted(r)
+  if callkey ~= nil then
+    redis.call('SET', callkey, cmsgpack.pack(r), 'PX', ` + callKeepMS + `)
   end
+  return r
+end
+if state == false or state == 'closed' then
   -- Cold: admit while the requests out plus the failures counted stay under the threshold, so
   -- that opening costs exactly threshold requests however many callers arrive at once. At
   -- least one lease is always possible (a threshold lowered under a stored count).
@@ -69,7 +89,7 @@ if state == false or state == 'closed' then
     redis.call('PEXPIRE', KEYS[1], ARGV[7])
     redis.call('ZADD', KEYS[2], fmt0(now + tonumber(ARGV[2])), fmt0(seq))
     redis.call('PEXPIRE', KEYS[2], fmt0(math.ceil(tonumber(ARGV[2]) / 1000)))
-    return {1, 0, 'closed', 0, now, gen, 0, seq, 0}
+    return granted({1, 0, 'closed', 0, now, gen, 0, seq, 0})
   end
   -- full: ask again after the recheck, or when the first lease expires if that is sooner
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
@@ -83,7 +103,7 @@ if state == 'open' then
   redis.call('HSET', KEYS[1], 'state', 'half_open', 'gen', fmt0(gen), 'since', fmt0(now),
     'until', fmt0(now + pt))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  return {1, 1, 'half_open', 0, now, gen, 1, 0, 0}
+  return granted({1, 1, 'half_open', 0, now, gen, 1, 0, 0})
 end
 -- half_open
 if now < untl then
@@ -93,8 +113,11 @@ end
 gen = gen + 1
 redis.call('HSET', KEYS[1], 'gen', fmt0(gen), 'until', fmt0(now + pt))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {1, 1, 'half_open', 0, now, gen, 0, 0, 0}
+return granted({1, 1, 'half_open', 0, now, gen, 0, 0, 0})
 `)
+
+// callKeepMS is redisscript.CallKeep in ms, as the scripts' SET ... PX takes it.
+var callKeepMS = strconv.FormatInt(redisscript.CallKeep.Milliseconds(), 10)
 
 // reportScript records the outcome of an admitted request.
 //

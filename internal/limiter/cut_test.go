@@ -47,3 +47,39 @@ func TestReserve_LostReplyKeepsTheProbe(t *testing.T) {
 	second := reserve()
 	require.False(t, second.Granted, "the probe is out: the others wait for its answer")
 }
+
+// While the rate is unknown, the limiter lends what the provider said remains; the last slot
+// lent holds every other caller back for ProbeTTL, as a probe does, until an answer says more
+// remains. That slot granted to a call whose reply was lost is the retry's, as a probe is.
+func TestReserve_LostReplyKeepsTheLastLentSlot(t *testing.T) {
+	t.Parallel()
+	prefix := redistest.Prefix(t)
+	clock := clocktest.New(t0)
+	rdb, cut := redistest.CutClient(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	g := lim.Gate("sk-cut", "main")
+	reserve := func() limiter.Reservation {
+		r, err := g.ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
+		require.NoError(t, err)
+		return r
+	}
+
+	// A response gave the limit and one request remaining, but no reset time: the rate is not
+	// known yet, and one request can be lent.
+	require.NoError(t, g.Observe(ctx, limiter.Observation{At: clock.Now(), StatusCode: 200,
+		HeadersKnown: true, Limit: 10, Remaining: 1}))
+	// Redis caches the script first (an EVALSHA that finds it missing runs nothing).
+	_, err = lim.Gate("sk-warm", "main").ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
+	require.NoError(t, err)
+	cut.Arm(prefix + redisscript.CredentialTag("sk-cut") + ":rl")
+	first := reserve()
+	require.Equal(t, 1, cut.Cuts(), "the reservation's reply was lost")
+	require.True(t, first.Granted, "the retry got the slot the first run lent")
+	require.Equal(t, limiter.SourceLearned, first.Source)
+
+	second := reserve()
+	require.False(t, second.Granted, "the slot lent is out: the others wait for its answer")
+}

@@ -6,10 +6,11 @@ package limiter
 // see reserveScript for its fields). It expires LearnTTL after the schedule's last reservation.
 func rateKey(prefix, tag string) string { return prefix + tag + ":rl" }
 
-// The rate hash's name, ":call:" and a call's id holds a granted probe's reply (cmsgpack) for
-// redisscript.CallKeep: the client sends a call again when its reply was lost with the
-// connection (go-redis retries on a connection error, after Redis may have run the script), and
-// the retry must get the probe, not find it out (see reserveScript, which names the key).
+// The rate hash's name, ":call:" and a call's id holds a granted probe's reply (cmsgpack), or
+// that of the last slot lent while the rate is unknown, for redisscript.CallKeep: the client
+// sends a call again when its reply was lost with the connection (go-redis retries on a
+// connection error, after Redis may have run the script), and the retry must get the grant, not
+// find it out (see reserveScript, which names the key).
 
 // budgetKey holds the retry budget's per-bucket counters (a hash). It expires one window after the
 // last attempt.

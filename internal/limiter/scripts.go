@@ -36,9 +36,10 @@ end
 // nohdr, cap, capt): see observeScript.
 // ARGV[1] now µs, or "" for Redis TIME; then a space and the call's id (redisscript.CallIDs): a
 // granted probe's reply is kept redisscript.CallKeep under KEYS[1]..':call:'..id (see keys.go),
-// and a call that finds it returns it again. Only a probe's: a probe nobody observes holds every
-// other caller back for ProbeTTL, while a slot granted twice wastes one of the provider's, rarely
-// (a reply lost with its connection), against a key written for every job
+// and a call that finds it returns it again. Only a probe's, and the last slot lent while the
+// rate is unknown (which holds the others back as a probe does): a probe nobody observes holds
+// every other caller back for ProbeTTL, while a slot granted twice wastes one of the provider's,
+// rarely (a reply lost with its connection), against a key written for every job
 // ARGV[2] configured rate (requests/s; 0 = not configured: use what was learned)
 // ARGV[3] configured burst
 // ARGV[4] phase margin µs
@@ -233,6 +234,9 @@ if nohdr ~= nil and now - nohdr > learnttl then nohdr = nil end
 local lend = nil
 if av ~= nil and avs ~= nil then lend = av - (seq - avs) end
 
+-- KEEPLENT: this grant is the last slot lent while the rate is unknown, which holds the others
+-- back for the probe TTL as a probe does (see below): its reply is kept as a probe's.
+local KEEPLENT = false
 local function reply(granted, send, probe, rate, burst, source, gseq)
   local keep = learnttl
   if tat ~= nil and tat - now + learnttl > keep then keep = tat - now + learnttl end
@@ -245,7 +249,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
       tonumber(ARGV[27]))
   end
   local r = {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM, AREPORT, BGEN}
-  if granted == 1 and probe == 1 and callkey ~= nil then
+  if granted == 1 and (probe == 1 or KEEPLENT) and callkey ~= nil then
     redis.call('SET', callkey, cmsgpack.pack(r), 'PX', ` + strconv.FormatInt(redisscript.CallKeep.Milliseconds(), 10) + `)
   end
   return r
@@ -294,6 +298,7 @@ if rate <= 0 then
     local ok, snd = tgate(math.max(now, nb), math.max(now, nb))
     if not ok then return reply(0, snd, 0, 0, burst, source) end
     redis.call('HSET', key, 'bg', fmt0(now))
+    KEEPLENT = lend < 2
     return reply(1, snd, 0, 0, burst, source, grant(snd))
   end
   local since = pt
