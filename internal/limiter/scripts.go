@@ -84,14 +84,12 @@ end
 var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + luaFair + luaAnchor + `
 local key = KEYS[1]
 -- A call whose reply was lost after it ran (its connection cut) is sent again by the client: a
--- probe it was granted is kept for it (see ARGV[1]), not left out for ProbeTTL.
+-- probe it was granted is kept for it (see ARGV[1]), not left out for ProbeTTL. The retry finds
+-- the probe out (or the lent slot's hold), so it looks for its kept reply there only: a paced
+-- call reads no key more.
 local nowarg, callid = string.match(ARGV[1], '^([^ ]*) ?(.*)$')
 local callkey = nil
-if callid ~= '' then
-  callkey = key .. ':call:' .. callid
-  local kept = redis.call('GET', callkey)
-  if kept then return cmsgpack.unpack(kept) end
-end
+if callid ~= '' then callkey = key .. ':call:' .. callid end
 local now = clock(nowarg)
 -- The breaker's closed-and-warm test, as its allowScript makes it (a closed breaker that is not
 -- cold admits without writing anything): the state, and a Success recorded within the memory.
@@ -304,6 +302,11 @@ if rate <= 0 then
   local since = pt
   if source == 'learned' and bg ~= nil and (since == nil or bg > since) then since = bg end
   if (pr ~= nil and pr > now) or (source == 'learned' and bg ~= nil and now - bg < probettl) then
+    if callkey ~= nil then
+      -- This call's own first run may be the probe (or the last lent slot): its reply was lost.
+      local kept = redis.call('GET', callkey)
+      if kept then return cmsgpack.unpack(kept) end
+    end
     return reply(0, recheck(since), 0, 0, burst, source)
   end
   local ok, snd = tgate(math.max(now, nb), math.max(now, nb))
