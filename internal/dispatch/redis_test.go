@@ -3,9 +3,6 @@ package dispatch_test
 import (
 	"bytes"
 	"context"
-	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,77 +18,26 @@ import (
 // holdingProxy is a TCP proxy to Redis that holds back the replies on every connection that has
 // carried marker, until release: a round trip that takes as long as the test wants.
 type holdingProxy struct {
-	ln      net.Listener
-	target  string
-	marker  []byte
+	*redistest.Proxy
 	release chan struct{}
-	wg      sync.WaitGroup
-
-	mu    sync.Mutex
-	conns []net.Conn
 }
 
-func startHoldingProxy(t *testing.T, target string, marker []byte) *holdingProxy {
+func startHoldingProxy(t *testing.T, marker []byte) *holdingProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &holdingProxy{ln: ln, target: target, marker: marker, release: make(chan struct{})}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *holdingProxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		var held atomic.Bool
-		p.wg.Add(2)
-		// client → Redis: a command with the marker holds this connection's replies
-		go p.pump(s, c, func(b []byte) {
-			if bytes.Contains(b, p.marker) {
-				held.Store(true)
+	p := &holdingProxy{release: make(chan struct{})}
+	p.Proxy = redistest.NewProxy(t,
+		func(c *redistest.ProxyConn, b []byte) { // a command with the marker holds the replies
+			if bytes.Contains(b, marker) {
+				c.Marked.Store(true)
 			}
-		})
-		// Redis → client
-		go p.pump(c, s, func([]byte) {
-			if held.Load() {
+		},
+		func(c *redistest.ProxyConn, _ []byte) {
+			if c.Marked.Load() {
 				<-p.release
 			}
 		})
-	}
-}
-
-// pump copies src to dst, calling before with each chunk before writing it, until either ends;
-// then it closes dst.
-func (p *holdingProxy) pump(dst, src net.Conn, before func([]byte)) {
-	defer p.wg.Done()
-	defer dst.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			before(buf[:n])
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
+	t.Cleanup(p.unhold) // before the proxy closes: its pumps wait for the release
+	return p
 }
 
 // unhold lets every held reply go.
@@ -103,25 +49,14 @@ func (p *holdingProxy) unhold() {
 	}
 }
 
-func (p *holdingProxy) close() {
-	p.unhold()
-	_ = p.ln.Close()
-	p.mu.Lock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
 // clientHeldOn returns a client to Redis through a holdingProxy that holds the replies on every
 // connection that has carried marker. When the test ends the replies go and the client closes.
 func clientHeldOn(t *testing.T, marker string) (*redis.Client, *holdingProxy) {
 	t.Helper()
 	opt, err := redis.ParseURL(redistest.URL())
 	require.NoError(t, err)
-	proxy := startHoldingProxy(t, opt.Addr, []byte(marker))
-	opt.Addr = proxy.ln.Addr().String()
+	proxy := startHoldingProxy(t, []byte(marker))
+	opt.Addr = proxy.Addr()
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() {
 		proxy.unhold()

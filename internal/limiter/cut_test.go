@@ -21,30 +21,12 @@ import (
 // rarely, where keeping every reply would write a key for every job; see reserveScript.)
 func TestReserve_LostReplyKeepsTheProbe(t *testing.T) {
 	t.Parallel()
-	prefix := redistest.Prefix(t)
-	clock := clocktest.New(t0)
-	rdb, cut := redistest.CutClient(t)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now})
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	g := lim.Gate("sk-cut", "main")
-	reserve := func() limiter.Reservation {
-		r, err := g.ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
-		require.NoError(t, err)
-		return r
-	}
-
-	// Redis caches the script first (an EVALSHA that finds it missing runs nothing).
-	_, err = lim.Gate("sk-warm", "main").ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
-	require.NoError(t, err)
-	cut.Arm(prefix + redisscript.CredentialTag("sk-cut") + ":rl")
-	first := reserve()
-	require.Equal(t, 1, cut.Cuts(), "the reservation's reply was lost")
+	r := newCutRig(t)
+	first := r.reserveCut(t)
 	require.True(t, first.Granted, "the retry got the probe the first run took")
 	require.True(t, first.Probe)
 
-	second := reserve()
+	second := r.reserve(t)
 	require.False(t, second.Granted, "the probe is out: the others wait for its answer")
 }
 
@@ -53,33 +35,58 @@ func TestReserve_LostReplyKeepsTheProbe(t *testing.T) {
 // remains. That slot granted to a call whose reply was lost is the retry's, as a probe is.
 func TestReserve_LostReplyKeepsTheLastLentSlot(t *testing.T) {
 	t.Parallel()
-	prefix := redistest.Prefix(t)
-	clock := clocktest.New(t0)
-	rdb, cut := redistest.CutClient(t)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now})
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	g := lim.Gate("sk-cut", "main")
-	reserve := func() limiter.Reservation {
-		r, err := g.ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
-		require.NoError(t, err)
-		return r
-	}
-
+	r := newCutRig(t)
 	// A response gave the limit and one request remaining, but no reset time: the rate is not
 	// known yet, and one request can be lent.
-	require.NoError(t, g.Observe(ctx, limiter.Observation{At: clock.Now(), StatusCode: 200,
+	require.NoError(t, r.gate.Observe(r.ctx, limiter.Observation{At: r.clock.Now(), StatusCode: 200,
 		HeadersKnown: true, Limit: 10, Remaining: 1}))
-	// Redis caches the script first (an EVALSHA that finds it missing runs nothing).
-	_, err = lim.Gate("sk-warm", "main").ReserveAttempt(ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
-	require.NoError(t, err)
-	cut.Arm(prefix + redisscript.CredentialTag("sk-cut") + ":rl")
-	first := reserve()
-	require.Equal(t, 1, cut.Cuts(), "the reservation's reply was lost")
+	first := r.reserveCut(t)
 	require.True(t, first.Granted, "the retry got the slot the first run lent")
 	require.Equal(t, limiter.SourceLearned, first.Source)
 
-	second := reserve()
+	second := r.reserve(t)
 	require.False(t, second.Granted, "the slot lent is out: the others wait for its answer")
+}
+
+// cutRig is a limiter on a client whose connection can lose a reply (redistest.CutClient), and
+// the gate of credential "sk-cut" on it, asking with no limit known (the probe's case).
+type cutRig struct {
+	ctx    context.Context
+	prefix string
+	clock  *clocktest.Clock
+	lim    *limiter.Limiter
+	gate   *limiter.Gate
+	cut    *redistest.Cutter
+}
+
+func newCutRig(t *testing.T) *cutRig {
+	t.Helper()
+	r := &cutRig{prefix: redistest.Prefix(t), clock: clocktest.New(t0)}
+	rdb, cut := redistest.CutClient(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: r.prefix, Now: r.clock.Now})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	t.Cleanup(cancel)
+	r.ctx, r.lim, r.gate, r.cut = ctx, lim, lim.Gate("sk-cut", "main"), cut
+	return r
+}
+
+// reserve asks the gate for a slot.
+func (r *cutRig) reserve(t *testing.T) limiter.Reservation {
+	t.Helper()
+	res, err := r.gate.ReserveAttempt(r.ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
+	require.NoError(t, err)
+	return res
+}
+
+// reserveCut asks as reserve does, the reply of its first run lost (go-redis sends it again).
+func (r *cutRig) reserveCut(t *testing.T) limiter.Reservation {
+	t.Helper()
+	// Redis caches the script first (an EVALSHA that finds it missing runs nothing).
+	_, err := r.lim.Gate("sk-warm", "main").ReserveAttempt(r.ctx, limiter.Limit{}, tokens.Cost{}, limiter.AttemptOptions{})
+	require.NoError(t, err)
+	r.cut.Arm(r.prefix + redisscript.CredentialTag("sk-cut") + ":rl")
+	res := r.reserve(t)
+	require.Equal(t, 1, r.cut.Cuts(), "the reservation's reply was lost")
+	return res
 }
