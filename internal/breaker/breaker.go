@@ -391,13 +391,17 @@ func (c *Circuit) ReportCall(a Admission, o Outcome, state *State) (redisscript.
 	}
 	b := c.b
 	cfg := &b.cfg
+	id := "" // only a failure is counted by its id (see reportScript): a success needs none
+	if o == Failure {
+		id = b.calls.Next()
+	}
 	return redisscript.Call{
 		Script: reportScript,
 		Keys:   []string{c.key, c.lease},
 		Args: []any{b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
 			b.closedTTL, abandonedTTL.Milliseconds(), a.lease, b.memory, b.refresh,
 			strconv.FormatFloat(cfg.CooldownFactor, 'g', -1, 64), cfg.MaxCooldown.Microseconds(),
-			b.leaseTTL, b.calls.Next()},
+			b.leaseTTL, id},
 		Done: func(ctx context.Context, cmd *redis.Cmd) error {
 			res, err := cmd.Slice()
 			if err != nil {
