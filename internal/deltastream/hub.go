@@ -24,10 +24,12 @@ const subscribeWait = 2 * time.Second
 // never from a caller of Follow or Stop, and never under mu: a subscription held up (Redis slow,
 // a network stall) holds up no other client's Follow or Stop, nor the hub's delivery under mu;
 // the changes made meanwhile go together in the next round. A SUBSCRIBE that failed is sent
-// again (subscribeRetry).
+// again (subscribeRetry). The connection is a client's of the hub's own, whose writes go from a
+// goroutine of their own (hubClient): a SUBSCRIBE whose write is held holds no delivery either.
 type Hub struct {
 	b      *Buffer
 	ps     *redis.PubSub
+	client redis.UniversalClient // ps's, the hub's own (nil: Buffer's, not closed by Close)
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returned
 	// changed (capacity 1) wakes subscribe; subDone is closed when it returned.
@@ -258,9 +260,13 @@ func idAfter(a, b string) bool {
 // NewHub starts a Hub; Close stops it.
 func (b *Buffer) NewHub() *Hub {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &Hub{b: b, ps: b.cfg.Redis.Subscribe(ctx), cancel: cancel, done: make(chan struct{}),
+	client, own := hubClient(b.cfg.Redis)
+	h := &Hub{b: b, ps: client.Subscribe(ctx), cancel: cancel, done: make(chan struct{}),
 		changed: make(chan struct{}, 1), subDone: make(chan struct{}),
 		subs: map[string]*channelSubs{}, pending: map[string]struct{}{}}
+	if own {
+		h.client = client
+	}
 	go h.run(ctx)
 	go h.subscribe(ctx)
 	return h
@@ -272,6 +278,9 @@ func (h *Hub) Close() error {
 	err := h.ps.Close()
 	<-h.done
 	<-h.subDone
+	if h.client != nil {
+		err = errors.Join(err, h.client.Close())
+	}
 	return err
 }
 
@@ -335,6 +344,9 @@ const subscribeRetry = time.Second
 // commands reach Redis in the order of its followers' coming and going. A SUBSCRIBE that failed
 // is sent again (subscribeRetry later) to the channels still followed: go-redis, reconnecting
 // inside the failed command, subscribes the new connection only to the channels it had before.
+// (Through the hub's own client a write fails inside the command only when an earlier write
+// failed; one that fails later closes the connection, and go-redis subscribes the new one to
+// every channel, the command's included.)
 func (h *Hub) subscribe(ctx context.Context) {
 	defer close(h.subDone)
 	var retry []string // the channels of the SUBSCRIBEs that failed since the last retry

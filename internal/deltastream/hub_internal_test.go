@@ -3,6 +3,9 @@ package deltastream
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -183,4 +186,43 @@ func BenchmarkParseBatch(b *testing.B) {
 			b.Fatal("not a batch")
 		}
 	}
+}
+
+// TestQueuedConn_AWritePastItsDeadlineClosesTheConnection: Write returns at once, whatever the
+// peer reads; the write that the peer did not take by its deadline fails the connection, so that
+// its reader fails (and go-redis connects again), and every later Write returns that error.
+func TestQueuedConn_AWritePastItsDeadlineClosesTheConnection(t *testing.T) {
+	client, server := net.Pipe() // nothing reads server: a write blocks, as on a stalled network
+	defer server.Close()
+	q := newQueuedConn(client)
+	defer q.Close()
+	require.NoError(t, q.SetWriteDeadline(time.Now().Add(50*time.Millisecond)))
+	n, err := q.Write([]byte("SUBSCRIBE"))
+	require.NoError(t, err, "queued, not written")
+	require.Equal(t, len("SUBSCRIBE"), n)
+
+	require.NoError(t, q.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = q.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.ErrClosedPipe, "the failed write closed the connection")
+	_, err = q.Write([]byte("PING"))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the write's failure")
+}
+
+// TestQueuedConn_BoundedQueue: at most queuedMax bytes wait for a peer that reads nothing; the
+// write past that fails, and closes the connection.
+func TestQueuedConn_BoundedQueue(t *testing.T) {
+	client, server := net.Pipe()
+	defer server.Close()
+	q := newQueuedConn(client)
+	defer q.Close()
+	chunk := make([]byte, 64<<10)
+	for range queuedMax / len(chunk) {
+		_, err := q.Write(chunk)
+		require.NoError(t, err)
+	}
+	_, err := q.Write([]byte("x"))
+	require.ErrorIs(t, err, errQueueFull)
+	_ = q.SetReadDeadline(time.Now().Add(5 * time.Second)) // fails on the closed pipe
+	_, err = q.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.ErrClosedPipe)
 }

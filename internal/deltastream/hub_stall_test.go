@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	neturl "net/url"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +23,10 @@ import (
 // channel's name: its SUBSCRIBE) until release is closed, as a network stall or a slow Redis
 // holds a subscription; entered is closed once the write is held.
 type stallDialer struct {
-	marker   []byte
+	marker []byte
+	// expire: the held write fails at its write deadline, as a stall longer than the deadline
+	// fails it, instead of going through once released.
+	expire   bool
 	once     sync.Once
 	entered  chan struct{}
 	release  chan struct{}
@@ -43,13 +49,28 @@ func (d *stallDialer) unstall() { d.released.Do(func() { close(d.release) }) }
 
 type stallConn struct {
 	net.Conn
-	d *stallDialer
+	d        *stallDialer
+	deadline time.Time // the write deadline (one writer at a time)
+}
+
+func (c *stallConn) SetWriteDeadline(t time.Time) error {
+	c.deadline = t
+	return c.Conn.SetWriteDeadline(t)
 }
 
 func (c *stallConn) Write(p []byte) (int, error) {
 	if bytes.Contains(p, c.d.marker) {
 		held := false
 		c.d.once.Do(func() { held = true; close(c.d.entered) })
+		if held && c.d.expire {
+			t := time.NewTimer(time.Until(c.deadline))
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-c.d.release:
+			}
+			return 0, &net.OpError{Op: "write", Net: "tcp", Err: os.ErrDeadlineExceeded}
+		}
 		if held {
 			<-c.d.release
 			// The stall ends in time: the write goes through whatever its deadline.
@@ -280,4 +301,183 @@ func TestHub_ASubscribeWhoseWriteFailedIsSentAgain(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, got, 1)
 	w.Close(ctx)
+}
+
+// stallClient returns a client of the Redis or Redis Cluster at url (redistest.ClientOf's
+// forms) that dials through d, closed when the test ends.
+func stallClient(t *testing.T, url string, d *stallDialer) redis.UniversalClient {
+	t.Helper()
+	var c redis.UniversalClient
+	if rest, ok := strings.CutPrefix(url, "redis-cluster://"); ok {
+		u, err := neturl.Parse("redis://" + rest)
+		require.NoError(t, err)
+		opt := &redis.ClusterOptions{Addrs: strings.Split(u.Host, ","), Dialer: d.dial}
+		if u.User != nil {
+			opt.Username = u.User.Username()
+			opt.Password, _ = u.User.Password()
+		}
+		c = redis.NewClusterClient(opt)
+	} else {
+		opts, err := redis.ParseURL(url)
+		require.NoError(t, err)
+		opts.Dialer = d.dial
+		c = redis.NewClient(opts)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestHub_ASlowSubscribeHoldsNoDelivery: while the write of the hub's subscription to one job's
+// channel is held (the connection's send buffer full: a network stall, a Redis that stopped
+// reading), the jobs already followed go on receiving their writes, each in order, none
+// missing; once the write goes through, the held job is followed too.
+func TestHub_ASlowSubscribeHoldsNoDelivery(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"Redis": redistest.URL(), "Cluster": redistest.ClusterURL()} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			prefix := redistest.PrefixOn(t, url)
+			stall := newStallDialer(prefix + "{jobHeld}:deltas")
+			rdb := stallClient(t, url, stall)
+			buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: prefix})
+			hub := buf.NewHub()
+			defer hub.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			fast := hub.Follow(ctx, "jobLive")
+			defer fast.Stop()
+			defer stall.unstall() // first: the held write holds the connection
+			heldFollowed := make(chan *deltastream.Follower, 1)
+			go func() { heldFollowed <- hub.Follow(ctx, "jobHeld") }()
+			select {
+			case <-stall.entered:
+			case <-ctx.Done():
+				t.Fatal("the subscription to jobHeld was never sent")
+			}
+
+			w := buf.Writer("jobLive", 2, 1)
+			var got []deltastream.Entry
+			for i, text := range []string{"while", " held"} {
+				w.Add(deltastream.Delta{Type: "text", Index: i, Text: text}) // a block each: one entry each
+				for len(got) < i+1 {
+					awaitWake(t, fast.Wake())
+					var last deltastream.Entry
+					if len(got) > 0 {
+						last = got[len(got)-1]
+					}
+					entries, ok := fast.Next(last)
+					require.True(t, ok, "the entries received follow the last one read (%d so far)", len(got))
+					got = append(got, entries...)
+				}
+			}
+			w.Close(ctx)
+			read, err := buf.Read(ctx, "jobLive", "", 10)
+			require.NoError(t, err)
+			require.Equal(t, read, got, "every entry written, in order, once")
+
+			stall.unstall()
+			var held *deltastream.Follower
+			select {
+			case held = <-heldFollowed:
+			case <-ctx.Done():
+				t.Fatal("the Follow of jobHeld did not return once its subscription went through")
+			}
+			defer held.Stop()
+			require.Eventually(t, func() bool {
+				n, err := redistest.NumSub(ctx, rdb, buf.Key("jobHeld"))
+				return err == nil && n == 1
+			}, 10*time.Second, 5*time.Millisecond, "jobHeld is not subscribed")
+			hw := buf.Writer("jobHeld", 2, 1)
+			hw.Add(deltastream.Delta{Type: "text", Text: "x"})
+			awaitWake(t, held.Wake())
+			entries, ok := held.Next(deltastream.Entry{})
+			if !ok {
+				// Its Follow may have given up waiting (2 s) on a slow machine: read the buffer.
+				entries, err = buf.Read(ctx, "jobHeld", "", 10)
+				require.NoError(t, err)
+			}
+			require.Len(t, entries, 1)
+			hw.Close(ctx)
+		})
+	}
+}
+
+// TestHub_AWriteHeldPastItsDeadlineConnectsAgain: a subscription's write held past its deadline
+// fails the hub's connection, as it did when go-redis wrote it itself; the jobs followed are
+// delivered to until then, and after it the hub connects and subscribes again, each follower
+// is told to read the buffer, and no entry is lost or received twice.
+func TestHub_AWriteHeldPastItsDeadlineConnectsAgain(t *testing.T) {
+	t.Parallel()
+	prefix := redistest.Prefix(t)
+	opts, err := redis.ParseURL(redistest.URL())
+	require.NoError(t, err)
+	opts.WriteTimeout = 500 * time.Millisecond
+	stall := newStallDialer(prefix + "{jobHeld}:deltas")
+	stall.expire = true
+	opts.Dialer = stall.dial
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: prefix})
+	hub := buf.NewHub()
+	defer hub.Close()
+	defer stall.unstall()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+
+	live := hub.Follow(ctx, "jobLive")
+	defer live.Stop()
+	heldFollowed := make(chan *deltastream.Follower, 1)
+	go func() { heldFollowed <- hub.Follow(ctx, "jobHeld") }()
+	select {
+	case <-stall.entered:
+	case <-ctx.Done():
+		t.Fatal("the subscription to jobHeld was never sent")
+	}
+	w := buf.Writer("jobLive", 2, 1)
+	defer w.Close(ctx)
+	w.Add(deltastream.Delta{Type: "text", Index: 0, Text: "held"})
+	awaitWake(t, live.Wake())
+	got, ok := live.Next(deltastream.Entry{})
+	require.True(t, ok)
+	require.Len(t, got, 1)
+
+	// The write fails at its deadline: the hub connects again, and says to read the buffer.
+	awaitWake(t, live.Wake())
+	_, ok = live.Next(got[0])
+	require.False(t, ok, "connected again: a batch may have been lost")
+	read, err := buf.Read(ctx, "jobLive", got[0].ID, 10)
+	require.NoError(t, err)
+	got = append(got, read...)
+	w.Add(deltastream.Delta{Type: "text", Index: 1, Text: "after"})
+	for len(got) < 2 {
+		awaitWake(t, live.Wake())
+		entries, ok := live.Next(got[len(got)-1])
+		require.True(t, ok)
+		got = append(got, entries...)
+	}
+	all, err := buf.Read(ctx, "jobLive", "", 10)
+	require.NoError(t, err)
+	require.Equal(t, all, got, "every entry, in order, once")
+
+	var held *deltastream.Follower
+	select {
+	case held = <-heldFollowed:
+	case <-ctx.Done():
+		t.Fatal("the Follow of jobHeld did not return")
+	}
+	defer held.Stop()
+	require.Eventually(t, func() bool {
+		n, err := redistest.NumSub(ctx, rdb, buf.Key("jobHeld"))
+		return err == nil && n == 1
+	}, 10*time.Second, 5*time.Millisecond, "jobHeld is not subscribed")
+	hw := buf.Writer("jobHeld", 2, 1)
+	defer hw.Close(ctx)
+	hw.Add(deltastream.Delta{Type: "text", Text: "x"})
+	awaitWake(t, held.Wake())
+	entries, ok := held.Next(deltastream.Entry{})
+	if !ok {
+		entries, err = buf.Read(ctx, "jobHeld", "", 10)
+		require.NoError(t, err)
+	}
+	require.Len(t, entries, 1)
 }
