@@ -1,11 +1,13 @@
 package dispatch
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -32,7 +34,20 @@ type ServerConfig struct {
 	// Metrics, when set, counts the idle waits' ends (llmq_worker_idle_waits_total) and the
 	// deliveries that failed (llmq_delivery_errors_total).
 	Metrics *Metrics
+	// ShutdownTimeout is how long Shutdown lets the deliveries running finish before it cuts
+	// them (their tasks go back to the queue). Default DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
 }
+
+// DefaultShutdownTimeout is how long a stopping worker lets its deliveries finish
+// (ServerConfig.ShutdownTimeout).
+const DefaultShutdownTimeout = 10 * time.Second
+
+// CutGrace bounds how long Shutdown waits, after its timeout cut the deliveries still running,
+// for them to record what came of their attempts (an abandoned call's attempt, its stream's
+// reset, its lease given back): a Postgres that does not answer must not hold a stopping
+// worker for the executor's whole retry window.
+const CutGrace = 5 * time.Second
 
 // Server is the asynq server of a worker process, on a Redis client of its own whose idle
 // polls wait for a wake-up (see wake.go).
@@ -42,6 +57,10 @@ type Server struct {
 	hook  *wakeHook
 	log   *slog.Logger
 	close sync.Once
+	// stopping is set once Shutdown has begun; a delivery that ends then and leaves none
+	// running says so on idle.
+	stopping atomic.Bool
+	idle     chan struct{}
 }
 
 // NewServer returns an asynq server that hands the tasks of cfg.Queue's asynq queues to p, a
@@ -69,11 +88,11 @@ func NewServer(opt asynq.RedisConnOpt, cfg ServerConfig) *Server {
 		RetryDelayFunc:           RetryDelayFunc(cfg.Policy, time.Now),
 		IsFailure:                IsFailure,
 		ErrorHandler:             deliveryErrors(cfg.Metrics),
-		ShutdownTimeout:          10 * time.Second,
+		ShutdownTimeout:          cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout),
 		Logger:                   asynqLogger{cfg.Logger},
 		LogLevel:                 asynq.WarnLevel,
 	})
-	return &Server{srv: srv, rdb: rdb, hook: hook, log: cfg.Logger}
+	return &Server{srv: srv, rdb: rdb, hook: hook, log: cfg.Logger, idle: make(chan struct{}, 1)}
 }
 
 // deliveryErrors is asynq's ErrorHandler: it counts the deliveries that failed, the processor's
@@ -92,17 +111,29 @@ func (s *Server) Start(h asynq.Handler) error {
 	busy := &s.hook.busy
 	return s.srv.Start(asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
 		busy.Add(1)
-		defer busy.Add(-1)
+		defer func() {
+			if busy.Add(-1) == 0 && s.stopping.Load() {
+				select {
+				case s.idle <- struct{}{}:
+				default:
+				}
+			}
+		}()
 		return h.ProcessTask(ctx, t)
 	}))
 }
 
-// Shutdown stops the server gracefully (see asynq.Server.Shutdown), gives back the tasks a
-// batch dequeue took and asynq did not ask for (see prefetch.go), and closes its Redis client.
-// Calling it again does nothing.
+// Shutdown stops the server gracefully: it takes no more tasks and lets the deliveries running
+// finish for up to ShutdownTimeout; then it cuts the rest (asynq puts their tasks back in the
+// queue and cancels their contexts) and waits up to CutGrace for them to return, so that what
+// they record of their attempts is written before the process goes on to close its stores.
+// Then it gives back the tasks a batch dequeue took and asynq did not ask for (see
+// prefetch.go), and closes its Redis client. Calling it again does nothing.
 func (s *Server) Shutdown() {
 	s.close.Do(func() {
+		s.stopping.Store(true)
 		s.srv.Shutdown()
+		s.waitForCut()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := s.hook.giveBackKept(ctx); err != nil {
@@ -111,6 +142,31 @@ func (s *Server) Shutdown() {
 		}
 		_ = s.rdb.Close()
 	})
+}
+
+// waitForCut waits up to CutGrace for the deliveries still running once asynq's shutdown has
+// returned: asynq stops waiting for a delivery its timeout cut as soon as it has put the task
+// back, and the delivery, its context canceled, goes on recording the attempt it abandoned.
+// Returning before it would let the process close the stores under it (the attempt unrecorded,
+// its lease held until it runs out, its stream's reset unwritten, the limiter's and the
+// breaker's bookkeeping lost).
+func (s *Server) waitForCut() {
+	n := s.hook.busy.Load()
+	if n <= 0 {
+		return
+	}
+	s.log.Info("waiting for the deliveries cut by the shutdown to record their attempts", "deliveries", n)
+	t := time.NewTimer(CutGrace)
+	defer t.Stop()
+	for s.hook.busy.Load() > 0 {
+		select {
+		case <-s.idle:
+		case <-t.C:
+			s.log.Warn("deliveries cut by the shutdown did not return in time; their jobs wait for their leases",
+				"deliveries", s.hook.busy.Load(), "waited", CutGrace.String())
+			return
+		}
+	}
 }
 
 // Mux routes the job tasks to p. A delivery of a low job's task (on the low queue) that p defers
