@@ -42,7 +42,7 @@ func (a *app) jobsCancelCommand() *cli.Command {
 			}
 			fmt.Fprintf(a.out, "canceled %s\n", job.ID)
 			logged := logAction(c.Context, p, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
-			if err := tasks.Abort(job.ID); err != nil {
+			if err := tasks.AbortEnded(job); err != nil {
 				return fmt.Errorf("job %s is canceled, but its task could not be aborted (an attempt in flight runs to its end, unstored): %w", job.ID, err)
 			}
 			return logged

@@ -332,7 +332,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Tasks != nil {
 		// The job is canceled whatever Redis says: the worker skips terminal jobs, so a failed
 		// abort only lets an attempt already in flight run to its (unstored) end.
-		if err := s.cfg.Tasks.Abort(job.ID); err != nil {
+		if err := s.cfg.Tasks.AbortEnded(job); err != nil {
 			s.cfg.Logger.WarnContext(r.Context(), "abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
@@ -32,6 +33,26 @@ func TestCancel(t *testing.T) {
 		_, err = b.inspector.GetTaskInfo(b.queue, id)
 		require.ErrorIs(t, err, asynq.ErrTaskNotFound, "the waiting task is gone: no worker will pick it up")
 		require.Equal(t, "canceled", b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil).body["status"])
+	})
+
+	// A job whose row holds a limiter slot (waiting for its send time) has its task run at
+	// once rather than deleted: that delivery gives the slot's tokens back (see executor).
+	t.Run("JobHoldingASlotHasItsTaskRun", func(t *testing.T) {
+		t.Parallel()
+		ctx := context.Background()
+		job := b.create(t, "")
+		held, err := b.store.HoldSlot(ctx, job.ID, time.Now().Add(time.Hour), 7, 3)
+		require.NoError(t, err)
+		require.True(t, held)
+		require.NoError(t, b.srv.cfg.Enqueuer.Enqueue(ctx, job.ID, "", time.Now().Add(time.Hour)))
+		info, err := b.inspector.GetTaskInfo(b.queue, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, asynq.TaskStateScheduled, info.State)
+
+		require.Equal(t, http.StatusOK, b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil).status)
+		info, err = b.inspector.GetTaskInfo(b.queue, job.ID)
+		require.NoError(t, err, "the task of a job holding a slot was deleted: nothing gives the slot back")
+		require.Equal(t, asynq.TaskStatePending, info.State)
 	})
 
 	t.Run("RunningJob", func(t *testing.T) {

@@ -238,7 +238,7 @@ func (h *Handler) jobCancel(w http.ResponseWriter, r *http.Request, s *operator.
 	if h.cfg.Tasks != nil {
 		// Canceled whatever Redis says: the worker skips terminal jobs, so a failed abort only
 		// lets an attempt already in flight run to its (unstored) end.
-		if err := h.cfg.Tasks.Abort(job.ID); err != nil {
+		if err := h.cfg.Tasks.AbortEnded(job); err != nil {
 			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}

@@ -35,6 +35,64 @@ func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
 // Redis refused; the cancellation in Postgres stands either way.
 func (t *Tasks) Abort(id string) error {
 	var errs []error
+	if err := t.signal(id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := t.deleteWaiting(id); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// AbortHeld is Abort for a job that ended while its row still held a limiter slot
+// (jobs.Job.SlotSeq: canceled, or failed by its deadline, while it waited for the slot's time):
+// one waiting task of the job is run at once instead of deleted, so that a worker's delivery
+// finds the job ended and gives the slot's tokens (and a pause probe held with it) back now,
+// rather than never (see executor); the job's other waiting tasks are deleted, and a running
+// one is signaled, as by Abort. When no task waits (a running delivery's, say, comes back as
+// asynq's retry), a later delivery gives the slot back. Best effort, as Abort is.
+func (t *Tasks) AbortHeld(id string) error {
+	var errs []error
+	if err := t.signal(id); err != nil {
+		errs = append(errs, err)
+	}
+	run := false
+	for _, task := range t.enqueuer.queues.tasksOf(id) {
+		info, err := t.inspector.GetTaskInfo(task.queue, task.id)
+		if taskAbsent(err) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("look up task %s: %w", task.id, err))
+			continue
+		}
+		switch {
+		case info.State == asynq.TaskStateActive:
+			continue
+		case info.State == asynq.TaskStatePending && !run:
+			run = true // it runs soon
+			continue
+		case (info.State == asynq.TaskStateScheduled || info.State == asynq.TaskStateRetry) && !run:
+			err := t.inspector.RunTask(task.queue, task.id)
+			switch {
+			case err == nil:
+				run = true
+			case !taskAbsent(err):
+				errs = append(errs, fmt.Errorf("run task %s: %w", task.id, err))
+			}
+			continue
+		}
+		if err := t.inspector.DeleteTask(task.queue, task.id); err != nil && !taskAbsent(err) {
+			errs = append(errs, fmt.Errorf("delete task %s: %w", task.id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// signal signals every worker process to cancel the job's running task, on each of its queues
+// (see Abort).
+func (t *Tasks) signal(id string) error {
+	var errs []error
 	for _, task := range t.enqueuer.queues.tasksOf(id) {
 		if task.queue == t.enqueuer.queues.For(jobs.PriorityLow) {
 			continue // the same task ID as on the main queue: one signal reaches either
@@ -43,10 +101,16 @@ func (t *Tasks) Abort(id string) error {
 			errs = append(errs, fmt.Errorf("signal cancelation of task %s: %w", task.id, err))
 		}
 	}
-	if err := t.deleteWaiting(id); err != nil {
-		errs = append(errs, err)
-	}
 	return errors.Join(errs...)
+}
+
+// AbortEnded stops the task of job, which ended (the job a cancel returned): AbortHeld when
+// its row still holds a limiter slot, else Abort.
+func (t *Tasks) AbortEnded(job *jobs.Job) error {
+	if job.SlotSeq != nil {
+		return t.AbortHeld(job.ID)
+	}
+	return t.Abort(job.ID)
 }
 
 // Requeue puts the task of the job, whose priority is p, back on the queue to run now. A

@@ -74,6 +74,33 @@ func TestTasks_Abort(t *testing.T) {
 	})
 }
 
+// AbortHeld runs a canceled job's waiting task at once instead of deleting it: the job's row
+// still holds a limiter slot, which the task's delivery gives back (see executor).
+func TestTasks_AbortHeld(t *testing.T) {
+	t.Parallel()
+
+	t.Run("RunsScheduled", func(t *testing.T) {
+		t.Parallel()
+		b := setupTasks(t)
+		require.NoError(t, b.enqueuer.Enqueue(context.Background(), taskID, "", time.Now().Add(time.Hour)))
+		require.Equal(t, asynq.TaskStateScheduled, b.state(t, taskID))
+		require.NoError(t, b.tasks.AbortHeld(taskID))
+		require.Equal(t, asynq.TaskStatePending, b.state(t, taskID))
+	})
+	t.Run("KeepsPending", func(t *testing.T) {
+		t.Parallel()
+		b := setupTasks(t)
+		require.NoError(t, b.enqueuer.Enqueue(context.Background(), taskID, "", time.Time{}))
+		require.NoError(t, b.tasks.AbortHeld(taskID))
+		require.Equal(t, asynq.TaskStatePending, b.state(t, taskID))
+	})
+	t.Run("NoTaskNoQueue", func(t *testing.T) {
+		t.Parallel()
+		b := setupTasks(t)
+		require.NoError(t, b.tasks.AbortHeld(taskID))
+	})
+}
+
 func TestTasks_Requeue(t *testing.T) {
 	t.Parallel()
 

@@ -224,8 +224,14 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	if res.Wait > e.cfg.MaxInlineWait {
 		// A pause probe's slot held for later keeps the probe: the interval's one attempt on the
 		// paused credential is that slot's, which the pause's check of a held slot lets through.
-		if err := e.cfg.Store.HoldSlot(ctx, job.ID, res.SendAt, res.Seq, res.Grant); err != nil {
+		held, err := e.cfg.Store.HoldSlot(ctx, job.ID, res.SendAt, res.Seq, res.Grant)
+		if err != nil || !held {
+			// Not held (the job ended since its read, canceled say, or another delivery's
+			// attempt holds it): nothing would ever send the slot, or give it back.
 			e.releaseSlot(ctx, up, adm)
+			if err == nil {
+				err = errHandled
+			}
 			return adm, err
 		}
 		if err := g.HoldProbe(ctx, adm.pauseProbe, job.ID); err != nil {

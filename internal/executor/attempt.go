@@ -24,10 +24,11 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 	e.timed(StageBegin, t0)
 	if err != nil {
 		rel := adm
-		if adm.held && !errors.Is(err, jobs.ErrNotRunnable) {
+		if adm.held && !e.tookEndedSlot(ctx, job, err) {
 			// A slot held in the row is the row's: it still holds it (the store failed, and the
 			// retried delivery sends it), or another delivery took it with the lease. Whichever
-			// sends it reconciles its tokens; refunded here, they would never be charged.
+			// sends it reconciles its tokens; refunded here, they would never be charged. An
+			// ended job's slot is given back by whoever takes it from the row (giveBackEnded).
 			rel.grant = 0
 		}
 		e.release(ctx, up, rel)
@@ -42,6 +43,20 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 	}
 	begun.Request = request // BeginAttempt leaves the (unchanging) body where Get read it
 	return begun, nil
+}
+
+// tookEndedSlot reports whether a delivery whose attempt's start failed with err took the slot
+// held in job's row from it (jobs.Store.TakeEndedSlot), the job having ended meanwhile
+// (ErrNotRunnable): then it gives the slot back, and a later delivery of the ended job does not.
+func (e *Executor) tookEndedSlot(ctx context.Context, job *jobs.Job, err error) bool {
+	if !errors.Is(err, jobs.ErrNotRunnable) || job.SlotSeq == nil {
+		return false
+	}
+	took, terr := e.cfg.Store.TakeEndedSlot(context.WithoutCancel(ctx), job.ID, *job.SlotSeq)
+	if terr != nil {
+		e.cfg.Logger.WarnContext(ctx, "take an ended job's held slot (its next delivery gives it back)", "job_id", job.ID, "error", terr)
+	}
+	return took
 }
 
 // errLeaseLost: a renewal of the attempt's lease found the job moved on without it (canceled, or

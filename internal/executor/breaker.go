@@ -39,10 +39,12 @@ func (e *Executor) passBreaker(ctx context.Context, job *jobs.Job, up Upstream, 
 }
 
 // releaseHeld gives back the slot held in the row of job, which has left up's credential (see
-// failOver): its row no longer holds it, and nothing else would refund its tokens. A job holding
-// none gives back nothing.
+// failOver) or ended (giveBackEnded): its row no longer holds it, and nothing else would refund
+// its tokens. A pause probe held with the slot (limiter.Gate.HoldProbe) goes back with it: kept,
+// it held the credential's next probe back for an interval (one Redis round trip, on these
+// paths only). A job holding none gives back nothing.
 func (e *Executor) releaseHeld(ctx context.Context, job *jobs.Job, up Upstream) {
-	if job.SlotSeq == nil {
+	if job.SlotSeq == nil || up.Gate == nil {
 		return
 	}
 	adm := admission{seq: *job.SlotSeq, held: true}
@@ -50,6 +52,31 @@ func (e *Executor) releaseHeld(ctx context.Context, job *jobs.Job, up Upstream) 
 		adm.grant = *job.SlotGrant
 	}
 	e.releaseSlot(ctx, up, adm)
+	if err := up.Gate.ReleaseHeldProbe(context.WithoutCancel(ctx), job.ID); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "release a held pause probe (the next waits its interval)", "credential", up.Name,
+			"job_id", job.ID, "error", err)
+	}
+}
+
+// giveBackEnded gives back the slot that job, which has ended, still holds in its row (see
+// jobs.Store.TakeEndedSlot: canceled or failed by its deadline while it waited for the slot),
+// with a pause probe held with it: once, by the delivery whose take clears the row. A job that
+// holds none, or whose credential is gone, costs nothing. It returns the store's error (the
+// delivery is retried, and gives it back then).
+func (e *Executor) giveBackEnded(ctx context.Context, job *jobs.Job) error {
+	if job.SlotSeq == nil {
+		return nil
+	}
+	up, ok := e.cfg.Upstreams[job.CurrentCredential()]
+	if !ok || up.Gate == nil {
+		return nil
+	}
+	took, err := e.cfg.Store.TakeEndedSlot(context.WithoutCancel(ctx), job.ID, *job.SlotSeq)
+	if err != nil || !took {
+		return err
+	}
+	e.releaseHeld(ctx, job, up)
+	return nil
 }
 
 // allowBreaker asks the credential's circuit. A refused job due back within MaxInlineWait (the

@@ -1,7 +1,8 @@
 // Package executor runs one delivery of a job: the decision logic of a worker. A delivery reads
 // top to bottom (Executor.process):
 //
-//	load    read the job; a terminal job needs nothing more (deliveries are at least once)
+//	load    read the job; a terminal job needs nothing more (deliveries are at least once), but
+//	        gives back a limiter slot its row still holds (canceled or failed while it waited)
 //	guard   another delivery's lease, the deadline, a credential no longer configured, a retry delay
 //	breaker the credential's circuit breaker, shared by every worker: an open one defers the job
 //	admit   the credential's shared limiter: pause, retry budget, a rate (and token) slot

@@ -159,8 +159,12 @@ func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmis
 	}
 	if !begun && a.sendAt.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
 		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
-		if err := e.cfg.Store.HoldSlot(ctx, job.ID, a.slotAt, a.adm.seq, a.adm.grant); err != nil {
-			e.releaseSlot(ctx, a.up, a.adm)
+		held, err := e.cfg.Store.HoldSlot(ctx, job.ID, a.slotAt, a.adm.seq, a.adm.grant)
+		if err != nil || !held {
+			e.releaseSlot(ctx, a.up, a.adm) // not held: the job was canceled since its create
+			if err == nil {
+				return errHandled
+			}
 			return err
 		}
 		return &deferral{until: a.sendAt, reason: "rate limit slot", stored: true}

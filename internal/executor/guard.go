@@ -26,7 +26,16 @@ func (e *Executor) load(ctx context.Context, id string, fresh bool) (*jobs.Job, 
 	if fresh && firstDelivery(job) {
 		e.cfg.Metrics.stage(StagePickup, start.Sub(job.CreatedAt))
 	}
-	if job.Status.Terminal() || job.Lane == jobs.LaneBatch {
+	if job.Status.Terminal() {
+		// A job that ended while it held a slot in its row (canceled, or failed by its deadline,
+		// meanwhile) gives the slot back: its task is run at once for that (see
+		// dispatch.Tasks.AbortHeld).
+		if err := e.giveBackEnded(ctx, job); err != nil {
+			return nil, err
+		}
+		return nil, errHandled
+	}
+	if job.Lane == jobs.LaneBatch {
 		// A batch-lane job is the batcher's (internal/batchlane): a task for it is a stray.
 		return nil, errHandled
 	}
@@ -53,9 +62,16 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Up
 		return Upstream{}, nil, leasedDefer(now, *job.LeaseUntil)
 	}
 	if !now.Before(job.Deadline) {
-		return Upstream{}, nil, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+		err := e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
 			Class: jobs.ReasonDeadlineExceeded, Message: "job deadline passed before it could succeed",
 		}})
+		if errors.Is(err, errHandled) {
+			// Ended (by this delivery or another's transition): a slot it held is not sent.
+			if gerr := e.giveBackEnded(ctx, job); gerr != nil {
+				return Upstream{}, nil, gerr
+			}
+		}
+		return Upstream{}, nil, err
 	}
 	up, ok := e.cfg.Upstreams[job.CurrentCredential()]
 	if !ok {

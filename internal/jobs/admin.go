@@ -195,6 +195,9 @@ const retryDeadBatch = 500
 // few hundred rows out of 20,000.
 // Each job's deadline runs from the statement's clock_timestamp(), on Postgres's clock: a
 // retrying host's skew (an API host's console, ctl's) would otherwise be every retried job's.
+// A limiter slot left in a dead job's row (held by a duplicate delivery after the dying
+// attempt's lease had run out) is dropped: kept, the retried job's first delivery sent on it at
+// once, unpaced (the row said no next attempt time, and a held slot is not asked for again).
 func retryDeadQuery(f DeadFilter, began time.Time, limit int) (string, []any) {
 	args := []any{began, limit}
 	where := f.where("d", &args)
@@ -207,7 +210,7 @@ WITH old AS (
 	UPDATE jobs j SET status = 'queued', attempts = 0,
 		attempt_base = greatest(j.attempt_base + j.attempts,
 			coalesce((SELECT max(a.attempt) FROM job_attempts a WHERE a.job_id = j.id), 0)),
-		dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL,
+		dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL,
 		deadline = clock_timestamp() + j.timeout_ms * interval '1 millisecond',
 		updated_at = now(), event_seq = j.event_seq + 1
 	WHERE j.id = ANY (ARRAY(SELECT id FROM old))

@@ -96,14 +96,31 @@ const waitingForAttempt = `(status IN ('queued', 'retrying') OR
 // clock (limiter.Reservation.SendAt, Redis's), and so is the job's NextAttemptAt while it holds
 // the slot: the delivery waits for it on that clock (limiter.Gate.NowAndPaused), not on its host's. It is
 // not a transition (no event) and applies only to a job waiting for an attempt (see
-// waitingForAttempt).
-func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq, grant int64) error {
-	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, slot_grant = $4, updated_at = now()
+// waitingForAttempt): held reports whether the row took the slot. One that did not (the job
+// ended, canceled say, or another delivery's attempt holds it) holds nothing for the slot, which
+// its caller gives back.
+func (s *Store) HoldSlot(ctx context.Context, id string, sendAt time.Time, seq, grant int64) (held bool, err error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, slot_seq = $3, slot_grant = $4, updated_at = now()
 WHERE id = $1 AND `+waitingForAttempt, id, sendAt, seq, grant)
 	if err != nil {
-		return fmt.Errorf("hold limiter slot: %w", err)
+		return false, fmt.Errorf("hold limiter slot: %w", err)
 	}
-	return nil
+	return tag.RowsAffected() == 1, nil
+}
+
+// TakeEndedSlot clears the limiter slot (sequence seq) that job id still holds in its row after it
+// ended (canceled, or failed by its deadline, while it waited for the slot: those transitions
+// leave the slot where it is), and reports whether this call cleared it. Only the caller that
+// gets true gives the slot back, so a slot is given back once however many deliveries find the
+// job ended; a slot already sent is never in the row (BeginAttempt clears it), and neither is one
+// a job moved off (NextCredential).
+func (s *Store) TakeEndedSlot(ctx context.Context, id string, seq int64) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET slot_seq = NULL, slot_grant = NULL
+WHERE id = $1 AND slot_seq = $2 AND status IN ('succeeded', 'failed', 'dead', 'canceled')`, id, seq)
+	if err != nil {
+		return false, fmt.Errorf("take an ended job's limiter slot: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // Postpone sets the time before which the job's next delivery must not send (a breaker

@@ -22,7 +22,8 @@ func (e *TerminalError) Error() string { return "job is " + string(e.Status) }
 //
 // Cancel only writes Postgres. Every later write of the worker is conditional on a non-terminal
 // status, so an attempt in flight can no longer store a result; to stop that attempt's provider
-// call, signal its task too (Tasks.Abort).
+// call, signal its task too (dispatch.Tasks.AbortEnded). A limiter slot held in the row
+// (Job.SlotSeq) stays there, for a worker to give back (TakeEndedSlot).
 func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
 	if !validID(id) {
 		return nil, ErrNotFound

@@ -135,13 +135,17 @@ func TestStore_CrashedJobWaits(t *testing.T) {
 	require.NoError(t, err)
 	at := time.Now().Add(time.Minute).Truncate(time.Millisecond)
 
-	require.NoError(t, b.Store.HoldSlot(ctx, job.ID, at, 7, 3))
+	held, err := b.Store.HoldSlot(ctx, job.ID, at, 7, 3)
+	require.NoError(t, err)
+	require.False(t, held)
 	got, err := b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.Nil(t, got.SlotSeq, "a live attempt's job is not waiting")
 
 	b.ExpireLease(t, job.ID)
-	require.NoError(t, b.Store.HoldSlot(ctx, job.ID, at, 7, 3))
+	held, err = b.Store.HoldSlot(ctx, job.ID, at, 7, 3)
+	require.NoError(t, err)
+	require.True(t, held)
 	got, err = b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.Equal(t, int64(7), *got.SlotSeq)
@@ -153,4 +157,64 @@ func TestStore_CrashedJobWaits(t *testing.T) {
 	got, err = b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.True(t, later.Equal(*got.NextAttemptAt))
+}
+
+// An ended job's held slot is taken from its row once: only the caller that takes it gives it
+// back. A job still waiting keeps its slot, and a slot of another sequence is not this one.
+func TestStore_TakeEndedSlot(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	job := b.Create(t, jobstest.Opts{})
+	held, err := b.Store.HoldSlot(ctx, job.ID, time.Now().Add(time.Minute), 7, 3)
+	require.NoError(t, err)
+	require.True(t, held)
+
+	took, err := b.Store.TakeEndedSlot(ctx, job.ID, 7)
+	require.NoError(t, err)
+	require.False(t, took, "a waiting job's slot is its own")
+
+	_, err = b.Store.Cancel(ctx, job.ID)
+	require.NoError(t, err)
+	took, err = b.Store.TakeEndedSlot(ctx, job.ID, 8)
+	require.NoError(t, err)
+	require.False(t, took, "another slot")
+	took, err = b.Store.TakeEndedSlot(ctx, job.ID, 7)
+	require.NoError(t, err)
+	require.True(t, took)
+	took, err = b.Store.TakeEndedSlot(ctx, job.ID, 7)
+	require.NoError(t, err)
+	require.False(t, took, "taken twice")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Nil(t, got.SlotSeq)
+	require.Nil(t, got.SlotGrant)
+}
+
+// A dead job retried keeps no limiter slot from its last round: a duplicate delivery held one
+// in its row after the dying attempt's lease had run out. Kept with no next attempt time, the
+// retried job's first delivery sent on it at once, unpaced.
+func TestStore_RetryDeadDropsAHeldSlot(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	job := b.Create(t, jobstest.Opts{})
+	begun, err := b.Store.BeginAttempt(ctx, job.ID)
+	require.NoError(t, err)
+	b.ExpireLease(t, job.ID)
+	held, err := b.Store.HoldSlot(ctx, job.ID, time.Now().Add(time.Minute), 7, 3)
+	require.NoError(t, err)
+	require.True(t, held)
+	applied, err := b.Store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(),
+		Class: "rate_limited", LeaseToken: *begun.LeaseToken},
+		jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+	require.NoError(t, err)
+	require.True(t, applied)
+
+	_, err = b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}}, nil)
+	require.NoError(t, err)
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status)
+	require.Nil(t, got.SlotSeq, "the retried job holds its last round's slot")
 }

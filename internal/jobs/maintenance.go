@@ -17,6 +17,9 @@ type Overdue struct {
 	// CreatedAt and FinishedAt are the job's submit and its end, on Postgres's clock.
 	CreatedAt  time.Time
 	FinishedAt time.Time
+	// HeldSlot reports that its row still holds a limiter slot (Job.SlotSeq), which a worker
+	// gives back (see jobs.Store.TakeEndedSlot).
+	HeldSlot bool
 }
 
 // FailOverdue moves up to limit jobs whose deadline is at or before now and that wait for an
@@ -40,7 +43,7 @@ func (s *Store) FailOverdue(ctx context.Context, now time.Time, limit int) ([]Ov
 		}
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Overdue, error) {
 			var o Overdue
-			err := r.Scan(&o.ID, &o.Credential, &o.From, &o.CreatedAt, &o.FinishedAt)
+			err := r.Scan(&o.ID, &o.Credential, &o.From, &o.CreatedAt, &o.FinishedAt, &o.HeldSlot)
 			return o, err
 		})
 		return err
@@ -103,12 +106,12 @@ WITH due AS (
 		next_attempt_at = NULL, lease_token = NULL, lease_until = NULL,
 		finished_at = now(), updated_at = now(), event_seq = j.event_seq + 1
 	FROM due WHERE j.id = due.id AND j.status IN ('queued', 'running', 'retrying')
-	RETURNING j.id, j.event_seq, j.credential, j.created_at, j.finished_at, due.was
+	RETURNING j.id, j.event_seq, j.credential, j.created_at, j.finished_at, due.was, j.slot_seq IS NOT NULL AS held
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload)
 	SELECT id, event_seq, 'failed', jsonb_build_object('from', was, 'reason', $3::text) FROM u
 )
-SELECT id::text, credential, was, created_at, finished_at FROM u`
+SELECT id::text, credential, was, created_at, finished_at, held FROM u`
 
 // deleteFinishedSQL is DeleteFinished's statement ($1 status, $2 before, $3 limit). The
 // condition finished_at IS NOT NULL is jobs_finished_idx's: without it the index does not apply.

@@ -154,7 +154,8 @@
 // Reservation.PauseUnknown with AttemptOptions.PauseDurable) can be told from one never paused;
 // Gate.RestorePause writes back the state kept in Postgres (internal/credpause). A probe that is
 // not sent is given back (Gate.ReleaseProbe): the next may go at once. One held for later with a
-// job's slot (Gate.HoldProbe) goes with that slot (Gate.ReclaimProbe).
+// job's slot (Gate.HoldProbe) goes with that slot (Gate.ReclaimProbe), or back with it when the
+// job ends or leaves the credential unsent (Gate.ReleaseHeldProbe).
 //
 // # One round trip per attempt
 //

@@ -214,3 +214,14 @@ func (c *Gate) HoldProbe(ctx context.Context, p PauseProbe, jobID string) error 
 func (c *Gate) ReclaimProbe(ctx context.Context, jobID string) (PauseProbe, error) {
 	return c.probeAnswer(ctx, reclaimProbeScript, "reclaim pause probe", jobID)
 }
+
+// ReleaseHeldProbe gives back the pause's probe when job jobID holds it (HoldProbe) and will not
+// send it: its job left the credential, or ended, with the probe's slot still held in its row.
+// The next probe may then go at once rather than an interval later, as after ReleaseProbe. A job
+// holding none changes nothing. It returns an error only when Redis fails.
+func (c *Gate) ReleaseHeldProbe(ctx context.Context, jobID string) error {
+	if err := releaseHeldProbeScript.Run(ctx, c.l.rdb, []string{pauseKey(c.l.cfg.Prefix, c.tag)}, jobID).Err(); err != nil {
+		return fmt.Errorf("release held pause probe: %w", err)
+	}
+	return nil
+}

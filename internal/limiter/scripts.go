@@ -786,3 +786,17 @@ if not s[1] or s[2] ~= s[1] .. ' ' .. ARGV[1] then return 0 end
 redis.call('HDEL', KEYS[1], 'probe_held')
 return s[1]
 `)
+
+// releaseHeldProbeScript gives back the pause's probe held by a job (holdProbeScript) that will
+// not send it (its job left the credential, or ended, with the slot held): as releaseProbeScript,
+// found by the job instead of the grant.
+//
+// KEYS[1] pause hash (see pauseScript).
+// ARGV[1] job ID
+// Returns 1 when released, else 0: the job holds no probe (none held, another's, or resumed since).
+var releaseHeldProbeScript = redis.NewScript(`
+local s = redis.call('HMGET', KEYS[1], 'probe', 'probe_held')
+if not s[1] or s[2] ~= s[1] .. ' ' .. ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'probe', 'probe_held')
+return 1
+`)

@@ -4,7 +4,8 @@
 //   - the deadline pass, every second, fails the jobs whose deadline passed while they waited for
 //     an attempt (a held limiter slot, a breaker cooldown, a paused credential, a retry delay, a
 //     backlog), so that a job is answered at its deadline rather than when it is next picked up,
-//     and stops their asynq tasks;
+//     and stops their asynq tasks (a job that held a limiter slot has its task run at once
+//     instead, whose delivery gives the slot back: see executor);
 //   - the retention pass, every minute by default (retention.interval), deletes the finished
 //     jobs older than their status's retention, with their attempts, events and idempotency
 //     keys, in short batches, and then the audit log's entries older than its retention.
@@ -41,7 +42,11 @@ const statementTimeout = 30 * time.Second
 
 // TaskAborter stops a job's asynq task: dispatch.Tasks. Safe for concurrent use.
 type TaskAborter interface {
+	// Abort stops the task of a job that ended.
 	Abort(id string) error
+	// AbortHeld stops the task of a job that ended with a limiter slot held in its row, but
+	// runs a waiting one at once, whose delivery gives the slot back.
+	AbortHeld(id string) error
 }
 
 // Config configures a Maintainer. Zero fields take the defaults documented on each.
@@ -209,7 +214,7 @@ func (m *Maintainer) FailOverdue(ctx context.Context) (int, error) {
 			m.cfg.Finished(o.Credential, jobs.StatusFailed, "", o.FinishedAt.Sub(o.CreatedAt))
 			m.cfg.Logger.WarnContext(ctx, "job failed", "job_id", o.ID, "credential", o.Credential,
 				"status", jobs.StatusFailed, "class", jobs.ReasonDeadlineExceeded, "waited_as", o.From)
-			m.abort(ctx, o.ID)
+			m.abort(ctx, o)
 		}
 		// A short batch means no overdue job is left that is not locked: SKIP LOCKED passes over
 		// a locked row before the LIMIT counts (Postgres locks below the Limit node), so a
@@ -222,13 +227,19 @@ func (m *Maintainer) FailOverdue(ctx context.Context) (int, error) {
 }
 
 // abort stops the task of a job the deadline pass failed. Postgres has the outcome already: a
-// task left behind finds its job finished when it is delivered, so a failure is only logged.
-func (m *Maintainer) abort(ctx context.Context, id string) {
+// task left behind finds its job finished when it is delivered, so a failure is only logged. A
+// job that held a limiter slot has its waiting task run at once instead, whose delivery gives
+// the slot back (TaskAborter.AbortHeld).
+func (m *Maintainer) abort(ctx context.Context, o jobs.Overdue) {
 	if m.cfg.Tasks == nil {
 		return
 	}
-	if err := m.cfg.Tasks.Abort(id); err != nil {
-		m.cfg.Logger.WarnContext(ctx, "stop the task of a job past its deadline", "job_id", id, "error", err)
+	abort := m.cfg.Tasks.Abort
+	if o.HeldSlot {
+		abort = m.cfg.Tasks.AbortHeld
+	}
+	if err := abort(o.ID); err != nil {
+		m.cfg.Logger.WarnContext(ctx, "stop the task of a job past its deadline", "job_id", o.ID, "error", err)
 	}
 }
 

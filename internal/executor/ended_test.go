@@ -1,0 +1,269 @@
+package executor_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/breaker"
+	"github.com/llmq/llmq/internal/clocktest"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/estimator"
+	"github.com/llmq/llmq/internal/executor"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// endedBundle is a credential, "held", with an output token limit of helloRequest's max_tokens
+// per minute, the first minute of which the test took: a job's slot comes a minute on, held in
+// its row.
+type endedBundle struct {
+	b     *jobstest.Bundle
+	gate  *limiter.Gate
+	limit limiter.Limit
+	ex    *executor.Executor
+	sim   *llmsim.Server
+	clock *clocktest.Clock
+	after *afterNext
+}
+
+const endedMinute = time.Minute
+
+func endedSetup(t *testing.T) *endedBundle {
+	t.Helper()
+	ctx := t.Context()
+	clock := clocktest.New(time.Now())
+	rdb := redistest.Client(t)
+	after := &afterNext{}
+	rdb.AddHook(after)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now, TokenMinute: endedMinute})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-ended", "held")
+	est, err := estimator.New(nil)
+	require.NoError(t, err)
+	b := jobstest.New(t)
+	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16} // helloRequest's max_tokens
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-ended"})
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit}}})
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	return &endedBundle{b: b, gate: gate, limit: limit, ex: ex, sim: sim, clock: clock, after: after}
+}
+
+// hold creates a job (its deadline timeout away) whose slot, a minute away, its first delivery
+// holds in its row.
+func (u *endedBundle) hold(t *testing.T, timeout time.Duration) *jobs.Job {
+	t.Helper()
+	job := u.b.Create(t, jobstest.Opts{Credential: "held", Timeout: timeout, Request: helloRequest})
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, u.ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+	got, err := u.b.Store.Get(t.Context(), job.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.SlotSeq)
+	return got
+}
+
+// nextWait is the wait of the credential's next 16 output tokens, asked once the test's token
+// minute has passed: the held slot's minute comes next, refunded or not.
+func (u *endedBundle) nextWait(t *testing.T) time.Duration {
+	t.Helper()
+	u.clock.Advance(endedMinute)
+	return u.waitNow(t)
+}
+
+// waitNow is the wait of the credential's next 16 output tokens, asked now.
+func (u *endedBundle) waitNow(t *testing.T) time.Duration {
+	t.Helper()
+	r, err := u.gate.ReserveCost(t.Context(), u.limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+	return r.Wait
+}
+
+// A job that ended while it held a slot in its row (canceled, or failed by the deadline pass,
+// while it waited for the slot's time) gives the slot's tokens back when its task comes back
+// (dispatch.Tasks.AbortHeld runs it at once): they pushed every later ask of the credential a
+// whole token minute back (the next 16 tokens went at +2m, not +1m). Once: a second delivery
+// of the ended job gives nothing more back.
+func TestExecutor_EndedJobGivesItsHeldSlotBack(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, u *endedBundle, job *jobs.Job)
+	}{
+		{"Canceled", func(t *testing.T, u *endedBundle, job *jobs.Job) {
+			_, err := u.b.Store.Cancel(t.Context(), job.ID)
+			require.NoError(t, err)
+		}},
+		{"FailedByTheDeadlinePass", func(t *testing.T, u *endedBundle, job *jobs.Job) {
+			failed, err := u.b.Store.FailOverdue(t.Context(), job.Deadline, 10)
+			require.NoError(t, err)
+			require.Len(t, failed, 1)
+			require.True(t, failed[0].HeldSlot)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			u := endedSetup(t)
+			job := u.hold(t, time.Hour)
+			tc.end(t, u, job)
+
+			require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+			require.Less(t, u.nextWait(t), endedMinute/2, "the ended job's held slot still holds its tokens")
+			got, err := u.b.Store.Get(ctx, job.ID)
+			require.NoError(t, err)
+			require.Nil(t, got.SlotSeq, "the slot was taken from the row: given back once")
+			require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+			require.Zero(t, u.sim.Stats().Requests)
+		})
+	}
+}
+
+// A held slot whose delivery finds the job's deadline passed (a pause or an open breaker kept
+// it, or the worker came late) fails the job and gives the slot back: nothing else would.
+func TestExecutor_HeldSlotPastTheDeadlineIsGivenBack(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	u := endedSetup(t)
+	job := u.hold(t, 65*time.Second) // the slot at +1m, the deadline 5 s after it
+	u.clock.Advance(67 * time.Second)
+
+	require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	// The slot's minute (+1m to +2m) is free again: 16 tokens go now rather than at +2m.
+	require.Less(t, u.waitNow(t), 30*time.Second, "the failed job's held slot still holds its tokens")
+	got, err := u.b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusFailed, got.Status)
+	require.Equal(t, jobs.ReasonDeadlineExceeded, got.LastError.Class)
+	require.Nil(t, got.SlotSeq)
+	require.Zero(t, u.sim.Stats().Requests)
+}
+
+// A job canceled after its delivery's reservation and before the slot is held in its row (the
+// row refuses it: the job no longer waits) gives the slot back at once: the row holds nothing,
+// so no later delivery could.
+func TestExecutor_SlotOfAJobCanceledBeforeItsHoldIsGivenBack(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	u := endedSetup(t)
+	job := u.b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	// The delivery's first Redis call is its reservation.
+	u.after.arm(func() {
+		_, err := u.b.Store.Cancel(context.WithoutCancel(ctx), job.ID)
+		require.NoError(t, err)
+	})
+	err := u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
+	require.False(t, u.after.armed())
+	require.Less(t, u.nextWait(t), endedMinute/2, "the canceled job's slot still holds its tokens")
+	require.NoError(t, err, "the job ended: nothing more to do")
+	got, err := u.b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, got.Status)
+	require.Nil(t, got.SlotSeq)
+}
+
+// A pause probe held with a slot in the job row (the paused credential's interval's one
+// attempt) goes back when its job ends (canceled here) or fails over from an open breaker: kept,
+// it held the credential's next probe back a whole interval, and with it the end of a pause
+// whose cap was lifted.
+func TestExecutor_HeldPauseProbeIsGivenBack(t *testing.T) {
+	t.Parallel()
+	tokenMinute := 10 * time.Second // past MaxInlineWait, within probeEvery: the probe's slot is held
+
+	t.Run("Canceled", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		u := unsentSetup(t, tokenMinute)
+		job := u.b.Create(t, jobstest.Opts{Credential: "capped", Timeout: time.Hour, Request: helloRequest})
+		var deferred *dispatch.DeferError
+		require.ErrorAs(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+		require.Contains(t, deferred.Reason, "rate limit slot", "the probe's slot is held")
+		_, err := u.b.Store.Cancel(ctx, job.ID)
+		require.NoError(t, err)
+
+		require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+		require.Zero(t, u.sim.Stats().Requests)
+		u.requireHandedBack(t, tokenMinute)
+	})
+
+	t.Run("FailedOverFromAnOpenBreaker", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		clock := clocktest.New(time.Now())
+		rdb := redistest.Client(t)
+		prefix := redistest.Prefix(t)
+		lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now, TokenMinute: tokenMinute})
+		require.NoError(t, err)
+		brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix + "brk:", Now: clock.Now, Threshold: 1, Cooldown: time.Hour})
+		require.NoError(t, err)
+		gate, circuit := lim.Gate("sk-capped", "capped"), brk.Circuit("sk-capped", "capped")
+		est, err := estimator.New(nil)
+		require.NoError(t, err)
+		b := jobstest.New(t)
+		limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16}
+		sim := llmsim.New(llmsim.Config{})
+		srv := httptest.NewServer(sim)
+		t.Cleanup(srv.Close)
+		p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-capped"})
+		require.NoError(t, err)
+		ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+			"capped": {Name: "capped", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Circuit: circuit,
+				Limit: limit, PauseProbeInterval: probeEvery},
+			"backup": {Name: "backup", Kind: string(llm.KindAnthropic), Provider: p}}})
+		// A warm breaker; the credential paused, its first probe due; the token minute taken.
+		a, err := circuit.Allow(ctx)
+		require.NoError(t, err)
+		_, err = circuit.Report(ctx, a, breaker.Success)
+		require.NoError(t, err)
+		_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "first")
+		require.NoError(t, err)
+		clock.Advance(probeEvery)
+		r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+		require.NoError(t, err)
+		require.True(t, r.Granted)
+
+		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "capped", Fallbacks: []string{"backup"},
+			Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
+		require.NoError(t, err)
+		var deferred *dispatch.DeferError
+		require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+		require.Contains(t, deferred.Reason, "rate limit slot", "the probe's slot is held")
+
+		// The slot is due; the credential's breaker is open: the job fails over.
+		clock.Advance(tokenMinute)
+		for {
+			a, err := circuit.Allow(ctx)
+			require.NoError(t, err)
+			if !a.Allowed {
+				break
+			}
+			_, err = circuit.Report(ctx, a, breaker.Failure)
+			require.NoError(t, err)
+		}
+		require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+		got, err := b.Store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusSucceeded, got.Status)
+		require.Equal(t, "backup", *got.AnsweredBy)
+
+		pr, err := gate.TryProbe(ctx, probeEvery)
+		require.NoError(t, err)
+		require.True(t, pr.Granted(), "the probe held by the job that left was not given back: the next waits its interval")
+	})
+}
