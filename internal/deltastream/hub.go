@@ -25,7 +25,8 @@ const subscribeWait = 2 * time.Second
 // a network stall) holds up no other client's Follow or Stop, nor the hub's delivery under mu;
 // the changes made meanwhile go together in the next round. A SUBSCRIBE that failed is sent
 // again (subscribeRetry). The connection is a client's of the hub's own, whose writes go from a
-// goroutine of their own (hubClient): a SUBSCRIBE whose write is held holds no delivery either.
+// goroutine of their own (hubClient): a SUBSCRIBE whose write is held holds no delivery either
+// (unless more than queuedMax bytes wait to be written).
 type Hub struct {
 	b      *Buffer
 	ps     *redis.PubSub

@@ -207,22 +207,3 @@ func TestQueuedConn_AWritePastItsDeadlineClosesTheConnection(t *testing.T) {
 	_, err = q.Write([]byte("PING"))
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the write's failure")
 }
-
-// TestQueuedConn_BoundedQueue: at most queuedMax bytes wait for a peer that reads nothing; the
-// write past that fails, and closes the connection.
-func TestQueuedConn_BoundedQueue(t *testing.T) {
-	client, server := net.Pipe()
-	defer server.Close()
-	q := newQueuedConn(client)
-	defer q.Close()
-	chunk := make([]byte, 64<<10)
-	for range queuedMax / len(chunk) {
-		_, err := q.Write(chunk)
-		require.NoError(t, err)
-	}
-	_, err := q.Write([]byte("x"))
-	require.ErrorIs(t, err, errQueueFull)
-	_ = q.SetReadDeadline(time.Now().Add(5 * time.Second)) // fails on the closed pipe
-	_, err = q.Read(make([]byte, 1))
-	require.ErrorIs(t, err, io.ErrClosedPipe)
-}

@@ -7,6 +7,7 @@ import (
 	"net"
 	neturl "net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -479,5 +480,79 @@ func TestHub_AWriteHeldPastItsDeadlineConnectsAgain(t *testing.T) {
 		entries, err = buf.Read(ctx, "jobHeld", "", 10)
 		require.NoError(t, err)
 	}
+	require.Len(t, entries, 1)
+}
+
+// slowLinkConn is a connection on a link slower to take a big write than Go is to copy it (any
+// network but a loopback one): each write of more than 4 KiB takes 5 ms.
+type slowLinkConn struct{ net.Conn }
+
+func (c slowLinkConn) Write(p []byte) (int, error) {
+	if len(p) > 4<<10 {
+		<-time.After(5 * time.Millisecond)
+	}
+	return c.Conn.Write(p)
+}
+
+// TestHub_ALargeResubscriptionGoesThrough: after a reconnect go-redis subscribes the new
+// connection to every channel followed in one command; one larger than the bytes the hub's
+// connection lets wait (tens of thousands of jobs followed; here fewer, with long IDs) goes
+// through a slow link, and the followers are told to read the buffer and receive again, where
+// failing the connection at the bound failed every resubscription, and the hub connected again
+// and again, subscribed to nothing.
+func TestHub_ALargeResubscriptionGoesThrough(t *testing.T) {
+	t.Parallel()
+	opts, err := redis.ParseURL(redistest.URL())
+	require.NoError(t, err)
+	opts.ClientName = "hub-large-resubscribe-" + redistest.Rand()
+	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return slowLinkConn{c}, nil
+	}
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)})
+	hub := buf.NewHub()
+	defer hub.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var ids []string
+	for i := range 64 { // 64 channels of 20 KB: 1.3 MB to resubscribe
+		ids = append(ids, strings.Repeat("j", 20_000)+strconv.Itoa(i))
+	}
+	for _, id := range ids {
+		f := hub.Follow(ctx, id)
+		defer f.Stop()
+	}
+	f := hub.Follow(ctx, "jobR")
+	defer f.Stop()
+
+	admin := redistest.Client(t)
+	list, err := admin.ClientList(ctx).Result()
+	require.NoError(t, err)
+	killed := 0
+	for line := range strings.SplitSeq(list, "\n") {
+		if !strings.Contains(line, " name="+opts.ClientName+" ") || strings.Contains(line, " sub=0 ") {
+			continue
+		}
+		id := strings.TrimPrefix(strings.Fields(line)[0], "id=")
+		n, err := admin.ClientKillByFilter(ctx, "ID", id).Result()
+		require.NoError(t, err)
+		killed += int(n)
+	}
+	require.Equal(t, 1, killed, "the hub's one Pub/Sub connection, in:\n%s", list)
+
+	awaitWake(t, f.Wake()) // the resubscription's confirmation
+	_, ok := f.Next(deltastream.Entry{})
+	require.False(t, ok, "after the resubscription a batch may be missing: read the buffer")
+	w := buf.Writer("jobR", 2, 1)
+	defer w.Close(ctx)
+	w.Add(deltastream.Delta{Type: "text", Text: "after"})
+	awaitWake(t, f.Wake())
+	entries, ok := f.Next(deltastream.Entry{})
+	require.True(t, ok, "the subscription is live again")
 	require.Len(t, entries, 1)
 }

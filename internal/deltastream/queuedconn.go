@@ -2,7 +2,6 @@ package deltastream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -12,11 +11,8 @@ import (
 )
 
 // queuedMax bounds the bytes a queuedConn holds unwritten: tens of thousands of subscriptions.
-// Past it the connection fails, as a write that failed: go-redis connects again.
+// A Write past it waits for room (for the writes before it to go, or to fail at their deadline).
 const queuedMax = 1 << 20
-
-// errQueueFull is the error of a queuedConn that held more than queuedMax bytes unwritten.
-var errQueueFull = errors.New("deltastream: pub/sub connection stalled: too many commands unwritten")
 
 // hubClient returns a client of its own for the hub's pub/sub connection, made from rdb's
 // options, whose connections write through a goroutine of their own (queuedConn): go-redis's
@@ -78,14 +74,18 @@ func (queuedWrites) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 
 // queuedConn is a connection whose Write queues a copy of its bytes and returns, and whose own
-// goroutine writes them, in order, each under the write deadline set before it was queued; its
-// reads are the connection's own. A write that fails (its deadline passed: the network stalled,
-// Redis stopped reading) closes the connection, so that its reader fails too and go-redis
-// connects again, as when its own write fails; every Write after it returns that error. At most
-// queuedMax bytes wait. Safe for one writer and one reader at a time, as a net.Conn.
+// goroutine writes them, in order, each given the time its write deadline left it when it was
+// queued, counted from when its own write starts (a write held keeps the ones behind it waiting,
+// but costs them none of their time: go-redis gave each its deadline when it wrote it itself).
+// A write that fails (its time ran out: the network stalled, Redis stopped reading) closes the
+// connection, so that its reader fails too and go-redis connects again, as when its own write
+// fails; every Write after it returns that error. At most queuedMax bytes wait: a Write past it
+// waits until the writes before it went or failed (one larger than queuedMax waits for all). Safe
+// for one writer and one reader at a time, as a net.Conn.
 type queuedConn struct {
 	net.Conn
 	wake      chan struct{} // capacity 1: something was queued
+	room      chan struct{} // capacity 1: a write went, or failed
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
 
@@ -97,29 +97,41 @@ type queuedConn struct {
 }
 
 type queuedWrite struct {
-	p        []byte
-	deadline time.Time
+	p []byte
+	// deadline, if not zero, is the write deadline given, and queuedAt when it was queued: the
+	// write has deadline-queuedAt from when it starts.
+	deadline, queuedAt time.Time
 }
 
 func newQueuedConn(c net.Conn) *queuedConn {
-	q := &queuedConn{Conn: c, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	q := &queuedConn{Conn: c, wake: make(chan struct{}, 1), room: make(chan struct{}, 1),
+		done: make(chan struct{})}
 	go q.writeLoop()
 	return q
 }
 
-// Write queues a copy of p (go-redis reuses its buffer) for writeLoop.
+// Write queues a copy of p (go-redis reuses its buffer) for writeLoop; past queuedMax it waits
+// for room first.
 func (q *queuedConn) Write(p []byte) (int, error) {
 	q.mu.Lock()
-	if q.err == nil && q.queued+len(p) > queuedMax {
-		q.err = errQueueFull
-		_ = q.Conn.Close()
+	for q.err == nil && q.queued > 0 && q.queued+len(p) > queuedMax {
+		q.mu.Unlock()
+		select {
+		case <-q.room:
+		case <-q.done:
+		}
+		q.mu.Lock()
 	}
 	if q.err != nil {
 		err := q.err
 		q.mu.Unlock()
 		return 0, err
 	}
-	q.queue = append(q.queue, queuedWrite{p: append([]byte(nil), p...), deadline: q.deadline})
+	w := queuedWrite{p: append([]byte(nil), p...), deadline: q.deadline}
+	if !w.deadline.IsZero() {
+		w.queuedAt = time.Now()
+	}
+	q.queue = append(q.queue, w)
 	q.queued += len(p)
 	q.mu.Unlock()
 	select {
@@ -142,7 +154,11 @@ func (q *queuedConn) writeLoop() {
 		q.queue = nil
 		q.mu.Unlock()
 		for _, w := range writes {
-			err := q.Conn.SetWriteDeadline(w.deadline)
+			deadline := w.deadline
+			if !deadline.IsZero() {
+				deadline = deadline.Add(time.Since(w.queuedAt))
+			}
+			err := q.Conn.SetWriteDeadline(deadline)
 			if err == nil {
 				_, err = q.Conn.Write(w.p)
 			}
@@ -153,6 +169,10 @@ func (q *queuedConn) writeLoop() {
 			}
 			failed := q.err != nil
 			q.mu.Unlock()
+			select {
+			case q.room <- struct{}{}:
+			default:
+			}
 			if failed {
 				_ = q.Conn.Close() // the reader fails, and go-redis connects again
 				return
