@@ -137,6 +137,9 @@
 // back about when their turn comes (Granted false). Tickets are ordered by Lane.Since, so a ticket
 // lost with Redis takes the same place when its job asks again. Equal tenants get 50/50, weights
 // 2:1 get 67/33, and an interactive job under a 3,000-job flood waits under 0.3 s (fair_test.go).
+// A lane that stops waiting starts again no earlier than the virtual finish time it left with
+// (no credit for idling, no escape from what its last grants took), and the tokens an ask in its
+// turn waits for are not granted to the turns after it (fair_hostile_test.go).
 //
 // # Retry budget
 //

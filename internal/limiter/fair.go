@@ -75,7 +75,9 @@ type Fairness struct {
 	Horizon time.Duration
 	// TicketGrace is how long past the time it was told to ask again a waiting ticket is kept
 	// for its holder (a worker that died, a job canceled). Its job finds the same place again
-	// when it does ask (Lane.Since). Default 5s.
+	// when it does ask (Lane.Since). When the first ticket of a lane is dropped so, the lane's
+	// other tickets go with it (they are likely canceled too); their holders put them back when
+	// they ask. Default 5s.
 	TicketGrace time.Duration
 	// MaxRecheck is the longest a waiting ticket is kept without its holder asking again (plus
 	// TicketGrace): a ticket whose turn is further off is told to ask again at half its foreseen

@@ -54,6 +54,9 @@ type fairSim struct {
 	// (none when absent).
 	limit limiter.Limit
 	costs map[string]tokens.Cost
+	// onGrant, when set, is called with each attempt as it is granted (a client that submits its
+	// next job when one is granted adds it here).
+	onGrant func(a *simAttempt)
 }
 
 func newFairSim(t *testing.T, mod func(*limiter.Config)) *fairSim {
@@ -99,6 +102,9 @@ func (s *fairSim) run(until time.Time) {
 				require.NoError(s.t, err)
 				if r.Granted {
 					a.granted, a.send = true, r.SendAt
+					if s.onGrant != nil {
+						s.onGrant(a)
+					}
 					continue
 				}
 				require.True(s.t, r.SendAt.After(now), "told to ask again at %v, now %v", r.SendAt, now)

@@ -42,6 +42,10 @@ func grantKey(prefix, tag string) string { return prefix + tag + ":tkg" }
 // unless asked for again (a sorted set), and fairLaneKey + lane name each lane's tickets in order
 // (a sorted set). All expire after twice Fairness.MaxRecheck + TicketGrace (plus a minute) without
 // an ask; losing them loses no job, only places in line until the tickets are asked for again.
+// The fair hash's name and "b" (":fqb", named by the script) holds the virtual finish times of
+// lanes that stopped waiting lately (a sorted set, lane → F; see fdebt in luaFair): a lane that
+// waits again starts there, not at the others' virtual time. Entries go once the others have
+// passed them; the key expires as the others do, counted from the last lane to stop waiting.
 func fairKey(prefix, tag string) string         { return prefix + tag + ":fq" }
 func fairLanesKey(prefix, tag string) string    { return prefix + tag + ":fql" }
 func fairDeadlineKey(prefix, tag string) string { return prefix + tag + ":fqd" }

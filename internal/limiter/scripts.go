@@ -373,7 +373,14 @@ if FQ ~= nil then
   -- being learned, or a provider without headers, goes one probe at a time as before: no queue)
   if not fquick(now, base, T, burst, phase) then
     fenter(now)
-    local ok, again = fadmit(now, base, T, burst, phase, poll, source == 'learned')
+    -- whether the ask charges a token bucket (see fblocked)
+    local tcharge = false
+    if TK ~= nil then
+      for _, x in ipairs(TK.xs) do
+        if x.T ~= nil and x.n > 0 then tcharge = true end
+      end
+    end
+    local ok, again = fadmit(now, base, T, burst, phase, poll, source == 'learned', tcharge)
     if not ok then granted, tagain = 0, again end
   end
 end
@@ -397,6 +404,7 @@ if granted == 1 then
     send = s2
   else
     granted, tagain = 0, s2
+    if FQ ~= nil then fblock(s2) end
   end
 end
 if granted == 1 then tat = ntat end

@@ -15,7 +15,8 @@ package limiter
 //
 // KEYS[6] fair hash: v (virtual time while no lane waits), F|<lane> (a waiting lane's virtual
 // finish time), w|<tenant> (the tenant's weight, as its last attempt said; kept while one of its
-// lanes waits)
+// lanes waits), b (the token block: "<tag> <ask again µs> <lane>\n<ticket>", the ask in its turn
+// that the token buckets refused last; see fblock)
 // KEYS[7] the set of waiting lanes
 // KEYS[8] ticket deadlines (sorted set of "<lane>\n<ticket>" by µs): a ticket whose holder has
 // not asked again by then is dropped (its job asks again later, and finds its place again)
@@ -43,6 +44,19 @@ local function fkeep()
   for _, k in ipairs({FQ.h, FQ.act, FQ.dl, FQ.own}) do redis.call('PEXPIRE', k, ms) end
 end
 
+-- fdebt remembers the virtual finish time F of lane ln, which has just stopped waiting, in the
+-- debts set (the fair hash's name and 'b': a sorted set of lanes by F), so that the lane, should
+-- it wait again before the others' virtual time has passed F, starts at F and not at theirs: a
+-- lane emptied by each grant (a tenant with one job at a time) would otherwise come back free of
+-- what its last request took, and its large prompts would take the token bucket from the
+-- backlogs beside it. The set expires as the fairness keys do; fenter drops the debts paid.
+local function fdebt(ln, F)
+  if F == nil then return end
+  local k = FQ.h .. 'b'
+  redis.call('ZADD', k, fmt(F), ln)
+  redis.call('PEXPIRE', k, math.ceil((2 * (FQ.maxwait + FQ.grace)) / 1000) + 60000)
+end
+
 -- fleave drops the weight of the tenant of lane ln, which has just stopped waiting, unless another
 -- of its lanes still waits: a weight is kept only while its tenant waits (each ask sets its own
 -- again), so that the hash does not keep a field for every tenant that ever waited.
@@ -54,20 +68,29 @@ local function fleave(ln)
   redis.call('HDEL', FQ.h, 'w|' .. tenant)
 end
 
--- fenter drops expired tickets, registers the asking ticket (in its lane, by its order: a
+-- fenter drops expired tickets (the whole lane when its first ticket expires), registers the asking ticket (in its lane, by its order: a
 -- ticket already there keeps its place), and computes its rank: how many waiting tickets are
 -- due (in virtual time) before it.
 local function fenter(now)
   local old = redis.call('ZRANGEBYSCORE', FQ.dl, '-inf', now, 'LIMIT', 0, 100)
   for _, m in ipairs(old) do
     local i = string.find(m, '\n', 1, true)
-    if i then redis.call('ZREM', FQ.pre .. string.sub(m, 1, i - 1), string.sub(m, i + 1)) end
+    if i then
+      -- A lane whose first ticket's holder did not come back (a canceled job, a deadline passed, a
+      -- worker gone) likely holds more such tickets, each ranked before the other lanes' asks
+      -- until its own deadline (up to MaxRecheck + TicketGrace): the whole lane is dropped. Its
+      -- live holders put their tickets back, in their order, when they ask.
+      local lk, t = FQ.pre .. string.sub(m, 1, i - 1), string.sub(m, i + 1)
+      if redis.call('ZRANK', lk, t) == 0 then redis.call('DEL', lk) else redis.call('ZREM', lk, t) end
+    end
     redis.call('ZREM', FQ.dl, m)
   end
   redis.call('ZADD', FQ.own, 'NX', FQ.order, FQ.ticket)
   redis.call('ZADD', FQ.dl, now + FQ.grace + 1000000, FQ.lane .. '\n' .. FQ.ticket)
   redis.call('HSET', FQ.h, 'w|' .. FQ.tenant, FQ.tw)
-  local v = num(redis.call('HGET', FQ.h, 'v')) or 0
+  local hv = redis.call('HMGET', FQ.h, 'v', 'b')
+  local v = num(hv[1]) or 0
+  FQ.block = hv[2] or nil
   -- the waiting lanes; a lane left empty (its tickets granted or expired) stops waiting
   local lanes, minF, mine = {}, nil, nil
   for _, ln in ipairs(redis.call('SMEMBERS', FQ.act)) do
@@ -78,6 +101,7 @@ local function fenter(now)
       redis.call('HDEL', FQ.h, 'F|' .. ln)
       -- the asking tenant's weight, set above, is about to be used
       if string.sub(ln, 1, #FQ.tenant + 1) ~= FQ.tenant .. '|' then fleave(ln) end
+      fdebt(ln, F)
       if F ~= nil and F > v then v = F end
     else
       local bar = string.find(ln, '|', 1, true)
@@ -98,10 +122,19 @@ local function fenter(now)
     end
   end
   if mine == nil then
-    mine = {name = FQ.lane, n = redis.call('ZCARD', FQ.own), F = V, tenant = FQ.tenant, prio = FQ.prio}
+    -- a lane that waited lately starts no earlier than where it left (fdebt); debts the others'
+    -- virtual time has passed are dropped
+    local start, debts = V, FQ.h .. 'b'
+    local d = num(redis.call('ZSCORE', debts, FQ.lane))
+    if d ~= nil then
+      if d > start then start = d end
+      redis.call('ZREM', debts, FQ.lane)
+    end
+    redis.call('ZREMRANGEBYSCORE', debts, '-inf', fmt(V))
+    mine = {name = FQ.lane, n = redis.call('ZCARD', FQ.own), F = start, tenant = FQ.tenant, prio = FQ.prio}
     lanes[#lanes + 1] = mine
     redis.call('SADD', FQ.act, FQ.lane)
-    redis.call('HSET', FQ.h, 'F|' .. FQ.lane, fmt(V))
+    redis.call('HSET', FQ.h, 'F|' .. FQ.lane, fmt(start))
   end
   -- weights: a tenant's weight, split between its waiting priorities: each lower one keeps its
   -- minimum share, the highest gets the rest
@@ -122,6 +155,7 @@ local function fenter(now)
   local pos = redis.call('ZRANK', FQ.own, FQ.ticket) + 1
   FQ.pos = pos
   local tag = mine.F + pos / mine.w
+  FQ.tag = tag
   local rank = pos - 1
   for _, x in ipairs(lanes) do
     if x ~= mine then
@@ -140,6 +174,40 @@ local function fenter(now)
   fkeep()
 end
 
+-- fblocked says whether the ask, whose turn has come, must leave the token buckets to an earlier
+-- turn that they refused (fblock): the tokens refilled while that ask waits for enough of them
+-- would otherwise go to the asks after it, each needing fewer, and a lane of large prompts
+-- would wait as long as another's small ones kept coming. Only an ask that charges a token
+-- bucket (tcharge) is held, and only while the blocking ticket still waits in its lane (not yet
+-- granted, not dropped). Returns nil, or when to ask again (when the blocking ask does).
+local function fblocked(tcharge)
+  local b = FQ.block
+  if b == nil then return nil end
+  local i = string.find(b, ' ', 1, true)
+  local j = string.find(b, ' ', i + 1, true)
+  local k = string.find(b, '\n', j + 1, true)
+  local btag, bagain = tonumber(string.sub(b, 1, i - 1)), tonumber(string.sub(b, i + 1, j - 1))
+  local bl, bt = string.sub(b, j + 1, k - 1), string.sub(b, k + 1)
+  if bl == FQ.lane and bt == FQ.ticket then
+    FQ.blocker = true
+    return nil
+  end
+  if not tcharge or FQ.tag < btag then return nil end
+  if not redis.call('ZSCORE', FQ.pre .. bl, bt) then
+    redis.call('HDEL', FQ.h, 'b')
+    return nil
+  end
+  return bagain
+end
+
+-- fblock records that the token buckets refused this ask, whose turn had come, until again: the
+-- asks of later turns that charge tokens wait for it (fblocked). An ask of an earlier turn
+-- refused in turn takes its place.
+local function fblock(again)
+  if FQ == nil or FQ.mine == nil or FQ.tag == nil then return end
+  redis.call('HSET', FQ.h, 'b', fmt(FQ.tag) .. ' ' .. fmt(again) .. ' ' .. FQ.lane .. '\n' .. FQ.ticket)
+end
+
 -- ffree counts the free slots of the request bucket whose send time lies within the horizon
 -- (slot k may go at base + (k+1-burst)T, plus the phase margin when it waits for a refill).
 -- fadmit decides whether the ask may take a slot now: the free slots must outnumber the tickets
@@ -153,9 +221,16 @@ local function ffree(now, base, T, burst, phase)
   return math.max(k1, k2) + 1
 end
 
-local function fadmit(now, base, T, burst, phase, poll, learned)
+local function fadmit(now, base, T, burst, phase, poll, learned, tcharge)
   FQ.T = T
-  if FQ.rank < ffree(now, base, T, burst, phase) then return true end
+  if FQ.rank < ffree(now, base, T, burst, phase) then
+    local b = fblocked(tcharge)
+    if b == nil then return true end
+    -- the tokens are kept for an earlier turn: ask again when its holder does
+    if b < now + poll then b = now + poll end
+    redis.call('ZADD', FQ.dl, b + FQ.grace, FQ.lane .. '\n' .. FQ.ticket)
+    return false, b
+  end
   local again = base + (FQ.rank + 1 - burst) * T + phase - FQ.hz / 2
   -- a turn more than a second off is asked for a tenth early (at most a second): a waiter that
   -- comes back through its scheduler (asynq keeps whole seconds; a loaded worker is slow) is then
@@ -223,6 +298,7 @@ end
 -- fgranted takes the granted ticket out of its lane: the lane has used its request's units
 -- (funits) of its share. tk is the script's token work (TK), nil without.
 local function fgranted(tk)
+  if FQ.blocker then redis.call('HDEL', FQ.h, 'b') end
   redis.call('ZREM', FQ.own, FQ.ticket)
   redis.call('ZREM', FQ.dl, FQ.lane .. '\n' .. FQ.ticket)
   local F = FQ.mine.F + funits(tk) / FQ.mine.w
@@ -230,6 +306,7 @@ local function fgranted(tk)
     redis.call('SREM', FQ.act, FQ.lane)
     redis.call('HDEL', FQ.h, 'F|' .. FQ.lane)
     fleave(FQ.lane)
+    fdebt(FQ.lane, F)
     local v = num(redis.call('HGET', FQ.h, 'v')) or 0
     if F > v then redis.call('HSET', FQ.h, 'v', fmt(F)) end
   else
