@@ -37,32 +37,46 @@ func (c *anthropicClient) Submit(ctx context.Context, _ string, reqs []Request) 
 }
 
 // Find: Message Batches keep no metadata, so the batch is recognised by its creation time (at
-// or after since, less a minute of clock skew) and its number of requests; of several not taken
-// by another of llmq's batches, the earliest. Results are matched by custom_id, so adopting a
-// stranger's batch of the same size cannot record a wrong result: the jobs missing from its
-// results go round again. (Adopting one of llmq's own, already recorded, would leave this
-// batch's real one unread, paid for and its jobs sent again: hence taken.)
+// or after since, less findSkew of clock skew) and its number of requests; of several not taken
+// by another of llmq's batches, the earliest. The list (newest first) is read a page of 100 at a
+// time until a batch created before that, as OpenAI's is (see openAIClient.Find). Results are
+// matched by custom_id, so adopting a stranger's batch of the same size cannot record a wrong
+// result: the jobs missing from its results go round again. (Adopting one of llmq's own,
+// already recorded, would leave this batch's real one unread, paid for and its jobs sent again:
+// hence taken.)
 func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, n int, taken func(string) bool) (string, error) {
-	var page struct {
-		Data []anthropicBatch `json:"data"`
-	}
-	if err := c.doJSON(ctx, "GET", "/v1/messages/batches?limit=100", nil, &page); err != nil {
-		return "", fmt.Errorf("list message batches: %w", err)
-	}
-	found := ""
-	for _, b := range page.Data { // newest first
-		if b.CreatedAt.Before(since.Add(-time.Minute)) {
-			break
+	oldest := since.Add(-findSkew)
+	found, after := "", ""
+	for range findMaxPages {
+		path := "/v1/messages/batches?limit=100"
+		if after != "" {
+			path += "&after_id=" + url.QueryEscape(after)
 		}
-		total := 0
-		for _, v := range b.RequestCounts {
-			total += v
+		var page struct {
+			Data    []anthropicBatch `json:"data"`
+			HasMore bool             `json:"has_more"`
 		}
-		if total == n && !taken(b.ID) {
-			found = b.ID
+		if err := c.doJSON(ctx, "GET", path, nil, &page); err != nil {
+			return "", fmt.Errorf("list message batches: %w", err)
 		}
+		for _, b := range page.Data {
+			if b.CreatedAt.Before(oldest) {
+				return found, nil // the rest are older still
+			}
+			total := 0
+			for _, v := range b.RequestCounts {
+				total += v
+			}
+			if total == n && !taken(b.ID) {
+				found = b.ID
+			}
+		}
+		if !page.HasMore || len(page.Data) == 0 {
+			return found, nil
+		}
+		after = page.Data[len(page.Data)-1].ID
 	}
-	return found, nil
+	return "", fmt.Errorf("list message batches: more than %d created since %s", findMaxPages*100, since.UTC().Format(time.RFC3339))
 }
 
 func (c *anthropicClient) Poll(ctx context.Context, id string) (State, error) {

@@ -400,3 +400,34 @@ func TestBatcher_DatesEachPassThatSucceeds(t *testing.T) {
 	require.Equal(t, unix(started), date())
 	require.Equal(t, float64(1), b.counter(t, "batches", "sent"))
 }
+
+// TestBatcher_RateLimitedRequestIsRetried: a request a finished batch answered 429 (the batch's
+// own rate limit, with no Retry-After to read: a results file has no headers) is retried, as
+// an overload is, and pauses nothing: the credential's spend cap is read from the batch API's
+// own answers (a refused send), not from a request's line. Its last error names the reason as
+// the online lane does: OpenAI's error.code (rate_limit_exceeded), not error.type (requests).
+func TestBatcher_RateLimitedRequestIsRetried(t *testing.T) {
+	t.Parallel()
+	for provider, typ := range map[string]string{"openai": "rate_limit_exceeded", "anthropic": "rate_limit_error"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			b := setup(t, setupOpts{provider: provider})
+			p := b.pausable(t)
+			bt := p.batcher(b)
+			j := b.submit(t, "llmsim-batch-rate-limited", 0, 0)
+			b.clock.Advance(fill)
+			once(t, bt)
+			b.clock.Advance(2 * time.Hour)
+			once(t, bt)
+			got := b.get(t, j.ID)
+			require.Equal(t, jobs.StatusRetrying, got.Status)
+			require.Equal(t, "retryable", got.LastError.Class)
+			require.Equal(t, http.StatusTooManyRequests, got.LastError.Status)
+			require.Equal(t, typ, got.LastError.Type)
+			ps, err := p.gate.Paused(ctx)
+			require.NoError(t, err)
+			require.False(t, ps.Paused, "a request's 429 in a batch is no spend cap")
+		})
+	}
+}

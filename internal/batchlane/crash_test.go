@@ -219,3 +219,34 @@ type unreachable struct{ batchlane.Client }
 func (unreachable) Find(context.Context, string, time.Time, int, func(string) bool) (string, error) {
 	return "", &batchlane.StatusError{Status: 503, Body: "unavailable"}
 }
+
+// TestBatcher_LostSendFoundPastTheFirstPage: a send whose answer was lost is found however
+// many batches the key made since (here 150, more than a page of the list): before, the look-up
+// read one page of 100, missed it, and sent the batch again, each job in two provider batches,
+// paid twice.
+func TestBatcher_LostSendFoundPastTheFirstPage(t *testing.T) {
+	t.Parallel()
+	for _, provider := range []string{"openai", "anthropic"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{provider: provider})
+			j1, j2 := b.submit(t, "one", 0, 0), b.submit(t, "two", 0, 0)
+			b.clock.Advance(fill)
+			require.Error(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()))
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			submitN(ctx, t, b.client, provider, "elsewhere", 150, 1) // the key's other batches, made meanwhile
+
+			b.clock.Advance(time.Minute) // past the failed send's backoff
+			once(t, b.batcher(nil))
+			st := b.sim.BatchStats()
+			require.Equal(t, 151, st.Created, "the lost send was adopted, not sent again")
+			require.Equal(t, 152, st.Requests)
+			for _, id := range []string{j1.ID, j2.ID} {
+				got := b.get(t, id)
+				require.Equal(t, jobs.StatusRunning, got.Status)
+				require.Equal(t, 1, got.Attempts)
+			}
+		})
+	}
+}

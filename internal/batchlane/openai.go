@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"mime/multipart"
 	"net/http"
@@ -22,6 +23,8 @@ type openAIBatch struct {
 	OutputFileID *string           `json:"output_file_id"`
 	ErrorFileID  *string           `json:"error_file_id"`
 	Metadata     map[string]string `json:"metadata"`
+	// CreatedAt is the batch's creation, in Unix seconds by the provider's clock.
+	CreatedAt int64 `json:"created_at"`
 }
 
 // metadataKey tags a batch with llmq's batch id, so that Find recognises it after a crash.
@@ -65,26 +68,61 @@ func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (
 	var b openAIBatch
 	err = c.doJSON(ctx, "POST", "/v1/batches", map[string]any{"input_file_id": file.ID, "endpoint": "/v1/chat/completions",
 		"completion_window": "24h", "metadata": map[string]string{metadataKey: ref}}, &b)
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status/100 == 4 {
+		// Refused, so no batch reads the file: it is deleted, best effort (else every refused
+		// send, tried again after each backoff, leaves one more at the provider). A create
+		// that failed otherwise (no answer, a 5xx) may have made the batch, which needs it.
+		_, _ = c.do(ctx, "DELETE", "/v1/files/"+url.PathEscape(file.ID), "", nil)
+	}
 	if err != nil {
 		return "", fmt.Errorf("create batch: %w", err)
 	}
 	return b.ID, nil
 }
 
-// Find looks for the batch whose metadata carries ref among the latest hundred.
-func (c *openAIClient) Find(ctx context.Context, ref string, _ time.Time, _ int, _ func(string) bool) (string, error) {
-	var page struct {
-		Data []openAIBatch `json:"data"`
-	}
-	if err := c.doJSON(ctx, "GET", "/v1/batches?limit=100", nil, &page); err != nil {
-		return "", fmt.Errorf("list batches: %w", err)
-	}
-	for _, b := range page.Data {
-		if b.Metadata[metadataKey] == ref {
-			return b.ID, nil
+// findSkew is how much earlier than since, by the provider's clock, Find reads batches: the
+// send's start is dated by Postgres's clock, the batch's creation by the provider's.
+const findSkew = time.Minute
+
+// findMaxPages bounds the pages of 100 batches Find reads (10,000 batches created since the
+// send began): past it, Find fails rather than answer "none", which would send the batch again.
+const findMaxPages = 100
+
+// Find looks for the batch whose metadata carries ref among the batches created since the send
+// began (since, less findSkew), reading the list (newest first) a page of 100 at a time until a
+// batch created before that: a key that makes many batches pushes a lost send off the first page
+// within the send's claim (sendClaim), and a look-up that missed it would send it again, paid
+// twice. A batch without created_at is read past.
+func (c *openAIClient) Find(ctx context.Context, ref string, since time.Time, _ int, _ func(string) bool) (string, error) {
+	oldest := since.Add(-findSkew).Unix()
+	after := ""
+	for range findMaxPages {
+		path := "/v1/batches?limit=100"
+		if after != "" {
+			path += "&after=" + url.QueryEscape(after)
 		}
+		var page struct {
+			Data    []openAIBatch `json:"data"`
+			HasMore bool          `json:"has_more"`
+		}
+		if err := c.doJSON(ctx, "GET", path, nil, &page); err != nil {
+			return "", fmt.Errorf("list batches: %w", err)
+		}
+		for _, b := range page.Data {
+			if b.Metadata[metadataKey] == ref {
+				return b.ID, nil
+			}
+			if b.CreatedAt != 0 && b.CreatedAt < oldest {
+				return "", nil // the rest are older still
+			}
+		}
+		if !page.HasMore || len(page.Data) == 0 {
+			return "", nil
+		}
+		after = page.Data[len(page.Data)-1].ID
 	}
-	return "", nil
+	return "", fmt.Errorf("list batches: more than %d created since %s: batch %s not found among them", findMaxPages*100,
+		since.UTC().Format(time.RFC3339), ref)
 }
 
 func (c *openAIClient) get(ctx context.Context, id string) (openAIBatch, error) {
@@ -160,11 +198,14 @@ func (c *openAIClient) parseResults(data []byte) ([]Result, error) {
 		case line.Response != nil && line.Response.StatusCode == http.StatusOK:
 			r.Kind, r.Body = Succeeded, line.Response.Body
 		case line.Response != nil:
+			// The body is the endpoint's error answer: its reason is read as the online lane
+			// reads one (error.code, else error.type).
 			var e struct {
-				Error struct{ Type, Message string } `json:"error"`
+				Error struct{ Message string } `json:"error"`
 			}
 			_ = json.Unmarshal(line.Response.Body, &e)
-			r.Kind, r.Body, r.Status, r.ErrorType, r.Message = Errored, line.Response.Body, line.Response.StatusCode, e.Error.Type, e.Error.Message
+			r.Kind, r.Body, r.Status, r.ErrorType, r.Message = Errored, line.Response.Body, line.Response.StatusCode,
+				errorTypeOf(line.Response.Body), e.Error.Message
 		case line.Error != nil && line.Error.Code == "batch_expired":
 			r.Kind = Expired
 		case line.Error != nil && line.Error.Code == "batch_cancelled":

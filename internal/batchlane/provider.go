@@ -114,8 +114,11 @@ const (
 	maxErrorTypeLen    = 128
 	maxErrorMessageLen = 512
 	// maxErrorTypeBodyLen is the longest error answer whose reason is read from the whole of it
-	// (a longer one's from Body): the online lane reads 64 KiB of an error answer.
+	// (a longer one's from Body): the online lane reads 64 KiB of an error answer. No more of an
+	// error answer is read.
 	maxErrorTypeBodyLen = 64 << 10
+	// maxAnswerLen caps the read of a 2xx answer (a results file can be large).
+	maxAnswerLen = 1 << 30
 )
 
 func (e *StatusError) Error() string {
@@ -195,7 +198,13 @@ func (c httpClient) do(ctx context.Context, method, path, contentType string, bo
 		return nil, fmt.Errorf("batch api %s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<30))
+	// An error answer is read as far as its reason is read (maxErrorTypeBodyLen), as the online
+	// lane reads one: a longer one, or one that never ends, holds neither memory nor the call.
+	limit := int64(maxAnswerLen)
+	if resp.StatusCode/100 != 2 {
+		limit = maxErrorTypeBodyLen + 1
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 	if err != nil {
 		return nil, fmt.Errorf("batch api %s %s: read answer: %w", method, path, err)
 	}

@@ -29,6 +29,10 @@ type BatchConfig struct {
 	// provider's overload error (Anthropic overloaded_error; OpenAI a 503 response).
 	// Default "llmsim-batch-overloaded".
 	OverloadMarker string
+	// RateLimitMarker, when a request body contains it, makes that request end errored with the
+	// provider's rate-limit error (Anthropic 429 rate_limit_error; OpenAI a 429 response of type
+	// requests, code rate_limit_exceeded). Default "llmsim-batch-rate-limited".
+	RateLimitMarker string
 }
 
 // Price is the simulator's price table in US dollars per million tokens, for benchmarks to
@@ -50,10 +54,12 @@ type BatchStats struct {
 	Created  int `json:"created"`
 	Requests int `json:"requests"`
 	// Polls counts batch reads (retrieve and list); Results counts result or output/error file
-	// downloads; Uploads counts file uploads; Cancels counts cancel calls.
+	// downloads; Uploads counts file uploads; Deletes counts files deleted; Cancels counts
+	// cancel calls.
 	Polls   int `json:"polls"`
 	Results int `json:"results"`
 	Uploads int `json:"uploads"`
+	Deletes int `json:"deletes"`
 	Cancels int `json:"cancels"`
 	// Succeeded counts requests answered; InputTokens and OutputTokens are their usage.
 	Succeeded    int `json:"succeeded"`
@@ -70,6 +76,9 @@ func (c BatchConfig) withDefaults() BatchConfig {
 	}
 	if c.OverloadMarker == "" {
 		c.OverloadMarker = "llmsim-batch-overloaded"
+	}
+	if c.RateLimitMarker == "" {
+		c.RateLimitMarker = "llmsim-batch-rate-limited"
 	}
 	return c
 }
@@ -147,6 +156,7 @@ func (s *Server) batchRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/messages/batches/{id}/cancel", s.serveBatch(anthropic{}, "message batch", canceled, s.cancelLocked, aView))
 	mux.HandleFunc("POST /v1/files", s.openAIUpload)
 	mux.HandleFunc("GET /v1/files/{id}/content", s.openAIFileContent)
+	mux.HandleFunc("DELETE /v1/files/{id}", s.openAIFileDelete)
 	mux.HandleFunc("POST /v1/batches", s.openAICreate)
 	mux.HandleFunc("GET /v1/batches", s.openAIList)
 	mux.HandleFunc("GET /v1/batches/{id}", s.serveBatch(openAI{}, "batch", polled, nil, oView))
@@ -265,6 +275,8 @@ func (s *Server) answerBatchRequest(p provider, r simRequest) simResult {
 		return simResult{customID: r.customID, kind: "expired"}
 	case bytes.Contains(r.body, []byte(cfg.OverloadMarker)):
 		return errored(p.overloadStatus(), "")
+	case bytes.Contains(r.body, []byte(cfg.RateLimitMarker)):
+		return errored(http.StatusTooManyRequests, "")
 	case bytes.Contains(r.body, []byte(cmp.Or(s.start.BadRequestMarker, DefaultBadRequestMarker))):
 		return errored(http.StatusBadRequest, "request contains the llmsim bad-request marker")
 	}

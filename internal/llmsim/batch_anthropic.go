@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"time"
 )
 
@@ -81,13 +83,35 @@ func (s *Server) anthropicCreate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// anthropicList is GET /v1/messages/batches: newest first, one page.
+// anthropicList is GET /v1/messages/batches: newest first, a page of at most limit (1 to 1000,
+// default 20) after the batch whose id is after_id (none: from the newest), with has_more,
+// first_id and last_id as Anthropic answers them.
 func (s *Server) anthropicList(w http.ResponseWriter, r *http.Request) {
+	p := anthropic{}
+	limit := 20
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			badRequest(w, p, "limit: must be an integer from 1 to 1000, not %q", v)
+			return
+		}
+		limit = n
+	}
+	after := r.URL.Query().Get("after_id")
 	s.batches.mu.Lock()
 	defer s.batches.mu.Unlock()
 	s.batches.stats.Polls++
+	all := s.listLocked(p)
+	if after != "" {
+		i := slices.IndexFunc(all, func(b *simBatch) bool { return b.id == after })
+		if i < 0 {
+			badRequest(w, p, "after_id: no such message batch %q", after)
+			return
+		}
+		all = all[i+1:]
+	}
 	data := []anthropicBatch{}
-	for _, b := range s.listLocked(anthropic{}) {
+	for _, b := range all[:min(limit, len(all))] {
 		data = append(data, s.anthropicView(r, b))
 	}
 	page := struct {
@@ -95,7 +119,7 @@ func (s *Server) anthropicList(w http.ResponseWriter, r *http.Request) {
 		HasMore bool             `json:"has_more"`
 		FirstID *string          `json:"first_id"`
 		LastID  *string          `json:"last_id"`
-	}{Data: data}
+	}{Data: data, HasMore: len(all) > limit}
 	if len(data) > 0 {
 		page.FirstID, page.LastID = &data[0].ID, &data[len(data)-1].ID
 	}

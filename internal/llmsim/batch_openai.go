@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"time"
 )
 
@@ -202,18 +204,57 @@ func (s *Server) openAICreate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// openAIList is GET /v1/batches: newest first, one page.
-func (s *Server) openAIList(w http.ResponseWriter, _ *http.Request) {
+// openAIList is GET /v1/batches: newest first, a page of at most limit (1 to 100, default 20)
+// after the batch whose id is after (none: from the newest), with has_more, first_id and
+// last_id as OpenAI answers them; a client pages on with after set to the last id.
+func (s *Server) openAIList(w http.ResponseWriter, r *http.Request) {
+	p := openAI{}
+	limit := 20
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			badRequest(w, p, "limit must be an integer from 1 to 100, not %q", v)
+			return
+		}
+		limit = n
+	}
+	after := r.URL.Query().Get("after")
 	s.batches.mu.Lock()
 	defer s.batches.mu.Unlock()
 	s.batches.stats.Polls++
+	all := s.listLocked(p)
+	if after != "" {
+		i := slices.IndexFunc(all, func(b *simBatch) bool { return b.id == after })
+		if i < 0 {
+			badRequest(w, p, "after: no such batch %q", after)
+			return
+		}
+		all = all[i+1:]
+	}
 	data := []openAIBatch{}
-	for _, b := range s.listLocked(openAI{}) {
+	for _, b := range all[:min(limit, len(all))] {
 		data = append(data, s.openAIView(b))
 	}
-	page := map[string]any{"object": "list", "data": data, "has_more": false, "first_id": nil, "last_id": nil}
+	page := map[string]any{"object": "list", "data": data, "has_more": len(all) > limit, "first_id": nil, "last_id": nil}
 	if len(data) > 0 {
 		page["first_id"], page["last_id"] = data[0].ID, data[len(data)-1].ID
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// openAIFileDelete is DELETE /v1/files/{id}.
+func (s *Server) openAIFileDelete(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.batches.mu.Lock()
+	_, ok := s.batches.files[id]
+	if ok {
+		delete(s.batches.files, id)
+		s.batches.stats.Deletes++
+	}
+	s.batches.mu.Unlock()
+	if !ok {
+		notFound(w, openAI{}, "file")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "file", "deleted": true})
 }

@@ -189,3 +189,57 @@ func TestSDK_OpenAIBatches(t *testing.T) {
 	require.Equal(t, 1, st.Uploads)
 	require.Equal(t, 1, st.Succeeded)
 }
+
+// TestSDK_OpenAIBatchListPages: GET /v1/batches answers a page as OpenAI does (limit, 20 by
+// default, at most 100; after, the id the page starts after; has_more), so that the SDK's
+// auto-pager reads every batch newest first. Before, every batch came in one page whatever the
+// limit: a client that read one page of 100 saw them all here, and not at OpenAI.
+func TestSDK_OpenAIBatchListPages(t *testing.T) {
+	t.Parallel()
+	b := batchSim(t)
+	c := b.openaiClient("sk-test")
+	ctx := t.Context()
+	input := `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-sim","messages":[{"role":"user","content":"hi"}]}}` + "\n"
+	file, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(strings.NewReader(input), "in.jsonl", "application/jsonl"),
+		Purpose: openai.FilePurposeBatch})
+	require.NoError(t, err)
+	var ids []string // newest first
+	for range 25 {
+		batch, err := c.Batches.New(ctx, openai.BatchNewParams{InputFileID: file.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
+			CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
+		require.NoError(t, err)
+		ids = append([]string{batch.ID}, ids...)
+	}
+
+	page, err := c.Batches.List(ctx, openai.BatchListParams{})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 20, "20 by default")
+	require.True(t, page.HasMore)
+	page, err = c.Batches.List(ctx, openai.BatchListParams{Limit: openai.Int(10), After: openai.String(ids[19])})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 5)
+	require.False(t, page.HasMore)
+	require.Equal(t, ids[20], page.Data[0].ID)
+
+	var listed []string
+	iter := c.Batches.ListAutoPaging(ctx, openai.BatchListParams{Limit: openai.Int(7)})
+	for iter.Next() {
+		listed = append(listed, iter.Current().ID)
+	}
+	require.NoError(t, iter.Err())
+	require.Equal(t, ids, listed)
+
+	_, err = c.Batches.List(ctx, openai.BatchListParams{Limit: openai.Int(101)})
+	var apiErr *openai.Error
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, 400, apiErr.StatusCode)
+
+	// The input file can be deleted (its batches keep their requests).
+	deleted, err := c.Files.Delete(ctx, file.ID)
+	require.NoError(t, err)
+	require.True(t, deleted.Deleted)
+	_, err = c.Files.Delete(ctx, file.ID)
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, 404, apiErr.StatusCode)
+	require.Equal(t, 1, b.sim.BatchStats().Deletes)
+}

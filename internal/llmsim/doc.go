@@ -6,8 +6,8 @@
 //
 // It also speaks both providers' batch APIs (batch.go): Anthropic Message
 // Batches (create, retrieve, list, cancel, JSONL results by custom_id) and
-// OpenAI Batch (file upload, create, retrieve, list, cancel, output and error
-// files), answered like the online endpoint but outside its buckets, ended by
+// OpenAI Batch (file upload and delete, create, retrieve, list paged by limit
+// and after, cancel, output and error files), answered like the online endpoint but outside its buckets, ended by
 // the injected clock after BatchConfig.ProcessingDelay, with per-request
 // errors and expiry by marker and whole-batch expiry past the window.
 //
