@@ -56,6 +56,10 @@ type HandoffConfig struct {
 	// to finish before it cancels them and hands their jobs to asynq. Default 10s (asynq's
 	// shutdown timeout in a worker).
 	ShutdownTimeout time.Duration
+	// CutGrace bounds how long Run waits, once it has canceled the deliveries still running at
+	// ShutdownTimeout, for them to record their attempts and hand their jobs back. Default
+	// CutGrace, as a Server's.
+	CutGrace time.Duration
 	// Logger receives the deliveries that failed and handbacks that did not reach asynq.
 	// Default discards.
 	Logger *slog.Logger
@@ -104,6 +108,9 @@ func NewHandoff(cfg HandoffConfig) *Handoff {
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.CutGrace <= 0 {
+		cfg.CutGrace = CutGrace
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -242,7 +249,10 @@ func (h *Handoff) process(ctx context.Context, job *jobs.Job, adm Admission) (er
 // Run listens on asynq's cancelation channel until ctx ends, ending the delivery of a job whose
 // owner canceled it. Then it declines every offer, waits up to ShutdownTimeout for the
 // deliveries running, cancels the rest and returns once each has ended and its job is handed
-// to asynq (the Enqueuer's client must stay open until then).
+// to asynq (the Enqueuer's client must stay open until then), or after CutGrace more: a
+// delivery that cannot record its attempt by then (Postgres unreachable: the executor would
+// keep trying for 30 s) is left to its job's lease and the sweeper, as a Server leaves one, so
+// that a stopping process is not held past its orchestrator's grace period.
 func (h *Handoff) Run(ctx context.Context) error {
 	var listenErr error
 	if h.cfg.Redis != nil {
@@ -267,7 +277,17 @@ func (h *Handoff) Run(ctx context.Context) error {
 	case <-done:
 	case <-t.C:
 		h.stop()
-		<-done
+		g := time.NewTimer(h.cfg.CutGrace)
+		defer g.Stop()
+		select {
+		case <-done:
+		case <-g.C:
+			h.mu.Lock()
+			n := len(h.running)
+			h.mu.Unlock()
+			h.cfg.Logger.Warn("handed-over deliveries cut by the shutdown did not return in time; their jobs wait for their leases",
+				"deliveries", n, "waited", h.cfg.CutGrace.String())
+		}
 	}
 	h.stop()
 	return listenErr

@@ -439,6 +439,33 @@ func TestHandoff_ShutdownHandsBackRunningDeliveries(t *testing.T) {
 	b.requireHandoffs(t, 1, 1, 1)
 }
 
+// TestHandoff_ShutdownBoundsTheWaitForCutDeliveries checks that Run, having canceled at
+// ShutdownTimeout a delivery that then does not return (its attempt's record retrying while
+// Postgres is unreachable, for up to 30 s in the executor), returns after CutGrace rather than
+// holding the stopping process past its orchestrator's grace period, as a Server does.
+func TestHandoff_ShutdownBoundsTheWaitForCutDeliveries(t *testing.T) {
+	t.Parallel()
+	recording := make(chan struct{})
+	p := newFakeProcessor(func(ctx context.Context, _ *jobs.Job) error {
+		<-ctx.Done()
+		<-recording // still recording what came of its attempt
+		return ctx.Err()
+	})
+	b := setupHandoff(t, p, dispatch.HandoffConfig{ShutdownTimeout: 50 * time.Millisecond, CutGrace: 100 * time.Millisecond})
+	var once sync.Once
+	recorded := func() { once.Do(func() { close(recording) }) }
+	t.Cleanup(recorded) // a failed test does not leave the delivery blocked
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+
+	require.True(t, offer(t, b.h, job))
+	require.Equal(t, job.ID, p.next(t).ID)
+	b.stop(t) // fails unless Run returns within waitFor, the delivery still recording
+	// The delivery, once it returns, still hands its job back (the process has not closed its
+	// client yet here); the test waits for it so as to leave nothing running.
+	recorded()
+	require.Eventually(t, func() bool { return b.hasTask(job.ID) }, waitFor, 10*time.Millisecond)
+}
+
 // TestHandoff_ShutdownWaitsForDeliveries checks that once Run's context ends, Run waits (within
 // ShutdownTimeout) for a running delivery to end on its own rather than cancel it, and a delivery
 // that ends so is not handed back.
