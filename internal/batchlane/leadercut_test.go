@@ -2,6 +2,7 @@ package batchlane_test
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -43,16 +44,28 @@ func (h *heldSubmit) Submit(ctx context.Context, ref string, reqs []batchlane.Re
 	return id, err
 }
 
+// leaderTick is the leading batchers' Tick: their pass interval, and also the interval and the
+// time bound of their lock's check (leader.Lead), so a check that takes longer cuts the leader
+// off. At 10 ms, on a loaded machine, the leaders cut themselves off over and over, every pass
+// canceled midway (for 10 s running, at load 20).
+const leaderTick = 100 * time.Millisecond
+
+// wait bounds each wait of the leader tests for something that takes a few ticks: the time
+// after which it is not coming, not a measure of how long it takes.
+const wait = 30 * time.Second
+
 // leadingBatcher returns a batcher of the default credential on its own pool (a process of its
-// own), through client, passing every few milliseconds, and the registry of its metrics.
-func (b *testBundle) leadingBatcher(t *testing.T, client batchlane.Client) (*batchlane.Batcher, *prometheus.Registry) {
+// own), through client, passing every leaderTick, and the registry of its metrics. It logs to
+// the test's output as name (its lost locks and failed passes, read when the test fails).
+func (b *testBundle) leadingBatcher(t *testing.T, name string, client batchlane.Client) (*batchlane.Batcher, *prometheus.Registry) {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), b.pool.Config().ConnString())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	reg := prometheus.NewRegistry()
 	return batchlane.New(batchlane.Config{Pool: pool, Now: b.clock.Now, Metrics: batchlane.NewMetrics(reg, []string{"default"}),
-		Tick:    10 * time.Millisecond,
+		Tick:    leaderTick,
+		Logger:  slog.New(slog.NewTextHandler(t.Output(), nil)).With("batcher", name),
 		Lanes:   []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg}},
 		Enqueue: func(context.Context, string, jobs.Priority) error { return nil }}), reg
 }
@@ -68,6 +81,29 @@ func passed(t *testing.T, reg *prometheus.Registry) bool {
 		}
 	}
 	return false
+}
+
+// pastClaim moves the clock past the send claim, or a failed send's backoff, that holds the
+// bundle's committed batches, if one does: time enough for any send of them to have ended.
+func (b *testBundle) pastClaim(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var due *time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT max(next_poll_at) FROM provider_batches WHERE state = 'committed'`).Scan(&due))
+	if due != nil && b.clock.Now().Before(*due) {
+		b.clock.Set(due.Add(time.Second))
+	}
+}
+
+// running reports whether every job of ids is running.
+func (b *testBundle) running(ids ...string) bool {
+	for _, id := range ids {
+		if j, err := b.store.Get(context.Background(), id); err != nil || j.Status != jobs.StatusRunning {
+			return false
+		}
+	}
+	return true
 }
 
 // terminateBackends ends every session on the bundle's database but the one it uses to do so
@@ -109,27 +145,27 @@ func TestBatcher_LeaderCutMidSendSendsOnce(t *testing.T) {
 		release()
 		wg.Wait()
 	}
-	old, _ := b.leadingBatcher(t, held)
+	old, _ := b.leadingBatcher(t, "old", held)
 	t.Cleanup(stop)
 	wg.Go(func() { _ = old.Run(ctx) })
 	select {
 	case <-held.reached:
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait):
 		t.Fatal("the first leader did not send its batch")
 	}
 
 	// When the leader's connection is cut mid-send and another process leads
 	b.terminateBackends(t)
-	next, reg := b.leadingBatcher(t, b.client)
+	next, reg := b.leadingBatcher(t, "new", b.client)
 	t.Cleanup(stop)
 	wg.Go(func() { _ = next.Run(ctx) })
-	require.Eventually(t, func() bool { return passed(t, reg) }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return passed(t, reg) }, wait, 5*time.Millisecond,
 		"the new leader makes a pass")
 	// and the old leader's send reaches the provider
 	release()
 	select {
 	case <-held.done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait):
 		t.Fatal("the old leader's send did not end")
 	}
 
@@ -137,17 +173,19 @@ func TestBatcher_LeaderCutMidSendSendsOnce(t *testing.T) {
 	require.Equal(t, 1, b.sim.BatchStats().Created, "the provider holds exactly one batch")
 	require.Equal(t, 2, b.sim.BatchStats().Requests, "each job sent once")
 
-	// And the new leader adopts it: its jobs run in it, one attempt each
-	b.clock.Advance(11 * time.Minute) // past the cut-off send's claim
-	require.Eventually(t, func() bool {
-		for _, id := range []string{j1.ID, j2.ID} {
-			j, err := b.store.Get(context.Background(), id)
-			if err != nil || j.Status != jobs.StatusRunning {
-				return false
-			}
+	// And the new leader adopts it once the claim has run out: its jobs run in it, one attempt
+	// each. A leader's pass cut off after it began the send (its lock check did not answer in
+	// time) claims the batch anew, as any cut-off send must: time is moved past whichever claim
+	// stands until a pass has recorded the batch.
+	deadline := time.After(wait)
+	for !b.running(j1.ID, j2.ID) {
+		b.pastClaim(t)
+		select {
+		case <-deadline:
+			t.Fatal("the batch's jobs do not run")
+		case <-time.After(5 * time.Millisecond):
 		}
-		return true
-	}, 10*time.Second, 5*time.Millisecond, "the batch's jobs run")
+	}
 	for _, id := range []string{j1.ID, j2.ID} {
 		require.Equal(t, 1, b.get(t, id).Attempts)
 	}
