@@ -2,11 +2,13 @@ package batchlane_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,5 +159,50 @@ func TestClient_ErrorAnswerReadIsBounded(t *testing.T) {
 		require.ErrorAs(t, err, &se, provider)
 		require.Equal(t, http.StatusBadGateway, se.Status, provider)
 		require.LessOrEqual(t, len(se.Body), 512+len("…"), provider)
+	}
+}
+
+// TestClient_FindFailsPastItsPageBound: a list that goes on past 100 pages of batches all made
+// since the send began (or a proxy that ignores the cursor and answers the first page again)
+// ends the look-up with an error after 100 list calls, never with "none", which would send
+// the batch again and pay for it twice.
+func TestClient_FindFailsPastItsPageBound(t *testing.T) {
+	t.Parallel()
+	for _, provider := range []string{"openai", "anthropic"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			now := time.Now()
+			var mu sync.Mutex
+			calls := 0
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				calls++
+				page := calls
+				mu.Unlock()
+				var data []map[string]any
+				for i := range 100 {
+					b := map[string]any{"id": fmt.Sprintf("batch_%d_%d", page, i)}
+					if provider == "openai" {
+						b["created_at"], b["metadata"] = now.Unix(), map[string]string{"llmq_batch": "other"}
+					} else {
+						b["created_at"], b["request_counts"] = now.Format(time.RFC3339Nano), map[string]int{"processing": 1}
+					}
+					data = append(data, b)
+				}
+				w.Header().Set("content-type", "application/json")
+				_ = json.NewEncoder(w).Encode(map[string]any{"data": data, "has_more": true})
+			}))
+			t.Cleanup(ts.Close)
+			client, err := batchlane.NewClient(provider, ts.URL, "sk-test", ts.Client())
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			got, err := client.Find(ctx, "lost", now.Add(-time.Minute), 2, func(string) bool { return false })
+			require.Error(t, err, "not found among 10,000 batches made since: not known to be unsent")
+			require.Empty(t, got)
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, 100, calls)
+		})
 	}
 }

@@ -84,8 +84,9 @@ func (s *Server) anthropicCreate(w http.ResponseWriter, r *http.Request) {
 }
 
 // anthropicList is GET /v1/messages/batches: newest first, a page of at most limit (1 to 1000,
-// default 20) after the batch whose id is after_id (none: from the newest), with has_more,
-// first_id and last_id as Anthropic answers them.
+// default 20) right after the batch whose id is after_id (older ones), or right before the one
+// whose id is before_id (newer ones; neither: from the newest), with has_more (more in the
+// direction asked), first_id and last_id as Anthropic answers them.
 func (s *Server) anthropicList(w http.ResponseWriter, r *http.Request) {
 	p := anthropic{}
 	limit := 20
@@ -97,21 +98,40 @@ func (s *Server) anthropicList(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	after := r.URL.Query().Get("after_id")
+	after, before := r.URL.Query().Get("after_id"), r.URL.Query().Get("before_id")
+	if after != "" && before != "" {
+		badRequest(w, p, "after_id and before_id cannot both be given")
+		return
+	}
 	s.batches.mu.Lock()
 	defer s.batches.mu.Unlock()
 	s.batches.stats.Polls++
 	all := s.listLocked(p)
-	if after != "" {
-		i := slices.IndexFunc(all, func(b *simBatch) bool { return b.id == after })
+	name, cursor := "after_id", after
+	if before != "" {
+		name, cursor = "before_id", before
+	}
+	if cursor != "" {
+		i := slices.IndexFunc(all, func(b *simBatch) bool { return b.id == cursor })
 		if i < 0 {
-			badRequest(w, p, "after_id: no such message batch %q", after)
+			badRequest(w, p, "%s: no such message batch %q", name, cursor)
 			return
 		}
-		all = all[i+1:]
+		if after != "" {
+			all = all[i+1:]
+		} else {
+			// The page nearest the cursor: the last limit of the newer batches.
+			all = all[:i]
+			slices.Reverse(all)
+		}
+	}
+	hasMore := len(all) > limit
+	all = all[:min(limit, len(all))]
+	if before != "" {
+		slices.Reverse(all) // newest first within the page
 	}
 	data := []anthropicBatch{}
-	for _, b := range all[:min(limit, len(all))] {
+	for _, b := range all {
 		data = append(data, s.anthropicView(r, b))
 	}
 	page := struct {
@@ -119,7 +139,7 @@ func (s *Server) anthropicList(w http.ResponseWriter, r *http.Request) {
 		HasMore bool             `json:"has_more"`
 		FirstID *string          `json:"first_id"`
 		LastID  *string          `json:"last_id"`
-	}{Data: data, HasMore: len(all) > limit}
+	}{Data: data, HasMore: hasMore}
 	if len(data) > 0 {
 		page.FirstID, page.LastID = &data[0].ID, &data[len(data)-1].ID
 	}

@@ -3,6 +3,7 @@ package llmsim_test
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -242,4 +243,62 @@ func TestSDK_OpenAIBatchListPages(t *testing.T) {
 	require.ErrorAs(t, err, &apiErr)
 	require.Equal(t, 404, apiErr.StatusCode)
 	require.Equal(t, 1, b.sim.BatchStats().Deletes)
+}
+
+// TestSDK_AnthropicBatchListPages: GET /v1/messages/batches pages as Anthropic documents it
+// (newest first; limit, 20 by default, at most 1000; after_id, the page of older batches right
+// after that one; before_id, the page of newer ones right before it; has_more in the direction
+// asked), so that the SDK's auto-pager reads every batch either way. Before, before_id was
+// ignored: the newest page came back, has_more true, and a pager going toward newer batches
+// asked for it again forever.
+func TestSDK_AnthropicBatchListPages(t *testing.T) {
+	t.Parallel()
+	b := batchSim(t)
+	c := b.anthropicClient("sk-ant-test").Messages.Batches
+	ctx := t.Context()
+	var ids []string // newest first
+	for i := range 25 {
+		batch, err := c.New(ctx, anthropic.MessageBatchNewParams{Requests: []anthropic.MessageBatchNewParamsRequest{
+			anthropicBatchRequest(fmt.Sprintf("r%d", i), "hello")}})
+		require.NoError(t, err)
+		ids = append([]string{batch.ID}, ids...)
+	}
+
+	page, err := c.List(ctx, anthropic.MessageBatchListParams{})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 20, "20 by default")
+	require.True(t, page.HasMore)
+	page, err = c.List(ctx, anthropic.MessageBatchListParams{Limit: anthropic.Int(10), AfterID: anthropic.String(ids[19])})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 5)
+	require.False(t, page.HasMore)
+	require.Equal(t, ids[20], page.Data[0].ID)
+
+	page, err = c.List(ctx, anthropic.MessageBatchListParams{Limit: anthropic.Int(3), BeforeID: anthropic.String(ids[10])})
+	require.NoError(t, err)
+	require.Equal(t, []string{ids[7], ids[8], ids[9]}, []string{page.Data[0].ID, page.Data[1].ID, page.Data[2].ID},
+		"the three batches right before (newer than) the cursor, newest first")
+	require.True(t, page.HasMore, "newer batches remain")
+
+	var listed []string
+	iter := c.ListAutoPaging(ctx, anthropic.MessageBatchListParams{Limit: anthropic.Int(7)})
+	for iter.Next() {
+		listed = append(listed, iter.Current().ID)
+	}
+	require.NoError(t, iter.Err())
+	require.Equal(t, ids, listed)
+
+	// Toward newer batches from the oldest: the pages come newest first within each, nearest first.
+	var newer []string
+	iter = c.ListAutoPaging(ctx, anthropic.MessageBatchListParams{Limit: anthropic.Int(7), BeforeID: anthropic.String(ids[24])})
+	for iter.Next() && len(newer) <= len(ids) {
+		newer = append(newer, iter.Current().ID)
+	}
+	require.NoError(t, iter.Err())
+	require.ElementsMatch(t, ids[:24], newer)
+
+	_, err = c.List(ctx, anthropic.MessageBatchListParams{Limit: anthropic.Int(1001)})
+	var apiErr *anthropic.Error
+	require.ErrorAs(t, err, &apiErr)
+	require.Equal(t, 400, apiErr.StatusCode)
 }

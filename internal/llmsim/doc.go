@@ -5,11 +5,13 @@
 // injection.
 //
 // It also speaks both providers' batch APIs (batch.go): Anthropic Message
-// Batches (create, retrieve, list, cancel, JSONL results by custom_id) and
-// OpenAI Batch (file upload and delete, create, retrieve, list paged by limit
-// and after, cancel, output and error files), answered like the online endpoint but outside its buckets, ended by
-// the injected clock after BatchConfig.ProcessingDelay, with per-request
-// errors and expiry by marker and whole-batch expiry past the window.
+// Batches (create, retrieve, list paged by limit and after_id or before_id,
+// cancel, JSONL results by custom_id) and OpenAI Batch (file upload and
+// delete, create, retrieve, list paged by limit and after, cancel, output and
+// error files), both lists newest first, answered like the online endpoint
+// but outside its buckets, ended by the injected clock after
+// BatchConfig.ProcessingDelay, with per-request errors and expiry by marker
+// and whole-batch expiry past the window.
 //
 // It is used by tests (httptest.NewServer(llmsim.New(cfg))), by benchmarks and
 // as the default provider of the local stack, so that everything runs offline
