@@ -95,3 +95,28 @@ func TestFair_CanceledBacklogLeavesTheLine(t *testing.T) {
 		require.GreaterOrEqual(t, n[w], 97, "window %d: B's sends", w)
 	}
 }
+
+// TestFair_CanceledLargePromptFreesTheTokens: as in TestFair_LargePromptKeepsItsTurn, A's large
+// prompt has its turn and the tokens refuse it, so the asks after its turn are held for it; A's
+// job is then canceled (or passes its deadline, or its worker dies) and never asks again. The
+// tokens it was refused were kept for it until its ticket's deadline (TicketGrace and a second
+// after its last ask): no ask of B's that charges a token was granted for 6 s. A block whose
+// holder does not come back within a second of the time it was told is void: B sends at the
+// tokens' rate again (5 a second) within about a second of A's missed ask.
+func TestFair_CanceledLargePromptFreesTheTokens(t *testing.T) {
+	t.Parallel()
+	s := newFairSim(t, nil)
+	s.limit = limiter.Limit{Rate: 10, Burst: 20, InputTokensPerMinute: 60000}
+	s.costs = map[string]tokens.Cost{"A": {InputTokens: 2000}, "B": {InputTokens: 200}}
+	s.add("B", 1, limiter.PriorityNormal, 800, 0)
+	a := s.add("A", 1, limiter.PriorityNormal, 1, 70*time.Second)[0]
+	s.run(t0.Add(70*time.Second + 100*time.Millisecond))
+	require.False(t, a.granted, "A's large prompt was granted at once: no block to test")
+	require.GreaterOrEqual(t, a.asks, 1)
+	// canceled: never asks again, counted in no window
+	a.granted, a.send = true, t0.Add(-time.Hour)
+	s.run(t0.Add(80 * time.Second))
+	n := s.sends(t0.Add(72*time.Second), t0.Add(76*time.Second))["B"]
+	t.Logf("B's sends from 72 s to 76 s: %d", n)
+	require.GreaterOrEqual(t, n, 15, "B's sends from 72 s to 76 s, after A's large prompt was canceled")
+}

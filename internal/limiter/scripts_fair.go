@@ -68,9 +68,23 @@ local function fleave(ln)
   redis.call('HDEL', FQ.h, 'w|' .. tenant)
 end
 
--- fenter drops expired tickets (the whole lane when its first ticket expires), registers the asking ticket (in its lane, by its order: a
--- ticket already there keeps its place), and computes its rank: how many waiting tickets are
--- due (in virtual time) before it.
+-- fblockread parses the token block b (the fair hash's 'b', or nil; see fblock) into FQ.block:
+-- its tag, when its holder was told to ask again, its lane and ticket; FQ.blocker says whether
+-- this ask is its holder's.
+local function fblockread(b)
+  FQ.block, FQ.blocker = nil, false
+  if b == nil then return end
+  local i = string.find(b, ' ', 1, true)
+  local j = string.find(b, ' ', i + 1, true)
+  local k = string.find(b, '\n', j + 1, true)
+  FQ.block = {tag = tonumber(string.sub(b, 1, i - 1)), again = tonumber(string.sub(b, i + 1, j - 1)),
+    lane = string.sub(b, j + 1, k - 1), ticket = string.sub(b, k + 1)}
+  FQ.blocker = FQ.block.lane == FQ.lane and FQ.block.ticket == FQ.ticket
+end
+
+-- fenter drops expired tickets (the whole lane when its first ticket expires), registers the
+-- asking ticket (in its lane, by its order: a ticket already there keeps its place), and computes
+-- its rank: how many waiting tickets are due (in virtual time) before it.
 local function fenter(now)
   local old = redis.call('ZRANGEBYSCORE', FQ.dl, '-inf', now, 'LIMIT', 0, 100)
   for _, m in ipairs(old) do
@@ -90,7 +104,7 @@ local function fenter(now)
   redis.call('HSET', FQ.h, 'w|' .. FQ.tenant, FQ.tw)
   local hv = redis.call('HMGET', FQ.h, 'v', 'b')
   local v = num(hv[1]) or 0
-  FQ.block = hv[2] or nil
+  fblockread(hv[2] or nil)
   -- the waiting lanes; a lane left empty (its tickets granted or expired) stops waiting
   local lanes, minF, mine = {}, nil, nil
   for _, ln in ipairs(redis.call('SMEMBERS', FQ.act)) do
@@ -179,25 +193,20 @@ end
 -- would otherwise go to the asks after it, each needing fewer, and a lane of large prompts
 -- would wait as long as another's small ones kept coming. Only an ask that charges a token
 -- bucket (tcharge) is held, and only while the blocking ticket still waits in its lane (not yet
--- granted, not dropped). Returns nil, or when to ask again (when the blocking ask does).
-local function fblocked(tcharge)
+-- granted, not dropped), and its holder is not more than a second late to ask again (a wait of
+-- at most a second is waited in process: a holder that late is gone, its job canceled or past
+-- its deadline, its worker stopped; its ticket stays until its deadline, TicketGrace later, but
+-- the tokens are not kept for it meanwhile). Returns nil, or when to ask again (when the
+-- blocking ask does).
+local function fblocked(now, tcharge)
   local b = FQ.block
-  if b == nil then return nil end
-  local i = string.find(b, ' ', 1, true)
-  local j = string.find(b, ' ', i + 1, true)
-  local k = string.find(b, '\n', j + 1, true)
-  local btag, bagain = tonumber(string.sub(b, 1, i - 1)), tonumber(string.sub(b, i + 1, j - 1))
-  local bl, bt = string.sub(b, j + 1, k - 1), string.sub(b, k + 1)
-  if bl == FQ.lane and bt == FQ.ticket then
-    FQ.blocker = true
-    return nil
-  end
-  if not tcharge or FQ.tag < btag then return nil end
-  if not redis.call('ZSCORE', FQ.pre .. bl, bt) then
+  if b == nil or FQ.blocker then return nil end
+  if not tcharge or FQ.tag < b.tag then return nil end
+  if now > b.again + 1000000 or not redis.call('ZSCORE', FQ.pre .. b.lane, b.ticket) then
     redis.call('HDEL', FQ.h, 'b')
     return nil
   end
-  return bagain
+  return b.again
 end
 
 -- fblock records that the token buckets refused this ask, whose turn had come, until again: the
@@ -224,7 +233,7 @@ end
 local function fadmit(now, base, T, burst, phase, poll, learned, tcharge)
   FQ.T = T
   if FQ.rank < ffree(now, base, T, burst, phase) then
-    local b = fblocked(tcharge)
+    local b = fblocked(now, tcharge)
     if b == nil then return true end
     -- the tokens are kept for an earlier turn: ask again when its holder does
     if b < now + poll then b = now + poll end
@@ -255,6 +264,10 @@ local function fadmit(now, base, T, burst, phase, poll, learned, tcharge)
   -- (a light tenant's lone job, or a low job's minimum share, starved behind a backlog).
   if FQ.pos == 1 and keep < again then keep = again end
   redis.call('ZADD', FQ.dl, keep + FQ.grace, FQ.lane .. '\n' .. FQ.ticket)
+  -- the holder of the token block, its turn moved off, lets it go (it blocks again, should the
+  -- tokens refuse it when its turn comes): the asks held for it were told to come back when it
+  -- would, and a block it no longer renews would hold them until it is more than a second late
+  if FQ.blocker then redis.call('HDEL', FQ.h, 'b') end
   return false, again
 end
 
