@@ -77,8 +77,9 @@ type HandoffConfig struct {
 // back goes to asynq as a task: a deferral at its time, a failure of the stores at once, a
 // delivery canceled by a shutdown at once (its attempt's lease, if it took one, makes the next
 // delivery wait). A delivery of a job canceled by its owner (Tasks.Abort) ends at once, as a
-// task's does. If the process dies, the sweeper enqueues the job after the grace. Safe for
-// concurrent use.
+// task's does, and comes back only when it had deferred the job: at once, for the delivery that
+// gives back a limiter slot the row may hold (Tasks.AbortHeld). If the process dies, the sweeper
+// enqueues the job after the grace. Safe for concurrent use.
 type Handoff struct {
 	cfg   HandoffConfig
 	slots chan struct{}
@@ -211,13 +212,19 @@ func (h *Handoff) deliver(ctx context.Context, job *jobs.Job, adm Admission, run
 	h.mu.Unlock()
 	run.cancel()
 	<-h.slots
-	if err == nil || aborted {
+	var d *DeferError
+	deferred := errors.As(err, &d)
+	if err == nil || aborted && !deferred {
 		return // done, or canceled by its owner (Postgres says so; nothing comes back)
 	}
 	var at time.Time
-	var d *DeferError
 	switch {
-	case errors.As(err, &d):
+	case aborted:
+		// Its job ended (canceled) after the delivery deferred it, which may have held a limiter
+		// slot in the job row: only a delivery gives that back (see executor), and with no task
+		// the abort (Tasks.AbortHeld) found none to run. Handed back at once, it finds the job
+		// ended and gives the slot back, or does nothing more than read the job.
+	case deferred:
 		at = d.Until
 	case h.base.Err() != nil:
 		h.cfg.Logger.Info("a handed-over delivery was cut by the shutdown; its job goes to asynq", "job_id", job.ID)

@@ -407,6 +407,39 @@ func TestHandoff_CanceledByAbort(t *testing.T) {
 	b.requireHandoffs(t, 2, 0, 0)
 }
 
+// TestHandoff_AbortedDeferralGoesBackAtOnce checks that a delivery deferred after its job was
+// canceled (the abort's signal ended its context after it held a limiter slot in the job row,
+// say) hands the job to asynq as a task due at once: with no task, the abort found none to run,
+// and only a delivery gives such a slot back (see executor).
+func TestHandoff_AbortedDeferralGoesBackAtOnce(t *testing.T) {
+	t.Parallel()
+	ended := make(chan struct{})
+	p := newFakeProcessor(func(ctx context.Context, job *jobs.Job) error {
+		<-ctx.Done()
+		close(ended)
+		return &dispatch.DeferError{Until: time.Now().Add(time.Hour), Reason: "rate limit slot"}
+	})
+	b := setupHandoff(t, p, dispatch.HandoffConfig{ShutdownTimeout: time.Second})
+	job := newJob(jobs.PriorityNormal, jobs.LaneOnline)
+	require.True(t, offer(t, b.h, job))
+	require.Equal(t, job.ID, p.next(t).ID)
+	// Run's subscription to the channel may not be in place yet: abort until the delivery ends.
+	require.Eventually(t, func() bool {
+		if err := b.tasks.AbortHeld(job.ID); err != nil {
+			return false
+		}
+		select {
+		case <-ended:
+			return true
+		default:
+			return false
+		}
+	}, waitFor, 20*time.Millisecond, "the abort did not end the delivery")
+	b.stop(t)
+	require.Equal(t, map[string]asynq.TaskState{b.queue + "/" + job.ID: asynq.TaskStatePending}, b.tasksOfJob(t, job.ID))
+	b.requireHandoffs(t, 1, 0, 1)
+}
+
 // TestHandoff_ShutdownHandsBackRunningDeliveries checks that once Run's context ends, a delivery
 // still running after ShutdownTimeout is canceled, its job handed to asynq at once (counted as
 // returned), Run returns, and offers made afterwards are declined.

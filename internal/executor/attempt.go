@@ -24,7 +24,12 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 	e.timed(StageBegin, t0)
 	if err != nil {
 		rel := adm
-		if adm.held && !e.tookEndedSlot(ctx, job, err) {
+		var took bool
+		var terr error
+		if adm.held {
+			took, terr = e.tookEndedSlot(ctx, job, err)
+		}
+		if adm.held && !took {
 			// A slot held in the row is the row's: it still holds it (the store failed, and the
 			// retried delivery sends it), or another delivery took it with the lease. Whichever
 			// sends it reconciles its tokens; refunded here, they would never be charged. An
@@ -36,6 +41,10 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 		switch {
 		case errors.As(err, &leased):
 			return nil, leasedDefer(e.cfg.Now(), leased.Until)
+		case errors.Is(err, jobs.ErrNotRunnable) && terr != nil:
+			// The ended job's slot is still in its row: this delivery comes back (asynq's retry)
+			// to give it back, as no other task of the job may be left to.
+			return nil, terr
 		case errors.Is(err, jobs.ErrNotRunnable):
 			return nil, errHandled
 		}
@@ -48,15 +57,12 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 // tookEndedSlot reports whether a delivery whose attempt's start failed with err took the slot
 // held in job's row from it (jobs.Store.TakeEndedSlot), the job having ended meanwhile
 // (ErrNotRunnable): then it gives the slot back, and a later delivery of the ended job does not.
-func (e *Executor) tookEndedSlot(ctx context.Context, job *jobs.Job, err error) bool {
+// The take's own error means the slot is still in the row: the delivery is to come back for it.
+func (e *Executor) tookEndedSlot(ctx context.Context, job *jobs.Job, err error) (bool, error) {
 	if !errors.Is(err, jobs.ErrNotRunnable) || job.SlotSeq == nil {
-		return false
+		return false, nil
 	}
-	took, terr := e.cfg.Store.TakeEndedSlot(context.WithoutCancel(ctx), job.ID, *job.SlotSeq)
-	if terr != nil {
-		e.cfg.Logger.WarnContext(ctx, "take an ended job's held slot (its next delivery gives it back)", "job_id", job.ID, "error", terr)
-	}
-	return took
+	return e.cfg.Store.TakeEndedSlot(context.WithoutCancel(ctx), job.ID, *job.SlotSeq)
 }
 
 // errLeaseLost: a renewal of the attempt's lease found the job moved on without it (canceled, or

@@ -2,10 +2,13 @@ package executor_test
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/breaker"
@@ -18,6 +21,7 @@ import (
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tokens"
 )
@@ -266,4 +270,191 @@ func TestExecutor_HeldPauseProbeIsGivenBack(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, pr.Granted(), "the probe held by the job that left was not given back: the next waits its interval")
 	})
+}
+
+// cancelAfterHold is a serve process's in-process first delivery (dispatch.Handoff) of the real
+// executor, whose job its owner cancels (the API's cancel: jobs.Store.Cancel, then
+// dispatch.Tasks.AbortEnded) once the delivery has held its slot in the row and before it
+// returns: the delivery's context ends by the abort's signal, which the Handoff takes for "the
+// job was canceled".
+type cancelAfterHold struct {
+	ex    *executor.Executor
+	store *jobs.Store
+	tasks *dispatch.Tasks
+	done  chan error // the cancel's outcome, once the abort reached the delivery
+}
+
+func (p *cancelAfterHold) AdmitFirst(ctx context.Context, job *jobs.Job) dispatch.Admission {
+	return p.ex.AdmitFirst(ctx, job)
+}
+
+func (p *cancelAfterHold) ProcessFresh(ctx context.Context, job *jobs.Job, adm dispatch.Admission) error {
+	err := p.ex.ProcessFresh(ctx, job, adm)
+	p.done <- p.cancel(ctx, job.ID)
+	return err
+}
+
+func (p *cancelAfterHold) cancel(ctx context.Context, id string) error {
+	job, err := p.store.Cancel(context.WithoutCancel(ctx), id)
+	if err != nil {
+		return err
+	}
+	if job.SlotSeq == nil {
+		return errors.New("the canceled job's row holds no slot: the delivery did not hold it")
+	}
+	// The Handoff's subscription to asynq's cancelation channel may not be in place yet: abort
+	// until the signal has reached the delivery.
+	bound := time.NewTimer(5 * time.Second)
+	defer bound.Stop()
+	for {
+		if err := p.tasks.AbortEnded(job); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-bound.C:
+			return errors.New("the abort did not reach the delivery")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// A serve process's in-process first delivery has no asynq task: when its owner cancels the job
+// after the delivery held its slot in the row, and the abort's signal reaches the delivery before
+// it returns its deferral, a task must still come back for the job, or nothing ever gives the
+// slot back (AbortHeld finds no task to run; the Handoff handed nothing back for an aborted job).
+func TestExecutor_HandedOverDeliveryCanceledAfterItsHoldGivesTheSlotBack(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	u := endedSetup(t)
+	opt, err := dispatch.RedisConnOpt(redistest.URL())
+	require.NoError(t, err)
+	client, insp := asynq.NewClient(opt), asynq.NewInspector(opt)
+	queue := redistest.Queue(t, redistest.URL())
+	t.Cleanup(func() {
+		require.NoError(t, insp.Close())
+		require.NoError(t, client.Close())
+	})
+	enq := dispatch.NewEnqueuer(client, queue, nil)
+	p := &cancelAfterHold{ex: u.ex, store: u.b.Store, tasks: dispatch.NewTasks(insp, enq), done: make(chan error, 1)}
+	h := dispatch.NewHandoff(dispatch.HandoffConfig{Processor: p, Enqueuer: enq, Redis: redistest.Client(t)})
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- h.Run(runCtx) }()
+	t.Cleanup(stop)
+
+	job := u.b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	c := h.Claim(job.Priority, job.Lane)
+	require.NotNil(t, c)
+	c.Admit(ctx, job)
+	c.Start(job)
+	select {
+	case err := <-p.done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the delivery did not end")
+	}
+	stop() // Run returns once the delivery has ended and its job, if it comes back, is handed back
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
+	}
+
+	_, err = insp.GetTaskInfo(queue, job.ID)
+	require.NoError(t, err, "no task came back for the canceled job: nothing gives its held slot back")
+	require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	require.Less(t, u.nextWait(t), endedMinute/2, "the canceled job's held slot still holds its tokens")
+	got, err := u.b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, got.Status)
+	require.Nil(t, got.SlotSeq)
+	require.Zero(t, u.sim.Stats().Requests)
+}
+
+// A held slot's delivery whose attempt's start finds the job canceled meanwhile takes the slot
+// from the row to give it back. When that take fails (Postgres unreachable a moment), the slot
+// stays in the row, and only a later delivery can give it back: the delivery must come back
+// (an error, asynq's retry), not end as done; no other task of the job is left to do it.
+func TestExecutor_HeldSlotWhoseTakeFailedComesBack(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dbURL := pgtest.URL(t)
+	pg, viaProxy := pgtest.NewProxy(t, dbURL)
+	pool, err := pgxpool.New(ctx, viaProxy)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	direct, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	store, owner := jobs.NewStore(pool, nil), jobs.NewStore(direct, nil)
+
+	clock := clocktest.New(time.Now())
+	rdb := redistest.Client(t)
+	after := &afterNext{}
+	rdb.AddHook(after)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now, TokenMinute: endedMinute})
+	require.NoError(t, err)
+	gate := lim.Gate("sk-ended", "held")
+	est, err := estimator.New(nil)
+	require.NoError(t, err)
+	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16}
+	sim := llmsim.New(llmsim.Config{})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-ended"})
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
+		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit}}})
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.True(t, r.Granted)
+
+	job, _, err := store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "held", Request: helloRequest,
+		MaxAttempts: 3, Timeout: time.Hour})
+	require.NoError(t, err)
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+
+	// The slot is due. The job is canceled once the delivery has read it (its first Redis call
+	// is the limiter's clock, after the read), and Postgres drops the take's connection.
+	clock.Advance(endedMinute)
+	after.arm(func() {
+		_, err := owner.Cancel(context.WithoutCancel(ctx), job.ID)
+		require.NoError(t, err)
+	})
+	take := pg.HoldStatement("AND slot_seq = $2")
+	done := make(chan error, 1)
+	go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: job.ID}) }()
+	select {
+	case <-take.Reached():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the delivery did not try to take the ended job's slot")
+	}
+	pg.Cut()
+	take.Release()
+	var first error
+	select {
+	case first = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the delivery did not return")
+	}
+	pg.Restore()
+	require.False(t, after.armed())
+	require.Error(t, first, "the slot is still in the row, and the delivery that could give it back ended as done")
+
+	// asynq's retry of the delivery gives the slot back.
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	clock.Advance(endedMinute)
+	r, err = gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	require.NoError(t, err)
+	require.Less(t, r.Wait, endedMinute/2, "the canceled job's held slot still holds its tokens")
+	got, err := owner.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, got.Status)
+	require.Nil(t, got.SlotSeq)
+	require.Zero(t, sim.Stats().Requests)
 }
