@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/estimator"
@@ -230,7 +231,7 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 			// attempt holds it): nothing would ever send the slot, or give it back.
 			e.releaseSlot(ctx, up, adm)
 			if err == nil {
-				err = errHandled
+				err = e.notHeld(ctx, job.ID)
 			}
 			return adm, err
 		}
@@ -434,4 +435,29 @@ func (e *Executor) cost(up Upstream, job *jobs.Job) (tokens.Cost, *estimator.Est
 		return tokens.Cost{}, nil
 	}
 	return tokens.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}, &est
+}
+
+// notHeld is how a delivery ends whose slot the job row refused (jobs.Store.HoldSlot answered
+// held=false; the slot is already given back). The refusal does not say why, so the row is read
+// again, on this rare path only: a job that ended (canceled, failed by its deadline, finished by
+// another delivery) needs nothing more (errHandled); a job another delivery's attempt holds is
+// deferred as the guard defers it (leasedDefer), for this delivery's task may be the only one
+// left (a duplicate's, its holder's task lost) and, ended as done, it left the job to the
+// sweeper; a job whose lease ended between the two reads is looked at again at once, its row's
+// own next attempt time (a retry delay just recorded, say) kept.
+func (e *Executor) notHeld(ctx context.Context, id string) error {
+	job, err := e.cfg.Store.Get(ctx, id)
+	switch {
+	case errors.Is(err, jobs.ErrNotFound):
+		return errHandled
+	case err != nil:
+		return fmt.Errorf("read a job whose row refused its slot: %w", err)
+	case job.Status.Terminal():
+		return errHandled
+	}
+	now := e.cfg.Now()
+	if job.Leased(now) {
+		return leasedDefer(now, *job.LeaseUntil)
+	}
+	return &deferral{until: now, reason: "the job's attempt ended as its slot was held", stored: true}
 }

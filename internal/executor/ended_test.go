@@ -182,6 +182,34 @@ func TestExecutor_SlotOfAJobCanceledBeforeItsHoldIsGivenBack(t *testing.T) {
 	require.Nil(t, got.SlotSeq)
 }
 
+// A duplicate delivery whose slot the row refuses because another delivery's attempt took the
+// job meanwhile (its lease live, the job not ended) gives the slot back and is deferred as the
+// guard defers a leased job: its task may be the only one left (the holder's lost), and ended as
+// done it dropped the job until the sweeper found it.
+func TestExecutor_SlotRefusedForALeasedJobDefers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	u := endedSetup(t)
+	job := u.b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
+	// The delivery's first Redis call is its reservation: the other delivery starts its attempt
+	// after it, before the slot is held in the row.
+	u.after.arm(func() {
+		_, err := u.b.Store.BeginAttempt(context.WithoutCancel(ctx), job.ID)
+		require.NoError(t, err)
+	})
+	err := u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
+	require.False(t, u.after.armed())
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, err, &deferred, "the leased job's duplicate delivery ended as done")
+	require.Equal(t, "another delivery's attempt holds the job", deferred.Reason)
+	require.False(t, deferred.Until.After(u.clock.Now().Add(2*time.Second)), "looks again as a leased job's delivery does")
+	got, err := u.b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusRunning, got.Status)
+	require.Nil(t, got.SlotSeq)
+	require.Less(t, u.nextWait(t), endedMinute/2, "the refused slot still holds its tokens")
+}
+
 // A pause probe held with a slot in the job row (the paused credential's interval's one
 // attempt) goes back when its job ends (canceled here) or fails over from an open breaker: kept,
 // it held the credential's next probe back a whole interval, and with it the end of a pause

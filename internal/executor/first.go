@@ -161,9 +161,11 @@ func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmis
 		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
 		held, err := e.cfg.Store.HoldSlot(ctx, job.ID, a.slotAt, a.adm.seq, a.adm.grant)
 		if err != nil || !held {
-			e.releaseSlot(ctx, a.up, a.adm) // not held: the job was canceled since its create
+			// Not held: the job was canceled since its create, or (rarely: a task the sweeper
+			// enqueued for a delivery that stalled) another delivery's attempt holds it.
+			e.releaseSlot(ctx, a.up, a.adm)
 			if err == nil {
-				return errHandled
+				return e.notHeld(ctx, job.ID)
 			}
 			return err
 		}

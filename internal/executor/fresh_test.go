@@ -247,6 +247,29 @@ func TestExecutor_AdmitFirstForALaterSlotHoldsIt(t *testing.T) {
 	require.WithinDuration(t, d.Until, *got.NextAttemptAt, 100*time.Millisecond)
 }
 
+// A handed-over first delivery whose later slot the row refuses because another delivery's
+// attempt holds the job (a task the sweeper enqueued while this delivery stalled, say) is
+// deferred as a leased job's delivery is, not ended as done: its job is not left to the sweeper.
+func TestExecutor_AdmitFirstSlotRefusedForALeasedJobDefers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, ex, _ := freshSetupLimited(t, "sk-first-leased", prometheus.NewRegistry(), limiter.Limit{Rate: 1.0 / 60, Burst: 1}, 10*time.Millisecond)
+	warm(t, b, ex) // takes the burst's slot
+
+	job, adm := admittedForALaterSlot(t, b, ex, 10*time.Minute)
+	_, err := b.Store.BeginAttempt(ctx, job.ID) // another delivery's attempt
+	require.NoError(t, err)
+
+	err = ex.ProcessFresh(ctx, job, adm)
+	var d *dispatch.DeferError
+	require.ErrorAs(t, err, &d, "the leased job's delivery ended as done")
+	require.Equal(t, "another delivery's attempt holds the job", d.Reason)
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusRunning, got.Status)
+	require.Nil(t, got.SlotSeq)
+}
+
 // Under fair queueing, AdmitFirst admits only with the tenant's weight at hand
 // (Config.CachedTenantWeight): it runs inside the job's insert transaction and must not wait for
 // a Postgres read of the weight, for which the pool's other connections, held by other inserts
