@@ -10,11 +10,13 @@
 // could multiply ours.
 //
 // Errors from Send are one of:
-//   - *StatusError: the provider answered with a non-2xx status. It exposes HTTPStatus,
-//     ResponseHeader and ErrorType so that retrypolicy can classify it without importing
-//     this package.
+//   - *StatusError: the provider answered with a non-2xx status, or with its error object
+//     under a 2xx (a whole body whose top-level "error" is set, or a stream's error event;
+//     StatusCode is then the status the provider gives that error type). It exposes
+//     HTTPStatus, ResponseHeader and ErrorType so that retrypolicy can classify it without
+//     importing this package.
 //   - *TransportError: no complete answer arrived (refused, reset, DNS, TLS, a body cut
-//     short, a deadline or a cancellation). errors.Is(err, context.Canceled) and
+//     short, a close-delimited body's JSON included, a deadline or a cancellation). errors.Is(err, context.Canceled) and
 //     errors.Is(err, context.DeadlineExceeded) hold when the context ended the call.
 //   - an error wrapping ErrInvalidRequest: the body (not a JSON object) was refused before anything was sent.
 //   - an error wrapping ErrDecode (or ErrResponseTooLarge): a 2xx answer we cannot use.

@@ -61,7 +61,9 @@ type StatusError struct {
 	TimeToFirstByte time.Duration
 	// MidStream reports an error event inside a 200 event stream (Anthropic "error", OpenAI a
 	// chunk {"error":...}); StatusCode is then the status the provider gives that error type
-	// before a stream starts (overloaded_error 529, api_error 500, ...; see streamError).
+	// before a stream starts (overloaded_error 529, api_error 500, ...; see errorTypeStatus).
+	// A 2xx whose whole body is an error object gets its status the same way, with MidStream
+	// false.
 	MidStream bool
 }
 

@@ -74,8 +74,10 @@ type Provider interface {
 	// across two deltas is masked only in the assembled body).
 	//
 	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object, and nothing is
-	// sent; *StatusError for a non-2xx answer, or for an error event inside a stream
-	// (StatusError.MidStream); a stream cut before its end marker is a *TransportError;
+	// sent; *StatusError for a non-2xx answer, for a 2xx whose body is the provider's error
+	// object (a top-level "error" that is an object or a non-empty string), or for an error
+	// event inside a stream (StatusError.MidStream); a stream cut before its end marker, and a
+	// 2xx body whose JSON ends early (a close-delimited body cut cleanly), is a *TransportError;
 	// *TransportError when no complete answer arrived, wrapping ctx.Err() when the context
 	// ended the call (also while it waited for room in the AnswerBudget, before sending);
 	// ErrDecode or ErrResponseTooLarge (wrapped) for a 2xx answer we cannot use — in that
@@ -395,19 +397,76 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		// A body of unknown length was read into a doubling buffer: keep (and count) only its bytes.
 		data = append(make([]byte, 0, len(data)), data...)
 	}
+	var top struct {
+		Usage json.RawMessage `json:"usage"`
+		Error json.RawMessage `json:"error"`
+	}
+	// Unmarshal checks the whole answer is valid JSON before it decodes (no json.Valid first).
+	if !startsObject(data) {
+		out.Body = data
+		hold.settle(int64(cap(data)))
+		out.hold, keepHold = hold, true
+		return out, c.decodeError(resp.StatusCode, header, data)
+	}
+	if err := json.Unmarshal(data, &top); err != nil {
+		if closeDelimited(resp) && cutShort(err, data) {
+			// A body framed by the connection's end ends cleanly when the server dies mid-write:
+			// only the JSON shows the cut, and it is the transport's failure, as a short read is.
+			// A body whose length or last chunk was sent ended where the server said.
+			return nil, c.transportError(ctx, "read response body", io.ErrUnexpectedEOF)
+		}
+		out.Body = data
+		hold.settle(int64(cap(data)))
+		out.hold, keepHold = hold, true
+		return out, c.decodeError(resp.StatusCode, header, data)
+	}
+	if isErrorValue(top.Error) {
+		// The provider's error object under a 2xx: an error, as a mid-stream error event is.
+		typ, code, msg, _ := parseErrorBody(data)
+		if msg == "" && typ == "" && code == "" {
+			msg = "error object in a 2xx answer"
+		}
+		return nil, c.answerError(typ, code, msg, header, rl, latency, ttfb)
+	}
 	out.Body = data
 	hold.settle(int64(cap(data)))
 	out.hold, keepHold = hold, true
-	var top struct {
-		Usage json.RawMessage `json:"usage"`
-	}
-	// Unmarshal checks the whole answer is valid JSON before it decodes (no json.Valid first).
-	if !startsObject(data) || json.Unmarshal(data, &top) != nil {
-		return out, fmt.Errorf("llm: decode %d response (%d bytes, content-type %q): %w",
-			resp.StatusCode, len(data), c.red.clean(header.Get("Content-Type"), maxHeaderTextLen), ErrDecode)
-	}
 	out.Usage = c.d.usage(top.Usage)
 	return out, nil
+}
+
+// decodeError is the error of a 2xx answer that is not a JSON object.
+func (c *client) decodeError(status int, header http.Header, data []byte) error {
+	return fmt.Errorf("llm: decode %d response (%d bytes, content-type %q): %w",
+		status, len(data), c.red.clean(header.Get("Content-Type"), maxHeaderTextLen), ErrDecode)
+}
+
+// closeDelimited reports whether resp's body is framed by the connection's close alone (HTTP/1,
+// neither a Content-Length nor chunked): its end proves nothing about its completeness.
+func closeDelimited(resp *http.Response) bool {
+	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0
+}
+
+// cutShort reports whether err, json.Unmarshal's error for data, says that the JSON ended before
+// its value did: a body cut short, not one that is malformed.
+func cutShort(err error, data []byte) bool {
+	var se *json.SyntaxError
+	return errors.As(err, &se) && se.Offset == int64(len(data))
+}
+
+// isErrorValue reports whether a 2xx answer's top-level "error" holds an error: an object or a
+// non-empty string (a gateway's {"error":"text"}). Absent, null, false or "" is no error.
+func isErrorValue(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) == 0:
+		return false
+	case raw[0] == '{':
+		return true
+	case raw[0] == '"':
+		return jsonText(raw) != ""
+	}
+	return false
 }
 
 // transportError builds a *TransportError, preferring the context's error so that

@@ -324,10 +324,34 @@ func (m *deltaMasker) flush(emit func(Delta)) {
 }
 
 // streamError is the *StatusError of a mid-stream error event: the HTTP status was 200, so the
-// status is the one the provider gives that error type before a stream starts. A rate limit
-// signalled mid-stream carries no Retry-After; it is reported as 503 (retry with backoff), not
-// as a 429 that would read as a spend cap.
+// status is the one the provider gives that error type before a stream starts (errorTypeStatus).
 func (c *client) streamError(typ, code, msg string, header http.Header, rl RateLimit, latency, ttfb time.Duration) *StatusError {
+	se := c.answerError(typ, code, msg, header, rl, latency, ttfb)
+	se.MidStream = true
+	return se
+}
+
+// answerError is the *StatusError of an error the provider sent under a 2xx status, in an event
+// stream or as a whole body: its status is the one the provider gives that error type
+// (errorTypeStatus), and every text is cleaned.
+func (c *client) answerError(typ, code, msg string, header http.Header, rl RateLimit, latency, ttfb time.Duration) *StatusError {
+	typ, code = c.red.clean(typ, maxHeaderTextLen), c.red.clean(code, maxHeaderTextLen)
+	return &StatusError{
+		StatusCode:      errorTypeStatus(typ),
+		Type:            typ,
+		Code:            code,
+		Message:         c.red.clean(msg, maxMessageLen),
+		Header:          header,
+		RateLimit:       rl,
+		Latency:         latency,
+		TimeToFirstByte: ttfb,
+	}
+}
+
+// errorTypeStatus is the HTTP status the providers give an error type; 500 for a type they do not
+// document. A rate limit signalled under a 2xx carries no Retry-After; it is reported as 503
+// (retry with backoff), not as a 429 that would read as a spend cap.
+func errorTypeStatus(typ string) int {
 	status := http.StatusInternalServerError
 	switch typ {
 	case "overloaded_error":
@@ -349,17 +373,7 @@ func (c *client) streamError(typ, code, msg string, header http.Header, rl RateL
 	case "billing_error", "insufficient_quota":
 		status = http.StatusPaymentRequired
 	}
-	return &StatusError{
-		StatusCode:      status,
-		Type:            c.red.clean(typ, maxHeaderTextLen),
-		Code:            c.red.clean(code, maxHeaderTextLen),
-		Message:         c.red.clean(msg, maxMessageLen),
-		Header:          header,
-		RateLimit:       rl,
-		Latency:         latency,
-		TimeToFirstByte: ttfb,
-		MidStream:       true,
-	}
+	return status
 }
 
 // midStreamError is a provider's error event, before it is made a *StatusError.

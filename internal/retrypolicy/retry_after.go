@@ -97,7 +97,7 @@ func malformedRetryAfter(h http.Header) (string, bool) {
 }
 
 // headerValue returns the first non-empty value of name, trimmed, matching the name
-// case-insensitively.
+// case-insensitively: of several header lines, the first that says something.
 func headerValue(h http.Header, name string) (string, bool) {
 	if h == nil {
 		return "", false
@@ -106,9 +106,11 @@ func headerValue(h http.Header, name string) (string, bool) {
 		return v, true
 	}
 	for k, vs := range h {
-		if strings.EqualFold(k, name) && len(vs) > 0 {
-			if v := strings.TrimSpace(vs[0]); v != "" {
-				return v, true
+		if strings.EqualFold(k, name) {
+			for _, v := range vs {
+				if v = strings.TrimSpace(v); v != "" {
+					return v, true
+				}
 			}
 		}
 	}

@@ -77,6 +77,10 @@ func TestParseRetryAfter(t *testing.T) {
 		{"MsWinsOverSeconds", header("Retry-After-Ms", "250", "Retry-After", "3"), 250 * time.Millisecond, true},
 		{"MsWinsOverDate", header("Retry-After-Ms", "250", "Retry-After", testNow.Add(time.Minute).Format(http.TimeFormat)), 250 * time.Millisecond, true},
 		{"InvalidMsFallsBackToSeconds", header("Retry-After-Ms", "abc", "Retry-After", "3"), 3 * time.Second, true},
+		// Two header lines, the first empty (a proxy's): the hint is the first value that says
+		// something, not "present but malformed".
+		{"SecondLineAfterEmpty", header("Retry-After", "", "Retry-After", "7"), 7 * time.Second, true},
+		{"TwoLinesFirstWins", header("Retry-After", "3", "Retry-After", "9"), 3 * time.Second, true},
 		{"InvalidBoth", header("Retry-After-Ms", "abc", "Retry-After", "xyz"), 0, false},
 		{"LowercaseNonCanonicalKeys", http.Header{"retry-after-ms": {"40"}}, 40 * time.Millisecond, true},
 		{"LowercaseRetryAfter", http.Header{"retry-after": {"4"}}, 4 * time.Second, true},
