@@ -16,8 +16,9 @@
 //     HTTPStatus, ResponseHeader and ErrorType so that retrypolicy can classify it without
 //     importing this package.
 //   - *TransportError: no complete answer arrived (refused, reset, DNS, TLS, a body cut
-//     short, a close-delimited body's JSON included, a deadline or a cancellation). errors.Is(err, context.Canceled) and
-//     errors.Is(err, context.DeadlineExceeded) hold when the context ended the call.
+//     short, a close-delimited body's JSON included, a deadline or a cancellation).
+//     errors.Is(err, context.Canceled) and errors.Is(err, context.DeadlineExceeded) hold when
+//     the context ended the call.
 //   - an error wrapping ErrInvalidRequest: the body (not a JSON object) was refused before anything was sent.
 //   - an error wrapping ErrDecode (or ErrResponseTooLarge): a 2xx answer we cannot use.
 //
