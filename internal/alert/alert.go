@@ -1,6 +1,7 @@
 // Package alert raises dead-letter alerts: an ERROR log line ("ALERT dead letter") and a JSON POST
 // to the configured webhook, once per episode (a credential's pause) or at most once per interval
-// per credential and reason across every worker process (a Redis key per throttle).
+// per credential and reason across every worker process (a Redis key per throttle). The POST goes
+// in the background: raising an alert never waits for the webhook.
 package alert
 
 import (
@@ -35,7 +36,9 @@ type Config struct {
 	// without it the throttle is per process.
 	Redis redis.UniversalClient
 	// Prefix starts the throttle keys. Default "llmq:".
-	Prefix     string
+	Prefix string
+	// HTTPClient posts to the webhook (default: a client with a 10 s timeout). The Alerter uses a
+	// copy that never follows a redirect: a redirect answer is a failure.
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	Now        func() time.Time
@@ -43,10 +46,24 @@ type Config struct {
 	Metrics *Metrics
 }
 
+// maxPosts bounds the webhook POSTs under way at once (each ends within postTimeout): an alert
+// raised while this many are under way is logged and counted as a webhook failure, not posted.
+// Alerts are rare (once per episode, or per minute per credential and reason), so only a webhook
+// that hangs fills it.
+const maxPosts = 8
+
+// postTimeout bounds one POST to the webhook.
+const postTimeout = 10 * time.Second
+
 // Alerter raises dead-letter alerts: an ERROR log line and the webhook. (The counter
 // llmq_dead_letters_total is kept per job by the executor.) It is safe for concurrent use.
 type Alerter struct {
 	cfg Config
+
+	// posts holds a token per webhook POST under way (at most maxPosts); inFlight counts them
+	// for Wait.
+	posts    chan struct{}
+	inFlight sync.WaitGroup
 
 	// mu guards raised: when each (credential, reason) was last raised by Throttled, for the
 	// throttle without Redis.
@@ -60,20 +77,29 @@ func New(cfg Config) *Alerter {
 		cfg.Prefix = "llmq:"
 	}
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+		cfg.HTTPClient = &http.Client{Timeout: postTimeout}
 	}
+	// A redirect is not followed: a 301/302/303 would turn the POST into a GET without the body
+	// (whose 200 reads as delivered), and a 307/308 would send the body, which names credentials
+	// and jobs, to wherever it points. The 3xx answer itself fails the post (status above 299).
+	hc := *cfg.HTTPClient
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	cfg.HTTPClient = &hc
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Alerter{cfg: cfg, raised: map[string]time.Time{}}
+	return &Alerter{cfg: cfg, posts: make(chan struct{}, maxPosts), raised: map[string]time.Time{}}
 }
 
-// Raise sends a. Callers make sure it is once per episode (a pause reports whether it began
-// one); use Throttled for alerts without episodes. A webhook failure is logged and counted
-// (llmq_alert_webhook_failures_total), not returned: the dead letter is already safe in Postgres.
+// Raise logs a and starts its POST to the webhook, without waiting for it: a slow or hung
+// webhook delays no delivery, failover or pause. Callers make sure it is once per episode (a
+// pause reports whether it began one); use Throttled for alerts without episodes. A webhook
+// failure (or an alert not posted because maxPosts are under way) is logged and counted
+// (llmq_alert_webhook_failures_total), not returned or retried: the dead letter is already safe
+// in Postgres.
 func (a *Alerter) Raise(ctx context.Context, al Alert) {
 	if a == nil {
 		return
@@ -86,9 +112,46 @@ func (a *Alerter) Raise(ctx context.Context, al Alert) {
 	if a.cfg.WebhookURL == "" {
 		return
 	}
-	if err := a.post(ctx, al); err != nil {
-		a.cfg.Metrics.webhookFailed()
-		a.cfg.Logger.ErrorContext(ctx, "alert webhook failed", "credential", al.Credential, "reason", al.Reason, "error", err)
+	select {
+	case a.posts <- struct{}{}:
+	default:
+		a.webhookFailed(ctx, al, fmt.Errorf("%d posts to the webhook are under way: this alert is not posted", maxPosts))
+		return
+	}
+	a.inFlight.Add(1)
+	ctx = context.WithoutCancel(ctx) // the POST outlives the caller
+	go func() {
+		defer a.inFlight.Done()
+		defer func() { <-a.posts }()
+		if err := a.post(ctx, al); err != nil {
+			a.webhookFailed(ctx, al, err)
+		}
+	}()
+}
+
+// webhookFailed logs and counts an alert the webhook did not take.
+func (a *Alerter) webhookFailed(ctx context.Context, al Alert, err error) {
+	a.cfg.Metrics.webhookFailed()
+	a.cfg.Logger.ErrorContext(ctx, "alert webhook failed", "credential", al.Credential, "reason", al.Reason, "error", err)
+}
+
+// Wait returns once the webhook POSTs under way have ended (each within 10 s), or with ctx's
+// error when ctx ends first. Call it after the last Raise (a worker's shutdown, a test), so that
+// the alerts of the last deliveries are posted before the process goes.
+func (a *Alerter) Wait(ctx context.Context) error {
+	if a == nil {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() {
+		a.inFlight.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the alert webhook's posts: %w", ctx.Err())
 	}
 }
 
@@ -131,7 +194,7 @@ func (a *Alerter) post(ctx context.Context, al Alert) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, postTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.WebhookURL, bytes.NewReader(body))
 	if err != nil {
@@ -149,7 +212,10 @@ func (a *Alerter) post(ctx context.Context, al Alert) error {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return fmt.Errorf("webhook answered %s (a redirect: not followed)", resp.Status)
+	}
+	if resp.StatusCode >= 400 {
 		return fmt.Errorf("webhook answered %s", resp.Status)
 	}
 	return nil

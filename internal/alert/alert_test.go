@@ -3,10 +3,13 @@ package alert_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +37,7 @@ func TestRaise_FailedWebhookLogsNoSecretPath(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	a.Raise(ctx, alert.Alert{Credential: "main", Reason: "rate_limited_no_retry_after", JobID: "j1"})
+	require.NoError(t, a.Wait(ctx))
 
 	out := logs.String()
 	require.Contains(t, out, "alert webhook failed", "the failure is logged")
@@ -80,18 +84,171 @@ func TestRaise_CountsWebhookFailures(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := alert.New(alert.Config{WebhookURL: srv.URL, Metrics: alert.NewMetrics(reg)})
 	const name = "llmq_alert_webhook_failures_total"
-	const head = "# HELP " + name + " Alerts whose POST to alerts.webhook_url failed (no answer, or a status above 299); " +
-		"each is logged (\"alert webhook failed\") and not sent again.\n# TYPE " + name + " counter\n"
+	const head = "# HELP " + name + " Alerts whose POST to alerts.webhook_url failed (no answer, or a status above 299, " +
+		"a redirect included) or was not made (8 posts already under way); each is logged (\"alert webhook failed\") " +
+		"and not sent again.\n# TYPE " + name + " counter\n"
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 0\n"), name), "0 from the start")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	al := alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: "j1"}
 	a.Raise(ctx, al) // 500
+	require.NoError(t, a.Wait(ctx))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 1\n"), name))
 	a.Raise(ctx, al) // 204
+	require.NoError(t, a.Wait(ctx))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 1\n"), name), "a delivered alert is not counted")
 	srv.Close()
 	a.Raise(ctx, al) // unreachable
+	require.NoError(t, a.Wait(ctx))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 2\n"), name))
+}
+
+// A webhook that answers with a redirect is a failure, and nothing follows it: Go's client would
+// turn a 301/302/303 into a GET without the body, whose 200 counted the alert as delivered though
+// no one received it (an http:// URL redirected to https:// lost every alert silently), and would
+// send the body, which names credentials and jobs, again to wherever a 307/308 points.
+func TestRaise_RedirectIsAFailureNotFollowed(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{http.StatusFound, http.StatusTemporaryRedirect} {
+		t.Run(http.StatusText(code), func(t *testing.T) {
+			t.Parallel()
+			elsewhere := make(chan string, 4)
+			target := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+				elsewhere <- r.Method // 200
+			}))
+			t.Cleanup(target.Close)
+			hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, target.URL+"/collect", code)
+			}))
+			t.Cleanup(hook.Close)
+			reg := prometheus.NewRegistry()
+			var logs bytes.Buffer
+			a := alert.New(alert.Config{WebhookURL: hook.URL, Metrics: alert.NewMetrics(reg),
+				Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a.Raise(ctx, alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: "j1"})
+			require.NoError(t, a.Wait(ctx))
+
+			require.Zero(t, len(elsewhere), "the redirect is not followed: nothing reaches its target")
+			require.Equal(t, 1.0, webhookFailures(t, reg), "the redirect is counted as a failure")
+			require.Contains(t, logs.String(), "a redirect: not followed")
+		})
+	}
+}
+
+// webhookFailures reads llmq_alert_webhook_failures_total from reg.
+func webhookFailures(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "llmq_alert_webhook_failures_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("llmq_alert_webhook_failures_total is not registered")
+	return 0
+}
+
+// hungWebhook is a webhook that answers no POST until release is called (at the latest when the
+// test ends); posted receives each one's body as it arrives.
+func hungWebhook(t *testing.T) (url string, posted chan string, release func()) {
+	t.Helper()
+	posted = make(chan string, 16)
+	released := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(released) }) }
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		posted <- string(body)
+		<-released
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(release) // before srv.Close, which waits for the handlers
+	return srv.URL, posted, release
+}
+
+// Raise does not wait for the webhook: the executor raises a spend cap's alert before it records
+// the dead letter or fails the job over to its next credential, which waited up to 10 s for a
+// slow or hung webhook (and the batcher's pass with it).
+func TestRaise_DoesNotWaitForTheWebhook(t *testing.T) {
+	t.Parallel()
+	url, posted, release := hungWebhook(t)
+	a := alert.New(alert.Config{WebhookURL: url})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	raised := make(chan struct{})
+	go func() {
+		defer close(raised)
+		a.Raise(ctx, alert.Alert{Credential: "main", Reason: "rate_limited_no_retry_after", JobID: "j1"})
+	}()
+	select {
+	case <-raised:
+	case <-time.After(5 * time.Second): // the POST's own timeout is 10 s
+		t.Fatal("Raise waited for the webhook's answer")
+	}
+	select {
+	case body := <-posted:
+		require.Contains(t, body, `"job_id":"j1"`, "the alert is posted all the same")
+	case <-ctx.Done():
+		t.Fatal("the alert never reached the webhook")
+	}
+	waitCtx, waitCancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer waitCancel()
+	require.ErrorIs(t, a.Wait(waitCtx), context.DeadlineExceeded, "Wait waits for the POST under way")
+	release()
+	require.NoError(t, a.Wait(ctx))
+}
+
+// The POSTs under way are bounded: with a hung webhook, an alert raised while 8 are under way is
+// logged and counted as a webhook failure rather than starting a ninth.
+func TestRaise_PostsUnderWayAreBounded(t *testing.T) {
+	t.Parallel()
+	url, posted, release := hungWebhook(t)
+	reg := prometheus.NewRegistry()
+	var logs syncBuffer
+	a := alert.New(alert.Config{WebhookURL: url, Metrics: alert.NewMetrics(reg),
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	for i := range 8 {
+		a.Raise(ctx, alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: fmt.Sprint("j", i)})
+	}
+	require.Equal(t, 0.0, webhookFailures(t, reg))
+	a.Raise(ctx, alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: "j8"})
+	require.Equal(t, 1.0, webhookFailures(t, reg), "the ninth is not posted, and counted")
+	require.Contains(t, logs.String(), "posts to the webhook are under way")
+	for range 8 {
+		select {
+		case <-posted:
+		case <-ctx.Done():
+			t.Fatal("the first 8 alerts never reached the webhook")
+		}
+	}
+	release()
+	require.NoError(t, a.Wait(ctx))
+	require.Empty(t, posted)
+	require.Equal(t, 1.0, webhookFailures(t, reg), "the 8 answered are delivered")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from Raise's POSTs while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

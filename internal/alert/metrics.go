@@ -16,8 +16,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		webhookFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmq_alert_webhook_failures_total",
-			Help: "Alerts whose POST to alerts.webhook_url failed (no answer, or a status above 299); " +
-				"each is logged (\"alert webhook failed\") and not sent again.",
+			Help: "Alerts whose POST to alerts.webhook_url failed (no answer, or a status above 299, a redirect " +
+				"included) or was not made (8 posts already under way); each is logged (\"alert webhook failed\") " +
+				"and not sent again.",
 		}),
 	}
 	reg.MustRegister(m.webhookFailures)

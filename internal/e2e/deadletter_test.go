@@ -90,6 +90,8 @@ func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
 		require.EqualValues(t, 0, r.body["attempts"])
 	}
 
+	// The alert is posted in the background (alert.Alerter.Raise).
+	require.Eventually(t, func() bool { return len(hook.received()) > 0 }, 10*time.Second, 10*time.Millisecond)
 	alerts := hook.received()
 	require.Len(t, alerts, 1)
 	require.Equal(t, "default", alerts[0].Credential)

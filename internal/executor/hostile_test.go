@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -72,8 +73,8 @@ func TestExecutor_HostileProviderText(t *testing.T) {
 		require.NoError(t, err)
 		upstreams[name] = executor.Upstream{Name: name, Kind: string(llm.KindAnthropic), Provider: p}
 	}
-	ex := executor.New(executor.Config{Store: b.Store, Upstreams: upstreams, Logger: logger,
-		Alerter: alert.New(alert.Config{WebhookURL: hook.URL, Logger: logger})})
+	alerter := alert.New(alert.Config{WebhookURL: hook.URL, Logger: logger})
+	ex := executor.New(executor.Config{Store: b.Store, Upstreams: upstreams, Logger: logger, Alerter: alerter})
 
 	for _, name := range []string{"json", "text"} {
 		// When a job's one attempt gets the hostile answer
@@ -95,6 +96,9 @@ func TestExecutor_HostileProviderText(t *testing.T) {
 		require.NoError(t, err)
 		requireNoKeyPart(t, key, name+" job (as the API and ctl show it)", string(row))
 	}
+	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, alerter.Wait(waitCtx), "the alerts' posts end") // Raise posts in the background
 	logged, err := os.ReadFile(logFile)
 	require.NoError(t, err)
 	require.Len(t, webhook, 2, "one webhook call per dead letter")

@@ -70,6 +70,8 @@ type Worker struct {
 	maint    *maintenance.Maintainer
 	batcher  *batchlane.Batcher // nil: no credential has a batch lane
 	breaker  *breaker.Breaker
+	// alerter raises the executor's and the batcher's alerts; Run waits for its webhook posts.
+	alerter  *alert.Alerter
 	client   *asynq.Client
 	insp     *asynq.Inspector
 	enqueuer *dispatch.Enqueuer
@@ -171,11 +173,11 @@ func (w *Worker) build(m metrics) error {
 	}
 	weights := tenant.NewWeights(tenant.NewStore(w.pool, nil), nil)
 	w.pauses = credpause.NewStore(w.pool, nil)
-	alerter := alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger,
+	w.alerter = alert.New(alert.Config{WebhookURL: cfg.Alerts.WebhookURL, Redis: w.rdb, Prefix: opts.RedisPrefix, Logger: opts.Logger,
 		Metrics: m.alert})
 	w.executor = executor.New(executor.Config{
 		Store: store, Upstreams: upstreams, Policy: policy, Logger: opts.Logger, Metrics: m.executor, Estimator: est,
-		Alerter:      alerter,
+		Alerter:      w.alerter,
 		TenantWeight: weights.Weight, CachedTenantWeight: weights.Cached, Pauses: w.pauses,
 		// The API reads the buffers under the default prefix (it has no RedisPrefix): keys are
 		// per job, so tests stay apart by job ID.
@@ -206,7 +208,7 @@ func (w *Worker) build(m metrics) error {
 		AuditRetention:    cfg.Retention.Audit.Duration(),
 		RetentionInterval: cfg.Retention.Interval, Finished: m.executor.Finished, Logger: opts.Logger, Metrics: m.maintenance,
 	})
-	if err := w.newBatcher(m.executor.DeadLettered, alerter); err != nil {
+	if err := w.newBatcher(m.executor.DeadLettered, w.alerter); err != nil {
 		return err
 	}
 	w.server = dispatch.NewServer(w.redis, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
@@ -318,8 +320,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.server.Shutdown()
 	<-listenDone
 	<-pausesDone
-	return errors.Join(<-sweepDone, <-maintDone, <-batchDone, <-handoffDone, w.close())
+	err := errors.Join(<-sweepDone, <-maintDone, <-batchDone, <-handoffDone)
+	// The last deliveries' alerts are posted before the process goes (each post ends within 10 s).
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), alertDrainTimeout)
+	defer cancel()
+	return errors.Join(err, w.alerter.Wait(wctx), w.close())
 }
+
+// alertDrainTimeout bounds how long Run waits at its end for the alerter's webhook posts.
+const alertDrainTimeout = 5 * time.Second
 
 // newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:
 // no batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
