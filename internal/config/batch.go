@@ -13,10 +13,11 @@ type Batch struct {
 	// once. Default 1000; at most 50,000 (OpenAI's limit; Anthropic's is 100,000).
 	MaxRequestsPerBatch int `yaml:"max_requests_per_batch"`
 	// MaxWaitToFill is the longest the oldest waiting job waits for its batch to fill before the
-	// batch is sent as it is. Default 1m.
+	// batch is sent as it is. Default 1m; at most Window.
 	MaxWaitToFill time.Duration `yaml:"max_wait_to_fill"`
 	// PollInterval is the wait before the first poll of a sent batch's state; each poll that
-	// finds it still running doubles the wait, up to 10 × PollInterval. Default 30s.
+	// finds it still running doubles the wait, up to 10 × PollInterval. Default 30s; at most
+	// Window.
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// Window is how long the provider may take to end a batch (both providers promise 24 h, most
 	// end far sooner). "auto" takes the batch lane only when the job's deadline is at least
@@ -24,7 +25,7 @@ type Batch struct {
 	Window time.Duration `yaml:"window"`
 	// OnlineFallback is the time before a job's deadline at which a job whose batch has not
 	// ended goes back to the online lane, so that the deadline holds whatever the batch does
-	// (the provider may then still charge for its batch request). Default 10m.
+	// (the provider may then still charge for its batch request). Default 10m; less than Window.
 	OnlineFallback time.Duration `yaml:"online_fallback"`
 }
 
@@ -64,6 +65,21 @@ func (b *Batch) validate(f string, bad func(field, format string, args ...any)) 
 	}
 	if b.Window > maxBatchWindow {
 		bad(f+".window", "must be at most %s, the providers' batch window (got %s)", maxBatchWindow, b.Window)
+	}
+	// Longer than the window, they are the window: a batch has ended (or its jobs gone online)
+	// by then. Far longer, the poll's backoff (up to 10 × poll_interval) would overflow.
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"max_wait_to_fill", b.MaxWaitToFill}, {"poll_interval", b.PollInterval}} {
+		if d.v > b.Window {
+			bad(f+"."+d.name, "must be at most %s.window (%s), got %s", f, b.Window, d.v)
+		}
+	}
+	if b.OnlineFallback >= b.Window {
+		// A job given the window as its timeout would be past its fallback when submitted:
+		// every batch-lane job would go online at once.
+		bad(f+".online_fallback", "must be less than %s.window (%s), got %s", f, b.Window, b.OnlineFallback)
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package config loads llmq's one YAML file, shared by the api, worker and ctl programs.
 //
 // The file format is a contract (README.md, Configuration). Unknown fields are rejected so that a typo does
-// not silently fall back to a default; every validation error names the field. Secrets are only
+// not silently fall back to a default, and so is a second YAML document; every validation error
+// names the field (or the variable that overrode it). Secrets are only
 // referenced (api_key_env, api_key_file) and resolved at load time; they never appear in errors.
 package config
 
@@ -11,8 +12,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -60,7 +63,8 @@ type Breaker struct {
 	// errors) open a credential's breaker. 0: the breaker's default, 5.
 	Threshold int `yaml:"threshold"`
 	// Cooldown is how long an open breaker refuses calls before one probe is let through; it
-	// grows ×1.4 after each failed probe, up to MaxCooldown. 0: the breaker's default, 2s.
+	// grows ×1.4 after each failed probe, up to MaxCooldown. 0: the breaker's default, 2s; else
+	// at least 1ms.
 	Cooldown time.Duration `yaml:"cooldown"`
 	// MaxCooldown caps the cooldown: the longest a recovered provider goes unnoticed, and one
 	// probe per MaxCooldown during a long outage. 0: the breaker's default, 30s (or Cooldown when
@@ -82,7 +86,7 @@ func (b Breaker) ColdStart() bool { return b.ColdStartCap == nil || *b.ColdStart
 
 // API configures the HTTP API.
 type API struct {
-	// Listen is the address to serve on. Default 127.0.0.1:8080.
+	// Listen is the address to serve on, host:port (the host may be empty). Default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
 	// AllowAnonymous maps requests without a bearer token to tenant "default" (development only),
 	// as stored when an operator created it (its credentials, its revocation).
@@ -124,7 +128,7 @@ type API struct {
 	StreamSecretEnv  string `yaml:"stream_secret_env"`
 	StreamSecretFile string `yaml:"stream_secret_file"`
 	// StreamURLTTL is how long an events_url is accepted after it was issued (a stream opened
-	// in time runs to its end). Default 10m.
+	// in time runs to its end). Default 10m; between 1s and 24h.
 	StreamURLTTL time.Duration `yaml:"stream_url_ttl"`
 
 	// streamSecret is behind a pointer, as Credential's apiKey, so that printing a Config or an
@@ -184,15 +188,16 @@ type Worker struct {
 	// Concurrency is the number of jobs one worker process runs at once (llmq serve: the jobs
 	// asynq delivers, and as many first deliveries of its own submits). Default 200.
 	Concurrency int `yaml:"concurrency"`
-	// MetricsListen is where the worker serves /metrics. Default 127.0.0.1:9091; "off" disables it.
+	// MetricsListen is where the worker serves /metrics, host:port. Default 127.0.0.1:9091; "off"
+	// disables it.
 	// llmq serve does not use it: its worker's metrics are on the API's /metrics.
 	MetricsListen string `yaml:"metrics_listen"`
 	// Queue names the asynq queues: high and normal jobs use it as is, low jobs "<queue>:low"
 	// (their deliveries deferred to a later time, a limiter's turn or a retry, come back on
 	// "<queue>"). Default "llmq".
 	Queue string `yaml:"queue"`
-	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost. Default 10s,
-	// at most 5m.
+	// SweepInterval is how often the leader re-enqueues jobs whose task Redis lost, and how often
+	// the other workers try to lead. Default 10s; between 100ms and 5m.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
 	// PollInterval is how often an idle worker looks for a queued job it was not woken for.
 	// Workers are woken for every task enqueued due now and for tasks whose deferral or retry
@@ -231,20 +236,24 @@ type Credential struct {
 	Provider string `yaml:"provider"`
 	// BaseURL is the provider's root, without /v1.
 	BaseURL string `yaml:"base_url"`
-	// APIKeyEnv names the environment variable holding the key.
+	// APIKeyEnv names the environment variable holding the key (surrounding white space trimmed;
+	// white space or a control character inside is refused).
 	APIKeyEnv string `yaml:"api_key_env"`
 	// APIKeyFile names a file holding the key (trailing white space trimmed).
 	APIKeyFile string `yaml:"api_key_file"`
-	// Limits, when set, are the provider's request limit; when absent they are learned.
+	// Limits, when set, are the provider's request limit; when absent they are learned. Credentials
+	// with one provider, base URL and key share one limit: their Limits must be equal.
 	Limits *Limits `yaml:"limits"`
-	// AttemptTimeout bounds one provider call. Default 5m.
+	// AttemptTimeout bounds one provider call. Default 5m; between 1ms and 24h (a job's longest
+	// timeout).
 	AttemptTimeout time.Duration `yaml:"attempt_timeout"`
 	// FirstByteTimeout, when set, bounds the wait for the first byte of an answer's body (a
 	// generation that has not started); a timed-out attempt is retried from its own budget.
-	// Default 0: only attempt_timeout applies. A job may override it.
+	// Default 0: only attempt_timeout applies; else between 1ms and 24h. A job may override it.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// PauseProbeInterval, when set, lets one job per interval probe a credential paused by a
-	// spend cap; its success resumes the credential. Default 0: only an operator resumes it.
+	// spend cap; its success resumes the credential. Default 0: only an operator resumes it; else
+	// at least 100ms.
 	PauseProbeInterval time.Duration `yaml:"pause_probe_interval"`
 	// Batch configures the credential's batch lane (see Batch). Default: off.
 	Batch Batch `yaml:"batch"`
@@ -317,6 +326,14 @@ const (
 	DefaultBacklogSteps = 8
 )
 
+// minInterval is the shortest period of a loop that goes to Postgres or a provider each time
+// (the sweep, the retention pass, a paused credential's probe): short enough for tests, long
+// enough that a unit left off or a typo ("1ns") does not make the loop spin.
+const minInterval = 100 * time.Millisecond
+
+// maxJobTimeout is the longest timeout a job may have (the API's default MaxTimeout).
+const maxJobTimeout = 24 * time.Hour
+
 // maxAnswer is the largest answer a worker reads (llm.DefaultMaxResponseBytes, which this package
 // does not import): worker.max_answer_bytes must hold it.
 const maxAnswer = 32 << 20
@@ -369,14 +386,24 @@ func parse(data []byte, getenv func(string) string, secrets bool) (*Config, erro
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("parse yaml: %w", err)
 	}
+	// A second document ("---" then more settings, say two files pasted together) would be
+	// ignored by Decode: refuse it rather than run on half the file.
+	var rest yaml.Node
+	if err := dec.Decode(&rest); err == nil && !emptyDocument(&rest) {
+		return nil, fmt.Errorf("parse yaml: line %d: a second YAML document; the file must hold one", rest.Line)
+	} else if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("parse yaml: %w", err)
+	}
+	// An override is named as the variable it came from: the file's own value is not at fault.
+	dbField, redisField := "database_url", "redis_url"
 	if v := getenv(EnvDatabaseURL); v != "" {
-		cfg.DatabaseURL = v
+		cfg.DatabaseURL, dbField = v, "database_url (from "+EnvDatabaseURL+")"
 	}
 	if v := getenv(EnvRedisURL); v != "" {
-		cfg.RedisURL = v
+		cfg.RedisURL, redisField = v, "redis_url (from "+EnvRedisURL+")"
 	}
 	cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(dbField, redisField); err != nil {
 		return nil, err
 	}
 	cfg.API.resolveStreamSecret(getenv) // its error is the API's alone: see API.StreamSecret
@@ -387,6 +414,15 @@ func parse(data []byte, getenv func(string) string, secrets bool) (*Config, erro
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// emptyDocument reports whether n, a decoded document, holds nothing (a trailing "---", or
+// only comments).
+func emptyDocument(n *yaml.Node) bool {
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	return n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.Tag == "!!null")
 }
 
 func (c *Config) withDefaults() {
@@ -462,17 +498,18 @@ var redisSchemes = map[string]bool{
 	"redis": true, "rediss": true, "redis-socket": true, "redis-sentinel": true, "redis-cluster": true,
 }
 
-// validate checks every field, and reports every bad one by name.
-func (c *Config) validate() error {
+// validate checks every field, and reports every bad one by name; dbField and redisField name
+// where the store URLs came from (the file's field, or the variable that overrode it).
+func (c *Config) validate(dbField, redisField string) error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		bad("database_url", "must be a postgres:// URL")
+		bad(dbField, "must be a postgres:// URL")
 	}
 	if u, err := url.Parse(c.RedisURL); err != nil || !redisSchemes[u.Scheme] {
-		bad("redis_url", "must be a redis://, rediss://, redis-socket://, redis-sentinel:// or redis-cluster:// URL")
+		bad(redisField, "must be a redis://, rediss://, redis-socket://, redis-sentinel:// or redis-cluster:// URL")
 	}
 	c.API.validate(bad)
 	c.Worker.validate(bad)
@@ -493,10 +530,48 @@ func (c *Config) validate() error {
 	for i := range c.Credentials {
 		c.Credentials[i].validate(fmt.Sprintf("credentials[%d]", i), seen, bad)
 	}
+	// Without the keys (LoadWithoutSecrets), the same variable or file is the same key.
+	c.checkSharedLimits(func(cr Credential) string {
+		return cr.Provider + "\x00" + cr.BaseURL + "\x00" + cr.APIKeyEnv + "\x00" + filepath.Clean(cr.APIKeyFile)
+	}, bad)
 	return errors.Join(errs...)
 }
 
+// checkSharedLimits reports a credential whose limits differ from those of an earlier one with
+// the same key (id): the limiter keeps one bucket per key, which would follow whichever limit
+// the last request carried.
+func (c *Config) checkSharedLimits(id func(Credential) string, bad func(field, format string, args ...any)) {
+	first := map[string]int{}
+	for i, cr := range c.Credentials {
+		j, ok := first[id(cr)]
+		if !ok {
+			first[id(cr)] = i
+			continue
+		}
+		if !sameLimits(c.Credentials[j].Limits, cr.Limits) {
+			bad(fmt.Sprintf("credentials[%d].limits", i), "%q uses the same key as %q (credentials[%d]) with other limits; a key has one limit: give both the same limits",
+				cr.Name, c.Credentials[j].Name, j)
+		}
+	}
+}
+
+func sameLimits(a, b *Limits) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// checkListen reports a listen address that is not host:port (a bare port, a URL), which would
+// otherwise fail only once the process has opened its stores, without the field's name.
+func checkListen(field, addr string, bad func(field, format string, args ...any)) {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		bad(field, "must be host:port, such as 127.0.0.1:8080 or :8080 (got %q)", addr)
+	}
+}
+
 func (a *API) validate(bad func(field, format string, args ...any)) {
+	checkListen("api.listen", a.Listen, bad)
 	if a.MaxBodyBytes < 0 {
 		bad("api.max_body_bytes", "must be positive")
 	}
@@ -527,21 +602,27 @@ func (a *API) validate(bad func(field, format string, args ...any)) {
 	if a.StreamSecretEnv != "" && !envVarRE.MatchString(a.StreamSecretEnv) {
 		bad("api.stream_secret_env", "must name an environment variable (letters, digits, '_'), not hold the key")
 	}
-	if a.StreamURLTTL < 0 {
-		bad("api.stream_url_ttl", "must be positive")
+	if a.StreamURLTTL < time.Second || a.StreamURLTTL > 24*time.Hour {
+		// Shorter, a browser could not open its URL; longer, a leaked URL is not short-lived.
+		bad("api.stream_url_ttl", "must be between 1s and 24h, got %s", a.StreamURLTTL)
 	}
 }
 
 func (w *Worker) validate(bad func(field, format string, args ...any)) {
+	if w.MetricsListen != "off" {
+		checkListen("worker.metrics_listen", w.MetricsListen, bad)
+	}
 	if w.Concurrency < 0 {
 		bad("worker.concurrency", "must be positive")
 	}
 	if w.TokenMinute < 0 || (w.TokenMinute != 0 && w.TokenMinute < time.Second) {
 		bad("worker.token_minute", "must be at least 1s (the limiter's smallest token minute)")
 	}
-	if w.SweepInterval < 0 || w.SweepInterval > 5*time.Minute {
+	if w.SweepInterval < minInterval || w.SweepInterval > 5*time.Minute {
 		// Above it, LLMQSweeperStalled (10 minutes without a pass) would fire on a healthy sweeper.
-		bad("worker.sweep_interval", "must be positive and at most 5m")
+		// Below minInterval, each pass, which reads every unfinished job, and each non-leader's
+		// try for the leader lock would follow the last without a pause.
+		bad("worker.sweep_interval", "must be between 100ms and 5m, got %s", w.SweepInterval)
 	}
 	if w.PollInterval < time.Millisecond {
 		bad("worker.poll_interval", "must be at least 1ms")
@@ -576,8 +657,9 @@ func (b *Breaker) validate(bad func(field, format string, args ...any)) {
 	if b.Threshold < 0 {
 		bad("breaker.threshold", "must be positive")
 	}
-	if b.Cooldown < 0 {
-		bad("breaker.cooldown", "must be positive")
+	if b.Cooldown < 0 || (b.Cooldown > 0 && b.Cooldown < time.Millisecond) {
+		// The breaker refuses less, but only once the worker has opened Redis, and by its own name.
+		bad("breaker.cooldown", "must be at least 1ms, got %s", b.Cooldown)
 	}
 	if b.MaxCooldown != 0 && b.MaxCooldown < max(b.Cooldown, DefaultBreakerCooldown) {
 		bad("breaker.max_cooldown", "must be at least breaker.cooldown (default 2s)")
@@ -618,14 +700,18 @@ func (cr *Credential) validate(f string, seen map[string]bool, bad func(field, f
 	if l := cr.Limits; l != nil && (!(l.RequestsPerSecond > 0) || !finite(l.RequestsPerSecond) || l.Burst <= 0) {
 		bad(f+".limits", "requests_per_second and burst must both be positive and finite")
 	}
-	if cr.AttemptTimeout < 0 {
-		bad(f+".attempt_timeout", "must be positive")
+	// At most a day, a job's longest timeout (a longer one is that day; near time.Duration's
+	// limit, the breaker's probe timeout, the attempt's plus 30s, would overflow); at least 1ms,
+	// as a job's own.
+	if cr.AttemptTimeout < time.Millisecond || cr.AttemptTimeout > maxJobTimeout {
+		bad(f+".attempt_timeout", "must be between 1ms and %s, got %s", maxJobTimeout, cr.AttemptTimeout)
 	}
-	if cr.FirstByteTimeout < 0 {
-		bad(f+".first_byte_timeout", "must be positive")
+	if cr.FirstByteTimeout < 0 || (cr.FirstByteTimeout > 0 && cr.FirstByteTimeout < time.Millisecond) || cr.FirstByteTimeout > maxJobTimeout {
+		bad(f+".first_byte_timeout", "must be between 1ms and %s, or 0 (none), got %s", maxJobTimeout, cr.FirstByteTimeout)
 	}
-	if cr.PauseProbeInterval < 0 {
-		bad(f+".pause_probe_interval", "must be positive")
+	if cr.PauseProbeInterval < 0 || (cr.PauseProbeInterval > 0 && cr.PauseProbeInterval < minInterval) {
+		// Shorter, nearly every job would probe a spend-capped credential: no pause at all.
+		bad(f+".pause_probe_interval", "must be at least 100ms, or 0 (off), got %s", cr.PauseProbeInterval)
 	}
 	cr.Batch.validate(f+".batch", bad)
 }
@@ -636,9 +722,13 @@ func (c *Config) resolveSecrets(getenv func(string) string) error {
 		f := fmt.Sprintf("credentials[%d]", i)
 		switch {
 		case cr.APIKeyEnv != "":
-			key := getenv(cr.APIKeyEnv)
+			// Trimmed as a file's key is: an env file written with CRLF leaves a \r behind.
+			key := strings.TrimSpace(getenv(cr.APIKeyEnv))
 			if key == "" {
-				return fmt.Errorf("%s.api_key_env: environment variable %s is not set", f, cr.APIKeyEnv)
+				return fmt.Errorf("%s.api_key_env: environment variable %s is not set or empty", f, cr.APIKeyEnv)
+			}
+			if badKey(key) {
+				return fmt.Errorf("%s.api_key_env: the key in %s holds white space or a control character", f, cr.APIKeyEnv)
 			}
 			cr.apiKey = &key
 		case cr.APIKeyFile != "":
@@ -650,10 +740,24 @@ func (c *Config) resolveSecrets(getenv func(string) string) error {
 			if key == "" {
 				return fmt.Errorf("%s.api_key_file: %q is empty", f, cr.APIKeyFile)
 			}
+			if badKey(key) {
+				return fmt.Errorf("%s.api_key_file: the key in %q holds white space or a control character", f, cr.APIKeyFile)
+			}
 			cr.apiKey = &key
 		}
 	}
-	return nil
+	// With the keys read, two variables or files that hold one key share its limit too.
+	var errs []error
+	c.checkSharedLimits(Credential.LimiterID, func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	})
+	return errors.Join(errs...)
+}
+
+// badKey reports whether key holds a byte no HTTP header value may (a control character) or a
+// space: no provider's key does, and the calls would fail one by one instead of at start.
+func badKey(key string) bool {
+	return strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r == 0x7f })
 }
 
 // Credential returns the named credential.

@@ -28,7 +28,8 @@ type Retention struct {
 	Audit Period `yaml:"audit"`
 	// Interval is the time between two retention passes of the leading worker; the first comes
 	// one interval after it begins to lead, and a pass runs until nothing expired is left (the
-	// next begins an interval after it began, or at once when it took longer). Default 1m.
+	// next begins an interval after it began, or at once when it took longer). Default 1m; at
+	// least 100ms.
 	Interval time.Duration `yaml:"interval"`
 }
 
@@ -126,7 +127,8 @@ func (r *Retention) validate(bad func(field, format string, args ...any)) {
 			bad("retention."+f.name, "%v", f.p.err)
 		}
 	}
-	if r.Interval < 0 {
-		bad("retention.interval", "must be positive")
+	if r.Interval < minInterval {
+		// Shorter, the leader's passes would follow each other without a pause.
+		bad("retention.interval", "must be at least 100ms, got %s", r.Interval)
 	}
 }

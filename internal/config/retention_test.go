@@ -56,7 +56,7 @@ func TestParse_Retention(t *testing.T) {
 		"Mixed":        {"retention: { dead: 1d12h }\n", "retention.dead: must be a duration"},
 		"NotAScalar":   {"retention: { succeeded: [7d] }\n", "retention.succeeded: must be a duration"},
 		"UnknownField": {"retention: { completed: 7d }\n", "field completed not found"},
-		"BadInterval":  {"retention: { interval: -1s }\n", "retention.interval: must be positive"},
+		"BadInterval":  {"retention: { interval: -1s }\n", "retention.interval: must be at least 100ms"},
 		"BadAudit":     {"retention: { audit: 1y }\n", "retention.audit: must be a duration"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -18,12 +18,16 @@ const MaxDefaultConnections = 10_000
 // at most MaxDefaultConnections. Past the limit accept fails for everyone; under the cap the
 // API answers the connections it has and refuses new ones with a 503.
 func DefaultMaxConnections() int {
-	n := openFileLimit()
+	n := OpenFileLimit()
 	if n <= 0 {
 		return MaxDefaultConnections
 	}
 	return max(1, min(MaxDefaultConnections, n*3/4))
 }
+
+// OpenFileLimit returns the process's open-file limit (its soft RLIMIT_NOFILE), or 0 when it is
+// unknown or too large to matter.
+func OpenFileLimit() int { return openFileLimit() }
 
 // rejectAnswer is what a connection over the cap reads before its connection closes;
 // rejectHeadAnswer is the answer to a HEAD (RFC 9110 §9.3.2: no body). It has no Content-Length

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,12 +59,43 @@ const shutdownTimeout = 10 * time.Second
 type flags struct {
 	*flag.FlagSet
 	configPath *string
+	getenv     func(string) string
+}
+
+// Parse parses args and refuses a positional argument: Go's flag package stops at the first
+// one, so a flag written after it (`worker llmq.yaml --metrics-listen off`) would be ignored.
+func (f flags) Parse(args []string) error {
+	if err := f.FlagSet.Parse(args); err != nil {
+		return err
+	}
+	if f.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q: it takes flags only (the config file is --config), and a flag after it would be ignored", f.Name(), f.Arg(0))
+	}
+	// The runtime ignores a GOMAXPROCS it cannot read and takes every core: the share the
+	// operator meant to give this process (docs/decisions.md) would be lost without a word.
+	if v := f.getenv("GOMAXPROCS"); v != "" {
+		if n, err := strconv.Atoi(v); err != nil || n < 1 {
+			return fmt.Errorf("GOMAXPROCS: must be a whole number of at least 1, got %q", v)
+		}
+	}
+	return nil
 }
 
 func newFlags(name string, o Options) flags {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(o.Stderr)
-	return flags{FlagSet: fs, configPath: fs.String("config", o.Getenv(config.EnvConfig), "config file (env "+config.EnvConfig+")")}
+	return flags{FlagSet: fs, configPath: fs.String("config", o.Getenv(config.EnvConfig), "config file (env "+config.EnvConfig+")"),
+		getenv: o.Getenv}
+}
+
+// checkMaxConnections refuses an api.max_connections the process cannot reach: past its
+// open-file limit, accept fails and connections wait in the kernel's queue instead of getting
+// the cap's 503.
+func checkMaxConnections(cfg *config.Config) error {
+	if n, limit := cfg.API.MaxConnections, httpserve.OpenFileLimit(); limit > 0 && n >= limit {
+		return fmt.Errorf("api.max_connections: %d is not below the process's open-file limit (%d), which the stores' connections share: lower it, or raise the limit", n, limit)
+	}
+	return nil
 }
 
 // newLogger is the process's JSON logger, its lines tagged with the process kind.

@@ -30,6 +30,9 @@ func API(ctx context.Context, args []string, o Options) error {
 	if err != nil {
 		return err
 	}
+	if err := checkMaxConnections(cfg); err != nil {
+		return err
+	}
 	if *listenAddr != "" {
 		cfg.API.Listen = *listenAddr
 	}
@@ -112,6 +115,9 @@ func Serve(ctx context.Context, args []string, o Options) error {
 	}
 	cfg, err := config.Load(*fs.configPath, o.Getenv)
 	if err != nil {
+		return err
+	}
+	if err := checkMaxConnections(cfg); err != nil {
 		return err
 	}
 	if *listenAddr != "" {

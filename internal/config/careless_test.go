@@ -1,0 +1,195 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/config"
+)
+
+// The cases of this file are what a careless operator writes: each must fail at start, naming
+// the field and the problem, rather than run with a setting that spins, hides half the file or
+// lifts a safety.
+
+func TestParse_SecondDocumentRefused(t *testing.T) {
+	t.Parallel()
+
+	// Two files pasted together: the second's settings were silently dropped.
+	doc := append(minimal(goodCred, ""), []byte("---\nworker: { concurrency: 5 }\n")...)
+	_, err := config.Parse(doc, secretEnv)
+	require.ErrorContains(t, err, "second YAML document")
+
+	// A trailing "---" or a comment-only document holds nothing to lose.
+	for _, tail := range []string{"---\n", "---\n# nothing\n"} {
+		_, err := config.Parse(append(minimal(goodCred, ""), tail...), secretEnv)
+		require.NoError(t, err, "%q", tail)
+	}
+}
+
+func TestParse_BOMAndCRLFRead(t *testing.T) {
+	t.Parallel()
+
+	// Files saved by Windows editors: read as written, not refused.
+	doc := append([]byte("\xef\xbb\xbf"), strings.ReplaceAll(string(minimal(goodCred, "worker: { concurrency: 7 }\n")), "\n", "\r\n")...)
+	cfg, err := config.Parse(doc, secretEnv)
+	require.NoError(t, err)
+	require.Equal(t, 7, cfg.Worker.Concurrency)
+	require.Equal(t, "default", cfg.Credentials[0].Name)
+}
+
+func TestParse_IntervalsThatWouldSpin(t *testing.T) {
+	t.Parallel()
+
+	for name, tc := range map[string]struct{ doc []byte }{
+		"worker.sweep_interval":               {minimal(goodCred, "worker: { sweep_interval: 1ns }\n")},
+		"worker.sweep_interval: must be":      {minimal(goodCred, "worker: { sweep_interval: 50ms }\n")},
+		"retention.interval":                  {minimal(goodCred, "retention: { interval: 1ns }\n")},
+		"credentials[0].pause_probe_interval": {minimal(goodCred+"\npause_probe_interval: 1ms", "")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := config.Parse(tc.doc, secretEnv)
+			require.ErrorContains(t, err, strings.TrimSuffix(name, ": must be")+": must be")
+		})
+	}
+
+	cfg, err := config.Parse(minimal(goodCred+"\npause_probe_interval: 100ms", "worker: { sweep_interval: 100ms }\nretention: { interval: 100ms }\n"), secretEnv)
+	require.NoError(t, err)
+	require.Equal(t, "100ms", cfg.Credentials[0].PauseProbeInterval.String())
+}
+
+func TestParse_OnlineFallbackWithinWindow(t *testing.T) {
+	t.Parallel()
+
+	// A fallback as long as the window sends every batch-lane job online as it is submitted.
+	for _, b := range []string{"online_fallback: 48h", "window: 1h, online_fallback: 1h"} {
+		_, err := config.Parse(minimal(goodCred+"\nbatch: { enabled: true, "+b+" }", ""), secretEnv)
+		require.ErrorContains(t, err, "credentials[0].batch.online_fallback: must be less than", b)
+	}
+}
+
+// twoCreds is a file with two credentials of one provider and base URL, keys and limits given.
+func twoCreds(keyA, keyB, limitsA, limitsB string) []byte {
+	return []byte("credentials:\n" +
+		"  - { name: a, provider: openai, base_url: 'http://x', " + keyA + limitsA + " }\n" +
+		"  - { name: b, provider: openai, base_url: 'http://x', " + keyB + limitsB + " }\n")
+}
+
+func TestParse_SharedKeyNeedsOneLimit(t *testing.T) {
+	t.Parallel()
+
+	const (
+		slow = ", limits: { requests_per_second: 5, burst: 5 }"
+		fast = ", limits: { requests_per_second: 50, burst: 50 }"
+	)
+	vars := env(map[string]string{"K": secret, "K2": secret, "OTHER": "sk-other"})
+
+	t.Run("SameVariable", func(t *testing.T) {
+		t.Parallel()
+		for _, limits := range [][2]string{{slow, fast}, {slow, ""}, {"", fast}} {
+			doc := twoCreds("api_key_env: K", "api_key_env: K", limits[0], limits[1])
+			for _, parse := range []func([]byte, func(string) string) (*config.Config, error){config.Parse, parseWithoutSecrets(t)} {
+				_, err := parse(doc, vars)
+				require.ErrorContains(t, err, `credentials[1].limits: "b" uses the same key as "a" (credentials[0]) with other limits`)
+				require.NotContains(t, err.Error(), secret)
+			}
+		}
+	})
+
+	t.Run("TwoVariablesOneKey", func(t *testing.T) {
+		t.Parallel()
+		_, err := config.Parse(twoCreds("api_key_env: K", "api_key_env: K2", slow, fast), vars)
+		require.ErrorContains(t, err, "credentials[1].limits")
+		require.NotContains(t, err.Error(), secret)
+	})
+
+	t.Run("Allowed", func(t *testing.T) {
+		t.Parallel()
+		for _, doc := range [][]byte{
+			twoCreds("api_key_env: K", "api_key_env: K", slow, slow),
+			twoCreds("api_key_env: K", "api_key_env: K", "", ""),
+			twoCreds("api_key_env: K", "api_key_env: OTHER", slow, fast),
+		} {
+			_, err := config.Parse(doc, vars)
+			require.NoError(t, err, "%s", doc)
+		}
+	})
+}
+
+// parseWithoutSecrets is Parse through LoadWithoutSecrets, from a file in t's temp dir.
+func parseWithoutSecrets(t *testing.T) func([]byte, func(string) string) (*config.Config, error) {
+	return func(doc []byte, getenv func(string) string) (*config.Config, error) {
+		path := filepath.Join(t.TempDir(), "llmq.yaml")
+		require.NoError(t, os.WriteFile(path, doc, 0o600))
+		return config.LoadWithoutSecrets(path, getenv)
+	}
+}
+
+func TestParse_EnvOverrideNamesTheVariable(t *testing.T) {
+	t.Parallel()
+
+	// The file is right; the variable is not: the error says which.
+	_, err := config.Parse(minimal(goodCred, ""), env(map[string]string{
+		config.EnvDatabaseURL: "postgres//typo", config.EnvRedisURL: "127.0.0.1:6379", "ANTHROPIC_API_KEY": secret,
+	}))
+	require.ErrorContains(t, err, "database_url (from LLMQ_DATABASE_URL): must be a postgres:// URL")
+	require.ErrorContains(t, err, "redis_url (from LLMQ_REDIS_URL): must be")
+}
+
+func TestParse_APIKeyEnvWhiteSpace(t *testing.T) {
+	t.Parallel()
+
+	// An env file saved with CRLF: the key is read as a file's key is, trimmed.
+	cfg, err := config.Parse(minimal(goodCred, ""), env(map[string]string{"ANTHROPIC_API_KEY": secret + "\r"}))
+	require.NoError(t, err)
+	require.Equal(t, secret, cfg.Credentials[0].APIKey())
+
+	for name, v := range map[string]string{"Blank": "  ", "Inner": "sk-a b", "Control": "sk-a\x01b"} {
+		_, err := config.Parse(minimal(goodCred, ""), env(map[string]string{"ANTHROPIC_API_KEY": v}))
+		require.ErrorContains(t, err, "credentials[0].api_key_env", name)
+	}
+}
+
+func TestParse_ListenAddresses(t *testing.T) {
+	t.Parallel()
+
+	for field, doc := range map[string][]byte{
+		"api.listen":            minimal(goodCred, "api: { listen: '8080' }\n"),
+		"worker.metrics_listen": minimal(goodCred, "worker: { metrics_listen: 'http://127.0.0.1:9091' }\n"),
+	} {
+		t.Run(field, func(t *testing.T) {
+			_, err := config.Parse(doc, secretEnv)
+			require.ErrorContains(t, err, field+": must be host:port")
+		})
+	}
+	cfg, err := config.Parse(minimal(goodCred, "api: { listen: ':8080' }\nworker: { metrics_listen: 'off' }\n"), secretEnv)
+	require.NoError(t, err)
+	require.Equal(t, ":8080", cfg.API.Listen)
+}
+
+func TestParse_DurationsOutOfBounds(t *testing.T) {
+	t.Parallel()
+
+	for field, doc := range map[string][]byte{
+		// 10 × 200000h, the poll's longest backoff, overflows time.Duration.
+		"credentials[0].batch.poll_interval":    minimal(goodCred+"\nbatch: { enabled: true, poll_interval: 200000h }", ""),
+		"credentials[0].batch.max_wait_to_fill": minimal(goodCred+"\nbatch: { enabled: true, window: 1h, max_wait_to_fill: 2h }", ""),
+		// Plus the breaker's 30s, an attempt timeout near time.Duration's limit overflows.
+		"credentials[0].attempt_timeout":    minimal(goodCred+"\nattempt_timeout: 2562047h47m", ""),
+		"credentials[0].first_byte_timeout": minimal(goodCred+"\nfirst_byte_timeout: 1ns", ""),
+		"breaker.cooldown":                  minimal(goodCred, "breaker: { cooldown: 1ns }\n"),
+		"api.stream_url_ttl":                minimal(goodCred, "api: { stream_url_ttl: 8760h }\n"),
+	} {
+		t.Run(field, func(t *testing.T) {
+			_, err := config.Parse(doc, secretEnv)
+			require.ErrorContains(t, err, field+": must be")
+		})
+	}
+	_, err := config.Parse(minimal(goodCred+"\nattempt_timeout: 24h\nfirst_byte_timeout: 1ms\nbatch: { window: 1h, max_wait_to_fill: 1h, poll_interval: 1h }",
+		"breaker: { cooldown: 1ms }\napi: { stream_url_ttl: 1s }\n"), secretEnv)
+	require.NoError(t, err)
+}

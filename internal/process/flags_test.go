@@ -1,0 +1,76 @@
+package process_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/httpserve"
+	"github.com/llmq/llmq/internal/process"
+)
+
+// TestProcesses_RefusePositionalArguments: a word among the flags stops Go's flag parsing, so
+// whatever follows it, flags included, would be ignored; every process refuses it before it
+// reads its config or opens anything.
+func TestProcesses_RefusePositionalArguments(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.yaml")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	o := process.Options{Stderr: io.Discard, Getenv: func(string) string { return "" }}
+	for name, run := range map[string]func(context.Context, []string, process.Options) error{
+		"api": process.API, "worker": process.Worker, "serve": process.Serve,
+	} {
+		err := run(ctx, []string{"--config", missing, "stray", "--listen", "127.0.0.1:1"}, o)
+		require.ErrorContains(t, err, `unexpected argument "stray"`, name)
+	}
+}
+
+// TestProcesses_RefuseAnUnreadableGOMAXPROCS: the runtime would take every core without a word.
+func TestProcesses_RefuseAnUnreadableGOMAXPROCS(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.yaml")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, v := range []string{"two", "0", "-1"} {
+		o := process.Options{Stderr: io.Discard, Getenv: func(k string) string {
+			if k == "GOMAXPROCS" {
+				return v
+			}
+			return ""
+		}}
+		err := process.Serve(ctx, []string{"--config", missing}, o)
+		require.ErrorContains(t, err, "GOMAXPROCS: must be", v)
+	}
+}
+
+// TestProcesses_RefuseMaxConnectionsAboveTheFileLimit: past the open-file limit, the cap that
+// answers 503 is never reached. Refused before the stores are opened (the database here has no
+// server: without the check the process would wait for it until the context ends).
+func TestProcesses_RefuseMaxConnectionsAboveTheFileLimit(t *testing.T) {
+	if httpserve.OpenFileLimit() == 0 {
+		t.Skip("no open-file limit known on this system")
+	}
+	path := filepath.Join(t.TempDir(), "llmq.yaml")
+	require.NoError(t, os.WriteFile(path, fmt.Appendf(nil, `database_url: postgres://postgres@127.0.0.1:1/none?sslmode=disable
+api: { max_connections: %d }
+credentials:
+  - { name: a, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
+`, httpserve.OpenFileLimit()), 0o600))
+	o := process.Options{Stderr: io.Discard, Getenv: func(k string) string {
+		if k == "K" {
+			return "sk-test"
+		}
+		return ""
+	}}
+	for name, run := range map[string]func(context.Context, []string, process.Options) error{"api": process.API, "serve": process.Serve} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := run(ctx, []string{"--config", path}, o)
+		cancel()
+		require.ErrorContains(t, err, "api.max_connections: ", name)
+	}
+}
