@@ -86,3 +86,113 @@ func TestSend_JSONCutAtCloseIsANetworkError(t *testing.T) {
 	require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true}, retrypolicy.Classify(err, time.Now()))
 	requireNoSecret(t, err)
 }
+
+// TestSend_EmptyErrorInAnswerIsAnAnswer proves that an answer whose top-level "error" says
+// nothing ({} or an object of empty fields: what some OpenAI-compatible servers put in every
+// answer, a serialized empty struct; LiteLLM had to accept it too, BerriAI/litellm#18493) is an
+// answer, not an error that would retry, and pay for, an answer already given.
+func TestSend_EmptyErrorInAnswerIsAnAnswer(t *testing.T) {
+	t.Parallel()
+
+	for name, errValue := range map[string]string{
+		"EmptyObject":  `{}`,
+		"EmptyFields":  `{"message":"","type":"","param":"","code":null}`,
+		"EmptyString":  `""`,
+		"ObjectSpaced": ` { } `,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+
+			body := `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1},"error":` + errValue + `}`
+			b := setup(t, llm.KindOpenAI, reply(200, body))
+			resp, err := b.provider.Send(callContext(t), bodyFor(llm.KindOpenAI), llm.SendOptions{})
+			require.NoError(t, err, "an answer whose error field is empty")
+			defer resp.Release()
+			require.JSONEq(t, body, string(resp.Body))
+			require.Equal(t, 1, resp.Usage.OutputTokens)
+		})
+	}
+}
+
+// TestSend_MalformedCloseDelimitedBodyIsADecodeError proves that a close-delimited 2xx body that
+// is whole but malformed, its fault at its last byte, stays a decode error (not retried): only a
+// body whose JSON ended early is a short read.
+func TestSend_MalformedCloseDelimitedBodyIsADecodeError(t *testing.T) {
+	t.Parallel()
+
+	b := setup(t, llm.KindOpenAI, func(w http.ResponseWriter, _ *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(buf, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"+
+			`{"id":"chatcmpl-1","object":"chat.completion","choices":[],}`)
+		_ = buf.Flush()
+	})
+	resp, err := b.provider.Send(callContext(t), bodyFor(llm.KindOpenAI), llm.SendOptions{})
+	require.ErrorIs(t, err, llm.ErrDecode)
+	require.NotNil(t, resp)
+	resp.Release()
+}
+
+// TestSend_JSONCutAtCloseInAnyValueIsANetworkError: a close-delimited body cut inside a number, a
+// literal or a string escape is a short read as one cut inside a string is.
+func TestSend_JSONCutAtCloseInAnyValueIsANetworkError(t *testing.T) {
+	t.Parallel()
+
+	for name, cut := range map[string]string{
+		"Number":  `{"id":"chatcmpl-1","usage":{"prompt_tokens":12`,
+		"Literal": `{"id":"chatcmpl-1","error":nu`,
+		"Escape":  `{"id":"chatcmpl-1","choices":[{"message":{"content":"a\u00`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+
+			b := setup(t, llm.KindOpenAI, func(w http.ResponseWriter, _ *http.Request) {
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				_, _ = io.WriteString(buf, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"+cut)
+				_ = buf.Flush()
+			})
+			resp, err := b.provider.Send(callContext(t), bodyFor(llm.KindOpenAI), llm.SendOptions{})
+			resp.Release()
+			asTransportError(t, err)
+		})
+	}
+}
+
+// TestSend_ErrorInAnswerGivesItsRoomBack: an answer turned into an error (an error object under a
+// 2xx, a close-delimited body cut short) holds none of the answer budget once Send returns, or the
+// worker's later calls would wait for room nothing gives back.
+func TestSend_ErrorInAnswerGivesItsRoomBack(t *testing.T) {
+	t.Parallel()
+
+	for name, h := range map[string]http.HandlerFunc{
+		"ErrorObject": reply(200, `{"error":{"type":"server_error","message":"boom"}}`),
+		"CutAtClose": func(w http.ResponseWriter, _ *http.Request) {
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_, _ = io.WriteString(buf, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"+`{"id":"chatcmpl-1","choices":[`)
+			_ = buf.Flush()
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+
+			budget, err := llm.NewAnswerBudget(192<<10, 128<<10)
+			require.NoError(t, err)
+			b := setup(t, llm.KindOpenAI, h, bundleOpts{budget: budget, maxBytes: 64 << 10})
+			resp, err := b.provider.Send(callContext(t), bodyFor(llm.KindOpenAI), llm.SendOptions{})
+			require.Error(t, err)
+			require.Nil(t, resp)
+			require.Zero(t, budget.InUse())
+		})
+	}
+}

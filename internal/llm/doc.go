@@ -11,7 +11,7 @@
 //
 // Errors from Send are one of:
 //   - *StatusError: the provider answered with a non-2xx status, or with its error object
-//     under a 2xx (a whole body whose top-level "error" is set, or a stream's error event;
+//     under a 2xx (a whole body whose top-level "error" says something, or a stream's error event;
 //     StatusCode is then the status the provider gives that error type). It exposes
 //     HTTPStatus, ResponseHeader and ErrorType so that retrypolicy can classify it without
 //     importing this package.

@@ -75,7 +75,8 @@ type Provider interface {
 	//
 	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object, and nothing is
 	// sent; *StatusError for a non-2xx answer, for a 2xx whose body is the provider's error
-	// object (a top-level "error" that is an object or a non-empty string), or for an error
+	// object (a top-level "error" that is a non-empty string, or an object whose type, code
+	// or message is set: an empty one is an answer's), or for an error
 	// event inside a stream (StatusError.MidStream); a stream cut before its end marker, and a
 	// 2xx body whose JSON ends early (a close-delimited body cut cleanly), is a *TransportError;
 	// *TransportError when no complete answer arrived, wrapping ctx.Err() when the context
@@ -409,7 +410,7 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		return out, c.decodeError(resp.StatusCode, header, data)
 	}
 	if err := json.Unmarshal(data, &top); err != nil {
-		if closeDelimited(resp) && cutShort(err, data) {
+		if closeDelimited(resp) && cutShort(data) {
 			// A body framed by the connection's end ends cleanly when the server dies mid-write:
 			// only the JSON shows the cut, and it is the transport's failure, as a short read is.
 			// A body whose length or last chunk was sent ended where the server said.
@@ -420,12 +421,8 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		out.hold, keepHold = hold, true
 		return out, c.decodeError(resp.StatusCode, header, data)
 	}
-	if isErrorValue(top.Error) {
+	if typ, code, msg, isErr := errorInAnswer(top.Error); isErr {
 		// The provider's error object under a 2xx: an error, as a mid-stream error event is.
-		typ, code, msg, _ := parseErrorBody(data)
-		if msg == "" && typ == "" && code == "" {
-			msg = "error object in a 2xx answer"
-		}
 		return nil, c.answerError(typ, code, msg, header, rl, latency, ttfb)
 	}
 	out.Body = data
@@ -447,26 +444,27 @@ func closeDelimited(resp *http.Response) bool {
 	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0
 }
 
-// cutShort reports whether err, json.Unmarshal's error for data, says that the JSON ended before
-// its value did: a body cut short, not one that is malformed.
-func cutShort(err error, data []byte) bool {
-	var se *json.SyntaxError
-	return errors.As(err, &se) && se.Offset == int64(len(data))
+// cutShort reports whether data, a body json.Unmarshal refused, ends before its JSON value does:
+// a body cut short, not one that is malformed. A decoder tells the two apart (io.ErrUnexpectedEOF
+// against a syntax error); a syntax error's offset does not, for a malformed body whose last byte
+// is the fault ({"a":1,}) has it at the end too. Run only on a refused close-delimited body.
+func cutShort(data []byte) bool {
+	return errors.Is(json.NewDecoder(bytes.NewReader(data)).Decode(new(json.RawMessage)), io.ErrUnexpectedEOF)
 }
 
-// isErrorValue reports whether a 2xx answer's top-level "error" holds an error: an object or a
-// non-empty string (a gateway's {"error":"text"}). Absent, null, false or "" is no error.
-func isErrorValue(raw json.RawMessage) bool {
+// errorInAnswer reports whether raw, a 2xx answer's top-level "error", holds an error, with its
+// type, code and message: a non-empty string (a gateway's {"error":"text"}), or an object with a
+// non-empty type, code or message. Absent, null, false, "", {} and an object whose fields are all
+// empty or null are no error: some OpenAI-compatible servers put such an "error" in every answer
+// (a serialized empty struct), and failing it would retry, and pay for, answers already given.
+// raw is parsed again only when it is an object or a string.
+func errorInAnswer(raw json.RawMessage) (typ, code, msg string, isErr bool) {
 	raw = bytes.TrimSpace(raw)
-	switch {
-	case len(raw) == 0:
-		return false
-	case raw[0] == '{':
-		return true
-	case raw[0] == '"':
-		return jsonText(raw) != ""
+	if len(raw) == 0 || (raw[0] != '{' && raw[0] != '"') {
+		return "", "", "", false
 	}
-	return false
+	typ, code, msg, _ = parseErrorBody(append(append([]byte(`{"error":`), raw...), '}'))
+	return typ, code, msg, typ != "" || code != "" || msg != ""
 }
 
 // transportError builds a *TransportError, preferring the context's error so that
