@@ -60,10 +60,15 @@ const postTimeout = 10 * time.Second
 type Alerter struct {
 	cfg Config
 
-	// posts holds a token per webhook POST under way (at most maxPosts); inFlight counts them
-	// for Wait.
-	posts    chan struct{}
-	inFlight sync.WaitGroup
+	// posts holds a token per webhook POST under way (at most maxPosts).
+	posts chan struct{}
+	// postsMu guards inFlight, the POSTs under way, and idle, closed when inFlight drops to 0
+	// (Wait's signal). Not a sync.WaitGroup: a Raise may come while a Wait that gave up at its
+	// deadline still waits, which a WaitGroup forbids (it panics when an Add from zero meets a
+	// Wait not yet returned).
+	postsMu  sync.Mutex
+	inFlight int
+	idle     chan struct{}
 
 	// mu guards raised: when each (credential, reason) was last raised by Throttled, for the
 	// throttle without Redis.
@@ -118,10 +123,15 @@ func (a *Alerter) Raise(ctx context.Context, al Alert) {
 		a.webhookFailed(ctx, al, fmt.Errorf("%d posts to the webhook are under way: this alert is not posted", maxPosts))
 		return
 	}
-	a.inFlight.Add(1)
+	a.postsMu.Lock()
+	if a.inFlight == 0 {
+		a.idle = make(chan struct{})
+	}
+	a.inFlight++
+	a.postsMu.Unlock()
 	ctx = context.WithoutCancel(ctx) // the POST outlives the caller
 	go func() {
-		defer a.inFlight.Done()
+		defer a.postDone()
 		defer func() { <-a.posts }()
 		if err := a.post(ctx, al); err != nil {
 			a.webhookFailed(ctx, al, err)
@@ -135,20 +145,34 @@ func (a *Alerter) webhookFailed(ctx context.Context, al Alert, err error) {
 	a.cfg.Logger.ErrorContext(ctx, "alert webhook failed", "credential", al.Credential, "reason", al.Reason, "error", err)
 }
 
-// Wait returns once the webhook POSTs under way have ended (each within 10 s), or with ctx's
-// error when ctx ends first. Call it after the last Raise (a worker's shutdown, a test), so that
-// the alerts of the last deliveries are posted before the process goes.
+// postDone marks a POST ended, closing idle when it was the last under way.
+func (a *Alerter) postDone() {
+	a.postsMu.Lock()
+	defer a.postsMu.Unlock()
+	a.inFlight--
+	if a.inFlight == 0 {
+		close(a.idle)
+	}
+}
+
+// Wait returns once no webhook POST is under way (each ends within 10 s; one a Raise starts
+// while others are still under way is waited for too), or with ctx's error when ctx ends first. Call it after the last
+// Raise (a worker's shutdown, a test), so that the alerts of the last deliveries are posted
+// before the process goes. It starts nothing: a Wait that gave up leaves nothing behind, and
+// a Raise may come during or after it.
 func (a *Alerter) Wait(ctx context.Context) error {
 	if a == nil {
 		return nil
 	}
-	done := make(chan struct{})
-	go func() {
-		a.inFlight.Wait()
-		close(done)
-	}()
+	a.postsMu.Lock()
+	idle := a.idle
+	n := a.inFlight
+	a.postsMu.Unlock()
+	if n == 0 {
+		return nil
+	}
 	select {
-	case <-done:
+	case <-idle:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("wait for the alert webhook's posts: %w", ctx.Err())

@@ -252,3 +252,33 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// A Raise may come while a Wait that gave up is still waiting, or after the posts it waited for
+// ended (a worker's shutdown that stopped waiting at its deadline, a delivery cut by the
+// shutdown that raises after it): that is neither a data race nor a panic ("WaitGroup is reused
+// before previous Wait has returned"), and a later Wait waits for the new post.
+func TestWait_RaiseAfterAWaitThatGaveUp(t *testing.T) {
+	t.Parallel()
+	url, posted, release := hungWebhook(t)
+	a := alert.New(alert.Config{WebhookURL: url})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for round := range 20 {
+		a.Raise(ctx, alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: fmt.Sprint("j", round)})
+		select {
+		case <-posted:
+		case <-ctx.Done():
+			t.Fatal("the alert never reached the webhook")
+		}
+		gaveUp, giveUp := context.WithCancel(ctx)
+		giveUp()
+		err := a.Wait(gaveUp)
+		if round == 0 {
+			require.ErrorIs(t, err, context.Canceled, "the post is under way")
+			release()
+		} else if err != nil { // the post may have ended already
+			require.ErrorIs(t, err, context.Canceled)
+		}
+		require.NoError(t, a.Wait(ctx))
+	}
+}

@@ -161,7 +161,8 @@ type deferral struct {
 	// unavailable: the credential cannot take requests now (breaker open, paused), so a job
 	// with a fallback moves on instead of waiting.
 	unavailable bool
-	// stored: until is already in the job row (a retry delay, a held limiter slot).
+	// stored: until is not to be written to the job row: it is already there (a retry delay, a
+	// held limiter slot), or the row is another delivery's (leasedDefer).
 	stored bool
 }
 

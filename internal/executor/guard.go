@@ -126,9 +126,12 @@ func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstrea
 const leaseRecheck = 2 * time.Second
 
 // leasedDefer defers a delivery that found the job's attempt leased until leaseUntil, or for
-// leaseRecheck if that is sooner.
+// leaseRecheck if that is sooner. The time is not written to the job row (stored): the row is
+// the lease holder's, whose outcome sets its next attempt; written once the holder had released
+// the lease, it would overwrite a longer retry delay (a Retry-After) with this recheck's.
 func leasedDefer(now, leaseUntil time.Time) *deferral {
-	return &deferral{until: minTime(leaseUntil, now.Add(leaseRecheck)), reason: "another delivery's attempt holds the job"}
+	return &deferral{until: minTime(leaseUntil, now.Add(leaseRecheck)), reason: "another delivery's attempt holds the job",
+		stored: true}
 }
 
 func minTime(a, b time.Time) time.Time {
