@@ -32,11 +32,12 @@ func TestProcesses_RefusePositionalArguments(t *testing.T) {
 }
 
 // TestProcesses_RefuseAnUnreadableGOMAXPROCS: the runtime would take every core without a word.
+// It reads a 32-bit number: a larger one is as unreadable to it as a word.
 func TestProcesses_RefuseAnUnreadableGOMAXPROCS(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "none.yaml")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	for _, v := range []string{"two", "0", "-1"} {
+	for _, v := range []string{"two", "0", "-1", "2147483648", "99999999999"} {
 		o := process.Options{Stderr: io.Discard, Getenv: func(k string) string {
 			if k == "GOMAXPROCS" {
 				return v
@@ -72,5 +73,33 @@ credentials:
 		err := run(ctx, []string{"--config", path}, o)
 		cancel()
 		require.ErrorContains(t, err, "api.max_connections: ", name)
+	}
+}
+
+// TestProcesses_RefuseAListenFlagWithoutPort: --listen and --metrics-listen override fields the
+// config refuses when they are not host:port; the flags are refused as the fields are, before
+// the stores are opened (the database here has no server: without the check the process would
+// wait for it until the context ends, and name no flag).
+func TestProcesses_RefuseAListenFlagWithoutPort(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "llmq.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`database_url: postgres://postgres@127.0.0.1:1/none?sslmode=disable
+credentials:
+  - { name: a, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_env: K }
+`), 0o600))
+	o := process.Options{Stderr: io.Discard, Getenv: func(k string) string {
+		if k == "K" {
+			return "sk-test"
+		}
+		return ""
+	}}
+	for _, tc := range []struct {
+		name string
+		run  func(context.Context, []string, process.Options) error
+		flag string
+	}{{"api", process.API, "listen"}, {"serve", process.Serve, "listen"}, {"worker", process.Worker, "metrics-listen"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := tc.run(ctx, []string{"--config", path, "--" + tc.flag, "8080"}, o)
+		cancel()
+		require.ErrorContains(t, err, "--"+tc.flag+": must be host:port", tc.name)
 	}
 }

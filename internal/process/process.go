@@ -72,10 +72,12 @@ func (f flags) Parse(args []string) error {
 		return fmt.Errorf("%s: unexpected argument %q: it takes flags only (the config file is --config), and a flag after it would be ignored", f.Name(), f.Arg(0))
 	}
 	// The runtime ignores a GOMAXPROCS it cannot read and takes every core: the share the
-	// operator meant to give this process (docs/decisions.md) would be lost without a word.
+	// operator meant to give this process (docs/decisions.md) would be lost without a word. It
+	// reads it as the runtime does (a base-10 number of 32 bits), so that one past 2^31-1 is
+	// refused too.
 	if v := f.getenv("GOMAXPROCS"); v != "" {
-		if n, err := strconv.Atoi(v); err != nil || n < 1 {
-			return fmt.Errorf("GOMAXPROCS: must be a whole number of at least 1, got %q", v)
+		if n, err := strconv.ParseInt(v, 10, 32); err != nil || n < 1 {
+			return fmt.Errorf("GOMAXPROCS: must be a whole number between 1 and 2147483647, got %q", v)
 		}
 	}
 	return nil
@@ -86,6 +88,16 @@ func newFlags(name string, o Options) flags {
 	fs.SetOutput(o.Stderr)
 	return flags{FlagSet: fs, configPath: fs.String("config", o.Getenv(config.EnvConfig), "config file (env "+config.EnvConfig+")"),
 		getenv: o.Getenv}
+}
+
+// checkListenFlag refuses a --listen or --metrics-listen (flag) that is not host:port, as the
+// config refuses the fields they override: otherwise it fails only once the stores are open
+// (the worker's, once it has started), and without the flag's name.
+func checkListenFlag(flag, addr string) error {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return fmt.Errorf("--%s: must be host:port, such as 127.0.0.1:8080 or :8080 (got %q)", flag, addr)
+	}
+	return nil
 }
 
 // checkMaxConnections refuses an api.max_connections the process cannot reach: past its

@@ -34,6 +34,9 @@ func API(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	if *listenAddr != "" {
+		if err := checkListenFlag("listen", *listenAddr); err != nil {
+			return err
+		}
 		cfg.API.Listen = *listenAddr
 	}
 	logger := newLogger(o, "api")
@@ -66,6 +69,11 @@ func Worker(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	if *metricsListen != "" {
+		if *metricsListen != "off" {
+			if err := checkListenFlag("metrics-listen", *metricsListen); err != nil {
+				return err
+			}
+		}
 		cfg.Worker.MetricsListen = *metricsListen
 	}
 	logger := newLogger(o, "worker")
@@ -121,6 +129,9 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	if *listenAddr != "" {
+		if err := checkListenFlag("listen", *listenAddr); err != nil {
+			return err
+		}
 		cfg.API.Listen = *listenAddr
 	}
 	logger := newLogger(o, "serve")
