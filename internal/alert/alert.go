@@ -156,10 +156,10 @@ func (a *Alerter) postDone() {
 }
 
 // Wait returns once no webhook POST is under way (each ends within 10 s; one a Raise starts
-// while others are still under way is waited for too), or with ctx's error when ctx ends first. Call it after the last
-// Raise (a worker's shutdown, a test), so that the alerts of the last deliveries are posted
-// before the process goes. It starts nothing: a Wait that gave up leaves nothing behind, and
-// a Raise may come during or after it.
+// while others are still under way is waited for too), or with ctx's error when ctx ends
+// first. Call it after the last Raise (a worker's shutdown, a test), so that the alerts of the
+// last deliveries are posted before the process goes. It starts nothing: a Wait that gave up
+// leaves nothing behind, and a Raise may come during or after it.
 func (a *Alerter) Wait(ctx context.Context) error {
 	if a == nil {
 		return nil
