@@ -26,31 +26,46 @@ import (
 	"github.com/llmq/llmq/internal/tokens"
 )
 
-// endedBundle is a credential, "held", with an output token limit of helloRequest's max_tokens
+// heldBundle is a credential, "held", with an output token limit of helloRequest's max_tokens
 // per minute, the first minute of which the test took: a job's slot comes a minute on, held in
 // its row.
-type endedBundle struct {
-	b     *jobstest.Bundle
-	gate  *limiter.Gate
-	limit limiter.Limit
-	ex    *executor.Executor
-	sim   *llmsim.Server
-	clock *clocktest.Clock
-	after *afterNext
+type heldBundle struct {
+	b       *jobstest.Bundle
+	gate    *limiter.Gate
+	circuit *breaker.Circuit // heldOpts.circuit, else nil
+	limit   limiter.Limit
+	ex      *executor.Executor
+	sim     *llmsim.Server
+	clock   *clocktest.Clock
+	after   *afterNext
 }
 
-const endedMinute = time.Minute
+// heldMinute is the held credential's token minute.
+const heldMinute = time.Minute
 
-func endedSetup(t *testing.T) *endedBundle {
+// heldOpts shapes heldSetup's credentials.
+type heldOpts struct {
+	circuit bool // "held" has a breaker: one failure opens it for an hour
+	backup  bool // a credential "backup", without limits, on the same simulator
+}
+
+func heldSetup(t *testing.T, o heldOpts) *heldBundle {
 	t.Helper()
 	ctx := t.Context()
 	clock := clocktest.New(time.Now())
 	rdb := redistest.Client(t)
 	after := &afterNext{}
 	rdb.AddHook(after)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now, TokenMinute: endedMinute})
+	prefix := redistest.Prefix(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now, TokenMinute: heldMinute})
 	require.NoError(t, err)
-	gate := lim.Gate("sk-ended", "held")
+	gate := lim.Gate("sk-held", "held")
+	var circuit *breaker.Circuit
+	if o.circuit {
+		brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix + "brk:", Now: clock.Now, Threshold: 1, Cooldown: time.Hour})
+		require.NoError(t, err)
+		circuit = brk.Circuit("sk-held", "held")
+	}
 	est, err := estimator.New(nil)
 	require.NoError(t, err)
 	b := jobstest.New(t)
@@ -58,19 +73,29 @@ func endedSetup(t *testing.T) *endedBundle {
 	sim := llmsim.New(llmsim.Config{})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-ended"})
+	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held"})
 	require.NoError(t, err)
-	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
-		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit}}})
+	upstreams := map[string]executor.Upstream{
+		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit}}
+	if circuit != nil {
+		up := upstreams["held"]
+		up.Circuit = circuit
+		upstreams["held"] = up
+	}
+	if o.backup {
+		upstreams["backup"] = executor.Upstream{Name: "backup", Kind: string(llm.KindAnthropic), Provider: p}
+	}
+	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: upstreams})
+	// The test takes the token minute's output tokens: a job's slot is a minute away, held.
 	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
 	require.NoError(t, err)
 	require.True(t, r.Granted)
-	return &endedBundle{b: b, gate: gate, limit: limit, ex: ex, sim: sim, clock: clock, after: after}
+	return &heldBundle{b: b, gate: gate, circuit: circuit, limit: limit, ex: ex, sim: sim, clock: clock, after: after}
 }
 
 // hold creates a job (its deadline timeout away) whose slot, a minute away, its first delivery
 // holds in its row.
-func (u *endedBundle) hold(t *testing.T, timeout time.Duration) *jobs.Job {
+func (u *heldBundle) hold(t *testing.T, timeout time.Duration) *jobs.Job {
 	t.Helper()
 	job := u.b.Create(t, jobstest.Opts{Credential: "held", Timeout: timeout, Request: helloRequest})
 	var deferred *dispatch.DeferError
@@ -82,16 +107,29 @@ func (u *endedBundle) hold(t *testing.T, timeout time.Duration) *jobs.Job {
 	return got
 }
 
+// holdWithFallback is hold for a job whose fallback is "backup" (heldOpts.backup), its deadline
+// an hour away.
+func (u *heldBundle) holdWithFallback(t *testing.T) *jobs.Job {
+	t.Helper()
+	job, _, err := u.b.Store.Create(t.Context(), jobs.CreateParams{Tenant: "default", Credential: "held",
+		Fallbacks: []string{"backup"}, Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
+	require.NoError(t, err)
+	var deferred *dispatch.DeferError
+	require.ErrorAs(t, u.ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}), &deferred)
+	require.Contains(t, deferred.Reason, "rate limit slot")
+	return job
+}
+
 // nextWait is the wait of the credential's next 16 output tokens, asked once the test's token
 // minute has passed: the held slot's minute comes next, refunded or not.
-func (u *endedBundle) nextWait(t *testing.T) time.Duration {
+func (u *heldBundle) nextWait(t *testing.T) time.Duration {
 	t.Helper()
-	u.clock.Advance(endedMinute)
+	u.clock.Advance(heldMinute)
 	return u.waitNow(t)
 }
 
 // waitNow is the wait of the credential's next 16 output tokens, asked now.
-func (u *endedBundle) waitNow(t *testing.T) time.Duration {
+func (u *heldBundle) waitNow(t *testing.T) time.Duration {
 	t.Helper()
 	r, err := u.gate.ReserveCost(t.Context(), u.limit, tokens.Cost{OutputTokens: 16})
 	require.NoError(t, err)
@@ -108,13 +146,13 @@ func TestExecutor_EndedJobGivesItsHeldSlotBack(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		end  func(t *testing.T, u *endedBundle, job *jobs.Job)
+		end  func(t *testing.T, u *heldBundle, job *jobs.Job)
 	}{
-		{"Canceled", func(t *testing.T, u *endedBundle, job *jobs.Job) {
+		{"Canceled", func(t *testing.T, u *heldBundle, job *jobs.Job) {
 			_, err := u.b.Store.Cancel(t.Context(), job.ID)
 			require.NoError(t, err)
 		}},
-		{"FailedByTheDeadlinePass", func(t *testing.T, u *endedBundle, job *jobs.Job) {
+		{"FailedByTheDeadlinePass", func(t *testing.T, u *heldBundle, job *jobs.Job) {
 			failed, err := u.b.Store.FailOverdue(t.Context(), job.Deadline, 10)
 			require.NoError(t, err)
 			require.Len(t, failed, 1)
@@ -124,12 +162,12 @@ func TestExecutor_EndedJobGivesItsHeldSlotBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
-			u := endedSetup(t)
+			u := heldSetup(t, heldOpts{})
 			job := u.hold(t, time.Hour)
 			tc.end(t, u, job)
 
 			require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
-			require.Less(t, u.nextWait(t), endedMinute/2, "the ended job's held slot still holds its tokens")
+			require.Less(t, u.nextWait(t), heldMinute/2, "the ended job's held slot still holds its tokens")
 			got, err := u.b.Store.Get(ctx, job.ID)
 			require.NoError(t, err)
 			require.Nil(t, got.SlotSeq, "the slot was taken from the row: given back once")
@@ -144,7 +182,7 @@ func TestExecutor_EndedJobGivesItsHeldSlotBack(t *testing.T) {
 func TestExecutor_HeldSlotPastTheDeadlineIsGivenBack(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	u := endedSetup(t)
+	u := heldSetup(t, heldOpts{})
 	job := u.hold(t, 65*time.Second) // the slot at +1m, the deadline 5 s after it
 	u.clock.Advance(67 * time.Second)
 
@@ -165,7 +203,7 @@ func TestExecutor_HeldSlotPastTheDeadlineIsGivenBack(t *testing.T) {
 func TestExecutor_SlotOfAJobCanceledBeforeItsHoldIsGivenBack(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	u := endedSetup(t)
+	u := heldSetup(t, heldOpts{})
 	job := u.b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
 	// The delivery's first Redis call is its reservation.
 	u.after.arm(func() {
@@ -174,7 +212,7 @@ func TestExecutor_SlotOfAJobCanceledBeforeItsHoldIsGivenBack(t *testing.T) {
 	})
 	err := u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
 	require.False(t, u.after.armed())
-	require.Less(t, u.nextWait(t), endedMinute/2, "the canceled job's slot still holds its tokens")
+	require.Less(t, u.nextWait(t), heldMinute/2, "the canceled job's slot still holds its tokens")
 	require.NoError(t, err, "the job ended: nothing more to do")
 	got, err := u.b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
@@ -189,7 +227,7 @@ func TestExecutor_SlotOfAJobCanceledBeforeItsHoldIsGivenBack(t *testing.T) {
 func TestExecutor_SlotRefusedForALeasedJobDefers(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	u := endedSetup(t)
+	u := heldSetup(t, heldOpts{})
 	job := u.b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
 	// The delivery's first Redis call is its reservation: the other delivery starts its attempt
 	// after it, before the slot is held in the row.
@@ -207,7 +245,7 @@ func TestExecutor_SlotRefusedForALeasedJobDefers(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusRunning, got.Status)
 	require.Nil(t, got.SlotSeq)
-	require.Less(t, u.nextWait(t), endedMinute/2, "the refused slot still holds its tokens")
+	require.Less(t, u.nextWait(t), heldMinute/2, "the refused slot still holds its tokens")
 }
 
 // A pause probe held with a slot in the job row (the paused credential's interval's one
@@ -355,7 +393,7 @@ func (p *cancelAfterHold) cancel(ctx context.Context, id string) error {
 func TestExecutor_HandedOverDeliveryCanceledAfterItsHoldGivesTheSlotBack(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	u := endedSetup(t)
+	u := heldSetup(t, heldOpts{})
 	opt, err := dispatch.RedisConnOpt(redistest.URL())
 	require.NoError(t, err)
 	client, insp := asynq.NewClient(opt), asynq.NewInspector(opt)
@@ -394,7 +432,7 @@ func TestExecutor_HandedOverDeliveryCanceledAfterItsHoldGivesTheSlotBack(t *test
 	_, err = insp.GetTaskInfo(queue, job.ID)
 	require.NoError(t, err, "no task came back for the canceled job: nothing gives its held slot back")
 	require.NoError(t, u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
-	require.Less(t, u.nextWait(t), endedMinute/2, "the canceled job's held slot still holds its tokens")
+	require.Less(t, u.nextWait(t), heldMinute/2, "the canceled job's held slot still holds its tokens")
 	got, err := u.b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusCanceled, got.Status)
@@ -423,7 +461,7 @@ func TestExecutor_HeldSlotWhoseTakeFailedComesBack(t *testing.T) {
 	rdb := redistest.Client(t)
 	after := &afterNext{}
 	rdb.AddHook(after)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now, TokenMinute: endedMinute})
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now, TokenMinute: heldMinute})
 	require.NoError(t, err)
 	gate := lim.Gate("sk-ended", "held")
 	est, err := estimator.New(nil)
@@ -449,7 +487,7 @@ func TestExecutor_HeldSlotWhoseTakeFailedComesBack(t *testing.T) {
 
 	// The slot is due. The job is canceled once the delivery has read it (its first Redis call
 	// is the limiter's clock, after the read), and Postgres drops the take's connection.
-	clock.Advance(endedMinute)
+	clock.Advance(heldMinute)
 	after.arm(func() {
 		_, err := owner.Cancel(context.WithoutCancel(ctx), job.ID)
 		require.NoError(t, err)
@@ -476,10 +514,10 @@ func TestExecutor_HeldSlotWhoseTakeFailedComesBack(t *testing.T) {
 
 	// asynq's retry of the delivery gives the slot back.
 	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
-	clock.Advance(endedMinute)
+	clock.Advance(heldMinute)
 	r, err = gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
 	require.NoError(t, err)
-	require.Less(t, r.Wait, endedMinute/2, "the canceled job's held slot still holds its tokens")
+	require.Less(t, r.Wait, heldMinute/2, "the canceled job's held slot still holds its tokens")
 	got, err := owner.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusCanceled, got.Status)

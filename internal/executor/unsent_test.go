@@ -440,35 +440,14 @@ func (p *tripsAtSend) Send(ctx context.Context, body []byte, opts llm.SendOption
 func TestExecutor_HeldSlotKeepsItsTokensWhenTheStartFails(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	const tokenMinute = time.Minute
-	clock := clocktest.New(time.Now())
-	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now,
-		TokenMinute: tokenMinute})
-	require.NoError(t, err)
-	gate := lim.Gate("sk-held-tokens", "held")
-	est, err := estimator.New(nil)
-	require.NoError(t, err)
-	b := jobstest.New(t)
-	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16} // helloRequest's max_tokens
-	sim := llmsim.New(llmsim.Config{})
-	srv := httptest.NewServer(sim)
-	t.Cleanup(srv.Close)
-	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-tokens"})
-	require.NoError(t, err)
-	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
-		"held": {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit}}})
-	// The test takes the token minute's output tokens: the job's slot is a minute away, held.
-	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
-	require.NoError(t, err)
-	require.True(t, r.Granted)
-	job := b.Create(t, jobstest.Opts{Credential: "held", Timeout: time.Hour, Request: helloRequest})
-	var deferred *dispatch.DeferError
-	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
-	require.Contains(t, deferred.Reason, "rate limit slot")
+	const tokenMinute = heldMinute
+	u := heldSetup(t, heldOpts{})
+	b, gate, limit, ex, sim, clock := u.b, u.gate, u.limit, u.ex, u.sim, u.clock
+	job := u.hold(t, time.Hour)
 
 	// The slot is due; its delivery's start fails.
 	clock.Advance(tokenMinute)
-	_, err = b.Pool.Exec(ctx, `
+	_, err := b.Pool.Exec(ctx, `
 CREATE FUNCTION refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF NEW.status = 'running' THEN RAISE EXCEPTION 'start refused'; END IF;
@@ -482,7 +461,7 @@ CREATE TRIGGER refuse_start BEFORE UPDATE OF status ON jobs FOR EACH ROW EXECUTE
 	require.NotNil(t, got.SlotSeq, "the row still holds the slot, for the delivery dispatch retries")
 
 	// The slot's tokens are still charged: the minute's next 16 tokens wait for the next minute.
-	r, err = gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
 	require.NoError(t, err)
 	require.True(t, r.Granted)
 	require.GreaterOrEqual(t, r.Wait, tokenMinute/2, "the held slot's tokens were refunded, and the slot is still to go")
@@ -507,38 +486,13 @@ func TestExecutor_HeldSlotOfAJobFailingOver(t *testing.T) {
 	// setup holds a slot a minute away for a job with a fallback, pauses its credential and
 	// lets the slot come due.
 	setup := func(t *testing.T) (*jobstest.Bundle, *executor.Executor, *limiter.Gate, *llmsim.Server, *jobs.Job) {
-		ctx := t.Context()
-		clock := clocktest.New(time.Now())
-		lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: redistest.Prefix(t), Now: clock.Now,
-			TokenMinute: tokenMinute})
-		require.NoError(t, err)
-		gate := lim.Gate("sk-held-failover", "held")
-		est, err := estimator.New(nil)
-		require.NoError(t, err)
-		b := jobstest.New(t)
-		sim := llmsim.New(llmsim.Config{})
-		srv := httptest.NewServer(sim)
-		t.Cleanup(srv.Close)
-		p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-failover"})
-		require.NoError(t, err)
-		ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
-			"held":   {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Limit: limit},
-			"backup": {Name: "backup", Kind: string(llm.KindAnthropic), Provider: p}}})
-		// The test takes the token minute's output tokens: the job's slot is a minute away, held.
-		r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
-		require.NoError(t, err)
-		require.True(t, r.Granted)
-		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "held", Fallbacks: []string{"backup"},
-			Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
-		require.NoError(t, err)
-		var deferred *dispatch.DeferError
-		require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
-		require.Contains(t, deferred.Reason, "rate limit slot")
+		u := heldSetup(t, heldOpts{backup: true})
+		job := u.holdWithFallback(t)
 		// The credential is paused; the slot is due.
-		_, err = gate.Pause(ctx, "rate_limited_no_retry_after", "other")
+		_, err := u.gate.Pause(t.Context(), "rate_limited_no_retry_after", "other")
 		require.NoError(t, err)
-		clock.Advance(tokenMinute)
-		return b, ex, gate, sim, job
+		u.clock.Advance(tokenMinute)
+		return u.b, u.ex, u.gate, u.sim, job
 	}
 	answeredBy := func(t *testing.T, b *jobstest.Bundle, id, want string) {
 		t.Helper()
@@ -773,38 +727,10 @@ func TestExecutor_HeldSlotPausedDuringItsBreakerWaitStays(t *testing.T) {
 func TestExecutor_HeldSlotOfAJobFailingOverFromAnOpenBreaker(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	const tokenMinute = time.Minute
-	limit := limiter.Limit{Rate: 100, Burst: 100, OutputTokensPerMinute: 16} // helloRequest's max_tokens
-	clock := clocktest.New(time.Now())
-	rdb := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix, Now: clock.Now, TokenMinute: tokenMinute})
-	require.NoError(t, err)
-	brk, err := breaker.New(rdb, &breaker.Config{Prefix: prefix + "brk:", Now: clock.Now, Threshold: 1, Cooldown: time.Hour})
-	require.NoError(t, err)
-	gate := lim.Gate("sk-held-open", "held")
-	circuit := brk.Circuit("sk-held-open", "held")
-	est, err := estimator.New(nil)
-	require.NoError(t, err)
-	b := jobstest.New(t)
-	sim := llmsim.New(llmsim.Config{})
-	srv := httptest.NewServer(sim)
-	t.Cleanup(srv.Close)
-	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-held-open"})
-	require.NoError(t, err)
-	ex := executor.New(executor.Config{Store: b.Store, Estimator: est, Now: clock.Now, Upstreams: map[string]executor.Upstream{
-		"held":   {Name: "held", Kind: string(llm.KindAnthropic), Provider: p, Gate: gate, Circuit: circuit, Limit: limit},
-		"backup": {Name: "backup", Kind: string(llm.KindAnthropic), Provider: p}}})
-	// The test takes the token minute's output tokens: the job's slot is a minute away, held.
-	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
-	require.NoError(t, err)
-	require.True(t, r.Granted)
-	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "held", Fallbacks: []string{"backup"},
-		Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
-	require.NoError(t, err)
-	var deferred *dispatch.DeferError
-	require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
-	require.Contains(t, deferred.Reason, "rate limit slot")
+	const tokenMinute = heldMinute
+	u := heldSetup(t, heldOpts{circuit: true, backup: true})
+	b, gate, circuit, limit, ex, sim, clock := u.b, u.gate, u.circuit, u.limit, u.ex, u.sim, u.clock
+	job := u.holdWithFallback(t)
 	// The slot is due; the credential's breaker is open.
 	clock.Advance(tokenMinute)
 	for {
@@ -825,7 +751,7 @@ func TestExecutor_HeldSlotOfAJobFailingOverFromAnOpenBreaker(t *testing.T) {
 	require.NotNil(t, got.AnsweredBy)
 	require.Equal(t, "backup", *got.AnsweredBy)
 	// The slot left with the job: its tokens are given back, the minute's next 16 go now.
-	r, err = gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
+	r, err := gate.ReserveCost(ctx, limit, tokens.Cost{OutputTokens: 16})
 	require.NoError(t, err)
 	require.True(t, r.Granted)
 	require.Less(t, r.Wait, tokenMinute/2, "the slot the job left still holds its tokens")
