@@ -424,7 +424,8 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 
 // submit is POST /v1/jobs: authenticate, apply the tenant's submit rate, read (within the
 // replica's budget of bodies in flight) and parse the body once (which checks the tenant may use
-// its credentials), then commit and enqueue the job.
+// its credentials), then commit and enqueue the job. A body the contract refuses is still a
+// replay when its Idempotency-Key holds a job of that body (see replayRefused).
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	tn, err := s.tenant(r)
 	if err != nil {
@@ -480,11 +481,14 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := s.contract.parse(tn.Name, allowed, key, body)
+	var job *jobs.Job
+	replayed := false
 	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
-		return
+		job, err = s.replayRefused(r.Context(), tn.Name, key, body, err)
+		replayed = err == nil
+	} else {
+		job, replayed, err = s.create(r.Context(), p)
 	}
-	job, replayed, err := s.create(r.Context(), p)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -496,6 +500,32 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, s.answer(job))
+}
+
+// replayRefused answers a submit the contract refused (refusal, an *InvalidError) with the job
+// of its Idempotency-Key when the key was used with this very body: that body was accepted then,
+// and is refused now only because the configuration changed (a credential, a fallback or a batch
+// lane removed, a limit lowered), on this replica or since. The key's job exists and may have run:
+// refusing its replay would tell a client whose first answer was lost that nothing was stored.
+// Without a usable key, or with no job of this body under it, the refusal stands.
+func (s *Server) replayRefused(ctx context.Context, tenant, key string, body []byte, refusal error) (*jobs.Job, error) {
+	var inv *InvalidError
+	if key == "" || !errors.As(refusal, &inv) || idem.ValidateKey(key) != nil {
+		return nil, refusal
+	}
+	fp, err := idem.Fingerprint(body)
+	if err != nil {
+		return nil, refusal
+	}
+	job, err := s.cfg.Store.Replay(ctx, tenant, key, fp)
+	switch {
+	case errors.Is(err, jobs.ErrNotFound):
+		return nil, refusal
+	case err != nil:
+		// Whether the key's job exists is unknown: not a refusal, which says nothing was stored.
+		return nil, err
+	}
+	return job, nil
 }
 
 // create commits the job, then hands it to this process's worker (Config.Handoff) or enqueues its

@@ -266,6 +266,19 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 	return job, replayed, nil
 }
 
+// Replay returns the job that tenant's idempotency key was claimed for by a body of this
+// fingerprint, or ErrNotFound when the key is unused or was used with another body. It is for
+// a submit the API refuses as a new job (its configuration changed since the key's job was
+// created): the same body again must still answer the key's job, which exists and may have run.
+func (s *Store) Replay(ctx context.Context, tenant, key, fingerprint string) (*Job, error) {
+	job, err := s.scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = (
+	SELECT job_id FROM idempotency_keys WHERE tenant = $1 AND key = $2 AND fingerprint = $3)`, tenant, key, fingerprint))
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("replay idempotency key: %w", err)
+	}
+	return job, err
+}
+
 // admit is p.Admit's answer for p's job (nil without Admit).
 func (s *Store) admit(ctx context.Context, p *CreateParams) (*Begin, error) {
 	if p.Admit == nil {
