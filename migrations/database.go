@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/llmq/llmq/internal/pgerr"
+	"github.com/llmq/llmq/internal/pgwait"
 )
 
 // EnsureDatabase creates the database named in url when it does not exist yet, connecting to the
@@ -76,6 +77,9 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if !strings.Contains(url, "pool_max_conns") {
 		pcfg.MaxConns = DefaultPoolMaxConns
 	}
+	// A request's wait for a connection is bounded when its context asks (pgwait.Bound: the
+	// API's), instead of lasting as long as its client waits.
+	pcfg.ConnConfig.Tracer = pgwait.Tracer{}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres pool: %w", err)

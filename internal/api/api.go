@@ -28,6 +28,7 @@ import (
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -86,6 +87,11 @@ type Config struct {
 	// MaxStreamsPerTenant caps each tenant's open event streams on this replica (429 with
 	// Retry-After above it). Default 100.
 	MaxStreamsPerTenant int
+	// StoreWait bounds how long a submit, a poll or a cancel waits for a free Postgres
+	// connection of the pool (each time it needs one; the pool must carry pgwait.Tracer): past
+	// it the request is answered 503 overloaded with Retry-After, having sent nothing to
+	// Postgres. Default 5s.
+	StoreWait time.Duration
 	// Now is the clock of throttled log lines and of the submit stages' metric. Default time.Now.
 	Now func() time.Time
 	// Deltas reads the delta buffers of streaming jobs for their event streams. nil: event
@@ -146,6 +152,9 @@ func New(cfg Config) *Server {
 	if cfg.MaxStreamsPerTenant == 0 {
 		cfg.MaxStreamsPerTenant = 100
 	}
+	if cfg.StoreWait == 0 {
+		cfg.StoreWait = 5 * time.Second
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -157,8 +166,8 @@ func New(cfg Config) *Server {
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
 	// every path that serves GET; but not the event stream, which never ends.
 	s.routes = []route{
-		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
-		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.get, http.MethodHead: s.get, http.MethodDelete: s.cancel}},
+		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.bounded(s.submit)}},
+		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.bounded(s.get), http.MethodHead: s.bounded(s.get), http.MethodDelete: s.bounded(s.cancel)}},
 		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events}},
 		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz, http.MethodHead: s.healthz}},
 		{"/readyz", map[string]http.HandlerFunc{http.MethodGet: s.readyz, http.MethodHead: s.readyz}},
@@ -198,6 +207,18 @@ func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 		}
 		w.Header().Set("Allow", strings.Join(slices.Sorted(maps.Keys(h)), ", "))
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusMethodNotAllowed, typ: "method_not_allowed", message: r.Method + " is not allowed on " + r.URL.Path})
+	}
+}
+
+// bounded runs h with a request whose every wait for a connection of the Postgres pool lasts at
+// most StoreWait (pgwait.Bound): past it, the request's context is canceled and its answer is
+// 503 overloaded (writeError), nothing having been sent. Not event streams: they wait for their
+// client anyway, and a stream cut by a busy pool would only come back at once.
+func (s *Server) bounded(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := pgwait.Bound(r.Context(), s.cfg.StoreWait)
+		defer cancel()
+		h(w, r.WithContext(ctx))
 	}
 }
 
@@ -384,6 +405,10 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		he = &httpError{status: http.StatusNotFound, typ: "not_found", message: "no job with that id"}
 	case errors.Is(err, jobs.ErrIdempotencyKeyReused):
 		he = &httpError{status: http.StatusUnprocessableEntity, typ: "idempotency_key_reused", message: "this Idempotency-Key was used with a different request body"}
+	case pgwait.TimedOut(r.Context(), err):
+		// Checked before context.Canceled: the bound canceled the request's context (bounded).
+		he = &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
+			message: "no database connection came free in time; retry shortly", header: http.Header{"Retry-After": {"1"}}}
 	case errors.Is(err, context.Canceled):
 		return // the client left
 	case jobs.IsUnavailable(err):

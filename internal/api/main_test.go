@@ -27,6 +27,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
 	"github.com/llmq/llmq/internal/tokens"
@@ -89,6 +90,8 @@ type setupOpts struct {
 	// handoff, when set, is the processor of a Handoff (Config.Handoff) the bundle runs on its
 	// queue (testBundle.handoff, testBundle.stopHandoff); default none.
 	handoff dispatch.FreshProcessor
+	// storeWait is Config.StoreWait; default the server's.
+	storeWait time.Duration
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -97,7 +100,10 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		o.dbURL = pgtest.URL(t)
 	}
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, o.dbURL)
+	pcfg, err := pgxpool.ParseConfig(o.dbURL)
+	require.NoError(t, err)
+	pcfg.ConnConfig.Tracer = pgwait.Tracer{} // as migrations.Open does
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	redistest.Client(t) // fails the test when Redis is down
@@ -129,6 +135,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
+		StoreWait: o.storeWait,
 	}
 	if o.handoff != nil {
 		b.handoff = dispatch.NewHandoff(dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16})

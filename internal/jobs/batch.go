@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/llmq/llmq/internal/pgwait"
 )
 
 // Batching limits (see batcher).
@@ -166,14 +169,46 @@ func (b *batcher) run(ops []*batchOp) {
 		}
 		send = append(send, op)
 	}
+	// When every caller bounds its wait for a connection (pgwait.Bound: the API's requests),
+	// so does the batch; a batch that includes a caller without a bound (a worker's) waits as
+	// that one would.
+	if wait, ok := boundedWait(send); ok {
+		var unbound context.CancelFunc
+		ctx, unbound = pgwait.Bound(ctx, wait)
+		defer unbound()
+	}
 	if len(send) == 1 || (len(send) > 1 && !b.runTogether(ctx, send)) {
 		for _, op := range send {
 			op.err = b.runAlone(ctx, op)
 		}
 	}
+	if cause := context.Cause(ctx); errors.Is(cause, pgwait.ErrTimeout) {
+		// The bound ended the batch: the statements it stopped learn why (a bare
+		// context.Canceled reads as their caller's own); those answered before keep their answer.
+		for _, op := range send {
+			if errors.Is(op.err, context.Canceled) {
+				op.err = fmt.Errorf("batch: %w", cause)
+			}
+		}
+	}
 	for _, op := range ops {
 		close(op.done)
 	}
+}
+
+// boundedWait is the shortest pgwait bound of ops' callers, and false when one has none.
+func boundedWait(ops []*batchOp) (time.Duration, bool) {
+	var shortest time.Duration
+	for i, op := range ops {
+		w, ok := pgwait.Wait(op.ctx)
+		if !ok {
+			return 0, false
+		}
+		if i == 0 || w < shortest {
+			shortest = w
+		}
+	}
+	return shortest, len(ops) > 0
 }
 
 // runAlone runs op in a transaction of its own. When the connection broke under it, the statement

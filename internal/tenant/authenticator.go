@@ -3,6 +3,7 @@ package tenant
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -32,6 +33,20 @@ type Authenticator struct {
 	entries map[[32]byte]entry
 	// named caches Named's answers, by tenant name.
 	named map[string]entry
+	// flights are the lookups under way, by key (a token's hash or a name: keys of different
+	// types never collide), which a concurrent miss of the same key waits for (see cached).
+	flights map[any]*flight
+	// joined counts the callers waiting for another's lookup (tests).
+	joined int
+}
+
+// flight is one lookup under way; done is closed once its answer is cached (or it failed).
+type flight struct {
+	done   chan struct{}
+	answer bool // the lookup answered (cached), rather than failed
+	// err is a failure the waiters share: the database's, not the end of the looking caller's
+	// context (its client left), after which each waiter tries itself.
+	err error
 }
 
 type entry struct {
@@ -55,7 +70,8 @@ func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}, named: map[string]entry{}}
+	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}, named: map[string]entry{},
+		flights: map[any]*flight{}}
 }
 
 // TTL is how long an answer is cached: the longest a revocation takes to reach this process.
@@ -99,26 +115,91 @@ func (e errAnswer) Unwrap() error { return e.error }
 // cached returns the lookup of key in cache: the cached answer while it is fresh, else load's,
 // which it caches for the TTL when it is an answer (a tenant, ErrRevoked for a revoked one, or
 // an errAnswer), not a failure (a database error, returned and not cached).
+//
+// One lookup per key at a time: a miss while another caller looks the key up waits for that
+// lookup's answer (or its own context's end) instead of running one more, so a burst of requests
+// with a token that is not cached (after a start, or each time its TTL ends under load) costs one
+// Postgres round trip, not one per request, each taking a pool connection ahead of the requests'
+// own statements. A failure of that lookup is shared too (Postgres unreachable, or no pool
+// connection free in time: see pgwait), except the end of its caller's context by its caller
+// (canceled, or its deadline), after which each waiter tries again itself.
 func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]entry, key K,
 	load func(context.Context) (*Tenant, error)) (*Tenant, error) {
-	now := a.cfg.Now()
-	a.mu.Lock()
-	e, ok := cache[key]
-	a.mu.Unlock()
-	if ok && now.Before(e.expires) {
-		return e.tenant, e.err
+	for {
+		now := a.cfg.Now()
+		a.mu.Lock()
+		e, ok := cache[key]
+		if ok && now.Before(e.expires) {
+			a.mu.Unlock()
+			return e.tenant, e.err
+		}
+		f, busy := a.flights[key]
+		if !busy {
+			f = &flight{done: make(chan struct{})}
+			a.flights[key] = f
+			a.mu.Unlock()
+			return lookup(ctx, a, cache, key, f, now, load)
+		}
+		a.joined++
+		a.mu.Unlock()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+		}
+		a.mu.Lock()
+		a.joined--
+		a.mu.Unlock()
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if f.err != nil {
+			return nil, f.err
+		}
+		if f.answer {
+			// Cached by the lookup, fresh whatever the clock says now (unless a full cache was
+			// cleared since: then look again).
+			a.mu.Lock()
+			e, ok := cache[key]
+			a.mu.Unlock()
+			if ok {
+				return e.tenant, e.err
+			}
+		}
 	}
+}
+
+// lookup runs load for key as the flight f, caches its answer (not a failure) and ends f.
+func lookup[K comparable](ctx context.Context, a *Authenticator, cache map[K]entry, key K, f *flight, now time.Time,
+	load func(context.Context) (*Tenant, error)) (*Tenant, error) {
+	answered := false
+	var shared error
+	defer func() {
+		a.mu.Lock()
+		delete(a.flights, key)
+		f.answer, f.err = answered, shared
+		a.mu.Unlock()
+		close(f.done)
+	}()
 	t, err := load(ctx)
 	var answer errAnswer
 	switch {
 	case errors.As(err, &answer):
 		err = answer.error
 	case err != nil:
+		switch cause := context.Cause(ctx); {
+		case cause == nil:
+			shared = err
+		case !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded):
+			// Ended by something else than its caller leaving (a pgwait bound): the waiters
+			// would meet it too.
+			shared = fmt.Errorf("%w: %w", err, cause)
+		}
 		return nil, err
 	case t.Revoked():
 		err = ErrRevoked
 	}
 	put(a, cache, key, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
+	answered = true
 	return t, err
 }
 

@@ -1,0 +1,111 @@
+// Package pgwait bounds how long a request waits for a connection of a pgx pool. pgxpool queues
+// every Acquire without a limit for as long as its context lasts; an HTTP request's context lasts
+// as long as its client waits, which on a pool whose every connection is taken (a burst, a
+// stalled server) outlived the server's write timeout: the client got its connection cut, no
+// answer. A context marked with Bound waits at most its bound for each connection, then is
+// canceled with the cause ErrTimeout, before anything was sent on a connection.
+//
+// The bound needs the pool built with Tracer (as its ConnConfig.Tracer); without it, Bound's
+// context is only cancelable.
+package pgwait
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrTimeout is the cause of a Bound context canceled because a pool connection did not come
+// free within its bound. Nothing of the statement that waited was sent.
+var ErrTimeout = errors.New("no Postgres connection came free in time")
+
+// TimedOut reports whether ctx was canceled by its bound (or err is ErrTimeout).
+func TimedOut(ctx context.Context, err error) bool {
+	return errors.Is(err, ErrTimeout) || errors.Is(context.Cause(ctx), ErrTimeout)
+}
+
+type boundKey struct{}
+
+// bound is a Bound context's limit and the cancel of that context.
+type bound struct {
+	wait   time.Duration
+	cancel context.CancelCauseFunc
+}
+
+// Bound returns a child of ctx whose every wait for a pool connection (on a pool with Tracer)
+// lasts at most wait: past it the child is canceled with the cause ErrTimeout, so the statement
+// that waited, and all that follow under the child, fail without being sent. wait ≤ 0 returns a
+// child without a bound. Call cancel when done.
+func Bound(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	if wait > 0 {
+		ctx = context.WithValue(ctx, boundKey{}, &bound{wait: wait, cancel: cancel})
+	}
+	return ctx, func() { cancel(nil) }
+}
+
+// Wait is ctx's bound, and whether it has one.
+func Wait(ctx context.Context) (time.Duration, bool) {
+	b, ok := ctx.Value(boundKey{}).(*bound)
+	if !ok {
+		return 0, false
+	}
+	return b.wait, true
+}
+
+// Tracer applies Bound's limits to the waits of a pool's Acquire: set it as the pool's
+// ConnConfig.Tracer. It traces nothing else (its query hooks do nothing).
+type Tracer struct{}
+
+var (
+	_ pgx.QueryTracer       = Tracer{}
+	_ pgxpool.AcquireTracer = Tracer{}
+)
+
+// TraceQueryStart does nothing.
+func (Tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+// TraceQueryEnd does nothing.
+func (Tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+type timerKey struct{}
+
+// acquireTimer cancels a Bound context when its Acquire has not ended in time.
+type acquireTimer struct {
+	t *time.Timer
+	// fired is closed once the timer's cancel has run.
+	fired chan struct{}
+}
+
+// TraceAcquireStart starts the bound of a Bound context's wait.
+func (Tracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	b, ok := ctx.Value(boundKey{}).(*bound)
+	if !ok {
+		return ctx
+	}
+	at := &acquireTimer{fired: make(chan struct{})}
+	at.t = time.AfterFunc(b.wait, func() {
+		b.cancel(ErrTimeout)
+		close(at.fired)
+	})
+	return context.WithValue(ctx, timerKey{}, at)
+}
+
+// TraceAcquireEnd ends the bound. When the timer fired already, it waits for the cancel to have
+// run, so that a connection acquired just in time is handed over with its context already
+// canceled (pgx sends nothing then) rather than canceled under a statement being sent, which
+// might commit without its answer.
+func (Tracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireEndData) {
+	at, ok := ctx.Value(timerKey{}).(*acquireTimer)
+	if !ok {
+		return
+	}
+	if !at.t.Stop() {
+		<-at.fired
+	}
+}
