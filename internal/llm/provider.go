@@ -69,8 +69,8 @@ type Provider interface {
 	// A body with "stream": true is answered as an event stream: Send reads it to its end,
 	// hands each delta to opts.OnDelta, and returns the message assembled in the shape a
 	// non-streaming call returns (content, stop reason, usage). For OpenAI it adds
-	// "stream_options":{"include_usage":true} when the body sets no stream_options, so that the
-	// usage is known. The API key is masked in each delta's text as in the body (a key split
+	// "stream_options":{"include_usage":true} when the body sets no stream_options, and
+	// include_usage inside a stream_options that does not set it, so that the usage is known. The API key is masked in each delta's text as in the body (a key split
 	// across two deltas is masked only in the assembled body).
 	//
 	// Errors: ErrInvalidRequest (wrapped) when body is not a JSON object, and nothing is

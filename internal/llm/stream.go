@@ -19,7 +19,7 @@ const (
 	// DeltaText is answer text: Anthropic text_delta, OpenAI delta.content.
 	DeltaText = "text"
 	// DeltaInputJSON is a piece of a tool call's JSON input: Anthropic input_json_delta, OpenAI
-	// delta.tool_calls[].function.arguments.
+	// delta.tool_calls[].function.arguments (or the legacy delta.function_call.arguments).
 	DeltaInputJSON = "input_json"
 	// DeltaThinking is Anthropic extended thinking (thinking_delta).
 	DeltaThinking = "thinking"
@@ -61,6 +61,10 @@ type assembler interface {
 	event(name string, data []byte, emit func(Delta), end func(index int)) (done bool, err error)
 	// message returns the assembled body and its usage object.
 	message() (body []byte, usage json.RawMessage, err error)
+	// kept returns about how many bytes of the events so far the assembler keeps (the pieces
+	// message builds on), at least as many as it holds: a stream's bytes are many times its
+	// answer's (each Chat Completions chunk repeats the envelope, ~300 bytes for a token).
+	kept() int64
 }
 
 // isEventStream reports whether h announces text/event-stream.
@@ -70,16 +74,46 @@ func isEventStream(h http.Header) bool {
 }
 
 // withStreamUsage asks OpenAI for the usage of a stream (stream_options.include_usage) when the
-// body does not say: the token limiter needs it. Anything the client set is kept.
+// body does not say: the token limiter needs it, and the stored message has it as a non-streaming
+// answer does. A stream_options that sets no include_usage ({"include_obfuscation":false}, {},
+// null) gets it too; an include_usage the client set is kept, as is anything else.
 func withStreamUsage(body []byte, top map[string]json.RawMessage) []byte {
-	if _, ok := top["stream_options"]; ok {
+	raw, ok := top["stream_options"]
+	if !ok {
+		i := bytes.IndexByte(body, '{')
+		out := make([]byte, 0, len(body)+40)
+		out = append(out, body[:i+1]...)
+		out = append(out, `"stream_options":{"include_usage":true},`...)
+		return append(out, body[i+1:]...)
+	}
+	var opts map[string]json.RawMessage
+	if json.Unmarshal(raw, &opts) != nil {
+		return body // not an object: the provider judges it
+	}
+	if _, set := opts["include_usage"]; set {
 		return body
 	}
-	i := bytes.IndexByte(body, '{')
-	out := make([]byte, 0, len(body)+40)
-	out = append(out, body[:i+1]...)
-	out = append(out, `"stream_options":{"include_usage":true},`...)
-	return append(out, body[i+1:]...)
+	// The member the decoder read: the last one of that name (written without escapes: one
+	// written with them is left as it is).
+	start, end := -1, -1
+	topLevelMembers(body, func(key, value []byte) bool {
+		if string(key) == "stream_options" {
+			start = cap(body) - cap(value) // value is a slice of body
+			end = start + len(value)
+		}
+		return true
+	})
+	if start < 0 {
+		return body
+	}
+	value := `{"include_usage":true}`
+	if inner := bytes.TrimSpace(body[start+1 : end-1]); body[start] == '{' && len(inner) > 0 {
+		value = `{"include_usage":true,` + string(body[start+1:end])
+	}
+	out := make([]byte, 0, len(body)+len(value))
+	out = append(out, body[:start]...)
+	out = append(out, value...)
+	return append(out, body[end:]...)
 }
 
 // streamRead is what reading a stream came to.
@@ -93,7 +127,9 @@ type streamRead struct {
 
 // readStream reads an event stream to its end marker, emitting deltas with their text masked,
 // and assembles the message. firstByte, when set, is stopped by the first delta: generation has
-// started. The bytes read count against limit and hold.
+// started. What it keeps counts against limit and hold: the assembler's pieces (asm.kept) and the
+// line buffers, then the message built; not every byte read, which for a long answer are many
+// times its body (an endless stream of pings or comments is ended by ctx's deadline).
 func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, limit int64, hold *answerHold,
 	firstByte *time.Timer, onDelta func(Delta)) streamRead {
 	var out streamRead
@@ -120,16 +156,16 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 	br := bufio.NewReaderSize(r, 16<<10)
 	var name string
 	var data, long []byte // data is reused from event to event: the assemblers keep none of it
-	var read int64
+	bufSize := int64(br.Size())
 	atEOF := false
 	for {
 		line, err := readLine(br, &long)
-		read += int64(len(line)) + 1
-		if read > limit {
+		kept := asm.kept() + bufSize + int64(cap(long)+cap(data))
+		if kept > limit {
 			out.err = fmt.Errorf("llm: read response stream: %w (limit %d bytes)", ErrResponseTooLarge, limit)
 			return out
 		}
-		if gerr := hold.grow(ctx, max(read-hold.size(), 0)); gerr != nil {
+		if gerr := hold.grow(ctx, max(kept-hold.size(), 0)); gerr != nil {
 			out.readErr = gerr
 			return out
 		}
@@ -168,6 +204,15 @@ func (c *client) readStream(ctx context.Context, r io.Reader, asm assembler, lim
 					masker.flush(onDelta)
 				}
 				out.body, out.usage, out.err = asm.message()
+				if int64(len(out.body)) > limit {
+					out.body, out.err = nil, fmt.Errorf("llm: assemble response stream: %w (limit %d bytes)", ErrResponseTooLarge, limit)
+					return out
+				}
+				// The body is built beside the pieces it came from; finishStream settles on it.
+				if gerr := hold.grow(ctx, int64(cap(out.body))); gerr != nil {
+					out.body, out.readErr = nil, gerr
+					return out
+				}
 				if out.first.IsZero() {
 					out.first = c.now()
 				}

@@ -10,12 +10,14 @@ import (
 
 // anthropicAssembler reads the Messages API stream: message_start carries the message without
 // content; content_block_start/delta/stop build each block (text_delta, input_json_delta,
-// thinking_delta, signature_delta); message_delta carries stop_reason, stop_sequence and the
-// usage so far; message_stop ends it; ping is ignored; an error event fails the stream.
+// thinking_delta, signature_delta); message_delta carries the message's top-level changes
+// (stop_reason, stop_sequence, container...), context_management and the usage so far;
+// message_stop ends it; ping is ignored; an error event fails the stream.
 type anthropicAssembler struct {
 	msg    map[string]json.RawMessage
 	usage  map[string]json.RawMessage
 	blocks []*anthropicBlock
+	n      int64 // kept
 }
 
 type anthropicBlock struct {
@@ -38,14 +40,12 @@ type anthropicEvent struct {
 	Message      map[string]json.RawMessage `json:"message"`
 	ContentBlock map[string]json.RawMessage `json:"content_block"`
 	Delta        struct {
-		Type         string          `json:"type"`
-		Text         string          `json:"text"`
-		PartialJSON  string          `json:"partial_json"`
-		Thinking     string          `json:"thinking"`
-		Signature    string          `json:"signature"`
-		Citation     json.RawMessage `json:"citation"`
-		StopReason   json.RawMessage `json:"stop_reason"`
-		StopSequence json.RawMessage `json:"stop_sequence"`
+		Type        string          `json:"type"`
+		Text        string          `json:"text"`
+		PartialJSON string          `json:"partial_json"`
+		Thinking    string          `json:"thinking"`
+		Signature   string          `json:"signature"`
+		Citation    json.RawMessage `json:"citation"`
 	} `json:"delta"`
 	Usage map[string]json.RawMessage `json:"usage"`
 	Error struct {
@@ -60,6 +60,7 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 			return false, err
 		}
 		a.blocks[index].text.WriteString(text)
+		a.n += int64(len(text))
 		emit(Delta{Type: DeltaText, Index: index, Text: text})
 		return false, nil
 	}
@@ -69,6 +70,13 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 	}
 	if ev.Type == "" {
 		ev.Type = name
+	}
+	switch ev.Type {
+	case "message_start", "content_block_start", "message_delta": // kept, in part
+		a.n += int64(len(data))
+	case "content_block_delta":
+		d := ev.Delta
+		a.n += int64(len(d.Text) + len(d.PartialJSON) + len(d.Thinking) + len(d.Signature) + len(d.Citation))
 	}
 	switch ev.Type {
 	case "message_start":
@@ -86,7 +94,7 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		b := &anthropicBlock{raw: ev.ContentBlock}
 		_ = json.Unmarshal(b.raw["type"], &b.typ)
 		a.blocks = append(a.blocks, b)
-		if b.typ == "tool_use" || b.typ == "server_tool_use" {
+		if tracksToolInput(b.typ) {
 			var id, name string
 			_ = json.Unmarshal(b.raw["id"], &id)
 			_ = json.Unmarshal(b.raw["name"], &name)
@@ -106,11 +114,20 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		if a.msg == nil {
 			return false, fmt.Errorf("%w: message_delta before message_start", ErrDecode)
 		}
-		if len(ev.Delta.StopReason) > 0 {
-			a.msg["stop_reason"] = ev.Delta.StopReason
+		// Its delta is the message's top-level changes, all of them (stop_reason, stop_sequence,
+		// the code execution tool's container...), context_management a field beside it.
+		var md struct {
+			Delta             map[string]json.RawMessage `json:"delta"`
+			ContextManagement json.RawMessage            `json:"context_management"`
 		}
-		if len(ev.Delta.StopSequence) > 0 {
-			a.msg["stop_sequence"] = ev.Delta.StopSequence
+		if err := json.Unmarshal(data, &md); err != nil {
+			return false, fmt.Errorf("%w: message_delta is not JSON", ErrDecode)
+		}
+		for k, v := range md.Delta {
+			a.msg[k] = v
+		}
+		if len(md.ContextManagement) > 0 {
+			a.msg["context_management"] = md.ContextManagement
 		}
 		for k, v := range ev.Usage {
 			a.setUsage(k, v)
@@ -121,6 +138,14 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		return false, &midStreamError{typ: ev.Error.Type, msg: ev.Error.Message}
 	}
 	return false, nil // ping, and event types added later
+}
+
+func (a *anthropicAssembler) kept() int64 { return a.n }
+
+// tracksToolInput reports whether a block of type typ has an input that input_json_delta builds,
+// as the SDKs' stream accumulators read it.
+func tracksToolInput(typ string) bool {
+	return typ == "tool_use" || typ == "server_tool_use" || typ == "mcp_tool_use"
 }
 
 // open refuses a delta for a block that was never started or has stopped.
@@ -250,11 +275,7 @@ func (a *anthropicAssembler) message() ([]byte, json.RawMessage, error) {
 	}
 	content := make([]json.RawMessage, 0, len(a.blocks))
 	for _, b := range a.blocks {
-		raw, err := b.block()
-		if err != nil {
-			return nil, nil, err
-		}
-		content = append(content, raw)
+		content = append(content, b.block())
 	}
 	a.msg["content"] = mustMarshal(content)
 	usage := mustMarshal(a.usage)
@@ -263,7 +284,7 @@ func (a *anthropicAssembler) message() ([]byte, json.RawMessage, error) {
 }
 
 // block renders a content block as a non-streaming answer carries it.
-func (b *anthropicBlock) block() (json.RawMessage, error) {
+func (b *anthropicBlock) block() json.RawMessage {
 	out := map[string]json.RawMessage{}
 	for k, v := range b.raw {
 		out[k] = v
@@ -277,17 +298,20 @@ func (b *anthropicBlock) block() (json.RawMessage, error) {
 	case "thinking":
 		out["thinking"] = mustMarshal(b.text.String())
 		out["signature"] = mustMarshal(b.signature.String())
-	case "tool_use", "server_tool_use":
+	case "tool_use", "server_tool_use", "mcp_tool_use": // tracksToolInput
 		input := json.RawMessage(b.json.String())
 		if len(bytes.TrimSpace(input)) == 0 {
 			input = json.RawMessage("{}")
 		}
 		if !json.Valid(input) {
-			return nil, fmt.Errorf("%w: tool input of the stream is not JSON", ErrDecode)
+			// Cut by max_tokens, or streamed without validation (eager_input_streaming): the
+			// provider's answer all the same, wrapped as Anthropic documents for passing invalid
+			// input back.
+			input = mustMarshal(map[string]string{"INVALID_JSON": b.json.String()})
 		}
 		out["input"] = input
 	}
-	return mustMarshal(out), nil
+	return mustMarshal(out)
 }
 
 // mustMarshal encodes values built from decoded JSON, which always encode.

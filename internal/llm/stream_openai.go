@@ -10,12 +10,16 @@ import (
 
 // openAIAssembler reads the Chat Completions stream: data-only chat.completion.chunk events whose
 // choices carry deltas (role, content, refusal, tool_calls by index with id, name and argument
-// pieces) and a finish_reason; a chunk with a non-null usage (stream_options.include_usage);
-// data: [DONE] ends it; a chunk {"error":{...}} fails it.
+// pieces, or the legacy function_call) and a finish_reason; a chunk with a non-null usage
+// (stream_options.include_usage); data: [DONE] ends it; a chunk {"error":{...}} fails it.
 type openAIAssembler struct {
-	top     map[string]json.RawMessage // the first chunk's fields, but choices and usage
+	top     map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
 	choices map[int]*openAIChoice
 	usage   json.RawMessage
+	// topPending: top has no id yet (Azure opens with a prompt_filter_results chunk whose id,
+	// model and created are empty): the next decoded chunk fills what top lacks.
+	topPending bool
+	n          int64 // kept
 }
 
 type openAIChoice struct {
@@ -25,6 +29,7 @@ type openAIChoice struct {
 	refusal       strings.Builder
 	hasRefusal    bool
 	tools         map[int]*openAITool
+	function      *openAITool // the legacy function_call (a request with "functions")
 	finishReason  json.RawMessage
 	hasToolsField bool
 	// logprobs (with "logprobs": true): every chunk's content and refusal entries, in order.
@@ -43,9 +48,13 @@ func (openAI) assembler() assembler { return &openAIAssembler{choices: map[int]*
 type openAIChunkChoice struct {
 	Index int `json:"index"`
 	Delta struct {
-		Role      string  `json:"role"`
-		Content   *string `json:"content"`
-		Refusal   *string `json:"refusal"`
+		Role         string  `json:"role"`
+		Content      *string `json:"content"`
+		Refusal      *string `json:"refusal"`
+		FunctionCall *struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function_call"`
 		ToolCalls []struct {
 			Index    int    `json:"index"`
 			ID       string `json:"id"`
@@ -91,20 +100,54 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 		typ, code, msg, _ := parseErrorBody(append(append([]byte(`{"error":`), ch.Error...), '}'))
 		return false, &midStreamError{typ: typ, code: code, msg: msg}
 	}
-	if a.top == nil {
-		if err := json.Unmarshal(data, &a.top); err != nil {
-			return false, fmt.Errorf("%w: stream chunk is not a JSON object", ErrDecode)
+	if a.top == nil || a.topPending {
+		if err := a.setTop(data); err != nil {
+			return false, err
 		}
-		delete(a.top, "choices")
-		delete(a.top, "usage")
 	}
 	if len(ch.Usage) > 0 && string(ch.Usage) != "null" {
 		a.usage = ch.Usage
+		a.n += int64(len(ch.Usage))
 	}
 	for _, c := range ch.Choices {
 		a.choice(c.Index, c, emit)
 	}
 	return false, nil
+}
+
+// setTop takes the top-level fields of a chunk into top: all of them from the first chunk; from a
+// later one, while top has no id, those top lacks or has empty ("", 0, null).
+func (a *openAIAssembler) setTop(data []byte) error {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return fmt.Errorf("%w: stream chunk is not a JSON object", ErrDecode)
+	}
+	// Not fields of the message a non-streaming call returns; obfuscation is the stream's padding
+	// against size side channels (include_obfuscation, on by default).
+	delete(top, "choices")
+	delete(top, "usage")
+	delete(top, "obfuscation")
+	a.n += int64(len(data))
+	if a.top == nil {
+		a.top = top
+	} else {
+		for k, v := range top {
+			if cur, ok := a.top[k]; !ok || emptyJSON(cur) {
+				a.top[k] = v
+			}
+		}
+	}
+	a.topPending = emptyJSON(a.top["id"])
+	return nil
+}
+
+// emptyJSON reports whether v is absent, null, "" or 0.
+func emptyJSON(v json.RawMessage) bool {
+	switch string(bytes.TrimSpace(v)) {
+	case "", "null", `""`, "0":
+		return true
+	}
+	return false
 }
 
 // contentChunkOf reads a chunk whose only choice carries a piece of text and nothing else, as
@@ -212,13 +255,21 @@ func jsonValueEnd(p []byte) int {
 	return len(p)
 }
 
+func (a *openAIAssembler) kept() int64 { return a.n }
+
+// entryBytes is what kept counts for a choice or a tool call besides its text: above what
+// their structures take, so that a chunk naming many indexes cannot hold more than it counts.
+const entryBytes = 512
+
 // content is choice for a chunk that contentChunkOf read.
 func (a *openAIAssembler) content(i int, text string, emit func(Delta)) {
 	ch := a.choices[i]
 	if ch == nil {
 		ch = &openAIChoice{tools: map[int]*openAITool{}}
 		a.choices[i] = ch
+		a.n += entryBytes
 	}
+	a.n += int64(len(text))
 	ch.hasContent = true
 	if text != "" {
 		ch.content.WriteString(text)
@@ -231,8 +282,30 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	if ch == nil {
 		ch = &openAIChoice{tools: map[int]*openAITool{}}
 		a.choices[i] = ch
+		a.n += entryBytes
 	}
 	d := c.Delta
+	a.n += int64(len(d.Role) + len(c.FinishReason))
+	if d.Content != nil {
+		a.n += int64(len(*d.Content))
+	}
+	if d.Refusal != nil {
+		a.n += int64(len(*d.Refusal))
+	}
+	if fc := d.FunctionCall; fc != nil {
+		a.n += int64(len(fc.Name) + len(fc.Arguments))
+	}
+	if lp := c.Logprobs; lp != nil {
+		for _, e := range lp.Content {
+			a.n += int64(len(e))
+		}
+		for _, e := range lp.Refusal {
+			a.n += int64(len(e))
+		}
+	}
+	for _, tc := range d.ToolCalls {
+		a.n += int64(len(tc.ID) + len(tc.Type) + len(tc.Function.Name) + len(tc.Function.Arguments))
+	}
 	if d.Role != "" {
 		ch.role = d.Role
 	}
@@ -255,12 +328,23 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 			emit(Delta{Type: DeltaRefusal, Index: i, Text: *d.Refusal})
 		}
 	}
+	if fc := d.FunctionCall; fc != nil {
+		if ch.function == nil {
+			ch.function = &openAITool{}
+		}
+		ch.function.name += fc.Name
+		ch.function.args.WriteString(fc.Arguments)
+		if fc.Name != "" || fc.Arguments != "" {
+			emit(Delta{Type: DeltaInputJSON, Index: i, ToolName: fc.Name, Text: fc.Arguments})
+		}
+	}
 	for _, tc := range d.ToolCalls {
 		ch.hasToolsField = true
 		t := ch.tools[tc.Index]
 		if t == nil {
 			t = &openAITool{}
 			ch.tools[tc.Index] = t
+			a.n += entryBytes
 		}
 		if tc.ID != "" {
 			t.id = tc.ID
@@ -332,6 +416,9 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 				"function": map[string]string{"name": t.name, "arguments": t.args.String()}})
 		}
 		msg["tool_calls"] = calls
+	}
+	if f := c.function; f != nil {
+		msg["function_call"] = map[string]string{"name": f.name, "arguments": f.args.String()}
 	}
 	finish := c.finishReason
 	if finish == nil {
