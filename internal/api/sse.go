@@ -243,6 +243,12 @@ type follower struct {
 	// closed yet (seq 0: none), and openAttempt its number.
 	open        eventPos
 	openAttempt int
+	// void is the attempt (its running event's seq; 0: none) whose entries this stream stopped
+	// sending at a hole: an entry that does not follow the last one sent (Redis lost the buffer
+	// mid-attempt, trimmed it past where the stream stands, or a write failed). Its deltas are not
+	// sent (its reset is): the client is never shown a text with a piece missing, and gets the
+	// whole answer in the terminal event.
+	void int
 	// known is the newest status event read (sent or not).
 	known int
 	// read, when set, is a read of the status events and the job the stream made as it opened,
@@ -327,6 +333,9 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 			}
 			continue // sent before (a resumed stream), or an entry of an attempt already over
 		}
+		if it.pos.n != 0 && !f.follows(it) {
+			continue // past a hole in the attempt's entries: see follower.void
+		}
 		if reset, ok := f.lostReset(it); ok {
 			if err := f.write(w, reset); err != nil {
 				return false, err
@@ -391,6 +400,23 @@ func (f *follower) sent(it streamItem) {
 	case it.pos.n == 0 || it.name == deltastream.KindReset:
 		f.open = eventPos{}
 	}
+}
+
+// follows reports whether entry it may be sent after the stream's last event: it is the entry
+// right after it (the first of its attempt right after the running event), or a reset. An entry
+// that is not marks its attempt void: none of its deltas is sent after the hole.
+func (f *follower) follows(it streamItem) bool {
+	if it.name == deltastream.KindReset {
+		return true // drops what the client shows: never harmful
+	}
+	if f.void == it.pos.seq {
+		return false
+	}
+	if it.pos.seq == f.pos.seq && it.pos.n == f.pos.n+1 {
+		return true
+	}
+	f.void = it.pos.seq
+	return false
 }
 
 // lostReset is the reset a stream sends itself when the attempt it streamed is followed by a

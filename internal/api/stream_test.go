@@ -113,3 +113,49 @@ func TestEvents_ResumeInAnAttemptTheBufferLostGetsTheReset(t *testing.T) {
 	// (Resumed after that reset, which the buffer never held, the stream cannot tell it from a
 	// delta and sends another: a reset of nothing shown, harmless.)
 }
+
+// TestEvents_BufferLostMidAttemptSendsNoGap proves that when Redis loses a job's delta buffer
+// while its attempt streams (a restart without persistence, a flush, a failover), a stream that
+// cannot read the attempt's entries in order sends none of them past the hole: a client that
+// joins, or resumes inside the attempt before the loss, is never shown a text with a piece
+// missing, and gets the whole answer in the terminal event. A client that resumes right after
+// the last entry it saw before the loss, and one that followed live, miss nothing and go on.
+func TestEvents_BufferLostMidAttemptSendsNoGap(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{deltas: true})
+	job := b.createStreaming(t)
+	ctx := context.Background()
+	live := openStream(t, b.url, job.ID, "")
+	require.Equal(t, []string{"queued/1"}, names(nextFrames(t, live, 1)))
+
+	started, err := b.store.BeginAttempt(ctx, job.ID)
+	require.NoError(t, err)
+	w := b.deltas.Writer(job.ID, started.EventSeq, started.Attempts)
+	w.Add(deltastream.Delta{Type: "text", Index: 0, Text: "Hel"})
+	w.Add(deltastream.Delta{Type: "text", Index: 1, Text: "lo"})
+	// Both entries are in Redis once the live stream has them.
+	require.Equal(t, []string{"running/2", "delta/2.1", "delta/2.2"}, names(nextFrames(t, live, 3)))
+
+	require.NoError(t, redistest.Client(t).Del(ctx, b.deltas.Key(job.ID)).Err()) // Redis lost it
+	w.Add(deltastream.Delta{Type: "text", Index: 2, Text: " wor"})
+	w.Add(deltastream.Delta{Type: "text", Index: 3, Text: "ld"})
+	w.Close(t.Context())
+	require.Equal(t, []string{"delta/2.3", "delta/2.4"}, names(nextFrames(t, live, 2)))
+
+	joined := openStream(t, b.url, job.ID, "")
+	require.Equal(t, []string{"running/2"}, names(nextFrames(t, joined, 1)))
+	resumedBefore := openStream(t, b.url, job.ID, "2.1")
+	resumedAfter := openStream(t, b.url, job.ID, "2.2")
+	require.Equal(t, []string{"delta/2.3", "delta/2.4"}, names(nextFrames(t, resumedAfter, 2)))
+
+	applied, err := b.store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(), Class: "ok"},
+		jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{"text":"Hello world"}`)})
+	require.NoError(t, err)
+	require.True(t, applied)
+	for i, s := range []*stream{live, joined, resumedBefore, resumedAfter} {
+		name := []string{"live", "joined", "resumed at 2.1", "resumed at 2.2"}[i]
+		rest := s.rest(t)
+		require.Equal(t, []string{"succeeded/3"}, names(rest), name)
+		require.Equal(t, map[string]any{"text": "Hello world"}, jobData(t, rest[0])["result"], name)
+	}
+}

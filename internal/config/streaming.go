@@ -8,8 +8,8 @@ import "time"
 type Streaming struct {
 	// BufferMaxEntries bounds each job's buffer, in entries (trimmed approximately; consecutive
 	// pieces of one block written together are one entry). A client that falls further behind,
-	// or resumes from further back, misses the trimmed entries; the terminal event still carries
-	// the whole result. Default 10000; between 100 and 1000000.
+	// or resumes from further back, gets no more deltas of that attempt (none past the trimmed
+	// entries: never a text with a hole); the terminal event still carries the whole result. Default 10000; between 100 and 1000000.
 	BufferMaxEntries int64 `yaml:"buffer_max_entries"`
 	// BufferTTL is how long a job's buffer outlives its last write: how late a client may open
 	// or resume the stream and still catch up on its deltas. Default 10m; between 1s and 24h.

@@ -209,3 +209,32 @@ func (s *Store) Restore(ctx context.Context, g *limiter.Gate) (limiter.PauseStat
 	restored, err := g.RestorePause(ctx, ps)
 	return ps, restored, err
 }
+
+// Reconcile writes the credential's pause as Postgres keeps it into a Redis that holds the
+// credential as not paused although the episode never ended there: Redis lost it in a failover
+// (a replica that had not received the pause took over), or the pause never reached Redis (see
+// limiter.Gate.RestoreLostPause). Restore covers a Redis that lost every key; this covers one
+// that lost the last moments' writes, which a pause is. It reads Postgres once, and takes the
+// credential's lock (see lock) only when a pause is kept, so that a resume cannot end the
+// episode between its read and its write. It reports whether Redis took the pause. Errors are
+// Get's, the lock's (matching ErrDatabase), or wrapped Redis errors.
+func (s *Store) Reconcile(ctx context.Context, g *limiter.Gate) (bool, error) {
+	ps, err := s.Get(ctx, g)
+	if err != nil || !ps.Paused {
+		return false, err
+	}
+	conn, unlock, err := s.lock(ctx, g)
+	if err != nil {
+		return false, fmt.Errorf("reconcile credential pause: %w: %w", ErrDatabase, err)
+	}
+	defer unlock()
+	err = conn.QueryRow(ctx, `SELECT since, reason, first_job_id FROM credential_pauses WHERE tag = $1`,
+		g.Tag()).Scan(&ps.Since, &ps.Reason, &ps.FirstJobID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil // resumed meanwhile
+	}
+	if err != nil {
+		return false, fmt.Errorf("read credential pause: %w: %w", ErrDatabase, err)
+	}
+	return g.RestoreLostPause(ctx, ps)
+}

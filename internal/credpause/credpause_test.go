@@ -482,3 +482,86 @@ func TestStore_PausesWaitingForTheLockLeaveThePoolFree(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ps.Paused)
 }
+
+// failover leaves Redis as a replica that had not received the credential's last pause holds
+// it: the pause hash missing beside the known flag that an earlier resume (or restore) wrote.
+// Redis's replication is asynchronous: a failover loses the writes of its last moments.
+func (b *testBundle) failover(t *testing.T) {
+	t.Helper()
+	rdb := redistest.Client(t)
+	key := b.prefix + b.gate.Tag() + ":pause"
+	require.NoError(t, rdb.Del(t.Context(), key).Err())
+	require.NoError(t, rdb.Set(t.Context(), key+":known", "1", 0).Err())
+}
+
+// TestStore_PauseLostByAFailover: a pause that Redis lost in a failover (its replica had the
+// credential's earlier "not paused", not the pause) is one Postgres keeps: Reconcile writes it
+// back, the same episode; and a spend cap answered before that goes on with the episode, with
+// no second alert, as after a restart that lost every key. Before, Redis's "not paused" read as
+// a resume: the credential was sent to until a spend cap paused it again, as a new episode
+// that alerted a second time.
+func TestStore_PauseLostByAFailover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	started, err := b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	require.True(t, started)
+
+	b.failover(t)
+	st, err := b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.PauseState{}, st, "Redis holds the credential as not paused")
+	restored, err := b.store.Reconcile(ctx, b.gate)
+	require.NoError(t, err)
+	require.True(t, restored)
+	st, err = b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Paused)
+	require.Equal(t, "job-1", st.FirstJobID)
+	require.True(t, t0.Equal(st.Since))
+	restored, err = b.store.Reconcile(ctx, b.gate)
+	require.NoError(t, err)
+	require.False(t, restored, "Redis holds the pause: nothing to restore")
+
+	// Lost again and answered by a spend cap before any reconcile: the episode goes on.
+	b.failover(t)
+	b.clock.Advance(time.Minute)
+	started, err = b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-after-the-failover")
+	require.NoError(t, err)
+	require.False(t, started, "the episode Postgres keeps goes on: no second alert")
+	inPG, err := b.store.Get(ctx, b.gate)
+	require.NoError(t, err)
+	require.Equal(t, "job-1", inPG.FirstJobID)
+	st, err = b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, inPG, st, "Redis holds the episode Postgres keeps")
+
+	// A resume ends it: a reconcile, read before it or after, brings nothing back.
+	_, err = b.store.Resume(ctx, b.gate)
+	require.NoError(t, err)
+	restored, err = b.store.Reconcile(ctx, b.gate)
+	require.NoError(t, err)
+	require.False(t, restored)
+	st, err = b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.PauseState{}, st)
+}
+
+// TestStore_ReconcileKeepsAResumeByTheLastRelease: a resume in Redis alone (the last release's,
+// see TestStore_ResumeByTheLastRelease) of an episode Redis held is no failover's loss: the
+// reconcile leaves it.
+func TestStore_ReconcileKeepsAResumeByTheLastRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	_, err := b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	require.NoError(t, redistest.Client(t).Del(ctx, b.prefix+b.gate.Tag()+":pause").Err())
+	restored, err := b.store.Reconcile(ctx, b.gate)
+	require.NoError(t, err)
+	require.False(t, restored, "the resume stays")
+	st, err := b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.PauseState{}, st)
+}

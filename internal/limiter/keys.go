@@ -21,11 +21,14 @@ func budgetKey(prefix, tag string) string { return prefix + tag + ":budget" }
 // it). It has no TTL: only Resume ends a pause.
 func pauseKey(prefix, tag string) string { return prefix + tag + ":pause" }
 
-// pauseKnownKey says that Redis holds the credential's pause state (a string, "1"): written by
-// every Pause, Resume and RestorePause and never deleted, so that a pause hash missing beside it
-// means "not paused", and both missing a state Redis lost or never had (see Gate.RestorePause).
-// It is the pause hash's name and ":known" (the scripts given the one find the other); it has no
-// TTL.
+// pauseKnownKey says that Redis holds the credential's pause state (a string: the since µs of
+// the last episode a pause or restore wrote, or "1" from a resume or a restore of "not paused";
+// the last release wrote "1" alone): written by every Pause, Resume and RestorePause and never
+// deleted, so that a pause hash missing beside it means "not paused", and both missing a state
+// Redis lost or never had (see Gate.RestorePause). Its value tells an episode that a resume in
+// Redis alone ended (it names the episode) from one Redis lost in a failover (it names an
+// earlier one: see Gate.RestoreLostPause). It is the pause hash's name and ":known" (the scripts
+// given the one find the other); it has no TTL.
 func pauseKnownKey(prefix, tag string) string { return pauseKey(prefix, tag) + ":known" }
 
 // tokenKey holds the credential's token buckets and what was learned about them (a hash; see

@@ -148,6 +148,30 @@ func (c *Gate) RestorePause(ctx context.Context, ps PauseState) (bool, error) {
 	return n == 1, nil
 }
 
+// RestoreLostPause writes ps, a pause episode kept elsewhere (internal/credpause), into Redis
+// when Redis holds the credential as not paused although that episode never ended there: Redis
+// lost it in a failover (its replica had the state from before the pause; keys written in the
+// last moments are gone), or the pause never reached Redis. An episode that Redis held and a
+// resume there alone ended (the last release's ctl, console or pause probe) stays ended, and a
+// pause Redis holds stays. Unlike RestorePause it may replace a resume Redis holds: call it
+// only while holding the credential's pause lock, with ps read under it, so that no resume ends
+// the episode between the read and the write. It reports whether it wrote ps, and returns an
+// error only when Redis fails.
+func (c *Gate) RestoreLostPause(ctx context.Context, ps PauseState) (bool, error) {
+	if !ps.Paused {
+		return false, nil
+	}
+	n, err := restoreLostPauseScript.Run(ctx, c.l.rdb, c.pauseKeys(), strconv.FormatInt(ps.Since.UnixMicro(), 10),
+		ps.Reason, ps.FirstJobID).Int()
+	if err != nil {
+		return false, fmt.Errorf("restore lost pause: %w", err)
+	}
+	if n == 1 {
+		c.l.cfg.Metrics.setPaused(c.name, true)
+	}
+	return n == 1, nil
+}
+
 // PauseProbe is an automatic probe of a paused credential that TryProbe granted; the zero
 // PauseProbe is none.
 type PauseProbe struct {

@@ -685,23 +685,32 @@ return {allowed, first, used}
 //
 // KEYS[1] pause hash: since (µs), reason, job (the first job ID), probe (last automatic probe, µs)
 // while paused; deleted by a resume (see resumeScript). No TTL: a pause ends only by Resume.
-// KEYS[2] its known flag (pauseKnownKey), set here.
+// KEYS[2] its known flag (pauseKnownKey), set here to the episode's since (µs).
 // ARGV[1] since µs (now, or an episode kept elsewhere: Gate.PauseSince), or "" for now
 // ARGV[2] reason
 // ARGV[3] job ID
 // ARGV[4..6] optional: the since µs, reason and job ID to start instead when Redis holds the
-// credential as not paused (the hash missing beside the known flag)
+// credential as not paused after the episode of ARGV[1] (the hash missing beside a known flag
+// that names that episode: a resume in Redis alone ended it). A known flag that names another
+// (or "1") is a state from before that episode, which Redis lost (a failover's replica had not
+// received it): the episode of ARGV[1] goes on, as on no state at all.
 // Returns 0 when an episode is running, else 1 when this call started it on no state at all
 // (Redis lost it, or never had it), 2 when on a state Redis kept (not paused).
 var pauseScript = redis.NewScript(luaCommon + `
 if redis.call('HEXISTS', KEYS[1], 'since') == 1 then return 0 end
 local known = redis.call('EXISTS', KEYS[1], KEYS[2]) > 0
 local since, reason, job = ARGV[1], ARGV[2], ARGV[3]
-if known and ARGV[4] ~= nil and ARGV[4] ~= '' then since, reason, job = ARGV[4], ARGV[5], ARGV[6] end
+if known and ARGV[4] ~= nil and ARGV[4] ~= '' then
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    since, reason, job = ARGV[4], ARGV[5], ARGV[6]
+  else
+    known = false
+  end
+end
 local now = clock(since)
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'since', fmt0(now), 'reason', reason, 'job', job)
-redis.call('SET', KEYS[2], '1')
+redis.call('SET', KEYS[2], fmt0(now))
 if known then return 2 end
 return 1
 `)
@@ -724,7 +733,8 @@ return was
 // holds none, neither a pause hash nor its known flag; a state Redis holds (a pause, or a resume
 // since) is left as it is.
 //
-// KEYS[1] pause hash (see pauseScript), KEYS[2] its known flag.
+// KEYS[1] pause hash (see pauseScript), KEYS[2] its known flag (the episode's since, as
+// pauseScript sets it, or "1" when not paused).
 // ARGV[1] since µs ("": not paused, only the known flag is set)
 // ARGV[2] reason
 // ARGV[3] job ID
@@ -733,8 +743,28 @@ var restorePauseScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
 if ARGV[1] ~= '' then
   redis.call('HSET', KEYS[1], 'since', ARGV[1], 'reason', ARGV[2], 'job', ARGV[3])
+  redis.call('SET', KEYS[2], ARGV[1])
+  return 1
 end
 redis.call('SET', KEYS[2], '1')
+return 1
+`)
+
+// restoreLostPauseScript writes back a pause episode kept elsewhere (Postgres) that Redis holds
+// as not paused without that episode having ended there: the known flag does not name it (a
+// failover's replica had an earlier state, or the pause never reached Redis). An episode that
+// reached Redis and was resumed there alone (the flag names it; the last release's resume) stays
+// ended, and a pause Redis holds stays.
+//
+// KEYS[1] pause hash (see pauseScript), KEYS[2] its known flag.
+// ARGV[1] since µs, ARGV[2] reason, ARGV[3] job ID: the episode.
+// Returns 1 when it wrote the episode, else 0.
+var restoreLostPauseScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'since') == 1 then return 0 end
+if redis.call('GET', KEYS[2]) == ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'since', ARGV[1], 'reason', ARGV[2], 'job', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[1])
 return 1
 `)
 

@@ -206,6 +206,35 @@ func TestWorker_RestoresAPauseRedisLost(t *testing.T) {
 	}, 5*time.Second, 5*time.Millisecond)
 }
 
+// TestWorker_RestoresAPauseAFailoverLost: a pause kept in Postgres that Redis lost in a failover
+// (the replica that took over held the credential's earlier "not paused": the pause hash missing
+// beside its known flag) is written back by the worker's refresh, where nothing else would: the
+// credential's jobs were sent until a spend cap paused it again, each dead-lettered.
+func TestWorker_RestoresAPauseAFailoverLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond})
+	b.run(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, b.cfg.DatabaseURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rdb := redistest.Client(t)
+	lim, err := limiter.New(rdb, &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	cred, _ := b.cfg.Credential("default")
+	gate := lim.Gate(cred.LimiterID(), cred.Name)
+	_, err = credpause.NewStore(pool, nil).Pause(ctx, gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+
+	key := b.prefix + gate.Tag() + ":pause"
+	require.NoError(t, rdb.Del(ctx, key).Err()) // the failover: the state before the pause
+	require.NoError(t, rdb.Set(ctx, key+":known", "1", 0).Err())
+	require.Eventually(t, func() bool {
+		ps, err := gate.Paused(ctx)
+		return err == nil && ps.Paused && ps.FirstJobID == "job-1"
+	}, 10*time.Second, 10*time.Millisecond, "the pause the failover lost was not restored")
+}
+
 // TestWorker_PublishesCredentialTags: the worker writes each credential's Redis tag under its
 // name at start, and again at each pause refresh (here after a loss of the hash), so that the
 // console, which has no provider keys, finds the credential's shared state.

@@ -399,7 +399,9 @@ func (w *Worker) publishCredentialTags(ctx context.Context) {
 // worker's own jobs: after a resume by ctl it would stay 1 on an idle credential, and the
 // paused alert keep firing; and before a credential's first job it would have no series. A
 // state Redis lost (limiter.PauseState.Unknown) is restored from Postgres, so that the gauge of
-// an idle credential paused before the loss stays 1.
+// an idle credential paused before the loss stays 1; and so is a pause kept in Postgres that
+// Redis holds as not paused, the episode never ended there (credpause.Store.Reconcile: a
+// failover lost it), at one Postgres read per credential not paused.
 func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
@@ -408,8 +410,13 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 		for _, g := range w.gates {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
 			ps, err := g.Paused(rctx)
-			if err == nil && ps.Unknown {
+			switch {
+			case err == nil && ps.Unknown:
 				_, _, err = w.pauses.Restore(rctx, g)
+			case err == nil && !ps.Paused:
+				// A pause a failover lost (Redis kept its state from before it): nothing else
+				// restores it before a spend cap pauses the credential again.
+				_, err = w.pauses.Reconcile(rctx, g)
 			}
 			cancel()
 			if err != nil && ctx.Err() == nil {
