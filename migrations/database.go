@@ -94,13 +94,14 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // OpenWait is Open, tried again while Postgres cannot be reached (nothing listening, a reset
 // connection, a server starting up, shutting down or out of connections) with a backoff doubling
 // from 250 ms to 5 s, until ctx ends; other errors (a bad URL, a refused password, a failed
-// migration) return at once. onRetry (may be nil) is told each failure and the wait before the
-// next try. It is what lets a worker or API process start while Postgres is still coming up.
+// migration, one an operator canceled) return at once. onRetry (may be nil) is told each failure
+// and the wait before the next try. It is what lets a worker or API process start while Postgres
+// is still coming up.
 func OpenWait(ctx context.Context, url string, onRetry func(err error, wait time.Duration)) (*pgxpool.Pool, error) {
 	wait := 250 * time.Millisecond
 	for {
 		pool, err := Open(ctx, url)
-		if err == nil || !pgerr.Unavailable(err) {
+		if err == nil || !pgerr.Unavailable(err) || canceled(err) {
 			return pool, err
 		}
 		if onRetry != nil {
@@ -115,4 +116,12 @@ func OpenWait(ctx context.Context, url string, onRetry func(err error, wait time
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// canceled reports whether err is a statement the server canceled (57014: pg_cancel_backend;
+// the migrations run without a statement_timeout). pgerr.Unavailable counts it, as a statement
+// of the API's may be tried again; a migration an operator stopped is not started again.
+func canceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }

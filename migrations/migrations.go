@@ -8,6 +8,7 @@ package migrations
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -56,27 +57,56 @@ func All() []Migration {
 }
 
 // Up applies every migration not yet recorded in schema_migrations and returns the versions it
-// applied. It is safe to call from many processes at once: they serialise on an advisory lock.
+// applied, also when it fails (those are committed). It is safe to call from many processes at
+// once: they serialise on an advisory lock. It refuses a read-only database, and needs the
+// CREATE privilege only when there is something to apply.
 func Up(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", err)
 	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey); err != nil {
+	// The migrations' session is their own: taken out of the pool and closed at the end (which
+	// also lets go of the lock), so its settings reach none of the pool's other users. Its
+	// statements have no statement_timeout (nor, from Postgres 17, transaction_timeout): one
+	// set for the role or database, sized for the application's queries, cut a migration that
+	// took longer (an index build on a large jobs table, or a wait for the lock behind another
+	// process's), and every start tried it again.
+	c := conn.Hijack()
+	defer c.Close(context.WithoutCancel(ctx))
+	if _, err := c.Exec(ctx, `SELECT set_config(name, '0', false) FROM pg_settings
+		WHERE name IN ('statement_timeout', 'transaction_timeout')`); err != nil {
+		return nil, fmt.Errorf("clear statement_timeout: %w", err)
+	}
+	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey); err != nil {
 		return nil, fmt.Errorf("take migration lock: %w", err)
 	}
-	defer func() {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", advisoryLockKey)
-	}()
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    integer PRIMARY KEY,
-		name       text NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return nil, fmt.Errorf("create schema_migrations: %w", err)
+	// A replica's URL given by mistake (or default_transaction_read_only) is refused here, by
+	// name: with the schema up to date nothing below writes, and the process would start and
+	// fail every write.
+	var readOnly bool
+	if err := c.QueryRow(ctx, "SELECT current_setting('transaction_read_only')::bool").Scan(&readOnly); err != nil {
+		return nil, fmt.Errorf("read transaction_read_only: %w", err)
+	}
+	if readOnly {
+		return nil, errors.New("the database is read-only (a standby, or default_transaction_read_only is on): give the primary's URL")
+	}
+	// Created only when missing: CREATE TABLE IF NOT EXISTS needs the CREATE privilege on the
+	// schema even where the table exists, which a least-privilege role (its owner migrates
+	// with `ctl migrate`) does not have. Such a role needs no more when nothing is to apply.
+	var exists bool
+	if err := c.QueryRow(ctx, "SELECT to_regclass('schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
+		return nil, fmt.Errorf("look for schema_migrations: %w", err)
+	}
+	if !exists {
+		if _, err := c.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    integer PRIMARY KEY,
+			name       text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return nil, fmt.Errorf("create schema_migrations: %w", err)
+		}
 	}
 	applied := map[int]bool{}
-	rows, err := conn.Query(ctx, "SELECT version FROM schema_migrations")
+	rows, err := c.Query(ctx, "SELECT version FROM schema_migrations")
 	if err != nil {
 		return nil, fmt.Errorf("read schema_migrations: %w", err)
 	}
@@ -92,7 +122,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
 		if applied[m.Version] {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, m.Up); err != nil {
 				return err
 			}

@@ -182,15 +182,15 @@ func (a *app) migrateCommand() *cli.Command {
 			}
 			defer p.Close()
 			applied, err := migrations.Up(c.Context, p)
+			// Those applied before a failure are committed: say so either way.
+			for _, v := range applied {
+				fmt.Fprintf(a.out, "applied migration %03d\n", v)
+			}
 			if err != nil {
 				return err
 			}
 			if len(applied) == 0 {
 				fmt.Fprintln(a.out, "schema is up to date")
-				return nil
-			}
-			for _, v := range applied {
-				fmt.Fprintf(a.out, "applied migration %03d\n", v)
 			}
 			return nil
 		},

@@ -452,3 +452,33 @@ func TestJobsShow_LastErrorWithUnprintablesIsQuoted(t *testing.T) {
 	require.NotContains(t, r.out, "\u202e")
 	require.Contains(t, r.out, `\u202e`)
 }
+
+// TestMigrate_ReportsWhatItAppliedBeforeAFailure runs migrate on a database two versions behind
+// whose last migration fails (a table of its name is there already): the output names the
+// version that was applied and committed before the failure, not nothing.
+func TestMigrate_ReportsWhatItAppliedBeforeAFailure(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dbURL := pgtest.URL(t)
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	all := migrations.All()
+	last, before := all[len(all)-1], all[len(all)-2]
+	for _, m := range []migrations.Migration{last, before} {
+		down, err := os.ReadFile(fmt.Sprintf("../../migrations/%03d_%s.down.sql", m.Version, m.Name))
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, string(down))
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", m.Version)
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(ctx, "CREATE TABLE credential_pauses (x int)") // 020 creates it
+	require.NoError(t, err)
+
+	r := run(t, "--database-url", dbURL, "migrate")
+	require.Equal(t, 1, r.code)
+	require.Equal(t, fmt.Sprintf("applied migration %03d\n", before.Version), r.out)
+	require.Contains(t, r.errOut, fmt.Sprintf("apply migration %03d_%s", last.Version, last.Name))
+}

@@ -1,0 +1,394 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/migrations"
+)
+
+// emptyDatabase returns the URL of a database that does not exist yet (Open creates it), the URL
+// of its server's admin database and its name; the database is dropped when the test ends.
+func emptyDatabase(t *testing.T) (dbURL, adminURL, name string) {
+	t.Helper()
+	u, err := url.Parse(pgtest.URL(t))
+	require.NoError(t, err)
+	admin := *u
+	name = "llmq_test_" + redistest.Rand()
+	u.Path = "/" + name
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, admin.String())
+		if err != nil {
+			t.Errorf("drop %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	return u.String(), admin.String(), name
+}
+
+// rollBack takes the database back to before version `to`+1 with the down files, as a database
+// of that release would be.
+func rollBack(ctx context.Context, t *testing.T, conn *pgx.Conn, to int) {
+	t.Helper()
+	all := migrations.All()
+	for i := len(all) - 1; i >= 0 && all[i].Version > to; i-- {
+		m := all[i]
+		down, err := os.ReadFile(migrationFile(m, "down"))
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, string(down))
+		require.NoError(t, err, "down %03d", m.Version)
+		_, err = conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", m.Version)
+		require.NoError(t, err)
+	}
+}
+
+func migrationFile(m migrations.Migration, dir string) string {
+	return fmt.Sprintf("%03d_%s.%s.sql", m.Version, m.Name, dir)
+}
+
+// TestOpenWait_MigrationOutlastsStatementTimeout upgrades a database whose role or database sets a
+// statement_timeout (common in production, sized for the API's queries) to a release whose
+// migration builds an index on jobs: the build waits for a write under way on jobs (here, an open
+// transaction holding it) longer than that timeout. The migration must run to its end, not be cut
+// by the timeout and tried again for ever (each try blocking every write on jobs for the timeout,
+// the process never starting, logged as "postgres not reachable yet").
+func TestOpenWait_MigrationOutlastsStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, _, name := emptyDatabase(t)
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	pool.Close()
+
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	rollBack(ctx, t, conn, 18) // 019 builds an index on jobs
+	_, err = conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET statement_timeout = '100ms'")
+	require.NoError(t, err)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))                  //nolint:errcheck
+	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a submit's lock, held
+	require.NoError(t, err)
+
+	retried := make(chan error, 1)
+	opened := make(chan error, 1)
+	go func() {
+		p, err := migrations.OpenWait(ctx, dbURL, func(err error, _ time.Duration) {
+			select {
+			case retried <- err:
+			default:
+			}
+		})
+		if err == nil {
+			p.Close()
+		}
+		opened <- err
+	}()
+
+	watch, err := pgx.Connect(ctx, dbURL) // outside the transaction, whose view of the activity stays
+	require.NoError(t, err)
+	defer watch.Close(context.WithoutCancel(ctx))
+	_, err = watch.Exec(ctx, "SET statement_timeout = 0") // its reads are not what is tested
+	require.NoError(t, err)
+	// Wait, on the server's clock, until the index build has waited ten times the timeout.
+	for {
+		var waited bool
+		err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_backend_pid() AND query LIKE '%CREATE INDEX jobs_unfinished_online_idx%'
+			AND wait_event_type = 'Lock' AND clock_timestamp() - query_start > interval '1 second')`, name).Scan(&waited)
+		require.NoError(t, err)
+		if waited {
+			break
+		}
+		select {
+		case err := <-retried:
+			t.Fatalf("the migration was cut and tried again: %v", err)
+		case err := <-opened:
+			t.Fatalf("OpenWait returned while the migration could not run: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the index build never waited")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-opened)
+	select {
+	case err := <-retried:
+		t.Fatalf("the migration was cut and tried again: %v", err)
+	default:
+	}
+	var version int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version))
+	require.Equal(t, migrations.All()[len(migrations.All())-1].Version, version)
+	// The pool's own sessions keep the database's setting.
+	p, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	defer p.Close()
+	var timeout string
+	require.NoError(t, p.QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout))
+	require.Equal(t, "100ms", timeout)
+}
+
+// schema describes the public schema: columns, indexes, constraints (with their validity),
+// triggers and functions.
+func schema(ctx context.Context, t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var s string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(string_agg(x, E'\n' ORDER BY x), '') FROM (
+		SELECT format('column %s.%s %s %s %s', table_name, column_name, data_type, is_nullable, column_default)
+			FROM information_schema.columns WHERE table_schema = 'public'
+		UNION ALL SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = 'public'
+		UNION ALL SELECT format('constraint %s %s %s', conrelid::regclass, conname, pg_get_constraintdef(oid))
+			FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+		UNION ALL SELECT 'trigger ' || pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal
+		UNION ALL SELECT format('function %s %s', proname, md5(prosrc))
+			FROM pg_proc WHERE pronamespace = 'public'::regnamespace) s(x)`).Scan(&s))
+	return s
+}
+
+// TestDownMigrationsUndoTheirUps takes a migrated database down one version at a time with the
+// down files (what an operator rolling a release back runs by hand; no binary applies them) and
+// checks that each leaves the schema of the version before, that its up applies again on top
+// and gives the same schema back, and that Up rebuilds the whole schema from the bottom.
+func TestDownMigrationsUndoTheirUps(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, _, _ := emptyDatabase(t)
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	pool.Close()
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	top := schema(ctx, t, conn)
+	all := migrations.All()
+	for i := len(all) - 1; i >= 0; i-- {
+		m := all[i]
+		at := schema(ctx, t, conn)
+		down, err := os.ReadFile(migrationFile(m, "down"))
+		require.NoError(t, err)
+		_, err = conn.Exec(ctx, string(down))
+		require.NoError(t, err, "down %03d", m.Version)
+		before := schema(ctx, t, conn)
+		require.NotEqual(t, at, before, "down %03d changed nothing", m.Version)
+		_, err = conn.Exec(ctx, m.Up)
+		require.NoError(t, err, "up %03d after its down", m.Version)
+		require.Equal(t, at, schema(ctx, t, conn), "up %03d after its down", m.Version)
+		_, err = conn.Exec(ctx, string(down))
+		require.NoError(t, err, "down %03d again", m.Version)
+		require.Equal(t, before, schema(ctx, t, conn), "down %03d again", m.Version)
+		_, err = conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", m.Version)
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(ctx, "DROP TABLE schema_migrations")
+	require.NoError(t, err)
+	require.Empty(t, schema(ctx, t, conn))
+
+	pool, err = migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	pool.Close()
+	require.Equal(t, top, schema(ctx, t, conn))
+}
+
+// TestOpen_RoleThatMayNotCreate starts a process whose role may read and write llmq's tables but
+// not create any (a least-privilege application role; the schema's owner ran `ctl migrate`
+// first): with nothing to apply, Open must not need CREATE on the schema.
+func TestOpen_RoleThatMayNotCreate(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, adminURL, name := emptyDatabase(t)
+	pool, err := migrations.Open(ctx, dbURL) // the owner migrates
+	require.NoError(t, err)
+	pool.Close()
+
+	role := "llmq_test_app_" + redistest.Rand()
+	admin, err := pgx.Connect(ctx, adminURL)
+	require.NoError(t, err)
+	defer admin.Close(context.WithoutCancel(ctx))
+	_, err = admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'app'")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, adminURL)
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer c.Close(ctx)
+		// The database first: the role's grants are in it.
+		_, err = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		if err == nil {
+			_, err = c.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+		}
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	owner, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer owner.Close(context.WithoutCancel(ctx))
+	_, err = owner.Exec(ctx, `REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+		GRANT USAGE ON SCHEMA public TO `+role+`;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO `+role)
+	require.NoError(t, err)
+
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(role, "app")
+	pool, err = migrations.Open(ctx, u.String())
+	require.NoError(t, err)
+	defer pool.Close()
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM jobs").Scan(&n))
+
+	// A migration still to apply fails on the missing privilege, naming the migration.
+	rollBack(ctx, t, owner, 19)
+	_, err = migrations.Open(ctx, u.String())
+	require.ErrorContains(t, err, "apply migration 020_credential_pauses")
+	require.ErrorContains(t, err, "permission denied")
+}
+
+// TestOpenWait_ReadOnlyDatabase gives a process a database it may only read (a standby's URL by
+// mistake; here default_transaction_read_only), its schema up to date: OpenWait refuses it at
+// once, saying so, rather than starting a process whose every write fails.
+func TestOpenWait_ReadOnlyDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, _, name := emptyDatabase(t)
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET default_transaction_read_only = on")
+	pool.Close()
+	require.NoError(t, err)
+
+	_, err = migrations.OpenWait(ctx, dbURL, func(err error, _ time.Duration) {
+		t.Errorf("retried: %v", err)
+	})
+	require.ErrorContains(t, err, "the database is read-only")
+}
+
+// TestOpen_ConcurrentStarters starts several processes at once on a database that does not
+// exist yet (docker-compose's api and workers on a fresh server): each creates it or takes the
+// winner's, the migrations are applied once, one process at a time, and all of them open.
+func TestOpen_ConcurrentStarters(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, _, _ := emptyDatabase(t)
+	const processes = 4
+	start := make(chan struct{})
+	applied := make(chan error, processes)
+	for range processes {
+		go func() {
+			<-start
+			pool, err := migrations.Open(ctx, dbURL)
+			if err == nil {
+				pool.Close()
+			}
+			applied <- err
+		}()
+	}
+	close(start)
+	for range processes {
+		require.NoError(t, <-applied)
+	}
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	var rows, versions int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*), count(DISTINCT version) FROM schema_migrations").Scan(&rows, &versions))
+	require.Equal(t, len(migrations.All()), rows)
+	require.Equal(t, rows, versions)
+}
+
+// TestOpenWait_CanceledMigrationIsNotTriedAgain has an operator cancel a starting process's
+// migration (pg_cancel_backend: it waits for the lock on jobs, and every write on jobs waits
+// behind it). The process stops with the cancel's error; it does not log "postgres not
+// reachable yet" and start the same migration again a moment later, for ever.
+func TestOpenWait_CanceledMigrationIsNotTriedAgain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, _, name := emptyDatabase(t)
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	pool.Close()
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	rollBack(ctx, t, conn, 18) // 019 builds an index on jobs
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))                  //nolint:errcheck
+	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a long write, under way
+	require.NoError(t, err)
+
+	retried := make(chan error, 1)
+	opened := make(chan error, 1)
+	go func() {
+		p, err := migrations.OpenWait(ctx, dbURL, func(err error, _ time.Duration) {
+			select {
+			case retried <- err:
+			default:
+			}
+		})
+		if err == nil {
+			p.Close()
+		}
+		opened <- err
+	}()
+
+	watch, err := pgx.Connect(ctx, dbURL) // outside the transaction, whose view of the activity stays
+	require.NoError(t, err)
+	defer watch.Close(context.WithoutCancel(ctx))
+	for {
+		var canceled bool
+		err := watch.QueryRow(ctx, `SELECT coalesce(bool_or(pg_cancel_backend(pid)), false) FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_backend_pid() AND query LIKE '%CREATE INDEX jobs_unfinished_online_idx%'
+			AND wait_event_type = 'Lock'`, name).Scan(&canceled)
+		require.NoError(t, err)
+		if canceled {
+			break
+		}
+		select {
+		case err := <-opened:
+			t.Fatalf("OpenWait returned while the migration could not run: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the index build never waited")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	select {
+	case err := <-opened:
+		require.ErrorContains(t, err, "apply migration 019_unfinished_online")
+		require.ErrorContains(t, err, "57014")
+	case err := <-retried:
+		t.Fatalf("the canceled migration was tried again: %v", err)
+	case <-ctx.Done():
+		t.Fatal("OpenWait did not return")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+}
