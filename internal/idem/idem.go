@@ -91,15 +91,27 @@ func (c Claim) Matches(fp string) bool { return c.Fingerprint == fp }
 // ClaimKey claims (tenant, key) for jobID in one statement. Run it in the transaction that inserts
 // the job. When another transaction holds an uncommitted claim on the same key, ClaimKey waits
 // for it: after its commit, it returns that job (Claimed false); after its rollback, it claims.
+// A key committed before the statement began is answered from a plain read: no row lock, no
+// write, so concurrent replays of one key do not wait for one another's commits. Such an answer
+// names a job the caller must read in the same transaction: a job deleted meanwhile (retention,
+// a purge: the key goes with it) is not found, and a new claim would insert the key again.
 func ClaimKey(ctx context.Context, q Querier, tenant, key, fingerprint, jobID string) (Claim, error) {
-	// ON CONFLICT DO UPDATE (a no-op update) rather than DO NOTHING: DO NOTHING + SELECT would
-	// miss a row committed after this statement's snapshot, while DO UPDATE locks and returns the
-	// latest committed row. xmax = 0 only on a freshly inserted tuple.
+	// The upsert runs only when the key is not visible to the statement's snapshot. ON CONFLICT
+	// DO UPDATE (a no-op update) rather than DO NOTHING: DO NOTHING + SELECT would miss a row
+	// committed after this statement's snapshot, while DO UPDATE waits for the claimer, locks and
+	// returns the latest committed row. xmax = 0 only on a freshly inserted tuple.
 	const sql = `
-INSERT INTO idempotency_keys (tenant, key, fingerprint, job_id)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (tenant, key) DO UPDATE SET tenant = excluded.tenant
-RETURNING job_id::text, fingerprint, (xmax = 0) AS inserted`
+WITH existing AS (
+	SELECT job_id, fingerprint FROM idempotency_keys WHERE tenant = $1 AND key = $2
+), claimed AS (
+	INSERT INTO idempotency_keys (tenant, key, fingerprint, job_id)
+	SELECT $1::text, $2::text, $3::text, $4::uuid WHERE NOT EXISTS (SELECT FROM existing)
+	ON CONFLICT (tenant, key) DO UPDATE SET tenant = excluded.tenant
+	RETURNING job_id, fingerprint, (xmax = 0) AS inserted
+)
+SELECT job_id::text, fingerprint, inserted FROM claimed
+UNION ALL
+SELECT job_id::text, fingerprint, false FROM existing`
 	var c Claim
 	if err := q.QueryRow(ctx, sql, tenant, key, fingerprint, jobID).Scan(&c.JobID, &c.Fingerprint, &c.Claimed); err != nil {
 		return Claim{}, fmt.Errorf("claim idempotency key: %w", err)

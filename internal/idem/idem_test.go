@@ -455,3 +455,41 @@ func TestClaimKey_ContextCanceled(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, errors.Is(err, context.Canceled), "got %v", err)
 }
+
+// TestClaimKey_ReplayTakesNoLock: a key committed before the claim is answered from a plain read,
+// without the row lock of the claim's upsert and without writing the row again. With the lock,
+// concurrent replays of one key (a client retrying a lost answer from many goroutines, or
+// across replicas) ran one after another, each waiting for the previous one's commit: 200 of
+// them took over 20 s on a loaded machine. Here another transaction holds the key row locked;
+// the replay must not wait for it.
+func TestClaimKey_ReplayTakesNoLock(t *testing.T) {
+	t.Parallel()
+	b := setupClaim(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	first, id1, err := b.create(ctx, "default", "key-locked", "fp-1")
+	require.NoError(t, err)
+	require.True(t, first.Claimed)
+	var xmin string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT xmin::text FROM idempotency_keys WHERE key = 'key-locked'`).Scan(&xmin))
+
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE key = 'key-locked' FOR UPDATE`)
+	require.NoError(t, err)
+
+	// Past 2 s the replay is waiting for the holder's lock (it never lets go before the end).
+	replayCtx, replayCancel := context.WithTimeout(ctx, 2*time.Second)
+	defer replayCancel()
+	for _, fp := range []string{"fp-1", "fp-2"} {
+		c, _, err := b.create(replayCtx, "default", "key-locked", fp)
+		require.NoError(t, err, "a replay waited for a lock on its key's row")
+		require.Equal(t, idem.Claim{Claimed: false, JobID: id1, Fingerprint: "fp-1"}, c)
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	var after string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT xmin::text FROM idempotency_keys WHERE key = 'key-locked'`).Scan(&after))
+	require.Equal(t, xmin, after, "a replay wrote the key's row again")
+}

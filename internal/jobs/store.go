@@ -236,6 +236,25 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		job.Request = p.Request // insertJob does not send the body back
 		return job, false, nil
 	}
+	for range 3 {
+		job, replayed, err = s.createKeyed(ctx, id, p)
+		if !errors.Is(err, errReplayGone) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, false, createError(err)
+	}
+	return job, replayed, nil
+}
+
+// errReplayGone: the job a key was found for was deleted before it was read (retention or a
+// purge, whose cascade deletes the key too): claiming the key again makes a new job.
+var errReplayGone = errors.New("the key's job was deleted meanwhile")
+
+// createKeyed is Create's transaction for a job with an idempotency key: it claims the key and
+// inserts the job, or reads the job the key holds (errReplayGone when it was deleted since).
+func (s *Store) createKeyed(ctx context.Context, id string, p CreateParams) (job *Job, replayed bool, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		c, err := idem.ClaimKey(ctx, tx, p.Tenant, p.IdempotencyKey, p.Fingerprint, id)
 		if err != nil {
@@ -246,6 +265,9 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 				return ErrIdempotencyKeyReused
 			}
 			job, err = s.scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, c.JobID))
+			if errors.Is(err, ErrNotFound) {
+				return errReplayGone
+			}
 			replayed = true
 			return err
 		}
@@ -260,10 +282,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		job.Request = p.Request // insertJob does not send the body back
 		return nil
 	})
-	if err != nil {
-		return nil, false, createError(err)
-	}
-	return job, replayed, nil
+	return job, replayed, err
 }
 
 // Replay returns the job that tenant's idempotency key was claimed for by a body of this
