@@ -289,9 +289,29 @@ func (s *Store) createKeyed(ctx context.Context, id string, p CreateParams) (job
 // fingerprint, or ErrNotFound when the key is unused or was used with another body. It is for
 // a submit the API refuses as a new job (its configuration changed since the key's job was
 // created): the same body again must still answer the key's job, which exists and may have run.
+//
+// Like Create, it waits for a claim of the key not yet committed (the key's first submit, on a
+// replica that accepted the body, still in flight): it claims the key itself, for a job ID never
+// inserted, in a transaction always rolled back. A plain read would miss that claim and answer
+// the refusal ("nothing stored") for a job about to commit.
 func (s *Store) Replay(ctx context.Context, tenant, key, fingerprint string) (*Job, error) {
-	job, err := s.scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = (
-	SELECT job_id FROM idempotency_keys WHERE tenant = $1 AND key = $2 AND fingerprint = $3)`, tenant, key, fingerprint))
+	id, err := s.newID()
+	if err != nil {
+		return nil, fmt.Errorf("replay idempotency key: new job id: %w", err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("replay idempotency key: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // nothing of it is kept
+	c, err := idem.ClaimKey(ctx, tx, tenant, key, fingerprint, id.String())
+	if err != nil {
+		return nil, fmt.Errorf("replay idempotency key: %w", err)
+	}
+	if c.Claimed || !c.Matches(fingerprint) {
+		return nil, ErrNotFound
+	}
+	job, err := s.scanJob(tx.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, c.JobID))
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("replay idempotency key: %w", err)
 	}

@@ -10,10 +10,17 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// readOnlyTransaction is SQLSTATE read_only_sql_transaction: a write refused by a server that
+// takes only reads.
+const readOnlyTransaction = "25006"
+
 // Unavailable reports whether err means Postgres could not be reached or dropped the connection
 // (as opposed to a bad query or a constraint): a refused or failed connect, a server shutting
-// down, starting up or out of connections (SQLSTATE classes 08, 53 and 57), a connection reset
-// or closed under a query, a timeout. Trying again later can succeed; nil is not unavailable.
+// down, starting up or out of connections (SQLSTATE classes 08, 53 and 57), a server that
+// refuses writes (25006 read_only_sql_transaction: during a failover, a connection that landed
+// on a standby not yet promoted, or on a server set default_transaction_read_only), a connection
+// reset or closed under a query, a timeout. Trying again later can succeed; nil is not
+// unavailable.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
@@ -24,7 +31,7 @@ func Unavailable(err error) bool {
 		case "08", "53", "57":
 			return true
 		}
-		return false
+		return pgErr.Code == readOnlyTransaction
 	}
 	var connErr *pgconn.ConnectError
 	var netErr net.Error
