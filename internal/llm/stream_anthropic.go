@@ -72,11 +72,16 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		ev.Type = name
 	}
 	switch ev.Type {
-	case "message_start", "content_block_start", "message_delta": // kept, in part
-		a.n += int64(len(data))
+	case "message_start", "message_delta": // kept, in part (message_delta's members below)
+		a.n += int64(len(data)) + memberBytes*int64(len(ev.Message))
+	case "content_block_start":
+		a.n += int64(len(data)) + entryBytes + memberBytes*int64(len(ev.ContentBlock))
 	case "content_block_delta":
 		d := ev.Delta
 		a.n += int64(len(d.Text) + len(d.PartialJSON) + len(d.Thinking) + len(d.Signature) + len(d.Citation))
+		if d.Type == "citations_delta" {
+			a.n += elemBytes
+		}
 	}
 	switch ev.Type {
 	case "message_start":
@@ -126,6 +131,7 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		for k, v := range md.Delta {
 			a.msg[k] = v
 		}
+		a.n += memberBytes * int64(len(md.Delta))
 		if len(md.ContextManagement) > 0 {
 			a.msg["context_management"] = md.ContextManagement
 		}
@@ -263,8 +269,12 @@ func (a *anthropicAssembler) setUsage(k string, v json.RawMessage) {
 	if a.usage == nil {
 		a.usage = map[string]json.RawMessage{}
 	}
-	if _, had := a.usage[k]; had && string(bytes.TrimSpace(v)) == "null" {
+	_, had := a.usage[k]
+	if had && string(bytes.TrimSpace(v)) == "null" {
 		return
+	}
+	if !had {
+		a.n += memberBytes + int64(len(k)+len(v))
 	}
 	a.usage[k] = v
 }

@@ -16,8 +16,11 @@ type openAIAssembler struct {
 	top     map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
 	choices map[int]*openAIChoice
 	usage   json.RawMessage
-	// topPending: top has no id yet (Azure opens with a prompt_filter_results chunk whose id,
-	// model and created are empty): the next decoded chunk fills what top lacks.
+	// topPending: top has no id yet and came from chunks without choices (Azure opens with a
+	// prompt_filter_results chunk whose id, model and created are empty): the next decoded chunk
+	// fills what top lacks. A chunk with choices ends it, id or not: servers whose chunks have no
+	// id (OpenVINO) or an empty one (text-generation-inference) are not decoded twice, nor counted
+	// whole, chunk after chunk.
 	topPending bool
 	n          int64 // kept
 }
@@ -101,7 +104,7 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 		return false, &midStreamError{typ: typ, code: code, msg: msg}
 	}
 	if a.top == nil || a.topPending {
-		if err := a.setTop(data); err != nil {
+		if err := a.setTop(data, len(ch.Choices) > 0); err != nil {
 			return false, err
 		}
 	}
@@ -116,8 +119,9 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 }
 
 // setTop takes the top-level fields of a chunk into top: all of them from the first chunk; from a
-// later one, while top has no id, those top lacks or has empty ("", 0, null).
-func (a *openAIAssembler) setTop(data []byte) error {
+// later one, while top has no id and no chunk with choices came (topPending), those top lacks or
+// has empty ("", 0, null). hasChoices: the chunk carries choices.
+func (a *openAIAssembler) setTop(data []byte, hasChoices bool) error {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
 		return fmt.Errorf("%w: stream chunk is not a JSON object", ErrDecode)
@@ -127,7 +131,7 @@ func (a *openAIAssembler) setTop(data []byte) error {
 	delete(top, "choices")
 	delete(top, "usage")
 	delete(top, "obfuscation")
-	a.n += int64(len(data))
+	a.n += int64(len(data)) + memberBytes*int64(len(top))
 	if a.top == nil {
 		a.top = top
 	} else {
@@ -137,7 +141,7 @@ func (a *openAIAssembler) setTop(data []byte) error {
 			}
 		}
 	}
-	a.topPending = emptyJSON(a.top["id"])
+	a.topPending = emptyJSON(a.top["id"]) && !hasChoices
 	return nil
 }
 
@@ -257,9 +261,18 @@ func jsonValueEnd(p []byte) int {
 
 func (a *openAIAssembler) kept() int64 { return a.n }
 
-// entryBytes is what kept counts for a choice or a tool call besides its text: above what
-// their structures take, so that a chunk naming many indexes cannot hold more than it counts.
-const entryBytes = 512
+// What kept counts besides the bytes of what an assembler keeps: above what the structures
+// holding them take, so that a stream of many small pieces cannot hold more than it counts.
+const (
+	// entryBytes is for a choice, a tool call or a content block.
+	entryBytes = 512
+	// memberBytes is for a member of a decoded JSON object kept in a map (its slot, with the map's
+	// room to grow, and its key's and value's allocations): a member of a few bytes holds ~100.
+	memberBytes = 128
+	// elemBytes is for a decoded JSON value kept in a slice (its header, with the slice's room to
+	// grow, and its allocation rounded up): a logprobs entry {} holds ~40 bytes.
+	elemBytes = 64
+)
 
 // content is choice for a chunk that contentChunkOf read.
 func (a *openAIAssembler) content(i int, text string, emit func(Delta)) {
@@ -297,10 +310,10 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 	if lp := c.Logprobs; lp != nil {
 		for _, e := range lp.Content {
-			a.n += int64(len(e))
+			a.n += int64(len(e)) + elemBytes
 		}
 		for _, e := range lp.Refusal {
-			a.n += int64(len(e))
+			a.n += int64(len(e)) + elemBytes
 		}
 	}
 	for _, tc := range d.ToolCalls {

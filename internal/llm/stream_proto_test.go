@@ -275,3 +275,57 @@ func TestStream_AnswerOverTheLimitRefused(t *testing.T) {
 		})
 	}
 }
+
+// OpenAI-compatible servers that give their chunks no id (OpenVINO Model Server) or an empty one
+// (text-generation-inference) hold what they keep too: the chunks after the first are not the
+// message's top-level fields, whatever their id. (Counted as read, each chunk's envelope, the
+// answer below failed as larger than the limit its body fits.) Their chunks as they write them:
+// members in their order, TGI's delta with the role every time.
+func TestStream_HoldsWhatItKeepsWithoutAnID(t *testing.T) {
+	t.Parallel()
+	const tokens = 3000
+	pad := strings.Repeat("x", 100) // the rest of an envelope: ~250 bytes a chunk for 4 of text
+	for name, chunk := range map[string]func(delta, finish, usage string) string{
+		"NoID": func(delta, finish, usage string) string {
+			return `{"choices":[{"delta":` + delta + `,"finish_reason":` + finish + `,"index":0,"logprobs":null}],"created":1755080278,"model":"OpenVINO/Qwen3-8B-int4-ov","object":"chat.completion.chunk","pad":"` + pad + `","usage":` + usage + `}`
+		},
+		"EmptyID": func(delta, finish, usage string) string {
+			return `{"object":"chat.completion.chunk","id":"","created":1755080278,"model":"tgi","system_fingerprint":"3.0.1-sha-bb9095a","choices":[{"index":0,"delta":` + delta + `,"logprobs":null,"finish_reason":` + finish + `}],"usage":` + usage + `,"pad":"` + pad + `"}`
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			events := []string{`data: ` + chunk(`{"role":"assistant","content":""}`, "null", "null")}
+			for range tokens {
+				events = append(events, `data: `+chunk(`{"role":"assistant","content":"abcd"}`, "null", "null"))
+			}
+			events = append(events,
+				`data: `+chunk(`{"role":"assistant","content":""}`, `"stop"`, `{"prompt_tokens":9,"completion_tokens":3000,"total_tokens":3009}`),
+				`data: [DONE]`)
+			const maxBytes = 256 << 10 // the answer is 12 KB; its stream ~750 KB
+			budget, err := llm.NewAnswerBudget(maxBytes+64<<10, maxBytes)
+			require.NoError(t, err)
+			b := setup(t, llm.KindOpenAI, sseHandler(events), bundleOpts{maxBytes: maxBytes, budget: budget})
+			var most int64
+			resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: func(llm.Delta) {
+				most = max(most, budget.InUse())
+			}})
+			require.NoError(t, err, "the answer fits MaxResponseBytes")
+			defer resp.Release()
+			require.Less(t, most, int64(128<<10), "held while streaming: the text kept and the buffers")
+			require.Equal(t, llm.Usage{InputTokens: 9, OutputTokens: 3000}, resp.Usage)
+			var out struct {
+				Model   string `json:"model"`
+				Choices []struct {
+					Message struct {
+						Content string `json:"content"`
+					} `json:"message"`
+				} `json:"choices"`
+			}
+			require.NoError(t, json.Unmarshal(resp.Body, &out))
+			require.Len(t, out.Choices, 1)
+			require.Equal(t, strings.Repeat("abcd", tokens), out.Choices[0].Message.Content)
+			require.NotEmpty(t, out.Model)
+		})
+	}
+}

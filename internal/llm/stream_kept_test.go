@@ -1,0 +1,111 @@
+package llm
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// heldBy feeds events to asm and returns the bytes of heap the assembler holds afterwards: the
+// live heap after a collection, less what it was before. The events are built before and kept
+// alive after, so that they count on neither side.
+func heldBy(t *testing.T, asm assembler, events [][2]string) int64 {
+	t.Helper()
+	var data []byte
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, e := range events {
+		data = append(data[:0], e[1]...) // readStream reuses its buffer: the assemblers keep none of it
+		_, err := asm.event(e[0], data, func(Delta) {}, func(int) {})
+		require.NoError(t, err)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(events)
+	runtime.KeepAlive(data)
+	runtime.KeepAlive(asm)
+	return int64(after.HeapAlloc) - int64(before.HeapAlloc)
+}
+
+// What an assembler counts as kept (against MaxResponseBytes and the answer budget) is at least
+// what it holds, whatever the shape of the events: a decoded JSON member or array element holds
+// many times its text's bytes when the text is short (a map slot, a slice header, allocations
+// rounded up), and a stream of such pieces (many small content blocks, citations, logprobs
+// entries, message_delta members) held several times the limit it was checked against.
+//
+// Not parallel: it measures the process's live heap, which parallel tests would move.
+func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
+	const n = 20000
+	msgStart := [2]string{"message_start", `{"type":"message_start","message":{"id":"m","type":"message","role":"assistant","model":"c","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":1}}}`}
+	textBlock := [2]string{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`}
+	cases := map[string]struct {
+		asm    func() assembler
+		events func() [][2]string
+	}{
+		"AnthropicManyBlocks": {anthropic{}.assembler, func() [][2]string {
+			ev := [][2]string{msgStart}
+			for i := range n {
+				ev = append(ev, [2]string{"content_block_start", fmt.Sprintf(`{"type":"content_block_start","index":%d,"content_block":{"type":"text","text":""}}`, i)})
+			}
+			return ev
+		}},
+		"AnthropicManyCitations": {anthropic{}.assembler, func() [][2]string {
+			ev := [][2]string{msgStart, textBlock}
+			for range n {
+				ev = append(ev, [2]string{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{}}}`})
+			}
+			return ev
+		}},
+		"AnthropicMessageDeltaMembers": {anthropic{}.assembler, func() [][2]string {
+			ev := [][2]string{msgStart}
+			for i := range n / 1000 {
+				var b strings.Builder
+				for j := range 1000 {
+					fmt.Fprintf(&b, `,"k%d":1`, i*1000+j)
+				}
+				ev = append(ev, [2]string{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn"` + b.String() + `},"usage":{"output_tokens":2}}`})
+			}
+			return ev
+		}},
+		"OpenAISmallLogprobs": {openAI{}.assembler, func() [][2]string {
+			entries := "[" + strings.Repeat("{},", 999) + "{}]"
+			var ev [][2]string
+			for range n / 1000 {
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[{"index":0,"delta":{},"logprobs":{"content":` + entries + `}}]}`})
+			}
+			return ev
+		}},
+		"OpenAILogprobs": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for range n {
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":{"content":[{"token":"Hello","logprob":-0.31725305,"bytes":[72,101,108,108,111],"top_logprobs":[]}],"refusal":null},"finish_reason":null}]}`})
+			}
+			return ev
+		}},
+		"OpenAIManyChoices": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n {
+				ev = append(ev, [2]string{"", fmt.Sprintf(`{"id":"c","choices":[{"index":%d,"delta":{}}]}`, i)})
+			}
+			return ev
+		}},
+		"OpenAIManyToolCalls": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n {
+				ev = append(ev, [2]string{"", fmt.Sprintf(`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":%d}]}}]}`, i)})
+			}
+			return ev
+		}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			asm := c.asm()
+			held := heldBy(t, asm, c.events())
+			require.GreaterOrEqual(t, asm.kept(), held, "kept %d bytes, held %d", asm.kept(), held)
+		})
+	}
+}
