@@ -39,7 +39,7 @@ func heldBy(t *testing.T, asm assembler, events [][2]string) int64 {
 //
 // Not parallel: it measures the process's live heap, which parallel tests would move.
 func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
-	const n = 20000
+	const n = 5000
 	msgStart := [2]string{"message_start", `{"type":"message_start","message":{"id":"m","type":"message","role":"assistant","model":"c","content":[],"stop_reason":null,"usage":{"input_tokens":1,"output_tokens":1}}}`}
 	textBlock := [2]string{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`}
 	cases := map[string]struct {
