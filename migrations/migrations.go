@@ -70,11 +70,17 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
 	// statements have no statement_timeout (nor, from Postgres 17, transaction_timeout): one
 	// set for the role or database, sized for the application's queries, cut a migration that
 	// took longer (an index build on a large jobs table, or a wait for the lock behind another
-	// process's), and every start tried it again.
+	// process's), and every start tried it again. With no timeout, the server checks every
+	// second that the session's client is still there (client_connection_check_interval, from
+	// Postgres 14): a migration whose process died, or whose network was cut, sends no cancel,
+	// and its session, waiting for a lock, would otherwise keep the migration lock and its
+	// place in the queue for the lock on jobs (every write behind it) for as long as it waits.
 	c := conn.Hijack()
 	defer c.Close(context.WithoutCancel(ctx))
-	if _, err := c.Exec(ctx, `SELECT set_config(name, '0', false) FROM pg_settings
-		WHERE name IN ('statement_timeout', 'transaction_timeout')`); err != nil {
+	if _, err := c.Exec(ctx, `SELECT set_config(name,
+		CASE name WHEN 'client_connection_check_interval' THEN '1s' ELSE '0' END, false)
+		FROM pg_settings
+		WHERE name IN ('statement_timeout', 'transaction_timeout', 'client_connection_check_interval')`); err != nil {
 		return nil, fmt.Errorf("clear statement_timeout: %w", err)
 	}
 	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey); err != nil {

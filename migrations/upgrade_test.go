@@ -392,3 +392,88 @@ func TestOpenWait_CanceledMigrationIsNotTriedAgain(t *testing.T) {
 	}
 	require.NoError(t, tx.Rollback(ctx))
 }
+
+// TestOpen_AbandonedMigrationLetsGoOfItsLocks: a starting process dies (SIGKILL, out of memory,
+// its host lost) or its network is cut while its migration waits for the lock on jobs behind a
+// long write. No cancel request reaches the server, and its session does not read from its
+// client while it waits: with no statement_timeout it waited on, queued for the lock on jobs
+// (every write on jobs behind it) and holding the migration lock (every process started in its
+// place waiting for it), until that write ended, then built the index for nobody. The session
+// must end soon after its client is gone.
+func TestOpen_AbandonedMigrationLetsGoOfItsLocks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, _, name := emptyDatabase(t)
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	pool.Close()
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	rollBack(ctx, t, conn, 18) // 019 builds an index on jobs
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.WithoutCancel(ctx))                  //nolint:errcheck
+	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a long write, under way
+	require.NoError(t, err)
+
+	proxy, proxyURL := pgtest.NewProxy(t, dbURL)
+	opened := make(chan error, 1)
+	go func() {
+		p, err := migrations.Open(ctx, proxyURL)
+		if err == nil {
+			p.Close()
+		}
+		opened <- err
+	}()
+
+	watch, err := pgx.Connect(ctx, dbURL) // outside the transaction, whose view of the activity stays
+	require.NoError(t, err)
+	defer watch.Close(context.WithoutCancel(ctx))
+	var pid int
+	for pid == 0 {
+		err := watch.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_backend_pid() AND query LIKE '%CREATE INDEX jobs_unfinished_online_idx%'
+			AND wait_event_type = 'Lock'`, name).Scan(&pid)
+		require.NoError(t, err)
+		if pid != 0 {
+			break
+		}
+		select {
+		case err := <-opened:
+			t.Fatalf("Open returned while the migration could not run: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the index build never waited")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	proxy.Cut() // the process dies, no cancel request sent
+	select {
+	case err := <-opened:
+		require.Error(t, err)
+	case <-ctx.Done():
+		t.Fatal("Open did not return when its connection was cut")
+	}
+
+	// The write under way goes on; the abandoned session must go within 20 s (the server
+	// checks for its client every second), letting go of the migration lock.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var alive, locked bool
+		err := watch.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1),
+			EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = $1)`, pid).Scan(&alive, &locked)
+		require.NoError(t, err)
+		if !alive && !locked {
+			break
+		}
+		require.True(t, time.Now().Before(deadline),
+			"20 s after its client left, the migration's session still waits for jobs (migration lock held: %v)", locked)
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	require.NoError(t, tx.Rollback(ctx))
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/deltastream"
@@ -158,4 +159,36 @@ func TestEvents_BufferLostMidAttemptSendsNoGap(t *testing.T) {
 		require.Equal(t, []string{"succeeded/3"}, names(rest), name)
 		require.Equal(t, map[string]any{"text": "Hello world"}, jobData(t, rest[0])["result"], name)
 	}
+}
+
+// TestEvents_HoleVoidsOnlyItsAttempt: a stream that stopped sending an attempt's deltas at a
+// hole (Redis lost its buffer mid-attempt) sends that attempt's reset when it is retried, and
+// every delta of the next attempt: only the attempt with the hole is void.
+func TestEvents_HoleVoidsOnlyItsAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{deltas: true})
+	job := b.createStreaming(t)
+	ctx := context.Background()
+	started, err := b.store.BeginAttempt(ctx, job.ID)
+	require.NoError(t, err)
+	// Attempt 1's buffer as Redis holds it after losing its first entry: 2.2, then the reset
+	// its worker wrote when the attempt failed.
+	for _, e := range []struct {
+		n    int
+		kind string
+		data string
+	}{{2, deltastream.KindDelta, `{"attempt":1,"offset":3,"type":"text","index":1,"text":"lo"}`}, {3, deltastream.KindReset, `{"attempt":1}`}} {
+		require.NoError(t, redistest.Client(t).XAdd(ctx, &redis.XAddArgs{Stream: b.deltas.Key(job.ID),
+			Values: []any{"s", started.EventSeq, "n", e.n, "k", e.kind, "d", e.data}}).Err())
+	}
+	joined := openStream(t, b.url, job.ID, "")
+	require.Equal(t, []string{"running/2", "reset/2.3"}, names(nextFrames(t, joined, 2)))
+
+	next := time.Now()
+	applied, err := b.store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(), Class: "retryable"},
+		jobs.Outcome{Status: jobs.StatusRetrying, NextAttemptAt: &next, LastError: &jobs.LastError{Class: "retryable", Status: 503, Message: "overloaded"}})
+	require.NoError(t, err)
+	require.True(t, applied)
+	b.streamAttempt(t, job.ID, "Hi", "!") // running/4, delta/4.1, delta/4.2
+	require.Equal(t, []string{"retrying/3", "running/4", "delta/4.1", "delta/4.2"}, names(nextFrames(t, joined, 4)))
 }

@@ -23,6 +23,7 @@ var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
 type testBundle struct {
 	store  *credpause.Store
+	pool   *pgxpool.Pool // the store's
 	gate   *limiter.Gate
 	prefix string
 	clock  *clocktest.Clock
@@ -37,7 +38,8 @@ func setup(t *testing.T) *testBundle {
 	b := &testBundle{prefix: redistest.Prefix(t), clock: clock}
 	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix, Now: clock.Now})
 	require.NoError(t, err)
-	b.store = credpause.NewStore(pgtest.Pool(t), clock.Now)
+	b.pool = pgtest.Pool(t)
+	b.store = credpause.NewStore(b.pool, clock.Now)
 	b.gate = lim.Gate("sk-capped", "main")
 	b.lose = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -561,6 +563,62 @@ func TestStore_ReconcileKeepsAResumeByTheLastRelease(t *testing.T) {
 	restored, err := b.store.Reconcile(ctx, b.gate)
 	require.NoError(t, err)
 	require.False(t, restored, "the resume stays")
+	st, err := b.gate.Paused(ctx)
+	require.NoError(t, err)
+	require.Equal(t, limiter.PauseState{}, st)
+}
+
+// TestStore_ReconcileRacingAResume: a reconcile that read the credential's row before a resume
+// (of any process) deleted it does not write the ended episode back into Redis: it reads the row
+// again under the credential's pause lock, which the resume holds from its delete to its Redis
+// write.
+func TestStore_ReconcileRacingAResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	_, err := b.store.Pause(ctx, b.gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	b.failover(t)
+
+	// Another process's resume holds the credential's pause lock.
+	holder, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	const lockClass = 0x6c717073 // credpause's
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, lockClass, b.gate.Tag())
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	var restored bool
+	go func() {
+		var err error
+		restored, err = b.store.Reconcile(ctx, b.gate)
+		done <- err
+	}()
+	pollCtx, stopPolling := context.WithCancel(ctx)
+	defer stopPolling()
+	select {
+	case <-waitingForLock(pollCtx, b.pool):
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reconcile never waited for the lock: it did not read the row first")
+	}
+	stopPolling()
+
+	// The resume, under the lock: the row first, then Redis.
+	_, err = holder.Exec(ctx, `DELETE FROM credential_pauses WHERE tag = $1`, b.gate.Tag())
+	require.NoError(t, err)
+	_, err = b.gate.Resume(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, lockClass, b.gate.Tag())
+	require.NoError(t, err)
+
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reconcile did not end once the lock was free")
+	}
+	require.False(t, restored, "the resume holds")
 	st, err := b.gate.Paused(ctx)
 	require.NoError(t, err)
 	require.Equal(t, limiter.PauseState{}, st)
