@@ -35,7 +35,12 @@ func liveHandler(t *testing.T) (*testBundle, *client, *console.Handler) {
 	t.Helper()
 	b := setup(t)
 	l := b.listener(t)
-	c, h := b.serve(t, func(cfg *console.Config) { cfg.Listener, cfg.LiveInterval = l, 20*time.Millisecond })
+	// The clock stands still: a recomputation measures 0 s and the next waits LiveInterval, not
+	// 20 times what a loaded machine took (a half-second count would hold the next for 10 s).
+	stopped := time.Now()
+	c, h := b.serve(t, func(cfg *console.Config) {
+		cfg.Listener, cfg.LiveInterval, cfg.Now = l, 20*time.Millisecond, func() time.Time { return stopped }
+	})
 	return b, c, h
 }
 
