@@ -76,6 +76,9 @@ type batchOp struct {
 	scan func(pgx.Row) error
 	err  error
 	done chan struct{}
+	// expired: its caller's pgwait bound ended while its batch waited for a connection, so it
+	// was left out of the batch (see acquireFor).
+	expired bool
 }
 
 // queryRow runs sql alone or as part of a batch and scans its row with scan, returning scan's
@@ -171,15 +174,28 @@ func (b *batcher) run(ops []*batchOp) {
 	}
 	// When every caller bounds its wait for a connection (pgwait.Bound: the API's requests),
 	// so does the batch; a batch that includes a caller without a bound (a worker's) waits as
-	// that one would.
+	// that one would, without the callers whose bound ends first (acquireFor).
+	var conn *pgxpool.Conn
 	if wait, ok := boundedWait(send); ok {
 		var unbound context.CancelFunc
 		ctx, unbound = pgwait.Bound(ctx, wait)
 		defer unbound()
+	} else if len(send) > 1 {
+		// Callers with a bound and callers without (`llmq serve`: the API's and the worker's):
+		// those with one are answered by it if the batch's connection does not come in time.
+		conn, send = b.acquireFor(ctx, send)
 	}
-	if len(send) == 1 || (len(send) > 1 && !b.runTogether(ctx, send)) {
+	switch {
+	case len(send) == 1 && conn == nil:
+		send[0].err = b.runAlone(ctx, send[0])
+	case len(send) > 0 && !b.runTogether(ctx, conn, send):
+		// The batch was sent and failed: its commit answer may have been lost, and its statements
+		// taken effect. Run again, each waits for a connection without the bound (its caller
+		// needs its answer, not a refusal saying nothing was sent); had the bound fired before
+		// the batch was sent, ctx is over and they fail at once.
+		alone := pgwait.Unbound(ctx)
 		for _, op := range send {
-			op.err = b.runAlone(ctx, op)
+			op.err = b.runAlone(alone, op)
 		}
 	}
 	if cause := context.Cause(ctx); errors.Is(cause, pgwait.ErrTimeout) {
@@ -194,6 +210,53 @@ func (b *batcher) run(ops []*batchOp) {
 	for _, op := range ops {
 		close(op.done)
 	}
+}
+
+// acquireFor takes a connection for a batch of ops of which some callers have a pgwait bound and
+// some none: the wait lasts as long as ctx does, and each op whose bound ends before the
+// connection comes is left out of the batch (expired, its caller's context canceled with
+// pgwait.ErrTimeout: nothing of it is sent). It returns the connection (nil when none came:
+// ops are then run as without it) and the ops left to send.
+func (b *batcher) acquireFor(ctx context.Context, ops []*batchOp) (*pgxpool.Conn, []*batchOp) {
+	var mu sync.Mutex
+	acquired := false
+	timers := make([]*time.Timer, 0, len(ops))
+	for _, op := range ops {
+		wait, ok := pgwait.Wait(op.ctx)
+		if !ok {
+			continue
+		}
+		timers = append(timers, time.AfterFunc(wait, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if !acquired {
+				op.expired = pgwait.Expire(op.ctx)
+			}
+		}))
+	}
+	conn, err := b.pool.Acquire(ctx)
+	mu.Lock()
+	acquired = true
+	mu.Unlock()
+	for _, t := range timers {
+		t.Stop()
+	}
+	send := make([]*batchOp, 0, len(ops))
+	for _, op := range ops {
+		if op.expired {
+			op.err = fmt.Errorf("batch: %w", pgwait.ErrTimeout)
+			continue
+		}
+		send = append(send, op)
+	}
+	if err != nil {
+		return nil, send
+	}
+	if len(send) == 0 { // not so while a caller without a bound is among ops
+		conn.Release()
+		return nil, send
+	}
+	return conn, send
 }
 
 // boundedWait is the shortest pgwait bound of ops' callers, and false when one has none.
@@ -229,7 +292,9 @@ func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
 		if tries > 0 && (!brokenConn(err) || tries >= b.pool.Stat().MaxConns()) {
 			return err
 		}
-		err = op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
+		// The try before may have committed: this one waits for a connection without a
+		// pgwait bound (see run).
+		err = op.scan(b.pool.QueryRow(pgwait.Unbound(ctx), op.sql, op.args...))
 	}
 }
 
@@ -252,15 +317,22 @@ func brokenConn(err error) bool {
 	return true
 }
 
-// runTogether sends ops as one batch (one implicit transaction) and reports whether it
-// committed; on false, nothing of it took effect and the ops' errors are to be overwritten.
-func (b *batcher) runTogether(ctx context.Context, ops []*batchOp) bool {
+// runTogether sends ops as one batch (one implicit transaction), on conn when one was acquired
+// for it (released here), and reports whether it committed; on false, nothing of it took effect
+// and the ops' errors are to be overwritten.
+func (b *batcher) runTogether(ctx context.Context, conn *pgxpool.Conn, ops []*batchOp) bool {
 	slices.SortStableFunc(ops, func(x, y *batchOp) int { return cmp.Compare(x.key, y.key) })
 	var batch pgx.Batch
 	for _, op := range ops {
 		batch.Queue(op.sql, op.args...)
 	}
-	br := b.pool.SendBatch(ctx, &batch)
+	var br pgx.BatchResults
+	if conn != nil {
+		defer conn.Release()
+		br = conn.SendBatch(ctx, &batch)
+	} else {
+		br = b.pool.SendBatch(ctx, &batch)
+	}
 	failed := false
 	for _, op := range ops {
 		op.err = op.scan(br.QueryRow())

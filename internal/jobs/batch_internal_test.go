@@ -120,7 +120,7 @@ func TestBatcher_SameJobTwiceInOneBatch(t *testing.T) {
 	s.batch.pending = nil
 	s.batch.inFlight = 0
 	s.batch.mu.Unlock()
-	require.True(t, s.batch.runTogether(ctx, ops), "the batch commits")
+	require.True(t, s.batch.runTogether(ctx, nil, ops), "the batch commits")
 	for _, op := range ops {
 		close(op.done)
 	}

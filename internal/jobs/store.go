@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/pgerr"
+	"github.com/llmq/llmq/internal/pgwait"
 )
 
 // Errors returned by the Store.
@@ -228,7 +229,9 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 			// this call's own fresh UUIDv7, so the row holding it is the job this call created.
 			// Answering a duplicate key instead would fail a submit whose job exists (and that
 			// the sweeper would run), inviting the client to pay for it twice.
-			job, err = s.ownJob(ctx, id, p, err)
+			// It exists: its read waits for a connection without a pgwait bound, whose
+			// refusal would say nothing was stored.
+			job, err = s.ownJob(pgwait.Unbound(ctx), id, p, err)
 		}
 		if err != nil {
 			return nil, false, createError(err)

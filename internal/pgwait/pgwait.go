@@ -50,10 +50,34 @@ func Bound(ctx context.Context, wait time.Duration) (context.Context, context.Ca
 // Wait is ctx's bound, and whether it has one.
 func Wait(ctx context.Context) (time.Duration, bool) {
 	b, ok := ctx.Value(boundKey{}).(*bound)
-	if !ok {
+	if !ok || b == nil {
 		return 0, false
 	}
 	return b.wait, true
+}
+
+// Expire ends ctx's bound now, as its bound ends it: it cancels the Bound context with the cause
+// ErrTimeout. It is for a wait for a connection that the Tracer does not see (another's Acquire
+// made on ctx's behalf: a batch of statements of several callers), and must be called only while
+// nothing of ctx's statement was sent. It reports whether ctx has a bound.
+func Expire(ctx context.Context) bool {
+	b, ok := ctx.Value(boundKey{}).(*bound)
+	if !ok || b == nil {
+		return false
+	}
+	b.cancel(ErrTimeout)
+	return true
+}
+
+// Unbound returns ctx without its bound: its waits for a pool connection last as long as ctx
+// does (its end, a bound that fired already included, still ends them). It is for a statement
+// that may have taken effect already (run again after its connection broke under it, its commit
+// answer lost): its caller needs its answer, not ErrTimeout, which says nothing was sent.
+func Unbound(ctx context.Context) context.Context {
+	if _, ok := Wait(ctx); !ok {
+		return ctx
+	}
+	return context.WithValue(ctx, boundKey{}, (*bound)(nil))
 }
 
 // Tracer applies Bound's limits to the waits of a pool's Acquire: set it as the pool's
@@ -85,7 +109,7 @@ type acquireTimer struct {
 // TraceAcquireStart starts the bound of a Bound context's wait.
 func (Tracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
 	b, ok := ctx.Value(boundKey{}).(*bound)
-	if !ok {
+	if !ok || b == nil {
 		return ctx
 	}
 	at := &acquireTimer{fired: make(chan struct{})}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/llmq/llmq/internal/pgwait"
 )
 
 // AuthenticatorConfig configures an Authenticator. Zero fields take their defaults.
@@ -42,8 +44,10 @@ type Authenticator struct {
 
 // flight is one lookup under way; done is closed once its answer is cached (or it failed).
 type flight struct {
-	done   chan struct{}
-	answer bool // the lookup answered (cached), rather than failed
+	done chan struct{}
+	// bounded: the looking caller's wait for a connection has a pgwait bound.
+	bounded bool
+	answer  bool // the lookup answered (cached), rather than failed
 	// err is a failure the waiters share: the database's, not the end of the looking caller's
 	// context (its client left), after which each waiter tries itself.
 	err error
@@ -121,8 +125,10 @@ func (e errAnswer) Unwrap() error { return e.error }
 // with a token that is not cached (after a start, or each time its TTL ends under load) costs one
 // Postgres round trip, not one per request, each taking a pool connection ahead of the requests'
 // own statements. A failure of that lookup is shared too (Postgres unreachable, or no pool
-// connection free in time: see pgwait), except the end of its caller's context by its caller
-// (canceled, or its deadline), after which each waiter tries again itself.
+// connection free in time: see pgwait, shared only with the waiters that have a bound), except
+// the end of its caller's context by its caller (canceled, or its deadline), after which each
+// waiter tries again itself. A waiter with a bound waits for a lookup without one at most its
+// bound (see waitFlight).
 func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]entry, key K,
 	load func(context.Context) (*Tenant, error)) (*Tenant, error) {
 	for {
@@ -134,25 +140,25 @@ func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]ent
 			return e.tenant, e.err
 		}
 		f, busy := a.flights[key]
+		_, bounded := pgwait.Wait(ctx)
 		if !busy {
-			f = &flight{done: make(chan struct{})}
+			f = &flight{done: make(chan struct{}), bounded: bounded}
 			a.flights[key] = f
 			a.mu.Unlock()
 			return lookup(ctx, a, cache, key, f, now, load)
 		}
 		a.joined++
 		a.mu.Unlock()
-		select {
-		case <-f.done:
-		case <-ctx.Done():
-		}
+		waitFlight(ctx, f, bounded)
 		a.mu.Lock()
 		a.joined--
 		a.mu.Unlock()
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if f.err != nil {
+		if f.err != nil && (bounded || !errors.Is(f.err, pgwait.ErrTimeout)) {
+			// A bound's failure is shared by the callers that have one only: one without (an
+			// event stream) waits for its connection as long as it waits, so it tries itself.
 			return nil, f.err
 		}
 		if f.answer {
@@ -165,6 +171,25 @@ func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]ent
 				return e.tenant, e.err
 			}
 		}
+	}
+}
+
+// waitFlight waits for f's end, or ctx's. A caller with a pgwait bound waiting for a lookup
+// without one (an event stream's) waits at most its bound, as for a connection of its own: past
+// it, ctx is ended by its bound (pgwait.Expire). A bounded lookup ends within its own bound.
+func waitFlight(ctx context.Context, f *flight, bounded bool) {
+	var expired <-chan time.Time
+	if bounded && !f.bounded {
+		wait, _ := pgwait.Wait(ctx)
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+	case <-expired:
+		pgwait.Expire(ctx)
 	}
 }
 

@@ -6,3 +6,10 @@ func (a *Authenticator) Joined() int {
 	defer a.mu.Unlock()
 	return a.joined
 }
+
+// Looking is how many lookups are under way (one per token or name).
+func (a *Authenticator) Looking() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.flights)
+}
