@@ -64,8 +64,9 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight caps the bytes of the submit bodies this replica reads at once, each
 	// counted at its Content-Length (MaxBodyBytes without one) until its request ends; a submit
-	// above it is answered 503 (type overloaded, with Retry-After). Default 64 × MaxBodyBytes;
-	// less than MaxBodyBytes is taken as MaxBodyBytes.
+	// above it is answered 503 (type overloaded, with Retry-After). One tenant holds at most half
+	// of it (at least MaxBodyBytes). Default 64 × MaxBodyBytes; less than MaxBodyBytes is taken
+	// as MaxBodyBytes.
 	MaxBodyBytesInFlight int64
 	Logger               *slog.Logger
 	// Listener signals job transitions to event streams. nil: streams only re-read the job's
@@ -160,7 +161,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}),
 		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now),
-		bodies: &bodyBudget{max: cfg.MaxBodyBytesInFlight}}
+		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes)}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of

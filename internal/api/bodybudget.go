@@ -6,28 +6,44 @@ import "sync"
 // clients sending large bodies together (or slowly, up to the read timeout) cannot make it hold
 // more memory than the budget: each body counts its Content-Length, or the largest body allowed
 // when it has none, from before its first byte is read until its request ends.
+//
+// One tenant (the anonymous clients are one) holds at most share of it, so that one tenant's
+// slow large bodies cannot make every other tenant's submit wait for them.
 type bodyBudget struct {
-	mu   sync.Mutex
-	held int64
-	max  int64
+	mu    sync.Mutex
+	held  int64
+	max   int64
+	share int64
+	// tenants are the bytes each tenant holds, by name; a tenant holding none has no entry.
+	tenants map[string]int64
 }
 
-// take reserves n bytes; false when they would pass the budget.
-func (b *bodyBudget) take(n int64) bool {
+// newBodyBudget returns a budget of total bytes of which one tenant may hold half, or maxBody
+// (one largest body) when that is more.
+func newBodyBudget(total, maxBody int64) *bodyBudget {
+	return &bodyBudget{max: total, share: min(total, max(total/2, maxBody)), tenants: map[string]int64{}}
+}
+
+// take reserves n bytes for tenant; false when they would pass the budget or the tenant's share.
+func (b *bodyBudget) take(tenant string, n int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.held+n > b.max {
+	if b.held+n > b.max || b.tenants[tenant]+n > b.share {
 		return false
 	}
 	b.held += n
+	b.tenants[tenant] += n
 	return true
 }
 
-// give returns n bytes taken.
-func (b *bodyBudget) give(n int64) {
+// give returns n bytes tenant took.
+func (b *bodyBudget) give(tenant string, n int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.held -= n
+	if b.tenants[tenant] -= n; b.tenants[tenant] <= 0 {
+		delete(b.tenants, tenant)
+	}
 }
 
 // inFlight is how many bytes are reserved.

@@ -290,8 +290,12 @@ func TestSubmit_BodiesInFlightAreBounded(t *testing.T) {
 	_, err = fmt.Fprintf(chunked, "%x\r\n%s\r\n0\r\n\r\n", len(body), body)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusServiceUnavailable, chunked.Response(t).StatusCode)
-	// What fits is read.
-	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body, nil).status)
+	// What fits is read (for another tenant: the slow body holds the anonymous tenant's share,
+	// see TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget).
+	_, token, err := b.tenants.Create(context.Background(), "acme", nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body,
+		map[string]string{"Authorization": "Bearer " + token}).status)
 	// Too large for any budget: refused before its body is asked for (no 100 Continue).
 	huge := httpservetest.Dial(t, addr, 0)
 	huge.Send(t, http.MethodPost, "/v1/jobs", "Content-Length: 1001", "Content-Type: application/json",
@@ -304,4 +308,44 @@ func TestSubmit_BodiesInFlightAreBounded(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, slow.Response(t).StatusCode)
 	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Deadline, time.Millisecond)
 	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body+strings.Repeat(" ", 600-len(body)), nil).status)
+}
+
+// TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget: one tenant's submit bodies hold at most half
+// of the replica's budget of bodies in flight, so that one tenant (or the anonymous clients, one
+// tenant) announcing large bodies and sending them slowly cannot make every other tenant's small
+// submit a 503 until they end.
+func TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{maxBody: 1000, maxBodyInFlight: 2500})
+	addr := strings.TrimPrefix(b.url, "http://")
+	_, token, err := b.tenants.Create(context.Background(), "acme", nil)
+	require.NoError(t, err)
+	// slow announces a body of 1000 bytes for acme and waits for the server's first answer: 100
+	// Continue once the body is being read (its bytes reserved), or the final refusal.
+	slow := func() (*httpservetest.Conn, int) {
+		c := httpservetest.Dial(t, addr, 0)
+		c.Send(t, http.MethodPost, "/v1/jobs", "Authorization: Bearer "+token, "Content-Length: 1000",
+			"Content-Type: application/json", "Expect: 100-continue")
+		return c, c.Response(t).StatusCode
+	}
+	first, status := slow()
+	require.Equal(t, http.StatusContinue, status)
+	require.Equal(t, int64(1000), b.srv.bodies.inFlight())
+	// A second would make acme hold 2000 of the 2500.
+	_, status = slow()
+	require.Equal(t, http.StatusServiceUnavailable, status, "one tenant holds more than half the budget")
+	require.Equal(t, int64(1000), b.srv.bodies.inFlight())
+
+	// Another tenant (here the anonymous one) still has the rest.
+	body := `{"request":{"model":"m"}}`
+	got := do(t, b.url, http.MethodPost, "/v1/jobs", body+strings.Repeat(" ", 1000-len(body)), nil)
+	require.Equal(t, http.StatusAccepted, got.status, "body %v", got.body)
+
+	// acme's body ends; its share comes back.
+	_, err = io.WriteString(first, strings.Repeat(" ", 1000))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusBadRequest, first.Response(t).StatusCode)
+	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Deadline, time.Millisecond)
+	_, status = slow()
+	require.Equal(t, http.StatusContinue, status)
 }

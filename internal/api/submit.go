@@ -423,9 +423,10 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 }
 
 // submit is POST /v1/jobs: authenticate, apply the tenant's submit rate, read (within the
-// replica's budget of bodies in flight) and parse the body once (which checks the tenant may use
-// its credentials), then commit and enqueue the job. A body the contract refuses is still a
-// replay when its Idempotency-Key holds a job of that body (see replayRefused).
+// replica's budget of bodies in flight, and the tenant's share of it) and parse the body once
+// (which checks the tenant may use its credentials), then commit and enqueue the job. A body
+// the contract refuses is still a replay when its Idempotency-Key holds a job of that body (see
+// replayRefused).
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	tn, err := s.tenant(r)
 	if err != nil {
@@ -444,12 +445,12 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength >= 0 {
 		reserved = r.ContentLength
 	}
-	if !s.bodies.take(reserved) {
+	if !s.bodies.take(tn.Name, reserved) {
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
 			message: "too many submit bodies are being read at once; retry shortly", header: http.Header{"Retry-After": {"1"}}})
 		return
 	}
-	defer s.bodies.give(reserved)
+	defer s.bodies.give(tn.Name, reserved)
 	body, err := io.ReadAll(http.MaxBytesReader(rootWriter(w), r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError

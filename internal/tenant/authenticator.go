@@ -15,8 +15,9 @@ type AuthenticatorConfig struct {
 	// TTL is how long a lookup's answer is reused: the delay before a revocation (or a tenant's
 	// new credential list) takes effect on a replica that cached the token. Default 2s.
 	TTL time.Duration
-	// MaxEntries caps the cache, so that a flood of random tokens cannot grow it without bound.
-	// Default 10000.
+	// MaxEntries caps the cache, so that a flood of random tokens cannot grow it without bound:
+	// the answers for known tokens (and tenant names) and, apart, those for unknown tokens, each
+	// up to MaxEntries, so that unknown tokens cannot evict known ones. Default 10000.
 	MaxEntries int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -31,8 +32,11 @@ type Authenticator struct {
 	store *Store
 	cfg   AuthenticatorConfig
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// entries are the answers for known tokens (a tenant, revoked or not); unknown those for
+	// unknown ones, which anyone can send without a token, capped apart (see put).
 	entries map[[32]byte]entry
+	unknown map[[32]byte]entry
 	// named caches Named's answers, by tenant name.
 	named map[string]entry
 	// flights are the lookups under way, by key (a token's hash or a name: keys of different
@@ -74,7 +78,7 @@ func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}, named: map[string]entry{},
+	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}, unknown: map[[32]byte]entry{}, named: map[string]entry{},
 		flights: map[any]*flight{}}
 }
 
@@ -88,7 +92,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant
 	if err != nil {
 		return nil, err
 	}
-	return cached(ctx, a, a.entries, hash, func(ctx context.Context) (*Tenant, error) {
+	return cached(ctx, a, a.entries, a.unknown, hash, func(ctx context.Context) (*Tenant, error) {
 		t, err := a.store.Lookup(ctx, hash)
 		if errors.Is(err, ErrUnknownBearerToken) {
 			return nil, errAnswer{err}
@@ -102,7 +106,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant
 // may use every credential, of DefaultWeight. The answer is cached for the TTL as Authenticate's
 // are. Errors: ErrRevoked (returned with the tenant), or a wrapped database error (not cached).
 func (a *Authenticator) Named(ctx context.Context, name string) (*Tenant, error) {
-	return cached(ctx, a, a.named, name, func(ctx context.Context) (*Tenant, error) {
+	return cached(ctx, a, a.named, nil, name, func(ctx context.Context) (*Tenant, error) {
 		t, err := a.store.Get(ctx, name)
 		if errors.Is(err, ErrNotFound) {
 			return &Tenant{Name: name, Weight: DefaultWeight}, nil
@@ -118,7 +122,8 @@ func (e errAnswer) Unwrap() error { return e.error }
 
 // cached returns the lookup of key in cache: the cached answer while it is fresh, else load's,
 // which it caches for the TTL when it is an answer (a tenant, ErrRevoked for a revoked one, or
-// an errAnswer), not a failure (a database error, returned and not cached).
+// an errAnswer), not a failure (a database error, returned and not cached). With unknown not
+// nil, ErrUnknownBearerToken answers are cached there instead, apart (see put).
 //
 // One lookup per key at a time: a miss while another caller looks the key up waits for that
 // lookup's answer (or its own context's end) instead of running one more, so a burst of requests
@@ -129,7 +134,7 @@ func (e errAnswer) Unwrap() error { return e.error }
 // the end of its caller's context by its caller (canceled, or its deadline), after which each
 // waiter tries again itself. A waiter with a bound waits for a lookup without one at most its
 // bound (see waitFlight).
-func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]entry, key K,
+func cached[K comparable](ctx context.Context, a *Authenticator, cache, unknown map[K]entry, key K,
 	load func(context.Context) (*Tenant, error)) (*Tenant, error) {
 	for {
 		now := a.cfg.Now()
@@ -139,13 +144,17 @@ func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]ent
 			a.mu.Unlock()
 			return e.tenant, e.err
 		}
+		if e, ok := unknown[key]; ok && now.Before(e.expires) {
+			a.mu.Unlock()
+			return e.tenant, e.err
+		}
 		f, busy := a.flights[key]
 		_, bounded := pgwait.Wait(ctx)
 		if !busy {
 			f = &flight{done: make(chan struct{}), bounded: bounded}
 			a.flights[key] = f
 			a.mu.Unlock()
-			return lookup(ctx, a, cache, key, f, now, load)
+			return lookup(ctx, a, cache, unknown, key, f, now, load)
 		}
 		a.joined++
 		a.mu.Unlock()
@@ -166,6 +175,9 @@ func cached[K comparable](ctx context.Context, a *Authenticator, cache map[K]ent
 			// cleared since: then look again).
 			a.mu.Lock()
 			e, ok := cache[key]
+			if !ok {
+				e, ok = unknown[key]
+			}
 			a.mu.Unlock()
 			if ok {
 				return e.tenant, e.err
@@ -193,8 +205,9 @@ func waitFlight(ctx context.Context, f *flight, bounded bool) {
 	}
 }
 
-// lookup runs load for key as the flight f, caches its answer (not a failure) and ends f.
-func lookup[K comparable](ctx context.Context, a *Authenticator, cache map[K]entry, key K, f *flight, now time.Time,
+// lookup runs load for key as the flight f, caches its answer (not a failure; in unknown when
+// it is ErrUnknownBearerToken and unknown is not nil, else in cache) and ends f.
+func lookup[K comparable](ctx context.Context, a *Authenticator, cache, unknown map[K]entry, key K, f *flight, now time.Time,
 	load func(context.Context) (*Tenant, error)) (*Tenant, error) {
 	answered := false
 	var shared error
@@ -223,17 +236,24 @@ func lookup[K comparable](ctx context.Context, a *Authenticator, cache map[K]ent
 	case t.Revoked():
 		err = ErrRevoked
 	}
-	put(a, cache, key, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
+	into, other := cache, unknown
+	if unknown != nil && errors.Is(err, ErrUnknownBearerToken) {
+		into, other = unknown, cache
+	}
+	put(a, into, other, key, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
 	answered = true
 	return t, err
 }
 
-// put stores an answer in cache, making room first when it is full: expired entries go, and
-// if that is not enough, all of them. Simpler than an LRU; the cost of a full clear is one lookup
-// per live key, and it takes a flood of distinct tokens within one TTL to get there.
-func put[K comparable](a *Authenticator, cache map[K]entry, key K, e entry) {
+// put stores an answer in cache (and drops key's from other, the other cache of its kind of
+// key), making room first when it is full: expired entries go, and if that is not enough, all of
+// them. Simpler than an LRU; the cost of a full clear is one lookup per live key, and it takes a
+// flood of distinct keys within one TTL to get there. Answers for unknown tokens, the ones
+// anybody can make up, fill a cache of their own: a flood of them clears only that one.
+func put[K comparable](a *Authenticator, cache, other map[K]entry, key K, e entry) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	delete(other, key)
 	if len(cache) >= a.cfg.MaxEntries {
 		now := a.cfg.Now()
 		for k, v := range cache {

@@ -2,6 +2,7 @@ package tenant_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,13 +82,13 @@ func TestAuthenticator_BoundedCache(t *testing.T) {
 	_, err = store.Revoke(ctx, "acme")
 	require.NoError(t, err)
 
-	// Two more tokens fill the cache and clear it, so acme's answer is read again, early.
-	other := tenant.NewStore(pgtest.Pool(t), nil)
+	// Two more known tokens fill the cache and clear it, so acme's answer is read again, early.
+	// (Unknown tokens fill a cache of their own: TestAuthenticator_UnknownTokensDoNotEvictKnownOnes.)
 	for _, n := range []string{"x", "y"} {
-		_, tok, err := other.Create(ctx, n, nil)
+		_, tok, err := store.Create(ctx, n, nil)
 		require.NoError(t, err)
 		_, err = auth.Authenticate(ctx, tok)
-		require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
+		require.NoError(t, err)
 	}
 	_, err = auth.Authenticate(ctx, token)
 	require.ErrorIs(t, err, tenant.ErrRevoked)
@@ -133,4 +134,39 @@ func TestAuthenticator_Named(t *testing.T) {
 	got, err = auth.Named(ctx, "other")
 	require.NoError(t, err)
 	require.Equal(t, "other", got.Name)
+}
+
+// TestAuthenticator_UnknownTokensDoNotEvictKnownOnes: answers for unknown tokens are capped
+// apart, so a flood of random well-formed tokens (anyone can send them, no token needed) cannot
+// clear the cached answers of real tenants' tokens and make each of their requests look up again.
+func TestAuthenticator_UnknownTokensDoNotEvictKnownOnes(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	store := tenant.NewStore(pool, nil)
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{TTL: time.Minute, MaxEntries: 2, Now: clock.Now})
+	_, token, err := store.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+	_, err = auth.Authenticate(ctx, token)
+	require.NoError(t, err)
+	// Revoked now: an answer read again (rather than the cached one) says so.
+	_, err = store.Revoke(ctx, "acme")
+	require.NoError(t, err)
+
+	other := tenant.NewStore(pgtest.Pool(t), nil)
+	var unknown []string
+	for i := range 5 {
+		_, tok, err := other.Create(ctx, fmt.Sprintf("t%d", i), nil)
+		require.NoError(t, err)
+		unknown = append(unknown, tok)
+		_, err = auth.Authenticate(ctx, tok)
+		require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
+	}
+	_, err = auth.Authenticate(ctx, token)
+	require.NoError(t, err, "acme's cached answer was evicted by unknown tokens")
+	// The unknown answers are cached too, within their own cap (the last one is).
+	require.Equal(t, 2, auth.Cached())
+	_, err = auth.Authenticate(ctx, unknown[len(unknown)-1])
+	require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
 }

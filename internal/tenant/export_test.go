@@ -13,3 +13,10 @@ func (a *Authenticator) Looking() int {
 	defer a.mu.Unlock()
 	return len(a.flights)
 }
+
+// Cached is how many answers for bearer tokens are cached, known and unknown.
+func (a *Authenticator) Cached() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.entries) + len(a.unknown)
+}
