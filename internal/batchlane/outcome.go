@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/llmq/llmq/internal/llm"
 )
 
 // record applies an ended batch's results to its jobs by custom_id. Outcomes map onto the
@@ -94,15 +96,18 @@ func retryableStatus(status int) bool {
 	return status >= 500
 }
 
-// usageOf is the answer's token usage in the online lane's form ({"input_tokens",
-// "output_tokens"}), from an Anthropic or OpenAI body; nil when it has none.
+// usageOf is the answer's token usage in the online lane's form (llm.Usage: "input_tokens",
+// "output_tokens", and Anthropic's cache counts when not zero), from an Anthropic or OpenAI
+// body; nil when it has none.
 func usageOf(body json.RawMessage) json.RawMessage {
 	var a struct {
 		Usage *struct {
-			InputTokens      *int `json:"input_tokens"`
-			OutputTokens     *int `json:"output_tokens"`
-			PromptTokens     *int `json:"prompt_tokens"`
-			CompletionTokens *int `json:"completion_tokens"`
+			InputTokens              *int `json:"input_tokens"`
+			OutputTokens             *int `json:"output_tokens"`
+			PromptTokens             *int `json:"prompt_tokens"`
+			CompletionTokens         *int `json:"completion_tokens"`
+			CacheCreationInputTokens int  `json:"cache_creation_input_tokens"`
+			CacheReadInputTokens     int  `json:"cache_read_input_tokens"`
 		} `json:"usage"`
 	}
 	if json.Unmarshal(body, &a) != nil || a.Usage == nil {
@@ -116,6 +121,7 @@ func usageOf(body json.RawMessage) json.RawMessage {
 	if in == nil || out == nil {
 		return nil
 	}
-	b, _ := json.Marshal(map[string]int{"input_tokens": *in, "output_tokens": *out})
+	b, _ := json.Marshal(llm.Usage{InputTokens: *in, OutputTokens: *out,
+		CacheCreationInputTokens: u.CacheCreationInputTokens, CacheReadInputTokens: u.CacheReadInputTokens})
 	return b
 }

@@ -185,9 +185,11 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 	case resp != nil && resp.Usage == (llm.Usage{}):
 		return redisscript.Call{}, false
 	case resp != nil:
-		actual = tokens.Cost{InputTokens: resp.Usage.InputTokens, OutputTokens: resp.Usage.OutputTokens}
+		// The input-token limit counts the cache's creation but not its reads; the estimate is
+		// of the whole prompt, cached or not, and learns from the whole prompt read.
+		actual = tokens.Cost{InputTokens: resp.Usage.LimitedInput(), OutputTokens: resp.Usage.OutputTokens}
 		if est != nil {
-			e.cfg.Estimator.Observe(up.Name, *est, resp.Usage.InputTokens)
+			e.cfg.Estimator.Observe(up.Name, *est, resp.Usage.PromptInput())
 		}
 	case status == 429:
 	case est != nil:

@@ -143,7 +143,8 @@ func (c *Gate) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.Cost, 
 }
 
 // Reconcile trues the tokens of grant (Reservation.Grant) up to actual, what the provider charged:
-// the usage it reported (input_tokens, output_tokens). A charge (more than reserved) moves the
+// the usage it reported, as the provider's limits count it (input_tokens, with Anthropic's
+// cache_creation_input_tokens but not its cache reads: llm.Usage.LimitedInput; output_tokens). A charge (more than reserved) moves the
 // buckets' later send times later by exactly the difference; a refund moves them earlier, except
 // that a slot already handed out keeps its tokens in the bucket. Call it once per grant; a grant
 // already reconciled, or older than the 4,096 most recent, is ignored (nil). Without usage, pass

@@ -166,6 +166,23 @@ func (r *Response) Release() {
 type Usage struct {
 	InputTokens  int `json:"input_tokens"`
 	OutputTokens int `json:"output_tokens"`
+	// CacheCreationInputTokens and CacheReadInputTokens are Anthropic's prompt-caching counts
+	// (cache_creation_input_tokens, cache_read_input_tokens): input written to the cache and read
+	// from it, besides InputTokens (the input after the last cache breakpoint). Zero for OpenAI,
+	// whose prompt_tokens include its cached tokens.
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
+}
+
+// LimitedInput is the input the provider's input-token rate limit counts: InputTokens and
+// CacheCreationInputTokens. Cache reads do not count toward Anthropic's input-tokens-per-minute
+// limit (current models; see docs/decisions.md, "Prompt caching").
+func (u Usage) LimitedInput() int { return u.InputTokens + u.CacheCreationInputTokens }
+
+// PromptInput is the whole prompt the provider read, cached or not: InputTokens,
+// CacheCreationInputTokens and CacheReadInputTokens. A count of the request's text estimates it.
+func (u Usage) PromptInput() int {
+	return u.InputTokens + u.CacheCreationInputTokens + u.CacheReadInputTokens
 }
 
 // dialect is what differs between providers.

@@ -1,0 +1,21 @@
+package batchlane
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A batch result's usage is stored in the online lane's form, Anthropic's prompt-cache counts
+// with it when it has them.
+func TestUsageOf_OnlineLaneForm(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		`{"usage":{"input_tokens":5,"output_tokens":3}}`:                                                               `{"input_tokens":5,"output_tokens":3}`,
+		`{"usage":{"input_tokens":5,"output_tokens":3,"cache_creation_input_tokens":600,"cache_read_input_tokens":7}}`: `{"input_tokens":5,"output_tokens":3,"cache_creation_input_tokens":600,"cache_read_input_tokens":7}`,
+		`{"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}`:              `{"input_tokens":9,"output_tokens":2}`,
+	} {
+		require.JSONEq(t, want, string(usageOf([]byte(body))), body)
+	}
+	require.Nil(t, usageOf([]byte(`{"usage":{"output_tokens":3}}`)))
+}
