@@ -127,8 +127,9 @@ func (e *Estimator) Ratio(credential, model string) float64 {
 // Observe learns from one answer: est is the Estimate the request was reserved with, reported
 // the prompt tokens the provider reported (llm.Usage.PromptInput: the whole prompt, cached or
 // not, as the rule counts it; not the uncached part alone, which would teach a credential whose
-// prompts are cached to under-reserve every prompt that is not). A report of 0 or less (no usage) is ignored. The ratio reported / est.Raw is clamped
-// to MinRatio..MaxRatio; the first replaces InitialRatio, later ones enter the moving average.
+// prompts are cached to under-reserve every prompt that is not). A report of 0 or less (no
+// usage) is ignored. The ratio reported / est.Raw is clamped to MinRatio..MaxRatio; the first
+// replaces InitialRatio, later ones enter the moving average.
 // Clamped first, one odd answer (an image of few bytes and many tokens, say) weighs Alpha: it
 // does not throw the average to a bound.
 func (e *Estimator) Observe(credential string, est Estimate, reported int) {

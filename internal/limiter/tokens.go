@@ -144,14 +144,14 @@ func (c *Gate) AcquireAttempt(ctx context.Context, lim Limit, cost tokens.Cost, 
 
 // Reconcile trues the tokens of grant (Reservation.Grant) up to actual, what the provider charged:
 // the usage it reported, as the provider's limits count it (input_tokens, with Anthropic's
-// cache_creation_input_tokens but not its cache reads: llm.Usage.LimitedInput; output_tokens). A charge (more than reserved) moves the
-// buckets' later send times later by exactly the difference; a refund moves them earlier, except
-// that a slot already handed out keeps its tokens in the bucket. Call it once per grant; a grant
-// already reconciled, or older than the 4,096 most recent, is ignored (nil). Without usage, pass
-// what the provider is known to have charged: after an error answer, the input tokens and no
-// output (tokens.Cost{InputTokens: r.Cost.InputTokens}); after a 429, nothing (tokens.Cost{}); when no answer
-// came, do not call it (the reservation stays charged). Grant 0 is a no-op. It returns an error
-// only when actual is negative or Redis fails.
+// cache_creation_input_tokens but not its cache reads: llm.Usage.LimitedInput; output_tokens).
+// A charge (more than reserved) moves the buckets' later send times later by exactly the
+// difference; a refund moves them earlier, except that a slot already handed out keeps its tokens
+// in the bucket. Call it once per grant; a grant already reconciled, or older than the 4,096 most
+// recent, is ignored (nil). Without usage, pass what the provider is known to have charged: after
+// an error answer, the input tokens and no output (tokens.Cost{InputTokens: r.Cost.InputTokens});
+// after a 429, nothing (tokens.Cost{}); when no answer came, do not call it (the reservation stays
+// charged). Grant 0 is a no-op. It returns an error only when actual is negative or Redis fails.
 func (c *Gate) Reconcile(ctx context.Context, grant int64, actual tokens.Cost) error {
 	call, ok, err := c.ReconcileCall(grant, actual)
 	if err != nil || !ok {
