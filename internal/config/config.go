@@ -95,7 +95,8 @@ type API struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// MaxBodyBytesInFlight caps the bytes of the submit bodies one API process reads at once
 	// (each counted at its Content-Length, or MaxBodyBytes without one); above it a submit gets
-	// 503 with Retry-After. Default 64 × MaxBodyBytes; at least MaxBodyBytes.
+	// 503 with Retry-After. One tenant holds at most half of it (at least MaxBodyBytes). Default
+	// 64 × MaxBodyBytes; at least MaxBodyBytes.
 	MaxBodyBytesInFlight int64 `yaml:"max_body_bytes_in_flight"`
 	// TenantSubmitRate, when set, limits each tenant's submits (POST /v1/jobs), shared by every
 	// API replica through Redis; above it the API answers 429 with Retry-After. Default: off.

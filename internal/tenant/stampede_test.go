@@ -32,9 +32,21 @@ func (c *lookupCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQuery
 // TestAuthenticator_ConcurrentMissesLookUpOnce: a burst of requests with one token that is not
 // cached (the first burst after a start, or each time the answer's TTL ends under load) makes
 // one lookup, which the others wait for, not one lookup each: 30 concurrent requests took 30 of
-// the pool's connections, ahead of the submits' own statements.
+// the pool's connections, ahead of the submits' own statements. So too for an unknown token,
+// whose answer the waiters find in the cache of unknown tokens.
 func TestAuthenticator_ConcurrentMissesLookUpOnce(t *testing.T) {
 	t.Parallel()
+	t.Run("known", func(t *testing.T) {
+		t.Parallel()
+		testConcurrentMissesLookUpOnce(t, true)
+	})
+	t.Run("unknown", func(t *testing.T) {
+		t.Parallel()
+		testConcurrentMissesLookUpOnce(t, false)
+	})
+}
+
+func testConcurrentMissesLookUpOnce(t *testing.T, known bool) {
 	const burst = 30
 	pcfg, err := pgxpool.ParseConfig(pgtest.URL(t) + "&pool_max_conns=40")
 	require.NoError(t, err)
@@ -46,8 +58,15 @@ func TestAuthenticator_ConcurrentMissesLookUpOnce(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	store := tenant.NewStore(pool, nil)
+	want := "acme"
 	_, token, err := store.Create(ctx, "acme", nil)
 	require.NoError(t, err)
+	if !known {
+		// A well-formed token of another database's tenant.
+		_, token, err = tenant.NewStore(pgtest.Pool(t), nil).Create(ctx, "other", nil)
+		require.NoError(t, err)
+		want = tenant.ErrUnknownBearerToken.Error()
+	}
 	clock := clocktest.New(time.Unix(1_700_000_000, 0))
 	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{Now: clock.Now})
 
@@ -76,7 +95,7 @@ func TestAuthenticator_ConcurrentMissesLookUpOnce(t *testing.T) {
 	wg.Wait()
 	close(names)
 	for n := range names {
-		require.Equal(t, "acme", n)
+		require.Equal(t, want, n)
 	}
 	require.EqualValues(t, 1, counter.n.Load(), "one lookup for the burst")
 }
