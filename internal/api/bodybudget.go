@@ -24,16 +24,31 @@ func newBodyBudget(total, maxBody int64) *bodyBudget {
 	return &bodyBudget{max: total, share: min(total, max(total/2, maxBody)), tenants: map[string]int64{}}
 }
 
-// take reserves n bytes for tenant; false when they would pass the budget or the tenant's share.
-func (b *bodyBudget) take(tenant string, n int64) bool {
+// bodyRefusal is why take refused a body: none (taken), the tenant's share, or the budget.
+type bodyRefusal int
+
+const (
+	bodyTaken bodyRefusal = iota
+	// bodyOverShare: the tenant holds its share already (its own doing: a 429).
+	bodyOverShare
+	// bodyOverBudget: the replica holds its whole budget (every tenant's: a 503).
+	bodyOverBudget
+)
+
+// take reserves n bytes for tenant, or says which bound they would pass (the tenant's share
+// before the budget).
+func (b *bodyBudget) take(tenant string, n int64) bodyRefusal {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.held+n > b.max || b.tenants[tenant]+n > b.share {
-		return false
+	if b.tenants[tenant]+n > b.share {
+		return bodyOverShare
+	}
+	if b.held+n > b.max {
+		return bodyOverBudget
 	}
 	b.held += n
 	b.tenants[tenant] += n
-	return true
+	return bodyTaken
 }
 
 // give returns n bytes tenant took.

@@ -280,22 +280,24 @@ func TestSubmit_BodiesInFlightAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 1000 }, httpservetest.Deadline, time.Millisecond)
 
-	// 600 more would pass the budget; a body without a length counts 1000.
-	over := do(t, b.url, http.MethodPost, "/v1/jobs", body+strings.Repeat(" ", 600-len(body)), nil)
+	// From another tenant (the slow body holds the anonymous tenant's share, see
+	// TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget), 600 more would pass the budget; a body
+	// without a length counts 1000.
+	_, token, err := b.tenants.Create(context.Background(), "acme", nil)
+	require.NoError(t, err)
+	acme := map[string]string{"Authorization": "Bearer " + token}
+	over := do(t, b.url, http.MethodPost, "/v1/jobs", body+strings.Repeat(" ", 600-len(body)), acme)
 	require.Equal(t, http.StatusServiceUnavailable, over.status, "body %v", over.body)
 	require.Equal(t, "overloaded", over.body["error"].(map[string]any)["type"])
 	require.Equal(t, "1", over.header.Get("Retry-After"))
 	chunked := httpservetest.Dial(t, addr, 0)
-	chunked.Send(t, http.MethodPost, "/v1/jobs", "Transfer-Encoding: chunked", "Content-Type: application/json")
+	chunked.Send(t, http.MethodPost, "/v1/jobs", "Authorization: Bearer "+token, "Transfer-Encoding: chunked",
+		"Content-Type: application/json")
 	_, err = fmt.Fprintf(chunked, "%x\r\n%s\r\n0\r\n\r\n", len(body), body)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusServiceUnavailable, chunked.Response(t).StatusCode)
-	// What fits is read (for another tenant: the slow body holds the anonymous tenant's share,
-	// see TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget).
-	_, token, err := b.tenants.Create(context.Background(), "acme", nil)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body,
-		map[string]string{"Authorization": "Bearer " + token}).status)
+	// What fits is read.
+	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body, acme).status)
 	// Too large for any budget: refused before its body is asked for (no 100 Continue).
 	huge := httpservetest.Dial(t, addr, 0)
 	huge.Send(t, http.MethodPost, "/v1/jobs", "Content-Length: 1001", "Content-Type: application/json",
@@ -333,7 +335,7 @@ func TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget(t *testing.T) {
 	require.Equal(t, int64(1000), b.srv.bodies.inFlight())
 	// A second would make acme hold 2000 of the 2500.
 	_, status = slow()
-	require.Equal(t, http.StatusServiceUnavailable, status, "one tenant holds more than half the budget")
+	require.Equal(t, http.StatusTooManyRequests, status, "one tenant holds more than half the budget")
 	require.Equal(t, int64(1000), b.srv.bodies.inFlight())
 
 	// Another tenant (here the anonymous one) still has the rest.
