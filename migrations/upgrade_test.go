@@ -61,6 +61,58 @@ func migrationFile(m migrations.Migration, dir string) string {
 	return fmt.Sprintf("%03d_%s.%s.sql", m.Version, m.Name, dir)
 }
 
+// behindALongWrite migrates a new database, takes it back to 018 (019 builds an index on jobs)
+// and holds a write's lock on jobs in the returned transaction (rolled back when the test ends),
+// so that migration 019 waits for it.
+func behindALongWrite(ctx context.Context, t *testing.T) (dbURL, name string, tx pgx.Tx) {
+	t.Helper()
+	dbURL, _, name = emptyDatabase(t)
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	pool.Close()
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	rollBack(ctx, t, conn, 18)
+	tx, err = conn.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a long write, under way
+	require.NoError(t, err)
+	return dbURL, name, tx
+}
+
+// openWaitInBackground runs migrations.OpenWait on dbURL: retried gets its first retry's error,
+// opened its result (the pool closed at once).
+func openWaitInBackground(ctx context.Context, dbURL string) (retried, opened <-chan error) {
+	r, o := make(chan error, 1), make(chan error, 1)
+	go func() {
+		p, err := migrations.OpenWait(ctx, dbURL, func(err error, _ time.Duration) {
+			select {
+			case r <- err:
+			default:
+			}
+		})
+		if err == nil {
+			p.Close()
+		}
+		o <- err
+	}()
+	return r, o
+}
+
+// watcher is a connection of the test's own, outside the lock's transaction (whose view of the
+// activity would stay), without a statement_timeout (its reads are not what is tested).
+func watcher(ctx context.Context, t *testing.T, dbURL string) *pgx.Conn {
+	t.Helper()
+	watch, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = watch.Close(context.WithoutCancel(ctx)) })
+	_, err = watch.Exec(ctx, "SET statement_timeout = 0")
+	require.NoError(t, err)
+	return watch
+}
+
 // TestOpenWait_MigrationOutlastsStatementTimeout upgrades a database whose role or database sets a
 // statement_timeout (common in production, sized for the API's queries) to a release whose
 // migration builds an index on jobs: the build waits for a write under way on jobs (here, an open
@@ -71,43 +123,12 @@ func TestOpenWait_MigrationOutlastsStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL, _, name := emptyDatabase(t)
-	pool, err := migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
+	dbURL, name, tx := behindALongWrite(ctx, t)
+	watch := watcher(ctx, t, dbURL)
+	_, err := watch.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET statement_timeout = '100ms'")
+	require.NoError(t, err) // for the sessions opened from now on
 
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
-	rollBack(ctx, t, conn, 18) // 019 builds an index on jobs
-	_, err = conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET statement_timeout = '100ms'")
-	require.NoError(t, err)
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(context.WithoutCancel(ctx))                  //nolint:errcheck
-	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a submit's lock, held
-	require.NoError(t, err)
-
-	retried := make(chan error, 1)
-	opened := make(chan error, 1)
-	go func() {
-		p, err := migrations.OpenWait(ctx, dbURL, func(err error, _ time.Duration) {
-			select {
-			case retried <- err:
-			default:
-			}
-		})
-		if err == nil {
-			p.Close()
-		}
-		opened <- err
-	}()
-
-	watch, err := pgx.Connect(ctx, dbURL) // outside the transaction, whose view of the activity stays
-	require.NoError(t, err)
-	defer watch.Close(context.WithoutCancel(ctx))
-	_, err = watch.Exec(ctx, "SET statement_timeout = 0") // its reads are not what is tested
-	require.NoError(t, err)
+	retried, opened := openWaitInBackground(ctx, dbURL)
 	// Wait, on the server's clock, until the index build has waited ten times the timeout.
 	for {
 		var waited bool
@@ -136,7 +157,7 @@ func TestOpenWait_MigrationOutlastsStatementTimeout(t *testing.T) {
 	default:
 	}
 	var version int
-	require.NoError(t, conn.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version))
+	require.NoError(t, watch.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version))
 	require.Equal(t, migrations.All()[len(migrations.All())-1].Version, version)
 	// The pool's own sessions keep the database's setting.
 	p, err := migrations.Open(ctx, dbURL)
@@ -332,38 +353,10 @@ func TestOpenWait_CanceledMigrationIsNotTriedAgain(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL, _, name := emptyDatabase(t)
-	pool, err := migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
-	rollBack(ctx, t, conn, 18) // 019 builds an index on jobs
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(context.WithoutCancel(ctx))                  //nolint:errcheck
-	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a long write, under way
-	require.NoError(t, err)
+	dbURL, name, tx := behindALongWrite(ctx, t)
 
-	retried := make(chan error, 1)
-	opened := make(chan error, 1)
-	go func() {
-		p, err := migrations.OpenWait(ctx, dbURL, func(err error, _ time.Duration) {
-			select {
-			case retried <- err:
-			default:
-			}
-		})
-		if err == nil {
-			p.Close()
-		}
-		opened <- err
-	}()
-
-	watch, err := pgx.Connect(ctx, dbURL) // outside the transaction, whose view of the activity stays
-	require.NoError(t, err)
-	defer watch.Close(context.WithoutCancel(ctx))
+	retried, opened := openWaitInBackground(ctx, dbURL)
+	watch := watcher(ctx, t, dbURL)
 	for {
 		var canceled bool
 		err := watch.QueryRow(ctx, `SELECT coalesce(bool_or(pg_cancel_backend(pid)), false) FROM pg_stat_activity
@@ -404,19 +397,7 @@ func TestOpen_AbandonedMigrationLetsGoOfItsLocks(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL, _, name := emptyDatabase(t)
-	pool, err := migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
-	rollBack(ctx, t, conn, 18) // 019 builds an index on jobs
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(context.WithoutCancel(ctx))                  //nolint:errcheck
-	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a long write, under way
-	require.NoError(t, err)
+	dbURL, name, tx := behindALongWrite(ctx, t)
 
 	proxy, proxyURL := pgtest.NewProxy(t, dbURL)
 	opened := make(chan error, 1)
@@ -428,9 +409,7 @@ func TestOpen_AbandonedMigrationLetsGoOfItsLocks(t *testing.T) {
 		opened <- err
 	}()
 
-	watch, err := pgx.Connect(ctx, dbURL) // outside the transaction, whose view of the activity stays
-	require.NoError(t, err)
-	defer watch.Close(context.WithoutCancel(ctx))
+	watch := watcher(ctx, t, dbURL)
 	var pid int
 	for pid == 0 {
 		err := watch.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity

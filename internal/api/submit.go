@@ -450,7 +450,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		// The tenant's own bodies fill its share: a limit of its own, as its submit rate is.
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusTooManyRequests, typ: "too_many_bodies",
 			message: "this tenant's submit bodies being read fill half of this replica's budget; retry shortly",
-			header: http.Header{"Retry-After": {"1"}}})
+			header:  http.Header{"Retry-After": {"1"}}})
 		return
 	case bodyOverBudget:
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
