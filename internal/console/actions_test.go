@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -568,4 +569,80 @@ WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&pid) == 
 	for _, e := range b.audit(t) {
 		require.NotEqual(t, "dead.retry", e.Action)
 	}
+}
+
+// TestDeadActions_ANULInTheSelectionIsRefused: an ID holding NUL names no job, and the audit
+// log (Postgres text and jsonb) cannot hold it: a selection with one beside a real dead letter
+// retried or purged the job and lost its audit entry (the write failed, logged only), so an
+// operator could act unrecorded. Such a selection is a 400 and nothing is done.
+func TestDeadActions_ANULInTheSelectionIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	dead := b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	for _, action := range []string{"retry", "purge"} {
+		r, out := c.do(http.MethodPost, "/console/api/dead/"+action, map[string]any{"ids": []string{dead.ID, "\x00"}}, nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_selection")
+	}
+	j, err := b.jobs.Store.Get(context.Background(), dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusDead, j.Status, "neither retried nor purged")
+	e := b.audit(t)
+	require.Len(t, e, 1, "nothing was done: only the login is audited")
+	require.Equal(t, "login", e[0].Action)
+}
+
+// failKey is a go-redis hook that fails, before it is sent, every command naming key: Redis
+// failing that one write.
+type failKey struct{ key string }
+
+func (failKey) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f failKey) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && s == f.key {
+				cmd.SetErr(errors.New("injected: Redis failed"))
+				return cmd.Err()
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (failKey) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestCredentials_AResumeWhosePushBackClearFailsIsAudited: the resume ends the pause (Postgres
+// and Redis), then clears the Retry-After push-back; when that second write fails the answer is
+// a 503, but the pause has ended: the audit log records it. It recorded nothing, so a credential
+// resumed from the console (the pause gone, its jobs sent again) left no trace.
+func TestCredentials_AResumeWhosePushBackClearFailsIsAudited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})
+	c := b.login(t)
+	ctx := context.Background()
+	tag := redisscript.CredentialTag("anthropic\x00http://sim\x00key")
+	require.NoError(t, b.rdb.HSet(ctx, redisscript.CredentialIndexKey(b.prefix), "default", tag).Err())
+	lim, err := limiter.New(b.rdb, &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	gate := lim.GateByTag(tag, "default")
+	_, err = credpause.NewStore(b.jobs.Pool, nil).Pause(ctx, gate, "rate_limited_no_retry_after", "job-1")
+	require.NoError(t, err)
+	// The push-back lives in the credential's rate hash; the pause in keys of its own.
+	b.rdb.AddHook(failKey{key: b.prefix + tag + ":rl"})
+
+	r, out := c.do(http.MethodPost, "/console/api/credentials/default/resume", nil, nil)
+	requireError(t, r, out, http.StatusServiceUnavailable, "unavailable")
+	ps, err := gate.Paused(ctx)
+	require.NoError(t, err)
+	require.False(t, ps.Paused, "the pause ended before the push-back's clear failed")
+
+	e := b.audit(t)
+	require.Equal(t, "credential.resume", e[0].Action, "the resume done is audited")
+	require.Equal(t, "alice", e[0].Operator)
+	require.Equal(t, "default", e[0].Target)
+	require.Equal(t, 1, e[0].Count)
+	require.NotEmpty(t, e[0].Detail["push_back"], "the entry says the push-back was not cleared")
 }

@@ -130,6 +130,7 @@ func TestCSRF_EveryActionNeedsTheToken(t *testing.T) {
 	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})
 	c := b.login(t)
 	dead := b.jobs.Dead(t, jobstestOpts(), "retries_exhausted", 1)
+	queued := b.jobs.Create(t, jobstestOpts())
 	actions := []struct {
 		path string
 		body any
@@ -139,6 +140,8 @@ func TestCSRF_EveryActionNeedsTheToken(t *testing.T) {
 		{"/console/api/credentials/default/resume", nil},
 		{"/console/api/tenants", map[string]any{"name": "evil"}},
 		{"/console/api/tenants/x/revoke", nil},
+		{"/console/api/tenants/x/weight", map[string]any{"weight": 2}},
+		{"/console/api/jobs/" + queued.ID + "/cancel", nil},
 		{"/console/api/logout", nil},
 	}
 	for _, a := range actions {
@@ -160,6 +163,9 @@ func TestCSRF_EveryActionNeedsTheToken(t *testing.T) {
 	job, err := b.jobs.Store.Get(context.Background(), dead.ID)
 	require.NoError(t, err)
 	require.Equal(t, "dead", string(job.Status))
+	job, err = b.jobs.Store.Get(context.Background(), queued.ID)
+	require.NoError(t, err)
+	require.Equal(t, "queued", string(job.Status))
 	res, body := c.do(http.MethodGet, "/console/api/session", nil, nil)
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
 	entries := b.audit(t)

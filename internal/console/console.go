@@ -159,10 +159,10 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /console/api/logout", h.logout)
 	m.HandleFunc("GET /console/api/session", h.authed(h.session))
 	m.HandleFunc("GET /console/api/overview", h.authed(h.overview))
-	m.HandleFunc("GET /console/api/overview/live", h.authed(h.overviewLive))
+	m.HandleFunc("GET /console/api/overview/live", h.getOnly(h.authed(h.overviewLive)))
 	m.HandleFunc("GET /console/api/jobs", h.authed(h.jobList))
 	m.HandleFunc("GET /console/api/jobs/{id}", h.authed(h.jobDetail))
-	m.HandleFunc("GET /console/api/jobs/{id}/live", h.authed(h.jobLive))
+	m.HandleFunc("GET /console/api/jobs/{id}/live", h.getOnly(h.authed(h.jobLive)))
 	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.authed(h.jobCancel))
 	m.HandleFunc("GET /console/api/dead", h.authed(h.deadList))
 	m.HandleFunc("POST /console/api/dead/retry", h.authed(h.deadRetry))
@@ -177,6 +177,19 @@ func (h *Handler) routes() {
 	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
 	})
+}
+
+// getOnly refuses HEAD (405), which a "GET" pattern also matches, on an event stream: served as
+// the GET, it is a body-less answer whose handler never ends, holding the connection.
+func (h *Handler) getOnly(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			writeError(w, r, h.cfg.Logger, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", r.Method + " is not allowed on an event stream"})
+			return
+		}
+		next(w, r)
+	}
 }
 
 // Shutdown ends every open event stream of the console (the page's EventSource reconnects, to

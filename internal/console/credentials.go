@@ -122,16 +122,22 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 		writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
 		return
 	}
-	pb, err := gate.ClearPushBack(r.Context())
-	if err != nil {
-		writeError(w, r, h.cfg.Logger, redisFailure(r, h, err))
-		return
-	}
+	// The pause has ended: from here on the resume is audited, whether the push-back's clear
+	// succeeds or not (a failure answers 503 after the entry).
+	pb, pbErr := gate.ClearPushBack(r.Context())
 	n, msg := 1, "credential "+name+" resumed"
-	if !was && !pb.Active() {
+	if !was && (pbErr != nil || !pb.Active()) {
 		n, msg = 0, "credential "+name+" was neither paused nor pushed back"
 	}
-	h.audit(r, s.Operator, audit.Entry{Action: "credential.resume", Target: name, Count: n})
+	entry := audit.Entry{Action: "credential.resume", Target: name, Count: n}
+	if pbErr != nil {
+		entry.Detail = map[string]any{"push_back": "not cleared"}
+	}
+	h.audit(r, s.Operator, entry)
+	if pbErr != nil {
+		writeError(w, r, h.cfg.Logger, redisFailure(r, h, pbErr))
+		return
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"message": msg, "changed": n == 1})
 }
 

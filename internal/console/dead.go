@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
@@ -48,8 +49,12 @@ func readSelection(r *http.Request) ([]string, error) {
 		return nil, badRequest("invalid_selection", fmt.Sprintf("select 1 to %d jobs", maxSelection))
 	}
 	// A job ID in either case names the job; the answer says what was done to each ID as the
-	// store names it.
+	// store names it. An ID holding NUL names no job, and the audit log (text, jsonb) cannot
+	// hold it: the entry of the action would be lost, so the whole selection is refused.
 	for i, id := range s.IDs {
+		if strings.ContainsRune(id, 0) {
+			return nil, badRequest("invalid_selection", "a selected job ID holds NUL: no job has such an ID")
+		}
 		s.IDs[i] = jobs.CanonicalID(id)
 	}
 	slices.Sort(s.IDs)

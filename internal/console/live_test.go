@@ -87,6 +87,7 @@ type stream struct {
 	events chan string
 	ended  chan struct{} // closed when the server ended the stream
 	last   string        // the name of the last event read; set before ended is closed
+	header http.Header   // the answer's
 }
 
 func (c *client) stream(t *testing.T, path, name string) *stream {
@@ -98,7 +99,7 @@ func (c *client) stream(t *testing.T, path, name string) *stream {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, res.StatusCode)
 	require.Equal(t, "text/event-stream", res.Header.Get("Content-Type"))
-	s := &stream{events: make(chan string, 100)}
+	s := &stream{events: make(chan string, 100), header: res.Header}
 	finished := make(chan struct{})
 	s.ended = finished
 	go func() {
@@ -411,4 +412,49 @@ func TestJobLive_StalledReaderIsCutOff(t *testing.T) {
 	_, err = io.Copy(io.Discard, resp.Body)
 	require.Error(t, err, "the stream was cut off, not ended")
 	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server did not close the connection")
+}
+
+// TestLive_StreamsAreNeverStored: the event streams carry what the JSON answers do (every
+// tenant's jobs, their results, the figures) to a logged-in operator only: like those answers
+// they are Cache-Control: no-store. They were no-cache, which lets a cache (a proxy's, the
+// browser's disk) keep a copy as long as it asks again before reusing it.
+func TestLive_StreamsAreNeverStored(t *testing.T) {
+	t.Parallel()
+	b, c := liveBundle(t)
+	job := b.jobs.Create(t, jobstestOpts())
+	for _, s := range []*stream{c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job"),
+		c.stream(t, "/console/api/overview/live", "overview")} {
+		require.Equal(t, "no-store", s.header.Get("Cache-Control"))
+	}
+}
+
+// TestLive_HEADIsRefusedNotHeldOpen: a HEAD of an event stream is a 405 (Allow: GET), as the
+// API's own event stream answers. It was served as the GET: the headers, then a stream without
+// body that never ended, so the connection stayed taken by a handler reading the session every
+// keep-alive until the client closed it, and a keep-alive client's next request on it hung.
+func TestLive_HEADIsRefusedNotHeldOpen(t *testing.T) {
+	t.Parallel()
+	b, c := liveBundle(t)
+	job := b.jobs.Create(t, jobstestOpts())
+	tr := &http.Transport{MaxConnsPerHost: 1}
+	t.Cleanup(tr.CloseIdleConnections) // before the server's Close, which waits for its handlers
+	c.http.Transport = tr
+	for _, path := range []string{"/console/api/jobs/" + job.ID + "/live", "/console/api/overview/live"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodHead, c.base+path, nil)
+		require.NoError(t, err)
+		res, err := c.http.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, res.Body.Close())
+		require.Equal(t, http.StatusMethodNotAllowed, res.StatusCode, path)
+		require.Equal(t, "GET", res.Header.Get("Allow"))
+		// The one connection is free for the next request.
+		req, err = http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/console/api/session", nil)
+		require.NoError(t, err)
+		res, err = c.http.Do(req)
+		require.NoError(t, err, path)
+		require.NoError(t, res.Body.Close())
+		require.Equal(t, http.StatusOK, res.StatusCode)
+		cancel()
+	}
 }

@@ -288,7 +288,8 @@ func (s *streamWriter) flush() error { return s.rc.Flush() }
 func startStream(w http.ResponseWriter, writeTimeout time.Duration) (*streamWriter, bool) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
+	// Operators' data, as the JSON answers (writeJSON): no cache keeps a copy.
+	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
