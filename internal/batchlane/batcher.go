@@ -102,13 +102,11 @@ func New(cfg Config) *Batcher {
 }
 
 // Run makes a pass every Tick while this process leads the batch lane, and keeps trying to lead
-// otherwise, until ctx ends.
+// otherwise, until ctx ends. A failed try to lead is logged when it is the first of a run (see
+// leader.LogStreak).
 func (b *Batcher) Run(ctx context.Context) error {
-	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.lead, func(err error) {
-		if err != nil {
-			b.cfg.Logger.WarnContext(ctx, "batch lane", "error", err)
-		}
-	})
+	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.lead,
+		leader.LogStreak(ctx, b.cfg.Logger, "batch lane leadership"))
 	return nil
 }
 

@@ -7,35 +7,63 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Run tries to lead (see Lead) every interval, the first time one interval after it starts, until
 // ctx ends; report is told each try's outcome (nil: it led without error, or another process
-// leads). It returns when ctx ends.
+// leads), and nil as this process begins to lead too: a run of failed tries is over then, though
+// the try's outcome comes only when it stops leading, perhaps days later. It returns when ctx
+// ends.
 func Run(ctx context.Context, pool *pgxpool.Pool, key int64, interval time.Duration, fn func(context.Context) error, report func(error)) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
+	lead := func(ctx context.Context) error {
+		report(nil)
+		return fn(ctx)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		}
-		_, err := Lead(ctx, pool, key, interval, fn)
+		_, err := Lead(ctx, pool, key, interval, lead)
 		if ctx.Err() == nil {
 			report(err)
 		}
 	}
 }
 
+// LogStreak returns a report for Run (or any function told an outcome at a time, from one
+// goroutine) that logs on logger the first error of a run of them, and the success that ends the
+// run, as what: while Postgres is unreachable every process's try to lead fails every interval,
+// and one line per process per interval would bury the rest of the log. Nothing is logged once
+// ctx has ended (a shutdown's errors are not failures).
+func LogStreak(ctx context.Context, logger *slog.Logger, what string) func(error) {
+	failing := false
+	return func(err error) {
+		switch {
+		case ctx.Err() != nil:
+		case err != nil && !failing:
+			logger.WarnContext(ctx, what+" failed; further errors are not logged until it succeeds", "error", err)
+			failing = true
+		case err == nil && failing:
+			logger.InfoContext(ctx, what+" succeeds again")
+			failing = false
+		}
+	}
+}
+
 // Lead tries, without waiting, to take advisory lock key on a connection of its own from pool.
 // When another session holds it, Lead returns false at once. Otherwise it runs fn while it holds
-// the lock, checking the lock's connection every check: fn's context ends when ctx does or when
-// that check fails. Once fn returns, Lead releases the lock and returns true with fn's error, or
-// the failed check's.
+// the lock, checking the lock's connection every check: fn's context ends when ctx does, when
+// that check fails, or as soon as the session ends (see watch). Once fn returns, Lead releases
+// the lock and returns true with fn's error, or the failed check's.
 //
 // The connection stays out of the pool while this process leads. fn must not use it (it does
 // not see it); it uses the pool like any other code.
@@ -65,22 +93,8 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
-		t := time.NewTicker(check)
-		defer t.Stop()
-		for {
-			select {
-			case <-fctx.Done():
-				return
-			case <-t.C:
-			}
-			// A check that does not answer within its interval is a lost lock too.
-			pctx, pcancel := context.WithTimeout(fctx, check)
-			err := conn.Ping(pctx)
-			pcancel()
-			if err != nil && fctx.Err() == nil {
-				cancel(&lostError{err})
-				return
-			}
+		if err := watch(fctx, conn.Conn().PgConn(), check); err != nil {
+			cancel(&lostError{err})
 		}
 	}()
 	err = fn(fctx)
@@ -93,14 +107,50 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 	return true, err
 }
 
+// watch checks the lock's session every check until ctx ends, and returns why the session is
+// lost (nil: ctx ended first). A check that does not answer within its interval is a lost lock
+// too. Between two checks it waits on the session's socket, so that a session Postgres ends (a
+// terminated backend, a restart, a failover, its idle timeout) is seen as it ends: another
+// process may take the lock on its next try, and must not find this one still leading until the
+// next check, up to an interval later.
+func watch(ctx context.Context, conn *pgconn.PgConn, check time.Duration) error {
+	next := time.Now().Add(check)
+	for {
+		// Nothing is listened for: the wait ends at its deadline, or with the session. A
+		// deadline leaves the connection usable (pgconn closes it on other errors only).
+		wctx, cancel := context.WithDeadline(ctx, next)
+		err := conn.WaitForNotification(wctx)
+		expired := wctx.Err() != nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && !expired:
+			return err
+		case !expired:
+			continue // a notification, for some other code's LISTEN: wait on
+		}
+		pctx, pcancel := context.WithTimeout(ctx, check)
+		err = conn.Ping(pctx)
+		pcancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		next = time.Now().Add(check)
+	}
+}
+
 // lostError is a failed check of the lock's connection: the lock may be gone with it.
 type lostError struct{ err error }
 
 func (e *lostError) Error() string { return "leader lock connection: " + e.err.Error() }
 func (e *lostError) Unwrap() error { return e.err }
 
-// unlock releases key and the session's idle bound (the connection goes back to the pool), or
-// closes the session (which releases the lock) when that fails.
+// unlock releases key and restores the session's idle bound (the connection goes back to the
+// pool), or closes the session (which releases the lock) when that fails.
 func unlock(ctx context.Context, conn *pgxpool.Conn, key int64) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
@@ -108,6 +158,7 @@ func unlock(ctx context.Context, conn *pgxpool.Conn, key int64) {
 		conn.Conn().Close(uctx) //nolint:errcheck // closing the session releases the lock
 		return
 	}
-	// Back to the pool without the leader's idle bound (best effort, as it was set).
-	_, _ = conn.Exec(uctx, "SELECT set_config('idle_session_timeout', '0', false)")
+	// Back to the pool with the session's own idle bound (the role's, the database's or the
+	// connection string's; best effort, as the leader's was set), not with none.
+	_, _ = conn.Exec(uctx, "RESET idle_session_timeout")
 }

@@ -1,8 +1,12 @@
 package leader_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +29,16 @@ func within[T any](t *testing.T, ch <-chan T) T {
 		t.Fatal("timed out")
 		panic("unreachable")
 	}
+}
+
+// terminateLockHolder ends the Postgres session that holds the leader lock of the test's database.
+func terminateLockHolder(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	tag, err := pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND ((classid::bigint << 32) | objid::bigint) = $1`, key)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
 }
 
 type result struct {
@@ -98,11 +112,26 @@ func TestLead(t *testing.T) {
 
 		// When the lock's session is killed (a Postgres restart, a network cut), the duty's
 		// context ends: another process may lead by now.
-		tag, err := pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND ((classid::bigint << 32) | objid::bigint) = $1`, key)
-		require.NoError(t, err)
-		require.EqualValues(t, 1, tag.RowsAffected())
+		terminateLockHolder(t, pool)
+		within(t, duty.Done())
+		r := within(t, done)
+		require.True(t, r.led)
+		require.ErrorContains(t, r.err, "leader lock connection")
+	})
+
+	t.Run("EndedSessionEndsTheDutyBeforeTheNextCheck", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.Pool(t)
+		lead := func(ctx context.Context, fn func(context.Context) error) (bool, error) {
+			return leader.Lead(ctx, pool, key, time.Hour, fn)
+		}
+		started, done := leadInBackground(t.Context(), t, lead, nil)
+		duty := within(t, started)
+
+		// When Postgres ends the lock's session (pg_terminate_backend, a restart, a failover), the
+		// lock is free at once and another process may take it on its next try: the duty ends
+		// then too, not at its next check (an hour on here), so that two never lead side by side.
+		terminateLockHolder(t, pool)
 		within(t, duty.Done())
 		r := within(t, done)
 		require.True(t, r.led)
@@ -143,9 +172,12 @@ func TestRun(t *testing.T) {
 			})
 	}()
 
-	// A duty that fails gives the lock up; the next try, an interval later, leads again.
-	require.EqualError(t, within(t, reports), "duty failed")
-	require.EqualError(t, within(t, reports), "duty failed")
+	// A duty that fails gives the lock up; the next try, an interval later, leads again. Each
+	// lead is told as it begins (nil) and as it ends.
+	for range 2 {
+		require.NoError(t, within(t, reports))
+		require.EqualError(t, within(t, reports), "duty failed")
+	}
 	cancel()
 	within(t, done)
 }
@@ -185,4 +217,87 @@ func TestLead_SilentLeaderLosesTheLock(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "no other process could lead 10 s after the leader fell silent")
 		time.Sleep(check)
 	}
+}
+
+// The leader bounds its lock session's idleness while it leads; the connection goes back to the
+// pool with the operator's setting (here the URL's), not without any bound.
+func TestLead_GivesTheConnectionBackWithItsIdleTimeout(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "1h"
+	cfg.MaxConns = 1 // Lead's connection is the one read after it
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	led, err := leader.Lead(t.Context(), pool, key, time.Minute, func(ctx context.Context) error { return nil })
+	require.NoError(t, err)
+	require.True(t, led)
+	var idle string
+	require.NoError(t, pool.QueryRow(t.Context(), "SHOW idle_session_timeout").Scan(&idle))
+	require.Equal(t, "1h", idle)
+}
+
+// syncBuffer is a log sink safe for Run's goroutine and the test's.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Run's LogStreak logs the first failed try of a Postgres outage only; once the process leads
+// again the run of errors is over, so that the loss of the lock hours later is logged too.
+func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
+	t.Parallel()
+	proxy, viaProxy := pgtest.NewProxy(t, pgtest.URL(t))
+	pool, err := pgxpool.New(t.Context(), viaProxy)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	report := leader.LogStreak(ctx, slog.New(slog.NewTextHandler(&logs, nil)), "duty")
+	leading := make(chan struct{}, 10)
+	done := make(chan struct{})
+	proxy.Cut()
+	go func() {
+		defer close(done)
+		leader.Run(ctx, pool, key, 10*time.Millisecond, func(ctx context.Context) error {
+			leading <- struct{}{}
+			<-ctx.Done()
+			return nil
+		}, report)
+	}()
+	t.Cleanup(func() { cancel(); within(t, done) })
+
+	deadline := time.Now().Add(10 * time.Second)
+	for proxy.Refused() < 3 { // three failed tries: one line
+		require.True(t, time.Now().Before(deadline), "Run did not try three times in 10 s")
+		time.Sleep(10 * time.Millisecond)
+	}
+	proxy.Restore()
+	within(t, leading)
+	refused := proxy.Refused()
+	proxy.Cut() // the lock's connection is reset: the lead is lost, and the next try refused
+	deadline = time.Now().Add(10 * time.Second)
+	for proxy.Refused() == refused {
+		require.True(t, time.Now().Before(deadline), "Run did not try again in 10 s")
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	within(t, done)
+	out := logs.String()
+	require.Equal(t, 2, strings.Count(out, "level=WARN"), out)
+	require.Contains(t, out, "leader lock connection", out)
 }

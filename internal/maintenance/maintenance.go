@@ -133,10 +133,8 @@ func New(cfg Config) *Maintainer {
 // logged, the first of a run of them only: during a Postgres outage every process would
 // otherwise log one a second.
 func (m *Maintainer) Run(ctx context.Context) error {
-	var failing bool
-	leader.Run(ctx, m.cfg.Store.Pool(), lockKey, m.cfg.Interval, m.lead, func(err error) {
-		m.logStreak(ctx, &failing, "maintenance leadership", err)
-	})
+	leader.Run(ctx, m.cfg.Store.Pool(), lockKey, m.cfg.Interval, m.lead,
+		leader.LogStreak(ctx, m.cfg.Logger, "maintenance leadership"))
 	return nil
 }
 
@@ -169,10 +167,10 @@ func (m *Maintainer) lead(ctx context.Context) error {
 func (m *Maintainer) every(ctx context.Context, interval time.Duration, now bool, name string, pass func(context.Context) error) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
-	var failing bool
+	report := leader.LogStreak(ctx, m.cfg.Logger, name)
 	for {
 		if now {
-			m.logStreak(ctx, &failing, name, pass(ctx))
+			report(pass(ctx))
 		}
 		now = true
 		select {
@@ -180,19 +178,6 @@ func (m *Maintainer) every(ctx context.Context, interval time.Duration, now bool
 			return
 		case <-ticker.C:
 		}
-	}
-}
-
-// logStreak logs err when it is the first of a run of errors, and when a run ends.
-func (m *Maintainer) logStreak(ctx context.Context, failing *bool, what string, err error) {
-	switch {
-	case ctx.Err() != nil:
-	case err != nil && !*failing:
-		m.cfg.Logger.WarnContext(ctx, what+" failed; further errors are not logged until it succeeds", "error", err)
-		*failing = true
-	case err == nil && *failing:
-		m.cfg.Logger.InfoContext(ctx, what+" succeeds again")
-		*failing = false
 	}
 }
 
