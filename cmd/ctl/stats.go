@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 )
@@ -40,6 +41,15 @@ func (a *app) statsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			notes := retentionNotes(c, window)
+			printNotes := func(err error) error { // after the figures they qualify
+				if err == nil {
+					for _, n := range notes {
+						fmt.Fprintln(a.errOut, "ctl: note: "+n)
+					}
+				}
+				return err
+			}
 			tasks, closeTasks, err := openTasks(c)
 			if err != nil {
 				return err
@@ -62,7 +72,7 @@ func (a *app) statsCommand() *cli.Command {
 				st.ByStatus[s] += 0 // every status present, zeros included
 			}
 			if c.Bool("json") {
-				return writeJSON(a.out, statsOutput{Window: window.String(), Stats: st, Queue: depth})
+				return printNotes(writeJSON(a.out, statsOutput{Window: window.String(), Stats: st, Queue: depth}))
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
 			row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
@@ -86,9 +96,36 @@ func (a *app) statsCommand() *cli.Command {
 			row("requests per success", optional(st.RequestsPerSuccess, func(v float64) string { return fmt.Sprintf("%.2f", v) }))
 			row("submit→result p50", optional(st.SubmitToResultP50MS, millis))
 			row("submit→result p95", optional(st.SubmitToResultP95MS, millis))
-			return tw.Flush()
+			return printNotes(tw.Flush())
 		},
 	}
+}
+
+// retentionNotes says, for each final status whose retention period in the config file is
+// shorter than window, that the window's count of it is partial: the retention pass deleted the
+// jobs that ended before the period. Without a config file the workers' periods are unknown
+// here, and one that does not load (its database_url overridden) says nothing either.
+func retentionNotes(c *cli.Context, window time.Duration) []string {
+	path := c.String("config")
+	if path == "" {
+		return nil
+	}
+	cfg, err := config.LoadWithoutSecrets(path, nil)
+	if err != nil {
+		return nil
+	}
+	r := cfg.Retention
+	var notes []string
+	for _, p := range []struct {
+		status string
+		period config.Period
+	}{{"succeeded", r.Succeeded}, {"failed", r.Failed}, {"canceled", r.Canceled}, {"dead", r.Dead}} {
+		if d := p.period.Duration(); d > 0 && d < window {
+			notes = append(notes, fmt.Sprintf("the window (%s) is longer than retention.%s (%s): "+
+				"jobs that ended before it were deleted and are not counted", window, p.status, d))
+		}
+	}
+	return notes
 }
 
 func optional(v *float64, format func(float64) string) string {

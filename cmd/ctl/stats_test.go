@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -101,6 +104,39 @@ func TestStats(t *testing.T) {
 		rows := fields(r.out)
 		require.Equal(t, "-", rows["retry rate"])
 		require.Equal(t, "-", rows["submit→result p50"])
+	})
+	t.Run("WindowPastRetention", func(t *testing.T) {
+		// The retention pass deletes the jobs that ended longer ago than their status's period:
+		// a window past it counts only the jobs still kept, which ctl says rather than print
+		// counts that look whole (30 days of dead letters beside 7 of successes).
+		t.Parallel()
+		dir := t.TempDir()
+		keyFile := filepath.Join(dir, "key")
+		require.NoError(t, os.WriteFile(keyFile, []byte("k\n"), 0o600))
+		cfgFile := filepath.Join(dir, "llmq.yaml")
+		require.NoError(t, os.WriteFile(cfgFile, fmt.Appendf(nil, `database_url: %q
+credentials:
+  - { name: default, provider: anthropic, base_url: "http://127.0.0.1:8090", api_key_file: %q }
+retention: { succeeded: 1d, failed: 2d, canceled: off }
+`, b.url, keyFile), 0o600))
+		args := append(append([]string{"--config", cfgFile}, redis...), "stats")
+
+		r := run(t, append(args, "--window", "36h")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "ctl: note: the window (36h0m0s) is longer than retention.succeeded (24h0m0s): "+
+			"jobs that ended before it were deleted and are not counted\n", r.errOut)
+		require.Equal(t, "2", fields(r.out)["jobs succeeded"], "the counts are printed all the same")
+
+		r = run(t, append(args, "--window", "24h", "--json")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Empty(t, r.errOut, "within every period")
+		r = run(t, append(args, "--window", "3d", "--json")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Contains(t, r.errOut, "retention.succeeded (24h0m0s)")
+		require.Contains(t, r.errOut, "retention.failed (48h0m0s)")
+		require.NotContains(t, r.errOut, "canceled", "off: kept forever")
+		require.NotContains(t, r.errOut, "retention.dead", "30d by default")
+		require.True(t, json.Valid([]byte(r.out)), "the JSON is whole: %q", r.out)
 	})
 	t.Run("BadWindow", func(t *testing.T) {
 		t.Parallel()

@@ -13,7 +13,8 @@ import (
 // Retention is how long the workers keep finished jobs, per final status, before deleting them
 // with their attempts, events and idempotency keys, how long they keep the operators' audit log,
 // and how often the leading worker looks for expired ones. A period is written as a Go duration
-// ("36h"), as days ("7d"), or as 0 or "off" to keep those rows forever.
+// ("36h"), as days ("7d"), or as 0 or "off" to keep those rows forever; one is at least
+// MinPeriod.
 type Retention struct {
 	// Succeeded is how long succeeded jobs are kept. Default 7d.
 	Succeeded Period `yaml:"succeeded"`
@@ -27,7 +28,7 @@ type Retention struct {
 	// Default 365d: a year of who did what, for a table of a few rows per operator action.
 	Audit Period `yaml:"audit"`
 	// Interval is the time between two retention passes of the leading worker; the first comes
-	// one interval after it begins to lead, and a pass runs until nothing expired is left (the
+	// as soon as it begins to lead, and a pass runs until nothing expired is left (the
 	// next begins an interval after it began, or at once when it took longer). Default 1m; at
 	// least 100ms.
 	Interval time.Duration `yaml:"interval"`
@@ -120,11 +121,21 @@ func (r *Retention) withDefaults() {
 	}
 }
 
-// validate reports each period that could not be read, naming its field.
+// MinPeriod is the shortest retention period but 0 (off). Shorter, a result may be deleted
+// before a slow client reads it, with its idempotency key (a retried submit then makes, and pays
+// for, a second job), and a dead letter before an operator sees it; and "1m" meant as a month is
+// a minute in a Go duration.
+const MinPeriod = time.Hour
+
+// validate reports each period that could not be read or is shorter than MinPeriod, naming its
+// field.
 func (r *Retention) validate(bad func(field, format string, args ...any)) {
 	for _, f := range r.fields() {
-		if f.p.err != nil {
+		switch d := f.p.d; {
+		case f.p.err != nil:
 			bad("retention."+f.name, "%v", f.p.err)
+		case d > 0 && d < MinPeriod:
+			bad("retention."+f.name, "must be at least 1h, or off (got %s; m is minutes: a month is 30d)", d)
 		}
 	}
 	if r.Interval < minInterval {

@@ -58,6 +58,12 @@ func TestParse_Retention(t *testing.T) {
 		"UnknownField": {"retention: { completed: 7d }\n", "field completed not found"},
 		"BadInterval":  {"retention: { interval: -1s }\n", "retention.interval: must be at least 100ms"},
 		"BadAudit":     {"retention: { audit: 1y }\n", "retention.audit: must be a duration"},
+		// A month written as "1m" (a minute in a Go duration) deleted every dead letter a minute
+		// after it died, and a result before a slow client read it (its key with it: a retried
+		// submit made and paid for a second job).
+		"Minutes":    {"retention: { dead: 1m }\n", "retention.dead: must be at least 1h, or off (got 1m0s; m is minutes: a month is 30d)"},
+		"Seconds":    {"retention: { succeeded: 90s }\n", "retention.succeeded: must be at least 1h"},
+		"AuditShort": {"retention: { audit: 59m }\n", "retention.audit: must be at least 1h"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -42,3 +42,47 @@ FROM generate_series(1, 5000) g, LATERAL (SELECT (ARRAY['queued', 'succeeded', '
 		require.NotContains(t, plan, `"Node Type": "Sort"`)
 	}
 }
+
+// TestDeleteFinished_DeletesAttemptsAndEventsThroughTheirIndexes: a batch of the retention pass
+// (and of ctl dead purge) deletes a few hundred jobs' attempts and events, which must be found
+// through their primary keys (job_id first). Joined with the deleted jobs (job_id IN (SELECT
+// ...)), the planner of a table never analyzed hashed the batch and read every attempt and every
+// event in the database, once per batch: 0.43 s a batch at 200,000 jobs instead of 0.03 s,
+// growing with the table, so a pass over a backlog slowed as the table grew.
+func TestDeleteFinished_DeletesAttemptsAndEventsThroughTheirIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms,
+	deadline, finished_at, event_seq)
+SELECT gen_random_uuid(), 'c', 'f', 'succeeded', '{}', 3, 60000, now() - g * interval '1 second',
+	now() - g * interval '1 second', 3
+FROM generate_series(1, 20000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, class)
+SELECT id, 1, 'c', finished_at, 1, 'ok' FROM jobs`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO job_events (job_id, seq, type, payload)
+SELECT id, n, 'queued', '{}' FROM jobs, generate_series(1, 3) n`)
+	require.NoError(t, err)
+	var plan []map[string]any
+	require.NoError(t, NewStore(pool, nil).inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+deleteFinishedSQL, StatusSucceeded, time.Now(), 500).Scan(&plan)
+	}))
+	scans := map[string][]string{}
+	var walk func(node map[string]any)
+	walk = func(node map[string]any) {
+		if rel, ok := node["Relation Name"].(string); ok && node["Node Type"] != "ModifyTable" {
+			scans[rel] = append(scans[rel], node["Node Type"].(string))
+		}
+		children, _ := node["Plans"].([]any)
+		for _, c := range children {
+			walk(c.(map[string]any))
+		}
+	}
+	walk(plan[0]["Plan"].(map[string]any))
+	for _, rel := range []string{"job_attempts", "job_events"} {
+		require.NotEmpty(t, scans[rel], "%s is read", rel)
+		require.NotContains(t, scans[rel], "Seq Scan", "%s is read through its primary key, not in full (%v)", rel, scans)
+	}
+}

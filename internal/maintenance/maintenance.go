@@ -6,9 +6,10 @@
 //     backlog), so that a job is answered at its deadline rather than when it is next picked up,
 //     and stops their asynq tasks (a job that held a limiter slot has its task run at once
 //     instead, whose delivery gives the slot back: see executor);
-//   - the retention pass, every minute by default (retention.interval), deletes the finished
-//     jobs older than their status's retention, with their attempts, events and idempotency
-//     keys, in short batches, and then the audit log's entries older than its retention.
+//   - the retention pass, as the process begins to lead and then every minute by default
+//     (retention.interval), deletes the finished jobs older than their status's retention, with
+//     their attempts, events and idempotency keys, in short batches, and then the audit log's
+//     entries older than its retention.
 //
 // Both are statements of internal/jobs (FailOverdue, DeleteFinished) and internal/audit
 // (DeleteBefore), conditional and batched like every other write there; this package decides
@@ -65,8 +66,8 @@ type Config struct {
 	// Interval is the time between deadline passes and between tries to lead: how late after its
 	// deadline a waiting job is failed, at most (plus a pass's own time). Default 1s.
 	Interval time.Duration
-	// RetentionInterval is the time between retention passes; the first comes one interval after
-	// this process begins to lead. Default 1m.
+	// RetentionInterval is the time between retention passes; the first comes as soon as this
+	// process begins to lead. Default 1m.
 	RetentionInterval time.Duration
 	// DeadlineBatch is how many jobs one statement of the deadline pass fails. Default 100.
 	DeadlineBatch int
@@ -129,9 +130,9 @@ func New(cfg Config) *Maintainer {
 }
 
 // Run tries to lead every Interval and, while this process leads, runs the deadline pass every
-// Interval and the retention pass every RetentionInterval. It returns when ctx ends. Errors are
-// logged, the first of a run of them only: during a Postgres outage every process would
-// otherwise log one a second.
+// Interval and the retention pass every RetentionInterval, each at once when it begins to lead.
+// It returns when ctx ends. Errors are logged, the first of a run of them only: during a
+// Postgres outage every process would otherwise log one a second.
 func (m *Maintainer) Run(ctx context.Context) error {
 	leader.Run(ctx, m.cfg.Store.Pool(), lockKey, m.cfg.Interval, m.lead,
 		leader.LogStreak(ctx, m.cfg.Logger, "maintenance leadership"))
@@ -153,7 +154,10 @@ func (m *Maintainer) lead(ctx context.Context) error {
 	})
 	if m.retains() {
 		wg.Go(func() {
-			m.every(ctx, m.cfg.RetentionInterval, false, "retention pass", func(ctx context.Context) error {
+			// At once too: the lead moves at every restart, deploy or lost lock connection, and
+			// with the first pass an interval after it, workers restarted more often than the
+			// interval never deleted anything. A pass with nothing to delete is a few index probes.
+			m.every(ctx, m.cfg.RetentionInterval, true, "retention pass", func(ctx context.Context) error {
 				m.retentionPass(ctx) // logs its own line, error included
 				return nil
 			})

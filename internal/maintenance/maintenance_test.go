@@ -474,3 +474,33 @@ func TestMaintainer_DeletesExpiredAuditEntries(t *testing.T) {
 		t.Fatal("Run did not return after its context ended")
 	}
 }
+
+// TestMaintainer_RetentionPassRunsWhenLeadingBegins: a process that takes the lead runs its first
+// retention pass at once, not one retention.interval later. The lead moves at every restart,
+// deploy or lost lock connection: with the first pass an interval after it (an hour, a day, as
+// an operator may set), workers restarted more often than that never deleted anything.
+func TestMaintainer_RetentionPassRunsWhenLeadingBegins(t *testing.T) {
+	t.Parallel()
+	b, m := setup(t, maintenance.Config{Interval: 20 * time.Millisecond, RetentionInterval: 24 * time.Hour,
+		Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: time.Hour}})
+	old := b.Finished(t, jobs.StatusSucceeded, "")
+	b.FinishedAgo(t, old, 2*time.Hour)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	}()
+	require.Eventually(t, func() bool { // on testify's goroutine: no require here
+		var n int
+		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE id = $1`, old).Scan(&n)
+		return err == nil && n == 0
+	}, 20*time.Second, 20*time.Millisecond, "the expired job is deleted by the first pass, long before the interval")
+}
