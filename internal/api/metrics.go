@@ -54,9 +54,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		submitStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmq_submit_stage_duration_seconds",
 			Help: "Time one submit of a new job spent in each stage before the API answered.",
-			// The buckets of llmq_delivery_stage_duration_seconds (0.5 ms to 65 s), so that the
+			// The buckets of llmq_delivery_stage_duration_seconds (0.5 ms to 524 s), so that the
 			// two can be read side by side.
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 21),
 		}, []string{"stage"}),
 		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_http_responses_total",

@@ -102,20 +102,26 @@ func New(cfg Config) *Batcher {
 }
 
 // Run makes a pass every Tick while this process leads the batch lane, and keeps trying to lead
-// otherwise, until ctx ends. A failed try to lead is logged when it is the first of a run (see
-// leader.LogStreak).
+// otherwise, until ctx ends. Errors are logged, the first of a run of them only (and the
+// success that ends it; see leader.LogStreak), as the maintenance passes log theirs: during a
+// Postgres outage every process would otherwise log one a Tick. A run of failed passes carries
+// over between leads, so that losing and taking the lead again does not log it again.
 func (b *Batcher) Run(ctx context.Context) error {
-	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.lead,
-		leader.LogStreak(ctx, b.cfg.Logger, "batch lane leadership"))
+	passes := leader.LogStreak(ctx, b.cfg.Logger, "batch lane pass")
+	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, func(ctx context.Context) error {
+		return b.lead(ctx, passes)
+	}, leader.LogStreak(ctx, b.cfg.Logger, "batch lane leadership"))
 	return nil
 }
 
-func (b *Batcher) lead(ctx context.Context) error {
+// lead makes a pass every Tick until ctx (the lead) ends, telling report each pass's outcome but
+// that of a pass the lead's end cut.
+func (b *Batcher) lead(ctx context.Context, report func(error)) error {
 	t := time.NewTicker(b.cfg.Tick)
 	defer t.Stop()
 	for {
-		if err := b.Once(ctx); err != nil && ctx.Err() == nil {
-			b.cfg.Logger.WarnContext(ctx, "batch lane pass", "error", err)
+		if err := b.Once(ctx); ctx.Err() == nil {
+			report(err)
 		}
 		select {
 		case <-ctx.Done():

@@ -1,11 +1,9 @@
 package batchlane_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +13,6 @@ import (
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/pgtest"
 )
-
-// syncBuffer is a log sink safe for the batcher's goroutine and the test's.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // While Postgres is unreachable every worker's try to lead the batch lane fails, every tick:
 // the first failure of the run is logged, not each (one line per second per worker, for the

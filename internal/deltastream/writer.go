@@ -61,6 +61,9 @@ type Writer struct {
 	closed  bool
 	drained chan struct{} // made by Close; closed once nothing is pending or being written
 	written int           // entries written to Redis
+	// failed is how many of its writes failed: only the first is logged, since with Redis
+	// away every piece's write fails, at once.
+	failed int
 }
 
 // Writer starts the writer of an attempt of job id: seq is the job's event sequence number of
@@ -125,15 +128,17 @@ func (w *Writer) take() []entryValues {
 	return values
 }
 
-// wrote records the outcome of the flusher's write of n entries taken from the writer.
+// wrote records the outcome of the flusher's write of n entries taken from the writer. The
+// attempt's first failed write is logged, not the others.
 func (w *Writer) wrote(n int, err error) {
-	if err != nil {
-		w.b.cfg.Logger.Warn("write stream deltas", "job_id", w.job, "attempt", w.attempt, "error", err)
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err == nil {
 		w.written += n
+	} else if w.failed++; w.failed == 1 {
+		// Before the write is marked done: a Close that returns finds it logged.
+		w.b.cfg.Logger.Warn("write stream deltas (the attempt's further failed writes are not logged)",
+			"job_id", w.job, "attempt", w.attempt, "error", err)
 	}
 	w.writing = false
 	w.checkDrained()

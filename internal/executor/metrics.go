@@ -72,14 +72,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"credential", "reason"}),
 		submitToResult: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmq_job_duration_seconds", Help: "Submit to terminal status, retries and waits included: the latency the user sees.",
-			Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
+			// 50 ms to 29 h: a job lives up to its timeout (at most 24h), or longer when an
+			// operator retries it dead (its submit stays its own).
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 22),
 		}, []string{"credential", "status"}),
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmq_delivery_stage_duration_seconds",
 			Help: "Time one delivery of a job spent in each stage: where a job's latency goes.",
-			// 0.5 ms to 65 s: the store's round trips at the bottom, provider calls and pick-up
-			// from a backlog at the top.
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+			// 0.5 ms to 524 s: the store's round trips at the bottom, provider calls (up to
+			// attempt_timeout, 5m by default) and pick-up from a backlog at the top. The API's
+			// llmq_submit_stage_duration_seconds has the same.
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 21),
 		}, []string{"stage"}),
 		deferrals: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmq_delivery_deferrals_total",

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/limiter"
@@ -282,4 +283,49 @@ func TestWorker_PublishesCredentialTagsUnderTheDefaultPrefix(t *testing.T) {
 		got, err := rdb.HGet(context.Background(), redisscript.CredentialIndexKey(redisscript.DefaultPrefix), "default").Result()
 		return err == nil && got == want
 	}, 10*time.Second, 10*time.Millisecond, "no tag where the console reads it")
+}
+
+// TestWorker_BreakerGaugeFollowsAnotherProcess: llmq_breaker_state shows the breaker as Redis
+// holds it, opened and closed by another process, with no job on the credential here: a worker
+// whose jobs left an open breaker's credential (their fallbacks took them) showed it open for
+// as long as it ran, and one that never sent on it had no series.
+func TestWorker_BreakerGaugeFollowsAnotherProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond})
+	b.run(t)
+	ctx := context.Background()
+	// Another process with its own breaker on the same Redis.
+	br, err := breaker.New(redistest.Client(t), &breaker.Config{Prefix: b.prefix, Threshold: 1, Cooldown: time.Millisecond,
+		SuccessMemory: -1})
+	require.NoError(t, err)
+	cred, _ := b.cfg.Credential("default")
+	circuit := br.Circuit(cred.LimiterID(), cred.Name)
+	state := func(want string) func() bool {
+		return func() bool {
+			v, ok := values(t, b.reg, "llmq_breaker_state")[`credential="default",state="`+want+`"`]
+			return ok && v == 1
+		}
+	}
+
+	a, err := circuit.Allow(ctx)
+	require.NoError(t, err)
+	require.True(t, a.Allowed)
+	st, err := circuit.Report(ctx, a, breaker.Failure)
+	require.NoError(t, err)
+	require.Equal(t, breaker.Open, st)
+	require.Eventually(t, state("open"), 10*time.Second, 5*time.Millisecond)
+
+	// The cooldown (1 ms) ends: the next Allow is the probe, whose success closes the breaker.
+	probe := make(chan breaker.Admission, 1)
+	require.Eventually(t, func() bool {
+		a, err := circuit.Allow(ctx)
+		if err == nil && a.Probe {
+			probe <- a
+		}
+		return err == nil && a.Probe
+	}, 10*time.Second, 5*time.Millisecond)
+	st, err = circuit.Report(ctx, <-probe, breaker.Success)
+	require.NoError(t, err)
+	require.Equal(t, breaker.Closed, st)
+	require.Eventually(t, state("closed"), 10*time.Second, 5*time.Millisecond)
 }

@@ -78,6 +78,8 @@ type Worker struct {
 	rdb      redis.UniversalClient
 	// gates are the credentials' limiter gates, whose pause state Run refreshes.
 	gates []*limiter.Gate
+	// circuits are the credentials' breakers, whose state (the gauge) Run refreshes.
+	circuits []*breaker.Circuit
 	// pauses keeps the credentials' pauses in Postgres; refreshPauses restores one Redis lost.
 	pauses *credpause.Store
 }
@@ -252,8 +254,10 @@ func (w *Worker) newUpstreams(lim *limiter.Limiter, limMetrics *limiter.Metrics)
 		}
 		gate := lim.Gate(c.LimiterID(), c.Name)
 		w.gates = append(w.gates, gate)
+		circuit := w.breaker.Circuit(c.LimiterID(), c.Name)
+		w.circuits = append(w.circuits, circuit)
 		up := executor.Upstream{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout,
-			FirstByteTimeout: c.FirstByteTimeout, Gate: gate, Circuit: w.breaker.Circuit(c.LimiterID(), c.Name),
+			FirstByteTimeout: c.FirstByteTimeout, Gate: gate, Circuit: circuit,
 			PauseProbeInterval: c.PauseProbeInterval}
 		if l := c.Limits; l != nil {
 			up.Limit = limiter.Limit{Rate: l.RequestsPerSecond, Burst: l.Burst, InputTokensPerMinute: l.InputTokensPerMinute,
@@ -401,7 +405,9 @@ func (w *Worker) publishCredentialTags(ctx context.Context) {
 // state Redis lost (limiter.PauseState.Unknown) is restored from Postgres, so that the gauge of
 // an idle credential paused before the loss stays 1; and so is a pause kept in Postgres that
 // Redis holds as not paused, the episode never ended there (credpause.Store.Reconcile: a
-// failover lost it), at one Postgres read per credential not paused.
+// failover lost it), at one Postgres read per credential not paused. It reads each breaker's
+// state too (which sets llmq_breaker_state), for the same reasons: a breaker another process
+// closed stayed open in the gauge of a worker whose jobs had left the credential.
 func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
@@ -421,6 +427,14 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 			cancel()
 			if err != nil && ctx.Err() == nil {
 				w.opts.Logger.WarnContext(ctx, "refresh credential pause state", "error", err)
+			}
+		}
+		for _, c := range w.circuits {
+			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
+			_, err := c.Status(rctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				w.opts.Logger.WarnContext(ctx, "refresh credential breaker state", "error", err)
 			}
 		}
 		select {
