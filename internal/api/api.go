@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -112,6 +113,8 @@ type Server struct {
 	contract *contract
 	mux      *http.ServeMux
 	routes   []route
+	// notFound answers an unknown path (route "/" of the metrics).
+	notFound http.Handler
 	// streams counts each tenant's open event streams.
 	streams *streamCounter
 	// authLog throttles the log lines of refused credentials.
@@ -180,14 +183,41 @@ func New(cfg Config) *Server {
 	if cfg.Console != nil {
 		s.mux.Handle("/console/", cfg.Metrics.instrument("/console/", cfg.Console))
 	}
-	s.mux.Handle("/", cfg.Metrics.instrument("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusNotFound, typ: "not_found", message: "no route for " + r.Method + " " + r.URL.Path})
-	})))
+	s.notFound = cfg.Metrics.instrument("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		message := "no route for " + r.Method + " " + r.URL.Path
+		if clean := cleanPath(r.URL.EscapedPath()); clean != r.URL.EscapedPath() {
+			message += " (paths are matched as written: did you mean " + clean + "?)"
+		}
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusNotFound, typ: "not_found", message: message})
+	}))
+	s.mux.Handle("/", s.notFound)
 	return s
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. A path with an empty or a dot segment ("//v1/jobs",
+// "/v1/jobs/x/../y") is an unknown path, answered 404 like any other: ServeMux would redirect it
+// to its cleaned form, an answer the contract does not describe, whose Location drops the path
+// prefix of a proxy in front and which makes a client re-send a submit to another URL.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p := r.URL.EscapedPath(); r.Method != http.MethodConnect && cleanPath(p) != p {
+		s.notFound.ServeHTTP(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is p in the form ServeMux routes without a redirect (its own cleanPath): rooted,
+// without empty or dot segments, a trailing slash kept.
+func cleanPath(p string) string {
+	if p == "" || p[0] != '/' {
+		p = "/" + p
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean
+}
 
 // Shutdown ends every open event stream (their clients reconnect with Last-Event-ID, to this
 // replica or another) and makes new ones end at once. Call it when the HTTP server shuts down

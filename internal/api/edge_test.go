@@ -169,6 +169,43 @@ func TestServer_HeadAnswersAsGet(t *testing.T) {
 	require.Equal(t, "DELETE, GET, HEAD", b.do(t, http.MethodPut, "/v1/jobs/"+job.ID, "", nil).header.Get("Allow"))
 }
 
+// TestServer_NonCanonicalPathsAre404: a path with an empty segment or a dot segment is an unknown
+// path, answered 404 not_found as api/openapi.yaml promises, not a redirect to its cleaned form:
+// the redirect's Location drops a proxy's path prefix, re-sends a submit elsewhere, and is no
+// answer the contract describes (undocumented 307, text/html).
+func TestServer_NonCanonicalPathsAre404(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	job := b.create(t, "")
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, rt := range []struct{ method, path string }{
+		{http.MethodPost, "//v1/jobs"}, {http.MethodPost, "/v1//jobs"}, {http.MethodPost, "/v1/./jobs"},
+		{http.MethodGet, "//v1/jobs/" + job.ID}, {http.MethodDelete, "/v1/jobs/" + job.ID + "/../" + job.ID},
+		{http.MethodGet, "/v1/jobs/" + job.ID + "/events/.."}, {http.MethodHead, "/healthz/."}, {http.MethodGet, "//metrics"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+		req, err := http.NewRequestWithContext(ctx, rt.method, b.url+rt.path, strings.NewReader(minimalSubmit))
+		require.NoError(t, err)
+		resp, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		cancel()
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, "%s %s: %s", rt.method, rt.path, raw)
+		require.Empty(t, resp.Header.Get("Location"), "%s %s", rt.method, rt.path)
+		if rt.method != http.MethodHead {
+			require.Contains(t, string(raw), `"type":"not_found"`, "%s %s", rt.method, rt.path)
+		}
+	}
+	got, err := b.store.Get(context.Background(), job.ID)
+	require.NoError(t, err)
+	require.Equal(t, "queued", string(got.Status), "no path with dot segments canceled the job")
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM jobs").Scan(&n))
+	require.Equal(t, 1, n, "no submit to a path with an empty or dot segment stored a job")
+}
+
 func TestAuth_RevokedTokenLogIsThrottled(t *testing.T) {
 	t.Parallel()
 	var logs lockedBuffer

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"math/rand/v2"
@@ -412,4 +414,56 @@ func mutate(rng *rand.Rand, s string) string {
 // urlSafe percent-encodes what httptest.NewRequest would refuse in a path.
 func urlSafe(s string) string {
 	return strings.NewReplacer("%", "%25", " ", "%20", "\x00", "%00").Replace(s)
+}
+
+// TestSubmit_IntegralMaxAttempts: max_attempts is an integer as api/openapi.yaml's JSON Schema
+// reads one, a number without a fractional part however written (3.0 from a client whose
+// numbers are floats, 3e0); a fraction, a string or a number past any int is still invalid_field.
+func TestSubmit_IntegralMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	for _, v := range []string{`3`, `3.0`, `3e0`, `0.3e1`, `300e-2`} {
+		r := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"max_attempts":`+v+`}`, nil)
+		require.Equal(t, http.StatusAccepted, r.status, "max_attempts %s: %v", v, r.body)
+		require.EqualValues(t, 3, r.body["max_attempts"], "max_attempts %s", v)
+	}
+	for _, v := range []string{`2.5`, `"3"`, `1e999`, `1e19`, `-1e19`, `true`} {
+		r := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"max_attempts":`+v+`}`, nil)
+		requireError(t, r, http.StatusBadRequest, "invalid_field")
+		require.Contains(t, r.body["error"].(map[string]any)["message"], `"max_attempts"`, "max_attempts %s", v)
+	}
+	for _, v := range []string{`1e2`, `100.0`} {
+		r := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"max_attempts":`+v+`}`, nil)
+		require.Equal(t, http.StatusAccepted, r.status, "max_attempts %s: %v", v, r.body)
+	}
+	for _, v := range []string{`101.0`, `0e5`, `-1.0`} {
+		r := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"max_attempts":`+v+`}`, nil)
+		requireError(t, r, http.StatusBadRequest, "invalid_max_attempts")
+	}
+}
+
+// TestSubmit_ContentEncodingIs415: a body sent with a content coding (gzip, say) is refused with
+// 415 naming the coding, and Accept-Encoding: identity (RFC 9110 §15.5.16), before it is read:
+// not a 400 that calls the compressed bytes invalid UTF-8. identity is no coding.
+func TestSubmit_ContentEncodingIs415(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	_, err := w.Write([]byte(minimalSubmit))
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	for _, coding := range []string{"gzip", "br", "deflate, gzip"} {
+		r := b.do(t, http.MethodPost, "/v1/jobs", gz.String(), map[string]string{"Content-Encoding": coding})
+		requireError(t, r, http.StatusUnsupportedMediaType, "unsupported_content_encoding")
+		require.Equal(t, "identity", r.header.Get("Accept-Encoding"))
+		require.Contains(t, r.body["error"].(map[string]any)["message"], coding)
+	}
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM jobs").Scan(&n))
+	require.Zero(t, n, "a compressed body stored a job")
+	for _, coding := range []string{"identity", "IDENTITY", ""} {
+		r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, map[string]string{"Content-Encoding": coding})
+		require.Equal(t, http.StatusAccepted, r.status, "Content-Encoding %q: %v", coding, r.body)
+	}
 }

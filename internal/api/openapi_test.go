@@ -141,6 +141,7 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	b.do(t, http.MethodPost, "/v1/jobs", `{"request":`, nil)                                       // 400
 	b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"m":"`+strings.Repeat("x", 2000)+`"}}`, nil) // 413
 	b.do(t, http.MethodPost, "/v1/jobs", body, bearer)                                             // 401
+	b.do(t, http.MethodPost, "/v1/jobs", body, map[string]string{"Content-Encoding": "gzip"})      // 415
 	b.do(t, http.MethodPost, "/v1/jobs", body, revoked)                                            // 403
 	for range 9 {
 		b.do(t, http.MethodPost, "/v1/jobs", body, limited) // 202 for its burst of 8, then 429

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -87,7 +90,7 @@ type submitBody struct {
 	// AttemptTimeout and FirstByteTimeout override the credential's per-call limits.
 	AttemptTimeout   *string         `json:"attempt_timeout"`
 	FirstByteTimeout *string         `json:"first_byte_timeout"`
-	MaxAttempts      *int            `json:"max_attempts"`
+	MaxAttempts      *integral       `json:"max_attempts"`
 	Metadata         json.RawMessage `json:"metadata"`
 	// Fallbacks are credentials tried in order after retryable failures on Credential.
 	Fallbacks []string `json:"fallbacks"`
@@ -95,6 +98,31 @@ type submitBody struct {
 	Lane *string `json:"lane"`
 	// Priority orders the job among its tenant's waiting work: "high", "normal" (default), "low".
 	Priority *string `json:"priority"`
+}
+
+// integral is a JSON integer as the contract's JSON Schema reads one: a number without a
+// fractional part, however written (3, 3.0, 3e0: a client whose numbers are floats sends 3.0).
+// Anything else, or a number past ±2^53 (beyond exact), is a *json.UnmarshalTypeError, which
+// the decode names the field of (invalid_field).
+type integral int64
+
+// maxIntegral bounds an integral: every integer up to it is exact in a float64.
+const maxIntegral = 1 << 53
+
+// UnmarshalJSON implements json.Unmarshaler (not called for null: the field stays nil).
+func (n *integral) UnmarshalJSON(b []byte) error {
+	refuse := func(what string) error {
+		return &json.UnmarshalTypeError{Value: what, Type: reflect.TypeFor[int]()}
+	}
+	if len(b) == 0 || b[0] != '-' && (b[0] < '0' || b[0] > '9') {
+		return refuse("non-number " + truncateValue(string(b)))
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || f != math.Trunc(f) || math.Abs(f) > maxIntegral {
+		return refuse("number " + truncateValue(string(b)))
+	}
+	*n = integral(f)
+	return nil
 }
 
 // parsePriority sets the job's priority: absent means normal; anything but the three names is
@@ -245,7 +273,7 @@ func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 		if *b.MaxAttempts < 1 || *b.MaxAttempts > 100 {
 			return invalid("invalid_max_attempts", "max_attempts must be between 1 and 100 (got %d)", *b.MaxAttempts)
 		}
-		p.MaxAttempts = *b.MaxAttempts
+		p.MaxAttempts = int(*b.MaxAttempts)
 	}
 	return nil
 }
@@ -437,6 +465,13 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
+	if coding := contentCoding(r.Header); coding != "" {
+		// Read as JSON, a compressed body would be refused as invalid UTF-8, which says nothing.
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusUnsupportedMediaType, typ: "unsupported_content_encoding",
+			message: fmt.Sprintf("the body's Content-Encoding %q is not accepted: send the JSON as it is (identity)", coding),
+			header:  http.Header{"Accept-Encoding": {"identity"}}})
+		return
+	}
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		writeError(w, r, s.cfg.Logger, bodyTooLarge(s.cfg.MaxBodyBytes))
 		return
@@ -508,6 +543,20 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusAccepted, s.answer(job))
+}
+
+// contentCoding returns the request's Content-Encoding when it names a coding other than
+// identity, else "": the submit decodes none (RFC 9110 §8.4), so such a body is a 415.
+func contentCoding(h http.Header) string {
+	values := h.Values("Content-Encoding")
+	for _, v := range values {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return strings.Join(values, ", ")
+			}
+		}
+	}
+	return ""
 }
 
 // replayRefused answers a submit the contract refused (refusal, an *InvalidError) with the job

@@ -162,6 +162,9 @@ func (s *Spec) Check(method, path string, status int, header http.Header, body [
 	if respObj == nil {
 		return fmt.Errorf("%s: status not documented", where)
 	}
+	if err := s.checkHeaders(respObj, header); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
 	if head {
 		return nil
 	}
@@ -195,6 +198,28 @@ func (s *Spec) Check(method, path string, status int, header http.Header, body [
 		}
 		if err := s.checkEvents(base+"/x-event-data", body); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
+		}
+	}
+	return nil
+}
+
+// checkHeaders requires the headers the response documents as required, and an integer's
+// value to be one (Retry-After in seconds). A HEAD's answer carries its headers too.
+func (s *Spec) checkHeaders(resp map[string]any, header http.Header) error {
+	headers, _ := resp["headers"].(map[string]any)
+	for _, name := range slices.Sorted(mapKeys(headers)) {
+		h, _ := s.resolve(headers[name], "")
+		v := header.Get(name)
+		if v == "" {
+			if required, _ := h["required"].(bool); required {
+				return fmt.Errorf("header %s is required, not sent", name)
+			}
+			continue
+		}
+		if typ, _ := mapGet(h["schema"], "type").(string); typ == "integer" {
+			if _, err := strconv.Atoi(v); err != nil {
+				return fmt.Errorf("header %s: %q is not an integer", name, v)
+			}
 		}
 	}
 	return nil

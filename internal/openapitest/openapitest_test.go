@@ -16,7 +16,7 @@ const job = `{"id":"0190a5b2-7c1e-7d3f-9a8b-123456789abc","status":"retrying","c
 "attempts":1,"max_attempts":5,"timeout":"1m0s","deadline":"2026-12-01T10:00:00Z","created_at":"2026-12-01T09:59:00Z",
 "started_at":"2026-12-01T09:59:01Z","finished_at":null,"next_attempt_at":null,
 "last_error":{"class":"CLASS","status":503,"message":"overloaded"},"result":null,"usage":null,"dead_reason":null,
-"metadata":{"order":"42"}}`
+"metadata":{"order":"42"},"lane":"online","batch_id":null,"batch_state":null,"cost_class":null,"priority":"normal"}`
 
 func TestSpec_Check(t *testing.T) {
 	t.Parallel()
@@ -27,6 +27,11 @@ func TestSpec_Check(t *testing.T) {
 		return []byte(strings.ReplaceAll(job, "CLASS", c))
 	}
 	const id = "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc"
+	withLocation := http.Header{"Content-Type": {"application/json"}, "Location": {id}}
+	withRetryAfter := func(v string) http.Header {
+		return http.Header{"Content-Type": {"application/json"}, "Retry-After": {v}}
+	}
+	errorBody := []byte(`{"error":{"type":"rate_limited","message":"slow down"}}`)
 
 	for name, tc := range map[string]struct {
 		method, path string
@@ -35,8 +40,10 @@ func TestSpec_Check(t *testing.T) {
 		body         []byte
 		ok           bool
 	}{
-		"Job":                    {"GET", id, 200, jsonHeader, withClass("retryable"), true},
-		"ClassNeverSent":         {"GET", id, 200, jsonHeader, withClass("server_error"), false},
+		"Job":            {"GET", id, 200, jsonHeader, withClass("retryable"), true},
+		"ClassNeverSent": {"GET", id, 200, jsonHeader, withClass("server_error"), false},
+		// Every field but events_url is in every answer (null when unset).
+		"JobWithoutAField":       {"GET", id, 200, jsonHeader, []byte(strings.Replace(string(withClass("retryable")), `"batch_id":null,`, "", 1)), false},
 		"UndocumentedStatus":     {"GET", id, 418, jsonHeader, []byte(`{"error":{"type":"x","message":"y"}}`), false},
 		"Error":                  {"GET", id, 404, jsonHeader, []byte(`{"error":{"type":"not_found","message":"no"}}`), true},
 		"ErrorWithoutMessage":    {"GET", id, 404, jsonHeader, []byte(`{"error":{"type":"not_found"}}`), false},
@@ -58,7 +65,14 @@ func TestSpec_Check(t *testing.T) {
 		"HeadUndocumentedStatus":   {"HEAD", id, 418, jsonHeader, nil, false},
 		"HeadOfEvents":             {"HEAD", id + "/events", 405, http.Header{"Allow": {"GET"}}, nil, true},
 		"HeadOfEventsWithoutAllow": {"HEAD", id + "/events", 200, http.Header{}, nil, false},
-		"SubmitOpenRequest":        {"POST", "/v1/jobs", 202, jsonHeader, withClass("timeout"), true},
+		"SubmitOpenRequest":        {"POST", "/v1/jobs", 202, withLocation, withClass("timeout"), true},
+		// The headers an answer must carry: Location, Retry-After, WWW-Authenticate, ...
+		"SubmitWithoutLocation":        {"POST", "/v1/jobs", 202, jsonHeader, withClass("timeout"), false},
+		"RateLimited":                  {"POST", "/v1/jobs", 429, withRetryAfter("3"), errorBody, true},
+		"RateLimitedWithoutRetryAfter": {"POST", "/v1/jobs", 429, jsonHeader, errorBody, false},
+		"RetryAfterNotSeconds":         {"POST", "/v1/jobs", 429, withRetryAfter("soon"), errorBody, false},
+		"UnauthorizedWithoutChallenge": {"GET", id, 401, jsonHeader, errorBody, false},
+		"HeadUnavailableWithoutRetry":  {"HEAD", id, 503, http.Header{}, nil, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

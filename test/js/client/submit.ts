@@ -34,9 +34,28 @@ export async function submit(): Promise<Job> {
   return data;
 }
 
+// Only `request` is required (the README's tour sends nothing else): every other field of the
+// body stays optional in the generated types, those with a default on the server too.
+export async function submitMinimal(): Promise<Job | undefined> {
+  const { data } = await client.POST("/v1/jobs", {
+    body: { request: { model: "claude-sonnet-4-5", max_tokens: 256, messages: [{ role: "user", content: "Say hello" }] } },
+  });
+  return data;
+}
+
 export async function poll(id: string): Promise<Job | undefined> {
   const { data } = await client.GET("/v1/jobs/{id}", { params: { path: { id } } });
   return data;
+}
+
+// Every job answer carries every field of Job but events_url (null when unset): a client reads
+// them without a check for undefined.
+export function fields(job: Job): [string, string, string, string[], string | null, "online" | "batch", string] {
+  return [job.deadline, job.timeout, job.priority, job.fallbacks, job.finished_at, job.lane, job.created_at];
+}
+
+export function lastErrorOf(job: Job): string | null {
+  return job.last_error === null ? null : job.last_error.class;
 }
 
 // The types still refuse what the API refuses.
