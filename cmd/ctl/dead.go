@@ -24,7 +24,7 @@ func (a *app) deadCommand() *cli.Command {
 			Usage: "list dead jobs, most recently dead first",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "reason", Usage: "only this dead reason (rate_limited_no_retry_after, retries_exhausted)"},
-				&cli.StringFlag{Name: "credential", Usage: "only this credential"},
+				&cli.StringFlag{Name: "credential", Usage: "only jobs sent to this credential (their own, or a fallback they reached)"},
 				&cli.StringFlag{Name: "since", Usage: "only jobs that died within this long (30m, 24h, 7d)"},
 				&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
 				jsonFlag,
@@ -43,7 +43,7 @@ func (a *app) deadCommand() *cli.Command {
 			Flags: []cli.Flag{
 				&cli.BoolFlag{Name: "all", Usage: "every dead job (narrowed by --reason and --credential)"},
 				&cli.StringFlag{Name: "reason", Usage: "with --all: only this dead reason"},
-				&cli.StringFlag{Name: "credential", Usage: "with --all: only this credential"},
+				&cli.StringFlag{Name: "credential", Usage: "with --all: only jobs sent to this credential (their own, or a fallback they reached)"},
 			},
 			Action: a.deadRetry,
 		}, {
@@ -88,8 +88,18 @@ func (a *app) deadList(c *cli.Context) error {
 			if j.DeadReason != nil {
 				reason = *j.DeadReason
 			}
-			return []string{j.ID, j.Credential, reason, attemptsText(j), ts(j.FinishedAt), lastErrorText(j.LastError)}
+			return []string{j.ID, deadCredentialText(j), reason, attemptsText(j), ts(j.FinishedAt), lastErrorText(j.LastError)}
 		})
+}
+
+// deadCredentialText names, for tables, the credential a dead job died on, and its own when it
+// had failed over to a fallback: "backup (from default)". The alert and the pause name the
+// first, llmq_dead_letters_total the second; --credential selects by either.
+func deadCredentialText(j *jobs.Job) string {
+	if c := j.CurrentCredential(); c != j.Credential {
+		return c + " (from " + j.Credential + ")"
+	}
+	return j.Credential
 }
 
 // attemptsText is a job's attempts made out of its most, as tables show it: "2/5".

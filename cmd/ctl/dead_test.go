@@ -390,3 +390,27 @@ func TestDeadPurge(t *testing.T) {
 	require.Equal(t, 1, entries[0].Count)
 	require.Equal(t, map[string]any{"requested": []any{recent.ID, live.ID, unknown}}, entries[0].Detail)
 }
+
+// TestDeadList_FailedOverJob: a job that failed over and died on its fallback is listed with
+// the credential it died on (the one its alert names and that is paused), and its own, and
+// either --credential finds it. The table named only its own credential, and --credential
+// with the fallback found nothing.
+func TestDeadList_FailedOverJob(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	job, _, err := b.store.Create(t.Context(), jobs.CreateParams{
+		Tenant: "default", Credential: "default", Fallbacks: []string{"backup"}, Fingerprint: "x",
+		Request: json.RawMessage(`{"model":"claude-test","max_tokens":5}`), MaxAttempts: 3, Timeout: time.Minute,
+	})
+	require.NoError(t, err)
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying, NextCredential: true})
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRateLimitedNoRetryAfter})
+
+	for _, cred := range []string{"backup", "default"} {
+		r := run(t, "--database-url", b.url, "dead", "list", "--credential", cred)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := tableRows(r.out)
+		require.Len(t, rows, 2, "--credential %s: %q", cred, r.out)
+		require.Equal(t, []string{job.ID, "backup (from default)"}, rows[1][:2])
+	}
+}

@@ -54,7 +54,8 @@ type SweeperConfig struct {
 
 // Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data
 // (a restart without persistence, a flush) or after an API process died between commit and
-// enqueue; and it rescues the jobs whose task a dead worker process left active (see
+// enqueue; a task asynq holds archived or completed counts as missing (Postgres wins: it is
+// replaced); and it rescues the jobs whose task a dead worker process left active (see
 // SweeperConfig.OrphanGrace). One process at a time sweeps, elected with a Postgres advisory
 // lock. Duplicate deliveries are harmless: the attempt lease lets one call at a time go. While
 // every task is in place a pass checks SweeperConfig.PassJobs jobs and the next goes on from
@@ -208,8 +209,9 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 	return rescued, nil
 }
 
-// reenqueueMissing enqueues the non-terminal jobs that have no task, walking them in ID order from
-// where the last pass stopped. It stops after PassJobs jobs when every task it saw was in place
+// reenqueueMissing enqueues the non-terminal jobs that have no task (or an archived or
+// completed one, which it deletes first), walking them in ID order from where the last pass
+// stopped. It stops after PassJobs jobs when every task it saw was in place
 // (the next pass goes on from there, and the one after the end starts over); once one was
 // missing it goes on round the whole table, back to where it began, so that recovery from a
 // Redis flush takes one pass. It returns how many it enqueued.
@@ -236,11 +238,19 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context) (int, error) {
 		}
 		for i, u := range batch {
 			after = u.ID
-			if states[i] != "" {
+			switch states[i] {
+			case "":
+				if u.Fresh(s.cfg.FreshGrace) {
+					continue // perhaps a Handoff's; a pass after the grace enqueues it
+				}
+			case taskStateArchived, taskStateCompleted:
+				// asynq keeps the task but never runs it again, and refuses another of its ID:
+				// Postgres says the job waits, so the task is replaced.
+				if err := s.dropEnded(u.ID); err != nil {
+					return enqueued, err
+				}
+			default:
 				continue // in place (or leased, or active: see rescueOrphans)
-			}
-			if u.Fresh(s.cfg.FreshGrace) {
-				continue // perhaps a Handoff's; a pass after the grace enqueues it
 			}
 			var at time.Time
 			if u.NextAttemptAt != nil {
@@ -267,6 +277,33 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context) (int, error) {
 		s.after = after
 		return enqueued, nil
 	}
+}
+
+// The states (asynq's task hash "state" field) of a task asynq keeps but will not run again.
+const (
+	taskStateArchived  = "archived"
+	taskStateCompleted = "completed"
+)
+
+// dropEnded deletes the job's tasks that asynq holds archived or completed, so that the job's
+// task can be enqueued again.
+func (s *Sweeper) dropEnded(id string) error {
+	for _, task := range s.cfg.Enqueuer.queues.tasksOf(id) {
+		info, err := s.cfg.Inspector.GetTaskInfo(task.queue, task.id)
+		if taskAbsent(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("look up task %s: %w", task.id, err)
+		}
+		if info.State != asynq.TaskStateArchived && info.State != asynq.TaskStateCompleted {
+			continue
+		}
+		if err := s.cfg.Inspector.DeleteTask(task.queue, task.id); err != nil && !taskAbsent(err) {
+			return fmt.Errorf("delete task %s: %w", task.id, err)
+		}
+	}
+	return nil
 }
 
 // taskLeased marks, in taskStates' answer, a job whose attempt holds a live lease (not looked up).

@@ -38,7 +38,7 @@ func (t *Tasks) Abort(id string) error {
 	if err := t.signal(id); err != nil {
 		errs = append(errs, err)
 	}
-	if err := t.deleteWaiting(id); err != nil {
+	if _, err := t.deleteWaiting(id); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -116,33 +116,43 @@ func (t *Tasks) AbortEnded(job *jobs.Job) error {
 // Requeue puts the task of the job, whose priority is p, back on the queue to run now. A
 // waiting, completed or archived task of the job is deleted first, from every queue, because
 // asynq rejects a second task with the same ID while the first exists (Enqueue would silently
-// do nothing); an active one is left alone. When Requeue fails after the job was set queued in
-// Postgres, the sweeper enqueues it later.
+// do nothing); an active one is left alone. When the task Requeue would enqueue is active (the
+// delivery that dead-lettered the job has not returned yet, or one that found it dead), a
+// rescue task (see Enqueuer.EnqueueRescue) is enqueued instead: the active one ends without
+// running the job, and the job would have had no task until a sweep found it. When Requeue
+// fails after the job was set queued in Postgres, the sweeper enqueues it later.
 func (t *Tasks) Requeue(ctx context.Context, id string, p jobs.Priority) error {
-	if err := t.deleteWaiting(id); err != nil {
+	active, err := t.deleteWaiting(id)
+	if err != nil {
 		return err
+	}
+	if slices.Contains(active, placedTask{t.enqueuer.queues.For(p), id}) {
+		return t.enqueuer.EnqueueRescue(ctx, id, p)
 	}
 	return t.enqueuer.Enqueue(ctx, id, p, time.Time{})
 }
 
-// deleteWaiting deletes the job's tasks from each queue that holds one, unless it is active.
-func (t *Tasks) deleteWaiting(id string) error {
+// deleteWaiting deletes the job's tasks from each queue that holds one, unless it is active, and
+// returns the active ones it left.
+func (t *Tasks) deleteWaiting(id string) ([]placedTask, error) {
+	var active []placedTask
 	for _, task := range t.enqueuer.queues.tasksOf(id) {
 		info, err := t.inspector.GetTaskInfo(task.queue, task.id)
 		if taskAbsent(err) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("look up task %s: %w", task.id, err)
+			return active, fmt.Errorf("look up task %s: %w", task.id, err)
 		}
 		if info.State == asynq.TaskStateActive {
+			active = append(active, task)
 			continue
 		}
 		if err := t.inspector.DeleteTask(task.queue, task.id); err != nil && !taskAbsent(err) {
-			return fmt.Errorf("delete task %s: %w", task.id, err)
+			return active, fmt.Errorf("delete task %s: %w", task.id, err)
 		}
 	}
-	return nil
+	return active, nil
 }
 
 func taskAbsent(err error) bool {

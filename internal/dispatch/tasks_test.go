@@ -124,6 +124,21 @@ func TestTasks_Requeue(t *testing.T) {
 		require.NoError(t, b.tasks.Requeue(context.Background(), taskID, ""))
 		require.Equal(t, asynq.TaskStatePending, b.state(t, taskID))
 	})
+	// The task of a job retried the moment it died is still active (the dying delivery has
+	// recorded the death and not yet returned): asynq refuses a second task of its ID, and the
+	// enqueue was silently a no-op; once the active one ended, the job, queued, had no task
+	// until a sweep found it (a lap of the backlog), though the operator was told "requeued".
+	// Requeue enqueues a rescue task (its own ID) instead, which runs the job.
+	t.Run("ActiveTaskGetsARescue", func(t *testing.T) {
+		t.Parallel()
+		b := setupTasks(t)
+		ctx := context.Background()
+		require.NoError(t, b.enqueuer.Enqueue(ctx, taskID, "", time.Time{}))
+		orphan(t, redistest.Client(t), b.queue, taskID) // active, as a delivery's
+		require.NoError(t, b.tasks.Requeue(ctx, taskID, ""))
+		require.Equal(t, asynq.TaskStateActive, b.state(t, taskID), "a running delivery is left alone")
+		require.Equal(t, asynq.TaskStatePending, b.state(t, taskID+":rescue"), "a task that runs the job after it")
+	})
 }
 
 func TestTasks_Depth(t *testing.T) {

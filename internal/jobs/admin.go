@@ -47,7 +47,10 @@ type DeadFilter struct {
 	IDs []string
 	// Reason keeps jobs with this dead_reason (e.g. ReasonRetriesExhausted).
 	Reason string
-	// Credential keeps jobs of this credential.
+	// Credential keeps jobs that were sent to this credential: their own (which
+	// llmq_dead_letters_total names), or a fallback they failed over to before they died (the
+	// last, the one they died on, is the one their webhook alert and paused credential name).
+	// A fallback a job never reached does not select it.
 	Credential string
 	// Since keeps jobs that died at or after it.
 	Since time.Time
@@ -80,7 +83,8 @@ func (f DeadFilter) where(t string, args *[]any) string {
 		conds = append(conds, t+".dead_reason = "+arg(f.Reason))
 	}
 	if f.Credential != "" {
-		conds = append(conds, t+".credential = "+arg(f.Credential))
+		c := arg(f.Credential)
+		conds = append(conds, "("+t+".credential = "+c+" OR "+c+" = ANY ("+t+".fallbacks[1:"+t+".credential_index]))")
 	}
 	if !f.Since.IsZero() {
 		conds = append(conds, t+".finished_at >= "+arg(f.Since))
@@ -129,8 +133,10 @@ type RetryDeadOpts struct {
 
 // RetryDead puts every dead job f selects back to queued and returns them (f.Limit does not
 // apply), each with its priority, which names its task's queue. Each gets a fresh attempt budget
-// (attempts 0), a fresh deadline (its timeout from Postgres's clock, as a new job's), no dead
-// reason, and a "queued" event whose payload names the previous reason. Its earlier attempts
+// (attempts 0) and its whole credential chain back (its next attempt goes to its own credential,
+// failing over to its fallbacks as a new job's does), a fresh deadline (its timeout from
+// Postgres's clock, as a new job's), no dead reason, and a "queued" event whose payload names
+// the previous reason. Its earlier attempts
 // stay in job_attempts and the new ones continue their numbering (jobs.attempt_base, migration
 // 002). Jobs that are not dead are left alone and not returned. The caller then enqueues the
 // returned jobs (Tasks.Requeue); one it fails to enqueue is picked up by the sweeper.
@@ -198,6 +204,8 @@ const retryDeadBatch = 500
 // A limiter slot left in a dead job's row (held by a duplicate delivery after the dying
 // attempt's lease had run out) is dropped: kept, the retried job's first delivery sent on it at
 // once, unpaced (the row said no next attempt time, and a held slot is not asked for again).
+// The job starts over at its own credential (credential_index 0): left on the fallback it died
+// on, it never went back to its own credential, and waited on that fallback while it was paused.
 func retryDeadQuery(f DeadFilter, began time.Time, limit int) (string, []any) {
 	args := []any{began, limit}
 	where := f.where("d", &args)
@@ -211,6 +219,7 @@ WITH old AS (
 		attempt_base = greatest(j.attempt_base + j.attempts,
 			coalesce((SELECT max(a.attempt) FROM job_attempts a WHERE a.job_id = j.id), 0)),
 		dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL,
+		credential_index = 0,
 		deadline = clock_timestamp() + j.timeout_ms * interval '1 millisecond',
 		updated_at = now(), event_seq = j.event_seq + 1
 	WHERE j.id = ANY (ARRAY(SELECT id FROM old))
