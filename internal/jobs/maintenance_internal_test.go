@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/pgtest"
@@ -51,13 +52,34 @@ FROM generate_series(1, 5000) g, LATERAL (SELECT (ARRAY['queued', 'succeeded', '
 // growing with the table, so a pass over a backlog slowed as the table grew.
 func TestDeleteFinished_DeletesAttemptsAndEventsThroughTheirIndexes(t *testing.T) {
 	t.Parallel()
+	pool := pgtest.Pool(t)
+	insertFinishedJobs(t, pool, StatusSucceeded)
+	requireIndexedDeletes(t, pool, deleteFinishedSQL, StatusSucceeded, time.Now(), 500)
+}
+
+// TestPurgeDeadIDs_DeletesAttemptsAndEventsThroughTheirIndexes: the dead letters an operator
+// purges by id (the console's selection, ctl dead purge ID...) have their attempts and events
+// found by primary key too, not by reading both tables whole on a planner without statistics.
+func TestPurgeDeadIDs_DeletesAttemptsAndEventsThroughTheirIndexes(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
+	insertFinishedJobs(t, pool, StatusDead)
+	var ids []string // as many as the console's largest selection
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(id::text) FROM (SELECT id FROM jobs LIMIT 1000) j`).Scan(&ids))
+	requireIndexedDeletes(t, pool, purgeDeadIDsSQL, ids)
+}
+
+// insertFinishedJobs fills the table with 20,000 jobs of a final status, ended a second apart,
+// with an attempt and three events each, and no statistics (never analyzed).
+func insertFinishedJobs(t *testing.T, pool *pgxpool.Pool, status Status) {
+	t.Helper()
+	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms,
 	deadline, finished_at, event_seq)
-SELECT gen_random_uuid(), 'c', 'f', 'succeeded', '{}', 3, 60000, now() - g * interval '1 second',
+SELECT gen_random_uuid(), 'c', 'f', $1, '{}', 3, 60000, now() - g * interval '1 second',
 	now() - g * interval '1 second', 3
-FROM generate_series(1, 20000) g`)
+FROM generate_series(1, 20000) g`, status)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, class)
 SELECT id, 1, 'c', finished_at, 1, 'ok' FROM jobs`)
@@ -65,9 +87,16 @@ SELECT id, 1, 'c', finished_at, 1, 'ok' FROM jobs`)
 	_, err = pool.Exec(ctx, `INSERT INTO job_events (job_id, seq, type, payload)
 SELECT id, n, 'queued', '{}' FROM jobs, generate_series(1, 3) n`)
 	require.NoError(t, err)
+}
+
+// requireIndexedDeletes explains statement sql (in the deletions' transaction settings) and
+// requires that it reads job_attempts and job_events through an index, never in full.
+func requireIndexedDeletes(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
 	var plan []map[string]any
 	require.NoError(t, NewStore(pool, nil).inOrderOfIndex(ctx, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+deleteFinishedSQL, StatusSucceeded, time.Now(), 500).Scan(&plan)
+		return tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+sql, args...).Scan(&plan)
 	}))
 	scans := map[string][]string{}
 	var walk func(node map[string]any)

@@ -195,17 +195,7 @@ func (s *Store) PurgeDeadIDs(ctx context.Context, ids []string) ([]string, error
 			valid = append(valid, id)
 		}
 	}
-	rows, err := s.pool.Query(ctx, `
-WITH victims AS (
-	SELECT id FROM jobs WHERE status = 'dead' AND id = ANY($1::uuid[]) FOR UPDATE SKIP LOCKED
-), d AS (
-	DELETE FROM jobs j USING victims v WHERE j.id = v.id RETURNING j.id
-), a AS (
-	DELETE FROM job_attempts WHERE job_id IN (SELECT id FROM d)
-), e AS (
-	DELETE FROM job_events WHERE job_id IN (SELECT id FROM d)
-)
-SELECT id::text FROM d`, valid)
+	rows, err := s.pool.Query(ctx, purgeDeadIDsSQL, valid)
 	if err != nil {
 		return nil, fmt.Errorf("purge dead jobs: %w", err)
 	}
@@ -215,6 +205,21 @@ SELECT id::text FROM d`, valid)
 	}
 	return out, nil
 }
+
+// purgeDeadIDsSQL is PurgeDeadIDs's statement. Attempts and events are found by primary key (=
+// ANY of an array, as DeleteFinished's): joined with the deleted jobs, a planner without
+// statistics read both tables whole for a selection of the console's size.
+const purgeDeadIDsSQL = `
+WITH victims AS (
+	SELECT id FROM jobs WHERE status = 'dead' AND id = ANY($1::uuid[]) FOR UPDATE SKIP LOCKED
+), d AS (
+	DELETE FROM jobs j USING victims v WHERE j.id = v.id RETURNING j.id
+), a AS (
+	DELETE FROM job_attempts WHERE job_id = ANY (ARRAY(SELECT id FROM d))
+), e AS (
+	DELETE FROM job_events WHERE job_id = ANY (ARRAY(SELECT id FROM d))
+)
+SELECT id::text FROM d`
 
 // DeadByReason counts every dead job by its dead reason (an index-only scan of
 // jobs_dead_reason_idx, migration 018: dead jobs only).

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -220,23 +221,41 @@ func TestLead_SilentLeaderLosesTheLock(t *testing.T) {
 }
 
 // The leader bounds its lock session's idleness while it leads; the connection goes back to the
-// pool with the operator's setting (here the URL's), not without any bound.
+// pool with the operator's setting (the connection string's, or the database's or role's), not
+// without any bound.
 func TestLead_GivesTheConnectionBackWithItsIdleTimeout(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "1h"
-	cfg.MaxConns = 1 // Lead's connection is the one read after it
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	for name, set := range map[string]func(t *testing.T, cfg *pgxpool.Config){
+		"ConnectionString": func(t *testing.T, cfg *pgxpool.Config) {
+			cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "1h"
+		},
+		"Database": func(t *testing.T, cfg *pgxpool.Config) {
+			conn, err := pgx.ConnectConfig(t.Context(), cfg.ConnConfig)
+			require.NoError(t, err)
+			defer conn.Close(t.Context())
+			_, err = conn.Exec(t.Context(), "ALTER DATABASE "+pgx.Identifier{cfg.ConnConfig.Database}.Sanitize()+
+				" SET idle_session_timeout = '1h'") // the test's database, dropped with it
+			require.NoError(t, err)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+			require.NoError(t, err)
+			set(t, cfg)
+			cfg.MaxConns = 1 // Lead's connection is the one read after it
+			pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
 
-	led, err := leader.Lead(t.Context(), pool, key, time.Minute, func(ctx context.Context) error { return nil })
-	require.NoError(t, err)
-	require.True(t, led)
-	var idle string
-	require.NoError(t, pool.QueryRow(t.Context(), "SHOW idle_session_timeout").Scan(&idle))
-	require.Equal(t, "1h", idle)
+			led, err := leader.Lead(t.Context(), pool, key, time.Minute, func(ctx context.Context) error { return nil })
+			require.NoError(t, err)
+			require.True(t, led)
+			var idle string
+			require.NoError(t, pool.QueryRow(t.Context(), "SHOW idle_session_timeout").Scan(&idle))
+			require.Equal(t, "1h", idle)
+		})
+	}
 }
 
 // syncBuffer is a log sink safe for Run's goroutine and the test's.
@@ -273,7 +292,9 @@ func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
 	proxy.Cut()
 	go func() {
 		defer close(done)
-		leader.Run(ctx, pool, key, 10*time.Millisecond, func(ctx context.Context) error {
+		// 100 ms between tries, and as the lock connection's ping bound: a ping slower than that
+		// on a loaded machine would lose the lead, and log, before the test cuts it.
+		leader.Run(ctx, pool, key, 100*time.Millisecond, func(ctx context.Context) error {
 			leading <- struct{}{}
 			<-ctx.Done()
 			return nil
@@ -300,4 +321,67 @@ func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
 	out := logs.String()
 	require.Equal(t, 2, strings.Count(out, "level=WARN"), out)
 	require.Contains(t, out, "leader lock connection", out)
+}
+
+// Between its checks the leader waits on its lock session's socket with a deadline: the deadlines
+// that pass, the pings after them, and notifications for a LISTEN some other code left on the
+// pooled connection neither end the duty nor spoil the connection, which goes back to the pool
+// open and usable (not closed and replaced).
+func TestLead_ChecksLeaveTheConnectionUsable(t *testing.T) {
+	t.Parallel()
+	const check = 500 * time.Millisecond // a ping answers well within it on a loaded machine
+	dbURL := pgtest.URL(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // Lead's connection is the one read before and after it
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	other, err := pgxpool.New(t.Context(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+
+	var pid uint32
+	_, err = pool.Exec(t.Context(), "LISTEN llmq_leader_test")
+	require.NoError(t, err)
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&pid))
+	led, err := leader.Lead(t.Context(), pool, key, check, func(ctx context.Context) error {
+		// Three checks (a deadline passed, then a ping), seen from another session as new
+		// starts of the lock session's "-- ping", with notifications between them.
+		var pings []time.Time
+		deadline := time.Now().Add(30 * time.Second)
+		for len(pings) < 3 {
+			if time.Now().After(deadline) {
+				return errors.New("three checks did not run within 30 s")
+			}
+			var query string
+			var start time.Time
+			if err := other.QueryRow(t.Context(), "SELECT query, query_start FROM pg_stat_activity WHERE pid = $1",
+				int32(pid)).Scan(&query, &start); err != nil {
+				return err
+			}
+			if query == "-- ping" && (len(pings) == 0 || start.After(pings[len(pings)-1])) {
+				pings = append(pings, start)
+				if _, err := other.Exec(t.Context(), "NOTIFY llmq_leader_test, 'not for the leader'"); err != nil {
+					return err
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return context.Cause(ctx) // nil: the checks and notifications did not end the duty
+	})
+	require.NoError(t, err)
+	require.True(t, led)
+
+	conn, err := pool.Acquire(t.Context())
+	require.NoError(t, err)
+	defer conn.Release()
+	require.Equal(t, pid, conn.Conn().PgConn().PID(), "the lock's connection went back to the pool")
+	var one int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT 1").Scan(&one))
+	require.Equal(t, 1, one)
+	var locks int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+		int32(pid)).Scan(&locks))
+	require.Zero(t, locks, "the lock was released")
 }
