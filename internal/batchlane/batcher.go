@@ -104,19 +104,19 @@ func New(cfg Config) *Batcher {
 // Run makes a pass every Tick while this process leads the batch lane, and keeps trying to lead
 // otherwise, until ctx ends. Errors are logged, the first of a run of them only (and the
 // success that ends it; see leader.LogStreak), as the maintenance passes log theirs: during a
-// Postgres outage every process would otherwise log one a Tick. A run of failed passes carries
-// over between leads, so that losing and taking the lead again does not log it again.
+// Postgres outage every process would otherwise log one a Tick. A run of failed passes is a
+// lead's: while another process led, its passes may have succeeded, and a lead's failures are
+// logged by the process that leads (the one whose log LLMQBatchLaneStalled sends you to).
 func (b *Batcher) Run(ctx context.Context) error {
-	passes := leader.LogStreak(ctx, b.cfg.Logger, "batch lane pass")
-	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, func(ctx context.Context) error {
-		return b.lead(ctx, passes)
-	}, leader.LogStreak(ctx, b.cfg.Logger, "batch lane leadership"))
+	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.lead,
+		leader.LogStreak(ctx, b.cfg.Logger, "batch lane leadership"))
 	return nil
 }
 
-// lead makes a pass every Tick until ctx (the lead) ends, telling report each pass's outcome but
-// that of a pass the lead's end cut.
-func (b *Batcher) lead(ctx context.Context, report func(error)) error {
+// lead makes a pass every Tick until ctx (the lead) ends, logging the first failure of a run of
+// them (but that of a pass the lead's end cut).
+func (b *Batcher) lead(ctx context.Context) error {
+	report := leader.LogStreak(ctx, b.cfg.Logger, "batch lane pass")
 	t := time.NewTicker(b.cfg.Tick)
 	defer t.Stop()
 	for {

@@ -26,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/leader"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/maintenance"
@@ -407,10 +408,14 @@ func (w *Worker) publishCredentialTags(ctx context.Context) {
 // Redis holds as not paused, the episode never ended there (credpause.Store.Reconcile: a
 // failover lost it), at one Postgres read per credential not paused. It reads each breaker's
 // state too (which sets llmq_breaker_state), for the same reasons: a breaker another process
-// closed stayed open in the gauge of a worker whose jobs had left the credential.
+// closed stayed open in the gauge of a worker whose jobs had left the credential. Those reads'
+// failures are logged once a run of them.
 func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
+	// Only the gauge needs the breakers' reads (the jobs read each breaker as they pass it): a
+	// run of failed refreshes is logged once, not a line per credential every refresh.
+	breakers := leader.LogStreak(ctx, w.opts.Logger, "refresh credential breaker state")
 	for {
 		w.publishCredentialTags(ctx)
 		for _, g := range w.gates {
@@ -429,14 +434,15 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 				w.opts.Logger.WarnContext(ctx, "refresh credential pause state", "error", err)
 			}
 		}
+		var errs []error
 		for _, c := range w.circuits {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
-			_, err := c.Status(rctx)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				w.opts.Logger.WarnContext(ctx, "refresh credential breaker state", "error", err)
+			if _, err := c.Status(rctx); err != nil {
+				errs = append(errs, err)
 			}
+			cancel()
 		}
+		breakers(errors.Join(errs...))
 		select {
 		case <-ctx.Done():
 			return

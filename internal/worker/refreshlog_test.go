@@ -1,0 +1,61 @@
+package worker_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/redisscript"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/worker"
+)
+
+// lockedBuffer is a log sink safe for the worker's goroutines and the test's.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.buf.String(), s)
+}
+
+// TestWorker_BreakerRefreshFailuresLogOnce: the pause refresh reads each breaker's state (for
+// llmq_breaker_state) every 15 s; while those reads fail (Redis away, here a breaker key of the
+// wrong type) the first failure is logged and not the others: a line per credential per refresh
+// per worker, for the whole outage, buried the log beside the pause refresh's own.
+func TestWorker_BreakerRefreshFailuresLogOnce(t *testing.T) {
+	t.Parallel()
+	logs := &lockedBuffer{}
+	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	cred, _ := b.cfg.Credential("default")
+	require.NoError(t, rdb.Set(ctx, b.prefix+redisscript.CredentialTag(cred.LimiterID())+":cb", "not a hash", 0).Err())
+	b.run(t)
+
+	// Each refresh publishes the credentials' tags first: a deleted index written again is a
+	// refresh begun, the one before it over. Three over, at least.
+	index := redisscript.CredentialIndexKey(b.prefix)
+	published := func() bool { n, err := rdb.Exists(ctx, index).Result(); return err == nil && n == 1 }
+	for range 4 {
+		require.Eventually(t, published, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, rdb.Del(ctx, index).Err())
+	}
+	require.Equal(t, 1, logs.count(`msg="refresh credential breaker state`), "a run of failed breaker reads logs once")
+}
