@@ -21,6 +21,15 @@ import (
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
+// DefaultMaxBytes is Lane.MaxBytes's default: OpenAI's cap on a batch's input file, 200 MB
+// (Anthropic's on a create body is 256 MB). A larger batch is refused as a whole, and its jobs
+// would all go online at the full price.
+const DefaultMaxBytes = 200 << 20
+
+// requestOverhead is what a request adds to its body in a batch, at most: its custom_id and
+// the JSON around it (OpenAI: method and url too).
+const requestOverhead = 128
+
 // lockKey elects the one batching process ("llmqbtch").
 const lockKey int64 = 0x6c6c6d7162746368
 
@@ -39,6 +48,9 @@ type Lane struct {
 	// credential's pause_probe_interval, shared with the online lane's probe through Gate): its
 	// success resumes the credential. Zero: only an operator resumes it.
 	PauseProbeInterval time.Duration
+	// MaxBytes bounds a batch's requests: their bodies, as stored, and requestOverhead bytes
+	// each. Zero: DefaultMaxBytes.
+	MaxBytes int64
 }
 
 // Config configures a Batcher.
@@ -176,7 +188,7 @@ func (b *Batcher) pass(ctx context.Context) error {
 			}
 			errs = append(errs, b.send(ctx, lane, row, held))
 		case "submitted":
-			errs = append(errs, b.poll(ctx, lane, row)) // a paused credential's too: it is paid for
+			errs = append(errs, b.poll(ctx, lane, row, held)) // a paused credential's too: it is paid for
 		}
 	}
 	for _, lane := range b.cfg.Lanes {
@@ -278,12 +290,13 @@ func (b *Batcher) probed(ctx context.Context, lane Lane, memo heldLanes, ok bool
 
 // spendCap pauses lane's credential after its batch API answered a send with a spend cap (a 429
 // without Retry-After, or a spend-cap code: retrypolicy.Classify, as the online lane reads an
-// answer), in Postgres too, and alerts once per episode, as the executor does: a key that can
-// no longer pay is sent nothing more, batch or online, until it is resumed. The lane's sends are
-// held for the rest of the pass.
-func (b *Batcher) spendCap(ctx context.Context, lane Lane, memo heldLanes, row batchRow, reason string, cause error) error {
+// answer), or an ended batch answered a request with a spend-cap code, in Postgres too, and
+// alerts once per episode, as the executor does: a key that can no longer pay is sent nothing
+// more, batch or online, until it is resumed. The lane's sends are held for the rest of the
+// pass. what says what was refused (the batch, or one of its requests).
+func (b *Batcher) spendCap(ctx context.Context, lane Lane, memo heldLanes, what, reason string, cause error) error {
 	memo[lane.Credential] = laneHold{held: true}
-	message := fmt.Sprintf("the batch API refused batch %s: %v", row.ID, cause)
+	message := fmt.Sprintf("the batch API refused %s: %v", what, cause)
 	if lane.Gate == nil {
 		b.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: lane.Credential, Reason: reason, Message: message}, time.Minute)
 		return nil
@@ -312,10 +325,10 @@ func (b *Batcher) spendCap(ctx context.Context, lane Lane, memo heldLanes, row b
 	return nil
 }
 
-// collect puts lane's waiting jobs into batches, per model: a batch goes when it is full or when
-// its oldest job has waited MaxWaitToFill. A waiting job whose deadline is within OnlineFallback
-// goes online instead. While the credential is paused (see held) no batch is made: the jobs
-// keep waiting.
+// collect puts lane's waiting jobs into batches, per model: a batch goes when it is full (its
+// MaxRequestsPerBatch, or its MaxBytes) or when its oldest job has waited MaxWaitToFill. A
+// waiting job whose deadline is within OnlineFallback goes online instead. While the credential
+// is paused (see held) no batch is made: the jobs keep waiting.
 func (b *Batcher) collect(ctx context.Context, lane Lane, held heldLanes) error {
 	now := b.cfg.Now()
 	waiting, err := b.store.waiting(ctx, lane.Credential, 10*max(lane.Config.MaxRequestsPerBatch, 1))
@@ -339,11 +352,13 @@ func (b *Batcher) collect(ctx context.Context, lane Lane, held heldLanes) error 
 		}
 		byModel[w.Model] = append(byModel[w.Model], w)
 	}
+	maxBytes := cmp.Or(lane.MaxBytes, DefaultMaxBytes)
 	for _, model := range models {
 		jobs := byModel[model]
 		for len(jobs) > 0 {
-			n := min(len(jobs), lane.Config.MaxRequestsPerBatch)
-			if n < lane.Config.MaxRequestsPerBatch && now.Sub(jobs[0].CreatedAt) < lane.Config.MaxWaitToFill {
+			n := fitting(jobs, lane.Config.MaxRequestsPerBatch, maxBytes)
+			full := n == lane.Config.MaxRequestsPerBatch || n < len(jobs)
+			if !full && now.Sub(jobs[0].CreatedAt) < lane.Config.MaxWaitToFill {
 				break // not full, and its oldest job may wait longer
 			}
 			if h, err := b.held(ctx, lane, held); h {
@@ -358,6 +373,21 @@ func (b *Batcher) collect(ctx context.Context, lane Lane, held heldLanes) error 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// fitting is how many of jobs, from the first, one batch takes: at most maxRequests, and as many
+// as fit in maxBytes (see Lane.MaxBytes), but at least one (a request larger than the cap goes
+// alone, to be refused and sent online). A batch that stops short of jobs is full.
+func fitting(jobs []waitingJob, maxRequests int, maxBytes int64) int {
+	n, size := 0, int64(0)
+	for _, j := range jobs[:min(len(jobs), maxRequests)] {
+		size += j.Bytes + requestOverhead
+		if n > 0 && size > maxBytes {
+			break
+		}
+		n++
+	}
+	return n
 }
 
 // commitAndSend commits a batch of ids and then sends it.
@@ -418,12 +448,17 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 		if err != nil {
 			return err
 		}
-		if providerID, err = lane.Client.Find(ctx, row.ID, since, frozen, func(id string) bool { return taken[id] }); err != nil {
+		if providerID, err = lane.Client.Find(ctx, row.ID, since, len(reqs), frozen, func(id string) bool { return taken[id] }); err != nil {
 			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later())
 		}
 		if providerID != "" {
 			b.cfg.Logger.InfoContext(ctx, "found a batch sent before a restart", "batch", row.ID, "provider_batch_id", providerID)
 		}
+	}
+	if providerID == "" && len(reqs) == 0 {
+		// Every job was canceled since an earlier send, which the provider does not hold:
+		// nothing to pay for.
+		return b.store.ended(ctx, row.ID, "canceled", "")
 	}
 	if providerID == "" {
 		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs); err != nil {
@@ -431,7 +466,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 			if d := retrypolicy.Classify(err, b.cfg.Now()); d.Class == retrypolicy.ClassSpendCap {
 				// Refused, so not on its way: the claim ends, and the batch goes once resumed.
 				return errors.Join(fmt.Errorf("send batch %s: a spend cap: %w", row.ID, err),
-					b.spendCap(ctx, lane, held, row, d.DeadReason, err), b.store.endClaim(ctx, row.ID),
+					b.spendCap(ctx, lane, held, "batch "+row.ID, d.DeadReason, err), b.store.endClaim(ctx, row.ID),
 					b.unsentFallback(ctx, lane, row))
 			}
 			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
@@ -509,7 +544,7 @@ func pollDelay(c config.Batch, polls int) time.Duration {
 // batch whose jobs have all ended is canceled at the provider; otherwise it is polled, and when
 // it ended its results are recorded. The next poll comes after the backoff, or when the next of
 // its jobs is to fall back online, whichever is first; a pass reads nothing of a batch not due.
-func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
+func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLanes) error {
 	now := b.cfg.Now()
 	if row.NextPollAt != nil && now.Before(*row.NextPollAt) {
 		return nil
@@ -536,11 +571,13 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 		}
 	}
 	if live == 0 {
-		// Nothing waits for this batch: stop paying for what is left of it.
+		// Nothing waits for this batch: stop paying for what is left of it. A cancel that failed
+		// (no answer, the provider's side: 408, 429, 5xx) is tried again after the backoff, as a
+		// failed poll is; one refused otherwise (a 409 or 400: the batch has ended) closes it.
 		if err := lane.Client.Cancel(ctx, *row.ProviderID); err != nil {
 			var se *StatusError
-			if !errors.As(err, &se) || se.Status >= 500 {
-				return err
+			if !errors.As(err, &se) || (retryableStatus(se.Status) && se.Status != http.StatusConflict) {
+				return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
 			}
 		}
 		b.cfg.Metrics.batch(row.Credential, "canceled")
@@ -550,7 +587,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
 		// The provider no longer knows the batch (deleted, or gone with an account): its jobs
 		// have no result and go round again, as expired ones do.
-		if err := b.record(ctx, lane, row, jobs, nil, "not_found"); err != nil {
+		if err := b.record(ctx, lane, row, jobs, nil, noLine, "not_found", held); err != nil {
 			return err
 		}
 		b.cfg.Metrics.batch(row.Credential, "lost")
@@ -562,11 +599,21 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow) error {
 	if !st.Ended {
 		return b.store.polled(ctx, row.ID, st.Provider, next)
 	}
+	if st.Failed {
+		// None of its requests ran, and it has no results: its jobs go online, as a refused
+		// batch's do, with the provider's reason.
+		if err := b.record(ctx, lane, row, jobs, nil, Result{Kind: Failed, ErrorType: st.ErrorType, Message: st.Message},
+			st.Provider, held); err != nil {
+			return err
+		}
+		b.cfg.Metrics.batch(row.Credential, "refused")
+		return b.store.ended(ctx, row.ID, "ended", st.Provider)
+	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
 		return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
 	}
-	if err := b.record(ctx, lane, row, jobs, results, st.Provider); err != nil {
+	if err := b.record(ctx, lane, row, jobs, results, noLine, st.Provider, held); err != nil {
 		return err
 	}
 	b.cfg.Metrics.batch(row.Credential, "ended")
@@ -579,8 +626,12 @@ func (b *Batcher) deadLettered(ctx context.Context, credential string, m move) {
 	if b.cfg.DeadLettered != nil {
 		b.cfg.DeadLettered(credential, m.DeadReason)
 	}
+	what := "batch-lane job used all its attempts"
+	if m.DeadReason == retrypolicy.DeadReasonRateLimitedNoRetryAfter {
+		what = "batch-lane job's request was refused with a spend cap"
+	}
 	b.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: credential, Reason: m.DeadReason, JobID: m.JobID,
-		Message: fmt.Sprintf("batch-lane job used all its attempts; last error: %v", m.LastError["message"])}, time.Minute)
+		Message: fmt.Sprintf("%s; last error: %v", what, m.LastError["message"])}, time.Minute)
 }
 
 // applyMove applies m and, when it moved the job to the online lane unfinished, enqueues the

@@ -216,7 +216,7 @@ func TestBatcher_UnsentBatchDeadlineFallback(t *testing.T) {
 // unreachable is a Client whose provider's batch API does not answer.
 type unreachable struct{ batchlane.Client }
 
-func (unreachable) Find(context.Context, string, time.Time, int, func(string) bool) (string, error) {
+func (unreachable) Find(context.Context, string, time.Time, int, int, func(string) bool) (string, error) {
 	return "", &batchlane.StatusError{Status: 503, Body: "unavailable"}
 }
 
@@ -249,4 +249,102 @@ func TestBatcher_LostSendFoundPastTheFirstPage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBatcher_LostSendOfAShrunkBatchIsFound: a batch whose first send failed loses the jobs
+// whose deadline came near meanwhile (they go online), so its next send holds fewer requests
+// than the batch froze. When that smaller send reaches Anthropic and its answer is lost, the
+// look-up must still recognise it: sent again, its jobs would be in two batches, paid twice.
+func TestBatcher_LostSendOfAShrunkBatchIsFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{provider: "anthropic"})
+	// near's fallback (deadline less online_fallback) comes 15 s after the first send.
+	near := b.submit(t, "near", fill+b.cfg.OnlineFallback+15*time.Second, 0)
+	j1, j2 := b.submit(t, "one", 0, 0), b.submit(t, "two", 0, 0)
+	b.clock.Advance(fill)
+
+	// Send 1 never reaches the provider; its backoff is 30 s.
+	require.ErrorIs(t, b.batcher(flaky{Client: b.client}).Once(context.Background()), context.DeadlineExceeded)
+	require.Zero(t, b.sim.BatchStats().Created)
+	// Within the backoff, near's fallback comes: it leaves the unsent batch for the online lane.
+	b.clock.Advance(25 * time.Second)
+	once(t, b.batcher(nil))
+	require.Equal(t, []string{near.ID}, b.online())
+	// Send 2, of the two jobs left, reaches the provider; its answer is lost.
+	b.clock.Advance(10 * time.Second)
+	require.ErrorIs(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()), context.DeadlineExceeded)
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+
+	// The next send looks the batch up and adopts it.
+	b.clock.Advance(2 * time.Minute)
+	once(t, b.batcher(nil))
+	st := b.sim.BatchStats()
+	require.Equal(t, 1, st.Created, "the lost send was sent again: its jobs are paid twice")
+	require.Equal(t, 2, st.Requests)
+	b.clock.Advance(2 * time.Hour)
+	once(t, b.batcher(nil))
+	for _, id := range []string{j1.ID, j2.ID} {
+		got := b.get(t, id)
+		require.Equal(t, jobs.StatusSucceeded, got.Status, "%s: %+v", id, got.LastError)
+		require.Equal(t, 1, got.Attempts)
+	}
+}
+
+// TestBatcher_CanceledBetweenSendsIsNotSent: a job canceled after its batch's first send
+// failed is not in the send made again: it would be paid for, its result thrown away. Should
+// every job of the batch be canceled, nothing is sent; a send that was lost is still looked up
+// first, and found, it is canceled at the provider.
+func TestBatcher_CanceledBetweenSendsIsNotSent(t *testing.T) {
+	t.Parallel()
+	for _, provider := range []string{"anthropic", "openai"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{provider: provider})
+			keep, drop := b.submit(t, "keep", 0, 0), b.submit(t, "drop", 0, 0)
+			b.clock.Advance(fill)
+			require.Error(t, b.batcher(flaky{Client: b.client}).Once(context.Background()))
+			_, err := b.store.Cancel(context.Background(), drop.ID)
+			require.NoError(t, err)
+			b.clock.Advance(time.Minute)
+			once(t, b.batcher(nil))
+			require.Equal(t, 1, b.sim.BatchStats().Requests, "the canceled job was sent")
+			b.clock.Advance(2 * time.Hour)
+			once(t, b.batcher(nil))
+			require.Equal(t, jobs.StatusSucceeded, b.get(t, keep.ID).Status)
+			require.Equal(t, jobs.StatusCanceled, b.get(t, drop.ID).Status)
+		})
+	}
+	t.Run("AllCanceledAfterALostSend", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		j1, j2 := b.submit(t, "one", 0, 0), b.submit(t, "two", 0, 0)
+		b.clock.Advance(fill)
+		require.Error(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()))
+		for _, id := range []string{j1.ID, j2.ID} {
+			_, err := b.store.Cancel(context.Background(), id)
+			require.NoError(t, err)
+		}
+		b.clock.Advance(time.Minute)
+		bt := b.batcher(nil)
+		once(t, bt) // found, not sent again
+		require.Equal(t, 1, b.sim.BatchStats().Created)
+		b.clock.Advance(time.Minute)
+		once(t, bt) // nothing waits for it: canceled at the provider
+		require.Equal(t, 1, b.sim.BatchStats().Cancels)
+	})
+	t.Run("AllCanceledNoneSent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, setupOpts{})
+		j := b.submit(t, "one", 0, 0)
+		b.clock.Advance(fill)
+		require.Error(t, b.batcher(flaky{Client: b.client}).Once(context.Background()))
+		_, err := b.store.Cancel(context.Background(), j.ID)
+		require.NoError(t, err)
+		b.clock.Advance(time.Minute)
+		once(t, b.batcher(nil))
+		require.Zero(t, b.sim.BatchStats().Created, "a batch of canceled jobs was sent")
+		var state string
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT state FROM provider_batches`).Scan(&state))
+		require.Equal(t, "canceled", state)
+	})
 }

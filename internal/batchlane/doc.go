@@ -5,7 +5,8 @@
 // workers, owns them:
 //
 //  1. collect: a credential's waiting jobs, per model, become a batch when MaxRequestsPerBatch
-//     are waiting or the oldest has waited MaxWaitToFill;
+//     (or Lane.MaxBytes of requests, the providers' cap) are waiting or the oldest has waited
+//     MaxWaitToFill;
 //  2. commit: the batch row and its jobs' batch_ref are committed in one transaction BEFORE
 //     the batch is sent, so a job is in one batch at a time;
 //  3. send: the first send freezes the batch's jobs (those canceled meanwhile leave it) and
@@ -25,7 +26,9 @@
 // resumed (by an operator, or by a pause probe: the online lane's, or, with the credential's
 // pause_probe_interval, one batch send per interval), and still polls the batches it sent. A
 // send the batch API refuses with a spend cap (a 429 without Retry-After, or a spend-cap code, as
-// the online lane classifies answers) pauses the credential and alerts, as the executor does. A batch the provider refuses as a whole (4xx)
-// sends its jobs online; one it no longer knows (404) sends them round again; failed polls keep
+// the online lane classifies answers) pauses the credential and alerts, as the executor does;
+// so does a request an ended batch answered with a spend-cap code, whose job is dead-lettered.
+// A batch the provider refuses as a whole (4xx, or OpenAI's failed) sends its jobs online; one
+// it no longer knows (404) sends them round again; failed polls keep
 // the backoff.
 package batchlane

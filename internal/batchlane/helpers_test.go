@@ -1,8 +1,10 @@
 package batchlane_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"sync"
@@ -33,6 +35,7 @@ type testBundle struct {
 	cfg      config.Batch
 	metrics  *batchlane.Metrics
 	registry *prometheus.Registry
+	maxBytes int64
 
 	mu       sync.Mutex
 	enqueued []string
@@ -42,6 +45,13 @@ type setupOpts struct {
 	provider string        // anthropic (default) or openai
 	delay    time.Duration // the simulator's processing delay; default 1h
 	maxReqs  int           // max_requests_per_batch; default 100
+	// enqueuedTokens, when set, is the simulator's EnqueuedTokenLimit (OpenAI).
+	enqueuedTokens int
+	// maxBytes, when set, is the simulator's batch size cap and the lane's (Lane.MaxBytes).
+	maxBytes int64
+	// front, when set, stands between the client and the simulator (a misbehaving network or
+	// provider): it is given the simulator and returns the handler the client talks to.
+	front func(sim http.Handler) http.Handler
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -56,14 +66,19 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 		o.maxReqs = 100
 	}
 	clock := clocktest.New(time.Now())
-	sim := llmsim.New(llmsim.Config{Now: clock.Now, Batch: llmsim.BatchConfig{ProcessingDelay: o.delay}})
-	ts := httptest.NewServer(sim)
+	sim := llmsim.New(llmsim.Config{Now: clock.Now, Batch: llmsim.BatchConfig{ProcessingDelay: o.delay, MaxBytes: o.maxBytes,
+		EnqueuedTokenLimit: o.enqueuedTokens}})
+	var h http.Handler = sim
+	if o.front != nil {
+		h = o.front(sim)
+	}
+	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
 	client, err := batchlane.NewClient(o.provider, ts.URL, "sk-test", ts.Client())
 	require.NoError(t, err)
 	pool := pgtest.Pool(t)
 	reg := prometheus.NewRegistry()
-	return &testBundle{pool: pool, registry: reg, metrics: batchlane.NewMetrics(reg, []string{"default"}), store: jobs.NewStore(pool, nil), sim: sim, clock: clock, provider: o.provider, client: client,
+	return &testBundle{pool: pool, registry: reg, maxBytes: o.maxBytes, metrics: batchlane.NewMetrics(reg, []string{"default"}), store: jobs.NewStore(pool, nil), sim: sim, clock: clock, provider: o.provider, client: client,
 		cfg: config.Batch{Enabled: true, MaxRequestsPerBatch: o.maxReqs, MaxWaitToFill: time.Minute, PollInterval: 30 * time.Second,
 			Window: 24 * time.Hour, OnlineFallback: 10 * time.Minute}}
 }
@@ -74,7 +89,7 @@ func (b *testBundle) batcher(client batchlane.Client) *batchlane.Batcher {
 		client = b.client
 	}
 	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics,
-		Lanes: []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg}},
+		Lanes: []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg, MaxBytes: b.maxBytes}},
 		Enqueue: func(_ context.Context, id string, _ jobs.Priority) error {
 			b.mu.Lock()
 			defer b.mu.Unlock()
@@ -101,13 +116,19 @@ func (b *testBundle) submit(t *testing.T, text string, timeout time.Duration, ma
 	if maxAttempts == 0 {
 		maxAttempts = 3
 	}
-	var req []byte
+	// Encoded as a client may send it: <, > and & as they are.
+	var body map[string]any
 	if b.provider == "openai" {
-		req, _ = json.Marshal(map[string]any{"model": "gpt-sim", "messages": []any{map[string]string{"role": "user", "content": text}}})
+		body = map[string]any{"model": "gpt-sim", "messages": []any{map[string]string{"role": "user", "content": text}}}
 	} else {
-		req, _ = json.Marshal(map[string]any{"model": "claude-sim", "max_tokens": 64,
-			"messages": []any{map[string]string{"role": "user", "content": text}}})
+		body = map[string]any{"model": "claude-sim", "max_tokens": 64,
+			"messages": []any{map[string]string{"role": "user", "content": text}}}
 	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	require.NoError(t, enc.Encode(body))
+	req := bytes.TrimSpace(buf.Bytes())
 	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{Tenant: "default", Credential: "default",
 		Request: req, MaxAttempts: maxAttempts, Timeout: timeout, Lane: jobs.LaneBatch})
 	require.NoError(t, err)

@@ -23,6 +23,10 @@ type openAIBatch struct {
 	OutputFileID *string           `json:"output_file_id"`
 	ErrorFileID  *string           `json:"error_file_id"`
 	Metadata     map[string]string `json:"metadata"`
+	// Errors is why a failed batch failed.
+	Errors *struct {
+		Data []struct{ Code, Message string } `json:"data"`
+	} `json:"errors"`
 	// CreatedAt is the batch's creation, in Unix seconds by the provider's clock.
 	CreatedAt int64 `json:"created_at"`
 }
@@ -33,7 +37,7 @@ const metadataKey = "llmq_batch"
 func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (string, error) {
 	var input bytes.Buffer
 	for _, r := range reqs {
-		line, err := json.Marshal(map[string]any{"custom_id": r.CustomID, "method": "POST", "url": "/v1/chat/completions", "body": r.Body})
+		line, err := encodeJSON(map[string]any{"custom_id": r.CustomID, "method": "POST", "url": "/v1/chat/completions", "body": r.Body})
 		if err != nil {
 			return "", fmt.Errorf("encode batch input line: %w", err)
 		}
@@ -93,7 +97,7 @@ const findMaxPages = 100
 // batch created before that: a key that makes many batches pushes a lost send off the first page
 // within the send's claim (sendClaim), and a look-up that missed it would send it again, paid
 // twice. A batch without created_at is read past.
-func (c *openAIClient) Find(ctx context.Context, ref string, since time.Time, _ int, _ func(string) bool) (string, error) {
+func (c *openAIClient) Find(ctx context.Context, ref string, since time.Time, _, _ int, _ func(string) bool) (string, error) {
 	oldest := since.Add(-findSkew).Unix()
 	after := ""
 	for range findMaxPages {
@@ -139,15 +143,21 @@ func (c *openAIClient) Poll(ctx context.Context, id string) (State, error) {
 		return State{}, err
 	}
 	switch b.Status {
-	case "completed", "expired", "cancelled", "failed":
+	case "completed", "expired", "cancelled":
 		return State{Provider: b.Status, Ended: true}, nil
+	case "failed":
+		st := State{Provider: b.Status, Ended: true, Failed: true}
+		if b.Errors != nil && len(b.Errors.Data) > 0 {
+			e := b.Errors.Data[0]
+			st.ErrorType, st.Message = c.red.Clean(e.Code, maxErrorTypeLen), c.red.Clean(e.Message, maxErrorMessageLen)
+		}
+		return st, nil
 	}
 	return State{Provider: b.Status}, nil
 }
 
 // Results reads the output file (answers) and the error file (error answers, expired and
-// canceled requests). A failed batch (its input refused) has neither: its requests come back
-// as errored with the provider's side to blame, and go round again.
+// canceled requests). A failed batch has neither (see State.Failed: the batcher reads none).
 func (c *openAIClient) Results(ctx context.Context, id string) ([]Result, error) {
 	b, err := c.get(ctx, id)
 	if err != nil {
@@ -161,6 +171,9 @@ func (c *openAIClient) Results(ctx context.Context, id string) ([]Result, error)
 		data, err := c.do(ctx, "GET", "/v1/files/"+url.PathEscape(*f)+"/content", "", nil)
 		if err != nil {
 			return nil, fmt.Errorf("download batch results file: %w", err)
+		}
+		if cutShort(data) {
+			return nil, fmt.Errorf("download batch results file: %w", errCutShort)
 		}
 		rs, err := c.parseResults(data)
 		if err != nil {

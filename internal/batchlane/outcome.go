@@ -1,42 +1,82 @@
 package batchlane
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // record applies an ended batch's results to its jobs by custom_id. Outcomes map onto the
 // online lane's classes:
 //   - succeeded: the job succeeds with the provider's answer (cost class batch);
+//   - errored with a spend-cap code (billing_error, insufficient_quota...): the job is dead
+//     (rate_limited_no_retry_after) and the credential paused, as online;
 //   - errored with a request error (400, 401, 403, 404, 413, 422...): the job fails, as online;
 //   - errored with a server or overload error (408, 409, 429, 5xx, 529), expired, canceled, or
-//     no result for the job: the job is retried within its attempts (see retryMove).
+//     no result for the job (missing: noLine, or the batch's failure): the job is retried
+//     within its attempts (see retryMove).
+//
+// A job with several lines keeps its answer, if one is among them, else its last line.
 //
 // A job that ended or left the batch meanwhile (canceled, moved online) is left alone: its
 // result is discarded, though the provider may have charged for it.
-func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []batchJob, results []Result, providerState string) error {
+func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []batchJob, results []Result, missing Result,
+	providerState string, held heldLanes) error {
 	now := b.cfg.Now()
 	byID := make(map[string]Result, len(results))
 	for _, r := range results {
-		byID[r.CustomID] = r
+		// A custom_id's lines after its answer (a results file that repeats one, OpenAI's
+		// output and error files both naming it) do not undo it: the answer is paid for.
+		if prev, ok := byID[r.CustomID]; !ok || prev.Kind != Succeeded {
+			byID[r.CustomID] = r
+		}
 	}
 	var errs []error
+	var capped *Result // the first result that was a spend cap
 	for _, j := range jobs {
 		if !j.unfinished() {
 			continue
 		}
 		r, ok := byID[j.ID]
 		if !ok {
-			r = Result{CustomID: j.ID, Kind: Expired, Message: "the batch's results hold no line for the job"}
+			r = missing
+			r.CustomID = j.ID
 		}
-		errs = append(errs, b.applyMove(ctx, row.Credential, b.decide(lane, row, j, r, now, providerState)))
+		m := b.decide(lane, row, j, r, now, providerState)
+		errs = append(errs, b.applyMove(ctx, row.Credential, m))
+		if m.DeadReason == retrypolicy.DeadReasonRateLimitedNoRetryAfter && capped == nil {
+			capped = &r
+		}
+	}
+	if capped != nil {
+		cause := fmt.Errorf("request %s answered %d %s: %s", capped.CustomID, capped.Status, capped.ErrorType, capped.Message)
+		errs = append(errs, b.spendCap(ctx, lane, held, "a request of batch "+row.ID, retrypolicy.DeadReasonRateLimitedNoRetryAfter, cause))
 	}
 	return errors.Join(errs...)
+}
+
+// noLine is the result of a job that the batch's results hold no line for.
+var noLine = Result{Kind: Expired, Message: "the batch's results hold no line for the job"}
+
+// typedError is a result's error type as retrypolicy.Classify reads one: its spend-cap codes.
+type typedError string
+
+func (e typedError) Error() string     { return string(e) }
+func (e typedError) ErrorType() string { return string(e) }
+
+// spendCapCode reports whether a result's error type is a spend-cap code (insufficient_quota,
+// billing_error, ...), read as the online lane reads an answer's (retrypolicy.Classify). A
+// result's status alone is not: a 429 in a results file has no header to tell a spend cap from
+// a rate limit.
+func spendCapCode(errorType string) bool {
+	return errorType != "" && retrypolicy.Classify(typedError(errorType), time.Time{}).Class == retrypolicy.ClassSpendCap
 }
 
 // decide maps one result onto the job's move.
@@ -45,6 +85,14 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 	case r.Kind == Succeeded:
 		m := b.attempt(row, j, now, http.StatusOK, "ok", "")
 		m.Status, m.Lane, m.Result, m.Usage, m.BatchState = "succeeded", "batch", r.Body, usageOf(r.Body), providerState
+		return m
+	case r.Kind == Errored && spendCapCode(r.ErrorType):
+		// As the online lane: dead, for an operator to retry once the account pays again (see
+		// record, which pauses the credential).
+		m := b.attempt(row, j, now, r.Status, string(retrypolicy.ClassSpendCap), r.Message)
+		m.Status, m.Lane, m.BatchState = "dead", "online", providerState
+		m.DeadReason = retrypolicy.DeadReasonRateLimitedNoRetryAfter
+		m.LastError = map[string]any{"class": string(retrypolicy.ClassSpendCap), "status": r.Status, "type": r.ErrorType, "message": r.Message}
 		return m
 	case r.Kind == Errored && !retryableStatus(r.Status):
 		m := b.attempt(row, j, now, r.Status, "permanent", r.Message)
@@ -59,6 +107,8 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 			m.Lane, m.BatchState = "batch", "waiting" // room for another batch: stay at half price
 		}
 		return m
+	case r.Kind == Failed:
+		return b.retryMove(row, j, now, cmp.Or(r.ErrorType, "batch_failed"), "the job's batch failed: "+r.Message)
 	}
 	return b.retryMove(row, j, now, "batch_"+string(r.Kind), "the job's batch request "+string(r.Kind)+": "+r.Message)
 }

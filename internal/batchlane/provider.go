@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,6 +29,8 @@ const (
 	Errored   Kind = "errored"
 	Expired   Kind = "expired"
 	Canceled  Kind = "canceled"
+	// Failed: the batch failed as a whole (State.Failed), none of its requests run.
+	Failed Kind = "failed"
 )
 
 // Result is one request's outcome in an ended batch.
@@ -49,6 +52,11 @@ type State struct {
 	Provider string
 	// Ended: the results are final and can be read.
 	Ended bool
+	// Failed: the batch ended without running any request (OpenAI's failed: its input refused,
+	// or a batch quota such as the enqueued token limit), and has no results; ErrorType and
+	// Message are the provider's reason, cleaned.
+	Failed             bool
+	ErrorType, Message string
 }
 
 // Client is one provider's batch API for one credential. Implementations are safe for
@@ -58,9 +66,11 @@ type Client interface {
 	// metadata) and returns the provider's batch id.
 	Submit(ctx context.Context, ref string, reqs []Request) (string, error)
 	// Find returns the id of the batch an earlier Submit of ref may have created at or after
-	// since with n requests, or "" when the provider has none: the crash-window lookup. A batch
-	// whose id taken reports true is another of llmq's batches, and is never the one.
-	Find(ctx context.Context, ref string, since time.Time, n int, taken func(id string) bool) (string, error)
+	// since with minN to maxN requests (a batch's sends hold fewer requests as its jobs leave
+	// it: the first held maxN, this one holds minN), or "" when the provider has none: the
+	// crash-window lookup. A batch whose id taken reports true is another of llmq's batches,
+	// and is never the one.
+	Find(ctx context.Context, ref string, since time.Time, minN, maxN int, taken func(id string) bool) (string, error)
 	// Poll returns the batch's state.
 	Poll(ctx context.Context, id string) (State, error)
 	// Results returns the ended batch's results, one per request.
@@ -227,13 +237,26 @@ func (c httpClient) cleanError(r *Result) {
 	r.ErrorType, r.Message = c.red.Clean(r.ErrorType, maxErrorTypeLen), c.red.Clean(r.Message, maxErrorMessageLen)
 }
 
-// doJSON sends v as JSON (nil: no body) and decodes a 2xx answer into out.
+// encodeJSON is v in JSON as json.Marshal writes it, but with <, > and & as they are: a
+// request's body goes into its batch no longer than stored (json.Marshal escapes them in a
+// json.RawMessage too, six bytes each), so that a batch keeps within Lane.MaxBytes.
+func encodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// doJSON sends v as JSON (nil: no body; see encodeJSON) and decodes a 2xx answer into out.
 func (c httpClient) doJSON(ctx context.Context, method, path string, v, out any) error {
 	var body []byte
 	ctype := ""
 	if v != nil {
 		var err error
-		if body, err = json.Marshal(v); err != nil {
+		if body, err = encodeJSON(v); err != nil {
 			return fmt.Errorf("encode batch api body: %w", err)
 		}
 		ctype = "application/json"
@@ -248,6 +271,22 @@ func (c httpClient) doJSON(ctx context.Context, method, path string, v, out any)
 	return nil
 }
 
+// errCutShort: a results body ends in the middle of a line.
+var errCutShort = errors.New("the results end in the middle of a line (the download was cut short)")
+
+// cutShort reports whether data, a JSONL results body, ends in the middle of a line: its last
+// line has no newline and is not a JSON value. A close-delimited answer (no length, no
+// chunking) whose connection ended early reads as a clean end of file, and read as it came its
+// jobs past the cut would find no line and go round again, paid twice: such a body is
+// downloaded again instead. (A cut at a line's end is not seen here.)
+func cutShort(data []byte) bool {
+	if len(data) == 0 || data[len(data)-1] == '\n' {
+		return false
+	}
+	last := data[bytes.LastIndexByte(data, '\n')+1:]
+	return !json.Valid(bytes.TrimSpace(last))
+}
+
 // anthropicErrorStatus is the HTTP status an Anthropic error type stands for.
 func anthropicErrorStatus(typ string) int {
 	switch typ {
@@ -255,7 +294,9 @@ func anthropicErrorStatus(typ string) int {
 		return http.StatusBadRequest
 	case "authentication_error":
 		return http.StatusUnauthorized
-	case "permission_error", "billing_error":
+	case "billing_error":
+		return http.StatusPaymentRequired
+	case "permission_error":
 		return http.StatusForbidden
 	case "not_found_error":
 		return http.StatusNotFound

@@ -26,18 +26,20 @@ type waitingJob struct {
 	Model     string
 	CreatedAt time.Time
 	Deadline  time.Time
+	// Bytes is the length of its request as stored.
+	Bytes int64
 }
 
 // waiting returns up to limit jobs of credential waiting for a batch, oldest first.
 func (s store) waiting(ctx context.Context, credential string, limit int) ([]waitingJob, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id::text, coalesce(request->>'model', ''), created_at, deadline FROM jobs
+	rows, err := s.pool.Query(ctx, `SELECT id::text, coalesce(request->>'model', ''), created_at, deadline, octet_length(request::text) FROM jobs
 WHERE lane = 'batch' AND batch_ref IS NULL AND status IN ('queued', 'retrying') AND credential = $1
 ORDER BY created_at LIMIT $2`, credential, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs waiting for a batch: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (w waitingJob, err error) {
-		err = r.Scan(&w.ID, &w.Model, &w.CreatedAt, &w.Deadline)
+		err = r.Scan(&w.ID, &w.Model, &w.CreatedAt, &w.Deadline, &w.Bytes)
 		return w, err
 	})
 	if err != nil {
@@ -112,9 +114,12 @@ FROM provider_batches WHERE state IN ('committed', 'submitted') ORDER BY created
 
 // beginSend freezes what committed batch id sends, the first time it is called for it: the jobs
 // that ended meanwhile (canceled before the send) leave the batch, and the count of the rest is
-// recorded with the time the send began. Every call returns the batch's requests in job order
-// (less those that left it since: moved online near their deadline), that time and the frozen
-// count; none left: errEmpty (the batch is marked canceled, nothing to send).
+// recorded with the time the send began. Every call returns the requests of the batch's jobs
+// still unfinished, in job order (less those that left it since: moved online near their
+// deadline; canceled since an earlier send, which stay in it, are not sent again but may be in
+// a batch that send made), that time and the frozen count; no job left in the batch: errEmpty
+// (the batch is marked canceled, nothing to send). A call again may return no request: every job
+// was canceled since an earlier send, which may still have to be looked up.
 //
 // Each call claims the send until claimUntil (the batch's next_poll_at, which send reads before
 // it begins, and which the send's outcome replaces: the first poll, or a failed send's backoff).
@@ -140,17 +145,28 @@ WHERE batch_ref = $1 AND status NOT IN ('queued', 'running', 'retrying')`, id); 
 				return err
 			}
 		}
-		rows, err := tx.Query(ctx, `SELECT id::text, request FROM jobs WHERE batch_ref = $1 ORDER BY id`, id)
+		rows, err := tx.Query(ctx, `SELECT id::text, request, status IN ('queued', 'running', 'retrying') FROM jobs
+WHERE batch_ref = $1 ORDER BY id`, id)
 		if err != nil {
 			return err
 		}
-		if reqs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (q Request, err error) {
-			err = r.Scan(&q.CustomID, &q.Body)
-			return q, err
-		}); err != nil {
+		type member struct {
+			req  Request
+			live bool
+		}
+		all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (m member, err error) {
+			err = r.Scan(&m.req.CustomID, &m.req.Body, &m.live)
+			return m, err
+		})
+		if err != nil {
 			return err
 		}
-		if len(reqs) == 0 {
+		for _, m := range all {
+			if m.live {
+				reqs = append(reqs, m.req)
+			}
+		}
+		if len(all) == 0 {
 			if _, err := tx.Exec(ctx, `UPDATE provider_batches SET state = 'canceled', ended_at = now() WHERE id = $1`, id); err != nil {
 				return err
 			}
@@ -251,10 +267,11 @@ func (s store) endClaim(ctx context.Context, id string) error {
 	return nil
 }
 
-// ended marks batch id ended (or canceled: nothing was left to wait for).
+// ended marks batch id ended (or canceled: nothing was left to wait for); providerState ""
+// (never sent) is stored as NULL.
 func (s store) ended(ctx context.Context, id, state, providerState string) error {
 	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET state = $2, provider_state = $3, ended_at = now(), next_poll_at = NULL
-WHERE id = $1`, id, state, providerState); err != nil {
+WHERE id = $1`, id, state, nullString(providerState)); err != nil {
 		return fmt.Errorf("end batch: %w", err)
 	}
 	return nil

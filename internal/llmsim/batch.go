@@ -33,7 +33,23 @@ type BatchConfig struct {
 	// provider's rate-limit error (Anthropic 429 rate_limit_error; OpenAI a 429 response of type
 	// requests, code rate_limit_exceeded). Default "llmsim-batch-rate-limited".
 	RateLimitMarker string
+	// BillingMarker, when a request body contains it, makes that request end errored with the
+	// provider's answer to an account that cannot pay (Anthropic 402 billing_error; OpenAI a
+	// 429 response of code insufficient_quota). Default "llmsim-batch-billing".
+	BillingMarker string
+	// EnqueuedTokenLimit, when set, caps the input tokens of the OpenAI batches not yet ended,
+	// as OpenAI's enqueued token limit does: a batch created past it fails at once, with error
+	// code token_limit_exceeded, no request run and no file. Default 0: no cap.
+	EnqueuedTokenLimit int
+	// MaxBytes is the largest batch accepted, as the providers cap it: an Anthropic create body
+	// (larger: 413 request_too_large) or an OpenAI batch input file (larger: 400 at its upload).
+	// Default 256 MB (Anthropic's; OpenAI's file is capped at 200 MB, which this does not
+	// tell apart).
+	MaxBytes int64
 }
+
+// DefaultBatchMaxBytes is [BatchConfig.MaxBytes]'s default: Anthropic's 256 MB.
+const DefaultBatchMaxBytes = 256 << 20
 
 // Price is the simulator's price table in US dollars per million tokens, for benchmarks to
 // report cost. Batch requests cost BatchDiscount of it, as the providers charge.
@@ -80,6 +96,12 @@ func (c BatchConfig) withDefaults() BatchConfig {
 	if c.RateLimitMarker == "" {
 		c.RateLimitMarker = "llmsim-batch-rate-limited"
 	}
+	if c.BillingMarker == "" {
+		c.BillingMarker = "llmsim-batch-billing"
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = DefaultBatchMaxBytes
+	}
 	return c
 }
 
@@ -89,6 +111,10 @@ func (c BatchConfig) validate() error {
 		return errors.New("batch.processing_delay: must not be negative")
 	case c.Window < 0:
 		return errors.New("batch.window: must not be negative")
+	case c.EnqueuedTokenLimit < 0:
+		return errors.New("batch.enqueued_token_limit: must not be negative")
+	case c.MaxBytes < 0:
+		return errors.New("batch.max_bytes: must not be negative")
 	}
 	return nil
 }
@@ -121,6 +147,9 @@ type simBatch struct {
 	results    []simResult
 	outputFile string // OpenAI: the file of succeeded lines (and errors with a response)
 	errorFile  string // OpenAI: the file of the other lines
+	// failed (OpenAI), when set, is why the batch failed at its creation (ended then, without
+	// results): its error's code and message.
+	failed *[2]string
 }
 
 // batchStore holds the batches and files of both providers.
@@ -200,12 +229,28 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-// create stores a new batch; the caller holds no lock.
+// create stores a new batch; the caller holds no lock. An OpenAI batch past
+// [BatchConfig.EnqueuedTokenLimit] is stored failed.
 func (s *Server) createBatch(p provider, prefix string, reqs []simRequest, metadata map[string]string, inputFile string) *simBatch {
 	b := &simBatch{id: newID(prefix), provider: p, created: s.cfg.Now(), requests: reqs, metadata: metadata, inputFile: inputFile}
 	st := s.batches
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if limit := s.cfg.Batch.EnqueuedTokenLimit; limit > 0 && p.name() == "openai" {
+		enqueued := batchTokens(reqs)
+		for _, o := range st.batches {
+			if o.provider.name() == "openai" {
+				if s.settleLocked(o); o.endedAt == nil {
+					enqueued += batchTokens(o.requests)
+				}
+			}
+		}
+		if enqueued > limit {
+			b.endedAt = &b.created
+			b.failed = &[2]string{"token_limit_exceeded", fmt.Sprintf("Enqueued token limit reached in organization llmsim. "+
+				"Limit: %d enqueued tokens. Please try again once some in_progress batches have been completed.", limit)}
+		}
+	}
 	st.batches[b.id] = b
 	st.order = append(st.order, b.id)
 	st.stats.Created++
@@ -252,6 +297,18 @@ func (s *Server) settleLocked(b *simBatch) {
 	}
 }
 
+// batchTokens is the input tokens of reqs, as the online endpoint counts them (0 for a body it
+// cannot read).
+func batchTokens(reqs []simRequest) int {
+	n := 0
+	for _, r := range reqs {
+		if req, err := parseChatRequest(r.body); err == nil {
+			n += tokens(req.textBytes)
+		}
+	}
+	return n
+}
+
 // finish ends b at t with one result per request, in request order.
 func (b *simBatch) finish(t time.Time, outcome func(simRequest) simResult) {
 	b.endedAt = &t
@@ -277,6 +334,12 @@ func (s *Server) answerBatchRequest(p provider, r simRequest) simResult {
 		return errored(p.overloadStatus(), "")
 	case bytes.Contains(r.body, []byte(cfg.RateLimitMarker)):
 		return errored(http.StatusTooManyRequests, "")
+	case bytes.Contains(r.body, []byte(cfg.BillingMarker)):
+		e := apiError{status: http.StatusPaymentRequired, message: "Your credit balance is too low to access the Anthropic API."}
+		if p.name() == "openai" {
+			e = apiError{status: http.StatusTooManyRequests, kind: kindSpendCap}
+		}
+		return simResult{customID: r.customID, kind: "errored", status: e.status, body: p.errorBody(e, newID("req_"))}
 	case bytes.Contains(r.body, []byte(cmp.Or(s.start.BadRequestMarker, DefaultBadRequestMarker))):
 		return errored(http.StatusBadRequest, "request contains the llmsim bad-request marker")
 	}

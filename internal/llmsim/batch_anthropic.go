@@ -2,6 +2,7 @@ package llmsim
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -58,7 +59,14 @@ func (s *Server) anthropicCreate(w http.ResponseWriter, r *http.Request) {
 			Params   json.RawMessage `json:"params"`
 		} `json:"requests"`
 	}
-	raw, err := io.ReadAll(r.Body)
+	raw, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.Batch.MaxBytes+1))
+	if err == nil && int64(len(raw)) > s.cfg.Batch.MaxBytes {
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(http.StatusRequestEntityTooLarge)
+		_, _ = w.Write(p.errorBody(apiError{status: http.StatusRequestEntityTooLarge,
+			message: fmt.Sprintf("Request exceeds the maximum allowed number of bytes (%d).", s.cfg.Batch.MaxBytes)}, newID("req_")))
+		return
+	}
 	if err == nil {
 		err = unmarshalExact(raw, &body)
 	}

@@ -64,6 +64,10 @@ func (s *Server) openAIView(b *simBatch) openAIBatch {
 	}
 	switch {
 	case b.endedAt == nil:
+	case b.failed != nil:
+		v.Status, v.FailedAt, v.InProgressAt = "failed", unixPtr(b.endedAt), nil
+		v.Errors = map[string]any{"object": "list", "data": []any{map[string]any{
+			"code": b.failed[0], "message": b.failed[1], "param": nil, "line": nil}}}
 	case b.canceledAt != nil:
 		v.Status, v.CancelledAt = "cancelled", unixPtr(b.endedAt)
 	case c["expired"] == len(b.requests):
@@ -121,6 +125,10 @@ func (s *Server) openAIUpload(w http.ResponseWriter, r *http.Request) {
 	data, err := io.ReadAll(f)
 	if err != nil {
 		badRequest(w, p, "read file: %v", err)
+		return
+	}
+	if int64(len(data)) > s.cfg.Batch.MaxBytes {
+		badRequest(w, p, "File is too large: %d bytes, at most %d for purpose batch.", len(data), s.cfg.Batch.MaxBytes)
 		return
 	}
 	id := newID("file-")

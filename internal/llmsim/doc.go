@@ -10,8 +10,10 @@
 // delete, create, retrieve, list paged by limit and after, cancel, output and
 // error files), both lists newest first, answered like the online endpoint
 // but outside its buckets, ended by the injected clock after
-// BatchConfig.ProcessingDelay, with per-request errors and expiry by marker
-// and whole-batch expiry past the window.
+// BatchConfig.ProcessingDelay, with per-request errors (overload, rate limit,
+// billing) and expiry by marker,
+// whole-batch expiry past the window, and the providers' cap on a batch's
+// bytes (BatchConfig.MaxBytes).
 //
 // It is used by tests (httptest.NewServer(llmsim.New(cfg))), by benchmarks and
 // as the default provider of the local stack, so that everything runs offline
