@@ -440,11 +440,21 @@ func TestSubmit_IntegralMaxAttempts(t *testing.T) {
 		r := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"max_attempts":`+v+`}`, nil)
 		requireError(t, r, http.StatusBadRequest, "invalid_max_attempts")
 	}
+	// A client retrying with the same body gets its replay; the fingerprint keeps numbers as
+	// written (idem.Canonical), so 3 after 3.0 under one key is another body, as 3 and 3.0 in the
+	// request the provider gets verbatim would be.
+	key := map[string]string{"Idempotency-Key": "integral"}
+	first := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"max_attempts":3.0}`, key)
+	require.Equal(t, http.StatusAccepted, first.status, "%v", first.body)
+	again := b.do(t, http.MethodPost, "/v1/jobs", `{"max_attempts": 3.0, "request":{"model":"m"}}`, key)
+	require.Equal(t, http.StatusOK, again.status, "%v", again.body)
+	require.Equal(t, first.body["id"], again.body["id"])
+	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"},"max_attempts":3}`, key), http.StatusUnprocessableEntity, "idempotency_key_reused")
 }
 
 // TestSubmit_ContentEncodingIs415: a body sent with a content coding (gzip, say) is refused with
-// 415 naming the coding, and Accept-Encoding: identity (RFC 9110 §15.5.16), before it is read:
-// not a 400 that calls the compressed bytes invalid UTF-8. identity is no coding.
+// 415 naming the coding, and Accept-Encoding: identity (RFC 9110 §15.5.16): not a 400 that
+// calls the compressed bytes invalid UTF-8. identity is no coding.
 func TestSubmit_ContentEncodingIs415(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -466,4 +476,28 @@ func TestSubmit_ContentEncodingIs415(t *testing.T) {
 		r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, map[string]string{"Content-Encoding": coding})
 		require.Equal(t, http.StatusAccepted, r.status, "Content-Encoding %q: %v", coding, r.body)
 	}
+}
+
+// TestSubmit_MislabelledEncodingStillAccepted: a plain JSON body sent with a Content-Encoding that
+// does not describe it (clients that confuse it with a charset, "UTF-8", or with
+// Transfer-Encoding) was accepted by every earlier release. It still is, and so is its replay: a
+// 415 would break such a client at the upgrade, and tell one whose first answer was lost (from an
+// earlier replica in a rolling upgrade) that nothing was stored while its key holds a job.
+func TestSubmit_MislabelledEncodingStillAccepted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	first := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, map[string]string{"Idempotency-Key": "mislabelled"})
+	require.Equal(t, http.StatusAccepted, first.status, "%v", first.body)
+	for _, coding := range []string{"UTF-8", "chunked", "gzip"} {
+		r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, map[string]string{"Idempotency-Key": "mislabelled", "Content-Encoding": coding})
+		require.Equal(t, http.StatusOK, r.status, "replay with Content-Encoding %q: %v", coding, r.body)
+		require.Equal(t, first.body["id"], r.body["id"], "replay with Content-Encoding %q", coding)
+		require.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+	}
+	r := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, map[string]string{"Content-Encoding": "UTF-8"})
+	require.Equal(t, http.StatusAccepted, r.status, "a plain body labelled UTF-8: %v", r.body)
+	// A body that is no JSON as sent (UTF-8, say a short brotli stream) is the 415 all the same.
+	r = b.do(t, http.MethodPost, "/v1/jobs", `{"request":`, map[string]string{"Content-Encoding": "br"})
+	requireError(t, r, http.StatusUnsupportedMediaType, "unsupported_content_encoding")
+	require.Equal(t, "identity", r.header.Get("Accept-Encoding"))
 }

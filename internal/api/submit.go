@@ -465,13 +465,6 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	if coding := contentCoding(r.Header); coding != "" {
-		// Read as JSON, a compressed body would be refused as invalid UTF-8, which says nothing.
-		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusUnsupportedMediaType, typ: "unsupported_content_encoding",
-			message: fmt.Sprintf("the body's Content-Encoding %q is not accepted: send the JSON as it is (identity)", coding),
-			header:  http.Header{"Accept-Encoding": {"identity"}}})
-		return
-	}
 	if r.ContentLength > s.cfg.MaxBodyBytes {
 		writeError(w, r, s.cfg.Logger, bodyTooLarge(s.cfg.MaxBodyBytes))
 		return
@@ -509,9 +502,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_body", message: "could not read body: " + err.Error()})
 		return
 	}
-	// JSON is UTF-8 (RFC 8259); Postgres refuses anything else, so refuse it here with a 400.
+	// JSON is UTF-8 (RFC 8259); Postgres refuses anything else, so refuse it here with a 400 (a
+	// 415 when a Content-Encoding says why: encodedRefusal).
 	if !utf8.Valid(body) {
-		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusBadRequest, typ: "invalid_json", message: "body is not valid UTF-8"})
+		writeError(w, r, s.cfg.Logger, encodedRefusal(r.Header, &httpError{status: http.StatusBadRequest, typ: "invalid_json", message: "body is not valid UTF-8"}))
 		return
 	}
 	var allowed func(string) bool
@@ -533,7 +527,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		job, replayed, err = s.create(r.Context(), p)
 	}
 	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
+		writeError(w, r, s.cfg.Logger, encodedRefusal(r.Header, err))
 		return
 	}
 	w.Header().Set("Location", "/v1/jobs/"+job.ID)
@@ -545,8 +539,29 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, s.answer(job))
 }
 
+// encodedRefusal is err, or a 415 when err refuses the body as not JSON (invalid_json) and the
+// request names a Content-Encoding: the submit decodes none (RFC 9110 §8.4), and a compressed body
+// read as JSON would be refused as invalid UTF-8, which says nothing of the cause. A body that is
+// JSON as sent is read as ever, whatever its Content-Encoding says (clients that mistake it for a
+// charset, "UTF-8", were accepted by every release): refusing it would break them at an upgrade,
+// and refuse the replay of a job their key holds.
+func encodedRefusal(h http.Header, err error) error {
+	coding := contentCoding(h)
+	if coding == "" {
+		return err
+	}
+	var he *httpError
+	var inv *InvalidError
+	if errors.As(err, &he) && he.typ == "invalid_json" || errors.As(err, &inv) && inv.Type == "invalid_json" {
+		return &httpError{status: http.StatusUnsupportedMediaType, typ: "unsupported_content_encoding",
+			message: fmt.Sprintf("the body is not JSON as sent, and its Content-Encoding %q is not decoded: send the JSON as it is (identity)", coding),
+			header:  http.Header{"Accept-Encoding": {"identity"}}}
+	}
+	return err
+}
+
 // contentCoding returns the request's Content-Encoding when it names a coding other than
-// identity, else "": the submit decodes none (RFC 9110 §8.4), so such a body is a 415.
+// identity, else "".
 func contentCoding(h http.Header) string {
 	values := h.Values("Content-Encoding")
 	for _, v := range values {

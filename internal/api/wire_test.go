@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -138,4 +139,47 @@ func TestFromConfig_ConsoleEventWriteTimeout(t *testing.T) {
 	resp := c.Head(t)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+}
+
+// TestFromConfig_ConsolePathsUnderCleanPaths: the console mounted in the API server keeps its
+// paths under Server.ServeHTTP's refusal of unclean ones: /console still redirects to /console/
+// (the ServeMux's redirect of a subtree's root, a clean path), its page (with a query) and static
+// files still answer, and only a path with a dot or an empty segment is the API's 404.
+func TestFromConfig_ConsolePathsUnderCleanPaths(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	cfg, err := parseWire(t, dbURL, redistest.Queue(t, redistest.URL()), "")
+	require.NoError(t, err)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	srv, closeAPI, err := FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, closeAPI()) })
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path string) *http.Response {
+		ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+path, nil)
+		require.NoError(t, err)
+		resp, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		return resp
+	}
+	resp := get("/console")
+	require.Contains(t, []int{http.StatusMovedPermanently, http.StatusTemporaryRedirect, http.StatusPermanentRedirect}, resp.StatusCode)
+	require.Equal(t, "/console/", resp.Header.Get("Location"))
+	for _, p := range []string{"/console/", "/console/?tab=dead", "/console/static/app.js", "/console/static/app.css"} {
+		require.Equal(t, http.StatusOK, get(p).StatusCode, p)
+	}
+	for _, p := range []string{"/console/static/../", "//console/", "/console/./static/app.js"} {
+		resp := get(p)
+		require.Equal(t, http.StatusNotFound, resp.StatusCode, p)
+		require.Empty(t, resp.Header.Get("Location"), p)
+	}
 }
