@@ -193,3 +193,28 @@ func TestParse_DurationsOutOfBounds(t *testing.T) {
 		"breaker: { cooldown: 1ms }\napi: { stream_url_ttl: 1s }\n"), secretEnv)
 	require.NoError(t, err)
 }
+
+// A value of the wrong kind (a duration without its unit, a word for a number) is named by its
+// field, as a value out of bounds is, not only by its line: the line of a one-line block
+// (`retry: { base_delay: 30, max_delay: 60s }`) holds several fields.
+func TestParse_WrongKindNamesTheField(t *testing.T) {
+	t.Parallel()
+
+	for field, doc := range map[string][]byte{
+		"retry.base_delay":                   minimal(goodCred, "retry: { max_delay: 60s, base_delay: 30 }\n"),
+		"worker.phase_margin":                minimal(goodCred, "worker:\n  phase_margin: 0\n"),
+		"worker.concurrency":                 minimal(goodCred, "worker: { concurrency: many }\n"),
+		"credentials[0].first_byte_timeout":  minimal(goodCred+"\nfirst_byte_timeout: 5", ""),
+		"credentials[0].batch.poll_interval": minimal(goodCred+"\nbatch: { enabled: true, poll_interval: 30 }", ""),
+		"fairness.min_share.low":             minimal(goodCred, "fairness: { min_share: { low: [1] } }\n"),
+		"retry.max_delay":                    minimal(goodCred, "retry: { base_delay: 1s, max_delay: 123456789012 }\n"), // yaml shortens it
+		"worker.concurency":                  minimal(goodCred, "worker: { queue: q, concurency: 5 }\n"),                // an unknown key
+	} {
+		t.Run(field, func(t *testing.T) {
+			t.Parallel()
+			_, err := config.Parse(doc, secretEnv)
+			require.ErrorContains(t, err, field+": ")
+			require.ErrorContains(t, err, "line ", "the line is kept")
+		})
+	}
+}

@@ -385,7 +385,7 @@ func parse(data []byte, getenv func(string) string, secrets bool) (*Config, erro
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("parse yaml: %w", err)
+		return nil, fmt.Errorf("parse yaml: %w", nameFields(data, err))
 	}
 	// A second document ("---" then more settings, say two files pasted together) would be
 	// ignored by Decode: refuse it rather than run on half the file.
