@@ -37,15 +37,15 @@ func (c *anthropicClient) Submit(ctx context.Context, _ string, reqs []Request) 
 }
 
 // Find: Message Batches keep no metadata, so the batch is recognised by its creation time (at
-// or after since, less findSkew of clock skew) and its number of requests, any from minN to
-// maxN: the lost send may be an earlier one, made before jobs left the batch; of several not taken
+// or after since, less findSkew of clock skew) and its number of requests (those of the send
+// looked up, its start since: a batch's sends shrink as its jobs leave it); of several not taken
 // by another of llmq's batches, the earliest. The list (newest first) is read a page of 100 at a
 // time until a batch created before that, as OpenAI's is (see openAIClient.Find). Results are
 // matched by custom_id, so adopting a stranger's batch of the same size cannot record a wrong
 // result: the jobs missing from its results go round again. (Adopting one of llmq's own,
 // already recorded, would leave this batch's real one unread, paid for and its jobs sent again:
 // hence taken.)
-func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, minN, maxN int, taken func(string) bool) (string, error) {
+func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, n int, taken func(string) bool) (string, error) {
 	oldest := since.Add(-findSkew)
 	found, after := "", ""
 	for range findMaxPages {
@@ -68,7 +68,7 @@ func (c *anthropicClient) Find(ctx context.Context, _ string, since time.Time, m
 			for _, v := range b.RequestCounts {
 				total += v
 			}
-			if total >= minN && total <= maxN && !taken(b.ID) {
+			if total == n && !taken(b.ID) {
 				found = b.ID
 			}
 		}
@@ -93,7 +93,7 @@ func (c *anthropicClient) Results(ctx context.Context, id string) ([]Result, err
 	if err != nil {
 		return nil, fmt.Errorf("message batch results: %w", err)
 	}
-	if cutShort(data) {
+	if c.cutShort(data) {
 		return nil, fmt.Errorf("message batch results: %w", errCutShort)
 	}
 	var out []Result

@@ -412,8 +412,9 @@ func (b *Batcher) commitAndSend(ctx context.Context, lane Lane, model string, id
 const sendClaim = 10 * time.Minute
 
 // send submits committed batch row. When a send of it began before (the process died or the
-// call failed without an answer), the provider may hold it already: it is looked up first, and
-// sent again only when the provider has none. A send or look-up that failed is tried again after
+// call failed without an answer), the provider may hold it already: it is looked up first (by
+// the last send's start and size, recorded before it went: see store.resend), and sent again
+// only when the provider has none. A send or look-up that failed is tried again after
 // the polls' backoff (pollDelay), not at every pass: a provider whose batch API is down or
 // overloaded is not asked once a second (for OpenAI, with the batch's file uploaded each time);
 // meanwhile the batch's jobs near their deadline still go online. A send claims its batch for
@@ -430,7 +431,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 		return b.store.pollLater(ctx, row.ID, b.cfg.Now().Add(pollDelay(lane.Config, row.Polls)))
 	}
 	now := b.cfg.Now()
-	reqs, since, frozen, err := b.store.beginSend(ctx, row.ID, now, now.Add(sendClaim))
+	reqs, since, sent, err := b.store.beginSend(ctx, row.ID, now, now.Add(sendClaim))
 	if errors.Is(err, errEmpty) {
 		return nil // every job ended before the send: nothing to pay for
 	}
@@ -448,7 +449,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 		if err != nil {
 			return err
 		}
-		if providerID, err = lane.Client.Find(ctx, row.ID, since, len(reqs), frozen, func(id string) bool { return taken[id] }); err != nil {
+		if providerID, err = lane.Client.Find(ctx, row.ID, since, sent, func(id string) bool { return taken[id] }); err != nil {
 			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later())
 		}
 		if providerID != "" {
@@ -459,6 +460,12 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 		// Every job was canceled since an earlier send, which the provider does not hold:
 		// nothing to pay for.
 		return b.store.ended(ctx, row.ID, "canceled", "")
+	}
+	if providerID == "" && row.SubmitStartedAt != nil {
+		// What the next look-up (should this send's answer be lost) looks for.
+		if err := b.store.resend(ctx, row.ID, len(reqs)); err != nil {
+			return errors.Join(err, later())
+		}
 	}
 	if providerID == "" {
 		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs); err != nil {

@@ -77,13 +77,13 @@ func TestClient_FindReadsPastTheFirstPage(t *testing.T) {
 			none := func(string) bool { return false }
 
 			pages := sim.BatchStats().Polls
-			got, err := client.Find(ctx, "lost-0", since, 2, 2, none)
+			got, err := client.Find(ctx, "lost-0", since, 2, none)
 			require.NoError(t, err)
 			require.Equal(t, lost, got, "the lost send is on the second page")
 			require.Equal(t, 2, sim.BatchStats().Polls-pages)
 
 			pages = sim.BatchStats().Polls
-			got, err = client.Find(ctx, "never-sent", since, 3, 3, none)
+			got, err = client.Find(ctx, "never-sent", since, 3, none)
 			require.NoError(t, err)
 			require.Empty(t, got)
 			require.Equal(t, 2, sim.BatchStats().Polls-pages, "no page past the first batch older than the send")
@@ -197,7 +197,7 @@ func TestClient_FindFailsPastItsPageBound(t *testing.T) {
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			got, err := client.Find(ctx, "lost", now.Add(-time.Minute), 2, 2, func(string) bool { return false })
+			got, err := client.Find(ctx, "lost", now.Add(-time.Minute), 2, func(string) bool { return false })
 			require.Error(t, err, "not found among 10,000 batches made since: not known to be unsent")
 			require.Empty(t, got)
 			mu.Lock()

@@ -216,7 +216,7 @@ func TestBatcher_UnsentBatchDeadlineFallback(t *testing.T) {
 // unreachable is a Client whose provider's batch API does not answer.
 type unreachable struct{ batchlane.Client }
 
-func (unreachable) Find(context.Context, string, time.Time, int, int, func(string) bool) (string, error) {
+func (unreachable) Find(context.Context, string, time.Time, int, func(string) bool) (string, error) {
 	return "", &batchlane.StatusError{Status: 503, Body: "unavailable"}
 }
 
@@ -347,4 +347,59 @@ func TestBatcher_CanceledBetweenSendsIsNotSent(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT state FROM provider_batches`).Scan(&state))
 		require.Equal(t, "canceled", state)
 	})
+}
+
+// TestBatcher_LostSendIsNotConfusedWithAnotherLostBatch: two of llmq's batches of one
+// Anthropic key are both in the crash window, so neither's provider batch is recorded (taken)
+// yet. Batch A froze 5 jobs, lost 2 online before its second send (3 requests, lost), and
+// one more to a cancel; batch B (4 requests) was sent, and lost, between A's sends. A's
+// look-up must find its own last send, not B's (whose size lies between what A froze and
+// what it has left): adopting B's, A's jobs would find no line and go round again, its real
+// batch unread and paid for, and B, its batch taken, would be sent again: paid twice.
+func TestBatcher_LostSendIsNotConfusedWithAnotherLostBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{provider: "anthropic", maxReqs: 5})
+	// near's fallback (deadline less online_fallback) comes 15 s after A's first send.
+	near := fill + b.cfg.OnlineFallback + 15*time.Second
+	var a []string
+	for i := range 5 {
+		timeout := time.Duration(0)
+		if i >= 3 {
+			timeout = near
+		}
+		a = append(a, b.submit(t, "a"+string(rune('0'+i)), timeout, 0).ID)
+	}
+	b.clock.Advance(fill)
+	// A's first send (5 requests) never reaches the provider; its backoff is 30 s.
+	require.Error(t, b.batcher(flaky{Client: b.client}).Once(context.Background()))
+	require.Zero(t, b.sim.BatchStats().Created)
+
+	// Within A's backoff its near jobs go online, and B is made and sent, its answer lost.
+	var bIDs []string
+	for i := range 4 {
+		bIDs = append(bIDs, b.submit(t, "b"+string(rune('0'+i)), 0, 0).ID)
+	}
+	b.clock.Advance(25 * time.Second)
+	require.Error(t, b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background()))
+	require.ElementsMatch(t, a[3:], b.online())
+	require.Equal(t, 1, b.sim.BatchStats().Created)
+
+	// A's second send (3 requests) reaches the provider; its answer is lost.
+	b.clock.Advance(10 * time.Second)
+	_ = b.batcher(flaky{Client: b.client, lost: true}).Once(context.Background())
+	require.Equal(t, 2, b.sim.BatchStats().Created, "A's look-up adopted B's batch: A was not sent")
+	_, err := b.store.Cancel(context.Background(), a[2])
+	require.NoError(t, err)
+
+	// Both look their batch up, and adopt their own.
+	b.clock.Advance(2 * time.Minute)
+	once(t, b.batcher(nil))
+	require.Equal(t, 2, b.sim.BatchStats().Created, "a lost batch was sent again: its jobs are paid twice")
+	b.clock.Advance(2 * time.Hour)
+	once(t, b.batcher(nil))
+	for _, id := range append(a[:2], bIDs...) {
+		got := b.get(t, id)
+		require.Equal(t, jobs.StatusSucceeded, got.Status, "%s: %+v", id, got.LastError)
+		require.Equal(t, 1, got.Attempts)
+	}
 }

@@ -11,7 +11,8 @@
 //     the batch is sent, so a job is in one batch at a time;
 //  3. send: the first send freezes the batch's jobs (those canceled meanwhile leave it) and
 //     records when it began; a send again (after a crash or a failed call) first looks the
-//     batch up at the provider (OpenAI: by metadata; Anthropic: by creation time and size),
+//     batch up at the provider (OpenAI: by metadata; Anthropic: by the last send's start and
+//     size, each send recording its own),
 //     and sends only if the provider has none, so a crash does not pay for a job twice;
 //  4. poll: with backoff (PollInterval doubling to 10 ×), until the batch ended;
 //  5. record: each job's result by custom_id (the job ID), mapped onto the online classes

@@ -3,3 +3,13 @@ package batchlane
 // CrashAfterCommit makes b's passes end with err between a batch's commit and its send, as a
 // process dying there would.
 func CrashAfterCommit(b *Batcher, err error) { b.crashAfterCommit = err }
+
+// SetMaxAnswerLen sets how much of a 2xx answer c reads (1 GiB by default).
+func SetMaxAnswerLen(c Client, n int64) {
+	switch c := c.(type) {
+	case *anthropicClient:
+		c.maxAnswer = n
+	case *openAIClient:
+		c.maxAnswer = n
+	}
+}

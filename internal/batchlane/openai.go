@@ -97,7 +97,7 @@ const findMaxPages = 100
 // batch created before that: a key that makes many batches pushes a lost send off the first page
 // within the send's claim (sendClaim), and a look-up that missed it would send it again, paid
 // twice. A batch without created_at is read past.
-func (c *openAIClient) Find(ctx context.Context, ref string, since time.Time, _, _ int, _ func(string) bool) (string, error) {
+func (c *openAIClient) Find(ctx context.Context, ref string, since time.Time, _ int, _ func(string) bool) (string, error) {
 	oldest := since.Add(-findSkew).Unix()
 	after := ""
 	for range findMaxPages {
@@ -172,7 +172,7 @@ func (c *openAIClient) Results(ctx context.Context, id string) ([]Result, error)
 		if err != nil {
 			return nil, fmt.Errorf("download batch results file: %w", err)
 		}
-		if cutShort(data) {
+		if c.cutShort(data) {
 			return nil, fmt.Errorf("download batch results file: %w", errCutShort)
 		}
 		rs, err := c.parseResults(data)

@@ -273,12 +273,12 @@ type cancelingFind struct {
 	cancel atomic.Pointer[context.CancelFunc]
 }
 
-func (c *cancelingFind) Find(ctx context.Context, ref string, since time.Time, minN, maxN int, taken func(string) bool) (string, error) {
+func (c *cancelingFind) Find(ctx context.Context, ref string, since time.Time, n int, taken func(string) bool) (string, error) {
 	if cancel := c.cancel.Load(); cancel != nil {
 		(*cancel)()
 		return "", ctx.Err()
 	}
-	return c.Client.Find(ctx, ref, since, minN, maxN, taken)
+	return c.Client.Find(ctx, ref, since, n, taken)
 }
 
 // TestBatcher_ProbeOfACanceledPassIsGivenBack: a pass that took the pause's probe and ends

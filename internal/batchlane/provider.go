@@ -66,11 +66,10 @@ type Client interface {
 	// metadata) and returns the provider's batch id.
 	Submit(ctx context.Context, ref string, reqs []Request) (string, error)
 	// Find returns the id of the batch an earlier Submit of ref may have created at or after
-	// since with minN to maxN requests (a batch's sends hold fewer requests as its jobs leave
-	// it: the first held maxN, this one holds minN), or "" when the provider has none: the
-	// crash-window lookup. A batch whose id taken reports true is another of llmq's batches,
-	// and is never the one.
-	Find(ctx context.Context, ref string, since time.Time, minN, maxN int, taken func(id string) bool) (string, error)
+	// since with n requests (that send's start and size: a batch's sends hold fewer requests
+	// as its jobs leave it), or "" when the provider has none: the crash-window lookup. A batch
+	// whose id taken reports true is another of llmq's batches, and is never the one.
+	Find(ctx context.Context, ref string, since time.Time, n int, taken func(id string) bool) (string, error)
 	// Poll returns the batch's state.
 	Poll(ctx context.Context, id string) (State, error)
 	// Results returns the ended batch's results, one per request.
@@ -90,7 +89,7 @@ func NewClient(kind, baseURL, apiKey string, hc *http.Client) (Client, error) {
 	copied := *hc
 	copied.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	hc = &copied
-	h := httpClient{base: baseURL, key: apiKey, hc: hc, kind: kind, red: llm.NewRedactor(apiKey)}
+	h := httpClient{base: baseURL, key: apiKey, hc: hc, kind: kind, red: llm.NewRedactor(apiKey), maxAnswer: maxAnswerLen}
 	switch kind {
 	case "anthropic":
 		return &anthropicClient{h}, nil
@@ -182,6 +181,8 @@ type httpClient struct {
 	// red removes the key from what the provider answers, which is untrusted as the online
 	// lane's answers are: providers and proxies echo the key (a 401's message, an answer).
 	red llm.Redactor
+	// maxAnswer caps the read of a 2xx answer: maxAnswerLen (tests set less).
+	maxAnswer int64
 }
 
 // do sends one request and returns the body of a 2xx answer, the key masked in it byte for byte
@@ -210,7 +211,7 @@ func (c httpClient) do(ctx context.Context, method, path, contentType string, bo
 	defer resp.Body.Close()
 	// An error answer is read as far as its reason is read (maxErrorTypeBodyLen), as the online
 	// lane reads one: a longer one, or one that never ends, holds neither memory nor the call.
-	limit := int64(maxAnswerLen)
+	limit := c.maxAnswer
 	if resp.StatusCode/100 != 2 {
 		limit = maxErrorTypeBodyLen + 1
 	}
@@ -278,9 +279,11 @@ var errCutShort = errors.New("the results end in the middle of a line (the downl
 // line has no newline and is not a JSON value. A close-delimited answer (no length, no
 // chunking) whose connection ended early reads as a clean end of file, and read as it came its
 // jobs past the cut would find no line and go round again, paid twice: such a body is
-// downloaded again instead. (A cut at a line's end is not seen here.)
-func cutShort(data []byte) bool {
-	if len(data) == 0 || data[len(data)-1] == '\n' {
+// downloaded again instead. (A cut at a line's end is not seen here.) A body as long as the
+// read's cap (maxAnswer) is not: the cap cut it, as it would at every download, so it is read as
+// far as the cap, its last line skipped as an undecodable one (its job goes round again).
+func (c httpClient) cutShort(data []byte) bool {
+	if len(data) == 0 || data[len(data)-1] == '\n' || int64(len(data)) >= c.maxAnswer {
 		return false
 	}
 	last := data[bytes.LastIndexByte(data, '\n')+1:]

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -251,4 +252,37 @@ func TestBatcher_FailedBatchSaysWhy(t *testing.T) {
 	b.clock.Advance(2 * time.Hour)
 	once(t, bt)
 	require.Equal(t, jobs.StatusSucceeded, b.get(t, first.ID).Status)
+}
+
+// TestBatcher_ResultsPastTheReadCapAreRead: a results body longer than the client reads of an
+// answer (1 GiB) is cut at the cap, mid-line, every time it is downloaded: it is not a cut
+// download, to be fetched again at every poll until the jobs' deadlines (a GiB each time, the
+// answered jobs held meanwhile), but read as far as the cap; a job whose line is past it goes
+// round again.
+func TestBatcher_ResultsPastTheReadCapAreRead(t *testing.T) {
+	t.Parallel()
+	for _, provider := range []string{"anthropic", "openai"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			// A long last line, of a request llmq did not make, past the cap.
+			front := &resultsFront{edit: func(_ int, body []byte) ([]byte, bool) {
+				return append(append([]byte{}, body...), `{"custom_id":"other","pad":"`+strings.Repeat("x", 64<<10)+`"}`+"\n"...), false
+			}}
+			b := setup(t, setupOpts{provider: provider, front: front.wrap})
+			batchlane.SetMaxAnswerLen(b.client, 16<<10)
+			bt := b.batcher(nil)
+			j1, j2 := b.submit(t, "one", 0, 0), b.submit(t, "two", 0, 0)
+			b.clock.Advance(fill)
+			once(t, bt)
+			b.clock.Advance(2 * time.Hour)
+			require.NoError(t, bt.Once(t.Context()), "the results were read as cut short")
+			for _, id := range []string{j1.ID, j2.ID} {
+				got := b.get(t, id)
+				require.Equal(t, jobs.StatusSucceeded, got.Status, "%s: %+v", id, got.LastError)
+			}
+			front.mu.Lock()
+			defer front.mu.Unlock()
+			require.Equal(t, 1, front.downloads)
+		})
+	}
 }

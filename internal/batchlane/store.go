@@ -117,7 +117,8 @@ FROM provider_batches WHERE state IN ('committed', 'submitted') ORDER BY created
 // recorded with the time the send began. Every call returns the requests of the batch's jobs
 // still unfinished, in job order (less those that left it since: moved online near their
 // deadline; canceled since an earlier send, which stay in it, are not sent again but may be in
-// a batch that send made), that time and the frozen count; no job left in the batch: errEmpty
+// a batch that send made), and the start and size of the last send (this one, the first time;
+// see resend); no job left in the batch: errEmpty
 // (the batch is marked canceled, nothing to send). A call again may return no request: every job
 // was canceled since an earlier send, which may still have to be looked up.
 //
@@ -129,7 +130,7 @@ FROM provider_batches WHERE state IN ('committed', 'submitted') ORDER BY created
 func (s store) beginSend(ctx context.Context, id string, now, claimUntil time.Time) ([]Request, time.Time, int, error) {
 	var reqs []Request
 	var since time.Time
-	var frozen int
+	var last int
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var started, due *time.Time
 		if err := tx.QueryRow(ctx, `SELECT submit_started_at, next_poll_at FROM provider_batches WHERE id = $1 FOR UPDATE`,
@@ -174,7 +175,7 @@ WHERE batch_ref = $1 ORDER BY id`, id)
 		}
 		return tx.QueryRow(ctx, `UPDATE provider_batches SET submit_started_at = coalesce(submit_started_at, now()),
 	requests = CASE WHEN submit_started_at IS NULL THEN $2 ELSE requests END, next_poll_at = $3
-WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs), claimUntil).Scan(&since, &frozen)
+WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs), claimUntil).Scan(&since, &last)
 	})
 	if errors.Is(err, errEmpty) || errors.Is(err, errNotDue) {
 		return nil, time.Time{}, 0, err
@@ -182,7 +183,21 @@ WHERE id = $1 RETURNING submit_started_at, requests`, id, len(reqs), claimUntil)
 	if err != nil {
 		return nil, time.Time{}, 0, fmt.Errorf("begin sending batch: %w", err)
 	}
-	return reqs, since, frozen, nil
+	return reqs, since, last, nil
+}
+
+// resend records that batch id is sent again, now, with n requests: what a look-up after it
+// (should its answer be lost) looks for (Client.Find), as beginSend records the first send's.
+// A batch's sends shrink as its jobs leave it, and only its last can be at the provider (each
+// send again follows a look-up that found none); looked up by the first send's size and time, a
+// smaller lost send is not found and is sent again, or another of llmq's lost batches is taken
+// for it.
+func (s store) resend(ctx context.Context, id string, n int) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET submit_started_at = now(), requests = $2 WHERE id = $1`,
+		id, n); err != nil {
+		return fmt.Errorf("record a batch's send again: %w", err)
+	}
+	return nil
 }
 
 // findWindow is how long before a send's start the provider batches of other rows are read for
