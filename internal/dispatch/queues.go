@@ -48,10 +48,13 @@ func (q Queues) All() []string {
 type placedTask struct{ queue, id string }
 
 // tasksOf returns where a job's task may wait: under the job's ID on the main or the low queue,
-// and as its due task on the main queue (rescue tasks are not listed: they are short-lived, and
-// their deliveries find the job as any other would).
+// as its due task on the main queue, and as its rescue task on either (see
+// Enqueuer.EnqueueRescue). A rescue task may carry its job for the rest of its life (a dead
+// job retried while its task was still active runs under one, see Tasks.Requeue): a cancel
+// must reach it as it reaches the others.
 func (q Queues) tasksOf(jobID string) []placedTask {
-	return []placedTask{{q.base, jobID}, {q.For(jobs.PriorityLow), jobID}, {q.Due(), jobID + dueSuffix}}
+	return []placedTask{{q.base, jobID}, {q.For(jobs.PriorityLow), jobID}, {q.Due(), jobID + dueSuffix},
+		{q.base, jobID + rescueSuffix}, {q.For(jobs.PriorityLow), jobID + rescueSuffix}}
 }
 
 // contains reports whether name is one of the queues.

@@ -55,7 +55,7 @@ type SweeperConfig struct {
 // Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data
 // (a restart without persistence, a flush) or after an API process died between commit and
 // enqueue; a task asynq holds archived or completed counts as missing (Postgres wins: it is
-// replaced); and it rescues the jobs whose task a dead worker process left active (see
+// replaced), a waiting rescue task as the job's task; and it rescues the jobs whose task a dead worker process left active (see
 // SweeperConfig.OrphanGrace). One process at a time sweeps, elected with a Postgres advisory
 // lock. Duplicate deliveries are harmless: the attempt lease lets one call at a time go. While
 // every task is in place a pass checks SweeperConfig.PassJobs jobs and the next goes on from
@@ -312,7 +312,7 @@ const taskLeased = "leased"
 // taskStates returns, for each job of batch, the state of its asynq task as asynq stores it
 // ("pending", "active", "scheduled", "retry", ...; "" when there is none): a low job's due task's
 // when it has one (see Mux), else its task's on its priority's queue, read in one pipelined
-// round trip; or taskLeased for a running job whose attempt's lease is live (its delivery renews
+// round trip, else its rescue task's (see rescueStates); or taskLeased for a running job whose attempt's lease is live (its delivery renews
 // it: re-enqueueing it would only make a duplicate wait).
 func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished) ([]string, error) {
 	out := make([]string, len(batch))
@@ -348,7 +348,56 @@ func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished) ([]st
 			}
 		}
 	}
-	return out, nil
+	return out, s.rescueStates(ctx, batch, out)
+}
+
+// rescueStates fills in, for each job of batch that taskStates found without a task, the state of
+// a rescue task that carries it (see Enqueuer.EnqueueRescue: a dead job retried while its task
+// was active runs under one), read in one more pipelined round trip, only when some job had no
+// task. Only a waiting rescue (pending, scheduled, retry) counts: an archived one never runs,
+// and an active one may be an orphan, which rescueOrphans leaves alone (it rescues the job's
+// own task): once the job's lease has run out, the walk enqueues the job's task, as before
+// rescue tasks carried jobs.
+func (s *Sweeper) rescueStates(ctx context.Context, batch []jobs.Unfinished, out []string) error {
+	q := s.cfg.Enqueuer.queues
+	var missing []int
+	var cmds [][]*redis.StringCmd
+	pipe := s.cfg.Redis.Pipeline()
+	for i, u := range batch {
+		if out[i] != "" {
+			continue
+		}
+		missing = append(missing, i)
+		// A low job's rescue waits on the main queue when its due task was the stuck one.
+		queues := []string{q.For(u.Priority)}
+		if u.Priority == jobs.PriorityLow {
+			queues = append(queues, q.Due())
+		}
+		var c []*redis.StringCmd
+		for _, queue := range queues {
+			c = append(c, pipe.HGet(ctx, asynqTaskKey(queue, u.ID+rescueSuffix), "state"))
+		}
+		cmds = append(cmds, c)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("look up rescue tasks: %w", err)
+	}
+	for k, i := range missing {
+		for _, cmd := range cmds[k] {
+			v, err := cmd.Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return fmt.Errorf("look up the rescue task of %s: %w", batch[i].ID, err)
+			}
+			if v == "pending" || v == "scheduled" || v == "retry" {
+				out[i] = v
+				break
+			}
+		}
+	}
+	return nil
 }
 
 // asynqTaskKey is the hash in which asynq v0.26 keeps a task (its "state" field among others):

@@ -30,7 +30,7 @@ func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
 // is running it (asynq's cancelation channel, so it reaches whichever process holds the task;
 // the provider call's context ends with it), and deletes the task when it is waiting (pending,
 // scheduled or retry) on any of its queues, so a canceled job is not even picked up. The job's
-// due task (see Mux) is stopped the same way. Best effort: a task that starts between the two
+// due task (see Mux) and its rescue task (see Enqueuer.EnqueueRescue) are stopped the same way. Best effort: a task that starts between the two
 // steps is skipped by the executor, which finds the job terminal. The error reports a step that
 // Redis refused; the cancellation in Postgres stands either way.
 func (t *Tasks) Abort(id string) error {

@@ -45,7 +45,7 @@ func (e *Executor) load(ctx context.Context, id string, fresh bool) (*jobs.Job, 
 // firstDelivery reports whether a fresh delivery (not dispatch's retry of one that failed on the
 // stores) is the job's first: nothing attempted, deferred or failed over yet, and no event but
 // its creation's (a dead job an operator retried is queued with no attempts again, days after
-// its creation: not a pick-up).
+// its creation, and so is a batch-lane job sent online: neither is a pick-up).
 func firstDelivery(job *jobs.Job) bool {
 	return job.Status == jobs.StatusQueued && job.Attempts == 0 && job.NextAttemptAt == nil && job.CredentialIndex == 0 &&
 		job.EventSeq == 1
