@@ -10,7 +10,7 @@ import (
 
 // Field names match exactly. Go's encoding/json, which decodes the submit body and reads the
 // fields of the request that llmq uses (deltastream.Requested: stream; tokens.Count: model,
-// max_tokens, n, the messages' text), matches a name in any case, Unicode folding included ("ſtream"
+// max_tokens, n, tools, the messages' text), matches a name in any case, Unicode folding included ("ſtream"
 // is "stream" to it), and keeps the last of a name sent twice; a provider matches names exactly.
 // llmq's view of a request (streaming or not, the tokens the limiter reserves, the model) must be
 // the provider's, so such names are refused at submit (checkFieldNames) rather than read.
@@ -28,14 +28,19 @@ type fieldSpec struct {
 	typ string
 }
 
-// blockFields are the names tokens.Count reads in a content block.
-var blockFields = &fieldSpec{names: []string{"type", "text"}, typ: "invalid_request"}
+// blockFields are the names tokens.Count reads in a content block: its type, its text, and a
+// tool_result's content, whose blocks it reads the type and text of (resultBlockFields).
+var blockFields = &fieldSpec{names: []string{"type", "text", "content"},
+	in: map[string]*fieldSpec{"content": resultBlockFields}, typ: "invalid_request"}
+
+// resultBlockFields are the names tokens.Count reads in a block of a tool_result's content.
+var resultBlockFields = &fieldSpec{names: []string{"type", "text"}, typ: "invalid_request"}
 
 // requestFields are the names llmq reads in the provider-native request, in either dialect:
 // deltastream.Requested and llm's Send (stream, stream_options), tokens.Count (model, messages'
-// content, system, max_tokens, max_completion_tokens, OpenAI's n).
+// content, system, tools, max_tokens, max_completion_tokens, OpenAI's n).
 var requestFields = &fieldSpec{
-	names: []string{"model", "messages", "system", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options"},
+	names: []string{"model", "messages", "system", "tools", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options"},
 	in: map[string]*fieldSpec{
 		"messages": {names: []string{"content"}, in: map[string]*fieldSpec{"content": blockFields}, typ: "invalid_request"},
 		"system":   blockFields,
@@ -195,12 +200,12 @@ func (s *jsonScanner) quotedPath(name []byte) string {
 
 // jsonScanner walks a JSON document known to be valid, without decoding what it skips. It
 // compares names where they lie in the document and keeps its path in pathBuf (the checked
-// objects lie at most three deep): a check allocates nothing per member.
+// objects lie at most four deep): a check allocates nothing per member.
 type jsonScanner struct {
 	b       []byte
 	i       int
 	path    []pathStep
-	pathBuf [4]pathStep
+	pathBuf [5]pathStep
 }
 
 // peek returns the next byte that is not white space (0 at the end).

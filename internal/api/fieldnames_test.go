@@ -39,6 +39,12 @@ func TestSubmit_FieldNamesMatchExactly(t *testing.T) {
 		{"BlockTextTwice", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"long","TEXT":"x"}]}]}}`,
 			"invalid_request", `"request.messages[0].content[0].TEXT"`},
 		{"SystemBlockCase", `{"request":{"model":"m","system":[{"Type":"text","text":"a"}]}}`, "invalid_request", `"request.system[0].Type"`},
+		// tools and a tool_result's content are counted as input (tokens.Count).
+		{"ToolsCase", `{"request":{"model":"m","Tools":[]}}`, "invalid_request", `"request.Tools"`},
+		{"ToolResultContentCase", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","Content":"x"}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].Content"`},
+		{"ToolResultBlockCase", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","Text":"x"}]}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].content[0].Text"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

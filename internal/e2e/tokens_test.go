@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llmsim"
 )
 
@@ -67,4 +68,61 @@ func TestTokens_RequestLargerThanABucketRefusedAtSubmit(t *testing.T) {
 
 	ok := b.do(t, "POST", "/v1/jobs", `{"request":{"model":"m","max_tokens":400,"messages":[{"role":"user","content":"hi"}]}}`, nil)
 	require.Equal(t, 202, ok.status)
+}
+
+// An agent's requests: their input is mostly tool results. The limiter reserves them as input,
+// as the provider counts them, so a known input-token limit is kept without 429s (counted as the
+// few bytes of their text blocks, the whole burst went at once and the provider refused most).
+func TestTokens_ToolResultsAreReserved(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	b := setup(t, setupOpts{
+		sim: llmsim.Config{Capacity: 100, RefillPerSecond: 100, InputTokensPerMinute: 400,
+			OutputTokensPerMinute: 1000, TokenMinute: time.Second, ReplyTokens: 10},
+		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
+		worker: "token_minute: 1s, phase_margin: 2s", // see TestTokens_KnownTokenLimitAvoids429s
+	})
+	result := strings.Repeat("word ", 79) + "word" // 399 bytes, a newline joins "ok": 100 input tokens
+	body := fmt.Sprintf(`{"max_attempts":1,"request":{"model":"m","max_tokens":10,"messages":[
+		{"role":"user","content":"ok"},
+		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"read","input":{}}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":%q},{"type":"text","text":""}]}]}}`, result)
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { ids[i] = b.submit(t, body) })
+	}
+	wg.Wait()
+	for _, id := range ids {
+		job := b.waitTerminal(t, id)
+		require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
+		require.EqualValues(t, 100, job["usage"].(map[string]any)["input_tokens"])
+	}
+	st := b.sim.Stats()
+	require.Zero(t, st.ByStatus[429], "the provider refused requests: %v", st.ByStatus)
+	require.Equal(t, n, st.Requests)
+}
+
+// A request without max_tokens reserves the default allowance (4,096). Once the credential's
+// output limit is learned below it, the job fails unsent, and its error says that the allowance
+// was assumed rather than blaming a max_tokens the client never sent.
+func TestTokens_AssumedOutputAboveALearnedLimitSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{sim: llmsim.Config{InputTokensPerMinute: 100000, OutputTokensPerMinute: 1000}})
+	first := b.waitTerminal(t, b.submit(t, anthropicBody("learn the limits")))
+	require.Equal(t, "succeeded", first["status"])
+	// The answer's headers reach the limiter while its result reaches Postgres: wait for them.
+	gate := b.limiterCredential(t, "default")
+	require.Eventually(t, func() bool {
+		cur, err := gate.CurrentTokenBuckets(b.ctx)
+		return err == nil && cur.Output.Source == limiter.SourceLearned && cur.Output.PerMinute == 1000
+	}, 30*time.Second, 10*time.Millisecond, "the output limit is learned from the first answer")
+
+	job := b.waitTerminal(t, b.submit(t, `{"request":{"model":"m","messages":[{"role":"user","content":"hi"}]}}`))
+	require.Equal(t, "failed", job["status"])
+	require.EqualValues(t, 0, job["attempts"], "it can never be sent: it is not")
+	msg := job["last_error"].(map[string]any)["message"].(string)
+	require.Contains(t, msg, "can never be sent")
+	require.Contains(t, msg, "the request sets no max_tokens: 4096 assumed")
+	require.Equal(t, 1, b.sim.Stats().Requests)
 }

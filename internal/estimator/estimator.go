@@ -96,6 +96,8 @@ type Estimate struct {
 	Input int
 	// MaxOutput is the output allowance to reserve (tokens.Request.MaxOutput).
 	MaxOutput int
+	// AssumedOutput reports that the request sets no output allowance (tokens.Request.AssumedOutput).
+	AssumedOutput bool
 }
 
 // Estimate counts body (see tokens.Count) and scales its input tokens by the ratio learned for
@@ -106,7 +108,8 @@ func (e *Estimator) Estimate(credential, provider string, body []byte) (Estimate
 		return Estimate{}, err
 	}
 	ratio := e.Ratio(credential, r.Model)
-	return Estimate{Model: r.Model, Raw: r.Input, Ratio: ratio, Input: scale(r.Input, ratio), MaxOutput: r.MaxOutput}, nil
+	return Estimate{Model: r.Model, Raw: r.Input, Ratio: ratio, Input: scale(r.Input, ratio), MaxOutput: r.MaxOutput,
+		AssumedOutput: r.AssumedOutput}, nil
 }
 
 // scale is ceil(n × ratio), at least 1; the tiny tolerance keeps an exact ratio exact.

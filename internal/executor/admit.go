@@ -106,8 +106,12 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 	}
 	if errors.Is(err, tokens.ErrTooLarge) {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
+		note := ""
+		if a.est != nil {
+			note = tokens.AssumedOutputNote(err, a.est.AssumedOutput, up.Kind)
+		}
 		return adm, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
-			Class: string(retrypolicy.ClassPermanent), Message: "request can never be sent: " + err.Error(),
+			Class: string(retrypolicy.ClassPermanent), Message: "request can never be sent: " + err.Error() + note,
 		}})
 	}
 	if err != nil {

@@ -32,11 +32,12 @@
 // Token counts follow one rule:
 //
 //   - input tokens  = (bytes of the text of every message, plus the Anthropic
-//     "system" text) / 4, at least 1;
+//     "system" text, plus the "tools" JSON as sent) / 4, at least 1;
 //   - output tokens = (bytes of the reply text) / 4, at least 1.
 //
 // Only text is counted: for array content, the "text" of blocks of type
-// "text"; other blocks count zero. Config.ReplyTokens > 0 instead makes every
+// "text" and the text of "tool_result" blocks' content (read as a message's
+// content), joined by newlines; other blocks count zero. Config.ReplyTokens > 0 instead makes every
 // reply exactly that many output tokens: the text is cut (on a rune boundary)
 // or padded with a fixed ASCII filler to 4 × ReplyTokens bytes, so that the
 // rule above still holds; when the request's max_tokens is smaller, the reply

@@ -21,7 +21,7 @@ const replyQuoteRunes = 60
 type chatRequest struct {
 	model         string
 	lastUserText  string
-	textBytes     int // bytes of all message text plus the Anthropic system text
+	textBytes     int // bytes of all message text (tool results too), the system text and the tools
 	streamRequest bool
 	// includeUsage is OpenAI's stream_options.include_usage: a last chunk carries the usage.
 	includeUsage bool
@@ -83,7 +83,11 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		if err != nil {
 			return chatRequest{}, fmt.Errorf("messages.%d.content: %w", i, err)
 		}
-		req.textBytes += len(text)
+		n, err := contentBytes(m.Content)
+		if err != nil {
+			return chatRequest{}, fmt.Errorf("messages.%d.content: %w", i, err)
+		}
+		req.textBytes += n
 		if m.Role == "user" {
 			req.lastUserText = text
 		}
@@ -94,6 +98,9 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 			return chatRequest{}, fmt.Errorf("system: %w", err)
 		}
 		req.textBytes += len(text)
+	}
+	if !isNull(raw.Tools) {
+		req.textBytes += len(raw.Tools) // the definitions are input too, counted as sent
 	}
 	req.maxTokens, req.maxTokensErr = parseMaxTokens(raw.MaxTokens, raw.MaxCompletionTokens)
 	return req, nil
@@ -168,6 +175,49 @@ func contentText(raw json.RawMessage) (string, error) {
 		b.WriteString(bl.Text)
 	}
 	return b.String(), nil
+}
+
+// contentBytes is the input a content value counts: a string's bytes, or, for an array of
+// blocks, the text of its "text" blocks and of its "tool_result" blocks' content (contentText:
+// a tool's result is input, as the providers count it), joined by newlines.
+func contentBytes(raw json.RawMessage) (int, error) {
+	if isNull(raw) {
+		return 0, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return len(s), nil
+	}
+	var blocks []struct {
+		Type    string          `json:"type"`
+		Text    string          `json:"text"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := unmarshalExact(raw, &blocks); err != nil {
+		return 0, errors.New("must be a string or an array of content blocks")
+	}
+	n, pieces := 0, 0
+	for _, bl := range blocks {
+		var size int
+		switch bl.Type {
+		case "text":
+			size = len(bl.Text)
+		case "tool_result":
+			text, err := contentText(bl.Content)
+			if err != nil {
+				return 0, fmt.Errorf("tool_result content: %w", err)
+			}
+			size = len(text)
+		default:
+			continue
+		}
+		if pieces > 0 {
+			n++
+		}
+		n += size
+		pieces++
+	}
+	return n, nil
 }
 
 func isNull(raw json.RawMessage) bool {

@@ -562,3 +562,26 @@ func TestSDK_TokenLimits(t *testing.T) {
 		require.Equal(t, "length", c.Choices[0].FinishReason)
 	})
 }
+
+// TestServer_ToolsAndToolResultsAreInput: the providers count a request's tool definitions and
+// its tool results as input tokens; the simulator counts them by its rule too (the tools' JSON as
+// sent, a tool_result's text as a text block's), as internal/tokens does, so that an agent's
+// requests are charged what a provider charges.
+func TestServer_ToolsAndToolResultsAreInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, llmsim.Config{})
+	result := strings.Repeat("r", 800)
+	tools := `[{"name":"search","input_schema":{"type":"object"}}]`
+	body := `{"model":"m","max_tokens":5,"tools":` + tools + `,"messages":[{"role":"user","content":"1234"},
+		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"search","input":{}}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"` + result + `"}]},
+			{"type":"text","text":"go on"}]}]}`
+	r := b.anthropic(t, "k", body)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	usage := r.json(t)["usage"].(map[string]any)
+	require.EqualValues(t, (len(tools)+4+800+1+5)/4, usage["input_tokens"])
+
+	r = b.openai(t, "k", `{"model":"m","tools":`+tools+`,"messages":[{"role":"user","content":"1234"}]}`)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.EqualValues(t, (len(tools)+4)/4, r.json(t)["usage"].(map[string]any)["prompt_tokens"])
+}

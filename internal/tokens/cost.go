@@ -66,6 +66,21 @@ func (e *TooLargeError) Error() string {
 		"it can never be sent", e.Cost, what, e.Bucket, e.Capacity)
 }
 
+// AssumedOutputNote is what to add to err's text when err is a *TooLargeError over the output
+// (or the combined bucket) of a request that sets no output allowance (assumed: see
+// Request.AssumedOutput) of provider's: that DefaultMaxOutput was assumed, so that the refusal
+// does not blame a max_tokens the client never sent. "" otherwise.
+func AssumedOutputNote(err error, assumed bool, provider string) string {
+	var tl *TooLargeError
+	if !assumed || !errors.As(err, &tl) || tl.Bucket == BucketInput {
+		return ""
+	}
+	if provider == ProviderOpenAI {
+		return fmt.Sprintf(" (the request sets no max_completion_tokens or max_tokens: %d assumed per choice)", DefaultMaxOutput)
+	}
+	return fmt.Sprintf(" (the request sets no max_tokens: %d assumed)", DefaultMaxOutput)
+}
+
 // Is reports whether target is ErrTooLarge.
 func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
 

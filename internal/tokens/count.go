@@ -45,6 +45,9 @@ type Request struct {
 	// max_tokens, else DefaultMaxOutput, times Choices (each choice may use the whole allowance,
 	// and the answer's usage counts them all).
 	MaxOutput int
+	// AssumedOutput reports that the request sets no output allowance (no max_tokens, nor
+	// OpenAI's max_completion_tokens): MaxOutput is DefaultMaxOutput per choice.
+	AssumedOutput bool
 }
 
 // Count applies the fixed rule to body, an Anthropic Messages (provider "anthropic") or OpenAI
@@ -65,6 +68,7 @@ func Count(provider string, body []byte) (Request, error) {
 			Content json.RawMessage `json:"content"`
 		} `json:"messages"`
 		System              json.RawMessage `json:"system"`
+		Tools               json.RawMessage `json:"tools"`
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 		N                   json.RawMessage `json:"n"`
@@ -81,18 +85,21 @@ func Count(provider string, body []byte) (Request, error) {
 		_ = json.Unmarshal(raw.Model, &r.Model) // a non-string model is only a worse label
 	}
 	for i, m := range raw.Messages {
-		n, err := textBytes(m.Content)
+		n, err := textBytes(m.Content, false)
 		if err != nil {
 			return Request{}, fmt.Errorf("%w: messages.%d.content: %w", ErrInvalidRequest, i, err)
 		}
 		r.TextBytes += n
 	}
 	if provider == ProviderAnthropic && !isNull(raw.System) {
-		n, err := textBytes(raw.System)
+		n, err := textBytes(raw.System, false)
 		if err != nil {
 			return Request{}, fmt.Errorf("%w: system: %w", ErrInvalidRequest, err)
 		}
 		r.TextBytes += n
+	}
+	if !isNull(raw.Tools) {
+		r.TextBytes += len(raw.Tools) // the definitions' JSON, as sent
 	}
 	r.Input = max(r.TextBytes/BytesPerToken, 1)
 	r.MaxOutput = DefaultMaxOutput
@@ -100,6 +107,7 @@ func Count(provider string, body []byte) (Request, error) {
 	if provider == ProviderOpenAI && !isNull(raw.MaxCompletionTokens) {
 		name, v = "max_completion_tokens", raw.MaxCompletionTokens
 	}
+	r.AssumedOutput = isNull(v)
 	if !isNull(v) {
 		n, ok := integer(v, math.MaxInt32)
 		if !ok {
@@ -134,9 +142,12 @@ func integer(raw json.RawMessage, limit int) (int, bool) {
 	return int(f), true
 }
 
-// textBytes is the byte length of a content: a string, or the text of an array of blocks
-// ({"type":"text","text":...}; other blocks count nothing) joined by newlines.
-func textBytes(raw json.RawMessage) (int, error) {
+// textBytes is the byte length of a content: a string, or the text of an array of blocks joined
+// by newlines: a "text" block's text, and a "tool_result" block's content (a string or an array
+// of blocks whose "text" blocks count, as the API's); other blocks count nothing. inResult reads
+// a tool_result's content: a tool_result in it counts nothing (the API has none there), so that
+// a body nested deep is not read again at every level.
+func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 	if isNull(raw) {
 		return 0, nil
 	}
@@ -145,22 +156,36 @@ func textBytes(raw json.RawMessage) (int, error) {
 		return len(s), nil
 	}
 	var blocks []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type    string          `json:"type"`
+		Text    string          `json:"text"`
+		Content json.RawMessage `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &blocks); err != nil {
 		return 0, errors.New("must be a string or an array of content blocks")
 	}
-	n, texts := 0, 0
+	n, pieces := 0, 0
 	for _, b := range blocks {
-		if b.Type != "text" {
+		var size int
+		switch b.Type {
+		case "text":
+			size = len(b.Text)
+		case "tool_result":
+			if inResult {
+				continue
+			}
+			m, err := textBytes(b.Content, true)
+			if err != nil {
+				return 0, fmt.Errorf("tool_result content: %w", err)
+			}
+			size = m
+		default:
 			continue
 		}
-		if texts > 0 {
-			n++ // the newline joining texts
+		if pieces > 0 {
+			n++ // the newline joining pieces
 		}
-		n += len(b.Text)
-		texts++
+		n += size
+		pieces++
 	}
 	return n, nil
 }

@@ -51,7 +51,7 @@ func TestCount(t *testing.T) {
 		{
 			name: "DefaultMaxOutputAndAtLeastOneToken", provider: tokens.ProviderOpenAI,
 			body: `{"model":"o","messages":[{"role":"user","content":""}]}`,
-			want: tokens.Request{Model: "o", Input: 1, Choices: 1, MaxOutput: tokens.DefaultMaxOutput},
+			want: tokens.Request{Model: "o", Input: 1, Choices: 1, MaxOutput: tokens.DefaultMaxOutput, AssumedOutput: true},
 		},
 		{
 			name: "UTF8Bytes", provider: tokens.ProviderAnthropic,
@@ -147,5 +147,39 @@ func TestCount_Choices(t *testing.T) {
 		require.ErrorIs(t, err, tokens.ErrInvalidChoices, body)
 		require.ErrorIs(t, err, tokens.ErrInvalidRequest, body)
 		require.ErrorContains(t, err, "n must be an integer from 1 to 128", body)
+	}
+}
+
+// TestCount_ToolsAndToolResults: a tool's definition and a tool's result are text the provider
+// reads as input (an agent's prompt is mostly tool results): the rule counts the tools' JSON as
+// sent and a tool_result block's content as text, so that the limiter reserves them and the
+// submit's token check sees them. Other blocks (images, documents) still count nothing.
+func TestCount_ToolsAndToolResults(t *testing.T) {
+	t.Parallel()
+	result := strings.Repeat("r", 8000)
+	tools := `[{"name":"search","description":"` + strings.Repeat("d", 400) + `","input_schema":{"type":"object"}}]`
+	for _, tc := range []struct {
+		name, provider, body string
+		want                 int
+	}{
+		{"AnthropicResultString", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"` + result + `"}]}]}`,
+			8000},
+		{"AnthropicResultBlocks", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"abc"},
+				{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"12345"},{"type":"image","source":{}},{"type":"text","text":"678"}]}]}]}`,
+			3 + 1 + 5 + 1 + 3},
+		{"AnthropicTools", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"tools":` + tools + `,"messages":[{"role":"user","content":"1234"}]}`,
+			len(tools) + 4},
+		{"OpenAITools", tokens.ProviderOpenAI,
+			`{"max_tokens":5,"tools":` + tools + `,"messages":[{"role":"user","content":"1234"}]}`,
+			len(tools) + 4},
+		{"NullTools", tokens.ProviderOpenAI, `{"tools":null,"messages":[{"role":"user","content":"1234"}]}`, 4},
+	} {
+		r, err := tokens.Count(tc.provider, []byte(tc.body))
+		require.NoError(t, err, tc.name)
+		require.Equal(t, tc.want, r.TextBytes, tc.name)
+		require.Equal(t, max(tc.want/tokens.BytesPerToken, 1), r.Input, tc.name)
 	}
 }
