@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -22,7 +23,9 @@ var statusOrder = []jobs.Status{
 type statsOutput struct {
 	Window string `json:"window"`
 	*jobs.Stats
-	Queue dispatch.QueueDepth `json:"queue"`
+	// Queue is the asynq queue's depth; null when Redis did not answer (the console's overview
+	// says the same so).
+	Queue *dispatch.QueueDepth `json:"queue"`
 }
 
 func (a *app) statsCommand() *cli.Command {
@@ -50,23 +53,32 @@ func (a *app) statsCommand() *cli.Command {
 				}
 				return err
 			}
-			tasks, closeTasks, err := openTasks(c)
-			if err != nil {
-				return err
+			// The figures are Postgres's: Redis down leaves only the queue's depth unknown (a
+			// Redis URL that does not parse still fails the command).
+			tasks, closeTasks, openErr := openTasks(c)
+			if openErr != nil && !errors.Is(openErr, errRedisUnreachable) {
+				return openErr
 			}
-			defer closeTasks()
+			if openErr == nil {
+				defer closeTasks()
+			}
 			p, err := pool(c)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			st, err := jobs.NewStore(p, nil).Stats(c.Context, time.Now().Add(-window))
+			st, err := jobs.NewStore(p, nil).WindowStats(c.Context, window) // on Postgres's clock
 			if err != nil {
 				return err
 			}
-			depth, err := tasks.Depth()
+			var depth *dispatch.QueueDepth
+			if openErr == nil {
+				depth, err = queueDepth(tasks)
+			} else {
+				err = openErr
+			}
 			if err != nil {
-				return err
+				notes = append(notes, "queue depth unknown: "+err.Error())
 			}
 			for _, s := range statusOrder {
 				st.ByStatus[s] += 0 // every status present, zeros included
@@ -85,11 +97,22 @@ func (a *app) statsCommand() *cli.Command {
 					row("jobs "+string(s)+" now", st.ByStatus[s]) // whatever their age
 				}
 			}
-			row("queue pending", depth.Pending)
-			row("queue active", depth.Active)
-			row("queue scheduled", depth.Scheduled)
-			row("queue retry", depth.Retry)
-			row("queue archived", depth.Archived)
+			for _, q := range []struct {
+				name  string
+				count func(*dispatch.QueueDepth) int
+			}{
+				{"pending", func(d *dispatch.QueueDepth) int { return d.Pending }},
+				{"active", func(d *dispatch.QueueDepth) int { return d.Active }},
+				{"scheduled", func(d *dispatch.QueueDepth) int { return d.Scheduled }},
+				{"retry", func(d *dispatch.QueueDepth) int { return d.Retry }},
+				{"archived", func(d *dispatch.QueueDepth) int { return d.Archived }},
+			} {
+				if depth == nil {
+					row("queue "+q.name, "-")
+				} else {
+					row("queue "+q.name, q.count(depth))
+				}
+			}
 			row("attempts", st.Attempts)
 			row("retries", st.Retries)
 			row("retry rate", optional(st.RetryRate, func(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }))
@@ -99,6 +122,15 @@ func (a *app) statsCommand() *cli.Command {
 			return printNotes(tw.Flush())
 		},
 	}
+}
+
+// queueDepth reads the asynq queue's depth.
+func queueDepth(tasks *dispatch.Tasks) (*dispatch.QueueDepth, error) {
+	d, err := tasks.Depth()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errRedisUnreachable, err)
+	}
+	return &d, nil
 }
 
 // retentionNotes says, for each final status whose retention period in the config file is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -143,4 +144,37 @@ retention: { succeeded: 1d, failed: 2d, canceled: off }
 		r := run(t, "--database-url", b.url, "stats", "--window", "0s")
 		requireOneLineError(t, r, 2, "--window")
 	})
+}
+
+// TestStats_RedisDownStillCounts: the figures are Postgres's; only the queue depth is Redis's.
+// With Redis unreachable, stats prints the figures with the queue unknown and a note, as the
+// console's overview does (its queue null), instead of failing with no figure at all, in the
+// outage its figures help with.
+func TestStats_RedisDownStillCounts(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	b.createJob(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	down := "redis://" + ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now: refused
+
+	r := run(t, "--database-url", b.url, "--redis-url", down, "stats")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	rows := fields(r.out)
+	require.Equal(t, "1", rows["jobs queued now"])
+	require.Equal(t, "1", rows["jobs submitted"])
+	require.Equal(t, "-", rows["queue pending"])
+	require.Equal(t, "-", rows["queue archived"])
+	require.Contains(t, r.errOut, "ctl: note: queue depth unknown: redis unreachable")
+
+	r = run(t, "--database-url", b.url, "--redis-url", down, "stats", "--json")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	var got struct {
+		Queue    *dispatch.QueueDepth `json:"queue"`
+		ByStatus map[string]int       `json:"jobs_by_status"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+	require.Nil(t, got.Queue)
+	require.Equal(t, 1, got.ByStatus["queued"])
 }

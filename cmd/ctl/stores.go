@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -50,6 +51,9 @@ func redisTarget(c *cli.Context) (url, queue string, err error) {
 
 // openTasks connects to the Redis that dispatches jobs, failing fast with a one-line error when
 // it does not answer. close releases the connections.
+// errRedisUnreachable is openTasks' error when Redis did not answer (its URL parsed).
+var errRedisUnreachable = errors.New("redis unreachable")
+
 func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) {
 	url, queue, err := redisTarget(c)
 	if err != nil {
@@ -65,7 +69,7 @@ func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) 
 	cancel()
 	if err != nil {
 		_ = rdb.Close()
-		return nil, nil, fmt.Errorf("redis unreachable: %w", err)
+		return nil, nil, fmt.Errorf("%w: %w", errRedisUnreachable, err)
 	}
 	client := asynq.NewClient(opt)
 	insp := asynq.NewInspector(opt)

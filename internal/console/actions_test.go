@@ -646,3 +646,38 @@ func TestCredentials_AResumeWhosePushBackClearFailsIsAudited(t *testing.T) {
 	require.Equal(t, 1, e[0].Count)
 	require.NotEmpty(t, e[0].Detail["push_back"], "the entry says the push-back was not cleared")
 }
+
+// TestOverview_WindowIsOnPostgresClock: the overview's hour ends now on Postgres's clock, which
+// wrote the jobs' times, not on the API host's. A host 2 h ahead counted none of the hour's
+// ends (its hour began an hour after Postgres's now); one 2 h behind counted the ends of the
+// last three hours as the last one's.
+func TestOverview_WindowIsOnPostgresClock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	recent := b.jobs.Finished(t, jobs.StatusSucceeded, "")
+	b.jobs.FinishedAgo(t, recent, 10*time.Minute)
+	old := b.jobs.Finished(t, jobs.StatusFailed, "")
+	b.jobs.FinishedAgo(t, old, 150*time.Minute)
+	for _, skew := range []time.Duration{2 * time.Hour, -2 * time.Hour} {
+		c, _ := b.serve(t, func(cfg *console.Config) { cfg.Now = func() time.Time { return time.Now().Add(skew) } })
+		var ov console.Overview
+		c.json(http.MethodGet, "/console/api/overview", nil, &ov)
+		require.Equal(t, 1, ov.ByStatus[jobs.StatusSucceeded], "host clock off by %s: the end 10 minutes ago", skew)
+		require.Equal(t, 0, ov.ByStatus[jobs.StatusFailed], "host clock off by %s: the end 150 minutes ago", skew)
+		require.Equal(t, 2, ov.Submitted, "host clock off by %s: both created just now", skew)
+	}
+}
+
+// TestOverview_NoWindowStartOfYearOne: the overview's window moves with each recomputation, so
+// its JSON gives its length ("window") and no start: it said "since": "0001-01-01T00:00:00Z".
+func TestOverview_NoWindowStartOfYearOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	res, body := c.do(http.MethodGet, "/console/api/overview", nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	var raw map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal([]byte(body), &raw))
+	require.Equal(t, `"1h0m0s"`, string(raw["window"]))
+	require.NotContains(t, raw, "since", "body %s", body)
+}

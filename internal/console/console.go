@@ -81,8 +81,8 @@ type Config struct {
 	// EventWriteTimeout bounds the write of each event (and keep-alive) of an event stream: a
 	// client that stops reading is cut off. Default 10s (the API's api.event_write_timeout).
 	EventWriteTimeout time.Duration
-	// Now is the clock of the overview's window and of its recomputations' durations. Default
-	// time.Now.
+	// Now is the clock of the overview's recomputations' durations. Default time.Now. The
+	// overview's window is on Postgres's clock (jobs.Store.WindowStats).
 	Now func() time.Time
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -90,7 +91,7 @@ type stream struct {
 	header http.Header   // the answer's
 }
 
-func (c *client) stream(t *testing.T, path, name string) *stream {
+func (c *client) stream(t *testing.T, path string, names ...string) *stream {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
@@ -112,7 +113,7 @@ func (c *client) stream(t *testing.T, path, name string) *stream {
 			if v, ok := strings.CutPrefix(line, "event: "); ok {
 				event, s.last = v, v
 			}
-			if v, ok := strings.CutPrefix(line, "data: "); ok && event == name {
+			if v, ok := strings.CutPrefix(line, "data: "); ok && slices.Contains(names, event) {
 				s.events <- v
 			}
 		}
@@ -242,6 +243,40 @@ func TestOverviewLive_ASlowRecomputationWaitsLonger(t *testing.T) {
 		t.Fatalf("recomputed within a second of a recomputation that took 10 s: %s", data)
 	case <-time.After(time.Second):
 	}
+}
+
+// TestOverviewLive_SaysWhenItsFiguresAreStale: while the overview cannot be recomputed (Postgres
+// does not answer), its streams say so with an "overview_stale" event, and the page stops calling
+// its figures live; once a recomputation succeeds they get the figures again, changed or not.
+// Before, the page kept showing the last figures as live for as long as the outage lasted.
+func TestOverviewLive_SaysWhenItsFiguresAreStale(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
+	pool, err := pgxpool.New(context.Background(), proxied)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	stopped := time.Now()
+	c, _ := b.serve(t, func(cfg *console.Config) {
+		cfg.Jobs, cfg.LiveInterval, cfg.Now = jobs.NewStore(pool, nil), 20*time.Millisecond, func() time.Time { return stopped }
+	})
+	s := c.stream(t, "/console/api/overview/live", "overview", "overview_stale")
+	var ov console.Overview
+	s.next(t, &ov)
+	require.Equal(t, 0, ov.ByStatus[jobs.StatusQueued])
+
+	proxy.Cut()
+	var stale struct {
+		Since *time.Time `json:"as_of"`
+	}
+	s.next(t, &stale)
+	require.NotNil(t, stale.Since, "an overview_stale event, with the last good recomputation's time")
+	require.True(t, stale.Since.Equal(stopped))
+
+	proxy.Restore()
+	var again map[string]json.RawMessage
+	s.next(t, &again)
+	require.Contains(t, again, "jobs_by_status", "the figures again, unchanged as they are")
 }
 
 // requireSessionEnd waits (at most 10 s) for the server to end s with a session_expired event.

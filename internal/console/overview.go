@@ -31,6 +31,9 @@ const overviewWindow = time.Hour
 type Overview struct {
 	Window string `json:"window"`
 	*jobs.Stats
+	// Since hides Stats' Since, always absent: the window moves with each recomputation (a
+	// start would make every live update look new), and Window says how long it is.
+	Since *time.Time `json:"since,omitempty"`
 	// Queue is the asynq queue's depth; nil when the console has no Tasks or Redis failed.
 	Queue *dispatch.QueueDepth `json:"queue"`
 	// DeadByReason counts every dead letter (of any age) by its reason.
@@ -64,7 +67,7 @@ func (h *Handler) computeOverview(ctx context.Context) (*Overview, overviewTimin
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		timed(&tm.stats, func() { st, statsErr = h.cfg.Jobs.Stats(ctx, h.cfg.Now().Add(-overviewWindow)) })
+		timed(&tm.stats, func() { st, statsErr = h.cfg.Jobs.WindowStats(ctx, overviewWindow) })
 	}()
 	go func() {
 		defer wg.Done()
@@ -86,9 +89,6 @@ func (h *Handler) computeOverview(ctx context.Context) (*Overview, overviewTimin
 	for _, s := range statusOrder {
 		st.ByStatus[s] += 0 // every status present, zeros included
 	}
-	// Stats' Since is the clock's reading: it would change every recompute and make every
-	// live update look new.
-	st.Since = time.Time{}
 	return &Overview{Window: overviewWindow.String(), Stats: st, Queue: depth, DeadByReason: dead}, tm, nil
 }
 
@@ -104,7 +104,10 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.S
 
 // overviewLive streams the overview as "overview" events: the latest figures at once (once
 // there are any), then each time the process's shared recomputation (liveOverview) changes them.
-// It ends with a "session_expired" event once its session has (see sessionEnded).
+// When a recomputation fails (Postgres does not answer), it sends one "overview_stale" event
+// (staleOverview): the figures last sent are no longer live. The next recomputation that succeeds
+// sends the figures again, changed or not. It ends with a "session_expired" event once its
+// session has (see sessionEnded).
 func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	changed, unsubscribe := h.live.subscribe()
 	defer unsubscribe()
@@ -115,16 +118,24 @@ func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operat
 	keep := time.NewTicker(h.cfg.KeepAlive)
 	defer keep.Stop()
 	var sent []byte
+	sentStale := false
 	for {
 		if h.sessionEnded(r) {
 			endStream(out)
 			return
 		}
-		if data := h.live.latest(); data != nil && !bytes.Equal(data, sent) {
+		data, stale, asOf := h.live.latest()
+		switch {
+		case stale && !sentStale:
+			if _, err := sendIfChanged(out, "overview_stale", staleOverview{AsOf: asOf}, nil); err != nil {
+				return
+			}
+			sentStale = true
+		case !stale && data != nil && (sentStale || !bytes.Equal(data, sent)):
 			if _, err := fmt.Fprintf(out, "event: overview\ndata: %s\n\n", data); err != nil || out.flush() != nil {
 				return
 			}
-			sent = data
+			sent, sentStale = data, false
 		}
 		select {
 		case <-r.Context().Done():
@@ -149,8 +160,17 @@ type liveOverview struct {
 
 	mu      sync.Mutex
 	subs    map[chan struct{}]struct{}
-	last    []byte // the latest figures' JSON; nil before the first computation
+	last    []byte    // the latest figures' JSON; nil before the first computation
+	lastAt  time.Time // when they were computed (Config.Now)
+	stale   bool      // the latest recomputation failed: last is not current
 	running bool
+}
+
+// staleOverview is the data of an "overview_stale" event.
+type staleOverview struct {
+	// AsOf is when the figures last sent were computed (the API host's clock); absent when this
+	// stream's process has computed none.
+	AsOf *time.Time `json:"as_of,omitempty"`
 }
 
 func newLiveOverview(h *Handler) *liveOverview {
@@ -179,10 +199,16 @@ func (l *liveOverview) subscribe() (<-chan struct{}, func()) {
 	}
 }
 
-func (l *liveOverview) latest() []byte {
+// latest returns the latest figures' JSON (nil before the first computation), whether the
+// latest recomputation failed, and when the figures were computed (nil: never).
+func (l *liveOverview) latest() (data []byte, stale bool, asOf *time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.last
+	if l.last != nil {
+		at := l.lastAt
+		asOf = &at
+	}
+	return l.last, l.stale, asOf
 }
 
 // overviewCostRatio bounds the share of its time the live overview spends recomputing: the next
@@ -211,7 +237,7 @@ func (l *liveOverview) run() {
 		l.mu.Lock()
 		if len(l.subs) == 0 || isClosed(l.h.closing) {
 			// A later subscribe starts a new loop (and a first computation at once).
-			l.running, l.last = false, nil
+			l.running, l.last, l.lastAt, l.stale = false, nil, time.Time{}, false
 			l.mu.Unlock()
 			return
 		}
@@ -222,7 +248,8 @@ func (l *liveOverview) run() {
 	}
 }
 
-// compute recomputes the figures, signals the streams when they changed, and returns how long
+// compute recomputes the figures, signals the streams when they changed or the recomputation
+// failed (or succeeded again after a failure), and returns how long
 // to wait before the next recomputation (refreshWait, on the duration the clock Config.Now
 // measured).
 func (l *liveOverview) compute() time.Duration {
@@ -230,26 +257,37 @@ func (l *liveOverview) compute() time.Duration {
 	defer cancel()
 	start := l.h.cfg.Now()
 	ov, _, err := l.h.computeOverview(ctx)
-	wait := refreshWait(l.h.cfg.LiveInterval, l.h.cfg.Now().Sub(start))
-	if err != nil {
-		l.h.cfg.Logger.WarnContext(ctx, "console: overview stream", "error", err)
-		return wait
-	}
-	data, err := json.Marshal(ov)
-	if err != nil {
-		l.h.cfg.Logger.ErrorContext(ctx, "console: encode overview", "error", err)
-		return wait
+	end := l.h.cfg.Now()
+	wait := refreshWait(l.h.cfg.LiveInterval, end.Sub(start))
+	var data []byte
+	if err == nil {
+		if data, err = json.Marshal(ov); err != nil {
+			err = fmt.Errorf("encode overview: %w", err)
+		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if bytes.Equal(data, l.last) {
+	if err != nil {
+		l.h.cfg.Logger.WarnContext(ctx, "console: overview stream", "error", err)
+		if !l.stale {
+			l.stale = true
+			l.signalAll()
+		}
 		return wait
 	}
-	l.last = data
+	changed := l.stale || !bytes.Equal(data, l.last)
+	l.last, l.lastAt, l.stale = data, end, false
+	if changed {
+		l.signalAll()
+	}
+	return wait
+}
+
+// signalAll signals every stream; l.mu must be held.
+func (l *liveOverview) signalAll() {
 	for ch := range l.subs {
 		signal(ch)
 	}
-	return wait
 }
 
 // signal sends on ch unless a signal is pending already.

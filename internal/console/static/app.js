@@ -151,7 +151,15 @@ async function pageOverview(root) {
   const ov = (await takePrefetch()) || await api('GET', '/overview');
   const el = root.querySelector('#ov');
   show(el, renderOverview(ov));
-  follow(root, '/overview/live', 'overview', (o) => show(el, renderOverview(o)));
+  const live = $('live');
+  // overview_stale: the figures could not be recomputed (the database did not answer); the
+  // next overview event brings current ones.
+  const setLive = (ok, asOf) => {
+    live.textContent = ok ? 'live' : `not live: figures as of ${fmtTime(asOf)}, the database did not answer`;
+    live.classList.toggle('stale', !ok);
+  };
+  const es = follow(root, '/overview/live', 'overview', (o) => { setLive(true); show(el, renderOverview(o)); });
+  if (es) es.addEventListener('overview_stale', (ev) => setLive(false, JSON.parse(ev.data).as_of));
 }
 
 function jobsTable(jobs, opts = {}) {
