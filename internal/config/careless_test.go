@@ -218,3 +218,22 @@ func TestParse_WrongKindNamesTheField(t *testing.T) {
 		})
 	}
 }
+
+// A value reached through an alias (`*n`, or a merge key `<<: *w`) is reported by yaml at the
+// line of its anchor, where the field is another one, of the right kind: the message keeps its
+// line and names no field rather than the wrong one.
+func TestParse_WrongKindThroughAnAliasNamesNoField(t *testing.T) {
+	t.Parallel()
+
+	for name, extra := range map[string]string{
+		"alias": "worker: { concurrency: &n 5 }\nretry: { base_delay: *n }\n",
+		"merge": "worker: &w { concurrency: 5 }\nretry:\n  <<: *w\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := config.Parse(minimal(goodCred, extra), secretEnv)
+			require.ErrorContains(t, err, "line 6: ")
+			require.NotContains(t, err.Error(), "worker.concurrency")
+		})
+	}
+}

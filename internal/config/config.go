@@ -662,8 +662,13 @@ func (b *Breaker) validate(bad func(field, format string, args ...any)) {
 		// The breaker refuses less, but only once the worker has opened Redis, and by its own name.
 		bad("breaker.cooldown", "must be at least 1ms, got %s", b.Cooldown)
 	}
-	if b.MaxCooldown != 0 && b.MaxCooldown < max(b.Cooldown, DefaultBreakerCooldown) {
-		bad("breaker.max_cooldown", "must be at least breaker.cooldown (default 2s)")
+	// Held to the cooldown in force, as the breaker holds it: the one written, else its default.
+	cooldown := b.Cooldown
+	if cooldown == 0 {
+		cooldown = DefaultBreakerCooldown
+	}
+	if b.MaxCooldown != 0 && b.MaxCooldown < cooldown {
+		bad("breaker.max_cooldown", "must be at least breaker.cooldown (%s; default 2s), got %s", cooldown, b.MaxCooldown)
 	}
 }
 

@@ -571,3 +571,14 @@ func TestParse_BadBaseURLHidesItsPassword(t *testing.T) {
 		require.NotContains(t, err.Error(), "hunter2secret", u)
 	}
 }
+
+// A max_cooldown is held to the cooldown in force, as the breaker holds it: the one written, or,
+// with none, the breaker's default (2s). A fast breaker (cooldown 100ms) may cap at 1s.
+func TestParse_BreakerMaxCooldownAtLeastTheCooldown(t *testing.T) {
+	t.Parallel()
+	cfg, err := config.Parse(minimal(goodCred, "breaker: { cooldown: 100ms, max_cooldown: 1s }\n"), secretEnv)
+	require.NoError(t, err)
+	require.Equal(t, time.Second, cfg.Breaker.MaxCooldown)
+	_, err = config.Parse(minimal(goodCred, "breaker: { cooldown: 3s, max_cooldown: 2s }\n"), secretEnv)
+	require.ErrorContains(t, err, "breaker.max_cooldown")
+}

@@ -28,18 +28,33 @@ func nameFields(data []byte, err error) error {
 	if yaml.NewDecoder(bytes.NewReader(data)).Decode(&root) != nil {
 		return err
 	}
+	// yaml reports a value reached through an alias (`*a`, `<<: *a`) at its anchor's line,
+	// where the path is another field's: what lies under an aliased node is named by none.
+	aliased := map[*yaml.Node]bool{}
+	var findAliases func(n *yaml.Node)
+	findAliases = func(n *yaml.Node) {
+		if n.Kind == yaml.AliasNode && n.Alias != nil {
+			aliased[n.Alias] = true
+		}
+		for _, c := range n.Content {
+			findAliases(c)
+		}
+	}
+	findAliases(&root)
 	type place struct {
-		path string
-		key  bool // the key of path, not its value
-		node *yaml.Node
+		path   string
+		key    bool // the key of path, not its value
+		shared bool // under an aliased node: reached by more than this path
+		node   *yaml.Node
 	}
 	var places []place
-	var walk func(n *yaml.Node, path string)
-	walk = func(n *yaml.Node, path string) {
+	var walk func(n *yaml.Node, path string, shared bool)
+	walk = func(n *yaml.Node, path string, shared bool) {
+		shared = shared || aliased[n]
 		switch n.Kind {
 		case yaml.DocumentNode:
 			for _, c := range n.Content {
-				walk(c, path)
+				walk(c, path, shared)
 			}
 			return
 		case yaml.MappingNode:
@@ -48,17 +63,17 @@ func nameFields(data []byte, err error) error {
 				if path != "" {
 					p = path + "." + p
 				}
-				places = append(places, place{p, true, n.Content[i]})
-				walk(n.Content[i+1], p)
+				places = append(places, place{p, true, shared, n.Content[i]})
+				walk(n.Content[i+1], p, shared)
 			}
 		case yaml.SequenceNode:
 			for i, c := range n.Content {
-				walk(c, path+"["+strconv.Itoa(i)+"]")
+				walk(c, path+"["+strconv.Itoa(i)+"]", shared)
 			}
 		}
-		places = append(places, place{path, false, n})
+		places = append(places, place{path, false, shared, n})
 	}
-	walk(&root, "")
+	walk(&root, "", false)
 
 	named := &yaml.TypeError{Errors: make([]string, len(te.Errors))}
 	for i, msg := range te.Errors {
@@ -68,7 +83,7 @@ func nameFields(data []byte, err error) error {
 			continue
 		}
 		line, _ := strconv.Atoi(m[1])
-		var found []string
+		var found []place
 		for _, p := range places {
 			if p.node.Line != line || p.path == "" {
 				continue
@@ -76,16 +91,16 @@ func nameFields(data []byte, err error) error {
 			switch tag, value, key := m[2], m[3], m[4]; {
 			case key != "": // an unknown key
 				if p.key && p.node.Value == key {
-					found = append(found, p.path)
+					found = append(found, p)
 				}
 			case p.key || p.node.ShortTag() != tag:
 			case value == "" || p.node.Value == value ||
 				strings.HasSuffix(value, "...") && len(p.node.Value) > 10 && strings.HasPrefix(p.node.Value, strings.TrimSuffix(value, "...")):
-				found = append(found, p.path)
+				found = append(found, p)
 			}
 		}
-		if len(found) == 1 {
-			named.Errors[i] = found[0] + ": " + msg
+		if len(found) == 1 && !found[0].shared {
+			named.Errors[i] = found[0].path + ": " + msg
 		}
 	}
 	return named
