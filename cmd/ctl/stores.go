@@ -49,11 +49,11 @@ func redisTarget(c *cli.Context) (url, queue string, err error) {
 	return url, queue, nil
 }
 
-// openTasks connects to the Redis that dispatches jobs, failing fast with a one-line error when
-// it does not answer. close releases the connections.
 // errRedisUnreachable is openTasks' error when Redis did not answer (its URL parsed).
 var errRedisUnreachable = errors.New("redis unreachable")
 
+// openTasks connects to the Redis that dispatches jobs, failing fast with a one-line error when
+// it does not answer. close releases the connections.
 func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) {
 	url, queue, err := redisTarget(c)
 	if err != nil {

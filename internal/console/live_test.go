@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -492,4 +494,85 @@ func TestLive_HEADIsRefusedNotHeldOpen(t *testing.T) {
 		require.Equal(t, http.StatusOK, res.StatusCode)
 		cancel()
 	}
+}
+
+// TestOverviewLive_AStreamJoiningAnOutageIsToldSo: a page that opens its stream while the
+// figures cannot be recomputed gets the stale mark at once, with the time of the last figures.
+func TestOverviewLive_AStreamJoiningAnOutageIsToldSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
+	pool, err := pgxpool.New(context.Background(), proxied)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	stopped := time.Now()
+	c, _ := b.serve(t, func(cfg *console.Config) {
+		cfg.Jobs, cfg.LiveInterval, cfg.Now = jobs.NewStore(pool, nil), 20*time.Millisecond, func() time.Time { return stopped }
+	})
+	first := c.stream(t, "/console/api/overview/live", "overview", "overview_stale")
+	var ov console.Overview
+	first.next(t, &ov)
+	proxy.Cut()
+	var stale struct {
+		AsOf *time.Time `json:"as_of"`
+	}
+	first.next(t, &stale)
+
+	joined := c.stream(t, "/console/api/overview/live", "overview", "overview_stale")
+	stale.AsOf = nil
+	joined.next(t, &stale)
+	require.NotNil(t, stale.AsOf, "the joining stream's first event is the stale mark")
+	require.True(t, stale.AsOf.Equal(stopped))
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestOverviewLive_AnOutageIsLoggedOnce: while Postgres does not answer the live overview
+// recomputes every LiveInterval; it warns once when the figures go stale and says once when
+// they are live again, not at every recomputation (1800 lines an hour per API host at 2 s).
+func TestOverviewLive_AnOutageIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
+	pool, err := pgxpool.New(context.Background(), proxied)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var logs syncBuffer
+	var reads atomic.Int64 // the clock's readings: two per recomputation
+	c, _ := b.serve(t, func(cfg *console.Config) {
+		cfg.Jobs, cfg.LiveInterval = jobs.NewStore(pool, nil), 20*time.Millisecond
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		cfg.Now = func() time.Time { reads.Add(1); return time.Now() }
+	})
+	s := c.stream(t, "/console/api/overview/live", "overview", "overview_stale")
+	var got map[string]json.RawMessage
+	s.next(t, &got)
+
+	proxy.Cut()
+	s.next(t, &got) // overview_stale
+	from := reads.Load()
+	require.Eventually(t, func() bool { return reads.Load() >= from+2*5 }, 30*time.Second, 5*time.Millisecond,
+		"five more recomputations")
+	require.Equal(t, 1, strings.Count(logs.String(), "console: overview stream"), "logs:\n%s", logs.String())
+
+	proxy.Restore()
+	s.next(t, &got) // the figures again
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "console: overview live again") },
+		10*time.Second, 5*time.Millisecond, "logs:\n%s", logs.String())
 }

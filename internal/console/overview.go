@@ -249,9 +249,9 @@ func (l *liveOverview) run() {
 }
 
 // compute recomputes the figures, signals the streams when they changed or the recomputation
-// failed (or succeeded again after a failure), and returns how long
-// to wait before the next recomputation (refreshWait, on the duration the clock Config.Now
-// measured).
+// failed (or succeeded again after a failure), and returns how long to wait before the next
+// recomputation (refreshWait, on the duration the clock Config.Now measured). It logs the first
+// failure of an outage and the success that ends it, not every failure.
 func (l *liveOverview) compute() time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), l.h.cfg.LiveInterval+5*time.Second)
 	defer cancel()
@@ -268,12 +268,16 @@ func (l *liveOverview) compute() time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
-		l.h.cfg.Logger.WarnContext(ctx, "console: overview stream", "error", err)
+		// Once per outage, not at every recomputation: the streams' stale mark says the rest.
 		if !l.stale {
+			l.h.cfg.Logger.WarnContext(ctx, "console: overview stream", "error", err)
 			l.stale = true
 			l.signalAll()
 		}
 		return wait
+	}
+	if l.stale {
+		l.h.cfg.Logger.InfoContext(ctx, "console: overview live again")
 	}
 	changed := l.stale || !bytes.Equal(data, l.last)
 	l.last, l.lastAt, l.stale = data, end, false
