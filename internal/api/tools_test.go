@@ -1,6 +1,9 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -64,4 +67,32 @@ func TestSubmit_TooLargeSaysTheAllowanceWasAssumed(t *testing.T) {
 	r := b.do(t, "POST", "/v1/jobs", `{"credential":"claude","request":{"model":"m","max_tokens":2000,"messages":[{"role":"user","content":"hi"}]}}`, nil)
 	require.Equal(t, 400, r.status)
 	require.NotContains(t, r.body["error"].(map[string]any)["message"], "assumed")
+}
+
+// TestSubmit_IndentedToolsAreNotTooLarge: a client that indents its tool definitions sends the
+// same definitions as one that does not; the white space is not input the provider counts, so a
+// request that fits the credential's input limit compact is accepted indented too.
+func TestSubmit_IndentedToolsAreNotTooLarge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{credentials: []string{"claude"},
+		kinds:       map[string]string{"claude": tokens.ProviderAnthropic},
+		tokenLimits: map[string]tokens.Limits{"claude": {InputPerMinute: 1000}}})
+	// Definitions of under 4,000 bytes compact (fewer than 1,000 tokens) laid out with as much
+	// indentation again.
+	var props strings.Builder
+	for i := range 60 {
+		fmt.Fprintf(&props, `,
+            "p%02d": {
+                "type": "string",
+                "description": "a parameter"
+            }`, i)
+	}
+	tools := `[{"name": "f", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}` + props.String() + `}}}]`
+	var compact bytes.Buffer
+	require.NoError(t, json.Compact(&compact, []byte(tools)))
+	require.Less(t, compact.Len(), 4000)
+	require.Greater(t, len(tools), 4000) // as sent: more than the 1,000-token limit
+	r := b.do(t, "POST", "/v1/jobs", `{"credential":"claude","request":{"model":"m","max_tokens":10,"tools":`+tools+`,
+		"messages":[{"role":"user","content":"hi"}]}}`, nil)
+	require.Equal(t, 202, r.status, "%v", r.body)
 }

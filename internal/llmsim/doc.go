@@ -32,7 +32,7 @@
 // Token counts follow one rule:
 //
 //   - input tokens  = (bytes of the text of every message, plus the Anthropic
-//     "system" text, plus the "tools" JSON as sent) / 4, at least 1;
+//     "system" text, plus the "tools" JSON without its white space) / 4, at least 1;
 //   - output tokens = (bytes of the reply text) / 4, at least 1.
 //
 // Only text is counted: for array content, the "text" of blocks of type

@@ -100,7 +100,7 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		req.textBytes += len(text)
 	}
 	if !isNull(raw.Tools) {
-		req.textBytes += len(raw.Tools) // the definitions are input too, counted as sent
+		req.textBytes += compactLen(raw.Tools) // the definitions are input too, without their layout
 	}
 	req.maxTokens, req.maxTokensErr = parseMaxTokens(raw.MaxTokens, raw.MaxCompletionTokens)
 	return req, nil
@@ -175,6 +175,25 @@ func contentText(raw json.RawMessage) (string, error) {
 		b.WriteString(bl.Text)
 	}
 	return b.String(), nil
+}
+
+// compactLen is the length of raw, valid JSON, without the white space between its tokens (the
+// length json.Compact would give): a client's indentation is not input.
+func compactLen(raw []byte) int {
+	n, inString, escaped := 0, false, false
+	for _, c := range raw {
+		switch {
+		case inString:
+			inString = escaped || c != '"'
+			escaped = !escaped && c == '\\'
+		case c == ' ' || c == '\t' || c == '\r' || c == '\n':
+			continue
+		case c == '"':
+			inString = true
+		}
+		n++
+	}
+	return n
 }
 
 // contentBytes is the input a content value counts: a string's bytes, or, for an array of

@@ -585,3 +585,16 @@ func TestServer_ToolsAndToolResultsAreInput(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	require.EqualValues(t, (len(tools)+4)/4, r.json(t)["usage"].(map[string]any)["prompt_tokens"])
 }
+
+// TestServer_ToolsLayoutIsNotInput: the simulator charges a request's tool definitions as compact
+// JSON, as internal/tokens counts them: the white space a client indents them with is not input.
+func TestServer_ToolsLayoutIsNotInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, llmsim.Config{})
+	compact := `[{"name":"search","input_schema":{"type":"object","properties":{"q":{"type":"string"}}}}]`
+	indented := "[\n  {\n    \"name\": \"search\",\n    \"input_schema\": {\n      \"type\": \"object\",\n" +
+		"      \"properties\": {\n        \"q\": { \"type\": \"string\" }\n      }\n    }\n  }\n]"
+	r := b.anthropic(t, "k", `{"model":"m","max_tokens":5,"tools":`+indented+`,"messages":[{"role":"user","content":"1234"}]}`)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.EqualValues(t, (len(compact)+4)/4, r.json(t)["usage"].(map[string]any)["input_tokens"])
+}

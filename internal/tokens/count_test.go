@@ -183,3 +183,21 @@ func TestCount_ToolsAndToolResults(t *testing.T) {
 		require.Equal(t, max(tc.want/tokens.BytesPerToken, 1), r.Input, tc.name)
 	}
 }
+
+// TestCount_ToolsWhiteSpaceCountsNothing: the tools' JSON counts as compact JSON, whatever white
+// space the client laid it out with: an indented schema is the same definitions to the provider,
+// and Input is the least a request's input can be (a request is refused as too large on it).
+func TestCount_ToolsWhiteSpaceCountsNothing(t *testing.T) {
+	t.Parallel()
+	compact := `[{"name":"f","description":"a \"b\"\n c\\","input_schema":{"type":"object","properties":{"q":{"type":"string"}}}}]`
+	indented := "[\n  {\n    \"name\": \"f\",\n    \"description\": \"a \\\"b\\\"\\n c\\\\\",\n    \"input_schema\": {\r\n\t\"type\": \"object\",\n" +
+		"      \"properties\": {\n        \"q\": { \"type\": \"string\" }\n      }\n    }\n  }\n]"
+	for _, provider := range []string{tokens.ProviderAnthropic, tokens.ProviderOpenAI} {
+		want, err := tokens.Count(provider, []byte(`{"max_tokens":5,"tools":`+compact+`,"messages":[{"role":"user","content":"1234"}]}`))
+		require.NoError(t, err)
+		require.Equal(t, len(compact)+4, want.TextBytes, provider)
+		got, err := tokens.Count(provider, []byte(`{"max_tokens":5,"tools": `+indented+` ,"messages":[{"role":"user","content":"1234"}]}`))
+		require.NoError(t, err)
+		require.Equal(t, want.TextBytes, got.TextBytes, provider)
+	}
+}

@@ -7,8 +7,9 @@
 // Count reads an Anthropic Messages or OpenAI Chat Completions body and counts the bytes of its
 // text: every message's content (a string, or the "text" blocks of an array and the content of
 // its "tool_result" blocks, joined by a newline), Anthropic's top-level system text (OpenAI's
-// system prompt is a message) and the "tools" definitions' JSON as sent: an agent's prompt is
-// mostly tool results, and a tool's schema is input the provider counts. Input tokens are those
+// system prompt is a message) and the "tools" definitions' JSON without its white space (a
+// client's indentation is not input): an agent's prompt is mostly tool results, and a tool's
+// schema is input the provider counts. Input tokens are those
 // bytes / 4, at least 1: the rule cmd/llmsim charges, so tests and benchmarks are exact. Images,
 // documents, audio and a provider's own framing are not counted (their base64 bytes say little
 // of their tokens); for real providers the ratio that internal/estimator learns absorbs the

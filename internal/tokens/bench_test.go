@@ -1,0 +1,43 @@
+package tokens_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// BenchmarkCount: the count every submit and every admission makes, of a chat request and of an
+// agent's request (tools and tool results).
+func BenchmarkCount(b *testing.B) {
+	text := strings.Repeat("lorem ipsum dolor sit amet ", 40)
+	chat := []byte(`{"model":"m","max_tokens":512,"system":"be brief","messages":[` +
+		`{"role":"user","content":"` + text + `"},{"role":"assistant","content":"` + text + `"},` +
+		`{"role":"user","content":[{"type":"text","text":"` + text + `"}]}]}`)
+	var tools, turns strings.Builder
+	for i := range 10 {
+		if i > 0 {
+			tools.WriteByte(',')
+			turns.WriteByte(',')
+		}
+		fmt.Fprintf(&tools, `{"name":"tool%d","description":"%s","input_schema":{"type":"object","properties":{"q":{"type":"string"}}}}`, i, text[:200])
+		fmt.Fprintf(&turns, `{"role":"assistant","content":[{"type":"tool_use","id":"t%d","name":"tool%d","input":{"q":"x"}}]},`+
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t%d","content":[{"type":"text","text":"%s"}]}]}`, i, i, i, text)
+	}
+	agent := []byte(`{"model":"m","max_tokens":512,"tools":[` + tools.String() + `],"messages":[{"role":"user","content":"go"},` + turns.String() + `]}`)
+	for _, bc := range []struct {
+		name string
+		body []byte
+	}{{"Chat", chat}, {"Agent", agent}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(bc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := tokens.Count(tokens.ProviderAnthropic, bc.body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
