@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,11 +21,14 @@ import (
 // app is the CLI with its output streams injected, so tests run it in-process.
 type app struct {
 	out, errOut io.Writer
-	cli         *cli.App
+	// now is the ctl host's clock (time.Now; tests shift it). No cutoff compared with the
+	// database's timestamps is taken from it: those are on Postgres's clock (jobs.Store.Ago).
+	now func() time.Time
+	cli *cli.App
 }
 
 func newApp(out, errOut io.Writer) *app {
-	a := &app{out: out, errOut: errOut}
+	a := &app{out: out, errOut: errOut, now: time.Now}
 	jobs := a.jobsCommand()
 	jobs.Subcommands = append(jobs.Subcommands, a.jobsListCommand(), a.jobsCancelCommand())
 	a.cli = &cli.App{

@@ -66,19 +66,25 @@ func (a *app) deadList(c *cli.Context) error {
 		return cli.Exit("--limit must be at least 1", exitUsage)
 	}
 	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential"), Limit: c.Int("limit")}
+	var since time.Duration
 	if s := c.String("since"); s != "" {
-		d, err := parseAge("since", s)
-		if err != nil {
+		var err error
+		if since, err = parseAge("since", s); err != nil {
 			return err
 		}
-		f.Since = time.Now().Add(-d)
 	}
 	p, err := pool(c)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	dead, err := jobs.NewStore(p, nil).ListDead(c.Context, f)
+	store := jobs.NewStore(p, nil)
+	if since > 0 { // counted back on Postgres's clock, which wrote finished_at
+		if f.Since, err = store.Ago(c.Context, since); err != nil {
+			return err
+		}
+	}
+	dead, err := store.ListDead(c.Context, f)
 	if err != nil {
 		return err
 	}
@@ -291,7 +297,11 @@ func (a *app) deadPurge(c *cli.Context) error {
 	defer p.Close()
 	store := jobs.NewStore(p, nil)
 	if age != "" {
-		n, err := store.PurgeDead(c.Context, time.Now().Add(-d))
+		before, err := store.Ago(c.Context, d) // on Postgres's clock, which wrote finished_at
+		if err != nil {
+			return err
+		}
+		n, err := store.PurgeDead(c.Context, before)
 		if err != nil {
 			return err
 		}

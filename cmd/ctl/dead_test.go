@@ -414,3 +414,37 @@ func TestDeadList_FailedOverJob(t *testing.T) {
 		require.Equal(t, []string{job.ID, "backup (from default)"}, rows[1][:2])
 	}
 }
+
+// TestDead_CutoffsOnPostgresClock: --since and --older-than count back from Postgres's now(),
+// the clock that wrote finished_at, not from the ctl host's. A host 3 days ahead listed no job
+// that died 5 days ago under --since 7d and purged it under --older-than 7d.
+func TestDead_CutoffsOnPostgresClock(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	_, err := b.pool.Exec(context.Background(), `UPDATE jobs SET finished_at = now() - interval '5 days' WHERE id = $1`, job.ID)
+	require.NoError(t, err)
+	for name, now := range map[string]func() time.Time{
+		"Ahead":  func() time.Time { return time.Now().Add(72 * time.Hour) },
+		"Behind": func() time.Time { return time.Now().Add(-72 * time.Hour) },
+	} {
+		r := runAt(t, now, "--database-url", b.url, "dead", "list", "--json", "--since", "7d")
+		require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
+		var got []struct {
+			ID string `json:"id"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "%s: output %q", name, r.out)
+		require.Len(t, got, 1, "%s: the job died 5 days ago on Postgres's clock", name)
+
+		r = runAt(t, now, "--database-url", b.url, "dead", "list", "--json", "--since", "4d")
+		require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
+		require.JSONEq(t, "[]", r.out, "%s: the job died more than 4 days ago", name)
+
+		r = runAt(t, now, "--database-url", b.url, "dead", "purge", "--older-than", "7d")
+		require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
+		require.Equal(t, "purged 0 dead jobs\n", r.out, "%s: the job is younger than 7 days", name)
+	}
+	r := runAt(t, func() time.Time { return time.Now().Add(-72 * time.Hour) }, "--database-url", b.url, "dead", "purge", "--older-than", "4d")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "purged 1 dead jobs\n", r.out, "the job is older than 4 days, whatever the host's clock says")
+}

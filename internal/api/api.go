@@ -124,6 +124,8 @@ type Server struct {
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
+	// ownProbe holds the one connection of /readyz's own (postgresAnswers) at a time.
+	ownProbe chan struct{}
 }
 
 // route is one path and the handler of each method it answers.
@@ -162,7 +164,7 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}),
+	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now),
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes)}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
@@ -393,20 +395,6 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-}
-
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	checks := map[string]string{"postgres": "ok", "redis": "ok"}
-	status := http.StatusOK
-	if err := s.cfg.Pool.Ping(ctx); err != nil {
-		checks["postgres"], status = "unreachable", http.StatusServiceUnavailable
-	}
-	if err := s.cfg.Redis.Ping(ctx).Err(); err != nil {
-		checks["redis"], status = "unreachable", http.StatusServiceUnavailable
-	}
-	writeJSON(w, status, checks)
 }
 
 // httpError is an error with its HTTP answer.

@@ -21,10 +21,12 @@ import (
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
-// DefaultMaxBytes is Lane.MaxBytes's default: OpenAI's cap on a batch's input file, 200 MB
-// (Anthropic's on a create body is 256 MB). A larger batch is refused as a whole, and its jobs
-// would all go online at the full price.
-const DefaultMaxBytes = 200 << 20
+// DefaultMaxBytes is Lane.MaxBytes's default: OpenAI's cap on a batch's input file, "200 MB"
+// (Anthropic's on a create body is 256 MB), read as decimal megabytes: 200,000,000 bytes is
+// within the cap whether OpenAI means 10^6 or 2^20 bytes a megabyte (200 << 20 was 9.7 MB past
+// it under the first). A larger batch is refused as a whole, and its jobs would all go online
+// at the full price.
+const DefaultMaxBytes = 200_000_000
 
 // requestOverhead is what a request adds to its body in a batch, at most: its custom_id and
 // the JSON around it (OpenAI: method and url too).

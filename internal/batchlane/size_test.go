@@ -7,8 +7,19 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
 )
+
+// TestDefaultMaxBytes_UnderOpenAIsCapInDecimalMegabytes: OpenAI caps a batch's input file at
+// "200 MB". The default was 200 << 20 (209,715,200 bytes): if the cap is decimal, a full batch
+// passed it by 9.7 MB and was refused as a whole, its jobs sent online at the full price.
+// 200,000,000 is within the cap under either reading.
+func TestDefaultMaxBytes_UnderOpenAIsCapInDecimalMegabytes(t *testing.T) {
+	t.Parallel()
+	require.LessOrEqual(t, int64(batchlane.DefaultMaxBytes), int64(200_000_000))
+	require.EqualValues(t, 200_000_000, batchlane.DefaultMaxBytes, "as large as it may be: fewer, fuller batches")
+}
 
 // TestBatcher_BatchesStayWithinTheProvidersSizeCap: the providers cap a batch's bytes
 // (Anthropic's create body, OpenAI's input file), and refuse a larger one as a whole, so that

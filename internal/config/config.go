@@ -395,6 +395,7 @@ func parse(data []byte, getenv func(string) string, secrets bool) (*Config, erro
 	} else if err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("parse yaml: %w", err)
 	}
+	cfg.Retention.markEmpty(data)
 	// An override is named as the variable it came from: the file's own value is not at fault.
 	dbField, redisField := "database_url", "redis_url"
 	if v := getenv(EnvDatabaseURL); v != "" {

@@ -72,6 +72,27 @@ func (p *Period) UnmarshalYAML(n *yaml.Node) error {
 
 var errPeriod = errors.New("must be a duration such as 36h, a number of days such as 7d, or off")
 
+// errEmpty is the error of a period written without a value.
+var errEmpty = errors.New("empty value: write a period such as 30d, or off")
+
+// markEmpty marks the periods that the YAML document data names without a value ("dead:",
+// "dead: null", "dead: ~") as errors, which validate reports. yaml.v3 does not call Period's
+// UnmarshalYAML for a null: the field would read as unwritten and silently take its default,
+// whether the operator meant off or forgot the value. data was decoded (strictly) before.
+func (r *Retention) markEmpty(data []byte) {
+	var doc struct {
+		Retention map[string]yaml.Node `yaml:"retention"`
+	}
+	if yaml.Unmarshal(data, &doc) != nil {
+		return // not a mapping: the strict decode has said so
+	}
+	for _, f := range r.fields() {
+		if n, ok := doc.Retention[f.name]; ok && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+			*f.p = Period{set: true, err: errEmpty}
+		}
+	}
+}
+
 // parsePeriod parses "off", "0", a whole number of days ("7d") or a Go duration ("36h").
 func parsePeriod(s string) (time.Duration, error) {
 	if s == "off" {

@@ -64,6 +64,12 @@ func TestParse_Retention(t *testing.T) {
 		"Minutes":    {"retention: { dead: 1m }\n", "retention.dead: must be at least 1h, or off (got 1m0s; m is minutes: a month is 30d)"},
 		"Seconds":    {"retention: { succeeded: 90s }\n", "retention.succeeded: must be at least 1h"},
 		"AuditShort": {"retention: { audit: 59m }\n", "retention.audit: must be at least 1h"},
+		// A period left empty (meant as off, or a value forgotten) took the default silently:
+		// yaml.v3 does not hand a null to Period's unmarshaler.
+		"Empty":      {"retention: { dead: }\n", "retention.dead: empty value: write a period such as 30d, or off"},
+		"EmptyBlock": {"retention:\n  succeeded: 1d\n  audit:\n", "retention.audit: empty value: write a period such as 30d, or off"},
+		"Null":       {"retention: { failed: null }\n", "retention.failed: empty value"},
+		"Tilde":      {"retention: { canceled: ~ }\n", "retention.canceled: empty value"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
