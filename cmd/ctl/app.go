@@ -8,7 +8,6 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,14 +20,11 @@ import (
 // app is the CLI with its output streams injected, so tests run it in-process.
 type app struct {
 	out, errOut io.Writer
-	// now is the ctl host's clock (time.Now; tests shift it). No cutoff compared with the
-	// database's timestamps is taken from it: those are on Postgres's clock (jobs.Store.Ago).
-	now func() time.Time
-	cli *cli.App
+	cli         *cli.App
 }
 
 func newApp(out, errOut io.Writer) *app {
-	a := &app{out: out, errOut: errOut, now: time.Now}
+	a := &app{out: out, errOut: errOut}
 	jobs := a.jobsCommand()
 	jobs.Subcommands = append(jobs.Subcommands, a.jobsListCommand(), a.jobsCancelCommand())
 	a.cli = &cli.App{

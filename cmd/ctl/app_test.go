@@ -52,26 +52,12 @@ var cliMu sync.Mutex
 // runTimeout runs ctl with a context that expires after timeout (counted once the run starts)
 // and reports whether it expired.
 func runTimeout(timeout time.Duration, args ...string) (r result, expired bool) {
-	return runClock(timeout, time.Now, args...)
-}
-
-// runAt runs ctl like run on a host whose clock reads now.
-func runAt(t *testing.T, now func() time.Time, args ...string) result {
-	t.Helper()
-	r, _ := runClock(30*time.Second, now, args...)
-	return r
-}
-
-// runClock is runTimeout with the ctl host's clock now.
-func runClock(timeout time.Duration, now func() time.Time, args ...string) (r result, expired bool) {
 	var out, errOut bytes.Buffer
 	cliMu.Lock()
 	defer cliMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	a := newApp(&out, &errOut)
-	a.now = now
-	code := a.run(ctx, append([]string{"ctl"}, args...))
+	code := newApp(&out, &errOut).run(ctx, append([]string{"ctl"}, args...))
 	return result{code: code, out: out.String(), errOut: errOut.String()}, ctx.Err() != nil
 }
 

@@ -3,6 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -416,35 +421,59 @@ func TestDeadList_FailedOverJob(t *testing.T) {
 }
 
 // TestDead_CutoffsOnPostgresClock: --since and --older-than count back from Postgres's now(),
-// the clock that wrote finished_at, not from the ctl host's. A host 3 days ahead listed no job
-// that died 5 days ago under --since 7d and purged it under --older-than 7d.
+// the clock that wrote finished_at (a host 3 days ahead, counting back from its own clock,
+// purged under --older-than 7d a job that died 5 days ago). That no host clock is read at all is
+// TestCtl_ReadsNoHostClock's.
 func TestDead_CutoffsOnPostgresClock(t *testing.T) {
 	t.Parallel()
 	b := setupJobs(t)
 	job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
 	_, err := b.pool.Exec(context.Background(), `UPDATE jobs SET finished_at = now() - interval '5 days' WHERE id = $1`, job.ID)
 	require.NoError(t, err)
-	for name, now := range map[string]func() time.Time{
-		"Ahead":  func() time.Time { return time.Now().Add(72 * time.Hour) },
-		"Behind": func() time.Time { return time.Now().Add(-72 * time.Hour) },
-	} {
-		r := runAt(t, now, "--database-url", b.url, "dead", "list", "--json", "--since", "7d")
-		require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
-		var got []struct {
-			ID string `json:"id"`
-		}
-		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "%s: output %q", name, r.out)
-		require.Len(t, got, 1, "%s: the job died 5 days ago on Postgres's clock", name)
 
-		r = runAt(t, now, "--database-url", b.url, "dead", "list", "--json", "--since", "4d")
-		require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
-		require.JSONEq(t, "[]", r.out, "%s: the job died more than 4 days ago", name)
-
-		r = runAt(t, now, "--database-url", b.url, "dead", "purge", "--older-than", "7d")
-		require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
-		require.Equal(t, "purged 0 dead jobs\n", r.out, "%s: the job is younger than 7 days", name)
-	}
-	r := runAt(t, func() time.Time { return time.Now().Add(-72 * time.Hour) }, "--database-url", b.url, "dead", "purge", "--older-than", "4d")
+	r := run(t, "--database-url", b.url, "dead", "list", "--json", "--since", "7d")
 	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
-	require.Equal(t, "purged 1 dead jobs\n", r.out, "the job is older than 4 days, whatever the host's clock says")
+	var got []struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+	require.Len(t, got, 1, "the job died 5 days ago on Postgres's clock")
+
+	r = run(t, "--database-url", b.url, "dead", "list", "--json", "--since", "4d")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.JSONEq(t, "[]", r.out, "the job died more than 4 days ago")
+
+	r = run(t, "--database-url", b.url, "dead", "purge", "--older-than", "7d")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "purged 0 dead jobs\n", r.out, "the job is younger than 7 days")
+
+	r = run(t, "--database-url", b.url, "dead", "purge", "--older-than", "4d")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "purged 1 dead jobs\n", r.out, "the job is older than 4 days")
+}
+
+// TestCtl_ReadsNoHostClock: ctl compares its cutoffs and windows with timestamps Postgres's
+// now() wrote, so it takes them from Postgres (jobs.Store.Ago, WindowStats); a cutoff taken from
+// the operator's host moves by that host's offset (one 3 days ahead purged dead letters younger
+// than asked). No file of ctl's but its tests may read the host's clock.
+func TestCtl_ReadsNoHostClock(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	require.NoError(t, err)
+	require.NotEmpty(t, pkgs)
+	for _, pkg := range pkgs {
+		for name, f := range pkg.Files {
+			ast.Inspect(f, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if x, ok := sel.X.(*ast.Ident); ok && x.Name == "time" && slices.Contains([]string{"Now", "Since", "Until"}, sel.Sel.Name) {
+					t.Errorf("%s: %s reads the host's clock (time.%s): take the time from Postgres", name, fset.Position(sel.Pos()), sel.Sel.Name)
+				}
+				return true
+			})
+		}
+	}
 }
