@@ -126,6 +126,8 @@ type Server struct {
 	closeOnce sync.Once
 	// ownProbe holds the one connection of /readyz's own (postgresAnswers) at a time.
 	ownProbe chan struct{}
+	// ownRedisProbe holds the one Redis connection of /readyz's own (redisAnswers) at a time.
+	ownRedisProbe chan struct{}
 }
 
 // route is one path and the handler of each method it answers.
@@ -164,7 +166,7 @@ func New(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1),
+	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now),
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes)}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)

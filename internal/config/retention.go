@@ -76,7 +76,7 @@ var errPeriod = errors.New("must be a duration such as 36h, a number of days suc
 var errEmpty = errors.New("empty value: write a period such as 30d, or off")
 
 // markEmpty marks the periods that the YAML document data names without a value ("dead:",
-// "dead: null", "dead: ~") as errors, which validate reports. yaml.v3 does not call Period's
+// "dead: null", "dead: ~", or an alias of such a value) as errors, which validate reports. yaml.v3 does not call Period's
 // UnmarshalYAML for a null: the field would read as unwritten and silently take its default,
 // whether the operator meant off or forgot the value. data was decoded (strictly) before.
 func (r *Retention) markEmpty(data []byte) {
@@ -87,7 +87,14 @@ func (r *Retention) markEmpty(data []byte) {
 		return // not a mapping: the strict decode has said so
 	}
 	for _, f := range r.fields() {
-		if n, ok := doc.Retention[f.name]; ok && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		n, ok := doc.Retention[f.name]
+		if !ok {
+			continue
+		}
+		for n.Kind == yaml.AliasNode && n.Alias != nil { // "*none", its anchor's value a null
+			n = *n.Alias
+		}
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 			*f.p = Period{set: true, err: errEmpty}
 		}
 	}

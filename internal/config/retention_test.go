@@ -70,6 +70,8 @@ func TestParse_Retention(t *testing.T) {
 		"EmptyBlock": {"retention:\n  succeeded: 1d\n  audit:\n", "retention.audit: empty value: write a period such as 30d, or off"},
 		"Null":       {"retention: { failed: null }\n", "retention.failed: empty value"},
 		"Tilde":      {"retention: { canceled: ~ }\n", "retention.canceled: empty value"},
+		// An alias to a null is a null: the first check saw only the alias node.
+		"AliasToNull": {"retention: { dead: &none ~, failed: *none }\n", "retention.failed: empty value"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
