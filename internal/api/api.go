@@ -182,10 +182,10 @@ func New(cfg Config) *Server {
 		{"/metrics", map[string]http.HandlerFunc{http.MethodGet: metrics.ServeHTTP, http.MethodHead: metrics.ServeHTTP}},
 	}
 	for _, rt := range s.routes {
-		s.mux.Handle(rt.pattern, cfg.Metrics.instrument(rt.pattern, s.methods(rt.methods)))
+		s.mux.Handle(rt.pattern, cfg.Metrics.instrument(rt.pattern, s.methods(rt.methods), cfg.Logger))
 	}
 	if cfg.Console != nil {
-		s.mux.Handle("/console/", cfg.Metrics.instrument("/console/", cfg.Console))
+		s.mux.Handle("/console/", cfg.Metrics.instrument("/console/", cfg.Console, cfg.Logger))
 	}
 	s.notFound = cfg.Metrics.instrument("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		message := "no route for " + r.Method + " " + r.URL.Path
@@ -193,7 +193,7 @@ func New(cfg Config) *Server {
 			message += " (paths are matched as written: did you mean " + clean + "?)"
 		}
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusNotFound, typ: "not_found", message: message})
-	}))
+	}), cfg.Logger)
 	s.mux.Handle("/", s.notFound)
 	return s
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
@@ -184,4 +186,63 @@ func TestSubmit_HandsNewJobsToThisProcess(t *testing.T) {
 	require.Len(t, asked, 3)
 	require.Len(t, run, 2)
 	require.Equal(t, 1, released)
+}
+
+// TestSubmit_HandoffCountsDeclinesOfNewJobsOnly checks that llmq_worker_handoffs_total counts a
+// decline only for a job created and enqueued instead of handed over (a low job, or one offered
+// once the Handoff has shut down): not for a replay, a submit whose insert failed, or a
+// batch-lane job (the batcher's, never offered).
+func TestSubmit_HandoffCountsDeclinesOfNewJobsOnly(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	p := &recordingProcessor{begin: true}
+	b := setup(t, setupOpts{handoff: p, registry: reg, batchWindows: map[string]time.Duration{"default": time.Hour}})
+	count := func(outcome string) float64 {
+		t.Helper()
+		return testutil.ToFloat64(gatheredCounter(t, reg, "llmq_worker_handoffs_total", "outcome", outcome))
+	}
+	submit := func(body string, header map[string]string, status int) {
+		t.Helper()
+		r := b.do(t, http.MethodPost, "/v1/jobs", body, header)
+		require.Equal(t, status, r.status, "%v", r.body)
+	}
+	key := map[string]string{"Idempotency-Key": "k1"}
+
+	submit(`{"request":{"model":"m"}}`, key, http.StatusAccepted)
+	require.EqualValues(t, 1, count("taken"))
+	submit(`{"lane":"batch","request":{"model":"m"}}`, nil, http.StatusAccepted)
+	require.Zero(t, count("declined"), "a batch-lane job is never offered")
+	submit(`{"priority":"low","request":{"model":"m"}}`, nil, http.StatusAccepted)
+	require.EqualValues(t, 1, count("declined"), "a low job is enqueued instead")
+
+	b.stopHandoff() // every offer is declined from now on
+	submit(`{"request":{"model":"m"}}`, key, http.StatusOK)
+	require.EqualValues(t, 1, count("declined"), "a replay is no new job")
+	submit(`{"request":{"model":"m"},"metadata":{"a":"\u0000"}}`, nil, http.StatusBadRequest)
+	require.EqualValues(t, 1, count("declined"), "a refused submit created no job")
+	submit(`{"request":{"model":"m"}}`, nil, http.StatusAccepted)
+	require.EqualValues(t, 2, count("declined"), "a new job enqueued instead")
+	require.EqualValues(t, 1, count("taken"))
+}
+
+// gatheredCounter returns the counter name{label=value} gathered from reg, as a collector that
+// testutil.ToFloat64 reads, failing the test if there is none.
+func gatheredCounter(t *testing.T, reg *prometheus.Registry, name, label, value string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name}, m.GetCounter().GetValue)
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s=%q}", name, label, value)
+	return nil
 }

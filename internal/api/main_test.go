@@ -138,7 +138,11 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		StoreWait: o.storeWait,
 	}
 	if o.handoff != nil {
-		b.handoff = dispatch.NewHandoff(dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16})
+		hcfg := dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16}
+		if o.registry != nil {
+			hcfg.Metrics = dispatch.NewMetrics(o.registry) // llmq_worker_handoffs_total, as in llmq serve
+		}
+		b.handoff = dispatch.NewHandoff(hcfg)
 		b.stopHandoff = runHandoff(t, b.handoff)
 		cfg.Handoff = b.handoff
 	}

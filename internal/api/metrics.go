@@ -1,12 +1,16 @@
 package api
 
 import (
+	"cmp"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"runtime/debug"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/llmq/llmq/internal/jobs"
 )
@@ -106,18 +110,70 @@ func (m *Metrics) canceled(credential string) {
 var serverErrorCodes = []string{"500", "503"}
 
 // instrument counts each answer of h, the handler of route, in llmq_http_responses_total, whose
-// 5xx series for route it creates at 0 (so that the first after a start is an increase). The
+// 5xx series for route it creates at 0 (so that the first after a start is an increase). A
+// panic in h (but http.ErrAbortHandler, left to net/http) is logged once on logger with its
+// stack and counted as a 500: answered 500 internal when no answer had begun, the connection
+// cut when one had (net/http alone would cut it either way, and count nothing). The
 // ResponseWriter h gets unwraps to the server's (http.ResponseController: flushes, write
-// deadlines); see rootWriter. On a nil *Metrics it returns h.
-func (m *Metrics) instrument(route string, h http.Handler) http.Handler {
-	if m == nil {
-		return h
+// deadlines); see rootWriter. On a nil *Metrics it counts nothing, and still recovers.
+func (m *Metrics) instrument(route string, h http.Handler, logger *slog.Logger) http.Handler {
+	var codes *prometheus.CounterVec
+	if m != nil {
+		for _, code := range serverErrorCodes {
+			m.responses.WithLabelValues(route, code)
+		}
+		codes = m.responses.MustCurryWith(prometheus.Labels{"route": route})
 	}
-	for _, code := range serverErrorCodes {
-		m.responses.WithLabelValues(route, code)
+	count := func(status int) {
+		if codes != nil {
+			codes.WithLabelValues(strconv.Itoa(status)).Inc()
+		}
 	}
-	return promhttp.InstrumentHandlerCounter(m.responses.MustCurryWith(prometheus.Labels{"route": route}), h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			v := recover()
+			if v == nil {
+				count(cmp.Or(sw.status, http.StatusOK))
+				return
+			}
+			if v == http.ErrAbortHandler { // net/http compares it so too
+				panic(v)
+			}
+			logger.ErrorContext(r.Context(), "panic in a handler", "method", r.Method, "path", r.URL.Path,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			count(http.StatusInternalServerError)
+			if sw.status != 0 {
+				panic(http.ErrAbortHandler) // an answer begun: cut it rather than end it as if whole
+			}
+			writeError(sw, r, logger, &httpError{status: http.StatusInternalServerError, typ: "internal", message: "internal error"})
+		}()
+		h.ServeHTTP(sw, r)
+	})
 }
+
+// statusWriter keeps the status of the answer written through it (0: none begun yet).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 { // a 1xx is not the answer
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap is the server's writer (http.ResponseController, rootWriter).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // rootWriter is the ResponseWriter the server gave, under those that wrap it (instrument's, and
 // tests' recorders). http.MaxBytesReader needs that one: only it can close the connection after

@@ -642,6 +642,7 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 		s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))
 		return job, false, nil
 	}
+	s.cfg.Handoff.Declined() // a new job the Handoff did not take: its task is enqueued
 	if s.cfg.Enqueuer != nil {
 		// The job is committed: its enqueue does not depend on the client staying for the answer.
 		if err := s.cfg.Enqueuer.Enqueue(context.WithoutCancel(ctx), job.ID, job.Priority, time.Time{}); err != nil {

@@ -125,31 +125,37 @@ func NewHandoff(cfg HandoffConfig) *Handoff {
 // nil, and the caller creates and enqueues the job, for a low job (they wait behind the others
 // on their own asynq queue), a batch-lane job, when every slot is taken, or once Run is
 // shutting down. Every Claim returned must be started (Claim.Start) or dropped (Claim.Drop). A
-// nil *Handoff declines every job.
+// nil *Handoff declines every job. A nil answer is not counted: the job may turn out a replay,
+// or not be created; the caller counts the decline once it has created and enqueued the job
+// (Declined).
 func (h *Handoff) Claim(p jobs.Priority, lane jobs.Lane) *Claim {
-	if h == nil {
-		return nil
-	}
-	if p == jobs.PriorityLow || lane == jobs.LaneBatch {
-		h.cfg.Metrics.handoff(handoffDeclined)
+	if h == nil || p == jobs.PriorityLow || lane == jobs.LaneBatch {
 		return nil
 	}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		h.cfg.Metrics.handoff(handoffDeclined)
 		return nil
 	}
 	select {
 	case h.slots <- struct{}{}:
 	default:
 		h.mu.Unlock()
-		h.cfg.Metrics.handoff(handoffDeclined)
 		return nil
 	}
 	h.wg.Add(1) // Run's shutdown waits for the claim to start or drop
 	h.mu.Unlock()
 	return &Claim{h: h}
+}
+
+// Declined counts a job Claim declined (a nil Claim) that was then created, new, and is to be
+// enqueued as a task (llmq_worker_handoffs_total{outcome="declined"}). Not for a replay, a job
+// whose create failed or a batch-lane job (the batcher's, never offered). A nil *Handoff counts
+// nothing.
+func (h *Handoff) Declined() {
+	if h != nil {
+		h.cfg.Metrics.handoff(handoffDeclined)
+	}
 }
 
 // Claim is a delivery slot of a Handoff taken for a job about to be created, and the job's

@@ -40,8 +40,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_worker_handoffs_total",
 			Help: "Jobs submitted to this process's API (llmq serve) by what became of their first delivery: taken " +
-				"(run in this process, with no asynq task), declined (a low job, every slot taken, or shutting down: " +
-				"enqueued as a task), returned (taken, then handed to asynq: a deferral, a failure of the stores, a shutdown).",
+				"(run in this process, with no asynq task), declined (a new job, low or offered while every slot was taken or " +
+				"the process shut down: enqueued as a task), returned (taken, then handed to asynq: a deferral, a failure of the stores, a shutdown).",
 		}, []string{"outcome"}),
 	}
 	m.deliveryErrors = prometheus.NewCounter(prometheus.CounterOpts{
