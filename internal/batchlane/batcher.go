@@ -18,6 +18,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/logstreak"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
@@ -117,20 +118,20 @@ func New(cfg Config) *Batcher {
 
 // Run makes a pass every Tick while this process leads the batch lane, and keeps trying to lead
 // otherwise, until ctx ends. Errors are logged, the first of a run of them only (and the
-// success that ends it; see leader.LogStreak), as the maintenance passes log theirs: during a
+// success that ends it; see logstreak.New), as the maintenance passes log theirs: during a
 // Postgres outage every process would otherwise log one a Tick. A run of failed passes is a
 // lead's: while another process led, its passes may have succeeded, and a lead's failures are
 // logged by the process that leads (the one whose log LLMQBatchLaneStalled sends you to).
 func (b *Batcher) Run(ctx context.Context) error {
 	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.lead,
-		leader.LogStreak(ctx, b.cfg.Logger, "batch lane leadership"))
+		logstreak.New(ctx, b.cfg.Logger, "batch lane leadership"))
 	return nil
 }
 
 // lead makes a pass every Tick until ctx (the lead) ends, logging the first failure of a run of
 // them (but that of a pass the lead's end cut).
 func (b *Batcher) lead(ctx context.Context) error {
-	report := leader.LogStreak(ctx, b.cfg.Logger, "batch lane pass")
+	report := logstreak.New(ctx, b.cfg.Logger, "batch lane pass")
 	t := time.NewTicker(b.cfg.Tick)
 	defer t.Stop()
 	for {

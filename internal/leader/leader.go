@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,26 +34,6 @@ func Run(ctx context.Context, pool *pgxpool.Pool, key int64, interval time.Durat
 		_, err := Lead(ctx, pool, key, interval, lead)
 		if ctx.Err() == nil {
 			report(err)
-		}
-	}
-}
-
-// LogStreak returns a report for Run (or any function told an outcome at a time, from one
-// goroutine) that logs on logger the first error of a run of them, and the success that ends the
-// run, as what: while Postgres is unreachable every process's try to lead fails every interval,
-// and one line per process per interval would bury the rest of the log. Nothing is logged once
-// ctx has ended (a shutdown's errors are not failures).
-func LogStreak(ctx context.Context, logger *slog.Logger, what string) func(error) {
-	failing := false
-	return func(err error) {
-		switch {
-		case ctx.Err() != nil:
-		case err != nil && !failing:
-			logger.WarnContext(ctx, what+" failed; further errors are not logged until it succeeds", "error", err)
-			failing = true
-		case err == nil && failing:
-			logger.InfoContext(ctx, what+" succeeds again")
-			failing = false
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/leader"
+	"github.com/llmq/llmq/internal/logstreak"
 	"github.com/llmq/llmq/internal/pgtest"
 )
 
@@ -276,7 +277,7 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// Run's LogStreak logs the first failed try of a Postgres outage only; once the process leads
+// Run with a logstreak report logs the first failed try of a Postgres outage only; once it leads
 // again the run of errors is over, so that the loss of the lock hours later is logged too.
 func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
 	t.Parallel()
@@ -286,7 +287,7 @@ func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
 	t.Cleanup(pool.Close)
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(t.Context())
-	report := leader.LogStreak(ctx, slog.New(slog.NewTextHandler(&logs, nil)), "duty")
+	report := logstreak.New(ctx, slog.New(slog.NewTextHandler(&logs, nil)), "duty")
 	leading := make(chan struct{}, 10)
 	done := make(chan struct{})
 	proxy.Cut()

@@ -26,6 +26,7 @@ import (
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
+	"github.com/llmq/llmq/internal/logstreak"
 )
 
 // lockKey elects the one maintaining process ("llmqmain"). Not the sweeper's: the two duties
@@ -135,7 +136,7 @@ func New(cfg Config) *Maintainer {
 // Postgres outage every process would otherwise log one a second.
 func (m *Maintainer) Run(ctx context.Context) error {
 	leader.Run(ctx, m.cfg.Store.Pool(), lockKey, m.cfg.Interval, m.lead,
-		leader.LogStreak(ctx, m.cfg.Logger, "maintenance leadership"))
+		logstreak.New(ctx, m.cfg.Logger, "maintenance leadership"))
 	return nil
 }
 
@@ -171,7 +172,7 @@ func (m *Maintainer) lead(ctx context.Context) error {
 func (m *Maintainer) every(ctx context.Context, interval time.Duration, now bool, name string, pass func(context.Context) error) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
-	report := leader.LogStreak(ctx, m.cfg.Logger, name)
+	report := logstreak.New(ctx, m.cfg.Logger, name)
 	for {
 		if now {
 			report(pass(ctx))

@@ -26,9 +26,9 @@ import (
 	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
-	"github.com/llmq/llmq/internal/leader"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/logstreak"
 	"github.com/llmq/llmq/internal/maintenance"
 	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/retrypolicy"
@@ -415,7 +415,7 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 	defer tick.Stop()
 	// Only the gauge needs the breakers' reads (the jobs read each breaker as they pass it): a
 	// run of failed refreshes is logged once, not a line per credential every refresh.
-	breakers := leader.LogStreak(ctx, w.opts.Logger, "refresh credential breaker state")
+	breakers := logstreak.New(ctx, w.opts.Logger, "refresh credential breaker state")
 	for {
 		w.publishCredentialTags(ctx)
 		for _, g := range w.gates {
