@@ -8,10 +8,10 @@ import (
 	"strings"
 )
 
-// Field names match exactly. Go's encoding/json, which decodes the submit body and reads the
-// fields of the request that llmq uses (deltastream.Requested: stream; tokens.Count: model,
-// max_tokens, n, tools, the messages' text), matches a name in any case, Unicode folding included ("ſtream"
-// is "stream" to it), and keeps the last of a name sent twice; a provider matches names exactly.
+// Field names match exactly. Go's encoding/json, which decodes the submit body and reads the fields
+// of the request that llmq uses (deltastream.Requested: stream; tokens.Count: model, max_tokens, n,
+// tools, the messages' text), matches a name in any case, Unicode folding included ("ſtream" is
+// "stream" to it), and keeps the last of a name sent twice; a provider matches names exactly.
 // llmq's view of a request (streaming or not, the tokens the limiter reserves, the model) must be
 // the provider's, so such names are refused at submit (checkFieldNames) rather than read.
 

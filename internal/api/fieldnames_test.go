@@ -18,7 +18,8 @@ func TestSubmit_FieldNamesMatchExactly(t *testing.T) {
 	b := setup(t, setupOpts{})
 
 	for _, tc := range []struct{ name, body, typ, field string }{
-		// The envelope is llmq's contract: its schema has no "Credential" (additionalProperties: false).
+		// The envelope is llmq's contract: its schema has no "Credential" (additionalProperties:
+		// false).
 		{"EnvelopeCase", `{"request":{"model":"m"},"Credential":"default"}`, "unknown_field", `"Credential"`},
 		{"EnvelopeRequestCase", `{"Request":{"model":"m"}}`, "unknown_field", `"Request"`},
 		{"EnvelopeTwice", `{"request":{"model":"m"},"timeout":"1m","timeout":"2m"}`, "invalid_field", `"timeout"`},

@@ -1,9 +1,9 @@
 // Package config loads llmq's one YAML file, shared by the api, worker and ctl programs.
 //
-// The file format is a contract (README.md, Configuration). Unknown fields are rejected so that a typo does
-// not silently fall back to a default, and so is a second YAML document; every validation error
-// names the field (or the variable that overrode it). Secrets are only
-// referenced (api_key_env, api_key_file) and resolved at load time; they never appear in errors.
+// The file format is a contract (README.md, Configuration). Unknown fields are rejected so that a
+// typo does not silently fall back to a default, and so is a second YAML document; every validation
+// error names the field (or the variable that overrode it). Secrets are only referenced
+// (api_key_env, api_key_file) and resolved at load time; they never appear in errors.
 package config
 
 import (
@@ -32,7 +32,8 @@ const (
 
 // Config is the whole file. Zero fields take the defaults documented on each field.
 type Config struct {
-	// DatabaseURL is the Postgres URL. Default postgres://postgres@127.0.0.1:5432/llmq?sslmode=disable.
+	// DatabaseURL is the Postgres URL. Default
+	// postgres://postgres@127.0.0.1:5432/llmq?sslmode=disable.
 	DatabaseURL string `yaml:"database_url"`
 	// RedisURL is the Redis URL: redis://, rediss://, redis-socket://, redis-sentinel:// or
 	// redis-cluster://host1:port,host2:port. Default redis://127.0.0.1:6379/0.

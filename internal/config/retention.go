@@ -76,9 +76,10 @@ var errPeriod = errors.New("must be a duration such as 36h, a number of days suc
 var errEmpty = errors.New("empty value: write a period such as 30d, or off")
 
 // markEmpty marks the periods that the YAML document data names without a value ("dead:",
-// "dead: null", "dead: ~", or an alias of such a value) as errors, which validate reports. yaml.v3 does not call Period's
-// UnmarshalYAML for a null: the field would read as unwritten and silently take its default,
-// whether the operator meant off or forgot the value. data was decoded (strictly) before.
+// "dead: null", "dead: ~", or an alias of such a value) as errors, which validate reports.
+// yaml.v3 does not call Period's UnmarshalYAML for a null: the field would read as unwritten and
+// silently take its default, whether the operator meant off or forgot the value. data was
+// decoded (strictly) before.
 func (r *Retention) markEmpty(data []byte) {
 	var doc struct {
 		Retention map[string]yaml.Node `yaml:"retention"`

@@ -152,8 +152,9 @@ func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operat
 }
 
 // liveOverview recomputes the overview every LiveInterval (longer when a recomputation is slow:
-// refreshWait) while at least one overview stream of the process is open, once for all of them:
-// the cost of open consoles does not grow with their number. Its goroutine ends as soon as the last stream closes, or at Shutdown.
+// refreshWait) while at least one overview stream of the process is open, once for all of them: the
+// cost of open consoles does not grow with their number. Its goroutine ends as soon as the last
+// stream closes, or at Shutdown.
 type liveOverview struct {
 	h    *Handler
 	wake chan struct{} // an unsubscribe pokes the loop, which ends without subscribers

@@ -52,14 +52,14 @@ type SweeperConfig struct {
 	Now      func() time.Time
 }
 
-// Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data
-// (a restart without persistence, a flush) or after an API process died between commit and
-// enqueue; a task asynq holds archived or completed counts as missing (Postgres wins: it is
-// replaced), a waiting rescue task as the job's task; and it rescues the jobs whose task a dead worker process left active (see
-// SweeperConfig.OrphanGrace). One process at a time sweeps, elected with a Postgres advisory
-// lock. Duplicate deliveries are harmless: the attempt lease lets one call at a time go. While
-// every task is in place a pass checks SweeperConfig.PassJobs jobs and the next goes on from
-// there, so a large backlog is covered over several passes at a bounded cost per pass.
+// Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data (a
+// restart without persistence, a flush) or after an API process died between commit and enqueue; a
+// task asynq holds archived or completed counts as missing (Postgres wins: it is replaced), a
+// waiting rescue task as the job's task; and it rescues the jobs whose task a dead worker process
+// left active (see SweeperConfig.OrphanGrace). One process at a time sweeps, elected with a
+// Postgres advisory lock. Duplicate deliveries are harmless: the attempt lease lets one call at a
+// time go. While every task is in place a pass checks SweeperConfig.PassJobs jobs and the next goes
+// on from there, so a large backlog is covered over several passes at a bounded cost per pass.
 type Sweeper struct {
 	cfg SweeperConfig
 	// suspects maps the jobs whose task looked orphaned to when it first did, and after is the
@@ -311,9 +311,9 @@ const taskLeased = "leased"
 
 // taskStates returns, for each job of batch, the state of its asynq task as asynq stores it
 // ("pending", "active", "scheduled", "retry", ...; "" when there is none): a low job's due task's
-// when it has one (see Mux), else its task's on its priority's queue, read in one pipelined
-// round trip, else its rescue task's (see rescueStates); or taskLeased for a running job whose attempt's lease is live (its delivery renews
-// it: re-enqueueing it would only make a duplicate wait).
+// when it has one (see Mux), else its task's on its priority's queue, read in one pipelined round
+// trip, else its rescue task's (see rescueStates); or taskLeased for a running job whose attempt's
+// lease is live (its delivery renews it: re-enqueueing it would only make a duplicate wait).
 func (s *Sweeper) taskStates(ctx context.Context, batch []jobs.Unfinished) ([]string, error) {
 	out := make([]string, len(batch))
 	type lookup struct{ due, own *redis.StringCmd }

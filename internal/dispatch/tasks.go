@@ -26,13 +26,14 @@ func NewTasks(inspector *asynq.Inspector, enqueuer *Enqueuer) *Tasks {
 	return &Tasks{inspector: inspector, enqueuer: enqueuer}
 }
 
-// Abort stops the job's task: it signals every worker process to cancel the task's context if it
-// is running it (asynq's cancelation channel, so it reaches whichever process holds the task;
-// the provider call's context ends with it), and deletes the task when it is waiting (pending,
-// scheduled or retry) on any of its queues, so a canceled job is not even picked up. The job's
-// due task (see Mux) and its rescue task (see Enqueuer.EnqueueRescue) are stopped the same way. Best effort: a task that starts between the two
-// steps is skipped by the executor, which finds the job terminal. The error reports a step that
-// Redis refused; the cancellation in Postgres stands either way.
+// Abort stops the job's task: it signals every worker process to cancel the task's context if it is
+// running it (asynq's cancelation channel, so it reaches whichever process holds the task; the
+// provider call's context ends with it), and deletes the task when it is waiting (pending,
+// scheduled or retry) on any of its queues, so a canceled job is not even picked up. The job's due
+// task (see Mux) and its rescue task (see Enqueuer.EnqueueRescue) are stopped the same way. Best
+// effort: a task that starts between the two steps is skipped by the executor, which finds the job
+// terminal. The error reports a step that Redis refused; the cancellation in Postgres stands either
+// way.
 func (t *Tasks) Abort(id string) error {
 	var errs []error
 	if err := t.signal(id); err != nil {

@@ -96,7 +96,8 @@ type Estimate struct {
 	Input int
 	// MaxOutput is the output allowance to reserve (tokens.Request.MaxOutput).
 	MaxOutput int
-	// AssumedOutput reports that the request sets no output allowance (tokens.Request.AssumedOutput).
+	// AssumedOutput reports that the request sets no output allowance
+	// (tokens.Request.AssumedOutput).
 	AssumedOutput bool
 }
 

@@ -73,13 +73,13 @@ func (s *Store) DeleteEndedBatches(ctx context.Context, before time.Time, limit 
 // first, with their attempts, events, event watch and idempotency key, and returns how many. A
 // later submit with a deleted job's key makes a new job.
 //
-// One statement in a short transaction of its own (see inOrderOfIndex): the jobs are found through jobs_finished_idx and locked
-// FOR UPDATE SKIP LOCKED (a job an operator is retrying is left for a later call, and nobody waits
-// on the deleter); attempts and events, which have no foreign key (migration 011), go in the same
-// statement, found by primary key (= ANY of an array: joined with the deleted jobs, a planner
-// without statistics read both tables whole, every batch); the watch and the key follow by their
-// foreign keys' cascade. Callers delete a large backlog in several calls, so that no lock is held
-// long.
+// One statement in a short transaction of its own (see inOrderOfIndex): the jobs are found through
+// jobs_finished_idx and locked FOR UPDATE SKIP LOCKED (a job an operator is retrying is left for a
+// later call, and nobody waits on the deleter); attempts and events, which have no foreign key
+// (migration 011), go in the same statement, found by primary key (= ANY of an array: joined with
+// the deleted jobs, a planner without statistics read both tables whole, every batch); the watch
+// and the key follow by their foreign keys' cascade. Callers delete a large backlog in several
+// calls, so that no lock is held long.
 func (s *Store) DeleteFinished(ctx context.Context, status Status, before time.Time, limit int) (int64, error) {
 	if !status.Terminal() {
 		return 0, fmt.Errorf("delete finished jobs: %q is not a final status", status)
