@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/logtest"
 )
 
 // A webhook that cannot be reached is logged with its host, not its URL: a chat webhook's path
@@ -209,7 +210,7 @@ func TestRaise_PostsUnderWayAreBounded(t *testing.T) {
 	t.Parallel()
 	url, posted, release := hungWebhook(t)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs logtest.Buffer
 	a := alert.New(alert.Config{WebhookURL: url, Metrics: alert.NewMetrics(reg),
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -233,24 +234,6 @@ func TestRaise_PostsUnderWayAreBounded(t *testing.T) {
 	require.NoError(t, a.Wait(ctx))
 	require.Empty(t, posted)
 	require.Equal(t, 1.0, webhookFailures(t, reg), "the 8 answered are delivered")
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing from Raise's POSTs while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // A Raise may come while a Wait that gave up is still waiting, or after the posts it waited for

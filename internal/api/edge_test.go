@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/internal/httpserve/httpservetest"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/logtest"
 )
 
 func (b *testBundle) openStreams(tenant string) int {
@@ -208,7 +208,7 @@ func TestServer_NonCanonicalPathsAre404(t *testing.T) {
 
 func TestAuth_RevokedTokenLogIsThrottled(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
+	var logs logtest.Buffer
 	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	b := setup(t, setupOpts{noAnonymous: true, now: clock.Now,
 		logger: slog.New(slog.NewJSONHandler(&logs, nil))})
@@ -232,24 +232,6 @@ func TestAuth_RevokedTokenLogIsThrottled(t *testing.T) {
 	require.EqualValues(t, 0, lines[0]["suppressed"])
 	require.EqualValues(t, 4, lines[1]["suppressed"], "the next line counts those left out")
 	require.Equal(t, "gone", lines[1]["tenant"])
-}
-
-// lockedBuffer is a buffer that handlers write while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestEvents_WriteDeadlineIsRenewed: the write deadline bounds a write, not the stream's life: a

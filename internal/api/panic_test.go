@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -26,7 +27,7 @@ import (
 func TestInstrument_PanicIsA500(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	var logs lockedBuffer
+	var logs logtest.Buffer
 	console := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/console/boom":

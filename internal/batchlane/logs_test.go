@@ -1,11 +1,8 @@
 package batchlane_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,32 +12,8 @@ import (
 
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/logtest"
 )
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
-// lines returns the log lines of level (INFO, WARN) whose message starts with msg.
-func (s *syncBuffer) lines(level, msg string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.buf.String(), `level=`+level+` msg="`+msg)
-}
 
 // runBatcher runs b until the test ends.
 func runBatcher(t *testing.T, b *batchlane.Batcher) {
@@ -68,7 +41,7 @@ func TestBatcher_LogsARunOfFailedPassesOnce(t *testing.T) {
 	ctx := t.Context()
 	_, err := b.pool.Exec(ctx, `ALTER TABLE provider_batches RENAME TO provider_batches_gone`)
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	var passes atomic.Int64 // a failing pass reads the clock once, at its start (Once)
 	bat := batchlane.New(batchlane.Config{Pool: b.pool, Tick: leaderTick, Metrics: b.metrics,
 		Now:     func() time.Time { passes.Add(1); return b.clock.Now() },
@@ -78,12 +51,12 @@ func TestBatcher_LogsARunOfFailedPassesOnce(t *testing.T) {
 	runBatcher(t, bat)
 
 	require.Eventually(t, func() bool { return passes.Load() >= 5 }, wait, 10*time.Millisecond)
-	require.Equal(t, 1, logs.lines("WARN", "batch lane pass"), "a run of failed passes logs once")
+	require.Equal(t, 1, lines(logs, "WARN", "batch lane pass"), "a run of failed passes logs once")
 
 	_, err = b.pool.Exec(ctx, `ALTER TABLE provider_batches_gone RENAME TO provider_batches`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return logs.lines("INFO", "batch lane pass succeeds again") == 1 }, wait, 10*time.Millisecond)
-	require.Equal(t, 1, logs.lines("WARN", "batch lane pass"))
+	require.Eventually(t, func() bool { return lines(logs, "INFO", "batch lane pass succeeds again") == 1 }, wait, 10*time.Millisecond)
+	require.Equal(t, 1, lines(logs, "WARN", "batch lane pass"))
 }
 
 // TestBatcher_ANewLeadLogsItsFailedPassesAgain: a leader whose passes failed loses the lead
@@ -105,7 +78,7 @@ func TestBatcher_ANewLeadLogsItsFailedPassesAgain(t *testing.T) {
 		require.NoError(t, err)
 	}
 	breakTable(true)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	var passes atomic.Int64 // a failing pass reads the clock once, at its start (Once)
 	bat := batchlane.New(batchlane.Config{Pool: b.pool, Tick: leaderTick, Metrics: b.metrics,
 		Now:     func() time.Time { passes.Add(1); return b.clock.Now() },
@@ -113,7 +86,7 @@ func TestBatcher_ANewLeadLogsItsFailedPassesAgain(t *testing.T) {
 		Lanes:   []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg}},
 		Enqueue: func(context.Context, string, jobs.Priority) error { return nil }})
 	runBatcher(t, bat)
-	require.Eventually(t, func() bool { return logs.lines("WARN", "batch lane pass failed") == 1 }, wait, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return lines(logs, "WARN", "batch lane pass failed") == 1 }, wait, 10*time.Millisecond)
 
 	// Another process takes the lead: the test's session, once the batcher's lock session is
 	// ended (a failover, as the batcher sees it).
@@ -146,5 +119,10 @@ WHERE locktype = 'advisory' AND pid <> pg_backend_pid()
 	}, wait, 10*time.Millisecond, "the batcher did not lead again")
 	from := passes.Load()
 	require.Eventually(t, func() bool { return passes.Load() >= from+3 }, wait, 10*time.Millisecond)
-	require.Equal(t, 2, logs.lines("WARN", "batch lane pass failed"), "the new lead's failed passes are logged, once")
+	require.Equal(t, 2, lines(logs, "WARN", "batch lane pass failed"), "the new lead's failed passes are logged, once")
+}
+
+// lines returns the log lines in logs of level (INFO, WARN) whose message starts with msg.
+func lines(logs *logtest.Buffer, level, msg string) int {
+	return logs.Count(`level=` + level + ` msg="` + msg)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/batchlane"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/pgtest"
 )
 
@@ -25,7 +26,7 @@ func TestBatcher_PostgresOutageLogsOnce(t *testing.T) {
 	t.Cleanup(pool.Close)
 	proxy.Cut()
 
-	var logs syncBuffer
+	var logs logtest.Buffer
 	b := batchlane.New(batchlane.Config{Pool: pool, Tick: 10 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx, cancel := context.WithCancel(t.Context())

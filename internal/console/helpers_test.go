@@ -11,13 +11,16 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
@@ -134,4 +137,15 @@ func (b *testBundle) audit(t *testing.T) []audit.Entry {
 	list, err := audit.List(context.Background(), b.jobs.Pool, audit.ListParams{Limit: 100})
 	require.NoError(t, err)
 	return list
+}
+
+// storeBehindProxy is a job store on the bundle's database reached through a proxy the test can
+// cut (a Postgres outage seen by the console alone).
+func (b *testBundle) storeBehindProxy(t *testing.T) (*pgtest.Proxy, *jobs.Store) {
+	t.Helper()
+	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
+	pool, err := pgxpool.New(context.Background(), proxied)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return proxy, jobs.NewStore(pool, nil)
 }

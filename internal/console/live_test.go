@@ -18,14 +18,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/httpserve/httpservetest"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/operator"
-	"github.com/llmq/llmq/internal/pgtest"
 )
 
 // liveBundle is setup with a running job event listener and a fast overview.
@@ -254,13 +253,10 @@ func TestOverviewLive_ASlowRecomputationWaitsLonger(t *testing.T) {
 func TestOverviewLive_SaysWhenItsFiguresAreStale(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
-	pool, err := pgxpool.New(context.Background(), proxied)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	proxy, store := b.storeBehindProxy(t)
 	stopped := time.Now()
 	c, _ := b.serve(t, func(cfg *console.Config) {
-		cfg.Jobs, cfg.LiveInterval, cfg.Now = jobs.NewStore(pool, nil), 20*time.Millisecond, func() time.Time { return stopped }
+		cfg.Jobs, cfg.LiveInterval, cfg.Now = store, 20*time.Millisecond, func() time.Time { return stopped }
 	})
 	s := c.stream(t, "/console/api/overview/live", "overview", "overview_stale")
 	var ov console.Overview
@@ -365,12 +361,9 @@ func TestShutdown_EndsTheStreams(t *testing.T) {
 func TestJobLive_AFailedReadIsNotAnEnd(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
-	pool, err := pgxpool.New(context.Background(), proxied)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	proxy, store := b.storeBehindProxy(t)
 	// No listener: each keep-alive reads.
-	c, _ := b.serve(t, func(cfg *console.Config) { cfg.Jobs, cfg.KeepAlive = jobs.NewStore(pool, nil), 20*time.Millisecond })
+	c, _ := b.serve(t, func(cfg *console.Config) { cfg.Jobs, cfg.KeepAlive = store, 20*time.Millisecond })
 
 	job := b.jobs.Create(t, jobstestOpts())
 	s := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
@@ -501,13 +494,10 @@ func TestLive_HEADIsRefusedNotHeldOpen(t *testing.T) {
 func TestOverviewLive_AStreamJoiningAnOutageIsToldSo(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
-	pool, err := pgxpool.New(context.Background(), proxied)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	proxy, store := b.storeBehindProxy(t)
 	stopped := time.Now()
 	c, _ := b.serve(t, func(cfg *console.Config) {
-		cfg.Jobs, cfg.LiveInterval, cfg.Now = jobs.NewStore(pool, nil), 20*time.Millisecond, func() time.Time { return stopped }
+		cfg.Jobs, cfg.LiveInterval, cfg.Now = store, 20*time.Millisecond, func() time.Time { return stopped }
 	})
 	first := c.stream(t, "/console/api/overview/live", "overview", "overview_stale")
 	var ov console.Overview
@@ -525,38 +515,17 @@ func TestOverviewLive_AStreamJoiningAnOutageIsToldSo(t *testing.T) {
 	require.True(t, stale.AsOf.Equal(stopped))
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestOverviewLive_AnOutageIsLoggedOnce: while Postgres does not answer the live overview
 // recomputes every LiveInterval; it warns once when the figures go stale and says once when
 // they are live again, not at every recomputation (1800 lines an hour per API host at 2 s).
 func TestOverviewLive_AnOutageIsLoggedOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	proxy, proxied := pgtest.NewProxy(t, b.jobs.URL)
-	pool, err := pgxpool.New(context.Background(), proxied)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	var logs syncBuffer
+	proxy, store := b.storeBehindProxy(t)
+	var logs logtest.Buffer
 	var reads atomic.Int64 // the clock's readings: two per recomputation
 	c, _ := b.serve(t, func(cfg *console.Config) {
-		cfg.Jobs, cfg.LiveInterval = jobs.NewStore(pool, nil), 20*time.Millisecond
+		cfg.Jobs, cfg.LiveInterval = store, 20*time.Millisecond
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		cfg.Now = func() time.Time { reads.Add(1); return time.Now() }
 	})

@@ -1,35 +1,15 @@
 package deltastream
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test to share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.buf.String(), s)
-}
 
 // TestWriter_LogsItsFailedWritesOnce: with Redis unreachable, every write of a streaming
 // attempt's pieces fails (each at once: the connection is refused); the attempt logs its first
@@ -38,7 +18,7 @@ func TestWriter_LogsItsFailedWritesOnce(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	logs := &lockedBuffer{}
+	logs := &logtest.Buffer{}
 	b := New(Config{Redis: rdb, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	w := b.Writer("job-1", 2, 1)
 	idle := func() bool {
@@ -55,5 +35,5 @@ func TestWriter_LogsItsFailedWritesOnce(t *testing.T) {
 	defer cancel()
 	w.Close(ctx)
 	require.NoError(t, ctx.Err())
-	require.Equal(t, 1, logs.count(`msg="write stream deltas`), "the attempt's failed writes log once")
+	require.Equal(t, 1, logs.Count(`msg="write stream deltas`), "the attempt's failed writes log once")
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 )
@@ -385,7 +386,7 @@ func (s *readmeStack) copyRepoFile(t *testing.T, f string) {
 // stackProcess is one of the stack's programs, its log kept for the test's failure report.
 type stackProcess struct {
 	name   string
-	log    syncBuffer
+	log    logtest.Buffer
 	lines  chan map[string]any // its JSON log lines, while someone waits for one
 	exited chan error
 }

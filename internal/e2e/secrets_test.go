@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -23,28 +22,11 @@ import (
 	"github.com/llmq/llmq/internal/api"
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/worker"
 )
-
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // leakyProvider is an Anthropic-shaped provider that echoes the API key it receives in its error
 // bodies and headers, as careless providers and proxies do: first a 503 (retried) whose HTML body
@@ -118,7 +100,7 @@ retry: { max_attempts: 3, base_delay: 10ms, max_delay: 50ms }
 	t.Cleanup(func() { _ = rdb.Del(context.Background(), "llmq:tenant:{default}:submit").Err() })
 
 	// The API, logging everything.
-	var apiLogs, workerLogs syncBuffer
+	var apiLogs, workerLogs logtest.Buffer
 	debug := &slog.HandlerOptions{Level: slog.LevelDebug}
 	pool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)

@@ -1,12 +1,10 @@
 package leader_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/llmq/llmq/internal/leader"
 	"github.com/llmq/llmq/internal/logstreak"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/pgtest"
 )
 
@@ -259,24 +258,6 @@ func TestLead_GivesTheConnectionBackWithItsIdleTimeout(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for Run's goroutine and the test's.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Run with a logstreak report logs the first failed try of a Postgres outage only; once it leads
 // again the run of errors is over, so that the loss of the lock hours later is logged too.
 func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
@@ -285,7 +266,7 @@ func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
 	pool, err := pgxpool.New(t.Context(), viaProxy)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	var logs syncBuffer
+	var logs logtest.Buffer
 	ctx, cancel := context.WithCancel(t.Context())
 	report := logstreak.New(ctx, slog.New(slog.NewTextHandler(&logs, nil)), "duty")
 	leading := make(chan struct{}, 10)

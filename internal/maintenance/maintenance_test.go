@@ -1,11 +1,9 @@
 package maintenance_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/maintenance"
 	"github.com/llmq/llmq/internal/redistest"
 )
@@ -277,7 +276,7 @@ func TestMaintainer_Run(t *testing.T) {
 // deadline pass's series is there at 0 before any pass.
 func TestMaintainer_RunDatesItsLastSuccessfulPass(t *testing.T) {
 	t.Parallel()
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	b, m := setup(t, maintenance.Config{Interval: 20 * time.Millisecond, RetentionInterval: 20 * time.Millisecond,
 		Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: time.Hour}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	const name = "llmq_maintenance_last_success_timestamp_seconds"
@@ -317,24 +316,6 @@ func TestMaintainer_RunDatesItsLastSuccessfulPass(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return metric(t, b.reg, name, deadline) == unix(b.clock.Now()) },
 		10*time.Second, 10*time.Millisecond)
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
 
 // TestMaintainer_DeletesEndedBatches: the batch lane's provider batches go once they ended a day

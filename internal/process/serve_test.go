@@ -1,7 +1,6 @@
 package process_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/process"
 	"github.com/llmq/llmq/internal/redistest"
@@ -30,24 +29,6 @@ func TestMain(m *testing.M) {
 		// pgxpool's background health check ends after the test's pool.Close.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 	)
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's loggers and the test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // writeConfig writes a config for a fresh database, a private Redis and the simulator at simURL,
@@ -84,7 +65,7 @@ func TestServe_RunsAJobInOneProcess(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	logs := &syncBuffer{}
+	logs := &logtest.Buffer{}
 	go func() {
 		done <- process.Serve(ctx, []string{"--config", cfgPath}, process.Options{
 			Stderr: logs, Getenv: getenv, Ready: func(addr string) { ready <- addr }})

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/process"
 	"github.com/llmq/llmq/internal/redistest"
@@ -53,7 +54,7 @@ credentials:
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready, done, logs := make(chan string, 1), make(chan error, 1), &syncBuffer{}
+	ready, done, logs := make(chan string, 1), make(chan error, 1), &logtest.Buffer{}
 	go func() {
 		done <- process.Serve(ctx, []string{"--config", cfgPath}, process.Options{
 			Stderr: logs, Getenv: getenv, Ready: func(addr string) { ready <- addr }})

@@ -1,38 +1,18 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/worker"
 )
-
-// lockedBuffer is a log sink safe for the worker's goroutines and the test's.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.buf.String(), s)
-}
 
 // TestWorker_BreakerRefreshFailuresLogOnce: the pause refresh reads each breaker's state (for
 // llmq_breaker_state) every 15 s; while those reads fail (Redis away, here a breaker key of the
@@ -40,7 +20,7 @@ func (l *lockedBuffer) count(s string) int {
 // per worker, for the whole outage, buried the log beside the pause refresh's own.
 func TestWorker_BreakerRefreshFailuresLogOnce(t *testing.T) {
 	t.Parallel()
-	logs := &lockedBuffer{}
+	logs := &logtest.Buffer{}
 	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	ctx := context.Background()
@@ -57,5 +37,5 @@ func TestWorker_BreakerRefreshFailuresLogOnce(t *testing.T) {
 		require.Eventually(t, published, 10*time.Second, 5*time.Millisecond)
 		require.NoError(t, rdb.Del(ctx, index).Err())
 	}
-	require.Equal(t, 1, logs.count(`msg="refresh credential breaker state`), "a run of failed breaker reads logs once")
+	require.Equal(t, 1, logs.Count(`msg="refresh credential breaker state`), "a run of failed breaker reads logs once")
 }
