@@ -44,6 +44,19 @@ func parseWire(t *testing.T, dbURL, queue, apiExtra string) (*config.Config, err
 		})
 }
 
+// fromConfig is the server FromConfig wires from cfg, on a pool of dbURL's, both closed when the
+// test ends.
+func fromConfig(t *testing.T, dbURL string, cfg *config.Config) (*pgxpool.Pool, *Server) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	srv, closeAPI, err := FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, closeAPI()) })
+	return pool, srv
+}
+
 // TestFromConfig_TenantsAndSubmitRate checks the wiring of the config file: bearer tokens
 // resolve against the tenants table, anonymous access follows api.allow_anonymous, and
 // api.tenant_submit_rate limits each tenant.
@@ -54,12 +67,7 @@ func TestFromConfig_TenantsAndSubmitRate(t *testing.T) {
 	cfg, err := parseWire(t, dbURL, queue, ", tenant_submit_rate: { requests_per_second: 0.01, burst: 1 }")
 	require.NoError(t, err)
 	require.Equal(t, &config.SubmitRate{RequestsPerSecond: 0.01, Burst: 1}, cfg.API.TenantSubmitRate)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	srv, closeAPI, err := FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, closeAPI()) })
+	pool, srv := fromConfig(t, dbURL, cfg)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
 	// FromConfig keys the rate under "llmq:": a tenant name of this test's own keeps it apart.
@@ -109,12 +117,7 @@ func TestFromConfig_ConsoleEventWriteTimeout(t *testing.T) {
 	dbURL := pgtest.URL(t)
 	cfg, err := parseWire(t, dbURL, redistest.Queue(t, redistest.URL()), ", event_write_timeout: 1s")
 	require.NoError(t, err)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	srv, closeAPI, err := FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, closeAPI()) })
+	pool, srv := fromConfig(t, dbURL, cfg)
 	hs := httptest.NewUnstartedServer(srv)
 	ln := httpservetest.NewStallListener(hs.Listener)
 	hs.Listener = ln
@@ -150,12 +153,7 @@ func TestFromConfig_ConsolePathsUnderCleanPaths(t *testing.T) {
 	dbURL := pgtest.URL(t)
 	cfg, err := parseWire(t, dbURL, redistest.Queue(t, redistest.URL()), "")
 	require.NoError(t, err)
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	srv, closeAPI, err := FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, closeAPI()) })
+	_, srv := fromConfig(t, dbURL, cfg)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
