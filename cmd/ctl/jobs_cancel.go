@@ -20,11 +20,16 @@ func (a *app) jobsCancelCommand() *cli.Command {
 				return cli.Exit("usage: ctl jobs cancel ID", exitUsage)
 			}
 			id := c.Args().First()
-			tasks, closeTasks, err := openTasks(c)
-			if err != nil {
-				return err
+			// The cancel is Postgres's: Redis unreachable does not stop it (as the API's does
+			// not), only the abort of the job's task, which is then the error.
+			tasks, closeTasks, redisErr := openTasks(c)
+			switch {
+			case errors.Is(redisErr, errRedisUnreachable):
+			case redisErr != nil:
+				return redisErr
+			default:
+				defer closeTasks()
 			}
-			defer closeTasks()
 			p, err := pool(c)
 			if err != nil {
 				return err
@@ -42,8 +47,11 @@ func (a *app) jobsCancelCommand() *cli.Command {
 			}
 			fmt.Fprintf(a.out, "canceled %s\n", job.ID)
 			logged := logAction(c.Context, p, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
-			if err := tasks.AbortEnded(job); err != nil {
-				return fmt.Errorf("job %s is canceled, but its task could not be aborted (an attempt in flight runs to its end, unstored): %w", job.ID, err)
+			if redisErr == nil {
+				redisErr = tasks.AbortEnded(job)
+			}
+			if redisErr != nil {
+				return fmt.Errorf("job %s is canceled, but its task could not be aborted (an attempt in flight stops, unstored, at its lease's next renewal, within seconds): %w", job.ID, redisErr)
 			}
 			return logged
 		},

@@ -114,6 +114,24 @@ func TestJobsCancel(t *testing.T) {
 		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", "nope")...)
 		requireOneLineError(t, r, 1, `no job "nope"`)
 	})
+	t.Run("RedisUnreachable", func(t *testing.T) {
+		// The cancel is Postgres's, as the API's and the console's are: a Redis outage does not
+		// keep an operator from stopping a job (an attempt in flight finds it canceled at its
+		// lease's next renewal). The abort that could not be made is the error.
+		t.Parallel()
+		b := setupJobs(t)
+		job := b.createJob(t)
+		r, expired := runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
+		require.False(t, expired)
+		got, err := b.store.Get(context.Background(), job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusCanceled, got.Status)
+		require.Equal(t, "canceled "+job.ID+"\n", r.out)
+		require.Equal(t, 1, r.code, "stderr %q", r.errOut)
+		require.Contains(t, r.errOut, "is canceled, but its task could not be aborted")
+		require.Contains(t, r.errOut, "redis unreachable")
+		require.Len(t, auditLog(t, b.url), 1, "the cancel is in the audit log")
+	})
 	t.Run("Usage", func(t *testing.T) {
 		t.Parallel()
 		r := run(t, "--database-url", unreachableURL, "jobs", "cancel")

@@ -550,10 +550,11 @@ func pollDelay(c config.Batch, polls int) time.Duration {
 	return min(d, 10*c.PollInterval)
 }
 
-// poll handles a sent batch when its poll is due: its jobs near their deadline go online; a
-// batch whose jobs have all ended is canceled at the provider; otherwise it is polled, and when
-// it ended its results are recorded. The next poll comes after the backoff, or when the next of
-// its jobs is to fall back online, whichever is first; a pass reads nothing of a batch not due.
+// poll handles a sent batch when its poll is due: its jobs near their deadline go online (or
+// fail, with no attempt left: deadlineMove); a batch whose jobs have all ended is canceled at the
+// provider; otherwise it is polled, and when it ended its results are recorded. The next poll
+// comes after the backoff, or when the next of its jobs is to fall back online, whichever is
+// first; a pass reads nothing of a batch not due.
 func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLanes) error {
 	now := b.cfg.Now()
 	if row.NextPollAt != nil && now.Before(*row.NextPollAt) {
@@ -570,7 +571,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		}
 		fallback := j.Deadline.Add(-lane.Config.OnlineFallback)
 		if !now.Before(fallback) {
-			if err := b.applyMove(ctx, row.Credential, b.retryMove(row, j, now, "deadline_fallback", "the batch had not ended when the job's deadline came near")); err != nil {
+			if err := b.applyMove(ctx, row.Credential, b.deadlineMove(row, j, now)); err != nil {
 				return err
 			}
 			continue

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
@@ -122,6 +123,21 @@ func (b *Batcher) retryMove(row batchRow, j batchJob, now time.Time, typ, msg st
 	m.Status, m.Lane, m.BatchState = "retrying", "online", typ
 	if j.Attempts >= j.MaxAttempts {
 		m.Status, m.DeadReason = "dead", "retries_exhausted"
+	}
+	return m
+}
+
+// deadlineMove sends job j, whose batch had not ended when its deadline came near, online
+// (retryMove). One with no attempt left fails deadline_exceeded: its deadline cut its batch, as
+// a call's deadline cuts an online attempt; it is not dead retries_exhausted (an operator's
+// alert, and a `ctl dead retry` candidate, for a client's timeout).
+func (b *Batcher) deadlineMove(row batchRow, j batchJob, now time.Time) move {
+	const msg = "the batch had not ended when the job's deadline came near"
+	m := b.retryMove(row, j, now, "deadline_fallback", msg)
+	if m.Status == "dead" {
+		m.Status, m.Lane, m.DeadReason = "failed", "batch", ""
+		m.LastError = map[string]any{"class": jobs.ReasonDeadlineExceeded, "type": "deadline_fallback",
+			"message": msg + ", and it had no attempt left to go online"}
 	}
 	return m
 }

@@ -54,8 +54,8 @@ type Config struct {
 	// Jobs is the job store. Required.
 	Jobs *jobs.Store
 	// Tasks requeues retried dead letters, aborts canceled jobs' tasks and reads the queue depth.
-	// nil: retried jobs wait for the sweeper, a canceled job's attempt in flight runs to its
-	// (unstored) end, and the overview has no queue depth.
+	// nil: retried jobs wait for the sweeper, a canceled job's attempt in flight stops at its
+	// lease's next renewal, and the overview has no queue depth.
 	Tasks *dispatch.Tasks
 	// Redis holds the credentials' shared state (limiter, breaker). Required.
 	Redis redis.UniversalClient

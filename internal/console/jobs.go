@@ -236,8 +236,8 @@ func (h *Handler) jobCancel(w http.ResponseWriter, r *http.Request, s *operator.
 		return
 	}
 	if h.cfg.Tasks != nil {
-		// Canceled whatever Redis says: the worker skips terminal jobs, so a failed abort only
-		// lets an attempt already in flight run to its (unstored) end.
+		// Canceled whatever Redis says: the worker skips terminal jobs, and an attempt already
+		// in flight stops, unstored, at its lease's next renewal (within 5 s).
 		if err := h.cfg.Tasks.AbortEnded(job); err != nil {
 			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
 		}

@@ -211,9 +211,10 @@ func resetStream(ctx context.Context, r callResult) {
 	}
 }
 
-// decide records a failed attempt's consequence: the job is given back on shutdown, fails over,
-// dies (a spend cap, or its attempts used up), fails (not worth retrying, or the deadline comes
-// first), or is retried after the policy's delay.
+// decide records a failed attempt's consequence: the job is given back on shutdown, fails (its
+// deadline passed during the call), fails over, dies (a spend cap, or its attempts used up), fails
+// (not worth retrying, or the deadline comes before the next attempt), or is retried after the
+// policy's delay.
 func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r callResult) error {
 	a, d, now := r.attempt, r.decision, r.at
 	lastErr := lastErrorOf(r.err, d)
@@ -233,6 +234,13 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 			}
 			return ctx.Err()
 		}
+		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusFailed, LastError: lastErr})
+	case d.Retry && !now.Before(job.Deadline):
+		// The job's deadline ended the call (its context ends there) or came with its failure:
+		// no attempt may follow, here or on a fallback. The job fails as the client's timeout
+		// says, not dead as out of attempts (an operator's alert for a client's timeout).
+		lastErr.Message = fmt.Sprintf("job deadline passed during the attempt (%s)", lastErr.Message)
+		lastErr.Class = jobs.ReasonDeadlineExceeded
 		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusFailed, LastError: lastErr})
 	case (d.Retry || d.DeadReason != "") && job.HasNextCredential() && job.Attempts < job.MaxAttempts:
 		// Fail over at once: the fallback is a different key, so neither a backoff for this
