@@ -84,6 +84,11 @@ type Config struct {
 	// Pauses keeps the credentials' pauses in Postgres: a pause state Redis lost is restored from
 	// it before a lane sends (see credpause). Nil: Redis's state alone is read.
 	Pauses *credpause.Store
+	// RolloutGrace is how long a job waiting for a batch on a credential Lanes lack, created
+	// after New, is left for the batcher of a newer config (a rolling deploy that adds the
+	// credential; the executor's executor.RolloutGrace). Older jobs on such a credential (it
+	// was removed) go online, where the executor moves them to their fallbacks, or fails them.
+	RolloutGrace time.Duration
 }
 
 // Batcher sends the batch lane's jobs through the providers' batch APIs: it collects waiting
@@ -96,6 +101,8 @@ type Batcher struct {
 	cfg   Config
 	store store
 	lanes map[string]Lane
+	// started is when New ran, on Config.Now (see Config.RolloutGrace).
+	started time.Time
 	// crashAfterCommit, set by tests only, ends a pass between a batch's commit and its send.
 	crashAfterCommit error
 }
@@ -113,7 +120,7 @@ func New(cfg Config) *Batcher {
 	for _, l := range cfg.Lanes {
 		lanes[l.Credential] = l
 	}
-	return &Batcher{cfg: cfg, store: store{pool: cfg.Pool}, lanes: lanes}
+	return &Batcher{cfg: cfg, store: store{pool: cfg.Pool}, lanes: lanes, started: cfg.Now()}
 }
 
 // Run makes a pass every Tick while this process leads the batch lane, and keeps trying to lead
@@ -197,8 +204,43 @@ func (b *Batcher) pass(ctx context.Context) error {
 	for _, lane := range b.cfg.Lanes {
 		errs = append(errs, b.collect(ctx, lane, held))
 	}
+	errs = append(errs, b.collectUnconfigured(ctx))
 	return errors.Join(errs...)
 }
+
+// collectUnconfigured sends online the jobs waiting for a batch on a credential Lanes lack (see
+// Config.RolloutGrace), as a lane turned off does (batch_state lane_off): no lane would collect
+// them, and they waited for their deadline. A job created after New, less than RolloutGrace
+// ago, is left for a batcher of a newer config.
+func (b *Batcher) collectUnconfigured(ctx context.Context) error {
+	configured := make([]string, 0, len(b.lanes))
+	for name := range b.lanes {
+		configured = append(configured, name)
+	}
+	creds, err := b.store.unconfigured(ctx, configured)
+	if err != nil {
+		return err
+	}
+	now := b.cfg.Now()
+	var errs []error
+	for _, cred := range creds {
+		waiting, err := b.store.waiting(ctx, cred, unconfiguredBatch)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, w := range waiting {
+			if w.CreatedAt.After(b.started) && now.Sub(w.CreatedAt) < b.cfg.RolloutGrace {
+				continue
+			}
+			errs = append(errs, b.applyMove(ctx, cred, move{JobID: w.ID, Status: "queued", Lane: "online", BatchState: "lane_off"}))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unconfiguredBatch is how many jobs of a credential Lanes lack one pass looks at.
+const unconfiguredBatch = 500
 
 // heldLanes memoizes, for one pass, whether each credential's sends are held (see held).
 type heldLanes map[string]laneHold

@@ -20,6 +20,21 @@ import (
 // online).
 type store struct{ pool *pgxpool.Pool }
 
+// Pending reports whether Postgres holds batch-lane work: a job waiting for a batch, or a batch
+// not yet ended. A worker whose config enables no batch lane runs a Batcher all the same when it
+// does (see Batcher: a lane turned off sends its waiting jobs online and polls the batches it
+// has), so that turning the last lane off does not leave them to their deadline. Both reads
+// are through the batch lane's partial indexes.
+func Pending(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	var pending bool
+	err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM provider_batches WHERE state IN ('committed', 'submitted'))
+	OR EXISTS (SELECT 1 FROM jobs WHERE lane = 'batch' AND batch_ref IS NULL AND status IN ('queued', 'retrying'))`).Scan(&pending)
+	if err != nil {
+		return false, fmt.Errorf("look for batch-lane work: %w", err)
+	}
+	return pending, nil
+}
+
 // waitingJob is a batch-lane job not yet in a batch.
 type waitingJob struct {
 	ID        string
@@ -44,6 +59,28 @@ ORDER BY created_at LIMIT $2`, credential, limit)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list jobs waiting for a batch: %w", err)
+	}
+	return out, nil
+}
+
+// unconfigured returns the credentials, other than configured, that jobs waiting for a batch
+// name: credentials removed from this process's config, or added by a newer one. One probe of
+// the batch lane's waiting index per credential (a skip scan), however many jobs wait.
+func (s store) unconfigured(ctx context.Context, configured []string) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `WITH RECURSIVE c AS (
+	(SELECT credential FROM jobs WHERE lane = 'batch' AND batch_ref IS NULL AND status IN ('queued', 'retrying')
+	ORDER BY credential LIMIT 1)
+	UNION ALL
+	SELECT (SELECT j.credential FROM jobs j WHERE j.lane = 'batch' AND j.batch_ref IS NULL AND j.status IN ('queued', 'retrying')
+		AND j.credential > c.credential ORDER BY j.credential LIMIT 1) FROM c WHERE c.credential IS NOT NULL
+)
+SELECT credential FROM c WHERE credential IS NOT NULL AND NOT (credential = ANY($1::text[]))`, configured)
+	if err != nil {
+		return nil, fmt.Errorf("list the credentials of jobs waiting for a batch: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list the credentials of jobs waiting for a batch: %w", err)
 	}
 	return out, nil
 }

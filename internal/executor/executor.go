@@ -118,6 +118,9 @@ type Executor struct {
 	// renewEvery is how often a held attempt lease is renewed (keepLease): a third of
 	// jobs.AttemptLease, so that two renewals may fail before it ends.
 	renewEvery time.Duration
+	// started is when New ran, on Config.Now: a job created after it whose credential the
+	// config lacks was accepted by a process of a newer config (see newerConfigMayKnow).
+	started time.Time
 }
 
 // New returns an Executor. It panics when Store is nil (a wiring bug).
@@ -147,7 +150,8 @@ func New(cfg Config) *Executor {
 		}
 	}
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
-	return &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps), renewEvery: jobs.AttemptLease / 3}
+	return &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps), renewEvery: jobs.AttemptLease / 3,
+		started: cfg.Now()}
 }
 
 // errHandled ends a delivery that needs nothing more: the job is terminal, was recorded, or was

@@ -77,8 +77,22 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Up
 		return Upstream{}, nil, err
 	}
 	up, ok := e.cfg.Upstreams[job.CurrentCredential()]
+	if !ok && e.newerConfigMayKnow(job, now) {
+		// A rolling deploy that adds a credential: a process of the new config took the job
+		// (after this one started, so its config is the newer) and this one's is stale. The
+		// job waits for a process that knows the credential, as it would for a paused one.
+		return Upstream{}, nil, &deferral{until: now.Add(e.spread(pausedRecheck)),
+			reason: fmt.Sprintf("credential %q is not in this process's config (a process of a newer config may know it)", job.CurrentCredential())}
+	}
+	if !ok && job.HasNextCredential() {
+		// Configuration changed under a waiting job (or a dead letter retried at its own
+		// credential after it was removed): its fallbacks take it, as they take a paused
+		// credential's job. A fallback removed too is passed over in the same way.
+		return Upstream{}, nil, e.failOver(ctx, job, &deferral{until: now.Add(leaseRecheck),
+			reason: fmt.Sprintf("credential %q is no longer configured", job.CurrentCredential()), unavailable: true}, pass, nil)
+	}
 	if !ok {
-		// Configuration changed under a queued job: nothing can ever send it.
+		// Configuration changed under a queued job with no fallback left: nothing can ever send it.
 		return Upstream{}, nil, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
 			Class: string(retrypolicy.ClassPermanent), Message: fmt.Sprintf("credential %q is no longer configured", job.CurrentCredential()),
 		}})
@@ -121,6 +135,20 @@ func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstrea
 		return nil, nil
 	}
 	return &paused, nil
+}
+
+// RolloutGrace is how long after a job's creation a worker whose config lacks the job's credential
+// leaves it to other processes, when the job was created after this worker started: another
+// process's config, newer than this one's, accepted it (a rolling deploy that adds a
+// credential). Past it, and for a job older than this worker (whose config then removed the
+// credential), the job fails over to its fallbacks, or fails.
+const RolloutGrace = 15 * time.Minute
+
+// newerConfigMayKnow reports whether job, whose credential this process's config lacks, was
+// created after this process started and within RolloutGrace (see RolloutGrace). Its creation is
+// on Postgres's clock, compared with this host's: a skew of X moves both edges by X.
+func (e *Executor) newerConfigMayKnow(job *jobs.Job, now time.Time) bool {
+	return job.CreatedAt.After(e.started) && now.Sub(job.CreatedAt) < RolloutGrace
 }
 
 // leaseRecheck is how soon a delivery that found the job leased by another looks again. Not the

@@ -69,7 +69,7 @@ type Worker struct {
 	handoff  *dispatch.Handoff // nil unless Options.Handoff
 	sweeper  *dispatch.Sweeper
 	maint    *maintenance.Maintainer
-	batcher  *batchlane.Batcher // nil: no credential has a batch lane
+	batcher  *batchlane.Batcher // nil: no credential has a batch lane, and no batch-lane work waited at New
 	breaker  *breaker.Breaker
 	// alerter raises the executor's and the batcher's alerts; Run waits for its webhook posts.
 	alerter  *alert.Alerter
@@ -94,7 +94,7 @@ func New(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, opts Optio
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, opts: opts, pool: pool, redis: redisOpt, rdb: dispatch.NewRedisClient(redisOpt)}
-	if err := w.build(newMetrics(opts.Registerer)); err != nil {
+	if err := w.build(ctx, newMetrics(opts.Registerer)); err != nil {
 		return nil, errors.Join(err, w.close())
 	}
 	return w, nil
@@ -139,7 +139,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 // build makes the worker's parts, in the order they depend on each other: the shared admission
 // state (limiter, breaker), the upstreams, the executor, then the asynq side (sweeper,
 // maintenance, batcher, server).
-func (w *Worker) build(m metrics) error {
+func (w *Worker) build(ctx context.Context, m metrics) error {
 	cfg, opts := w.cfg, w.opts
 	lim, err := limiter.New(w.rdb, &limiter.Config{Prefix: opts.RedisPrefix, Metrics: m.limiter, TokenMinute: cfg.Worker.TokenMinute,
 		PhaseMargin:   cfg.Worker.PhaseMargin,
@@ -211,7 +211,7 @@ func (w *Worker) build(m metrics) error {
 		AuditRetention:    cfg.Retention.Audit.Duration(),
 		RetentionInterval: cfg.Retention.Interval, Finished: m.executor.Finished, Logger: opts.Logger, Metrics: m.maintenance,
 	})
-	if err := w.newBatcher(m.executor.DeadLettered, w.alerter); err != nil {
+	if err := w.newBatcher(ctx, m.executor.DeadLettered, w.alerter); err != nil {
 		return err
 	}
 	w.server = dispatch.NewServer(w.redis, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
@@ -340,12 +340,13 @@ func (w *Worker) Run(ctx context.Context) error {
 // alertDrainTimeout bounds how long Run waits at its end for the alerter's webhook posts.
 const alertDrainTimeout = 5 * time.Second
 
-// newBatcher builds the batch lane's batcher when a credential's batch lane is enabled (none:
-// no batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
+// newBatcher builds the batch lane's batcher when a credential's batch lane is enabled, or when
+// Postgres holds batch-lane work (batchlane.Pending: the last lane was turned off; none: no
+// batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
 // online and still polls the batches it has; a paused one (its limiter gate, restored from
 // w.pauses) sends none until resumed. Its dead letters are counted by deadLettered (the
 // executor's metrics) and alerted by alerter, as the executor's are.
-func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerter *alert.Alerter) error {
+func (w *Worker) newBatcher(ctx context.Context, deadLettered func(credential, reason string), alerter *alert.Alerter) error {
 	gates := make(map[string]*limiter.Gate, len(w.gates))
 	for _, g := range w.gates {
 		gates[g.Name()] = g
@@ -362,7 +363,10 @@ func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerte
 			PauseProbeInterval: c.PauseProbeInterval})
 	}
 	if !enabled {
-		return nil
+		pending, err := batchlane.Pending(ctx, w.pool)
+		if err != nil || !pending {
+			return err
+		}
 	}
 	var metrics *batchlane.Metrics
 	if w.opts.Registerer != nil {
@@ -373,7 +377,7 @@ func (w *Worker) newBatcher(deadLettered func(credential, reason string), alerte
 		metrics = batchlane.NewMetrics(w.opts.Registerer, names)
 	}
 	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
-		DeadLettered: deadLettered, Alerter: alerter, Pauses: w.pauses,
+		DeadLettered: deadLettered, Alerter: alerter, Pauses: w.pauses, RolloutGrace: executor.RolloutGrace,
 		Enqueue: func(ctx context.Context, id string, p jobs.Priority) error {
 			return w.enqueuer.Enqueue(ctx, id, p, time.Time{})
 		}})
