@@ -146,6 +146,45 @@ func TestSubmit_InputLimits(t *testing.T) {
 	})
 }
 
+// TestSubmit_LongValuesKeepTheirMessage: a 400 that quotes a client's long value (a timeout, a
+// credential, a priority, a lane) quotes it cut short, so that what the message says after it (the
+// form the field takes, that the credential is not configured) is not lost to the message's cap;
+// a cut never splits a character.
+func TestSubmit_LongValuesKeepTheirMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	long := strings.Repeat("x", 5000)
+	wide := "x" + strings.Repeat("é", 100) // a cut at an even byte count splits an é
+	const req = `"request":{"model":"m","max_tokens":8,"messages":[]}`
+	for _, tc := range []struct{ name, body, typ, msg string }{
+		{"Timeout", `{"timeout":"` + long + `",` + req + `}`, "invalid_timeout", `must be a duration such as "10m"`},
+		{"AttemptTimeout", `{"attempt_timeout":"` + long + `",` + req + `}`, "invalid_timeout", `must be a duration such as "30s"`},
+		{"FirstByteTimeout", `{"first_byte_timeout":"` + long + `",` + req + `}`, "invalid_timeout", `must be a duration such as "30s"`},
+		{"Credential", `{"credential":"` + long + `",` + req + `}`, "unknown_credential", `is not configured`},
+		{"Fallback", `{"fallbacks":["` + long + `"],` + req + `}`, "unknown_credential", `is not configured`},
+		{"WidePriority", `{"priority":"` + wide + `",` + req + `}`, "invalid_priority", `…" must be "high", "normal" or "low"`},
+		{"WideLane", `{"lane":"` + wide + `",` + req + `}`, "invalid_lane", `…" must be "online", "batch" or "auto"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := b.do(t, "POST", "/v1/jobs", tc.body, nil)
+			require.Equal(t, 400, r.status, "%v", r.body)
+			e := r.body["error"].(map[string]any)
+			require.Equal(t, tc.typ, e["type"])
+			require.Contains(t, e["message"], tc.msg)
+			require.NotContains(t, e["message"], `\x`, "a cut split a character")
+			require.Less(t, len(e["message"].(string)), 300, "the message quotes a long value cut short")
+		})
+	}
+	t.Run("LastEventID", func(t *testing.T) {
+		id := b.create(t, "").ID
+		r := b.do(t, "GET", "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": long})
+		require.Equal(t, 400, r.status, "%v", r.body)
+		e := r.body["error"].(map[string]any)
+		require.Equal(t, "invalid_last_event_id", e["type"])
+		require.Contains(t, e["message"], `must be an event id of this stream`)
+	})
+}
+
 // TestServer_IDFormsAre404: uuid.Parse accepts forms of a job's ID that the store does not
 // (urn:uuid:, braces, no hyphens); on every route that takes an ID each is a 404, never a 500.
 func TestServer_IDFormsAre404(t *testing.T) {

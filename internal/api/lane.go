@@ -43,7 +43,7 @@ func parseLane(lane *string, windows map[string]time.Duration, p *jobs.CreatePar
 			p.Lane = jobs.LaneBatch
 		}
 	default:
-		return invalid("invalid_lane", "lane %q must be \"online\", \"batch\" or \"auto\"", *lane)
+		return invalid("invalid_lane", "lane %q must be \"online\", \"batch\" or \"auto\"", truncateValue(*lane))
 	}
 	return nil
 }

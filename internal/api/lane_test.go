@@ -1,6 +1,7 @@
 package api
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -55,6 +56,9 @@ func TestSubmit_Lane(t *testing.T) {
 
 	for _, tc := range []struct{ name, body, typ, msg string }{
 		{"BadLane", `{"lane":"later",` + req + `}`, "invalid_lane", `lane "later" must be "online", "batch" or "auto"`},
+		// A long value is quoted cut short, as a priority's is.
+		{"LongLane", `{"lane":"` + strings.Repeat("x", 100000) + `",` + req + `}`, "invalid_lane", `must be "online", "batch" or "auto"`},
+		{"CaseLane", `{"lane":"Batch",` + req + `}`, "invalid_lane", `lane "Batch" must be`},
 		{"NotAString", `{"lane":1,` + req + `}`, "invalid_field", `"lane"`},
 		{"NoBatchLane", `{"lane":"batch","credential":"plain",` + req + `}`, "batch_unavailable", `credential "plain" has no batch lane`},
 		{"StreamingBatch", `{"lane":"batch","request":{"model":"m","max_tokens":8,"stream":true,"messages":[]}}`, "stream_in_batch", `cannot go through a batch API`},
@@ -69,6 +73,7 @@ func TestSubmit_Lane(t *testing.T) {
 			e := r.body["error"].(map[string]any)
 			require.Equal(t, tc.typ, e["type"])
 			require.Contains(t, e["message"], tc.msg)
+			require.Less(t, len(e["message"].(string)), 200, "the message quotes a long value cut short")
 		})
 	}
 }

@@ -214,7 +214,7 @@ func lastEventID(r *http.Request) (last eventPos, resume bool, err error) {
 		n, err = eventNumber(nText)
 	}
 	if err != nil {
-		return eventPos{}, false, &httpError{status: http.StatusBadRequest, typ: "invalid_last_event_id", message: fmt.Sprintf("Last-Event-ID %q must be an event id of this stream: a sequence number, or seq.n", v)}
+		return eventPos{}, false, &httpError{status: http.StatusBadRequest, typ: "invalid_last_event_id", message: fmt.Sprintf("Last-Event-ID %q must be an event id of this stream: a sequence number, or seq.n", truncateValue(v))}
 	}
 	return eventPos{seq: seq, n: n}, true, nil
 }

@@ -139,12 +139,18 @@ func parsePriority(raw *string, p *jobs.CreateParams) error {
 	return invalid("invalid_priority", "priority %q must be \"high\", \"normal\" or \"low\"", truncateValue(*raw))
 }
 
-// truncateValue keeps a client's value short enough to quote in an error message.
+// truncateValue keeps a client's value short enough to quote in an error message, so that
+// what the message says after it is not lost to its cap (maxMessageBytes). The cut does not
+// split a character.
 func truncateValue(s string) string {
 	if len(s) <= 40 {
 		return s
 	}
-	return s[:40] + "…"
+	cut := 40
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // MaxMetadataBytes caps the metadata object.
@@ -241,7 +247,7 @@ func checkRequest(request json.RawMessage) error {
 // checkCredentials requires a configured primary credential and valid fallbacks.
 func (s *contract) checkCredentials(primary string, fallbacks []string) error {
 	if !s.creds[primary] {
-		return invalid("unknown_credential", "credential %q is not configured", primary)
+		return invalid("unknown_credential", "credential %q is not configured", truncateValue(primary))
 	}
 	return s.checkFallbacks(primary, fallbacks)
 }
@@ -251,7 +257,7 @@ func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 	if b.Timeout != nil {
 		d, err := time.ParseDuration(*b.Timeout)
 		if err != nil || d < minDuration || d > s.cfg.MaxTimeout {
-			return invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", at least %s and at most %s", *b.Timeout, minDuration, s.cfg.MaxTimeout)
+			return invalid("invalid_timeout", "timeout %q must be a duration such as \"10m\", at least %s and at most %s", truncateValue(*b.Timeout), minDuration, s.cfg.MaxTimeout)
 		}
 		p.Timeout = d
 	}
@@ -265,7 +271,7 @@ func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 		}
 		d, err := time.ParseDuration(*f.val)
 		if err != nil || d < minDuration || d > p.Timeout {
-			return invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", at least %s and at most the job's timeout (%s)", f.name, *f.val, minDuration, p.Timeout)
+			return invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", at least %s and at most the job's timeout (%s)", f.name, truncateValue(*f.val), minDuration, p.Timeout)
 		}
 		*f.dst = d
 	}
@@ -439,7 +445,7 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 	for _, f := range fallbacks {
 		switch {
 		case !s.creds[f]:
-			return invalid("unknown_credential", "fallback credential %q is not configured", f)
+			return invalid("unknown_credential", "fallback credential %q is not configured", truncateValue(f))
 		case seen[f]:
 			return invalid("invalid_fallbacks", "credential %q appears twice in credential and fallbacks", f)
 		case s.cfg.Kinds != nil && s.cfg.Kinds[f] != s.cfg.Kinds[primary]:

@@ -27,6 +27,9 @@ func newBacklogGate(n int) *backlogGate {
 type gatePass struct {
 	g    *backlogGate
 	held bool
+	// left: the pass gave its place up (leave) and has not taken one since; a delivery that
+	// left it for an inline wait takes one again (rejoin) before its steps after the wait.
+	left bool
 }
 
 // enter takes a place unless the pass holds one, waiting for it until ctx ends. Without a bound
@@ -37,7 +40,7 @@ func (p *gatePass) enter(ctx context.Context) error {
 	}
 	select {
 	case p.g.places <- struct{}{}:
-		p.held = true
+		p.held, p.left = true, false
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -47,7 +50,20 @@ func (p *gatePass) enter(ctx context.Context) error {
 // leave gives the place back, if the pass holds one.
 func (p *gatePass) leave() {
 	if p.held {
-		p.held = false
+		p.held, p.left = false, true
 		<-p.g.places
 	}
+}
+
+// rejoin takes a place again, waiting for it until ctx ends, if the pass left the one it held
+// (a low job's delivery that waited inline: a retry delay, a breaker's cooldown or cap). The
+// steps after such a wait (the breaker's and the limiter's asks, a deferral's write) are bounded
+// as those before it: a breaker that closes, or a delay that ends, for every low delivery of a
+// process at once would otherwise send them all to Redis and Postgres together. A pass that
+// never held a place (a normal or high job's) returns at once.
+func (p *gatePass) rejoin(ctx context.Context) error {
+	if !p.left {
+		return nil
+	}
+	return p.enter(ctx)
 }

@@ -201,3 +201,158 @@ func TestExecutor_BacklogGateIsLeftForTheBreakersWait(t *testing.T) {
 		}
 	}
 }
+
+// TestExecutor_BacklogGateIsTakenAgainAfterTheBreakersWait: a low job's delivery that left its
+// place to wait on the breaker takes a place again before its steps after the wait (its ask for a
+// slot, a deferral's write): else every low delivery of a worker that waited on a breaker (up to
+// worker.concurrency) asked and deferred at once when it closed, the flood the gate bounds. With
+// one place: A's call is out (the cold-start cap's one request), B waits on the cap, and D, of
+// another tenant, takes the place and holds it in its admission. When A's answer comes, B must
+// not go on while D holds the place, and goes once D leaves it.
+func TestExecutor_BacklogGateIsTakenAgainAfterTheBreakersWait(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	rdb := redistest.Client(t)
+	lim, _ := sharedAdmission(t, rdb)
+	brk, err := breaker.New(rdb, &breaker.Config{Prefix: redistest.Prefix(t) + "cap:", Threshold: 1})
+	require.NoError(t, err)
+	p := simProvider(t, llmsim.Config{Latency: time.Second}, "sk-gate-again")
+	release, entered := make(chan struct{}), make(chan struct{})
+	var enteredOnce sync.Once
+	reg := prometheus.NewRegistry()
+	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, MaxInlineWait: 10 * time.Second, Metrics: executor.NewMetrics(reg),
+		Upstreams: map[string]executor.Upstream{
+			"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-again", "default"),
+				Circuit: brk.Circuit("sk-gate-again", "default"), Limit: limiter.Limit{Rate: 1000, Burst: 100}},
+		},
+		TenantWeight: func(ctx context.Context, tenant string) (int, error) {
+			if tenant == "holder" {
+				enteredOnce.Do(func() { close(entered) })
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}
+			return 1, nil
+		}})
+	loads := func() uint64 { return stageCounts(t, reg)[executor.StageLoad] }
+	status := func(id string) jobs.Status {
+		got, err := b.Store.Get(ctx, id)
+		require.NoError(t, err)
+		return got.Status
+	}
+
+	a, bj := createJob(t, b, "acme", jobs.PriorityLow), createJob(t, b, "acme", jobs.PriorityLow)
+	d := createJob(t, b, "holder", jobs.PriorityLow) // before A's call: its insert is not in the call's second
+	results := make(chan error, 3)
+	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: a.ID, Low: true}) }()
+	require.Eventually(t, func() bool { return status(a.ID) == jobs.StatusRunning }, 10*time.Second, 5*time.Millisecond, "A's call goes out")
+	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: bj.ID, Low: true}) }()
+	require.Eventually(t, func() bool { return loads() == 2 }, 10*time.Second, time.Millisecond, "B reads its job")
+
+	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: d.ID, Low: true}) }()
+	select {
+	case <-entered: // D holds the place, B waits on the cap outside it
+	case <-time.After(10 * time.Second):
+		t.Fatal("D never got the place B left for its wait")
+	}
+	require.Equal(t, jobs.StatusRunning, status(a.ID), "all of it happened while A's call was out")
+
+	select {
+	case err := <-results:
+		require.NoError(t, err, "A's delivery")
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's call did not end")
+	}
+	require.Equal(t, jobs.StatusSucceeded, status(a.ID))
+	// The breaker is warm now: B's wait ends within about a second (the time the cap told it to
+	// wait, or the breaker's wake-up). Its steps after the wait need the place.
+	require.Never(t, func() bool { return status(bj.ID) != jobs.StatusQueued }, 3*time.Second, 10*time.Millisecond,
+		"B went on past its wait while D held the gate's only place")
+
+	close(release)
+	for range 2 {
+		select {
+		case err := <-results:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("B and D did not finish")
+		}
+	}
+	require.Equal(t, jobs.StatusSucceeded, status(bj.ID))
+	require.Equal(t, jobs.StatusSucceeded, status(d.ID))
+}
+
+// TestExecutor_BacklogGateIsTakenAgainAfterTheRetryDelay: a low job's delivery that sleeps out a
+// short wait before its next attempt (a retry delay, a breaker's recheck: the time in its row)
+// leaves its place for the sleep and takes one again before its admission. With one place: L
+// sleeps, D of another tenant takes the place and holds it in its admission; L must not ask for
+// its slot until D leaves it.
+func TestExecutor_BacklogGateIsTakenAgainAfterTheRetryDelay(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	lim, _ := sharedAdmission(t, redistest.Client(t))
+	p := simProvider(t, llmsim.Config{}, "sk-gate-delay")
+	release, entered := make(chan struct{}), make(chan struct{})
+	var enteredOnce sync.Once
+	var mu sync.Mutex
+	var asked []string
+	reg := prometheus.NewRegistry()
+	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, MaxInlineWait: 10 * time.Second, Metrics: executor.NewMetrics(reg),
+		Upstreams: map[string]executor.Upstream{
+			"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-delay", "default"),
+				Limit: limiter.Limit{Rate: 1000, Burst: 100}},
+		},
+		TenantWeight: func(ctx context.Context, tenant string) (int, error) {
+			mu.Lock()
+			asked = append(asked, tenant)
+			mu.Unlock()
+			if tenant == "holder" {
+				enteredOnce.Do(func() { close(entered) })
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}
+			return 1, nil
+		}})
+	askedFor := func(tenant string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(asked, tenant)
+	}
+
+	l, d := createJob(t, b, "acme", jobs.PriorityLow), createJob(t, b, "holder", jobs.PriorityLow)
+	require.NoError(t, b.Store.Postpone(ctx, l.ID, time.Now().Add(time.Second)))
+	results := make(chan error, 2)
+	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: l.ID, Low: true}) }()
+	require.Eventually(t, func() bool { return stageCounts(t, reg)[executor.StageLoad] == 1 }, 10*time.Second, time.Millisecond,
+		"L reads its job")
+	// D was created before L's delay began: only D's own steps up to its admission lie between
+	// L's leaving the place for its sleep and the sleep's end.
+	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: d.ID, Low: true}) }()
+	select {
+	case <-entered: // D holds the place; L sleeps out its delay outside it
+	case <-time.After(10 * time.Second):
+		t.Fatal("D never got the place L left for its sleep")
+	}
+	require.Never(t, func() bool { return askedFor("acme") }, 2*time.Second, 10*time.Millisecond,
+		"L asked for its slot after its delay while D held the gate's only place")
+
+	close(release)
+	for range 2 {
+		select {
+		case err := <-results:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("L and D did not finish")
+		}
+	}
+	got, err := b.Store.Get(ctx, l.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+}

@@ -85,7 +85,8 @@ func (e *Executor) giveBackEnded(ctx context.Context, job *jobs.Job) error {
 // breaker.Listen) or its wait ends: the probe goes at the cooldown's end, and when it closes the
 // breaker the waiting jobs go at once, not a re-check later. A job with a fallback left is not
 // held on an open or half-open breaker: failOver moves it on at once. The wait is out of the
-// backlog gate. waited reports that it waited.
+// backlog gate; a low job's delivery takes a place again before it asks again. waited reports
+// that it waited.
 func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (_ breaker.Admission, waited bool, _ error) {
 	deadline := e.cfg.Now().Add(e.cfg.MaxInlineWait)
 	for {
@@ -100,6 +101,9 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream,
 		pass.leave()
 		waited = true
 		if err := breaker.Await(ctx, wake, a.Wait); err != nil {
+			return breaker.Admission{}, waited, err
+		}
+		if err := pass.rejoin(ctx); err != nil {
 			return breaker.Admission{}, waited, err
 		}
 	}

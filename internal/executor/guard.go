@@ -118,7 +118,12 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Up
 // never acts on a pause read before its sleep either.
 func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstream, pass *gatePass) (*limiter.PauseState, error) {
 	if job.SlotSeq == nil || up.Gate == nil {
-		return nil, e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass)
+		if err := e.waitUntil(ctx, *job.NextAttemptAt, "retry delay", pass); err != nil {
+			return nil, err
+		}
+		// A low job's delivery that slept takes a place in the backlog gate again for its
+		// admission (not for a held slot's: its next step is the send).
+		return nil, pass.rejoin(ctx)
 	}
 	now, paused, err := up.Gate.NowAndPaused(ctx)
 	if err != nil {

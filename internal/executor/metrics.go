@@ -32,7 +32,8 @@ const (
 	StagePickup = "pickup"
 	// StageLoad: reading the job row.
 	StageLoad = "load"
-	// StageBreaker: the circuit breaker's admission, with any short wait on it. Not recorded
+	// StageBreaker: the circuit breaker's admission, with any short wait on it (and, for a low
+	// job's delivery, the wait for a place in the backlog gate after such a wait). Not recorded
 	// when the limiter's reservation made the breaker's test and it admitted (a closed, warm
 	// breaker: the admit stage's one round trip).
 	StageBreaker = "breaker"
