@@ -176,7 +176,7 @@ func New(cfg Config) *Server {
 	s.routes = []route{
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.bounded(s.submit)}},
 		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.bounded(s.get), http.MethodHead: s.bounded(s.get), http.MethodDelete: s.bounded(s.cancel)}},
-		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events}},
+		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events, http.MethodOptions: eventsPreflight}},
 		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz, http.MethodHead: s.healthz}},
 		{"/readyz", map[string]http.HandlerFunc{http.MethodGet: s.readyz, http.MethodHead: s.readyz}},
 		{"/metrics", map[string]http.HandlerFunc{http.MethodGet: metrics.ServeHTTP, http.MethodHead: metrics.ServeHTTP}},

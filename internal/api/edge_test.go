@@ -165,7 +165,7 @@ func TestServer_HeadAnswersAsGet(t *testing.T) {
 
 	events := b.do(t, http.MethodHead, "/v1/jobs/"+job.ID+"/events", "", nil)
 	require.Equal(t, http.StatusMethodNotAllowed, events.status)
-	require.Equal(t, "GET", events.header.Get("Allow"))
+	require.Equal(t, "GET, OPTIONS", events.header.Get("Allow")) // OPTIONS: the CORS preflight
 	require.Equal(t, "DELETE, GET, HEAD", b.do(t, http.MethodPut, "/v1/jobs/"+job.ID, "", nil).header.Get("Allow"))
 }
 

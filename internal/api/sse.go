@@ -17,6 +17,22 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 )
 
+// eventsPreflight answers the CORS preflight (OPTIONS) of GET /v1/jobs/{id}/events. A browser's
+// own EventSource sends none, but a fetch-based client (an EventSource polyfill, a fetch reader)
+// sends one before any request carrying Last-Event-ID, the header that resumes a stream; a 405
+// there meant such a page could never resume. Any origin may send it, as any may open a signed
+// URL (events): no cookie is involved. Authorization is not allowed: a page holds a signed
+// events_url, never a bearer token. The answer reveals nothing of the job (a preflight carries
+// no credentials), so it needs neither the token nor the job to exist.
+func eventsPreflight(w http.ResponseWriter, _ *http.Request) {
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Allow-Methods", "GET")
+	h.Set("Access-Control-Allow-Headers", "Last-Event-ID, Cache-Control")
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+}
+
 // events serves GET /v1/jobs/{id}/events: one Server-Sent Event per transition, read from the
 // job_events table. Event name = the new status, id = the per-job sequence number, data = the job
 // JSON (its state when the event is sent, with "status" set to the event's status; the terminal

@@ -122,3 +122,35 @@ func TestNewStreamSigner_ShortKey(t *testing.T) {
 	_, err := NewStreamSigner(streamKey[:31], time.Minute, nil)
 	require.Error(t, err)
 }
+
+// TestEvents_Preflight: a fetch-based stream client in a page of another origin (one that sends
+// Last-Event-ID to resume) first sends a CORS preflight; it was answered 405, so such a client
+// could never resume a signed stream.
+func TestEvents_Preflight(t *testing.T) {
+	t.Parallel()
+	signer, err := NewStreamSigner(streamKey, 10*time.Minute, time.Now)
+	require.NoError(t, err)
+	b := setup(t, setupOpts{signer: signer, noAnonymous: true})
+	token := b.newTenant(t, "acme")
+	submitted := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, token)
+	require.Equal(t, http.StatusAccepted, submitted.status)
+	eventsURL := submitted.body["events_url"].(string)
+
+	// What Chromium sends before a fetch of the URL with Last-Event-ID.
+	r := b.do(t, http.MethodOptions, eventsURL, "", map[string]string{"Origin": "https://app.example",
+		"Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "last-event-id"})
+	require.Equal(t, http.StatusNoContent, r.status)
+	require.Equal(t, "*", r.header.Get("Access-Control-Allow-Origin"))
+	require.Contains(t, r.header.Get("Access-Control-Allow-Methods"), "GET")
+	require.Contains(t, strings.ToLower(r.header.Get("Access-Control-Allow-Headers")), "last-event-id")
+	require.NotContains(t, strings.ToLower(r.header.Get("Access-Control-Allow-Headers")), "authorization",
+		"a page holds a signed URL, never a bearer token")
+	require.Empty(t, r.header.Get("Access-Control-Allow-Credentials"))
+
+	// The resumed stream itself, and its refusal, are readable by that page.
+	s := openStreamPath(t, b.url, eventsURL, "0")
+	require.Equal(t, "*", s.resp.Header.Get("Access-Control-Allow-Origin"))
+	bad := do(t, b.url, http.MethodGet, eventsURL+"x", "", map[string]string{"Last-Event-ID": "0"})
+	require.Equal(t, http.StatusUnauthorized, bad.status)
+	require.Equal(t, "*", bad.header.Get("Access-Control-Allow-Origin"))
+}

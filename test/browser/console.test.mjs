@@ -116,6 +116,38 @@ try {
     `(DOMContentLoaded ${load.dcl} ms; ${load.api.join(', ')})`);
   assert.ok(load.bytes <= 200_000, `the overview weighs ${load.bytes} bytes`);
 
+  step('the overview\'s first load in an outage: the page comes back by itself');
+  // The API answers 503 (its database down) and a proxy 502 in place of the stream; both end.
+  const unavailable = { error: { type: 'unavailable', message: 'the database is unreachable; try again shortly' } };
+  await page.route('**/console/api/overview', (r) => r.fulfill({ status: 503, contentType: 'application/json', body: JSON.stringify(unavailable) }));
+  await page.route('**/console/api/overview/live', (r) => r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' }));
+  await page.reload();
+  await page.locator('#page-error', { hasText: 'the database is unreachable' }).waitFor(WAIT);
+  await page.locator('#live.stale', { hasText: /^not live/ }).waitFor(WAIT);
+  await page.evaluate(() => { window.llmqNoReload = true; });
+  await page.unrouteAll({ behavior: 'wait' });
+  await page.locator('[data-testid=count-succeeded]', { hasText: /^1$/ }).waitFor(WAIT);
+  await page.locator('#live:not(.stale)', { hasText: /^live$/ }).waitFor(WAIT);
+  assert.equal(await page.evaluate(() => window.llmqNoReload), true, 'came back without a reload');
+
+  step('the overview\'s stream: stale figures, then a cut stream, are not shown live');
+  // The stream says its figures are stale, then ends (a server restart); the reconnect meets
+  // a proxy's 502 until the route is lifted.
+  let opened = 0;
+  await page.route('**/console/api/overview/live', (r) => (opened++ === 0 ?
+    r.fulfill({ status: 200, contentType: 'text/event-stream', body: 'event: overview_stale\ndata: {"as_of":"2026-01-02T03:04:05Z"}\n\n' }) :
+    r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' })));
+  await page.goto(CONSOLE + '#/jobs');
+  await page.goto(CONSOLE + '#/overview');
+  await page.locator('[data-testid=count-succeeded]', { hasText: /^1$/ }).waitFor(WAIT);
+  const asOf = await page.evaluate(() => new Date('2026-01-02T03:04:05Z').toLocaleString());
+  await page.locator('#live.stale', { hasText: `figures as of ${asOf}` }).waitFor(WAIT);
+  await page.locator('#live.stale', { hasText: /^not live: reconnecting/ }).waitFor(WAIT);
+  for (const until = Date.now() + 30_000; opened < 2 && Date.now() < until;) await new Promise((res) => setTimeout(res, 50));
+  assert.ok(opened >= 2, 'the page reconnects');
+  await page.unrouteAll({ behavior: 'wait' });
+  await page.locator('#live:not(.stale)', { hasText: /^live$/ }).waitFor(WAIT);
+
   step('a dead letter appears on the overview live when a spend cap hits');
   await page.evaluate(() => { window.llmqNoReload = true; });
   await faults({ spend_cap: true });
@@ -231,18 +263,61 @@ try {
   await tab.goto(`${CONSOLE}#/job/00000000-0000-4000-8000-000000000000`);
   await tab.locator('#page-error', { hasText: 'no job with that id' }).waitFor(WAIT);
 
-  step('the audit log lists the actions');
+  step('a job page first opened in an outage comes back by itself');
+  const jobAPI = `**/console/api/jobs/${first}`;
+  await tab.route(jobAPI, (r) => r.fulfill({ status: 503, contentType: 'application/json', body: JSON.stringify(unavailable) }));
+  await tab.route(jobAPI + '/live', (r) => r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' }));
+  await tab.goto(`${CONSOLE}#/job/${first}`);
+  await tab.locator('#page-error', { hasText: 'the database is unreachable' }).waitFor(WAIT);
+  await tab.locator('#live.stale', { hasText: /^not live: reconnecting/ }).waitFor(WAIT);
+  await tab.unrouteAll({ behavior: 'wait' });
+  await tab.locator('[data-testid=job-status]', { hasText: 'succeeded' }).waitFor(WAIT);
+  await tab.locator('#live:not(.stale)', { hasText: /^live$/ }).waitFor(WAIT);
+
+  step('a job purged while its page\'s stream was down: the page says so and stops reconnecting');
+  // The page's first read passes; then its stream meets a proxy's 502, and the job is gone.
+  let reads = 0;
+  await tab.route(jobAPI, (r) => (reads++ === 0 ? r.continue() :
+    r.fulfill({ status: 404, contentType: 'application/json', body: JSON.stringify({ error: { type: 'not_found', message: 'no job with that id (it may have been purged)' } }) })));
+  await tab.route(jobAPI + '/live', (r) => r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' }));
+  await tab.goto(`${CONSOLE}#/jobs`);
+  await tab.goto(`${CONSOLE}#/job/${first}`);
+  await tab.locator('#flash.error', { hasText: 'no job with that id' }).waitFor(WAIT);
+  await tab.locator('#live.stale', { hasText: /^not live: purged$/ }).waitFor(WAIT);
+  await tab.unrouteAll({ behavior: 'wait' });
+
+  step('the audit log lists the actions (its first load failing: Try again loads it)');
+  await tab.route('**/console/api/audit', (r) => r.fulfill({ status: 503, contentType: 'application/json', body: JSON.stringify(unavailable) }));
   await tab.goto(`${CONSOLE}#/audit`);
+  await tab.locator('#page-error', { hasText: 'the database is unreachable' }).waitFor(WAIT);
+  await tab.unrouteAll({ behavior: 'wait' });
+  await tab.click('#retry-page');
   for (const action of ['login', 'job.cancel', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.weight', 'tenant.revoke']) {
     await tab.locator('#audit td', { hasText: new RegExp(`^${action.replace('.', '\\.')}$`) }).first().waitFor(WAIT);
   }
   await shot(tab, 'audit');
+
+  step('the first tab\'s stream is down (a proxy answers 502)');
+  const badGateway = (r) => r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' });
+  await page.route('**/console/api/overview/live', badGateway);
+  await page.goto(CONSOLE + '#/overview');
+  await page.locator('#live.stale', { hasText: /^not live: reconnecting/ }).waitFor(WAIT);
+  // Then the whole API, as a proxy answers while it is down: the page's session checks (one
+  // every few seconds) must not meet the other tab's logout, which deletes the cookie, before
+  // the ended session's cookie is back below (no cookie is another message).
+  await page.route('**/console/api/session', badGateway);
 
   step('log out');
   await tab.click('#logout');
   await tab.locator('#login').waitFor(WAIT);
   const after = await tab.evaluate(async () => (await fetch('/console/api/session')).status);
   assert.equal(after, 401);
+
+  step('the first tab, its session ended while its stream was down: it says log in again');
+  await context.addCookies([cookie]); // the ended session's cookie, as a browser keeps one that expired
+  await page.unrouteAll({ behavior: 'wait' });
+  await page.locator('#login-error', { hasText: 'your session ended; log in again' }).waitFor(WAIT);
+  assert.equal(await page.locator('#nav').isVisible(), false);
 
   assert.deepEqual(errors, [], 'no script error on any page');
   step('done');

@@ -7,6 +7,7 @@ const API = '/console/api';
 const STATUSES = ['queued', 'running', 'retrying', 'succeeded', 'failed', 'dead', 'canceled'];
 let csrf = '';
 let live = null; // the open EventSource of the current page
+let reopen = 0; // the timer that opens the current page's stream again (follow)
 let prefetched = null; // the first load's overview request, made alongside the session's
 
 // takePrefetch returns the prefetched overview once (null when there is none or it failed).
@@ -101,19 +102,51 @@ function loggedIn(s) {
 }
 
 function closeLive() {
+  clearTimeout(reopen);
+  reopen = 0;
   if (live) { live.close(); live = null; }
 }
 
-// follow opens an event stream for the page drawn in root and calls fn with each event's JSON.
-// A page left before its data arrived (root no longer shown) opens none.
-function follow(root, path, event, fn) {
-  if (!root.isConnected) return null;
+// reopenDelay is how long a page waits before it opens again a stream the browser gave up on.
+const reopenDelay = 3000;
+
+// follow opens an event stream for the page drawn in root and calls on[name] with the JSON of
+// each event of that name; onState(true) when the stream is open, onState(false) when it is lost
+// (onState(false, 'purged') when it ended for good: the job is gone).
+// A page left before its data arrived (root no longer shown) opens none. The browser reconnects
+// by itself after a cut (a server restart, a proxy's idle timeout), but gives up for good on an
+// answer that is not a stream (a proxy's 502 while the API is down, a 503, a 401, a 404): after
+// reopenDelay follow then asks for check (the session, or the page's own data): a 401 shows the
+// login, a 404 (a job purged meanwhile) is flashed and ends the following; else it opens the
+// stream again, until the page is left.
+function follow(root, path, on, onState = () => {}, check = '/session') {
+  if (!root.isConnected) return;
   closeLive();
-  live = new EventSource(API + path);
-  live.addEventListener(event, (ev) => fn(JSON.parse(ev.data)));
-  live.addEventListener('gone', () => { closeLive(); flash('This job no longer exists (purged).', true); });
-  live.addEventListener('session_expired', () => showLogin('your session ended; log in again'));
-  return live;
+  const es = new EventSource(API + path);
+  live = es;
+  for (const [name, fn] of Object.entries(on)) es.addEventListener(name, (ev) => fn(JSON.parse(ev.data)));
+  es.addEventListener('gone', () => { closeLive(); onState(false, 'purged'); flash('This job no longer exists (purged).', true); });
+  es.addEventListener('session_expired', () => showLogin('your session ended; log in again'));
+  es.addEventListener('open', () => onState(true));
+  es.addEventListener('error', () => {
+    if (live !== es) return; // closed by the page
+    onState(false);
+    if (es.readyState !== EventSource.CLOSED) return; // the browser reconnects
+    live = null;
+    reopen = setTimeout(async () => {
+      reopen = 0;
+      try {
+        await api('GET', check);
+      } catch (e) {
+        if (e.status === 401) return; // api showed the login
+        if (e.status === 404) {
+          if (root.isConnected) { onState(false, 'purged'); flash(e.message, true); }
+          return;
+        }
+      }
+      if (!live && !reopen) follow(root, path, on, onState, check);
+    }, reopenDelay);
+  });
 }
 
 // ---- pages -------------------------------------------------------------------------------------
@@ -147,19 +180,33 @@ function renderOverview(ov) {
 }
 
 async function pageOverview(root) {
-  show(root, h('h1', {}, 'Overview', h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'ov' }));
-  const ov = (await takePrefetch()) || await api('GET', '/overview');
+  show(root, h('h1', {}, 'Overview', h('span', { class: 'live stale', id: 'live' }, 'connecting…')), h('div', { id: 'ov' }));
   const el = root.querySelector('#ov');
-  show(el, renderOverview(ov));
-  const live = $('live');
-  // overview_stale: the figures could not be recomputed (the database did not answer); the
-  // next overview event brings current ones.
-  const setLive = (ok, asOf) => {
-    live.textContent = ok ? 'live' : `not live: figures as of ${fmtTime(asOf)}, the database did not answer`;
-    live.classList.toggle('stale', !ok);
+  const badge = root.querySelector('#live');
+  let asOf = null; // of the figures shown, once the server said they are not live
+  const setLive = (ok, why) => {
+    badge.textContent = ok ? 'live' : `not live: ${why}` + (asOf ? `; figures as of ${fmtTime(asOf)}` : '');
+    badge.classList.toggle('stale', !ok);
   };
-  const es = follow(root, '/overview/live', 'overview', (o) => { setLive(true); show(el, renderOverview(o)); });
-  if (es) es.addEventListener('overview_stale', (ev) => setLive(false, JSON.parse(ev.data).as_of));
+  let ov = await takePrefetch();
+  if (!ov) {
+    try {
+      ov = await api('GET', '/overview');
+    } catch (e) {
+      if (e.status === 401) throw e;
+      // An outage (the database or the API down): say so, and let the stream bring the
+      // figures once they can be computed again.
+      show(el, h('p', { class: 'error', id: 'page-error' }, e.message));
+      setLive(false, 'reconnecting…');
+    }
+  }
+  if (ov) show(el, renderOverview(ov));
+  follow(root, '/overview/live', {
+    overview: (o) => { asOf = null; setLive(true); show(el, renderOverview(o)); },
+    // overview_stale: the figures could not be recomputed (the database did not answer); the
+    // next overview event brings current ones.
+    overview_stale: (s) => { asOf = s.as_of || asOf; setLive(false, 'the database did not answer'); },
+  }, (open, why = 'reconnecting…') => { if (!open) setLive(false, why); });
 }
 
 function jobsTable(jobs, opts = {}) {
@@ -248,11 +295,23 @@ function renderJob(d) {
 }
 
 async function pageJob(root, id) {
-  show(root, h('h1', {}, 'Job ', h('span', { class: 'mono' }, id), h('span', { class: 'live', id: 'live' }, 'live')), h('div', { id: 'job' }));
-  const d = await api('GET', `/jobs/${encodeURIComponent(id)}`);
+  show(root, h('h1', {}, 'Job ', h('span', { class: 'mono' }, id), h('span', { class: 'live stale', id: 'live' }, 'connecting…')), h('div', { id: 'job' }));
   const el = root.querySelector('#job');
-  show(el, renderJob(d));
-  follow(root, `/jobs/${encodeURIComponent(id)}/live`, 'job', (x) => show(el, renderJob(x)));
+  const badge = root.querySelector('#live');
+  const setLive = (open, why = 'reconnecting…') => {
+    badge.textContent = open ? 'live' : `not live: ${why}`;
+    badge.classList.toggle('stale', !open);
+  };
+  const path = `/jobs/${encodeURIComponent(id)}`;
+  try {
+    show(el, renderJob(await api('GET', path)));
+  } catch (e) {
+    if (e.status && e.status < 500) throw e; // 401, 404: not an outage
+    // An outage (the database or the API down): say so; the stream's first event draws the job.
+    show(el, h('p', { class: 'error', id: 'page-error' }, e.message));
+    setLive(false);
+  }
+  follow(root, `${path}/live`, { job: (x) => show(el, renderJob(x)) }, setLive, path);
 }
 
 // cancelJob cancels a job that has not ended, after a confirmation; its live page shows the end.
@@ -377,8 +436,10 @@ async function route() {
     }
   } catch (e) {
     if (e.status === 401) return;
+    // Try again: the nav's link to this page changes no hash, so it would not load it again.
     show(root, h('h1', {}, 'Cannot show this page'), h('p', { class: 'error', id: 'page-error' }, e.message),
-      h('p', {}, h('a', { href: '#/overview' }, 'Back to the overview')));
+      h('p', {}, h('button', { id: 'retry-page', onclick: () => { flash(''); route(); } }, 'Try again'), ' ',
+        h('a', { href: '#/overview' }, 'Back to the overview')));
   }
 }
 
