@@ -8,12 +8,14 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/tenant"
 	"github.com/llmq/llmq/migrations"
 )
 
@@ -21,10 +23,14 @@ import (
 type app struct {
 	out, errOut io.Writer
 	cli         *cli.App
+	// revokeSettle is how long after a revocation `tenants revoke --cancel-jobs` looks for the
+	// tenant's jobs once more: the API replicas' cache TTL, and a second for a submit they
+	// accepted just before it ended to commit its job.
+	revokeSettle time.Duration
 }
 
 func newApp(out, errOut io.Writer) *app {
-	a := &app{out: out, errOut: errOut}
+	a := &app{out: out, errOut: errOut, revokeSettle: tenant.DefaultCacheTTL + time.Second}
 	jobs := a.jobsCommand()
 	jobs.Subcommands = append(jobs.Subcommands, a.jobsListCommand(), a.jobsCancelCommand())
 	a.cli = &cli.App{

@@ -52,12 +52,21 @@ var cliMu sync.Mutex
 // runTimeout runs ctl with a context that expires after timeout (counted once the run starts)
 // and reports whether it expired.
 func runTimeout(timeout time.Duration, args ...string) (r result, expired bool) {
+	return runApp(timeout, nil, args...)
+}
+
+// runApp is runTimeout with the app changed by configure (when not nil) before it runs.
+func runApp(timeout time.Duration, configure func(*app), args ...string) (r result, expired bool) {
 	var out, errOut bytes.Buffer
 	cliMu.Lock()
 	defer cliMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	code := newApp(&out, &errOut).run(ctx, append([]string{"ctl"}, args...))
+	a := newApp(&out, &errOut)
+	if configure != nil {
+		configure(a)
+	}
+	code := a.run(ctx, append([]string{"ctl"}, args...))
 	return result{code: code, out: out.String(), errOut: errOut.String()}, ctx.Err() != nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -53,10 +56,23 @@ func (a *app) tenantsCommand() *cli.Command {
 		}, {
 			Name:      "revoke",
 			Usage:     "revoke a tenant's token: the API answers it 403 (within a few seconds on every replica)",
-			ArgsUsage: "NAME",
+			ArgsUsage: "NAME [--cancel-jobs]",
+			Flags: []cli.Flag{&cli.BoolFlag{Name: "cancel-jobs",
+				Usage: "also cancel every job of the tenant that has not ended (aborting calls in flight), those submitted while the revocation reaches every API replica too"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
-					return cli.Exit("usage: ctl tenants revoke NAME", exitUsage)
+					return cli.Exit("usage: ctl tenants revoke NAME [--cancel-jobs]", exitUsage)
+				}
+				var tasks *dispatch.Tasks
+				if c.Bool("cancel-jobs") {
+					// Redis before the change, as Postgres: a revocation whose jobs cannot be
+					// canceled is not made.
+					var closeTasks func()
+					var err error
+					if tasks, closeTasks, err = openTasks(c); err != nil {
+						return err
+					}
+					defer closeTasks()
 				}
 				p, err := pool(c)
 				if err != nil {
@@ -68,12 +84,31 @@ func (a *app) tenantsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
+				// Started at the revocation: the replicas' caches have let go of it when it fires.
+				settle := time.NewTimer(a.revokeSettle)
+				defer settle.Stop()
 				if !wasActive {
 					fmt.Fprintf(a.out, "tenant %s was revoked already\n", name)
+				} else {
+					fmt.Fprintf(a.out, "tenant %s revoked\n", name)
+					if err := logAction(c.Context, p, audit.Entry{Action: "tenant.revoke", Target: name, Count: 1}); err != nil {
+						return err
+					}
+				}
+				if tasks == nil {
 					return nil
 				}
-				fmt.Fprintf(a.out, "tenant %s revoked\n", name)
-				return logAction(c.Context, p, audit.Entry{Action: "tenant.revoke", Target: name, Count: 1})
+				n, err := cancelTenantJobs(c.Context, jobs.NewStore(p, nil), tasks, name, settle.C)
+				if n > 0 || err == nil {
+					fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", n, name)
+					// Logged even when the command was interrupted: those jobs are canceled.
+					ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), 5*time.Second)
+					defer cancel()
+					if lerr := logAction(ctx, p, audit.Entry{Action: "tenant.cancel_jobs", Target: name, Count: n}); err == nil {
+						err = lerr
+					}
+				}
+				return err
 			},
 		}, {
 			Name:      "set",
@@ -116,6 +151,68 @@ func (a *app) tenantsCommand() *cli.Command {
 				})
 			},
 		}},
+	}
+}
+
+// cancelTenantJobs cancels every job of the tenant that has not ended, as `ctl jobs cancel` does
+// one (its task aborted: a call in flight stops), walking them page by page; once settled has
+// fired it walks them once more from the start (at once, if it fired before the first walk
+// began): API replicas may accept the tenant's submits until the revocation reaches them
+// (their cache TTL). It returns how many it canceled; a job that ended meanwhile is left as it
+// ended. A task that cannot be aborted does not stop it (its job is canceled: an attempt in
+// flight runs to its end, unstored); the first such failure is returned at the end.
+func cancelTenantJobs(ctx context.Context, store *jobs.Store, tasks *dispatch.Tasks, name string, settled <-chan time.Time) (int, error) {
+	const page = 500
+	n, unaborted, fired := 0, 0, false
+	var abortErr error
+	for {
+		if !fired {
+			select {
+			case <-settled:
+				fired = true
+			default:
+			}
+		}
+		final := fired
+		var after jobs.TenantCursor
+		for {
+			ids, next, err := store.UnfinishedOfTenant(ctx, name, after, page)
+			if err != nil {
+				return n, err
+			}
+			for _, id := range ids {
+				job, err := store.Cancel(ctx, id)
+				var te *jobs.TerminalError
+				switch {
+				case errors.Is(err, jobs.ErrNotFound) || errors.As(err, &te):
+					continue // ended meanwhile (or deleted by retention)
+				case err != nil:
+					return n, err
+				}
+				n++
+				if err := tasks.AbortEnded(job); err != nil {
+					if unaborted++; abortErr == nil {
+						abortErr = fmt.Errorf("job %s: %w", job.ID, err)
+					}
+				}
+			}
+			if len(ids) < page {
+				break
+			}
+			after = next
+		}
+		switch {
+		case final && abortErr != nil:
+			return n, fmt.Errorf("%d canceled jobs' tasks could not be aborted (an attempt in flight runs to its end, unstored); first, %w", unaborted, abortErr)
+		case final:
+			return n, nil
+		}
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-settled:
+			fired = true
+		}
 	}
 }
 

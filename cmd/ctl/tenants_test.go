@@ -8,9 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -189,4 +193,75 @@ func TestAudit_RefusedWriteFailsTheCommand(t *testing.T) {
 	var n int
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM operators WHERE name = 'alice'`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// TestTenants_RevokeCancelsJobs: `revoke --cancel-jobs` also ends the tenant's work that has not
+// ended (queued, retrying, running: an attempt in flight is aborted), and none of another
+// tenant's or of its own finished jobs: once revoked, the tenant can neither read nor cancel them,
+// and they would go on spending the provider's budget. Without the flag they stay as they are.
+func TestTenants_RevokeCancelsJobs(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	redis, insp, queue := redisArgs(t)
+	opt, err := dispatch.RedisConnOpt(redisArgsURL(redis))
+	require.NoError(t, err)
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	enq := dispatch.NewEnqueuer(client, queue, nil)
+	store := tenant.NewStore(b.pool, nil)
+	for _, name := range []string{"acme", "other", "kept"} {
+		_, _, err := store.Create(context.Background(), name, nil)
+		require.NoError(t, err)
+	}
+	create := func(tn string) *jobs.Job {
+		job, _, err := b.store.Create(context.Background(), jobs.CreateParams{Tenant: tn, Credential: "default",
+			Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Minute})
+		require.NoError(t, err)
+		require.NoError(t, enq.Enqueue(context.Background(), job.ID, "", time.Time{}))
+		return job
+	}
+	queued, retrying, running, done := create("acme"), create("acme"), create("acme"), create("acme")
+	later := time.Now().Add(time.Minute)
+	b.attempt(t, retrying.ID, jobs.Outcome{Status: jobs.StatusRetrying, NextAttemptAt: &later})
+	_, err = b.store.BeginAttempt(context.Background(), running.ID)
+	require.NoError(t, err)
+	b.attempt(t, done.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	others, kept := create("other"), create("kept")
+	args := append([]string{"--database-url", b.url}, redis...)
+	// No API replica caches an answer here: nothing to wait for after the revocation.
+	run := func(t *testing.T, args ...string) result {
+		r, _ := runApp(30*time.Second, func(a *app) { a.revokeSettle = 0 }, args...)
+		return r
+	}
+
+	r := run(t, append(args, "tenants", "revoke", "kept")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	r = run(t, append(args, "tenants", "revoke", "acme", "--cancel-jobs")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "tenant acme revoked\ncanceled 3 jobs of tenant acme\n", r.out)
+	for _, j := range []*jobs.Job{queued, retrying, running} {
+		got, err := b.store.Get(context.Background(), j.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusCanceled, got.Status)
+	}
+	_, err = insp.GetTaskInfo(queue, queued.ID)
+	require.ErrorIs(t, err, asynq.ErrTaskNotFound, "its task is gone")
+	for j, want := range map[*jobs.Job]jobs.Status{done: jobs.StatusSucceeded, others: jobs.StatusQueued, kept: jobs.StatusQueued} {
+		got, err := b.store.Get(context.Background(), j.ID)
+		require.NoError(t, err)
+		require.Equal(t, want, got.Status, "tenant %s", j.Tenant)
+	}
+
+	// Revoked already: its jobs are canceled all the same, here after the default wait for the
+	// replicas' caches (3 s).
+	r, _ = runTimeout(30*time.Second, append(args, "tenants", "revoke", "kept", "--cancel-jobs")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "tenant kept was revoked already\ncanceled 1 jobs of tenant kept\n", r.out)
+	requireOneLineError(t, run(t, append(args, "tenants", "revoke", "nobody", "--cancel-jobs")...), 1, `tenant not found: "nobody"`)
+
+	var actions []string
+	for _, e := range auditLog(t, b.url) {
+		actions = append(actions, fmt.Sprintf("%s %s %d", e.Action, e.Target, e.Count))
+	}
+	require.Equal(t, []string{"tenant.cancel_jobs kept 1", "tenant.cancel_jobs acme 3", "tenant.revoke acme 1", "tenant.revoke kept 1"}, actions)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -291,8 +292,15 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 	switch {
 	case err == nil:
 		return t, nil
-	case errors.Is(err, tenant.ErrMalformedBearerToken), errors.Is(err, tenant.ErrUnknownBearerToken):
-		return nil, unauthorized("invalid_token", "invalid bearer token")
+	case errors.Is(err, tenant.ErrMalformedBearerToken):
+		// What is wrong, never the token: a copy that lost or gained a character (quotes, a
+		// line break), or the console's operator token, is told apart from an unknown one.
+		if strings.HasPrefix(strings.TrimSpace(token), operator.TokenPrefix) {
+			return nil, unauthorized("invalid_token", "invalid bearer token: that is an operator's token, for the console; the API takes a tenant's (ctl tenants create)")
+		}
+		return nil, unauthorized("invalid_token", fmt.Sprintf("malformed bearer token: an llmq token is %s followed by 43 letters, digits, '-' or '_'", tenant.BearerTokenPrefix))
+	case errors.Is(err, tenant.ErrUnknownBearerToken):
+		return nil, unauthorized("invalid_token", "unknown bearer token: no tenant has it")
 	case errors.Is(err, tenant.ErrRevoked):
 		// Once a minute per tenant: a client that keeps using a revoked token must not flood
 		// the log (the count of those left out goes with the next line).

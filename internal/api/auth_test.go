@@ -112,6 +112,31 @@ func TestAuth_BearerTokens(t *testing.T) {
 	require.Zero(t, countJobs(t, b, "elsewhere"))
 }
 
+// TestAuth_RefusedTokenNamesTheProblem: a 401 says what is wrong with the token, without echoing
+// it: not the shape of an llmq token (a character lost or added in a copy), an operator's token
+// (the console's), or a well-formed token no tenant has.
+func TestAuth_RefusedTokenNamesTheProblem(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noAnonymous: true})
+	acme := strings.TrimPrefix(b.newTenant(t, "acme")["Authorization"], "Bearer ")
+	_, unknown, err := tenant.NewStore(setup(t, setupOpts{}).pool, nil).Create(context.Background(), "elsewhere", nil)
+	require.NoError(t, err)
+	for token, want := range map[string]string{
+		acme[:len(acme)-1]:              "malformed bearer token: an llmq token is llmq_ followed by 43 letters",
+		`"` + acme + `"`:                "malformed bearer token",
+		"sk-ant-api03-xyz":              "malformed bearer token",
+		"llmqop_" + acme[len("llmq_"):]: "an operator's token",
+		unknown:                         "unknown bearer token",
+	} {
+		r := b.do(t, http.MethodGet, "/v1/jobs/x", "", map[string]string{"Authorization": "Bearer " + token})
+		requireError(t, r, http.StatusUnauthorized, "unauthorized")
+		msg := r.body["error"].(map[string]any)["message"].(string)
+		require.Contains(t, msg, want, "token %q", token)
+		require.NotContains(t, msg, acme[len("llmq_"):len("llmq_")+20], "no token echoed")
+		require.NotContains(t, msg, unknown[len("llmq_"):], "no token echoed")
+	}
+}
+
 func TestAuth_AnonymousOnlyWithoutHeader(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})

@@ -36,8 +36,8 @@ func FromConfig(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Registry
 
 // Options are FromConfigWith's knobs that the config file does not hold.
 type Options struct {
-	// RedisPrefix starts llmq's own Redis keys, which the console reads (the workers' prefix).
-	// Default "llmq:"; tests isolate with their own.
+	// RedisPrefix starts llmq's own Redis keys: those the console reads (the workers' prefix) and
+	// the tenants' submit rates. Default "llmq:"; tests isolate with their own.
 	RedisPrefix string
 	// Store is the job store, shared with the worker of the same process (llmq serve) so that
 	// both send their statements through one batcher. Default: a store of its own on the pool.
@@ -99,7 +99,7 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 	var submitRate *tenant.RateLimiter
 	if r := cfg.API.TenantSubmitRate; r != nil {
 		if submitRate, err = tenant.NewRateLimiter(rdb, &tenant.RateLimiterConfig{
-			Rate: tenant.Rate{PerSecond: r.RequestsPerSecond, Burst: r.Burst}}); err != nil {
+			Rate: tenant.Rate{PerSecond: r.RequestsPerSecond, Burst: r.Burst}, Prefix: opts.RedisPrefix}); err != nil {
 			return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 		}
 	}

@@ -89,6 +89,39 @@ func TestFromConfig_TenantsAndSubmitRate(t *testing.T) {
 	require.Greater(t, secs, 90)
 }
 
+// TestFromConfigWith_SubmitRateUnderPrefix: the tenants' submit rate is kept under
+// Options.RedisPrefix, as llmq's other keys are, so that servers of different prefixes on one
+// Redis (tests in their own namespaces) do not spend one budget: a tenant of the same name
+// limited in one is not in the other.
+func TestFromConfigWith_SubmitRateUnderPrefix(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	queue := redistest.Queue(t, redistest.URL())
+	cfg, err := parseWire(t, dbURL, queue, ", tenant_submit_rate: { requests_per_second: 0.01, burst: 1 }")
+	require.NoError(t, err)
+	name := "wire-" + redistest.Rand()
+	rdb := redistest.Client(t)
+	t.Cleanup(func() {
+		_ = rdb.Del(context.Background(), "llmq:tenant:{"+name+"}:submit").Err() // left by a failure
+	})
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, token, err := tenant.NewStore(pool, nil).Create(context.Background(), name, nil)
+	require.NoError(t, err)
+	auth := map[string]string{"Authorization": "Bearer " + token}
+
+	for i, prefix := range []string{redistest.Prefix(t), redistest.Prefix(t)} {
+		srv, closeAPI, err := FromConfigWith(cfg, pool, prometheus.NewRegistry(), nil, Options{RedisPrefix: prefix})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, closeAPI()) })
+		hs := httptest.NewServer(srv)
+		t.Cleanup(hs.Close)
+		require.Equal(t, http.StatusAccepted, do(t, hs.URL, http.MethodPost, "/v1/jobs", minimalSubmit, auth).status, "prefix %d", i)
+		require.Equal(t, int64(1), rdb.Exists(context.Background(), prefix+"tenant:{"+name+"}:submit").Val(), "prefix %d", i)
+	}
+}
+
 func TestConfig_TenantSubmitRateValidated(t *testing.T) {
 	t.Parallel()
 	cfg, err := parseWire(t, pgtest.DefaultURL, "q", "")

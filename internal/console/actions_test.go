@@ -218,6 +218,27 @@ func TestTenants_CreateRevokeAudited(t *testing.T) {
 	require.Equal(t, "acme", entries[2].Target)
 }
 
+// TestTenants_EmptyCredentialListIsRefused: a tenant created with "credentials": [] is refused
+// (as `ctl tenants create --credentials ""` is), not given every credential: an empty list
+// reads as "none", and widening it to "all" gave the tenant the opposite of what was asked.
+// null, or no field, is every credential.
+func TestTenants_EmptyCredentialListIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})
+	c := b.login(t)
+	r, out := c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "none", "credentials": []string{}}, nil)
+	requireError(t, r, out, http.StatusBadRequest, "invalid_credentials")
+	require.Contains(t, out, "name at least one credential")
+	_, err := tenant.NewStore(b.jobs.Pool, nil).Get(context.Background(), "none")
+	require.ErrorIs(t, err, tenant.ErrNotFound, "nothing created")
+
+	var created struct {
+		Tenant tenant.Tenant `json:"tenant"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants", map[string]any{"name": "all", "credentials": nil}, &created)
+	require.Nil(t, created.Tenant.Credentials, "null: every credential")
+}
+
 // TestTenants_Weight: a tenant created with a weight (absent: the default), the weight changed
 // and listed, the change audited; a weight out of range is 400 invalid_weight naming the range,
 // an unknown tenant 404.

@@ -24,7 +24,8 @@ func (h *Handler) tenantList(w http.ResponseWriter, r *http.Request, _ *operator
 
 type tenantRequest struct {
 	Name string `json:"name"`
-	// Credentials limits the tenant's jobs to these; null or absent: every credential.
+	// Credentials limits the tenant's jobs to these; null or absent: every credential. An empty
+	// list is refused.
 	Credentials []string `json:"credentials"`
 	// Weight is the tenant's share of a credential against other tenants with work (see
 	// tenant.Tenant.Weight); absent or 0: tenant.DefaultWeight.
@@ -45,7 +46,11 @@ func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operat
 		}
 	}
 	if req.Credentials != nil && len(req.Credentials) == 0 {
-		req.Credentials = nil
+		// As ctl refuses an empty --credentials: an empty list asks for no credential, and
+		// widening it to every one would grant the opposite.
+		writeError(w, r, h.cfg.Logger, badRequest("invalid_credentials",
+			"credentials: name at least one credential, or send null (or no field) for all of them"))
+		return
 	}
 	if req.Weight == 0 {
 		req.Weight = tenant.DefaultWeight

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -91,4 +92,84 @@ FROM generate_series(1, 10000) g`)
 	scan := out[0].Plan.Plans[0]
 	require.Equal(t, float64(500), scan.ActualRows, string(raw))
 	require.Zero(t, scan.RowsFiltered, "a page of 500 online jobs read %v batch-lane jobs to leave them out", scan.RowsFiltered)
+}
+
+// TestUnfinishedOfTenant_WalkReadsEachJobOnce: `ctl tenants revoke --cancel-jobs` walks the
+// tenant's unfinished jobs page by page, canceling each page before it reads the next. The walk
+// must read each unfinished job once: a page that starts again from the top reads every job the
+// pages before canceled (a backlog of N jobs costs N²/1000 rows) and, through the tenant's
+// index, every job the tenant ever had. The table is never analyzed (the planner's worst case).
+func TestUnfinishedOfTenant_WalkReadsEachJobOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO jobs (id, tenant, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline, created_at, lane)
+SELECT gen_random_uuid(), CASE WHEN g % 4 = 0 THEN 'other' ELSE 'acme' END, 'c', 'f',
+	CASE WHEN g % 3 = 0 THEN 'succeeded' WHEN g % 3 = 1 THEN 'queued' ELSE 'running' END, '{}', 3, 60000,
+	now() + (g % 50) * interval '1 minute', now() - g * interval '1 second', CASE WHEN g % 5 = 0 THEN 'batch' ELSE 'online' END
+FROM generate_series(1, 6000) g`)
+	require.NoError(t, err)
+	var want []string
+	rows, err := pool.Query(ctx, `SELECT id::text FROM jobs WHERE tenant = 'acme' AND status <> 'succeeded'`)
+	require.NoError(t, err)
+	want, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+
+	s := NewStore(pool, nil)
+	var seen []string
+	var after TenantCursor
+	read := 0
+	for {
+		read += rowsRead(t, s, after)
+		ids, next, err := s.UnfinishedOfTenant(ctx, "acme", after, 500)
+		require.NoError(t, err)
+		seen = append(seen, ids...)
+		_, err = pool.Exec(ctx, `UPDATE jobs SET status = 'canceled' WHERE id = ANY($1::uuid[])`, ids)
+		require.NoError(t, err)
+		if len(ids) < 500 {
+			break
+		}
+		after = next
+	}
+	require.ElementsMatch(t, want, seen)
+	// 4,000 unfinished jobs, the other tenant's 1,000 among them, and the ties of each page's last
+	// deadline (an incremental sort orders them by ID).
+	require.LessOrEqual(t, read, 5000, "the walk of %d jobs read %d rows", len(want), read)
+}
+
+// rowsRead is how many rows the page of UnfinishedOfTenant after the cursor reads.
+func rowsRead(t *testing.T, s *Store, after TenantCursor) int {
+	t.Helper()
+	if after.id == "" {
+		after.id = uuid.Nil.String()
+	}
+	var raw []byte
+	require.NoError(t, s.inOrderOfIndex(context.Background(), func(tx pgx.Tx) error {
+		return tx.QueryRow(context.Background(), `EXPLAIN (ANALYZE, FORMAT JSON) `+unfinishedOfTenantSQL,
+			"acme", after.deadline, after.id, 500).Scan(&raw)
+	}))
+	type node struct {
+		NodeType string  `json:"Node Type"`
+		Rows     float64 `json:"Actual Rows"`
+		Loops    float64 `json:"Actual Loops"`
+		Filtered float64 `json:"Rows Removed by Filter"`
+		Recheck  float64 `json:"Rows Removed by Index Recheck"`
+		Plans    []node  `json:"Plans"`
+	}
+	var out []struct {
+		Plan node `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &out))
+	var sum func(n node) float64
+	sum = func(n node) float64 {
+		total := 0.0
+		if strings.HasSuffix(n.NodeType, "Scan") && n.NodeType != "Bitmap Index Scan" {
+			total += (n.Rows + n.Filtered + n.Recheck) * max(n.Loops, 1)
+		}
+		for _, c := range n.Plans {
+			total += sum(c)
+		}
+		return total
+	}
+	return int(sum(out[0].Plan))
 }

@@ -10,10 +10,15 @@ import (
 	"github.com/llmq/llmq/internal/pgwait"
 )
 
+// DefaultCacheTTL is how long an Authenticator reuses a lookup's answer unless configured
+// otherwise (the API's): the longest a revocation takes to reach an API replica.
+const DefaultCacheTTL = 2 * time.Second
+
 // AuthenticatorConfig configures an Authenticator. Zero fields take their defaults.
 type AuthenticatorConfig struct {
 	// TTL is how long a lookup's answer is reused: the delay before a revocation (or a tenant's
-	// new credential list) takes effect on a replica that cached the token. Default 2s.
+	// new credential list) takes effect on a replica that cached the token. Default
+	// DefaultCacheTTL.
 	TTL time.Duration
 	// MaxEntries caps the cache, so that a flood of random tokens cannot grow it without bound:
 	// the answers for known tokens (and tenant names) and, apart, those for unknown tokens, each
@@ -70,7 +75,7 @@ func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
 		c = *cfg
 	}
 	if c.TTL == 0 {
-		c.TTL = 2 * time.Second
+		c.TTL = DefaultCacheTTL
 	}
 	if c.MaxEntries == 0 {
 		c.MaxEntries = 10000
