@@ -8,6 +8,7 @@ package audit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -92,6 +93,21 @@ WHERE $1 = '' OR operator = $1 ORDER BY id DESC LIMIT $2`, p.Operator, p.Limit)
 		return nil, fmt.Errorf("list audit log: %w", err)
 	}
 	return out, nil
+}
+
+// Oldest returns when the first entry still stored (by id: entries are appended in time order)
+// was written, and false when the log is empty: what DeleteBefore has yet to delete begins there.
+// One probe of the primary key.
+func Oldest(ctx context.Context, pool *pgxpool.Pool) (time.Time, bool, error) {
+	var at time.Time
+	err := pool.QueryRow(ctx, `SELECT at FROM audit_log ORDER BY id LIMIT 1`).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("read oldest audit entry: %w", err)
+	}
+	return at, true, nil
 }
 
 // DeleteBefore deletes up to limit of the oldest entries written before `before` and returns how

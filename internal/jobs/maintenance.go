@@ -94,6 +94,26 @@ func (s *Store) DeleteFinished(ctx context.Context, status Status, before time.T
 	return n, nil
 }
 
+// OldestFinished returns when the job of final status that finished first, of those still
+// stored, finished, and false when there is none: what the retention pass has yet to delete of
+// status begins there. One probe of jobs_finished_idx, whatever the table's size.
+func (s *Store) OldestFinished(ctx context.Context, status Status) (time.Time, bool, error) {
+	var at *time.Time
+	err := s.pool.QueryRow(ctx, oldestFinishedSQL, status).Scan(&at)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("read oldest finished job: %w", err)
+	}
+	if at == nil {
+		return time.Time{}, false, nil
+	}
+	return *at, true, nil
+}
+
+// oldestFinishedSQL is OldestFinished's statement ($1 status): the planner answers a min() over
+// an index's column after its equality with the first entry of the index (a Limit over an index
+// scan), statistics or none.
+const oldestFinishedSQL = `SELECT min(finished_at) FROM jobs WHERE status = $1 AND finished_at IS NOT NULL`
+
 // failOverdueSQL is FailOverdue's statement ($1 now, $2 limit, $3 ReasonDeadlineExceeded).
 const failOverdueSQL = `
 WITH due AS (

@@ -42,6 +42,15 @@ FROM generate_series(1, 5000) g, LATERAL (SELECT (ARRAY['queued', 'succeeded', '
 		require.Contains(t, plan, `"Index Name": "`+c.index+`"`)
 		require.NotContains(t, plan, `"Node Type": "Sort"`)
 	}
+
+	// The retention pass's backlog probe (after each batch) reads one entry of the index, in the
+	// pool's own settings.
+	var plan string
+	require.NoError(t, pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON) `+oldestFinishedSQL, StatusSucceeded).Scan(&plan))
+	require.Contains(t, plan, `"Index Name": "jobs_finished_idx"`)
+	require.Contains(t, plan, `"Node Type": "Limit"`)
+	require.NotContains(t, plan, `Bitmap`)
+	require.NotContains(t, plan, `Seq Scan`)
 }
 
 // TestDeleteFinished_DeletesAttemptsAndEventsThroughTheirIndexes: a batch of the retention pass

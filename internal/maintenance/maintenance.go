@@ -8,8 +8,10 @@
 //     instead, whose delivery gives the slot back: see executor);
 //   - the retention pass, as the process begins to lead and then every minute by default
 //     (retention.interval), deletes the finished jobs older than their status's retention, with
-//     their attempts, events and idempotency keys, in short batches, and then the audit log's
-//     entries older than its retention.
+//     their attempts, events and idempotency keys, in short batches, the batch lane's ended
+//     provider batches that hold no job any more, and then the audit log's entries older than
+//     its retention; after each batch it measures its backlog (how long the oldest row left has
+//     been past its period), which shows a pass that deletes slower than rows expire.
 //
 // Both are statements of internal/jobs (FailOverdue, DeleteFinished) and internal/audit
 // (DeleteBefore), conditional and batched like every other write there; this package decides
@@ -86,10 +88,14 @@ type Config struct {
 	// Logger receives one line per job the deadline pass fails, one per retention pass, and
 	// errors. Default discards.
 	Logger *slog.Logger
-	// Metrics counts deleted jobs and dates the last successful pass of each kind. Nil: none.
+	// Metrics counts deleted jobs and provider batches, measures the retention backlog and
+	// dates the last successful pass of each kind. Nil: none.
 	Metrics *Metrics
 	// Now is the clock the deadlines and retention periods are measured with. Default time.Now.
 	Now func() time.Time
+	// Sleep waits d (a retention pass's pause between two batches) or until ctx ends, and
+	// returns ctx's error if it ended. Default a timer.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Maintainer runs the deadline and retention passes while its process leads. Safe for
@@ -126,6 +132,9 @@ func New(cfg Config) *Maintainer {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Sleep == nil {
+		cfg.Sleep = sleep
 	}
 	return &Maintainer{cfg: cfg}
 }
@@ -165,6 +174,9 @@ func (m *Maintainer) lead(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	// A process that no longer leads measures no backlog: its last value would stand beside
+	// the new leader's.
+	m.cfg.Metrics.dropBacklog()
 	return nil
 }
 
@@ -256,8 +268,10 @@ const endedBatchKeep = 24 * time.Hour
 // DeleteExpired deletes, for each final status with a retention period, the jobs that finished
 // longer ago than it (see jobs.Store.DeleteFinished), RetentionBatch per transaction with a pause
 // between (see Config.BatchPause), and returns how many of each status it deleted (until an
-// error, which it returns too). Then the batch lane's provider batches that ended a day ago and
-// hold no job any more go (jobs.Store.DeleteEndedBatches): a row per batch, kept forever before.
+// error, which it returns too). After each batch it measures what is left past its period
+// (llmq_retention_backlog_seconds). Then the batch lane's provider batches that ended a day ago
+// and hold no job any more go (jobs.Store.DeleteEndedBatches), in batches paced the same way: a
+// row per batch, kept forever before.
 func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, error) {
 	now := m.cfg.Now()
 	deleted := map[jobs.Status]int64{}
@@ -266,35 +280,54 @@ func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, 
 		if keep <= 0 {
 			continue
 		}
-		if err := m.deleteBefore(ctx, s, now.Add(-keep), deleted); err != nil {
+		if err := m.deleteBefore(ctx, s, now, keep, deleted); err != nil {
 			return deleted, err
 		}
 	}
-	for {
-		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
-		n, err := m.cfg.Store.DeleteEndedBatches(sctx, now.Add(-endedBatchKeep), m.cfg.RetentionBatch)
-		cancel()
-		if err != nil || n < int64(m.cfg.RetentionBatch) {
-			return deleted, err
-		}
-	}
+	err := m.inBatches(ctx, func(ctx context.Context) (int64, error) {
+		n, err := m.cfg.Store.DeleteEndedBatches(ctx, now.Add(-endedBatchKeep), m.cfg.RetentionBatch)
+		m.cfg.Metrics.deletedProviderBatches(n)
+		return n, err
+	})
+	return deleted, err
 }
 
-// deleteBefore deletes status's jobs that finished before `before`, batch by batch, adding
-// their count to deleted.
-func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, before time.Time, deleted map[jobs.Status]int64) error {
+// deleteBefore deletes status's jobs that finished more than keep before now, batch by batch,
+// adding their count to deleted, and measures the backlog after each batch.
+func (m *Maintainer) deleteBefore(ctx context.Context, status jobs.Status, now time.Time, keep time.Duration, deleted map[jobs.Status]int64) error {
 	return m.inBatches(ctx, func(ctx context.Context) (int64, error) {
-		n, err := m.cfg.Store.DeleteFinished(ctx, status, before, m.cfg.RetentionBatch)
+		n, err := m.cfg.Store.DeleteFinished(ctx, status, now.Add(-keep), m.cfg.RetentionBatch)
 		deleted[status] += n
 		m.cfg.Metrics.deleted(status, n)
-		return n, err
+		if err != nil {
+			return n, err
+		}
+		return n, m.measure(ctx, string(status), keep, func(ctx context.Context) (time.Time, bool, error) {
+			return m.cfg.Store.OldestFinished(ctx, status)
+		})
 	})
 }
 
+// measure sets kind's backlog (llmq_retention_backlog_seconds): how long the oldest row still
+// stored, which oldest reads, has been past its period keep on the clock Now; 0 when none is.
+func (m *Maintainer) measure(ctx context.Context, kind string, keep time.Duration,
+	oldest func(context.Context) (time.Time, bool, error)) error {
+	at, ok, err := oldest(ctx)
+	if err != nil {
+		return err
+	}
+	var late time.Duration
+	if ok {
+		late = max(0, m.cfg.Now().Sub(at.Add(keep)))
+	}
+	m.cfg.Metrics.backlogIs(kind, late)
+	return nil
+}
+
 // DeleteExpiredAudit deletes the audit log's entries older than AuditRetention (see
-// audit.DeleteBefore), RetentionBatch per statement with a pause between as for the jobs, and
-// returns how many it deleted (until an error, which it returns too). With no AuditRetention it
-// deletes nothing.
+// audit.DeleteBefore), RetentionBatch per statement with a pause between as for the jobs,
+// measuring the backlog after each as for them (kind audit), and returns how many it deleted
+// (until an error, which it returns too). With no AuditRetention it deletes nothing.
 func (m *Maintainer) DeleteExpiredAudit(ctx context.Context) (int64, error) {
 	if m.cfg.AuditRetention <= 0 {
 		return 0, nil
@@ -304,7 +337,12 @@ func (m *Maintainer) DeleteExpiredAudit(ctx context.Context) (int64, error) {
 	err := m.inBatches(ctx, func(ctx context.Context) (int64, error) {
 		n, err := audit.DeleteBefore(ctx, m.cfg.Store.Pool(), before, m.cfg.RetentionBatch)
 		total += n
-		return n, err
+		if err != nil {
+			return n, err
+		}
+		return n, m.measure(ctx, kindAudit, m.cfg.AuditRetention, func(ctx context.Context) (time.Time, bool, error) {
+			return audit.Oldest(ctx, m.cfg.Store.Pool())
+		})
 	})
 	return total, err
 }
@@ -323,7 +361,7 @@ func (m *Maintainer) inBatches(ctx context.Context, del func(context.Context) (i
 		if n < int64(m.cfg.RetentionBatch) {
 			return nil
 		}
-		if err := sleep(ctx, max(m.cfg.BatchPause, (retentionShareDiv-1)*time.Since(start))); err != nil {
+		if err := m.cfg.Sleep(ctx, max(m.cfg.BatchPause, (retentionShareDiv-1)*time.Since(start))); err != nil {
 			return err
 		}
 	}

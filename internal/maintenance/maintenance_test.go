@@ -3,7 +3,9 @@ package maintenance_test
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -484,4 +486,155 @@ func TestMaintainer_RetentionPassRunsWhenLeadingBegins(t *testing.T) {
 		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE id = $1`, old).Scan(&n)
 		return err == nil && n == 0
 	}, 20*time.Second, 20*time.Millisecond, "the expired job is deleted by the first pass, long before the interval")
+}
+
+// pauses records the waits a retention pass asks for between its batches (Config.Sleep), and
+// runs each's hook, without waiting.
+type pauses struct {
+	mu   sync.Mutex
+	got  []time.Duration
+	hook func()
+}
+
+func (p *pauses) sleep(ctx context.Context, d time.Duration) error {
+	p.mu.Lock()
+	p.got = append(p.got, d)
+	hook := p.hook
+	p.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return ctx.Err()
+}
+
+func (p *pauses) all() []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.got)
+}
+
+// TestMaintainer_PacesAndCountsEndedBatches: the ended provider batches are deleted like the
+// jobs, RetentionBatch a statement with a pause between two (it had none: a backlog of them
+// went in back-to-back statements), and counted in llmq_retention_deleted_provider_batches_total
+// (they had no metric).
+func TestMaintainer_PacesAndCountsEndedBatches(t *testing.T) {
+	t.Parallel()
+	p := &pauses{}
+	b, m := setup(t, maintenance.Config{RetentionBatch: 2, BatchPause: time.Hour, Sleep: p.sleep,
+		Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: 7 * 24 * time.Hour}})
+	ctx := t.Context()
+	// Given five provider batches that ended two days ago and hold no job (more than two
+	// statements' worth).
+	for range 5 {
+		_, err := b.Pool.Exec(ctx, `INSERT INTO provider_batches (id, credential, model, state, provider_batch_id, ended_at)
+VALUES (gen_random_uuid(), 'default', 'm', 'ended', 'msgbatch_' || md5(random()::text), now() - interval '2 days')`)
+		require.NoError(t, err)
+	}
+
+	_, err := m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	var left int
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM provider_batches`).Scan(&left))
+	require.Zero(t, left)
+	// Three statements (2, 2, 1): a pause after each full one, none after the last.
+	require.Equal(t, []time.Duration{time.Hour, time.Hour}, p.all(), "the pauses between statements")
+	require.InDelta(t, 5, metric(t, b.reg, "llmq_retention_deleted_provider_batches_total", nil), 0)
+}
+
+// TestMaintainer_RetentionBacklog: llmq_retention_backlog_seconds{kind} is how long the oldest
+// row the retention pass has yet to delete has been past its period, measured after each of its
+// statements: an operator sees a pass that falls behind (rows due faster than it deletes them),
+// which no metric showed. It is 0 once nothing is past its period, and the series of a kind
+// appear only with a period.
+func TestMaintainer_RetentionBacklog(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	p := &pauses{}
+	b, m := setup(t, maintenance.Config{RetentionBatch: 2, Sleep: p.sleep, AuditRetention: 365 * day,
+		Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: 7 * day}})
+	ctx := t.Context()
+	backlog := func(kind string) float64 {
+		return metric(t, b.reg, "llmq_retention_backlog_seconds", map[string]string{"kind": kind})
+	}
+	// Given succeeded jobs that finished 10, 9 and 8 days ago (due 3, 2 and 1 days ago)...
+	for _, ago := range []time.Duration{10 * day, 9 * day, 8 * day} {
+		b.FinishedAgo(t, b.Finished(t, jobs.StatusSucceeded, ""), ago)
+	}
+	// ... and audit entries written 400 days ago (35 days past the year) and a minute ago.
+	for _, ago := range []time.Duration{400 * day, 400 * day, 400 * day, time.Minute} {
+		e, err := audit.Log(ctx, b.Pool, audit.Entry{Operator: "ctl:root", Action: "x"})
+		require.NoError(t, err)
+		_, err = b.Pool.Exec(ctx, `UPDATE audit_log SET at = at - make_interval(secs => $2::bigint) WHERE id = $1`,
+			e.ID, int64(ago/time.Second))
+		require.NoError(t, err)
+	}
+	// The pass pauses after each full statement: there, what is left is measured.
+	var seen []float64
+	p.hook = func() { seen = append(seen, backlog("succeeded"), backlog("audit")) }
+
+	_, err := m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	_, err = m.DeleteExpiredAudit(ctx)
+	require.NoError(t, err)
+	// After the first two jobs, the third was due a day ago; the audit entries' pause comes after
+	// the job's backlog was measured at 0, with one entry 35 days past its year left.
+	require.Len(t, seen, 4)
+	require.InDelta(t, day.Seconds(), seen[0], 120, "the job left after the first statement")
+	require.InDelta(t, 0, seen[2], 0, "no job left")
+	require.InDelta(t, (35 * day).Seconds(), seen[3], 120, "the audit entry left after the first statement")
+	require.InDelta(t, 0, backlog("succeeded"), 0)
+	require.InDelta(t, 0, backlog("audit"), 0)
+	n, err := testutil.GatherAndCount(b.reg, "llmq_retention_backlog_seconds")
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "a series for each kind with a period only")
+
+	// A job the pass cannot take (locked: an operator retrying it) stays in the backlog, which
+	// grows with the clock until it goes.
+	old := b.Finished(t, jobs.StatusSucceeded, "")
+	b.FinishedAgo(t, old, 8*day)
+	tx, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, old)
+	require.NoError(t, err)
+	_, err = m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.InDelta(t, day.Seconds(), backlog("succeeded"), 120)
+	b.clock.Advance(time.Hour)
+	_, err = m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.InDelta(t, (day + time.Hour).Seconds(), backlog("succeeded"), 120)
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.InDelta(t, 0, backlog("succeeded"), 0)
+}
+
+// TestMaintainer_RetentionBacklogOnlyWhileLeading: the backlog is exported by the leading worker
+// only; one that stops leading drops its series, so that a former leader's last value does not
+// stand beside the new leader's (the alert reads the max over the workers).
+func TestMaintainer_RetentionBacklogOnlyWhileLeading(t *testing.T) {
+	t.Parallel()
+	b, m := setup(t, maintenance.Config{Interval: 20 * time.Millisecond, RetentionInterval: time.Hour,
+		Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: time.Hour}})
+	count := func() int {
+		n, err := testutil.GatherAndCount(b.reg, "llmq_retention_backlog_seconds")
+		require.NoError(t, err)
+		return n
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	require.Eventually(t, func() bool {
+		return metric(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", map[string]string{"pass": "retention"}) > 0
+	}, 10*time.Second, 10*time.Millisecond, "the first retention pass")
+	require.Equal(t, 1, count(), "measured by the first pass")
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	require.Zero(t, count(), "dropped when the process stops leading")
 }

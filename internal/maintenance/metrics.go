@@ -11,12 +11,20 @@ import (
 // Metrics are the maintenance passes' Prometheus metrics. A nil *Metrics records nothing. The
 // jobs the deadline pass fails are counted with the executor's (Config.Finished).
 type Metrics struct {
-	deletedJobs *prometheus.CounterVec
+	deletedJobs    *prometheus.CounterVec
+	deletedBatches prometheus.Counter
+	// backlog is, by kind (a final status, or audit), how long the oldest row the retention pass
+	// has yet to delete has been past its period, measured by the leader after each batch.
+	backlog *prometheus.GaugeVec
 	// lastSuccess is when the last pass of each kind that succeeded in this process started:
 	// a leader whose passes fail, or stall, or no leader at all, shows as a time that stops
 	// moving in every process (the LLMQMaintenanceStalled rule).
 	lastSuccess *prometheus.GaugeVec
 }
+
+// kindAudit is the audit log's label value of llmq_retention_backlog_seconds (the others are
+// final statuses).
+const kindAudit = "audit"
 
 // Passes, the label values of llmq_maintenance_last_success_timestamp_seconds.
 const (
@@ -32,13 +40,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmq_retention_deleted_total",
 			Help: "Finished jobs the retention pass deleted (each with its attempts, events and idempotency key), by status.",
 		}, []string{"status"}),
+		deletedBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmq_retention_deleted_provider_batches_total",
+			Help: "Rows of the batch lane's provider batches the retention pass deleted (ended a day ago, holding no job).",
+		}),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_retention_backlog_seconds",
+			Help: "How long the oldest row the retention pass has yet to delete has been past its period, by kind " +
+				"(succeeded, failed, canceled, dead, audit; only those with a period), measured by the leading worker " +
+				"after each batch it deletes; 0: none. Growing: retention falls behind. Only the leader exports it.",
+		}, []string{"kind"}),
 		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "llmq_maintenance_last_success_timestamp_seconds",
 			Help: "Start (Unix time) of the last pass, by pass (deadline, retention), that succeeded in this process " +
 				"while it led maintenance; 0: none yet. The max over the workers is the leader's.",
 		}, []string{"pass"}),
 	}
-	reg.MustRegister(m.deletedJobs, m.lastSuccess)
+	reg.MustRegister(m.deletedJobs, m.deletedBatches, m.backlog, m.lastSuccess)
 	// 0 from the start: a deployment whose deadline pass never succeeds shows as such. The
 	// retention pass's series appears with its first success (retention may be off).
 	m.lastSuccess.WithLabelValues(passDeadline)
@@ -51,6 +69,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) deleted(status jobs.Status, n int64) {
 	if m != nil && n > 0 {
 		m.deletedJobs.WithLabelValues(string(status)).Add(float64(n))
+	}
+}
+
+func (m *Metrics) deletedProviderBatches(n int64) {
+	if m != nil && n > 0 {
+		m.deletedBatches.Add(float64(n))
+	}
+}
+
+// backlogIs sets kind's backlog to late.
+func (m *Metrics) backlogIs(kind string, late time.Duration) {
+	if m != nil {
+		m.backlog.WithLabelValues(kind).Set(late.Seconds())
+	}
+}
+
+// dropBacklog removes every kind's backlog: a process that stops leading measures none.
+func (m *Metrics) dropBacklog() {
+	if m != nil {
+		m.backlog.Reset()
 	}
 }
 
