@@ -10,8 +10,9 @@ import (
 
 // Field names match exactly. Go's encoding/json, which decodes the submit body and reads the fields
 // of the request that llmq uses (deltastream.Requested: stream; tokens.Count: model, max_tokens, n,
-// tools, the messages' text), matches a name in any case, Unicode folding included ("ſtream" is
-// "stream" to it), and keeps the last of a name sent twice; a provider matches names exactly.
+// tools, response_format, the messages' text, tool calls and documents), matches a name in any
+// case, Unicode folding included ("ſtream" is "stream" to it), and keeps the last of a name sent
+// twice; a provider matches names exactly.
 // llmq's view of a request (streaming or not, the tokens the limiter reserves, the model) must be
 // the provider's, so such names are refused at submit (checkFieldNames) rather than read.
 
@@ -28,22 +29,43 @@ type fieldSpec struct {
 	typ string
 }
 
-// blockFields are the names tokens.Count reads in a content block: its type, its text, and a
-// tool_result's content, whose blocks it reads the type and text of (resultBlockFields).
-var blockFields = &fieldSpec{names: []string{"type", "text", "content"},
+// blockFields are the names tokens.Count reads in a content block: its type, its text, a
+// tool_result's content, whose blocks it reads as resultBlockFields, a tool_use's input, and a
+// document's source (sourceFields).
+var blockFields = &fieldSpec{names: []string{"type", "text", "content", "input", "source"},
+	in:  map[string]*fieldSpec{"content": resultBlockFields, "source": sourceFields},
+	typ: "invalid_request"}
+
+// sourceFields are the names tokens.Count reads in a document's source: its type, a text source's
+// data, and a content source's blocks (resultBlockFields).
+var sourceFields = &fieldSpec{names: []string{"type", "data", "content"},
 	in: map[string]*fieldSpec{"content": resultBlockFields}, typ: "invalid_request"}
 
-// resultBlockFields are the names tokens.Count reads in a block of a tool_result's content.
-var resultBlockFields = &fieldSpec{names: []string{"type", "text"}, typ: "invalid_request"}
+// resultBlockFields are the names tokens.Count reads in a block of a tool_result's content or of a
+// document's content source: as a content block's, but a source there has no content it reads.
+var resultBlockFields = &fieldSpec{names: []string{"type", "text", "input", "source"},
+	in: map[string]*fieldSpec{"source": resultSourceFields}, typ: "invalid_request"}
+
+// resultSourceFields are the names tokens.Count reads in a source inside resultBlockFields.
+var resultSourceFields = &fieldSpec{names: []string{"type", "data"}, typ: "invalid_request"}
+
+// toolCallFields are the names tokens.Count reads in an OpenAI assistant message's tool call.
+var toolCallFields = &fieldSpec{names: []string{"function"},
+	in:  map[string]*fieldSpec{"function": {names: []string{"name", "arguments"}, typ: "invalid_request"}},
+	typ: "invalid_request"}
 
 // requestFields are the names llmq reads in the provider-native request, in either dialect:
 // deltastream.Requested and llm's Send (stream, stream_options), tokens.Count (model, messages'
-// content, system, tools, max_tokens, max_completion_tokens, OpenAI's n).
+// content and tool_calls, system, tools, max_tokens, max_completion_tokens, OpenAI's n and
+// response_format's json_schema).
 var requestFields = &fieldSpec{
-	names: []string{"model", "messages", "system", "tools", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options"},
+	names: []string{"model", "messages", "system", "tools", "max_tokens", "max_completion_tokens", "n",
+		"stream", "stream_options", "response_format"},
 	in: map[string]*fieldSpec{
-		"messages": {names: []string{"content"}, in: map[string]*fieldSpec{"content": blockFields}, typ: "invalid_request"},
-		"system":   blockFields,
+		"messages": {names: []string{"content", "tool_calls"},
+			in: map[string]*fieldSpec{"content": blockFields, "tool_calls": toolCallFields}, typ: "invalid_request"},
+		"system":          blockFields,
+		"response_format": {names: []string{"json_schema"}, typ: "invalid_request"},
 	},
 	typ: "invalid_request",
 }
@@ -200,12 +222,13 @@ func (s *jsonScanner) quotedPath(name []byte) string {
 
 // jsonScanner walks a JSON document known to be valid, without decoding what it skips. It
 // compares names where they lie in the document and keeps its path in pathBuf (the checked
-// objects lie at most four deep): a check allocates nothing per member.
+// objects lie at most six deep: a source in a document's content source): a check allocates
+// nothing per member.
 type jsonScanner struct {
 	b       []byte
 	i       int
 	path    []pathStep
-	pathBuf [5]pathStep
+	pathBuf [6]pathStep
 }
 
 // peek returns the next byte that is not white space (0 at the end).

@@ -46,6 +46,21 @@ func TestSubmit_FieldNamesMatchExactly(t *testing.T) {
 			"invalid_request", `"request.messages[0].content[0].Content"`},
 		{"ToolResultBlockCase", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","Text":"x"}]}]}]}}`,
 			"invalid_request", `"request.messages[0].content[0].content[0].Text"`},
+		// tool calls and documents' text are counted as input too.
+		{"ToolUseInputCase", `{"request":{"model":"m","messages":[{"role":"assistant","content":[{"type":"tool_use","Input":{}}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].Input"`},
+		{"DocumentDataTwice", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","data":"x","data":"y"}}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].source.data"`},
+		{"DocumentInResultSourceTypeCase", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"document","source":{"type":"base64","Type":"text"}}]}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].content[0].source.Type"`},
+		{"DocumentContentSourceDeep", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","content":[{"type":"document","source":{"Data":"x"}}]}}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].source.content[0].source.Data"`},
+		{"ToolCallArgumentsCase", `{"request":{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","Arguments":"{}"}}]}]}}`,
+			"invalid_request", `"request.messages[0].tool_calls[0].function.Arguments"`},
+		{"ResponseFormatSchemaCase", `{"request":{"model":"m","response_format":{"type":"json_schema","JSON_Schema":{}}}}`,
+			"invalid_request", `"request.response_format.JSON_Schema"`},
+		{"ToolCallsCase", `{"request":{"model":"m","messages":[{"role":"assistant","Tool_Calls":[]}]}}`,
+			"invalid_request", `"request.messages[0].Tool_Calls"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -63,7 +78,7 @@ func TestSubmit_FieldNamesMatchExactly(t *testing.T) {
 			`{"model":"m","messages":[{"role":"user","content":"Stream MAX_TOKENS","Role":"x"}]}`,
 			`{"model":"m","metadata":{"Stream":true,"stream":1,"stream":2}}`,
 			`{"model":"m","tools":[{"name":"x","input_schema":{"properties":{"Model":{},"model":{}}}}]}`,
-			`{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{"Type":"x","type":"y"}}]}]}`,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{"Media_Type":"x","media_type":"y"}}]}]}`,
 			`{"model":"m","system":"Stream","messages":"not an array","max_tokens":[1,{"Stream":1}]}`,
 		} {
 			rec := serve(t, b.srv, http.MethodPost, "/v1/jobs", `{"request":`+req+`}`, nil)

@@ -82,11 +82,48 @@ func TestTokens_ToolResultsAreReserved(t *testing.T) {
 		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
 		worker: "token_minute: 1s, phase_margin: 2s", // see TestTokens_KnownTokenLimitAvoids429s
 	})
-	result := strings.Repeat("word ", 79) + "word" // 399 bytes, a newline joins "ok": 100 input tokens
+	// "ok", the tool_use input {}, 397 bytes and a newline joining "": 402 bytes, 100 input tokens
+	result := strings.Repeat("word ", 79) + "wo"
 	body := fmt.Sprintf(`{"max_attempts":1,"request":{"model":"m","max_tokens":10,"messages":[
 		{"role":"user","content":"ok"},
 		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"read","input":{}}]},
 		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":%q},{"type":"text","text":""}]}]}}`, result)
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { ids[i] = b.submit(t, body) })
+	}
+	wg.Wait()
+	for _, id := range ids {
+		job := b.waitTerminal(t, id)
+		require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
+		require.EqualValues(t, 100, job["usage"].(map[string]any)["input_tokens"])
+	}
+	st := b.sim.Stats()
+	require.Zero(t, st.ByStatus[429], "the provider refused requests: %v", st.ByStatus)
+	require.Equal(t, n, st.Requests)
+}
+
+// An agent's turn carries its own tool calls (a file it wrote, in a tool_use input) and the
+// documents it reads (text sources): the provider charges both as input, and the limiter reserves
+// them, so a known input-token limit is kept without 429s (counted as the few bytes of their text
+// blocks, the whole burst went at once and the provider refused most).
+func TestTokens_ToolCallsAndDocumentsAreReserved(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	b := setup(t, setupOpts{
+		sim: llmsim.Config{Capacity: 100, RefillPerSecond: 100, InputTokensPerMinute: 400,
+			OutputTokensPerMinute: 1000, TokenMinute: time.Second, ReplyTokens: 10},
+		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
+		worker: "token_minute: 1s, phase_margin: 2s", // see TestTokens_KnownTokenLimitAvoids429s
+	})
+	doc := strings.Repeat("d", 195)
+	input := `{"text":"` + strings.Repeat("w", 189) + `"}` // 200 bytes
+	// 195 + a newline + "ok", the input's 200, the result's "ok": 400 bytes, 100 input tokens
+	body := fmt.Sprintf(`{"max_attempts":1,"request":{"model":"m","max_tokens":10,"messages":[
+		{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":%q}},{"type":"text","text":"ok"}]},
+		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"write","input":%s}]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}]}}`, doc, input)
 	ids := make([]string, n)
 	var wg sync.WaitGroup
 	for i := range n {

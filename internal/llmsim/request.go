@@ -19,9 +19,11 @@ const replyQuoteRunes = 60
 
 // chatRequest is what the simulator reads from either API's request body.
 type chatRequest struct {
-	model         string
-	lastUserText  string
-	textBytes     int // bytes of all message text (tool results too), the system text and the tools
+	model        string
+	lastUserText string
+	// textBytes is the bytes of all message text (tool results, tool calls and text documents
+	// too), the system text, the tools and a structured output's schema.
+	textBytes     int
 	streamRequest bool
 	// includeUsage is OpenAI's stream_options.include_usage: a last chunk carries the usage.
 	includeUsage bool
@@ -50,6 +52,9 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		} `json:"stream_options"`
 		Tools  json.RawMessage `json:"tools"`
 		System json.RawMessage `json:"system"`
+		Format *struct {
+			Schema json.RawMessage `json:"json_schema"`
+		} `json:"response_format"`
 
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
@@ -69,8 +74,14 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 	req.includeUsage = raw.Options != nil && raw.Options.IncludeUsage
 	req.toolName = firstToolName(raw.Tools)
 	var messages []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
+		Role      string          `json:"role"`
+		Content   json.RawMessage `json:"content"`
+		ToolCalls []struct {
+			Function struct {
+				Name      string `json:"name"`
+				Arguments string `json:"arguments"`
+			} `json:"function"`
+		} `json:"tool_calls"`
 	}
 	if isNull(raw.Messages) || unmarshalExact(raw.Messages, &messages) != nil || len(messages) == 0 {
 		return chatRequest{}, errors.New("messages: Field required (a non-empty array of messages)")
@@ -88,6 +99,9 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 			return chatRequest{}, fmt.Errorf("messages.%d.content: %w", i, err)
 		}
 		req.textBytes += n
+		for _, c := range m.ToolCalls { // OpenAI: an assistant's calls are input, as it wrote them
+			req.textBytes += len(c.Function.Name) + len(c.Function.Arguments)
+		}
 		if m.Role == "user" {
 			req.lastUserText = text
 		}
@@ -101,6 +115,9 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 	}
 	if !isNull(raw.Tools) {
 		req.textBytes += compactLen(raw.Tools) // the definitions are input too, without their layout
+	}
+	if raw.Format != nil && !isNull(raw.Format.Schema) {
+		req.textBytes += compactLen(raw.Format.Schema) // a structured output's schema, as a tool's
 	}
 	req.maxTokens, req.maxTokensErr = parseMaxTokens(raw.MaxTokens, raw.MaxCompletionTokens)
 	return req, nil
@@ -197,8 +214,10 @@ func compactLen(raw []byte) int {
 }
 
 // contentBytes is the input a content value counts: a string's bytes, or, for an array of
-// blocks, the text of its "text" blocks and of its "tool_result" blocks' content (contentText:
-// a tool's result is input, as the providers count it), joined by newlines.
+// blocks, the text of its "text" blocks, of its "tool_result" blocks' content (contentText:
+// a tool's result is input, as the providers count it), of its "tool_use" blocks' input (JSON
+// without its layout) and of its "document" blocks with a text source (its data) or a content
+// source (contentText), joined by newlines.
 func contentBytes(raw json.RawMessage) (int, error) {
 	if isNull(raw) {
 		return 0, nil
@@ -211,6 +230,12 @@ func contentBytes(raw json.RawMessage) (int, error) {
 		Type    string          `json:"type"`
 		Text    string          `json:"text"`
 		Content json.RawMessage `json:"content"`
+		Input   json.RawMessage `json:"input"`
+		Source  *struct {
+			Type    string          `json:"type"`
+			Data    json.RawMessage `json:"data"`
+			Content json.RawMessage `json:"content"`
+		} `json:"source"`
 	}
 	if err := unmarshalExact(raw, &blocks); err != nil {
 		return 0, errors.New("must be a string or an array of content blocks")
@@ -225,6 +250,27 @@ func contentBytes(raw json.RawMessage) (int, error) {
 			text, err := contentText(bl.Content)
 			if err != nil {
 				return 0, fmt.Errorf("tool_result content: %w", err)
+			}
+			size = len(text)
+		case "tool_use":
+			size = compactLen(bl.Input)
+		case "document":
+			if bl.Source == nil {
+				continue
+			}
+			var text string
+			switch bl.Source.Type {
+			case "text":
+				if json.Unmarshal(bl.Source.Data, &text) != nil {
+					return 0, errors.New("document source data: must be a string")
+				}
+			case "content":
+				var err error
+				if text, err = contentText(bl.Source.Content); err != nil {
+					return 0, fmt.Errorf("document source content: %w", err)
+				}
+			default:
+				continue // base64, a URL or a file: not text in the body
 			}
 			size = len(text)
 		default:

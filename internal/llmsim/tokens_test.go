@@ -579,7 +579,7 @@ func TestServer_ToolsAndToolResultsAreInput(t *testing.T) {
 	r := b.anthropic(t, "k", body)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	usage := r.json(t)["usage"].(map[string]any)
-	require.EqualValues(t, (len(tools)+4+800+1+5)/4, usage["input_tokens"])
+	require.EqualValues(t, (len(tools)+4+len("{}")+800+1+5)/4, usage["input_tokens"]) // the tool_use input too
 
 	r = b.openai(t, "k", `{"model":"m","tools":`+tools+`,"messages":[{"role":"user","content":"1234"}]}`)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
@@ -597,4 +597,35 @@ func TestServer_ToolsLayoutIsNotInput(t *testing.T) {
 	r := b.anthropic(t, "k", `{"model":"m","max_tokens":5,"tools":`+indented+`,"messages":[{"role":"user","content":"1234"}]}`)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	require.EqualValues(t, (len(compact)+4)/4, r.json(t)["usage"].(map[string]any)["input_tokens"])
+}
+
+// TestServer_ToolCallsAndDocumentsAreInput: an assistant's tool calls (Anthropic's tool_use
+// input as compact JSON, OpenAI's tool_calls name and arguments) and a document's text (a text
+// source's data, a content source's text blocks) are input the providers charge; the simulator
+// charges them by its rule, as internal/tokens counts them. A base64 document counts nothing.
+func TestServer_ToolCallsAndDocumentsAreInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, llmsim.Config{})
+	file := strings.Repeat("f", 800)
+	input := `{"path":"a","text":"` + file + `"}`
+	r := b.anthropic(t, "k", `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"1234"},
+		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"write","input": `+input+` }]},
+		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"},
+			{"type":"document","source":{"type":"text","media_type":"text/plain","data":"`+file+`"}},
+			{"type":"document","source":{"type":"content","content":[{"type":"text","text":"`+file+`"}]}},
+			{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"`+file+`"}}]}]}`)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.EqualValues(t, (4+len(input)+2+1+800+1+800)/4, r.json(t)["usage"].(map[string]any)["input_tokens"])
+
+	args := strings.ReplaceAll(input, `"`, `\"`)
+	r = b.openai(t, "k", `{"model":"m","messages":[{"role":"user","content":"1234"},
+		{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"write","arguments":"`+args+`"}}]},
+		{"role":"tool","tool_call_id":"c1","content":"ok"}]}`)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.EqualValues(t, (4+5+len(input)+2)/4, r.json(t)["usage"].(map[string]any)["prompt_tokens"])
+
+	schema := `{"name":"a","schema":{"type":"object","description":"` + file + `"}}`
+	r = b.openai(t, "k", `{"model":"m","response_format":{"type":"json_schema","json_schema": `+schema+` },"messages":[{"role":"user","content":"1234"}]}`)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.EqualValues(t, (4+len(schema))/4, r.json(t)["usage"].(map[string]any)["prompt_tokens"])
 }

@@ -8,8 +8,8 @@ import (
 	"github.com/llmq/llmq/internal/tokens"
 )
 
-// BenchmarkCount: the count every submit and every admission makes, of a chat request and of an
-// agent's request (tools and tool results).
+// BenchmarkCount: the count every submit and every admission makes, of a chat request, of an
+// agent's request (tools, tool calls and tool results) and of a request with a base64 PDF.
 func BenchmarkCount(b *testing.B) {
 	text := strings.Repeat("lorem ipsum dolor sit amet ", 40)
 	chat := []byte(`{"model":"m","max_tokens":512,"system":"be brief","messages":[` +
@@ -26,10 +26,13 @@ func BenchmarkCount(b *testing.B) {
 			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t%d","content":[{"type":"text","text":"%s"}]}]}`, i, i, i, text)
 	}
 	agent := []byte(`{"model":"m","max_tokens":512,"tools":[` + tools.String() + `],"messages":[{"role":"user","content":"go"},` + turns.String() + `]}`)
+	// A PDF of 1 MB, base64: its data is passed over, not copied.
+	pdf := []byte(`{"model":"m","max_tokens":512,"messages":[{"role":"user","content":[{"type":"document","source":` +
+		`{"type":"base64","media_type":"application/pdf","data":"` + strings.Repeat("QUJD", 1<<18) + `"}},{"type":"text","text":"sum up"}]}]}`)
 	for _, bc := range []struct {
 		name string
 		body []byte
-	}{{"Chat", chat}, {"Agent", agent}} {
+	}{{"Chat", chat}, {"Agent", agent}, {"PDF", pdf}} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(bc.body)))
 			b.ReportAllocs()

@@ -1,11 +1,13 @@
 package tokens
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 )
 
 // Provider kinds, the values of llm.Kind.
@@ -53,7 +55,9 @@ type Request struct {
 // Count applies the fixed rule to body, an Anthropic Messages (provider "anthropic") or OpenAI
 // Chat Completions ("openai") request. It is pure. It returns an error wrapping
 // ErrInvalidRequest when body is not a JSON object, messages is not an array, a content is
-// neither a string nor an array of blocks, or max_tokens is not a positive integer,
+// neither a string nor an array of blocks, an OpenAI message's tool_calls is not an array of
+// calls whose arguments are a string, an OpenAI response_format is not an object, or max_tokens
+// is not a positive integer,
 // ErrInvalidChoices for an OpenAI n that is not an integer from 1 to MaxChoices, and an error for
 // an unknown provider. An integral number written with a fraction or an exponent (4096.0, 4.096e3)
 // is that integer, as the providers read it (their JSON Schema's "integer").
@@ -65,13 +69,15 @@ func Count(provider string, body []byte) (Request, error) {
 	var raw struct {
 		Model    json.RawMessage `json:"model"`
 		Messages []struct {
-			Content json.RawMessage `json:"content"`
+			Content   json.RawMessage `json:"content"`
+			ToolCalls json.RawMessage `json:"tool_calls"`
 		} `json:"messages"`
 		System              json.RawMessage `json:"system"`
 		Tools               json.RawMessage `json:"tools"`
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 		N                   json.RawMessage `json:"n"`
+		ResponseFormat      json.RawMessage `json:"response_format"`
 	}
 	if err := json.Unmarshal(body, &raw); err != nil {
 		var te *json.UnmarshalTypeError
@@ -90,6 +96,13 @@ func Count(provider string, body []byte) (Request, error) {
 			return Request{}, fmt.Errorf("%w: messages.%d.content: %w", ErrInvalidRequest, i, err)
 		}
 		r.TextBytes += n
+		if provider == ProviderOpenAI && !isNull(m.ToolCalls) {
+			n, err := toolCallBytes(m.ToolCalls)
+			if err != nil {
+				return Request{}, fmt.Errorf("%w: messages.%d.tool_calls: %w", ErrInvalidRequest, i, err)
+			}
+			r.TextBytes += n
+		}
 	}
 	if provider == ProviderAnthropic && !isNull(raw.System) {
 		n, err := textBytes(raw.System, false)
@@ -100,6 +113,15 @@ func Count(provider string, body []byte) (Request, error) {
 	}
 	if !isNull(raw.Tools) {
 		r.TextBytes += compactLen(raw.Tools) // the definitions' JSON, without its layout
+	}
+	if provider == ProviderOpenAI && !isNull(raw.ResponseFormat) {
+		var f struct {
+			Schema inputLen `json:"json_schema"` // the structured output's schema, as a tool's
+		}
+		if err := json.Unmarshal(raw.ResponseFormat, &f); err != nil {
+			return Request{}, fmt.Errorf("%w: response_format: must be an object", ErrInvalidRequest)
+		}
+		r.TextBytes += int(f.Schema)
 	}
 	r.Input = max(r.TextBytes/BytesPerToken, 1)
 	r.MaxOutput = DefaultMaxOutput
@@ -142,11 +164,32 @@ func integer(raw json.RawMessage, limit int) (int, bool) {
 	return int(f), true
 }
 
+// toolCallBytes is the byte length of an OpenAI assistant message's tool_calls: each call's
+// function name and arguments (a string of JSON, as the model wrote it).
+func toolCallBytes(raw json.RawMessage) (int, error) {
+	var calls []struct {
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &calls); err != nil {
+		return 0, errors.New("must be an array of tool calls whose arguments are a string")
+	}
+	n := 0
+	for _, c := range calls {
+		n += len(c.Function.Name) + len(c.Function.Arguments)
+	}
+	return n, nil
+}
+
 // textBytes is the byte length of a content: a string, or the text of an array of blocks joined
-// by newlines: a "text" block's text, and a "tool_result" block's content (a string or an array
-// of blocks whose "text" blocks count, as the API's); other blocks count nothing. inResult reads
-// a tool_result's content: a tool_result in it counts nothing (the API has none there), so that
-// a body nested deep is not read again at every level.
+// by newlines: a "text" block's text, a "tool_result" block's content (a string or an array of
+// blocks whose "text" blocks count, as the API's), a "tool_use" block's input JSON without its
+// white space, and a "document" block's text (a "text" source's data, or a "content" source's
+// "text" blocks); other blocks (images, base64 and URL documents) count nothing. inResult reads
+// a tool_result's content or a document's: a tool_result in it counts nothing (the API has none
+// there), so that a body nested deep is not read again at every level.
 func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 	if isNull(raw) {
 		return 0, nil
@@ -159,6 +202,12 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 		Type    string          `json:"type"`
 		Text    string          `json:"text"`
 		Content json.RawMessage `json:"content"`
+		Input   inputLen        `json:"input"`
+		Source  *struct {
+			Type    string          `json:"type"`
+			Data    stringLen       `json:"data"`
+			Content json.RawMessage `json:"content"`
+		} `json:"source"`
 	}
 	if err := json.Unmarshal(raw, &blocks); err != nil {
 		return 0, errors.New("must be a string or an array of content blocks")
@@ -178,6 +227,23 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 				return 0, fmt.Errorf("tool_result content: %w", err)
 			}
 			size = m
+		case "tool_use":
+			size = int(b.Input)
+		case "document":
+			switch {
+			case b.Source == nil:
+				continue
+			case b.Source.Type == "text":
+				size = int(b.Source.Data)
+			case b.Source.Type == "content" && !inResult:
+				m, err := textBytes(b.Source.Content, true)
+				if err != nil {
+					return 0, fmt.Errorf("document content: %w", err)
+				}
+				size = m
+			default:
+				continue // base64, a URL or a file: its text is not in the body
+			}
 		default:
 			continue
 		}
@@ -188,6 +254,81 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 		pieces++
 	}
 	return n, nil
+}
+
+// inputLen is the compactLen of a JSON value, read where it lies in the body: no copy.
+type inputLen int
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (n *inputLen) UnmarshalJSON(raw []byte) error {
+	if isNull(raw) {
+		*n = 0
+		return nil
+	}
+	*n = inputLen(compactLen(raw))
+	return nil
+}
+
+// stringLen is the byte length of a JSON string once decoded (0 for any other value), read where
+// it lies in the body: a document's base64 data is not copied to be ignored.
+type stringLen int
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (n *stringLen) UnmarshalJSON(raw []byte) error {
+	*n = stringLen(decodedLen(raw))
+	return nil
+}
+
+// decodedLen is the byte length of raw, a valid JSON value, decoded as a string: an escape counts
+// the bytes it stands for (\uXXXX the UTF-8 length of its character, a surrogate pair 4, a lone
+// surrogate 3: the replacement character). Not a string: 0. No allocation.
+func decodedLen(raw []byte) int {
+	if len(raw) < 2 || raw[0] != '"' {
+		return 0
+	}
+	s := raw[1 : len(raw)-1]
+	n := 0
+	for {
+		i := bytes.IndexByte(s, '\\')
+		if i < 0 {
+			return n + len(s)
+		}
+		n += i
+		if s[i+1] != 'u' {
+			n++ // \n, \", \\ ...: one byte
+			s = s[i+2:]
+			continue
+		}
+		r := hex4(s[i+2 : i+6])
+		s = s[i+6:]
+		switch {
+		case r >= 0xD800 && r <= 0xDBFF && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' &&
+			hex4(s[2:6]) >= 0xDC00 && hex4(s[2:6]) <= 0xDFFF:
+			n += 4
+			s = s[6:]
+		case r >= 0xD800 && r <= 0xDFFF:
+			n += 3
+		default:
+			n += utf8.RuneLen(r)
+		}
+	}
+}
+
+// hex4 reads four hex digits (valid JSON has them after \u).
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // compactLen is the length of raw, valid JSON, without the white space between its tokens (the

@@ -1,6 +1,7 @@
 package tokens_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -42,6 +43,13 @@ func TestCount(t *testing.T) {
 			body: `{"model":"gpt-x","max_tokens":100,"system":"ignored","messages":[{"role":"system","content":"12345678"},
 				{"role":"user","content":[{"type":"text","text":"1234"}]},{"role":"assistant","content":null}]}`,
 			want: tokens.Request{Model: "gpt-x", TextBytes: 12, Input: 3, Choices: 1, MaxOutput: 100},
+		},
+		{
+			// a developer message is the newer models' system prompt: any role's content counts
+			name: "OpenAIDeveloperRoleAndParts", provider: tokens.ProviderOpenAI,
+			body: `{"model":"o","messages":[{"role":"developer","content":[{"type":"text","text":"12345678"}]},
+				{"role":"user","content":[{"type":"text","text":"1234"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`,
+			want: tokens.Request{Model: "o", TextBytes: 12, Input: 3, Choices: 1, MaxOutput: tokens.DefaultMaxOutput, AssumedOutput: true},
 		},
 		{
 			name: "OpenAIMaxCompletionTokensWins", provider: tokens.ProviderOpenAI,
@@ -200,4 +208,92 @@ func TestCount_ToolsWhiteSpaceCountsNothing(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want.TextBytes, got.TextBytes, provider)
 	}
+}
+
+// TestCount_ToolCallsAndDocuments: an assistant turn's tool calls (Anthropic's tool_use input,
+// OpenAI's tool_calls arguments) and a document's text (an Anthropic document block whose source
+// is text, or content blocks) are input the provider charges: an agent that writes files sends
+// each file back in its own tool calls, and a document can be the whole prompt. The rule counts
+// them; a base64 or URL document, as an image, still counts nothing.
+func TestCount_ToolCallsAndDocuments(t *testing.T) {
+	t.Parallel()
+	file := strings.Repeat("f", 4000)
+	input := `{"path":"a.go","text":"` + file + `"}`
+	args := `{\"path\":\"a.go\",\"text\":\"` + file + `\"}` // the arguments are a JSON string
+	for _, tc := range []struct {
+		name, provider, body string
+		want                 int
+	}{
+		{"AnthropicToolUse", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"messages":[{"role":"user","content":"go"},
+				{"role":"assistant","content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"t1","name":"write","input": ` + input + `}]}]}`,
+			2 + 2 + 1 + len(input)},
+		{"AnthropicToolUseLayout", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"w","input":{ "a" : [ 1, 2 ] }}]}]}`,
+			len(`{"a":[1,2]}`)},
+		{"OpenAIToolCalls", tokens.ProviderOpenAI,
+			`{"messages":[{"role":"user","content":"go"},{"role":"assistant","content":null,"tool_calls":[
+				{"id":"c1","type":"function","function":{"name":"write","arguments":"` + args + `"}},
+				{"id":"c2","type":"function","function":{"name":"read","arguments":"{}"}}]},
+				{"role":"tool","tool_call_id":"c1","content":"done"}]}`,
+			2 + len("write") + len(input) + len("read") + 2 + 4},
+		{"AnthropicTextDocument", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"messages":[{"role":"user","content":[
+				{"type":"document","source":{"type":"text","media_type":"text/plain","data":"` + file + `\n"}},
+				{"type":"text","text":"sum up"}]}]}`,
+			len(file) + 1 + 1 + 6},
+		{"AnthropicContentDocument", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"messages":[{"role":"user","content":[
+				{"type":"document","source":{"type":"content","content":[{"type":"text","text":"` + file + `"},{"type":"text","text":"ab"}]}}]}]}`,
+			len(file) + 1 + 2},
+		{"AnthropicBase64DocumentCountsNothing", tokens.ProviderAnthropic,
+			`{"max_tokens":5,"messages":[{"role":"user","content":[
+				{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"` + file + `"}},
+				{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + file + `"}},
+				{"type":"text","text":"1234"}]}]}`,
+			4},
+	} {
+		r, err := tokens.Count(tc.provider, []byte(tc.body))
+		require.NoError(t, err, tc.name)
+		require.Equal(t, tc.want, r.TextBytes, tc.name)
+	}
+}
+
+// TestCount_DocumentTextEscapes: a text document's data counts the bytes it decodes to, escapes
+// included, as its text would.
+func TestCount_DocumentTextEscapes(t *testing.T) {
+	t.Parallel()
+	for _, data := range []string{`plain`, `a\"\\\/\b\f\n\r\t`, `\u00e9\u20AC\ud83d\ude00`, `x\ud83d`, `\udc00y`, `\ud83d\u0041`, ``} {
+		var want string
+		require.NoError(t, json.Unmarshal([]byte(`"`+data+`"`), &want))
+		r, err := tokens.Count(tokens.ProviderAnthropic, []byte(`{"max_tokens":5,"messages":[{"role":"user","content":[
+			{"type":"document","source":{"type":"text","media_type":"text/plain","data":"`+data+`"}}]}]}`))
+		require.NoError(t, err, data)
+		require.Equal(t, len(want), r.TextBytes, data)
+	}
+}
+
+// TestCount_ResponseFormatSchema: an OpenAI request's structured-output schema
+// (response_format.json_schema) reaches the model as its tool definitions do, and is charged as
+// input: the rule counts its JSON without white space, as the tools'. Anthropic has no such field.
+func TestCount_ResponseFormatSchema(t *testing.T) {
+	t.Parallel()
+	schema := `{"name":"answer","strict":true,"schema":{"type":"object","properties":{"summary":{"type":"string","description":"` +
+		strings.Repeat("s", 400) + `"}}}}`
+	body := `{"max_tokens":5,"response_format":{"type":"json_schema","json_schema": ` + schema + ` },"messages":[{"role":"user","content":"1234"}]}`
+	r, err := tokens.Count(tokens.ProviderOpenAI, []byte(body))
+	require.NoError(t, err)
+	require.Equal(t, len(schema)+4, r.TextBytes)
+
+	r, err = tokens.Count(tokens.ProviderOpenAI, []byte(`{"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"1234"}]}`))
+	require.NoError(t, err)
+	require.Equal(t, 4, r.TextBytes)
+
+	r, err = tokens.Count(tokens.ProviderAnthropic, []byte(body))
+	require.NoError(t, err)
+	require.Equal(t, 4, r.TextBytes, "not Anthropic's API")
+
+	_, err = tokens.Count(tokens.ProviderOpenAI, []byte(`{"response_format":"json","messages":[]}`))
+	require.ErrorIs(t, err, tokens.ErrInvalidRequest)
+	require.ErrorContains(t, err, "response_format: must be an object")
 }
