@@ -105,6 +105,9 @@ type Batcher struct {
 	started time.Time
 	// crashAfterCommit, set by tests only, ends a pass between a batch's commit and its send.
 	crashAfterCommit error
+	// crashAfterRecord, set by tests only, ends a pass between the recording of an ended
+	// batch's results and the batch's close.
+	crashAfterRecord error
 }
 
 // New returns a Batcher; zero config fields take their defaults.
@@ -459,10 +462,11 @@ const sendClaim = 10 * time.Minute
 // send submits committed batch row. When a send of it began before (the process died or the
 // call failed without an answer), the provider may hold it already: it is looked up first (by
 // the last send's start and size, recorded before it went: see store.resend), and sent again
-// only when the provider has none. A send or look-up that failed is tried again after
-// the polls' backoff (pollDelay), not at every pass: a provider whose batch API is down or
-// overloaded is not asked once a second (for OpenAI, with the batch's file uploaded each time);
-// meanwhile the batch's jobs near their deadline still go online. A send claims its batch for
+// only when the provider has none. A send or look-up that failed is tried again after the
+// polls' backoff, or the answer's longer Retry-After (sendDelay), not at every pass: a provider
+// whose batch API is down or overloaded is not asked once a second (for OpenAI, with the
+// batch's file uploaded each time); meanwhile the batch's jobs near their deadline still go
+// online. A send claims its batch for
 // sendClaim (see store.beginSend): a second leader, while a cut-off one may still be sending it,
 // leaves it alone until the claim or the send's outcome ends. A send refused with a spend cap
 // pauses the credential (see spendCap) and stays committed, its claim ended, to go once the
@@ -472,8 +476,9 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 	if row.NextPollAt != nil && b.cfg.Now().Before(*row.NextPollAt) {
 		return b.unsentFallback(ctx, lane, row)
 	}
-	later := func() error {
-		return b.store.pollLater(ctx, row.ID, b.cfg.Now().Add(pollDelay(lane.Config, row.Polls)))
+	later := func(err error) error {
+		now := b.cfg.Now()
+		return b.store.pollLater(ctx, row.ID, now.Add(sendDelay(lane.Config, row.Polls, err, now)))
 	}
 	now := b.cfg.Now()
 	reqs, since, sent, err := b.store.beginSend(ctx, row.ID, now, now.Add(sendClaim))
@@ -495,7 +500,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 			return err
 		}
 		if providerID, err = lane.Client.Find(ctx, row.ID, since, sent, func(id string) bool { return taken[id] }); err != nil {
-			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later())
+			return errors.Join(fmt.Errorf("look up batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later(err))
 		}
 		if providerID != "" {
 			b.cfg.Logger.InfoContext(ctx, "found a batch sent before a restart", "batch", row.ID, "provider_batch_id", providerID)
@@ -509,7 +514,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 	if providerID == "" && row.SubmitStartedAt != nil {
 		// What the next look-up (should this send's answer be lost) looks for.
 		if err := b.store.resend(ctx, row.ID, len(reqs)); err != nil {
-			return errors.Join(err, later())
+			return errors.Join(err, later(err))
 		}
 	}
 	if providerID == "" {
@@ -524,7 +529,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 			if se := (*StatusError)(nil); errors.As(err, &se) && !retryableStatus(se.Status) {
 				return b.refused(ctx, row, se)
 			}
-			return errors.Join(fmt.Errorf("send batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later())
+			return errors.Join(fmt.Errorf("send batch %s: %w", row.ID, err), b.unsentFallback(ctx, lane, row), later(err))
 		}
 		b.probed(ctx, lane, held, true)
 	}
@@ -533,6 +538,18 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 	}
 	b.cfg.Metrics.batch(row.Credential, "sent")
 	return nil
+}
+
+// sendDelay is the wait before a batch's send (or look-up) that failed with err is tried again:
+// the polls' backoff (pollDelay), or the answer's Retry-After when that is longer (Anthropic's
+// 429 while the organization's batch queue is full says when it has room; asked sooner, it
+// answers 429 again), at most the backoff's cap, 10 × PollInterval, as a longer backoff is.
+func sendDelay(c config.Batch, polls int, err error, now time.Time) time.Duration {
+	d := pollDelay(c, polls)
+	if rd := retrypolicy.Classify(err, now); rd.HasRetryAfter {
+		d = max(d, min(rd.RetryAfter, 10*c.PollInterval))
+	}
+	return d
 }
 
 // unsentFallback moves the jobs of a batch whose send failed (it is sent again after a backoff,
@@ -624,9 +641,16 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		}
 	}
 	if live == 0 {
-		// Nothing waits for this batch: stop paying for what is left of it. A cancel that failed
-		// (no answer, the provider's side: 408, 429, 5xx) is tried again after the backoff, as a
-		// failed poll is; one refused otherwise (a 409 or 400: the batch has ended) closes it.
+		// Nothing waits for this batch. One that has ended at the provider (its results were
+		// recorded by a leader that died before closing it, or it ended as its last jobs left) is
+		// closed as ended: a cancel would do nothing, and it was not canceled. A poll that fails
+		// leaves that to the cancel's answer.
+		if st, err := lane.Client.Poll(ctx, *row.ProviderID); err == nil && st.Ended {
+			return b.closeEnded(ctx, row, st)
+		}
+		// Else stop paying for what is left of it. A cancel that failed (no answer, the
+		// provider's side: 408, 429, 5xx) is tried again after the backoff, as a failed poll is;
+		// one refused otherwise (a 409 or 400: the batch has ended) closes it.
 		if err := lane.Client.Cancel(ctx, *row.ProviderID); err != nil {
 			var se *StatusError
 			if !errors.As(err, &se) || (retryableStatus(se.Status) && se.Status != http.StatusConflict) {
@@ -659,8 +683,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 			st.Provider, held); err != nil {
 			return err
 		}
-		b.cfg.Metrics.batch(row.Credential, "refused")
-		return b.store.ended(ctx, row.ID, "ended", st.Provider)
+		return b.closeEnded(ctx, row, st)
 	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
@@ -669,7 +692,20 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 	if err := b.record(ctx, lane, row, jobs, results, noLine, st.Provider, held); err != nil {
 		return err
 	}
-	b.cfg.Metrics.batch(row.Credential, "ended")
+	if b.crashAfterRecord != nil {
+		return b.crashAfterRecord
+	}
+	return b.closeEnded(ctx, row, st)
+}
+
+// closeEnded closes batch row, which ended at the provider (st) and whose results are
+// recorded: counted ended, or refused when it failed as a whole (State.Failed).
+func (b *Batcher) closeEnded(ctx context.Context, row batchRow, st State) error {
+	outcome := "ended"
+	if st.Failed {
+		outcome = "refused"
+	}
+	b.cfg.Metrics.batch(row.Credential, outcome)
 	return b.store.ended(ctx, row.ID, "ended", st.Provider)
 }
 

@@ -13,3 +13,7 @@ func SetMaxAnswerLen(c Client, n int64) {
 		c.maxAnswer = n
 	}
 }
+
+// CrashAfterRecord makes b's passes end with err between the recording of an ended batch's
+// results and the batch's close, as a process dying there would.
+func CrashAfterRecord(b *Batcher, err error) { b.crashAfterRecord = err }

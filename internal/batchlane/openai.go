@@ -23,9 +23,13 @@ type openAIBatch struct {
 	OutputFileID *string           `json:"output_file_id"`
 	ErrorFileID  *string           `json:"error_file_id"`
 	Metadata     map[string]string `json:"metadata"`
-	// Errors is why a failed batch failed.
+	// Errors is why a failed batch failed: one entry per refused input line (Line, 1-based), or
+	// one for the whole batch (no line: a quota such as the enqueued token limit).
 	Errors *struct {
-		Data []struct{ Code, Message string } `json:"data"`
+		Data []struct {
+			Code, Message string
+			Line          *int `json:"line"`
+		} `json:"data"`
 	} `json:"errors"`
 	// CreatedAt is the batch's creation, in Unix seconds by the provider's clock.
 	CreatedAt int64 `json:"created_at"`
@@ -148,8 +152,20 @@ func (c *openAIClient) Poll(ctx context.Context, id string) (State, error) {
 	case "failed":
 		st := State{Provider: b.Status, Ended: true, Failed: true}
 		if b.Errors != nil && len(b.Errors.Data) > 0 {
-			e := b.Errors.Data[0]
-			st.ErrorType, st.Message = c.red.Clean(e.Code, maxErrorTypeLen), c.red.Clean(e.Message, maxErrorMessageLen)
+			// Every job of the batch is told its first error, which may name another job's
+			// line: the line and the number of errors are kept before the message, where the cut
+			// to maxErrorMessageLen does not reach them.
+			e, n := b.Errors.Data[0], len(b.Errors.Data)
+			var where string
+			switch {
+			case n > 1 && e.Line != nil:
+				where = fmt.Sprintf("%d errors, the first on line %d: ", n, *e.Line)
+			case n > 1:
+				where = fmt.Sprintf("%d errors, the first: ", n)
+			case e.Line != nil:
+				where = fmt.Sprintf("line %d: ", *e.Line)
+			}
+			st.ErrorType, st.Message = c.red.Clean(e.Code, maxErrorTypeLen), c.red.Clean(where+e.Message, maxErrorMessageLen)
 		}
 		return st, nil
 	}

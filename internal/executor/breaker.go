@@ -114,18 +114,25 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream,
 // credential to heal: sequential waiting is what makes failover slow. Other errors, and jobs
 // without a fallback left, pass through. The delivery there keeps this one's pass in the
 // backlog gate. left, when not nil, runs once the job has moved (and only then): what the job
-// held on the credential it left is given back there.
+// held on the credential it left is given back there. The move is from the credential job was
+// read on: when another delivery of the job moved it first, this one moves nothing (two
+// deliveries skip no fallback, and a held slot is given back once) and defers.
 func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass *gatePass, left func()) error {
 	var d *deferral
 	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
 		return err
 	}
-	moved, merr := e.cfg.Store.NextCredential(ctx, job.ID)
+	moved, merr := e.cfg.Store.NextCredential(ctx, job.ID, job.CredentialIndex)
 	if merr != nil {
 		return merr
 	}
 	if !moved {
-		return err
+		// The job is no longer this delivery's to move: another delivery moved it on first (or
+		// ended it, or its attempt is leased). The row is that one's: this delivery comes back
+		// at its deferral's time without writing the left credential's recheck over it.
+		stay := *d
+		stay.stored = true
+		return &stay
 	}
 	if left != nil {
 		left()

@@ -138,13 +138,16 @@ WHERE id = $1 AND `+waitingForAttempt, id, until)
 	return nil
 }
 
-// NextCredential moves a job waiting for an attempt (see waitingForAttempt) to its next fallback
-// credential, without an attempt (the current one is refused by its breaker or paused). It
-// reports whether it moved.
-func (s *Store) NextCredential(ctx context.Context, id string) (bool, error) {
+// NextCredential moves a job waiting for an attempt (see waitingForAttempt) from the credential
+// at index from (Job.CredentialIndex as the caller read it) to the next fallback, without an
+// attempt (the current one is refused by its breaker or paused). It reports whether it moved: a
+// job no longer at from (another delivery of it moved it first, or a dead letter's retry started
+// it over) is not moved, so two deliveries that find one credential unavailable move the job
+// one fallback on, not two.
+func (s *Store) NextCredential(ctx context.Context, id string, from int) (bool, error) {
 	tag, err := s.pool.Exec(ctx, `UPDATE jobs SET credential_index = credential_index + 1, slot_seq = NULL, slot_grant = NULL,
 	next_attempt_at = NULL, updated_at = now()
-WHERE id = $1 AND `+waitingForAttempt+` AND credential_index < cardinality(fallbacks)`, id)
+WHERE id = $1 AND `+waitingForAttempt+` AND credential_index = $2 AND credential_index < cardinality(fallbacks)`, id, from)
 	if err != nil {
 		return false, fmt.Errorf("move to fallback credential: %w", err)
 	}
