@@ -75,33 +75,13 @@ func TestTokens_RequestLargerThanABucketRefusedAtSubmit(t *testing.T) {
 // few bytes of their text blocks, the whole burst went at once and the provider refused most).
 func TestTokens_ToolResultsAreReserved(t *testing.T) {
 	t.Parallel()
-	const n = 8
-	b := setup(t, setupOpts{
-		sim: llmsim.Config{Capacity: 100, RefillPerSecond: 100, InputTokensPerMinute: 400,
-			OutputTokensPerMinute: 1000, TokenMinute: time.Second, ReplyTokens: 10},
-		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
-		worker: "token_minute: 1s, phase_margin: 2s", // see TestTokens_KnownTokenLimitAvoids429s
-	})
 	// "ok", the tool_use input {}, 397 bytes and a newline joining "": 402 bytes, 100 input tokens
 	result := strings.Repeat("word ", 79) + "wo"
 	body := fmt.Sprintf(`{"max_attempts":1,"request":{"model":"m","max_tokens":10,"messages":[
 		{"role":"user","content":"ok"},
 		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"read","input":{}}]},
 		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":%q},{"type":"text","text":""}]}]}}`, result)
-	ids := make([]string, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { ids[i] = b.submit(t, body) })
-	}
-	wg.Wait()
-	for _, id := range ids {
-		job := b.waitTerminal(t, id)
-		require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
-		require.EqualValues(t, 100, job["usage"].(map[string]any)["input_tokens"])
-	}
-	st := b.sim.Stats()
-	require.Zero(t, st.ByStatus[429], "the provider refused requests: %v", st.ByStatus)
-	require.Equal(t, n, st.Requests)
+	burstUnderInputLimit(t, body)
 }
 
 // An agent's turn carries its own tool calls (a file it wrote, in a tool_use input) and the
@@ -110,13 +90,6 @@ func TestTokens_ToolResultsAreReserved(t *testing.T) {
 // blocks, the whole burst went at once and the provider refused most).
 func TestTokens_ToolCallsAndDocumentsAreReserved(t *testing.T) {
 	t.Parallel()
-	const n = 8
-	b := setup(t, setupOpts{
-		sim: llmsim.Config{Capacity: 100, RefillPerSecond: 100, InputTokensPerMinute: 400,
-			OutputTokensPerMinute: 1000, TokenMinute: time.Second, ReplyTokens: 10},
-		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
-		worker: "token_minute: 1s, phase_margin: 2s", // see TestTokens_KnownTokenLimitAvoids429s
-	})
 	doc := strings.Repeat("d", 195)
 	input := `{"text":"` + strings.Repeat("w", 189) + `"}` // 200 bytes
 	// 195 + a newline + "ok", the input's 200, the result's "ok": 400 bytes, 100 input tokens
@@ -124,20 +97,7 @@ func TestTokens_ToolCallsAndDocumentsAreReserved(t *testing.T) {
 		{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":%q}},{"type":"text","text":"ok"}]},
 		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"write","input":%s}]},
 		{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}]}}`, doc, input)
-	ids := make([]string, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { ids[i] = b.submit(t, body) })
-	}
-	wg.Wait()
-	for _, id := range ids {
-		job := b.waitTerminal(t, id)
-		require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
-		require.EqualValues(t, 100, job["usage"].(map[string]any)["input_tokens"])
-	}
-	st := b.sim.Stats()
-	require.Zero(t, st.ByStatus[429], "the provider refused requests: %v", st.ByStatus)
-	require.Equal(t, n, st.Requests)
+	burstUnderInputLimit(t, body)
 }
 
 // A request without max_tokens reserves the default allowance (4,096). Once the credential's
@@ -162,4 +122,33 @@ func TestTokens_AssumedOutputAboveALearnedLimitSaysSo(t *testing.T) {
 	require.Contains(t, msg, "can never be sent")
 	require.Contains(t, msg, "the request sets no max_tokens: 4096 assumed")
 	require.Equal(t, 1, b.sim.Stats().Requests)
+}
+
+// burstUnderInputLimit submits 8 copies of body, a request of 100 input tokens by the provider's
+// count, at once to a credential whose input-token limit (400 a "minute" of 1 s) is known to both
+// llmq and llmsim: all succeed without a 429 only if llmq reserved their input as the provider
+// counts it.
+func burstUnderInputLimit(t *testing.T, body string) {
+	t.Helper()
+	const n = 8
+	b := setup(t, setupOpts{
+		sim: llmsim.Config{Capacity: 100, RefillPerSecond: 100, InputTokensPerMinute: 400,
+			OutputTokensPerMinute: 1000, TokenMinute: time.Second, ReplyTokens: 10},
+		limits: "{requests_per_second: 100, burst: 100, input_tokens_per_minute: 400, output_tokens_per_minute: 1000}",
+		worker: "token_minute: 1s, phase_margin: 2s", // see TestTokens_KnownTokenLimitAvoids429s
+	})
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { ids[i] = b.submit(t, body) })
+	}
+	wg.Wait()
+	for _, id := range ids {
+		job := b.waitTerminal(t, id)
+		require.Equal(t, "succeeded", job["status"], "%v", job["last_error"])
+		require.EqualValues(t, 100, job["usage"].(map[string]any)["input_tokens"])
+	}
+	st := b.sim.Stats()
+	require.Zero(t, st.ByStatus[429], "the provider refused requests: %v", st.ByStatus)
+	require.Equal(t, n, st.Requests)
 }

@@ -28,6 +28,45 @@ func createJob(t *testing.T, b *jobstest.Bundle, tenant string, prio jobs.Priori
 	return b.Create(t, jobstest.Opts{Tenant: tenant, Priority: prio, Request: helloRequest, Timeout: time.Hour})
 }
 
+// weightHold is a TenantWeight that records every tenant asked for and holds the asks of one
+// tenant until release is closed (entered is closed at its first ask): a delivery held there
+// keeps its place in the backlog gate, in its admission.
+type weightHold struct {
+	hold             string
+	entered, release chan struct{}
+	once             sync.Once
+	mu               sync.Mutex
+	asked            []string
+}
+
+// newWeightHold holds the weight asks of tenant hold.
+func newWeightHold(hold string) *weightHold {
+	return &weightHold{hold: hold, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+// weight is the executor.Config.TenantWeight.
+func (w *weightHold) weight(ctx context.Context, tenant string) (int, error) {
+	w.mu.Lock()
+	w.asked = append(w.asked, tenant)
+	w.mu.Unlock()
+	if tenant == w.hold {
+		w.once.Do(func() { close(w.entered) })
+		select {
+		case <-w.release:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return 1, nil
+}
+
+// askedFor reports whether tenant's weight was asked for.
+func (w *weightHold) askedFor(tenant string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Contains(w.asked, tenant)
+}
+
 // TestExecutor_BacklogGateHoldsOnlyLowJobsSteps: with one place in the backlog gate, held by a
 // low job's delivery (stuck in its admission), a normal job's delivery runs to the end, while a
 // second low job's delivery waits for the place: as a task of the low queue (Delivery.Low)
@@ -39,39 +78,18 @@ func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
 	b := jobstest.New(t)
 	lim, _ := sharedAdmission(t, redistest.Client(t))
 	p := simProvider(t, llmsim.Config{}, "sk-gate")
-	release, entered := make(chan struct{}), make(chan struct{})
-	var mu sync.Mutex
-	var enteredOnce sync.Once
-	var asked []string
+	w := newWeightHold("flood")
 	reg := prometheus.NewRegistry()
 	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, Metrics: executor.NewMetrics(reg), Upstreams: map[string]executor.Upstream{
 		"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate", "default"),
 			Limit: limiter.Limit{Rate: 1000, Burst: 100}},
-	}, TenantWeight: func(ctx context.Context, tenant string) (int, error) {
-		mu.Lock()
-		asked = append(asked, tenant)
-		mu.Unlock()
-		if tenant == "flood" {
-			enteredOnce.Do(func() { close(entered) })
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return 0, ctx.Err()
-			}
-		}
-		return 1, nil
-	}})
-	askedFor := func(tenant string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Contains(asked, tenant)
-	}
+	}, TenantWeight: w.weight})
 
 	holder := createJob(t, b, "flood", jobs.PriorityLow)
 	held := make(chan error, 1)
 	go func() { held <- ex.Process(ctx, dispatch.Delivery{JobID: holder.ID, Low: true}) }()
 	select {
-	case <-entered:
+	case <-w.entered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the first low delivery never reached its admission")
 	}
@@ -93,12 +111,12 @@ func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
 		require.ErrorIs(t, err, context.DeadlineExceeded, "delivery %+v waits for the gate's place", d)
 		require.Equal(t, loads+uint64(i), stageCounts(t, reg)[executor.StageLoad], "only the main queue's delivery read the job")
 	}
-	require.False(t, askedFor("late"), "the waiting low job asked for no slot")
+	require.False(t, w.askedFor("late"), "the waiting low job asked for no slot")
 	got, err = b.Store.Get(ctx, late.ID)
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusQueued, got.Status)
 
-	close(release)
+	close(w.release)
 	select {
 	case err := <-held:
 		require.NoError(t, err)
@@ -218,25 +236,14 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheBreakersWait(t *testing.T) {
 	brk, err := breaker.New(rdb, &breaker.Config{Prefix: redistest.Prefix(t) + "cap:", Threshold: 1})
 	require.NoError(t, err)
 	p := simProvider(t, llmsim.Config{Latency: time.Second}, "sk-gate-again")
-	release, entered := make(chan struct{}), make(chan struct{})
-	var enteredOnce sync.Once
+	w := newWeightHold("holder")
 	reg := prometheus.NewRegistry()
 	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, MaxInlineWait: 10 * time.Second, Metrics: executor.NewMetrics(reg),
 		Upstreams: map[string]executor.Upstream{
 			"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-again", "default"),
 				Circuit: brk.Circuit("sk-gate-again", "default"), Limit: limiter.Limit{Rate: 1000, Burst: 100}},
 		},
-		TenantWeight: func(ctx context.Context, tenant string) (int, error) {
-			if tenant == "holder" {
-				enteredOnce.Do(func() { close(entered) })
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return 0, ctx.Err()
-				}
-			}
-			return 1, nil
-		}})
+		TenantWeight: w.weight})
 	loads := func() uint64 { return stageCounts(t, reg)[executor.StageLoad] }
 	status := func(id string) jobs.Status {
 		got, err := b.Store.Get(ctx, id)
@@ -254,7 +261,7 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheBreakersWait(t *testing.T) {
 
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: d.ID, Low: true}) }()
 	select {
-	case <-entered: // D holds the place, B waits on the cap outside it
+	case <-w.entered: // D holds the place, B waits on the cap outside it
 	case <-time.After(10 * time.Second):
 		t.Fatal("D never got the place B left for its wait")
 	}
@@ -272,7 +279,7 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheBreakersWait(t *testing.T) {
 	require.Never(t, func() bool { return status(bj.ID) != jobs.StatusQueued }, 3*time.Second, 10*time.Millisecond,
 		"B went on past its wait while D held the gate's only place")
 
-	close(release)
+	close(w.release)
 	for range 2 {
 		select {
 		case err := <-results:
@@ -296,35 +303,14 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheRetryDelay(t *testing.T) {
 	b := jobstest.New(t)
 	lim, _ := sharedAdmission(t, redistest.Client(t))
 	p := simProvider(t, llmsim.Config{}, "sk-gate-delay")
-	release, entered := make(chan struct{}), make(chan struct{})
-	var enteredOnce sync.Once
-	var mu sync.Mutex
-	var asked []string
+	w := newWeightHold("holder")
 	reg := prometheus.NewRegistry()
 	ex := executor.New(executor.Config{Store: b.Store, BacklogSteps: 1, MaxInlineWait: 10 * time.Second, Metrics: executor.NewMetrics(reg),
 		Upstreams: map[string]executor.Upstream{
 			"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p, Gate: lim.Gate("sk-gate-delay", "default"),
 				Limit: limiter.Limit{Rate: 1000, Burst: 100}},
 		},
-		TenantWeight: func(ctx context.Context, tenant string) (int, error) {
-			mu.Lock()
-			asked = append(asked, tenant)
-			mu.Unlock()
-			if tenant == "holder" {
-				enteredOnce.Do(func() { close(entered) })
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return 0, ctx.Err()
-				}
-			}
-			return 1, nil
-		}})
-	askedFor := func(tenant string) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Contains(asked, tenant)
-	}
+		TenantWeight: w.weight})
 
 	l, d := createJob(t, b, "acme", jobs.PriorityLow), createJob(t, b, "holder", jobs.PriorityLow)
 	require.NoError(t, b.Store.Postpone(ctx, l.ID, time.Now().Add(time.Second)))
@@ -336,14 +322,14 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheRetryDelay(t *testing.T) {
 	// L's leaving the place for its sleep and the sleep's end.
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: d.ID, Low: true}) }()
 	select {
-	case <-entered: // D holds the place; L sleeps out its delay outside it
+	case <-w.entered: // D holds the place; L sleeps out its delay outside it
 	case <-time.After(10 * time.Second):
 		t.Fatal("D never got the place L left for its sleep")
 	}
-	require.Never(t, func() bool { return askedFor("acme") }, 2*time.Second, 10*time.Millisecond,
+	require.Never(t, func() bool { return w.askedFor("acme") }, 2*time.Second, 10*time.Millisecond,
 		"L asked for its slot after its delay while D held the gate's only place")
 
-	close(release)
+	close(w.release)
 	for range 2 {
 		select {
 		case err := <-results:
