@@ -156,8 +156,11 @@ func (m *Maintainer) lead(ctx context.Context) error {
 		m.every(ctx, m.cfg.Interval, true, "deadline pass", func(ctx context.Context) error {
 			start := m.cfg.Now()
 			_, err := m.FailOverdue(ctx)
-			if err == nil {
+			switch {
+			case err == nil:
 				m.cfg.Metrics.passed(passDeadline, start)
+			case ctx.Err() == nil: // not cut by the end of the lead
+				m.cfg.Metrics.failed(passDeadline)
 			}
 			return err
 		})
@@ -174,9 +177,9 @@ func (m *Maintainer) lead(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	// A process that no longer leads measures no backlog: its last value would stand beside
-	// the new leader's.
-	m.cfg.Metrics.dropBacklog()
+	// A process that no longer leads measures no backlog and counts no failures: its last
+	// values would stand beside the new leader's.
+	m.cfg.Metrics.stoppedLeading()
 	return nil
 }
 
@@ -376,8 +379,11 @@ func (m *Maintainer) retentionPass(ctx context.Context) {
 	if err == nil {
 		auditDeleted, err = m.DeleteExpiredAudit(ctx)
 	}
-	if err == nil {
+	switch {
+	case err == nil:
 		m.cfg.Metrics.passed(passRetention, began)
+	case ctx.Err() == nil: // not cut by the end of the lead
+		m.cfg.Metrics.failed(passRetention)
 	}
 	total := auditDeleted
 	attrs := []any{"duration", time.Since(start).Round(time.Millisecond)}

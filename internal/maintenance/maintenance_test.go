@@ -638,3 +638,57 @@ func TestMaintainer_RetentionBacklogOnlyWhileLeading(t *testing.T) {
 	}
 	require.Zero(t, count(), "dropped when the process stops leading")
 }
+
+// TestMaintainer_CountsFailedPassesInARow: a retention pass that fails every time left no trace
+// but a log line once a run (its date is no stall sign: a pass draining a backlog runs for
+// hours). The leader counts each pass's failures in a row, which LLMQRetentionFailing reads, back
+// to 0 after one that succeeds, and drops the series when it stops leading.
+func TestMaintainer_CountsFailedPassesInARow(t *testing.T) {
+	t.Parallel()
+	b, m := setup(t, maintenance.Config{Interval: 20 * time.Millisecond, RetentionInterval: 20 * time.Millisecond,
+		AuditRetention: time.Hour})
+	const name = "llmq_maintenance_failed_passes_in_a_row"
+	deadline, retention := map[string]string{"pass": "deadline"}, map[string]string{"pass": "retention"}
+	count := func() int {
+		n, err := testutil.GatherAndCount(b.reg, name)
+		require.NoError(t, err)
+		return n
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	}
+	defer stop()
+	require.Eventually(t, func() bool { return count() == 2 }, 10*time.Second, 10*time.Millisecond,
+		"both passes succeeded once")
+	require.Zero(t, metric(t, b.reg, name, retention))
+
+	// The retention pass fails from now on (the audit log's statement); the deadline pass does not.
+	_, err := b.Pool.Exec(t.Context(), `ALTER TABLE audit_log RENAME COLUMN at TO at_gone`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return metric(t, b.reg, name, retention) >= 3 }, 10*time.Second,
+		10*time.Millisecond, "each failed retention pass counted")
+	require.Zero(t, metric(t, b.reg, name, deadline), "the deadline pass kept succeeding")
+
+	// It succeeds again: back to 0.
+	_, err = b.Pool.Exec(t.Context(), `ALTER TABLE audit_log RENAME COLUMN at_gone TO at`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return metric(t, b.reg, name, retention) == 0 }, 10*time.Second,
+		10*time.Millisecond, "a pass that succeeds ends the run")
+
+	stop()
+	require.Zero(t, count(), "dropped when the process stops leading")
+}

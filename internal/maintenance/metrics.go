@@ -20,6 +20,10 @@ type Metrics struct {
 	// a leader whose passes fail, or stall, or no leader at all, shows as a time that stops
 	// moving in every process (the LLMQMaintenanceStalled rule).
 	lastSuccess *prometheus.GaugeVec
+	// failuresInARow is, by pass, how many of the leader's passes in a row have failed (0 after
+	// one that succeeds). A retention pass that fails every time leaves no other trace: its date
+	// is not a stall sign (a pass draining a backlog runs for hours), and its backlog freezes.
+	failuresInARow *prometheus.GaugeVec
 }
 
 // kindAudit is the audit log's label value of llmq_retention_backlog_seconds (the others are
@@ -55,8 +59,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Start (Unix time) of the last pass, by pass (deadline, retention), that succeeded in this process " +
 				"while it led maintenance; 0: none yet. The max over the workers is the leader's.",
 		}, []string{"pass"}),
+		failuresInARow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "llmq_maintenance_failed_passes_in_a_row",
+			Help: "How many passes in a row, by pass (deadline, retention), have failed in the leading worker; " +
+				"0 after one that succeeds. Only the leader exports it.",
+		}, []string{"pass"}),
 	}
-	reg.MustRegister(m.deletedJobs, m.deletedBatches, m.backlog, m.lastSuccess)
+	reg.MustRegister(m.deletedJobs, m.deletedBatches, m.backlog, m.lastSuccess, m.failuresInARow)
 	// 0 from the start: a deployment whose deadline pass never succeeds shows as such. The
 	// retention pass's series appears with its first success (retention may be off).
 	m.lastSuccess.WithLabelValues(passDeadline)
@@ -85,10 +94,12 @@ func (m *Metrics) backlogIs(kind string, late time.Duration) {
 	}
 }
 
-// dropBacklog removes every kind's backlog: a process that stops leading measures none.
-func (m *Metrics) dropBacklog() {
+// stoppedLeading removes every kind's backlog and the passes' failures in a row: a process that
+// stops leading measures none, and its last values would stand beside the new leader's.
+func (m *Metrics) stoppedLeading() {
 	if m != nil {
 		m.backlog.Reset()
+		m.failuresInARow.Reset()
 	}
 }
 
@@ -96,5 +107,13 @@ func (m *Metrics) dropBacklog() {
 func (m *Metrics) passed(pass string, start time.Time) {
 	if m != nil {
 		m.lastSuccess.WithLabelValues(pass).Set(float64(start.UnixNano()) / 1e9)
+		m.failuresInARow.WithLabelValues(pass).Set(0)
+	}
+}
+
+// failed records that a pass of kind pass failed (not one cut by the end of the lead).
+func (m *Metrics) failed(pass string) {
+	if m != nil {
+		m.failuresInARow.WithLabelValues(pass).Inc()
 	}
 }
