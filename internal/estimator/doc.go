@@ -1,14 +1,20 @@
-// Package estimator learns, per credential and model, how the provider's token counts relate to
-// the fixed rule of internal/tokens, so that a request reserves close to what it will be charged.
+// Package estimator learns, per credential, tenant and model, how the provider's token counts
+// relate to the fixed rule of internal/tokens, so that a request reserves close to what it will
+// be charged. Per tenant: how far a prompt's tokens are from its bytes / 4 depends on what it
+// holds (images, code, whitespace runs), and one tenant's prompts must not set what another's
+// reserve.
 //
 // An Estimator scales the rule by the ratio between what the provider reported (the whole
 // prompt: usage.input_tokens, and Anthropic's cache_creation_input_tokens and
 // cache_read_input_tokens) and the rule's count: InitialRatio (1.25, conservative) until the first
 // report, then that report's ratio, then an exponentially weighted moving average (Alpha 0.2),
-// clamped to [MinRatio, MaxRatio]. The state is in memory, per process: each worker process
-// learns from its own responses (a few are enough; a restarted process starts conservative
-// again), and no Redis round trip is added to a request. At most MaxEntries pairs are kept;
-// beyond, an arbitrary one is forgotten.
+// clamped to [MinRatio, MaxRatio]. A tenant not yet reported on starts at InitialRatio or, when
+// higher, the ratio learned the same way for the credential and model from every tenant's
+// answers (never lower: one tenant's prompts do not make another's under-reserve). The state is
+// in memory, per process: each worker process learns from its own responses (a few are enough;
+// a restarted process starts conservative again), and no Redis round trip is added to a
+// request. At most MaxEntries (credential, tenant, model) entries, and apart MaxEntries
+// (credential, model) ones, are kept; beyond, an arbitrary one is forgotten.
 //
 // NewMetrics registers llmq_tokens_estimate_ratio{credential}: the histogram of the estimate used
 // divided by the prompt tokens the provider reported (1 is exact, above 1 over-estimated).

@@ -11,15 +11,17 @@ import (
 // Config configures an Estimator. Zero fields take the defaults documented on each; nil is all
 // defaults.
 type Config struct {
-	// InitialRatio scales the rule for a (credential, model) not yet reported on. Default 1.25:
-	// over-estimating costs a little pacing until the first answer is reconciled;
-	// under-estimating costs 429s.
+	// InitialRatio scales the rule for a (credential, tenant, model) not yet reported on, or
+	// the credential's ratio for the model (learned from every tenant's answers) when that is
+	// higher. Default 1.25: over-estimating costs a little pacing until the first answer is
+	// reconciled; under-estimating costs 429s.
 	InitialRatio float64
 	// Alpha is the weight of a new report in the moving average. Default 0.2.
 	Alpha float64
 	// MinRatio and MaxRatio clamp the learned ratio. Defaults 0.25 and 4.
 	MinRatio, MaxRatio float64
-	// MaxEntries bounds the (credential, model) pairs remembered. Default 10,000.
+	// MaxEntries bounds the (credential, tenant, model) entries remembered, and apart the
+	// (credential, model) ones. Default 10,000.
 	MaxEntries int
 	// Metrics receives the estimator's metrics; nil records none.
 	Metrics *Metrics
@@ -59,16 +61,19 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Estimator scales the fixed rule by a ratio learned per (credential, model). It is safe for
-// concurrent use; its state is this process's memory only.
+// Estimator scales the fixed rule by a ratio learned per (credential, tenant, model). It is safe
+// for concurrent use; its state is this process's memory only.
 type Estimator struct {
 	cfg Config
 
 	mu     sync.Mutex
 	ratios map[key]float64
+	// shared is the ratio per (credential, model) learned from every tenant's answers, key's
+	// tenant empty: a tenant not yet reported on starts no lower (see Ratio).
+	shared map[key]float64
 }
 
-type key struct{ credential, model string }
+type key struct{ credential, tenant, model string }
 
 // New returns an Estimator. cfg may be nil. It returns an error naming the field when cfg is
 // invalid.
@@ -81,11 +86,13 @@ func New(cfg *Config) (*Estimator, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("new token estimator: %w", err)
 	}
-	return &Estimator{cfg: c, ratios: make(map[key]float64)}, nil
+	return &Estimator{cfg: c, ratios: make(map[key]float64), shared: make(map[key]float64)}, nil
 }
 
 // Estimate is what Estimator.Estimate returns for one request.
 type Estimate struct {
+	// Tenant is the tenant whose request it is: the ratio is learned per tenant.
+	Tenant string
 	// Model is the request's model.
 	Model string
 	// Raw is the fixed rule's input tokens (tokens.Request.Input): reserve at least this.
@@ -101,16 +108,16 @@ type Estimate struct {
 	AssumedOutput bool
 }
 
-// Estimate counts body (see tokens.Count) and scales its input tokens by the ratio learned for
-// credential and the body's model. Errors are Count's.
-func (e *Estimator) Estimate(credential, provider string, body []byte) (Estimate, error) {
+// Estimate counts body, tenant's request (see tokens.Count), and scales its input tokens by the
+// ratio learned for credential, tenant and the body's model. Errors are Count's.
+func (e *Estimator) Estimate(credential, tenant, provider string, body []byte) (Estimate, error) {
 	r, err := tokens.Count(provider, body)
 	if err != nil {
 		return Estimate{}, err
 	}
-	ratio := e.Ratio(credential, r.Model)
-	return Estimate{Model: r.Model, Raw: r.Input, Ratio: ratio, Input: scale(r.Input, ratio), MaxOutput: r.MaxOutput,
-		AssumedOutput: r.AssumedOutput}, nil
+	ratio := e.Ratio(credential, tenant, r.Model)
+	return Estimate{Tenant: tenant, Model: r.Model, Raw: r.Input, Ratio: ratio, Input: scale(r.Input, ratio),
+		MaxOutput: r.MaxOutput, AssumedOutput: r.AssumedOutput}, nil
 }
 
 // scale is ceil(n × ratio), at least 1; the tiny tolerance keeps an exact ratio exact.
@@ -118,14 +125,20 @@ func scale(n int, ratio float64) int {
 	return max(int(math.Ceil(float64(n)*ratio-1e-9)), 1)
 }
 
-// Ratio is the ratio in force for credential and model: InitialRatio until a report.
-func (e *Estimator) Ratio(credential, model string) float64 {
+// Ratio is the ratio in force for credential, tenant and model: the tenant's own once reported
+// on; until then (a new tenant, a worker just started, an entry forgotten beyond MaxEntries)
+// InitialRatio, or the ratio the credential learned for the model from every tenant's answers
+// when that is higher. Not lower: one tenant's prompts the provider counts below the rule
+// (whitespace runs) do not make another's first requests under-reserve; but a credential whose
+// prompts all count above InitialRatio (code, tools, images) does not have each new tenant's
+// first requests overdraw its token limit.
+func (e *Estimator) Ratio(credential, tenant, model string) float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if r, ok := e.ratios[key{credential, model}]; ok {
+	if r, ok := e.ratios[key{credential, tenant, model}]; ok {
 		return r
 	}
-	return e.cfg.InitialRatio
+	return max(e.cfg.InitialRatio, e.shared[key{credential: credential, model: model}])
 }
 
 // Observe learns from one answer: est is the Estimate the request was reserved with, reported
@@ -133,7 +146,9 @@ func (e *Estimator) Ratio(credential, model string) float64 {
 // not, as the rule counts it; not the uncached part alone, which would teach a credential whose
 // prompts are cached to under-reserve every prompt that is not). A report of 0 or less (no
 // usage) is ignored. The ratio reported / est.Raw is clamped to MinRatio..MaxRatio; the first
-// replaces InitialRatio, later ones enter the moving average.
+// replaces InitialRatio, later ones enter the moving average. It learns for est's tenant and
+// model, and for the credential's ratio for the model that tenants not yet reported on start
+// from (see Ratio).
 // Clamped first, one odd answer (an image of few bytes and many tokens, say) weighs Alpha: it
 // does not throw the average to a bound.
 func (e *Estimator) Observe(credential string, est Estimate, reported int) {
@@ -142,14 +157,20 @@ func (e *Estimator) Observe(credential string, est Estimate, reported int) {
 	}
 	e.cfg.Metrics.observe(credential, est.Input, reported)
 	obs := min(max(float64(reported)/float64(est.Raw), e.cfg.MinRatio), e.cfg.MaxRatio)
-	k := key{credential, est.Model}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	r, ok := e.ratios[k]
+	e.learn(e.ratios, key{credential, est.Tenant, est.Model}, obs)
+	e.learn(e.shared, key{credential: credential, model: est.Model}, obs)
+}
+
+// learn enters obs into m's ratio for k: the first replaces, later ones enter the moving
+// average. Beyond MaxEntries an arbitrary entry is forgotten. e.mu is held.
+func (e *Estimator) learn(m map[key]float64, k key, obs float64) {
+	r, ok := m[k]
 	if !ok {
-		if len(e.ratios) >= e.cfg.MaxEntries {
-			for old := range e.ratios {
-				delete(e.ratios, old)
+		if len(m) >= e.cfg.MaxEntries {
+			for old := range m {
+				delete(m, old)
 				break
 			}
 		}
@@ -157,5 +178,5 @@ func (e *Estimator) Observe(credential string, est Estimate, reported int) {
 	} else {
 		r += e.cfg.Alpha * (obs - r)
 	}
-	e.ratios[k] = min(max(r, e.cfg.MinRatio), e.cfg.MaxRatio)
+	m[k] = min(max(r, e.cfg.MinRatio), e.cfg.MaxRatio)
 }

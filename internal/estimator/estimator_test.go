@@ -21,18 +21,18 @@ func TestEstimator(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		e, err := estimator.New(&estimator.Config{Metrics: estimator.NewMetrics(reg)})
 		require.NoError(t, err)
-		est, err := e.Estimate("main", tokens.ProviderAnthropic, body(8000, "claude"))
+		est, err := e.Estimate("main", "", tokens.ProviderAnthropic, body(8000, "claude"))
 		require.NoError(t, err)
 		require.Equal(t, estimator.Estimate{Model: "claude", Raw: 2000, Ratio: 1.25, Input: 2500, MaxOutput: 200}, est)
 		// The provider counted exactly the rule (as cmd/llmsim does): from now on, exact.
 		e.Observe("main", est, 2000)
-		est, err = e.Estimate("main", tokens.ProviderAnthropic, body(8000, "claude"))
+		est, err = e.Estimate("main", "", tokens.ProviderAnthropic, body(8000, "claude"))
 		require.NoError(t, err)
 		require.Equal(t, 1.0, est.Ratio)
 		require.Equal(t, 2000, est.Input)
 		// Other credentials and models start conservative.
-		require.Equal(t, 1.25, e.Ratio("other", "claude"))
-		require.Equal(t, 1.25, e.Ratio("main", "haiku"))
+		require.Equal(t, 1.25, e.Ratio("other", "", "claude"))
+		require.Equal(t, 1.25, e.Ratio("main", "", "haiku"))
 
 		mfs, err := reg.Gather()
 		require.NoError(t, err)
@@ -51,17 +51,17 @@ func TestEstimator(t *testing.T) {
 		e.Observe("k", est, 1000) // ratio 1
 		// The provider now counts 50% more (say, tool definitions the rule ignores).
 		e.Observe("k", est, 1500)
-		require.InDelta(t, 1.1, e.Ratio("k", "gpt"), 1e-12)
+		require.InDelta(t, 1.1, e.Ratio("k", "", "gpt"), 1e-12)
 		for range 30 {
 			e.Observe("k", est, 1500)
 		}
-		require.InDelta(t, 1.5, e.Ratio("k", "gpt"), 0.001)
-		got, err := e.Estimate("k", tokens.ProviderOpenAI, body(4000, "gpt"))
+		require.InDelta(t, 1.5, e.Ratio("k", "", "gpt"), 0.001)
+		got, err := e.Estimate("k", "", tokens.ProviderOpenAI, body(4000, "gpt"))
 		require.NoError(t, err)
 		require.InDelta(t, 1500, got.Input, 2)
 		// No usage, nothing learned.
 		e.Observe("k", est, 0)
-		require.InDelta(t, 1.5, e.Ratio("k", "gpt"), 0.001)
+		require.InDelta(t, 1.5, e.Ratio("k", "", "gpt"), 0.001)
 	})
 
 	t.Run("Clamped", func(t *testing.T) {
@@ -69,26 +69,28 @@ func TestEstimator(t *testing.T) {
 		e, err := estimator.New(&estimator.Config{MinRatio: 0.5, MaxRatio: 2})
 		require.NoError(t, err)
 		e.Observe("k", estimator.Estimate{Model: "a", Raw: 10}, 1000)
-		require.Equal(t, 2.0, e.Ratio("k", "a"))
+		require.Equal(t, 2.0, e.Ratio("k", "", "a"))
 		e.Observe("k", estimator.Estimate{Model: "b", Raw: 1000}, 1)
-		require.Equal(t, 0.5, e.Ratio("k", "b"))
+		require.Equal(t, 0.5, e.Ratio("k", "", "b"))
 	})
 
 	t.Run("MaxEntries", func(t *testing.T) {
 		t.Parallel()
 		e, err := estimator.New(&estimator.Config{MaxEntries: 2})
 		require.NoError(t, err)
+		// Below InitialRatio: a forgotten entry is back at InitialRatio whatever the
+		// credential's ratio for the model (see TestEstimator_NewTenantStartsNoLowerThanTheCredential).
 		for _, m := range []string{"a", "b", "c"} {
-			e.Observe("k", estimator.Estimate{Model: m, Raw: 10}, 20)
+			e.Observe("k", estimator.Estimate{Model: m, Raw: 10}, 5)
 		}
 		learned := 0
 		for _, m := range []string{"a", "b", "c"} {
-			if e.Ratio("k", m) == 2 {
+			if e.Ratio("k", "", m) == 0.5 {
 				learned++
 			}
 		}
 		require.Equal(t, 2, learned)
-		require.Equal(t, 2.0, e.Ratio("k", "c"))
+		require.Equal(t, 0.5, e.Ratio("k", "", "c"))
 	})
 
 	t.Run("Concurrent", func(t *testing.T) {
@@ -99,7 +101,7 @@ func TestEstimator(t *testing.T) {
 		for g := range 8 {
 			wg.Go(func() {
 				for range 200 {
-					est, err := e.Estimate(fmt.Sprint("c", g%2), tokens.ProviderOpenAI, body(400, "m"))
+					est, err := e.Estimate(fmt.Sprint("c", g%2), "", tokens.ProviderOpenAI, body(400, "m"))
 					if err != nil {
 						t.Error(err)
 						return
@@ -109,8 +111,8 @@ func TestEstimator(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		require.InDelta(t, 1.2, e.Ratio("c0", "m"), 1e-9)
-		require.InDelta(t, 1.2, e.Ratio("c1", "m"), 1e-9)
+		require.InDelta(t, 1.2, e.Ratio("c0", "", "m"), 1e-9)
+		require.InDelta(t, 1.2, e.Ratio("c1", "", "m"), 1e-9)
 	})
 
 	t.Run("InvalidConfig", func(t *testing.T) {
@@ -148,10 +150,10 @@ func TestEstimator_OneOddAnswerWeighsAlpha(t *testing.T) {
 	for range 50 {
 		e.Observe("k", text, 1000)
 	}
-	require.InDelta(t, 1.0, e.Ratio("k", "claude"), 1e-9)
+	require.InDelta(t, 1.0, e.Ratio("k", "", "claude"), 1e-9)
 	e.Observe("k", estimator.Estimate{Model: "claude", Raw: 1}, 1500)
 	// The odd ratio counts as MaxRatio (4): 1 + Alpha (0.2) × (4 − 1).
-	require.InDelta(t, 1.6, e.Ratio("k", "claude"), 1e-9)
+	require.InDelta(t, 1.6, e.Ratio("k", "", "claude"), 1e-9)
 }
 
 // TestEstimator_OutputAllowance: the output reserved is what the provider may produce: an OpenAI
@@ -170,8 +172,59 @@ func TestEstimator_OutputAllowance(t *testing.T) {
 		{tokens.ProviderOpenAI, `{"model":"g","max_completion_tokens":100,"n":3,"messages":[]}`, 300},
 		{tokens.ProviderAnthropic, `{"model":"c","max_tokens":4096.0,"messages":[]}`, 4096},
 	} {
-		est, err := e.Estimate("main", tc.provider, []byte(tc.body))
+		est, err := e.Estimate("main", "", tc.provider, []byte(tc.body))
 		require.NoError(t, err, tc.body)
 		require.Equal(t, tc.want, est.MaxOutput, tc.body)
 	}
+}
+
+// One tenant's prompts do not move another's estimate on the same credential and model: a tenant
+// sending whitespace runs the provider counts at a quarter of the rule taught every tenant to
+// reserve a quarter of its input (429s for all), and one sending images (many tokens, few bytes)
+// taught every tenant to reserve four times its input (a quarter of the limit used; under fair
+// queueing, a smaller share for the tenants that sent none).
+func TestEstimator_PerTenant(t *testing.T) {
+	t.Parallel()
+	e, err := estimator.New(nil)
+	require.NoError(t, err)
+	a, err := e.Estimate("main", "a", tokens.ProviderAnthropic, body(8000, "claude"))
+	require.NoError(t, err)
+	for range 30 {
+		e.Observe("main", a, a.Raw/4)
+	}
+	b, err := e.Estimate("main", "b", tokens.ProviderAnthropic, body(8000, "claude"))
+	require.NoError(t, err)
+	require.Equal(t, 1.25, b.Ratio, "tenant b reserves what tenant a's prompts taught")
+	require.Equal(t, 0.25, e.Ratio("main", "a", "claude"))
+	// b's answers teach b alone.
+	e.Observe("main", b, b.Raw*2)
+	require.Equal(t, 2.0, e.Ratio("main", "b", "claude"))
+	require.Equal(t, 0.25, e.Ratio("main", "a", "claude"))
+}
+
+// A tenant not yet reported on starts from the ratio the credential learned for the model when
+// that is above InitialRatio: on a credential whose prompts all count at twice the rule (code,
+// tool definitions), each new tenant, each tenant after a worker's restart and each entry
+// forgotten beyond MaxEntries reserved 1.25 × the rule, and its first requests overdrew the
+// input-token limit (429s for every tenant on the credential). A credential learned below
+// InitialRatio does not lower a new tenant's start (TestEstimator_PerTenant).
+func TestEstimator_NewTenantStartsNoLowerThanTheCredential(t *testing.T) {
+	t.Parallel()
+	e, err := estimator.New(&estimator.Config{MaxEntries: 1})
+	require.NoError(t, err)
+	a, err := e.Estimate("main", "a", tokens.ProviderAnthropic, body(8000, "claude"))
+	require.NoError(t, err)
+	for range 30 {
+		e.Observe("main", a, a.Raw*2)
+	}
+	b, err := e.Estimate("main", "b", tokens.ProviderAnthropic, body(8000, "claude"))
+	require.NoError(t, err)
+	require.InDelta(t, 2.0, b.Ratio, 1e-9, "a new tenant under-reserved on a credential counted at 2")
+	require.Equal(t, 1.25, e.Ratio("other", "b", "claude"), "other credentials start at InitialRatio")
+	require.Equal(t, 1.25, e.Ratio("main", "b", "haiku"), "other models start at InitialRatio")
+	// Its own first answer replaces it, as InitialRatio would be; a is forgotten (MaxEntries 1)
+	// and starts from the credential's ratio again (2 + Alpha × (1 − 2)), not from 1.25.
+	e.Observe("main", b, b.Raw)
+	require.Equal(t, 1.0, e.Ratio("main", "b", "claude"))
+	require.InDelta(t, 1.8, e.Ratio("main", "a", "claude"), 1e-9, "a forgotten tenant under-reserved")
 }

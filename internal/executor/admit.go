@@ -434,7 +434,7 @@ func (e *Executor) cost(up Upstream, job *jobs.Job) (tokens.Cost, *estimator.Est
 	if e.cfg.Estimator == nil {
 		return tokens.Cost{}, nil
 	}
-	est, err := e.cfg.Estimator.Estimate(up.Name, up.Kind, job.Request)
+	est, err := e.cfg.Estimator.Estimate(up.Name, job.Tenant, up.Kind, job.Request)
 	if err != nil {
 		return tokens.Cost{}, nil
 	}

@@ -171,7 +171,8 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 // reported usage after an answer, nothing for a 429 (the provider charged nothing), the input
 // alone for another error. With no answer at all, or an answer that reports no usage, the
 // reservation stays charged (the provider counted something, but what is unknown): ok is false
-// then, and when no tokens were reserved.
+// then, and when no tokens were reserved. A usage that reports no input keeps the input
+// estimate charged.
 func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response, status int) (redisscript.Call, bool) {
 	if adm.grant == 0 || status == 0 {
 		return redisscript.Call{}, false
@@ -188,7 +189,13 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 		// The input-token limit counts the cache's creation but not its reads; the estimate is
 		// of the whole prompt, cached or not, and learns from the whole prompt read.
 		actual = tokens.Cost{InputTokens: resp.Usage.LimitedInput(), OutputTokens: resp.Usage.OutputTokens}
-		if est != nil {
+		switch {
+		case est == nil:
+		case resp.Usage.PromptInput() == 0:
+			// A usage without its input (every prompt is at least a token): the input stays
+			// charged as estimated, as with no usage at all; nothing to learn.
+			actual.InputTokens = est.Input
+		default:
 			e.cfg.Estimator.Observe(up.Name, *est, resp.Usage.PromptInput())
 		}
 	case status == 429:

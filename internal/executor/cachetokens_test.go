@@ -124,7 +124,7 @@ func TestExecutor_CacheReadTokensRefundedNotLearned(t *testing.T) {
 			r, err := gate.ReserveCost(t.Context(), limit, tokens.Cost{InputTokens: 900})
 			require.NoError(t, err)
 			require.True(t, r.Granted, "the cache read was charged against the input-token limit (wait %s)", r.Wait)
-			require.InDelta(t, 605.0/502, est.Ratio("cache", "claude-test"), 0.05,
+			require.InDelta(t, 605.0/502, est.Ratio("cache", "default", "claude-test"), 0.05,
 				"the ratio learned from the uncached input alone")
 		})
 	}
