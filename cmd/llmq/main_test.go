@@ -39,4 +39,14 @@ func TestRun_Commands(t *testing.T) {
 		err := run(ctx, []string{cmd, "--no-such-flag"}, process.Options{Stderr: &stderr})
 		require.ErrorContains(t, err, "flag provided but not defined: -no-such-flag", cmd)
 	}
+	// Asking a command for its flags (the usage says "llmq <command> -h") prints them and is no
+	// error: the process exits 0, without an "llmq: flag: help requested" line.
+	for _, cmd := range []string{"serve", "api", "worker"} {
+		for _, h := range []string{"-h", "--help"} {
+			var stderr bytes.Buffer
+			err := run(ctx, []string{cmd, h}, process.Options{Stderr: &stderr})
+			require.NoError(t, err, "%s %s", cmd, h)
+			require.Contains(t, stderr.String(), "-config", "%s %s", cmd, h)
+		}
+	}
 }

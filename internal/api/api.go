@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -125,6 +126,8 @@ type Server struct {
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
+	// draining is set by Drain: /readyz answers 503 while the server still serves.
+	draining atomic.Bool
 	// ownProbe holds the one connection of /readyz's own (postgresAnswers) at a time.
 	ownProbe chan struct{}
 	// ownRedisProbe holds the one Redis connection of /readyz's own (redisAnswers) at a time.
@@ -223,6 +226,12 @@ func cleanPath(p string) string {
 	}
 	return clean
 }
+
+// Drain makes /readyz answer 503 ("shutdown": "draining") from now on, the stores answering or
+// not, while every other route goes on serving: a stopping process calls it at its signal, so
+// that its load balancer takes it out of service before it stops listening (api.drain_delay).
+// It is safe for concurrent use.
+func (s *Server) Drain() { s.draining.Store(true) }
 
 // Shutdown ends every open event stream (their clients reconnect with Last-Event-ID, to this
 // replica or another) and makes new ones end at once. Call it when the HTTP server shuts down

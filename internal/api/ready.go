@@ -23,7 +23,8 @@ const (
 // role's, or a database's) connection limit.
 const tooManyConnections = "53300"
 
-// readyz answers whether both stores answer, each checked at once within readyTimeout. A pool
+// readyz answers whether both stores answer, each checked at once within readyTimeout, and the
+// server is not draining (Drain: 503 with "shutdown": "draining"). A pool
 // with every connection in use is busy, not unreachable (postgresAnswers, redisAnswers): under
 // load every replica would otherwise be marked not ready at once and taken out of service.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
@@ -41,6 +42,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if !redisOK {
 		checks["redis"], status = "unreachable", http.StatusServiceUnavailable
+	}
+	if s.draining.Load() {
+		checks["shutdown"], status = "draining", http.StatusServiceUnavailable
 	}
 	writeJSON(w, status, checks)
 }

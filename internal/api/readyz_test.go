@@ -131,3 +131,20 @@ func TestReadyz_BusyPoolOnAFullServerIsReady(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "%v", r.body)
 	require.Equal(t, map[string]any{"postgres": "ok", "redis": "ok"}, r.body)
 }
+
+// TestReadyz_DrainingIsNotReady: a replica told it is stopping (Drain, at the signal, for
+// api.drain_delay before it stops listening) answers /readyz 503 with "shutdown": "draining",
+// both stores answering, so that its load balancer stops sending it requests while it still
+// serves them; its other routes go on answering.
+func TestReadyz_DrainingIsNotReady(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noListener: true})
+	b.srv.Drain()
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		r := b.do(t, method, "/readyz", "", nil)
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "%s: %v", method, r.body)
+	}
+	r := b.do(t, http.MethodGet, "/readyz", "", nil)
+	require.Equal(t, map[string]any{"postgres": "ok", "redis": "ok", "shutdown": "draining"}, r.body)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/healthz", "", nil).status)
+}

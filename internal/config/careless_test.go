@@ -183,6 +183,7 @@ func TestParse_DurationsOutOfBounds(t *testing.T) {
 		"credentials[0].first_byte_timeout": minimal(goodCred+"\nfirst_byte_timeout: 1ns", ""),
 		"breaker.cooldown":                  minimal(goodCred, "breaker: { cooldown: 1ns }\n"),
 		"api.stream_url_ttl":                minimal(goodCred, "api: { stream_url_ttl: 8760h }\n"),
+		"api.drain_delay":                   minimal(goodCred, "api: { drain_delay: 31s }\n"),
 	} {
 		t.Run(field, func(t *testing.T) {
 			_, err := config.Parse(doc, secretEnv)
@@ -190,7 +191,7 @@ func TestParse_DurationsOutOfBounds(t *testing.T) {
 		})
 	}
 	_, err := config.Parse(minimal(goodCred+"\nattempt_timeout: 24h\nfirst_byte_timeout: 1ms\nbatch: { window: 1h, max_wait_to_fill: 1h, poll_interval: 1h }",
-		"breaker: { cooldown: 1ms }\napi: { stream_url_ttl: 1s }\n"), secretEnv)
+		"breaker: { cooldown: 1ms }\napi: { stream_url_ttl: 1s, drain_delay: 30s }\n"), secretEnv)
 	require.NoError(t, err)
 }
 

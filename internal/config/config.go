@@ -132,6 +132,11 @@ type API struct {
 	// StreamURLTTL is how long an events_url is accepted after it was issued (a stream opened
 	// in time runs to its end). Default 10m; between 1s and 24h.
 	StreamURLTTL time.Duration `yaml:"stream_url_ttl"`
+	// DrainDelay is how long a stopping API (or serve) process goes on serving, /readyz
+	// answering 503, before it stops listening: the time its load balancer takes to see the 503
+	// and stop sending it requests, which would otherwise be refused. Default 0 (it stops
+	// listening at the signal); at most 30s.
+	DrainDelay time.Duration `yaml:"drain_delay"`
 
 	// streamSecret is behind a pointer, as Credential's apiKey, so that printing a Config or an
 	// API (%v, %+v, %#v, slog) shows an address, not the key that signs every events_url.
@@ -184,6 +189,9 @@ type SubmitRate struct {
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
 	Burst             int     `yaml:"burst"`
 }
+
+// DefaultMetricsListen is worker.metrics_listen's default.
+const DefaultMetricsListen = "127.0.0.1:9091"
 
 // Worker configures the job executor.
 type Worker struct {
@@ -451,7 +459,7 @@ func (c *Config) withDefaults() {
 	if c.Worker.Concurrency == 0 {
 		c.Worker.Concurrency = 200
 	}
-	c.Worker.MetricsListen = or(c.Worker.MetricsListen, "127.0.0.1:9091")
+	c.Worker.MetricsListen = or(c.Worker.MetricsListen, DefaultMetricsListen)
 	c.Worker.Queue = or(c.Worker.Queue, "llmq")
 	if c.Worker.SweepInterval == 0 {
 		c.Worker.SweepInterval = 10 * time.Second
@@ -589,6 +597,9 @@ func (a *API) validate(bad func(field, format string, args ...any)) {
 		if f.d < time.Millisecond {
 			bad(f.name, "must be at least 1ms")
 		}
+	}
+	if a.DrainDelay < 0 || a.DrainDelay > 30*time.Second {
+		bad("api.drain_delay", "must be between 0 and 30s, got %s", a.DrainDelay)
 	}
 	if a.MaxConnections < 0 {
 		bad("api.max_connections", "must be positive")

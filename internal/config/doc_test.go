@@ -115,6 +115,7 @@ func TestConfigurationDoc_DefaultsAreTheParsers(t *testing.T) {
 		{"api", "write_timeout", cfg.API.WriteTimeout},
 		{"api", "idle_timeout", cfg.API.IdleTimeout},
 		{"api", "event_write_timeout", cfg.API.EventWriteTimeout},
+		{"api", "drain_delay", cfg.API.DrainDelay},
 		{"streaming", "buffer_ttl", cfg.Streaming.BufferTTL},
 		{"streaming", "delta_spacing", cfg.Streaming.DeltaSpacing},
 		{"fairness", "horizon", cfg.Fairness.Horizon},

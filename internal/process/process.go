@@ -83,6 +83,15 @@ func (f flags) Parse(args []string) error {
 	return nil
 }
 
+// helpIsNoError is a command's answer to a Parse error: nil for -h or --help (the flag package
+// has printed the flags; the process exits 0 without running), the error itself otherwise.
+func helpIsNoError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
 func newFlags(name string, o Options) flags {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(o.Stderr)
@@ -136,6 +145,13 @@ type server struct {
 	log *slog.Logger
 	// grace is how long a shutdown lets the requests under way finish (shutdownTimeout).
 	grace time.Duration
+	// drainDelay, when positive, is how long a stopping server goes on accepting connections
+	// after calling drain (which makes /readyz answer 503), before it stops listening: the time
+	// a load balancer takes to stop sending it requests (api.drain_delay).
+	drainDelay time.Duration
+	drain      func()
+	// after waits for the drain delay (time.After when nil).
+	after func(time.Duration) <-chan time.Time
 }
 
 // listen binds addr and builds the server for handler with the api section's timeouts. With
@@ -159,6 +175,10 @@ func listen(addr string, handler http.Handler, cfg *config.Config, reg *promethe
 // connections of those still running (their contexts end), so that none outlives the stores
 // the process closes next. Cutting them is the shutdown as documented, not a failure: serve
 // logs it and returns nil (a stop in a rolling restart exits 0, even with a slow client).
+//
+// With a drain delay, it first calls drain and goes on serving, new connections included, for
+// the delay: a load balancer that has not yet seen /readyz's 503 still sends requests, which
+// are answered instead of refused.
 func (s *server) serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.srv.Serve(s.ln) }()
@@ -166,6 +186,21 @@ func (s *server) serve(ctx context.Context) error {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+	}
+	if s.drainDelay > 0 {
+		if s.drain != nil {
+			s.drain()
+		}
+		s.log.Info("draining: /readyz answers 503; still serving until the drain delay ends", "drain_delay", s.drainDelay.String())
+		after := s.after
+		if after == nil {
+			after = time.After
+		}
+		select {
+		case err := <-errc:
+			return err
+		case <-after(s.drainDelay):
+		}
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.grace)
 	defer cancel()

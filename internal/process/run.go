@@ -24,7 +24,7 @@ func API(ctx context.Context, args []string, o Options) error {
 	fs := newFlags("api", o)
 	listenAddr := fs.String("listen", "", "override api.listen")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return helpIsNoError(err)
 	}
 	cfg, err := config.LoadWithoutSecrets(*fs.configPath, o.Getenv) // the API never calls a provider
 	if err != nil {
@@ -51,7 +51,11 @@ func API(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer closeAPI()
-	return serveAPI(ctx, cfg, handler, reg, logger, o)
+	srv, err := listenAPI(cfg, handler, reg, logger)
+	if err != nil {
+		return err
+	}
+	return srv.serveAPI(ctx, o)
 }
 
 // Worker runs a worker (asynq server, executor, sweeper, maintenance) until ctx ends, then
@@ -62,7 +66,7 @@ func Worker(ctx context.Context, args []string, o Options) error {
 	fs := newFlags("worker", o)
 	metricsListen := fs.String("metrics-listen", "", "override worker.metrics_listen (\"off\" disables)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return helpIsNoError(err)
 	}
 	cfg, err := config.Load(*fs.configPath, o.Getenv)
 	if err != nil {
@@ -119,7 +123,7 @@ func Serve(ctx context.Context, args []string, o Options) error {
 	fs := newFlags("serve", o)
 	listenAddr := fs.String("listen", "", "override api.listen")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return helpIsNoError(err)
 	}
 	cfg, err := config.Load(*fs.configPath, o.Getenv)
 	if err != nil {
@@ -135,6 +139,10 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		cfg.API.Listen = *listenAddr
 	}
 	logger := newLogger(o, "serve")
+	if m := cfg.Worker.MetricsListen; m != "off" && m != config.DefaultMetricsListen {
+		logger.Warn("worker.metrics_listen is not used by llmq serve: the worker's metrics are on the API's /metrics, with the API's",
+			"worker.metrics_listen", m, "api.listen", cfg.API.Listen)
+	}
 	pool, err := openPool(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -153,6 +161,12 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		return errors.Join(err, w.Close())
 	}
 	defer closeAPI()
+	// The API's address is bound before the worker starts: a process that cannot listen (its
+	// address taken) fails without having taken tasks from asynq or led the sweeper.
+	srv, err := listenAPI(cfg, handler, reg, logger)
+	if err != nil {
+		return errors.Join(err, w.Close())
+	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	workerDone := make(chan error, 1)
@@ -161,25 +175,33 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		stop() // a worker that ended early takes the API down with it
 	}()
 	logger.Info("worker started", "queue", cfg.Worker.Queue, "concurrency", cfg.Worker.Concurrency)
-	err = serveAPI(ctx, cfg, handler, reg, logger, o)
+	err = srv.serveAPI(ctx, o)
 	stop()
 	return errors.Join(err, <-workerDone)
 }
 
-// serveAPI serves handler on api.listen, behind the connection cap, until ctx ends.
-func serveAPI(ctx context.Context, cfg *config.Config, handler *api.Server, reg *prometheus.Registry, logger *slog.Logger, o Options) error {
-	if cfg.API.AllowAnonymous {
-		logger.Warn("api.allow_anonymous is on: unauthenticated requests act as tenant \"default\" (development only)")
-	}
+// listenAPI binds api.listen for handler, behind the connection cap; its server ends the open
+// event streams when it shuts down.
+func listenAPI(cfg *config.Config, handler *api.Server, reg *prometheus.Registry, logger *slog.Logger) (*server, error) {
 	srv, err := listen(cfg.API.Listen, handler, cfg, reg, logger, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Open event streams end at shutdown instead of holding it for its whole timeout.
 	srv.srv.RegisterOnShutdown(handler.Shutdown)
-	logger.Info("api listening", "addr", srv.ln.Addr().String())
-	if o.Ready != nil {
-		o.Ready(srv.ln.Addr().String())
+	// At the stop, /readyz answers 503 for api.drain_delay before the listener closes.
+	srv.drainDelay, srv.drain = cfg.API.DrainDelay, handler.Drain
+	if cfg.API.AllowAnonymous {
+		logger.Warn("api.allow_anonymous is on: unauthenticated requests act as tenant \"default\" (development only)")
 	}
-	return srv.serve(ctx)
+	return srv, nil
+}
+
+// serveAPI serves the API bound by listenAPI until ctx ends, telling o.Ready its address first.
+func (s *server) serveAPI(ctx context.Context, o Options) error {
+	s.log.Info("api listening", "addr", s.ln.Addr().String())
+	if o.Ready != nil {
+		o.Ready(s.ln.Addr().String())
+	}
+	return s.serve(ctx)
 }

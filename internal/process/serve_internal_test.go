@@ -70,3 +70,61 @@ func TestServer_ShutdownCutsRequestsPastItsTimeout(t *testing.T) {
 		t.Fatal("the cut request's client did not return within 10s")
 	}
 }
+
+// TestServer_DrainsBeforeItStopsListening: with a drain delay (api.drain_delay), a stopping
+// API first tells its load balancer it is going (drain: /readyz answers 503) and goes on
+// accepting connections for the delay, so that a client the balancer still sends here is
+// answered, not refused; only then does it stop listening. Without it the listener closed at
+// the signal, while the balancer, not yet told, still sent requests that were refused.
+func TestServer_DrainsBeforeItStopsListening(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	drained, release := make(chan struct{}), make(chan time.Time)
+	asked := make(chan time.Duration, 1)
+	s := &server{srv: httpserve.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}), httpserve.Config{}), ln: ln, log: slog.New(slog.DiscardHandler), grace: time.Second,
+		drainDelay: 5 * time.Second, drain: func() { close(drained) },
+		after: func(d time.Duration) <-chan time.Time { asked <- d; return release }}
+	t.Cleanup(func() { _ = s.srv.Close() })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- s.serve(ctx) }()
+	cancel()
+	select {
+	case <-drained:
+	case err := <-served:
+		t.Fatalf("serve returned (%v) without draining first", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not drain within 10s of the stop")
+	}
+	// A new connection during the drain delay is served (the balancer may still send one).
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get("http://" + ln.Addr().String() + "/")
+	require.NoError(t, err, "a request during the drain delay")
+	resp.Body.Close()
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	select {
+	case d := <-asked:
+		require.Equal(t, 5*time.Second, d, "the drain delay waited for")
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not wait for its drain delay")
+	}
+	select {
+	case err := <-served:
+		t.Fatalf("serve returned (%v) before its drain delay ended", err)
+	default:
+	}
+	close(release)
+	select {
+	case err := <-served:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not return within 10s of the drain delay's end")
+	}
+	_, err = c.Get("http://" + ln.Addr().String() + "/")
+	require.Error(t, err, "the listener is closed once the drain delay has passed")
+}

@@ -180,3 +180,49 @@ func TestWorker_MetricsPortTakenClosesWhatItOpened(t *testing.T) {
 	require.ErrorContains(t, err, "metrics")
 	goleak.VerifyNone(t, before, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
 }
+
+// TestServe_APIAddressTakenStartsNoWorker: a serve process whose API cannot listen (its
+// address taken: the process it replaces still running, two on one host) fails at once with
+// the address, without having started its worker, which would take tasks from asynq, start
+// their calls and lead the sweeper only to be stopped again.
+func TestServe_APIAddressTakenStartsNoWorker(t *testing.T) {
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
+	t.Cleanup(sim.Close)
+	cfgPath := writeConfig(t, sim.URL)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = taken.Close() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	logs := &logtest.Buffer{}
+	err = process.Serve(ctx, []string{"--config", cfgPath, "--listen", taken.Addr().String()},
+		process.Options{Stderr: logs, Getenv: getenv, Ready: func(string) { t.Error("Ready called for a server that does not listen") }})
+	require.ErrorContains(t, err, "listen on "+taken.Addr().String())
+	require.NotContains(t, logs.String(), "worker started", "the worker started before the API could listen")
+}
+
+// TestServe_SaysItDoesNotUseWorkerMetricsListen: a serve process serves every metric on the
+// API's /metrics; a worker.metrics_listen the operator set (to scrape the worker there) is not
+// used, and the process says so at its start instead of leaving the address silently empty.
+func TestServe_SaysItDoesNotUseWorkerMetricsListen(t *testing.T) {
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
+	t.Cleanup(sim.Close)
+	cfgPath := writeConfig(t, sim.URL)
+	data, err := os.ReadFile(cfgPath)
+	require.NoError(t, err)
+	data = []byte(strings.Replace(string(data), `metrics_listen: "off"`, `metrics_listen: "127.0.0.1:1"`, 1))
+	require.NoError(t, os.WriteFile(cfgPath, data, 0o600))
+	taken, err := net.Listen("tcp", "127.0.0.1:0") // the API fails to listen: the test ends at once
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = taken.Close() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	logs := &logtest.Buffer{}
+	err = process.Serve(ctx, []string{"--config", cfgPath, "--listen", taken.Addr().String()},
+		process.Options{Stderr: logs, Getenv: getenv})
+	require.Error(t, err)
+	require.Contains(t, logs.String(), `"msg":"worker.metrics_listen is not used by llmq serve`)
+	require.Contains(t, logs.String(), `"worker.metrics_listen":"127.0.0.1:1"`)
+}
