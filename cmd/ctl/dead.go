@@ -48,7 +48,7 @@ func (a *app) deadCommand() *cli.Command {
 			Action: a.deadRetry,
 		}, {
 			Name:      "purge",
-			Usage:     "delete dead jobs, with their attempts and events",
+			Usage:     "delete dead jobs, with their attempts, events and idempotency keys (a resubmit of such a key makes a new job)",
 			ArgsUsage: "ID... | --older-than D",
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "older-than", Usage: "every job that died longer ago than this (24h, 30d)"},

@@ -245,6 +245,20 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 			break
 		}
 	}
+	if err != nil && IsUnavailable(err) {
+		// The connection broke: when the commit had been sent, the job may be stored (and the
+		// sweeper will run it), its answer lost, or its commit still on its way. Answering the
+		// failure would say it was not stored, and a serve process would drop the first attempt
+		// its insert started. The key says which: Replay's claim waits for a claim still in
+		// flight (this call's own transaction, on a server that has not yet heard its commit or
+		// its connection's end), as the client's resend would; a read by job ID would not. The
+		// key holding this call's own fresh UUIDv7 is the job this call created; another job of
+		// this body under the key (this call's claim rolled back, another's since) is a replay.
+		// Its wait for a connection has no pgwait bound, as the keyless path's read-back has not.
+		if own, rerr := s.Replay(pgwait.Unbound(ctx), p.Tenant, p.IdempotencyKey, p.Fingerprint); rerr == nil {
+			return own, own.ID != id, nil
+		}
+	}
 	if err != nil {
 		return nil, false, createError(err)
 	}
@@ -292,6 +306,7 @@ func (s *Store) createKeyed(ctx context.Context, id string, p CreateParams) (job
 // fingerprint, or ErrNotFound when the key is unused or was used with another body. It is for
 // a submit the API refuses as a new job (its configuration changed since the key's job was
 // created): the same body again must still answer the key's job, which exists and may have run.
+// Create reads its key back with it too, when its connection broke around its commit.
 //
 // Like Create, it waits for a claim of the key not yet committed (the key's first submit, on a
 // replica that accepted the body, still in flight): it claims the key itself, for a job ID never
