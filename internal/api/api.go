@@ -405,7 +405,8 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Tasks != nil {
 		// The job is canceled whatever Redis says: the worker skips terminal jobs, and an
 		// attempt already in flight stops, unstored, at its lease's next renewal (within 5 s).
-		if err := s.cfg.Tasks.AbortEnded(job); err != nil {
+		// Nor does it wait for a stalled Redis past dispatch.RedisWait.
+		if err := dispatch.AfterCommit(func() error { return s.cfg.Tasks.AbortEnded(job) }); err != nil {
 			s.cfg.Logger.WarnContext(r.Context(), "abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tokens"
@@ -650,8 +651,13 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 	}
 	s.cfg.Handoff.Declined() // a new job the Handoff did not take: its task is enqueued
 	if s.cfg.Enqueuer != nil {
-		// The job is committed: its enqueue does not depend on the client staying for the answer.
-		if err := s.cfg.Enqueuer.Enqueue(context.WithoutCancel(ctx), job.ID, job.Priority, time.Time{}); err != nil {
+		// The job is committed: its enqueue does not depend on the client staying for the answer,
+		// and does not hold it past dispatch.RedisWait either. The sweeper enqueues what it missed.
+		// The goroutine left behind holds the job's id, not the job (its request, the body).
+		id, priority, bg := job.ID, job.Priority, context.WithoutCancel(ctx)
+		if err := dispatch.AfterCommit(func() error {
+			return s.cfg.Enqueuer.Enqueue(bg, id, priority, time.Time{})
+		}); err != nil {
 			s.cfg.Logger.WarnContext(ctx, "enqueue after commit failed; the sweeper will enqueue the job", "job_id", job.ID, "error", err)
 		} else {
 			s.cfg.Metrics.submitStage(SubmitStageEnqueue, s.cfg.Now().Sub(t1))

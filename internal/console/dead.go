@@ -1,12 +1,15 @@
 package console
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 
 	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
 )
@@ -107,12 +110,22 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 	done := make([]string, 0, len(retried))
 	for _, job := range retried {
 		done = append(done, job.ID)
-		if h.cfg.Tasks == nil {
-			continue
-		}
-		if err := h.cfg.Tasks.Requeue(r.Context(), job.ID, job.Priority); err != nil {
-			// Queued in Postgres: the sweeper enqueues it.
-			h.cfg.Logger.WarnContext(r.Context(), "console: requeue retried job (the sweeper will)", "job_id", job.ID, "error", err)
+	}
+	if h.cfg.Tasks != nil {
+		// Queued in Postgres: what Redis misses (an error, or a stall past dispatch.RedisWait,
+		// which the answer does not wait for) the sweeper enqueues.
+		ctx := context.WithoutCancel(r.Context())
+		if err := dispatch.AfterCommit(func() error {
+			var errs []error
+			for _, job := range retried {
+				if err := h.cfg.Tasks.Requeue(ctx, job.ID, job.Priority); err != nil {
+					h.cfg.Logger.WarnContext(ctx, "console: requeue retried job (the sweeper will)", "job_id", job.ID, "error", err)
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
+		}); errors.Is(err, dispatch.ErrRedisWait) { // else each job's failure is logged above
+			h.cfg.Logger.WarnContext(ctx, "console: requeue retried jobs (the sweeper will)", "jobs", len(retried), "error", err)
 		}
 	}
 	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}

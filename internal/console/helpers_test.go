@@ -17,6 +17,7 @@ import (
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/operator"
@@ -38,9 +39,15 @@ type testBundle struct {
 
 func setup(t *testing.T, creds ...console.Credential) *testBundle {
 	t.Helper()
+	return setupTasks(t, nil, creds...)
+}
+
+// setupTasks is setup with the console's Config.Tasks.
+func setupTasks(t *testing.T, tasks *dispatch.Tasks, creds ...console.Credential) *testBundle {
+	t.Helper()
 	b := &testBundle{jobs: jobstest.New(t), rdb: redistest.Client(t), prefix: redistest.Prefix(t)}
 	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
-		Credentials: creds, Canceled: func(credential string) {
+		Tasks: tasks, Credentials: creds, Canceled: func(credential string) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			b.canceled = append(b.canceled, credential)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/httpserve"
+	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/migrations"
 )
 
@@ -131,10 +132,12 @@ func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pg
 	})
 }
 
-// newRegistry is a metrics registry holding the Go runtime's and the process's collectors.
-func newRegistry() *prometheus.Registry {
+// newRegistry is a metrics registry holding the Go runtime's and the process's collectors, and
+// the saturation of the process's Postgres pool (pgwait.Collector).
+func newRegistry(pool *pgxpool.Pool) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		pgwait.NewCollector(pool))
 	return reg
 }
 

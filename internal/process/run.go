@@ -45,7 +45,7 @@ func API(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
-	reg := newRegistry()
+	reg := newRegistry(pool)
 	handler, closeAPI, err := api.FromConfig(cfg, pool, reg, logger)
 	if err != nil {
 		return err
@@ -86,7 +86,7 @@ func Worker(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
-	reg := newRegistry()
+	reg := newRegistry(pool)
 	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg})
 	if err != nil {
 		return err
@@ -148,7 +148,7 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
-	reg := newRegistry()
+	reg := newRegistry(pool)
 	// One store: the API's creates and the worker's transitions share the batcher's commits.
 	store := jobs.NewStore(pool, nil)
 	// The worker takes the first delivery of the API's new jobs in this process (Handoff).

@@ -131,6 +131,8 @@ func TestServe_RunsAJobInOneProcess(t *testing.T) {
 		// The job was not enqueued: its first delivery ran in this process (dispatch.Handoff).
 		`llmq_worker_handoffs_total{outcome="taken"} 1`,
 		`llmq_worker_handoffs_total{outcome="returned"} 0`,
+		// The pool's saturation (pgwait.Collector), shared by both halves: 16 by default.
+		`llmq_postgres_pool_max_connections 16`,
 	}
 	missing := want
 	for deadline := time.Now().Add(10 * time.Second); len(missing) > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
