@@ -463,7 +463,7 @@ const sendClaim = 10 * time.Minute
 // call failed without an answer), the provider may hold it already: it is looked up first (by
 // the last send's start and size, recorded before it went: see store.resend), and sent again
 // only when the provider has none. A send or look-up that failed is tried again after the
-// polls' backoff, or the answer's longer Retry-After (sendDelay), not at every pass: a provider
+// polls' backoff, or the answer's longer Retry-After (retryDelay), not at every pass: a provider
 // whose batch API is down or overloaded is not asked once a second (for OpenAI, with the
 // batch's file uploaded each time); meanwhile the batch's jobs near their deadline still go
 // online. A send claims its batch for
@@ -478,7 +478,7 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 	}
 	later := func(err error) error {
 		now := b.cfg.Now()
-		return b.store.pollLater(ctx, row.ID, now.Add(sendDelay(lane.Config, row.Polls, err, now)))
+		return b.store.pollLater(ctx, row.ID, now.Add(retryDelay(lane.Config, row.Polls, err, now)))
 	}
 	now := b.cfg.Now()
 	reqs, since, sent, err := b.store.beginSend(ctx, row.ID, now, now.Add(sendClaim))
@@ -540,11 +540,12 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 	return nil
 }
 
-// sendDelay is the wait before a batch's send (or look-up) that failed with err is tried again:
-// the polls' backoff (pollDelay), or the answer's Retry-After when that is longer (Anthropic's
-// 429 while the organization's batch queue is full says when it has room; asked sooner, it
-// answers 429 again), at most the backoff's cap, 10 × PollInterval, as a longer backoff is.
-func sendDelay(c config.Batch, polls int, err error, now time.Time) time.Duration {
+// retryDelay is the wait before a batch's call that failed with err (its send or look-up, after
+// polls tries; its poll, results download or cancel, after polls-1 polls) is tried again: the
+// polls' backoff (pollDelay), or the answer's Retry-After when that is longer (Anthropic's 429
+// while the organization's batch queue is full says when it has room; asked sooner, it answers
+// 429 again), at most the backoff's cap, 10 × PollInterval, as a longer backoff is.
+func retryDelay(c config.Batch, polls int, err error, now time.Time) time.Duration {
 	d := pollDelay(c, polls)
 	if rd := retrypolicy.Classify(err, now); rd.HasRetryAfter {
 		d = max(d, min(rd.RetryAfter, 10*c.PollInterval))
@@ -613,7 +614,10 @@ func pollDelay(c config.Batch, polls int) time.Duration {
 // fail, with no attempt left: deadlineMove); a batch whose jobs have all ended is canceled at the
 // provider; otherwise it is polled, and when it ended its results are recorded. The next poll
 // comes after the backoff, or when the next of its jobs is to fall back online, whichever is
-// first; a pass reads nothing of a batch not due.
+// first; a pass reads nothing of a batch not due. A poll, results download or cancel that failed
+// is tried again after the backoff or, when longer, the answer's Retry-After (retryDelay, at
+// most the backoff's cap), unless a job's fallback comes first; a poll before a cancel that was
+// answered with a Retry-After waits it too, rather than send the cancel into the same refusal.
 func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLanes) error {
 	now := b.cfg.Now()
 	if row.NextPollAt != nil && now.Before(*row.NextPollAt) {
@@ -624,6 +628,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		return err
 	}
 	live, next := 0, now.Add(pollDelay(lane.Config, row.Polls+1))
+	var fallbackAt *time.Time // the earliest fallback of a job still waiting
 	for _, j := range jobs {
 		if !j.unfinished() {
 			continue
@@ -636,17 +641,33 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 			continue
 		}
 		live++
-		if fallback.Before(next) {
-			next = fallback
+		if fallbackAt == nil || fallback.Before(*fallbackAt) {
+			fallbackAt = &fallback
 		}
+	}
+	if fallbackAt != nil && fallbackAt.Before(next) {
+		next = *fallbackAt
+	}
+	// later records a failed call (err): tried again after retryDelay, or at the next fallback.
+	later := func(err error) error {
+		at := b.cfg.Now()
+		at = at.Add(retryDelay(lane.Config, row.Polls+1, err, at))
+		if fallbackAt != nil && fallbackAt.Before(at) {
+			at = *fallbackAt
+		}
+		return errors.Join(err, b.store.pollLater(ctx, row.ID, at))
 	}
 	if live == 0 {
 		// Nothing waits for this batch. One that has ended at the provider (its results were
 		// recorded by a leader that died before closing it, or it ended as its last jobs left) is
 		// closed as ended: a cancel would do nothing, and it was not canceled. A poll that fails
-		// leaves that to the cancel's answer.
-		if st, err := lane.Client.Poll(ctx, *row.ProviderID); err == nil && st.Ended {
+		// leaves that to the cancel's answer, but one answered with a Retry-After waits it.
+		st, err := lane.Client.Poll(ctx, *row.ProviderID)
+		if err == nil && st.Ended {
 			return b.closeEnded(ctx, row, st)
+		}
+		if d := retrypolicy.Classify(err, b.cfg.Now()); d.Retry && d.HasRetryAfter {
+			return later(err) // a cancel now would be refused the same
 		}
 		// Else stop paying for what is left of it. A cancel that failed (no answer, the
 		// provider's side: 408, 429, 5xx) is tried again after the backoff, as a failed poll is;
@@ -654,7 +675,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		if err := lane.Client.Cancel(ctx, *row.ProviderID); err != nil {
 			var se *StatusError
 			if !errors.As(err, &se) || (retryableStatus(se.Status) && se.Status != http.StatusConflict) {
-				return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
+				return later(err)
 			}
 		}
 		b.cfg.Metrics.batch(row.Credential, "canceled")
@@ -671,7 +692,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		return b.store.ended(ctx, row.ID, "ended", "not_found")
 	}
 	if err != nil {
-		return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
+		return later(err)
 	}
 	if !st.Ended {
 		return b.store.polled(ctx, row.ID, st.Provider, next)
@@ -687,7 +708,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
-		return errors.Join(err, b.store.pollLater(ctx, row.ID, next))
+		return later(err)
 	}
 	if err := b.record(ctx, lane, row, jobs, results, noLine, st.Provider, held); err != nil {
 		return err

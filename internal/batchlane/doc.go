@@ -31,6 +31,6 @@
 // the online lane classifies answers) pauses the credential and alerts, as the executor does;
 // so does a request an ended batch answered with a spend-cap code, whose job is dead-lettered.
 // A batch the provider refuses as a whole (4xx, or OpenAI's failed) sends its jobs online; one
-// it no longer knows (404) sends them round again; failed polls keep
-// the backoff.
+// it no longer knows (404) sends them round again; failed calls (send, poll, results, cancel)
+// keep the backoff, or wait the answer's longer Retry-After, at most the backoff's cap.
 package batchlane
