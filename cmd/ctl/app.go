@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -138,19 +140,42 @@ func unreachable(err error) error {
 	return err
 }
 
-// databaseURL resolves the Postgres URL: --database-url, else the config file, else the default.
+// databaseURL resolves the Postgres URL: --database-url, else the config file, else the default;
+// with a connect_timeout of pgConnectTimeout unless it sets one (withConnectTimeout).
 func databaseURL(c *cli.Context) (string, error) {
 	if u := c.String("database-url"); u != "" {
-		return u, nil
+		return withConnectTimeout(u), nil
 	}
 	if p := c.String("config"); p != "" {
 		cfg, err := config.LoadWithoutSecrets(p, nil)
 		if err != nil {
 			return "", err
 		}
-		return cfg.DatabaseURL, nil
+		return withConnectTimeout(cfg.DatabaseURL), nil
 	}
-	return config.DefaultDatabaseURL, nil
+	return withConnectTimeout(config.DefaultDatabaseURL), nil
+}
+
+// withConnectTimeout is the Postgres URL (or keyword/value string) u with connect_timeout set to
+// pgConnectTimeout, unless u or PGCONNECT_TIMEOUT sets one already.
+func withConnectTimeout(u string) string {
+	if strings.Contains(u, "connect_timeout") || os.Getenv("PGCONNECT_TIMEOUT") != "" {
+		return u
+	}
+	secs := strconv.Itoa(int(pgConnectTimeout / time.Second))
+	if !strings.Contains(u, "://") {
+		return u + " connect_timeout=" + secs
+	}
+	base, frag, hasFrag := strings.Cut(u, "#")
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	base += sep + "connect_timeout=" + secs
+	if hasFrag {
+		base += "#" + frag
+	}
+	return base
 }
 
 // pool opens a pool on the database, failing fast with a one-line error when unreachable.
@@ -175,6 +200,9 @@ func (a *app) migrateCommand() *cli.Command {
 		Name:  "migrate",
 		Usage: "create the database if needed and apply pending migrations",
 		Action: func(c *cli.Context) error {
+			if c.NArg() != 0 {
+				return cli.Exit("usage: ctl migrate (it takes no arguments)", exitUsage)
+			}
 			u, err := databaseURL(c)
 			if err != nil {
 				return err
@@ -230,3 +258,8 @@ func printList[T any](w io.Writer, asJSON bool, list []T, none, header string, r
 	}
 	return tw.Flush()
 }
+
+// pgConnectTimeout bounds each connection to Postgres (dial and startup) when the database URL
+// sets no connect_timeout (nor PGCONNECT_TIMEOUT): a server that accepts and never answers fails
+// the command instead of hanging it.
+const pgConnectTimeout = 5 * time.Second

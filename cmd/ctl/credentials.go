@@ -26,6 +26,9 @@ func (a *app) credentialsCommand() *cli.Command {
 			Usage: "each credential's limit (configured or learned), pause state and Retry-After push-back",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
+				if c.NArg() != 0 {
+					return cli.Exit("usage: ctl credentials list [--json]", exitUsage)
+				}
 				cfg, lim, brk, closeFn, err := credentialState(c)
 				if err != nil {
 					return err

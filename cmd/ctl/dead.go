@@ -65,6 +65,9 @@ func (a *app) deadList(c *cli.Context) error {
 	if c.Int("limit") < 1 {
 		return cli.Exit("--limit must be at least 1", exitUsage)
 	}
+	if err := checkDeadReason(c); err != nil {
+		return err
+	}
 	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential"), Limit: c.Int("limit")}
 	var since time.Duration
 	if s := c.String("since"); s != "" {
@@ -96,6 +99,19 @@ func (a *app) deadList(c *cli.Context) error {
 			}
 			return []string{j.ID, deadCredentialText(j), reason, attemptsText(j), ts(j.FinishedAt), lastErrorText(j.LastError)}
 		})
+}
+
+// deadReasons are the reasons a job is dead-lettered for (jobs.Job.DeadReason): the values --reason
+// takes.
+var deadReasons = []string{jobs.ReasonRateLimitedNoRetryAfter, jobs.ReasonRetriesExhausted}
+
+// checkDeadReason refuses a --reason that is no dead reason as a usage error: it would match no
+// job, and a retry of none or an empty list would read as "there are none".
+func checkDeadReason(c *cli.Context) error {
+	if r := c.String("reason"); r != "" && !slices.Contains(deadReasons, r) {
+		return cli.Exit(fmt.Sprintf("--reason %q: want %s", r, strings.Join(deadReasons, " or ")), exitUsage)
+	}
+	return nil
 }
 
 // deadCredentialText names, for tables, the credential a dead job died on, and its own when it
@@ -183,6 +199,9 @@ func (a *app) deadRetry(c *cli.Context) error {
 		return cli.Exit("usage: ctl dead retry ID... | --all [--reason R] [--credential C]", exitUsage)
 	case !all && (c.IsSet("reason") || c.IsSet("credential")):
 		return cli.Exit("--reason and --credential go with --all", exitUsage)
+	}
+	if err := checkDeadReason(c); err != nil {
+		return err
 	}
 	// Redis first: a job set queued that no task carries would wait for the sweeper.
 	tasks, closeTasks, err := openTasks(c)

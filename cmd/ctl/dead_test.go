@@ -126,7 +126,7 @@ func TestDeadList(t *testing.T) {
 			"Since":      {[]string{"--since", "1h"}, []string{capped.ID, exhausted.ID}},
 			"SinceDays":  {[]string{"--since", "7d"}, []string{capped.ID, exhausted.ID}},
 			"Limit":      {[]string{"--limit", "1"}, []string{capped.ID}},
-			"NoMatch":    {[]string{"--reason", "nope"}, []string{}},
+			"NoMatch":    {[]string{"--credential", "nope"}, []string{}},
 		} {
 			r := run(t, append([]string{"--database-url", b.url, "dead", "list", "--json"}, tc.args...)...)
 			require.Equal(t, 0, r.code, "%s: stderr %q", name, r.errOut)
@@ -143,7 +143,7 @@ func TestDeadList(t *testing.T) {
 	})
 	t.Run("EmptyTable", func(t *testing.T) {
 		t.Parallel()
-		r := run(t, "--database-url", b.url, "dead", "list", "--reason", "nope")
+		r := run(t, "--database-url", b.url, "dead", "list", "--credential", "nope")
 		require.Equal(t, 0, r.code)
 		require.Equal(t, "no dead jobs\n", r.out)
 	})

@@ -70,6 +70,9 @@ func (a *app) operatorsCommand() *cli.Command {
 			Usage: "every operator and whether it is revoked (tokens are not stored, so never shown)",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
+				if c.NArg() != 0 {
+					return cli.Exit("usage: ctl operators list [--json]", exitUsage)
+				}
 				p, err := pool(c)
 				if err != nil {
 					return err
