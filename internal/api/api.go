@@ -85,8 +85,9 @@ type Config struct {
 	// StreamSigner signs the events_url of every job answered, and checks the token of such a
 	// URL. nil: jobs carry no events_url and event streams need a bearer token.
 	StreamSigner *StreamSigner
-	// EventWriteTimeout bounds the write of each event (and keep-alive) of a stream: a client
-	// that stops reading is cut off, and the stream's memory freed. Default 10s.
+	// EventWriteTimeout bounds the write of each event (and keep-alive) of a stream, each
+	// 16 KiB of a larger one apart (a slow but steady reader gets it whole): a client that stops
+	// reading is cut off, and the stream's memory freed. Default 10s.
 	EventWriteTimeout time.Duration
 	// MaxStreamsPerTenant caps each tenant's open event streams on this replica (429 with
 	// Retry-After above it). Default 100.
@@ -104,6 +105,8 @@ type Config struct {
 	// DeltaHub wakes event streams when their job's buffer grows. nil: streams read the buffer
 	// at status changes and keep-alives only (tests).
 	DeltaHub *deltastream.Hub
+	// writeNow is the clock of the event streams' write deadlines (tests). Default time.Now.
+	writeNow func() time.Time
 	// Console, when set, serves everything under /console/ (the operators' console). Shutdown
 	// calls its Shutdown method, when it has one.
 	Console http.Handler
@@ -169,6 +172,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.writeNow == nil {
+		cfg.writeNow = time.Now
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now),

@@ -79,9 +79,11 @@ type setupOpts struct {
 	// listener, when set, wraps the test server's listener.
 	listener          func(net.Listener) net.Listener
 	eventWriteTimeout time.Duration
-	maxStreams        int
-	now               func() time.Time
-	registry          *prometheus.Registry // the API's metrics; default none
+	// writeNow is Config.writeNow, the clock of the streams' write deadlines; default time.Now.
+	writeNow   func() time.Time
+	maxStreams int
+	now        func() time.Time
+	registry   *prometheus.Registry // the API's metrics; default none
 	// batchWindows are the credentials with a batch lane, with their window; default none.
 	batchWindows map[string]time.Duration
 	deltas       bool // follow streaming jobs' delta buffers (testBundle.deltas)
@@ -135,7 +137,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
-		StoreWait: o.storeWait,
+		StoreWait: o.storeWait, writeNow: o.writeNow,
 	}
 	if o.handoff != nil {
 		hcfg := dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16}

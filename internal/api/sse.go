@@ -143,7 +143,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The server's read timeout would end a stream that outlives it; the client sends nothing
 	// more. Writes get a deadline each instead of the server's one for the whole answer.
 	_ = rc.SetReadDeadline(time.Time{})
-	out := &deadlineWriter{w: w, rc: rc, timeout: s.cfg.EventWriteTimeout}
+	out := &deadlineWriter{w: w, rc: rc, timeout: s.cfg.EventWriteTimeout, now: s.cfg.writeNow, closing: s.closing}
 	ticker := time.NewTicker(s.cfg.KeepAlive)
 	defer ticker.Stop()
 	readStatus := true
@@ -161,7 +161,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		done, err := s.sendEvents(out, r, job.ID, f, readStatus)
 		if err != nil {
 			// Headers are sent: the stream just ends, and the client resumes with Last-Event-ID.
-			if r.Context().Err() == nil {
+			if r.Context().Err() == nil && !errors.Is(err, errShuttingDown) {
 				s.cfg.Logger.WarnContext(r.Context(), "event stream ended on an error", "job_id", job.ID, "error", err)
 			}
 			return

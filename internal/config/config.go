@@ -112,8 +112,8 @@ type API struct {
 	// worker's /metrics server. Default 60s.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// EventWriteTimeout bounds writing each event (and keep-alive) of an event stream, the API's
-	// and the console's: a client that stops reading is cut off and the stream's memory freed.
-	// Default 10s.
+	// (each 16 KiB of an event: a slow but steady reader gets a large one) and the console's: a
+	// client that stops reading is cut off and the stream's memory freed. Default 10s.
 	EventWriteTimeout time.Duration `yaml:"event_write_timeout"`
 	// MaxConnections caps the API's open connections; a connection above it is answered 503
 	// with Retry-After and closed. Default 0: three quarters of the process's open-file limit,
