@@ -483,7 +483,7 @@ func TestMigrate_ReportsWhatItAppliedBeforeAFailure(t *testing.T) {
 		_, err = conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", m.Version)
 		require.NoError(t, err)
 	}
-	_, err = conn.Exec(ctx, "CREATE TABLE credential_pauses (x int)") // 020 creates it
+	_, err = conn.Exec(ctx, "CREATE TABLE tenant_previous_tokens (x int)") // 021 creates it
 	require.NoError(t, err)
 
 	r := run(t, "--database-url", dbURL, "migrate")

@@ -111,6 +111,45 @@ func (a *app) tenantsCommand() *cli.Command {
 				return err
 			},
 		}, {
+			Name: "rotate",
+			Usage: "give a tenant a new bearer token and print it (shown once); the old token keeps working for --overlap, then answers 401. " +
+				"A token still in an earlier rotation's overlap ends at once",
+			ArgsUsage: "NAME [--overlap DURATION]",
+			Flags: []cli.Flag{&cli.DurationFlag{Name: "overlap", Value: tenant.DefaultOverlap,
+				Usage: fmt.Sprintf("how long the old token keeps working, for its clients to take the new one (0: it ends at once, for a leaked token; at most %s)", tenant.MaxOverlap)}},
+			Action: func(c *cli.Context) error {
+				if c.NArg() != 1 {
+					return cli.Exit("usage: ctl tenants rotate NAME [--overlap DURATION]", exitUsage)
+				}
+				overlap := c.Duration("overlap")
+				if overlap < 0 || overlap > tenant.MaxOverlap {
+					return cli.Exit(fmt.Sprintf("--overlap must be 0..%s", tenant.MaxOverlap), exitUsage)
+				}
+				p, err := pool(c)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				name := c.Args().First()
+				r, err := tenant.NewStore(p, nil).Rotate(c.Context, name, overlap)
+				if err != nil {
+					return err
+				}
+				// As create: the token alone on the output, the notice on the error output.
+				ends := "at once"
+				if overlap > 0 {
+					ends = "at " + r.PreviousEnds.UTC().Format(time.RFC3339) + " (in " + overlap.String() + ")"
+				}
+				fmt.Fprintf(a.errOut, "tenant %s: new bearer token; the old one ends %s", name, ends)
+				if r.Ended > 0 {
+					fmt.Fprintf(a.errOut, ", and the token of the earlier rotation still in its overlap ended now")
+				}
+				fmt.Fprintln(a.errOut, ". The new token follows and is not shown again:")
+				fmt.Fprintln(a.out, r.Token)
+				return logAction(c.Context, p, audit.Entry{Action: "tenant.rotate", Target: name, Count: 1,
+					Detail: map[string]any{"overlap": overlap.String(), "previous_ends_at": r.PreviousEnds.UTC().Format(time.RFC3339), "ended": r.Ended}})
+			},
+		}, {
 			Name:      "set",
 			Usage:     "change a tenant's weight: its share of a credential against other tenants with work (workers apply it within seconds)",
 			ArgsUsage: "NAME --weight N",
@@ -134,7 +173,7 @@ func (a *app) tenantsCommand() *cli.Command {
 			},
 		}, {
 			Name:  "list",
-			Usage: "every tenant, its credentials and whether it is revoked (tokens are not stored, so never shown)",
+			Usage: "every tenant, its credentials, whether it is revoked and, during a rotation's overlap, when its old token ends (tokens are not stored, so never shown)",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
 				p, err := pool(c)
@@ -146,8 +185,8 @@ func (a *app) tenantsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				return printList(a.out, c.Bool("json"), list, "no tenants (ctl tenants create NAME)", "NAME\tCREDENTIALS\tWEIGHT\tCREATED\tREVOKED", func(t tenant.Tenant) []string {
-					return []string{t.Name, credentialsText(t.Credentials), strconv.Itoa(t.Weight), t.CreatedAt.Format(time.RFC3339), ts(t.RevokedAt)}
+				return printList(a.out, c.Bool("json"), list, "no tenants (ctl tenants create NAME)", "NAME\tCREDENTIALS\tWEIGHT\tCREATED\tREVOKED\tOLD TOKEN ENDS", func(t tenant.Tenant) []string {
+					return []string{t.Name, credentialsText(t.Credentials), strconv.Itoa(t.Weight), t.CreatedAt.Format(time.RFC3339), ts(t.RevokedAt), ts(t.PreviousTokenEndsAt)}
 				})
 			},
 		}},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -80,9 +81,9 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 	require.Equal(t, 0, table.code)
 	lines := strings.Split(strings.TrimSpace(table.out), "\n")
 	require.Len(t, lines, 5)
-	require.Regexp(t, `^NAME\s+CREDENTIALS\s+WEIGHT\s+CREATED\s+REVOKED$`, lines[0])
+	require.Regexp(t, `^NAME\s+CREDENTIALS\s+WEIGHT\s+CREATED\s+REVOKED\s+OLD TOKEN ENDS$`, lines[0])
 	require.Regexp(t, `^acme\s+all\s+1\s+\S+\s+\d{4}-`, lines[1])
-	require.Regexp(t, `^limited\s+default,oai\s+1\s+\S+\s+-$`, lines[4])
+	require.Regexp(t, `^limited\s+default,oai\s+1\s+\S+\s+-\s+-$`, lines[4])
 
 	// The four creates and the one revoke that changed something are in the audit log.
 	var actions []string
@@ -264,4 +265,71 @@ func TestTenants_RevokeCancelsJobs(t *testing.T) {
 		actions = append(actions, fmt.Sprintf("%s %s %d", e.Action, e.Target, e.Count))
 	}
 	require.Equal(t, []string{"tenant.cancel_jobs kept 1", "tenant.cancel_jobs acme 3", "tenant.revoke acme 1", "tenant.revoke kept 1"}, actions)
+}
+
+// TestTenants_Rotate: rotate prints the new token alone on the output (as create), the notice
+// with the old token's end on the error output; the old token works for the overlap (none with
+// --overlap 0); the rotation is audited without the token; usage and refusals are one line.
+func TestTenants_Rotate(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	db := []string{"--database-url", b.url, "tenants"}
+	store := tenant.NewStore(b.pool, nil)
+	ctx := context.Background()
+	r := run(t, append(db, "create", "acme")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	first := strings.TrimSuffix(r.out, "\n")
+
+	r = run(t, append(db, "rotate", "acme")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	second := strings.TrimSuffix(r.out, "\n")
+	require.True(t, strings.HasPrefix(second, tenant.BearerTokenPrefix), r.out)
+	require.NotContains(t, second, "\n")
+	require.NotEqual(t, first, second)
+	require.Regexp(t, `^tenant acme: new bearer token; the old one ends at \d{4}-\S+Z \(in 24h0m0s\)\. The new token follows and is not shown again:\n$`, r.errOut)
+	for _, tok := range []string{first, second} {
+		_, err := store.Authenticate(ctx, tok)
+		require.NoError(t, err)
+	}
+	// The list shows the rotation in progress: when the old token ends.
+	ends, err := time.Parse(time.RFC3339, regexp.MustCompile(`ends at (\S+)`).FindStringSubmatch(r.errOut)[1])
+	require.NoError(t, err)
+	table := run(t, append(db, "list")...)
+	require.Equal(t, 0, table.code, table.errOut)
+	require.Regexp(t, `^NAME\s+CREDENTIALS\s+WEIGHT\s+CREATED\s+REVOKED\s+OLD TOKEN ENDS\n`, table.out)
+	require.Regexp(t, `\nacme\s+all\s+1\s+\S+\s+-\s+`+regexp.QuoteMeta(ends.Local().Format(time.RFC3339))+`\n`, table.out)
+
+	r = run(t, append(db, "rotate", "--overlap", "0", "acme")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	third := strings.TrimSuffix(r.out, "\n")
+	require.Equal(t, "tenant acme: new bearer token; the old one ends at once, and the token of the earlier rotation still in its overlap ended now. The new token follows and is not shown again:\n", r.errOut)
+	for _, tok := range []string{first, second} {
+		_, err := store.Authenticate(ctx, tok)
+		require.ErrorIs(t, err, tenant.ErrRotatedOut)
+	}
+	_, err = store.Authenticate(ctx, third)
+	require.NoError(t, err)
+	table = run(t, append(db, "list")...)
+	require.Regexp(t, `\nacme\s+all\s+1\s+\S+\s+-\s+-\n`, table.out, "no token in an overlap")
+
+	entries := auditLog(t, b.url)
+	require.Len(t, entries, 3)
+	require.Equal(t, "tenant.rotate", entries[0].Action)
+	require.Equal(t, "acme", entries[0].Target)
+	require.Equal(t, "0s", entries[0].Detail["overlap"])
+	require.EqualValues(t, 1, entries[0].Detail["ended"])
+	require.Equal(t, "24h0m0s", entries[1].Detail["overlap"])
+	all := run(t, "--database-url", b.url, "audit", "--json")
+	for _, tok := range []string{first, second, third} {
+		require.NotContains(t, all.out, tok[len(tenant.BearerTokenPrefix):])
+	}
+
+	requireOneLineError(t, run(t, append(db, "rotate", "nobody")...), 1, `tenant not found: "nobody"`)
+	requireOneLineError(t, run(t, append(db, "rotate")...), 2, "usage: ctl tenants rotate NAME [--overlap DURATION]")
+	requireOneLineError(t, run(t, append(db, "rotate", "a", "b")...), 2, "usage: ctl tenants rotate NAME")
+	requireOneLineError(t, run(t, append(db, "rotate", "acme", "--overlap", "-1s")...), 2, "--overlap must be 0..720h0m0s")
+	requireOneLineError(t, run(t, append(db, "rotate", "acme", "--overlap", "721h")...), 2, "--overlap must be 0..720h0m0s")
+	require.Equal(t, 0, run(t, append(db, "revoke", "acme")...).code)
+	requireOneLineError(t, run(t, append(db, "rotate", "acme")...), 1, `tenant revoked: "acme" gets no new token`)
+	require.Len(t, auditLog(t, b.url), 4, "refusals are not audited")
 }

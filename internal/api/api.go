@@ -276,8 +276,9 @@ func (s *Server) bounded(h http.HandlerFunc) http.HandlerFunc {
 // tenant authenticates the caller. Without an Authorization header it is tenant "default" when
 // anonymous access is allowed (as stored, when the operator created it: its credentials apply,
 // and it is 403 once revoked), else 401. With one, it must be exactly "Bearer <token>" with a
-// known token: 401 otherwise, 403 when the token's tenant was revoked. The token itself never
-// reaches a log or an error message.
+// known token: 401 otherwise (a token a rotation replaced, once the overlap has ended, included),
+// 403 when the token's tenant was revoked. The token itself never reaches a log or an error
+// message.
 func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 	values, present := r.Header["Authorization"]
 	if !present {
@@ -316,6 +317,16 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		return nil, unauthorized("invalid_token", fmt.Sprintf("malformed bearer token: an llmq token is %s followed by 43 letters, digits, '-' or '_'", tenant.BearerTokenPrefix))
 	case errors.Is(err, tenant.ErrUnknownBearerToken):
 		return nil, unauthorized("invalid_token", "unknown bearer token: no tenant has it")
+	case errors.Is(err, tenant.ErrRotatedOut):
+		// Once a minute per tenant, as below: the log tells the operator which tenant still has
+		// a client on its old token.
+		if t != nil {
+			if log, suppressed := s.authLog.allow(t.Name); log {
+				s.cfg.Logger.WarnContext(r.Context(), "request with a tenant's rotated-out token", "tenant", t.Name,
+					"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
+			}
+		}
+		return nil, unauthorized("invalid_token", "rotated-out bearer token: its tenant's token was rotated and the overlap of the old one has ended; use the new token")
 	case errors.Is(err, tenant.ErrRevoked):
 		// Once a minute per tenant: a client that keeps using a revoked token must not flood
 		// the log (the count of those left out goes with the next line).

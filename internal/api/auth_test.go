@@ -336,3 +336,40 @@ func TestAuth_AnonymousIsTheStoredDefaultTenant(t *testing.T) {
 	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, token), http.StatusForbidden, "token_revoked")
 	require.Equal(t, 3, countJobs(t, b, tenant.Default))
 }
+
+// TestAuth_RotatedToken: after `ctl tenants rotate`, the new token works at once and the old one
+// while its overlap lasts; once the overlap has ended the old one is 401, saying it was rotated
+// out (not "unknown"), without echoing it. A revocation ends both with 403.
+func TestAuth_RotatedToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noAnonymous: true, tenantTTL: time.Nanosecond})
+	old := b.newTenant(t, "acme")
+	ctx := context.Background()
+
+	r, err := b.tenants.Rotate(ctx, "acme", time.Hour)
+	require.NoError(t, err)
+	current := map[string]string{"Authorization": "Bearer " + r.Token}
+	for _, h := range []map[string]string{old, current} {
+		require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, h).status)
+	}
+
+	r2, err := b.tenants.Rotate(ctx, "acme", 0)
+	require.NoError(t, err)
+	for _, h := range []map[string]string{old, current} {
+		resp := b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, h)
+		requireError(t, resp, http.StatusUnauthorized, "unauthorized")
+		require.Equal(t, `Bearer realm="llmq", error="invalid_token"`, resp.header.Get("WWW-Authenticate"))
+		msg := resp.body["error"].(map[string]any)["message"].(string)
+		require.Contains(t, msg, "rotated-out bearer token")
+		require.NotContains(t, msg, strings.TrimPrefix(h["Authorization"], "Bearer llmq_")[:20], "no token echoed")
+	}
+	newest := map[string]string{"Authorization": "Bearer " + r2.Token}
+	require.Equal(t, http.StatusAccepted, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, newest).status)
+
+	_, err = b.tenants.Rotate(ctx, "acme", time.Hour)
+	require.NoError(t, err)
+	_, err = b.tenants.Revoke(ctx, "acme")
+	require.NoError(t, err)
+	requireError(t, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, newest), http.StatusForbidden, "token_revoked")
+	require.Equal(t, 3, countJobs(t, b, "acme"))
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -701,4 +702,73 @@ func TestOverview_NoWindowStartOfYearOne(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &raw))
 	require.Equal(t, `"1h0m0s"`, string(raw["window"]))
 	require.NotContains(t, raw, "since", "body %s", body)
+}
+
+// TestTenants_RotateAudited: the console's rotate answers the new token once (working at once,
+// the old one for the overlap, none with 0), audits it without the token, and refuses a bad
+// overlap, an unknown tenant and a revoked one with a 4xx naming the problem.
+func TestTenants_RotateAudited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Credential{Name: "default", Provider: "anthropic"})
+	c := b.login(t)
+	store := tenant.NewStore(b.jobs.Pool, nil)
+	ctx := context.Background()
+	_, old, err := store.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+
+	var rot struct {
+		Tenant tenant.Tenant `json:"tenant"`
+		Token  string        `json:"token"`
+		Ends   time.Time     `json:"previous_token_ends_at"`
+		Ended  int           `json:"ended"`
+	}
+	start := time.Now()
+	c.json(http.MethodPost, "/console/api/tenants/acme/rotate", map[string]any{}, &rot)
+	require.Equal(t, "acme", rot.Tenant.Name)
+	require.WithinDuration(t, start.Add(tenant.DefaultOverlap), rot.Ends, time.Minute)
+	for _, tok := range []string{old, rot.Token} {
+		_, err := store.Authenticate(ctx, tok)
+		require.NoError(t, err)
+	}
+	var list struct {
+		Tenants []map[string]any `json:"tenants"`
+	}
+	c.json(http.MethodGet, "/console/api/tenants", nil, &list)
+	require.Len(t, list.Tenants, 1)
+	ends, err := time.Parse(time.RFC3339Nano, list.Tenants[0]["previous_token_ends_at"].(string))
+	require.NoError(t, err, "the list shows the rotation in progress")
+	require.True(t, rot.Ends.Equal(ends), "%s, want %s", ends, rot.Ends)
+	first := rot.Token
+	c.json(http.MethodPost, "/console/api/tenants/acme/rotate", map[string]any{"overlap_seconds": 0}, &rot)
+	require.Equal(t, 1, rot.Ended)
+	for _, tok := range []string{old, first} {
+		_, err := store.Authenticate(ctx, tok)
+		require.ErrorIs(t, err, tenant.ErrRotatedOut)
+	}
+	_, err = store.Authenticate(ctx, rot.Token)
+	require.NoError(t, err)
+	list.Tenants = nil // a fresh map: json would keep the keys of the one it decodes into
+	c.json(http.MethodGet, "/console/api/tenants", nil, &list)
+	require.NotContains(t, list.Tenants[0], "previous_token_ends_at", "no overlap")
+
+	for _, body := range []map[string]any{{"overlap_seconds": -1}, {"overlap_seconds": 30*24*3600 + 1}} {
+		r, out := c.do(http.MethodPost, "/console/api/tenants/acme/rotate", body, nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_overlap")
+	}
+	r, out := c.do(http.MethodPost, "/console/api/tenants/nobody/rotate", map[string]any{}, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+	_, err = store.Revoke(ctx, "acme")
+	require.NoError(t, err)
+	r, out = c.do(http.MethodPost, "/console/api/tenants/acme/rotate", map[string]any{}, nil)
+	requireError(t, r, out, http.StatusConflict, "tenant_revoked")
+
+	entries := b.audit(t)
+	require.Equal(t, []string{"tenant.rotate", "tenant.rotate", "login"},
+		[]string{entries[0].Action, entries[1].Action, entries[2].Action})
+	require.Equal(t, "acme", entries[0].Target)
+	require.Equal(t, "0s", entries[0].Detail["overlap"])
+	require.Equal(t, "24h0m0s", entries[1].Detail["overlap"])
+	for _, e := range entries {
+		require.NotContains(t, fmt.Sprint(e.Detail), rot.Token[len(tenant.BearerTokenPrefix):])
+	}
 }

@@ -140,6 +140,7 @@ func TestCSRF_EveryActionNeedsTheToken(t *testing.T) {
 		{"/console/api/credentials/default/resume", nil},
 		{"/console/api/tenants", map[string]any{"name": "evil"}},
 		{"/console/api/tenants/x/revoke", nil},
+		{"/console/api/tenants/x/rotate", map[string]any{"overlap_seconds": 0}},
 		{"/console/api/tenants/x/weight", map[string]any{"weight": 2}},
 		{"/console/api/jobs/" + queued.ID + "/cancel", nil},
 		{"/console/api/logout", nil},

@@ -172,6 +172,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET /console/api/tenants", h.authed(h.tenantList))
 	m.HandleFunc("POST /console/api/tenants", h.authed(h.tenantCreate))
 	m.HandleFunc("POST /console/api/tenants/{name}/revoke", h.authed(h.tenantRevoke))
+	m.HandleFunc("POST /console/api/tenants/{name}/rotate", h.authed(h.tenantRotate))
 	m.HandleFunc("POST /console/api/tenants/{name}/weight", h.authed(h.tenantWeight))
 	m.HandleFunc("GET /console/api/audit", h.authed(h.auditList))
 	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {

@@ -52,6 +52,8 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		ae = badRequest("invalid_weight", err.Error())
 	case errors.Is(err, tenant.ErrExists):
 		ae = &apiError{http.StatusConflict, "tenant_exists", err.Error()}
+	case errors.Is(err, tenant.ErrRevoked):
+		ae = &apiError{http.StatusConflict, "tenant_revoked", err.Error()}
 	case errors.Is(err, tenant.ErrNotFound):
 		ae = &apiError{http.StatusNotFound, "not_found", err.Error()}
 	case errors.Is(err, context.Canceled):

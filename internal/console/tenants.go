@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/operator"
@@ -78,6 +79,38 @@ func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operat
 	}
 	h.audit(r, s.Operator, audit.Entry{Action: "tenant.revoke", Target: name, Count: n})
 	writeJSON(w, http.StatusOK, map[string]any{"message": msg, "changed": was})
+}
+
+// tenantRotate gives a tenant a new bearer token, answered this once, as tenantCreate does. Body
+// {"overlap_seconds": N}: how long the old token keeps working (0: it ends at once; absent:
+// tenant.DefaultOverlap). A token still in an earlier rotation's overlap ends at once.
+func (h *Handler) tenantRotate(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	var req struct {
+		OverlapSeconds *int64 `json:"overlap_seconds"`
+	}
+	if err := readJSON(r, &req); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	overlap := tenant.DefaultOverlap
+	if req.OverlapSeconds != nil {
+		if *req.OverlapSeconds < 0 || *req.OverlapSeconds > int64(tenant.MaxOverlap/time.Second) {
+			writeError(w, r, h.cfg.Logger, badRequest("invalid_overlap",
+				fmt.Sprintf("overlap_seconds must be 0..%d", int64(tenant.MaxOverlap/time.Second))))
+			return
+		}
+		overlap = time.Duration(*req.OverlapSeconds) * time.Second
+	}
+	name := r.PathValue("name")
+	rot, err := h.tenants.Rotate(r.Context(), name, overlap)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	h.audit(r, s.Operator, audit.Entry{Action: "tenant.rotate", Target: name, Count: 1,
+		Detail: map[string]any{"overlap": overlap.String(), "previous_ends_at": rot.PreviousEnds.UTC().Format(time.RFC3339), "ended": rot.Ended}})
+	writeJSON(w, http.StatusOK, map[string]any{"tenant": rot.Tenant, "token": rot.Token,
+		"previous_token_ends_at": rot.PreviousEnds.UTC(), "ended": rot.Ended})
 }
 
 // tenantWeight changes a tenant's weight: its share of a credential against other tenants with

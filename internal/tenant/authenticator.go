@@ -31,8 +31,8 @@ type AuthenticatorConfig struct {
 // Authenticator resolves bearer tokens to tenants through a Store, caching each answer (known,
 // revoked or unknown) for a short TTL. Database errors are not cached. Safe for concurrent use.
 //
-// Caching unknown tokens is safe: a token becomes known only by Store.Create, which makes a fresh
-// random one that nobody can have presented before.
+// Caching unknown tokens is safe: a token becomes known only by Store.Create or Store.Rotate,
+// which make a fresh random one that nobody can have presented before.
 type Authenticator struct {
 	store *Store
 	cfg   AuthenticatorConfig
@@ -91,7 +91,10 @@ func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
 func (a *Authenticator) TTL() time.Duration { return a.cfg.TTL }
 
 // Authenticate returns the token's tenant. Errors: ErrMalformedBearerToken, ErrUnknownBearerToken,
-// ErrRevoked (returned with the tenant), or a wrapped database error (not cached).
+// ErrRevoked or ErrRotatedOut (returned with the tenant), or a wrapped database error (not
+// cached). A token that a rotation replaced is answered as its tenant's no later than the end of
+// the rotation's overlap, whatever the TTL; a rotation with no overlap reaches this process
+// within the TTL.
 func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant, error) {
 	hash, err := HashBearerToken(token)
 	if err != nil {
@@ -99,8 +102,11 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string) (*Tenant
 	}
 	return cached(ctx, a, a.entries, a.unknown, hash, func(ctx context.Context) (*Tenant, error) {
 		t, err := a.store.Lookup(ctx, hash)
-		if errors.Is(err, ErrUnknownBearerToken) {
+		switch {
+		case errors.Is(err, ErrUnknownBearerToken):
 			return nil, errAnswer{err}
+		case errors.Is(err, ErrRotatedOut):
+			return t, errAnswer{err}
 		}
 		return t, err
 	})
@@ -245,7 +251,13 @@ func lookup[K comparable](ctx context.Context, a *Authenticator, cache, unknown 
 	if unknown != nil && errors.Is(err, ErrUnknownBearerToken) {
 		into, other = unknown, cache
 	}
-	put(a, into, other, key, entry{tenant: t, err: err, expires: now.Add(a.cfg.TTL)})
+	expires := now.Add(a.cfg.TTL)
+	if err == nil && t.replaced && t.tokenLeft < a.cfg.TTL {
+		// A replaced token in its overlap: not past the overlap's end (now is from before the
+		// lookup, so this errs early, whatever this process's clock is against Postgres's).
+		expires = now.Add(t.tokenLeft)
+	}
+	put(a, into, other, key, entry{tenant: t, err: err, expires: expires})
 	answered = true
 	return t, err
 }

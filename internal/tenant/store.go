@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -36,9 +37,12 @@ func NewStore(pool *pgxpool.Pool, cfg *StoreConfig) *Store {
 
 const tenantColumns = `name, credentials, created_at, revoked_at, weight`
 
-func scanTenant(row pgx.Row) (*Tenant, error) {
+func scanTenant(row pgx.Row) (*Tenant, error) { return scanTenantWith(row) }
+
+// scanTenantWith scans tenantColumns and then the row's further columns into more.
+func scanTenantWith(row pgx.Row, more ...any) (*Tenant, error) {
 	var t Tenant
-	if err := row.Scan(&t.Name, &t.Credentials, &t.CreatedAt, &t.RevokedAt, &t.Weight); err != nil {
+	if err := row.Scan(append([]any{&t.Name, &t.Credentials, &t.CreatedAt, &t.RevokedAt, &t.Weight}, more...)...); err != nil {
 		return nil, err
 	}
 	return &t, nil
@@ -163,18 +167,25 @@ func (s *Store) Get(ctx context.Context, name string) (*Tenant, error) {
 	return t, nil
 }
 
-// List returns every tenant, revoked ones included, by name. Tokens are not stored, so none is
-// returned.
+// List returns every tenant, revoked ones included, by name, with the end of its rotation's
+// overlap while it lasts (PreviousTokenEndsAt). Tokens are not stored, so none is returned.
 func (s *Store) List(ctx context.Context) ([]Tenant, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants ORDER BY name`)
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+`,
+  (SELECT max(p.expires_at) FROM tenant_previous_tokens p WHERE p.tenant = tenants.name AND p.expires_at > now())
+FROM tenants ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list tenants: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) {
-		t, err := scanTenant(r)
+		var ends *time.Time
+		t, err := scanTenantWith(r, &ends)
 		if err != nil {
 			return Tenant{}, err
 		}
+		if ends != nil && t.Revoked() {
+			ends = nil // a revocation ended it
+		}
+		t.PreviousTokenEndsAt = ends
 		return *t, nil
 	})
 	if err != nil {
@@ -183,21 +194,116 @@ func (s *Store) List(ctx context.Context) ([]Tenant, error) {
 	return out, nil
 }
 
-// Lookup returns the tenant whose token has this SHA-256, revoked or not, or ErrUnknownBearerToken.
+// Lookup returns the tenant whose token has this SHA-256, revoked or not: its current token, or
+// one a rotation replaced while that rotation's overlap lasts. Errors: ErrUnknownBearerToken;
+// ErrRotatedOut (with the tenant) for a token replaced by a rotation whose overlap has ended,
+// unless the tenant was revoked (then the tenant, as for its current token); or a wrapped
+// database error. Whether an overlap has ended is Postgres's now(), as for revocations: the
+// clocks of the rotating process and of this one play no part.
 func (s *Store) Lookup(ctx context.Context, hash [32]byte) (*Tenant, error) {
-	t, err := scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE token_sha256 = $1`, hash[:]))
+	var t Tenant
+	var leftMicros *int64 // of the overlap, for a replaced token; NULL for a current one
+	err := s.pool.QueryRow(ctx, `
+SELECT `+tenantColumns+`, NULL::bigint FROM tenants WHERE token_sha256 = $1
+UNION ALL
+SELECT t.name, t.credentials, t.created_at, t.revoked_at, t.weight,
+       greatest(0, ceil(extract(epoch FROM p.expires_at - now()) * 1000000))::bigint
+FROM tenant_previous_tokens p JOIN tenants t ON t.name = p.tenant WHERE p.token_sha256 = $1
+LIMIT 1`, hash[:]).Scan(&t.Name, &t.Credentials, &t.CreatedAt, &t.RevokedAt, &t.Weight, &leftMicros)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrUnknownBearerToken
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up bearer token: %w", err)
 	}
-	return t, nil
+	if leftMicros != nil {
+		t.replaced, t.tokenLeft = true, time.Duration(*leftMicros)*time.Microsecond
+		if !t.Revoked() && t.tokenLeft <= 0 {
+			return &t, ErrRotatedOut
+		}
+	}
+	return &t, nil
 }
 
-// Authenticate returns the token's tenant. Errors: ErrMalformedBearerToken, ErrUnknownBearerToken, ErrRevoked
-// (with the tenant, for logging), or a wrapped database error. It does not cache; see
-// Authenticator.
+// Rotation is the outcome of Store.Rotate.
+type Rotation struct {
+	// Tenant is the tenant as stored.
+	Tenant *Tenant
+	// Token is the new bearer token, which exists nowhere else (only its SHA-256 is stored).
+	Token string
+	// PreviousEnds is when the token it replaced stops authenticating (the end of the overlap),
+	// on Postgres's clock.
+	PreviousEnds time.Time
+	// Ended is how many older tokens, still in the overlap of an earlier rotation, it ended at
+	// once.
+	Ended int
+}
+
+// Rotate gives the tenant a new bearer token. The token it replaces keeps authenticating for
+// overlap (0: not at all), then answers ErrRotatedOut; a token still in the overlap of an earlier
+// rotation ends at once, so that a tenant has at most two working tokens and rotating twice ends
+// every token but the newest. Errors: ErrInvalidOverlap (outside 0..MaxOverlap), ErrNotFound
+// (also for a name no tenant can have), ErrRevoked (a revoked tenant gets no new token), or a
+// wrapped database error. The overlap starts at Postgres's now(), whatever this process's
+// clock says (a ctl on a laptop whose clock is ahead does not lengthen it). API replicas that
+// cached the replaced token see the overlap's end within their Authenticator's TTL.
+func (s *Store) Rotate(ctx context.Context, name string, overlap time.Duration) (*Rotation, error) {
+	if overlap < 0 || overlap > MaxOverlap {
+		return nil, fmt.Errorf("%w: %s (want 0..%s)", ErrInvalidOverlap, overlap, MaxOverlap)
+	}
+	if !ValidName(name) {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, truncate(name, 70))
+	}
+	token, err := secrettoken.New(s.random, BearerTokenPrefix)
+	if err != nil {
+		return nil, err
+	}
+	hash, err := HashBearerToken(token)
+	if err != nil {
+		return nil, fmt.Errorf("new token: %w", err) // a bug: secrettoken.New makes well-formed tokens
+	}
+	r := &Rotation{Token: token}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var old []byte
+		t, err := scanTenantWith(tx.QueryRow(ctx, `SELECT `+tenantColumns+`, token_sha256 FROM tenants WHERE name = $1 FOR UPDATE`, name), &old)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: %q", ErrNotFound, name)
+		}
+		if err != nil {
+			return err
+		}
+		if t.Revoked() {
+			return fmt.Errorf("%w: %q gets no new token (create a tenant of another name)", ErrRevoked, name)
+		}
+		tag, err := tx.Exec(ctx, `UPDATE tenant_previous_tokens SET expires_at = greatest(now(), rotated_at)
+WHERE tenant = $1 AND expires_at > now()`, name)
+		if err != nil {
+			return err
+		}
+		r.Ended = int(tag.RowsAffected())
+		if err := tx.QueryRow(ctx, `INSERT INTO tenant_previous_tokens (token_sha256, tenant, rotated_at, expires_at)
+VALUES ($1, $2, now(), now() + $3 * interval '1 microsecond') RETURNING expires_at`,
+			old, name, overlap.Microseconds()).Scan(&r.PreviousEnds); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE tenants SET token_sha256 = $2 WHERE name = $1`, name, hash[:]); err != nil {
+			return err
+		}
+		r.Tenant = t
+		return nil
+	})
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrRevoked) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rotate tenant token: %w", err)
+	}
+	return r, nil
+}
+
+// Authenticate returns the token's tenant. Errors: ErrMalformedBearerToken, ErrUnknownBearerToken,
+// ErrRevoked or ErrRotatedOut (with the tenant, for logging), or a wrapped database error. It
+// does not cache; see Authenticator.
 func (s *Store) Authenticate(ctx context.Context, token string) (*Tenant, error) {
 	hash, err := HashBearerToken(token)
 	if err != nil {
@@ -205,7 +311,7 @@ func (s *Store) Authenticate(ctx context.Context, token string) (*Tenant, error)
 	}
 	t, err := s.Lookup(ctx, hash)
 	if err != nil {
-		return nil, err
+		return t, err // the tenant with ErrRotatedOut, else nil
 	}
 	if t.Revoked() {
 		return t, ErrRevoked

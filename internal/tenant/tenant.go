@@ -18,6 +18,11 @@ var (
 	ErrUnknownBearerToken = errors.New("unknown bearer token")
 	// ErrRevoked: the token's tenant was revoked.
 	ErrRevoked = errors.New("tenant revoked")
+	// ErrRotatedOut: the token was its tenant's until a rotation replaced it, and the rotation's
+	// overlap has ended.
+	ErrRotatedOut = errors.New("bearer token rotated out")
+	// ErrInvalidOverlap: a rotation's overlap outside 0..MaxOverlap.
+	ErrInvalidOverlap = errors.New("invalid overlap")
 	// ErrNotFound: no tenant with that name.
 	ErrNotFound = errors.New("tenant not found")
 	// ErrExists: a tenant with that name exists already (revoked or not).
@@ -55,7 +60,25 @@ type Tenant struct {
 	// Weight is the tenant's share of a credential against the other tenants with work waiting
 	// on it: tenants of weights 2 and 1 get two slots and one. DefaultWeight unless set.
 	Weight int `json:"weight"`
+	// PreviousTokenEndsAt, set by Store.List only, is when the token a rotation replaced stops
+	// working, while that rotation's overlap lasts (a rotation in progress: some client may
+	// still use the old token); nil otherwise.
+	PreviousTokenEndsAt *time.Time `json:"previous_token_ends_at,omitempty"`
+	// replaced is set by Store.Lookup for a token a rotation replaced; tokenLeft is then what
+	// was left of the rotation's overlap when Postgres answered (0 once it has ended).
+	replaced  bool
+	tokenLeft time.Duration
 }
+
+// Rotation overlaps (Store.Rotate).
+const (
+	// DefaultOverlap is how long a rotated-out token keeps working unless told otherwise: a day
+	// for its clients to take the new one.
+	DefaultOverlap = 24 * time.Hour
+	// MaxOverlap bounds an overlap: a token being replaced (leaked, perhaps) does not live on
+	// for months.
+	MaxOverlap = 30 * 24 * time.Hour
+)
 
 // Weights of tenants.
 const (

@@ -388,18 +388,34 @@ async function pageTenants(root) {
     if (!(await confirmAction(`Revoke tenant ${name}? Its token stops working within seconds.`))) return;
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`)).message); route(); } catch (e) { flash(e.message, true); }
   };
+  const rotate = async (name, overlapSeconds) => {
+    const text = overlapSeconds > 0
+      ? `Rotate tenant ${name}'s token? The new one is shown once; the old one keeps working for 24 hours.`
+      : `Rotate tenant ${name}'s token and end the old one now (a leaked token)? Its clients fail until they take the new one.`;
+    if (!(await confirmAction(text))) return;
+    try {
+      const res = await api('POST', `/tenants/${encodeURIComponent(name)}/rotate`, { overlap_seconds: overlapSeconds });
+      await pageTenants(root);
+      root.prepend(h('div', { class: 'token', id: 'new-token' }, `Tenant ${name} has a new API token (the old one ends ${fmtTime(res.previous_token_ends_at)}), shown this once: `,
+        h('code', { 'data-testid': 'token' }, res.token)));
+      flash('');
+    } catch (e) { flash(e.message, true); }
+  };
   show(root, h('h1', {}, 'Tenants'),
     h('form', { class: 'filters', id: 'tenant-form', onsubmit: create },
       h('label', {}, 'name', h('input', { name: 'name', required: true, size: 16 })),
       h('label', {}, 'credentials (comma-separated; empty: all)', h('input', { name: 'credentials', size: 24 })),
       h('label', {}, 'weight', h('input', { name: 'weight', type: 'number', min: 1, max: 1000, placeholder: '1', size: 4 })),
       h('button', { type: 'submit' }, 'Create tenant')),
-    h('table', { id: 'tenants' }, h('tr', {}, ['name', 'credentials', 'weight', 'created', 'revoked', ''].map((t) => h('th', {}, t))),
+    h('table', { id: 'tenants' }, h('tr', {}, ['name', 'credentials', 'weight', 'created', 'revoked', 'old token ends', ''].map((t) => h('th', {}, t))),
       data.tenants.map((t) => h('tr', { dataset: { name: t.name } }, h('td', {}, t.name), h('td', {}, t.credentials ? t.credentials.join(', ') : 'all'),
         h('td', { class: 'weight' }, ((input) => [input, ' ', h('button', { class: 'set-weight', onclick: () => setWeight(t.name, input) }, 'Set')])(
           h('input', { type: 'number', min: 1, max: 1000, value: t.weight, size: 4, 'aria-label': `weight of ${t.name}` }))),
         h('td', {}, fmtTime(t.created_at)), h('td', { class: 'revoked' }, t.revoked_at ? fmtTime(t.revoked_at) : '–'),
-        h('td', {}, t.revoked_at ? null : h('button', { class: 'danger revoke', onclick: () => revoke(t.name) }, 'Revoke'))))));
+        h('td', { class: 'previous-token-ends' }, t.previous_token_ends_at ? fmtTime(t.previous_token_ends_at) : '–'),
+        h('td', {}, t.revoked_at ? null : [h('button', { class: 'rotate', onclick: () => rotate(t.name, 86400) }, 'Rotate token'), ' ',
+          h('button', { class: 'danger rotate-now', onclick: () => rotate(t.name, 0) }, 'Rotate, end old now'), ' ',
+          h('button', { class: 'danger revoke', onclick: () => revoke(t.name) }, 'Revoke')])))));
 }
 
 async function pageAudit(root) {
