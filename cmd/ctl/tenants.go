@@ -176,6 +176,9 @@ func (a *app) tenantsCommand() *cli.Command {
 			Usage: "every tenant, its credentials, whether it is revoked and, during a rotation's overlap, when its old token ends (tokens are not stored, so never shown)",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
+				if c.NArg() != 0 {
+					return cli.Exit("usage: ctl tenants list [--json]", exitUsage)
+				}
 				p, err := pool(c)
 				if err != nil {
 					return err

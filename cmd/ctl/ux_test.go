@@ -66,7 +66,7 @@ func TestSilentDatabaseFailsFast(t *testing.T) {
 
 // TestStrayArgumentsAreUsageErrors: a command that takes no arguments refuses them (exit 2,
 // nothing done) as `ctl stats x` does; `ctl migrate status` applied the pending migrations, and
-// `ctl operators list alice` listed every operator.
+// `ctl operators list alice` (and `ctl tenants list acme`) listed every one.
 func TestStrayArgumentsAreUsageErrors(t *testing.T) {
 	t.Parallel()
 	b := setupJobs(t)
@@ -74,6 +74,7 @@ func TestStrayArgumentsAreUsageErrors(t *testing.T) {
 		"Migrate":         {"migrate", "status"},
 		"OperatorsList":   {"operators", "list", "alice"},
 		"CredentialsList": {"credentials", "list", "default"},
+		"TenantsList":     {"tenants", "list", "acme"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := run(t, append([]string{"--database-url", b.url}, args...)...)
