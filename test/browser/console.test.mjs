@@ -234,18 +234,30 @@ try {
   for (const id of [first, waiting, dead]) await tab.locator(`#jobs tr[data-id="${id}"]`).waitFor(WAIT);
   await shot(tab, 'jobs');
 
-  step('create a tenant (its token shown once), set its weight and revoke it');
+  step('create a tenant (its token shown once), set its weight, rotate its token and revoke it');
   await tab.goto(`${CONSOLE}#/tenants`);
   await tab.fill('#tenant-form input[name=name]', 'acme');
   await tab.click('#tenant-form button');
   await tab.locator('[data-testid=token]').waitFor(WAIT);
-  assert.match(await text(tab, '[data-testid=token]'), /^llmq_[A-Za-z0-9_-]{43}$/);
+  const acmeFirst = await text(tab, '[data-testid=token]');
+  assert.match(acmeFirst, /^llmq_[A-Za-z0-9_-]{43}$/);
   await shot(tab, 'tenants');
   assert.equal(await tab.inputValue('#tenants tr[data-name=acme] td.weight input'), '1', 'the default weight');
   await tab.fill('#tenants tr[data-name=acme] td.weight input', '3');
   await tab.click('#tenants tr[data-name=acme] button.set-weight');
   await tab.locator('#flash', { hasText: 'tenant acme: weight 3' }).waitFor(WAIT);
   await tab.locator('#tenants tr[data-name=acme] td.weight input[value="3"]').waitFor(WAIT); // drawn again from the server
+  // Its token rotated: the new one shown once, the old one's end in the list, both working.
+  await confirm(tab, '#tenants tr[data-name=acme] button.rotate', /^Rotate tenant acme's token\? .*24 hours\.$/, 'ok');
+  await tab.locator('#new-token [data-testid=token]').waitFor(WAIT);
+  const acmeSecond = await text(tab, '#new-token [data-testid=token]');
+  assert.match(acmeSecond, /^llmq_[A-Za-z0-9_-]{43}$/);
+  assert.notEqual(acmeSecond, acmeFirst, 'a new token');
+  await tab.locator('#tenants tr[data-name=acme] td.previous-token-ends', { hasText: /\d/ }).waitFor(WAIT);
+  for (const token of [acmeFirst, acmeSecond]) {
+    const res = await fetch(`${API}/v1/jobs/00000000-0000-4000-8000-000000000000`, { headers: { Authorization: `Bearer ${token}` } });
+    assert.equal(res.status, 404, 'the old and the new token both work during the overlap');
+  }
   await confirm(tab, '#tenants tr[data-name=acme] button.revoke', /^Revoke tenant acme\?/, 'ok');
   await tab.locator('#flash', { hasText: 'tenant acme revoked' }).waitFor(WAIT);
   // The table is drawn again after the message: wait for the revocation's date.
@@ -292,7 +304,7 @@ try {
   await tab.locator('#page-error', { hasText: 'the database is unreachable' }).waitFor(WAIT);
   await tab.unrouteAll({ behavior: 'wait' });
   await tab.click('#retry-page');
-  for (const action of ['login', 'job.cancel', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.weight', 'tenant.revoke']) {
+  for (const action of ['login', 'job.cancel', 'credential.resume', 'dead.retry', 'tenant.create', 'tenant.weight', 'tenant.rotate', 'tenant.revoke']) {
     await tab.locator('#audit td', { hasText: new RegExp(`^${action.replace('.', '\\.')}$`) }).first().waitFor(WAIT);
   }
   await shot(tab, 'audit');
