@@ -101,15 +101,12 @@ func (a *app) deadList(c *cli.Context) error {
 		})
 }
 
-// deadReasons are the reasons a job is dead-lettered for (jobs.Job.DeadReason): the values --reason
-// takes.
-var deadReasons = []string{jobs.ReasonRateLimitedNoRetryAfter, jobs.ReasonRetriesExhausted}
-
-// checkDeadReason refuses a --reason that is no dead reason as a usage error: it would match no
-// job, and a retry of none or an empty list would read as "there are none".
+// checkDeadReason refuses a --reason that is no dead reason (jobs.DeadReasons, which the
+// console's filter takes too) as a usage error: it would match no job, and a retry of none or an
+// empty list would read as "there are none".
 func checkDeadReason(c *cli.Context) error {
-	if r := c.String("reason"); r != "" && !slices.Contains(deadReasons, r) {
-		return cli.Exit(fmt.Sprintf("--reason %q: want %s", r, strings.Join(deadReasons, " or ")), exitUsage)
+	if r := c.String("reason"); r != "" && !jobs.ValidDeadReason(r) {
+		return cli.Exit(fmt.Sprintf("--reason %q: want %s", r, strings.Join(jobs.DeadReasons(), " or ")), exitUsage)
 	}
 	return nil
 }

@@ -772,3 +772,56 @@ func TestTenants_RotateAudited(t *testing.T) {
 		require.NotContains(t, fmt.Sprint(e.Detail), rot.Token[len(tenant.BearerTokenPrefix):])
 	}
 }
+
+// TestDeadList_AnUnknownReasonIsRefused: a reason that is no dead reason (a typo, an edited
+// link) matched no job and answered 200 with none: "No dead letters" while there were some.
+// It is a 400 naming the reasons, as ctl's --reason (jobs.DeadReasons).
+func TestDeadList_AnUnknownReasonIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	r, out := c.do(http.MethodGet, "/console/api/dead?reason=retries_exhaustd", nil, nil)
+	requireError(t, r, out, http.StatusBadRequest, "invalid_reason")
+	for _, reason := range jobs.DeadReasons() {
+		require.Contains(t, out, reason, "the answer names the reasons")
+	}
+	var list struct {
+		Jobs []struct{ ID string } `json:"jobs"`
+	}
+	for _, reason := range jobs.DeadReasons() {
+		c.json(http.MethodGet, "/console/api/dead?reason="+reason, nil, &list)
+	}
+	c.json(http.MethodGet, "/console/api/dead?reason="+jobs.ReasonRetriesExhausted, nil, &list)
+	require.Len(t, list.Jobs, 1)
+}
+
+// TestListFilters_UnknownOrRepeatedParameterIsRefused: a parameter the list does not take (ctl's
+// --since or --limit on the dead letters, a misspelt status) was ignored: the answer listed
+// every job, unfiltered, as if it were the filtered list. One given twice kept its first value.
+// Each is a 400 naming the parameter.
+func TestListFilters_UnknownOrRepeatedParameterIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	for _, tc := range []struct{ path, name string }{
+		{"/console/api/dead?since=1h", "since"},
+		{"/console/api/dead?limit=10", "limit"},
+		{"/console/api/dead?status=dead", "status"},
+		{"/console/api/jobs?statuss=dead", "statuss"},
+		{"/console/api/jobs?reason=retries_exhausted", "reason"},
+		{"/console/api/jobs?status=dead&status=queued", "status"},
+		{"/console/api/dead?credential=a&credential=b", "credential"},
+	} {
+		r, out := c.do(http.MethodGet, tc.path, nil, nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_parameter")
+		require.Contains(t, out, `\"`+tc.name+`\"`, tc.path)
+	}
+	// What the page sends is taken.
+	for _, path := range []string{"/console/api/dead?reason=retries_exhausted&credential=default",
+		"/console/api/jobs?status=dead&tenant=t&credential=c&limit=5&after="} {
+		r, out := c.do(http.MethodGet, path, nil, nil)
+		require.Equal(t, http.StatusOK, r.StatusCode, out)
+	}
+}

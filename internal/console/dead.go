@@ -17,14 +17,24 @@ import (
 // deadListLimit caps the dead letters listed at once (most recently dead first).
 const deadListLimit = 200
 
-// deadList serves the dead letters: ?reason=&credential=.
+// deadList serves the dead letters: ?reason=&credential=. A reason that is none of
+// jobs.DeadReasons is refused (400 invalid_reason), as ctl's --reason: it would match nothing.
 func (h *Handler) deadList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	q := r.URL.Query()
+	if err := checkParams(q, "reason", "credential"); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
 	for _, name := range []string{"reason", "credential"} {
 		if err := checkFilter(name, q.Get(name)); err != nil {
 			writeError(w, r, h.cfg.Logger, err)
 			return
 		}
+	}
+	if reason := q.Get("reason"); reason != "" && !jobs.ValidDeadReason(reason) {
+		writeError(w, r, h.cfg.Logger, badRequest("invalid_reason", fmt.Sprintf("reason %q is not a dead reason: want %s",
+			reason, strings.Join(jobs.DeadReasons(), " or "))))
+		return
 	}
 	list, err := h.cfg.Jobs.ListDead(r.Context(), jobs.DeadFilter{Reason: q.Get("reason"),
 		Credential: q.Get("credential"), Limit: deadListLimit})

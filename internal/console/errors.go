@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -30,6 +34,23 @@ func badRequest(typ, msg string) *apiError { return &apiError{http.StatusBadRequ
 func checkFilter(name, v string) error {
 	if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
 		return badRequest("invalid_filter", name+" must be UTF-8 text without NUL")
+	}
+	return nil
+}
+
+// checkParams refuses (400 invalid_parameter) a query parameter that is not one of allowed, or
+// one given more than once: ignored, the first would answer the unfiltered list as if it were the
+// filtered one (ctl's --since on the dead letters, a misspelt filter), and the second would keep
+// one of the values silently.
+func checkParams(q url.Values, allowed ...string) error {
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		if !slices.Contains(allowed, name) {
+			return badRequest("invalid_parameter", fmt.Sprintf("unknown parameter %q: this list takes %s",
+				name, strings.Join(allowed, ", ")))
+		}
+		if len(q[name]) > 1 {
+			return badRequest("invalid_parameter", fmt.Sprintf("parameter %q is given %d times: give it once", name, len(q[name])))
+		}
 	}
 	return nil
 }

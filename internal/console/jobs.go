@@ -36,6 +36,10 @@ func views(list []*jobs.Job) []jobView {
 // jobList serves a page of jobs: ?status=&tenant=&credential=&after=<cursor>&limit=.
 func (h *Handler) jobList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	q := r.URL.Query()
+	if err := checkParams(q, "status", "tenant", "credential", "after", "limit"); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
 	p := jobs.PageParams{Status: jobs.Status(q.Get("status")), Tenant: q.Get("tenant"),
 		Credential: q.Get("credential"), After: q.Get("after")}
 	if p.Status != "" && !p.Status.Valid() {

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,6 +60,17 @@ const (
 	ReasonRetriesExhausted        = "retries_exhausted"
 	ReasonDeadlineExceeded        = "deadline_exceeded"
 )
+
+// DeadReasons returns the reasons a job is dead-lettered for (Job.DeadReason): the values a
+// dead-letter filter by reason (DeadFilter.Reason) can match, in a new slice. Every dead job
+// the executor and the batch lane make has one of them (ReasonDeadlineExceeded ends a job
+// failed, not dead).
+func DeadReasons() []string {
+	return []string{ReasonRateLimitedNoRetryAfter, ReasonRetriesExhausted}
+}
+
+// ValidDeadReason reports whether r is one of DeadReasons: a filter by another matches no job.
+func ValidDeadReason(r string) bool { return slices.Contains(DeadReasons(), r) }
 
 // Job is the stored state of one LLM request. Its JSON form is the API contract.
 type Job struct {
