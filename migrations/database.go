@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -22,9 +23,9 @@ import (
 func EnsureDatabase(ctx context.Context, url string) error {
 	// Parsed as a pool URL, so pool settings (pool_max_conns, ...) are accepted and left out of
 	// this single connection.
-	pcfg, err := pgxpool.ParseConfig(url)
+	pcfg, err := ParseConfig(url)
 	if err != nil {
-		return fmt.Errorf("parse database url: %w", err)
+		return err
 	}
 	cfg := pcfg.ConnConfig
 	name := cfg.Database
@@ -59,6 +60,28 @@ func EnsureDatabase(ctx context.Context, url string) error {
 	return nil
 }
 
+// DefaultConnectTimeout bounds each connection Open's pool (and EnsureDatabase) makes to
+// Postgres, its dial and its startup, when the database URL sets no connect_timeout (nor the
+// environment PGCONNECT_TIMEOUT): a server that accepts connections and never answers (hung, or
+// partitioned after the handshake) fails the try, which OpenWait logs and makes again, instead
+// of hanging a starting process for ever without a word. The pool's other connections, the
+// API's event listener and /readyz's own connection take it from the pool's config.
+const DefaultConnectTimeout = 5 * time.Second
+
+// ParseConfig parses url as a pool URL, with DefaultConnectTimeout unless it (or the
+// environment) sets its own connect_timeout, which is kept (0 included: no bound). Every
+// process and ctl open their pools through it.
+func ParseConfig(url string) (*pgxpool.Config, error) {
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
+		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	return pcfg, nil
+}
+
 // DefaultPoolMaxConns is the size of the pool Open makes when the database URL does not set
 // pool_max_conns. pgxpool's own default (the number of CPUs, at least 4) left a worker's 200
 // concurrent jobs queueing for 4 connections, and commits could not share WAL flushes.
@@ -70,9 +93,9 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err := EnsureDatabase(ctx, url); err != nil {
 		return nil, err
 	}
-	pcfg, err := pgxpool.ParseConfig(url)
+	pcfg, err := ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		return nil, err
 	}
 	if !strings.Contains(url, "pool_max_conns") {
 		pcfg.MaxConns = DefaultPoolMaxConns

@@ -45,6 +45,9 @@ func TestOpen_CreatesDatabaseFromAPoolURL(t *testing.T) {
 	defer pool.Close()
 	require.EqualValues(t, 8, pool.Config().MaxConns)
 	require.EqualValues(t, 2, pool.Config().MinConns)
+	// The pool's later connections (and those made with its config: the API's event listener,
+	// /readyz's own) are bounded as the first: a server gone silent fails them, not hangs them.
+	require.Equal(t, migrations.DefaultConnectTimeout, pool.Config().ConnConfig.ConnectTimeout)
 	var version int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT max(version) FROM schema_migrations").Scan(&version))
 	require.Equal(t, migrations.All()[len(migrations.All())-1].Version, version)
@@ -172,4 +175,16 @@ func TestEnsureDatabase_ConcurrentCreators(t *testing.T) {
 	c, err := pgx.Connect(ctx, u.String())
 	require.NoError(t, err)
 	require.NoError(t, c.Close(ctx))
+}
+
+// A database URL's own connect_timeout is kept (DefaultConnectTimeout applies only when it sets
+// none): here a silent server fails the connection in its 1 s, well within the context's 4 s.
+func TestEnsureDatabase_KeepsTheURLsConnectTimeout(t *testing.T) {
+	t.Parallel()
+	silent, _ := redistest.Stalled(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	err := migrations.EnsureDatabase(ctx, "postgres://postgres@"+silent+"/llmq_silent?sslmode=disable&connect_timeout=1")
+	require.Error(t, err)
+	require.NoError(t, ctx.Err(), "the URL's connect_timeout of 1 s did not end the connection: %v", err)
 }

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -140,42 +138,34 @@ func unreachable(err error) error {
 	return err
 }
 
-// databaseURL resolves the Postgres URL: --database-url, else the config file, else the default;
-// with a connect_timeout of pgConnectTimeout unless it sets one (withConnectTimeout).
+// databaseURL resolves the Postgres URL: --database-url, else the config file, else the default.
 func databaseURL(c *cli.Context) (string, error) {
 	if u := c.String("database-url"); u != "" {
-		return withConnectTimeout(u), nil
+		return u, nil
 	}
 	if p := c.String("config"); p != "" {
 		cfg, err := config.LoadWithoutSecrets(p, nil)
 		if err != nil {
 			return "", err
 		}
-		return withConnectTimeout(cfg.DatabaseURL), nil
+		return cfg.DatabaseURL, nil
 	}
-	return withConnectTimeout(config.DefaultDatabaseURL), nil
+	return config.DefaultDatabaseURL, nil
 }
 
-// withConnectTimeout is the Postgres URL (or keyword/value string) u with connect_timeout set to
-// pgConnectTimeout, unless u or PGCONNECT_TIMEOUT sets one already.
-func withConnectTimeout(u string) string {
-	if strings.Contains(u, "connect_timeout") || os.Getenv("PGCONNECT_TIMEOUT") != "" {
-		return u
+// newPool opens a pool on the database at u, each connection bounded as the processes' are
+// (migrations.ParseConfig: 5 s unless u sets connect_timeout), so that a Postgres that accepts
+// and never answers fails the command instead of hanging it.
+func newPool(ctx context.Context, u string) (*pgxpool.Pool, error) {
+	cfg, err := migrations.ParseConfig(u)
+	if err != nil {
+		return nil, err
 	}
-	secs := strconv.Itoa(int(pgConnectTimeout / time.Second))
-	if !strings.Contains(u, "://") {
-		return u + " connect_timeout=" + secs
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
 	}
-	base, frag, hasFrag := strings.Cut(u, "#")
-	sep := "?"
-	if strings.Contains(base, "?") {
-		sep = "&"
-	}
-	base += sep + "connect_timeout=" + secs
-	if hasFrag {
-		base += "#" + frag
-	}
-	return base
+	return p, nil
 }
 
 // pool opens a pool on the database, failing fast with a one-line error when unreachable.
@@ -184,9 +174,9 @@ func pool(c *cli.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := pgxpool.New(c.Context, u)
+	p, err := newPool(c.Context, u)
 	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
+		return nil, err
 	}
 	if err := p.Ping(c.Context); err != nil {
 		p.Close()
@@ -210,9 +200,9 @@ func (a *app) migrateCommand() *cli.Command {
 			if err := migrations.EnsureDatabase(c.Context, u); err != nil {
 				return unreachable(err)
 			}
-			p, err := pgxpool.New(c.Context, u)
+			p, err := newPool(c.Context, u)
 			if err != nil {
-				return fmt.Errorf("open database: %w", err)
+				return err
 			}
 			defer p.Close()
 			applied, err := migrations.Up(c.Context, p)
@@ -258,8 +248,3 @@ func printList[T any](w io.Writer, asJSON bool, list []T, none, header string, r
 	}
 	return tw.Flush()
 }
-
-// pgConnectTimeout bounds each connection to Postgres (dial and startup) when the database URL
-// sets no connect_timeout (nor PGCONNECT_TIMEOUT): a server that accepts and never answers fails
-// the command instead of hanging it.
-const pgConnectTimeout = 5 * time.Second

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/audit"
@@ -40,9 +39,9 @@ func (a *app) credentialsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				p, err := pgxpool.New(c.Context, u)
+				p, err := newPool(c.Context, u)
 				if err != nil {
-					return fmt.Errorf("open database: %w", err)
+					return err
 				}
 				defer p.Close()
 				pauses := credpause.NewStore(p, nil)

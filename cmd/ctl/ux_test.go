@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/migrations"
 )
 
 // silentServer listens on a local port and accepts connections it never answers, as a Postgres
@@ -56,7 +57,7 @@ func TestSilentDatabaseFailsFast(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			r, expired := runTimeout(pgConnectTimeout+10*time.Second, args...)
+			r, expired := runTimeout(migrations.DefaultConnectTimeout+10*time.Second, args...)
 			require.False(t, expired, "ctl waited for a Postgres that does not answer")
 			requireOneLineError(t, r, 1, "postgres unreachable")
 			require.Empty(t, r.out)

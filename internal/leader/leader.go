@@ -52,8 +52,15 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 		return false, fmt.Errorf("acquire connection: %w", err)
 	}
 	defer conn.Release()
+	// The try and the setting below get an answer within a check (at least minTryTimeout, for a
+	// short interval on a loaded server): a connection whose server stopped answering (hung, a
+	// partition after the handshake) fails the try (pgx closes the connection, and the session
+	// with it) instead of holding Run's loop, and every other process's chance to lead after it,
+	// for ever.
+	tctx, tcancel := context.WithTimeout(ctx, max(check, minTryTimeout))
+	defer tcancel()
 	var leader bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&leader); err != nil {
+	if err := conn.QueryRow(tctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&leader); err != nil {
 		return false, fmt.Errorf("take leader lock: %w", err)
 	}
 	if !leader {
@@ -63,9 +70,11 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 	// A leader that falls silent (its host lost, a partition, a paused VM) must not keep the lock
 	// until TCP's keepalive gives up (2 hours by default): Postgres ends a session idle longer
 	// than three checks, and with it the lock. A live leader's checks keep it busy. Best effort:
-	// a server before PostgreSQL 14 has no such setting, and leads as before.
+	// a server before PostgreSQL 14 has no such setting, and leads as before (a setting without
+	// an answer closes the connection: the first check sees the lock lost).
 	idle := fmt.Sprintf("%dms", (3*check + time.Second).Milliseconds())
-	_, _ = conn.Exec(ctx, "SELECT set_config('idle_session_timeout', $1, false)", idle)
+	_, _ = conn.Exec(tctx, "SELECT set_config('idle_session_timeout', $1, false)", idle)
+	tcancel()
 
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -85,6 +94,9 @@ func Lead(ctx context.Context, pool *pgxpool.Pool, key int64, check time.Duratio
 	}
 	return true, err
 }
+
+// minTryTimeout is the least time Lead gives the lock's try for an answer.
+const minTryTimeout = 5 * time.Second
 
 // watch checks the lock's session every check until ctx ends, and returns why the session is
 // lost (nil: ctx ended first). A check that does not answer within its interval is a lost lock

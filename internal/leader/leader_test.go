@@ -367,3 +367,27 @@ func TestLead_ChecksLeaveTheConnectionUsable(t *testing.T) {
 		int32(pid)).Scan(&locks))
 	require.Zero(t, locks, "the lock was released")
 }
+
+// A try whose lock statement gets no answer (the server stopped answering on that connection:
+// hung, or partitioned after the handshake) ends within its bound (5 s) with an error, and
+// Run tries again on its next tick, instead of the try waiting for ever while no process leads.
+func TestLead_SilentTryEndsWithinItsBound(t *testing.T) {
+	t.Parallel()
+	const check = 200 * time.Millisecond
+	proxy, viaProxy := pgtest.NewProxy(t, pgtest.URL(t))
+	pool, err := pgxpool.New(t.Context(), viaProxy)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	hold := proxy.HoldStatement("pg_try_advisory_lock")
+	t.Cleanup(hold.Release)
+
+	done := make(chan result, 1)
+	go func() {
+		led, err := leader.Lead(t.Context(), pool, key, check, func(context.Context) error { return nil })
+		done <- result{led, err}
+	}()
+	within(t, hold.Reached())
+	r := within(t, done)
+	require.False(t, r.led)
+	require.ErrorContains(t, r.err, "take leader lock")
+}
