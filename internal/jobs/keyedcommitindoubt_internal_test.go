@@ -24,26 +24,11 @@ func TestCreate_KeyedCommitInFlightWhenItsConnectionBrokeAnswersItsJob(t *testin
 	p := CreateParams{Tenant: "default", Credential: "c", IdempotencyKey: "in-doubt", Fingerprint: "f",
 		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour}
 
-	hold := cutter.HoldStatement("commit")
-	defer hold.Release()
-	type result struct {
-		job *Job
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		job, _, err := s.Create(ctx, p)
-		done <- result{job, err}
-	}()
-	select {
-	case <-hold.Reached():
-	case <-ctx.Done():
-		t.Fatal("the keyed create never reached its commit")
-	}
+	hold, done := createAtHeldCommit(ctx, t, s, cutter, p)
 	// The client's connection breaks; the proxy still holds the commit for the server.
 	cutter.Cut()
 	cutter.Restore()
-	var r result
+	var r createResult
 	answered := false
 	for !answered {
 		select {

@@ -7,13 +7,16 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
 )
 
 // TestCreate_KeyedCommitAnswerLostAnswersItsJob: a keyed submit whose commit took effect but
 // whose answer was lost (a Postgres failover, a dropped connection) answers the job it stored,
-// new, as a keyless one does (TestCreate_AloneWhoseCommitAnswerIsLostAnswersItsJob): it failed as unavailable (the API's
-// 503, "not stored") while its job was stored and would run, and a serve process dropped the
-// first attempt its insert had started. The client's resend under the key replays that job.
+// new, as a keyless one does (TestCreate_AloneWhoseCommitAnswerIsLostAnswersItsJob): it failed
+// as unavailable (the API's 503, "not stored") while its job was stored and would run, and a
+// serve process dropped the first attempt its insert had started. The client's resend under
+// the key replays that job.
 func TestCreate_KeyedCommitAnswerLostAnswersItsJob(t *testing.T) {
 	t.Parallel()
 	s, cutter, direct := newCutStore(t)
@@ -22,25 +25,10 @@ func TestCreate_KeyedCommitAnswerLostAnswersItsJob(t *testing.T) {
 	p := CreateParams{Tenant: "default", Credential: "c", IdempotencyKey: "lost", Fingerprint: "f",
 		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour}
 
-	hold := cutter.HoldStatement("commit")
-	defer hold.Release()
-	type result struct {
-		job *Job
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		job, _, err := s.Create(ctx, p)
-		done <- result{job, err}
-	}()
-	select {
-	case <-hold.Reached():
-	case <-ctx.Done():
-		t.Fatal("the keyed create never reached its commit")
-	}
+	hold, done := createAtHeldCommit(ctx, t, s, cutter, p)
 	cutter.LoseNextAnswer()
 	hold.Release()
-	var r result
+	var r createResult
 	select {
 	case r = <-done:
 	case <-ctx.Done():
@@ -60,4 +48,29 @@ func TestCreate_KeyedCommitAnswerLostAnswersItsJob(t *testing.T) {
 	var keyJob string
 	require.NoError(t, direct.QueryRow(ctx, `SELECT job_id::text FROM idempotency_keys WHERE key = 'lost'`).Scan(&keyJob))
 	require.Equal(t, keyJob, job.ID)
+}
+
+// createResult is what a Create run in the background answered.
+type createResult struct {
+	job *Job
+	err error
+}
+
+// createAtHeldCommit runs s.Create(ctx, p) in the background and returns once the proxy holds
+// its commit (hold: released at the test's end at the latest), with the channel of its answer.
+func createAtHeldCommit(ctx context.Context, t *testing.T, s *Store, cutter *pgtest.Proxy, p CreateParams) (*pgtest.Hold, <-chan createResult) {
+	t.Helper()
+	hold := cutter.HoldStatement("commit")
+	t.Cleanup(hold.Release)
+	done := make(chan createResult, 1)
+	go func() {
+		job, _, err := s.Create(ctx, p)
+		done <- createResult{job, err}
+	}()
+	select {
+	case <-hold.Reached():
+	case <-ctx.Done():
+		t.Fatal("the keyed create never reached its commit")
+	}
+	return hold, done
 }
