@@ -108,7 +108,7 @@ func setUsageErrors(cmds []*cli.Command) {
 // run executes args and returns the exit code: 0 ok, 1 failure, 2 usage.
 func (a *app) run(ctx context.Context, args []string) int {
 	if err := a.cli.RunContext(ctx, flagsFirst(a.cli, args)); err != nil {
-		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error()))
+		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error())+schemaHint(err))
 		if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
 			return ec.ExitCode()
 		}
@@ -125,6 +125,23 @@ func oneLine(msg string) string {
 		lines[i] = strings.TrimSpace(l)
 	}
 	return strings.Join(lines, "; ")
+}
+
+// schemaHint is what to do about err when Postgres answered that a table or column llmq reads is
+// not there: the database has no llmq schema (a wrong --database-url, or one never migrated)
+// or an older one than this ctl's; "" otherwise.
+func schemaHint(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "42P01": // undefined_table
+		return " (this database has no llmq schema: check --database-url, or run `ctl migrate`)"
+	case "42703": // undefined_column
+		return " (this database's schema is older than this ctl: run `ctl migrate`)"
+	}
+	return ""
 }
 
 // unreachable marks err as "postgres unreachable" when connecting failed without an answer from

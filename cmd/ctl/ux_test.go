@@ -108,3 +108,16 @@ func TestDeadReasonIsChecked(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, dead, 1, "the dead job is still dead")
 }
+
+// TestUnmigratedDatabaseSaysWhatToDo: a database without llmq's schema (a wrong --database-url,
+// or one never migrated) failed every command with Postgres's `relation "jobs" does not exist`
+// alone; the line now says to check the URL or run `ctl migrate`.
+func TestUnmigratedDatabaseSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	_, err := b.pool.Exec(t.Context(), `DROP SCHEMA public CASCADE; CREATE SCHEMA public`)
+	require.NoError(t, err)
+	r := run(t, "--database-url", b.url, "jobs", "list")
+	requireOneLineError(t, r, 1, `relation "jobs" does not exist`)
+	require.Contains(t, r.errOut, "run `ctl migrate`")
+}
