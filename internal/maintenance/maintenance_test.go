@@ -288,18 +288,7 @@ func TestMaintainer_RunDatesItsLastSuccessfulPass(t *testing.T) {
 	require.Equal(t, 1, n, "the deadline pass's series, at 0 before any pass")
 	unix := func(at time.Time) float64 { return float64(at.UnixNano()) / 1e9 }
 
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not return after its context ended")
-		}
-	}()
+	runLeading(t, m)
 	t0 := b.clock.Now()
 	require.Eventually(t, func() bool {
 		return metric(t, b.reg, name, deadline) == unix(t0) && metric(t, b.reg, name, retention) == unix(t0)
@@ -469,21 +458,10 @@ func TestMaintainer_RetentionPassRunsWhenLeadingBegins(t *testing.T) {
 	old := b.Finished(t, jobs.StatusSucceeded, "")
 	b.FinishedAgo(t, old, 2*time.Hour)
 
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not return after its context ended")
-		}
-	}()
+	runLeading(t, m)
 	require.Eventually(t, func() bool { // on testify's goroutine: no require here
 		var n int
-		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE id = $1`, old).Scan(&n)
+		err := b.Pool.QueryRow(t.Context(), `SELECT count(*) FROM jobs WHERE id = $1`, old).Scan(&n)
 		return err == nil && n == 0
 	}, 20*time.Second, 20*time.Millisecond, "the expired job is deleted by the first pass, long before the interval")
 }
@@ -622,20 +600,12 @@ func TestMaintainer_RetentionBacklogOnlyWhileLeading(t *testing.T) {
 		require.NoError(t, err)
 		return n
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
+	stop := runLeading(t, m)
 	require.Eventually(t, func() bool {
 		return metric(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", map[string]string{"pass": "retention"}) > 0
 	}, 10*time.Second, 10*time.Millisecond, "the first retention pass")
 	require.Equal(t, 1, count(), "measured by the first pass")
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after its context ended")
-	}
+	stop()
 	require.Zero(t, count(), "dropped when the process stops leading")
 }
 
@@ -654,24 +624,7 @@ func TestMaintainer_CountsFailedPassesInARow(t *testing.T) {
 		require.NoError(t, err)
 		return n
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not return after its context ended")
-		}
-	}
-	defer stop()
+	stop := runLeading(t, m)
 	require.Eventually(t, func() bool { return count() == 2 }, 10*time.Second, 10*time.Millisecond,
 		"both passes succeeded once")
 	require.Zero(t, metric(t, b.reg, name, retention))
@@ -691,4 +644,24 @@ func TestMaintainer_CountsFailedPassesInARow(t *testing.T) {
 
 	stop()
 	require.Zero(t, count(), "dropped when the process stops leading")
+}
+
+// runLeading runs m until the returned stop is called, or the test ends: stop ends Run's context
+// and fails the test unless Run returns nil within 10 s. Calling it again does nothing.
+func runLeading(t *testing.T, m *maintenance.Maintainer) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	})
+	t.Cleanup(stop)
+	return stop
 }
