@@ -12,7 +12,8 @@ import (
 
 // Proxy is a TCP proxy in front of a test's Postgres that injects two faults on the wire:
 //   - Cut resets every open connection and refuses new ones (accepts and closes them at once)
-//     until Restore: Postgres unreachable, as when the network or the server drops.
+//     until Restore: Postgres unreachable, as when the network or the server drops. Reset
+//     resets them and goes on accepting: connections dropped, the server still there.
 //   - LoseNextBatchAnswer lets the next batch of statements commit and then drops the
 //     connection before its client hears so. It cuts at the first ReadyForQuery that ends two or
 //     more statements' results (a pipelined batch, whose Sync commits its implicit
@@ -110,6 +111,20 @@ func (f *Proxy) Cut() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.down = true
+	f.resetLocked()
+}
+
+// Reset resets every open connection and goes on accepting new ones: connections dropped by
+// the network with the server still reachable. Unlike Cut followed by Restore, a client that
+// reconnects at once is never refused in between.
+func (f *Proxy) Reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resetLocked()
+}
+
+// resetLocked resets every open connection; f.mu is held.
+func (f *Proxy) resetLocked() {
 	for c := range f.conns {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetLinger(0) // a reset, as when the network drops
