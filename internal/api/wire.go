@@ -69,6 +69,8 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 	// at once, and for their wake-ups, which a submit sends once its enqueue's reply came (so
 	// that the woken worker finds the task) but does not wait for (dispatch.Deferred). Both are
 	// closed with rdb (asynq refuses to close a connection it was given).
+	// The autopipeliner runs each batch on a goroutine of its own: grown once, while shallow.
+	dispatch.GrowStacks(rdb)
 	pipelined := dispatch.AutoPipelined(rdb, enqueueBatches)
 	aclient := asynq.NewClientFromRedisClient(pipelined)
 	inspector := asynq.NewInspector(redisOpt)

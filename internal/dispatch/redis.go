@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/gostack"
 )
 
 // RedisConnOpt parses a Redis URL for asynq: redis://, rediss://, redis-socket://,
@@ -94,4 +97,37 @@ func AutoPipelined(rdb redis.UniversalClient, batches int) redis.UniversalClient
 		return rdb
 	}
 	return ap
+}
+
+// GrowStacks adds a hook to rdb (call it once per client) that grows the stack of the goroutine
+// running each of its commands (see gostack) before the client's deep paths (its writer, its
+// reader, the push notifications' check) run on it. An autopipeliner sends each batch from a
+// goroutine it starts for that batch, which otherwise grew its stack by doubling there, deep and
+// dear to copy: in the API, most of the instructions a job spent copying stacks (callgrind). On a
+// goroutine with room to spare it costs the clearing of gostack.Room bytes; on one that has used
+// more than half of its stack when it calls, it doubles that stack. So it suits a client whose
+// commands go from such batch goroutines or from shallow ones: the API's (its enqueues and
+// wake-ups), not a worker's, whose deliveries call deep (measured there, it added to the
+// copying).
+func GrowStacks(rdb redis.UniversalClient) {
+	rdb.AddHook(growStack{})
+}
+
+// growStack is GrowStacks' hook.
+type growStack struct{}
+
+func (growStack) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (growStack) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		gostack.Grow()
+		return next(ctx, cmd)
+	}
+}
+
+func (growStack) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		gostack.Grow()
+		return next(ctx, cmds)
+	}
 }

@@ -3,6 +3,7 @@ package dispatch_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -193,4 +194,52 @@ func TestEnqueuer_DoesNotWaitForADeferredWakeUp(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return direct.ZScore(ctx, wakeSet, queue).Err() == nil },
 		5*time.Second, time.Millisecond, "the wake-up reached Redis")
+}
+
+// GrowStacks' hook passes every command through unchanged: through the client, its
+// autopipeliner and its deferred face, concurrent callers each get their own reply, and a
+// command Redis refuses its own error.
+func TestGrowStacks_RepliesAndErrorsPassThrough(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	dispatch.GrowStacks(rdb)
+	ap := dispatch.AutoPipelined(rdb, 4)
+	deferred := dispatch.Deferred(rdb)
+	prefix := redistest.Prefix(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+
+	const callers = 32
+	errs := make(chan error, callers)
+	for i := range callers {
+		go func() {
+			key := fmt.Sprintf("%sk%d", prefix, i)
+			if err := ap.Set(ctx, key, i, 0).Err(); err != nil {
+				errs <- err
+				return
+			}
+			got, err := ap.Get(ctx, key).Int()
+			if err == nil && got != i {
+				err = fmt.Errorf("%s: got %d, want %d", key, got, i)
+			}
+			errs <- err
+		}()
+	}
+	for range callers {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-ctx.Done():
+			t.Fatal("a caller got no reply")
+		}
+	}
+	require.Equal(t, int64(1), deferred.Incr(ctx, prefix+"n").Val(), "a deferred command's reply")
+	require.NoError(t, rdb.Set(ctx, prefix+"s", "text", 0).Err())
+	require.Error(t, ap.Incr(ctx, prefix+"s").Err(), "Redis's refusal reaches its caller")
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, prefix+"p", "v", 0)
+		return nil
+	})
+	require.NoError(t, err, "a pipeline passes through too")
+	require.Equal(t, "v", rdb.Get(ctx, prefix+"p").Val())
 }
