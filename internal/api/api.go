@@ -92,6 +92,13 @@ type Config struct {
 	// MaxStreamsPerTenant caps each tenant's open event streams on this replica (429 with
 	// Retry-After above it). Default 100.
 	MaxStreamsPerTenant int
+	// MaxKeyedSubmitsPerTenant caps each tenant's submits with an Idempotency-Key in their
+	// Postgres stage on this replica (each holds a pool connection of its own for its
+	// transaction; see keyedSubmitGate): one over it waits up to StoreWait for one of them to
+	// end, then is answered 429 too_many_submits with Retry-After. Default: half of Pool's
+	// connections (at least 1), 8 without a Pool, so that one tenant's flood of them leaves the
+	// other half to the others.
+	MaxKeyedSubmitsPerTenant int
 	// StoreWait bounds how long a submit, a poll or a cancel waits for a free Postgres
 	// connection of the pool (each time it needs one; the pool must carry pgwait.Tracer): past
 	// it the request is answered 503 overloaded with Retry-After, having sent nothing to
@@ -126,6 +133,10 @@ type Server struct {
 	authLog *throttle
 	// bodies bounds the submit bodies read at once (MaxBodyBytesInFlight).
 	bodies *bodyBudget
+	// keyed caps each tenant's keyed submits in their Postgres stage (MaxKeyedSubmitsPerTenant).
+	keyed *keyedSubmitGate
+	// refusalLog throttles the log lines of tenants refused over their share, by tenant and type.
+	refusalLog *throttle
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -170,6 +181,12 @@ func New(cfg Config) *Server {
 	if cfg.StoreWait == 0 {
 		cfg.StoreWait = 5 * time.Second
 	}
+	if cfg.MaxKeyedSubmitsPerTenant == 0 {
+		cfg.MaxKeyedSubmitsPerTenant = 8
+		if cfg.Pool != nil {
+			cfg.MaxKeyedSubmitsPerTenant = max(1, int(cfg.Pool.Config().MaxConns)/2)
+		}
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -178,7 +195,8 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now),
-		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes)}
+		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newKeyedSubmitGate(cfg.MaxKeyedSubmitsPerTenant),
+		refusalLog: newThrottle(authLogInterval, cfg.Now)}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
@@ -377,6 +395,25 @@ func (s *Server) admit(r *http.Request, tenantName string) error {
 	return &httpError{status: http.StatusTooManyRequests, typ: "rate_limited",
 		message: fmt.Sprintf("tenant %q is over its submit rate; retry after %d s", tenantName, secs),
 		header:  http.Header{"Retry-After": {strconv.Itoa(secs)}}}
+}
+
+// overShare counts and logs refusal, a 429 that refuses tenant for its own excess (its submit
+// rate, its share of the bodies being read, of the keyed submits or of the event streams), and
+// returns it. The count (llmq_http_tenant_refusals_total) names the tenant only when the request
+// authenticated as it (a bearer token, or a signed events_url): an anonymous request's is counted
+// under tenant "", so that the label's values stay the operator's tenants. The log line (once a
+// minute per tenant and type: a flooding client must not flood the log) names the tenant always.
+func (s *Server) overShare(r *http.Request, tenant string, authenticated bool, refusal *httpError) *httpError {
+	label := ""
+	if authenticated {
+		label = tenant
+	}
+	s.cfg.Metrics.refusedOverShare(label, refusal.typ)
+	if log, suppressed := s.refusalLog.allow(tenant + "\x00" + refusal.typ); log {
+		s.cfg.Logger.WarnContext(r.Context(), "tenant over its share; refused", "tenant", tenant, "anonymous", !authenticated,
+			"type", refusal.typ, "method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
+	}
+	return refusal
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {

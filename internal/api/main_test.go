@@ -94,6 +94,8 @@ type setupOpts struct {
 	handoff dispatch.FreshProcessor
 	// storeWait is Config.StoreWait; default the server's.
 	storeWait time.Duration
+	// maxKeyedSubmits is Config.MaxKeyedSubmitsPerTenant; default the server's (half the pool).
+	maxKeyedSubmits int
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -137,7 +139,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
-		StoreWait: o.storeWait, writeNow: o.writeNow,
+		StoreWait: o.storeWait, MaxKeyedSubmitsPerTenant: o.maxKeyedSubmits, writeNow: o.writeNow,
 	}
 	if o.handoff != nil {
 		hcfg := dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16}

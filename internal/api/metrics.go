@@ -29,6 +29,9 @@ type Metrics struct {
 	// never the path, which holds job IDs) and status code. Its 5xx share is the API failing
 	// (the LLMQAPIServerErrors rule); nothing else counts those answers.
 	responses *prometheus.CounterVec
+	// tenantRefusals counts the 429s that refuse a tenant for its own excess, by tenant (""
+	// for anonymous requests: see Server.overShare) and type.
+	tenantRefusals *prometheus.CounterVec
 }
 
 // Stages of a submit, the label values of llmq_submit_stage_duration_seconds. Both lie within
@@ -68,7 +71,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				"Connections refused at api.max_connections are not here (llmq_http_connections_rejected_total).",
 		}, []string{"route", "code"}),
 	}
-	reg.MustRegister(m.submits, m.submitStages, m.responses)
+	m.tenantRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmq_http_tenant_refusals_total",
+		Help: "429s refusing a tenant for its own excess, by type (rate_limited, too_many_bodies, too_many_submits, " +
+			"too_many_streams) and tenant (empty for requests without a token).",
+	}, []string{"tenant", "type"})
+	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
@@ -96,6 +104,12 @@ func (m *Metrics) initCredentials(names []string) {
 func (m *Metrics) submitted(credential string) {
 	if m != nil {
 		m.submits.WithLabelValues(credential).Inc()
+	}
+}
+
+func (m *Metrics) refusedOverShare(tenant, typ string) {
+	if m != nil {
+		m.tenantRefusals.WithLabelValues(tenant, typ).Inc()
 	}
 }
 

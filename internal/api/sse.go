@@ -87,6 +87,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	release, err := s.streams.open(job.Tenant)
 	if err != nil {
+		var he *httpError
+		if errors.As(err, &he) {
+			// A signed URL or a token names the job's tenant; a request with neither is anonymous.
+			_, withToken := r.Header["Authorization"]
+			err = s.overShare(r, job.Tenant, signed || withToken, he)
+		}
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}

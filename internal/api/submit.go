@@ -468,7 +468,13 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
+	// Whether the caller authenticated as tn (a token), rather than came as the anonymous tenant.
+	_, authenticated := r.Header["Authorization"]
 	if err := s.admit(r, tn.Name); err != nil {
+		var he *httpError
+		if errors.As(err, &he) {
+			err = s.overShare(r, tn.Name, authenticated, he)
+		}
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
@@ -483,9 +489,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	switch s.bodies.take(tn.Name, reserved) {
 	case bodyOverShare:
 		// The tenant's own bodies fill its share: a limit of its own, as its submit rate is.
-		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusTooManyRequests, typ: "too_many_bodies",
+		writeError(w, r, s.cfg.Logger, s.overShare(r, tn.Name, authenticated, &httpError{status: http.StatusTooManyRequests, typ: "too_many_bodies",
 			message: "this tenant's submit bodies being read fill half of this replica's budget; retry shortly",
-			header:  http.Header{"Retry-After": {"1"}}})
+			header:  http.Header{"Retry-After": {"1"}}}))
 		return
 	case bodyOverBudget:
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
@@ -524,6 +530,23 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
+	release := func() {}
+	if key != "" {
+		// A keyed submit holds a pool connection of its own for its transaction: within the
+		// tenant's share of them (keyedSubmitGate), so that its flood leaves the others theirs.
+		// The place ends with the Postgres stage (create's stored), not with the answer: the
+		// enqueue that follows the commit holds no connection, and may wait for Redis.
+		release, err = s.keyed.enter(r.Context(), tn.Name, s.cfg.StoreWait)
+		if err != nil {
+			var he *httpError
+			if errors.As(err, &he) {
+				err = s.overShare(r, tn.Name, authenticated, he)
+			}
+			writeError(w, r, s.cfg.Logger, err)
+			return
+		}
+		defer release()
+	}
 	p, err := s.contract.parse(tn.Name, allowed, key, body)
 	var job *jobs.Job
 	replayed := false
@@ -531,7 +554,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		job, err = s.replayRefused(r.Context(), tn.Name, key, body, err)
 		replayed = err == nil
 	} else {
-		job, replayed, err = s.create(r.Context(), p)
+		job, replayed, err = s.create(r.Context(), p, release)
 	}
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, encodedRefusal(r.Header, err))
@@ -618,7 +641,10 @@ func (s *Server) replayRefused(ctx context.Context, tenant, key string, body []b
 //
 // The stages of a new job's submit go to the metrics (llmq_submit_stage_duration_seconds); a
 // replay's or a failure's do not.
-func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bool, error) {
+//
+// stored is called once the job's Postgres stage has ended (its commit, or its failure), before
+// the handoff or the enqueue: it frees the submit's place in keyedSubmitGate.
+func (s *Server) create(ctx context.Context, p jobs.CreateParams, stored func()) (*jobs.Job, bool, error) {
 	claim := s.cfg.Handoff.Claim(p.Priority, p.Lane)
 	if claim != nil {
 		p.Admit = claim.Admit
@@ -632,6 +658,7 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams) (*jobs.Job, bo
 	}
 	t0 := s.cfg.Now()
 	job, replayed, err := s.cfg.Store.Create(ctx, p)
+	stored()
 	if err != nil || replayed {
 		return job, replayed, err
 	}

@@ -122,6 +122,12 @@ type API struct {
 	// MaxStreamsPerTenant caps each tenant's open event streams on one API replica; above it
 	// GET /v1/jobs/{id}/events answers 429 with Retry-After. Default 100.
 	MaxStreamsPerTenant int `yaml:"max_streams_per_tenant"`
+	// MaxKeyedSubmitsPerTenant caps each tenant's submits with an Idempotency-Key in progress
+	// against Postgres on one API replica (each holds a Postgres connection of its own for its
+	// transaction): one above it waits up to 5 s for one of them to end, then is answered 429
+	// too_many_submits with Retry-After. Default 0: half the process's Postgres pool
+	// (pool_max_conns, 16 by default: 8), at least 1.
+	MaxKeyedSubmitsPerTenant int `yaml:"max_keyed_submits_per_tenant"`
 	// StreamSecretEnv or StreamSecretFile (not both) names where the key that signs event-stream
 	// URLs lives: an environment variable, or a file (trailing white space trimmed). It must be
 	// at least 32 bytes and the same on every API replica. With it, each job the API answers
@@ -606,6 +612,9 @@ func (a *API) validate(bad func(field, format string, args ...any)) {
 	}
 	if a.MaxStreamsPerTenant < 0 {
 		bad("api.max_streams_per_tenant", "must be positive")
+	}
+	if a.MaxKeyedSubmitsPerTenant < 0 {
+		bad("api.max_keyed_submits_per_tenant", "must be positive (0: half the Postgres pool)")
 	}
 	if r := a.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || math.IsInf(r.RequestsPerSecond, 1) || r.Burst <= 0) {
 		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive and finite")
