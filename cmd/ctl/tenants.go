@@ -98,7 +98,7 @@ func (a *app) tenantsCommand() *cli.Command {
 				if tasks == nil {
 					return nil
 				}
-				n, err := cancelTenantJobs(c.Context, jobs.NewStore(p, nil), tasks, name, settle.C)
+				n, err := jobs.NewStore(p, nil).CancelTenant(c.Context, name, settle.C, tasks.AbortEnded)
 				if n > 0 || err == nil {
 					fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", n, name)
 					// Logged even when the command was interrupted: those jobs are canceled.
@@ -110,6 +110,12 @@ func (a *app) tenantsCommand() *cli.Command {
 				}
 				return err
 			},
+		}, {
+			Name: "delete",
+			Usage: "delete a revoked tenant: cancel its jobs that have not ended, delete every job of it with its attempts, events and idempotency keys, " +
+				"then its tokens; the audit log keeps its entries and this deletion, and the name may be given to a new tenant",
+			ArgsUsage: "NAME",
+			Action:    a.tenantsDelete,
 		}, {
 			Name: "rotate",
 			Usage: "give a tenant a new bearer token and print it (shown once); the old token keeps working for --overlap, then answers 401. " +
@@ -196,66 +202,105 @@ func (a *app) tenantsCommand() *cli.Command {
 	}
 }
 
-// cancelTenantJobs cancels every job of the tenant that has not ended, as `ctl jobs cancel` does
-// one (its task aborted: a call in flight stops), walking them page by page; once settled has
-// fired it walks them once more from the start (at once, if it fired before the first walk
-// began): API replicas may accept the tenant's submits until the revocation reaches them
-// (their cache TTL). It returns how many it canceled; a job that ended meanwhile is left as it
-// ended. A task that cannot be aborted does not stop it (its job is canceled: an attempt in
-// flight runs to its end, unstored); the first such failure is returned at the end.
-func cancelTenantJobs(ctx context.Context, store *jobs.Store, tasks *dispatch.Tasks, name string, settled <-chan time.Time) (int, error) {
-	const page = 500
-	n, unaborted, fired := 0, 0, false
-	var abortErr error
-	for {
-		if !fired {
-			select {
-			case <-settled:
-				fired = true
-			default:
-			}
-		}
-		final := fired
-		var after jobs.TenantCursor
-		for {
-			ids, next, err := store.UnfinishedOfTenant(ctx, name, after, page)
-			if err != nil {
-				return n, err
-			}
-			for _, id := range ids {
-				job, err := store.Cancel(ctx, id)
-				var te *jobs.TerminalError
-				switch {
-				case errors.Is(err, jobs.ErrNotFound) || errors.As(err, &te):
-					continue // ended meanwhile (or deleted by retention)
-				case err != nil:
-					return n, err
-				}
-				n++
-				if err := tasks.AbortEnded(job); err != nil {
-					if unaborted++; abortErr == nil {
-						abortErr = fmt.Errorf("job %s: %w", job.ID, err)
-					}
-				}
-			}
-			if len(ids) < page {
-				break
-			}
-			after = next
-		}
-		switch {
-		case final && abortErr != nil:
-			return n, fmt.Errorf("%d canceled jobs' tasks could not be aborted (an attempt in flight runs to its end, unstored); first, %w", unaborted, abortErr)
-		case final:
-			return n, nil
-		}
-		select {
-		case <-ctx.Done():
-			return n, ctx.Err()
-		case <-settled:
-			fired = true
-		}
+// tenantDeleteBatch is how many jobs one transaction of `ctl tenants delete` deletes (see
+// jobs.Store.DeleteEndedOfTenant); it tells its progress after each.
+const tenantDeleteBatch = 500
+
+// tenantsDelete is `ctl tenants delete NAME`: only a revoked tenant. Its jobs that have not
+// ended are canceled (their tasks aborted) once the revocation has reached every API replica,
+// then its jobs are deleted in batches with their attempts, events and keys, then the tenant and
+// its tokens. Jobs left (in a provider batch still open, or being changed) keep the tenant: the
+// command says so and fails, and runs again later finish it. Each run is audited, stopped
+// halfway or not, with what it did.
+func (a *app) tenantsDelete(c *cli.Context) (err error) {
+	if c.NArg() != 1 {
+		return cli.Exit("usage: ctl tenants delete NAME", exitUsage)
 	}
+	name := c.Args().First()
+	if name == tenant.Default {
+		return fmt.Errorf("%w: %q answers anonymous requests as stored (api.allow_anonymous): deleted, they would be let in again", tenant.ErrAnonymousTenant, name)
+	}
+	// Redis first, as revoke --cancel-jobs: a deletion whose running jobs cannot be stopped is
+	// not begun.
+	tasks, closeTasks, err := openTasks(c)
+	if err != nil {
+		return err
+	}
+	defer closeTasks()
+	p, err := pool(c)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	tenants, store := tenant.NewStore(p, nil), jobs.NewStore(p, nil)
+	since, err := tenants.RevokedFor(c.Context, name)
+	if errors.Is(err, tenant.ErrNotRevoked) {
+		return fmt.Errorf("tenant %s is not revoked: only a revoked tenant is deleted (ctl tenants revoke %s --cancel-jobs)", name, name)
+	}
+	if err != nil {
+		return err
+	}
+	// The last walk for jobs to cancel, and so the count of jobs left, come once no replica can
+	// accept a submit of the tenant any more.
+	settle := time.NewTimer(max(0, a.revokeSettle-since))
+	defer settle.Stop()
+	canceled, deleted := 0, int64(0)
+	deletedTenant := false
+	defer func() {
+		// Logged even when the command was interrupted or failed halfway: what it did is done.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), 5*time.Second)
+		defer cancel()
+		var entries []audit.Entry
+		if canceled > 0 {
+			entries = append(entries, audit.Entry{Action: "tenant.cancel_jobs", Target: name, Count: canceled})
+		}
+		if deleted > 0 || deletedTenant {
+			n := 0 // jobs deleted, the tenant kept: Detail says how many
+			if deletedTenant {
+				n = 1
+			}
+			entries = append(entries, audit.Entry{Action: "tenant.delete", Target: name, Count: n,
+				Detail: map[string]any{"jobs_deleted": deleted}})
+		}
+		for _, e := range entries {
+			if lerr := logAction(ctx, p, e); lerr != nil && err == nil {
+				err = lerr
+			}
+		}
+	}()
+	canceled, err = store.CancelTenant(c.Context, name, settle.C, tasks.AbortEnded)
+	if canceled > 0 {
+		fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", canceled, name)
+	}
+	if err != nil {
+		return err
+	}
+	for {
+		n, err := store.DeleteEndedOfTenant(c.Context, name, tenantDeleteBatch)
+		deleted += n
+		if err != nil {
+			return fmt.Errorf("deletion stopped after %d jobs: %w", deleted, err)
+		}
+		if n < tenantDeleteBatch {
+			break
+		}
+		fmt.Fprintf(a.out, "deleted %d jobs so far\n", deleted)
+	}
+	unfinished, left, err := store.RemainingOfTenant(c.Context, name)
+	if err != nil {
+		return err
+	}
+	if unfinished+left > 0 {
+		fmt.Fprintf(a.out, "deleted %d jobs of tenant %s\n", deleted, name)
+		return fmt.Errorf("tenant %s kept: %d of its jobs are left (%d not ended, %d in a provider batch still open or being changed; "+
+			"the batch lane cancels a batch none of whose jobs waits): run `ctl tenants delete %s` again later", name, unfinished+left, unfinished, left, name)
+	}
+	if err := tenants.Delete(c.Context, name); err != nil {
+		return err
+	}
+	deletedTenant = true
+	fmt.Fprintf(a.out, "tenant %s deleted, with %d jobs (their attempts, events and idempotency keys) and its tokens\n", name, deleted)
+	return nil
 }
 
 // createArgs returns the NAME of `tenants create` and its --credentials value (set reports

@@ -81,6 +81,10 @@ type Config struct {
 	// EventWriteTimeout bounds the write of each event (and keep-alive) of an event stream: a
 	// client that stops reading is cut off. Default 10s (the API's api.event_write_timeout).
 	EventWriteTimeout time.Duration
+	// RevokeSettle is how long after a tenant's revocation a revoke with cancel_jobs looks for
+	// the tenant's jobs once more: the API replicas' Authenticator TTL, and a second for a submit
+	// they accepted just before it ended to commit its job. Default tenant.DefaultCacheTTL + 1s.
+	RevokeSettle time.Duration
 	// Now is the clock of the overview's recomputations' durations. Default time.Now. The
 	// overview's window is on Postgres's clock (jobs.Store.WindowStats).
 	Now func() time.Time
@@ -129,6 +133,9 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.RevokeSettle == 0 {
+		cfg.RevokeSettle = tenant.DefaultCacheTTL + time.Second
 	}
 	lim, err := limiter.New(cfg.Redis, &limiter.Config{Prefix: cfg.RedisPrefix})
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -66,19 +68,77 @@ func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operat
 	writeJSON(w, http.StatusCreated, map[string]any{"tenant": t, "token": token})
 }
 
+// tenantRevoke revokes a tenant. Body (optional) {"cancel_jobs": true}: also cancel every job of
+// the tenant that has not ended (their tasks aborted: a call in flight stops), as `ctl tenants
+// revoke --cancel-jobs` does, those a replica accepted while the revocation reached it included
+// (the answer then comes once the replicas' caches have let go of the tenant: up to
+// Config.RevokeSettle after the revocation); a tenant revoked already has its jobs canceled all
+// the same. Audited as ctl does: tenant.revoke when it revoked (a revocation that changed
+// nothing is not an action), tenant.cancel_jobs with the jobs canceled.
 func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	var req struct {
+		CancelJobs bool `json:"cancel_jobs"`
+	}
+	if r.ContentLength != 0 { // the page's plain revoke sends no body
+		if err := readJSON(r, &req); err != nil {
+			writeError(w, r, h.cfg.Logger, err)
+			return
+		}
+	}
 	name := r.PathValue("name")
 	was, err := h.tenants.Revoke(r.Context(), name)
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	n, msg := 1, "tenant "+name+" revoked"
+	msg := "tenant " + name + " revoked"
 	if !was {
-		n, msg = 0, "tenant "+name+" was revoked already"
+		msg = "tenant " + name + " was revoked already"
+	} else {
+		h.audit(r, s.Operator, audit.Entry{Action: "tenant.revoke", Target: name, Count: 1})
 	}
-	h.audit(r, s.Operator, audit.Entry{Action: "tenant.revoke", Target: name, Count: n})
-	writeJSON(w, http.StatusOK, map[string]any{"message": msg, "changed": was})
+	answer := map[string]any{"message": msg, "changed": was}
+	if req.CancelJobs {
+		n, err := h.cancelTenantJobs(r, s, name)
+		if err != nil {
+			writeError(w, r, h.cfg.Logger, err)
+			return
+		}
+		answer["message"], answer["canceled"] = fmt.Sprintf("%s; canceled %d jobs of it", msg, n), n
+		answer["changed"] = was || n > 0
+	}
+	writeJSON(w, http.StatusOK, answer)
+}
+
+// cancelTenantJobs cancels the jobs of revoked tenant name that have not ended (see
+// jobs.Store.CancelTenant), waiting for Config.RevokeSettle after its revocation for the last
+// walk, and audits how many it canceled (when it was not interrupted, or canceled some).
+func (h *Handler) cancelTenantJobs(r *http.Request, s *operator.Session, name string) (int, error) {
+	since, err := h.tenants.RevokedFor(r.Context(), name)
+	if err != nil {
+		return 0, err
+	}
+	settle := time.NewTimer(max(0, h.cfg.RevokeSettle-since))
+	defer settle.Stop()
+	n, err := h.cfg.Jobs.CancelTenant(r.Context(), name, settle.C, func(job *jobs.Job) error {
+		if h.cfg.Canceled != nil {
+			h.cfg.Canceled(job.Credential)
+		}
+		if h.cfg.Tasks == nil {
+			return nil
+		}
+		// As a job's cancel: canceled whatever Redis says (an attempt in flight stops, unstored,
+		// at its lease's next renewal), and not waiting for a stalled Redis past RedisWait.
+		if err := dispatch.AfterCommit(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
+			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
+		}
+		return nil
+	})
+	if n > 0 || err == nil {
+		// Recorded even when the request was cut (h.audit outlives it): those jobs are canceled.
+		h.audit(r, s.Operator, audit.Entry{Action: "tenant.cancel_jobs", Target: name, Count: n})
+	}
+	return n, err
 }
 
 // tenantRotate gives a tenant a new bearer token, answered this once, as tenantCreate does. Body

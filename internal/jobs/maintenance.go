@@ -141,12 +141,20 @@ const deleteFinishedSQL = `
 WITH victims AS (
 	SELECT id FROM jobs WHERE status = $1 AND finished_at IS NOT NULL AND finished_at < $2
 	ORDER BY finished_at LIMIT $3
-	FOR UPDATE SKIP LOCKED
+	FOR UPDATE SKIP LOCKED` + deleteVictimsSQL + `
+SELECT count(*) FROM d`
+
+// deleteVictimsSQL ends a statement whose first CTE, victims, selects (and locks) the ids of
+// jobs to delete: it deletes them (CTE d, their ids) with their attempts and events, which have
+// no foreign key (migration 011) and are found by primary key (= ANY of an array: joined with
+// the deleted jobs, a planner without statistics read both tables whole, every batch); their
+// event watch and idempotency key follow by their foreign keys' cascade. Every delete of jobs
+// (retention, dead purges, a tenant's deletion) ends with it, so none leaves a part behind.
+const deleteVictimsSQL = `
 ), d AS (
 	DELETE FROM jobs j USING victims v WHERE j.id = v.id RETURNING j.id
 ), a AS (
 	DELETE FROM job_attempts WHERE job_id = ANY (ARRAY(SELECT id FROM d))
 ), e AS (
 	DELETE FROM job_events WHERE job_id = ANY (ARRAY(SELECT id FROM d))
-)
-SELECT count(*) FROM d`
+)`

@@ -211,14 +211,7 @@ func (s *Store) PurgeDeadIDs(ctx context.Context, ids []string) ([]string, error
 // statistics read both tables whole for a selection of the console's size.
 const purgeDeadIDsSQL = `
 WITH victims AS (
-	SELECT id FROM jobs WHERE status = 'dead' AND id = ANY($1::uuid[]) FOR UPDATE SKIP LOCKED
-), d AS (
-	DELETE FROM jobs j USING victims v WHERE j.id = v.id RETURNING j.id
-), a AS (
-	DELETE FROM job_attempts WHERE job_id = ANY (ARRAY(SELECT id FROM d))
-), e AS (
-	DELETE FROM job_events WHERE job_id = ANY (ARRAY(SELECT id FROM d))
-)
+	SELECT id FROM jobs WHERE status = 'dead' AND id = ANY($1::uuid[]) FOR UPDATE SKIP LOCKED` + deleteVictimsSQL + `
 SELECT id::text FROM d`
 
 // DeadByReason counts every dead job by its dead reason (an index-only scan of

@@ -318,3 +318,77 @@ func (s *Store) Authenticate(ctx context.Context, token string) (*Tenant, error)
 	}
 	return t, nil
 }
+
+// RevokedFor returns how long ago the tenant was revoked, on Postgres's clock (which wrote
+// revoked_at): an API replica that cached it as active sees the revocation within its
+// Authenticator's TTL of it. Errors: ErrNotFound (also for a name no tenant can have),
+// ErrNotRevoked, or a wrapped database error.
+func (s *Store) RevokedFor(ctx context.Context, name string) (time.Duration, error) {
+	if !ValidName(name) {
+		return 0, fmt.Errorf("%w: %q", ErrNotFound, truncate(name, 70))
+	}
+	var micros *int64
+	err := s.pool.QueryRow(ctx, `SELECT (extract(epoch FROM now() - revoked_at) * 1000000)::bigint FROM tenants WHERE name = $1`,
+		name).Scan(&micros)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read tenant revocation: %w", err)
+	}
+	if micros == nil {
+		return 0, fmt.Errorf("%w: %q", ErrNotRevoked, name)
+	}
+	return time.Duration(*micros) * time.Microsecond, nil
+}
+
+// Delete deletes a revoked tenant that has no job stored any more (see jobs.Store's
+// DeleteEndedOfTenant), with its tokens, current and rotated out: a token of it answers
+// ErrUnknownBearerToken from then on (after the Authenticator's TTL on replicas that cached it as
+// revoked), and its name may be given to a new tenant. The audit log's entries naming it are
+// kept. Errors: ErrNotFound (also for a name no tenant can have), ErrAnonymousTenant (Default),
+// ErrNotRevoked, ErrHasJobs, or a wrapped database error.
+//
+// The tenant's row is locked while its jobs are counted; a job submitted after that would be
+// one a replica accepted with the tenant cached as active: callers delete at least the
+// Authenticator's TTL after the revocation (see RevokedFor).
+func (s *Store) Delete(ctx context.Context, name string) error {
+	if !ValidName(name) {
+		return fmt.Errorf("%w: %q", ErrNotFound, truncate(name, 70))
+	}
+	if name == Default {
+		return fmt.Errorf("%w: %q answers anonymous requests as stored (api.allow_anonymous): deleted, they would be let in again", ErrAnonymousTenant, name)
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var revoked, hasJobs bool
+		err := tx.QueryRow(ctx, `SELECT revoked_at IS NOT NULL, EXISTS (SELECT 1 FROM jobs WHERE tenant = $1)
+FROM tenants WHERE name = $1 FOR UPDATE`, name).Scan(&revoked, &hasJobs)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("%w: %q", ErrNotFound, name)
+		case err != nil:
+			return err
+		case !revoked:
+			return fmt.Errorf("%w: %q (revoke it first)", ErrNotRevoked, name)
+		case hasJobs:
+			return fmt.Errorf("%w: %q", ErrHasJobs, name)
+		}
+		// Keys went with their jobs (their foreign key's cascade); should one be left, it must
+		// not answer a resubmit of a new tenant of this name with a job of the old one's.
+		if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE tenant = $1`, name); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM tenant_previous_tokens WHERE tenant = $1`, name); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM tenants WHERE name = $1`, name)
+		return err
+	})
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRevoked) || errors.Is(err, ErrHasJobs) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("delete tenant: %w", err)
+	}
+	return nil
+}

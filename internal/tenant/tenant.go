@@ -23,6 +23,13 @@ var (
 	ErrRotatedOut = errors.New("bearer token rotated out")
 	// ErrInvalidOverlap: a rotation's overlap outside 0..MaxOverlap.
 	ErrInvalidOverlap = errors.New("invalid overlap")
+	// ErrNotRevoked: the tenant is not revoked, and only a revoked tenant may be deleted.
+	ErrNotRevoked = errors.New("tenant not revoked")
+	// ErrHasJobs: the tenant still has jobs stored, and a tenant is deleted after its jobs.
+	ErrHasJobs = errors.New("tenant still has jobs")
+	// ErrAnonymousTenant: the tenant Default is not deleted: anonymous requests (with
+	// api.allow_anonymous) take it as stored, revoked included, and without its row would be let in.
+	ErrAnonymousTenant = errors.New("the anonymous requests' tenant is not deleted")
 	// ErrNotFound: no tenant with that name.
 	ErrNotFound = errors.New("tenant not found")
 	// ErrExists: a tenant with that name exists already (revoked or not).

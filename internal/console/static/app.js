@@ -384,9 +384,12 @@ async function pageTenants(root) {
   const setWeight = async (name, input) => {
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/weight`, { weight: Number(input.value) })).message); route(); } catch (e) { flash(e.message, true); }
   };
-  const revoke = async (name) => {
-    if (!(await confirmAction(`Revoke tenant ${name}? Its token stops working within seconds.`))) return;
-    try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`)).message); route(); } catch (e) { flash(e.message, true); }
+  const revoke = async (name, cancelJobs, revoked) => {
+    const text = revoked ? `Cancel every job of tenant ${name} that has not ended (calls in flight are aborted)?`
+      : cancelJobs ? `Revoke tenant ${name} and cancel every job of it that has not ended (calls in flight are aborted)? Its token stops working within seconds.`
+        : `Revoke tenant ${name}? Its token stops working within seconds; its jobs that have not ended still run.`;
+    if (!(await confirmAction(text))) return;
+    try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`, cancelJobs ? { cancel_jobs: true } : undefined)).message); route(); } catch (e) { flash(e.message, true); }
   };
   const rotate = async (name, overlapSeconds) => {
     const text = overlapSeconds > 0
@@ -413,9 +416,11 @@ async function pageTenants(root) {
           h('input', { type: 'number', min: 1, max: 1000, value: t.weight, size: 4, 'aria-label': `weight of ${t.name}` }))),
         h('td', {}, fmtTime(t.created_at)), h('td', { class: 'revoked' }, t.revoked_at ? fmtTime(t.revoked_at) : '–'),
         h('td', { class: 'previous-token-ends' }, t.previous_token_ends_at ? fmtTime(t.previous_token_ends_at) : '–'),
-        h('td', {}, t.revoked_at ? null : [h('button', { class: 'rotate', onclick: () => rotate(t.name, 86400) }, 'Rotate token'), ' ',
-          h('button', { class: 'danger rotate-now', onclick: () => rotate(t.name, 0) }, 'Rotate, end old now'), ' ',
-          h('button', { class: 'danger revoke', onclick: () => revoke(t.name) }, 'Revoke')])))));
+        h('td', {}, t.revoked_at ? h('button', { class: 'danger cancel-jobs', onclick: () => revoke(t.name, true, true) }, 'Cancel its jobs')
+          : [h('button', { class: 'rotate', onclick: () => rotate(t.name, 86400) }, 'Rotate token'), ' ',
+            h('button', { class: 'danger rotate-now', onclick: () => rotate(t.name, 0) }, 'Rotate, end old now'), ' ',
+            h('button', { class: 'danger revoke', onclick: () => revoke(t.name, false, false) }, 'Revoke'), ' ',
+            h('button', { class: 'danger revoke-cancel', onclick: () => revoke(t.name, true, false) }, 'Revoke, cancel its jobs')])))));
 }
 
 async function pageAudit(root) {

@@ -1,0 +1,122 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DeleteEndedOfTenant deletes up to limit of the tenant's jobs that have ended (succeeded,
+// failed, dead, canceled), with their attempts, events, event watch and idempotency key (the
+// retention pass's cascade, see DeleteFinished), and returns how many: for an operator deleting
+// a revoked tenant's data. Callers delete a large backlog in several calls, so that no lock is
+// held long, until a call deletes fewer than limit.
+//
+// It leaves alone: the jobs that have not ended (cancel them first: a job deleted under its
+// delivery would be found gone by it, but a waiting one would be sent); a job locked by a
+// concurrent change (FOR UPDATE SKIP LOCKED: the deleter waits for nobody); and a job in a
+// provider batch still open (committed or submitted), which the batch lane reads to decide
+// what the batch sends or whether to cancel it at the provider: gone, a batch whose send may
+// have reached the provider would be marked canceled without being looked up (and paid for).
+// The batch lane cancels a sent batch none of whose jobs waits any more, after which its jobs
+// can be deleted. RemainingOfTenant counts what is left.
+func (s *Store) DeleteEndedOfTenant(ctx context.Context, tenant string, limit int) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, deleteEndedOfTenantSQL, tenant, limit).Scan(&n); err != nil {
+		return 0, fmt.Errorf("delete the tenant's jobs: %w", err)
+	}
+	return n, nil
+}
+
+// RemainingOfTenant counts the tenant's jobs still stored: unfinished ones (queued, running,
+// retrying) and the ended ones DeleteEndedOfTenant leaves for now (in an open provider batch,
+// or locked by a change under way).
+func (s *Store) RemainingOfTenant(ctx context.Context, tenant string) (unfinished, ended int, err error) {
+	err = s.pool.QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE status IN ('queued', 'running', 'retrying')),
+       count(*) FILTER (WHERE status NOT IN ('queued', 'running', 'retrying'))
+FROM jobs WHERE tenant = $1`, tenant).Scan(&unfinished, &ended)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count the tenant's jobs: %w", err)
+	}
+	return unfinished, ended, nil
+}
+
+// deleteEndedOfTenantSQL is DeleteEndedOfTenant's statement ($1 tenant, $2 limit): the jobs
+// are found through jobs_tenant_created_idx (tenant first).
+const deleteEndedOfTenantSQL = `
+WITH victims AS (
+	SELECT j.id FROM jobs j
+	WHERE j.tenant = $1 AND j.status IN ('succeeded', 'failed', 'dead', 'canceled')
+		AND NOT EXISTS (SELECT 1 FROM provider_batches pb
+			WHERE pb.id = j.batch_ref AND pb.state IN ('committed', 'submitted'))
+	LIMIT $2
+	FOR UPDATE OF j SKIP LOCKED` + deleteVictimsSQL + `
+SELECT count(*) FROM d`
+
+// CancelTenant cancels every job of the tenant that has not ended (as Cancel does one), walking
+// them page by page, and calls abort (when not nil) with each job it canceled, to stop its task
+// (a call in flight); once settled has fired it walks them once more from the start (at once,
+// if it fired before the first walk began): API replicas may accept the tenant's submits until
+// its revocation reaches them (their Authenticator's TTL). It returns how many it canceled; a
+// job that ended meanwhile is left as it ended. An abort that fails does not stop it (its job
+// is canceled: an attempt in flight runs to its end, unstored); the first such failure is
+// returned at the end, with their count.
+func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan time.Time, abort func(*Job) error) (int, error) {
+	const page = 500
+	n, unaborted, fired := 0, 0, false
+	var abortErr error
+	for {
+		if !fired {
+			select {
+			case <-settled:
+				fired = true
+			default:
+			}
+		}
+		final := fired
+		var after TenantCursor
+		for {
+			ids, next, err := s.UnfinishedOfTenant(ctx, tenant, after, page)
+			if err != nil {
+				return n, err
+			}
+			for _, id := range ids {
+				job, err := s.Cancel(ctx, id)
+				var te *TerminalError
+				switch {
+				case errors.Is(err, ErrNotFound) || errors.As(err, &te):
+					continue // ended meanwhile (or deleted by retention)
+				case err != nil:
+					return n, err
+				}
+				n++
+				if abort == nil {
+					continue
+				}
+				if err := abort(job); err != nil {
+					if unaborted++; abortErr == nil {
+						abortErr = fmt.Errorf("job %s: %w", job.ID, err)
+					}
+				}
+			}
+			if len(ids) < page {
+				break
+			}
+			after = next
+		}
+		switch {
+		case final && abortErr != nil:
+			return n, fmt.Errorf("%d canceled jobs' tasks could not be aborted (an attempt in flight runs to its end, unstored); first, %w", unaborted, abortErr)
+		case final:
+			return n, nil
+		}
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-settled:
+			fired = true
+		}
+	}
+}
