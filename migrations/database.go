@@ -142,9 +142,10 @@ func OpenWait(ctx context.Context, url string, onRetry func(err error, wait time
 }
 
 // canceled reports whether err is a statement the server canceled (57014: pg_cancel_backend;
-// the migrations run without a statement_timeout). pgerr.Unavailable counts it, as a statement
-// of the API's may be tried again; a migration an operator stopped is not started again.
+// the migrations run without a statement_timeout) or cut at the session's lock_timeout (55P03,
+// left as configured). pgerr.Unavailable counts them, as a statement of the API's may be tried
+// again; a migration an operator stopped, or bounded, is not started again.
 func canceled(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "57014"
+	return errors.As(err, &pgErr) && (pgErr.Code == "57014" || pgErr.Code == "55P03")
 }

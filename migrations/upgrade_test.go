@@ -386,6 +386,34 @@ func TestOpenWait_CanceledMigrationIsNotTriedAgain(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 }
 
+// TestOpenWait_LockTimeoutMigrationIsNotTriedAgain: a database that sets a lock_timeout (the
+// decision "Migrations run without a statement_timeout" leaves it as configured) cuts a starting
+// process's migration that waits for the lock on jobs (55P03). The process stops naming it; it
+// does not take the cut for an unreachable Postgres (the API answers 55P03 503, as a statement
+// Postgres could not run in time) and start the same migration again, for ever, each try
+// blocking the writes on jobs for the timeout.
+func TestOpenWait_LockTimeoutMigrationIsNotTriedAgain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, name, tx := behindALongWrite(ctx, t)
+	watch := watcher(ctx, t, dbURL)
+	_, err := watch.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET lock_timeout = '100ms'")
+	require.NoError(t, err) // for the sessions opened from now on
+
+	retried, opened := openWaitInBackground(ctx, dbURL)
+	select {
+	case err := <-opened:
+		require.ErrorContains(t, err, "apply migration 019_unfinished_online")
+		require.ErrorContains(t, err, "55P03")
+	case err := <-retried:
+		t.Fatalf("the migration cut by lock_timeout was tried again: %v", err)
+	case <-ctx.Done():
+		t.Fatal("OpenWait did not return")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+}
+
 // TestOpen_AbandonedMigrationLetsGoOfItsLocks: a starting process dies (SIGKILL, out of memory,
 // its host lost) or its network is cut while its migration waits for the lock on jobs behind a
 // long write. No cancel request reaches the server, and its session does not read from its

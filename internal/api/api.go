@@ -104,6 +104,15 @@ type Config struct {
 	// it the request is answered 503 overloaded with Retry-After, having sent nothing to
 	// Postgres. Default 5s.
 	StoreWait time.Duration
+	// StoreTimeout bounds the whole of a submit's, a poll's or a cancel's work in Postgres (its
+	// waits for a connection and its statements): a request Postgres has not answered by then
+	// (a statement waiting for a lock a long transaction holds, an I/O stall, a failover) is
+	// answered 503 unavailable with Retry-After, its statement abandoned and its connection
+	// closed, rather than waiting as long as its client does (a cancel) or past the server's
+	// write timeout, which cuts the connection without an answer (a submit, a poll). A submit
+	// body's arrival is not counted (the server's read timeout bounds it). Keep it below the
+	// server's write timeout. Default DefaultStoreTimeout.
+	StoreTimeout time.Duration
 	// Now is the clock of throttled log lines and of the submit stages' metric. Default time.Now.
 	Now func() time.Time
 	// Deltas reads the delta buffers of streaming jobs for their event streams. nil: event
@@ -187,6 +196,9 @@ func New(cfg Config) *Server {
 			cfg.MaxKeyedSubmitsPerTenant = max(1, int(cfg.Pool.Config().MaxConns)/2)
 		}
 	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -202,8 +214,9 @@ func New(cfg Config) *Server {
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
 	// every path that serves GET; but not the event stream, which never ends.
 	s.routes = []route{
+		// A submit times its store work itself, apart from its body's arrival (see submit).
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.bounded(s.submit)}},
-		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.bounded(s.get), http.MethodHead: s.bounded(s.get), http.MethodDelete: s.bounded(s.cancel)}},
+		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.bounded(s.timed(s.get)), http.MethodHead: s.bounded(s.timed(s.get)), http.MethodDelete: s.bounded(s.timed(s.cancel))}},
 		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events, http.MethodOptions: eventsPreflight}},
 		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz, http.MethodHead: s.healthz}},
 		{"/readyz", map[string]http.HandlerFunc{http.MethodGet: s.readyz, http.MethodHead: s.readyz}},
@@ -279,6 +292,14 @@ func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// DefaultStoreTimeout is Config.StoreTimeout's default: a third of the server's default write
+// timeout (30 s), so that the 503 reaches the client, and twice the wait for a connection
+// (StoreWait, 5 s).
+const DefaultStoreTimeout = 10 * time.Second
+
+// errStoreTimeout is the cause of a request's context ended by StoreTimeout.
+var errStoreTimeout = errors.New("the job store did not answer in time")
+
 // bounded runs h with a request whose every wait for a connection of the Postgres pool lasts at
 // most StoreWait (pgwait.Bound): past it, the request's context is canceled and its answer is
 // 503 overloaded (writeError), nothing having been sent. Not event streams: they wait for their
@@ -289,6 +310,25 @@ func (s *Server) bounded(h http.HandlerFunc) http.HandlerFunc {
 		defer cancel()
 		h(w, r.WithContext(ctx))
 	}
+}
+
+// timed runs h, a poll or a cancel, with its whole work lasting at most StoreTimeout (see
+// storeTimed).
+func (s *Server) timed(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r, stop := s.storeTimed(r, s.cfg.StoreTimeout)
+		defer stop()
+		h(w, r)
+	}
+}
+
+// storeTimed returns r with a context that ends after d with the cause errStoreTimeout, whose
+// answer is 503 unavailable (writeError): the bound of a request's work in Postgres, a
+// statement Postgres does not answer included. Call stop when that work is over; a pgwait bound
+// of r's context still applies.
+func (s *Server) storeTimed(r *http.Request, d time.Duration) (_ *http.Request, stop context.CancelFunc) {
+	ctx, stop := context.WithTimeoutCause(r.Context(), d, errStoreTimeout)
+	return r.WithContext(ctx), stop
 }
 
 // tenant authenticates the caller. Without an Authorization header it is tenant "default" when
@@ -502,6 +542,12 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		// Checked before context.Canceled: the bound canceled the request's context (bounded).
 		he = &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
 			message: "no database connection came free in time; retry shortly", header: http.Header{"Retry-After": {"1"}}}
+	case errors.Is(context.Cause(r.Context()), errStoreTimeout):
+		// Checked before context.Canceled and the unavailable store: the request's own bound
+		// (timed, storeTimed) ended a statement Postgres had not answered.
+		logger.WarnContext(r.Context(), "store timed out", "method", r.Method, "path", r.URL.Path, "error", err)
+		he = &httpError{status: http.StatusServiceUnavailable, typ: "unavailable",
+			message: "the job store did not answer in time; retry shortly", header: http.Header{"Retry-After": {"5"}}}
 	case errors.Is(err, context.Canceled):
 		return // the client left
 	case jobs.IsUnavailable(err):

@@ -96,6 +96,8 @@ type setupOpts struct {
 	storeWait time.Duration
 	// maxKeyedSubmits is Config.MaxKeyedSubmitsPerTenant; default the server's (half the pool).
 	maxKeyedSubmits int
+	// storeTimeout is Config.StoreTimeout; default the server's.
+	storeTimeout time.Duration
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -139,7 +141,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
-		StoreWait: o.storeWait, MaxKeyedSubmitsPerTenant: o.maxKeyedSubmits, writeNow: o.writeNow,
+		StoreWait: o.storeWait, StoreTimeout: o.storeTimeout, MaxKeyedSubmitsPerTenant: o.maxKeyedSubmits, writeNow: o.writeNow,
 	}
 	if o.handoff != nil {
 		hcfg := dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16}

@@ -462,12 +462,21 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 // (which checks the tenant may use its credentials), then commit and enqueue the job. A body
 // the contract refuses is still a replay when its Idempotency-Key holds a job of that body (see
 // replayRefused).
+//
+// Its work in Postgres (the tenant's lookup, then the job's commit) lasts StoreTimeout in all
+// (see storeTimed); not the body's arrival, which the server's read timeout bounds: a large body
+// over a slow link is no failure of the store's.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
-	tn, err := s.tenant(r)
+	start := time.Now()
+	ar, stop := s.storeTimed(r, s.cfg.StoreTimeout)
+	tn, err := s.tenant(ar)
+	spent := time.Since(start)
 	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
+		writeError(w, ar, s.cfg.Logger, err)
+		stop()
 		return
 	}
+	stop()
 	// Whether the caller authenticated as tn (a token), rather than came as the anonymous tenant.
 	_, authenticated := r.Header["Authorization"]
 	if err := s.admit(r, tn.Name); err != nil {
@@ -548,6 +557,8 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		defer release()
 	}
 	p, err := s.contract.parse(tn.Name, allowed, key, body)
+	r, stop = s.storeTimed(r, s.cfg.StoreTimeout-spent)
+	defer stop()
 	var job *jobs.Job
 	replayed := false
 	if err != nil {

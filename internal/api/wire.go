@@ -122,7 +122,8 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
 		StreamSigner: signer, Console: con,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,
-		MaxKeyedSubmitsPerTenant: cfg.API.MaxKeyedSubmitsPerTenant, Deltas: deltas, DeltaHub: hub,
+		MaxKeyedSubmitsPerTenant: cfg.API.MaxKeyedSubmitsPerTenant, StoreTimeout: cfg.API.StoreTimeout,
+		Deltas: deltas, DeltaHub: hub,
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	listening := make(chan error, 1)

@@ -26,5 +26,5 @@ func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jo
 	}
 	return console.New(console.Config{Pool: pool, Jobs: store, Tasks: tasks, Redis: rdb, Credentials: creds,
 		Canceled: m.canceled, Listener: listener, Logger: logger, RedisPrefix: prefix,
-		EventWriteTimeout: cfg.API.EventWriteTimeout})
+		EventWriteTimeout: cfg.API.EventWriteTimeout, ActionTimeout: cfg.API.StoreTimeout})
 }

@@ -115,6 +115,12 @@ type API struct {
 	// (each 16 KiB of an event: a slow but steady reader gets a large one) and the console's: a
 	// client that stops reading is cut off and the stream's memory freed. Default 10s.
 	EventWriteTimeout time.Duration `yaml:"event_write_timeout"`
+	// StoreTimeout bounds a submit's, a poll's or a cancel's work in Postgres (not a submit
+	// body's arrival), and a console action's: a request that Postgres has not answered by then
+	// (a statement waiting for a lock, an I/O stall, a failover) is answered 503 unavailable
+	// with Retry-After. Less than WriteTimeout, so that the answer is sent. Default 10s, or a
+	// third of WriteTimeout when that is less.
+	StoreTimeout time.Duration `yaml:"store_timeout"`
 	// MaxConnections caps the API's open connections; a connection above it is answered 503
 	// with Retry-After and closed. Default 0: three quarters of the process's open-file limit,
 	// at most 10,000.
@@ -456,6 +462,7 @@ func (c *Config) withDefaults() {
 	c.API.WriteTimeout = orDuration(c.API.WriteTimeout, 30*time.Second)
 	c.API.IdleTimeout = orDuration(c.API.IdleTimeout, 60*time.Second)
 	c.API.EventWriteTimeout = orDuration(c.API.EventWriteTimeout, 10*time.Second)
+	c.API.StoreTimeout = orDuration(c.API.StoreTimeout, min(10*time.Second, c.API.WriteTimeout/3))
 	if c.API.MaxStreamsPerTenant == 0 {
 		c.API.MaxStreamsPerTenant = 100
 	}
@@ -603,6 +610,9 @@ func (a *API) validate(bad func(field, format string, args ...any)) {
 		if f.d < time.Millisecond {
 			bad(f.name, "must be at least 1ms")
 		}
+	}
+	if a.StoreTimeout <= 0 || a.StoreTimeout >= a.WriteTimeout {
+		bad("api.store_timeout", "must be more than 0 and less than api.write_timeout (%s), which would cut its 503, got %s", a.WriteTimeout, a.StoreTimeout)
 	}
 	if a.DrainDelay < 0 || a.DrainDelay > 30*time.Second {
 		bad("api.drain_delay", "must be between 0 and 30s, got %s", a.DrainDelay)

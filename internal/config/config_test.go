@@ -103,6 +103,7 @@ func TestParse_Defaults(t *testing.T) {
 	require.Equal(t, "127.0.0.1:8080", cfg.API.Listen)
 	require.False(t, cfg.API.AllowAnonymous)
 	require.Equal(t, int64(4<<20), cfg.API.MaxBodyBytes)
+	require.Equal(t, 10*time.Second, cfg.API.StoreTimeout)
 	require.Equal(t, config.Worker{Concurrency: 200, MetricsListen: "127.0.0.1:9091", Queue: "llmq", SweepInterval: 10 * time.Second,
 		PollInterval: 100 * time.Millisecond, MaxAnswerBytes: 256 << 20, PhaseMargin: 100 * time.Millisecond, BacklogSteps: 8}, cfg.Worker)
 	require.Equal(t, config.Retry{MaxAttempts: 10, BaseDelay: 500 * time.Millisecond, MaxDelay: 60 * time.Second, MaxRetryAfter: 5 * time.Minute}, cfg.Retry)
@@ -352,6 +353,8 @@ func TestParse_Validation(t *testing.T) {
 		{"RedisScheme", minimal(goodCred, "redis_url: http://127.0.0.1:6379\n"), "redis_url"},
 		{"RedisLookalikeScheme", minimal(goodCred, "redis_url: redisx://127.0.0.1:6379\n"), "redis_url"},
 		{"MaxBodyNegative", minimal(goodCred, "api: { max_body_bytes: -1 }\n"), "api.max_body_bytes"},
+		{"StoreTimeoutPastWriteTimeout", minimal(goodCred, "api: { store_timeout: 30s }\n"), "api.store_timeout"},
+		{"StoreTimeoutNegative", minimal(goodCred, "api: { store_timeout: -1s }\n"), "api.store_timeout"},
 		{"ConcurrencyNegative", minimal(goodCred, "worker: { concurrency: -1 }\n"), "worker.concurrency"},
 		{"SweepNegative", minimal(goodCred, "worker: { sweep_interval: -1s }\n"), "worker.sweep_interval"},
 		{"SweepTooRare", minimal(goodCred, "worker: { sweep_interval: 6m }\n"), "worker.sweep_interval"},

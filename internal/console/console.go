@@ -14,6 +14,7 @@
 package console
 
 import (
+	"context"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -85,6 +86,13 @@ type Config struct {
 	// the tenant's jobs once more: the API replicas' Authenticator TTL, and a second for a submit
 	// they accepted just before it ended to commit its job. Default tenant.DefaultCacheTTL + 1s.
 	RevokeSettle time.Duration
+	// ActionTimeout bounds the work in Postgres of each action (a POST: a cancel, a dead
+	// letter's retry or purge, a tenant's change, a login): a statement Postgres has not answered
+	// by then (a lock a long transaction holds, an I/O stall, a failover) is abandoned and the
+	// action answered 503 unavailable, rather than waiting as long as the browser does with a
+	// pool connection held. Reads and event streams are not bounded by it. Default 10s (the API
+	// gives it api.store_timeout).
+	ActionTimeout time.Duration
 	// Now is the clock of the overview's recomputations' durations. Default time.Now. The
 	// overview's window is on Postgres's clock (jobs.Store.WindowStats).
 	Now func() time.Time
@@ -131,6 +139,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.EventWriteTimeout == 0 {
 		cfg.EventWriteTimeout = 10 * time.Second
 	}
+	if cfg.ActionTimeout <= 0 {
+		cfg.ActionTimeout = 10 * time.Second
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -162,29 +173,41 @@ func (h *Handler) routes() {
 		http.ServeFileFS(w, r, assets, "index.html")
 	})
 	m.Handle("GET /console/static/", http.StripPrefix("/console/static/", securityWrap(files)))
-	m.HandleFunc("POST /console/api/login", h.login)
-	m.HandleFunc("POST /console/api/logout", h.logout)
+	m.HandleFunc("POST /console/api/login", h.timed(h.login))
+	m.HandleFunc("POST /console/api/logout", h.timed(h.logout))
 	m.HandleFunc("GET /console/api/session", h.authed(h.session))
 	m.HandleFunc("GET /console/api/overview", h.authed(h.overview))
 	m.HandleFunc("GET /console/api/overview/live", h.getOnly(h.authed(h.overviewLive)))
 	m.HandleFunc("GET /console/api/jobs", h.authed(h.jobList))
 	m.HandleFunc("GET /console/api/jobs/{id}", h.authed(h.jobDetail))
 	m.HandleFunc("GET /console/api/jobs/{id}/live", h.getOnly(h.authed(h.jobLive)))
-	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.authed(h.jobCancel))
+	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.timed(h.authed(h.jobCancel)))
 	m.HandleFunc("GET /console/api/dead", h.authed(h.deadList))
-	m.HandleFunc("POST /console/api/dead/retry", h.authed(h.deadRetry))
-	m.HandleFunc("POST /console/api/dead/purge", h.authed(h.deadPurge))
+	m.HandleFunc("POST /console/api/dead/retry", h.timed(h.authed(h.deadRetry)))
+	m.HandleFunc("POST /console/api/dead/purge", h.timed(h.authed(h.deadPurge)))
 	m.HandleFunc("GET /console/api/credentials", h.authed(h.credentialList))
-	m.HandleFunc("POST /console/api/credentials/{name}/resume", h.authed(h.credentialResume))
+	m.HandleFunc("POST /console/api/credentials/{name}/resume", h.timed(h.authed(h.credentialResume)))
 	m.HandleFunc("GET /console/api/tenants", h.authed(h.tenantList))
-	m.HandleFunc("POST /console/api/tenants", h.authed(h.tenantCreate))
-	m.HandleFunc("POST /console/api/tenants/{name}/revoke", h.authed(h.tenantRevoke))
-	m.HandleFunc("POST /console/api/tenants/{name}/rotate", h.authed(h.tenantRotate))
-	m.HandleFunc("POST /console/api/tenants/{name}/weight", h.authed(h.tenantWeight))
+	m.HandleFunc("POST /console/api/tenants", h.timed(h.authed(h.tenantCreate)))
+	m.HandleFunc("POST /console/api/tenants/{name}/revoke", h.timed(h.authed(h.tenantRevoke)))
+	m.HandleFunc("POST /console/api/tenants/{name}/rotate", h.timed(h.authed(h.tenantRotate)))
+	m.HandleFunc("POST /console/api/tenants/{name}/weight", h.timed(h.authed(h.tenantWeight)))
 	m.HandleFunc("GET /console/api/audit", h.authed(h.auditList))
 	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
 	})
+}
+
+// timed runs next, an action, with its context ending after ActionTimeout: a statement still
+// waiting then is abandoned (pgx cancels it and closes its connection) and the action answered
+// 503 unavailable (writeError). The audit entry and the requeue of retried jobs, written after
+// the action's commit, do not depend on it (context.WithoutCancel).
+func (h *Handler) timed(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), h.cfg.ActionTimeout)
+		defer cancel()
+		next(w, r.WithContext(ctx))
+	}
 }
 
 // getOnly refuses HEAD (405), which a "GET" pattern also matches, on an event stream: served as

@@ -45,13 +45,21 @@ func setup(t *testing.T, creds ...console.Credential) *testBundle {
 // setupTasks is setup with the console's Config.Tasks.
 func setupTasks(t *testing.T, tasks *dispatch.Tasks, creds ...console.Credential) *testBundle {
 	t.Helper()
+	return setupConfig(t, func(cfg *console.Config) { cfg.Tasks, cfg.Credentials = tasks, creds })
+}
+
+// setupConfig is setup with the console's Config as configure leaves it.
+func setupConfig(t *testing.T, configure func(*console.Config)) *testBundle {
+	t.Helper()
 	b := &testBundle{jobs: jobstest.New(t), rdb: redistest.Client(t), prefix: redistest.Prefix(t)}
-	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
-		Tasks: tasks, Credentials: creds, Canceled: func(credential string) {
+	cfg := console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix,
+		Canceled: func(credential string) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			b.canceled = append(b.canceled, credential)
-		}})
+		}}
+	configure(&cfg)
+	h, err := console.New(cfg)
 	require.NoError(t, err)
 	b.srv = httptest.NewServer(h)
 	t.Cleanup(b.srv.Close)

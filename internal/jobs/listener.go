@@ -24,7 +24,18 @@ type ListenerConfig struct {
 	ReconnectDelay time.Duration
 	// MaxReconnectDelay caps ReconnectDelay's doubling. Default 5s.
 	MaxReconnectDelay time.Duration
+	// PingInterval is how long the connection may stay quiet before the Listener pings it, and
+	// how long that ping may take: a ping that fails or is not answered in time ends the
+	// connection, and the Listener reconnects. A connection that went silent without an error
+	// (a partition, a failover behind a moved address) is so replaced within two intervals;
+	// no TCP setting finds it sooner than minutes. Default DefaultListenerPingInterval.
+	PingInterval time.Duration
 }
+
+// DefaultListenerPingInterval is ListenerConfig.PingInterval's default: a silent connection is
+// replaced within 20 s, about when an event stream's keep-alive re-read (15 s) would have caught
+// up on the transitions it missed anyway; a ping every 10 s of quiet is nothing to Postgres.
+const DefaultListenerPingInterval = 10 * time.Second
 
 // Listener fans the job transitions announced on EventsChannel out to in-process subscribers
 // (the SSE streams of one API process) over a single Postgres connection, however many
@@ -55,6 +66,9 @@ func NewListener(cfg ListenerConfig) *Listener {
 	}
 	if cfg.MaxReconnectDelay == 0 {
 		cfg.MaxReconnectDelay = 5 * time.Second
+	}
+	if cfg.PingInterval <= 0 {
+		cfg.PingInterval = DefaultListenerPingInterval
 	}
 	return &Listener{cfg: cfg, subs: map[string]map[chan int]struct{}{}}
 }
@@ -97,8 +111,8 @@ func (l *Listener) Subscribers() int {
 	return l.n
 }
 
-// Run listens until ctx ends, reconnecting with backoff whenever the connection fails, and
-// returns nil then. Run it once per Listener.
+// Run listens until ctx ends, reconnecting with backoff whenever the connection fails or does
+// not answer a ping (PingInterval), and returns nil then. Run it once per Listener.
 func (l *Listener) Run(ctx context.Context) error {
 	delay := l.cfg.ReconnectDelay
 	for {
@@ -140,7 +154,21 @@ func (l *Listener) listen(ctx context.Context) (listened bool, err error) {
 	// listening is recovered by the subscribers' re-read.
 	l.broadcast()
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		// A wait's deadline leaves the connection usable (pgconn closes it on other errors
+		// only): a quiet spell is followed by a ping, which a silent connection fails.
+		wctx, cancel := context.WithTimeout(ctx, l.cfg.PingInterval)
+		n, err := conn.WaitForNotification(wctx)
+		quiet := err != nil && wctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if quiet {
+			pctx, cancel := context.WithTimeout(ctx, l.cfg.PingInterval)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return true, fmt.Errorf("ping after %s without a notification: %w", l.cfg.PingInterval, err)
+			}
+			continue
+		}
 		if err != nil {
 			return true, fmt.Errorf("wait for notification: %w", err)
 		}

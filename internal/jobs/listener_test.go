@@ -10,6 +10,7 @@ import (
 
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 )
 
@@ -232,4 +233,41 @@ func TestListener_WatchAndReadAnnouncesWhatFollows(t *testing.T) {
 		_, _, err = b.Store.WatchAndRead(ctx, id, time.Minute, 0)
 		require.ErrorIs(t, err, jobs.ErrNotFound)
 	}
+}
+
+// TestListener_SilentConnectionIsReplaced: a LISTEN connection that goes silent without an
+// error (a partition, a failover behind a moved address: no reset ever comes) is found by the
+// Listener's ping and replaced; its subscribers are told to re-read, and the transitions
+// announced after it reach them. Without the ping it waited on the silent connection for ever,
+// and every event stream of the process heard of transitions only at its keep-alive.
+func TestListener_SilentConnectionIsReplaced(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	proxy, viaProxy := pgtest.NewProxy(t, b.URL)
+	cfg, err := pgx.ParseConfig(viaProxy)
+	require.NoError(t, err)
+	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: cfg, ReconnectDelay: 10 * time.Millisecond,
+		PingInterval: 50 * time.Millisecond})
+	ch, unsubscribe := l.Subscribe("job-a")
+	defer unsubscribe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	notify := func(payload string) {
+		_, err := b.Pool.Exec(context.Background(), `SELECT pg_notify($1, $2)`, jobs.EventsChannel, payload)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 0, next(t, ch), "listening")
+	notify("job-a:1")
+	require.Equal(t, 1, next(t, ch))
+
+	proxy.Freeze()
+	notify("job-a:2") // lost on the silent connection: the re-read after the new LISTEN finds it
+	require.Equal(t, 0, next(t, ch), "a new connection listens")
+	notify("job-a:3")
+	require.Equal(t, 3, next(t, ch))
 }

@@ -14,13 +14,18 @@ import (
 // takes only reads.
 const readOnlyTransaction = "25006"
 
+// lockNotAvailable is SQLSTATE lock_not_available: a statement that waited for a lock past the
+// session's lock_timeout (or a NOWAIT that found the lock taken).
+const lockNotAvailable = "55P03"
+
 // Unavailable reports whether err means Postgres could not be reached or dropped the connection
 // (as opposed to a bad query or a constraint): a refused or failed connect, a server shutting
 // down, starting up or out of connections (SQLSTATE classes 08, 53 and 57), a server that
 // refuses writes (25006 read_only_sql_transaction: during a failover, a connection that landed
-// on a standby not yet promoted, or on a server set default_transaction_read_only), a connection
-// reset or closed under a query, a timeout. Trying again later can succeed; nil is not
-// unavailable.
+// on a standby not yet promoted, or on a server set default_transaction_read_only), a statement
+// that waited for a lock past the session's lock_timeout (55P03 lock_not_available: a lock a
+// long transaction holds, as a statement_timeout's 57014 is for a statement), a connection reset
+// or closed under a query, a timeout. Trying again later can succeed; nil is not unavailable.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
@@ -31,7 +36,7 @@ func Unavailable(err error) bool {
 		case "08", "53", "57":
 			return true
 		}
-		return pgErr.Code == readOnlyTransaction
+		return pgErr.Code == readOnlyTransaction || pgErr.Code == lockNotAvailable
 	}
 	var connErr *pgconn.ConnectError
 	var netErr net.Error

@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// Proxy is a TCP proxy in front of a test's Postgres that injects two faults on the wire:
+// Proxy is a TCP proxy in front of a test's Postgres that injects three faults on the wire:
 //   - Cut resets every open connection and refuses new ones (accepts and closes them at once)
 //     until Restore: Postgres unreachable, as when the network or the server drops. Reset
 //     resets them and goes on accepting: connections dropped, the server still there.
@@ -20,6 +20,9 @@ import (
 //     transaction), without forwarding it: the server has committed by then, so the client sees
 //     a broken connection for writes that took effect. LoseNextAnswer does the same for the
 //     next transaction of one statement or more.
+//   - Freeze silences every open connection: the proxy goes on reading both sides and forwards
+//     nothing, closing nothing, as a partition or a failover behind a moved address leaves a
+//     connection open and silent (no reset ever comes). New connections are served as usual.
 //
 // And one barrier: HoldStatement stops a connection just before a given statement reaches the
 // server, until the test releases it.
@@ -33,8 +36,9 @@ type Proxy struct {
 	down      bool
 	refused   int
 	conns     map[net.Conn]struct{}
-	hold      *Hold   // armed, not yet reached (nil: none)
-	holds     []*Hold // every hold made, released when the proxy stops
+	frozen    map[net.Conn]bool // connections Freeze silenced
+	hold      *Hold             // armed, not yet reached (nil: none)
+	holds     []*Hold           // every hold made, released when the proxy stops
 }
 
 // NewProxy starts a Proxy in front of the Postgres of dbURL and returns it with dbURL rewritten
@@ -50,7 +54,7 @@ func NewProxy(t testing.TB, dbURL string) (*Proxy, string) {
 	if err != nil {
 		t.Fatalf("listen for the Postgres proxy: %v", err)
 	}
-	f := &Proxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}}
+	f := &Proxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}, frozen: map[net.Conn]bool{}}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -133,6 +137,24 @@ func (f *Proxy) resetLocked() {
 	}
 }
 
+// Freeze silences every connection open now, for good: what either side sends is read and
+// dropped, and neither is closed, so each side waits for the other as across a partition (its
+// socket never reports an error). Connections made after it are not affected.
+func (f *Proxy) Freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.conns {
+		f.frozen[c] = true
+	}
+}
+
+// silenced reports whether Freeze silenced the proxy's connection with client c.
+func (f *Proxy) silenced(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.frozen[c]
+}
+
 // Restore accepts connections again.
 func (f *Proxy) Restore() {
 	f.mu.Lock()
@@ -209,6 +231,7 @@ func (f *Proxy) untrack(c net.Conn) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.conns, c)
+	delete(f.frozen, c)
 }
 
 // takeCut reports whether to drop the answer that ends statements statements' results now,
@@ -256,6 +279,9 @@ func (f *Proxy) pipe(client net.Conn) {
 			}
 			statements = 0
 		}
+		if f.silenced(client) {
+			continue
+		}
 		if _, err := client.Write(append(header, body...)); err != nil {
 			return
 		}
@@ -295,6 +321,9 @@ func (f *Proxy) forward(server, client net.Conn) {
 		if h := f.takeHold(msg[0], msg[5:]); h != nil {
 			close(h.reached)
 			<-h.released
+		}
+		if f.silenced(client) {
+			continue
 		}
 		if _, err := server.Write(msg); err != nil {
 			return
