@@ -79,8 +79,9 @@ type Config struct {
 	// (the worker then skips the job, but an attempt in flight runs to its end).
 	Tasks *dispatch.Tasks
 	// KeepAlive is the interval of the comment lines that keep an idle event stream open through
-	// proxies; each also re-reads the job's events, a fallback should a notification be lost.
-	// Default 15s.
+	// proxies; each also renews the stream's watch of the job, and reads the job's events when
+	// the watch finds one the stream has not read (a fallback should a notification be lost),
+	// and a streaming job's delta buffer. Default 15s.
 	KeepAlive time.Duration
 	// StreamSigner signs the events_url of every job answered, and checks the token of such a
 	// URL. nil: jobs carry no events_url and event streams need a bearer token.
@@ -99,6 +100,11 @@ type Config struct {
 	// connections (at least 1), 8 without a Pool, so that one tenant's flood of them leaves the
 	// other half to the others.
 	MaxKeyedSubmitsPerTenant int
+	// MaxStreams caps the event streams open on this replica, every tenant's together (503
+	// overloaded with Retry-After above it, before the stream reads anything). Default half of
+	// httpserve.DefaultMaxConnections (FromConfig: half of api.max_connections), so that streams
+	// leave connections to every other request.
+	MaxStreams int
 	// StoreWait bounds how long a submit, a poll or a cancel waits for a free Postgres
 	// connection of the pool (each time it needs one; the pool must carry pgwait.Tracer): past
 	// it the request is answered 503 overloaded with Retry-After, having sent nothing to
@@ -123,6 +129,9 @@ type Config struct {
 	DeltaHub *deltastream.Hub
 	// writeNow is the clock of the event streams' write deadlines (tests). Default time.Now.
 	writeNow func() time.Time
+	// keepAliveTicks, when set, is each event stream's keep-alive tick (tests) instead of a
+	// ticker of KeepAlive.
+	keepAliveTicks <-chan time.Time
 	// Console, when set, serves everything under /console/ (the operators' console). Shutdown
 	// calls its Shutdown method, when it has one.
 	Console http.Handler
@@ -187,6 +196,9 @@ func New(cfg Config) *Server {
 	if cfg.MaxStreamsPerTenant == 0 {
 		cfg.MaxStreamsPerTenant = 100
 	}
+	if cfg.MaxStreams == 0 {
+		cfg.MaxStreams = defaultMaxStreams(0)
+	}
 	if cfg.StoreWait == 0 {
 		cfg.StoreWait = 5 * time.Second
 	}
@@ -206,7 +218,7 @@ func New(cfg Config) *Server {
 		cfg.writeNow = time.Now
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
-		streams: newStreamCounter(cfg.MaxStreamsPerTenant), authLog: newThrottle(authLogInterval, cfg.Now),
+		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), authLog: newThrottle(authLogInterval, cfg.Now),
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newKeyedSubmitGate(cfg.MaxKeyedSubmitsPerTenant),
 		refusalLog: newThrottle(authLogInterval, cfg.Now)}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)

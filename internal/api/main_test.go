@@ -12,10 +12,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -98,6 +100,40 @@ type setupOpts struct {
 	maxKeyedSubmits int
 	// storeTimeout is Config.StoreTimeout; default the server's.
 	storeTimeout time.Duration
+	// keepAliveTicks is Config.keepAliveTicks: the test sends each stream's keep-alive tick;
+	// default a ticker of keepAlive.
+	keepAliveTicks chan time.Time
+	// queries, when set, counts the statements of the server's pool on a job (queryCounter).
+	queries *queryCounter
+	// maxServerStreams is Config.MaxStreams; default the server's.
+	maxServerStreams int
+}
+
+// queryCounter is a pool's tracer (pgwait.Tracer's, and) counting the statements that read or
+// watch jobs: those reading the jobs or job_events table by a job's ID (or several: the
+// Listener's catch-up, whose connection copies the pool's config).
+type queryCounter struct {
+	pgwait.Tracer
+	n atomic.Int64
+}
+
+// TraceQueryStart counts d when it reads or watches a job.
+func (c *queryCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "FROM jobs WHERE id = $1") || strings.Contains(d.SQL, "FROM jobs WHERE id = ANY($1") ||
+		strings.Contains(d.SQL, "FROM job_events WHERE job_id = $1") {
+		c.n.Add(1)
+	}
+	return c.Tracer.TraceQueryStart(ctx, conn, d)
+}
+
+// tick sends one keep-alive tick to a stream waiting for it (setupOpts.keepAliveTicks).
+func tick(t *testing.T, ticks chan<- time.Time) {
+	t.Helper()
+	select {
+	case ticks <- time.Now():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no stream took the keep-alive tick within 10s")
+	}
 }
 
 func setup(t testing.TB, o setupOpts) *testBundle {
@@ -109,6 +145,9 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	pcfg, err := pgxpool.ParseConfig(o.dbURL)
 	require.NoError(t, err)
 	pcfg.ConnConfig.Tracer = pgwait.Tracer{} // as migrations.Open does
+	if o.queries != nil {
+		pcfg.ConnConfig.Tracer = o.queries
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -140,8 +179,9 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		Tasks: dispatch.NewTasks(insp, enq), KeepAlive: o.keepAlive, Logger: o.logger,
 		Tenants: tenant.NewAuthenticator(b.tenants, &tenant.AuthenticatorConfig{TTL: o.tenantTTL}), SubmitRate: o.submitRate,
 		StreamSigner:      o.signer,
-		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, Now: o.now,
+		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, MaxStreams: o.maxServerStreams, Now: o.now,
 		StoreWait: o.storeWait, StoreTimeout: o.storeTimeout, MaxKeyedSubmitsPerTenant: o.maxKeyedSubmits, writeNow: o.writeNow,
+		keepAliveTicks: o.keepAliveTicks,
 	}
 	if o.handoff != nil {
 		hcfg := dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16}

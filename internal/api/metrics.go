@@ -32,6 +32,10 @@ type Metrics struct {
 	// tenantRefusals counts the 429s that refuse a tenant for its own excess, by tenant (""
 	// for anonymous requests: see Server.overShare) and type.
 	tenantRefusals *prometheus.CounterVec
+	// openStreams is the event streams open on this replica (GET /v1/jobs/{id}/events), and
+	// rejectedStreams those refused at its cap or their tenant's, by reason.
+	openStreams     prometheus.Gauge
+	rejectedStreams *prometheus.CounterVec
 }
 
 // Stages of a submit, the label values of llmq_submit_stage_duration_seconds. Both lie within
@@ -76,7 +80,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "429s refusing a tenant for its own excess, by type (rate_limited, too_many_bodies, too_many_submits, " +
 			"too_many_streams) and tenant (empty for requests without a token).",
 	}, []string{"tenant", "type"})
-	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals)
+	m.openStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "llmq_event_streams_open",
+		Help: "Event streams (GET /v1/jobs/{id}/events) open on this API process; api.max_streams caps them.",
+	})
+	m.rejectedStreams = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmq_event_streams_rejected_total",
+		Help: "Event streams refused: reason server, the process held api.max_streams (503); tenant, the tenant held api.max_streams_per_tenant (429).",
+	}, []string{"reason"})
+	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals, m.openStreams, m.rejectedStreams)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
@@ -99,6 +111,22 @@ func (m *Metrics) initCredentials(names []string) {
 	}
 	m.submitStages.WithLabelValues(SubmitStageCreate)
 	m.submitStages.WithLabelValues(SubmitStageEnqueue)
+	m.rejectedStreams.WithLabelValues(streamsRejectedServer)
+	m.rejectedStreams.WithLabelValues(streamsRejectedTenant)
+}
+
+// streamsOpen sets the number of open event streams.
+func (m *Metrics) streamsOpen(n int) {
+	if m != nil {
+		m.openStreams.Set(float64(n))
+	}
+}
+
+// streamRejected counts an event stream refused for reason (streamsRejectedServer, ...Tenant).
+func (m *Metrics) streamRejected(reason string) {
+	if m != nil {
+		m.rejectedStreams.WithLabelValues(reason).Inc()
+	}
 }
 
 func (m *Metrics) submitted(credential string) {

@@ -48,21 +48,33 @@ func eventsPreflight(w http.ResponseWriter, _ *http.Request) {
 // made by any worker or replica arrive) and watches the job (Store.Watch: only watched jobs'
 // transitions are announced; it returns once every transition is either committed or sure to be
 // announced) before its first read, and on each signal re-reads the events after the last one
-// sent, so no transition is lost between a read and a notification and none is sent twice. A keep-alive comment every KeepAlive also re-reads, in case a notification
-// was lost. When the client goes away the handler returns and unsubscribes: nothing outlives it.
+// sent, so no transition is lost between a read and a notification and none is sent twice (a
+// signal of an event it has read already, as the Listener's catch-up after a reconnect mostly
+// is, costs no read). A
+// keep-alive comment every KeepAlive also renews the watch, which returns the job's latest
+// event's number: the stream reads the events only when one is there that it has not read (a
+// notification lost). When the client goes away the handler returns and unsubscribes: nothing
+// outlives it.
 //
 // Streaming jobs ("stream": true) also get the entries of their delta buffer in Redis
 // (internal/deltastream): "delta" and "reset" events, id "seq.n" (see eventPos), placed among the
 // status events by that id. The stream follows the buffer through the process's DeltaHub; a
 // wake-up from it reads Redis only.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	// The caller first: who may not see the job learns nothing from the header's validation.
-	job, signed, err := s.streamJob(r)
-	if signed {
+	if _, signed := r.URL.Query()["token"]; signed {
 		// A signed URL carries its own authorization, and no cookie is involved: a page of any
-		// origin may follow the job it was handed the URL of.
+		// origin may follow the job it was handed the URL of (and read why it may not).
 		w.Header().Set("Access-Control-Allow-Origin", "*")
 	}
+	// The replica's stream cap first, before any read: streams over it cost Postgres nothing.
+	releaseServer, err := s.streams.openServer()
+	if err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	defer releaseServer()
+	// The caller next: who may not see the job learns nothing from the header's validation.
+	job, signed, err := s.streamJob(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -150,9 +162,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// more. Writes get a deadline each instead of the server's one for the whole answer.
 	_ = rc.SetReadDeadline(time.Time{})
 	out := &deadlineWriter{w: w, rc: rc, timeout: s.cfg.EventWriteTimeout, now: s.cfg.writeNow, closing: s.closing}
-	ticker := time.NewTicker(s.cfg.KeepAlive)
-	defer ticker.Stop()
-	readStatus := true
+	keepAlive := s.cfg.keepAliveTicks
+	if keepAlive == nil {
+		ticker := time.NewTicker(s.cfg.KeepAlive)
+		defer ticker.Stop()
+		keepAlive = ticker.C
+	}
+	reads := readStatus
 	var authedUntil time.Time // a bearer stream's token is checked again after this
 	for {
 		if !signed && !time.Now().Before(authedUntil) {
@@ -164,7 +180,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 			authedUntil = time.Now().Add(s.authRecheck())
 		}
-		done, err := s.sendEvents(out, r, job.ID, f, readStatus)
+		done, err := s.sendEvents(out, r, job.ID, f, reads)
 		if err != nil {
 			// Headers are sent: the stream just ends, and the client resumes with Last-Event-ID.
 			if r.Context().Err() == nil && !errors.Is(err, errShuttingDown) {
@@ -178,23 +194,68 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if err := rc.Flush(); err != nil {
 			return
 		}
-		readStatus = true
+		reads = readStatus
 		select {
 		case <-r.Context().Done():
 			return
 		case <-s.closing:
 			return
-		case <-notify:
+		case v := <-notify:
+			if v > 0 && v <= f.known {
+				// Every event up to v is committed and read, and none past it was announced:
+				// nothing to read (the Listener's catch-up after it reconnected, mostly).
+				reads = readNone
+			}
 		case <-deltasGrew:
-			readStatus = false // the published entries only: no Postgres read per delta
-		case <-ticker.C:
+			reads = readHub // the published entries only: no Postgres read per delta
+		case <-keepAlive:
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
 			}
-			if err := s.cfg.Store.Watch(r.Context(), job.ID, watchTTL); err != nil && r.Context().Err() == nil {
-				s.cfg.Logger.WarnContext(r.Context(), "renew event watch", "job_id", job.ID, "error", err)
-			}
+			reads = s.keepAliveReads(r, job.ID, f, watchTTL)
 		}
+	}
+}
+
+// streamReads is what a stream's wake-up reads (see sendEvents).
+type streamReads int
+
+const (
+	// readStatus reads the job's status events and the job from Postgres, then a streaming
+	// job's delta buffer from Redis: a notification, the stream's first send.
+	readStatus streamReads = iota
+	// readHub takes a streaming job's entries the DeltaHub received (Redis only when they do not
+	// follow the last one read): the hub's wake-up.
+	readHub
+	// readBuffer reads a streaming job's delta buffer from Redis, nothing from Postgres: a
+	// keep-alive that found no status event the stream has not read (a lost wake-up of the hub
+	// is caught up there).
+	readBuffer
+	// readNone reads nothing: a notification of an event the stream has read.
+	readNone
+)
+
+// keepAliveReads renews the stream's watch of the job at a keep-alive, and returns what the
+// stream reads then: its status events only when the watch found an event the stream has not
+// read (its notification lost, or no Listener), so that an idle stream costs Postgres one
+// statement per keep-alive, not three (10,000 idle streams were 2,000 statements a second at
+// the default 15s). A job gone (deleted past its retention) is read too: the read ends the
+// stream, as it did. A failed renewal is logged and the stream goes on; the next keep-alive
+// renews it again, within the watch's TTL of 4 keep-alives, and learns what was missed.
+func (s *Server) keepAliveReads(r *http.Request, id string, f *follower, watchTTL time.Duration) streamReads {
+	seq, err := s.cfg.Store.WatchLatest(r.Context(), id, watchTTL)
+	switch {
+	case errors.Is(err, jobs.ErrNotFound):
+		return readStatus
+	case err != nil:
+		if r.Context().Err() == nil {
+			s.cfg.Logger.WarnContext(r.Context(), "renew event watch", "job_id", id, "error", err)
+		}
+		return readBuffer
+	case seq > f.known:
+		return readStatus
+	default:
+		return readBuffer
 	}
 }
 
@@ -301,10 +362,12 @@ type streamItem struct {
 // The worker writes an attempt's entries before it records the attempt's outcome, so after a
 // read of the status events, a read of the buffer has every entry that precedes them; an entry
 // of a newer attempt than the status events read makes them read again. Woken by the buffer
-// alone (status false) it reads Redis only, so that deltas cost no Postgres read: entries of
-// attempts already known precede any status event not read yet. done is true when the job is
-// terminal and its latest event has been sent: the stream is complete.
-func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower, status bool) (done bool, err error) {
+// or a keep-alive (reads readHub, readBuffer) it reads Redis only, so that deltas and idle
+// streams cost no Postgres read: entries of attempts already known precede any status event not
+// read yet. done is true when the job is terminal and its latest event has been sent: the
+// stream is complete.
+func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower, reads streamReads) (done bool, err error) {
+	status := reads == readStatus
 	var evs []jobs.Event
 	var job *jobs.Job
 	switch {
@@ -318,8 +381,8 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 		f.noteStatus(evs)
 	}
 	var entries []deltastream.Entry
-	if f.streaming {
-		entries = s.readDeltas(r, id, f, status)
+	if f.streaming && reads != readNone {
+		entries = s.readDeltas(r, id, f, reads == readHub)
 		if len(entries) > 0 && entries[len(entries)-1].Seq > f.known {
 			if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
 				return false, err
@@ -468,13 +531,13 @@ func (s *Server) readStatus(r *http.Request, id string, seq int) ([]jobs.Event, 
 // deltaPage is how many buffer entries one read takes.
 const deltaPage = 1000
 
-// readDeltas returns the job's buffer entries after f.last and advances it. Woken by the buffer
-// alone (status false), it takes the entries the hub received when they follow the last one read,
-// and reads the buffer only when they do not; a read of status events is always followed by a
-// read of the buffer (see sendEvents). Redis failing costs the stream its deltas, not its status
-// events: the failure is logged and the stream goes on.
-func (s *Server) readDeltas(r *http.Request, id string, f *follower, status bool) []deltastream.Entry {
-	if !status && f.hub != nil {
+// readDeltas returns the job's buffer entries after f.last and advances it. Woken by the hub
+// (fromHub), it takes the entries the hub received when they follow the last one read, and reads
+// the buffer only when they do not; any other wake-up reads the buffer (a read of status events
+// is always followed by one: see sendEvents). Redis failing costs the stream its deltas, not its
+// status events: the failure is logged and the stream goes on.
+func (s *Server) readDeltas(r *http.Request, id string, f *follower, fromHub bool) []deltastream.Entry {
+	if fromHub && f.hub != nil {
 		if entries, ok := f.hub.Next(f.last); ok {
 			if len(entries) > 0 {
 				f.last = entries[len(entries)-1]

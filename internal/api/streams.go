@@ -7,22 +7,72 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/llmq/llmq/internal/httpserve"
 )
 
-// streamRetryAfter is the Retry-After of a stream refused over its tenant's cap: streams last as
-// long as their jobs, so any value is a guess; this one keeps a reconnecting client slow.
+// streamRetryAfter is the Retry-After of a stream refused over its tenant's cap or the server's:
+// streams last as long as their jobs, so any value is a guess; this one keeps a reconnecting
+// client slow.
 const streamRetryAfter = 5 * time.Second
 
-// streamCounter caps each tenant's open event streams on this replica. It is safe for
-// concurrent use.
-type streamCounter struct {
-	max   int
-	mu    sync.Mutex
-	count map[string]int
+// Reasons a stream is refused, the label values of llmq_event_streams_rejected_total.
+const (
+	// streamsRejectedServer: the replica holds MaxStreams streams (503 overloaded).
+	streamsRejectedServer = "server"
+	// streamsRejectedTenant: the tenant holds MaxStreamsPerTenant streams (429 too_many_streams).
+	streamsRejectedTenant = "tenant"
+)
+
+// defaultMaxStreams is Config.MaxStreams's default for a server of maxConnections connections
+// (0: httpserve.DefaultMaxConnections): half of them, so that a replica whose every stream place
+// is taken still has as many connections for submits, polls, cancels and health checks.
+func defaultMaxStreams(maxConnections int) int {
+	if maxConnections <= 0 {
+		maxConnections = httpserve.DefaultMaxConnections()
+	}
+	return max(1, maxConnections/2)
 }
 
-func newStreamCounter(max int) *streamCounter {
-	return &streamCounter{max: max, count: map[string]int{}}
+// streamCounter caps the open event streams of this replica, all together (a stream holds a
+// connection, a goroutine and its buffers for as long as its job runs) and each tenant's. It is
+// safe for concurrent use.
+type streamCounter struct {
+	max, maxPerTenant int
+	metrics           *Metrics
+	mu                sync.Mutex
+	total             int
+	count             map[string]int
+}
+
+func newStreamCounter(max, maxPerTenant int, metrics *Metrics) *streamCounter {
+	return &streamCounter{max: max, maxPerTenant: maxPerTenant, metrics: metrics, count: map[string]int{}}
+}
+
+// openServer takes one of the replica's stream places, or answers 503 overloaded with
+// Retry-After when all are taken: before the stream reads anything, so that a flood of streams
+// over the cap costs Postgres nothing. Call release once when the stream ends.
+func (c *streamCounter) openServer() (release func(), err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.total >= c.max {
+		c.metrics.streamRejected(streamsRejectedServer)
+		secs := strconv.Itoa(int(streamRetryAfter / time.Second))
+		return nil, &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
+			message: fmt.Sprintf("this server has %d event streams open, its limit; retry after %s s", c.max, secs),
+			header:  http.Header{"Retry-After": {secs}}}
+	}
+	c.total++
+	c.metrics.streamsOpen(c.total)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.total--
+			c.metrics.streamsOpen(c.total)
+		})
+	}, nil
 }
 
 // open takes one of the tenant's stream places, or answers 429 with Retry-After when all are
@@ -30,10 +80,11 @@ func newStreamCounter(max int) *streamCounter {
 func (c *streamCounter) open(tenant string) (release func(), err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.count[tenant] >= c.max {
+	if c.count[tenant] >= c.maxPerTenant {
+		c.metrics.streamRejected(streamsRejectedTenant)
 		secs := strconv.Itoa(int(streamRetryAfter / time.Second))
 		return nil, &httpError{status: http.StatusTooManyRequests, typ: "too_many_streams",
-			message: fmt.Sprintf("tenant %q has %d event streams open on this server, its limit; retry after %s s", tenant, c.max, secs),
+			message: fmt.Sprintf("tenant %q has %d event streams open on this server, its limit; retry after %s s", tenant, c.maxPerTenant, secs),
 			header:  http.Header{"Retry-After": {secs}}}
 	}
 	c.count[tenant]++

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -123,7 +124,8 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		StreamSigner: signer, Console: con,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,
 		MaxKeyedSubmitsPerTenant: cfg.API.MaxKeyedSubmitsPerTenant, StoreTimeout: cfg.API.StoreTimeout,
-		Deltas: deltas, DeltaHub: hub,
+		MaxStreams: cmp.Or(cfg.API.MaxStreams, defaultMaxStreams(cfg.API.MaxConnections)),
+		Deltas:     deltas, DeltaHub: hub,
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	listening := make(chan error, 1)

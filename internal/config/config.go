@@ -134,6 +134,11 @@ type API struct {
 	// too_many_submits with Retry-After. Default 0: half the process's Postgres pool
 	// (pool_max_conns, 16 by default: 8), at least 1.
 	MaxKeyedSubmitsPerTenant int `yaml:"max_keyed_submits_per_tenant"`
+	// MaxStreams caps the event streams open on one API replica, every tenant's together; above
+	// it GET /v1/jobs/{id}/events answers 503 overloaded with Retry-After, having read nothing.
+	// Default 0: half of MaxConnections (as derived when 0), so that a replica full of streams
+	// keeps as many connections for submits, polls and health checks.
+	MaxStreams int `yaml:"max_streams"`
 	// StreamSecretEnv or StreamSecretFile (not both) names where the key that signs event-stream
 	// URLs lives: an environment variable, or a file (trailing white space trimmed). It must be
 	// at least 32 bytes and the same on every API replica. With it, each job the API answers
@@ -625,6 +630,9 @@ func (a *API) validate(bad func(field, format string, args ...any)) {
 	}
 	if a.MaxKeyedSubmitsPerTenant < 0 {
 		bad("api.max_keyed_submits_per_tenant", "must be positive (0: half the Postgres pool)")
+	}
+	if a.MaxStreams < 0 {
+		bad("api.max_streams", "must be positive")
 	}
 	if r := a.TenantSubmitRate; r != nil && (!(r.RequestsPerSecond > 0) || math.IsInf(r.RequestsPerSecond, 1) || r.Burst <= 0) {
 		bad("api.tenant_submit_rate", "requests_per_second and burst must both be positive and finite")

@@ -76,6 +76,35 @@ func (s *Store) Watch(ctx context.Context, id string, ttl time.Duration) error {
 	return nil
 }
 
+// watchLatestSQL is WatchLatest's statement: watchSQL that also returns the job's latest event's
+// sequence number, as the share lock found it. $1 the job, $2 the TTL in milliseconds.
+const watchLatestSQL = `
+WITH job AS (SELECT id, event_seq FROM jobs WHERE id = $1 FOR SHARE),
+watch AS (
+	INSERT INTO job_watches (job_id, expires_at)
+	SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM job
+	ON CONFLICT (job_id) DO UPDATE SET expires_at = greatest(job_watches.expires_at, excluded.expires_at))
+SELECT event_seq FROM job`
+
+// WatchLatest is Watch, returning also the sequence number of the job's latest event committed
+// when the watch took effect, in the same statement: an event stream's keep-alive renews its
+// watch with it, and reads the job's events only when an event it has not read exists (one whose
+// notification was lost), instead of reading them at every keep-alive. Watch's guarantee holds:
+// every event past seq is announced. It returns ErrNotFound for a job that does not exist (or a
+// malformed ID).
+func (s *Store) WatchLatest(ctx context.Context, id string, ttl time.Duration) (seq int, err error) {
+	if !validID(id) {
+		return 0, ErrNotFound
+	}
+	if err := s.pool.QueryRow(ctx, watchLatestSQL, id, ttl.Milliseconds()).Scan(&seq); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, ErrNotFound
+		}
+		return 0, fmt.Errorf("watch job events: %w", err)
+	}
+	return seq, nil
+}
+
 // WatchAndRead is Watch, then Events after seq after, then Get, in one round trip: what an event
 // stream does when it opens. The three statements run in one transaction (a pipelined batch),
 // each with its own snapshot, so Watch's guarantee holds for the reads as if they followed its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,8 +44,12 @@ const DefaultListenerPingInterval = 10 * time.Second
 // by any process: workers, other API replicas, ctl.
 //
 // Notifications are lost while the connection is down; after every (re)connection each
-// subscriber is signalled with 0, so it re-reads the job's events from the table and misses
-// nothing. The zero value is not usable; use NewListener. Safe for concurrent use.
+// subscriber is signalled with its job's latest event's number, read for every subscribed job
+// together (one statement per catchUpPage jobs), so that a subscriber that has read that far
+// reads nothing, and one whose job moved meanwhile re-reads the job's events from the table and
+// misses nothing. A reconnect used to signal 0 to every subscriber, and each event stream then
+// read the job's events and the job: a herd of two reads per stream on a Postgres just back.
+// The zero value is not usable; use NewListener. Safe for concurrent use.
 type Listener struct {
 	cfg ListenerConfig
 
@@ -74,11 +79,15 @@ func NewListener(cfg ListenerConfig) *Listener {
 }
 
 // Subscribe registers interest in one job's transitions. The channel receives the sequence number
-// of a transition that committed, or 0 after the listener (re)connected. Signals coalesce (the
-// channel holds one and further ones are dropped while it is full), so a value is only a hint:
-// on every receive, re-read the job's events after the last one handled. Subscribe before the
-// first read so that nothing committed after that read goes unsignalled. cancel unsubscribes; it
-// is idempotent and must be called (the channel is never closed).
+// of a transition that committed; after the listener (re)connected, the number of the job's
+// latest event (every event up to it is committed, every later one is announced), or 0 when
+// that is unknown (the job not found, or the read failed). Signals coalesce: the channel holds
+// one, the highest sent since the last receive, or 0 when any of them was 0. So a value v > 0
+// means: every event up to v is committed, and none past v was signalled since the last
+// receive. A subscriber that has read the job's events up to v or beyond has nothing to read;
+// otherwise (or on 0) it re-reads the job's events after the last one handled. Subscribe before
+// the first read so that nothing committed after that read goes unsignalled. cancel
+// unsubscribes; it is idempotent and must be called (the channel is never closed).
 func (l *Listener) Subscribe(jobID string) (<-chan int, func()) {
 	ch := make(chan int, 1)
 	l.mu.Lock()
@@ -151,8 +160,8 @@ func (l *Listener) listen(ctx context.Context) (listened bool, err error) {
 		return false, fmt.Errorf("listen: %w", err)
 	}
 	// Everything committed from now on is announced to us; whatever committed while we were not
-	// listening is recovered by the subscribers' re-read.
-	l.broadcast()
+	// listening is recovered by the subscribers' re-read, when their job moved past them.
+	l.catchUp(ctx, conn)
 	for {
 		// A wait's deadline leaves the connection usable (pgconn closes it on other errors
 		// only): a quiet spell is followed by a ping, which a silent connection fails.
@@ -202,18 +211,66 @@ func (l *Listener) signal(id string, seq int) {
 	}
 }
 
-func (l *Listener) broadcast() {
+// catchUpPage is how many jobs' latest event numbers one statement of catchUp reads.
+const catchUpPage = 1000
+
+// catchUp signals every subscriber, once the connection listens, with the number of its job's
+// latest event, read on conn after LISTEN took effect: every event up to it is committed, every
+// later one is announced to us. A job not found (deleted, or an ID that names none) is signalled
+// 0, and every subscriber is when the read fails: it reads for itself.
+func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
+	l.mu.Lock()
+	ids := make([]string, 0, len(l.subs))
+	for id := range l.subs {
+		if validID(id) {
+			ids = append(ids, id)
+		}
+	}
+	l.mu.Unlock()
+	latest := make(map[string]int, len(ids))
+	for page := range slices.Chunk(ids, catchUpPage) {
+		rows, _ := conn.Query(ctx, `SELECT id::text, event_seq FROM jobs WHERE id = ANY($1::uuid[])`, page)
+		var id string
+		var seq int
+		_, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
+			latest[id] = seq
+			return nil
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				l.cfg.Logger.WarnContext(ctx, "read followed jobs' latest events; every subscriber re-reads", "error", err)
+			}
+			clear(latest) // 0 to everyone
+			break
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, set := range l.subs {
+	for id, set := range l.subs {
 		for ch := range set {
-			send(ch, 0)
+			send(ch, latest[CanonicalID(id)])
 		}
 	}
 }
 
-// send delivers v unless a signal is already pending (the pending one triggers the same re-read).
+// send delivers v, or makes the pending signal the higher of the two, 0 when either is (0 is
+// "read": nothing is known of what was missed): a subscriber that takes it reads whatever either
+// announced. Only callers holding l.mu send, so the second send cannot find the channel full.
 func send(ch chan int, v int) {
+	select {
+	case ch <- v:
+		return
+	default:
+	}
+	select {
+	case pending := <-ch:
+		if v != 0 && pending != 0 {
+			v = max(v, pending)
+		} else {
+			v = 0
+		}
+	default: // taken by the subscriber meanwhile
+	}
 	select {
 	case ch <- v:
 	default:

@@ -271,3 +271,83 @@ func TestListener_SilentConnectionIsReplaced(t *testing.T) {
 	notify("job-a:3")
 	require.Equal(t, 3, next(t, ch))
 }
+
+// WatchLatest watches the job and returns its latest event's sequence number in one statement:
+// what an event stream's keep-alive learns, instead of reading the events, and the transitions
+// after it are announced.
+func TestListener_WatchLatestAnnouncesWhatFollows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupListener(t)
+	job := b.Create(t, jobstest.Opts{})
+	_, err := b.Store.BeginAttempt(ctx, job.ID) // before the watch: counted, not announced
+	require.NoError(t, err)
+	ch, _ := b.connected(t, job.ID)
+
+	seq, err := b.Store.WatchLatest(ctx, job.ID, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 2, seq, "queued and running")
+
+	_, err = b.Store.Cancel(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, 3, next(t, ch), "a transition after the watch is announced")
+	seq, err = b.Store.WatchLatest(ctx, job.ID, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 3, seq)
+
+	for _, id := range []string{"0190a5b2-7c1e-7d3f-9a8b-123456789abc", "nope"} {
+		_, err = b.Store.WatchLatest(ctx, id, time.Minute)
+		require.ErrorIs(t, err, jobs.ErrNotFound)
+	}
+}
+
+// After reconnecting, each subscriber is signalled with its job's latest event number, read for
+// all of them in one statement, instead of 0: a subscriber that read that far reads nothing
+// (before, every event stream of the process read its job's events and the job at once, on a
+// Postgres just back). A job that does not exist (deleted since) is signalled 0: read it.
+func TestListener_ReconnectSignalsLatestEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupListener(t)
+	job := b.Create(t, jobstest.Opts{})
+	_, err := b.Store.BeginAttempt(ctx, job.ID)
+	require.NoError(t, err)
+	moved, _ := b.connected(t, job.ID)
+	gone, _ := b.connected(t, "0190a5b2-7c1e-7d3f-9a8b-123456789abc")
+	notJob, _ := b.connected(t, "job-a")
+
+	var killed bool
+	require.NoError(t, b.Pool.QueryRow(ctx,
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
+	require.Equal(t, 2, next(t, moved), "queued and running")
+	require.Equal(t, 0, next(t, gone))
+	require.Equal(t, 0, next(t, notJob))
+}
+
+// Coalesced signals keep the highest (a subscriber that read up to a lower one would otherwise
+// skip the read the higher one calls for), and 0 (read: what was missed is unknown) over any.
+func TestListener_CoalescedSignalIsTheHighest(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	a, _ := b.connected(t, "job-a")
+	barrier, _ := b.connected(t, "job-b")
+
+	b.notify(t, "job-a:3")
+	b.notify(t, "job-a:5")
+	b.notify(t, "job-a:4")
+	b.notify(t, "job-b:1") // delivered after job-a's, on the same connection
+	require.Equal(t, 1, next(t, barrier))
+	require.Equal(t, 5, next(t, a))
+
+	b.notify(t, "job-a:6")
+	b.notify(t, "job-b:2")
+	require.Equal(t, 2, next(t, barrier)) // job-a:6 is pending
+	var killed bool
+	require.NoError(t, b.Pool.QueryRow(context.Background(),
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
+	require.Equal(t, 0, next(t, barrier), "job-b is no job: its catch-up is 0, sent with job-a's")
+	b.listener.Subscribers() // the catch-up's signals are all sent
+	require.Equal(t, 0, next(t, a), "job-a:6, then the catch-up's 0")
+}
