@@ -78,6 +78,10 @@ type Config struct {
 	// Tasks aborts the running attempt of a canceled job. nil: DELETE cancels in Postgres only
 	// (the worker then skips the job, but an attempt in flight runs to its end).
 	Tasks *dispatch.Tasks
+	// AfterCommit runs a submit's enqueue and a cancel's abort once Postgres committed, waiting
+	// at most a second and capping how many run at once (the console shares it). Default:
+	// dispatch.NewAfterCommit(nil), of this Server alone.
+	AfterCommit *dispatch.AfterCommit
 	// KeepAlive is the interval of the comment lines that keep an idle event stream open through
 	// proxies; each also renews the stream's watch of the job, and reads the job's events when
 	// the watch finds one the stream has not read (a fallback should a notification be lost),
@@ -186,6 +190,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.NewRegistry()
+	}
+	if cfg.AfterCommit == nil {
+		cfg.AfterCommit = dispatch.NewAfterCommit(nil)
 	}
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = 15 * time.Second
@@ -512,7 +519,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 		// The job is canceled whatever Redis says: the worker skips terminal jobs, and an
 		// attempt already in flight stops, unstored, at its lease's next renewal (within 5 s).
 		// Nor does it wait for a stalled Redis past dispatch.RedisWait.
-		if err := dispatch.AfterCommit(func() error { return s.cfg.Tasks.AbortEnded(job) }); err != nil {
+		if err := s.cfg.AfterCommit.Run(func() error { return s.cfg.Tasks.AbortEnded(job) }); err != nil {
 			s.cfg.Logger.WarnContext(r.Context(), "abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}

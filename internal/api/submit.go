@@ -16,7 +16,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tokens"
@@ -693,7 +692,7 @@ func (s *Server) create(ctx context.Context, p jobs.CreateParams, stored func())
 		// and does not hold it past dispatch.RedisWait either. The sweeper enqueues what it missed.
 		// The goroutine left behind holds the job's id, not the job (its request, the body).
 		id, priority, bg := job.ID, job.Priority, context.WithoutCancel(ctx)
-		if err := dispatch.AfterCommit(func() error {
+		if err := s.cfg.AfterCommit.Run(func() error {
 			return s.cfg.Enqueuer.Enqueue(bg, id, priority, time.Time{})
 		}); err != nil {
 			s.cfg.Logger.WarnContext(ctx, "enqueue after commit failed; the sweeper will enqueue the job", "job_id", job.ID, "error", err)

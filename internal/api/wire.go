@@ -107,7 +107,13 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		}
 	}
 	metrics := NewMetrics(reg)
-	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), listener, metrics, logger)
+	// One bound for the process: the submits' enqueues, and the API's and the console's aborts
+	// and requeues, all wait on the same Redis.
+	afterCommit := dispatch.NewAfterCommit(nil)
+	if err := reg.Register(afterCommit); err != nil {
+		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
+	}
+	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), afterCommit, listener, metrics, logger)
 	if err != nil {
 		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 	}
@@ -119,7 +125,7 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, BatchWindows: batchWindows, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes,
 		MaxBodyBytesInFlight: cfg.API.MaxBodyBytesInFlight, Logger: logger,
-		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer),
+		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer), AfterCommit: afterCommit,
 		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
 		StreamSigner: signer, Console: con,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,

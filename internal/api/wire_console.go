@@ -15,7 +15,7 @@ import (
 // newConsole builds the operators' console (/console/) on the API's stores and listener; its
 // cancels count in the API's metrics m.
 func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jobs.Store, rdb redis.UniversalClient,
-	tasks *dispatch.Tasks, listener *jobs.Listener, m *Metrics, logger *slog.Logger) (*console.Handler, error) {
+	tasks *dispatch.Tasks, afterCommit *dispatch.AfterCommit, listener *jobs.Listener, m *Metrics, logger *slog.Logger) (*console.Handler, error) {
 	creds := make([]console.Credential, 0, len(cfg.Credentials))
 	for _, c := range cfg.Credentials {
 		cc := console.Credential{Name: c.Name, Provider: c.Provider}
@@ -24,7 +24,7 @@ func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jo
 		}
 		creds = append(creds, cc)
 	}
-	return console.New(console.Config{Pool: pool, Jobs: store, Tasks: tasks, Redis: rdb, Credentials: creds,
+	return console.New(console.Config{Pool: pool, Jobs: store, Tasks: tasks, AfterCommit: afterCommit, Redis: rdb, Credentials: creds,
 		Canceled: m.canceled, Listener: listener, Logger: logger, RedisPrefix: prefix,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, ActionTimeout: cfg.API.StoreTimeout})
 }

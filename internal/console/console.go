@@ -58,6 +58,10 @@ type Config struct {
 	// nil: retried jobs wait for the sweeper, a canceled job's attempt in flight stops at its
 	// lease's next renewal, and the overview has no queue depth.
 	Tasks *dispatch.Tasks
+	// AfterCommit runs a cancel's abort and a retry's requeues once Postgres committed, waiting
+	// at most a second and capping how many run at once (the API's, in its process). Default:
+	// dispatch.NewAfterCommit(nil), of this Handler alone.
+	AfterCommit *dispatch.AfterCommit
 	// Redis holds the credentials' shared state (limiter, breaker). Required.
 	Redis redis.UniversalClient
 	// RedisPrefix starts llmq's own Redis keys. Default redisscript.DefaultPrefix.
@@ -147,6 +151,9 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.RevokeSettle == 0 {
 		cfg.RevokeSettle = tenant.DefaultCacheTTL + time.Second
+	}
+	if cfg.AfterCommit == nil {
+		cfg.AfterCommit = dispatch.NewAfterCommit(nil)
 	}
 	lim, err := limiter.New(cfg.Redis, &limiter.Config{Prefix: cfg.RedisPrefix})
 	if err != nil {

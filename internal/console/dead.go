@@ -125,7 +125,7 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 		// Queued in Postgres: what Redis misses (an error, or a stall past dispatch.RedisWait,
 		// which the answer does not wait for) the sweeper enqueues.
 		ctx := context.WithoutCancel(r.Context())
-		if err := dispatch.AfterCommit(func() error {
+		if err := h.cfg.AfterCommit.Run(func() error {
 			var errs []error
 			for _, job := range retried {
 				if err := h.cfg.Tasks.Requeue(ctx, job.ID, job.Priority); err != nil {
@@ -134,7 +134,7 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 				}
 			}
 			return errors.Join(errs...)
-		}); errors.Is(err, dispatch.ErrRedisWait) { // else each job's failure is logged above
+		}); errors.Is(err, dispatch.ErrRedisWait) || errors.Is(err, dispatch.ErrAfterCommitFull) { // else each job's failure is logged above
 			h.cfg.Logger.WarnContext(ctx, "console: requeue retried jobs (the sweeper will)", "jobs", len(retried), "error", err)
 		}
 	}

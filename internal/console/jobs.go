@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/audit"
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
 )
@@ -244,7 +243,7 @@ func (h *Handler) jobCancel(w http.ResponseWriter, r *http.Request, s *operator.
 		// Canceled whatever Redis says: the worker skips terminal jobs, and an attempt already
 		// in flight stops, unstored, at its lease's next renewal (within 5 s). Nor does the
 		// answer wait for a stalled Redis past dispatch.RedisWait.
-		if err := dispatch.AfterCommit(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
+		if err := h.cfg.AfterCommit.Run(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
 			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/audit"
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/tenant"
@@ -129,7 +128,7 @@ func (h *Handler) cancelTenantJobs(r *http.Request, s *operator.Session, name st
 		}
 		// As a job's cancel: canceled whatever Redis says (an attempt in flight stops, unstored,
 		// at its lease's next renewal), and not waiting for a stalled Redis past RedisWait.
-		if err := dispatch.AfterCommit(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
+		if err := h.cfg.AfterCommit.Run(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
 			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 		return nil
