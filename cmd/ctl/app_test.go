@@ -483,7 +483,7 @@ func TestMigrate_ReportsWhatItAppliedBeforeAFailure(t *testing.T) {
 		_, err = conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", m.Version)
 		require.NoError(t, err)
 	}
-	_, err = conn.Exec(ctx, "CREATE TABLE tenant_previous_tokens (x int)") // 021 creates it
+	_, err = conn.Exec(ctx, "ALTER TABLE job_attempts ADD COLUMN usage int") // 022 adds it
 	require.NoError(t, err)
 
 	r := run(t, "--database-url", dbURL, "migrate")

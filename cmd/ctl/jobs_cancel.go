@@ -13,7 +13,7 @@ import (
 func (a *app) jobsCancelCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "cancel",
-		Usage:     "cancel a job that has not ended, aborting its provider call if one is in flight (as DELETE /v1/jobs/{id})",
+		Usage:     "cancel a job that has not ended, aborting its provider call if one is in flight (as DELETE /v1/jobs/{id}); one already canceled exits 0",
 		ArgsUsage: "ID",
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -38,6 +38,11 @@ func (a *app) jobsCancelCommand() *cli.Command {
 			job, err := jobs.NewStore(p, nil).Cancel(c.Context, id)
 			var te *jobs.TerminalError
 			switch {
+			case jobs.AlreadyCanceled(err):
+				// Done before (a run whose answer was lost, say): a script sending it again
+				// learns that the job is canceled, as the API's DELETE answers 200.
+				fmt.Fprintf(a.out, "%s was already canceled\n", id)
+				return nil
 			case errors.Is(err, jobs.ErrNotFound):
 				return fmt.Errorf("no job %q", id)
 			case errors.As(err, &te):

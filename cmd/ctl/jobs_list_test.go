@@ -107,6 +107,22 @@ func TestJobsCancel(t *testing.T) {
 		requireOneLineError(t, r, 1, "already ended: it is succeeded")
 		require.Empty(t, r.out)
 	})
+	// A script that runs the cancel again (its first run's answer lost, or its exit 1 for an
+	// abort Redis refused) learns that the job is canceled: exit 0, not "already ended".
+	t.Run("AlreadyCanceled", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		job := b.createJob(t)
+		r, expired := runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
+		require.False(t, expired)
+		require.Equal(t, 1, r.code, "the abort Redis refused is the error")
+		redis, _, _ := redisArgs(t)
+		r = run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", job.ID)...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, job.ID+" was already canceled\n", r.out)
+		require.Empty(t, r.errOut)
+		require.Len(t, auditLog(t, b.url), 1, "audited once")
+	})
 	t.Run("Unknown", func(t *testing.T) {
 		t.Parallel()
 		b := setupJobs(t)

@@ -502,14 +502,24 @@ func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 }
 
 // cancel ends a job that has not ended: the transition in Postgres first (after it no result can
-// be stored), then the abort of its task, wherever it runs.
+// be stored), then the abort of its task, wherever it runs. A job already canceled answers 200 and
+// the job, as the first cancel did: a client that lost that answer and sends the DELETE again
+// learns that its cancel took. Another end is 409 job_terminal.
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	job, err := s.job(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	job, err = s.cfg.Store.Cancel(r.Context(), job.ID)
+	id := job.ID
+	job, err = s.cfg.Store.Cancel(r.Context(), id)
+	if jobs.AlreadyCanceled(err) {
+		// Nothing changed: not counted again, nothing to abort (the first cancel did).
+		if job, err = s.cfg.Store.Get(r.Context(), id); err == nil {
+			writeJSON(w, http.StatusOK, s.answer(job))
+			return
+		}
+	}
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return

@@ -154,12 +154,15 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 		b.do(t, http.MethodGet, path, "", bearer)                                                              // 401
 		b.do(t, http.MethodGet, strings.Replace(path, id, "0190a5b2-7c1e-7d3f-9a8b-123456789abc", 1), "", nil) // 404
 	}
+	done := b.create(t, "") // a job that ended other than canceled
+	b.attempt(t, done.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})
 	b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)                                                          // 200
 	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": "x"})            // 400
 	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", bearer)                                                    // 401
 	b.do(t, http.MethodDelete, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", nil)                      // 404
 	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                                       // 200
-	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                                       // 409
+	b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)                                                       // 200, canceled before
+	b.do(t, http.MethodDelete, "/v1/jobs/"+done.ID, "", nil)                                                  // 409
 	canceled := openStream(t, b.url, id, "").rest(t)                                                          // 200, ends: canceled
 	b.do(t, http.MethodGet, "/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": canceled[0].id}) // 204
 	for _, h := range []map[string]string{nil, bearer, revoked} {

@@ -2,6 +2,7 @@ package batchlane_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/llm"
 )
 
 // TestBatcher_CrashBetweenCommitAndSend: the batch and its jobs are committed before the send.
@@ -132,6 +134,12 @@ func TestBatcher_Cancel(t *testing.T) {
 		got := b.get(t, drop.ID)
 		require.Equal(t, jobs.StatusCanceled, got.Status, "the result is discarded")
 		require.Nil(t, got.Result)
+		// The provider charged for the answer: its usage is the canceled job's, as an online
+		// answer after a cancel. It was dropped (usage null).
+		require.NotNil(t, got.Usage, "the answer's usage")
+		var usage llm.Usage
+		require.NoError(t, json.Unmarshal(got.Usage, &usage))
+		require.Positive(t, usage.OutputTokens)
 		require.Zero(t, b.sim.BatchStats().Cancels)
 	})
 

@@ -22,7 +22,8 @@
 // or in a batch not yet ended, goes to the online lane (a result its batch brings later is
 // discarded; the provider may still charge for it); one in a batch with no attempt left fails,
 // deadline_exceeded. A canceled job leaves its batch before the
-// send; after it, its result is discarded, and a batch none of whose jobs still wait is canceled
+// send; after it, its result is discarded (an answer's usage is kept as the job's: the provider
+// charged for it), and a batch none of whose jobs still wait is canceled
 // at the provider. A credential whose lane is turned off sends its waiting jobs online and still
 // polls the batches it has; a paused credential (a spend cap) sends no batch until it is
 // resumed (by an operator, or by a pause probe: the online lane's, or, with the credential's

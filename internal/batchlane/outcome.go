@@ -27,7 +27,8 @@ import (
 // A job with several lines keeps its answer, if one is among them, else its last line.
 //
 // A job that ended or left the batch meanwhile (canceled, moved online) is left alone: its
-// result is discarded, though the provider may have charged for it.
+// result is discarded; a canceled one's answer keeps its usage only (keepLateUsage), since the
+// provider charged for it.
 func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []batchJob, results []Result, missing Result,
 	providerState string, held heldLanes) error {
 	now := b.cfg.Now()
@@ -43,6 +44,9 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 	var capped *Result // the first result that was a spend cap
 	for _, j := range jobs {
 		if !j.unfinished() {
+			if r, ok := byID[j.ID]; ok && r.Kind == Succeeded && j.Status == "canceled" {
+				errs = append(errs, b.store.keepLateUsage(ctx, j.ID, row.ID, usageOf(r.Body)))
+			}
 			continue
 		}
 		r, ok := byID[j.ID]

@@ -430,6 +430,21 @@ SELECT count(*) = 1, max(priority) FROM u`, m.JobID, m.Ref, m.AttemptStarted, fl
 	return priority, ok, nil
 }
 
+// keepLateUsage stores usage (nil: nothing) as the usage of job id, canceled while in batch ref,
+// when it has none: the provider charged for an answer no result is stored for, as the online
+// lane keeps one that came after a cancel (jobs.Store.Finish). It appends no event; a results
+// file read again changes nothing.
+func (s store) keepLateUsage(ctx context.Context, id, ref string, usage json.RawMessage) error {
+	if usage == nil {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE jobs SET usage = $3
+WHERE id = $1 AND batch_ref = $2::uuid AND status = 'canceled' AND result IS NULL AND usage IS NULL`, id, ref, usage); err != nil {
+		return fmt.Errorf("keep the usage of job %s's answer after its cancel: %w", id, err)
+	}
+	return nil
+}
+
 func nullString(s string) *string {
 	if s == "" {
 		return nil

@@ -120,8 +120,9 @@ func TestDeadPurge_SelectionAndAudit(t *testing.T) {
 }
 
 // TestJobCancel_Audited: an operator cancels a queued job from its page: it ends canceled with
-// its event, the audit log names the operator; a second cancel is 409 job_terminal naming the
-// status, an unknown job 404, and a cancel without the session's CSRF token is refused.
+// its event, the audit log names the operator; a second cancel answers that it was already
+// canceled, a cancel of a job that ended otherwise is 409 job_terminal naming the status, an
+// unknown job 404, and a cancel without the session's CSRF token is refused.
 func TestJobCancel_Audited(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -146,14 +147,26 @@ func TestJobCancel_Audited(t *testing.T) {
 	b.mu.Lock()
 	require.Equal(t, []string{"default"}, b.canceled, "counted once, by its credential")
 	b.mu.Unlock()
-	e := b.audit(t)[0]
+	audited := b.audit(t)
+	e := audited[0]
 	require.Equal(t, "job.cancel", e.Action)
 	require.Equal(t, "alice", e.Operator)
 	require.Equal(t, queued.ID, e.Target)
 
-	r, out := c.do(http.MethodPost, "/console/api/jobs/"+queued.ID+"/cancel", nil, nil)
+	// A second cancel (another operator's, or this one's sent again) finds it done: 200, changed
+	// false, neither counted nor audited again. It was 409 job_terminal "it is canceled".
+	c.json(http.MethodPost, "/console/api/jobs/"+queued.ID+"/cancel", nil, &res)
+	require.False(t, res.Changed)
+	require.Equal(t, "job "+queued.ID+" was already canceled", res.Message)
+	require.Equal(t, audited, b.audit(t), "audited once")
+	b.mu.Lock()
+	require.Equal(t, []string{"default"}, b.canceled, "counted once")
+	b.mu.Unlock()
+	succeeded := b.jobs.Create(t, jobstest.Opts{})
+	b.jobs.Attempt(t, succeeded.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})
+	r, out := c.do(http.MethodPost, "/console/api/jobs/"+succeeded.ID+"/cancel", nil, nil)
 	requireError(t, r, out, http.StatusConflict, "job_terminal")
-	require.Contains(t, out, "it is canceled")
+	require.Contains(t, out, "it is succeeded")
 	r, out = c.do(http.MethodPost, "/console/api/jobs/00000000-0000-4000-8000-000000000000/cancel", nil, nil)
 	requireError(t, r, out, http.StatusNotFound, "not_found")
 	r, out = c.do(http.MethodPost, "/console/api/jobs/nope/cancel", nil, nil)

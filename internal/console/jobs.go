@@ -228,9 +228,16 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 
 // jobCancel cancels a job that has not ended, as DELETE /v1/jobs/{id} does for its tenant: the
 // transition in Postgres (after it no result can be stored), then the abort of its task wherever
-// it runs. A job that already ended is 409 job_terminal, naming its status.
+// it runs. A job already canceled answers 200 with "changed": false (nothing done, nothing
+// audited), as the API answers a cancel sent again; another end is 409 job_terminal, naming its
+// status.
 func (h *Handler) jobCancel(w http.ResponseWriter, r *http.Request, s *operator.Session) {
-	job, err := h.cfg.Jobs.Cancel(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	job, err := h.cfg.Jobs.Cancel(r.Context(), id)
+	if jobs.AlreadyCanceled(err) {
+		writeJSON(w, http.StatusOK, map[string]any{"message": "job " + id + " was already canceled", "changed": false})
+		return
+	}
 	var te *jobs.TerminalError
 	if errors.As(err, &te) {
 		err = &apiError{http.StatusConflict, "job_terminal", "the job already ended: it is " + string(te.Status)}

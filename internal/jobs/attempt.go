@@ -188,6 +188,8 @@ type Outcome struct {
 // Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status with its result or
 // error, in one transaction. The move is conditional on the job not being terminal already, so a
 // duplicate delivery can never store a second result: applied is false when it was terminal.
+// The attempt keeps o.Usage (what the provider counted) either way, and a job that ended
+// without a result meanwhile (a cancel) takes it as its usage (keepLateUsage).
 // An attempt whose lease another delivery took over (and still holds) does not move the job to
 // a status that is not final: the other's call is under way, and a job moved back to retrying
 // under it would let a third call start beside it. A final outcome still ends the job (an answer
@@ -222,9 +224,9 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 	err = s.batch.queryRow(ctx, id, `
 WITH a AS (
 	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
-		class, retry_after_ms, delay_ms, error)
+		class, retry_after_ms, delay_ms, error, usage)
 	SELECT id, $12::integer + attempt_base, $13::text, $14::timestamptz, $15::double precision, $16::double precision,
-		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text
+		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text, $4::jsonb
 	FROM jobs WHERE id = $1 AND $11::boolean
 	ON CONFLICT (job_id, attempt) DO NOTHING
 	RETURNING 1
@@ -255,12 +257,29 @@ WHERE j.id = $1 AND $11::boolean AND NOT EXISTS (SELECT 1 FROM a) AND j.status =
 		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
 		rec.retryAfterMS, rec.delayMS, rec.err, payload}, func(r pgx.Row) error { return r.Scan(&seq) })
 	if errors.Is(err, pgx.ErrNoRows) {
+		if a != nil && nullJSON(o.Usage) != nil {
+			return false, s.keepLateUsage(ctx, id, o.Usage)
+		}
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("finish attempt: %w", err)
 	}
 	return true, nil
+}
+
+// keepLateUsage stores the usage of an answer that came after its job ended without one (a
+// cancel, or the deadline pass, while the call was in flight) as the job's usage: the provider
+// charged for it, and the job's usage is what its tenant reads of that. It is not a transition
+// (no event), and a job that stored an answer of its own, or a usage already, keeps its own. It
+// runs after Finish's statement found the job ended, so the end it reads is committed.
+func (s *Store) keepLateUsage(ctx context.Context, id string, usage json.RawMessage) error {
+	_, err := s.pool.Exec(ctx, `UPDATE jobs SET usage = $2
+WHERE id = $1 AND status IN ('failed', 'dead', 'canceled') AND result IS NULL AND usage IS NULL`, id, usage)
+	if err != nil {
+		return fmt.Errorf("keep the usage of an answer to an ended job: %w", err)
+	}
+	return nil
 }
 
 // leaseOf is the lease token a Finish releases: its attempt's (nil: none).
@@ -324,12 +343,15 @@ type AttemptRow struct {
 	RetryAfterMS *int64    `json:"retry_after_ms"`
 	DelayMS      *int64    `json:"delay_ms"`
 	Error        *string   `json:"error"`
+	// Usage is what the provider counted for the attempt's answer (see Job.Usage); nil for an
+	// attempt without one.
+	Usage json.RawMessage `json:"usage,omitempty"`
 }
 
 // Attempts returns a job's attempts in order.
 func (s *Store) Attempts(ctx context.Context, id string) ([]AttemptRow, error) {
 	rows, err := s.pool.Query(ctx, `
-SELECT attempt, credential, started_at, latency_ms, ttfb_ms, status_code, class, retry_after_ms, delay_ms, error
+SELECT attempt, credential, started_at, latency_ms, ttfb_ms, status_code, class, retry_after_ms, delay_ms, error, usage
 FROM job_attempts WHERE job_id = $1 ORDER BY attempt`, id)
 	if err != nil {
 		return nil, fmt.Errorf("list attempts: %w", err)
@@ -337,7 +359,7 @@ FROM job_attempts WHERE job_id = $1 ORDER BY attempt`, id)
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptRow, error) {
 		var a AttemptRow
 		err := r.Scan(&a.Number, &a.Credential, &a.StartedAt, &a.LatencyMS, &a.TTFBMS, &a.StatusCode,
-			&a.Class, &a.RetryAfterMS, &a.DelayMS, &a.Error)
+			&a.Class, &a.RetryAfterMS, &a.DelayMS, &a.Error, &a.Usage)
 		return a, err
 	})
 	if err != nil {

@@ -16,9 +16,17 @@ type TerminalError struct {
 
 func (e *TerminalError) Error() string { return "job is " + string(e.Status) }
 
+// AlreadyCanceled reports whether err is Cancel's answer for a job that a cancel had already
+// ended: the caller's cancel is done, by an earlier one (its own, whose answer it lost, say).
+func AlreadyCanceled(err error) bool {
+	var te *TerminalError
+	return errors.As(err, &te) && te.Status == StatusCanceled
+}
+
 // Cancel moves a queued, retrying or running job to canceled and appends the event, in one
 // transaction under the job's row lock. It returns the canceled job, ErrNotFound (also for a
-// malformed ID), or a *TerminalError naming the status of a job that had already ended.
+// malformed ID), or a *TerminalError naming the status of a job that had already ended (see
+// AlreadyCanceled: one canceled before changes nothing, appends nothing).
 //
 // Cancel only writes Postgres. Every later write of the worker is conditional on a non-terminal
 // status, so an attempt in flight can no longer store a result; to stop that attempt's provider

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -55,6 +56,38 @@ func TestStore_Cancel(t *testing.T) {
 		require.Equal(t, []jobs.Status{"queued", "running", "canceled"}, b.Events(t, job.ID))
 	})
 
+	// The answer of an attempt the cancel overtook is not stored, but what the provider counted
+	// for it is: on the attempt, and as the canceled job's usage, once.
+	t.Run("AnswerAfterTheCancelKeepsItsUsage", func(t *testing.T) {
+		t.Parallel()
+		b := jobstest.New(t)
+		ctx := context.Background()
+		job := b.Create(t, jobstest.Opts{})
+		begun, err := b.Store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		_, err = b.Store.Cancel(ctx, job.ID)
+		require.NoError(t, err)
+		a := &jobs.Attempt{Number: 1, Credential: "default", StartedAt: time.Now(), Class: "ok", StatusCode: 200,
+			LeaseToken: *begun.LeaseToken}
+		usage := json.RawMessage(`{"input_tokens":7,"output_tokens":9}`)
+		for range 2 { // the record runs again after a lost commit answer
+			applied, err := b.Store.Finish(ctx, job.ID, a, jobs.Outcome{Status: jobs.StatusSucceeded,
+				Result: json.RawMessage(`{"x":1}`), Usage: usage})
+			require.NoError(t, err)
+			require.False(t, applied)
+		}
+		got, err := b.Store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusCanceled, got.Status)
+		require.Nil(t, got.Result)
+		require.JSONEq(t, string(usage), string(got.Usage))
+		require.Equal(t, []jobs.Status{"queued", "running", "canceled"}, b.Events(t, job.ID))
+		attempts, err := b.Store.Attempts(ctx, job.ID)
+		require.NoError(t, err)
+		require.Len(t, attempts, 1)
+		require.JSONEq(t, string(usage), string(attempts[0].Usage))
+	})
+
 	t.Run("Retrying", func(t *testing.T) {
 		t.Parallel()
 		b := jobstest.New(t)
@@ -78,6 +111,7 @@ func TestStore_Cancel(t *testing.T) {
 		require.ErrorAs(t, err, &te)
 		require.Equal(t, jobs.StatusSucceeded, te.Status)
 		require.EqualError(t, err, "job is succeeded")
+		require.False(t, jobs.AlreadyCanceled(err))
 		require.Len(t, b.Events(t, job.ID), 3, "no event appended")
 	})
 
@@ -89,6 +123,8 @@ func TestStore_Cancel(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.Store.Cancel(context.Background(), job.ID)
 		require.EqualError(t, err, "job is canceled")
+		require.True(t, jobs.AlreadyCanceled(err))
+		require.Equal(t, []jobs.Status{"queued", "canceled"}, b.Events(t, job.ID), "no event appended")
 	})
 
 	t.Run("NotFound", func(t *testing.T) {
