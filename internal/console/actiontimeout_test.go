@@ -20,7 +20,7 @@ import (
 // API's requests share; each click on the button one more.
 func TestJobCancel_StalledStatementIsA503(t *testing.T) {
 	t.Parallel()
-	b := setupConfig(t, func(cfg *console.Config) { cfg.ActionTimeout = time.Second })
+	b := setupConfig(t, func(cfg *console.Config) { cfg.ActionTimeout = 3 * time.Second }) // the cancel after the lock, on a loaded machine
 	c := b.login(t)
 	ctx := context.Background()
 	queued := b.jobs.Create(t, jobstest.Opts{})
