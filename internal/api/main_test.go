@@ -206,11 +206,19 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		cfg.Listener = b.listener
 		lctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
+		// Listening before the test goes on: its first catch-up signals every subscriber.
+		ready, unsubscribe := b.listener.Subscribe("ready")
 		go func() { done <- b.listener.Run(lctx) }()
 		t.Cleanup(func() {
 			cancel()
 			require.NoError(t, <-done)
 		})
+		select {
+		case <-ready:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the Listener did not listen within 10s")
+		}
+		unsubscribe()
 	}
 	b.srv = New(cfg)
 	var h http.Handler = b.srv
