@@ -7,8 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/llmq/llmq/migrations"
 )
 
 // TestMigration022_AttemptUsageBesideTheLastRelease upgrades a database of the last release (021)
@@ -19,16 +17,10 @@ func TestMigration022_AttemptUsageBesideTheLastRelease(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL, _, _ := emptyDatabase(t)
-	pool, err := migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
+	dbURL, _, conn := migrated(ctx, t)
 	rollBack(ctx, t, conn, 21)
 	const id = "0190a5b2-7c1e-7d3f-9a8b-123456789abc"
-	_, err = conn.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline)
+	_, err := conn.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline)
 VALUES ($1, 'default', 'f', 'canceled', '{}', 3, 60000, now() + interval '1 minute')`, id)
 	require.NoError(t, err)
 	// The last release's Finish names these columns.
@@ -37,9 +29,7 @@ VALUES ($1, 'default', 'f', 'canceled', '{}', 3, 60000, now() + interval '1 minu
 	_, err = conn.Exec(ctx, lastRelease, id, 1)
 	require.NoError(t, err)
 
-	pool, err = migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
+	migrateUp(ctx, t, dbURL)
 	_, err = conn.Exec(ctx, lastRelease, id, 2)
 	require.NoError(t, err, "a process of the last release records its attempts")
 	_, err = conn.Exec(ctx, `INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, class, usage)

@@ -6,10 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/llmq/llmq/migrations"
 )
 
 // TestMigration021_KeepsTenantsAndHoldsRotations upgrades a database of the last release (020)
@@ -20,21 +17,13 @@ func TestMigration021_KeepsTenantsAndHoldsRotations(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL, _, _ := emptyDatabase(t)
-	pool, err := migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
+	dbURL, _, conn := migrated(ctx, t)
 	rollBack(ctx, t, conn, 20)
 	token := sha256.Sum256([]byte("llmq_current"))
-	_, err = conn.Exec(ctx, `INSERT INTO tenants (name, token_sha256) VALUES ('acme', $1)`, token[:])
+	_, err := conn.Exec(ctx, `INSERT INTO tenants (name, token_sha256) VALUES ('acme', $1)`, token[:])
 	require.NoError(t, err)
 
-	pool, err = migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
+	migrateUp(ctx, t, dbURL)
 	var stored []byte
 	require.NoError(t, conn.QueryRow(ctx, `SELECT token_sha256 FROM tenants WHERE name = 'acme'`).Scan(&stored))
 	require.Equal(t, token[:], stored)

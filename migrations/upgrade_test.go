@@ -61,20 +61,34 @@ func migrationFile(m migrations.Migration, dir string) string {
 	return fmt.Sprintf("%03d_%s.%s.sql", m.Version, m.Name, dir)
 }
 
+// migrated makes a new database, migrates it as a process starting on it does (Open), and
+// returns its URL, its name and a connection to it, closed when the test ends.
+func migrated(ctx context.Context, t *testing.T) (dbURL, name string, conn *pgx.Conn) {
+	t.Helper()
+	dbURL, _, name = emptyDatabase(t)
+	migrateUp(ctx, t, dbURL)
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	return dbURL, name, conn
+}
+
+// migrateUp applies what dbURL's database lacks, as a process of this release starting on it.
+func migrateUp(ctx context.Context, t *testing.T, dbURL string) {
+	t.Helper()
+	pool, err := migrations.Open(ctx, dbURL)
+	require.NoError(t, err)
+	pool.Close()
+}
+
 // behindALongWrite migrates a new database, takes it back to 018 (019 builds an index on jobs)
 // and holds a write's lock on jobs in the returned transaction (rolled back when the test ends),
 // so that migration 019 waits for it.
 func behindALongWrite(ctx context.Context, t *testing.T) (dbURL, name string, tx pgx.Tx) {
 	t.Helper()
-	dbURL, _, name = emptyDatabase(t)
-	pool, err := migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
+	dbURL, name, conn := migrated(ctx, t)
 	rollBack(ctx, t, conn, 18)
-	tx, err = conn.Begin(ctx)
+	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
 	_, err = tx.Exec(ctx, "LOCK TABLE jobs IN ROW EXCLUSIVE MODE") // a long write, under way
@@ -193,13 +207,7 @@ func TestDownMigrationsUndoTheirUps(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dbURL, _, _ := emptyDatabase(t)
-	pool, err := migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
-	conn, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
+	dbURL, _, conn := migrated(ctx, t)
 
 	top := schema(ctx, t, conn)
 	all := migrations.All()
@@ -221,13 +229,11 @@ func TestDownMigrationsUndoTheirUps(t *testing.T) {
 		_, err = conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", m.Version)
 		require.NoError(t, err)
 	}
-	_, err = conn.Exec(ctx, "DROP TABLE schema_migrations")
+	_, err := conn.Exec(ctx, "DROP TABLE schema_migrations")
 	require.NoError(t, err)
 	require.Empty(t, schema(ctx, t, conn))
 
-	pool, err = migrations.Open(ctx, dbURL)
-	require.NoError(t, err)
-	pool.Close()
+	migrateUp(ctx, t, dbURL)
 	require.Equal(t, top, schema(ctx, t, conn))
 }
 

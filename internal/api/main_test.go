@@ -126,6 +126,29 @@ func (c *queryCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pg
 	return c.Tracer.TraceQueryStart(ctx, conn, d)
 }
 
+// tickedStream sets up a server with o, whose keep-alive ticks the test sends (the returned
+// channel) and whose statements on jobs it counts (the returned counter), creates a job and
+// opens its stream, read past its "queued" event.
+func tickedStream(t *testing.T, o setupOpts) (*testBundle, *jobs.Job, *stream, chan time.Time, *queryCounter) {
+	t.Helper()
+	o.keepAliveTicks, o.queries = make(chan time.Time), &queryCounter{}
+	b := setup(t, o)
+	job := b.create(t, "")
+	s := openStream(t, b.url, job.ID, "")
+	require.Equal(t, "queued", s.nextEvent(t).event)
+	return b, job, s, o.keepAliveTicks, o.queries
+}
+
+// keepAlive sends s one keep-alive tick and reads the keep-alive it writes: its statements are
+// done by then (it is flushed after them).
+func keepAlive(t *testing.T, ticks chan<- time.Time, s *stream) {
+	t.Helper()
+	tick(t, ticks)
+	f, ok := s.next(t)
+	require.True(t, ok)
+	require.Equal(t, sseFrame{comment: "keep-alive"}, f)
+}
+
 // tick sends one keep-alive tick to a stream waiting for it (setupOpts.keepAliveTicks).
 func tick(t *testing.T, ticks chan<- time.Time) {
 	t.Helper()

@@ -2,7 +2,6 @@ package api
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -18,19 +17,10 @@ func TestEvents_IdleKeepAliveCostsOneStatement(t *testing.T) {
 
 	t.Run("Idle", func(t *testing.T) {
 		t.Parallel()
-		ticks, queries := make(chan time.Time), &queryCounter{}
-		b := setup(t, setupOpts{keepAliveTicks: ticks, queries: queries})
-		job := b.create(t, "")
-		s := openStream(t, b.url, job.ID, "")
-		require.Equal(t, "queued", s.nextEvent(t).event)
-
-		// A keep-alive reaches the client once its statements are done (flushed after them).
+		_, _, s, ticks, queries := tickedStream(t, setupOpts{})
 		before := queries.n.Load()
 		for range 3 {
-			tick(t, ticks)
-			f, ok := s.next(t)
-			require.True(t, ok)
-			require.Equal(t, sseFrame{comment: "keep-alive"}, f)
+			keepAlive(t, ticks, s)
 		}
 		require.Equal(t, int64(3), queries.n.Load()-before, "one statement (the watch) per keep-alive")
 	})
@@ -38,18 +28,11 @@ func TestEvents_IdleKeepAliveCostsOneStatement(t *testing.T) {
 	t.Run("ReadsWhatNoNotificationAnnounced", func(t *testing.T) {
 		t.Parallel()
 		// No Listener: every transition is one whose notification is lost.
-		ticks, queries := make(chan time.Time), &queryCounter{}
-		b := setup(t, setupOpts{keepAliveTicks: ticks, queries: queries, noListener: true})
-		job := b.create(t, "")
-		s := openStream(t, b.url, job.ID, "")
-		require.Equal(t, "queued", s.nextEvent(t).event)
+		b, job, s, ticks, queries := tickedStream(t, setupOpts{noListener: true})
 
 		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying})
 		before := queries.n.Load()
-		tick(t, ticks)
-		f, ok := s.next(t)
-		require.True(t, ok)
-		require.Equal(t, sseFrame{comment: "keep-alive"}, f)
+		keepAlive(t, ticks, s)
 		require.Equal(t, []string{"running/2", "retrying/3"}, names([]sseFrame{s.nextEvent(t), s.nextEvent(t)}))
 		require.Equal(t, int64(3), queries.n.Load()-before, "the watch, then the events and the job")
 

@@ -40,20 +40,13 @@ func TestEvents_ListenerReconnectReadsOnlyMovedJobs(t *testing.T) {
 
 	t.Run("Idle", func(t *testing.T) {
 		t.Parallel()
-		ticks, queries := make(chan time.Time), &queryCounter{}
-		b := setup(t, setupOpts{keepAliveTicks: ticks, queries: queries})
-		job := b.create(t, "")
-		s := openStream(t, b.url, job.ID, "")
-		require.Equal(t, "queued", s.nextEvent(t).event)
+		b, job, s, ticks, queries := tickedStream(t, setupOpts{})
 
 		before := queries.n.Load()
 		b.killListener(t)
 		// The stream takes the keep-alive once it has handled the catch-up's signal (it was
 		// waiting for either when the signal came).
-		tick(t, ticks)
-		f, ok := s.next(t)
-		require.True(t, ok)
-		require.Equal(t, sseFrame{comment: "keep-alive"}, f)
+		keepAlive(t, ticks, s)
 		require.Equal(t, int64(2), queries.n.Load()-before, "the Listener's catch-up and the keep-alive's watch: the stream read nothing")
 
 		// Signals flow again.
@@ -63,11 +56,7 @@ func TestEvents_ListenerReconnectReadsOnlyMovedJobs(t *testing.T) {
 
 	t.Run("Moved", func(t *testing.T) {
 		t.Parallel()
-		ticks := make(chan time.Time) // never sent: only the reconnect may tell the stream
-		b := setup(t, setupOpts{keepAliveTicks: ticks})
-		job := b.create(t, "")
-		s := openStream(t, b.url, job.ID, "")
-		require.Equal(t, "queued", s.nextEvent(t).event)
+		b, job, s, _, _ := tickedStream(t, setupOpts{}) // no tick sent: only the reconnect may tell the stream
 
 		// A transition no notification announces (as while the Listener is away): its watch
 		// lapsed.
