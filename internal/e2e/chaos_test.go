@@ -231,29 +231,10 @@ func (s *chaosStack) submitAllTo(t *testing.T, apiURL string, n int) []string {
 			// A submit answers in milliseconds: one that hangs fails the test, not the suite.
 			rctx, cancel := context.WithTimeout(s.ctx, submitTimeout)
 			defer cancel()
-			req, err := http.NewRequestWithContext(rctx, http.MethodPost, apiURL+"/v1/jobs", strings.NewReader(body))
-			if err != nil {
-				errs[i] = err
-				return
+			ids[i], errs[i] = submitKeyed(rctx, apiURL, fmt.Sprintf("chaos-%d", i), body)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("job %d: %w", i, errs[i])
 			}
-			req.Header.Set("Idempotency-Key", fmt.Sprintf("chaos-%d", i))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer resp.Body.Close()
-			raw, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusAccepted {
-				errs[i] = fmt.Errorf("job %d: %d %s", i, resp.StatusCode, raw)
-				return
-			}
-			m := regexp.MustCompile(`"id":"([^"]+)"`).FindSubmatch(raw)
-			if m == nil {
-				errs[i] = fmt.Errorf("job %d: no id in %s", i, raw)
-				return
-			}
-			ids[i] = string(m[1])
 		})
 	}
 	wg.Wait()
@@ -261,6 +242,45 @@ func (s *chaosStack) submitAllTo(t *testing.T, apiURL string, n int) []string {
 		require.NoError(t, err)
 	}
 	return ids
+}
+
+// submitKeyed submits body under key as a client that wants its job would: a 429 or 503 (the
+// server too busy for it now: a loaded machine holds submits past the keyed-submit gate's wait)
+// is sent again under the same key after its Retry-After, until ctx ends. It returns the job's ID.
+func submitKeyed(ctx context.Context, apiURL, key, body string) (string, error) {
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/v1/jobs", strings.NewReader(body))
+		if err != nil {
+			return "", err
+		}
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return "", err
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusAccepted, http.StatusOK:
+			m := regexp.MustCompile(`"id":"([^"]+)"`).FindSubmatch(raw)
+			if m == nil {
+				return "", fmt.Errorf("no id in %s", raw)
+			}
+			return string(m[1]), nil
+		case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+			wait := time.Second
+			if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+				wait = time.Duration(secs) * time.Second
+			}
+			select {
+			case <-ctx.Done():
+				return "", fmt.Errorf("%d %s, then %w", resp.StatusCode, raw, ctx.Err())
+			case <-time.After(wait):
+			}
+		default:
+			return "", fmt.Errorf("%d %s", resp.StatusCode, raw)
+		}
+	}
 }
 
 // unfinished counts the jobs not terminal.
