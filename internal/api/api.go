@@ -112,7 +112,8 @@ type Config struct {
 	// StoreWait bounds how long a submit, a poll or a cancel waits for a free Postgres
 	// connection of the pool (each time it needs one; the pool must carry pgwait.Tracer): past
 	// it the request is answered 503 overloaded with Retry-After, having sent nothing to
-	// Postgres. Default 5s.
+	// Postgres. It bounds the event streams' shared reads of a job too (statusReads: past it
+	// the streams the read serves end, and resume with Last-Event-ID). Default 5s.
 	StoreWait time.Duration
 	// StoreTimeout bounds the whole of a submit's, a poll's or a cancel's work in Postgres (its
 	// waits for a connection and its statements): a request Postgres has not answered by then
@@ -121,7 +122,8 @@ type Config struct {
 	// closed, rather than waiting as long as its client does (a cancel) or past the server's
 	// write timeout, which cuts the connection without an answer (a submit, a poll). A submit
 	// body's arrival is not counted (the server's read timeout bounds it). Keep it below the
-	// server's write timeout. Default DefaultStoreTimeout.
+	// server's write timeout. It bounds the event streams' shared reads of a job too
+	// (statusReads). Default DefaultStoreTimeout.
 	StoreTimeout time.Duration
 	// Now is the clock of throttled log lines and of the submit stages' metric. Default time.Now.
 	Now func() time.Time
@@ -151,6 +153,8 @@ type Server struct {
 	notFound http.Handler
 	// streams counts each tenant's open event streams.
 	streams *streamCounter
+	// reads shares the reads of a job's status events among its streams.
+	reads *statusReads
 	// authLog throttles the log lines of refused credentials.
 	authLog *throttle
 	// bodies bounds the submit bodies read at once (MaxBodyBytesInFlight).
@@ -159,6 +163,8 @@ type Server struct {
 	keyed *keyedSubmitGate
 	// refusalLog throttles the log lines of tenants refused over their share, by tenant and type.
 	refusalLog *throttle
+	// streamLog throttles the log lines of the event streams' failures, by message (streamWarn).
+	streamLog *throttle
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -225,9 +231,9 @@ func New(cfg Config) *Server {
 		cfg.writeNow = time.Now
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
-		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), authLog: newThrottle(authLogInterval, cfg.Now),
+		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout), authLog: newThrottle(authLogInterval, cfg.Now),
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newKeyedSubmitGate(cfg.MaxKeyedSubmitsPerTenant),
-		refusalLog: newThrottle(authLogInterval, cfg.Now)}
+		refusalLog: newThrottle(authLogInterval, cfg.Now), streamLog: newThrottle(streamLogInterval, cfg.Now)}
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of

@@ -119,11 +119,29 @@ type queryCounter struct {
 
 // TraceQueryStart counts d when it reads or watches a job.
 func (c *queryCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "FROM jobs WHERE id = $1") || strings.Contains(d.SQL, "FROM jobs WHERE id = ANY($1") ||
-		strings.Contains(d.SQL, "FROM job_events WHERE job_id = $1") {
+	c.count(d.SQL)
+	return c.Tracer.TraceQueryStart(ctx, conn, d)
+}
+
+// TraceBatchStart implements pgx.BatchTracer: a batch's statements are counted one by one
+// (TraceBatchQuery), as the Store sends concurrent reads of jobs together.
+func (c *queryCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery counts a batch's statement when it reads or watches a job.
+func (c *queryCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.count(d.SQL)
+}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (c *queryCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (c *queryCounter) count(sql string) {
+	if strings.Contains(sql, "FROM jobs WHERE id = $1") || strings.Contains(sql, "FROM jobs WHERE id = ANY($1") ||
+		strings.Contains(sql, "FROM job_events WHERE job_id = $1") {
 		c.n.Add(1)
 	}
-	return c.Tracer.TraceQueryStart(ctx, conn, d)
 }
 
 // tickedStream sets up a server with o, whose keep-alive ticks the test sends (the returned

@@ -2,6 +2,7 @@ package api
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,7 +51,8 @@ func eventsPreflight(w http.ResponseWriter, _ *http.Request) {
 // announced) before its first read, and on each signal re-reads the events after the last one
 // sent, so no transition is lost between a read and a notification and none is sent twice (a
 // signal of an event it has read already, as the Listener's catch-up after a reconnect mostly
-// is, costs no read). A
+// is, costs no read). The streams of one job share those reads (statusReads: one per transition
+// for them all, not one each). A
 // keep-alive comment every KeepAlive also renews the watch, which returns the job's latest
 // event's number: the stream reads the events only when one is there that it has not read (a
 // notification lost). When the client goes away the handler returns and unsubscribes: nothing
@@ -109,6 +111,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
+	// Registered before the subscription: the job's shared reads (statusReads) live as long as
+	// a stream of it does.
+	defer s.reads.follow(job.ID)()
 	var notify <-chan int
 	if s.cfg.Listener != nil {
 		ch, unsubscribe := s.cfg.Listener.Subscribe(job.ID)
@@ -169,6 +174,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		keepAlive = ticker.C
 	}
 	reads := readStatus
+	// need is the event a notification or a watch announced, 0 if none (see statusReads.read).
+	need := 0
 	var authedUntil time.Time // a bearer stream's token is checked again after this
 	for {
 		if !signed && !time.Now().Before(authedUntil) {
@@ -180,11 +187,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 			authedUntil = time.Now().Add(s.authRecheck())
 		}
-		done, err := s.sendEvents(out, r, job.ID, f, reads)
+		done, err := s.sendEvents(out, r, job.ID, f, reads, need)
 		if err != nil {
 			// Headers are sent: the stream just ends, and the client resumes with Last-Event-ID.
 			if r.Context().Err() == nil && !errors.Is(err, errShuttingDown) {
-				s.cfg.Logger.WarnContext(r.Context(), "event stream ended on an error", "job_id", job.ID, "error", err)
+				s.streamWarn(r.Context(), "event stream ended on an error", job.ID, err)
 			}
 			return
 		}
@@ -194,13 +201,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if err := rc.Flush(); err != nil {
 			return
 		}
-		reads = readStatus
+		reads, need = readStatus, 0
 		select {
 		case <-r.Context().Done():
 			return
 		case <-s.closing:
 			return
 		case v := <-notify:
+			need = v
 			if v > 0 && v <= f.known {
 				// Every event up to v is committed and read, and none past it was announced:
 				// nothing to read (the Listener's catch-up after it reconnected, mostly).
@@ -212,7 +220,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
 			}
-			reads = s.keepAliveReads(r, job.ID, f, watchTTL)
+			reads, need = s.keepAliveReads(r, job.ID, f, watchTTL)
 		}
 	}
 }
@@ -239,23 +247,34 @@ const (
 // stream reads then: its status events only when the watch found an event the stream has not
 // read (its notification lost, or no Listener), so that an idle stream costs Postgres one
 // statement per keep-alive, not three (10,000 idle streams were 2,000 statements a second at
-// the default 15s). A job gone (deleted past its retention) is read too: the read ends the
-// stream, as it did. A failed renewal is logged and the stream goes on; the next keep-alive
-// renews it again, within the watch's TTL of 4 keep-alives, and learns what was missed.
-func (s *Server) keepAliveReads(r *http.Request, id string, f *follower, watchTTL time.Duration) streamReads {
+// the default 15s); need is then that event's number (see statusReads.read). A job gone
+// (deleted past its retention) is read too: the read ends the stream, as it did. A failed
+// renewal is logged (streamWarn: throttled) and the stream goes on; the next keep-alive renews
+// it again, within the watch's TTL of 4 keep-alives, and learns what was missed.
+func (s *Server) keepAliveReads(r *http.Request, id string, f *follower, watchTTL time.Duration) (reads streamReads, need int) {
 	seq, err := s.cfg.Store.WatchLatest(r.Context(), id, watchTTL)
 	switch {
 	case errors.Is(err, jobs.ErrNotFound):
-		return readStatus
+		return readStatus, 0
 	case err != nil:
 		if r.Context().Err() == nil {
-			s.cfg.Logger.WarnContext(r.Context(), "renew event watch", "job_id", id, "error", err)
+			s.streamWarn(r.Context(), "renew event watch", id, err)
 		}
-		return readBuffer
+		return readBuffer, 0
 	case seq > f.known:
-		return readStatus
+		return readStatus, seq
 	default:
-		return readBuffer
+		return readBuffer, 0
+	}
+}
+
+// streamWarn logs a stream's failure (of job id): one line per streamLogInterval and message,
+// every stream's together, which counts the lines left out since the last ("suppressed") and
+// names the job and the error of the one logged. A store failing fails every stream's renewal
+// or read at once: 10,000 streams wrote 670 lines a second in a Postgres outage, one each.
+func (s *Server) streamWarn(ctx context.Context, msg, id string, err error) {
+	if log, suppressed := s.streamLog.allow(msg); log {
+		s.cfg.Logger.WarnContext(ctx, msg, "job_id", id, "error", err, "suppressed", suppressed)
 	}
 }
 
@@ -346,6 +365,10 @@ type follower struct {
 type statusRead struct {
 	evs []jobs.Event
 	job *jobs.Job
+	// shared, when set, is the shared read (statusReads) evs are of, from its event first on:
+	// it holds their encodings (eventData).
+	shared *sharedRead
+	first  int
 }
 
 // streamItem is one event to send.
@@ -364,41 +387,46 @@ type streamItem struct {
 // of a newer attempt than the status events read makes them read again. Woken by the buffer
 // or a keep-alive (reads readHub, readBuffer) it reads Redis only, so that deltas and idle
 // streams cost no Postgres read: entries of attempts already known precede any status event not
-// read yet. done is true when the job is terminal and its latest event has been sent: the
-// stream is complete.
-func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower, reads streamReads) (done bool, err error) {
+// read yet. need is the event a notification or a watch announced, 0 if none (see
+// statusReads.read). done is true when the job is terminal and its latest event has been sent:
+// the stream is complete.
+func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower, reads streamReads, need int) (done bool, err error) {
 	status := reads == readStatus
-	var evs []jobs.Event
-	var job *jobs.Job
+	var read *statusRead
 	switch {
 	case status && f.read != nil:
-		evs, job, f.read = f.read.evs, f.read.job, nil
-		f.noteStatus(evs)
+		read, f.read = f.read, nil
 	case status:
-		if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
+		if read, err = s.reads.read(r.Context(), id, f.pos.seq, need); err != nil {
 			return false, err
 		}
-		f.noteStatus(evs)
+	}
+	if read != nil {
+		f.noteStatus(read.evs)
 	}
 	var entries []deltastream.Entry
 	if f.streaming && reads != readNone {
 		entries = s.readDeltas(r, id, f, reads == readHub)
 		if len(entries) > 0 && entries[len(entries)-1].Seq > f.known {
-			if evs, job, err = s.readStatus(r, id, f.pos.seq); err != nil {
+			// An attempt this stream has not read the running event of: a read begun now has
+			// it (its entries follow its commit).
+			if read, err = s.reads.read(r.Context(), id, f.pos.seq, 0); err != nil {
 				return false, err
 			}
-			f.noteStatus(evs)
+			f.noteStatus(read.evs)
 		}
 	}
+	var job *jobs.Job
 	items := f.items[:0] // reused: a stream writes an event or two per wake-up, thousands of times
-	for _, ev := range evs {
-		snapshot := *job
-		snapshot.Status = ev.Type
-		data, err := json.Marshal(&snapshot)
-		if err != nil {
-			return false, fmt.Errorf("encode job: %w", err)
+	if read != nil {
+		job = read.job
+		for i, ev := range read.evs {
+			data, err := read.eventData(i)
+			if err != nil {
+				return false, err
+			}
+			items = append(items, streamItem{pos: eventPos{seq: ev.Seq}, name: string(ev.Type), data: data})
 		}
-		items = append(items, streamItem{pos: eventPos{seq: ev.Seq}, name: string(ev.Type), data: data})
 	}
 	for _, e := range entries {
 		items = append(items, streamItem{pos: eventPos{seq: e.Seq, n: e.N}, name: e.Kind, data: e.Data, attempt: e.Attempt})
@@ -515,19 +543,6 @@ func (f *follower) lostReset(next streamItem) (streamItem, bool) {
 	return streamItem{pos: eventPos{seq: f.open.seq, n: f.open.n + 1}, name: deltastream.KindReset, data: data}, true
 }
 
-// readStatus reads the job's status events after seq, then the job (at least as new as them).
-func (s *Server) readStatus(r *http.Request, id string, seq int) ([]jobs.Event, *jobs.Job, error) {
-	evs, err := s.cfg.Store.Events(r.Context(), id, seq)
-	if err != nil {
-		return nil, nil, err
-	}
-	job, err := s.cfg.Store.Get(r.Context(), id)
-	if err != nil {
-		return nil, nil, err
-	}
-	return evs, job, nil
-}
-
 // deltaPage is how many buffer entries one read takes.
 const deltaPage = 1000
 
@@ -535,7 +550,7 @@ const deltaPage = 1000
 // (fromHub), it takes the entries the hub received when they follow the last one read, and reads
 // the buffer only when they do not; any other wake-up reads the buffer (a read of status events
 // is always followed by one: see sendEvents). Redis failing costs the stream its deltas, not its
-// status events: the failure is logged and the stream goes on.
+// status events: the failure is logged (streamWarn: throttled) and the stream goes on.
 func (s *Server) readDeltas(r *http.Request, id string, f *follower, fromHub bool) []deltastream.Entry {
 	if fromHub && f.hub != nil {
 		if entries, ok := f.hub.Next(f.last); ok {
@@ -550,7 +565,7 @@ func (s *Server) readDeltas(r *http.Request, id string, f *follower, fromHub boo
 		page, err := s.cfg.Deltas.Read(r.Context(), id, f.last.ID, deltaPage)
 		if err != nil {
 			if r.Context().Err() == nil {
-				s.cfg.Logger.WarnContext(r.Context(), "read stream deltas", "job_id", id, "error", err)
+				s.streamWarn(r.Context(), "read stream deltas", id, err)
 			}
 			return out
 		}

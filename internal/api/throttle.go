@@ -8,6 +8,10 @@ import (
 // authLogInterval is how often a tenant's refused credential may be logged.
 const authLogInterval = time.Minute
 
+// streamLogInterval is how often a failure of the event streams (a watch renewal, a read) may be
+// logged, all streams together (see Server.streamLog).
+const streamLogInterval = 10 * time.Second
+
 // maxThrottleKeys bounds a throttle's memory: past it, keys whose interval has passed are
 // dropped (their next line is logged anyway).
 const maxThrottleKeys = 10_000

@@ -1,0 +1,254 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgwait"
+)
+
+// statusReads shares the reads of a job's status events and of the job among the event streams
+// that follow it on this replica. A transition wakes every stream of the job at once; each read
+// both for itself before, so 1,000 followers of one job cost Postgres 2,000 statements per
+// transition. Now at most one read of a job runs at a time, and a stream takes the first read
+// that is sure to hold what it was woken for:
+//   - a read that began after the stream asked (it sees every event committed before the stream
+//     was woken): the read out, when the stream asks while none is, else the next one, which
+//     starts when the read out ends and serves every stream that asked meanwhile;
+//   - a read, out or done (the last one is kept while several streams follow the job), that
+//     holds the event the stream was told of (need, the number a notification or a watch
+//     announced: every event up to it is committed, and a read holding it holds them all,
+//     events numbered without gaps in commit order).
+//
+// A read that began before the stream was woken is never taken for one that did not find the
+// event announced: it may have missed it. So the ordering and the no-gap guarantees of a stream
+// are those of its own reads: a read takes the events after the lowest position of the streams
+// it serves, and each stream keeps those after its own.
+//
+// A read is the server's, not one stream's: its context is none of the streams' (a client
+// gone does not fail the others' read), bounded by StoreWait for a pool connection and by
+// StoreTimeout in all. It is safe for concurrent use.
+type statusReads struct {
+	store *jobs.Store
+	// wait and timeout bound a read (Config.StoreWait, Config.StoreTimeout).
+	wait, timeout time.Duration
+
+	mu   sync.Mutex
+	jobs map[string]*jobReads
+}
+
+func newStatusReads(store *jobs.Store, wait, timeout time.Duration) *statusReads {
+	return &statusReads{store: store, wait: wait, timeout: timeout, jobs: map[string]*jobReads{}}
+}
+
+// jobReads is the reads of one job.
+type jobReads struct {
+	// streams is how many streams follow the job (follow): the job's entry, and its last read,
+	// are kept as long as one does.
+	streams int
+	// started numbers the reads begun, in order (statusRead.no).
+	started int
+	// out is the read running (nil: none); next, the read that starts when it ends, which
+	// streams that ask meanwhile join (nil: none asked).
+	out, next *sharedRead
+	// last is the newest read that succeeded, kept while more than one stream follows the job
+	// (a job of one stream, the common case, holds no job in memory between its reads).
+	last *sharedRead
+}
+
+// sharedRead is one read of a job's status events after a sequence number, and of the job.
+type sharedRead struct {
+	// after is the sequence number the events are read after: the lowest of the streams it
+	// serves (fixed once it starts).
+	after int
+	// no is its place among the job's reads (0: not started).
+	no int
+	// joined is how many streams wait for it (tests).
+	joined int
+	done   chan struct{}
+	// Set before done is closed.
+	evs []jobs.Event
+	job *jobs.Job
+	err error
+	// upTo is the newest event it holds (after, with none).
+	upTo int
+	// data holds each event's encoding (eventData), made once for all the streams.
+	data []eventEncoding
+}
+
+// eventEncoding is the data of an SSE status event, made at its first use.
+type eventEncoding struct {
+	once sync.Once
+	b    []byte
+	err  error
+}
+
+// follow registers a stream of the job; call release once when it ends.
+func (sr *statusReads) follow(id string) (release func()) {
+	sr.mu.Lock()
+	e := sr.jobs[id]
+	if e == nil {
+		e = &jobReads{}
+		sr.jobs[id] = e
+	}
+	e.streams++
+	sr.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			sr.mu.Lock()
+			defer sr.mu.Unlock()
+			if e.streams--; e.streams < 2 {
+				e.last = nil
+			}
+			sr.forgetLocked(id, e)
+		})
+	}
+}
+
+// forgetLocked drops the job's entry once no stream follows it and no read of it is out.
+func (sr *statusReads) forgetLocked(id string, e *jobReads) {
+	if e.streams == 0 && e.out == nil && e.next == nil {
+		delete(sr.jobs, id)
+	}
+}
+
+// read returns the job's status events after after, and the job (at least as new as them), for a
+// stream of the job (follow) woken now. need > 0 is the number of an event the stream knows is
+// committed, every event up to it with it (a notification's, a watch's): a read holding it
+// serves, whenever it began; need 0 takes a read that begins after this call. The events
+// returned and the job are shared: the caller must not modify them. It returns ctx's error if
+// ctx ends first.
+func (sr *statusReads) read(ctx context.Context, id string, after, need int) (*statusRead, error) {
+	sr.mu.Lock()
+	e := sr.jobs[id]
+	if e == nil { // a caller that does not follow the job: an entry for this read only
+		e = &jobReads{}
+		sr.jobs[id] = e
+	}
+	asked := e.started // reads numbered above began after this call
+	if l := e.last; need > 0 && l != nil && l.after <= after && l.upTo >= need {
+		sr.mu.Unlock()
+		return l.result(after), nil
+	}
+	for {
+		var rd *sharedRead
+		if o := e.out; o != nil && o.after <= after && (o.no > asked || need > 0) {
+			rd = o // began after the call, or may hold the event announced
+		} else {
+			if e.next == nil {
+				e.next = &sharedRead{after: after, done: make(chan struct{})}
+			}
+			rd = e.next
+			rd.after = min(rd.after, after)
+			if e.out == nil {
+				sr.startLocked(id, e)
+			}
+		}
+		rd.joined++
+		sr.mu.Unlock()
+		select {
+		case <-rd.done:
+		case <-ctx.Done():
+			sr.mu.Lock()
+			rd.joined--
+			sr.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		sr.mu.Lock()
+		rd.joined--
+		if rd.no > asked || rd.err == nil && need > 0 && rd.upTo >= need {
+			sr.mu.Unlock()
+			if rd.err != nil {
+				return nil, rd.err
+			}
+			return rd.result(after), nil
+		}
+		// A read that began before the call and did not hold the event: the next one will.
+	}
+}
+
+// startLocked starts the job's next read.
+func (sr *statusReads) startLocked(id string, e *jobReads) {
+	rd := e.next
+	e.next, e.out = nil, rd
+	e.started++
+	rd.no = e.started
+	go sr.run(id, e, rd)
+}
+
+// run reads the job's status events and the job for rd, then starts the next read if a stream
+// asked for one meanwhile.
+func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
+	ctx, cancel := context.WithTimeoutCause(context.Background(), sr.timeout, errStoreTimeout)
+	defer cancel()
+	ctx, unbound := pgwait.Bound(ctx, sr.wait)
+	defer unbound()
+	evs, err := sr.store.Events(ctx, id, rd.after)
+	var job *jobs.Job
+	if err == nil {
+		job, err = sr.store.Get(ctx, id)
+	}
+	if job != nil {
+		// No event carries the request (it is not part of the job JSON), and the read may be
+		// kept (last) for as long as the job's streams follow it: it need not hold the body,
+		// up to api.max_body_bytes.
+		job.Request = nil
+	}
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("read job events: %w", context.Cause(ctx))
+	}
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	rd.evs, rd.job, rd.err = evs, job, err
+	rd.upTo = rd.after
+	if len(evs) > 0 {
+		rd.upTo = max(rd.upTo, evs[len(evs)-1].Seq)
+	}
+	rd.data = make([]eventEncoding, len(evs))
+	switch {
+	case e.streams < 2:
+		e.last = nil
+	case err == nil:
+		e.last = rd
+	}
+	e.out = nil
+	close(rd.done)
+	if e.next != nil {
+		sr.startLocked(id, e)
+		return
+	}
+	sr.forgetLocked(id, e)
+}
+
+// result is rd's events after after (after >= rd.after), and its job.
+func (rd *sharedRead) result(after int) *statusRead {
+	i := sort.Search(len(rd.evs), func(i int) bool { return rd.evs[i].Seq > after })
+	return &statusRead{evs: rd.evs[i:], job: rd.job, shared: rd, first: i}
+}
+
+// eventData returns the data of the status event evs[i] of a read: the job as read, with the
+// event's status (its state when the event is sent; the terminal event carries the result or
+// the error). A shared read encodes each of its events once for all the streams it serves.
+func (r *statusRead) eventData(i int) ([]byte, error) {
+	encode := func() ([]byte, error) {
+		snapshot := *r.job
+		snapshot.Status = r.evs[i].Type
+		b, err := json.Marshal(&snapshot)
+		if err != nil {
+			return nil, fmt.Errorf("encode job: %w", err)
+		}
+		return b, nil
+	}
+	if r.shared == nil {
+		return encode()
+	}
+	enc := &r.shared.data[r.first+i]
+	enc.once.Do(func() { enc.b, enc.err = encode() })
+	return enc.b, enc.err
+}

@@ -1,0 +1,146 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgtest"
+)
+
+// TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt: a stream woken by a
+// transition does not take a shared read that began before it and did not find the transition
+// (it would miss the event until the next one); it takes the next read, which every stream that
+// asked meanwhile shares. A stream told of an older event takes the read out.
+func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	direct, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	workers := jobs.NewStore(direct, nil) // the transitions: never held
+	proxy, proxied := pgtest.NewProxy(t, dbURL)
+	pool, err := pgxpool.New(context.Background(), proxied+"&default_query_exec_mode=exec") // every statement parsed: holdable
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	job, _, err := workers.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
+	require.NoError(t, err)
+
+	sr := newStatusReads(jobs.NewStore(pool, nil), 5*time.Second, 10*time.Second)
+	defer sr.follow(job.ID)()
+
+	// A read of the events (queued only) whose read of the job is held: it began before the
+	// transition.
+	hold := proxy.HoldStatement("FROM jobs WHERE id = $1")
+	defer hold.Release()
+	type answer struct {
+		read *statusRead
+		err  error
+	}
+	read := func(after, need int) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			r, err := sr.read(ctx, job.ID, after, need)
+			ch <- answer{r, err}
+		}()
+		return ch
+	}
+	early := read(0, 0)
+	select {
+	case <-hold.Reached():
+	case <-ctx.Done():
+		t.Fatal("the first read did not reach the job's read")
+	}
+	_, err = workers.BeginAttempt(ctx, job.ID) // running/2, committed
+	require.NoError(t, err)
+
+	told := read(1, 2)  // the notification of running/2
+	fresh := read(1, 0) // a read for itself (a delta of an attempt it has not read, say)
+	known := read(0, 1) // told of queued/1: the read out has it
+	waitFor(t, func() bool {
+		sr.mu.Lock()
+		defer sr.mu.Unlock()
+		e := sr.jobs[job.ID]
+		return e.out != nil && e.out.joined == 3 && e.next != nil && e.next.joined == 1
+	})
+	hold.Release()
+
+	seqs := func(ch <-chan answer) []int {
+		t.Helper()
+		select {
+		case a := <-ch:
+			require.NoError(t, a.err)
+			var out []int
+			for _, ev := range a.read.evs {
+				out = append(out, ev.Seq)
+			}
+			return out
+		case <-ctx.Done():
+			t.Fatal("a read did not answer")
+			return nil
+		}
+	}
+	require.Equal(t, []int{1}, seqs(early))
+	require.Equal(t, []int{1}, seqs(known))
+	require.Equal(t, []int{2}, seqs(told), "the read begun after the stream was woken")
+	require.Equal(t, []int{2}, seqs(fresh))
+	sr.mu.Lock()
+	require.Equal(t, 2, sr.jobs[job.ID].started, "two reads for four streams")
+	sr.mu.Unlock()
+}
+
+// waitFor waits until cond holds, failing the test after 10s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestStatusReads_KeptReadHoldsNoRequest: the read a job's streams keep between its transitions
+// (statusReads.last, while two or more follow it) does not hold the job's request body, which no
+// event carries: an idle job of two followers held it (up to api.max_body_bytes) for as long as
+// they followed it, where each stream's own read had held it for one send.
+func TestStatusReads_KeptReadHoldsNoRequest(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), pgtest.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store := jobs.NewStore(pool, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	request := json.RawMessage(`{"model":"m","prompt":"` + strings.Repeat("x", 256<<10) + `"}`)
+	job, _, err := store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
+		Request: request, MaxAttempts: 5, Timeout: time.Minute})
+	require.NoError(t, err)
+
+	sr := newStatusReads(store, 5*time.Second, 10*time.Second)
+	defer sr.follow(job.ID)()
+	defer sr.follow(job.ID)()
+	read, err := sr.read(ctx, job.ID, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, read.evs, 1)
+	data, err := read.eventData(0)
+	require.NoError(t, err)
+	require.Contains(t, string(data), `"status":"queued"`)
+
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	kept := sr.jobs[job.ID].last
+	require.NotNil(t, kept, "two streams follow the job: its last read is kept")
+	require.Zero(t, len(kept.job.Request), "the kept read holds the job's request")
+}
