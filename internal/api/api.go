@@ -59,7 +59,9 @@ type Config struct {
 	// authenticated whatever this says.
 	AllowAnonymous bool
 	// Tenants resolves bearer tokens to tenants. nil: no token is accepted (a request with an
-	// Authorization header is 401), which leaves only anonymous access.
+	// Authorization header is 401), which leaves only anonymous access. Its lookups of tokens it
+	// never knew hold a share of the pool (tenant.AuthenticatorConfig.MaxNewTokenLookups); one
+	// that finds no place within StoreWait is answered 503 overloaded.
 	Tenants *tenant.Authenticator
 	// SubmitRate limits each tenant's submits (429 with Retry-After above it). nil: unlimited.
 	SubmitRate *tenant.RateLimiter
@@ -420,10 +422,24 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 			}
 		}
 		return nil, &httpError{status: http.StatusForbidden, typ: "token_revoked", message: "this bearer token was revoked"}
+	case errors.Is(err, tenant.ErrNewTokenLookupsFull):
+		// Answered 503 overloaded (writeError) as a full pool is, but with room in the pool: a
+		// client sending made-up tokens, most likely. Counted, and logged once a minute: no
+		// tenant to name, and the flood must not flood the log.
+		s.cfg.Metrics.refusedTokenLookup()
+		if log, suppressed := s.refusalLog.allow(newTokenLookupsLogKey); log {
+			s.cfg.Logger.WarnContext(r.Context(), "lookups of bearer tokens never known hold their share of the pool; refused",
+				"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
+		}
+		return nil, err
 	default:
 		return nil, err
 	}
 }
+
+// newTokenLookupsLogKey is the refusal log's key of the lookups of new bearer tokens refused: no
+// tenant's (their keys start with a name, which holds no NUL).
+const newTokenLookupsLogKey = "\x00new token lookups"
 
 // unauthorized is a 401 with the WWW-Authenticate challenge of RFC 6750; code is its error
 // attribute ("" when no token was sent).

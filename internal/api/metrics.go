@@ -36,6 +36,9 @@ type Metrics struct {
 	// rejectedStreams those refused at its cap or their tenant's, by reason.
 	openStreams     prometheus.Gauge
 	rejectedStreams *prometheus.CounterVec
+	// tokenLookupsRefused counts the requests answered 503 overloaded for want of a place among
+	// the lookups of bearer tokens never known (tenant.ErrNewTokenLookupsFull).
+	tokenLookupsRefused prometheus.Counter
 }
 
 // Stages of a submit, the label values of llmq_submit_stage_duration_seconds. Both lie within
@@ -88,7 +91,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "llmq_event_streams_rejected_total",
 		Help: "Event streams refused: reason server, the process held api.max_streams (503); tenant, the tenant held api.max_streams_per_tenant (429).",
 	}, []string{"reason"})
-	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals, m.openStreams, m.rejectedStreams)
+	m.tokenLookupsRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "llmq_http_token_lookups_refused_total",
+		Help: "Requests answered 503 overloaded because the Postgres lookups of bearer tokens this process never knew as a tenant's " +
+			"(made-up tokens; a new or rotated token's first request) held their share of the pool (a quarter) for the whole wait.",
+	})
+	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals, m.openStreams, m.rejectedStreams, m.tokenLookupsRefused)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
@@ -138,6 +146,12 @@ func (m *Metrics) submitted(credential string) {
 func (m *Metrics) refusedOverShare(tenant, typ string) {
 	if m != nil {
 		m.tenantRefusals.WithLabelValues(tenant, typ).Inc()
+	}
+}
+
+func (m *Metrics) refusedTokenLookup() {
+	if m != nil {
+		m.tokenLookupsRefused.Inc()
 	}
 }
 

@@ -24,6 +24,15 @@ type AuthenticatorConfig struct {
 	// the answers for known tokens (and tenant names) and, apart, those for unknown tokens, each
 	// up to MaxEntries, so that unknown tokens cannot evict known ones. Default 10000.
 	MaxEntries int
+	// MaxNewTokenLookups caps the lookups under way at once of bearer tokens this Authenticator
+	// has never known as a tenant's (never seen, or answered unknown before): those anybody can
+	// send, made up, each new one a Postgres round trip on a pool connection before any tenant's
+	// limit applies. Past it a lookup waits for a place, as long as it would wait for a pool
+	// connection (its pgwait bound, which then ends it: the API's 503 overloaded, nothing sent).
+	// A token known as a tenant's, its answer expired or not, is looked up again without a place:
+	// those lookups are one per known token and TTL at most. Default a quarter of the store's
+	// pool's connections, at least 1.
+	MaxNewTokenLookups int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
@@ -33,6 +42,10 @@ type AuthenticatorConfig struct {
 //
 // Caching unknown tokens is safe: a token becomes known only by Store.Create or Store.Rotate,
 // which make a fresh random one that nobody can have presented before.
+//
+// The lookups of tokens it has never known as a tenant's take a place of their own first
+// (AuthenticatorConfig.MaxNewTokenLookups), so that a client sending made-up tokens, each a
+// miss, holds at most those connections of the pool, not every one.
 type Authenticator struct {
 	store *Store
 	cfg   AuthenticatorConfig
@@ -49,6 +62,9 @@ type Authenticator struct {
 	flights map[any]*flight
 	// joined counts the callers waiting for another's lookup (tests).
 	joined int
+	// newLookups holds a token for each lookup under way of a token not known as a tenant's
+	// (MaxNewTokenLookups).
+	newLookups chan struct{}
 }
 
 // flight is one lookup under way; done is closed once its answer is cached (or it failed).
@@ -56,7 +72,10 @@ type flight struct {
 	done chan struct{}
 	// bounded: the looking caller's wait for a connection has a pgwait bound.
 	bounded bool
-	answer  bool // the lookup answered (cached), rather than failed
+	// capped: the key is a token not known as a tenant's; its lookup takes a place of
+	// newLookups first.
+	capped bool
+	answer bool // the lookup answered (cached), rather than failed
 	// err is a failure the waiters share: the database's, not the end of the looking caller's
 	// context (its client left), after which each waiter tries itself.
 	err error
@@ -83,9 +102,21 @@ func NewAuthenticator(store *Store, cfg *AuthenticatorConfig) *Authenticator {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.MaxNewTokenLookups <= 0 {
+		c.MaxNewTokenLookups = 1
+		if store != nil && store.pool != nil {
+			c.MaxNewTokenLookups = max(1, int(store.pool.Config().MaxConns)/4)
+		}
+	}
 	return &Authenticator{store: store, cfg: c, entries: map[[32]byte]entry{}, unknown: map[[32]byte]entry{}, named: map[string]entry{},
-		flights: map[any]*flight{}}
+		flights: map[any]*flight{}, newLookups: make(chan struct{}, c.MaxNewTokenLookups)}
 }
+
+// ErrNewTokenLookupsFull is the failure of a lookup of a token never known as a tenant's that
+// found no place among those lookups (AuthenticatorConfig.MaxNewTokenLookups) within its pgwait
+// bound. It comes wrapped with pgwait.ErrTimeout (the API's 503 overloaded): a client sending
+// made-up tokens, or a burst of new ones, holds the lookups' share of the pool.
+var ErrNewTokenLookupsFull = errors.New("the lookups of bearer tokens never known hold their share of the pool")
 
 // TTL is how long an answer is cached: the longest a revocation takes to reach this process.
 func (a *Authenticator) TTL() time.Duration { return a.cfg.TTL }
@@ -144,7 +175,9 @@ func (e errAnswer) Unwrap() error { return e.error }
 // connection free in time: see pgwait, shared only with the waiters that have a bound), except
 // the end of its caller's context by its caller (canceled, or its deadline), after which each
 // waiter tries again itself. A waiter with a bound waits for a lookup without one at most its
-// bound (see waitFlight).
+// bound (see waitFlight). The lookup of a token with no answer in the known tokens' cache
+// (expired or not) waits for a place among the new tokens' lookups first (newLookupPlace), as
+// part of the flight: the callers of the same token wait with it.
 func cached[K comparable](ctx context.Context, a *Authenticator, cache, unknown map[K]entry, key K,
 	load func(context.Context) (*Tenant, error)) (*Tenant, error) {
 	for {
@@ -162,7 +195,8 @@ func cached[K comparable](ctx context.Context, a *Authenticator, cache, unknown 
 		f, busy := a.flights[key]
 		_, bounded := pgwait.Wait(ctx)
 		if !busy {
-			f = &flight{done: make(chan struct{}), bounded: bounded}
+			// A token with no answer in cache, fresh or expired, is not known as a tenant's.
+			f = &flight{done: make(chan struct{}), bounded: bounded, capped: unknown != nil && !ok}
 			a.flights[key] = f
 			a.mu.Unlock()
 			return lookup(ctx, a, cache, unknown, key, f, now, load)
@@ -194,6 +228,34 @@ func cached[K comparable](ctx context.Context, a *Authenticator, cache, unknown 
 				return e.tenant, e.err
 			}
 		}
+	}
+}
+
+// newLookupPlace takes a place among the lookups of tokens not known as a tenant's
+// (MaxNewTokenLookups), waiting for one as for a pool connection: at most ctx's pgwait bound,
+// past which ctx is ended by it (pgwait.Expire) and the error wraps ErrNewTokenLookupsFull and
+// pgwait.ErrTimeout, or until ctx's end. Call release once the lookup is over.
+func (a *Authenticator) newLookupPlace(ctx context.Context) (release func(), err error) {
+	release = func() { <-a.newLookups }
+	select {
+	case a.newLookups <- struct{}{}:
+		return release, nil
+	default:
+	}
+	var expired <-chan time.Time
+	if wait, ok := pgwait.Wait(ctx); ok {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case a.newLookups <- struct{}{}:
+		return release, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("look up bearer token: %w", context.Cause(ctx))
+	case <-expired:
+		pgwait.Expire(ctx)
+		return nil, fmt.Errorf("look up bearer token: %w: %w", ErrNewTokenLookupsFull, pgwait.ErrTimeout)
 	}
 }
 
@@ -229,6 +291,17 @@ func lookup[K comparable](ctx context.Context, a *Authenticator, cache, unknown 
 		a.mu.Unlock()
 		close(f.done)
 	}()
+	if f.capped {
+		inner := load
+		load = func(ctx context.Context) (*Tenant, error) {
+			release, err := a.newLookupPlace(ctx)
+			if err != nil {
+				return nil, err
+			}
+			defer release()
+			return inner(ctx)
+		}
+	}
 	t, err := load(ctx)
 	var answer errAnswer
 	switch {
