@@ -123,26 +123,27 @@ func (c *queryCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pg
 	return c.Tracer.TraceQueryStart(ctx, conn, d)
 }
 
-// TraceBatchStart implements pgx.BatchTracer: a batch's statements are counted one by one
-// (TraceBatchQuery), as the Store sends concurrent reads of jobs together.
-func (c *queryCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	return ctx
-}
-
-// TraceBatchQuery counts a batch's statement when it reads or watches a job.
-func (c *queryCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	c.count(d.SQL)
-}
-
-// TraceBatchEnd implements pgx.BatchTracer.
-func (c *queryCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
+// count counts sql when it reads or watches a job.
 func (c *queryCounter) count(sql string) {
 	if strings.Contains(sql, "FROM jobs WHERE id = $1") || strings.Contains(sql, "FROM jobs WHERE id = ANY($1") ||
 		strings.Contains(sql, "FROM job_events WHERE job_id = $1") {
 		c.n.Add(1)
 	}
 }
+
+// TraceBatchStart does nothing: the store's batcher sends its statements (a job's read among
+// them) in pipelines, counted by TraceBatchQuery.
+func (c *queryCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery counts a pipeline's statement as TraceQueryStart counts one sent alone.
+func (c *queryCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.count(d.SQL)
+}
+
+// TraceBatchEnd does nothing.
+func (c *queryCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // tickedStream sets up a server with o, whose keep-alive ticks the test sends (the returned
 // channel) and whose statements on jobs it counts (the returned counter), creates a job and

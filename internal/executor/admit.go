@@ -229,7 +229,9 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	if res.Wait > e.cfg.MaxInlineWait {
 		// A pause probe's slot held for later keeps the probe: the interval's one attempt on the
 		// paused credential is that slot's, which the pause's check of a held slot lets through.
-		held, err := e.cfg.Store.HoldSlot(ctx, job.ID, res.SendAt, res.Seq, res.Grant)
+		hctx, cancel := e.storeCtx(ctx)
+		held, err := e.cfg.Store.HoldSlot(hctx, job.ID, res.SendAt, res.Seq, res.Grant)
+		cancel()
 		if err != nil || !held {
 			// Not held (the job ended since its read, canceled say, or another delivery's
 			// attempt holds it): nothing would ever send the slot, or give it back.
@@ -334,7 +336,9 @@ func (e *Executor) lane(ctx context.Context, job *jobs.Job) (*limiter.Lane, erro
 	if e.cfg.TenantWeight == nil {
 		return nil, nil
 	}
-	w, err := e.cfg.TenantWeight(ctx, job.Tenant)
+	wctx, cancel := e.storeCtx(ctx)
+	w, err := e.cfg.TenantWeight(wctx, job.Tenant)
+	cancel()
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,9 @@ import (
 func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm admission) (*jobs.Job, error) {
 	request := job.Request
 	t0 := e.cfg.Now()
-	begun, err := e.cfg.Store.BeginAttempt(ctx, job.ID)
+	bctx, cancel := e.storeCtx(ctx)
+	begun, err := e.cfg.Store.BeginAttempt(bctx, job.ID)
+	cancel()
 	e.timed(StageBegin, t0)
 	if err != nil {
 		rel := adm
@@ -62,7 +64,9 @@ func (e *Executor) tookEndedSlot(ctx context.Context, job *jobs.Job, err error) 
 	if !errors.Is(err, jobs.ErrNotRunnable) || job.SlotSeq == nil {
 		return false, nil
 	}
-	return e.cfg.Store.TakeEndedSlot(context.WithoutCancel(ctx), job.ID, *job.SlotSeq)
+	tctx, cancel := e.storeCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	return e.cfg.Store.TakeEndedSlot(tctx, job.ID, *job.SlotSeq)
 }
 
 // errLeaseLost: a renewal of the attempt's lease found the job moved on without it (canceled, or

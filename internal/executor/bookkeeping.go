@@ -61,7 +61,11 @@ func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, jo
 func (e *Executor) resumeAfterProbe(ctx context.Context, g *limiter.Gate, up Upstream, job *jobs.Job) {
 	var err error
 	if e.cfg.Pauses != nil {
-		_, err = e.cfg.Pauses.Resume(ctx, g)
+		// ctx outlives the delivery's cancellation (see afterCall), and the delivery waits
+		// for this: bounded as a pause's writes are.
+		rctx, cancel := context.WithTimeout(ctx, pauseTimeout)
+		_, err = e.cfg.Pauses.Resume(rctx, g)
+		cancel()
 	} else {
 		_, err = g.Resume(ctx)
 	}

@@ -71,7 +71,9 @@ func (e *Executor) giveBackEnded(ctx context.Context, job *jobs.Job) error {
 	if !ok || up.Gate == nil {
 		return nil
 	}
-	took, err := e.cfg.Store.TakeEndedSlot(context.WithoutCancel(ctx), job.ID, *job.SlotSeq)
+	tctx, cancel := e.storeCtx(context.WithoutCancel(ctx))
+	took, err := e.cfg.Store.TakeEndedSlot(tctx, job.ID, *job.SlotSeq)
+	cancel()
 	if err != nil || !took {
 		return err
 	}
@@ -122,7 +124,9 @@ func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass 
 	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
 		return err
 	}
-	moved, merr := e.cfg.Store.NextCredential(ctx, job.ID, job.CredentialIndex)
+	mctx, cancel := e.storeCtx(ctx)
+	moved, merr := e.cfg.Store.NextCredential(mctx, job.ID, job.CredentialIndex)
+	cancel()
 	if merr != nil {
 		return merr
 	}

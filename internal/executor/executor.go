@@ -97,7 +97,19 @@ type Config struct {
 	// connections and CPU to other priorities' jobs. Waits for a slot and the call itself are
 	// outside. Zero: no bound.
 	BacklogSteps int
+	// StoreTimeout bounds each of a delivery's statements that does not go through the store's
+	// batcher (whose batches have their own bound): a deferral's write, a slot held in the row,
+	// a fail-over, a tenant's weight, a pause kept in Postgres. Past it the statement is
+	// abandoned (pgx cancels it and closes its connection) and the delivery fails on the store,
+	// to be delivered again: on a connection left open and silent, the delivery waited as long as
+	// its task's timeout (an hour), or for ever for the writes that outlive its cancellation.
+	// Default DefaultStoreTimeout.
+	StoreTimeout time.Duration
 }
+
+// DefaultStoreTimeout is Config.StoreTimeout's default: far above what one row's statement
+// takes on a healthy Postgres, even behind a short lock.
+const DefaultStoreTimeout = 30 * time.Second
 
 // DefaultMaxInlineWait is Config.MaxInlineWait's default.
 const DefaultMaxInlineWait = 3 * time.Second
@@ -142,6 +154,9 @@ func New(cfg Config) *Executor {
 	}
 	if cfg.Float64 == nil {
 		cfg.Float64 = rand.Float64
+	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = DefaultStoreTimeout
 	}
 	for name, u := range cfg.Upstreams {
 		if u.AttemptTimeout == 0 {
@@ -220,13 +235,21 @@ func (e *Executor) outcome(ctx context.Context, id string, err error) error {
 			// asynq keeps whole seconds and may hand the task back up to a second early; with
 			// the time in the row, that delivery sleeps the rest instead of being deferred
 			// again (which, for every waiting job, would spin while a breaker is open).
-			if perr := e.cfg.Store.Postpone(context.WithoutCancel(ctx), id, df.until); perr != nil {
+			pctx, cancel := e.storeCtx(context.WithoutCancel(ctx))
+			perr := e.cfg.Store.Postpone(pctx, id, df.until)
+			cancel()
+			if perr != nil {
 				return perr
 			}
 		}
 		return &dispatch.DeferError{Until: df.until, Reason: df.reason}
 	}
 	return err
+}
+
+// storeCtx is ctx bounded by Config.StoreTimeout, for one statement of a delivery (see there).
+func (e *Executor) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, e.cfg.StoreTimeout)
 }
 
 // process is one delivery, step by step (see the package comment). fresh is false when dispatch

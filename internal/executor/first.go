@@ -159,7 +159,9 @@ func (e *Executor) runAdmitted(ctx context.Context, job *jobs.Job, a *FirstAdmis
 	}
 	if !begun && a.sendAt.Sub(e.cfg.Now()) > e.cfg.MaxInlineWait {
 		e.reportBreaker(ctx, a.up, a.adm.breaker, breaker.Neutral)
-		held, err := e.cfg.Store.HoldSlot(ctx, job.ID, a.slotAt, a.adm.seq, a.adm.grant)
+		hctx, cancel := e.storeCtx(ctx)
+		held, err := e.cfg.Store.HoldSlot(hctx, job.ID, a.slotAt, a.adm.seq, a.adm.grant)
+		cancel()
 		if err != nil || !held {
 			// Not held: the job was canceled since its create, or (rarely: a task the sweeper
 			// enqueued for a delivery that stalled) another delivery's attempt holds it.

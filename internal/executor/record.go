@@ -172,7 +172,9 @@ func (e *Executor) pause(ctx context.Context, up Upstream, job *jobs.Job, reason
 // restorePause writes the credential's pause state kept in Postgres (Config.Pauses) into Redis,
 // which holds none (it lost it), and returns that state.
 func (e *Executor) restorePause(ctx context.Context, up Upstream) (limiter.PauseState, error) {
-	ps, restored, err := e.cfg.Pauses.Restore(ctx, up.Gate)
+	rctx, cancel := e.storeCtx(ctx)
+	ps, restored, err := e.cfg.Pauses.Restore(rctx, up.Gate)
+	cancel()
 	if err != nil {
 		return ps, err
 	}

@@ -26,13 +26,43 @@ const (
 	// 416 jobs/s and 1.43 ms of Postgres CPU per job, 2: 464–513 and 1.00–1.15, 1: 603 and 0.83).
 	// The cost is head-of-line waiting behind a batch that waits on a row lock; every
 	// transaction that locks job rows is one short round trip or a few (Cancel, ctl dead
-	// retry), so that wait is short.
+	// retry), so that wait is short, and batchLockTimeout bounds it when a stalled session
+	// holds the lock.
 	batchInFlight = 1
 	// batchMax is the most statements one batch holds.
 	batchMax = 64
 	// batchTimeout bounds one batch's round trip (the callers wait for at most their own context).
 	batchTimeout = 30 * time.Second
+	// batchLockTimeout bounds how long a batch's transaction (or a statement the batcher runs
+	// alone) waits for a row lock another session holds: its lock_timeout, set for that
+	// transaction only (see lockTimeoutSQL). The batcher's statements touch one job row each and
+	// the transactions that lock job rows are a few short round trips, so a longer wait is a
+	// lock held by a stalled session (a cancel whose client fell silent keeps its lock until
+	// Postgres notices, hours with TCP's keepalive) or an operator's open transaction; with one
+	// batch in flight, the wait held every transition of the process for batchTimeout.
+	batchLockTimeout = 2 * time.Second
 )
+
+// lockTimeoutSQL sets the lock_timeout of the transaction it runs in to $1 (batchLockTimeout),
+// unless the session's own is shorter (an operator's, from the database URL's options): the
+// batcher sends it before its statements, in the same pipeline, so that it ends with their
+// transaction and the pool's sessions keep their setting for everything else (a retention
+// pass, a migration, the console's lists wait for locks as configured).
+const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)
+WHERE current_setting('lock_timeout')::interval = interval '0' OR current_setting('lock_timeout')::interval > $1::interval`
+
+// lockTimeoutSetting is batchLockTimeout as lockTimeoutSQL's argument.
+var lockTimeoutSetting = fmt.Sprintf("%dms", batchLockTimeout.Milliseconds())
+
+// lockTimedOut reports whether err is a statement that waited for a lock past the lock_timeout
+// (55P03 lock_not_available): it took no effect (its transaction rolled back).
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrLockNotAvailable
+}
+
+// pgerrLockNotAvailable is SQLSTATE lock_not_available.
+const pgerrLockNotAvailable = "55P03"
 
 // batcher sends the hot path's one-statement transitions of concurrent callers (create without an
 // idempotency key, get, begin attempt, finish) to Postgres together: a batch is one pipelined
@@ -44,7 +74,9 @@ const (
 // committed, and each statement keeps its own conditions. A batch whose transaction fails (one
 // statement's error aborts all of them) is run again one statement at a time, so one bad
 // statement fails alone; a statement run alone whose connection broke is run again, on another
-// connection (see runAlone). So every statement the batcher takes must be safe to run again
+// connection (see runAlone). A statement that waits for a row lock past batchLockTimeout fails
+// (lock_not_available, unavailable to its caller) without holding up the rest: in a batch it
+// answers that at once, and only the others run again alone. So every statement the batcher takes must be safe to run again
 // after a run whose commit answer was lost (see decisions.md): a create recognises its own row,
 // an attempt start its own lease. There is no background goroutine: a statement that finds nothing
 // out or waiting runs on its caller's goroutine (runOwn); otherwise the caller that finds fewer
@@ -192,9 +224,14 @@ func (b *batcher) run(ops []*batchOp) {
 		// The batch was sent and failed: its commit answer may have been lost, and its statements
 		// taken effect. Run again, each waits for a connection without the bound (its caller
 		// needs its answer, not a refusal saying nothing was sent); had the bound fired before
-		// the batch was sent, ctx is over and they fail at once.
+		// the batch was sent, ctx is over and they fail at once. A statement that waited for a
+		// lock past batchLockTimeout keeps that answer: the batch rolled back with it, so it
+		// took no effect, and alone it would wait as long again with the others behind it.
 		alone := pgwait.Unbound(ctx)
 		for _, op := range send {
+			if lockTimedOut(op.err) {
+				continue
+			}
 			op.err = b.runAlone(alone, op)
 		}
 	}
@@ -284,9 +321,9 @@ func boundedWait(ops []*batchOp) (time.Duration, bool) {
 // again, one that could not connect at all ends the tries (the server is down, not a
 // connection), and so does an error the server answered on a working connection (see brokenConn).
 func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
-	err := op.scan(b.pool.QueryRow(ctx, op.sql, op.args...))
+	err := b.queryAlone(ctx, op)
 	for tries := int32(0); ; tries++ {
-		if !IsUnavailable(err) || ctx.Err() != nil || op.ctx.Err() != nil {
+		if !IsUnavailable(err) || lockTimedOut(err) || ctx.Err() != nil || op.ctx.Err() != nil {
 			return err
 		}
 		if tries > 0 && (!brokenConn(err) || tries >= b.pool.Stat().MaxConns()) {
@@ -294,8 +331,27 @@ func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
 		}
 		// The try before may have committed: this one waits for a connection without a
 		// pgwait bound (see run).
-		err = op.scan(b.pool.QueryRow(pgwait.Unbound(ctx), op.sql, op.args...))
+		err = b.queryAlone(pgwait.Unbound(ctx), op)
 	}
+}
+
+// queryAlone runs op in a transaction of its own, its lock waits bounded by batchLockTimeout
+// (lockTimeoutSQL, in the same round trip), and returns op.scan's error or the statement's.
+func (b *batcher) queryAlone(ctx context.Context, op *batchOp) error {
+	var batch pgx.Batch
+	batch.Queue(lockTimeoutSQL, lockTimeoutSetting)
+	batch.Queue(op.sql, op.args...)
+	br := b.pool.SendBatch(ctx, &batch)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return err
+	}
+	err := op.scan(br.QueryRow())
+	answered := err == nil || errors.Is(err, pgx.ErrNoRows) || errors.Is(err, ErrNotFound)
+	if cerr := br.Close(); cerr != nil && answered {
+		return cerr // the answer stands only once its transaction committed
+	}
+	return err
 }
 
 // brokenConn reports whether err is a connection that broke (or was dead already) under a
@@ -317,12 +373,17 @@ func brokenConn(err error) bool {
 	return true
 }
 
+// errBatchAborted is the error of a batch's statement that did not run: an earlier one failed
+// the batch. run runs it again alone.
+var errBatchAborted = errors.New("batch aborted by an earlier statement")
+
 // runTogether sends ops as one batch (one implicit transaction), on conn when one was acquired
 // for it (released here), and reports whether it committed; on false, nothing of it took effect
 // and the ops' errors are to be overwritten.
 func (b *batcher) runTogether(ctx context.Context, conn *pgxpool.Conn, ops []*batchOp) bool {
 	slices.SortStableFunc(ops, func(x, y *batchOp) int { return cmp.Compare(x.key, y.key) })
 	var batch pgx.Batch
+	batch.Queue(lockTimeoutSQL, lockTimeoutSetting)
 	for _, op := range ops {
 		batch.Queue(op.sql, op.args...)
 	}
@@ -333,8 +394,15 @@ func (b *batcher) runTogether(ctx context.Context, conn *pgxpool.Conn, ops []*ba
 	} else {
 		br = b.pool.SendBatch(ctx, &batch)
 	}
-	failed := false
+	_, err := br.Exec()
+	failed := err != nil
 	for _, op := range ops {
+		if failed {
+			// Postgres skips the rest of a failed pipeline (pgx repeats the first error for it):
+			// these statements were not run, whatever the error that stopped the batch.
+			op.err = errBatchAborted
+			continue
+		}
 		op.err = op.scan(br.QueryRow())
 		if op.err != nil && !errors.Is(op.err, pgx.ErrNoRows) && !errors.Is(op.err, ErrNotFound) {
 			failed = true
