@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/streamname"
 )
 
 // Entry kinds.
@@ -94,9 +95,8 @@ func (b *Buffer) Key(id string) string { return b.cfg.Prefix + "{" + id + "}:del
 // delivered by this one: whether it streams is what the provider is asked, so that its deltas
 // are written and followed exactly when the provider streams them.
 func Requested(body []byte) bool {
-	// A name is "stream" only spelled so or with one of its letters escaped (\u0073): most
-	// bodies are neither, those with non-ASCII text escaped (\u00e9, as Python writes it) too.
-	if !bytes.Contains(body, []byte(`"stream"`)) && !escapesStreamLetter(body) {
+	// Most bodies cannot name "stream", those with non-ASCII text escaped (\u00e9) too.
+	if !streamname.Possible(body) {
 		return false
 	}
 	var top map[string]isTrue // its values are read in place, not copied
@@ -113,27 +113,6 @@ type isTrue bool
 func (v *isTrue) UnmarshalJSON(b []byte) error {
 	*v = string(bytes.TrimSpace(b)) == "true"
 	return nil
-}
-
-// escapesStreamLetter reports whether body holds an escape of a letter of "stream" (\u0073,
-// \u0074, \u0072, \u0065, \u0061, \u006d or \u006D), as a name written otherwise than "stream"
-// that decodes to it must.
-func escapesStreamLetter(body []byte) bool {
-	return escapesOneOf(body, `\u007`, "234") || escapesOneOf(body, `\u006`, "15dD")
-}
-
-// escapesOneOf reports whether body holds prefix followed by one of the bytes of last.
-func escapesOneOf(body []byte, prefix, last string) bool {
-	for {
-		i := bytes.Index(body, []byte(prefix))
-		if i < 0 || i+len(prefix) >= len(body) {
-			return false
-		}
-		body = body[i+len(prefix):]
-		if strings.IndexByte(last, body[0]) >= 0 {
-			return true
-		}
-	}
 }
 
 // Entry is one entry of a job's buffer.

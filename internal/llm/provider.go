@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/llmq/llmq/internal/streamname"
 )
 
 // DefaultMaxResponseBytes is the default cap on a successful response body: far above any
@@ -527,8 +529,16 @@ func (c *client) statusError(status int, header http.Header, data []byte, cut bo
 }
 
 // checkRequestBody refuses what we must not send, anything but a JSON object, and reports
-// whether the body asks for a stream.
+// whether the body asks for a stream (its top-level member "stream", the last when named twice,
+// is true), with the body's members when it may (top is nil when no member can be named
+// "stream", see streamname: the object is only validated then, its members not copied).
 func checkRequestBody(body []byte) (stream bool, top map[string]json.RawMessage, err error) {
+	if !streamname.Possible(body) {
+		if !isJSONObject(body) {
+			return false, nil, fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
+		}
+		return false, nil, nil
+	}
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
 		return false, nil, fmt.Errorf("%w: body is not a JSON object", ErrInvalidRequest)
 	}
