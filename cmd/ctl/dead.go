@@ -274,11 +274,15 @@ func (a *app) deadRetry(c *cli.Context) error {
 const deadRetryBatch = 500
 
 // whyNotDone says, for each of the ids an action on dead jobs asked for and did not do (not in
-// done), why: no such job, or a job that is not dead.
+// done), why: not a job ID, no such job, or a job that is not dead.
 func whyNotDone(ctx context.Context, store *jobs.Store, ids, done []string) []string {
 	var problems []string
 	for _, id := range ids {
 		if slices.Contains(done, id) {
+			continue
+		}
+		if !jobs.ValidID(id) {
+			problems = append(problems, fmt.Sprintf("%q is not a job ID", id))
 			continue
 		}
 		job, err := store.Get(ctx, id)

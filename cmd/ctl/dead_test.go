@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -482,4 +483,20 @@ func TestCtl_ReadsNoHostClock(t *testing.T) {
 		})
 	}
 	require.NotZero(t, read, "no Go file of ctl's read")
+}
+
+// TestDead_AMalformedIDIsNamedSo: `dead retry` and `dead purge` name an argument that is not in
+// the form of a job ID as such (a typo, a truncated copy), and act on the others. It was
+// reported `no job "..."`, as if a job of that ID had been purged.
+func TestDead_AMalformedIDIsNamedSo(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	redis, _, _ := redisArgs(t)
+	for _, action := range []string{"retry", "purge"} {
+		job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+		truncated := job.ID[:35]
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", action, job.ID, truncated)...)
+		requireOneLineError(t, r, 1, fmt.Sprintf("%q is not a job ID", truncated))
+		require.Contains(t, r.out, job.ID, action)
+	}
 }

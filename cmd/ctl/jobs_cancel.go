@@ -13,7 +13,7 @@ import (
 func (a *app) jobsCancelCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "cancel",
-		Usage:     "cancel a job that has not ended, aborting its provider call if one is in flight (as DELETE /v1/jobs/{id}); one already canceled exits 0",
+		Usage:     "cancel a job that has not ended, aborting its provider call if one is in flight, or a dead one, which no retry then sends (as DELETE /v1/jobs/{id}); one already canceled exits 0",
 		ArgsUsage: "ID",
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {

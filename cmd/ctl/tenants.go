@@ -13,6 +13,7 @@ import (
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/offboard"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -58,7 +59,8 @@ func (a *app) tenantsCommand() *cli.Command {
 			Usage:     "revoke a tenant's token: the API answers it 403 (within a few seconds on every replica)",
 			ArgsUsage: "NAME [--cancel-jobs]",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "cancel-jobs",
-				Usage: "also cancel every job of the tenant that has not ended (aborting calls in flight), those submitted while the revocation reaches every API replica too"}},
+				Usage: "also cancel every job of the tenant that has not ended (aborting calls in flight), those submitted while the revocation reaches every API replica too, " +
+					"and its dead letters (which no `dead retry` then sends)"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
 					return cli.Exit("usage: ctl tenants revoke NAME [--cancel-jobs]", exitUsage)
@@ -80,13 +82,11 @@ func (a *app) tenantsCommand() *cli.Command {
 				}
 				defer p.Close()
 				name := c.Args().First()
-				wasActive, err := tenant.NewStore(p, nil).Revoke(c.Context, name)
+				tenants := tenant.NewStore(p, nil)
+				wasActive, err := tenants.Revoke(c.Context, name)
 				if err != nil {
 					return err
 				}
-				// Started at the revocation: the replicas' caches have let go of it when it fires.
-				settle := time.NewTimer(a.revokeSettle)
-				defer settle.Stop()
 				if !wasActive {
 					fmt.Fprintf(a.out, "tenant %s was revoked already\n", name)
 				} else {
@@ -98,13 +98,16 @@ func (a *app) tenantsCommand() *cli.Command {
 				if tasks == nil {
 					return nil
 				}
-				n, err := jobs.NewStore(p, nil).CancelTenant(c.Context, name, settle.C, tasks.AbortEnded)
+				// The last walk comes once the replicas' caches have let go of the revocation (at
+				// once for a tenant revoked long ago); its dead letters too, which no retry of the
+				// dead letters sends then.
+				n, dead, err := offboard.CancelJobs(c.Context, tenants, jobs.NewStore(p, nil), name, a.revokeSettle, tasks.AbortEnded)
 				if n > 0 || err == nil {
-					fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", n, name)
+					fmt.Fprintf(a.out, "canceled %d jobs of tenant %s%s\n", n, name, deadLettersNote(dead))
 					// Logged even when the command was interrupted: those jobs are canceled.
 					ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), 5*time.Second)
 					defer cancel()
-					if lerr := logAction(ctx, p, audit.Entry{Action: "tenant.cancel_jobs", Target: name, Count: n}); err == nil {
+					if lerr := logAction(ctx, p, offboard.CancelJobsEntry(name, n, dead)); err == nil {
 						err = lerr
 					}
 				}
@@ -232,74 +235,32 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 		return err
 	}
 	defer p.Close()
-	tenants, store := tenant.NewStore(p, nil), jobs.NewStore(p, nil)
-	since, err := tenants.RevokedFor(c.Context, name)
-	if errors.Is(err, tenant.ErrNotRevoked) {
-		return fmt.Errorf("tenant %s is not revoked: only a revoked tenant is deleted (ctl tenants revoke %s --cancel-jobs)", name, name)
-	}
-	if err != nil {
-		return err
-	}
-	// The last walk for jobs to cancel, and so the count of jobs left, come once no replica can
-	// accept a submit of the tenant any more.
-	settle := time.NewTimer(max(0, a.revokeSettle-since))
-	defer settle.Stop()
-	canceled, deleted := 0, int64(0)
-	deletedTenant := false
+	res, err := offboard.DeleteTenant(c.Context, tenant.NewStore(p, nil), jobs.NewStore(p, nil), name, offboard.Options{
+		Settle: a.revokeSettle, Abort: tasks.AbortEnded, Batch: tenantDeleteBatch,
+		Canceled: func(n int) { fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", n, name) },
+		Progress: func(deleted int64) { fmt.Fprintf(a.out, "deleted %d jobs so far\n", deleted) },
+	})
 	defer func() {
 		// Logged even when the command was interrupted or failed halfway: what it did is done.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), 5*time.Second)
 		defer cancel()
-		var entries []audit.Entry
-		if canceled > 0 {
-			entries = append(entries, audit.Entry{Action: "tenant.cancel_jobs", Target: name, Count: canceled})
-		}
-		if deleted > 0 || deletedTenant {
-			n := 0 // jobs deleted, the tenant kept: Detail says how many
-			if deletedTenant {
-				n = 1
-			}
-			entries = append(entries, audit.Entry{Action: "tenant.delete", Target: name, Count: n,
-				Detail: map[string]any{"jobs_deleted": deleted}})
-		}
-		for _, e := range entries {
+		for _, e := range res.AuditEntries(name) {
 			if lerr := logAction(ctx, p, e); lerr != nil && err == nil {
 				err = lerr
 			}
 		}
 	}()
-	canceled, err = store.CancelTenant(c.Context, name, settle.C, tasks.AbortEnded)
-	if canceled > 0 {
-		fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", canceled, name)
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, tenant.ErrNotRevoked):
+		return fmt.Errorf("tenant %s is not revoked: only a revoked tenant is deleted (ctl tenants revoke %s --cancel-jobs)", name, name)
+	case err != nil:
 		return err
-	}
-	for {
-		n, err := store.DeleteEndedOfTenant(c.Context, name, tenantDeleteBatch)
-		deleted += n
-		if err != nil {
-			return fmt.Errorf("deletion stopped after %d jobs: %w", deleted, err)
-		}
-		if n < tenantDeleteBatch {
-			break
-		}
-		fmt.Fprintf(a.out, "deleted %d jobs so far\n", deleted)
-	}
-	unfinished, left, err := store.RemainingOfTenant(c.Context, name)
-	if err != nil {
-		return err
-	}
-	if unfinished+left > 0 {
-		fmt.Fprintf(a.out, "deleted %d jobs of tenant %s\n", deleted, name)
+	case res.Kept():
+		fmt.Fprintf(a.out, "deleted %d jobs of tenant %s\n", res.Deleted, name)
 		return fmt.Errorf("tenant %s kept: %d of its jobs are left (%d not ended, %d in a provider batch still open or being changed; "+
-			"the batch lane cancels a batch none of whose jobs waits): run `ctl tenants delete %s` again later", name, unfinished+left, unfinished, left, name)
+			"the batch lane cancels a batch none of whose jobs waits): run `ctl tenants delete %s` again later", name, res.Unfinished+res.Left, res.Unfinished, res.Left, name)
 	}
-	if err := tenants.Delete(c.Context, name); err != nil {
-		return err
-	}
-	deletedTenant = true
-	fmt.Fprintf(a.out, "tenant %s deleted, with %d jobs (their attempts, events and idempotency keys) and its tokens\n", name, deleted)
+	fmt.Fprintf(a.out, "tenant %s deleted, with %d jobs (their attempts, events and idempotency keys) and its tokens\n", name, res.Deleted)
 	return nil
 }
 
@@ -355,4 +316,13 @@ func credentialsText(creds []string) string {
 		return "all"
 	}
 	return strings.Join(creds, ",")
+}
+
+// deadLettersNote is what the report of a tenant's canceled jobs adds when dead of them were
+// dead letters.
+func deadLettersNote(dead int) string {
+	if dead == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%d of them dead letters, which no retry sends now)", dead)
 }

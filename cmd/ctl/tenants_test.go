@@ -333,3 +333,76 @@ func TestTenants_Rotate(t *testing.T) {
 	requireOneLineError(t, run(t, append(db, "rotate", "acme")...), 1, `tenant revoked: "acme" gets no new token`)
 	require.Len(t, auditLog(t, b.url), 4, "refusals are not audited")
 }
+
+// TestTenants_RevokeCancelJobsOfAnOldRevocationDoesNotWait: `revoke --cancel-jobs` on a tenant
+// revoked long ago cancels its jobs and ends at once: every replica's cache let go of the
+// revocation long since, as `tenants delete` counts it (tenant.Store.RevokedFor). It waited the
+// full settle (3 s; here 10 minutes) from its own run, as if it had just revoked the tenant.
+func TestTenants_RevokeCancelJobsOfAnOldRevocationDoesNotWait(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	ctx := context.Background()
+	redis, _, _ := redisArgs(t)
+	store := tenant.NewStore(b.pool, nil)
+	_, _, err := store.Create(ctx, "gone", nil)
+	require.NoError(t, err)
+	_, err = store.Revoke(ctx, "gone")
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE tenants SET revoked_at = now() - interval '1 hour' WHERE name = 'gone'`)
+	require.NoError(t, err)
+	// A job a replica accepted before the revocation reached it.
+	job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "gone", Credential: "default",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Minute})
+	require.NoError(t, err)
+
+	r, expired := runApp(20*time.Second, func(a *app) { a.revokeSettle = 10 * time.Minute },
+		append(append([]string{"--database-url", b.url}, redis...), "tenants", "revoke", "gone", "--cancel-jobs")...)
+	require.False(t, expired, "it waited for a revocation an hour old to settle: %+v", r)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "tenant gone was revoked already\ncanceled 1 jobs of tenant gone\n", r.out)
+	got, err := b.store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, got.Status)
+}
+
+// TestTenants_RevokeCancelJobsCancelsItsDeadLetters: `revoke --cancel-jobs` cancels the
+// tenant's dead letters too (as DELETE /v1/jobs/{id} cancels one), so that an operator's later
+// `dead retry --all` (after an outage) does not send them again and pay for answers the revoked
+// tenant can no longer read; another tenant's dead letter is retried. They stayed dead, and the
+// retry sent them.
+func TestTenants_RevokeCancelJobsCancelsItsDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	ctx := context.Background()
+	redis, _, _ := redisArgs(t)
+	store := tenant.NewStore(b.pool, nil)
+	for _, name := range []string{"gone", "other"} {
+		_, _, err := store.Create(ctx, name, nil)
+		require.NoError(t, err)
+	}
+	dead := func(tn string) *jobs.Job {
+		job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: tn, Credential: "default",
+			Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 1, Timeout: time.Minute})
+		require.NoError(t, err)
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+		return job
+	}
+	gone1, gone2, other := dead("gone"), dead("gone"), dead("other")
+	args := append([]string{"--database-url", b.url}, redis...)
+
+	r, _ := runApp(30*time.Second, func(a *app) { a.revokeSettle = 0 }, append(args, "tenants", "revoke", "gone", "--cancel-jobs")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "tenant gone revoked\ncanceled 2 jobs of tenant gone (2 of them dead letters, which no retry sends now)\n", r.out)
+	r = run(t, append(args, "dead", "retry", "--all")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	for j, want := range map[*jobs.Job]jobs.Status{gone1: jobs.StatusCanceled, gone2: jobs.StatusCanceled, other: jobs.StatusQueued} {
+		got, err := b.store.Get(ctx, j.ID)
+		require.NoError(t, err)
+		require.Equal(t, want, got.Status, "job of %s", j.Tenant)
+	}
+	var actions []string
+	for _, e := range auditLog(t, b.url) {
+		actions = append(actions, fmt.Sprintf("%s %s %d %v", e.Action, e.Target, e.Count, e.Detail["dead_letters"]))
+	}
+	require.Equal(t, []string{"dead.retry  1 <nil>", "tenant.cancel_jobs gone 2 2", "tenant.revoke gone 1 <nil>"}, actions)
+}

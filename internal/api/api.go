@@ -523,10 +523,11 @@ func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 	return job, nil
 }
 
-// cancel ends a job that has not ended: the transition in Postgres first (after it no result can
-// be stored), then the abort of its task, wherever it runs. A job already canceled answers 200 and
-// the job, as the first cancel did: a client that lost that answer and sends the DELETE again
-// learns that its cancel took. Another end is 409 job_terminal.
+// cancel ends a job that has not ended, or a dead one (no operator's retry then sends it: see
+// jobs.Store.Cancel): the transition in Postgres first (after it no result can be stored), then
+// the abort of its task, wherever it runs. A job already canceled answers 200 and the job, as the
+// first cancel did: a client that lost that answer and sends the DELETE again learns that its
+// cancel took. Another end is 409 job_terminal.
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	job, err := s.job(r)
 	if err != nil {

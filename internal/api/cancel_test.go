@@ -90,6 +90,20 @@ func TestCancel(t *testing.T) {
 		require.Equal(t, 2, got.EventSeq, "no event appended")
 	})
 
+	// A dead job the client no longer wants: canceled (200), so that an operator's retry of
+	// the dead letters does not send it again. It answered 409 job_terminal "job is dead".
+	t.Run("DeadJobIsCanceled", func(t *testing.T) {
+		t.Parallel()
+		job := b.create(t, "")
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+		r := b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil)
+		require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
+		require.Equal(t, "canceled", r.body["status"])
+		dead, err := b.store.ListDead(context.Background(), jobs.DeadFilter{IDs: []string{job.ID}})
+		require.NoError(t, err)
+		require.Empty(t, dead, "no dead letter any more")
+	})
+
 	t.Run("NotFound", func(t *testing.T) {
 		t.Parallel()
 		other := b.create(t, "someone-else")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -819,7 +820,7 @@ func TestListFilters_UnknownOrRepeatedParameterIsRefused(t *testing.T) {
 	b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
 	for _, tc := range []struct{ path, name string }{
 		{"/console/api/dead?since=1h", "since"},
-		{"/console/api/dead?limit=10", "limit"},
+		{"/console/api/dead?limit=10&limit=20", "limit"},
 		{"/console/api/dead?status=dead", "status"},
 		{"/console/api/jobs?statuss=dead", "statuss"},
 		{"/console/api/jobs?reason=retries_exhausted", "reason"},
@@ -831,9 +832,74 @@ func TestListFilters_UnknownOrRepeatedParameterIsRefused(t *testing.T) {
 		require.Contains(t, out, `\"`+tc.name+`\"`, tc.path)
 	}
 	// What the page sends is taken.
-	for _, path := range []string{"/console/api/dead?reason=retries_exhausted&credential=default",
+	for _, path := range []string{"/console/api/dead?reason=retries_exhausted&credential=default&limit=10&after=",
 		"/console/api/jobs?status=dead&tenant=t&credential=c&limit=5&after="} {
 		r, out := c.do(http.MethodGet, path, nil, nil)
 		require.Equal(t, http.StatusOK, r.StatusCode, out)
+	}
+}
+
+// TestDeadActions_AMalformedIDIsNamedSo: a selected ID that is not in the form of a job ID (a
+// typo, a truncated copy) is skipped as "not a job ID", by a retry and by a purge, and the rest
+// of the selection is acted on. It was reported "no such job (purged?)": the operator looked for
+// a purge nobody made.
+func TestDeadActions_AMalformedIDIsNamedSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	for _, action := range []string{"retry", "purge"} {
+		d := b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+		truncated := d.ID[:35]
+		var res actionResult
+		c.json(http.MethodPost, "/console/api/dead/"+action, map[string]any{"ids": []string{d.ID, truncated, "job-1"}}, &res)
+		require.Equal(t, []string{d.ID}, res.Done, action)
+		require.Equal(t, map[string]string{truncated: "not a job ID", "job-1": "not a job ID"}, res.Skipped, action)
+	}
+}
+
+// TestDeadList_Paged: the dead letters come a page at a time, most recently dead first, each
+// page's "next" opening the following one ("" on the last), with the filters kept; a cursor
+// the console did not make is 400 stale_page, a limit out of 1..200 400 invalid_limit. The
+// console listed the 200 newest and no more: older dead letters were out of an operator's reach
+// but through `ctl dead list --limit`.
+func TestDeadList_Paged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	var want []string
+	for range 5 {
+		want = append([]string{b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1).ID}, want...)
+	}
+	b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRateLimitedNoRetryAfter, 1) // filtered out
+
+	type page struct {
+		Jobs []struct {
+			ID string `json:"id"`
+		} `json:"jobs"`
+		Next string `json:"next"`
+	}
+	var got []string
+	var sizes []int
+	after := ""
+	for range 4 {
+		var p page
+		c.json(http.MethodGet, "/console/api/dead?reason=retries_exhausted&limit=2&after="+url.QueryEscape(after), nil, &p)
+		sizes = append(sizes, len(p.Jobs))
+		for _, j := range p.Jobs {
+			got = append(got, j.ID)
+		}
+		if p.Next == "" {
+			break
+		}
+		after = p.Next
+	}
+	require.Equal(t, []int{2, 2, 1}, sizes)
+	require.Equal(t, want, got, "most recently dead first, each once")
+
+	r, out := c.do(http.MethodGet, "/console/api/dead?after=bm90LWEtY3Vyc29y", nil, nil)
+	requireError(t, r, out, http.StatusBadRequest, "stale_page")
+	for _, limit := range []string{"0", "201", "x"} {
+		r, out = c.do(http.MethodGet, "/console/api/dead?limit="+limit, nil, nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_limit")
 	}
 }

@@ -199,6 +199,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /console/api/tenants/{name}/revoke", h.timed(h.authed(h.tenantRevoke)))
 	m.HandleFunc("POST /console/api/tenants/{name}/rotate", h.timed(h.authed(h.tenantRotate)))
 	m.HandleFunc("POST /console/api/tenants/{name}/weight", h.timed(h.authed(h.tenantWeight)))
+	m.HandleFunc("POST /console/api/tenants/{name}/delete", h.timed(h.authed(h.tenantDelete)))
 	m.HandleFunc("GET /console/api/audit", h.authed(h.auditList))
 	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})

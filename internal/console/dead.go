@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/llmq/llmq/internal/audit"
@@ -14,14 +15,16 @@ import (
 	"github.com/llmq/llmq/internal/operator"
 )
 
-// deadListLimit caps the dead letters listed at once (most recently dead first).
+// deadListLimit caps the dead letters listed at once (most recently dead first); ?limit= asks
+// for fewer.
 const deadListLimit = 200
 
-// deadList serves the dead letters: ?reason=&credential=. A reason that is none of
+// deadList serves the dead letters, a page at a time: ?reason=&credential=&limit=&after= (after:
+// the "next" of the previous page, which is "" on the last one, as the job list's). A reason that is none of
 // jobs.DeadReasons is refused (400 invalid_reason), as ctl's --reason: it would match nothing.
 func (h *Handler) deadList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	q := r.URL.Query()
-	if err := checkParams(q, "reason", "credential"); err != nil {
+	if err := checkParams(q, "reason", "credential", "limit", "after"); err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
@@ -36,13 +39,22 @@ func (h *Handler) deadList(w http.ResponseWriter, r *http.Request, _ *operator.S
 			reason, strings.Join(jobs.DeadReasons(), " or "))))
 		return
 	}
-	list, err := h.cfg.Jobs.ListDead(r.Context(), jobs.DeadFilter{Reason: q.Get("reason"),
-		Credential: q.Get("credential"), Limit: deadListLimit})
+	limit := deadListLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > deadListLimit {
+			writeError(w, r, h.cfg.Logger, badRequest("invalid_limit", fmt.Sprintf("limit must be 1 to %d", deadListLimit)))
+			return
+		}
+		limit = n
+	}
+	page, err := h.cfg.Jobs.PageDead(r.Context(), jobs.DeadFilter{Reason: q.Get("reason"),
+		Credential: q.Get("credential"), Limit: limit}, q.Get("after"))
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"jobs": views(list), "limit": deadListLimit})
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": views(page.Jobs), "limit": limit, "next": page.Next})
 }
 
 // selection is the body of a dead-letter action: the jobs the operator selected.
@@ -87,6 +99,11 @@ func (h *Handler) skipped(r *http.Request, ids, done []string) map[string]string
 	out := map[string]string{}
 	for _, id := range ids {
 		if slices.Contains(done, id) {
+			continue
+		}
+		if !jobs.ValidID(id) {
+			// A typo or a truncated copy: no job was ever purged under it.
+			out[id] = "not a job ID"
 			continue
 		}
 		job, err := h.cfg.Jobs.Get(r.Context(), id)

@@ -75,6 +75,9 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		ae = &apiError{http.StatusConflict, "tenant_exists", err.Error()}
 	case errors.Is(err, tenant.ErrRevoked):
 		ae = &apiError{http.StatusConflict, "tenant_revoked", err.Error()}
+	case errors.Is(err, tenant.ErrHasJobs):
+		// A job committed between the count of the tenant's jobs and its deletion: delete again.
+		ae = &apiError{http.StatusConflict, "tenant_has_jobs", err.Error() + ": delete it again"}
 	case errors.Is(err, tenant.ErrNotFound):
 		ae = &apiError{http.StatusNotFound, "not_found", err.Error()}
 	case errors.Is(err, context.Canceled):

@@ -226,7 +226,8 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 	}
 }
 
-// jobCancel cancels a job that has not ended, as DELETE /v1/jobs/{id} does for its tenant: the
+// jobCancel cancels a job that has not ended, or a dead one (see jobs.Store.Cancel), as DELETE
+// /v1/jobs/{id} does for its tenant: the
 // transition in Postgres (after it no result can be stored), then the abort of its task wherever
 // it runs. A job already canceled answers 200 with "changed": false (nothing done, nothing
 // audited), as the API answers a cancel sent again; another end is 409 job_terminal, naming its

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/offboard"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -71,8 +73,9 @@ func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operat
 // the tenant that has not ended (their tasks aborted: a call in flight stops), as `ctl tenants
 // revoke --cancel-jobs` does, those a replica accepted while the revocation reached it included
 // (the answer then comes once the replicas' caches have let go of the tenant: up to
-// Config.RevokeSettle after the revocation); a tenant revoked already has its jobs canceled all
-// the same. Audited as ctl does: tenant.revoke when it revoked (a revocation that changed
+// Config.RevokeSettle after the revocation), and its dead letters ("dead_letters" counts them
+// among "canceled"), which no retry of the dead letters then sends; a tenant revoked already has
+// its jobs canceled all the same. Audited as ctl does: tenant.revoke when it revoked (a revocation that changed
 // nothing is not an action), tenant.cancel_jobs with the jobs canceled.
 func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	var req struct {
@@ -98,46 +101,87 @@ func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operat
 	}
 	answer := map[string]any{"message": msg, "changed": was}
 	if req.CancelJobs {
-		n, err := h.cancelTenantJobs(r, s, name)
+		n, dead, err := h.cancelTenantJobs(r, s, name)
 		if err != nil {
 			writeError(w, r, h.cfg.Logger, err)
 			return
 		}
 		answer["message"], answer["canceled"] = fmt.Sprintf("%s; canceled %d jobs of it", msg, n), n
+		if dead > 0 {
+			answer["message"] = fmt.Sprintf("%s (%d of them dead letters, which no retry sends now)", answer["message"], dead)
+			answer["dead_letters"] = dead
+		}
 		answer["changed"] = was || n > 0
 	}
 	writeJSON(w, http.StatusOK, answer)
 }
 
-// cancelTenantJobs cancels the jobs of revoked tenant name that have not ended (see
-// jobs.Store.CancelTenant), waiting for Config.RevokeSettle after its revocation for the last
-// walk, and audits how many it canceled (when it was not interrupted, or canceled some).
-func (h *Handler) cancelTenantJobs(r *http.Request, s *operator.Session, name string) (int, error) {
-	since, err := h.tenants.RevokedFor(r.Context(), name)
-	if err != nil {
-		return 0, err
+// cancelTenantJobs cancels the jobs of revoked tenant name that have not ended, and its dead
+// letters, as `ctl tenants revoke --cancel-jobs` does (offboard.CancelJobs: the last walk
+// Config.RevokeSettle after its revocation), and audits how many it canceled (when it was not
+// interrupted, or canceled some). It returns them and how many of them were dead letters.
+func (h *Handler) cancelTenantJobs(r *http.Request, s *operator.Session, name string) (n, dead int, err error) {
+	n, dead, err = offboard.CancelJobs(r.Context(), h.tenants, h.cfg.Jobs, name, h.cfg.RevokeSettle, h.canceledOfTenant(r))
+	if n > 0 || err == nil {
+		// Recorded even when the request was cut (h.audit outlives it): those jobs are canceled.
+		h.audit(r, s.Operator, offboard.CancelJobsEntry(name, n, dead))
 	}
-	settle := time.NewTimer(max(0, h.cfg.RevokeSettle-since))
-	defer settle.Stop()
-	n, err := h.cfg.Jobs.CancelTenant(r.Context(), name, settle.C, func(job *jobs.Job) error {
+	return n, dead, err
+}
+
+// canceledOfTenant is told each job of a tenant's that the console canceled: it counts it, as
+// the console's cancels, and aborts its task. As a job's cancel, the job is canceled whatever
+// Redis says (an attempt in flight stops, unstored, at its lease's next renewal), and nothing
+// waits for a stalled Redis past dispatch.RedisWait.
+func (h *Handler) canceledOfTenant(r *http.Request) func(*jobs.Job) error {
+	return func(job *jobs.Job) error {
 		if h.cfg.Canceled != nil {
 			h.cfg.Canceled(job.Credential)
 		}
 		if h.cfg.Tasks == nil {
 			return nil
 		}
-		// As a job's cancel: canceled whatever Redis says (an attempt in flight stops, unstored,
-		// at its lease's next renewal), and not waiting for a stalled Redis past RedisWait.
 		if err := h.cfg.AfterCommit.Run(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
 			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 		return nil
-	})
-	if n > 0 || err == nil {
-		// Recorded even when the request was cut (h.audit outlives it): those jobs are canceled.
-		h.audit(r, s.Operator, audit.Entry{Action: "tenant.cancel_jobs", Target: name, Count: n})
 	}
-	return n, err
+}
+
+// tenantDelete deletes a revoked tenant, as `ctl tenants delete` does (package offboard, the
+// same rules): its jobs that have not ended are canceled (their tasks aborted) once the
+// revocation has reached every API replica (up to Config.RevokeSettle after it), every job of it
+// is deleted with its attempts, events and idempotency keys, then the tenant and its tokens; the
+// name may be given to a new tenant. Audited as ctl audits it (offboard.Result.AuditEntries),
+// also when it stopped halfway. A tenant not revoked is 409 tenant_not_revoked, the anonymous
+// requests' tenant 409 anonymous_tenant; jobs left (in a provider batch still open, or being
+// changed) keep the tenant: 409 tenant_has_jobs, with what was deleted, and a later deletion
+// finishes it. A deletion cut by Config.ActionTimeout (a backlog of many jobs) is 503: what it
+// deleted stays deleted, and the next one goes on.
+func (h *Handler) tenantDelete(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+	name := r.PathValue("name")
+	res, err := offboard.DeleteTenant(r.Context(), h.tenants, h.cfg.Jobs, name,
+		offboard.Options{Settle: h.cfg.RevokeSettle, Abort: h.canceledOfTenant(r)})
+	for _, e := range res.AuditEntries(name) {
+		h.audit(r, s.Operator, e)
+	}
+	switch {
+	case errors.Is(err, tenant.ErrNotRevoked):
+		err = &apiError{http.StatusConflict, "tenant_not_revoked",
+			fmt.Sprintf("tenant %s is not revoked: only a revoked tenant is deleted (revoke it and cancel its jobs first)", name)}
+	case errors.Is(err, tenant.ErrAnonymousTenant):
+		err = &apiError{http.StatusConflict, "anonymous_tenant", err.Error()}
+	case err == nil && res.Kept():
+		err = &apiError{http.StatusConflict, "tenant_has_jobs", fmt.Sprintf("canceled %d and deleted %d jobs of tenant %s, which is kept: "+
+			"%d of its jobs are left (%d not ended, %d in a provider batch still open or being changed; the batch lane cancels a batch "+
+			"none of whose jobs waits): delete it again later", res.Canceled, res.Deleted, name, res.Unfinished+res.Left, res.Unfinished, res.Left)}
+	}
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"message": fmt.Sprintf("tenant %s deleted, with %d jobs and its tokens (%d jobs canceled first)",
+		name, res.Deleted, res.Canceled), "changed": true, "canceled": res.Canceled, "jobs_deleted": res.Deleted})
 }
 
 // tenantRotate gives a tenant a new bearer token, answered this once, as tenantCreate does. Body

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/tenant"
@@ -104,4 +105,126 @@ func TestTenants_RevokeCancelJobs(t *testing.T) {
 		actions = append(actions, fmt.Sprintf("%s %s %d", e.Action, e.Target, e.Count))
 	}
 	require.Equal(t, []string{"tenant.cancel_jobs acme 1", "tenant.cancel_jobs acme 2", "tenant.revoke acme 1", "login  1"}, actions)
+}
+
+// TestTenants_Delete: the console deletes a revoked tenant as `ctl tenants delete` does: it
+// refuses a tenant not revoked (409 tenant_not_revoked), the anonymous requests' tenant and an
+// unknown one, and a request without the session's CSRF token; on a revoked tenant it cancels the
+// jobs that have not ended, deletes every job of it, keeps the tenant while a job in a provider
+// batch still open is left (409 tenant_has_jobs), and deletes it once that batch ended. Another
+// tenant's jobs are untouched; the audit trail is ctl's. The console had no deletion: an
+// operator offboarding a tenant had to reach for ctl.
+func TestTenants_Delete(t *testing.T) {
+	t.Parallel()
+	b := setupConfig(t, func(cfg *console.Config) { cfg.RevokeSettle = -1 }) // no replica caches it here
+	c := b.login(t)
+	ctx := context.Background()
+	store := tenant.NewStore(b.jobs.Pool, nil)
+	for _, name := range []string{"acme", "other"} {
+		_, _, err := store.Create(ctx, name, nil)
+		require.NoError(t, err)
+	}
+	queued := b.jobs.Create(t, jobstest.Opts{Tenant: "acme"})
+	done := b.jobs.Create(t, jobstest.Opts{Tenant: "acme"})
+	b.jobs.Attempt(t, done.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	inBatch := b.jobs.Create(t, jobstest.Opts{Tenant: "acme"})
+	const batchID = "00000000-0000-4000-8000-0000000000b1"
+	_, err := b.jobs.Pool.Exec(ctx, `INSERT INTO provider_batches (id, credential, model, state, provider_batch_id)
+VALUES ($1, 'default', 'm', 'submitted', 'pb_1')`, batchID)
+	require.NoError(t, err)
+	_, err = b.jobs.Store.Cancel(ctx, inBatch.ID)
+	require.NoError(t, err)
+	_, err = b.jobs.Pool.Exec(ctx, `UPDATE jobs SET batch_ref = $2 WHERE id = $1`, inBatch.ID, batchID)
+	require.NoError(t, err)
+	other := b.jobs.Create(t, jobstest.Opts{Tenant: "other"})
+
+	r, out := c.do(http.MethodPost, "/console/api/tenants/acme/delete", nil, nil)
+	requireError(t, r, out, http.StatusConflict, "tenant_not_revoked")
+	r, out = c.do(http.MethodPost, "/console/api/tenants/default/delete", nil, nil)
+	requireError(t, r, out, http.StatusConflict, "anonymous_tenant")
+	r, out = c.do(http.MethodPost, "/console/api/tenants/nobody/delete", nil, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+	c.json(http.MethodPost, "/console/api/tenants/acme/revoke", nil, &struct{}{})
+	r, out = c.do(http.MethodPost, "/console/api/tenants/acme/delete", nil, http.Header{"X-Csrf-Token": {"wrong"}})
+	require.Equal(t, http.StatusForbidden, r.StatusCode, out)
+	got, err := b.jobs.Store.Get(ctx, queued.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status, "a refusal changes nothing")
+
+	r, out = c.do(http.MethodPost, "/console/api/tenants/acme/delete", nil, nil)
+	requireError(t, r, out, http.StatusConflict, "tenant_has_jobs")
+	require.Contains(t, out, "canceled 1 and deleted 2 jobs of tenant acme, which is kept: 1 of its jobs are left (0 not ended, 1 in a provider batch")
+	_, err = store.Get(ctx, "acme")
+	require.NoError(t, err, "kept while a job is left")
+	b.mu.Lock()
+	require.Equal(t, []string{"default"}, b.canceled, "counted as the console's cancels")
+	b.mu.Unlock()
+
+	_, err = b.jobs.Pool.Exec(ctx, `UPDATE provider_batches SET state = 'canceled', ended_at = now() WHERE id = $1`, batchID)
+	require.NoError(t, err)
+	var res struct {
+		Message     string `json:"message"`
+		Changed     bool   `json:"changed"`
+		JobsDeleted int    `json:"jobs_deleted"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants/acme/delete", nil, &res)
+	require.Equal(t, "tenant acme deleted, with 1 jobs and its tokens (0 jobs canceled first)", res.Message)
+	require.True(t, res.Changed)
+	require.Equal(t, 1, res.JobsDeleted)
+	_, err = store.Get(ctx, "acme")
+	require.ErrorIs(t, err, tenant.ErrNotFound)
+	var n int
+	require.NoError(t, b.jobs.Pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE tenant = 'acme'`).Scan(&n))
+	require.Zero(t, n)
+	got, err = b.jobs.Store.Get(ctx, other.ID)
+	require.NoError(t, err, "another tenant's job is untouched")
+	require.Equal(t, jobs.StatusQueued, got.Status)
+	r, out = c.do(http.MethodPost, "/console/api/tenants/acme/delete", nil, nil)
+	requireError(t, r, out, http.StatusNotFound, "not_found")
+
+	var actions []string
+	for _, e := range b.audit(t) {
+		actions = append(actions, fmt.Sprintf("%s %s %d %v", e.Action, e.Target, e.Count, e.Detail["jobs_deleted"]))
+	}
+	require.Equal(t, []string{"tenant.delete acme 1 1", "tenant.delete acme 0 2", "tenant.cancel_jobs acme 1 <nil>",
+		"tenant.revoke acme 1 <nil>", "login  1 <nil>"}, actions)
+}
+
+// TestTenants_RevokeCancelJobsCancelsItsDeadLetters: "Revoke, cancel its jobs" cancels the
+// tenant's dead letters too, as `ctl tenants revoke --cancel-jobs` does, so that a retry of every
+// dead letter (after an outage) does not send them again and pay for answers the revoked tenant
+// can no longer read; another tenant's dead letter stays one. They stayed dead letters.
+func TestTenants_RevokeCancelJobsCancelsItsDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setupConfig(t, func(cfg *console.Config) { cfg.RevokeSettle = -1 }) // no replica caches it here
+	c := b.login(t)
+	ctx := context.Background()
+	store := tenant.NewStore(b.jobs.Pool, nil)
+	for _, name := range []string{"acme", "other"} {
+		_, _, err := store.Create(ctx, name, nil)
+		require.NoError(t, err)
+	}
+	queued := b.jobs.Create(t, jobstest.Opts{Tenant: "acme"})
+	dead := b.jobs.Dead(t, jobstest.Opts{Tenant: "acme"}, jobs.ReasonRetriesExhausted, 1)
+	other := b.jobs.Dead(t, jobstest.Opts{Tenant: "other"}, jobs.ReasonRetriesExhausted, 1)
+
+	var res struct {
+		Message     string `json:"message"`
+		Canceled    int    `json:"canceled"`
+		DeadLetters int    `json:"dead_letters"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants/acme/revoke", map[string]any{"cancel_jobs": true}, &res)
+	require.Equal(t, "tenant acme revoked; canceled 2 jobs of it (1 of them dead letters, which no retry sends now)", res.Message)
+	require.Equal(t, 2, res.Canceled)
+	require.Equal(t, 1, res.DeadLetters)
+	for j, want := range map[*jobs.Job]jobs.Status{queued: jobs.StatusCanceled, dead: jobs.StatusCanceled, other: jobs.StatusDead} {
+		got, err := b.jobs.Store.Get(ctx, j.ID)
+		require.NoError(t, err)
+		require.Equal(t, want, got.Status, "job of %s", j.Tenant)
+	}
+	var entries []string
+	for _, e := range b.audit(t) {
+		entries = append(entries, fmt.Sprintf("%s %s %d %v", e.Action, e.Target, e.Count, e.Detail["dead_letters"]))
+	}
+	require.Equal(t, []string{"tenant.cancel_jobs acme 2 1", "tenant.revoke acme 1 <nil>", "login  1 <nil>"}, entries)
 }

@@ -109,6 +109,45 @@ func (s *Store) ListDead(ctx context.Context, f DeadFilter) ([]*Job, error) {
 	return out, nil
 }
 
+// PageDead returns one page of the dead jobs f selects, most recently dead first (finished_at,
+// then id), at most f.Limit (default 50) of them, from after: the Next of the previous page (""
+// for the first). Its Next is "" on the last page. The cursor is the (finished_at, id) of the
+// page's last job: a job retried or purged meanwhile simply leaves its page, and one that died
+// after the first page was read appears on no page. f.Since and f.Before apply as in ListDead.
+// Errors: ErrBadCursor, or a wrapped database error.
+func (s *Store) PageDead(ctx context.Context, f DeadFilter, after string) (*JobPage, error) {
+	if f.Limit <= 0 {
+		f.Limit = 50
+	}
+	var args []any
+	where := f.where("jobs", &args)
+	if after != "" {
+		at, id, err := decodeCursor(after)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, at, id)
+		where += " AND (jobs.finished_at, jobs.id) < ($" + strconv.Itoa(len(args)-1) + ", $" + strconv.Itoa(len(args)) + "::uuid)"
+	}
+	args = append(args, f.Limit+1)
+	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+where+`
+ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("page dead jobs: %w", err)
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
+	if err != nil {
+		return nil, fmt.Errorf("page dead jobs: %w", err)
+	}
+	page := &JobPage{Jobs: list}
+	if len(list) > f.Limit {
+		page.Jobs = list[:f.Limit]
+		last := page.Jobs[f.Limit-1]
+		page.Next = encodeCursor(*last.FinishedAt, last.ID)
+	}
+	return page, nil
+}
+
 // listDeadQuery is ListDead's statement.
 func listDeadQuery(f DeadFilter) (string, []any) {
 	if f.Limit <= 0 {

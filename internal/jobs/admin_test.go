@@ -453,3 +453,64 @@ func unfinishedIDs(us []jobs.Unfinished) []string {
 	}
 	return out
 }
+
+// TestStore_PageDead: the dead letters come a page at a time, most recently dead first and, for
+// deaths of the same microsecond (a batch's jobs dead-lettered in one transaction), by ID, each
+// once however the pages split them; a job retried between two pages leaves its page and shifts
+// no other; Since and Reason filter as in ListDead.
+func TestStore_PageDead(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := context.Background()
+	var all []*jobs.Job
+	for range 7 {
+		all = append(all, b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1))
+	}
+	b.Dead(t, jobstest.Opts{}, jobs.ReasonRateLimitedNoRetryAfter, 1) // another reason
+	// Five die in the same microsecond, two earlier.
+	same := time.Date(2020, 1, 2, 3, 4, 5, 6000, time.UTC)
+	for i, j := range all {
+		at := same
+		if i >= 5 {
+			at = same.Add(-time.Duration(i) * time.Second)
+		}
+		_, err := b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = $2 WHERE id = $1`, j.ID, at)
+		require.NoError(t, err)
+	}
+	want := ids(all[:5])
+	slices.Sort(want)
+	slices.Reverse(want)
+	want = append(want, all[5].ID, all[6].ID)
+
+	f := jobs.DeadFilter{Reason: jobs.ReasonRetriesExhausted, Limit: 2}
+	var got []string
+	after := ""
+	for range 10 {
+		p, err := b.Store.PageDead(ctx, f, after)
+		require.NoError(t, err)
+		got = append(got, ids(p.Jobs)...)
+		if p.Next == "" {
+			break
+		}
+		after = p.Next
+	}
+	require.Equal(t, want, got)
+
+	// A job retried between two pages: the next page starts where the first ended.
+	p, err := b.Store.PageDead(ctx, f, "")
+	require.NoError(t, err)
+	require.Equal(t, want[:2], ids(p.Jobs))
+	retried, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{want[1]}}, nil)
+	require.NoError(t, err)
+	require.Len(t, retried, 1)
+	p, err = b.Store.PageDead(ctx, f, p.Next)
+	require.NoError(t, err)
+	require.Equal(t, want[2:4], ids(p.Jobs))
+
+	p, err = b.Store.PageDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRetriesExhausted, Since: same}, "")
+	require.NoError(t, err)
+	require.Len(t, p.Jobs, 4, "the five of the same microsecond, less the one retried")
+	require.Empty(t, p.Next)
+	_, err = b.Store.PageDead(ctx, f, "bm90LWEtY3Vyc29y")
+	require.ErrorIs(t, err, jobs.ErrBadCursor)
+}

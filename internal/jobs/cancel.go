@@ -23,10 +23,15 @@ func AlreadyCanceled(err error) bool {
 	return errors.As(err, &te) && te.Status == StatusCanceled
 }
 
-// Cancel moves a queued, retrying or running job to canceled and appends the event, in one
+// Cancel moves a queued, retrying, running or dead job to canceled and appends the event, in one
 // transaction under the job's row lock. It returns the canceled job, ErrNotFound (also for a
-// malformed ID), or a *TerminalError naming the status of a job that had already ended (see
-// AlreadyCanceled: one canceled before changes nothing, appends nothing).
+// malformed ID), or a *TerminalError naming the status of a job that had already ended otherwise
+// (see AlreadyCanceled: one canceled before changes nothing, appends nothing).
+//
+// A dead job waits for an operator, whose retry (RetryDead) would send it again: canceled, it
+// is no dead letter any more and no retry takes it (the client no longer wants it; see
+// docs/decisions.md, "A dead job can be canceled"). Its dead reason moves to the event's payload
+// (previous_reason), as a retry's does.
 //
 // Cancel only writes Postgres. Every later write of the worker is conditional on a non-terminal
 // status, so an attempt in flight can no longer store a result; to stop that attempt's provider
@@ -39,26 +44,31 @@ func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
 	var job *Job
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var status Status
+		var reason *string
 		// The row lock orders this against the worker's transitions and an operator's retry.
-		err := tx.QueryRow(ctx, `SELECT status FROM jobs WHERE id = $1 FOR UPDATE`, id).Scan(&status)
+		err := tx.QueryRow(ctx, `SELECT status, dead_reason FROM jobs WHERE id = $1 FOR UPDATE`, id).Scan(&status, &reason)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}
 		if err != nil {
 			return err
 		}
-		if status.Terminal() {
+		if status.Terminal() && status != StatusDead {
 			return &TerminalError{Status: status}
 		}
 		job, err = s.scanJob(tx.QueryRow(ctx, `
 UPDATE jobs SET status = 'canceled', next_attempt_at = NULL, finished_at = now(), updated_at = now(),
-	event_seq = event_seq + 1
+	dead_reason = NULL, event_seq = event_seq + 1
 WHERE id = $1
 RETURNING `+jobColumns, id))
 		if err != nil {
 			return err
 		}
-		return appendEvent(ctx, tx, job.ID, job.EventSeq, StatusCanceled, map[string]any{"from": status})
+		payload := map[string]any{"from": status}
+		if reason != nil {
+			payload["previous_reason"] = *reason
+		}
+		return appendEvent(ctx, tx, job.ID, job.EventSeq, StatusCanceled, payload)
 	})
 	var te *TerminalError
 	if errors.Is(err, ErrNotFound) || errors.As(err, &te) {

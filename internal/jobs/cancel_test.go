@@ -136,3 +136,37 @@ func TestStore_Cancel(t *testing.T) {
 		}
 	})
 }
+
+// TestStore_CancelADeadJob: a dead job the client no longer wants is canceled (its dead reason
+// kept in the event's payload): it is no dead letter any more, so an operator's retry of every
+// dead letter (after an outage) does not send it again and pay for it. Cancel answered it
+// *TerminalError (the API's 409 job_terminal), and the retry sent it.
+func TestStore_CancelADeadJob(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := context.Background()
+	dead := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	other := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+
+	got, err := b.Store.Cancel(ctx, dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, got.Status)
+	require.Nil(t, got.DeadReason)
+	require.Equal(t, []jobs.Status{"queued", "running", "dead", "canceled"}, b.Events(t, dead.ID))
+	evs, err := b.Store.Events(ctx, dead.ID, 3)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"from":"dead","previous_reason":"retries_exhausted"}`, string(evs[0].Payload))
+	_, err = b.Store.Cancel(ctx, dead.ID)
+	require.True(t, jobs.AlreadyCanceled(err), "a second cancel changes nothing: %v", err)
+
+	list, err := b.Store.ListDead(ctx, jobs.DeadFilter{})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, other.ID, list[0].ID, "no dead letter any more")
+	retried, err := b.Store.RetryDead(ctx, jobs.DeadFilter{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []jobs.Unfinished{{ID: other.ID, Status: jobs.StatusQueued, Priority: jobs.PriorityNormal}}, retried)
+	got, err = b.Store.Get(ctx, dead.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, got.Status, "a retry of every dead letter leaves it canceled")
+}

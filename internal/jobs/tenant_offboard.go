@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // DeleteEndedOfTenant deletes up to limit of the tenant's jobs that have ended (succeeded,
@@ -119,4 +122,61 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 			fired = true
 		}
 	}
+}
+
+// CancelDeadOfTenant cancels every dead job of the tenant, as Cancel does one (its dead reason
+// kept in the canceled event), and calls abort (when not nil) with each, as CancelTenant does:
+// for an operator ending a revoked tenant's work. A dead letter waits for an operator, whose
+// retry of every dead letter (`ctl dead retry --all`, after an outage) would send it again and
+// pay for an answer the revoked tenant can no longer read. It walks the tenant's dead letters
+// once, oldest death first (jobs_finished_idx, in the order RetryDead locks them), and returns
+// how many it canceled; a job retried meanwhile (queued again) is canceled as well, one purged
+// or otherwise ended meanwhile is left alone. An abort that fails does not stop it; the first
+// such failure is returned at the end, with their count.
+func (s *Store) CancelDeadOfTenant(ctx context.Context, tenant string, abort func(*Job) error) (int, error) {
+	const page = 500
+	n, unaborted := 0, 0
+	var abortErr error
+	at, after := time.Time{}, uuid.Nil.String()
+	for {
+		rows, err := s.pool.Query(ctx, `SELECT id::text, finished_at FROM jobs
+WHERE status = 'dead' AND finished_at IS NOT NULL AND tenant = $1 AND (finished_at, id) > ($2, $3::uuid)
+ORDER BY finished_at, id LIMIT $4`, tenant, at, after, page)
+		if err != nil {
+			return n, fmt.Errorf("read the tenant's dead jobs: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+			err := r.Scan(&after, &at)
+			return after, err
+		})
+		if err != nil {
+			return n, fmt.Errorf("read the tenant's dead jobs: %w", err)
+		}
+		for _, id := range ids {
+			job, err := s.Cancel(ctx, id)
+			var te *TerminalError
+			switch {
+			case errors.Is(err, ErrNotFound) || errors.As(err, &te):
+				continue // purged, or retried and ended, meanwhile
+			case err != nil:
+				return n, err
+			}
+			n++
+			if abort == nil {
+				continue
+			}
+			if err := abort(job); err != nil {
+				if unaborted++; abortErr == nil {
+					abortErr = fmt.Errorf("job %s: %w", job.ID, err)
+				}
+			}
+		}
+		if len(ids) < page {
+			break
+		}
+	}
+	if abortErr != nil {
+		return n, fmt.Errorf("%d canceled dead jobs' tasks could not be aborted; first, %w", unaborted, abortErr)
+	}
+	return n, nil
 }

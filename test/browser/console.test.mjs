@@ -234,7 +234,7 @@ try {
   for (const id of [first, waiting, dead]) await tab.locator(`#jobs tr[data-id="${id}"]`).waitFor(WAIT);
   await shot(tab, 'jobs');
 
-  step('create a tenant (its token shown once), set its weight, rotate its token and revoke it');
+  step('create a tenant (its token shown once), set its weight, rotate its token, revoke it and delete it');
   await tab.goto(`${CONSOLE}#/tenants`);
   await tab.fill('#tenant-form input[name=name]', 'acme');
   await tab.click('#tenant-form button');
@@ -262,6 +262,10 @@ try {
   await tab.locator('#flash', { hasText: 'tenant acme revoked' }).waitFor(WAIT);
   // The table is drawn again after the message: wait for the revocation's date.
   await tab.locator('#tenants tr[data-name=acme] td.revoked', { hasText: /\d/ }).waitFor(WAIT);
+  // Revoked, it can be deleted (offboarded): its row goes.
+  await confirm(tab, '#tenants tr[data-name=acme] button.delete', /^Delete tenant acme\? .*cannot be undone/, 'ok');
+  await tab.locator('#flash', { hasText: 'tenant acme deleted' }).waitFor(WAIT);
+  await tab.locator('#tenants tr[data-name=acme]').waitFor({ ...WAIT, state: 'detached' });
 
   step('an action without the CSRF token is refused');
   const refused = await tab.evaluate(async () => {

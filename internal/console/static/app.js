@@ -346,7 +346,8 @@ async function pageDead(root, params) {
     h('p', {}, h('button', { id: 'retry-selected', onclick: () => deadAction('retry', selected()) }, 'Retry selected'), ' ',
       h('button', { id: 'purge-selected', class: 'danger', onclick: () => deadAction('purge', selected()) }, 'Purge selected')),
     data.jobs.length ? jobsTable(data.jobs, { select: true, dead: true, id: 'dead' }) : h('p', { class: 'muted', id: 'dead' }, 'No dead letters.'),
-    data.jobs.length >= data.limit ? h('p', { class: 'muted' }, `The ${data.limit} most recent; narrow the filter to see others.`) : null);
+    h('div', { class: 'pager' }, params.get('after') ? h('a', { href: '#/dead' + (() => { const p = new URLSearchParams(params); p.delete('after'); return p.size ? '?' + p : ''; })() }, '« newest') : null,
+      data.next ? h('a', { href: `#/dead?${(() => { const p = new URLSearchParams(params); p.set('after', data.next); return p; })()}`, id: 'dead-next-page' }, 'older »') : null));
 }
 
 async function pageCredentials(root) {
@@ -385,11 +386,15 @@ async function pageTenants(root) {
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/weight`, { weight: Number(input.value) })).message); route(); } catch (e) { flash(e.message, true); }
   };
   const revoke = async (name, cancelJobs, revoked) => {
-    const text = revoked ? `Cancel every job of tenant ${name} that has not ended (calls in flight are aborted)?`
-      : cancelJobs ? `Revoke tenant ${name} and cancel every job of it that has not ended (calls in flight are aborted)? Its token stops working within seconds.`
+    const text = revoked ? `Cancel every job of tenant ${name} that has not ended (calls in flight are aborted), and its dead letters?`
+      : cancelJobs ? `Revoke tenant ${name} and cancel every job of it that has not ended (calls in flight are aborted), and its dead letters? Its token stops working within seconds.`
         : `Revoke tenant ${name}? Its token stops working within seconds; its jobs that have not ended still run.`;
     if (!(await confirmAction(text))) return;
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`, cancelJobs ? { cancel_jobs: true } : undefined)).message); route(); } catch (e) { flash(e.message, true); }
+  };
+  const remove = async (name) => {
+    if (!(await confirmAction(`Delete tenant ${name}? Its jobs that have not ended are canceled (calls in flight are aborted), then every job of it is deleted with its history, then the tenant and its tokens. This cannot be undone; the audit log keeps its entries.`))) return;
+    try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/delete`)).message); route(); } catch (e) { flash(e.message, true); route(); }
   };
   const rotate = async (name, overlapSeconds) => {
     const text = overlapSeconds > 0
@@ -416,7 +421,8 @@ async function pageTenants(root) {
           h('input', { type: 'number', min: 1, max: 1000, value: t.weight, size: 4, 'aria-label': `weight of ${t.name}` }))),
         h('td', {}, fmtTime(t.created_at)), h('td', { class: 'revoked' }, t.revoked_at ? fmtTime(t.revoked_at) : '–'),
         h('td', { class: 'previous-token-ends' }, t.previous_token_ends_at ? fmtTime(t.previous_token_ends_at) : '–'),
-        h('td', {}, t.revoked_at ? h('button', { class: 'danger cancel-jobs', onclick: () => revoke(t.name, true, true) }, 'Cancel its jobs')
+        h('td', {}, t.revoked_at ? [h('button', { class: 'danger cancel-jobs', onclick: () => revoke(t.name, true, true) }, 'Cancel its jobs'), ' ',
+          h('button', { class: 'danger delete', onclick: () => remove(t.name) }, 'Delete')]
           : [h('button', { class: 'rotate', onclick: () => rotate(t.name, 86400) }, 'Rotate token'), ' ',
             h('button', { class: 'danger rotate-now', onclick: () => rotate(t.name, 0) }, 'Rotate, end old now'), ' ',
             h('button', { class: 'danger revoke', onclick: () => revoke(t.name, false, false) }, 'Revoke'), ' ',

@@ -1,0 +1,163 @@
+// Package offboard ends a revoked tenant's work and deletes it with its jobs: the procedures that
+// `ctl tenants revoke --cancel-jobs` and `ctl tenants delete` and the console's equivalents both
+// run, so that they follow the same rules and are audited alike.
+package offboard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+// Options configure a deletion.
+type Options struct {
+	// Settle is how long after the tenant's revocation the last walk for jobs to cancel comes:
+	// the API replicas' Authenticator TTL and a second (tenant.DefaultCacheTTL + 1s), after which
+	// no replica accepts a submit of the tenant any more. A revocation older than that is not
+	// waited for.
+	Settle time.Duration
+	// Abort, when set, is called with each job canceled, to stop its task (a call in flight).
+	// A failure does not stop the deletion (the job is canceled; an attempt in flight runs to
+	// its end, unstored) but is returned at the end of the cancels.
+	Abort func(*jobs.Job) error
+	// Batch is how many jobs one transaction deletes. Default 500.
+	Batch int
+	// Canceled, when set, is told how many jobs were canceled once the cancels are done (when
+	// some were), before the deletion begins.
+	Canceled func(n int)
+	// Progress, when set, is told the jobs deleted so far after each full batch (more may follow).
+	Progress func(deleted int64)
+}
+
+// Result is what a deletion did, also when it stopped halfway.
+type Result struct {
+	// Canceled counts the tenant's jobs it canceled.
+	Canceled int
+	// Deleted counts the tenant's jobs it deleted, with their attempts, events and keys.
+	Deleted int64
+	// TenantDeleted reports whether the tenant and its tokens are gone.
+	TenantDeleted bool
+	// Unfinished and Left count the jobs that kept the tenant (TenantDeleted false, no error):
+	// jobs not ended (submitted meanwhile, or being changed), and ended ones in a provider batch
+	// still open or locked by a change under way. A later deletion finishes it.
+	Unfinished, Left int
+}
+
+// AuditEntries are the audit log's entries of r, for the caller to write with its operator,
+// whether the deletion finished or not: tenant.cancel_jobs with the jobs canceled (when some
+// were), and tenant.delete with count 1 when the tenant was deleted, 0 when only some of its
+// jobs were (Detail "jobs_deleted" says how many). A deletion that changed nothing has none.
+func (r Result) AuditEntries(name string) []audit.Entry {
+	var out []audit.Entry
+	if r.Canceled > 0 {
+		out = append(out, CancelJobsEntry(name, r.Canceled, 0))
+	}
+	if r.Deleted > 0 || r.TenantDeleted {
+		n := 0
+		if r.TenantDeleted {
+			n = 1
+		}
+		out = append(out, audit.Entry{Action: "tenant.delete", Target: name, Count: n,
+			Detail: map[string]any{"jobs_deleted": r.Deleted}})
+	}
+	return out
+}
+
+// Kept reports whether jobs left kept the tenant (see Result.Unfinished and Left).
+func (r Result) Kept() bool { return !r.TenantDeleted && r.Unfinished+r.Left > 0 }
+
+// DeleteTenant deletes revoked tenant name: it cancels the tenant's jobs that have not ended
+// (jobs.Store.CancelTenant, walking them once more Options.Settle after the revocation), deletes
+// its jobs in batches with their attempts, events and idempotency keys
+// (jobs.Store.DeleteEndedOfTenant), then, when none is left, the tenant and its tokens
+// (tenant.Store.Delete). Jobs left (in a provider batch still open, or being changed) keep the
+// tenant: the Result counts them (Kept) and a later call finishes the deletion.
+//
+// Errors, before anything is changed: tenant.ErrAnonymousTenant (tenant.Default),
+// tenant.ErrNotFound, tenant.ErrNotRevoked. Any later error comes with the Result of what was
+// done before it, which the caller audits (Result.AuditEntries).
+func DeleteTenant(ctx context.Context, tenants *tenant.Store, store *jobs.Store, name string, o Options) (Result, error) {
+	var res Result
+	if name == tenant.Default {
+		return res, fmt.Errorf("%w: %q answers anonymous requests as stored (api.allow_anonymous): deleted, they would be let in again",
+			tenant.ErrAnonymousTenant, name)
+	}
+	if o.Batch <= 0 {
+		o.Batch = 500
+	}
+	since, err := tenants.RevokedFor(ctx, name)
+	if err != nil {
+		return res, err
+	}
+	settle := time.NewTimer(max(0, o.Settle-since))
+	defer settle.Stop()
+	res.Canceled, err = store.CancelTenant(ctx, name, settle.C, o.Abort)
+	if res.Canceled > 0 && o.Canceled != nil {
+		o.Canceled(res.Canceled)
+	}
+	if err != nil {
+		return res, err
+	}
+	for {
+		n, err := store.DeleteEndedOfTenant(ctx, name, o.Batch)
+		res.Deleted += n
+		if err != nil {
+			return res, fmt.Errorf("deletion stopped after %d jobs: %w", res.Deleted, err)
+		}
+		if n < int64(o.Batch) {
+			break
+		}
+		if o.Progress != nil {
+			o.Progress(res.Deleted)
+		}
+	}
+	if res.Unfinished, res.Left, err = store.RemainingOfTenant(ctx, name); err != nil {
+		return res, err
+	}
+	if res.Unfinished+res.Left > 0 {
+		return res, nil
+	}
+	if err := tenants.Delete(ctx, name); err != nil {
+		return res, err
+	}
+	res.TenantDeleted = true
+	return res, nil
+}
+
+// CancelJobs cancels the jobs of revoked tenant name: those that have not ended
+// (jobs.Store.CancelTenant, walking them once more settle after the revocation, on Postgres's
+// clock: at once for a revocation older than that), then, when that went well, its dead letters
+// (jobs.Store.CancelDeadOfTenant), which an operator's retry of every dead letter would otherwise
+// send again and pay for. abort (when not nil) is called with each job canceled. It returns how
+// many jobs it canceled and how many of them were dead letters, also with an error (the caller
+// audits them: CancelJobsEntry). Errors: tenant.ErrNotFound, tenant.ErrNotRevoked, or what the
+// cancels returned.
+func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, name string, settle time.Duration,
+	abort func(*jobs.Job) error) (n, dead int, err error) {
+	since, err := tenants.RevokedFor(ctx, name)
+	if err != nil {
+		return 0, 0, err
+	}
+	timer := time.NewTimer(max(0, settle-since))
+	defer timer.Stop()
+	n, err = store.CancelTenant(ctx, name, timer.C, abort)
+	if err != nil {
+		return n, 0, err
+	}
+	dead, err = store.CancelDeadOfTenant(ctx, name, abort)
+	return n + dead, dead, err
+}
+
+// CancelJobsEntry is the audit log's entry of n jobs of tenant name canceled, dead of them dead
+// letters (Detail "dead_letters", when some were).
+func CancelJobsEntry(name string, n, dead int) audit.Entry {
+	e := audit.Entry{Action: "tenant.cancel_jobs", Target: name, Count: n}
+	if dead > 0 {
+		e.Detail = map[string]any{"dead_letters": dead}
+	}
+	return e
+}
