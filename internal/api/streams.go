@@ -75,6 +75,15 @@ func (c *streamCounter) openServer() (release func(), err error) {
 	}, nil
 }
 
+// openConsole takes one of the replica's stream places for a live page of the console
+// (console.Config.OpenStream): the console's streams hold connections as the API's do, and so
+// count in MaxStreams (and llmq_event_streams_open, llmq_event_streams_rejected_total{reason=
+// "server"}) with them; not in any tenant's.
+func (c *streamCounter) openConsole() (release func(), retryAfter time.Duration, ok bool) {
+	release, err := c.openServer()
+	return release, streamRetryAfter, err == nil
+}
+
 // open takes one of the tenant's stream places, or answers 429 with Retry-After when all are
 // taken. Call release once when the stream ends.
 func (c *streamCounter) open(tenant string) (release func(), err error) {

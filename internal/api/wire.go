@@ -113,14 +113,18 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 	if err := reg.Register(afterCommit); err != nil {
 		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 	}
-	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), afterCommit, listener, metrics, logger)
+	// The console's live pages take the server's stream places (api.max_streams), of the Server
+	// built below: none opens before it serves.
+	var s *Server
+	openStream := func() (func(), time.Duration, bool) { return s.streams.openConsole() }
+	con, err := newConsole(cfg, opts.RedisPrefix, pool, store, rdb, dispatch.NewTasks(inspector, enqueuer), afterCommit, listener, openStream, metrics, logger)
 	if err != nil {
 		return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 	}
 	deltas := deltastream.New(deltastream.Config{Redis: rdb, Logger: logger,
 		MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL}) // the API only reads
 	hub := deltas.NewHub()
-	s := New(Config{
+	s = New(Config{
 		Store: store, Enqueuer: enqueuer, Handoff: opts.Handoff, Metrics: metrics, Pool: pool, Redis: rdb, Gatherer: reg,
 		Submit:         SubmitConfig{Credentials: names, Kinds: kinds, TokenLimits: tokenLimits, BatchWindows: batchWindows, DefaultMaxAttempts: cfg.Retry.MaxAttempts},
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes,

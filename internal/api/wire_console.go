@@ -2,6 +2,7 @@ package api
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -13,9 +14,10 @@ import (
 )
 
 // newConsole builds the operators' console (/console/) on the API's stores and listener; its
-// cancels count in the API's metrics m.
+// cancels count in the API's metrics m, and its live pages take a stream place of openStream's.
 func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jobs.Store, rdb redis.UniversalClient,
-	tasks *dispatch.Tasks, afterCommit *dispatch.AfterCommit, listener *jobs.Listener, m *Metrics, logger *slog.Logger) (*console.Handler, error) {
+	tasks *dispatch.Tasks, afterCommit *dispatch.AfterCommit, listener *jobs.Listener,
+	openStream func() (func(), time.Duration, bool), m *Metrics, logger *slog.Logger) (*console.Handler, error) {
 	creds := make([]console.Credential, 0, len(cfg.Credentials))
 	for _, c := range cfg.Credentials {
 		cc := console.Credential{Name: c.Name, Provider: c.Provider}
@@ -26,5 +28,5 @@ func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jo
 	}
 	return console.New(console.Config{Pool: pool, Jobs: store, Tasks: tasks, AfterCommit: afterCommit, Redis: rdb, Credentials: creds,
 		Canceled: m.canceled, Listener: listener, Logger: logger, RedisPrefix: prefix,
-		EventWriteTimeout: cfg.API.EventWriteTimeout, ActionTimeout: cfg.API.StoreTimeout})
+		EventWriteTimeout: cfg.API.EventWriteTimeout, ActionTimeout: cfg.API.StoreTimeout, OpenStream: openStream})
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -213,4 +214,57 @@ func TestFromConfig_ConsolePathsUnderCleanPaths(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, resp.StatusCode, p)
 		require.Empty(t, resp.Header.Get("Location"), p)
 	}
+}
+
+// TestFromConfig_ConsoleLivePagesUnderMaxStreams: the console's live pages (a job's, the
+// overview's) take the server's event stream places (api.max_streams) as the API's streams do:
+// over the cap one is refused 503 overloaded with Retry-After, and a page that closes gives its
+// place back. They were not counted: live pages left open by many operators, or a script, held
+// connections past the cap.
+func TestFromConfig_ConsoleLivePagesUnderMaxStreams(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	cfg, err := parseWire(t, dbURL, redistest.Queue(t, redistest.URL()), ", max_streams: 1")
+	require.NoError(t, err)
+	pool, srv := fromConfig(t, dbURL, cfg)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+
+	job := (&testBundle{store: jobs.NewStore(pool, nil)}).create(t, "")
+	_, token, err := operator.NewStore(pool, nil).Create(context.Background(), "alice")
+	require.NoError(t, err)
+	login := do(t, hs.URL, http.MethodPost, "/console/api/login", `{"token":"`+token+`"}`, nil)
+	require.Equal(t, http.StatusOK, login.status)
+	cookie := (&http.Response{Header: login.header}).Cookies()
+	require.NotEmpty(t, cookie)
+	session := map[string]string{"Cookie": cookie[0].String()}
+	// open opens a live page; its stream stays open until the returned function closes it.
+	open := func(path string) (*http.Response, func()) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Cookie", cookie[0].String())
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		return resp, func() { cancel(); resp.Body.Close() }
+	}
+
+	first, closeFirst := open("/console/api/jobs/" + job.ID + "/live")
+	defer closeFirst()
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	for _, path := range []string{"/console/api/jobs/" + job.ID + "/live", "/console/api/overview/live"} {
+		refused := do(t, hs.URL, http.MethodGet, path, "", session)
+		require.Equal(t, http.StatusServiceUnavailable, refused.status, path)
+		require.Equal(t, "overloaded", refused.body["error"].(map[string]any)["type"], path)
+		require.Equal(t, "5", refused.header.Get("Retry-After"), path)
+	}
+	events := do(t, hs.URL, http.MethodGet, "/v1/jobs/"+job.ID+"/events", "", nil)
+	require.Equal(t, http.StatusServiceUnavailable, events.status, "the API's streams share the cap")
+
+	closeFirst()
+	require.Eventually(t, func() bool {
+		resp, closeIt := open("/console/api/overview/live")
+		defer closeIt()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond, "the closed page's place is given back")
 }

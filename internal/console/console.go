@@ -20,6 +20,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -97,6 +98,13 @@ type Config struct {
 	// pool connection held. Reads and event streams are not bounded by it. Default 10s (the API
 	// gives it api.store_timeout).
 	ActionTimeout time.Duration
+	// OpenStream, when set, takes one of the process's event stream places for each live page
+	// (the overview's, a job's) before it reads anything: the API's api.max_streams, which its
+	// GET /v1/jobs/{id}/events takes too, so that live pages left open (by many operators, or a
+	// script) hold no connection past the cap. ok false refuses the page 503 overloaded with
+	// Retry-After retryAfter (the page opens its stream again a few seconds later); release
+	// gives the place back, once. nil: the live pages are not capped (tests).
+	OpenStream func() (release func(), retryAfter time.Duration, ok bool)
 	// Now is the clock of the overview's recomputations' durations. Default time.Now. The
 	// overview's window is on Postgres's clock (jobs.Store.WindowStats).
 	Now func() time.Time
@@ -229,6 +237,24 @@ func (h *Handler) getOnly(next http.HandlerFunc) http.HandlerFunc {
 		}
 		next(w, r)
 	}
+}
+
+// openStream takes one of the process's event stream places for a live page (Config.OpenStream),
+// after the session's check (a request without one takes none), or answers 503 overloaded with
+// Retry-After: ok false, the answer written. Call release once when the stream ends.
+func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (release func(), ok bool) {
+	if h.cfg.OpenStream == nil {
+		return func() {}, true
+	}
+	release, retryAfter, ok := h.cfg.OpenStream()
+	if !ok {
+		secs := strconv.Itoa(max(1, int(retryAfter/time.Second)))
+		w.Header().Set("Retry-After", secs)
+		writeError(w, r, h.cfg.Logger, &apiError{http.StatusServiceUnavailable, "overloaded",
+			"this server has as many event streams open as it may (api.max_streams); retry after " + secs + " s"})
+		return nil, false
+	}
+	return release, true
 }
 
 // Shutdown ends every open event stream of the console (the page's EventSource reconnects, to

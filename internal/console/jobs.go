@@ -161,8 +161,14 @@ func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.
 // transitions are announced), whatever process made it. It stays open after the job ends: an
 // operator may retry it. A job deleted meanwhile ends the stream with a "gone" event; a read that
 // fails otherwise is tried again at the next wake-up.
-// The stream ends with a "session_expired" event once its session has (see sessionEnded).
+// The stream ends with a "session_expired" event once its session has (see sessionEnded). It
+// holds one of the process's event stream places while open (Config.OpenStream).
 func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	release, ok := h.openStream(w, r)
+	if !ok {
+		return
+	}
+	defer release()
 	job, err := h.cfg.Jobs.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)

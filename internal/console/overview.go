@@ -107,8 +107,14 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, _ *operator.S
 // When a recomputation fails (Postgres does not answer), it sends one "overview_stale" event
 // (staleOverview): the figures last sent are no longer live. The next recomputation that succeeds
 // sends the figures again, changed or not. It ends with a "session_expired" event once its
-// session has (see sessionEnded).
+// session has (see sessionEnded). It holds one of the process's event stream places while open
+// (Config.OpenStream).
 func (h *Handler) overviewLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
+	release, ok := h.openStream(w, r)
+	if !ok {
+		return
+	}
+	defer release()
 	changed, unsubscribe := h.live.subscribe()
 	defer unsubscribe()
 	out, ok := startStream(w, h.cfg.EventWriteTimeout)

@@ -31,7 +31,15 @@ type ListenerConfig struct {
 	// (a partition, a failover behind a moved address) is so replaced within two intervals;
 	// no TCP setting finds it sooner than minutes. Default DefaultListenerPingInterval.
 	PingInterval time.Duration
+	// WatchTTL is how long the watch (Store.Watch) of each subscribed job lasts that the
+	// catch-up after every (re)connection renews: the subscribers' own watch TTL (an event
+	// stream's is 4 keep-alives). Default DefaultListenerWatchTTL.
+	WatchTTL time.Duration
 }
+
+// DefaultListenerWatchTTL is ListenerConfig.WatchTTL's default: an event stream's watch at the
+// default keep-alive (4 × 15 s).
+const DefaultListenerWatchTTL = time.Minute
 
 // DefaultListenerPingInterval is ListenerConfig.PingInterval's default: a silent connection is
 // replaced within 20 s, about when an event stream's keep-alive re-read (15 s) would have caught
@@ -44,10 +52,13 @@ const DefaultListenerPingInterval = 10 * time.Second
 // by any process: workers, other API replicas, ctl.
 //
 // Notifications are lost while the connection is down; after every (re)connection each
-// subscriber is signalled with its job's latest event's number, read for every subscribed job
-// together (one statement per catchUpPage jobs), so that a subscriber that has read that far
+// subscribed job's watch is renewed (WatchTTL) and each subscriber signalled with its job's
+// latest event's number as the renewal found it, for every subscribed job together (one
+// statement per catchUpPage jobs), so that a subscriber that has read that far
 // reads nothing, and one whose job moved meanwhile re-reads the job's events from the table and
-// misses nothing. A reconnect used to signal 0 to every subscriber, and each event stream then
+// misses nothing, and every later transition is announced: the watches of an outage longer
+// than a watch, whose renewals all failed, had ended, and the first transition after the
+// reconnect reached its streams a keep-alive late. A reconnect used to signal 0 to every subscriber, and each event stream then
 // read the job's events and the job: a herd of two reads per stream on a Postgres just back.
 // The zero value is not usable; use NewListener. Safe for concurrent use.
 type Listener struct {
@@ -74,6 +85,9 @@ func NewListener(cfg ListenerConfig) *Listener {
 	}
 	if cfg.PingInterval <= 0 {
 		cfg.PingInterval = DefaultListenerPingInterval
+	}
+	if cfg.WatchTTL <= 0 {
+		cfg.WatchTTL = DefaultListenerWatchTTL
 	}
 	return &Listener{cfg: cfg, subs: map[string]map[chan int]struct{}{}}
 }
@@ -214,10 +228,24 @@ func (l *Listener) signal(id string, seq int) {
 // catchUpPage is how many jobs' latest event numbers one statement of catchUp reads.
 const catchUpPage = 1000
 
-// catchUp signals every subscriber, once the connection listens, with the number of its job's
-// latest event, read on conn after LISTEN took effect: every event up to it is committed, every
-// later one is announced to us. A job not found (deleted, or an ID that names none) is signalled
-// 0, and every subscriber is when the read fails: it reads for itself.
+// catchUpSQL is catchUp's statement: it renews the watches of the jobs $1 for $2 milliseconds
+// (greatest: a longer one is kept) and returns their latest events' numbers, as the share locks
+// found them (Store.WatchLatest's guarantee: every later event is announced). The rows are
+// locked in ID order, so that two catch-ups (of replicas) cannot deadlock on them.
+const catchUpSQL = `
+WITH job AS (SELECT id, event_seq FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY id FOR SHARE),
+watch AS (
+	INSERT INTO job_watches (job_id, expires_at)
+	SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM job ORDER BY id
+	ON CONFLICT (job_id) DO UPDATE SET expires_at = greatest(job_watches.expires_at, excluded.expires_at))
+SELECT id::text, event_seq FROM job`
+
+// catchUp renews the watch of every subscribed job and signals every subscriber, once the
+// connection listens, with the number of its job's latest event, read on conn after LISTEN took
+// effect and together with the renewal: every event up to it is committed, every later one is
+// announced to us. A job not found (deleted, or an ID that names none) is signalled 0, and every
+// subscriber is when the statement fails: it reads for itself (and its keep-alive renews its
+// watch).
 func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	l.mu.Lock()
 	ids := make([]string, 0, len(l.subs))
@@ -229,7 +257,7 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	l.mu.Unlock()
 	latest := make(map[string]int, len(ids))
 	for page := range slices.Chunk(ids, catchUpPage) {
-		rows, _ := conn.Query(ctx, `SELECT id::text, event_seq FROM jobs WHERE id = ANY($1::uuid[])`, page)
+		rows, _ := conn.Query(ctx, catchUpSQL, page, l.cfg.WatchTTL.Milliseconds())
 		var id string
 		var seq int
 		_, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
@@ -238,7 +266,7 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 		})
 		if err != nil {
 			if ctx.Err() == nil {
-				l.cfg.Logger.WarnContext(ctx, "read followed jobs' latest events; every subscriber re-reads", "error", err)
+				l.cfg.Logger.WarnContext(ctx, "renew followed jobs' watches and read their latest events; every subscriber re-reads", "error", err)
 			}
 			clear(latest) // 0 to everyone
 			break

@@ -371,3 +371,30 @@ func TestListener_CoalescedSignalIsTheHighest(t *testing.T) {
 	b.listener.Subscribers() // the catch-up's signals are all sent
 	require.Equal(t, 0, next(t, a), "job-a:6, then the catch-up's 0")
 }
+
+// A reconnect renews the watches of the subscribed jobs: after a Postgres outage longer than a
+// watch (4 keep-alives: 60 s), the streams' renewals having failed all along, their jobs'
+// watches had ended, and a transition right after the reconnect was announced to no one: its
+// stream learned of it at its next keep-alive only, up to 15 s late. The watch is renewed in the
+// statement that reads the latest events, so a transition after that read is announced.
+func TestListener_ReconnectRenewsExpiredWatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupListener(t)
+	job := b.Create(t, jobstest.Opts{})
+	ch, _ := b.connected(t, job.ID)
+	// The watch ended during the outage (its renewals failed): none is left.
+	require.NoError(t, b.Store.Watch(ctx, job.ID, time.Minute))
+	_, err := b.Pool.Exec(ctx, `UPDATE job_watches SET expires_at = now() - interval '1 second' WHERE job_id = $1`, job.ID)
+	require.NoError(t, err)
+
+	var killed bool
+	require.NoError(t, b.Pool.QueryRow(ctx,
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
+	require.Equal(t, 1, next(t, ch), "the catch-up: queued")
+
+	_, err = b.Store.Cancel(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, 2, next(t, ch), "the transition after the reconnect is announced")
+}
