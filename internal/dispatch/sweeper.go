@@ -47,10 +47,20 @@ type SweeperConfig struct {
 	// several passes and a pass's cost does not grow with the backlog. A pass that finds a job
 	// without its task (Redis lost data) goes round the whole table. Default 5,000.
 	PassJobs int
-	Logger   *slog.Logger
-	Metrics  *Metrics
-	Now      func() time.Time
+	// StatementTimeout bounds each of a pass's statements in Postgres (a page of the walk for
+	// missing tasks is one): a pass whose connection falls silent (a partition, a failover behind
+	// a moved address) fails after it, and the sweeper lock is given up and tried for again one
+	// Interval later, instead of the pass hanging until TCP gives up (hours) while this process
+	// keeps the lock and no process sweeps. Default DefaultSweepStatementTimeout.
+	StatementTimeout time.Duration
+	Logger           *slog.Logger
+	Metrics          *Metrics
+	Now              func() time.Time
 }
+
+// DefaultSweepStatementTimeout is SweeperConfig.StatementTimeout's default: far above what a
+// page of 500 rows read in index order takes on a loaded server, far below TCP's own give-up.
+const DefaultSweepStatementTimeout = 30 * time.Second
 
 // Sweeper re-enqueues every non-terminal job whose asynq task is missing: after Redis lost data (a
 // restart without persistence, a flush) or after an API process died between commit and enqueue; a
@@ -79,6 +89,9 @@ func NewSweeper(cfg SweeperConfig) *Sweeper {
 	}
 	if cfg.PassJobs <= 0 {
 		cfg.PassJobs = 5000
+	}
+	if cfg.StatementTimeout <= 0 {
+		cfg.StatementTimeout = DefaultSweepStatementTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -129,11 +142,16 @@ func (s *Sweeper) lead(ctx context.Context) error {
 // no live worker server) and enqueues the non-terminal jobs whose task is missing. It returns how
 // many tasks it enqueued. Orphans are looked for among asynq's active tasks, so finding them
 // costs what the tasks in flight do, whatever the backlog; missing tasks are looked for by
-// walking the unfinished jobs (see reenqueueMissing). A pass that succeeds is dated in the
-// metrics (llmq_sweeper_last_success_timestamp_seconds).
+// walking the unfinished jobs (see reenqueueMissing). Each of its statements in Postgres has
+// StatementTimeout (a silent connection fails the pass; Redis's calls are bounded by the
+// client's socket timeouts). A pass that succeeds is dated in the metrics
+// (llmq_sweeper_last_success_timestamp_seconds).
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	now := s.cfg.Now()
-	if err := s.cfg.Store.PruneWatches(ctx); err != nil {
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	err := s.cfg.Store.PruneWatches(sctx)
+	cancel()
+	if err != nil {
 		return 0, err
 	}
 	rescued, err := s.rescueOrphans(ctx, now)
@@ -177,7 +195,9 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 			stuckDue[jobID] = stuckDue[jobID] || due
 		}
 	}
-	candidates, err := s.cfg.Store.UnfinishedByID(ctx, ids)
+	sctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	candidates, err := s.cfg.Store.UnfinishedByID(sctx, ids)
+	cancel()
 	if err != nil {
 		return 0, err
 	}
@@ -221,7 +241,9 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context) (int, error) {
 	enqueued, checked := 0, 0
 	after, wrapped := from, false
 	for {
-		batch, err := s.cfg.Store.ListUnfinished(ctx, after, page)
+		sctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+		batch, err := s.cfg.Store.ListUnfinished(sctx, after, page)
+		cancel()
 		if err != nil {
 			return enqueued, err
 		}
