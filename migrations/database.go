@@ -90,6 +90,11 @@ const DefaultPoolMaxConns = 16
 // Open creates the database if needed, opens a pool on it and applies pending migrations: what
 // api and worker do at start-up. The caller closes the pool.
 func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return openWatch(ctx, url, LockWatch{})
+}
+
+// openWatch is Open, its migrations' wait for the lock reported as w says.
+func openWatch(ctx context.Context, url string, w LockWatch) (*pgxpool.Pool, error) {
 	if err := EnsureDatabase(ctx, url); err != nil {
 		return nil, err
 	}
@@ -107,7 +112,7 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
 	}
-	if _, err := Up(ctx, pool); err != nil {
+	if _, err := UpWatch(ctx, pool, w); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
@@ -121,9 +126,15 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // and the wait before the next try. It is what lets a worker or API process start while Postgres
 // is still coming up.
 func OpenWait(ctx context.Context, url string, onRetry func(err error, wait time.Duration)) (*pgxpool.Pool, error) {
+	return OpenWaitWatch(ctx, url, onRetry, LockWatch{})
+}
+
+// OpenWaitWatch is OpenWait, its migrations' wait for another process's migration lock reported
+// as w says (UpWatch).
+func OpenWaitWatch(ctx context.Context, url string, onRetry func(err error, wait time.Duration), w LockWatch) (*pgxpool.Pool, error) {
 	wait := 250 * time.Millisecond
 	for {
-		pool, err := Open(ctx, url)
+		pool, err := openWatch(ctx, url, w)
 		if err == nil || !pgerr.Unavailable(err) || canceled(err) {
 			return pool, err
 		}

@@ -59,8 +59,16 @@ func All() []Migration {
 // Up applies every migration not yet recorded in schema_migrations and returns the versions it
 // applied, also when it fails (those are committed). It is safe to call from many processes at
 // once: they serialise on an advisory lock. It refuses a read-only database, and needs the
-// CREATE privilege only when there is something to apply.
+// CREATE privilege only when there is something to apply. Its wait for the lock is silent:
+// UpWatch reports it.
 func Up(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
+	return UpWatch(ctx, pool, LockWatch{})
+}
+
+// UpWatch is Up, its wait for another session's migration lock reported as w says (with the
+// holder's pid, user, application and client where Postgres shows them), while it waits without
+// bound but ctx's.
+func UpWatch(ctx context.Context, pool *pgxpool.Pool, w LockWatch) ([]int, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", err)
@@ -83,8 +91,19 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
 		WHERE name IN ('statement_timeout', 'transaction_timeout', 'client_connection_check_interval')`); err != nil {
 		return nil, fmt.Errorf("clear statement_timeout: %w", err)
 	}
-	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey); err != nil {
+	var locked bool
+	if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", advisoryLockKey).Scan(&locked); err != nil {
 		return nil, fmt.Errorf("take migration lock: %w", err)
+	}
+	if !locked {
+		// Another session migrates (or holds the lock and waits for its client): wait for it,
+		// saying so while it lasts.
+		stop := watchLock(ctx, pool, w)
+		_, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", advisoryLockKey)
+		stop()
+		if err != nil {
+			return nil, fmt.Errorf("take migration lock (another session holds it): %w", err)
+		}
 	}
 	// A replica's URL given by mistake (or default_transaction_read_only) is refused here, by
 	// name: with the schema up to date nothing below writes, and the process would start and

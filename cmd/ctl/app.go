@@ -27,6 +27,9 @@ type app struct {
 	// tenant's jobs once more: the API replicas' cache TTL, and a second for a submit they
 	// accepted just before it ended to commit its job.
 	revokeSettle time.Duration
+	// lockReportFirst and lockReportEvery schedule migrate's reports of a wait for the migration
+	// lock (zero: migrations' defaults, 1 s and 15 s).
+	lockReportFirst, lockReportEvery time.Duration
 }
 
 func newApp(out, errOut io.Writer) *app {
@@ -222,7 +225,15 @@ func (a *app) migrateCommand() *cli.Command {
 				return err
 			}
 			defer p.Close()
-			applied, err := migrations.Up(c.Context, p)
+			// Another migration under way (a process starting, another ctl) holds the lock:
+			// say so on the error output while it lasts, naming the holder, rather than wait in
+			// silence. The wait has no bound but the operator's Ctrl-C.
+			applied, err := migrations.UpWatch(c.Context, p, migrations.LockWatch{
+				Report: func(w migrations.LockWait) {
+					fmt.Fprintf(a.errOut, "ctl: %s; still waiting (Ctrl-C stops)\n", w)
+				},
+				First: a.lockReportFirst, Every: a.lockReportEvery,
+			})
 			// Those applied before a failure are committed: say so either way.
 			for _, v := range applied {
 				fmt.Fprintf(a.out, "applied migration %03d\n", v)

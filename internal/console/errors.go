@@ -14,7 +14,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -82,6 +85,14 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		ae = &apiError{http.StatusNotFound, "not_found", err.Error()}
 	case errors.Is(err, context.Canceled):
 		return // the client left
+	case timedOut(r.Context(), err):
+		// An action cut at ActionTimeout (api.store_timeout), a statement at the server's
+		// statement_timeout or lock_timeout, a pool connection that did not come free: Postgres
+		// was there and slow (a lock a long transaction holds, an I/O stall, a failover), which
+		// "unreachable" sent an operator looking for a network fault.
+		logger.WarnContext(r.Context(), "console: store timed out", "path", r.URL.Path, "error", err)
+		ae = &apiError{http.StatusServiceUnavailable, "unavailable",
+			"the database did not answer in time (a lock a long transaction holds, or a slow or failing-over server); try again shortly"}
 	case jobs.IsUnavailable(err):
 		logger.WarnContext(r.Context(), "console: store unavailable", "path", r.URL.Path, "error", err)
 		ae = &apiError{http.StatusServiceUnavailable, "unavailable", "the database is unreachable; try again shortly"}
@@ -110,4 +121,16 @@ func readJSON(r *http.Request, v any) error {
 		return badRequest("invalid_body", "the request body must be one JSON object, with nothing after it")
 	}
 	return nil
+}
+
+// timedOut reports whether err is a store call that ran out of time rather than found no
+// Postgres: ctx's deadline passed (an action's ActionTimeout), a pool wait's bound
+// (pgwait.TimedOut), or the server cut the statement (57014 query_canceled: statement_timeout;
+// 55P03 lock_not_available: lock_timeout).
+func timedOut(ctx context.Context, err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) || pgwait.TimedOut(ctx, err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "57014" || pgErr.Code == "55P03")
 }

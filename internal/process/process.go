@@ -127,9 +127,22 @@ func newLogger(o Options, kind string) *slog.Logger {
 
 // openPool opens the config's database, waiting for Postgres to come up, and migrates it.
 func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return migrations.OpenWait(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
+	return migrations.OpenWaitWatch(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
 		logger.Warn("postgres not reachable yet; trying again", "error", err, "retry_in", wait.String())
-	})
+	}, migrations.LockWatch{Report: func(w migrations.LockWait) { logLockWait(logger, w) }})
+}
+
+// logLockWait logs a wait for the migration lock that another process holds (its migrations, or
+// `ctl migrate`, under way): the process has not hung, it waits for them.
+func logLockWait(logger *slog.Logger, w migrations.LockWait) {
+	attrs := []any{"waited", w.Waited.Round(time.Second).String()}
+	switch {
+	case w.Holder != nil:
+		attrs = append(attrs, "holder_pid", w.Holder.PID, "holder", w.Holder.String())
+	case w.Err != nil:
+		attrs = append(attrs, "error", w.Err)
+	}
+	logger.Warn("waiting for the migration lock, which another session holds (a migration under way elsewhere)", attrs...)
 }
 
 // newRegistry is a metrics registry holding the Go runtime's and the process's collectors, and
