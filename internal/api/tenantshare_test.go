@@ -142,13 +142,22 @@ type submitAnswer struct {
 // submitWith posts body under the Idempotency-Key key as the token's tenant (anonymous without
 // one) and returns its answer, or what went wrong as its code.
 func submitWith(ctx context.Context, base, body, key, token string) submitAnswer {
+	return sendAs(ctx, http.MethodPost, base+"/v1/jobs", strings.NewReader(body), key, token)
+}
+
+// sendAs sends method url with body (none when nil), under the Idempotency-Key key (none when
+// empty), as the token's tenant (anonymous without one), within 10 s, and returns its answer,
+// or what went wrong as its code. It is safe to call from any goroutine.
+func sendAs(ctx context.Context, method, url string, body io.Reader, key, token string) submitAnswer {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/jobs", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
 		return submitAnswer{code: err.Error()}
 	}
-	req.Header.Set("Idempotency-Key", key)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

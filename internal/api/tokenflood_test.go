@@ -2,11 +2,8 @@ package api
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,27 +129,5 @@ func gatheredValue(t *testing.T, reg *prometheus.Registry, name string) float64 
 // requestWith sends method path as the token's tenant (anonymous without one) and returns its
 // answer, or what went wrong as its code. It is safe to call from any goroutine.
 func requestWith(ctx context.Context, base, method, path, token string) submitAnswer {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, base+path, nil)
-	if err != nil {
-		return submitAnswer{code: err.Error()}
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return submitAnswer{code: err.Error()}
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return submitAnswer{code: err.Error()}
-	}
-	typ := ""
-	if i := strings.Index(string(raw), `"type":"`); i >= 0 {
-		typ, _, _ = strings.Cut(string(raw[i+len(`"type":"`):]), `"`)
-	}
-	return submitAnswer{code: fmt.Sprintf("%d %s", resp.StatusCode, typ), retryAfter: resp.Header.Get("Retry-After"), body: string(raw)}
+	return sendAs(ctx, method, base+path, nil, "", token)
 }

@@ -68,8 +68,8 @@ SELECT count(*) FROM d`
 // returned at the end, with their count.
 func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan time.Time, abort func(*Job) error) (int, error) {
 	const page = 500
-	n, unaborted, fired := 0, 0, false
-	var abortErr error
+	var t cancelTally
+	fired := false
 	for {
 		if !fired {
 			select {
@@ -83,26 +83,10 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 		for {
 			ids, next, err := s.UnfinishedOfTenant(ctx, tenant, after, page)
 			if err != nil {
-				return n, err
+				return t.n, err
 			}
-			for _, id := range ids {
-				job, err := s.Cancel(ctx, id)
-				var te *TerminalError
-				switch {
-				case errors.Is(err, ErrNotFound) || errors.As(err, &te):
-					continue // ended meanwhile (or deleted by retention)
-				case err != nil:
-					return n, err
-				}
-				n++
-				if abort == nil {
-					continue
-				}
-				if err := abort(job); err != nil {
-					if unaborted++; abortErr == nil {
-						abortErr = fmt.Errorf("job %s: %w", job.ID, err)
-					}
-				}
+			if err := s.cancelEach(ctx, ids, abort, &t); err != nil {
+				return t.n, err
 			}
 			if len(ids) < page {
 				break
@@ -110,14 +94,14 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 			after = next
 		}
 		switch {
-		case final && abortErr != nil:
-			return n, fmt.Errorf("%d canceled jobs' tasks could not be aborted (an attempt in flight runs to its end, unstored); first, %w", unaborted, abortErr)
+		case final && t.abortErr != nil:
+			return t.n, fmt.Errorf("%d canceled jobs' tasks could not be aborted (an attempt in flight runs to its end, unstored); first, %w", t.unaborted, t.abortErr)
 		case final:
-			return n, nil
+			return t.n, nil
 		}
 		select {
 		case <-ctx.Done():
-			return n, ctx.Err()
+			return t.n, ctx.Err()
 		case <-settled:
 			fired = true
 		}
@@ -135,48 +119,65 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 // such failure is returned at the end, with their count.
 func (s *Store) CancelDeadOfTenant(ctx context.Context, tenant string, abort func(*Job) error) (int, error) {
 	const page = 500
-	n, unaborted := 0, 0
-	var abortErr error
+	var t cancelTally
 	at, after := time.Time{}, uuid.Nil.String()
 	for {
 		rows, err := s.pool.Query(ctx, `SELECT id::text, finished_at FROM jobs
 WHERE status = 'dead' AND finished_at IS NOT NULL AND tenant = $1 AND (finished_at, id) > ($2, $3::uuid)
 ORDER BY finished_at, id LIMIT $4`, tenant, at, after, page)
 		if err != nil {
-			return n, fmt.Errorf("read the tenant's dead jobs: %w", err)
+			return t.n, fmt.Errorf("read the tenant's dead jobs: %w", err)
 		}
 		ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
 			err := r.Scan(&after, &at)
 			return after, err
 		})
 		if err != nil {
-			return n, fmt.Errorf("read the tenant's dead jobs: %w", err)
+			return t.n, fmt.Errorf("read the tenant's dead jobs: %w", err)
 		}
-		for _, id := range ids {
-			job, err := s.Cancel(ctx, id)
-			var te *TerminalError
-			switch {
-			case errors.Is(err, ErrNotFound) || errors.As(err, &te):
-				continue // purged, or retried and ended, meanwhile
-			case err != nil:
-				return n, err
-			}
-			n++
-			if abort == nil {
-				continue
-			}
-			if err := abort(job); err != nil {
-				if unaborted++; abortErr == nil {
-					abortErr = fmt.Errorf("job %s: %w", job.ID, err)
-				}
-			}
+		if err := s.cancelEach(ctx, ids, abort, &t); err != nil {
+			return t.n, err
 		}
 		if len(ids) < page {
 			break
 		}
 	}
-	if abortErr != nil {
-		return n, fmt.Errorf("%d canceled dead jobs' tasks could not be aborted; first, %w", unaborted, abortErr)
+	if t.abortErr != nil {
+		return t.n, fmt.Errorf("%d canceled dead jobs' tasks could not be aborted; first, %w", t.unaborted, t.abortErr)
 	}
-	return n, nil
+	return t.n, nil
+}
+
+// cancelTally counts what cancelEach did across its calls.
+type cancelTally struct {
+	// n is how many jobs were canceled, unaborted how many of them abort failed for (the
+	// first failure abortErr).
+	n, unaborted int
+	abortErr     error
+}
+
+// cancelEach cancels each job of ids as Cancel does, skipping one that ended (or was deleted)
+// meanwhile, and calls abort (when not nil) with each it canceled; an abort that fails is
+// counted in t, not returned. It stops at the first other error.
+func (s *Store) cancelEach(ctx context.Context, ids []string, abort func(*Job) error, t *cancelTally) error {
+	for _, id := range ids {
+		job, err := s.Cancel(ctx, id)
+		var te *TerminalError
+		switch {
+		case errors.Is(err, ErrNotFound) || errors.As(err, &te):
+			continue // ended (purged, retried and ended, deleted by retention) meanwhile
+		case err != nil:
+			return err
+		}
+		t.n++
+		if abort == nil {
+			continue
+		}
+		if err := abort(job); err != nil {
+			if t.unaborted++; t.abortErr == nil {
+				t.abortErr = fmt.Errorf("job %s: %w", job.ID, err)
+			}
+		}
+	}
+	return nil
 }
