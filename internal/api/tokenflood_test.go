@@ -76,18 +76,7 @@ func TestAuth_UnknownTokenFloodLeavesRoomForOthers(t *testing.T) {
 		wg.Go(func() { answers <- requestWith(ctx, b.url, http.MethodGet, missing, token) })
 	}
 	// Every lookup of the flood is either waiting in Postgres or answered.
-	var answered []submitAnswer
-	for waiting := 0; waiting+len(answered) < flood; {
-		select {
-		case a := <-answers:
-			answered = append(answered, a)
-		case <-time.After(10 * time.Millisecond):
-		case <-ctx.Done():
-			t.Fatalf("the flood's lookups: %d waiting in Postgres, answered %v", waiting, answered)
-		}
-		require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
-	}
+	answered := lockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
 
 	// b is served while the flood holds on.
 	got := requestWith(ctx, b.url, http.MethodGet, missing, tokenB)

@@ -73,7 +73,7 @@ func (f DeadFilter) where(t string, args *[]any) string {
 	if f.IDs != nil {
 		ids := make([]string, 0, len(f.IDs))
 		for _, id := range f.IDs {
-			if validID(id) {
+			if ValidID(id) {
 				ids = append(ids, id)
 			}
 		}

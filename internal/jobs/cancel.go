@@ -38,7 +38,7 @@ func AlreadyCanceled(err error) bool {
 // call, signal its task too (dispatch.Tasks.AbortEnded). A limiter slot held in the row
 // (Job.SlotSeq) stays there, for a worker to give back (TakeEndedSlot).
 func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
-	if !validID(id) {
+	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
 	var job *Job

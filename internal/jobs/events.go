@@ -24,7 +24,7 @@ type Event struct {
 // such events (or without any, or an unknown or malformed ID) yields none and no error: callers
 // check the job itself first.
 func (s *Store) Events(ctx context.Context, id string, after int) ([]Event, error) {
-	if !validID(id) {
+	if !ValidID(id) {
 		return nil, nil
 	}
 	rows, err := s.pool.Query(ctx, eventsSQL, id, after)
@@ -93,7 +93,7 @@ SELECT event_seq FROM job`
 // every event past seq is announced. It returns ErrNotFound for a job that does not exist (or a
 // malformed ID).
 func (s *Store) WatchLatest(ctx context.Context, id string, ttl time.Duration) (seq int, err error) {
-	if !validID(id) {
+	if !ValidID(id) {
 		return 0, ErrNotFound
 	}
 	if err := s.pool.QueryRow(ctx, watchLatestSQL, id, ttl.Milliseconds()).Scan(&seq); err != nil {
@@ -112,7 +112,7 @@ func (s *Store) WatchLatest(ctx context.Context, id string, ttl time.Duration) (
 // after waits for the watch's commit and is announced. It returns ErrNotFound for a job that
 // does not exist (or a malformed ID).
 func (s *Store) WatchAndRead(ctx context.Context, id string, ttl time.Duration, after int) ([]Event, *Job, error) {
-	if !validID(id) {
+	if !ValidID(id) {
 		return nil, nil, ErrNotFound
 	}
 	var b pgx.Batch

@@ -177,17 +177,13 @@ type Duration time.Duration
 // MarshalJSON implements json.Marshaler.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
 
-// validID reports whether id is a job ID in the form the API hands out: 36 characters with
+// ValidID reports whether id is a job ID in the form the API hands out: 36 characters with
 // hyphens, either case. uuid.Parse also accepts the urn:uuid: prefix, braces and bare hex, and
-// Postgres refuses the first; an ID in another form names no job (ErrNotFound), never an error.
-func validID(id string) bool { return len(id) == 36 && uuid.Validate(id) == nil }
-
-// ValidID reports whether id is in the form of a job ID (36 characters with hyphens, either
-// case): one that is not names no job, and a caller telling an operator why an ID it was given
-// was not acted on says "not a job ID" rather than "no such job".
-func ValidID(id string) bool { return validID(id) }
+// Postgres refuses the first; an ID in another form names no job (ErrNotFound), never an error,
+// and a caller telling an operator why an ID was not acted on says "not a job ID".
+func ValidID(id string) bool { return len(id) == 36 && uuid.Validate(id) == nil }
 
 // CanonicalID is id in the form the store answers with: lower case. An ID in capitals names the
-// same job (validID); a caller comparing the IDs it asked about with those the store acted on
+// same job (ValidID); a caller comparing the IDs it asked about with those the store acted on
 // compares these.
 func CanonicalID(id string) string { return strings.ToLower(id) }

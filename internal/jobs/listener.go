@@ -250,7 +250,7 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	l.mu.Lock()
 	ids := make([]string, 0, len(l.subs))
 	for id := range l.subs {
-		if validID(id) {
+		if ValidID(id) {
 			ids = append(ids, id)
 		}
 	}

@@ -178,7 +178,7 @@ func decodeCursor(c string) (time.Time, string, error) {
 	n, err := strconv.ParseInt(us, 10, 64)
 	// A cursor holds a job's creation time: another time is no cursor Page made, and one that
 	// Postgres cannot hold would fail the query.
-	if !ok || err != nil || n < 0 || n > maxCursorMicros || !validID(id) {
+	if !ok || err != nil || n < 0 || n > maxCursorMicros || !ValidID(id) {
 		return time.Time{}, "", ErrBadCursor
 	}
 	return time.UnixMicro(n), id, nil
@@ -191,7 +191,7 @@ func decodeCursor(c string) (time.Time, string, error) {
 func (s *Store) PurgeDeadIDs(ctx context.Context, ids []string) ([]string, error) {
 	valid := make([]string, 0, len(ids))
 	for _, id := range ids {
-		if validID(id) {
+		if ValidID(id) {
 			valid = append(valid, id)
 		}
 	}

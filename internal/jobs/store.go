@@ -415,7 +415,7 @@ SELECT ` + jobColumnsNoRequest + ` FROM j`,
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.
 func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
-	if !validID(id) {
+	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
 	j, err := s.queryJob(ctx, id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)

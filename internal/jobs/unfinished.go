@@ -45,7 +45,7 @@ func (u Unfinished) Fresh(grace time.Duration) bool {
 func (s *Store) UnfinishedByID(ctx context.Context, ids []string) ([]Unfinished, error) {
 	valid := make([]string, 0, len(ids))
 	for _, id := range ids {
-		if validID(id) {
+		if ValidID(id) {
 			valid = append(valid, id)
 		}
 	}
