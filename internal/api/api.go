@@ -233,9 +233,10 @@ func New(cfg Config) *Server {
 		cfg.writeNow = time.Now
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
-		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout), authLog: newThrottle(authLogInterval, cfg.Now),
+		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now), authLog: newThrottle(authLogInterval, cfg.Now),
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newKeyedSubmitGate(cfg.MaxKeyedSubmitsPerTenant),
 		refusalLog: newThrottle(authLogInterval, cfg.Now), streamLog: newThrottle(streamLogInterval, cfg.Now)}
+	s.streamLog.report = s.streamsSuppressed
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
@@ -303,6 +304,7 @@ func (s *Server) Drain() { s.draining.Store(true) }
 // idempotent and safe for concurrent use.
 func (s *Server) Shutdown() {
 	s.closeOnce.Do(func() { close(s.closing) })
+	s.streamLog.stop()
 	if c, ok := s.cfg.Console.(interface{ Shutdown() }); ok {
 		c.Shutdown()
 	}

@@ -131,7 +131,6 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// Postgres announces only watched jobs' transitions (NOTIFY serializes commits); watch
 	// before the first read, and renew at every keep-alive. The watch and the first read of
 	// the status events and the job go in one round trip (jobs.Store.WatchAndRead).
-	watchTTL := 4 * s.cfg.KeepAlive
 	after := last.seq
 	switch {
 	case !resume:
@@ -139,7 +138,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	case last.n > 0:
 		after = last.seq - 1 // the attempt's running event too (not sent again): its number
 	}
-	evs, fresh, err := s.cfg.Store.WatchAndRead(r.Context(), job.ID, watchTTL, after)
+	evs, fresh, err := s.cfg.Store.WatchAndRead(r.Context(), job.ID, s.reads.watchTTL, after)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
@@ -220,7 +219,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
 			}
-			reads, need = s.keepAliveReads(r, job.ID, f, watchTTL)
+			reads, need = s.keepAliveReads(r, job.ID, f)
 		}
 	}
 }
@@ -246,13 +245,15 @@ const (
 // keepAliveReads renews the stream's watch of the job at a keep-alive, and returns what the
 // stream reads then: its status events only when the watch found an event the stream has not
 // read (its notification lost, or no Listener), so that an idle stream costs Postgres one
-// statement per keep-alive, not three (10,000 idle streams were 2,000 statements a second at
-// the default 15s); need is then that event's number (see statusReads.read). A job gone
-// (deleted past its retention) is read too: the read ends the stream, as it did. A failed
-// renewal is logged (streamWarn: throttled) and the stream goes on; the next keep-alive renews
-// it again, within the watch's TTL of 4 keep-alives, and learns what was missed.
-func (s *Server) keepAliveReads(r *http.Request, id string, f *follower, watchTTL time.Duration) (reads streamReads, need int) {
-	seq, err := s.cfg.Store.WatchLatest(r.Context(), id, watchTTL)
+// statement per keep-alive at most, not three (10,000 idle streams were 2,000 statements a
+// second at the default 15s); need is then that event's number (see statusReads.read). The
+// job's streams share their renewals (statusReads.renew: one per half keep-alive for them all).
+// A job gone (deleted past its retention) is read too: the read ends the stream, as it did. A
+// failed renewal (the store down, or no pool connection within StoreWait) is logged (streamWarn:
+// throttled) and the stream goes on; the next keep-alive renews it again, within the watch's TTL
+// of 4 keep-alives, and learns what was missed.
+func (s *Server) keepAliveReads(r *http.Request, id string, f *follower) (reads streamReads, need int) {
+	rw, err := s.reads.renew(r.Context(), id, f.renewal)
 	switch {
 	case errors.Is(err, jobs.ErrNotFound):
 		return readStatus, 0
@@ -261,11 +262,12 @@ func (s *Server) keepAliveReads(r *http.Request, id string, f *follower, watchTT
 			s.streamWarn(r.Context(), "renew event watch", id, err)
 		}
 		return readBuffer, 0
-	case seq > f.known:
-		return readStatus, seq
-	default:
-		return readBuffer, 0
 	}
+	f.renewal = rw
+	if rw.seq > f.known {
+		return readStatus, rw.seq
+	}
+	return readBuffer, 0
 }
 
 // streamWarn logs a stream's failure (of job id): one line per streamLogInterval and message,
@@ -276,6 +278,12 @@ func (s *Server) streamWarn(ctx context.Context, msg, id string, err error) {
 	if log, suppressed := s.streamLog.allow(msg); log {
 		s.cfg.Logger.WarnContext(ctx, msg, "job_id", id, "error", err, "suppressed", suppressed)
 	}
+}
+
+// streamsSuppressed logs the streams' failures of message msg that streamWarn held back and no
+// line of it counted since: the last of an outage (streamLog.report).
+func (s *Server) streamsSuppressed(msg string, suppressed int) {
+	s.cfg.Logger.Warn(msg, "suppressed", suppressed)
 }
 
 // authRecheck is how long a bearer stream goes before its token is checked again: the tenants'
@@ -353,6 +361,8 @@ type follower struct {
 	void int
 	// known is the newest status event read (sent or not).
 	known int
+	// renewal is the last renewal of the job's watch the stream took (statusReads.renew).
+	renewal *watchRenewal
 	// read, when set, is a read of the status events and the job the stream made as it opened,
 	// which its first sendEvents takes instead of reading them.
 	read *statusRead
@@ -378,6 +388,9 @@ type streamItem struct {
 	data []byte
 	// attempt is a delta's attempt number (deltastream.Entry.Attempt).
 	attempt int
+	// status, when above 0, makes it the status event status-1 of the read, whose data is
+	// encoded when it is written (statusRead.eventData).
+	status int
 }
 
 // sendEvents writes the job's events after f.pos, in order, and advances f.pos: its status
@@ -419,13 +432,12 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 	var job *jobs.Job
 	items := f.items[:0] // reused: a stream writes an event or two per wake-up, thousands of times
 	if read != nil {
+		// Encoded as each is written, not all before the first: a replay (Last-Event-ID: 0) of a
+		// job of many events, each carrying the job (its result too), holds one encoding at a
+		// time, and the client has its first event after one encoding, not all of them.
 		job = read.job
 		for i, ev := range read.evs {
-			data, err := read.eventData(i)
-			if err != nil {
-				return false, err
-			}
-			items = append(items, streamItem{pos: eventPos{seq: ev.Seq}, name: string(ev.Type), data: data})
+			items = append(items, streamItem{pos: eventPos{seq: ev.Seq}, name: string(ev.Type), status: i + 1})
 		}
 	}
 	for _, e := range entries {
@@ -451,6 +463,11 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 		}
 		if reset, ok := f.lostReset(it); ok {
 			if err := f.write(w, reset); err != nil {
+				return false, err
+			}
+		}
+		if it.status > 0 {
+			if it.data, err = read.eventData(it.status - 1); err != nil {
 				return false, err
 			}
 		}

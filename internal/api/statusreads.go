@@ -32,18 +32,29 @@ import (
 //
 // A read is the server's, not one stream's: its context is none of the streams' (a client
 // gone does not fail the others' read), bounded by StoreWait for a pool connection and by
-// StoreTimeout in all. It is safe for concurrent use.
+// StoreTimeout in all.
+//
+// It shares the streams' watch renewals of a job too (renew): one made within half a keep-alive
+// serves every stream of the job but the one whose renewal it was. It is safe for concurrent use.
 type statusReads struct {
 	store *jobs.Store
 	// wait and timeout bound a read (Config.StoreWait, Config.StoreTimeout).
 	wait, timeout time.Duration
+	// watchTTL is the TTL a renewal gives the job's watch; fresh, how old a renewal may be for
+	// a stream to take it instead of making one (half a keep-alive); now, the clock of both.
+	watchTTL, fresh time.Duration
+	now             func() time.Time
 
 	mu   sync.Mutex
 	jobs map[string]*jobReads
 }
 
-func newStatusReads(store *jobs.Store, wait, timeout time.Duration) *statusReads {
-	return &statusReads{store: store, wait: wait, timeout: timeout, jobs: map[string]*jobReads{}}
+// newStatusReads returns the shared reads of store's jobs: each bounded by wait for a pool
+// connection and by timeout in all; keepAlive is the streams' keep-alive interval, whose watch
+// renewals give the watch a TTL of 4 keep-alives and are shared for half a keep-alive (renew).
+func newStatusReads(store *jobs.Store, wait, timeout, keepAlive time.Duration, now func() time.Time) *statusReads {
+	return &statusReads{store: store, wait: wait, timeout: timeout, watchTTL: 4 * keepAlive, fresh: keepAlive / 2,
+		now: now, jobs: map[string]*jobReads{}}
 }
 
 // jobReads is the reads of one job.
@@ -59,6 +70,18 @@ type jobReads struct {
 	// last is the newest read that succeeded, kept while more than one stream follows the job
 	// (a job of one stream, the common case, holds no job in memory between its reads).
 	last *sharedRead
+	// renewing is the watch renewal running (nil: none); renewed, the newest that succeeded.
+	renewing, renewed *watchRenewal
+}
+
+// watchRenewal is one renewal of a job's watch (jobs.Store.WatchLatest), shared by its streams.
+type watchRenewal struct {
+	// at is when it began: the watch lasts at least its TTL from then.
+	at   time.Time
+	done chan struct{}
+	// Set before done is closed: the job's latest event's number as the watch found it.
+	seq int
+	err error
 }
 
 // sharedRead is one read of a job's status events after a sequence number, and of the job.
@@ -113,7 +136,7 @@ func (sr *statusReads) follow(id string) (release func()) {
 
 // forgetLocked drops the job's entry once no stream follows it and no read of it is out.
 func (sr *statusReads) forgetLocked(id string, e *jobReads) {
-	if e.streams == 0 && e.out == nil && e.next == nil {
+	if e.streams == 0 && e.out == nil && e.next == nil && e.renewing == nil {
 		delete(sr.jobs, id)
 	}
 }
@@ -192,13 +215,10 @@ func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
 	evs, err := sr.store.Events(ctx, id, rd.after)
 	var job *jobs.Job
 	if err == nil {
-		job, err = sr.store.Get(ctx, id)
-	}
-	if job != nil {
 		// No event carries the request (it is not part of the job JSON), and the read may be
-		// kept (last) for as long as the job's streams follow it: it need not hold the body,
-		// up to api.max_body_bytes.
-		job.Request = nil
+		// kept (last) for as long as the job's streams follow it: it is not read at all (up to
+		// api.max_body_bytes from Postgres at every transition).
+		job, err = sr.store.GetWithoutRequest(ctx, id)
 	}
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("read job events: %w", context.Cause(ctx))
@@ -251,4 +271,66 @@ func (r *statusRead) eventData(i int) ([]byte, error) {
 	enc := &r.shared.data[r.first+i]
 	enc.once.Do(func() { enc.b, enc.err = encode() })
 	return enc.b, enc.err
+}
+
+// renew renews the job's watch for a stream of it (follow) at its keep-alive, and returns the
+// renewal: the number of the job's latest event when the watch took effect (every event up to it
+// committed, every later one announced; see jobs.Store.WatchLatest). prev is the stream's last
+// renewal (nil: none). A renewal that began less than half a keep-alive ago serves, unless it is
+// prev: a stream's every keep-alive then takes a renewal newer than its last, so its watch never
+// lapses (its TTL is 4 keep-alives), and 1,000 idle followers of one job cost Postgres one
+// statement per half keep-alive, not one each per keep-alive. A renewal running serves too
+// (it began after prev ended). Like a read, a renewal is the server's, bounded by StoreWait for
+// a pool connection and by StoreTimeout in all: a pool busy fails it (the stream logs it and goes
+// on), it does not hold the streams. It returns ctx's error if ctx ends first.
+func (sr *statusReads) renew(ctx context.Context, id string, prev *watchRenewal) (*watchRenewal, error) {
+	sr.mu.Lock()
+	e := sr.jobs[id]
+	if e == nil { // a caller that does not follow the job: an entry for this renewal only
+		e = &jobReads{}
+		sr.jobs[id] = e
+	}
+	if l := e.renewed; l != nil && l != prev && sr.now().Sub(l.at) < sr.fresh {
+		sr.mu.Unlock()
+		return l, nil
+	}
+	rw := e.renewing
+	if rw == nil || rw == prev {
+		rw = &watchRenewal{at: sr.now(), done: make(chan struct{})}
+		e.renewing = rw
+		go sr.runRenewal(id, e, rw)
+	}
+	sr.mu.Unlock()
+	select {
+	case <-rw.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if rw.err != nil {
+		return nil, rw.err
+	}
+	return rw, nil
+}
+
+// runRenewal renews the job's watch for rw.
+func (sr *statusReads) runRenewal(id string, e *jobReads, rw *watchRenewal) {
+	ctx, cancel := context.WithTimeoutCause(context.Background(), sr.timeout, errStoreTimeout)
+	defer cancel()
+	ctx, unbound := pgwait.Bound(ctx, sr.wait)
+	defer unbound()
+	seq, err := sr.store.WatchLatest(ctx, id, sr.watchTTL)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("renew event watch: %w: %w", context.Cause(ctx), err)
+	}
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	rw.seq, rw.err = seq, err
+	if e.renewing == rw {
+		e.renewing = nil
+	}
+	if err == nil {
+		e.renewed = rw
+	}
+	close(rw.done)
+	sr.forgetLocked(id, e)
 }

@@ -3,7 +3,9 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,7 +38,7 @@ func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *test
 		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(jobs.NewStore(pool, nil), 5*time.Second, 10*time.Second)
+	sr := newStatusReads(jobs.NewStore(pool, nil), 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
 	defer sr.follow(job.ID)()
 
 	// A read of the events (queued only) whose read of the job is held: it began before the
@@ -128,7 +130,7 @@ func TestStatusReads_KeptReadHoldsNoRequest(t *testing.T) {
 		Request: request, MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(store, 5*time.Second, 10*time.Second)
+	sr := newStatusReads(store, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
 	defer sr.follow(job.ID)()
 	defer sr.follow(job.ID)()
 	read, err := sr.read(ctx, job.ID, 0, 0)
@@ -143,4 +145,61 @@ func TestStatusReads_KeptReadHoldsNoRequest(t *testing.T) {
 	kept := sr.jobs[job.ID].last
 	require.NotNil(t, kept, "two streams follow the job: its last read is kept")
 	require.Zero(t, len(kept.job.Request), "the kept read holds the job's request")
+}
+
+// TestStatusReads_NoRequestFromPostgres: a job's shared read (one per transition) and a stream's
+// first read (WatchAndRead) do not fetch the job's request from Postgres: no event carries it.
+// Both read the whole row, a body of up to api.max_body_bytes (4 MiB) per job read, only for
+// the shared read to drop it.
+func TestStatusReads_NoRequestFromPostgres(t *testing.T) {
+	t.Parallel()
+	pcfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	require.NoError(t, err)
+	var received atomic.Int64
+	dialer := &net.Dialer{}
+	pcfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &countingConn{Conn: c, n: &received}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	store := jobs.NewStore(pool, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const body = 1 << 20
+	request := json.RawMessage(`{"model":"m","prompt":"` + strings.Repeat("x", body) + `"}`)
+	job, _, err := store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
+		Request: request, MaxAttempts: 5, Timeout: time.Minute})
+	require.NoError(t, err)
+
+	sr := newStatusReads(store, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	before := received.Load()
+	read, err := sr.read(ctx, job.ID, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, read.evs, 1)
+	require.Equal(t, job.ID, read.job.ID)
+	require.Less(t, received.Load()-before, int64(body/4), "bytes from Postgres for the shared read")
+
+	before = received.Load()
+	evs, got, err := store.WatchAndRead(ctx, job.ID, time.Minute, 0)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.Equal(t, jobs.StatusQueued, got.Status)
+	require.Less(t, received.Load()-before, int64(body/4), "bytes from Postgres for a stream's first read")
+}
+
+// countingConn counts the bytes read from a connection.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }

@@ -16,13 +16,24 @@ const streamLogInterval = 10 * time.Second
 // dropped (their next line is logged anyway).
 const maxThrottleKeys = 10_000
 
-// throttle lets one event per key through per interval and counts the others. It is safe for
-// concurrent use.
+// throttle lets one event per key through per interval and counts the others. With report set
+// (trailing), the events held back after the last one let through are not left for the next
+// one, which may never come (the last failures of an outage): report is called with their count
+// once the interval after the last let through has passed, unless one was let through meanwhile
+// (its count is then the line's). It is safe for concurrent use.
 type throttle struct {
 	every time.Duration
 	now   func() time.Time
-	mu    sync.Mutex
-	keys  map[string]*throttled
+	// report, when set, is called with the events of a key held back and never counted in an
+	// allowed one, an interval after the last allowed (its own goroutine, no lock held).
+	report func(key string, suppressed int)
+	// afterFunc runs f after d, as time.AfterFunc does (tests).
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
+	mu        sync.Mutex
+	keys      map[string]*throttled
+	// pending is the reports scheduled (report): stopped by stop.
+	pending map[*throttled]func() bool
+	stopped bool
 }
 
 type throttled struct {
@@ -31,7 +42,8 @@ type throttled struct {
 }
 
 func newThrottle(every time.Duration, now func() time.Time) *throttle {
-	return &throttle{every: every, now: now, keys: map[string]*throttled{}}
+	return &throttle{every: every, now: now, keys: map[string]*throttled{}, pending: map[*throttled]func() bool{},
+		afterFunc: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
 }
 
 // allow reports whether key's event may be logged now, and how many of its events were held
@@ -43,12 +55,13 @@ func (t *throttle) allow(key string) (ok bool, suppressed int) {
 	k := t.keys[key]
 	if k != nil && now.Sub(k.last) < t.every {
 		k.suppressed++
+		t.scheduleLocked(key, k, k.last.Add(t.every).Sub(now))
 		return false, 0
 	}
 	if k == nil {
 		if len(t.keys) >= maxThrottleKeys {
 			for name, v := range t.keys {
-				if now.Sub(v.last) >= t.every {
+				if now.Sub(v.last) >= t.every && t.pending[v] == nil {
 					delete(t.keys, name)
 				}
 			}
@@ -58,4 +71,45 @@ func (t *throttle) allow(key string) (ok bool, suppressed int) {
 	}
 	suppressed, k.suppressed, k.last = k.suppressed, 0, now
 	return true, suppressed
+}
+
+// scheduleLocked schedules the report of key's held-back events in d, unless one is.
+func (t *throttle) scheduleLocked(key string, k *throttled, d time.Duration) {
+	if t.report == nil || t.stopped || t.pending[k] != nil {
+		return
+	}
+	t.pending[k] = t.afterFunc(d, func() { t.flush(key, k) })
+}
+
+// flush reports key's held-back events, counted as a line allowed now, once the interval after
+// the last allowed has passed.
+func (t *throttle) flush(key string, k *throttled) {
+	t.mu.Lock()
+	delete(t.pending, k)
+	if left := k.last.Add(t.every).Sub(t.now()); left > 0 && k.suppressed > 0 {
+		// Early by the throttle's clock (a line allowed meanwhile, or a clock of its own).
+		t.scheduleLocked(key, k, left)
+		t.mu.Unlock()
+		return
+	}
+	n := k.suppressed
+	if n > 0 && !t.stopped {
+		k.suppressed, k.last = 0, t.now()
+	}
+	stopped := t.stopped
+	t.mu.Unlock()
+	if n > 0 && !stopped {
+		t.report(key, n)
+	}
+}
+
+// stop cancels the reports scheduled, and schedules none after: the server is shutting down.
+func (t *throttle) stop() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopped = true
+	for k, stop := range t.pending {
+		stop()
+		delete(t.pending, k)
+	}
 }

@@ -105,8 +105,8 @@ func (s *Store) WatchLatest(ctx context.Context, id string, ttl time.Duration) (
 	return seq, nil
 }
 
-// WatchAndRead is Watch, then Events after seq after, then Get, in one round trip: what an event
-// stream does when it opens. The three statements run in one transaction (a pipelined batch),
+// WatchAndRead is Watch, then Events after seq after, then GetWithoutRequest (the job has no
+// Request), in one round trip: what an event stream does when it opens. The three statements run in one transaction (a pipelined batch),
 // each with its own snapshot, so Watch's guarantee holds for the reads as if they followed its
 // commit: a transition committed before the watch took the job's row is read; one that comes
 // after waits for the watch's commit and is announced. It returns ErrNotFound for a job that
@@ -118,7 +118,7 @@ func (s *Store) WatchAndRead(ctx context.Context, id string, ttl time.Duration, 
 	var b pgx.Batch
 	b.Queue(watchSQL, id, ttl.Milliseconds())
 	b.Queue(eventsSQL, id, after)
-	b.Queue(`SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
+	b.Queue(`SELECT `+jobColumnsNoRequest+` FROM jobs WHERE id = $1`, id)
 	br := s.pool.SendBatch(ctx, &b)
 	evs, job, err := s.readWatchBatch(br)
 	if cerr := br.Close(); err == nil && cerr != nil {

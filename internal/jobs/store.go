@@ -425,6 +425,20 @@ func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
 	return j, err
 }
 
+// GetWithoutRequest is Get without the job's request (Request is nil): for a reader that sends
+// the job's state but never its body (an event stream's reads), so that a body of up to
+// api.max_body_bytes does not travel from Postgres at every read.
+func (s *Store) GetWithoutRequest(ctx context.Context, id string) (*Job, error) {
+	if !ValidID(id) {
+		return nil, ErrNotFound
+	}
+	j, err := s.queryJob(ctx, id, `SELECT `+jobColumnsNoRequest+` FROM jobs WHERE id = $1`, id)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("get job: %w", err)
+	}
+	return j, err
+}
+
 // appendEvent inserts event seq for a job; when the job is watched, a trigger (migration 010)
 // notifies listeners on EventsChannel when the transaction commits.
 func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status, payload map[string]any) error {

@@ -1,0 +1,157 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/clocktest"
+	"github.com/llmq/llmq/internal/logtest"
+)
+
+// TestStreamWarn_LastSuppressedAreLogged: the streams' failures held back by the throttle are
+// logged once its interval has passed even when no failure follows (the end of an outage): their
+// count was written only with the next line, so the last failures of an outage were never.
+func TestStreamWarn_LastSuppressedAreLogged(t *testing.T) {
+	t.Parallel()
+	var logs logtest.Buffer
+	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	b := setup(t, setupOpts{noListener: true, now: clock.Now, logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	var mu sync.Mutex
+	var timers []func()
+	var delays []time.Duration
+	b.srv.streamLog.afterFunc = func(d time.Duration, f func()) func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		timers, delays = append(timers, f), append(delays, d)
+		return func() bool { return true }
+	}
+	fire := func() {
+		t.Helper()
+		mu.Lock()
+		require.NotEmpty(t, timers, "no report scheduled")
+		f := timers[0]
+		timers = timers[1:]
+		mu.Unlock()
+		f()
+	}
+	ctx := context.Background()
+	failed := errors.New("connection refused")
+
+	for range 3 {
+		b.srv.streamWarn(ctx, "renew event watch", "job-1", failed)
+	}
+	clock.Advance(4 * time.Second)
+	b.srv.streamWarn(ctx, "renew event watch", "job-2", failed)
+	require.Equal(t, 1, logs.Count(`"msg":"renew event watch"`), logs.String())
+	require.Equal(t, []time.Duration{streamLogInterval}, delays, "one report, an interval after the line")
+
+	fire() // on time by the wall clock, early by the throttle's: scheduled again for the rest
+	require.Equal(t, 1, logs.Count(`"msg":"renew event watch"`), logs.String())
+	require.Equal(t, []time.Duration{streamLogInterval, 6 * time.Second}, delays)
+	clock.Advance(6 * time.Second)
+	fire()
+	require.Equal(t, 2, logs.Count(`"msg":"renew event watch"`), logs.String())
+	require.Equal(t, 1, logs.Count(`"suppressed":3`), "the three held back: %s", logs.String())
+
+	// The report counts as a line: the next failure within the interval is held back again, and
+	// one after it is logged with no count left over.
+	b.srv.streamWarn(ctx, "renew event watch", "job-3", failed)
+	clock.Advance(streamLogInterval)
+	b.srv.streamWarn(ctx, "renew event watch", "job-4", failed)
+	fire() // the report of job-3's: counted in job-4's line already
+	require.Equal(t, 3, logs.Count(`"msg":"renew event watch"`), logs.String())
+	require.Equal(t, 1, logs.Count(`"suppressed":1`), logs.String())
+
+	b.srv.streamWarn(ctx, "renew event watch", "job-5", failed)
+	b.srv.Shutdown()
+	mu.Lock()
+	require.Len(t, timers, 1)
+	mu.Unlock()
+	clock.Advance(streamLogInterval)
+	fire() // due, but stopped: nothing more is logged after Shutdown
+	require.Equal(t, 3, logs.Count(`"msg":"renew event watch"`), logs.String())
+}
+
+// TestThrottle_ReportsRacingLinesCountEachEventOnce: reports fired while lines are allowed and
+// held back concurrently count every event held back exactly once, in a line or in a report.
+func TestThrottle_ReportsRacingLinesCountEachEventOnce(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	th := newThrottle(10*time.Millisecond, clock.Now)
+	var mu sync.Mutex
+	var pending []func()
+	var reported, lines, counted int
+	th.report = func(_ string, n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		reported += n
+	}
+	th.afterFunc = func(_ time.Duration, f func()) func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		pending = append(pending, f)
+		return func() bool { return true }
+	}
+	fireAll := func() int {
+		mu.Lock()
+		fs := pending
+		pending = nil
+		mu.Unlock()
+		for _, f := range fs {
+			f()
+		}
+		return len(fs)
+	}
+	const workers, each = 4, 2000
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if ok, n := th.allow([]string{"a", "b"}[(w+i)%2]); ok {
+					mu.Lock()
+					lines++
+					counted += n
+					mu.Unlock()
+				}
+				if i%50 == 0 {
+					clock.Advance(time.Millisecond)
+				}
+			}
+		}()
+	}
+	stop := make(chan struct{})
+	firer := make(chan struct{})
+	go func() {
+		defer close(firer)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				fireAll()
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-firer
+	for range 100 { // the last reports, due once the interval has passed
+		clock.Advance(10 * time.Millisecond)
+		if fireAll() == 0 {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, pending, "reports still scheduled")
+	require.Equal(t, workers*each, lines+counted+reported,
+		"events: %d lines, %d counted in lines, %d in reports", lines, counted, reported)
+}
