@@ -99,12 +99,12 @@ type Config struct {
 	// MaxStreamsPerTenant caps each tenant's open event streams on this replica (429 with
 	// Retry-After above it). Default 100.
 	MaxStreamsPerTenant int
-	// MaxKeyedSubmitsPerTenant caps each tenant's submits with an Idempotency-Key in their
-	// Postgres stage on this replica (each holds a pool connection of its own for its
-	// transaction; see keyedSubmitGate): one over it waits up to StoreWait for one of them to
-	// end, then is answered 429 too_many_submits with Retry-After. Default: half of Pool's
-	// connections (at least 1), 8 without a Pool, so that one tenant's flood of them leaves the
-	// other half to the others.
+	// MaxKeyedSubmitsPerTenant caps each tenant's submits with an Idempotency-Key and cancels,
+	// together, in their Postgres stage on this replica (each holds a pool connection of its own
+	// for its transaction; see tenantGate): one over it waits up to StoreWait for one of them to
+	// end, then is answered 429 too_many_submits (a submit) or too_many_cancels (a cancel) with
+	// Retry-After. Default: half of Pool's connections (at least 1), 8 without a Pool, so that
+	// one tenant's flood of them leaves the other half to the others.
 	MaxKeyedSubmitsPerTenant int
 	// MaxStreams caps the event streams open on this replica, every tenant's together (503
 	// overloaded with Retry-After above it, before the stream reads anything). Default half of
@@ -161,8 +161,9 @@ type Server struct {
 	authLog *throttle
 	// bodies bounds the submit bodies read at once (MaxBodyBytesInFlight).
 	bodies *bodyBudget
-	// keyed caps each tenant's keyed submits in their Postgres stage (MaxKeyedSubmitsPerTenant).
-	keyed *keyedSubmitGate
+	// keyed caps each tenant's keyed submits and cancels in their Postgres stage, together
+	// (MaxKeyedSubmitsPerTenant).
+	keyed *tenantGate
 	// refusalLog throttles the log lines of tenants refused over their share, by tenant and type.
 	refusalLog *throttle
 	// streamLog throttles the log lines of the event streams' failures, by message (streamWarn).
@@ -234,7 +235,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now), authLog: newThrottle(authLogInterval, cfg.Now),
-		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newKeyedSubmitGate(cfg.MaxKeyedSubmitsPerTenant),
+		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant),
 		refusalLog: newThrottle(authLogInterval, cfg.Now), streamLog: newThrottle(streamLogInterval, cfg.Now)}
 	s.streamLog.report = s.streamsSuppressed
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
@@ -481,11 +482,12 @@ func (s *Server) admit(r *http.Request, tenantName string) error {
 }
 
 // overShare counts and logs refusal, a 429 that refuses tenant for its own excess (its submit
-// rate, its share of the bodies being read, of the keyed submits or of the event streams), and
-// returns it. The count (llmq_http_tenant_refusals_total) names the tenant only when the request
-// authenticated as it (a bearer token, or a signed events_url): an anonymous request's is counted
-// under tenant "", so that the label's values stay the operator's tenants. The log line (once a
-// minute per tenant and type: a flooding client must not flood the log) names the tenant always.
+// rate, its share of the bodies being read, of the keyed submits, of the cancels or of the event
+// streams), and returns it. The count (llmq_http_tenant_refusals_total) names the tenant only
+// when the request authenticated as it (a bearer token, or a signed events_url): an anonymous
+// request's is counted under tenant "", so that the label's values stay the operator's tenants.
+// The log line (once a minute per tenant and type: a flooding client must not flood the log)
+// names the tenant always.
 func (s *Server) overShare(r *http.Request, tenant string, authenticated bool, refusal *httpError) *httpError {
 	label := ""
 	if authenticated {
@@ -515,6 +517,12 @@ func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.jobOf(r, tn)
+}
+
+// jobOf returns the job named by the path if it is tn's; another tenant's job is
+// jobs.ErrNotFound, exactly like a missing one.
+func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant) (*jobs.Job, error) {
 	job, err := s.cfg.Store.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return nil, err
@@ -530,23 +538,38 @@ func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 // the abort of its task, wherever it runs. A job already canceled answers 200 and the job, as the
 // first cancel did: a client that lost that answer and sends the DELETE again learns that its
 // cancel took. Another end is 409 job_terminal.
+//
+// Its transition holds one of its tenant's places of MaxKeyedSubmitsPerTenant (tenantGate,
+// shared with its keyed submits): a cancel's transaction waits in Postgres for its job's row
+// lock, and a tenant's flood of them (the same DELETE resent, each behind the last) took every
+// connection of the pool. One over them waits up to StoreWait for a place, then is answered 429
+// too_many_cancels with Retry-After. The job's read comes first, outside the places, as a poll's:
+// a cancel of a job missing or ended (but dead) has no transition to make, and is answered
+// without one, whatever its tenant's other requests hold.
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	job, err := s.job(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	id := job.ID
-	job, err = s.cfg.Store.Cancel(r.Context(), id)
-	if jobs.AlreadyCanceled(err) {
-		// Nothing changed: not counted again, nothing to abort (the first cancel did).
-		if job, err = s.cfg.Store.Get(r.Context(), id); err == nil {
-			writeJSON(w, http.StatusOK, s.answer(job))
-			return
-		}
+	switch {
+	case job.Status == jobs.StatusCanceled:
+		// Canceled before: not counted again, nothing to abort (the first cancel did).
+		writeJSON(w, http.StatusOK, s.answer(job))
+		return
+	case job.Status.Terminal() && job.Status != jobs.StatusDead:
+		// An end no status follows: jobs.Store.Cancel's answer, without its transaction.
+		writeError(w, r, s.cfg.Logger, &jobs.TerminalError{Status: job.Status})
+		return
 	}
+	job, canceled, err := s.cancelStage(r, job.Tenant, job.ID)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	if !canceled {
+		// Canceled meanwhile: not counted again, nothing to abort (that cancel did).
+		writeJSON(w, http.StatusOK, s.answer(job))
 		return
 	}
 	s.cfg.Metrics.canceled(job.Credential)
@@ -559,6 +582,28 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, s.answer(job))
+}
+
+// cancelStage is a cancel's transition of tenantName's job id (jobs.Store.Cancel), within one
+// of tenantName's places of Server.keyed. It returns the job, and whether this cancel ended it (false:
+// another cancel did meanwhile, and the job is as it is now).
+func (s *Server) cancelStage(r *http.Request, tenantName, id string) (job *jobs.Job, canceled bool, err error) {
+	release, err := s.keyed.enter(r.Context(), tenantName, s.cfg.StoreWait, tooManyCancels)
+	if err != nil {
+		var he *httpError
+		if errors.As(err, &he) {
+			_, withToken := r.Header["Authorization"]
+			err = s.overShare(r, tenantName, withToken, he)
+		}
+		return nil, false, err
+	}
+	defer release()
+	job, err = s.cfg.Store.Cancel(r.Context(), id)
+	if jobs.AlreadyCanceled(err) {
+		job, err = s.cfg.Store.Get(r.Context(), id)
+		return job, false, err
+	}
+	return job, err == nil, err
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

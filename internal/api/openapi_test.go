@@ -199,6 +199,7 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	}
 
 	overCap(t, ops, id, rec)
+	cancelsOverShare(t, rec)
 
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -218,6 +219,23 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 			require.Contains(t, rec.seen[op], st, "api/openapi.yaml documents %d for %s, which the test never saw", st, op)
 		}
 	}
+}
+
+// cancelsOverShare serves an API whose tenant "default" holds every one of its places among the
+// keyed submits and cancels: its DELETE waits the bound (storeWait) for one, then is answered 429
+// too_many_cancels. It records the answer in rec.
+func cancelsOverShare(t *testing.T, rec *statusRecorder) {
+	t.Helper()
+	b := setup(t, setupOpts{wrap: rec.wrap, storeWait: 50 * time.Millisecond})
+	job := b.create(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+	defer cancel()
+	for range b.srv.keyed.max {
+		release, err := b.srv.keyed.enter(ctx, tenant.Default, 0, tooManyCancels)
+		require.NoError(t, err)
+		defer release()
+	}
+	require.Equal(t, http.StatusTooManyRequests, b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil).status)
 }
 
 // overCap serves an API whose connection cap (api.max_connections) is 1, and holds that one

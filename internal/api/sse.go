@@ -68,15 +68,25 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		// origin may follow the job it was handed the URL of (and read why it may not).
 		w.Header().Set("Access-Control-Allow-Origin", "*")
 	}
-	// The replica's stream cap first, before any read: streams over it cost Postgres nothing.
+	// The caller first, before the stream takes a place: a request that fails authentication
+	// (made-up tokens, whose lookups may wait for a place of their own) never holds one of the
+	// replica's stream places, which a tenant's stream would then be refused for. A known token
+	// is cached, a signed URL checked in memory: neither reads Postgres.
+	caller, signed, err := s.streamCaller(r)
+	if err != nil {
+		writeError(w, r, s.cfg.Logger, err)
+		return
+	}
+	// The replica's stream cap next, before any read of the job: streams over it cost Postgres
+	// nothing more.
 	releaseServer, err := s.streams.openServer()
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
 	defer releaseServer()
-	// The caller next: who may not see the job learns nothing from the header's validation.
-	job, signed, err := s.streamJob(r)
+	// The job next: who may not see it learns nothing from the header's validation.
+	job, err := s.streamJob(r, caller, signed)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return

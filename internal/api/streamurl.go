@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // StreamSigner issues and checks signed event-stream URLs: /v1/jobs/{id}/events?token=T, where T
@@ -76,13 +77,15 @@ func streamTokenError(typ, message string) *httpError {
 	return e
 }
 
-// streamJob returns the job whose events the request asks for: authorized by a signed URL's
-// token when the query has one (signed reports so), else by the caller's bearer token.
-func (s *Server) streamJob(r *http.Request) (job *jobs.Job, signed bool, err error) {
+// streamCaller authorizes the request for an event stream, reading no job: a signed URL's token
+// when the query has one (signed reports so; checked in memory), else the caller's bearer token
+// (or the anonymous tenant), whose tenant it returns. It comes before the stream takes any place
+// (see events): a request that fails it holds none, however long its token's lookup waits.
+func (s *Server) streamCaller(r *http.Request) (caller *tenant.Tenant, signed bool, err error) {
 	tokens, signed := r.URL.Query()["token"]
 	if !signed {
-		job, err = s.job(r)
-		return job, false, err
+		caller, err = s.tenant(r)
+		return caller, false, err
 	}
 	if s.cfg.StreamSigner == nil {
 		return nil, true, streamTokenError("invalid_stream_token", "this server issues no stream URLs")
@@ -90,8 +93,16 @@ func (s *Server) streamJob(r *http.Request) (job *jobs.Job, signed bool, err err
 	if err := s.cfg.StreamSigner.check(r.PathValue("id"), tokens[0]); err != nil {
 		return nil, true, err
 	}
-	job, err = s.cfg.Store.Get(r.Context(), r.PathValue("id"))
-	return job, true, err
+	return nil, true, nil
+}
+
+// streamJob returns the job whose events the request asks for, once streamCaller authorized it:
+// the URL's job for a signed URL, else one of caller's (jobOf).
+func (s *Server) streamJob(r *http.Request, caller *tenant.Tenant, signed bool) (*jobs.Job, error) {
+	if signed {
+		return s.cfg.Store.Get(r.Context(), r.PathValue("id"))
+	}
+	return s.jobOf(r, caller)
 }
 
 // jobJSON is a job as the API answers with it: with its signed events_url when the server

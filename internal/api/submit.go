@@ -541,10 +541,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	release := func() {}
 	if key != "" {
 		// A keyed submit holds a pool connection of its own for its transaction: within the
-		// tenant's share of them (keyedSubmitGate), so that its flood leaves the others theirs.
+		// tenant's share of them (tenantGate), so that its flood leaves the others theirs.
 		// The place ends with the Postgres stage (create's stored), not with the answer: the
 		// enqueue that follows the commit holds no connection, and may wait for Redis.
-		release, err = s.keyed.enter(r.Context(), tn.Name, s.cfg.StoreWait)
+		release, err = s.keyed.enter(r.Context(), tn.Name, s.cfg.StoreWait, tooManySubmits)
 		if err != nil {
 			var he *httpError
 			if errors.As(err, &he) {
@@ -653,7 +653,7 @@ func (s *Server) replayRefused(ctx context.Context, tenant, key string, body []b
 // replay's or a failure's do not.
 //
 // stored is called once the job's Postgres stage has ended (its commit, or its failure), before
-// the handoff or the enqueue: it frees the submit's place in keyedSubmitGate.
+// the handoff or the enqueue: it frees the submit's place in tenantGate.
 func (s *Server) create(ctx context.Context, p jobs.CreateParams, stored func()) (*jobs.Job, bool, error) {
 	claim := s.cfg.Handoff.Claim(p.Priority, p.Lane)
 	if claim != nil {

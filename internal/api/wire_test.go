@@ -258,7 +258,11 @@ func TestFromConfig_ConsoleLivePagesUnderMaxStreams(t *testing.T) {
 		require.Equal(t, "overloaded", refused.body["error"].(map[string]any)["type"], path)
 		require.Equal(t, "5", refused.header.Get("Retry-After"), path)
 	}
-	events := do(t, hs.URL, http.MethodGet, "/v1/jobs/"+job.ID+"/events", "", nil)
+	// A tenant's stream (authenticated: one that is not takes no place, and is refused 401).
+	_, tenantToken, err := tenant.NewStore(pool, nil).Create(context.Background(), "acme", nil)
+	require.NoError(t, err)
+	acmes := (&testBundle{store: jobs.NewStore(pool, nil)}).create(t, "acme")
+	events := do(t, hs.URL, http.MethodGet, "/v1/jobs/"+acmes.ID+"/events", "", map[string]string{"Authorization": "Bearer " + tenantToken})
 	require.Equal(t, http.StatusServiceUnavailable, events.status, "the API's streams share the cap")
 
 	closeFirst()

@@ -128,11 +128,12 @@ type API struct {
 	// MaxStreamsPerTenant caps each tenant's open event streams on one API replica; above it
 	// GET /v1/jobs/{id}/events answers 429 with Retry-After. Default 100.
 	MaxStreamsPerTenant int `yaml:"max_streams_per_tenant"`
-	// MaxKeyedSubmitsPerTenant caps each tenant's submits with an Idempotency-Key in progress
-	// against Postgres on one API replica (each holds a Postgres connection of its own for its
-	// transaction): one above it waits up to 5 s for one of them to end, then is answered 429
-	// too_many_submits with Retry-After. Default 0: half the process's Postgres pool
-	// (pool_max_conns, 16 by default: 8), at least 1.
+	// MaxKeyedSubmitsPerTenant caps each tenant's submits with an Idempotency-Key and cancels,
+	// together, in progress against Postgres on one API replica (each holds a Postgres
+	// connection of its own for its transaction): one above it waits up to 5 s for one of them
+	// to end, then is answered 429 too_many_submits (too_many_cancels for a cancel) with
+	// Retry-After. Default 0: half the process's Postgres pool (pool_max_conns, 16 by default:
+	// 8), at least 1.
 	MaxKeyedSubmitsPerTenant int `yaml:"max_keyed_submits_per_tenant"`
 	// MaxStreams caps the event streams open on one API replica, every tenant's together; above
 	// it GET /v1/jobs/{id}/events answers 503 overloaded with Retry-After, having read nothing.

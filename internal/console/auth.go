@@ -39,7 +39,7 @@ func (h *Handler) authed(next sessionHandler) http.HandlerFunc {
 			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "unauthorized", msg})
 			return
 		}
-		sess, err := h.operators.Session(r.Context(), c.Value)
+		sess, err := h.lookupSession(r.Context(), w, c.Value)
 		if errors.Is(err, operator.ErrNoSession) {
 			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "session_expired", "your session ended; log in again"})
 			return
@@ -66,8 +66,30 @@ func (h *Handler) sessionEnded(r *http.Request) bool {
 	if err != nil {
 		return true
 	}
-	_, err = h.operators.Session(r.Context(), c.Value)
+	_, err = h.lookupSession(r.Context(), nil, c.Value)
 	return errors.Is(err, operator.ErrNoSession)
+}
+
+// lookupSession returns the live session of a session token (operator.Store.Session), its
+// lookup within a place of the credential lookups' (lookupGate) unless the token was found live
+// before. Past the gate's wait it is errLookupsFull, with Retry-After set on w (when not nil).
+func (h *Handler) lookupSession(ctx context.Context, w http.ResponseWriter, token string) (*operator.Session, error) {
+	release, err := h.lookups.enter(ctx, true, token)
+	if err != nil {
+		if w != nil && errors.Is(err, errLookupsFull) {
+			w.Header().Set("Retry-After", "1")
+		}
+		return nil, err
+	}
+	defer release()
+	sess, err := h.operators.Session(ctx, token)
+	switch {
+	case err == nil:
+		h.lookups.found(token, true)
+	case errors.Is(err, operator.ErrNoSession):
+		h.lookups.found(token, false)
+	}
+	return sess, err
 }
 
 // endStream ends an event stream whose session ended with a "session_expired" event, on which
@@ -129,7 +151,18 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	token := strings.TrimSpace(req.Token)
+	// A login looks its token up within a place of the credential lookups' (lookupGate): anybody
+	// can send one, made up.
+	release, err := h.lookups.enter(r.Context(), false, token)
+	if err != nil {
+		if errors.Is(err, errLookupsFull) {
+			w.Header().Set("Retry-After", "1")
+		}
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
 	sessionToken, sess, err := h.operators.Login(r.Context(), token, h.cfg.SessionTTL)
+	release()
 	switch {
 	case err == nil:
 	case strings.HasPrefix(token, tenant.BearerTokenPrefix):
@@ -146,6 +179,9 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
+	// The session is live: its requests are looked up without a place from the first, so that
+	// an operator who logs in during a flood of made-up credentials keeps the console.
+	h.lookups.found(sessionToken, true)
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: sessionToken, Path: Prefix, Expires: sess.Expires,
 		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 	h.audit(r, sess.Operator, audit.Entry{Action: "login", Count: 1})

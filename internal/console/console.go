@@ -105,6 +105,11 @@ type Config struct {
 	// Retry-After retryAfter (the page opens its stream again a few seconds later); release
 	// gives the place back, once. nil: the live pages are not capped (tests).
 	OpenStream func() (release func(), retryAfter time.Duration, ok bool)
+	// LookupWait bounds how long a login, or a request with a session cookie this process has
+	// neither opened nor found live, waits for a place among the console's credential lookups
+	// (a quarter of Pool's connections; see lookupGate): past it, it is answered 503 overloaded
+	// with Retry-After. Default DefaultLookupWait.
+	LookupWait time.Duration
 	// Now is the clock of the overview's recomputations' durations. Default time.Now. The
 	// overview's window is on Postgres's clock (jobs.Store.WindowStats).
 	Now func() time.Time
@@ -118,6 +123,8 @@ type Handler struct {
 	limiter   *limiter.Limiter
 	breaker   *breaker.Breaker
 	mux       *http.ServeMux
+	// lookups caps the lookups of credentials anybody can make up (logins, new session cookies).
+	lookups *lookupGate
 	// live shares the overview's recomputation among its streams.
 	live *liveOverview
 	// closing is closed by Shutdown to end the event streams.
@@ -157,6 +164,9 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.LookupWait <= 0 {
+		cfg.LookupWait = DefaultLookupWait
+	}
 	if cfg.RevokeSettle == 0 {
 		cfg.RevokeSettle = tenant.DefaultCacheTTL + time.Second
 	}
@@ -172,7 +182,8 @@ func New(cfg Config) (*Handler, error) {
 		return nil, fmt.Errorf("console: %w", err)
 	}
 	h := &Handler{cfg: cfg, operators: operator.NewStore(cfg.Pool, nil), tenants: tenant.NewStore(cfg.Pool, nil),
-		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{})}
+		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{}),
+		lookups: newLookupGate(int(cfg.Pool.Config().MaxConns)/4, cfg.LookupWait)}
 	h.live = newLiveOverview(h)
 	h.routes()
 	return h, nil

@@ -1,0 +1,109 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/secrettoken"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+// TestEvents_UnknownTokenFloodTakesNoStreamPlace: an event stream took one of the replica's
+// stream places (api.max_streams) before its caller was authenticated, and the lookup of a
+// made-up token (its place among the new tokens' lookups, then Postgres) has no bound on a
+// stream: a client without any token of ours, sending made-up ones while Postgres was slow (here:
+// behind a lock of the tenants table), held every stream place for as long as its lookups waited,
+// and tenant b's stream of its own job was refused 503 overloaded. Now the caller is
+// authenticated first: the flood holds no stream place, b's stream is served, and the flood's
+// lookups, once Postgres answers, are 401s, never counted as streams refused.
+func TestEvents_UnknownTokenFloodTakesNoStreamPlace(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	reg := prometheus.NewRegistry()
+	// A pool of 8: the new tokens' lookups hold 2 of it, so that the whole flood waits in
+	// Postgres, where the test sees it.
+	b := setup(t, setupOpts{dbURL: dbURL + "&pool_max_conns=8", tenantTTL: time.Hour, registry: reg,
+		maxServerStreams: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, tokenB, err := b.tenants.Create(ctx, "b", nil)
+	require.NoError(t, err)
+	job := b.create(t, "b")
+	// b's token is cached: its stream needs Postgres for the job only.
+	require.Equal(t, "404 not_found", requestWith(ctx, b.url, http.MethodGet, "/v1/jobs/"+uuid.NewString(), tokenB).code)
+
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait() // after the rollback, which ends the lookups still waiting
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	rollback := sync.OnceFunc(func() { require.NoError(t, tx.Rollback(ctx)) })
+	defer rollback()
+	_, err = tx.Exec(ctx, `LOCK TABLE tenants IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	watch, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer watch.Close(context.Background())
+
+	const flood = 2 // the replica's stream places, and the new tokens' lookups' places
+	answers := make(chan submitAnswer, flood)
+	for range flood {
+		token, err := secrettoken.New(nil, tenant.BearerTokenPrefix)
+		require.NoError(t, err)
+		wg.Go(func() { answers <- requestWith(ctx, b.url, http.MethodGet, "/v1/jobs/"+job.ID+"/events", token) })
+	}
+	answered := lockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
+	require.Empty(t, answered, "the flood's lookups wait in Postgres")
+
+	// b's stream is served while the flood waits.
+	s := openStreamAs(ctx, t, b.url, job.ID, tokenB)
+	require.Equal(t, "queued", s.nextEvent(t).event)
+	require.Equal(t, 1.0, openStreams(reg), "b's stream only holds a place")
+
+	rollback()
+	for range flood {
+		select {
+		case a := <-answers:
+			require.Equal(t, "401 unauthorized", a.code, a.body)
+		case <-ctx.Done():
+			t.Fatal("the flood's lookups did not end")
+		}
+	}
+	require.Equal(t, 0.0, testutil.ToFloat64(gatheredCounter(t, reg, "llmq_event_streams_rejected_total", "reason", "server")))
+}
+
+// openStreamAs opens the job's event stream as the token's tenant, within ctx, failing the test
+// unless it is served.
+func openStreamAs(ctx context.Context, t *testing.T, base, id, token string) *stream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/jobs/"+id+"/events", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		require.NoError(t, err)
+	}
+	s := &stream{resp: resp, lines: bufio.NewScanner(resp.Body), cancel: cancel}
+	t.Cleanup(s.close)
+	if resp.StatusCode != http.StatusOK {
+		raw := make([]byte, 512)
+		n, _ := resp.Body.Read(raw)
+		t.Fatalf("stream answered %d: %s", resp.StatusCode, raw[:n])
+	}
+	return s
+}
