@@ -156,7 +156,7 @@ const (
 	HalfOpen State = "half_open"
 )
 
-var states = []State{Closed, Open, HalfOpen}
+var states = [...]State{Closed, Open, HalfOpen}
 
 // Outcome is what an admitted request's response says about the provider's health.
 type Outcome int
@@ -241,6 +241,8 @@ type Circuit struct {
 	tag   string // the credential's hash tag, the wake-up message
 	key   string // the breaker hash
 	lease string // the cold-start leases
+	// states is the credential's llmq_breaker_state series, looked up once.
+	states *stateSeries
 }
 
 // Circuit returns the breaker of the provider key id. id is only hashed (the key looks like
@@ -254,7 +256,8 @@ func (b *Breaker) Circuit(id, name string) *Circuit {
 // CircuitByTag is Circuit for a process that knows the credential's tag (redisscript.CredentialTag,
 // as the workers publish it under redisscript.CredentialIndexKey) but not its key.
 func (b *Breaker) CircuitByTag(tag, name string) *Circuit {
-	return &Circuit{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag)}
+	return &Circuit{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag),
+		states: &stateSeries{}}
 }
 
 // Admission is Allow's answer.
@@ -326,7 +329,7 @@ func (c *Circuit) Allow(ctx context.Context) (Admission, error) {
 		a.Wait = max(time.Duration(at-redisscript.Int(res[4]))*time.Microsecond, 0)
 	}
 	m := cfg.Metrics
-	m.setState(c.name, a.State)
+	m.setState(c.states, c.name, a.State)
 	if redisscript.Int(res[6]) == 1 {
 		m.transitioned(c.name, HalfOpen)
 	}
@@ -350,7 +353,7 @@ func (c *Circuit) SuccessMemory() time.Duration { return time.Duration(c.b.memor
 // at generation gen, for a caller whose own script made that test (see Key); it records the
 // state as Allow does. Report the request's outcome on it as on any other.
 func (c *Circuit) ClosedAdmission(gen int64) Admission {
-	c.b.cfg.Metrics.setState(c.name, Closed)
+	c.b.cfg.Metrics.setState(c.states, c.name, Closed)
 	return Admission{Allowed: true, State: Closed, gen: gen}
 }
 
@@ -414,7 +417,7 @@ func (c *Circuit) ReportCall(a Admission, o Outcome, state *State) (redisscript.
 			if state != nil {
 				*state = st
 			}
-			cfg.Metrics.setState(c.name, st)
+			cfg.Metrics.setState(c.states, c.name, st)
 			if to := redisscript.String(res[1]); to != "" {
 				cfg.Metrics.transitioned(c.name, State(to))
 			}
@@ -475,7 +478,7 @@ func (c *Circuit) Status(ctx context.Context) (Status, error) {
 		s.Capped = redisscript.Int(v[4]) == 1
 		s.InFlight = int(redisscript.Int(v[5]))
 	}
-	c.b.cfg.Metrics.setState(c.name, s.State)
+	c.b.cfg.Metrics.setState(c.states, c.name, s.State)
 	return s, nil
 }
 

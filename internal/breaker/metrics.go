@@ -1,6 +1,10 @@
 package breaker
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the breaker's Prometheus metrics. Their only labels are the credential's name
 // (never its key) and a state. A nil *Metrics records nothing. One Metrics may serve several
@@ -34,16 +38,39 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) setState(name string, s State) {
+// stateSeries is one credential's llmq_breaker_state series (closed, open, half_open), looked up
+// on their first setting and kept for the Circuit's life: every admission and report sets all
+// three, some six lookups a job (a hash of the labels and a search under a lock each), ~1% of a
+// job's instructions (docs/benchmarks.md). Safe for concurrent use.
+type stateSeries struct {
+	once   sync.Once
+	gauges [len(states)]prometheus.Gauge // by states' index
+}
+
+// setState sets credential name's state series, kept in series (nil: looked up each time).
+func (m *Metrics) setState(series *stateSeries, name string, s State) {
 	if m == nil {
 		return
 	}
-	for _, x := range states {
+	var gauges [len(states)]prometheus.Gauge
+	if series != nil {
+		series.once.Do(func() {
+			for i, x := range states {
+				series.gauges[i] = m.state.WithLabelValues(name, string(x))
+			}
+		})
+		gauges = series.gauges
+	} else {
+		for i, x := range states {
+			gauges[i] = m.state.WithLabelValues(name, string(x))
+		}
+	}
+	for i, x := range states {
 		v := 0.0
 		if x == s {
 			v = 1
 		}
-		m.state.WithLabelValues(name, string(x)).Set(v)
+		gauges[i].Set(v)
 	}
 }
 

@@ -15,6 +15,10 @@ type Metrics struct {
 	lastSweep prometheus.Gauge
 	idleWaits *prometheus.CounterVec
 	handoffs  *prometheus.CounterVec
+	// idleWaitsBy and handoffsBy are the vectors' series by label value, made with the metrics
+	// and only read after: each job counts a hand-over or an idle wait, spared the vector's lookup.
+	idleWaitsBy map[string]prometheus.Counter
+	handoffsBy  map[string]prometheus.Counter
 	// deliveryErrors counts the deliveries that failed (see ServerConfig.Metrics): asynq retries
 	// them and logs nothing, so without it a worker whose stores fail on every job is silent.
 	deliveryErrors prometheus.Counter
@@ -49,11 +53,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Deliveries of a job's task that ended in an error (the stores failing: Postgres or Redis unreachable or " +
 			"refusing, a task timeout), handed back to asynq to retry with backoff. Deferrals and cancels are not counted.",
 	})
+	m.idleWaitsBy = map[string]prometheus.Counter{}
 	for _, ended := range []string{waitEndedByWakeUp, waitEndedByPoll} {
-		m.idleWaits.WithLabelValues(ended)
+		m.idleWaitsBy[ended] = m.idleWaits.WithLabelValues(ended)
 	}
+	m.handoffsBy = map[string]prometheus.Counter{}
 	for _, outcome := range []string{handoffTaken, handoffDeclined, handoffReturned} {
-		m.handoffs.WithLabelValues(outcome)
+		m.handoffsBy[outcome] = m.handoffs.WithLabelValues(outcome)
 	}
 	reg.MustRegister(m.swept, m.lastSweep, m.idleWaits, m.handoffs, m.deliveryErrors)
 	return m
@@ -72,15 +78,23 @@ const (
 	handoffReturned = "returned"
 )
 
+// counter is v's series of label value lv: from by when it is there, else v's lookup.
+func counter(by map[string]prometheus.Counter, v *prometheus.CounterVec, lv string) prometheus.Counter {
+	if c, ok := by[lv]; ok {
+		return c
+	}
+	return v.WithLabelValues(lv)
+}
+
 func (m *Metrics) handoff(outcome string) {
 	if m != nil {
-		m.handoffs.WithLabelValues(outcome).Inc()
+		counter(m.handoffsBy, m.handoffs, outcome).Inc()
 	}
 }
 
 func (m *Metrics) idleWaitEnded(by string) {
 	if m != nil {
-		m.idleWaits.WithLabelValues(by).Inc()
+		counter(m.idleWaitsBy, m.idleWaits, by).Inc()
 	}
 }
 

@@ -2,6 +2,8 @@ package executor
 
 import (
 	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +24,51 @@ type Metrics struct {
 	// and reads its job again (the load stage), so LLMQDeliveryErrors leaves them out of the
 	// deliveries it divides by.
 	deferrals prometheus.Counter
+
+	// creds holds each configured credential's series (credential name → *credSeries), looked
+	// up once: a job's attempt and end set four, and the vectors' lookups (a hash of the labels
+	// and a search under a lock) were ~1% of a job's instructions with the limiter's
+	// (docs/benchmarks.md). Only the names initCredentials is given are kept, so a credential
+	// name from elsewhere (a job of a removed credential) is looked up as before and grows
+	// nothing. stageSeries is each stage's series, made on its first use as the lookup did.
+	creds       sync.Map
+	stageSeries [len(stages)]lazy[prometheus.Observer]
+}
+
+// stages are the stages of a delivery, in stageSeries' order.
+var stages = [...]string{StagePickup, StageLoad, StageBreaker, StageAdmit, StageBegin, StageCall, StageBookkeeping, StageRecord}
+
+// credSeries is one credential's series of the executor's metrics. The counters are those
+// initCredentials makes; the histograms are made on their first observation, as a lookup made
+// them, so that a process exports the same series.
+type credSeries struct {
+	attempts  map[string]prometheus.Counter      // by class
+	outcomes  map[jobs.Status]prometheus.Counter // by terminal status
+	latency   lazy[prometheus.Observer]
+	durations [len(finalStatuses)]lazy[prometheus.Observer] // by finalStatuses' index
+}
+
+// finalStatuses are the statuses a worker ends a job in (llmq_jobs_finished_total's).
+var finalStatuses = [...]jobs.Status{jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusDead}
+
+// lazy is a value made on its first use, once, whoever asks first.
+type lazy[T any] struct {
+	once sync.Once
+	v    T
+}
+
+// get returns the value, making it with mk on the first call.
+func (l *lazy[T]) get(mk func() T) T {
+	l.once.Do(func() { l.v = mk() })
+	return l.v
+}
+
+// series returns credential's series; nil when initCredentials was not given its name.
+func (m *Metrics) series(credential string) *credSeries {
+	if cs, ok := m.creds.Load(credential); ok {
+		return cs.(*credSeries)
+	}
+	return nil
 }
 
 // Stages of a delivery, the label values of llmq_delivery_stage_duration_seconds. A delivery
@@ -114,12 +161,15 @@ func (m *Metrics) initCredentials(names []string) {
 		retrypolicy.ClassSpendCap, retrypolicy.ClassTimeout, retrypolicy.ClassNetwork, retrypolicy.ClassPermanent,
 		retrypolicy.ClassInternal, retrypolicy.ClassCanceled}
 	for _, name := range names {
+		cs := &credSeries{attempts: make(map[string]prometheus.Counter, len(classes)),
+			outcomes: make(map[jobs.Status]prometheus.Counter, len(finalStatuses))}
 		for _, c := range classes {
-			m.attempts.WithLabelValues(name, string(c))
+			cs.attempts[string(c)] = m.attempts.WithLabelValues(name, string(c))
 		}
-		for _, st := range []jobs.Status{jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusDead} {
-			m.outcomes.WithLabelValues(name, string(st))
+		for _, st := range finalStatuses {
+			cs.outcomes[st] = m.outcomes.WithLabelValues(name, string(st))
 		}
+		m.creds.LoadOrStore(name, cs) // a second executor on the same metrics keeps the first's
 		for _, reason := range []string{jobs.ReasonRateLimitedNoRetryAfter, jobs.ReasonRetriesExhausted} {
 			m.deadLetters.WithLabelValues(name, reason)
 		}
@@ -130,8 +180,18 @@ func (m *Metrics) attempt(credential, class string, latency time.Duration) {
 	if m == nil {
 		return
 	}
-	m.attempts.WithLabelValues(credential, class).Inc()
-	m.attemptLatency.WithLabelValues(credential).Observe(latency.Seconds())
+	cs := m.series(credential)
+	if cs == nil {
+		m.attempts.WithLabelValues(credential, class).Inc()
+		m.attemptLatency.WithLabelValues(credential).Observe(latency.Seconds())
+		return
+	}
+	if c, ok := cs.attempts[class]; ok {
+		c.Inc()
+	} else {
+		m.attempts.WithLabelValues(credential, class).Inc()
+	}
+	cs.latency.get(func() prometheus.Observer { return m.attemptLatency.WithLabelValues(credential) }).Observe(latency.Seconds())
 }
 
 // Finished records that a job of credential reached final status (with deadReason when dead)
@@ -142,11 +202,25 @@ func (m *Metrics) Finished(credential string, status jobs.Status, deadReason str
 	if m == nil {
 		return
 	}
-	m.outcomes.WithLabelValues(credential, string(status)).Inc()
-	m.submitToResult.WithLabelValues(credential, string(status)).Observe(sinceSubmit.Seconds())
+	outcome, duration := m.finishedSeries(credential, status)
+	outcome.Inc()
+	duration.Observe(sinceSubmit.Seconds())
 	if status == jobs.StatusDead {
 		m.DeadLettered(credential, deadReason)
 	}
+}
+
+// finishedSeries returns the series Finished counts a job of credential ended in status in.
+func (m *Metrics) finishedSeries(credential string, status jobs.Status) (prometheus.Counter, prometheus.Observer) {
+	cs := m.series(credential)
+	i := slices.Index(finalStatuses[:], status)
+	if cs == nil || i < 0 {
+		return m.outcomes.WithLabelValues(credential, string(status)),
+			m.submitToResult.WithLabelValues(credential, string(status))
+	}
+	return cs.outcomes[status], cs.durations[i].get(func() prometheus.Observer {
+		return m.submitToResult.WithLabelValues(credential, string(status))
+	})
 }
 
 // DeadLettered counts a dead letter of credential in llmq_dead_letters_total. Finished calls it
@@ -161,9 +235,15 @@ func (m *Metrics) DeadLettered(credential, reason string) {
 
 // stage records that a delivery spent d in stage.
 func (m *Metrics) stage(stage string, d time.Duration) {
-	if m != nil {
-		m.stages.WithLabelValues(stage).Observe(d.Seconds())
+	if m == nil {
+		return
 	}
+	i := slices.Index(stages[:], stage)
+	if i < 0 {
+		m.stages.WithLabelValues(stage).Observe(d.Seconds())
+		return
+	}
+	m.stageSeries[i].get(func() prometheus.Observer { return m.stages.WithLabelValues(stage) }).Observe(d.Seconds())
 }
 
 // deferred counts a delivery from asynq that was deferred.

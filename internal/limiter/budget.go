@@ -26,7 +26,7 @@ func (c *Gate) AllowRetry(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("allow retry: %w", err)
 	}
 	if !ok {
-		c.l.cfg.Metrics.refused(c.name)
+		c.series.refused()
 	}
 	return ok, nil
 }
@@ -41,7 +41,7 @@ func (c *Gate) AllowTimeoutRetry(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("allow timeout retry: %w", err)
 	}
 	if !ok {
-		c.l.cfg.Metrics.refused(c.name)
+		c.series.refused()
 	}
 	return ok, nil
 }

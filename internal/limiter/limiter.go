@@ -239,11 +239,13 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Limiter, error) {
 }
 
 // Gate is the limiter of one provider key. Make it with Limiter.Gate; it is cheap,
-// holds no state of its own and is safe for concurrent use.
+// holds no state of its own but its credential's metric series, and is safe for concurrent use.
 type Gate struct {
 	l    *Limiter
 	name string
 	tag  string
+	// series is the credential's metric series, looked up once each (nil: no metrics).
+	series *gateSeries
 }
 
 // Gate returns the limiter of the provider key id. id is only hashed (keys look like
@@ -257,7 +259,7 @@ func (l *Limiter) Gate(id, name string) *Gate {
 // GateByTag is Gate for a process that knows the credential's tag (redisscript.CredentialTag,
 // as the workers publish it under redisscript.CredentialIndexKey) but not its key.
 func (l *Limiter) GateByTag(tag, name string) *Gate {
-	return &Gate{l: l, name: name, tag: tag}
+	return &Gate{l: l, name: name, tag: tag, series: newGateSeries(l.cfg.Metrics, name)}
 }
 
 // Name is the credential name given to Limiter.Gate.
@@ -484,12 +486,12 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	}
 	if len(res) == 4 && redisscript.Int(res[0]) == -2 {
 		us, _ := strconv.ParseInt(redisscript.String(res[1]), 10, 64)
-		c.l.cfg.Metrics.setPaused(c.name, true)
+		c.series.setPaused(true)
 		return Reservation{Paused: PauseState{Paused: true, Since: time.UnixMicro(us), Reason: redisscript.String(res[2]),
 			FirstJobID: redisscript.String(res[3])}}, nil
 	}
 	if opts.UnlessPaused {
-		c.l.cfg.Metrics.setPaused(c.name, false)
+		c.series.setPaused(false)
 	}
 	if len(res) < 8 {
 		return Reservation{}, fmt.Errorf("reserve: unexpected reply %v", res)
@@ -516,7 +518,7 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	if len(res) >= 12 {
 		r.CircuitGen = redisscript.Int(res[11])
 	}
-	c.l.cfg.Metrics.reserved(c.name, r)
+	c.series.reserved(r)
 	return r, nil
 }
 

@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/tokens"
@@ -95,63 +97,127 @@ func (m *Metrics) InitCredentials(names []string) {
 	}
 }
 
-func (m *Metrics) reserved(name string, r Reservation) {
+// gateSeries is one credential's series of the limiter's metrics, each looked up (hashed by its
+// labels in its vector) on its first use and kept for the Gate's life: a job's reservation and
+// reconcile set some fifteen of them, and the lookups were ~1% of a job's instructions
+// (docs/benchmarks.md). Each is resolved where the lookup used to be made, so the series a
+// process exports are the same. A Gate's series are bounded by the metrics' fixed label values;
+// a nil *gateSeries (a limiter without metrics) records nothing. Safe for concurrent use.
+type gateSeries struct {
+	m    *Metrics
+	name string
+
+	limits         lazy[[5]prometheus.Gauge] // rate, burst, source configured, learned, unknown
+	wait           lazy[prometheus.Observer]
+	probes         lazy[prometheus.Counter]
+	pushbacks      lazy[prometheus.Counter]
+	refusals       lazy[prometheus.Counter]
+	paused         lazy[prometheus.Gauge]
+	tokenLimit     lazy[[3]prometheus.Gauge]   // input, output, tokens
+	tokensReserved lazy[[2]prometheus.Counter] // input, output
+	tokensReported lazy[[2]prometheus.Counter] // input, output
+}
+
+// newGateSeries returns credential name's series of m; nil when m is nil.
+func newGateSeries(m *Metrics, name string) *gateSeries {
 	if m == nil {
+		return nil
+	}
+	return &gateSeries{m: m, name: name}
+}
+
+// lazy is a value made on its first use, once, whoever asks first.
+type lazy[T any] struct {
+	once sync.Once
+	v    T
+}
+
+// get returns the value, making it with mk on the first call.
+func (l *lazy[T]) get(mk func() T) T {
+	l.once.Do(func() { l.v = mk() })
+	return l.v
+}
+
+// sources are the values of llmq_limiter_limit_source's source label, in gateSeries.limits' order.
+var sources = [3]Source{SourceConfigured, SourceLearned, SourceUnknown}
+
+func (g *gateSeries) reserved(r Reservation) {
+	if g == nil {
 		return
 	}
-	m.rate.WithLabelValues(name).Set(r.Limit.Rate)
-	m.burst.WithLabelValues(name).Set(float64(r.Limit.Burst))
-	for _, s := range []Source{SourceConfigured, SourceLearned, SourceUnknown} {
+	m, name := g.m, g.name
+	limits := g.limits.get(func() [5]prometheus.Gauge {
+		return [5]prometheus.Gauge{m.rate.WithLabelValues(name), m.burst.WithLabelValues(name),
+			m.source.WithLabelValues(name, string(sources[0])), m.source.WithLabelValues(name, string(sources[1])),
+			m.source.WithLabelValues(name, string(sources[2]))}
+	})
+	limits[0].Set(r.Limit.Rate)
+	limits[1].Set(float64(r.Limit.Burst))
+	for i, s := range sources {
 		v := 0.0
 		if s == r.Source {
 			v = 1
 		}
-		m.source.WithLabelValues(name, string(s)).Set(v)
+		limits[2+i].Set(v)
 	}
 	if r.Granted {
-		m.wait.WithLabelValues(name).Observe(max(r.Wait.Seconds(), 0))
+		g.wait.get(func() prometheus.Observer { return m.wait.WithLabelValues(name) }).Observe(max(r.Wait.Seconds(), 0))
 	}
 	if r.Probe {
-		m.probes.WithLabelValues(name).Inc()
+		g.probes.get(func() prometheus.Counter { return m.probes.WithLabelValues(name) }).Inc()
 	}
 	if r.Tokens != (TokenBuckets{}) {
-		m.tokenLimit.WithLabelValues(name, string(tokens.BucketInput)).Set(r.Tokens.Input.PerMinute)
-		m.tokenLimit.WithLabelValues(name, string(tokens.BucketOutput)).Set(r.Tokens.Output.PerMinute)
-		m.tokenLimit.WithLabelValues(name, string(tokens.BucketTokens)).Set(r.Tokens.Combined.PerMinute)
+		tl := g.tokenLimit.get(func() [3]prometheus.Gauge {
+			return [3]prometheus.Gauge{m.tokenLimit.WithLabelValues(name, string(tokens.BucketInput)),
+				m.tokenLimit.WithLabelValues(name, string(tokens.BucketOutput)),
+				m.tokenLimit.WithLabelValues(name, string(tokens.BucketTokens))}
+		})
+		tl[0].Set(r.Tokens.Input.PerMinute)
+		tl[1].Set(r.Tokens.Output.PerMinute)
+		tl[2].Set(r.Tokens.Combined.PerMinute)
 	}
 	if r.Granted && r.Grant > 0 {
-		m.tokensReserved.WithLabelValues(name, "input").Add(float64(r.Cost.InputTokens))
-		m.tokensReserved.WithLabelValues(name, "output").Add(float64(r.Cost.OutputTokens))
+		tr := g.tokensReserved.get(func() [2]prometheus.Counter {
+			return [2]prometheus.Counter{m.tokensReserved.WithLabelValues(name, "input"),
+				m.tokensReserved.WithLabelValues(name, "output")}
+		})
+		tr[0].Add(float64(r.Cost.InputTokens))
+		tr[1].Add(float64(r.Cost.OutputTokens))
 	}
 }
 
-func (m *Metrics) reconciled(name string, actual tokens.Cost) {
-	if m == nil {
+func (g *gateSeries) reconciled(actual tokens.Cost) {
+	if g == nil {
 		return
 	}
-	m.tokensReported.WithLabelValues(name, "input").Add(float64(actual.InputTokens))
-	m.tokensReported.WithLabelValues(name, "output").Add(float64(actual.OutputTokens))
+	m, name := g.m, g.name
+	tr := g.tokensReported.get(func() [2]prometheus.Counter {
+		return [2]prometheus.Counter{m.tokensReported.WithLabelValues(name, "input"),
+			m.tokensReported.WithLabelValues(name, "output")}
+	})
+	tr[0].Add(float64(actual.InputTokens))
+	tr[1].Add(float64(actual.OutputTokens))
 }
 
-func (m *Metrics) pushedBack(name string) {
-	if m != nil {
-		m.pushbacks.WithLabelValues(name).Inc()
+func (g *gateSeries) pushedBack() {
+	if g != nil {
+		g.pushbacks.get(func() prometheus.Counter { return g.m.pushbacks.WithLabelValues(g.name) }).Inc()
 	}
 }
 
-func (m *Metrics) refused(name string) {
-	if m != nil {
-		m.refusals.WithLabelValues(name).Inc()
+func (g *gateSeries) refused() {
+	if g != nil {
+		g.refusals.get(func() prometheus.Counter { return g.m.refusals.WithLabelValues(g.name) }).Inc()
 	}
 }
 
-func (m *Metrics) setPaused(name string, paused bool) {
-	if m == nil {
+func (g *gateSeries) setPaused(paused bool) {
+	if g == nil {
 		return
 	}
 	v := 0.0
 	if paused {
 		v = 1
 	}
-	m.paused.WithLabelValues(name).Set(v)
+	g.paused.get(func() prometheus.Gauge { return g.m.paused.WithLabelValues(g.name) }).Set(v)
 }

@@ -127,7 +127,7 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 				return fmt.Errorf("observe response: %w", err)
 			}
 			if ra != "" {
-				cfg.Metrics.pushedBack(c.name)
+				c.series.pushedBack()
 			}
 			return nil
 		},

@@ -38,7 +38,7 @@ func (c *Gate) Pause(ctx context.Context, reason, jobID string) (started bool, e
 	if err != nil {
 		return false, fmt.Errorf("pause credential: %w", err)
 	}
-	c.l.cfg.Metrics.setPaused(c.name, true)
+	c.series.setPaused(true)
 	return n >= 1, nil
 }
 
@@ -63,7 +63,7 @@ func (c *Gate) PauseSince(ctx context.Context, kept, fresh PauseState) (started,
 	if err != nil {
 		return false, false, fmt.Errorf("pause credential: %w", err)
 	}
-	c.l.cfg.Metrics.setPaused(c.name, true)
+	c.series.setPaused(true)
 	return n >= 1, n == 2, nil
 }
 
@@ -75,7 +75,7 @@ func (c *Gate) Resume(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("resume credential: %w", err)
 	}
-	c.l.cfg.Metrics.setPaused(c.name, false)
+	c.series.setPaused(false)
 	return n == 1, nil
 }
 
@@ -104,11 +104,11 @@ func (c *Gate) Paused(ctx context.Context) (PauseState, error) {
 // gauge.
 func (c *Gate) pauseState(since string, ok bool, reason, job string, unknown bool) PauseState {
 	if !ok {
-		c.l.cfg.Metrics.setPaused(c.name, false)
+		c.series.setPaused(false)
 		return PauseState{Unknown: unknown}
 	}
 	us, _ := strconv.ParseInt(since, 10, 64)
-	c.l.cfg.Metrics.setPaused(c.name, true)
+	c.series.setPaused(true)
 	return PauseState{Paused: true, Since: time.UnixMicro(us), Reason: reason, FirstJobID: job}
 }
 
@@ -143,7 +143,7 @@ func (c *Gate) RestorePause(ctx context.Context, ps PauseState) (bool, error) {
 		return false, fmt.Errorf("restore pause state: %w", err)
 	}
 	if n == 1 {
-		c.l.cfg.Metrics.setPaused(c.name, ps.Paused)
+		c.series.setPaused(ps.Paused)
 	}
 	return n == 1, nil
 }
@@ -167,7 +167,7 @@ func (c *Gate) RestoreLostPause(ctx context.Context, ps PauseState) (bool, error
 		return false, fmt.Errorf("restore lost pause: %w", err)
 	}
 	if n == 1 {
-		c.l.cfg.Metrics.setPaused(c.name, true)
+		c.series.setPaused(true)
 	}
 	return n == 1, nil
 }

@@ -181,7 +181,7 @@ func (c *Gate) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.
 				return fmt.Errorf("reconcile tokens: %w", err)
 			}
 			if len(res) == 4 && redisscript.Int(res[0]) == 1 {
-				cfg.Metrics.reconciled(c.name, actual)
+				c.series.reconciled(actual)
 			}
 			return nil
 		},

@@ -36,12 +36,38 @@ type RateLimit struct {
 	Date time.Time
 }
 
+// header is h.Get(key) for a key already in canonical form (every key this file reads): the map
+// lookup without Get's canonicalisation of the key, a scan of each of its bytes, which some dozen
+// lookups an answer made a measurable part of a job's CPU (docs/benchmarks.md). h's keys are
+// canonical when net/http built it, or http.Header's Set or Add.
+func header(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// anthropicFamily is the canonical names of one Anthropic rate-limit family's headers.
+type anthropicFamily struct{ limit, remaining, reset string }
+
+// Anthropic's rate-limit families, spelt out rather than joined per answer.
+var (
+	anthropicRequests = anthropicFamily{"Anthropic-Ratelimit-Requests-Limit",
+		"Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"}
+	anthropicInput = anthropicFamily{"Anthropic-Ratelimit-Input-Tokens-Limit",
+		"Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"}
+	anthropicOutput = anthropicFamily{"Anthropic-Ratelimit-Output-Tokens-Limit",
+		"Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"}
+	anthropicTokens = anthropicFamily{"Anthropic-Ratelimit-Tokens-Limit",
+		"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"}
+)
+
 // parseAnthropicRateLimit reads anthropic-ratelimit-requests-{limit,remaining,reset}; reset
 // is an RFC 3339 timestamp, fractional seconds allowed. With an absolute reset it reads Date.
 func parseAnthropicRateLimit(h http.Header) RateLimit {
-	rl, ok := parseLimitRemaining(h.Get("Anthropic-Ratelimit-Requests-Limit"), h.Get("Anthropic-Ratelimit-Requests-Remaining"))
+	rl, ok := parseLimitRemaining(header(h, anthropicRequests.limit), header(h, anthropicRequests.remaining))
 	if ok {
-		if v := strings.TrimSpace(h.Get("Anthropic-Ratelimit-Requests-Reset")); v != "" {
+		if v := strings.TrimSpace(header(h, anthropicRequests.reset)); v != "" {
 			if t, err := time.Parse(time.RFC3339Nano, v); err == nil && !t.IsZero() { // the zero time: no reset
 				rl.ResetAt, rl.ResetAbsolute = t, true
 			}
@@ -49,7 +75,7 @@ func parseAnthropicRateLimit(h http.Header) RateLimit {
 	}
 	rl.Tokens = parseAnthropicTokens(h)
 	if t := rl.Tokens; rl.ResetAbsolute || t.Input.ResetAbsolute || t.Output.ResetAbsolute || t.Combined.ResetAbsolute {
-		if d, err := http.ParseTime(strings.TrimSpace(h.Get("Date"))); err == nil {
+		if d, err := http.ParseTime(strings.TrimSpace(header(h, "Date"))); err == nil {
 			rl.Date = d
 		}
 	}
@@ -60,12 +86,12 @@ func parseAnthropicRateLimit(h http.Header) RateLimit {
 // x-ratelimit-reset-requests; reset is a Go-style duration ("1s", "6m0s", "120ms",
 // "1h2m3.5s") from received, the time the response headers arrived.
 func parseOpenAIRateLimit(h http.Header, received time.Time) RateLimit {
-	rl, ok := parseLimitRemaining(h.Get("X-Ratelimit-Limit-Requests"), h.Get("X-Ratelimit-Remaining-Requests"))
+	rl, ok := parseLimitRemaining(header(h, "X-Ratelimit-Limit-Requests"), header(h, "X-Ratelimit-Remaining-Requests"))
 	if !ok {
 		return RateLimit{Tokens: parseOpenAITokens(h, received)}
 	}
 	rl.Tokens = parseOpenAITokens(h, received)
-	if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-Requests")); v != "" {
+	if v := strings.TrimSpace(header(h, "X-Ratelimit-Reset-Requests")); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 			rl.ResetAt = received.Add(d)
 			rl.ResetGranularity = time.Millisecond
@@ -78,11 +104,15 @@ func parseOpenAIRateLimit(h http.Header, received time.Time) RateLimit {
 }
 
 func parseLimitRemaining(limit, remaining string) (RateLimit, bool) {
-	l, err := strconv.Atoi(strings.TrimSpace(limit))
+	limit, remaining = strings.TrimSpace(limit), strings.TrimSpace(remaining)
+	if limit == "" || remaining == "" {
+		return RateLimit{}, false // absent, the usual case: spared Atoi's error, an allocation
+	}
+	l, err := strconv.Atoi(limit)
 	if err != nil || l < 0 {
 		return RateLimit{}, false
 	}
-	r, err := strconv.Atoi(strings.TrimSpace(remaining))
+	r, err := strconv.Atoi(remaining)
 	if err != nil || r < 0 {
 		return RateLimit{}, false
 	}
@@ -131,31 +161,30 @@ const anthropicTokenRounding = 1000
 // parseAnthropicTokens reads anthropic-ratelimit-{input-tokens,output-tokens,tokens}-{limit,
 // remaining,reset}; reset is an RFC 3339 timestamp.
 func parseAnthropicTokens(h http.Header) TokenRateLimits {
-	family := func(name string) TokenRateLimit {
-		prefix := "Anthropic-Ratelimit-" + name + "-"
-		tl, ok := parseTokenLimitRemaining(h.Get(prefix+"Limit"), h.Get(prefix+"Remaining"))
+	family := func(names anthropicFamily) TokenRateLimit {
+		tl, ok := parseTokenLimitRemaining(header(h, names.limit), header(h, names.remaining))
 		if !ok {
 			return TokenRateLimit{}
 		}
 		tl.RemainingGranularity = anthropicTokenRounding
-		if v := strings.TrimSpace(h.Get(prefix + "Reset")); v != "" {
+		if v := strings.TrimSpace(header(h, names.reset)); v != "" {
 			if t, err := time.Parse(time.RFC3339Nano, v); err == nil && !t.IsZero() { // the zero time: no reset
 				tl.ResetAt, tl.ResetAbsolute = t, true
 			}
 		}
 		return tl
 	}
-	return TokenRateLimits{Input: family("Input-Tokens"), Output: family("Output-Tokens"), Combined: family("Tokens")}
+	return TokenRateLimits{Input: family(anthropicInput), Output: family(anthropicOutput), Combined: family(anthropicTokens)}
 }
 
 // parseOpenAITokens reads x-ratelimit-{limit,remaining}-tokens and x-ratelimit-reset-tokens, a
 // Go-style duration from received.
 func parseOpenAITokens(h http.Header, received time.Time) TokenRateLimits {
-	tl, ok := parseTokenLimitRemaining(h.Get("X-Ratelimit-Limit-Tokens"), h.Get("X-Ratelimit-Remaining-Tokens"))
+	tl, ok := parseTokenLimitRemaining(header(h, "X-Ratelimit-Limit-Tokens"), header(h, "X-Ratelimit-Remaining-Tokens"))
 	if !ok {
 		return TokenRateLimits{}
 	}
-	if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-Tokens")); v != "" {
+	if v := strings.TrimSpace(header(h, "X-Ratelimit-Reset-Tokens")); v != "" {
 		if d, err := time.ParseDuration(v); err == nil && d >= 0 {
 			tl.ResetAt = received.Add(d)
 			tl.ResetGranularity = time.Millisecond
