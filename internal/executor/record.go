@@ -45,7 +45,9 @@ const recordRetryWindow = 30 * time.Second
 // recordRetryWindow (or until ctx ends), and returns the last error only then. The call has been
 // made and paid for: handing the delivery back to asynq instead would leave the job's lease to
 // run out and the call to be made again. Finish is safe to run again (a terminal outcome already
-// stored answers applied=false).
+// stored answers applied=false). After a try that waited for the job's locked row past its bound,
+// the next go out beside the store's batches (jobs.Alone): in one, each held every transition of
+// the process queued behind it for that bound.
 func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o jobs.Outcome) (bool, error) {
 	defer e.timed(StageRecord, e.cfg.Now())
 	ctx, cancel := context.WithTimeout(ctx, recordRetryWindow)
@@ -62,6 +64,11 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 		if tries == 1 {
 			e.cfg.Logger.WarnContext(ctx, "postgres unavailable while recording an attempt's outcome; trying again",
 				"job_id", id, "error", err)
+		}
+		if jobs.IsLockTimeout(err) {
+			// The job's row is locked (a stalled session's transaction): the next tries may
+			// wait for it as long, and do so beside the process's batches, not in one.
+			ctx = jobs.Alone(ctx)
 		}
 		if sleep(ctx, wait) != nil {
 			return false, err

@@ -31,8 +31,14 @@ const (
 	batchInFlight = 1
 	// batchMax is the most statements one batch holds.
 	batchMax = 64
-	// batchTimeout bounds one batch's round trip (the callers wait for at most their own context).
-	batchTimeout = 30 * time.Second
+	// batchTimeout bounds one batch's round trip (the callers wait for at most their own context):
+	// its wait for a connection and its statements, whose lock waits batchLockTimeout bounds. Past
+	// it the connection may be silent (open, and never answering: a partition, a failover behind
+	// a moved address); if another of the pool's is too, the pool is emptied (see abandonSilent).
+	// On a slow server the batch fails as unavailable (its callers may try again). It is well
+	// under the 30 s a worker keeps trying to record an outcome for, so that a call paid for is
+	// recorded on a new connection rather than lost with the silent one.
+	batchTimeout = 10 * time.Second
 	// batchLockTimeout bounds how long a batch's transaction (or a statement the batcher runs
 	// alone) waits for a row lock another session holds: its lock_timeout, set for that
 	// transaction only (see lockTimeoutSQL). The batcher's statements touch one job row each and
@@ -41,6 +47,10 @@ const (
 	// Postgres notices, hours with TCP's keepalive) or an operator's open transaction; with one
 	// batch in flight, the wait held every transition of the process for batchTimeout.
 	batchLockTimeout = 2 * time.Second
+	// silentProbeTimeout bounds the ping that tells a silent pool from a slow server once a
+	// statement ran out of its batch's bound (see abandonSilent): an empty statement that even
+	// a loaded server answers in milliseconds.
+	silentProbeTimeout = 2 * time.Second
 )
 
 // lockTimeoutSQL sets the lock_timeout of the transaction it runs in to $1 (batchLockTimeout),
@@ -54,9 +64,10 @@ WHERE current_setting('lock_timeout')::interval = interval '0' OR current_settin
 // lockTimeoutSetting is batchLockTimeout as lockTimeoutSQL's argument.
 var lockTimeoutSetting = fmt.Sprintf("%dms", batchLockTimeout.Milliseconds())
 
-// lockTimedOut reports whether err is a statement that waited for a lock past the lock_timeout
-// (55P03 lock_not_available): it took no effect (its transaction rolled back).
-func lockTimedOut(err error) bool {
+// IsLockTimeout reports whether err is a statement that waited for a lock past the lock_timeout
+// (55P03 lock_not_available): it took no effect (its transaction rolled back). It is also
+// unavailable (IsUnavailable): the lock's holder may let go soon.
+func IsLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == pgerrLockNotAvailable
 }
@@ -91,7 +102,101 @@ type batcher struct {
 	// idle, when set (by tests, before the batcher's first use), is called each time the batcher
 	// has sent everything and stopped.
 	idle func()
+	// timeout, when set (by tests, before the batcher's first use), replaces batchTimeout.
+	timeout time.Duration
+
+	// resetMu guards reset, when abandonSilent last emptied the pool.
+	resetMu sync.Mutex
+	reset   time.Time
+	// besideOnce makes beside, the slots of the statements run Alone (a token each held).
+	besideOnce sync.Once
+	beside     chan struct{}
 }
+
+// errBatchTimeout is the cause of a batch's context that ran out of its own bound (batchTimeout).
+var errBatchTimeout = errors.New("postgres did not answer the batch in time")
+
+// withBound returns ctx bounded by the batch's time (batchTimeout), ending with errBatchTimeout
+// as its cause.
+func (b *batcher) withBound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, b.bound(), errBatchTimeout)
+}
+
+// abandonSilent empties the pool (pgxpool.Pool.Reset: idle connections are closed now, those in
+// use when they come back: a leader's or a pause's session keeps its connection, and its locks,
+// until it lets go) when ctx, a batch's, ran out of its own bound, on a connection or waiting
+// for one (the pool pings an idle connection before handing it out, with the batch's whole
+// time), and a connection of the pool then does not answer a ping within silentProbeTimeout.
+// The connection that did not answer is closed by pgx; when one of the pool's connections falls
+// silent the others made before it usually have too (they cross the same partition, or lead to
+// an address the server has left), and each would cost the process's next batch its whole
+// bound, every transition of the process queued behind it, one after the other. A pool whose
+// connection answers the ping is a slow server's, which connections made again would load
+// more: it is kept. At most one probe per bound: statements that give up together (a batch,
+// then each of its statements) do not empty the pool one after the other.
+func (b *batcher) abandonSilent(ctx context.Context) {
+	if !errors.Is(context.Cause(ctx), errBatchTimeout) {
+		return
+	}
+	b.resetMu.Lock()
+	if !b.reset.IsZero() && time.Since(b.reset) < b.bound() {
+		b.resetMu.Unlock()
+		return
+	}
+	b.reset = time.Now()
+	b.resetMu.Unlock()
+	pctx, cancel := context.WithTimeout(context.Background(), silentProbeTimeout)
+	defer cancel()
+	conn, err := b.pool.Acquire(pctx)
+	if err == nil {
+		err = conn.Ping(pctx)
+		conn.Release()
+	}
+	if err != nil {
+		b.pool.Reset()
+	}
+}
+
+// bound is the batch's time: batchTimeout, or the test's.
+func (b *batcher) bound() time.Duration {
+	if b.timeout > 0 {
+		return b.timeout
+	}
+	return batchTimeout
+}
+
+// takeBeside takes one of the slots of the statements run Alone, a quarter of the pool's
+// connections (at least one), and returns its release; ok is false when every slot is taken.
+func (b *batcher) takeBeside() (release func(), ok bool) {
+	b.besideOnce.Do(func() { b.beside = make(chan struct{}, max(1, b.pool.Stat().MaxConns()/4)) })
+	select {
+	case b.beside <- struct{}{}:
+		return func() { <-b.beside }, true
+	default:
+		return nil, false
+	}
+}
+
+type aloneKey struct{}
+
+// errBesideFull answers a statement run Alone while every slot beside the batches is taken by
+// others waiting for locked rows: like a lock wait past its bound (IsLockTimeout), nothing of it
+// was sent, and it is to be tried again later. The slots keep the rest of the pool for the
+// batches and everything else however many rows stay locked.
+var errBesideFull = &pgconn.PgError{Code: pgerrLockNotAvailable,
+	Message: "not sent: every connection for statements waiting on locked rows is taken"}
+
+// Alone returns ctx marking the Store's batched statements run under it (a get, an attempt's
+// start, an outcome: see batcher) to go out each in a transaction of its own, on the caller's
+// goroutine and a connection of its own, beside the batches instead of in one: for a statement
+// tried again after it waited for a row lock past its bound (IsLockTimeout), while the row may
+// still be locked. In a batch, each such try held that batch, and every transition of the
+// process queued behind it, for the lock's bound (batchLockTimeout); alone it holds one pool
+// connection that long. Its lock waits and its time keep their bounds, and a try whose
+// connection broke is made again as in a batch. At most a quarter of the pool's connections
+// (at least one) run such statements at a time; one that finds them all taken is not sent and
+// answers a lock wait past its bound (IsLockTimeout), to be tried again.
+func Alone(ctx context.Context) context.Context { return context.WithValue(ctx, aloneKey{}, true) }
 
 // batchOp is one statement and what its caller does with the row it answers with.
 type batchOp struct {
@@ -119,6 +224,19 @@ type batchOp struct {
 // may still be running.
 func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, scan func(pgx.Row) error) error {
 	op := &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scan}
+	if alone, _ := ctx.Value(aloneKey{}).(bool); alone {
+		release, ok := b.takeBeside()
+		if !ok {
+			return fmt.Errorf("run beside the batches: %w", errBesideFull)
+		}
+		defer release()
+		rctx, cancel := b.withBound(ctx)
+		defer cancel()
+		if err := b.runAlone(rctx, op); err != nil {
+			return cmp.Or(ctx.Err(), err)
+		}
+		return nil
+	}
 	b.mu.Lock()
 	if b.inFlight < batchInFlight && len(b.pending) == 0 {
 		// Nothing is out or waiting: the statement goes at once, alone, from the caller's own
@@ -150,7 +268,7 @@ func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, sca
 // end cancels the statement, which may still commit, as a batched statement's may. What queued
 // meanwhile goes to a goroutine that sends it, which takes over op's place in flight.
 func (b *batcher) runOwn(ctx context.Context, op *batchOp) error {
-	rctx, cancel := context.WithTimeout(ctx, batchTimeout)
+	rctx, cancel := b.withBound(ctx)
 	err := b.runAlone(rctx, op)
 	cancel()
 	b.mu.Lock()
@@ -194,7 +312,7 @@ func (b *batcher) send() {
 // their callers. An op whose caller gave up meanwhile is dropped unsent (its error is the
 // caller's context's).
 func (b *batcher) run(ops []*batchOp) {
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	ctx, cancel := b.withBound(context.Background())
 	defer cancel()
 	send := make([]*batchOp, 0, len(ops))
 	for _, op := range ops {
@@ -229,7 +347,7 @@ func (b *batcher) run(ops []*batchOp) {
 		// took no effect, and alone it would wait as long again with the others behind it.
 		alone := pgwait.Unbound(ctx)
 		for _, op := range send {
-			if lockTimedOut(op.err) {
+			if IsLockTimeout(op.err) {
 				continue
 			}
 			op.err = b.runAlone(alone, op)
@@ -323,7 +441,7 @@ func boundedWait(ops []*batchOp) (time.Duration, bool) {
 func (b *batcher) runAlone(ctx context.Context, op *batchOp) error {
 	err := b.queryAlone(ctx, op)
 	for tries := int32(0); ; tries++ {
-		if !IsUnavailable(err) || lockTimedOut(err) || ctx.Err() != nil || op.ctx.Err() != nil {
+		if !IsUnavailable(err) || IsLockTimeout(err) || ctx.Err() != nil || op.ctx.Err() != nil {
 			return err
 		}
 		if tries > 0 && (!brokenConn(err) || tries >= b.pool.Stat().MaxConns()) {
@@ -341,12 +459,19 @@ func (b *batcher) queryAlone(ctx context.Context, op *batchOp) error {
 	var batch pgx.Batch
 	batch.Queue(lockTimeoutSQL, lockTimeoutSetting)
 	batch.Queue(op.sql, op.args...)
-	br := b.pool.SendBatch(ctx, &batch)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		b.abandonSilent(ctx)
 		return err
 	}
-	err := op.scan(br.QueryRow())
+	defer conn.Release()
+	br := conn.SendBatch(ctx, &batch)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		b.abandonSilent(ctx)
+		return err
+	}
+	err = op.scan(br.QueryRow())
 	answered := err == nil || errors.Is(err, pgx.ErrNoRows) || errors.Is(err, ErrNotFound)
 	if cerr := br.Close(); cerr != nil && answered {
 		return cerr // the answer stands only once its transaction committed
@@ -387,15 +512,20 @@ func (b *batcher) runTogether(ctx context.Context, conn *pgxpool.Conn, ops []*ba
 	for _, op := range ops {
 		batch.Queue(op.sql, op.args...)
 	}
-	var br pgx.BatchResults
-	if conn != nil {
-		defer conn.Release()
-		br = conn.SendBatch(ctx, &batch)
-	} else {
-		br = b.pool.SendBatch(ctx, &batch)
+	if conn == nil {
+		var err error
+		if conn, err = b.pool.Acquire(ctx); err != nil {
+			b.abandonSilent(ctx)
+			return false // the ops' errors are overwritten
+		}
 	}
+	defer conn.Release()
+	br := conn.SendBatch(ctx, &batch)
 	_, err := br.Exec()
 	failed := err != nil
+	if failed {
+		b.abandonSilent(ctx)
+	}
 	for _, op := range ops {
 		if failed {
 			// Postgres skips the rest of a failed pipeline (pgx repeats the first error for it):

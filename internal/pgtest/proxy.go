@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -183,6 +184,25 @@ func (f *Proxy) HoldStatement(substr string) *Hold {
 	f.hold = h
 	f.holds = append(f.holds, h)
 	return h
+}
+
+// SilenceStatement arms a hold on the next statement whose SQL text contains substr (see
+// HoldStatement) and returns a wait: it waits, at most until ctx ends, for a statement to reach
+// the hold, then silences every connection open (Freeze) and lets the statement go, which thus
+// goes out on a connection that never answers. The wait reports false when ctx ended first
+// (the hold is released then all the same, unsilenced).
+func (f *Proxy) SilenceStatement(substr string) (wait func(ctx context.Context) bool) {
+	h := f.HoldStatement(substr)
+	return func(ctx context.Context) bool {
+		defer h.Release()
+		select {
+		case <-h.Reached():
+			f.Freeze()
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // Reached is closed once a statement is held.

@@ -1,0 +1,179 @@
+package jobs
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/pgtest"
+)
+
+// lockRowSQL is a statement of the batcher's kind that waits for its job's row lock.
+const lockRowSQL = `SELECT id FROM jobs WHERE id = $1 FOR UPDATE`
+
+// warmPool makes the pool hold n open connections, idle.
+func warmPool(ctx context.Context, t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	held := make([]*pgxpool.Conn, n)
+	var wg sync.WaitGroup
+	for i := range held {
+		wg.Go(func() {
+			c, err := pool.Acquire(ctx)
+			if err == nil {
+				err = c.Ping(ctx)
+			}
+			require.NoError(t, err)
+			held[i] = c
+		})
+	}
+	wg.Wait()
+	for _, c := range held {
+		c.Release()
+	}
+	require.Equal(t, int32(n), pool.Stat().IdleConns())
+}
+
+// lockRows takes the rows of ids in the database at dbURL in a transaction of another pool, held until the test ends.
+func lockRows(ctx context.Context, t *testing.T, dbURL string, ids ...string) {
+	t.Helper()
+	direct, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	tx, err := direct.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	for _, id := range ids {
+		_, err := tx.Exec(ctx, lockRowSQL, id)
+		require.NoError(t, err)
+	}
+}
+
+// A batch whose server answered its first statement and then ran out of its bound (a slow
+// server: here a row lock waited for past a bound shorter than the lock's) met a server that
+// answers. Emptying the pool then had every connection of the process made again at each slow
+// batch, loading the server more: the pool keeps its connections.
+func TestBatcher_SlowAnswerKeepsThePool(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	dbURL := pgtest.URL(t)
+	pool, err := pgxpool.New(ctx, dbURL+"&pool_max_conns=4")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := NewStore(pool, nil)
+	s.batch.timeout = 500 * time.Millisecond // under batchLockTimeout: the lock wait outlasts it
+	job, _, err := s.Create(ctx, cutTestParams)
+	require.NoError(t, err)
+	lockRows(ctx, t, dbURL, job.ID)
+	warmPool(ctx, t, pool, 4)
+	made := pool.Stat().NewConnsCount()
+
+	// When a statement runs out of its bound on a connection that answered
+	err = s.batch.queryRow(ctx, job.ID, lockRowSQL, []any{job.ID}, func(r pgx.Row) error { var id string; return r.Scan(&id) })
+	require.Error(t, err)
+
+	// Then the next statement goes out on one of the connections the pool kept
+	got, err := s.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, job.ID, got.ID)
+	require.Equal(t, made, pool.Stat().NewConnsCount(), "connections made again after a slow answer")
+}
+
+// Statements that give up on a silent pool (a batch, then each of its statements alone, each
+// at its bound) emptied the pool each time: every connection made meanwhile was closed again.
+// The pool is emptied at most once per bound.
+func TestBatcher_EmptiesThePoolOncePerBound(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	proxy, viaProxy := pgtest.NewProxy(t, pgtest.URL(t))
+	pool, err := pgxpool.New(ctx, viaProxy+"&pool_max_conns=3")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	t.Cleanup(proxy.Cut) // before the pool's close, which waits for its connections
+	// (A connection that gave no answer keeps its place in the pool while pgx closes it, up to
+	// 15 s: the pool has room for two more.)
+	b := &batcher{pool: pool, timeout: time.Hour}
+	gaveUp, stop := context.WithTimeoutCause(ctx, 0, errBatchTimeout)
+	defer stop()
+	<-gaveUp.Done()
+
+	warmPool(ctx, t, pool, 2)
+	proxy.Freeze()
+	b.abandonSilent(gaveUp)
+	require.Zero(t, pool.Stat().IdleConns(), "the first statement that gave up on a silent pool empties it")
+
+	warmPool(ctx, t, pool, 2)
+	proxy.Freeze()
+	b.abandonSilent(gaveUp)
+	require.Equal(t, int32(2), pool.Stat().IdleConns(), "a second one within the bound keeps it")
+}
+
+// Many locked rows, each outcome tried again beside the batches (Alone): each try held a pool
+// connection for the lock's bound, and with as many locked rows as connections, the batches
+// (every other job's transitions) waited for one. At most a quarter of the pool waits on
+// locked rows; a try beyond that is refused at once, to be tried again.
+func TestBatcher_AloneKeepsThePoolForBatches(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	const conns = 4
+	dbURL := pgtest.URL(t)
+	pool, err := pgxpool.New(ctx, dbURL+"&pool_max_conns=4")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := NewStore(pool, nil)
+	ids := make([]string, conns)
+	for i := range ids {
+		job, _, err := s.Create(ctx, cutTestParams)
+		require.NoError(t, err)
+		ids[i] = job.ID
+	}
+	other, _, err := s.Create(ctx, cutTestParams)
+	require.NoError(t, err)
+	lockRows(ctx, t, dbURL, ids...)
+	probe, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(probe.Close)
+
+	// When as many statements as the pool has connections wait for locked rows, beside the batches
+	errs := make(chan error, conns)
+	for _, id := range ids {
+		go func() {
+			errs <- s.batch.queryRow(Alone(ctx), id, lockRowSQL, []any{id},
+				func(r pgx.Row) error { var id string; return r.Scan(&id) })
+		}()
+	}
+	refused := 0
+	require.Eventually(t, func() bool {
+		for len(errs) > 0 {
+			err := <-errs
+			require.True(t, IsLockTimeout(err), "%v", err)
+			refused++
+		}
+		var waiting int
+		err := probe.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+		return err == nil && waiting > 0 && waiting+refused == conns
+	}, 10*time.Second, time.Millisecond, "each statement waits for its row or is refused")
+
+	// Then another job's read is answered meanwhile, well within the lock's bound
+	rctx, rcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	got, err := s.Get(rctx, other.ID)
+	rcancel()
+	require.NoError(t, err, "a read of another job while statements wait for locked rows")
+	require.Equal(t, other.ID, got.ID)
+	for range conns - refused {
+		select {
+		case err := <-errs:
+			require.True(t, IsLockTimeout(err), "%v", err)
+		case <-ctx.Done():
+			t.Fatal("a statement waiting for its row did not end")
+		}
+	}
+}
