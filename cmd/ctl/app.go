@@ -27,13 +27,16 @@ type app struct {
 	// tenant's jobs once more: the API replicas' cache TTL, and a second for a submit they
 	// accepted just before it ended to commit its job.
 	revokeSettle time.Duration
+	// redisWait bounds the wait for Redis: its first ping, and each step of a command on it
+	// (see ctlTasks).
+	redisWait time.Duration
 	// lockReportFirst and lockReportEvery schedule migrate's reports of a wait for the migration
 	// lock (zero: migrations' defaults, 1 s and 15 s).
 	lockReportFirst, lockReportEvery time.Duration
 }
 
 func newApp(out, errOut io.Writer) *app {
-	a := &app{out: out, errOut: errOut, revokeSettle: tenant.DefaultCacheTTL + time.Second}
+	a := &app{out: out, errOut: errOut, revokeSettle: tenant.DefaultCacheTTL + time.Second, redisWait: defaultRedisWait}
 	jobs := a.jobsCommand()
 	jobs.Subcommands = append(jobs.Subcommands, a.jobsListCommand(), a.jobsCancelCommand())
 	a.cli = &cli.App{

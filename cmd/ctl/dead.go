@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +28,7 @@ func (a *app) deadCommand() *cli.Command {
 				&cli.StringFlag{Name: "credential", Usage: "only jobs sent to this credential (their own, or a fallback they reached)"},
 				&cli.StringFlag{Name: "since", Usage: "only jobs that died within this long (30m, 24h, 7d)"},
 				&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
+				&cli.StringFlag{Name: "after", Usage: "the next page: the jobs listed after the dead job of this ID (the last one shown)"},
 				jsonFlag,
 			},
 			Action: a.deadList,
@@ -38,7 +40,7 @@ func (a *app) deadCommand() *cli.Command {
 			Action:    a.deadShow,
 		}, {
 			Name:      "retry",
-			Usage:     "put dead jobs back to queued with a fresh attempt budget (their history is kept)",
+			Usage:     "put dead jobs back to queued with a fresh attempt budget (their history is kept); a revoked tenant's are left dead",
 			ArgsUsage: "ID... | --all",
 			Flags: []cli.Flag{
 				&cli.BoolFlag{Name: "all", Usage: "every dead job (narrowed by --reason and --credential)"},
@@ -60,7 +62,7 @@ func (a *app) deadCommand() *cli.Command {
 
 func (a *app) deadList(c *cli.Context) error {
 	if c.NArg() != 0 {
-		return cli.Exit("usage: ctl dead list [--reason R] [--credential C] [--since D] [--limit N] [--json]", exitUsage)
+		return cli.Exit("usage: ctl dead list [--reason R] [--credential C] [--since D] [--limit N] [--after ID] [--json]", exitUsage)
 	}
 	if c.Int("limit") < 1 {
 		return cli.Exit("--limit must be at least 1", exitUsage)
@@ -69,6 +71,10 @@ func (a *app) deadList(c *cli.Context) error {
 		return err
 	}
 	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential"), Limit: c.Int("limit")}
+	after := jobs.CanonicalID(c.String("after"))
+	if c.IsSet("after") && !jobs.ValidID(after) {
+		return cli.Exit(fmt.Sprintf("--after %q: want the ID of a dead job (the last one listed)", c.String("after")), exitUsage)
+	}
 	var since time.Duration
 	if s := c.String("since"); s != "" {
 		var err error
@@ -87,18 +93,61 @@ func (a *app) deadList(c *cli.Context) error {
 			return err
 		}
 	}
-	dead, err := store.ListDead(c.Context, f)
+	cursor := ""
+	if after != "" {
+		if cursor, err = deadCursor(c.Context, store, after); err != nil {
+			return err
+		}
+	}
+	page, err := store.PageDead(c.Context, f, cursor)
 	if err != nil {
 		return err
 	}
-	return printList(a.out, c.Bool("json"), dead, "no dead jobs", "ID\tCREDENTIAL\tREASON\tATTEMPTS\tDIED\tLAST ERROR",
+	if err := printList(a.out, c.Bool("json"), page.Jobs, "no dead jobs", "ID\tCREDENTIAL\tREASON\tATTEMPTS\tDIED\tLAST ERROR",
 		func(j *jobs.Job) []string {
 			reason := "-"
 			if j.DeadReason != nil {
 				reason = *j.DeadReason
 			}
 			return []string{j.ID, deadCredentialText(j), reason, attemptsText(j), ts(j.FinishedAt), lastErrorText(j.LastError)}
-		})
+		}); err != nil {
+		return err
+	}
+	if page.Next != "" && !c.Bool("json") { // JSON: the last job's id is the next --after
+		_, err = fmt.Fprintf(a.out, "next page: %s\n", nextDeadPage(c, page.Jobs[len(page.Jobs)-1].ID))
+	}
+	return err
+}
+
+// deadCursor is the page cursor of `ctl dead list --after ID`: it goes on after dead job id.
+func deadCursor(ctx context.Context, store *jobs.Store, id string) (string, error) {
+	job, err := store.Get(ctx, id)
+	if errors.Is(err, jobs.ErrNotFound) {
+		return "", fmt.Errorf("--after %s: no such job (purged?); start again without --after", id)
+	}
+	if err != nil {
+		return "", err
+	}
+	cursor, ok := jobs.DeadCursor(job)
+	if !ok {
+		return "", fmt.Errorf("--after %s: the job is %s, not dead (retried or canceled since?); start again without --after", id, job.Status)
+	}
+	return cursor, nil
+}
+
+// nextDeadPage is the command line that lists the page after last: this one's filters, with
+// --after last.
+func nextDeadPage(c *cli.Context, last string) string {
+	args := []string{"ctl dead list"}
+	for _, name := range []string{"reason", "credential", "since"} {
+		if v := c.String(name); v != "" {
+			args = append(args, "--"+name, v)
+		}
+	}
+	if c.IsSet("limit") {
+		args = append(args, "--limit", strconv.Itoa(c.Int("limit")))
+	}
+	return strings.Join(append(args, "--after", last), " ")
 }
 
 // checkDeadReason refuses a --reason that is no dead reason (jobs.DeadReasons, which the
@@ -201,7 +250,7 @@ func (a *app) deadRetry(c *cli.Context) error {
 		return err
 	}
 	// Redis first: a job set queued that no task carries would wait for the sweeper.
-	tasks, closeTasks, err := openTasks(c)
+	tasks, closeTasks, err := a.openTasks(c)
 	if err != nil {
 		return err
 	}
@@ -252,16 +301,39 @@ func (a *app) deadRetry(c *cli.Context) error {
 			fmt.Fprintf(a.out, "requeued %d dead jobs\n", len(requeued))
 		}
 	}
+	revoked := 0 // --all: the dead jobs of revoked tenants it left dead
+	if all && retryErr == nil {
+		var err error
+		switch revoked, err = store.CountDeadOfRevoked(c.Context, f); {
+		case err != nil:
+			problems = append(problems, err.Error())
+		case revoked > 0:
+			fmt.Fprintf(a.out, "skipped %d dead jobs of revoked tenants (%s)\n", revoked, revokedDeadNote)
+		}
+	}
 	detail := map[string]any{"requested": ids}
 	if all {
 		detail = map[string]any{"all": true, "reason": f.Reason, "credential": f.Credential}
+		if revoked > 0 {
+			detail["skipped_revoked"] = revoked
+		}
 	}
 	if err := logAction(context.WithoutCancel(c.Context), p, audit.Entry{Action: "dead.retry", Target: audit.TargetOf(ids),
 		Count: len(requeued), Detail: detail}); err != nil {
 		problems = append(problems, err.Error())
 	}
 	if retryErr == nil {
-		problems = append(problems, whyNotDone(c.Context, store, ids, requeued)...)
+		problems = append(problems, whyNotDone(c.Context, store, ids, requeued, func(id string) string {
+			// RetryDead leaves a revoked tenant's dead letters dead, and the jobs that died after
+			// it began.
+			switch n, err := store.CountDeadOfRevoked(c.Context, jobs.DeadFilter{IDs: []string{id}}); {
+			case err != nil:
+				return err.Error()
+			case n == 1:
+				return "its tenant is revoked: " + revokedDeadNote
+			}
+			return "it died after the retry began; run it again"
+		})...)
 	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
@@ -269,13 +341,16 @@ func (a *app) deadRetry(c *cli.Context) error {
 	return nil
 }
 
+// revokedDeadNote tells why a retry left a revoked tenant's dead letters alone, and what to do.
+const revokedDeadNote = "no retry sends a revoked tenant's dead letters; ctl tenants revoke NAME --cancel-jobs cancels them"
+
 // deadRetryBatch is how many jobs one transaction of ctl dead retry puts back (see jobs.RetryDead);
 // --all tells its progress after each.
 const deadRetryBatch = 500
 
 // whyNotDone says, for each of the ids an action on dead jobs asked for and did not do (not in
-// done), why: not a job ID, no such job, or a job that is not dead.
-func whyNotDone(ctx context.Context, store *jobs.Store, ids, done []string) []string {
+// done), why: not a job ID, no such job, a job that is not dead, or, for one still dead, deadWhy(id).
+func whyNotDone(ctx context.Context, store *jobs.Store, ids, done []string, deadWhy func(id string) string) []string {
 	var problems []string
 	for _, id := range ids {
 		if slices.Contains(done, id) {
@@ -291,6 +366,8 @@ func whyNotDone(ctx context.Context, store *jobs.Store, ids, done []string) []st
 			problems = append(problems, fmt.Sprintf("no job %q", id))
 		case err != nil:
 			problems = append(problems, fmt.Sprintf("%s: %v", id, err))
+		case job.Status == jobs.StatusDead:
+			problems = append(problems, fmt.Sprintf("job %s was left dead: %s", id, deadWhy(id)))
 		default:
 			problems = append(problems, fmt.Sprintf("job %s is %s, not dead", id, job.Status))
 		}
@@ -338,7 +415,7 @@ func (a *app) deadPurge(c *cli.Context) error {
 	for _, id := range purged {
 		fmt.Fprintf(a.out, "purged %s\n", id)
 	}
-	problems := whyNotDone(c.Context, store, ids, purged)
+	problems := whyNotDone(c.Context, store, ids, purged, func(string) string { return "another change held it; try again" })
 	if err := logAction(c.Context, p, audit.Entry{Action: "dead.purge", Target: audit.TargetOf(ids), Count: len(purged),
 		Detail: map[string]any{"requested": ids}}); err != nil {
 		problems = append(problems, err.Error())

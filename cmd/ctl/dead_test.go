@@ -500,3 +500,95 @@ func TestDead_AMalformedIDIsNamedSo(t *testing.T) {
 		require.Contains(t, r.out, job.ID, action)
 	}
 }
+
+// TestDeadList_PagesWithAfter: --after ID goes on from the dead job of that ID, so that every
+// dead letter can be listed, a page at a time, however many there are.
+func TestDeadList_PagesWithAfter(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	var want []string // most recently dead first
+	for range 5 {
+		want = append([]string{b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1).ID}, want...)
+	}
+	b.createJob(t) // queued: not listed
+
+	var got []string
+	after := ""
+	for page := 0; page < 5; page++ {
+		args := []string{"--database-url", b.url, "dead", "list", "--limit", "2", "--json"}
+		if after != "" {
+			args = append(args, "--after", after)
+		}
+		r := run(t, args...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		var list []struct {
+			ID string `json:"id"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &list), "output %q", r.out)
+		if len(list) == 0 {
+			break
+		}
+		for _, j := range list {
+			got = append(got, j.ID)
+		}
+		after = list[len(list)-1].ID
+	}
+	require.Equal(t, want, got)
+
+	t.Run("TableTellsTheNextPage", func(t *testing.T) {
+		r := run(t, "--database-url", b.url, "dead", "list", "--limit", "2")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		lines := strings.Split(strings.TrimRight(r.out, "\n"), "\n")
+		require.Len(t, lines, 4, "header, two jobs, the next page: %q", r.out)
+		require.Equal(t, "next page: ctl dead list --limit 2 --after "+want[1], lines[3])
+		r = run(t, "--database-url", b.url, "dead", "list", "--limit", "2", "--after", want[3])
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Len(t, tableRows(r.out), 2, "the last page, without a next: %q", r.out)
+		require.Equal(t, want[4], tableRows(r.out)[1][0])
+	})
+	t.Run("AfterAJobNotDead", func(t *testing.T) {
+		queued := b.createJob(t)
+		r := run(t, "--database-url", b.url, "dead", "list", "--after", queued.ID)
+		requireOneLineError(t, r, 1, "--after "+queued.ID+": the job is queued, not dead")
+		r = run(t, "--database-url", b.url, "dead", "list", "--after", "nope")
+		requireOneLineError(t, r, 2, `--after "nope": want the ID of a dead job`)
+	})
+}
+
+// TestDeadRetry_SkipsRevokedTenants: a retry leaves a revoked tenant's dead letters dead, and
+// says so: how many with --all, which and why by ID.
+func TestDeadRetry_SkipsRevokedTenants(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	redis, _, _ := redisArgs(t)
+	gone := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	live := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO tenants (name, token_sha256, revoked_at) VALUES ('gone', sha256('gone'), now())`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `UPDATE jobs SET tenant = 'gone' WHERE id = $1`, gone.ID)
+	require.NoError(t, err)
+
+	r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", gone.ID)...)
+	requireOneLineError(t, r, 1, "job "+gone.ID+" was left dead: its tenant is revoked")
+
+	// A job of a tenant not revoked that died after the retry began is left dead too (a retry
+	// takes the jobs dead when it began): not for its tenant.
+	later := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	_, err = b.pool.Exec(t.Context(), `UPDATE jobs SET finished_at = now() + interval '1 hour' WHERE id = $1`, later.ID)
+	require.NoError(t, err)
+	r = run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", later.ID)...)
+	requireOneLineError(t, r, 1, "job "+later.ID+" was left dead: it died after the retry began; run it again")
+	_, err = b.pool.Exec(t.Context(), `UPDATE jobs SET finished_at = now() - interval '1 hour' WHERE id = $1`, later.ID)
+	require.NoError(t, err)
+
+	r = run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all")...)
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "requeued 2 dead jobs\nskipped 1 dead jobs of revoked tenants ("+revokedDeadNote+")\n", r.out)
+	entries := auditLog(t, b.url)
+	require.Equal(t, float64(1), entries[0].Detail["skipped_revoked"], "the audit entry counts them")
+	for id, want := range map[string]jobs.Status{gone.ID: jobs.StatusDead, live.ID: jobs.StatusQueued, later.ID: jobs.StatusQueued} {
+		got, err := b.store.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, want, got.Status)
+	}
+}

@@ -22,7 +22,7 @@ func (a *app) jobsCancelCommand() *cli.Command {
 			id := c.Args().First()
 			// The cancel is Postgres's: Redis unreachable does not stop it (as the API's does
 			// not), only the abort of the job's task, which is then the error.
-			tasks, closeTasks, redisErr := openTasks(c)
+			tasks, closeTasks, redisErr := a.openTasks(c)
 			switch {
 			case errors.Is(redisErr, errRedisUnreachable):
 			case redisErr != nil:
@@ -53,7 +53,7 @@ func (a *app) jobsCancelCommand() *cli.Command {
 			fmt.Fprintf(a.out, "canceled %s\n", job.ID)
 			logged := logAction(c.Context, p, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
 			if redisErr == nil {
-				redisErr = tasks.AbortEnded(job)
+				redisErr = tasks.AbortEnded(c.Context, job)
 			}
 			if redisErr != nil {
 				return fmt.Errorf("job %s is canceled, but its task could not be aborted (an attempt in flight stops, unstored, at its lease's next renewal, within seconds): %w", job.ID, redisErr)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"text/tabwriter"
@@ -55,7 +56,7 @@ func (a *app) statsCommand() *cli.Command {
 			}
 			// The figures are Postgres's: Redis down leaves only the queue's depth unknown (a
 			// Redis URL that does not parse still fails the command).
-			tasks, closeTasks, openErr := openTasks(c)
+			tasks, closeTasks, openErr := a.openTasks(c)
 			if openErr != nil && !errors.Is(openErr, errRedisUnreachable) {
 				return openErr
 			}
@@ -73,7 +74,7 @@ func (a *app) statsCommand() *cli.Command {
 			}
 			var depth *dispatch.QueueDepth
 			if openErr == nil {
-				depth, err = queueDepth(tasks)
+				depth, err = queueDepth(c.Context, tasks)
 			} else {
 				err = openErr
 			}
@@ -125,8 +126,8 @@ func (a *app) statsCommand() *cli.Command {
 }
 
 // queueDepth reads the asynq queue's depth.
-func queueDepth(tasks *dispatch.Tasks) (*dispatch.QueueDepth, error) {
-	d, err := tasks.Depth()
+func queueDepth(ctx context.Context, tasks *ctlTasks) (*dispatch.QueueDepth, error) {
+	d, err := tasks.Depth(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errRedisUnreachable, err)
 	}

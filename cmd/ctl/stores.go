@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/dispatch"
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // fileConfig loads --config when given; nil without it.
@@ -52,9 +54,15 @@ func redisTarget(c *cli.Context) (url, queue string, err error) {
 // errRedisUnreachable is openTasks' error when Redis did not answer (its URL parsed).
 var errRedisUnreachable = errors.New("redis unreachable")
 
+// errRedisStalled is a ctlTasks error when Redis stopped answering after openTasks' ping.
+var errRedisStalled = errors.New("redis did not answer")
+
+// defaultRedisWait bounds openTasks' ping and each of a command's steps on Redis (see ctlTasks).
+const defaultRedisWait = 5 * time.Second
+
 // openTasks connects to the Redis that dispatches jobs, failing fast with a one-line error when
-// it does not answer. close releases the connections.
-func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) {
+// it does not answer within a.redisWait. close releases the connections.
+func (a *app) openTasks(c *cli.Context) (tasks *ctlTasks, close func(), err error) {
 	url, queue, err := redisTarget(c)
 	if err != nil {
 		return nil, nil, err
@@ -64,7 +72,7 @@ func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) 
 		return nil, nil, err
 	}
 	rdb := dispatch.NewRedisClient(opt)
-	ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
+	ctx, cancel := context.WithTimeout(c.Context, a.redisWait)
 	err = rdb.Ping(ctx).Err()
 	cancel()
 	if err != nil {
@@ -74,11 +82,73 @@ func openTasks(c *cli.Context) (tasks *dispatch.Tasks, close func(), err error) 
 	client := asynq.NewClient(opt)
 	insp := asynq.NewInspector(opt)
 	// A requeued job wakes an idle worker (rdb).
-	return dispatch.NewTasks(insp, dispatch.NewEnqueuer(client, queue, rdb)), func() {
+	t := &ctlTasks{tasks: dispatch.NewTasks(insp, dispatch.NewEnqueuer(client, queue, rdb)), wait: a.redisWait}
+	return t, func() {
+		// Closed, the clients end a step still waiting on a stalled Redis at once.
 		_ = insp.Close()
 		_ = client.Close()
 		_ = rdb.Close()
+		t.running.Wait()
 	}, nil
+}
+
+// ctlTasks is dispatch.Tasks for one ctl command, bounded for an operator at a terminal: each
+// step (a job's requeue, abort, the queue's depth) that Redis has not answered within wait
+// fails with errRedisStalled, and once one has, every later step fails so at once, so that a
+// command over many jobs ends within about wait rather than waiting out each of its Redis
+// commands' timeouts and retries in turn (asynq's inspector takes no context: ~20 s a command).
+// What the command did in Postgres stands (a job set queued is enqueued by the sweeper, a
+// canceled job's attempt stops at its lease's next renewal). Not for concurrent use.
+type ctlTasks struct {
+	tasks   *dispatch.Tasks
+	wait    time.Duration
+	stalled error          // the first errRedisStalled, when one was
+	running sync.WaitGroup // steps given up on, until the clients are closed
+}
+
+// do runs step, waiting at most t.wait (and while ctx lasts) for it; past that the step goes on
+// in the background until openTasks' close.
+func (t *ctlTasks) do(ctx context.Context, step func() error) error {
+	if t.stalled != nil {
+		return t.stalled
+	}
+	done := make(chan error, 1)
+	t.running.Add(1)
+	go func() {
+		defer t.running.Done()
+		done <- step()
+	}()
+	timer := time.NewTimer(t.wait)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		t.stalled = fmt.Errorf("%w within %s (nothing more was sent to it)", errRedisStalled, t.wait)
+		return t.stalled
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Requeue is dispatch.Tasks.Requeue, bounded.
+func (t *ctlTasks) Requeue(ctx context.Context, id string, p jobs.Priority) error {
+	return t.do(ctx, func() error { return t.tasks.Requeue(ctx, id, p) })
+}
+
+// AbortEnded is dispatch.Tasks.AbortEnded, bounded (by ctx too).
+func (t *ctlTasks) AbortEnded(ctx context.Context, job *jobs.Job) error {
+	return t.do(ctx, func() error { return t.tasks.AbortEnded(job) })
+}
+
+// Depth is dispatch.Tasks.Depth, bounded.
+func (t *ctlTasks) Depth(ctx context.Context) (d dispatch.QueueDepth, err error) {
+	err = t.do(ctx, func() error {
+		var derr error
+		d, derr = t.tasks.Depth()
+		return derr
+	})
+	return d, err
 }
 
 // parseAge parses a duration such as "90m", "24h" or "7d" (days are 24h).

@@ -11,7 +11,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/audit"
-	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/offboard"
 	"github.com/llmq/llmq/internal/tenant"
@@ -65,13 +64,13 @@ func (a *app) tenantsCommand() *cli.Command {
 				if c.NArg() != 1 {
 					return cli.Exit("usage: ctl tenants revoke NAME [--cancel-jobs]", exitUsage)
 				}
-				var tasks *dispatch.Tasks
+				var tasks *ctlTasks
 				if c.Bool("cancel-jobs") {
 					// Redis before the change, as Postgres: a revocation whose jobs cannot be
 					// canceled is not made.
 					var closeTasks func()
 					var err error
-					if tasks, closeTasks, err = openTasks(c); err != nil {
+					if tasks, closeTasks, err = a.openTasks(c); err != nil {
 						return err
 					}
 					defer closeTasks()
@@ -101,7 +100,8 @@ func (a *app) tenantsCommand() *cli.Command {
 				// The last walk comes once the replicas' caches have let go of the revocation (at
 				// once for a tenant revoked long ago); its dead letters too, which no retry of the
 				// dead letters sends then.
-				n, dead, err := offboard.CancelJobs(c.Context, tenants, jobs.NewStore(p, nil), name, a.revokeSettle, tasks.AbortEnded)
+				n, dead, err := offboard.CancelJobs(c.Context, tenants, jobs.NewStore(p, nil), name, a.revokeSettle,
+					func(j *jobs.Job) error { return tasks.AbortEnded(c.Context, j) })
 				if n > 0 || err == nil {
 					fmt.Fprintf(a.out, "canceled %d jobs of tenant %s%s\n", n, name, deadLettersNote(dead))
 					// Logged even when the command was interrupted: those jobs are canceled.
@@ -225,7 +225,7 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 	}
 	// Redis first, as revoke --cancel-jobs: a deletion whose running jobs cannot be stopped is
 	// not begun.
-	tasks, closeTasks, err := openTasks(c)
+	tasks, closeTasks, err := a.openTasks(c)
 	if err != nil {
 		return err
 	}
@@ -236,7 +236,7 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 	}
 	defer p.Close()
 	res, err := offboard.DeleteTenant(c.Context, tenant.NewStore(p, nil), jobs.NewStore(p, nil), name, offboard.Options{
-		Settle: a.revokeSettle, Abort: tasks.AbortEnded, Batch: tenantDeleteBatch,
+		Settle: a.revokeSettle, Abort: func(j *jobs.Job) error { return tasks.AbortEnded(c.Context, j) }, Batch: tenantDeleteBatch,
 		Canceled: func(n int) { fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", n, name) },
 		Progress: func(deleted int64) { fmt.Fprintf(a.out, "deleted %d jobs so far\n", deleted) },
 	})
@@ -253,6 +253,10 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 	switch {
 	case errors.Is(err, tenant.ErrNotRevoked):
 		return fmt.Errorf("tenant %s is not revoked: only a revoked tenant is deleted (ctl tenants revoke %s --cancel-jobs)", name, name)
+	case err != nil && (res.Canceled > 0 || res.Deleted > 0):
+		// Stopped halfway (an abort that failed stops it before it deletes): what it did stands,
+		// and a second run, which finds those jobs ended, goes on.
+		return fmt.Errorf("%w; tenant %s not deleted (its jobs are canceled): run `ctl tenants delete %s` again", err, name, name)
 	case err != nil:
 		return err
 	case res.Kept():

@@ -104,9 +104,9 @@ func TestDeadReasonIsChecked(t *testing.T) {
 			require.Empty(t, r.out)
 		})
 	}
-	dead, err := b.store.ListDead(t.Context(), jobs.DeadFilter{Limit: 10})
+	dead, err := b.store.PageDead(t.Context(), jobs.DeadFilter{Limit: 10}, "")
 	require.NoError(t, err)
-	require.Len(t, dead, 1, "the dead job is still dead")
+	require.Len(t, dead.Jobs, 1, "the dead job is still dead")
 }
 
 // TestUnmigratedDatabaseSaysWhatToDo: a database without llmq's schema (a wrong --database-url,

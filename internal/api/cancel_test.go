@@ -99,9 +99,9 @@ func TestCancel(t *testing.T) {
 		r := b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil)
 		require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
 		require.Equal(t, "canceled", r.body["status"])
-		dead, err := b.store.ListDead(context.Background(), jobs.DeadFilter{IDs: []string{job.ID}})
+		dead, err := b.store.PageDead(context.Background(), jobs.DeadFilter{IDs: []string{job.ID}}, "")
 		require.NoError(t, err)
-		require.Empty(t, dead, "no dead letter any more")
+		require.Empty(t, dead.Jobs, "no dead letter any more")
 	})
 
 	t.Run("NotFound", func(t *testing.T) {

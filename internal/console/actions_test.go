@@ -903,3 +903,31 @@ func TestDeadList_Paged(t *testing.T) {
 		requireError(t, r, out, http.StatusBadRequest, "invalid_limit")
 	}
 }
+
+// TestDeadRetry_SkipsRevokedTenants: a selected dead letter of a revoked tenant is left dead and
+// named in "skipped" with the reason (no retry sends it; its tenant cannot read the answer).
+func TestDeadRetry_SkipsRevokedTenants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	_, err := b.jobs.Pool.Exec(t.Context(), `INSERT INTO tenants (name, token_sha256, revoked_at) VALUES ('gone', sha256('gone'), now())`)
+	require.NoError(t, err)
+	gone := b.jobs.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+	live := b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	// Dead after the retry began (a retry takes the jobs dead when it began): left dead, not for
+	// its tenant.
+	later := b.jobs.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	_, err = b.jobs.Pool.Exec(t.Context(), `UPDATE jobs SET finished_at = now() + interval '1 hour' WHERE id = $1`, later.ID)
+	require.NoError(t, err)
+
+	var res actionResult
+	c.json(http.MethodPost, "/console/api/dead/retry", map[string]any{"ids": []string{gone.ID, live.ID, later.ID}}, &res)
+	require.Equal(t, []string{live.ID}, res.Done)
+	require.Equal(t, map[string]string{
+		gone.ID:  `its tenant "gone" is revoked: no retry sends its dead letters (cancel them)`,
+		later.ID: "it died after the retry began; retry it again",
+	}, res.Skipped)
+	j, err := b.jobs.Store.Get(t.Context(), gone.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusDead, j.Status)
+}

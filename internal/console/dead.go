@@ -94,8 +94,9 @@ type actionResult struct {
 	Skipped map[string]string `json:"skipped"`
 }
 
-// skipped explains each id of ids not in done, by reading the job again.
-func (h *Handler) skipped(r *http.Request, ids, done []string) map[string]string {
+// skipped explains each id of ids not in done, by reading the job again; deadWhy explains one
+// still dead.
+func (h *Handler) skipped(r *http.Request, ids, done []string, deadWhy func(job *jobs.Job) string) map[string]string {
 	out := map[string]string{}
 	for _, id := range ids {
 		if slices.Contains(done, id) {
@@ -108,6 +109,8 @@ func (h *Handler) skipped(r *http.Request, ids, done []string) map[string]string
 		}
 		job, err := h.cfg.Jobs.Get(r.Context(), id)
 		switch {
+		case err == nil && job.Status == jobs.StatusDead:
+			out[id] = deadWhy(job)
 		case err == nil:
 			out[id] = "it is " + string(job.Status) + " now, no longer dead"
 		case jobs.IsUnavailable(err) || r.Context().Err() != nil:
@@ -155,7 +158,17 @@ func (h *Handler) deadRetry(w http.ResponseWriter, r *http.Request, s *operator.
 			h.cfg.Logger.WarnContext(ctx, "console: requeue retried jobs (the sweeper will)", "jobs", len(retried), "error", err)
 		}
 	}
-	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}
+	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done, func(job *jobs.Job) string {
+		// RetryDead leaves a revoked tenant's dead letters dead (see docs/decisions.md), and the
+		// jobs that died after it began.
+		switch n, err := h.cfg.Jobs.CountDeadOfRevoked(r.Context(), jobs.DeadFilter{IDs: []string{job.ID}}); {
+		case err != nil:
+			return "could not be read"
+		case n == 1:
+			return fmt.Sprintf("its tenant %q is revoked: no retry sends its dead letters (cancel them)", job.Tenant)
+		}
+		return "it died after the retry began; retry it again"
+	})}
 	h.audit(r, s.Operator, audit.Entry{Action: "dead.retry", Target: audit.TargetOf(ids), Count: len(done),
 		Detail: map[string]any{"requested": ids, "skipped": res.Skipped}})
 	writeJSON(w, http.StatusOK, res)
@@ -174,7 +187,9 @@ func (h *Handler) deadPurge(w http.ResponseWriter, r *http.Request, s *operator.
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done)}
+	res := actionResult{Requested: len(ids), Done: nonNil(done), Skipped: h.skipped(r, ids, done, func(*jobs.Job) string {
+		return "another change held it; try again"
+	})}
 	h.audit(r, s.Operator, audit.Entry{Action: "dead.purge", Target: audit.TargetOf(ids), Count: len(done),
 		Detail: map[string]any{"requested": ids, "skipped": res.Skipped}})
 	writeJSON(w, http.StatusOK, res)

@@ -56,7 +56,7 @@ type DeadFilter struct {
 	Since time.Time
 	// Before keeps jobs that died before it.
 	Before time.Time
-	// Limit caps the rows of ListDead (not of RetryDead). Default 50.
+	// Limit caps the rows of a page of PageDead (not of RetryDead). Default 50.
 	Limit int
 }
 
@@ -95,43 +95,31 @@ func (f DeadFilter) where(t string, args *[]any) string {
 	return strings.Join(conds, " AND ")
 }
 
-// ListDead returns the dead jobs f selects, most recently dead first.
-func (s *Store) ListDead(ctx context.Context, f DeadFilter) ([]*Job, error) {
-	sql, args := listDeadQuery(f)
-	rows, err := s.pool.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list dead jobs: %w", err)
+// DeadCursor is the PageDead cursor that goes on after dead job j (as the Next of a page ending
+// with it), for a caller that names the last job it showed rather than keeping a cursor (ctl dead
+// list --after ID). A job that is not dead has none: ok is false.
+func DeadCursor(j *Job) (cursor string, ok bool) {
+	if j.Status != StatusDead || j.FinishedAt == nil {
+		return "", false
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
-	if err != nil {
-		return nil, fmt.Errorf("list dead jobs: %w", err)
-	}
-	return out, nil
+	return encodeCursor(*j.FinishedAt, j.ID), true
 }
 
 // PageDead returns one page of the dead jobs f selects, most recently dead first (finished_at,
 // then id), at most f.Limit (default 50) of them, from after: the Next of the previous page (""
 // for the first). Its Next is "" on the last page. The cursor is the (finished_at, id) of the
 // page's last job: a job retried or purged meanwhile simply leaves its page, and one that died
-// after the first page was read appears on no page. f.Since and f.Before apply as in ListDead.
+// after the first page was read appears on no page.
 // Errors: ErrBadCursor, or a wrapped database error.
 func (s *Store) PageDead(ctx context.Context, f DeadFilter, after string) (*JobPage, error) {
 	if f.Limit <= 0 {
 		f.Limit = 50
 	}
-	var args []any
-	where := f.where("jobs", &args)
-	if after != "" {
-		at, id, err := decodeCursor(after)
-		if err != nil {
-			return nil, err
-		}
-		args = append(args, at, id)
-		where += " AND (jobs.finished_at, jobs.id) < ($" + strconv.Itoa(len(args)-1) + ", $" + strconv.Itoa(len(args)) + "::uuid)"
+	sql, args, err := pageDeadQuery(f, after)
+	if err != nil {
+		return nil, err
 	}
-	args = append(args, f.Limit+1)
-	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM jobs WHERE `+where+`
-ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("page dead jobs: %w", err)
 	}
@@ -148,16 +136,21 @@ ORDER BY finished_at DESC, id DESC LIMIT $`+strconv.Itoa(len(args)), args...)
 	return page, nil
 }
 
-// listDeadQuery is ListDead's statement.
-func listDeadQuery(f DeadFilter) (string, []any) {
-	if f.Limit <= 0 {
-		f.Limit = 50
-	}
+// pageDeadQuery is PageDead's statement: f.Limit+1 rows (the one more says a next page follows).
+func pageDeadQuery(f DeadFilter, after string) (string, []any, error) {
 	var args []any
 	where := f.where("jobs", &args)
-	args = append(args, f.Limit)
+	if after != "" {
+		at, id, err := decodeCursor(after)
+		if err != nil {
+			return "", nil, err
+		}
+		args = append(args, at, id)
+		where += " AND (jobs.finished_at, jobs.id) < ($" + strconv.Itoa(len(args)-1) + ", $" + strconv.Itoa(len(args)) + "::uuid)"
+	}
+	args = append(args, f.Limit+1)
 	return `SELECT ` + jobColumns + ` FROM jobs WHERE ` + where + `
-ORDER BY finished_at DESC, id DESC LIMIT $` + strconv.Itoa(len(args)), args
+ORDER BY finished_at DESC, id DESC LIMIT $` + strconv.Itoa(len(args)), args, nil
 }
 
 // RetryDeadOpts are RetryDead's per-call knobs; nil takes the defaults.
@@ -178,7 +171,9 @@ type RetryDeadOpts struct {
 // the previous reason. Its earlier attempts
 // stay in job_attempts and the new ones continue their numbering (jobs.attempt_base, migration
 // 002). Jobs that are not dead are left alone and not returned. The caller then enqueues the
-// returned jobs (Tasks.Requeue); one it fails to enqueue is picked up by the sweeper.
+// returned jobs (Tasks.Requeue); one it fails to enqueue is picked up by the sweeper. A dead job
+// of a revoked tenant is left alone too, named or not (see docs/decisions.md, "A retry of dead
+// letters skips revoked tenants"): CountDeadOfRevoked counts those f selects.
 //
 // It works in batches of opts.Batch jobs, oldest death first, each in a transaction of its own,
 // so that a retry of 100,000 dead letters never holds their row locks at once (the sweeper, the
@@ -250,7 +245,7 @@ func retryDeadQuery(f DeadFilter, began time.Time, limit int) (string, []any) {
 	where := f.where("d", &args)
 	return `
 WITH old AS (
-	SELECT d.id, d.dead_reason FROM jobs d WHERE ` + where + ` AND d.finished_at <= $1
+	SELECT d.id, d.dead_reason FROM jobs d WHERE ` + where + ` AND d.finished_at <= $1 AND ` + notRevokedSQL + `
 	ORDER BY d.finished_at, d.id LIMIT $2
 	FOR UPDATE
 ), u AS (
@@ -270,6 +265,22 @@ WITH old AS (
 	FROM u JOIN old ON old.id = u.id
 )
 SELECT id::text, priority FROM u`, args
+}
+
+// notRevokedSQL is the condition, on dead job d, that its tenant is not revoked (a tenant
+// without a row, "default" with auth off, is not).
+const notRevokedSQL = `NOT EXISTS (SELECT 1 FROM tenants t WHERE t.name = d.tenant AND t.revoked_at IS NOT NULL)`
+
+// CountDeadOfRevoked counts the dead jobs f selects whose tenant is revoked: those RetryDead
+// leaves alone (f.Limit does not apply).
+func (s *Store) CountDeadOfRevoked(ctx context.Context, f DeadFilter) (int, error) {
+	var args []any
+	where := f.where("d", &args)
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM jobs d WHERE `+where+` AND NOT `+notRevokedSQL, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count dead jobs of revoked tenants: %w", err)
+	}
+	return n, nil
 }
 
 // PurgeDead deletes the jobs that died before `before`, with their attempts, events and

@@ -44,7 +44,8 @@ func TestStore_List(t *testing.T) {
 	require.Len(t, one, 1)
 }
 
-func TestStore_ListDead(t *testing.T) {
+// TestStore_PageDeadFilters: each of DeadFilter's fields selects its dead jobs on a page.
+func TestStore_PageDeadFilters(t *testing.T) {
 	t.Parallel()
 	b := jobstest.New(t)
 	ctx := context.Background()
@@ -66,9 +67,9 @@ func TestStore_ListDead(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			got, err := b.Store.ListDead(ctx, tc.f)
+			got, err := b.Store.PageDead(ctx, tc.f, "")
 			require.NoError(t, err)
-			require.Equal(t, tc.want, ids(got))
+			require.Equal(t, tc.want, ids(got.Jobs))
 		})
 	}
 }
@@ -154,9 +155,9 @@ func TestStore_RetryDead(t *testing.T) {
 		got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter}, nil)
 		require.NoError(t, err)
 		require.Equal(t, []string{capped.ID}, unfinishedIDs(got))
-		left, err := b.Store.ListDead(ctx, jobs.DeadFilter{})
+		left, err := b.Store.PageDead(ctx, jobs.DeadFilter{}, "")
 		require.NoError(t, err)
-		require.Equal(t, []string{exhausted.ID}, ids(left))
+		require.Equal(t, []string{exhausted.ID}, ids(left.Jobs))
 	})
 }
 
@@ -457,7 +458,7 @@ func unfinishedIDs(us []jobs.Unfinished) []string {
 // TestStore_PageDead: the dead letters come a page at a time, most recently dead first and, for
 // deaths of the same microsecond (a batch's jobs dead-lettered in one transaction), by ID, each
 // once however the pages split them; a job retried between two pages leaves its page and shifts
-// no other; Since and Reason filter as in ListDead.
+// no other; Since and Reason filter as in PageDead.
 func TestStore_PageDead(t *testing.T) {
 	t.Parallel()
 	b := jobstest.New(t)
@@ -513,4 +514,47 @@ func TestStore_PageDead(t *testing.T) {
 	require.Empty(t, p.Next)
 	_, err = b.Store.PageDead(ctx, f, "bm90LWEtY3Vyc29y")
 	require.ErrorIs(t, err, jobs.ErrBadCursor)
+}
+
+// TestStore_RetryDeadSkipsRevokedTenants: a revoked tenant's dead letters are not sent again by
+// a retry, by ID or of all (the tenant can no longer read the answers it would pay for), and
+// CountDeadOfRevoked says how many of a filter's were so left.
+func TestStore_RetryDeadSkipsRevokedTenants(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	_, err := b.Pool.Exec(ctx, `INSERT INTO tenants (name, token_sha256, revoked_at) VALUES
+	('gone', sha256('gone'), now()), ('live', sha256('live'), NULL)`)
+	require.NoError(t, err)
+	gone := b.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+	gone2 := b.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+	live := b.Dead(t, jobstest.Opts{Tenant: "live"}, jobs.ReasonRetriesExhausted, 1)
+	unnamed := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1) // "default": no tenants row
+
+	got, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{gone.ID}}, nil)
+	require.NoError(t, err)
+	require.Empty(t, got, "a revoked tenant's dead letter, named")
+
+	got, err = b.Store.RetryDead(ctx, jobs.DeadFilter{}, nil)
+	require.NoError(t, err)
+	ids := []string{}
+	for _, u := range got {
+		ids = append(ids, u.ID)
+	}
+	require.ElementsMatch(t, []string{live.ID, unnamed.ID}, ids)
+	for _, id := range []string{gone.ID, gone2.ID} {
+		j, err := b.Store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusDead, j.Status)
+	}
+
+	n, err := b.Store.CountDeadOfRevoked(ctx, jobs.DeadFilter{})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	n, err = b.Store.CountDeadOfRevoked(ctx, jobs.DeadFilter{IDs: []string{gone.ID, live.ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	n, err = b.Store.CountDeadOfRevoked(ctx, jobs.DeadFilter{Reason: jobs.ReasonRateLimitedNoRetryAfter})
+	require.NoError(t, err)
+	require.Equal(t, 0, n)
 }

@@ -159,10 +159,10 @@ func TestStore_CancelADeadJob(t *testing.T) {
 	_, err = b.Store.Cancel(ctx, dead.ID)
 	require.True(t, jobs.AlreadyCanceled(err), "a second cancel changes nothing: %v", err)
 
-	list, err := b.Store.ListDead(ctx, jobs.DeadFilter{})
+	list, err := b.Store.PageDead(ctx, jobs.DeadFilter{}, "")
 	require.NoError(t, err)
-	require.Len(t, list, 1)
-	require.Equal(t, other.ID, list[0].ID, "no dead letter any more")
+	require.Len(t, list.Jobs, 1)
+	require.Equal(t, other.ID, list.Jobs[0].ID, "no dead letter any more")
 	retried, err := b.Store.RetryDead(ctx, jobs.DeadFilter{}, nil)
 	require.NoError(t, err)
 	require.Equal(t, []jobs.Unfinished{{ID: other.ID, Status: jobs.StatusQueued, Priority: jobs.PriorityNormal}}, retried)

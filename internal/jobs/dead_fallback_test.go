@@ -62,9 +62,9 @@ func TestStore_DeadFilterCredentialSelectsTheCredentialsTheJobUsed(t *testing.T)
 		"default": {job.ID},
 		"spare":   {},
 	} {
-		list, err := b.Store.ListDead(t.Context(), jobs.DeadFilter{Credential: cred})
+		list, err := b.Store.PageDead(t.Context(), jobs.DeadFilter{Credential: cred}, "")
 		require.NoError(t, err)
-		require.Equal(t, want, ids(list), "ctl dead list --credential %s", cred)
+		require.Equal(t, want, ids(list.Jobs), "ctl dead list --credential %s", cred)
 	}
 	got, err := b.Store.RetryDead(t.Context(), jobs.DeadFilter{Credential: "backup", Reason: jobs.ReasonRateLimitedNoRetryAfter}, nil)
 	require.NoError(t, err)

@@ -21,8 +21,9 @@ type Options struct {
 	// waited for.
 	Settle time.Duration
 	// Abort, when set, is called with each job canceled, to stop its task (a call in flight).
-	// A failure does not stop the deletion (the job is canceled; an attempt in flight runs to
-	// its end, unstored) but is returned at the end of the cancels.
+	// A failure does not stop the cancels (the job is canceled; an attempt in flight runs to its
+	// end, unstored) but stops the deletion before it begins: DeleteTenant returns it, with the
+	// Result of the cancels, and a later call, which finds those jobs ended, deletes them.
 	Abort func(*jobs.Job) error
 	// Batch is how many jobs one transaction deletes. Default 500.
 	Batch int

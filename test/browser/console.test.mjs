@@ -228,6 +228,21 @@ try {
   await tab.locator('#flash', { hasText: 'Purged 1 of 1.' }).waitFor(WAIT);
   assert.equal((await fetch(`${API}/v1/jobs/${exhausted}`)).status, 404);
 
+  step('cancel a dead letter from its page, so that no retry sends it');
+  await faults({ fail_next: 1, fail_next_status: 500 });
+  const r2 = await post(`${API}/v1/jobs`, { max_attempts: 1, request: { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: 'abandoned' }] } });
+  assert.equal(r2.status, 202);
+  const abandoned = (await r2.json()).id;
+  await waitStatus(abandoned, 'dead');
+  await tab.goto(`${CONSOLE}#/job/${abandoned}`);
+  await tab.locator('[data-testid=job-status]', { hasText: 'dead' }).waitFor(WAIT);
+  await tab.locator('#cancel-job').waitFor(WAIT);
+  await confirm(tab, '#cancel-job', /^Cancel dead job [0-9a-f-]{36}\? No retry sends it again/, 'ok');
+  await tab.locator('#flash', { hasText: `job ${abandoned} canceled` }).waitFor(WAIT);
+  await tab.locator('[data-testid=job-status]', { hasText: 'canceled' }).waitFor(WAIT);
+  assert.equal(await tab.locator('#retry-one').count(), 0, 'no Retry on a canceled job');
+  assert.equal((await (await fetch(`${API}/v1/jobs/${abandoned}`)).json()).status, 'canceled');
+
   step('the jobs list');
   await tab.goto(`${CONSOLE}#/jobs`);
   await tab.locator(`#jobs tr[data-id="${dead}"]`).waitFor(WAIT);

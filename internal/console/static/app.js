@@ -268,8 +268,9 @@ function renderJob(d) {
   const rq = d.request;
   const ended = ['succeeded', 'failed', 'dead', 'canceled'].includes(j.status);
   const actions = j.status === 'dead' ? h('p', {}, h('button', { id: 'retry-one', onclick: () => deadAction('retry', [j.id]) }, 'Retry'), ' ',
+    h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id, true) }, 'Cancel'), ' ',
     h('button', { class: 'danger', id: 'purge-one', onclick: () => deadAction('purge', [j.id]) }, 'Purge')) :
-    !ended ? h('p', {}, h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id) }, 'Cancel')) : null;
+    !ended ? h('p', {}, h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id, false) }, 'Cancel')) : null;
   return [
     h('dl', { class: 'kv' },
       h('dt', {}, 'status'), h('dd', { 'data-testid': 'job-status' }, badge(j.status), j.dead_reason ? ` (${j.dead_reason})` : ''),
@@ -314,9 +315,12 @@ async function pageJob(root, id) {
   follow(root, `${path}/live`, { job: (x) => show(el, renderJob(x)) }, setLive, path);
 }
 
-// cancelJob cancels a job that has not ended, after a confirmation; its live page shows the end.
-async function cancelJob(id) {
-  if (!(await confirmAction(`Cancel job ${id}? It ends as canceled; a call in flight is aborted and its answer not stored.`))) return;
+// cancelJob cancels a job that has not ended, or a dead one (so that no retry sends it), after a
+// confirmation; its live page shows the end.
+async function cancelJob(id, dead) {
+  const text = dead ? `Cancel dead job ${id}? No retry sends it again; it ends as canceled, its history kept.` :
+    `Cancel job ${id}? It ends as canceled; a call in flight is aborted and its answer not stored.`;
+  if (!(await confirmAction(text))) return;
   try { flash((await api('POST', `/jobs/${encodeURIComponent(id)}/cancel`)).message); } catch (e) { flash(e.message, true); }
 }
 

@@ -1,0 +1,117 @@
+package offboard_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmq/llmq/internal/audit"
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/offboard"
+	"github.com/llmq/llmq/internal/tenant"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// pgxpool's background health check ends after the test's pool.Close.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+// revoked makes tenant name and revokes it; its jobs are made with jobstest.Opts{Tenant: name}.
+func revoked(t *testing.T, b *jobstest.Bundle, name string) *tenant.Store {
+	t.Helper()
+	tenants := tenant.NewStore(b.Pool, nil)
+	_, _, err := tenants.Create(t.Context(), name, nil)
+	require.NoError(t, err)
+	_, err = tenants.Revoke(t.Context(), name)
+	require.NoError(t, err)
+	return tenants
+}
+
+func statusOf(t *testing.T, b *jobstest.Bundle, id string) jobs.Status {
+	t.Helper()
+	j, err := b.Store.Get(t.Context(), id)
+	require.NoError(t, err)
+	return j.Status
+}
+
+// TestCancelJobs: a revoked tenant's waiting jobs and dead letters are canceled and each is
+// given to abort; another tenant's are left alone; the audit entry counts the dead letters.
+func TestCancelJobs(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tenants := revoked(t, b, "gone")
+	waiting := b.Create(t, jobstest.Opts{Tenant: "gone"})
+	dead := b.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+	other := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+
+	var aborted []string
+	n, nDead, err := offboard.CancelJobs(t.Context(), tenants, b.Store, "gone", 0, func(j *jobs.Job) error {
+		aborted = append(aborted, j.ID)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, nDead)
+	require.ElementsMatch(t, []string{waiting.ID, dead.ID}, aborted)
+	require.Equal(t, jobs.StatusCanceled, statusOf(t, b, waiting.ID))
+	require.Equal(t, jobs.StatusCanceled, statusOf(t, b, dead.ID))
+	require.Equal(t, jobs.StatusDead, statusOf(t, b, other.ID))
+	require.Equal(t, audit.Entry{Action: "tenant.cancel_jobs", Target: "gone", Count: 2,
+		Detail: map[string]any{"dead_letters": 1}}, offboard.CancelJobsEntry("gone", n, nDead))
+
+	_, _, err = offboard.CancelJobs(t.Context(), tenants, b.Store, "nobody", 0, nil)
+	require.ErrorIs(t, err, tenant.ErrNotFound)
+	_, _, err = tenants.Create(t.Context(), "live", nil)
+	require.NoError(t, err)
+	_, _, err = offboard.CancelJobs(t.Context(), tenants, b.Store, "live", 0, nil)
+	require.ErrorIs(t, err, tenant.ErrNotRevoked)
+}
+
+// TestDeleteTenant_AnAbortThatFailsStopsBeforeTheDeletion: when a canceled job's task cannot be
+// aborted (Redis down), nothing is deleted, as an attempt may still be in flight; the error
+// says so and the Result counts the cancels for the audit. A second run deletes the tenant.
+func TestDeleteTenant_AnAbortThatFailsStopsBeforeTheDeletion(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tenants := revoked(t, b, "gone")
+	waiting := b.Create(t, jobstest.Opts{Tenant: "gone"})
+	dead := b.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+	other := b.Create(t, jobstest.Opts{})
+
+	redisDown := errors.New("redis down")
+	res, err := offboard.DeleteTenant(t.Context(), tenants, b.Store, "gone", offboard.Options{
+		Abort: func(*jobs.Job) error { return redisDown },
+	})
+	require.ErrorIs(t, err, redisDown)
+	require.Equal(t, offboard.Result{Canceled: 1}, res)
+	require.Equal(t, []audit.Entry{{Action: "tenant.cancel_jobs", Target: "gone", Count: 1}}, res.AuditEntries("gone"))
+	require.Equal(t, jobs.StatusCanceled, statusOf(t, b, waiting.ID))
+	require.Equal(t, jobs.StatusDead, statusOf(t, b, dead.ID), "not deleted")
+	_, err = tenants.RevokedFor(t.Context(), "gone")
+	require.NoError(t, err, "the tenant is kept")
+
+	var progress []int64
+	res, err = offboard.DeleteTenant(t.Context(), tenants, b.Store, "gone", offboard.Options{
+		Batch: 1, Progress: func(n int64) { progress = append(progress, n) },
+	})
+	require.NoError(t, err)
+	require.Equal(t, offboard.Result{Deleted: 2, TenantDeleted: true}, res)
+	require.Equal(t, []int64{1, 2}, progress, "told after each full batch")
+	require.Equal(t, []audit.Entry{{Action: "tenant.delete", Target: "gone", Count: 1,
+		Detail: map[string]any{"jobs_deleted": int64(2)}}}, res.AuditEntries("gone"))
+	for _, id := range []string{waiting.ID, dead.ID} {
+		_, err := b.Store.Get(t.Context(), id)
+		require.ErrorIs(t, err, jobs.ErrNotFound)
+	}
+	require.Equal(t, jobs.StatusQueued, statusOf(t, b, other.ID), "another tenant's job")
+	_, err = tenants.RevokedFor(t.Context(), "gone")
+	require.ErrorIs(t, err, tenant.ErrNotFound)
+
+	_, err = offboard.DeleteTenant(t.Context(), tenants, b.Store, tenant.Default, offboard.Options{})
+	require.ErrorIs(t, err, tenant.ErrAnonymousTenant)
+}
