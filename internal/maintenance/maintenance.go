@@ -93,6 +93,10 @@ type Config struct {
 	Metrics *Metrics
 	// Now is the clock the deadlines and retention periods are measured with. Default time.Now.
 	Now func() time.Time
+	// Leading are further duties of the maintaining process (backlog.Gauge.Run): each runs in a
+	// goroutine of its own while this process leads, from the start of the lead until it ends
+	// (its context ends then), and must return then.
+	Leading []func(ctx context.Context)
 	// Sleep waits d (a retention pass's pause between two batches) or until ctx ends, and
 	// returns ctx's error if it ended. Default a timer.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -175,6 +179,9 @@ func (m *Maintainer) lead(ctx context.Context) error {
 				return nil
 			})
 		})
+	}
+	for _, duty := range m.cfg.Leading {
+		wg.Go(func() { duty(ctx) })
 	}
 	wg.Wait()
 	// A process that no longer leads measures no backlog and counts no failures: its last

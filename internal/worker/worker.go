@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/alert"
+	"github.com/llmq/llmq/internal/backlog"
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/config"
@@ -125,6 +126,7 @@ type metrics struct {
 	estimator   *estimator.Metrics
 	maintenance *maintenance.Metrics
 	alert       *alert.Metrics
+	backlog     *backlog.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -133,7 +135,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 	}
 	return metrics{executor: executor.NewMetrics(reg), dispatch: dispatch.NewMetrics(reg), limiter: limiter.NewMetrics(reg),
 		breaker: breaker.NewMetrics(reg), estimator: estimator.NewMetrics(reg), maintenance: maintenance.NewMetrics(reg),
-		alert: alert.NewMetrics(reg)}
+		alert: alert.NewMetrics(reg), backlog: backlog.NewMetrics(reg)}
 }
 
 // build makes the worker's parts, in the order they depend on each other: the shared admission
@@ -210,6 +212,9 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 		},
 		AuditRetention:    cfg.Retention.Audit.Duration(),
 		RetentionInterval: cfg.Retention.Interval, Finished: m.executor.Finished, Logger: opts.Logger, Metrics: m.maintenance,
+		Leading: []func(context.Context){
+			backlog.New(backlog.Config{Pool: store.Pool(), Logger: opts.Logger, Metrics: m.backlog}).Run,
+		},
 	})
 	if err := w.newBatcher(ctx, m.executor.DeadLettered, w.alerter); err != nil {
 		return err
