@@ -208,10 +208,8 @@ func (sr *statusReads) startLocked(id string, e *jobReads) {
 // run reads the job's status events and the job for rd, then starts the next read if a stream
 // asked for one meanwhile.
 func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
-	ctx, cancel := context.WithTimeoutCause(context.Background(), sr.timeout, errStoreTimeout)
+	ctx, cancel := sr.bounded()
 	defer cancel()
-	ctx, unbound := pgwait.Bound(ctx, sr.wait)
-	defer unbound()
 	evs, err := sr.store.Events(ctx, id, rd.after)
 	var job *jobs.Job
 	if err == nil {
@@ -314,10 +312,8 @@ func (sr *statusReads) renew(ctx context.Context, id string, prev *watchRenewal)
 
 // runRenewal renews the job's watch for rw.
 func (sr *statusReads) runRenewal(id string, e *jobReads, rw *watchRenewal) {
-	ctx, cancel := context.WithTimeoutCause(context.Background(), sr.timeout, errStoreTimeout)
+	ctx, cancel := sr.bounded()
 	defer cancel()
-	ctx, unbound := pgwait.Bound(ctx, sr.wait)
-	defer unbound()
 	seq, err := sr.store.WatchLatest(ctx, id, sr.watchTTL)
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("renew event watch: %w: %w", context.Cause(ctx), err)
@@ -333,4 +329,12 @@ func (sr *statusReads) runRenewal(id string, e *jobReads, rw *watchRenewal) {
 	}
 	close(rw.done)
 	sr.forgetLocked(id, e)
+}
+
+// bounded returns the context of a shared read or renewal: the server's, not a stream's, bounded
+// by StoreWait for a pool connection and by StoreTimeout in all.
+func (sr *statusReads) bounded() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeoutCause(context.Background(), sr.timeout, errStoreTimeout)
+	ctx, unbound := pgwait.Bound(ctx, sr.wait)
+	return ctx, func() { unbound(); cancel() }
 }
