@@ -14,7 +14,10 @@
 // in memory, per process: each worker process learns from its own responses (a few are enough;
 // a restarted process starts conservative again), and no Redis round trip is added to a
 // request. At most MaxEntries (credential, tenant, model) entries, and apart MaxEntries
-// (credential, model) ones, are kept; beyond, an arbitrary one is forgotten.
+// (credential, model) ones (each the tenant's whose answer made it), are kept; beyond, the least
+// recently used entry of a tenant holding its share of MaxEntries or more (the inserting
+// tenant's own first) is forgotten: a tenant making up model names (a gateway takes any) forgets
+// its own, not the other tenants' ratios.
 //
 // NewMetrics registers llmq_tokens_estimate_ratio{credential}: the histogram of the estimate used
 // divided by the prompt tokens the provider reported (1 is exact, above 1 over-estimated).

@@ -21,7 +21,8 @@ type Config struct {
 	// MinRatio and MaxRatio clamp the learned ratio. Defaults 0.25 and 4.
 	MinRatio, MaxRatio float64
 	// MaxEntries bounds the (credential, tenant, model) entries remembered, and apart the
-	// (credential, model) ones. Default 10,000.
+	// (credential, model) ones. Beyond it, the least recently used entry of a tenant holding
+	// its share (MaxEntries / tenants) or more is forgotten. Default 10,000.
 	MaxEntries int
 	// Metrics receives the estimator's metrics; nil records none.
 	Metrics *Metrics
@@ -67,10 +68,11 @@ type Estimator struct {
 	cfg Config
 
 	mu     sync.Mutex
-	ratios map[key]float64
+	ratios *table
 	// shared is the ratio per (credential, model) learned from every tenant's answers, key's
-	// tenant empty: a tenant not yet reported on starts no lower (see Ratio).
-	shared map[key]float64
+	// tenant empty, each entry belonging to the tenant whose answer made it: a tenant not yet
+	// reported on starts no lower (see Ratio).
+	shared *table
 }
 
 type key struct{ credential, tenant, model string }
@@ -86,7 +88,7 @@ func New(cfg *Config) (*Estimator, error) {
 	if err := c.validate(); err != nil {
 		return nil, fmt.Errorf("new token estimator: %w", err)
 	}
-	return &Estimator{cfg: c, ratios: make(map[key]float64), shared: make(map[key]float64)}, nil
+	return &Estimator{cfg: c, ratios: newTable(c.MaxEntries), shared: newTable(c.MaxEntries)}, nil
 }
 
 // Estimate is what Estimator.Estimate returns for one request.
@@ -135,10 +137,11 @@ func scale(n int, ratio float64) int {
 func (e *Estimator) Ratio(credential, tenant, model string) float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if r, ok := e.ratios[key{credential, tenant, model}]; ok {
+	if r, ok := e.ratios.get(key{credential, tenant, model}); ok {
 		return r
 	}
-	return max(e.cfg.InitialRatio, e.shared[key{credential: credential, model: model}])
+	shared, _ := e.shared.get(key{credential: credential, model: model})
+	return max(e.cfg.InitialRatio, shared)
 }
 
 // Observe learns from one answer: est is the Estimate the request was reserved with, reported
@@ -159,24 +162,19 @@ func (e *Estimator) Observe(credential string, est Estimate, reported int) {
 	obs := min(max(float64(reported)/float64(est.Raw), e.cfg.MinRatio), e.cfg.MaxRatio)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.learn(e.ratios, key{credential, est.Tenant, est.Model}, obs)
-	e.learn(e.shared, key{credential: credential, model: est.Model}, obs)
+	e.learn(e.ratios, key{credential, est.Tenant, est.Model}, est.Tenant, obs)
+	e.learn(e.shared, key{credential: credential, model: est.Model}, est.Tenant, obs)
 }
 
-// learn enters obs into m's ratio for k: the first replaces, later ones enter the moving
-// average. Beyond MaxEntries an arbitrary entry is forgotten. e.mu is held.
-func (e *Estimator) learn(m map[key]float64, k key, obs float64) {
-	r, ok := m[k]
+// learn enters obs into t's ratio for k: the first replaces, later ones enter the moving
+// average. A new k belongs to tenant; beyond MaxEntries the table forgets the least recently
+// used entry of a tenant holding its share or more (see table). e.mu is held.
+func (e *Estimator) learn(t *table, k key, tenant string, obs float64) {
+	r, ok := t.get(k)
 	if !ok {
-		if len(m) >= e.cfg.MaxEntries {
-			for old := range m {
-				delete(m, old)
-				break
-			}
-		}
 		r = obs
 	} else {
 		r += e.cfg.Alpha * (obs - r)
 	}
-	m[k] = min(max(r, e.cfg.MinRatio), e.cfg.MaxRatio)
+	t.set(k, tenant, min(max(r, e.cfg.MinRatio), e.cfg.MaxRatio))
 }

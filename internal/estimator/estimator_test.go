@@ -228,3 +228,34 @@ func TestEstimator_NewTenantStartsNoLowerThanTheCredential(t *testing.T) {
 	require.Equal(t, 1.0, e.Ratio("main", "b", "claude"))
 	require.InDelta(t, 1.8, e.Ratio("main", "a", "claude"), 1e-9, "a forgotten tenant under-reserved")
 }
+
+// A tenant that makes up model names (a gateway takes any) fills the table with its own entries
+// and forgets them, least recently used first; other tenants keep what they learned, and so does
+// the credential's ratio for their model. Beyond MaxEntries an arbitrary entry was forgotten: the
+// other tenants' ratios went back to InitialRatio (a credential counted at twice the rule
+// under-reserved, 429s for all) and the tenant's own model in use was forgotten with the rest.
+func TestEstimator_MadeUpModelsForgetTheirTenantsOwn(t *testing.T) {
+	t.Parallel()
+	e, err := estimator.New(&estimator.Config{MaxEntries: 10})
+	require.NoError(t, err)
+	for _, tenant := range []string{"a", "b"} {
+		e.Observe("main", estimator.Estimate{Tenant: tenant, Model: "claude", Raw: 1000}, 2000)
+	}
+	e.Observe("main", estimator.Estimate{Tenant: "m", Model: "real", Raw: 1000}, 3000)
+	for i := range 1000 {
+		e.Observe("main", estimator.Estimate{Tenant: "m", Model: fmt.Sprint("made-up-", i), Raw: 1000}, 500)
+		require.Equal(t, 3.0, e.Ratio("main", "m", "real"), "m's model in use forgotten after %d made-up ones", i+1)
+	}
+	require.Equal(t, 2.0, e.Ratio("main", "a", "claude"), "tenant a's ratio forgotten")
+	require.Equal(t, 2.0, e.Ratio("main", "b", "claude"), "tenant b's ratio forgotten")
+	require.Equal(t, 2.0, e.Ratio("main", "c", "claude"), "the credential's ratio for claude forgotten")
+	require.Equal(t, 0.5, e.Ratio("main", "m", "made-up-999"))
+	require.Equal(t, 1.25, e.Ratio("main", "m", "made-up-0"), "m's least recent entry kept")
+
+	// A tenant holding less than its share takes its place from the tenant holding the most.
+	e.Observe("main", estimator.Estimate{Tenant: "d", Model: "claude", Raw: 1000}, 1500)
+	require.Equal(t, 1.5, e.Ratio("main", "d", "claude"))
+	require.Equal(t, 2.0, e.Ratio("main", "a", "claude"))
+	require.Equal(t, 2.0, e.Ratio("main", "b", "claude"))
+	require.Equal(t, 3.0, e.Ratio("main", "m", "real"))
+}
