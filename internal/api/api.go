@@ -238,6 +238,8 @@ func New(cfg Config) *Server {
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant),
 		refusalLog: newThrottle(authLogInterval, cfg.Now), streamLog: newThrottle(streamLogInterval, cfg.Now)}
 	s.streamLog.report = s.streamsSuppressed
+	s.authLog.report = s.authSuppressed
+	s.refusalLog.report = s.refusalsSuppressed
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
@@ -306,6 +308,8 @@ func (s *Server) Drain() { s.draining.Store(true) }
 func (s *Server) Shutdown() {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.streamLog.stop()
+	s.authLog.stop()
+	s.refusalLog.stop()
 	if c, ok := s.cfg.Console.(interface{ Shutdown() }); ok {
 		c.Shutdown()
 	}
@@ -333,7 +337,8 @@ var errStoreTimeout = errors.New("the job store did not answer in time")
 // bounded runs h with a request whose every wait for a connection of the Postgres pool lasts at
 // most StoreWait (pgwait.Bound): past it, the request's context is canceled and its answer is
 // 503 overloaded (writeError), nothing having been sent. Not event streams: they wait for their
-// client anyway, and a stream cut by a busy pool would only come back at once.
+// client anyway, and a stream cut by a busy pool would only come back at once (their caller's
+// authentication is bounded alone: authBounded).
 func (s *Server) bounded(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := pgwait.Bound(r.Context(), s.cfg.StoreWait)
@@ -350,6 +355,17 @@ func (s *Server) timed(h http.HandlerFunc) http.HandlerFunc {
 		defer stop()
 		h(w, r)
 	}
+}
+
+// authBounded returns r with the bounds of a poll's work in Postgres (bounded, timed): each wait
+// for a pool connection (or a place among the lookups of new tokens) lasting at most StoreWait,
+// the whole at most StoreTimeout, answered 503 overloaded and 503 unavailable (writeError, given
+// the returned request). It is for an event stream's authentication, whose stream is not bounded
+// so (see bounded); call stop once the caller is known.
+func (s *Server) authBounded(r *http.Request) (_ *http.Request, stop context.CancelFunc) {
+	ctx, cancelWait := pgwait.Bound(r.Context(), s.cfg.StoreWait)
+	ar, cancelTimed := s.storeTimed(r.WithContext(ctx), s.cfg.StoreTimeout)
+	return ar, func() { cancelTimed(); cancelWait() }
 }
 
 // storeTimed returns r with a context that ends after d with the cause errStoreTimeout, whose
@@ -409,18 +425,19 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		// Once a minute per tenant, as below: the log tells the operator which tenant still has
 		// a client on its old token.
 		if t != nil {
-			if log, suppressed := s.authLog.allow(t.Name); log {
-				s.cfg.Logger.WarnContext(r.Context(), "request with a tenant's rotated-out token", "tenant", t.Name,
+			if log, suppressed := s.authLog.allow(authLogKey(msgRotatedOut, t.Name)); log {
+				s.cfg.Logger.WarnContext(r.Context(), msgRotatedOut, "tenant", t.Name,
 					"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 			}
 		}
 		return nil, unauthorized("invalid_token", "rotated-out bearer token: its tenant's token was rotated and the overlap of the old one has ended; use the new token")
 	case errors.Is(err, tenant.ErrRevoked):
 		// Once a minute per tenant: a client that keeps using a revoked token must not flood
-		// the log (the count of those left out goes with the next line).
+		// the log (the count of those left out goes with the next line, or a line of their own
+		// once the minute has passed: authSuppressed).
 		if t != nil {
-			if log, suppressed := s.authLog.allow(t.Name); log {
-				s.cfg.Logger.WarnContext(r.Context(), "request with a revoked tenant's token", "tenant", t.Name,
+			if log, suppressed := s.authLog.allow(authLogKey(msgRevoked, t.Name)); log {
+				s.cfg.Logger.WarnContext(r.Context(), msgRevoked, "tenant", t.Name,
 					"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 			}
 		}
@@ -431,7 +448,7 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		// tenant to name, and the flood must not flood the log.
 		s.cfg.Metrics.refusedTokenLookup()
 		if log, suppressed := s.refusalLog.allow(newTokenLookupsLogKey); log {
-			s.cfg.Logger.WarnContext(r.Context(), "lookups of bearer tokens never known hold their share of the pool; refused",
+			s.cfg.Logger.WarnContext(r.Context(), msgNewTokenLookupsRefused,
 				"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 		}
 		return nil, err
@@ -443,6 +460,38 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 // newTokenLookupsLogKey is the refusal log's key of the lookups of new bearer tokens refused: no
 // tenant's (their keys start with a name, which holds no NUL).
 const newTokenLookupsLogKey = "\x00new token lookups"
+
+// The messages of the throttled lines of refused credentials and refusals (authLog, refusalLog),
+// which their trailing reports repeat.
+const (
+	msgRotatedOut             = "request with a tenant's rotated-out token"
+	msgRevoked                = "request with a revoked tenant's token"
+	msgNewTokenLookupsRefused = "lookups of bearer tokens never known hold their share of the pool; refused"
+	msgOverShare              = "tenant over its share; refused"
+)
+
+// authLogKey is the auth log's key of tenant's lines of message msg: each message of a tenant
+// is throttled, and reported, apart.
+func authLogKey(msg, tenant string) string { return msg + "\x00" + tenant }
+
+// authSuppressed logs the lines of refused credentials that the auth log held back and no line
+// of their key counted since (authLog.report): the last minute of a client that then stopped.
+func (s *Server) authSuppressed(key string, suppressed int) {
+	msg, tenant, _ := strings.Cut(key, "\x00")
+	s.cfg.Logger.Warn(msg, "tenant", tenant, "suppressed", suppressed)
+}
+
+// refusalsSuppressed logs the refusals that the refusal log held back and no line of their key
+// counted since (refusalLog.report), with their message, and their tenant and type when a
+// tenant's (the requests held back may have been anonymous or not: not said).
+func (s *Server) refusalsSuppressed(key string, suppressed int) {
+	if key == newTokenLookupsLogKey {
+		s.cfg.Logger.Warn(msgNewTokenLookupsRefused, "suppressed", suppressed)
+		return
+	}
+	tenant, typ, _ := strings.Cut(key, "\x00")
+	s.cfg.Logger.Warn(msgOverShare, "tenant", tenant, "type", typ, "suppressed", suppressed)
+}
 
 // unauthorized is a 401 with the WWW-Authenticate challenge of RFC 6750; code is its error
 // attribute ("" when no token was sent).
@@ -495,7 +544,7 @@ func (s *Server) overShare(r *http.Request, tenant string, authenticated bool, r
 	}
 	s.cfg.Metrics.refusedOverShare(label, refusal.typ)
 	if log, suppressed := s.refusalLog.allow(tenant + "\x00" + refusal.typ); log {
-		s.cfg.Logger.WarnContext(r.Context(), "tenant over its share; refused", "tenant", tenant, "anonymous", !authenticated,
+		s.cfg.Logger.WarnContext(r.Context(), msgOverShare, "tenant", tenant, "anonymous", !authenticated,
 			"type", refusal.typ, "method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 	}
 	return refusal

@@ -71,12 +71,17 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The caller first, before the stream takes a place: a request that fails authentication
 	// (made-up tokens, whose lookups may wait for a place of their own) never holds one of the
 	// replica's stream places, which a tenant's stream would then be refused for. A known token
-	// is cached, a signed URL checked in memory: neither reads Postgres.
-	caller, signed, err := s.streamCaller(r)
+	// is cached, a signed URL checked in memory: neither reads Postgres. A token's lookup is
+	// bounded as a poll's is (authBounded): a made-up one does not hold its connection for as
+	// long as Postgres takes.
+	ar, stop := s.authBounded(r)
+	caller, signed, err := s.streamCaller(ar)
 	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
+		writeError(w, ar, s.cfg.Logger, err)
+		stop()
 		return
 	}
+	stop()
 	// The replica's stream cap next, before any read of the job: streams over it cost Postgres
 	// nothing more.
 	releaseServer, err := s.streams.openServer()

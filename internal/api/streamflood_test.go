@@ -107,3 +107,69 @@ func openStreamAs(ctx context.Context, t *testing.T, base, id, token string) *st
 	}
 	return s
 }
+
+// TestEvents_UnknownTokenLookupIsBounded: a stream's lookup of its bearer token had no bound
+// (a poll's and a submit's wait StoreWait for a connection, or a place among the lookups of new
+// tokens, and StoreTimeout in all): a made-up token's stream held its HTTP connection, and one
+// of api.max_connections, for as long as Postgres took to answer (here: behind a lock of the
+// tenants table), and the one behind it waited for a lookup's place as long. Now the first is
+// answered 503 unavailable at StoreTimeout and the second 503 overloaded at StoreWait, as a
+// poll's would be.
+func TestEvents_UnknownTokenLookupIsBounded(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	// A pool of 4: the lookups of new tokens hold one connection of it.
+	b := setup(t, setupOpts{dbURL: dbURL + "&pool_max_conns=4", tenantTTL: time.Hour,
+		storeWait: 200 * time.Millisecond, storeTimeout: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	job := b.create(t, "")
+
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait() // after the rollback, which ends any lookup still waiting
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	rollback := sync.OnceFunc(func() { require.NoError(t, tx.Rollback(ctx)) })
+	defer rollback()
+	_, err = tx.Exec(ctx, `LOCK TABLE tenants IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	watch, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer watch.Close(context.Background())
+
+	stream := func(answers chan<- submitAnswer) {
+		token, err := secrettoken.New(nil, tenant.BearerTokenPrefix)
+		require.NoError(t, err)
+		wg.Go(func() { answers <- requestWith(ctx, b.url, http.MethodGet, "/v1/jobs/"+job.ID+"/events", token) })
+	}
+	// Within 5 s: StoreTimeout and StoreWait are well under it; unbounded, the lookups wait for
+	// the rollback, after it.
+	answer := func(answers <-chan submitAnswer, what string) submitAnswer {
+		t.Helper()
+		select {
+		case a := <-answers:
+			return a
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no answer within 5 s while the tenants table is locked", what)
+		}
+		return submitAnswer{}
+	}
+	inPostgres := make(chan submitAnswer, 1)
+	stream(inPostgres)
+	// The first lookup waits in Postgres, holding the lookups' place (or is answered already).
+	answered := lockWaitingOrAnswered(ctx, t, watch, inPostgres, 1, "the first lookup")
+	forPlace := make(chan submitAnswer, 1)
+	stream(forPlace)
+	a := answer(forPlace, "the lookup waiting for a place")
+	require.Equal(t, "503 overloaded", a.code, a.body)
+	require.Equal(t, "1", a.retryAfter)
+	if len(answered) == 0 {
+		answered = append(answered, answer(inPostgres, "the lookup waiting in Postgres"))
+	}
+	require.Equal(t, "503 unavailable", answered[0].code, answered[0].body)
+	require.Equal(t, "5", answered[0].retryAfter)
+	rollback()
+}

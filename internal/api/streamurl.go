@@ -80,7 +80,8 @@ func streamTokenError(typ, message string) *httpError {
 // streamCaller authorizes the request for an event stream, reading no job: a signed URL's token
 // when the query has one (signed reports so; checked in memory), else the caller's bearer token
 // (or the anonymous tenant), whose tenant it returns. It comes before the stream takes any place
-// (see events): a request that fails it holds none, however long its token's lookup waits.
+// (see events): a request that fails it holds none, and its token's lookup is bounded as a
+// poll's (events gives it a request of authBounded's).
 func (s *Server) streamCaller(r *http.Request) (caller *tenant.Tenant, signed bool, err error) {
 	tokens, signed := r.URL.Query()["token"]
 	if !signed {
