@@ -40,7 +40,7 @@ func (e *Executor) afterCall(ctx context.Context, up Upstream, adm admission, jo
 	} else {
 		<-heard.done
 	}
-	if call, ok := e.reconcileCall(ctx, up, adm, job, resp, o.StatusCode); ok {
+	if call, ok := e.reconcileCall(ctx, up, adm, job, resp, callErr, o.StatusCode); ok {
 		calls = append(calls, call)
 	}
 	if outcome := breakerOutcome(d); adm.breaker != nil && !heard.toldBreaker(outcome) {
@@ -173,12 +173,18 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 
 // reconcileCall is the call that trues the token buckets up to what the provider counted: the
 // reported usage after an answer, nothing for a 429 (the provider charged nothing), the input
-// alone for another error. With no answer at all, or an answer that reports no usage, the
-// reservation stays charged (the provider counted something, but what is unknown): ok is false
-// then, and when no tokens were reserved. A usage that reports no input keeps the input
-// estimate charged.
-func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response, status int) (redisscript.Call, bool) {
-	if adm.grant == 0 || status == 0 {
+// alone for another error. A stream that failed partway after the provider reported its usage
+// (Anthropic's message_start: llm.FailedUsage) is settled with the provider's input, not the
+// estimate: an error event with the output reported, a cut stream (which may have generated more
+// than it reported) with the output reservation kept. With no answer at all, or an answer that
+// reports no usage, the reservation stays charged (the provider counted something, but what is
+// unknown): ok is false then, and when no tokens were reserved. A usage that reports no input
+// keeps the input estimate charged.
+func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response,
+	callErr error, status int) (redisscript.Call, bool) {
+	partial, partialKnown := llm.FailedUsage(callErr)
+	partialKnown = partialKnown && resp == nil
+	if adm.grant == 0 || (status == 0 && !partialKnown) {
 		return redisscript.Call{}, false
 	}
 	est := adm.est
@@ -201,6 +207,14 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 			actual.InputTokens = est.Input
 		default:
 			e.cfg.Estimator.Observe(up.Name, *est, resp.Usage.PromptInput())
+		}
+	case partialKnown:
+		actual = tokens.Cost{InputTokens: partial.LimitedInput(), OutputTokens: partial.OutputTokens}
+		if est != nil {
+			if status == 0 { // cut: what was generated after the last report is unknown
+				actual.OutputTokens = max(actual.OutputTokens, est.MaxOutput)
+			}
+			e.cfg.Estimator.Observe(up.Name, *est, partial.PromptInput())
 		}
 	case status == 429:
 	case est != nil:

@@ -65,6 +65,10 @@ type StatusError struct {
 	// A 2xx whose whole body is an error object gets its status the same way, with MidStream
 	// false.
 	MidStream bool
+	// Usage is, for a mid-stream error, the usage the stream reported before it (Anthropic
+	// message_start's input tokens and its output so far; OpenAI's usage chunk); zero when none
+	// came, and for any other error.
+	Usage Usage
 }
 
 // Error describes the status, the provider's error type and message.
@@ -108,6 +112,11 @@ type TransportError struct {
 	Op string
 	// Err is the underlying error.
 	Err error
+	// Usage is, for a stream cut partway, the usage it reported before the cut (Anthropic
+	// message_start's input tokens and its output so far; OpenAI's usage chunk, when it came
+	// before data: [DONE]); zero when none came, and for any other failure. The provider may
+	// have counted more output than it reported.
+	Usage Usage
 }
 
 // Error describes the operation and the underlying error.
@@ -136,4 +145,21 @@ func truncate(s string, n int) string {
 		cut--
 	}
 	return s[:cut] + "…"
+}
+
+// FailedUsage returns the usage a failed call's provider reported before it failed (a stream
+// cut partway, or ended by an error event: StatusError.Usage, TransportError.Usage), and whether
+// it reported any input: the provider's own count of the prompt it read, which the caller may
+// settle its token budget with instead of an estimate.
+func FailedUsage(err error) (Usage, bool) {
+	var u Usage
+	var se *StatusError
+	var te *TransportError
+	switch {
+	case errors.As(err, &se):
+		u = se.Usage
+	case errors.As(err, &te):
+		u = te.Usage
+	}
+	return u, u.PromptInput() > 0
 }

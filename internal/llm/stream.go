@@ -61,6 +61,10 @@ type assembler interface {
 	event(name string, data []byte, emit func(Delta), end func(index int)) (done bool, err error)
 	// message returns the assembled body and its usage object.
 	message() (body []byte, usage json.RawMessage, err error)
+	// usageSoFar returns the usage object the events so far reported (Anthropic message_start's,
+	// updated by message_delta; OpenAI's usage chunk), nil when none did: what a stream that
+	// failed before its end marker is known to have counted.
+	usageSoFar() json.RawMessage
 	// kept returns about how many bytes of the events so far the assembler keeps (the pieces
 	// message builds on), at least as many as it holds: a stream's bytes are many times its
 	// answer's (each Chat Completions chunk repeats the envelope, ~300 bytes for a token).
@@ -428,13 +432,24 @@ type midStreamError struct {
 
 func (e *midStreamError) Error() string { return "llm: stream error event " + e.typ + ": " + e.msg }
 
+// usageSoFar is the usage the events asm read reported; zero when none did.
+func (c *client) usageSoFar(asm assembler) Usage {
+	raw := asm.usageSoFar()
+	if len(raw) == 0 {
+		return Usage{}
+	}
+	return c.d.usage(raw)
+}
+
 // finishStream reads a 2xx event stream and returns the assembled answer as a non-streaming
 // call would: Body the message (the key masked), Usage from the stream's usage, TimeToFirstByte
 // the time to the first delta. A mid-stream error event is a *StatusError (MidStream), a cut
-// stream a *TransportError, a stream we cannot assemble an ErrDecode with the *Response.
+// stream a *TransportError, each with the Usage the events before reported; a stream we cannot
+// assemble an ErrDecode with the *Response.
 func (c *client) finishStream(ctx context.Context, resp *http.Response, limit int64, hold *answerHold,
 	firstByte *time.Timer, onDelta func(Delta), start time.Time, rl RateLimit) (*Response, error) {
-	sr := c.readStream(ctx, resp.Body, c.d.assembler(), limit, hold, firstByte, onDelta)
+	asm := c.d.assembler()
+	sr := c.readStream(ctx, resp.Body, asm, limit, hold, firstByte, onDelta)
 	latency := max(c.now().Sub(start), 0)
 	ttfb := latency
 	if !sr.first.IsZero() {
@@ -444,9 +459,16 @@ func (c *client) finishStream(ctx context.Context, resp *http.Response, limit in
 	var mse *midStreamError
 	switch {
 	case sr.readErr != nil:
-		return nil, c.transportError(ctx, "read response stream", sr.readErr)
+		err := c.transportError(ctx, "read response stream", sr.readErr)
+		var te *TransportError
+		if errors.As(err, &te) {
+			te.Usage = c.usageSoFar(asm)
+		}
+		return nil, err
 	case errors.As(sr.err, &mse):
-		return nil, c.streamError(mse.typ, mse.code, mse.msg, header, rl, latency, ttfb)
+		se := c.streamError(mse.typ, mse.code, mse.msg, header, rl, latency, ttfb)
+		se.Usage = c.usageSoFar(asm)
+		return nil, se
 	}
 	out := &Response{StatusCode: resp.StatusCode, Header: header, RateLimit: rl, Latency: latency, TimeToFirstByte: ttfb}
 	if sr.err != nil {

@@ -279,6 +279,13 @@ func (a *anthropicAssembler) setUsage(k string, v json.RawMessage) {
 	a.usage[k] = v
 }
 
+func (a *anthropicAssembler) usageSoFar() json.RawMessage {
+	if a.usage == nil {
+		return nil
+	}
+	return mustMarshal(a.usage)
+}
+
 func (a *anthropicAssembler) message() ([]byte, json.RawMessage, error) {
 	if a.msg == nil {
 		return nil, nil, fmt.Errorf("%w: stream ended without message_start", ErrDecode)

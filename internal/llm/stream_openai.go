@@ -377,6 +377,8 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 }
 
+func (a *openAIAssembler) usageSoFar() json.RawMessage { return a.usage }
+
 func (a *openAIAssembler) message() ([]byte, json.RawMessage, error) {
 	if a.top == nil {
 		return nil, nil, fmt.Errorf("%w: stream ended without a chunk", ErrDecode)
