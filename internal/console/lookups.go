@@ -18,13 +18,13 @@ const maxKnownSessions = 10_000
 
 // lookupGate caps the console's lookups in Postgres of credentials that anybody can make up: the
 // operator tokens of logins, and the session cookies this process has neither opened nor found
-// live. Each is
-// a statement on a connection of the pool the API shares, sent before anything says who the
-// client is: without a cap, a client with no credentials (made-up cookies, or logins) held as
-// many connections as it had requests in flight, each as long as Postgres took to answer, and
-// every tenant's submits, polls and cancels waited behind them until their bound (503
-// overloaded). A session cookie opened by this process's login, or found live once, is looked
-// up again without a place: those are an operator's, one lookup a request, as before. It is safe for concurrent use.
+// live. Each is a statement on a connection of the pool the API shares, sent before anything
+// says who the client is: without a cap, a client with no credentials (made-up cookies, or
+// logins) held as many connections as it had requests in flight, each as long as Postgres took
+// to answer, and every tenant's submits, polls and cancels waited behind them until their bound
+// (503 overloaded). A session cookie opened by this process's login, or found live once, is
+// looked up again without a place: those are an operator's, one lookup a request, as before. It
+// is safe for concurrent use.
 type lookupGate struct {
 	places chan struct{}
 	wait   time.Duration
