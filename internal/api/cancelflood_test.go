@@ -69,7 +69,7 @@ func TestCancel_OneTenantsFloodLeavesRoomForOthers(t *testing.T) {
 		wg.Go(func() { answers <- requestWith(ctx, b.url, http.MethodDelete, "/v1/jobs/"+job.ID, tokenA) })
 	}
 	// Every cancel of a's is either waiting for the row in Postgres or answered.
-	answered := lockWaitingOrAnswered(ctx, t, watch, answers, flood, "a's cancels")
+	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "a's cancels")
 
 	// b is served while a's flood holds on.
 	got := requestWith(ctx, b.url, http.MethodGet, missing, tokenB)

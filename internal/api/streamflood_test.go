@@ -65,7 +65,7 @@ func TestEvents_UnknownTokenFloodTakesNoStreamPlace(t *testing.T) {
 		require.NoError(t, err)
 		wg.Go(func() { answers <- requestWith(ctx, b.url, http.MethodGet, "/v1/jobs/"+job.ID+"/events", token) })
 	}
-	answered := lockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
+	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
 	require.Empty(t, answered, "the flood's lookups wait in Postgres")
 
 	// b's stream is served while the flood waits.
@@ -160,7 +160,7 @@ func TestEvents_UnknownTokenLookupIsBounded(t *testing.T) {
 	inPostgres := make(chan submitAnswer, 1)
 	stream(inPostgres)
 	// The first lookup waits in Postgres, holding the lookups' place (or is answered already).
-	answered := lockWaitingOrAnswered(ctx, t, watch, inPostgres, 1, "the first lookup")
+	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, inPostgres, 1, "the first lookup")
 	forPlace := make(chan submitAnswer, 1)
 	stream(forPlace)
 	a := answer(forPlace, "the lookup waiting for a place")

@@ -85,7 +85,7 @@ func TestSubmit_OneTenantsKeyedFloodLeavesRoomForOthers(t *testing.T) {
 		wg.Go(func() { answers <- submitWith(ctx, b.url, body, "flood", tokenA) })
 	}
 	// Every submit of a's is either waiting for the claim in Postgres or answered.
-	answered := lockWaitingOrAnswered(ctx, t, watch, answers, flood, "a's submits")
+	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "a's submits")
 
 	// b is served while a's flood holds on.
 	got := submitWith(ctx, b.url, body, "b-1", tokenB)
@@ -121,26 +121,6 @@ func TestSubmit_OneTenantsKeyedFloodLeavesRoomForOthers(t *testing.T) {
 	perTenant, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"a:queued", "b:queued"}, perTenant)
-}
-
-// lockWaitingOrAnswered waits, until ctx ends (then fails the test naming what), for each of n
-// requests to be either answered on answers or waiting for a lock in Postgres (counted on watch,
-// a connection of its own), and returns the answers it took.
-func lockWaitingOrAnswered(ctx context.Context, t *testing.T, watch *pgx.Conn, answers <-chan submitAnswer, n int, what string) []submitAnswer {
-	t.Helper()
-	var answered []submitAnswer
-	for waiting := 0; waiting+len(answered) < n; {
-		select {
-		case a := <-answers:
-			answered = append(answered, a)
-		case <-time.After(10 * time.Millisecond):
-		case <-ctx.Done():
-			t.Fatalf("%s: %d waiting in Postgres, answered %v", what, waiting, answered)
-		}
-		require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
-	}
-	return answered
 }
 
 // submitAnswer is a submit's status and error type ("202 " for none), its Retry-After and body.

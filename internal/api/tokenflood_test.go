@@ -76,7 +76,7 @@ func TestAuth_UnknownTokenFloodLeavesRoomForOthers(t *testing.T) {
 		wg.Go(func() { answers <- requestWith(ctx, b.url, http.MethodGet, missing, token) })
 	}
 	// Every lookup of the flood is either waiting in Postgres or answered.
-	answered := lockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
+	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
 
 	// b is served while the flood holds on.
 	got := requestWith(ctx, b.url, http.MethodGet, missing, tokenB)

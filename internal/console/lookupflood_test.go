@@ -17,6 +17,7 @@ import (
 
 	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/operator"
+	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/secrettoken"
 )
 
@@ -81,18 +82,7 @@ func TestSession_MadeUpCookieFloodLeavesRoomForOthers(t *testing.T) {
 		wg.Go(func() { answers <- sessionWith(ctx, b.srv.URL, cookie) })
 	}
 	// Every lookup of the flood is either waiting in Postgres or answered.
-	var answered []cookieAnswer
-	for waiting := 0; waiting+len(answered) < flood; {
-		select {
-		case a := <-answers:
-			answered = append(answered, a)
-		case <-time.After(10 * time.Millisecond):
-		case <-ctx.Done():
-			t.Fatalf("the flood's lookups: %d waiting in Postgres, answered %v", waiting, answered)
-		}
-		require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
-	}
+	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
 
 	// The pool has room for its other users while the flood holds on.
 	acquireCtx, cancelAcquire := context.WithTimeout(ctx, 2*time.Second)
@@ -188,18 +178,7 @@ func TestLogin_MadeUpTokenFloodLeavesRoomForOthers(t *testing.T) {
 		require.NoError(t, err)
 		wg.Go(func() { answers <- loginWith(ctx, b.srv.URL, token) })
 	}
-	var answered []cookieAnswer
-	for waiting := 0; waiting+len(answered) < flood; {
-		select {
-		case a := <-answers:
-			answered = append(answered, a)
-		case <-time.After(10 * time.Millisecond):
-		case <-ctx.Done():
-			t.Fatalf("the flood's logins: %d waiting in Postgres, answered %v", waiting, answered)
-		}
-		require.NoError(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting))
-	}
+	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's logins")
 
 	// The pool has room for its other users while the flood holds on.
 	acquireCtx, cancelAcquire := context.WithTimeout(ctx, 2*time.Second)
