@@ -415,24 +415,23 @@ SELECT ` + jobColumnsNoRequest + ` FROM j`,
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.
 func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
-	if !ValidID(id) {
-		return nil, ErrNotFound
-	}
-	j, err := s.queryJob(ctx, id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id)
-	if err != nil && !errors.Is(err, ErrNotFound) {
-		return nil, fmt.Errorf("get job: %w", err)
-	}
-	return j, err
+	return s.get(ctx, id, jobColumns)
 }
 
 // GetWithoutRequest is Get without the job's request (Request is nil): for a reader that sends
 // the job's state but never its body (an event stream's reads), so that a body of up to
 // api.max_body_bytes does not travel from Postgres at every read.
 func (s *Store) GetWithoutRequest(ctx context.Context, id string) (*Job, error) {
+	return s.get(ctx, id, jobColumnsNoRequest)
+}
+
+// get reads the job with that ID, its columns (jobColumns or jobColumnsNoRequest), or
+// ErrNotFound, for a malformed ID too.
+func (s *Store) get(ctx context.Context, id, columns string) (*Job, error) {
 	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
-	j, err := s.queryJob(ctx, id, `SELECT `+jobColumnsNoRequest+` FROM jobs WHERE id = $1`, id)
+	j, err := s.queryJob(ctx, id, `SELECT `+columns+` FROM jobs WHERE id = $1`, id)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("get job: %w", err)
 	}
