@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +40,14 @@ type Metrics struct {
 	// tokenLookupsRefused counts the requests answered 503 overloaded for want of a place among
 	// the lookups of bearer tokens never known (tenant.ErrNewTokenLookupsFull).
 	tokenLookupsRefused prometheus.Counter
+
+	// submitSeries holds each credential's llmq_jobs_submitted_total series (name →
+	// prometheus.Counter), and stageSeries each stage's llmq_submit_stage_duration_seconds one,
+	// looked up once: the vectors' lookups (a hash of the labels and a search under a lock) were
+	// ~2.6 k instructions of a job's (issue 23). Each is made on its first use, as the lookup made
+	// it; the vectors keep every series anyway, so holding them grows nothing new.
+	submitSeries sync.Map
+	stageSeries  [2]func() prometheus.Observer // SubmitStageCreate's, SubmitStageEnqueue's
 }
 
 // Stages of a submit, the label values of llmq_submit_stage_duration_seconds. Both lie within
@@ -96,6 +105,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Requests answered 503 overloaded because the Postgres lookups of bearer tokens this process never knew as a tenant's " +
 			"(made-up tokens; a new or rotated token's first request) held their share of the pool (a quarter) for the whole wait.",
 	})
+	for i, stage := range [...]string{SubmitStageCreate, SubmitStageEnqueue} {
+		m.stageSeries[i] = sync.OnceValue(func() prometheus.Observer { return m.submitStages.WithLabelValues(stage) })
+	}
 	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals, m.openStreams, m.rejectedStreams, m.tokenLookupsRefused)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
@@ -117,8 +129,9 @@ func (m *Metrics) initCredentials(names []string) {
 		m.submits.WithLabelValues(name)
 		m.finished.WithLabelValues(name, string(jobs.StatusCanceled))
 	}
-	m.submitStages.WithLabelValues(SubmitStageCreate)
-	m.submitStages.WithLabelValues(SubmitStageEnqueue)
+	for _, series := range m.stageSeries {
+		series()
+	}
 	m.rejectedStreams.WithLabelValues(streamsRejectedServer)
 	m.rejectedStreams.WithLabelValues(streamsRejectedTenant)
 }
@@ -138,9 +151,14 @@ func (m *Metrics) streamRejected(reason string) {
 }
 
 func (m *Metrics) submitted(credential string) {
-	if m != nil {
-		m.submits.WithLabelValues(credential).Inc()
+	if m == nil {
+		return
 	}
+	c, ok := m.submitSeries.Load(credential)
+	if !ok {
+		c, _ = m.submitSeries.LoadOrStore(credential, m.submits.WithLabelValues(credential))
+	}
+	c.(prometheus.Counter).Inc()
 }
 
 func (m *Metrics) refusedOverShare(tenant, typ string) {
@@ -180,9 +198,10 @@ func (m *Metrics) instrument(route string, h http.Handler, logger *slog.Logger) 
 		}
 		codes = m.responses.MustCurryWith(prometheus.Labels{"route": route})
 	}
+	var series codeSeries
 	count := func(status int) {
 		if codes != nil {
-			codes.WithLabelValues(strconv.Itoa(status)).Inc()
+			series.get(codes, status).Inc()
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -206,6 +225,32 @@ func (m *Metrics) instrument(route string, h http.Handler, logger *slog.Logger) 
 		}()
 		h.ServeHTTP(sw, r)
 	})
+}
+
+// codeSeries is one route's llmq_http_responses_total series by status code, looked up in the
+// vector once per code (issue 23: a lookup per answer hashed the labels and searched under a
+// lock). A route answers a handful of codes.
+type codeSeries struct {
+	mu     sync.RWMutex
+	byCode map[int]prometheus.Counter
+}
+
+// get is the series of status in codes (the route's curried vector), made on its first use.
+func (s *codeSeries) get(codes *prometheus.CounterVec, status int) prometheus.Counter {
+	s.mu.RLock()
+	c, ok := s.byCode[status]
+	s.mu.RUnlock()
+	if ok {
+		return c
+	}
+	c = codes.WithLabelValues(strconv.Itoa(status))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byCode == nil {
+		s.byCode = map[int]prometheus.Counter{}
+	}
+	s.byCode[status] = c // the vector's one series: a racing get stored the same
+	return c
 }
 
 // statusWriter keeps the status of the answer written through it (0: none begun yet).
@@ -244,9 +289,17 @@ func rootWriter(w http.ResponseWriter) http.ResponseWriter {
 	}
 }
 
-// submitStage records that a submit spent d in stage.
+// submitStage records that a submit spent d in stage (SubmitStageCreate, SubmitStageEnqueue).
 func (m *Metrics) submitStage(stage string, d time.Duration) {
-	if m != nil {
+	if m == nil {
+		return
+	}
+	switch stage {
+	case SubmitStageCreate:
+		m.stageSeries[0]().Observe(d.Seconds())
+	case SubmitStageEnqueue:
+		m.stageSeries[1]().Observe(d.Seconds())
+	default:
 		m.submitStages.WithLabelValues(stage).Observe(d.Seconds())
 	}
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -236,3 +237,46 @@ func TestMetrics_OversizeBodyStillClosesTheConnection(t *testing.T) {
 	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 	require.True(t, resp.Close, "Connection: close")
 }
+
+// TestMetrics_PerJobSeriesAreKept: a submit's series (its credential's submits, its two stages)
+// and an answer's (its route and code) are looked up in their vectors once, not per job (issue
+// 23: the lookups hashed the labels and searched under a lock, and allocated), and still count
+// where the lookups did, a credential never configured and a code never answered included.
+func TestMetrics_PerJobSeriesAreKept(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.initCredentials([]string{"primary"})
+	h := m.instrument("POST /v1/jobs", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+	}), slog.New(slog.DiscardHandler))
+	w := &discardWriter{header: http.Header{}}
+	r := httptest.NewRequest(http.MethodPost, "/v1/jobs", nil)
+	job := func() {
+		m.submitStage(SubmitStageCreate, time.Millisecond)
+		m.submitted("primary")
+		m.submitStage(SubmitStageEnqueue, time.Millisecond)
+		w.status = 0
+		h.ServeHTTP(w, r)
+	}
+	job() // the first answer of a code makes its series
+	allocs := testing.AllocsPerRun(50, job)
+	require.LessOrEqual(t, allocs, 1.0, "allocations per job's metrics (the instrument's statusWriter's 1)")
+	m.submitted("unconfigured")
+	m.submitted("unconfigured")
+	require.Equal(t, 52.0, testutil.ToFloat64(m.submits.WithLabelValues("primary")))
+	require.Equal(t, 2.0, testutil.ToFloat64(m.submits.WithLabelValues("unconfigured")))
+	require.Equal(t, 52.0, testutil.ToFloat64(m.responses.WithLabelValues("POST /v1/jobs", "202")))
+	require.Equal(t, 2, testutil.CollectAndCount(m.submitStages))
+	m.submitStage("other", time.Millisecond) // not a stage of ours: looked up as before
+	require.Equal(t, 3, testutil.CollectAndCount(m.submitStages))
+}
+
+// discardWriter is a ResponseWriter that keeps nothing but a status, allocating nothing.
+type discardWriter struct {
+	header http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.header }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(code int)        { w.status = code }

@@ -259,3 +259,25 @@ func TestEstimator_MadeUpModelsForgetTheirTenantsOwn(t *testing.T) {
 	require.Equal(t, 2.0, e.Ratio("main", "b", "claude"))
 	require.Equal(t, 3.0, e.Ratio("main", "m", "real"))
 }
+
+// TestEstimator_ObserveKeepsItsSeries: an answer's ratio is observed in its credential's series,
+// looked up once rather than per answer (issue 23), each credential in its own, and learning
+// from an answer of a known credential, tenant and model allocates nothing.
+func TestEstimator_ObserveKeepsItsSeries(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
+	reg := prometheus.NewRegistry()
+	e, err := estimator.New(&estimator.Config{Metrics: estimator.NewMetrics(reg)})
+	require.NoError(t, err)
+	est := estimator.Estimate{Model: "claude", Raw: 100, Input: 125}
+	e.Observe("main", est, 100)
+	allocs := testing.AllocsPerRun(50, func() { e.Observe("main", est, 100) })
+	require.Zero(t, allocs)
+	e.Observe("other", est, 250)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	require.Len(t, mfs, 1)
+	counts := map[string]uint64{}
+	for _, m := range mfs[0].GetMetric() {
+		counts[m.GetLabel()[0].GetValue()] = m.GetHistogram().GetSampleCount()
+	}
+	require.Equal(t, map[string]uint64{"main": 52, "other": 1}, counts)
+}

@@ -25,6 +25,10 @@ func (anthropic) setHeaders(h http.Header, apiKey string) {
 func (anthropic) rateLimit(h http.Header, _ time.Time) RateLimit { return parseAnthropicRateLimit(h) }
 
 func (anthropic) usage(raw json.RawMessage) Usage {
+	var n [4]int
+	if readInts(raw, anthropicUsage, n[:]) {
+		return Usage{InputTokens: n[0], OutputTokens: n[1], CacheCreationInputTokens: n[2], CacheReadInputTokens: n[3]}
+	}
 	var u Usage
 	_ = json.Unmarshal(raw, &u) // best effort: a malformed usage object leaves zeros
 	return u

@@ -23,6 +23,10 @@ func (openAI) rateLimit(h http.Header, received time.Time) RateLimit {
 }
 
 func (openAI) usage(raw json.RawMessage) Usage {
+	var n [2]int
+	if readInts(raw, openAIUsage, n[:]) {
+		return Usage{InputTokens: n[0], OutputTokens: n[1]}
+	}
 	var u struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/llmq/llmq/internal/jsonscan"
 )
 
 // openAIAssembler reads the Chat Completions stream: data-only chat.completion.chunk events whose
@@ -204,7 +206,7 @@ func topLevelMembers(data []byte, f func(key, value []byte) bool) bool {
 		if len(p) > 0 && p[0] == ',' {
 			p = bytes.TrimLeft(p[1:], " \t\r\n")
 		}
-		end := jsonValueEnd(p)
+		end := jsonscan.ValueEnd(p, 0)
 		if end < 2 {
 			return false
 		}
@@ -214,49 +216,12 @@ func topLevelMembers(data []byte, f func(key, value []byte) bool) bool {
 			return false
 		}
 		p = bytes.TrimLeft(p[1:], " \t\r\n")
-		end = jsonValueEnd(p)
+		end = jsonscan.ValueEnd(p, 0)
 		if end == 0 || !f(key, p[:end]) {
 			return false
 		}
 		p = p[end:]
 	}
-}
-
-// jsonValueEnd returns the length of the JSON value that starts p (valid JSON), 0 if none does.
-func jsonValueEnd(p []byte) int {
-	if len(p) == 0 {
-		return 0
-	}
-	depth, inString := 0, false
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		switch {
-		case inString:
-			if c == '\\' {
-				i++
-			} else if c == '"' {
-				inString = false
-				if depth == 0 {
-					return i + 1
-				}
-			}
-		case c == '"':
-			inString = true
-		case c == '{' || c == '[':
-			depth++
-		case c == '}' || c == ']':
-			if depth == 0 {
-				return i // the end of the enclosing value
-			}
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-		case depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n'):
-			return i
-		}
-	}
-	return len(p)
 }
 
 func (a *openAIAssembler) kept() int64 { return a.n }

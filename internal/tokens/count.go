@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -62,33 +61,48 @@ type Request struct {
 // an unknown provider. An integral number written with a fraction or an exponent (4096.0, 4.096e3)
 // is that integer, as the providers read it (their JSON Schema's "integer").
 func Count(provider string, body []byte) (Request, error) {
+	return count(provider, body, true)
+}
+
+// fields is the parts of a request body Count reads, each raw (a slice of the body, or a copy).
+type fields struct {
+	Model               json.RawMessage `json:"model"`
+	Messages            []messageFields `json:"messages"`
+	System              json.RawMessage `json:"system"`
+	Tools               json.RawMessage `json:"tools"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	N                   json.RawMessage `json:"n"`
+	ResponseFormat      json.RawMessage `json:"response_format"`
+}
+
+// messageFields is the parts of a message Count reads.
+type messageFields struct {
+	Content   json.RawMessage `json:"content"`
+	ToolCalls json.RawMessage `json:"tool_calls"`
+}
+
+// count is Count; fast reads the usual body with scanBody rather than json.Unmarshal (tests
+// compare the two).
+func count(provider string, data []byte, fast bool) (Request, error) {
 	if provider != ProviderAnthropic && provider != ProviderOpenAI {
 		return Request{}, fmt.Errorf("count tokens: unknown provider %q", provider)
 	}
 	// One parse of the body, messages included (their contents stay raw).
-	var raw struct {
-		Model    json.RawMessage `json:"model"`
-		Messages []struct {
-			Content   json.RawMessage `json:"content"`
-			ToolCalls json.RawMessage `json:"tool_calls"`
-		} `json:"messages"`
-		System              json.RawMessage `json:"system"`
-		Tools               json.RawMessage `json:"tools"`
-		MaxTokens           json.RawMessage `json:"max_tokens"`
-		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
-		N                   json.RawMessage `json:"n"`
-		ResponseFormat      json.RawMessage `json:"response_format"`
-	}
-	if err := json.Unmarshal(body, &raw); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field == "messages" {
-			return Request{}, fmt.Errorf("%w: messages is not an array of messages", ErrInvalidRequest)
+	var raw fields
+	if !fast || !scanBody(data, &raw) {
+		raw = fields{}
+		if err := json.Unmarshal(data, &raw); err != nil {
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) && te.Field == "messages" {
+				return Request{}, fmt.Errorf("%w: messages is not an array of messages", ErrInvalidRequest)
+			}
+			return Request{}, fmt.Errorf("%w: body is not a JSON object: %w", ErrInvalidRequest, err)
 		}
-		return Request{}, fmt.Errorf("%w: body is not a JSON object: %w", ErrInvalidRequest, err)
 	}
 	var r Request
 	if !isNull(raw.Model) {
-		_ = json.Unmarshal(raw.Model, &r.Model) // a non-string model is only a worse label
+		r.Model = model(raw.Model)
 	}
 	for i, m := range raw.Messages {
 		n, err := textBytes(m.Content, false)
@@ -153,6 +167,9 @@ func Count(provider string, body []byte) (Request, error) {
 // or an exponent (4096.0, 4.096e3) is the integer it equals; a string, a fraction (1.5) or a
 // number out of range is not.
 func integer(raw json.RawMessage, limit int) (int, bool) {
+	if n, ok := digits(raw); ok { // the common case, read without json's reflection
+		return n, n >= 1 && n <= limit
+	}
 	var n int64
 	if json.Unmarshal(raw, &n) == nil {
 		return int(n), n >= 1 && n <= int64(limit)
@@ -162,6 +179,41 @@ func integer(raw json.RawMessage, limit int) (int, bool) {
 		return 0, false
 	}
 	return int(f), true
+}
+
+// digits reads raw as a plain integer: up to 18 decimal digits, nothing else (no sign, fraction,
+// exponent or white space: integer's json.Unmarshal reads those). Valid JSON has no leading zero.
+func digits(raw []byte) (int, bool) {
+	if len(raw) == 0 || len(raw) > 18 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+// model reads raw, a JSON value, as the request's model: a string as json.Unmarshal decodes it
+// ("" for any other value: a non-string model is only a worse label). A string without escapes
+// in valid UTF-8, the usual one, is copied without json's reflection.
+func model(raw []byte) string {
+	if isString(raw) {
+		if s := raw[1 : len(raw)-1]; bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
+			return string(s)
+		}
+	}
+	var m string
+	_ = json.Unmarshal(raw, &m)
+	return m
+}
+
+// isString reports whether raw, a valid JSON value, is a string (without white space around it).
+func isString(raw []byte) bool {
+	return len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"'
 }
 
 // toolCallBytes is the byte length of an OpenAI assistant message's tool_calls: each call's
@@ -194,9 +246,8 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 	if isNull(raw) {
 		return 0, nil
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return len(s), nil
+	if isString(raw) {
+		return decodedLen(raw), nil // its length, without decoding it into a string
 	}
 	var blocks []struct {
 		Type    string          `json:"type"`
@@ -279,9 +330,11 @@ func (n *stringLen) UnmarshalJSON(raw []byte) error {
 	return nil
 }
 
-// decodedLen is the byte length of raw, a valid JSON value, decoded as a string: an escape counts
-// the bytes it stands for (\uXXXX the UTF-8 length of its character, a surrogate pair 4, a lone
-// surrogate 3: the replacement character). Not a string: 0. No allocation.
+// decodedLen is the byte length of raw, a valid JSON value, decoded as a string (json.Unmarshal's
+// length): an escape counts the bytes it stands for (\uXXXX the UTF-8 length of its character, a
+// surrogate pair 4, a lone surrogate 3: the replacement character), and so does a byte that is
+// not UTF-8 (3: json.Unmarshal makes it the replacement character). Not a string: 0. No
+// allocation.
 func decodedLen(raw []byte) int {
 	if len(raw) < 2 || raw[0] != '"' {
 		return 0
@@ -291,9 +344,9 @@ func decodedLen(raw []byte) int {
 	for {
 		i := bytes.IndexByte(s, '\\')
 		if i < 0 {
-			return n + len(s)
+			return n + utf8Len(s)
 		}
-		n += i
+		n += utf8Len(s[:i])
 		if s[i+1] != 'u' {
 			n++ // \n, \", \\ ...: one byte
 			s = s[i+2:]
@@ -312,6 +365,25 @@ func decodedLen(raw []byte) int {
 			n += utf8.RuneLen(r)
 		}
 	}
+}
+
+// utf8Len is the length of s, unescaped JSON string text, once each byte that is not UTF-8 is
+// the replacement character (3 bytes), as json.Unmarshal decodes it.
+func utf8Len(s []byte) int {
+	if utf8.Valid(s) {
+		return len(s)
+	}
+	n := 0
+	for len(s) > 0 {
+		r, size := utf8.DecodeRune(s)
+		if r == utf8.RuneError && size == 1 {
+			n += 3
+		} else {
+			n += size
+		}
+		s = s[size:]
+	}
+	return n
 }
 
 // hex4 reads four hex digits (valid JSON has them after \u).
@@ -352,6 +424,6 @@ func compactLen(raw []byte) int {
 }
 
 func isNull(raw json.RawMessage) bool {
-	s := strings.TrimSpace(string(raw))
-	return s == "" || s == "null"
+	s := bytes.TrimSpace(raw) // not a string: that would copy a content to look at its ends
+	return len(s) == 0 || string(s) == "null"
 }

@@ -263,7 +263,8 @@ func TestCount_ToolCallsAndDocuments(t *testing.T) {
 // included, as its text would.
 func TestCount_DocumentTextEscapes(t *testing.T) {
 	t.Parallel()
-	for _, data := range []string{`plain`, `a\"\\\/\b\f\n\r\t`, `\u00e9\u20AC\ud83d\ude00`, `x\ud83d`, `\udc00y`, `\ud83d\u0041`, ``} {
+	for _, data := range []string{`plain`, `a\"\\\/\b\f\n\r\t`, `\u00e9\u20AC\ud83d\ude00`, `x\ud83d`, `\udc00y`, `\ud83d\u0041`, ``,
+		"not \xffUTF-8\xe2\x82", "\xc3\xa9\xf0\x9f\x98\x80\\n\xed\xa0\x80"} {
 		var want string
 		require.NoError(t, json.Unmarshal([]byte(`"`+data+`"`), &want))
 		r, err := tokens.Count(tokens.ProviderAnthropic, []byte(`{"max_tokens":5,"messages":[{"role":"user","content":[
@@ -296,4 +297,68 @@ func TestCount_ResponseFormatSchema(t *testing.T) {
 	_, err = tokens.Count(tokens.ProviderOpenAI, []byte(`{"response_format":"json","messages":[]}`))
 	require.ErrorIs(t, err, tokens.ErrInvalidRequest)
 	require.ErrorContains(t, err, "response_format: must be an object")
+}
+
+// TestCount_StringsAsDecoded: a string content, system and model are read without decoding them
+// (Count's allocations), and still count what json.Unmarshal decodes them to: escapes, surrogates,
+// bytes that are not UTF-8 (each the 3-byte replacement character), multibyte characters.
+func TestCount_StringsAsDecoded(t *testing.T) {
+	t.Parallel()
+	for _, text := range []string{`plain`, `a\"\\\/\b\f\n\r\t`, `\u00e9\u20AC\ud83d\ude00`, `x\ud83d`, `\udc00y`, `\ud83d\u0041`, ``,
+		"not \xffUTF-8\xe2\x82", "\xc3\xa9\xf0\x9f\x98\x80\\n\xed\xa0\x80", "\xef\xbf\xbd\x80"} {
+		var want string
+		require.NoError(t, json.Unmarshal([]byte(`"`+text+`"`), &want))
+		for _, provider := range []string{tokens.ProviderAnthropic, tokens.ProviderOpenAI} {
+			r, err := tokens.Count(provider, []byte(`{"model":"`+text+`","max_tokens":5,"system":"`+text+`",`+
+				`"messages":[{"role":"user","content":"`+text+`"}]}`))
+			require.NoError(t, err, text)
+			require.Equal(t, want, r.Model, text)
+			system := 0
+			if provider == tokens.ProviderAnthropic {
+				system = len(want)
+			}
+			require.Equal(t, len(want)+system, r.TextBytes, text)
+		}
+	}
+	for _, body := range []string{`{"model":7,"messages":[]}`, `{"model":["m"],"messages":[]}`, `{"model":{"a":"b"},"messages":[]}`} {
+		r, err := tokens.Count(tokens.ProviderAnthropic, []byte(body))
+		require.NoError(t, err, body)
+		require.Empty(t, r.Model, body)
+	}
+}
+
+// TestCount_PlainIntegers: a max_tokens of plain digits is read without json's reflection, with
+// the same limits: up to 2^31-1, and not 0.
+func TestCount_PlainIntegers(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]int{
+		`{"max_tokens":1,"messages":[]}`: 1, `{"max_tokens":2147483647,"messages":[]}`: 2147483647,
+		`{"max_tokens": 16 ,"messages":[]}`: 16,
+	} {
+		r, err := tokens.Count(tokens.ProviderAnthropic, []byte(body))
+		require.NoError(t, err, body)
+		require.Equal(t, want, r.MaxOutput, body)
+	}
+	for _, body := range []string{`{"max_tokens":0,"messages":[]}`, `{"max_tokens":2147483648,"messages":[]}`,
+		`{"max_tokens":123456789012345678,"messages":[]}`, `{"max_tokens":99999999999999999999,"messages":[]}`,
+		`{"max_tokens":-5,"messages":[]}`} {
+		_, err := tokens.Count(tokens.ProviderAnthropic, []byte(body))
+		require.ErrorContains(t, err, "max_tokens must be a positive integer", body)
+	}
+}
+
+// TestCount_Allocs pins the allocations of counting a small chat request, which the API makes at
+// submit and the worker at every admission: 20 when json.Unmarshal decoded the body, and the
+// content, model and max_tokens each again (issue 23).
+func TestCount_Allocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops json.Valid's scanner at random: allocations vary")
+	}
+	body := []byte(`{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"bench request 7"}]}`)
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := tokens.Count(tokens.ProviderAnthropic, body); err != nil {
+			panic(err)
+		}
+	})
+	require.LessOrEqual(t, allocs, 3.0)
 }
