@@ -592,32 +592,20 @@ func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant) (*jobs.Job, error) {
 // shared with its keyed submits): a cancel's transaction waits in Postgres for its job's row
 // lock, and a tenant's flood of them (the same DELETE resent, each behind the last) took every
 // connection of the pool. One over them waits up to StoreWait for a place, then is answered 429
-// too_many_cancels with Retry-After. The job's read comes first, outside the places, as a poll's:
-// a cancel of a job missing or ended (but dead) has no transition to make, and is answered
-// without one, whatever its tenant's other requests hold.
+// too_many_cancels with Retry-After. See cancelStage for when the job is read before.
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
-	job, err := s.job(r)
+	tn, err := s.tenant(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	switch {
-	case job.Status == jobs.StatusCanceled:
-		// Canceled before: not counted again, nothing to abort (the first cancel did).
-		writeJSON(w, http.StatusOK, s.answer(job))
-		return
-	case job.Status.Terminal() && job.Status != jobs.StatusDead:
-		// An end no status follows: jobs.Store.Cancel's answer, without its transaction.
-		writeError(w, r, s.cfg.Logger, &jobs.TerminalError{Status: job.Status})
-		return
-	}
-	job, canceled, err := s.cancelStage(r, job.Tenant, job.ID)
+	job, canceled, err := s.cancelStage(r, tn)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
 	if !canceled {
-		// Canceled meanwhile: not counted again, nothing to abort (that cancel did).
+		// Canceled before: not counted again, nothing to abort (that cancel did).
 		writeJSON(w, http.StatusOK, s.answer(job))
 		return
 	}
@@ -633,21 +621,40 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.answer(job))
 }
 
-// cancelStage is a cancel's transition of tenantName's job id (jobs.Store.Cancel), within one
-// of tenantName's places of Server.keyed. It returns the job, and whether this cancel ended it (false:
-// another cancel did meanwhile, and the job is as it is now).
-func (s *Server) cancelStage(r *http.Request, tenantName, id string) (job *jobs.Job, canceled bool, err error) {
-	release, err := s.keyed.enter(r.Context(), tenantName, s.cfg.StoreWait, tooManyCancels)
-	if err != nil {
-		var he *httpError
-		if errors.As(err, &he) {
-			_, withToken := r.Header["Authorization"]
-			err = s.overShare(r, tenantName, withToken, he)
+// cancelStage is a cancel's transition of tn's job named by the path (jobs.Store.CancelOf),
+// within one of tn's places of Server.keyed. It returns the job, and whether this cancel ended
+// it (false: another cancel did, before or meanwhile, and the job is as it is now).
+//
+// With a place free, the transaction's read under the row lock is the job's only read. With
+// none, the job is read first, outside the places, as a poll's: a cancel of a job missing or
+// ended (but dead) has no transition to make, and is answered without waiting for a place,
+// whatever its tenant's other requests hold; one of a live or dead job waits for a place.
+func (s *Server) cancelStage(r *http.Request, tn *tenant.Tenant) (job *jobs.Job, canceled bool, err error) {
+	id := r.PathValue("id")
+	release, ok := s.keyed.tryEnter(tn.Name)
+	if !ok {
+		job, err := s.jobOf(r, tn)
+		switch {
+		case err != nil:
+			return nil, false, err
+		case job.Status == jobs.StatusCanceled:
+			return job, false, nil
+		case job.Status.Terminal() && job.Status != jobs.StatusDead:
+			// An end no status follows: jobs.Store.Cancel's answer, without its transaction.
+			return nil, false, &jobs.TerminalError{Status: job.Status}
 		}
-		return nil, false, err
+		release, err = s.keyed.enter(r.Context(), tn.Name, s.cfg.StoreWait, tooManyCancels)
+		if err != nil {
+			var he *httpError
+			if errors.As(err, &he) {
+				_, withToken := r.Header["Authorization"]
+				err = s.overShare(r, tn.Name, withToken, he)
+			}
+			return nil, false, err
+		}
 	}
 	defer release()
-	job, err = s.cfg.Store.Cancel(r.Context(), id)
+	job, err = s.cfg.Store.CancelOf(r.Context(), tn.Name, id)
 	if jobs.AlreadyCanceled(err) {
 		job, err = s.cfg.Store.Get(r.Context(), id)
 		return job, false, err

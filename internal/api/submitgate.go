@@ -62,21 +62,7 @@ func tooManyCancels(tenant string, max int, wait time.Duration) *httpError {
 // wait it answers refuse's 429 with Retry-After: the tenant's own requests fill its places. Call
 // release once when the request's Postgres stage ends.
 func (g *tenantGate) enter(ctx context.Context, tenant string, wait time.Duration, refuse gateRefusal) (release func(), err error) {
-	g.mu.Lock()
-	slots := g.tenants[tenant]
-	if slots == nil {
-		slots = &gateSlots{sem: make(chan struct{}, g.max)}
-		g.tenants[tenant] = slots
-	}
-	slots.users++
-	g.mu.Unlock()
-	leave := func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if slots.users--; slots.users == 0 {
-			delete(g.tenants, tenant)
-		}
-	}
+	slots, leave := g.join(tenant)
 	select {
 	case slots.sem <- struct{}{}:
 	default:
@@ -92,11 +78,49 @@ func (g *tenantGate) enter(ctx context.Context, tenant string, wait time.Duratio
 			return nil, context.Cause(ctx)
 		}
 	}
+	return releaser(slots, leave), nil
+}
+
+// tryEnter takes one of the tenant's places if one is free now; ok is false, and nothing is
+// held, when none is. Call release once when the request's Postgres stage ends.
+func (g *tenantGate) tryEnter(tenant string) (release func(), ok bool) {
+	slots, leave := g.join(tenant)
+	select {
+	case slots.sem <- struct{}{}:
+		return releaser(slots, leave), true
+	default:
+		leave()
+		return nil, false
+	}
+}
+
+// join counts a request of tenant among its places' users and returns them, with leave to call
+// once when it no longer holds or waits for one.
+func (g *tenantGate) join(tenant string) (slots *gateSlots, leave func()) {
+	g.mu.Lock()
+	slots = g.tenants[tenant]
+	if slots == nil {
+		slots = &gateSlots{sem: make(chan struct{}, g.max)}
+		g.tenants[tenant] = slots
+	}
+	slots.users++
+	g.mu.Unlock()
+	return slots, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if slots.users--; slots.users == 0 {
+			delete(g.tenants, tenant)
+		}
+	}
+}
+
+// releaser gives a place taken in slots back, and leaves, once.
+func releaser(slots *gateSlots, leave func()) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			<-slots.sem
 			leave()
 		})
-	}, nil
+	}
 }

@@ -16,13 +16,21 @@ type Config struct {
 	// higher. Default 1.25: over-estimating costs a little pacing until the first answer is
 	// reconciled; under-estimating costs 429s.
 	InitialRatio float64
-	// Alpha is the weight of a new report in the moving average. Default 0.2.
+	// Alpha is the decay of the weight of earlier reports at each new one: a report of a prompt
+	// the size of the recent ones weighs Alpha in the moving average, a smaller one less, a
+	// bigger one more. Default 0.2.
 	Alpha float64
+	// PriorWeight is the weight, in prompt tokens by the rule, of the ratio an entry starts from
+	// (InitialRatio, or the credential's ratio for the model) against its first reports: a
+	// first report of a prompt far bigger than it all but sets the ratio, one far smaller (an
+	// image of few bytes) barely moves it. It decays as a report's weight does. Default 1,000.
+	PriorWeight float64
 	// MinRatio and MaxRatio clamp the learned ratio. Defaults 0.25 and 4.
 	MinRatio, MaxRatio float64
 	// MaxEntries bounds the (credential, tenant, model) entries remembered, and apart the
 	// (credential, model) ones. Beyond it, the least recently used entry of a tenant holding
-	// its share (MaxEntries / tenants) or more is forgotten. Default 10,000.
+	// its share (MaxEntries / tenants) or more is forgotten: the inserting tenant's own, else
+	// the tenant holding the most. Default 10,000.
 	MaxEntries int
 	// Metrics receives the estimator's metrics; nil records none.
 	Metrics *Metrics
@@ -34,6 +42,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Alpha == 0 {
 		c.Alpha = 0.2
+	}
+	if c.PriorWeight == 0 {
+		c.PriorWeight = 1000
 	}
 	if c.MinRatio == 0 {
 		c.MinRatio = 0.25
@@ -56,6 +67,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("InitialRatio %v: want within MinRatio..MaxRatio", c.InitialRatio)
 	case bad(c.Alpha) || c.Alpha > 1:
 		return fmt.Errorf("Alpha %v: want in (0, 1]", c.Alpha)
+	case bad(c.PriorWeight):
+		return fmt.Errorf("PriorWeight %v: want above 0", c.PriorWeight)
 	case c.MaxEntries < 1:
 		return fmt.Errorf("MaxEntries %d: want at least 1", c.MaxEntries)
 	}
@@ -137,44 +150,58 @@ func scale(n int, ratio float64) int {
 func (e *Estimator) Ratio(credential, tenant, model string) float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if r, ok := e.ratios.get(key{credential, tenant, model}); ok {
-		return r
+	return e.ratio(credential, tenant, model)
+}
+
+// ratio is Ratio with e.mu held.
+func (e *Estimator) ratio(credential, tenant, model string) float64 {
+	if s, ok := e.ratios.get(key{credential, tenant, model}); ok {
+		return s.ratio
 	}
 	shared, _ := e.shared.get(key{credential: credential, model: model})
-	return max(e.cfg.InitialRatio, shared)
+	return max(e.cfg.InitialRatio, shared.ratio)
 }
 
 // Observe learns from one answer: est is the Estimate the request was reserved with, reported
 // the prompt tokens the provider reported (llm.Usage.PromptInput: the whole prompt, cached or
 // not, as the rule counts it; not the uncached part alone, which would teach a credential whose
 // prompts are cached to under-reserve every prompt that is not). A report of 0 or less (no
-// usage) is ignored. The ratio reported / est.Raw is clamped to MinRatio..MaxRatio; the first
-// replaces InitialRatio, later ones enter the moving average. It learns for est's tenant and
-// model, and for the credential's ratio for the model that tenants not yet reported on start
-// from (see Ratio).
-// Clamped first, one odd answer (an image of few bytes and many tokens, say) weighs Alpha: it
-// does not throw the average to a bound.
+// usage) is ignored. The ratio reported / est.Raw is clamped to MinRatio..MaxRatio, then enters
+// a moving average weighted by est.Raw: the ratio is the decayed sum of the reports' tokens over
+// the decayed sum of their estimates (see learn), so one small answer (an image of few bytes
+// and many tokens, say) cannot set what a tenant's big prompts reserve. It learns for est's
+// tenant and model, starting from the ratio in force (see Ratio), and for the credential's ratio
+// for the model that tenants not yet reported on start from, starting from InitialRatio.
+// Clamped first, one odd answer weighs no more than MaxRatio times its estimate.
 func (e *Estimator) Observe(credential string, est Estimate, reported int) {
 	if reported <= 0 || est.Raw <= 0 {
 		return
 	}
 	e.cfg.Metrics.observe(credential, est.Input, reported)
 	obs := min(max(float64(reported)/float64(est.Raw), e.cfg.MinRatio), e.cfg.MaxRatio)
+	size := float64(est.Raw)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.learn(e.ratios, key{credential, est.Tenant, est.Model}, est.Tenant, obs)
-	e.learn(e.shared, key{credential: credential, model: est.Model}, est.Tenant, obs)
+	start := e.ratio(credential, est.Tenant, est.Model)
+	e.learn(e.ratios, key{credential, est.Tenant, est.Model}, est.Tenant, start, obs, size)
+	e.learn(e.shared, key{credential: credential, model: est.Model}, est.Tenant, e.cfg.InitialRatio, obs, size)
 }
 
-// learn enters obs into t's ratio for k: the first replaces, later ones enter the moving
-// average. A new k belongs to tenant; beyond MaxEntries the table forgets the least recently
-// used entry of a tenant holding its share or more (see table). e.mu is held.
-func (e *Estimator) learn(t *table, k key, tenant string, obs float64) {
-	r, ok := t.get(k)
+// learn enters obs, the ratio of a report of a prompt of size tokens by the rule, into t's ratio
+// for k, which starts at start with PriorWeight. The weight of what was learned decays by
+// (1 - Alpha) and the report's size is added to it; the report moves the ratio by its share of
+// that weight. So the ratio is the sum of the reports' tokens (clamped) over the sum of their
+// estimates, each decayed by (1 - Alpha) per later report, the start counted as PriorWeight
+// tokens: with reports of one size it is the moving average of weight Alpha it was. A new k
+// belongs to tenant; beyond MaxEntries the table forgets the least recently used entry of a
+// tenant holding its share or more (see table). e.mu is held.
+func (e *Estimator) learn(t *table, k key, tenant string, start, obs, size float64) {
+	s, ok := t.get(k)
 	if !ok {
-		r = obs
-	} else {
-		r += e.cfg.Alpha * (obs - r)
+		s = state{ratio: start, weight: e.cfg.PriorWeight}
 	}
-	t.set(k, tenant, min(max(r, e.cfg.MinRatio), e.cfg.MaxRatio))
+	s.weight = (1-e.cfg.Alpha)*s.weight + size
+	s.ratio += size / s.weight * (obs - s.ratio)
+	s.ratio = min(max(s.ratio, e.cfg.MinRatio), e.cfg.MaxRatio)
+	t.set(k, tenant, s)
 }

@@ -179,7 +179,8 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 // than it reported) with the output reservation kept. With no answer at all, or an answer that
 // reports no usage, the reservation stays charged (the provider counted something, but what is
 // unknown): ok is false then, and when no tokens were reserved. A usage that reports no input
-// keeps the input estimate charged.
+// keeps the input estimate charged, one that reports no output count (llm.Usage.OutputUnreported)
+// the output allowance.
 func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response,
 	callErr error, status int) (redisscript.Call, bool) {
 	partial, partialKnown := llm.FailedUsage(callErr)
@@ -199,6 +200,12 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 		// The input-token limit counts the cache's creation but not its reads; the estimate is
 		// of the whole prompt, cached or not, and learns from the whole prompt read.
 		actual = tokens.Cost{InputTokens: resp.Usage.LimitedInput(), OutputTokens: resp.Usage.OutputTokens}
+		if est != nil && resp.Usage.OutputUnreported {
+			// A usage without its output (a gateway's partial usage): the output stays charged
+			// as reserved; refunded, the next requests would overdraw the output-token limit. A
+			// usage reporting 0 output tokens (an empty answer) is refunded as reported.
+			actual.OutputTokens = est.MaxOutput
+		}
 		switch {
 		case est == nil:
 		case resp.Usage.PromptInput() == 0:

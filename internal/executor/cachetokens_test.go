@@ -50,9 +50,16 @@ func cachedAnswer(usage string) http.HandlerFunc {
 }
 
 // runCached runs one job (streamed or not, ~2,000 characters of prompt: ~500 tokens by the rule,
-// 625 reserved) against a provider answering usage, and returns the gate, its limit and the
-// estimator it reconciled with.
+// 625 reserved, and 16 output tokens of the minute's 30) against a provider answering usage, and
+// returns the gate, its limit and the estimator it reconciled with. The estimator's PriorWeight
+// is 1 token: the one answer all but sets the ratio, as the tests read it (runCachedWith).
 func runCached(t *testing.T, usage string, stream bool) (*limiter.Gate, limiter.Limit, *estimator.Estimator) {
+	t.Helper()
+	return runCachedWith(t, usage, stream, &estimator.Config{PriorWeight: 1})
+}
+
+// runCachedWith is runCached with an estimator of estCfg (nil: the defaults).
+func runCachedWith(t *testing.T, usage string, stream bool, estCfg *estimator.Config) (*limiter.Gate, limiter.Limit, *estimator.Estimator) {
 	t.Helper()
 	ctx := t.Context()
 	b := jobstest.New(t)
@@ -62,9 +69,9 @@ func runCached(t *testing.T, usage string, stream bool) (*limiter.Gate, limiter.
 	t.Cleanup(srv.Close)
 	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-cache"})
 	require.NoError(t, err)
-	est, err := estimator.New(nil)
+	est, err := estimator.New(estCfg)
 	require.NoError(t, err)
-	limit := limiter.Limit{Rate: 100, Burst: 1, InputTokensPerMinute: 1000}
+	limit := limiter.Limit{Rate: 100, Burst: 1, InputTokensPerMinute: 1000, OutputTokensPerMinute: 30}
 	gate := lim.Gate("sk-cache", "cache")
 	ex := executor.New(executor.Config{Store: b.Store, Policy: retrypolicy.New(nil), Estimator: est,
 		Deltas: deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)}),

@@ -39,7 +39,8 @@ func TestExecutor_FailedStreamSettlesProviderInput(t *testing.T) {
 			rdb := redistest.Client(t)
 			lim, _ := sharedAdmission(t, rdb)
 			p := simProvider(t, llmsim.Config{Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 2, StreamFailMode: mode}}, "sk-failing")
-			est, err := estimator.New(nil)
+			// A PriorWeight of 1 token: the one answer all but sets the ratio, as the test reads it.
+			est, err := estimator.New(&estimator.Config{PriorWeight: 1})
 			require.NoError(t, err)
 			limit := limiter.Limit{Rate: 100, Burst: 1, InputTokensPerMinute: 1000, OutputTokensPerMinute: 30}
 			gate := lim.Gate("sk-failing", "failing")

@@ -38,6 +38,17 @@ func AlreadyCanceled(err error) bool {
 // call, signal its task too (dispatch.Tasks.AbortEnded). A limiter slot held in the row
 // (Job.SlotSeq) stays there, for a worker to give back (TakeEndedSlot).
 func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
+	return s.cancel(ctx, id, nil)
+}
+
+// CancelOf is Cancel of tenant's job id: another tenant's job is ErrNotFound, exactly like a
+// missing one, and its row is not locked.
+func (s *Store) CancelOf(ctx context.Context, tenant, id string) (*Job, error) {
+	return s.cancel(ctx, id, &tenant)
+}
+
+// cancel is Cancel of id, of tenant's job alone unless tenant is nil.
+func (s *Store) cancel(ctx context.Context, id string, tenant *string) (*Job, error) {
 	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
@@ -46,7 +57,9 @@ func (s *Store) Cancel(ctx context.Context, id string) (*Job, error) {
 		var status Status
 		var reason *string
 		// The row lock orders this against the worker's transitions and an operator's retry.
-		err := tx.QueryRow(ctx, `SELECT status, dead_reason FROM jobs WHERE id = $1 FOR UPDATE`, id).Scan(&status, &reason)
+		// Another tenant's row does not match, and is not locked.
+		err := tx.QueryRow(ctx, `SELECT status, dead_reason FROM jobs WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+FOR UPDATE`, id, tenant).Scan(&status, &reason)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotFound
 		}

@@ -170,3 +170,33 @@ func TestStore_CancelADeadJob(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusCanceled, got.Status, "a retry of every dead letter leaves it canceled")
 }
+
+// CancelOf cancels its tenant's job alone: another tenant's is ErrNotFound, exactly like a
+// missing one, untouched, and its row lock is not waited for (the API cancels through it without
+// reading the job first: a tenant's cancels of ids it does not own wait on no one's row).
+func TestStore_CancelOf(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	job := b.Create(t, jobstest.Opts{Tenant: "a"})
+
+	// The row locked, as a worker's transition or another cancel holds it.
+	tx, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID)
+	require.NoError(t, err)
+	_, err = b.Store.CancelOf(ctx, "b", job.ID)
+	require.ErrorIs(t, err, jobs.ErrNotFound)
+	require.NoError(t, tx.Rollback(ctx))
+
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status, "another tenant's cancel ended the job")
+	got, err = b.Store.CancelOf(ctx, "a", job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusCanceled, got.Status)
+	_, err = b.Store.CancelOf(ctx, "a", job.ID)
+	require.True(t, jobs.AlreadyCanceled(err), "%v", err)
+}

@@ -26,10 +26,14 @@ func (anthropic) rateLimit(h http.Header, _ time.Time) RateLimit { return parseA
 
 func (anthropic) usage(raw json.RawMessage) Usage {
 	var n [4]int
-	if readInts(raw, anthropicUsage, n[:]) {
-		return Usage{InputTokens: n[0], OutputTokens: n[1], CacheCreationInputTokens: n[2], CacheReadInputTokens: n[3]}
+	if reported, ok := readInts(raw, anthropicUsage, n[:]); ok {
+		u := Usage{InputTokens: n[0], CacheCreationInputTokens: n[2], CacheReadInputTokens: n[3]}
+		return u.withOutput(reportedInt(reported, 1, n[:]))
 	}
-	var u Usage
+	var u struct {
+		Usage
+		Output *int `json:"output_tokens"` // nil: not reported (Usage.OutputUnreported)
+	}
 	_ = json.Unmarshal(raw, &u) // best effort: a malformed usage object leaves zeros
-	return u
+	return u.withOutput(u.Output)
 }

@@ -24,13 +24,13 @@ func (openAI) rateLimit(h http.Header, received time.Time) RateLimit {
 
 func (openAI) usage(raw json.RawMessage) Usage {
 	var n [2]int
-	if readInts(raw, openAIUsage, n[:]) {
-		return Usage{InputTokens: n[0], OutputTokens: n[1]}
+	if reported, ok := readInts(raw, openAIUsage, n[:]); ok {
+		return Usage{InputTokens: n[0]}.withOutput(reportedInt(reported, 1, n[:]))
 	}
 	var u struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens     int  `json:"prompt_tokens"`
+		CompletionTokens *int `json:"completion_tokens"` // nil: not reported (Usage.OutputUnreported)
 	}
 	_ = json.Unmarshal(raw, &u) // best effort: a malformed usage object leaves zeros
-	return Usage{InputTokens: u.PromptTokens, OutputTokens: u.CompletionTokens}
+	return Usage{InputTokens: u.PromptTokens}.withOutput(u.CompletionTokens)
 }

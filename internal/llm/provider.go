@@ -174,6 +174,22 @@ type Usage struct {
 	// whose prompt_tokens include its cached tokens.
 	CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
 	CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
+	// OutputUnreported is true when a usage reporting other counts reported no output count at
+	// all (a gateway's partial usage), as against one reporting 0 output tokens (an empty
+	// answer): OutputTokens is 0 then, but what the provider counted is unknown. Not encoded.
+	OutputUnreported bool `json:"-"`
+}
+
+// withOutput is u with its output count output, the count parsed: nil when the usage object
+// had none (OutputUnreported, unless u reports nothing else either: no usage at all).
+func (u Usage) withOutput(output *int) Usage {
+	if output != nil {
+		u.OutputTokens = *output
+		return u
+	}
+	u.OutputTokens = 0
+	u.OutputUnreported = u != (Usage{})
+	return u
 }
 
 // LimitedInput is the input the provider's input-token rate limit counts: InputTokens and

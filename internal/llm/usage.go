@@ -16,38 +16,39 @@ import (
 // lower case ASCII or with an escape, which json matches case-insensitively; a value of a named
 // key that is not an integer or null; an integer out of range; a value that is not an object;
 // JSON it sees is malformed): the caller then decodes raw with json.Unmarshal. Empty raw (no usage) is ok,
-// every int 0.
-func readInts(raw []byte, names []string, ints []int) (ok bool) {
+// every int 0. Bit i of reported is set when names[i]'s last value is an integer, not null or
+// absent (as json.Unmarshal into a *int field would leave it non-nil: Usage.OutputUnreported).
+func readInts(raw []byte, names []string, ints []int) (reported uint, ok bool) {
 	clear(ints)
 	if len(raw) == 0 {
-		return true
+		return 0, true
 	}
 	i := jsonscan.SkipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
-		return false
+		return 0, false
 	}
 	i = jsonscan.SkipSpace(raw, i+1)
 	if i < len(raw) && raw[i] == '}' {
-		return jsonscan.SkipSpace(raw, i+1) == len(raw)
+		return reported, jsonscan.SkipSpace(raw, i+1) == len(raw)
 	}
 	for {
 		// A key: lower case ASCII, digits and _ only.
 		if i >= len(raw) || raw[i] != '"' {
-			return false
+			return 0, false
 		}
 		start := i + 1
 		for i = start; i < len(raw) && raw[i] != '"'; i++ {
 			if c := raw[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-				return false
+				return 0, false
 			}
 		}
 		if i >= len(raw) {
-			return false
+			return 0, false
 		}
 		key := raw[start:i]
 		i = jsonscan.SkipSpace(raw, i+1)
 		if i >= len(raw) || raw[i] != ':' {
-			return false
+			return 0, false
 		}
 		i = jsonscan.SkipSpace(raw, i+1)
 		field := -1
@@ -59,31 +60,43 @@ func readInts(raw []byte, names []string, ints []int) (ok bool) {
 		}
 		end := jsonscan.ValueEnd(raw, i)
 		if end <= i {
-			return false
+			return 0, false
 		}
 		if field >= 0 {
 			v := raw[i:end]
-			if string(v) != "null" { // null leaves the value before, as json.Unmarshal does
+			if string(v) == "null" { // leaves an int before, as json.Unmarshal does; a *int nil
+				reported &^= 1 << field
+			} else {
 				n, err := strconv.ParseInt(string(v), 10, 0)
 				if err != nil {
-					return false // a fraction, an exponent, a string, out of range...
+					return 0, false // a fraction, an exponent, a string, out of range...
 				}
 				ints[field] = int(n)
+				reported |= 1 << field
 			}
 		}
 		i = jsonscan.SkipSpace(raw, end)
 		if i >= len(raw) {
-			return false
+			return 0, false
 		}
 		switch raw[i] {
 		case ',':
 			i = jsonscan.SkipSpace(raw, i+1)
 		case '}':
-			return jsonscan.SkipSpace(raw, i+1) == len(raw)
+			return reported, jsonscan.SkipSpace(raw, i+1) == len(raw)
 		default:
-			return false
+			return 0, false
 		}
 	}
+}
+
+// reportedInt is &ints[i] when bit i of reported is set (readInts read an integer for it), else
+// nil: what a *int field of json.Unmarshal would hold.
+func reportedInt(reported uint, i int, ints []int) *int {
+	if reported&(1<<i) == 0 {
+		return nil
+	}
+	return &ints[i]
 }
 
 // anthropicUsage are the keys of Anthropic's usage read into Usage, in readInts' order.

@@ -17,6 +17,10 @@ var usageCases = []string{
 	`{"input_tokens":5,"output_tokens":3,"input_tokens":7}`,
 	`{"prompt_tokens":5,"prompt_tokens":null}`,
 	`{"input_tokens":null,"output_tokens":-4}`,
+	// An output count reported, reported as 0, absent, or null after a value (a *int's nil).
+	`{"input_tokens":5}`, `{"prompt_tokens":5}`, `{"input_tokens":5,"output_tokens":0}`,
+	`{"prompt_tokens":5,"completion_tokens":0}`, `{"output_tokens":3,"input_tokens":5,"output_tokens":null}`,
+	`{"completion_tokens":3,"prompt_tokens":5,"completion_tokens":null}`, `{"output_tokens":null}`,
 	// Nested objects, strings and literals of other keys are passed over.
 	`{"input_tokens":5,"cache_creation_input_tokens":600,"cache_read_input_tokens":70,` +
 		`"cache_creation":{"ephemeral_5m_input_tokens":600,"x":[1,{"y":"}]\"{"}]},"output_tokens":30,"service_tier":"standard"}`,
@@ -59,15 +63,18 @@ func FuzzUsage(f *testing.F) {
 
 func requireUsageAsJSON(t *testing.T, raw []byte) {
 	t.Helper()
-	var a Usage
+	var a struct {
+		Usage
+		Output *int `json:"output_tokens"`
+	}
 	_ = json.Unmarshal(raw, &a)
-	require.Equal(t, a, anthropic{}.usage(raw), "anthropic %q", raw)
+	require.Equal(t, a.withOutput(a.Output), anthropic{}.usage(raw), "anthropic %q", raw)
 	var o struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens     int  `json:"prompt_tokens"`
+		CompletionTokens *int `json:"completion_tokens"`
 	}
 	_ = json.Unmarshal(raw, &o)
-	require.Equal(t, Usage{InputTokens: o.PromptTokens, OutputTokens: o.CompletionTokens}, openAI{}.usage(raw), "openai %q", raw)
+	require.Equal(t, Usage{InputTokens: o.PromptTokens}.withOutput(o.CompletionTokens), openAI{}.usage(raw), "openai %q", raw)
 }
 
 // TestUsage_NoAllocations: reading an answer's usage allocates nothing (a json.Unmarshal of it

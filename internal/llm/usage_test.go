@@ -64,3 +64,43 @@ func TestUsage_OpenAICachedTokensInPromptTokens(t *testing.T) {
 	require.Equal(t, 2006, resp.Usage.LimitedInput())
 	require.Equal(t, 2006, resp.Usage.PromptInput())
 }
+
+// A usage that reports no output count (a gateway's partial usage) is told from one reporting 0
+// output tokens (an empty answer): OutputUnreported, whose output the executor keeps charged,
+// where it refunds a reported 0. No usage at all is the zero Usage.
+func TestUsage_OutputUnreported(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		kind  llm.Kind
+		usage string // "" sends none
+		want  llm.Usage
+	}{
+		{"AnthropicNoOutput", llm.KindAnthropic, `{"input_tokens":500}`, llm.Usage{InputTokens: 500, OutputUnreported: true}},
+		{"AnthropicZeroOutput", llm.KindAnthropic, `{"input_tokens":500,"output_tokens":0}`, llm.Usage{InputTokens: 500}},
+		{"AnthropicNoUsage", llm.KindAnthropic, "", llm.Usage{}},
+		{"OpenAINoOutput", llm.KindOpenAI, `{"prompt_tokens":500}`, llm.Usage{InputTokens: 500, OutputUnreported: true}},
+		{"OpenAIZeroOutput", llm.KindOpenAI, `{"prompt_tokens":500,"completion_tokens":0}`, llm.Usage{InputTokens: 500}},
+		{"OpenAINoUsage", llm.KindOpenAI, "", llm.Usage{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			usage := ""
+			if tc.usage != "" {
+				usage = `,"usage":` + tc.usage
+			}
+			b := setup(t, tc.kind, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				if tc.kind == llm.KindAnthropic {
+					_, _ = io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"c","content":[],`+
+						`"stop_reason":"end_turn"`+usage+`}`)
+					return
+				}
+				_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","model":"g","choices":[]`+usage+`}`)
+			})
+			resp, err := b.provider.Send(t.Context(), bodyFor(tc.kind), llm.SendOptions{})
+			require.NoError(t, err)
+			require.Equal(t, tc.want, resp.Usage)
+		})
+	}
+}
