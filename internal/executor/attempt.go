@@ -192,6 +192,10 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 			ra := d.RetryAfter
 			a.RetryAfter = &ra
 		}
+		if u, ok := llm.FailedUsage(callErr); ok {
+			// What the attempt cost, on its row only: the job's usage is its answer's.
+			a.Usage, _ = json.Marshal(u)
+		}
 	}
 	e.cfg.Metrics.attempt(up.Name, a.Class, a.Latency)
 	return callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now, stream: stream, bookkeeping: book}

@@ -62,8 +62,8 @@ func (e *Executor) resumeAfterProbe(ctx context.Context, g *limiter.Gate, up Ups
 	var err error
 	if e.cfg.Pauses != nil {
 		// ctx outlives the delivery's cancellation (see afterCall), and the delivery waits
-		// for this: bounded as a pause's writes are.
-		rctx, cancel := context.WithTimeout(ctx, pauseTimeout)
+		// for this: bounded as its other statements are.
+		rctx, cancel := e.storeCtx(ctx)
 		_, err = e.cfg.Pauses.Resume(rctx, g)
 		cancel()
 	} else {

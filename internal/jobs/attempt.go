@@ -166,6 +166,10 @@ type Attempt struct {
 	RetryAfter *time.Duration
 	Delay      *time.Duration // the wait chosen before the next attempt
 	Error      string
+	// Usage is what the provider reported for a call that failed partway (a stream cut, or
+	// ended by an error event, after it told its usage): kept on the attempt's row only, never
+	// the job's usage (the job's is its answer's). Nil: the attempt's row takes Outcome.Usage.
+	Usage json.RawMessage
 	// LeaseToken is the lease BeginAttempt took for this attempt; Finish releases it (and only
 	// it: a lease another delivery took over after this one's ended stays).
 	LeaseToken string
@@ -188,8 +192,9 @@ type Outcome struct {
 // Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status with its result or
 // error, in one transaction. The move is conditional on the job not being terminal already, so a
 // duplicate delivery can never store a second result: applied is false when it was terminal.
-// The attempt keeps o.Usage (what the provider counted) either way, and a job that ended
-// without a result meanwhile (a cancel) takes it as its usage (keepLateUsage).
+// The attempt keeps a.Usage, or else o.Usage (what the provider counted) either way, and a job
+// that ended without a result meanwhile (a cancel) takes o.Usage as its usage (keepLateUsage);
+// a.Usage is never the job's.
 // An attempt whose lease another delivery took over (and still holds) does not move the job to
 // a status that is not final: the other's call is under way, and a job moved back to retrying
 // under it would let a third call start beside it. A final outcome still ends the job (an answer
@@ -226,7 +231,7 @@ WITH a AS (
 	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, ttfb_ms, status_code,
 		class, retry_after_ms, delay_ms, error, usage)
 	SELECT id, $12::integer + attempt_base, $13::text, $14::timestamptz, $15::double precision, $16::double precision,
-		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text, $4::jsonb
+		$17::integer, $18::text, $19::bigint, $20::bigint, $21::text, coalesce($23::jsonb, $4::jsonb)
 	FROM jobs WHERE id = $1 AND $11::boolean
 	ON CONFLICT (job_id, attempt) DO NOTHING
 	RETURNING 1
@@ -255,7 +260,7 @@ WHERE j.id = $1 AND $11::boolean AND NOT EXISTS (SELECT 1 FROM a) AND j.status =
 		WHERE x.job_id = j.id AND x.attempt = $12::integer + j.attempt_base AND x.started_at = $14::timestamptz)`, []any{id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead, o.NextAttemptAt,
 		nullString(o.AnsweredBy), o.NextCredential, leaseOf(a),
 		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
-		rec.retryAfterMS, rec.delayMS, rec.err, payload}, func(r pgx.Row) error { return r.Scan(&seq) })
+		rec.retryAfterMS, rec.delayMS, rec.err, payload, rec.usage}, func(r pgx.Row) error { return r.Scan(&seq) })
 	if errors.Is(err, pgx.ErrNoRows) {
 		if a != nil && nullJSON(o.Usage) != nil {
 			return false, s.keepLateUsage(ctx, id, o.Usage)
@@ -302,6 +307,7 @@ type attemptColumns struct {
 	retryAfterMS *int64
 	delayMS      *int64
 	err          *string
+	usage        []byte
 }
 
 func attemptRecord(a *Attempt) attemptColumns {
@@ -317,7 +323,7 @@ func attemptRecord(a *Attempt) attemptColumns {
 	}
 	r := attemptColumns{number: a.Number, credential: a.Credential, startedAt: a.StartedAt,
 		latencyMS: float64(a.Latency) / float64(time.Millisecond), class: a.Class,
-		retryAfterMS: ms(a.RetryAfter), delayMS: ms(a.Delay)}
+		retryAfterMS: ms(a.RetryAfter), delayMS: ms(a.Delay), usage: nullJSON(a.Usage)}
 	if a.TTFB > 0 {
 		v := float64(a.TTFB) / float64(time.Millisecond)
 		r.ttfbMS = &v
@@ -343,8 +349,9 @@ type AttemptRow struct {
 	RetryAfterMS *int64    `json:"retry_after_ms"`
 	DelayMS      *int64    `json:"delay_ms"`
 	Error        *string   `json:"error"`
-	// Usage is what the provider counted for the attempt's answer (see Job.Usage); nil for an
-	// attempt without one.
+	// Usage is what the provider counted for the attempt: its answer's (see Job.Usage), or what
+	// a call that failed partway reported before it failed (Attempt.Usage); nil for an attempt
+	// without either.
 	Usage json.RawMessage `json:"usage,omitempty"`
 }
 

@@ -65,11 +65,12 @@ WHERE current_setting('lock_timeout')::interval = interval '0' OR current_settin
 var lockTimeoutSetting = fmt.Sprintf("%dms", batchLockTimeout.Milliseconds())
 
 // IsLockTimeout reports whether err is a statement that waited for a lock past the lock_timeout
-// (55P03 lock_not_available): it took no effect (its transaction rolled back). It is also
-// unavailable (IsUnavailable): the lock's holder may let go soon.
+// (55P03 lock_not_available), or one run Alone that was not sent because every connection beside
+// the batches waits on a locked row already: it took no effect (its transaction rolled back, or
+// never began). It is also unavailable (IsUnavailable): the lock's holder may let go soon.
 func IsLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == pgerrLockNotAvailable
+	return (errors.As(err, &pgErr) && pgErr.Code == pgerrLockNotAvailable) || isBesideFull(err)
 }
 
 // pgerrLockNotAvailable is SQLSTATE lock_not_available.
@@ -126,7 +127,8 @@ func (b *batcher) withBound(ctx context.Context) (context.Context, context.Cance
 // use when they come back: a leader's or a pause's session keeps its connection, and its locks,
 // until it lets go) when ctx, a batch's, ran out of its own bound, on a connection or waiting
 // for one (the pool pings an idle connection before handing it out, with the batch's whole
-// time), and a connection of the pool then does not answer a ping within silentProbeTimeout.
+// time), and a connection the pool holds idle then does not answer a ping within
+// silentProbeTimeout. A pool with no connection idle is kept (see below).
 // The connection that did not answer is closed by pgx; when one of the pool's connections falls
 // silent the others made before it usually have too (they cross the same partition, or lead to
 // an address the server has left), and each would cost the process's next batch its whole
@@ -138,21 +140,33 @@ func (b *batcher) abandonSilent(ctx context.Context) {
 	if !errors.Is(context.Cause(ctx), errBatchTimeout) {
 		return
 	}
+	pctx, cancel := context.WithTimeout(context.Background(), silentProbeTimeout)
+	defer cancel()
 	b.resetMu.Lock()
 	if !b.reset.IsZero() && time.Since(b.reset) < b.bound() {
 		b.resetMu.Unlock()
 		return
 	}
+	// A connection the pool holds idle, taken without waiting: emptying the pool closes the
+	// idle ones now. With none (every connection in use), nothing is: one in use that is silent
+	// is closed by pgx when its statement gives up, and one that answers would be closed for
+	// nothing as it came back. (A probe that waited for a connection in use got none on a full
+	// pool of a slow server, and emptied it.) The others taken are given back at once: the
+	// process's statements go on on them while the ping waits (up to silentProbeTimeout on a
+	// slow server), rather than wait or make connections to it.
+	idle := b.pool.AcquireAllIdle(pctx)
+	if len(idle) == 0 {
+		b.resetMu.Unlock()
+		return
+	}
 	b.reset = time.Now()
 	b.resetMu.Unlock()
-	pctx, cancel := context.WithTimeout(context.Background(), silentProbeTimeout)
-	defer cancel()
-	conn, err := b.pool.Acquire(pctx)
-	if err == nil {
-		err = conn.Ping(pctx)
-		conn.Release()
+	for _, c := range idle[1:] {
+		c.Release()
 	}
-	if err != nil {
+	probe := idle[0]
+	defer probe.Release()
+	if err := probe.Ping(pctx); err != nil {
 		b.pool.Reset()
 	}
 }
@@ -179,12 +193,19 @@ func (b *batcher) takeBeside() (release func(), ok bool) {
 
 type aloneKey struct{}
 
-// errBesideFull answers a statement run Alone while every slot beside the batches is taken by
-// others waiting for locked rows: like a lock wait past its bound (IsLockTimeout), nothing of it
-// was sent, and it is to be tried again later. The slots keep the rest of the pool for the
-// batches and everything else however many rows stay locked.
-var errBesideFull = &pgconn.PgError{Code: pgerrLockNotAvailable,
-	Message: "not sent: every connection for statements waiting on locked rows is taken"}
+// besideFullError answers a statement run Alone while every slot beside the batches is taken by
+// others waiting for locked rows: nothing of it was sent (no server answered it), and it is to
+// be tried again later, as a lock wait past its bound is (IsLockTimeout and IsUnavailable take
+// it for one). The slots keep the rest of the pool for the batches and everything else however
+// many rows stay locked.
+type besideFullError struct{}
+
+func (besideFullError) Error() string {
+	return "not sent: every connection for statements waiting on locked rows is taken"
+}
+
+// isBesideFull reports whether err is a besideFullError.
+func isBesideFull(err error) bool { return errors.As(err, new(besideFullError)) }
 
 // Alone returns ctx marking the Store's batched statements run under it (a get, an attempt's
 // start, an outcome: see batcher) to go out each in a transaction of its own, on the caller's
@@ -227,7 +248,7 @@ func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, sca
 	if alone, _ := ctx.Value(aloneKey{}).(bool); alone {
 		release, ok := b.takeBeside()
 		if !ok {
-			return fmt.Errorf("run beside the batches: %w", errBesideFull)
+			return fmt.Errorf("run beside the batches: %w", besideFullError{})
 		}
 		defer release()
 		rctx, cancel := b.withBound(ctx)

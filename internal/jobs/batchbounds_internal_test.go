@@ -2,11 +2,13 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -176,4 +178,33 @@ func TestBatcher_AloneKeepsThePoolForBatches(t *testing.T) {
 			t.Fatal("a statement waiting for its row did not end")
 		}
 	}
+}
+
+// A statement run Alone that found every slot beside the batches taken was answered with a
+// made-up server error (SQLSTATE 55P03): logged as Postgres's answer to a statement never sent.
+// It is an error of its own now, which callers still take for a lock wait past its bound (to
+// be tried again) and for Postgres unavailable.
+func TestBatcher_BesideFullIsNotAServerAnswer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, pgtest.URL(t)+"&pool_max_conns=4")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := NewStore(pool, nil)
+	job, _, err := s.Create(ctx, cutTestParams)
+	require.NoError(t, err)
+	// The one slot beside the batches (a quarter of 4 connections) is taken.
+	release, ok := s.batch.takeBeside()
+	require.True(t, ok)
+	defer release()
+
+	_, err = s.Get(Alone(ctx), job.ID)
+
+	require.Error(t, err)
+	require.True(t, IsLockTimeout(err), "%v", err)
+	require.True(t, IsUnavailable(err), "%v", err)
+	var pgErr *pgconn.PgError
+	require.False(t, errors.As(err, &pgErr), "a statement never sent answered as Postgres's error: %v", err)
+	require.NotContains(t, err.Error(), "SQLSTATE")
 }

@@ -487,5 +487,6 @@ func nullJSON(b json.RawMessage) []byte {
 
 // IsUnavailable reports whether err means Postgres could not be reached or dropped the
 // connection (as opposed to a bad query or a constraint), so the API can answer 503 rather than
-// 500. See pgerr.Unavailable.
-func IsUnavailable(err error) bool { return pgerr.Unavailable(err) }
+// 500. See pgerr.Unavailable; a statement run Alone and not sent for want of a connection beside
+// the batches (see IsLockTimeout) is unavailable too.
+func IsUnavailable(err error) bool { return pgerr.Unavailable(err) || isBesideFull(err) }
