@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
@@ -33,6 +35,8 @@ type app struct {
 	// lockReportFirst and lockReportEvery schedule migrate's reports of a wait for the migration
 	// lock (zero: migrations' defaults, 1 s and 15 s).
 	lockReportFirst, lockReportEvery time.Duration
+	// bound bounds the statements of the command's pool (--timeout; nil: none, or no pool yet).
+	bound *statementBound
 }
 
 func newApp(out, errOut io.Writer) *app {
@@ -49,6 +53,8 @@ func newApp(out, errOut io.Writer) *app {
 			&cli.StringFlag{Name: "database-url", Usage: "Postgres URL (overrides the config file)", EnvVars: []string{config.EnvDatabaseURL}},
 			&cli.StringFlag{Name: "redis-url", Usage: "Redis URL (overrides the config file)", EnvVars: []string{config.EnvRedisURL}},
 			&cli.StringFlag{Name: "queue", Usage: "asynq queue (overrides worker.queue of the config file; default llmq)"},
+			&cli.DurationFlag{Name: "timeout", Value: defaultTimeout,
+				Usage: "bound on each Postgres statement of a command (not of migrate), past which the command fails; 0: none"},
 			&cli.StringFlag{Name: "redis-prefix", Usage: "prefix of llmq's own Redis keys (limiter, breaker)", Value: "llmq:", Hidden: true},
 		},
 		Commands: []*cli.Command{
@@ -114,7 +120,7 @@ func setUsageErrors(cmds []*cli.Command) {
 // run executes args and returns the exit code: 0 ok, 1 failure, 2 usage.
 func (a *app) run(ctx context.Context, args []string) int {
 	if err := a.cli.RunContext(ctx, flagsFirst(a.cli, args)); err != nil {
-		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error())+schemaHint(err))
+		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error())+schemaHint(err)+a.timeoutHint())
 		if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
 			return ec.ExitCode()
 		}
@@ -178,11 +184,15 @@ func databaseURL(c *cli.Context) (string, error) {
 
 // newPool opens a pool on the database at u, each connection bounded as the processes' are
 // (migrations.ParseConfig: 5 s unless u sets connect_timeout), so that a Postgres that accepts
-// and never answers fails the command instead of hanging it.
-func newPool(ctx context.Context, u string) (*pgxpool.Pool, error) {
+// and never answers fails the command instead of hanging it. With bound (not nil) each statement
+// is bounded too (see statementBound); migrate's is not.
+func newPool(ctx context.Context, u string, bound *statementBound) (*pgxpool.Pool, error) {
 	cfg, err := migrations.ParseConfig(u)
 	if err != nil {
 		return nil, err
+	}
+	if bound != nil {
+		cfg.ConnConfig.Tracer = bound
 	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -191,21 +201,112 @@ func newPool(ctx context.Context, u string) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// pool opens a pool on the database, failing fast with a one-line error when unreachable.
-func pool(c *cli.Context) (*pgxpool.Pool, error) {
+// boundedPool opens a pool on the database at u whose statements are bounded by --timeout (none
+// when it is 0).
+func (a *app) boundedPool(c *cli.Context, u string) (*pgxpool.Pool, error) {
+	if d := c.Duration("timeout"); d > 0 {
+		a.bound = &statementBound{wait: d}
+	}
+	return newPool(c.Context, u, a.bound)
+}
+
+// pool opens a pool on the database (see boundedPool), failing fast with a one-line error when
+// unreachable or silent.
+func (a *app) pool(c *cli.Context) (*pgxpool.Pool, error) {
 	u, err := databaseURL(c)
 	if err != nil {
 		return nil, err
 	}
-	p, err := newPool(c.Context, u)
+	p, err := a.boundedPool(c, u)
 	if err != nil {
 		return nil, err
 	}
-	if err := p.Ping(c.Context); err != nil {
+	ctx := c.Context
+	if a.bound != nil { // a ping is no statement the tracer sees
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, a.bound.wait, errStatementTimeout)
+		defer cancel()
+	}
+	if err := p.Ping(ctx); err != nil {
 		p.Close()
+		if a.bound != nil && errors.Is(context.Cause(ctx), errStatementTimeout) {
+			a.bound.timedOut.Store(true)
+			return nil, fmt.Errorf("connect to postgres: %w", err)
+		}
 		return nil, unreachable(fmt.Errorf("connect to postgres: %w", err))
 	}
 	return p, nil
+}
+
+// defaultTimeout is --timeout's default: far above what one of ctl's statements takes (a batch
+// of 500 dead letters retried or purged, a day's statistics), and short enough for an operator
+// at a terminal to wait for.
+const defaultTimeout = 30 * time.Second
+
+// errStatementTimeout is the cause of a statement's context ended by --timeout.
+var errStatementTimeout = errors.New("postgres statement timed out (--timeout)")
+
+// statementBound is a pgx tracer that bounds each statement of a command's pool (a query with
+// the reading of its rows, an exec, a transaction's begin and commit, a batch) by wait: a
+// Postgres that is slow (a lock a long transaction holds, an I/O stall) or silent (a partition,
+// a failover behind a moved address) fails the command rather than hang it. pgx cancels the
+// statement and closes its connection. It records that it fired, for run's message.
+type statementBound struct {
+	wait     time.Duration
+	timedOut atomic.Bool
+}
+
+// boundCancel is the context key of a bounded statement's cancel.
+type boundCancel struct{}
+
+func (b *statementBound) start(ctx context.Context) context.Context {
+	ctx, cancel := context.WithTimeoutCause(ctx, b.wait, errStatementTimeout)
+	return context.WithValue(ctx, boundCancel{}, cancel)
+}
+
+func (b *statementBound) end(ctx context.Context, conn *pgx.Conn, err error) {
+	if err != nil && errors.Is(context.Cause(ctx), errStatementTimeout) {
+		b.timedOut.Store(true)
+		// pgx has sent the server a cancel and is closing the connection; it would read
+		// what is left on it for up to 15 s first, which a silent server never ends, and the
+		// pool's close waits for that: the command ended 15 s after its message.
+		_ = conn.PgConn().Conn().Close()
+	}
+	if cancel, ok := ctx.Value(boundCancel{}).(context.CancelFunc); ok {
+		cancel()
+	}
+}
+
+// TraceQueryStart implements pgx.QueryTracer: it bounds the statement.
+func (b *statementBound) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return b.start(ctx)
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (b *statementBound) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	b.end(ctx, conn, d.Err)
+}
+
+// TraceBatchStart implements pgx.BatchTracer: it bounds the batch as one statement.
+func (b *statementBound) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return b.start(ctx)
+}
+
+// TraceBatchQuery implements pgx.BatchTracer.
+func (b *statementBound) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (b *statementBound) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchEndData) {
+	b.end(ctx, conn, d.Err)
+}
+
+// timeoutHint is what to make of a failed command one of whose statements --timeout cut: the
+// bound, and what keeps Postgres from answering; "" otherwise.
+func (a *app) timeoutHint() string {
+	if a.bound == nil || !a.bound.timedOut.Load() {
+		return ""
+	}
+	return fmt.Sprintf(" (postgres did not answer within %s, --timeout: a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)", a.bound.wait)
 }
 
 func (a *app) migrateCommand() *cli.Command {
@@ -223,7 +324,7 @@ func (a *app) migrateCommand() *cli.Command {
 			if err := migrations.EnsureDatabase(c.Context, u); err != nil {
 				return unreachable(err)
 			}
-			p, err := newPool(c.Context, u)
+			p, err := newPool(c.Context, u, nil) // no --timeout: its index builds may take long
 			if err != nil {
 				return err
 			}

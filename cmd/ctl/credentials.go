@@ -39,7 +39,7 @@ func (a *app) credentialsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				p, err := newPool(c.Context, u)
+				p, err := a.boundedPool(c, u)
 				if err != nil {
 					return err
 				}
@@ -100,7 +100,7 @@ func (a *app) credentialsCommand() *cli.Command {
 					return fmt.Errorf("no credential %q in the config", c.Args().First())
 				}
 				// Postgres before the change: a resume the audit log cannot record is not made.
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}

@@ -82,7 +82,7 @@ func (a *app) deadList(c *cli.Context) error {
 			return err
 		}
 	}
-	p, err := pool(c)
+	p, err := a.pool(c)
 	if err != nil {
 		return err
 	}
@@ -192,7 +192,7 @@ func (a *app) deadShow(c *cli.Context) error {
 		return cli.Exit("usage: ctl dead show ID [--json]", exitUsage)
 	}
 	id := c.Args().First()
-	p, err := pool(c)
+	p, err := a.pool(c)
 	if err != nil {
 		return err
 	}
@@ -255,7 +255,7 @@ func (a *app) deadRetry(c *cli.Context) error {
 		return err
 	}
 	defer closeTasks()
-	p, err := pool(c)
+	p, err := a.pool(c)
 	if err != nil {
 		return err
 	}
@@ -387,7 +387,7 @@ func (a *app) deadPurge(c *cli.Context) error {
 			return err
 		}
 	}
-	p, err := pool(c)
+	p, err := a.pool(c)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,7 @@ func (a *app) jobsCommand() *cli.Command {
 				if c.NArg() != 1 {
 					return cli.Exit("usage: ctl jobs show ID", 2)
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}

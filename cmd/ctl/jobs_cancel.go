@@ -30,7 +30,7 @@ func (a *app) jobsCancelCommand() *cli.Command {
 			default:
 				defer closeTasks()
 			}
-			p, err := pool(c)
+			p, err := a.pool(c)
 			if err != nil {
 				return err
 			}

@@ -29,7 +29,7 @@ func (a *app) jobsListCommand() *cli.Command {
 			if c.Int("limit") < 1 {
 				return cli.Exit("--limit must be at least 1", exitUsage)
 			}
-			p, err := pool(c)
+			p, err := a.pool(c)
 			if err != nil {
 				return err
 			}

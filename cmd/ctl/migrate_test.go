@@ -56,7 +56,8 @@ func TestMigrate_SaysWhoHoldsTheMigrationLock(t *testing.T) {
 	errOut := &lockedBuffer{}
 	done := make(chan result, 1)
 	go func() {
-		r, _ := runApp(45*time.Second, func(a *app) { a.errOut = errOut }, "--database-url", dbURL, "migrate")
+		// --timeout, which bounds every other command's statements, does not bound migrate's wait.
+		r, _ := runApp(45*time.Second, func(a *app) { a.errOut = errOut }, "--database-url", dbURL, "--timeout", "100ms", "migrate")
 		done <- r
 	}()
 	want := "held by pid " + strconv.Itoa(pid)

@@ -22,7 +22,7 @@ func (a *app) operatorsCommand() *cli.Command {
 				if c.NArg() != 1 {
 					return cli.Exit("usage: ctl operators create NAME", exitUsage)
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}
@@ -45,7 +45,7 @@ func (a *app) operatorsCommand() *cli.Command {
 				if c.NArg() != 1 {
 					return cli.Exit("usage: ctl operators revoke NAME", exitUsage)
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}
@@ -73,7 +73,7 @@ func (a *app) operatorsCommand() *cli.Command {
 				if c.NArg() != 0 {
 					return cli.Exit("usage: ctl operators list [--json]", exitUsage)
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}

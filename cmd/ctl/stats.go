@@ -63,7 +63,7 @@ func (a *app) statsCommand() *cli.Command {
 			if openErr == nil {
 				defer closeTasks()
 			}
-			p, err := pool(c)
+			p, err := a.pool(c)
 			if err != nil {
 				return err
 			}

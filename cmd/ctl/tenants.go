@@ -36,7 +36,7 @@ func (a *app) tenantsCommand() *cli.Command {
 				if err != nil {
 					return err
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}
@@ -75,7 +75,7 @@ func (a *app) tenantsCommand() *cli.Command {
 					}
 					defer closeTasks()
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}
@@ -134,7 +134,7 @@ func (a *app) tenantsCommand() *cli.Command {
 				if overlap < 0 || overlap > tenant.MaxOverlap {
 					return cli.Exit(fmt.Sprintf("--overlap must be 0..%s", tenant.MaxOverlap), exitUsage)
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}
@@ -167,7 +167,7 @@ func (a *app) tenantsCommand() *cli.Command {
 				if c.NArg() != 1 || !c.IsSet("weight") {
 					return cli.Exit("usage: ctl tenants set NAME --weight N", exitUsage)
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}
@@ -188,7 +188,7 @@ func (a *app) tenantsCommand() *cli.Command {
 				if c.NArg() != 0 {
 					return cli.Exit("usage: ctl tenants list [--json]", exitUsage)
 				}
-				p, err := pool(c)
+				p, err := a.pool(c)
 				if err != nil {
 					return err
 				}
@@ -230,7 +230,7 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 		return err
 	}
 	defer closeTasks()
-	p, err := pool(c)
+	p, err := a.pool(c)
 	if err != nil {
 		return err
 	}

@@ -28,5 +28,8 @@ func newConsole(cfg *config.Config, prefix string, pool *pgxpool.Pool, store *jo
 	}
 	return console.New(console.Config{Pool: pool, Jobs: store, Tasks: tasks, AfterCommit: afterCommit, Redis: rdb, Credentials: creds,
 		Canceled: m.canceled, Listener: listener, Logger: logger, RedisPrefix: prefix,
-		EventWriteTimeout: cfg.API.EventWriteTimeout, ActionTimeout: cfg.API.StoreTimeout, OpenStream: openStream})
+		EventWriteTimeout: cfg.API.EventWriteTimeout, ActionTimeout: cfg.API.StoreTimeout, OpenStream: openStream,
+		// Below write_timeout, which would cut the read's 503; the overview's counts over a large
+		// backlog may take longer than store_timeout.
+		ReadTimeout: max(cfg.API.StoreTimeout, cfg.API.WriteTimeout*2/3)})
 }

@@ -39,7 +39,10 @@ func (h *Handler) authed(next sessionHandler) http.HandlerFunc {
 			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "unauthorized", msg})
 			return
 		}
-		sess, err := h.lookupSession(r.Context(), w, c.Value)
+		// Bounded here too for the event streams, whose context no read's bound may end.
+		ctx, cancel := h.readCtx(r.Context())
+		sess, err := h.lookupSession(ctx, w, c.Value)
+		cancel()
 		if errors.Is(err, operator.ErrNoSession) {
 			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "session_expired", "your session ended; log in again"})
 			return
@@ -66,7 +69,9 @@ func (h *Handler) sessionEnded(r *http.Request) bool {
 	if err != nil {
 		return true
 	}
-	_, err = h.lookupSession(r.Context(), nil, c.Value)
+	ctx, cancel := h.readCtx(r.Context())
+	defer cancel()
+	_, err = h.lookupSession(ctx, nil, c.Value)
 	return errors.Is(err, operator.ErrNoSession)
 }
 

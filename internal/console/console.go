@@ -95,9 +95,18 @@ type Config struct {
 	// letter's retry or purge, a tenant's change, a login): a statement Postgres has not answered
 	// by then (a lock a long transaction holds, an I/O stall, a failover) is abandoned and the
 	// action answered 503 unavailable, rather than waiting as long as the browser does with a
-	// pool connection held. Reads and event streams are not bounded by it. Default 10s (the API
-	// gives it api.store_timeout).
+	// pool connection held. Reads and event streams are bounded by ReadTimeout. Default 10s (the
+	// API gives it api.store_timeout).
 	ActionTimeout time.Duration
+	// ReadTimeout bounds the work in Postgres of each read: a page's GET (its session's lookup
+	// included; the overview's counts over a large backlog), and each read of a job page's event
+	// stream (its session's, its job's). A read Postgres has not answered by then (slow, or
+	// silent: a partition, a failover behind a moved address) is abandoned and answered 503
+	// unavailable (a stream's is tried again at its next wake-up), rather than leave the page
+	// waiting as long as the browser does with a pool connection held. Default
+	// DefaultReadTimeout (the API gives it two thirds of api.write_timeout, 20 s, at least
+	// api.store_timeout: less than the write timeout, which would cut its 503).
+	ReadTimeout time.Duration
 	// OpenStream, when set, takes one of the process's event stream places for each live page
 	// (the overview's, a job's) before it reads anything: the API's api.max_streams, which its
 	// GET /v1/jobs/{id}/events takes too, so that live pages left open (by many operators, or a
@@ -132,6 +141,11 @@ type Handler struct {
 	closeOnce sync.Once
 }
 
+// DefaultReadTimeout is Config.ReadTimeout's default: far above what a page's reads take (the
+// overview's counts over a backlog of millions included), which the API's api.store_timeout (10 s)
+// is not always.
+const DefaultReadTimeout = 30 * time.Second
+
 // Prefix is the path the console is served under.
 const Prefix = "/console/"
 
@@ -160,6 +174,9 @@ func New(cfg Config) (*Handler, error) {
 	}
 	if cfg.ActionTimeout <= 0 {
 		cfg.ActionTimeout = 10 * time.Second
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -201,25 +218,25 @@ func (h *Handler) routes() {
 	m.Handle("GET /console/static/", http.StripPrefix("/console/static/", securityWrap(files)))
 	m.HandleFunc("POST /console/api/login", h.timed(h.login))
 	m.HandleFunc("POST /console/api/logout", h.timed(h.logout))
-	m.HandleFunc("GET /console/api/session", h.authed(h.session))
-	m.HandleFunc("GET /console/api/overview", h.authed(h.overview))
+	m.HandleFunc("GET /console/api/session", h.read(h.authed(h.session)))
+	m.HandleFunc("GET /console/api/overview", h.read(h.authed(h.overview)))
 	m.HandleFunc("GET /console/api/overview/live", h.getOnly(h.authed(h.overviewLive)))
-	m.HandleFunc("GET /console/api/jobs", h.authed(h.jobList))
-	m.HandleFunc("GET /console/api/jobs/{id}", h.authed(h.jobDetail))
+	m.HandleFunc("GET /console/api/jobs", h.read(h.authed(h.jobList)))
+	m.HandleFunc("GET /console/api/jobs/{id}", h.read(h.authed(h.jobDetail)))
 	m.HandleFunc("GET /console/api/jobs/{id}/live", h.getOnly(h.authed(h.jobLive)))
 	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.timed(h.authed(h.jobCancel)))
-	m.HandleFunc("GET /console/api/dead", h.authed(h.deadList))
+	m.HandleFunc("GET /console/api/dead", h.read(h.authed(h.deadList)))
 	m.HandleFunc("POST /console/api/dead/retry", h.timed(h.authed(h.deadRetry)))
 	m.HandleFunc("POST /console/api/dead/purge", h.timed(h.authed(h.deadPurge)))
-	m.HandleFunc("GET /console/api/credentials", h.authed(h.credentialList))
+	m.HandleFunc("GET /console/api/credentials", h.read(h.authed(h.credentialList)))
 	m.HandleFunc("POST /console/api/credentials/{name}/resume", h.timed(h.authed(h.credentialResume)))
-	m.HandleFunc("GET /console/api/tenants", h.authed(h.tenantList))
+	m.HandleFunc("GET /console/api/tenants", h.read(h.authed(h.tenantList)))
 	m.HandleFunc("POST /console/api/tenants", h.timed(h.authed(h.tenantCreate)))
 	m.HandleFunc("POST /console/api/tenants/{name}/revoke", h.timed(h.authed(h.tenantRevoke)))
 	m.HandleFunc("POST /console/api/tenants/{name}/rotate", h.timed(h.authed(h.tenantRotate)))
 	m.HandleFunc("POST /console/api/tenants/{name}/weight", h.timed(h.authed(h.tenantWeight)))
 	m.HandleFunc("POST /console/api/tenants/{name}/delete", h.timed(h.authed(h.tenantDelete)))
-	m.HandleFunc("GET /console/api/audit", h.authed(h.auditList))
+	m.HandleFunc("GET /console/api/audit", h.read(h.authed(h.auditList)))
 	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
 	})
@@ -235,6 +252,23 @@ func (h *Handler) timed(next http.HandlerFunc) http.HandlerFunc {
 		defer cancel()
 		next(w, r.WithContext(ctx))
 	}
+}
+
+// read runs next, a page's read, with its context ending after ReadTimeout: a statement still
+// waiting then is abandoned (pgx cancels it and closes its connection) and the read answered 503
+// unavailable (writeError).
+func (h *Handler) read(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), h.cfg.ReadTimeout)
+		defer cancel()
+		next(w, r.WithContext(ctx))
+	}
+}
+
+// readCtx is ctx bounded by ReadTimeout, for one read of an event stream, which no deadline on
+// the request's context may bound.
+func (h *Handler) readCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, h.cfg.ReadTimeout)
 }
 
 // getOnly refuses HEAD (405), which a "GET" pattern also matches, on an event stream: served as

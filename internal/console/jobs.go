@@ -169,7 +169,9 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 		return
 	}
 	defer release()
-	job, err := h.cfg.Jobs.Get(r.Context(), r.PathValue("id"))
+	ctx, cancel := h.readCtx(r.Context())
+	job, err := h.cfg.Jobs.Get(ctx, r.PathValue("id"))
+	cancel()
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
@@ -183,7 +185,10 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 		notify = ch
 	}
 	watchTTL := 4 * h.cfg.KeepAlive
-	if err := h.cfg.Jobs.Watch(r.Context(), id, watchTTL); err != nil {
+	ctx, cancel = h.readCtx(r.Context())
+	err = h.cfg.Jobs.Watch(ctx, id, watchTTL)
+	cancel()
+	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
@@ -199,7 +204,9 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 			endStream(out)
 			return
 		}
-		d, err := h.detail(r.Context(), id)
+		ctx, cancel := h.readCtx(r.Context())
+		d, err := h.detail(ctx, id)
+		cancel()
 		switch {
 		case err == nil:
 			if last, err = sendIfChanged(out, "job", d, last); err != nil {
@@ -227,7 +234,9 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {
 				return
 			}
-			_ = h.cfg.Jobs.Watch(r.Context(), id, watchTTL)
+			ctx, cancel := h.readCtx(r.Context())
+			_ = h.cfg.Jobs.Watch(ctx, id, watchTTL)
+			cancel()
 		}
 	}
 }

@@ -177,11 +177,17 @@ type RetryDeadOpts struct {
 //
 // It works in batches of opts.Batch jobs, oldest death first, each in a transaction of its own,
 // so that a retry of 100,000 dead letters never holds their row locks at once (the sweeper, the
-// retention pass and the workers would wait on it) and a failure keeps the batches done. It
+// retention pass and the workers would wait on it) and a failure keeps the batches done. Each
+// batch goes on after the last job the batch before locked (a cursor on (finished_at, id)), so
+// the dead letters it leaves alone (a revoked tenant's) are read once, not once a batch. It
 // retries only the jobs that died before it began (by Postgres's clock): a job it retried that
 // dies again meanwhile is not retried twice, and the run ends. A matching job another
-// transaction holds is waited for, not skipped, and taken if it is still dead. On an error it
-// returns the jobs of the batches that committed with it.
+// transaction holds is waited for, not skipped, and taken if it is still dead. A death that
+// commits after the run began carries the time its transaction began as finished_at, which may
+// be before the run began: if that is after the cursor when a later batch reads, the run retries
+// it; if the cursor has passed it, the run does not (it stays dead, for the next retry, and is
+// neither returned nor counted anywhere). On an error it returns the jobs of the batches that
+// committed with it.
 func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts) ([]Unfinished, error) {
 	var o RetryDeadOpts
 	if opts != nil {
@@ -194,16 +200,21 @@ func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts
 	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&began); err != nil {
 		return nil, fmt.Errorf("retry dead jobs: %w", err)
 	}
-	sql, args := retryDeadQuery(f, began, o.Batch)
 	var out []Unfinished
+	var cur *deadKey // the last job the batches before locked (nil: none yet)
 	for {
+		sql, args := retryDeadQuery(f, began, cur, o.Batch)
 		rows, err := s.pool.Query(ctx, sql, args...)
 		if err != nil {
 			return out, fmt.Errorf("retry dead jobs: %w", err)
 		}
+		var keys []deadKey
 		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
 			u := Unfinished{Status: StatusQueued}
-			err := r.Scan(&u.ID, &u.Priority)
+			var k deadKey
+			err := r.Scan(&u.ID, &u.Priority, &k.finishedAt)
+			k.id = u.ID
+			keys = append(keys, k)
 			return u, err
 		})
 		if err != nil {
@@ -218,21 +229,47 @@ func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts
 		if len(batch) < o.Batch {
 			return out, nil
 		}
+		for _, k := range keys {
+			if cur == nil || k.after(*cur) {
+				cur = &k
+			}
+		}
 	}
+}
+
+// deadKey is a dead job's place in RetryDead's order: (finished_at, id).
+type deadKey struct {
+	finishedAt time.Time
+	id         string
+}
+
+// after reports whether k comes after o in RetryDead's order. IDs compare as their text: the
+// canonical lowercase form orders as the bytes, as Postgres orders uuids.
+func (k deadKey) after(o deadKey) bool {
+	if c := k.finishedAt.Compare(o.finishedAt); c != 0 {
+		return c > 0
+	}
+	return k.id > o.id
 }
 
 // retryDeadBatch is how many jobs one of RetryDead's transactions retries by default.
 const retryDeadBatch = 500
 
 // retryDeadQuery is one batch of RetryDead: one statement, so its own transaction. It locks
-// (FOR UPDATE, waiting) up to limit of f's dead jobs that died by began, oldest death first, in
-// the order of (finished_at, id), which every plan and snapshot agree on, so two retries lock in
+// (FOR UPDATE, waiting) up to limit of f's dead jobs that died by began and come after the job
+// after (nil: from the first), oldest death first, in the order of (finished_at, id), which
+// every plan and snapshot agree on, so two retries lock in
 // the same order (deaths whose transactions began in the same microsecond share finished_at:
 // ordered by it alone, they went in each plan's order, and concurrent retries deadlocked);
 // a job that is no longer dead once its lock is free is passed over. The jobs it puts back to
-// queued no longer match, so the next batch takes the next ones. The update finds them by
-// primary key (= ANY of an array): joined with the CTE, the planner read the whole table for a
-// few hundred rows out of 20,000.
+// queued no longer match. It returns each job's id, priority and finished_at, of which RetryDead
+// takes the greatest (finished_at, id) as the next batch's after: started again at the first,
+// each batch read every dead job it skips (a revoked tenant's) before reaching its own, and a
+// retry of 100,000 with 100,000 skipped read 100,000 rows 200 times. (The finished_at a row is
+// locked with is the one it was found with: only a retry puts a dead job back, so no dead job's
+// finished_at changes while it stays dead.) The update finds them by primary key (= ANY of an
+// array): joined with the CTE, the planner read the whole table for a few hundred rows out of
+// 20,000.
 // Each job's deadline runs from the statement's clock_timestamp(), on Postgres's clock: a
 // retrying host's skew (an API host's console, ctl's) would otherwise be every retried job's.
 // A limiter slot left in a dead job's row (held by a duplicate delivery after the dying
@@ -240,12 +277,18 @@ const retryDeadBatch = 500
 // once, unpaced (the row said no next attempt time, and a held slot is not asked for again).
 // The job starts over at its own credential (credential_index 0): left on the fallback it died
 // on, it never went back to its own credential, and waited on that fallback while it was paused.
-func retryDeadQuery(f DeadFilter, began time.Time, limit int) (string, []any) {
+func retryDeadQuery(f DeadFilter, began time.Time, after *deadKey, limit int) (string, []any) {
 	args := []any{began, limit}
 	where := f.where("d", &args)
+	if after != nil {
+		args = append(args, after.finishedAt, after.id)
+		at, id := "$"+strconv.Itoa(len(args)-1), "$"+strconv.Itoa(len(args))
+		// The first half is the index's condition (jobs_finished_idx), the second the order's.
+		where += " AND d.finished_at >= " + at + " AND (d.finished_at, d.id) > (" + at + ", " + id + "::uuid)"
+	}
 	return `
 WITH old AS (
-	SELECT d.id, d.dead_reason FROM jobs d WHERE ` + where + ` AND d.finished_at <= $1 AND ` + notRevokedSQL + `
+	SELECT d.id, d.dead_reason, d.finished_at FROM jobs d WHERE ` + where + ` AND d.finished_at <= $1 AND ` + notRevokedSQL + `
 	ORDER BY d.finished_at, d.id LIMIT $2
 	FOR UPDATE
 ), u AS (
@@ -264,12 +307,19 @@ WITH old AS (
 		jsonb_strip_nulls(jsonb_build_object('retried_from', 'dead', 'previous_reason', old.dead_reason))
 	FROM u JOIN old ON old.id = u.id
 )
-SELECT id::text, priority FROM u`, args
+SELECT u.id::text, u.priority, old.finished_at FROM u JOIN old ON old.id = u.id`, args
 }
 
-// notRevokedSQL is the condition, on dead job d, that its tenant is not revoked (a tenant
-// without a row, "default" with auth off, is not).
-const notRevokedSQL = `NOT EXISTS (SELECT 1 FROM tenants t WHERE t.name = d.tenant AND t.revoked_at IS NOT NULL)`
+// notRevokedSQL is the condition, on dead job d, that its tenant is not revoked (a tenant without
+// a row, "default" with auth off, is not). It is a filter on each dead job as it is read (a
+// subplan, hashed or a look-up by primary key), which "IS TRUE" keeps the planner from turning
+// into an anti-join: as a join, its shape went by the statistics of tenants, which autovacuum
+// gathers only once 50 of its rows have changed (a deployment of a few tenants may never have
+// them), and without them the planner took tenants for hundreds of rows, hashed them and joined
+// every matching dead job before RetryDead's sort and limit, so that each batch read every dead
+// job the batches after it would take. As a filter, the planner estimates half the dead jobs pass
+// it, whatever the statistics, and walks jobs_finished_idx in order up to the batch's limit.
+const notRevokedSQL = `(NOT EXISTS (SELECT 1 FROM tenants t WHERE t.name = d.tenant AND t.revoked_at IS NOT NULL)) IS TRUE`
 
 // CountDeadOfRevoked counts the dead jobs f selects whose tenant is revoked: those RetryDead
 // leaves alone (f.Limit does not apply).
@@ -277,7 +327,7 @@ func (s *Store) CountDeadOfRevoked(ctx context.Context, f DeadFilter) (int, erro
 	var args []any
 	where := f.where("d", &args)
 	var n int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM jobs d WHERE `+where+` AND NOT `+notRevokedSQL, args...).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM jobs d WHERE `+where+` AND NOT (`+notRevokedSQL+`)`, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count dead jobs of revoked tenants: %w", err)
 	}
 	return n, nil

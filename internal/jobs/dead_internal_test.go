@@ -61,12 +61,16 @@ SELECT 't' || g, sha256(('t' || g)::bytea), CASE WHEN g % 10 = 0 THEN now() END 
 		plan = explain(sql, args...)
 		require.NotContains(t, plan, `"Node Type": "Seq Scan"`, "PageDead %s, a later page, reads the whole table", name)
 
-		sql, args = retryDeadQuery(f, time.Now(), retryDeadBatch)
+		sql, args = retryDeadQuery(f, time.Now(), nil, retryDeadBatch)
 		plan = explain(sql, args...)
 		// The tenants table, one row a tenant, it may read whole (the revoked, into a hash) when
 		// that is cheaper than a look-up by primary key for each dead job (a few dead jobs).
 		require.Empty(t, slices.DeleteFunc(seqScans(t, plan), func(rel string) bool { return rel == "tenants" }),
 			"RetryDead %s reads the whole table", name)
+		sql, args = retryDeadQuery(f, time.Now(), &deadKey{time.Now().Add(-time.Hour), "01a249a3-d2aa-714b-936c-2be8ea642679"}, retryDeadBatch)
+		plan = explain(sql, args...)
+		require.Empty(t, slices.DeleteFunc(seqScans(t, plan), func(rel string) bool { return rel == "tenants" }),
+			"RetryDead %s, a later batch, reads the whole table", name)
 	}
 
 	plan := explain(deadByReasonSQL)

@@ -5,6 +5,7 @@ package offboard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -131,12 +132,12 @@ func DeleteTenant(ctx context.Context, tenants *tenant.Store, store *jobs.Store,
 
 // CancelJobs cancels the jobs of revoked tenant name: those that have not ended
 // (jobs.Store.CancelTenant, walking them once more settle after the revocation, on Postgres's
-// clock: at once for a revocation older than that), then, when that went well, its dead letters
-// (jobs.Store.CancelDeadOfTenant), which an operator's retry of every dead letter would otherwise
-// send again and pay for. abort (when not nil) is called with each job canceled. It returns how
-// many jobs it canceled and how many of them were dead letters, also with an error (the caller
-// audits them: CancelJobsEntry). Errors: tenant.ErrNotFound, tenant.ErrNotRevoked, or what the
-// cancels returned.
+// clock: at once for a revocation older than that), then, whether that went well or not, its
+// dead letters (jobs.Store.CancelDeadOfTenant), which an operator's retry of every dead letter
+// would otherwise send again and pay for. abort (when not nil) is called with each job canceled.
+// It returns how many jobs it canceled and how many of them were dead letters, also with an error
+// (the caller audits them: CancelJobsEntry). Errors: tenant.ErrNotFound, tenant.ErrNotRevoked, or
+// what the cancels returned (both passes' failures, joined, when both failed).
 func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, name string, settle time.Duration,
 	abort func(*jobs.Job) error) (n, dead int, err error) {
 	since, err := tenants.RevokedFor(ctx, name)
@@ -146,11 +147,11 @@ func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, n
 	timer := time.NewTimer(max(0, settle-since))
 	defer timer.Stop()
 	n, err = store.CancelTenant(ctx, name, timer.C, abort)
-	if err != nil {
-		return n, 0, err
-	}
-	dead, err = store.CancelDeadOfTenant(ctx, name, abort)
-	return n + dead, dead, err
+	// The dead letters even when that failed: an abort that failed (Redis down) left its job
+	// canceled, and a failure of Postgres fails this pass too, at once. Skipped, they waited for
+	// the operator to run the command again, and a retry of every dead letter sent them meanwhile.
+	dead, deadErr := store.CancelDeadOfTenant(ctx, name, abort)
+	return n + dead, dead, errors.Join(err, deadErr)
 }
 
 // CancelJobsEntry is the audit log's entry of n jobs of tenant name canceled, dead of them dead

@@ -115,3 +115,25 @@ func TestDeleteTenant_AnAbortThatFailsStopsBeforeTheDeletion(t *testing.T) {
 	_, err = offboard.DeleteTenant(t.Context(), tenants, b.Store, tenant.Default, offboard.Options{})
 	require.ErrorIs(t, err, tenant.ErrAnonymousTenant)
 }
+
+// TestCancelJobs_DeadLettersAlsoWhenAnAbortFailed: when a canceled job's task cannot be aborted
+// (Redis down), the tenant's dead letters are canceled all the same, and the error names both
+// passes' failures. The dead-letter pass was skipped: the dead letters stayed for a retry of
+// every dead letter to send again, until the operator ran the command again.
+func TestCancelJobs_DeadLettersAlsoWhenAnAbortFailed(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tenants := revoked(t, b, "gone")
+	waiting := b.Create(t, jobstest.Opts{Tenant: "gone"})
+	dead := b.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+
+	redisDown := errors.New("redis down")
+	n, nDead, err := offboard.CancelJobs(t.Context(), tenants, b.Store, "gone", 0, func(*jobs.Job) error { return redisDown })
+	require.ErrorIs(t, err, redisDown)
+	require.Equal(t, jobs.StatusCanceled, statusOf(t, b, waiting.ID))
+	require.Equal(t, jobs.StatusCanceled, statusOf(t, b, dead.ID), "the dead letter, after the failed abort")
+	require.Equal(t, 2, n)
+	require.Equal(t, 1, nDead)
+	require.Contains(t, err.Error(), "1 canceled jobs' tasks could not be aborted")
+	require.Contains(t, err.Error(), "1 canceled dead jobs' tasks could not be aborted")
+}
