@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net/http"
 	"path"
 	"slices"
@@ -137,6 +138,9 @@ type Config struct {
 	DeltaHub *deltastream.Hub
 	// writeNow is the clock of the event streams' write deadlines (tests). Default time.Now.
 	writeNow func() time.Time
+	// retryRand draws in [0, 1) the jitter of the retry field that tells a refused EventSource
+	// when to come back (refuseStream; tests). Default rand.Float64.
+	retryRand func() float64
 	// keepAliveTicks, when set, is each event stream's keep-alive tick (tests) instead of a
 	// ticker of KeepAlive.
 	keepAliveTicks <-chan time.Time
@@ -232,6 +236,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.writeNow == nil {
 		cfg.writeNow = time.Now
+	}
+	if cfg.retryRand == nil {
+		cfg.retryRand = rand.Float64
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now), authLog: newThrottle(authLogInterval, cfg.Now),
@@ -338,7 +345,7 @@ var errStoreTimeout = errors.New("the job store did not answer in time")
 // most StoreWait (pgwait.Bound): past it, the request's context is canceled and its answer is
 // 503 overloaded (writeError), nothing having been sent. Not event streams: they wait for their
 // client anyway, and a stream cut by a busy pool would only come back at once (their caller's
-// authentication is bounded alone: authBounded).
+// authentication and first reads are bounded alone: storeBounded).
 func (s *Server) bounded(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := pgwait.Bound(r.Context(), s.cfg.StoreWait)
@@ -357,12 +364,13 @@ func (s *Server) timed(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// authBounded returns r with the bounds of a poll's work in Postgres (bounded, timed): each wait
+// storeBounded returns r with the bounds of a poll's work in Postgres (bounded, timed): each wait
 // for a pool connection (or a place among the lookups of new tokens) lasting at most StoreWait,
 // the whole at most StoreTimeout, answered 503 overloaded and 503 unavailable (writeError, given
-// the returned request). It is for an event stream's authentication, whose stream is not bounded
-// so (see bounded); call stop once the caller is known.
-func (s *Server) authBounded(r *http.Request) (_ *http.Request, stop context.CancelFunc) {
+// the returned request). It is for an event stream's work in Postgres outside its shared reads
+// (its authentication, its reads before its headers, the checks of its token), whose stream is
+// not bounded so (see bounded); call stop once that work is done.
+func (s *Server) storeBounded(r *http.Request) (_ *http.Request, stop context.CancelFunc) {
 	ctx, cancelWait := pgwait.Bound(r.Context(), s.cfg.StoreWait)
 	ar, cancelTimed := s.storeTimed(r.WithContext(ctx), s.cfg.StoreTimeout)
 	return ar, func() { cancelTimed(); cancelWait() }
@@ -676,8 +684,22 @@ type httpError struct {
 
 func (e *httpError) Error() string { return e.message }
 
-// writeError is the one table from errors to HTTP statuses and machine codes.
+// writeError answers err: the one table from errors to HTTP statuses and machine codes
+// (errorAnswer). Nothing is written when the client left.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+	he := errorAnswer(r, logger, err)
+	if he == nil {
+		return
+	}
+	for k, v := range he.header {
+		w.Header()[k] = v
+	}
+	writeJSON(w, he.status, map[string]any{"error": map[string]string{"type": he.typ, "message": truncateMessage(he.message)}})
+}
+
+// errorAnswer is the one table from errors to HTTP statuses and machine codes: err's answer to
+// r, logged when it is the server's failure; nil when the client left (nothing to answer).
+func errorAnswer(r *http.Request, logger *slog.Logger, err error) *httpError {
 	var he *httpError
 	var inv *InvalidError
 	var term *jobs.TerminalError
@@ -704,19 +726,16 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		he = &httpError{status: http.StatusServiceUnavailable, typ: "unavailable",
 			message: "the job store did not answer in time; retry shortly", header: http.Header{"Retry-After": {"5"}}}
 	case errors.Is(err, context.Canceled):
-		return // the client left
+		return nil // the client left
 	case jobs.IsUnavailable(err):
-		w.Header().Set("Retry-After", "5")
 		logger.WarnContext(r.Context(), "store unavailable", "method", r.Method, "path", r.URL.Path, "error", err)
-		he = &httpError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the job store is unreachable; retry shortly"}
+		he = &httpError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the job store is unreachable; retry shortly",
+			header: http.Header{"Retry-After": {"5"}}}
 	default:
 		logger.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "error", err)
 		he = &httpError{status: http.StatusInternalServerError, typ: "internal", message: "internal error"}
 	}
-	for k, v := range he.header {
-		w.Header()[k] = v
-	}
-	writeJSON(w, he.status, map[string]any{"error": map[string]string{"type": he.typ, "message": truncateMessage(he.message)}})
+	return he
 }
 
 // maxMessageBytes caps an error message: several echo a client's value (a credential name, a

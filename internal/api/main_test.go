@@ -82,7 +82,9 @@ type setupOpts struct {
 	listener          func(net.Listener) net.Listener
 	eventWriteTimeout time.Duration
 	// writeNow is Config.writeNow, the clock of the streams' write deadlines; default time.Now.
-	writeNow   func() time.Time
+	writeNow func() time.Time
+	// retryRand is Config.retryRand, the jitter of a refused EventSource's retry; default random.
+	retryRand  func() float64
 	maxStreams int
 	now        func() time.Time
 	registry   *prometheus.Registry // the API's metrics; default none
@@ -223,7 +225,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, MaxStreams: o.maxServerStreams, Now: o.now,
 		StoreWait: o.storeWait, StoreTimeout: o.storeTimeout, MaxKeyedSubmitsPerTenant: o.maxKeyedSubmits, writeNow: o.writeNow,
-		keepAliveTicks: o.keepAliveTicks,
+		keepAliveTicks: o.keepAliveTicks, retryRand: o.retryRand,
 	}
 	if o.handoff != nil {
 		hcfg := dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16}

@@ -72,12 +72,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// (made-up tokens, whose lookups may wait for a place of their own) never holds one of the
 	// replica's stream places, which a tenant's stream would then be refused for. A known token
 	// is cached, a signed URL checked in memory: neither reads Postgres. A token's lookup is
-	// bounded as a poll's is (authBounded): a made-up one does not hold its connection for as
-	// long as Postgres takes.
-	ar, stop := s.authBounded(r)
+	// bounded as a poll's is (storeBounded): a made-up one does not hold its connection for as
+	// long as Postgres takes. Past the bound an EventSource is told to come back (refuseStream),
+	// having learnt nothing of the job.
+	ar, stop := s.storeBounded(r)
 	caller, signed, err := s.streamCaller(ar)
 	if err != nil {
-		writeError(w, ar, s.cfg.Logger, err)
+		s.refuseStream(w, ar, err)
 		stop()
 		return
 	}
@@ -90,10 +91,16 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer releaseServer()
+	// The stream's reads before its headers (the job, then its watch and first read of the
+	// events) are bounded as a poll's are, together (storeBounded): a stream does not hold its
+	// connection, nor a goroutine, for as long as Postgres takes to answer them. Past the bound
+	// the client is answered as at its authentication (refuseStream).
+	first, stopOpening := s.storeBounded(r)
+	defer stopOpening()
 	// The job next: who may not see it learns nothing from the header's validation.
-	job, err := s.streamJob(r, caller, signed)
+	job, err := s.streamJob(first, caller, signed)
 	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
+		s.refuseStream(w, first, err)
 		return
 	}
 	last, resume, err := lastEventID(r)
@@ -153,11 +160,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	case last.n > 0:
 		after = last.seq - 1 // the attempt's running event too (not sent again): its number
 	}
-	evs, fresh, err := s.cfg.Store.WatchAndRead(r.Context(), job.ID, s.reads.watchTTL, after)
+	evs, fresh, err := s.cfg.Store.WatchAndRead(first.Context(), job.ID, s.reads.watchTTL, after)
 	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
+		s.refuseStream(w, first, err)
 		return
 	}
+	stopOpening()
 	if !resume {
 		// The job read now that we are subscribed: any transition after this read is
 		// signalled, so starting at its latest event loses nothing.
@@ -193,10 +201,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	var authedUntil time.Time // a bearer stream's token is checked again after this
 	for {
 		if !signed && !time.Now().Before(authedUntil) {
-			// A stream ends once its token is revoked (within the tenants' cache TTL, as every
-			// request of it), at its next wake-up or keep-alive. A store error does not end it.
-			var refused *httpError
-			if _, err := s.tenant(r); errors.As(err, &refused) {
+			if s.tokenRefused(r, job.ID) {
 				return
 			}
 			authedUntil = time.Now().Add(s.authRecheck())
@@ -237,6 +242,63 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			reads, need = s.keepAliveReads(r, job.ID, f)
 		}
 	}
+}
+
+// refuseStream answers a request for an event stream that failed before its headers with err:
+// writeError's answer, but for a 503 (no pool connection in time, Postgres not answering in
+// time or unreachable: what passes) to a client that takes event streams (Accept:
+// text/event-stream, which every EventSource sends). An EventSource ends for good on any answer
+// but a 200 event stream (the SSE spec's "fail the connection"), and one that ends makes it
+// reconnect after its reconnection time: such a client is answered a 200 event stream that holds
+// only a retry field and a comment naming the error, and ends. The retry is a full-jitter draw
+// below the 503's Retry-After (in milliseconds): every page refused in the same slowdown would
+// otherwise come back in the same millisecond. It carries no id (the client keeps its
+// Last-Event-ID) and nothing of the job: it is answered before the job is read, or before its
+// caller is known. Any other client is answered the 503 (a 200 would tell curl the stream ended).
+func (s *Server) refuseStream(w http.ResponseWriter, r *http.Request, err error) {
+	he := errorAnswer(r, s.cfg.Logger, err)
+	if he == nil {
+		return
+	}
+	retryAfter, convErr := strconv.Atoi(he.header.Get("Retry-After"))
+	if he.status != http.StatusServiceUnavailable || convErr != nil || !acceptsEventStream(r) {
+		writeError(w, r, s.cfg.Logger, he)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Retry-After", strconv.Itoa(retryAfter))
+	w.WriteHeader(http.StatusOK)
+	retry := int64(s.cfg.retryRand() * float64(retryAfter*1000))
+	// The comment's text is the error's type and message: never a line break in them.
+	_, _ = fmt.Fprintf(w, ": %s: %s\nretry: %d\n\n", he.typ, strings.ReplaceAll(he.message, "\n", " "), retry)
+}
+
+// acceptsEventStream reports whether r's Accept header names text/event-stream (not refused
+// with q=0), as every EventSource's does. A wildcard (*/*, text/*) does not count: curl sends
+// */*, and wants the 503.
+func acceptsEventStream(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for part := range strings.SplitSeq(v, ",") {
+			media, params, _ := strings.Cut(part, ";")
+			if !strings.EqualFold(strings.TrimSpace(media), "text/event-stream") {
+				continue
+			}
+			refused := false
+			for param := range strings.SplitSeq(params, ";") {
+				k, v, _ := strings.Cut(param, "=")
+				if strings.EqualFold(strings.TrimSpace(k), "q") {
+					q, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+					refused = err == nil && q <= 0
+				}
+			}
+			if !refused {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // streamReads is what a stream's wake-up reads (see sendEvents).
@@ -299,6 +361,27 @@ func (s *Server) streamWarn(ctx context.Context, msg, id string, err error) {
 // line of it counted since: the last of an outage (streamLog.report).
 func (s *Server) streamsSuppressed(msg string, suppressed int) {
 	s.cfg.Logger.Warn(msg, "suppressed", suppressed)
+}
+
+// tokenRefused checks again the token of a stream (of job id) that was served: true when it is
+// refused now (revoked, rotated out: within the tenants' cache TTL of it, as every request of
+// it), which ends the stream, at its next wake-up or keep-alive. The lookup is bounded as the
+// stream's authentication was (storeBounded): it held the stream, its events and keep-alives
+// included, for as long as Postgres took to answer. A store error, that bound passing included,
+// does not end the stream: it is logged (streamWarn: throttled), and the token is checked again
+// after authRecheck, as after a success (Postgres not answering says nothing of the token).
+func (s *Server) tokenRefused(r *http.Request, id string) bool {
+	ar, stop := s.storeBounded(r)
+	defer stop()
+	_, err := s.tenant(ar)
+	var refused *httpError
+	switch {
+	case errors.As(err, &refused):
+		return true
+	case err != nil && r.Context().Err() == nil:
+		s.streamWarn(r.Context(), "check event stream's token again", id, err)
+	}
+	return false
 }
 
 // authRecheck is how long a bearer stream goes before its token is checked again: the tenants'

@@ -81,7 +81,7 @@ func streamTokenError(typ, message string) *httpError {
 // when the query has one (signed reports so; checked in memory), else the caller's bearer token
 // (or the anonymous tenant), whose tenant it returns. It comes before the stream takes any place
 // (see events): a request that fails it holds none, and its token's lookup is bounded as a
-// poll's (events gives it a request of authBounded's).
+// poll's (events gives it a request of storeBounded's).
 func (s *Server) streamCaller(r *http.Request) (caller *tenant.Tenant, signed bool, err error) {
 	tokens, signed := r.URL.Query()["token"]
 	if !signed {

@@ -231,9 +231,13 @@ const catchUpPage = 1000
 // catchUpSQL is catchUp's statement: it renews the watches of the jobs $1 for $2 milliseconds
 // (greatest: a longer one is kept) and returns their latest events' numbers, as the share locks
 // found them (Store.WatchLatest's guarantee: every later event is announced). The rows are
-// locked in ID order, so that two catch-ups (of replicas) cannot deadlock on them.
+// locked in the order of (finished_at, id), unfinished jobs last: RetryDead's, which locks the
+// dead jobs FOR UPDATE in that order; in ID order, two dead jobs followed (a console's page of
+// a dead job stays open) that died in the other order than their IDs' deadlocked the two
+// (TestListener_CatchUpAndRetryDeadDoNotDeadlock). Share locks, two catch-ups never wait on
+// each other.
 const catchUpSQL = `
-WITH job AS (SELECT id, event_seq FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY id FOR SHARE),
+WITH job AS (SELECT id, event_seq FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY finished_at, id FOR SHARE),
 watch AS (
 	INSERT INTO job_watches (job_id, expires_at)
 	SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM job ORDER BY id

@@ -1,0 +1,90 @@
+package jobs_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
+)
+
+// TestListener_CatchUpAndRetryDeadDoNotDeadlock: the Listener's catch-up after a reconnect
+// share-locks its subscribed jobs' rows in ID order; RetryDead locks the dead jobs it retries
+// FOR UPDATE in the order of (finished_at, id). Two dead jobs followed (the console's page of a
+// dead job stays open, for its retry) whose deaths are in the other order than their IDs: the
+// catch-up holds the first and waits for the second, which RetryDead holds while it waits for
+// the first. Postgres aborted one (deadlock_detected): the catch-up, which then signalled every
+// subscriber 0 (every stream reads at once), or RetryDead, whose command failed. The catch-up
+// locks in RetryDead's order now, and both end.
+func TestListener_CatchUpAndRetryDeadDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids := []string{b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1).ID, b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1).ID}
+	slices.Sort(ids)
+	// The first by ID died last.
+	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = now() - CASE WHEN id = $1 THEN interval '1 minute' ELSE interval '2 minutes' END
+		WHERE id = ANY($2::uuid[])`, ids[0], ids)
+	require.NoError(t, err)
+	var subs []<-chan int
+	for _, id := range ids {
+		ch, _ := b.connected(t, id)
+		subs = append(subs, ch)
+	}
+	waiting := func(substr, what string) {
+		t.Helper()
+		for {
+			var n int
+			require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, substr).Scan(&n))
+			if n > 0 {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s does not wait for a lock", what)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	// A reader share-locks the first job: RetryDead locks the second, then waits for the first.
+	blocker, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(context.Background()) }()
+	_, err = blocker.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR SHARE`, ids[0])
+	require.NoError(t, err)
+	type retried struct {
+		jobs []jobs.Unfinished
+		err  error
+	}
+	retrying := make(chan retried, 1)
+	go func() {
+		out, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: ids}, nil)
+		retrying <- retried{out, err}
+	}()
+	waiting("WITH old AS", "RetryDead")
+	// The catch-up share-locks the first (beside the reader), and waits for the second.
+	var killed bool
+	require.NoError(t, b.Pool.QueryRow(ctx,
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
+	waiting("job_watches", "the catch-up")
+	require.NoError(t, blocker.Rollback(ctx))
+
+	var r retried
+	select {
+	case r = <-retrying:
+	case <-ctx.Done():
+		t.Fatal("RetryDead did not end")
+	}
+	require.NoError(t, r.err, "RetryDead failed")
+	require.Len(t, r.jobs, 2)
+	for i := range subs {
+		require.NotZero(t, next(t, subs[i]), "the catch-up failed: every subscriber re-reads")
+	}
+}
