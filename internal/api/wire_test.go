@@ -19,6 +19,7 @@ import (
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/httpserve/httpservetest"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -188,7 +189,8 @@ func TestFromConfig_ConsolePathsUnderCleanPaths(t *testing.T) {
 	cfg, err := parseWire(t, dbURL, redistest.Queue(t, redistest.URL()), "")
 	require.NoError(t, err)
 	_, srv := fromConfig(t, dbURL, cfg)
-	hs := httptest.NewServer(srv)
+	// Each answer must be one api/openapi.yaml describes (the redirect of /console included).
+	hs := httptest.NewServer(openapitest.Handler(t, srv))
 	t.Cleanup(hs.Close)
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	get := func(path string) *http.Response {

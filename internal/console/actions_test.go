@@ -22,6 +22,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/redistest"
 	"github.com/llmq/llmq/internal/tenant"
@@ -528,7 +529,7 @@ func TestCredentials_RedisDownIs503(t *testing.T) {
 	h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: down,
 		Credentials: []console.Credential{{Name: "default", Provider: "anthropic"}}})
 	require.NoError(t, err)
-	b.srv = httptest.NewServer(h)
+	b.srv = httptest.NewServer(openapitest.Handler(t, h))
 	t.Cleanup(b.srv.Close)
 	c := b.login(t)
 	r, out := c.do(http.MethodGet, "/console/api/credentials", nil, nil)

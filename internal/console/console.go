@@ -20,7 +20,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -132,6 +134,8 @@ type Handler struct {
 	limiter   *limiter.Limiter
 	breaker   *breaker.Breaker
 	mux       *http.ServeMux
+	// patterns are mux's routes ("METHOD path"), but the 405s and the catch-all 404 (routes).
+	patterns []string
 	// lookups caps the lookups of credentials anybody can make up (logins, new session cookies).
 	lookups *lookupGate
 	// live shares the overview's recomputation among its streams.
@@ -209,7 +213,7 @@ func New(cfg Config) (*Handler, error) {
 func (h *Handler) routes() {
 	assets, _ := fs.Sub(static, "static")
 	files := http.FileServerFS(assets)
-	m := h.mux
+	m := &routeMux{ServeMux: h.mux}
 	m.HandleFunc("GET /console/{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-cache")
 		securityHeaders(w)
@@ -237,9 +241,49 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /console/api/tenants/{name}/weight", h.timed(h.authed(h.tenantWeight)))
 	m.HandleFunc("POST /console/api/tenants/{name}/delete", h.timed(h.authed(h.tenantDelete)))
 	m.HandleFunc("GET /console/api/audit", h.read(h.authed(h.auditList)))
-	m.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
+	h.patterns = m.patterns
+	// A method a path does not serve is 405 with Allow, as the API answers (api/openapi.yaml),
+	// not the catch-all's 404: each path's pattern without a method takes what its routes leave.
+	allow := map[string][]string{}
+	for _, p := range h.patterns {
+		method, path, _ := strings.Cut(p, " ")
+		allow[path] = append(allow[path], method)
+	}
+	for path, methods := range allow {
+		if slices.Contains(methods, http.MethodGet) && !slices.Contains(streams, path) {
+			methods = append(methods, http.MethodHead)
+		}
+		slices.Sort(methods)
+		allowed := strings.Join(methods, ", ")
+		h.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allowed)
+			writeError(w, r, h.cfg.Logger, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", r.Method + " is not allowed on " + r.URL.Path})
+		})
+	}
+	h.mux.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
 	})
+}
+
+// streams are the paths of the event streams, which refuse HEAD (getOnly); every other GET
+// route serves it (ServeMux's rule).
+var streams = []string{"/console/api/overview/live", "/console/api/jobs/{id}/live"}
+
+// routeMux registers routes on a ServeMux and keeps their patterns ("METHOD path").
+type routeMux struct {
+	*http.ServeMux
+	patterns []string
+}
+
+// Handle registers handler for pattern (http.ServeMux.Handle).
+func (m *routeMux) Handle(pattern string, handler http.Handler) {
+	m.ServeMux.Handle(pattern, handler)
+	m.patterns = append(m.patterns, pattern)
+}
+
+// HandleFunc registers f for pattern (http.ServeMux.HandleFunc).
+func (m *routeMux) HandleFunc(pattern string, f func(http.ResponseWriter, *http.Request)) {
+	m.Handle(pattern, http.HandlerFunc(f))
 }
 
 // timed runs next, an action, with its context ending after ActionTimeout: a statement still

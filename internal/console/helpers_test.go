@@ -20,6 +20,7 @@ import (
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -61,7 +62,8 @@ func setupConfig(t *testing.T, configure func(*console.Config)) *testBundle {
 	configure(&cfg)
 	h, err := console.New(cfg)
 	require.NoError(t, err)
-	b.srv = httptest.NewServer(h)
+	// Every answer of every test must be one that api/openapi.yaml describes.
+	b.srv = httptest.NewServer(openapitest.Handler(t, h))
 	t.Cleanup(b.srv.Close)
 	_, b.token, err = operator.NewStore(b.jobs.Pool, nil).Create(context.Background(), "alice")
 	require.NoError(t, err)

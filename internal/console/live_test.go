@@ -24,6 +24,7 @@ import (
 	"github.com/llmq/llmq/internal/httpserve/httpservetest"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/logtest"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/operator"
 )
 
@@ -75,7 +76,7 @@ func (b *testBundle) serveOn(t *testing.T, change func(*console.Config),
 	change(&cfg)
 	h, err := console.New(cfg)
 	require.NoError(t, err)
-	b.srv = httptest.NewUnstartedServer(h)
+	b.srv = httptest.NewUnstartedServer(openapitest.Handler(t, h))
 	if listener != nil {
 		b.srv.Listener = listener(b.srv.Listener)
 	}

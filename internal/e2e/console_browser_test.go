@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/api"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -45,12 +46,12 @@ func TestConsole_Browser(t *testing.T) {
 	pool, err := openPool(ctx, b.dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	// The console is served by an API of its own, outside the OpenAPI check of the harness's
-	// (the console's routes are not part of the API's contract), reading the worker's keys.
+	// The console is served by an API of its own, reading the worker's keys; every answer the
+	// page gets must be one that api/openapi.yaml describes (its tag console).
 	srv, closeAPI, err := api.FromConfigWith(b.cfg, pool, prometheus.NewRegistry(), nil, api.Options{RedisPrefix: b.prefix})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = closeAPI() })
-	hs := httptest.NewServer(srv)
+	hs := httptest.NewServer(openapitest.Handler(t, srv))
 	t.Cleanup(func() {
 		hs.CloseClientConnections()
 		hs.Close()

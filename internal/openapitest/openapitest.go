@@ -41,9 +41,12 @@ type Spec struct {
 	schemas  map[string]*jsonschema.Schema // by JSON pointer into doc
 }
 
+// paramSegment stands for a path parameter in a pathTemplate's segments.
+const paramSegment = "{}"
+
 type pathTemplate struct {
 	path     string   // as the description writes it: /v1/jobs/{id}
-	segments []string // "" stands for a parameter
+	segments []string // paramSegment stands for a parameter; a trailing slash makes a last "" segment
 }
 
 var (
@@ -99,9 +102,9 @@ func load() (*Spec, error) {
 	paths, _ := m["paths"].(map[string]any)
 	for p := range paths {
 		tpl := pathTemplate{path: p}
-		for _, seg := range strings.Split(strings.Trim(p, "/"), "/") {
+		for _, seg := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
 			if strings.HasPrefix(seg, "{") {
-				seg = ""
+				seg = paramSegment
 			}
 			tpl.segments = append(tpl.segments, seg)
 		}
@@ -288,7 +291,7 @@ func (s *Spec) schema(ptr string) (*jsonschema.Schema, error) {
 
 // match finds the documented path of a request path; a literal segment beats a parameter, which
 // matches a segment that is not empty. A trailing slash makes another path (/v1/jobs/ is not
-// /v1/jobs), as it does for the server's routes.
+// /v1/jobs, /console/ is not /console), in the description as for the server's routes.
 func (s *Spec) match(path string) (pathTemplate, bool) {
 	segs := strings.Split(strings.TrimPrefix(path, "/"), "/")
 	var best pathTemplate
@@ -300,8 +303,8 @@ func (s *Spec) match(path string) (pathTemplate, bool) {
 		literals, ok := 0, true
 		for i, seg := range tpl.segments {
 			switch {
-			case seg == "" && segs[i] != "":
-			case seg != "" && seg == segs[i]:
+			case seg == paramSegment && segs[i] != "":
+			case seg != paramSegment && seg == segs[i]:
 				literals++
 			default:
 				ok = false

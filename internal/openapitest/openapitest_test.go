@@ -73,6 +73,15 @@ func TestSpec_Check(t *testing.T) {
 		"RetryAfterNotSeconds":         {"POST", "/v1/jobs", 429, withRetryAfter("soon"), errorBody, false},
 		"UnauthorizedWithoutChallenge": {"GET", id, 401, jsonHeader, errorBody, false},
 		"HeadUnavailableWithoutRetry":  {"HEAD", id, 503, http.Header{}, nil, false},
+		// The console's page is /console/ (a documented trailing slash), its API under it.
+		"ConsolePage":             {"GET", "/console/", 200, http.Header{"Content-Type": {"text/html; charset=utf-8"}}, []byte("<!doctype html>"), true},
+		"ConsoleWithoutSlash":     {"GET", "/console", 307, http.Header{"Location": {"/console/"}, "Content-Type": {"text/html; charset=utf-8"}}, []byte("<a href=\"/console/\">Temporary Redirect</a>.\n"), true},
+		"ConsoleSession":          {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","csrf_token":"x","expires_at":"2026-12-01T10:00:00Z"}`), true},
+		"ConsoleSessionNoCSRF":    {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","expires_at":"2026-12-01T10:00:00Z"}`), false},
+		"ConsoleJobWithTenant":    {"GET", "/console/api/jobs", 200, jsonHeader, []byte(`{"jobs":[` + strings.Replace(string(withClass("retryable")), "{", `{"tenant":"acme",`, 1) + `],"next":""}`), true},
+		"ConsoleJobWithoutTenant": {"GET", "/console/api/jobs", 200, jsonHeader, []byte(`{"jobs":[` + string(withClass("retryable")) + `],"next":""}`), false},
+		// A Job of the API has no tenant.
+		"JobWithTenant": {"GET", id, 200, jsonHeader, []byte(strings.Replace(string(withClass("retryable")), "{", `{"tenant":"acme",`, 1)), false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

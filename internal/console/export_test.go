@@ -1,0 +1,20 @@
+package console
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// Routes returns every operation h serves, "METHOD pattern" (http.ServeMux's patterns), HEAD
+// included where a GET route serves it.
+func Routes(h *Handler) []string {
+	var out []string
+	for _, p := range h.patterns {
+		out = append(out, p)
+		if method, path, _ := strings.Cut(p, " "); method == http.MethodGet && !slices.Contains(streams, path) {
+			out = append(out, http.MethodHead+" "+path)
+		}
+	}
+	return out
+}
