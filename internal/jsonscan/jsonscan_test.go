@@ -2,6 +2,7 @@ package jsonscan_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,4 +47,58 @@ func TestSkipSpace(t *testing.T) {
 	require.Equal(t, 5, jsonscan.SkipSpace([]byte("x \n\r\t"), 1))
 	require.Equal(t, 0, jsonscan.SkipSpace([]byte("\v "), 0), "a vertical tab is not JSON white space")
 	require.Equal(t, 3, jsonscan.SkipSpace([]byte("abc"), 3))
+}
+
+// validCases are texts Valid must judge as json.Valid does: valid JSON of every kind, and text
+// malformed at every place a hand reader could slip.
+var validCases = []string{
+	`{}`, ` { } `, `[]`, `[1,2]`, `{"a":1,"b":[true,false,null],"c":{"d":"e"}}`, `"s"`, `0`, `-0`, `1.5`, `-1.5e+3`,
+	`1E9`, `1e-0`, `"\"\\\/\b\f\n\r\t\u00e9\uD83D\uDE00"`, "\"\xff\xfe\"", `"é"`, ` null `, "\t\r\n[]\n",
+	``, ` `, `{`, `}`, `[`, `]`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[,1]`, `{,"a":1}`, `{"a" 1}`, `{a:1}`,
+	`{"a":1 "b":2}`, `[1 2]`, `"open`, `"\`, `"\x"`, `"\u12"`, `"\u12G4"`, "\"a\x01\"", "\"\t\"", `01`, `-`, `-a`,
+	`1.`, `1.e3`, `.5`, `1e`, `1e+`, `+1`, `tru`, `truex`, `nul`, `nulll`, `falsey`, `[true false]`, `{}{}`, `{} x`,
+	`[1]]`, `{"a":1}}`, `[{]}`, `{"a":[}`, `"a"b`, `NaN`, `Infinity`, `{"\u0061":1}`, "\v{}", `[-]`, `[1e5,-0.0]`,
+}
+
+// TestValid: Valid agrees with json.Valid, and Value on valid JSON ends where the value ends.
+func TestValid(t *testing.T) {
+	t.Parallel()
+	for _, data := range validCases {
+		requireValidAsJSON(t, []byte(data))
+	}
+	require.True(t, jsonscan.Valid([]byte(strings.Repeat("[", 600)+strings.Repeat("]", 600))),
+		"deeper than MaxDepth: json.Valid judges it")
+	require.False(t, jsonscan.Valid([]byte(strings.Repeat("[", 600)+strings.Repeat("]", 599))))
+	require.Equal(t, -1, jsonscan.Value([]byte(strings.Repeat("[", 600)+strings.Repeat("]", 600)), 0),
+		"deeper than MaxDepth: Value leaves it to encoding/json")
+	for _, v := range values {
+		for _, after := range []string{"", ",", "}", "]", " ", "x"} {
+			data := []byte(`[` + v + after)
+			require.Equal(t, 1+len(v), jsonscan.Value(data, 1), "%q", data)
+		}
+	}
+	require.Equal(t, -1, jsonscan.Value([]byte(`[]`), 2), "at the end of data")
+	require.Equal(t, -1, jsonscan.Value([]byte(`[]`), 1), "at a closing bracket")
+	require.Equal(t, -1, jsonscan.StringEnd([]byte(`"a`), 0))
+	require.Equal(t, 3, jsonscan.StringEnd([]byte(`"a"`), 0))
+}
+
+// FuzzValid: Valid is json.Valid, and Value never reads outside data.
+func FuzzValid(f *testing.F) {
+	for _, data := range validCases {
+		f.Add([]byte(data))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		requireValidAsJSON(t, data)
+	})
+}
+
+func requireValidAsJSON(t *testing.T, data []byte) {
+	t.Helper()
+	require.Equal(t, json.Valid(data), jsonscan.Valid(data), "%q", data)
+	for i := range len(data) + 1 {
+		if end := jsonscan.Value(data, i); end >= 0 {
+			require.True(t, json.Valid(data[i:end]), "Value(%q, %d) = %d", data, i, end)
+		}
+	}
 }

@@ -47,9 +47,9 @@ func (c *Gate) AllowTimeoutRetry(ctx context.Context) (bool, error) {
 }
 
 func (c *Gate) budget(ctx context.Context, kind string) (bool, error) {
-	b := &c.l.cfg.Budget
+	ca := &c.l.args
 	res, err := budgetScript.Run(ctx, c.l.rdb, []string{budgetKey(c.l.cfg.Prefix, c.tag)},
-		c.l.nowArg(), kind, micros(b.Window), b.Buckets, fmtFloat(b.Ratio), b.Floor).Slice()
+		c.l.nowArg(), kind, ca.budgetWindow, ca.budgetBuckets, ca.budgetRatio, ca.budgetFloor).Slice()
 	if err != nil {
 		return false, err
 	}

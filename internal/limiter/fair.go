@@ -143,8 +143,7 @@ func (c *Gate) fairKeys(l *Lane) []string {
 }
 
 func (c *Gate) fairArgs(l *Lane) []any {
-	f := &c.l.cfg.Fairness
+	ca := &c.l.args
 	return []any{"1", fairLaneKey(c.l.cfg.Prefix, c.tag), l.name(), l.Tenant, int(l.Priority), max(l.Weight, 1),
-		l.Ticket, l.Since.UnixMicro(), fmtFloat(f.MinShareNormal), fmtFloat(f.MinShareLow),
-		micros(f.Horizon), micros(f.TicketGrace), micros(f.MaxRecheck)}
+		l.Ticket, l.Since.UnixMicro(), ca.minShareNormal, ca.minShareLow, ca.fairHorizon, ca.ticketGrace, ca.maxRecheck}
 }

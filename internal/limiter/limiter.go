@@ -218,6 +218,33 @@ type Limiter struct {
 	offsets *clockOffsets
 	// calls names each reservation call (see reserveScript).
 	calls *redisscript.CallIDs
+	// args are the scripts' arguments cfg alone decides.
+	args scriptArgs
+}
+
+// scriptArgs are the scripts' arguments that the configuration alone decides, formatted and boxed
+// once by New: formatting each float and boxing each integer again for every call was a share of
+// a job's allocations (issue 23). Each holds the value (and dynamic type) the call sites passed.
+type scriptArgs struct {
+	phaseMargin, rateMargin, learnTTL, probeTTL, pollInterval, learnHorizon any
+	tokenMinute, tokenHorizon                                               any
+	budgetWindow, budgetBuckets, budgetRatio, budgetFloor                   any
+	minShareNormal, minShareLow, fairHorizon, ticketGrace, maxRecheck       any
+	rateDecrease                                                            any
+}
+
+// newScriptArgs is c's scriptArgs.
+func newScriptArgs(c *Config) scriptArgs {
+	b, f := &c.Budget, &c.Fairness
+	return scriptArgs{
+		phaseMargin: micros(c.PhaseMargin), rateMargin: fmtFloat(c.RateMargin), learnTTL: micros(c.LearnTTL),
+		probeTTL: micros(c.ProbeTTL), pollInterval: micros(c.PollInterval), learnHorizon: micros(c.LearnHorizon),
+		tokenMinute: micros(c.TokenMinute), tokenHorizon: micros(c.TokenHorizon),
+		budgetWindow: micros(b.Window), budgetBuckets: b.Buckets, budgetRatio: fmtFloat(b.Ratio), budgetFloor: b.Floor,
+		minShareNormal: fmtFloat(f.MinShareNormal), minShareLow: fmtFloat(f.MinShareLow), fairHorizon: micros(f.Horizon),
+		ticketGrace: micros(f.TicketGrace), maxRecheck: micros(f.MaxRecheck),
+		rateDecrease: fmtFloat(rateDecrease),
+	}
 }
 
 // New returns a Limiter over rdb. cfg may be nil. It returns an error naming the field when cfg
@@ -235,7 +262,7 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Limiter, error) {
 		return nil, fmt.Errorf("new limiter: %w", err)
 	}
 	return &Limiter{rdb: rdb, cfg: c, offsets: &clockOffsets{byTag: map[string]clockOffset{}},
-		calls: redisscript.NewCallIDs()}, nil
+		calls: redisscript.NewCallIDs(), args: newScriptArgs(&c)}, nil
 }
 
 // Gate is the limiter of one provider key. Make it with Limiter.Gate; it is cheap,
@@ -428,11 +455,10 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	if lim.Rate > 0 && lim.Burst == 0 {
 		lim.Burst = 1
 	}
-	cfg := &c.l.cfg
+	cfg, ca := &c.l.cfg, &c.l.args
 	keys := []string{rateKey(cfg.Prefix, c.tag)}
 	args := []any{c.l.nowArg() + " " + c.l.calls.Next(), fmtFloat(lim.Rate), lim.Burst,
-		micros(cfg.PhaseMargin), fmtFloat(cfg.RateMargin), micros(cfg.LearnTTL),
-		micros(cfg.ProbeTTL), micros(cfg.PollInterval), micros(cfg.LearnHorizon)}
+		ca.phaseMargin, ca.rateMargin, ca.learnTTL, ca.probeTTL, ca.pollInterval, ca.learnHorizon}
 	gated := opts != (AttemptOptions{})
 	if cost != (tokens.Cost{}) || gated {
 		keys = append(keys, tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag))
@@ -441,20 +467,19 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		args = append(args, "1",
 			fmtFloat(lim.InputTokensPerMinute), fmtFloat(lim.OutputTokensPerMinute), fmtFloat(lim.TokensPerMinute),
 			cost.InputTokens, cost.OutputTokens, cost.InputTokens+cost.OutputTokens,
-			micros(cfg.TokenMinute), micros(cfg.TokenHorizon), grantsKept,
+			ca.tokenMinute, ca.tokenHorizon, grantsKept,
 			cost.FitInput(), cost.FitInput()+cost.OutputTokens)
 	} else if gated {
 		args = append(args, "", "", "", "", "", "", "", "", "", "", "", "") // ARGV[10..21]: no tokens
 	}
 	if gated {
-		b := &cfg.Budget
 		keys = append(keys, pauseKey(cfg.Prefix, c.tag), budgetKey(cfg.Prefix, c.tag))
 		unlessPaused := flag(opts.UnlessPaused)
 		if opts.UnlessPaused && opts.PauseDurable {
 			unlessPaused = "2"
 		}
 		args = append(args, unlessPaused, flag(opts.FirstAttempt),
-			micros(b.Window), b.Buckets, fmtFloat(b.Ratio), b.Floor)
+			ca.budgetWindow, ca.budgetBuckets, ca.budgetRatio, ca.budgetFloor)
 	}
 	if opts.Lane != nil {
 		if err := opts.Lane.valid(); err != nil {

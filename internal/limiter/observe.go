@@ -120,7 +120,7 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 		Script: observeScript,
 		Keys:   []string{rateKey(cfg.Prefix, c.tag)},
 		Args: []any{l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),
-			ra, micros(cfg.LearnTTL), fmtFloat(rateDecrease), o.Seq, micros(cfg.LearnTTL), asked, applied,
+			ra, l.args.learnTTL, l.args.rateDecrease, o.Seq, l.args.learnTTL, asked, applied,
 			micros(o.SentAt.Sub(now))},
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			if err := cmd.Err(); err != nil {

@@ -232,8 +232,8 @@ func (c *Gate) observeTokensCall(o Observation, off clockOffset, now time.Time) 
 	if !known {
 		return redisscript.Call{}, false
 	}
-	cfg := &c.l.cfg
-	args := []any{c.l.nowArg(), micros(cfg.LearnTTL), fmtFloat(cfg.RateMargin), micros(cfg.TokenMinute)}
+	cfg, ca := &c.l.cfg, &c.l.args
+	args := []any{c.l.nowArg(), ca.learnTTL, ca.rateMargin, ca.tokenMinute}
 	for _, f := range fams {
 		if !f.usable() {
 			args = append(args, 0, 0, 0, 0, 0, 0, 0)

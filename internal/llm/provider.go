@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmq/llmq/internal/jsonscan"
 	"github.com/llmq/llmq/internal/streamname"
 )
 
@@ -564,7 +565,9 @@ func checkRequestBody(body []byte) (stream bool, top map[string]json.RawMessage,
 	return stream, top, nil
 }
 
-func isJSONObject(data []byte) bool { return startsObject(data) && json.Valid(data) }
+// isJSONObject reports whether data is a valid JSON object, white space around it allowed
+// (jsonscan.Valid: json.Valid's answer for less of its scanner's instructions, issue 23).
+func isJSONObject(data []byte) bool { return startsObject(data) && jsonscan.Valid(data) }
 
 // startsObject reports whether data's first byte after white space opens a JSON object: an HTML
 // page or a run of white space is refused without a parse.

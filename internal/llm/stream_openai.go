@@ -164,7 +164,7 @@ func emptyJSON(v json.RawMessage) bool {
 // form (another member of the choice, spaces, a key that decoding would match another way), which
 // event decodes in full; when ok, index and text are what that decoding gives.
 func contentChunkOf(data []byte) (index int, text string, ok bool) {
-	if !json.Valid(data) {
+	if !jsonscan.Valid(data) {
 		return 0, "", false
 	}
 	var choices []byte

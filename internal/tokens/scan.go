@@ -1,34 +1,35 @@
 package tokens
 
-import (
-	"encoding/json"
-
-	"github.com/llmq/llmq/internal/jsonscan"
-)
+import "github.com/llmq/llmq/internal/jsonscan"
 
 // scanBody reads data into b as json.Unmarshal would, without its reflection (its decode of a
 // request was most of a count's instructions, and the worker counts every job's at admission:
-// issue 23): each field a slice of data, a repeated key's last value winning. It reads the usual
-// body, valid JSON whose keys are lower case ASCII and whose messages are an array of objects; ok
-// is false, b then partly written, for anything else (a key json would match case-insensitively
-// or through an escape; messages given twice, or not an array of objects; data not a JSON
-// object, or not valid): the caller then decodes data with json.Unmarshal, which says what is
-// wrong.
+// issue 23): each field a slice of data, a repeated key's last value winning. It checks data as
+// it reads it (json.Valid before it was most of what was left: jsonscan.Value checks each value
+// as it passes over it), and reads the usual body, valid JSON whose keys are lower case ASCII and
+// whose messages are an array of objects; ok is false, b then partly written, for anything else
+// (a key json would match case-insensitively or through an escape; messages given twice, or not
+// an array of objects; data not a JSON object, or not valid, or nested deeper than
+// jsonscan.MaxDepth): the caller then decodes data with json.Unmarshal, which says what is wrong.
+// It never reads outside data, whatever data is.
 func scanBody(data []byte, b *fields) (ok bool) {
-	if !json.Valid(data) {
-		return false
-	}
 	seenMessages := false
-	return scanObject(data, jsonscan.SkipSpace(data, 0), func(key, v []byte) bool {
+	end := scanObject(data, jsonscan.SkipSpace(data, 0), func(key []byte, i int) int {
+		if string(key) == "messages" {
+			if seenMessages { // json would decode the second array into the first's messages
+				return -1
+			}
+			seenMessages = true
+			return scanMessages(data, i, b)
+		}
+		end := jsonscan.Value(data, i)
+		if end < 0 {
+			return -1
+		}
+		v := data[i:end]
 		switch string(key) {
 		case "model":
 			b.Model = v
-		case "messages":
-			if seenMessages { // json would decode the second array into the first's messages
-				return false
-			}
-			seenMessages = true
-			return scanMessages(v, b)
 		case "system":
 			b.System = v
 		case "tools":
@@ -42,84 +43,125 @@ func scanBody(data []byte, b *fields) (ok bool) {
 		case "response_format":
 			b.ResponseFormat = v
 		}
-		return true
-	}) >= 0 // white space only after it: data is valid
+		return end
+	})
+	return end >= 0 && jsonscan.SkipSpace(data, end) == len(data) // white space only after it
 }
 
-// scanMessages reads v, the value of messages, into b.Messages: null is none, an array of
-// objects (or nulls, zero messages) their contents and tool calls. Anything else is not ok.
-func scanMessages(v []byte, b *fields) bool {
-	if string(v) == "null" {
-		b.Messages = nil
-		return true
+// scanMessages reads the value of messages at data[i] into b.Messages and returns the index just
+// past it: null is none, an array of objects (or nulls, zero messages) their contents and tool
+// calls. Anything else, valid or not, is -1.
+func scanMessages(data []byte, i int, b *fields) int {
+	if i >= len(data) {
+		return -1
 	}
-	if v[0] != '[' {
-		return false
+	if data[i] == 'n' {
+		end := jsonscan.Value(data, i)
+		if end < 0 || string(data[i:end]) != "null" {
+			return -1
+		}
+		b.Messages = nil
+		return end
+	}
+	if data[i] != '[' {
+		return -1
 	}
 	b.Messages = b.Messages[:0]
-	i := jsonscan.SkipSpace(v, 1)
-	if v[i] == ']' {
-		return true
+	i = jsonscan.SkipSpace(data, i+1)
+	if i < len(data) && data[i] == ']' {
+		return i + 1
 	}
 	for {
+		if i >= len(data) {
+			return -1
+		}
 		var m messageFields
-		switch v[i] {
+		switch data[i] {
 		case 'n': // null: a zero message
-			i += len("null")
+			end := jsonscan.Value(data, i)
+			if end < 0 || string(data[i:end]) != "null" {
+				return -1
+			}
+			i = end
 		case '{':
-			i = scanObject(v, i, func(key, v []byte) bool {
+			i = scanObject(data, i, func(key []byte, i int) int {
+				end := jsonscan.Value(data, i)
+				if end < 0 {
+					return -1
+				}
 				switch string(key) {
 				case "content":
-					m.Content = v
+					m.Content = data[i:end]
 				case "tool_calls":
-					m.ToolCalls = v
+					m.ToolCalls = data[i:end]
 				}
-				return true
+				return end
 			})
 			if i < 0 {
-				return false
+				return -1
 			}
 		default:
-			return false
+			return -1
 		}
 		b.Messages = append(b.Messages, m)
-		i = jsonscan.SkipSpace(v, i)
-		if v[i] == ']' {
-			return true
+		if i = jsonscan.SkipSpace(data, i); i >= len(data) {
+			return -1
 		}
-		i = jsonscan.SkipSpace(v, i+1) // the comma
+		switch data[i] {
+		case ']':
+			return i + 1
+		case ',':
+			i = jsonscan.SkipSpace(data, i+1)
+		default:
+			return -1
+		}
 	}
 }
 
-// scanObject reads the object of valid JSON at data[i], calling field with each key and value
-// (the value's bytes, without white space around them), and returns the index just past the
-// object. It returns -1 when field does, or at a key that is not lower case ASCII, digits and _
-// only (json.Unmarshal matches keys case-insensitively, and a key may hold escapes).
-func scanObject(data []byte, i int, field func(key, v []byte) bool) int {
+// scanObject reads the object at data[i], calling field with each key and the index of its
+// value (after the white space before it), and returns the index just past the object. field
+// reads the value, checking it, and returns the index just past it, -1 to stop. scanObject
+// returns -1 when field does, when the object is malformed, or at a key that is not lower case
+// ASCII, digits and _ only (json.Unmarshal matches keys case-insensitively, and a key may hold
+// escapes).
+func scanObject(data []byte, i int, field func(key []byte, i int) int) int {
 	if i >= len(data) || data[i] != '{' {
 		return -1
 	}
 	i = jsonscan.SkipSpace(data, i+1)
-	if data[i] == '}' {
+	if i < len(data) && data[i] == '}' {
 		return i + 1
 	}
 	for {
-		start := i + 1 // data[i] is the key's quote
-		for i = start; data[i] != '"'; i++ {
+		if i >= len(data) || data[i] != '"' {
+			return -1
+		}
+		start := i + 1
+		for i = start; i < len(data) && data[i] != '"'; i++ {
 			if c := data[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
 				return -1
 			}
 		}
-		key := data[start:i]
-		i = jsonscan.SkipSpace(data, jsonscan.SkipSpace(data, i+1)+1) // past the colon
-		end := jsonscan.ValueEnd(data, i)
-		if !field(key, data[i:end]) {
+		if i >= len(data) {
 			return -1
 		}
-		i = jsonscan.SkipSpace(data, end)
-		if data[i] == '}' {
-			return i + 1
+		key := data[start:i]
+		if i = jsonscan.SkipSpace(data, i+1); i >= len(data) || data[i] != ':' {
+			return -1
 		}
-		i = jsonscan.SkipSpace(data, i+1) // the comma
+		if i = field(key, jsonscan.SkipSpace(data, i+1)); i < 0 {
+			return -1
+		}
+		if i = jsonscan.SkipSpace(data, i); i >= len(data) {
+			return -1
+		}
+		switch data[i] {
+		case '}':
+			return i + 1
+		case ',':
+			i = jsonscan.SkipSpace(data, i+1)
+		default:
+			return -1
+		}
 	}
 }

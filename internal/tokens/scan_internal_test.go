@@ -2,9 +2,12 @@ package tokens
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/jsonscan"
 )
 
 // scanCases are bodies scanBody reads and some it leaves to json.Unmarshal; Count must read each
@@ -26,6 +29,13 @@ var scanCases = []string{
 	`{"messages":[{"content":"a","tool_calls":[{"function":{"name":"f","arguments":"x"}}]}],"messages":[{"content":"b"}]}`,
 	`{"messages":"x"}`, `{"messages":[1]}`, `{"messages":["a"]}`, `{"messages":{"content":"a"}}`, `{"messages":[[]]}`,
 	`null`, `[]`, `"body"`, `7`, ``, `{`, `{"messages":[}`, `{"model":"m"}x`, `{"a":1,}`,
+	// Malformed where scanBody reads (before, json.Valid refused them for it), at its end too.
+	`{"model":"m",}`, `{"model" "m"}`, `{"model":}`, `{"model":"m"`, `{"model":"m" `, `{"model`, `{"`, `{"model":"m"}}`,
+	`{"messages":[{"content":"a"},]}`, `{"messages":[{"content":"a"} {"content":"b"}]}`, `{"messages":[{"content":"a"}`,
+	`{"messages":[{"content":"a",}]}`, `{"messages":[{"content":}]}`, `{"messages":[nul]}`, `{"messages":nulll}`,
+	`{"messages":[null`, `{"messages":[{"content":"a"}]`, `{"messages":[{"content":"a\x"}]}`, "{\"model\":\"a\x01\"}",
+	`{"max_tokens":01,"messages":[]}`, `{"max_tokens":1.,"messages":[]}`, `{"tools":[1,]}`, `{"system":tru}`,
+	`{"messages":[{"content":"a","content":[{"type":"text","text":"b"}]}],"n":2}`, `{"model":"m"} {}`,
 	// Values Count refuses, read from either.
 	`{"max_tokens":"5","messages":[]}`, `{"n":0,"messages":[]}`, `{"messages":[{"content":5}]}`, `{"response_format":"x"}`,
 	`{"messages":[{"content":"a","tool_calls":"x"}]}`, `{"system":7,"messages":[]}`,
@@ -36,6 +46,12 @@ var scanCases = []string{
 func TestCount_ScanAsJSON(t *testing.T) {
 	t.Parallel()
 	for _, data := range scanCases {
+		requireScanAsJSON(t, []byte(data))
+	}
+	deep := strings.Repeat("[", jsonscan.MaxDepth+1) + strings.Repeat("]", jsonscan.MaxDepth+1)
+	for _, data := range []string{`{"tools":` + deep + `,"messages":[{"content":"abc"}]}`, `{"tools":` + deep + `}x`} {
+		var b fields
+		require.False(t, scanBody([]byte(data), &b), "nested deeper than jsonscan.MaxDepth: json.Unmarshal reads it")
 		requireScanAsJSON(t, []byte(data))
 	}
 }
@@ -62,8 +78,8 @@ func requireScanAsJSON(t *testing.T, data []byte) {
 			require.EqualError(t, err, wantErr.Error(), "%s %q", provider, data)
 		}
 	}
-	if json.Valid(data) {
-		var b fields
-		_ = scanBody(data, &b) // no panic on any valid JSON
+	var b fields
+	if scanBody(data, &b) { // no panic on any data
+		require.True(t, json.Valid(data), "scanBody read %q, which is not JSON", data)
 	}
 }

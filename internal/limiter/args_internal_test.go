@@ -1,0 +1,41 @@
+package limiter
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// TestGate_ScriptArgsFormattedOnce: the scripts' arguments that the configuration alone decides
+// are formatted and boxed once, in New, not at each call (issue 23): a lane's fairness arguments
+// cost their slice, the lane's key and the lane's own values only, and every argument is the
+// value, of the type, that formatting it at the call gave.
+func TestGate_ScriptArgsFormattedOnce(t *testing.T) { // not parallel: testing.AllocsPerRun
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never contacted
+	t.Cleanup(func() { _ = rdb.Close() })
+	cfg := &Config{Fairness: Fairness{MinShareNormal: 0.25, MinShareLow: 0.05}, RateMargin: 0.9}
+	l, err := New(rdb, cfg)
+	require.NoError(t, err)
+	g := l.Gate("sk-main", "main")
+	lane := &Lane{Tenant: "acme", Weight: 3, Priority: PriorityHigh, Ticket: "job-1", Since: time.UnixMicro(1_700_000_000_000_000)}
+
+	c, f, b := &l.cfg, &l.cfg.Fairness, &l.cfg.Budget
+	require.Equal(t, []any{"1", fairLaneKey(c.Prefix, g.tag), lane.name(), "acme", int(PriorityHigh), 3, "job-1",
+		int64(1_700_000_000_000_000), "0.25", "0.05", micros(f.Horizon), micros(f.TicketGrace), micros(f.MaxRecheck)},
+		g.fairArgs(lane))
+	require.Equal(t, scriptArgs{
+		phaseMargin: micros(c.PhaseMargin), rateMargin: "0.9", learnTTL: micros(c.LearnTTL), probeTTL: micros(c.ProbeTTL),
+		pollInterval: micros(c.PollInterval), learnHorizon: micros(c.LearnHorizon), tokenMinute: micros(c.TokenMinute),
+		tokenHorizon: micros(c.TokenHorizon), budgetWindow: micros(b.Window), budgetBuckets: b.Buckets,
+		budgetRatio: fmtFloat(b.Ratio), budgetFloor: b.Floor, minShareNormal: "0.25", minShareLow: "0.05",
+		fairHorizon: micros(f.Horizon), ticketGrace: micros(f.TicketGrace), maxRecheck: micros(f.MaxRecheck),
+		rateDecrease: "0.1",
+	}, l.args)
+
+	// The slice; the lane's key and its name, each made and boxed; the tenant, the ticket and the
+	// time boxed. (Formatting the configuration's too made it 15.)
+	allocs := testing.AllocsPerRun(100, func() { _ = g.fairArgs(lane) })
+	require.LessOrEqual(t, allocs, 8.0, "allocations per fairArgs")
+}
