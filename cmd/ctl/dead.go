@@ -29,7 +29,8 @@ func (a *app) deadCommand() *cli.Command {
 				&cli.StringFlag{Name: "since", Usage: "only jobs that died within this long (30m, 24h, 7d)"},
 				&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
 				&cli.StringFlag{Name: "after", Usage: "the next page: the jobs listed after the dead job of this ID (the last one shown)"},
-				jsonFlag,
+				&cli.BoolFlag{Name: "json", Usage: "print JSON: an array of at most --limit jobs, without a next-page marker: " +
+					"the next page is --after the last job's id; an empty array is the end"},
 			},
 			Action: a.deadList,
 		}, {

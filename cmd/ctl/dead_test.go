@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -591,4 +592,20 @@ func TestDeadRetry_SkipsRevokedTenants(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, got.Status)
 	}
+}
+
+// TestDeadList_HelpSaysHowToPageJSON: `ctl dead list --json` prints no next-page marker (a
+// script pages with the last job's id as --after, until an empty array), and its help says so,
+// as docs/operations.md does. Neither said how a script pages (TestDeadList_PagesWithAfter
+// pages so).
+func TestDeadList_HelpSaysHowToPageJSON(t *testing.T) {
+	t.Parallel()
+	r := run(t, "dead", "list", "--help")
+	require.Equal(t, 0, r.code, r.errOut)
+	help := strings.Join(strings.Fields(r.out), " ")
+	require.Contains(t, help, "--json print JSON: an array of at most --limit jobs, without a next-page marker: "+
+		"the next page is --after the last job's id; an empty array is the end")
+	ops, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(ops), "ctl dead list --json --limit 100 --after LAST_ID")
 }

@@ -111,6 +111,12 @@ func (a *app) tenantsCommand() *cli.Command {
 						err = lerr
 					}
 				}
+				if errors.Is(err, offboard.ErrIncomplete) {
+					// Postgres failed, or the command was interrupted: a second run finds the
+					// tenant revoked (neither revoked nor audited again), passes over the jobs
+					// canceled so far and cancels the rest.
+					return fmt.Errorf("%w; not every job of tenant %s may be canceled: run `ctl tenants revoke %s --cancel-jobs` again", err, name, name)
+				}
 				return err
 			},
 		}, {

@@ -406,3 +406,58 @@ func TestTenants_RevokeCancelJobsCancelsItsDeadLetters(t *testing.T) {
 	}
 	require.Equal(t, []string{"dead.retry  1 <nil>", "tenant.cancel_jobs gone 2 2", "tenant.revoke gone 1 <nil>"}, actions)
 }
+
+// TestTenants_RevokeCancelJobsFailedOnPostgresSaysRunAgain: when Postgres fails the cancels of
+// `revoke --cancel-jobs` (here a trigger refuses them), the one-line error tells the operator to
+// run the command again, and a second run, once Postgres takes them, cancels what is left: the
+// command is idempotent (the revocation is not made, nor audited, twice; the jobs canceled
+// already are not counted again). It said only Postgres's error.
+func TestTenants_RevokeCancelJobsFailedOnPostgresSaysRunAgain(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	ctx := context.Background()
+	redis, _, _ := redisArgs(t)
+	_, _, err := tenant.NewStore(b.pool, nil).Create(ctx, "gone", nil)
+	require.NoError(t, err)
+	create := func(maxAttempts int) *jobs.Job {
+		job, _, err := b.store.Create(ctx, jobs.CreateParams{Tenant: "gone", Credential: "default",
+			Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: maxAttempts, Timeout: time.Minute})
+		require.NoError(t, err)
+		return job
+	}
+	waiting, dead := create(3), create(1)
+	b.attempt(t, dead.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+	_, err = b.pool.Exec(ctx, `
+CREATE FUNCTION refuse_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'cancel refused by the test'; END $$;
+CREATE TRIGGER refuse_cancel BEFORE UPDATE ON jobs FOR EACH ROW WHEN (NEW.status = 'canceled') EXECUTE FUNCTION refuse_cancel()`)
+	require.NoError(t, err)
+	args := append([]string{"--database-url", b.url}, redis...)
+	revoke := func() result {
+		r, _ := runApp(30*time.Second, func(a *app) { a.revokeSettle = 0 }, append(args, "tenants", "revoke", "gone", "--cancel-jobs")...)
+		return r
+	}
+
+	r := revoke()
+	require.Equal(t, 1, r.code, r.errOut)
+	require.Equal(t, "tenant gone revoked\n", r.out)
+	require.Equal(t, 1, strings.Count(r.errOut, "\n"), "one line: %q", r.errOut)
+	require.Contains(t, r.errOut, "cancel refused by the test")
+	require.Contains(t, r.errOut, "run `ctl tenants revoke gone --cancel-jobs` again")
+
+	_, err = b.pool.Exec(ctx, `DROP TRIGGER refuse_cancel ON jobs; DROP FUNCTION refuse_cancel()`)
+	require.NoError(t, err)
+	r = revoke()
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "tenant gone was revoked already\ncanceled 2 jobs of tenant gone (1 of them dead letters, which no retry sends now)\n", r.out)
+	for _, j := range []*jobs.Job{waiting, dead} {
+		got, err := b.store.Get(ctx, j.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusCanceled, got.Status)
+	}
+	var actions []string
+	for _, e := range auditLog(t, b.url) {
+		actions = append(actions, fmt.Sprintf("%s %s %d", e.Action, e.Target, e.Count))
+	}
+	require.Equal(t, []string{"tenant.cancel_jobs gone 2", "tenant.revoke gone 1"}, actions)
+}

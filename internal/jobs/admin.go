@@ -2,12 +2,14 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ListParams select jobs for List.
@@ -186,8 +188,9 @@ type RetryDeadOpts struct {
 // commits after the run began carries the time its transaction began as finished_at, which may
 // be before the run began: if that is after the cursor when a later batch reads, the run retries
 // it; if the cursor has passed it, the run does not (it stays dead, for the next retry, and is
-// neither returned nor counted anywhere). On an error it returns the jobs of the batches that
-// committed with it.
+// neither returned nor counted anywhere). A batch Postgres aborts as a deadlock's victim took no
+// effect and is run again, a few times (retryDeadBatch). On an error it returns the jobs of the
+// batches that committed with it.
 func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts) ([]Unfinished, error) {
 	var o RetryDeadOpts
 	if opts != nil {
@@ -204,19 +207,7 @@ func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts
 	var cur *deadKey // the last job the batches before locked (nil: none yet)
 	for {
 		sql, args := retryDeadQuery(f, began, cur, o.Batch)
-		rows, err := s.pool.Query(ctx, sql, args...)
-		if err != nil {
-			return out, fmt.Errorf("retry dead jobs: %w", err)
-		}
-		var keys []deadKey
-		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
-			u := Unfinished{Status: StatusQueued}
-			var k deadKey
-			err := r.Scan(&u.ID, &u.Priority, &k.finishedAt)
-			k.id = u.ID
-			keys = append(keys, k)
-			return u, err
-		})
+		batch, keys, err := s.retryDeadBatch(ctx, sql, args)
 		if err != nil {
 			return out, fmt.Errorf("retry dead jobs: %w", err)
 		}
@@ -236,6 +227,58 @@ func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts
 		}
 	}
 }
+
+// retryDeadBatch runs one batch of RetryDead (retryDeadQuery's sql and args) and returns its
+// jobs and their places in RetryDead's order. A batch Postgres aborts as a deadlock's victim
+// (40P01) is run again, up to retryDeadDeadlockTries times in all, retryDeadDeadlockBackoff
+// times its try apart: its statement is its transaction, so an aborted batch took no effect.
+// RetryDead locks in the order of (finished_at, id), as the Listener's catch-up does, but the
+// two statements' snapshots may differ (a job that dies between them is found by one only), and
+// a cycle can still form in that window; the catch-up, which locks a few rows, usually waits
+// past deadlock_timeout last, and RetryDead's backend, which finds the cycle, is the victim.
+func (s *Store) retryDeadBatch(ctx context.Context, sql string, args []any) ([]Unfinished, []deadKey, error) {
+	for try := 1; ; try++ {
+		var keys []deadKey
+		rows, err := s.pool.Query(ctx, sql, args...)
+		if err == nil {
+			var batch []Unfinished
+			batch, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
+				u := Unfinished{Status: StatusQueued}
+				var k deadKey
+				err := r.Scan(&u.ID, &u.Priority, &k.finishedAt)
+				k.id = u.ID
+				keys = append(keys, k)
+				return u, err
+			})
+			if err == nil {
+				return batch, keys, nil
+			}
+		}
+		var pgErr *pgconn.PgError
+		if try == retryDeadDeadlockTries || !errors.As(err, &pgErr) || pgErr.Code != pgerrDeadlockDetected {
+			return nil, nil, err
+		}
+		backoff := time.NewTimer(time.Duration(try) * retryDeadDeadlockBackoff)
+		select {
+		case <-ctx.Done():
+			backoff.Stop()
+			return nil, nil, fmt.Errorf("%w (after %w)", ctx.Err(), err)
+		case <-backoff.C:
+		}
+	}
+}
+
+// retryDeadDeadlockTries is how many times in all RetryDead runs a batch Postgres aborts as a
+// deadlock's victim; retryDeadDeadlockBackoff is the wait before its second try (twice that
+// before its third, and so on): the other transaction of the cycle goes on once the batch's
+// locks are let go, and ends.
+const (
+	retryDeadDeadlockTries   = 5
+	retryDeadDeadlockBackoff = 50 * time.Millisecond
+)
+
+// pgerrDeadlockDetected is SQLSTATE deadlock_detected.
+const pgerrDeadlockDetected = "40P01"
 
 // deadKey is a dead job's place in RetryDead's order: (finished_at, id).
 type deadKey struct {

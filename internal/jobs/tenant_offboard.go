@@ -65,7 +65,7 @@ SELECT count(*) FROM d`
 // its revocation reaches them (their Authenticator's TTL). It returns how many it canceled; a
 // job that ended meanwhile is left as it ended. An abort that fails does not stop it (its job
 // is canceled: an attempt in flight runs to its end, unstored); the first such failure is
-// returned at the end, with their count.
+// returned at the end, with their count (*AbortError).
 func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan time.Time, abort func(*Job) error) (int, error) {
 	const page = 500
 	var t cancelTally
@@ -95,7 +95,7 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 		}
 		switch {
 		case final && t.abortErr != nil:
-			return t.n, fmt.Errorf("%d canceled jobs' tasks could not be aborted (an attempt in flight runs to its end, unstored); first, %w", t.unaborted, t.abortErr)
+			return t.n, &AbortError{Unaborted: t.unaborted, Err: t.abortErr}
 		case final:
 			return t.n, nil
 		}
@@ -116,7 +116,7 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 // once, oldest death first (jobs_finished_idx, in the order RetryDead locks them), and returns
 // how many it canceled; a job retried meanwhile (queued again) is canceled as well, one purged
 // or otherwise ended meanwhile is left alone. An abort that fails does not stop it; the first
-// such failure is returned at the end, with their count.
+// such failure is returned at the end, with their count (*AbortError).
 func (s *Store) CancelDeadOfTenant(ctx context.Context, tenant string, abort func(*Job) error) (int, error) {
 	const page = 500
 	var t cancelTally
@@ -143,10 +143,33 @@ ORDER BY finished_at, id LIMIT $4`, tenant, at, after, page)
 		}
 	}
 	if t.abortErr != nil {
-		return t.n, fmt.Errorf("%d canceled dead jobs' tasks could not be aborted; first, %w", t.unaborted, t.abortErr)
+		return t.n, &AbortError{Unaborted: t.unaborted, Err: t.abortErr, Dead: true}
 	}
 	return t.n, nil
 }
+
+// AbortError is the error of CancelTenant and CancelDeadOfTenant when every cancel was made but
+// abort failed for some of the jobs canceled (an attempt in flight runs to its end, unstored): a
+// later call aborts nothing more, as those jobs have ended. It unwraps to the first failure.
+type AbortError struct {
+	// Unaborted counts the canceled jobs abort failed for.
+	Unaborted int
+	// Err is the first failure, naming its job.
+	Err error
+	// Dead reports whether the jobs were dead letters (CancelDeadOfTenant's).
+	Dead bool
+}
+
+// Error says how many jobs' tasks were not aborted, and the first failure.
+func (e *AbortError) Error() string {
+	if e.Dead {
+		return fmt.Sprintf("%d canceled dead jobs' tasks could not be aborted; first, %v", e.Unaborted, e.Err)
+	}
+	return fmt.Sprintf("%d canceled jobs' tasks could not be aborted (an attempt in flight runs to its end, unstored); first, %v", e.Unaborted, e.Err)
+}
+
+// Unwrap returns the first failure.
+func (e *AbortError) Unwrap() error { return e.Err }
 
 // cancelTally counts what cancelEach did across its calls.
 type cancelTally struct {

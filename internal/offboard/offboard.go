@@ -135,9 +135,11 @@ func DeleteTenant(ctx context.Context, tenants *tenant.Store, store *jobs.Store,
 // clock: at once for a revocation older than that), then, whether that went well or not, its
 // dead letters (jobs.Store.CancelDeadOfTenant), which an operator's retry of every dead letter
 // would otherwise send again and pay for. abort (when not nil) is called with each job canceled.
+// Interrupted (ctx ended) during the first pass, it does not begin the second.
 // It returns how many jobs it canceled and how many of them were dead letters, also with an error
 // (the caller audits them: CancelJobsEntry). Errors: tenant.ErrNotFound, tenant.ErrNotRevoked, or
-// what the cancels returned (both passes' failures, joined, when both failed).
+// what the cancels returned (both passes' failures, joined, when both failed), which Is
+// ErrIncomplete unless only aborts failed (a later call then cancels the rest).
 func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, name string, settle time.Duration,
 	abort func(*jobs.Job) error) (n, dead int, err error) {
 	since, err := tenants.RevokedFor(ctx, name)
@@ -147,11 +149,20 @@ func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, n
 	timer := time.NewTimer(max(0, settle-since))
 	defer timer.Stop()
 	n, err = store.CancelTenant(ctx, name, timer.C, abort)
+	if err != nil && ctx.Err() != nil {
+		// Interrupted: the dead letters' pass could only fail alike (and the error said "context
+		// canceled" twice). The next call cancels them.
+		return n, 0, incompleteError{err}
+	}
 	// The dead letters even when that failed: an abort that failed (Redis down) left its job
 	// canceled, and a failure of Postgres fails this pass too, at once. Skipped, they waited for
 	// the operator to run the command again, and a retry of every dead letter sent them meanwhile.
 	dead, deadErr := store.CancelDeadOfTenant(ctx, name, abort)
-	return n + dead, dead, errors.Join(err, deadErr)
+	joined := errors.Join(err, deadErr)
+	if stopped(err) || stopped(deadErr) {
+		joined = incompleteError{joined}
+	}
+	return n + dead, dead, joined
 }
 
 // CancelJobsEntry is the audit log's entry of n jobs of tenant name canceled, dead of them dead
@@ -162,4 +173,25 @@ func CancelJobsEntry(name string, n, dead int) audit.Entry {
 		e.Detail = map[string]any{"dead_letters": dead}
 	}
 	return e
+}
+
+// ErrIncomplete is what CancelJobs' error Is when the cancels stopped before they ended (Postgres
+// failed, or ctx ended): some of the tenant's jobs or dead letters may be left, which a later
+// call cancels (it passes over those canceled so far, and waits out only what is left of the
+// settle). It is not when only aborts failed (jobs.AbortError): every job was canceled, and a
+// later call aborts nothing more. The error's text is its cause's.
+var ErrIncomplete = errors.New("cancels incomplete")
+
+// incompleteError is an error of CancelJobs that Is ErrIncomplete, with its cause's text.
+type incompleteError struct{ err error }
+
+func (e incompleteError) Error() string        { return e.err.Error() }
+func (e incompleteError) Unwrap() error        { return e.err }
+func (e incompleteError) Is(target error) bool { return target == ErrIncomplete }
+
+// stopped reports whether err, a cancel pass's, stopped it before it ended: any failure but
+// aborts that failed (jobs.AbortError, returned once every cancel was made).
+func stopped(err error) bool {
+	var abortErr *jobs.AbortError
+	return err != nil && !errors.As(err, &abortErr)
 }

@@ -1,8 +1,11 @@
 package offboard_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -136,4 +139,38 @@ func TestCancelJobs_DeadLettersAlsoWhenAnAbortFailed(t *testing.T) {
 	require.Equal(t, 1, nDead)
 	require.Contains(t, err.Error(), "1 canceled jobs' tasks could not be aborted")
 	require.Contains(t, err.Error(), "1 canceled dead jobs' tasks could not be aborted")
+	require.NotErrorIs(t, err, offboard.ErrIncomplete, "every job is canceled: a later run aborts nothing more")
+}
+
+// TestCancelJobs_InterruptedSaysSoOnce: interrupted (Ctrl-C: CancelTenant returns ctx.Err()
+// while it waits for the revocation to settle), CancelJobs does not go on to the dead letters,
+// whose pass could only fail alike: the error says "context canceled" once, it is marked
+// ErrIncomplete (a later call cancels the rest), and the dead letter is left for it. The pass ran
+// with the canceled context, and the joined error said "context canceled" twice.
+func TestCancelJobs_InterruptedSaysSoOnce(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tenants := revoked(t, b, "gone")
+	waiting := b.Create(t, jobstest.Opts{Tenant: "gone"})
+	dead := b.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The first walk cancels the waiting job; the operator's Ctrl-C comes during the settle.
+	n, nDead, err := offboard.CancelJobs(ctx, tenants, b.Store, "gone", time.Hour, func(*jobs.Job) error {
+		cancel()
+		return nil
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 1, strings.Count(err.Error(), "context canceled"), "said once: %q", err)
+	require.ErrorIs(t, err, offboard.ErrIncomplete)
+	require.Equal(t, 1, n)
+	require.Zero(t, nDead)
+	require.Equal(t, jobs.StatusCanceled, statusOf(t, b, waiting.ID))
+	require.Equal(t, jobs.StatusDead, statusOf(t, b, dead.ID), "left for the next run")
+
+	n, nDead, err = offboard.CancelJobs(t.Context(), tenants, b.Store, "gone", 0, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the next run cancels the rest")
+	require.Equal(t, 1, nDead)
 }
