@@ -29,6 +29,16 @@ import (
 // message, or in a stream's message_start and message_delta) reports the uncached input, the
 // cache's creation and its read apart.
 func cachedAnswer(usage string) http.HandlerFunc {
+	return answerWithDeltaUsage(usage, `{"output_tokens":3}`)
+}
+
+// answerWithDeltaUsage is cachedAnswer whose stream's message_delta carries deltaUsage ("": no
+// usage at all) after message_start's usage.
+func answerWithDeltaUsage(usage, deltaUsage string) http.HandlerFunc {
+	delta := `{"type":"message_delta","delta":{"stop_reason":"end_turn"}}`
+	if deltaUsage != "" {
+		delta = `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":` + deltaUsage + `}`
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if !strings.Contains(string(body), `"stream":true`) {
@@ -44,7 +54,7 @@ func cachedAnswer(usage string) http.HandlerFunc {
 		ev("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)
 		ev("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}`)
 		ev("content_block_stop", `{"type":"content_block_stop","index":0}`)
-		ev("message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}`)
+		ev("message_delta", delta)
 		ev("message_stop", `{"type":"message_stop"}`)
 	}
 }
@@ -61,11 +71,17 @@ func runCached(t *testing.T, usage string, stream bool) (*limiter.Gate, limiter.
 // runCachedWith is runCached with an estimator of estCfg (nil: the defaults).
 func runCachedWith(t *testing.T, usage string, stream bool, estCfg *estimator.Config) (*limiter.Gate, limiter.Limit, *estimator.Estimator) {
 	t.Helper()
+	return runAnswered(t, cachedAnswer(usage), stream, estCfg)
+}
+
+// runAnswered is runCachedWith against a provider answering as answer does.
+func runAnswered(t *testing.T, answer http.HandlerFunc, stream bool, estCfg *estimator.Config) (*limiter.Gate, limiter.Limit, *estimator.Estimator) {
+	t.Helper()
 	ctx := t.Context()
 	b := jobstest.New(t)
 	rdb := redistest.Client(t)
 	lim, _ := sharedAdmission(t, rdb)
-	srv := httptest.NewServer(cachedAnswer(usage))
+	srv := httptest.NewServer(answer)
 	t.Cleanup(srv.Close)
 	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: srv.URL, APIKey: "sk-cache"})
 	require.NoError(t, err)

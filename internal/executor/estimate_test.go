@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/tokens"
 )
 
@@ -42,6 +43,26 @@ func TestExecutor_UsageWithoutOutputKeepsTheOutputCharged(t *testing.T) {
 	r, err := gate.ReserveCost(t.Context(), limit, tokens.Cost{OutputTokens: 20})
 	require.NoError(t, err)
 	require.Greater(t, r.Wait, time.Second, "the output allowance was refunded on a usage that did not report it")
+}
+
+// A completed Anthropic stream whose output count was never reported after message_start (its
+// message_delta without usage, or without output_tokens: a gateway's) keeps the output reserved
+// charged, as a usage without output does. message_start's output_tokens is a placeholder (1)
+// written before any output: settled with it, the grant was refunded all but one token of its
+// output allowance, though the answer may have been max_tokens long.
+func TestExecutor_StreamWithoutOutputReportKeepsTheOutputCharged(t *testing.T) {
+	t.Parallel()
+	for name, deltaUsage := range map[string]string{"DeltaWithoutUsage": "", "DeltaUsageWithoutOutput": `{"input_tokens":500}`} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			gate, limit, _ := runAnswered(t, answerWithDeltaUsage(`{"input_tokens":500,"output_tokens":1}`, deltaUsage), true,
+				&estimator.Config{PriorWeight: 1})
+			// Of the minute's 30 output tokens 16 (max_tokens) are still in use: another 20 wait.
+			r, err := gate.ReserveCost(t.Context(), limit, tokens.Cost{OutputTokens: 20})
+			require.NoError(t, err)
+			require.Greater(t, r.Wait, time.Second, "the output allowance was refunded to message_start's placeholder")
+		})
+	}
 }
 
 // A usage reporting 0 output tokens (an empty answer: a stop sequence met at once) is a real

@@ -141,9 +141,6 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job, lost func()) (s
 	}
 }
 
-// pauseTimeout bounds the writes of a pause, which outlive the delivery's cancellation.
-const pauseTimeout = 30 * time.Second
-
 // pause stops the credential after a spend-cap answer so that no further request burns on it
 // (in Postgres too, with Config.Pauses), and alerts once per pause episode across all processes.
 func (e *Executor) pause(ctx context.Context, up Upstream, job *jobs.Job, reason, message string) error {
@@ -151,7 +148,8 @@ func (e *Executor) pause(ctx context.Context, up Upstream, job *jobs.Job, reason
 		e.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: up.Name, Reason: reason, JobID: job.ID, Message: message}, time.Minute)
 		return nil
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
+	// Its writes outlive the delivery's cancellation, bounded as its other statements are.
+	wctx, cancel := e.storeCtx(context.WithoutCancel(ctx))
 	defer cancel()
 	var (
 		started bool

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
@@ -99,9 +100,9 @@ func failsOnTheStore(t *testing.T, err error) {
 }
 
 // A worker's statements outside the store's batcher are each bounded by Config.StoreTimeout (a
-// pause's resume too): a row another session keeps locked, a table locked by an operator's
-// migration, or a connection that fell silent ends the delivery at the bound, with the store's
-// error (a resume's is logged: the answer is stored), and the worker goes on. Without a bound,
+// pause's writes and its resume's too): a row another session keeps locked, a table locked by an
+// operator's migration, or a connection that fell silent ends the delivery at the bound, with the
+// store's error (a pause's or a resume's is logged: the answer is stored), and the worker goes on. Without a bound,
 // each waited as long as the delivery's task (an hour), or for ever for a write detached from
 // the delivery's cancellation. (The deferral's write, jobs.Store.Postpone:
 // TestExecutor_SilentConnectionDoesNotHoldADelivery.)
@@ -126,6 +127,41 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 					var de *dispatch.DeferError
 					require.ErrorAs(t, ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}), &de, "the slot is held in the row")
 				}
+			},
+		},
+		{
+			// A handed-over first delivery (ProcessFresh) whose slot, admitted before the job was
+			// created (AdmitFirst), is due past MaxInlineWait holds it in the job's row
+			// (runAdmitted: jobs.Store.HoldSlot).
+			name: "HoldSlotAdmitted",
+			arrange: func(t *testing.T, b *boundsBundle, cfg *executor.Config) (func(context.Context, *executor.Executor) error,
+				func(*testing.T, error), func(*testing.T, *executor.Executor)) {
+				limit := limiter.Limit{Rate: 0.1, Burst: 1} // a slot every 10 s
+				gate := b.lim.Gate("sk-slow", "slow")
+				_, err := gate.Reserve(t.Context(), limit) // the burst taken: the job's slot is 10 s out
+				require.NoError(t, err)
+				brk, err := breaker.New(redistest.Client(t), &breaker.Config{Prefix: redistest.Prefix(t) + "brk:"})
+				require.NoError(t, err)
+				circuit := brk.Circuit("sk-slow", "slow")
+				a, err := circuit.Allow(t.Context()) // a warm breaker: AdmitFirst's ask admits
+				require.NoError(t, err)
+				_, err = circuit.Report(t.Context(), a, breaker.Success)
+				require.NoError(t, err)
+				cfg.Upstreams = map[string]executor.Upstream{"slow": {Name: "slow", Provider: b.ok.Provider, Gate: gate,
+					Circuit: circuit, Limit: limit}}
+				job := b.create(t, "slow")
+				release := b.hold(t, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID)
+				return func(ctx context.Context, ex *executor.Executor) error {
+						adm := ex.AdmitFirst(ctx, job)
+						if adm == nil {
+							return errors.New("the first attempt was not admitted")
+						}
+						return ex.ProcessFresh(ctx, job, adm)
+					}, failsOnTheStore, func(t *testing.T, ex *executor.Executor) {
+						release()
+						var de *dispatch.DeferError
+						require.ErrorAs(t, ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}), &de, "the slot is held in the row")
+					}
 			},
 		},
 		{
@@ -226,6 +262,40 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 					require.NoError(t, err)
 					requireStatus(t, b, job.ID, jobs.StatusSucceeded)
 				}, nil
+			},
+		},
+		{
+			// A spend-cap answer pauses its credential in Postgres too (credpause.Store.Pause,
+			// which waits for the credential's pause lock). Its failure is logged; the dead
+			// letter is stored.
+			name: "PausesPause",
+			arrange: func(t *testing.T, b *boundsBundle, cfg *executor.Config) (func(context.Context, *executor.Executor) error,
+				func(*testing.T, error), func(*testing.T, *executor.Executor)) {
+				capped := executor.Upstream{Name: "capped", Kind: string(llm.KindAnthropic),
+					Provider: simProvider(t, llmsim.Config{Faults: llmsim.Faults{SpendCap: true}}, "sk-capped"),
+					Gate:     b.lim.Gate("sk-capped", "capped")}
+				pauses := credpause.NewStore(b.pool, nil)
+				// Redis knows the credential's pause state (resumed): no restore before the send.
+				_, err := pauses.Pause(t.Context(), capped.Gate, "spend_cap", "earlier")
+				require.NoError(t, err)
+				_, err = pauses.Resume(t.Context(), capped.Gate)
+				require.NoError(t, err)
+				cfg.Upstreams = map[string]executor.Upstream{"capped": capped}
+				cfg.Pauses = pauses
+				job := b.create(t, "capped")
+				release := b.hold(t, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, int32(0x6c717073), capped.Gate.Tag())
+				return deliverJob(job.ID), func(t *testing.T, err error) {
+						require.NoError(t, err)
+						requireStatus(t, b, job.ID, jobs.StatusDead)
+					}, func(t *testing.T, ex *executor.Executor) {
+						release()
+						next := b.create(t, "capped")
+						require.NoError(t, ex.Process(t.Context(), dispatch.Delivery{JobID: next.ID}))
+						requireStatus(t, b, next.ID, jobs.StatusDead)
+						ps, err := capped.Gate.Paused(t.Context())
+						require.NoError(t, err)
+						require.True(t, ps.Paused, "the next spend-cap answer paused the credential")
+					}
 			},
 		},
 		{

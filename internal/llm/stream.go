@@ -59,7 +59,9 @@ type assembler interface {
 	// follow a tail end hands on); it reports done at the provider's end marker and returns a
 	// *StatusError for a mid-stream error event.
 	event(name string, data []byte, emit func(Delta), end func(index int)) (done bool, err error)
-	// message returns the assembled body and its usage object.
+	// message returns the assembled body and the usage object the answer is settled by: the
+	// body's, less a count the stream never really reported (Anthropic message_start's
+	// placeholder output, when no message_delta gave the output: Usage.OutputUnreported).
 	message() (body []byte, usage json.RawMessage, err error)
 	// usageSoFar returns the usage object the events so far reported (Anthropic message_start's,
 	// updated by message_delta; OpenAI's usage chunk), nil when none did: what a stream that

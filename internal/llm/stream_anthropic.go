@@ -18,6 +18,10 @@ type anthropicAssembler struct {
 	usage  map[string]json.RawMessage
 	blocks []*anthropicBlock
 	n      int64 // kept
+	// outputReported: a message_delta's usage gave output_tokens (not null). message_start's is
+	// a placeholder (1) written before any output: a stream whose output was never reported after
+	// it is settled as one whose usage has no output count (Usage.OutputUnreported).
+	outputReported bool
 }
 
 type anthropicBlock struct {
@@ -137,6 +141,9 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		}
 		for k, v := range ev.Usage {
 			a.setUsage(k, v)
+			if k == "output_tokens" && string(bytes.TrimSpace(v)) != "null" {
+				a.outputReported = true
+			}
 		}
 	case "message_stop":
 		return true, nil
@@ -296,7 +303,16 @@ func (a *anthropicAssembler) message() ([]byte, json.RawMessage, error) {
 	}
 	a.msg["content"] = mustMarshal(content)
 	usage := mustMarshal(a.usage)
-	a.msg["usage"] = usage
+	a.msg["usage"] = usage // as the provider sent it, message_start's placeholder included
+	if _, placeholder := a.usage["output_tokens"]; placeholder && !a.outputReported {
+		counted := make(map[string]json.RawMessage, len(a.usage))
+		for k, v := range a.usage {
+			if k != "output_tokens" {
+				counted[k] = v
+			}
+		}
+		usage = mustMarshal(counted)
+	}
 	return mustMarshal(a.msg), usage, nil
 }
 
