@@ -69,7 +69,12 @@ RETURNING since, reason, first_job_id, xmax = 0`, g.Tag(), g.Name(), fresh.Since
 			&row.Since, &row.Reason, &row.FirstJobID, &inserted)
 	}
 	if perr != nil {
-		redisStarted, rerr := g.Pause(ctx, reason, jobID)
+		// The Redis pause is what stops the sends: made also when Postgres's side used up ctx (a
+		// lock another process holds, a slow or silent server), on a bound of its own. On ctx,
+		// ended by then, the credential was paused nowhere until the next spend cap's answer.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), redisFallbackTimeout)
+		defer cancel()
+		redisStarted, rerr := g.Pause(rctx, reason, jobID)
 		if rerr != nil {
 			return false, fmt.Errorf("%w (nor was it recorded in postgres: %v)", rerr, perr)
 		}
@@ -180,6 +185,10 @@ func (s *Store) turn(tag string) chan struct{} {
 // unlockTimeout bounds the unlock of a credential's pause lock, past which its connection is
 // closed instead.
 const unlockTimeout = 5 * time.Second
+
+// redisFallbackTimeout bounds Pause's Redis pause when Postgres's side failed: far above what a
+// healthy Redis takes (its socket timeouts are 5 s too).
+const redisFallbackTimeout = 5 * time.Second
 
 // Get returns the credential's pause as Postgres keeps it (Paused false: not paused). Errors
 // match ErrDatabase.
