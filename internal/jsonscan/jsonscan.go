@@ -102,6 +102,22 @@ func depthExceeded(data []byte, i int) bool {
 	return false
 }
 
+// following reads what follows a member or an element that ends at data[i] (white space first)
+// in an object or array closed by closer: after a comma, the index of the next one (more);
+// else the index just past closer, or -1 for anything but closer.
+func following(data []byte, i int, closer byte) (next int, more bool) {
+	if i = SkipSpace(data, i); i >= len(data) {
+		return -1, false
+	}
+	switch data[i] {
+	case ',':
+		return SkipSpace(data, i+1), true
+	case closer:
+		return i + 1, false
+	}
+	return -1, false
+}
+
 // Value is the index just past the valid JSON value starting at data[i] (no white space before
 // it), or -1 when data holds none there: malformed JSON, the end of data, or arrays and objects
 // nested deeper than MaxDepth. What follows the value is not read: a literal or a number ends at
@@ -140,16 +156,9 @@ func value(data []byte, i, depth int) int {
 			if i = value(data, SkipSpace(data, i+1), depth+1); i < 0 {
 				return -1
 			}
-			if i = SkipSpace(data, i); i >= len(data) {
-				return -1
-			}
-			switch data[i] {
-			case ',':
-				i = SkipSpace(data, i+1)
-			case '}':
-				return i + 1
-			default:
-				return -1
+			var more bool
+			if i, more = following(data, i, '}'); !more {
+				return i
 			}
 		}
 	case c == '[':
@@ -164,16 +173,9 @@ func value(data []byte, i, depth int) int {
 			if i = value(data, i, depth+1); i < 0 {
 				return -1
 			}
-			if i = SkipSpace(data, i); i >= len(data) {
-				return -1
-			}
-			switch data[i] {
-			case ',':
-				i = SkipSpace(data, i+1)
-			case ']':
-				return i + 1
-			default:
-				return -1
+			var more bool
+			if i, more = following(data, i, ']'); !more {
+				return i
 			}
 		}
 	case c == 't':
