@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,9 +66,39 @@ func (b *boundsBundle) hold(t *testing.T, sql string, args ...any) (release func
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, sql, args...)
 	require.NoError(t, err)
-	release = func() { _ = tx.Rollback(context.Background()) }
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			b.abandonedGone(t)
+			_ = tx.Rollback(context.Background())
+		})
+	}
 	t.Cleanup(release) // before the pool's close (cleanups run last-in first-out)
 	return release
+}
+
+// abandonedGone waits until no statement waits for a lock in the test's database: the statement
+// a bound abandoned is canceled by pgx's cancel request, which reaches Postgres after the
+// delivery returned; let go before that, the abandoned statement took the lock and ran (a row's
+// next delivery then found the job moved, or waited on it past its lock timeout).
+func (b *boundsBundle) abandonedGone(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		var waiting int
+		err := b.other.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&waiting)
+		require.NoError(t, err, "a statement the bound abandoned still waits for the lock")
+		if waiting == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			require.Failf(t, "a statement the bound abandoned still waits for the lock", "%d waiting", waiting)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // create commits a queued job of helloRequest on credential (with fallbacks).
@@ -122,11 +153,7 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 				cfg.Upstreams = map[string]executor.Upstream{"slow": {Name: "slow", Provider: b.ok.Provider, Gate: gate, Limit: limit}}
 				job := b.create(t, "slow")
 				release := b.hold(t, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID)
-				return deliverJob(job.ID), failsOnTheStore, func(t *testing.T, ex *executor.Executor) {
-					release()
-					var de *dispatch.DeferError
-					require.ErrorAs(t, ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}), &de, "the slot is held in the row")
-				}
+				return deliverJob(job.ID), failsOnTheStore, defersOnceReleased(release, job.ID)
 			},
 		},
 		{
@@ -152,16 +179,12 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 				job := b.create(t, "slow")
 				release := b.hold(t, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID)
 				return func(ctx context.Context, ex *executor.Executor) error {
-						adm := ex.AdmitFirst(ctx, job)
-						if adm == nil {
-							return errors.New("the first attempt was not admitted")
-						}
-						return ex.ProcessFresh(ctx, job, adm)
-					}, failsOnTheStore, func(t *testing.T, ex *executor.Executor) {
-						release()
-						var de *dispatch.DeferError
-						require.ErrorAs(t, ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}), &de, "the slot is held in the row")
+					adm := ex.AdmitFirst(ctx, job)
+					if adm == nil {
+						return errors.New("the first attempt was not admitted")
 					}
+					return ex.ProcessFresh(ctx, job, adm)
+				}, failsOnTheStore, defersOnceReleased(release, job.ID)
 			},
 		},
 		{
@@ -197,11 +220,7 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 				cfg.Upstreams = map[string]executor.Upstream{"ok": b.ok}
 				job := b.create(t, "removed", "ok") // before the executor: not a newer config's
 				release := b.hold(t, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID)
-				return deliverJob(job.ID), failsOnTheStore, func(t *testing.T, ex *executor.Executor) {
-					release()
-					require.NoError(t, ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}))
-					requireStatus(t, b, job.ID, jobs.StatusSucceeded)
-				}
+				return deliverJob(job.ID), failsOnTheStore, succeedsOnceReleased(b, release, job.ID)
 			},
 		},
 		{
@@ -215,11 +234,7 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 				cfg.TenantWeight = tenant.NewStore(b.pool, nil).Weight
 				job := b.create(t, "ok")
 				release := b.hold(t, `LOCK TABLE tenants IN ACCESS EXCLUSIVE MODE`)
-				return deliverJob(job.ID), failsOnTheStore, func(t *testing.T, ex *executor.Executor) {
-					release()
-					require.NoError(t, ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}))
-					requireStatus(t, b, job.ID, jobs.StatusSucceeded)
-				}
+				return deliverJob(job.ID), failsOnTheStore, succeedsOnceReleased(b, release, job.ID)
 			},
 		},
 		{
@@ -234,11 +249,7 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 				cfg.Pauses = credpause.NewStore(b.pool, nil)
 				job := b.create(t, "ok")
 				release := b.hold(t, `LOCK TABLE credential_pauses IN ACCESS EXCLUSIVE MODE`)
-				return deliverJob(job.ID), failsOnTheStore, func(t *testing.T, ex *executor.Executor) {
-					release()
-					require.NoError(t, ex.Process(t.Context(), dispatch.Delivery{JobID: job.ID}))
-					requireStatus(t, b, job.ID, jobs.StatusSucceeded)
-				}
+				return deliverJob(job.ID), failsOnTheStore, succeedsOnceReleased(b, release, job.ID)
 			},
 		},
 		{
@@ -354,6 +365,26 @@ func TestExecutor_StoreStatementsAreBounded(t *testing.T) {
 func deliverJob(id string) func(ctx context.Context, ex *executor.Executor) error {
 	return func(ctx context.Context, ex *executor.Executor) error {
 		return ex.Process(ctx, dispatch.Delivery{JobID: id})
+	}
+}
+
+// succeedsOnceReleased is a row's check after its hold: released, job id's next delivery
+// succeeds.
+func succeedsOnceReleased(b *boundsBundle, release func(), id string) func(*testing.T, *executor.Executor) {
+	return func(t *testing.T, ex *executor.Executor) {
+		release()
+		require.NoError(t, ex.Process(t.Context(), dispatch.Delivery{JobID: id}))
+		requireStatus(t, b, id, jobs.StatusSucceeded)
+	}
+}
+
+// defersOnceReleased is a row's check after its hold: released, job id's next delivery is
+// deferred to the slot held in its row.
+func defersOnceReleased(release func(), id string) func(*testing.T, *executor.Executor) {
+	return func(t *testing.T, ex *executor.Executor) {
+		release()
+		var de *dispatch.DeferError
+		require.ErrorAs(t, ex.Process(t.Context(), dispatch.Delivery{JobID: id}), &de, "the slot is held in the row")
 	}
 }
 

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -50,7 +51,7 @@ func TestBatcher_SilentPoolCostsOneBound(t *testing.T) {
 	for _, c := range held {
 		c.Release()
 	}
-	require.Equal(t, int32(conns), pool.Stat().IdleConns())
+	require.Equal(t, int32(probeConns), pool.Stat().IdleConns())
 
 	// When every one of them falls silent
 	proxy.Freeze()
@@ -92,19 +93,10 @@ func TestBatcher_FullPoolProbe(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			proxy, viaProxy := pgtest.NewProxy(t, pgtest.URL(t))
-			const conns = 3
-			pool, err := pgxpool.New(ctx, viaProxy+"&pool_max_conns=3")
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			t.Cleanup(proxy.Cut) // before the pool's close, which waits for its connections
-			b := &batcher{pool: pool, timeout: time.Hour}
-			gaveUp, stop := context.WithTimeoutCause(ctx, 0, errBatchTimeout)
-			defer stop()
-			<-gaveUp.Done()
-			warmPool(ctx, t, pool, conns)
+			proxy, pool, b, gaveUp := probeSetup(ctx, t)
 			made := pool.Stat().NewConnsCount()
-			inUse := conns
+			var err error
+			inUse := probeConns
 			if tc.idleSilent {
 				inUse--
 			}
@@ -134,7 +126,7 @@ func TestBatcher_FullPoolProbe(t *testing.T) {
 				c.Release()
 			}
 			if tc.wantKept {
-				require.Equal(t, int32(conns), pool.Stat().IdleConns(), "the pool was emptied of connections in use, answering")
+				require.Equal(t, int32(probeConns), pool.Stat().IdleConns(), "the pool was emptied of connections in use, answering")
 				require.Equal(t, made, pool.Stat().NewConnsCount())
 				got, err := pool.Exec(within(ctx, t, 5*time.Second), "SELECT 1")
 				require.NoError(t, err)
@@ -155,17 +147,7 @@ func TestBatcher_ProbeKeepsThePoolInUse(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	proxy, viaProxy := pgtest.NewProxy(t, pgtest.URL(t))
-	const conns = 3
-	pool, err := pgxpool.New(ctx, viaProxy+"&pool_max_conns=3")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	t.Cleanup(proxy.Cut) // before the pool's close, which waits for its connections
-	b := &batcher{pool: pool, timeout: time.Hour}
-	gaveUp, stop := context.WithTimeoutCause(ctx, 0, errBatchTimeout)
-	defer stop()
-	<-gaveUp.Done()
-	warmPool(ctx, t, pool, conns)
+	proxy, pool, b, gaveUp := probeSetup(ctx, t)
 	made := pool.Stat().NewConnsCount()
 	// The probe's ping is slow to be answered (held until released).
 	ping := proxy.HoldStatement("-- ping")
@@ -195,6 +177,27 @@ func TestBatcher_ProbeKeepsThePoolInUse(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the probe did not end")
 	}
-	require.Equal(t, int32(conns), pool.Stat().IdleConns())
+	require.Equal(t, int32(probeConns), pool.Stat().IdleConns())
 	require.Equal(t, made, pool.Stat().NewConnsCount())
+}
+
+// probeConns is the pool size of the probe's tests.
+const probeConns = 3
+
+// probeSetup is a probe's test bench: a batcher on a pool of probeConns connections, all made,
+// through proxy (cut before the pool closes, which waits for its connections), and gaveUp, a
+// batch's context that ran out of its bound.
+func probeSetup(ctx context.Context, t *testing.T) (proxy *pgtest.Proxy, pool *pgxpool.Pool, b *batcher, gaveUp context.Context) {
+	t.Helper()
+	proxy, viaProxy := pgtest.NewProxy(t, pgtest.URL(t))
+	pool, err := pgxpool.New(ctx, viaProxy+fmt.Sprintf("&pool_max_conns=%d", probeConns))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	t.Cleanup(proxy.Cut)
+	b = &batcher{pool: pool, timeout: time.Hour}
+	gaveUp, stop := context.WithTimeoutCause(ctx, 0, errBatchTimeout)
+	t.Cleanup(stop)
+	<-gaveUp.Done()
+	warmPool(ctx, t, pool, probeConns)
+	return proxy, pool, b, gaveUp
 }
