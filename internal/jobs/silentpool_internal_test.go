@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,23 +34,7 @@ func TestBatcher_SilentPoolCostsOneBound(t *testing.T) {
 	job, _, err := s.Create(ctx, cutTestParams)
 	require.NoError(t, err)
 	// The pool holds conns open connections, idle.
-	held := make([]*pgxpool.Conn, conns)
-	var wg sync.WaitGroup
-	for i := range held {
-		wg.Go(func() {
-			c, err := pool.Acquire(ctx)
-			if err == nil {
-				err = c.Ping(ctx)
-			}
-			require.NoError(t, err)
-			held[i] = c
-		})
-	}
-	wg.Wait()
-	for _, c := range held {
-		c.Release()
-	}
-	require.Equal(t, int32(probeConns), pool.Stat().IdleConns())
+	warmPool(ctx, t, pool, conns)
 
 	// When every one of them falls silent
 	proxy.Freeze()
