@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -55,7 +56,7 @@ func TestLogin_CookieFlags(t *testing.T) {
 		t.Parallel()
 		h, err := console.New(console.Config{Pool: b.jobs.Pool, Jobs: b.jobs.Store, Redis: b.rdb, RedisPrefix: b.prefix})
 		require.NoError(t, err)
-		srv := httptest.NewTLSServer(h)
+		srv := httptest.NewTLSServer(openapitest.Handler(t, h))
 		defer srv.Close()
 		jar, _ := cookiejar.New(nil)
 		c := &client{t: t, base: srv.URL, http: &http.Client{Jar: jar, Transport: &http.Transport{

@@ -212,23 +212,22 @@ func New(cfg Config) (*Handler, error) {
 
 func (h *Handler) routes() {
 	assets, _ := fs.Sub(static, "static")
-	files := http.FileServerFS(assets)
 	m := &routeMux{ServeMux: h.mux}
 	m.HandleFunc("GET /console/{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-cache")
 		securityHeaders(w)
 		http.ServeFileFS(w, r, assets, "index.html")
 	})
-	m.Handle("GET /console/static/", http.StripPrefix("/console/static/", securityWrap(files)))
+	m.Handle("GET /console/static/", http.StripPrefix("/console/static/", securityWrap(h.pageFiles(assets))))
 	m.HandleFunc("POST /console/api/login", h.timed(h.login))
 	m.HandleFunc("POST /console/api/logout", h.timed(h.logout))
 	m.HandleFunc("GET /console/api/session", h.read(h.authed(h.session)))
 	m.HandleFunc("GET /console/api/overview", h.read(h.authed(h.overview)))
 	m.HandleFunc("GET /console/api/overview/live", h.getOnly(h.authed(h.overviewLive)))
 	m.HandleFunc("GET /console/api/jobs", h.read(h.authed(h.jobList)))
-	m.HandleFunc("GET /console/api/jobs/{id}", h.read(h.authed(h.jobDetail)))
-	m.HandleFunc("GET /console/api/jobs/{id}/live", h.getOnly(h.authed(h.jobLive)))
-	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.timed(h.authed(h.jobCancel)))
+	m.HandleFunc("GET /console/api/jobs/{id}", h.read(h.authed(h.jobRoute(h.jobDetail))))
+	m.HandleFunc("GET /console/api/jobs/{id}/live", h.getOnly(h.authed(h.jobRoute(h.jobLive))))
+	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.timed(h.authed(h.jobRoute(h.jobCancel))))
 	m.HandleFunc("GET /console/api/dead", h.read(h.authed(h.deadList)))
 	m.HandleFunc("POST /console/api/dead/retry", h.timed(h.authed(h.deadRetry)))
 	m.HandleFunc("POST /console/api/dead/purge", h.timed(h.authed(h.deadPurge)))
@@ -263,6 +262,44 @@ func (h *Handler) routes() {
 	h.mux.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
 	})
+}
+
+// pageFiles serves the page's scripts and style sheets, the files of assets by their names:
+// anything else is the console's 404 not_found, as a path it does not have. The file server
+// answered the directory with index.html (a listing, were there none), redirected index.html
+// there, and a missing file with its own plain-text 404.
+func (h *Handler) pageFiles(assets fs.FS) http.Handler {
+	files := http.FileServerFS(assets)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.URL.Path
+		if info, err := fs.Stat(assets, name); err != nil || !info.Mode().IsRegular() || name == "index.html" {
+			writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console file " + strconv.Quote(shorten(name))})
+			return
+		}
+		files.ServeHTTP(w, r)
+	})
+}
+
+// jobRoute runs next, a job route's handler, for a path whose {id} is a job ID (jobs.ValidID, in
+// either case): another is 404 not_found saying that it is not one, before anything is read,
+// rather than "no job with that id" as if there had been one.
+func (h *Handler) jobRoute(next sessionHandler) sessionHandler {
+	return func(w http.ResponseWriter, r *http.Request, s *operator.Session) {
+		if id := r.PathValue("id"); !jobs.ValidID(id) {
+			writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found",
+				strconv.Quote(shorten(id)) + " is not a job ID: a job ID is a UUID (in either case)"})
+			return
+		}
+		next(w, r, s)
+	}
+}
+
+// shorten cuts a name from a request's path at 64 bytes, for a message that quotes it.
+func shorten(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }
 
 // streams are the paths of the event streams, which refuse HEAD (getOnly); every other GET

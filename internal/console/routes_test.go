@@ -5,12 +5,15 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
 
 	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/jobstest"
 )
 
 // consoleOperations returns the console's operations api/openapi.yaml documents: "METHOD path".
@@ -92,4 +95,72 @@ func TestRoutes_MethodNotAllowed(t *testing.T) {
 	// A path the console does not have is still 404.
 	res, body := c.do(http.MethodGet, "/console/api/nope", nil, nil)
 	requireError(t, res, body, http.StatusNotFound, "not_found")
+}
+
+// TestStatic_OnlyThePageFiles: under /console/static/ the console serves its page's scripts and
+// style sheets and nothing else, each a 404 not_found: the directory, which the file server
+// answered with index.html (200, the page), index.html, which it redirected there (301), a path
+// through a file or a directory, a missing file (the file server's plain-text 404).
+func TestStatic_OnlyThePageFiles(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.anonymous(t)
+	c.http.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	for _, path := range []string{"/console/static/", "/console/static/index.html", "/console/static/app.js/",
+		"/console/static/x/", "/console/static/x/app.js", "/console/static/nope.js"} {
+		res, body := c.do(http.MethodGet, path, nil, nil)
+		requireError(t, res, body, http.StatusNotFound, "not_found")
+		require.NotContains(t, body, "href=", path) // neither a listing nor the page
+		res, _ = c.do(http.MethodHead, path, nil, nil)
+		require.Equal(t, http.StatusNotFound, res.StatusCode, "HEAD %s", path)
+	}
+	for _, file := range []string{"app.js", "app.css"} {
+		res, body := c.do(http.MethodGet, "/console/static/"+file, nil, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode, file)
+		require.NotEmpty(t, body, file)
+	}
+}
+
+// TestJobRoutes_AnIDNotAUUIDIsNamed: a job route's {id} that is not a UUID is 404 not_found
+// saying so, before any read (the job page, its stream, a cancel), not "no job with that id (it
+// may have been purged)" as if there had been one. A UUID in capitals is a job ID. The check
+// comes after the session's: without one the answer is 401, without the CSRF token 403, whatever
+// the ID.
+func TestJobRoutes_AnIDNotAUUIDIsNamed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, anon := b.login(t), b.anonymous(t)
+	for _, op := range []struct{ method, path string }{{http.MethodGet, ""}, {http.MethodGet, "/live"}, {http.MethodPost, "/cancel"}} {
+		res, body := anon.do(op.method, "/console/api/jobs/nope"+op.path, nil, nil)
+		requireError(t, res, body, http.StatusUnauthorized, "unauthorized")
+	}
+	res, body := c.do(http.MethodPost, "/console/api/jobs/nope/cancel", nil, http.Header{"X-CSRF-Token": {"wrong"}})
+	require.Equal(t, http.StatusForbidden, res.StatusCode, body)
+	for _, id := range []string{"nope", "0190a5b2-7c1e-7d3f-9a8b-123456789abcd", "0190a5b2x7c1e-7d3f-9a8b-123456789abc",
+		"%00", "caf%C3%A9", strings.Repeat("a", 4000)} {
+		for _, op := range []struct{ method, path string }{{http.MethodGet, ""}, {http.MethodGet, "/live"}, {http.MethodPost, "/cancel"}} {
+			res, body := c.do(op.method, "/console/api/jobs/"+id+op.path, nil, nil)
+			requireError(t, res, body, http.StatusNotFound, "not_found")
+			require.Contains(t, body, "is not a job ID: a job ID is a UUID", "%s %s", op.method, op.path)
+			require.Less(t, len(body), 400, "the message quotes a long ID cut short")
+		}
+	}
+	job := b.jobs.Create(t, jobstest.Opts{})
+	res, body = c.do(http.MethodGet, "/console/api/jobs/"+strings.ToUpper(job.ID), nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+}
+
+// TestJobLive_AnIDNotAUUIDTakesNoStreamPlace: a job's live page whose {id} is not a job ID is
+// refused before it takes one of the process's event stream places (Config.OpenStream): with
+// none free it answered 503 overloaded, and with one free it held it for the store's read.
+func TestJobLive_AnIDNotAUUIDTakesNoStreamPlace(t *testing.T) {
+	t.Parallel()
+	var asked atomic.Int32
+	b := setupConfig(t, func(cfg *console.Config) {
+		cfg.OpenStream = func() (func(), time.Duration, bool) { asked.Add(1); return nil, time.Second, false }
+	})
+	c := b.login(t)
+	res, body := c.do(http.MethodGet, "/console/api/jobs/nope/live", nil, nil)
+	requireError(t, res, body, http.StatusNotFound, "not_found")
+	require.Zero(t, asked.Load(), "a stream place was asked for")
 }
