@@ -37,6 +37,8 @@ type app struct {
 	lockReportFirst, lockReportEvery time.Duration
 	// bound bounds the statements of the command's pool (--timeout; nil: none, or no pool yet).
 	bound *statementBound
+	// group is the command run's group (jobs, tenants, ...; "" before one runs), for its hints.
+	group string
 }
 
 func newApp(out, errOut io.Writer) *app {
@@ -74,6 +76,9 @@ func newApp(out, errOut io.Writer) *app {
 		OnUsageError: onUsageError,
 	}
 	setUsageErrors(a.cli.Commands)
+	for _, cmd := range a.cli.Commands {
+		cmd.Before = func(*cli.Context) error { a.group = cmd.Name; return nil }
+	}
 	return a
 }
 
@@ -193,6 +198,7 @@ func newPool(ctx context.Context, u string, bound *statementBound) (*pgxpool.Poo
 	}
 	if bound != nil {
 		cfg.ConnConfig.Tracer = bound
+		cfg.ShouldPing = bound.shouldPing
 	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -254,10 +260,15 @@ var errStatementTimeout = errors.New("postgres statement timed out (--timeout)")
 type statementBound struct {
 	wait     time.Duration
 	timedOut atomic.Bool
+	// commitCut records that a transaction's COMMIT was cut: it may have been applied.
+	commitCut atomic.Bool
 }
 
 // boundCancel is the context key of a bounded statement's cancel.
 type boundCancel struct{}
+
+// boundSQL is the context key of a bounded statement's SQL text.
+type boundSQL struct{}
 
 func (b *statementBound) start(ctx context.Context) context.Context {
 	ctx, cancel := context.WithTimeoutCause(ctx, b.wait, errStatementTimeout)
@@ -271,6 +282,10 @@ func (b *statementBound) end(ctx context.Context, conn *pgx.Conn, err error) {
 		// what is left on it for up to 15 s first, which a silent server never ends, and the
 		// pool's close waits for that: the command ended 15 s after its message.
 		_ = conn.PgConn().Conn().Close()
+		if sql, _ := ctx.Value(boundSQL{}).(string); strings.EqualFold(sql, "commit") {
+			// Postgres may have committed it before the cancel came (see timeoutHint).
+			b.commitCut.Store(true)
+		}
 	}
 	if cancel, ok := ctx.Value(boundCancel{}).(context.CancelFunc); ok {
 		cancel()
@@ -278,13 +293,53 @@ func (b *statementBound) end(ctx context.Context, conn *pgx.Conn, err error) {
 }
 
 // TraceQueryStart implements pgx.QueryTracer: it bounds the statement.
-func (b *statementBound) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return b.start(ctx)
+func (b *statementBound) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(b.start(ctx), boundSQL{}, d.SQL)
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
 func (b *statementBound) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
 	b.end(ctx, conn, d.Err)
+}
+
+// TraceAcquireStart implements pgxpool.AcquireTracer: it bounds the wait for a connection of the
+// pool, which pings one idle for over a second before handing it out (shouldPing), a ping no
+// statement's bound covers: a silent Postgres never answered it, and the command hung.
+func (b *statementBound) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	return context.WithValue(b.start(ctx), pingedKey{}, &pinged{})
+}
+
+// TraceAcquireEnd implements pgxpool.AcquireTracer. An acquire cut while pinging closes the
+// pinged connection, as end does a statement's: pgxpool destroys it once the ping gives up, after
+// pgx's drain of up to 15 s, which the pool's close waited for.
+func (b *statementBound) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, d pgxpool.TraceAcquireEndData) {
+	if d.Err != nil && errors.Is(context.Cause(ctx), errStatementTimeout) {
+		b.timedOut.Store(true)
+		if p, ok := ctx.Value(pingedKey{}).(*pinged); ok && p.conn != nil {
+			_ = p.conn.PgConn().Conn().Close()
+		}
+	}
+	if cancel, ok := ctx.Value(boundCancel{}).(context.CancelFunc); ok {
+		cancel()
+	}
+}
+
+// pinged is the connection an acquire last pinged (see shouldPing), under pingedKey in its
+// context.
+type pinged struct{ conn *pgx.Conn }
+
+type pingedKey struct{}
+
+// shouldPing is pgxpool's default ShouldPing (a connection idle over a second is pinged before
+// it is handed out) that records the connection pinged, for TraceAcquireEnd.
+func (b *statementBound) shouldPing(ctx context.Context, params pgxpool.ShouldPingParams) bool {
+	if params.IdleDuration <= time.Second {
+		return false
+	}
+	if p, ok := ctx.Value(pingedKey{}).(*pinged); ok {
+		p.conn = params.Conn
+	}
+	return true
 }
 
 // TraceBatchStart implements pgx.BatchTracer: it bounds the batch as one statement.
@@ -306,7 +361,23 @@ func (a *app) timeoutHint() string {
 	if a.bound == nil || !a.bound.timedOut.Load() {
 		return ""
 	}
+	if a.bound.commitCut.Load() {
+		return fmt.Sprintf(" (postgres did not answer within %s, --timeout, to a COMMIT: what it changed may have been applied; check with a list or show command (%s) "+
+			"before running this one again; a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)",
+			a.bound.wait, checkCommand(a.group))
+	}
 	return fmt.Sprintf(" (postgres did not answer within %s, --timeout: a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)", a.bound.wait)
+}
+
+// checkCommand is the command that shows what a command of group changes.
+func checkCommand(group string) string {
+	switch group {
+	case "jobs":
+		return "ctl jobs show ID"
+	case "dead", "credentials", "tenants", "operators":
+		return "ctl " + group + " list"
+	}
+	return "ctl --help"
 }
 
 func (a *app) migrateCommand() *cli.Command {

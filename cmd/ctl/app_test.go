@@ -243,8 +243,8 @@ func TestJobsShow(t *testing.T) {
 		require.Equal(t, "retrying", rows["status"])
 		require.Equal(t, "1/3", rows["attempts"])
 		require.Equal(t, "rate_limited 429: slow down", rows["last error"])
-		require.Regexp(t, `(?m)^ATTEMPT\s+STARTED\s+STATUS\s+CLASS\s+RETRY-AFTER\s+DELAY\s+LATENCY$`, r.out)
-		require.Regexp(t, `(?m)^1\s+\S+\s+429\s+rate_limited\s+2s\s+3s\s+120ms$`, r.out)
+		require.Regexp(t, `(?m)^ATTEMPT\s+STARTED\s+STATUS\s+CLASS\s+RETRY-AFTER\s+DELAY\s+LATENCY\s+USAGE$`, r.out)
+		require.Regexp(t, `(?m)^1\s+\S+\s+429\s+rate_limited\s+2s\s+3s\s+120ms\s+-$`, r.out)
 
 		r = run(t, "--database-url", b.url, "jobs", "show", "--json", job.ID)
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)

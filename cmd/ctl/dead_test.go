@@ -171,9 +171,9 @@ func TestDeadShow(t *testing.T) {
 		require.Equal(t, "2/2", rows["attempts"])
 		require.Equal(t, "retries_exhausted", rows["dead reason"])
 		require.Equal(t, "38", rows["request bytes"])
-		require.Regexp(t, `(?m)^ATTEMPT\s+STARTED\s+STATUS\s+CLASS\s+RETRY-AFTER\s+DELAY\s+LATENCY$`, r.out)
-		require.Regexp(t, `(?m)^1\s+\S+\s+503\s+server_error\s+1s\s+-\s+80ms$`, r.out)
-		require.Regexp(t, `(?m)^2\s+\S+\s+503\s+server_error\s+1s\s+-\s+80ms$`, r.out)
+		require.Regexp(t, `(?m)^ATTEMPT\s+STARTED\s+STATUS\s+CLASS\s+RETRY-AFTER\s+DELAY\s+LATENCY\s+USAGE$`, r.out)
+		require.Regexp(t, `(?m)^1\s+\S+\s+503\s+server_error\s+1s\s+-\s+80ms\s+-$`, r.out)
+		require.Regexp(t, `(?m)^2\s+\S+\s+503\s+server_error\s+1s\s+-\s+80ms\s+-$`, r.out)
 	})
 	t.Run("JSON", func(t *testing.T) {
 		t.Parallel()

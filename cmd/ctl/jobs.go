@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"text/tabwriter"
@@ -9,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/llm"
 )
 
 func (a *app) jobsCommand() *cli.Command {
@@ -17,7 +19,7 @@ func (a *app) jobsCommand() *cli.Command {
 		Usage: "inspect jobs and cancel one",
 		Subcommands: []*cli.Command{{
 			Name:      "show",
-			Usage:     "show a job and its attempts",
+			Usage:     "show a job and its attempts, with the usage its provider counted (the job's answer's, each attempt's)",
 			ArgsUsage: "ID",
 			Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
@@ -77,6 +79,9 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 		// The provider's message, which quotes the tenant's text (a model it does not know).
 		row("last error", printable(fmt.Sprintf("%s %d: %s", j.LastError.Class, j.LastError.Status, j.LastError.Message)))
 	}
+	if j.Usage != nil {
+		row("usage", usageText(j.Usage))
+	}
 	row("request bytes", len(j.Request))
 	row("result bytes", len(j.Result))
 	if err := tw.Flush(); err != nil {
@@ -87,7 +92,7 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 	}
 	fmt.Fprintln(a.out)
 	tw = tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ATTEMPT\tSTARTED\tSTATUS\tCLASS\tRETRY-AFTER\tDELAY\tLATENCY")
+	fmt.Fprintln(tw, "ATTEMPT\tSTARTED\tSTATUS\tCLASS\tRETRY-AFTER\tDELAY\tLATENCY\tUSAGE")
 	for _, at := range attempts {
 		status, ra, delay := "-", "-", "-"
 		if at.StatusCode != nil {
@@ -99,8 +104,8 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 		if at.DelayMS != nil {
 			delay = (time.Duration(*at.DelayMS) * time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", at.Number, at.StartedAt.Format(time.RFC3339), status, at.Class, ra, delay,
-			(time.Duration(at.LatencyMS * float64(time.Millisecond))).Round(time.Millisecond))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", at.Number, at.StartedAt.Format(time.RFC3339), status, at.Class, ra, delay,
+			(time.Duration(at.LatencyMS * float64(time.Millisecond))).Round(time.Millisecond), usageText(at.Usage))
 	}
 	return tw.Flush()
 }
@@ -111,4 +116,25 @@ func deref(p *string, def string) string {
 		return def
 	}
 	return *p
+}
+
+// usageText is a stored usage (llm.Usage's JSON) for a table: "120 in, 45 out", with the
+// prompt cache's counts when there were some; "-" for none, and the JSON itself, on one line,
+// when it is not one (a row written by something else).
+func usageText(raw json.RawMessage) string {
+	if raw == nil {
+		return "-"
+	}
+	var u llm.Usage
+	if err := json.Unmarshal(raw, &u); err != nil {
+		return printable(oneLineText(string(raw), 80))
+	}
+	s := fmt.Sprintf("%d in, %d out", u.InputTokens, u.OutputTokens)
+	if u.CacheCreationInputTokens > 0 {
+		s += fmt.Sprintf(", %d cache written", u.CacheCreationInputTokens)
+	}
+	if u.CacheReadInputTokens > 0 {
+		s += fmt.Sprintf(", %d cache read", u.CacheReadInputTokens)
+	}
+	return s
 }

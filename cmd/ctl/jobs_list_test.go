@@ -157,3 +157,50 @@ func TestJobsCancel(t *testing.T) {
 
 // redisArgsURL returns the --redis-url value of redisArgs' flags.
 func redisArgsURL(args []string) string { return args[1] }
+
+// TestJobsShow_Usage: `ctl jobs show` shows what the provider counted: the job's usage (its
+// answer's) and each attempt's, a failed one's too; --json carries both. The table had none,
+// though both are recorded: an operator asking what a job cost reached for psql.
+func TestJobsShow_Usage(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	ctx := context.Background()
+	job := b.createJob(t)
+	for n, o := range []jobs.Outcome{
+		{Status: jobs.StatusRetrying, LastError: &jobs.LastError{Class: "server", Status: 500, Message: "cut"}},
+		{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{}`), Usage: json.RawMessage(`{"input_tokens":120,"output_tokens":45}`)},
+	} {
+		_, err := b.store.BeginAttempt(ctx, job.ID)
+		require.NoError(t, err)
+		a := &jobs.Attempt{Number: n + 1, Credential: "default", StartedAt: time.Now(), Latency: time.Millisecond, StatusCode: 200, Class: "ok"}
+		if n == 0 {
+			a.StatusCode, a.Class = 500, "server"
+			a.Usage = json.RawMessage(`{"input_tokens":120,"output_tokens":7,"cache_read_input_tokens":100}`)
+		}
+		applied, err := b.store.Finish(ctx, job.ID, a, o)
+		require.NoError(t, err)
+		require.True(t, applied)
+	}
+
+	r := run(t, "--database-url", b.url, "jobs", "show", job.ID)
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "120 in, 45 out", fields(r.out)["usage"])
+	require.Regexp(t, `(?m)^ATTEMPT\s+STARTED\s+STATUS\s+CLASS\s+RETRY-AFTER\s+DELAY\s+LATENCY\s+USAGE$`, r.out)
+	require.Regexp(t, `(?m)^1\s+\S+\s+500\s+server\s+-\s+-\s+1ms\s+120 in, 7 out, 100 cache read$`, r.out)
+	require.Regexp(t, `(?m)^2\s+\S+\s+200\s+ok\s+-\s+-\s+1ms\s+120 in, 45 out$`, r.out)
+
+	r = run(t, "--database-url", b.url, "jobs", "show", "--json", job.ID)
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	var got struct {
+		Job struct {
+			Usage json.RawMessage `json:"usage"`
+		} `json:"job"`
+		Attempts []struct {
+			Usage json.RawMessage `json:"usage"`
+		} `json:"attempts"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &got))
+	require.JSONEq(t, `{"input_tokens":120,"output_tokens":45}`, string(got.Job.Usage))
+	require.Len(t, got.Attempts, 2)
+	require.JSONEq(t, `{"input_tokens":120,"output_tokens":7,"cache_read_input_tokens":100}`, string(got.Attempts[0].Usage))
+}

@@ -263,6 +263,12 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 		// Stopped halfway (an abort that failed stops it before it deletes): what it did stands,
 		// and a second run, which finds those jobs ended, goes on.
 		return fmt.Errorf("%w; tenant %s not deleted (its jobs are canceled): run `ctl tenants delete %s` again", err, name, name)
+	case err != nil && !errors.Is(err, tenant.ErrNotFound) && !errors.Is(err, tenant.ErrAnonymousTenant) &&
+		(a.bound == nil || !a.bound.commitCut.Load()):
+		// Interrupted, or Postgres failed, before anything was changed: as halfway, a second
+		// run is what to do. Not so after a COMMIT cut (the tenant's row, a tenant without
+		// jobs): it may have been deleted, and timeoutHint says how to check.
+		return fmt.Errorf("%w; tenant %s not deleted (nothing was changed): run `ctl tenants delete %s` again", err, name, name)
 	case err != nil:
 		return err
 	case res.Kept():

@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -137,4 +138,68 @@ VALUES ($1, 'default', 'm', 'submitted', 'pb_1')`, batchID)
 	require.NoError(t, err)
 	require.False(t, replay, "the old tenant's key is gone")
 	require.NotEqual(t, queued.ID, job.ID)
+}
+
+// TestTenants_DeleteInterruptedBeforeAnythingSaysRunAgain: a deletion interrupted before it
+// changed anything (here during the wait for the revocation to reach the API replicas) says so
+// and what to do, as one interrupted halfway does; it printed the bare "context deadline
+// exceeded", as if the command had not begun.
+func TestTenants_DeleteInterruptedBeforeAnythingSaysRunAgain(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	redis, _, _ := redisArgs(t)
+	store := tenant.NewStore(b.pool, nil)
+	_, _, err := store.Create(t.Context(), "acme", nil)
+	require.NoError(t, err)
+	_, err = store.Revoke(t.Context(), "acme")
+	require.NoError(t, err)
+
+	r, expired := runApp(3*time.Second, func(a *app) { a.revokeSettle = time.Hour },
+		append(append([]string{"--database-url", b.url}, redis...), "tenants", "delete", "acme")...)
+	require.True(t, expired, "interrupted in the settle")
+	requireOneLineError(t, r, 1, "tenant acme not deleted (nothing was changed): run `ctl tenants delete acme` again")
+	_, err = store.Get(t.Context(), "acme")
+	require.NoError(t, err)
+}
+
+// TestTenants_DeleteCommitCutDoesNotSayNothingChanged: a deletion whose last COMMIT (the tenant's
+// own row, a tenant without jobs) --timeout cut may have deleted the tenant: the message must not
+// say "nothing was changed" next to the hint that the COMMIT may have been applied. It said both,
+// on one line, as the counts of jobs canceled and deleted were 0.
+func TestTenants_DeleteCommitCutDoesNotSayNothingChanged(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	redis, _, _ := redisArgs(t)
+	store := tenant.NewStore(b.pool, nil)
+	_, _, err := store.Create(t.Context(), "acme", nil)
+	require.NoError(t, err)
+	_, err = store.Revoke(t.Context(), "acme")
+	require.NoError(t, err)
+	proxy, proxied := pgtest.NewProxy(t, b.url)
+	last := proxy.HoldStatement("DELETE FROM tenants WHERE")
+	defer last.Release()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	done := make(chan result, 1)
+	go func() {
+		r, _ := runApp(20*time.Second, func(a *app) { a.revokeSettle = 0 },
+			append(append([]string{"--database-url", proxied, "--timeout", "1s"}, redis...), "tenants", "delete", "acme")...)
+		done <- r
+	}()
+	select {
+	case <-last.Reached():
+	case <-ctx.Done():
+		t.Fatal("the tenant's row was not deleted")
+	}
+	silenced := proxy.SilenceStatement("commit")
+	last.Release()
+	require.True(t, silenced(ctx), "the COMMIT was not sent")
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		t.Fatal("ctl still waits on a silent Postgres")
+	}
+	requireOneLineError(t, r, 1, "to a COMMIT: what it changed may have been applied; check with a list or show command (ctl tenants list)")
+	require.NotContains(t, r.errOut, "nothing was changed")
 }

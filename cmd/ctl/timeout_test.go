@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
 )
@@ -27,12 +28,20 @@ func TestCtl_SilentPostgresIsBounded(t *testing.T) {
 		"DeadList":        {"ORDER BY finished_at DESC, id DESC LIMIT", []string{"dead", "list"}, "page dead jobs"},
 		"DeadRetry":       {"WITH old AS (", []string{"dead", "retry", "--all"}, "retry dead jobs"},
 		"OperatorsCreate": {"INSERT INTO operators", []string{"operators", "create", "alice"}, "operator"},
+		// A cut COMMIT may have landed: the message says so, and how to check, as the
+		// decision does ("A statement cut by --timeout ... may still commit").
+		"OperatorsRevokeCommit": {"commit", []string{"operators", "revoke", "bob"},
+			"to a COMMIT: what it changed may have been applied; check with a list or show command (ctl operators list)"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setupJobs(t)
-			if name == "DeadRetry" {
+			switch name {
+			case "DeadRetry":
 				b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+			case "OperatorsRevokeCommit":
+				_, _, err := operator.NewStore(b.pool, nil).Create(t.Context(), "bob")
+				require.NoError(t, err)
 			}
 			queue := redistest.Queue(t, redistest.URL())
 			proxy, proxied := pgtest.NewProxy(t, b.url)
@@ -60,4 +69,39 @@ func TestCtl_SilentPostgresIsBounded(t *testing.T) {
 			require.Contains(t, r.errOut, tc.want)
 		})
 	}
+}
+
+// TestStatementBound_BoundsTheWaitForAConnection: --timeout bounds the wait for a connection of
+// the pool too, not only the statements: pgxpool pings a connection idle for over a second
+// before handing it out, with the caller's context, and a Postgres fallen silent meanwhile (a
+// partition) never answers that ping; no statement had begun, so nothing bounded it, and ctl
+// hung (here, a command that waits: revoke --cancel-jobs's settle, a delete's).
+func TestStatementBound_BoundsTheWaitForAConnection(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	proxy, proxied := pgtest.NewProxy(t, b.url)
+	bound := &statementBound{wait: time.Second}
+	p, err := newPool(t.Context(), proxied, bound)
+	require.NoError(t, err)
+	_, err = p.Exec(t.Context(), "SELECT 1")
+	require.NoError(t, err)
+	// pgxpool's own threshold (its default ShouldPing): a connection idle over 1 s is pinged.
+	time.Sleep(1100 * time.Millisecond)
+	proxy.Freeze()
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(context.Background(), "SELECT 1")
+		p.Close()
+		done <- err
+	}()
+	ended := time.NewTimer(8 * time.Second)
+	defer ended.Stop()
+	select {
+	case err = <-done:
+	case <-ended.C:
+		t.Fatal("the wait for a connection of a silent Postgres is not bounded by --timeout")
+	}
+	require.Error(t, err)
+	require.True(t, bound.timedOut.Load(), "the bound that fired is recorded, for run's message")
 }

@@ -61,6 +61,14 @@ func checkParams(q url.Values, allowed ...string) error {
 // writeError is the console's one table from errors to statuses. A client's mistake (unknown
 // id, stale cursor, bad name) is a 4xx naming it; only a failure of ours is a 500, logged.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+	if ae := answerOf(r, logger, err); ae != nil {
+		writeJSON(w, ae.status, map[string]any{"error": map[string]string{"type": ae.typ, "message": ae.message}})
+	}
+}
+
+// answerOf is writeError's answer to err (logging a failure of ours); nil when the client left
+// and no answer is due.
+func answerOf(r *http.Request, logger *slog.Logger, err error) *apiError {
 	var ae *apiError
 	switch {
 	case errors.As(err, &ae):
@@ -84,7 +92,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	case errors.Is(err, tenant.ErrNotFound):
 		ae = &apiError{http.StatusNotFound, "not_found", err.Error()}
 	case errors.Is(err, context.Canceled):
-		return // the client left
+		return nil // the client left
 	case timedOut(r.Context(), err):
 		// An action cut at ActionTimeout (api.store_timeout), a statement at the server's
 		// statement_timeout or lock_timeout, a pool connection that did not come free: Postgres
@@ -100,7 +108,7 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 		logger.ErrorContext(r.Context(), "console: internal error", "method", r.Method, "path", r.URL.Path, "error", err)
 		ae = &apiError{http.StatusInternalServerError, "internal", "internal error (logged)"}
 	}
-	writeJSON(w, ae.status, map[string]any{"error": map[string]string{"type": ae.typ, "message": ae.message}})
+	return ae
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

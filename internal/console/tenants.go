@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/llmq/llmq/internal/audit"
@@ -75,7 +76,10 @@ func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operat
 // (the answer then comes once the replicas' caches have let go of the tenant: up to
 // Config.RevokeSettle after the revocation), and its dead letters ("dead_letters" counts them
 // among "canceled"), which no retry of the dead letters then sends; a tenant revoked already has
-// its jobs canceled all the same. Audited as ctl does: tenant.revoke when it revoked (a revocation that changed
+// its jobs canceled all the same. Cancels that stopped before the end (Postgres failed, or
+// Config.ActionTimeout cut them: offboard.ErrIncomplete) answer the error writeError gives theirs
+// (503 unavailable, or 500), its message saying what was done and that not every job of the
+// tenant may be canceled: cancel its jobs again (ctl's "run again"). Audited as ctl does: tenant.revoke when it revoked (a revocation that changed
 // nothing is not an action), tenant.cancel_jobs with the jobs canceled.
 func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	var req struct {
@@ -102,6 +106,14 @@ func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operat
 	answer := map[string]any{"message": msg, "changed": was}
 	if req.CancelJobs {
 		n, dead, err := h.cancelTenantJobs(r, s, name)
+		if errors.Is(err, offboard.ErrIncomplete) {
+			// As ctl's "run again": the revocation and the cancels made stand, and a second
+			// cancel passes over those and cancels the rest.
+			if ae := answerOf(r, h.cfg.Logger, err); ae != nil {
+				err = &apiError{ae.status, ae.typ, fmt.Sprintf("%s; canceled %d jobs of it before the cancels stopped (%s): "+
+					"not every job of it may be canceled: cancel its jobs again", msg, n, strings.TrimSuffix(ae.message, "; try again shortly"))}
+			}
+		}
 		if err != nil {
 			writeError(w, r, h.cfg.Logger, err)
 			return

@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -227,4 +229,38 @@ func TestTenants_RevokeCancelJobsCancelsItsDeadLetters(t *testing.T) {
 		entries = append(entries, fmt.Sprintf("%s %s %d %v", e.Action, e.Target, e.Count, e.Detail["dead_letters"]))
 	}
 	require.Equal(t, []string{"tenant.cancel_jobs acme 2 1", "tenant.revoke acme 1 <nil>", "login  1 <nil>"}, entries)
+}
+
+// TestTenants_RevokeCancelJobsIncompleteSaysRunAgain: a revoke with cancel_jobs whose cancels
+// Postgres stopped (here the job store's connection is cut after the revocation) answers what was
+// done and that not every job may be canceled, with what to do (cancel them again), as ctl's
+// "run again" does. The answer said only that the database was unreachable, as if nothing had
+// been done: the operator did not know the tenant was revoked, nor that its jobs still ran.
+func TestTenants_RevokeCancelJobsIncompleteSaysRunAgain(t *testing.T) {
+	t.Parallel()
+	var proxy *pgtest.Proxy
+	b := setupConfig(t, func(cfg *console.Config) {
+		cfg.RevokeSettle = -1 // no replica caches it here
+		var proxied string
+		proxy, proxied = pgtest.NewProxy(t, cfg.Pool.Config().ConnString())
+		pool, err := pgxpool.New(context.Background(), proxied)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		cfg.Jobs = jobs.NewStore(pool, nil)
+	})
+	c := b.login(t)
+	_, _, err := tenant.NewStore(b.jobs.Pool, nil).Create(context.Background(), "acme", nil)
+	require.NoError(t, err)
+	queued := b.jobs.Create(t, jobstest.Opts{Tenant: "acme"})
+	proxy.Cut()
+
+	res, out := doWithin(t, c, http.MethodPost, "/console/api/tenants/acme/revoke", map[string]any{"cancel_jobs": true})
+	requireError(t, res, out, http.StatusServiceUnavailable, "unavailable")
+	msg := errorMessage(t, out)
+	require.Contains(t, msg, "tenant acme revoked")
+	require.Contains(t, msg, "not every job of it may be canceled")
+	require.Contains(t, msg, "cancel its jobs again")
+	got, err := b.jobs.Store.Get(context.Background(), queued.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status, "the cancels did not reach Postgres")
 }

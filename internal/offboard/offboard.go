@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/tenant"
@@ -138,7 +140,8 @@ func DeleteTenant(ctx context.Context, tenants *tenant.Store, store *jobs.Store,
 // Interrupted (ctx ended) during the first pass, it does not begin the second.
 // It returns how many jobs it canceled and how many of them were dead letters, also with an error
 // (the caller audits them: CancelJobsEntry). Errors: tenant.ErrNotFound, tenant.ErrNotRevoked, or
-// what the cancels returned (both passes' failures, joined, when both failed), which Is
+// what the cancels returned (both passes' failures, joined, when both failed; said once when it
+// is one failure of Postgres: unreachable, or one error it answered both), which Is
 // ErrIncomplete unless only aborts failed (a later call then cancels the rest).
 func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, name string, settle time.Duration,
 	abort func(*jobs.Job) error) (n, dead int, err error) {
@@ -159,6 +162,11 @@ func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, n
 	// the operator to run the command again, and a retry of every dead letter sent them meanwhile.
 	dead, deadErr := store.CancelDeadOfTenant(ctx, name, abort)
 	joined := errors.Join(err, deadErr)
+	if sameFailure(err, deadErr) {
+		// Postgres down fails both passes alike: said twice, it was a wall of text for one
+		// refused connection.
+		joined = fmt.Errorf("%w; its dead letters' pass failed alike", err)
+	}
 	if stopped(err) || stopped(deadErr) {
 		joined = incompleteError{joined}
 	}
@@ -188,6 +196,24 @@ type incompleteError struct{ err error }
 func (e incompleteError) Error() string        { return e.err.Error() }
 func (e incompleteError) Unwrap() error        { return e.err }
 func (e incompleteError) Is(target error) bool { return target == ErrIncomplete }
+
+// sameFailure reports whether both passes stopped on what is one failure of Postgres: it
+// answered both with one error (code and message), or it answered neither, unreachable
+// (jobs.IsUnavailable). Two answers that differ are two failures, each said, though both be
+// "unavailable" (a statement timeout, then a full disk).
+func sameFailure(err, deadErr error) bool {
+	if !stopped(err) || !stopped(deadErr) {
+		return false
+	}
+	var pgErr, deadPgErr *pgconn.PgError
+	switch answered, deadAnswered := errors.As(err, &pgErr), errors.As(deadErr, &deadPgErr); {
+	case answered && deadAnswered:
+		return pgErr.Code == deadPgErr.Code && pgErr.Message == deadPgErr.Message
+	case answered || deadAnswered:
+		return false
+	}
+	return jobs.IsUnavailable(err) && jobs.IsUnavailable(deadErr)
+}
 
 // stopped reports whether err, a cancel pass's, stopped it before it ended: any failure but
 // aborts that failed (jobs.AbortError, returned once every cancel was made).

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/offboard"
+	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -173,4 +175,51 @@ func TestCancelJobs_InterruptedSaysSoOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the next run cancels the rest")
 	require.Equal(t, 1, nDead)
+}
+
+// TestCancelJobs_OnePostgresFailureSaidOnce: with Postgres unreachable, both passes (the jobs
+// not ended, the dead letters) fail on the same failure; the error says it once, and says the
+// dead letters' pass failed too. It said the whole failure twice (errors.Join), on one line of
+// ctl's: a wall of text for one refused connection.
+func TestCancelJobs_OnePostgresFailureSaidOnce(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tenants := revoked(t, b, "gone")
+	proxy, proxied := pgtest.NewProxy(t, b.URL)
+	pool, err := pgxpool.New(t.Context(), proxied)
+	require.NoError(t, err)
+	defer pool.Close()
+	proxy.Cut()
+
+	_, _, err = offboard.CancelJobs(t.Context(), tenants, jobs.NewStore(pool, nil), "gone", 0, nil)
+	require.ErrorIs(t, err, offboard.ErrIncomplete)
+	require.Equal(t, 1, strings.Count(err.Error(), "failed to connect"), "said once: %q", err)
+	require.Contains(t, err.Error(), "dead letters")
+	require.NotContains(t, err.Error(), "\n", "one failure, one line")
+}
+
+// TestCancelJobs_TwoDifferentFailuresSaidBoth: when the two passes stop on two different failures
+// of Postgres (here the jobs' pass on a statement timeout, the dead letters' on a full disk, both
+// "unavailable"), the error names both: one of them is not "alike". Merged as one failure, the
+// disk full was never said.
+func TestCancelJobs_TwoDifferentFailuresSaidBoth(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	tenants := revoked(t, b, "gone")
+	b.Create(t, jobstest.Opts{Tenant: "gone"})
+	b.Dead(t, jobstest.Opts{Tenant: "gone"}, jobs.ReasonRetriesExhausted, 1)
+	_, err := b.Pool.Exec(t.Context(), `CREATE FUNCTION fail_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF OLD.status = 'dead' THEN
+		RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
+	END IF;
+	RAISE EXCEPTION 'canceling statement due to statement timeout' USING ERRCODE = '57014';
+END $$;
+CREATE TRIGGER fail_cancel BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION fail_cancel();`)
+	require.NoError(t, err)
+
+	_, _, err = offboard.CancelJobs(t.Context(), tenants, b.Store, "gone", 0, nil)
+	require.ErrorIs(t, err, offboard.ErrIncomplete)
+	require.Contains(t, err.Error(), "statement timeout")
+	require.Contains(t, err.Error(), "No space left on device", "the second failure is said too")
 }

@@ -394,7 +394,7 @@ async function pageTenants(root) {
       : cancelJobs ? `Revoke tenant ${name} and cancel every job of it that has not ended (calls in flight are aborted), and its dead letters? Its token stops working within seconds.`
         : `Revoke tenant ${name}? Its token stops working within seconds; its jobs that have not ended still run.`;
     if (!(await confirmAction(text))) return;
-    try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`, cancelJobs ? { cancel_jobs: true } : undefined)).message); route(); } catch (e) { flash(e.message, true); }
+    try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`, cancelJobs ? { cancel_jobs: true } : undefined)).message); route(); } catch (e) { flash(e.message, true); route(); }
   };
   const remove = async (name) => {
     if (!(await confirmAction(`Delete tenant ${name}? Its jobs that have not ended are canceled (calls in flight are aborted), then every job of it is deleted with its history, then the tenant and its tokens. This cannot be undone; the audit log keeps its entries.`))) return;
