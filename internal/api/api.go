@@ -597,7 +597,7 @@ func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant) (*jobs.Job, error) {
 // cancel took. Another end is 409 job_terminal.
 //
 // Its transition holds one of its tenant's places of MaxKeyedSubmitsPerTenant (tenantGate,
-// shared with its keyed submits): a cancel's transaction waits in Postgres for its job's row
+// shared with its keyed submits): a cancel's statement waits in Postgres for its job's row
 // lock, and a tenant's flood of them (the same DELETE resent, each behind the last) took every
 // connection of the pool. One over them waits up to StoreWait for a place, then is answered 429
 // too_many_cancels with Retry-After. See cancelStage for when the job is read before.
@@ -633,10 +633,11 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 // within one of tn's places of Server.keyed. It returns the job, and whether this cancel ended
 // it (false: another cancel did, before or meanwhile, and the job is as it is now).
 //
-// With a place free, the transaction's read under the row lock is the job's only read. With
-// none, the job is read first, outside the places, as a poll's: a cancel of a job missing or
-// ended (but dead) has no transition to make, and is answered without waiting for a place,
-// whatever its tenant's other requests hold; one of a live or dead job waits for a place.
+// With a place free, the cancel's one statement is the job's only read, also for the answer to
+// a cancel resent (a job canceled before). With none, the job is read first, outside the places,
+// as a poll's: a cancel of a job missing or ended (but dead) has no transition to make, and is
+// answered without waiting for a place, whatever its tenant's other requests hold; one of a live
+// or dead job waits for a place.
 func (s *Server) cancelStage(r *http.Request, tn *tenant.Tenant) (job *jobs.Job, canceled bool, err error) {
 	id := r.PathValue("id")
 	release, ok := s.keyed.tryEnter(tn.Name)
@@ -663,9 +664,9 @@ func (s *Server) cancelStage(r *http.Request, tn *tenant.Tenant) (job *jobs.Job,
 	}
 	defer release()
 	job, err = s.cfg.Store.CancelOf(r.Context(), tn.Name, id)
-	if jobs.AlreadyCanceled(err) {
-		job, err = s.cfg.Store.Get(r.Context(), id)
-		return job, false, err
+	var te *jobs.TerminalError
+	if errors.As(err, &te) && te.Status == jobs.StatusCanceled {
+		return te.Job, false, nil // the job as the cancel read it
 	}
 	return job, err == nil, err
 }

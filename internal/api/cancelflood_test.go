@@ -18,7 +18,7 @@ import (
 	"github.com/llmq/llmq/internal/pgtest"
 )
 
-// TestCancel_OneTenantsFloodLeavesRoomForOthers: a cancel's transaction locks its job's row,
+// TestCancel_OneTenantsFloodLeavesRoomForOthers: a cancel's statement locks its job's row,
 // holding a pool connection while it waits for another transaction holding it (another cancel of
 // the job, a worker's transition; here: one outside the pool, a stand-in for either). Tenant a's
 // flood of DELETEs of its job took every connection of the pool, and tenant b's poll waited

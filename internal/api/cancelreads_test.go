@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
@@ -10,7 +11,8 @@ import (
 )
 
 // TestCancel_ReadsItsJobOnce: a cancel whose tenant has a place free reads its job once, in its
-// transaction under the row's lock. It read the job first (a batched point read, to answer a
+// one statement (jobs.Store.CancelOf), also for the answer to a cancel resent (it read the job
+// again for that answer). It read the job first (a batched point read, to answer a
 // job missing or ended without a place) and again under the lock: one statement more for every
 // cancel. The first read is made only when the tenant's places are full
 // (TestCancel_EndedJobTakesNoPlace).
@@ -26,6 +28,8 @@ func TestCancel_ReadsItsJobOnce(t *testing.T) {
 		{"Queued", "", http.StatusOK},
 		{"Dead", jobs.StatusDead, http.StatusOK},
 		{"Succeeded", jobs.StatusSucceeded, http.StatusConflict},
+		// A cancel resent (its answer lost): the job for its answer is the one read.
+		{"Canceled", jobs.StatusCanceled, http.StatusOK},
 	} {
 		job := b.create(t, "")
 		switch tc.status {
@@ -33,6 +37,9 @@ func TestCancel_ReadsItsJobOnce(t *testing.T) {
 			b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
 		case jobs.StatusSucceeded:
 			b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})
+		case jobs.StatusCanceled:
+			_, err := b.store.Cancel(context.Background(), job.ID)
+			require.NoError(t, err)
 		}
 		before := queries.n.Load()
 		r := b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil)

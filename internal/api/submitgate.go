@@ -12,7 +12,7 @@ import (
 // transaction that may wait in Postgres, on this replica: its submits with an Idempotency-Key in
 // their Postgres stage and its cancels, together. A keyed submit's transaction holds its
 // connection for the key's claim, then the insert, and a claim waits in Postgres for another not
-// yet committed of the same key; a cancel's locks its job's row, and waits for another
+// yet committed of the same key; a cancel's statement locks its job's row, and waits for another
 // transaction holding it (another cancel of the job, a worker's transition). Without a cap, one
 // tenant's flood of them (a client resending under one key, or the same DELETE) took every
 // connection of the pool, and every other tenant's submits, polls and cancels waited behind it

@@ -43,8 +43,8 @@ const (
 	// alone) waits for a row lock another session holds: its lock_timeout, set for that
 	// transaction only (see lockTimeoutSQL). The batcher's statements touch one job row each and
 	// the transactions that lock job rows are a few short round trips, so a longer wait is a
-	// lock held by a stalled session (a cancel whose client fell silent keeps its lock until
-	// Postgres notices, hours with TCP's keepalive) or an operator's open transaction; with one
+	// lock held by a stalled session (a transaction whose client fell silent keeps its locks
+	// until Postgres notices, hours with TCP's keepalive) or an operator's open transaction; with one
 	// batch in flight, the wait held every transition of the process for batchTimeout.
 	batchLockTimeout = 2 * time.Second
 	// silentProbeTimeout bounds the ping that tells a silent pool from a slow server once a

@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // TerminalError is returned when a job cannot change because it already ended; Status is the
 // status it ended in.
 type TerminalError struct {
 	Status Status
+	// Job is the job as the cancel read it (its Request nil): the answer to a cancel resent, say
+	// (see AlreadyCanceled). Store.Cancel's TerminalError always has it.
+	Job *Job
 }
 
 func (e *TerminalError) Error() string { return "job is " + string(e.Status) }
@@ -24,9 +25,12 @@ func AlreadyCanceled(err error) bool {
 }
 
 // Cancel moves a queued, retrying, running or dead job to canceled and appends the event, in one
-// transaction under the job's row lock. It returns the canceled job, ErrNotFound (also for a
-// malformed ID), or a *TerminalError naming the status of a job that had already ended otherwise
-// (see AlreadyCanceled: one canceled before changes nothing, appends nothing).
+// statement that locks the job's row only when it has that transition to make. It returns the
+// canceled job (without its Request: Get's has it), ErrNotFound (also for a malformed ID), or a
+// *TerminalError naming the status of a job that had already ended otherwise (see
+// AlreadyCanceled: one canceled before changes nothing, appends nothing, and its TerminalError
+// holds the job as it is). A job missing or ended is answered from that one statement's read,
+// without waiting for whoever holds its row.
 //
 // A dead job waits for an operator, whose retry (RetryDead) would send it again: canceled, it
 // is no dead letter any more and no retry takes it (the client no longer wants it; see
@@ -47,48 +51,59 @@ func (s *Store) CancelOf(ctx context.Context, tenant, id string) (*Job, error) {
 	return s.cancel(ctx, id, &tenant)
 }
 
+// cancelSQL cancels job $1 (of tenant $2 alone unless $2 is NULL) when it is live or dead, and
+// answers with one row: the job's columns without its request (jobColumnsNoRequest), then
+// whether this statement canceled it.
+// The lock (live) orders it against the worker's transitions and an operator's retry; a row that
+// is ended (or another tenant's) does not match it and is not locked, and the row answered is
+// then the job as the statement's snapshot read it. A job that ended while the lock was waited
+// for (the worker's outcome committed first) no longer matches it either: its row answered is
+// the snapshot's, still live or dead (see cancel).
+var cancelSQL = `
+WITH live AS (
+	SELECT id AS live_id, status AS from_status, dead_reason AS from_reason FROM jobs
+	WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND status IN ('queued', 'retrying', 'running', 'dead')
+	FOR UPDATE
+), c AS (
+	UPDATE jobs SET status = 'canceled', next_attempt_at = NULL, finished_at = now(), updated_at = now(),
+		dead_reason = NULL, event_seq = event_seq + 1
+	FROM live WHERE id = live_id
+	RETURNING jobs.*, from_status, from_reason
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload)
+	SELECT id, event_seq, 'canceled', jsonb_strip_nulls(jsonb_build_object('from', from_status, 'previous_reason', from_reason))
+	FROM c
+)
+SELECT ` + jobColumnsNoRequest + `, true FROM c
+UNION ALL
+SELECT ` + jobColumnsNoRequest + `, false FROM jobs WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+	AND NOT EXISTS (SELECT FROM c)`
+
+// cancelTries bounds cancel's runs of cancelSQL. A run whose job ended while it waited for the
+// lock is run again, and the next one reads that end: a job that succeeded, failed or was
+// canceled never becomes live again (only a dead one does, retried, and a dead row is locked).
+const cancelTries = 3
+
 // cancel is Cancel of id, of tenant's job alone unless tenant is nil.
 func (s *Store) cancel(ctx context.Context, id string, tenant *string) (*Job, error) {
 	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
-	var job *Job
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var status Status
-		var reason *string
-		// The row lock orders this against the worker's transitions and an operator's retry.
-		// Another tenant's row does not match, and is not locked.
-		err := tx.QueryRow(ctx, `SELECT status, dead_reason FROM jobs WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
-FOR UPDATE`, id, tenant).Scan(&status, &reason)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
+	for range cancelTries {
+		var ours bool
+		job, err := s.scanJob(s.pool.QueryRow(ctx, cancelSQL, id, tenant), &ours)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return nil, err
+		case err != nil:
+			return nil, fmt.Errorf("cancel job: %w", err)
+		case ours:
+			return job, nil
+		case job.Status.Terminal() && job.Status != StatusDead:
+			return nil, &TerminalError{Status: job.Status, Job: job}
 		}
-		if err != nil {
-			return err
-		}
-		if status.Terminal() && status != StatusDead {
-			return &TerminalError{Status: status}
-		}
-		job, err = s.scanJob(tx.QueryRow(ctx, `
-UPDATE jobs SET status = 'canceled', next_attempt_at = NULL, finished_at = now(), updated_at = now(),
-	dead_reason = NULL, event_seq = event_seq + 1
-WHERE id = $1
-RETURNING `+jobColumns, id))
-		if err != nil {
-			return err
-		}
-		payload := map[string]any{"from": status}
-		if reason != nil {
-			payload["previous_reason"] = *reason
-		}
-		return appendEvent(ctx, tx, job.ID, job.EventSeq, StatusCanceled, payload)
-	})
-	var te *TerminalError
-	if errors.Is(err, ErrNotFound) || errors.As(err, &te) {
-		return nil, err
+		// Live or dead in the snapshot, and not locked as such: it ended while the lock was
+		// waited for. Run again, to read how.
 	}
-	if err != nil {
-		return nil, fmt.Errorf("cancel job: %w", err)
-	}
-	return job, nil
+	return nil, fmt.Errorf("cancel job: its status kept changing under %d tries", cancelTries)
 }

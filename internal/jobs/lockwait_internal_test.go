@@ -63,7 +63,7 @@ func succeeded(job *Job) (*Attempt, Outcome) {
 		Outcome{Status: StatusSucceeded, Result: json.RawMessage(`{"ok":true}`), AnsweredBy: "c"}
 }
 
-// A job row another session holds locked for long (a cancel's transaction whose client fell
+// A job row another session holds locked for long (a transaction whose client fell
 // silent keeps its lock until Postgres notices, up to TCP's keepalive: hours) stalled every
 // transition of the process: the store sends one batch at a time, and the statement waiting for
 // the lock held it for the batch's 30 s, every other job's outcome queued behind it until the

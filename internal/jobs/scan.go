@@ -50,8 +50,8 @@ func (p *scanPlans) forMap(m *pgtype.Map) *columnPlans {
 }
 
 // rowScanner scans a whole row into dest (pgx.RowScanner) with the plans p keeps for the
-// row's connection, planning a column again only when its type or format differs from the one
-// its plan was made for.
+// row's connection, column by column, planning a column again only when its type or format
+// differs from the one its plan was made for.
 type rowScanner struct {
 	p    *scanPlans
 	dest []any
@@ -69,8 +69,11 @@ func (r rowScanner) ScanRow(rows pgx.Rows) error {
 	}
 	m := conn.TypeMap()
 	cp := r.p.forMap(m)
-	if len(cp.plans) != len(fds) {
-		cp.oids, cp.formats, cp.plans = make([]uint32, len(fds)), make([]int16, len(fds)), make([]pgtype.ScanPlan, len(fds))
+	if n := len(fds) - len(cp.plans); n > 0 {
+		// A row with more columns (a job's, and a flag of its statement's after them) keeps the
+		// plans of the columns it shares with the others.
+		cp.oids, cp.formats = append(cp.oids, make([]uint32, n)...), append(cp.formats, make([]int16, n)...)
+		cp.plans = append(cp.plans, make([]pgtype.ScanPlan, n)...)
 	}
 	for i, fd := range fds {
 		if cp.plans[i] == nil || cp.oids[i] != fd.DataTypeOID || cp.formats[i] != fd.Format {

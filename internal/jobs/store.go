@@ -159,8 +159,9 @@ func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job
 	return job, nil
 }
 
-// scanJob reads a row of jobColumns (or jobColumnsNoRequest) into a Job.
-func (s *Store) scanJob(row pgx.Row) (*Job, error) {
+// scanJob reads a row of jobColumns (or jobColumnsNoRequest) into a Job, and the row's columns
+// after those (when the statement answers more) into extra.
+func (s *Store) scanJob(row pgx.Row, extra ...any) (*Job, error) {
 	var j Job
 	var timeoutMS int64
 	var lastErr []byte
@@ -168,11 +169,11 @@ func (s *Store) scanJob(row pgx.Row) (*Job, error) {
 	// The JSON columns are read as bytes: Postgres has checked them, and pgx would check them
 	// again (json.Unmarshal) for a json.RawMessage.
 	var result, usage, metadata, request []byte
-	err := row.Scan(rowScanner{p: &s.plans, dest: []any{&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
+	err := row.Scan(rowScanner{p: &s.plans, dest: append([]any{&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
 		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
 		&j.NextAttemptAt, &lastErr, &result, &usage, &j.DeadReason, &metadata, &request,
 		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant,
-		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority}})
+		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority}, extra...)})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -436,23 +437,6 @@ func (s *Store) get(ctx context.Context, id, columns string) (*Job, error) {
 		return nil, fmt.Errorf("get job: %w", err)
 	}
 	return j, err
-}
-
-// appendEvent inserts event seq for a job; when the job is watched, a trigger (migration 010)
-// notifies listeners on EventsChannel when the transaction commits.
-func appendEvent(ctx context.Context, tx pgx.Tx, id string, seq int, typ Status, payload map[string]any) error {
-	if payload == nil {
-		payload = map[string]any{}
-	}
-	b, err := json.Marshal(payload)
-	if err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO job_events (job_id, seq, type, payload) VALUES ($1, $2, $3, $4)`,
-		id, seq, string(typ), b); err != nil {
-		return fmt.Errorf("insert event: %w", err)
-	}
-	return nil
 }
 
 func nullString(s string) *string {
