@@ -564,7 +564,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.answer(job))
+	s.writeJob(w, http.StatusOK, job)
 }
 
 // job returns the job named by the path for the caller's tenant; another tenant's job is
@@ -614,7 +614,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 	}
 	if !canceled {
 		// Canceled before: not counted again, nothing to abort (that cancel did).
-		writeJSON(w, http.StatusOK, s.answer(job))
+		s.writeJob(w, http.StatusOK, job)
 		return
 	}
 	s.cfg.Metrics.canceled(job.Credential)
@@ -626,7 +626,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 			s.cfg.Logger.WarnContext(r.Context(), "abort canceled job's task", "job_id", job.ID, "error", err)
 		}
 	}
-	writeJSON(w, http.StatusOK, s.answer(job))
+	s.writeJob(w, http.StatusOK, job)
 }
 
 // cancelStage is a cancel's transition of tn's job named by the path (jobs.Store.CancelOf),

@@ -573,10 +573,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Location", "/v1/jobs/"+job.ID)
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
-		writeJSON(w, http.StatusOK, s.answer(job))
+		s.writeJob(w, http.StatusOK, job)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, s.answer(job))
+	s.writeJob(w, http.StatusAccepted, job)
 }
 
 // encodedRefusal is err, or a 415 when err refuses the body as not JSON (invalid_json) and the

@@ -434,18 +434,14 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		// A body of unknown length was read into a doubling buffer: keep (and count) only its bytes.
 		data = append(make([]byte, 0, len(data)), data...)
 	}
-	var top struct {
-		Usage json.RawMessage `json:"usage"`
-		Error json.RawMessage `json:"error"`
-	}
-	// Unmarshal checks the whole answer is valid JSON before it decodes (no json.Valid first).
 	if !startsObject(data) {
 		out.Body = data
 		hold.settle(int64(cap(data)))
 		out.hold, keepHold = hold, true
 		return out, c.decodeError(resp.StatusCode, header, data)
 	}
-	if err := json.Unmarshal(data, &top); err != nil {
+	usage, errRaw, err := answerMembers(data) // checks the whole answer is valid JSON
+	if err != nil {
 		if closeDelimited(resp) && cutShort(data) {
 			// A body framed by the connection's end ends cleanly when the server dies mid-write:
 			// only the JSON shows the cut, and it is the transport's failure, as a short read is.
@@ -457,14 +453,14 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		out.hold, keepHold = hold, true
 		return out, c.decodeError(resp.StatusCode, header, data)
 	}
-	if typ, code, msg, isErr := errorInAnswer(top.Error); isErr {
+	if typ, code, msg, isErr := errorInAnswer(errRaw); isErr {
 		// The provider's error object under a 2xx: an error, as a mid-stream error event is.
 		return nil, c.answerError(typ, code, msg, header, rl, latency, ttfb)
 	}
 	out.Body = data
 	hold.settle(int64(cap(data)))
 	out.hold, keepHold = hold, true
-	out.Usage = c.d.usage(top.Usage)
+	out.Usage = c.d.usage(usage)
 	return out, nil
 }
 
