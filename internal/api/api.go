@@ -170,7 +170,8 @@ type Server struct {
 	keyed *tenantGate
 	// refusalLog throttles the log lines of tenants refused over their share, by tenant and type.
 	refusalLog *throttle
-	// streamLog throttles the log lines of the event streams' failures, by message (streamWarn).
+	// streamLog throttles the log lines of the event streams' failures, by message (streamWarn,
+	// refuseStream).
 	streamLog *throttle
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
@@ -701,6 +702,31 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 // errorAnswer is the one table from errors to HTTP statuses and machine codes: err's answer to
 // r, logged when it is the server's failure; nil when the client left (nothing to answer).
 func errorAnswer(r *http.Request, logger *slog.Logger, err error) *httpError {
+	he, failure := classifyError(r, err)
+	if failure != nil {
+		logger.Log(r.Context(), failure.level, failure.msg, "method", r.Method, "path", r.URL.Path, "error", err)
+	}
+	return he
+}
+
+// serverFailure is how an answer that is the server's failure is logged: its line's message
+// and level.
+type serverFailure struct {
+	msg   string
+	level slog.Level
+}
+
+// The server's failures errorAnswer logs.
+var (
+	failureStoreTimedOut    = &serverFailure{"store timed out", slog.LevelWarn}
+	failureStoreUnreachable = &serverFailure{"store unavailable", slog.LevelWarn}
+	failureInternal         = &serverFailure{"internal error", slog.LevelError}
+)
+
+// classifyError is errorAnswer's table, logging nothing: err's answer to r (nil when the client
+// left), and how to log it when it is the server's failure (nil: a client's mistake, or a
+// refusal counted elsewhere).
+func classifyError(r *http.Request, err error) (*httpError, *serverFailure) {
 	var he *httpError
 	var inv *InvalidError
 	var term *jobs.TerminalError
@@ -723,20 +749,17 @@ func errorAnswer(r *http.Request, logger *slog.Logger, err error) *httpError {
 	case errors.Is(context.Cause(r.Context()), errStoreTimeout):
 		// Checked before context.Canceled and the unavailable store: the request's own bound
 		// (timed, storeTimed) ended a statement Postgres had not answered.
-		logger.WarnContext(r.Context(), "store timed out", "method", r.Method, "path", r.URL.Path, "error", err)
-		he = &httpError{status: http.StatusServiceUnavailable, typ: "unavailable",
-			message: "the job store did not answer in time; retry shortly", header: http.Header{"Retry-After": {"5"}}}
+		return &httpError{status: http.StatusServiceUnavailable, typ: "unavailable",
+			message: "the job store did not answer in time; retry shortly", header: http.Header{"Retry-After": {"5"}}}, failureStoreTimedOut
 	case errors.Is(err, context.Canceled):
-		return nil // the client left
+		return nil, nil // the client left
 	case jobs.IsUnavailable(err):
-		logger.WarnContext(r.Context(), "store unavailable", "method", r.Method, "path", r.URL.Path, "error", err)
-		he = &httpError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the job store is unreachable; retry shortly",
-			header: http.Header{"Retry-After": {"5"}}}
+		return &httpError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the job store is unreachable; retry shortly",
+			header: http.Header{"Retry-After": {"5"}}}, failureStoreUnreachable
 	default:
-		logger.ErrorContext(r.Context(), "internal error", "method", r.Method, "path", r.URL.Path, "error", err)
-		he = &httpError{status: http.StatusInternalServerError, typ: "internal", message: "internal error"}
+		return &httpError{status: http.StatusInternalServerError, typ: "internal", message: "internal error"}, failureInternal
 	}
-	return he
+	return he, nil
 }
 
 // maxMessageBytes caps an error message: several echo a client's value (a credential name, a

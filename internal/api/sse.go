@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/deltastream"
+	"github.com/llmq/llmq/internal/eventsource"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -255,50 +256,28 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 // otherwise come back in the same millisecond. It carries no id (the client keeps its
 // Last-Event-ID) and nothing of the job: it is answered before the job is read, or before its
 // caller is known. Any other client is answered the 503 (a 200 would tell curl the stream ended).
+// A failure of the server (the store unreachable, or past its bound) is logged as the streams'
+// other failures are (streamLog: one line per message and streamLogInterval, counting those held
+// back): the pages an outage refuses each come back within seconds, and a line each flooded the
+// log.
 func (s *Server) refuseStream(w http.ResponseWriter, r *http.Request, err error) {
-	he := errorAnswer(r, s.cfg.Logger, err)
+	he, failure := classifyError(r, err)
 	if he == nil {
 		return
 	}
+	if failure != nil {
+		if log, suppressed := s.streamLog.allow(failure.msg); log {
+			s.cfg.Logger.Log(r.Context(), failure.level, failure.msg, "method", r.Method, "path", r.URL.Path,
+				"error", err, "suppressed", suppressed)
+		}
+	}
 	retryAfter, convErr := strconv.Atoi(he.header.Get("Retry-After"))
-	if he.status != http.StatusServiceUnavailable || convErr != nil || !acceptsEventStream(r) {
+	if he.status != http.StatusServiceUnavailable || convErr != nil || !eventsource.Accepts(r) {
 		writeError(w, r, s.cfg.Logger, he)
 		return
 	}
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Retry-After", strconv.Itoa(retryAfter))
-	w.WriteHeader(http.StatusOK)
-	retry := int64(s.cfg.retryRand() * float64(retryAfter*1000))
-	// The comment's text is the error's type and message: never a line break in them.
-	_, _ = fmt.Fprintf(w, ": %s: %s\nretry: %d\n\n", he.typ, strings.ReplaceAll(he.message, "\n", " "), retry)
-}
-
-// acceptsEventStream reports whether r's Accept header names text/event-stream (not refused
-// with q=0), as every EventSource's does. A wildcard (*/*, text/*) does not count: curl sends
-// */*, and wants the 503.
-func acceptsEventStream(r *http.Request) bool {
-	for _, v := range r.Header.Values("Accept") {
-		for part := range strings.SplitSeq(v, ",") {
-			media, params, _ := strings.Cut(part, ";")
-			if !strings.EqualFold(strings.TrimSpace(media), "text/event-stream") {
-				continue
-			}
-			refused := false
-			for param := range strings.SplitSeq(params, ";") {
-				k, v, _ := strings.Cut(param, "=")
-				if strings.EqualFold(strings.TrimSpace(k), "q") {
-					q, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-					refused = err == nil && q <= 0
-				}
-			}
-			if !refused {
-				return true
-			}
-		}
-	}
-	return false
+	w.Header().Set("Cache-Control", "no-cache")
+	eventsource.Refuse(w, he.typ, he.message, retryAfter, s.cfg.retryRand())
 }
 
 // streamReads is what a stream's wake-up reads (see sendEvents).
@@ -357,8 +336,8 @@ func (s *Server) streamWarn(ctx context.Context, msg, id string, err error) {
 	}
 }
 
-// streamsSuppressed logs the streams' failures of message msg that streamWarn held back and no
-// line of it counted since: the last of an outage (streamLog.report).
+// streamsSuppressed logs the streams' failures of message msg that streamWarn (or refuseStream)
+// held back and no line of it counted since: the last of an outage (streamLog.report).
 func (s *Server) streamsSuppressed(msg string, suppressed int) {
 	s.cfg.Logger.Warn(msg, "suppressed", suppressed)
 }

@@ -252,7 +252,8 @@ func TestEvents_TokenRecheckIsBounded(t *testing.T) {
 // names only wildcards (curl's */*); a refusal that will not heal (401, 404) stays final.
 func TestEvents_RefusedEventSourceRetryIsJittered(t *testing.T) {
 	t.Parallel()
-	s := &Server{cfg: Config{Logger: slog.New(slog.DiscardHandler), retryRand: func() float64 { return 0.5 }}}
+	s := &Server{cfg: Config{Logger: slog.New(slog.DiscardHandler), retryRand: func() float64 { return 0.5 }},
+		streamLog: newThrottle(streamLogInterval, time.Now)}
 	// A request whose store bound passed: its context canceled with errStoreTimeout (storeTimed).
 	timedOut, cancel := context.WithCancelCause(context.Background())
 	cancel(errStoreTimeout)

@@ -29,6 +29,17 @@ type sessionHandler func(w http.ResponseWriter, r *http.Request, s *operator.Ses
 // carry the session's CSRF token: 403 otherwise. A bearer token, a tenant's or any other, is
 // never a session.
 func (h *Handler) authed(next sessionHandler) http.HandlerFunc {
+	return h.authedWith(next, func(w http.ResponseWriter, r *http.Request, err error) { writeError(w, r, h.cfg.Logger, err) })
+}
+
+// liveAuthed is authed for a live page's event stream: a session lookup that fails for a reason
+// that passes tells an EventSource to come back (refuseStream).
+func (h *Handler) liveAuthed(next sessionHandler) http.HandlerFunc {
+	return h.authedWith(next, h.refuseStream)
+}
+
+// authedWith is authed, answering a lookup's failure with refuse.
+func (h *Handler) authedWith(next sessionHandler, refuse func(http.ResponseWriter, *http.Request, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		c, err := r.Cookie(cookieName)
 		if err != nil {
@@ -48,7 +59,7 @@ func (h *Handler) authed(next sessionHandler) http.HandlerFunc {
 			return
 		}
 		if err != nil {
-			writeError(w, r, h.cfg.Logger, err)
+			refuse(w, r, err)
 			return
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
@@ -143,6 +144,8 @@ type Handler struct {
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
+	// retryRand draws in [0, 1) the jitter of a refused live page's retry (refuseStream).
+	retryRand func() float64
 }
 
 // DefaultReadTimeout is Config.ReadTimeout's default: far above what a page's reads take (the
@@ -203,7 +206,7 @@ func New(cfg Config) (*Handler, error) {
 		return nil, fmt.Errorf("console: %w", err)
 	}
 	h := &Handler{cfg: cfg, operators: operator.NewStore(cfg.Pool, nil), tenants: tenant.NewStore(cfg.Pool, nil),
-		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{}),
+		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{}), retryRand: rand.Float64,
 		lookups: newLookupGate(int(cfg.Pool.Config().MaxConns)/4, cfg.LookupWait)}
 	h.live = newLiveOverview(h)
 	h.routes()
@@ -223,10 +226,10 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /console/api/logout", h.timed(h.logout))
 	m.HandleFunc("GET /console/api/session", h.read(h.authed(h.session)))
 	m.HandleFunc("GET /console/api/overview", h.read(h.authed(h.overview)))
-	m.HandleFunc("GET /console/api/overview/live", h.getOnly(h.authed(h.overviewLive)))
+	m.HandleFunc("GET /console/api/overview/live", h.getOnly(h.liveAuthed(h.overviewLive)))
 	m.HandleFunc("GET /console/api/jobs", h.read(h.authed(h.jobList)))
 	m.HandleFunc("GET /console/api/jobs/{id}", h.read(h.authed(h.jobRoute(h.jobDetail))))
-	m.HandleFunc("GET /console/api/jobs/{id}/live", h.getOnly(h.authed(h.jobRoute(h.jobLive))))
+	m.HandleFunc("GET /console/api/jobs/{id}/live", h.getOnly(h.liveAuthed(h.jobRoute(h.jobLive))))
 	m.HandleFunc("POST /console/api/jobs/{id}/cancel", h.timed(h.authed(h.jobRoute(h.jobCancel))))
 	m.HandleFunc("GET /console/api/dead", h.read(h.authed(h.deadList)))
 	m.HandleFunc("POST /console/api/dead/retry", h.timed(h.authed(h.deadRetry)))

@@ -11,11 +11,14 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/llmq/llmq/internal/eventsource"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/internal/tenant"
@@ -61,14 +64,14 @@ func checkParams(q url.Values, allowed ...string) error {
 // writeError is the console's one table from errors to statuses. A client's mistake (unknown
 // id, stale cursor, bad name) is a 4xx naming it; only a failure of ours is a 500, logged.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
-	if ae := answerOf(r, logger, err); ae != nil {
+	if ae := errorAnswer(r, logger, err); ae != nil {
 		writeJSON(w, ae.status, map[string]any{"error": map[string]string{"type": ae.typ, "message": ae.message}})
 	}
 }
 
-// answerOf is writeError's answer to err (logging a failure of ours); nil when the client left
-// and no answer is due.
-func answerOf(r *http.Request, logger *slog.Logger, err error) *apiError {
+// errorAnswer is writeError's answer to err, logged when it is the database's failure or ours;
+// nil when the client left (nothing to answer).
+func errorAnswer(r *http.Request, logger *slog.Logger, err error) *apiError {
 	var ae *apiError
 	switch {
 	case errors.As(err, &ae):
@@ -109,6 +112,36 @@ func answerOf(r *http.Request, logger *slog.Logger, err error) *apiError {
 		ae = &apiError{http.StatusInternalServerError, "internal", "internal error (logged)"}
 	}
 	return ae
+}
+
+// liveRetryAfter is how long a live page's EventSource refused for a reason that passes waits
+// before it comes back, at most (refuseStream): the API's Retry-After of an unavailable store.
+const liveRetryAfter = 5 * time.Second
+
+// refuseStream answers a live page's stream that failed before its first event with err:
+// writeError's answer, but for a 503 (the database unreachable or past its bound, the
+// credential lookups full: what passes) to a client that takes event streams (Accept:
+// text/event-stream, which every EventSource sends), which is told to come back instead
+// (eventsource.Refuse: a 200 event stream holding a retry field, a full-jitter draw below the
+// Retry-After, or liveRetryAfter) and then reconnects by itself, as the API's event streams
+// tell it: a 503 ended the EventSource for good, and the page opened it again only after its
+// fixed reopen delay and a read of its own, every page refused together. The caps
+// (api.max_streams: openStream) keep their 503.
+func (h *Handler) refuseStream(w http.ResponseWriter, r *http.Request, err error) {
+	ae := errorAnswer(r, h.cfg.Logger, err)
+	if ae == nil {
+		return
+	}
+	if ae.status != http.StatusServiceUnavailable || !eventsource.Accepts(r) {
+		writeJSON(w, ae.status, map[string]any{"error": map[string]string{"type": ae.typ, "message": ae.message}})
+		return
+	}
+	retryAfter, convErr := strconv.Atoi(w.Header().Get("Retry-After"))
+	if convErr != nil || retryAfter <= 0 {
+		retryAfter = int(liveRetryAfter / time.Second)
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	eventsource.Refuse(w, ae.typ, ae.message, retryAfter, h.retryRand())
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

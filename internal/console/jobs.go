@@ -162,7 +162,9 @@ func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.
 // operator may retry it. A job deleted meanwhile ends the stream with a "gone" event; a read that
 // fails otherwise is tried again at the next wake-up.
 // The stream ends with a "session_expired" event once its session has (see sessionEnded). It
-// holds one of the process's event stream places while open (Config.OpenStream).
+// holds one of the process's event stream places while open (Config.OpenStream). A read before
+// its first event that fails for a reason that passes tells an EventSource to come back
+// (refuseStream).
 func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	release, ok := h.openStream(w, r)
 	if !ok {
@@ -173,7 +175,7 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 	job, err := h.cfg.Jobs.Get(ctx, r.PathValue("id"))
 	cancel()
 	if err != nil {
-		writeError(w, r, h.cfg.Logger, err)
+		h.refuseStream(w, r, err)
 		return
 	}
 	// The ID as the store names it (the path's may be in capitals): the Listener signals that.
@@ -189,7 +191,7 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 	err = h.cfg.Jobs.Watch(ctx, id, watchTTL)
 	cancel()
 	if err != nil {
-		writeError(w, r, h.cfg.Logger, err)
+		h.refuseStream(w, r, err)
 		return
 	}
 	out, ok := startStream(w, h.cfg.EventWriteTimeout)

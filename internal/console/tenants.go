@@ -109,7 +109,7 @@ func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operat
 		if errors.Is(err, offboard.ErrIncomplete) {
 			// As ctl's "run again": the revocation and the cancels made stand, and a second
 			// cancel passes over those and cancels the rest.
-			if ae := answerOf(r, h.cfg.Logger, err); ae != nil {
+			if ae := errorAnswer(r, h.cfg.Logger, err); ae != nil {
 				err = &apiError{ae.status, ae.typ, fmt.Sprintf("%s; canceled %d jobs of it before the cancels stopped (%s): "+
 					"not every job of it may be canceled: cancel its jobs again", msg, n, strings.TrimSuffix(ae.message, "; try again shortly"))}
 			}

@@ -229,56 +229,77 @@ func (s *Store) RetryDead(ctx context.Context, f DeadFilter, opts *RetryDeadOpts
 }
 
 // retryDeadBatch runs one batch of RetryDead (retryDeadQuery's sql and args) and returns its
-// jobs and their places in RetryDead's order. A batch Postgres aborts as a deadlock's victim
-// (40P01) is run again, up to retryDeadDeadlockTries times in all, retryDeadDeadlockBackoff
-// times its try apart: its statement is its transaction, so an aborted batch took no effect.
+// jobs and their places in RetryDead's order. A batch Postgres aborts as a deadlock's victim is
+// run again (retryAborted): its statement is its transaction, so an aborted batch took no effect.
 // RetryDead locks in the order of (finished_at, id), as the Listener's catch-up does, but the
 // two statements' snapshots may differ (a job that dies between them is found by one only), and
 // a cycle can still form in that window; the catch-up, which locks a few rows, usually waits
 // past deadlock_timeout last, and RetryDead's backend, which finds the cycle, is the victim.
-func (s *Store) retryDeadBatch(ctx context.Context, sql string, args []any) ([]Unfinished, []deadKey, error) {
-	for try := 1; ; try++ {
-		var keys []deadKey
+func (s *Store) retryDeadBatch(ctx context.Context, sql string, args []any) (batch []Unfinished, keys []deadKey, err error) {
+	err = retryAborted(ctx, func() error {
+		keys = nil
 		rows, err := s.pool.Query(ctx, sql, args...)
-		if err == nil {
-			var batch []Unfinished
-			batch, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
-				u := Unfinished{Status: StatusQueued}
-				var k deadKey
-				err := r.Scan(&u.ID, &u.Priority, &k.finishedAt)
-				k.id = u.ID
-				keys = append(keys, k)
-				return u, err
-			})
-			if err == nil {
-				return batch, keys, nil
-			}
+		if err != nil {
+			return err
 		}
-		var pgErr *pgconn.PgError
-		if try == retryDeadDeadlockTries || !errors.As(err, &pgErr) || pgErr.Code != pgerrDeadlockDetected {
-			return nil, nil, err
+		batch, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unfinished, error) {
+			u := Unfinished{Status: StatusQueued}
+			var k deadKey
+			err := r.Scan(&u.ID, &u.Priority, &k.finishedAt)
+			k.id = u.ID
+			keys = append(keys, k)
+			return u, err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return batch, keys, nil
+}
+
+// retryAborted runs run, a statement that is its own transaction (so one that failed took no
+// effect), and runs it again when Postgres aborted it to resolve a conflict with another
+// transaction (aborted), up to abortedTries times in all, abortedBackoff times its try apart:
+// the other transaction goes on once run's locks are let go, and ends. It returns run's last
+// error, or ctx's (wrapping run's) when ctx ends during a wait.
+func retryAborted(ctx context.Context, run func() error) error {
+	for try := 1; ; try++ {
+		err := run()
+		if err == nil || try == abortedTries || !aborted(err) {
+			return err
 		}
-		backoff := time.NewTimer(time.Duration(try) * retryDeadDeadlockBackoff)
+		backoff := time.NewTimer(time.Duration(try) * abortedBackoff)
 		select {
 		case <-ctx.Done():
 			backoff.Stop()
-			return nil, nil, fmt.Errorf("%w (after %w)", ctx.Err(), err)
+			return fmt.Errorf("%w (after %w)", ctx.Err(), err)
 		case <-backoff.C:
 		}
 	}
 }
 
-// retryDeadDeadlockTries is how many times in all RetryDead runs a batch Postgres aborts as a
-// deadlock's victim; retryDeadDeadlockBackoff is the wait before its second try (twice that
-// before its third, and so on): the other transaction of the cycle goes on once the batch's
-// locks are let go, and ends.
+// abortedTries is how many times in all retryAborted runs a statement Postgres aborts;
+// abortedBackoff is the wait before its second try (twice that before its third, and so on).
 const (
-	retryDeadDeadlockTries   = 5
-	retryDeadDeadlockBackoff = 50 * time.Millisecond
+	abortedTries   = 5
+	abortedBackoff = 50 * time.Millisecond
 )
 
-// pgerrDeadlockDetected is SQLSTATE deadlock_detected.
-const pgerrDeadlockDetected = "40P01"
+// aborted reports whether err is Postgres aborting a transaction to resolve a conflict with
+// another, which a new try of it may not meet: deadlock_detected (40P01) or
+// serialization_failure (40001).
+func aborted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == pgerrDeadlockDetected || pgErr.Code == pgerrSerializationFailure)
+}
+
+// pgerrDeadlockDetected is SQLSTATE deadlock_detected; pgerrSerializationFailure is
+// serialization_failure.
+const (
+	pgerrDeadlockDetected     = "40P01"
+	pgerrSerializationFailure = "40001"
+)
 
 // deadKey is a dead job's place in RetryDead's order: (finished_at, id).
 type deadKey struct {

@@ -88,3 +88,64 @@ func TestListener_CatchUpAndRetryDeadDoNotDeadlock(t *testing.T) {
 		require.NotZero(t, next(t, subs[i]), "the catch-up failed: every subscriber re-reads")
 	}
 }
+
+// TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim: a catch-up Postgres aborts as a
+// deadlock's victim (40P01: a job that died between its snapshot and RetryDead's is ordered
+// apart by the two, and RetryDead's batch, which retries its own side, may win) took no effect
+// and is run again: its watches are renewed and every subscriber is signalled its job's latest
+// event. It signalled every subscriber 0 (every stream and live page read at once, on a
+// Postgres just back) and renewed no watch (after an outage longer than a watch, the first
+// transition reached its streams a keep-alive late). A helper transaction makes the cycle: it
+// holds the second job the catch-up locks, then asks for the first, which the catch-up holds;
+// its deadlock_timeout is long, so that the catch-up's backend finds the cycle and is the victim.
+func TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Unfinished: the catch-up locks them in ID order.
+	ids := []string{b.Create(t, jobstest.Opts{}).ID, b.Create(t, jobstest.Opts{}).ID}
+	slices.Sort(ids)
+	var subs []<-chan int
+	for _, id := range ids {
+		ch, _ := b.connected(t, id)
+		subs = append(subs, ch)
+	}
+	helper, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = helper.Rollback(context.Background()) }()
+	_, err = helper.Exec(ctx, `SET LOCAL deadlock_timeout = '1h'`)
+	require.NoError(t, err)
+	_, err = helper.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, ids[1])
+	require.NoError(t, err)
+
+	var killed bool
+	require.NoError(t, b.Pool.QueryRow(ctx,
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
+	// The catch-up holds ids[0] and waits for ids[1].
+	for {
+		var n int
+		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock' AND strpos(query, 'job_watches') > 0`, b.appName).Scan(&n))
+		if n > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the catch-up does not wait for the helper's lock")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	// The cycle: the helper waits for ids[0] until the catch-up is aborted.
+	_, err = helper.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, ids[0])
+	require.NoError(t, err, "the helper was the deadlock's victim")
+	require.NoError(t, helper.Rollback(ctx))
+
+	for i := range subs {
+		require.Equal(t, 1, next(t, subs[i]), "the catch-up failed: every subscriber re-reads")
+	}
+	var watched int
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM job_watches WHERE job_id = ANY($1::uuid[]) AND expires_at > now()`, ids).Scan(&watched))
+	require.Equal(t, 2, watched, "the catch-up renewed no watch")
+}

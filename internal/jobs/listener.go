@@ -249,7 +249,9 @@ SELECT id::text, event_seq FROM job`
 // effect and together with the renewal: every event up to it is committed, every later one is
 // announced to us. A job not found (deleted, or an ID that names none) is signalled 0, and every
 // subscriber is when the statement fails: it reads for itself (and its keep-alive renews its
-// watch).
+// watch). A statement Postgres aborts as a deadlock's victim is run again (retryAborted): a job
+// that died between its snapshot and RetryDead's is ordered apart by the two, and a cycle can
+// form (TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim).
 func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	l.mu.Lock()
 	ids := make([]string, 0, len(l.subs))
@@ -261,12 +263,15 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	l.mu.Unlock()
 	latest := make(map[string]int, len(ids))
 	for page := range slices.Chunk(ids, catchUpPage) {
-		rows, _ := conn.Query(ctx, catchUpSQL, page, l.cfg.WatchTTL.Milliseconds())
 		var id string
 		var seq int
-		_, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
-			latest[id] = seq
-			return nil
+		err := retryAborted(ctx, func() error {
+			rows, _ := conn.Query(ctx, catchUpSQL, page, l.cfg.WatchTTL.Milliseconds())
+			_, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
+				latest[id] = seq // what an aborted try read was committed: the next overwrites it
+				return nil
+			})
+			return err
 		})
 		if err != nil {
 			if ctx.Err() == nil {

@@ -31,10 +31,14 @@ func TestBatcher_EmptyingThePoolKeepsASessionInUse(t *testing.T) {
 	// Before the pool's close, which waits for its connections: a ping still waiting on a silent
 	// one ends with it.
 	t.Cleanup(proxy.Cut)
+	// The job is made through a store with the batches' own bound: its statement is the pool's
+	// first, and waits for a connection made through the proxy, which a loaded machine (the
+	// package's tests run with -race beside others) took past the short bound below to make
+	// ("create job: context deadline exceeded").
+	job, _, err := NewStore(pool, nil).Create(ctx, cutTestParams)
+	require.NoError(t, err)
 	s := NewStore(pool, nil)
 	s.batch.timeout = time.Second
-	job, _, err := s.Create(ctx, cutTestParams)
-	require.NoError(t, err)
 
 	// Given two of the pool's connections, idle, that fall silent
 	warmPool(ctx, t, pool, 2)

@@ -114,8 +114,10 @@ const reopenDelay = 3000;
 // each event of that name; onState(true) when the stream is open, onState(false) when it is lost
 // (onState(false, 'purged') when it ended for good: the job is gone).
 // A page left before its data arrived (root no longer shown) opens none. The browser reconnects
-// by itself after a cut (a server restart, a proxy's idle timeout), but gives up for good on an
-// answer that is not a stream (a proxy's 502 while the API is down, a 503, a 401, a 404): after
+// by itself after a cut (a server restart, a proxy's idle timeout) and after a refusal that passes
+// (the server answers it a stream holding only a jittered retry: the database slow or away), but
+// gives up for good on an answer that is not a stream (a proxy's 502 while the API is down, the
+// 503 of api.max_streams, a 401, a 404): after
 // reopenDelay follow then asks for check (the session, or the page's own data): a 401 shows the
 // login, a 404 (a job purged meanwhile) is flashed and ends the following; else it opens the
 // stream again, until the page is left.

@@ -1,0 +1,60 @@
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/clocktest"
+	"github.com/llmq/llmq/internal/logtest"
+)
+
+// TestEvents_RefusedStreamsLogThrottled: every stream refused before its headers for a failure
+// of the store (unreachable, or past its bound) wrote a line of its own: the pages an outage
+// refuses come back every few seconds each (their retry), thousands of lines a second. They are
+// logged as the streams' other failures are (streamLog): one line per message and interval,
+// counting those held back, and a line of their own for the last held back once the interval
+// has passed. The answers are unchanged.
+func TestEvents_RefusedStreamsLogThrottled(t *testing.T) {
+	t.Parallel()
+	var logs logtest.Buffer
+	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	b := setup(t, setupOpts{noListener: true, now: clock.Now, retryRand: func() float64 { return 0.5 },
+		logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	var timers manualTimers
+	b.srv.streamLog.afterFunc = timers.afterFunc
+	timedOut, cancel := context.WithCancelCause(context.Background())
+	cancel(errStoreTimeout)
+	unreachable := &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}
+	refuse := func(ctx context.Context, accept string, err error) *httptest.ResponseRecorder {
+		r := httptest.NewRequestWithContext(ctx, http.MethodGet, "/v1/jobs/x/events", nil)
+		if accept != "" {
+			r.Header.Set("Accept", accept)
+		}
+		w := httptest.NewRecorder()
+		b.srv.refuseStream(w, r, err)
+		return w
+	}
+	for range 3 {
+		w := refuse(context.Background(), "text/event-stream", unreachable)
+		require.Equal(t, http.StatusOK, w.Code)
+		require.Contains(t, w.Body.String(), "\nretry: 2500\n\n")
+		w = refuse(context.Background(), "", unreachable)
+		require.Equal(t, http.StatusServiceUnavailable, w.Code)
+		w = refuse(timedOut, "text/event-stream", context.Canceled)
+		require.Equal(t, http.StatusOK, w.Code)
+	}
+	require.Equal(t, 1, logs.Count(`"msg":"store unavailable"`), logs.String())
+	require.Equal(t, 1, logs.Count(`"msg":"store timed out"`), logs.String())
+
+	clock.Advance(streamLogInterval)
+	timers.fire(t)
+	require.Equal(t, 1, logs.Count(`"msg":"store unavailable","suppressed":5`), logs.String())
+	require.Equal(t, 1, logs.Count(`"msg":"store timed out","suppressed":2`), logs.String())
+}
