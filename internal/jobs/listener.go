@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -265,10 +266,12 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	for page := range slices.Chunk(ids, catchUpPage) {
 		var id string
 		var seq int
+		var read map[string]int // this page's, kept from the try that succeeded alone
 		err := retryAborted(ctx, func() error {
+			read = make(map[string]int, len(page))
 			rows, _ := conn.Query(ctx, catchUpSQL, page, l.cfg.WatchTTL.Milliseconds())
 			_, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
-				latest[id] = seq // what an aborted try read was committed: the next overwrites it
+				read[id] = seq
 				return nil
 			})
 			return err
@@ -280,6 +283,7 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 			clear(latest) // 0 to everyone
 			break
 		}
+		maps.Copy(latest, read)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
