@@ -8,12 +8,12 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/metricseries"
 )
 
 // Metrics are the API's Prometheus metrics. A nil *Metrics records nothing.
@@ -41,13 +41,12 @@ type Metrics struct {
 	// the lookups of bearer tokens never known (tenant.ErrNewTokenLookupsFull).
 	tokenLookupsRefused prometheus.Counter
 
-	// submitSeries holds each credential's llmq_jobs_submitted_total series (name →
-	// prometheus.Counter), and stageSeries each stage's llmq_submit_stage_duration_seconds one,
-	// looked up once: the vectors' lookups (a hash of the labels and a search under a lock) were
-	// ~2.6 k instructions of a job's (issue 23). Each is made on its first use, as the lookup made
-	// it; the vectors keep every series anyway, so holding them grows nothing new.
-	submitSeries sync.Map
-	stageSeries  [2]func() prometheus.Observer // SubmitStageCreate's, SubmitStageEnqueue's
+	// submitSeries holds each credential's llmq_jobs_submitted_total series, and stageSeries
+	// each stage's llmq_submit_stage_duration_seconds one, looked up once: the vectors' lookups
+	// (a hash of the labels and a search under a lock) were ~2.6 k instructions of a job's (issue
+	// 23). Each is made on its first use, as the lookup made it (see metricseries).
+	submitSeries metricseries.Map[string, prometheus.Counter]
+	stageSeries  [len(submitStages)]metricseries.Lazy[prometheus.Observer]
 }
 
 // Stages of a submit, the label values of llmq_submit_stage_duration_seconds. Both lie within
@@ -60,6 +59,9 @@ const (
 	// handing the job to this process's worker (llmq serve; Config.Handoff).
 	SubmitStageEnqueue = "enqueue"
 )
+
+// submitStages are the stages of a submit, in stageSeries' order.
+var submitStages = [...]string{SubmitStageCreate, SubmitStageEnqueue}
 
 // NewMetrics registers the metrics on reg. llmq_jobs_finished_total may be there already, from
 // the worker of the same process (llmq serve): the API then counts its cancels in that one. It
@@ -105,9 +107,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Requests answered 503 overloaded because the Postgres lookups of bearer tokens this process never knew as a tenant's " +
 			"(made-up tokens; a new or rotated token's first request) held their share of the pool (a quarter) for the whole wait.",
 	})
-	for i, stage := range [...]string{SubmitStageCreate, SubmitStageEnqueue} {
-		m.stageSeries[i] = sync.OnceValue(func() prometheus.Observer { return m.submitStages.WithLabelValues(stage) })
-	}
 	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals, m.openStreams, m.rejectedStreams, m.tokenLookupsRefused)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
@@ -129,8 +128,8 @@ func (m *Metrics) initCredentials(names []string) {
 		m.submits.WithLabelValues(name)
 		m.finished.WithLabelValues(name, string(jobs.StatusCanceled))
 	}
-	for _, series := range m.stageSeries {
-		series()
+	for i := range submitStages {
+		m.stageObserver(i)
 	}
 	m.rejectedStreams.WithLabelValues(streamsRejectedServer)
 	m.rejectedStreams.WithLabelValues(streamsRejectedTenant)
@@ -154,11 +153,9 @@ func (m *Metrics) submitted(credential string) {
 	if m == nil {
 		return
 	}
-	c, ok := m.submitSeries.Load(credential)
-	if !ok {
-		c, _ = m.submitSeries.LoadOrStore(credential, m.submits.WithLabelValues(credential))
-	}
-	c.(prometheus.Counter).Inc()
+	m.submitSeries.Get(credential, func(credential string) prometheus.Counter {
+		return m.submits.WithLabelValues(credential)
+	}).Inc()
 }
 
 func (m *Metrics) refusedOverShare(tenant, typ string) {
@@ -198,10 +195,14 @@ func (m *Metrics) instrument(route string, h http.Handler, logger *slog.Logger) 
 		}
 		codes = m.responses.MustCurryWith(prometheus.Labels{"route": route})
 	}
-	var series codeSeries
+	// series is the route's series by status code, looked up in the vector once per code (issue
+	// 23: a lookup per answer hashed the labels and searched under a lock). A route answers a
+	// handful of codes.
+	var series metricseries.Map[int, prometheus.Counter]
+	codeSeries := func(status int) prometheus.Counter { return codes.WithLabelValues(strconv.Itoa(status)) }
 	count := func(status int) {
 		if codes != nil {
-			series.get(codes, status).Inc()
+			series.Get(status, codeSeries).Inc()
 		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -225,32 +226,6 @@ func (m *Metrics) instrument(route string, h http.Handler, logger *slog.Logger) 
 		}()
 		h.ServeHTTP(sw, r)
 	})
-}
-
-// codeSeries is one route's llmq_http_responses_total series by status code, looked up in the
-// vector once per code (issue 23: a lookup per answer hashed the labels and searched under a
-// lock). A route answers a handful of codes.
-type codeSeries struct {
-	mu     sync.RWMutex
-	byCode map[int]prometheus.Counter
-}
-
-// get is the series of status in codes (the route's curried vector), made on its first use.
-func (s *codeSeries) get(codes *prometheus.CounterVec, status int) prometheus.Counter {
-	s.mu.RLock()
-	c, ok := s.byCode[status]
-	s.mu.RUnlock()
-	if ok {
-		return c
-	}
-	c = codes.WithLabelValues(strconv.Itoa(status))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.byCode == nil {
-		s.byCode = map[int]prometheus.Counter{}
-	}
-	s.byCode[status] = c // the vector's one series: a racing get stored the same
-	return c
 }
 
 // statusWriter keeps the status of the answer written through it (0: none begun yet).
@@ -296,10 +271,15 @@ func (m *Metrics) submitStage(stage string, d time.Duration) {
 	}
 	switch stage {
 	case SubmitStageCreate:
-		m.stageSeries[0]().Observe(d.Seconds())
+		m.stageObserver(0).Observe(d.Seconds())
 	case SubmitStageEnqueue:
-		m.stageSeries[1]().Observe(d.Seconds())
+		m.stageObserver(1).Observe(d.Seconds())
 	default:
 		m.submitStages.WithLabelValues(stage).Observe(d.Seconds())
 	}
+}
+
+// stageObserver is the series of submitStages[i], made on its first use.
+func (m *Metrics) stageObserver(i int) prometheus.Observer {
+	return m.stageSeries[i].Get(func() prometheus.Observer { return m.submitStages.WithLabelValues(submitStages[i]) })
 }

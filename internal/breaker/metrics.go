@@ -1,9 +1,9 @@
 package breaker
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmq/llmq/internal/metricseries"
 )
 
 // Metrics are the breaker's Prometheus metrics. Their only labels are the credential's name
@@ -42,28 +42,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // on their first setting and kept for the Circuit's life: every admission and report sets all
 // three, some six lookups a job (a hash of the labels and a search under a lock each), ~1% of a
 // job's instructions (docs/benchmarks.md). Safe for concurrent use.
-type stateSeries struct {
-	once   sync.Once
-	gauges [len(states)]prometheus.Gauge // by states' index
-}
+type stateSeries = metricseries.Lazy[[len(states)]prometheus.Gauge] // by states' index
 
 // setState sets credential name's state series, kept in series (nil: looked up each time).
 func (m *Metrics) setState(series *stateSeries, name string, s State) {
 	if m == nil {
 		return
 	}
-	var gauges [len(states)]prometheus.Gauge
-	if series != nil {
-		series.once.Do(func() {
-			for i, x := range states {
-				series.gauges[i] = m.state.WithLabelValues(name, string(x))
-			}
-		})
-		gauges = series.gauges
-	} else {
+	lookUp := func() (gauges [len(states)]prometheus.Gauge) {
 		for i, x := range states {
 			gauges[i] = m.state.WithLabelValues(name, string(x))
 		}
+		return gauges
+	}
+	var gauges [len(states)]prometheus.Gauge
+	if series != nil {
+		gauges = series.Get(lookUp)
+	} else {
+		gauges = lookUp()
 	}
 	for i, x := range states {
 		v := 0.0

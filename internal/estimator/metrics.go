@@ -1,19 +1,18 @@
 package estimator
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmq/llmq/internal/metricseries"
 )
 
 // Metrics are the estimator's Prometheus metrics, labelled by credential name (never its key). A
 // nil *Metrics records nothing.
 type Metrics struct {
 	ratio *prometheus.HistogramVec
-	// series holds each credential's ratio series (name → prometheus.Observer), looked up in
-	// ratio once (issue 23: a lookup per job hashed the label and searched under a lock). ratio
-	// keeps every series anyway, so holding them grows nothing new.
-	series sync.Map
+	// series holds each credential's ratio series, looked up in ratio once (issue 23: a lookup
+	// per job hashed the label and searched under a lock; see metricseries).
+	series metricseries.Map[string, prometheus.Observer]
 }
 
 // NewMetrics creates the estimator's metrics and registers them with reg (nil: not registered). It
@@ -36,9 +35,7 @@ func (m *Metrics) observe(credential string, estimated, reported int) {
 	if m == nil {
 		return
 	}
-	o, ok := m.series.Load(credential)
-	if !ok {
-		o, _ = m.series.LoadOrStore(credential, m.ratio.WithLabelValues(credential))
-	}
-	o.(prometheus.Observer).Observe(float64(estimated) / float64(reported))
+	m.series.Get(credential, func(credential string) prometheus.Observer {
+		return m.ratio.WithLabelValues(credential)
+	}).Observe(float64(estimated) / float64(reported))
 }

@@ -3,12 +3,12 @@ package executor
 import (
 	"errors"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/metricseries"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
@@ -25,14 +25,14 @@ type Metrics struct {
 	// deliveries it divides by.
 	deferrals prometheus.Counter
 
-	// creds holds each configured credential's series (credential name → *credSeries), looked
-	// up once: a job's attempt and end set four, and the vectors' lookups (a hash of the labels
-	// and a search under a lock) were ~1% of a job's instructions with the limiter's
+	// creds holds each configured credential's series, looked up once (see metricseries): a
+	// job's attempt and end set four, and the vectors' lookups (a hash of the labels and a
+	// search under a lock) were ~1% of a job's instructions with the limiter's
 	// (docs/benchmarks.md). Only the names initCredentials is given are kept, so a credential
 	// name from elsewhere (a job of a removed credential) is looked up as before and grows
 	// nothing. stageSeries is each stage's series, made on its first use as the lookup did.
-	creds       sync.Map
-	stageSeries [len(stages)]lazy[prometheus.Observer]
+	creds       metricseries.Map[string, *credSeries]
+	stageSeries [len(stages)]metricseries.Lazy[prometheus.Observer]
 }
 
 // stages are the stages of a delivery, in stageSeries' order.
@@ -44,31 +44,17 @@ var stages = [...]string{StagePickup, StageLoad, StageBreaker, StageAdmit, Stage
 type credSeries struct {
 	attempts  map[string]prometheus.Counter      // by class
 	outcomes  map[jobs.Status]prometheus.Counter // by terminal status
-	latency   lazy[prometheus.Observer]
-	durations [len(finalStatuses)]lazy[prometheus.Observer] // by finalStatuses' index
+	latency   metricseries.Lazy[prometheus.Observer]
+	durations [len(finalStatuses)]metricseries.Lazy[prometheus.Observer] // by finalStatuses' index
 }
 
 // finalStatuses are the statuses a worker ends a job in (llmq_jobs_finished_total's).
 var finalStatuses = [...]jobs.Status{jobs.StatusSucceeded, jobs.StatusFailed, jobs.StatusDead}
 
-// lazy is a value made on its first use, once, whoever asks first.
-type lazy[T any] struct {
-	once sync.Once
-	v    T
-}
-
-// get returns the value, making it with mk on the first call.
-func (l *lazy[T]) get(mk func() T) T {
-	l.once.Do(func() { l.v = mk() })
-	return l.v
-}
-
 // series returns credential's series; nil when initCredentials was not given its name.
 func (m *Metrics) series(credential string) *credSeries {
-	if cs, ok := m.creds.Load(credential); ok {
-		return cs.(*credSeries)
-	}
-	return nil
+	cs, _ := m.creds.Load(credential)
+	return cs
 }
 
 // Stages of a delivery, the label values of llmq_delivery_stage_duration_seconds. A delivery
@@ -161,15 +147,17 @@ func (m *Metrics) initCredentials(names []string) {
 		retrypolicy.ClassSpendCap, retrypolicy.ClassTimeout, retrypolicy.ClassNetwork, retrypolicy.ClassPermanent,
 		retrypolicy.ClassInternal, retrypolicy.ClassCanceled}
 	for _, name := range names {
-		cs := &credSeries{attempts: make(map[string]prometheus.Counter, len(classes)),
-			outcomes: make(map[jobs.Status]prometheus.Counter, len(finalStatuses))}
-		for _, c := range classes {
-			cs.attempts[string(c)] = m.attempts.WithLabelValues(name, string(c))
-		}
-		for _, st := range finalStatuses {
-			cs.outcomes[st] = m.outcomes.WithLabelValues(name, string(st))
-		}
-		m.creds.LoadOrStore(name, cs) // a second executor on the same metrics keeps the first's
+		m.creds.Get(name, func(name string) *credSeries { // a second executor on the same metrics keeps the first's
+			cs := &credSeries{attempts: make(map[string]prometheus.Counter, len(classes)),
+				outcomes: make(map[jobs.Status]prometheus.Counter, len(finalStatuses))}
+			for _, c := range classes {
+				cs.attempts[string(c)] = m.attempts.WithLabelValues(name, string(c))
+			}
+			for _, st := range finalStatuses {
+				cs.outcomes[st] = m.outcomes.WithLabelValues(name, string(st))
+			}
+			return cs
+		})
 		for _, reason := range []string{jobs.ReasonRateLimitedNoRetryAfter, jobs.ReasonRetriesExhausted} {
 			m.deadLetters.WithLabelValues(name, reason)
 		}
@@ -191,7 +179,7 @@ func (m *Metrics) attempt(credential, class string, latency time.Duration) {
 	} else {
 		m.attempts.WithLabelValues(credential, class).Inc()
 	}
-	cs.latency.get(func() prometheus.Observer { return m.attemptLatency.WithLabelValues(credential) }).Observe(latency.Seconds())
+	cs.latency.Get(func() prometheus.Observer { return m.attemptLatency.WithLabelValues(credential) }).Observe(latency.Seconds())
 }
 
 // Finished records that a job of credential reached final status (with deadReason when dead)
@@ -218,7 +206,7 @@ func (m *Metrics) finishedSeries(credential string, status jobs.Status) (prometh
 		return m.outcomes.WithLabelValues(credential, string(status)),
 			m.submitToResult.WithLabelValues(credential, string(status))
 	}
-	return cs.outcomes[status], cs.durations[i].get(func() prometheus.Observer {
+	return cs.outcomes[status], cs.durations[i].Get(func() prometheus.Observer {
 		return m.submitToResult.WithLabelValues(credential, string(status))
 	})
 }
@@ -243,7 +231,7 @@ func (m *Metrics) stage(stage string, d time.Duration) {
 		m.stages.WithLabelValues(stage).Observe(d.Seconds())
 		return
 	}
-	m.stageSeries[i].get(func() prometheus.Observer { return m.stages.WithLabelValues(stage) }).Observe(d.Seconds())
+	m.stageSeries[i].Get(func() prometheus.Observer { return m.stages.WithLabelValues(stage) }).Observe(d.Seconds())
 }
 
 // deferred counts a delivery from asynq that was deferred.

@@ -1,10 +1,9 @@
 package limiter
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmq/llmq/internal/metricseries"
 	"github.com/llmq/llmq/internal/tokens"
 )
 
@@ -107,15 +106,15 @@ type gateSeries struct {
 	m    *Metrics
 	name string
 
-	limits         lazy[[5]prometheus.Gauge] // rate, burst, source configured, learned, unknown
-	wait           lazy[prometheus.Observer]
-	probes         lazy[prometheus.Counter]
-	pushbacks      lazy[prometheus.Counter]
-	refusals       lazy[prometheus.Counter]
-	paused         lazy[prometheus.Gauge]
-	tokenLimit     lazy[[3]prometheus.Gauge]   // input, output, tokens
-	tokensReserved lazy[[2]prometheus.Counter] // input, output
-	tokensReported lazy[[2]prometheus.Counter] // input, output
+	limits         metricseries.Lazy[[5]prometheus.Gauge] // rate, burst, source configured, learned, unknown
+	wait           metricseries.Lazy[prometheus.Observer]
+	probes         metricseries.Lazy[prometheus.Counter]
+	pushbacks      metricseries.Lazy[prometheus.Counter]
+	refusals       metricseries.Lazy[prometheus.Counter]
+	paused         metricseries.Lazy[prometheus.Gauge]
+	tokenLimit     metricseries.Lazy[[3]prometheus.Gauge]   // input, output, tokens
+	tokensReserved metricseries.Lazy[[2]prometheus.Counter] // input, output
+	tokensReported metricseries.Lazy[[2]prometheus.Counter] // input, output
 }
 
 // newGateSeries returns credential name's series of m; nil when m is nil.
@@ -126,18 +125,6 @@ func newGateSeries(m *Metrics, name string) *gateSeries {
 	return &gateSeries{m: m, name: name}
 }
 
-// lazy is a value made on its first use, once, whoever asks first.
-type lazy[T any] struct {
-	once sync.Once
-	v    T
-}
-
-// get returns the value, making it with mk on the first call.
-func (l *lazy[T]) get(mk func() T) T {
-	l.once.Do(func() { l.v = mk() })
-	return l.v
-}
-
 // sources are the values of llmq_limiter_limit_source's source label, in gateSeries.limits' order.
 var sources = [3]Source{SourceConfigured, SourceLearned, SourceUnknown}
 
@@ -146,7 +133,7 @@ func (g *gateSeries) reserved(r Reservation) {
 		return
 	}
 	m, name := g.m, g.name
-	limits := g.limits.get(func() [5]prometheus.Gauge {
+	limits := g.limits.Get(func() [5]prometheus.Gauge {
 		return [5]prometheus.Gauge{m.rate.WithLabelValues(name), m.burst.WithLabelValues(name),
 			m.source.WithLabelValues(name, string(sources[0])), m.source.WithLabelValues(name, string(sources[1])),
 			m.source.WithLabelValues(name, string(sources[2]))}
@@ -161,13 +148,13 @@ func (g *gateSeries) reserved(r Reservation) {
 		limits[2+i].Set(v)
 	}
 	if r.Granted {
-		g.wait.get(func() prometheus.Observer { return m.wait.WithLabelValues(name) }).Observe(max(r.Wait.Seconds(), 0))
+		g.wait.Get(func() prometheus.Observer { return m.wait.WithLabelValues(name) }).Observe(max(r.Wait.Seconds(), 0))
 	}
 	if r.Probe {
-		g.probes.get(func() prometheus.Counter { return m.probes.WithLabelValues(name) }).Inc()
+		g.probes.Get(func() prometheus.Counter { return m.probes.WithLabelValues(name) }).Inc()
 	}
 	if r.Tokens != (TokenBuckets{}) {
-		tl := g.tokenLimit.get(func() [3]prometheus.Gauge {
+		tl := g.tokenLimit.Get(func() [3]prometheus.Gauge {
 			return [3]prometheus.Gauge{m.tokenLimit.WithLabelValues(name, string(tokens.BucketInput)),
 				m.tokenLimit.WithLabelValues(name, string(tokens.BucketOutput)),
 				m.tokenLimit.WithLabelValues(name, string(tokens.BucketTokens))}
@@ -177,7 +164,7 @@ func (g *gateSeries) reserved(r Reservation) {
 		tl[2].Set(r.Tokens.Combined.PerMinute)
 	}
 	if r.Granted && r.Grant > 0 {
-		tr := g.tokensReserved.get(func() [2]prometheus.Counter {
+		tr := g.tokensReserved.Get(func() [2]prometheus.Counter {
 			return [2]prometheus.Counter{m.tokensReserved.WithLabelValues(name, "input"),
 				m.tokensReserved.WithLabelValues(name, "output")}
 		})
@@ -191,7 +178,7 @@ func (g *gateSeries) reconciled(actual tokens.Cost) {
 		return
 	}
 	m, name := g.m, g.name
-	tr := g.tokensReported.get(func() [2]prometheus.Counter {
+	tr := g.tokensReported.Get(func() [2]prometheus.Counter {
 		return [2]prometheus.Counter{m.tokensReported.WithLabelValues(name, "input"),
 			m.tokensReported.WithLabelValues(name, "output")}
 	})
@@ -201,13 +188,13 @@ func (g *gateSeries) reconciled(actual tokens.Cost) {
 
 func (g *gateSeries) pushedBack() {
 	if g != nil {
-		g.pushbacks.get(func() prometheus.Counter { return g.m.pushbacks.WithLabelValues(g.name) }).Inc()
+		g.pushbacks.Get(func() prometheus.Counter { return g.m.pushbacks.WithLabelValues(g.name) }).Inc()
 	}
 }
 
 func (g *gateSeries) refused() {
 	if g != nil {
-		g.refusals.get(func() prometheus.Counter { return g.m.refusals.WithLabelValues(g.name) }).Inc()
+		g.refusals.Get(func() prometheus.Counter { return g.m.refusals.WithLabelValues(g.name) }).Inc()
 	}
 }
 
@@ -219,5 +206,5 @@ func (g *gateSeries) setPaused(paused bool) {
 	if paused {
 		v = 1
 	}
-	g.paused.get(func() prometheus.Gauge { return g.m.paused.WithLabelValues(g.name) }).Set(v)
+	g.paused.Get(func() prometheus.Gauge { return g.m.paused.WithLabelValues(g.name) }).Set(v)
 }
