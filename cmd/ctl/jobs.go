@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -119,10 +120,11 @@ func deref(p *string, def string) string {
 }
 
 // usageText is a stored usage (llm.Usage's JSON) for a table: "120 in, 45 out", with the
-// prompt cache's counts when there were some; "-" for none, and the JSON itself, on one line,
-// when it is not one (a row written by something else).
+// prompt cache's counts when there were some, "120 in, output not reported" when the provider
+// gave no output count (output_unreported: its 0 is no count); "-" for none (NULL or a JSON
+// null), and the JSON itself, on one line, when it is not one (a row written by something else).
 func usageText(raw json.RawMessage) string {
-	if raw == nil {
+	if raw == nil || string(bytes.TrimSpace(raw)) == "null" {
 		return "-"
 	}
 	var u llm.Usage
@@ -130,6 +132,9 @@ func usageText(raw json.RawMessage) string {
 		return printable(oneLineText(string(raw), 80))
 	}
 	s := fmt.Sprintf("%d in, %d out", u.InputTokens, u.OutputTokens)
+	if u.OutputUnreported {
+		s = fmt.Sprintf("%d in, output not reported", u.InputTokens)
+	}
 	if u.CacheCreationInputTokens > 0 {
 		s += fmt.Sprintf(", %d cache written", u.CacheCreationInputTokens)
 	}

@@ -204,3 +204,22 @@ func TestJobsShow_Usage(t *testing.T) {
 	require.Len(t, got.Attempts, 2)
 	require.JSONEq(t, `{"input_tokens":120,"output_tokens":7,"cache_read_input_tokens":100}`, string(got.Attempts[0].Usage))
 }
+
+// TestUsageText_OutputUnreported: a stored usage whose output count the provider never
+// reported (output_unreported, its output_tokens 0) says so rather than "0 out", which reads
+// as an empty answer; a usage of the last release (no such key) and a reported 0 read as
+// counts; a stored JSON null is no usage ("-"), as a NULL is.
+func TestUsageText_OutputUnreported(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		`{"input_tokens":500,"output_tokens":0,"output_unreported":true}`:                               "500 in, output not reported",
+		`{"input_tokens":500,"output_tokens":0,"output_unreported":true,"cache_read_input_tokens":100}`: "500 in, output not reported, 100 cache read",
+		`{"input_tokens":500,"output_tokens":0}`:                                                        "500 in, 0 out",
+		`{"input_tokens":120,"output_tokens":45}`:                                                       "120 in, 45 out",
+		`null`:  "-",
+		` null`: "-",
+	} {
+		require.Equal(t, want, usageText(json.RawMessage(raw)), raw)
+	}
+	require.Equal(t, "-", usageText(nil))
+}

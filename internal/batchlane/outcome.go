@@ -167,8 +167,8 @@ func retryableStatus(status int) bool {
 }
 
 // usageOf is the answer's token usage in the online lane's form (llm.Usage: "input_tokens",
-// "output_tokens", and Anthropic's cache counts when not zero), from an Anthropic or OpenAI
-// body; nil when it has none.
+// "output_tokens", Anthropic's cache counts when not zero, and "output_unreported" when it has
+// no output count), from an Anthropic or OpenAI body; nil when it has no input count.
 func usageOf(body json.RawMessage) json.RawMessage {
 	var a struct {
 		Usage *struct {
@@ -188,10 +188,14 @@ func usageOf(body json.RawMessage) json.RawMessage {
 	if in == nil {
 		in, out = u.PromptTokens, u.CompletionTokens
 	}
-	if in == nil || out == nil {
+	if in == nil {
 		return nil
 	}
-	b, _ := json.Marshal(llm.Usage{InputTokens: *in, OutputTokens: *out,
-		CacheCreationInputTokens: u.CacheCreationInputTokens, CacheReadInputTokens: u.CacheReadInputTokens})
+	usage := llm.Usage{InputTokens: *in, OutputUnreported: out == nil,
+		CacheCreationInputTokens: u.CacheCreationInputTokens, CacheReadInputTokens: u.CacheReadInputTokens}
+	if out != nil {
+		usage.OutputTokens = *out
+	}
+	b, _ := json.Marshal(usage)
 	return b
 }

@@ -19,3 +19,18 @@ func TestUsageOf_OnlineLaneForm(t *testing.T) {
 	}
 	require.Nil(t, usageOf([]byte(`{"usage":{"output_tokens":3}}`)))
 }
+
+// A batch result's usage with its input but no output count is stored as the online lane stores
+// one (output_unreported, its output_tokens 0: no count), not dropped: the batch lane stored
+// none, as if the provider had reported nothing.
+func TestUsageOf_OutputUnreported(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		`{"usage":{"input_tokens":5}}`:                        `{"input_tokens":5,"output_tokens":0,"output_unreported":true}`,
+		`{"usage":{"input_tokens":5,"output_tokens":null}}`:   `{"input_tokens":5,"output_tokens":0,"output_unreported":true}`,
+		`{"usage":{"prompt_tokens":9}}`:                       `{"input_tokens":9,"output_tokens":0,"output_unreported":true}`,
+		`{"usage":{"prompt_tokens":9,"completion_tokens":0}}`: `{"input_tokens":9,"output_tokens":0}`,
+	} {
+		require.JSONEq(t, want, string(usageOf([]byte(body))), body)
+	}
+}

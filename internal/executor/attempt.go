@@ -185,8 +185,12 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 	} else {
 		a.Class, a.StatusCode, a.Error = string(d.Class), d.StatusCode, callErr.Error()
 		var se *llm.StatusError
-		if errors.As(callErr, &se) {
+		var te *llm.TransportError
+		switch {
+		case errors.As(callErr, &se):
 			a.TTFB = se.TimeToFirstByte
+		case errors.As(callErr, &te):
+			a.TTFB = te.TimeToFirstByte // a stream cut after its first delta: the provider had begun
 		}
 		if d.HasRetryAfter {
 			ra := d.RetryAfter

@@ -176,7 +176,8 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 // alone for another error. A stream that failed partway after the provider reported its usage
 // (Anthropic's message_start: llm.FailedUsage) is settled with the provider's input, not the
 // estimate: an error event with the output reported, a cut stream (which may have generated more
-// than it reported) with the output reservation kept. With no answer at all, or an answer that
+// than it reported) and an error event that reported no output count with the output reservation
+// kept. With no answer at all, or an answer that
 // reports no usage, the reservation stays charged (the provider counted something, but what is
 // unknown): ok is false then, and when no tokens were reserved. A usage that reports no input
 // keeps the input estimate charged, one that reports no output count (llm.Usage.OutputUnreported)
@@ -218,7 +219,9 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 	case partialKnown:
 		actual = tokens.Cost{InputTokens: partial.LimitedInput(), OutputTokens: partial.OutputTokens}
 		if est != nil {
-			if status == 0 { // cut: what was generated after the last report is unknown
+			if status == 0 || partial.OutputUnreported {
+				// Cut: what was generated after the last report is unknown. Unreported (an
+				// Anthropic error event before any message_delta): what was generated is unknown.
 				actual.OutputTokens = max(actual.OutputTokens, est.MaxOutput)
 			}
 			e.cfg.Estimator.Observe(up.Name, *est, partial.PromptInput())

@@ -34,7 +34,7 @@ func TestExecutor_UsageWithoutInputKeepsTheInputCharged(t *testing.T) {
 // is at least a token) keeps the output reserved charged, as it keeps the input of a usage
 // without input: reconciled to 0 output, the grant was refunded its whole output allowance and
 // the next requests overdrew the provider's output-token limit. (A stream cut after
-// message_start, which reports 1 output token, keeps its allowance too:
+// message_start, which reports no output count, keeps its allowance too:
 // TestExecutor_FailedStreamSettlesProviderInput.)
 func TestExecutor_UsageWithoutOutputKeepsTheOutputCharged(t *testing.T) {
 	t.Parallel()

@@ -66,8 +66,8 @@ type StatusError struct {
 	// false.
 	MidStream bool
 	// Usage is, for a mid-stream error, the usage the stream reported before it (Anthropic
-	// message_start's input tokens and its output so far; OpenAI's usage chunk); zero when none
-	// came, and for any other error.
+	// message_start's input tokens, and the output a message_delta reported, OutputUnreported
+	// when none did; OpenAI's usage chunk); zero when none came, and for any other error.
 	Usage Usage
 }
 
@@ -113,10 +113,15 @@ type TransportError struct {
 	// Err is the underlying error.
 	Err error
 	// Usage is, for a stream cut partway, the usage it reported before the cut (Anthropic
-	// message_start's input tokens and its output so far; OpenAI's usage chunk, when it came
+	// message_start's input tokens, and the output a message_delta reported, OutputUnreported
+	// when none did; OpenAI's usage chunk, when it came
 	// before data: [DONE]); zero when none came, and for any other failure. The provider may
 	// have counted more output than it reported.
 	Usage Usage
+	// TimeToFirstByte is, for a stream cut partway after its first delta, the time from sending
+	// the request to that delta (as a Response's): the provider had begun to answer. Zero when
+	// no delta came, and for any other failure.
+	TimeToFirstByte time.Duration
 }
 
 // Error describes the operation and the underlying error.

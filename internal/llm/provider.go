@@ -176,14 +176,19 @@ type Usage struct {
 	CacheCreationInputTokens int `json:"cache_creation_input_tokens,omitempty"`
 	CacheReadInputTokens     int `json:"cache_read_input_tokens,omitempty"`
 	// OutputUnreported is true when a usage reporting other counts reported no output count at
-	// all (a gateway's partial usage), as against one reporting 0 output tokens (an empty
-	// answer): OutputTokens is 0 then, but what the provider counted is unknown. Not encoded.
-	OutputUnreported bool `json:"-"`
+	// all (a gateway's partial usage; an Anthropic stream whose output was never reported after
+	// message_start's placeholder), as against one reporting 0 output tokens (an empty answer):
+	// OutputTokens is 0 then, but what the provider counted is unknown. Encoded only when true
+	// (output_unreported), so that a stored usage tells the two apart.
+	OutputUnreported bool `json:"output_unreported,omitempty"`
 }
 
 // withOutput is u with its output count output, the count parsed: nil when the usage object
-// had none (OutputUnreported, unless u reports nothing else either: no usage at all).
+// had none (OutputUnreported, unless u reports nothing else either: no usage at all). Whatever
+// OutputUnreported u had is replaced: a provider's usage decoded into a Usage may hold our
+// output_unreported key, which is no provider's.
 func (u Usage) withOutput(output *int) Usage {
+	u.OutputUnreported = false
 	if output != nil {
 		u.OutputTokens = *output
 		return u

@@ -64,8 +64,9 @@ type assembler interface {
 	// placeholder output, when no message_delta gave the output: Usage.OutputUnreported).
 	message() (body []byte, usage json.RawMessage, err error)
 	// usageSoFar returns the usage object the events so far reported (Anthropic message_start's,
-	// updated by message_delta; OpenAI's usage chunk), nil when none did: what a stream that
-	// failed before its end marker is known to have counted.
+	// updated by message_delta, less its placeholder output as message's; OpenAI's usage chunk),
+	// nil when none did: what a stream that failed before its end marker is known to have
+	// counted.
 	usageSoFar() json.RawMessage
 	// kept returns about how many bytes of the events so far the assembler keeps (the pieces
 	// message builds on), at least as many as it holds: a stream's bytes are many times its
@@ -446,7 +447,8 @@ func (c *client) usageSoFar(asm assembler) Usage {
 // finishStream reads a 2xx event stream and returns the assembled answer as a non-streaming
 // call would: Body the message (the key masked), Usage from the stream's usage, TimeToFirstByte
 // the time to the first delta. A mid-stream error event is a *StatusError (MidStream), a cut
-// stream a *TransportError, each with the Usage the events before reported; a stream we cannot
+// stream a *TransportError, each with the Usage the events before reported and the time to the
+// first delta (the TransportError's only when one came); a stream we cannot
 // assemble an ErrDecode with the *Response.
 func (c *client) finishStream(ctx context.Context, resp *http.Response, limit int64, hold *answerHold,
 	firstByte *time.Timer, onDelta func(Delta), start time.Time, rl RateLimit) (*Response, error) {
@@ -465,6 +467,9 @@ func (c *client) finishStream(ctx context.Context, resp *http.Response, limit in
 		var te *TransportError
 		if errors.As(err, &te) {
 			te.Usage = c.usageSoFar(asm)
+			if !sr.first.IsZero() {
+				te.TimeToFirstByte = ttfb
+			}
 		}
 		return nil, err
 	case errors.As(sr.err, &mse):

@@ -20,7 +20,8 @@ type anthropicAssembler struct {
 	n      int64 // kept
 	// outputReported: a message_delta's usage gave output_tokens (not null). message_start's is
 	// a placeholder (1) written before any output: a stream whose output was never reported after
-	// it is settled as one whose usage has no output count (Usage.OutputUnreported).
+	// it, ended or failed, is settled as one whose usage has no output count
+	// (Usage.OutputUnreported).
 	outputReported bool
 }
 
@@ -290,7 +291,23 @@ func (a *anthropicAssembler) usageSoFar() json.RawMessage {
 	if a.usage == nil {
 		return nil
 	}
-	return mustMarshal(a.usage)
+	return a.counted(mustMarshal(a.usage))
+}
+
+// counted is the usage the stream reported (whole, a.usage encoded), less message_start's
+// placeholder output_tokens when no message_delta gave the output since: a usage without an
+// output count (Usage.OutputUnreported), not one of 1 output token.
+func (a *anthropicAssembler) counted(whole json.RawMessage) json.RawMessage {
+	if _, placeholder := a.usage["output_tokens"]; !placeholder || a.outputReported {
+		return whole
+	}
+	counted := make(map[string]json.RawMessage, len(a.usage))
+	for k, v := range a.usage {
+		if k != "output_tokens" {
+			counted[k] = v
+		}
+	}
+	return mustMarshal(counted)
 }
 
 func (a *anthropicAssembler) message() ([]byte, json.RawMessage, error) {
@@ -302,18 +319,9 @@ func (a *anthropicAssembler) message() ([]byte, json.RawMessage, error) {
 		content = append(content, b.block())
 	}
 	a.msg["content"] = mustMarshal(content)
-	usage := mustMarshal(a.usage)
-	a.msg["usage"] = usage // as the provider sent it, message_start's placeholder included
-	if _, placeholder := a.usage["output_tokens"]; placeholder && !a.outputReported {
-		counted := make(map[string]json.RawMessage, len(a.usage))
-		for k, v := range a.usage {
-			if k != "output_tokens" {
-				counted[k] = v
-			}
-		}
-		usage = mustMarshal(counted)
-	}
-	return mustMarshal(a.msg), usage, nil
+	whole := mustMarshal(a.usage)
+	a.msg["usage"] = whole // as the provider sent it, message_start's placeholder included
+	return mustMarshal(a.msg), a.counted(whole), nil
 }
 
 // block renders a content block as a non-streaming answer carries it.

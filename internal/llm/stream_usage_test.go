@@ -2,9 +2,11 @@ package llm_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -14,8 +16,8 @@ import (
 )
 
 // A stream that fails partway reports, beside its error, the usage the provider gave before the
-// failure: Anthropic's message_start carries the prompt's input tokens (and an output so far),
-// which an error event or a cut connection does not take back. The token limiter is settled with
+// failure: Anthropic's message_start carries the prompt's input tokens (its output count is a
+// placeholder: unreported), which an error event or a cut connection does not take back. The token limiter is settled with
 // them, not with an estimate (or nothing). OpenAI sends its usage only in the last chunk: a
 // failure before it reports none.
 func TestProvider_Stream_FailureKeepsUsage(t *testing.T) {
@@ -49,7 +51,8 @@ func TestProvider_Stream_FailureKeepsUsage(t *testing.T) {
 				return
 			}
 			require.Equal(t, whole.Usage.InputTokens, u.InputTokens, "the input message_start reported")
-			require.Positive(t, u.OutputTokens, "the output message_start reported")
+			// message_start's output_tokens (1) is a placeholder, and no message_delta came.
+			require.Equal(t, llm.Usage{InputTokens: whole.Usage.InputTokens, OutputUnreported: true}, u)
 		})
 	}
 }
@@ -128,6 +131,65 @@ func TestProvider_Stream_OutputReportedOnlyAfterMessageStart(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(resp.Release)
 			require.Equal(t, tc.want, resp.Usage)
+		})
+	}
+}
+
+// A stream that fails partway reports the output a message_delta gave before the failure, and
+// no output when none did: message_start's output_tokens (1) is a placeholder written before any
+// output, not a count (the failed attempt's row said 1 output token, and the limiter was settled
+// with it). As a completed stream's (TestProvider_Stream_OutputReportedOnlyAfterMessageStart).
+func TestProvider_Stream_FailureReportsOutputOnlyAfterMessageStart(t *testing.T) {
+	t.Parallel()
+	const (
+		start = `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant",` +
+			`"model":"claude-test","content":[],"stop_reason":null,"usage":{"input_tokens":500,"output_tokens":1}}}`
+		block   = `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`
+		text    = `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ok"}}`
+		errorEv = `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`
+	)
+	for _, tc := range []struct {
+		name   string
+		events []string
+		want   llm.Usage
+	}{
+		{"ErrorRightAfterMessageStart", []string{start, errorEv}, llm.Usage{InputTokens: 500, OutputUnreported: true}},
+		{"ErrorAfterText", []string{start, block, text, errorEv}, llm.Usage{InputTokens: 500, OutputUnreported: true}},
+		{"CutAfterText", []string{start, block, text}, llm.Usage{InputTokens: 500, OutputUnreported: true}},
+		{"CutRightAfterMessageStart", []string{start}, llm.Usage{InputTokens: 500, OutputUnreported: true}},
+		{"ErrorAfterDeltaOutput", []string{start, block, text,
+			`{"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":5}}`, errorEv},
+			llm.Usage{InputTokens: 500, OutputTokens: 5}},
+		{"CutAfterDeltaOutput", []string{start, block, text,
+			`{"type":"message_delta","delta":{"stop_reason":null},"usage":{"output_tokens":5}}`},
+			llm.Usage{InputTokens: 500, OutputTokens: 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, llm.KindAnthropic, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				for _, data := range tc.events {
+					var ev struct{ Type string }
+					_ = json.Unmarshal([]byte(data), &ev)
+					_, _ = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Type, data)
+				}
+				// no message_stop: an error event ended the stream, or the connection is cut here
+			})
+			_, err := b.provider.Send(callContext(t), streamBody(llm.KindAnthropic), llm.SendOptions{})
+			require.Error(t, err)
+			u, ok := llm.FailedUsage(err)
+			require.True(t, ok, "usage known beside %v", err)
+			require.Equal(t, tc.want, u, "beside %v", err)
+			// A cut stream tells the time to its first delta, when one came: the provider had
+			// begun to answer (the attempt's ttfb_ms).
+			var te *llm.TransportError
+			if errors.As(err, &te) {
+				if slices.Contains(tc.events, text) {
+					require.Positive(t, te.TimeToFirstByte, "a cut stream's first delta")
+				} else {
+					require.Zero(t, te.TimeToFirstByte, "no delta came")
+				}
+			}
 		})
 	}
 }

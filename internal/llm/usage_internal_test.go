@@ -34,6 +34,9 @@ var usageCases = []string{
 	`{"input_tokens":9223372036854775807}`, `{"input_tokens":-9223372036854775808}`,
 	`{"prompt_tokens":3,"prompt_tokens":"x"}`, `{"prompt_tokens":"x","prompt_tokens":3}`,
 	`{"ütf":1,"input_tokens":2}`, `{"a\"b":1,"input_tokens":2}`,
+	// Our own marker (Usage.OutputUnreported) is no provider's: passed over, on either path.
+	`{"input_tokens":5,"output_tokens":3,"output_unreported":true}`, `{"output_unreported":true}`,
+	`{"input_tokens":5,"output_unreported":false}`, `{"Input_Tokens":5,"output_tokens":3,"output_unreported":true}`,
 	// Malformed (never given: the answer was decoded first), read as json.Unmarshal reads it.
 	`{"input_tokens":1`, `{"input_tokens":}`, `{"input_tokens"`, `{"input_tokens":1,}`, `{"input_tokens":1}x`, `{`,
 }
@@ -90,4 +93,20 @@ func TestUsage_NoAllocations(t *testing.T) { // not parallel: AllocsPerRun count
 	require.Zero(t, allocs)
 	require.Equal(t, Usage{InputTokens: 12, OutputTokens: 16}, a)
 	require.Equal(t, Usage{InputTokens: 7, OutputTokens: 9}, o)
+}
+
+// A provider's usage holding output_unreported (a key of our stored usage, never a provider's)
+// does not mark its output unreported, on the path that decodes it with json.Unmarshal too (a
+// key in upper case takes it there): its output count is what says.
+func TestUsage_ProviderOutputUnreportedIsPassedOver(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{
+		`{"input_tokens":5,"output_tokens":3,"output_unreported":true}`,
+		`{"Input_Tokens":5,"output_tokens":3,"output_unreported":true}`,
+	} {
+		require.Equal(t, Usage{InputTokens: 5, OutputTokens: 3}, anthropic{}.usage(json.RawMessage(raw)), raw)
+	}
+	require.Equal(t, Usage{InputTokens: 5, OutputUnreported: true},
+		anthropic{}.usage(json.RawMessage(`{"Input_Tokens":5,"output_unreported":false}`)))
+	require.Equal(t, Usage{}, anthropic{}.usage(json.RawMessage(`{"Output_Unreported":true}`)))
 }
