@@ -650,7 +650,7 @@ func (s *Server) cancelStage(r *http.Request, tn *tenant.Tenant) (job *jobs.Job,
 		case job.Status == jobs.StatusCanceled:
 			return job, false, nil
 		case job.Status.Terminal() && job.Status != jobs.StatusDead:
-			// An end no status follows: jobs.Store.Cancel's answer, without its transaction.
+			// An end no status follows: jobs.Store.Cancel's answer, without its statement.
 			return nil, false, &jobs.TerminalError{Status: job.Status}
 		}
 		release, err = s.keyed.enter(r.Context(), tn.Name, s.cfg.StoreWait, tooManyCancels)

@@ -2,7 +2,7 @@
 // on any answer but a 200 event stream (the SSE spec's "fail the connection"), and reconnects by
 // itself after a stream that ends, after its reconnection time: a stream refused for a reason
 // that passes (a slow or unreachable database) is so answered a 200 event stream that holds only
-// a retry field, not the 503 that would end it. The API's event streams and the console's live
+// a comment and a retry field, not the 503 that would end it. The API's event streams and the console's live
 // pages answer alike.
 package eventsource
 

@@ -1,8 +1,9 @@
 // Package metricseries keeps the Prometheus series a hot path records in, each looked up in its
 // vector once: a vector's lookup (WithLabelValues) hashes the labels and searches under a lock,
-// and was ~1% of a job's instructions (issue 23, docs/benchmarks.md). A series is made on its
-// first use, where the lookup used to be made, so a process exports the same series as with a
-// lookup per use; the vectors keep every series anyway, so holding them grows nothing new.
+// and a job's some 28 lookups were ~3% of its instructions (issue 23, docs/benchmarks.md). A
+// series is made on its first use, where the lookup used to be made, so a process exports the
+// same series as with a lookup per use; the vectors keep every series anyway, so holding them
+// grows nothing new.
 //
 // Map holds series by a label value (a credential's name, a status code), Lazy one series (a
 // stage's, one of a credential's). Both are ready at their zero value, safe for concurrent use,
