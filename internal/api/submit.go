@@ -196,8 +196,27 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 
 // decodeSubmit decodes body strictly: one JSON object of the contract's fields, each spelled
 // exactly and sent once, and nothing after; the request's fields llmq reads too (see
-// checkFieldNames).
+// checkFieldNames). The usual body is walked (scanSubmit); any other is decoded by
+// decodeSubmitJSON, whose answer is the client's.
 func decodeSubmit(body []byte) (submitBody, error) {
+	b, ok := scanSubmit(body)
+	if !ok {
+		var err error
+		if b, err = decodeSubmitJSON(body); err != nil {
+			return b, err
+		}
+	}
+	// The decode matched names in any case and kept the last of duplicates: refuse what it
+	// read otherwise than the provider would.
+	if err := checkFieldNames(body); err != nil {
+		return b, err
+	}
+	return b, nil
+}
+
+// decodeSubmitJSON decodes body with encoding/json: one JSON object of the contract's fields
+// (names matched in any case, the last of duplicates kept), nothing after it.
+func decodeSubmitJSON(body []byte) (submitBody, error) {
 	var b submitBody
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -218,11 +237,6 @@ func decodeSubmit(body []byte) (submitBody, error) {
 	// JSON's white space only: bytes.TrimSpace also took a form feed or a no-break space.
 	if len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) > 0 {
 		return b, invalid("invalid_json", "body has data after the JSON object")
-	}
-	// The decode matched names in any case and kept the last of duplicates: refuse what it
-	// read otherwise than the provider would.
-	if err := checkFieldNames(body); err != nil {
-		return b, err
 	}
 	return b, nil
 }

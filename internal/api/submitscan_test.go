@@ -1,0 +1,134 @@
+package api
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestDecodeSubmitAnswers pins the answer to each kind of bad body as the decode gave it before
+// its walk (scanSubmit): a client's 4xx text must not change with how the body is read.
+func TestDecodeSubmitAnswers(t *testing.T) {
+	c := newContract(SubmitConfig{Credentials: []string{"default"}, Kinds: map[string]string{"default": "anthropic"}})
+	deep := strings.Repeat("[", 10001) + strings.Repeat("]", 10001)
+	for _, tc := range []struct{ body, typ, msg string }{
+		{"", "invalid_json", "body is not valid JSON: EOF"},
+		{"   ", "invalid_json", "body is not valid JSON: EOF"},
+		{"null", "missing_request", "field \"request\" is required: the provider-native request body"},
+		{"[]", "invalid_field", "field \"\" must be api.submitBody"},
+		{"\"x\"", "invalid_field", "field \"\" must be api.submitBody"},
+		{"3", "invalid_field", "field \"\" must be api.submitBody"},
+		{"{", "invalid_json", "body is not valid JSON: unexpected EOF"},
+		{"{\"request\":{}", "invalid_json", "body is not valid JSON: unexpected EOF"},
+		{"{\"request\":{}}x", "invalid_json", "body has data after the JSON object"},
+		{"{\"request\":{}} {}", "invalid_json", "body has data after the JSON object"},
+		{"{\"request\":{}}\f", "invalid_json", "body has data after the JSON object"},
+		{"{\"request\":{},}", "invalid_json", "body is not valid JSON: invalid character '}' looking for beginning of object key string"},
+		{"{\"nope\":1,\"request\":{}}", "unknown_field", "unknown field \"nope\""},
+		{"{\"request\":{},\"Nope\":1}", "unknown_field", "unknown field \"Nope\""},
+		{"{\"Request\":{}}", "unknown_field", "unknown field \"Request\": field names are case-sensitive (did you mean \"request\"?)"},
+		{"{\"request\":{},\"request\":{}}", "invalid_field", "field \"request\" appears twice: send it once"},
+		{"{\"request\":{},\"credential\":\"a\",\"credential\":\"b\"}", "invalid_field", "field \"credential\" appears twice: send it once"},
+		{"{\"credential\":5,\"request\":{}}", "invalid_field", "field \"credential\" must be string"},
+		{"{\"credential\":true,\"request\":{}}", "invalid_field", "field \"credential\" must be string"},
+		{"{\"credential\":{},\"request\":{}}", "invalid_field", "field \"credential\" must be string"},
+		{"{\"request\":{},\"timeout\":5}", "invalid_field", "field \"timeout\" must be string"},
+		{"{\"request\":{},\"lane\":[]}", "invalid_field", "field \"lane\" must be string"},
+		{"{\"request\":{},\"priority\":1}", "invalid_field", "field \"priority\" must be string"},
+		{"{\"request\":{},\"fallbacks\":\"a\"}", "invalid_field", "field \"fallbacks\" must be []string"},
+		{"{\"request\":{},\"fallbacks\":[1]}", "invalid_field", "field \"fallbacks\" must be string"},
+		{"{\"request\":{},\"fallbacks\":{}}", "invalid_field", "field \"fallbacks\" must be []string"},
+		{"{\"request\":{},\"max_attempts\":\"3\"}", "invalid_field", "field \"max_attempts\" must be int"},
+		{"{\"request\":{},\"max_attempts\":3.5}", "invalid_field", "field \"max_attempts\" must be int"},
+		{"{\"request\":{},\"max_attempts\":1e400}", "invalid_field", "field \"max_attempts\" must be int"},
+		{"{\"request\":{},\"max_attempts\":true}", "invalid_field", "field \"max_attempts\" must be int"},
+		{"{\"request\":{},\"max_attempts\":9007199254740993}", "invalid_max_attempts", "max_attempts must be between 1 and 100 (got 9007199254740992)"},
+		{"{\"request\":{},\"max_attempts\":01}", "invalid_json", "body is not valid JSON: invalid character '1' after object key:value pair"},
+		{"{\"request\":{\"a\":tru}}", "invalid_json", "body is not valid JSON: invalid character '}' in literal true (expecting 'e')"},
+		{"{\"request\":{\"a\":\"\x01\"}}", "invalid_json", "body is not valid JSON: invalid character '\\x01' in string literal"},
+		{"{\"request\":{\"a\":\"\\x\"}}", "invalid_json", "body is not valid JSON: invalid character 'x' in string escape code"},
+		{`{"request":` + deep + `}`, "invalid_json", "body is not valid JSON: invalid character '[' exceeded max depth"},
+		{"{\"credential\":5,\"request\":{\"a\":}}", "invalid_json", "body is not valid JSON: invalid character '}' looking for beginning of value"},
+		{"{\"credential\":5,\"nope\":1}", "invalid_field", "field \"credential\" must be string"},
+		{"{\"request\":{\"model\":\"m\",\"Stream\":true}}", "invalid_request", "field \"request.Stream\" must be spelled \"stream\": the provider reads field names exactly, and so does llmq"},
+		{`{"request":{},"credential":"nope"}`, "unknown_credential", `credential "nope" is not configured`},
+		{`{"request":{},"credential":"n\u00e9"}`, "unknown_credential", `credential "né" is not configured`},
+		{`{"request":{},"fallbacks":[null]}`, "unknown_credential", `fallback credential "" is not configured`},
+	} {
+		_, err := c.parse("t", nil, "", []byte(tc.body))
+		var inv *InvalidError
+		if !errors.As(err, &inv) || inv.Type != tc.typ || inv.Message != tc.msg {
+			t.Errorf("%.60q: got %v, want %s: %s", tc.body, err, tc.typ, tc.msg)
+		}
+	}
+}
+
+// FuzzScanSubmit checks decodeSubmit's walk against the decode it stands in for: a body the walk
+// reads must decode to the same submitBody, and decodeSubmit's answer (result and error) must be
+// the old decode's for every body.
+func FuzzScanSubmit(f *testing.F) {
+	for _, seed := range []string{
+		`{"request":{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}}`,
+		` {"credential":"oai","request":{"model":"gpt"},"timeout":"1h","max_attempts":3,"metadata":{"a":[1,2]}} `,
+		`{"credential":"default","fallbacks":["backup", "x"],"request":{},"attempt_timeout":"30s","first_byte_timeout":"5s","lane":"batch","priority":"high"}`,
+		`{"request":null,"metadata":null,"credential":null,"fallbacks":null,"max_attempts":null,"lane":null}`,
+		`{"fallbacks":[],"request":{},"max_attempts":3.0}`,
+		`{"credential":"\u00e9","request":{}}`,
+		"{\"credential\":\"\xff\",\"request\":{}}",
+		`{"Credential":"a","request":{}}`,
+		`{"request":{},"request":{}}`,
+		`{"request":{}} x`,
+		`{"max_attempts":-0,"request":{}}`,
+		`{"max_attempts":1e2,"request":{}}`,
+		`{}`,
+		`[]`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		want, wantErr := decodeSubmitJSON(body)
+		if wantErr == nil {
+			wantErr = checkFieldNames(body)
+		}
+		if got, ok := scanSubmit(body); ok {
+			if wantErr != nil {
+				t.Fatalf("%q: the walk read what the decode refuses (%v)", body, wantErr)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%q: walk %#v, decode %#v", body, got, want)
+			}
+		}
+		got, gotErr := decodeSubmit(body)
+		if !reflect.DeepEqual(gotErr, wantErr) {
+			t.Fatalf("%q: error %v, the decode's %v", body, gotErr, wantErr)
+		}
+		if wantErr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: %#v, the decode's %#v", body, got, want)
+		}
+	})
+}
+
+// TestScanSubmit_ReadsTheUsualBody checks the walk reads the bodies clients send (the gain is
+// lost, silently, to the decode otherwise), and that an append to the request it returns does not
+// write over the body.
+func TestScanSubmit_ReadsTheUsualBody(t *testing.T) {
+	for _, body := range []string{
+		`{"request":{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}}`,
+		`{"credential":"oai","fallbacks":["backup"],"request":{"model":"gpt","messages":[]},"timeout":"1h",` +
+			`"attempt_timeout":"30s","first_byte_timeout":"5s","max_attempts":3,"metadata":{"a":1},"lane":"auto","priority":"low"}`,
+		"{\n  \"request\": {\"model\": \"m\"},\n  \"metadata\": {\"k\": \"é\"}\n}\n",
+	} {
+		data := []byte(body)
+		b, ok := scanSubmit(data)
+		if !ok {
+			t.Fatalf("%q: not walked", body)
+		}
+		if _ = append(b.Request, 'x'); string(data) != body {
+			t.Fatalf("an append to the request wrote over the body: %q", data)
+		}
+		if want, _ := decodeSubmitJSON([]byte(body)); !reflect.DeepEqual(b, want) {
+			t.Fatalf("%q: walk %#v, decode %#v", body, b, want)
+		}
+	}
+}
