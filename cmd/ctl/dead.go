@@ -35,7 +35,7 @@ func (a *app) deadCommand() *cli.Command {
 			Action: a.deadList,
 		}, {
 			Name:      "show",
-			Usage:     "show a dead job: its request size and model, and every attempt",
+			Usage:     "show a dead job: its request size and model, and every attempt, with the usage its provider counted for it",
 			ArgsUsage: "ID",
 			Flags:     []cli.Flag{jsonFlag},
 			Action:    a.deadShow,

@@ -8,11 +8,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/offboard"
+	"github.com/llmq/llmq/internal/pgerr"
 	"github.com/llmq/llmq/internal/tenant"
 )
 
@@ -265,9 +267,13 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 		return fmt.Errorf("%w; tenant %s not deleted (its jobs are canceled): run `ctl tenants delete %s` again", err, name, name)
 	case err != nil && !errors.Is(err, tenant.ErrNotFound) && !errors.Is(err, tenant.ErrAnonymousTenant) &&
 		(a.bound == nil || !a.bound.commitCut.Load()):
-		// Interrupted, or Postgres failed, before anything was changed: as halfway, a second
-		// run is what to do. Not so after a COMMIT cut (the tenant's row, a tenant without
-		// jobs): it may have been deleted, and timeoutHint says how to check.
+		// Failed before anything was changed. Not so after a COMMIT cut (the tenant's row, a
+		// tenant without jobs): it may have been deleted, and timeoutHint says how to check.
+		if !passing(err) {
+			// A refusal a second run meets again (permission denied, a schema not migrated).
+			return fmt.Errorf("%w; tenant %s not deleted (nothing was changed)", err, name)
+		}
+		// Interrupted, or Postgres unavailable: as halfway, a second run is what to do.
 		return fmt.Errorf("%w; tenant %s not deleted (nothing was changed): run `ctl tenants delete %s` again", err, name, name)
 	case err != nil:
 		return err
@@ -278,6 +284,17 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 	}
 	fmt.Fprintf(a.out, "tenant %s deleted, with %d jobs (their attempts, events and idempotency keys) and its tokens\n", name, res.Deleted)
 	return nil
+}
+
+// passing reports whether err, a failure of a command that changed nothing, may pass on a
+// second run: an interruption (ctx, --timeout), Postgres unavailable (pgerr.Unavailable), a
+// transaction rolled back for another's sake (SQLSTATE class 40: a deadlock, a serialization
+// failure), a job of the tenant that came meanwhile (tenant.ErrHasJobs: the next run cancels it).
+// Any other refusal (permission denied, a schema not migrated) is met again.
+func passing(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgerr.Unavailable(err) ||
+		(errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "40")) || errors.Is(err, tenant.ErrHasJobs)
 }
 
 // createArgs returns the NAME of `tenants create` and its --credentials value (set reports

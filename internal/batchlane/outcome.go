@@ -168,7 +168,8 @@ func retryableStatus(status int) bool {
 
 // usageOf is the answer's token usage in the online lane's form (llm.Usage: "input_tokens",
 // "output_tokens", Anthropic's cache counts when not zero, and "output_unreported" when it has
-// no output count), from an Anthropic or OpenAI body; nil when it has no input count.
+// no output count while it has another), from an Anthropic or OpenAI body; nil when it has no
+// usage object. A missing input count is 0, as the online lane decodes it (llm's dialects).
 func usageOf(body json.RawMessage) json.RawMessage {
 	var a struct {
 		Usage *struct {
@@ -185,16 +186,17 @@ func usageOf(body json.RawMessage) json.RawMessage {
 	}
 	u := a.Usage
 	in, out := u.InputTokens, u.OutputTokens
-	if in == nil {
+	if in == nil && out == nil {
 		in, out = u.PromptTokens, u.CompletionTokens
 	}
-	if in == nil {
-		return nil
+	usage := llm.Usage{CacheCreationInputTokens: u.CacheCreationInputTokens, CacheReadInputTokens: u.CacheReadInputTokens}
+	if in != nil {
+		usage.InputTokens = *in
 	}
-	usage := llm.Usage{InputTokens: *in, OutputUnreported: out == nil,
-		CacheCreationInputTokens: u.CacheCreationInputTokens, CacheReadInputTokens: u.CacheReadInputTokens}
 	if out != nil {
 		usage.OutputTokens = *out
+	} else {
+		usage.OutputUnreported = usage != (llm.Usage{})
 	}
 	b, _ := json.Marshal(usage)
 	return b

@@ -17,7 +17,25 @@ func TestUsageOf_OnlineLaneForm(t *testing.T) {
 	} {
 		require.JSONEq(t, want, string(usageOf([]byte(body))), body)
 	}
-	require.Nil(t, usageOf([]byte(`{"usage":{"output_tokens":3}}`)))
+	require.Nil(t, usageOf([]byte(`{"id":"msg_1"}`)), "no usage reported")
+	require.Nil(t, usageOf([]byte(`{"usage":null}`)), "no usage reported")
+}
+
+// A batch result's usage with its output but no input count is stored as the online lane stores
+// one (llm's dialects decode a missing input as 0: internal/llm anthropic.usage, openAI.usage),
+// keeping the output the provider counted: the batch lane stored no usage at all.
+func TestUsageOf_InputUnreportedAsOnline(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		`{"usage":{"output_tokens":3}}`:                              `{"input_tokens":0,"output_tokens":3}`,
+		`{"usage":{"completion_tokens":3}}`:                          `{"input_tokens":0,"output_tokens":3}`,
+		`{"usage":{"output_tokens":3,"cache_read_input_tokens":40}}`: `{"input_tokens":0,"output_tokens":3,"cache_read_input_tokens":40}`,
+		`{"usage":{}}`: `{"input_tokens":0,"output_tokens":0}`,
+	} {
+		got := usageOf([]byte(body))
+		require.NotNil(t, got, "%s: a usage the online lane stores was dropped", body)
+		require.JSONEq(t, want, string(got), body)
+	}
 }
 
 // A batch result's usage with its input but no output count is stored as the online lane stores

@@ -190,7 +190,9 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		case errors.As(callErr, &se):
 			a.TTFB = se.TimeToFirstByte
 		case errors.As(callErr, &te):
-			a.TTFB = te.TimeToFirstByte // a stream cut after its first delta: the provider had begun
+			// A body cut after its headers came: the provider had answered (StatusCode), and
+			// had begun to (TTFB) if a stream's first delta came. The cut stays the class.
+			a.TTFB, a.StatusCode = te.TimeToFirstByte, te.StatusCode
 		}
 		if d.HasRetryAfter {
 			ra := d.RetryAfter

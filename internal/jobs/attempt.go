@@ -160,8 +160,14 @@ type Attempt struct {
 	Credential string
 	StartedAt  time.Time
 	Latency    time.Duration
-	TTFB       time.Duration // 0: no body byte arrived
-	StatusCode int           // 0: no HTTP answer
+	// TTFB is the time from sending to the answer's first body byte; a stream's, to its first
+	// delta (to its end when none came). 0 when none is known: no body byte arrived, or the body
+	// was cut (a stream's before its first delta, its opening events perhaps come; a body not
+	// streamed whatever came: only a stream cut after a delta keeps it).
+	TTFB time.Duration
+	// StatusCode is the provider's HTTP status, a cut answer's included (the status its headers
+	// gave). 0: no HTTP answer.
+	StatusCode int
 	Class      string
 	RetryAfter *time.Duration
 	Delay      *time.Duration // the wait chosen before the next attempt

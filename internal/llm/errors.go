@@ -122,6 +122,11 @@ type TransportError struct {
 	// the request to that delta (as a Response's): the provider had begun to answer. Zero when
 	// no delta came, and for any other failure.
 	TimeToFirstByte time.Duration
+	// StatusCode is, for an answer whose body was cut (a stream cut partway, before its first
+	// delta too; a body whose read failed), the HTTP status its headers gave: the provider had
+	// answered. Zero when no answer's headers came. It is not the failure's status (the
+	// TransportError has none: retrypolicy classifies it as a transport failure).
+	StatusCode int
 }
 
 // Error describes the operation and the underlying error.

@@ -414,13 +414,13 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 
 	if !ok {
 		if readErr != nil && ctx.Err() != nil {
-			return nil, c.transportError(ctx, "read response body", readErr)
+			return nil, answeredTransportError(c.transportError(ctx, "read response body", readErr), resp.StatusCode)
 		}
 		// Any other read failure still leaves an authoritative status: report it.
 		return nil, c.statusError(resp.StatusCode, header, data, cut, rl, latency, ttfb)
 	}
 	if readErr != nil {
-		return nil, c.transportError(ctx, "read response body", readErr)
+		return nil, answeredTransportError(c.transportError(ctx, "read response body", readErr), resp.StatusCode)
 	}
 	out := &Response{
 		StatusCode:      resp.StatusCode,
@@ -451,7 +451,7 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 			// A body framed by the connection's end ends cleanly when the server dies mid-write:
 			// only the JSON shows the cut, and it is the transport's failure, as a short read is.
 			// A body whose length or last chunk was sent ended where the server said.
-			return nil, c.transportError(ctx, "read response body", io.ErrUnexpectedEOF)
+			return nil, answeredTransportError(c.transportError(ctx, "read response body", io.ErrUnexpectedEOF), resp.StatusCode)
 		}
 		out.Body = data
 		hold.settle(int64(cap(data)))
@@ -502,6 +502,16 @@ func errorInAnswer(raw json.RawMessage) (typ, code, msg string, isErr bool) {
 	}
 	typ, code, msg, _ = parseErrorBody(append(append([]byte(`{"error":`), raw...), '}'))
 	return typ, code, msg, typ != "" || code != "" || msg != ""
+}
+
+// answeredTransportError is err, a *TransportError of a body whose headers came, with their
+// status (TransportError.StatusCode).
+func answeredTransportError(err error, status int) error {
+	var te *TransportError
+	if errors.As(err, &te) {
+		te.StatusCode = status
+	}
+	return err
 }
 
 // transportError builds a *TransportError, preferring the context's error so that

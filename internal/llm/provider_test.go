@@ -601,6 +601,7 @@ func TestProvider_Send_Transport(t *testing.T) {
 		te := asTransportError(t, err)
 		require.Equal(t, "send request", te.Op)
 		require.False(t, te.Timeout())
+		require.Zero(t, te.StatusCode, "no answer came")
 		require.NotErrorIs(t, err, context.Canceled)
 	})
 
@@ -644,6 +645,7 @@ func TestProvider_Send_Transport(t *testing.T) {
 		require.Equal(t, "read response body", te.Op)
 		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 		require.False(t, te.Timeout())
+		require.Equal(t, http.StatusOK, te.StatusCode, "the headers came: the provider answered")
 	})
 }
 
@@ -715,6 +717,7 @@ func TestProvider_Send_Context(t *testing.T) {
 			te := asTransportError(t, err)
 			require.Equal(t, wantOp, te.Op)
 			require.False(t, te.Timeout())
+			require.Equal(t, map[bool]int{false: 0, true: http.StatusOK}[partial], te.StatusCode, "the answer's status, when its headers came")
 			requireAborted(t, aborted)
 		})
 

@@ -466,7 +466,7 @@ func (c *client) finishStream(ctx context.Context, resp *http.Response, limit in
 		err := c.transportError(ctx, "read response stream", sr.readErr)
 		var te *TransportError
 		if errors.As(err, &te) {
-			te.Usage = c.usageSoFar(asm)
+			te.Usage, te.StatusCode = c.usageSoFar(asm), resp.StatusCode
 			if !sr.first.IsZero() {
 				te.TimeToFirstByte = ttfb
 			}

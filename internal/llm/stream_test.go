@@ -260,7 +260,9 @@ func TestProvider_Stream_Failures(t *testing.T) {
 		_, err := p.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{})
 		te := asTransportError(t, err)
 		require.False(t, te.Timeout())
+		require.Equal(t, http.StatusOK, te.StatusCode, "the stream's headers came: the provider answered")
 		require.Equal(t, retrypolicy.ClassNetwork, retrypolicy.Classify(err, testNow).Class)
+		require.Zero(t, retrypolicy.Classify(err, testNow).StatusCode, "the answer's status is not the failure's")
 	})
 
 	t.Run("StallAfterFirstDelta", func(t *testing.T) {
