@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // helloRequest is a small Anthropic request body.
@@ -58,4 +60,33 @@ func process(t *testing.T, b *jobstest.Bundle, ex *executor.Executor, credential
 	got, err := b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	return got, perr
+}
+
+// failedStreamAttempt commits a streaming job on a provider of kind served by llmsim with
+// faults, runs one delivery of it, which the faults must fail for a retry (a DeferError), and
+// returns the job's one attempt row and the job as stored after it.
+func failedStreamAttempt(t *testing.T, kind llm.Kind, faults llmsim.Faults) (jobs.AttemptRow, *jobs.Job) {
+	t.Helper()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	sim := httptest.NewServer(llmsim.New(llmsim.Config{Faults: faults}))
+	t.Cleanup(sim.Close)
+	p, err := llm.New(llm.Config{Kind: kind, BaseURL: sim.URL, APIKey: "sk-stream"})
+	require.NoError(t, err)
+	ex := executor.New(executor.Config{Store: b.Store,
+		Policy:    retrypolicy.New(&retrypolicy.Config{Float64: func() float64 { return 0 }}),
+		Upstreams: map[string]executor.Upstream{"sim": {Name: "sim", Kind: string(kind), Provider: p}}})
+	model := map[llm.Kind]string{llm.KindOpenAI: "gpt-test", llm.KindAnthropic: "claude-test"}[kind]
+	body := json.RawMessage(`{"model":"` + model + `","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "sim", Request: body,
+		MaxAttempts: 2, Timeout: time.Minute})
+	require.NoError(t, err)
+	var de *dispatch.DeferError
+	require.True(t, errors.As(ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &de), "the failed stream is retried")
+	attempts, err := b.Store.Attempts(ctx, job.ID)
+	require.NoError(t, err)
+	require.Len(t, attempts, 1)
+	stored, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	return attempts[0], stored
 }

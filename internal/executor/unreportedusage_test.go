@@ -3,7 +3,6 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -18,7 +17,6 @@ import (
 	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
-	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // storedUsage is a usage as stored on a job or an attempt: its JSON members, decoded loosely, so
@@ -111,29 +109,14 @@ func TestExecutor_FailedStreamAttemptOmitsThePlaceholderOutput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := t.Context()
-			b := jobstest.New(t)
-			p := simProvider(t, llmsim.Config{Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: tc.after, StreamFailMode: tc.mode}}, "sk-placeholder")
-			ex := executor.New(executor.Config{Store: b.Store,
-				Policy:    retrypolicy.New(&retrypolicy.Config{Float64: func() float64 { return 0 }}),
-				Upstreams: map[string]executor.Upstream{"sim": {Name: "sim", Kind: string(llm.KindAnthropic), Provider: p}}})
-			body := json.RawMessage(`{"model":"claude-test","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
-			job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "sim", Request: body,
-				MaxAttempts: 2, Timeout: time.Minute})
-			require.NoError(t, err)
-			var de *dispatch.DeferError
-			require.True(t, errors.As(ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &de), "the failed stream is retried")
-
-			attempts, err := b.Store.Attempts(ctx, job.ID)
-			require.NoError(t, err)
-			require.Len(t, attempts, 1)
-			u := decodeStoredUsage(t, attempts[0].Usage)
-			require.NotNil(t, u.InputTokens, "%s", attempts[0].Usage)
-			require.Positive(t, *u.InputTokens, "%s", attempts[0].Usage)
-			require.NotNil(t, u.OutputTokens, "%s", attempts[0].Usage)
-			require.Zero(t, *u.OutputTokens, "the failed attempt's row reports message_start's placeholder output: %s", attempts[0].Usage)
-			require.NotNil(t, u.OutputUnreported, "%s", attempts[0].Usage)
-			require.True(t, *u.OutputUnreported, "%s", attempts[0].Usage)
+			a, _ := failedStreamAttempt(t, llm.KindAnthropic, llmsim.Faults{StreamFailNext: 1, StreamFailAfter: tc.after, StreamFailMode: tc.mode})
+			u := decodeStoredUsage(t, a.Usage)
+			require.NotNil(t, u.InputTokens, "%s", a.Usage)
+			require.Positive(t, *u.InputTokens, "%s", a.Usage)
+			require.NotNil(t, u.OutputTokens, "%s", a.Usage)
+			require.Zero(t, *u.OutputTokens, "the failed attempt's row reports message_start's placeholder output: %s", a.Usage)
+			require.NotNil(t, u.OutputUnreported, "%s", a.Usage)
+			require.True(t, *u.OutputUnreported, "%s", a.Usage)
 		})
 	}
 }
@@ -149,29 +132,11 @@ func TestExecutor_OpenAIStreamFailedBeforeItsUsageRecordsNoUsage(t *testing.T) {
 	for _, mode := range []string{llmsim.StreamFailError, llmsim.StreamFailCut} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			ctx := t.Context()
-			b := jobstest.New(t)
-			sim := httptest.NewServer(llmsim.New(llmsim.Config{Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 2, StreamFailMode: mode}}))
-			t.Cleanup(sim.Close)
-			p, err := llm.New(llm.Config{Kind: llm.KindOpenAI, BaseURL: sim.URL, APIKey: "sk-openai"})
-			require.NoError(t, err)
-			ex := executor.New(executor.Config{Store: b.Store,
-				Policy:    retrypolicy.New(&retrypolicy.Config{Float64: func() float64 { return 0 }}),
-				Upstreams: map[string]executor.Upstream{"oa": {Name: "oa", Kind: string(llm.KindOpenAI), Provider: p}}})
-			body := json.RawMessage(`{"model":"gpt-test","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
-			job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "oa", Request: body,
-				MaxAttempts: 2, Timeout: time.Minute})
-			require.NoError(t, err)
-			var de *dispatch.DeferError
-			require.True(t, errors.As(ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &de), "the failed stream is retried")
-
-			attempts, err := b.Store.Attempts(ctx, job.ID)
-			require.NoError(t, err)
-			require.Len(t, attempts, 1)
-			require.Nil(t, attempts[0].Usage, "a usage the provider never reported: %s", attempts[0].Usage)
-			require.NotNil(t, attempts[0].TTFBMS, "the row does not show that the stream had begun")
-			require.Positive(t, *attempts[0].TTFBMS)
-			require.LessOrEqual(t, *attempts[0].TTFBMS, attempts[0].LatencyMS)
+			a, _ := failedStreamAttempt(t, llm.KindOpenAI, llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 2, StreamFailMode: mode})
+			require.Nil(t, a.Usage, "a usage the provider never reported: %s", a.Usage)
+			require.NotNil(t, a.TTFBMS, "the row does not show that the stream had begun")
+			require.Positive(t, *a.TTFBMS)
+			require.LessOrEqual(t, *a.TTFBMS, a.LatencyMS)
 		})
 	}
 }
