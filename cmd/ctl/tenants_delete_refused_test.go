@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/redistest"
-	"github.com/llmq/llmq/internal/tenant"
 )
 
 // TestTenants_DeleteRefusedDoesNotSayRunAgain: a deletion Postgres refuses before anything is
@@ -19,18 +18,12 @@ import (
 // `ctl tenants delete acme` again", as for an interruption or an outage, which pass.
 func TestTenants_DeleteRefusedDoesNotSayRunAgain(t *testing.T) {
 	t.Parallel()
-	b := setupJobs(t)
-	redis, _, _ := redisArgs(t)
-	store := tenant.NewStore(b.pool, nil)
-	_, _, err := store.Create(t.Context(), "acme", nil)
-	require.NoError(t, err)
-	_, err = store.Revoke(t.Context(), "acme")
-	require.NoError(t, err)
+	b, redis, store := revokedAcme(t)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	role := "llmq_test_role_" + redistest.Rand()
-	_, err = b.pool.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
+	_, err := b.pool.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
 	require.NoError(t, err)
 	t.Cleanup(func() { // after ctl's pool is closed (runApp returns with it closed)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

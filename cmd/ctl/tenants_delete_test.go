@@ -146,19 +146,13 @@ VALUES ($1, 'default', 'm', 'submitted', 'pb_1')`, batchID)
 // exceeded", as if the command had not begun.
 func TestTenants_DeleteInterruptedBeforeAnythingSaysRunAgain(t *testing.T) {
 	t.Parallel()
-	b := setupJobs(t)
-	redis, _, _ := redisArgs(t)
-	store := tenant.NewStore(b.pool, nil)
-	_, _, err := store.Create(t.Context(), "acme", nil)
-	require.NoError(t, err)
-	_, err = store.Revoke(t.Context(), "acme")
-	require.NoError(t, err)
+	b, redis, store := revokedAcme(t)
 
 	r, expired := runApp(3*time.Second, func(a *app) { a.revokeSettle = time.Hour },
 		append(append([]string{"--database-url", b.url}, redis...), "tenants", "delete", "acme")...)
 	require.True(t, expired, "interrupted in the settle")
 	requireOneLineError(t, r, 1, "tenant acme not deleted (nothing was changed): run `ctl tenants delete acme` again")
-	_, err = store.Get(t.Context(), "acme")
+	_, err := store.Get(t.Context(), "acme")
 	require.NoError(t, err)
 }
 
@@ -168,13 +162,7 @@ func TestTenants_DeleteInterruptedBeforeAnythingSaysRunAgain(t *testing.T) {
 // on one line, as the counts of jobs canceled and deleted were 0.
 func TestTenants_DeleteCommitCutDoesNotSayNothingChanged(t *testing.T) {
 	t.Parallel()
-	b := setupJobs(t)
-	redis, _, _ := redisArgs(t)
-	store := tenant.NewStore(b.pool, nil)
-	_, _, err := store.Create(t.Context(), "acme", nil)
-	require.NoError(t, err)
-	_, err = store.Revoke(t.Context(), "acme")
-	require.NoError(t, err)
+	b, redis, _ := revokedAcme(t)
 	proxy, proxied := pgtest.NewProxy(t, b.url)
 	last := proxy.HoldStatement("DELETE FROM tenants WHERE")
 	defer last.Release()
@@ -202,4 +190,18 @@ func TestTenants_DeleteCommitCutDoesNotSayNothingChanged(t *testing.T) {
 	}
 	requireOneLineError(t, r, 1, "to a COMMIT: what it changed may have been applied; check with a list or show command (ctl tenants list)")
 	require.NotContains(t, r.errOut, "nothing was changed")
+}
+
+// revokedAcme is a jobs database holding the tenant acme, revoked (ready for `tenants delete`),
+// the Redis arguments of ctl, and the tenant store.
+func revokedAcme(t *testing.T) (*jobsBundle, []string, *tenant.Store) {
+	t.Helper()
+	b := setupJobs(t)
+	redis, _, _ := redisArgs(t)
+	store := tenant.NewStore(b.pool, nil)
+	_, _, err := store.Create(t.Context(), "acme", nil)
+	require.NoError(t, err)
+	_, err = store.Revoke(t.Context(), "acme")
+	require.NoError(t, err)
+	return b, redis, store
 }
