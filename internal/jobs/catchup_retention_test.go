@@ -38,23 +38,6 @@ func TestListener_CatchUpAndRetentionDoNotDeadlock(t *testing.T) {
 		}
 		return ids
 	}
-	// waiting waits until a statement whose text contains substr waits for a lock.
-	waiting := func(ctx context.Context, t *testing.T, b *listenerBundle, substr, what string) {
-		t.Helper()
-		for {
-			var n int
-			require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, substr).Scan(&n))
-			if n > 0 {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("%s does not wait for a lock", what)
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}
 	reconnect := func(t *testing.T, b *listenerBundle) {
 		t.Helper()
 		var killed bool
@@ -103,7 +86,7 @@ func TestListener_CatchUpAndRetentionDoNotDeadlock(t *testing.T) {
 		_, err = blocker.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, ids[1])
 		require.NoError(t, err)
 		reconnect(t, b)
-		waiting(ctx, t, b, "job_watches", "the catch-up")
+		waitForLockWaiter(ctx, t, b.Pool, "job_watches", "the catch-up")
 
 		// Retention passes over the two it cannot lock, without waiting, and deletes the third.
 		d := answer(t, retention(ctx, b))
@@ -136,10 +119,10 @@ func TestListener_CatchUpAndRetentionDoNotDeadlock(t *testing.T) {
 		_, err = blocker.Exec(ctx, `SELECT 1 FROM job_watches WHERE job_id = $1 FOR UPDATE`, ids[2])
 		require.NoError(t, err)
 		deleting := retention(ctx, b)
-		waiting(ctx, t, b, "victims", "the retention pass")
+		waitForLockWaiter(ctx, t, b.Pool, "victims", "the retention pass")
 		// The catch-up share-locks the first job, renews its watch, and waits for the second.
 		reconnect(t, b)
-		waiting(ctx, t, b, "job_watches (job_id", "the catch-up")
+		waitForLockWaiter(ctx, t, b.Pool, "job_watches (job_id", "the catch-up")
 		require.NoError(t, blocker.Rollback(ctx))
 
 		d := answer(t, deleting)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -36,22 +37,6 @@ func TestListener_CatchUpAndRetryDeadDoNotDeadlock(t *testing.T) {
 		ch, _ := b.connected(t, id)
 		subs = append(subs, ch)
 	}
-	waiting := func(substr, what string) {
-		t.Helper()
-		for {
-			var n int
-			require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, substr).Scan(&n))
-			if n > 0 {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("%s does not wait for a lock", what)
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}
 	// A reader share-locks the first job: RetryDead locks the second, then waits for the first.
 	blocker, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -67,13 +52,13 @@ func TestListener_CatchUpAndRetryDeadDoNotDeadlock(t *testing.T) {
 		out, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: ids}, nil)
 		retrying <- retried{out, err}
 	}()
-	waiting("WITH old AS", "RetryDead")
+	waitForLockWaiter(ctx, t, b.Pool, "WITH old AS", "RetryDead")
 	// The catch-up share-locks the first (beside the reader), and waits for the second.
 	var killed bool
 	require.NoError(t, b.Pool.QueryRow(ctx,
 		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
 	require.True(t, killed)
-	waiting("job_watches", "the catch-up")
+	waitForLockWaiter(ctx, t, b.Pool, "job_watches", "the catch-up")
 	require.NoError(t, blocker.Rollback(ctx))
 
 	var r retried
@@ -124,19 +109,7 @@ func TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim(t *testing.T) {
 		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
 	require.True(t, killed)
 	// The catch-up holds ids[0] and waits for ids[1].
-	for {
-		var n int
-		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = $1 AND wait_event_type = 'Lock' AND strpos(query, 'job_watches') > 0`, b.appName).Scan(&n))
-		if n > 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the catch-up does not wait for the helper's lock")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	waitForLockWaiter(ctx, t, b.Pool, "job_watches", "the catch-up")
 	// The cycle: the helper waits for ids[0] until the catch-up is aborted.
 	_, err = helper.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, ids[0])
 	require.NoError(t, err, "the helper was the deadlock's victim")
@@ -148,4 +121,23 @@ func TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim(t *testing.T) {
 	var watched int
 	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM job_watches WHERE job_id = ANY($1::uuid[]) AND expires_at > now()`, ids).Scan(&watched))
 	require.Equal(t, 2, watched, "the catch-up renewed no watch")
+}
+
+// waitForLockWaiter waits until a statement of pool's database whose text contains substr waits
+// for a lock; what names that statement when ctx ends first.
+func waitForLockWaiter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, substr, what string) {
+	t.Helper()
+	for {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, substr).Scan(&n))
+		if n > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s does not wait for a lock", what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }

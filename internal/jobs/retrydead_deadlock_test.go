@@ -49,19 +49,7 @@ func TestStore_RetryDeadRetriesABatchChosenAsADeadlockVictim(t *testing.T) {
 		retrying <- retried{out, err}
 	}()
 	// RetryDead holds ids[0] and waits for ids[1].
-	for {
-		var n int
-		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, 'WITH old AS') > 0`).Scan(&n))
-		if n > 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("RetryDead does not wait for the helper's lock")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	waitForLockWaiter(ctx, t, b.Pool, "WITH old AS", "RetryDead")
 	// The cycle: the helper waits for ids[0] until RetryDead's batch is aborted.
 	_, err = helper.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR SHARE`, ids[0])
 	require.NoError(t, err, "the helper was the deadlock's victim")
