@@ -604,7 +604,9 @@ func TestMaintainer_RetentionBacklogOnlyWhileLeading(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return metric(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", map[string]string{"pass": "retention"}) > 0
 	}, 10*time.Second, 10*time.Millisecond, "the first retention pass")
-	require.Equal(t, 1, count(), "measured by the first pass")
+	// A lead lost and taken again in between (a lock connection timing out on a loaded
+	// machine) drops the series until the new lead's first pass measures it again.
+	require.Eventually(t, func() bool { return count() == 1 }, 10*time.Second, 10*time.Millisecond, "measured by the first pass")
 	stop()
 	require.Zero(t, count(), "dropped when the process stops leading")
 }
