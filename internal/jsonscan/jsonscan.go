@@ -1,6 +1,7 @@
 // Package jsonscan walks JSON text without decoding it: the hand readers of the per-job hot
 // paths (tokens' request scan, llm's usage and stream chunk reads) find a member's value with it
-// and hand anything unusual to encoding/json. ValueEnd walks text already known to be valid;
+// and hand anything unusual to encoding/json; Object walks an object's members for a reader of
+// the values. ValueEnd walks text already known to be valid;
 // Value and Valid check it as they walk (json.Valid's scanner was most of a request count's
 // instructions: issue 23). One home for the walk, so that the readers cannot drift apart on what
 // ends a value.
@@ -28,24 +29,13 @@ func SkipSpace(data []byte, i int) int {
 // is left open; i itself when data[i] closes a bracket), which a caller reading malformed JSON
 // must not take for a value.
 func ValueEnd(data []byte, i int) int {
-	depth, inString, escaped := 0, false, false
+	depth := 0
 	for j := i; j < len(data); j++ {
-		c := data[j]
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-				if depth == 0 {
-					return j + 1
-				}
-			}
+		switch c := data[j]; {
 		case c == '"':
-			inString = true
+			if j = closingQuote(data, j); depth == 0 && j < len(data) {
+				return j + 1
+			}
 		case c == '{' || c == '[':
 			depth++
 		case c == '}' || c == ']':
@@ -60,6 +50,21 @@ func ValueEnd(data []byte, i int) int {
 		}
 	}
 	return len(data) // a literal ending data, or malformed data
+}
+
+// closingQuote is the index of the quote closing the string whose opening quote is data[i],
+// passing over escaped bytes, len(data) when the string is left open. It checks nothing: what
+// ValueEnd and depthExceeded pass over.
+func closingQuote(data []byte, i int) int {
+	for i++; i < len(data); i++ {
+		switch data[i] {
+		case '\\':
+			i++ // the escaped byte
+		case '"':
+			return i
+		}
+	}
+	return len(data)
 }
 
 // Valid reports whether data is one valid JSON value with white space around it, as json.Valid
@@ -77,25 +82,16 @@ func Valid(data []byte) bool {
 // depthExceeded reports whether the JSON value at data[i] may be nested deeper than MaxDepth: its
 // brackets, counted outside strings, reach that depth. Only Valid's refusals pay for it.
 func depthExceeded(data []byte, i int) bool {
-	depth, inString, escaped := 0, false, false
-	for _, c := range data[min(i, len(data)):] {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == '{' || c == '[':
+	depth := 0
+	for j := max(i, 0); j < len(data); j++ {
+		switch data[j] {
+		case '"':
+			j = closingQuote(data, j)
+		case '{', '[':
 			if depth++; depth > MaxDepth {
 				return true
 			}
-		case c == '}' || c == ']':
+		case '}', ']':
 			depth--
 		}
 	}

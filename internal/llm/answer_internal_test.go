@@ -104,3 +104,29 @@ func TestAnswerMembers_ScansTheUsualAnswer(t *testing.T) { // not parallel: Allo
 		require.NotZero(t, decodeAllocs, "the decode it replaces allocates: %s", data)
 	}
 }
+
+// BenchmarkAnswerMembers: the walk of each answer for its usage and error, of both providers'
+// usual answers (a paragraph of text).
+func BenchmarkAnswerMembers(b *testing.B) {
+	text := strings.Repeat("lorem ipsum dolor sit amet ", 20)
+	for _, bc := range []struct{ name, body string }{
+		{"Anthropic", `{"id":"msg_01","type":"message","role":"assistant","model":"claude-x","content":[{"type":"text","text":"` + text +
+			`"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"cache_creation_input_tokens":0,` +
+			`"cache_read_input_tokens":0,"output_tokens":16,"service_tier":"standard"}}`},
+		{"OpenAI", `{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-x","choices":[{"index":0,` +
+			`"message":{"role":"assistant","content":"` + text + `","refusal":null},"logprobs":null,"finish_reason":"stop"}],` +
+			`"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}},` +
+			`"system_fingerprint":"fp_1"}`},
+	} {
+		body := []byte(bc.body)
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := answerMembers(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -110,3 +110,25 @@ func TestUsage_ProviderOutputUnreportedIsPassedOver(t *testing.T) {
 		anthropic{}.usage(json.RawMessage(`{"Input_Tokens":5,"output_unreported":false}`)))
 	require.Equal(t, Usage{}, anthropic{}.usage(json.RawMessage(`{"Output_Unreported":true}`)))
 }
+
+// BenchmarkUsage: the read of each answer's usage, of both providers' usual usage objects.
+func BenchmarkUsage(b *testing.B) {
+	anth := json.RawMessage(`{"input_tokens":12,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":16,"service_tier":"standard"}`)
+	oai := json.RawMessage(`{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16,"prompt_tokens_details":{"cached_tokens":0}}`)
+	b.Run("Anthropic", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if u := (anthropic{}).usage(anth); u.OutputTokens != 16 {
+				b.Fatal(u)
+			}
+		}
+	})
+	b.Run("OpenAI", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if u := (openAI{}).usage(oai); u.OutputTokens != 9 {
+				b.Fatal(u)
+			}
+		}
+	})
+}

@@ -14,20 +14,23 @@ import "github.com/llmq/llmq/internal/jsonscan"
 // It never reads outside data, whatever data is.
 func scanBody(data []byte, b *fields) (ok bool) {
 	seenMessages := false
-	end := scanObject(data, jsonscan.SkipSpace(data, 0), func(key []byte, i int) int {
-		if string(key) == "messages" {
+	obj := jsonscan.ObjectAt(data, jsonscan.SkipSpace(data, 0), jsonscan.LowerKeys)
+	for obj.Next() {
+		i := obj.Value
+		if string(obj.Key) == "messages" {
 			if seenMessages { // json would decode the second array into the first's messages
-				return -1
+				return false
 			}
 			seenMessages = true
-			return scanMessages(data, i, b)
+			obj.ValueEnds(scanMessages(data, i, b))
+			continue
 		}
 		end := jsonscan.Value(data, i)
 		if end < 0 {
-			return -1
+			return false
 		}
 		v := data[i:end]
-		switch string(key) {
+		switch string(obj.Key) {
 		case "model":
 			b.Model = v
 		case "system":
@@ -43,8 +46,9 @@ func scanBody(data []byte, b *fields) (ok bool) {
 		case "response_format":
 			b.ResponseFormat = v
 		}
-		return end
-	})
+		obj.ValueEnds(end)
+	}
+	end := obj.End()
 	return end >= 0 && jsonscan.SkipSpace(data, end) == len(data) // white space only after it
 }
 
@@ -84,20 +88,21 @@ func scanMessages(data []byte, i int, b *fields) int {
 			}
 			i = end
 		case '{':
-			i = scanObject(data, i, func(key []byte, i int) int {
-				end := jsonscan.Value(data, i)
+			obj := jsonscan.ObjectAt(data, i, jsonscan.LowerKeys)
+			for obj.Next() {
+				end := jsonscan.Value(data, obj.Value)
 				if end < 0 {
 					return -1
 				}
-				switch string(key) {
+				switch string(obj.Key) {
 				case "content":
-					m.Content = data[i:end]
+					m.Content = data[obj.Value:end]
 				case "tool_calls":
-					m.ToolCalls = data[i:end]
+					m.ToolCalls = data[obj.Value:end]
 				}
-				return end
-			})
-			if i < 0 {
+				obj.ValueEnds(end)
+			}
+			if i = obj.End(); i < 0 {
 				return -1
 			}
 		default:
@@ -109,54 +114,6 @@ func scanMessages(data []byte, i int, b *fields) int {
 		}
 		switch data[i] {
 		case ']':
-			return i + 1
-		case ',':
-			i = jsonscan.SkipSpace(data, i+1)
-		default:
-			return -1
-		}
-	}
-}
-
-// scanObject reads the object at data[i], calling field with each key and the index of its
-// value (after the white space before it), and returns the index just past the object. field
-// reads the value, checking it, and returns the index just past it, -1 to stop. scanObject
-// returns -1 when field does, when the object is malformed, or at a key that is not lower case
-// ASCII, digits and _ only (json.Unmarshal matches keys case-insensitively, and a key may hold
-// escapes).
-func scanObject(data []byte, i int, field func(key []byte, i int) int) int {
-	if i >= len(data) || data[i] != '{' {
-		return -1
-	}
-	i = jsonscan.SkipSpace(data, i+1)
-	if i < len(data) && data[i] == '}' {
-		return i + 1
-	}
-	for {
-		if i >= len(data) || data[i] != '"' {
-			return -1
-		}
-		start := i + 1
-		for i = start; i < len(data) && data[i] != '"'; i++ {
-			if c := data[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
-				return -1
-			}
-		}
-		if i >= len(data) {
-			return -1
-		}
-		key := data[start:i]
-		if i = jsonscan.SkipSpace(data, i+1); i >= len(data) || data[i] != ':' {
-			return -1
-		}
-		if i = field(key, jsonscan.SkipSpace(data, i+1)); i < 0 {
-			return -1
-		}
-		if i = jsonscan.SkipSpace(data, i); i >= len(data) {
-			return -1
-		}
-		switch data[i] {
-		case '}':
 			return i + 1
 		case ',':
 			i = jsonscan.SkipSpace(data, i+1)
