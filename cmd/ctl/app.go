@@ -35,7 +35,8 @@ type app struct {
 	// lockReportFirst and lockReportEvery schedule migrate's reports of a wait for the migration
 	// lock (zero: migrations' defaults, 1 s and 15 s).
 	lockReportFirst, lockReportEvery time.Duration
-	// bound bounds the statements of the command's pool (--timeout; nil: none, or no pool yet).
+	// bound bounds the statements of the command's pool (--timeout; wait 0: none) and records
+	// what befell them, for run's message (nil: no pool yet, or migrate's).
 	bound *statementBound
 	// group is the command run's group (jobs, tenants, ...; "" before one runs), for its hints.
 	group string
@@ -56,7 +57,7 @@ func newApp(out, errOut io.Writer) *app {
 			&cli.StringFlag{Name: "redis-url", Usage: "Redis URL (overrides the config file)", EnvVars: []string{config.EnvRedisURL}},
 			&cli.StringFlag{Name: "queue", Usage: "asynq queue (overrides worker.queue of the config file; default llmq)"},
 			&cli.DurationFlag{Name: "timeout", Value: defaultTimeout,
-				Usage: "bound on each Postgres statement of a command (not of migrate), past which the command fails; 0: none"},
+				Usage: "bound on each Postgres statement of a command, and on each wait for a connection (not of migrate), past which the command fails; 0: none"},
 			&cli.StringFlag{Name: "redis-prefix", Usage: "prefix of llmq's own Redis keys (limiter, breaker)", Value: "llmq:", Hidden: true},
 		},
 		Commands: []*cli.Command{
@@ -125,7 +126,7 @@ func setUsageErrors(cmds []*cli.Command) {
 // run executes args and returns the exit code: 0 ok, 1 failure, 2 usage.
 func (a *app) run(ctx context.Context, args []string) int {
 	if err := a.cli.RunContext(ctx, flagsFirst(a.cli, args)); err != nil {
-		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error())+schemaHint(err)+a.timeoutHint())
+		fmt.Fprintln(a.errOut, "ctl:", oneLine(err.Error())+schemaHint(err)+a.statementHint())
 		if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
 			return ec.ExitCode()
 		}
@@ -190,15 +191,14 @@ func databaseURL(c *cli.Context) (string, error) {
 // newPool opens a pool on the database at u, each connection bounded as the processes' are
 // (migrations.ParseConfig: 5 s unless u sets connect_timeout), so that a Postgres that accepts
 // and never answers fails the command instead of hanging it. With bound (not nil) each statement
-// is bounded too (see statementBound); migrate's is not.
+// is bounded too (see statementBound; and watched, even with no bound); migrate's is not.
 func newPool(ctx context.Context, u string, bound *statementBound) (*pgxpool.Pool, error) {
 	cfg, err := migrations.ParseConfig(u)
 	if err != nil {
 		return nil, err
 	}
 	if bound != nil {
-		cfg.ConnConfig.Tracer = bound
-		cfg.ShouldPing = bound.shouldPing
+		bound.configure(cfg)
 	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -208,11 +208,9 @@ func newPool(ctx context.Context, u string, bound *statementBound) (*pgxpool.Poo
 }
 
 // boundedPool opens a pool on the database at u whose statements are bounded by --timeout (none
-// when it is 0).
+// when it is 0), and watched either way for a COMMIT that got no answer.
 func (a *app) boundedPool(c *cli.Context, u string) (*pgxpool.Pool, error) {
-	if d := c.Duration("timeout"); d > 0 {
-		a.bound = &statementBound{wait: d}
-	}
+	a.bound = &statementBound{wait: max(c.Duration("timeout"), 0)}
 	return newPool(c.Context, u, a.bound)
 }
 
@@ -228,14 +226,14 @@ func (a *app) pool(c *cli.Context) (*pgxpool.Pool, error) {
 		return nil, err
 	}
 	ctx := c.Context
-	if a.bound != nil { // a ping is no statement the tracer sees
+	if a.bound.wait > 0 { // a ping is no statement the tracer sees
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, a.bound.wait, errStatementTimeout)
 		defer cancel()
 	}
 	if err := p.Ping(ctx); err != nil {
 		p.Close()
-		if a.bound != nil && errors.Is(context.Cause(ctx), errStatementTimeout) {
+		if errors.Is(context.Cause(ctx), errStatementTimeout) {
 			a.bound.timedOut.Store(true)
 			return nil, fmt.Errorf("connect to postgres: %w", err)
 		}
@@ -256,12 +254,26 @@ var errStatementTimeout = errors.New("postgres statement timed out (--timeout)")
 // the reading of its rows, an exec, a transaction's begin and commit, a batch) by wait: a
 // Postgres that is slow (a lock a long transaction holds, an I/O stall) or silent (a partition,
 // a failover behind a moved address) fails the command rather than hang it. pgx cancels the
-// statement and closes its connection. It records that it fired, for run's message.
+// statement and closes its connection. It records that it fired, for run's message. With wait 0
+// (--timeout 0) it bounds nothing, and only records a COMMIT that got no answer (commitLost).
 type statementBound struct {
 	wait     time.Duration
 	timedOut atomic.Bool
 	// commitCut records that a transaction's COMMIT was cut: it may have been applied.
 	commitCut atomic.Bool
+	// commitLost records that a transaction's COMMIT was sent and its connection failed before
+	// Postgres answered (not cut by wait): it may have been applied.
+	commitLost atomic.Bool
+}
+
+// configure makes b the tracer of the pool of cfg and, with a bound, the judge of which
+// connection to ping before an acquire hands it out (shouldPing, prepareConn).
+func (b *statementBound) configure(cfg *pgxpool.Config) {
+	cfg.ConnConfig.Tracer = b
+	if b.wait > 0 {
+		cfg.ShouldPing = b.shouldPing
+		cfg.PrepareConn = b.prepareConn
+	}
 }
 
 // boundCancel is the context key of a bounded statement's cancel.
@@ -271,25 +283,46 @@ type boundCancel struct{}
 type boundSQL struct{}
 
 func (b *statementBound) start(ctx context.Context) context.Context {
+	if b.wait <= 0 {
+		return ctx
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, b.wait, errStatementTimeout)
 	return context.WithValue(ctx, boundCancel{}, cancel)
 }
 
 func (b *statementBound) end(ctx context.Context, conn *pgx.Conn, err error) {
-	if err != nil && errors.Is(context.Cause(ctx), errStatementTimeout) {
+	sql, _ := ctx.Value(boundSQL{}).(string)
+	commit := strings.EqualFold(sql, "commit")
+	var pgErr *pgconn.PgError
+	switch {
+	case err != nil && errors.Is(context.Cause(ctx), errStatementTimeout):
 		b.timedOut.Store(true)
+		if pgconn.SafeToRetry(err) {
+			break // never sent (the bound fired first): the connection is as it was
+		}
 		// pgx has sent the server a cancel and is closing the connection; it would read
 		// what is left on it for up to 15 s first, which a silent server never ends, and the
 		// pool's close waits for that: the command ended 15 s after its message.
 		_ = conn.PgConn().Conn().Close()
-		if sql, _ := ctx.Value(boundSQL{}).(string); strings.EqualFold(sql, "commit") {
-			// Postgres may have committed it before the cancel came (see timeoutHint).
+		if commit {
+			// Postgres may have committed it before the cancel came (see statementHint).
 			b.commitCut.Store(true)
 		}
+	case err != nil && commit && !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err):
+		// Sent, and no answer came (the connection lost, the command interrupted): Postgres
+		// may have committed it. An error it answered (a deferred constraint, a serialization
+		// failure) rolled it back; one SafeToRetry was never sent.
+		b.commitLost.Store(true)
 	}
 	if cancel, ok := ctx.Value(boundCancel{}).(context.CancelFunc); ok {
 		cancel()
 	}
+}
+
+// commitUncertain reports whether a COMMIT of the command got no answer (cut by --timeout, or its
+// connection lost): what it changed may have been applied.
+func (b *statementBound) commitUncertain() bool {
+	return b != nil && (b.commitCut.Load() || b.commitLost.Load())
 }
 
 // TraceQueryStart implements pgx.QueryTracer: it bounds the statement.
@@ -303,43 +336,61 @@ func (b *statementBound) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pg
 }
 
 // TraceAcquireStart implements pgxpool.AcquireTracer: it bounds the wait for a connection of the
-// pool, which pings one idle for over a second before handing it out (shouldPing), a ping no
+// pool, which pings one idle for over a second before handing it out (prepareConn), a ping no
 // statement's bound covers: a silent Postgres never answered it, and the command hung.
 func (b *statementBound) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
-	return context.WithValue(b.start(ctx), pingedKey{}, &pinged{})
+	if b.wait <= 0 {
+		return ctx
+	}
+	return context.WithValue(b.start(ctx), pingDueKey{}, &pingDue{})
 }
 
-// TraceAcquireEnd implements pgxpool.AcquireTracer. An acquire cut while pinging closes the
-// pinged connection, as end does a statement's: pgxpool destroys it once the ping gives up, after
-// pgx's drain of up to 15 s, which the pool's close waited for.
+// TraceAcquireEnd implements pgxpool.AcquireTracer.
 func (b *statementBound) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, d pgxpool.TraceAcquireEndData) {
 	if d.Err != nil && errors.Is(context.Cause(ctx), errStatementTimeout) {
 		b.timedOut.Store(true)
-		if p, ok := ctx.Value(pingedKey{}).(*pinged); ok && p.conn != nil {
-			_ = p.conn.PgConn().Conn().Close()
-		}
 	}
 	if cancel, ok := ctx.Value(boundCancel{}).(context.CancelFunc); ok {
 		cancel()
 	}
 }
 
-// pinged is the connection an acquire last pinged (see shouldPing), under pingedKey in its
-// context.
-type pinged struct{ conn *pgx.Conn }
+// pingDue says whether the connection an acquire holds is to be pinged (shouldPing), under
+// pingDueKey in its context, for prepareConn.
+type pingDue struct{ due bool }
 
-type pingedKey struct{}
+type pingDueKey struct{}
 
-// shouldPing is pgxpool's default ShouldPing (a connection idle over a second is pinged before
-// it is handed out) that records the connection pinged, for TraceAcquireEnd.
+// shouldPing never lets pgxpool ping: its ping, once the acquire's deadline fires, goes on in
+// the background and gives the connection back to the pool if it succeeds, which a close of the
+// connection at the deadline raced (the pool handed out a connection ctl had closed, and the next
+// statement failed). It applies pgxpool's default rule (a connection idle over a second is
+// pinged) for prepareConn, which pings in the acquire itself.
 func (b *statementBound) shouldPing(ctx context.Context, params pgxpool.ShouldPingParams) bool {
-	if params.IdleDuration <= time.Second {
-		return false
+	if p, ok := ctx.Value(pingDueKey{}).(*pingDue); ok {
+		p.due = params.IdleDuration > time.Second
 	}
-	if p, ok := ctx.Value(pingedKey{}).(*pinged); ok {
-		p.conn = params.Conn
+	return false
+}
+
+// prepareConn pings the connection an acquire holds if shouldPing said it is due, within the
+// acquire's bound. A failed ping closes the connection at once (pgx would drain it up to 15 s
+// first, which a silent server never ends and the pool's close waits for) and has the pool
+// destroy it: the acquire then tries another (pgxpool's rule), or fails with the ping's error
+// once its bound fired. Only a connection whose ping failed is closed, and only one that
+// answered goes back to the pool.
+func (b *statementBound) prepareConn(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	if p, ok := ctx.Value(pingDueKey{}).(*pingDue); !ok || !p.due {
+		return true, nil
 	}
-	return true
+	if err := conn.Ping(ctx); err != nil {
+		_ = conn.PgConn().Conn().Close()
+		if ctx.Err() != nil {
+			return false, fmt.Errorf("ping a pooled connection: %w", err)
+		}
+		return false, nil
+	}
+	return true, nil
 }
 
 // TraceBatchStart implements pgx.BatchTracer: it bounds the batch as one statement.
@@ -355,18 +406,24 @@ func (b *statementBound) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, d pg
 	b.end(ctx, conn, d.Err)
 }
 
-// timeoutHint is what to make of a failed command one of whose statements --timeout cut: the
-// bound, and what keeps Postgres from answering; "" otherwise.
-func (a *app) timeoutHint() string {
-	if a.bound == nil || !a.bound.timedOut.Load() {
+// statementHint is what to make of a failed command one of whose statements --timeout cut, or
+// whose COMMIT got no answer: the bound, what keeps Postgres from answering, and whether what it
+// changed may have been applied; "" otherwise.
+func (a *app) statementHint() string {
+	switch {
+	case a.bound == nil:
 		return ""
-	}
-	if a.bound.commitCut.Load() {
+	case a.bound.commitCut.Load():
 		return fmt.Sprintf(" (postgres did not answer within %s, --timeout, to a COMMIT: what it changed may have been applied; check with a list or show command (%s) "+
 			"before running this one again; a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)",
 			a.bound.wait, checkCommand(a.group))
+	case a.bound.commitLost.Load():
+		return fmt.Sprintf(" (postgres did not answer a COMMIT, its connection failed or the command was interrupted: what it changed may have been applied; check with a list or show command (%s) "+
+			"before running this one again; what the command committed before stands)", checkCommand(a.group))
+	case a.bound.timedOut.Load():
+		return fmt.Sprintf(" (postgres did not answer within %s, --timeout: a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)", a.bound.wait)
 	}
-	return fmt.Sprintf(" (postgres did not answer within %s, --timeout: a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)", a.bound.wait)
+	return ""
 }
 
 // checkCommand is the command that shows what a command of group changes.

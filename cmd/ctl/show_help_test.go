@@ -4,6 +4,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -23,4 +24,22 @@ func TestShowHelp_BothSayUsage(t *testing.T) {
 		require.NotNil(t, show, group+" show")
 		require.Contains(t, strings.ToLower(show.Usage), "usage", "ctl %s show's help text: %q", group, show.Usage)
 	}
+}
+
+// TestTimeoutHelp_SaysItBoundsTheWaitForAConnection: --timeout bounds each wait for a pool
+// connection as well as each statement (statementBound is an AcquireTracer; README,
+// docs/operations.md), yet its help text named the statements only.
+func TestTimeoutHelp_SaysItBoundsTheWaitForAConnection(t *testing.T) {
+	t.Parallel()
+	r, _ := runApp(10*time.Second, nil, "--help")
+	require.Equal(t, 0, r.code, r.errOut)
+	var line string
+	for _, l := range strings.Split(r.out, "\n") {
+		if strings.Contains(l, "--timeout") {
+			line = l
+		}
+	}
+	require.Contains(t, line, "each Postgres statement of a command", r.out)
+	require.Contains(t, line, "each wait for a connection", r.out)
+	require.Contains(t, line, "not of migrate")
 }

@@ -261,14 +261,20 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 	switch {
 	case errors.Is(err, tenant.ErrNotRevoked):
 		return fmt.Errorf("tenant %s is not revoked: only a revoked tenant is deleted (ctl tenants revoke %s --cancel-jobs)", name, name)
+	case err != nil && (res.Canceled > 0 || res.Deleted > 0) && a.bound.commitUncertain():
+		// Stopped at a COMMIT that got no answer, the tenant's row's perhaps: it may be deleted,
+		// and statementHint says how to check.
+		return fmt.Errorf("%w; tenant %s may not be deleted (its jobs are canceled): run `ctl tenants delete %s` again if `ctl tenants list` shows it",
+			err, name, name)
 	case err != nil && (res.Canceled > 0 || res.Deleted > 0):
 		// Stopped halfway (an abort that failed stops it before it deletes): what it did stands,
 		// and a second run, which finds those jobs ended, goes on.
 		return fmt.Errorf("%w; tenant %s not deleted (its jobs are canceled): run `ctl tenants delete %s` again", err, name, name)
 	case err != nil && !errors.Is(err, tenant.ErrNotFound) && !errors.Is(err, tenant.ErrAnonymousTenant) &&
-		(a.bound == nil || !a.bound.commitCut.Load()):
-		// Failed before anything was changed. Not so after a COMMIT cut (the tenant's row, a
-		// tenant without jobs): it may have been deleted, and timeoutHint says how to check.
+		!a.bound.commitUncertain():
+		// Failed before anything was changed. Not so after a COMMIT that got no answer (the
+		// tenant's row, a tenant without jobs; cut by --timeout, or its connection lost): it may
+		// have been deleted, and statementHint says how to check.
 		if !passing(err) {
 			// A refusal a second run meets again (permission denied, a schema not migrated).
 			return fmt.Errorf("%w; tenant %s not deleted (nothing was changed)", err, name)

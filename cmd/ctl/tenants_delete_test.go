@@ -163,6 +163,70 @@ func TestTenants_DeleteInterruptedBeforeAnythingSaysRunAgain(t *testing.T) {
 func TestTenants_DeleteCommitCutDoesNotSayNothingChanged(t *testing.T) {
 	t.Parallel()
 	b, redis, _ := revokedAcme(t)
+	r := deleteAcmeBreakingCommit(t, b, append([]string{"--timeout", "1s"}, redis...), func(t *testing.T, ctx context.Context, proxy *pgtest.Proxy, send func()) {
+		silenced := proxy.SilenceStatement("commit")
+		send()
+		require.True(t, silenced(ctx), "the COMMIT was not sent")
+	})
+	requireOneLineError(t, r, 1, "to a COMMIT: what it changed may have been applied; check with a list or show command (ctl tenants list)")
+	require.NotContains(t, r.errOut, "nothing was changed")
+}
+
+// TestTenants_DeleteCommitLostDoesNotSayNothingChanged: a deletion whose last COMMIT (the
+// tenant's own row) was sent and whose connection then failed, before Postgres answered, may have
+// deleted the tenant: without --timeout (0), or with one that did not fire, the message says so
+// and names the list to check, as a COMMIT --timeout cut does. It said "nothing was changed: run
+// ... again".
+func TestTenants_DeleteCommitLostDoesNotSayNothingChanged(t *testing.T) {
+	t.Parallel()
+	for name, timeout := range map[string][]string{"NoTimeout": {"--timeout", "0"}, "DefaultTimeout": nil} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b, redis, _ := revokedAcme(t)
+			r := deleteAcmeBreakingCommit(t, b, append(timeout, redis...), loseCommit)
+			requireOneLineError(t, r, 1, "postgres did not answer a COMMIT, its connection failed or the command was interrupted: "+
+				"what it changed may have been applied; check with a list or show command (ctl tenants list)")
+			require.NotContains(t, r.errOut, "nothing was changed")
+		})
+	}
+}
+
+// TestTenants_DeleteCommitLostAfterItsJobsDoesNotSayNotDeleted: a deletion that deleted the
+// tenant's jobs and whose last COMMIT (the tenant's row) got no answer may have deleted the
+// tenant: the message must not say "not deleted" next to the hint that the COMMIT may have been
+// applied. It said "tenant acme not deleted (its jobs are canceled)", as jobs were deleted.
+func TestTenants_DeleteCommitLostAfterItsJobsDoesNotSayNotDeleted(t *testing.T) {
+	t.Parallel()
+	b, redis, _ := revokedAcme(t)
+	job, _, err := b.store.Create(t.Context(), jobs.CreateParams{Tenant: "acme", Credential: "default",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Minute})
+	require.NoError(t, err)
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+	r := deleteAcmeBreakingCommit(t, b, redis, loseCommit)
+	requireOneLineError(t, r, 1, "tenant acme may not be deleted (its jobs are canceled): run `ctl tenants delete acme` again if `ctl tenants list` shows it")
+	require.Contains(t, r.errOut, "what it changed may have been applied; check with a list or show command (ctl tenants list)")
+	require.NotContains(t, r.errOut, "not deleted")
+}
+
+// loseCommit breaks ctl's connection once the COMMIT that send lets go is sent: Postgres does
+// not answer it.
+func loseCommit(t *testing.T, ctx context.Context, proxy *pgtest.Proxy, send func()) {
+	commit := proxy.HoldStatement("commit")
+	defer commit.Release()
+	send()
+	select {
+	case <-commit.Reached():
+	case <-ctx.Done():
+		t.Fatal("the COMMIT was not sent")
+	}
+	proxy.Reset() // ctl's connection fails with the COMMIT sent, unanswered
+}
+
+// deleteAcmeBreakingCommit runs `ctl tenants delete acme` with args through a proxy that holds
+// the deletion of the tenant's row, then has breakCommit break its COMMIT (send lets the row's
+// deletion go on), and returns what ctl said.
+func deleteAcmeBreakingCommit(t *testing.T, b *jobsBundle, args []string, breakCommit func(t *testing.T, ctx context.Context, proxy *pgtest.Proxy, send func())) result {
+	t.Helper()
 	proxy, proxied := pgtest.NewProxy(t, b.url)
 	last := proxy.HoldStatement("DELETE FROM tenants WHERE")
 	defer last.Release()
@@ -171,7 +235,7 @@ func TestTenants_DeleteCommitCutDoesNotSayNothingChanged(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		r, _ := runApp(20*time.Second, func(a *app) { a.revokeSettle = 0 },
-			append(append([]string{"--database-url", proxied, "--timeout", "1s"}, redis...), "tenants", "delete", "acme")...)
+			append(append([]string{"--database-url", proxied}, args...), "tenants", "delete", "acme")...)
 		done <- r
 	}()
 	select {
@@ -179,17 +243,14 @@ func TestTenants_DeleteCommitCutDoesNotSayNothingChanged(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the tenant's row was not deleted")
 	}
-	silenced := proxy.SilenceStatement("commit")
-	last.Release()
-	require.True(t, silenced(ctx), "the COMMIT was not sent")
-	var r result
+	breakCommit(t, ctx, proxy, last.Release)
 	select {
-	case r = <-done:
+	case r := <-done:
+		return r
 	case <-ctx.Done():
-		t.Fatal("ctl still waits on a silent Postgres")
+		t.Fatal("ctl did not end")
+		return result{}
 	}
-	requireOneLineError(t, r, 1, "to a COMMIT: what it changed may have been applied; check with a list or show command (ctl tenants list)")
-	require.NotContains(t, r.errOut, "nothing was changed")
 }
 
 // revokedAcme is a jobs database holding the tenant acme, revoked (ready for `tenants delete`),

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/migrations"
 )
 
 // TestCtl_SilentPostgresIsBounded: a command whose Postgres stops answering after ctl connected
@@ -104,4 +107,92 @@ func TestStatementBound_BoundsTheWaitForAConnection(t *testing.T) {
 	}
 	require.Error(t, err)
 	require.True(t, bound.timedOut.Load(), "the bound that fired is recorded, for run's message")
+}
+
+// TestStatementBound_APingAnsweredPastTheBoundLeavesNoClosedConnection: an acquire whose bound
+// fires while the ping of its connection is on its way, the ping's answer coming back before ctl
+// acts on the bound, leaves the pool no connection ctl closed. pgxpool's ping went on past the
+// deadline and, answered, gave the connection back to the pool, which ctl then closed (as a
+// connection cut while pinging): the next statement, handed it without a ping (idle under a
+// second), failed. The interleaving is forced: the ping is held at the proxy while the bound
+// fires (its context canceled with the bound's cause, no deadline, so that the ping itself is not
+// cut), and TraceAcquireEnd waits until the acquire no longer holds the connection.
+func TestStatementBound_APingAnsweredPastTheBoundLeavesNoClosedConnection(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	proxy, proxied := pgtest.NewProxy(t, b.url)
+	bound := &statementBound{wait: time.Minute}
+	cfg, err := migrations.ParseConfig(proxied)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	bound.configure(cfg)
+	// pgxpool's rule pings a connection idle over a second: this one is, for the racing acquire,
+	// without a second's wait.
+	var idle atomic.Bool
+	should := cfg.ShouldPing
+	cfg.ShouldPing = func(ctx context.Context, p pgxpool.ShouldPingParams) bool {
+		if idle.Load() {
+			p.IdleDuration = time.Hour
+		}
+		return should(ctx, p)
+	}
+	cfg.ConnConfig.Tracer = &lateAcquireEnd{statementBound: bound, t: t}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Exec(ctx, "SELECT 1")
+	require.NoError(t, err)
+
+	ping := proxy.HoldStatement("-- ping")
+	defer ping.Release()
+	acquire, fire := context.WithCancelCause(ctx)
+	defer fire(nil)
+	idle.Store(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(acquire, "SELECT 1")
+		done <- err
+	}()
+	select {
+	case <-ping.Reached():
+	case <-ctx.Done():
+		t.Fatal("the idle connection was not pinged")
+	}
+	fire(errStatementTimeout)
+	ping.Release()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		t.Fatal("the acquire did not end at its bound")
+	}
+	require.Error(t, err)
+	require.True(t, bound.timedOut.Load(), "the bound that fired is recorded")
+	idle.Store(false)
+
+	// The next statement, on the pool's connection (idle under a second: not pinged).
+	_, err = p.Exec(ctx, "SELECT 1")
+	require.NoError(t, err, "the pool handed out a connection ctl had closed")
+}
+
+// lateAcquireEnd is a statementBound whose failed acquires' TraceAcquireEnd waits until the
+// acquire's connection is no longer held by it (given back to the pool or destroyed).
+type lateAcquireEnd struct {
+	*statementBound
+	t *testing.T
+}
+
+func (l *lateAcquireEnd) TraceAcquireEnd(ctx context.Context, p *pgxpool.Pool, d pgxpool.TraceAcquireEndData) {
+	if d.Err != nil {
+		deadline := time.Now().Add(10 * time.Second)
+		for p.Stat().AcquiredConns() > 0 {
+			if time.Now().After(deadline) {
+				l.t.Error("the acquire's connection is still held 10 s after its bound")
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	l.statementBound.TraceAcquireEnd(ctx, p, d)
 }

@@ -14,18 +14,23 @@
 package console
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -146,6 +151,8 @@ type Handler struct {
 	closeOnce sync.Once
 	// retryRand draws in [0, 1) the jitter of a refused live page's retry (refuseStream).
 	retryRand func() float64
+	// files are the page (index.html) and its scripts and style sheets, by name, read once.
+	files map[string]pageFile
 }
 
 // DefaultReadTimeout is Config.ReadTimeout's default: far above what a page's reads take (the
@@ -209,19 +216,20 @@ func New(cfg Config) (*Handler, error) {
 		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{}), retryRand: rand.Float64,
 		lookups: newLookupGate(int(cfg.Pool.Config().MaxConns)/4, cfg.LookupWait)}
 	h.live = newLiveOverview(h)
+	if h.files, err = readPageFiles(static, "static"); err != nil {
+		return nil, fmt.Errorf("console: %w", err)
+	}
 	h.routes()
 	return h, nil
 }
 
 func (h *Handler) routes() {
-	assets, _ := fs.Sub(static, "static")
 	m := &routeMux{ServeMux: h.mux}
 	m.HandleFunc("GET /console/{$}", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "no-cache")
 		securityHeaders(w)
-		http.ServeFileFS(w, r, assets, "index.html")
+		h.files["index.html"].serve(w, r)
 	})
-	m.Handle("GET /console/static/", http.StripPrefix("/console/static/", securityWrap(h.pageFiles(assets))))
+	m.Handle("GET /console/static/", http.StripPrefix("/console/static/", securityWrap(h.pageFiles())))
 	m.HandleFunc("POST /console/api/login", h.timed(h.login))
 	m.HandleFunc("POST /console/api/logout", h.timed(h.logout))
 	m.HandleFunc("GET /console/api/session", h.read(h.authed(h.session)))
@@ -267,20 +275,61 @@ func (h *Handler) routes() {
 	})
 }
 
-// pageFiles serves the page's scripts and style sheets, the files of assets by their names:
-// anything else is the console's 404 not_found, as a path it does not have. The file server
-// answered the directory with index.html (a listing, were there none), redirected index.html
-// there, and a missing file with its own plain-text 404.
-func (h *Handler) pageFiles(assets fs.FS) http.Handler {
-	files := http.FileServerFS(assets)
+// pageFiles serves the page's scripts and style sheets, the files of h.files by their names:
+// anything else is the console's 404 not_found, as a path it does not have (the directory,
+// index.html, which is the page at /console/, a path through a file or a directory).
+func (h *Handler) pageFiles() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := r.URL.Path
-		if info, err := fs.Stat(assets, name); err != nil || !info.Mode().IsRegular() || name == "index.html" {
+		f, ok := h.files[name]
+		if !ok || name == "index.html" {
 			writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console file " + strconv.Quote(shorten(name))})
 			return
 		}
-		files.ServeHTTP(w, r)
+		f.serve(w, r)
 	})
+}
+
+// pageFile is one of the files the console serves (its page, the page's scripts and style
+// sheets), read once, with its ETag.
+type pageFile struct {
+	name    string
+	content []byte
+	// etag is a strong ETag of content (a hash of it): a release that changes the file changes
+	// it, so that a browser's copy is never taken for the new one (see serve).
+	etag string
+}
+
+// readPageFiles reads the files of the directory dir of fsys, by their names, each with its
+// ETag. Errors: a file it cannot read (none, from the embedded files, unless the build broke).
+func readPageFiles(fsys fs.FS, dir string) (map[string]pageFile, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("read page files: %w", err)
+	}
+	files := map[string]pageFile{}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		content, err := fs.ReadFile(fsys, path.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("read page file %s: %w", e.Name(), err)
+		}
+		sum := sha256.Sum256(content)
+		files[e.Name()] = pageFile{name: e.Name(), content: content, etag: `"` + hex.EncodeToString(sum[:16]) + `"`}
+	}
+	return files, nil
+}
+
+// serve answers r with the file: Cache-Control no-cache and its ETag, so that a browser keeps a
+// copy but asks again on each load, and is answered 304 (no body) while its copy is the release's
+// (If-None-Match), the file itself once a release changed it. Ranges, If-Match and If-Range are
+// http.ServeContent's.
+func (f pageFile) serve(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("ETag", f.etag)
+	http.ServeContent(w, r, f.name, time.Time{}, bytes.NewReader(f.content))
 }
 
 // jobRoute runs next, a job route's handler, for a path whose {id} is a job ID (jobs.ValidID, in
@@ -297,12 +346,19 @@ func (h *Handler) jobRoute(next sessionHandler) sessionHandler {
 	}
 }
 
-// shorten cuts a name from a request's path at 64 bytes, for a message that quotes it.
+// shorten cuts a name from a request's path at 64 bytes, for a message that quotes it: at the
+// start of a character (UTF-8), never inside one, whose half strconv.Quote would show as bytes
+// (a name that is not UTF-8 is cut at 64 bytes, or at most 3 before).
 func shorten(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
+	const most = 64
+	if len(s) <= most {
+		return s
 	}
-	return s
+	cut := most
+	for cut > most-utf8.UTFMax+1 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // streams are the paths of the event streams, which refuse HEAD (getOnly); every other GET
@@ -407,7 +463,6 @@ func securityHeaders(w http.ResponseWriter) {
 func securityWrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		securityHeaders(w)
-		w.Header().Set("Cache-Control", "no-cache")
 		next.ServeHTTP(w, r)
 	})
 }

@@ -18,3 +18,6 @@ func Routes(h *Handler) []string {
 	}
 	return out
 }
+
+// Shorten is shorten, for its tests.
+var Shorten = shorten

@@ -1,6 +1,9 @@
 package console_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"os"
 	"slices"
@@ -8,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	"gopkg.in/yaml.v3"
@@ -163,4 +167,93 @@ func TestJobLive_AnIDNotAUUIDTakesNoStreamPlace(t *testing.T) {
 	res, body := c.do(http.MethodGet, "/console/api/jobs/nope/live", nil, nil)
 	requireError(t, res, body, http.StatusNotFound, "not_found")
 	require.Zero(t, asked.Load(), "a stream place was asked for")
+}
+
+// TestPageFiles_ETagAnswers304: the page and its files carry a strong ETag, a hash of their
+// content (so that every replica of a release gives the same, and a release that changes a file
+// another), and Cache-Control no-cache (a browser asks again on each load: a new release is never
+// served from its cache); a request whose If-None-Match names the ETag is answered 304 without a
+// body, GET or HEAD, and one naming another the file. They had no ETag (nor a modification time:
+// the files are embedded), and only If-None-Match: * was answered 304: a browser downloaded them
+// in full on every load.
+func TestPageFiles_ETagAnswers304(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.anonymous(t)
+	etags := map[string]bool{}
+	for _, path := range []string{"/console/", "/console/static/app.js", "/console/static/app.css"} {
+		res, body := c.do(http.MethodGet, path, nil, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode, path)
+		etag := res.Header.Get("ETag")
+		sum := sha256.Sum256([]byte(body))
+		require.Equal(t, `"`+hex.EncodeToString(sum[:16])+`"`, etag, "%s: a strong ETag of the content", path)
+		require.Equal(t, "no-cache", res.Header.Get("Cache-Control"), path)
+		etags[etag] = true
+
+		for _, method := range []string{http.MethodGet, http.MethodHead} {
+			for _, inm := range []string{etag, `"other", ` + etag} {
+				res, body := c.do(method, path, nil, http.Header{"If-None-Match": {inm}})
+				require.Equal(t, http.StatusNotModified, res.StatusCode, "%s %s If-None-Match: %s", method, path, inm)
+				require.Empty(t, body)
+				require.Equal(t, etag, res.Header.Get("ETag"), path)
+				require.Equal(t, "no-cache", res.Header.Get("Cache-Control"), path)
+			}
+			res, _ := c.do(method, path, nil, http.Header{"If-None-Match": {`"` + strings.Repeat("0", 32) + `"`}})
+			require.Equal(t, http.StatusOK, res.StatusCode, "%s %s: a copy of another release", method, path)
+		}
+		res, got := c.do(http.MethodGet, path, nil, http.Header{"If-None-Match": {"W/" + etag}})
+		require.Equal(t, http.StatusNotModified, res.StatusCode, "%s: If-None-Match compares weakly (RFC 9110)", path)
+		require.Empty(t, got)
+	}
+	require.Len(t, etags, 3, "each file its own ETag")
+
+	// Another Handler (another replica, a restart) gives the same ETags.
+	other := setup(t).anonymous(t)
+	for _, path := range []string{"/console/", "/console/static/app.js"} {
+		a, _ := c.do(http.MethodHead, path, nil, nil)
+		o, _ := other.do(http.MethodHead, path, nil, nil)
+		require.Equal(t, a.Header.Get("ETag"), o.Header.Get("ETag"), path)
+	}
+}
+
+// TestShorten_CutsAtACharacter: a name quoted in a message is cut at 64 bytes or just before, at
+// the start of a UTF-8 character, never inside one: a name of two-byte characters was cut in the
+// middle of one, which the message (strconv.Quote) showed as a stray byte (`\xc3`).
+func TestShorten_CutsAtACharacter(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "abc", console.Shorten("abc"))
+	require.Equal(t, strings.Repeat("a", 64), console.Shorten(strings.Repeat("a", 64)))
+	require.Equal(t, strings.Repeat("a", 64)+"…", console.Shorten(strings.Repeat("a", 65)))
+	require.Equal(t, "a"+strings.Repeat("é", 31)+"…", console.Shorten("a"+strings.Repeat("é", 40)))
+	// Every cut of names made of 1- to 4-byte characters, at every offset.
+	for _, r := range []string{"é", "€", "😀"} {
+		for pad := range 4 {
+			for n := 60; n < 70; n++ {
+				s := strings.Repeat("a", pad) + strings.Repeat(r, n)
+				got := console.Shorten(s)
+				require.True(t, utf8.ValidString(got), "%q", got)
+				cut := strings.TrimSuffix(got, "…")
+				require.True(t, strings.HasPrefix(s, cut))
+				require.LessOrEqual(t, len(cut), 64)
+				require.Greater(t, len(cut), 64-utf8.UTFMax)
+			}
+		}
+	}
+	// A name that is not UTF-8 is cut at 64 bytes, or at most 3 before.
+	require.Equal(t, strings.Repeat("\x80", 61)+"…", console.Shorten(strings.Repeat("\x80", 100)))
+
+	// Where a message quotes one.
+	b := setup(t)
+	c := b.login(t)
+	for _, path := range []string{"/console/api/jobs/a" + strings.Repeat("%C3%A9", 40), "/console/static/a" + strings.Repeat("%C3%A9", 40)} {
+		res, body := c.do(http.MethodGet, path, nil, nil)
+		requireError(t, res, body, http.StatusNotFound, "not_found")
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(body), &e))
+		require.Contains(t, e.Error.Message, `"a`+strings.Repeat("é", 31)+`…"`, path)
+	}
 }

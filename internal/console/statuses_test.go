@@ -91,6 +91,13 @@ func TestRoutes_EveryDocumentedStatusIsProduced(t *testing.T) {
 	const missing = "00000000-0000-4000-8000-000000000000"
 
 	c, anon, logout := b.login(t), b.anonymous(t), b.login(t)
+	// The ETags of the page and of app.js, which a browser's copy sends back.
+	etag := func(path string) http.Header {
+		res, _ := anon.do(http.MethodHead, path, nil, nil)
+		require.NotEmpty(t, res.Header.Get("ETag"), path)
+		return http.Header{"If-None-Match": {res.Header.Get("ETag")}}
+	}
+	pageCopy, fileCopy := etag("/console/"), etag("/console/static/app.js")
 	noCSRF := http.Header{"X-CSRF-Token": {"wrong"}}
 	type driven struct {
 		op     string // as api/openapi.yaml writes it
@@ -104,11 +111,13 @@ func TestRoutes_EveryDocumentedStatusIsProduced(t *testing.T) {
 		{op: "GET /console/", status: 200},
 		{op: "GET /console/", status: 206, header: http.Header{"Range": {"bytes=0-1"}}},
 		{op: "GET /console/", status: 304, header: http.Header{"If-None-Match": {"*"}}},
+		{op: "GET /console/", status: 304, header: pageCopy},
 		{op: "GET /console/", status: 412, header: http.Header{"If-Match": {`"x"`}}},
 		{op: "GET /console/", status: 416, header: http.Header{"Range": {"bytes=100000000-"}}},
 		{op: "GET /console/static/{file}", status: 200},
 		{op: "GET /console/static/{file}", status: 206, header: http.Header{"Range": {"bytes=0-1"}}},
 		{op: "GET /console/static/{file}", status: 304, header: http.Header{"If-None-Match": {"*"}}},
+		{op: "GET /console/static/{file}", status: 304, header: fileCopy},
 		{op: "GET /console/static/{file}", status: 412, header: http.Header{"If-Match": {`"x"`}}},
 		{op: "GET /console/static/{file}", status: 416, header: http.Header{"Range": {"bytes=100000000-"}}},
 		{op: "GET /console/static/{file}", status: 404, path: "/console/static/nope.js"},

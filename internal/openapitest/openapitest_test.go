@@ -74,7 +74,11 @@ func TestSpec_Check(t *testing.T) {
 		"UnauthorizedWithoutChallenge": {"GET", id, 401, jsonHeader, errorBody, false},
 		"HeadUnavailableWithoutRetry":  {"HEAD", id, 503, http.Header{}, nil, false},
 		// The console's page is /console/ (a documented trailing slash), its API under it.
-		"ConsolePage":             {"GET", "/console/", 200, http.Header{"Content-Type": {"text/html; charset=utf-8"}}, []byte("<!doctype html>"), true},
+		"ConsolePage": {"GET", "/console/", 200, http.Header{"Content-Type": {"text/html; charset=utf-8"}, "Etag": {`"0123456789abcdef0123456789abcdef"`},
+			"Cache-Control": {"no-cache"}}, []byte("<!doctype html>"), true},
+		// The page's ETag is required (a browser's copy is revalidated with it).
+		"ConsolePageWithoutETag": {"GET", "/console/", 200, http.Header{"Content-Type": {"text/html; charset=utf-8"}, "Cache-Control": {"no-cache"}},
+			[]byte("<!doctype html>"), false},
 		"ConsoleWithoutSlash":     {"GET", "/console", 307, http.Header{"Location": {"/console/"}, "Content-Type": {"text/html; charset=utf-8"}}, []byte("<a href=\"/console/\">Temporary Redirect</a>.\n"), true},
 		"ConsoleSession":          {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","csrf_token":"x","expires_at":"2026-12-01T10:00:00Z"}`), true},
 		"ConsoleSessionNoCSRF":    {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","expires_at":"2026-12-01T10:00:00Z"}`), false},
