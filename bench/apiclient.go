@@ -59,7 +59,12 @@ func postJob(ctx context.Context, hc *http.Client, apiURL string, body []byte, k
 
 // submitJob posts job i; anything but a 202 is an error.
 func submitJob(ctx context.Context, hc *http.Client, apiURL string, i int, body []byte) (jobAnswer, error) {
-	a, err := postJob(ctx, hc, apiURL, body, "")
+	return submitKeyedJob(ctx, hc, apiURL, i, body, "")
+}
+
+// submitKeyedJob is submitJob with an Idempotency-Key (none when key is empty).
+func submitKeyedJob(ctx context.Context, hc *http.Client, apiURL string, i int, body []byte, key string) (jobAnswer, error) {
+	a, err := postJob(ctx, hc, apiURL, body, key)
 	switch {
 	case err != nil:
 		return a, fmt.Errorf("job %d: %w", i, err)

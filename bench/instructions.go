@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -37,7 +38,9 @@ type instructionsBench struct {
 	rounds   int
 	clients  int
 	valgrind string
-	rows     []instrRow
+	// keys sends each job with an Idempotency-Key of its own (the submit fingerprints the body).
+	keys bool
+	rows []instrRow
 }
 
 // instrRow is one system's measurement: each of its processes' rounds.
@@ -89,6 +92,7 @@ func (b *instructionsBench) flags(fs *flagSet, s *shared) {
 	fs.intAtLeast(&b.rounds, "rounds", 3, 1, "rounds (an idle window, then a busy one) per system")
 	fs.intAtLeast(&b.clients, "clients", 4, 1, "concurrent submitting clients")
 	fs.StringVar(&b.valgrind, "valgrind", "valgrind", "valgrind binary (callgrind_control is looked for beside it)")
+	fs.BoolVar(&b.keys, "keys", false, "send each llmq job with an Idempotency-Key of its own")
 	s.rows(fs, instrIDs)
 	b.s = s
 }
@@ -434,8 +438,17 @@ func (b *instructionsBench) startLLMQ(ctx context.Context, vg, dir, simURL strin
 		t.c.add(func() { kill(p, rdb) })
 		return nil
 	}
+	keyPrefix := ""
+	if b.keys {
+		keyPrefix = fmt.Sprintf("instr-%d-", time.Now().UnixNano()) // no key of an earlier run's
+	}
+	var keyed atomic.Int64 // a job's number is not unique across rounds
 	t.submit = func(ctx context.Context, hc *http.Client, i int) error {
-		_, err := submitJob(ctx, hc, t.url, i, jobBody(messagesBody(i), llmqMaxAttempts, llmqJobTimeout))
+		key := ""
+		if keyPrefix != "" {
+			key = keyPrefix + strconv.FormatInt(keyed.Add(1), 10)
+		}
+		_, err := submitKeyedJob(ctx, hc, t.url, i, jobBody(messagesBody(i), llmqMaxAttempts, llmqJobTimeout), key)
 		return err
 	}
 	t.unfinished = func(ctx context.Context) (int, error) {

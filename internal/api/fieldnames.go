@@ -88,7 +88,8 @@ func jsonNames(t reflect.Type) []string {
 // contract's, or a name of the request that llmq reads spelled in another case, written with an
 // escape ("\u0073tream", which readers of raw bytes would miss) or sent twice,
 // naming it; envelope names are unknown_field and invalid_field, the request's invalid_request.
-// It runs on every submit: it allocates its scanner and an error, nothing per member.
+// It runs on every submit body the walk (scanSubmit) does not take, checkRequestNames on the
+// others: each allocates its scanner and an error, nothing per member.
 func checkFieldNames(body []byte) error {
 	s := jsonScanner{b: body}
 	s.path = s.pathBuf[:0]
@@ -96,6 +97,22 @@ func checkFieldNames(body []byte) error {
 		return nil // decodeSubmit has refused it
 	}
 	return s.checkObject(envelopeFields)
+}
+
+// requestName is the envelope's name of the request, the first step of its names' paths.
+var requestName = []byte("request")
+
+// checkRequestNames is checkFieldNames's answer for a body whose envelope names are the
+// contract's, each spelled exactly, without escapes, and sent once (scanSubmit took it): the
+// check of request, the value of its "request" member (nil when it has none), alone.
+func checkRequestNames(request []byte) error {
+	if len(request) == 0 {
+		return nil
+	}
+	s := jsonScanner{b: request}
+	s.path = s.pathBuf[:0]
+	var seen uint64
+	return s.checkMember(envelopeFields, &seen, requestName, false)
 }
 
 // checkObject checks the names of the object at the scanner against spec and passes over it.
@@ -135,8 +152,12 @@ func (s *jsonScanner) checkObject(spec *fieldSpec) error {
 // passes over its value, checking the objects under it that spec names.
 func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, escaped bool) error {
 	known := false
+	ascii := isASCII(name)
 	for i, want := range spec.names {
-		if !bytes.EqualFold(name, []byte(want)) {
+		// want is ASCII: a name folding to it has a rune for each of its bytes, of one byte
+		// when ASCII, of more otherwise (the Kelvin sign, the long s), so it is no shorter, and
+		// as long only when ASCII. The lengths rule most names out before EqualFold's loop.
+		if len(name) < len(want) || len(name) > len(want) && ascii || !bytes.EqualFold(name, []byte(want)) {
 			continue
 		}
 		exact := string(name) == want
@@ -158,7 +179,10 @@ func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, es
 		// folding) ends here.
 		return invalid("unknown_field", "unknown field %s", s.quotedPath(name))
 	}
-	child := spec.in[string(name)]
+	var child *fieldSpec
+	if known && spec.in != nil { // in's keys are names of spec.names: no other name has a child
+		child = spec.in[string(name)]
+	}
 	switch {
 	case child == nil:
 		s.skip()
@@ -194,6 +218,16 @@ func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, es
 		s.skip()
 	}
 	return nil
+}
+
+// isASCII reports whether b is ASCII only.
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // pathStep is one step from the body to an object being checked: a name, and an index in its

@@ -200,11 +200,14 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 // decodeSubmitJSON, whose answer is the client's.
 func decodeSubmit(body []byte) (submitBody, error) {
 	b, ok := scanSubmit(body)
-	if !ok {
-		var err error
-		if b, err = decodeSubmitJSON(body); err != nil {
-			return b, err
-		}
+	if ok {
+		// The walk took the envelope's names only spelled exactly, without escapes, each once:
+		// checkFieldNames's answer is the request's.
+		return b, checkRequestNames(b.Request)
+	}
+	b, err := decodeSubmitJSON(body)
+	if err != nil {
+		return b, err
 	}
 	// The decode matched names in any case and kept the last of duplicates: refuse what it
 	// read otherwise than the provider would.

@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -55,6 +56,27 @@ func TestDecodeSubmitAnswers(t *testing.T) {
 		{`{"request":{},"credential":"nope"}`, "unknown_credential", `credential "nope" is not configured`},
 		{`{"request":{},"credential":"n\u00e9"}`, "unknown_credential", `credential "né" is not configured`},
 		{`{"request":{},"fallbacks":[null]}`, "unknown_credential", `fallback credential "" is not configured`},
+		// The request's names (checkFieldNames): in another case, escaped, repeated, nested, in
+		// an array; the walk's body or the decode's.
+		{`{"request":{"model":"m","Max_Tokens":5},"max_attempts":3}`, "invalid_request", `field "request.Max_Tokens" must be spelled "max_tokens": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"model":"m","ſtream":true}}`, "invalid_request", `field "request.ſtream" must be spelled "stream": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"max_to\u212aens":5}}`, "invalid_request", "field \"request.max_to\u212aens\" must be spelled \"max_tokens\": the provider reads field names exactly, and so does llmq"},
+		{`{"request":{"model":"m","\u0073tream":true}}`, "invalid_request", `field "request.stream" must be spelled "stream", without escapes: llmq reads it as written`},
+		{`{"request":{"model":"m","stream":false,"stream":true}}`, "invalid_request", `field "request.stream" appears twice: send it once`},
+		{`{"Timeout":"1m","request":{"model":"m","model":"n"}}`, "unknown_field", `unknown field "Timeout": field names are case-sensitive (did you mean "timeout"?)`},
+		{`{"timeout":"1m","timeout":"1m","request":{"model":"m","model":"n"}}`, "invalid_field", `field "timeout" appears twice: send it once`},
+		{`{"\u0072equest":{"Model":"m"}}`, "invalid_request", `field "request.Model" must be spelled "model": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"messages":[{"content":"a"},{"role":"user","CONTENT":"b"}]}}`, "invalid_request", `field "request.messages[1].CONTENT" must be spelled "content": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"messages":[{"content":[{"type":"text","text":"a","text":"b"}]}]}}`, "invalid_request", `field "request.messages[0].content[0].text" appears twice: send it once`},
+		{`{"request":{"messages":[{"content":[{"type":"tool_result","content":[{"type":"document","source":{"Data":"x"}}]}]}]}}`, "invalid_request", `field "request.messages[0].content[0].content[0].source.Data" must be spelled "data": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"messages":[{"tool_calls":[{"function":{"name":"f","n\u0061me":"g"}}]}]}}`, "invalid_request", `field "request.messages[0].tool_calls[0].function.name" must be spelled "name", without escapes: llmq reads it as written`},
+		{`{"request":{"system":[{"type":"text"},{"Text":"s"}]}}`, "invalid_request", `field "request.system[1].Text" must be spelled "text": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"response_format":{"type":"json_schema","json_schema":{},"json_schema":{}}}}`, "invalid_request", `field "request.response_format.json_schema" appears twice: send it once`},
+		{`{"request":[{"Stream":true}]}`, "invalid_request", `field "request[0].Stream" must be spelled "stream": the provider reads field names exactly, and so does llmq`},
+		{`{"request":[1,{"model":"m"},{"MODEL":"m"}]}`, "invalid_request", `field "request[2].MODEL" must be spelled "model": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"model":"m","metadata":{"Stream":1,"stream":1,"stream":2},"Stream":true}}`, "invalid_request", `field "request.Stream" must be spelled "stream": the provider reads field names exactly, and so does llmq`},
+		{`{"request":{"stream":true,"metadata":{"STREAM":1}},"metadata":{"Stream":1},"credential":"nope"}`, "unknown_credential", `credential "nope" is not configured`},
+		{`{"request":"x","credential":"default"}`, "invalid_request", `field "request" must be a JSON object`},
 	} {
 		_, err := c.parse("t", nil, "", []byte(tc.body))
 		var inv *InvalidError
@@ -66,7 +88,8 @@ func TestDecodeSubmitAnswers(t *testing.T) {
 
 // FuzzScanSubmit checks decodeSubmit's walk against the decode it stands in for: a body the walk
 // reads must decode to the same submitBody, and decodeSubmit's answer (result and error) must be
-// the old decode's for every body.
+// the old decode's and the old names' check's (refCheckFieldNames) for every body; checkFieldNames,
+// which decodeSubmit runs on the bodies the walk does not take, must answer as the old one.
 func FuzzScanSubmit(f *testing.F) {
 	for _, seed := range []string{
 		`{"request":{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}}`,
@@ -83,17 +106,28 @@ func FuzzScanSubmit(f *testing.F) {
 		`{"max_attempts":1e2,"request":{}}`,
 		`{}`,
 		`[]`,
+		`{"request":{"model":"m","Max_Tokens":5,"stream":true,"stream":false},"max_attempts":3}`,
+		`{"request":{"\u0073tream":true,"ſtream":1,"max_to\u212aens":2,"MODEL":"m"}}`,
+		`{"request":{"messages":[{"role":"user","content":[{"type":"text","text":"a","Text":"b"}]},{"tool_calls":[{"function":{"name":"f","Name":"g"}}]}]}}`,
+		`{"request":{"system":[{"type":"text","TYPE":"x"}],"response_format":{"json_schema":{},"JSON_schema":1}}}`,
+		`{"request":{"messages":[{"content":[{"type":"tool_result","content":[{"source":{"type":"text","Data":"x"}}]},{"type":"document","source":{"type":"content","content":[{"source":{"data":"a","data":"b"}}]}}]}]}}`,
+		`{"request":[{"Model":"m"},{"stream":1,"stream":2}],"metadata":{"Stream":1}}`,
+		`{"Request":{"Stream":true},"request":{"stream":true}}`,
 	} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		want, wantErr := decodeSubmitJSON(body)
-		if wantErr == nil {
-			wantErr = checkFieldNames(body)
+		want, decodeErr := decodeSubmitJSON(body)
+		wantErr := decodeErr
+		if decodeErr == nil {
+			wantErr = refCheckFieldNames(body)
+			if got := checkFieldNames(body); !reflect.DeepEqual(got, wantErr) {
+				t.Fatalf("%q: names' check %v, the old one's %v", body, got, wantErr)
+			}
 		}
 		if got, ok := scanSubmit(body); ok {
-			if wantErr != nil {
-				t.Fatalf("%q: the walk read what the decode refuses (%v)", body, wantErr)
+			if decodeErr != nil {
+				t.Fatalf("%q: the walk read what the decode refuses (%v)", body, decodeErr)
 			}
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("%q: walk %#v, decode %#v", body, got, want)
@@ -131,4 +165,24 @@ func TestScanSubmit_ReadsTheUsualBody(t *testing.T) {
 			t.Fatalf("%q: walk %#v, decode %#v", body, b, want)
 		}
 	}
+}
+
+// TestFieldSpecs_ChildrenAreNamed: checkMember looks a name's child spec up only for a name of
+// spec.names, so every key of a spec's in must be one of its names.
+func TestFieldSpecs_ChildrenAreNamed(t *testing.T) {
+	seen := map[*fieldSpec]bool{}
+	var walk func(spec *fieldSpec)
+	walk = func(spec *fieldSpec) {
+		if seen[spec] {
+			return
+		}
+		seen[spec] = true
+		for name, child := range spec.in {
+			if !slices.Contains(spec.names, name) {
+				t.Errorf("%q has a child spec but is not among %q", name, spec.names)
+			}
+			walk(child)
+		}
+	}
+	walk(envelopeFields)
 }

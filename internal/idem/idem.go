@@ -49,8 +49,22 @@ func Fingerprint(doc []byte) (string, error) {
 }
 
 // Canonical re-encodes a JSON document with sorted object keys and no insignificant white space.
-// Numbers keep their literal form; strings are re-escaped consistently.
+// Numbers keep their literal form; strings are re-escaped consistently. Its bytes are those of
+// encoding/json's decoder into any (UseNumber) and encoder (no HTML escaping), which fingerprints
+// stored by earlier releases were made of: a document is written by one walk over it
+// (appendCanonical), and only one that walk does not take (invalid JSON, deep nesting, large
+// members nested in many objects) is decoded and encoded (canonicalJSON), whose error is the
+// answer.
 func Canonical(doc []byte) ([]byte, error) {
+	if out, ok := appendCanonical(make([]byte, 0, len(doc)), doc); ok {
+		return out, nil
+	}
+	return canonicalJSON(doc)
+}
+
+// canonicalJSON is Canonical by encoding/json: the definition of the canonical form, and the
+// answer for documents appendCanonical does not write.
+func canonicalJSON(doc []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	dec.UseNumber()
 	var v any

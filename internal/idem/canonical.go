@@ -1,0 +1,347 @@
+package idem
+
+import (
+	"bytes"
+	"slices"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/llmq/llmq/internal/jsonscan"
+)
+
+// canonicalMaxDepth is the nesting of arrays and objects appendCanonical writes; a document
+// nested deeper is left to canonicalJSON (whose decoder refuses past 10000).
+const canonicalMaxDepth = 512
+
+// canonicalCopies bounds the bytes appendCanonical copies to order objects' members, in lengths
+// of the document: the usual document, a few objects deep, copies each byte a few times; one
+// nesting large members 512 deep would copy them 512 times (seconds for a 4 MiB body), and is
+// left to canonicalJSON, linear in it.
+const canonicalCopies = 16
+
+// appendCanonical appends to dst the canonical form of doc, byte for byte what canonicalJSON
+// writes (encoding/json's decoder into any with UseNumber, then its encoder without HTML
+// escaping), walking doc once without decoding it into values: ok is false, and dst
+// meaningless, when doc is not one valid JSON value with white space around it or is nested
+// deeper than canonicalMaxDepth, or when ordering its objects' members would copy more than
+// canonicalCopies times its length (large members nested in many objects: each object copies
+// its members once more, where encoding/json's encoder writes each byte once); the caller then
+// asks canonicalJSON, whose error is the answer.
+// The rules kept: object keys sorted by their decoded bytes, a repeated key's last value kept,
+// numbers as written, strings decoded (an invalid escape pair or byte as U+FFFD) and re-escaped
+// as encoding/json's encoder escapes them.
+func appendCanonical(dst, doc []byte) (out []byte, ok bool) {
+	// One allocation each for the members' stack and the scratch space, sized for the usual
+	// document: they grow only for a large one.
+	c := canonWriter{doc: doc, out: dst, members: make([]canonMember, 0, 32), tmp: make([]byte, 0, len(doc)),
+		copies: canonicalCopies * len(doc)}
+	i := jsonscan.SkipSpace(doc, 0)
+	end := c.value(i, 0)
+	if end < 0 || jsonscan.SkipSpace(doc, end) != len(doc) {
+		return dst, false
+	}
+	return c.out, true
+}
+
+// canonWriter is appendCanonical's walk: out is the form written so far; members and keys (the
+// keys written with escapes, decoded) are the members of the objects being written, outermost
+// first (stacks shared by the nested objects, so that a document allocates them once); tmp is
+// scratch space to order an object's members in, and to decode a string value in; copies is
+// what is left of the bytes the walk may copy to order members (canonicalCopies).
+type canonWriter struct {
+	doc, out, tmp []byte
+	members       []canonMember
+	keys          []byte
+	copies        int
+}
+
+// canonMember is one member of an object being written: its key decoded (keys[keyStart:keyEnd],
+// or doc's bytes when written without escapes) and its form `"key":value`, out[start:end].
+type canonMember struct {
+	key        []byte
+	start, end int
+}
+
+// value writes the canonical form of the JSON value at doc[i], depth arrays and objects deep,
+// and returns the index just past it in doc, -1 when doc holds no valid value there (or one too
+// deep).
+func (c *canonWriter) value(i, depth int) int {
+	if i >= len(c.doc) {
+		return -1
+	}
+	switch b := c.doc[i]; {
+	case b == '"':
+		end, _ := c.str(i, false)
+		return end
+	case b == '{':
+		if depth >= canonicalMaxDepth {
+			return -1
+		}
+		return c.object(i, depth)
+	case b == '[':
+		if depth >= canonicalMaxDepth {
+			return -1
+		}
+		c.out = append(c.out, '[')
+		i = jsonscan.SkipSpace(c.doc, i+1)
+		if i < len(c.doc) && c.doc[i] == ']' {
+			c.out = append(c.out, ']')
+			return i + 1
+		}
+		for {
+			if i = c.value(i, depth+1); i < 0 {
+				return -1
+			}
+			if i = jsonscan.SkipSpace(c.doc, i); i >= len(c.doc) {
+				return -1
+			}
+			switch c.doc[i] {
+			case ',':
+				c.out = append(c.out, ',')
+				i = jsonscan.SkipSpace(c.doc, i+1)
+			case ']':
+				c.out = append(c.out, ']')
+				return i + 1
+			default:
+				return -1
+			}
+		}
+	default: // a number or a literal, written as it is
+		end := jsonscan.Value(c.doc, i)
+		if end < 0 {
+			return -1
+		}
+		c.out = append(c.out, c.doc[i:end]...)
+		return end
+	}
+}
+
+// object writes the canonical form of the object at doc[i] (see value).
+func (c *canonWriter) object(i, depth int) int {
+	base, keysBase, start := len(c.members), len(c.keys), len(c.out)
+	defer func() { c.members, c.keys = c.members[:base], c.keys[:keysBase] }()
+	i = jsonscan.SkipSpace(c.doc, i+1)
+	if i < len(c.doc) && c.doc[i] == '}' {
+		c.out = append(c.out, '{', '}')
+		return i + 1
+	}
+	sorted := true
+	for {
+		if i >= len(c.doc) || c.doc[i] != '"' {
+			return -1
+		}
+		m := canonMember{start: len(c.out)}
+		if i, m.key = c.str(i, true); i < 0 {
+			return -1
+		}
+		if i = jsonscan.SkipSpace(c.doc, i); i >= len(c.doc) || c.doc[i] != ':' {
+			return -1
+		}
+		c.out = append(c.out, ':')
+		if i = c.value(jsonscan.SkipSpace(c.doc, i+1), depth+1); i < 0 {
+			return -1
+		}
+		m.end = len(c.out)
+		if n := len(c.members); n > base && bytes.Compare(c.members[n-1].key, m.key) >= 0 {
+			sorted = false
+		}
+		c.members = append(c.members, m)
+		if i = jsonscan.SkipSpace(c.doc, i); i >= len(c.doc) {
+			return -1
+		}
+		switch c.doc[i] {
+		case ',':
+			i = jsonscan.SkipSpace(c.doc, i+1)
+			continue
+		case '}':
+			i++
+		default:
+			return -1
+		}
+		break
+	}
+	if c.copies -= len(c.out) - start; c.copies < 0 {
+		return -1 // see canonicalCopies
+	}
+	members := c.members[base:]
+	if !sorted {
+		// Sorted by key, equal keys in the document's order: the last of a run is the value
+		// encoding/json's decoder kept.
+		slices.SortStableFunc(members, func(a, b canonMember) int { return bytes.Compare(a.key, b.key) })
+	}
+	c.tmp = append(c.tmp[:0], '{')
+	for k, m := range members {
+		if k+1 < len(members) && bytes.Equal(m.key, members[k+1].key) {
+			continue // a repeated key: the last one's value is kept
+		}
+		if len(c.tmp) > 1 {
+			c.tmp = append(c.tmp, ',')
+		}
+		c.tmp = append(c.tmp, c.out[m.start:m.end]...)
+	}
+	c.tmp = append(c.tmp, '}')
+	c.out = append(c.out[:start], c.tmp...)
+	return i
+}
+
+// str writes the canonical form of the string at doc[i] and returns the index just past it (-1
+// when it is not a valid JSON string) and, for a key, its decoded bytes: doc's when it has no
+// escape and is UTF-8, else bytes of keys, valid until the object holding it is written. A
+// value's escapes are decoded in tmp, which the object holding it uses only once its members are
+// written.
+func (c *canonWriter) str(i int, key bool) (int, []byte) {
+	end := jsonscan.StringEnd(c.doc, i)
+	if end < 0 {
+		return -1, nil
+	}
+	raw := c.doc[i+1 : end-1]
+	if plainCanonical(raw) {
+		c.out = append(c.out, c.doc[i:end]...)
+		return end, raw
+	}
+	if !key {
+		c.tmp = unquote(c.tmp[:0], raw)
+		c.out = appendQuoted(c.out, c.tmp)
+		return end, nil
+	}
+	keyStart := len(c.keys)
+	c.keys = unquote(c.keys, raw)
+	decoded := c.keys[keyStart:len(c.keys):len(c.keys)]
+	c.out = appendQuoted(c.out, decoded)
+	return end, decoded
+}
+
+// plainCanonical reports whether s, a JSON string's contents (valid: no control byte, no
+// unescaped quote), is written by encoding/json's encoder as it is: no escape, UTF-8, no U+2028
+// or U+2029.
+func plainCanonical(s []byte) bool {
+	for k := 0; k < len(s); k++ {
+		switch b := s[k]; {
+		case b == '\\':
+			return false
+		case b >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(s[k:])
+			if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+				return false
+			}
+			k += size - 1
+		}
+	}
+	return true
+}
+
+// unquote appends to dst the decoded contents s of a valid JSON string, as encoding/json's
+// decoder decodes it: an escaped surrogate not in a valid pair, and a byte that is not UTF-8, as
+// U+FFFD.
+func unquote(dst, s []byte) []byte {
+	for k := 0; k < len(s); {
+		b := s[k]
+		switch {
+		case b == '\\':
+			k++
+			switch s[k] {
+			case 'b':
+				dst = append(dst, '\b')
+			case 'f':
+				dst = append(dst, '\f')
+			case 'n':
+				dst = append(dst, '\n')
+			case 'r':
+				dst = append(dst, '\r')
+			case 't':
+				dst = append(dst, '\t')
+			case 'u':
+				r := hex4(s[k+1:])
+				k += 5
+				if utf16.IsSurrogate(r) {
+					if k+6 <= len(s) && s[k] == '\\' && s[k+1] == 'u' {
+						if dec := utf16.DecodeRune(r, hex4(s[k+2:])); dec != utf8.RuneError {
+							dst = utf8.AppendRune(dst, dec)
+							k += 6
+							continue
+						}
+					}
+					r = utf8.RuneError
+				}
+				dst = utf8.AppendRune(dst, r)
+				continue
+			default: // '"', '\\', '/'
+				dst = append(dst, s[k])
+			}
+			k++
+		case b < utf8.RuneSelf:
+			dst = append(dst, b)
+			k++
+		default:
+			r, size := utf8.DecodeRune(s[k:])
+			dst = utf8.AppendRune(dst, r)
+			k += size
+		}
+	}
+	return dst
+}
+
+// hex4 is the value of the four hexadecimal digits s starts with (valid: jsonscan.StringEnd
+// checked them).
+func hex4(s []byte) rune {
+	var r rune
+	for _, b := range s[:4] {
+		switch {
+		case b >= '0' && b <= '9':
+			b -= '0'
+		case b >= 'a' && b <= 'f':
+			b -= 'a' - 10
+		default:
+			b -= 'A' - 10
+		}
+		r = r<<4 | rune(b)
+	}
+	return r
+}
+
+// appendQuoted appends s (UTF-8, as unquote writes it) quoted as encoding/json's encoder quotes
+// a string without HTML escaping: `"` and `\` escaped, control characters as \b, \f, \n, \r, \t
+// or \u00XX, U+2028 and U+2029 as \u2028 and \u2029, anything else as it is.
+func appendQuoted(dst, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for k := 0; k < len(s); {
+		b := s[k]
+		if b >= utf8.RuneSelf {
+			r, size := utf8.DecodeRune(s[k:])
+			if r == '\u2028' || r == '\u2029' {
+				dst = append(dst, s[start:k]...)
+				dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xF])
+				start = k + size
+			}
+			k += size
+			continue
+		}
+		if b >= 0x20 && b != '"' && b != '\\' {
+			k++
+			continue
+		}
+		dst = append(dst, s[start:k]...)
+		switch b {
+		case '"', '\\':
+			dst = append(dst, '\\', b)
+		case '\b':
+			dst = append(dst, '\\', 'b')
+		case '\f':
+			dst = append(dst, '\\', 'f')
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hex[b>>4], hex[b&0xF])
+		}
+		k++
+		start = k
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
