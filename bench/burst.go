@@ -188,7 +188,11 @@ func (b burst) runRow(ctx context.Context, log logf, r burstRow) result {
 	if r.wrap != nil {
 		h = r.wrap(h)
 	}
-	counter := &arrivals{next: h, now: time.Now}
+	now := b.sim.Now // the simulator's clock: the outage's end is on it
+	if now == nil {
+		now = time.Now
+	}
+	counter := &arrivals{next: h, now: now}
 	srv := httptest.NewServer(counter)
 	defer srv.Close()
 	e := &rowEnv{burst: b, simURL: srv.URL, apiKey: "sk-bench-" + randHex(8), progress: &progress{}, log: log}
