@@ -266,9 +266,9 @@ func (s *Server) refuseStream(w http.ResponseWriter, r *http.Request, err error)
 		return
 	}
 	if failure != nil {
-		if log, suppressed := s.streamLog.allow(failure.msg); log {
-			s.cfg.Logger.Log(r.Context(), failure.level, failure.msg, "method", r.Method, "path", r.URL.Path,
-				"error", err, "suppressed", suppressed)
+		attrs := []any{"method", r.Method, "path", r.URL.Path, "error", err}
+		if log, suppressed := s.streamLog.allow(failure.msg, attrs...); log {
+			s.cfg.Logger.Log(r.Context(), failure.level, failure.msg, append(attrs, "suppressed", suppressed)...)
 		}
 	}
 	retryAfter, convErr := strconv.Atoi(he.header.Get("Retry-After"))
@@ -331,15 +331,19 @@ func (s *Server) keepAliveReads(r *http.Request, id string, f *follower) (reads 
 // names the job and the error of the one logged. A store failing fails every stream's renewal
 // or read at once: 10,000 streams wrote 670 lines a second in a Postgres outage, one each.
 func (s *Server) streamWarn(ctx context.Context, msg, id string, err error) {
-	if log, suppressed := s.streamLog.allow(msg); log {
-		s.cfg.Logger.WarnContext(ctx, msg, "job_id", id, "error", err, "suppressed", suppressed)
+	attrs := []any{"job_id", id, "error", err}
+	if log, suppressed := s.streamLog.allow(msg, attrs...); log {
+		s.cfg.Logger.WarnContext(ctx, msg, append(attrs, "suppressed", suppressed)...)
 	}
 }
 
 // streamsSuppressed logs the streams' failures of message msg that streamWarn (or refuseStream)
-// held back and no line of it counted since: the last of an outage (streamLog.report).
-func (s *Server) streamsSuppressed(msg string, suppressed int) {
-	s.cfg.Logger.Warn(msg, "suppressed", suppressed)
+// held back and no line of it counted since: the last of an outage (streamLog.report). The line
+// is the last one held back's (its job and error, or its request's method, path and error),
+// counting them all: it said only how many, and an operator had no job to look at, nor the
+// error that the failures ended on (TestStreamWarn_ReportNamesTheLastJobAndError).
+func (s *Server) streamsSuppressed(msg string, suppressed int, last []any) {
+	s.cfg.Logger.Warn(msg, append(slices.Clip(last), "suppressed", suppressed)...)
 }
 
 // tokenRefused checks again the token of a stream (of job id) that was served: true when it is

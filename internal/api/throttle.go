@@ -20,13 +20,16 @@ const maxThrottleKeys = 10_000
 // (trailing), the events held back after the last one let through are not left for the next
 // one, which may never come (the last failures of an outage): report is called with their count
 // once the interval after the last let through has passed, unless one was let through meanwhile
-// (its count is then the line's). It is safe for concurrent use.
+// (its count is then the line's), with the details of the last one held back (allow's attrs):
+// a report that said only how many left an operator nothing to look for. It is safe for
+// concurrent use.
 type throttle struct {
 	every time.Duration
 	now   func() time.Time
 	// report, when set, is called with the events of a key held back and never counted in an
-	// allowed one, an interval after the last allowed (its own goroutine, no lock held).
-	report func(key string, suppressed int)
+	// allowed one, an interval after the last allowed (its own goroutine, no lock held), and
+	// the attrs that allow was given with the last of them.
+	report func(key string, suppressed int, last []any)
 	// afterFunc runs f after d, as time.AfterFunc does (tests).
 	afterFunc func(d time.Duration, f func()) (stop func() bool)
 	mu        sync.Mutex
@@ -39,6 +42,8 @@ type throttle struct {
 type throttled struct {
 	last       time.Time
 	suppressed int
+	// held is the attrs of the last event held back since the last allowed (nil when none).
+	held []any
 }
 
 func newThrottle(every time.Duration, now func() time.Time) *throttle {
@@ -47,14 +52,16 @@ func newThrottle(every time.Duration, now func() time.Time) *throttle {
 }
 
 // allow reports whether key's event may be logged now, and how many of its events were held
-// back since the last one allowed.
-func (t *throttle) allow(key string) (ok bool, suppressed int) {
+// back since the last one allowed. attrs describe the event (slog's key-value pairs): those of
+// the last one held back go to its report.
+func (t *throttle) allow(key string, attrs ...any) (ok bool, suppressed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
 	k := t.keys[key]
 	if k != nil && now.Sub(k.last) < t.every {
 		k.suppressed++
+		k.held = attrs
 		t.scheduleLocked(key, k, k.last.Add(t.every).Sub(now))
 		return false, 0
 	}
@@ -69,7 +76,7 @@ func (t *throttle) allow(key string) (ok bool, suppressed int) {
 		k = &throttled{}
 		t.keys[key] = k
 	}
-	suppressed, k.suppressed, k.last = k.suppressed, 0, now
+	suppressed, k.suppressed, k.last, k.held = k.suppressed, 0, now, nil
 	return true, suppressed
 }
 
@@ -92,14 +99,14 @@ func (t *throttle) flush(key string, k *throttled) {
 		t.mu.Unlock()
 		return
 	}
-	n := k.suppressed
+	n, held := k.suppressed, k.held
 	if n > 0 && !t.stopped {
-		k.suppressed, k.last = 0, t.now()
+		k.suppressed, k.last, k.held = 0, t.now(), nil
 	}
 	stopped := t.stopped
 	t.mu.Unlock()
 	if n > 0 && !stopped {
-		t.report(key, n)
+		t.report(key, n, held)
 	}
 }
 

@@ -78,6 +78,35 @@ func TestStreamWarn_LastSuppressedAreLogged(t *testing.T) {
 	require.Equal(t, 3, logs.Count(`"msg":"renew event watch"`), logs.String())
 }
 
+// TestStreamWarn_ReportNamesTheLastJobAndError: the report of the streams' failures that the
+// throttle held back (the last of an outage: watch renewals that failed after the line) said
+// only how many: "renew event watch suppressed=2", no job for an operator to look at, nor the
+// error they failed with (a different one, maybe, than the line's ten seconds before). It is now
+// the last one held back's line, its job and error, counting them all.
+func TestStreamWarn_ReportNamesTheLastJobAndError(t *testing.T) {
+	t.Parallel()
+	var logs logtest.Buffer
+	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	b := setup(t, setupOpts{noListener: true, now: clock.Now, logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	var timers manualTimers
+	b.srv.streamLog.afterFunc = timers.afterFunc
+	ctx := context.Background()
+
+	b.srv.streamWarn(ctx, "renew event watch", "job-1", errors.New("connection refused"))
+	b.srv.streamWarn(ctx, "renew event watch", "job-2", errors.New("connection refused"))
+	b.srv.streamWarn(ctx, "renew event watch", "job-3", errors.New("timeout: no connection within 5s"))
+	require.Equal(t, 1, logs.Count(`"msg":"renew event watch","job_id":"job-1","error":"connection refused","suppressed":0`), logs.String())
+	clock.Advance(streamLogInterval)
+	timers.fire(t)
+	require.Equal(t, 1, logs.Count(`"msg":"renew event watch","job_id":"job-3","error":"timeout: no connection within 5s","suppressed":2`),
+		"the report names the last job held back and its error: %s", logs.String())
+
+	// A line allowed after the report names its own job, and no one held back.
+	clock.Advance(streamLogInterval)
+	b.srv.streamWarn(ctx, "renew event watch", "job-4", errors.New("connection refused"))
+	require.Equal(t, 1, logs.Count(`"job_id":"job-4","error":"connection refused","suppressed":0`), logs.String())
+}
+
 // TestThrottle_ReportsRacingLinesCountEachEventOnce: reports fired while lines are allowed and
 // held back concurrently count every event held back exactly once, in a line or in a report.
 func TestThrottle_ReportsRacingLinesCountEachEventOnce(t *testing.T) {
@@ -87,7 +116,7 @@ func TestThrottle_ReportsRacingLinesCountEachEventOnce(t *testing.T) {
 	var mu sync.Mutex
 	var pending []func()
 	var reported, lines, counted int
-	th.report = func(_ string, n int) {
+	th.report = func(_ string, n int, _ []any) {
 		mu.Lock()
 		defer mu.Unlock()
 		reported += n

@@ -164,7 +164,9 @@ func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.
 // The stream ends with a "session_expired" event once its session has (see sessionEnded). It
 // holds one of the process's event stream places while open (Config.OpenStream). A read before
 // its first event that fails for a reason that passes tells an EventSource to come back
-// (refuseStream).
+// (refuseStream). A wake-up whose signal names an event the page has read reads nothing (the
+// Listener's catch-up after each of its reconnects signals the job's latest event: every open
+// page read the job, three statements, for nothing); a keep-alive reads the job as before.
 func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	release, ok := h.openStream(w, r)
 	if !ok {
@@ -201,38 +203,48 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 	keep := time.NewTicker(h.cfg.KeepAlive)
 	defer keep.Stop()
 	var last []byte
+	// known is the latest event's number of the job as the page last read it (0: none read);
+	// read is whether this pass reads the job: not when the Listener's signal names an event the
+	// page has read (every event up to it is committed, and the page's read saw them), as the
+	// signal after each of its reconnects does for a page that missed nothing.
+	known, read := 0, true
 	for {
 		if h.sessionEnded(r) {
 			endStream(out)
 			return
 		}
-		ctx, cancel := h.readCtx(r.Context())
-		d, err := h.detail(ctx, id)
-		cancel()
-		switch {
-		case err == nil:
-			if last, err = sendIfChanged(out, "job", d, last); err != nil {
+		if read {
+			ctx, cancel := h.readCtx(r.Context())
+			d, err := h.detail(ctx, id)
+			cancel()
+			switch {
+			case err == nil:
+				known = d.Job.EventSeq
+				if last, err = sendIfChanged(out, "job", d, last); err != nil {
+					return
+				}
+			case r.Context().Err() != nil:
 				return
+			case errors.Is(err, jobs.ErrNotFound):
+				if _, err := io.WriteString(out, "event: gone\ndata: {}\n\n"); err == nil {
+					_ = out.flush()
+				}
+				return
+			default:
+				// A failed read is not an end (Postgres away for a moment): the next wake-up
+				// reads again, at the latest the next keep-alive.
+				h.cfg.Logger.Warn("console: the job page's read failed", "job", id, "error", err)
 			}
-		case r.Context().Err() != nil:
-			return
-		case errors.Is(err, jobs.ErrNotFound):
-			if _, err := io.WriteString(out, "event: gone\ndata: {}\n\n"); err == nil {
-				_ = out.flush()
-			}
-			return
-		default:
-			// A failed read is not an end (Postgres away for a moment): the next wake-up reads
-			// again, at the latest the next keep-alive.
-			h.cfg.Logger.Warn("console: the job page's read failed", "job", id, "error", err)
 		}
 		select {
 		case <-r.Context().Done():
 			return
 		case <-h.closing:
 			return
-		case <-notify:
+		case v := <-notify:
+			read = v == 0 || v > known
 		case <-keep.C:
+			read = true
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil || out.flush() != nil {
 				return
 			}

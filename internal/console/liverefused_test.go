@@ -7,14 +7,17 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/secrettoken"
 )
 
 // TestLive_RefusedEventSourceIsToldToComeBack: a live page's stream refused for a passing reason
@@ -77,6 +80,64 @@ func TestLive_RefusedSessionLookupTellsEventSourceToComeBack(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, res.StatusCode, body)
 }
 
+// TestLive_FullSessionLookupsTellEventSourceToComeBack: a live page's stream whose session
+// cookie this process has not found live yet (an operator's page reconnecting to a replica that
+// just started, or one behind a load balancer that moved it) waits for a place among the
+// console's credential lookups; when they stay full past LookupWait (a flood of made-up cookies
+// while Postgres is slow) the refusal passes, as the database's does: an EventSource is told to
+// come back, within the refusal's Retry-After (1 s), and another client gets the 503 overloaded.
+func TestLive_FullSessionLookupsTellEventSourceToComeBack(t *testing.T) {
+	t.Parallel()
+	b, _ := setupFourConns(t, 200*time.Millisecond) // one lookup at a time
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	job := b.jobs.Create(t, jobstestOpts())
+
+	// A made-up cookie's lookup holds the one place, waiting in Postgres behind a lock of the
+	// sessions table.
+	conn, err := pgx.Connect(ctx, b.jobs.URL)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait() // after the rollback, which ends the lookup waiting
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	rollback := sync.OnceFunc(func() { require.NoError(t, tx.Rollback(ctx)) })
+	defer rollback()
+	_, err = tx.Exec(ctx, `LOCK TABLE operator_sessions IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	watch, err := pgx.Connect(ctx, b.jobs.URL)
+	require.NoError(t, err)
+	defer watch.Close(context.Background())
+	answers := make(chan cookieAnswer, 1)
+	holder, err := secrettoken.New(nil, "")
+	require.NoError(t, err)
+	wg.Go(func() { answers <- sessionWith(ctx, b.srv.URL, holder) })
+	require.Empty(t, pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, 1, "the place's lookup"))
+
+	page := b.anonymous(t)
+	u, err := url.Parse(b.srv.URL)
+	require.NoError(t, err)
+	cookie, err := secrettoken.New(nil, "")
+	require.NoError(t, err)
+	page.http.Jar.SetCookies(u, []*http.Cookie{{Name: "llmq_console", Value: cookie}})
+	for _, path := range []string{"/console/api/overview/live", "/console/api/jobs/" + job.ID + "/live"} {
+		res, body := getLive(t, page, path, "text/event-stream")
+		requireToldToComeBackAs(t, res, body, "overloaded", 1)
+		res, body = getLive(t, page, path, "*/*")
+		require.Equal(t, http.StatusServiceUnavailable, res.StatusCode, body)
+		require.Contains(t, body, `"overloaded"`)
+		require.Equal(t, "1", res.Header.Get("Retry-After"))
+	}
+	rollback()
+	select {
+	case a := <-answers:
+		require.Equal(t, http.StatusUnauthorized, a.status, a.body)
+	case <-ctx.Done():
+		t.Fatal("the place's lookup did not end")
+	}
+}
+
 // getLive GETs path with Accept accept (none when empty) and reads the answer to its end.
 func getLive(t *testing.T, c *client, path, accept string) (*http.Response, string) {
 	t.Helper()
@@ -100,11 +161,17 @@ func getLive(t *testing.T, c *client, path, accept string) (*http.Response, stri
 // nothing of a job.
 func requireToldToComeBack(t *testing.T, res *http.Response, body string, retryAfter int) {
 	t.Helper()
+	requireToldToComeBackAs(t, res, body, "unavailable", retryAfter)
+}
+
+// requireToldToComeBackAs is requireToldToComeBack for a refusal of type typ.
+func requireToldToComeBackAs(t *testing.T, res *http.Response, body, typ string, retryAfter int) {
+	t.Helper()
 	require.Equal(t, http.StatusOK, res.StatusCode, body)
 	require.Equal(t, "text/event-stream", res.Header.Get("Content-Type"))
 	require.Equal(t, "no-store", res.Header.Get("Cache-Control"))
 	require.Equal(t, strconv.Itoa(retryAfter), res.Header.Get("Retry-After"))
-	require.True(t, strings.HasPrefix(body, ": unavailable: "), body)
+	require.True(t, strings.HasPrefix(body, ": "+typ+": "), body)
 	require.NotContains(t, body, "event:", "nothing of the job")
 	_, retryText, found := strings.Cut(body, "\nretry: ")
 	require.True(t, found, body)

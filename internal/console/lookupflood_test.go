@@ -33,14 +33,7 @@ import (
 // console through the flood.
 func TestSession_MadeUpCookieFloodLeavesRoomForOthers(t *testing.T) {
 	t.Parallel()
-	var pool *pgxpool.Pool
-	b := setupConfig(t, func(cfg *console.Config) {
-		var err error
-		pool, err = pgxpool.New(context.Background(), cfg.Pool.Config().ConnString()+"&pool_max_conns=4")
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		cfg.Pool = pool
-	})
+	b, pool := setupFourConns(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// alice's session, found live once: her next requests look it up without a place.
@@ -144,15 +137,7 @@ func TestSession_MadeUpCookieFloodLeavesRoomForOthers(t *testing.T) {
 // answers, the one under way is refused as ever (401 invalid_token) and a real login succeeds.
 func TestLogin_MadeUpTokenFloodLeavesRoomForOthers(t *testing.T) {
 	t.Parallel()
-	var pool *pgxpool.Pool
-	b := setupConfig(t, func(cfg *console.Config) {
-		var err error
-		pool, err = pgxpool.New(context.Background(), cfg.Pool.Config().ConnString()+"&pool_max_conns=4")
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		cfg.Pool = pool
-		cfg.LookupWait = 200 * time.Millisecond
-	})
+	b, pool := setupFourConns(t, 200*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -255,4 +240,20 @@ func sessionWith(ctx context.Context, base, cookie string) cookieAnswer {
 		return cookieAnswer{body: fmt.Sprint(err)}
 	}
 	return cookieAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), body: string(raw)}
+}
+
+// setupFourConns is setupConfig with a pool of four connections of its own (closed at the
+// test's end), so that the credential lookups take one place (a quarter), and LookupWait
+// lookupWait (the default when 0).
+func setupFourConns(t *testing.T, lookupWait time.Duration) (*testBundle, *pgxpool.Pool) {
+	t.Helper()
+	var pool *pgxpool.Pool
+	b := setupConfig(t, func(cfg *console.Config) {
+		var err error
+		pool, err = pgxpool.New(context.Background(), cfg.Pool.Config().ConnString()+"&pool_max_conns=4")
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		cfg.Pool, cfg.LookupWait = pool, lookupWait
+	})
+	return b, pool
 }

@@ -36,7 +36,20 @@ type ListenerConfig struct {
 	// catch-up after every (re)connection renews: the subscribers' own watch TTL (an event
 	// stream's is 4 keep-alives). Default DefaultListenerWatchTTL.
 	WatchTTL time.Duration
+	// CatchUpLockTimeout bounds how long the catch-up after a (re)connection waits for the row
+	// lock of a subscribed job that another transaction holds (the lock_timeout of its
+	// statement; a shorter one the session has is kept). Past it the catch-up runs again without
+	// waiting for any job's row lock, and the jobs whose rows it skips are signalled 0 (see
+	// catchUp).
+	// Meanwhile the Listener reads no notification. Default DefaultListenerCatchUpLockTimeout.
+	CatchUpLockTimeout time.Duration
 }
+
+// DefaultListenerCatchUpLockTimeout is ListenerConfig.CatchUpLockTimeout's default: a transition
+// holds its job's row for a few short round trips, so a longer hold is a stalled session or an
+// operator's open transaction (the worker's batches give up on a row lock after as long); above
+// Postgres's default deadlock_timeout (1 s), so that a cycle is broken by its check first.
+const DefaultListenerCatchUpLockTimeout = 2 * time.Second
 
 // DefaultListenerWatchTTL is ListenerConfig.WatchTTL's default: an event stream's watch at the
 // default keep-alive (4 × 15 s).
@@ -90,14 +103,18 @@ func NewListener(cfg ListenerConfig) *Listener {
 	if cfg.WatchTTL <= 0 {
 		cfg.WatchTTL = DefaultListenerWatchTTL
 	}
+	if cfg.CatchUpLockTimeout <= 0 {
+		cfg.CatchUpLockTimeout = DefaultListenerCatchUpLockTimeout
+	}
 	return &Listener{cfg: cfg, subs: map[string]map[chan int]struct{}{}}
 }
 
 // Subscribe registers interest in one job's transitions. The channel receives the sequence number
 // of a transition that committed; after the listener (re)connected, the number of the job's
 // latest event (every event up to it is committed, every later one is announced), or 0 when
-// that is unknown (the job not found, or the read failed). Signals coalesce: the channel holds
-// one, the highest sent since the last receive, or 0 when any of them was 0. So a value v > 0
+// that is unknown (the job not found, its row locked past CatchUpLockTimeout, or the read
+// failed). Signals coalesce: the channel holds one, the highest sent since the last receive,
+// or 0 when any of them was 0. So a value v > 0
 // means: every event up to v is committed, and none past v was signalled since the last
 // receive. A subscriber that has read the job's events up to v or beyond has nothing to read;
 // otherwise (or on 0) it re-reads the job's events after the last one handled. Subscribe before
@@ -236,7 +253,8 @@ const catchUpPage = 1000
 // dead jobs FOR UPDATE in that order; in ID order, two dead jobs followed (a console's page of
 // a dead job stays open) that died in the other order than their IDs' deadlocked the two
 // (TestListener_CatchUpAndRetryDeadDoNotDeadlock). Share locks, two catch-ups never wait on
-// each other.
+// each other. catchUp sends it after lockTimeoutSQL, in the same transaction: a row lock held
+// past CatchUpLockTimeout fails it (55P03), and catchUpSkipLockedSQL runs instead.
 const catchUpSQL = `
 WITH job AS (SELECT id, event_seq FROM jobs WHERE id = ANY($1::uuid[]) ORDER BY finished_at, id FOR SHARE),
 watch AS (
@@ -244,6 +262,14 @@ watch AS (
 	SELECT id, clock_timestamp() + $2 * interval '1 millisecond' FROM job ORDER BY id
 	ON CONFLICT (job_id) DO UPDATE SET expires_at = greatest(job_watches.expires_at, excluded.expires_at))
 SELECT id::text, event_seq FROM job`
+
+// catchUpSkipLockedSQL is catchUpSQL for the jobs whose rows nobody else holds: a row another
+// transaction locks in a conflicting mode is left out (SKIP LOCKED), unread and its watch not
+// renewed. It waits for no job's row (the watch inserts' foreign-key checks are on rows it
+// share-locked itself); a watch's row that another transaction holds (another process's
+// renewal, for a moment) it still waits for, within the same lock_timeout: past it the page
+// fails, as any failure of its statement does.
+var catchUpSkipLockedSQL = strings.Replace(catchUpSQL, "FOR SHARE)", "FOR SHARE SKIP LOCKED)", 1)
 
 // catchUp renews the watch of every subscribed job and signals every subscriber, once the
 // connection listens, with the number of its job's latest event, read on conn after LISTEN took
@@ -253,6 +279,16 @@ SELECT id::text, event_seq FROM job`
 // watch). A statement Postgres aborts as a deadlock's victim is run again (retryAborted): a job
 // that died between its snapshot and RetryDead's is ordered apart by the two, and a cycle can
 // form (TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim).
+//
+// The catch-up is bounded: a page whose statement waits for a row lock past CatchUpLockTimeout
+// (a long transaction holding one of its jobs, no deadlock cycle) runs again with SKIP LOCKED.
+// The jobs it skips are signalled 0, their watches not renewed: their subscribers read for
+// themselves, and a transition of theirs that the lapsed watch did not announce reaches them at
+// their keep-alive's renewal, which waits for the lock as any statement of theirs does. Every
+// other job keeps the guarantee above. Without the bound, every notification on the connection
+// waited behind the lock, for every subscriber of the process
+// (TestListener_CatchUpIsBoundedByALockedRow). Waiting a little first, rather than skipping at
+// once, keeps the guarantee for a job whose transition is committing as the catch-up runs.
 func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	l.mu.Lock()
 	ids := make([]string, 0, len(l.subs))
@@ -264,21 +300,22 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	l.mu.Unlock()
 	latest := make(map[string]int, len(ids))
 	for page := range slices.Chunk(ids, catchUpPage) {
-		var id string
-		var seq int
 		var read map[string]int // this page's, kept from the try that succeeded alone
 		err := retryAborted(ctx, func() error {
 			read = make(map[string]int, len(page))
-			rows, _ := conn.Query(ctx, catchUpSQL, page, l.cfg.WatchTTL.Milliseconds())
-			_, err := pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
-				read[id] = seq
-				return nil
-			})
-			return err
+			return l.readCatchUpPage(ctx, conn, catchUpSQL, page, read)
 		})
+		if err != nil && IsLockTimeout(err) && ctx.Err() == nil {
+			read = make(map[string]int, len(page))
+			err = l.readCatchUpPage(ctx, conn, catchUpSkipLockedSQL, page, read)
+			if err == nil {
+				l.cfg.Logger.WarnContext(ctx, "followed jobs' rows locked past the bound; their subscribers re-read",
+					"lock_timeout", l.cfg.CatchUpLockTimeout, "jobs", len(page), "read", len(read))
+			}
+		}
 		if err != nil {
 			if ctx.Err() == nil {
-				l.cfg.Logger.WarnContext(ctx, "renew followed jobs' watches and read their latest events; every subscriber re-reads", "error", err)
+				l.cfg.Logger.WarnContext(ctx, "renew followed jobs' watches and read their latest events; every subscriber re-reads", "jobs", len(ids), "error", err)
 			}
 			clear(latest) // 0 to everyone
 			break
@@ -292,6 +329,29 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 			send(ch, latest[CanonicalID(id)])
 		}
 	}
+}
+
+// readCatchUpPage runs query (catchUpSQL or catchUpSkipLockedSQL) for the jobs page on conn, under
+// CatchUpLockTimeout's lock_timeout for its transaction alone, and records what it read in read.
+func (l *Listener) readCatchUpPage(ctx context.Context, conn *pgx.Conn, query string, page []string, read map[string]int) error {
+	var b pgx.Batch
+	b.Queue(lockTimeoutSQL, fmt.Sprintf("%dms", l.cfg.CatchUpLockTimeout.Milliseconds()))
+	b.Queue(query, page, l.cfg.WatchTTL.Milliseconds())
+	br := conn.SendBatch(ctx, &b)
+	_, err := br.Exec()
+	if err == nil {
+		var id string
+		var seq int
+		rows, _ := br.Query()
+		_, err = pgx.ForEachRow(rows, []any{&id, &seq}, func() error {
+			read[id] = seq
+			return nil
+		})
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // send delivers v, or makes the pending signal the higher of the two, 0 when either is (0 is

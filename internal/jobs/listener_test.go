@@ -398,3 +398,56 @@ func TestListener_ReconnectRenewsExpiredWatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, next(t, ch), "the transition after the reconnect is announced")
 }
+
+// TestListener_CatchUpIsBoundedByALockedRow: a long transaction holds the row of one followed
+// job (no deadlock cycle) as the Listener reconnects. The catch-up share-locked every followed
+// job's row with no bound: it waited for that transaction, and every notification on the
+// connection, for every job, waited behind it. Past CatchUpLockTimeout it runs again without
+// waiting: the locked job is signalled 0 (its subscriber reads for itself), every other job its
+// latest event with its watch renewed, and the notifications flow again.
+func TestListener_CatchUpIsBoundedByALockedRow(t *testing.T) {
+	t.Parallel()
+	b := setupListener(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	locked, free := b.Create(t, jobstest.Opts{}), b.Create(t, jobstest.Opts{})
+	lockedCh, _ := b.connected(t, locked.ID)
+	freeCh, _ := b.connected(t, free.ID)
+	other, _ := b.connected(t, "job-a")
+
+	holder, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, locked.ID)
+	require.NoError(t, err)
+
+	var killed bool
+	require.NoError(t, b.Pool.QueryRow(ctx,
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
+
+	// The bound is 2 s; the deadline is short, so that the unbounded wait fails here.
+	within := func(ch <-chan int, what string) int {
+		t.Helper()
+		select {
+		case v := <-ch:
+			return v
+		case <-time.After(6 * time.Second):
+			t.Fatalf("%s: no signal within 6 s: the catch-up waits for the locked row", what)
+			return 0
+		}
+	}
+	require.Equal(t, 1, within(freeCh, "the free job"), "the free job's latest event: queued")
+	require.Equal(t, 0, within(lockedCh, "the locked job"), "the locked job: read for yourself")
+	require.Equal(t, 0, within(other, "no job"))
+	b.notify(t, "job-a:4")
+	require.Equal(t, 4, within(other, "a notification after the catch-up"))
+
+	var watched bool
+	require.NoError(t, b.Pool.QueryRow(ctx,
+		`SELECT expires_at > now() FROM job_watches WHERE job_id = $1`, free.ID).Scan(&watched))
+	require.True(t, watched, "the free job's watch is renewed")
+	_, err = b.Store.Cancel(ctx, free.ID)
+	require.NoError(t, err)
+	require.Equal(t, 2, within(freeCh, "the free job's transition"), "announced")
+}
