@@ -13,7 +13,7 @@ import (
 func (a *app) jobsCancelCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "cancel",
-		Usage:     "cancel a job that has not ended, aborting its provider call if one is in flight, or a dead one, which no retry then sends (as DELETE /v1/jobs/{id}); one already canceled exits 0",
+		Usage:     "cancel a job that has not ended, aborting its provider call if one is in flight, or a dead one, which no retry then sends (as DELETE /v1/jobs/{id}); one already canceled exits 0, its task aborted again",
 		ArgsUsage: "ID",
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -37,21 +37,24 @@ func (a *app) jobsCancelCommand() *cli.Command {
 			defer p.Close()
 			job, err := jobs.NewStore(p, nil).Cancel(c.Context, id)
 			var te *jobs.TerminalError
+			var logged error
 			switch {
-			case jobs.AlreadyCanceled(err):
+			case jobs.AlreadyCanceled(err) && errors.As(err, &te):
 				// Done before (a run whose answer was lost, say): a script sending it again
-				// learns that the job is canceled, as the API's DELETE answers 200.
+				// learns that the job is canceled, as the API's DELETE answers 200, and its task
+				// is aborted again (not audited again): that run's abort may not have been made.
 				fmt.Fprintf(a.out, "%s was already canceled\n", id)
-				return nil
+				job = te.Job
 			case errors.Is(err, jobs.ErrNotFound):
 				return fmt.Errorf("no job %q", id)
 			case errors.As(err, &te):
 				return fmt.Errorf("job %s already ended: it is %s", id, te.Status)
 			case err != nil:
 				return err
+			default:
+				fmt.Fprintf(a.out, "canceled %s\n", job.ID)
+				logged = logAction(c.Context, p, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
 			}
-			fmt.Fprintf(a.out, "canceled %s\n", job.ID)
-			logged := logAction(c.Context, p, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
 			if redisErr == nil {
 				redisErr = tasks.AbortEnded(c.Context, job)
 			}

@@ -116,12 +116,41 @@ func TestJobsCancel(t *testing.T) {
 		r, expired := runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
 		require.False(t, expired)
 		require.Equal(t, 1, r.code, "the abort Redis refused is the error")
+		// Run again while Redis still refuses: canceled, but the abort it makes again is the
+		// error (exit 1, run it again).
+		r, expired = runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
+		require.False(t, expired)
+		requireOneLineError(t, r, 1, "is canceled, but its task could not be aborted")
+		require.Equal(t, job.ID+" was already canceled\n", r.out)
 		redis, _, _ := redisArgs(t)
 		r = run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", job.ID)...)
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		require.Equal(t, job.ID+" was already canceled\n", r.out)
 		require.Empty(t, r.errOut)
 		require.Len(t, auditLog(t, b.url), 1, "audited once")
+	})
+	// The first run's cancel committed but its abort was never made (its answer lost, the
+	// process killed): the job's task is still in Redis. Run again, it aborts it. It exited 0
+	// and left the task.
+	t.Run("AlreadyCanceledAbortsItsTask", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, insp, queue := redisArgs(t)
+		job := b.createJob(t)
+		opt, err := dispatch.RedisConnOpt(redisArgsURL(redis))
+		require.NoError(t, err)
+		client := asynq.NewClient(opt)
+		defer client.Close()
+		require.NoError(t, dispatch.NewEnqueuer(client, queue, nil).Enqueue(context.Background(), job.ID, "", time.Time{}))
+		_, err = b.store.Cancel(context.Background(), job.ID) // the first run: committed, no abort
+		require.NoError(t, err)
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "jobs", "cancel", job.ID)...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, job.ID+" was already canceled\n", r.out)
+		_, err = insp.GetTaskInfo(queue, job.ID)
+		require.ErrorIs(t, err, asynq.ErrTaskNotFound, "its task is gone")
+		require.Empty(t, auditLog(t, b.url), "nothing audited: the run changed nothing")
 	})
 	t.Run("Unknown", func(t *testing.T) {
 		t.Parallel()

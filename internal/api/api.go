@@ -595,7 +595,9 @@ func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant) (*jobs.Job, error) {
 // jobs.Store.Cancel): the transition in Postgres first (after it no result can be stored), then
 // the abort of its task, wherever it runs. A job already canceled answers 200 and the job, as the
 // first cancel did: a client that lost that answer and sends the DELETE again learns that its
-// cancel took. Another end is 409 job_terminal.
+// cancel took, and its task is aborted again (not counted again): the first cancel's abort may
+// never have run (its commit's answer lost, or Redis refused it), and an attempt in flight would
+// go on until its lease's next renewal. Another end is 409 job_terminal.
 //
 // Its transition holds one of its tenant's places of MaxKeyedSubmitsPerTenant (tenantGate,
 // shared with its keyed submits): a cancel's statement waits in Postgres for its job's row
@@ -613,12 +615,11 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	if !canceled {
-		// Canceled before: not counted again, nothing to abort (that cancel did).
-		s.writeJob(w, http.StatusOK, job)
-		return
+	if canceled {
+		s.cfg.Metrics.canceled(job.Credential)
 	}
-	s.cfg.Metrics.canceled(job.Credential)
+	// Canceled before too: that cancel's abort may not have run (its answer lost with its
+	// commit's), and an abort is idempotent (a signal, and the delete of a waiting task).
 	if s.cfg.Tasks != nil {
 		// The job is canceled whatever Redis says: the worker skips terminal jobs, and an
 		// attempt already in flight stops, unstored, at its lease's next renewal (within 5 s).
@@ -742,6 +743,12 @@ func classifyError(r *http.Request, err error) (*httpError, *serverFailure) {
 		he = &httpError{status: http.StatusNotFound, typ: "not_found", message: "no job with that id"}
 	case errors.Is(err, jobs.ErrIdempotencyKeyReused):
 		he = &httpError{status: http.StatusUnprocessableEntity, typ: "idempotency_key_reused", message: "this Idempotency-Key was used with a different request body"}
+	case errors.Is(err, jobs.ErrBusy):
+		// Not the server's failure, nor a final answer (a 409 would read as one): the job was
+		// retried and ended again under each of the cancel's tries; the next one likely takes.
+		he = &httpError{status: http.StatusServiceUnavailable, typ: "job_busy",
+			message: "the job's status kept changing under the cancel (an operator retrying it); nothing was done; retry shortly",
+			header:  http.Header{"Retry-After": {"1"}}}
 	case pgwait.TimedOut(r.Context(), err):
 		// Checked before context.Canceled: the bound canceled the request's context (bounded).
 		he = &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",

@@ -90,6 +90,27 @@ func TestCancel(t *testing.T) {
 		require.Equal(t, 2, got.EventSeq, "no event appended")
 	})
 
+	// A cancel whose commit's answer was lost (or whose abort Redis refused) left the job's task
+	// in Redis: the job is canceled, and a worker's attempt goes on until its lease's next
+	// renewal. The client sends the DELETE again: 200, and now the task is aborted. It answered
+	// 200 and left the task as it was (nothing to abort, "that cancel did").
+	t.Run("ResentAbortsTheTaskTheFirstLeft", func(t *testing.T) {
+		t.Parallel()
+		r := b.do(t, http.MethodPost, "/v1/jobs", `{"request":{"model":"m"}}`, nil)
+		require.Equal(t, http.StatusAccepted, r.status)
+		id := r.body["id"].(string)
+		_, err := b.store.Cancel(context.Background(), id) // the first cancel: committed, no abort
+		require.NoError(t, err)
+		_, err = b.inspector.GetTaskInfo(b.queue, id)
+		require.NoError(t, err, "the first cancel's abort never ran")
+
+		r = b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)
+		require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
+		require.Equal(t, "canceled", r.body["status"])
+		_, err = b.inspector.GetTaskInfo(b.queue, id)
+		require.ErrorIs(t, err, asynq.ErrTaskNotFound, "the resent cancel aborted the task")
+	})
+
 	// A dead job the client no longer wants: canceled (200), so that an operator's retry of
 	// the dead letters does not send it again. It answered 409 job_terminal "job is dead".
 	t.Run("DeadJobIsCanceled", func(t *testing.T) {

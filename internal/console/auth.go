@@ -47,7 +47,7 @@ func (h *Handler) authedWith(next sessionHandler, refuse func(http.ResponseWrite
 			if r.Header.Get("Authorization") != "" {
 				msg = "the console does not take bearer tokens: " + msg
 			}
-			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "unauthorized", msg})
+			writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusUnauthorized, typ: "unauthorized", message: msg})
 			return
 		}
 		// Bounded here too for the event streams, whose context no read's bound may end.
@@ -55,7 +55,7 @@ func (h *Handler) authedWith(next sessionHandler, refuse func(http.ResponseWrite
 		sess, err := h.lookupSession(ctx, w, c.Value)
 		cancel()
 		if errors.Is(err, operator.ErrNoSession) {
-			writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "session_expired", "your session ended; log in again"})
+			writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusUnauthorized, typ: "session_expired", message: "your session ended; log in again"})
 			return
 		}
 		if err != nil {
@@ -124,7 +124,7 @@ func checkCSRF(r *http.Request, sess *operator.Session) error {
 	}
 	got := r.Header.Get(csrfHeader)
 	if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(sess.CSRF)) != 1 {
-		return &apiError{http.StatusForbidden, "csrf", "this action lacks the page's CSRF token; reload the console"}
+		return &apiError{status: http.StatusForbidden, typ: "csrf", message: "this action lacks the page's CSRF token; reload the console"}
 	}
 	return nil
 }
@@ -138,7 +138,7 @@ func sameOrigin(r *http.Request) error {
 	}
 	u, err := url.Parse(o)
 	if err != nil || !strings.EqualFold(u.Host, r.Host) {
-		return &apiError{http.StatusForbidden, "cross_origin", "this action came from another site"}
+		return &apiError{status: http.StatusForbidden, typ: "cross_origin", message: "this action came from another site"}
 	}
 	return nil
 }
@@ -182,14 +182,13 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 	case strings.HasPrefix(token, tenant.BearerTokenPrefix):
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "tenant_token",
-			"that is a tenant's API token; the console takes an operator token (ctl operators create NAME)"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusUnauthorized, typ: "tenant_token", message: "that is a tenant's API token; the console takes an operator token (ctl operators create NAME)"})
 		return
 	case errors.Is(err, operator.ErrMalformedToken), errors.Is(err, operator.ErrUnknownToken):
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusUnauthorized, "invalid_token", "unknown operator token"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusUnauthorized, typ: "invalid_token", message: "unknown operator token"})
 		return
 	case errors.Is(err, operator.ErrRevoked):
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusForbidden, "operator_revoked", "this operator was revoked"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusForbidden, typ: "operator_revoked", message: "this operator was revoked"})
 		return
 	default:
 		writeError(w, r, h.cfg.Logger, err)

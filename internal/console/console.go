@@ -267,11 +267,11 @@ func (h *Handler) routes() {
 		allowed := strings.Join(methods, ", ")
 		h.mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allowed)
-			writeError(w, r, h.cfg.Logger, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", r.Method + " is not allowed on " + r.URL.Path})
+			writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusMethodNotAllowed, typ: "method_not_allowed", message: r.Method + " is not allowed on " + r.URL.Path})
 		})
 	}
 	h.mux.HandleFunc("/console/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console route for " + r.Method + " " + r.URL.Path})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusNotFound, typ: "not_found", message: "no console route for " + r.Method + " " + r.URL.Path})
 	})
 }
 
@@ -283,7 +283,7 @@ func (h *Handler) pageFiles() http.Handler {
 		name := r.URL.Path
 		f, ok := h.files[name]
 		if !ok || name == "index.html" {
-			writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no console file " + strconv.Quote(shorten(name))})
+			writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusNotFound, typ: "not_found", message: "no console file " + strconv.Quote(shorten(name))})
 			return
 		}
 		f.serve(w, r)
@@ -338,8 +338,7 @@ func (f pageFile) serve(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) jobRoute(next sessionHandler) sessionHandler {
 	return func(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 		if id := r.PathValue("id"); !jobs.ValidID(id) {
-			writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found",
-				strconv.Quote(shorten(id)) + " is not a job ID: a job ID is a UUID (in either case)"})
+			writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusNotFound, typ: "not_found", message: strconv.Quote(shorten(id)) + " is not a job ID: a job ID is a UUID (in either case)"})
 			return
 		}
 		next(w, r, s)
@@ -417,7 +416,7 @@ func (h *Handler) getOnly(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
 			w.Header().Set("Allow", http.MethodGet)
-			writeError(w, r, h.cfg.Logger, &apiError{http.StatusMethodNotAllowed, "method_not_allowed", r.Method + " is not allowed on an event stream"})
+			writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusMethodNotAllowed, typ: "method_not_allowed", message: r.Method + " is not allowed on an event stream"})
 			return
 		}
 		next(w, r)
@@ -435,8 +434,7 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (release fu
 	if !ok {
 		secs := strconv.Itoa(max(1, int(retryAfter/time.Second)))
 		w.Header().Set("Retry-After", secs)
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusServiceUnavailable, "overloaded",
-			"this server has as many event streams open as it may (api.max_streams); retry after " + secs + " s"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusServiceUnavailable, typ: "overloaded", message: "this server has as many event streams open as it may (api.max_streams); retry after " + secs + " s"})
 		return nil, false
 	}
 	return release, true

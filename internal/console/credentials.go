@@ -41,7 +41,7 @@ func (h *Handler) tag(ctx context.Context, name string) (string, error) {
 		return "", nil
 	}
 	if err != nil {
-		return "", &apiError{http.StatusServiceUnavailable, "unavailable", "Redis is unreachable; try again shortly"}
+		return "", &apiError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "Redis is unreachable; try again shortly"}
 	}
 	return t, nil
 }
@@ -97,7 +97,7 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 		}
 	}
 	if cred == nil {
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusNotFound, "not_found", "no credential " + name + " in the config"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusNotFound, typ: "not_found", message: "no credential " + name + " in the config"})
 		return
 	}
 	tag, err := h.tag(r.Context(), name)
@@ -106,8 +106,7 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 		return
 	}
 	if tag == "" {
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusConflict, "state_unknown",
-			"no worker has started with credential " + name + " yet: it has no shared state to resume"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusConflict, typ: "state_unknown", message: "no worker has started with credential " + name + " yet: it has no shared state to resume"})
 		return
 	}
 	gate := h.limiter.GateByTag(tag, name)
@@ -115,7 +114,7 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 	was, err := credpause.NewStore(h.cfg.Pool, nil).Resume(r.Context(), gate)
 	if errors.Is(err, credpause.ErrDatabase) {
 		h.cfg.Logger.WarnContext(r.Context(), "console: credential resume", "error", err)
-		writeError(w, r, h.cfg.Logger, &apiError{http.StatusServiceUnavailable, "unavailable", "the database did not answer; try again shortly"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the database did not answer; try again shortly"})
 		return
 	}
 	if err != nil {
@@ -149,7 +148,7 @@ func redisFailure(r *http.Request, h *Handler, err error) error {
 	}
 	h.cfg.Logger.WarnContext(r.Context(), "console: credential state", "error", err)
 	if errors.Is(err, credpause.ErrDatabase) { // a pause Redis lost, read from Postgres
-		return &apiError{http.StatusServiceUnavailable, "unavailable", "the database did not answer; try again shortly"}
+		return &apiError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the database did not answer; try again shortly"}
 	}
-	return &apiError{http.StatusServiceUnavailable, "unavailable", "the credentials' shared state (Redis) did not answer; try again shortly"}
+	return &apiError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the credentials' shared state (Redis) did not answer; try again shortly"}
 }

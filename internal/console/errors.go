@@ -29,11 +29,15 @@ type apiError struct {
 	status  int
 	typ     string
 	message string
+	// header is set on the answer (a 503's Retry-After), when not nil.
+	header http.Header
 }
 
 func (e *apiError) Error() string { return e.message }
 
-func badRequest(typ, msg string) *apiError { return &apiError{http.StatusBadRequest, typ, msg} }
+func badRequest(typ, msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: typ, message: msg}
+}
 
 // checkFilter refuses (400) a filter value Postgres cannot hold as text: not UTF-8, or holding
 // NUL. It names nothing stored, and as a query's parameter it would fail the query (a 500).
@@ -65,6 +69,7 @@ func checkParams(q url.Values, allowed ...string) error {
 // id, stale cursor, bad name) is a 4xx naming it; only a failure of ours is a 500, logged.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	if ae := errorAnswer(r, logger, err); ae != nil {
+		setHeader(w, ae)
 		writeJSON(w, ae.status, map[string]any{"error": map[string]string{"type": ae.typ, "message": ae.message}})
 	}
 }
@@ -76,7 +81,7 @@ func errorAnswer(r *http.Request, logger *slog.Logger, err error) *apiError {
 	switch {
 	case errors.As(err, &ae):
 	case errors.Is(err, jobs.ErrNotFound):
-		ae = &apiError{http.StatusNotFound, "not_found", "no job with that id (it may have been purged)"}
+		ae = &apiError{status: http.StatusNotFound, typ: "not_found", message: "no job with that id (it may have been purged)"}
 	case errors.Is(err, jobs.ErrBadCursor):
 		ae = badRequest("stale_page", "this page link is stale or malformed; start again from the first page")
 	case errors.Is(err, tenant.ErrInvalidName):
@@ -86,14 +91,21 @@ func errorAnswer(r *http.Request, logger *slog.Logger, err error) *apiError {
 	case errors.Is(err, tenant.ErrInvalidWeight):
 		ae = badRequest("invalid_weight", err.Error())
 	case errors.Is(err, tenant.ErrExists):
-		ae = &apiError{http.StatusConflict, "tenant_exists", err.Error()}
+		ae = &apiError{status: http.StatusConflict, typ: "tenant_exists", message: err.Error()}
 	case errors.Is(err, tenant.ErrRevoked):
-		ae = &apiError{http.StatusConflict, "tenant_revoked", err.Error()}
+		ae = &apiError{status: http.StatusConflict, typ: "tenant_revoked", message: err.Error()}
 	case errors.Is(err, tenant.ErrHasJobs):
 		// A job committed between the count of the tenant's jobs and its deletion: delete again.
-		ae = &apiError{http.StatusConflict, "tenant_has_jobs", err.Error() + ": delete it again"}
+		ae = &apiError{status: http.StatusConflict, typ: "tenant_has_jobs", message: err.Error() + ": delete it again"}
 	case errors.Is(err, tenant.ErrNotFound):
-		ae = &apiError{http.StatusNotFound, "not_found", err.Error()}
+		ae = &apiError{status: http.StatusNotFound, typ: "not_found", message: err.Error()}
+	case errors.Is(err, jobs.ErrBusy):
+		// As the API's DELETE answers it: not our failure, nor a final answer (a 409 would
+		// read as one): the job was retried and ended again under each of the cancel's tries,
+		// nothing was done, and the next try likely takes.
+		ae = &apiError{status: http.StatusServiceUnavailable, typ: "job_busy",
+			message: "the job's status kept changing under the cancel (an operator retrying it); nothing was done; retry shortly",
+			header:  http.Header{"Retry-After": {"1"}}}
 	case errors.Is(err, context.Canceled):
 		return nil // the client left
 	case timedOut(r.Context(), err):
@@ -102,14 +114,14 @@ func errorAnswer(r *http.Request, logger *slog.Logger, err error) *apiError {
 		// was there and slow (a lock a long transaction holds, an I/O stall, a failover), which
 		// "unreachable" sent an operator looking for a network fault.
 		logger.WarnContext(r.Context(), "console: store timed out", "path", r.URL.Path, "error", err)
-		ae = &apiError{http.StatusServiceUnavailable, "unavailable",
-			"the database did not answer in time (a lock a long transaction holds, or a slow or failing-over server); try again shortly"}
+		ae = &apiError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the database did not answer in time (a lock a long transaction holds, or a slow or failing-over server); try again shortly"}
+
 	case jobs.IsUnavailable(err):
 		logger.WarnContext(r.Context(), "console: store unavailable", "path", r.URL.Path, "error", err)
-		ae = &apiError{http.StatusServiceUnavailable, "unavailable", "the database is unreachable; try again shortly"}
+		ae = &apiError{status: http.StatusServiceUnavailable, typ: "unavailable", message: "the database is unreachable; try again shortly"}
 	default:
 		logger.ErrorContext(r.Context(), "console: internal error", "method", r.Method, "path", r.URL.Path, "error", err)
-		ae = &apiError{http.StatusInternalServerError, "internal", "internal error (logged)"}
+		ae = &apiError{status: http.StatusInternalServerError, typ: "internal", message: "internal error (logged)"}
 	}
 	return ae
 }
@@ -132,6 +144,7 @@ func (h *Handler) refuseStream(w http.ResponseWriter, r *http.Request, err error
 	if ae == nil {
 		return
 	}
+	setHeader(w, ae)
 	if ae.status != http.StatusServiceUnavailable || !eventsource.Accepts(r) {
 		writeJSON(w, ae.status, map[string]any{"error": map[string]string{"type": ae.typ, "message": ae.message}})
 		return
@@ -142,6 +155,13 @@ func (h *Handler) refuseStream(w http.ResponseWriter, r *http.Request, err error
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	eventsource.Refuse(w, ae.typ, ae.message, retryAfter, h.retryRand())
+}
+
+// setHeader sets ae's header on w's answer.
+func setHeader(w http.ResponseWriter, ae *apiError) {
+	for k, v := range ae.header {
+		w.Header()[k] = v
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -258,35 +258,45 @@ func (h *Handler) jobLive(w http.ResponseWriter, r *http.Request, _ *operator.Se
 // jobCancel cancels a job that has not ended, or a dead one (see jobs.Store.Cancel), as DELETE
 // /v1/jobs/{id} does for its tenant: the
 // transition in Postgres (after it no result can be stored), then the abort of its task wherever
-// it runs. A job already canceled answers 200 with "changed": false (nothing done, nothing
-// audited), as the API answers a cancel sent again; another end is 409 job_terminal, naming its
+// it runs. A job already canceled answers 200 with "changed": false (nothing counted, nothing
+// audited; its task aborted again, as the first cancel's abort may not have run), as the API
+// answers a cancel sent again; another end is 409 job_terminal, naming its
 // status.
 func (h *Handler) jobCancel(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	id := r.PathValue("id")
 	job, err := h.cfg.Jobs.Cancel(r.Context(), id)
-	if jobs.AlreadyCanceled(err) {
+	var te *jobs.TerminalError
+	if jobs.AlreadyCanceled(err) && errors.As(err, &te) {
+		// Its task is aborted again (neither counted nor audited): the first cancel's abort may
+		// not have run (Redis refused it, or its answer was lost with the commit's).
+		h.abortCanceled(r, te.Job)
 		writeJSON(w, http.StatusOK, map[string]any{"message": "job " + id + " was already canceled", "changed": false})
 		return
 	}
-	var te *jobs.TerminalError
 	if errors.As(err, &te) {
-		err = &apiError{http.StatusConflict, "job_terminal", "the job already ended: it is " + string(te.Status)}
+		err = &apiError{status: http.StatusConflict, typ: "job_terminal", message: "the job already ended: it is " + string(te.Status)}
 	}
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	if h.cfg.Tasks != nil {
-		// Canceled whatever Redis says: the worker skips terminal jobs, and an attempt already
-		// in flight stops, unstored, at its lease's next renewal (within 5 s). Nor does the
-		// answer wait for a stalled Redis past dispatch.RedisWait.
-		if err := h.cfg.AfterCommit.Run(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
-			h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
-		}
-	}
+	h.abortCanceled(r, job)
 	if h.cfg.Canceled != nil {
 		h.cfg.Canceled(job.Credential)
 	}
 	h.audit(r, s.Operator, audit.Entry{Action: "job.cancel", Target: job.ID, Count: 1})
 	writeJSON(w, http.StatusOK, map[string]any{"message": "job " + job.ID + " canceled", "changed": true})
+}
+
+// abortCanceled aborts the task of canceled job (dispatch.Tasks.AbortEnded), when the console
+// has Tasks. The job is canceled whatever Redis says: the worker skips terminal jobs, and an
+// attempt already in flight stops, unstored, at its lease's next renewal (within 5 s). Nor does
+// the answer wait for a stalled Redis past dispatch.RedisWait; a failure is logged.
+func (h *Handler) abortCanceled(r *http.Request, job *jobs.Job) {
+	if h.cfg.Tasks == nil || job == nil {
+		return
+	}
+	if err := h.cfg.AfterCommit.Run(func() error { return h.cfg.Tasks.AbortEnded(job) }); err != nil {
+		h.cfg.Logger.WarnContext(r.Context(), "console: abort canceled job's task", "job_id", job.ID, "error", err)
+	}
 }

@@ -41,8 +41,7 @@ func newLookupGate(places int, wait time.Duration) *lookupGate {
 }
 
 // errLookupsFull is the 503 of a lookup that found no place within the gate's wait.
-var errLookupsFull = &apiError{http.StatusServiceUnavailable, "overloaded",
-	"the lookups of console credentials hold their share of the database connections; retry shortly"}
+var errLookupsFull = &apiError{status: http.StatusServiceUnavailable, typ: "overloaded", message: "the lookups of console credentials hold their share of the database connections; retry shortly"}
 
 // enter takes a place for the lookup of a credential, unless it is a session token found live
 // before (session true and known), waiting at most the gate's wait (then errLookupsFull) or

@@ -110,8 +110,9 @@ func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operat
 			// As ctl's "run again": the revocation and the cancels made stand, and a second
 			// cancel passes over those and cancels the rest.
 			if ae := errorAnswer(r, h.cfg.Logger, err); ae != nil {
-				err = &apiError{ae.status, ae.typ, fmt.Sprintf("%s; canceled %d jobs of it before the cancels stopped (%s): "+
+				err = &apiError{status: ae.status, typ: ae.typ, header: ae.header, message: fmt.Sprintf("%s; canceled %d jobs of it before the cancels stopped (%s): "+
 					"not every job of it may be canceled: cancel its jobs again", msg, n, strings.TrimSuffix(ae.message, "; try again shortly"))}
+
 			}
 		}
 		if err != nil {
@@ -179,14 +180,15 @@ func (h *Handler) tenantDelete(w http.ResponseWriter, r *http.Request, s *operat
 	}
 	switch {
 	case errors.Is(err, tenant.ErrNotRevoked):
-		err = &apiError{http.StatusConflict, "tenant_not_revoked",
-			fmt.Sprintf("tenant %s is not revoked: only a revoked tenant is deleted (revoke it and cancel its jobs first)", name)}
+		err = &apiError{status: http.StatusConflict, typ: "tenant_not_revoked", message: fmt.Sprintf("tenant %s is not revoked: only a revoked tenant is deleted (revoke it and cancel its jobs first)", name)}
+
 	case errors.Is(err, tenant.ErrAnonymousTenant):
-		err = &apiError{http.StatusConflict, "anonymous_tenant", err.Error()}
+		err = &apiError{status: http.StatusConflict, typ: "anonymous_tenant", message: err.Error()}
 	case err == nil && res.Kept():
-		err = &apiError{http.StatusConflict, "tenant_has_jobs", fmt.Sprintf("canceled %d and deleted %d jobs of tenant %s, which is kept: "+
+		err = &apiError{status: http.StatusConflict, typ: "tenant_has_jobs", message: fmt.Sprintf("canceled %d and deleted %d jobs of tenant %s, which is kept: "+
 			"%d of its jobs are left (%d not ended, %d in a provider batch still open or being changed; the batch lane cancels a batch "+
 			"none of whose jobs waits): delete it again later", res.Canceled, res.Deleted, name, res.Unfinished+res.Left, res.Unfinished, res.Left)}
+
 	}
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)

@@ -26,8 +26,9 @@ func AlreadyCanceled(err error) bool {
 
 // Cancel moves a queued, retrying, running or dead job to canceled and appends the event, in one
 // statement that locks the job's row only when it has that transition to make. It returns the
-// canceled job (without its Request: Get's has it), ErrNotFound (also for a malformed ID), or a
-// *TerminalError naming the status of a job that had already ended otherwise (see
+// canceled job (without its Request: Get's has it), ErrNotFound (also for a malformed ID),
+// ErrBusy (wrapped: the job's status changed under each of its cancelTries runs; nothing was
+// done), or a *TerminalError naming the status of a job that had already ended otherwise (see
 // AlreadyCanceled: one canceled before changes nothing, appends nothing, and its TerminalError
 // holds the job as it is). A job missing or ended is answered from that one statement's read,
 // without waiting for whoever holds its row.
@@ -63,7 +64,17 @@ var cancelSQL = `
 WITH live AS (
 	SELECT id AS live_id, status AS from_status, dead_reason AS from_reason FROM jobs
 	WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) AND status IN ('queued', 'retrying', 'running', 'dead')
-	FOR UPDATE
+	FOR UPDATE` + cancelLockedSQL + `
+SELECT ` + jobColumnsNoRequest + `, true FROM c
+UNION ALL
+SELECT ` + jobColumnsNoRequest + `, false FROM jobs WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+	AND NOT EXISTS (SELECT FROM c)`
+
+// cancelLockedSQL ends the CTE live (the rows to cancel, locked: live_id, from_status,
+// from_reason) with the CTEs that cancel them (c: the rows canceled, jobs.* with from_status and
+// from_reason) and append their 'canceled' events ({"from": ..., "previous_reason": ...}), for
+// cancelSQL and cancelPageSQL: a job canceled alone or with its page is canceled alike.
+const cancelLockedSQL = `
 ), c AS (
 	UPDATE jobs SET status = 'canceled', next_attempt_at = NULL, finished_at = now(), updated_at = now(),
 		dead_reason = NULL, event_seq = event_seq + 1
@@ -73,15 +84,13 @@ WITH live AS (
 	INSERT INTO job_events (job_id, seq, type, payload)
 	SELECT id, event_seq, 'canceled', jsonb_strip_nulls(jsonb_build_object('from', from_status, 'previous_reason', from_reason))
 	FROM c
-)
-SELECT ` + jobColumnsNoRequest + `, true FROM c
-UNION ALL
-SELECT ` + jobColumnsNoRequest + `, false FROM jobs WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
-	AND NOT EXISTS (SELECT FROM c)`
+)`
 
 // cancelTries bounds cancel's runs of cancelSQL. A run whose job ended while it waited for the
 // lock is run again, and the next one reads that end: a job that succeeded, failed or was
 // canceled never becomes live again (only a dead one does, retried, and a dead row is locked).
+// Past them cancel answers ErrBusy, which the API answers 503 job_busy with Retry-After: the
+// client's next try is likely to find the job left alone.
 const cancelTries = 3
 
 // cancel is Cancel of id, of tenant's job alone unless tenant is nil.
@@ -89,7 +98,10 @@ func (s *Store) cancel(ctx context.Context, id string, tenant *string) (*Job, er
 	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
-	for range cancelTries {
+	for run := 1; run <= cancelTries; run++ {
+		if s.beforeCancelRun != nil {
+			s.beforeCancelRun(ctx, run)
+		}
 		var ours bool
 		job, err := s.scanJob(s.pool.QueryRow(ctx, cancelSQL, id, tenant), &ours)
 		switch {
@@ -105,5 +117,5 @@ func (s *Store) cancel(ctx context.Context, id string, tenant *string) (*Job, er
 		// Live or dead in the snapshot, and not locked as such: it ended while the lock was
 		// waited for. Run again, to read how.
 	}
-	return nil, fmt.Errorf("cancel job: its status kept changing under %d tries", cancelTries)
+	return nil, fmt.Errorf("cancel job: %w (%d tries)", ErrBusy, cancelTries)
 }

@@ -30,6 +30,10 @@ var (
 	// ErrUnstorable: Create was given a value its columns cannot hold (jsonb refuses \u0000 and
 	// unpaired surrogate escapes). Only client data reaches Postgres after validation: a 400.
 	ErrUnstorable = errors.New("the body holds a value that cannot be stored (e.g. \\u0000 or an unpaired surrogate escape in metadata)")
+	// ErrBusy: a cancel found the job's status changed under each of its tries (a dead job
+	// retried and ending again, over and over, while it waited for the row's lock); it did
+	// nothing, and a later try, once the job is left alone, takes.
+	ErrBusy = errors.New("the job's status kept changing under the cancel")
 )
 
 // EventsChannel is the Postgres NOTIFY channel on which the transitions of watched jobs
@@ -44,6 +48,12 @@ type Store struct {
 	plans scanPlans // pgx's scan plans for job rows, per connection
 	now   func() time.Time
 	newID func() (uuid.UUID, error) // a new job's ID: uuid.NewV7 (tests fix it)
+	// beforeCancelRun, when not nil, is called before each run of cancelSQL with its number
+	// (from 1): tests make the job's status change under the run.
+	beforeCancelRun func(ctx context.Context, run int)
+	// cancelPage is how many jobs a statement of cancelPages cancels: cancelPageSize (tests
+	// make it smaller, for many pages of few jobs).
+	cancelPage int
 }
 
 // NewStore returns a Store on pool. now is the clock of Prepare's job (its CreatedAt and
@@ -52,7 +62,7 @@ func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{pool: pool, batch: &batcher{pool: pool}, now: now, newID: uuid.NewV7}
+	return &Store{pool: pool, batch: &batcher{pool: pool}, now: now, newID: uuid.NewV7, cancelPage: cancelPageSize}
 }
 
 // Pool returns the underlying pool.

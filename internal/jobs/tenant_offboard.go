@@ -59,15 +59,15 @@ WITH victims AS (
 SELECT count(*) FROM d`
 
 // CancelTenant cancels every job of the tenant that has not ended (as Cancel does one), walking
-// them page by page, and calls abort (when not nil) with each job it canceled, to stop its task
-// (a call in flight); once settled has fired it walks them once more from the start (at once,
-// if it fired before the first walk began): API replicas may accept the tenant's submits until
-// its revocation reaches them (their Authenticator's TTL). It returns how many it canceled; a
+// them page by page (cancelPages: one statement cancels a page), and calls abort (when not nil)
+// with each job it canceled, to stop its task (a call in flight); once settled has fired it
+// walks them once more from the start (at once, if it fired before the first walk began): API
+// replicas may accept the tenant's submits until its revocation reaches them (their
+// Authenticator's TTL). It returns how many it canceled; a
 // job that ended meanwhile is left as it ended. An abort that fails does not stop it (its job
 // is canceled: an attempt in flight runs to its end, unstored); the first such failure is
 // returned at the end, with their count (*AbortError).
 func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan time.Time, abort func(*Job) error) (int, error) {
-	const page = 500
 	var t cancelTally
 	fired := false
 	for {
@@ -79,19 +79,8 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 			}
 		}
 		final := fired
-		var after TenantCursor
-		for {
-			ids, next, err := s.UnfinishedOfTenant(ctx, tenant, after, page)
-			if err != nil {
-				return t.n, err
-			}
-			if err := s.cancelEach(ctx, ids, abort, &t); err != nil {
-				return t.n, err
-			}
-			if len(ids) < page {
-				break
-			}
-			after = next
+		if err := s.cancelPages(ctx, cancelUnfinishedPageSQL, true, tenant, abort, &t); err != nil {
+			return t.n, err
 		}
 		switch {
 		case final && t.abortErr != nil:
@@ -113,34 +102,14 @@ func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan 
 // for an operator ending a revoked tenant's work. A dead letter waits for an operator, whose
 // retry of every dead letter (`ctl dead retry --all`, after an outage) would send it again and
 // pay for an answer the revoked tenant can no longer read. It walks the tenant's dead letters
-// once, oldest death first (jobs_finished_idx, in the order RetryDead locks them), and returns
+// once, oldest death first (jobs_finished_idx), a page a statement (cancelPages), and returns
 // how many it canceled; a job retried meanwhile (queued again) is canceled as well, one purged
 // or otherwise ended meanwhile is left alone. An abort that fails does not stop it; the first
 // such failure is returned at the end, with their count (*AbortError).
 func (s *Store) CancelDeadOfTenant(ctx context.Context, tenant string, abort func(*Job) error) (int, error) {
-	const page = 500
 	var t cancelTally
-	at, after := time.Time{}, uuid.Nil.String()
-	for {
-		rows, err := s.pool.Query(ctx, `SELECT id::text, finished_at FROM jobs
-WHERE status = 'dead' AND finished_at IS NOT NULL AND tenant = $1 AND (finished_at, id) > ($2, $3::uuid)
-ORDER BY finished_at, id LIMIT $4`, tenant, at, after, page)
-		if err != nil {
-			return t.n, fmt.Errorf("read the tenant's dead jobs: %w", err)
-		}
-		ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
-			err := r.Scan(&after, &at)
-			return after, err
-		})
-		if err != nil {
-			return t.n, fmt.Errorf("read the tenant's dead jobs: %w", err)
-		}
-		if err := s.cancelEach(ctx, ids, abort, &t); err != nil {
-			return t.n, err
-		}
-		if len(ids) < page {
-			break
-		}
+	if err := s.cancelPages(ctx, cancelDeadPageSQL, false, tenant, abort, &t); err != nil {
+		return t.n, err
 	}
 	if t.abortErr != nil {
 		return t.n, &AbortError{Unaborted: t.unaborted, Err: t.abortErr, Dead: true}
@@ -192,15 +161,130 @@ func (s *Store) cancelEach(ctx context.Context, ids []string, abort func(*Job) e
 		case err != nil:
 			return err
 		}
-		t.n++
-		if abort == nil {
-			continue
-		}
-		if err := abort(job); err != nil {
-			if t.unaborted++; t.abortErr == nil {
-				t.abortErr = fmt.Errorf("job %s: %w", job.ID, err)
-			}
-		}
+		t.canceled(job, abort)
 	}
 	return nil
 }
+
+// canceled counts job, canceled, and calls abort (when not nil) with it, counting a failure.
+func (t *cancelTally) canceled(job *Job, abort func(*Job) error) {
+	t.n++
+	if abort == nil {
+		return
+	}
+	if err := abort(job); err != nil {
+		if t.unaborted++; t.abortErr == nil {
+			t.abortErr = fmt.Errorf("job %s: %w", job.ID, err)
+		}
+	}
+}
+
+// cancelPageSize is how many jobs one statement of cancelPages reads and cancels: 500
+// statements for a tenant of 250,000 jobs, and a page's row locks are held for one statement
+// only.
+const cancelPageSize = 500
+
+// cancelPages cancels, page by page in the order of a walk key (at, id), the tenant's jobs that
+// sql selects (cancelUnfinishedPageSQL or cancelDeadPageSQL: $1 tenant, $2 and $3 the key after
+// which the page starts, $4 the page's size), calling abort (when not nil) with each it
+// canceled, as cancelEach does; inOrder runs each statement in inOrderOfIndex. The statement
+// locks its page's rows FOR UPDATE SKIP LOCKED, waiting for nobody (so it holds no lock while it
+// waits, and its lock order cannot close a cycle with RetryDead's or the Listener's catch-up),
+// cancels those and appends their events as cancelSQL does. A row of the page it did not cancel
+// (locked by a worker's transition, a retry, a catch-up; or changed since its snapshot) comes
+// back unlocked, and is canceled by itself afterwards (cancelEach: Cancel waits for its lock,
+// and leaves it alone when it ended meanwhile), holding no other lock: none is skipped that
+// was live, none canceled twice. It stops at the first error, the pages before kept.
+func (s *Store) cancelPages(ctx context.Context, sql string, inOrder bool, tenant string, abort func(*Job) error, t *cancelTally) error {
+	at, after := time.Time{}, uuid.Nil.String()
+	for {
+		var canceled []*Job
+		var others []string
+		read := func(q interface {
+			Query(context.Context, string, ...any) (pgx.Rows, error)
+		}) error {
+			canceled, others = canceled[:0], others[:0]
+			rows, err := q.Query(ctx, sql, tenant, at, after, s.cancelPage)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var ours bool
+				var key time.Time
+				job, err := s.scanJob(rows, &ours, &key)
+				if err != nil {
+					return err
+				}
+				if key.After(at) || key.Equal(at) && job.ID > after {
+					at, after = key, job.ID
+				}
+				if ours {
+					canceled = append(canceled, job)
+				} else {
+					others = append(others, job.ID)
+				}
+			}
+			return rows.Err()
+		}
+		var err error
+		if inOrder {
+			err = s.inOrderOfIndex(ctx, func(tx pgx.Tx) error { return read(tx) })
+		} else {
+			err = read(s.pool)
+		}
+		if err != nil {
+			return fmt.Errorf("cancel the tenant's jobs: %w", err)
+		}
+		for _, job := range canceled {
+			t.canceled(job, abort)
+		}
+		if err := s.cancelEach(ctx, others, abort, t); err != nil {
+			return err
+		}
+		if len(canceled)+len(others) < s.cancelPage {
+			return nil
+		}
+	}
+}
+
+// cancelPageSQL is the statement of a page of cancelPages, from the CTE cand selecting the page
+// (k_id, k_at: its walk key) to its answer: the jobs canceled (jobColumnsNoRequest, true, k_at),
+// then the page's other jobs as the statement's snapshot read them (false: not locked, or no
+// longer matching once locked). live locks by primary key (= ANY of an array, as RetryDead's
+// update: joined, a planner without statistics read the table whole) and skips a row locked.
+func cancelPageSQL(cand, match string) string {
+	return `
+WITH cand AS (` + cand + `
+), live AS (
+	SELECT id AS live_id, status AS from_status, dead_reason AS from_reason FROM jobs
+	WHERE id = ANY (ARRAY(SELECT k_id FROM cand)) AND ` + match + `
+	FOR UPDATE SKIP LOCKED` + cancelLockedSQL + `
+SELECT ` + jobColumnsNoRequest + `, true, (SELECT k_at FROM cand WHERE k_id = c.id) FROM c
+UNION ALL
+SELECT ` + jobColumnsNoRequest + `, false, (SELECT k_at FROM cand WHERE k_id = jobs.id) FROM jobs
+WHERE id = ANY (ARRAY(SELECT k_id FROM cand)) AND NOT EXISTS (SELECT FROM c WHERE c.id = jobs.id)`
+}
+
+// cancelUnfinishedPageSQL is CancelTenant's page: the tenant's unfinished jobs in the order of
+// (deadline, id) (cancelUnfinishedCandSQL).
+var cancelUnfinishedPageSQL = cancelPageSQL(cancelUnfinishedCandSQL, `status IN ('queued', 'running', 'retrying')`)
+
+// cancelUnfinishedCandSQL selects a page of CancelTenant: it must read
+// jobs_unfinished_deadline_idx in order from the key ($2, $3) and stop after $4 of the
+// tenant's rows (run in inOrderOfIndex). Newest first through jobs_tenant_created_idx, each
+// page read again the rows the pages before had canceled, and the last one every job the
+// tenant ever had: a walk of a backlog of N jobs read N²/1000 rows, and minutes on a tenant of
+// a million jobs. deadline is NOT NULL: no job is left out of the walk's order.
+const cancelUnfinishedCandSQL = `
+	SELECT id AS k_id, deadline AS k_at FROM jobs
+	WHERE status IN ('queued', 'running', 'retrying') AND tenant = $1
+		AND deadline >= $2 AND (deadline, id) > ($2, $3::uuid)
+	ORDER BY deadline, jobs.id LIMIT $4`
+
+// cancelDeadPageSQL is CancelDeadOfTenant's page: the tenant's dead jobs in the order of
+// (finished_at, id), oldest death first (jobs_finished_idx).
+var cancelDeadPageSQL = cancelPageSQL(`
+	SELECT id AS k_id, finished_at AS k_at FROM jobs
+	WHERE status = 'dead' AND finished_at IS NOT NULL AND tenant = $1 AND (finished_at, id) > ($2, $3::uuid)
+	ORDER BY finished_at, jobs.id LIMIT $4`, `status = 'dead'`)

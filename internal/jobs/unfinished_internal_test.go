@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -94,12 +95,13 @@ FROM generate_series(1, 10000) g`)
 	require.Zero(t, scan.RowsFiltered, "a page of 500 online jobs read %v batch-lane jobs to leave them out", scan.RowsFiltered)
 }
 
-// TestUnfinishedOfTenant_WalkReadsEachJobOnce: `ctl tenants revoke --cancel-jobs` walks the
-// tenant's unfinished jobs page by page, canceling each page before it reads the next. The walk
-// must read each unfinished job once: a page that starts again from the top reads every job the
-// pages before canceled (a backlog of N jobs costs N²/1000 rows) and, through the tenant's
-// index, every job the tenant ever had. The table is never analyzed (the planner's worst case).
-func TestUnfinishedOfTenant_WalkReadsEachJobOnce(t *testing.T) {
+// TestCancelTenant_WalkReadsEachJobOnce: `ctl tenants revoke --cancel-jobs` walks the
+// tenant's unfinished jobs page by page (cancelUnfinishedCandSQL, the page of CancelTenant's
+// statement), canceling each page before it reads the next. The walk must read each unfinished
+// job once: a page that starts again from the top reads every job the pages before canceled (a
+// backlog of N jobs costs N²/1000 rows) and, through the tenant's index, every job the tenant
+// ever had. The table is never analyzed (the planner's worst case).
+func TestCancelTenant_WalkReadsEachJobOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
@@ -117,19 +119,28 @@ FROM generate_series(1, 6000) g`)
 
 	s := NewStore(pool, nil)
 	var seen []string
-	var after TenantCursor
+	at, after := time.Time{}, uuid.Nil.String()
 	read := 0
 	for {
-		read += rowsRead(t, s, after)
-		ids, next, err := s.UnfinishedOfTenant(ctx, "acme", after, 500)
-		require.NoError(t, err)
+		read += rowsRead(t, s, at, after)
+		var ids []string
+		require.NoError(t, s.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, `SELECT k_id::text, k_at FROM (`+cancelUnfinishedCandSQL+`) p`, "acme", at, after, 500)
+			if err != nil {
+				return err
+			}
+			ids, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+				err := r.Scan(&after, &at)
+				return after, err
+			})
+			return err
+		}))
 		seen = append(seen, ids...)
 		_, err = pool.Exec(ctx, `UPDATE jobs SET status = 'canceled' WHERE id = ANY($1::uuid[])`, ids)
 		require.NoError(t, err)
 		if len(ids) < 500 {
 			break
 		}
-		after = next
 	}
 	require.ElementsMatch(t, want, seen)
 	// 4,000 unfinished jobs, the other tenant's 1,000 among them, and the ties of each page's last
@@ -137,16 +148,13 @@ FROM generate_series(1, 6000) g`)
 	require.LessOrEqual(t, read, 5000, "the walk of %d jobs read %d rows", len(want), read)
 }
 
-// rowsRead is how many rows the page of UnfinishedOfTenant after the cursor reads.
-func rowsRead(t *testing.T, s *Store, after TenantCursor) int {
+// rowsRead is how many rows the page of CancelTenant after the key (at, after) reads.
+func rowsRead(t *testing.T, s *Store, at time.Time, after string) int {
 	t.Helper()
-	if after.id == "" {
-		after.id = uuid.Nil.String()
-	}
 	var raw []byte
 	require.NoError(t, s.inOrderOfIndex(context.Background(), func(tx pgx.Tx) error {
-		return tx.QueryRow(context.Background(), `EXPLAIN (ANALYZE, FORMAT JSON) `+unfinishedOfTenantSQL,
-			"acme", after.deadline, after.id, 500).Scan(&raw)
+		return tx.QueryRow(context.Background(), `EXPLAIN (ANALYZE, FORMAT JSON) `+cancelUnfinishedCandSQL,
+			"acme", at, after, 500).Scan(&raw)
 	}))
 	type node struct {
 		NodeType string  `json:"Node Type"`
