@@ -121,8 +121,11 @@ func deref(p *string, def string) string {
 
 // usageText is a stored usage (llm.Usage's JSON) for a table: "120 in, 45 out", with the
 // prompt cache's counts when there were some, "120 in, output not reported" when the provider
-// gave no output count (output_unreported: its 0 is no count); "-" for none (NULL or a JSON
-// null), and the JSON itself, on one line, when it is not one (a row written by something else).
+// gave no output count (output_unreported: its 0 is no count), "input not reported, 45 out" when
+// its whole prompt is 0 (no prompt is 0 tokens: the provider gave no input count); "-" for none (NULL or a JSON
+// null, or a usage counting nothing: what a worker of the last release stored for an answer
+// without a usage, llm.Usage.Reported), and the JSON itself, on one line, when it is not one (a
+// row written by something else).
 func usageText(raw json.RawMessage) string {
 	if raw == nil || string(bytes.TrimSpace(raw)) == "null" {
 		return "-"
@@ -131,10 +134,17 @@ func usageText(raw json.RawMessage) string {
 	if err := json.Unmarshal(raw, &u); err != nil {
 		return printable(oneLineText(string(raw), 80))
 	}
-	s := fmt.Sprintf("%d in, %d out", u.InputTokens, u.OutputTokens)
-	if u.OutputUnreported {
-		s = fmt.Sprintf("%d in, output not reported", u.InputTokens)
+	if !u.Reported() {
+		return "-"
 	}
+	in, out := fmt.Sprintf("%d in", u.InputTokens), fmt.Sprintf("%d out", u.OutputTokens)
+	if u.PromptInput() == 0 {
+		in = "input not reported"
+	}
+	if u.OutputUnreported {
+		out = "output not reported"
+	}
+	s := in + ", " + out
 	if u.CacheCreationInputTokens > 0 {
 		s += fmt.Sprintf(", %d cache written", u.CacheCreationInputTokens)
 	}

@@ -252,3 +252,19 @@ func TestUsageText_OutputUnreported(t *testing.T) {
 	}
 	require.Equal(t, "-", usageText(nil))
 }
+
+// TestUsageText_NothingCountedIsNone: a stored usage counting nothing, what a worker of the last
+// release stored for an answer without a usage (workers now store none), read "0 in, 0 out", a
+// cost the provider never reported: it reads "-", as the NULL a worker stores now does. A usage
+// whose whole prompt is 0 (an output count without an input count) says its input was not
+// reported, as output_unreported does for the output: no prompt is 0 tokens.
+func TestUsageText_NothingCountedIsNone(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{`{"input_tokens":0,"output_tokens":0}`, `{}`} {
+		require.Equal(t, "-", usageText(json.RawMessage(raw)), raw)
+	}
+	require.Equal(t, "input not reported, 3 out", usageText(json.RawMessage(`{"input_tokens":0,"output_tokens":3}`)),
+		"an output count is a usage; its 0 input (no prompt is 0 tokens) is no count")
+	require.Equal(t, "0 in, 3 out, 40 cache read", usageText(json.RawMessage(`{"input_tokens":0,"output_tokens":3,"cache_read_input_tokens":40}`)),
+		"a prompt read from the cache alone")
+}

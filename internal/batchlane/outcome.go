@@ -169,7 +169,8 @@ func retryableStatus(status int) bool {
 // usageOf is the answer's token usage in the online lane's form (llm.Usage: "input_tokens",
 // "output_tokens", Anthropic's cache counts when not zero, and "output_unreported" when it has
 // no output count while it has another), from an Anthropic or OpenAI body; nil when it has no
-// usage object. A missing input count is 0, as the online lane decodes it (llm's dialects).
+// usage object or one that counts nothing (llm.Usage.Reported), as the online lane stores none
+// for those. A missing input count is 0, as the online lane decodes it (llm's dialects).
 func usageOf(body json.RawMessage) json.RawMessage {
 	var a struct {
 		Usage *struct {
@@ -197,6 +198,9 @@ func usageOf(body json.RawMessage) json.RawMessage {
 		usage.OutputTokens = *out
 	} else {
 		usage.OutputUnreported = usage != (llm.Usage{})
+	}
+	if !usage.Reported() {
+		return nil
 	}
 	b, _ := json.Marshal(usage)
 	return b

@@ -30,7 +30,6 @@ func TestUsageOf_InputUnreportedAsOnline(t *testing.T) {
 		`{"usage":{"output_tokens":3}}`:                              `{"input_tokens":0,"output_tokens":3}`,
 		`{"usage":{"completion_tokens":3}}`:                          `{"input_tokens":0,"output_tokens":3}`,
 		`{"usage":{"output_tokens":3,"cache_read_input_tokens":40}}`: `{"input_tokens":0,"output_tokens":3,"cache_read_input_tokens":40}`,
-		`{"usage":{}}`: `{"input_tokens":0,"output_tokens":0}`,
 	} {
 		got := usageOf([]byte(body))
 		require.NotNil(t, got, "%s: a usage the online lane stores was dropped", body)
@@ -50,5 +49,22 @@ func TestUsageOf_OutputUnreported(t *testing.T) {
 		`{"usage":{"prompt_tokens":9,"completion_tokens":0}}`: `{"input_tokens":9,"output_tokens":0}`,
 	} {
 		require.JSONEq(t, want, string(usageOf([]byte(body))), body)
+	}
+}
+
+// A batch result's usage that counts nothing (empty, or all its counts 0: no prompt is 0 tokens)
+// is no usage, stored as none as a result without one is, and as the online lane stores both
+// (llm.Usage.Reported; executor TestExecutor_AnswerWithoutUsageStoresNone): it was stored as
+// 0 input and 0 output tokens, a cost the provider never reported.
+func TestUsageOf_NothingCountedIsNone(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"usage":{}}`,
+		`{"usage":{"input_tokens":0,"output_tokens":0}}`,
+		`{"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}`,
+		`{"usage":{"input_tokens":null,"output_tokens":null}}`,
+		`{"usage":{"input_tokens":0}}`,
+	} {
+		require.Nil(t, usageOf([]byte(body)), "%s: nothing counted", body)
 	}
 }

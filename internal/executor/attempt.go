@@ -107,12 +107,23 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 			defer close(booked)
 			r.bookkeeping()
 		}()
-		usage, _ := json.Marshal(r.resp.Usage)
-		err := e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body, Usage: usage, AnsweredBy: up.Name})
+		err := e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body,
+			Usage: storedUsage(r.resp.Usage), AnsweredBy: up.Name})
 		<-booked
 		return err
 	}
 	return e.decide(ctx, job, up, r)
+}
+
+// storedUsage is u as a job's and an attempt's rows store it (llm.Usage's JSON), or nil (NULL)
+// when the provider reported no count (llm.Usage.Reported): an answer without a usage is not one
+// that cost 0 tokens. The batch lane stores a result's usage by the same rule.
+func storedUsage(u llm.Usage) json.RawMessage {
+	if !u.Reported() {
+		return nil
+	}
+	b, _ := json.Marshal(u) // a struct of ints and a bool: no error
+	return b
 }
 
 // callResult is what one provider call came to.
@@ -191,7 +202,8 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 			a.TTFB = se.TimeToFirstByte
 		case errors.As(callErr, &te):
 			// A body cut after its headers came: the provider had answered (StatusCode), and
-			// had begun to (TTFB) if a stream's first delta came. The cut stays the class.
+			// had begun to (TTFB) if a stream's first delta, or a body's first byte, came. The
+			// cut stays the class.
 			a.TTFB, a.StatusCode = te.TimeToFirstByte, te.StatusCode
 		}
 		if d.HasRetryAfter {
@@ -200,7 +212,7 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		}
 		if u, ok := llm.FailedUsage(callErr); ok {
 			// What the attempt cost, on its row only: the job's usage is its answer's.
-			a.Usage, _ = json.Marshal(u)
+			a.Usage = storedUsage(u)
 		}
 	}
 	e.cfg.Metrics.attempt(up.Name, a.Class, a.Latency)

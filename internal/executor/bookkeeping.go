@@ -178,7 +178,7 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 // estimate: an error event with the output reported, a cut stream (which may have generated more
 // than it reported) and an error event that reported no output count with the output reservation
 // kept. With no answer at all, or an answer that
-// reports no usage, the reservation stays charged (the provider counted something, but what is
+// reports no usage (llm.Usage.Reported: stored as none), the reservation stays charged (the provider counted something, but what is
 // unknown): ok is false then, and when no tokens were reserved. A usage that reports no input
 // keeps the input estimate charged, one that reports no output count (llm.Usage.OutputUnreported)
 // the output allowance.
@@ -195,7 +195,7 @@ func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission
 	}
 	var actual tokens.Cost
 	switch {
-	case resp != nil && resp.Usage == (llm.Usage{}):
+	case resp != nil && !resp.Usage.Reported():
 		return redisscript.Call{}, false
 	case resp != nil:
 		// The input-token limit counts the cache's creation but not its reads; the estimate is

@@ -77,6 +77,23 @@ func runCachedWith(t *testing.T, usage string, stream bool, estCfg *estimator.Co
 // runAnswered is runCachedWith against a provider answering as answer does.
 func runAnswered(t *testing.T, answer http.HandlerFunc, stream bool, estCfg *estimator.Config) (*limiter.Gate, limiter.Limit, *estimator.Estimator) {
 	t.Helper()
+	r := runAnsweredJob(t, answer, stream, estCfg)
+	return r.gate, r.limit, r.est
+}
+
+// answeredRun is what runAnsweredJob ran: the gate, its limit and the estimator, and the
+// succeeded job with its attempts as stored.
+type answeredRun struct {
+	gate     *limiter.Gate
+	limit    limiter.Limit
+	est      *estimator.Estimator
+	job      *jobs.Job
+	attempts []jobs.AttemptRow
+}
+
+// runAnsweredJob is runAnswered, returning the stored job and its attempts too.
+func runAnsweredJob(t *testing.T, answer http.HandlerFunc, stream bool, estCfg *estimator.Config) answeredRun {
+	t.Helper()
 	ctx := t.Context()
 	b := jobstest.New(t)
 	rdb := redistest.Client(t)
@@ -110,7 +127,9 @@ func runAnswered(t *testing.T, answer http.HandlerFunc, stream bool, estCfg *est
 	got, err := b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusSucceeded, got.Status)
-	return gate, limit, est
+	attempts, err := b.Store.Attempts(ctx, job.ID)
+	require.NoError(t, err)
+	return answeredRun{gate: gate, limit: limit, est: est, job: got, attempts: attempts}
 }
 
 // Anthropic's input-token limit counts the tokens written to the prompt cache

@@ -161,9 +161,9 @@ type Attempt struct {
 	StartedAt  time.Time
 	Latency    time.Duration
 	// TTFB is the time from sending to the answer's first body byte; a stream's, to its first
-	// delta (to its end when none came). 0 when none is known: no body byte arrived, or the body
-	// was cut (a stream's before its first delta, its opening events perhaps come; a body not
-	// streamed whatever came: only a stream cut after a delta keeps it).
+	// delta (to its end when none came). A body cut keeps it when it had begun: a stream's after
+	// its first delta, a body not streamed after its first byte. 0 when none is known: no body
+	// byte arrived, or a stream was cut before its first delta (its opening events perhaps come).
 	TTFB time.Duration
 	// StatusCode is the provider's HTTP status, a cut answer's included (the status its headers
 	// gave). 0: no HTTP answer.

@@ -119,8 +119,9 @@ type TransportError struct {
 	// have counted more output than it reported.
 	Usage Usage
 	// TimeToFirstByte is, for a stream cut partway after its first delta, the time from sending
-	// the request to that delta (as a Response's): the provider had begun to answer. Zero when
-	// no delta came, and for any other failure.
+	// the request to that delta (as a Response's); for a body not streamed that was cut after
+	// its first byte (cut short, or its read ended by the context), the time to that byte: the
+	// provider had begun to answer. Zero when no delta or byte came, and for any other failure.
 	TimeToFirstByte time.Duration
 	// StatusCode is, for an answer whose body was cut (a stream cut partway, before its first
 	// delta too; a body whose read failed), the HTTP status its headers gave: the provider had

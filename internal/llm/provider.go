@@ -138,7 +138,8 @@ type Response struct {
 	Body []byte
 	// Header is the response header, the API key redacted.
 	Header http.Header
-	// Usage is the token usage reported in Body; zero when absent.
+	// Usage is the token usage reported in Body; zero when absent, or when it counts nothing
+	// (Usage.Reported).
 	Usage Usage
 	// RateLimit is the request rate-limit family parsed from Header.
 	RateLimit RateLimit
@@ -197,6 +198,13 @@ func (u Usage) withOutput(output *int) Usage {
 	u.OutputUnreported = u != (Usage{})
 	return u
 }
+
+// Reported reports whether u counts anything: false for an answer without a usage (no member,
+// null, {}) and for one whose counts are all 0 or absent, which is no count (every prompt is at
+// least a token; some gateways send a zeroed usage in every answer). A usage not reported is
+// stored as none (NULL: the job's JSON reads "usage": null, an attempt's has no usage) and
+// settles nothing: the reservation stays charged as estimated.
+func (u Usage) Reported() bool { return u != Usage{} }
 
 // LimitedInput is the input the provider's input-token rate limit counts: InputTokens and
 // CacheCreationInputTokens. Cache reads do not count toward Anthropic's input-tokens-per-minute
@@ -406,21 +414,23 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 	data, cut, readErr := readBody(ctx, tr, limit, resp.ContentLength, hold)
 	latency := max(c.now().Sub(start), 0) // an injected clock need not be monotonic
 	ttfb := latency
+	var cutTTFB time.Duration // a cut body's: the time to its first byte, when one came
 	if !tr.first.IsZero() {
 		ttfb = min(max(tr.first.Sub(start), 0), latency)
+		cutTTFB = ttfb
 	}
 	rl := c.d.rateLimit(resp.Header, received)
 	header := c.red.header(resp.Header)
 
 	if !ok {
 		if readErr != nil && ctx.Err() != nil {
-			return nil, answeredTransportError(c.transportError(ctx, "read response body", readErr), resp.StatusCode)
+			return nil, answeredTransportError(c.transportError(ctx, "read response body", readErr), resp.StatusCode, cutTTFB)
 		}
 		// Any other read failure still leaves an authoritative status: report it.
 		return nil, c.statusError(resp.StatusCode, header, data, cut, rl, latency, ttfb)
 	}
 	if readErr != nil {
-		return nil, answeredTransportError(c.transportError(ctx, "read response body", readErr), resp.StatusCode)
+		return nil, answeredTransportError(c.transportError(ctx, "read response body", readErr), resp.StatusCode, cutTTFB)
 	}
 	out := &Response{
 		StatusCode:      resp.StatusCode,
@@ -451,7 +461,7 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 			// A body framed by the connection's end ends cleanly when the server dies mid-write:
 			// only the JSON shows the cut, and it is the transport's failure, as a short read is.
 			// A body whose length or last chunk was sent ended where the server said.
-			return nil, answeredTransportError(c.transportError(ctx, "read response body", io.ErrUnexpectedEOF), resp.StatusCode)
+			return nil, answeredTransportError(c.transportError(ctx, "read response body", io.ErrUnexpectedEOF), resp.StatusCode, cutTTFB)
 		}
 		out.Body = data
 		hold.settle(int64(cap(data)))
@@ -504,12 +514,13 @@ func errorInAnswer(raw json.RawMessage) (typ, code, msg string, isErr bool) {
 	return typ, code, msg, typ != "" || code != "" || msg != ""
 }
 
-// answeredTransportError is err, a *TransportError of a body whose headers came, with their
-// status (TransportError.StatusCode).
-func answeredTransportError(err error, status int) error {
+// answeredTransportError is err, a *TransportError of a body (not streamed) whose headers came,
+// with their status (TransportError.StatusCode) and ttfb, the time to the body's first byte (0
+// when none came: TransportError.TimeToFirstByte).
+func answeredTransportError(err error, status int, ttfb time.Duration) error {
 	var te *TransportError
 	if errors.As(err, &te) {
-		te.StatusCode = status
+		te.StatusCode, te.TimeToFirstByte = status, ttfb
 	}
 	return err
 }

@@ -491,6 +491,40 @@ func TestProvider_Send_TimeToFirstByte(t *testing.T) {
 		require.Positive(t, se.TimeToFirstByte)
 		require.Less(t, se.TimeToFirstByte, se.Latency)
 	})
+
+	// A body (not streamed) cut after its first byte came, short of its Content-Length or (framed
+	// by the connection's close) short of its JSON's end, had no TimeToFirstByte: the attempt's
+	// ttfb_ms read null, as if no byte had come, though the provider had begun to answer. The
+	// clock steps a second a reading: the request sent (1), its headers (2), the first byte (3).
+	for name, raw := range map[string]string{
+		"CutShortKeepsIt":          "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"id\":\"msg_",
+		"CutCloseDelimitedKeepsIt": "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"id\":\"msg_",
+		"CutBeforeAnyByteHasNone":  "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+	} {
+		t.Run("Body"+name, func(t *testing.T) {
+			t.Parallel()
+
+			b := setup(t, llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					return
+				}
+				_, _ = buf.WriteString(raw)
+				_ = buf.Flush()
+				_ = conn.Close()
+			}, bundleOpts{now: steppingClock(time.Second)})
+			_, err := b.provider.Send(callContext(t), bodyFor(llm.KindAnthropic), llm.SendOptions{})
+			te := asTransportError(t, err)
+			require.Equal(t, "read response body", te.Op)
+			require.Equal(t, http.StatusOK, te.StatusCode)
+			if strings.HasSuffix(name, "HasNone") {
+				require.Zero(t, te.TimeToFirstByte, "no body byte came")
+				return
+			}
+			require.Equal(t, 2*time.Second, te.TimeToFirstByte, "the body's first byte came")
+		})
+	}
 }
 
 func TestProvider_Send_InvalidRequest(t *testing.T) {
