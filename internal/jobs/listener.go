@@ -333,7 +333,14 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 
 // readCatchUpPage runs query (catchUpSQL or catchUpSkipLockedSQL) for the jobs page on conn, under
 // CatchUpLockTimeout's lock_timeout for its transaction alone, and records what it read in read.
+// Its answer is awaited PingInterval past that bound at most: a connection gone silent after
+// LISTEN (a partition: no error ever comes) fails the page, and with it the connection, which
+// pgx closes at the deadline, so the Listener connects again; without a deadline it waited on
+// the silent connection for good, every notification with it
+// (TestListener_SilentCatchUpIsReplaced).
 func (l *Listener) readCatchUpPage(ctx context.Context, conn *pgx.Conn, query string, page []string, read map[string]int) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.CatchUpLockTimeout+l.cfg.PingInterval)
+	defer cancel()
 	var b pgx.Batch
 	b.Queue(lockTimeoutSQL, fmt.Sprintf("%dms", l.cfg.CatchUpLockTimeout.Milliseconds()))
 	b.Queue(query, page, l.cfg.WatchTTL.Milliseconds())

@@ -451,3 +451,53 @@ func TestListener_CatchUpIsBoundedByALockedRow(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, within(freeCh, "the free job's transition"), "announced")
 }
+
+// TestListener_SilentCatchUpIsReplaced: a connection that goes silent while the catch-up after
+// LISTEN waits for its answer (here: the answer held up by a row lock, then the connection
+// frozen) is given up at CatchUpLockTimeout + PingInterval, and the Listener listens on a new
+// one, whose catch-up reaches the subscribers and after which notifications do. Without a
+// deadline on the catch-up, the Listener waited on the silent connection for good (the ping
+// runs only after the catch-up).
+func TestListener_SilentCatchUpIsReplaced(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := jobstest.New(t)
+	job := b.Create(t, jobstest.Opts{})
+	proxy, viaProxy := pgtest.NewProxy(t, b.URL)
+	cfg, err := pgx.ParseConfig(viaProxy)
+	require.NoError(t, err)
+	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: cfg, ReconnectDelay: 10 * time.Millisecond,
+		PingInterval: 200 * time.Millisecond, CatchUpLockTimeout: 3 * time.Second})
+
+	holder, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID)
+	require.NoError(t, err)
+
+	ch, unsubscribe := l.Subscribe(job.ID)
+	defer unsubscribe()
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		require.NoError(t, <-done)
+	})
+
+	waitForLockWaiter(ctx, t, b.Pool, "FOR SHARE", "the catch-up")
+	proxy.Freeze()                           // the catch-up's answer will never come through
+	require.NoError(t, holder.Rollback(ctx)) // Postgres answers the frozen connection
+
+	select {
+	case <-ch: // 0 as the silent catch-up is given up, or the new one's 1 (merged as 0 if not taken)
+	case <-time.After(15 * time.Second):
+		t.Fatal("no signal within 15 s: the Listener waits on the silent catch-up")
+	}
+	_, err = b.Store.Cancel(ctx, job.ID)
+	require.NoError(t, err)
+	for v := nextAnnounced(t, ch); v != 2; v = nextAnnounced(t, ch) {
+		require.Equal(t, 1, v, "the new catch-up's: queued")
+	}
+}
