@@ -177,9 +177,9 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 // (Anthropic's message_start: llm.FailedUsage) is settled with the provider's input, not the
 // estimate: an error event with the output reported, a cut stream (which may have generated more
 // than it reported) and an error event that reported no output count with the output reservation
-// kept. With no answer at all, or an answer that
-// reports no usage (llm.Usage.Reported: stored as none), the reservation stays charged (the provider counted something, but what is
-// unknown): ok is false then, and when no tokens were reserved. A usage that reports no input
+// kept. With no answer at all, or an answer that reports no usage (llm.Usage.Reported: stored as
+// none), the reservation stays charged (the provider counted something, but what is unknown): ok
+// is false then, and when no tokens were reserved. A usage that reports no input
 // keeps the input estimate charged, one that reports no output count (llm.Usage.OutputUnreported)
 // the output allowance.
 func (e *Executor) reconcileCall(ctx context.Context, up Upstream, adm admission, job *jobs.Job, resp *llm.Response,
