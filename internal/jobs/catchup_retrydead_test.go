@@ -127,17 +127,7 @@ func TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim(t *testing.T) {
 // for a lock; what names that statement when ctx ends first.
 func waitForLockWaiter(ctx context.Context, t *testing.T, pool *pgxpool.Pool, substr, what string) {
 	t.Helper()
-	for {
-		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, substr).Scan(&n))
-		if n > 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s does not wait for a lock", what)
-		case <-time.After(5 * time.Millisecond):
-		}
+	if err := jobs.WaitForLockWaiterOf(ctx, pool, substr); err != nil {
+		t.Fatalf("%s does not wait for a lock: %v", what, err)
 	}
 }

@@ -47,11 +47,17 @@ func setupListener(t *testing.T) *listenerBundle {
 // next returns the next signal or fails after a generous timeout.
 func next(t *testing.T, ch <-chan int) int {
 	t.Helper()
+	return nextWithin(t, ch, 10*time.Second, "next")
+}
+
+// nextWithin returns the next signal, failing with what when none comes within d.
+func nextWithin(t *testing.T, ch <-chan int, d time.Duration, what string) int {
+	t.Helper()
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(10 * time.Second):
-		t.Fatal("no signal within 10s")
+	case <-time.After(d):
+		t.Fatalf("%s: no signal within %s", what, d)
 		return 0
 	}
 }
@@ -429,13 +435,7 @@ func TestListener_CatchUpIsBoundedByALockedRow(t *testing.T) {
 	// The bound is 2 s; the deadline is short, so that the unbounded wait fails here.
 	within := func(ch <-chan int, what string) int {
 		t.Helper()
-		select {
-		case v := <-ch:
-			return v
-		case <-time.After(6 * time.Second):
-			t.Fatalf("%s: no signal within 6 s: the catch-up waits for the locked row", what)
-			return 0
-		}
+		return nextWithin(t, ch, 6*time.Second, what+" (the catch-up waits for the locked row)")
 	}
 	require.Equal(t, 1, within(freeCh, "the free job"), "the free job's latest event: queued")
 	require.Equal(t, 0, within(lockedCh, "the locked job"), "the locked job: read for yourself")
@@ -490,11 +490,8 @@ func TestListener_SilentCatchUpIsReplaced(t *testing.T) {
 	proxy.Freeze()                           // the catch-up's answer will never come through
 	require.NoError(t, holder.Rollback(ctx)) // Postgres answers the frozen connection
 
-	select {
-	case <-ch: // 0 as the silent catch-up is given up, or the new one's 1 (merged as 0 if not taken)
-	case <-time.After(15 * time.Second):
-		t.Fatal("no signal within 15 s: the Listener waits on the silent catch-up")
-	}
+	// 0 as the silent catch-up is given up, or the new one's 1 (merged as 0 if not taken).
+	nextWithin(t, ch, 15*time.Second, "the Listener waits on the silent catch-up")
 	_, err = b.Store.Cancel(ctx, job.ID)
 	require.NoError(t, err)
 	for v := nextAnnounced(t, ch); v != 2; v = nextAnnounced(t, ch) {
