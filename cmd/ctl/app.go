@@ -297,14 +297,15 @@ func (b *statementBound) end(ctx context.Context, conn *pgx.Conn, err error) {
 	switch {
 	case err != nil && errors.Is(context.Cause(ctx), errStatementTimeout):
 		b.timedOut.Store(true)
-		if pgconn.SafeToRetry(err) {
+		if pgconn.SafeToRetry(err) && !conn.PgConn().IsClosed() {
 			break // never sent (the bound fired first): the connection is as it was
 		}
-		// pgx has sent the server a cancel and is closing the connection; it would read
-		// what is left on it for up to 15 s first, which a silent server never ends, and the
-		// pool's close waits for that: the command ended 15 s after its message.
+		// pgx is closing the connection (having sent the server a cancel, when the statement
+		// went out; a message it failed to write at all is SafeToRetry, closed all the same); it
+		// would read what is left on it for up to 15 s first, which a silent server never ends,
+		// and the pool's close waits for that: the command ended 15 s after its message.
 		_ = conn.PgConn().Conn().Close()
-		if commit {
+		if commit && !pgconn.SafeToRetry(err) {
 			// Postgres may have committed it before the cancel came (see statementHint).
 			b.commitCut.Store(true)
 		}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -195,4 +197,70 @@ func (l *lateAcquireEnd) TraceAcquireEnd(ctx context.Context, p *pgxpool.Pool, d
 		}
 	}
 	l.statementBound.TraceAcquireEnd(ctx, p, d)
+}
+
+// TestStatementBound_AnUnsentStatementOnAClosingConnectionIsClosedAtOnce: a statement the bound
+// cut whose error says nothing was sent (pgconn.SafeToRetry) leaves its connection alone only
+// when pgx left it open. pgx also answers SafeToRetry for a message it failed to write at all
+// (here: one it could not encode) and closes that connection in the background, reading what is
+// left on it for up to 15 s first, which a silent server never ends and the pool's close waits
+// for: end took SafeToRetry for "the connection is as it was" and left it so, and the command
+// ended 15 s after its message. The bound's cut is forced (its cause set) on that error, which
+// pgx v5.13 gives for an unencodable message rather than for a cut.
+func TestStatementBound_AnUnsentStatementOnAClosingConnectionIsClosedAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	proxy, proxied := pgtest.NewProxy(t, pgtest.URL(t))
+	cfg, err := migrations.ParseConfig(proxied)
+	require.NoError(t, err)
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	proxy.Freeze() // Postgres silent: pgx's close would wait its 15 s
+
+	// More parameter types than the protocol carries: pgx writes nothing, and closes.
+	_, err = conn.PgConn().Prepare(ctx, "s", "SELECT 1", make([]uint32, 1<<16))
+	require.Error(t, err)
+	require.True(t, pgconn.SafeToRetry(err), "nothing was sent: %v", err)
+	require.True(t, conn.IsClosed(), "pgx is closing the connection")
+
+	cut, fire := context.WithCancelCause(ctx)
+	fire(errStatementTimeout)
+	bound := &statementBound{wait: time.Second}
+	// Taken for a COMMIT: one never written cannot have been applied.
+	bound.end(context.WithValue(cut, boundSQL{}, "commit"), conn, err)
+	require.True(t, bound.timedOut.Load())
+	require.False(t, bound.commitUncertain(), "a COMMIT never sent is no uncertain one")
+
+	closed := time.NewTimer(5 * time.Second)
+	defer closed.Stop()
+	select {
+	case <-conn.PgConn().CleanupDone():
+	case <-closed.C:
+		t.Fatal("the connection pgx is closing is still open 5 s after the cut (its drain of a silent server lasts 15 s)")
+	}
+}
+
+// TestStatementBound_AStatementNeverSentKeepsItsConnection: a statement whose bound had fired
+// before pgx sent it (SafeToRetry, the connection left open) keeps its connection, for the
+// command's next statement.
+func TestStatementBound_AStatementNeverSentKeepsItsConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.URL(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+
+	cut, fire := context.WithCancelCause(ctx)
+	fire(errStatementTimeout)
+	_, err = conn.Exec(cut, "SELECT 1")
+	require.Error(t, err)
+	require.True(t, pgconn.SafeToRetry(err), "never sent: %v", err)
+	bound := &statementBound{wait: time.Second}
+	bound.end(cut, conn, err)
+	require.True(t, bound.timedOut.Load())
+	_, err = conn.Exec(ctx, "SELECT 1")
+	require.NoError(t, err, "the connection was closed")
 }

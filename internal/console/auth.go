@@ -188,6 +188,15 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusUnauthorized, typ: "invalid_token", message: "unknown operator token"})
 		return
 	case errors.Is(err, operator.ErrRevoked):
+		// A token that should be out of use is in use: an operator security event, logged (who
+		// and why, never the token), as the tenants' revoked keys are by the API.
+		var revoked *operator.RevokedError
+		name := ""
+		if errors.As(err, &revoked) {
+			name = revoked.Operator
+		}
+		h.cfg.Logger.WarnContext(r.Context(), "console: login refused", "operator", name, "reason", operator.ErrRevoked.Error(),
+			"remote_addr", r.RemoteAddr)
 		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusForbidden, typ: "operator_revoked", message: "this operator was revoked"})
 		return
 	default:

@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"crypto/tls"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/console"
+	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/openapitest"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/tenant"
@@ -209,4 +211,50 @@ func TestPage_ServedEmbeddedWithHeaders(t *testing.T) {
 	}
 	res, body = c.do(http.MethodGet, "/console/nope", nil, nil)
 	requireError(t, res, body, http.StatusNotFound, "not_found")
+}
+
+// TestLogin_RevokedOperatorIsLogged: a revoked operator's refused login is an operator security
+// event (a token that should be out of use is in use): it is logged, naming the operator and why,
+// never the token. It was answered 403 and logged nothing.
+func TestLogin_RevokedOperatorIsLogged(t *testing.T) {
+	t.Parallel()
+	var logs logtest.Buffer
+	b := setupConfig(t, func(cfg *console.Config) { cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	ctx := context.Background()
+	store := operator.NewStore(b.jobs.Pool, nil)
+	_, tok, err := store.Create(ctx, "bob")
+	require.NoError(t, err)
+	_, err = store.Revoke(ctx, "bob")
+	require.NoError(t, err)
+
+	res, body := b.anonymous(t).do(http.MethodPost, "/console/api/login", map[string]string{"token": tok}, nil)
+	requireError(t, res, body, http.StatusForbidden, "operator_revoked")
+	require.Equal(t, 1, logs.Count("console: login refused"), logs.String())
+	require.Contains(t, logs.String(), "level=WARN")
+	require.Contains(t, logs.String(), "operator=bob")
+	require.Contains(t, logs.String(), `reason="operator revoked"`)
+	require.NotContains(t, logs.String(), tok, "the token is a secret")
+	require.NotContains(t, logs.String(), tok[len(operator.TokenPrefix):])
+
+	// An unknown token names nobody: it is not this event (the lookup gate answers floods).
+	res, body = b.anonymous(t).do(http.MethodPost, "/console/api/login", map[string]string{"token": operator.TokenPrefix + strings.Repeat("A", 43)}, nil)
+	requireError(t, res, body, http.StatusUnauthorized, "invalid_token")
+	require.Equal(t, 1, logs.Count("console: login refused"), logs.String())
+}
+
+// TestLogin_AnotherLoginKeepsTheFirstSession: logging in again (another browser, a teammate
+// sharing the operator) opens a session of its own and ends none (see the decision "Logging in
+// again ends no other session"); logout ends only its own.
+func TestLogin_AnotherLoginKeepsTheFirstSession(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, second := b.login(t), b.login(t)
+	for _, c := range []*client{first, second} {
+		res, body := c.do(http.MethodGet, "/console/api/session", nil, nil)
+		require.Equal(t, http.StatusOK, res.StatusCode, body)
+	}
+	res, body := second.do(http.MethodPost, "/console/api/logout", nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
+	res, body = first.do(http.MethodGet, "/console/api/session", nil, nil)
+	require.Equal(t, http.StatusOK, res.StatusCode, body)
 }

@@ -25,7 +25,8 @@ import (
 // appearing live when a spend cap hits, its attempts, canceling a waiting job from its page
 // (counted in the API's metrics), resuming the paused credential while a
 // waiting job's page goes live to succeeded, retrying the dead letter after a confirmation that
-// names the count, purging a dead letter found by its reason, creating a tenant, setting its weight, rotating its token (both tokens working) and revoking it, an action without the CSRF token refused,
+// names the count, purging a dead letter found by its reason, markup in a job's fields shown as
+// text and never run (no element made of it), creating a tenant, setting its weight, rotating its token (both tokens working) and revoking it, an action without the CSRF token refused,
 // an unknown job's message, the audit log, logout. It also measures the overview's first load.
 // Outages are injected in the browser (playwright's routes: a 503, a proxy's 502, a stream cut):
 // the overview and a job's page first opened in one come back by themselves, their badge says

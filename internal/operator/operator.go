@@ -21,11 +21,23 @@ var (
 	ErrMalformedToken = errors.New("malformed operator token")
 	// ErrUnknownToken: no operator has that token.
 	ErrUnknownToken = errors.New("unknown operator token")
-	// ErrRevoked: the token's operator was revoked.
+	// ErrRevoked: the token's operator was revoked (a *RevokedError, naming it, matches it).
 	ErrRevoked = errors.New("operator revoked")
 	// ErrNoSession: the session token is unknown or expired (or its operator revoked).
 	ErrNoSession = errors.New("no such session")
 )
+
+// RevokedError is ErrRevoked naming the operator, for the log of a refused login: Authenticate
+// and Login return it for a revoked operator's token. errors.Is(err, ErrRevoked) matches it.
+type RevokedError struct {
+	// Operator is the revoked operator's name.
+	Operator string
+}
+
+func (e *RevokedError) Error() string { return ErrRevoked.Error() + ": " + e.Operator }
+
+// Is reports whether target is ErrRevoked.
+func (e *RevokedError) Is(target error) bool { return target == ErrRevoked }
 
 // TokenPrefix starts every operator token. It differs from the tenants' "llmq_", so that a
 // tenant token is recognised and refused without a lookup, and a leaked token is recognisable.

@@ -43,7 +43,7 @@ SELECT $1, name, $3, $4 FROM operators WHERE name = $2 AND revoked_at IS NULL FO
 		return "", nil, fmt.Errorf("open session: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return "", nil, ErrRevoked
+		return "", nil, &RevokedError{Operator: o.Name}
 	}
 	return sessionToken, sess, nil
 }

@@ -126,7 +126,7 @@ func (s *Store) List(ctx context.Context) ([]Operator, error) {
 }
 
 // Authenticate returns the token's operator. Errors: ErrMalformedToken, ErrUnknownToken,
-// ErrRevoked, or a wrapped database error.
+// ErrRevoked (a *RevokedError, returned with the operator), or a wrapped database error.
 func (s *Store) Authenticate(ctx context.Context, token string) (*Operator, error) {
 	hash, err := HashToken(token)
 	if err != nil {
@@ -140,7 +140,7 @@ func (s *Store) Authenticate(ctx context.Context, token string) (*Operator, erro
 		return nil, fmt.Errorf("authenticate operator: %w", err)
 	}
 	if o.RevokedAt != nil {
-		return o, ErrRevoked
+		return o, &RevokedError{Operator: o.Name}
 	}
 	return o, nil
 }

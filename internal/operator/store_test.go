@@ -60,6 +60,9 @@ func TestStore_CreateAuthenticateRevoke(t *testing.T) {
 	require.ErrorIs(t, err, operator.ErrNoSession)
 	_, _, err = store.Login(ctx, token, time.Hour)
 	require.ErrorIs(t, err, operator.ErrRevoked)
+	var revoked *operator.RevokedError
+	require.ErrorAs(t, err, &revoked, "it names the operator, for the console's log")
+	require.Equal(t, "alice", revoked.Operator)
 	was, err = store.Revoke(ctx, "alice")
 	require.NoError(t, err)
 	require.False(t, was)

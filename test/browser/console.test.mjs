@@ -249,6 +249,23 @@ try {
   for (const id of [first, waiting, dead]) await tab.locator(`#jobs tr[data-id="${id}"]`).waitFor(WAIT);
   await shot(tab, 'jobs');
 
+  step('markup in a job\'s fields is shown as text, never run');
+  // The first message's text (the job page's request) and the reply quoting it (its result):
+  // each must be text. The page's CSP would block an inline handler anyway; what is checked is
+  // that no element is made of a field (an img, a script), and that the text reads as sent.
+  // (At most 60 characters: the simulator quotes that many.)
+  const markup = '<img src=x onerror=llmqXSS=1></script><svg onload=llmqXSS=2>';
+  const hostile = await submit(markup);
+  await waitStatus(hostile, 'succeeded');
+  await tab.goto(`${CONSOLE}#/job/${hostile}`);
+  await tab.locator('#result', { hasText: `llmsim reply to: ${markup}` }).waitFor(WAIT);
+  await tab.locator('#page dd div.muted', { hasText: `“${markup}”` }).waitFor(WAIT);
+  assert.equal(await tab.locator('#page img, #page script, #page svg, img[src=x]').count(), 0, 'no element made of a field');
+  assert.equal(await tab.evaluate(() => window.llmqXSS), undefined, 'no markup of a field ran');
+  await tab.goto(`${CONSOLE}#/jobs`);
+  await tab.locator(`#jobs tr[data-id="${hostile}"]`).waitFor(WAIT);
+  assert.equal(await tab.locator('#page img, #page script, #page svg, img[src=x]').count(), 0, 'none in the jobs list');
+
   step('create a tenant (its token shown once), set its weight, rotate its token, revoke it and delete it');
   await tab.goto(`${CONSOLE}#/tenants`);
   await tab.fill('#tenant-form input[name=name]', 'acme');
