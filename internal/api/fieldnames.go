@@ -89,10 +89,9 @@ func jsonNames(t reflect.Type) []string {
 // escape ("\u0073tream", which readers of raw bytes would miss) or sent twice,
 // naming it; envelope names are unknown_field and invalid_field, the request's invalid_request.
 // It runs on every submit body the walk (scanSubmit) does not take, checkRequestNames on the
-// others: each allocates its scanner and an error, nothing per member.
+// others: each allocates nothing but its error (TestCheckFieldNames_AllocationFree).
 func checkFieldNames(body []byte) error {
 	s := jsonScanner{b: body}
-	s.path = s.pathBuf[:0]
 	if s.peek() != '{' {
 		return nil // decodeSubmit has refused it
 	}
@@ -110,7 +109,6 @@ func checkRequestNames(request []byte) error {
 		return nil
 	}
 	s := jsonScanner{b: request}
-	s.path = s.pathBuf[:0]
 	var seen uint64
 	return s.checkMember(envelopeFields, &seen, requestName, false)
 }
@@ -187,7 +185,7 @@ func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, es
 	case child == nil:
 		s.skip()
 	case s.peek() == '{':
-		s.path = append(s.path, pathStep{name: name, index: -1})
+		s.push(name, -1)
 		defer s.pop()
 		return s.checkObject(child)
 	case s.peek() == '[':
@@ -203,7 +201,7 @@ func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, es
 				s.i++
 				continue
 			case '{':
-				s.path = append(s.path, pathStep{name: name, index: i})
+				s.push(name, i)
 				err := s.checkObject(child)
 				s.pop()
 				if err != nil {
@@ -237,13 +235,20 @@ type pathStep struct {
 	index int
 }
 
-func (s *jsonScanner) pop() { s.path = s.path[:len(s.path)-1] }
+// push adds a step to the path. The specs nest at most len(path) objects deep
+// (TestFieldSpecs_FitPath), so the path never fills.
+func (s *jsonScanner) push(name []byte, index int) {
+	s.path[s.depth] = pathStep{name: name, index: index}
+	s.depth++
+}
+
+func (s *jsonScanner) pop() { s.depth-- }
 
 // quotedPath returns the place of name in the body, quoted, for an error message
 // ("request.messages[1].Content").
 func (s *jsonScanner) quotedPath(name []byte) string {
 	var b strings.Builder
-	for _, p := range s.path {
+	for _, p := range s.path[:s.depth] {
 		b.Write(p.name)
 		if p.index >= 0 {
 			b.WriteString("[" + strconv.Itoa(p.index) + "]")
@@ -255,14 +260,15 @@ func (s *jsonScanner) quotedPath(name []byte) string {
 }
 
 // jsonScanner walks a JSON document known to be valid, without decoding what it skips. It
-// compares names where they lie in the document and keeps its path in pathBuf (the checked
+// compares names where they lie in the document and keeps its path in a fixed array (the checked
 // objects lie at most six deep: a source in a document's content source): a check allocates
-// nothing per member.
+// nothing, the scanner included (it stays on the stack: it holds no pointer to itself, as a
+// slice of an array of its own would be).
 type jsonScanner struct {
-	b       []byte
-	i       int
-	path    []pathStep
-	pathBuf [6]pathStep
+	b     []byte
+	i     int
+	path  [6]pathStep
+	depth int // steps of path in use
 }
 
 // peek returns the next byte that is not white space (0 at the end).

@@ -10,7 +10,6 @@ import (
 // of FuzzScanSubmit: every body's answer must be its answer.
 func refCheckFieldNames(body []byte) error {
 	s := jsonScanner{b: body}
-	s.path = s.pathBuf[:0]
 	if s.peek() != '{' {
 		return nil
 	}
@@ -82,7 +81,7 @@ func (s *jsonScanner) refCheckMember(spec *fieldSpec, seen *uint64, name []byte,
 	case child == nil:
 		s.skip()
 	case s.peek() == '{':
-		s.path = append(s.path, pathStep{name: name, index: -1})
+		s.push(name, -1)
 		defer s.pop()
 		return s.refCheckObject(child)
 	case s.peek() == '[':
@@ -98,7 +97,7 @@ func (s *jsonScanner) refCheckMember(spec *fieldSpec, seen *uint64, name []byte,
 				s.i++
 				continue
 			case '{':
-				s.path = append(s.path, pathStep{name: name, index: i})
+				s.push(name, i)
 				err := s.refCheckObject(child)
 				s.pop()
 				if err != nil {

@@ -190,12 +190,12 @@ func (c *canonWriter) object(i, depth int) int {
 // value's escapes are decoded in tmp, which the object holding it uses only once its members are
 // written.
 func (c *canonWriter) str(i int, key bool) (int, []byte) {
-	end := jsonscan.StringEnd(c.doc, i)
+	end, plain := stringEnd(c.doc, i)
 	if end < 0 {
 		return -1, nil
 	}
 	raw := c.doc[i+1 : end-1]
-	if plainCanonical(raw) {
+	if plain {
 		c.out = append(c.out, c.doc[i:end]...)
 		return end, raw
 	}
@@ -211,23 +211,33 @@ func (c *canonWriter) str(i int, key bool) (int, []byte) {
 	return end, decoded
 }
 
-// plainCanonical reports whether s, a JSON string's contents (valid: no control byte, no
-// unescaped quote), is written by encoding/json's encoder as it is: no escape, UTF-8, no U+2028
-// or U+2029.
-func plainCanonical(s []byte) bool {
-	for k := 0; k < len(s); k++ {
-		switch b := s[k]; {
-		case b == '\\':
-			return false
-		case b >= utf8.RuneSelf:
-			r, size := utf8.DecodeRune(s[k:])
+// stringEnd is jsonscan.StringEnd(doc, i), and whether the string is plain: written by
+// encoding/json's encoder as it is (no escape, UTF-8, no U+2028 or U+2029), so that its bytes are
+// its canonical form. It makes one pass over a plain string (a string found not plain is passed
+// over again by StringEnd); the second pass it saves was a tenth of Canonical's instructions.
+func stringEnd(doc []byte, i int) (end int, plain bool) {
+	if i < 0 || i >= len(doc) || doc[i] != '"' {
+		return -1, false
+	}
+	for k := i + 1; k < len(doc); k++ {
+		switch c := doc[k]; {
+		case c == '"':
+			return k + 1, true
+		case c < 0x20:
+			return -1, false
+		case c == '\\':
+			return jsonscan.StringEnd(doc, i), false
+		case c >= utf8.RuneSelf:
+			// A rune decoded holds no quote, backslash or control byte: its bytes are all
+			// 0x80 or above.
+			r, size := utf8.DecodeRune(doc[k:])
 			if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
-				return false
+				return jsonscan.StringEnd(doc, i), false
 			}
 			k += size - 1
 		}
 	}
-	return true
+	return -1, false
 }
 
 // unquote appends to dst the decoded contents s of a valid JSON string, as encoding/json's
