@@ -29,7 +29,7 @@ func EnsureDatabase(ctx context.Context, url string) error {
 	}
 	cfg := pcfg.ConnConfig
 	name := cfg.Database
-	if name == "" || name == "postgres" {
+	if name == "postgres" {
 		return nil
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
@@ -69,12 +69,22 @@ func EnsureDatabase(ctx context.Context, url string) error {
 const DefaultConnectTimeout = 5 * time.Second
 
 // ParseConfig parses url as a pool URL, with DefaultConnectTimeout unless it (or the
-// environment) sets its own connect_timeout, which is kept (0 included: no bound). Every
-// process and ctl open their pools through it.
+// environment) sets its own connect_timeout, which is kept (0 included: no bound). A URL that
+// names no database (in its path, dbname= or PGDATABASE) gets Postgres's own default, the
+// user's name, made explicit (so that EnsureDatabase sees it), and is refused when that name is
+// postgres: the server's default database, where llmq's tables would land among whatever else
+// lives there. Named, even as postgres, a database is taken as meant. Every process and ctl
+// open their pools through it.
 func ParseConfig(url string) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	if pcfg.ConnConfig.Database == "" {
+		if pcfg.ConnConfig.User == "postgres" {
+			return nil, errors.New("the database url names no database, and Postgres would take the server's default (postgres): add it to the path (postgres://host:5432/llmq) or set dbname= or PGDATABASE")
+		}
+		pcfg.ConnConfig.Database = pcfg.ConnConfig.User
 	}
 	if pcfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
 		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout

@@ -188,3 +188,35 @@ func TestEnsureDatabase_KeepsTheURLsConnectTimeout(t *testing.T) {
 	require.Error(t, err)
 	require.NoError(t, ctx.Err(), "the URL's connect_timeout of 1 s did not end the connection: %v", err)
 }
+
+// TestParseConfig_RefusesAURLWithoutDatabase: a URL that names no database (no path, no dbname,
+// no PGDATABASE) connects to the database named after its user: for the usual user, postgres,
+// the server's default, where llmq's tables would be migrated: refused, saying how to name one.
+// Another user's name is taken as Postgres takes it, made explicit. A named database, even
+// "postgres", is taken as meant.
+func TestParseConfig_RefusesAURLWithoutDatabase(t *testing.T) {
+	t.Setenv("PGDATABASE", "")
+	for _, url := range []string{
+		"postgres://postgres@127.0.0.1:5432?sslmode=disable",
+		"postgres://postgres@127.0.0.1:5432/?sslmode=disable",
+		"postgresql://postgres:secret@db.example",
+	} {
+		_, err := migrations.ParseConfig(url)
+		require.ErrorContains(t, err, "names no database", url)
+		require.NotContains(t, err.Error(), "secret", "the error does not quote the URL's password")
+	}
+	for url, database := range map[string]string{
+		"postgres://postgres@127.0.0.1:5432/llmq?sslmode=disable":        "llmq",
+		"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable":    "postgres",
+		"postgres://postgres@127.0.0.1:5432?dbname=llmq&sslmode=disable": "llmq",
+		"postgresql://u:p@db.example":                                    "u",
+		"postgres://llmq@127.0.0.1:5432?sslmode=disable":                 "llmq",
+	} {
+		cfg, err := migrations.ParseConfig(url)
+		require.NoError(t, err, url)
+		require.Equal(t, database, cfg.ConnConfig.Database, url)
+	}
+	t.Setenv("PGDATABASE", "llmq")
+	_, err := migrations.ParseConfig("postgres://postgres@127.0.0.1:5432?sslmode=disable")
+	require.NoError(t, err, "PGDATABASE names it")
+}

@@ -2,7 +2,9 @@
 //
 // Files are named NNN_name.up.sql / NNN_name.down.sql. Up applies the missing versions in order,
 // each in its own transaction, under a Postgres advisory lock so that several api and worker
-// processes starting at once apply each version exactly once.
+// processes starting at once apply each version exactly once. It refuses a missing version
+// numbered below one the database has applied: a new migration takes a number above the newest
+// (gaps, such as 014, stay gaps).
 package migrations
 
 import (
@@ -59,8 +61,9 @@ func All() []Migration {
 // Up applies every migration not yet recorded in schema_migrations and returns the versions it
 // applied, also when it fails (those are committed). It is safe to call from many processes at
 // once: they serialise on an advisory lock. It refuses a read-only database, and needs the
-// CREATE privilege only when there is something to apply. Its wait for the lock is silent:
-// UpWatch reports it.
+// CREATE privilege only when there is something to apply. It applies nothing when a missing
+// version is numbered below the newest one applied (an error naming both). Its wait for the
+// lock is silent: UpWatch reports it.
 func Up(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
 	return UpWatch(ctx, pool, LockWatch{})
 }
@@ -69,6 +72,11 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]int, error) {
 // holder's pid, user, application and client where Postgres shows them), while it waits without
 // bound but ctx's.
 func UpWatch(ctx context.Context, pool *pgxpool.Pool, w LockWatch) ([]int, error) {
+	return upWith(ctx, pool, w, All())
+}
+
+// upWith is UpWatch applying the migrations ms (in version order) instead of All's.
+func upWith(ctx context.Context, pool *pgxpool.Pool, w LockWatch, ms []Migration) ([]int, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", err)
@@ -139,11 +147,22 @@ func UpWatch(ctx context.Context, pool *pgxpool.Pool, w LockWatch) ([]int, error
 	if err != nil {
 		return nil, fmt.Errorf("read schema_migrations: %w", err)
 	}
+	newest := 0
 	for _, v := range versions {
 		applied[v] = true
+		newest = max(newest, v)
+	}
+	// A missing version below the newest applied one was numbered into the past (a gap, or a
+	// number another branch took meanwhile): applied here it would run after the newer ones,
+	// against a schema its author never saw, while a fresh database runs it before them.
+	// Refused before anything is applied, so the database stays as the newer versions left it.
+	for _, m := range ms {
+		if !applied[m.Version] && m.Version < newest {
+			return nil, fmt.Errorf("migration %03d_%s is numbered below %03d, the newest this database has applied: it would run out of order; renumber it above the newest migration", m.Version, m.Name, newest)
+		}
 	}
 	var done []int
-	for _, m := range All() {
+	for _, m := range ms {
 		if applied[m.Version] {
 			continue
 		}

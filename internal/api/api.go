@@ -749,6 +749,11 @@ func classifyError(r *http.Request, err error) (*httpError, *serverFailure) {
 		he = &httpError{status: http.StatusServiceUnavailable, typ: "job_busy",
 			message: "the job's status kept changing under the cancel (an operator retrying it); nothing was done; retry shortly",
 			header:  http.Header{"Retry-After": {"1"}}}
+	case errors.Is(err, jobs.ErrKeyBusy):
+		// As ErrBusy: nothing was stored, and the next try likely takes.
+		he = &httpError{status: http.StatusServiceUnavailable, typ: "job_busy",
+			message: "the job this Idempotency-Key held was deleted under each of the submit's tries; nothing was stored; retry shortly",
+			header:  http.Header{"Retry-After": {"1"}}}
 	case pgwait.TimedOut(r.Context(), err):
 		// Checked before context.Canceled: the bound canceled the request's context (bounded).
 		he = &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",

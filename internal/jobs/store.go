@@ -34,6 +34,11 @@ var (
 	// retried and ending again, over and over, while it waited for the row's lock); it did
 	// nothing, and a later try, once the job is left alone, takes.
 	ErrBusy = errors.New("the job's status kept changing under the cancel")
+	// ErrKeyBusy: a keyed Create found its idempotency key holding a job that was deleted
+	// before it could be read, under each of its tries (retention or a purge deleting, again
+	// and again, the job another submit of the key creates meanwhile); it stored nothing, and a
+	// later try likely takes.
+	ErrKeyBusy = errors.New("the idempotency key's job was deleted under each of the submit's tries")
 )
 
 // EventsChannel is the Postgres NOTIFY channel on which the transitions of watched jobs
@@ -217,7 +222,8 @@ func (s *Store) scanJob(row pgx.Row, extra ...any) (*Job, error) {
 // answers a Begin, also its first attempt's start and "running" event). With an idempotency key
 // already used by the same body (same fingerprint) it returns the existing job and
 // replayed=true; with a different body, ErrIdempotencyKeyReused. Concurrent creates with one
-// key yield exactly one job.
+// key yield exactly one job. When the key's job was deleted before it was read under each of
+// keyedTries tries, it stores nothing and returns ErrKeyBusy (wrapped).
 func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed bool, err error) {
 	if err := s.assignID(&p); err != nil {
 		return nil, false, err
@@ -250,11 +256,15 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		job.Request = p.Request // insertJob does not send the body back
 		return job, false, nil
 	}
-	for range 3 {
+	for range keyedTries {
 		job, replayed, err = s.createKeyed(ctx, id, p)
 		if !errors.Is(err, errReplayGone) {
 			break
 		}
+	}
+	if errors.Is(err, errReplayGone) {
+		// Nothing was stored (each try rolled back): a passing refusal, not the server's failure.
+		return nil, false, fmt.Errorf("create job: %w (%d tries)", ErrKeyBusy, keyedTries)
 	}
 	if err != nil && IsUnavailable(err) {
 		// The connection broke: when the commit had been sent, the job may be stored (and the
@@ -275,6 +285,10 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 	}
 	return job, replayed, nil
 }
+
+// keyedTries is how many times Create claims a key whose job keeps being deleted before it is
+// read (errReplayGone) before it answers ErrKeyBusy.
+const keyedTries = 3
 
 // errReplayGone: the job a key was found for was deleted before it was read (retention or a
 // purge, whose cascade deletes the key too): claiming the key again makes a new job.

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/httpserve"
 	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/migrations"
@@ -130,6 +131,40 @@ func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pg
 	return migrations.OpenWaitWatch(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
 		logger.Warn("postgres not reachable yet; trying again", "error", err, "retry_in", wait.String())
 	}, migrations.LockWatch{Report: func(w migrations.LockWait) { logLockWait(logger, w) }})
+}
+
+// evictionCheckTimeout bounds the start-up's read of Redis's maxmemory-policy: a Redis not up yet
+// delays the start by no more.
+const evictionCheckTimeout = 2 * time.Second
+
+// warnEviction logs a warning when the config's Redis may evict keys (its maxmemory-policy is
+// not noeviction): llmq's tasks, limiter buckets and pauses would be dropped without a word once
+// it is full. A Redis that refuses CONFIG (a managed one) or does not answer is logged at debug
+// only: the check is advice, and the process's own use of Redis reports an unreachable one.
+func warnEviction(ctx context.Context, cfg *config.Config, logger *slog.Logger) {
+	opt, err := dispatch.RedisConnOpt(cfg.RedisURL)
+	if err != nil {
+		return // the API's and the worker's own parse report it
+	}
+	rdb := dispatch.NewRedisClient(opt)
+	ctx, cancel := context.WithTimeout(ctx, evictionCheckTimeout)
+	defer cancel()
+	// go-redis's reads keep their own timeout (seconds) whatever ctx says: closing the client at
+	// the bound ends a read that a silent Redis leaves waiting.
+	stop := context.AfterFunc(ctx, func() { _ = rdb.Close() })
+	defer func() {
+		if stop() {
+			_ = rdb.Close()
+		}
+	}()
+	policy, err := dispatch.EvictionPolicy(ctx, rdb)
+	switch {
+	case err != nil:
+		logger.Debug("could not read redis's maxmemory-policy", "error", err)
+	case policy != dispatch.NoEviction:
+		logger.Warn("redis may evict llmq's keys (queued tasks, rate-limit state, pauses) when it is full: set maxmemory-policy noeviction",
+			"maxmemory_policy", policy, "fix", "CONFIG SET maxmemory-policy noeviction, and the same in redis.conf or the provider's parameter group")
+	}
 }
 
 // logLockWait logs a wait for the migration lock that another process holds (its migrations, or

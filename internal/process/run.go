@@ -45,6 +45,7 @@ func API(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
+	warnEviction(ctx, cfg, logger)
 	reg := newRegistry(pool)
 	handler, closeAPI, err := api.FromConfig(cfg, pool, reg, logger)
 	if err != nil {
@@ -86,6 +87,7 @@ func Worker(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
+	warnEviction(ctx, cfg, logger)
 	reg := newRegistry(pool)
 	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg})
 	if err != nil {
@@ -148,6 +150,7 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
+	warnEviction(ctx, cfg, logger)
 	reg := newRegistry(pool)
 	// One store: the API's creates and the worker's transitions share the batcher's commits.
 	store := jobs.NewStore(pool, nil)

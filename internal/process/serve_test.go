@@ -35,6 +35,12 @@ func TestMain(m *testing.M) {
 // and returns its path.
 func writeConfig(t *testing.T, simURL string) string {
 	t.Helper()
+	return writeConfigOn(t, simURL, redistest.Server(t))
+}
+
+// writeConfigOn is writeConfig on the Redis at redisURL.
+func writeConfigOn(t *testing.T, simURL, redisURL string) string {
+	t.Helper()
 	yaml := fmt.Sprintf(`
 database_url: %s
 redis_url: %s
@@ -42,7 +48,7 @@ api: { listen: "127.0.0.1:0", allow_anonymous: true }
 worker: { concurrency: 10, metrics_listen: "off" }
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY }
-`, pgtest.URL(t), redistest.Server(t), simURL)
+`, pgtest.URL(t), redisURL, simURL)
 	path := filepath.Join(t.TempDir(), "llmq.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(yaml), 0o600))
 	return path

@@ -1,0 +1,86 @@
+package process_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/logtest"
+	"github.com/llmq/llmq/internal/process"
+	"github.com/llmq/llmq/internal/redistest"
+)
+
+// msgEviction is the start-up warning of a Redis that may evict llmq's keys.
+const msgEviction = "redis may evict llmq's keys"
+
+// An API or a worker started on a Redis whose maxmemory-policy may evict keys (any but
+// noeviction) says so at start, naming the policy and the fix: an evicted task, limiter bucket or
+// pause is lost without a word. On noeviction, or where CONFIG is refused (a managed Redis), it
+// says nothing. Each case has a private Redis: the policy is never changed on a shared one.
+func TestProcesses_WarnOfARedisThatMayEvict(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, process, policy string
+		refuseConfig, warn    bool
+	}{
+		{name: "APIAllKeysLRU", process: "api", policy: "allkeys-lru", warn: true},
+		{name: "WorkerVolatileLRU", process: "worker", policy: "volatile-lru", warn: true},
+		{name: "APINoEviction", process: "api", policy: "noeviction"},
+		{name: "WorkerConfigRefused", process: "worker", policy: "allkeys-lru", refuseConfig: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			redisURL := redistest.Server(t)
+			opt, err := redis.ParseURL(redisURL)
+			require.NoError(t, err)
+			rdb := redis.NewClient(opt)
+			t.Cleanup(func() { _ = rdb.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err())
+			if tc.refuseConfig {
+				require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", "default", "-config").Err())
+			}
+			path := writeConfigOn(t, "http://127.0.0.1:1", redisURL) // no call is made
+
+			runCtx, stop := context.WithCancel(ctx)
+			defer stop()
+			logs := &logtest.Buffer{}
+			done := make(chan error, 1)
+			o := process.Options{Stderr: logs, Getenv: getenv}
+			run, started := process.API, "api listening"
+			if tc.process == "worker" {
+				run, started = process.Worker, "worker started"
+			}
+			go func() { done <- run(runCtx, []string{"--config", path}, o) }()
+			for logs.Count(started) == 0 {
+				select {
+				case err := <-done:
+					t.Fatalf("the process ended before it started: %v\n%s", err, logs.String())
+				case <-ctx.Done():
+					t.Fatalf("the process did not start within a minute: %s", logs.String())
+				case <-time.After(20 * time.Millisecond): // polling the log; nothing signals a line
+				}
+			}
+			stop()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-ctx.Done():
+				t.Fatal("the process did not stop")
+			}
+			if !tc.warn {
+				require.Zero(t, logs.Count(msgEviction), logs.String())
+				return
+			}
+			require.Equal(t, 1, logs.Count(msgEviction), logs.String())
+			line := logs.String()
+			require.Contains(t, line, `"maxmemory_policy":"`+tc.policy+`"`)
+			require.Contains(t, line, "noeviction", "the line names the fix")
+		})
+	}
+}
