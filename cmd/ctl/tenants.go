@@ -102,8 +102,9 @@ func (a *app) tenantsCommand() *cli.Command {
 				// The last walk comes once the replicas' caches have let go of the revocation (at
 				// once for a tenant revoked long ago); its dead letters too, which no retry of the
 				// dead letters sends then.
+				abort := func(j *jobs.Job) error { return tasks.AbortEnded(c.Context, j) }
 				n, dead, err := offboard.CancelJobs(c.Context, tenants, jobs.NewStore(p, nil), name, a.revokeSettle,
-					func(j *jobs.Job) error { return tasks.AbortEnded(c.Context, j) })
+					abort, abort)
 				if n > 0 || err == nil {
 					fmt.Fprintf(a.out, "canceled %d jobs of tenant %s%s\n", n, name, deadLettersNote(dead))
 					// Logged even when the command was interrupted: those jobs are canceled.
@@ -243,8 +244,9 @@ func (a *app) tenantsDelete(c *cli.Context) (err error) {
 		return err
 	}
 	defer p.Close()
+	abort := func(j *jobs.Job) error { return tasks.AbortEnded(c.Context, j) }
 	res, err := offboard.DeleteTenant(c.Context, tenant.NewStore(p, nil), jobs.NewStore(p, nil), name, offboard.Options{
-		Settle: a.revokeSettle, Abort: func(j *jobs.Job) error { return tasks.AbortEnded(c.Context, j) }, Batch: tenantDeleteBatch,
+		Settle: a.revokeSettle, Abort: abort, AbortInFlight: abort, Batch: tenantDeleteBatch,
 		Canceled: func(n int) { fmt.Fprintf(a.out, "canceled %d jobs of tenant %s\n", n, name) },
 		Progress: func(deleted int64) { fmt.Fprintf(a.out, "deleted %d jobs so far\n", deleted) },
 	})

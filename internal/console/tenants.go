@@ -134,7 +134,8 @@ func (h *Handler) tenantRevoke(w http.ResponseWriter, r *http.Request, s *operat
 // Config.RevokeSettle after its revocation), and audits how many it canceled (when it was not
 // interrupted, or canceled some). It returns them and how many of them were dead letters.
 func (h *Handler) cancelTenantJobs(r *http.Request, s *operator.Session, name string) (n, dead int, err error) {
-	n, dead, err = offboard.CancelJobs(r.Context(), h.tenants, h.cfg.Jobs, name, h.cfg.RevokeSettle, h.canceledOfTenant(r))
+	n, dead, err = offboard.CancelJobs(r.Context(), h.tenants, h.cfg.Jobs, name, h.cfg.RevokeSettle, h.canceledOfTenant(r),
+		h.abortOfTenant(r))
 	if n > 0 || err == nil {
 		// Recorded even when the request was cut (h.audit outlives it): those jobs are canceled.
 		h.audit(r, s.Operator, offboard.CancelJobsEntry(name, n, dead))
@@ -147,10 +148,20 @@ func (h *Handler) cancelTenantJobs(r *http.Request, s *operator.Session, name st
 // Redis says (an attempt in flight stops, unstored, at its lease's next renewal), and nothing
 // waits for a stalled Redis past dispatch.RedisWait.
 func (h *Handler) canceledOfTenant(r *http.Request) func(*jobs.Job) error {
+	abort := h.abortOfTenant(r)
 	return func(job *jobs.Job) error {
 		if h.cfg.Canceled != nil {
 			h.cfg.Canceled(job.Credential)
 		}
+		return abort(job)
+	}
+}
+
+// abortOfTenant aborts the task of a tenant's canceled job, as canceledOfTenant does, without
+// counting it: for the jobs canceled before whose attempt may still be in flight
+// (offboard.CancelJobs' abortInFlight, offboard.Options.AbortInFlight).
+func (h *Handler) abortOfTenant(r *http.Request) func(*jobs.Job) error {
+	return func(job *jobs.Job) error {
 		if h.cfg.Tasks == nil {
 			return nil
 		}
@@ -174,7 +185,7 @@ func (h *Handler) canceledOfTenant(r *http.Request) func(*jobs.Job) error {
 func (h *Handler) tenantDelete(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	name := r.PathValue("name")
 	res, err := offboard.DeleteTenant(r.Context(), h.tenants, h.cfg.Jobs, name,
-		offboard.Options{Settle: h.cfg.RevokeSettle, Abort: h.canceledOfTenant(r)})
+		offboard.Options{Settle: h.cfg.RevokeSettle, Abort: h.canceledOfTenant(r), AbortInFlight: h.abortOfTenant(r)})
 	for _, e := range res.AuditEntries(name) {
 		h.audit(r, s.Operator, e)
 	}

@@ -89,11 +89,31 @@ func TestStore_CancelOfAnEndedJobLocksNothing(t *testing.T) {
 }
 
 // counted is a store whose pool's connections count the statements they send (BEGIN, COMMIT and
-// ROLLBACK among them: each a round trip).
+// ROLLBACK among them: each a round trip), and apart the batches they send (each a round trip,
+// whatever its statements).
 type counted struct {
-	store *jobs.Store
-	mu    sync.Mutex
-	sqls  []string
+	store   *jobs.Store
+	mu      sync.Mutex
+	sqls    []string
+	batches int
+}
+
+func (c *counted) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.mu.Lock()
+	c.batches++
+	c.mu.Unlock()
+	return ctx
+}
+
+func (c *counted) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *counted) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// roundTrips is how many statements sent alone and batches were sent.
+func (c *counted) roundTrips() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.sqls) + c.batches
 }
 
 func (c *counted) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -65,12 +66,13 @@ WHERE j.tenant = $1 AND e.type = 'canceled' ORDER BY 1`, tenant)
 }
 
 // TestStore_CancelTenantIsAStatementAPage: offboarding a tenant of N jobs cancels them a page
-// (500; here 10, so that few jobs make many pages) a statement (with its transaction's BEGIN,
-// SET and COMMIT: 4 round trips a page), not one statement each: 100,000 live jobs were 100,000
-// round trips and more. What it does is the per-job way's (Cancel of each): the same jobs
-// canceled, counted and aborted once each, the same events ({"from": ...}, a dead job's
-// previous_reason kept), the ended jobs and another tenant's left alone. It was a statement a
-// job, and the pages' reads: 1,029 round trips for 1,017 unfinished jobs.
+// (500; here 10, so that few jobs make many pages) a statement (sent in one batch with its
+// transaction's BEGIN and SET, then COMMIT: two round trips a page; they were 4), not one
+// statement each: 100,000 live jobs were 100,000 round trips and more. What it does is the
+// per-job way's (Cancel of each): the same jobs canceled, counted and aborted once each, the
+// same events ({"from": ...}, a dead job's previous_reason kept), the ended jobs and another
+// tenant's left alone. It was a statement a job, and the pages' reads: 1,029 round trips for
+// 1,017 unfinished jobs.
 func TestStore_CancelTenantIsAStatementAPage(t *testing.T) {
 	t.Parallel()
 	b := jobstest.New(t)
@@ -91,10 +93,10 @@ func TestStore_CancelTenantIsAStatementAPage(t *testing.T) {
 		aborted[j.ID]++
 		return nil
 	}
-	before := counted.n()
+	before := counted.roundTrips()
 	live, err := counted.store.CancelTenant(ctx, "acme", settledNow(), abort)
 	require.NoError(t, err)
-	liveStatements := counted.n() - before
+	liveStatements := counted.roundTrips() - before
 	before = counted.n()
 	dead, err := counted.store.CancelDeadOfTenant(ctx, "acme", abort)
 	require.NoError(t, err)
@@ -103,11 +105,11 @@ func TestStore_CancelTenantIsAStatementAPage(t *testing.T) {
 	unfinished := len(acme[jobs.StatusQueued]) + len(acme[jobs.StatusRunning])
 	require.Equal(t, unfinished, live)
 	require.Equal(t, len(acme[jobs.StatusDead]), dead)
-	// Several pages of each (the last short, or empty): statements of 4 round trips for the
-	// live jobs, of one for the dead ones.
+	// Several pages of each (the last short, or empty): two round trips a live page, one a dead
+	// one.
 	require.Greater(t, unfinished, 4*page)
 	require.Greater(t, dead, 2*page)
-	require.LessOrEqual(t, liveStatements, 4*(unfinished/page+1), "round trips of CancelTenant: %d jobs", unfinished)
+	require.LessOrEqual(t, liveStatements, 2*(unfinished/page+1), "round trips of CancelTenant: %d jobs", unfinished)
 	require.LessOrEqual(t, deadStatements, dead/page+1, "round trips of CancelDeadOfTenant: %d jobs", dead)
 	require.Len(t, aborted, live+dead)
 	for id, k := range aborted {
@@ -148,6 +150,112 @@ func TestStore_CancelTenantIsAStatementAPage(t *testing.T) {
 // worker's transition, a retry, a catch-up) is passed over by its page's statement (SKIP
 // LOCKED: the page waits for nobody, its other jobs canceled meanwhile) and canceled by itself
 // once the lock is let go, counted and aborted once: it is not left live.
+// TestStore_CancelTenantPageThatFailsLeavesNoTransaction: a page's batch (BEGIN, SET LOCAL, the
+// statement, COMMIT) whose statement fails (here a trigger raises) cancels nothing, and leaves
+// the pool's connection in no transaction: the next user of it (a pool of one connection) finds
+// enable_sort as it was and its statements run, not "current transaction is aborted"; a rerun
+// cancels the job.
+func TestStore_CancelTenantPageThatFailsLeavesNoTransaction(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	job := b.Create(t, jobstest.Opts{Tenant: "acme"})
+	cfg, err := pgxpool.ParseConfig(b.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	store := jobs.NewStore(pool, nil)
+	_, err = b.Pool.Exec(ctx, `CREATE FUNCTION fail_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	RAISE EXCEPTION 'no cancel today' USING ERRCODE = '53100';
+END $$;
+CREATE TRIGGER fail_cancel BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION fail_cancel();`)
+	require.NoError(t, err)
+
+	n, err := store.CancelTenant(ctx, "acme", settledNow(), nil)
+	require.ErrorContains(t, err, "no cancel today")
+	require.Zero(t, n)
+	var sort string
+	require.NoError(t, pool.QueryRow(ctx, `SHOW enable_sort`).Scan(&sort))
+	require.Equal(t, "on", sort, "the failed page's SET LOCAL ended with its transaction")
+	var tx1, tx2 int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT txid_current()`).Scan(&tx1))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT txid_current()`).Scan(&tx2))
+	require.NotEqual(t, tx1, tx2, "each statement its own transaction")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status, "nothing canceled")
+
+	_, err = b.Pool.Exec(ctx, `DROP TRIGGER fail_cancel ON jobs`)
+	require.NoError(t, err)
+	n, err = store.CancelTenant(ctx, "acme", settledNow(), nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+// TestStore_CancelTenantInterruptedInAPageCancelsNothingOfIt: a run interrupted (ctx ended:
+// ctl's Ctrl-C, the console's ActionTimeout) while a page's statement runs cancels none of that
+// page's jobs: its transaction commits only once the run has read what it canceled (to count and
+// abort them). Sent in one batch with the statement, the COMMIT ran as soon as the statement
+// ended, the run gone: the page's jobs were canceled, neither counted nor aborted.
+func TestStore_CancelTenantInterruptedInAPageCancelsNothingOfIt(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	job := b.Create(t, jobstest.Opts{Tenant: "acme"})
+	// The page's statement waits (its update's trigger) for an advisory lock the test holds.
+	_, err := b.Pool.Exec(ctx, `CREATE FUNCTION hold_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_advisory_xact_lock_shared(4242);
+	RETURN NEW;
+END $$;
+CREATE TRIGGER hold_cancel BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION hold_cancel();`)
+	require.NoError(t, err)
+	holder, err := b.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(4242)`)
+	require.NoError(t, err)
+
+	run, interrupt := context.WithCancel(ctx)
+	defer interrupt()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Store.CancelTenant(run, "acme", settledNow(), nil)
+		done <- err
+	}()
+	require.NoError(t, jobs.WaitForLockWaiterOf(ctx, b.Pool, "cand AS"))
+	interrupt()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-ctx.Done():
+		t.Fatal("CancelTenant did not return")
+	}
+	// The statement goes on without its run, to its end.
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
+	require.NoError(t, err)
+	for {
+		var n int
+		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND strpos(query, 'cand AS') > 0`).Scan(&n))
+		if n == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the interrupted page's session did not end")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status, "the interrupted page rolled back")
+}
+
 func TestStore_CancelTenantWaitsForALockedJob(t *testing.T) {
 	t.Parallel()
 	b := jobstest.New(t)

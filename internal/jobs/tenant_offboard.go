@@ -67,6 +67,18 @@ SELECT count(*) FROM d`
 // job that ended meanwhile is left as it ended. An abort that fails does not stop it (its job
 // is canceled: an attempt in flight runs to its end, unstored); the first such failure is
 // returned at the end, with their count (*AbortError).
+//
+// A page whose COMMIT's answer was lost (the call fails) canceled its jobs and neither counted
+// nor aborted them: the operator's rerun finds them canceled, and AbortInFlightOfTenant, which
+// package offboard runs first, aborts the tasks of those whose attempt may still be in flight.
+//
+// A dead job retried (RetryDead) is queued with a fresh deadline, which a walk's cursor may have
+// passed; the walk from the start once settled has fired takes it. RetryDead leaves a revoked
+// tenant's jobs alone, so one is retried after the revocation only by a retry statement that read
+// the tenant before it was revoked and committed later; it escapes both walks only if it commits
+// after the last walk began, past settle (the Authenticator's TTL and a second), waiting on row
+// locks all that while. That is left to the operator: it stays live (RemainingOfTenant counts
+// it; a tenant deletion keeps the tenant), and a rerun cancels it.
 func (s *Store) CancelTenant(ctx context.Context, tenant string, settled <-chan time.Time, abort func(*Job) error) (int, error) {
 	var t cancelTally
 	fired := false
@@ -119,7 +131,8 @@ func (s *Store) CancelDeadOfTenant(ctx context.Context, tenant string, abort fun
 
 // AbortError is the error of CancelTenant and CancelDeadOfTenant when every cancel was made but
 // abort failed for some of the jobs canceled (an attempt in flight runs to its end, unstored): a
-// later call aborts nothing more, as those jobs have ended. It unwraps to the first failure.
+// later CancelTenant aborts nothing more, but AbortInFlightOfTenant aborts again those whose
+// attempt may still be in flight. It unwraps to the first failure.
 type AbortError struct {
 	// Unaborted counts the canceled jobs abort failed for.
 	Unaborted int
@@ -148,6 +161,55 @@ type cancelTally struct {
 	abortErr     error
 }
 
+// AbortInFlightOfTenant calls abort with each of the tenant's canceled jobs whose attempt may
+// still be in flight: its lease (lease_until, which a cancel keeps) has not run out, so its
+// delivery has not yet renewed it and found the job ended. It is for a rerun of CancelTenant,
+// before it: a page of CancelTenant whose COMMIT's answer was lost canceled its jobs without
+// aborting them, and the rerun finds them canceled (see docs/decisions.md, "A tenant's cancel
+// aborts again the canceled jobs still in flight"). It may abort again a task already aborted
+// (a job a client canceled, say), which is harmless. Once a lease has run out its attempt has
+// stopped; a queued job's task left behind runs, finds the job canceled and does nothing. An
+// abort that fails does not stop it: the first failure is returned at the end, with their count
+// (*AbortError). It reads only the jobs canceled lately (abortInFlightOfTenantSQL), not every
+// job the tenant has.
+func (s *Store) AbortInFlightOfTenant(ctx context.Context, tenant string, abort func(*Job) error) error {
+	var t cancelTally
+	rows, err := s.pool.Query(ctx, abortInFlightOfTenantSQL, tenant)
+	if err != nil {
+		return fmt.Errorf("read the tenant's canceled jobs in flight: %w", err)
+	}
+	var inFlight []*Job
+	for rows.Next() {
+		job, err := s.scanJob(rows)
+		if err != nil {
+			rows.Close()
+			return fmt.Errorf("read the tenant's canceled jobs in flight: %w", err)
+		}
+		inFlight = append(inFlight, job)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the tenant's canceled jobs in flight: %w", err)
+	}
+	for _, job := range inFlight {
+		t.abort(job, abort)
+	}
+	if t.abortErr != nil {
+		return &AbortError{Unaborted: t.unaborted, Err: t.abortErr}
+	}
+	return nil
+}
+
+// abortInFlightOfTenantSQL selects AbortInFlightOfTenant's jobs ($1 tenant) through
+// jobs_finished_idx: a canceled job's lease is renewed no more (RenewLease and BeginAttempt take
+// unfinished jobs only), so one still live was canceled (finished_at, its transaction's start)
+// less than AttemptLease ago, give or take how long that cancel waited for the row's lock; the
+// hour bounds both with room. Through jobs_tenant_created_idx it read every job of the tenant:
+// 1.7 to 2.5 s a run for a tenant of a million jobs, 0.1 ms this way.
+var abortInFlightOfTenantSQL = `SELECT ` + jobColumnsNoRequest + ` FROM jobs
+WHERE status = 'canceled' AND finished_at > now() - interval '1 hour' AND tenant = $1
+	AND lease_until > clock_timestamp()`
+
 // cancelEach cancels each job of ids as Cancel does, skipping one that ended (or was deleted)
 // meanwhile, and calls abort (when not nil) with each it canceled; an abort that fails is
 // counted in t, not returned. It stops at the first other error.
@@ -169,6 +231,11 @@ func (s *Store) cancelEach(ctx context.Context, ids []string, abort func(*Job) e
 // canceled counts job, canceled, and calls abort (when not nil) with it, counting a failure.
 func (t *cancelTally) canceled(job *Job, abort func(*Job) error) {
 	t.n++
+	t.abort(job, abort)
+}
+
+// abort calls abort (when not nil) with job, counting a failure.
+func (t *cancelTally) abort(job *Job, abort func(*Job) error) {
 	if abort == nil {
 		return
 	}
@@ -187,7 +254,8 @@ const cancelPageSize = 500
 // cancelPages cancels, page by page in the order of a walk key (at, id), the tenant's jobs that
 // sql selects (cancelUnfinishedPageSQL or cancelDeadPageSQL: $1 tenant, $2 and $3 the key after
 // which the page starts, $4 the page's size), calling abort (when not nil) with each it
-// canceled, as cancelEach does; inOrder runs each statement in inOrderOfIndex. The statement
+// canceled, as cancelEach does; inOrder runs each statement as inOrderOfIndex would, in two
+// round trips (queryInOrderOfIndex). The statement
 // locks its page's rows FOR UPDATE SKIP LOCKED, waiting for nobody (so it holds no lock while it
 // waits, and its lock order cannot close a cycle with RetryDead's or the Listener's catch-up),
 // cancels those and appends their events as cancelSQL does. A row of the page it did not cancel
@@ -200,14 +268,8 @@ func (s *Store) cancelPages(ctx context.Context, sql string, inOrder bool, tenan
 	for {
 		var canceled []*Job
 		var others []string
-		read := func(q interface {
-			Query(context.Context, string, ...any) (pgx.Rows, error)
-		}) error {
-			canceled, others = canceled[:0], others[:0]
-			rows, err := q.Query(ctx, sql, tenant, at, after, s.cancelPage)
-			if err != nil {
-				return err
-			}
+		args := []any{tenant, at, after, s.cancelPage}
+		read := func(rows pgx.Rows) error {
 			defer rows.Close()
 			for rows.Next() {
 				var ours bool
@@ -229,9 +291,12 @@ func (s *Store) cancelPages(ctx context.Context, sql string, inOrder bool, tenan
 		}
 		var err error
 		if inOrder {
-			err = s.inOrderOfIndex(ctx, func(tx pgx.Tx) error { return read(tx) })
+			err = s.queryInOrderOfIndex(ctx, sql, args, read)
 		} else {
-			err = read(s.pool)
+			var rows pgx.Rows
+			if rows, err = s.pool.Query(ctx, sql, args...); err == nil {
+				err = read(rows)
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("cancel the tenant's jobs: %w", err)
@@ -248,27 +313,69 @@ func (s *Store) cancelPages(ctx context.Context, sql string, inOrder bool, tenan
 	}
 }
 
+// queryInOrderOfIndex runs sql (with args) in a transaction whose statements may not sort, as
+// inOrderOfIndex does, in two round trips where inOrderOfIndex's are four: BEGIN, SET LOCAL and
+// the statement go out as one batch (pgx.Batch.BeginTx), then COMMIT once read has read (and
+// closed) the statement's rows. The COMMIT is not sent with the statement: Postgres would run it
+// as soon as the statement ended, whatever became of the caller, so that an interrupted run (ctx
+// ended while the statement ran) committed a page it never read, neither counted nor aborted.
+// When anything fails before the COMMIT is sent the transaction is rolled back (a connection
+// left in it is closed, not put back in the pool). An error of the COMMIT itself may come after
+// it committed (its answer lost, see CancelTenant).
+func (s *Store) queryInOrderOfIndex(ctx context.Context, sql string, args []any, read func(pgx.Rows) error) error {
+	var b pgx.Batch
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(noSortSettings)
+	b.Queue(sql, args...)
+	br := s.pool.SendBatch(ctx, &b)
+	tx := br.Tx()
+	defer func() { _ = tx.Rollback(ctx) }() // after Commit a no-op; on ctx ended it closes the connection
+	err := func() error {
+		for range 2 { // begin, set
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		return read(rows)
+	}()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
 // cancelPageSQL is the statement of a page of cancelPages, from the CTE cand selecting the page
-// (k_id, k_at: its walk key) to its answer: the jobs canceled (jobColumnsNoRequest, true, k_at),
-// then the page's other jobs as the statement's snapshot read them (false: not locked, or no
-// longer matching once locked). live locks by primary key (= ANY of an array, as RetryDead's
-// update: joined, a planner without statistics read the table whole) and skips a row locked.
-func cancelPageSQL(cand, match string) string {
+// (k_id, k_at: its walk key, the column key of the row cand read) to its answer: the jobs
+// canceled (jobColumnsNoRequest, true, k_at), then the page's other jobs as the statement's
+// snapshot read them (false: not locked, or no longer matching once locked; their key is the
+// column as cand read it, in the same snapshot). live locks by primary key (= ANY of an array,
+// as RetryDead's update: joined, a planner without statistics read the table whole) and skips a
+// row locked. A canceled job's k_at is joined from cand (the cancel changes finished_at, the dead
+// walk's key): a subquery on cand for each row scanned cand each time, 500 times 250 rows a page
+// (a page of 500 took 140 ms, joined 119, on our test machine).
+func cancelPageSQL(cand, match, key string) string {
 	return `
 WITH cand AS (` + cand + `
 ), live AS (
 	SELECT id AS live_id, status AS from_status, dead_reason AS from_reason FROM jobs
 	WHERE id = ANY (ARRAY(SELECT k_id FROM cand)) AND ` + match + `
 	FOR UPDATE SKIP LOCKED` + cancelLockedSQL + `
-SELECT ` + jobColumnsNoRequest + `, true, (SELECT k_at FROM cand WHERE k_id = c.id) FROM c
+SELECT ` + jobColumnsNoRequest + `, true, cand.k_at FROM c JOIN cand ON cand.k_id = c.id
 UNION ALL
-SELECT ` + jobColumnsNoRequest + `, false, (SELECT k_at FROM cand WHERE k_id = jobs.id) FROM jobs
+SELECT ` + jobColumnsNoRequest + `, false, jobs.` + key + ` FROM jobs
 WHERE id = ANY (ARRAY(SELECT k_id FROM cand)) AND NOT EXISTS (SELECT FROM c WHERE c.id = jobs.id)`
 }
 
 // cancelUnfinishedPageSQL is CancelTenant's page: the tenant's unfinished jobs in the order of
 // (deadline, id) (cancelUnfinishedCandSQL).
-var cancelUnfinishedPageSQL = cancelPageSQL(cancelUnfinishedCandSQL, `status IN ('queued', 'running', 'retrying')`)
+var cancelUnfinishedPageSQL = cancelPageSQL(cancelUnfinishedCandSQL, `status IN ('queued', 'running', 'retrying')`, "deadline")
 
 // cancelUnfinishedCandSQL selects a page of CancelTenant: it must read
 // jobs_unfinished_deadline_idx in order from the key ($2, $3) and stop after $4 of the
@@ -287,4 +394,4 @@ const cancelUnfinishedCandSQL = `
 var cancelDeadPageSQL = cancelPageSQL(`
 	SELECT id AS k_id, finished_at AS k_at FROM jobs
 	WHERE status = 'dead' AND finished_at IS NOT NULL AND tenant = $1 AND (finished_at, id) > ($2, $3::uuid)
-	ORDER BY finished_at, jobs.id LIMIT $4`, `status = 'dead'`)
+	ORDER BY finished_at, jobs.id LIMIT $4`, `status = 'dead'`, "finished_at")

@@ -28,6 +28,11 @@ type Options struct {
 	// end, unstored) but stops the deletion before it begins: DeleteTenant returns it, with the
 	// Result of the cancels, and a later call, which finds those jobs ended, deletes them.
 	Abort func(*jobs.Job) error
+	// AbortInFlight, when set, is called first with each of the tenant's canceled jobs whose
+	// attempt may still be in flight (jobs.Store.AbortInFlightOfTenant), to stop its task: those
+	// of a page of cancels whose commit's answer was lost, on a rerun. It only aborts (the jobs
+	// are not counted as canceled); a failure is Abort's.
+	AbortInFlight func(*jobs.Job) error
 	// Batch is how many jobs one transaction deletes. Default 500.
 	Batch int
 	// Canceled, when set, is told how many jobs were canceled once the cancels are done (when
@@ -97,13 +102,19 @@ func DeleteTenant(ctx context.Context, tenants *tenant.Store, store *jobs.Store,
 	if err != nil {
 		return res, err
 	}
+	var inFlightErr error
+	if o.AbortInFlight != nil {
+		if inFlightErr = store.AbortInFlightOfTenant(ctx, name, o.AbortInFlight); !abortsFailed(inFlightErr) {
+			return res, inFlightErr
+		}
+	}
 	settle := time.NewTimer(max(0, o.Settle-since))
 	defer settle.Stop()
 	res.Canceled, err = store.CancelTenant(ctx, name, settle.C, o.Abort)
 	if res.Canceled > 0 && o.Canceled != nil {
 		o.Canceled(res.Canceled)
 	}
-	if err != nil {
+	if err = errors.Join(inFlightErr, err); err != nil {
 		return res, err
 	}
 	for {
@@ -136,7 +147,10 @@ func DeleteTenant(ctx context.Context, tenants *tenant.Store, store *jobs.Store,
 // (jobs.Store.CancelTenant, walking them once more settle after the revocation, on Postgres's
 // clock: at once for a revocation older than that), then, whether that went well or not, its
 // dead letters (jobs.Store.CancelDeadOfTenant), which an operator's retry of every dead letter
-// would otherwise send again and pay for. abort (when not nil) is called with each job canceled.
+// would otherwise send again and pay for. abort (when not nil) is called with each job canceled;
+// abortInFlight (when not nil) first with each of the tenant's canceled jobs whose attempt may
+// still be in flight (jobs.Store.AbortInFlightOfTenant: those a run whose page's commit answer
+// was lost canceled without aborting them), which it does not count.
 // Interrupted (ctx ended) during the first pass, it does not begin the second.
 // It returns how many jobs it canceled and how many of them were dead letters, also with an error
 // (the caller audits them: CancelJobsEntry). Errors: tenant.ErrNotFound, tenant.ErrNotRevoked, or
@@ -144,14 +158,21 @@ func DeleteTenant(ctx context.Context, tenants *tenant.Store, store *jobs.Store,
 // is one failure of Postgres: unreachable, or one error it answered both), which Is
 // ErrIncomplete unless only aborts failed (a later call then cancels the rest).
 func CancelJobs(ctx context.Context, tenants *tenant.Store, store *jobs.Store, name string, settle time.Duration,
-	abort func(*jobs.Job) error) (n, dead int, err error) {
+	abort, abortInFlight func(*jobs.Job) error) (n, dead int, err error) {
 	since, err := tenants.RevokedFor(ctx, name)
 	if err != nil {
 		return 0, 0, err
 	}
+	var inFlightErr error
+	if abortInFlight != nil {
+		if inFlightErr = store.AbortInFlightOfTenant(ctx, name, abortInFlight); !abortsFailed(inFlightErr) {
+			return 0, 0, incompleteError{inFlightErr}
+		}
+	}
 	timer := time.NewTimer(max(0, settle-since))
 	defer timer.Stop()
 	n, err = store.CancelTenant(ctx, name, timer.C, abort)
+	err = joinAborts(inFlightErr, err)
 	if err != nil && ctx.Err() != nil {
 		// Interrupted: the dead letters' pass could only fail alike (and the error said "context
 		// canceled" twice). The next call cancels them.
@@ -187,7 +208,9 @@ func CancelJobsEntry(name string, n, dead int) audit.Entry {
 // failed, or ctx ended): some of the tenant's jobs or dead letters may be left, which a later
 // call cancels (it passes over those canceled so far, and waits out only what is left of the
 // settle). It is not when only aborts failed (jobs.AbortError): every job was canceled, and a
-// later call aborts nothing more. The error's text is its cause's.
+// later call aborts again only the tasks of canceled jobs whose attempt may still be in flight
+// (as it does those of a page whose commit's answer was lost, see jobs.Store.CancelTenant). The
+// error's text is its cause's.
 var ErrIncomplete = errors.New("cancels incomplete")
 
 // incompleteError is an error of CancelJobs that Is ErrIncomplete, with its cause's text.
@@ -213,6 +236,25 @@ func sameFailure(err, deadErr error) bool {
 		return false
 	}
 	return jobs.IsUnavailable(err) && jobs.IsUnavailable(deadErr)
+}
+
+// abortsFailed reports whether err is nil or only aborts that failed (jobs.AbortError).
+func abortsFailed(err error) bool {
+	var abortErr *jobs.AbortError
+	return err == nil || errors.As(err, &abortErr)
+}
+
+// joinAborts joins inFlight, AbortInFlightOfTenant's aborts that failed (or nil), with err,
+// CancelTenant's: err alone when it stopped the pass (the aborts are retried with the rerun it
+// asks for), so that stopped and sameFailure read it as before.
+func joinAborts(inFlight, err error) error {
+	if inFlight == nil || stopped(err) {
+		return err
+	}
+	if err == nil {
+		return inFlight
+	}
+	return errors.Join(inFlight, err)
 }
 
 // stopped reports whether err, a cancel pass's, stopped it before it ended: any failure but
