@@ -485,7 +485,7 @@ func authLogKey(msg, tenant string) string { return msg + "\x00" + tenant }
 
 // authSuppressed logs the lines of refused credentials that the auth log held back and no line
 // of their key counted since (authLog.report): the last minute of a client that then stopped.
-func (s *Server) authSuppressed(key string, suppressed int, _ []any) {
+func (s *Server) authSuppressed(key string, _ slog.Level, suppressed int, _ []any) {
 	msg, tenant, _ := strings.Cut(key, "\x00")
 	s.cfg.Logger.Warn(msg, "tenant", tenant, "suppressed", suppressed)
 }
@@ -493,7 +493,7 @@ func (s *Server) authSuppressed(key string, suppressed int, _ []any) {
 // refusalsSuppressed logs the refusals that the refusal log held back and no line of their key
 // counted since (refusalLog.report), with their message, and their tenant and type when a
 // tenant's (the requests held back may have been anonymous or not: not said).
-func (s *Server) refusalsSuppressed(key string, suppressed int, _ []any) {
+func (s *Server) refusalsSuppressed(key string, _ slog.Level, suppressed int, _ []any) {
 	if key == newTokenLookupsLogKey {
 		s.cfg.Logger.Warn(msgNewTokenLookupsRefused, "suppressed", suppressed)
 		return

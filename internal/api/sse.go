@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"slices"
@@ -267,7 +268,7 @@ func (s *Server) refuseStream(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if failure != nil {
 		attrs := []any{"method", r.Method, "path", r.URL.Path, "error", err}
-		if log, suppressed := s.streamLog.allow(failure.msg, attrs...); log {
+		if log, suppressed := s.streamLog.allowAt(failure.msg, failure.level, attrs...); log {
 			s.cfg.Logger.Log(r.Context(), failure.level, failure.msg, append(attrs, "suppressed", suppressed)...)
 		}
 	}
@@ -341,9 +342,11 @@ func (s *Server) streamWarn(ctx context.Context, msg, id string, err error) {
 // held back and no line of it counted since: the last of an outage (streamLog.report). The line
 // is the last one held back's (its job and error, or its request's method, path and error),
 // counting them all: it said only how many, and an operator had no job to look at, nor the
-// error that the failures ended on (TestStreamWarn_ReportNamesTheLastJobAndError).
-func (s *Server) streamsSuppressed(msg string, suppressed int, last []any) {
-	s.cfg.Logger.Warn(msg, append(slices.Clip(last), "suppressed", suppressed)...)
+// error that the failures ended on (TestStreamWarn_ReportNamesTheLastJobAndError). It is at the
+// highest level among those held back: it was a warning, a refused stream's internal errors
+// (an error each) too (TestStreamsSuppressed_ReportsAtTheHighestLevelHeldBack).
+func (s *Server) streamsSuppressed(msg string, level slog.Level, suppressed int, last []any) {
+	s.cfg.Logger.Log(context.Background(), level, msg, append(slices.Clip(last), "suppressed", suppressed)...)
 }
 
 // tokenRefused checks again the token of a stream (of job id) that was served: true when it is

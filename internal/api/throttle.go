@@ -1,6 +1,7 @@
 package api
 
 import (
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -21,15 +22,16 @@ const maxThrottleKeys = 10_000
 // one, which may never come (the last failures of an outage): report is called with their count
 // once the interval after the last let through has passed, unless one was let through meanwhile
 // (its count is then the line's), with the details of the last one held back (allow's attrs):
-// a report that said only how many left an operator nothing to look for. It is safe for
-// concurrent use.
+// a report that said only how many left an operator nothing to look for; and at the highest
+// level among those held back (allowAt's level): a report was a warning, the internal errors
+// it counted too. It is safe for concurrent use.
 type throttle struct {
 	every time.Duration
 	now   func() time.Time
 	// report, when set, is called with the events of a key held back and never counted in an
-	// allowed one, an interval after the last allowed (its own goroutine, no lock held), and
-	// the attrs that allow was given with the last of them.
-	report func(key string, suppressed int, last []any)
+	// allowed one, an interval after the last allowed (its own goroutine, no lock held), the
+	// highest level among them, and the attrs that allow was given with the last of them.
+	report func(key string, level slog.Level, suppressed int, last []any)
 	// afterFunc runs f after d, as time.AfterFunc does (tests).
 	afterFunc func(d time.Duration, f func()) (stop func() bool)
 	mu        sync.Mutex
@@ -44,6 +46,8 @@ type throttled struct {
 	suppressed int
 	// held is the attrs of the last event held back since the last allowed (nil when none).
 	held []any
+	// level is the highest level among the events held back since the last allowed.
+	level slog.Level
 }
 
 func newThrottle(every time.Duration, now func() time.Time) *throttle {
@@ -51,15 +55,23 @@ func newThrottle(every time.Duration, now func() time.Time) *throttle {
 		afterFunc: func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }}
 }
 
-// allow reports whether key's event may be logged now, and how many of its events were held
-// back since the last one allowed. attrs describe the event (slog's key-value pairs): those of
-// the last one held back go to its report.
+// allow is allowAt for an event logged as a warning.
 func (t *throttle) allow(key string, attrs ...any) (ok bool, suppressed int) {
+	return t.allowAt(key, slog.LevelWarn, attrs...)
+}
+
+// allowAt reports whether key's event, logged at level, may be logged now, and how many of its
+// events were held back since the last one allowed. attrs describe the event (slog's key-value
+// pairs): those of the last one held back go to its report, at the highest level held back.
+func (t *throttle) allowAt(key string, level slog.Level, attrs ...any) (ok bool, suppressed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
 	k := t.keys[key]
 	if k != nil && now.Sub(k.last) < t.every {
+		if k.suppressed == 0 || level > k.level {
+			k.level = level
+		}
 		k.suppressed++
 		k.held = attrs
 		t.scheduleLocked(key, k, k.last.Add(t.every).Sub(now))
@@ -99,14 +111,14 @@ func (t *throttle) flush(key string, k *throttled) {
 		t.mu.Unlock()
 		return
 	}
-	n, held := k.suppressed, k.held
+	n, held, level := k.suppressed, k.held, k.level
 	if n > 0 && !t.stopped {
 		k.suppressed, k.last, k.held = 0, t.now(), nil
 	}
 	stopped := t.stopped
 	t.mu.Unlock()
 	if n > 0 && !stopped {
-		t.report(key, n, held)
+		t.report(key, level, n, held)
 	}
 }
 

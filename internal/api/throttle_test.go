@@ -116,7 +116,7 @@ func TestThrottle_ReportsRacingLinesCountEachEventOnce(t *testing.T) {
 	var mu sync.Mutex
 	var pending []func()
 	var reported, lines, counted int
-	th.report = func(_ string, n int, _ []any) {
+	th.report = func(_ string, _ slog.Level, n int, _ []any) {
 		mu.Lock()
 		defer mu.Unlock()
 		reported += n

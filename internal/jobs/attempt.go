@@ -199,7 +199,8 @@ type Outcome struct {
 // error, in one transaction. The move is conditional on the job not being terminal already, so a
 // duplicate delivery can never store a second result: applied is false when it was terminal.
 // The attempt keeps a.Usage, or else o.Usage (what the provider counted) either way, and a job
-// that ended without a result meanwhile (a cancel) takes o.Usage as its usage (keepLateUsage);
+// that ended without a result meanwhile (a cancel) takes o.Usage as its usage (keepLateUsage,
+// which announces the attempt not applied to the job's live pages, with no event);
 // a.Usage is never the job's.
 // An attempt whose lease another delivery took over (and still holds) does not move the job to
 // a status that is not final: the other's call is under way, and a job moved back to retrying
@@ -268,8 +269,14 @@ WHERE j.id = $1 AND $11::boolean AND NOT EXISTS (SELECT 1 FROM a) AND j.status =
 		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
 		rec.retryAfterMS, rec.delayMS, rec.err, payload, rec.usage}, func(r pgx.Row) error { return r.Scan(&seq) })
 	if errors.Is(err, pgx.ErrNoRows) {
-		if a != nil && nullJSON(o.Usage) != nil {
-			return false, s.keepLateUsage(ctx, id, o.Usage)
+		if a != nil {
+			err := s.keepLateUsage(ctx, id, o.Usage)
+			if nullJSON(o.Usage) == nil {
+				// Only the announcement failed: a live page reads the attempt at its keep-alive,
+				// as before there was one; the record's caller has nothing to run again.
+				err = nil
+			}
+			return false, err
 		}
 		return false, nil
 	}
@@ -283,10 +290,22 @@ WHERE j.id = $1 AND $11::boolean AND NOT EXISTS (SELECT 1 FROM a) AND j.status =
 // cancel, or the deadline pass, while the call was in flight) as the job's usage: the provider
 // charged for it, and the job's usage is what its tenant reads of that. It is not a transition
 // (no event), and a job that stored an answer of its own, or a usage already, keeps its own. It
-// runs after Finish's statement found the job ended, so the end it reads is committed.
+// runs after Finish's statement found the job ended (or held by another delivery), so the end
+// it reads is committed.
+//
+// Finish's statement recorded the attempt meanwhile, with no event either: so that a live page
+// of the job (the console's) shows the attempt and the usage at once, not at its next
+// keep-alive, the same statement announces the job on ChangesChannel, only for a watched job as
+// the trigger of job_events announces a transition (NOTIFY serializes commits): the Listener
+// signals its subscribers 0, "read the job again" (see Listener.Subscribe). A usage of nil
+// stores none.
 func (s *Store) keepLateUsage(ctx context.Context, id string, usage json.RawMessage) error {
-	_, err := s.pool.Exec(ctx, `UPDATE jobs SET usage = $2
-WHERE id = $1 AND status IN ('failed', 'dead', 'canceled') AND result IS NULL AND usage IS NULL`, id, usage)
+	_, err := s.pool.Exec(ctx, `
+WITH u AS (
+	UPDATE jobs SET usage = $2
+	WHERE id = $1 AND $2::jsonb IS NOT NULL AND status IN ('failed', 'dead', 'canceled') AND result IS NULL AND usage IS NULL)
+SELECT pg_notify($3, $1::uuid::text)
+WHERE EXISTS (SELECT 1 FROM job_watches WHERE job_id = $1 AND expires_at > now())`, id, nullJSON(usage), ChangesChannel)
 	if err != nil {
 		return fmt.Errorf("keep the usage of an answer to an ended job: %w", err)
 	}

@@ -14,3 +14,7 @@ func SetCancelPage(s *Store, n int) { s.cancelPage = n }
 func WaitForLockWaiterOf(ctx context.Context, pool *pgxpool.Pool, substr string) error {
 	return waitForLockWaiterOf(ctx, pool, substr)
 }
+
+// SetCatchUpPage makes l's catch-up read pages of n jobs a statement (catchUpPage otherwise):
+// a test of many pages needs few jobs. Call it before Run.
+func SetCatchUpPage(l *Listener, n int) { l.page = n }

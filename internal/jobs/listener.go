@@ -38,9 +38,9 @@ type ListenerConfig struct {
 	WatchTTL time.Duration
 	// CatchUpLockTimeout bounds how long the catch-up after a (re)connection waits for the row
 	// lock of a subscribed job that another transaction holds (the lock_timeout of its
-	// statement; a shorter one the session has is kept). Past it the catch-up runs again without
-	// waiting for any job's row lock, and the jobs whose rows it skips are signalled 0 (see
-	// catchUp).
+	// statement; a shorter one the session has is kept), once for the whole catch-up: past it
+	// the catch-up runs again, and on, without waiting for any job's row lock, and the jobs whose
+	// rows it skips are signalled 0 (see catchUp).
 	// Meanwhile the Listener reads no notification. Default DefaultListenerCatchUpLockTimeout.
 	CatchUpLockTimeout time.Duration
 }
@@ -60,9 +60,9 @@ const DefaultListenerWatchTTL = time.Minute
 // up on the transitions it missed anyway; a ping every 10 s of quiet is nothing to Postgres.
 const DefaultListenerPingInterval = 10 * time.Second
 
-// Listener fans the job transitions announced on EventsChannel out to in-process subscribers
-// (the SSE streams of one API process) over a single Postgres connection, however many
-// subscribers there are. Because the notifications come from Postgres, it sees transitions made
+// Listener fans the job transitions announced on EventsChannel (and the changes without an
+// event announced on ChangesChannel) out to in-process subscribers (the SSE streams of one API
+// process) over a single Postgres connection, however many subscribers there are. Because the notifications come from Postgres, it sees transitions made
 // by any process: workers, other API replicas, ctl.
 //
 // Notifications are lost while the connection is down; after every (re)connection each
@@ -81,6 +81,8 @@ type Listener struct {
 	mu   sync.Mutex
 	subs map[string]map[chan int]struct{}
 	n    int
+
+	page int // jobs a statement of catchUp reads: catchUpPage
 }
 
 // NewListener returns a Listener; call Run to start it. It panics without ConnConfig (a wiring bug).
@@ -106,16 +108,17 @@ func NewListener(cfg ListenerConfig) *Listener {
 	if cfg.CatchUpLockTimeout <= 0 {
 		cfg.CatchUpLockTimeout = DefaultListenerCatchUpLockTimeout
 	}
-	return &Listener{cfg: cfg, subs: map[string]map[chan int]struct{}{}}
+	return &Listener{cfg: cfg, subs: map[string]map[chan int]struct{}{}, page: catchUpPage}
 }
 
 // Subscribe registers interest in one job's transitions. The channel receives the sequence number
 // of a transition that committed; after the listener (re)connected, the number of the job's
 // latest event (every event up to it is committed, every later one is announced), or 0 when
 // that is unknown (the job not found, its row locked past CatchUpLockTimeout, or the read
-// failed). Signals coalesce: the channel holds one, the highest sent since the last receive,
-// or 0 when any of them was 0. So a value v > 0
-// means: every event up to v is committed, and none past v was signalled since the last
+// failed); 0 too when the job changed without an event (an attempt of an ended job recorded,
+// and its usage kept: see Store.Finish; announced on ChangesChannel). Signals coalesce: the
+// channel holds one, the highest sent since the last receive, or 0 when any of them was 0. So
+// a value v > 0 means: every event up to v is committed, and none past v was signalled since the last
 // receive. A subscriber that has read the job's events up to v or beyond has nothing to read;
 // otherwise (or on 0) it re-reads the job's events after the last one handled. Subscribe before
 // the first read so that nothing committed after that read goes unsignalled. cancel
@@ -188,8 +191,10 @@ func (l *Listener) listen(ctx context.Context) (listened bool, err error) {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{EventsChannel}.Sanitize()); err != nil {
-		return false, fmt.Errorf("listen: %w", err)
+	for _, channel := range []string{EventsChannel, ChangesChannel} {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+			return false, fmt.Errorf("listen: %w", err)
+		}
 	}
 	// Everything committed from now on is announced to us; whatever committed while we were not
 	// listening is recovered by the subscribers' re-read, when their job moved past them.
@@ -212,6 +217,10 @@ func (l *Listener) listen(ctx context.Context) (listened bool, err error) {
 		}
 		if err != nil {
 			return true, fmt.Errorf("wait for notification: %w", err)
+		}
+		if n.Channel == ChangesChannel {
+			l.signal(n.Payload, 0) // the job changed without an event: its subscribers read it again
+			continue
 		}
 		id, seq, ok := parseNotification(n.Payload)
 		if !ok {
@@ -243,7 +252,8 @@ func (l *Listener) signal(id string, seq int) {
 	}
 }
 
-// catchUpPage is how many jobs' latest event numbers one statement of catchUp reads.
+// catchUpPage is how many jobs' latest event numbers one statement of catchUp reads (tests
+// set fewer: SetCatchUpPage).
 const catchUpPage = 1000
 
 // catchUpSQL is catchUp's statement: it renews the watches of the jobs $1 for $2 milliseconds
@@ -281,7 +291,14 @@ var catchUpSkipLockedSQL = strings.Replace(catchUpSQL, "FOR SHARE)", "FOR SHARE 
 // form (TestListener_CatchUpRetriesWhenChosenAsADeadlockVictim).
 //
 // The catch-up is bounded: a page whose statement waits for a row lock past CatchUpLockTimeout
-// (a long transaction holding one of its jobs, no deadlock cycle) runs again with SKIP LOCKED.
+// (a long transaction holding one of its jobs, no deadlock cycle) runs again with SKIP LOCKED,
+// and so does every later page at once, so that the catch-up as a whole waits for a job's row
+// lock once at most: each page waited, and a reconnect following many pages of jobs, each
+// meeting a lock, read no notification for as many bounds
+// (TestListener_CatchUpIsBoundedOnceForAllPages).
+// The SKIP LOCKED statement, too, is run again when Postgres aborts it as a deadlock's victim
+// (it still waits for a watch's row): it failed the catch-up, and every subscriber was
+// signalled 0 (TestListener_CatchUpSkipLockedRetriesWhenChosenAsADeadlockVictim).
 // The jobs it skips are signalled 0, their watches not renewed: their subscribers read for
 // themselves, and a transition of theirs that the lapsed watch did not announce reaches them at
 // their keep-alive's renewal, which waits for the lock as any statement of theirs does. Every
@@ -299,28 +316,38 @@ func (l *Listener) catchUp(ctx context.Context, conn *pgx.Conn) {
 	}
 	l.mu.Unlock()
 	latest := make(map[string]int, len(ids))
-	for page := range slices.Chunk(ids, catchUpPage) {
+	query := catchUpSQL
+	skipping, skipRead := 0, 0 // the jobs of the pages read with SKIP LOCKED, and how many of them were
+	for page := range slices.Chunk(ids, l.page) {
 		var read map[string]int // this page's, kept from the try that succeeded alone
-		err := retryAborted(ctx, func() error {
-			read = make(map[string]int, len(page))
-			return l.readCatchUpPage(ctx, conn, catchUpSQL, page, read)
-		})
-		if err != nil && IsLockTimeout(err) && ctx.Err() == nil {
-			read = make(map[string]int, len(page))
-			err = l.readCatchUpPage(ctx, conn, catchUpSkipLockedSQL, page, read)
-			if err == nil {
-				l.cfg.Logger.WarnContext(ctx, "followed jobs' rows locked past the bound; their subscribers re-read",
-					"lock_timeout", l.cfg.CatchUpLockTimeout, "jobs", len(page), "read", len(read))
-			}
+		run := func() error {
+			return retryAborted(ctx, func() error {
+				read = make(map[string]int, len(page))
+				return l.readCatchUpPage(ctx, conn, query, page, read)
+			})
+		}
+		err := run()
+		if err != nil && query == catchUpSQL && IsLockTimeout(err) && ctx.Err() == nil {
+			query = catchUpSkipLockedSQL // this page and every later one: the bound is the catch-up's
+			err = run()
 		}
 		if err != nil {
 			if ctx.Err() == nil {
 				l.cfg.Logger.WarnContext(ctx, "renew followed jobs' watches and read their latest events; every subscriber re-reads", "jobs", len(ids), "error", err)
 			}
 			clear(latest) // 0 to everyone
+			skipping = 0
 			break
 		}
+		if query == catchUpSkipLockedSQL {
+			skipping += len(page)
+			skipRead += len(read)
+		}
 		maps.Copy(latest, read)
+	}
+	if skipping > 0 {
+		l.cfg.Logger.WarnContext(ctx, "followed jobs' rows locked past the bound; their subscribers re-read",
+			"lock_timeout", l.cfg.CatchUpLockTimeout, "jobs", skipping, "read", skipRead)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -23,12 +24,26 @@ type listenerBundle struct {
 
 func setupListener(t *testing.T) *listenerBundle {
 	t.Helper()
+	return setupListenerWith(t, jobs.ListenerConfig{}, 0)
+}
+
+// setupListenerWith is setupListener with the Listener's configuration lc (its ConnConfig and a
+// zero ReconnectDelay set here), reading catch-up pages of page jobs when page > 0.
+func setupListenerWith(t *testing.T, lc jobs.ListenerConfig, page int) *listenerBundle {
+	t.Helper()
 	b := jobstest.New(t)
 	cfg, err := pgx.ParseConfig(b.URL)
 	require.NoError(t, err)
 	appName := "llmq-listener-test-" + redistest.Rand()
 	cfg.RuntimeParams["application_name"] = appName
-	l := jobs.NewListener(jobs.ListenerConfig{ConnConfig: cfg, ReconnectDelay: 10 * time.Millisecond})
+	lc.ConnConfig = cfg
+	if lc.ReconnectDelay == 0 {
+		lc.ReconnectDelay = 10 * time.Millisecond
+	}
+	l := jobs.NewListener(lc)
+	if page > 0 {
+		jobs.SetCatchUpPage(l, page)
+	}
 	// A subscription made before Run gets 0 once the connection listens (LISTEN done, and the
 	// broadcast made): from then on, every notification reaches every subscriber.
 	probe, unsubscribe := l.Subscribe("probe")
@@ -497,4 +512,84 @@ func TestListener_SilentCatchUpIsReplaced(t *testing.T) {
 	for v := nextAnnounced(t, ch); v != 2; v = nextAnnounced(t, ch) {
 		require.Equal(t, 1, v, "the new catch-up's: queued")
 	}
+}
+
+// TestListener_SignalsAnEndedJobsLateAttempt: an answer that comes after its job ended (a cancel
+// overtook the call) records its attempt, and its usage as the job's, with no event: a live page
+// of the job (the console's) saw neither until its next keep-alive (15 s). The write announces
+// the watched job with 0 now ("read the job again"), without an event row.
+func TestListener_SignalsAnEndedJobsLateAttempt(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := setupListener(t)
+	job, finish := canceledInFlight(ctx, t, b.Bundle)
+	ch, _ := b.connected(t, job.ID)
+
+	// An attempt alone (no usage counted).
+	finish(1, jobs.Outcome{Status: jobs.StatusRetrying, LastError: &jobs.LastError{Class: "retryable", Status: 503}})
+	require.Equal(t, 0, next(t, ch), "the attempt recorded: read the job again")
+	// An answer with its usage, kept as the job's.
+	usage := json.RawMessage(`{"input_tokens":7,"output_tokens":9}`)
+	finish(2, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"x":1}`), Usage: usage})
+	require.Equal(t, 0, next(t, ch), "the usage kept: read the job again")
+	got, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.JSONEq(t, string(usage), string(got.Usage))
+	require.Equal(t, []jobs.Status{"queued", "running", "canceled"}, b.Events(t, job.ID), "no event row")
+}
+
+// TestStore_LateAttemptIsNotAnnouncedOnTheEventsChannel: the announcement of an ended job's late
+// attempt went on EventsChannel as "<id>:0", which a Listener of the last release (fd92bd7)
+// refuses, logging a warning per notification, unthrottled, on every API replica for the whole
+// of a rollout (a bulk cancel of streamed jobs in flight: one line per job and replica). It
+// goes on ChangesChannel now, which no such listener LISTENs on. The raw connection here stands
+// for one: the first notification it gets after the late attempt is the test's own marker.
+func TestStore_LateAttemptIsNotAnnouncedOnTheEventsChannel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := jobstest.New(t)
+	_, finish := canceledInFlight(ctx, t, b)
+	old, err := pgx.Connect(ctx, b.URL)
+	require.NoError(t, err)
+	defer func() { _ = old.Close(context.Background()) }()
+	_, err = old.Exec(ctx, "LISTEN "+pgx.Identifier{jobs.EventsChannel}.Sanitize())
+	require.NoError(t, err)
+
+	finish(1, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"x":1}`), Usage: json.RawMessage(`{"input_tokens":1}`)})
+	// Notifications are delivered in commit order: the marker comes after anything Finish sent.
+	_, err = b.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, jobs.EventsChannel)
+	require.NoError(t, err)
+	n, err := old.WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "marker", n.Payload, "a late attempt announced where a listener of the last release reads")
+}
+
+// canceledInFlight creates a job, begins its attempt, cancels it, and watches it (a live page's
+// watch): finish then records the answer of its attempt n, which comes late (not applied).
+func canceledInFlight(ctx context.Context, t *testing.T, b *jobstest.Bundle) (job *jobs.Job, finish func(n int, o jobs.Outcome)) {
+	t.Helper()
+	job = b.Create(t, jobstest.Opts{})
+	begun, err := b.Store.BeginAttempt(ctx, job.ID)
+	require.NoError(t, err)
+	_, err = b.Store.Cancel(ctx, job.ID)
+	require.NoError(t, err)
+	require.NoError(t, b.Store.Watch(ctx, job.ID, time.Minute))
+	return job, func(n int, o jobs.Outcome) {
+		t.Helper()
+		applied, err := b.Store.Finish(ctx, job.ID, &jobs.Attempt{Number: n, Credential: "default", StartedAt: time.Now(),
+			Class: "ok", StatusCode: 200, LeaseToken: *begun.LeaseToken}, o)
+		require.NoError(t, err)
+		require.False(t, applied)
+	}
+}
+
+// terminate ends the listener's connection (as an outage would): it reconnects and catches up.
+func (b *listenerBundle) terminate(ctx context.Context, t *testing.T) {
+	t.Helper()
+	var killed bool
+	require.NoError(t, b.Pool.QueryRow(ctx,
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
+	require.True(t, killed)
 }

@@ -46,6 +46,13 @@ var (
 // serializes commits).
 const EventsChannel = "llmq_job_events"
 
+// ChangesChannel is the Postgres NOTIFY channel on which a change of a watched job that makes no
+// event is announced (an attempt Store.Finish recorded after the job ended, and the usage kept
+// from it: see keepLateUsage), with the job's ID as payload: its readers read the job again. It
+// is a channel apart so that a listener of the last release, which LISTENs on EventsChannel
+// alone and logs every payload it cannot parse there, never receives it.
+const ChangesChannel = "llmq_job_changes"
+
 // Store is the Postgres job store: the source of truth. It is safe for concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
