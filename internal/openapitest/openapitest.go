@@ -233,7 +233,7 @@ func (s *Spec) checkBody(ptr, mt string, header http.Header, body []byte) error 
 	if got, _, _ := mime.ParseMediaType(header.Get("Content-Type")); got != mt {
 		return fmt.Errorf("Content-Type %q, want %s", header.Get("Content-Type"), mt)
 	}
-	return s.validate(ptr, body)
+	return s.Validate(ptr, body)
 }
 
 // checkEvents validates the data of every complete event of a stream against the schema at ptr.
@@ -245,7 +245,7 @@ func (s *Spec) checkEvents(ptr string, body []byte) error {
 		line := sc.Text()
 		if line == "" {
 			if data != nil {
-				if err := s.validate(ptr, []byte(strings.Join(data, "\n"))); err != nil {
+				if err := s.Validate(ptr, []byte(strings.Join(data, "\n"))); err != nil {
 					return fmt.Errorf("event data: %w", err)
 				}
 			}
@@ -259,7 +259,10 @@ func (s *Spec) checkEvents(ptr string, body []byte) error {
 	return nil // a last event cut short by a client that left is not checked
 }
 
-func (s *Spec) validate(ptr string, body []byte) error {
+// Validate reports how a JSON document departs from the schema at ptr, a JSON pointer into the
+// description ("#/components/schemas/SubmitRequest"): nil when it conforms. Tests check what a
+// client may send with it, as Check checks what the server answers.
+func (s *Spec) Validate(ptr string, body []byte) error {
 	sch, err := s.schema(ptr)
 	if err != nil {
 		return err

@@ -43,6 +43,26 @@ export async function submitMinimal(): Promise<Job | undefined> {
   return data;
 }
 
+// A field sent as null is the same as left out (the server takes its default): the types let a
+// client whose unset fields are null send them.
+export async function submitNulls(): Promise<Job | undefined> {
+  const { data } = await client.POST("/v1/jobs", {
+    body: {
+      request: { model: "claude-sonnet-4-5", max_tokens: 256, messages: [{ role: "user", content: "Say hello" }] },
+      credential: null,
+      timeout: null,
+      attempt_timeout: null,
+      first_byte_timeout: null,
+      max_attempts: null,
+      metadata: null,
+      fallbacks: null,
+      lane: null,
+      priority: null,
+    },
+  });
+  return data;
+}
+
 export async function poll(id: string): Promise<Job | undefined> {
   const { data } = await client.GET("/v1/jobs/{id}", { params: { path: { id } } });
   return data;
