@@ -24,7 +24,7 @@ func TestRetryBudget_CountsEachFirstAttemptOnce(t *testing.T) {
 	lc := b.limiterCredential(t, "default")
 	allowed := 0
 	for {
-		ok, err := lc.AllowRetry(t.Context())
+		ok, err := lc.AllowRetry(t.Context(), "")
 		require.NoError(t, err)
 		if !ok {
 			break

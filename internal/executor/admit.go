@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/llmq/llmq/internal/breaker"
 	"github.com/llmq/llmq/internal/estimator"
@@ -403,13 +404,15 @@ func (e *Executor) pauseProbe(ctx context.Context, up Upstream, ps limiter.Pause
 }
 
 // drawRetry asks the shared retry budget for the job's retry, or returns a *deferral when it is
-// spent. Timeouts are the normal failure of long generations: they draw on their own budget.
+// spent. Timeouts are the normal failure of long generations: they draw on their own budget. The
+// retry is named by the job and its attempts so far, so that its deferrals (a look again each
+// budgetRecheck) count one refusal, and its next retry, after another failure, one more.
 func (e *Executor) drawRetry(ctx context.Context, job *jobs.Job, g *limiter.Gate) error {
 	allow, budget := g.AllowRetry, "retry budget spent"
 	if job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout) {
 		allow, budget = g.AllowTimeoutRetry, "timeout retry budget spent"
 	}
-	ok, err := allow(ctx)
+	ok, err := allow(ctx, job.ID+":"+strconv.Itoa(job.Attempts))
 	if err != nil {
 		return err
 	}

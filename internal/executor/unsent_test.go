@@ -74,13 +74,13 @@ func TestExecutor_UnsentProbeIsHandedOn(t *testing.T) {
 	b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusRetrying}) // failed once: the next is a retry
 	// Spend the retry budget.
 	for range 1000 {
-		ok, err := gate.AllowRetry(ctx)
+		ok, err := gate.AllowRetry(ctx, "")
 		require.NoError(t, err)
 		if !ok {
 			break
 		}
 	}
-	ok, err := gate.AllowRetry(ctx)
+	ok, err := gate.AllowRetry(ctx, "")
 	require.NoError(t, err)
 	require.False(t, ok, "the retry budget is spent")
 

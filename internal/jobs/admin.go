@@ -169,8 +169,9 @@ type RetryDeadOpts struct {
 // apply), each with its priority, which names its task's queue. Each gets a fresh attempt budget
 // (attempts 0) and its whole credential chain back (its next attempt goes to its own credential,
 // failing over to its fallbacks as a new job's does), a fresh deadline (its timeout from
-// Postgres's clock, as a new job's), no dead reason, and a "queued" event whose payload names
-// the previous reason. Its earlier attempts
+// Postgres's clock, as a new job's), no dead reason, no usage (the job's usage is its answer's,
+// and the new round has none yet: a late answer's usage kept for the dead job stays on its
+// attempt's row), and a "queued" event whose payload names the previous reason. Its earlier attempts
 // stay in job_attempts and the new ones continue their numbering (jobs.attempt_base, migration
 // 002). Jobs that are not dead are left alone and not returned. The caller then enqueues the
 // returned jobs (Tasks.Requeue); one it fails to enqueue is picked up by the sweeper. A dead job
@@ -359,7 +360,7 @@ WITH old AS (
 	UPDATE jobs j SET status = 'queued', attempts = 0,
 		attempt_base = greatest(j.attempt_base + j.attempts,
 			coalesce((SELECT max(a.attempt) FROM job_attempts a WHERE a.job_id = j.id), 0)),
-		dead_reason = NULL, finished_at = NULL, next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL,
+		dead_reason = NULL, usage = NULL, finished_at = NULL, next_attempt_at = NULL, slot_seq = NULL, slot_grant = NULL,
 		credential_index = 0,
 		deadline = clock_timestamp() + j.timeout_ms * interval '1 millisecond',
 		updated_at = now(), event_seq = j.event_seq + 1

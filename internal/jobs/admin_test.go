@@ -558,3 +558,40 @@ func TestStore_RetryDeadSkipsRevokedTenants(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 0, n)
 }
+
+// TestStore_RetryDeadJobsUsageIsItsNewAnswers: a dead job given a late answer's usage
+// (keepLateUsage) and then retried kept that usage, and showed it as the job's once the retry's
+// answer, which reported none, succeeded: the job's usage is its answer's, NULL when the answer
+// reported none. The late answer's usage stays on its attempt's row.
+func TestStore_RetryDeadJobsUsageIsItsNewAnswers(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	job := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	late := json.RawMessage(`{"input_tokens":7,"output_tokens":9}`)
+	applied, err := b.Store.Finish(ctx, job.ID, &jobs.Attempt{Number: 2, Credential: "default", StartedAt: time.Now(),
+		Class: "ok", StatusCode: 200}, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"x":1}`), Usage: late})
+	require.NoError(t, err)
+	require.False(t, applied, "the answer came after the job died")
+	j, err := b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.JSONEq(t, string(late), string(j.Usage), "the late answer's usage, kept as the dead job's")
+
+	_, err = b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{job.ID}}, nil)
+	require.NoError(t, err)
+	j, err = b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Nil(t, j.Usage, "a retried job has no answer yet")
+
+	b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"ok":true}`)})
+	j, err = b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, j.Status)
+	require.Nil(t, j.Usage, "the retry's answer reported no usage")
+	attempts, err := b.Store.Attempts(ctx, job.ID)
+	require.NoError(t, err)
+	require.Len(t, attempts, 3)
+	require.JSONEq(t, string(late), string(attempts[1].Usage), "the late answer's cost stays on its attempt")
+	require.Nil(t, attempts[2].Usage)
+}

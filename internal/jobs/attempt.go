@@ -198,8 +198,10 @@ type Outcome struct {
 // Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status with its result or
 // error, in one transaction. The move is conditional on the job not being terminal already, so a
 // duplicate delivery can never store a second result: applied is false when it was terminal.
-// The attempt keeps a.Usage, or else o.Usage (what the provider counted) either way, and a job
-// that ended without a result meanwhile (a cancel) takes o.Usage as its usage (keepLateUsage,
+// The job's usage becomes o.Usage, its answer's (nil: the answer reported none, or there is no
+// answer), never an earlier one's. The attempt keeps a.Usage, or else o.Usage (what the provider
+// counted) either way, and a job that ended without a result meanwhile (a cancel) takes o.Usage
+// as its usage (keepLateUsage,
 // which announces the attempt not applied to the job's live pages, with no event);
 // a.Usage is never the job's.
 // An attempt whose lease another delivery took over (and still holds) does not move the job to
@@ -243,7 +245,7 @@ WITH a AS (
 	ON CONFLICT (job_id, attempt) DO NOTHING
 	RETURNING 1
 ), u AS (
-	UPDATE jobs SET status = $2, result = coalesce($3, result), usage = coalesce($4, usage),
+	UPDATE jobs SET status = $2, result = coalesce($3, result), usage = $4::jsonb,
 		last_error = coalesce($5, last_error), dead_reason = $6, next_attempt_at = $7,
 		answered_by = coalesce($8, answered_by),
 		credential_index = credential_index + CASE WHEN $9 THEN 1 ELSE 0 END,

@@ -21,7 +21,7 @@ func retriesAllowed(t *testing.T, c *limiter.Gate) int {
 	t.Helper()
 	n := 0
 	for {
-		ok, err := c.AllowRetry(t.Context())
+		ok, err := c.AllowRetry(t.Context(), "")
 		require.NoError(t, err)
 		if !ok {
 			return n

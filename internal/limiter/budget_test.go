@@ -34,7 +34,7 @@ func TestCredential_AllowRetry(t *testing.T) {
 						return
 					}
 					for {
-						ok, err := c.AllowRetry(t.Context())
+						ok, err := c.AllowRetry(t.Context(), "")
 						if err != nil {
 							t.Error(err)
 							return
@@ -76,9 +76,9 @@ func TestCredential_AllowRetry(t *testing.T) {
 			}
 		}
 		// A storm of timeouts spends only the timeout allowance (2 + 0.5 × 2) ...
-		require.Equal(t, 3, drain(func() (bool, error) { return c.AllowTimeoutRetry(t.Context()) }))
+		require.Equal(t, 3, drain(func() (bool, error) { return c.AllowTimeoutRetry(t.Context(), "") }))
 		// ... and the error retries still have all of theirs.
-		require.Equal(t, 3, drain(func() (bool, error) { return c.AllowRetry(t.Context()) }))
+		require.Equal(t, 3, drain(func() (bool, error) { return c.AllowRetry(t.Context(), "") }))
 	})
 
 	t.Run("WindowSlides", func(t *testing.T) {
@@ -86,7 +86,7 @@ func TestCredential_AllowRetry(t *testing.T) {
 		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 2, Ratio: 0.5} })
 		c := b.lim.Gate("sk-slide", "main")
 		allow := func() bool {
-			ok, err := c.AllowRetry(t.Context())
+			ok, err := c.AllowRetry(t.Context(), "")
 			require.NoError(t, err)
 			return ok
 		}
@@ -108,5 +108,44 @@ func TestCredential_AllowRetry(t *testing.T) {
 		require.True(t, allow())
 		require.True(t, allow())
 		require.False(t, allow())
+	})
+
+	// A retry asked for again while the budget stays spent (a deferred retry's look again, from
+	// any process) is one refusal; another retry is another, and a retry not asked for during a
+	// whole window is counted again.
+	t.Run("RefusalCountedOncePerRetry", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 1, Ratio: 0.5} })
+		c, c2 := b.lim.Gate("sk-refused", "main"), b.lim2.Gate("sk-refused", "main")
+		ok, err := c.AllowRetry(t.Context(), "job-1:1")
+		require.NoError(t, err)
+		require.True(t, ok, "the floor")
+		refusals := func() float64 { return b.metric(t, "llmq_retry_budget_refusals_total", "main") }
+		for range 3 {
+			ok, err := c.AllowRetry(t.Context(), "job-2:1")
+			require.NoError(t, err)
+			require.False(t, ok)
+			_, err = c2.AllowRetry(t.Context(), "job-2:1") // another process's look again
+			require.NoError(t, err)
+			b.clock.Advance(time.Second)
+		}
+		require.Equal(t, 1.0, refusals(), "one retry, refused six times")
+		ok, err = c.AllowTimeoutRetry(t.Context(), "job-3:1")
+		require.NoError(t, err)
+		require.True(t, ok, "the timeouts' own floor")
+		ok, err = c.AllowTimeoutRetry(t.Context(), "job-3:2")
+		require.NoError(t, err)
+		require.False(t, ok)
+		require.Equal(t, 2.0, refusals(), "another retry")
+		b.clock.Advance(61 * time.Second) // the window (60 s): the refusals are forgotten
+		ok, err = c.AllowRetry(t.Context(), "job-1:2")
+		require.NoError(t, err)
+		require.True(t, ok, "a new window's floor")
+		_, err = c.AllowRetry(t.Context(), "job-2:1")
+		require.NoError(t, err)
+		require.Equal(t, 3.0, refusals(), "a retry not asked for in a window is counted again")
+		_, err = c.AllowRetry(t.Context(), "")
+		require.NoError(t, err)
+		require.Equal(t, 4.0, refusals(), "an unnamed retry counts each refusal")
 	})
 }

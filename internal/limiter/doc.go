@@ -145,8 +145,11 @@
 //
 // Gate.RecordAttempt counts first attempts; Gate.AllowRetry atomically grants and
 // counts a retry while granted retries in the sliding window (default 60 s, in 12 buckets) stay
-// within Floor + Ratio × first attempts (defaults 10 and 10%). Refusals are counted in
-// llmq_retry_budget_refusals_total: the caller defers the retry.
+// within Floor + Ratio × first attempts (defaults 10 and 10%). A refusal means the caller defers
+// the retry. llmq_retry_budget_refusals_total counts the retries refused: a retry named by its
+// caller (the executor names it by job and attempt) that is asked for again while the budget
+// stays spent, by any process, counts once (the names refused within the last window are kept in
+// Redis, refusedKey).
 //
 // # Pause
 //

@@ -16,6 +16,12 @@ func rateKey(prefix, tag string) string { return prefix + tag + ":rl" }
 // last attempt.
 func budgetKey(prefix, tag string) string { return prefix + tag + ":budget" }
 
+// refusedKey holds the retries the budget refused lately (a sorted set: a retry's name → µs of
+// its last refusal; see budgetScript), so that a retry asked for again while the budget is spent
+// is counted refused once. Members go one window after their last refusal, and the key one window
+// after the last refusal.
+func refusedKey(prefix, tag string) string { return budgetKey(prefix, tag) + ":refused" }
+
 // pauseKey holds the pause episode of a credential (a hash; missing while not paused, as the
 // last release's binaries expect, which pause only when it does not exist and resume by deleting
 // it). It has no TTL: only Resume ends a pause.

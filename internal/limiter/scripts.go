@@ -668,17 +668,31 @@ end
 // budgetScript counts attempts and grants retries within the budget (see luaBudget).
 //
 // KEYS[1] budget hash
+// KEYS[2] optional, with ARGV[7]: the retries refused lately (refusedKey: a sorted set, a
+// retry's name → µs of its last refusal; members not refused for a window are dropped)
 // ARGV[1] now µs, or ""
 // ARGV[2] "first" (count a first attempt), "retry" or "timeout" (ask for a retry of that kind)
 // ARGV[3] window µs
 // ARGV[4] number of buckets in the window
 // ARGV[5] ratio (retries allowed per first attempt)
 // ARGV[6] floor (retries allowed per window regardless of first attempts)
-// Returns {allowed 0|1, first attempts in window, retries in window (after this call)}.
+// ARGV[7] optional: the retry's name
+// Returns {allowed 0|1, first attempts in window, retries in window (after this call), 1 when
+// the ask was refused and its retry (ARGV[7]) was not refused within the window before, else 0}.
 var budgetScript = redis.NewScript(luaCommon + luaBudget + `
-local allowed, first, used = budget(KEYS[1], clock(ARGV[1]), ARGV[2], tonumber(ARGV[3]),
+local now, window = clock(ARGV[1]), tonumber(ARGV[3])
+local allowed, first, used = budget(KEYS[1], now, ARGV[2], window,
   tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
-return {allowed, first, used}
+local new = 1 - allowed
+if KEYS[2] ~= nil then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
+  new = 0
+  if allowed == 0 then
+    new = redis.call('ZADD', KEYS[2], now, ARGV[7])
+    redis.call('PEXPIRE', KEYS[2], math.ceil(window / 1000))
+  end
+end
+return {allowed, first, used, new}
 `)
 
 // pauseScript starts a pause episode unless one is running.

@@ -61,9 +61,12 @@ func TestClassify_LLMErrors(t *testing.T) {
 			w.Header().Set("Content-Length", "100")
 			w.WriteHeader(200)
 			_, _ = io.WriteString(w, "{")
-			conn, buf, err := http.NewResponseController(w).Hijack()
-			if err == nil {
-				_ = buf.Flush()
+			// Flushed first: a hijack drops what the handler's buffered writer holds.
+			rc := http.NewResponseController(w)
+			if rc.Flush() != nil {
+				return
+			}
+			if conn, _, err := rc.Hijack(); err == nil {
 				_ = conn.Close()
 			}
 		}, retrypolicy.Decision{Class: retrypolicy.ClassNetwork, Retry: true}},
