@@ -20,22 +20,22 @@ import (
 )
 
 // TestConsole_Browser runs the console's browser suite (test/browser/console.test.mjs:
-// playwright-core driving Debian's Chromium, both installed by scripts/browser.sh) against a
-// stack of its own: log in (a tenant token refused), the overview's counts, a dead letter
-// appearing live when a spend cap hits, its attempts, canceling a waiting job from its page
-// (counted in the API's metrics), resuming the paused credential while a
-// waiting job's page goes live to succeeded, retrying the dead letter after a confirmation that
-// names the count, purging a dead letter found by its reason, markup in a job's fields shown as
-// text and never run (no element made of it), creating a tenant, setting its weight, rotating its token (both tokens working) and revoking it, an action without the CSRF token refused,
-// an unknown job's message, the audit log, logout. It also measures the overview's first load.
-// Outages are injected in the browser (playwright's routes: a 503, a proxy's 502, a stream cut):
-// the overview and a job's page first opened in one come back by themselves, their badge says
-// when the stream is stale or down, a job purged while its stream was down is said so, another
-// page's failed load has Try again, and a session that ended while the stream was down shows the
-// login.
-// LLMQ_SCREENSHOTS=docs/console (from the repository root) writes the README's screenshots;
-// LLMQ_CONSOLE_ROWS=1000000 first fills the table with that many older jobs (one attempt each),
-// to measure the overview's first load on a large table.
+// playwright-core driving Debian's Chromium, both installed by scripts/browser.sh) against a stack
+// of its own: log in (a tenant token refused), the overview's counts, a dead letter appearing live
+// when a spend cap hits, its attempts, canceling a waiting job from its page (counted in the API's
+// metrics), resuming the paused credential while a waiting job's page goes live to succeeded,
+// retrying the dead letter after a confirmation that names the count, purging a dead letter found
+// by its reason, markup in a job's fields shown as text and never run (no element made of it),
+// creating a tenant, setting its weight, rotating its token (both tokens working) and revoking it,
+// an action without the CSRF token refused, an unknown job's message, the audit log, logout. It
+// also measures the overview's first load. Outages are injected in the browser (playwright's
+// routes: a 503, a proxy's 502, a stream cut): the overview and a job's page first opened in one
+// come back by themselves, their badge says when the stream is stale or down, a job purged while
+// its stream was down is said so, another page's failed load has Try again, and a session that
+// ended while the stream was down shows the login. LLMQ_SCREENSHOTS=docs/console (from the
+// repository root) writes the README's screenshots; LLMQ_CONSOLE_ROWS=1000000 first fills the table
+// with that many older jobs (one attempt each), to measure the overview's first load on a large
+// table.
 func TestConsole_Browser(t *testing.T) {
 	t.Parallel()
 	script, err := filepath.Abs(filepath.Join(repoRoot, "scripts", "browser.sh"))

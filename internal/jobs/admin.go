@@ -165,18 +165,18 @@ type RetryDeadOpts struct {
 	BatchFunc func(ctx context.Context, retried []Unfinished) error
 }
 
-// RetryDead puts every dead job f selects back to queued and returns them (f.Limit does not
-// apply), each with its priority, which names its task's queue. Each gets a fresh attempt budget
-// (attempts 0) and its whole credential chain back (its next attempt goes to its own credential,
-// failing over to its fallbacks as a new job's does), a fresh deadline (its timeout from
-// Postgres's clock, as a new job's), no dead reason, no usage (the job's usage is its answer's,
-// and the new round has none yet: a late answer's usage kept for the dead job stays on its
-// attempt's row), and a "queued" event whose payload names the previous reason. Its earlier attempts
-// stay in job_attempts and the new ones continue their numbering (jobs.attempt_base, migration
-// 002). Jobs that are not dead are left alone and not returned. The caller then enqueues the
-// returned jobs (Tasks.Requeue); one it fails to enqueue is picked up by the sweeper. A dead job
-// of a revoked tenant is left alone too, named or not (see docs/decisions.md, "A retry of dead
-// letters skips revoked tenants"): CountDeadOfRevoked counts those f selects.
+// RetryDead puts every dead job f selects back to queued and returns them (f.Limit does not apply),
+// each with its priority, which names its task's queue. Each gets a fresh attempt budget (attempts
+// 0) and its whole credential chain back (its next attempt goes to its own credential, failing over
+// to its fallbacks as a new job's does), a fresh deadline (its timeout from Postgres's clock, as a
+// new job's), no dead reason, no usage (the job's usage is its answer's, and the new round has none
+// yet: a late answer's usage kept for the dead job stays on its attempt's row), and a "queued"
+// event whose payload names the previous reason. Its earlier attempts stay in job_attempts and the
+// new ones continue their numbering (jobs.attempt_base, migration 002). Jobs that are not dead are
+// left alone and not returned. The caller then enqueues the returned jobs (Tasks.Requeue); one it
+// fails to enqueue is picked up by the sweeper. A dead job of a revoked tenant is left alone too,
+// named or not (see docs/decisions.md, "A retry of dead letters skips revoked tenants"):
+// CountDeadOfRevoked counts those f selects.
 //
 // It works in batches of opts.Batch jobs, oldest death first, each in a transaction of its own,
 // so that a retry of 100,000 dead letters never holds their row locks at once (the sweeper, the

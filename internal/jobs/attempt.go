@@ -195,19 +195,18 @@ type Outcome struct {
 	NextCredential bool
 }
 
-// Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status with its result or
-// error, in one transaction. The move is conditional on the job not being terminal already, so a
-// duplicate delivery can never store a second result: applied is false when it was terminal.
-// The job's usage becomes o.Usage, its answer's (nil: the answer reported none, or there is no
-// answer), never an earlier one's. The attempt keeps a.Usage, or else o.Usage (what the provider
-// counted) either way, and a job that ended without a result meanwhile (a cancel) takes o.Usage
-// as its usage (keepLateUsage,
-// which announces the attempt not applied to the job's live pages, with no event);
-// a.Usage is never the job's.
-// An attempt whose lease another delivery took over (and still holds) does not move the job to
-// a status that is not final: the other's call is under way, and a job moved back to retrying
-// under it would let a third call start beside it. A final outcome still ends the job (an answer
-// paid for is stored; the other's, when it comes, finds the job ended).
+// Finish records an attempt (when not nil; its lease is released) and moves the job to o.Status
+// with its result or error, in one transaction. The move is conditional on the job not being
+// terminal already, so a duplicate delivery can never store a second result: applied is false when
+// it was terminal. The job's usage becomes o.Usage, its answer's (nil: the answer reported none, or
+// there is no answer), never an earlier one's. The attempt keeps a.Usage, or else o.Usage (what the
+// provider counted) either way, and a job that ended without a result meanwhile (a cancel) takes
+// o.Usage as its usage (keepLateUsage, which announces the attempt not applied to the job's live
+// pages, with no event); a.Usage is never the job's. An attempt whose lease another delivery took
+// over (and still holds) does not move the job to a status that is not final: the other's call is
+// under way, and a job moved back to retrying under it would let a third call start beside it. A
+// final outcome still ends the job (an answer paid for is stored; the other's, when it comes, finds
+// the job ended).
 //
 // Finish is safe to run again after its commit's answer was lost (the batcher and record do): an
 // attempt already recorded marks the run as a repeat, which moves nothing and answers applied

@@ -60,10 +60,10 @@ const DefaultListenerWatchTTL = time.Minute
 // up on the transitions it missed anyway; a ping every 10 s of quiet is nothing to Postgres.
 const DefaultListenerPingInterval = 10 * time.Second
 
-// Listener fans the job transitions announced on EventsChannel (and the changes without an
-// event announced on ChangesChannel) out to in-process subscribers (the SSE streams of one API
-// process) over a single Postgres connection, however many subscribers there are. Because the notifications come from Postgres, it sees transitions made
-// by any process: workers, other API replicas, ctl.
+// Listener fans the job transitions announced on EventsChannel (and the changes without an event
+// announced on ChangesChannel) out to in-process subscribers (the SSE streams of one API process)
+// over a single Postgres connection, however many subscribers there are. Because the notifications
+// come from Postgres, it sees transitions made by any process: workers, other API replicas, ctl.
 //
 // Notifications are lost while the connection is down; after every (re)connection each
 // subscribed job's watch is renewed (WatchTTL) and each subscriber signalled with its job's
@@ -112,17 +112,17 @@ func NewListener(cfg ListenerConfig) *Listener {
 }
 
 // Subscribe registers interest in one job's transitions. The channel receives the sequence number
-// of a transition that committed; after the listener (re)connected, the number of the job's
-// latest event (every event up to it is committed, every later one is announced), or 0 when
-// that is unknown (the job not found, its row locked past CatchUpLockTimeout, or the read
-// failed); 0 too when the job changed without an event (an attempt of an ended job recorded,
-// and its usage kept: see Store.Finish; announced on ChangesChannel). Signals coalesce: the
-// channel holds one, the highest sent since the last receive, or 0 when any of them was 0. So
-// a value v > 0 means: every event up to v is committed, and none past v was signalled since the last
-// receive. A subscriber that has read the job's events up to v or beyond has nothing to read;
-// otherwise (or on 0) it re-reads the job's events after the last one handled. Subscribe before
-// the first read so that nothing committed after that read goes unsignalled. cancel
-// unsubscribes; it is idempotent and must be called (the channel is never closed).
+// of a transition that committed; after the listener (re)connected, the number of the job's latest
+// event (every event up to it is committed, every later one is announced), or 0 when that is
+// unknown (the job not found, its row locked past CatchUpLockTimeout, or the read failed); 0 too
+// when the job changed without an event (an attempt of an ended job recorded, and its usage kept:
+// see Store.Finish; announced on ChangesChannel). Signals coalesce: the channel holds one, the
+// highest sent since the last receive, or 0 when any of them was 0. So a value v > 0 means: every
+// event up to v is committed, and none past v was signalled since the last receive. A subscriber
+// that has read the job's events up to v or beyond has nothing to read; otherwise (or on 0) it
+// re-reads the job's events after the last one handled. Subscribe before the first read so that
+// nothing committed after that read goes unsignalled. cancel unsubscribes; it is idempotent and
+// must be called (the channel is never closed).
 func (l *Listener) Subscribe(jobID string) (<-chan int, func()) {
 	ch := make(chan int, 1)
 	l.mu.Lock()
