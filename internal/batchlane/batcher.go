@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/config"
@@ -73,6 +74,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives the batch lane's counters; nil records none.
 	Metrics *Metrics
+	// LeaderGauge is 1 while this process leads the batch lane, 0 otherwise (llmq_leader; see
+	// leader.Metrics.Duty). Nil: none.
+	LeaderGauge prometheus.Gauge
 	// DeadLettered, when set, is told of each job the batcher dead-letters, as the executor
 	// counts its own (executor.Metrics.DeadLettered: llmq_dead_letters_total, which the
 	// dead-letter alert reads).
@@ -133,7 +137,7 @@ func New(cfg Config) *Batcher {
 // lead's: while another process led, its passes may have succeeded, and a lead's failures are
 // logged by the process that leads (the one whose log LLMQBatchLaneStalled sends you to).
 func (b *Batcher) Run(ctx context.Context) error {
-	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.lead,
+	leader.Run(ctx, b.cfg.Pool, lockKey, b.cfg.Tick, b.cfg.LeaderGauge, b.lead,
 		logstreak.New(ctx, b.cfg.Logger, "batch lane leadership"))
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -55,7 +56,10 @@ type SweeperConfig struct {
 	StatementTimeout time.Duration
 	Logger           *slog.Logger
 	Metrics          *Metrics
-	Now              func() time.Time
+	// LeaderGauge is 1 while this process leads the sweeper, 0 otherwise (llmq_leader; see
+	// leader.Metrics.Duty). Nil: none.
+	LeaderGauge prometheus.Gauge
+	Now         func() time.Time
 }
 
 // DefaultSweepStatementTimeout is SweeperConfig.StatementTimeout's default: far above what a
@@ -111,7 +115,7 @@ func NewSweeper(cfg SweeperConfig) *Sweeper {
 // queued jobs drained at 0.76 × the rate of a 1,000-job backlog with the pass at start, 1.08
 // without it). Lost tasks are re-enqueued one Interval later than before, at worst.
 func (s *Sweeper) Run(ctx context.Context) error {
-	leader.Run(ctx, s.cfg.Store.Pool(), sweeperLockKey, s.cfg.Interval, s.lead, func(err error) {
+	leader.Run(ctx, s.cfg.Store.Pool(), sweeperLockKey, s.cfg.Interval, s.cfg.LeaderGauge, s.lead, func(err error) {
 		if err != nil {
 			s.cfg.Logger.WarnContext(ctx, "sweeper", "error", err)
 		}

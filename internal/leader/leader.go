@@ -11,17 +11,24 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Run tries to lead (see Lead) every interval, the first time one interval after it starts, until
 // ctx ends; report is told each try's outcome (nil: it led without error, or another process
 // leads), and nil as this process begins to lead too: a run of failed tries is over then, though
 // the try's outcome comes only when it stops leading, perhaps days later. It returns when ctx
-// ends.
-func Run(ctx context.Context, pool *pgxpool.Pool, key int64, interval time.Duration, fn func(context.Context) error, report func(error)) {
+// ends. leading (nil: none; see Metrics.Duty) is 1 while fn runs, from the moment it begins to
+// lead until fn has returned (its lead lost, failed or ended with ctx), and 0 otherwise.
+func Run(ctx context.Context, pool *pgxpool.Pool, key int64, interval time.Duration, leading prometheus.Gauge,
+	fn func(context.Context) error, report func(error)) {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	lead := func(ctx context.Context) error {
+		if leading != nil {
+			leading.Set(1)
+			defer leading.Set(0)
+		}
 		report(nil)
 		return fn(ctx)
 	}

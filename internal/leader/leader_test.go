@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/leader"
@@ -164,7 +166,7 @@ func TestRun(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		leader.Run(ctx, pool, key, 10*time.Millisecond, func(context.Context) error { return errors.New("duty failed") },
+		leader.Run(ctx, pool, key, 10*time.Millisecond, nil, func(context.Context) error { return errors.New("duty failed") },
 			func(err error) {
 				select {
 				case reports <- err:
@@ -181,6 +183,49 @@ func TestRun(t *testing.T) {
 	}
 	cancel()
 	within(t, done)
+}
+
+// llmq_leader is 0 until the duty leads here, 1 from the start of the lead, and 0 again once
+// the lead is lost (its lock session ended by Postgres) and once ctx ends it.
+func TestRun_LeaderGauge(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	gauge := leader.NewMetrics(prometheus.NewRegistry()).Duty("test")
+	require.Zero(t, testutil.ToFloat64(gauge))
+	type seen struct {
+		err   error
+		value float64 // the gauge as the report came
+	}
+	reports := make(chan seen, 10)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		leader.Run(ctx, pool, key, 200*time.Millisecond, gauge, func(ctx context.Context) error {
+			<-ctx.Done()
+			return nil
+		}, func(err error) {
+			select {
+			case reports <- seen{err, testutil.ToFloat64(gauge)}:
+			default:
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); within(t, done) })
+
+	r := within(t, reports) // it begins to lead
+	require.NoError(t, r.err)
+	require.Equal(t, 1.0, r.value)
+	terminateLockHolder(t, pool)
+	r = within(t, reports) // the lead is lost
+	require.ErrorContains(t, r.err, "leader lock connection")
+	require.Zero(t, r.value)
+	r = within(t, reports) // and taken again at the next try
+	require.NoError(t, r.err)
+	require.Equal(t, 1.0, r.value)
+	cancel()
+	within(t, done)
+	require.Zero(t, testutil.ToFloat64(gauge))
 }
 
 // A leader whose lock connection falls silent (its host lost without closing the socket, a
@@ -276,7 +321,7 @@ func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
 		defer close(done)
 		// 100 ms between tries, and as the lock connection's ping bound: a ping slower than that
 		// on a loaded machine would lose the lead, and log, before the test cuts it.
-		leader.Run(ctx, pool, key, 100*time.Millisecond, func(ctx context.Context) error {
+		leader.Run(ctx, pool, key, 100*time.Millisecond, nil, func(ctx context.Context) error {
 			leading <- struct{}{}
 			<-ctx.Done()
 			return nil

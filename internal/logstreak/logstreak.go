@@ -11,19 +11,22 @@ import (
 
 // New returns a report, told each outcome of what from one goroutine at a time, that logs on
 // logger the first error of a run of them ("what failed; further errors are not logged until it
-// succeeds", at warning) and the success that ends the run ("what succeeds again", at info).
-// Nothing is logged once ctx has ended: a shutdown's errors are not failures.
+// succeeds", at warning) and the success that ends the run ("what succeeds again", at info, with
+// the run's number of failures: failures=N). Nothing is logged once ctx has ended: a shutdown's
+// errors are not failures.
 func New(ctx context.Context, logger *slog.Logger, what string) func(error) {
-	failing := false
+	failures := 0 // in the current run; 0: none
 	return func(err error) {
 		switch {
 		case ctx.Err() != nil:
-		case err != nil && !failing:
-			logger.WarnContext(ctx, what+" failed; further errors are not logged until it succeeds", "error", err)
-			failing = true
-		case err == nil && failing:
-			logger.InfoContext(ctx, what+" succeeds again")
-			failing = false
+		case err != nil:
+			if failures == 0 {
+				logger.WarnContext(ctx, what+" failed; further errors are not logged until it succeeds", "error", err)
+			}
+			failures++
+		case failures > 0:
+			logger.InfoContext(ctx, what+" succeeds again", "failures", failures)
+			failures = 0
 		}
 	}
 }

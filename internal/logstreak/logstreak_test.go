@@ -35,6 +35,6 @@ func TestNew_LogsARunOnce(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	require.Len(t, lines, 3, logs.String())
 	require.Contains(t, lines[0], `level=WARN msg="refresh failed; further errors are not logged until it succeeds" error=down`)
-	require.Contains(t, lines[1], `level=INFO msg="refresh succeeds again"`)
+	require.Contains(t, lines[1], `level=INFO msg="refresh succeeds again" failures=5`)
 	require.Contains(t, lines[2], `level=WARN msg="refresh failed;`)
 }

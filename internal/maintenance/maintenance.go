@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
@@ -91,6 +93,9 @@ type Config struct {
 	// Metrics counts deleted jobs and provider batches, measures the retention backlog and
 	// dates the last successful pass of each kind. Nil: none.
 	Metrics *Metrics
+	// LeaderGauge is 1 while this process leads maintenance, 0 otherwise (llmq_leader; see
+	// leader.Metrics.Duty). Nil: none.
+	LeaderGauge prometheus.Gauge
 	// Now is the clock the deadlines and retention periods are measured with. Default time.Now.
 	Now func() time.Time
 	// Leading are further duties of the maintaining process (backlog.Gauge.Run): each runs in a
@@ -148,7 +153,7 @@ func New(cfg Config) *Maintainer {
 // It returns when ctx ends. Errors are logged, the first of a run of them only: during a
 // Postgres outage every process would otherwise log one a second.
 func (m *Maintainer) Run(ctx context.Context) error {
-	leader.Run(ctx, m.cfg.Store.Pool(), lockKey, m.cfg.Interval, m.lead,
+	leader.Run(ctx, m.cfg.Store.Pool(), lockKey, m.cfg.Interval, m.cfg.LeaderGauge, m.lead,
 		logstreak.New(ctx, m.cfg.Logger, "maintenance leadership"))
 	return nil
 }

@@ -106,6 +106,10 @@ func TestWorker_AlertedSeriesStartAtZero(t *testing.T) {
 	// The leader duties' dates, 0 until a pass succeeds here (the stalled rules read the max).
 	requireSeries(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", `pass="deadline"`, 1)
 	requireSeries(t, b.reg, "llmq_sweeper_last_success_timestamp_seconds", "", 1)
+	// Who leads them: 0 in a worker that does not (no batch lane here: no batch_lane series).
+	requireSeries(t, b.reg, "llmq_leader", `duty="maintenance"`, 1)
+	requireSeries(t, b.reg, "llmq_leader", `duty="sweeper"`, 1)
+	requireSeries(t, b.reg, "llmq_leader", "", 2)
 	requireSeries(t, b.reg, "llmq_delivery_errors_total", "", 1)
 	requireSeries(t, b.reg, "llmq_delivery_deferrals_total", "", 1)
 	requireSeries(t, b.reg, "llmq_alert_webhook_failures_total", "", 1)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/logtest"
@@ -38,4 +39,59 @@ func TestWorker_BreakerRefreshFailuresLogOnce(t *testing.T) {
 		require.NoError(t, rdb.Del(ctx, index).Err())
 	}
 	require.Equal(t, 1, logs.Count(`msg="refresh credential breaker state`), "a run of failed breaker reads logs once")
+}
+
+// TestWorker_PauseRefreshFailuresLogOnce: the pause refresh reads each credential's pause state
+// every 15 s, from Redis and then from Postgres; while those reads fail (Redis away, here each
+// credential's pause key of the wrong type; Postgres away, here its table renamed) the first
+// failure is logged and not the others, and the refresh that succeeds again logs the run's
+// count: a line per credential per refresh per worker, for the whole outage, buried the log.
+func TestWorker_PauseRefreshFailuresLogOnce(t *testing.T) {
+	t.Parallel()
+	for _, store := range []string{"Redis", "Postgres"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			logs := &logtest.Buffer{}
+			b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
+				Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			ctx := t.Context()
+			rdb := redistest.Client(t)
+			db, err := pgx.Connect(ctx, b.cfg.DatabaseURL)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, db.Close(context.Background())) })
+			var broken []string
+			for _, c := range b.cfg.Credentials {
+				broken = append(broken, b.prefix+redisscript.CredentialTag(c.LimiterID())+":pause")
+			}
+			if store == "Redis" {
+				for _, k := range broken {
+					require.NoError(t, rdb.Set(ctx, k, "not a hash", 0).Err())
+				}
+			} else {
+				_, err := db.Exec(ctx, `ALTER TABLE credential_pauses RENAME TO credential_pauses_away`)
+				require.NoError(t, err)
+			}
+			b.run(t)
+
+			index := redisscript.CredentialIndexKey(b.prefix) // see TestWorker_BreakerRefreshFailuresLogOnce
+			published := func() bool { n, err := rdb.Exists(ctx, index).Result(); return err == nil && n == 1 }
+			for range 4 {
+				require.Eventually(t, published, 10*time.Second, 5*time.Millisecond)
+				require.NoError(t, rdb.Del(ctx, index).Err())
+			}
+			require.Equal(t, 1, logs.Count(`msg="refresh credential pause state`), logs.String())
+			require.Equal(t, 1, logs.Count(`msg="refresh credential pause state failed;`), logs.String())
+
+			if store == "Redis" {
+				require.NoError(t, rdb.Del(ctx, broken...).Err())
+			} else {
+				_, err := db.Exec(ctx, `ALTER TABLE credential_pauses_away RENAME TO credential_pauses`)
+				require.NoError(t, err)
+			}
+			require.Eventually(t, func() bool {
+				return logs.Count(`msg="refresh credential pause state succeeds again" failures=`) == 1
+			}, 10*time.Second, 5*time.Millisecond, logs.String())
+			require.Equal(t, 2, logs.Count(`msg="refresh credential pause state`), logs.String())
+		})
+	}
 }

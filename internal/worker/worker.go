@@ -27,6 +27,7 @@ import (
 	"github.com/llmq/llmq/internal/estimator"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/leader"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/logstreak"
@@ -127,6 +128,7 @@ type metrics struct {
 	maintenance *maintenance.Metrics
 	alert       *alert.Metrics
 	backlog     *backlog.Metrics
+	leader      *leader.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -135,7 +137,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 	}
 	return metrics{executor: executor.NewMetrics(reg), dispatch: dispatch.NewMetrics(reg), limiter: limiter.NewMetrics(reg),
 		breaker: breaker.NewMetrics(reg), estimator: estimator.NewMetrics(reg), maintenance: maintenance.NewMetrics(reg),
-		alert: alert.NewMetrics(reg), backlog: backlog.NewMetrics(reg)}
+		alert: alert.NewMetrics(reg), backlog: backlog.NewMetrics(reg), leader: leader.NewMetrics(reg)}
 }
 
 // build makes the worker's parts, in the order they depend on each other: the shared admission
@@ -203,6 +205,7 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
 		Store: store, Enqueuer: enq, Inspector: w.insp, Redis: w.rdb,
 		Interval: cfg.Worker.SweepInterval, FreshGrace: freshGrace, Logger: opts.Logger, Metrics: m.dispatch,
+		LeaderGauge: m.leader.Duty("sweeper"),
 	})
 	w.maint = maintenance.New(maintenance.Config{
 		Store: store, Tasks: dispatch.NewTasks(w.insp, enq),
@@ -212,11 +215,12 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 		},
 		AuditRetention:    cfg.Retention.Audit.Duration(),
 		RetentionInterval: cfg.Retention.Interval, Finished: m.executor.Finished, Logger: opts.Logger, Metrics: m.maintenance,
+		LeaderGauge: m.leader.Duty("maintenance"),
 		Leading: []func(context.Context){
 			backlog.New(backlog.Config{Pool: store.Pool(), Logger: opts.Logger, Metrics: m.backlog}).Run,
 		},
 	})
-	if err := w.newBatcher(ctx, m.executor.DeadLettered, w.alerter); err != nil {
+	if err := w.newBatcher(ctx, m.executor.DeadLettered, m.leader, w.alerter); err != nil {
 		return err
 	}
 	w.server = dispatch.NewServer(w.redis, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
@@ -350,8 +354,10 @@ const alertDrainTimeout = 5 * time.Second
 // batcher). It gets every credential: one whose lane is off sends its waiting batch jobs
 // online and still polls the batches it has; a paused one (its limiter gate, restored from
 // w.pauses) sends none until resumed. Its dead letters are counted by deadLettered (the
-// executor's metrics) and alerted by alerter, as the executor's are.
-func (w *Worker) newBatcher(ctx context.Context, deadLettered func(credential, reason string), alerter *alert.Alerter) error {
+// executor's metrics) and alerted by alerter, as the executor's are; its lead is shown in leaders
+// (llmq_leader{duty="batch_lane"}).
+func (w *Worker) newBatcher(ctx context.Context, deadLettered func(credential, reason string), leaders *leader.Metrics,
+	alerter *alert.Alerter) error {
 	gates := make(map[string]*limiter.Gate, len(w.gates))
 	for _, g := range w.gates {
 		gates[g.Name()] = g
@@ -383,6 +389,7 @@ func (w *Worker) newBatcher(ctx context.Context, deadLettered func(credential, r
 	}
 	w.batcher = batchlane.New(batchlane.Config{Pool: w.pool, Lanes: lanes, Logger: w.opts.Logger, Metrics: metrics,
 		DeadLettered: deadLettered, Alerter: alerter, Pauses: w.pauses, RolloutGrace: executor.RolloutGrace,
+		LeaderGauge: leaders.Duty("batch_lane"),
 		Enqueue: func(ctx context.Context, id string, p jobs.Priority) error {
 			return w.enqueuer.Enqueue(ctx, id, p, time.Time{})
 		}})
@@ -417,16 +424,18 @@ func (w *Worker) publishCredentialTags(ctx context.Context) {
 // Redis holds as not paused, the episode never ended there (credpause.Store.Reconcile: a
 // failover lost it), at one Postgres read per credential not paused. It reads each breaker's
 // state too (which sets llmq_breaker_state), for the same reasons: a breaker another process
-// closed stayed open in the gauge of a worker whose jobs had left the credential. Those reads'
-// failures are logged once a run of them.
+// closed stayed open in the gauge of a worker whose jobs had left the credential. The failures of
+// each kind of read (pauses, breakers) are logged once a run of them (see logstreak.New): in an
+// outage of Redis or Postgres every refresh fails, for every credential, and a line per
+// credential every refresh in every worker buried the rest of the log.
 func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
-	// Only the gauge needs the breakers' reads (the jobs read each breaker as they pass it): a
-	// run of failed refreshes is logged once, not a line per credential every refresh.
+	pauses := logstreak.New(ctx, w.opts.Logger, "refresh credential pause state")
 	breakers := logstreak.New(ctx, w.opts.Logger, "refresh credential breaker state")
 	for {
 		w.publishCredentialTags(ctx)
+		var perrs []error
 		for _, g := range w.gates {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
 			ps, err := g.Paused(rctx)
@@ -439,10 +448,11 @@ func (w *Worker) refreshPauses(ctx context.Context) {
 				_, err = w.pauses.Reconcile(rctx, g)
 			}
 			cancel()
-			if err != nil && ctx.Err() == nil {
-				w.opts.Logger.WarnContext(ctx, "refresh credential pause state", "error", err)
+			if err != nil {
+				perrs = append(perrs, fmt.Errorf("credential %q: %w", g.Name(), err))
 			}
 		}
+		pauses(errors.Join(perrs...))
 		var errs []error
 		for _, c := range w.circuits {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
