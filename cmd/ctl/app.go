@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"text/tabwriter"
@@ -254,8 +255,9 @@ var errStatementTimeout = errors.New("postgres statement timed out (--timeout)")
 // the reading of its rows, an exec, a transaction's begin and commit, a batch) by wait: a
 // Postgres that is slow (a lock a long transaction holds, an I/O stall) or silent (a partition,
 // a failover behind a moved address) fails the command rather than hang it. pgx cancels the
-// statement and closes its connection. It records that it fired, for run's message. With wait 0
-// (--timeout 0) it bounds nothing, and only records a COMMIT that got no answer (commitLost).
+// statement and closes its connection. It records that it fired, for run's message, and whether
+// a COMMIT, or a statement that writes sent outside a transaction, got no answer (it may have
+// been applied). With wait 0 (--timeout 0) it bounds nothing, and only records the latter.
 type statementBound struct {
 	wait     time.Duration
 	timedOut atomic.Bool
@@ -264,6 +266,10 @@ type statementBound struct {
 	// commitLost records that a transaction's COMMIT was sent and its connection failed before
 	// Postgres answered (not cut by wait): it may have been applied.
 	commitLost atomic.Bool
+	// writeCut and writeLost are commitCut and commitLost of a statement that writes sent
+	// outside a transaction (autocommit: its own transaction, committed as it ends): it may
+	// have been applied.
+	writeCut, writeLost atomic.Bool
 }
 
 // configure makes b the tracer of the pool of cfg and, with a bound, the judge of which
@@ -282,6 +288,22 @@ type boundCancel struct{}
 // boundSQL is the context key of a bounded statement's SQL text.
 type boundSQL struct{}
 
+// boundWrite is the context key marking a statement that writes sent outside a transaction
+// (autocommit), whose answer lost leaves it as uncertain as a COMMIT's.
+type boundWrite struct{}
+
+// rowLocks matches the row-locking clauses of a SELECT, which write nothing.
+var rowLocks = regexp.MustCompile(`(?i)\bfor\s+(no\s+key\s+)?update\b`)
+
+// writeWords matches the commands that change rows, alone or in a CTE.
+var writeWords = regexp.MustCompile(`(?i)\b(insert|update|delete|merge)\b`)
+
+// writes reports whether sql may change rows: it names INSERT, UPDATE, DELETE or MERGE (beside
+// a SELECT's FOR UPDATE). A read it takes for a write only makes a lost answer's hint cautious.
+func writes(sql string) bool {
+	return writeWords.MatchString(rowLocks.ReplaceAllString(sql, ""))
+}
+
 func (b *statementBound) start(ctx context.Context) context.Context {
 	if b.wait <= 0 {
 		return ctx
@@ -293,6 +315,11 @@ func (b *statementBound) start(ctx context.Context) context.Context {
 func (b *statementBound) end(ctx context.Context, conn *pgx.Conn, err error) {
 	sql, _ := ctx.Value(boundSQL{}).(string)
 	commit := strings.EqualFold(sql, "commit")
+	write, _ := ctx.Value(boundWrite{}).(bool)
+	cut, lost := &b.commitCut, &b.commitLost
+	if write {
+		cut, lost = &b.writeCut, &b.writeLost
+	}
 	var pgErr *pgconn.PgError
 	switch {
 	case err != nil && errors.Is(context.Cause(ctx), errStatementTimeout):
@@ -305,30 +332,36 @@ func (b *statementBound) end(ctx context.Context, conn *pgx.Conn, err error) {
 		// would read what is left on it for up to 15 s first, which a silent server never ends,
 		// and the pool's close waits for that: the command ended 15 s after its message.
 		_ = conn.PgConn().Conn().Close()
-		if commit && !pgconn.SafeToRetry(err) {
+		if (commit || write) && !pgconn.SafeToRetry(err) {
 			// Postgres may have committed it before the cancel came (see statementHint).
-			b.commitCut.Store(true)
+			cut.Store(true)
 		}
-	case err != nil && commit && !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err):
+	case err != nil && (commit || write) && !errors.As(err, &pgErr) && !pgconn.SafeToRetry(err):
 		// Sent, and no answer came (the connection lost, the command interrupted): Postgres
 		// may have committed it. An error it answered (a deferred constraint, a serialization
 		// failure) rolled it back; one SafeToRetry was never sent.
-		b.commitLost.Store(true)
+		lost.Store(true)
 	}
 	if cancel, ok := ctx.Value(boundCancel{}).(context.CancelFunc); ok {
 		cancel()
 	}
 }
 
-// commitUncertain reports whether a COMMIT of the command got no answer (cut by --timeout, or its
-// connection lost): what it changed may have been applied.
+// commitUncertain reports whether a COMMIT of the command, or a statement that writes sent
+// outside a transaction, got no answer (cut by --timeout, or its connection lost): what it
+// changed may have been applied.
 func (b *statementBound) commitUncertain() bool {
-	return b != nil && (b.commitCut.Load() || b.commitLost.Load())
+	return b != nil && (b.commitCut.Load() || b.commitLost.Load() || b.writeCut.Load() || b.writeLost.Load())
 }
 
-// TraceQueryStart implements pgx.QueryTracer: it bounds the statement.
-func (b *statementBound) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	return context.WithValue(b.start(ctx), boundSQL{}, d.SQL)
+// TraceQueryStart implements pgx.QueryTracer: it bounds the statement, and marks one that
+// writes outside a transaction (the connection idle in none: autocommit).
+func (b *statementBound) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	ctx = context.WithValue(b.start(ctx), boundSQL{}, d.SQL)
+	if conn.PgConn().TxStatus() == 'I' && writes(d.SQL) {
+		ctx = context.WithValue(ctx, boundWrite{}, true)
+	}
+	return ctx
 }
 
 // TraceQueryEnd implements pgx.QueryTracer.
@@ -408,8 +441,9 @@ func (b *statementBound) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, d pg
 }
 
 // statementHint is what to make of a failed command one of whose statements --timeout cut, or
-// whose COMMIT got no answer: the bound, what keeps Postgres from answering, and whether what it
-// changed may have been applied; "" otherwise.
+// whose COMMIT (or statement that writes outside a transaction) got no answer: the bound, what
+// keeps Postgres from answering, and whether what it changed may have been applied; ""
+// otherwise.
 func (a *app) statementHint() string {
 	switch {
 	case a.bound == nil:
@@ -421,6 +455,13 @@ func (a *app) statementHint() string {
 	case a.bound.commitLost.Load():
 		return fmt.Sprintf(" (postgres did not answer a COMMIT, its connection failed or the command was interrupted: what it changed may have been applied; check with a list or show command (%s) "+
 			"before running this one again; what the command committed before stands)", checkCommand(a.group))
+	case a.bound.writeCut.Load():
+		return fmt.Sprintf(" (postgres did not answer within %s, --timeout, to a statement that writes: what it changed may have been applied; check with a list or show command (%s) "+
+			"before running this one again; a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)",
+			a.bound.wait, checkCommand(a.group))
+	case a.bound.writeLost.Load():
+		return fmt.Sprintf(" (postgres did not answer a statement that writes, its connection failed or the command was interrupted: what it changed may have been applied; "+
+			"check with a list or show command (%s) before running this one again; what the command committed before stands)", checkCommand(a.group))
 	case a.bound.timedOut.Load():
 		return fmt.Sprintf(" (postgres did not answer within %s, --timeout: a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)", a.bound.wait)
 	}

@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/config"
@@ -55,14 +55,24 @@ func (a *app) statsCommand() *cli.Command {
 				return err
 			}
 			// The figures are Postgres's: Redis down leaves only the queue's depth unknown (a
-			// Redis URL that does not parse still fails the command).
-			tasks, closeTasks, openErr := a.openTasks(c)
-			if openErr != nil && !errors.Is(openErr, errRedisUnreachable) {
-				return openErr
+			// Redis URL that does not parse still fails the command). The depth is read beside
+			// the figures, so that a Redis that never answers costs its wait (a.redisWait) beside
+			// Postgres's statements rather than before them.
+			opt, queueName, err := redisConn(c)
+			if err != nil {
+				return err
 			}
-			if openErr == nil {
-				defer closeTasks()
+			queue := make(chan queueRead, 1)
+			go func() { queue <- a.readQueue(c.Context, opt, queueName) }()
+			var q *queueRead
+			awaitQueue := func() queueRead {
+				if q == nil {
+					r := <-queue
+					q = &r
+				}
+				return *q
 			}
+			defer awaitQueue() // the read never outlives the command
 			p, err := a.pool(c)
 			if err != nil {
 				return err
@@ -72,14 +82,10 @@ func (a *app) statsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			var depth *dispatch.QueueDepth
-			if openErr == nil {
-				depth, err = queueDepth(c.Context, tasks)
-			} else {
-				err = openErr
-			}
-			if err != nil {
-				notes = append(notes, "queue depth unknown: "+err.Error())
+			qr := awaitQueue()
+			depth := qr.depth
+			if qr.err != nil {
+				notes = append(notes, "queue depth unknown: "+qr.err.Error())
 			}
 			for _, s := range statusOrder {
 				st.ByStatus[s] += 0 // every status present, zeros included
@@ -125,13 +131,26 @@ func (a *app) statsCommand() *cli.Command {
 	}
 }
 
-// queueDepth reads the asynq queue's depth.
-func queueDepth(ctx context.Context, tasks *ctlTasks) (*dispatch.QueueDepth, error) {
+// queueRead is readQueue's answer: the queue's depth, or why it is unknown.
+type queueRead struct {
+	depth *dispatch.QueueDepth
+	// err wraps errRedisUnreachable: Redis did not answer.
+	err error
+}
+
+// readQueue connects to the Redis of opt (connectTasks) and reads queue's depth, each step
+// bounded by a.redisWait, and closes the connections.
+func (a *app) readQueue(ctx context.Context, opt asynq.RedisConnOpt, queue string) queueRead {
+	tasks, closeTasks, err := a.connectTasks(ctx, opt, queue)
+	if err != nil {
+		return queueRead{err: err}
+	}
+	defer closeTasks()
 	d, err := tasks.Depth(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errRedisUnreachable, err)
+		return queueRead{err: fmt.Errorf("%w: %w", errRedisUnreachable, err)}
 	}
-	return &d, nil
+	return queueRead{depth: &d}
 }
 
 // retentionNotes says, for each final status whose retention period in the config file is

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/pgtest"
 )
 
 func TestStats(t *testing.T) {
@@ -177,4 +180,61 @@ func TestStats_RedisDownStillCounts(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
 	require.Nil(t, got.Queue)
 	require.Equal(t, 1, got.ByStatus["queued"])
+}
+
+// TestStats_SilentRedisBesideFigures: with a Redis that accepts connections and never answers,
+// stats reads Postgres's figures while it waits for Redis (its ping, a.redisWait), not after:
+// the wait is spent once, beside the figures' statements. It pinged Redis first and only then
+// connected to Postgres, so the figures came a whole wait (5 s) plus their own time late.
+func TestStats_SilentRedisBesideFigures(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	b.createJob(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	redisGaveUp := make(chan struct{}) // closed when ctl closes a connection to the silent Redis
+	go func() {
+		var once sync.Once
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				_, _ = io.Copy(io.Discard, conn) // read and never answer, until ctl closes it
+				once.Do(func() { close(redisGaveUp) })
+			}()
+		}
+	}()
+	proxy, proxied := pgtest.NewProxy(t, b.url)
+	figures := proxy.HoldStatement("SELECT now() - $1::bigint")
+	defer figures.Release()
+
+	done := make(chan result, 1)
+	go func() {
+		r, _ := runApp(30*time.Second, func(a *app) { a.redisWait = 10 * time.Second },
+			"--database-url", proxied, "--redis-url", "redis://"+ln.Addr().String(), "stats")
+		done <- r
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	select {
+	case <-figures.Reached():
+	case <-redisGaveUp:
+		t.Fatal("the figures waited for Redis")
+	case <-ctx.Done():
+		t.Fatal("the figures were not read")
+	}
+	figures.Release()
+	select {
+	case r := <-done:
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "1", fields(r.out)["jobs queued now"])
+		require.Equal(t, "-", fields(r.out)["queue pending"])
+		require.Contains(t, r.errOut, "ctl: note: queue depth unknown: redis unreachable")
+	case <-ctx.Done():
+		t.Fatal("ctl did not end")
+	}
 }

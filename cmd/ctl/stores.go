@@ -63,16 +63,29 @@ const defaultRedisWait = 5 * time.Second
 // openTasks connects to the Redis that dispatches jobs, failing fast with a one-line error when
 // it does not answer within a.redisWait. close releases the connections.
 func (a *app) openTasks(c *cli.Context) (tasks *ctlTasks, close func(), err error) {
+	opt, queue, err := redisConn(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	return a.connectTasks(c.Context, opt, queue)
+}
+
+// redisConn resolves and parses the Redis URL (see redisTarget), and the asynq queue.
+func redisConn(c *cli.Context) (opt asynq.RedisConnOpt, queue string, err error) {
 	url, queue, err := redisTarget(c)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", err
 	}
-	opt, err := dispatch.RedisConnOpt(url)
-	if err != nil {
-		return nil, nil, err
+	if opt, err = dispatch.RedisConnOpt(url); err != nil {
+		return nil, "", err
 	}
+	return opt, queue, nil
+}
+
+// connectTasks is openTasks on the Redis of opt.
+func (a *app) connectTasks(ctx context.Context, opt asynq.RedisConnOpt, queue string) (tasks *ctlTasks, close func(), err error) {
 	rdb := dispatch.NewRedisClient(opt)
-	ctx, cancel := context.WithTimeout(c.Context, a.redisWait)
+	ctx, cancel := context.WithTimeout(ctx, a.redisWait)
 	err = rdb.Ping(ctx).Err()
 	cancel()
 	if err != nil {
