@@ -117,7 +117,7 @@ func TestOpenAPI_SubmitBodyAgrees(t *testing.T) {
 		"RequestNull":            {fields: `"request":null`, wantType: "missing_request"},
 		"UnknownField":           {fields: `"priorty":"low"`, wantType: "unknown_field"},
 		"PriorityNotAString":     {fields: `"priority":1`, wantType: "invalid_field"},
-		"FallbacksItemNotString": {fields: `"fallbacks":[null]`, wantType: "unknown_credential"},
+		"FallbacksItemNotString": {fields: `"fallbacks":[null]`, wantType: "invalid_fallbacks"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -214,7 +215,30 @@ func decodeSubmit(body []byte) (submitBody, error) {
 	if err := checkFieldNames(body); err != nil {
 		return b, err
 	}
+	if slices.Contains(b.Fallbacks, "") {
+		return b, checkNullFallbacks(body)
+	}
 	return b, nil
+}
+
+// checkNullFallbacks refuses (invalid_fallbacks) a null item of fallbacks, which encoding/json
+// decodes to "": checked as a name, it was unknown_credential naming a fallback "" the client
+// never sent (credential_not_allowed for a restricted tenant). body is one JSON object the
+// decode took, with a fallback decoded to "" (the second decode is for those only); the walk
+// (scanSubmit) takes no body with a null item.
+func checkNullFallbacks(body []byte) error {
+	var b struct {
+		Fallbacks []*string `json:"fallbacks"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil // not reached: the decode took body
+	}
+	for i, f := range b.Fallbacks {
+		if f == nil {
+			return invalid("invalid_fallbacks", "fallbacks[%d] is null: each fallback must be a credential's name", i)
+		}
+	}
+	return nil
 }
 
 // decodeSubmitJSON decodes body with encoding/json: one JSON object of the contract's fields

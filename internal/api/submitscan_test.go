@@ -52,10 +52,19 @@ func TestDecodeSubmitAnswers(t *testing.T) {
 		{`{"request":` + deep + `}`, "invalid_json", "body is not valid JSON: invalid character '[' exceeded max depth"},
 		{"{\"credential\":5,\"request\":{\"a\":}}", "invalid_json", "body is not valid JSON: invalid character '}' looking for beginning of value"},
 		{"{\"credential\":5,\"nope\":1}", "invalid_field", "field \"credential\" must be string"},
+		// Several problems: the first in the body's order, but a max_attempts that is not an
+		// integer before any (docs/api.md); a null fallback after them all.
+		{`{"nope":1,"credential":5,"request":{}}`, "unknown_field", `unknown field "nope"`},
+		{`{"nope":1,"credential":5,"max_attempts":"3","request":{}}`, "invalid_field", `field "max_attempts" must be int`},
+		{`{"fallbacks":[null],"nope":1,"request":{}}`, "unknown_field", `unknown field "nope"`},
+		{`{"fallbacks":[null],"request":{},"request":{}}`, "invalid_field", `field "request" appears twice: send it once`},
+		{`{"fallbacks":[null],"credential":"nope"}`, "invalid_fallbacks", `fallbacks[0] is null: each fallback must be a credential's name`},
 		{"{\"request\":{\"model\":\"m\",\"Stream\":true}}", "invalid_request", "field \"request.Stream\" must be spelled \"stream\": the provider reads field names exactly, and so does llmq"},
 		{`{"request":{},"credential":"nope"}`, "unknown_credential", `credential "nope" is not configured`},
 		{`{"request":{},"credential":"n\u00e9"}`, "unknown_credential", `credential "né" is not configured`},
-		{`{"request":{},"fallbacks":[null]}`, "unknown_credential", `fallback credential "" is not configured`},
+		{`{"request":{},"fallbacks":[null]}`, "invalid_fallbacks", `fallbacks[0] is null: each fallback must be a credential's name`},
+		{`{"request":{},"fallbacks":["default",null],"credential":"x"}`, "invalid_fallbacks", `fallbacks[1] is null: each fallback must be a credential's name`},
+		{`{"request":{},"fallbacks":[""]}`, "unknown_credential", `fallback credential "" is not configured`},
 		// The request's names (checkFieldNames): in another case, escaped, repeated, nested, in
 		// an array; the walk's body or the decode's.
 		{`{"request":{"model":"m","Max_Tokens":5},"max_attempts":3}`, "invalid_request", `field "request.Max_Tokens" must be spelled "max_tokens": the provider reads field names exactly, and so does llmq`},
@@ -83,6 +92,27 @@ func TestDecodeSubmitAnswers(t *testing.T) {
 		if !errors.As(err, &inv) || inv.Type != tc.typ || inv.Message != tc.msg {
 			t.Errorf("%.60q: got %v, want %s: %s", tc.body, err, tc.typ, tc.msg)
 		}
+	}
+}
+
+// TestDecodeSubmit_NullFallbackIsNamed: a null item of fallbacks is 400 invalid_fallbacks
+// naming it, for a restricted tenant too (it was unknown_credential, or 403
+// credential_not_allowed, for a fallback "" nobody sent); a fallback "" sent as a string is
+// still a name, unknown.
+func TestDecodeSubmit_NullFallbackIsNamed(t *testing.T) {
+	c := newContract(SubmitConfig{Credentials: []string{"default", "backup"}})
+	restricted := func(name string) bool { return name == "default" || name == "backup" }
+	for _, allowed := range []func(string) bool{nil, restricted} {
+		_, err := c.parse("t", allowed, "", []byte(`{"request":{},"fallbacks":["backup",null]}`))
+		var inv *InvalidError
+		if !errors.As(err, &inv) || inv.Status != 0 || inv.Type != "invalid_fallbacks" || !strings.Contains(inv.Message, "fallbacks[1] is null") {
+			t.Errorf("restricted %v: got %#v, want 400 invalid_fallbacks naming fallbacks[1]", allowed != nil, err)
+		}
+	}
+	_, err := c.parse("t", restricted, "", []byte(`{"request":{},"fallbacks":[""]}`))
+	var inv *InvalidError
+	if !errors.As(err, &inv) || inv.Type != "credential_not_allowed" {
+		t.Errorf(`fallbacks [""] of a restricted tenant: got %v, want credential_not_allowed`, err)
 	}
 }
 
@@ -123,6 +153,9 @@ func FuzzScanSubmit(f *testing.F) {
 			wantErr = refCheckFieldNames(body)
 			if got := checkFieldNames(body); !reflect.DeepEqual(got, wantErr) {
 				t.Fatalf("%q: names' check %v, the old one's %v", body, got, wantErr)
+			}
+			if wantErr == nil && slices.Contains(want.Fallbacks, "") {
+				wantErr = checkNullFallbacks(body)
 			}
 		}
 		if got, ok := scanSubmit(body); ok {

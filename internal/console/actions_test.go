@@ -282,20 +282,58 @@ func TestTenants_Weight(t *testing.T) {
 	for _, w := range []int{0, 1001} {
 		r, out := c.do(http.MethodPost, "/console/api/tenants/small/weight", map[string]any{"weight": w}, nil)
 		requireError(t, r, out, http.StatusBadRequest, "invalid_weight")
-		require.Contains(t, out, "want 1..1000")
+		require.Contains(t, out, "in 1..1000")
 	}
 	r, out := c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "huge", "weight": 5000}, nil)
 	requireError(t, r, out, http.StatusBadRequest, "invalid_weight")
 	r, out = c.do(http.MethodPost, "/console/api/tenants/nobody/weight", map[string]any{"weight": 2}, nil)
 	requireError(t, r, out, http.StatusNotFound, "not_found")
 	r, out = c.do(http.MethodPost, "/console/api/tenants/small/weight", map[string]any{"weight": "2"}, nil)
-	requireError(t, r, out, http.StatusBadRequest, "invalid_body")
+	requireError(t, r, out, http.StatusBadRequest, "invalid_weight")
 
 	e := b.audit(t)[0]
 	require.Equal(t, "tenant.weight", e.Action)
 	require.Equal(t, "small", e.Target)
 	require.Equal(t, map[string]any{"weight": float64(2)}, e.Detail)
 	require.Equal(t, map[string]any{"credentials": nil, "weight": float64(3)}, b.audit(t)[2].Detail, "big's create")
+}
+
+// TestTenants_WeightRefusedNamesTheField: every weight ctl tenants set --weight would not take
+// (absent, null, a string, a fraction, 0, negative, past 1000, past any int) is 400
+// invalid_weight naming the field and its range, and changes nothing: an absent or null weight
+// was the 0 the client never sent, and a string or a fraction an invalid_body naming a Go type.
+func TestTenants_WeightRefusedNamesTheField(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	var created struct{}
+	c.json(http.MethodPost, "/console/api/tenants", map[string]any{"name": "acme", "weight": 3}, &created)
+	for body, msg := range map[string]string{
+		`{}`:              "weight is required: a whole number in 1..1000",
+		`{"weight":null}`: "weight is required: a whole number in 1..1000",
+		`{"weight":"2"}`:  `weight \"2\": want a whole number in 1..1000`,
+		`{"weight":1.5}`:  "weight 1.5: want a whole number in 1..1000",
+		`{"weight":0}`:    "weight 0: want a whole number in 1..1000",
+		`{"weight":-1}`:   "weight -1: want a whole number in 1..1000",
+		`{"weight":1001}`: "weight 1001: want a whole number in 1..1000",
+		`{"weight":1e30}`: "weight 1e30: want a whole number in 1..1000",
+		`{"weight":[2]}`:  "weight [2]: want a whole number in 1..1000",
+	} {
+		r, out := c.do(http.MethodPost, "/console/api/tenants/acme/weight", rawBody(body), nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_weight")
+		require.Contains(t, out, msg, body)
+	}
+	var list struct {
+		Tenants []tenant.Tenant `json:"tenants"`
+	}
+	c.json(http.MethodGet, "/console/api/tenants", nil, &list)
+	require.Len(t, list.Tenants, 1)
+	require.Equal(t, 3, list.Tenants[0].Weight, "no refused weight was set")
+	var res struct {
+		Message string `json:"message"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants/acme/weight", rawBody(`{"weight":1000}`), &res)
+	require.Equal(t, "tenant acme: weight 1000", res.Message)
 }
 
 func TestCredentials_StateAndResume(t *testing.T) {

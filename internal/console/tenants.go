@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -245,20 +246,46 @@ func (h *Handler) tenantRotate(w http.ResponseWriter, r *http.Request, s *operat
 // work waiting on it (workers apply it within seconds).
 func (h *Handler) tenantWeight(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	var req struct {
-		Weight int `json:"weight"`
+		Weight json.RawMessage `json:"weight"`
 	}
 	if err := readJSON(r, &req); err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
+	weight, err := parseWeight(req.Weight)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
 	name := r.PathValue("name")
-	if err := h.tenants.SetWeight(r.Context(), name, req.Weight); err != nil {
+	if err := h.tenants.SetWeight(r.Context(), name, weight); err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
 	h.audit(r, s.Operator, audit.Entry{Action: "tenant.weight", Target: name, Count: 1,
-		Detail: map[string]any{"weight": req.Weight}})
-	writeJSON(w, http.StatusOK, map[string]any{"message": fmt.Sprintf("tenant %s: weight %d", name, req.Weight), "changed": true})
+		Detail: map[string]any{"weight": weight}})
+	writeJSON(w, http.StatusOK, map[string]any{"message": fmt.Sprintf("tenant %s: weight %d", name, weight), "changed": true})
+}
+
+// parseWeight reads the weight action's "weight": a whole number in 1..tenant.MaxWeight, as ctl
+// tenants set --weight takes. Anything else (absent, null, a string, a fraction, a number past
+// the range) is 400 invalid_weight naming the field, the value and the range: decoded into an
+// int, an absent or null weight was the 0 the client never sent ("invalid weight: 0"), and a
+// string or a fraction an invalid_body naming a Go type.
+func parseWeight(raw json.RawMessage) (int, error) {
+	want := fmt.Sprintf("a whole number in 1..%d", tenant.MaxWeight)
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, badRequest("invalid_weight", "weight is required: "+want)
+	}
+	var n int
+	if err := json.Unmarshal(raw, &n); err != nil || n < 1 || n > tenant.MaxWeight {
+		v := []rune(string(raw))
+		if len(v) > 40 {
+			v = append(v[:40], '…')
+		}
+		return 0, badRequest("invalid_weight", fmt.Sprintf("weight %s: want %s", string(v), want))
+	}
+	return n, nil
 }
 
 func (h *Handler) auditList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {

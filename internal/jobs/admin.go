@@ -85,8 +85,7 @@ func (f DeadFilter) where(t string, args *[]any) string {
 		conds = append(conds, t+".dead_reason = "+arg(f.Reason))
 	}
 	if f.Credential != "" {
-		c := arg(f.Credential)
-		conds = append(conds, "("+t+".credential = "+c+" OR "+c+" = ANY ("+t+".fallbacks[1:"+t+".credential_index]))")
+		conds = append(conds, sentTo(t+".", arg(f.Credential)))
 	}
 	if !f.Since.IsZero() {
 		conds = append(conds, t+".finished_at >= "+arg(f.Since))
@@ -95,6 +94,17 @@ func (f DeadFilter) where(t string, args *[]any) string {
 		conds = append(conds, t+".finished_at < "+arg(f.Before))
 	}
 	return strings.Join(conds, " AND ")
+}
+
+// sentTo is the SQL condition selecting the jobs (columns prefixed by prefix: "" or an alias and
+// a dot) that were sent to the credential in parameter c: their own, or a fallback they failed
+// over to (fallbacks[1:credential_index]: those before the current one, and the current one,
+// which a job that ended ended on: the one that answered, or that it died on). A fallback a job
+// has not reached does not select it. The job list's credential filter and the dead letters'
+// are this one, so a job is found under the same credentials in both.
+func sentTo(prefix, c string) string {
+	return "(" + prefix + "credential = " + c + " OR " +
+		c + " = ANY (" + prefix + "fallbacks[1:" + prefix + "credential_index]))"
 }
 
 // DeadCursor is the PageDead cursor that goes on after dead job j (as the Next of a page ending

@@ -70,3 +70,39 @@ func TestStore_DeadFilterCredentialSelectsTheCredentialsTheJobUsed(t *testing.T)
 	require.NoError(t, err)
 	require.Equal(t, []string{job.ID}, unfinishedIDs(got), "ctl dead retry --all --credential backup")
 }
+
+// TestStore_PageCredentialSelectsTheCredentialsTheJobUsed: the job list's credential filter (the
+// console's ?credential=) selects a job by every credential it was sent to, as the dead letters'
+// does (TestStore_DeadFilterCredentialSelectsTheCredentialsTheJobUsed): its own, and the
+// fallbacks it failed over to, the one that answered it or that it waits on now. It selected the
+// job's own credential only: a job a fallback answered was not found under that fallback, while
+// a job that died on it was. A fallback a job never reached does not select it.
+func TestStore_PageCredentialSelectsTheCredentialsTheJobUsed(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	create := func() *jobs.Job {
+		job, _, err := b.Store.Create(t.Context(), jobs.CreateParams{Tenant: "default", Credential: "default",
+			Fallbacks: []string{"backup", "spare"}, Fingerprint: "fp", Request: json.RawMessage(`{"model":"m"}`),
+			MaxAttempts: 3, Timeout: time.Minute})
+		require.NoError(t, err)
+		return job
+	}
+	answered := create() // failed over to backup, which answered it
+	b.Attempt(t, answered.ID, jobs.Outcome{Status: jobs.StatusRetrying, NextCredential: true})
+	b.Attempt(t, answered.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: json.RawMessage(`{"ok":true}`),
+		AnsweredBy: "backup"})
+	retrying := create() // failed over to backup, waiting to try it
+	b.Attempt(t, retrying.ID, jobs.Outcome{Status: jobs.StatusRetrying, NextCredential: true})
+	own := b.Create(t, jobstest.Opts{Credential: "backup"})
+	queued := create() // never sent anywhere but its own credential, if at all
+
+	for cred, want := range map[string][]string{
+		"backup":  {own.ID, retrying.ID, answered.ID},
+		"default": {queued.ID, retrying.ID, answered.ID},
+		"spare":   {},
+	} {
+		page, err := b.Store.Page(t.Context(), jobs.PageParams{Credential: cred})
+		require.NoError(t, err)
+		require.Equal(t, want, ids(page.Jobs), "the console's jobs ?credential=%s", cred)
+	}
+}

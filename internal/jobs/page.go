@@ -17,8 +17,11 @@ var ErrBadCursor = errors.New("malformed page cursor")
 
 // PageParams select a page of jobs for Page (the console's job list). Zero fields do not filter.
 type PageParams struct {
-	Status     Status
-	Tenant     string
+	Status Status
+	Tenant string
+	// Credential keeps the jobs sent to this credential: their own, or a fallback they failed
+	// over to (the one that answered, the one they run or died on), as DeadFilter.Credential. A
+	// fallback a job has not reached does not select it.
 	Credential string
 	// After is the Next of the previous page; "": the first page.
 	After string
@@ -139,7 +142,7 @@ func pageSQL(p PageParams, bound *pageBound, columns string, offset, limit int) 
 		conds = append(conds, "tenant = "+arg(p.Tenant))
 	}
 	if p.Credential != "" {
-		conds = append(conds, "credential = "+arg(p.Credential))
+		conds = append(conds, sentTo("", arg(p.Credential)))
 	}
 	if p.After != "" {
 		at, id, err := decodeCursor(p.After)
