@@ -445,23 +445,21 @@ func (b *statementBound) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, d pg
 // keeps Postgres from answering, and whether what it changed may have been applied; ""
 // otherwise.
 func (a *app) statementHint() string {
-	switch {
-	case a.bound == nil:
+	if a.bound == nil {
 		return ""
-	case a.bound.commitCut.Load():
-		return fmt.Sprintf(" (postgres did not answer within %s, --timeout, to a COMMIT: what it changed may have been applied; check with a list or show command (%s) "+
+	}
+	what, cut, lost := "a COMMIT", a.bound.commitCut.Load(), a.bound.commitLost.Load()
+	if !cut && !lost {
+		what, cut, lost = "a statement that writes", a.bound.writeCut.Load(), a.bound.writeLost.Load()
+	}
+	switch {
+	case cut:
+		return fmt.Sprintf(" (postgres did not answer within %s, --timeout, to %s: what it changed may have been applied; check with a list or show command (%s) "+
 			"before running this one again; a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)",
-			a.bound.wait, checkCommand(a.group))
-	case a.bound.commitLost.Load():
-		return fmt.Sprintf(" (postgres did not answer a COMMIT, its connection failed or the command was interrupted: what it changed may have been applied; check with a list or show command (%s) "+
-			"before running this one again; what the command committed before stands)", checkCommand(a.group))
-	case a.bound.writeCut.Load():
-		return fmt.Sprintf(" (postgres did not answer within %s, --timeout, to a statement that writes: what it changed may have been applied; check with a list or show command (%s) "+
-			"before running this one again; a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)",
-			a.bound.wait, checkCommand(a.group))
-	case a.bound.writeLost.Load():
-		return fmt.Sprintf(" (postgres did not answer a statement that writes, its connection failed or the command was interrupted: what it changed may have been applied; "+
-			"check with a list or show command (%s) before running this one again; what the command committed before stands)", checkCommand(a.group))
+			a.bound.wait, what, checkCommand(a.group))
+	case lost:
+		return fmt.Sprintf(" (postgres did not answer %s, its connection failed or the command was interrupted: what it changed may have been applied; check with a list or show command (%s) "+
+			"before running this one again; what the command committed before stands)", what, checkCommand(a.group))
 	case a.bound.timedOut.Load():
 		return fmt.Sprintf(" (postgres did not answer within %s, --timeout: a lock a long transaction holds, or a slow, silent or failing-over server; what the command committed before stands)", a.bound.wait)
 	}
