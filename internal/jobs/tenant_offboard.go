@@ -178,17 +178,8 @@ func (s *Store) AbortInFlightOfTenant(ctx context.Context, tenant string, abort 
 	if err != nil {
 		return fmt.Errorf("read the tenant's canceled jobs in flight: %w", err)
 	}
-	var inFlight []*Job
-	for rows.Next() {
-		job, err := s.scanJob(rows)
-		if err != nil {
-			rows.Close()
-			return fmt.Errorf("read the tenant's canceled jobs in flight: %w", err)
-		}
-		inFlight = append(inFlight, job)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	inFlight, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
+	if err != nil {
 		return fmt.Errorf("read the tenant's canceled jobs in flight: %w", err)
 	}
 	for _, job := range inFlight {

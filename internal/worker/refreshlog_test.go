@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/logtest"
@@ -30,14 +31,7 @@ func TestWorker_BreakerRefreshFailuresLogOnce(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, b.prefix+redisscript.CredentialTag(cred.LimiterID())+":cb", "not a hash", 0).Err())
 	b.run(t)
 
-	// Each refresh publishes the credentials' tags first: a deleted index written again is a
-	// refresh begun, the one before it over. Three over, at least.
-	index := redisscript.CredentialIndexKey(b.prefix)
-	published := func() bool { n, err := rdb.Exists(ctx, index).Result(); return err == nil && n == 1 }
-	for range 4 {
-		require.Eventually(t, published, 10*time.Second, 5*time.Millisecond)
-		require.NoError(t, rdb.Del(ctx, index).Err())
-	}
+	awaitRefreshes(ctx, t, rdb, b.prefix)
 	require.Equal(t, 1, logs.Count(`msg="refresh credential breaker state`), "a run of failed breaker reads logs once")
 }
 
@@ -73,12 +67,7 @@ func TestWorker_PauseRefreshFailuresLogOnce(t *testing.T) {
 			}
 			b.run(t)
 
-			index := redisscript.CredentialIndexKey(b.prefix) // see TestWorker_BreakerRefreshFailuresLogOnce
-			published := func() bool { n, err := rdb.Exists(ctx, index).Result(); return err == nil && n == 1 }
-			for range 4 {
-				require.Eventually(t, published, 10*time.Second, 5*time.Millisecond)
-				require.NoError(t, rdb.Del(ctx, index).Err())
-			}
+			awaitRefreshes(ctx, t, rdb, b.prefix)
 			require.Equal(t, 1, logs.Count(`msg="refresh credential pause state`), logs.String())
 			require.Equal(t, 1, logs.Count(`msg="refresh credential pause state failed;`), logs.String())
 
@@ -93,5 +82,18 @@ func TestWorker_PauseRefreshFailuresLogOnce(t *testing.T) {
 			}, 10*time.Second, 5*time.Millisecond, logs.String())
 			require.Equal(t, 2, logs.Count(`msg="refresh credential pause state`), logs.String())
 		})
+	}
+}
+
+// awaitRefreshes returns once three refreshes of the pause state are over, at least: each
+// refresh publishes the credentials' tags first, so a deleted index written again is a refresh
+// begun, the one before it over.
+func awaitRefreshes(ctx context.Context, t *testing.T, rdb redis.UniversalClient, prefix string) {
+	t.Helper()
+	index := redisscript.CredentialIndexKey(prefix)
+	published := func() bool { n, err := rdb.Exists(ctx, index).Result(); return err == nil && n == 1 }
+	for range 4 {
+		require.Eventually(t, published, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, rdb.Del(ctx, index).Err())
 	}
 }
