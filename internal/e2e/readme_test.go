@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -464,4 +466,75 @@ func TestEscapesRepo(t *testing.T) {
 	require.Equal(t, []string{"../../elsewhere/NOTES.md"}, got)
 	require.Equal(t, []string{"../other/plan.md"},
 		escapesRepo(filepath.Join(repoRoot, "Makefile"), []byte("cd bench && cat ../docs/benchmarks.md ../other/plan.md")))
+}
+
+// TestReadme_ComposeStackServesTheTour: the README offers `docker compose up --build` in place of
+// `make run`, and its tour then talks to the stack from the host: curl to every local port it
+// names (the API, the simulator's fault injection) and bin/ctl on configs/local.yaml, whose
+// Postgres and Redis URLs name the host's ports and no password. docker-compose.yml must publish
+// each of those ports on the loopback address to the service that serves it, and its Postgres
+// must take configs/local.yaml's password-less URL.
+func TestReadme_ComposeStackServesTheTour(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "docker-compose.yml"))
+	require.NoError(t, err)
+	var compose struct {
+		Services map[string]struct {
+			Command     []string          `yaml:"command"`
+			Ports       []string          `yaml:"ports"`
+			Environment map[string]string `yaml:"environment"`
+		} `yaml:"services"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &compose))
+	published := map[string]string{} // host port → service
+	for name, svc := range compose.Services {
+		for _, p := range svc.Ports {
+			parts := strings.Split(p, ":")
+			require.Len(t, parts, 3, "%s: publish %q as 127.0.0.1:<host>:<container>", name, p)
+			require.Equal(t, "127.0.0.1", parts[0], "%s: publish %q on the loopback address only", name, p)
+			published[parts[1]] = name
+		}
+	}
+
+	cfg, err := config.LoadWithoutSecrets(filepath.Join(repoRoot, "configs", "local.yaml"), func(string) string { return "" })
+	require.NoError(t, err)
+	serves := map[string]string{ // the port the tour uses → the service that listens on it
+		portOf(t, cfg.API.Listen):  "api",
+		portOf(t, cfg.DatabaseURL): "postgres",
+		portOf(t, cfg.RedisURL):    "redis",
+	}
+	for _, c := range cfg.Credentials {
+		serves[portOf(t, c.BaseURL)] = "llmsim"
+	}
+	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	for _, m := range regexp.MustCompile(`(?:localhost|127\.0\.0\.1):(\d+)`).FindAllStringSubmatch(string(readme), -1) {
+		_, known := serves[m[1]]
+		require.True(t, known, "README uses port %s, which configs/local.yaml does not name", m[1])
+	}
+	for port, svc := range serves {
+		require.Equal(t, svc, published[port], "docker-compose.yml: port %s (%s) is not published", port, svc)
+	}
+
+	pg := compose.Services["postgres"].Environment
+	dbURL, err := url.Parse(cfg.DatabaseURL)
+	require.NoError(t, err)
+	if pw, ok := dbURL.User.Password(); ok {
+		require.Equal(t, pg["POSTGRES_PASSWORD"], pw, "compose's Postgres password is not configs/local.yaml's")
+	} else {
+		require.Equal(t, "trust", pg["POSTGRES_HOST_AUTH_METHOD"],
+			"configs/local.yaml connects without a password: compose's Postgres must trust it")
+	}
+	require.Equal(t, strings.TrimPrefix(dbURL.Path, "/"), pg["POSTGRES_DB"], "compose's database is not configs/local.yaml's")
+}
+
+// portOf returns the port of a listen address or a URL.
+func portOf(t *testing.T, addr string) string {
+	t.Helper()
+	if u, err := url.Parse(addr); err == nil && u.Host != "" {
+		return u.Port()
+	}
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err, "%q", addr)
+	return port
 }
