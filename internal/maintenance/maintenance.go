@@ -341,7 +341,8 @@ func (m *Maintainer) measure(ctx context.Context, kind string, keep time.Duratio
 
 // DeleteExpiredAudit deletes the audit log's entries older than AuditRetention (see
 // audit.DeleteBefore), RetentionBatch per statement with a pause between as for the jobs,
-// measuring the backlog after each as for them (kind audit), and returns how many it deleted
+// measuring the backlog after each as for them (kind audit) and counting them
+// (llmq_retention_deleted_audit_entries_total), and returns how many it deleted
 // (until an error, which it returns too). With no AuditRetention it deletes nothing.
 func (m *Maintainer) DeleteExpiredAudit(ctx context.Context) (int64, error) {
 	if m.cfg.AuditRetention <= 0 {
@@ -352,6 +353,7 @@ func (m *Maintainer) DeleteExpiredAudit(ctx context.Context) (int64, error) {
 	err := m.inBatches(ctx, func(ctx context.Context) (int64, error) {
 		n, err := audit.DeleteBefore(ctx, m.cfg.Store.Pool(), before, m.cfg.RetentionBatch)
 		total += n
+		m.cfg.Metrics.deletedAuditEntries(n)
 		if err != nil {
 			return n, err
 		}

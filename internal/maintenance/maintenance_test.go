@@ -424,6 +424,8 @@ func TestMaintainer_DeletesExpiredAuditEntries(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), n)
 	require.Equal(t, []string{"recent", "kept"}, actions())
+	// Counted as the jobs are (the log line alone told of them).
+	require.InDelta(t, 5, metric(t, b.reg, "llmq_retention_deleted_audit_entries_total", nil), 0)
 	n, err = m.DeleteExpiredAudit(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing left to do")

@@ -13,6 +13,7 @@ import (
 type Metrics struct {
 	deletedJobs    *prometheus.CounterVec
 	deletedBatches prometheus.Counter
+	deletedAudit   prometheus.Counter
 	// backlog is, by kind (a final status, or audit), how long the oldest row the retention pass
 	// has yet to delete has been past its period, measured by the leader after each batch.
 	backlog *prometheus.GaugeVec
@@ -48,6 +49,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmq_retention_deleted_provider_batches_total",
 			Help: "Rows of the batch lane's provider batches the retention pass deleted (ended a day ago, holding no job).",
 		}),
+		deletedAudit: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmq_retention_deleted_audit_entries_total",
+			Help: "Entries of the audit log (ctl's and the console's actions) the retention pass deleted (older than retention.audit).",
+		}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "llmq_retention_backlog_seconds",
 			Help: "How long the oldest row the retention pass has yet to delete has been past its period, by kind " +
@@ -65,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				"0 after one that succeeds. Only the leader exports it.",
 		}, []string{"pass"}),
 	}
-	reg.MustRegister(m.deletedJobs, m.deletedBatches, m.backlog, m.lastSuccess, m.failuresInARow)
+	reg.MustRegister(m.deletedJobs, m.deletedBatches, m.deletedAudit, m.backlog, m.lastSuccess, m.failuresInARow)
 	// 0 from the start: a deployment whose deadline pass never succeeds shows as such. The
 	// retention pass's series appears with its first success (retention may be off).
 	m.lastSuccess.WithLabelValues(passDeadline)
@@ -84,6 +89,12 @@ func (m *Metrics) deleted(status jobs.Status, n int64) {
 func (m *Metrics) deletedProviderBatches(n int64) {
 	if m != nil && n > 0 {
 		m.deletedBatches.Add(float64(n))
+	}
+}
+
+func (m *Metrics) deletedAuditEntries(n int64) {
+	if m != nil && n > 0 {
+		m.deletedAudit.Add(float64(n))
 	}
 }
 
