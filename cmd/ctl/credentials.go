@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -22,7 +24,7 @@ func (a *app) credentialsCommand() *cli.Command {
 		Usage: "inspect provider credentials (limits in force, pauses, Retry-After push-backs) and resume one",
 		Subcommands: []*cli.Command{{
 			Name:  "list",
-			Usage: "each credential's limit (configured or learned), pause state and Retry-After push-back",
+			Usage: "each credential's limit (configured or learned), token limits (input and output tokens per minute), pause state and Retry-After push-back",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print JSON"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 0 {
@@ -62,10 +64,20 @@ func (a *app) credentialsCommand() *cli.Command {
 					}
 					rows = append(rows, row{Name: cr.Name, Provider: cr.Provider, State: st})
 				}
-				return printList(a.out, c.Bool("json"), rows, "", "NAME\tPROVIDER\tLIMIT\tSOURCE\tPAUSED\tPUSHED BACK\tBREAKER", func(r row) []string {
+				return printList(a.out, c.Bool("json"), rows, "", "NAME\tPROVIDER\tLIMIT\tSOURCE\tTOKEN LIMITS\tPAUSED\tPUSHED BACK\tBREAKER", func(r row) []string {
 					limit := "-"
 					if r.Burst > 0 || r.RatePerSec > 0 {
 						limit = fmt.Sprintf("%.4g/s burst %d", r.RatePerSec, r.Burst)
+					}
+					// As the console's credentials page: "input 40000/min (learned), ...".
+					tokenLimits := "-"
+					if len(r.TokenLimits) > 0 {
+						parts := make([]string, len(r.TokenLimits))
+						for i, tl := range r.TokenLimits {
+							parts[i] = fmt.Sprintf("%s %s/min (%s)", tl.Bucket,
+								strconv.FormatFloat(tl.PerMinute, 'f', -1, 64), tl.Source)
+						}
+						tokenLimits = strings.Join(parts, ", ")
 					}
 					paused := "no"
 					if r.Paused {
@@ -79,7 +91,7 @@ func (a *app) credentialsCommand() *cli.Command {
 					if r.BreakerTill != nil {
 						brkState += " until " + r.BreakerTill.Format(time.RFC3339)
 					}
-					return []string{r.Name, r.Provider, limit, r.LimitSource, paused, pushed, brkState}
+					return []string{r.Name, r.Provider, limit, r.LimitSource, tokenLimits, paused, pushed, brkState}
 				})
 			},
 		}, {

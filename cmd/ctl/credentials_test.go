@@ -137,25 +137,12 @@ credentials:
 // (Postgres keeps the pause), not as not paused until a worker's refresh restores it.
 func TestCredentials_ListReadsAPauseRedisLost(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key")
-	require.NoError(t, os.WriteFile(keyFile, []byte("sk-ctl-lost\n"), 0o600))
-	cfgFile := filepath.Join(dir, "llmq.yaml")
-	b := setupJobs(t)
-	require.NoError(t, os.WriteFile(cfgFile, fmt.Appendf(nil, `
-database_url: %s
-redis_url: %s
-credentials:
-  - { name: main, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_file: %s }
-`, b.url, redistest.URL(), keyFile), 0o600))
-	prefix := redistest.Prefix(t)
-	cfg, err := config.Load(cfgFile, nil)
-	require.NoError(t, err)
-	lim, err := limiter.New(redistest.Client(t), &limiter.Config{Prefix: prefix})
-	require.NoError(t, err)
-	mainCred, _ := cfg.Credential("main")
-	gate := lim.Gate(mainCred.LimiterID(), "main")
-	_, err = credpause.NewStore(b.pool, nil).Pause(t.Context(), gate, "rate_limited_no_retry_after", "job-1")
+	cb := setupCredentials(t, "sk-ctl-lost", `
+  - { name: main, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_file: %[1]s }`)
+	b, cfgFile, prefix := cb.jobs, cb.cfgFile, cb.prefix
+	mainCred, _ := cb.cfg.Credential("main")
+	gate := cb.lim.Gate(mainCred.LimiterID(), "main")
+	_, err := credpause.NewStore(b.pool, nil).Pause(t.Context(), gate, "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -174,4 +161,78 @@ credentials:
 	ps, err := gate.Paused(t.Context())
 	require.NoError(t, err)
 	require.True(t, ps.Paused, "the pause is back in Redis")
+}
+
+// TestCredentials_ListShowsTokenLimits: list shows each token bucket in force (input and output
+// tokens per minute, where the limit came from), as the console's credentials page does, in its
+// table and its JSON; a credential without one shows "-" and an empty list. list showed none.
+func TestCredentials_ListShowsTokenLimits(t *testing.T) {
+	t.Parallel()
+	cb := setupCredentials(t, "sk-ctl-tokens", `
+  - { name: main, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_file: %[1]s }
+  - { name: spare, provider: anthropic, base_url: "http://127.0.0.1:2", api_key_file: %[1]s }`)
+	cfgFile, prefix, lim := cb.cfgFile, cb.prefix, cb.lim
+	// Given an answer on "main" that reported its input and output token limits,
+	mainCred, _ := cb.cfg.Credential("main")
+	now := time.Now()
+	bucket := func(limit int) limiter.TokenObservation {
+		return limiter.TokenObservation{Known: true, Limit: limit, Remaining: limit, ResetAt: now.Add(time.Second),
+			ResetAbsolute: true}
+	}
+	require.NoError(t, lim.Gate(mainCred.LimiterID(), "main").Observe(t.Context(), limiter.Observation{
+		At: now, SentAt: now, StatusCode: 200, InputTokens: bucket(40000), OutputTokens: bucket(8000)}))
+
+	// then list names both, learned; "spare" has none.
+	args := []string{"--config", cfgFile, "--redis-prefix", prefix, "credentials", "list"}
+	r := run(t, append(args, "--json")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	type tokenLimit struct {
+		Bucket    string  `json:"bucket"`
+		PerMinute float64 `json:"per_minute"`
+		Source    string  `json:"source"`
+	}
+	var rows []struct {
+		Name        string       `json:"name"`
+		TokenLimits []tokenLimit `json:"token_limits"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &rows))
+	require.Len(t, rows, 2)
+	require.Equal(t, []tokenLimit{{"input", 40000, "learned"}, {"output", 8000, "learned"}}, rows[0].TokenLimits)
+	require.NotNil(t, rows[1].TokenLimits, "none: an empty list, as the console's")
+	require.Empty(t, rows[1].TokenLimits)
+	table := run(t, args...)
+	require.Equal(t, 0, table.code, table.errOut)
+	lines := tableRows(table.out)
+	require.Len(t, lines, 3, table.out)
+	require.Equal(t, "TOKEN LIMITS", lines[0][4], table.out)
+	require.Equal(t, "input 40000/min (learned), output 8000/min (learned)", lines[1][4], table.out)
+	require.Equal(t, "-", lines[2][4], table.out)
+}
+
+// credentialsBundle is a config file naming credentials, its database (setupJobs), a Redis
+// prefix of the test's own, and a limiter on it.
+type credentialsBundle struct {
+	jobs    *jobsBundle
+	cfgFile string
+	prefix  string
+	cfg     *config.Config
+	lim     *limiter.Limiter
+}
+
+// setupCredentials writes a config whose credentials are the YAML list items credentials (%[1]s
+// in it is the path of a key file holding key) and loads it.
+func setupCredentials(t *testing.T, key, credentials string) *credentialsBundle {
+	t.Helper()
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte(key+"\n"), 0o600))
+	b := &credentialsBundle{jobs: setupJobs(t), cfgFile: filepath.Join(dir, "llmq.yaml"), prefix: redistest.Prefix(t)}
+	require.NoError(t, os.WriteFile(b.cfgFile, fmt.Appendf(nil, "database_url: %s\nredis_url: %s\ncredentials:%s\n",
+		b.jobs.url, redistest.URL(), fmt.Sprintf(credentials, keyFile)), 0o600))
+	var err error
+	b.cfg, err = config.Load(b.cfgFile, nil)
+	require.NoError(t, err)
+	b.lim, err = limiter.New(redistest.Client(t), &limiter.Config{Prefix: b.prefix})
+	require.NoError(t, err)
+	return b
 }

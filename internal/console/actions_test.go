@@ -336,6 +336,43 @@ func TestTenants_WeightRefusedNamesTheField(t *testing.T) {
 	require.Equal(t, "tenant acme: weight 1000", res.Message)
 }
 
+// TestTenants_CreateWeightRefusedNamesTheField: a create's weight is refused as ctl tenants
+// create --weight refuses it: 0, a string, a fraction or a number past the range is 400
+// invalid_weight naming the field and its range, and no tenant is created; absent or null is
+// the default. 0 was taken as the default, and a string was invalid_body naming a Go type.
+func TestTenants_CreateWeightRefusedNamesTheField(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	for weight, msg := range map[string]string{
+		`"2"`:  `weight \"2\": want a whole number in 1..1000`,
+		`1.5`:  "weight 1.5: want a whole number in 1..1000",
+		`0`:    "weight 0: want a whole number in 1..1000",
+		`-1`:   "weight -1: want a whole number in 1..1000",
+		`1001`: "weight 1001: want a whole number in 1..1000",
+		`true`: "weight true: want a whole number in 1..1000",
+	} {
+		r, out := c.do(http.MethodPost, "/console/api/tenants", rawBody(`{"name":"acme","weight":`+weight+`}`), nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_weight")
+		require.Contains(t, out, msg, weight)
+	}
+	var list struct {
+		Tenants []tenant.Tenant `json:"tenants"`
+	}
+	c.json(http.MethodGet, "/console/api/tenants", nil, &list)
+	require.Empty(t, list.Tenants, "no refused weight created a tenant")
+
+	var created struct {
+		Tenant tenant.Tenant `json:"tenant"`
+	}
+	c.json(http.MethodPost, "/console/api/tenants", rawBody(`{"name":"absent"}`), &created)
+	require.Equal(t, tenant.DefaultWeight, created.Tenant.Weight, "absent: the default")
+	c.json(http.MethodPost, "/console/api/tenants", rawBody(`{"name":"null","weight":null}`), &created)
+	require.Equal(t, tenant.DefaultWeight, created.Tenant.Weight, "null: the default")
+	c.json(http.MethodPost, "/console/api/tenants", rawBody(`{"name":"top","weight":1000}`), &created)
+	require.Equal(t, 1000, created.Tenant.Weight)
+}
+
 func TestCredentials_StateAndResume(t *testing.T) {
 	t.Parallel()
 	b := setup(t, console.Credential{Name: "default", Provider: "anthropic", RequestsPerSecond: 10, Burst: 20},
@@ -969,4 +1006,43 @@ func TestDeadRetry_SkipsRevokedTenants(t *testing.T) {
 	j, err := b.jobs.Store.Get(t.Context(), gone.ID)
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusDead, j.Status)
+}
+
+// TestJobs_ListNamesTheCredentialItIsOn: a job that failed over is listed, in the jobs list and
+// the dead letters, with the credential it is on (the one that served its last attempt, that it
+// died on) as current_credential, beside its own credential: a row the fallback's filter found
+// named only the job's own credential, which the filter had not asked for.
+func TestJobs_ListNamesTheCredentialItIsOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	failedOver := b.jobs.Create(t, jobstest.Opts{Fallbacks: []string{"backup"}})
+	b.jobs.Attempt(t, failedOver.ID, jobs.Outcome{Status: jobs.StatusRetrying, NextCredential: true})
+	b.jobs.Attempt(t, failedOver.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+	stayed := b.jobs.Create(t, jobstest.Opts{Fallbacks: []string{"backup"}})
+
+	type row struct {
+		ID                string `json:"id"`
+		Credential        string `json:"credential"`
+		CurrentCredential string `json:"current_credential"`
+	}
+	var page struct {
+		Jobs []row `json:"jobs"`
+	}
+	for _, path := range []string{"/console/api/jobs?credential=backup", "/console/api/dead?credential=backup",
+		"/console/api/dead?credential=default"} {
+		c.json(http.MethodGet, path, nil, &page)
+		require.Equal(t, []row{{failedOver.ID, "default", "backup"}}, page.Jobs, path)
+	}
+	c.json(http.MethodGet, "/console/api/jobs?credential=default", nil, &page)
+	require.Equal(t, []row{{stayed.ID, "default", "default"}, {failedOver.ID, "default", "backup"}}, page.Jobs,
+		"a job that never failed over is on its own credential")
+	var detail struct {
+		Job row `json:"job"`
+	}
+	c.json(http.MethodGet, "/console/api/jobs/"+failedOver.ID, nil, &detail)
+	require.Equal(t, row{failedOver.ID, "default", "backup"}, detail.Job, "the job page too")
+	attempts, err := b.jobs.Store.Attempts(t.Context(), failedOver.ID)
+	require.NoError(t, err)
+	require.Equal(t, "backup", attempts[len(attempts)-1].Credential, "the credential of its last attempt")
 }

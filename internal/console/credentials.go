@@ -15,23 +15,15 @@ import (
 	"github.com/llmq/llmq/internal/redisscript"
 )
 
-// CredentialState is one row of the credentials page: `ctl credentials list`'s figures, and the
-// token limits in force.
+// CredentialState is one row of the credentials page: `ctl credentials list`'s figures, the
+// token limits in force among them.
 type CredentialState struct {
 	Name     string `json:"name"`
 	Provider string `json:"provider"`
 	// Known is false until a worker published the credential's Redis tag: its shared state
 	// cannot be found without (the API has no provider keys). The other fields are then empty.
-	Known       bool       `json:"known"`
-	TokenLimits []tokenRow `json:"token_limits"`
+	Known bool `json:"known"`
 	credstate.State
-}
-
-// tokenRow is one token bucket in force.
-type tokenRow struct {
-	Bucket    string  `json:"bucket"`
-	PerMinute float64 `json:"per_minute"`
-	Source    string  `json:"source"`
 }
 
 // tag returns the credential's Redis tag as the workers published it; "" when none did.
@@ -47,7 +39,8 @@ func (h *Handler) tag(ctx context.Context, name string) (string, error) {
 }
 
 func (h *Handler) credentialState(ctx context.Context, c Credential) (CredentialState, error) {
-	st := CredentialState{Name: c.Name, Provider: c.Provider, TokenLimits: []tokenRow{}}
+	st := CredentialState{Name: c.Name, Provider: c.Provider,
+		State: credstate.State{TokenLimits: []credstate.TokenLimit{}}}
 	tag, err := h.tag(ctx, c.Name)
 	if err != nil || tag == "" {
 		return st, err
@@ -57,18 +50,6 @@ func (h *Handler) credentialState(ctx context.Context, c Credential) (Credential
 	if st.State, err = credstate.Read(ctx, gate, h.breaker.CircuitByTag(tag, c.Name),
 		limiter.Limit{Rate: c.RequestsPerSecond, Burst: c.Burst}, credpause.NewStore(h.cfg.Pool, nil)); err != nil {
 		return st, err
-	}
-	tb, err := gate.CurrentTokenBuckets(ctx)
-	if err != nil {
-		return st, err
-	}
-	for _, b := range []struct {
-		name string
-		b    limiter.TokenBucket
-	}{{"input", tb.Input}, {"output", tb.Output}, {"combined", tb.Combined}} {
-		if b.b.PerMinute > 0 {
-			st.TokenLimits = append(st.TokenLimits, tokenRow{Bucket: b.name, PerMinute: b.b.PerMinute, Source: string(b.b.Source)})
-		}
 	}
 	return st, nil
 }

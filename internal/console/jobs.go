@@ -14,10 +14,21 @@ import (
 	"github.com/llmq/llmq/internal/operator"
 )
 
-// jobView is a job as the console shows it: the API's job JSON and its tenant.
+// jobView is a job as the console shows it: the API's job JSON, its tenant, and the credential it
+// is on.
 type jobView struct {
 	*jobs.Job
 	Tenant string `json:"tenant"`
+	// CurrentCredential is jobs.Job.CurrentCredential: the job's credential, or the fallback it
+	// failed over to (the one that served its last attempt, that answered it or it died on;
+	// waiting, the one its next attempt goes to). The credential filter selects a job by its own
+	// and by every fallback it reached, so a row found by a fallback's filter names one.
+	CurrentCredential string `json:"current_credential"`
+}
+
+// view is job as the console shows it.
+func view(job *jobs.Job) jobView {
+	return jobView{Job: job, Tenant: job.Tenant, CurrentCredential: job.CurrentCredential()}
 }
 
 // views are the rows of a list: without their results, which only the job page shows (a page
@@ -27,7 +38,7 @@ func views(list []*jobs.Job) []jobView {
 	for _, j := range list {
 		row := *j
 		row.Result = nil
-		out = append(out, jobView{Job: &row, Tenant: j.Tenant})
+		out = append(out, view(&row))
 	}
 	return out
 }
@@ -144,7 +155,7 @@ func (h *Handler) detail(ctx context.Context, id string) (*JobDetail, error) {
 	if events == nil {
 		events = []jobs.Event{}
 	}
-	return &JobDetail{Job: jobView{Job: job, Tenant: job.Tenant}, Request: summarize(job.Request), Attempts: attempts, Events: events}, nil
+	return &JobDetail{Job: view(job), Request: summarize(job.Request), Attempts: attempts, Events: events}, nil
 }
 
 func (h *Handler) jobDetail(w http.ResponseWriter, r *http.Request, _ *operator.Session) {

@@ -34,14 +34,17 @@ type tenantRequest struct {
 	// list is refused.
 	Credentials []string `json:"credentials"`
 	// Weight is the tenant's share of a credential against other tenants with work (see
-	// tenant.Tenant.Weight); absent or 0: tenant.DefaultWeight.
-	Weight int `json:"weight"`
+	// tenant.Tenant.Weight): a whole number in 1..tenant.MaxWeight, as ctl tenants create
+	// --weight takes; absent or null: tenant.DefaultWeight. Read by parseWeight, so that 0 and a
+	// non-number are invalid_weight as the weight action's are.
+	Weight json.RawMessage `json:"weight"`
 }
 
 // tenantCreate creates a tenant and answers its bearer token, which is shown this once.
 func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	var req tenantRequest
-	if err := readJSON(r, &req); err != nil {
+	err := readJSON(r, &req)
+	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
@@ -58,10 +61,14 @@ func (h *Handler) tenantCreate(w http.ResponseWriter, r *http.Request, s *operat
 			"credentials: name at least one credential, or send null (or no field) for all of them"))
 		return
 	}
-	if req.Weight == 0 {
-		req.Weight = tenant.DefaultWeight
+	weight := tenant.DefaultWeight
+	if len(req.Weight) > 0 && string(req.Weight) != "null" {
+		if weight, err = parseWeight(req.Weight); err != nil {
+			writeError(w, r, h.cfg.Logger, err)
+			return
+		}
 	}
-	t, token, err := h.tenants.CreateWeighted(r.Context(), req.Name, req.Credentials, req.Weight)
+	t, token, err := h.tenants.CreateWeighted(r.Context(), req.Name, req.Credentials, weight)
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
@@ -267,11 +274,11 @@ func (h *Handler) tenantWeight(w http.ResponseWriter, r *http.Request, s *operat
 	writeJSON(w, http.StatusOK, map[string]any{"message": fmt.Sprintf("tenant %s: weight %d", name, weight), "changed": true})
 }
 
-// parseWeight reads the weight action's "weight": a whole number in 1..tenant.MaxWeight, as ctl
-// tenants set --weight takes. Anything else (absent, null, a string, a fraction, a number past
-// the range) is 400 invalid_weight naming the field, the value and the range: decoded into an
-// int, an absent or null weight was the 0 the client never sent ("invalid weight: 0"), and a
-// string or a fraction an invalid_body naming a Go type.
+// parseWeight reads the weight action's "weight" (and a create's, when it sends one): a whole
+// number in 1..tenant.MaxWeight, as ctl tenants set --weight takes. Anything else (absent, null,
+// a string, a fraction, a number past the range) is 400 invalid_weight naming the field, the
+// value and the range: decoded into an int, an absent or null weight was the 0 the client never
+// sent ("invalid weight: 0"), and a string or a fraction an invalid_body naming a Go type.
 func parseWeight(raw json.RawMessage) (int, error) {
 	want := fmt.Sprintf("a whole number in 1..%d", tenant.MaxWeight)
 	if len(raw) == 0 || string(raw) == "null" {

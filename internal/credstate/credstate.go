@@ -1,6 +1,6 @@
 // Package credstate reads a credential's shared state as every worker sees it (the limit in
-// force and where it came from, a pause, a Retry-After push-back, the breaker), for the
-// operators' views: `ctl credentials list` and the console's credentials page.
+// force and where it came from, its token limits, a pause, a Retry-After push-back, the
+// breaker), for the operators' views: `ctl credentials list` and the console's credentials page.
 package credstate
 
 import (
@@ -26,6 +26,19 @@ type State struct {
 	PushReason  string     `json:"push_back_reason,omitempty"`
 	Breaker     string     `json:"breaker,omitempty"`
 	BreakerTill *time.Time `json:"breaker_until,omitempty"`
+	// TokenLimits are the token buckets in force (limiter.Gate.CurrentTokenBuckets), input,
+	// output, then combined, each only when it has a limit: empty, not nil, when none has.
+	TokenLimits []TokenLimit `json:"token_limits"`
+}
+
+// TokenLimit is one token bucket in force.
+type TokenLimit struct {
+	// Bucket is "input", "output" (Anthropic's) or "combined" (OpenAI's tokens per minute).
+	Bucket string `json:"bucket"`
+	// PerMinute is its limit, in tokens per minute.
+	PerMinute float64 `json:"per_minute"`
+	// Source is where the limit came from (limiter.LimitSource: configured, learned).
+	Source string `json:"source"`
 }
 
 // Read reads the state of the credential behind gate and circuit. configured is the credential's
@@ -73,6 +86,20 @@ func Read(ctx context.Context, gate *limiter.Gate, circuit *breaker.Circuit, con
 	if bs.State != breaker.Closed && !bs.Until.IsZero() {
 		until := bs.Until
 		st.BreakerTill = &until
+	}
+	tb, err := gate.CurrentTokenBuckets(ctx)
+	if err != nil {
+		return st, err
+	}
+	st.TokenLimits = []TokenLimit{}
+	for _, b := range []struct {
+		name string
+		b    limiter.TokenBucket
+	}{{"input", tb.Input}, {"output", tb.Output}, {"combined", tb.Combined}} {
+		if b.b.PerMinute > 0 {
+			st.TokenLimits = append(st.TokenLimits, TokenLimit{Bucket: b.name, PerMinute: b.b.PerMinute,
+				Source: string(b.b.Source)})
+		}
 	}
 	return st, nil
 }

@@ -45,6 +45,8 @@ type Opts struct {
 	Tenant string
 	// Request is the provider request. Default {"model":"m"}.
 	Request json.RawMessage
+	// Fallbacks are the job's fallback credentials. Default none.
+	Fallbacks []string
 }
 
 // Create commits a queued job with 3 attempts (see Opts for the defaults).
@@ -63,7 +65,7 @@ func (b *Bundle) Create(t *testing.T, o Opts) *jobs.Job {
 		o.Timeout = time.Minute
 	}
 	job, _, err := b.Store.Create(context.Background(), jobs.CreateParams{
-		Tenant: o.Tenant, Credential: o.Credential, Fingerprint: "fp",
+		Tenant: o.Tenant, Credential: o.Credential, Fallbacks: o.Fallbacks, Fingerprint: "fp",
 		Request: o.Request, MaxAttempts: 3, Timeout: o.Timeout, Priority: o.Priority,
 	})
 	require.NoError(t, err)
@@ -85,7 +87,7 @@ func (b *Bundle) Attempt(t *testing.T, id string, o jobs.Outcome) {
 		code = 200
 	}
 	applied, err := b.Store.Finish(ctx, id, &jobs.Attempt{
-		Number: job.Attempts, Credential: job.Credential, StartedAt: time.Now(), Latency: 25 * time.Millisecond,
+		Number: job.Attempts, Credential: job.CurrentCredential(), StartedAt: time.Now(), Latency: 25 * time.Millisecond,
 		StatusCode: code, Class: "retryable",
 	}, o)
 	require.NoError(t, err)

@@ -274,6 +274,7 @@ try {
   const acmeFirst = await text(tab, '[data-testid=token]');
   assert.match(acmeFirst, /^llmq_[A-Za-z0-9_-]{43}$/);
   await shot(tab, 'tenants');
+  // The weight box left empty sends no weight (the server refuses 0): the default.
   assert.equal(await tab.inputValue('#tenants tr[data-name=acme] td.weight input'), '1', 'the default weight');
   await tab.fill('#tenants tr[data-name=acme] td.weight input', '3');
   await tab.click('#tenants tr[data-name=acme] button.set-weight');

@@ -218,7 +218,9 @@ function jobsTable(jobs, opts = {}) {
   opts.dead ? h('th', {}, 'reason') : null, h('th', {}, opts.dead ? 'died' : 'created'), h('th', {}, 'last error'));
   const rows = jobs.map((j) => h('tr', { dataset: { id: j.id } },
     opts.select ? h('td', {}, h('input', { type: 'checkbox', class: 'sel', value: j.id, 'aria-label': `select ${j.id}` })) : null,
-    h('td', {}, jobLink(j.id)), h('td', {}, badge(j.status)), h('td', {}, j.tenant), h('td', {}, j.credential),
+    h('td', {}, jobLink(j.id)), h('td', {}, badge(j.status)), h('td', {}, j.tenant),
+    // The credential it is on (it served the last attempt), and its own when it failed over: as ctl dead list.
+    h('td', { class: 'credential' }, j.current_credential && j.current_credential !== j.credential ? `${j.current_credential} (from ${j.credential})` : j.credential),
     h('td', { class: 'num' }, `${j.attempts}/${j.max_attempts}`),
     opts.dead ? h('td', {}, j.dead_reason || '–') : null,
     h('td', {}, fmtTime(opts.dead ? j.finished_at : j.created_at)),
@@ -380,8 +382,10 @@ async function pageTenants(root) {
     const f = new FormData(e.target);
     const creds = String(f.get('credentials') || '').split(',').map((s) => s.trim()).filter(Boolean);
     try {
+      // An empty weight box sends no weight: the server's default, as ctl's without --weight.
+      const weight = String(f.get('weight') || '').trim();
       const res = await api('POST', '/tenants', { name: f.get('name'), credentials: creds.length ? creds : null,
-        weight: Number(f.get('weight') || 0) });
+        ...(weight ? { weight: Number.isFinite(Number(weight)) ? Number(weight) : weight } : {}) });
       await pageTenants(root);
       root.prepend(h('div', { class: 'token', id: 'new-token' }, `Tenant ${res.tenant.name} created. Its API token, shown this once: `,
         h('code', { 'data-testid': 'token' }, res.token)));
