@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llmq/llmq/internal/process"
 	"github.com/llmq/llmq/internal/signals"
 )
 
 func main() {
+	// go-redis's own lines as the process's JSON lines (process.RedisLog): set once, here.
+	redis.SetLogger(process.NewRedisLog(os.Stderr, "api"))
 	ctx, stop := signals.Context(context.Background())
 	defer stop()
 	if err := process.API(ctx, os.Args[1:], process.Options{}); err != nil {

@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmq/llmq/internal/process"
 	"github.com/llmq/llmq/internal/signals"
@@ -26,6 +29,10 @@ Run "llmq <command> -h" for a command's flags.
 `
 
 func main() {
+	// go-redis's own lines as the process's JSON lines (process.RedisLog): set once, here.
+	if len(os.Args) > 1 && slices.Contains([]string{"serve", "api", "worker"}, os.Args[1]) {
+		redis.SetLogger(process.NewRedisLog(os.Stderr, os.Args[1]))
+	}
 	ctx, stop := signals.Context(context.Background())
 	defer stop()
 	if err := run(ctx, os.Args[1:], process.Options{}); err != nil {

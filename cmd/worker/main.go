@@ -8,11 +8,15 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llmq/llmq/internal/process"
 	"github.com/llmq/llmq/internal/signals"
 )
 
 func main() {
+	// go-redis's own lines as the process's JSON lines (process.RedisLog): set once, here.
+	redis.SetLogger(process.NewRedisLog(os.Stderr, "worker"))
 	ctx, stop := signals.Context(context.Background())
 	defer stop()
 	if err := process.Worker(ctx, os.Args[1:], process.Options{}); err != nil {

@@ -14,7 +14,9 @@ import (
 )
 
 // EvictionPolicy reads maxmemory-policy; on a Redis Cluster, one master that may evict is
-// enough to answer its policy. Private deployments: the policy is never changed on a shared one.
+// enough to answer its policy. A node without a memory limit (maxmemory 0, redis-server's
+// default) never evicts, whatever its policy. Private deployments: the policy is never changed
+// on a shared one.
 func TestEvictionPolicy(t *testing.T) {
 	t.Parallel()
 	redistest.OnEach(t, func(t *testing.T, target redistest.Target) {
@@ -30,23 +32,31 @@ func TestEvictionPolicy(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, dispatch.NoEviction, policy, "redis-server's default")
 
-		// One node (of a cluster: one master) set to evict.
-		set := func(ctx context.Context, c *redis.Client) error {
-			return c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err()
-		}
-		if cc, ok := rdb.(*redis.ClusterClient); ok {
-			var done atomic.Bool
-			require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-				if done.CompareAndSwap(false, true) {
-					return set(ctx, c)
+		// One node (of a cluster: one master) set to evict, without and then with a memory limit.
+		for _, tc := range []struct{ maxmemory, want string }{
+			{"0", dispatch.NoEviction}, // no memory limit: nothing is evicted
+			{"1gb", "allkeys-lru"},
+		} {
+			set := func(ctx context.Context, c *redis.Client) error {
+				if err := c.ConfigSet(ctx, "maxmemory", tc.maxmemory).Err(); err != nil {
+					return err
 				}
-				return nil
-			}))
-		} else {
-			require.NoError(t, set(ctx, rdb.(*redis.Client)))
+				return c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err()
+			}
+			if cc, ok := rdb.(*redis.ClusterClient); ok {
+				var done atomic.Bool
+				require.NoError(t, cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+					if done.CompareAndSwap(false, true) {
+						return set(ctx, c)
+					}
+					return nil
+				}))
+			} else {
+				require.NoError(t, set(ctx, rdb.(*redis.Client)))
+			}
+			policy, err = dispatch.EvictionPolicy(ctx, rdb)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, policy, "maxmemory %s", tc.maxmemory)
 		}
-		policy, err = dispatch.EvictionPolicy(ctx, rdb)
-		require.NoError(t, err)
-		require.Equal(t, "allkeys-lru", policy)
 	})
 }

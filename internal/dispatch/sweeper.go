@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
+	"github.com/llmq/llmq/internal/logstreak"
 )
 
 // sweeperLockKey elects the one sweeping process ("llmqswep").
@@ -114,24 +115,32 @@ func NewSweeper(cfg SweeperConfig) *Sweeper {
 // its first second on that pass instead of the jobs (backlog bench: the first 1,000 of 20,000
 // queued jobs drained at 0.76 × the rate of a 1,000-job backlog with the pass at start, 1.08
 // without it). Lost tasks are re-enqueued one Interval later than before, at worst.
+//
+// The failures of the tries to lead and of the passes are logged once a run of them (see
+// logstreak.New), each apart: while Postgres or Redis is away every try or pass fails, every
+// Interval, in every worker, and a line each buried the rest of the log.
 func (s *Sweeper) Run(ctx context.Context) error {
-	leader.Run(ctx, s.cfg.Store.Pool(), sweeperLockKey, s.cfg.Interval, s.cfg.LeaderGauge, s.lead, func(err error) {
-		if err != nil {
-			s.cfg.Logger.WarnContext(ctx, "sweeper", "error", err)
-		}
-	})
+	passes := logstreak.New(ctx, s.cfg.Logger, "sweep pass")
+	lead := func(ctx context.Context) error { return s.lead(ctx, passes) }
+	leader.Run(ctx, s.cfg.Store.Pool(), sweeperLockKey, s.cfg.Interval, s.cfg.LeaderGauge, lead,
+		logstreak.New(ctx, s.cfg.Logger, "sweeper leadership"))
 	return nil
 }
 
 // lead sweeps at once and then every Interval while this process holds the sweeper's leader
-// lock (see leader.Lead). A failed pass gives the lock up.
-func (s *Sweeper) lead(ctx context.Context) error {
+// lock (see leader.Lead), telling report each pass's outcome. A failed pass gives the lock up;
+// its error goes to report, not to the leadership's report, which every try's lead clears (a
+// run of failed passes, a lead each, would be logged a line a pass again).
+func (s *Sweeper) lead(ctx context.Context, report func(error)) error {
 	ticker := time.NewTicker(s.cfg.Interval)
 	defer ticker.Stop()
 	for {
-		if n, err := s.SweepOnce(ctx); err != nil {
-			return err
-		} else if n > 0 {
+		n, err := s.SweepOnce(ctx)
+		report(err)
+		if err != nil {
+			return nil
+		}
+		if n > 0 {
 			s.cfg.Logger.WarnContext(ctx, "re-enqueued jobs whose task was missing", "count", n)
 		}
 		select {

@@ -16,20 +16,26 @@ import (
 // msgEviction is the start-up warning of a Redis that may evict llmq's keys.
 const msgEviction = "redis may evict llmq's keys"
 
+// msgUnread is the start-up line of a Redis whose policy could not be read.
+const msgUnread = "could not read redis's maxmemory-policy; it must be noeviction"
+
 // An API or a worker started on a Redis whose maxmemory-policy may evict keys (any but
-// noeviction) says so at start, naming the policy and the fix: an evicted task, limiter bucket or
-// pause is lost without a word. On noeviction, or where CONFIG is refused (a managed Redis), it
-// says nothing. Each case has a private Redis: the policy is never changed on a shared one.
+// noeviction, with a memory limit) says so at start, naming the policy and the fix: an evicted
+// task, limiter bucket or pause is lost without a word. On noeviction, or without a memory limit
+// (maxmemory 0: nothing is evicted, whatever the policy), it says nothing; where CONFIG is
+// refused (a managed Redis) it says once, at info, that the policy could not be read and must be
+// noeviction. Each case has a private Redis: the policy is never changed on a shared one.
 func TestProcesses_WarnOfARedisThatMayEvict(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		name, process, policy string
-		refuseConfig, warn    bool
+		name, process, policy, maxmemory string
+		refuseConfig, warn               bool
 	}{
-		{name: "APIAllKeysLRU", process: "api", policy: "allkeys-lru", warn: true},
-		{name: "WorkerVolatileLRU", process: "worker", policy: "volatile-lru", warn: true},
-		{name: "APINoEviction", process: "api", policy: "noeviction"},
-		{name: "WorkerConfigRefused", process: "worker", policy: "allkeys-lru", refuseConfig: true},
+		{name: "APIAllKeysLRU", process: "api", policy: "allkeys-lru", maxmemory: "1gb", warn: true},
+		{name: "WorkerVolatileLRU", process: "worker", policy: "volatile-lru", maxmemory: "1gb", warn: true},
+		{name: "APINoEviction", process: "api", policy: "noeviction", maxmemory: "1gb"},
+		{name: "WorkerNoMemoryLimit", process: "worker", policy: "allkeys-lru", maxmemory: "0"},
+		{name: "WorkerConfigRefused", process: "worker", policy: "allkeys-lru", maxmemory: "1gb", refuseConfig: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -42,6 +48,7 @@ func TestProcesses_WarnOfARedisThatMayEvict(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err())
+			require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", tc.maxmemory).Err())
 			if tc.refuseConfig {
 				require.NoError(t, rdb.Do(ctx, "ACL", "SETUSER", "default", "-config").Err())
 			}
@@ -72,6 +79,12 @@ func TestProcesses_WarnOfARedisThatMayEvict(t *testing.T) {
 				require.NoError(t, err)
 			case <-ctx.Done():
 				t.Fatal("the process did not stop")
+			}
+			if tc.refuseConfig {
+				require.Equal(t, 1, logs.Count(msgUnread), logs.String())
+				require.Contains(t, logs.String(), `"level":"INFO","msg":"`+msgUnread)
+			} else {
+				require.Zero(t, logs.Count(msgUnread), logs.String())
 			}
 			if !tc.warn {
 				require.Zero(t, logs.Count(msgEviction), logs.String())

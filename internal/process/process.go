@@ -126,6 +126,24 @@ func newLogger(o Options, kind string) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(o.Stderr, nil)).With("process", kind, "pid", os.Getpid())
 }
 
+// RedisLog is go-redis's logger on a process's JSON lines: each of go-redis's own lines (a
+// failed dial while Redis is down, a pool's trouble) a warning "redis client", its text in
+// message, where go-redis wrote plain text to stderr beside them. go-redis has one logger for
+// the whole program, so a program's main sets it (redis.SetLogger), once, before it starts a
+// process; tests, which run many processes in one program, leave go-redis's own.
+type RedisLog struct{ logger *slog.Logger }
+
+// NewRedisLog is the RedisLog of a program that runs a process of kind (api, worker, serve),
+// writing to stderr as the process's logger does.
+func NewRedisLog(stderr io.Writer, kind string) RedisLog {
+	return RedisLog{newLogger(Options{Stderr: stderr}, kind)}
+}
+
+// Printf logs go-redis's line.
+func (l RedisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.logger.WarnContext(ctx, "redis client", "message", fmt.Sprintf(format, v...))
+}
+
 // openPool opens the config's database, waiting for Postgres to come up, and migrates it.
 func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pgxpool.Pool, error) {
 	return migrations.OpenWaitWatch(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
@@ -137,10 +155,11 @@ func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pg
 // delays the start by no more.
 const evictionCheckTimeout = 2 * time.Second
 
-// warnEviction logs a warning when the config's Redis may evict keys (its maxmemory-policy is
-// not noeviction): llmq's tasks, limiter buckets and pauses would be dropped without a word once
-// it is full. A Redis that refuses CONFIG (a managed one) or does not answer is logged at debug
-// only: the check is advice, and the process's own use of Redis reports an unreachable one.
+// warnEviction logs a warning when the config's Redis may evict keys (it has a memory limit and
+// its maxmemory-policy is not noeviction): llmq's tasks, limiter buckets and pauses would be
+// dropped without a word once it is full. A Redis that refuses CONFIG (a managed one) or does not
+// answer gets one line at info saying that the policy could not be read and must be noeviction:
+// the check is advice, and the operator checks in its place.
 func warnEviction(ctx context.Context, cfg *config.Config, logger *slog.Logger) {
 	opt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
@@ -160,7 +179,8 @@ func warnEviction(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 	policy, err := dispatch.EvictionPolicy(ctx, rdb)
 	switch {
 	case err != nil:
-		logger.Debug("could not read redis's maxmemory-policy", "error", err)
+		logger.Info("could not read redis's maxmemory-policy; it must be noeviction "+
+			"(docs/operations.md, Redis)", "error", err)
 	case policy != dispatch.NoEviction:
 		logger.Warn("redis may evict llmq's keys (queued tasks, rate-limit state, pauses) when it is full: set maxmemory-policy noeviction",
 			"maxmemory_policy", policy, "fix", "CONFIG SET maxmemory-policy noeviction, and the same in redis.conf or the provider's parameter group")

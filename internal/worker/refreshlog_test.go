@@ -85,15 +85,52 @@ func TestWorker_PauseRefreshFailuresLogOnce(t *testing.T) {
 	}
 }
 
+// TestWorker_CredentialTagFailuresLogOnce: each refresh (15 s) publishes the credentials' tags
+// for the console; while that write fails (Redis away, here the index a key of the wrong type)
+// the first failure is logged and not the others, and the write that succeeds again logs the
+// run's count: a line per refresh per worker, for the whole outage, buried the log.
+func TestWorker_CredentialTagFailuresLogOnce(t *testing.T) {
+	t.Parallel()
+	logs := &logtest.Buffer{}
+	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	ctx := t.Context()
+	rdb := redistest.Client(t)
+	index := redisscript.CredentialIndexKey(b.prefix)
+	require.NoError(t, rdb.Set(ctx, index, "not a hash", 0).Err())
+	b.run(t)
+
+	// Each refresh restores the pause state of a credential whose Redis state is gone: a deleted
+	// mark of a known state written again is a refresh (and its publish) over.
+	cred, _ := b.cfg.Credential("default")
+	awaitWrites(ctx, t, rdb, b.prefix+redisscript.CredentialTag(cred.LimiterID())+":pause:known")
+	const msg = `msg="publish credential tags for the console`
+	require.Equal(t, 1, logs.Count(msg), logs.String())
+	const hidden = ` failed; further errors are not logged until it succeeds"`
+	require.Equal(t, 1, logs.Count(msg+hidden), logs.String())
+
+	require.NoError(t, rdb.Del(ctx, index).Err())
+	require.Eventually(t, func() bool {
+		return logs.Count(msg+` succeeds again" failures=`) == 1
+	}, 10*time.Second, 5*time.Millisecond, logs.String())
+	require.Equal(t, 2, logs.Count(msg), logs.String())
+}
+
 // awaitRefreshes returns once three refreshes of the pause state are over, at least: each
 // refresh publishes the credentials' tags first, so a deleted index written again is a refresh
 // begun, the one before it over.
 func awaitRefreshes(ctx context.Context, t *testing.T, rdb redis.UniversalClient, prefix string) {
 	t.Helper()
-	index := redisscript.CredentialIndexKey(prefix)
-	published := func() bool { n, err := rdb.Exists(ctx, index).Result(); return err == nil && n == 1 }
+	awaitWrites(ctx, t, rdb, redisscript.CredentialIndexKey(prefix))
+}
+
+// awaitWrites returns once key, which each refresh writes, has been written four times: it is
+// deleted after each write, and each refresh writes it again.
+func awaitWrites(ctx context.Context, t *testing.T, rdb redis.UniversalClient, key string) {
+	t.Helper()
+	written := func() bool { n, err := rdb.Exists(ctx, key).Result(); return err == nil && n == 1 }
 	for range 4 {
-		require.Eventually(t, published, 10*time.Second, 5*time.Millisecond)
-		require.NoError(t, rdb.Del(ctx, index).Err())
+		require.Eventually(t, written, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, rdb.Del(ctx, key).Err())
 	}
 }

@@ -398,21 +398,19 @@ func (w *Worker) newBatcher(ctx context.Context, deadLettered func(credential, r
 
 // publishCredentialTags writes each credential's Redis tag under its name
 // (redisscript.CredentialIndexKey), for the console, which has no provider keys. refreshPauses
-// calls it at start and at every refresh, so a Redis flushed or unreachable at start is repaired.
-// A failure is logged: only the console's credentials page needs it.
-func (w *Worker) publishCredentialTags(ctx context.Context) {
+// calls it at start and at every refresh, so a Redis flushed or unreachable at start is repaired,
+// and logs its failures (once a run of them): only the console's credentials page needs it.
+func (w *Worker) publishCredentialTags(ctx context.Context) error {
 	tags := make(map[string]any, len(w.cfg.Credentials))
 	for _, c := range w.cfg.Credentials {
 		tags[c.Name] = redisscript.CredentialTag(c.LimiterID())
 	}
 	if len(tags) == 0 {
-		return
+		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
 	defer cancel()
-	if err := w.rdb.HSet(rctx, redisscript.CredentialIndexKey(w.opts.RedisPrefix), tags).Err(); err != nil && ctx.Err() == nil {
-		w.opts.Logger.WarnContext(ctx, "publish credential tags for the console", "error", err)
-	}
+	return w.rdb.HSet(rctx, redisscript.CredentialIndexKey(w.opts.RedisPrefix), tags).Err()
 }
 
 // refreshPauses reads each credential's pause state (which sets llmq_limiter_paused) at once
@@ -425,16 +423,17 @@ func (w *Worker) publishCredentialTags(ctx context.Context) {
 // failover lost it), at one Postgres read per credential not paused. It reads each breaker's
 // state too (which sets llmq_breaker_state), for the same reasons: a breaker another process
 // closed stayed open in the gauge of a worker whose jobs had left the credential. The failures of
-// each kind of read (pauses, breakers) are logged once a run of them (see logstreak.New): in an
-// outage of Redis or Postgres every refresh fails, for every credential, and a line per
-// credential every refresh in every worker buried the rest of the log.
+// each kind of read (pauses, breakers) and of the tags' writes are logged once a run of them
+// (see logstreak.New): in an outage of Redis or Postgres every refresh fails, for every
+// credential, and a line per credential every refresh in every worker buried the rest of the log.
 func (w *Worker) refreshPauses(ctx context.Context) {
 	tick := time.NewTicker(w.opts.PauseRefreshInterval)
 	defer tick.Stop()
+	tags := logstreak.New(ctx, w.opts.Logger, "publish credential tags for the console")
 	pauses := logstreak.New(ctx, w.opts.Logger, "refresh credential pause state")
 	breakers := logstreak.New(ctx, w.opts.Logger, "refresh credential breaker state")
 	for {
-		w.publishCredentialTags(ctx)
+		tags(w.publishCredentialTags(ctx))
 		var perrs []error
 		for _, g := range w.gates {
 			rctx, cancel := context.WithTimeout(ctx, w.opts.PauseRefreshInterval)
