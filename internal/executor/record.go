@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -25,6 +26,19 @@ func (e *Executor) end(ctx context.Context, job *jobs.Job, a *jobs.Attempt, o jo
 		return errHandled
 	}
 	e.cfg.Metrics.Finished(job.Credential, o.Status, o.DeadReason, e.cfg.Now().Sub(job.CreatedAt))
+	e.logEnd(ctx, job, o)
+	return errHandled
+}
+
+// logEnd logs a job's end: an error when it is dead-lettered, a warning when it failed, else a
+// debug line, whose attributes are built only when that level is on (at every job
+// they boxed its id, credential and status and made their slice, for a line the default level
+// drops).
+func (e *Executor) logEnd(ctx context.Context, job *jobs.Job, o jobs.Outcome) {
+	warned := o.Status == jobs.StatusDead || o.Status == jobs.StatusFailed
+	if !warned && !e.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
 	attrs := []any{"job_id", job.ID, "credential", job.Credential, "status", o.Status, "attempts", job.Attempts}
 	switch o.Status {
 	case jobs.StatusDead:
@@ -34,7 +48,6 @@ func (e *Executor) end(ctx context.Context, job *jobs.Job, a *jobs.Attempt, o jo
 	default:
 		e.cfg.Logger.DebugContext(ctx, "job finished", attrs...)
 	}
-	return errHandled
 }
 
 // recordRetryWindow is how long record keeps trying while Postgres cannot be reached.

@@ -39,3 +39,28 @@ func TestGate_ScriptArgsFormattedOnce(t *testing.T) { // not parallel: testing.A
 	allocs := testing.AllocsPerRun(100, func() { _ = g.fairArgs(lane) })
 	require.LessOrEqual(t, allocs, 8.0, "allocations per fairArgs")
 }
+
+// TestGate_KeysBuiltOnce: a gate's Redis keys are built once, when the gate is made, not at each
+// reservation (issue 23): a lane's fairness keys cost their slice and the lane's own key only,
+// and each key is the one its key function builds.
+func TestGate_KeysBuiltOnce(t *testing.T) { // not parallel: testing.AllocsPerRun
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never contacted
+	t.Cleanup(func() { _ = rdb.Close() })
+	l, err := New(rdb, &Config{Prefix: "llmq:test:"})
+	require.NoError(t, err)
+	g := l.Gate("sk-main", "main")
+	p, tag := l.cfg.Prefix, g.tag
+	lane := &Lane{Tenant: "acme", Weight: 1, Priority: PriorityNormal, Ticket: "job-1",
+		Since: time.UnixMicro(1)}
+
+	require.Equal(t, []string{fairKey(p, tag), fairLanesKey(p, tag), fairDeadlineKey(p, tag),
+		fairLaneKey(p, tag) + lane.name()}, g.fairKeys(lane))
+	require.Equal(t, gateKeys{rate: rateKey(p, tag), token: tokenKey(p, tag),
+		grant: grantKey(p, tag), pause: pauseKey(p, tag), budget: budgetKey(p, tag),
+		fair: fairKey(p, tag), fairLanes: fairLanesKey(p, tag),
+		fairDeadline: fairDeadlineKey(p, tag), fairLane: fairLaneKey(p, tag)}, g.keys)
+
+	// The slice, the lane's name and its key. (Building the gate's keys too made it 6.)
+	allocs := testing.AllocsPerRun(100, func() { _ = g.fairKeys(lane) })
+	require.LessOrEqual(t, allocs, 3.0, "allocations per fairKeys")
+}

@@ -138,12 +138,12 @@ func (f Fairness) validate() error {
 
 // fairKeys and fairArgs are reserveScript's KEYS[6..9] and ARGV[28..40] for lane l.
 func (c *Gate) fairKeys(l *Lane) []string {
-	p := c.l.cfg.Prefix
-	return []string{fairKey(p, c.tag), fairLanesKey(p, c.tag), fairDeadlineKey(p, c.tag), fairLaneKey(p, c.tag) + l.name()}
+	k := &c.keys
+	return []string{k.fair, k.fairLanes, k.fairDeadline, k.fairLane + l.name()}
 }
 
 func (c *Gate) fairArgs(l *Lane) []any {
 	ca := &c.l.args
-	return []any{"1", fairLaneKey(c.l.cfg.Prefix, c.tag), l.name(), l.Tenant, int(l.Priority), max(l.Weight, 1),
+	return []any{"1", c.keys.fairLane, l.name(), l.Tenant, int(l.Priority), max(l.Weight, 1),
 		l.Ticket, l.Since.UnixMicro(), ca.minShareNormal, ca.minShareLow, ca.fairHorizon, ca.ticketGrace, ca.maxRecheck}
 }

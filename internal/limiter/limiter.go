@@ -273,6 +273,17 @@ type Gate struct {
 	tag  string
 	// series is the credential's metric series, looked up once each (nil: no metrics).
 	series *gateSeries
+	// keys are the credential's Redis keys that every reservation and report names.
+	keys gateKeys
+}
+
+// gateKeys are a gate's Redis keys, built once in GateByTag: a reservation names up to nine of
+// them and each was a string built, then boxed, at every call.
+type gateKeys struct {
+	rate, token, grant, pause, budget string
+	fair, fairLanes, fairDeadline     string
+	// fairLane is the prefix of a lane's key: fairLane + Lane.name().
+	fairLane string
 }
 
 // Gate returns the limiter of the provider key id. id is only hashed (keys look like
@@ -286,7 +297,14 @@ func (l *Limiter) Gate(id, name string) *Gate {
 // GateByTag is Gate for a process that knows the credential's tag (redisscript.CredentialTag,
 // as the workers publish it under redisscript.CredentialIndexKey) but not its key.
 func (l *Limiter) GateByTag(tag, name string) *Gate {
-	return &Gate{l: l, name: name, tag: tag, series: newGateSeries(l.cfg.Metrics, name)}
+	p := l.cfg.Prefix
+	keys := gateKeys{
+		rate: rateKey(p, tag), token: tokenKey(p, tag), grant: grantKey(p, tag),
+		pause: pauseKey(p, tag), budget: budgetKey(p, tag), fair: fairKey(p, tag),
+		fairLanes: fairLanesKey(p, tag), fairDeadline: fairDeadlineKey(p, tag),
+		fairLane: fairLaneKey(p, tag),
+	}
+	return &Gate{l: l, name: name, tag: tag, series: newGateSeries(l.cfg.Metrics, name), keys: keys}
 }
 
 // Name is the credential name given to Limiter.Gate.
@@ -455,13 +473,13 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	if lim.Rate > 0 && lim.Burst == 0 {
 		lim.Burst = 1
 	}
-	cfg, ca := &c.l.cfg, &c.l.args
-	keys := []string{rateKey(cfg.Prefix, c.tag)}
+	ca := &c.l.args
+	keys := []string{c.keys.rate}
 	args := []any{c.l.nowArg() + " " + c.l.calls.Next(), fmtFloat(lim.Rate), lim.Burst,
 		ca.phaseMargin, ca.rateMargin, ca.learnTTL, ca.probeTTL, ca.pollInterval, ca.learnHorizon}
 	gated := opts != (AttemptOptions{})
 	if cost != (tokens.Cost{}) || gated {
-		keys = append(keys, tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag))
+		keys = append(keys, c.keys.token, c.keys.grant)
 	}
 	if cost != (tokens.Cost{}) {
 		args = append(args, "1",
@@ -473,7 +491,7 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		args = append(args, "", "", "", "", "", "", "", "", "", "", "", "") // ARGV[10..21]: no tokens
 	}
 	if gated {
-		keys = append(keys, pauseKey(cfg.Prefix, c.tag), budgetKey(cfg.Prefix, c.tag))
+		keys = append(keys, c.keys.pause, c.keys.budget)
 		unlessPaused := flag(opts.UnlessPaused)
 		if opts.UnlessPaused && opts.PauseDurable {
 			unlessPaused = "2"

@@ -173,7 +173,7 @@ func (c *Gate) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.
 	cfg := &c.l.cfg
 	return redisscript.Call{
 		Script: reconcileScript,
-		Keys:   []string{tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag)},
+		Keys:   []string{c.keys.token, c.keys.grant},
 		Args:   []any{c.l.nowArg(), grant, actual.InputTokens, actual.OutputTokens, micros(cfg.LearnTTL)},
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			res, err := cmd.Slice()
