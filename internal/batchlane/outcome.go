@@ -22,7 +22,9 @@ import (
 //   - errored with a request error (400, 401, 403, 404, 413, 422...): the job fails, as online;
 //   - errored with a server or overload error (408, 409, 429, 5xx, 529), expired, canceled, or
 //     no result for the job (missing: noLine, or the batch's failure): the job is retried
-//     within its attempts (see retryMove).
+//     within its attempts (see retryMove); a round its request did not run in for the
+//     provider's capacity (429, 503, 529, or the batch's failure) gives its attempt back (a
+//     429, 503 or 529 only while the job has fewer than max_attempts attempt rows with one).
 //
 // A job with several lines keeps its answer, if one is among them, else its last line.
 //
@@ -40,9 +42,20 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 			byID[r.CustomID] = r
 		}
 	}
+	var refused []string // jobs a result refused for the provider's capacity
+	for _, j := range jobs {
+		if r, ok := byID[j.ID]; ok && j.unfinished() && r.Kind == Errored && capacityStatus(r.Status) {
+			refused = append(refused, j.ID)
+		}
+	}
+	counts, err := b.store.refusals(ctx, refused)
+	if err != nil {
+		return err
+	}
 	var errs []error
 	var capped *Result // the first result that was a spend cap
 	for _, j := range jobs {
+		j.Refused = counts[j.ID]
 		if !j.unfinished() {
 			if r, ok := byID[j.ID]; ok && r.Kind == Succeeded && j.Status == "canceled" {
 				errs = append(errs, b.store.keepLateUsage(ctx, j.ID, row.ID, usageOf(r.Body)))
@@ -105,7 +118,10 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 		m.LastError = map[string]any{"class": "permanent", "status": r.Status, "type": r.ErrorType, "message": r.Message}
 		return m
 	case r.Kind == Errored:
-		m := b.retryMove(row, j, now, r.ErrorType, r.Message)
+		// At most max_attempts such rounds are given back: a provider that ends each batch
+		// within minutes, refusing it, would send the job round until its deadline.
+		giveBack := capacityStatus(r.Status) && j.Refused < j.MaxAttempts
+		m := b.retryMove(row, j, now, r.ErrorType, r.Message, giveBack)
 		m.AttemptStatus = r.Status
 		m.LastError["status"] = r.Status
 		if lane.Config.Window <= j.Deadline.Sub(now) && m.Status == "retrying" {
@@ -113,19 +129,27 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 		}
 		return m
 	case r.Kind == Failed:
-		return b.retryMove(row, j, now, cmp.Or(r.ErrorType, "batch_failed"), "the job's batch failed: "+r.Message)
+		// None of the batch's requests ran (a batch quota such as OpenAI's enqueued token
+		// limit): no call of the job's was made, so the round counts none.
+		return b.retryMove(row, j, now, cmp.Or(r.ErrorType, "batch_failed"),
+			"the job's batch failed: "+r.Message, true)
 	}
-	return b.retryMove(row, j, now, "batch_"+string(r.Kind), "the job's batch request "+string(r.Kind)+": "+r.Message)
+	return b.retryMove(row, j, now, "batch_"+string(r.Kind),
+		"the job's batch request "+string(r.Kind)+": "+r.Message, false)
 }
 
 // retryMove sends job j round again, online: retrying within its attempts (dead with
 // retries_exhausted once they are spent), its last error of class retryable naming why. A dead
 // job is left in the online lane, so that an operator's retry (ctl dead retry) runs it there.
-func (b *Batcher) retryMove(row batchRow, j batchJob, now time.Time, typ, msg string) move {
+// giveBack gives the round's attempt back (move.GiveBack): its request did not run for the
+// provider's capacity, so it spends none of the job's attempts and the job is never dead.
+func (b *Batcher) retryMove(row batchRow, j batchJob, now time.Time, typ, msg string,
+	giveBack bool) move {
 	m := b.attempt(row, j, now, 0, "retryable", msg)
 	m.LastError = map[string]any{"class": "retryable", "type": typ, "message": msg}
 	m.Status, m.Lane, m.BatchState = "retrying", "online", typ
-	if j.Attempts >= j.MaxAttempts {
+	m.GiveBack = giveBack
+	if !giveBack && j.Attempts >= j.MaxAttempts {
 		m.Status, m.DeadReason = "dead", "retries_exhausted"
 	}
 	return m
@@ -137,7 +161,7 @@ func (b *Batcher) retryMove(row batchRow, j batchJob, now time.Time, typ, msg st
 // alert, and a `ctl dead retry` candidate, for a client's timeout).
 func (b *Batcher) deadlineMove(row batchRow, j batchJob, now time.Time) move {
 	const msg = "the batch had not ended when the job's deadline came near"
-	m := b.retryMove(row, j, now, "deadline_fallback", msg)
+	m := b.retryMove(row, j, now, "deadline_fallback", msg, false)
 	if m.Status == "dead" {
 		m.Status, m.Lane, m.DeadReason = "failed", "batch", ""
 		m.LastError = map[string]any{"class": jobs.ReasonDeadlineExceeded, "type": "deadline_fallback",
@@ -154,6 +178,20 @@ func (b *Batcher) attempt(row batchRow, j batchJob, now time.Time, status int, c
 		m.AttemptStarted, m.AttemptLatency = *row.SubmittedAt, now.Sub(*row.SubmittedAt)
 	}
 	return m
+}
+
+// capacityStatus reports whether a request's error status is the provider's capacity, not the
+// request's nor a fault: 429 (a results file has no Retry-After to tell it from a spend cap, which
+// a spend-cap code says: spendCapCode), 503 and 529 (overloaded). Online such a call counts an
+// attempt, but the limiter paces the next by the answer; in a batch nothing paces a request, and
+// a round is hours long, so a job could spend its attempts on other jobs' load (see
+// docs/decisions.md, "A batch round refused for the provider's capacity gives its attempt back").
+func capacityStatus(status int) bool {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable, 529:
+		return true
+	}
+	return false
 }
 
 // retryableStatus is the online lane's rule (internal/retrypolicy): 408, 409, 429, 5xx and 529

@@ -336,6 +336,10 @@ type batchJob struct {
 	Attempts    int
 	MaxAttempts int
 	Deadline    time.Time
+	// Refused counts the job's attempt rows the provider refused for its capacity (429, 503,
+	// 529, in either lane), read by record for a job whose result is such a refusal only
+	// (store.refusals): it bounds the rounds a job gives back (see capacityStatus).
+	Refused int
 }
 
 // unfinished reports whether the job may still change.
@@ -359,6 +363,29 @@ func (s store) jobs(ctx context.Context, id string) ([]batchJob, error) {
 	return out, nil
 }
 
+// refusals returns, for each of jobs ids that has any, the number of its attempt rows the
+// provider refused for its capacity (429, 503, 529; batchJob.Refused).
+func (s store) refusals(ctx context.Context, ids []string) (map[string]int, error) {
+	out := make(map[string]int)
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT job_id::text, count(*) FROM job_attempts
+WHERE job_id = ANY($1::text[]::uuid[]) AND status_code IN (429, 503, 529) GROUP BY job_id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("count refused attempts: %w", err)
+	}
+	var id string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+		out[id] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("count refused attempts: %w", err)
+	}
+	return out, nil
+}
+
 // move is one transition of a job decided in the batch lane.
 type move struct {
 	JobID string
@@ -373,6 +400,10 @@ type move struct {
 	DeadReason string
 	// BatchState is the job's batch_state after the move.
 	BatchState string
+	// GiveBack gives the attempt the job's send counted (store.submitted) back: the job's
+	// attempts go down by one, and attempt_base up by one, so that its attempt row keeps its
+	// number and the next round's gets the next. Only a job running in the batch has one to give.
+	GiveBack bool
 	// Attempt, when the job was running in a submitted batch, is recorded as its attempt.
 	AttemptStarted time.Time
 	AttemptLatency time.Duration
@@ -384,7 +415,8 @@ type move struct {
 // apply makes m in one statement, conditional on the job being unfinished and still in m.Ref;
 // ok reports whether it applied, and priority is the job's (it names the task's queue when the
 // job goes back online). A job that leaves the batch (retrying, online, dead) leaves batch_ref;
-// one that succeeds or fails keeps it as its history.
+// one that succeeds or fails keeps it as its history. The job's usage becomes m.Usage, its
+// answer's (nil: none, or no answer), as jobs.Store.Finish writes it: never an earlier round's.
 func (s store) apply(ctx context.Context, m move) (priority jobs.Priority, ok bool, err error) {
 	var lastErr []byte
 	if m.LastError != nil {
@@ -406,8 +438,11 @@ WITH a AS (
 	FROM jobs WHERE id = $1 AND batch_ref IS NOT DISTINCT FROM $2::uuid AND status = 'running'
 	ON CONFLICT (job_id, attempt) DO NOTHING
 ), u AS (
-	UPDATE jobs SET status = $8, lane = $9, result = coalesce($10, result), usage = coalesce($11, usage),
+	UPDATE jobs SET status = $8, lane = $9, result = coalesce($10, result), usage = $11::jsonb,
 		last_error = coalesce($12, last_error), dead_reason = $13,
+		attempts = attempts - CASE WHEN $16 AND status = 'running' AND attempts > 0 THEN 1 ELSE 0 END,
+		attempt_base = attempt_base
+			+ CASE WHEN $16 AND status = 'running' AND attempts > 0 THEN 1 ELSE 0 END,
 		answered_by = CASE WHEN $8 = 'succeeded' THEN credential ELSE answered_by END,
 		batch_ref = CASE WHEN $8 IN ('succeeded', 'failed') THEN batch_ref END,
 		batch_state = $14, next_attempt_at = NULL,
@@ -420,7 +455,7 @@ WITH a AS (
 )
 SELECT count(*) = 1, max(priority) FROM u`, m.JobID, m.Ref, m.AttemptStarted, float64(m.AttemptLatency)/float64(time.Millisecond),
 		nullInt(m.AttemptStatus), m.AttemptClass, nullString(m.AttemptError), m.Status, m.Lane, nullJSON(m.Result), nullJSON(m.Usage),
-		lastErr, nullString(m.DeadReason), nullString(m.BatchState), pl).Scan(&ok, &prio)
+		lastErr, nullString(m.DeadReason), nullString(m.BatchState), pl, m.GiveBack).Scan(&ok, &prio)
 	if err != nil {
 		return "", false, fmt.Errorf("move job %s: %w", m.JobID, err)
 	}
