@@ -441,16 +441,7 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		}
 		return nil, unauthorized("invalid_token", "rotated-out bearer token: its tenant's token was rotated and the overlap of the old one has ended; use the new token")
 	case errors.Is(err, tenant.ErrRevoked):
-		// Once a minute per tenant: a client that keeps using a revoked token must not flood
-		// the log (the count of those left out goes with the next line, or a line of their own
-		// once the minute has passed: authSuppressed).
-		if t != nil {
-			if log, suppressed := s.authLog.allow(authLogKey(msgRevoked, t.Name)); log {
-				s.cfg.Logger.WarnContext(r.Context(), msgRevoked, "tenant", t.Name,
-					"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
-			}
-		}
-		return nil, &httpError{status: http.StatusForbidden, typ: "token_revoked", message: "this bearer token was revoked"}
+		return nil, s.revokedTenant(r, t, "this bearer token was revoked")
 	case errors.Is(err, tenant.ErrNewTokenLookupsFull):
 		// Answered 503 overloaded (writeError) as a full pool is, but with room in the pool: a
 		// client sending made-up tokens, most likely. Counted, and logged once a minute: no
@@ -464,6 +455,20 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 	default:
 		return nil, err
 	}
+}
+
+// revokedTenant is the answer to a request whose token (a bearer token, or a signed events_url)
+// is revoked tenant t's: 403 token_revoked with message. It is logged once a minute per tenant:
+// a client that keeps using a revoked token must not flood the log (the count of those left out
+// goes with the next line, or a line of their own once the minute has passed: authSuppressed).
+func (s *Server) revokedTenant(r *http.Request, t *tenant.Tenant, message string) *httpError {
+	if t != nil {
+		if log, suppressed := s.authLog.allow(authLogKey(msgRevoked, t.Name)); log {
+			s.cfg.Logger.WarnContext(r.Context(), msgRevoked, "tenant", t.Name,
+				"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
+		}
+	}
+	return &httpError{status: http.StatusForbidden, typ: "token_revoked", message: message}
 }
 
 // newTokenLookupsLogKey is the refusal log's key of the lookups of new bearer tokens refused: no

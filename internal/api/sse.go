@@ -200,10 +200,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	reads := readStatus
 	// need is the event a notification or a watch announced, 0 if none (see statusReads.read).
 	need := 0
-	var authedUntil time.Time // a bearer stream's token is checked again after this
+	var authedUntil time.Time // the stream's token is checked again after this
 	for {
-		if !signed && !time.Now().Before(authedUntil) {
-			if s.tokenRefused(r, job.ID) {
+		if !time.Now().Before(authedUntil) {
+			if refusal := s.streamRefusal(r, job, signed); refusal != nil {
+				endRefused(out, rc, refusal)
 				return
 			}
 			authedUntil = time.Now().Add(s.authRecheck())
@@ -349,29 +350,55 @@ func (s *Server) streamsSuppressed(msg string, level slog.Level, suppressed int,
 	s.cfg.Logger.Log(context.Background(), level, msg, append(slices.Clip(last), "suppressed", suppressed)...)
 }
 
-// tokenRefused checks again the token of a stream (of job id) that was served: true when it is
-// refused now (revoked, rotated out: within the tenants' cache TTL of it, as every request of
-// it), which ends the stream, at its next wake-up or keep-alive. The lookup is bounded as the
-// stream's authentication was (storeBounded): it held the stream, its events and keep-alives
-// included, for as long as Postgres took to answer. A store error, that bound passing included,
-// does not end the stream: it is logged (streamWarn: throttled), and the token is checked again
-// after authRecheck, as after a success (Postgres not answering says nothing of the token).
-func (s *Server) tokenRefused(r *http.Request, id string) bool {
+// streamRefusal checks again the token of a stream (of job) that was served: the answer that
+// now refuses it (its tenant revoked, its bearer token rotated out, or gone with its deleted
+// tenant: within the tenants' cache TTL of it, as every request of it), which ends the stream
+// (endRefused), at its next wake-up or keep-alive; nil when it may go on. A signed URL's is its
+// tenant's revocation (signedTenant; a URL that expired meanwhile still runs to the job's end).
+// The lookup is bounded as the stream's authentication was (storeBounded): it held the stream,
+// its events and keep-alives included, for as long as Postgres took to answer. A store error,
+// that bound passing included, does not end the stream: it is logged (streamWarn: throttled),
+// and the token is checked again after authRecheck, as after a success (Postgres not answering
+// says nothing of the token).
+func (s *Server) streamRefusal(r *http.Request, job *jobs.Job, signed bool) *httpError {
 	ar, stop := s.storeBounded(r)
 	defer stop()
-	_, err := s.tenant(ar)
+	var err error
+	if signed {
+		err = s.signedTenant(ar, job.Tenant)
+	} else {
+		_, err = s.tenant(ar)
+	}
 	var refused *httpError
 	switch {
 	case errors.As(err, &refused):
-		return true
+		return refused
 	case err != nil && r.Context().Err() == nil:
-		s.streamWarn(r.Context(), "check event stream's token again", id, err)
+		s.streamWarn(r.Context(), "check event stream's token again", job.ID, err)
 	}
-	return false
+	return nil
 }
 
-// authRecheck is how long a bearer stream goes before its token is checked again: the tenants'
-// cache TTL, which a revocation takes to reach this process anyway.
+// endRefused ends a stream whose token is refused now (streamRefusal) with a "refused" event
+// whose data is the refusal, as the API answers it ({"error":{"type","message"}}), without an
+// id (the client keeps its Last-Event-ID): a client that reconnects, as an EventSource does after
+// any stream that ends, is answered that refusal (a 4xx, which ends an EventSource for good), and
+// one that listens for the event knows why before.
+func endRefused(out io.Writer, rc *http.ResponseController, refusal *httpError) {
+	data, err := json.Marshal(map[string]any{"error": map[string]string{"type": refusal.typ,
+		"message": refusal.message}})
+	if err != nil {
+		return
+	}
+	frame := append(append([]byte("event: refused\ndata: "), data...), "\n\n"...)
+	if _, err := out.Write(frame); err == nil {
+		_ = rc.Flush()
+	}
+}
+
+// authRecheck is how long a stream goes before its token (a bearer token, or a signed URL's
+// tenant) is checked again: the tenants' cache TTL, which a revocation takes to reach this
+// process anyway.
 func (s *Server) authRecheck() time.Duration {
 	if s.cfg.Tenants == nil {
 		return time.Second

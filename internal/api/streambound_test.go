@@ -64,12 +64,20 @@ func getStream(ctx context.Context, base, path string, header map[string]string)
 // by ones of a pool of its own, direct (never silenced), for the test's writes.
 func slowStreamBundle(t *testing.T) (*testBundle, *pgtest.Proxy) {
 	t.Helper()
-	dbURL := pgtest.URL(t)
-	proxy, proxied := pgtest.NewProxy(t, dbURL)
 	signer, err := NewStreamSigner(streamKey, 10*time.Minute, time.Now)
 	require.NoError(t, err)
-	b := setup(t, setupOpts{dbURL: proxied + "&default_query_exec_mode=exec", signer: signer, noListener: true,
-		storeWait: 3 * time.Second, storeTimeout: 3 * time.Second, retryRand: func() float64 { return 0.25 }})
+	return proxiedStreamBundle(t, setupOpts{signer: signer, retryRand: func() float64 { return 0.25 }})
+}
+
+// proxiedStreamBundle is slowStreamBundle's server, but of opts (its signer, retry draw, tenants'
+// cache TTL, keep-alive ticks) with no signer unless opts has one.
+func proxiedStreamBundle(t *testing.T, opts setupOpts) (*testBundle, *pgtest.Proxy) {
+	t.Helper()
+	dbURL := pgtest.URL(t)
+	proxy, proxied := pgtest.NewProxy(t, dbURL)
+	opts.dbURL, opts.noListener = proxied+"&default_query_exec_mode=exec", true
+	opts.storeWait, opts.storeTimeout = 3*time.Second, 3*time.Second
+	b := setup(t, opts)
 	direct, err := pgxpool.New(context.Background(), dbURL)
 	require.NoError(t, err)
 	t.Cleanup(direct.Close)
@@ -78,6 +86,16 @@ func slowStreamBundle(t *testing.T) (*testBundle, *pgtest.Proxy) {
 	// proxy silenced would hold that close for pgxpool's 15 s destructor timeout.
 	t.Cleanup(proxy.Cut)
 	return b, proxy
+}
+
+// sendTick sends the stream a keep-alive tick, failing the test unless it takes it within 5 s.
+func sendTick(t *testing.T, ticks chan<- time.Time, what string) {
+	t.Helper()
+	select {
+	case ticks <- time.Now():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the stream took no %s within 5 s", what)
+	}
 }
 
 // answerWhileSilenced silences the next statement containing substr, sends the stream request
@@ -183,17 +201,9 @@ func TestEvents_SlowTokenLookupTellsEventSourceToReconnect(t *testing.T) {
 // the stream's authentication is (StoreTimeout, here 3 s), and the stream goes on.
 func TestEvents_TokenRecheckIsBounded(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.URL(t)
-	proxy, proxied := pgtest.NewProxy(t, dbURL)
 	ticks := make(chan time.Time)
 	// A TTL of 1 ns: every wake-up of the stream checks its token again, in Postgres.
-	b := setup(t, setupOpts{dbURL: proxied + "&default_query_exec_mode=exec", noListener: true, tenantTTL: time.Nanosecond,
-		storeWait: 3 * time.Second, storeTimeout: 3 * time.Second, keepAliveTicks: ticks})
-	direct, err := pgxpool.New(context.Background(), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(direct.Close)
-	b.store, b.tenants = jobs.NewStore(direct, nil), tenant.NewStore(direct, nil)
-	t.Cleanup(proxy.Cut) // before the pool's close, which waits for a silenced connection
+	b, proxy := proxiedStreamBundle(t, setupOpts{tenantTTL: time.Nanosecond, keepAliveTicks: ticks})
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	_, token, err := b.tenants.Create(ctx, "a", nil)
@@ -202,14 +212,7 @@ func TestEvents_TokenRecheckIsBounded(t *testing.T) {
 	s := openStreamAs(ctx, t, b.url, job.ID, token)
 	require.Equal(t, "queued", s.nextEvent(t).event)
 
-	tick := func(what string) {
-		t.Helper()
-		select {
-		case ticks <- time.Now():
-		case <-time.After(5 * time.Second):
-			t.Fatalf("the stream took no %s within 5 s", what)
-		}
-	}
+	tick := func(what string) { t.Helper(); sendTick(t, ticks, what) }
 	wait := proxy.SilenceStatement("FROM tenants WHERE token_sha256 = $1")
 	tick("keep-alive")
 	require.True(t, wait(ctx), "the stream did not check its token again")

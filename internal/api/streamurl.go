@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -18,8 +19,9 @@ import (
 // is "<expiry, Unix seconds>.<HMAC-SHA256 of the job ID and the expiry>". A browser's EventSource
 // cannot send an Authorization header, and a tenant's bearer token is long-lived and opens every
 // job of the tenant: it must not sit in a page or a URL. A token opens one job's stream, for a
-// few minutes, and nothing else. Every replica holding the same key accepts every replica's
-// tokens; nothing is stored. Safe for concurrent use.
+// few minutes, and nothing else; none of a revoked tenant's jobs (Server.signedTenant). Every
+// replica holding the same key accepts every replica's tokens; nothing is stored. Safe for
+// concurrent use.
 type StreamSigner struct {
 	key []byte
 	ttl time.Duration
@@ -98,12 +100,39 @@ func (s *Server) streamCaller(r *http.Request) (caller *tenant.Tenant, signed bo
 }
 
 // streamJob returns the job whose events the request asks for, once streamCaller authorized it:
-// the URL's job for a signed URL, else one of caller's (jobOf).
+// the URL's job for a signed URL, unless its tenant was revoked (signedTenant), else one of
+// caller's (jobOf).
 func (s *Server) streamJob(r *http.Request, caller *tenant.Tenant, signed bool) (*jobs.Job, error) {
-	if signed {
-		return s.cfg.Store.Get(r.Context(), r.PathValue("id"))
+	if !signed {
+		return s.jobOf(r, caller)
 	}
-	return s.jobOf(r, caller)
+	job, err := s.cfg.Store.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.signedTenant(r, job.Tenant); err != nil {
+		return nil, err
+	}
+	return job, nil
+}
+
+// signedTenant checks that a signed URL of a job of the named tenant still opens its stream: nil,
+// or, once the tenant is revoked, the 403 token_revoked its bearer token is answered (a tenant
+// revoked because its token leaked must not go on being followed through the URLs it was handed,
+// each a capability for one of its jobs until it expires), or the lookup's failure. The lookup
+// is the tenants' cache's (Authenticator.Named): one Postgres read per tenant and cache TTL on a
+// replica, however many of its streams ask, and a revocation reaches it within that TTL, as it
+// reaches the tenant's bearer tokens. A deleted tenant has no job left (tenant.Store.Delete):
+// its URLs are answered 404 at the job's read.
+func (s *Server) signedTenant(r *http.Request, name string) error {
+	if s.cfg.Tenants == nil {
+		return nil
+	}
+	t, err := s.cfg.Tenants.Named(r.Context(), name)
+	if errors.Is(err, tenant.ErrRevoked) {
+		return s.revokedTenant(r, t, "this stream URL's tenant was revoked")
+	}
+	return err
 }
 
 // jobJSON is a job as the API answers with it: with its signed events_url when the server
