@@ -16,15 +16,22 @@ import (
 	"github.com/llmq/llmq/internal/worker"
 )
 
+// refreshSetup is setup for a worker that refreshes the credentials' state every 20 ms and logs
+// to the buffer it returns.
+func refreshSetup(t *testing.T) (*testBundle, *logtest.Buffer) {
+	t.Helper()
+	logs := &logtest.Buffer{}
+	return setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))}), logs
+}
+
 // TestWorker_BreakerRefreshFailuresLogOnce: the pause refresh reads each breaker's state (for
 // llmq_breaker_state) every 15 s; while those reads fail (Redis away, here a breaker key of the
 // wrong type) the first failure is logged and not the others: a line per credential per refresh
 // per worker, for the whole outage, buried the log beside the pause refresh's own.
 func TestWorker_BreakerRefreshFailuresLogOnce(t *testing.T) {
 	t.Parallel()
-	logs := &logtest.Buffer{}
-	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	b, logs := refreshSetup(t)
 	ctx := context.Background()
 	rdb := redistest.Client(t)
 	cred, _ := b.cfg.Credential("default")
@@ -45,9 +52,7 @@ func TestWorker_PauseRefreshFailuresLogOnce(t *testing.T) {
 	for _, store := range []string{"Redis", "Postgres"} {
 		t.Run(store, func(t *testing.T) {
 			t.Parallel()
-			logs := &logtest.Buffer{}
-			b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
-				Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			b, logs := refreshSetup(t)
 			ctx := t.Context()
 			rdb := redistest.Client(t)
 			db, err := pgx.Connect(ctx, b.cfg.DatabaseURL)
@@ -91,9 +96,7 @@ func TestWorker_PauseRefreshFailuresLogOnce(t *testing.T) {
 // run's count: a line per refresh per worker, for the whole outage, buried the log.
 func TestWorker_CredentialTagFailuresLogOnce(t *testing.T) {
 	t.Parallel()
-	logs := &logtest.Buffer{}
-	b := setup(t, worker.Options{PauseRefreshInterval: 20 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	b, logs := refreshSetup(t)
 	ctx := t.Context()
 	rdb := redistest.Client(t)
 	index := redisscript.CredentialIndexKey(b.prefix)
