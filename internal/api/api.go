@@ -31,6 +31,7 @@ import (
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/logthrottle"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgwait"
 	"github.com/llmq/llmq/internal/tenant"
@@ -162,17 +163,17 @@ type Server struct {
 	// reads shares the reads of a job's status events among its streams.
 	reads *statusReads
 	// authLog throttles the log lines of refused credentials.
-	authLog *throttle
+	authLog *logthrottle.Throttle
 	// bodies bounds the submit bodies read at once (MaxBodyBytesInFlight).
 	bodies *bodyBudget
 	// keyed caps each tenant's keyed submits and cancels in their Postgres stage, together
 	// (MaxKeyedSubmitsPerTenant).
 	keyed *tenantGate
 	// refusalLog throttles the log lines of tenants refused over their share, by tenant and type.
-	refusalLog *throttle
+	refusalLog *logthrottle.Throttle
 	// streamLog throttles the log lines of the event streams' failures, by message (streamWarn,
 	// refuseStream).
-	streamLog *throttle
+	streamLog *logthrottle.Throttle
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -242,12 +243,14 @@ func New(cfg Config) *Server {
 		cfg.retryRand = rand.Float64
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
-		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now), authLog: newThrottle(authLogInterval, cfg.Now),
-		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant),
-		refusalLog: newThrottle(authLogInterval, cfg.Now), streamLog: newThrottle(streamLogInterval, cfg.Now)}
-	s.streamLog.report = s.streamsSuppressed
-	s.authLog.report = s.authSuppressed
-	s.refusalLog.report = s.refusalsSuppressed
+		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now),
+		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant)}
+	s.streamLog = logthrottle.New(&logthrottle.Config{Every: streamLogInterval, Now: cfg.Now,
+		Report: s.streamsSuppressed})
+	s.authLog = logthrottle.New(&logthrottle.Config{Every: authLogInterval, Now: cfg.Now,
+		Report: s.authSuppressed})
+	s.refusalLog = logthrottle.New(&logthrottle.Config{Every: authLogInterval, Now: cfg.Now,
+		Report: s.refusalsSuppressed})
 	cfg.Metrics.initCredentials(cfg.Submit.Credentials)
 	metrics := promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{})
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
@@ -315,9 +318,9 @@ func (s *Server) Drain() { s.draining.Store(true) }
 // idempotent and safe for concurrent use.
 func (s *Server) Shutdown() {
 	s.closeOnce.Do(func() { close(s.closing) })
-	s.streamLog.stop()
-	s.authLog.stop()
-	s.refusalLog.stop()
+	s.streamLog.Stop()
+	s.authLog.Stop()
+	s.refusalLog.Stop()
 	if c, ok := s.cfg.Console.(interface{ Shutdown() }); ok {
 		c.Shutdown()
 	}
@@ -434,7 +437,7 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		// Once a minute per tenant, as below: the log tells the operator which tenant still has
 		// a client on its old token.
 		if t != nil {
-			if log, suppressed := s.authLog.allow(authLogKey(msgRotatedOut, t.Name)); log {
+			if log, suppressed := s.authLog.Allow(authLogKey(msgRotatedOut, t.Name)); log {
 				s.cfg.Logger.WarnContext(r.Context(), msgRotatedOut, "tenant", t.Name,
 					"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 			}
@@ -447,7 +450,7 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		// client sending made-up tokens, most likely. Counted, and logged once a minute: no
 		// tenant to name, and the flood must not flood the log.
 		s.cfg.Metrics.refusedTokenLookup()
-		if log, suppressed := s.refusalLog.allow(newTokenLookupsLogKey); log {
+		if log, suppressed := s.refusalLog.Allow(newTokenLookupsLogKey); log {
 			s.cfg.Logger.WarnContext(r.Context(), msgNewTokenLookupsRefused,
 				"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 		}
@@ -463,7 +466,7 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 // goes with the next line, or a line of their own once the minute has passed: authSuppressed).
 func (s *Server) revokedTenant(r *http.Request, t *tenant.Tenant, message string) *httpError {
 	if t != nil {
-		if log, suppressed := s.authLog.allow(authLogKey(msgRevoked, t.Name)); log {
+		if log, suppressed := s.authLog.Allow(authLogKey(msgRevoked, t.Name)); log {
 			s.cfg.Logger.WarnContext(r.Context(), msgRevoked, "tenant", t.Name,
 				"method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 		}
@@ -489,14 +492,14 @@ const (
 func authLogKey(msg, tenant string) string { return msg + "\x00" + tenant }
 
 // authSuppressed logs the lines of refused credentials that the auth log held back and no line
-// of their key counted since (authLog.report): the last minute of a client that then stopped.
+// of their key counted since (authLog's Report): the last minute of a client that then stopped.
 func (s *Server) authSuppressed(key string, _ slog.Level, suppressed int, _ []any) {
 	msg, tenant, _ := strings.Cut(key, "\x00")
 	s.cfg.Logger.Warn(msg, "tenant", tenant, "suppressed", suppressed)
 }
 
 // refusalsSuppressed logs the refusals that the refusal log held back and no line of their key
-// counted since (refusalLog.report), with their message, and their tenant and type when a
+// counted since (refusalLog's Report), with their message, and their tenant and type when a
 // tenant's (the requests held back may have been anonymous or not: not said).
 func (s *Server) refusalsSuppressed(key string, _ slog.Level, suppressed int, _ []any) {
 	if key == newTokenLookupsLogKey {
@@ -557,7 +560,7 @@ func (s *Server) overShare(r *http.Request, tenant string, authenticated bool, r
 		label = tenant
 	}
 	s.cfg.Metrics.refusedOverShare(label, refusal.typ)
-	if log, suppressed := s.refusalLog.allow(tenant + "\x00" + refusal.typ); log {
+	if log, suppressed := s.refusalLog.Allow(tenant + "\x00" + refusal.typ); log {
 		s.cfg.Logger.WarnContext(r.Context(), msgOverShare, "tenant", tenant, "anonymous", !authenticated,
 			"type", refusal.typ, "method", r.Method, "path", r.URL.Path, "suppressed", suppressed)
 	}

@@ -92,6 +92,6 @@ func setupStreamLog(t *testing.T) (b *testBundle, logs *logtest.Buffer, clock *c
 	clock = clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	b = setup(t, setupOpts{noListener: true, now: clock.Now, retryRand: func() float64 { return 0.5 },
 		logger: slog.New(slog.NewJSONHandler(logs, nil))})
-	b.srv.streamLog.afterFunc = timers.afterFunc
+	b.srv.streamLog.SetAfterFunc(timers.afterFunc)
 	return b, logs, clock, timers
 }

@@ -269,7 +269,7 @@ func (s *Server) refuseStream(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if failure != nil {
 		attrs := []any{"method", r.Method, "path", r.URL.Path, "error", err}
-		if log, suppressed := s.streamLog.allowAt(failure.msg, failure.level, attrs...); log {
+		if log, suppressed := s.streamLog.AllowAt(failure.msg, failure.level, attrs...); log {
 			s.cfg.Logger.Log(r.Context(), failure.level, failure.msg, append(attrs, "suppressed", suppressed)...)
 		}
 	}
@@ -334,13 +334,13 @@ func (s *Server) keepAliveReads(r *http.Request, id string, f *follower) (reads 
 // or read at once: 10,000 streams wrote 670 lines a second in a Postgres outage, one each.
 func (s *Server) streamWarn(ctx context.Context, msg, id string, err error) {
 	attrs := []any{"job_id", id, "error", err}
-	if log, suppressed := s.streamLog.allow(msg, attrs...); log {
+	if log, suppressed := s.streamLog.Allow(msg, attrs...); log {
 		s.cfg.Logger.WarnContext(ctx, msg, append(attrs, "suppressed", suppressed)...)
 	}
 }
 
 // streamsSuppressed logs the streams' failures of message msg that streamWarn (or refuseStream)
-// held back and no line of it counted since: the last of an outage (streamLog.report). The line
+// held back and no line of it counted since: the last of an outage (streamLog's Report). The line
 // is the last one held back's (its job and error, or its request's method, path and error),
 // counting them all: it said only how many, and an operator had no job to look at, nor the
 // error that the failures ended on (TestStreamWarn_ReportNamesTheLastJobAndError). It is at the

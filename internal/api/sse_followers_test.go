@@ -64,9 +64,9 @@ func TestEvents_FailedWatchRenewalsLogThrottled(t *testing.T) {
 		logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	// The reports of the lines held back (TestStreamWarn_LastSuppressedAreLogged) never fire
 	// here: a real timer would fire by the wall clock, not the test's.
-	b.srv.streamLog.mu.Lock()
-	b.srv.streamLog.afterFunc = func(time.Duration, func()) func() bool { return func() bool { return true } }
-	b.srv.streamLog.mu.Unlock()
+	b.srv.streamLog.SetAfterFunc(func(time.Duration, func()) func() bool {
+		return func() bool { return true }
+	})
 
 	proxy.Cut()
 	for range 10 {

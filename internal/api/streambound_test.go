@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/logthrottle"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/tenant"
 )
@@ -256,7 +257,7 @@ func TestEvents_TokenRecheckIsBounded(t *testing.T) {
 func TestEvents_RefusedEventSourceRetryIsJittered(t *testing.T) {
 	t.Parallel()
 	s := &Server{cfg: Config{Logger: slog.New(slog.DiscardHandler), retryRand: func() float64 { return 0.5 }},
-		streamLog: newThrottle(streamLogInterval, time.Now)}
+		streamLog: logthrottle.New(&logthrottle.Config{Every: streamLogInterval})}
 	// A request whose store bound passed: its context canceled with errStoreTimeout (storeTimed).
 	timedOut, cancel := context.WithCancelCause(context.Background())
 	cancel(errStoreTimeout)

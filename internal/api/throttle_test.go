@@ -25,12 +25,12 @@ func TestStreamWarn_LastSuppressedAreLogged(t *testing.T) {
 	var mu sync.Mutex
 	var timers []func()
 	var delays []time.Duration
-	b.srv.streamLog.afterFunc = func(d time.Duration, f func()) func() bool {
+	b.srv.streamLog.SetAfterFunc(func(d time.Duration, f func()) func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		timers, delays = append(timers, f), append(delays, d)
 		return func() bool { return true }
-	}
+	})
 	fire := func() {
 		t.Helper()
 		mu.Lock()
@@ -89,7 +89,7 @@ func TestStreamWarn_ReportNamesTheLastJobAndError(t *testing.T) {
 	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	b := setup(t, setupOpts{noListener: true, now: clock.Now, logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	var timers manualTimers
-	b.srv.streamLog.afterFunc = timers.afterFunc
+	b.srv.streamLog.SetAfterFunc(timers.afterFunc)
 	ctx := context.Background()
 
 	b.srv.streamWarn(ctx, "renew event watch", "job-1", errors.New("connection refused"))
@@ -105,82 +105,4 @@ func TestStreamWarn_ReportNamesTheLastJobAndError(t *testing.T) {
 	clock.Advance(streamLogInterval)
 	b.srv.streamWarn(ctx, "renew event watch", "job-4", errors.New("connection refused"))
 	require.Equal(t, 1, logs.Count(`"job_id":"job-4","error":"connection refused","suppressed":0`), logs.String())
-}
-
-// TestThrottle_ReportsRacingLinesCountEachEventOnce: reports fired while lines are allowed and
-// held back concurrently count every event held back exactly once, in a line or in a report.
-func TestThrottle_ReportsRacingLinesCountEachEventOnce(t *testing.T) {
-	t.Parallel()
-	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	th := newThrottle(10*time.Millisecond, clock.Now)
-	var mu sync.Mutex
-	var pending []func()
-	var reported, lines, counted int
-	th.report = func(_ string, _ slog.Level, n int, _ []any) {
-		mu.Lock()
-		defer mu.Unlock()
-		reported += n
-	}
-	th.afterFunc = func(_ time.Duration, f func()) func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		pending = append(pending, f)
-		return func() bool { return true }
-	}
-	fireAll := func() int {
-		mu.Lock()
-		fs := pending
-		pending = nil
-		mu.Unlock()
-		for _, f := range fs {
-			f()
-		}
-		return len(fs)
-	}
-	const workers, each = 4, 2000
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range each {
-				if ok, n := th.allow([]string{"a", "b"}[(w+i)%2]); ok {
-					mu.Lock()
-					lines++
-					counted += n
-					mu.Unlock()
-				}
-				if i%50 == 0 {
-					clock.Advance(time.Millisecond)
-				}
-			}
-		}()
-	}
-	stop := make(chan struct{})
-	firer := make(chan struct{})
-	go func() {
-		defer close(firer)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				fireAll()
-			}
-		}
-	}()
-	wg.Wait()
-	close(stop)
-	<-firer
-	for range 100 { // the last reports, due once the interval has passed
-		clock.Advance(10 * time.Millisecond)
-		if fireAll() == 0 {
-			break
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	require.Empty(t, pending, "reports still scheduled")
-	require.Equal(t, workers*each, lines+counted+reported,
-		"events: %d lines, %d counted in lines, %d in reports", lines, counted, reported)
 }

@@ -55,7 +55,7 @@ func TestAuthLog_LastSuppressedAreLoggedByMessage(t *testing.T) {
 	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	b := setup(t, setupOpts{noListener: true, now: clock.Now, logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	var timers manualTimers
-	b.srv.authLog.afterFunc = timers.afterFunc
+	b.srv.authLog.SetAfterFunc(timers.afterFunc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, old, err := b.tenants.Create(ctx, "a", nil)
@@ -110,7 +110,7 @@ func TestRefusalLog_LastSuppressedAreLogged(t *testing.T) {
 	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	b := setup(t, setupOpts{noListener: true, now: clock.Now, logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	var timers manualTimers
-	b.srv.refusalLog.afterFunc = timers.afterFunc
+	b.srv.refusalLog.SetAfterFunc(timers.afterFunc)
 	r := httptest.NewRequest(http.MethodGet, "/v1/jobs/x/events", nil)
 	for range 3 {
 		b.srv.overShare(r, "a", true, &httpError{status: http.StatusTooManyRequests, typ: "too_many_streams"})
@@ -120,7 +120,7 @@ func TestRefusalLog_LastSuppressedAreLogged(t *testing.T) {
 	}
 	for range 4 {
 		// As the refusal of a lookup of a new token logs (tenant: ErrNewTokenLookupsFull).
-		if log, _ := b.srv.refusalLog.allow(newTokenLookupsLogKey); log {
+		if log, _ := b.srv.refusalLog.Allow(newTokenLookupsLogKey); log {
 			b.srv.cfg.Logger.Warn(msgNewTokenLookupsRefused, "suppressed", 0)
 		}
 	}

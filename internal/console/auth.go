@@ -5,8 +5,10 @@ import (
 	"crypto/subtle"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -189,14 +191,21 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, operator.ErrRevoked):
 		// A token that should be out of use is in use: an operator security event, logged (who
-		// and why, never the token), as the tenants' revoked keys are by the API.
+		// and why, never the token), as the tenants' revoked keys are by the API: once per
+		// LoginLogInterval and operator, a script retrying the token must not flood the log
+		// (those held back are counted in a line of their own once it has passed:
+		// loginsSuppressed).
 		var revoked *operator.RevokedError
 		name := ""
 		if errors.As(err, &revoked) {
 			name = revoked.Operator
 		}
-		h.cfg.Logger.WarnContext(r.Context(), "console: login refused", "operator", name, "reason", operator.ErrRevoked.Error(),
-			"remote_addr", r.RemoteAddr)
+		attrs := []any{"operator", name, "reason", operator.ErrRevoked.Error(),
+			"remote_addr", r.RemoteAddr}
+		if log, suppressed := h.loginLog.Allow(name, attrs...); log {
+			h.cfg.Logger.WarnContext(r.Context(), msgLoginRefused,
+				append(attrs, "suppressed", suppressed)...)
+		}
 		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusForbidden, typ: "operator_revoked", message: "this operator was revoked"})
 		return
 	default:
@@ -210,6 +219,20 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		HttpOnly: true, Secure: overTLS(r), SameSite: http.SameSiteStrictMode})
 	h.audit(r, sess.Operator, audit.Entry{Action: "login", Count: 1})
 	writeJSON(w, http.StatusOK, sessionAnswer{Operator: sess.Operator, CSRF: sess.CSRF, Expires: sess.Expires})
+}
+
+// LoginLogInterval is how often a revoked operator's refused login may be logged (the API's
+// interval for a revoked tenant's token).
+const LoginLogInterval = time.Minute
+
+// msgLoginRefused is the message of a revoked operator's refused login, which its report repeats.
+const msgLoginRefused = "console: login refused"
+
+// loginsSuppressed logs the refused logins of operator that the login log held back and no line
+// of the operator counted since (loginLog's Report): the last minute of a script that then
+// stopped. The line is the last one held back's (its remote_addr), counting them all.
+func (h *Handler) loginsSuppressed(_ string, _ slog.Level, suppressed int, last []any) {
+	h.cfg.Logger.Warn(msgLoginRefused, append(slices.Clip(last), "suppressed", suppressed)...)
 }
 
 // overTLS reports whether the browser reached the console over TLS: directly, or through a

@@ -8,10 +8,13 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/openapitest"
@@ -240,6 +243,81 @@ func TestLogin_RevokedOperatorIsLogged(t *testing.T) {
 	res, body = b.anonymous(t).do(http.MethodPost, "/console/api/login", map[string]string{"token": operator.TokenPrefix + strings.Repeat("A", 43)}, nil)
 	requireError(t, res, body, http.StatusUnauthorized, "invalid_token")
 	require.Equal(t, 1, logs.Count("console: login refused"), logs.String())
+}
+
+// TestLogin_RevokedOperatorRefusalsAreThrottled: a script retrying a revoked operator's token
+// wrote a "console: login refused" line a try, bounded only by the console's lookup cap. Now an
+// operator's first refusal is logged at once and those within console.LoginLogInterval after it
+// are counted, then reported in one line with their count once it has passed (the last of them
+// named: its remote_addr); another operator's refusal is logged at once. After Shutdown, nothing
+// held back is reported.
+func TestLogin_RevokedOperatorRefusalsAreThrottled(t *testing.T) {
+	t.Parallel()
+	var logs logtest.Buffer
+	clock := clocktest.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	b := setupConfig(t, func(cfg *console.Config) {
+		cfg.Logger, cfg.Now = slog.New(slog.NewTextHandler(&logs, nil)), clock.Now
+	})
+	var mu sync.Mutex
+	var reports []func()
+	console.SetLoginLogAfterFunc(b.h, func(_ time.Duration, f func()) func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		reports = append(reports, f)
+		return func() bool { return true }
+	})
+	fire := func() (fired int) {
+		mu.Lock()
+		due := reports
+		reports = nil
+		mu.Unlock()
+		for _, f := range due {
+			f()
+		}
+		return len(due)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	store := operator.NewStore(b.jobs.Pool, nil)
+	tokens := map[string]string{}
+	for _, name := range []string{"bob", "carol"} {
+		_, tok, err := store.Create(ctx, name)
+		require.NoError(t, err)
+		_, err = store.Revoke(ctx, name)
+		require.NoError(t, err)
+		tokens[name] = tok
+	}
+	refused := func(name string) {
+		t.Helper()
+		res, body := b.anonymous(t).do(http.MethodPost, "/console/api/login",
+			map[string]string{"token": tokens[name]}, nil)
+		requireError(t, res, body, http.StatusForbidden, "operator_revoked")
+	}
+	const line = `level=WARN msg="console: login refused" operator=`
+
+	for range 5 {
+		refused("bob")
+	}
+	require.Equal(t, 1, logs.Count(line+"bob"), "the first of an operator's refusals: %s",
+		logs.String())
+	refused("carol")
+	require.Equal(t, 1, logs.Count(line+"carol"), "another operator's is logged at once: %s",
+		logs.String())
+
+	clock.Advance(console.LoginLogInterval)
+	require.Equal(t, 1, fire(), "one report, of bob's held back")
+	require.Equal(t, 2, logs.Count(line+"bob"), logs.String())
+	require.Regexp(t, line+`bob reason="operator revoked" remote_addr=\S+ suppressed=4\n`,
+		logs.String(), "the report counts the four held back")
+	require.Equal(t, 1, logs.Count(line+"carol"), logs.String())
+
+	// The report counts as a line: a refusal within the interval after it is held back, and
+	// never reported once the console has shut down.
+	refused("bob")
+	b.h.Shutdown()
+	clock.Advance(console.LoginLogInterval)
+	fire()
+	require.Equal(t, 2, logs.Count(line+"bob"), logs.String())
 }
 
 // TestLogin_AnotherLoginKeepsTheFirstSession: logging in again (another browser, a teammate

@@ -39,6 +39,7 @@ import (
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/logthrottle"
 	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/tenant"
@@ -127,8 +128,9 @@ type Config struct {
 	// (a quarter of Pool's connections; see lookupGate): past it, it is answered 503 overloaded
 	// with Retry-After. Default DefaultLookupWait.
 	LookupWait time.Duration
-	// Now is the clock of the overview's recomputations' durations. Default time.Now. The
-	// overview's window is on Postgres's clock (jobs.Store.WindowStats).
+	// Now is the clock of the overview's recomputations' durations, and of the throttle of the
+	// refused logins' lines (LoginLogInterval). Default time.Now. The overview's window is on
+	// Postgres's clock (jobs.Store.WindowStats).
 	Now func() time.Time
 }
 
@@ -146,6 +148,8 @@ type Handler struct {
 	lookups *lookupGate
 	// live shares the overview's recomputation among its streams.
 	live *liveOverview
+	// loginLog throttles the lines of refused logins, by operator (LoginLogInterval).
+	loginLog *logthrottle.Throttle
 	// closing is closed by Shutdown to end the event streams.
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -216,6 +220,8 @@ func New(cfg Config) (*Handler, error) {
 		limiter: lim, breaker: brk, mux: http.NewServeMux(), closing: make(chan struct{}), retryRand: rand.Float64,
 		lookups: newLookupGate(int(cfg.Pool.Config().MaxConns)/4, cfg.LookupWait)}
 	h.live = newLiveOverview(h)
+	h.loginLog = logthrottle.New(&logthrottle.Config{Every: LoginLogInterval, Now: cfg.Now,
+		Report: h.loginsSuppressed})
 	if h.files, err = readPageFiles(static, "static"); err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
@@ -441,9 +447,13 @@ func (h *Handler) openStream(w http.ResponseWriter, r *http.Request) (release fu
 }
 
 // Shutdown ends every open event stream of the console (the page's EventSource reconnects, to
-// this replica or another), so that an HTTP server's shutdown does not wait for them. It is
-// idempotent and safe for concurrent use.
-func (h *Handler) Shutdown() { h.closeOnce.Do(func() { close(h.closing) }) }
+// this replica or another), so that an HTTP server's shutdown does not wait for them, and stops
+// the reports of the refused logins' lines held back (LoginLogInterval). It is idempotent and
+// safe for concurrent use.
+func (h *Handler) Shutdown() {
+	h.closeOnce.Do(func() { close(h.closing) })
+	h.loginLog.Stop()
+}
 
 // ServeHTTP implements http.Handler for every path under Prefix.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/llmq/llmq/internal/logthrottle"
 )
 
 // Routes returns every operation h serves, "METHOD pattern" (http.ServeMux's patterns), HEAD
@@ -21,3 +23,7 @@ func Routes(h *Handler) []string {
 
 // Shorten is shorten, for its tests.
 var Shorten = shorten
+
+// SetLoginLogAfterFunc makes f schedule the reports of h's refused logins' lines held back
+// (logthrottle.Throttle.SetAfterFunc).
+func SetLoginLogAfterFunc(h *Handler, f logthrottle.TimerFunc) { h.loginLog.SetAfterFunc(f) }

@@ -32,6 +32,7 @@ type testBundle struct {
 	rdb    *redis.Client
 	prefix string
 	srv    *httptest.Server
+	h      *console.Handler
 	token  string // alice's operator token
 
 	mu       sync.Mutex
@@ -62,6 +63,7 @@ func setupConfig(t *testing.T, configure func(*console.Config)) *testBundle {
 	configure(&cfg)
 	h, err := console.New(cfg)
 	require.NoError(t, err)
+	b.h = h
 	// Every answer of every test must be one that api/openapi.yaml describes.
 	b.srv = httptest.NewServer(openapitest.Handler(t, h))
 	t.Cleanup(b.srv.Close)
