@@ -24,7 +24,7 @@ func (a *app) deadCommand() *cli.Command {
 			Name:  "list",
 			Usage: "list dead jobs, most recently dead first",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "reason", Usage: "only this dead reason (rate_limited_no_retry_after, retries_exhausted)"},
+				&cli.StringFlag{Name: "reason", Usage: "only this dead reason (" + strings.Join(jobs.DeadReasons(), ", ") + ")"},
 				&cli.StringFlag{Name: "credential", Usage: "only jobs sent to this credential (their own, or a fallback they reached)"},
 				&cli.StringFlag{Name: "since", Usage: "only jobs that died within this long (30m, 24h, 7d)"},
 				&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},

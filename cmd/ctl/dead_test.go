@@ -284,6 +284,29 @@ func TestDeadRetry(t *testing.T) {
 		require.Equal(t, map[string]any{"all": true, "reason": jobs.ReasonRateLimitedNoRetryAfter, "credential": ""}, entries[1].Detail)
 	})
 
+	// The jobs a worker dead-lettered because their credential was in no config (removed or
+	// renamed by mistake) are put back by their reason once it is restored.
+	t.Run("AllOfACredentialNotConfigured", func(t *testing.T) {
+		t.Parallel()
+		b := setupJobs(t)
+		redis, insp, queue := redisArgs(t)
+		unconfigured := b.deadJob(t, "default", jobs.ReasonCredentialNotConfigured, 1)
+		exhausted := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all", "--reason",
+			jobs.ReasonCredentialNotConfigured)...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "requeued 1 dead jobs\n", r.out)
+		_, err := insp.GetTaskInfo(queue, unconfigured.ID)
+		require.NoError(t, err)
+		got, err := b.store.Get(context.Background(), unconfigured.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusQueued, got.Status)
+		still, err := b.store.Get(context.Background(), exhausted.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusDead, still.Status)
+	})
+
 	// A long run goes in batches, each committed and enqueued before the next, and tells its
 	// progress after each.
 	t.Run("AllTellsProgress", func(t *testing.T) {

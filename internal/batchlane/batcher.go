@@ -91,7 +91,8 @@ type Config struct {
 	// RolloutGrace is how long a job waiting for a batch on a credential Lanes lack, created
 	// after New, is left for the batcher of a newer config (a rolling deploy that adds the
 	// credential; the executor's executor.RolloutGrace). Older jobs on such a credential (it
-	// was removed) go online, where the executor moves them to their fallbacks, or fails them.
+	// was removed) go online, where the executor moves them to their fallbacks, or
+	// dead-letters them.
 	RolloutGrace time.Duration
 }
 

@@ -14,9 +14,9 @@ import (
 
 // TestBatcher_UnconfiguredCredentialsJobs: a job waiting for a batch on a credential the
 // batcher's lanes lack, created before the batcher, is on a credential the config removed: it
-// goes online (lane_off), where the executor moves it to its fallbacks or fails it. One created
-// after the batcher is on a credential a newer config added (a rolling deploy): it is left for
-// that config's batcher, until the rollout's grace has passed.
+// goes online (lane_off), where the executor moves it to its fallbacks or dead-letters it. One
+// created after the batcher is on a credential a newer config added (a rolling deploy): it is
+// left for that config's batcher, until the rollout's grace has passed.
 func TestBatcher_UnconfiguredCredentialsJobs(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

@@ -89,12 +89,7 @@ func TestExecutor_SpendCapAlertsOnceAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	posted := make(chan string, 4)
-	hook := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		posted <- string(body)
-	}))
-	t.Cleanup(hook.Close)
+	hookURL, posted := alertWebhook(t, 4)
 
 	b := jobstest.New(t)
 	prefix := redistest.Prefix(t)
@@ -110,7 +105,7 @@ func TestExecutor_SpendCapAlertsOnceAcrossProcesses(t *testing.T) {
 		require.NoError(t, err)
 		capped := executor.Upstream{Name: "capped", Kind: string(llm.KindAnthropic), Gate: gate,
 			Provider: simProvider(t, llmsim.Config{Faults: llmsim.Faults{SpendCap: true}}, "sk-capped")}
-		a := alert.New(alert.Config{WebhookURL: hook.URL, Redis: redistest.Client(t), Prefix: prefix})
+		a := alert.New(alert.Config{WebhookURL: hookURL, Redis: redistest.Client(t), Prefix: prefix})
 		alerters = append(alerters, a)
 		exs = append(exs, executor.New(executor.Config{Store: b.Store, Pauses: credpause.NewStore(b.Pool, nil), Alerter: a,
 			Upstreams: map[string]executor.Upstream{"capped": capped}}))

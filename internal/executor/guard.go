@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/retrypolicy"
@@ -92,10 +93,9 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Up
 			reason: fmt.Sprintf("credential %q is no longer configured", job.CurrentCredential()), unavailable: true}, pass, nil)
 	}
 	if !ok {
-		// Configuration changed under a queued job with no fallback left: nothing can ever send it.
-		return Upstream{}, nil, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
-			Class: string(retrypolicy.ClassPermanent), Message: fmt.Sprintf("credential %q is no longer configured", job.CurrentCredential()),
-		}})
+		// Configuration changed under a queued job with no fallback left: nothing in this
+		// config can send it until the credential is back (a mistake, a rename): a dead letter.
+		return Upstream{}, nil, e.deadUnconfigured(ctx, job)
 	}
 	if job.NextAttemptAt == nil {
 		return up, nil, nil
@@ -142,11 +142,38 @@ func (e *Executor) waitForAttempt(ctx context.Context, job *jobs.Job, up Upstrea
 	return &paused, nil
 }
 
+// unconfiguredAlertInterval is the least time between two alerts, across the workers, for the
+// dead letters of one credential missing from the config: a config that lost it dead-letters
+// every job on it, and the operator needs to hear of it once (and again while it lasts), not
+// once a job.
+const unconfiguredAlertInterval = 10 * time.Minute
+
+// deadUnconfigured dead-letters job, whose credential and remaining fallbacks this process's
+// config lacks (ReasonCredentialNotConfigured), and alerts (throttled per credential: see
+// unconfiguredAlertInterval). Nothing is paused: there is no credential to pause. Restored to
+// the config, the credential serves the job again once an operator retries it
+// (ctl dead retry --reason credential_not_configured).
+func (e *Executor) deadUnconfigured(ctx context.Context, job *jobs.Job) error {
+	cred, reason := job.CurrentCredential(), jobs.ReasonCredentialNotConfigured
+	err := e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusDead, DeadReason: reason,
+		LastError: &jobs.LastError{Class: string(retrypolicy.ClassPermanent),
+			Message: fmt.Sprintf("credential %q is no longer configured", cred)}})
+	if !errors.Is(err, errHandled) {
+		return err
+	}
+	e.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: cred, Reason: reason, JobID: job.ID,
+		Message: fmt.Sprintf("credential %q is not in this worker's config (removed or renamed): its jobs are "+
+			"dead-lettered; put it back in every worker's config, then run ctl dead retry --all --reason %s",
+			cred, reason)}, unconfiguredAlertInterval)
+	return errHandled
+}
+
 // RolloutGrace is how long after a job's creation a worker whose config lacks the job's credential
 // leaves it to other processes, when the job was created after this worker started: another
 // process's config, newer than this one's, accepted it (a rolling deploy that adds a
 // credential). Past it, and for a job older than this worker (whose config then removed the
-// credential), the job fails over to its fallbacks, or fails.
+// credential), the job fails over to its fallbacks, or is dead-lettered
+// (jobs.ReasonCredentialNotConfigured).
 const RolloutGrace = 15 * time.Minute
 
 // newerConfigMayKnow reports whether job, whose credential this process's config lacks, was

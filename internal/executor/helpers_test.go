@@ -3,6 +3,8 @@ package executor_test
 import (
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -89,4 +91,17 @@ func failedStreamAttempt(t *testing.T, kind llm.Kind, faults llmsim.Faults) (job
 	stored, err := b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	return attempts[0], stored
+}
+
+// alertWebhook returns the URL of an alert webhook that answers at once and passes each body
+// posted to it on to the returned channel (which holds up to n), until the test ends.
+func alertWebhook(t *testing.T, n int) (string, chan string) {
+	t.Helper()
+	posted := make(chan string, n)
+	hook := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		posted <- string(body)
+	}))
+	t.Cleanup(hook.Close)
+	return hook.URL, posted
 }

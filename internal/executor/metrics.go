@@ -158,7 +158,7 @@ func (m *Metrics) initCredentials(names []string) {
 			}
 			return cs
 		})
-		for _, reason := range []string{jobs.ReasonRateLimitedNoRetryAfter, jobs.ReasonRetriesExhausted} {
+		for _, reason := range jobs.DeadReasons() {
 			m.deadLetters.WithLabelValues(name, reason)
 		}
 	}

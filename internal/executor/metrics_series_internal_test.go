@@ -27,7 +27,7 @@ func TestMetrics_SeriesKeptPerCredential(t *testing.T) {
 		return n
 	}
 	initial := series()
-	require.Equal(t, 9+3+2+1, initial, "attempts by class, outcomes, dead letters, deferrals")
+	require.Equal(t, 9+3+len(jobs.DeadReasons())+1, initial, "attempts by class, outcomes, dead letters, deferrals")
 
 	for _, cred := range []string{"main", "gone"} { // gone: a job's credential no longer configured
 		m.attempt(cred, string(retrypolicy.ClassOK), 2*time.Second)

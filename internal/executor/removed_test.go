@@ -1,12 +1,14 @@
 package executor_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
@@ -57,7 +59,8 @@ func TestExecutor_RemovedCredentialFailsOver(t *testing.T) {
 		require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
 		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
-		require.Equal(t, jobs.StatusFailed, got.Status)
+		require.Equal(t, jobs.StatusDead, got.Status)
+		require.Equal(t, jobs.ReasonCredentialNotConfigured, *got.DeadReason)
 		require.Equal(t, `credential "also-gone" is no longer configured`, got.LastError.Message)
 	})
 }
@@ -66,8 +69,8 @@ func TestExecutor_RemovedCredentialFailsOver(t *testing.T) {
 // a process of the new config accepts a job on it (or runs its first attempt and defers it) and
 // a worker of the old config, started before the job was created, delivers it. That worker's
 // config is the stale one: it defers the job for a process that knows the credential, instead
-// of failing it as "no longer configured". A job that no process served within the rollout's
-// grace is failed as before.
+// of dead-lettering it as "no longer configured". A job that no process served within the
+// rollout's grace is dead-lettered (credential_not_configured) as on a removed credential.
 func TestExecutor_CredentialOnlyANewerConfigKnowsWaits(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -99,12 +102,70 @@ func TestExecutor_CredentialOnlyANewerConfigKnowsWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, jobs.StatusQueued, got.Status)
 
-	// Past the rollout's grace, nothing will: the job fails, naming the credential.
+	// Past the rollout's grace, nothing will: the job is a dead letter, naming the credential.
 	late := job.CreatedAt.Add(executor.RolloutGrace + time.Second)
 	now.Store(&late)
 	require.NoError(t, old.Process(ctx, dispatch.Delivery{JobID: job.ID}))
 	got, err = b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
-	require.Equal(t, jobs.StatusFailed, got.Status)
+	require.Equal(t, jobs.StatusDead, got.Status)
+	require.Equal(t, jobs.ReasonCredentialNotConfigured, *got.DeadReason)
 	require.Contains(t, got.LastError.Message, `credential "added"`)
+}
+
+// TestExecutor_UnconfiguredCredentialsJobsComeBack: an operator removes (or renames) a
+// credential from the workers' config by mistake: its queued jobs are dead-lettered
+// (credential_not_configured), with one alert for them all and no pause; once the credential is
+// back, a retry of that reason's dead letters runs them. They were failed, for good.
+func TestExecutor_UnconfiguredCredentialsJobsComeBack(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	hookURL, posted := alertWebhook(t, 8)
+	b := jobstest.New(t)
+	backup := executor.Upstream{Name: "backup", Kind: string(llm.KindAnthropic),
+		Provider: simProvider(t, llmsim.Config{}, "sk-backup")}
+	// Given jobs on "main", queued when the worker started with a config that lacks it,
+	var ids []string
+	for range 3 {
+		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "main",
+			Request: helloRequest, MaxAttempts: 3, Timeout: time.Hour})
+		require.NoError(t, err)
+		ids = append(ids, job.ID)
+	}
+	alerter := alert.New(alert.Config{WebhookURL: hookURL})
+	mistaken := executor.New(executor.Config{Store: b.Store, Alerter: alerter,
+		Upstreams: map[string]executor.Upstream{"backup": backup}})
+
+	// when that worker delivers them, each is a dead letter naming the credential,
+	for _, id := range ids {
+		require.NoError(t, mistaken.Process(ctx, dispatch.Delivery{JobID: id}))
+		got, err := b.Store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusDead, got.Status, "last error: %+v", got.LastError)
+		require.Equal(t, jobs.ReasonCredentialNotConfigured, *got.DeadReason)
+		require.Contains(t, got.LastError.Message, `credential "main"`)
+	}
+	// and one alert tells the operator of them all.
+	require.NoError(t, alerter.Wait(ctx))
+	require.Len(t, posted, 1, "one alert for the credential, not one per job")
+	body := <-posted
+	require.Contains(t, body, `"credential":"main"`)
+	require.Contains(t, body, `"reason":"`+jobs.ReasonCredentialNotConfigured+`"`)
+
+	// Once the credential is back, a retry of that reason's dead letters runs them.
+	retried, err := b.Store.RetryDead(ctx, jobs.DeadFilter{Reason: jobs.ReasonCredentialNotConfigured}, nil)
+	require.NoError(t, err)
+	require.Len(t, retried, len(ids))
+	main := executor.Upstream{Name: "main", Kind: string(llm.KindAnthropic),
+		Provider: simProvider(t, llmsim.Config{}, "sk-main")}
+	restored := executor.New(executor.Config{Store: b.Store, Alerter: alerter,
+		Upstreams: map[string]executor.Upstream{"main": main, "backup": backup}})
+	for _, id := range ids {
+		require.NoError(t, restored.Process(ctx, dispatch.Delivery{JobID: id}))
+		got, err := b.Store.Get(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusSucceeded, got.Status, "last error: %+v", got.LastError)
+		require.Equal(t, "main", *got.AnsweredBy)
+	}
 }

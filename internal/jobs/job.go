@@ -59,6 +59,10 @@ const (
 	ReasonRateLimitedNoRetryAfter = "rate_limited_no_retry_after"
 	ReasonRetriesExhausted        = "retries_exhausted"
 	ReasonDeadlineExceeded        = "deadline_exceeded"
+	// ReasonCredentialNotConfigured: the job's credential, and every fallback left, is in no
+	// config of the worker that delivered it (removed or renamed, past executor.RolloutGrace).
+	// A dead letter, not a failure: once the credential is back, a retry runs the job.
+	ReasonCredentialNotConfigured = "credential_not_configured"
 )
 
 // DeadReasons returns the reasons a job is dead-lettered for (Job.DeadReason): the values a
@@ -66,7 +70,7 @@ const (
 // the executor and the batch lane make has one of them (ReasonDeadlineExceeded ends a job
 // failed, not dead).
 func DeadReasons() []string {
-	return []string{ReasonRateLimitedNoRetryAfter, ReasonRetriesExhausted}
+	return []string{ReasonRateLimitedNoRetryAfter, ReasonRetriesExhausted, ReasonCredentialNotConfigured}
 }
 
 // ValidDeadReason reports whether r is one of DeadReasons: a filter by another matches no job.

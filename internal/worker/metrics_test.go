@@ -89,7 +89,7 @@ func TestWorker_AlertedSeriesStartAtZero(t *testing.T) {
 	var want strings.Builder
 	want.WriteString("# HELP llmq_dead_letters_total Jobs dead-lettered, by reason.\n# TYPE llmq_dead_letters_total counter\n")
 	for _, c := range []string{"backup", "default"} {
-		for _, r := range []string{"rate_limited_no_retry_after", "retries_exhausted"} {
+		for _, r := range []string{"credential_not_configured", "rate_limited_no_retry_after", "retries_exhausted"} {
 			fmt.Fprintf(&want, "llmq_dead_letters_total{credential=%q,reason=%q} 0\n", c, r)
 		}
 	}

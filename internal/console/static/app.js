@@ -350,7 +350,7 @@ async function pageDead(root, params) {
   const data = await api('GET', `/dead?${params}`);
   const selected = () => [...document.querySelectorAll('input.sel:checked')].map((c) => c.value);
   show(root, h('h1', {}, 'Dead letters'),
-    filterForm([['reason', 'reason', ['rate_limited_no_retry_after', 'retries_exhausted']], ['credential', 'credential']], params, (f) => toHash('dead', f)),
+    filterForm([['reason', 'reason', ['rate_limited_no_retry_after', 'retries_exhausted', 'credential_not_configured']], ['credential', 'credential']], params, (f) => toHash('dead', f)),
     h('p', {}, h('button', { id: 'retry-selected', onclick: () => deadAction('retry', selected()) }, 'Retry selected'), ' ',
       h('button', { id: 'purge-selected', class: 'danger', onclick: () => deadAction('purge', selected()) }, 'Purge selected')),
     data.jobs.length ? jobsTable(data.jobs, { select: true, dead: true, id: 'dead' }) : h('p', { class: 'muted', id: 'dead' }, 'No dead letters.'),
