@@ -669,7 +669,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		// leaves that to the cancel's answer, but one answered with a Retry-After waits it.
 		st, err := lane.Client.Poll(ctx, *row.ProviderID)
 		if err == nil && st.Ended {
-			return b.closeEnded(ctx, row, st)
+			return b.closeEnded(ctx, lane, row, st)
 		}
 		if d := retrypolicy.Classify(err, b.cfg.Now()); d.Retry && d.HasRetryAfter {
 			return later(err) // a cancel now would be refused the same
@@ -709,7 +709,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 			st.Provider, held); err != nil {
 			return err
 		}
-		return b.closeEnded(ctx, row, st)
+		return b.closeEnded(ctx, lane, row, st)
 	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
@@ -721,18 +721,45 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 	if b.crashAfterRecord != nil {
 		return b.crashAfterRecord
 	}
-	return b.closeEnded(ctx, row, st)
+	return b.closeEnded(ctx, lane, row, st)
 }
 
 // closeEnded closes batch row, which ended at the provider (st) and whose results are
-// recorded: counted ended, or refused when it failed as a whole (State.Failed).
-func (b *Batcher) closeEnded(ctx context.Context, row batchRow, st State) error {
+// recorded: counted ended, or refused when it failed as a whole (State.Failed). Once it is
+// closed, its files at the provider are deleted (see deleteFiles): never before, so that a pass
+// that fails or dies before the close reads the results again on the next.
+func (b *Batcher) closeEnded(ctx context.Context, lane Lane, row batchRow, st State) error {
 	outcome := "ended"
 	if st.Failed {
 		outcome = "refused"
 	}
 	b.cfg.Metrics.batch(row.Credential, outcome)
-	return b.store.ended(ctx, row.ID, "ended", st.Provider)
+	if err := b.store.ended(ctx, row.ID, "ended", st.Provider); err != nil {
+		return err
+	}
+	b.deleteFiles(ctx, lane, row)
+	return nil
+}
+
+// deleteFilesTimeout bounds the deletes of one batch's files, so that a provider slow to answer
+// them holds the pass no longer.
+const deleteFilesTimeout = 30 * time.Second
+
+// deleteFiles deletes the files closed batch row keeps at the provider (Client.DeleteFiles:
+// OpenAI's input, output and error files, which count against the organisation's storage until
+// they expire), best effort: the batch is closed, so a delete that fails is logged, once, and
+// not tried again (OpenAI expires a batch input file after 30 days by default); a pass cut
+// short (the lead lost, the worker stopping) logs nothing.
+func (b *Batcher) deleteFiles(ctx context.Context, lane Lane, row batchRow) {
+	if row.ProviderID == nil {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, deleteFilesTimeout)
+	defer cancel()
+	if err := lane.Client.DeleteFiles(dctx, *row.ProviderID); err != nil && ctx.Err() == nil {
+		b.cfg.Logger.WarnContext(ctx, "delete an ended batch's files at the provider (they are left)",
+			"batch", row.ID, "provider_batch_id", *row.ProviderID, "error", err)
+	}
 }
 
 // deadLettered counts a move that dead-lettered its job (Config.DeadLettered) and alerts

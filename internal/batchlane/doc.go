@@ -16,7 +16,9 @@
 //     and sends only if the provider has none, so a crash does not pay for a job twice;
 //  4. poll: with backoff (PollInterval doubling to 10 ×), until the batch ended;
 //  5. record: each job's result by custom_id (the job ID), mapped onto the online classes
-//     (see Batcher.record); jobs left for the online lane are enqueued.
+//     (see Batcher.record); jobs left for the online lane are enqueued. Then the batch is
+//     closed and its files at the provider (OpenAI's input, output and error files) deleted,
+//     best effort.
 //
 // Deadlines hold whatever a batch does: a job whose deadline is within OnlineFallback, waiting
 // or in a batch not yet ended, goes to the online lane (a result its batch brings later is

@@ -20,6 +20,7 @@ type openAIClient struct{ httpClient }
 type openAIBatch struct {
 	ID           string            `json:"id"`
 	Status       string            `json:"status"`
+	InputFileID  string            `json:"input_file_id"`
 	OutputFileID *string           `json:"output_file_id"`
 	ErrorFileID  *string           `json:"error_file_id"`
 	Metadata     map[string]string `json:"metadata"`
@@ -80,7 +81,7 @@ func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (
 		// Refused, so no batch reads the file: it is deleted, best effort (else every refused
 		// send, tried again after each backoff, leaves one more at the provider). A create
 		// that failed otherwise (no answer, a 5xx) may have made the batch, which needs it.
-		_, _ = c.do(ctx, "DELETE", "/v1/files/"+url.PathEscape(file.ID), "", nil)
+		_ = c.deleteFile(ctx, file.ID)
 	}
 	if err != nil {
 		return "", fmt.Errorf("create batch: %w", err)
@@ -258,6 +259,34 @@ func (c *openAIClient) Cancel(ctx context.Context, id string) error {
 	var b openAIBatch
 	if err := c.doJSON(ctx, "POST", "/v1/batches/"+url.PathEscape(id)+"/cancel", nil, &b); err != nil {
 		return fmt.Errorf("cancel batch: %w", err)
+	}
+	return nil
+}
+
+// DeleteFiles reads the batch's file ids and deletes its input, output and error files.
+func (c *openAIClient) DeleteFiles(ctx context.Context, id string) error {
+	b, err := c.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range []*string{&b.InputFileID, b.OutputFileID, b.ErrorFileID} {
+		if f != nil && *f != "" {
+			errs = append(errs, c.deleteFile(ctx, *f))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deleteFile deletes file id (DELETE /v1/files/{id}); a file the provider no longer has (404:
+// deleted before, or expired) is no error.
+func (c *openAIClient) deleteFile(ctx context.Context, id string) error {
+	_, err := c.do(ctx, "DELETE", "/v1/files/"+url.PathEscape(id), "", nil)
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete batch file %s: %w", id, err)
 	}
 	return nil
 }

@@ -76,6 +76,12 @@ type Client interface {
 	Results(ctx context.Context, id string) ([]Result, error)
 	// Cancel asks the provider to stop the batch (requests not yet processed end canceled).
 	Cancel(ctx context.Context, id string) error
+	// DeleteFiles deletes the files the ended batch id keeps at the provider: OpenAI's input,
+	// output and error files (one already gone is no error), which count against the
+	// organisation's storage; Anthropic's batches have none, and nothing is done. The batch's
+	// results cannot be read after: it is called once they are recorded. The error joins those
+	// of the deletes that failed, each tried once.
+	DeleteFiles(ctx context.Context, id string) error
 }
 
 // NewClient returns the batch client of a credential of provider kind "anthropic" or "openai".
