@@ -79,10 +79,11 @@ func TestSpec_Check(t *testing.T) {
 		// The page's ETag is required (a browser's copy is revalidated with it).
 		"ConsolePageWithoutETag": {"GET", "/console/", 200, http.Header{"Content-Type": {"text/html; charset=utf-8"}, "Cache-Control": {"no-cache"}},
 			[]byte("<!doctype html>"), false},
-		"ConsoleWithoutSlash":     {"GET", "/console", 307, http.Header{"Location": {"/console/"}, "Content-Type": {"text/html; charset=utf-8"}}, []byte("<a href=\"/console/\">Temporary Redirect</a>.\n"), true},
-		"ConsoleSession":          {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","csrf_token":"x","expires_at":"2026-12-01T10:00:00Z"}`), true},
-		"ConsoleSessionNoCSRF":    {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","expires_at":"2026-12-01T10:00:00Z"}`), false},
-		"ConsoleJobWithTenant":    {"GET", "/console/api/jobs", 200, jsonHeader, []byte(`{"jobs":[` + strings.Replace(string(withClass("retryable")), "{", `{"tenant":"acme",`, 1) + `],"next":""}`), true},
+		"ConsoleWithoutSlash":  {"GET", "/console", 307, http.Header{"Location": {"/console/"}, "Content-Type": {"text/html; charset=utf-8"}}, []byte("<a href=\"/console/\">Temporary Redirect</a>.\n"), true},
+		"ConsoleSession":       {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","csrf_token":"x","expires_at":"2026-12-01T10:00:00Z"}`), true},
+		"ConsoleSessionNoCSRF": {"GET", "/console/api/session", 200, jsonHeader, []byte(`{"operator":"alice","expires_at":"2026-12-01T10:00:00Z"}`), false},
+		"ConsoleJobWithTenant": {"GET", "/console/api/jobs", 200, jsonHeader, []byte(`{"jobs":[` + strings.Replace(string(withClass("retryable")), "{",
+			`{"tenant":"acme","current_credential":"default",`, 1) + `],"next":""}`), true},
 		"ConsoleJobWithoutTenant": {"GET", "/console/api/jobs", 200, jsonHeader, []byte(`{"jobs":[` + string(withClass("retryable")) + `],"next":""}`), false},
 		// A Job of the API has no tenant.
 		"JobWithTenant": {"GET", id, 200, jsonHeader, []byte(strings.Replace(string(withClass("retryable")), "{", `{"tenant":"acme",`, 1)), false},
