@@ -149,4 +149,4 @@ func (c *anthropicClient) Cancel(ctx context.Context, id string) error {
 
 // DeleteFiles does nothing: a message batch's requests and results are kept with the batch, in
 // no file llmq uploads or is given.
-func (c *anthropicClient) DeleteFiles(context.Context, string) error { return nil }
+func (c *anthropicClient) DeleteFiles(context.Context, []string) error { return nil }

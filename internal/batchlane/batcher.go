@@ -737,7 +737,7 @@ func (b *Batcher) closeEnded(ctx context.Context, lane Lane, row batchRow, st St
 	if err := b.store.ended(ctx, row.ID, "ended", st.Provider); err != nil {
 		return err
 	}
-	b.deleteFiles(ctx, lane, row)
+	b.deleteFiles(ctx, lane, row, st.Files)
 	return nil
 }
 
@@ -745,18 +745,18 @@ func (b *Batcher) closeEnded(ctx context.Context, lane Lane, row batchRow, st St
 // them holds the pass no longer.
 const deleteFilesTimeout = 30 * time.Second
 
-// deleteFiles deletes the files closed batch row keeps at the provider (Client.DeleteFiles:
+// deleteFiles deletes files, which closed batch row keeps at the provider (Client.DeleteFiles:
 // OpenAI's input, output and error files, which count against the organisation's storage until
 // they expire), best effort: the batch is closed, so a delete that fails is logged, once, and
 // not tried again (OpenAI expires a batch input file after 30 days by default); a pass cut
 // short (the lead lost, the worker stopping) logs nothing.
-func (b *Batcher) deleteFiles(ctx context.Context, lane Lane, row batchRow) {
-	if row.ProviderID == nil {
+func (b *Batcher) deleteFiles(ctx context.Context, lane Lane, row batchRow, files []string) {
+	if len(files) == 0 {
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, deleteFilesTimeout)
 	defer cancel()
-	if err := lane.Client.DeleteFiles(dctx, *row.ProviderID); err != nil && ctx.Err() == nil {
+	if err := lane.Client.DeleteFiles(dctx, files); err != nil && ctx.Err() == nil {
 		b.cfg.Logger.WarnContext(ctx, "delete an ended batch's files at the provider (they are left)",
 			"batch", row.ID, "provider_batch_id", *row.ProviderID, "error", err)
 	}

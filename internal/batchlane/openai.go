@@ -149,9 +149,9 @@ func (c *openAIClient) Poll(ctx context.Context, id string) (State, error) {
 	}
 	switch b.Status {
 	case "completed", "expired", "cancelled":
-		return State{Provider: b.Status, Ended: true}, nil
+		return State{Provider: b.Status, Ended: true, Files: b.files()}, nil
 	case "failed":
-		st := State{Provider: b.Status, Ended: true, Failed: true}
+		st := State{Provider: b.Status, Ended: true, Failed: true, Files: b.files()}
 		if b.Errors != nil && len(b.Errors.Data) > 0 {
 			// Every job of the batch is told its first error, which may name another job's
 			// line: the line and the number of errors are kept before the message, where the cut
@@ -263,17 +263,22 @@ func (c *openAIClient) Cancel(ctx context.Context, id string) error {
 	return nil
 }
 
-// DeleteFiles reads the batch's file ids and deletes its input, output and error files.
-func (c *openAIClient) DeleteFiles(ctx context.Context, id string) error {
-	b, err := c.get(ctx, id)
-	if err != nil {
-		return err
-	}
-	var errs []error
+// files returns the ids of the batch's input, output and error files that it has.
+func (b *openAIBatch) files() []string {
+	var out []string
 	for _, f := range []*string{&b.InputFileID, b.OutputFileID, b.ErrorFileID} {
 		if f != nil && *f != "" {
-			errs = append(errs, c.deleteFile(ctx, *f))
+			out = append(out, *f)
 		}
+	}
+	return out
+}
+
+// DeleteFiles deletes each of files (DELETE /v1/files/{id}).
+func (c *openAIClient) DeleteFiles(ctx context.Context, files []string) error {
+	var errs []error
+	for _, f := range files {
+		errs = append(errs, c.deleteFile(ctx, f))
 	}
 	return errors.Join(errs...)
 }

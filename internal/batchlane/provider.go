@@ -57,6 +57,10 @@ type State struct {
 	// Message are the provider's reason, cleaned.
 	Failed             bool
 	ErrorType, Message string
+	// Files are the ids of the files an ended batch keeps at the provider (OpenAI's input,
+	// output and error files; Anthropic's batches have none), which DeleteFiles deletes once
+	// its results are recorded: read by the poll that found it ended, not again.
+	Files []string
 }
 
 // Client is one provider's batch API for one credential. Implementations are safe for
@@ -76,12 +80,11 @@ type Client interface {
 	Results(ctx context.Context, id string) ([]Result, error)
 	// Cancel asks the provider to stop the batch (requests not yet processed end canceled).
 	Cancel(ctx context.Context, id string) error
-	// DeleteFiles deletes the files the ended batch id keeps at the provider: OpenAI's input,
-	// output and error files (one already gone is no error), which count against the
-	// organisation's storage; Anthropic's batches have none, and nothing is done. The batch's
-	// results cannot be read after: it is called once they are recorded. The error joins those
-	// of the deletes that failed, each tried once.
-	DeleteFiles(ctx context.Context, id string) error
+	// DeleteFiles deletes files, an ended batch's State.Files, at the provider (one already
+	// gone is no error): OpenAI's input, output and error files, which count against the
+	// organisation's storage. The batch's results cannot be read after: it is called once they
+	// are recorded. The error joins those of the deletes that failed, each tried once.
+	DeleteFiles(ctx context.Context, files []string) error
 }
 
 // NewClient returns the batch client of a credential of provider kind "anthropic" or "openai".
