@@ -138,6 +138,7 @@ try {
     r.fulfill({ status: 200, contentType: 'text/event-stream', body: 'event: overview_stale\ndata: {"as_of":"2026-01-02T03:04:05Z"}\n\n' }) :
     r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' })));
   await page.goto(CONSOLE + '#/jobs');
+  await page.locator('#jobs').waitFor(WAIT);
   await page.goto(CONSOLE + '#/overview');
   await page.locator('[data-testid=count-succeeded]', { hasText: /^1$/ }).waitFor(WAIT);
   const asOf = await page.evaluate(() => new Date('2026-01-02T03:04:05Z').toLocaleString());
@@ -324,12 +325,15 @@ try {
   await tab.locator('#live:not(.stale)', { hasText: /^live$/ }).waitFor(WAIT);
 
   step('a job purged while its page\'s stream was down: the page says so and stops reconnecting');
-  // The page's first read passes; then its stream meets a proxy's 502, and the job is gone.
-  let reads = 0;
-  await tab.route(jobAPI, (r) => (reads++ === 0 ? r.continue() :
-    r.fulfill({ status: 404, contentType: 'application/json', body: JSON.stringify({ error: { type: 'not_found', message: 'no job with that id (it may have been purged)' } }) })));
-  await tab.route(jobAPI + '/live', (r) => r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' }));
+  // The page's first read passes; then its stream meets a proxy's 502, and from then on the job
+  // is gone. (Reads before the stream's are the page's own: the jobs list is drawn first, so that
+  // the two hash changes are two loads, never one load run twice by coalesced hashchange events.)
   await tab.goto(`${CONSOLE}#/jobs`);
+  await tab.locator(`#jobs tr[data-id="${first}"]`).waitFor(WAIT);
+  let purged = false;
+  await tab.route(jobAPI, (r) => (!purged ? r.continue() :
+    r.fulfill({ status: 404, contentType: 'application/json', body: JSON.stringify({ error: { type: 'not_found', message: 'no job with that id (it may have been purged)' } }) })));
+  await tab.route(jobAPI + '/live', (r) => { purged = true; return r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' }); });
   await tab.goto(`${CONSOLE}#/job/${first}`);
   await tab.locator('#flash.error', { hasText: 'no job with that id' }).waitFor(WAIT);
   await tab.locator('#live.stale', { hasText: /^not live: purged$/ }).waitFor(WAIT);
