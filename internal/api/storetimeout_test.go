@@ -37,8 +37,10 @@ func TestServer_StalledStatementIsA503(t *testing.T) {
 	require.NotEmpty(t, r.header.Get("Retry-After"))
 	require.Less(t, time.Since(start), 8*time.Second)
 
-	// The stalled statement is gone with its request: once the lock is let go, nothing of the
-	// refused cancel lands, and the job is polled and canceled as usual.
+	// The stalled statement is gone with its request (pgx's cancel of it, sent as the answer
+	// goes, reached Postgres): once the lock is let go, nothing of the refused cancel lands, and
+	// the job is polled and canceled as usual.
+	pgtest.LockWaitersGone(t, b.pool, "the abandoned cancel")
 	require.NoError(t, tx.Rollback(ctx))
 	got := b.do(t, http.MethodGet, "/v1/jobs/"+job.ID, "", nil)
 	require.Equal(t, http.StatusOK, got.status)

@@ -19,7 +19,8 @@ import (
 // TestJobCancel_StalledStatementIsA503: an operator's cancel of a job whose row a long
 // transaction holds locked (an I/O stall or a failover alike) is answered 503 unavailable at
 // Config.ActionTimeout, as the API's DELETE is at api.store_timeout, and nothing of it lands once
-// the lock is let go. It waited as long as the browser did, holding a connection of the pool the
+// the lock is let go (after pgx's cancel of the statement, sent as the answer goes, reached
+// Postgres). It waited as long as the browser did, holding a connection of the pool the
 // API's requests share; each click on the button one more.
 func TestJobCancel_StalledStatementIsA503(t *testing.T) {
 	t.Parallel()
@@ -42,6 +43,10 @@ func TestJobCancel_StalledStatementIsA503(t *testing.T) {
 	require.Contains(t, msg, "did not answer in time")
 	require.NotContains(t, msg, "unreachable")
 
+	// pgx cancels the abandoned statement as the answer goes (its cancel request on a connection
+	// of its own, then it closes the statement's): let go of the lock once Postgres has it, or a
+	// loaded machine lets the statement take the lock first and cancel the job after its 503.
+	pgtest.LockWaitersGone(t, b.jobs.Pool, "the abandoned cancel")
 	require.NoError(t, tx.Rollback(ctx))
 	j, err := b.jobs.Store.Get(ctx, queued.ID)
 	require.NoError(t, err)
