@@ -26,6 +26,8 @@ type Retention struct {
 	Dead Period `yaml:"dead"`
 	// Audit is how long the audit log's entries (ctl's and the console's actions) are kept.
 	// Default 365d: a year of who did what, for a table of a few rows per operator action.
+	// The tenants' rotated-out tokens are kept as long after their overlap ended (the retention
+	// pass deletes them with their rotations' entries); off keeps both.
 	Audit Period `yaml:"audit"`
 	// Interval is the time between two retention passes of the leading worker; the first comes
 	// as soon as it begins to lead, and a pass runs until nothing expired is left (the

@@ -151,21 +151,27 @@ func (b *handoffBundle) requireRunWaits(t *testing.T, why string) {
 // handoffs returns llmq_worker_handoffs_total{outcome=outcome}.
 func (b *handoffBundle) handoffs(t *testing.T, outcome string) float64 {
 	t.Helper()
-	mfs, err := b.reg.Gather()
+	return labeledCounter(t, b.reg, "llmq_worker_handoffs_total", "outcome", outcome)
+}
+
+// labeledCounter returns the counter name{label=value} of reg; the test fails when there is none.
+func labeledCounter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
-		if mf.GetName() != "llmq_worker_handoffs_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
-	t.Fatalf("no llmq_worker_handoffs_total{outcome=%q}", outcome)
+	t.Fatalf("no %s{%s=%q}", name, label, value)
 	return 0
 }
 

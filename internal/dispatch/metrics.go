@@ -13,8 +13,10 @@ type Metrics struct {
 	// passes fail or stall, or no sweeping process at all, shows as a time that stops moving
 	// in every process (the LLMQSweeperStalled rule).
 	lastSweep prometheus.Gauge
-	idleWaits *prometheus.CounterVec
-	handoffs  *prometheus.CounterVec
+	// sweepFailures counts the passes that failed, by the store that failed them (sweepStores).
+	sweepFailures *prometheus.CounterVec
+	idleWaits     *prometheus.CounterVec
+	handoffs      *prometheus.CounterVec
 	// idleWaitsBy and handoffsBy are the vectors' series by label value, made with the metrics
 	// and only read after: each job counts a hand-over or an idle wait, spared the vector's lookup.
 	idleWaitsBy map[string]prometheus.Counter
@@ -36,6 +38,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Start (Unix time) of the last sweep that succeeded in this process while it led the sweeper; 0: none yet. " +
 				"The max over the workers is the leader's.",
 		}),
+		sweepFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_sweeper_pass_failures_total",
+			Help: "Sweeps that failed in this process while it led the sweeper, by the store " +
+				"that failed them: postgres or redis. Each gives the lead up; the next try comes " +
+				"one interval later.",
+		}, []string{"store"}),
 		idleWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_worker_idle_waits_total",
 			Help: "Waits of an idle worker for a task, by what ended them: a wake-up (a task enqueued, or moved to pending " +
@@ -61,7 +69,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, outcome := range []string{handoffTaken, handoffDeclined, handoffReturned} {
 		m.handoffsBy[outcome] = m.handoffs.WithLabelValues(outcome)
 	}
-	reg.MustRegister(m.swept, m.lastSweep, m.idleWaits, m.handoffs, m.deliveryErrors)
+	for _, store := range []string{storePostgres, storeRedis} {
+		m.sweepFailures.WithLabelValues(store)
+	}
+	reg.MustRegister(m.swept, m.lastSweep, m.sweepFailures, m.idleWaits, m.handoffs,
+		m.deliveryErrors)
 	return m
 }
 
@@ -108,6 +120,13 @@ func (m *Metrics) sweptOne() {
 func (m *Metrics) sweepSucceeded(start time.Time) {
 	if m != nil {
 		m.lastSweep.Set(float64(start.UnixNano()) / 1e9)
+	}
+}
+
+// sweepFailed counts a sweep that failed on store (storePostgres or storeRedis).
+func (m *Metrics) sweepFailed(store string) {
+	if m != nil {
+		m.sweepFailures.WithLabelValues(store).Inc()
 	}
 }
 

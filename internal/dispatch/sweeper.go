@@ -158,14 +158,48 @@ func (s *Sweeper) lead(ctx context.Context, report func(error)) error {
 // walking the unfinished jobs (see reenqueueMissing). Each of its statements in Postgres has
 // StatementTimeout (a silent connection fails the pass; Redis's calls are bounded by the
 // client's socket timeouts). A pass that succeeds is dated in the metrics
-// (llmq_sweeper_last_success_timestamp_seconds).
+// (llmq_sweeper_last_success_timestamp_seconds); one that fails, but for ctx's end, is counted
+// by the store that failed it (llmq_sweeper_pass_failures_total).
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
+	n, err := s.sweepOnce(ctx)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil: // shutting down, or the lead lost: not the stores' failure
+	case errors.As(err, new(postgresError)):
+		s.cfg.Metrics.sweepFailed(storePostgres)
+	default:
+		s.cfg.Metrics.sweepFailed(storeRedis)
+	}
+	return n, err
+}
+
+// The stores a sweep may fail on (llmq_sweeper_pass_failures_total's label).
+const (
+	storePostgres = "postgres"
+	storeRedis    = "redis"
+)
+
+// postgresError marks an error of a sweep's statement in Postgres; a sweep's other errors are
+// Redis's (asynq's, the enqueuer's, the task lookups').
+type postgresError struct{ error }
+
+func (e postgresError) Unwrap() error { return e.error }
+
+// inPostgres marks err (nil stays nil) as a failure of Postgres (postgresError).
+func inPostgres(err error) error {
+	if err == nil {
+		return nil
+	}
+	return postgresError{err}
+}
+
+func (s *Sweeper) sweepOnce(ctx context.Context) (int, error) {
 	now := s.cfg.Now()
 	sctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
 	err := s.cfg.Store.PruneWatches(sctx)
 	cancel()
 	if err != nil {
-		return 0, err
+		return 0, inPostgres(err)
 	}
 	rescued, err := s.rescueOrphans(ctx, now)
 	if err != nil {
@@ -212,7 +246,7 @@ func (s *Sweeper) rescueOrphans(ctx context.Context, now time.Time) (int, error)
 	candidates, err := s.cfg.Store.UnfinishedByID(sctx, ids)
 	cancel()
 	if err != nil {
-		return 0, err
+		return 0, inPostgres(err)
 	}
 	suspects := map[string]time.Time{}
 	rescued := 0
@@ -258,7 +292,7 @@ func (s *Sweeper) reenqueueMissing(ctx context.Context) (int, error) {
 		batch, err := s.cfg.Store.ListUnfinished(sctx, after, page)
 		cancel()
 		if err != nil {
-			return enqueued, err
+			return enqueued, inPostgres(err)
 		}
 		full := len(batch) == page
 		if wrapped {

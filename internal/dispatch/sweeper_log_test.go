@@ -10,11 +10,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/jobstest"
 	"github.com/llmq/llmq/internal/logtest"
 	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/redistest"
@@ -101,6 +103,55 @@ func TestSweeper_FailuresLogOnce(t *testing.T) {
 				return logs.Count(`msg="`+tc.what+` succeeds again" failures=`) == 1
 			}, 10*time.Second, 5*time.Millisecond, logs.String())
 			require.Equal(t, 2, logs.Count(`level=`), logs.String())
+		})
+	}
+}
+
+// TestSweeper_CountsFailedPasses: a pass that fails counts in llmq_sweeper_pass_failures_total by
+// the store that failed it, postgres or redis, both series there at 0 from the start. Only the
+// last success's time told of a sweeper in trouble (LLMQSweeperStalled, once 10 minutes had
+// passed), not of passes that fail now and then, nor on which store.
+func TestSweeper_CountsFailedPasses(t *testing.T) {
+	t.Parallel()
+	const name = "llmq_sweeper_pass_failures_total"
+	for _, failing := range []string{"postgres", "redis"} {
+		t.Run(failing, func(t *testing.T) {
+			t.Parallel()
+			b := jobstest.New(t)
+			tb := setupTasks(t)
+			var down atomic.Bool
+			var failed atomic.Int64
+			rdb := redistest.Client(t)
+			rdb.AddHook(&failCommands{down: &down, failed: &failed})
+			reg := prometheus.NewRegistry()
+			sw := dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer,
+				Inspector: tb.inspector, Redis: rdb, Metrics: dispatch.NewMetrics(reg)})
+			failures := func(store string) float64 {
+				t.Helper()
+				return labeledCounter(t, reg, name, "store", store)
+			}
+			require.Zero(t, failures("postgres"), "%s{store=postgres} at 0 from the start", name)
+			require.Zero(t, failures("redis"), "%s{store=redis} at 0 from the start", name)
+			// A pass that succeeds counts nothing.
+			_, err := sw.SweepOnce(t.Context())
+			require.NoError(t, err)
+
+			// Given the store failing (Postgres: its first statement cannot run; Redis: every
+			// command refused), two passes fail, and each is counted on that store.
+			if failing == "postgres" {
+				_, err = b.Pool.Exec(t.Context(),
+					`ALTER TABLE job_watches RENAME TO job_watches_gone`)
+				require.NoError(t, err)
+			} else {
+				down.Store(true)
+			}
+			for range 2 {
+				_, err = sw.SweepOnce(t.Context())
+				require.Error(t, err)
+			}
+			other := map[string]string{"postgres": "redis", "redis": "postgres"}[failing]
+			require.Equal(t, 2.0, failures(failing))
+			require.Zero(t, failures(other))
 		})
 	}
 }

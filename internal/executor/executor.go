@@ -19,6 +19,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/logthrottle"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
@@ -105,7 +106,17 @@ type Config struct {
 	// its task's timeout (an hour), or for ever for the writes that outlive its cancellation.
 	// Default DefaultStoreTimeout.
 	StoreTimeout time.Duration
+	// UnconfiguredLogInterval is how often the dead letters of one credential missing from the
+	// config (credential_not_configured) are logged: one line per credential per interval, the
+	// next one (or a report of its own, once the interval has passed) saying how many were held
+	// back. A config that lost a credential dead-letters every job on it, which its alert already
+	// reports once per credential (unconfiguredAlertInterval). Other dead letters are logged one
+	// line each. Default DefaultUnconfiguredLogInterval.
+	UnconfiguredLogInterval time.Duration
 }
+
+// DefaultUnconfiguredLogInterval is Config.UnconfiguredLogInterval's default.
+const DefaultUnconfiguredLogInterval = time.Minute
 
 // DefaultStoreTimeout is Config.StoreTimeout's default: far above what one row's statement
 // takes on a healthy Postgres, even behind a short lock.
@@ -133,6 +144,9 @@ type Executor struct {
 	// started is when New ran, on Config.Now: a job created after it whose credential the
 	// config lacks was accepted by a process of a newer config (see newerConfigMayKnow).
 	started time.Time
+	// unconfiguredLog throttles the lines of credential_not_configured dead letters, by
+	// credential (Config.UnconfiguredLogInterval).
+	unconfiguredLog *logthrottle.Throttle
 }
 
 // New returns an Executor. It panics when Store is nil (a wiring bug).
@@ -158,6 +172,9 @@ func New(cfg Config) *Executor {
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = DefaultStoreTimeout
 	}
+	if cfg.UnconfiguredLogInterval <= 0 {
+		cfg.UnconfiguredLogInterval = DefaultUnconfiguredLogInterval
+	}
 	for name, u := range cfg.Upstreams {
 		if u.AttemptTimeout == 0 {
 			u.AttemptTimeout = 5 * time.Minute
@@ -165,9 +182,18 @@ func New(cfg Config) *Executor {
 		}
 	}
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
-	return &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps), renewEvery: jobs.AttemptLease / 3,
-		started: cfg.Now()}
+	e := &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps),
+		renewEvery: jobs.AttemptLease / 3, started: cfg.Now()}
+	e.unconfiguredLog = logthrottle.New(&logthrottle.Config{Every: cfg.UnconfiguredLogInterval,
+		Now: cfg.Now, Report: e.unconfiguredSuppressed})
+	return e
 }
+
+// Stop cancels the pending reports of dead-letter lines held back (UnconfiguredLogInterval),
+// and schedules none after: what is held back from then on is counted in the next line only.
+// Call it once the executor runs no more deliveries. It is idempotent and safe for concurrent
+// use.
+func (e *Executor) Stop() { e.unconfiguredLog.Stop() }
 
 // errHandled ends a delivery that needs nothing more: the job is terminal, was recorded, or was
 // handled by a nested delivery (a failover).

@@ -150,7 +150,8 @@ const unconfiguredAlertInterval = 10 * time.Minute
 
 // deadUnconfigured dead-letters job, whose credential and remaining fallbacks this process's
 // config lacks (ReasonCredentialNotConfigured), and alerts (throttled per credential: see
-// unconfiguredAlertInterval). Nothing is paused: there is no credential to pause. Restored to
+// unconfiguredAlertInterval); its log line is throttled per credential too
+// (Config.UnconfiguredLogInterval). Nothing is paused: there is no credential to pause. Restored to
 // the config, the credential serves the job again once an operator retries it
 // (ctl dead retry --reason credential_not_configured).
 func (e *Executor) deadUnconfigured(ctx context.Context, job *jobs.Job) error {

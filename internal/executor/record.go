@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -42,12 +43,34 @@ func (e *Executor) logEnd(ctx context.Context, job *jobs.Job, o jobs.Outcome) {
 	attrs := []any{"job_id", job.ID, "credential", job.Credential, "status", o.Status, "attempts", job.Attempts}
 	switch o.Status {
 	case jobs.StatusDead:
-		e.cfg.Logger.ErrorContext(ctx, "job dead-lettered", append(attrs, "reason", o.DeadReason, "class", o.LastError.Class)...)
+		attrs = append(attrs, "reason", o.DeadReason, "class", o.LastError.Class)
+		if o.DeadReason == jobs.ReasonCredentialNotConfigured {
+			cred := job.CurrentCredential()
+			log, suppressed := e.unconfiguredLog.AllowAt(cred, slog.LevelError, attrs...)
+			if !log {
+				return
+			}
+			if suppressed > 0 {
+				attrs = append(attrs, "suppressed", suppressed)
+			}
+		}
+		e.cfg.Logger.ErrorContext(ctx, msgDeadLettered, attrs...)
 	case jobs.StatusFailed:
 		e.cfg.Logger.WarnContext(ctx, "job failed", append(attrs, "class", o.LastError.Class)...)
 	default:
 		e.cfg.Logger.DebugContext(ctx, "job finished", attrs...)
 	}
+}
+
+// msgDeadLettered is the message of a dead letter's line, which the report of those held back
+// (unconfiguredSuppressed) repeats.
+const msgDeadLettered = "job dead-lettered"
+
+// unconfiguredSuppressed logs the lines of a credential's credential_not_configured dead letters
+// held back and counted in no line since (unconfiguredLog's Report), with the attributes of the
+// last of them: the end of a flood that no dead letter followed.
+func (e *Executor) unconfiguredSuppressed(_ string, _ slog.Level, suppressed int, last []any) {
+	e.cfg.Logger.Error(msgDeadLettered, append(slices.Clip(last), "suppressed", suppressed)...)
 }
 
 // recordRetryWindow is how long record keeps trying while Postgres cannot be reached.

@@ -9,13 +9,15 @@
 //   - the retention pass, as the process begins to lead and then every minute by default
 //     (retention.interval), deletes the finished jobs older than their status's retention, with
 //     their attempts, events and idempotency keys, in short batches, the batch lane's ended
-//     provider batches that hold no job any more, and then the audit log's entries older than
-//     its retention; after each batch it measures its backlog (how long the oldest row left has
-//     been past its period), which shows a pass that deletes slower than rows expire.
+//     provider batches that hold no job any more, then the audit log's entries older than its
+//     retention, and the tenants' rotated-out tokens whose overlap ended as long ago (their
+//     rotations' entries gone with them); after each batch it measures its backlog (how long
+//     the oldest row left has been past its period), which shows a pass that deletes slower
+//     than rows expire.
 //
-// Both are statements of internal/jobs (FailOverdue, DeleteFinished) and internal/audit
-// (DeleteBefore), conditional and batched like every other write there; this package decides
-// when they run and reports what they did.
+// Both are statements of internal/jobs (FailOverdue, DeleteFinished), internal/audit
+// (DeleteBefore) and internal/tenant (DeleteRotatedOut), conditional and batched like every
+// other write there; this package decides when they run and reports what they did.
 // It knows nothing of asynq: the tasks are stopped through a TaskAborter (dispatch.Tasks).
 package maintenance
 
@@ -31,6 +33,7 @@ import (
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/leader"
 	"github.com/llmq/llmq/internal/logstreak"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // lockKey elects the one maintaining process ("llmqmain"). Not the sweeper's: the two duties
@@ -65,8 +68,9 @@ type Config struct {
 	// Retention is how long the jobs of each final status are kept after they finished; a status
 	// that is absent, or 0, is kept forever.
 	Retention map[jobs.Status]time.Duration
-	// AuditRetention is how long the audit log's entries are kept (internal/audit); 0 keeps them
-	// forever.
+	// AuditRetention is how long the audit log's entries are kept (internal/audit), and the
+	// tenants' rotated-out tokens after their overlap ended (DeleteRotatedOutTokens); 0 keeps
+	// them forever.
 	AuditRetention time.Duration
 	// Interval is the time between deadline passes and between tries to lead: how late after its
 	// deadline a waiting job is failed, at most (plus a pass's own time). Default 1s.
@@ -364,6 +368,28 @@ func (m *Maintainer) DeleteExpiredAudit(ctx context.Context) (int64, error) {
 	return total, err
 }
 
+// DeleteRotatedOutTokens deletes the tenants' tokens replaced by a rotation whose overlap ended
+// longer ago than AuditRetention (see tenant.Store.DeleteRotatedOut), RetentionBatch per
+// statement with a pause between as for the jobs, counting them
+// (llmq_retention_deleted_previous_tokens_total), and returns how many it deleted (until an
+// error, which it returns too). They go with the audit log's entries of their rotations
+// (docs/decisions.md): with no AuditRetention it deletes nothing.
+func (m *Maintainer) DeleteRotatedOutTokens(ctx context.Context) (int64, error) {
+	if m.cfg.AuditRetention <= 0 {
+		return 0, nil
+	}
+	before := m.cfg.Now().Add(-m.cfg.AuditRetention)
+	tenants := tenant.NewStore(m.cfg.Store.Pool(), nil)
+	var total int64
+	err := m.inBatches(ctx, func(ctx context.Context) (int64, error) {
+		n, err := tenants.DeleteRotatedOut(ctx, before, m.cfg.RetentionBatch)
+		total += n
+		m.cfg.Metrics.deletedPreviousTokens(n)
+		return n, err
+	})
+	return total, err
+}
+
 // inBatches runs del, which deletes up to RetentionBatch rows, each under statementTimeout,
 // until it deletes fewer, waiting between two as Config.BatchPause says.
 func (m *Maintainer) inBatches(ctx context.Context, del func(context.Context) (int64, error)) error {
@@ -384,14 +410,17 @@ func (m *Maintainer) inBatches(ctx context.Context, del func(context.Context) (i
 	}
 }
 
-// retentionPass runs DeleteExpired and DeleteExpiredAudit and logs one line: what they deleted,
-// and the error if any.
+// retentionPass runs DeleteExpired, DeleteExpiredAudit and DeleteRotatedOutTokens and logs one
+// line: what they deleted, and the error if any.
 func (m *Maintainer) retentionPass(ctx context.Context) {
 	start, began := time.Now(), m.cfg.Now()
 	deleted, err := m.DeleteExpired(ctx)
-	var auditDeleted int64
+	var auditDeleted, tokensDeleted int64
 	if err == nil {
 		auditDeleted, err = m.DeleteExpiredAudit(ctx)
+	}
+	if err == nil {
+		tokensDeleted, err = m.DeleteRotatedOutTokens(ctx)
 	}
 	switch {
 	case err == nil:
@@ -399,13 +428,13 @@ func (m *Maintainer) retentionPass(ctx context.Context) {
 	case ctx.Err() == nil: // not cut by the end of the lead
 		m.cfg.Metrics.failed(passRetention)
 	}
-	total := auditDeleted
+	total := auditDeleted + tokensDeleted
 	attrs := []any{"duration", time.Since(start).Round(time.Millisecond)}
 	for _, s := range finalStatuses {
 		total += deleted[s]
 		attrs = append(attrs, string(s), deleted[s])
 	}
-	attrs = append(attrs, "audit_entries", auditDeleted)
+	attrs = append(attrs, "audit_entries", auditDeleted, "previous_tokens", tokensDeleted)
 	level := slog.LevelDebug
 	if total > 0 {
 		level = slog.LevelInfo

@@ -14,6 +14,7 @@ type Metrics struct {
 	deletedJobs    *prometheus.CounterVec
 	deletedBatches prometheus.Counter
 	deletedAudit   prometheus.Counter
+	deletedTokens  prometheus.Counter
 	// backlog is, by kind (a final status, or audit), how long the oldest row the retention pass
 	// has yet to delete has been past its period, measured by the leader after each batch.
 	backlog *prometheus.GaugeVec
@@ -53,6 +54,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmq_retention_deleted_audit_entries_total",
 			Help: "Entries of the audit log (ctl's and the console's actions) the retention pass deleted (older than retention.audit).",
 		}),
+		deletedTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmq_retention_deleted_previous_tokens_total",
+			Help: "Tenants' tokens replaced by a rotation the retention pass deleted (their " +
+				"overlap ended longer ago than retention.audit): a client sending one hears " +
+				"unknown token, no longer rotated out.",
+		}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "llmq_retention_backlog_seconds",
 			Help: "How long the oldest row the retention pass has yet to delete has been past its period, by kind " +
@@ -70,7 +77,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				"0 after one that succeeds. Only the leader exports it.",
 		}, []string{"pass"}),
 	}
-	reg.MustRegister(m.deletedJobs, m.deletedBatches, m.deletedAudit, m.backlog, m.lastSuccess, m.failuresInARow)
+	reg.MustRegister(m.deletedJobs, m.deletedBatches, m.deletedAudit, m.deletedTokens, m.backlog,
+		m.lastSuccess, m.failuresInARow)
 	// 0 from the start: a deployment whose deadline pass never succeeds shows as such. The
 	// retention pass's series appears with its first success (retention may be off).
 	m.lastSuccess.WithLabelValues(passDeadline)
@@ -95,6 +103,12 @@ func (m *Metrics) deletedProviderBatches(n int64) {
 func (m *Metrics) deletedAuditEntries(n int64) {
 	if m != nil && n > 0 {
 		m.deletedAudit.Add(float64(n))
+	}
+}
+
+func (m *Metrics) deletedPreviousTokens(n int64) {
+	if m != nil && n > 0 {
+		m.deletedTokens.Add(float64(n))
 	}
 }
 

@@ -225,6 +225,22 @@ LIMIT 1`, hash[:]).Scan(&t.Name, &t.Credentials, &t.CreatedAt, &t.RevokedAt, &t.
 	return &t, nil
 }
 
+// DeleteRotatedOut deletes up to limit of the tokens replaced by a rotation whose overlap ended
+// before before, and returns how many it deleted: a client still sending one then hears
+// ErrUnknownBearerToken, no longer ErrRotatedOut. The table holds a row per rotation and is read
+// whole (its index leads with the tenant); the rows it deletes are read by Lookup only, which
+// takes no lock, and a rotation changes only the rows of overlaps not ended, so it waits on
+// nothing but a concurrent tenant delete. Errors: a wrapped database error.
+func (s *Store) DeleteRotatedOut(ctx context.Context, before time.Time, limit int) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `
+DELETE FROM tenant_previous_tokens WHERE token_sha256 IN (
+	SELECT token_sha256 FROM tenant_previous_tokens WHERE expires_at < $1 LIMIT $2)`, before, limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete rotated-out tokens: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // Rotation is the outcome of Store.Rotate.
 type Rotation struct {
 	// Tenant is the tenant as stored.

@@ -106,6 +106,7 @@ func TestWorker_AlertedSeriesStartAtZero(t *testing.T) {
 	// The leader duties' dates, 0 until a pass succeeds here (the stalled rules read the max).
 	requireSeries(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", `pass="deadline"`, 1)
 	requireSeries(t, b.reg, "llmq_sweeper_last_success_timestamp_seconds", "", 1)
+	requireSeries(t, b.reg, "llmq_sweeper_pass_failures_total", "", 2)
 	// Who leads them: 0 in a worker that does not (no batch lane here: no batch_lane series).
 	requireSeries(t, b.reg, "llmq_leader", `duty="maintenance"`, 1)
 	requireSeries(t, b.reg, "llmq_leader", `duty="sweeper"`, 1)

@@ -288,6 +288,9 @@ func (w *Worker) close() error {
 	if w.server != nil {
 		w.server.Shutdown() // closes the connections of a server never started, too
 	}
+	if w.executor != nil {
+		w.executor.Stop() // no delivery runs any more: its held-back lines' reports neither
+	}
 	if w.client != nil {
 		errs = append(errs, w.client.Close())
 	}

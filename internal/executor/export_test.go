@@ -1,0 +1,9 @@
+package executor
+
+import "github.com/llmq/llmq/internal/logthrottle"
+
+// SetUnconfiguredLogAfterFunc replaces what schedules e's reports of credential_not_configured
+// dead-letter lines held back (logthrottle.Throttle.SetAfterFunc): the test runs them.
+func SetUnconfiguredLogAfterFunc(e *Executor, f logthrottle.TimerFunc) {
+	e.unconfiguredLog.SetAfterFunc(f)
+}
