@@ -158,7 +158,7 @@ func upWith(ctx context.Context, pool *pgxpool.Pool, w LockWatch, ms []Migration
 	// Refused before anything is applied, so the database stays as the newer versions left it.
 	for _, m := range ms {
 		if !applied[m.Version] && m.Version < newest {
-			return nil, fmt.Errorf("migration %03d_%s is numbered below %03d, the newest this database has applied: it would run out of order; renumber it above the newest migration", m.Version, m.Name, newest)
+			return nil, fmt.Errorf("migration %03d_%s of this build is numbered below %03d, the newest this database has applied: it would run out of order, on a schema it was not written for; nothing was applied: deploy a build whose new migrations are numbered above %03d (its developers renumber them)", m.Version, m.Name, newest, newest)
 		}
 	}
 	var done []int
