@@ -27,6 +27,23 @@ type fieldSpec struct {
 	in map[string]*fieldSpec
 	// typ is the error type of a refusal in this object.
 	typ string
+	// children is in by index: children[i] is in[names[i]], nil when it has none (set by
+	// indexChildren: a lookup by index, where in's was a tenth of a check's time).
+	children []*fieldSpec
+}
+
+// indexChildren sets the children of spec and of the specs under it, and returns spec.
+func indexChildren(spec *fieldSpec) *fieldSpec {
+	if spec.in == nil || spec.children != nil {
+		return spec
+	}
+	spec.children = make([]*fieldSpec, len(spec.names))
+	for i, name := range spec.names {
+		if child := spec.in[name]; child != nil {
+			spec.children[i] = indexChildren(child)
+		}
+	}
+	return spec
 }
 
 // blockFields are the names tokens.Count reads in a content block: its type, its text, a
@@ -71,8 +88,8 @@ var requestFields = &fieldSpec{
 }
 
 // envelopeFields is the submit body: submitBody's fields, and nothing else.
-var envelopeFields = &fieldSpec{names: jsonNames(reflect.TypeFor[submitBody]()), closed: true,
-	in: map[string]*fieldSpec{"request": requestFields}, typ: "invalid_field"}
+var envelopeFields = indexChildren(&fieldSpec{names: jsonNames(reflect.TypeFor[submitBody]()),
+	closed: true, in: map[string]*fieldSpec{"request": requestFields}, typ: "invalid_field"})
 
 // jsonNames returns the JSON names of a struct's fields.
 func jsonNames(t reflect.Type) []string {
@@ -128,15 +145,15 @@ func (s *jsonScanner) checkObject(spec *fieldSpec) error {
 			s.i++
 			continue
 		}
-		raw := s.str()
+		raw, escaped := s.key()
 		if len(raw) < 2 {
 			return nil // not valid JSON: decodeSubmit has refused it
 		}
-		name, escaped := raw[1:len(raw)-1], false
-		if bytes.IndexByte(name, '\\') >= 0 {
+		name := raw[1 : len(raw)-1]
+		if escaped {
 			var decoded string
 			_ = json.Unmarshal(raw, &decoded) // valid JSON: the escapes decode
-			name, escaped = []byte(decoded), true
+			name = []byte(decoded)
 		}
 		s.peek()
 		s.i++ // :
@@ -149,45 +166,54 @@ func (s *jsonScanner) checkObject(spec *fieldSpec) error {
 // checkMember checks one member's name (decoded; escaped when written with an escape) and
 // passes over its value, checking the objects under it that spec names.
 func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, escaped bool) error {
-	known := false
-	ascii := isASCII(name)
+	known := -1 // the index in spec.names of the name, spelled exactly
 	for i, want := range spec.names {
-		// want is ASCII: a name folding to it has a rune for each of its bytes, of one byte
-		// when ASCII, of more otherwise (the Kelvin sign, the long s), so it is no shorter, and
-		// as long only when ASCII. The lengths rule most names out before EqualFold's loop.
-		if len(name) < len(want) || len(name) > len(want) && ascii || !bytes.EqualFold(name, []byte(want)) {
-			continue
+		if string(name) == want {
+			known = i
+			break
 		}
-		exact := string(name) == want
-		switch {
-		case !exact && spec.closed:
-			return invalid("unknown_field", "unknown field %s: field names are case-sensitive (did you mean %q?)", s.quotedPath(name), want)
-		case !exact:
-			return invalid(spec.typ, "field %s must be spelled %q: the provider reads field names exactly, and so does llmq", s.quotedPath(name), want)
-		case escaped && !spec.closed:
-			return invalid(spec.typ, "field %s must be spelled %q, without escapes: llmq reads it as written", s.quotedPath(name), want)
-		case *seen&(1<<i) != 0:
-			return invalid(spec.typ, "field %s appears twice: send it once", s.quotedPath(name))
+	}
+	if known < 0 {
+		// A name folding to one of spec.names without being it is refused: the names are ASCII,
+		// lower case and distinct (TestFieldSpecs_LowerCase), so that a name spelled exactly as
+		// one folds to no other, and only a name matching none exactly needs EqualFold.
+		if i := foldedName(spec, name); i >= 0 {
+			path, want := s.quotedPath(name), spec.names[i]
+			if spec.closed {
+				return invalid("unknown_field",
+					"unknown field %s: field names are case-sensitive (did you mean %q?)", path, want)
+			}
+			return invalid(spec.typ, "field %s must be spelled %q: the provider reads field names "+
+				"exactly, and so does llmq", path, want)
 		}
-		*seen |= 1 << i
-		known = true
+		if spec.closed {
+			// decodeSubmit refuses other unknown names; a name it took in another case (Unicode
+			// folding) ends here.
+			return invalid("unknown_field", "unknown field %s", s.quotedPath(name))
+		}
+		s.skip()
+		return nil
 	}
-	if spec.closed && !known {
-		// decodeSubmit refuses other unknown names; a name it took in another case (Unicode
-		// folding) ends here.
-		return invalid("unknown_field", "unknown field %s", s.quotedPath(name))
+	switch {
+	case escaped && !spec.closed:
+		return invalid(spec.typ, "field %s must be spelled %q, without escapes: llmq reads it as "+
+			"written", s.quotedPath(name), spec.names[known])
+	case *seen&(1<<known) != 0:
+		return invalid(spec.typ, "field %s appears twice: send it once", s.quotedPath(name))
 	}
+	*seen |= 1 << known
 	var child *fieldSpec
-	if known && spec.in != nil { // in's keys are names of spec.names: no other name has a child
-		child = spec.in[string(name)]
+	if known < len(spec.children) {
+		child = spec.children[known]
 	}
 	switch {
 	case child == nil:
 		s.skip()
 	case s.peek() == '{':
 		s.push(name, -1)
-		defer s.pop()
-		return s.checkObject(child)
+		err := s.checkObject(child)
+		s.pop()
+		return err
 	case s.peek() == '[':
 		s.i++ // [
 		for i := 0; ; {
@@ -216,6 +242,34 @@ func (s *jsonScanner) checkMember(spec *fieldSpec, seen *uint64, name []byte, es
 		s.skip()
 	}
 	return nil
+}
+
+// foldedName is the index in spec.names of the first name that name, spelled otherwise, folds to
+// (bytes.EqualFold), -1 when it folds to none.
+func foldedName(spec *fieldSpec, name []byte) int {
+	ascii := isASCII(name)
+	for i, want := range spec.names {
+		// want is ASCII: a name folding to it has a rune for each of its bytes, of one byte
+		// when ASCII, of more otherwise (the Kelvin sign, the long s), so it is no shorter, and
+		// as long only when ASCII. The lengths rule most names out before EqualFold's loop.
+		if len(name) < len(want) || len(name) > len(want) && ascii || !bytes.EqualFold(name, []byte(want)) {
+			continue
+		}
+		return i
+	}
+	return -1
+}
+
+// literalEnd is the index of the first byte from b[i] that ends a number or a literal: white
+// space, a comma, a colon or a closing bracket (len(b) at the end).
+func literalEnd(b []byte, i int) int {
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case ' ', '\t', '\r', '\n', ',', ':', ']', '}':
+			return i
+		}
+	}
+	return i
 }
 
 // isASCII reports whether b is ASCII only.
@@ -306,6 +360,26 @@ func (s *jsonScanner) str() []byte {
 	}
 }
 
+// key passes over the string at the scanner, a member's name, and returns it, quotes included,
+// and whether it holds an escape: as str, but byte by byte, which for a name (a few bytes) is
+// faster than calls to bytes.IndexByte (str's, and one looking for a backslash: half of a check's
+// time when names were read so).
+func (s *jsonScanner) key() (raw []byte, escaped bool) {
+	start := s.i
+	for s.i++; s.i < len(s.b); s.i++ {
+		switch s.b[s.i] {
+		case '\\':
+			s.i++ // the escaped byte
+			escaped = true
+		case '"':
+			s.i++
+			return s.b[start:s.i], escaped
+		}
+	}
+	s.i = len(s.b)
+	return s.b[start:], escaped
+}
+
 // skip passes over one value, however deep, without recursion.
 func (s *jsonScanner) skip() {
 	depth := 0
@@ -324,9 +398,7 @@ func (s *jsonScanner) skip() {
 		case ',', ':':
 			s.i++
 		default: // a number, true, false or null
-			for s.i < len(s.b) && !strings.ContainsRune(" \t\r\n,:]}", rune(s.b[s.i])) {
-				s.i++
-			}
+			s.i = literalEnd(s.b, s.i)
 		}
 		if depth <= 0 {
 			return

@@ -95,3 +95,26 @@ func TestFieldSpecs_FitPath(t *testing.T) {
 	var s jsonScanner
 	require.LessOrEqual(t, depth(envelopeFields), len(s.path))
 }
+
+// TestFieldSpecs_LowerCase: checkMember looks for a name spelled exactly before it folds it, and
+// stops at the first: right only when no name of a spec folds to another (a name spelled exactly
+// as one would otherwise be refused as another's other spelling).
+func TestFieldSpecs_LowerCase(t *testing.T) {
+	t.Parallel()
+	var check func(spec *fieldSpec)
+	check = func(spec *fieldSpec) {
+		for i, name := range spec.names {
+			require.Equal(t, strings.ToLower(name), name)
+			require.True(t, isASCII([]byte(name)), name)
+			for _, other := range spec.names[i+1:] {
+				require.False(t, strings.EqualFold(name, other), "%q and %q", name, other)
+			}
+			require.Len(t, spec.children, len(spec.names)*min(len(spec.in), 1))
+		}
+		for name, child := range spec.in {
+			require.Contains(t, spec.names, name)
+			check(child)
+		}
+	}
+	check(envelopeFields)
+}

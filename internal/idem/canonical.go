@@ -19,22 +19,22 @@ const canonicalMaxDepth = 512
 // left to canonicalJSON, linear in it.
 const canonicalCopies = 16
 
-// appendCanonical appends to dst the canonical form of doc, byte for byte what canonicalJSON
-// writes (encoding/json's decoder into any with UseNumber, then its encoder without HTML
-// escaping), walking doc once without decoding it into values: ok is false, and dst
-// meaningless, when doc is not one valid JSON value with white space around it or is nested
-// deeper than canonicalMaxDepth, or when ordering its objects' members would copy more than
-// canonicalCopies times its length (large members nested in many objects: each object copies
-// its members once more, where encoding/json's encoder writes each byte once); the caller then
-// asks canonicalJSON, whose error is the answer.
+// appendCanonical appends to dst (nil: to the writer's own space, see canonWriter) the canonical
+// form of doc, byte for byte what canonicalJSON writes (encoding/json's decoder into any with
+// UseNumber, then its encoder without HTML escaping), walking doc once without decoding it into
+// values: ok is false, and dst meaningless, when doc is not one valid JSON value with white space
+// around it or is nested deeper than canonicalMaxDepth, or when ordering its objects' members
+// would copy more than canonicalCopies times its length (large members nested in many objects:
+// each object whose keys are out of order copies its members once more, where encoding/json's
+// encoder writes each byte once); the caller then asks canonicalJSON, whose error is the answer.
 // The rules kept: object keys sorted by their decoded bytes, a repeated key's last value kept,
 // numbers as written, strings decoded (an invalid escape pair or byte as U+FFFD) and re-escaped
 // as encoding/json's encoder escapes them.
 func appendCanonical(dst, doc []byte) (out []byte, ok bool) {
-	// One allocation each for the members' stack and the scratch space, sized for the usual
-	// document: they grow only for a large one.
-	c := canonWriter{doc: doc, out: dst, members: make([]canonMember, 0, 32), tmp: make([]byte, 0, len(doc)),
-		copies: canonicalCopies * len(doc)}
+	c := newCanonWriter(doc)
+	if dst != nil {
+		c.out = dst
+	}
 	i := jsonscan.SkipSpace(doc, 0)
 	end := c.value(i, 0)
 	if end < 0 || jsonscan.SkipSpace(doc, end) != len(doc) {
@@ -53,6 +53,31 @@ type canonWriter struct {
 	members       []canonMember
 	keys          []byte
 	copies        int
+
+	// memberSpace and byteSpace are where members, out and tmp start, in the writer's own
+	// allocation: the usual document's walk allocates once, where it allocated the three apart
+	// (TestFingerprint_Allocs). An answer written in byteSpace holds the writer with it.
+	memberSpace [16]canonMember
+	byteSpace   [canonSpace]byte
+}
+
+// canonSpace is the bytes of out and tmp (half each) in a canonWriter's allocation: a document of
+// up to half of it (bench/'s submit body is 150 bytes) needs no other; a larger one allocates
+// both in one more.
+const canonSpace = 1 << 9
+
+// newCanonWriter returns a writer of doc's canonical form, out and tmp with len(doc) bytes each
+// (a canonical form is no longer than its document but for the escapes it adds).
+func newCanonWriter(doc []byte) *canonWriter {
+	c := &canonWriter{doc: doc, copies: canonicalCopies * len(doc)}
+	c.members = c.memberSpace[:0]
+	space := c.byteSpace[:]
+	if 2*len(doc) > len(space) {
+		space = make([]byte, 2*len(doc))
+	}
+	half := len(space) / 2
+	c.out, c.tmp = space[:0:half], space[half:half]
+	return c
 }
 
 // canonMember is one member of an object being written: its key decoded (keys[keyStart:keyEnd],
@@ -116,19 +141,25 @@ func (c *canonWriter) value(i, depth int) int {
 	}
 }
 
-// object writes the canonical form of the object at doc[i] (see value).
+// object writes the canonical form of the object at doc[i] (see value). Its members are written
+// as they come, separated by commas: an object whose keys come in order, each once, is then
+// written; any other is ordered in tmp and copied back.
 func (c *canonWriter) object(i, depth int) int {
 	base, keysBase, start := len(c.members), len(c.keys), len(c.out)
 	defer func() { c.members, c.keys = c.members[:base], c.keys[:keysBase] }()
+	c.out = append(c.out, '{')
 	i = jsonscan.SkipSpace(c.doc, i+1)
 	if i < len(c.doc) && c.doc[i] == '}' {
-		c.out = append(c.out, '{', '}')
+		c.out = append(c.out, '}')
 		return i + 1
 	}
 	sorted := true
 	for {
 		if i >= len(c.doc) || c.doc[i] != '"' {
 			return -1
+		}
+		if len(c.members) > base {
+			c.out = append(c.out, ',')
 		}
 		m := canonMember{start: len(c.out)}
 		if i, m.key = c.str(i, true); i < 0 {
@@ -160,15 +191,15 @@ func (c *canonWriter) object(i, depth int) int {
 		}
 		break
 	}
+	if sorted { // keys in order, none repeated: the members written are the form
+		c.out = append(c.out, '}')
+		return i
+	}
 	if c.copies -= len(c.out) - start; c.copies < 0 {
 		return -1 // see canonicalCopies
 	}
 	members := c.members[base:]
-	if !sorted {
-		// Sorted by key, equal keys in the document's order: the last of a run is the value
-		// encoding/json's decoder kept.
-		slices.SortStableFunc(members, func(a, b canonMember) int { return bytes.Compare(a.key, b.key) })
-	}
+	sortMembers(members)
 	c.tmp = append(c.tmp[:0], '{')
 	for k, m := range members {
 		if k+1 < len(members) && bytes.Equal(m.key, members[k+1].key) {
@@ -183,6 +214,26 @@ func (c *canonWriter) object(i, depth int) int {
 	c.out = append(c.out[:start], c.tmp...)
 	return i
 }
+
+// sortMembers sorts members by key, equal keys in the document's order (stable): the last of a
+// run is the value encoding/json's decoder kept. An object of a few members is sorted by
+// insertion, without slices.SortStableFunc's calls of a comparison function (most of the
+// 0.9 k instructions ordering took for the usual document), a larger one by it.
+func sortMembers(members []canonMember) {
+	if len(members) > insertionSortMax {
+		slices.SortStableFunc(members, func(a, b canonMember) int { return bytes.Compare(a.key, b.key) })
+		return
+	}
+	for k := 1; k < len(members); k++ {
+		for j := k; j > 0 && bytes.Compare(members[j-1].key, members[j].key) > 0; j-- {
+			members[j-1], members[j] = members[j], members[j-1]
+		}
+	}
+}
+
+// insertionSortMax is the most members sortMembers sorts by insertion (quadratic): past it,
+// slices.SortStableFunc, which sorts by insertion too up to 20.
+const insertionSortMax = 16
 
 // str writes the canonical form of the string at doc[i] and returns the index just past it (-1
 // when it is not a valid JSON string) and, for a key, its decoded bytes: doc's when it has no
@@ -261,11 +312,11 @@ func unquote(dst, s []byte) []byte {
 			case 't':
 				dst = append(dst, '\t')
 			case 'u':
-				r := hex4(s[k+1:])
+				r := jsonscan.Hex4(s[k+1:])
 				k += 5
 				if utf16.IsSurrogate(r) {
 					if k+6 <= len(s) && s[k] == '\\' && s[k+1] == 'u' {
-						if dec := utf16.DecodeRune(r, hex4(s[k+2:])); dec != utf8.RuneError {
+						if dec := utf16.DecodeRune(r, jsonscan.Hex4(s[k+2:])); dec != utf8.RuneError {
 							dst = utf8.AppendRune(dst, dec)
 							k += 6
 							continue
@@ -289,24 +340,6 @@ func unquote(dst, s []byte) []byte {
 		}
 	}
 	return dst
-}
-
-// hex4 is the value of the four hexadecimal digits s starts with (valid: jsonscan.StringEnd
-// checked them).
-func hex4(s []byte) rune {
-	var r rune
-	for _, b := range s[:4] {
-		switch {
-		case b >= '0' && b <= '9':
-			b -= '0'
-		case b >= 'a' && b <= 'f':
-			b -= 'a' - 10
-		default:
-			b -= 'A' - 10
-		}
-		r = r<<4 | rune(b)
-	}
-	return r
 }
 
 // appendQuoted appends s (UTF-8, as unquote writes it) quoted as encoding/json's encoder quotes

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -52,6 +53,19 @@ var canonicalCases = []string{
 	strings.Repeat(`{"a":`, 513) + `1` + strings.Repeat(`}`, 513),
 	"\xef\xbb\xbf{}", "\v1", "\x001", "1\x00", `{"a":1}{}`, `[][]`, `1E+2`, ` -0.0e-0 `, `-0E+00`, `1.e1`, `--1`,
 	`{"a":{"b":1,"b":{"c":[1,{"d":2,"d":3}]}},"a":{"z":1,"y":{"x":1,"x":2}}}`,
+	// More members than sortMembers sorts by insertion, out of order and repeated.
+	manyMembers(40), manyMembers(17), manyMembers(16),
+}
+
+// manyMembers is an object of n members whose keys come in reverse order, every third repeated.
+func manyMembers(n int) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for k := n; k > 0; k-- {
+		fmt.Fprintf(&b, `"k%02d":%d,`, k/3*3, k)
+	}
+	b.WriteString(`"":0}`)
+	return b.String()
 }
 
 // TestCanonical_AsTheDecode pins the walk's canonical form to encoding/json's (canonicalJSON),
@@ -78,8 +92,9 @@ func checkCanonical(t *testing.T, doc []byte) {
 }
 
 // TestCanonical_WalksTheUsualDocument: the documents clients send are written by the walk (the
-// gain is lost, silently, to encoding/json otherwise), in three allocations: its answer, its
-// members' stack and its scratch space (encoding/json's decode and encode take dozens).
+// gain is lost, silently, to encoding/json otherwise), in one allocation: the writer, holding its
+// answer, its members' stack and its scratch space (three allocations apart before; encoding/json's
+// decode and encode take dozens).
 func TestCanonical_WalksTheUsualDocument(t *testing.T) {
 	for _, doc := range []string{
 		`{"request":{"model":"claude-bench","max_tokens":16,"messages":[{"role":"user","content":"bench request 1"}]},"max_attempts":3,"timeout":"2m0s"}`,
@@ -91,8 +106,8 @@ func TestCanonical_WalksTheUsualDocument(t *testing.T) {
 		}
 		checkCanonical(t, []byte(doc))
 		data := []byte(doc)
-		if allocs := testing.AllocsPerRun(20, func() { _, _ = Canonical(data) }); allocs > 3 {
-			t.Fatalf("%q: %v allocations a document, want 3", doc, allocs)
+		if allocs := testing.AllocsPerRun(20, func() { _, _ = Canonical(data) }); allocs > 1 && !raceEnabled {
+			t.Fatalf("%q: %v allocations a document, want 1", doc, allocs)
 		}
 	}
 }

@@ -45,7 +45,9 @@ func Fingerprint(doc []byte) (string, error) {
 		return "", err
 	}
 	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:]), nil
+	var digits [2 * sha256.Size]byte // on the stack: the string is the one allocation
+	hex.Encode(digits[:], sum[:])
+	return string(digits[:]), nil
 }
 
 // Canonical re-encodes a JSON document with sorted object keys and no insignificant white space.
@@ -56,7 +58,7 @@ func Fingerprint(doc []byte) (string, error) {
 // members nested in many objects) is decoded and encoded (canonicalJSON), whose error is the
 // answer.
 func Canonical(doc []byte) ([]byte, error) {
-	if out, ok := appendCanonical(make([]byte, 0, len(doc)), doc); ok {
+	if out, ok := appendCanonical(nil, doc); ok {
 		return out, nil
 	}
 	return canonicalJSON(doc)

@@ -275,6 +275,25 @@ func digitsEnd(data []byte, i int) int {
 	return i
 }
 
+// Hex4 is the value of the four hexadecimal digits s starts with: those of a \u escape of a
+// string StringEnd or Value checked (it checks nothing itself). One home for the readers that
+// decode such an escape (tokens' text, idem's canonical form).
+func Hex4(s []byte) rune {
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
+}
+
 // isHex reports whether c is a hexadecimal digit.
 func isHex(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'

@@ -102,3 +102,11 @@ func requireValidAsJSON(t *testing.T, data []byte) {
 		}
 	}
 }
+
+// TestHex4: the digits of a \u escape, in either case, and only the first four.
+func TestHex4(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]rune{"0000": 0, "00e9": 0xe9, "DBFF": 0xdbff, "aBcD": 0xabcd, "2028x": 0x2028} {
+		require.Equal(t, want, jsonscan.Hex4([]byte(s)), s)
+	}
+}

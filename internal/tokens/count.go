@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"unicode/utf8"
+
+	"github.com/llmq/llmq/internal/jsonscan"
 )
 
 // Provider kinds, the values of llm.Kind.
@@ -352,11 +354,11 @@ func decodedLen(raw []byte) int {
 			s = s[i+2:]
 			continue
 		}
-		r := hex4(s[i+2 : i+6])
+		r := jsonscan.Hex4(s[i+2 : i+6])
 		s = s[i+6:]
 		switch {
 		case r >= 0xD800 && r <= 0xDBFF && len(s) >= 6 && s[0] == '\\' && s[1] == 'u' &&
-			hex4(s[2:6]) >= 0xDC00 && hex4(s[2:6]) <= 0xDFFF:
+			jsonscan.Hex4(s[2:6]) >= 0xDC00 && jsonscan.Hex4(s[2:6]) <= 0xDFFF:
 			n += 4
 			s = s[6:]
 		case r >= 0xD800 && r <= 0xDFFF:
@@ -384,23 +386,6 @@ func utf8Len(s []byte) int {
 		s = s[size:]
 	}
 	return n
-}
-
-// hex4 reads four hex digits (valid JSON has them after \u).
-func hex4(h []byte) rune {
-	var r rune
-	for _, c := range h {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		default:
-			c -= 'A' - 10
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
 }
 
 // compactLen is the length of raw, valid JSON, without the white space between its tokens (the
