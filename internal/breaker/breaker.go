@@ -241,6 +241,8 @@ type Circuit struct {
 	tag   string // the credential's hash tag, the wake-up message
 	key   string // the breaker hash
 	lease string // the cold-start leases
+	// keys are key and lease, as every script of the circuit takes them (boxed once, read only).
+	keys []any
 	// states is the credential's llmq_breaker_state series, looked up once.
 	states *stateSeries
 }
@@ -256,8 +258,10 @@ func (b *Breaker) Circuit(id, name string) *Circuit {
 // CircuitByTag is Circuit for a process that knows the credential's tag (redisscript.CredentialTag,
 // as the workers publish it under redisscript.CredentialIndexKey) but not its key.
 func (b *Breaker) CircuitByTag(tag, name string) *Circuit {
-	return &Circuit{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag), lease: leaseKey(b.cfg.Prefix, tag),
-		states: &stateSeries{}}
+	c := &Circuit{b: b, name: name, tag: tag, key: breakerKey(b.cfg.Prefix, tag),
+		lease: leaseKey(b.cfg.Prefix, tag), states: &stateSeries{}}
+	c.keys = []any{c.key, c.lease}
+	return c
 }
 
 // Admission is Allow's answer.
@@ -306,7 +310,7 @@ func (a Admission) ColdStart() bool { return a.lease != 0 }
 func (c *Circuit) Allow(ctx context.Context) (Admission, error) {
 	b := c.b
 	cfg := &b.cfg
-	res, err := allowScript.Run(ctx, b.rdb, []string{c.key, c.lease},
+	res, err := allowScript.Run(ctx, b.rdb, c.keys,
 		b.nowArg(), cfg.ProbeTimeout.Microseconds(), cfg.Recheck.Microseconds(),
 		(cfg.ProbeTimeout + abandonedTTL).Milliseconds(), cfg.Threshold, b.memory, b.leaseTTL,
 		b.calls.Next()).Slice()
@@ -400,7 +404,7 @@ func (c *Circuit) ReportCall(a Admission, o Outcome, state *State) (redisscript.
 	}
 	return redisscript.Call{
 		Script: reportScript,
-		Keys:   []string{c.key, c.lease},
+		Keys:   c.keys,
 		Args: []any{b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
 			b.closedTTL, abandonedTTL.Milliseconds(), a.lease, b.memory, b.refresh,
 			strconv.FormatFloat(cfg.CooldownFactor, 'g', -1, 64), cfg.MaxCooldown.Microseconds(),
@@ -456,7 +460,7 @@ type Status struct {
 // Status reads the credential's breaker. It makes no transition and returns an error only when
 // Redis fails.
 func (c *Circuit) Status(ctx context.Context) (Status, error) {
-	v, err := statusScript.Run(ctx, c.b.rdb, []string{c.key, c.lease}, c.b.nowArg(), c.b.memory).Slice()
+	v, err := statusScript.Run(ctx, c.b.rdb, c.keys, c.b.nowArg(), c.b.memory).Slice()
 	if err != nil {
 		return Status{}, fmt.Errorf("breaker status: %w", err)
 	}

@@ -3,8 +3,6 @@ package breaker
 import (
 	"strconv"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/llmq/llmq/internal/redisscript"
 )
 
@@ -57,7 +55,7 @@ end
 //
 // Exactly one probe, and at most threshold − fails cold-start leases: the check of the state and
 // the write that admits the caller are one script, which Redis runs alone.
-var allowScript = redis.NewScript(luaCommon + `
+var allowScript = redisscript.NewScript(luaCommon + `
 local now = clock(ARGV[1])
 local h = redis.call('HMGET', KEYS[1], 'state', 'gen', 'until', 'fails', 'ok', 'seq')
 local state, gen, untl = h[1], num(h[2]) or 0, num(h[3]) or 0
@@ -146,7 +144,7 @@ var callKeepMS = strconv.FormatInt(redisscript.CallKeep.Milliseconds(), 10)
 // and a later generation: a live key's generation only grows, so that admission was taken before
 // the key expired (and started again at 0), in the same closed state, and counts. With no key
 // (closed, never opened or expired) every report counts as a closed-state report.
-var reportScript = redis.NewScript(luaCommon + `
+var reportScript = redisscript.NewScript(luaCommon + `
 local h = redis.call('HMGET', KEYS[1], 'state', 'gen', 'fails', 'ok', 'cd', 'fids')
 local exists = h[1] ~= false
 local state, gen, fails = h[1] or 'closed', num(h[2]) or 0, num(h[3]) or 0
@@ -226,7 +224,7 @@ return {state, ''}
 // ARGV[1] now µs, or ""
 // ARGV[2] success memory µs (0: no cold-start cap)
 // Returns {state (empty when no key), since µs, until µs, fails, capped 0/1, leases out}.
-var statusScript = redis.NewScript(luaCommon + `
+var statusScript = redisscript.NewScript(luaCommon + `
 local now = clock(ARGV[1])
 local h = redis.call('HMGET', KEYS[1], 'state', 'since', 'until', 'fails', 'ok')
 local state = h[1] or ''

@@ -222,7 +222,7 @@ func (b *Buffer) writeCall(id string, values []entryValues, done func(error)) re
 	for _, v := range values {
 		args = append(args, v.seq, v.n, v.kind, len(v.data), v.data)
 	}
-	c := redisscript.Call{Script: writeScript, Keys: []string{b.Key(id)}, Args: args}
+	c := redisscript.Call{Script: writeScript, Keys: []any{b.Key(id)}, Args: args}
 	if done != nil {
 		c.Done = func(_ context.Context, cmd *redis.Cmd) error {
 			done(cmd.Err())
@@ -248,7 +248,7 @@ type entryValues struct {
 // (see hub.go): the entries with the IDs the buffer gave them, each with its data's length ("dl",
 // see parseBatch). The pieces are the writer's own (numbers, a kind, JSON it encoded), so they
 // are concatenated as they are.
-var writeScript = redis.NewScript(`
+var writeScript = redisscript.NewScript(`
 local key = KEYS[1]
 local parts = {}
 for i = 3, #ARGV, 5 do

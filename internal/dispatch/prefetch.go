@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // A worker with a backlog takes several of the main queue's pending tasks in one round trip.
@@ -44,7 +46,7 @@ const prefetchMaxAge = 5 * time.Second
 //
 // KEYS: paused, pending, active, lease of the queue; ARGV: lease end (Unix seconds), the task
 // key prefix, the most tasks to take.
-var dequeueBatchScript = redis.NewScript(`
+var dequeueBatchScript = redisscript.NewScript(`
 if redis.call("EXISTS", KEYS[1]) == 1 then
 	return nil
 end
@@ -70,7 +72,7 @@ return out`)
 // script for several tasks, the first given taken first). A task no longer active is left alone.
 //
 // KEYS: active, lease, pending of the queue; ARGV: the task key prefix, then the task IDs.
-var giveBackScript = redis.NewScript(`
+var giveBackScript = redisscript.NewScript(`
 for i = #ARGV, 2, -1 do
 	local id = ARGV[i]
 	if redis.call("LREM", KEYS[1], 0, id) > 0 then
@@ -115,8 +117,8 @@ func (h *wakeHook) dequeue(ctx context.Context, next redis.ProcessHook, cmd *red
 		return next(ctx, cmd)
 	}
 	mainQ := h.queues[0]
-	res, err := dequeueBatchScript.Run(ctx, h.rdb, []string{mainQ.paused, mainQ.pending, mainQ.active, mainQ.lease},
-		args[7], mainQ.tasks, n).StringSlice()
+	res, err := dequeueBatchScript.Run(ctx, h.rdb, mainQ.dequeueKeys, args[7], mainQ.tasksArg, n).
+		StringSlice()
 	if err != nil || len(res) < 2 || len(res)%2 != 0 {
 		if err == nil {
 			err = fmt.Errorf("batch dequeue: unexpected reply of %d values", len(res))
@@ -203,11 +205,12 @@ func (h *wakeHook) giveBackKept(ctx context.Context) error {
 func (h *wakeHook) giveBack(ctx context.Context, ids []string) error {
 	mainQ := h.queues[0]
 	args := make([]any, 0, len(ids)+1)
-	args = append(args, mainQ.tasks)
+	args = append(args, mainQ.tasksArg)
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	if err := giveBackScript.Run(context.WithoutCancel(ctx), h.rdb, []string{mainQ.active, mainQ.lease, mainQ.pending}, args...).Err(); err != nil {
+	err := giveBackScript.Run(context.WithoutCancel(ctx), h.rdb, mainQ.giveBackKeys, args...).Err()
+	if err != nil {
 		return fmt.Errorf("give back %d prefetched tasks: %w", len(ids), err)
 	}
 	return nil

@@ -96,7 +96,13 @@ type wakeHook struct {
 // queueKeys are the keys of one asynq queue that its dequeue and forward scripts start with,
 // and those the batch dequeue and its give-back use (see prefetch.go): the active list, the
 // lease set and the task keys' prefix.
-type queueKeys struct{ name, pending, paused, scheduled, retry, active, lease, tasks string }
+type queueKeys struct {
+	name, pending, paused, scheduled, retry, active, lease, tasks string
+	// dequeueKeys and giveBackKeys are the KEYS of dequeueBatchScript and giveBackScript, and
+	// tasksArg is tasks, boxed once as the scripts take them (read only).
+	dequeueKeys, giveBackKeys []any
+	tasksArg                  any
+}
 
 // newWakeHook returns the hook for the asynq queues of the llmq queue named base, whose server
 // asks through rdb every poll when idle and not woken; m (nil: none) counts the waits' ends; log
@@ -109,8 +115,13 @@ func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration, m *
 		maxAge: prefetchMaxAge}
 	for _, q := range NewQueues(base).All() {
 		p := "asynq:{" + q + "}:"
-		h.queues = append(h.queues, queueKeys{name: q, pending: p + "pending", paused: p + "paused",
-			scheduled: p + "scheduled", retry: p + "retry", active: p + "active", lease: p + "lease", tasks: p + "t:"})
+		k := queueKeys{name: q, pending: p + "pending", paused: p + "paused",
+			scheduled: p + "scheduled", retry: p + "retry", active: p + "active", lease: p + "lease",
+			tasks: p + "t:"}
+		k.dequeueKeys = []any{k.paused, k.pending, k.active, k.lease}
+		k.giveBackKeys = []any{k.active, k.lease, k.pending}
+		k.tasksArg = k.tasks
+		h.queues = append(h.queues, k)
 	}
 	return h
 }

@@ -41,8 +41,8 @@ func TestGate_ScriptArgsFormattedOnce(t *testing.T) { // not parallel: testing.A
 }
 
 // TestGate_KeysBuiltOnce: a gate's Redis keys are built once, when the gate is made, not at each
-// reservation (issue 23): a lane's fairness keys cost their slice and the lane's own key only,
-// and each key is the one its key function builds.
+// reservation (issue 23): a lane's fairness keys cost the lane's own key only (its name, the key
+// and its boxing), and each key is the one its key function builds.
 func TestGate_KeysBuiltOnce(t *testing.T) { // not parallel: testing.AllocsPerRun
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never contacted
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -53,14 +53,20 @@ func TestGate_KeysBuiltOnce(t *testing.T) { // not parallel: testing.AllocsPerRu
 	lane := &Lane{Tenant: "acme", Weight: 1, Priority: PriorityNormal, Ticket: "job-1",
 		Since: time.UnixMicro(1)}
 
-	require.Equal(t, []string{fairKey(p, tag), fairLanesKey(p, tag), fairDeadlineKey(p, tag),
-		fairLaneKey(p, tag) + lane.name()}, g.fairKeys(lane))
-	require.Equal(t, gateKeys{rate: rateKey(p, tag), token: tokenKey(p, tag),
+	require.Equal(t, []any{fairKey(p, tag), fairLanesKey(p, tag), fairDeadlineKey(p, tag),
+		fairLaneKey(p, tag) + lane.name()}, g.appendFairKeys(nil, lane))
+	want := gateKeys{rate: rateKey(p, tag), token: tokenKey(p, tag),
 		grant: grantKey(p, tag), pause: pauseKey(p, tag), budget: budgetKey(p, tag),
 		fair: fairKey(p, tag), fairLanes: fairLanesKey(p, tag),
-		fairDeadline: fairDeadlineKey(p, tag), fairLane: fairLaneKey(p, tag)}, g.keys)
+		fairDeadline: fairDeadlineKey(p, tag), fairLane: fairLaneKey(p, tag)}
+	want.rateOnly = []any{want.rate}
+	want.rateToken = []any{want.rate, want.token}
+	want.tokenGrant = []any{want.token, want.grant}
+	require.Equal(t, want, g.keys)
 
-	// The slice, the lane's name and its key. (Building the gate's keys too made it 6.)
-	allocs := testing.AllocsPerRun(100, func() { _ = g.fairKeys(lane) })
-	require.LessOrEqual(t, allocs, 3.0, "allocations per fairKeys")
+	// The lane's name, its key and the key boxed; the caller's slice has room. (Building the
+	// gate's keys too made it 6, and the slice of them 1 more.)
+	buf := make([]any, 0, 4)
+	allocs := testing.AllocsPerRun(100, func() { _ = g.appendFairKeys(buf[:0], lane) })
+	require.LessOrEqual(t, allocs, 3.0, "allocations per appendFairKeys")
 }

@@ -136,10 +136,11 @@ func (f Fairness) validate() error {
 	return nil
 }
 
-// fairKeys and fairArgs are reserveScript's KEYS[6..9] and ARGV[28..40] for lane l.
-func (c *Gate) fairKeys(l *Lane) []string {
+// appendFairKeys appends reserveScript's KEYS[6..9] for lane l to keys; fairArgs are its
+// ARGV[28..40].
+func (c *Gate) appendFairKeys(keys []any, l *Lane) []any {
 	k := &c.keys
-	return []string{k.fair, k.fairLanes, k.fairDeadline, k.fairLane + l.name()}
+	return append(keys, k.fair, k.fairLanes, k.fairDeadline, k.fairLane+l.name())
 }
 
 func (c *Gate) fairArgs(l *Lane) []any {

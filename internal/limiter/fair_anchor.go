@@ -13,8 +13,7 @@ import (
 // later the schedule moved (0 until the burst's last report), or an error when Redis fails (the
 // slots after the burst then wait a second before going on their own).
 func (c *Gate) Sent(ctx context.Context, period int64) (time.Duration, error) {
-	keys := []string{c.keys.rate, c.keys.token}
-	d, err := sentScript.Run(ctx, c.l.rdb, keys, c.l.nowArg(), period).Int64()
+	d, err := sentScript.Run(ctx, c.l.rdb, c.keys.rateToken, c.l.nowArg(), period).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("report send: %w", err)
 	}

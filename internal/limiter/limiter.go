@@ -278,12 +278,16 @@ type Gate struct {
 }
 
 // gateKeys are a gate's Redis keys, built once in GateByTag: a reservation names up to nine of
-// them and each was a string built, then boxed, at every call.
+// them and each was a string built, then boxed, at every call. Each is a string, boxed once as
+// the scripts take their keys (redisscript.Script.Run).
 type gateKeys struct {
-	rate, token, grant, pause, budget string
-	fair, fairLanes, fairDeadline     string
+	rate, token, grant, pause, budget any
+	fair, fairLanes, fairDeadline     any
 	// fairLane is the prefix of a lane's key: fairLane + Lane.name().
 	fairLane string
+	// rateOnly, rateToken and tokenGrant are the KEYS of the calls that name those: read only,
+	// shared by every call.
+	rateOnly, rateToken, tokenGrant []any
 }
 
 // Gate returns the limiter of the provider key id. id is only hashed (keys look like
@@ -304,6 +308,9 @@ func (l *Limiter) GateByTag(tag, name string) *Gate {
 		fairLanes: fairLanesKey(p, tag), fairDeadline: fairDeadlineKey(p, tag),
 		fairLane: fairLaneKey(p, tag),
 	}
+	keys.rateOnly = []any{keys.rate}
+	keys.rateToken = []any{keys.rate, keys.token}
+	keys.tokenGrant = []any{keys.token, keys.grant}
 	return &Gate{l: l, name: name, tag: tag, series: newGateSeries(l.cfg.Metrics, name), keys: keys}
 }
 
@@ -474,7 +481,8 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		lim.Burst = 1
 	}
 	ca := &c.l.args
-	keys := []string{c.keys.rate}
+	keys := make([]any, 0, 10) // rate, token, grant, pause, budget, 4 fair, circuit
+	keys = append(keys, c.keys.rate)
 	args := []any{c.l.nowArg() + " " + c.l.calls.Next(), fmtFloat(lim.Rate), lim.Burst,
 		ca.phaseMargin, ca.rateMargin, ca.learnTTL, ca.probeTTL, ca.pollInterval, ca.learnHorizon}
 	gated := opts != (AttemptOptions{})
@@ -503,7 +511,7 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		if err := opts.Lane.valid(); err != nil {
 			return Reservation{}, fmt.Errorf("reserve: %w", err)
 		}
-		keys = append(keys, c.fairKeys(opts.Lane)...)
+		keys = c.appendFairKeys(keys, opts.Lane)
 	}
 	args = append(args, c.anchorArgs(opts)...)
 	if opts.Circuit != nil {

@@ -118,7 +118,7 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 	}
 	calls := []redisscript.Call{{
 		Script: observeScript,
-		Keys:   []string{c.keys.rate},
+		Keys:   c.keys.rateOnly,
 		Args: []any{l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),
 			ra, l.args.learnTTL, l.args.rateDecrease, o.Seq, l.args.learnTTL, asked, applied,
 			micros(o.SentAt.Sub(now))},

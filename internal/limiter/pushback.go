@@ -57,7 +57,7 @@ func (c *Gate) ClearPushBack(ctx context.Context) (PushBack, error) {
 }
 
 func (c *Gate) pushBack(ctx context.Context, clear bool) (PushBack, error) {
-	res, err := pushBackScript.Run(ctx, c.l.rdb, []string{rateKey(c.l.cfg.Prefix, c.tag)},
+	res, err := pushBackScript.Run(ctx, c.l.rdb, c.keys.rateOnly,
 		c.l.nowArg(), flag(clear)).Slice()
 	if err != nil {
 		return PushBack{}, fmt.Errorf("read push-back: %w", err)

@@ -81,7 +81,8 @@ end
 // token limits is "capacity rate source" for the input, output and combined buckets, comma
 // separated ("" without tokens). A cost larger than a whole bucket returns {-1, bucket name,
 // cost, capacity} and changes nothing.
-var reserveScript = redis.NewScript(luaCommon + luaTokens + luaBudget + luaFair + luaAnchor + `
+var reserveScript = redisscript.NewScript(luaCommon + luaTokens + luaBudget + luaFair + luaAnchor +
+	`
 local key = KEYS[1]
 -- A call whose reply was lost after it ran (its connection cut) is sent again by the client: a
 -- probe it was granted is kept for it (see ARGV[1]), not left out for ProbeTTL. The retry finds
@@ -454,7 +455,7 @@ return reply(1, send, 0, rate, burst, source, grant(send))
 // ARGV[14] the Retry-After applied (ARGV[13] capped), µs
 // ARGV[15] when the request was sent, µs from now (≤ 0)
 // Returns {limit, rate (string)}.
-var observeScript = redis.NewScript(luaCommon + `
+var observeScript = redisscript.NewScript(luaCommon + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
 local status, hdr = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -563,7 +564,7 @@ return {L or 0, fmt(est)}
 // one request's room from now) starts again from now with the bucket holding one request, as the
 // push-back itself would have at nb. Slots already handed out keep their times.
 // Returns {nb µs (0: none in force), nbat µs, nbra µs, nbap µs}, as they were before a clear.
-var pushBackScript = redis.NewScript(luaCommon + `
+var pushBackScript = redisscript.NewScript(luaCommon + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
 local s = redis.call('HMGET', key, 'nb', 'nbat', 'nbra', 'nbap', 'tat', 'ts', 'bs')

@@ -1,6 +1,6 @@
 package limiter
 
-import "github.com/redis/go-redis/v9"
+import "github.com/llmq/llmq/internal/redisscript"
 
 // luaAnchor sets the schedule after a full bucket by when the burst's requests left, not by
 // when they were granted (AttemptOptions.ReportSend).
@@ -79,7 +79,7 @@ end
 // ARGV[2] the period the slot was granted in (Reservation.ReportSend); an earlier one counts in
 // the current period (carried over)
 // Returns how much later the schedule moved, µs (0: not at all, or not yet).
-var sentScript = redis.NewScript(luaCommon + luaTokens + `
+var sentScript = redisscript.NewScript(luaCommon + luaTokens + `
 local key = KEYS[1]
 local now = clock(ARGV[1])
 local s = redis.call('HMGET', key, 'fa', 'fu', 'tp', 'ts', 'tat', 'full')

@@ -1,6 +1,10 @@
 package limiter
 
-import "github.com/redis/go-redis/v9"
+import (
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisscript"
+)
 
 // luaTokens is prepended to the scripts that touch token buckets (after luaCommon).
 //
@@ -176,7 +180,7 @@ end
 // held when it evaluated the request (the deficit less its rounding, from the send on) plus the
 // tokens granted after the response's grant (handed out, not yet seen by the provider; see kafter).
 // Returns 1.
-var observeTokensScript = redis.NewScript(luaCommon + luaTokens + luaKAfter + `
+var observeTokensScript = redisscript.NewScript(luaCommon + luaTokens + luaKAfter + `
 local tk = KEYS[1]
 local now = clock(ARGV[1])
 local learnttl, rmargin, tmin = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -246,7 +250,7 @@ return 1
 // A charge (actual > charged) moves the bucket's tat later by the difference; a refund moves it
 // earlier, but never before what the slots handed out after the grant imply (see kquery).
 // Returns {found 0|1, charged in, charged out, charged both}.
-var reconcileScript = redis.NewScript(luaCommon + luaTokens + `
+var reconcileScript = redisscript.NewScript(luaCommon + luaTokens + `
 local tk, gk = KEYS[1], KEYS[2]
 local now = clock(ARGV[1])
 local rec = redis.call('HGET', gk, ARGV[2])

@@ -173,7 +173,7 @@ func (c *Gate) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.
 	cfg := &c.l.cfg
 	return redisscript.Call{
 		Script: reconcileScript,
-		Keys:   []string{c.keys.token, c.keys.grant},
+		Keys:   c.keys.tokenGrant,
 		Args:   []any{c.l.nowArg(), grant, actual.InputTokens, actual.OutputTokens, micros(cfg.LearnTTL)},
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			res, err := cmd.Slice()
@@ -232,7 +232,7 @@ func (c *Gate) observeTokensCall(o Observation, off clockOffset, now time.Time) 
 	if !known {
 		return redisscript.Call{}, false
 	}
-	cfg, ca := &c.l.cfg, &c.l.args
+	ca := &c.l.args
 	args := []any{c.l.nowArg(), ca.learnTTL, ca.rateMargin, ca.tokenMinute}
 	for _, f := range fams {
 		if !f.usable() {
@@ -247,8 +247,7 @@ func (c *Gate) observeTokensCall(o Observation, off clockOffset, now time.Time) 
 			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))
 	}
 	args = append(args, o.Grant, grantsKept)
-	keys := []string{tokenKey(cfg.Prefix, c.tag), grantKey(cfg.Prefix, c.tag)}
-	return redisscript.Call{Script: observeTokensScript, Keys: keys, Args: args,
+	return redisscript.Call{Script: observeTokensScript, Keys: c.keys.tokenGrant, Args: args,
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			if err := cmd.Err(); err != nil {
 				return fmt.Errorf("observe token limits: %w", err)

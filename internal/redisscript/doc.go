@@ -1,6 +1,14 @@
 // Package redisscript is the one home of what every Redis Lua script of llmq shares: the key
 // layout of a credential (its hash tag), the Lua prelude the scripts start with, the decoding of
-// their replies, and the pipelined sending of several packages' calls in one round trip.
+// their replies, the sending of the scripts every job runs (Script), and the pipelined sending of
+// several packages' calls in one round trip.
+//
+// # Scripts
+//
+// A Script sends its calls as go-redis's Script.Run does (EVALSHA, then EVAL on NOSCRIPT, to the
+// first key's node on a Cluster) but holds its SHA and source boxed once, and takes its keys
+// boxed ([]any of strings): go-redis boxed the SHA and every key at every call, some two dozen
+// calls a job (issue 23). A caller that builds its keys once keeps them boxed too.
 //
 // # Keys
 //
@@ -21,8 +29,8 @@
 // Run sends the calls of several packages in one round trip: the limiter's observation of an
 // answer and the breaker's report of it, say, which a worker otherwise sends one after the other
 // after every provider call. A pipelined EVALSHA of a script Redis has not cached (after a restart
-// or SCRIPT FLUSH) fails with NOSCRIPT and does nothing; go-redis's Script.Run falls back to EVAL
-// only outside a pipeline, so Run does it: after the round trip it sends those calls again with
+// or SCRIPT FLUSH) fails with NOSCRIPT and does nothing; Script.Run falls back to EVAL only
+// outside a pipeline, so Run does it: after the round trip it sends those calls again with
 // EVAL (which caches the script), in their order. The calls that did run are not sent twice.
 //
 // # Calls sent again

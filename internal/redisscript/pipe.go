@@ -9,9 +9,10 @@ import (
 
 // Call is one script call: the script, its keys and arguments, and what to do with the reply.
 type Call struct {
-	Script *redis.Script
-	Keys   []string
-	Args   []any
+	Script *Script
+	// Keys are the script's KEYS, each a string (boxed once where the caller keeps them).
+	Keys []any
+	Args []any
 	// Done receives the call's reply after the round trip (cmd.Err() holds a Redis error); its
 	// error is the call's. Nil: the reply is only checked for an error.
 	Done func(ctx context.Context, cmd *redis.Cmd) error
@@ -32,15 +33,17 @@ func Run(ctx context.Context, rdb redis.UniversalClient, calls ...Call) error {
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = c.Script.EvalSha(ctx, pipe, c.Keys, c.Args...)
+		cmds[i] = c.Script.evalSha(ctx, c.Keys, c.Args)
+		_ = pipe.Process(ctx, cmds[i]) // queued: the error is the reply's, read below
 	}
 	// Exec's error is the first failed command's; each call's own reply is read below.
 	_, _ = pipe.Exec(ctx)
 	errs := make([]error, 0, len(calls))
 	for i, c := range calls {
 		cmd := cmds[i]
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = c.Script.Eval(ctx, rdb, c.Keys, c.Args...) // EVAL caches the script for the next EVALSHA
+		if isNoScript(cmd.Err()) {
+			cmd = c.Script.eval(ctx, c.Keys, c.Args) // EVAL caches the script for the next EVALSHA
+			_ = rdb.Process(ctx, cmd)
 		}
 		errs = append(errs, c.finish(ctx, cmd))
 	}

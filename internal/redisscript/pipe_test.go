@@ -17,19 +17,21 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// incrScript counts a call: INCR KEYS[1], and returns the new count.
-var incrScript = redis.NewScript(`return redis.call('INCR', KEYS[1])`)
+// incrSrc counts a call: INCR KEYS[1], and returns the new count.
+const incrSrc = `return redis.call('INCR', KEYS[1])`
+
+var incrScript = redisscript.NewScript(incrSrc)
 
 // uncached returns a script of the same effect as incrScript that Redis has never seen: its
 // EVALSHA answers NOSCRIPT until something loads it.
-func uncached() *redis.Script {
-	return redis.NewScript("-- " + redistest.Rand() + "\nreturn redis.call('INCR', KEYS[1])")
+func uncached() *redisscript.Script {
+	return redisscript.NewScript("-- " + redistest.Rand() + "\nreturn redis.call('INCR', KEYS[1])")
 }
 
 func setup(t *testing.T) (*redis.Client, *redistest.ScriptTrips, string) {
 	rdb := redistest.Client(t)
 	ctx := context.Background()
-	require.NoError(t, incrScript.Load(ctx, rdb).Err())
+	require.NoError(t, rdb.ScriptLoad(ctx, incrSrc).Err())
 	hook := &redistest.ScriptTrips{}
 	rdb.AddHook(hook)
 	return rdb, hook, redistest.Prefix(t)
@@ -49,9 +51,9 @@ func TestRun_OneRoundTripInOrder(t *testing.T) {
 	rdb, hook, p := setup(t)
 	var got []int64
 	err := redisscript.Run(context.Background(), rdb,
-		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
-		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
-		redisscript.Call{Script: incrScript, Keys: []string{p + "b"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "a"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "a"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "b"}, Done: record(&got)},
 	)
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 2, 1}, got, "each Done gets its own reply, the calls ran in order")
@@ -62,7 +64,7 @@ func TestRun_OneCallGoesAlone(t *testing.T) {
 	t.Parallel()
 	rdb, hook, p := setup(t)
 	var got []int64
-	require.NoError(t, redisscript.Run(context.Background(), rdb, redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)}))
+	require.NoError(t, redisscript.Run(context.Background(), rdb, redisscript.Call{Script: incrScript, Keys: []any{p + "a"}, Done: record(&got)}))
 	require.Equal(t, []int64{1}, got)
 	require.Equal(t, 1, hook.Count())
 	require.NoError(t, redisscript.Run(context.Background(), rdb))
@@ -77,9 +79,9 @@ func TestRun_UncachedScriptRunsOnce(t *testing.T) {
 	fresh := uncached()
 	var got []int64
 	err := redisscript.Run(ctx, rdb,
-		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: record(&got)},
-		redisscript.Call{Script: fresh, Keys: []string{p + "b"}, Done: record(&got)},
-		redisscript.Call{Script: incrScript, Keys: []string{p + "c"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "a"}, Done: record(&got)},
+		redisscript.Call{Script: fresh, Keys: []any{p + "b"}, Done: record(&got)},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "c"}, Done: record(&got)},
 	)
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 1, 1}, got)
@@ -92,8 +94,8 @@ func TestRun_UncachedScriptRunsOnce(t *testing.T) {
 
 	// EVAL cached it: the next round trip needs no second one.
 	require.NoError(t, redisscript.Run(ctx, rdb,
-		redisscript.Call{Script: fresh, Keys: []string{p + "b"}},
-		redisscript.Call{Script: incrScript, Keys: []string{p + "c"}},
+		redisscript.Call{Script: fresh, Keys: []any{p + "b"}},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "c"}},
 	))
 	require.Equal(t, 3, hook.Count())
 }
@@ -106,9 +108,9 @@ func TestRun_ErrorsAreEachCalls(t *testing.T) {
 	errDone := errors.New("done failed")
 	var ran int
 	err := redisscript.Run(ctx, rdb,
-		redisscript.Call{Script: incrScript, Keys: []string{p + "text"}}, // Redis refuses: not an integer
-		redisscript.Call{Script: incrScript, Keys: []string{p + "a"}, Done: func(context.Context, *redis.Cmd) error { ran++; return errDone }},
-		redisscript.Call{Script: incrScript, Keys: []string{p + "b"}, Done: func(_ context.Context, cmd *redis.Cmd) error { ran++; return cmd.Err() }},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "text"}}, // Redis refuses: not an integer
+		redisscript.Call{Script: incrScript, Keys: []any{p + "a"}, Done: func(context.Context, *redis.Cmd) error { ran++; return errDone }},
+		redisscript.Call{Script: incrScript, Keys: []any{p + "b"}, Done: func(_ context.Context, cmd *redis.Cmd) error { ran++; return cmd.Err() }},
 	)
 	require.ErrorIs(t, err, errDone)
 	require.ErrorContains(t, err, "not an integer")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // Rate is a request rate with a burst: Burst requests at once, then one every 1/PerSecond.
@@ -75,7 +77,7 @@ func (l *RateLimiter) Allow(ctx context.Context, tenant string) (Decision, error
 		now = strconv.FormatInt(l.cfg.Now().UnixMicro(), 10)
 	}
 	interval := 1e6 / l.cfg.Rate.PerSecond
-	res, err := gcraScript.Run(ctx, l.rdb, []string{submitKey(l.cfg.Prefix, tenant)},
+	res, err := gcraScript.Run(ctx, l.rdb, []any{submitKey(l.cfg.Prefix, tenant)},
 		now, strconv.FormatFloat(interval, 'f', -1, 64), l.cfg.Rate.Burst).Int64Slice()
 	if err != nil {
 		return Decision{}, fmt.Errorf("tenant rate limit: %w", err)
@@ -98,7 +100,7 @@ func submitKey(prefix, tenant string) string { return prefix + "tenant:{" + tena
 // ARGV[2] emission interval µs (1e6 / rate)
 // ARGV[3] burst
 // Returns {1, 0} when admitted (the arrival time advanced), {0, wait µs} when not (unchanged).
-var gcraScript = redis.NewScript(`
+var gcraScript = redisscript.NewScript(`
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])

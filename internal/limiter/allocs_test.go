@@ -1,0 +1,92 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
+)
+
+// TestGate_ScriptCallAllocs pins the allocations of the limiter's calls that every job makes, a
+// reservation and the observation of its answer: each boxed the script's SHA and every key into
+// an interface at every call, in go-redis's Script.Run (issue 23): 27, 38 and 18 allocations. The
+// bounds are the counts with the SHA boxed once per script and the keys once per gate
+// (redisscript.Script).
+func TestGate_ScriptCallAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops go-redis's pooled buffers at random")
+	}
+	b := setup(t, nil)
+	ctx := context.Background()
+	lim := limiter.Limit{Rate: 1e6, Burst: 1000}
+	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: true}
+	obs := limiter.Observation{StatusCode: 200}
+	for _, tc := range []struct {
+		name string
+		call func(g *limiter.Gate) error
+		max  float64
+	}{
+		{name: "Reserve", max: 22, call: func(g *limiter.Gate) error {
+			_, err := g.Reserve(ctx, lim)
+			return err
+		}},
+		{name: "ReserveAttempt", max: 27, call: func(g *limiter.Gate) error {
+			_, err := g.ReserveAttempt(ctx, lim, tokens.Cost{}, opts)
+			return err
+		}},
+		{name: "Observe", max: 14, call: func(g *limiter.Gate) error { return g.Observe(ctx, obs) }},
+	} {
+		name := tc.name
+		g := b.lim2.Gate("sk-"+name, name)   // each its own credential: its replies the same each time
+		require.NoError(t, tc.call(g), name) // the connection, and the script cached
+		allocs := testing.AllocsPerRun(200, func() {
+			b.clock.Advance(time.Millisecond)
+			if err := tc.call(g); err != nil {
+				panic(err)
+			}
+		})
+		t.Logf("%s: %.1f allocations", name, allocs)
+		require.LessOrEqual(t, allocs, tc.max, "allocations per %s", name)
+	}
+}
+
+// BenchmarkGate_ScriptCalls measures the limiter's per-job script calls (issue 23): a
+// reservation, an attempt's admission and an observation, on the local Redis.
+func BenchmarkGate_ScriptCalls(b *testing.B) {
+	ctx := context.Background()
+	lim := limiter.Limit{Rate: 1e9, Burst: 1000}
+	opts := limiter.AttemptOptions{UnlessPaused: true, FirstAttempt: true}
+	for _, bc := range []struct {
+		name string
+		call func(g *limiter.Gate) error
+	}{
+		{name: "Reserve", call: func(g *limiter.Gate) error {
+			_, err := g.Reserve(ctx, lim)
+			return err
+		}},
+		{name: "ReserveAttempt", call: func(g *limiter.Gate) error {
+			_, err := g.ReserveAttempt(ctx, lim, tokens.Cost{}, opts)
+			return err
+		}},
+		{name: "Observe", call: func(g *limiter.Gate) error {
+			return g.Observe(ctx, limiter.Observation{StatusCode: 200})
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			l, err := limiter.New(redistest.Client(b), &limiter.Config{Prefix: redistest.Prefix(b)})
+			require.NoError(b, err)
+			g := l.Gate("sk-bench", "bench")
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := bc.call(g); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
