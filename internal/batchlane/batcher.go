@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -663,28 +664,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		return errors.Join(err, b.store.pollLater(ctx, row.ID, at))
 	}
 	if live == 0 {
-		// Nothing waits for this batch. One that has ended at the provider (its results were
-		// recorded by a leader that died before closing it, or it ended as its last jobs left) is
-		// closed as ended: a cancel would do nothing, and it was not canceled. A poll that fails
-		// leaves that to the cancel's answer, but one answered with a Retry-After waits it.
-		st, err := lane.Client.Poll(ctx, *row.ProviderID)
-		if err == nil && st.Ended {
-			return b.closeEnded(ctx, lane, row, st)
-		}
-		if d := retrypolicy.Classify(err, b.cfg.Now()); d.Retry && d.HasRetryAfter {
-			return later(err) // a cancel now would be refused the same
-		}
-		// Else stop paying for what is left of it. A cancel that failed (no answer, the
-		// provider's side: 408, 429, 5xx) is tried again after the backoff, as a failed poll is;
-		// one refused otherwise (a 409 or 400: the batch has ended) closes it.
-		if err := lane.Client.Cancel(ctx, *row.ProviderID); err != nil {
-			var se *StatusError
-			if !errors.As(err, &se) || (retryableStatus(se.Status) && se.Status != http.StatusConflict) {
-				return later(err)
-			}
-		}
-		b.cfg.Metrics.batch(row.Credential, "canceled")
-		return b.store.ended(ctx, row.ID, "canceled", "canceled")
+		return b.closeIdle(ctx, lane, row, jobs, held, later)
 	}
 	st, err := lane.Client.Poll(ctx, *row.ProviderID)
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
@@ -724,17 +704,111 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 	return b.closeEnded(ctx, lane, row, st)
 }
 
+// closeIdle handles sent batch row when none of its jobs waits for it any more (jobs, read
+// by this pass: those it moved online still show unfinished). One that has ended at the provider
+// (its results were recorded by a leader that died before closing it, or it ended as its last
+// jobs left, or the cancel below ended it) is closed (see closeAs): as ended, or canceled once
+// its cancel was accepted (provider state canceling, in the row or in the poll's answer: the
+// batcher that canceled it may have died before recording it), its files deleted either way;
+// its results are read first, for the usage of its canceled jobs' answers (see record: the
+// provider charged for them). One the provider no longer knows (404) is closed canceled, without
+// deletes, and logged. Else it is canceled at the provider, once, to stop paying for what is
+// left of it, and polled on (the provider takes a while to end a canceled batch: OpenAI's
+// cancelling lasts up to 10 minutes, and writes the output and error files of what it ran) until
+// it ended. later records a failed call. A poll that fails leaves that to the cancel's answer,
+// but one answered with a Retry-After waits it (a cancel now would be refused the same).
+func (b *Batcher) closeIdle(ctx context.Context, lane Lane, row batchRow, jobs []batchJob,
+	held heldLanes, later func(error) error) error {
+	st, err := lane.Client.Poll(ctx, *row.ProviderID)
+	asked := row.ProviderState != nil && cancelAsked(*row.ProviderState) ||
+		err == nil && cancelAsked(st.Provider)
+	if err == nil && st.Ended {
+		if !st.Failed {
+			results, err := lane.Client.Results(ctx, *row.ProviderID)
+			if err != nil {
+				return later(err)
+			}
+			left := slices.DeleteFunc(slices.Clone(jobs), batchJob.unfinished)
+			if err := b.record(ctx, lane, row, left, results, noLine, st.Provider, held); err != nil {
+				return err
+			}
+		}
+		if asked {
+			return b.closeAs(ctx, lane, row, st, "canceled", "canceled")
+		}
+		return b.closeEnded(ctx, lane, row, st)
+	}
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
+		return b.closeLost(ctx, row)
+	}
+	d := retrypolicy.Classify(err, b.cfg.Now())
+	if (d.Retry && d.HasRetryAfter) || (err != nil && asked) {
+		return later(err)
+	}
+	next := b.cfg.Now().Add(pollDelay(lane.Config, row.Polls+1))
+	if asked {
+		return b.store.polled(ctx, row.ID, providerCanceling, next)
+	}
+	// A cancel that failed (no answer, the provider's side: 408, 429, 5xx) is tried again after
+	// the backoff, as a failed poll is; one refused otherwise (a 409 or 400: the batch is ending
+	// or has ended) is taken as accepted: the polls that follow find it ended.
+	if err := lane.Client.Cancel(ctx, *row.ProviderID); err != nil {
+		var se *StatusError
+		if !errors.As(err, &se) || (retryableStatus(se.Status) && se.Status != http.StatusConflict) {
+			return later(err)
+		}
+		if se.Status == http.StatusNotFound {
+			return b.closeLost(ctx, row)
+		}
+	}
+	return b.store.polled(ctx, row.ID, providerCanceling, next)
+}
+
+// cancelAsked reports whether a sent batch's provider state says it is being canceled (or was,
+// OpenAI's cancelled): its cancel was accepted (see closeIdle), or the provider said so when it
+// was polled.
+func cancelAsked(providerState string) bool {
+	switch providerState {
+	case providerCanceling, "cancelling", "cancelled":
+		return true
+	}
+	return false
+}
+
+// providerCanceling is the provider state of a batch whose cancel the provider accepted, until
+// a poll finds it ended (Anthropic's word; OpenAI says cancelling).
+const providerCanceling = "canceling"
+
+// closeLost closes sent batch row, none of whose jobs waits for it, which the provider no longer
+// knows (404: deleted, expired from its lists, or gone with an account): canceled, with nothing
+// to delete (the provider's files, if any are left, are not known), and logged, once (the batch
+// is closed).
+func (b *Batcher) closeLost(ctx context.Context, row batchRow) error {
+	b.cfg.Logger.WarnContext(ctx,
+		"a canceled batch is unknown to the provider: closed without deleting its files",
+		"batch", row.ID, "provider_batch_id", *row.ProviderID)
+	b.cfg.Metrics.batch(row.Credential, "canceled")
+	return b.store.ended(ctx, row.ID, "canceled", "not_found")
+}
+
 // closeEnded closes batch row, which ended at the provider (st) and whose results are
-// recorded: counted ended, or refused when it failed as a whole (State.Failed). Once it is
-// closed, its files at the provider are deleted (see deleteFiles): never before, so that a pass
-// that fails or dies before the close reads the results again on the next.
+// recorded: counted ended, or refused when it failed as a whole (State.Failed) (see closeAs).
 func (b *Batcher) closeEnded(ctx context.Context, lane Lane, row batchRow, st State) error {
 	outcome := "ended"
 	if st.Failed {
 		outcome = "refused"
 	}
+	return b.closeAs(ctx, lane, row, st, "ended", outcome)
+}
+
+// closeAs closes batch row, which ended at the provider (st), in state (ended, or canceled
+// after its cancel: see closeIdle), counted as outcome. Once it is closed, its files at the
+// provider are deleted (see deleteFiles): never before, so that a pass that fails or dies before
+// the close reads the results again on the next.
+func (b *Batcher) closeAs(ctx context.Context, lane Lane, row batchRow, st State,
+	state, outcome string) error {
 	b.cfg.Metrics.batch(row.Credential, outcome)
-	if err := b.store.ended(ctx, row.ID, "ended", st.Provider); err != nil {
+	if err := b.store.ended(ctx, row.ID, state, st.Provider); err != nil {
 		return err
 	}
 	b.deleteFiles(ctx, lane, row, st.Files)

@@ -110,7 +110,8 @@ func TestBatcher_Outcomes(t *testing.T) {
 	busy := b.submit(t, "llmsim-batch-overloaded", 0, 0)
 	busySoon := b.submit(t, "llmsim-batch-overloaded", 3*time.Hour, 0)
 	late := b.submit(t, "llmsim-batch-expire", 0, 0)
-	spent := b.submit(t, "llmsim-batch-expire", 0, 1)
+	spent := b.submit(t, "llmsim-batch-server-error", 0, 1)
+	lastAttempt := b.submit(t, "llmsim-batch-expire", 0, 1)
 
 	b.clock.Advance(fill)
 	once(t, bt)
@@ -146,15 +147,22 @@ func TestBatcher_Outcomes(t *testing.T) {
 	got = b.get(t, spent.ID)
 	require.Equal(t, jobs.StatusDead, got.Status, "no attempt left")
 	require.Equal(t, jobs.ReasonRetriesExhausted, *got.DeadReason)
+	require.Equal(t, 500, got.LastError.Status)
 	require.Equal(t, jobs.LaneOnline, got.Lane, "an operator's retry of a dead letter runs online")
 
-	require.ElementsMatch(t, []string{busySoon.ID, late.ID}, b.online(), "the jobs for the online lane are enqueued")
+	got = b.get(t, lastAttempt.ID)
+	require.Equal(t, jobs.StatusRetrying, got.Status, "an expired round gives its attempt back")
+	require.Equal(t, 0, got.Attempts)
+	require.Equal(t, jobs.LaneOnline, got.Lane)
+
+	require.ElementsMatch(t, []string{busySoon.ID, late.ID, lastAttempt.ID}, b.online(),
+		"the jobs for the online lane are enqueued")
 
 	st := b.sim.BatchStats()
 	require.Equal(t, 2, st.Created)
-	require.Equal(t, 7, st.Requests, "six jobs, then the one retried")
+	require.Equal(t, 8, st.Requests, "seven jobs, then the one retried")
 
-	for outcome, want := range map[string]float64{"succeeded": 1, "failed": 1, "rebatched": 1, "online": 2, "dead": 1} {
+	for outcome, want := range map[string]float64{"succeeded": 1, "failed": 1, "rebatched": 1, "online": 3, "dead": 1} {
 		require.Equal(t, want, b.counter(t, "jobs", outcome), outcome)
 	}
 	require.Equal(t, 2.0, b.counter(t, "batches", "sent"))

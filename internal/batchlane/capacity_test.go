@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
 )
 
@@ -138,4 +139,59 @@ func TestBatcher_CapacityGiveBacksAreBounded(t *testing.T) {
 	attempts, err := b.store.Attempts(t.Context(), j.ID)
 	require.NoError(t, err)
 	require.Len(t, attempts, 2)
+}
+
+// TestBatcher_ExpiredRoundsGiveTheirAttemptBack: a request the provider ended expired (its
+// batch's window passed before it ran it) was never called, as one refused for the provider's
+// capacity: its round gives its attempt back, and the job goes online (the batch lane could not
+// make it) with its attempts whole. A job with one attempt went dead retries_exhausted after a
+// single expired round, though no call of it was made. The bound is the capacity rounds': a job
+// with max_attempts attempt rows refused for the provider's capacity (in either lane; an
+// expired round's row counts as one) already, an expired round counts.
+func TestBatcher_ExpiredRoundsGiveTheirAttemptBack(t *testing.T) {
+	t.Parallel()
+	for _, provider := range []string{"anthropic", "openai"} {
+		t.Run(provider, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOpts{provider: provider})
+			bt := b.batcher(nil)
+			j := b.submit(t, "llmsim-batch-expire", 72*time.Hour, 1)
+			spent := b.submit(t, "llmsim-batch-expire", 72*time.Hour, 1)
+			// spent's one give-back went to an online 503 (its attempt_base keeps its number).
+			_, err := b.pool.Exec(t.Context(), `
+WITH a AS (INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, status_code, class, error)
+	VALUES ($1, 1, 'default', now(), 10, 503, 'retryable', 'overloaded'))
+UPDATE jobs SET attempt_base = 1 WHERE id = $1`, spent.ID)
+			require.NoError(t, err)
+			// expiredBefore's went to an expired round: the bound counts its row as well.
+			expiredBefore := b.submit(t, "llmsim-batch-expire", 72*time.Hour, 1)
+			_, err = b.pool.Exec(t.Context(), `
+WITH a AS (INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, class, error)
+	VALUES ($1, 1, 'default', now(), 10, 'retryable', $2))
+UPDATE jobs SET attempt_base = 1 WHERE id = $1`, expiredBefore.ID, batchlane.ExpiredMessage)
+			require.NoError(t, err)
+			b.clock.Advance(fill)
+			once(t, bt) // sent
+			b.clock.Advance(2 * time.Hour)
+			once(t, bt) // expired
+
+			got := b.get(t, j.ID)
+			require.Equal(t, jobs.StatusRetrying, got.Status, "%+v", got.LastError)
+			require.Equal(t, jobs.LaneOnline, got.Lane, "online: the batch lane could not make it")
+			require.Equal(t, 0, got.Attempts, "the expired round's attempt was given back")
+			require.Equal(t, "batch_expired", got.LastError.Type)
+			attempts, err := b.store.Attempts(t.Context(), j.ID)
+			require.NoError(t, err)
+			require.Len(t, attempts, 1, "the round keeps its attempt row")
+
+			got = b.get(t, spent.ID)
+			require.Equal(t, jobs.StatusDead, got.Status, "max_attempts given back already: it counts")
+			require.Equal(t, jobs.ReasonRetriesExhausted, *got.DeadReason)
+			require.Equal(t, 1, got.Attempts)
+			got = b.get(t, expiredBefore.ID)
+			require.Equal(t, jobs.StatusDead, got.Status, "max_attempts expired rounds already: it counts")
+			require.Equal(t, jobs.ReasonRetriesExhausted, *got.DeadReason)
+			require.Equal(t, []string{j.ID}, b.online())
+		})
+	}
 }

@@ -23,16 +23,18 @@
 // Deadlines hold whatever a batch does: a job whose deadline is within OnlineFallback, waiting
 // or in a batch not yet ended, goes to the online lane (a result its batch brings later is
 // discarded; the provider may still charge for it); one in a batch with no attempt left fails,
-// deadline_exceeded. A canceled job leaves its batch before the
-// send; after it, its result is discarded (an answer's usage is kept as the job's: the provider
-// charged for it), and a batch none of whose jobs still wait is canceled
-// at the provider. A credential whose lane is turned off sends its waiting jobs online and still
-// polls the batches it has; a paused credential (a spend cap) sends no batch until it is
+// deadline_exceeded. A canceled job leaves its batch before the send; after it, its result is
+// discarded (an answer's usage is kept as the job's: the provider charged for it), and a batch
+// none of whose jobs still wait is canceled at the provider, polled until the provider ends it
+// (its answers' usage kept as the canceled jobs'), and then closed and its files deleted. A
+// credential whose lane is turned off sends its waiting jobs online and still polls the batches
+// it has; a paused credential (a spend cap) sends no batch until it is
 // resumed (by an operator, or by a pause probe: the online lane's, or, with the credential's
 // pause_probe_interval, one batch send per interval), and still polls the batches it sent. A
 // send the batch API refuses with a spend cap (a 429 without Retry-After, or a spend-cap code, as
 // the online lane classifies answers) pauses the credential and alerts, as the executor does;
-// so does a request an ended batch answered with a spend-cap code, whose job is dead-lettered.
+// so does a request an ended batch answered with a spend-cap code, whose job is dead-lettered,
+// and a batch that failed as a whole with one, whose jobs are (without an attempt counted).
 // A batch the provider refuses as a whole (4xx, or OpenAI's failed) sends its jobs online; one
 // it no longer knows (404) sends them round again; failed calls (send, poll, results, cancel)
 // keep the backoff, or wait the answer's longer Retry-After, at most the backoff's cap.

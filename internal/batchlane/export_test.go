@@ -17,3 +17,6 @@ func SetMaxAnswerLen(c Client, n int64) {
 // CrashAfterRecord makes b's passes end with err between the recording of an ended batch's
 // results and the batch's close, as a process dying there would.
 func CrashAfterRecord(b *Batcher, err error) { b.crashAfterRecord = err }
+
+// ExpiredMessage is the error of an expired batch request's attempt row.
+const ExpiredMessage = expiredMessage

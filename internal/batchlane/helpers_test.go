@@ -89,13 +89,16 @@ func (b *testBundle) batcher(client batchlane.Client) *batchlane.Batcher {
 		client = b.client
 	}
 	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics,
-		Lanes: []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg, MaxBytes: b.maxBytes}},
-		Enqueue: func(_ context.Context, id string, _ jobs.Priority) error {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			b.enqueued = append(b.enqueued, id)
-			return nil
-		}})
+		Lanes:   []batchlane.Lane{{Credential: "default", Client: client, Config: b.cfg, MaxBytes: b.maxBytes}},
+		Enqueue: b.enqueue})
+}
+
+// enqueue is the batchers' Config.Enqueue: it records the job handed to the online lane.
+func (b *testBundle) enqueue(_ context.Context, id string, _ jobs.Priority) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.enqueued = append(b.enqueued, id)
+	return nil
 }
 
 // online returns the jobs handed to the online lane so far, sorted.

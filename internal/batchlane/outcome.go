@@ -17,14 +17,16 @@ import (
 // record applies an ended batch's results to its jobs by custom_id. Outcomes map onto the
 // online lane's classes:
 //   - succeeded: the job succeeds with the provider's answer (cost class batch);
-//   - errored with a spend-cap code (billing_error, insufficient_quota...): the job is dead
+//   - errored with a spend-cap code (billing_error, insufficient_quota...), or the batch failed
+//     as a whole with one (its round counts no attempt): the job is dead
 //     (rate_limited_no_retry_after) and the credential paused, as online;
 //   - errored with a request error (400, 401, 403, 404, 413, 422...): the job fails, as online;
 //   - errored with a server or overload error (408, 409, 429, 5xx, 529), expired, canceled, or
 //     no result for the job (missing: noLine, or the batch's failure): the job is retried
 //     within its attempts (see retryMove); a round its request did not run in for the
-//     provider's capacity (429, 503, 529, or the batch's failure) gives its attempt back (a
-//     429, 503 or 529 only while the job has fewer than max_attempts attempt rows with one).
+//     provider's capacity (429, 503, 529, expired, or the batch's failure) gives its attempt
+//     back (all but a failed batch's only while the job has fewer than max_attempts attempt
+//     rows of such refusals: store.refusals).
 //
 // A job with several lines keeps its answer, if one is among them, else its last line.
 //
@@ -44,7 +46,8 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 	}
 	var refused []string // jobs a result refused for the provider's capacity
 	for _, j := range jobs {
-		if r, ok := byID[j.ID]; ok && j.unfinished() && r.Kind == Errored && capacityStatus(r.Status) {
+		r, ok := byID[j.ID]
+		if ok && j.unfinished() && (r.Kind == Expired || r.Kind == Errored && capacityStatus(r.Status)) {
 			refused = append(refused, j.ID)
 		}
 	}
@@ -74,14 +77,26 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 		}
 	}
 	if capped != nil {
+		what := "a request of batch " + row.ID
 		cause := fmt.Errorf("request %s answered %d %s: %s", capped.CustomID, capped.Status, capped.ErrorType, capped.Message)
-		errs = append(errs, b.spendCap(ctx, lane, held, "a request of batch "+row.ID, retrypolicy.DeadReasonRateLimitedNoRetryAfter, cause))
+		if capped.Kind == Failed {
+			what = "batch " + row.ID
+			cause = fmt.Errorf("the batch failed: %s: %s", capped.ErrorType, capped.Message)
+		}
+		errs = append(errs, b.spendCap(ctx, lane, held, what,
+			retrypolicy.DeadReasonRateLimitedNoRetryAfter, cause))
 	}
 	return errors.Join(errs...)
 }
 
 // noLine is the result of a job that the batch's results hold no line for.
-var noLine = Result{Kind: Expired, Message: "the batch's results hold no line for the job"}
+var noLine = Result{Kind: Expired, Message: "the batch's results hold no line for the job",
+	missing: true}
+
+// expiredMessage is the error of an expired request's attempt row, which store.refusals counts
+// among the rounds the provider refused (see decide).
+const expiredMessage = "the job's batch request expired: " +
+	"the provider did not run it within the batch's window"
 
 // typedError is a result's error type as retrypolicy.Classify reads one: its spend-cap codes.
 type typedError string
@@ -104,13 +119,19 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 		m := b.attempt(row, j, now, http.StatusOK, "ok", "")
 		m.Status, m.Lane, m.Result, m.Usage, m.BatchState = "succeeded", "batch", r.Body, usageOf(r.Body), providerState
 		return m
-	case r.Kind == Errored && spendCapCode(r.ErrorType):
+	case (r.Kind == Errored || r.Kind == Failed) && spendCapCode(r.ErrorType):
 		// As the online lane: dead, for an operator to retry once the account pays again (see
-		// record, which pauses the credential).
+		// record, which pauses the credential). A batch that failed as a whole for it ran
+		// none of its requests: the round counts no attempt.
 		m := b.attempt(row, j, now, r.Status, string(retrypolicy.ClassSpendCap), r.Message)
 		m.Status, m.Lane, m.BatchState = "dead", "online", providerState
 		m.DeadReason = retrypolicy.DeadReasonRateLimitedNoRetryAfter
-		m.LastError = map[string]any{"class": string(retrypolicy.ClassSpendCap), "status": r.Status, "type": r.ErrorType, "message": r.Message}
+		m.LastError = map[string]any{"class": string(retrypolicy.ClassSpendCap), "type": r.ErrorType,
+			"message": r.Message}
+		if r.Status != 0 {
+			m.LastError["status"] = r.Status
+		}
+		m.GiveBack = r.Kind == Failed
 		return m
 	case r.Kind == Errored && !retryableStatus(r.Status):
 		m := b.attempt(row, j, now, r.Status, "permanent", r.Message)
@@ -128,6 +149,12 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 			m.Lane, m.BatchState = "batch", "waiting" // room for another batch: stay at half price
 		}
 		return m
+	case r.Kind == Expired && !r.missing:
+		// The batch's window passed before the provider ran the request: no call of the job's
+		// was made, as in a round refused for the provider's capacity, and under the same
+		// bound (its attempt row, of expiredMessage, counts in store.refusals).
+		// It goes online, as before: the batch lane could not make it within a window.
+		return b.retryMove(row, j, now, "batch_expired", expiredMessage, j.Refused < j.MaxAttempts)
 	case r.Kind == Failed:
 		// None of the batch's requests ran (a batch quota such as OpenAI's enqueued token
 		// limit): no call of the job's was made, so the round counts none.

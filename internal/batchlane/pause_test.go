@@ -45,13 +45,8 @@ func (b *testBundle) pausable(t *testing.T) *pausable {
 // batcher returns a batcher of the default credential whose lane reads p's pause.
 func (p *pausable) batcher(b *testBundle) *batchlane.Batcher {
 	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics, Pauses: p.pauses,
-		Lanes: []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg, Gate: p.gate}},
-		Enqueue: func(_ context.Context, id string, _ jobs.Priority) error {
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			b.enqueued = append(b.enqueued, id)
-			return nil
-		}})
+		Lanes:   []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg, Gate: p.gate}},
+		Enqueue: b.enqueue})
 }
 
 // TestBatcher_PausedCredentialHoldsSends: while the credential is paused (a spend cap, as the

@@ -44,6 +44,10 @@ type Result struct {
 	Status    int
 	ErrorType string
 	Message   string
+
+	// missing: the batch's results hold no line for the job (noLine), which the provider may
+	// have run (an undecodable line), unlike an Expired line's request.
+	missing bool
 }
 
 // State is a provider batch's state as polled.

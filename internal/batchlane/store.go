@@ -337,8 +337,9 @@ type batchJob struct {
 	MaxAttempts int
 	Deadline    time.Time
 	// Refused counts the job's attempt rows the provider refused for its capacity (429, 503,
-	// 529, in either lane), read by record for a job whose result is such a refusal only
-	// (store.refusals): it bounds the rounds a job gives back (see capacityStatus).
+	// 529, in either lane, or an expired batch request), read by record for a job whose result
+	// is such a refusal only (store.refusals): it bounds the rounds a job gives back (see
+	// capacityStatus).
 	Refused int
 }
 
@@ -364,14 +365,17 @@ func (s store) jobs(ctx context.Context, id string) ([]batchJob, error) {
 }
 
 // refusals returns, for each of jobs ids that has any, the number of its attempt rows the
-// provider refused for its capacity (429, 503, 529; batchJob.Refused).
+// provider refused for its capacity (429, 503, 529, or a batch request it let expire, whose row
+// holds expiredMessage; batchJob.Refused).
 func (s store) refusals(ctx context.Context, ids []string) (map[string]int, error) {
 	out := make(map[string]int)
 	if len(ids) == 0 {
 		return out, nil
 	}
 	rows, err := s.pool.Query(ctx, `SELECT job_id::text, count(*) FROM job_attempts
-WHERE job_id = ANY($1::text[]::uuid[]) AND status_code IN (429, 503, 529) GROUP BY job_id`, ids)
+WHERE job_id = ANY($1::text[]::uuid[])
+	AND (status_code IN (429, 503, 529) OR (status_code IS NULL AND error = $2))
+GROUP BY job_id`, ids, expiredMessage)
 	if err != nil {
 		return nil, fmt.Errorf("count refused attempts: %w", err)
 	}

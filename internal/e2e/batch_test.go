@@ -61,7 +61,7 @@ func TestBatchLane_DeadLetterAlerts(t *testing.T) {
 	t.Cleanup(hookSrv.Close)
 	b := setup(t, setupOpts{webhookURL: hookSrv.URL,
 		extra: "batch: { enabled: true, max_wait_to_fill: 50ms, poll_interval: 100ms }"})
-	id := b.submit(t, `{"lane":"batch","max_attempts":1,`+anthropicBody("llmsim-batch-expire")[1:])
+	id := b.submit(t, `{"lane":"batch","max_attempts":1,`+anthropicBody("llmsim-batch-server-error")[1:])
 
 	job := b.waitTerminal(t, id)
 	require.Equal(t, "dead", job["status"], "%v", job["last_error"])

@@ -33,6 +33,11 @@ type BatchConfig struct {
 	// provider's rate-limit error (Anthropic 429 rate_limit_error; OpenAI a 429 response of type
 	// requests, code rate_limit_exceeded). Default "llmsim-batch-rate-limited".
 	RateLimitMarker string
+	// ServerErrorMarker, when a request body contains it, makes that request end errored with
+	// the provider's server error (Anthropic 500 api_error; OpenAI a 500 response): a failure
+	// of the provider's side that is not its capacity, so the round counts an attempt.
+	// Default "llmsim-batch-server-error".
+	ServerErrorMarker string
 	// BillingMarker, when a request body contains it, makes that request end errored with the
 	// provider's answer to an account that cannot pay (Anthropic 402 billing_error; OpenAI a
 	// 429 response of code insufficient_quota). Default "llmsim-batch-billing".
@@ -95,6 +100,9 @@ func (c BatchConfig) withDefaults() BatchConfig {
 	}
 	if c.RateLimitMarker == "" {
 		c.RateLimitMarker = "llmsim-batch-rate-limited"
+	}
+	if c.ServerErrorMarker == "" {
+		c.ServerErrorMarker = "llmsim-batch-server-error"
 	}
 	if c.BillingMarker == "" {
 		c.BillingMarker = "llmsim-batch-billing"
@@ -334,6 +342,8 @@ func (s *Server) answerBatchRequest(p provider, r simRequest) simResult {
 		return errored(p.overloadStatus(), "")
 	case bytes.Contains(r.body, []byte(cfg.RateLimitMarker)):
 		return errored(http.StatusTooManyRequests, "")
+	case bytes.Contains(r.body, []byte(cfg.ServerErrorMarker)):
+		return errored(http.StatusInternalServerError, "")
 	case bytes.Contains(r.body, []byte(cfg.BillingMarker)):
 		e := apiError{status: http.StatusPaymentRequired, message: "Your credit balance is too low to access the Anthropic API."}
 		if p.name() == "openai" {
