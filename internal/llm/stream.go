@@ -18,10 +18,13 @@ import (
 const (
 	// DeltaText is answer text: Anthropic text_delta, OpenAI delta.content.
 	DeltaText = "text"
-	// DeltaInputJSON is a piece of a tool call's JSON input: Anthropic input_json_delta, OpenAI
-	// delta.tool_calls[].function.arguments (or the legacy delta.function_call.arguments).
+	// DeltaInputJSON is a piece of a tool call's input: Anthropic input_json_delta, OpenAI
+	// delta.tool_calls[].function.arguments (or the legacy delta.function_call.arguments), or an
+	// OpenAI custom tool's delta.tool_calls[].custom.input (free-form text, not JSON).
 	DeltaInputJSON = "input_json"
-	// DeltaThinking is Anthropic extended thinking (thinking_delta).
+	// DeltaThinking is Anthropic extended thinking (thinking_delta), or an OpenAI-compatible
+	// server's reasoning (delta.reasoning_content or delta.reasoning; of a choice that has both,
+	// the one that brought text first).
 	DeltaThinking = "thinking"
 	// DeltaRefusal is an OpenAI refusal (delta.refusal).
 	DeltaRefusal = "refusal"
@@ -36,7 +39,7 @@ type Delta struct {
 	// ToolIndex is the OpenAI tool call index within the choice (DeltaInputJSON only).
 	ToolIndex int `json:"tool_index,omitempty"`
 	// ToolID and ToolName are set on the first delta of a tool call (DeltaInputJSON), which may
-	// carry no Text.
+	// carry no Text; not again when a server repeats them on the call's later pieces.
 	ToolID   string `json:"tool_id,omitempty"`
 	ToolName string `json:"tool_name,omitempty"`
 	// Text is the text added.

@@ -295,7 +295,9 @@ func FuzzContentChunkOf(f *testing.F) {
 		}
 		c := ch.Choices[0]
 		if c.Index != index || c.Delta.Content == nil || *c.Delta.Content != text || c.Delta.Role != "" ||
-			c.Delta.Refusal != nil || len(c.Delta.ToolCalls) != 0 || !null(c.FinishReason) {
+			c.Delta.Refusal != nil || len(c.Delta.ToolCalls) != 0 || !null(c.FinishReason) ||
+			c.Delta.ReasoningContent.set || c.Delta.Reasoning.set || c.Delta.Annotations != nil ||
+			c.ContentFilterResults != nil {
 			t.Fatalf("read %d, %q from %s, decoded %+v", index, text, data, c)
 		}
 	})

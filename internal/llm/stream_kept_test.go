@@ -86,6 +86,25 @@ func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
 			}
 			return ev
 		}},
+		"OpenAISmallAnnotations": {openAI{}.assembler, func() [][2]string {
+			entries := "[" + strings.Repeat("{},", 999) + "{}]"
+			var ev [][2]string
+			for range n / 1000 {
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[{"index":0,"delta":{"annotations":` + entries + `}}]}`})
+			}
+			return ev
+		}},
+		"AzureManyFilterCategories": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n / 1000 {
+				var b strings.Builder
+				for j := range 1000 {
+					fmt.Fprintf(&b, `,"c%d":{}`, i*1000+j)
+				}
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[{"index":0,"delta":{},"content_filter_results":{"hate":{}` + b.String() + `}}]}`})
+			}
+			return ev
+		}},
 		"OpenAIManyChoices": {openAI{}.assembler, func() [][2]string {
 			var ev [][2]string
 			for i := range n {
@@ -108,4 +127,25 @@ func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
 			require.GreaterOrEqual(t, asm.kept(), held, "kept %d bytes, held %d", asm.kept(), held)
 		})
 	}
+}
+
+// Reasoning text is kept as content is: each member's pieces count, the two members of a server
+// that sends both twice.
+func TestOpenAIAssembler_KeptCountsReasoning(t *testing.T) {
+	t.Parallel()
+	piece := strings.Repeat("x", 10000)
+	keptAfter := func(delta string) int64 {
+		asm := openAI{}.assembler()
+		for _, e := range []string{`{"id":"c","choices":[]}`, // the envelope, which counts whole
+			`{"id":"c","choices":[{"index":0,"delta":{` + delta + `}}]}`} {
+			_, err := asm.event("", []byte(e), func(Delta) {}, func(int) {})
+			require.NoError(t, err)
+		}
+		return asm.kept()
+	}
+	base := keptAfter(`"content":""`)
+	require.GreaterOrEqual(t, keptAfter(`"reasoning_content":"`+piece+`"`)-base, int64(len(piece)))
+	require.GreaterOrEqual(t, keptAfter(`"reasoning":"`+piece+`"`)-base, int64(len(piece)))
+	require.GreaterOrEqual(t,
+		keptAfter(`"reasoning":"`+piece+`","reasoning_content":"`+piece+`"`)-base, int64(2*len(piece)))
 }

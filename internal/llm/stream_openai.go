@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -12,8 +13,10 @@ import (
 
 // openAIAssembler reads the Chat Completions stream: data-only chat.completion.chunk events whose
 // choices carry deltas (role, content, refusal, tool_calls by index with id, name and argument
-// pieces, or the legacy function_call) and a finish_reason; a chunk with a non-null usage
-// (stream_options.include_usage); data: [DONE] ends it; a chunk {"error":{...}} fails it.
+// pieces, or a custom tool's name and input pieces, or the legacy function_call; annotations;
+// compatible servers' reasoning_content or reasoning) and a finish_reason (and, from Azure,
+// content_filter_results); a chunk with a non-null usage (stream_options.include_usage); data:
+// [DONE] ends it; a chunk {"error":{...}} fails it.
 type openAIAssembler struct {
 	top     map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
 	choices map[int]*openAIChoice
@@ -28,11 +31,25 @@ type openAIAssembler struct {
 }
 
 type openAIChoice struct {
-	role          string
-	content       strings.Builder
-	hasContent    bool
-	refusal       strings.Builder
-	hasRefusal    bool
+	role       string
+	content    strings.Builder
+	hasContent bool
+	refusal    strings.Builder
+	hasRefusal bool
+	// reasoning_content (DeepSeek, SGLang, vLLM before its rename) and reasoning (OpenRouter,
+	// Ollama, vLLM since): each kept under its own name, as the server's non-streaming answer has
+	// it (vLLM sent both for a while). thinkFrom is the one whose pieces go to clients as
+	// DeltaThinking: the first that brought text, so that the deltas add up to it once.
+	reasoningContent    strings.Builder
+	hasReasoningContent bool
+	reasoning           strings.Builder
+	hasReasoning        bool
+	thinkFrom           reasoningField
+	annotations         []json.RawMessage
+	// filters is Azure's content_filter_results, by category: each at its most severe report
+	// (filterRank). hasFilters: a chunk of the choice carried the object, {} included.
+	filters       map[string]json.RawMessage
+	hasFilters    bool
 	tools         map[int]*openAITool
 	function      *openAITool // the legacy function_call (a request with "functions")
 	finishReason  json.RawMessage
@@ -45,18 +62,30 @@ type openAIChoice struct {
 
 type openAITool struct {
 	id, typ, name string
-	args          strings.Builder
+	args          strings.Builder // the function's arguments, or the custom tool's input
+	custom        bool            // pieces came as custom (a custom tool), not as function
 }
+
+// reasoningField names the delta member a choice's reasoning came in.
+type reasoningField int8
+
+const (
+	fromReasoningContent reasoningField = iota + 1
+	fromReasoning
+)
 
 func (openAI) assembler() assembler { return &openAIAssembler{choices: map[int]*openAIChoice{}} }
 
 type openAIChunkChoice struct {
 	Index int `json:"index"`
 	Delta struct {
-		Role         string  `json:"role"`
-		Content      *string `json:"content"`
-		Refusal      *string `json:"refusal"`
-		FunctionCall *struct {
+		Role             string    `json:"role"`
+		Content          *string   `json:"content"`
+		Refusal          *string   `json:"refusal"`
+		ReasoningContent deltaText `json:"reasoning_content"`
+		Reasoning        deltaText `json:"reasoning"`
+		Annotations      deltaList `json:"annotations"`
+		FunctionCall     *struct {
 			Name      string `json:"name"`
 			Arguments string `json:"arguments"`
 		} `json:"function_call"`
@@ -68,6 +97,10 @@ type openAIChunkChoice struct {
 				Name      string `json:"name"`
 				Arguments string `json:"arguments"`
 			} `json:"function"`
+			Custom *struct {
+				Name  string `json:"name"`
+				Input string `json:"input"`
+			} `json:"custom"`
 		} `json:"tool_calls"`
 	} `json:"delta"`
 	Logprobs *struct {
@@ -75,6 +108,35 @@ type openAIChunkChoice struct {
 		Refusal []json.RawMessage `json:"refusal"`
 	} `json:"logprobs"`
 	FinishReason json.RawMessage `json:"finish_reason"`
+	// ContentFilterResults: Azure's, by category (hate, violence, protected_material_text...).
+	ContentFilterResults map[string]json.RawMessage `json:"content_filter_results"`
+}
+
+// deltaText is a delta member read as text when it is a JSON string. null, or a value of another
+// type (a gateway's reasoning_content {"text":...}, a reasoning array), leaves it unset: a member
+// the assembler ignored before it assembled it must not fail the chunk, and so the job.
+type deltaText struct {
+	s   string
+	set bool
+}
+
+func (t *deltaText) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] != '"' {
+		return nil
+	}
+	t.set = true
+	return json.Unmarshal(b, &t.s)
+}
+
+// deltaList is a delta member read as a list when it is a JSON array; as deltaText, a value of
+// another type leaves it unset.
+type deltaList []json.RawMessage
+
+func (l *deltaList) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] != '[' {
+		return nil
+	}
+	return json.Unmarshal(b, (*[]json.RawMessage)(l))
 }
 
 type openAIChunk struct {
@@ -270,6 +332,10 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	if d.Refusal != nil {
 		a.n += int64(len(*d.Refusal))
 	}
+	a.n += int64(len(d.ReasoningContent.s) + len(d.Reasoning.s))
+	for _, e := range d.Annotations {
+		a.n += int64(len(e)) + elemBytes
+	}
 	if fc := d.FunctionCall; fc != nil {
 		a.n += int64(len(fc.Name) + len(fc.Arguments))
 	}
@@ -283,6 +349,9 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 	for _, tc := range d.ToolCalls {
 		a.n += int64(len(tc.ID) + len(tc.Type) + len(tc.Function.Name) + len(tc.Function.Arguments))
+		if cu := tc.Custom; cu != nil {
+			a.n += int64(len(cu.Name) + len(cu.Input))
+		}
 	}
 	if d.Role != "" {
 		ch.role = d.Role
@@ -306,14 +375,25 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 			emit(Delta{Type: DeltaRefusal, Index: i, Text: *d.Refusal})
 		}
 	}
+	if r := d.ReasoningContent; r.set {
+		ch.hasReasoningContent = true
+		ch.reasoningContent.WriteString(r.s)
+		ch.think(i, fromReasoningContent, r.s, emit)
+	}
+	if r := d.Reasoning; r.set {
+		ch.hasReasoning = true
+		ch.reasoning.WriteString(r.s)
+		ch.think(i, fromReasoning, r.s, emit)
+	}
+	ch.annotations = append(ch.annotations, d.Annotations...)
 	if fc := d.FunctionCall; fc != nil {
 		if ch.function == nil {
 			ch.function = &openAITool{}
 		}
-		ch.function.name += fc.Name
+		name := ch.function.addName(fc.Name, fc.Arguments != "")
 		ch.function.args.WriteString(fc.Arguments)
-		if fc.Name != "" || fc.Arguments != "" {
-			emit(Delta{Type: DeltaInputJSON, Index: i, ToolName: fc.Name, Text: fc.Arguments})
+		if name != "" || fc.Arguments != "" {
+			emit(Delta{Type: DeltaInputJSON, Index: i, ToolName: name, Text: fc.Arguments})
 		}
 	}
 	for _, tc := range d.ToolCalls {
@@ -324,22 +404,106 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 			ch.tools[tc.Index] = t
 			a.n += entryBytes
 		}
-		if tc.ID != "" {
-			t.id = tc.ID
+		id := tc.ID // handed on when new: servers that repeat it on every piece
+		repeated := id != "" && id == t.id
+		if id == t.id {
+			id = ""
+		} else if id != "" {
+			t.id = id
 		}
 		if tc.Type != "" {
 			t.typ = tc.Type
 		}
-		t.name += tc.Function.Name
-		t.args.WriteString(tc.Function.Arguments)
-		if tc.ID != "" || tc.Function.Name != "" || tc.Function.Arguments != "" {
-			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: tc.Index, ToolID: tc.ID, ToolName: tc.Function.Name,
-				Text: tc.Function.Arguments})
+		name, args := tc.Function.Name, tc.Function.Arguments
+		if cu := tc.Custom; cu != nil {
+			t.custom = true
+			name, args = name+cu.Name, args+cu.Input
 		}
+		name = t.addName(name, repeated || args != "")
+		t.args.WriteString(args)
+		if id != "" || name != "" || args != "" {
+			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: tc.Index, ToolID: id, ToolName: name,
+				Text: args})
+		}
+	}
+	if c.ContentFilterResults != nil {
+		a.n += ch.addFilters(c.ContentFilterResults)
 	}
 	if len(c.FinishReason) > 0 && string(c.FinishReason) != "null" {
 		ch.finishReason = c.FinishReason
 	}
+}
+
+// think hands on a piece of the choice's reasoning, from the member from, as DeltaThinking when
+// that member is the one the choice's thinking deltas come from (the first to bring text).
+func (c *openAIChoice) think(i int, from reasoningField, text string, emit func(Delta)) {
+	if text == "" {
+		return
+	}
+	if c.thinkFrom == 0 {
+		c.thinkFrom = from
+	}
+	if c.thinkFrom == from {
+		emit(Delta{Type: DeltaThinking, Index: i, Text: text})
+	}
+}
+
+// addName adds a piece of the tool's name and returns what it added: "" for a repeat. Compatible
+// servers send the whole name on every chunk of a call (OpenAI on the first only), others cut it
+// into pieces without the id (Gemini: "edit_ex", "isting_file"): a piece equal to the whole name
+// so far is a repeat only when something else says so, again (the chunk repeats the call's id,
+// or brings argument text) or arguments that came before; so a name cut into equal halves joins.
+func (t *openAITool) addName(piece string, again bool) string {
+	if piece == "" || piece == t.name && (again || t.args.Len() > 0) {
+		return ""
+	}
+	t.name += piece
+	return piece
+}
+
+// addFilters takes a chunk's content_filter_results into the choice's and returns the bytes
+// it now keeps beyond what it kept: a category is kept at its most severe report, the later one
+// when as severe (filterRank).
+func (c *openAIChoice) addFilters(results map[string]json.RawMessage) int64 {
+	c.hasFilters = true
+	var n int64
+	for k, v := range results {
+		cur, ok := c.filters[k]
+		switch {
+		case !ok:
+			if c.filters == nil {
+				c.filters = map[string]json.RawMessage{}
+			}
+			c.filters[k] = v
+			n += int64(len(k)+len(v)) + memberBytes
+		case !bytes.Equal(cur, v) && filterRank(v) >= filterRank(cur):
+			c.filters[k] = v
+			n += int64(len(v) - len(cur))
+		}
+	}
+	return n
+}
+
+// filterRank orders the reports of an Azure content filter category by severity: filtered above
+// detected (protected material, jailbreak) above the severity (high, medium, low, safe); a
+// report without those (an error, a blocklist's details) ranks lowest.
+func filterRank(report json.RawMessage) int {
+	var r struct {
+		Filtered bool   `json:"filtered"`
+		Detected bool   `json:"detected"`
+		Severity string `json:"severity"`
+	}
+	if json.Unmarshal(report, &r) != nil {
+		return 0
+	}
+	rank := slices.Index([]string{"safe", "low", "medium", "high"}, r.Severity) + 1 // 0 when none
+	if r.Detected {
+		rank += 10
+	}
+	if r.Filtered {
+		rank += 20
+	}
+	return rank
 }
 
 func (a *openAIAssembler) usageSoFar() json.RawMessage { return a.usage }
@@ -383,6 +547,17 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 	if c.hasRefusal {
 		msg["refusal"] = c.refusal.String()
 	}
+	// Every non-streaming message has annotations (url_citation with web search), [] when none.
+	msg["annotations"] = c.annotations
+	if c.annotations == nil {
+		msg["annotations"] = []json.RawMessage{}
+	}
+	if c.hasReasoningContent {
+		msg["reasoning_content"] = c.reasoningContent.String()
+	}
+	if c.hasReasoning {
+		msg["reasoning"] = c.reasoning.String()
+	}
 	if c.hasToolsField {
 		keys := make([]int, 0, len(c.tools))
 		for k := range c.tools {
@@ -392,6 +567,11 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 		calls := make([]map[string]any, 0, len(keys))
 		for _, k := range keys {
 			t := c.tools[k]
+			if t.typ == "custom" || t.typ == "" && t.custom {
+				calls = append(calls, map[string]any{"id": t.id, "type": "custom",
+					"custom": map[string]string{"name": t.name, "input": t.args.String()}})
+				continue
+			}
 			calls = append(calls, map[string]any{"id": t.id, "type": t.typ,
 				"function": map[string]string{"name": t.name, "arguments": t.args.String()}})
 		}
@@ -408,5 +588,13 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 	if c.hasLogprobs {
 		logprobs = map[string]any{"content": c.logContent, "refusal": c.logRefusal}
 	}
-	return mustMarshal(map[string]any{"index": i, "message": msg, "logprobs": logprobs, "finish_reason": finish})
+	choice := map[string]any{"index": i, "message": msg, "logprobs": logprobs, "finish_reason": finish}
+	if c.hasFilters {
+		filters := c.filters
+		if filters == nil {
+			filters = map[string]json.RawMessage{}
+		}
+		choice["content_filter_results"] = filters
+	}
+	return mustMarshal(choice)
 }

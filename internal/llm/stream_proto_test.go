@@ -33,7 +33,7 @@ func TestStream_OpenAIObfuscationNotStored(t *testing.T) {
 	defer resp.Release()
 	require.JSONEq(t, `{"id":"chatcmpl-C42qMU7","object":"chat.completion","created":1755080278,
 		"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_34a54111",
-		"choices":[{"index":0,"message":{"role":"assistant","content":"Once","refusal":null},"logprobs":null,"finish_reason":"stop"}],
+		"choices":[{"index":0,"message":{"role":"assistant","content":"Once","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],
 		"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}`, string(resp.Body))
 }
 
@@ -172,7 +172,7 @@ func TestStream_OpenAILegacyFunctionCallKept(t *testing.T) {
 	defer resp.Release()
 	require.JSONEq(t, `{"id":"chatcmpl-ApllfOJ8","object":"chat.completion","created":1736901711,
 		"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_72ed7ab54c",
-		"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,
+		"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,"annotations":[],
 			"function_call":{"name":"get_info","arguments":"{\"id\":7}"}},"logprobs":null,"finish_reason":"function_call"}],
 		"usage":{"prompt_tokens":60,"completion_tokens":8,"total_tokens":68}}`, string(resp.Body))
 	require.Equal(t, `{"id":7}`, got.text(llm.DeltaInputJSON))

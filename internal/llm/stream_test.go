@@ -220,7 +220,7 @@ func TestProvider_Stream_ToolDeltas(t *testing.T) {
 			{Type: llm.DeltaInputJSON, Text: `"Paris"}`},
 		}, got.all)
 		require.JSONEq(t, `{"id":"chatcmpl-1","object":"chat.completion","created":7,"model":"g",
-			"choices":[{"index":0,"logprobs":null,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"refusal":null,
+			"choices":[{"index":0,"logprobs":null,"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"refusal":null,"annotations":[],
 				"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"location\":\"Paris\"}"}}]}}],
 			"usage":{"prompt_tokens":9,"completion_tokens":5,"total_tokens":14}}`, string(resp.Body))
 	})

@@ -57,7 +57,7 @@ func TestServer_Answers(t *testing.T) {
 		require.NoError(t, err)
 		// 9+8 = 17 bytes in: 4 tokens; "llmsim reply to: Hi there" is 25 bytes: 6.
 		require.JSONEq(t, `{"object":"chat.completion","created":1767323045,"model":"gpt-sim",
-			"choices":[{"index":0,"message":{"role":"assistant","content":"llmsim reply to: Hi there","refusal":null},"logprobs":null,"finish_reason":"stop"}],
+			"choices":[{"index":0,"message":{"role":"assistant","content":"llmsim reply to: Hi there","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],
 			"usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10}}`, string(got))
 		require.NotEmpty(t, r.header.Get("x-request-id"))
 	})

@@ -327,10 +327,11 @@ func (openAI) errorBody(e apiError, _ string) []byte {
 
 func (openAI) successBody(r reply) []byte {
 	type message struct {
-		Role      string  `json:"role"`
-		Content   string  `json:"content"`
-		Refusal   *string `json:"refusal"`
-		ToolCalls []any   `json:"tool_calls,omitempty"`
+		Role        string  `json:"role"`
+		Content     string  `json:"content"`
+		Refusal     *string `json:"refusal"`
+		Annotations []any   `json:"annotations"` // [] as OpenAI's (url_citation with web search)
+		ToolCalls   []any   `json:"tool_calls,omitempty"`
 	}
 	type choice struct {
 		Index        int             `json:"index"`
@@ -353,7 +354,8 @@ func (openAI) successBody(r reply) []byte {
 	}{
 		ID: r.id, Object: "chat.completion", Created: r.created.Unix(), Model: r.model,
 		Choices: []choice{{
-			Message:      message{Role: "assistant", Content: r.text, ToolCalls: openAIToolCalls(r.tool)},
+			Message: message{Role: "assistant", Content: r.text, Annotations: []any{},
+				ToolCalls: openAIToolCalls(r.tool)},
 			Logprobs:     json.RawMessage("null"),
 			FinishReason: r.finishReason(),
 		}},

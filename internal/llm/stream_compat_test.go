@@ -1,0 +1,253 @@
+package llm_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llm"
+)
+
+// openAIChunks returns the events of a Chat Completions stream whose chunks have the envelope
+// env and the choices given, then data: [DONE].
+func openAIChunks(env string, choices ...string) []string {
+	events := make([]string, 0, len(choices)+1)
+	for _, c := range choices {
+		events = append(events, `data: {`+env+`,"choices":`+c+`}`)
+	}
+	return append(events, `data: [DONE]`)
+}
+
+// OpenAI-compatible servers stream a reasoning model's chain of thought beside the answer:
+// delta.reasoning_content (DeepSeek, SGLang, older vLLM, Qwen) or delta.reasoning (OpenRouter,
+// Ollama, vLLM since its rename; vLLM sent both for a while). The stored message carries each
+// under its own name, as their non-streaming answers do, and clients get the reasoning as thinking
+// deltas once, which add up to it.
+func TestStream_OpenAIReasoningKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"0f3c","object":"chat.completion.chunk","created":1738000000,"model":"deepseek-reasoner","system_fingerprint":"fp_7e0991cad4"`
+	for name, tc := range map[string]struct {
+		events []string
+		want   string
+	}{
+		"DeepSeek": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":""},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":null,"reasoning_content":"The user"},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":null,"reasoning_content":" greets."},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"Hello","reasoning_content":null},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"!","reasoning_content":null},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `"reasoning_content":"The user greets."`,
+		},
+		"OpenRouter": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"","reasoning":"The user"},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+				`[{"index":0,"delta":{"role":"assistant","content":"","reasoning":" greets."},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+				`[{"index":0,"delta":{"role":"assistant","content":"Hello"},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+				`[{"index":0,"delta":{"role":"assistant","content":"!"},"finish_reason":"stop","native_finish_reason":"stop","logprobs":null}]`),
+			want: `"reasoning":"The user greets."`,
+		},
+		"Both": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"reasoning":"The user","reasoning_content":"The user"},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"reasoning":" greets.","reasoning_content":" greets."},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `"reasoning":"The user greets.","reasoning_content":"The user greets."`,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, llm.KindOpenAI, sseHandler(tc.events))
+			var got deltas
+			resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
+			require.NoError(t, err)
+			defer resp.Release()
+			require.JSONEq(t, `{"id":"0f3c","object":"chat.completion","created":1738000000,
+				"model":"deepseek-reasoner","system_fingerprint":"fp_7e0991cad4",
+				"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","refusal":null,
+					"annotations":[],`+tc.want+`},"logprobs":null,"finish_reason":"stop"}],
+				"usage":null}`, string(resp.Body))
+			require.Equal(t, "The user greets.", got.text(llm.DeltaThinking), "once, adding up to the stored text")
+			require.Equal(t, "Hello!", got.text(llm.DeltaText))
+		})
+	}
+}
+
+// Web search models (gpt-4o-search-preview) stream their url_citation annotations in
+// delta.annotations, on an annotations-only chunk after the text; every non-streaming message has
+// "annotations" ([] when none). The stored message has them all, in order.
+func TestStream_OpenAIAnnotationsKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-BRx","object":"chat.completion.chunk","created":1745000000,"model":"gpt-4o-search-preview-2025-03-11","system_fingerprint":""`
+	const cite1 = `{"type":"url_citation","url_citation":{"end_index":54,"start_index":0,"title":"Paris weather","url":"https://example.com/paris?utm_source=openai"}}`
+	const cite2 = `{"type":"url_citation","url_citation":{"end_index":90,"start_index":55,"title":"Forecast","url":"https://example.org/f?utm_source=openai"}}`
+	b := setup(t, llm.KindOpenAI, sseHandler(openAIChunks(env,
+		`[{"index":0,"delta":{"role":"assistant","content":"","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":null}]`,
+		`[{"index":0,"delta":{"content":"Sunny in Paris."},"logprobs":null,"finish_reason":null}]`,
+		`[{"index":0,"delta":{"annotations":[`+cite1+`]},"logprobs":null,"finish_reason":null}]`,
+		`[{"index":0,"delta":{"annotations":[`+cite2+`]},"logprobs":null,"finish_reason":null}]`,
+		`[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]`)))
+	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{})
+	require.NoError(t, err)
+	defer resp.Release()
+	require.JSONEq(t, `{"id":"chatcmpl-BRx","object":"chat.completion","created":1745000000,
+		"model":"gpt-4o-search-preview-2025-03-11","system_fingerprint":"",
+		"choices":[{"index":0,"message":{"role":"assistant","content":"Sunny in Paris.","refusal":null,
+			"annotations":[`+cite1+`,`+cite2+`]},"logprobs":null,"finish_reason":"stop"}],
+		"usage":null}`, string(resp.Body))
+}
+
+// GPT-5's custom tools (free-form input) are called with tool_calls of type "custom", whose
+// pieces are custom.name and custom.input: the stored call is the non-streaming one,
+// {"id","type":"custom","custom":{"name","input"}}, and its input reaches clients as input_json
+// deltas, the name and id on the first.
+func TestStream_OpenAICustomToolCallKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-C5","object":"chat.completion.chunk","created":1755000000,"model":"gpt-5-2025-08-07","service_tier":"default","system_fingerprint":null`
+	b := setup(t, llm.KindOpenAI, sseHandler(openAIChunks(env,
+		`[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_9","type":"custom","custom":{"name":"code_exec","input":""}}],"refusal":null},"finish_reason":null}]`,
+		`[{"index":0,"delta":{"tool_calls":[{"index":0,"custom":{"input":"print("}}]},"finish_reason":null}]`,
+		`[{"index":0,"delta":{"tool_calls":[{"index":0,"custom":{"input":"\"hi\")"}}]},"finish_reason":null}]`,
+		`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)))
+	var got deltas
+	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
+	require.NoError(t, err)
+	defer resp.Release()
+	require.JSONEq(t, `{"id":"chatcmpl-C5","object":"chat.completion","created":1755000000,
+		"model":"gpt-5-2025-08-07","service_tier":"default","system_fingerprint":null,
+		"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,"annotations":[],
+			"tool_calls":[{"id":"call_9","type":"custom","custom":{"name":"code_exec","input":"print(\"hi\")"}}]},
+			"logprobs":null,"finish_reason":"tool_calls"}],
+		"usage":null}`, string(resp.Body))
+	require.Equal(t, `print("hi")`, got.text(llm.DeltaInputJSON))
+	require.Equal(t, "code_exec", got.all[0].ToolName)
+	require.Equal(t, "call_9", got.all[0].ToolID)
+}
+
+// Azure OpenAI rates each choice's content (hate, self_harm, sexual, violence, protected
+// material) as its content filter passes it, in the chunks' content_filter_results; a
+// non-streaming choice carries them as one object. The stored choice has every category, each at
+// its most severe report (a filtered or detected one, or the highest severity), so that a segment
+// rated safe after one rated medium does not hide it.
+func TestStream_AzureContentFilterResultsKept(t *testing.T) {
+	t.Parallel()
+	const tail = `"created":1750697159,"id":"chatcmpl-Bl","model":"gpt-4o-2024-08-06","object":"chat.completion.chunk","system_fingerprint":"fp_ee1d74bde0"`
+	chunk := func(choices string) string { return `data: {"choices":` + choices + `,` + tail + `}` }
+	safe := `"hate":{"filtered":false,"severity":"safe"},"self_harm":{"filtered":false,"severity":"safe"},"sexual":{"filtered":false,"severity":"safe"}`
+	b := setup(t, llm.KindOpenAI, sseHandler([]string{
+		`data: {"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}`,
+		chunk(`[{"content_filter_results":{},"delta":{"content":"","refusal":null,"role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}]`),
+		chunk(`[{"content_filter_results":{` + safe + `,"violence":{"filtered":false,"severity":"medium"}},"delta":{"content":"The duel"},"finish_reason":null,"index":0,"logprobs":null}]`),
+		chunk(`[{"content_filter_results":{` + safe + `,"violence":{"filtered":false,"severity":"low"},"protected_material_text":{"filtered":false,"detected":false}},"delta":{"content":" ended."},"finish_reason":null,"index":0,"logprobs":null}]`),
+		chunk(`[{"content_filter_results":{},"delta":{},"finish_reason":"stop","index":0,"logprobs":null}]`),
+		`data: [DONE]`,
+	}))
+	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{})
+	require.NoError(t, err)
+	defer resp.Release()
+	require.JSONEq(t, `{"created":1750697159,"id":"chatcmpl-Bl","model":"gpt-4o-2024-08-06","object":"chat.completion",
+		"system_fingerprint":"fp_ee1d74bde0","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}],
+		"choices":[{"index":0,"message":{"role":"assistant","content":"The duel ended.","refusal":null,"annotations":[]},
+			"content_filter_results":{`+safe+`,"violence":{"filtered":false,"severity":"medium"},
+				"protected_material_text":{"filtered":false,"detected":false}},
+			"logprobs":null,"finish_reason":"stop"}],
+		"usage":null}`, string(resp.Body))
+}
+
+// Some OpenAI-compatible servers repeat a tool call's id and name on every chunk of its
+// arguments (OpenAI sends them on the first only): the stored name is the tool's, not the pieces
+// concatenated ("get_weatherget_weather..."), and only the first delta carries the id and name,
+// as the API documents, so that the deltas after it merge as OpenAI's do. A legacy function_call
+// whose name is repeated is kept the same way.
+func TestStream_OpenAIRepeatedToolNameNotDoubled(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-7","object":"chat.completion.chunk","created":1750000000,"model":"qwen3"`
+	t.Run("ToolCalls", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llm.KindOpenAI, sseHandler(openAIChunks(env,
+			`[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]`,
+			`[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":"}}]},"finish_reason":null}]`,
+			`[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"\"Paris\"}"}}]},"finish_reason":null}]`,
+			`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)))
+		var got deltas
+		resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
+		require.NoError(t, err)
+		defer resp.Release()
+		require.JSONEq(t, `{"id":"chatcmpl-7","object":"chat.completion","created":1750000000,"model":"qwen3",
+			"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,"annotations":[],
+				"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+				"logprobs":null,"finish_reason":"tool_calls"}],
+			"usage":null}`, string(resp.Body))
+		require.Equal(t, []llm.Delta{
+			{Type: llm.DeltaInputJSON, ToolID: "call_1", ToolName: "get_weather"},
+			{Type: llm.DeltaInputJSON, Text: `{"city":`},
+			{Type: llm.DeltaInputJSON, Text: `"Paris"}`},
+		}, got.all)
+	})
+
+	t.Run("FunctionCall", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llm.KindOpenAI, sseHandler(openAIChunks(env,
+			`[{"index":0,"delta":{"role":"assistant","content":null,"function_call":{"name":"get_info","arguments":""}},"finish_reason":null}]`,
+			`[{"index":0,"delta":{"function_call":{"name":"get_info","arguments":"{\"id\":7}"}},"finish_reason":null}]`,
+			`[{"index":0,"delta":{},"finish_reason":"function_call"}]`)))
+		var got deltas
+		resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
+		require.NoError(t, err)
+		defer resp.Release()
+		require.Contains(t, string(resp.Body), `"function_call":{"arguments":"{\"id\":7}","name":"get_info"}`)
+		require.Equal(t, []llm.Delta{
+			{Type: llm.DeltaInputJSON, ToolName: "get_info"},
+			{Type: llm.DeltaInputJSON, Text: `{"id":7}`},
+		}, got.all)
+	})
+}
+
+// Some gateways send reasoning as an object ({"text":...}: Envoy AI Gateway's Bedrock reasoning)
+// or annotations in a form that is not an array: members the assembler ignored before it
+// assembled them. Such a chunk must not fail the stream (a decode error fails the job): its text
+// and the rest of the answer are kept, the member it cannot read is left out.
+func TestStream_OpenAIUnreadableReasoningIgnored(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"c1","object":"chat.completion.chunk","created":1758000000,"model":"claude-via-gw"`
+	b := setup(t, llm.KindOpenAI, sseHandler(openAIChunks(env,
+		`[{"index":0,"delta":{"content":"","role":"assistant"}}]`,
+		`[{"index":0,"delta":{"role":"assistant","reasoning_content":{"text":"I nee"}}}]`,
+		`[{"index":0,"delta":{"role":"assistant","reasoning":[{"text":"d to"}]}}]`,
+		`[{"index":0,"delta":{"content":"12231","annotations":{"type":"none"}}}]`,
+		`[{"index":0,"delta":{},"finish_reason":"stop"}]`)))
+	var got deltas
+	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
+	require.NoError(t, err)
+	defer resp.Release()
+	require.JSONEq(t, `{"id":"c1","object":"chat.completion","created":1758000000,"model":"claude-via-gw",
+		"choices":[{"index":0,"message":{"role":"assistant","content":"12231","refusal":null,"annotations":[]},
+			"logprobs":null,"finish_reason":"stop"}],
+		"usage":null}`, string(resp.Body))
+	require.Equal(t, "12231", got.text(llm.DeltaText))
+}
+
+// Gemini's compatible endpoint streams a tool's name in pieces ("edit_ex", "isting_file"), the id
+// on the first only: a piece equal to the name so far is a piece too when nothing says it is a
+// repeat (the call's id again, or argument text), so a name cut into equal halves joins.
+func TestStream_OpenAIToolNameInEqualHalvesJoined(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"c2","object":"chat.completion.chunk","created":1758000000,"model":"gemini-2.5-flash"`
+	b := setup(t, llm.KindOpenAI, sseHandler(openAIChunks(env,
+		`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"echo_"}}]}}]`,
+		`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"echo_"}}]}}]`,
+		`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]`,
+		`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)))
+	var got deltas
+	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
+	require.NoError(t, err)
+	defer resp.Release()
+	require.Contains(t, string(resp.Body), `"function":{"arguments":"{}","name":"echo_echo_"}`)
+	require.Equal(t, []llm.Delta{
+		{Type: llm.DeltaInputJSON, ToolID: "call_1", ToolName: "echo_"},
+		{Type: llm.DeltaInputJSON, ToolName: "echo_"},
+		{Type: llm.DeltaInputJSON, Text: `{}`},
+	}, got.all)
+}
