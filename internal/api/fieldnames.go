@@ -10,9 +10,9 @@ import (
 
 // Field names match exactly. Go's encoding/json, which decodes the submit body and reads the fields
 // of the request that llmq uses (deltastream.Requested: stream; tokens.Count: model, max_tokens, n,
-// tools, response_format, the messages' text, tool calls and documents), matches a name in any
-// case, Unicode folding included ("ſtream" is "stream" to it), and keeps the last of a name sent
-// twice; a provider matches names exactly.
+// tools, response_format, the messages' text, tool calls, documents and images), matches a name
+// in any case, Unicode folding included ("ſtream" is "stream" to it), and keeps the last of a name
+// sent twice; a provider matches names exactly.
 // llmq's view of a request (streaming or not, the tokens the limiter reserves, the model) must be
 // the provider's, so such names are refused at submit (checkFieldNames) rather than read.
 
@@ -47,14 +47,21 @@ func indexChildren(spec *fieldSpec) *fieldSpec {
 }
 
 // blockFields are the names tokens.Count reads in a content block: its type, its text, a
-// tool_result's content, whose blocks it reads as resultBlockFields, a tool_use's input, and a
-// document's source (sourceFields).
-var blockFields = &fieldSpec{names: []string{"type", "text", "content", "input", "source"},
-	in:  map[string]*fieldSpec{"content": resultBlockFields, "source": sourceFields},
+// tool_result's content, whose blocks it reads as resultBlockFields, a tool_use's input, a
+// document's or an image's source (sourceFields), and an OpenAI image part's image_url
+// (imageURLFields).
+var blockFields = &fieldSpec{
+	names: []string{"type", "text", "content", "input", "source", "image_url"},
+	in: map[string]*fieldSpec{"content": resultBlockFields, "source": sourceFields,
+		"image_url": imageURLFields},
 	typ: "invalid_request"}
 
-// sourceFields are the names tokens.Count reads in a document's source: its type, a text source's
-// data, and a content source's blocks (resultBlockFields).
+// imageURLFields are the names tokens.Count reads in an OpenAI image part's image_url: the url
+// (a base64 data URL's image size) and the detail.
+var imageURLFields = &fieldSpec{names: []string{"url", "detail"}, typ: "invalid_request"}
+
+// sourceFields are the names tokens.Count reads in a document's or an image's source: its type, a
+// text source's data or a base64 image's, and a content source's blocks (resultBlockFields).
 var sourceFields = &fieldSpec{names: []string{"type", "data", "content"},
 	in: map[string]*fieldSpec{"content": resultBlockFields}, typ: "invalid_request"}
 

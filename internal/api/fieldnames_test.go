@@ -61,6 +61,13 @@ func TestSubmit_FieldNamesMatchExactly(t *testing.T) {
 			"invalid_request", `"request.response_format.JSON_Schema"`},
 		{"ToolCallsCase", `{"request":{"model":"m","messages":[{"role":"assistant","Tool_Calls":[]}]}}`,
 			"invalid_request", `"request.messages[0].Tool_Calls"`},
+		// an OpenAI image's url and detail are counted as input too.
+		{"ImageURLCase", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","Image_URL":{"url":"x"}}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].Image_URL"`},
+		{"ImageURLDetailTwice", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x","detail":"low","detail":"high"}}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].image_url.detail"`},
+		{"ImageURLURLCase", `{"request":{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"URL":"x"}}]}]}}`,
+			"invalid_request", `"request.messages[0].content[0].image_url.URL"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -466,7 +466,7 @@ func (s *contract) checkTokens(creds []string, request []byte) error {
 		if err != nil {
 			continue // the provider judges a body we cannot count
 		}
-		if err := tl.Check(tokens.Cost{InputTokens: r.Input, OutputTokens: r.MaxOutput}); err != nil {
+		if err := tl.Check(tokens.Cost{InputTokens: r.Input, OutputTokens: r.MaxOutput, MinInputTokens: r.MinInput}); err != nil {
 			return invalid("request_too_large", "credential %q: %v%s", name, err, tokens.AssumedOutputNote(err, r.AssumedOutput, s.cfg.Kinds[name]))
 		}
 	}

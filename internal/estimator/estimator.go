@@ -112,6 +112,9 @@ type Estimate struct {
 	Model string
 	// Raw is the fixed rule's input tokens (tokens.Request.Input): reserve at least this.
 	Raw int
+	// MinRaw is the least the input can be (tokens.Request.MinInput: Raw without what images of
+	// unknown size were counted at the most): a request is too large only when it does not fit.
+	MinRaw int
 	// Ratio is the ratio Input was scaled by.
 	Ratio float64
 	// Input is the input tokens to reserve: Raw × Ratio, rounded up, at least 1.
@@ -131,7 +134,7 @@ func (e *Estimator) Estimate(credential, tenant, provider string, body []byte) (
 		return Estimate{}, err
 	}
 	ratio := e.Ratio(credential, tenant, r.Model)
-	return Estimate{Tenant: tenant, Model: r.Model, Raw: r.Input, Ratio: ratio, Input: scale(r.Input, ratio),
+	return Estimate{Tenant: tenant, Model: r.Model, Raw: r.Input, MinRaw: r.MinInput, Ratio: ratio, Input: scale(r.Input, ratio),
 		MaxOutput: r.MaxOutput, AssumedOutput: r.AssumedOutput}, nil
 }
 

@@ -24,7 +24,7 @@ func TestEstimator(t *testing.T) {
 		require.NoError(t, err)
 		est, err := e.Estimate("main", "", tokens.ProviderAnthropic, body(8000, "claude"))
 		require.NoError(t, err)
-		require.Equal(t, estimator.Estimate{Model: "claude", Raw: 2000, Ratio: 1.25, Input: 2500, MaxOutput: 200}, est)
+		require.Equal(t, estimator.Estimate{Model: "claude", Raw: 2000, MinRaw: 2000, Ratio: 1.25, Input: 2500, MaxOutput: 200}, est)
 		// The provider counted exactly the rule (as cmd/llmsim does): after a few answers,
 		// exact. The first weighs its size (2,000) against PriorWeight (1,000).
 		e.Observe("main", est, 2000)

@@ -445,7 +445,7 @@ func (e *Executor) cost(up Upstream, job *jobs.Job) (tokens.Cost, *estimator.Est
 	if err != nil {
 		return tokens.Cost{}, nil
 	}
-	return tokens.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.Raw}, &est
+	return tokens.Cost{InputTokens: est.Input, OutputTokens: est.MaxOutput, MinInputTokens: est.MinRaw}, &est
 }
 
 // notHeld is how a delivery ends whose slot the job row refused (jobs.Store.HoldSlot answered

@@ -1,6 +1,7 @@
 package tokens_test
 
 import (
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,7 +10,8 @@ import (
 )
 
 // BenchmarkCount: the count every submit and every admission makes, of a chat request, of an
-// agent's request (tools, tool calls and tool results) and of a request with a base64 PDF.
+// agent's request (tools, tool calls and tool results), of a request with a base64 PDF and of
+// one with a base64 image (its size read from its header).
 func BenchmarkCount(b *testing.B) {
 	text := strings.Repeat("lorem ipsum dolor sit amet ", 40)
 	chat := []byte(`{"model":"m","max_tokens":512,"system":"be brief","messages":[` +
@@ -29,10 +31,15 @@ func BenchmarkCount(b *testing.B) {
 	// A PDF of 1 MB, base64: its data is passed over, not copied.
 	pdf := []byte(`{"model":"m","max_tokens":512,"messages":[{"role":"user","content":[{"type":"document","source":` +
 		`{"type":"base64","media_type":"application/pdf","data":"` + strings.Repeat("QUJD", 1<<18) + `"}},{"type":"text","text":"sum up"}]}]}`)
+	// A 1000 × 750 PNG followed by 1 MB, base64: only its header is decoded.
+	png := []byte(`{"model":"m","max_tokens":512,"messages":[{"role":"user","content":[{"type":"image","source":` +
+		`{"type":"base64","media_type":"image/png","data":"` +
+		base64.StdEncoding.EncodeToString(append(pngBytes(b, 1000, 750), make([]byte, 1<<20)...)) +
+		`"}},{"type":"text","text":"describe"}]}]}`)
 	for _, bc := range []struct {
 		name string
 		body []byte
-	}{{"Chat", chat}, {"Agent", agent}, {"PDF", pdf}} {
+	}{{"Chat", chat}, {"Agent", agent}, {"PDF", pdf}, {"Image", png}} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(bc.body)))
 			b.ReportAllocs()

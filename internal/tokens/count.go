@@ -40,8 +40,19 @@ type Request struct {
 	Model string
 	// TextBytes is the bytes of its message and system text.
 	TextBytes int
-	// Input is the rule's input tokens: TextBytes / BytesPerToken, at least 1.
+	// Input is the rule's input tokens: TextBytes / BytesPerToken + ImageTokens, at least 1.
 	Input int
+	// ImageTokens is the tokens of its images as their provider bills them (see the package
+	// doc); an image whose size the body does not tell counts AnthropicMaxImageTokens or
+	// OpenAIMaxImageTokens.
+	ImageTokens int
+	// UnknownImageTokens is the part of ImageTokens counted at the most for images whose size
+	// the body does not tell (a URL or a file, an unreadable header).
+	UnknownImageTokens int
+	// MinInput is the least the input can be: Input without UnknownImageTokens (an image of
+	// unknown size may be a small one), at least 1. A request is too large for a bucket only
+	// when MinInput exceeds it (tokens.Cost.MinInputTokens): Input is what is reserved.
+	MinInput int
 	// Choices is OpenAI's n, the choices the answer holds (1 when absent, and for Anthropic).
 	Choices int
 	// MaxOutput is the output allowance of the whole answer: max_completion_tokens, else
@@ -107,11 +118,13 @@ func count(provider string, data []byte, fast bool) (Request, error) {
 		r.Model = model(raw.Model)
 	}
 	for i, m := range raw.Messages {
-		n, err := textBytes(m.Content, false)
+		n, images, err := textBytes(m.Content, false)
 		if err != nil {
 			return Request{}, fmt.Errorf("%w: messages.%d.content: %w", ErrInvalidRequest, i, err)
 		}
 		r.TextBytes += n
+		r.ImageTokens += images.all
+		r.UnknownImageTokens += images.unknown
 		if provider == ProviderOpenAI && !isNull(m.ToolCalls) {
 			n, err := toolCallBytes(m.ToolCalls)
 			if err != nil {
@@ -121,11 +134,13 @@ func count(provider string, data []byte, fast bool) (Request, error) {
 		}
 	}
 	if provider == ProviderAnthropic && !isNull(raw.System) {
-		n, err := textBytes(raw.System, false)
+		n, images, err := textBytes(raw.System, false)
 		if err != nil {
 			return Request{}, fmt.Errorf("%w: system: %w", ErrInvalidRequest, err)
 		}
 		r.TextBytes += n
+		r.ImageTokens += images.all
+		r.UnknownImageTokens += images.unknown
 	}
 	if !isNull(raw.Tools) {
 		r.TextBytes += compactLen(raw.Tools) // the definitions' JSON, without its layout
@@ -139,7 +154,8 @@ func count(provider string, data []byte, fast bool) (Request, error) {
 		}
 		r.TextBytes += int(f.Schema)
 	}
-	r.Input = max(r.TextBytes/BytesPerToken, 1)
+	r.Input = max(r.TextBytes/BytesPerToken+r.ImageTokens, 1)
+	r.MinInput = max(r.Input-r.UnknownImageTokens, 1)
 	r.MaxOutput = DefaultMaxOutput
 	name, v := "max_tokens", raw.MaxTokens
 	if provider == ProviderOpenAI && !isNull(raw.MaxCompletionTokens) {
@@ -241,15 +257,18 @@ func toolCallBytes(raw json.RawMessage) (int, error) {
 // by newlines: a "text" block's text, a "tool_result" block's content (a string or an array of
 // blocks whose "text" blocks count, as the API's), a "tool_use" block's input JSON without its
 // white space, and a "document" block's text (a "text" source's data, or a "content" source's
-// "text" blocks); other blocks (images, base64 and URL documents) count nothing. inResult reads
-// a tool_result's content or a document's: a tool_result in it counts nothing (the API has none
-// there), so that a body nested deep is not read again at every level.
-func textBytes(raw json.RawMessage, inResult bool) (int, error) {
+// "text" blocks); base64, URL and file documents count nothing. images is the tokens of its
+// images as the providers bill them (an Anthropic "image" block, anthropicImageTokens; an OpenAI
+// "image_url" part, openAIImageTokens), with the part counted at the most for images of unknown
+// size. inResult reads a tool_result's content or a document's:
+// a tool_result in it counts nothing (the API has none there), so that a body nested deep is not
+// read again at every level, and neither does an image_url part (OpenAI has no tool_result).
+func textBytes(raw json.RawMessage, inResult bool) (n int, images imageTokens, err error) {
 	if isNull(raw) {
-		return 0, nil
+		return 0, images, nil
 	}
 	if isString(raw) {
-		return decodedLen(raw), nil // its length, without decoding it into a string
+		return decodedLen(raw), images, nil // its length, without decoding it into a string
 	}
 	var blocks []struct {
 		Type    string          `json:"type"`
@@ -258,14 +277,15 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 		Input   inputLen        `json:"input"`
 		Source  *struct {
 			Type    string          `json:"type"`
-			Data    stringLen       `json:"data"`
+			Data    sourceData      `json:"data"`
 			Content json.RawMessage `json:"content"`
 		} `json:"source"`
+		ImageURL *imagePart `json:"image_url"` // a pointer: no room in the blocks of text
 	}
 	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return 0, errors.New("must be a string or an array of content blocks")
+		return 0, images, errors.New("must be a string or an array of content blocks")
 	}
-	n, pieces := 0, 0
+	pieces := 0
 	for _, b := range blocks {
 		var size int
 		switch b.Type {
@@ -275,11 +295,11 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 			if inResult {
 				continue
 			}
-			m, err := textBytes(b.Content, true)
+			m, im, err := textBytes(b.Content, true)
 			if err != nil {
-				return 0, fmt.Errorf("tool_result content: %w", err)
+				return 0, images, fmt.Errorf("tool_result content: %w", err)
 			}
-			size = m
+			size, images = m, images.plus(im)
 		case "tool_use":
 			size = int(b.Input)
 		case "document":
@@ -287,16 +307,34 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 			case b.Source == nil:
 				continue
 			case b.Source.Type == "text":
-				size = int(b.Source.Data)
+				size = b.Source.Data.n
 			case b.Source.Type == "content" && !inResult:
-				m, err := textBytes(b.Source.Content, true)
+				m, im, err := textBytes(b.Source.Content, true)
 				if err != nil {
-					return 0, fmt.Errorf("document content: %w", err)
+					return 0, images, fmt.Errorf("document content: %w", err)
 				}
-				size = m
+				size, images = m, images.plus(im)
 			default:
 				continue // base64, a URL or a file: its text is not in the body
 			}
+		case "image":
+			var s imageSize // unknown: a URL or a file, or no source
+			if b.Source != nil && b.Source.Type == "base64" {
+				s = b.Source.Data.size
+			}
+			images = images.plus(imageTokens{all: anthropicImageTokens(s)}.unknownWhen(!s.known()))
+			continue
+		case "image_url":
+			if inResult {
+				continue
+			}
+			var p imagePart // unknown: no image_url
+			if b.ImageURL != nil {
+				p = *b.ImageURL
+			}
+			images = images.plus(imageTokens{all: openAIImageTokens(p.url.size, p.detail)}.
+				unknownWhen(p.detail != "low" && !p.url.size.known()))
+			continue
 		default:
 			continue
 		}
@@ -306,7 +344,24 @@ func textBytes(raw json.RawMessage, inResult bool) (int, error) {
 		n += size
 		pieces++
 	}
-	return n, nil
+	return n, images, nil
+}
+
+// imageTokens is the tokens of a content's images (all), and the part of them counted at the
+// most for images of unknown size (unknown).
+type imageTokens struct{ all, unknown int }
+
+// plus is t and u together.
+func (t imageTokens) plus(u imageTokens) imageTokens {
+	return imageTokens{all: t.all + u.all, unknown: t.unknown + u.unknown}
+}
+
+// unknownWhen is t, an image's tokens, counted as unknown too when the image's size is.
+func (t imageTokens) unknownWhen(unknown bool) imageTokens {
+	if unknown {
+		t.unknown = t.all
+	}
+	return t
 }
 
 // inputLen is the compactLen of a JSON value, read where it lies in the body: no copy.
@@ -319,16 +374,6 @@ func (n *inputLen) UnmarshalJSON(raw []byte) error {
 		return nil
 	}
 	*n = inputLen(compactLen(raw))
-	return nil
-}
-
-// stringLen is the byte length of a JSON string once decoded (0 for any other value), read where
-// it lies in the body: a document's base64 data is not copied to be ignored.
-type stringLen int
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (n *stringLen) UnmarshalJSON(raw []byte) error {
-	*n = stringLen(decodedLen(raw))
 	return nil
 }
 

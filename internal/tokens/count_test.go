@@ -25,12 +25,15 @@ func TestCount(t *testing.T) {
 			want: tokens.Request{Model: "claude-x", TextBytes: 8000, Input: 2000, Choices: 1, MaxOutput: 200},
 		},
 		{
-			// blocks are joined by a newline; non-text blocks count nothing; system counts
+			// blocks are joined by a newline; an image of no source counts the most an image
+			// costs (TestCount_ImageDefaults), not text; system counts
 			name: "AnthropicBlocksAndSystem", provider: tokens.ProviderAnthropic,
 			body: `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"abc"}],"messages":[
 				{"role":"user","content":[{"type":"text","text":"hello"},{"type":"image","source":{}},{"type":"text","text":"world"}]},
 				{"role":"assistant","content":"ok"}]}`,
-			want: tokens.Request{Model: "m", TextBytes: 3 + 11 + 2, Input: 4, Choices: 1, MaxOutput: 5},
+			want: tokens.Request{Model: "m", TextBytes: 3 + 11 + 2, Input: 4 + tokens.AnthropicMaxImageTokens,
+				ImageTokens: tokens.AnthropicMaxImageTokens, UnknownImageTokens: tokens.AnthropicMaxImageTokens,
+				Choices: 1, MaxOutput: 5},
 		},
 		{
 			name: "AnthropicSystemString", provider: tokens.ProviderAnthropic,
@@ -45,11 +48,13 @@ func TestCount(t *testing.T) {
 			want: tokens.Request{Model: "gpt-x", TextBytes: 12, Input: 3, Choices: 1, MaxOutput: 100},
 		},
 		{
-			// a developer message is the newer models' system prompt: any role's content counts
+			// a developer message is the newer models' system prompt: any role's content counts; an
+			// image_url that is not a base64 image counts the most an image costs
 			name: "OpenAIDeveloperRoleAndParts", provider: tokens.ProviderOpenAI,
 			body: `{"model":"o","messages":[{"role":"developer","content":[{"type":"text","text":"12345678"}]},
 				{"role":"user","content":[{"type":"text","text":"1234"},{"type":"image_url","image_url":{"url":"data:x"}}]}]}`,
-			want: tokens.Request{Model: "o", TextBytes: 12, Input: 3, Choices: 1, MaxOutput: tokens.DefaultMaxOutput, AssumedOutput: true},
+			want: tokens.Request{Model: "o", TextBytes: 12, Input: 3 + tokens.OpenAIMaxImageTokens, ImageTokens: tokens.OpenAIMaxImageTokens,
+				UnknownImageTokens: tokens.OpenAIMaxImageTokens, Choices: 1, MaxOutput: tokens.DefaultMaxOutput, AssumedOutput: true},
 		},
 		{
 			name: "OpenAIMaxCompletionTokensWins", provider: tokens.ProviderOpenAI,
@@ -71,6 +76,7 @@ func TestCount(t *testing.T) {
 			t.Parallel()
 			got, err := tokens.Count(tc.provider, []byte(tc.body))
 			require.NoError(t, err)
+			tc.want.MinInput = max(tc.want.Input-tc.want.UnknownImageTokens, 1) // images of unknown size may be small
 			require.Equal(t, tc.want, got)
 		})
 	}
@@ -161,7 +167,8 @@ func TestCount_Choices(t *testing.T) {
 // TestCount_ToolsAndToolResults: a tool's definition and a tool's result are text the provider
 // reads as input (an agent's prompt is mostly tool results): the rule counts the tools' JSON as
 // sent and a tool_result block's content as text, so that the limiter reserves them and the
-// submit's token check sees them. Other blocks (images, documents) still count nothing.
+// submit's token check sees them. An image in a result counts as an image (TestCount_Images), not
+// as text.
 func TestCount_ToolsAndToolResults(t *testing.T) {
 	t.Parallel()
 	result := strings.Repeat("r", 8000)
@@ -188,7 +195,7 @@ func TestCount_ToolsAndToolResults(t *testing.T) {
 		r, err := tokens.Count(tc.provider, []byte(tc.body))
 		require.NoError(t, err, tc.name)
 		require.Equal(t, tc.want, r.TextBytes, tc.name)
-		require.Equal(t, max(tc.want/tokens.BytesPerToken, 1), r.Input, tc.name)
+		require.Equal(t, max(tc.want/tokens.BytesPerToken, 1)+r.ImageTokens, r.Input, tc.name)
 	}
 }
 
@@ -214,7 +221,7 @@ func TestCount_ToolsWhiteSpaceCountsNothing(t *testing.T) {
 // OpenAI's tool_calls arguments) and a document's text (an Anthropic document block whose source
 // is text, or content blocks) are input the provider charges: an agent that writes files sends
 // each file back in its own tool calls, and a document can be the whole prompt. The rule counts
-// them; a base64 or URL document, as an image, still counts nothing.
+// them; a base64 or URL document still counts nothing, and an image no text (TestCount_Images).
 func TestCount_ToolCallsAndDocuments(t *testing.T) {
 	t.Parallel()
 	file := strings.Repeat("f", 4000)
