@@ -478,7 +478,7 @@ func TestDead_CutoffsOnPostgresClock(t *testing.T) {
 }
 
 // TestCtl_ReadsNoHostClock: ctl compares its cutoffs and windows with timestamps Postgres's
-// now() wrote, so it takes them from Postgres (jobs.Store.Ago, WindowStats); a cutoff taken from
+// now() wrote, so it takes them from Postgres (jobs.Store.Ago, Stats); a cutoff taken from
 // the operator's host moves by that host's offset (one 3 days ahead purged dead letters younger
 // than asked). No file of ctl's but its tests may read the host's clock.
 func TestCtl_ReadsNoHostClock(t *testing.T) {

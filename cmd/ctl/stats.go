@@ -78,7 +78,7 @@ func (a *app) statsCommand() *cli.Command {
 				return err
 			}
 			defer p.Close()
-			st, err := jobs.NewStore(p, nil).WindowStats(c.Context, window) // on Postgres's clock
+			st, err := jobs.NewStore(p, nil).Stats(c.Context, window) // on Postgres's clock
 			if err != nil {
 				return err
 			}

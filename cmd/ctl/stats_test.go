@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,15 +19,18 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/console"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
 )
 
 func TestStats(t *testing.T) {
 	t.Parallel()
 	b := setupJobs(t)
-	redis, _, queue := redisArgs(t)
+	redis, insp, queue := redisArgs(t)
 	ctx := context.Background()
 	// Two successes (1s and 3s from submit, one after a retry), one dead after two attempts,
 	// one queued with its task pending.
@@ -99,6 +106,46 @@ func TestStats(t *testing.T) {
 		require.InDelta(t, 2.5, got.RequestsPerSuccess, 1e-9)
 		require.InDelta(t, 2000, got.P50, 1)
 		require.InDelta(t, 2900, got.P95, 1)
+	})
+	t.Run("SameAsConsoleOverview", func(t *testing.T) {
+		// The console's overview and ctl stats read one window of the same database: every
+		// figure ctl prints as JSON, the overview shows too, with the same value (the overview
+		// gives no window start, its window moving with each recomputation; ctl has no dead
+		// letters by reason).
+		t.Parallel()
+		rdb := redistest.Client(t)
+		tasks := dispatch.NewTasks(insp, dispatch.NewEnqueuer(client, queue, nil))
+		h, err := console.New(console.Config{Pool: b.pool, Jobs: b.store, Redis: rdb,
+			RedisPrefix: redistest.Prefix(t), Tasks: tasks})
+		require.NoError(t, err)
+		srv := httptest.NewServer(h)
+		t.Cleanup(srv.Close)
+		_, token, err := operator.NewStore(b.pool, nil).Create(ctx, "alice")
+		require.NoError(t, err)
+		jar, err := cookiejar.New(nil)
+		require.NoError(t, err)
+		browser := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+		login, err := browser.Post(srv.URL+"/console/api/login", "application/json",
+			strings.NewReader(`{"token":"`+token+`"}`))
+		require.NoError(t, err)
+		require.NoError(t, login.Body.Close())
+		require.Equal(t, http.StatusOK, login.StatusCode)
+		res, err := browser.Get(srv.URL + "/console/api/overview")
+		require.NoError(t, err)
+		defer res.Body.Close()
+		require.Equal(t, http.StatusOK, res.StatusCode)
+		var overview map[string]any
+		require.NoError(t, json.NewDecoder(res.Body).Decode(&overview))
+		require.Contains(t, overview, "dead_by_reason")
+		delete(overview, "dead_by_reason")
+
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "stats", "--json")...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		var stats map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.out), &stats), "output %q", r.out)
+		require.Contains(t, stats, "since")
+		delete(stats, "since")
+		require.Equal(t, stats, overview)
 	})
 	t.Run("EmptyWindowHasDashes", func(t *testing.T) {
 		t.Parallel()
@@ -209,7 +256,7 @@ func TestStats_SilentRedisBesideFigures(t *testing.T) {
 		}
 	}()
 	proxy, proxied := pgtest.NewProxy(t, b.url)
-	figures := proxy.HoldStatement("SELECT now() - $1::bigint")
+	figures := proxy.HoldStatement("jsonb_object_agg(c.status, c.n)") // jobs.Store.Stats
 	defer figures.Release()
 
 	done := make(chan result, 1)

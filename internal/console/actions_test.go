@@ -593,6 +593,7 @@ func TestOverview_FiguresOfCtlStats(t *testing.T) {
 	require.Equal(t, 2, ov.ByStatus[jobs.StatusDead])
 	require.Equal(t, 0, ov.ByStatus[jobs.StatusSucceeded], "every status present")
 	require.Equal(t, 3, ov.Attempts)
+	require.Equal(t, 3, ov.Submitted, "jobs_submitted, as ctl stats' \"jobs submitted\"")
 	require.Equal(t, map[string]int{jobs.ReasonRetriesExhausted: 1, jobs.ReasonRateLimitedNoRetryAfter: 1}, ov.DeadByReason)
 }
 

@@ -130,7 +130,7 @@ type Config struct {
 	LookupWait time.Duration
 	// Now is the clock of the overview's recomputations' durations, and of the throttle of the
 	// refused logins' lines (LoginLogInterval). Default time.Now. The overview's window is on
-	// Postgres's clock (jobs.Store.WindowStats).
+	// Postgres's clock (jobs.Store.Stats).
 	Now func() time.Time
 }
 

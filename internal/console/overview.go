@@ -67,7 +67,7 @@ func (h *Handler) computeOverview(ctx context.Context) (*Overview, overviewTimin
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		timed(&tm.stats, func() { st, statsErr = h.cfg.Jobs.WindowStats(ctx, overviewWindow) })
+		timed(&tm.stats, func() { st, statsErr = h.cfg.Jobs.Stats(ctx, overviewWindow) })
 	}()
 	go func() {
 		defer wg.Done()

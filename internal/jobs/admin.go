@@ -453,50 +453,50 @@ type Stats struct {
 	SubmitToResultP95MS *float64 `json:"submit_to_result_p95_ms"`
 }
 
-// Stats computes the window's statistics, from `since` until now.
-func (s *Store) Stats(ctx context.Context, since time.Time) (*Stats, error) {
-	st := &Stats{Since: since, ByStatus: map[Status]int{}}
-	// One statement, so one snapshot: the counts by status and the submitted count agree (the
-	// console's overview sends a new state when any of them changed; read apart, a job created
-	// between two reads showed as submitted and not queued). The unfinished count reads
-	// jobs_unfinished_deadline_idx and the rows it names (a backlog's worth); the final ones
-	// jobs_finished_idx alone (its status and finished_at); submitted (the row whose status is
-	// NULL) jobs_created_idx alone.
-	rows, err := s.pool.Query(ctx, `
-SELECT status::text, count(*) FROM jobs WHERE status IN ('queued', 'running', 'retrying') GROUP BY status
-UNION ALL
-SELECT status::text, count(*) FROM jobs
-WHERE status IN ('succeeded', 'failed', 'dead', 'canceled') AND finished_at IS NOT NULL AND finished_at >= $1
-GROUP BY status
-UNION ALL
-SELECT NULL, count(*) FROM jobs WHERE created_at >= $1`, since)
-	if err != nil {
-		return nil, fmt.Errorf("count jobs by status: %w", err)
-	}
-	var status *string
-	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&status, &n}, func() error {
-		if status == nil {
-			st.Submitted = n
-		} else {
-			st.ByStatus[Status(*status)] = n
-		}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("count jobs by status: %w", err)
-	}
+// Stats computes the statistics of the window that ends now on Postgres's clock, the clock that
+// wrote the jobs' created_at and finished_at; Stats.Since is its start on that clock. The
+// caller's clock takes no part: a host off by X (an API host's console, an operator's laptop
+// running ctl) would count the window's ends and submits as of X later or earlier. The
+// attempts' started_at are the workers' clocks (jobs.Attempt.StartedAt): a worker off by X
+// still shifts its attempts by X. Every figure comes from one statement, so one snapshot: the
+// counts by status, the successes, their percentiles and the attempts agree (read apart, a job
+// that succeeded between two reads was counted a success with no success among the counts). A
+// negative window starts after now: it counts only the jobs waiting or running.
+func (s *Store) Stats(ctx context.Context, window time.Duration) (*Stats, error) {
+	st := &Stats{ByStatus: map[Status]int{}}
+	// since is the window's start (agoSQL: the same instant wherever it is written, and folded
+	// by the planner to estimate each condition on it, as a parameter was). The unfinished counts
+	// read jobs_unfinished_deadline_idx and the rows it names (a backlog's worth); the final ones
+	// jobs_finished_idx alone (its status and finished_at); submitted jobs_created_idx alone (or
+	// the table, when most jobs are in the window).
+	const since = agoSQL
+	var byStatus map[string]int
 	if err := s.pool.QueryRow(ctx, `
-SELECT count(*), count(*) FILTER (WHERE attempt > 1) FROM job_attempts WHERE started_at >= $1`, since).
-		Scan(&st.Attempts, &st.Retries); err != nil {
-		return nil, fmt.Errorf("count attempts: %w", err)
+SELECT `+since+`,
+	(SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}') FROM (
+		SELECT status::text AS status, count(*) AS n FROM jobs
+		WHERE status IN ('queued', 'running', 'retrying') GROUP BY status
+		UNION ALL
+		SELECT status::text, count(*) FROM jobs
+		WHERE status IN ('succeeded', 'failed', 'dead', 'canceled')
+			AND finished_at IS NOT NULL AND finished_at >= `+since+`
+		GROUP BY status) c),
+	(SELECT count(*) FROM jobs WHERE created_at >= `+since+`),
+	a.n, a.retries, ok.n, ok.p50, ok.p95
+FROM (SELECT count(*) AS n, count(*) FILTER (WHERE attempt > 1) AS retries
+	FROM job_attempts WHERE started_at >= `+since+`) a,
+	(SELECT count(*) AS n,
+		percentile_cont(0.5) WITHIN GROUP (
+			ORDER BY extract(epoch FROM finished_at - created_at) * 1000) AS p50,
+		percentile_cont(0.95) WITHIN GROUP (
+			ORDER BY extract(epoch FROM finished_at - created_at) * 1000) AS p95
+	FROM jobs WHERE status = 'succeeded' AND finished_at >= `+since+`) ok`, window.Microseconds()).
+		Scan(&st.Since, &byStatus, &st.Submitted, &st.Attempts, &st.Retries,
+			&st.Succeeded, &st.SubmitToResultP50MS, &st.SubmitToResultP95MS); err != nil {
+		return nil, fmt.Errorf("compute the stats of the last %s: %w", window, err)
 	}
-	if err := s.pool.QueryRow(ctx, `
-SELECT count(*),
-	percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at) * 1000),
-	percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at) * 1000)
-FROM jobs WHERE status = 'succeeded' AND finished_at >= $1`, since).
-		Scan(&st.Succeeded, &st.SubmitToResultP50MS, &st.SubmitToResultP95MS); err != nil {
-		return nil, fmt.Errorf("submit to result percentiles: %w", err)
+	for status, n := range byStatus {
+		st.ByStatus[Status(status)] = n
 	}
 	if st.Attempts > 0 {
 		v := float64(st.Retries) / float64(st.Attempts)

@@ -7,7 +7,7 @@
 // and tenant); the attempt lease (BeginAttempt, RenewLease) that keeps one call in flight per
 // job; the group-commit batcher that lets concurrent transitions share a transaction; the
 // Listener that turns Postgres NOTIFY into signals for event streams; the operators' queries
-// (List, PageDead, RetryDead, PurgeDead, Stats, WindowStats); and the maintenance passes' statements
+// (List, PageDead, RetryDead, PurgeDead, Stats); and the maintenance passes' statements
 // (FailOverdue, DeleteFinished). It depends on pgx and nothing of Redis: what dispatches jobs is
 // internal/dispatch, what runs them is internal/executor, what maintains them is
 // internal/maintenance.

@@ -10,10 +10,10 @@ import (
 	"github.com/llmq/llmq/internal/jobstest"
 )
 
-// TestStore_WindowStatsEndsOnPostgresClock: the window is measured back from Postgres's now(),
+// TestStore_StatsWindowEndsOnPostgresClock: the window is measured back from Postgres's now(),
 // which wrote the times it compares (TestOverview_WindowIsOnPostgresClock in internal/console
 // runs it on a host whose clock is off).
-func TestStore_WindowStatsEndsOnPostgresClock(t *testing.T) {
+func TestStore_StatsWindowEndsOnPostgresClock(t *testing.T) {
 	t.Parallel()
 	b := jobstest.New(t)
 	ctx := t.Context()
@@ -24,7 +24,7 @@ func TestStore_WindowStatsEndsOnPostgresClock(t *testing.T) {
 
 	var before, after time.Time
 	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT now()`).Scan(&before))
-	st, err := b.Store.WindowStats(ctx, time.Hour)
+	st, err := b.Store.Stats(ctx, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT now()`).Scan(&after))
 

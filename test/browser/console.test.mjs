@@ -96,6 +96,7 @@ try {
   await page.click('#login-form button');
   await page.locator('#who', { hasText: 'alice' }).waitFor(WAIT);
   await page.locator('[data-testid=count-succeeded]', { hasText: /^1$/ }).waitFor(WAIT);
+  await page.locator('[data-testid=submitted]', { hasText: /^1$/ }).waitFor(WAIT); // as ctl stats' "jobs submitted"
   const cookie = (await context.cookies()).find((c) => c.name === 'llmq_console');
   assert.ok(cookie && cookie.httpOnly && cookie.sameSite === 'Strict', JSON.stringify(cookie));
   assert.equal(await page.evaluate(() => document.cookie.includes('llmq_console')), false, 'HttpOnly: no script reads it');
@@ -154,6 +155,7 @@ try {
   await faults({ spend_cap: true });
   const dead = await submit('This one hits the spend cap');
   await page.locator('[data-testid="dead-rate_limited_no_retry_after"]', { hasText: /^1$/ }).waitFor(WAIT);
+  await page.locator('[data-testid=submitted]', { hasText: /^2$/ }).waitFor(WAIT);
   assert.equal(await page.evaluate(() => window.llmqNoReload), true, 'updated without a reload');
   await shot(page, 'overview');
 

@@ -162,8 +162,9 @@ function renderOverview(ov) {
   const q = ov.queue || {};
   const dead = Object.entries(ov.dead_by_reason || {});
   return [
-    h('h2', {}, `Jobs waiting or running now, and ended in the last hour`),
-    h('div', { class: 'cards' }, STATUSES.map((s) => card(s, ov.jobs_by_status[s] ?? 0, `count-${s}`))),
+    h('h2', {}, 'Jobs submitted in the last hour, waiting or running now, and ended in the last hour'),
+    h('div', { class: 'cards' }, card('submitted', ov.jobs_submitted ?? 0, 'submitted'),
+      STATUSES.map((s) => card(s, ov.jobs_by_status[s] ?? 0, `count-${s}`))),
     h('h2', {}, 'Queue'),
     h('div', { class: 'cards' }, ['pending', 'active', 'scheduled', 'retry', 'archived'].map((k) => card(k, q[k] ?? '–', `queue-${k}`))),
     h('h2', {}, 'Calls in the last hour'),
