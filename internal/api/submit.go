@@ -438,39 +438,47 @@ func checkEscapes(raw []byte) error {
 	return nil
 }
 
-// checkTokens refuses a request larger than a whole configured token bucket of its credential or
-// of a fallback (OpenAI's n choices multiply its output): it could never be sent, so it must fail
-// now rather than after a wait. A request it cannot count (an n that is not an integer from 1 to
-// tokens.MaxChoices, say) goes: the provider judges it, and refuses it before any token is used.
-// The request is counted once: fallbacks share the primary's provider kind (checkFallbacks).
+// checkTokens refuses a request larger than a whole configured token bucket (OpenAI's n choices
+// multiply its output) of every credential of its chain, its own and each fallback: it could
+// never be sent, so it must fail now rather than after a wait. One credential that may take it
+// lets it in, for a worker fails a request too large for its credential over to the next
+// fallback (docs/decisions.md, "A request too large for its credential fails over"): its
+// configured limits fit, or none is configured (the provider's are learned, or it judges). A
+// request it cannot count (an n that is not an integer from 1 to tokens.MaxChoices, say) goes:
+// the provider judges it, and refuses it before any token is used. The request is counted once:
+// fallbacks share the primary's provider kind (checkFallbacks). The refusal names the job's own
+// credential's limit.
 func (s *contract) checkTokens(creds []string, request []byte) error {
 	var (
-		counted  bool
-		kind     string
-		r        tokens.Request
-		countErr error
+		r     tokens.Request
+		first error
 	)
-	count := func(k string) (tokens.Request, error) {
-		if !counted || k != kind {
-			r, countErr = tokens.Count(k, request)
-			counted, kind = true, k
-		}
-		return r, countErr
-	}
-	for _, name := range creds {
+	for i, name := range creds {
 		tl, ok := s.cfg.TokenLimits[name]
 		if !ok {
-			continue
+			return nil
 		}
-		r, err := count(s.cfg.Kinds[name])
-		if err != nil {
-			continue // the provider judges a body we cannot count
+		if i == 0 {
+			// Counted only when a limit is configured: most submits have none to check.
+			var err error
+			if r, err = tokens.Count(s.cfg.Kinds[name], request); err != nil {
+				return nil // the provider judges a body we cannot count
+			}
 		}
-		if err := tl.Check(tokens.Cost{InputTokens: r.Input, OutputTokens: r.MaxOutput, MinInputTokens: r.MinInput}); err != nil {
-			return invalid("request_too_large", "credential %q: %v%s", name, err, tokens.AssumedOutputNote(err, r.AssumedOutput, s.cfg.Kinds[name]))
+		err := tl.Check(tokens.Cost{InputTokens: r.Input, OutputTokens: r.MaxOutput, MinInputTokens: r.MinInput})
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
 		}
 	}
-	return nil
+	which := fmt.Sprintf("credential %q", creds[0])
+	if len(creds) > 1 {
+		which += " (and every fallback)"
+	}
+	return invalid("request_too_large", "%s: %v%s", which, first,
+		tokens.AssumedOutputNote(first, r.AssumedOutput, s.cfg.Kinds[creds[0]]))
 }
 
 // MaxFallbacks caps the fallback list of one job.

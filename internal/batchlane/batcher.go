@@ -350,29 +350,10 @@ func (b *Batcher) probed(ctx context.Context, lane Lane, memo heldLanes, ok bool
 // pass. what says what was refused (the batch, or one of its requests).
 func (b *Batcher) spendCap(ctx context.Context, lane Lane, memo heldLanes, what, reason string, cause error) error {
 	memo[lane.Credential] = laneHold{held: true}
-	message := fmt.Sprintf("the batch API refused %s: %v", what, cause)
-	if lane.Gate == nil {
-		b.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: lane.Credential, Reason: reason, Message: message}, time.Minute)
-		return nil
-	}
-	var (
-		started bool
-		err     error
-	)
-	if b.cfg.Pauses != nil {
-		started, err = b.cfg.Pauses.Pause(ctx, lane.Gate, reason, "")
-		if errors.Is(err, credpause.ErrDatabase) {
-			b.cfg.Logger.ErrorContext(ctx, "record a credential pause in postgres (it is kept in redis only)",
-				"credential", lane.Credential, "error", err)
-			err = nil
-		}
-	} else {
-		started, err = lane.Gate.Pause(ctx, reason, "")
-	}
-	if started {
-		b.cfg.Alerter.Raise(ctx, alert.Alert{Credential: lane.Credential, Reason: reason,
-			Message: "credential paused until an operator resumes it (ctl credentials resume " + lane.Credential + "): " + message})
-	}
+	err := credpause.PauseSpendCap(ctx, credpause.SpendCapParams{Alerter: b.cfg.Alerter,
+		Credential: lane.Credential, Gate: lane.Gate, Logger: b.cfg.Logger,
+		Message: fmt.Sprintf("the batch API refused %s: %v", what, cause), Reason: reason,
+		Store: b.cfg.Pauses})
 	if err != nil {
 		return fmt.Errorf("pause credential %s after a spend cap: %w", lane.Credential, err)
 	}

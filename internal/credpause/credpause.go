@@ -3,7 +3,8 @@
 // admission reads). A pause lost by Redis (a restart without persistence, a flush) is written back
 // from its row before the credential sends again: the executor restores it when its admission
 // finds Redis holding no pause state (limiter.Reservation.PauseUnknown), and the worker's pause
-// refresh when it reads none.
+// refresh when it reads none. PauseSpendCap is how both lanes, online (the executor) and batch,
+// pause a credential after a spend-cap answer and alert on it.
 package credpause
 
 import (

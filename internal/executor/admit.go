@@ -63,10 +63,11 @@ func (e *Executor) clear(ctx context.Context, job *jobs.Job, up Upstream, paused
 
 // admit takes the attempt's send slot: the one an earlier delivery held in the job row, or a new
 // one from the credential's gate (see admitGate). A request that can never fit the credential's
-// token limits fails the job; a refusal hands any breaker probe on and may fail the job over.
-// With a credential's breaker but no circuit admission, the gate makes the breaker's test (see
-// clear), and errAskBreaker says it did not admit. paused, when not nil, is the credential's
-// pause state already read for the held slot (see guard).
+// token limits moves the job to its next fallback, or fails it on the last (failTooLarge); a
+// refusal hands any breaker probe on and may fail the job over. With a credential's breaker but
+// no circuit admission, the gate makes the breaker's test (see clear), and errAskBreaker says it
+// did not admit. paused, when not nil, is the credential's pause state already read for the held
+// slot (see guard).
 func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circuit *breaker.Admission, paused *limiter.PauseState, lane *laneMemo, pass *gatePass) (admission, error) {
 	adm := admission{breaker: circuit}
 	switch {
@@ -106,14 +107,8 @@ func (e *Executor) admit(ctx context.Context, job *jobs.Job, up Upstream, circui
 		return adm, e.failSlotAfterDeadline(ctx, job, up, a)
 	}
 	if errors.Is(err, tokens.ErrTooLarge) {
-		e.reportBreaker(ctx, up, circuit, breaker.Neutral)
-		note := ""
-		if a.est != nil {
-			note = tokens.AssumedOutputNote(err, a.est.AssumedOutput, up.Kind)
-		}
-		return adm, e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
-			Class: string(retrypolicy.ClassPermanent), Message: "request can never be sent: " + err.Error() + note,
-		}})
+		e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
+		return adm, e.failTooLarge(ctx, job, up, a.est, err, pass)
 	}
 	if err != nil {
 		e.reportBreaker(ctx, up, circuit, breaker.Neutral) // not sent: hand a probe on
@@ -255,6 +250,28 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 		return adm, err
 	}
 	return adm, nil
+}
+
+// failTooLarge ends the admission of a request that can never fit the credential's token limits
+// (err, a *tokens.TooLargeError; est, when not nil, the estimate it was refused with): the job
+// moves to its next fallback, whose key or provider may have larger limits (failOver), or fails
+// unsent when none is left. The refusal reserved nothing (limiter.Gate.AcquireAttempt), and what
+// admitGate held besides is already given back: the move has nothing to give back.
+func (e *Executor) failTooLarge(ctx context.Context, job *jobs.Job, up Upstream,
+	est *estimator.Estimate, err error, pass *gatePass) error {
+	if job.HasNextCredential() {
+		d := &deferral{until: e.cfg.Now(), unavailable: true,
+			reason: "request too large for the credential's token limits: " + err.Error()}
+		return e.failOver(ctx, job, d, pass, nil)
+	}
+	note := ""
+	if est != nil {
+		note = tokens.AssumedOutputNote(err, est.AssumedOutput, up.Kind)
+	}
+	return e.end(ctx, job, nil, jobs.Outcome{Status: jobs.StatusFailed, LastError: &jobs.LastError{
+		Class:   string(retrypolicy.ClassPermanent),
+		Message: "request can never be sent: " + err.Error() + note,
+	}})
 }
 
 // failSlotAfterDeadline fails job, unsent, whose send slot (held in adm) comes at or after its

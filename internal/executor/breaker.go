@@ -111,8 +111,9 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream,
 	}
 }
 
-// failOver moves a job whose credential cannot take requests now (breaker open, paused) to its
-// next fallback at once, and runs the delivery again there, instead of waiting for the
+// failOver moves a job whose credential cannot take requests now (breaker open, paused), or
+// cannot ever take this one (too large for its token limits: failTooLarge), to its next
+// fallback at once, and runs the delivery again there, instead of waiting for the
 // credential to heal: sequential waiting is what makes failover slow. Other errors, and jobs
 // without a fallback left, pass through. The delivery there keeps this one's pass in the
 // backlog gate. left, when not nil, runs once the job has moved (and only then): what the job

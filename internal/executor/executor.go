@@ -203,8 +203,8 @@ var errHandled = errors.New("delivery handled")
 type deferral struct {
 	until  time.Time
 	reason string
-	// unavailable: the credential cannot take requests now (breaker open, paused), so a job
-	// with a fallback moves on instead of waiting.
+	// unavailable: the credential cannot take requests now (breaker open, paused, no longer
+	// configured) or never this one (too large), so a job with a fallback moves on instead.
 	unavailable bool
 	// stored: until is not to be written to the job row: it is already there (a retry delay, a
 	// held limiter slot), or the row is another delivery's (leasedDefer).

@@ -2,13 +2,11 @@ package executor
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/llmq/llmq/internal/alert"
 	"github.com/llmq/llmq/internal/credpause"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
@@ -178,36 +176,15 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job, lost func()) (s
 }
 
 // pause stops the credential after a spend-cap answer so that no further request burns on it
-// (in Postgres too, with Config.Pauses), and alerts once per pause episode across all processes.
+// (in Postgres too, with Config.Pauses), and alerts once per pause episode across all processes
+// (credpause.PauseSpendCap). Its writes outlive the delivery's cancellation, bounded as its other
+// statements are.
 func (e *Executor) pause(ctx context.Context, up Upstream, job *jobs.Job, reason, message string) error {
-	if up.Gate == nil {
-		e.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: up.Name, Reason: reason, JobID: job.ID, Message: message}, time.Minute)
-		return nil
-	}
-	// Its writes outlive the delivery's cancellation, bounded as its other statements are.
 	wctx, cancel := e.storeCtx(context.WithoutCancel(ctx))
 	defer cancel()
-	var (
-		started bool
-		err     error
-	)
-	if e.cfg.Pauses != nil {
-		started, err = e.cfg.Pauses.Pause(wctx, up.Gate, reason, job.ID)
-		if errors.Is(err, credpause.ErrDatabase) {
-			// Redis holds the pause, which is what stops the sends: the job goes its way (a
-			// failover too), and the durable copy is missing until the next spend-cap answer.
-			e.cfg.Logger.ErrorContext(ctx, "record a credential pause in postgres (it is kept in redis only)",
-				"credential", up.Name, "job_id", job.ID, "error", err)
-			err = nil
-		}
-	} else {
-		started, err = up.Gate.Pause(wctx, reason, job.ID)
-	}
-	if started {
-		e.cfg.Alerter.Raise(ctx, alert.Alert{Credential: up.Name, Reason: reason, JobID: job.ID,
-			Message: "credential paused until an operator resumes it (ctl credentials resume " + up.Name + "): " + message})
-	}
-	return err
+	return credpause.PauseSpendCap(wctx, credpause.SpendCapParams{Alerter: e.cfg.Alerter,
+		Credential: up.Name, Gate: up.Gate, JobID: job.ID, Logger: e.cfg.Logger, Message: message,
+		Reason: reason, Store: e.cfg.Pauses})
 }
 
 // restorePause writes the credential's pause state kept in Postgres (Config.Pauses) into Redis,
