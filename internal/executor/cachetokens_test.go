@@ -94,6 +94,22 @@ type answeredRun struct {
 // runAnsweredJob is runAnswered, returning the stored job and its attempts too.
 func runAnsweredJob(t *testing.T, answer http.HandlerFunc, stream bool, estCfg *estimator.Config) answeredRun {
 	t.Helper()
+	req := map[string]any{"model": "claude-test", "max_tokens": 16,
+		"system":   []any{map[string]any{"type": "text", "text": strings.Repeat("a", 2000), "cache_control": map[string]any{"type": "ephemeral"}}},
+		"messages": []any{map[string]any{"role": "user", "content": "hi"}}}
+	if stream {
+		req["stream"] = true
+	}
+	body, err := json.Marshal(req)
+	require.NoError(t, err)
+	return runJob(t, answer, body, estCfg)
+}
+
+// runJob runs one job of the Anthropic request body (at most ~800 input tokens by the rule and
+// 16 output tokens: the minute's 1,000 and 30) against the provider answer, with an estimator of
+// estCfg (nil: the defaults), and returns what it ran.
+func runJob(t *testing.T, answer http.Handler, body []byte, estCfg *estimator.Config) answeredRun {
+	t.Helper()
 	ctx := t.Context()
 	b := jobstest.New(t)
 	rdb := redistest.Client(t)
@@ -110,14 +126,6 @@ func runAnsweredJob(t *testing.T, answer http.HandlerFunc, stream bool, estCfg *
 		Deltas: deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)}),
 		Upstreams: map[string]executor.Upstream{"cache": {Name: "cache", Kind: string(llm.KindAnthropic),
 			Provider: p, Gate: gate, Limit: limit}}})
-	req := map[string]any{"model": "claude-test", "max_tokens": 16,
-		"system":   []any{map[string]any{"type": "text", "text": strings.Repeat("a", 2000), "cache_control": map[string]any{"type": "ephemeral"}}},
-		"messages": []any{map[string]any{"role": "user", "content": "hi"}}}
-	if stream {
-		req["stream"] = true
-	}
-	body, err := json.Marshal(req)
-	require.NoError(t, err)
 	_, err = gate.Reserve(ctx, limit) // the request bucket's burst taken: the job's slot is a refill's
 	require.NoError(t, err)
 	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "cache", Request: body,

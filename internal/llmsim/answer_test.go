@@ -79,8 +79,9 @@ func TestServer_Answers(t *testing.T) {
 		}
 		require.NoError(t, json.Unmarshal(r.body, &msg))
 		require.Equal(t, "llmsim reply to: "+strings.Repeat("é", 60), msg.Content[0].Text)
-		// 4 (system) + 5 + 2 + 200 bytes = 211 / 4 = 52
-		require.Equal(t, 52, msg.Usage.InputTokens)
+		// 4 (system) + 5 + 2 + 200 bytes = 211 / 4 = 52, and an image whose source tells no size:
+		// the most one image costs, 1,600.
+		require.Equal(t, 52+1600, msg.Usage.InputTokens)
 	})
 
 	t.Run("MinimumOneToken", func(t *testing.T) {

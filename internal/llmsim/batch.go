@@ -311,7 +311,7 @@ func batchTokens(reqs []simRequest) int {
 	n := 0
 	for _, r := range reqs {
 		if req, err := parseChatRequest(r.body); err == nil {
-			n += tokens(req.textBytes)
+			n += req.inputTokens()
 		}
 	}
 	return n
@@ -366,7 +366,7 @@ func (s *Server) answerBatchRequest(p provider, r simRequest) simResult {
 	}
 	sum := sha256.Sum256(r.body)
 	rep := reply{id: p.idPrefix() + hex.EncodeToString(sum[:12]), model: req.model, text: text,
-		inputTokens: tokens(req.textBytes), outputTokens: tokens(len(text)), maxedOut: maxedOut, created: s.cfg.Now()}
+		inputTokens: req.inputTokens(), outputTokens: tokens(len(text)), maxedOut: maxedOut, created: s.cfg.Now()}
 	s.batches.stats.InputTokens += rep.inputTokens
 	s.batches.stats.OutputTokens += rep.outputTokens
 	return simResult{customID: r.customID, kind: "succeeded", status: http.StatusOK, body: p.successBody(rep)}

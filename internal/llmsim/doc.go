@@ -32,12 +32,25 @@
 // Token counts follow one rule:
 //
 //   - input tokens  = (bytes of the text of every message, plus the Anthropic
-//     "system" text, plus the "tools" JSON without its white space) / 4, at least 1;
+//     "system" text, plus the "tools" JSON without its white space) / 4, plus
+//     the tokens of the messages' images, at least 1;
 //   - output tokens = (bytes of the reply text) / 4, at least 1.
 //
-// Only text is counted: for array content, the "text" of blocks of type
+// The text counted: for array content, the "text" of blocks of type
 // "text" and the text of "tool_result" blocks' content (read as a message's
-// content), joined by newlines; other blocks count zero. Config.ReplyTokens > 0 instead makes every
+// content), joined by newlines; other blocks count no text.
+//
+// An image counts as its provider bills it, from its size: an Anthropic "image" block (in a
+// message, a tool result's content or a content document) width × height / 750, rounded up,
+// once its long edge is brought down to 1568 px, at most 1,600; an OpenAI "image_url" part 85 at
+// detail "low", else 85 + 170 per 512-px tile once fitted in 2048 × 2048 and its short side
+// brought down to 768 px (at most 1,445). The size of a base64 image (PNG, JPEG, GIF or WebP;
+// an OpenAI data URL) is read from the image. An image whose size the body does not tell (a URL
+// or a file, data that is no such image) is charged the provider's most for one image, 1,600 or
+// 1,445 (85 at low detail), what a real provider bills a large image: llmsim fetches nothing.
+// This is the rule internal/tokens estimates with, implemented apart (image.go) so that the
+// tests compare two readings of it; charged in the input-token buckets, reported in the usage
+// (streamed too) and in batch results alike. Config.ReplyTokens > 0 instead makes every
 // reply exactly that many output tokens: the text is cut (on a rune boundary)
 // or padded with a fixed ASCII filler to 4 × ReplyTokens bytes, so that the
 // rule above still holds; when the request's max_tokens is smaller, the reply

@@ -23,7 +23,10 @@ type chatRequest struct {
 	lastUserText string
 	// textBytes is the bytes of all message text (tool results, tool calls and text documents
 	// too), the system text, the tools and a structured output's schema.
-	textBytes     int
+	textBytes int
+	// imageTokens is the input tokens of the messages' images, as their provider bills them
+	// (image.go).
+	imageTokens   int
 	streamRequest bool
 	// includeUsage is OpenAI's stream_options.include_usage: a last chunk carries the usage.
 	includeUsage bool
@@ -94,11 +97,12 @@ func parseChatRequest(body []byte) (chatRequest, error) {
 		if err != nil {
 			return chatRequest{}, fmt.Errorf("messages.%d.content: %w", i, err)
 		}
-		n, err := contentBytes(m.Content)
+		n, images, err := contentBytes(m.Content)
 		if err != nil {
 			return chatRequest{}, fmt.Errorf("messages.%d.content: %w", i, err)
 		}
 		req.textBytes += n
+		req.imageTokens += images
 		for _, c := range m.ToolCalls { // OpenAI: an assistant's calls are input, as it wrote them
 			req.textBytes += len(c.Function.Name) + len(c.Function.Arguments)
 		}
@@ -217,31 +221,30 @@ func compactLen(raw []byte) int {
 // blocks, the text of its "text" blocks, of its "tool_result" blocks' content (contentText:
 // a tool's result is input, as the providers count it), of its "tool_use" blocks' input (JSON
 // without its layout) and of its "document" blocks with a text source (its data) or a content
-// source (contentText), joined by newlines.
-func contentBytes(raw json.RawMessage) (int, error) {
+// source (contentText), joined by newlines. images is the input tokens of its images, those of
+// its tool results' and documents' content too (imageTokens).
+func contentBytes(raw json.RawMessage) (n, images int, err error) {
 	if isNull(raw) {
-		return 0, nil
+		return 0, 0, nil
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return len(s), nil
+		return len(s), 0, nil
 	}
 	var blocks []struct {
-		Type    string          `json:"type"`
-		Text    string          `json:"text"`
-		Content json.RawMessage `json:"content"`
-		Input   json.RawMessage `json:"input"`
-		Source  *struct {
-			Type    string          `json:"type"`
-			Data    json.RawMessage `json:"data"`
-			Content json.RawMessage `json:"content"`
-		} `json:"source"`
+		Type     string          `json:"type"`
+		Text     string          `json:"text"`
+		Content  json.RawMessage `json:"content"`
+		Input    json.RawMessage `json:"input"`
+		Source   *blockSource    `json:"source"`
+		ImageURL json.RawMessage `json:"image_url"`
 	}
 	if err := unmarshalExact(raw, &blocks); err != nil {
-		return 0, errors.New("must be a string or an array of content blocks")
+		return 0, 0, errors.New("must be a string or an array of content blocks")
 	}
-	n, pieces := 0, 0
+	pieces := 0
 	for _, bl := range blocks {
+		images += imageTokens(bl.Type, bl.Source, bl.ImageURL)
 		var size int
 		switch bl.Type {
 		case "text":
@@ -249,9 +252,10 @@ func contentBytes(raw json.RawMessage) (int, error) {
 		case "tool_result":
 			text, err := contentText(bl.Content)
 			if err != nil {
-				return 0, fmt.Errorf("tool_result content: %w", err)
+				return 0, 0, fmt.Errorf("tool_result content: %w", err)
 			}
 			size = len(text)
+			images += contentImages(bl.Content)
 		case "tool_use":
 			size = compactLen(bl.Input)
 		case "document":
@@ -262,13 +266,14 @@ func contentBytes(raw json.RawMessage) (int, error) {
 			switch bl.Source.Type {
 			case "text":
 				if json.Unmarshal(bl.Source.Data, &text) != nil {
-					return 0, errors.New("document source data: must be a string")
+					return 0, 0, errors.New("document source data: must be a string")
 				}
 			case "content":
 				var err error
 				if text, err = contentText(bl.Source.Content); err != nil {
-					return 0, fmt.Errorf("document source content: %w", err)
+					return 0, 0, fmt.Errorf("document source content: %w", err)
 				}
+				images += contentImages(bl.Source.Content)
 			default:
 				continue // base64, a URL or a file: not text in the body
 			}
@@ -282,7 +287,7 @@ func contentBytes(raw json.RawMessage) (int, error) {
 		n += size
 		pieces++
 	}
-	return n, nil
+	return n, images, nil
 }
 
 func isNull(raw json.RawMessage) bool {
@@ -329,6 +334,9 @@ func padReply(text string, n int) string {
 
 // tokens is the token rule: bytes / 4, at least 1.
 func tokens(bytes int) int { return max(bytes/4, 1) }
+
+// inputTokens is the request's input tokens: its text's bytes / 4 plus its images', at least 1.
+func (r chatRequest) inputTokens() int { return max(r.textBytes/4+r.imageTokens, 1) }
 
 // strictUnmarshal decodes exactly one JSON value into v, refusing unknown
 // fields and trailing data.

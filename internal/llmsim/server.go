@@ -276,7 +276,7 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 		id:           p.idPrefix() + hex.EncodeToString(sum[:12]),
 		model:        req.model,
 		text:         text,
-		inputTokens:  tokens(req.textBytes),
+		inputTokens:  req.inputTokens(),
 		outputTokens: output,
 		maxedOut:     maxedOut,
 		created:      s.cfg.Now(),

@@ -92,7 +92,7 @@ func requestCost(body []byte) *tokenCost {
 	if err != nil || req.maxTokensErr != nil {
 		return nil
 	}
-	return &tokenCost{model: req.model, input: int64(tokens(req.textBytes)), reserve: max(req.maxTokens, 1)}
+	return &tokenCost{model: req.model, input: int64(req.inputTokens()), reserve: max(req.maxTokens, 1)}
 }
 
 // tokenCharge is one bucket's share of a request's cost.

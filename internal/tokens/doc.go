@@ -12,8 +12,9 @@
 // system prompt is a message), and the "tools" definitions' and OpenAI's
 // response_format.json_schema's JSON without its white space (a client's indentation is not
 // input): an agent's prompt is mostly tool calls and results, and a tool's or an output's schema
-// is input the provider counts. Input tokens are those bytes / 4 (the rule cmd/llmsim charges,
-// so tests and benchmarks are exact), plus the tokens of the images, at least 1.
+// is input the provider counts. Input tokens are those bytes / 4, plus the tokens of the images,
+// at least 1: the rule cmd/llmsim charges, images included (internal/llmsim implements it apart
+// and its tests compare the two), so tests and benchmarks are exact.
 //
 // An image counts as its provider bills it, from its size: Anthropic's "image" block width ×
 // height / 750 once resized (long edge at most 1568 px, about 1.2 megapixels: at most
@@ -24,11 +25,11 @@
 // of it is decoded. An image whose size the body does not tell (a URL, a file, a header that
 // does not read) counts the provider's most for one image, so that the reservation errs on the
 // safe side; it may be a small one, so MinInput, the least the input can be and what a request
-// is refused as too large on, leaves it out. Base64, URL and file documents, audio and a provider's own framing are not counted
-// (their bytes say little of their tokens, and the count is the floor a request is refused as
-// too large on); for real providers the ratio that internal/estimator learns absorbs the
-// difference. MaxOutput is
-// max_completion_tokens (OpenAI) or else max_tokens; DefaultMaxOutput (4,096) when absent; times
+// is refused as too large on, leaves it out. Base64, URL and file documents, audio and a
+// provider's own framing are not counted (their bytes say little of their tokens, and the count
+// is the floor a request is refused as too large on); for real providers the ratio that
+// internal/estimator learns absorbs the difference. MaxOutput is max_completion_tokens (OpenAI)
+// or else max_tokens; DefaultMaxOutput (4,096) when absent; times
 // OpenAI's n (Choices), since each choice may use the whole allowance and the answer's usage
 // counts them all. An integral number written with a fraction or an exponent (4096.0) is that
 // integer, as the providers' JSON Schema "integer" reads it.
