@@ -13,7 +13,7 @@ import (
 
 // TestCircuit_AllowAllocs pins the allocations of Allow, which every job makes: it boxed the
 // script's SHA and the circuit's two keys into interfaces at every call, in go-redis's
-// Script.Run (issue 23): 26 allocations. The bound is the count with the SHA boxed once per script
+// Script.Run: 26 allocations. The bound is the count with the SHA boxed once per script
 // and the keys once per circuit (redisscript.Script).
 func TestCircuit_AllowAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 	if raceEnabled {
@@ -34,7 +34,7 @@ func TestCircuit_AllowAllocs(t *testing.T) { // not parallel: testing.AllocsPerR
 	require.LessOrEqual(t, allocs, 20.0)
 }
 
-// BenchmarkCircuit_Allow measures Allow, a script call every job makes (issue 23), on the local
+// BenchmarkCircuit_Allow measures Allow, a script call every job makes, on the local
 // Redis.
 func BenchmarkCircuit_Allow(b *testing.B) {
 	br, err := breaker.New(redistest.Client(b), &breaker.Config{Prefix: redistest.Prefix(b)})

@@ -15,7 +15,7 @@ import (
 )
 
 // TestExecutor_LogEndFreeWhenOff: a finished job's debug line costs nothing while the level is
-// off, as it is by default (issue 23): building its attributes at every job's end boxed the
+// off, as it is by default: building its attributes at every job's end boxed the
 // job's id, credential and status and made their slice, logged or not.
 func TestExecutor_LogEndFreeWhenOff(t *testing.T) { // not parallel: testing.AllocsPerRun
 	e := &Executor{cfg: Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}

@@ -37,9 +37,9 @@ func TestFingerprint_Golden(t *testing.T) {
 	}
 }
 
-// TestFingerprint_Allocs pins the allocations of a keyed submit's fingerprint of the usual body
-// (issue 23): the walk's writer, its members, out and scratch space in one, and the answer's
-// string; five before (the three apart, and hex.EncodeToString's two).
+// TestFingerprint_Allocs pins the allocations of a keyed submit's fingerprint of the usual
+// body: the walk's writer, its members, out and scratch space in one, and the answer's string;
+// five before (the three apart, and hex.EncodeToString's two).
 func TestFingerprint_Allocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's
 	if raceEnabled {
 		t.Skip("allocation counts are the build's without the race detector")

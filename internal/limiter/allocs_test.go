@@ -14,7 +14,7 @@ import (
 
 // TestGate_ScriptCallAllocs pins the allocations of the limiter's calls that every job makes, a
 // reservation and the observation of its answer: each boxed the script's SHA and every key into
-// an interface at every call, in go-redis's Script.Run (issue 23): 27, 38 and 18 allocations. The
+// an interface at every call, in go-redis's Script.Run: 27, 38 and 18 allocations. The
 // bounds are the counts with the SHA boxed once per script and the keys once per gate
 // (redisscript.Script).
 func TestGate_ScriptCallAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
@@ -55,7 +55,7 @@ func TestGate_ScriptCallAllocs(t *testing.T) { // not parallel: testing.AllocsPe
 	}
 }
 
-// BenchmarkGate_ScriptCalls measures the limiter's per-job script calls (issue 23): a
+// BenchmarkGate_ScriptCalls measures the limiter's per-job script calls: a
 // reservation, an attempt's admission and an observation, on the local Redis.
 func BenchmarkGate_ScriptCalls(b *testing.B) {
 	ctx := context.Background()

@@ -41,7 +41,7 @@ func TestGate_ScriptArgsFormattedOnce(t *testing.T) { // not parallel: testing.A
 }
 
 // TestGate_KeysBuiltOnce: a gate's Redis keys are built once, when the gate is made, not at each
-// reservation (issue 23): a lane's fairness keys cost the lane's own key only (its name, the key
+// reservation: a lane's fairness keys cost the lane's own key only (its name, the key
 // and its boxing), and each key is the one its key function builds.
 func TestGate_KeysBuiltOnce(t *testing.T) { // not parallel: testing.AllocsPerRun
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never contacted
