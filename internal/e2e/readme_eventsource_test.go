@@ -3,6 +3,9 @@ package e2e_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,13 +18,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llmsim"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // TestReadme_EventSourceExample runs the README's JavaScript example as written, with Node and
-// the real npm eventsource package (test/js, installed by scripts/js.sh), against a stack of its
-// own: it submits, follows the job through its signed events_url, prints each event, and must
-// end by itself: after the terminal event the EventSource reconnects, gets 204 and closes, so
-// Node has nothing left to wait for.
+// the real npm eventsource package (test/js, installed by scripts/js.sh), against stacks of its
+// own. An anonymous job: it submits, follows the job through its signed events_url, prints each
+// event, and must end by itself: after the terminal event the EventSource reconnects, gets 204
+// and closes, so Node has nothing left to wait for. A tenant's job (LLMQ_TOKEN) whose tenant is
+// revoked while its page listens: the page is told why (the refused event), then closes (the
+// reconnect is answered 403).
 func TestReadme_EventSourceExample(t *testing.T) {
 	t.Parallel()
 	md, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
@@ -34,22 +40,94 @@ func TestReadme_EventSourceExample(t *testing.T) {
 	script, err := filepath.Abs(filepath.Join(repoRoot, "scripts", "js.sh"))
 	require.NoError(t, err)
 	runJS(t, 5*time.Minute, nil, script) // npm ci when stale
-	// The simulator answers after 300 ms, so the stream opens on a job still queued or running.
-	b := setup(t, setupOpts{sim: llmsim.Config{Latency: 300 * time.Millisecond}})
-	out := runJS(t, time.Minute, []string{"LLMQ_API=" + b.apiURL}, "node", "--input-type=module", "--eval", example)
 
-	t.Logf("the example printed:\n%s", out)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.GreaterOrEqual(t, len(lines), 2, "output:\n%s", out)
-	require.Equal(t, "closed", lines[len(lines)-1], "the 204 after the end closes the EventSource; output:\n%s", out)
-	var statuses []string
-	for _, l := range lines[:len(lines)-1] {
-		f := strings.Fields(l)
-		require.Len(t, f, 3, "a line per event: id, status, attempts; got %q", l)
-		statuses = append(statuses, f[1])
+	t.Run("a job to its end", func(t *testing.T) {
+		t.Parallel()
+		// The simulator answers after 300 ms, so the stream opens on a job still queued or running.
+		b := setup(t, setupOpts{sim: llmsim.Config{Latency: 300 * time.Millisecond}})
+		out := runJS(t, time.Minute, []string{"LLMQ_API=" + b.apiURL}, "node", "--input-type=module", "--eval", example)
+
+		t.Logf("the example printed:\n%s", out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.GreaterOrEqual(t, len(lines), 2, "output:\n%s", out)
+		require.Equal(t, "closed", lines[len(lines)-1], "the 204 after the end closes the EventSource; output:\n%s", out)
+		var statuses []string
+		for _, l := range lines[:len(lines)-1] {
+			f := strings.Fields(l)
+			require.Len(t, f, 3, "a line per event: id, status, attempts; got %q", l)
+			statuses = append(statuses, f[1])
+		}
+		require.Equal(t, "succeeded", statuses[len(statuses)-1], "output:\n%s", out)
+		require.Subset(t, []string{"queued", "running", "succeeded"}, statuses, "output:\n%s", out)
+	})
+
+	t.Run("a revoked tenant's page is told why", func(t *testing.T) {
+		t.Parallel()
+		// The simulator holds the call past the stream's first keep-alive (15 s), where the open
+		// stream checks its tenant again.
+		b := setup(t, setupOpts{sim: llmsim.Config{Latency: 25 * time.Second}})
+		token := strings.TrimPrefix(b.tenantHeader(t, "acme")["Authorization"], "Bearer ")
+		revoked := make(chan error, 1)
+		go func() { revoked <- revokeOnceStreamed(b, "acme", 20*time.Second) }()
+		out := runJS(t, time.Minute, []string{"LLMQ_API=" + b.apiURL, "LLMQ_TOKEN=" + token},
+			"node", "--input-type=module", "--eval", example)
+		require.NoError(t, <-revoked)
+
+		t.Logf("the example printed:\n%s", out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		require.GreaterOrEqual(t, len(lines), 3, "output:\n%s", out)
+		require.Equal(t, []string{"refused token_revoked", "closed"}, lines[len(lines)-2:],
+			"the refused event, then the 403 of the reconnect closes the EventSource; output:\n%s", out)
+		for _, l := range lines[:len(lines)-2] {
+			f := strings.Fields(l)
+			require.Len(t, f, 3, "a line per event: id, status, attempts; got %q", l)
+			require.Contains(t, []string{"queued", "running"}, f[1], "output:\n%s", out)
+		}
+	})
+}
+
+// revokeOnceStreamed waits until the job of tenant name is running and an event stream is open
+// on b's API (llmq_event_streams_open 1), then revokes the tenant; it gives up after timeout.
+func revokeOnceStreamed(b *testBundle, name string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(b.ctx, timeout)
+	defer cancel()
+	pool, err := openPool(ctx, b.dbURL)
+	if err != nil {
+		return err
 	}
-	require.Equal(t, "succeeded", statuses[len(statuses)-1], "output:\n%s", out)
-	require.Subset(t, []string{"queued", "running", "succeeded"}, statuses, "output:\n%s", out)
+	defer pool.Close()
+	open := regexp.MustCompile(`(?m)^llmq_event_streams_open 1$`)
+	for {
+		var running int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE tenant = $1 AND status = 'running'`, name).Scan(&running)
+		if err == nil && running == 1 && open.Match(getMetrics(ctx, b.apiURL)) {
+			_, err = tenant.NewStore(pool, nil).Revoke(ctx, name)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no running job of %s with its stream open within %s", name, timeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// getMetrics returns the body of GET apiURL/metrics, or nil if it fails.
+func getMetrics(ctx context.Context, apiURL string) []byte {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, apiURL+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	return body
 }
 
 // runJS runs a program in test/js with env added to this process's environment and returns its
