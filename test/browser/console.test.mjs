@@ -100,6 +100,9 @@ try {
   const cookie = (await context.cookies()).find((c) => c.name === 'llmq_console');
   assert.ok(cookie && cookie.httpOnly && cookie.sameSite === 'Strict', JSON.stringify(cookie));
   assert.equal(await page.evaluate(() => document.cookie.includes('llmq_console')), false, 'HttpOnly: no script reads it');
+  const rows = await page.evaluate(() => [...document.querySelectorAll('.cards')].map(
+    (c) => new Set([...c.children].map((card) => card.offsetTop)).size));
+  assert.deepEqual(rows, rows.map(() => 1), `each row of cards fits the 1280 px window on one line: ${rows}`);
 
   step('the overview\'s first load: weight and time');
   await page.goto(CONSOLE + '#/overview');
