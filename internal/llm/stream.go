@@ -23,8 +23,9 @@ const (
 	// OpenAI custom tool's delta.tool_calls[].custom.input (free-form text, not JSON).
 	DeltaInputJSON = "input_json"
 	// DeltaThinking is Anthropic extended thinking (thinking_delta), or an OpenAI-compatible
-	// server's reasoning (delta.reasoning_content or delta.reasoning; of a choice that has both,
-	// the one that brought text first).
+	// server's reasoning (delta.reasoning_content, delta.reasoning, or the text and summary pieces
+	// of OpenRouter's delta.reasoning_details; of a choice that has several, the one that brought
+	// text first).
 	DeltaThinking = "thinking"
 	// DeltaRefusal is an OpenAI refusal (delta.refusal).
 	DeltaRefusal = "refusal"
@@ -36,7 +37,9 @@ type Delta struct {
 	Type string `json:"type"`
 	// Index is the Anthropic content block index, or the OpenAI choice index.
 	Index int `json:"index"`
-	// ToolIndex is the OpenAI tool call index within the choice (DeltaInputJSON only).
+	// ToolIndex is the OpenAI tool call index within the choice (DeltaInputJSON only); for a
+	// server that sends calls without one (Gemini's parallel calls), the call's position in the
+	// stored message: each new id without index is the next call.
 	ToolIndex int `json:"tool_index,omitempty"`
 	// ToolID and ToolName are set on the first delta of a tool call (DeltaInputJSON), which may
 	// carry no Text; not again when a server repeats them on the call's later pieces.

@@ -29,6 +29,7 @@ func TestStream_OpenAIReasoningKept(t *testing.T) {
 	for name, tc := range map[string]struct {
 		events []string
 		want   string
+		choice string // members of the choice beside index, message, logprobs and finish_reason
 	}{
 		"DeepSeek": {
 			events: openAIChunks(env,
@@ -45,7 +46,8 @@ func TestStream_OpenAIReasoningKept(t *testing.T) {
 				`[{"index":0,"delta":{"role":"assistant","content":"","reasoning":" greets."},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
 				`[{"index":0,"delta":{"role":"assistant","content":"Hello"},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
 				`[{"index":0,"delta":{"role":"assistant","content":"!"},"finish_reason":"stop","native_finish_reason":"stop","logprobs":null}]`),
-			want: `"reasoning":"The user greets."`,
+			want:   `"reasoning":"The user greets."`,
+			choice: `,"native_finish_reason":"stop"`,
 		},
 		"Both": {
 			events: openAIChunks(env,
@@ -67,7 +69,7 @@ func TestStream_OpenAIReasoningKept(t *testing.T) {
 			require.JSONEq(t, `{"id":"0f3c","object":"chat.completion","created":1738000000,
 				"model":"deepseek-reasoner","system_fingerprint":"fp_7e0991cad4",
 				"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","refusal":null,
-					"annotations":[],`+tc.want+`},"logprobs":null,"finish_reason":"stop"}],
+					"annotations":[],`+tc.want+`},"logprobs":null,"finish_reason":"stop"`+tc.choice+`}],
 				"usage":null}`, string(resp.Body))
 			require.Equal(t, "The user greets.", got.text(llm.DeltaThinking), "once, adding up to the stored text")
 			require.Equal(t, "Hello!", got.text(llm.DeltaText))
@@ -229,25 +231,166 @@ func TestStream_OpenAIUnreadableReasoningIgnored(t *testing.T) {
 	require.Equal(t, "12231", got.text(llm.DeltaText))
 }
 
-// Gemini's compatible endpoint streams a tool's name in pieces ("edit_ex", "isting_file"), the id
-// on the first only: a piece equal to the name so far is a piece too when nothing says it is a
-// repeat (the call's id again, or argument text), so a name cut into equal halves joins.
-func TestStream_OpenAIToolNameInEqualHalvesJoined(t *testing.T) {
-	t.Parallel()
-	const env = `"id":"c2","object":"chat.completion.chunk","created":1758000000,"model":"gemini-2.5-flash"`
-	b := setup(t, llm.KindOpenAI, sseHandler(openAIChunks(env,
-		`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"echo_"}}]}}]`,
-		`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"echo_"}}]}}]`,
-		`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]`,
-		`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)))
-	var got deltas
+// sendOpenAIStream sends a streaming request to a server that answers events, and returns the
+// assembled response (released at the test's end) and the deltas handed on.
+func sendOpenAIStream(t *testing.T, events []string) (*llm.Response, *deltas) {
+	t.Helper()
+	b := setup(t, llm.KindOpenAI, sseHandler(events))
+	got := &deltas{}
 	resp, err := b.provider.Send(t.Context(), streamBody(llm.KindOpenAI), llm.SendOptions{OnDelta: got.add})
 	require.NoError(t, err)
-	defer resp.Release()
-	require.Contains(t, string(resp.Body), `"function":{"arguments":"{}","name":"echo_echo_"}`)
-	require.Equal(t, []llm.Delta{
-		{Type: llm.DeltaInputJSON, ToolID: "call_1", ToolName: "echo_"},
-		{Type: llm.DeltaInputJSON, ToolName: "echo_"},
-		{Type: llm.DeltaInputJSON, Text: `{}`},
-	}, got.all)
+	t.Cleanup(resp.Release)
+	return resp, got
+}
+
+// Gemini's compatible endpoint sends parallel tool calls without "index": each chunk (or each
+// entry of one chunk's tool_calls) is a whole call with its own id. Each is stored as its own
+// call, in order, and reaches clients under its own tool index; a piece without index and
+// without id continues the call before it.
+func TestStream_GeminiUnindexedParallelToolCallsKept(t *testing.T) {
+	t.Parallel()
+	const env = `"created":1758000000,"id":"Zr8","model":"gemini-2.5-flash","object":"chat.completion.chunk"`
+	const want = `{"created":1758000000,"id":"Zr8","model":"gemini-2.5-flash","object":"chat.completion",
+		"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,"annotations":[],
+			"tool_calls":[
+				{"id":"function-call-1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+				{"id":"function-call-2","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]},
+			"logprobs":null,"finish_reason":"tool_calls"}],
+		"usage":null}`
+	for name, events := range map[string][]string{
+		"ChunkPerCall": openAIChunks(env,
+			`[{"delta":{"role":"assistant","tool_calls":[{"function":{"arguments":"{\"city\":\"Paris\"}","name":"get_weather"},"id":"function-call-1","type":"function"}]},"index":0}]`,
+			`[{"delta":{"role":"assistant","tool_calls":[{"function":{"arguments":"{\"tz\":\"CET\"}","name":"get_time"},"id":"function-call-2","type":"function"}]},"index":0}]`,
+			`[{"delta":{"role":"assistant"},"finish_reason":"tool_calls","index":0}]`),
+		"CallsInOneChunk": openAIChunks(env,
+			`[{"delta":{"role":"assistant","tool_calls":[{"function":{"arguments":"{\"city\":\"Paris\"}","name":"get_weather"},"id":"function-call-1","type":"function"},{"function":{"arguments":"{\"tz\":\"CET\"}","name":"get_time"},"id":"function-call-2","type":"function"}]},"finish_reason":"tool_calls","index":0}]`),
+		"ArgumentsContinued": openAIChunks(env,
+			`[{"delta":{"role":"assistant","tool_calls":[{"function":{"arguments":"{\"city\":","name":"get_weather"},"id":"function-call-1","type":"function"}]},"index":0}]`,
+			`[{"delta":{"tool_calls":[{"function":{"arguments":"\"Paris\"}"}}]},"index":0}]`,
+			`[{"delta":{"tool_calls":[{"function":{"arguments":"{\"tz\":","name":"get_time"},"id":"function-call-2","type":"function"}]},"index":0}]`,
+			`[{"delta":{"tool_calls":[{"function":{"arguments":"\"CET\"}"}}]},"index":0}]`,
+			`[{"delta":{},"finish_reason":"tool_calls","index":0}]`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			resp, got := sendOpenAIStream(t, events)
+			require.JSONEq(t, want, string(resp.Body))
+			byTool := map[int]string{}
+			var firsts []llm.Delta
+			for _, d := range got.all {
+				byTool[d.ToolIndex] += d.Text
+				if d.ToolID != "" {
+					firsts = append(firsts, llm.Delta{ToolIndex: d.ToolIndex, ToolID: d.ToolID, ToolName: d.ToolName})
+				}
+			}
+			require.Equal(t, map[int]string{0: `{"city":"Paris"}`, 1: `{"tz":"CET"}`}, byTool)
+			require.Equal(t, []llm.Delta{
+				{ToolIndex: 0, ToolID: "function-call-1", ToolName: "get_weather"},
+				{ToolIndex: 1, ToolID: "function-call-2", ToolName: "get_time"},
+			}, firsts)
+		})
+	}
+}
+
+// A server that repeats a call's name on a chunk that carries neither its id nor arguments (a
+// name-only chunk between the first and the arguments) has it stored once, and clients get the
+// name once; a name cut into pieces still joins.
+func TestStream_OpenAINameOnlyRepeatNotDoubled(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"c3","object":"chat.completion.chunk","created":1758000000,"model":"llama"`
+	for name, tc := range map[string]struct {
+		events     []string
+		want       string
+		wantDeltas []llm.Delta
+	}{
+		"Repeated": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"get_weather"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: `"function":{"arguments":"{}","name":"get_weather"}`,
+			wantDeltas: []llm.Delta{
+				{Type: llm.DeltaInputJSON, ToolID: "call_1", ToolName: "get_weather"},
+				{Type: llm.DeltaInputJSON, Text: `{}`},
+			},
+		},
+		"Pieces": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"edit_ex"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"isting_file"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"edit_existing_file","arguments":"{}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: `"function":{"arguments":"{}","name":"edit_existing_file"}`,
+			wantDeltas: []llm.Delta{
+				{Type: llm.DeltaInputJSON, ToolID: "call_1", ToolName: "edit_ex"},
+				{Type: llm.DeltaInputJSON, ToolName: "isting_file"},
+				{Type: llm.DeltaInputJSON, Text: `{}`},
+			},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			resp, got := sendOpenAIStream(t, tc.events)
+			require.Contains(t, string(resp.Body), tc.want)
+			require.Equal(t, tc.wantDeltas, got.all)
+		})
+	}
+}
+
+// OpenRouter streams reasoning_details beside reasoning: objects with type (reasoning.text,
+// reasoning.summary, reasoning.encrypted), their text, summary or data in pieces, and index,
+// format, id, signature; the pieces of one index make one entry, as in its non-streaming message.
+// Its choices carry native_finish_reason, the upstream provider's, kept in the stored choice.
+func TestStream_OpenRouterReasoningDetailsKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"gen-17","provider":"Anthropic","model":"anthropic/claude-sonnet-4","object":"chat.completion.chunk","created":1758000000`
+	resp, got := sendOpenAIStream(t, openAIChunks(env,
+		`[{"index":0,"delta":{"role":"assistant","content":"","reasoning":"The user","reasoning_details":[{"type":"reasoning.text","text":"The user","signature":null,"format":"anthropic-claude-v1","index":0}]},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+		`[{"index":0,"delta":{"role":"assistant","content":"","reasoning":" greets.","reasoning_details":[{"type":"reasoning.text","text":" greets.","signature":null,"format":"anthropic-claude-v1","index":0}]},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+		`[{"index":0,"delta":{"role":"assistant","content":"","reasoning":"","reasoning_details":[{"type":"reasoning.text","text":"","signature":"EqMB","format":"anthropic-claude-v1","index":0}]},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+		`[{"index":0,"delta":{"role":"assistant","content":"","reasoning_details":[{"type":"reasoning.encrypted","data":"gAAA","format":"anthropic-claude-v1","index":1}]},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+		`[{"index":0,"delta":{"role":"assistant","content":"Hello!"},"finish_reason":null,"native_finish_reason":null,"logprobs":null}]`,
+		`[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"stop","native_finish_reason":"end_turn","logprobs":null}]`))
+	require.JSONEq(t, `{"id":"gen-17","provider":"Anthropic","model":"anthropic/claude-sonnet-4",
+		"object":"chat.completion","created":1758000000,
+		"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","refusal":null,"annotations":[],
+			"reasoning":"The user greets.",
+			"reasoning_details":[
+				{"type":"reasoning.text","text":"The user greets.","signature":"EqMB","format":"anthropic-claude-v1","index":0},
+				{"type":"reasoning.encrypted","data":"gAAA","format":"anthropic-claude-v1","index":1}]},
+			"logprobs":null,"finish_reason":"stop","native_finish_reason":"end_turn"}],
+		"usage":null}`, string(resp.Body))
+	require.Equal(t, "The user greets.", got.text(llm.DeltaThinking), "once, adding up to the stored text")
+}
+
+// A server that sends only reasoning_details (no reasoning member) has its reasoning reach
+// clients as thinking deltas all the same.
+func TestStream_OpenAIReasoningDetailsAloneAreThinking(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"gen-18","model":"m","object":"chat.completion.chunk","created":1758000000`
+	resp, got := sendOpenAIStream(t, openAIChunks(env,
+		`[{"index":0,"delta":{"role":"assistant","reasoning_details":[{"type":"reasoning.summary","summary":"Plan","index":0}]}}]`,
+		`[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.summary","summary":"ning.","index":0}]}}]`,
+		`[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]`))
+	require.Contains(t, string(resp.Body), `"reasoning_details":[{"index":0,"summary":"Planning.","type":"reasoning.summary"}]`)
+	require.Equal(t, "Planning.", got.text(llm.DeltaThinking))
+}
+
+// A custom tool call or content_filter_results of a type the assembler does not expect (a
+// gateway's string, an array) is left out, as an unreadable reasoning member is: the chunk's other
+// members are kept, and the stream does not fail.
+func TestStream_OpenAIUnreadableCustomAndFiltersIgnored(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"c4","object":"chat.completion.chunk","created":1758000000,"model":"gw"`
+	resp, got := sendOpenAIStream(t, openAIChunks(env,
+		`[{"index":0,"delta":{"role":"assistant","content":"Hi","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"},"custom":"none"}]},"content_filter_results":[]}]`,
+		`[{"index":0,"delta":{"content":" there"},"content_filter_results":"safe"}]`,
+		`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`))
+	require.JSONEq(t, `{"id":"c4","object":"chat.completion","created":1758000000,"model":"gw",
+		"choices":[{"index":0,"message":{"role":"assistant","content":"Hi there","refusal":null,"annotations":[],
+			"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+			"logprobs":null,"finish_reason":"tool_calls"}],
+		"usage":null}`, string(resp.Body))
+	require.Equal(t, "Hi there", got.text(llm.DeltaText))
 }

@@ -119,6 +119,31 @@ func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
 			}
 			return ev
 		}},
+		"OpenAIManyUnindexedToolCalls": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n {
+				ev = append(ev, [2]string{"", fmt.Sprintf(`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"id":"%d"}]}}]}`, i)})
+			}
+			return ev
+		}},
+		"OpenRouterManyReasoningDetails": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n {
+				ev = append(ev, [2]string{"", fmt.Sprintf(`{"id":"c","choices":[{"index":0,"delta":{"reasoning_details":[{"type":"t","text":"","index":%d}]}}]}`, i)})
+			}
+			return ev
+		}},
+		"OpenRouterReasoningDetailMembers": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n / 1000 {
+				var b strings.Builder
+				for j := range 1000 {
+					fmt.Fprintf(&b, `,"k%d":1`, i*1000+j)
+				}
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[{"index":0,"delta":{"reasoning_details":[{"index":0` + b.String() + `}]}}]}`})
+			}
+			return ev
+		}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -148,4 +173,26 @@ func TestOpenAIAssembler_KeptCountsReasoning(t *testing.T) {
 	require.GreaterOrEqual(t, keptAfter(`"reasoning":"`+piece+`"`)-base, int64(len(piece)))
 	require.GreaterOrEqual(t,
 		keptAfter(`"reasoning":"`+piece+`","reasoning_content":"`+piece+`"`)-base, int64(2*len(piece)))
+}
+
+// OpenRouter's reasoning_details text counts as kept, once; the members every piece repeats
+// (type, format, index, a null signature) count once for their entry, not once a chunk: a long
+// reasoning is not refused for bytes it does not keep.
+func TestOpenAIAssembler_KeptCountsReasoningDetails(t *testing.T) {
+	t.Parallel()
+	keptAfter := func(pieces int, text string) int64 {
+		asm := openAI{}.assembler()
+		_, err := asm.event("", []byte(`{"id":"c","choices":[]}`), func(Delta) {}, func(int) {})
+		require.NoError(t, err)
+		for range pieces {
+			_, err := asm.event("", []byte(`{"id":"c","choices":[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.text","text":"`+
+				text+`","signature":null,"format":"anthropic-claude-v1","index":0}]}}]}`), func(Delta) {}, func(int) {})
+			require.NoError(t, err)
+		}
+		return asm.kept()
+	}
+	base := keptAfter(1, "")
+	piece := strings.Repeat("x", 10000)
+	require.GreaterOrEqual(t, keptAfter(1, piece)-base, int64(len(piece)))
+	require.Less(t, keptAfter(1001, "xy")-base, int64(1000*2+1000*16), "the text, not its entry again a chunk")
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -14,9 +15,10 @@ import (
 // openAIAssembler reads the Chat Completions stream: data-only chat.completion.chunk events whose
 // choices carry deltas (role, content, refusal, tool_calls by index with id, name and argument
 // pieces, or a custom tool's name and input pieces, or the legacy function_call; annotations;
-// compatible servers' reasoning_content or reasoning) and a finish_reason (and, from Azure,
-// content_filter_results); a chunk with a non-null usage (stream_options.include_usage); data:
-// [DONE] ends it; a chunk {"error":{...}} fails it.
+// compatible servers' reasoning_content or reasoning, OpenRouter's reasoning_details) and a
+// finish_reason (and, from Azure, content_filter_results; from OpenRouter, native_finish_reason);
+// a chunk with a non-null usage (stream_options.include_usage); data: [DONE] ends it; a chunk
+// {"error":{...}} fails it.
 type openAIAssembler struct {
 	top     map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
 	choices map[int]*openAIChoice
@@ -45,14 +47,25 @@ type openAIChoice struct {
 	reasoning           strings.Builder
 	hasReasoning        bool
 	thinkFrom           reasoningField
-	annotations         []json.RawMessage
+	// details is OpenRouter's reasoning_details, an entry per index in the order they came
+	// (detailAt: where an index's entry is).
+	details     []*reasoningDetail
+	detailAt    map[int]int
+	annotations []json.RawMessage
 	// filters is Azure's content_filter_results, by category: each at its most severe report
 	// (filterRank). hasFilters: a chunk of the choice carried the object, {} included.
-	filters       map[string]json.RawMessage
-	hasFilters    bool
-	tools         map[int]*openAITool
-	function      *openAITool // the legacy function_call (a request with "functions")
-	finishReason  json.RawMessage
+	filters    map[string]json.RawMessage
+	hasFilters bool
+	tools      map[int]*openAITool
+	// lastTool is the index of the tool call the last piece went to, nextTool the one after the
+	// highest so far: where a piece without index goes (toolIndex).
+	lastTool, nextTool int
+	function           *openAITool // the legacy function_call (a request with "functions")
+	finishReason       json.RawMessage
+	// nativeFinish is OpenRouter's native_finish_reason, its last non-null value; hasNative: a
+	// chunk of the choice carried the member.
+	nativeFinish  json.RawMessage
+	hasNative     bool
 	hasToolsField bool
 	// logprobs (with "logprobs": true): every chunk's content and refusal entries, in order.
 	hasLogprobs bool
@@ -72,7 +85,20 @@ type reasoningField int8
 const (
 	fromReasoningContent reasoningField = iota + 1
 	fromReasoning
+	fromReasoningDetails
 )
+
+// reasoningDetail is one entry of OpenRouter's reasoning_details, merged from the pieces of its
+// index: the pieces of its text members (isDetailText) joined, each other member at its
+// last non-null value.
+type reasoningDetail struct {
+	members map[string]json.RawMessage
+	texts   map[string]*strings.Builder
+}
+
+// isDetailText reports whether k is a member of a reasoning_details entry whose pieces are joined:
+// the text of reasoning.text, the summary of reasoning.summary, the data of reasoning.encrypted.
+func isDetailText(k string) bool { return k == "text" || k == "summary" || k == "data" }
 
 func (openAI) assembler() assembler { return &openAIAssembler{choices: map[int]*openAIChoice{}} }
 
@@ -84,23 +110,21 @@ type openAIChunkChoice struct {
 		Refusal          *string   `json:"refusal"`
 		ReasoningContent deltaText `json:"reasoning_content"`
 		Reasoning        deltaText `json:"reasoning"`
+		ReasoningDetails deltaList `json:"reasoning_details"`
 		Annotations      deltaList `json:"annotations"`
 		FunctionCall     *struct {
 			Name      string `json:"name"`
 			Arguments string `json:"arguments"`
 		} `json:"function_call"`
 		ToolCalls []struct {
-			Index    int    `json:"index"`
+			Index    *int   `json:"index"` // Gemini's parallel calls have none
 			ID       string `json:"id"`
 			Type     string `json:"type"`
 			Function struct {
 				Name      string `json:"name"`
 				Arguments string `json:"arguments"`
 			} `json:"function"`
-			Custom *struct {
-				Name  string `json:"name"`
-				Input string `json:"input"`
-			} `json:"custom"`
+			Custom deltaCustom `json:"custom"`
 		} `json:"tool_calls"`
 	} `json:"delta"`
 	Logprobs *struct {
@@ -108,8 +132,10 @@ type openAIChunkChoice struct {
 		Refusal []json.RawMessage `json:"refusal"`
 	} `json:"logprobs"`
 	FinishReason json.RawMessage `json:"finish_reason"`
+	// NativeFinishReason: OpenRouter's, the upstream provider's own finish reason.
+	NativeFinishReason json.RawMessage `json:"native_finish_reason"`
 	// ContentFilterResults: Azure's, by category (hate, violence, protected_material_text...).
-	ContentFilterResults map[string]json.RawMessage `json:"content_filter_results"`
+	ContentFilterResults deltaObject `json:"content_filter_results"`
 }
 
 // deltaText is a delta member read as text when it is a JSON string. null, or a value of another
@@ -137,6 +163,39 @@ func (l *deltaList) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	return json.Unmarshal(b, (*[]json.RawMessage)(l))
+}
+
+// deltaObject is a member read as an object when it is a JSON object; as deltaText, a value of
+// another type leaves it unset (nil).
+type deltaObject map[string]json.RawMessage
+
+func (o *deltaObject) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] != '{' {
+		return nil
+	}
+	return json.Unmarshal(b, (*map[string]json.RawMessage)(o))
+}
+
+// deltaCustom is a custom tool call's piece (its name and input pieces) when it is a JSON object;
+// as deltaText, a value of another type, or a member of it that is not a string, is left unset.
+type deltaCustom struct {
+	name, input string
+	set         bool
+}
+
+func (c *deltaCustom) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] != '{' {
+		return nil
+	}
+	var v struct {
+		Name  deltaText `json:"name"`
+		Input deltaText `json:"input"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	c.name, c.input, c.set = v.Name.s, v.Input.s, true
+	return nil
 }
 
 type openAIChunk struct {
@@ -325,7 +384,7 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 		a.n += entryBytes
 	}
 	d := c.Delta
-	a.n += int64(len(d.Role) + len(c.FinishReason))
+	a.n += int64(len(d.Role) + len(c.FinishReason) + len(c.NativeFinishReason))
 	if d.Content != nil {
 		a.n += int64(len(*d.Content))
 	}
@@ -349,9 +408,7 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 	for _, tc := range d.ToolCalls {
 		a.n += int64(len(tc.ID) + len(tc.Type) + len(tc.Function.Name) + len(tc.Function.Arguments))
-		if cu := tc.Custom; cu != nil {
-			a.n += int64(len(cu.Name) + len(cu.Input))
-		}
+		a.n += int64(len(tc.Custom.name) + len(tc.Custom.input))
 	}
 	if d.Role != "" {
 		ch.role = d.Role
@@ -385,12 +442,15 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 		ch.reasoning.WriteString(r.s)
 		ch.think(i, fromReasoning, r.s, emit)
 	}
+	for _, e := range d.ReasoningDetails {
+		a.n += ch.addDetail(i, e, emit)
+	}
 	ch.annotations = append(ch.annotations, d.Annotations...)
 	if fc := d.FunctionCall; fc != nil {
 		if ch.function == nil {
 			ch.function = &openAITool{}
 		}
-		name := ch.function.addName(fc.Name, fc.Arguments != "")
+		name := ch.function.addName(fc.Name)
 		ch.function.args.WriteString(fc.Arguments)
 		if name != "" || fc.Arguments != "" {
 			emit(Delta{Type: DeltaInputJSON, Index: i, ToolName: name, Text: fc.Arguments})
@@ -398,14 +458,15 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 	for _, tc := range d.ToolCalls {
 		ch.hasToolsField = true
-		t := ch.tools[tc.Index]
+		k := ch.toolIndex(tc.Index, tc.ID)
+		t := ch.tools[k]
 		if t == nil {
 			t = &openAITool{}
-			ch.tools[tc.Index] = t
+			ch.tools[k] = t
+			ch.nextTool = max(ch.nextTool, k+1)
 			a.n += entryBytes
 		}
 		id := tc.ID // handed on when new: servers that repeat it on every piece
-		repeated := id != "" && id == t.id
 		if id == t.id {
 			id = ""
 		} else if id != "" {
@@ -415,14 +476,14 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 			t.typ = tc.Type
 		}
 		name, args := tc.Function.Name, tc.Function.Arguments
-		if cu := tc.Custom; cu != nil {
+		if cu := tc.Custom; cu.set {
 			t.custom = true
-			name, args = name+cu.Name, args+cu.Input
+			name, args = name+cu.name, args+cu.input
 		}
-		name = t.addName(name, repeated || args != "")
+		name = t.addName(name)
 		t.args.WriteString(args)
 		if id != "" || name != "" || args != "" {
-			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: tc.Index, ToolID: id, ToolName: name,
+			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: k, ToolID: id, ToolName: name,
 				Text: args})
 		}
 	}
@@ -432,6 +493,92 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	if len(c.FinishReason) > 0 && string(c.FinishReason) != "null" {
 		ch.finishReason = c.FinishReason
 	}
+	if c.NativeFinishReason != nil {
+		ch.hasNative = true
+		if string(c.NativeFinishReason) != "null" {
+			ch.nativeFinish = c.NativeFinishReason
+		}
+	}
+}
+
+// toolIndex returns the index of the tool call a piece goes to: its own index when it has one
+// (OpenAI and most servers); without one (Gemini sends each of parallel calls whole, with its id
+// and no index), the call the last piece went to, unless the piece has an id and that call
+// another: then the next free index, a new call.
+func (c *openAIChoice) toolIndex(index *int, id string) int {
+	switch {
+	case index != nil:
+		c.lastTool = *index
+	case id != "":
+		if t := c.tools[c.lastTool]; t != nil && t.id != "" && t.id != id {
+			c.lastTool = c.nextTool
+		}
+	}
+	return c.lastTool
+}
+
+// addDetail takes an entry of a chunk's reasoning_details into the choice's, merged into the
+// entry of its index (an entry without one is its own), hands its text on as thinking
+// (reasoning.text's text, reasoning.summary's summary; not encrypted data) and returns the bytes
+// the choice now keeps beyond what it kept. An element that is not an object is left out.
+func (c *openAIChoice) addDetail(i int, e json.RawMessage, emit func(Delta)) int64 {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(e, &m) != nil || m == nil {
+		return 0
+	}
+	var n int64
+	var d *reasoningDetail
+	var index int
+	raw, hasIndex := m["index"]
+	hasIndex = hasIndex && string(raw) != "null" && json.Unmarshal(raw, &index) == nil
+	if at, ok := c.detailAt[index]; ok && hasIndex {
+		d = c.details[at]
+	} else {
+		d = &reasoningDetail{members: map[string]json.RawMessage{}, texts: map[string]*strings.Builder{}}
+		if hasIndex {
+			if c.detailAt == nil {
+				c.detailAt = map[int]int{}
+			}
+			c.detailAt[index] = len(c.details)
+		}
+		c.details = append(c.details, d)
+		n += entryBytes
+	}
+	// In key order: the thinking deltas of an entry with both text and summary are always the same.
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		v := m[k]
+		var piece deltaText
+		if isDetailText(k) {
+			_ = piece.UnmarshalJSON(v) // a value that is not a string is kept as another member
+		}
+		b, ok := d.texts[k]
+		switch {
+		case piece.set && !ok:
+			b = &strings.Builder{}
+			d.texts[k] = b
+			n += int64(len(k)) + memberBytes
+			fallthrough
+		case piece.set:
+			b.WriteString(piece.s)
+			n += int64(len(piece.s))
+			if k != "data" {
+				c.think(i, fromReasoningDetails, piece.s, emit)
+			}
+		case ok:
+			// a text member already joined: a null or other value later does not replace it
+		default:
+			cur, had := d.members[k]
+			switch {
+			case !had:
+				d.members[k] = v
+				n += int64(len(k)+len(v)) + memberBytes
+			case string(v) != "null":
+				d.members[k] = v
+				n += int64(len(v) - len(cur))
+			}
+		}
+	}
+	return n
 }
 
 // think hands on a piece of the choice's reasoning, from the member from, as DeltaThinking when
@@ -449,12 +596,13 @@ func (c *openAIChoice) think(i int, from reasoningField, text string, emit func(
 }
 
 // addName adds a piece of the tool's name and returns what it added: "" for a repeat. Compatible
-// servers send the whole name on every chunk of a call (OpenAI on the first only), others cut it
-// into pieces without the id (Gemini: "edit_ex", "isting_file"): a piece equal to the whole name
-// so far is a repeat only when something else says so, again (the chunk repeats the call's id,
-// or brings argument text) or arguments that came before; so a name cut into equal halves joins.
-func (t *openAITool) addName(piece string, again bool) string {
-	if piece == "" || piece == t.name && (again || t.args.Len() > 0) {
+// servers send the whole name on every chunk of a call, or on a chunk of its own without id nor
+// arguments (OpenAI on the first only), others cut it into pieces without the id (Gemini:
+// "edit_ex", "isting_file"): a piece equal to the whole name so far is a repeat, whatever else the
+// chunk carries. So a name cut into two equal halves ("echo_", "echo_") is kept as one half: the
+// stream cannot tell it from a repeat, and repeats are what servers send.
+func (t *openAITool) addName(piece string) string {
+	if piece == "" || piece == t.name {
 		return ""
 	}
 	t.name += piece
@@ -558,6 +706,20 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 	if c.hasReasoning {
 		msg["reasoning"] = c.reasoning.String()
 	}
+	if len(c.details) > 0 {
+		details := make([]map[string]any, 0, len(c.details))
+		for _, d := range c.details {
+			entry := make(map[string]any, len(d.members)+len(d.texts))
+			for k, v := range d.members {
+				entry[k] = v
+			}
+			for k, b := range d.texts {
+				entry[k] = b.String()
+			}
+			details = append(details, entry)
+		}
+		msg["reasoning_details"] = details
+	}
 	if c.hasToolsField {
 		keys := make([]int, 0, len(c.tools))
 		for k := range c.tools {
@@ -589,6 +751,13 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 		logprobs = map[string]any{"content": c.logContent, "refusal": c.logRefusal}
 	}
 	choice := map[string]any{"index": i, "message": msg, "logprobs": logprobs, "finish_reason": finish}
+	if c.hasNative {
+		native := c.nativeFinish
+		if native == nil {
+			native = json.RawMessage("null")
+		}
+		choice["native_finish_reason"] = native
+	}
 	if c.hasFilters {
 		filters := c.filters
 		if filters == nil {
