@@ -192,6 +192,18 @@ func (o Outcome) String() string {
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
+// arg is the outcome as reportScript's argument: String's, boxed as constants are (without
+// allocating). o is one of the three.
+func (o Outcome) arg() any {
+	switch o {
+	case Success:
+		return "success"
+	case Failure:
+		return "failure"
+	}
+	return "neutral"
+}
+
 // Breaker is the circuit breaker of every provider key, shared by all processes through Redis.
 // It is safe for concurrent use; two Breakers on the same Redis and prefix (in one process or
 // many) share all state.
@@ -207,6 +219,16 @@ type Breaker struct {
 	wakes wakeHub
 	// calls names each admission and report (see allowScript and reportScript).
 	calls *redisscript.CallIDs
+	// args are the scripts' arguments that the configuration alone decides, boxed once by New.
+	args scriptArgs
+}
+
+// scriptArgs are allowScript's and reportScript's arguments that the configuration alone decides,
+// boxed once (New): formatting them at every call took as many instructions as the calls saved
+// by not allocating them. Each holds the value (and dynamic type) the call sites passed.
+type scriptArgs struct {
+	probeTimeout, recheck, probeAbandoned, threshold, memory, leaseTTL   any
+	cooldown, closedTTL, abandoned, refresh, cooldownFactor, maxCooldown any
 }
 
 // New returns a Breaker over rdb. cfg may be nil. It returns an error naming the field when cfg
@@ -229,6 +251,13 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Breaker, error) {
 	if c.SuccessMemory > 0 {
 		b.memory = c.SuccessMemory.Microseconds()
 		b.refresh = max(b.memory/successRefreshDiv, 1)
+	}
+	b.args = scriptArgs{
+		probeTimeout: c.ProbeTimeout.Microseconds(), recheck: c.Recheck.Microseconds(),
+		probeAbandoned: (c.ProbeTimeout + abandonedTTL).Milliseconds(), threshold: c.Threshold,
+		memory: b.memory, leaseTTL: b.leaseTTL, cooldown: c.Cooldown.Microseconds(), closedTTL: b.closedTTL,
+		abandoned: abandonedTTL.Milliseconds(), refresh: b.refresh,
+		cooldownFactor: strconv.FormatFloat(c.CooldownFactor, 'g', -1, 64), maxCooldown: c.MaxCooldown.Microseconds(),
 	}
 	return b, nil
 }
@@ -310,10 +339,10 @@ func (a Admission) ColdStart() bool { return a.lease != 0 }
 func (c *Circuit) Allow(ctx context.Context) (Admission, error) {
 	b := c.b
 	cfg := &b.cfg
-	res, err := allowScript.Run(ctx, b.rdb, c.keys,
-		b.nowArg(), cfg.ProbeTimeout.Microseconds(), cfg.Recheck.Microseconds(),
-		(cfg.ProbeTimeout + abandonedTTL).Milliseconds(), cfg.Threshold, b.memory, b.leaseTTL,
-		b.calls.Next()).Slice()
+	var args redisscript.Args // the time and call id formatted into one buffer
+	ca := &b.args
+	res, err := allowScript.Run(ctx, b.rdb, c.keys, args.Now(cfg.Now), ca.probeTimeout, ca.recheck,
+		ca.probeAbandoned, ca.threshold, ca.memory, ca.leaseTTL, args.Call(b.calls)).Slice()
 	if err != nil {
 		return Admission{}, fmt.Errorf("breaker allow: %w", err)
 	}
@@ -398,17 +427,18 @@ func (c *Circuit) ReportCall(a Admission, o Outcome, state *State) (redisscript.
 	}
 	b := c.b
 	cfg := &b.cfg
-	id := "" // only a failure is counted by its id (see reportScript): a success needs none
+	var args redisscript.Args // the time, generation, lease and call id formatted into one buffer
+	var id any = ""           // only a failure is counted by its id (see reportScript): a success needs none
 	if o == Failure {
-		id = b.calls.Next()
+		id = args.Call(b.calls)
 	}
+	ca := &b.args
 	return redisscript.Call{
 		Script: reportScript,
 		Keys:   c.keys,
-		Args: []any{b.nowArg(), a.gen, o.String(), cfg.Threshold, cfg.Cooldown.Microseconds(),
-			b.closedTTL, abandonedTTL.Milliseconds(), a.lease, b.memory, b.refresh,
-			strconv.FormatFloat(cfg.CooldownFactor, 'g', -1, 64), cfg.MaxCooldown.Microseconds(),
-			b.leaseTTL, id},
+		Args: []any{args.Now(cfg.Now), args.Int(a.gen), o.arg(), ca.threshold, ca.cooldown, ca.closedTTL,
+			ca.abandoned, args.Int(a.lease), ca.memory, ca.refresh, ca.cooldownFactor, ca.maxCooldown,
+			ca.leaseTTL, id},
 		Done: func(ctx context.Context, cmd *redis.Cmd) error {
 			res, err := cmd.Slice()
 			if err != nil {

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // Priority orders a tenant's waiting attempts on a credential (Lane.Priority).
@@ -58,6 +60,11 @@ func (l *Lane) valid() error {
 
 // name is the lane's name in Redis: "<tenant>|<priority>".
 func (l *Lane) name() string { return l.Tenant + "|" + strconv.Itoa(int(l.Priority)) }
+
+// appendName appends the lane's name to b.
+func (l *Lane) appendName(b []byte) []byte {
+	return strconv.AppendInt(append(append(b, l.Tenant...), '|'), int64(l.Priority), 10)
+}
 
 // Fairness configures the fair queueing of attempts that name a Lane.
 type Fairness struct {
@@ -136,15 +143,16 @@ func (f Fairness) validate() error {
 	return nil
 }
 
-// appendFairKeys appends reserveScript's KEYS[6..9] for lane l to keys; fairArgs are its
-// ARGV[28..40].
-func (c *Gate) appendFairKeys(keys []any, l *Lane) []any {
+// appendFairKeys appends reserveScript's KEYS[6..9] for lane l to keys, the lane's key formatted
+// into a; appendFairArgs appends its ARGV[28..40].
+func (c *Gate) appendFairKeys(keys []any, a *redisscript.Args, l *Lane) []any {
 	k := &c.keys
-	return append(keys, k.fair, k.fairLanes, k.fairDeadline, k.fairLane+l.name())
+	return append(keys, k.fair, k.fairLanes, k.fairDeadline, a.End(l.appendName(append(a.Buf(), k.fairLane...))))
 }
 
-func (c *Gate) fairArgs(l *Lane) []any {
+func (c *Gate) appendFairArgs(args []any, a *redisscript.Args, l *Lane) []any {
 	ca := &c.l.args
-	return []any{"1", c.keys.fairLane, l.name(), l.Tenant, int(l.Priority), max(l.Weight, 1),
-		l.Ticket, l.Since.UnixMicro(), ca.minShareNormal, ca.minShareLow, ca.fairHorizon, ca.ticketGrace, ca.maxRecheck}
+	return append(args, "1", c.keys.fairLaneArg, a.End(l.appendName(a.Buf())), a.Text(l.Tenant),
+		a.Int(int64(l.Priority)), a.Int(int64(max(l.Weight, 1))), a.Text(l.Ticket), a.Int(l.Since.UnixMicro()),
+		ca.minShareNormal, ca.minShareLow, ca.fairHorizon, ca.ticketGrace, ca.maxRecheck)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/llmq/llmq/internal/redisscript"
 )
 
 // Sent reports that the request of a slot granted with a non-zero Reservation.ReportSend (pass
@@ -13,23 +15,23 @@ import (
 // later the schedule moved (0 until the burst's last report), or an error when Redis fails (the
 // slots after the burst then wait a second before going on their own).
 func (c *Gate) Sent(ctx context.Context, period int64) (time.Duration, error) {
-	d, err := sentScript.Run(ctx, c.l.rdb, c.keys.rateToken, c.l.nowArg(), period).Int64()
+	var a redisscript.Args // the arguments formatted into one buffer
+	d, err := sentScript.Run(ctx, c.l.rdb, c.keys.rateToken, a.Now(c.l.cfg.Now), a.Int(period)).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("report send: %w", err)
 	}
 	return time.Duration(d) * time.Microsecond, nil
 }
 
-// anchorArgs are reserveScript's ARGV[28..41] for opts: the fairness arguments (empty without a
-// Lane) and the ReportSend flag; nothing when neither is asked for.
-func (c *Gate) anchorArgs(opts AttemptOptions) []any {
-	var args []any
+// appendAnchorArgs appends reserveScript's ARGV[28..41] for opts to args, the lane's formatted
+// into a: the fairness arguments (empty without a Lane) and the ReportSend flag; nothing when
+// neither is asked for.
+func (c *Gate) appendAnchorArgs(args []any, a *redisscript.Args, opts AttemptOptions) []any {
 	if opts.Lane != nil {
-		args = c.fairArgs(opts.Lane)
+		args = c.appendFairArgs(args, a, opts.Lane)
 	} else if opts.ReportSend {
-		args = make([]any, 13)
-		for i := range args {
-			args[i] = ""
+		for range 13 {
+			args = append(args, "")
 		}
 	}
 	if opts.ReportSend {

@@ -283,8 +283,10 @@ type Gate struct {
 type gateKeys struct {
 	rate, token, grant, pause, budget any
 	fair, fairLanes, fairDeadline     any
-	// fairLane is the prefix of a lane's key: fairLane + Lane.name().
-	fairLane string
+	// fairLane is the prefix of a lane's key: fairLane + Lane.name(); fairLaneArg is it boxed, an
+	// argument of reserveScript.
+	fairLane    string
+	fairLaneArg any
 	// rateOnly, rateToken and tokenGrant are the KEYS of the calls that name those: read only,
 	// shared by every call.
 	rateOnly, rateToken, tokenGrant []any
@@ -308,6 +310,7 @@ func (l *Limiter) GateByTag(tag, name string) *Gate {
 		fairLanes: fairLanesKey(p, tag), fairDeadline: fairDeadlineKey(p, tag),
 		fairLane: fairLaneKey(p, tag),
 	}
+	keys.fairLaneArg = keys.fairLane
 	keys.rateOnly = []any{keys.rate}
 	keys.rateToken = []any{keys.rate, keys.token}
 	keys.tokenGrant = []any{keys.token, keys.grant}
@@ -483,18 +486,23 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 	ca := &c.l.args
 	keys := make([]any, 0, 10) // rate, token, grant, pause, budget, 4 fair, circuit
 	keys = append(keys, c.keys.rate)
-	args := []any{c.l.nowArg() + " " + c.l.calls.Next(), fmtFloat(lim.Rate), lim.Burst,
-		ca.phaseMargin, ca.rateMargin, ca.learnTTL, ca.probeTTL, ca.pollInterval, ca.learnHorizon}
+	// The arguments that change at every call are formatted into one buffer (redisscript.Args):
+	// the time and call id, the limit and the cost took a string or a boxed integer each.
+	var a redisscript.Args
+	args := make([]any, 0, 48) // ARGV[1..43] at most
+	args = append(args, a.NowCall(c.l.cfg.Now, c.l.calls), a.Float(lim.Rate), a.Int(int64(lim.Burst)),
+		ca.phaseMargin, ca.rateMargin, ca.learnTTL, ca.probeTTL, ca.pollInterval, ca.learnHorizon)
 	gated := opts != (AttemptOptions{})
 	if cost != (tokens.Cost{}) || gated {
 		keys = append(keys, c.keys.token, c.keys.grant)
 	}
 	if cost != (tokens.Cost{}) {
+		in, out := int64(cost.InputTokens), int64(cost.OutputTokens)
 		args = append(args, "1",
-			fmtFloat(lim.InputTokensPerMinute), fmtFloat(lim.OutputTokensPerMinute), fmtFloat(lim.TokensPerMinute),
-			cost.InputTokens, cost.OutputTokens, cost.InputTokens+cost.OutputTokens,
+			a.Float(lim.InputTokensPerMinute), a.Float(lim.OutputTokensPerMinute), a.Float(lim.TokensPerMinute),
+			a.Int(in), a.Int(out), a.Int(in+out),
 			ca.tokenMinute, ca.tokenHorizon, grantsKept,
-			cost.FitInput(), cost.FitInput()+cost.OutputTokens)
+			a.Int(int64(cost.FitInput())), a.Int(int64(cost.FitInput())+out))
 	} else if gated {
 		args = append(args, "", "", "", "", "", "", "", "", "", "", "", "") // ARGV[10..21]: no tokens
 	}
@@ -511,15 +519,15 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		if err := opts.Lane.valid(); err != nil {
 			return Reservation{}, fmt.Errorf("reserve: %w", err)
 		}
-		keys = c.appendFairKeys(keys, opts.Lane)
+		keys = c.appendFairKeys(keys, &a, opts.Lane)
 	}
-	args = append(args, c.anchorArgs(opts)...)
+	args = c.appendAnchorArgs(args, &a, opts)
 	if opts.Circuit != nil {
 		for len(args) < 41 { // ARGV[28..41]: no lane, no report of the send
 			args = append(args, "")
 		}
-		keys = append(keys, opts.Circuit.Key)
-		args = append(args, "1", micros(opts.Circuit.SuccessMemory))
+		keys = append(keys, a.Text(opts.Circuit.Key))
+		args = append(args, "1", a.Int(micros(opts.Circuit.SuccessMemory)))
 	}
 	res, err := reserveScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {
@@ -637,8 +645,9 @@ func (l *Limiter) localNow() time.Time {
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// flag is a boolean script argument: "1" or "".
-func flag(b bool) string {
+// flag is a boolean script argument: "1" or "", boxed as constants are (without allocating; a
+// string variable boxed allocates its header).
+func flag(b bool) any {
 	if b {
 		return "1"
 	}

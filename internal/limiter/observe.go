@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -110,23 +109,27 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 		}
 	}
 	cfg := &l.cfg
-	ra, asked, applied := "", "", ""
-	if o.HasRetryAfter && o.StatusCode == 429 {
+	// The arguments that change at every call are formatted into one buffer (redisscript.Args).
+	var a redisscript.Args
+	pushed := o.HasRetryAfter && o.StatusCode == 429
+	var ra, asked, applied any = "", "", ""
+	if pushed {
 		wait := min(max(o.RetryAfter, 0), cfg.MaxRetryAfter)
-		ra = strconv.FormatInt(micros(o.At.Add(wait).Sub(now)), 10)
-		asked, applied = strconv.FormatInt(micros(o.RetryAfter), 10), strconv.FormatInt(micros(wait), 10)
+		ra = a.Int(micros(o.At.Add(wait).Sub(now)))
+		asked, applied = a.Int(micros(o.RetryAfter)), a.Int(micros(wait))
 	}
 	calls := []redisscript.Call{{
 		Script: observeScript,
 		Keys:   c.keys.rateOnly,
-		Args: []any{l.nowArg(), o.StatusCode, hdr, o.Limit, o.Remaining, max(micros(dtMax), 0), micros(dtMin),
-			ra, l.args.learnTTL, l.args.rateDecrease, o.Seq, l.args.learnTTL, asked, applied,
-			micros(o.SentAt.Sub(now))},
+		Args: []any{a.Now(cfg.Now), a.Int(int64(o.StatusCode)), a.Int(int64(hdr)), a.Int(int64(o.Limit)),
+			a.Int(int64(o.Remaining)), a.Int(max(micros(dtMax), 0)), a.Int(micros(dtMin)),
+			ra, l.args.learnTTL, l.args.rateDecrease, a.Int(o.Seq), l.args.learnTTL, asked, applied,
+			a.Int(micros(o.SentAt.Sub(now)))},
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			if err := cmd.Err(); err != nil {
 				return fmt.Errorf("observe response: %w", err)
 			}
-			if ra != "" {
+			if pushed {
 				c.series.pushedBack()
 			}
 			return nil

@@ -171,10 +171,12 @@ func (c *Gate) ReconcileCall(grant int64, actual tokens.Cost) (call redisscript.
 		return call, false, nil
 	}
 	cfg := &c.l.cfg
+	var a redisscript.Args // the arguments formatted into one buffer
 	return redisscript.Call{
 		Script: reconcileScript,
 		Keys:   c.keys.tokenGrant,
-		Args:   []any{c.l.nowArg(), grant, actual.InputTokens, actual.OutputTokens, micros(cfg.LearnTTL)},
+		Args: []any{a.Now(cfg.Now), a.Int(grant), a.Int(int64(actual.InputTokens)), a.Int(int64(actual.OutputTokens)),
+			c.l.args.learnTTL},
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			res, err := cmd.Slice()
 			if err != nil {
@@ -233,7 +235,9 @@ func (c *Gate) observeTokensCall(o Observation, off clockOffset, now time.Time) 
 		return redisscript.Call{}, false
 	}
 	ca := &c.l.args
-	args := []any{c.l.nowArg(), ca.learnTTL, ca.rateMargin, ca.tokenMinute}
+	var a redisscript.Args // the numbers formatted into one buffer
+	args := make([]any, 0, 4+3*7+2)
+	args = append(args, a.Now(c.l.cfg.Now), ca.learnTTL, ca.rateMargin, ca.tokenMinute)
 	for _, f := range fams {
 		if !f.usable() {
 			args = append(args, 0, 0, 0, 0, 0, 0, 0)
@@ -243,10 +247,11 @@ func (c *Gate) observeTokensCall(o Observation, off clockOffset, now time.Time) 
 		if !f.ResetAt.IsZero() {
 			dtMax, dtMin = c.l.resetBounds(o, off, f.ResetAt, f.ResetGranularity, f.ResetAbsolute)
 		}
-		args = append(args, 1, f.Limit, f.Remaining, max(f.RemainingGranularity, 1),
-			max(micros(dtMax), 0), micros(dtMin), min(micros(o.SentAt.Sub(now)), 0))
+		args = append(args, 1, a.Int(int64(f.Limit)), a.Int(int64(f.Remaining)),
+			a.Int(int64(max(f.RemainingGranularity, 1))), a.Int(max(micros(dtMax), 0)), a.Int(micros(dtMin)),
+			a.Int(min(micros(o.SentAt.Sub(now)), 0)))
 	}
-	args = append(args, o.Grant, grantsKept)
+	args = append(args, a.Int(o.Grant), grantsKept)
 	return redisscript.Call{Script: observeTokensScript, Keys: c.keys.tokenGrant, Args: args,
 		Done: func(_ context.Context, cmd *redis.Cmd) error {
 			if err := cmd.Err(); err != nil {

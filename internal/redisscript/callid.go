@@ -33,3 +33,8 @@ func NewCallIDs() *CallIDs {
 
 // Next returns a new call id.
 func (c *CallIDs) Next() string { return c.prefix + strconv.FormatUint(c.n.Add(1), 36) }
+
+// append appends a new call id (Next's) to b.
+func (c *CallIDs) append(b []byte) []byte {
+	return strconv.AppendUint(append(b, c.prefix...), c.n.Add(1), 36)
+}

@@ -8,7 +8,9 @@
 // A Script sends its calls as go-redis's Script.Run does (EVALSHA, then EVAL on NOSCRIPT, to the
 // first key's node on a Cluster) but holds its SHA and source boxed once, and takes its keys
 // boxed ([]any of strings): go-redis boxed the SHA and every key at every call, some two dozen
-// calls a job. A caller that builds its keys once keeps them boxed too.
+// calls a job. A caller that builds its keys once keeps them boxed too. The arguments that change
+// at every call (a time, a call id, a rate, a count) are formatted into one buffer (Args) and sent
+// from it, byte for byte the strings and integers they replace, for one allocation a call.
 //
 // # Keys
 //

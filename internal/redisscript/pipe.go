@@ -10,7 +10,7 @@ import (
 // Call is one script call: the script, its keys and arguments, and what to do with the reply.
 type Call struct {
 	Script *Script
-	// Keys are the script's KEYS, each a string (boxed once where the caller keeps them).
+	// Keys are the script's KEYS (see Script.Run), boxed once where the caller keeps them.
 	Keys []any
 	Args []any
 	// Done receives the call's reply after the round trip (cmd.Err() holds a Redis error); its

@@ -33,8 +33,8 @@ func (s *Script) Hash() string { return s.hash }
 
 // Run runs the script on rdb with EVALSHA and, when Redis has not cached it (NOSCRIPT: after a
 // restart, a failover or SCRIPT FLUSH), again with EVAL, which caches it. keys are the script's
-// KEYS, each a string: on a Redis Cluster the call goes to the first key's slot, as go-redis's
-// Script.Run sends it. args are sent as they are (go-redis flattens a lone slice or map argument;
+// KEYS, the first a string: on a Redis Cluster the call goes to its slot, as go-redis's
+// Script.Run sends it; the others strings or Args arguments. args are sent as they are (go-redis flattens a lone slice or map argument;
 // Run does not). It returns the command, holding the reply or the Redis error.
 func (s *Script) Run(
 	ctx context.Context, rdb redis.UniversalClient, keys []any, args ...any,

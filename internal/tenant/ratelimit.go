@@ -36,6 +36,9 @@ type RateLimiterConfig struct {
 type RateLimiter struct {
 	rdb redis.UniversalClient
 	cfg RateLimiterConfig
+	// interval (the emission interval in µs, formatted) and burst are the script's arguments
+	// that the configuration alone decides, formatted and boxed once.
+	interval, burst any
 }
 
 // NewRateLimiter returns a RateLimiter, or an error naming the invalid field.
@@ -53,7 +56,8 @@ func NewRateLimiter(rdb redis.UniversalClient, cfg *RateLimiterConfig) (*RateLim
 	if c.Prefix == "" {
 		c.Prefix = "llmq:"
 	}
-	return &RateLimiter{rdb: rdb, cfg: c}, nil
+	return &RateLimiter{rdb: rdb, cfg: c,
+		interval: strconv.FormatFloat(1e6/c.Rate.PerSecond, 'f', -1, 64), burst: c.Rate.Burst}, nil
 }
 
 // Decision is the answer to one request.
@@ -72,13 +76,9 @@ func (d Decision) RetryAfterSeconds() int {
 // Allow counts one request of the tenant against its rate and says whether it may proceed. A
 // refused request takes nothing from the bucket. It returns an error only when Redis fails.
 func (l *RateLimiter) Allow(ctx context.Context, tenant string) (Decision, error) {
-	now := ""
-	if l.cfg.Now != nil {
-		now = strconv.FormatInt(l.cfg.Now().UnixMicro(), 10)
-	}
-	interval := 1e6 / l.cfg.Rate.PerSecond
+	var a redisscript.Args // the time formatted into it (none on Redis TIME)
 	res, err := gcraScript.Run(ctx, l.rdb, []any{submitKey(l.cfg.Prefix, tenant)},
-		now, strconv.FormatFloat(interval, 'f', -1, 64), l.cfg.Rate.Burst).Int64Slice()
+		a.Now(l.cfg.Now), l.interval, l.burst).Int64Slice()
 	if err != nil {
 		return Decision{}, fmt.Errorf("tenant rate limit: %w", err)
 	}
