@@ -238,9 +238,10 @@ func resetStream(ctx context.Context, r callResult) {
 }
 
 // decide records a failed attempt's consequence: the job is given back on shutdown, fails (its
-// deadline passed during the call), fails over, dies (a spend cap, or its attempts used up), fails
-// (not worth retrying, or the deadline comes before the next attempt), or is retried after the
-// policy's delay.
+// deadline passed during the call), fails over (a retryable failure, a spend cap, or the
+// provider's refusal of the request as too large before the job's deadline, with a fallback and
+// an attempt left), dies (a spend cap, or its attempts used up), fails (not worth retrying, or
+// the deadline comes before the next attempt), or is retried after the policy's delay.
 func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r callResult) error {
 	a, d, now := r.attempt, r.decision, r.at
 	lastErr := lastErrorOf(r.err, d)
@@ -268,9 +269,15 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 		lastErr.Message = fmt.Sprintf("job deadline passed during the attempt (%s)", lastErr.Message)
 		lastErr.Class = jobs.ReasonDeadlineExceeded
 		return e.end(ctx, job, a, jobs.Outcome{Status: jobs.StatusFailed, LastError: lastErr})
-	case (d.Retry || d.DeadReason != "") && job.HasNextCredential() && job.Attempts < job.MaxAttempts:
+	case (d.Retry || d.DeadReason != "" || (d.TooLarge && now.Before(job.Deadline))) && job.HasNextCredential() &&
+		job.Attempts < job.MaxAttempts:
 		// Fail over at once: the fallback is a different key, so neither a backoff for this
-		// provider's trouble nor its spend cap applies to it.
+		// provider's trouble nor its spend cap applies to it, and its model or limits may take
+		// a request this one refused as too large. A size refusal counts as an attempt (it was
+		// sent and is recorded), so it moves only with an attempt left, as any failover after a
+		// call, and only before the job's deadline (after it, it fails as any permanent error:
+		// no retrying event after the client's timeout); see docs/decisions.md, "A provider's
+		// refusal for size fails over".
 		if d.DeadReason != "" {
 			if err := e.pause(ctx, up, job, d.DeadReason, lastErr.Message); err != nil {
 				return err
@@ -280,7 +287,7 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 		if _, err := e.record(context.WithoutCancel(ctx), job.ID, a, jobs.Outcome{Status: jobs.StatusRetrying, LastError: lastErr, NextCredential: true}); err != nil {
 			return err
 		}
-		return &deferral{until: now, reason: "fail over after " + string(d.Class), stored: true}
+		return &deferral{until: now, reason: "fail over after " + failoverCause(d), stored: true}
 	case d.DeadReason != "":
 		// Pause first: an operator who sees the dead letter finds the credential paused, and a
 		// resume that follows the dead letter is never overtaken by its pause. A pause Redis
@@ -313,6 +320,15 @@ func (e *Executor) decide(ctx context.Context, job *jobs.Job, up Upstream, r cal
 		return err
 	}
 	return &deferral{until: next, reason: "retry after " + string(d.Class), stored: true}
+}
+
+// failoverCause names, for a failover's deferral, what the call that failed over came to: its
+// class, or the provider's refusal of the request as too large.
+func failoverCause(d retrypolicy.Decision) string {
+	if d.TooLarge {
+		return "the provider refused the request as too large"
+	}
+	return string(d.Class)
 }
 
 // lastErrorOf is the job's last_error for a failed call.

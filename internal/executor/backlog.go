@@ -30,6 +30,11 @@ type gatePass struct {
 	// left: the pass gave its place up (leave) and has not taken one since; a delivery that
 	// left it for an inline wait takes one again (rejoin) before its steps after the wait.
 	left bool
+	// movedFrom is the credentials the delivery moved its job off (failOver) and has not logged
+	// yet, which the pass, the delivery's own state, carries through its runs on the fallbacks
+	// for one log line (Executor.logMoves); moveReason is why it left the first of them.
+	movedFrom  []string
+	moveReason string
 }
 
 // enter takes a place unless the pass holds one, waiting for it until ctx ends. Without a bound

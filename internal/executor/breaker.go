@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/llmq/llmq/internal/breaker"
@@ -119,7 +120,9 @@ func (e *Executor) allowBreaker(ctx context.Context, job *jobs.Job, up Upstream,
 // backlog gate. left, when not nil, runs once the job has moved (and only then): what the job
 // held on the credential it left is given back there. The move is from the credential job was
 // read on: when another delivery of the job moved it first, this one moves nothing (two
-// deliveries skip no fallback, and a held slot is given back once) and defers.
+// deliveries skip no fallback, and a held slot is given back once) and defers. Each move
+// advances the job's chain, so one delivery moves at most once per fallback; its moves are
+// logged in one line.
 func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass *gatePass, left func()) error {
 	var d *deferral
 	if !errors.As(err, &d) || !d.unavailable || !job.HasNextCredential() {
@@ -142,11 +145,38 @@ func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass 
 	if left != nil {
 		left()
 	}
-	e.cfg.Logger.InfoContext(ctx, "failing over", "job_id", job.ID, "from", job.CurrentCredential(), "reason", d.reason)
-	if err := e.process(ctx, job.ID, false, pass); err != nil {
+	// The moves of one delivery (a chain of credentials too small, say) are logged in one line
+	// (the chain's length in lines per job would flood the log): by run once a credential
+	// admits the attempt, before the call (which may last minutes, or never end in a worker
+	// that dies), or here by the first move when the delivery ended unsent.
+	first := len(pass.movedFrom) == 0
+	if first {
+		pass.moveReason = d.reason
+	}
+	pass.movedFrom = append(pass.movedFrom, job.CurrentCredential())
+	err = e.process(ctx, job.ID, false, pass)
+	if first {
+		e.logMoves(ctx, job.ID, pass)
+	}
+	if err != nil {
 		return err
 	}
 	return errHandled
+}
+
+// logMoves logs the moves of job id's delivery not logged yet (pass.movedFrom), in one line
+// naming the credential it left first and why, and forgets them.
+func (e *Executor) logMoves(ctx context.Context, id string, pass *gatePass) {
+	n := len(pass.movedFrom)
+	if n == 0 {
+		return
+	}
+	attrs := []any{"job_id", id, "from", pass.movedFrom[0], "reason", pass.moveReason}
+	if n > 1 {
+		attrs = append(attrs, "left", strings.Join(pass.movedFrom, ","), "moves", n)
+	}
+	e.cfg.Logger.InfoContext(ctx, "failing over", attrs...)
+	pass.movedFrom, pass.moveReason = nil, ""
 }
 
 // reportBreaker tells the circuit how an admitted call went. Errors are logged: the breaker's

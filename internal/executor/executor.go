@@ -306,6 +306,7 @@ func (e *Executor) run(ctx context.Context, job *jobs.Job, pass *gatePass) error
 	if err != nil {
 		return err
 	}
+	e.logMoves(ctx, job.ID, pass)
 	pass.leave()
 	job, err = e.begin(ctx, job, up, adm)
 	if err != nil {

@@ -42,9 +42,15 @@ func sharedAdmission(t *testing.T, rdb *redis.Client) (*limiter.Limiter, *breake
 // which runs until the test ends.
 func simProvider(t *testing.T, cfg llmsim.Config, key string) llm.Provider {
 	t.Helper()
+	return simProviderOf(t, llm.KindAnthropic, cfg, key)
+}
+
+// simProviderOf is simProvider for a provider of kind.
+func simProviderOf(t *testing.T, kind llm.Kind, cfg llmsim.Config, key string) llm.Provider {
+	t.Helper()
 	sim := httptest.NewServer(llmsim.New(cfg))
 	t.Cleanup(sim.Close)
-	p, err := llm.New(llm.Config{Kind: llm.KindAnthropic, BaseURL: sim.URL, APIKey: key})
+	p, err := llm.New(llm.Config{Kind: kind, BaseURL: sim.URL, APIKey: key})
 	require.NoError(t, err)
 	return p
 }

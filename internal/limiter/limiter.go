@@ -540,8 +540,9 @@ func (c *Gate) reserve(ctx context.Context, lim Limit, cost tokens.Cost, opts At
 		return Reservation{PauseUnknown: true}, nil
 	}
 	if len(res) == 4 && redisscript.Int(res[0]) == -1 {
-		return Reservation{}, &tokens.TooLargeError{Bucket: tokens.Bucket(redisscript.String(res[1])), Cost: int(redisscript.Int(res[2])),
-			Capacity: int(redisscript.Int(res[3]))}
+		bucket := tokens.Bucket(redisscript.String(res[1]))
+		return Reservation{}, &tokens.TooLargeError{Bucket: bucket, Cost: int(redisscript.Int(res[2])),
+			Capacity: int(redisscript.Int(res[3])), Learned: lim.configured(bucket) == 0}
 	}
 	if len(res) == 4 && redisscript.Int(res[0]) == -2 {
 		us, _ := strconv.ParseInt(redisscript.String(res[1]), 10, 64)

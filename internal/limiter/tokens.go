@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -51,6 +52,19 @@ func parseTokenLimits(s string) TokenBuckets {
 // tokens.Limits.Check), else nil. Pure: use it at submit time.
 func (l Limit) CheckCost(cost tokens.Cost) error { return l.tokenLimits().Check(cost) }
 
+// configured is l's configured capacity of bucket b, per minute (0: none configured).
+func (l Limit) configured(b tokens.Bucket) float64 {
+	switch b {
+	case tokens.BucketInput:
+		return l.InputTokensPerMinute
+	case tokens.BucketOutput:
+		return l.OutputTokensPerMinute
+	case tokens.BucketTokens:
+		return l.TokensPerMinute
+	}
+	return 0
+}
+
 // tokenLimits is l's configured token buckets.
 func (l Limit) tokenLimits() tokens.Limits {
 	return tokens.Limits{InputPerMinute: l.InputTokensPerMinute, OutputPerMinute: l.OutputTokensPerMinute,
@@ -74,11 +88,16 @@ func (c *Gate) CheckCost(ctx context.Context, lim Limit, cost tokens.Cost) error
 		}
 		return 0
 	}
-	return Limit{
+	err = Limit{
 		InputTokensPerMinute:  learned(lim.InputTokensPerMinute, cur.Input),
 		OutputTokensPerMinute: learned(lim.OutputTokensPerMinute, cur.Output),
 		TokensPerMinute:       learned(lim.TokensPerMinute, cur.Combined),
 	}.CheckCost(cost)
+	var tl *tokens.TooLargeError
+	if errors.As(err, &tl) {
+		tl.Learned = true
+	}
+	return err
 }
 
 // ReserveCost is Reserve for a request that also costs tokens: atomically with the request slot

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/llm"
+	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
@@ -53,6 +54,20 @@ func TestClassify_LLMErrors(t *testing.T) {
 			retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 400}},
 		{"ShouldRetryFalseOn503", llm.KindAnthropic, reply(503, `{}`, "X-Should-Retry", "false"),
 			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 503}},
+		{"413AnthropicRequestTooLarge", llm.KindAnthropic, reply(413, `{"type":"error","error":{"type":"request_too_large","message":"Request exceeds the maximum allowed number of bytes."}}`, "X-Should-Retry", "false"),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 413, TooLarge: true}},
+		{"413Compatible", llm.KindOpenAI, reply(413, "Payload Too Large", "Content-Type", "text/plain"),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 413, TooLarge: true}},
+		{"400OpenAIContextLengthExceeded", llm.KindOpenAI, reply(400, `{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400, TooLarge: true}},
+		{"400AnthropicPromptTooLong", llm.KindAnthropic, reply(400, `{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 209353 tokens > 199999 maximum"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400, TooLarge: true}},
+		{"413ShouldRetryTrueIsRetriedHere", llm.KindAnthropic, reply(413, `{"type":"error","error":{"type":"request_too_large","message":"too large"}}`, "X-Should-Retry", "true"),
+			retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 413}},
+		{"400AnthropicMaxTokensIsNotTooLarge", llm.KindAnthropic, reply(400, `{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: 10000 > 4096, which is the maximum allowed number of output tokens for claude-3-5-sonnet-20240620"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400}},
+		{"429NotTooLargeForPromptText", llm.KindAnthropic, reply(429, `{"type":"error","error":{"type":"rate_limit_error","message":"prompt is too long"}}`, "Retry-After", "1"),
+			retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, RetryAfter: time.Second, HasRetryAfter: true}},
 		{"Redirect", llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/elsewhere", http.StatusFound) },
 			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 302}},
 		{"DecodeError", llm.KindAnthropic, reply(200, "<html>", "Content-Type", "text/html"),
@@ -80,6 +95,35 @@ func TestClassify_LLMErrors(t *testing.T) {
 			require.Equal(t, tt.want, retrypolicy.Classify(err, time.Now()), "err: %v", err)
 		})
 	}
+
+	// A refusal for size inside a stream the provider had begun to answer is no refusal of the
+	// request: its status (413, the error type's) must not move the job to a fallback.
+	t.Run("MidStreamRequestTooLargeIsNotTooLarge", func(t *testing.T) {
+		t.Parallel()
+
+		b := setup(t, llm.KindAnthropic, reply(200, "event: message_start\n"+
+			`data: {"type":"message_start","message":{"id":"m","type":"message","role":"assistant","model":"c",`+
+			`"content":[],"usage":{"input_tokens":3,"output_tokens":1}}}`+"\n\nevent: error\n"+
+			`data: {"type":"error","error":{"type":"request_too_large","message":"prompt is too long"}}`+"\n\n",
+			"Content-Type", "text/event-stream"))
+		_, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{OnDelta: func(llm.Delta) {}})
+		var se *llm.StatusError
+		require.ErrorAs(t, err, &se)
+		require.True(t, se.MidStream, "err: %v", err)
+		require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 413}, retrypolicy.Classify(err, time.Now()))
+	})
+
+	// A streamed request refused before its stream begins is refused as a whole one is.
+	t.Run("StreamRefusedBeforeItBeginsIsTooLarge", func(t *testing.T) {
+		t.Parallel()
+
+		for _, kind := range []llm.Kind{llm.KindAnthropic, llm.KindOpenAI} {
+			p, _ := simProvider(t, kind, llmsim.Config{ContextTokens: 1})
+			_, err := p.Send(t.Context(), streamBody(kind), llm.SendOptions{OnDelta: func(llm.Delta) {}})
+			require.Equal(t, retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400, TooLarge: true},
+				retrypolicy.Classify(err, time.Now()), "%s: %v", kind, err)
+		}
+	})
 
 	t.Run("InvalidRequestIsInternal", func(t *testing.T) {
 		t.Parallel()

@@ -104,6 +104,28 @@ func (e *StatusError) ErrorType() string {
 // ResponseHeader returns the response header.
 func (e *StatusError) ResponseHeader() http.Header { return e.Header }
 
+// TooLarge reports whether the provider refused the request as too large for it: a 413
+// (Anthropic request_too_large, a compatible server's Payload Too Large), a 400 whose code or
+// type is context_length_exceeded (OpenAI), or Anthropic's 400 invalid_request_error whose
+// message begins "prompt is too long" ("prompt is too long: N tokens > M maximum"). The request
+// is not wrong as such: a credential with another model or larger limits may take it. A
+// mid-stream error is never one (the provider had accepted the request).
+func (e *StatusError) TooLarge() bool {
+	switch {
+	case e.MidStream:
+		return false
+	case e.StatusCode == http.StatusRequestEntityTooLarge:
+		return true
+	case e.StatusCode != http.StatusBadRequest:
+		return false
+	}
+	return strings.EqualFold(e.Code, contextLengthExceeded) || strings.EqualFold(e.Type, contextLengthExceeded) ||
+		(e.Type == "invalid_request_error" && strings.HasPrefix(strings.ToLower(e.Message), "prompt is too long"))
+}
+
+// contextLengthExceeded is OpenAI's error code for a request over the model's context window.
+const contextLengthExceeded = "context_length_exceeded"
+
 // TransportError is a call that produced no complete answer: the connection was refused or
 // reset, DNS or TLS failed, the body was cut short, or the context ended the call (then
 // Err is ctx.Err(), so errors.Is(err, context.Canceled) or context.DeadlineExceeded holds).

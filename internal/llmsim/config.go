@@ -40,6 +40,11 @@ type Config struct {
 	// finish reason "length"), as a real model stops at its limit. 0 (the
 	// default) keeps the reply of the package comment.
 	ReplyTokens int
+	// ContextTokens is the model's context window, in tokens (the package comment's rule):
+	// a request over it is refused 400 in the provider's words. Anthropic counts the input
+	// ("prompt is too long: N tokens > M maximum", invalid_request_error); OpenAI the input
+	// plus max_tokens (code context_length_exceeded). 0 (the default) means no window.
+	ContextTokens int
 	// StreamTokensPerSecond paces streamed answers: one content token (4 bytes of text) per
 	// 1/StreamTokensPerSecond. 0 (the default) sends them as fast as the connection takes them.
 	StreamTokensPerSecond float64
@@ -91,6 +96,8 @@ func (c Config) Validate() error {
 		return errors.New("stream_tokens_per_second: must not be negative")
 	case c.ReplyTokens < 0:
 		return errors.New("reply_tokens: must not be negative")
+	case c.ContextTokens < 0:
+		return errors.New("context_tokens: must not be negative")
 	}
 	if _, err := newTokenLimits(c); err != nil {
 		return err

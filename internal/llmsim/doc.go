@@ -129,7 +129,9 @@
 // token buckets as above, or the request is refused with 429 and retry-after;
 // then the answer waits Latency plus jitter; then the overload window, the
 // FailNext script and ErrorRate may replace the answer with an error; then
-// the request body is validated (400) and checked for the bad-request marker
+// the request body is validated (400), checked against the model's context
+// window (Config.ContextTokens: 400 in the provider's words, Anthropic "prompt
+// is too long", OpenAI context_length_exceeded) and for the bad-request marker
 // (400); otherwise it succeeds. So every request that passes the buckets
 // costs one request token and its input tokens, including those that then
 // fail, and only the buckets' own refusals and the spend cap are free. A body

@@ -2,6 +2,7 @@ package llmsim
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ const (
 	kindAuth                      // 401, missing key
 	kindSpendCap                  // 429 without retry-after
 	kindTokens                    // 429 from a token bucket
+	kindContext                   // 400, over the model's context window (Config.ContextTokens)
 )
 
 // apiError is an error answer before it is rendered in a provider's format.
@@ -75,6 +77,9 @@ type provider interface {
 	toolIDPrefix() string
 	// overloadStatus is the status of the overload fault.
 	overloadStatus() int
+	// contextMessage returns the 400 message for a request of input tokens asking for maxTokens
+	// (0: none given) that does not fit a context window of window tokens, or "" when it fits.
+	contextMessage(input int, maxTokens int64, window int) string
 	errorBody(e apiError, requestID string) []byte
 	successBody(r reply) []byte
 	// streamer renders a successful answer as the provider's event stream.
@@ -138,6 +143,14 @@ func (anthropic) errorBody(e apiError, requestID string) []byte {
 		Error     inner  `json:"error"`
 		RequestID string `json:"request_id"`
 	}{"error", in, requestID})
+}
+
+// contextMessage is Anthropic's: the window counts the prompt.
+func (anthropic) contextMessage(input int, _ int64, window int) string {
+	if input <= window {
+		return ""
+	}
+	return fmt.Sprintf("prompt is too long: %d tokens > %d maximum", input, window)
 }
 
 func anthropicErrorType(status int) string {
@@ -285,6 +298,16 @@ func bearer(r *http.Request) string {
 
 func (openAI) checkHeaders(*http.Request) string { return "" }
 
+// contextMessage is OpenAI's: the window counts the input and max_tokens together.
+func (openAI) contextMessage(input int, maxTokens int64, window int) string {
+	if int64(input)+maxTokens <= int64(window) {
+		return ""
+	}
+	return fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens "+
+		"(%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+		window, int64(input)+maxTokens, input, maxTokens)
+}
+
 func (openAI) errorBody(e apiError, _ string) []byte {
 	typ, code, msg := "invalid_request_error", "", e.message
 	switch {
@@ -292,6 +315,8 @@ func (openAI) errorBody(e apiError, _ string) []byte {
 		msg = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
 	case e.kind == kindTokens:
 		typ, code = "tokens", "rate_limit_exceeded"
+	case e.kind == kindContext:
+		code = "context_length_exceeded"
 	case e.kind == kindSpendCap:
 		typ, code = "insufficient_quota", "insufficient_quota"
 		msg = "You exceeded your current quota, please check your plan and billing details (llmsim spend-cap fault)."

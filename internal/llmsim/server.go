@@ -256,6 +256,11 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 	if err != nil {
 		return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, message: err.Error()}), 0
 	}
+	if w := s.cfg.ContextTokens; w > 0 {
+		if msg := p.contextMessage(req.inputTokens(), req.maxTokens, w); msg != "" {
+			return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, kind: kindContext, message: msg}), 0
+		}
+	}
 	if bytes.Contains(body, []byte(f.BadRequestMarker)) {
 		return errorAnswer(p, h, requestID, keyID, apiError{
 			status:  http.StatusBadRequest,

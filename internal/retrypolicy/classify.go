@@ -68,6 +68,10 @@ type Decision struct {
 	// RetryAfterValue is the malformed header's value, for a log line: cut to 64 bytes, and
 	// only as clean as the header the error carried (internal/llm redacts the key from it).
 	RetryAfterValue string
+	// TooLarge reports a provider's refusal of the request as too large for it (a 413, a
+	// context window exceeded): never retried on this credential (the class is permanent),
+	// but another credential, with another model or larger limits, may take it.
+	TooLarge bool
 }
 
 // The interfaces embed error so that errors.AsType can look for them; any error in the chain
@@ -90,6 +94,11 @@ type errorTyper interface {
 type timeouter interface {
 	error
 	Timeout() bool
+}
+
+type tooLarger interface {
+	error
+	TooLarge() bool
 }
 
 // spendCapCodes are provider error codes/types that mean money, not load: OpenAI
@@ -128,6 +137,9 @@ func Classify(err error, now time.Time) Decision {
 		}
 	}
 
+	if tl, ok := errors.AsType[tooLarger](err); ok {
+		d.TooLarge = tl.TooLarge() // kept by with for a permanent class only
+	}
 	if et, ok := errors.AsType[errorTyper](err); ok && spendCapCodes[strings.ToLower(strings.TrimSpace(et.ErrorType()))] {
 		return d.with(ClassSpendCap)
 	}
@@ -156,9 +168,11 @@ func Classify(err error, now time.Time) Decision {
 	return d.with(ClassInternal)
 }
 
-// with sets the class and the fields that follow from it.
+// with sets the class and the fields that follow from it. TooLarge stays only on a permanent
+// class: a refusal the provider asks us to retry (x-should-retry: true) is retried where it is.
 func (d Decision) with(c Class) Decision {
 	d.Class = c
+	d.TooLarge = d.TooLarge && c == ClassPermanent
 	switch c {
 	case ClassRetryable, ClassRateLimited, ClassTimeout, ClassNetwork:
 		d.Retry = true

@@ -11,6 +11,7 @@
 //	interface{ ResponseHeader() http.Header } // Retry-After, retry-after-ms, x-should-retry
 //	interface{ ErrorType() string }          // the provider's error code or type
 //	interface{ Timeout() bool }              // a transport error (net.Error and friends)
+//	interface{ TooLarge() bool }             // the provider refused the request as too large
 //
 // # Precedence
 //
@@ -36,6 +37,10 @@
 //     short.
 //  8. Anything else → internal (not retried): an error that matches none of the interfaces is
 //     our own bug — a decode error, an invalid request we built — not the provider's fault.
+//
+// Decision.TooLarge marks a permanent decision whose error says TooLarge() (a 413, a context
+// window exceeded): the class stays permanent, and the caller may move the job to a credential
+// with larger limits instead of failing it.
 //
 // # Delays
 //

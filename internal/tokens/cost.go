@@ -53,17 +53,25 @@ type TooLargeError struct {
 	Cost int
 	// Capacity is the bucket's whole capacity, in tokens.
 	Capacity int
+	// Learned reports a capacity learned from the provider's rate-limit headers, none being
+	// configured for the bucket: the provider may change it (a tier raised), and no check of
+	// the configuration (at submit) knows it.
+	Learned bool
 }
 
-// Error says which bucket, the cost and the capacity.
+// Error says which bucket, the cost and the capacity, and whether the capacity was learned.
 func (e *TooLargeError) Error() string {
 	what := map[Bucket]string{BucketInput: "input tokens", BucketOutput: "output tokens (max_tokens)",
 		BucketTokens: "input + output tokens (prompt + max_tokens)"}[e.Bucket]
 	if what == "" {
 		what = string(e.Bucket)
 	}
-	return fmt.Sprintf("request needs %d %s but the credential's whole %s limit is %d per minute: "+
+	msg := fmt.Sprintf("request needs %d %s but the credential's whole %s limit is %d per minute: "+
 		"it can never be sent", e.Cost, what, e.Bucket, e.Capacity)
+	if e.Learned {
+		msg += " (a limit learned from the provider's rate-limit headers, none configured: it may change)"
+	}
+	return msg
 }
 
 // AssumedOutputNote is what to add to err's text when err is a *TooLargeError over the output
