@@ -20,7 +20,7 @@ type anthropicBatch struct {
 	CreatedAt        time.Time      `json:"created_at"`
 }
 
-func (c *anthropicClient) Submit(ctx context.Context, _ string, reqs []Request) (string, error) {
+func (c *anthropicClient) Submit(ctx context.Context, _ string, reqs []Request, _ func(string) error) (string, error) {
 	type item struct {
 		CustomID string          `json:"custom_id"`
 		Params   json.RawMessage `json:"params"`

@@ -114,6 +114,9 @@ type Batcher struct {
 	// crashAfterRecord, set by tests only, ends a pass between the recording of an ended
 	// batch's results and the batch's close.
 	crashAfterRecord error
+	// crashAfterClose, set by tests only, ends a pass between its batches' closes and the
+	// deletes of their files.
+	crashAfterClose error
 }
 
 // New returns a Batcher; zero config fields take their defaults.
@@ -164,7 +167,8 @@ func (b *Batcher) lead(ctx context.Context) error {
 
 // Once is one pass: it sends the committed batches (after a crash, looking each up first), polls
 // the sent batches that are due and records the results of those that ended, moves the jobs
-// whose deadline is near to the online lane, and collects the waiting jobs into new batches. An
+// whose deadline is near to the online lane, collects the waiting jobs into new batches, and
+// deletes the files at the providers that no batch needs any more (see deleteDueFiles). An
 // error of one batch does not stop the others; Once returns them joined. A pass without error is
 // dated in the metrics (llmq_batch_last_success_timestamp_seconds).
 func (b *Batcher) Once(ctx context.Context) error {
@@ -213,7 +217,7 @@ func (b *Batcher) pass(ctx context.Context) error {
 	for _, lane := range b.cfg.Lanes {
 		errs = append(errs, b.collect(ctx, lane, held))
 	}
-	errs = append(errs, b.collectUnconfigured(ctx))
+	errs = append(errs, b.collectUnconfigured(ctx), b.deleteDueFiles(ctx))
 	return errors.Join(errs...)
 }
 
@@ -504,8 +508,16 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 			return errors.Join(err, later(err))
 		}
 	}
+	if providerID == "" && row.SubmitStartedAt != nil {
+		// No earlier send's upload became a batch (the look-up found none, and the claim keeps
+		// any earlier send from landing now): they are deleted without waiting for the close.
+		if err := b.store.releaseUploads(ctx, row.ID); err != nil {
+			return errors.Join(err, later(err))
+		}
+	}
 	if providerID == "" {
-		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs); err != nil {
+		uploaded := func(file string) error { return b.store.recordUpload(ctx, row.ID, row.Credential, file) }
+		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs, uploaded); err != nil {
 			b.probed(ctx, lane, held, false) // a probe whose send failed is spent (it may have reached the provider)
 			if d := retrypolicy.Classify(err, b.cfg.Now()); d.Class == retrypolicy.ClassSpendCap {
 				// Refused, so not on its way: the claim ends, and the batch goes once resumed.
@@ -670,7 +682,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 			st.Provider, held); err != nil {
 			return err
 		}
-		return b.closeEnded(ctx, lane, row, st)
+		return b.closeEnded(ctx, row, st)
 	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
@@ -682,7 +694,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 	if b.crashAfterRecord != nil {
 		return b.crashAfterRecord
 	}
-	return b.closeEnded(ctx, lane, row, st)
+	return b.closeEnded(ctx, row, st)
 }
 
 // closeIdle handles sent batch row when none of its jobs waits for it any more (jobs, read
@@ -692,8 +704,8 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 // its cancel was accepted (provider state canceling, in the row or in the poll's answer: the
 // batcher that canceled it may have died before recording it), its files deleted either way;
 // its results are read first, for the usage of its canceled jobs' answers (see record: the
-// provider charged for them). One the provider no longer knows (404) is closed canceled, without
-// deletes, and logged. Else it is canceled at the provider, once, to stop paying for what is
+// provider charged for them). One the provider no longer knows (404) is closed canceled, and
+// logged (see closeLost). Else it is canceled at the provider, once, to stop paying for what is
 // left of it, and polled on (the provider takes a while to end a canceled batch: OpenAI's
 // cancelling lasts up to 10 minutes, and writes the output and error files of what it ran) until
 // it ended. later records a failed call. A poll that fails leaves that to the cancel's answer,
@@ -715,9 +727,9 @@ func (b *Batcher) closeIdle(ctx context.Context, lane Lane, row batchRow, jobs [
 			}
 		}
 		if asked {
-			return b.closeAs(ctx, lane, row, st, "canceled", "canceled")
+			return b.closeAs(ctx, row, st, "canceled", "canceled")
 		}
-		return b.closeEnded(ctx, lane, row, st)
+		return b.closeEnded(ctx, row, st)
 	}
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
 		return b.closeLost(ctx, row)
@@ -761,12 +773,12 @@ func cancelAsked(providerState string) bool {
 const providerCanceling = "canceling"
 
 // closeLost closes sent batch row, none of whose jobs waits for it, which the provider no longer
-// knows (404: deleted, expired from its lists, or gone with an account): canceled, with nothing
-// to delete (the provider's files, if any are left, are not known), and logged, once (the batch
-// is closed).
+// knows (404: deleted, expired from its lists, or gone with an account): canceled, and logged,
+// once (the batch is closed). Its uploads, recorded when they were made, are deleted by the pass
+// (deleteDueFiles); its output and error files, if any are left, are not known.
 func (b *Batcher) closeLost(ctx context.Context, row batchRow) error {
 	b.cfg.Logger.WarnContext(ctx,
-		"a canceled batch is unknown to the provider: closed without deleting its files",
+		"a canceled batch is unknown to the provider: closed, its output and error files unknown",
 		"batch", row.ID, "provider_batch_id", *row.ProviderID)
 	b.cfg.Metrics.batch(row.Credential, "canceled")
 	return b.store.ended(ctx, row.ID, "canceled", "not_found")
@@ -774,47 +786,22 @@ func (b *Batcher) closeLost(ctx context.Context, row batchRow) error {
 
 // closeEnded closes batch row, which ended at the provider (st) and whose results are
 // recorded: counted ended, or refused when it failed as a whole (State.Failed) (see closeAs).
-func (b *Batcher) closeEnded(ctx context.Context, lane Lane, row batchRow, st State) error {
+func (b *Batcher) closeEnded(ctx context.Context, row batchRow, st State) error {
 	outcome := "ended"
 	if st.Failed {
 		outcome = "refused"
 	}
-	return b.closeAs(ctx, lane, row, st, "ended", outcome)
+	return b.closeAs(ctx, row, st, "ended", outcome)
 }
 
 // closeAs closes batch row, which ended at the provider (st), in state (ended, or canceled
-// after its cancel: see closeIdle), counted as outcome. Once it is closed, its files at the
-// provider are deleted (see deleteFiles): never before, so that a pass that fails or dies before
-// the close reads the results again on the next.
-func (b *Batcher) closeAs(ctx context.Context, lane Lane, row batchRow, st State,
-	state, outcome string) error {
+// after its cancel: see closeIdle), counted as outcome, and records its files at the provider
+// (st.Files) in the same transaction, for the pass's deletes (see deleteDueFiles): never before
+// the close, so that a pass that fails or dies before it reads the results again on the next,
+// and never lost after it, should the process die or the delete fail.
+func (b *Batcher) closeAs(ctx context.Context, row batchRow, st State, state, outcome string) error {
 	b.cfg.Metrics.batch(row.Credential, outcome)
-	if err := b.store.ended(ctx, row.ID, state, st.Provider); err != nil {
-		return err
-	}
-	b.deleteFiles(ctx, lane, row, st.Files)
-	return nil
-}
-
-// deleteFilesTimeout bounds the deletes of one batch's files, so that a provider slow to answer
-// them holds the pass no longer.
-const deleteFilesTimeout = 30 * time.Second
-
-// deleteFiles deletes files, which closed batch row keeps at the provider (Client.DeleteFiles:
-// OpenAI's input, output and error files, which count against the organisation's storage until
-// they expire), best effort: the batch is closed, so a delete that fails is logged, once, and
-// not tried again (OpenAI expires a batch input file after 30 days by default); a pass cut
-// short (the lead lost, the worker stopping) logs nothing.
-func (b *Batcher) deleteFiles(ctx context.Context, lane Lane, row batchRow, files []string) {
-	if len(files) == 0 {
-		return
-	}
-	dctx, cancel := context.WithTimeout(ctx, deleteFilesTimeout)
-	defer cancel()
-	if err := lane.Client.DeleteFiles(dctx, files); err != nil && ctx.Err() == nil {
-		b.cfg.Logger.WarnContext(ctx, "delete an ended batch's files at the provider (they are left)",
-			"batch", row.ID, "provider_batch_id", *row.ProviderID, "error", err)
-	}
+	return b.store.endedWithFiles(ctx, row.ID, row.Credential, state, st.Provider, st.Files)
 }
 
 // deadLettered counts a move that dead-lettered its job (Config.DeadLettered) and alerts

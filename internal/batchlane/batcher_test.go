@@ -196,7 +196,7 @@ type refusing struct {
 	calls  *atomic.Int32 // counts the Submits when not nil
 }
 
-func (r refusing) Submit(context.Context, string, []batchlane.Request) (string, error) {
+func (r refusing) Submit(context.Context, string, []batchlane.Request, func(string) error) (string, error) {
 	if r.calls != nil {
 		r.calls.Add(1)
 	}

@@ -20,7 +20,8 @@ import (
 // canceled at the provider, and once the provider reports it ended (cancelled), the batch is
 // closed canceled and its input file (and the error file of its canceled requests) deleted, as
 // an ended batch's are: they were left at OpenAI. A batch the provider no longer knows (404)
-// when its cancel is looked at again is closed without deletes, logged once.
+// when its cancel is looked at again is closed, logged once, and only its input file, recorded
+// at its upload, deleted: its other files are not known.
 func TestBatcher_DeletesACanceledBatchsFiles(t *testing.T) {
 	t.Parallel()
 
@@ -70,8 +71,9 @@ func TestBatcher_DeletesACanceledBatchsFiles(t *testing.T) {
 		b.clock.Advance(10 * time.Minute)
 		once(t, bt)
 		require.Equal(t, "canceled", b.batchState(t))
-		require.Equal(t, files, b.storedFiles(t, files), "no delete of a batch the provider lost")
-		require.Zero(t, b.sim.BatchStats().Deletes)
+		require.Equal(t, files[1:], b.storedFiles(t, files),
+			"the input file is deleted (recorded at its upload); the error file is not known")
+		require.Equal(t, 1, b.sim.BatchStats().Deletes)
 		require.Equal(t, 1, lines(logs, "WARN", "a canceled batch is unknown to the provider"))
 		b.clock.Advance(time.Hour)
 		once(t, bt)

@@ -3,6 +3,7 @@ package batchlane_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -49,7 +50,7 @@ func submitN(ctx context.Context, t *testing.T, client batchlane.Client, provide
 			reqs[k] = batchlane.Request{CustomID: fmt.Sprintf("%s-%d", ref, k), Body: simBody[provider]}
 		}
 		var err error
-		id, err = client.Submit(ctx, ref, reqs)
+		id, err = client.Submit(ctx, ref, reqs, noRecord)
 		require.NoError(t, err)
 	}
 	return id
@@ -115,7 +116,8 @@ func TestClient_RefusedBatchLeavesNoInputFile(t *testing.T) {
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			_, err = client.Submit(ctx, "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"gpt-sim","messages":[]}`)}})
+			_, err = client.Submit(ctx, "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"gpt-sim","messages":[]}`)}},
+				noRecord)
 			var se *batchlane.StatusError
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, status, se.Status, "the create's answer, not the delete's")
@@ -203,6 +205,39 @@ func TestClient_FindFailsPastItsPageBound(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			require.Equal(t, 100, calls)
+		})
+	}
+}
+
+// TestClient_AnUnrecordedUploadIsDeleted: an OpenAI input file whose record fails (Submit's
+// uploaded) is deleted and no batch is created, the send failing with the record's error; also
+// when the record failed because the send's context ended (the worker stopping, the lead lost):
+// the delete must not be cut with it, or the file, recorded nowhere, stays at the provider.
+func TestClient_AnUnrecordedUploadIsDeleted(t *testing.T) {
+	t.Parallel()
+	for name, cancels := range map[string]bool{"RecordFails": false, "SendCanceled": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			sim := llmsim.New(llmsim.Config{})
+			front := httptest.NewServer(sim)
+			t.Cleanup(front.Close)
+			client, err := batchlane.NewClient("openai", front.URL, "sk-test", front.Client())
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			failed := errors.New("record the upload: the database is gone")
+			_, err = client.Submit(ctx, "ref", []batchlane.Request{{CustomID: "a", Body: simBody["openai"]}},
+				func(string) error {
+					if cancels {
+						cancel()
+					}
+					return failed
+				})
+			require.ErrorIs(t, err, failed)
+			st := sim.BatchStats()
+			require.Equal(t, 1, st.Uploads)
+			require.Equal(t, 1, st.Deletes, "the unrecorded upload is left at the provider")
+			require.Zero(t, st.Created)
 		})
 	}
 }

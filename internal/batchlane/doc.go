@@ -17,8 +17,11 @@
 //  4. poll: with backoff (PollInterval doubling to 10 ×), until the batch ended;
 //  5. record: each job's result by custom_id (the job ID), mapped onto the online classes
 //     (see Batcher.record); jobs left for the online lane are enqueued. Then the batch is
-//     closed and its files at the provider (OpenAI's input, output and error files) deleted,
-//     best effort.
+//     closed, with its files at the provider (OpenAI's input, output and error files);
+//  6. delete: the files of closed batches (each upload recorded before its batch is created,
+//     so a lost batch's too) and the uploads no batch reads (a create that failed, sent again)
+//     are deleted by the pass, a failed delete tried again with a backoff, a bounded number of
+//     times (provider_batch_files, migration 024).
 //
 // Deadlines hold whatever a batch does: a job whose deadline is within OnlineFallback, waiting
 // or in a batch not yet ended, goes to the online lane (a result its batch brings later is

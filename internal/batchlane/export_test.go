@@ -20,3 +20,13 @@ func CrashAfterRecord(b *Batcher, err error) { b.crashAfterRecord = err }
 
 // ExpiredMessage is the error of an expired batch request's attempt row.
 const ExpiredMessage = expiredMessage
+
+// CrashAfterClose makes b's passes end with err between a batch's close and the deletes of its
+// files, as a process dying there would.
+func CrashAfterClose(b *Batcher, err error) { b.crashAfterClose = err }
+
+// MaxFileDeleteAttempts is how many times a batch file's delete is tried.
+const MaxFileDeleteAttempts = maxFileDeleteAttempts
+
+// FileDeletesPerPass is how many batch files one pass deletes at most.
+const FileDeletesPerPass = fileDeletesPerPass

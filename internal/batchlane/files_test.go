@@ -1,13 +1,10 @@
 package batchlane_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,7 +12,6 @@ import (
 
 	"github.com/llmq/llmq/internal/batchlane"
 	"github.com/llmq/llmq/internal/jobs"
-	"github.com/llmq/llmq/internal/logtest"
 )
 
 // openAIFiles returns the input, output and error file ids of the simulator's OpenAI batch id
@@ -60,22 +56,11 @@ func (b *testBundle) storedFiles(t *testing.T, files []string) []string {
 // are deleted at the provider once its results are recorded and the batch is closed (they
 // counted against the organisation's file storage, never deleted), never before: while the
 // recording fails, or after a leader died between the recording and the close, the output file
-// is still there to be read. A delete that fails is logged once and fails nothing.
+// is still there to be read. (A delete that fails: TestBatcher_RetriesAFailedDelete.)
 func TestBatcher_DeletesOpenAIFilesOnceRecorded(t *testing.T) {
 	t.Parallel()
 
-	// sent stores an answered job and one that expires (the error file's), sends their batch
-	// and returns the answered job and the provider's batch id.
-	sent := func(t *testing.T, b *testBundle) (*jobs.Job, string) {
-		t.Helper()
-		ok := b.submit(t, "answered", 0, 0)
-		b.submit(t, "llmsim-batch-expire", 0, 0)
-		b.clock.Advance(fill)
-		once(t, b.batcher(nil))
-		got := b.get(t, ok.ID)
-		require.NotNil(t, got.BatchID)
-		return got, *got.BatchID
-	}
+	sent := func(t *testing.T, b *testBundle) (*jobs.Job, string) { return sentOpenAI(t, b, "answered") }
 
 	t.Run("Recorded", func(t *testing.T) {
 		t.Parallel()
@@ -151,40 +136,5 @@ CREATE TRIGGER refuse_success BEFORE UPDATE OF status ON jobs
 
 		once(t, b.batcher(nil)) // the next leader closes the batch
 		require.Empty(t, b.storedFiles(t, files))
-	})
-
-	t.Run("AFailedDeleteIsLoggedOnce", func(t *testing.T) {
-		t.Parallel()
-		var deletes atomic.Int64
-		b := setup(t, setupOpts{provider: "openai", front: func(sim http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.Method == http.MethodDelete {
-					deletes.Add(1)
-					http.Error(w, `{"error":{"message":"down","type":"server_error"}}`,
-						http.StatusInternalServerError)
-					return
-				}
-				sim.ServeHTTP(w, r)
-			})
-		}})
-		j, id := sent(t, b)
-		logs := &logtest.Buffer{}
-		bt := batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics,
-			Logger:  slog.New(slog.NewTextHandler(logs, nil)),
-			Lanes:   []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg}},
-			Enqueue: func(context.Context, string, jobs.Priority) error { return nil }})
-		b.clock.Advance(2 * time.Hour)
-		once(t, bt)
-		require.Equal(t, jobs.StatusSucceeded, b.get(t, j.ID).Status)
-		require.Equal(t, float64(1), b.counter(t, "batches", "ended"),
-			"the batch is closed all the same")
-		require.Equal(t, 1, lines(logs, "WARN", "delete an ended batch's files at the provider"))
-		tried := deletes.Load()
-		require.Positive(t, tried)
-
-		b.clock.Advance(time.Hour)
-		once(t, bt)
-		require.Equal(t, tried, deletes.Load(), "a failed delete is tried again")
-		require.Len(t, b.storedFiles(t, b.openAIFiles(t, id)), 3)
 	})
 }

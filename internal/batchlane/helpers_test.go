@@ -191,14 +191,17 @@ type flaky struct {
 	lost bool
 }
 
-func (f flaky) Submit(ctx context.Context, ref string, reqs []batchlane.Request) (string, error) {
+func (f flaky) Submit(ctx context.Context, ref string, reqs []batchlane.Request, uploaded func(string) error) (string, error) {
 	if f.lost {
-		if _, err := f.Client.Submit(ctx, ref, reqs); err != nil {
+		if _, err := f.Client.Submit(ctx, ref, reqs, uploaded); err != nil {
 			return "", err
 		}
 	}
 	return "", context.DeadlineExceeded
 }
+
+// noRecord is a Submit's uploaded of a test that records no file.
+func noRecord(string) error { return nil }
 
 // counter is the value of the batch lane's counter name (llmq_batch_<name>_total) for the
 // default credential and outcome.

@@ -29,15 +29,16 @@ func newHeldSubmit(c batchlane.Client) *heldSubmit {
 	return &heldSubmit{Client: c, reached: make(chan struct{}), release: make(chan struct{}), done: make(chan struct{})}
 }
 
-func (h *heldSubmit) Submit(ctx context.Context, ref string, reqs []batchlane.Request) (string, error) {
+func (h *heldSubmit) Submit(ctx context.Context, ref string, reqs []batchlane.Request,
+	uploaded func(string) error) (string, error) {
 	first := false
 	h.once.Do(func() { first = true; close(h.reached) })
 	if !first {
-		return h.Client.Submit(ctx, ref, reqs)
+		return h.Client.Submit(ctx, ref, reqs, uploaded)
 	}
 	defer close(h.done)
 	<-h.release
-	id, err := h.Client.Submit(context.WithoutCancel(ctx), ref, reqs)
+	id, err := h.Client.Submit(context.WithoutCancel(ctx), ref, reqs, uploaded)
 	if err == nil && ctx.Err() != nil {
 		return "", ctx.Err()
 	}

@@ -39,7 +39,7 @@ type openAIBatch struct {
 // metadataKey tags a batch with llmq's batch id, so that Find recognises it after a crash.
 const metadataKey = "llmq_batch"
 
-func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (string, error) {
+func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request, uploaded func(string) error) (string, error) {
 	var input bytes.Buffer
 	for _, r := range reqs {
 		line, err := encodeJSON(map[string]any{"custom_id": r.CustomID, "method": "POST", "url": "/v1/chat/completions", "body": r.Body})
@@ -74,6 +74,16 @@ func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (
 	if err := json.Unmarshal(data, &file); err != nil || file.ID == "" {
 		return "", fmt.Errorf("upload batch input file: answer without a file id")
 	}
+	if err := uploaded(file.ID); err != nil {
+		// Unrecorded, it would be deleted by nobody: deleted now, best effort, and the send
+		// fails before the batch is created. The delete outlives ctx (a record cut by the send's
+		// end, the worker stopping or the lead lost, is the likeliest failure), within
+		// unrecordedDeleteTimeout.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unrecordedDeleteTimeout)
+		defer cancel()
+		_ = c.deleteFile(dctx, file.ID)
+		return "", err
+	}
 	var b openAIBatch
 	err = c.doJSON(ctx, "POST", "/v1/batches", map[string]any{"input_file_id": file.ID, "endpoint": "/v1/chat/completions",
 		"completion_window": "24h", "metadata": map[string]string{metadataKey: ref}}, &b)
@@ -88,6 +98,9 @@ func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request) (
 	}
 	return b.ID, nil
 }
+
+// unrecordedDeleteTimeout bounds the delete of an upload whose record failed (see Submit).
+const unrecordedDeleteTimeout = 30 * time.Second
 
 // findSkew is how much earlier than since, by the provider's clock, Find reads batches: the
 // send's start is dated by Postgres's clock, the batch's creation by the provider's.

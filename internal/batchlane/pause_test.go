@@ -323,12 +323,13 @@ type diesInSend struct {
 	onPoll atomic.Pointer[func()]
 }
 
-func (c *diesInSend) Submit(ctx context.Context, ref string, reqs []batchlane.Request) (string, error) {
+func (c *diesInSend) Submit(ctx context.Context, ref string, reqs []batchlane.Request,
+	uploaded func(string) error) (string, error) {
 	if cancel := c.cancel.Swap(nil); cancel != nil {
 		(*cancel)()
 		return "", ctx.Err()
 	}
-	return c.Client.Submit(ctx, ref, reqs)
+	return c.Client.Submit(ctx, ref, reqs, uploaded)
 }
 
 func (c *diesInSend) Poll(ctx context.Context, id string) (batchlane.State, error) {

@@ -62,8 +62,8 @@ type State struct {
 	Failed             bool
 	ErrorType, Message string
 	// Files are the ids of the files an ended batch keeps at the provider (OpenAI's input,
-	// output and error files; Anthropic's batches have none), which DeleteFiles deletes once
-	// its results are recorded: read by the poll that found it ended, not again.
+	// output and error files; Anthropic's batches have none), recorded with its close and
+	// deleted (DeleteFiles) after it: read by the poll that found it ended, not again.
 	Files []string
 }
 
@@ -71,8 +71,11 @@ type State struct {
 // concurrent use; every call is one or a few HTTP round trips bounded by ctx.
 type Client interface {
 	// Submit creates a batch of reqs tagged with ref (llmq's batch id, where the provider keeps
-	// metadata) and returns the provider's batch id.
-	Submit(ctx context.Context, ref string, reqs []Request) (string, error)
+	// metadata) and returns the provider's batch id. Where the batch reads an uploaded file
+	// (OpenAI's input file), uploaded is called with the file's id once the upload is answered,
+	// before the batch is created: an error of it ends the send with that error (the file
+	// deleted, best effort). Anthropic uploads nothing and never calls it.
+	Submit(ctx context.Context, ref string, reqs []Request, uploaded func(fileID string) error) (string, error)
 	// Find returns the id of the batch an earlier Submit of ref may have created at or after
 	// since with n requests (that send's start and size: a batch's sends hold fewer requests
 	// as its jobs leave it), or "" when the provider has none: the crash-window lookup. A batch
@@ -87,7 +90,8 @@ type Client interface {
 	// DeleteFiles deletes files, an ended batch's State.Files, at the provider (one already
 	// gone is no error): OpenAI's input, output and error files, which count against the
 	// organisation's storage. The batch's results cannot be read after: it is called once they
-	// are recorded. The error joins those of the deletes that failed, each tried once.
+	// are recorded (the batch closed), or for an upload no batch reads. The error joins those of
+	// the deletes that failed, each tried once.
 	DeleteFiles(ctx context.Context, files []string) error
 }
 

@@ -195,7 +195,7 @@ func TestClient_RedirectNotFollowed(t *testing.T) {
 	for _, provider := range []string{"anthropic", "openai"} {
 		client, err := batchlane.NewClient(provider, front.URL, secretKey, front.Client())
 		require.NoError(t, err)
-		_, err = client.Submit(context.Background(), "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"m"}`)}})
+		_, err = client.Submit(context.Background(), "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"m"}`)}}, noRecord)
 		require.Zero(t, seen.Load(), "%s: the key went to the redirect's target", provider)
 		var se *batchlane.StatusError
 		require.ErrorAs(t, err, &se, provider)
@@ -230,7 +230,7 @@ func TestClient_SpendCapCodeAfterTheCutIsRead(t *testing.T) {
 		client, err := batchlane.NewClient(provider, ts.URL, secretKey, ts.Client())
 		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err = client.Submit(ctx, "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"m"}`)}})
+		_, err = client.Submit(ctx, "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"m"}`)}}, noRecord)
 		cancel()
 		var se *batchlane.StatusError
 		require.ErrorAs(t, err, &se, provider)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -322,11 +323,22 @@ func (s store) endClaim(ctx context.Context, id string) error {
 // ended marks batch id ended (or canceled: nothing was left to wait for); providerState ""
 // (never sent) is stored as NULL.
 func (s store) ended(ctx context.Context, id, state, providerState string) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE provider_batches SET state = $2, provider_state = $3, ended_at = now(), next_poll_at = NULL
-WHERE id = $1`, id, state, nullString(providerState)); err != nil {
+	if err := endBatch(ctx, s.pool, id, state, providerState); err != nil {
 		return fmt.Errorf("end batch: %w", err)
 	}
 	return nil
+}
+
+// execer is a pool or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// endBatch is ended's statement, through q.
+func endBatch(ctx context.Context, q execer, id, state, providerState string) error {
+	_, err := q.Exec(ctx, `UPDATE provider_batches SET state = $2, provider_state = $3, ended_at = now(), next_poll_at = NULL
+WHERE id = $1`, id, state, nullString(providerState))
+	return err
 }
 
 // batchJob is a job of a batch as the outcome mapping needs it.

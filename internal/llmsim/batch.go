@@ -42,6 +42,11 @@ type BatchConfig struct {
 	// provider's answer to an account that cannot pay (Anthropic 402 billing_error; OpenAI a
 	// 429 response of code insufficient_quota). Default "llmsim-batch-billing".
 	BillingMarker string
+	// DeleteErrorMarker, when an OpenAI file's content contains it (a batch input file whose
+	// request holds it), makes every DELETE /v1/files/{id} of the file fail with a 500
+	// server_error, the file kept: a provider that cannot delete it. Default
+	// "llmsim-batch-delete-error".
+	DeleteErrorMarker string
 	// EnqueuedTokenLimit, when set, caps the input tokens of the OpenAI batches not yet ended,
 	// as OpenAI's enqueued token limit does: a batch created past it fails at once, with error
 	// code token_limit_exceeded, no request run and no file. Default 0: no cap.
@@ -106,6 +111,9 @@ func (c BatchConfig) withDefaults() BatchConfig {
 	}
 	if c.BillingMarker == "" {
 		c.BillingMarker = "llmsim-batch-billing"
+	}
+	if c.DeleteErrorMarker == "" {
+		c.DeleteErrorMarker = "llmsim-batch-delete-error"
 	}
 	if c.MaxBytes == 0 {
 		c.MaxBytes = DefaultBatchMaxBytes

@@ -250,18 +250,25 @@ func (s *Server) openAIList(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, page)
 }
 
-// openAIFileDelete is DELETE /v1/files/{id}.
+// openAIFileDelete is DELETE /v1/files/{id}: a 500 for a file holding
+// BatchConfig.DeleteErrorMarker (kept).
 func (s *Server) openAIFileDelete(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	s.batches.mu.Lock()
-	_, ok := s.batches.files[id]
-	if ok {
+	data, ok := s.batches.files[id]
+	refused := ok && bytes.Contains(data, []byte(s.cfg.Batch.DeleteErrorMarker))
+	if ok && !refused {
 		delete(s.batches.files, id)
 		s.batches.stats.Deletes++
 	}
 	s.batches.mu.Unlock()
 	if !ok {
 		notFound(w, openAI{}, "file")
+		return
+	}
+	if refused {
+		writeJSON(w, http.StatusInternalServerError, map[string]any{"error": map[string]any{
+			"message": "The server had an error while deleting the file.", "type": "server_error", "param": nil, "code": nil}})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "file", "deleted": true})

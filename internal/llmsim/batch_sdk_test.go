@@ -302,3 +302,34 @@ func TestSDK_AnthropicBatchListPages(t *testing.T) {
 	require.ErrorAs(t, err, &apiErr)
 	require.Equal(t, 400, apiErr.StatusCode)
 }
+
+// TestSDK_OpenAIFileDeleteErrorMarker: a file whose content holds BatchConfig.DeleteErrorMarker
+// cannot be deleted (500 server_error, every time; the file is kept), so that a client's retries
+// of a failed delete can be tested; another file deletes as before.
+func TestSDK_OpenAIFileDeleteErrorMarker(t *testing.T) {
+	t.Parallel()
+	b := batchSim(t)
+	c := b.openaiClient("sk-test")
+	ctx := t.Context()
+	upload := func(text string) string {
+		input := `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-sim","messages":[{"role":"user","content":"` +
+			text + `"}]}}` + "\n"
+		file, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(strings.NewReader(input), "in.jsonl", "application/jsonl"),
+			Purpose: openai.FilePurposeBatch})
+		require.NoError(t, err)
+		return file.ID
+	}
+	stuck, other := upload("llmsim-batch-delete-error"), upload("hi")
+	for range 2 {
+		_, err := c.Files.Delete(ctx, stuck)
+		var apiErr *openai.Error
+		require.ErrorAs(t, err, &apiErr)
+		require.Equal(t, 500, apiErr.StatusCode)
+	}
+	_, err := c.Files.Content(ctx, stuck)
+	require.NoError(t, err, "the file is kept")
+	deleted, err := c.Files.Delete(ctx, other)
+	require.NoError(t, err)
+	require.True(t, deleted.Deleted)
+	require.Equal(t, 1, b.sim.BatchStats().Deletes)
+}

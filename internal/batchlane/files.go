@@ -1,0 +1,180 @@
+package batchlane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The files a batch keeps at the provider (OpenAI's input, output and error files; Anthropic's
+// batches have none) are recorded in provider_batch_files (migration 024) as soon as their ids
+// are known, and deleted by the leader's pass (deleteDueFiles), not by the call that closes the
+// batch: a delete that fails, or a leader that dies before it, leaves the row, and a later pass
+// tries again.
+const (
+	// fileDeletesPerPass bounds the deletes one pass makes (a backlog goes over several).
+	fileDeletesPerPass = 100
+	// maxFileDeleteAttempts bounds the deletes of one file: past it, the file is left at the
+	// provider (logged, counted gave_up), its row kept for the operator.
+	maxFileDeleteAttempts = 10
+	// fileRetryBase and fileRetryCap are the backoff between a file's deletes: fileRetryBase
+	// doubled per failed attempt, at most fileRetryCap (ten attempts take about five hours).
+	fileRetryBase = time.Minute
+	fileRetryCap  = time.Hour
+	// deleteFilesTimeout bounds one pass's deletes, so that a provider slow to answer them holds
+	// the pass no longer.
+	deleteFilesTimeout = 30 * time.Second
+	// maxFileErrorLen bounds the error kept with a file whose delete failed.
+	maxFileErrorLen = 500
+)
+
+// batchFile is a file a batch keeps at the provider, due for its delete.
+type batchFile struct {
+	Credential, ID, Batch string
+	Attempts              int
+}
+
+// recordUpload records file id, uploaded at credential's provider for batch: before the batch
+// is created, so that an upload whose create fails, or whose process dies before recording the
+// batch, is deleted all the same. A file recorded before is left as it is.
+func (s store) recordUpload(ctx context.Context, batch, credential, id string) error {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO provider_batch_files (credential, file_id, batch, kind)
+VALUES ($1, $2, $3, 'upload') ON CONFLICT (credential, file_id) DO NOTHING`, credential, id, batch); err != nil {
+		return fmt.Errorf("record batch file %s: %w", id, err)
+	}
+	return nil
+}
+
+// releaseUploads marks the uploads recorded for batch as read by no batch, to delete without
+// waiting for its close: called before a send again that follows a look-up finding no batch at
+// the provider (under the send's claim, so no earlier send is still on its way), none of the
+// earlier sends' uploads became one.
+func (s store) releaseUploads(ctx context.Context, batch string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batch_files SET released = true
+WHERE batch = $1 AND kind = 'upload' AND NOT released`, batch); err != nil {
+		return fmt.Errorf("release the uploads of batch %s: %w", batch, err)
+	}
+	return nil
+}
+
+// endedWithFiles is ended, recording in the same transaction files, the files the ended batch
+// keeps at credential's provider: the close and what to delete after it are committed together.
+func (s store) endedWithFiles(ctx context.Context, id, credential, state, providerState string, files []string) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if len(files) > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO provider_batch_files (credential, file_id, batch, kind)
+SELECT $1, f, $2, 'ended' FROM unnest($3::text[]) AS f ON CONFLICT (credential, file_id) DO NOTHING`,
+				credential, id, files); err != nil {
+				return fmt.Errorf("record batch files: %w", err)
+			}
+		}
+		return endBatch(ctx, tx, id, state, providerState)
+	})
+	if err != nil {
+		return fmt.Errorf("end batch: %w", err)
+	}
+	return nil
+}
+
+// dueFiles returns up to limit files of credentials due for their delete at now: those of a
+// closed batch (ended or canceled, or whose row retention deleted) or released, whose attempts
+// are not used up, the longest due first. FOR UPDATE SKIP LOCKED is not needed: one leader
+// deletes.
+func (s store) dueFiles(ctx context.Context, credentials []string, now time.Time, limit int) ([]batchFile, error) {
+	rows, err := s.pool.Query(ctx, `SELECT f.credential, f.file_id, f.batch::text, f.attempts FROM provider_batch_files f
+LEFT JOIN provider_batches b ON b.id = f.batch
+WHERE f.credential = ANY($1::text[]) AND f.next_try_at <= $2 AND f.attempts < $3
+	AND (f.released OR b.id IS NULL OR b.state IN ('ended', 'canceled'))
+ORDER BY f.next_try_at LIMIT $4`, credentials, now, maxFileDeleteAttempts, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list batch files to delete: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (f batchFile, err error) {
+		err = r.Scan(&f.Credential, &f.ID, &f.Batch, &f.Attempts)
+		return f, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list batch files to delete: %w", err)
+	}
+	return out, nil
+}
+
+// fileDeleted removes the row of file f, deleted at the provider (or gone already).
+func (s store) fileDeleted(ctx context.Context, f batchFile) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM provider_batch_files WHERE credential = $1 AND file_id = $2`,
+		f.Credential, f.ID); err != nil {
+		return fmt.Errorf("forget deleted batch file %s: %w", f.ID, err)
+	}
+	return nil
+}
+
+// fileFailed records a delete of file f that failed with msg: one attempt more, the next at next.
+func (s store) fileFailed(ctx context.Context, f batchFile, next time.Time, msg string) error {
+	// Text Postgres takes: valid UTF-8 (the cut may split a rune), no NUL.
+	msg = strings.ReplaceAll(strings.ToValidUTF8(msg[:min(len(msg), maxFileErrorLen)], ""), "\x00", "")
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batch_files SET attempts = attempts + 1, next_try_at = $3, last_error = $4
+WHERE credential = $1 AND file_id = $2`, f.Credential, f.ID, next, msg); err != nil {
+		return fmt.Errorf("record a failed delete of batch file %s: %w", f.ID, err)
+	}
+	return nil
+}
+
+// fileRetryDelay is the wait before the delete after attempts failed ones (see fileRetryBase).
+func fileRetryDelay(attempts int) time.Duration {
+	d := fileRetryBase
+	for range min(attempts-1, 10) {
+		d *= 2
+	}
+	return min(d, fileRetryCap)
+}
+
+// deleteDueFiles deletes the batch files due (see dueFiles) of the configured credentials at
+// their providers, one call each, within deleteFilesTimeout: a file deleted, or one the provider
+// no longer has (404), loses its row; a delete that failed is tried again after fileRetryDelay,
+// up to maxFileDeleteAttempts, after which the file is left at the provider, logged once, its
+// row kept for the operator. A failed delete fails nothing (it is counted:
+// llmq_batch_file_deletes_total); an error of Postgres is returned. A pass cut short (the lead
+// lost, the worker stopping) records nothing of the delete it cut.
+func (b *Batcher) deleteDueFiles(ctx context.Context) error {
+	if b.crashAfterClose != nil {
+		return b.crashAfterClose
+	}
+	creds := make([]string, 0, len(b.lanes))
+	for name := range b.lanes {
+		creds = append(creds, name)
+	}
+	files, err := b.store.dueFiles(ctx, creds, b.cfg.Now(), fileDeletesPerPass)
+	if err != nil || len(files) == 0 {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, deleteFilesTimeout)
+	defer cancel()
+	var errs []error
+	for _, f := range files {
+		err := b.lanes[f.Credential].Client.DeleteFiles(dctx, []string{f.ID})
+		if ctx.Err() != nil {
+			break
+		}
+		if err == nil {
+			b.cfg.Metrics.fileDelete(f.Credential, "deleted")
+			errs = append(errs, b.store.fileDeleted(ctx, f))
+			continue
+		}
+		outcome := "failed"
+		if f.Attempts+1 >= maxFileDeleteAttempts {
+			outcome = "gave_up"
+			b.cfg.Logger.WarnContext(ctx, "a batch file could not be deleted at the provider: left there, its row kept",
+				"credential", f.Credential, "file_id", f.ID, "batch", f.Batch, "attempts", f.Attempts+1, "error", err)
+		}
+		b.cfg.Metrics.fileDelete(f.Credential, outcome)
+		errs = append(errs, b.store.fileFailed(ctx, f, b.cfg.Now().Add(fileRetryDelay(f.Attempts+1)), err.Error()))
+		if dctx.Err() != nil {
+			break // the pass's time for deletes is up: the rest wait for the next
+		}
+	}
+	return errors.Join(errs...)
+}
