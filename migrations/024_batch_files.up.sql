@@ -24,7 +24,10 @@ CREATE TABLE provider_batch_files (
     -- up and found none): deleted without waiting for the batch's close.
     released    boolean     NOT NULL DEFAULT false,
     attempts    integer     NOT NULL DEFAULT 0,
-    next_try_at timestamptz NOT NULL DEFAULT now(),
+    -- next_try_at: when the next delete may be tried; -infinity (due at once) until one failed,
+    -- so that the worker's clock, which the pass compares it with, need not agree with the
+    -- database's.
+    next_try_at timestamptz NOT NULL DEFAULT '-infinity',
     last_error  text,
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (credential, file_id)
