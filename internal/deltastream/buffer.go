@@ -54,6 +54,9 @@ type Config struct {
 type Buffer struct {
 	cfg     Config
 	flusher *flusher // writes every Writer's pieces
+	// maxLenArg and ttlArg are cfg.MaxLen and cfg.TTL in milliseconds, boxed once as writeScript
+	// takes them (read only).
+	maxLenArg, ttlArg any
 	// now and afterFunc are the clock that Spacing is kept by (time.Now, time.AfterFunc; tests
 	// replace them): afterFunc runs f after d.
 	now       func() time.Time
@@ -80,7 +83,8 @@ func New(cfg Config) *Buffer {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	b := &Buffer{cfg: cfg, now: time.Now, afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) }}
+	b := &Buffer{cfg: cfg, maxLenArg: cfg.MaxLen, ttlArg: cfg.TTL.Milliseconds(), now: time.Now,
+		afterFunc: func(d time.Duration, f func()) { time.AfterFunc(d, f) }}
 	b.flusher = &flusher{b: b}
 	return b
 }

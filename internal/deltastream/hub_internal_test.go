@@ -114,7 +114,7 @@ func TestParseBatch(t *testing.T) {
 			defer ps.Close()
 			_, err := ps.Receive(ctx) // the subscription's confirmation
 			require.NoError(t, err)
-			require.NoError(t, b.write("job1", []entryValues{
+			require.NoError(t, b.write(b.keys("job1"), []entryValues{
 				{seq: 4, n: 1, kind: KindDelta, data: []byte(`{"attempt":2,"offset":0,"type":"text","index":0,"text":"say \"hi\" \u00e9}]}"}`)},
 				{seq: 4, n: 2, kind: KindReset, data: []byte(`{"attempt":2}`)},
 			}))

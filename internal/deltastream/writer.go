@@ -47,6 +47,7 @@ type deltaData struct {
 type Writer struct {
 	b       *Buffer
 	job     string
+	keys    []any // writeScript's KEYS for the job's buffer
 	seq     int
 	attempt int
 
@@ -69,7 +70,7 @@ type Writer struct {
 // Writer starts the writer of an attempt of job id: seq is the job's event sequence number of
 // the attempt's running event, attempt its number. Call Close when the attempt's call returns.
 func (b *Buffer) Writer(id string, seq, attempt int) *Writer {
-	return &Writer{b: b, job: id, seq: seq, attempt: attempt}
+	return &Writer{b: b, job: id, keys: b.keys(id), seq: seq, attempt: attempt}
 }
 
 // Add queues d; it never blocks on Redis. Consecutive pieces of one block are merged.
@@ -202,27 +203,35 @@ func (w *Writer) Reset(ctx context.Context) {
 	data, _ := json.Marshal(struct {
 		Attempt int `json:"attempt"`
 	}{w.attempt})
-	if err := w.b.write(w.job, []entryValues{{seq: w.seq, n: n, kind: KindReset, data: data}}); err != nil {
+	if err := w.b.write(w.keys, []entryValues{{seq: w.seq, n: n, kind: KindReset, data: data}}); err != nil {
 		w.b.cfg.Logger.Warn("write stream reset", "job_id", w.job, "attempt", w.attempt, "error", err)
 	}
 }
 
-// write appends entries to job id's buffer, trims it, sets its TTL and publishes the entries, in
-// one round trip (writeScript).
-func (b *Buffer) write(id string, values []entryValues) error {
+// write appends entries to the buffer whose KEYS are keys (Buffer.keys), trims it, sets its TTL
+// and publishes the entries, in one round trip (writeScript).
+func (b *Buffer) write(keys []any, values []entryValues) error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.WriteTimeout)
 	defer cancel()
-	return redisscript.Run(ctx, b.cfg.Redis, b.writeCall(id, values, nil))
+	return redisscript.Run(ctx, b.cfg.Redis, b.writeCall(keys, values, nil))
 }
 
-// writeCall is write's script call; done, when set, receives its outcome.
-func (b *Buffer) writeCall(id string, values []entryValues, done func(error)) redisscript.Call {
+// keys are the KEYS of writeScript for job id's buffer, boxed once for its writer's calls.
+func (b *Buffer) keys(id string) []any { return []any{b.Key(id)} }
+
+// writeCall is write's script call; done, when set, receives its outcome. Only the numbers that
+// change per entry are formatted (into one buffer); the data is sent from values' own bytes, so
+// values must not change until the call is done.
+func (b *Buffer) writeCall(keys []any, values []entryValues, done func(error)) redisscript.Call {
 	args := make([]any, 0, 2+5*len(values))
-	args = append(args, b.cfg.MaxLen, b.cfg.TTL.Milliseconds())
-	for _, v := range values {
-		args = append(args, v.seq, v.n, v.kind, len(v.data), v.data)
+	args = append(args, b.maxLenArg, b.ttlArg)
+	var a redisscript.Args
+	for i := range values {
+		v := &values[i]
+		args = append(args, a.Int(int64(v.seq)), a.Int(int64(v.n)), kindArg(v.kind), a.Int(int64(len(v.data))),
+			redisscript.Bytes(&v.data))
 	}
-	c := redisscript.Call{Script: writeScript, Keys: []any{b.Key(id)}, Args: args}
+	c := redisscript.Call{Script: writeScript, Keys: keys, Args: args}
 	if done != nil {
 		c.Done = func(_ context.Context, cmd *redis.Cmd) error {
 			done(cmd.Err())
@@ -230,6 +239,18 @@ func (b *Buffer) writeCall(id string, values []entryValues, done func(error)) re
 		}
 	}
 	return c
+}
+
+// kindArg is kind as an argument: the kinds' constants boxed allocate nothing, a string variable
+// boxed does.
+func kindArg(kind string) any {
+	switch kind {
+	case KindDelta:
+		return KindDelta
+	case KindReset:
+		return KindReset
+	}
+	return kind
 }
 
 // entryValues are one entry's fields.
@@ -365,7 +386,7 @@ func (f *flusher) send(round []*Writer) {
 			w.wrote(0, nil)
 			continue
 		}
-		calls = append(calls, f.b.writeCall(w.job, values, func(err error) { w.wrote(len(values), err) }))
+		calls = append(calls, f.b.writeCall(w.keys, values, func(err error) { w.wrote(len(values), err) }))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.b.cfg.WriteTimeout)
 	defer cancel()

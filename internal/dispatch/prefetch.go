@@ -206,8 +206,9 @@ func (h *wakeHook) giveBack(ctx context.Context, ids []string) error {
 	mainQ := h.queues[0]
 	args := make([]any, 0, len(ids)+1)
 	args = append(args, mainQ.tasksArg)
+	var a redisscript.Args // the ids copied into one buffer: boxing each took an allocation
 	for _, id := range ids {
-		args = append(args, id)
+		args = append(args, a.Text(id))
 	}
 	err := giveBackScript.Run(context.WithoutCancel(ctx), h.rdb, mainQ.giveBackKeys, args...).Err()
 	if err != nil {

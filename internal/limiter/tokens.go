@@ -30,22 +30,47 @@ type TokenBuckets struct {
 	Input, Output, Combined TokenBucket
 }
 
-// parseTokenLimits reads the scripts' "capacity rate source" triples (input, output, combined).
+// parseTokenLimits reads the scripts' "capacity rate source" triples (input, output, combined),
+// as strings.SplitN(s, ",", 3) and strings.Fields split them (a part of other than three fields
+// is unknown), without allocating: it reads every reservation's reply.
 func parseTokenLimits(s string) TokenBuckets {
-	var out [3]TokenBucket
-	for i, part := range strings.SplitN(s, ",", 3) {
-		f := strings.Fields(part)
-		if len(f) != 3 {
-			continue
-		}
-		c, _ := strconv.ParseFloat(f[0], 64)
-		r, _ := strconv.ParseFloat(f[1], 64)
-		out[i] = TokenBucket{PerMinute: c, Rate: r, Source: Source(f[2])}
-	}
 	if s == "" {
 		return TokenBuckets{}
 	}
+	var out [3]TokenBucket
+	rest := s
+	for i := range out {
+		part, more, found := strings.Cut(rest, ",")
+		if i == len(out)-1 {
+			part = rest // the last part holds any further commas
+		}
+		out[i] = parseTokenBucket(part)
+		if !found {
+			break
+		}
+		rest = more
+	}
 	return TokenBuckets{Input: out[0], Output: out[1], Combined: out[2]}
+}
+
+// parseTokenBucket reads one "capacity rate source" triple, its fields split as strings.Fields
+// splits them; a part of other than three fields is the zero TokenBucket.
+func parseTokenBucket(part string) TokenBucket {
+	var f [3]string
+	n := 0
+	for field := range strings.FieldsSeq(part) {
+		if n == len(f) {
+			return TokenBucket{}
+		}
+		f[n] = field
+		n++
+	}
+	if n != len(f) {
+		return TokenBucket{}
+	}
+	c, _ := strconv.ParseFloat(f[0], 64)
+	r, _ := strconv.ParseFloat(f[1], 64)
+	return TokenBucket{PerMinute: c, Rate: r, Source: Source(f[2])}
 }
 
 // CheckCost returns a *tokens.TooLargeError when cost exceeds a token bucket configured in l (see

@@ -102,3 +102,14 @@ func (a *Args) NowCall(now func() time.Time, ids *CallIDs) any {
 
 // Call returns ids.Next() as an argument.
 func (a *Args) Call(ids *CallIDs) any { return a.End(ids.append(a.Buf())) }
+
+// Bytes returns *p as an argument sent from its bytes, read when the call is written (and written
+// again, on a retry): on the wire as *p boxed alone, without boxing its slice header (one
+// allocation) or copying its bytes. *p must not change until the call is done.
+func Bytes(p *[]byte) any { return (*bytesArg)(p) }
+
+// bytesArg is the argument of Bytes: a pointer boxed allocates nothing.
+type bytesArg []byte
+
+// MarshalBinary returns the argument's bytes, for go-redis's writer. It never fails.
+func (b *bytesArg) MarshalBinary() ([]byte, error) { return *b, nil }

@@ -42,3 +42,16 @@ func TestArgs_SentAsFormatted(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, want, got)
 }
+
+// A Bytes argument reaches the script as the []byte boxed alone did: its bytes, empty or not,
+// read when the call is written.
+func TestBytes_SentAsTheBytes(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	data, empty, later := []byte(`{"d":"é"}`), []byte(nil), []byte("before")
+	args := []any{redisscript.Bytes(&data), redisscript.Bytes(&empty), redisscript.Bytes(&later)}
+	later = []byte("after") // read at the write, not at the call's making
+	got, err := echoScript.Run(context.Background(), rdb, []any{redistest.Prefix(t) + "k"}, args...).Slice()
+	require.NoError(t, err)
+	require.Equal(t, []any{`{"d":"é"}`, "", "after"}, got)
+}

@@ -10,7 +10,8 @@
 // boxed ([]any of strings): go-redis boxed the SHA and every key at every call, some two dozen
 // calls a job. A caller that builds its keys once keeps them boxed too. The arguments that change
 // at every call (a time, a call id, a rate, a count) are formatted into one buffer (Args) and sent
-// from it, byte for byte the strings and integers they replace, for one allocation a call.
+// from it, byte for byte the strings and integers they replace, for one allocation a call; bytes
+// the caller holds already (a stream entry's JSON) are sent from where they are (Bytes).
 //
 // # Keys
 //
