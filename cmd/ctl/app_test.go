@@ -483,9 +483,9 @@ func TestMigrate_ReportsWhatItAppliedBeforeAFailure(t *testing.T) {
 		_, err = conn.Exec(ctx, "DELETE FROM schema_migrations WHERE version = $1", m.Version)
 		require.NoError(t, err)
 	}
-	// The last migration (023) makes this index: a relation of its name fails it. A new last
+	// The last migration (024) makes this table: a relation of its name fails it. A new last
 	// migration needs its own conflict here.
-	_, err = conn.Exec(ctx, "CREATE TABLE jobs_online_waiting_idx (x int)")
+	_, err = conn.Exec(ctx, "CREATE TABLE provider_batch_files (x int)")
 	require.NoError(t, err)
 
 	r := run(t, "--database-url", dbURL, "migrate")
