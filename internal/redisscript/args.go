@@ -14,7 +14,7 @@ import (
 //
 // The zero Args is ready; it is for one call, and is not safe for concurrent use while being
 // built. Its arguments read their bytes when the call is written (and written again, on a retry),
-// from a buffer of their own that outlives the Args.
+// from a buffer of their own that outlives the Args. Each prints (fmt) as the bytes it sends.
 type Args struct {
 	ar *arena // nil until an argument needs bytes
 }
@@ -36,8 +36,14 @@ type span struct {
 	from, to int32
 }
 
-// MarshalBinary returns the argument's bytes, for go-redis's writer. It never fails.
-func (s *span) MarshalBinary() ([]byte, error) { return s.ar.buf[s.from:s.to], nil }
+// MarshalBinary returns the argument's bytes, for go-redis's writer. It never fails. They end
+// at the argument's end (their capacity too): appending to them cannot write over the next one.
+func (s *span) MarshalBinary() ([]byte, error) { return s.ar.buf[s.from:s.to:s.to], nil }
+
+// String returns the argument's bytes as a string: what fmt prints (go-redis's cmd.String() and
+// a log line too), and what go-redis reads a key from (a Cluster client routes a call by its
+// first key, which it reads with fmt.Sprint unless it is a string or a []byte).
+func (s *span) String() string { return string(s.ar.buf[s.from:s.to]) }
 
 func (a *Args) arena() *arena {
 	if a.ar == nil {
@@ -113,3 +119,6 @@ type bytesArg []byte
 
 // MarshalBinary returns the argument's bytes, for go-redis's writer. It never fails.
 func (b *bytesArg) MarshalBinary() ([]byte, error) { return *b, nil }
+
+// String returns the argument's bytes as a string, as span's String does.
+func (b *bytesArg) String() string { return string(*b) }
