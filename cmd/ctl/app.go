@@ -49,7 +49,7 @@ func newApp(out, errOut io.Writer) *app {
 	jobs.Subcommands = append(jobs.Subcommands, a.jobsListCommand(), a.jobsCancelCommand())
 	a.cli = &cli.App{
 		Name:      "ctl",
-		Usage:     "operate llmq: migrations, jobs, dead letters, credentials, tenants, operators, stats, audit",
+		Usage:     "operate llmq: migrations, jobs, dead letters, batch files, credentials, tenants, operators, stats, audit",
 		Writer:    out,
 		ErrWriter: errOut,
 		Flags: []cli.Flag{
@@ -65,6 +65,7 @@ func newApp(out, errOut io.Writer) *app {
 			a.migrateCommand(),
 			jobs,
 			a.deadCommand(),
+			a.batchCommand(),
 			a.credentialsCommand(),
 			a.tenantsCommand(),
 			a.statsCommand(),
@@ -473,6 +474,8 @@ func checkCommand(group string) string {
 		return "ctl jobs show ID"
 	case "dead", "credentials", "tenants", "operators":
 		return "ctl " + group + " list"
+	case "batch":
+		return "ctl batch files"
 	}
 	return "ctl --help"
 }

@@ -64,7 +64,9 @@ func checkCommandLine(app *cli.App, args []string) string {
 	if cmd == nil {
 		return "no command"
 	}
-	if len(cmd.Subcommands) > 0 {
+	// A group runs none of its own (its action is a usage error); a command with subcommands
+	// and flags of its own (`ctl batch files`) runs itself too.
+	if len(cmd.Subcommands) > 0 && len(cmd.Flags) == 0 {
 		return cmd.Name + " needs one of its commands"
 	}
 	flags = append(flags, cmd.Flags...)
