@@ -10,7 +10,8 @@ import (
 
 // anthropicAssembler reads the Messages API stream: message_start carries the message without
 // content; content_block_start/delta/stop build each block (text_delta, input_json_delta,
-// thinking_delta, signature_delta); message_delta carries the message's top-level changes
+// thinking_delta, signature_delta; a tool call's input comes whole in content_block_start from
+// some compatible servers); message_delta carries the message's top-level changes
 // (stop_reason, stop_sequence, container...), context_management and the usage so far;
 // message_stop ends it; ping is ignored; an error event fails the stream.
 type anthropicAssembler struct {
@@ -64,8 +65,7 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		if err := a.open(index); err != nil {
 			return false, err
 		}
-		a.blocks[index].text.WriteString(text)
-		a.n += int64(len(text))
+		a.n += int64(len(text)) + writeText(&a.blocks[index].text, text)
 		emit(Delta{Type: DeltaText, Index: index, Text: text})
 		return false, nil
 	}
@@ -245,16 +245,16 @@ func plainJSONString(s []byte) bool {
 func (a *anthropicAssembler) delta(b *anthropicBlock, ev anthropicEvent, emit func(Delta)) {
 	switch ev.Delta.Type {
 	case "text_delta":
-		b.text.WriteString(ev.Delta.Text)
+		a.n += writeText(&b.text, ev.Delta.Text)
 		emit(Delta{Type: DeltaText, Index: ev.Index, Text: ev.Delta.Text})
 	case "input_json_delta":
-		b.json.WriteString(ev.Delta.PartialJSON)
+		a.n += writeText(&b.json, ev.Delta.PartialJSON)
 		emit(Delta{Type: DeltaInputJSON, Index: ev.Index, Text: ev.Delta.PartialJSON})
 	case "thinking_delta":
-		b.text.WriteString(ev.Delta.Thinking)
+		a.n += writeText(&b.text, ev.Delta.Thinking)
 		emit(Delta{Type: DeltaThinking, Index: ev.Index, Text: ev.Delta.Thinking})
 	case "signature_delta":
-		b.signature.WriteString(ev.Delta.Signature)
+		a.n += writeText(&b.signature, ev.Delta.Signature)
 	case "citations_delta":
 		if len(ev.Delta.Citation) > 0 {
 			b.citations = append(b.citations, ev.Delta.Citation)
@@ -342,7 +342,12 @@ func (b *anthropicBlock) block() json.RawMessage {
 	case "tool_use", "server_tool_use", "mcp_tool_use": // tracksToolInput
 		input := json.RawMessage(b.json.String())
 		if len(bytes.TrimSpace(input)) == 0 {
+			// No delta brought input: the start's (Anthropic-compatible servers that send it
+			// whole there, and no input_json_delta), or none (Anthropic's is {}).
 			input = json.RawMessage("{}")
+			if start := b.raw["input"]; len(start) > 0 && string(start) != "null" {
+				input = start
+			}
 		}
 		if !json.Valid(input) {
 			// Cut by max_tokens, or streamed without validation (eager_input_streaming): the

@@ -1,6 +1,7 @@
 package llm_test
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,6 +18,21 @@ func openAIChunks(env string, choices ...string) []string {
 	}
 	return append(events, `data: [DONE]`)
 }
+
+// streamedBody returns the message stored from a stream of events, as the provider of kind
+// assembles it.
+func streamedBody(t *testing.T, kind llm.Kind, events []string) string {
+	t.Helper()
+	b := setup(t, kind, sseHandler(events))
+	resp, err := b.provider.Send(t.Context(), streamBody(kind), llm.SendOptions{})
+	require.NoError(t, err)
+	defer resp.Release()
+	return string(resp.Body)
+}
+
+// azureSafe is Azure's content_filter_results members for text its filter rates safe, but
+// violence.
+const azureSafe = `"hate":{"filtered":false,"severity":"safe"},"self_harm":{"filtered":false,"severity":"safe"},"sexual":{"filtered":false,"severity":"safe"}`
 
 // OpenAI-compatible servers stream a reasoning model's chain of thought beside the answer:
 // delta.reasoning_content (DeepSeek, SGLang, older vLLM, Qwen) or delta.reasoning (OpenRouter,
@@ -73,6 +89,54 @@ func TestStream_OpenAIReasoningKept(t *testing.T) {
 				"usage":null}`, string(resp.Body))
 			require.Equal(t, "The user greets.", got.text(llm.DeltaThinking), "once, adding up to the stored text")
 			require.Equal(t, "Hello!", got.text(llm.DeltaText))
+		})
+	}
+}
+
+// A server with a reasoning parser sends the reasoning member on every delta, null when the
+// model did not reason (SGLang: "reasoning_content":null beside the content; vLLM since its
+// rename: "reasoning":null), and its non-streaming answer has the member null: the stored message
+// has it null too. A server that never sends the member has none.
+func TestStream_OpenAINullReasoningKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"a1b2","object":"chat.completion.chunk","created":1738000000,"model":"qwen3-8b"`
+	for name, tc := range map[string]struct {
+		events []string
+		want   string
+	}{
+		"ReasoningContentNull": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"role":null,"content":"Hello","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"role":null,"content":"!","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `,"reasoning_content":null`,
+		},
+		"ReasoningNull": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"Hello","reasoning":null},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"!","reasoning":null},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `,"reasoning":null`,
+		},
+		"NullThenText": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"","reasoning_content":null},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":null,"reasoning_content":"Hm."},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"Hello!","reasoning_content":null},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `,"reasoning_content":"Hm."`,
+		},
+		"NeverSent": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":"stop"}]`),
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.JSONEq(t, `{"id":"a1b2","object":"chat.completion","created":1738000000,"model":"qwen3-8b",
+				"choices":[{"index":0,"message":{"role":"assistant","content":"Hello!","refusal":null,
+					"annotations":[]`+tc.want+`},"logprobs":null,"finish_reason":"stop"}],
+				"usage":null}`, streamedBody(t, llm.KindOpenAI, tc.events))
 		})
 	}
 }
@@ -137,7 +201,7 @@ func TestStream_AzureContentFilterResultsKept(t *testing.T) {
 	t.Parallel()
 	const tail = `"created":1750697159,"id":"chatcmpl-Bl","model":"gpt-4o-2024-08-06","object":"chat.completion.chunk","system_fingerprint":"fp_ee1d74bde0"`
 	chunk := func(choices string) string { return `data: {"choices":` + choices + `,` + tail + `}` }
-	safe := `"hate":{"filtered":false,"severity":"safe"},"self_harm":{"filtered":false,"severity":"safe"},"sexual":{"filtered":false,"severity":"safe"}`
+	const safe = azureSafe
 	b := setup(t, llm.KindOpenAI, sseHandler([]string{
 		`data: {"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}`,
 		chunk(`[{"content_filter_results":{},"delta":{"content":"","refusal":null,"role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}]`),
@@ -156,6 +220,36 @@ func TestStream_AzureContentFilterResultsKept(t *testing.T) {
 				"protected_material_text":{"filtered":false,"detected":false}},
 			"logprobs":null,"finish_reason":"stop"}],
 		"usage":null}`, string(resp.Body))
+}
+
+// With Azure's Asynchronous Filter the content streams unfiltered and the filter's ratings follow in
+// annotation chunks (empty id and model, no delta) whose choice has content_filter_offsets beside
+// the content_filter_results: where in the streamed text the rated segment starts and ends, and up
+// to where all of it was checked. A non-streaming choice has no offsets (its results rate the whole
+// text), and the stored results are every segment's merged (each category at its most severe),
+// which the last segment's offsets would misdescribe: the stored choice has the results, not the
+// offsets.
+func TestStream_AzureAsyncFilterOffsetsNotKept(t *testing.T) {
+	t.Parallel()
+	const tail = `"created":1751000792,"id":"chatcmpl-Bm","model":"gpt-4o-2024-08-06","object":"chat.completion.chunk","system_fingerprint":"fp_07871e2ad8"`
+	const annotationTail = `"created":0,"id":"","model":"","object":""`
+	const safe = azureSafe
+	body := streamedBody(t, llm.KindOpenAI, []string{
+		`data: {"choices":[],` + annotationTail + `,"prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}]}`,
+		`data: {"choices":[{"content_filter_results":{},"delta":{"content":"","refusal":null,"role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}],` + tail + `}`,
+		`data: {"choices":[{"delta":{"content":"The duel"},"finish_reason":null,"index":0,"logprobs":null}],` + tail + `}`,
+		`data: {"choices":[{"delta":{"content":" ended."},"finish_reason":null,"index":0,"logprobs":null}],` + tail + `}`,
+		`data: {"choices":[{"delta":{},"finish_reason":"stop","index":0,"logprobs":null}],` + tail + `}`,
+		`data: {"choices":[{"content_filter_offsets":{"check_offset":0,"start_offset":0,"end_offset":8},"content_filter_results":{` + safe + `,"violence":{"filtered":false,"severity":"medium"}},"finish_reason":null,"index":0}],` + annotationTail + `}`,
+		`data: {"choices":[{"content_filter_offsets":{"check_offset":8,"start_offset":8,"end_offset":15},"content_filter_results":{` + safe + `,"violence":{"filtered":false,"severity":"safe"}},"finish_reason":null,"index":0}],` + annotationTail + `}`,
+		`data: [DONE]`,
+	})
+	require.JSONEq(t, `{"created":1751000792,"id":"chatcmpl-Bm","model":"gpt-4o-2024-08-06","object":"chat.completion",
+		"system_fingerprint":"fp_07871e2ad8","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}],
+		"choices":[{"index":0,"message":{"role":"assistant","content":"The duel ended.","refusal":null,"annotations":[]},
+			"content_filter_results":{`+safe+`,"violence":{"filtered":false,"severity":"medium"}},
+			"logprobs":null,"finish_reason":"stop"}],
+		"usage":null}`, body)
 }
 
 // Some OpenAI-compatible servers repeat a tool call's id and name on every chunk of its
@@ -393,4 +487,109 @@ func TestStream_OpenAIUnreadableCustomAndFiltersIgnored(t *testing.T) {
 			"logprobs":null,"finish_reason":"tool_calls"}],
 		"usage":null}`, string(resp.Body))
 	require.Equal(t, "Hi there", got.text(llm.DeltaText))
+}
+
+// anthropicEvents returns the events of a Messages API stream: each [2]string an event's name and
+// its data.
+func anthropicEvents(events ...[2]string) []string {
+	out := make([]string, 0, len(events))
+	for _, e := range events {
+		out = append(out, "event: "+e[0]+"\ndata: "+e[1])
+	}
+	return out
+}
+
+// With the web search tool, Claude's search is a server_tool_use block whose input streams as
+// input_json_delta (its content_block_start has no input), the results a web_search_tool_result
+// block that comes whole in its content_block_start, and the answer's text blocks cite them in
+// citations_delta events. The stored message is the non-streaming one: the server_tool_use with
+// its input, the result as it came, the citations in their text block's citations, a text block
+// without any without the member.
+func TestStream_AnthropicWebSearchKept(t *testing.T) {
+	t.Parallel()
+	const result = `{"type":"web_search_tool_result","tool_use_id":"srvtoolu_014hJH82Qum7Td6UV8gDXThB","content":[{"type":"web_search_result","title":"Claude Shannon - Wikipedia","url":"https://en.wikipedia.org/wiki/Claude_Shannon","encrypted_content":"EqgfCioIARgBIiQ3YTAwMjY1Mi1mZjM5LTQ1NGUtODgxNC1kNjNjNTk1ZWI3Y","page_age":"April 30, 2025"}]}`
+	const citation = `{"type":"web_search_result_location","cited_text":"Claude Elwood Shannon (April 30, 1916 – February 24, 2001) was an American mathematician","url":"https://en.wikipedia.org/wiki/Claude_Shannon","title":"Claude Shannon - Wikipedia","encrypted_index":"Eo8BCioIAhgBIiQyYjQ0OWJmZi1lNm"}`
+	body := streamedBody(t, llm.KindAnthropic, anthropicEvents(
+		[2]string{"message_start", `{"type":"message_start","message":{"id":"msg_01G","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":2679,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":3}}}`},
+		[2]string{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"I'll search for when Claude Shannon was born."}}`},
+		[2]string{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+		[2]string{"content_block_start", `{"type":"content_block_start","index":1,"content_block":{"type":"server_tool_use","id":"srvtoolu_014hJH82Qum7Td6UV8gDXThB","name":"web_search"}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"query\": \"claude"}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":" shannon birth date\"}"}}`},
+		[2]string{"content_block_stop", `{"type":"content_block_stop","index":1}`},
+		[2]string{"content_block_start", `{"type":"content_block_start","index":2,"content_block":` + result + `}`},
+		[2]string{"content_block_stop", `{"type":"content_block_stop","index":2}`},
+		[2]string{"content_block_start", `{"type":"content_block_start","index":3,"content_block":{"type":"text","text":""}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":3,"delta":{"type":"citations_delta","citation":` + citation + `}}`},
+		[2]string{"content_block_delta", `{"type":"content_block_delta","index":3,"delta":{"type":"text_delta","text":"Claude Shannon was born on April 30, 1916."}}`},
+		[2]string{"content_block_stop", `{"type":"content_block_stop","index":3}`},
+		[2]string{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"input_tokens":10000,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":105,"server_tool_use":{"web_search_requests":1}}}`},
+		[2]string{"message_stop", `{"type":"message_stop"}`},
+	))
+	require.JSONEq(t, `{"id":"msg_01G","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929",
+		"content":[
+			{"type":"text","text":"I'll search for when Claude Shannon was born."},
+			{"type":"server_tool_use","id":"srvtoolu_014hJH82Qum7Td6UV8gDXThB","name":"web_search",
+				"input":{"query":"claude shannon birth date"}},
+			`+result+`,
+			{"type":"text","text":"Claude Shannon was born on April 30, 1916.","citations":[`+citation+`]}],
+		"stop_reason":"end_turn","stop_sequence":null,
+		"usage":{"input_tokens":10000,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,
+			"output_tokens":105,"server_tool_use":{"web_search_requests":1}}}`, body)
+}
+
+// Anthropic-compatible servers (Ollama's endpoint, proxies that translate an OpenAI-format
+// answer) send a tool call's input whole in its content_block_start and no input_json_delta, where
+// Anthropic sends "input":{} and the input in deltas. The stored block has the input the stream
+// gave: the deltas' when any brought some (they replace the start's, as the SDKs read them), the
+// start's otherwise.
+func TestStream_AnthropicToolInputInBlockStartKept(t *testing.T) {
+	t.Parallel()
+	const start = `{"type":"message_start","message":{"id":"msg_9","type":"message","role":"assistant","model":"qwen3:8b","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":0}}}`
+	const stop = `{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":18}}`
+	for name, tc := range map[string]struct {
+		events [][2]string
+		want   string
+	}{
+		"WholeInStart": {
+			events: [][2]string{
+				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"call_k2","name":"get_weather","input":{"city":"Paris"}}}`},
+				{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+			},
+			want: `{"city":"Paris"}`,
+		},
+		"DeltasReplaceStart": {
+			events: [][2]string{
+				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"call_k2","name":"get_weather","input":{"city":"Par"}}}`},
+				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\":"}}`},
+				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"\"Paris\"}"}}`},
+				{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+			},
+			want: `{"city":"Paris"}`,
+		},
+		"EmptyInput": {
+			events: [][2]string{
+				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}`},
+				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`},
+				{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+			},
+			want: `{}`,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			events := append(append([][2]string{{"message_start", start}}, tc.events...),
+				[2]string{"message_delta", stop}, [2]string{"message_stop", `{"type":"message_stop"}`})
+			var msg struct {
+				Content []struct {
+					Input json.RawMessage `json:"input"`
+				} `json:"content"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(streamedBody(t, llm.KindAnthropic, anthropicEvents(events...))), &msg))
+			require.Len(t, msg.Content, 1)
+			require.JSONEq(t, tc.want, string(msg.Content[0].Input))
+		})
+	}
 }

@@ -41,12 +41,17 @@ type openAIChoice struct {
 	// reasoning_content (DeepSeek, SGLang, vLLM before its rename) and reasoning (OpenRouter,
 	// Ollama, vLLM since): each kept under its own name, as the server's non-streaming answer has
 	// it (vLLM sent both for a while). thinkFrom is the one whose pieces go to clients as
-	// DeltaThinking: the first that brought text, so that the deltas add up to it once.
-	reasoningContent    strings.Builder
-	hasReasoningContent bool
-	reasoning           strings.Builder
-	hasReasoning        bool
-	thinkFrom           reasoningField
+	// DeltaThinking: the first that brought text, so that the deltas add up to it once. A member
+	// that came only as null (sentReasoning...: a server with a reasoning parser sends it on every
+	// delta, null when the model did not reason) is kept null, as the server's non-streaming
+	// answer has it.
+	reasoningContent     strings.Builder
+	hasReasoningContent  bool
+	sentReasoningContent bool
+	reasoning            strings.Builder
+	hasReasoning         bool
+	sentReasoning        bool
+	thinkFrom            reasoningField
 	// details is OpenRouter's reasoning_details, an entry per index in the order they came
 	// (detailAt: where an index's entry is).
 	details     []*reasoningDetail
@@ -135,18 +140,26 @@ type openAIChunkChoice struct {
 	// NativeFinishReason: OpenRouter's, the upstream provider's own finish reason.
 	NativeFinishReason json.RawMessage `json:"native_finish_reason"`
 	// ContentFilterResults: Azure's, by category (hate, violence, protected_material_text...).
+	// The content_filter_offsets beside them (Asynchronous Filter: the rated segment's place in the
+	// streamed text) are not read: a non-streaming choice has none, and they would misdescribe
+	// the results kept, which merge every segment's.
 	ContentFilterResults deltaObject `json:"content_filter_results"`
 }
 
 // deltaText is a delta member read as text when it is a JSON string. null, or a value of another
 // type (a gateway's reasoning_content {"text":...}, a reasoning array), leaves it unset: a member
-// the assembler ignored before it assembled it must not fail the chunk, and so the job.
+// the assembler ignored before it assembled it must not fail the chunk, and so the job. null sets
+// null: the member was sent, without text.
 type deltaText struct {
-	s   string
-	set bool
+	s         string
+	set, null bool
 }
 
 func (t *deltaText) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		t.null = true
+		return nil
+	}
 	if len(b) == 0 || b[0] != '"' {
 		return nil
 	}
@@ -360,6 +373,15 @@ const (
 	elemBytes = 64
 )
 
+// writeText appends s to b and returns how much b's spare capacity grew (less than 0 when s used
+// some): with len(s), which the callers count, what b holds beyond what it held, its capacity,
+// which a builder grows by doubling (a text of 5 MB in 1 KB pieces holds ~5.4 MB).
+func writeText(b *strings.Builder, s string) int64 {
+	spare := b.Cap() - b.Len()
+	b.WriteString(s)
+	return int64(b.Cap() - b.Len() - spare)
+}
+
 // content is choice for a chunk that contentChunkOf read.
 func (a *openAIAssembler) content(i int, text string, emit func(Delta)) {
 	ch := a.choices[i]
@@ -371,7 +393,7 @@ func (a *openAIAssembler) content(i int, text string, emit func(Delta)) {
 	a.n += int64(len(text))
 	ch.hasContent = true
 	if text != "" {
-		ch.content.WriteString(text)
+		a.n += writeText(&ch.content, text)
 		emit(Delta{Type: DeltaText, Index: i, Text: text})
 	}
 }
@@ -421,25 +443,27 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	if d.Content != nil {
 		ch.hasContent = true
 		if *d.Content != "" {
-			ch.content.WriteString(*d.Content)
+			a.n += writeText(&ch.content, *d.Content)
 			emit(Delta{Type: DeltaText, Index: i, Text: *d.Content})
 		}
 	}
 	if d.Refusal != nil {
 		ch.hasRefusal = true
 		if *d.Refusal != "" {
-			ch.refusal.WriteString(*d.Refusal)
+			a.n += writeText(&ch.refusal, *d.Refusal)
 			emit(Delta{Type: DeltaRefusal, Index: i, Text: *d.Refusal})
 		}
 	}
+	ch.sentReasoningContent = ch.sentReasoningContent || d.ReasoningContent.null
+	ch.sentReasoning = ch.sentReasoning || d.Reasoning.null
 	if r := d.ReasoningContent; r.set {
 		ch.hasReasoningContent = true
-		ch.reasoningContent.WriteString(r.s)
+		a.n += writeText(&ch.reasoningContent, r.s)
 		ch.think(i, fromReasoningContent, r.s, emit)
 	}
 	if r := d.Reasoning; r.set {
 		ch.hasReasoning = true
-		ch.reasoning.WriteString(r.s)
+		a.n += writeText(&ch.reasoning, r.s)
 		ch.think(i, fromReasoning, r.s, emit)
 	}
 	for _, e := range d.ReasoningDetails {
@@ -451,7 +475,7 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 			ch.function = &openAITool{}
 		}
 		name := ch.function.addName(fc.Name)
-		ch.function.args.WriteString(fc.Arguments)
+		a.n += writeText(&ch.function.args, fc.Arguments)
 		if name != "" || fc.Arguments != "" {
 			emit(Delta{Type: DeltaInputJSON, Index: i, ToolName: name, Text: fc.Arguments})
 		}
@@ -481,7 +505,7 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 			name, args = name+cu.name, args+cu.input
 		}
 		name = t.addName(name)
-		t.args.WriteString(args)
+		a.n += writeText(&t.args, args)
 		if id != "" || name != "" || args != "" {
 			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: k, ToolID: id, ToolName: name,
 				Text: args})
@@ -559,7 +583,7 @@ func (c *openAIChoice) addDetail(i int, e json.RawMessage, emit func(Delta)) int
 			n += int64(len(k)) + memberBytes
 			fallthrough
 		case piece.set:
-			b.WriteString(piece.s)
+			n += writeText(b, piece.s)
 			n += int64(len(piece.s))
 			if k != "data" {
 				c.think(i, fromReasoningDetails, piece.s, emit)
@@ -700,11 +724,17 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 	if c.annotations == nil {
 		msg["annotations"] = []json.RawMessage{}
 	}
-	if c.hasReasoningContent {
+	switch {
+	case c.hasReasoningContent:
 		msg["reasoning_content"] = c.reasoningContent.String()
+	case c.sentReasoningContent:
+		msg["reasoning_content"] = nil
 	}
-	if c.hasReasoning {
+	switch {
+	case c.hasReasoning:
 		msg["reasoning"] = c.reasoning.String()
+	case c.sentReasoning:
+		msg["reasoning"] = nil
 	}
 	if len(c.details) > 0 {
 		details := make([]map[string]any, 0, len(c.details))
