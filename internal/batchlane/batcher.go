@@ -704,12 +704,13 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 // its cancel was accepted (provider state canceling, in the row or in the poll's answer: the
 // batcher that canceled it may have died before recording it), its files deleted either way;
 // its results are read first, for the usage of its canceled jobs' answers (see record: the
-// provider charged for them). One the provider no longer knows (404) is closed canceled, and
-// logged (see closeLost). Else it is canceled at the provider, once, to stop paying for what is
-// left of it, and polled on (the provider takes a while to end a canceled batch: OpenAI's
-// cancelling lasts up to 10 minutes, and writes the output and error files of what it ran) until
-// it ended. later records a failed call. A poll that fails leaves that to the cancel's answer,
-// but one answered with a Retry-After waits it (a cancel now would be refused the same).
+// provider charged for them). One the provider no longer knows (404) is closed, and logged (see
+// closeLost): canceled after a cancel it accepted, else lost. Else it is canceled at the
+// provider, once, to stop paying for what is left of it, and polled on (the provider takes a
+// while to end a canceled batch: OpenAI's cancelling lasts up to 10 minutes, and writes the
+// output and error files of what it ran) until it ended. later records a failed call. A poll
+// that fails leaves that to the cancel's answer, but one answered with a Retry-After waits it (a
+// cancel now would be refused the same).
 func (b *Batcher) closeIdle(ctx context.Context, lane Lane, row batchRow, jobs []batchJob,
 	held heldLanes, later func(error) error) error {
 	st, err := lane.Client.Poll(ctx, *row.ProviderID)
@@ -732,7 +733,7 @@ func (b *Batcher) closeIdle(ctx context.Context, lane Lane, row batchRow, jobs [
 		return b.closeEnded(ctx, row, st)
 	}
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
-		return b.closeLost(ctx, row)
+		return b.closeLost(ctx, row, asked)
 	}
 	d := retrypolicy.Classify(err, b.cfg.Now())
 	if (d.Retry && d.HasRetryAfter) || (err != nil && asked) {
@@ -751,7 +752,7 @@ func (b *Batcher) closeIdle(ctx context.Context, lane Lane, row batchRow, jobs [
 			return later(err)
 		}
 		if se.Status == http.StatusNotFound {
-			return b.closeLost(ctx, row)
+			return b.closeLost(ctx, row, false)
 		}
 	}
 	return b.store.polled(ctx, row.ID, providerCanceling, next)
@@ -773,15 +774,20 @@ func cancelAsked(providerState string) bool {
 const providerCanceling = "canceling"
 
 // closeLost closes sent batch row, none of whose jobs waits for it, which the provider no longer
-// knows (404: deleted, expired from its lists, or gone with an account): canceled, and logged,
-// once (the batch is closed). Its uploads, recorded when they were made, are deleted by the pass
-// (deleteDueFiles); its output and error files, if any are left, are not known.
-func (b *Batcher) closeLost(ctx context.Context, row batchRow) error {
-	b.cfg.Logger.WarnContext(ctx,
-		"a canceled batch is unknown to the provider: closed, its output and error files unknown",
+// knows (404: deleted, expired from its lists, or gone with an account), logged once (the batch
+// is closed): canceled when llmq's cancel of it was accepted (canceled), else ended and counted
+// lost, as a lost batch whose jobs wait is (see poll). Its uploads, recorded when they were made,
+// are deleted by the pass (deleteDueFiles); its output and error files, if any are left, are not
+// known.
+func (b *Batcher) closeLost(ctx context.Context, row batchRow, canceled bool) error {
+	state, outcome, what := "ended", "lost", "a batch none of whose jobs waits"
+	if canceled {
+		state, outcome, what = "canceled", "canceled", "a canceled batch"
+	}
+	b.cfg.Logger.WarnContext(ctx, what+" is unknown to the provider: closed, its output and error files unknown",
 		"batch", row.ID, "provider_batch_id", *row.ProviderID)
-	b.cfg.Metrics.batch(row.Credential, "canceled")
-	return b.store.ended(ctx, row.ID, "canceled", "not_found")
+	b.cfg.Metrics.batch(row.Credential, outcome)
+	return b.store.ended(ctx, row.ID, state, "not_found")
 }
 
 // closeEnded closes batch row, which ended at the provider (st) and whose results are
@@ -810,12 +816,16 @@ func (b *Batcher) deadLettered(ctx context.Context, credential string, m move) {
 	if b.cfg.DeadLettered != nil {
 		b.cfg.DeadLettered(credential, m.DeadReason)
 	}
-	what := "batch-lane job used all its attempts"
-	if m.DeadReason == retrypolicy.DeadReasonRateLimitedNoRetryAfter {
-		what = "batch-lane job's request was refused with a spend cap"
+	msg := fmt.Sprintf("batch-lane job used all its attempts; last error: %v", m.LastError["message"])
+	switch {
+	case m.DeadReason == retrypolicy.DeadReasonRateLimitedNoRetryAfter && m.GiveBack:
+		// The batch failed as a whole: its last error says the provider refused the batch.
+		msg = fmt.Sprintf("batch-lane job dead-lettered: %v", m.LastError["message"])
+	case m.DeadReason == retrypolicy.DeadReasonRateLimitedNoRetryAfter:
+		msg = fmt.Sprintf("batch-lane job's request was refused with a spend cap; last error: %v", m.LastError["message"])
 	}
 	b.cfg.Alerter.Throttled(ctx, alert.Alert{Credential: credential, Reason: m.DeadReason, JobID: m.JobID,
-		Message: fmt.Sprintf("%s; last error: %v", what, m.LastError["message"])}, time.Minute)
+		Message: msg}, time.Minute)
 }
 
 // applyMove applies m and, when it moved the job to the online lane unfinished, enqueues the

@@ -160,8 +160,13 @@ func (b *Batcher) deleteDueFiles(ctx context.Context) error {
 			break
 		}
 		if err == nil {
+			// Counted once its row is gone: a row left (Postgres failed) is deleted again by
+			// the next pass, a 404 then, and counted by the pass that removes it.
+			if err := b.store.fileDeleted(ctx, f); err != nil {
+				errs = append(errs, err)
+				continue
+			}
 			b.cfg.Metrics.fileDelete(f.Credential, "deleted")
-			errs = append(errs, b.store.fileDeleted(ctx, f))
 			continue
 		}
 		outcome := "failed"

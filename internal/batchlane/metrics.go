@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer, credentials []string) *Metrics {
 	m := &Metrics{
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_batch_batches_total",
-			Help: "Provider batches by outcome: sent, ended (results recorded), canceled (no job waited for it), refused (by the provider, at the send or failed as a whole: jobs sent online), lost (unknown to the provider, jobs sent round again).",
+			Help: "Provider batches by outcome: sent, ended (results recorded), canceled (no job waited for it: canceled by llmq), refused (by the provider, at the send or failed as a whole: jobs sent online), lost (unknown to the provider before it ended or was canceled by llmq: its waiting jobs sent round again).",
 		}, []string{"credential", "outcome"}),
 		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmq_batch_jobs_total",

@@ -19,7 +19,8 @@ import (
 //   - succeeded: the job succeeds with the provider's answer (cost class batch);
 //   - errored with a spend-cap code (billing_error, insufficient_quota...), or the batch failed
 //     as a whole with one (its round counts no attempt): the job is dead
-//     (rate_limited_no_retry_after) and the credential paused, as online;
+//     (rate_limited_no_retry_after) and the credential paused first, as online (a pause
+//     Redis refused leaves such jobs in the batch, for the next poll to pause again);
 //   - errored with a request error (400, 401, 403, 404, 413, 422...): the job fails, as online;
 //   - errored with a server or overload error (408, 409, 429, 5xx, 529), expired, canceled, or
 //     no result for the job (missing: noLine, or the batch's failure): the job is retried
@@ -55,8 +56,9 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var moves []move
 	var capped *Result // the first result that was a spend cap
+	var errs []error
 	for _, j := range jobs {
 		j.Refused = counts[j.ID]
 		if !j.unfinished() {
@@ -71,11 +73,15 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 			r.CustomID = j.ID
 		}
 		m := b.decide(lane, row, j, r, now, providerState)
-		errs = append(errs, b.applyMove(ctx, row.Credential, m))
+		moves = append(moves, m)
 		if m.DeadReason == retrypolicy.DeadReasonRateLimitedNoRetryAfter && capped == nil {
 			capped = &r
 		}
 	}
+	// The spend cap pauses the credential before its jobs are dead-lettered, as online: an
+	// operator who sees a dead letter finds the credential paused. A pause Redis refused leaves
+	// them in the batch, whose next poll reads its results again and pauses again.
+	paused := true
 	if capped != nil {
 		what := "a request of batch " + row.ID
 		cause := fmt.Errorf("request %s answered %d %s: %s", capped.CustomID, capped.Status, capped.ErrorType, capped.Message)
@@ -83,8 +89,15 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 			what = "batch " + row.ID
 			cause = fmt.Errorf("the batch failed: %s: %s", capped.ErrorType, capped.Message)
 		}
-		errs = append(errs, b.spendCap(ctx, lane, held, what,
-			retrypolicy.DeadReasonRateLimitedNoRetryAfter, cause))
+		if err := b.spendCap(ctx, lane, held, what, retrypolicy.DeadReasonRateLimitedNoRetryAfter, cause); err != nil {
+			errs, paused = append(errs, err), false
+		}
+	}
+	for _, m := range moves {
+		if !paused && m.DeadReason == retrypolicy.DeadReasonRateLimitedNoRetryAfter {
+			continue
+		}
+		errs = append(errs, b.applyMove(ctx, row.Credential, m))
 	}
 	return errors.Join(errs...)
 }
@@ -97,6 +110,10 @@ var noLine = Result{Kind: Expired, Message: "the batch's results hold no line fo
 // among the rounds the provider refused (see decide).
 const expiredMessage = "the job's batch request expired: " +
 	"the provider did not run it within the batch's window"
+
+// failedSpendCapMessage begins the error of a job whose batch failed as a whole with a
+// spend-cap code: the provider refused the batch, none of its requests ran.
+const failedSpendCapMessage = "the job's batch was refused by the provider with a spend-cap code: "
 
 // typedError is a result's error type as retrypolicy.Classify reads one: its spend-cap codes.
 type typedError string
@@ -123,11 +140,15 @@ func (b *Batcher) decide(lane Lane, row batchRow, j batchJob, r Result, now time
 		// As the online lane: dead, for an operator to retry once the account pays again (see
 		// record, which pauses the credential). A batch that failed as a whole for it ran
 		// none of its requests: the round counts no attempt.
-		m := b.attempt(row, j, now, r.Status, string(retrypolicy.ClassSpendCap), r.Message)
+		msg := r.Message
+		if r.Kind == Failed {
+			msg = failedSpendCapMessage + r.Message
+		}
+		m := b.attempt(row, j, now, r.Status, string(retrypolicy.ClassSpendCap), msg)
 		m.Status, m.Lane, m.BatchState = "dead", "online", providerState
 		m.DeadReason = retrypolicy.DeadReasonRateLimitedNoRetryAfter
 		m.LastError = map[string]any{"class": string(retrypolicy.ClassSpendCap), "type": r.ErrorType,
-			"message": r.Message}
+			"message": msg}
 		if r.Status != 0 {
 			m.LastError["status"] = r.Status
 		}
