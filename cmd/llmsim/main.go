@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		outputTPM   = fs.Int("output-tpm", 0, "output tokens per -token-minute per API key (0 = unlimited)")
 		tokenMinute = fs.Duration("token-minute", time.Minute, "refill period of the token buckets (shorten to scale time down)")
 		replyTokens = fs.Int("reply-tokens", 0, "every reply is exactly this many output tokens, capped by max_tokens (0 = quote the prompt)")
+		contextToks = fs.Int("context-tokens", 0, "the model's context window: a request over it is refused 400 in the provider's words (0 = none)")
 		streamTPS   = fs.Float64("stream-tokens-per-second", 0, "pace of streamed answers, in content tokens per second (0 = as fast as possible)")
 		latency     = fs.Duration("latency", 0, "delay before every answer")
 		jitter      = fs.Duration("latency-jitter", 0, "extra uniform random delay U(0, jitter)")
@@ -95,6 +96,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		OutputTokensPerMinute: *outputTPM,
 		TokenMinute:           *tokenMinute,
 		ReplyTokens:           *replyTokens,
+		ContextTokens:         *contextToks,
 		StreamTokensPerSecond: *streamTPS,
 		Latency:               *latency,
 		LatencyJitter:         *jitter,
@@ -121,7 +123,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logger.Info("llmsim listening", slog.String("addr", ln.Addr().String()),
 		slog.Float64("capacity", cfg.Capacity), slog.Float64("rate", cfg.RefillPerSecond),
 		slog.Int("input_tpm", cfg.InputTokensPerMinute), slog.Int("output_tpm", cfg.OutputTokensPerMinute),
-		slog.Duration("token_minute", cfg.TokenMinute), slog.Int("reply_tokens", cfg.ReplyTokens))
+		slog.Duration("token_minute", cfg.TokenMinute), slog.Int("reply_tokens", cfg.ReplyTokens),
+		slog.Int("context_tokens", cfg.ContextTokens))
 	fmt.Fprintf(stdout, "llmsim listening on http://%s\n", ln.Addr())
 
 	serveErr := make(chan error, 1)

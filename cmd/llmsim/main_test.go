@@ -75,18 +75,7 @@ func TestRun(t *testing.T) {
 		t.Parallel()
 		url, stop := start(t, "-input-tpm", "100", "-output-tpm", "50", "-token-minute", "1s", "-reply-tokens", "7")
 		post := func(maxTokens int) (*http.Response, map[string]any) {
-			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/messages",
-				strings.NewReader(fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`,
-					maxTokens, strings.Repeat("a", 200))))
-			require.NoError(t, err)
-			req.Header.Set("x-api-key", "k")
-			req.Header.Set("anthropic-version", "2023-06-01")
-			resp, err := http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			var body map[string]any
-			require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
-			return resp, body
+			return postMessage(t, url, maxTokens, strings.Repeat("a", 200))
 		}
 		resp, body := post(10)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%v", body)
@@ -96,6 +85,19 @@ func TestRun(t *testing.T) {
 		resp, body = post(51)
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 		require.Contains(t, fmt.Sprint(body), "output-token rate limit of 50")
+
+		require.NoError(t, stop())
+		http.DefaultClient.CloseIdleConnections()
+	})
+
+	t.Run("ContextTokens", func(t *testing.T) {
+		t.Parallel()
+		url, stop := start(t, "-context-tokens", "10")
+		resp, body := postMessage(t, url, 5, strings.Repeat("a", 40)) // 10 tokens: fits
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%v", body)
+		resp, body = postMessage(t, url, 5, strings.Repeat("a", 44)) // 11 tokens: over the window
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%v", body)
+		require.Contains(t, fmt.Sprint(body), "prompt is too long: 11 tokens > 10 maximum")
 
 		require.NoError(t, stop())
 		http.DefaultClient.CloseIdleConnections()
@@ -158,6 +160,7 @@ func TestRun(t *testing.T) {
 			{"-output-tpm", "-1"},
 			{"-token-minute", "-1s"},
 			{"-reply-tokens", "-1"},
+			{"-context-tokens", "-1"},
 			{"-error-rate", "2"},
 			{"-log-level", "loud"},
 			{"-nope"},
@@ -166,4 +169,22 @@ func TestRun(t *testing.T) {
 			require.Error(t, run(t.Context(), args, io.Discard, io.Discard), "%q", args)
 		}
 	})
+}
+
+// postMessage sends an Anthropic Messages request of text asking for maxTokens to the simulator
+// at url, and returns its answer and decoded body.
+func postMessage(t *testing.T, url string, maxTokens int, text string) (*http.Response, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/messages",
+		strings.NewReader(fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`,
+			maxTokens, text)))
+	require.NoError(t, err)
+	req.Header.Set("x-api-key", "k")
+	req.Header.Set("anthropic-version", "2023-06-01")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	return resp, body
 }

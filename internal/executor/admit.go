@@ -440,16 +440,31 @@ func (e *Executor) drawRetry(ctx context.Context, job *jobs.Job, g *limiter.Gate
 }
 
 // drawsOnRetryBudget reports whether the job's next attempt is a retry the shared retry budget
-// must allow. Two kinds are not: a retry after a 429 with Retry-After (the limiter paces it: the
-// answer pushed the credential's whole schedule back), and a re-attempt of a call whose outcome
-// was never recorded (the job is still running, its lease ended: the worker died, the provider
-// did not fail). Charging those let a Redis flush or a worker crash hold recovered jobs back for
-// minutes behind a budget meant to stop retry storms against a failing provider.
+// must allow. Three kinds are not: a retry after a 429 with Retry-After (the limiter paces it: the
+// answer pushed the credential's whole schedule back), a re-attempt of a call whose outcome was
+// never recorded (the job is still running, its lease ended: the worker died, the provider did
+// not fail), and the first attempt on a fallback the job moved to after its credential refused
+// the request as too large or answered with a spend cap (movedForSizeOrSpendCap: neither is a
+// failing provider, and the fallback has not failed the job). Charging those let a Redis flush or
+// a worker crash hold recovered jobs back for minutes behind a budget meant to stop retry storms
+// against a failing provider.
 func drawsOnRetryBudget(job *jobs.Job) bool {
-	if job.Status == jobs.StatusRunning {
+	if job.Status == jobs.StatusRunning || movedForSizeOrSpendCap(job) {
 		return false
 	}
 	return job.LastError == nil || job.LastError.Class != string(retrypolicy.ClassRateLimited)
+}
+
+// movedForSizeOrSpendCap reports whether the waiting job's last attempt failed it over for a
+// size refusal or a spend cap. Its last error tells: a permanent or spend-cap class ends the job
+// (failed, dead) unless it fails over (the size refusal's class is permanent), so a job still
+// retrying with one was moved for it. A dead letter an operator retries is queued, not retrying.
+func movedForSizeOrSpendCap(job *jobs.Job) bool {
+	if job.Status != jobs.StatusRetrying || job.LastError == nil {
+		return false
+	}
+	c := retrypolicy.Class(job.LastError.Class)
+	return c == retrypolicy.ClassPermanent || c == retrypolicy.ClassSpendCap
 }
 
 // cost is the job's estimated tokens for the token buckets, and the estimate behind it (zero and

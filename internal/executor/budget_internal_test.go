@@ -24,6 +24,9 @@ func TestDrawsOnRetryBudget(t *testing.T) {
 		{"429 with Retry-After: the limiter paces it", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassRateLimited)}, false},
 		{"outcome never recorded: the worker died", jobs.Job{Status: jobs.StatusRunning, LastError: lastErr(retrypolicy.ClassRetryable)}, false},
 		{"re-queued dead letter", jobs.Job{Status: jobs.StatusQueued}, true},
+		{"failed over for a size refusal", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassPermanent)}, false},
+		{"failed over for a spend cap", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassSpendCap)}, false},
+		{"dead letter of a spend cap, re-queued", jobs.Job{Status: jobs.StatusQueued, LastError: lastErr(retrypolicy.ClassSpendCap)}, true},
 	} {
 		require.Equal(t, tc.want, drawsOnRetryBudget(&tc.job), tc.name)
 	}

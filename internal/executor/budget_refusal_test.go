@@ -48,13 +48,7 @@ func TestExecutor_RetryDeferredByTheBudgetIsOneRefusal(t *testing.T) {
 		return 0
 	}
 	// Spend the retry budget (the floor: no first attempt counted).
-	for {
-		ok, err := gate.AllowRetry(ctx, "")
-		require.NoError(t, err)
-		if !ok {
-			break
-		}
-	}
+	spendRetryBudget(t, gate)
 	require.Equal(t, 1.0, refusals(), "the spending's own refusal")
 
 	job := b.Create(t, jobstest.Opts{Credential: "spent", Timeout: time.Hour})

@@ -111,3 +111,17 @@ func alertWebhook(t *testing.T, n int) (string, chan string) {
 	t.Cleanup(hook.Close)
 	return hook.URL, posted
 }
+
+// spendRetryBudget spends gate's retry budget: its last AllowRetry was refused (one refusal
+// counted, by an unnamed retry).
+func spendRetryBudget(t *testing.T, gate *limiter.Gate) {
+	t.Helper()
+	for range 1000 {
+		ok, err := gate.AllowRetry(t.Context(), "")
+		require.NoError(t, err)
+		if !ok {
+			return
+		}
+	}
+	t.Fatal("the retry budget was never spent")
+}

@@ -336,7 +336,8 @@ func (b *simBatch) finish(t time.Time, outcome func(simRequest) simResult) {
 
 // answerBatchRequest decides one request's outcome as the online endpoint would answer it,
 // without buckets or injected faults (batch requests are outside the online rate limits): the
-// markers of [BatchConfig], the bad-request marker of [Faults], a body the endpoint refuses.
+// markers of [BatchConfig], the bad-request marker of [Faults], a body the endpoint refuses, a
+// request over the model's context window (Config.ContextTokens).
 func (s *Server) answerBatchRequest(p provider, r simRequest) simResult {
 	cfg := s.cfg.Batch
 	errored := func(status int, msg string) simResult {
@@ -364,6 +365,9 @@ func (s *Server) answerBatchRequest(p provider, r simRequest) simResult {
 	req, err := parseChatRequest(r.body)
 	if err != nil {
 		return errored(http.StatusBadRequest, err.Error())
+	}
+	if e, over := s.overContext(p, req); over {
+		return simResult{customID: r.customID, kind: "errored", status: e.status, body: p.errorBody(e, newID("req_"))}
 	}
 	text, maxedOut := replyText(req), false
 	if n := s.cfg.ReplyTokens; n > 0 {

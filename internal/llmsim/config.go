@@ -43,7 +43,9 @@ type Config struct {
 	// ContextTokens is the model's context window, in tokens (the package comment's rule):
 	// a request over it is refused 400 in the provider's words. Anthropic counts the input
 	// ("prompt is too long: N tokens > M maximum", invalid_request_error); OpenAI the input
-	// plus max_tokens (code context_length_exceeded). 0 (the default) means no window.
+	// plus max_tokens (code context_length_exceeded). A batch's request over it is refused so
+	// in its own result (Anthropic's errored result, OpenAI's error-file line). 0 (the default)
+	// means no window.
 	ContextTokens int
 	// StreamTokensPerSecond paces streamed answers: one content token (4 bytes of text) per
 	// 1/StreamTokensPerSecond. 0 (the default) sends them as fast as the connection takes them.

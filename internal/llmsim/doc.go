@@ -11,7 +11,9 @@
 // error files), both lists newest first, answered like the online endpoint
 // but outside its buckets, ended by the injected clock after
 // BatchConfig.ProcessingDelay, with per-request errors (overload, rate limit,
-// billing) and expiry by marker, a file whose delete fails (500) by marker,
+// billing) and expiry by marker, a request over the context window refused in
+// its result as online (Config.ContextTokens), a file whose delete fails (500)
+// by marker,
 // whole-batch expiry past the window, and the providers' cap on a batch's
 // bytes (BatchConfig.MaxBytes).
 //

@@ -256,10 +256,8 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 	if err != nil {
 		return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, message: err.Error()}), 0
 	}
-	if w := s.cfg.ContextTokens; w > 0 {
-		if msg := p.contextMessage(req.inputTokens(), req.maxTokens, w); msg != "" {
-			return errorAnswer(p, h, requestID, keyID, apiError{status: http.StatusBadRequest, kind: kindContext, message: msg}), 0
-		}
+	if e, over := s.overContext(p, req); over {
+		return errorAnswer(p, h, requestID, keyID, e), 0
 	}
 	if bytes.Contains(body, []byte(f.BadRequestMarker)) {
 		return errorAnswer(p, h, requestID, keyID, apiError{
@@ -588,4 +586,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v) // the client left: nothing to do
+}
+
+// overContext reports whether req does not fit the model's context window (Config.ContextTokens),
+// and the refusal p answers it with, online or as a batch request's result.
+func (s *Server) overContext(p provider, req chatRequest) (apiError, bool) {
+	if s.cfg.ContextTokens <= 0 {
+		return apiError{}, false
+	}
+	msg := p.contextMessage(req.inputTokens(), req.maxTokens, s.cfg.ContextTokens)
+	return apiError{status: http.StatusBadRequest, kind: kindContext, message: msg}, msg != ""
 }
