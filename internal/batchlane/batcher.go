@@ -617,6 +617,8 @@ func pollDelay(c config.Batch, polls int) time.Duration {
 // is tried again after the backoff or, when longer, the answer's Retry-After (retryDelay, at
 // most the backoff's cap), unless a job's fallback comes first; a poll before a cancel that was
 // answered with a Retry-After waits it too, rather than send the cancel into the same refusal.
+// A spend cap's pause Redis refused while recording its results waits the backoff too
+// (afterRecord).
 func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLanes) error {
 	now := b.cfg.Now()
 	if row.NextPollAt != nil && now.Before(*row.NextPollAt) {
@@ -680,7 +682,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		// batch's do, with the provider's reason.
 		if err := b.record(ctx, lane, row, jobs, nil, Result{Kind: Failed, ErrorType: st.ErrorType, Message: st.Message},
 			st.Provider, held); err != nil {
-			return err
+			return afterRecord(err, later)
 		}
 		return b.closeEnded(ctx, row, st)
 	}
@@ -689,7 +691,7 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		return later(err)
 	}
 	if err := b.record(ctx, lane, row, jobs, results, noLine, st.Provider, held); err != nil {
-		return err
+		return afterRecord(err, later)
 	}
 	if b.crashAfterRecord != nil {
 		return b.crashAfterRecord

@@ -39,7 +39,7 @@
 // so does a request an ended batch answered with a spend-cap code, whose job is dead-lettered,
 // and a batch that failed as a whole with one, whose jobs are (without an attempt counted):
 // the pause comes before the dead letters, which a pause Redis refused holds back until a later
-// pass pauses the credential.
+// poll pauses the credential.
 // A batch the provider refuses as a whole (4xx, or OpenAI's failed) sends its jobs online; one
 // it no longer knows (404) sends them round again; failed calls (send, poll, results, cancel)
 // keep the backoff, or wait the answer's longer Retry-After, at most the backoff's cap.

@@ -127,24 +127,43 @@ func (h *failingScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	return next
 }
 
-// TestBatcher_SpendCapPauseRedisRefusedIsRetried: a batch's spend cap whose pause Redis refused
-// is paused again by the next pass, its jobs dead-lettered only then (the pause comes first, as
-// online): the credential is not left sending to a key that cannot pay. Before, the jobs were
-// dead-lettered and the pause never tried again.
-func TestBatcher_SpendCapPauseRedisRefusedIsRetried(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	b := setup(t, setupOpts{provider: "openai", front: failedBatchFront("insufficient_quota")})
+// pauseRefusingBatcher is a batcher of b's lane whose gate's Redis refuses every script call
+// (the pause is one) while the returned hook's down is set.
+func pauseRefusingBatcher(t *testing.T, b *testBundle) (*batchlane.Batcher, *failingScripts, *limiter.Gate) {
+	t.Helper()
 	rdb := redistest.Client(t)
 	hook := &failingScripts{}
 	rdb.AddHook(hook)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: redistest.Prefix(t), Now: b.clock.Now})
 	require.NoError(t, err)
 	gate := lim.Gate("sk-test", "default")
-	bt := batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics,
+	return batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics,
 		Pauses:  credpause.NewStore(b.pool, b.clock.Now),
 		Lanes:   []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg, Gate: gate}},
-		Enqueue: b.enqueue})
+		Enqueue: b.enqueue}), hook, gate
+}
+
+// TestBatcher_SpendCapPauseRedisRefusedIsRetried: a batch's spend cap whose pause Redis refused
+// is paused again by a later poll, its jobs dead-lettered only then (the pause comes first, as
+// online): the credential is not left sending to a key that cannot pay. That poll comes after
+// the poll backoff, as after a failed poll, not at every pass: each poll reads the batch (and its
+// results) again from the provider. Before, the jobs were dead-lettered and the pause never
+// tried again; then the batch was polled again at every pass while Redis refused.
+func TestBatcher_SpendCapPauseRedisRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	var polls atomic.Int64
+	failed := failedBatchFront("insufficient_quota")
+	b := setup(t, setupOpts{provider: "openai", front: func(sim http.Handler) http.Handler {
+		next := failed(sim)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/batches/") {
+				polls.Add(1)
+			}
+			next.ServeHTTP(w, r)
+		})
+	}})
+	bt, hook, gate := pauseRefusingBatcher(t, b)
 	j := b.submit(t, "one", 0, 0)
 	b.clock.Advance(fill)
 	once(t, bt)
@@ -152,10 +171,18 @@ func TestBatcher_SpendCapPauseRedisRefusedIsRetried(t *testing.T) {
 	b.clock.Advance(time.Minute)
 	require.Error(t, bt.Once(ctx), "the pause Redis refused")
 	require.NotEqual(t, jobs.StatusDead, b.get(t, j.ID).Status, "dead-lettered before its credential was paused")
+	require.Equal(t, int64(1), polls.Load())
 
+	// Given Redis still refusing, the passes before the backoff leave the batch alone,
+	for range 3 {
+		b.clock.Advance(time.Second)
+		once(t, bt)
+	}
+	require.Equal(t, int64(1), polls.Load(), "polled again on every pass while Redis refused")
+	// and the poll after it pauses the credential once Redis takes the pause.
 	hook.down.Store(false)
-	b.clock.Advance(time.Minute)
-	_ = bt.Once(ctx)
+	b.clock.Advance(10 * b.cfg.PollInterval)
+	once(t, bt)
 	ps, err := gate.Paused(ctx)
 	require.NoError(t, err)
 	require.True(t, ps.Paused, "the pause Redis refused was not tried again")

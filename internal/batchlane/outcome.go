@@ -90,7 +90,7 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 			cause = fmt.Errorf("the batch failed: %s: %s", capped.ErrorType, capped.Message)
 		}
 		if err := b.spendCap(ctx, lane, held, what, retrypolicy.DeadReasonRateLimitedNoRetryAfter, cause); err != nil {
-			errs, paused = append(errs, err), false
+			errs, paused = append(errs, fmt.Errorf("%w: %w", errPauseRefused, err)), false
 		}
 	}
 	for _, m := range moves {
@@ -100,6 +100,21 @@ func (b *Batcher) record(ctx context.Context, lane Lane, row batchRow, jobs []ba
 		errs = append(errs, b.applyMove(ctx, row.Credential, m))
 	}
 	return errors.Join(errs...)
+}
+
+// errPauseRefused: record could not pause the credential for a spend cap (Redis refused it), so
+// the spend-capped jobs stay in their batch; the batch's next poll comes after the poll backoff
+// (afterRecord), as after a failed poll, not at the next pass: each poll reads the batch, and
+// its results, again from the provider.
+var errPauseRefused = errors.New("the spend cap's pause was refused: its jobs wait in their batch for a later poll")
+
+// afterRecord is what a poll returns after record's error err: one of a refused pause is tried
+// again after the backoff (later), any other (Postgres's) at the next pass, as before.
+func afterRecord(err error, later func(error) error) error {
+	if errors.Is(err, errPauseRefused) {
+		return later(err)
+	}
+	return err
 }
 
 // noLine is the result of a job that the batch's results hold no line for.
