@@ -109,7 +109,7 @@ func TestStream_OpenAINullReasoningKept(t *testing.T) {
 				`[{"index":0,"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null}]`,
 				`[{"index":0,"delta":{"role":null,"content":"Hello","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null}]`,
 				`[{"index":0,"delta":{"role":null,"content":"!","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":"stop"}]`),
-			want: `,"reasoning_content":null`,
+			want: `,"reasoning_content":null,"tool_calls":null`,
 		},
 		"ReasoningNull": {
 			events: openAIChunks(env,
@@ -590,6 +590,116 @@ func TestStream_AnthropicToolInputInBlockStartKept(t *testing.T) {
 			require.NoError(t, json.Unmarshal([]byte(streamedBody(t, llm.KindAnthropic, anthropicEvents(events...))), &msg))
 			require.Len(t, msg.Content, 1)
 			require.JSONEq(t, tc.want, string(msg.Content[0].Input))
+		})
+	}
+}
+
+// sglangHello is SGLang's stream of "Hello!" (Qwen3 with a reasoning parser, no tool called):
+// reasoning_content, tool_calls and matched_stop on every chunk, null but the last matched_stop,
+// the end-of-sequence token's id.
+var sglangHello = openAIChunks(`"id":"5c1e","object":"chat.completion.chunk","created":1738000000,"model":"qwen3-8b"`,
+	`[{"index":0,"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+	`[{"index":0,"delta":{"role":null,"content":"Hello!","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+	`[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":"stop","matched_stop":151645}]`)
+
+// streamedChoice returns the members of the only choice of the message stored from a Chat
+// Completions stream of events.
+func streamedChoice(t *testing.T, events []string) map[string]json.RawMessage {
+	t.Helper()
+	var msg struct {
+		Choices []map[string]json.RawMessage `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(streamedBody(t, llm.KindOpenAI, events)), &msg))
+	require.Len(t, msg.Choices, 1)
+	return msg.Choices[0]
+}
+
+// SGLang sends "tool_calls":null on every delta of an answer without tool calls, and its
+// non-streaming message has "tool_calls":null: the stored message has it null too. A server that
+// never sends the member has none; tool calls that came are stored as they came, whatever nulls
+// came around them.
+func TestStream_OpenAINullToolCallsKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"5c1e","object":"chat.completion.chunk","created":1738000000,"model":"qwen3-8b"`
+	for name, tc := range map[string]struct {
+		events []string
+		want   string
+	}{
+		"NullOnly": {
+			events: sglangHello,
+			want:   `,"content":"Hello!","reasoning_content":null,"tool_calls":null`,
+		},
+		"NullAroundCalls": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+				`[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":[{"id":"call_0","index":0,"type":"function","function":{"name":"get_weather","arguments":""}}]},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+				`[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":[{"id":null,"index":0,"type":"function","function":{"name":null,"arguments":"{\"city\": \"Paris\"}"}}]},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+				`[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":"tool_calls","matched_stop":null}]`),
+			want: `,"content":"","reasoning_content":null,"tool_calls":[{"id":"call_0","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]`,
+		},
+		"NeverSent": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `,"content":"Hello!"`,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.JSONEq(t, `{"role":"assistant","refusal":null,"annotations":[]`+tc.want+`}`,
+				string(streamedChoice(t, tc.events)["message"]))
+		})
+	}
+}
+
+// Servers add members of their own to a streamed choice, which their non-streaming choice has too:
+// SGLang's matched_stop (null on every chunk, the stop token or string on the last), vLLM's
+// stop_reason (on the last chunk only). The stored choice has each at its last non-null value,
+// null when only null came. A list member is a piece per chunk (vLLM's token_ids with
+// return_token_ids), whose last piece is not the list the non-streaming choice has: not kept.
+func TestStream_OpenAIChoiceExtrasKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-9f","object":"chat.completion.chunk","created":1738000000,"model":"qwen3-8b"`
+	for name, tc := range map[string]struct {
+		events []string
+		want   string
+	}{
+		"SGLangMatchedStop": {
+			events: sglangHello,
+			want:   `,"matched_stop":151645`,
+		},
+		"SGLangMatchedStopNull": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"Hello!"},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+				`[{"index":0,"delta":{"content":null},"logprobs":null,"finish_reason":"stop","matched_stop":null}]`),
+			want: `,"matched_stop":null`,
+		},
+		"VLLMStopReason": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":"\n\n"}]`),
+			want: `,"stop_reason":"\n\n"`,
+		},
+		"VLLMTokenIDsNotKept": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"token_ids":[]}]`,
+				`[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":null,"token_ids":[9707,0]}]`,
+				`[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":[151645]}]`),
+			want: `,"stop_reason":null`,
+		},
+		"NoneSent": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"Hello!"},"logprobs":null,"finish_reason":"stop"}]`),
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			choice := streamedChoice(t, tc.events)
+			delete(choice, "message")
+			got, err := json.Marshal(choice)
+			require.NoError(t, err)
+			require.JSONEq(t, `{"index":0,"logprobs":null,"finish_reason":"stop"`+tc.want+`}`, string(got))
 		})
 	}
 }

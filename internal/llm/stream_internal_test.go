@@ -561,3 +561,25 @@ func TestReadStream_DeltaAfterItsBlockStopIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// FuzzOpenAIAssembler feeds arbitrary chunks to the Chat Completions assembler, each twice (as a
+// server repeating members would), then renders the message: whatever a server sends, the
+// assembler neither panics nor renders what is not JSON.
+func FuzzOpenAIAssembler(f *testing.F) {
+	f.Add([]byte(`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi","tool_calls":null,"reasoning_content":null},"matched_stop":null,"finish_reason":null}]}`))
+	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}}]},"stop_reason":"\n","token_ids":[1,2]}]}`))
+	f.Add([]byte(`{"choices":[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.text","text":"t","index":0}]},"native_finish_reason":"stop"}],"usage":{"total_tokens":3}}`))
+	f.Add([]byte(`{"choices":[null,{"index":1,"delta":{"custom":"x"},"content_filter_results":[],"Matched_Stop":1,"matched_stop":2}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a := openAI{}.assembler()
+		for range 2 {
+			if _, err := a.event("", data, func(Delta) {}, func(int) {}); err != nil {
+				return
+			}
+		}
+		msg, _, err := a.message()
+		if err == nil && !json.Valid(msg) {
+			t.Fatalf("rendered %s from %s: not JSON", msg, data)
+		}
+	})
+}

@@ -182,6 +182,18 @@ func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
 			}
 			return ev
 		}},
+		// A server's own choice members (SGLang's matched_stop), each kept in the choice.
+		"OpenAIChoiceExtras": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n / 1000 {
+				var b strings.Builder
+				for j := range 1000 {
+					fmt.Fprintf(&b, `,"k%d":1`, i*1000+j)
+				}
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[{"index":0,"delta":{}` + b.String() + `}]}`})
+			}
+			return ev
+		}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -16,9 +16,10 @@ import (
 // choices carry deltas (role, content, refusal, tool_calls by index with id, name and argument
 // pieces, or a custom tool's name and input pieces, or the legacy function_call; annotations;
 // compatible servers' reasoning_content or reasoning, OpenRouter's reasoning_details) and a
-// finish_reason (and, from Azure, content_filter_results; from OpenRouter, native_finish_reason);
-// a chunk with a non-null usage (stream_options.include_usage); data: [DONE] ends it; a chunk
-// {"error":{...}} fails it.
+// finish_reason (and, from Azure, content_filter_results; from OpenRouter, native_finish_reason;
+// a server's own members, kept at their last non-null value: SGLang's matched_stop, vLLM's
+// stop_reason); a chunk with a non-null usage (stream_options.include_usage); data: [DONE] ends
+// it; a chunk {"error":{...}} fails it.
 type openAIAssembler struct {
 	top     map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
 	choices map[int]*openAIChoice
@@ -72,6 +73,11 @@ type openAIChoice struct {
 	nativeFinish  json.RawMessage
 	hasNative     bool
 	hasToolsField bool
+	// sentNullTools: a delta had "tool_calls":null; with no tool call, the message has it null.
+	sentNullTools bool
+	// extras are the server's own members of the choice (SGLang's matched_stop, vLLM's
+	// stop_reason), each at its last non-null value (keepMember).
+	extras map[string]json.RawMessage
 	// logprobs (with "logprobs": true): every chunk's content and refusal entries, in order.
 	hasLogprobs bool
 	logContent  []json.RawMessage
@@ -144,6 +150,112 @@ type openAIChunkChoice struct {
 	// streamed text) are not read: a non-streaming choice has none, and they would misdescribe
 	// the results kept, which merge every segment's.
 	ContentFilterResults deltaObject `json:"content_filter_results"`
+}
+
+// openAIChoiceMembers are the members of a chunk's choice that openAIChunkChoice reads, or leaves
+// out on purpose (content_filter_offsets): not a server's own (readRaw).
+var openAIChoiceMembers = []string{"index", "delta", "logprobs", "finish_reason",
+	"native_finish_reason", "content_filter_results", "content_filter_offsets"}
+
+// readRaw takes from the chunk data (valid JSON, decoded as ch) what decoding does not give, into
+// each of its choices: a delta's "tool_calls":null (SGLang sends it on every delta of an answer
+// without tool calls; decoded, it is no tool call), and the members of the choice that
+// openAIChunkChoice does not read: a server's own (SGLang's matched_stop, vLLM's stop_reason),
+// which its non-streaming choice has at its last chunk's value. Each is kept at its last non-null
+// value (keepMember). A member whose value is a list is not: a stream's list member is a piece per
+// chunk (vLLM's token_ids), whose last is not the non-streaming choice's list. It reads data
+// without decoding it again and allocates only for a member it keeps, so that a server sending
+// one on every chunk (SGLang's "matched_stop":null) does not cost each chunk a map.
+func (a *openAIAssembler) readRaw(data []byte, ch *openAIChunk) {
+	var choices []byte
+	topLevelMembers(data, func(key, value []byte) bool {
+		if jsonKeyIs(key, "choices") {
+			choices = value // decoding keeps the last
+		}
+		return true
+	})
+	i := 0
+	arrayElements(choices, func(elem []byte) bool {
+		if i >= len(ch.Choices) {
+			return false
+		}
+		c := a.choices[ch.Choices[i].Index]
+		i++
+		topLevelMembers(elem, func(key, value []byte) bool {
+			if jsonKeyIs(key, "delta") {
+				c.sentNullTools = c.sentNullTools || nullToolCalls(value)
+				return true
+			}
+			if value[0] == '[' || slices.ContainsFunc(openAIChoiceMembers, func(m string) bool {
+				return jsonKeyIs(key, m)
+			}) {
+				return true
+			}
+			if _, had := c.extras[string(key)]; had && string(value) == "null" {
+				return true // what keepMember would do, without allocating the key
+			}
+			k := string(key)
+			if bytes.IndexByte(key, '\\') >= 0 && json.Unmarshal(quote(key), &k) != nil {
+				return true // not a key decoding reads
+			}
+			if c.extras == nil {
+				c.extras = map[string]json.RawMessage{}
+			}
+			a.n += keepMember(c.extras, k, bytes.Clone(value))
+			return true
+		})
+		return true
+	})
+}
+
+// nullToolCalls reports whether the delta delta (valid JSON) has "tool_calls":null, as decoding
+// reads it (its last tool_calls member).
+func nullToolCalls(delta []byte) bool {
+	null := false
+	topLevelMembers(delta, func(key, value []byte) bool {
+		if jsonKeyIs(key, "tool_calls") {
+			null = string(value) == "null"
+		}
+		return true
+	})
+	return null
+}
+
+// jsonKeyIs reports whether the key key (between its quotes, undecoded) is one decoding matches
+// to the field name: unescaped, case-insensitively.
+func jsonKeyIs(key []byte, name string) bool {
+	if bytes.IndexByte(key, '\\') < 0 {
+		return strings.EqualFold(string(key), name)
+	}
+	var k string
+	return json.Unmarshal(quote(key), &k) == nil && strings.EqualFold(k, name)
+}
+
+// quote returns key between quotes.
+func quote(key []byte) []byte { return append(append([]byte{'"'}, key...), '"') }
+
+// arrayElements calls f with each element of the JSON array data (valid JSON) in order. It stops
+// when f does, or when data is not an array.
+func arrayElements(data []byte, f func(elem []byte) bool) {
+	p := bytes.TrimSpace(data)
+	if len(p) < 2 || p[0] != '[' {
+		return
+	}
+	p = p[1:]
+	for {
+		p = bytes.TrimLeft(p, " \t\r\n")
+		if len(p) > 0 && p[0] == ',' {
+			p = bytes.TrimLeft(p[1:], " \t\r\n")
+		}
+		if len(p) == 0 || p[0] == ']' {
+			return
+		}
+		end := jsonscan.ValueEnd(p, 0)
+		if end == 0 || !f(p[:end]) {
+			return
+		}
+		p = p[end:]
+	}
 }
 
 // deltaText is a delta member read as text when it is a JSON string. null, or a value of another
@@ -251,6 +363,7 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 	for _, c := range ch.Choices {
 		a.choice(c.Index, c, emit)
 	}
+	a.readRaw(data, &ch)
 	return false, nil
 }
 
@@ -591,18 +704,25 @@ func (c *openAIChoice) addDetail(i int, e json.RawMessage, emit func(Delta)) int
 		case ok:
 			// a text member already joined: a null or other value later does not replace it
 		default:
-			cur, had := d.members[k]
-			switch {
-			case !had:
-				d.members[k] = v
-				n += int64(len(k)+len(v)) + memberBytes
-			case string(v) != "null":
-				d.members[k] = v
-				n += int64(len(v) - len(cur))
-			}
+			n += keepMember(d.members, k, v)
 		}
 	}
 	return n
+}
+
+// keepMember sets m[k] to v, unless v is null and m has k (a member kept at its last non-null
+// value, null when only null came), and returns the bytes m now keeps beyond what it kept.
+func keepMember(m map[string]json.RawMessage, k string, v json.RawMessage) int64 {
+	cur, had := m[k]
+	switch {
+	case !had:
+		m[k] = v
+		return int64(len(k)+len(v)) + memberBytes
+	case string(v) != "null":
+		m[k] = v
+		return int64(len(v) - len(cur))
+	}
+	return 0
 }
 
 // think hands on a piece of the choice's reasoning, from the member from, as DeltaThinking when
@@ -768,6 +888,8 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 				"function": map[string]string{"name": t.name, "arguments": t.args.String()}})
 		}
 		msg["tool_calls"] = calls
+	} else if c.sentNullTools {
+		msg["tool_calls"] = nil
 	}
 	if f := c.function; f != nil {
 		msg["function_call"] = map[string]string{"name": f.name, "arguments": f.args.String()}
@@ -780,7 +902,14 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 	if c.hasLogprobs {
 		logprobs = map[string]any{"content": c.logContent, "refusal": c.logRefusal}
 	}
-	choice := map[string]any{"index": i, "message": msg, "logprobs": logprobs, "finish_reason": finish}
+	choice := make(map[string]any, len(c.extras)+6)
+	for k, v := range c.extras { // first: a member the choice renders is never an extra's
+		choice[k] = v
+	}
+	choice["index"] = i
+	choice["message"] = msg
+	choice["logprobs"] = logprobs
+	choice["finish_reason"] = finish
 	if c.hasNative {
 		native := c.nativeFinish
 		if native == nil {
