@@ -428,11 +428,15 @@ type move struct {
 	AttemptError   string
 }
 
-// apply makes m in one statement, conditional on the job being unfinished and still in m.Ref;
-// ok reports whether it applied, and priority is the job's (it names the task's queue when the
-// job goes back online). A job that leaves the batch (retrying, online, dead) leaves batch_ref;
-// one that succeeds or fails keeps it as its history. The job's usage becomes m.Usage, its
-// answer's (nil: none, or no answer), as jobs.Store.Finish writes it: never an earlier round's.
+// apply makes m in one statement, conditional on the job being unfinished, in the batch lane and
+// still in m.Ref (nil: waiting for a batch); ok reports whether it applied, and priority is the
+// job's (it names the task's queue when the job goes back online). A job that leaves the batch
+// (retrying, online, dead) leaves batch_ref; one that succeeds or fails keeps it as its history.
+// The lane is checked because a job sent online (by another leader's pass that overlapped this
+// one's, both having read it waiting) has no batch_ref either: moved again, it was put back to
+// queued under the executor's attempt, which found its own attempt row written (the job's own
+// credential, not the fallback it ran on) and recorded nothing. The job's usage becomes m.Usage,
+// its answer's (nil: none, or no answer), as jobs.Store.Finish writes it: never an earlier round's.
 func (s store) apply(ctx context.Context, m move) (priority jobs.Priority, ok bool, err error) {
 	var lastErr []byte
 	if m.LastError != nil {
@@ -451,7 +455,7 @@ func (s store) apply(ctx context.Context, m move) (priority jobs.Priority, ok bo
 WITH a AS (
 	INSERT INTO job_attempts (job_id, attempt, credential, started_at, latency_ms, status_code, class, error)
 	SELECT id, attempts + attempt_base, credential, $3::timestamptz, $4::double precision, $5::integer, $6::text, $7::text
-	FROM jobs WHERE id = $1 AND batch_ref IS NOT DISTINCT FROM $2::uuid AND status = 'running'
+	FROM jobs WHERE id = $1 AND lane = 'batch' AND batch_ref IS NOT DISTINCT FROM $2::uuid AND status = 'running'
 	ON CONFLICT (job_id, attempt) DO NOTHING
 ), u AS (
 	UPDATE jobs SET status = $8, lane = $9, result = coalesce($10, result), usage = $11::jsonb,
@@ -464,7 +468,8 @@ WITH a AS (
 		batch_state = $14, next_attempt_at = NULL,
 		finished_at = CASE WHEN $8 IN ('succeeded', 'failed', 'dead', 'canceled') THEN now() END,
 		updated_at = now(), event_seq = event_seq + 1
-	WHERE id = $1 AND batch_ref IS NOT DISTINCT FROM $2::uuid AND status IN ('queued', 'running', 'retrying')
+	WHERE id = $1 AND lane = 'batch' AND batch_ref IS NOT DISTINCT FROM $2::uuid
+		AND status IN ('queued', 'running', 'retrying')
 	RETURNING id, event_seq, priority
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, $8, $15 FROM u
