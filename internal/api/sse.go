@@ -538,14 +538,12 @@ func (s *Server) sendEvents(w io.Writer, r *http.Request, id string, f *follower
 				return false, err
 			}
 			f.noteStatus(read.evs)
-			if reads == readHub {
-				// Those status events may follow entries the hub has not handed on yet (the
-				// attempt's later deltas and its reset, written before its outcome was
-				// recorded): a read of the buffer now has every entry that precedes them.
-				// Without it the stream sent the retry first, with a reset of its own, and
-				// dropped the attempt's later deltas as past.
-				entries = append(entries, s.readDeltas(r, id, f, false)...)
-			}
+			// Those status events may follow entries written after the ones just taken (the
+			// attempt's later deltas and its reset, written before its outcome was recorded,
+			// and not yet handed on by the hub or read): a read of the buffer now has every
+			// entry that precedes them. Without it the stream sent the retry first, with a
+			// reset of its own, and dropped the attempt's later deltas as past.
+			entries = append(entries, s.readDeltas(r, id, f, false)...)
 		}
 	}
 	var job *jobs.Job
