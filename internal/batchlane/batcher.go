@@ -602,11 +602,19 @@ func (b *Batcher) refused(ctx context.Context, row batchRow, se *StatusError) er
 // pollDelay is the wait before poll n+1 of a batch: PollInterval doubled per poll, at most ten
 // times PollInterval.
 func pollDelay(c config.Batch, polls int) time.Duration {
-	d := c.PollInterval
-	for range min(polls, 4) {
+	return doubled(c.PollInterval, polls, 10*c.PollInterval)
+}
+
+// doubled is base doubled n times (none for n ≤ 0), at most limit.
+func doubled(base time.Duration, n int, limit time.Duration) time.Duration {
+	d := base
+	for range max(n, 0) {
+		if d >= limit {
+			break
+		}
 		d *= 2
 	}
-	return min(d, 10*c.PollInterval)
+	return min(d, limit)
 }
 
 // poll handles a sent batch when its poll is due: its jobs near their deadline go online (or

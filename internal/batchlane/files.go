@@ -125,11 +125,7 @@ WHERE credential = $1 AND file_id = $2`, f.Credential, f.ID, next, msg); err != 
 
 // fileRetryDelay is the wait before the delete after attempts failed ones (see fileRetryBase).
 func fileRetryDelay(attempts int) time.Duration {
-	d := fileRetryBase
-	for range min(attempts-1, 10) {
-		d *= 2
-	}
-	return min(d, fileRetryCap)
+	return doubled(fileRetryBase, attempts-1, fileRetryCap)
 }
 
 // deleteDueFiles deletes the batch files due (see dueFiles) of the configured credentials at
