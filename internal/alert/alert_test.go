@@ -233,7 +233,7 @@ func TestRaise_PostsUnderWayAreBounded(t *testing.T) {
 	release()
 	require.NoError(t, a.Wait(ctx))
 	require.Empty(t, posted)
-	require.Equal(t, 1.0, webhookFailures(t, reg), "the 8 answered are delivered")
+	require.Equal(t, 1.0, webhookFailures(t, reg), "the 8 answered are delivered; the log:\n%s", logs.String())
 }
 
 // A Raise may come while a Wait that gave up is still waiting, or after the posts it waited for
