@@ -349,10 +349,17 @@ func (m *laneMemo) get(ctx context.Context, e *Executor, job *jobs.Job) (*limite
 
 // lane is the job's fair-queueing lane on its credential (its tenant, the tenant's weight, its
 // priority; its ID is its ticket, its creation time its place), or nil without
-// Config.TenantWeight.
+// Config.TenantWeight. A weight in the cache (Config.CachedTenantWeight) is taken without a
+// bound: only a read from Postgres is bounded (Config.StoreTimeout), whose timer and context
+// were made at every delivery for a read that, cached, waits for nothing.
 func (e *Executor) lane(ctx context.Context, job *jobs.Job) (*limiter.Lane, error) {
 	if e.cfg.TenantWeight == nil {
 		return nil, nil
+	}
+	if e.cfg.CachedTenantWeight != nil {
+		if w, ok := e.cfg.CachedTenantWeight(job.Tenant); ok {
+			return laneOf(job, w), nil
+		}
 	}
 	wctx, cancel := e.storeCtx(ctx)
 	w, err := e.cfg.TenantWeight(wctx, job.Tenant)

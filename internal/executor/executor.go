@@ -84,7 +84,9 @@ type Config struct {
 	TenantWeight func(ctx context.Context, tenant string) (int, error)
 	// CachedTenantWeight returns a tenant's weight without waiting (tenant.Weights.Cached),
 	// false when it has none at hand: AdmitFirst, which runs inside a job's insert transaction,
-	// must not read Postgres. With TenantWeight set and this nil, AdmitFirst admits nothing.
+	// must not read Postgres. With TenantWeight set and this nil, AdmitFirst admits nothing. A
+	// delivery takes the weight from it first, when set, and calls TenantWeight (bounded by
+	// StoreTimeout) only when it has none at hand: both must answer the same weight.
 	CachedTenantWeight func(tenant string) (int, bool)
 	// Float64 returns a random number in [0,1) to spread re-checks of paused credentials and
 	// spent budgets. Default math/rand/v2.

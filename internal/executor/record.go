@@ -13,11 +13,9 @@ import (
 )
 
 // end moves the job to a terminal outcome and returns errHandled, or the store's error. Writes
-// survive the delivery's cancellation.
+// survive the delivery's cancellation, bounded by record's own window (recordRetryWindow).
 func (e *Executor) end(ctx context.Context, job *jobs.Job, a *jobs.Attempt, o jobs.Outcome) error {
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	applied, err := e.record(wctx, job.ID, a, o)
+	applied, err := e.record(context.WithoutCancel(ctx), job.ID, a, o)
 	if err != nil {
 		return err
 	}
