@@ -46,6 +46,13 @@ type Options struct {
 	// Handoff, when set, runs the first delivery of the jobs this API creates in its process
 	// (llmq serve; see Config.Handoff).
 	Handoff *dispatch.Handoff
+	// KeepAlive is Config.KeepAlive: the interval of the event streams' keep-alives, at which an
+	// idle stream also checks its token again. Default 15s; tests shorten it rather than wait.
+	KeepAlive time.Duration
+	// TenantTTL is how long the API reuses a tenant lookup's answer (tenant.AuthenticatorConfig.
+	// TTL): how long a revocation takes to reach its requests and streams. Default
+	// tenant.DefaultCacheTTL; tests shorten it rather than wait.
+	TenantTTL time.Duration
 }
 
 // FromConfigWith is FromConfig with Options.
@@ -130,12 +137,12 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		AllowAnonymous: cfg.API.AllowAnonymous, MaxBodyBytes: cfg.API.MaxBodyBytes,
 		MaxBodyBytesInFlight: cfg.API.MaxBodyBytesInFlight, Logger: logger,
 		Listener: listener, Tasks: dispatch.NewTasks(inspector, enqueuer), AfterCommit: afterCommit,
-		Tenants: tenant.NewAuthenticator(tenant.NewStore(pool, nil), nil), SubmitRate: submitRate,
-		StreamSigner: signer, Console: con,
+		Tenants:    tenant.NewAuthenticator(tenant.NewStore(pool, nil), &tenant.AuthenticatorConfig{TTL: opts.TenantTTL}),
+		SubmitRate: submitRate, StreamSigner: signer, Console: con,
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,
 		MaxKeyedSubmitsPerTenant: cfg.API.MaxKeyedSubmitsPerTenant, StoreTimeout: cfg.API.StoreTimeout,
 		MaxStreams: cmp.Or(cfg.API.MaxStreams, defaultMaxStreams(cfg.API.MaxConnections)),
-		Deltas:     deltas, DeltaHub: hub,
+		Deltas:     deltas, DeltaHub: hub, KeepAlive: opts.KeepAlive,
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	listening := make(chan error, 1)

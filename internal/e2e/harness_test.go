@@ -73,6 +73,8 @@ type testBundle struct {
 	pg       *pgtest.Proxy // with setupOpts.pgProxy: the proxy every process reaches Postgres through
 	// workerMetrics is the registry of the worker startWorker started last.
 	workerMetrics *prometheus.Registry
+	// workerShutdown is setupOpts.workerShutdown, for every worker startWorker starts.
+	workerShutdown time.Duration
 }
 
 type setupOpts struct {
@@ -88,6 +90,16 @@ type setupOpts struct {
 	// pgProxy puts a proxy that the test can cut off (testBundle.pg) between every llmq
 	// process and Postgres.
 	pgProxy bool
+	// keepAlive is the API's event-stream keep-alive interval (api.Options.KeepAlive), at which
+	// an idle stream checks its token again. Default 15s.
+	keepAlive time.Duration
+	// tenantTTL is how long the API reuses a tenant lookup's answer (api.Options.TenantTTL),
+	// which a revocation takes to reach it. Default 2s.
+	tenantTTL time.Duration
+	// workerShutdown is how long a worker stopping at the test's end lets its deliveries finish
+	// (worker.Options.ShutdownTimeout): a test that leaves a long call running shortens it
+	// rather than wait for the call. Default 10s.
+	workerShutdown time.Duration
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -136,11 +148,11 @@ alerts: { webhook_url: %q }
 	require.NoError(t, err)
 
 	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, redisURL: redisURL,
-		prefix: redistest.PrefixOn(t, redisURL), ctx: ctx, pg: proxy}
+		prefix: redistest.PrefixOn(t, redisURL), ctx: ctx, pg: proxy, workerShutdown: o.workerShutdown}
 	pool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	apiSrv, closeAPI, err := api.FromConfig(cfg, pool, prometheus.NewRegistry(), nil)
+	apiSrv, closeAPI, err := api.FromConfigWith(cfg, pool, prometheus.NewRegistry(), nil, api.Options{KeepAlive: o.keepAlive, TenantTTL: o.tenantTTL})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = closeAPI() })
 	// Every answer of every end-to-end test must be one that api/openapi.yaml describes.
@@ -159,7 +171,8 @@ func (b *testBundle) startWorker(t *testing.T) {
 	pool, err := openPool(b.ctx, b.dbURL)
 	require.NoError(t, err)
 	b.workerMetrics = prometheus.NewRegistry()
-	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: b.workerMetrics, RedisPrefix: b.prefix})
+	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: b.workerMetrics, RedisPrefix: b.prefix,
+		ShutdownTimeout: b.workerShutdown})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)

@@ -58,6 +58,10 @@ type Options struct {
 	// Handoff builds a Handoff (see Worker.Handoff) for the API of the same process (llmq
 	// serve) to hand its new jobs to. Default: none.
 	Handoff bool
+	// ShutdownTimeout is how long a stopping worker lets its deliveries running finish before it
+	// cuts them (their jobs go back to the queue), its Handoff's too. Default
+	// dispatch.DefaultShutdownTimeout; tests whose calls outlast them shorten it rather than wait.
+	ShutdownTimeout time.Duration
 }
 
 // Worker is one worker process's moving parts.
@@ -198,7 +202,7 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 	w.enqueuer = enq
 	if opts.Handoff {
 		w.handoff = dispatch.NewHandoff(dispatch.HandoffConfig{Processor: w.executor, Enqueuer: enq, Redis: w.rdb,
-			Slots: cfg.Worker.Concurrency, Logger: opts.Logger, Metrics: m.dispatch})
+			Slots: cfg.Worker.Concurrency, Logger: opts.Logger, Metrics: m.dispatch, ShutdownTimeout: opts.ShutdownTimeout})
 	}
 	// Every sweeper leaves fresh taskless jobs alone for a while, whether or not its process has
 	// a Handoff: the sweeping process is whichever holds the lock.
@@ -225,7 +229,7 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 	}
 	w.server = dispatch.NewServer(w.redis, dispatch.ServerConfig{Queue: cfg.Worker.Queue,
 		Concurrency: cfg.Worker.Concurrency, PollInterval: cfg.Worker.PollInterval, Policy: policy, Logger: opts.Logger,
-		Metrics: m.dispatch})
+		Metrics: m.dispatch, ShutdownTimeout: opts.ShutdownTimeout})
 	return nil
 }
 
