@@ -334,3 +334,63 @@ func TestStream_DeltaSpacingMergesPieces(t *testing.T) {
 	n := count(evs, "delta")
 	require.True(t, n == 2 || n == 3, "the first piece, then the rest at the attempt's end: %v", eventNames(evs))
 }
+
+// TestStream_WholeToolInputReachesClients proves that a tool call whose input a server sends
+// whole (llmsim's StreamToolInputWhole: an Anthropic-compatible server's input in
+// content_block_start, an OpenAI-compatible server's arguments in the call's first chunk)
+// reaches clients: the stream's input_json deltas open the call with its id and name and add up
+// to the stored call's input.
+func TestStream_WholeToolInputReachesClients(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{sim: llmsim.Config{StreamToolInputWhole: true}})
+	for name, tc := range map[string]struct {
+		submit string
+		input  func(result map[string]any) (id, input string)
+	}{
+		"Anthropic": {
+			submit: `{"request":{"model":"m","max_tokens":64,"stream":true,"tools":[{"name":"echo","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"call it"}]}}`,
+			input: func(result map[string]any) (string, string) {
+				call := result["content"].([]any)[1].(map[string]any)
+				input, err := json.Marshal(call["input"])
+				require.NoError(t, err)
+				return call["id"].(string), string(input)
+			},
+		},
+		"OpenAI": {
+			submit: `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it"}]}}`,
+			input: func(result map[string]any) (string, string) {
+				msg := result["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+				call := msg["tool_calls"].([]any)[0].(map[string]any)
+				return call["id"].(string), call["function"].(map[string]any)["arguments"].(string)
+			},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			id := b.submit(t, tc.submit)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
+			})
+			evs := openEvents(t, b.apiURL, id, "0").rest(t)
+			last := evs[len(evs)-1]
+			require.Equal(t, "succeeded", last.name)
+			callID, want := tc.input(last.job["result"].(map[string]any))
+			var got, opened string
+			for _, ev := range evs {
+				if ev.name != "delta" || ev.job["type"] != "input_json" {
+					continue
+				}
+				if tid, _ := ev.job["tool_id"].(string); tid != "" {
+					require.Empty(t, got, "the call is opened before its input")
+					opened = tid
+				}
+				got += ev.job["text"].(string)
+			}
+			require.Equal(t, callID, opened)
+			require.NotEmpty(t, want)
+			require.JSONEq(t, want, got, "the input_json deltas add up to the stored input")
+		})
+	}
+}

@@ -117,6 +117,7 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 		a.delta(a.blocks[ev.Index], ev, emit)
 	case "content_block_stop":
 		if ev.Index >= 0 && ev.Index < len(a.blocks) && !a.blocks[ev.Index].stopped {
+			a.blocks[ev.Index].startInput(ev.Index, emit)
 			a.blocks[ev.Index].stopped = true
 			end(ev.Index) // its last characters go before the next block's
 		}
@@ -147,6 +148,11 @@ func (a *anthropicAssembler) event(name string, data []byte, emit func(Delta), e
 			}
 		}
 	case "message_stop":
+		for i, b := range a.blocks {
+			if !b.stopped {
+				b.startInput(i, emit)
+			}
+		}
 		return true, nil
 	case "error":
 		return false, &midStreamError{typ: ev.Error.Type, msg: ev.Error.Message}
@@ -322,6 +328,26 @@ func (a *anthropicAssembler) message() ([]byte, json.RawMessage, error) {
 	whole := mustMarshal(a.usage)
 	a.msg["usage"] = whole // as the provider sent it, message_start's placeholder included
 	return mustMarshal(a.msg), a.counted(whole), nil
+}
+
+// startInput hands on, as the input_json delta of the block at index, the input its
+// content_block_start brought whole (Anthropic-compatible servers that translate a whole call),
+// when no delta brought input: the input the stored block has (block), so that the block's
+// input_json deltas add up to it. It is called at the block's end, when no delta can replace it
+// any more. Anthropic's own start ("input":{}, the input in deltas) adds nothing.
+func (b *anthropicBlock) startInput(index int, emit func(Delta)) {
+	if !tracksToolInput(b.typ) || strings.TrimSpace(b.json.String()) != "" {
+		return
+	}
+	var text bytes.Buffer
+	if start := b.raw["input"]; len(start) == 0 || json.Compact(&text, start) != nil {
+		return
+	}
+	switch text.String() {
+	case "null", "{}":
+		return
+	}
+	emit(Delta{Type: DeltaInputJSON, Index: index, Text: text.String()})
 }
 
 // block renders a content block as a non-streaming answer carries it.

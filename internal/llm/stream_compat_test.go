@@ -540,40 +540,63 @@ func TestStream_AnthropicWebSearchKept(t *testing.T) {
 			"output_tokens":105,"server_tool_use":{"web_search_requests":1}}}`, body)
 }
 
-// Anthropic-compatible servers (Ollama's endpoint, proxies that translate an OpenAI-format
-// answer) send a tool call's input whole in its content_block_start and no input_json_delta, where
-// Anthropic sends "input":{} and the input in deltas. The stored block has the input the stream
-// gave: the deltas' when any brought some (they replace the start's, as the SDKs read them), the
-// start's otherwise.
+// Anthropic-compatible servers (proxies that translate an OpenAI-format answer) send a tool
+// call's input whole in its content_block_start and no input_json_delta, where Anthropic sends
+// "input":{} and the input in deltas. The stored block has the input the stream gave: the deltas'
+// when any brought some (they replace the start's, as the SDKs read them), the start's otherwise.
+// Clients get it as the stored block has it: the start's input reaches them as an input_json
+// delta (its JSON text, compacted as stored) at the block's end, when no delta can replace it, so
+// that the block's input_json deltas always add up to its stored input; Anthropic's own {} adds
+// no delta.
 func TestStream_AnthropicToolInputInBlockStartKept(t *testing.T) {
 	t.Parallel()
 	const start = `{"type":"message_start","message":{"id":"msg_9","type":"message","role":"assistant","model":"qwen3:8b","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":0}}}`
 	const stop = `{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":18}}`
+	const blockStop = `{"type":"content_block_stop","index":0}`
 	for name, tc := range map[string]struct {
 		events [][2]string
-		want   string
+		want   string // the stored input
+		deltas string // the text of the block's input_json deltas
 	}{
 		"WholeInStart": {
 			events: [][2]string{
-				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"call_k2","name":"get_weather","input":{"city":"Paris"}}}`},
-				{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"call_k2","name":"get_weather","input":{"city": "Paris", "days": [1, 2]}}}`},
+				{"content_block_stop", blockStop},
 			},
-			want: `{"city":"Paris"}`,
+			want:   `{"city":"Paris","days":[1,2]}`,
+			deltas: `{"city":"Paris","days":[1,2]}`,
+		},
+		"WholeInStartThenEmptyDelta": {
+			events: [][2]string{
+				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"call_k2","name":"get_weather","input":{"city":"Paris"}}}`},
+				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`},
+				{"content_block_stop", blockStop},
+			},
+			want:   `{"city":"Paris"}`,
+			deltas: `{"city":"Paris"}`,
+		},
+		"WholeInStartNeverStopped": {
+			events: [][2]string{
+				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"server_tool_use","id":"srv_1","name":"web_search","input":{"query":"llmq"}}}`},
+			},
+			want:   `{"query":"llmq"}`,
+			deltas: `{"query":"llmq"}`,
 		},
 		"DeltasReplaceStart": {
 			events: [][2]string{
 				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"call_k2","name":"get_weather","input":{"city":"Par"}}}`},
 				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\":"}}`},
 				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"\"Paris\"}"}}`},
-				{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+				{"content_block_stop", blockStop},
 			},
-			want: `{"city":"Paris"}`,
+			want:   `{"city":"Paris"}`,
+			deltas: `{"city":"Paris"}`,
 		},
 		"EmptyInput": {
 			events: [][2]string{
 				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}`},
 				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`},
-				{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+				{"content_block_stop", blockStop},
 			},
 			want: `{}`,
 		},
@@ -582,14 +605,22 @@ func TestStream_AnthropicToolInputInBlockStartKept(t *testing.T) {
 			t.Parallel()
 			events := append(append([][2]string{{"message_start", start}}, tc.events...),
 				[2]string{"message_delta", stop}, [2]string{"message_stop", `{"type":"message_stop"}`})
+			b := setup(t, llm.KindAnthropic, sseHandler(anthropicEvents(events...)))
+			got := &deltas{}
+			resp, err := b.provider.Send(t.Context(), streamBody(llm.KindAnthropic), llm.SendOptions{OnDelta: got.add})
+			require.NoError(t, err)
+			t.Cleanup(resp.Release)
 			var msg struct {
 				Content []struct {
 					Input json.RawMessage `json:"input"`
 				} `json:"content"`
 			}
-			require.NoError(t, json.Unmarshal([]byte(streamedBody(t, llm.KindAnthropic, anthropicEvents(events...))), &msg))
+			require.NoError(t, json.Unmarshal(resp.Body, &msg))
 			require.Len(t, msg.Content, 1)
-			require.JSONEq(t, tc.want, string(msg.Content[0].Input))
+			require.Equal(t, tc.want, string(msg.Content[0].Input))
+			require.Equal(t, tc.deltas, got.text(llm.DeltaInputJSON), "the deltas add up to the stored input")
+			require.NotEmpty(t, got.all)
+			require.NotEmpty(t, got.all[0].ToolID, "the call's first delta names it, before its input")
 		})
 	}
 }
@@ -700,6 +731,126 @@ func TestStream_OpenAIChoiceExtrasKept(t *testing.T) {
 			got, err := json.Marshal(choice)
 			require.NoError(t, err)
 			require.JSONEq(t, `{"index":0,"logprobs":null,"finish_reason":"stop"`+tc.want+`}`, string(got))
+		})
+	}
+}
+
+// A call whose arguments come whole in its first chunk (Ollama, Gemini) reaches clients in one
+// delta that opens the call and carries the arguments.
+func TestStream_OpenAIWholeArgumentsInFirstChunk(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-838","object":"chat.completion.chunk","created":1744438886,"model":"qwen2.5-coder:7b","system_fingerprint":"fp_ollama"`
+	resp, got := sendOpenAIStream(t, openAIChunks(env,
+		`[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":[{"id":"call_hk81qg8b","index":0,"type":"function","function":{"name":"run_command","arguments":"{\"command\":\"ls -la\"}"}}]},"finish_reason":null}]`,
+		`[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"tool_calls"}]`))
+	require.Equal(t, []llm.Delta{{Type: llm.DeltaInputJSON, ToolID: "call_hk81qg8b", ToolName: "run_command",
+		Text: `{"command":"ls -la"}`}}, got.all)
+	require.Contains(t, string(resp.Body), `"function":{"arguments":"{\"command\":\"ls -la\"}","name":"run_command"}`)
+}
+
+// A piece without index that brings an id the open call does not have starts a new call, whether
+// the open call has another id or none: servers send a call's id on its first piece (OpenAI's
+// protocol; Gemini sends each unindexed call whole with its id), never later, so an id after a
+// call's first piece is the next call's. A call opened by a piece that brought nothing (no id,
+// name nor arguments) takes the id.
+func TestStream_OpenAIUnindexedNewIDOpensACall(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"c9","object":"chat.completion.chunk","created":1758000000,"model":"proxy"`
+	for name, tc := range map[string]struct {
+		events []string
+		want   string
+		byTool map[int]string
+	}{
+		"AfterACallWithoutID": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_2","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: `[{"id":"","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+				{"id":"call_2","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]`,
+			byTool: map[int]string{0: `{"city":"Paris"}`, 1: `{"tz":"CET"}`},
+		},
+		"AfterAnEmptyPiece": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"type":"function"}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_1","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want:   `[{"id":"call_1","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]`,
+			byTool: map[int]string{0: `{"tz":"CET"}`},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			resp, got := sendOpenAIStream(t, tc.events)
+			var msg struct {
+				Choices []struct {
+					Message struct {
+						ToolCalls json.RawMessage `json:"tool_calls"`
+					} `json:"message"`
+				} `json:"choices"`
+			}
+			require.NoError(t, json.Unmarshal(resp.Body, &msg))
+			require.JSONEq(t, tc.want, string(msg.Choices[0].Message.ToolCalls))
+			byTool := map[int]string{}
+			for _, d := range got.all {
+				byTool[d.ToolIndex] += d.Text
+			}
+			require.Equal(t, tc.byTool, byTool)
+		})
+	}
+}
+
+// Members of a chunk's top level that its first chunk did not have (or had null) are kept in the
+// stored message at their last non-null value, as a server's own choice members are: SGLang sends
+// sglext (cached_tokens_details, routed_experts...) on a chunk of its own near the end, which its
+// non-streaming message has at the top. The first chunk's members keep its values (SGLang's
+// created is each chunk's time); a list member is a piece per chunk, not kept.
+func TestStream_OpenAILaterTopLevelMembersKept(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"5c1e","object":"chat.completion.chunk","model":"qwen3-8b"`
+	for name, tc := range map[string]struct {
+		events []string
+		want   string
+	}{
+		"SGLangExtension": {
+			events: []string{
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}`,
+				`data: {` + env + `,"created":1738000001,"choices":[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":null}],"usage":null}`,
+				`data: {` + env + `,"created":1738000002,"choices":[{"index":0,"delta":{"content":null},"logprobs":null,"finish_reason":"stop"}],"usage":null}`,
+				`data: {` + env + `,"created":1738000002,"choices":[],"usage":null,"sglext":{"cached_tokens_details":{"device":5,"host":0}}}`,
+				`data: {` + env + `,"created":1738000002,"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11},"sglext":null}`,
+				`data: [DONE]`,
+			},
+			want: `"created":1738000000,"sglext":{"cached_tokens_details":{"device":5,"host":0}}`,
+		},
+		"OnATextChunk": {
+			events: []string{
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null,"system_fingerprint":null}`,
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":null}],"usage":null,"system_fingerprint":"fp_1","weight_version":"v1","token_ids":[9707]}`,
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null}],"usage":null,"system_fingerprint":"fp_2","weight_version":"v2"}`,
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],"usage":null,"weight_version":null}`,
+				`data: [DONE]`,
+			},
+			want: `"created":1738000000,"system_fingerprint":"fp_2","weight_version":"v2"`,
+		},
+		"EscapedKeys": {
+			events: []string{
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}]}`,
+				`data: {` + env + `,"cr\u0065ated":1738000009,"choices":[],"sgl\u0065xt":{"routed_experts":"AAE="},"\u0055sage":{"x":1}}`,
+				`data: [DONE]`,
+			},
+			want: `"created":1738000000,"sglext":{"routed_experts":"AAE="}`,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var msg map[string]json.RawMessage
+			require.NoError(t, json.Unmarshal([]byte(streamedBody(t, llm.KindOpenAI, tc.events)), &msg))
+			delete(msg, "choices")
+			delete(msg, "usage")
+			got, err := json.Marshal(msg)
+			require.NoError(t, err)
+			require.JSONEq(t, `{"id":"5c1e","object":"chat.completion","model":"qwen3-8b",`+tc.want+`}`, string(got))
 		})
 	}
 }

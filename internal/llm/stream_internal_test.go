@@ -266,7 +266,7 @@ func TestContentChunkOf(t *testing.T) {
 		{`{"id":"c"}`, false, 0, ""},
 		{`[` + choice + `]`, false, 0, ""},
 	} {
-		index, text, ok := contentChunkOf([]byte(tc.data))
+		index, text, ok := contentChunkOf([]byte(tc.data), nil)
 		if ok != tc.ok || index != tc.index || text != tc.text {
 			t.Errorf("contentChunkOf(%s) = %d, %q, %v; want %d, %q, %v", tc.data, index, text, ok, tc.index, tc.text, tc.ok)
 		}
@@ -281,7 +281,7 @@ func FuzzContentChunkOf(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}],"usage":null,"usage":{"total_tokens":1}}`))
 	f.Add([]byte(`{"cHoices":[],"choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		index, text, ok := contentChunkOf(data)
+		index, text, ok := contentChunkOf(data, nil)
 		if !ok {
 			return
 		}
@@ -322,7 +322,7 @@ func TestContentChunkOf_Simulator(t *testing.T) {
 			continue
 		}
 		texts++
-		index, text, ok := contentChunkOf([]byte(data))
+		index, text, ok := contentChunkOf([]byte(data), nil)
 		if !ok || index != decoded.Choices[0].Index || text != *decoded.Choices[0].Delta.Content {
 			t.Fatalf("chunk %s: read %d, %q, %v", data, index, text, ok)
 		}
@@ -582,4 +582,37 @@ func FuzzOpenAIAssembler(f *testing.F) {
 			t.Fatalf("rendered %s from %s: not JSON", msg, data)
 		}
 	})
+}
+
+// A top-level member that the first chunk lacked and every later chunk repeats (a server's own,
+// as SGLang's weight_version) is kept once: the text chunks that repeat it are still read without
+// decoding, with no more allocations than a text chunk without it (the text, and the content's
+// growth).
+func TestOpenAIAssembler_LateMemberRepeatedAllocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
+	const head = `{"id":"c","object":"chat.completion.chunk","created":8,"model":"g","choices":[{"index":0,"delta":{"content":"tok "},"logprobs":null,"finish_reason":null}]`
+	allocs := func(chunk string) (float64, []byte) {
+		asm := openAI{}.assembler()
+		emit, end := func(Delta) {}, func(int) {}
+		for _, data := range []string{
+			`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+			`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[],"weight_version":"v1"}`,
+		} {
+			_, err := asm.event("", []byte(data), emit, end)
+			require.NoError(t, err)
+		}
+		data := []byte(chunk)
+		n := testing.AllocsPerRun(1000, func() {
+			if _, err := asm.event("", data, emit, end); err != nil {
+				t.Fatal(err)
+			}
+		})
+		body, _, err := asm.message()
+		require.NoError(t, err)
+		return n, body
+	}
+	plain, _ := allocs(head + `}`)
+	repeated, body := allocs(head + `,"weight_version":"v1","obfuscation":"x"}`)
+	require.Equal(t, plain, repeated)
+	require.Contains(t, string(body), `"weight_version":"v1"`)
+	require.Contains(t, string(body), `"created":7`)
 }

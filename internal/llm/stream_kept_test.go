@@ -194,6 +194,20 @@ func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
 			}
 			return ev
 		}},
+		// Top-level members the first chunk lacked (SGLang's sglext), each kept in the message;
+		// text chunks that carry new ones too.
+		"OpenAILateTopMembers": {openAI{}.assembler, func() [][2]string {
+			ev := [][2]string{{"", `{"id":"c","choices":[]}`}}
+			for i := range n / 1000 {
+				var b strings.Builder
+				for j := range 1000 {
+					fmt.Fprintf(&b, `,"k%d":1`, i*1000+j)
+				}
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[]` + b.String() + `}`})
+				ev = append(ev, [2]string{"", `{"id":"c","choices":[{"index":0,"delta":{"content":"a"},"logprobs":null,"finish_reason":null}]` + strings.ReplaceAll(b.String(), `"k`, `"t`) + `}`})
+			}
+			return ev
+		}},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -18,10 +18,14 @@ import (
 // compatible servers' reasoning_content or reasoning, OpenRouter's reasoning_details) and a
 // finish_reason (and, from Azure, content_filter_results; from OpenRouter, native_finish_reason;
 // a server's own members, kept at their last non-null value: SGLang's matched_stop, vLLM's
-// stop_reason); a chunk with a non-null usage (stream_options.include_usage); data: [DONE] ends
-// it; a chunk {"error":{...}} fails it.
+// stop_reason); a chunk with a non-null usage (stream_options.include_usage); top-level members
+// the first chunk did not have (SGLang's sglext), kept at their last non-null value; data: [DONE]
+// ends it; a chunk {"error":{...}} fails it.
 type openAIAssembler struct {
-	top     map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
+	top map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
+	// late are the top-level members of later chunks that top lacks or has null (SGLang's sglext,
+	// on a chunk of its own near the end), each at its last non-null value (keepLate).
+	late    map[string]json.RawMessage
 	choices map[int]*openAIChoice
 	usage   json.RawMessage
 	// topPending: top has no id yet and came from chunks without choices (Azure opens with a
@@ -166,11 +170,16 @@ var openAIChoiceMembers = []string{"index", "delta", "logprobs", "finish_reason"
 // chunk (vLLM's token_ids), whose last is not the non-streaming choice's list. It reads data
 // without decoding it again and allocates only for a member it keeps, so that a server sending
 // one on every chunk (SGLang's "matched_stop":null) does not cost each chunk a map.
-func (a *openAIAssembler) readRaw(data []byte, ch *openAIChunk) {
+//
+// later: the chunk is not the one top was taken from (setTop), so that its top-level members
+// that top lacks are kept too (keepLate).
+func (a *openAIAssembler) readRaw(data []byte, ch *openAIChunk, later bool) {
 	var choices []byte
 	topLevelMembers(data, func(key, value []byte) bool {
 		if jsonKeyIs(key, "choices") {
 			choices = value // decoding keeps the last
+		} else if later {
+			a.keepLate(key, value)
 		}
 		return true
 	})
@@ -206,6 +215,49 @@ func (a *openAIAssembler) readRaw(data []byte, ch *openAIChunk) {
 		})
 		return true
 	})
+}
+
+// keepLate keeps the top-level member key (between its quotes, undecoded) of a chunk after the
+// first at value (valid JSON) when takesLate says the message takes it, counting what it keeps.
+func (a *openAIAssembler) keepLate(key, value []byte) {
+	if bytes.IndexByte(key, '\\') >= 0 { // rare: decoded, as decoding reads it
+		var k string
+		if json.Unmarshal(quote(key), &k) != nil {
+			return
+		}
+		key = []byte(k)
+	}
+	if !a.takesLate(key, value) {
+		return
+	}
+	if a.late == nil {
+		a.late = map[string]json.RawMessage{}
+	}
+	a.n += keepMember(a.late, string(key), bytes.Clone(value))
+}
+
+// takesLate reports whether the top-level member key (decoded) of a chunk after the first, at
+// value (valid JSON), changes the stored message: a member the first chunk did not have, or had
+// null (the first chunk's values are the message's: SGLang's created is each chunk's time), at a
+// non-null value other than the one kept. Not choices, usage, error nor obfuscation, which are
+// not members of the message (setTop), nor a list: in a stream a list member is a piece per chunk
+// (as readRaw's choice members). It allocates nothing.
+func (a *openAIAssembler) takesLate(key, value []byte) bool {
+	if string(value) == "null" || value[0] == '[' {
+		return false
+	}
+	if cur, ok := a.top[string(key)]; ok && string(cur) != "null" {
+		return false // the first chunk's: most members of most chunks
+	}
+	if cur, ok := a.late[string(key)]; ok && bytes.Equal(cur, value) {
+		return false
+	}
+	for _, m := range [...]string{"choices", "usage", "error", "obfuscation"} {
+		if strings.EqualFold(string(key), m) {
+			return false
+		}
+	}
+	return true
 }
 
 // nullToolCalls reports whether the delta delta (valid JSON) has "tool_calls":null, as decoding
@@ -338,7 +390,7 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 		return true, nil
 	}
 	if a.top != nil {
-		if index, text, ok := contentChunkOf(data); ok {
+		if index, text, ok := contentChunkOf(data, a.takesLate); ok {
 			a.content(index, text, emit)
 			return false, nil
 		}
@@ -351,7 +403,8 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 		typ, code, msg, _ := parseErrorBody(append(append([]byte(`{"error":`), ch.Error...), '}'))
 		return false, &midStreamError{typ: typ, code: code, msg: msg}
 	}
-	if a.top == nil || a.topPending {
+	first := a.top == nil || a.topPending
+	if first {
 		if err := a.setTop(data, len(ch.Choices) > 0); err != nil {
 			return false, err
 		}
@@ -363,7 +416,7 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 	for _, c := range ch.Choices {
 		a.choice(c.Index, c, emit)
 	}
-	a.readRaw(data, &ch)
+	a.readRaw(data, &ch, !first)
 	return false, nil
 }
 
@@ -407,10 +460,12 @@ func emptyJSON(v json.RawMessage) bool {
 // the API writes one, {…,"choices":[{"index":N,"delta":{"content":"..."},"logprobs":null,
 // "finish_reason":null}],…}, without decoding the chunk: a stream is mostly these. The chunk's
 // other top-level members, which vary (id, model, system_fingerprint, service_tier, obfuscation),
-// are skipped; "usage" and "error" must be null or absent. ok is false for any other chunk or
+// are skipped, but one that takes (when not nil; given a key without escapes, which is its
+// decoded form) says the message takes (openAIAssembler's takesLate); "usage" and "error" must be
+// null or absent. ok is false for any other chunk or
 // form (another member of the choice, spaces, a key that decoding would match another way), which
 // event decodes in full; when ok, index and text are what that decoding gives.
-func contentChunkOf(data []byte) (index int, text string, ok bool) {
+func contentChunkOf(data []byte, takes func(key, value []byte) bool) (index int, text string, ok bool) {
 	if !jsonscan.Valid(data) {
 		return 0, "", false
 	}
@@ -427,6 +482,8 @@ func contentChunkOf(data []byte) (index int, text string, ok bool) {
 			return string(value) == "null"
 		case bytes.IndexByte(key, '\\') >= 0, strings.EqualFold(k, "choices"), strings.EqualFold(k, "usage"), strings.EqualFold(k, "error"):
 			return false // decoding matches keys unescaped and case-insensitively
+		case takes != nil && takes(key, value):
+			return false // a member the message takes: event keeps it
 		}
 		return true
 	})
@@ -640,19 +697,24 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 
 // toolIndex returns the index of the tool call a piece goes to: its own index when it has one
 // (OpenAI and most servers); without one (Gemini sends each of parallel calls whole, with its id
-// and no index), the call the last piece went to, unless the piece has an id and that call
-// another: then the next free index, a new call.
+// and no index), the call the last piece went to, unless the piece has an id that call lacks
+// (another id, or none after a piece that brought something): then the next free index, a new
+// call. Servers send a call's id on its first piece, never later, so an id the call did not open
+// with is the next call's.
 func (c *openAIChoice) toolIndex(index *int, id string) int {
 	switch {
 	case index != nil:
 		c.lastTool = *index
 	case id != "":
-		if t := c.tools[c.lastTool]; t != nil && t.id != "" && t.id != id {
+		if t := c.tools[c.lastTool]; t != nil && t.id != id && !t.empty() {
 			c.lastTool = c.nextTool
 		}
 	}
 	return c.lastTool
 }
+
+// empty reports whether no piece brought the call anything: no id, name nor arguments.
+func (t *openAITool) empty() bool { return t.id == "" && t.name == "" && t.args.Len() == 0 }
 
 // addDetail takes an entry of a chunk's reasoning_details into the choice's, merged into the
 // entry of its index (an entry without one is its own), hands its text on as thinking
@@ -806,6 +868,9 @@ func (a *openAIAssembler) message() ([]byte, json.RawMessage, error) {
 	}
 	out := map[string]json.RawMessage{}
 	for k, v := range a.top {
+		out[k] = v
+	}
+	for k, v := range a.late { // members top lacks or has null
 		out[k] = v
 	}
 	out["object"] = mustMarshal("chat.completion")

@@ -340,16 +340,24 @@ func TestProvider_Stream_KeyMasked(t *testing.T) {
 
 // TestProvider_Stream_SimulatorTools proves against the simulator that a streamed tool call is
 // carried as input_json deltas (the tool's id and name on the first) and assembled into the
-// input a non-streaming answer carries.
+// input a non-streaming answer carries, whether its input comes in pieces or whole (Whole: in
+// Anthropic's content_block_start, in OpenAI's first chunk of the call).
 func TestProvider_Stream_SimulatorTools(t *testing.T) {
 	t.Parallel()
-	for kind, tools := range map[llm.Kind]string{
-		llm.KindAnthropic: `[{"name":"record","input_schema":{"type":"object"}}]`,
-		llm.KindOpenAI:    `[{"type":"function","function":{"name":"record"}}]`,
+	for name, tc := range map[string]struct {
+		kind  llm.Kind
+		whole bool
+	}{
+		"Anthropic": {kind: llm.KindAnthropic}, "AnthropicWhole": {kind: llm.KindAnthropic, whole: true},
+		"OpenAI": {kind: llm.KindOpenAI}, "OpenAIWhole": {kind: llm.KindOpenAI, whole: true},
 	} {
-		t.Run(string(kind), func(t *testing.T) {
+		kind, tools := tc.kind, `[{"type":"function","function":{"name":"record"}}]`
+		if kind == llm.KindAnthropic {
+			tools = `[{"name":"record","input_schema":{"type":"object"}}]`
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			p, _ := simProvider(t, kind, llmsim.Config{})
+			p, _ := simProvider(t, kind, llmsim.Config{StreamToolInputWhole: tc.whole})
 			var m map[string]any
 			require.NoError(t, json.Unmarshal(streamBody(kind), &m))
 			m["tools"] = json.RawMessage(tools)

@@ -50,6 +50,11 @@ type Config struct {
 	// StreamTokensPerSecond paces streamed answers: one content token (4 bytes of text) per
 	// 1/StreamTokensPerSecond. 0 (the default) sends them as fast as the connection takes them.
 	StreamTokensPerSecond float64
+	// StreamToolInputWhole streams a tool call whole, as some compatible servers do: Anthropic's
+	// tool_use block with its input in content_block_start and no input_json_delta, OpenAI's call
+	// with its whole arguments in its first chunk. false (the default) streams the input in
+	// pieces, as the real APIs do.
+	StreamToolInputWhole bool
 	// Latency is how long every answer that passed the bucket waits before it
 	// is written. Default 0. The wait ends early if the client goes away.
 	Latency time.Duration

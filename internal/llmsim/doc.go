@@ -147,9 +147,11 @@
 // rune) per delta, paced by Config.StreamTokensPerSecond. Anthropic: message_start (usage with
 // the input tokens), content_block_start, ping, content_block_delta (text_delta) per token,
 // content_block_stop, then for a tool call a tool_use block whose input comes in
-// input_json_delta pieces, message_delta (stop_reason, usage.output_tokens), message_stop.
+// input_json_delta pieces (whole in its content_block_start with Config.StreamToolInputWhole),
+// message_delta (stop_reason, usage.output_tokens), message_stop.
 // OpenAI: data-only chat.completion.chunk events (the role first, a chunk per token, for a tool
-// call a chunk with its id and name and chunks with argument pieces, then one with
+// call a chunk with its id and name and chunks with argument pieces (or its whole arguments,
+// Config.StreamToolInputWhole), then one with
 // finish_reason, and with stream_options.include_usage a last chunk with empty choices and the
 // usage), then data: [DONE]. The text, usage and stop reason equal the non-streaming answer's.
 // Errors decided before the stream starts are ordinary JSON answers. The faults

@@ -290,7 +290,8 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 	}
 	a := answer{status: http.StatusOK, keyID: keyID, header: h}
 	if req.streamRequest {
-		a.stream = &streamAnswer{p: p, r: rep, includeUsage: req.includeUsage, interval: s.tokenInterval(), fail: s.streamFault()}
+		a.stream = &streamAnswer{p: p, r: rep, includeUsage: req.includeUsage, interval: s.tokenInterval(),
+			toolWhole: s.cfg.StreamToolInputWhole, fail: s.streamFault()}
 	} else {
 		a.body = p.successBody(rep)
 	}

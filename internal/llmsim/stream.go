@@ -2,6 +2,7 @@ package llmsim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,7 @@ type streamAnswer struct {
 	r            reply
 	includeUsage bool          // OpenAI stream_options.include_usage
 	interval     time.Duration // between content tokens; 0: no wait
+	toolWhole    bool          // Config.StreamToolInputWhole
 	// fail, when set, is the fault that ends this stream early.
 	fail *streamFault
 }
@@ -164,7 +166,7 @@ func (anthropicStreamer) close(sw streamWriter, s *streamAnswer) error {
 		return err
 	}
 	if t := s.r.tool; t != nil {
-		if err := anthropicToolBlock(sw, t); err != nil {
+		if err := anthropicToolBlock(sw, t, s.toolWhole); err != nil {
 			return err
 		}
 	}
@@ -180,14 +182,18 @@ func (anthropicStreamer) close(sw streamWriter, s *streamAnswer) error {
 }
 
 // anthropicToolBlock writes the tool_use block (index 1): its start with an empty input, its
-// input JSON in input_json_delta pieces, its stop.
-func anthropicToolBlock(sw streamWriter, t *toolCall) error {
+// input JSON in input_json_delta pieces, its stop; whole, its start with the input and its stop.
+func anthropicToolBlock(sw streamWriter, t *toolCall, whole bool) error {
+	input, pieces := json.RawMessage(`{}`), splitPieces(t.input, 8)
+	if whole {
+		input, pieces = json.RawMessage(t.input), nil
+	}
 	start := mustJSON(map[string]any{"type": "content_block_start", "index": 1, "content_block": map[string]any{
-		"type": "tool_use", "id": t.id, "name": t.name, "input": map[string]any{}}})
+		"type": "tool_use", "id": t.id, "name": t.name, "input": input}})
 	if err := sw.event("content_block_start", start); err != nil {
 		return err
 	}
-	for _, piece := range splitPieces(t.input, 8) {
+	for _, piece := range pieces {
 		d := mustJSON(map[string]any{"type": "content_block_delta", "index": 1,
 			"delta": map[string]string{"type": "input_json_delta", "partial_json": piece}})
 		if err := sw.event("content_block_delta", d); err != nil {
@@ -255,12 +261,16 @@ func (o openAIStreamer) token(sw streamWriter, s *streamAnswer, text string) err
 
 func (o openAIStreamer) close(sw streamWriter, s *streamAnswer) error {
 	if t := s.r.tool; t != nil {
+		args, pieces := "", splitPieces(t.input, 8)
+		if s.toolWhole {
+			args, pieces = t.input, nil
+		}
 		first := map[string]any{"tool_calls": []any{map[string]any{"index": 0, "id": t.id, "type": "function",
-			"function": map[string]string{"name": t.name, "arguments": ""}}}}
+			"function": map[string]string{"name": t.name, "arguments": args}}}}
 		if err := sw.event("", o.chunk(s, first, nil, nil)); err != nil {
 			return err
 		}
-		for _, piece := range splitPieces(t.input, 8) {
+		for _, piece := range pieces {
 			d := map[string]any{"tool_calls": []any{map[string]any{"index": 0, "function": map[string]string{"arguments": piece}}}}
 			if err := sw.event("", o.chunk(s, d, nil, nil)); err != nil {
 				return err
