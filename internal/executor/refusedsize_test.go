@@ -29,7 +29,9 @@ var longRequest = json.RawMessage(`{"model":"claude-test","max_tokens":16,"messa
 // not wrong as such: the job moves to its next fallback, whose model or limits may be larger,
 // and is answered there. Each of the providers' ways of saying so: Anthropic's 400 "prompt is too
 // long", OpenAI's 400 context_length_exceeded, Anthropic's 413 request_too_large, a compatible
-// server's 413. The refused call is recorded and counts as an attempt (it was sent), so the move
+// server's 413, OpenAI's 429 "Request too large for …" (more tokens than the organisation's whole
+// tokens-per-minute limit: it was retried as a rate limit, or dead as a spend cap without
+// Retry-After, though no wait heals it). The refused call is recorded and counts as an attempt (it was sent), so the move
 // needs an attempt left. Without a fallback, or without an attempt left, the job fails as before.
 func TestExecutor_ProviderSizeRefusalFailsOver(t *testing.T) {
 	t.Parallel()
@@ -48,6 +50,9 @@ func TestExecutor_ProviderSizeRefusalFailsOver(t *testing.T) {
 		{"Compatible413", llm.KindOpenAI,
 			llmsim.Config{Faults: llmsim.Faults{FailNext: 1, FailNextStatus: http.StatusRequestEntityTooLarge}},
 			http.StatusRequestEntityTooLarge},
+		// 10 input and 16 reserved tokens, more than the whole tokens-per-minute limit of 20.
+		{"OpenAIRequestTooLargeForTPM", llm.KindOpenAI, llmsim.Config{InputTokensPerMinute: 20},
+			http.StatusTooManyRequests},
 	}
 	for _, tt := range refusals {
 		t.Run(tt.name, func(t *testing.T) {

@@ -68,6 +68,18 @@ func TestClassify_LLMErrors(t *testing.T) {
 			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400}},
 		{"429NotTooLargeForPromptText", llm.KindAnthropic, reply(429, `{"type":"error","error":{"type":"rate_limit_error","message":"prompt is too long"}}`, "Retry-After", "1"),
 			retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, RetryAfter: time.Second, HasRetryAfter: true}},
+		// OpenAI's refusal of a request larger than the organisation's whole tokens-per-minute
+		// limit: a 429 that never heals, with its rate-limit headers or without.
+		{"429OpenAIRequestTooLargeForTPM", llm.KindOpenAI, reply(429, `{"error":{"message":"Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Requested 50000. The input or output tokens must be reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 429, TooLarge: true}},
+		{"429OpenAIRequestTooLargeWithRetryAfter", llm.KindOpenAI, reply(429, `{"error":{"message":"Request too large for gpt-4.1-2025-04-14 (for limit gpt-4.1) in organization org-x on tokens per min (TPM): Limit 30000, Requested 37313. The input or output tokens must be reduced in order to run successfully.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`, "Retry-After", "2", "X-Should-Retry", "true"),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 429, TooLarge: true, RetryAfter: 2 * time.Second, HasRetryAfter: true}},
+		// The same words for a request that fits the limit (OpenAI has sent them for one of 546
+		// tokens under a limit of 250000): a rate limit as any other.
+		{"429OpenAIRequestTooLargeThatFits", llm.KindOpenAI, reply(429, `{"error":{"message":"Request too large for organization org-x on tokens per min (TPM): Limit 250000, Requested 546. The input or output tokens must be reduced in order to run successfully.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`, "Retry-After", "1"),
+			retrypolicy.Decision{Class: retrypolicy.ClassRateLimited, Retry: true, StatusCode: 429, RetryAfter: time.Second, HasRetryAfter: true}},
+		{"400NotTooLargeForOpenAITPMText", llm.KindOpenAI, reply(400, `{"error":{"message":"Request too large for gpt-4o in organization org-x on tokens per min (TPM): Limit 30000, Requested 50000.","type":"invalid_request_error"}}`),
+			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400}},
 		{"Redirect", llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/elsewhere", http.StatusFound) },
 			retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 302}},
 		{"DecodeError", llm.KindAnthropic, reply(200, "<html>", "Content-Type", "text/html"),

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -106,9 +108,13 @@ func (e *StatusError) ResponseHeader() http.Header { return e.Header }
 
 // TooLarge reports whether the provider refused the request as too large for it: a 413
 // (Anthropic request_too_large, a compatible server's Payload Too Large), a 400 whose code or
-// type is context_length_exceeded (OpenAI), or Anthropic's 400 invalid_request_error whose
-// message begins "prompt is too long" ("prompt is too long: N tokens > M maximum"). The request
-// is not wrong as such: a credential with another model or larger limits may take it. A
+// type is context_length_exceeded (OpenAI), Anthropic's 400 invalid_request_error whose
+// message begins "prompt is too long" ("prompt is too long: N tokens > M maximum"), or OpenAI's
+// 429 whose message begins "Request too large for" ("Request too large for gpt-4o in
+// organization org-… on tokens per min (TPM): Limit 30000, Requested 50000. …": larger than the
+// organisation's whole tokens-per-minute limit, which no wait heals), unless its numbers say the
+// request fits the limit (OpenAI has sent the words for such a request: a rate limit then). The
+// request is not wrong as such: a credential with another model or larger limits may take it. A
 // mid-stream error is never one (the provider had accepted the request).
 func (e *StatusError) TooLarge() bool {
 	switch {
@@ -116,11 +122,32 @@ func (e *StatusError) TooLarge() bool {
 		return false
 	case e.StatusCode == http.StatusRequestEntityTooLarge:
 		return true
+	case e.StatusCode == http.StatusTooManyRequests:
+		return tooLargeForTPM(e.Message)
 	case e.StatusCode != http.StatusBadRequest:
 		return false
 	}
 	return strings.EqualFold(e.Code, contextLengthExceeded) || strings.EqualFold(e.Type, contextLengthExceeded) ||
 		(e.Type == "invalid_request_error" && strings.HasPrefix(strings.ToLower(e.Message), "prompt is too long"))
+}
+
+// tpmNumbers finds the limit and the request's tokens in OpenAI's "Request too large" message.
+var tpmNumbers = regexp.MustCompile(`Limit (\d+), Requested (\d+)`)
+
+// tooLargeForTPM reports whether msg, a 429's, is OpenAI's refusal of a request larger than the
+// whole tokens-per-minute limit: it begins "Request too large for", and its "Limit N, Requested
+// M", when there, has M above N.
+func tooLargeForTPM(msg string) bool {
+	if !strings.HasPrefix(strings.ToLower(msg), "request too large for") {
+		return false
+	}
+	m := tpmNumbers.FindStringSubmatch(msg)
+	if m == nil {
+		return true
+	}
+	limit, err1 := strconv.ParseInt(m[1], 10, 64)
+	requested, err2 := strconv.ParseInt(m[2], 10, 64)
+	return err1 != nil || err2 != nil || requested > limit
 }
 
 // contextLengthExceeded is OpenAI's error code for a request over the model's context window.

@@ -95,8 +95,11 @@
 // rate_limit_error (OpenAI type "tokens") with retry-after = the wait until
 // every bucket has room, in whole seconds rounded up, at least 1, and
 // nothing is charged. If a request exceeds a bucket's whole capacity it can
-// never be admitted and is answered 400 invalid_request_error saying so,
-// again charging nothing. Otherwise the buckets are charged; when the answer
+// never be admitted, and nothing is charged: the Anthropic endpoint answers
+// 400 invalid_request_error saying so; the OpenAI endpoint answers as OpenAI
+// does, 429 type "tokens", code rate_limit_exceeded, "Request too large for
+// <model> in organization org-llmsim on tokens per min (TPM): Limit N,
+// Requested M. ...", without retry-after (no wait heals it). Otherwise the buckets are charged; when the answer
 // is decided the output reservation is trued up to the output tokens of a
 // successful reply (usage.output_tokens), or released entirely for any other
 // answer, including a client that went away. Input tokens stay charged, like

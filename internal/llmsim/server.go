@@ -215,7 +215,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request, p provider, requ
 	p.setHeaders(h, requestID, adm.req, now)
 	if adm.refusal != nil {
 		p.setTokenHeaders(h, adm.tokens, now)
-		if adm.refusal.status == http.StatusTooManyRequests {
+		if adm.refusal.status == http.StatusTooManyRequests && !adm.neverFits {
 			h.Set("retry-after", retryAfterSeconds(adm.retryAfter))
 		}
 		a := errorAnswer(p, h, requestID, keyID, *adm.refusal)
@@ -341,13 +341,15 @@ type admission struct {
 	tokens     *tokenView    // the token buckets; nil when token limits are off
 	refusal    *apiError     // 400 or 429; then nothing was charged
 	retryAfter time.Duration // with a 429 refusal: until every bucket has room
+	neverFits  bool          // the refusal is of a request larger than a whole bucket
 	at         time.Time     // when the buckets were charged (or checked)
 }
 
 // admit charges keyID's request bucket one token and, when cost is known,
 // its token buckets the request's input tokens and reserved output tokens,
-// all or nothing: a request that can never fit is refused 400, one that does
-// not fit now 429. With no limit at all it always admits.
+// all or nothing: a request that can never fit is refused (see
+// tooLargeRefusal), one that does not fit now 429. With no limit at all it
+// always admits.
 //
 // The buckets are charged at the time admit reads under the lock (admission.at),
 // not when the request arrived: a request whose handler read the clock, then
@@ -381,7 +383,7 @@ func (s *Server) admit(p provider, keyID string, cost *tokenCost) admission {
 					st := s.bucketLocked(keyID).peek(s.params, now)
 					adm.req = &st
 				}
-				adm.refusal = &apiError{status: http.StatusBadRequest, message: tooLargeMessage(ch, *cost, capacity)}
+				adm.refusal, adm.neverFits = tooLargeRefusal(ch, *cost, capacity), true
 				return adm
 			}
 		}

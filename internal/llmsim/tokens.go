@@ -2,6 +2,7 @@ package llmsim
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -154,19 +155,26 @@ func (l tokenLimits) view(t *keyTokens, combined bool, now time.Time) *tokenView
 	return v
 }
 
-// tooLargeMessage explains why a charge can never be admitted.
-func tooLargeMessage(ch tokenCharge, c tokenCost, capacity int64) string {
+// tooLargeRefusal is the answer to a charge that can never be admitted, larger than its bucket's
+// capacity: on the Anthropic endpoint a 400 invalid_request_error saying so; on the OpenAI
+// endpoint (its combined bucket) OpenAI's own answer, a 429 of type tokens, code
+// rate_limit_exceeded, "Request too large for …", which admit sends without retry-after (no wait
+// heals it).
+func tooLargeRefusal(ch tokenCharge, c tokenCost, capacity int64) *apiError {
 	switch ch.kind {
 	case inputTokens:
-		return fmt.Sprintf("prompt is %d input tokens, more than the whole input-token rate limit of %d "+
-			"per minute: this request can never be admitted; shorten the prompt", ch.n, capacity)
+		return &apiError{status: http.StatusBadRequest, message: fmt.Sprintf("prompt is %d input tokens, more than the "+
+			"whole input-token rate limit of %d per minute: this request can never be admitted; shorten the prompt",
+			ch.n, capacity)}
 	case outputTokens:
-		return fmt.Sprintf("max_tokens: %d is more than the whole output-token rate limit of %d per minute: "+
-			"this request can never be admitted; lower max_tokens", ch.n, capacity)
+		return &apiError{status: http.StatusBadRequest, message: fmt.Sprintf("max_tokens: %d is more than the whole "+
+			"output-token rate limit of %d per minute: this request can never be admitted; lower max_tokens",
+			ch.n, capacity)}
 	}
-	return fmt.Sprintf("Request too large for %s on tokens per min (TPM): Limit %d, Requested %d "+
-		"(%d input + %d max_tokens). The input or output tokens must be reduced in order to run successfully: "+
-		"this request can never be admitted.", c.model, capacity, ch.n, c.input, c.reserve)
+	return &apiError{status: http.StatusTooManyRequests, kind: kindTokens, message: fmt.Sprintf("Request too large for %s "+
+		"in organization org-llmsim on tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be "+
+		"reduced in order to run successfully. Visit https://platform.openai.com/account/rate-limits to learn more.",
+		c.model, capacity, ch.n)}
 }
 
 // rateLimitedMessage explains a refusal by a token bucket.

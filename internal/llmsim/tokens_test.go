@@ -294,12 +294,16 @@ func TestServer_TokenLimits(t *testing.T) {
 		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 		require.Equal(t, "81", r.header.Get("x-ratelimit-remaining-tokens"))
 
-		// And input + max_tokens above the whole bucket can never fit
+		// And input + max_tokens above the whole bucket can never fit: OpenAI's 429 "Request too
+		// large", without retry-after (no wait heals it)
 		r = b.openai(t, "key-b", promptBody(4000, 201))
-		require.Equal(t, http.StatusBadRequest, r.status)
-		require.Equal(t, "invalid_request_error", r.errType(t))
-		require.Contains(t, errMessage(t, r), "Request too large for sim-model on tokens per min (TPM): Limit 1200, Requested 1201")
-		require.Contains(t, errMessage(t, r), "never")
+		require.Equal(t, http.StatusTooManyRequests, r.status)
+		require.Equal(t, "tokens", r.errType(t))
+		require.Equal(t, "rate_limit_exceeded", r.json(t)["error"].(map[string]any)["code"])
+		require.Equal(t, "Request too large for sim-model in organization org-llmsim on tokens per min (TPM): "+
+			"Limit 1200, Requested 1201. The input or output tokens must be reduced in order to run successfully. "+
+			"Visit https://platform.openai.com/account/rate-limits to learn more.", errMessage(t, r))
+		require.Empty(t, r.header.Get("retry-after"))
 		require.Equal(t, "1200", r.header.Get("x-ratelimit-remaining-tokens"))
 
 		// And the same key's Anthropic buckets are separate

@@ -143,6 +143,11 @@ func Classify(err error, now time.Time) Decision {
 	if et, ok := errors.AsType[errorTyper](err); ok && spendCapCodes[strings.ToLower(strings.TrimSpace(et.ErrorType()))] {
 		return d.with(ClassSpendCap)
 	}
+	if d.TooLarge && d.StatusCode == http.StatusTooManyRequests {
+		// OpenAI's refusal of a request larger than the whole tokens-per-minute limit: no wait
+		// heals it, whatever its rate-limit headers say.
+		return d.with(ClassPermanent)
+	}
 	if retry, ok := shouldRetry(header); ok {
 		if !retry {
 			return d.with(ClassPermanent)

@@ -33,6 +33,15 @@ func (e *providerError) HTTPStatus() int             { return e.status }
 func (e *providerError) ResponseHeader() http.Header { return e.header }
 func (e *providerError) ErrorType() string           { return e.errType }
 
+// sizeError is a providerError whose provider refused the request as too large for it.
+type sizeError struct{ providerError }
+
+func (e *sizeError) TooLarge() bool { return true }
+
+func tooLarge(code int, kv ...string) error {
+	return &sizeError{providerError{status: code, header: header(kv...)}}
+}
+
 // transportError is a test-only stand-in for a transport failure.
 type transportError struct {
 	timeout bool
@@ -129,6 +138,13 @@ func TestClassify(t *testing.T) {
 		{"ShouldRetryFalseOn503", status(503, "X-Should-Retry", "false"), retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 503}},
 		{"ShouldRetryFalseOn429WithRetryAfter", status(429, "x-should-retry", "FALSE", "Retry-After", "3"), retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 429, RetryAfter: 3 * time.Second, HasRetryAfter: true}},
 		{"ShouldRetryGarbageIgnored", status(400, "X-Should-Retry", "maybe"), retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 400}},
+
+		{"TooLarge413", tooLarge(413), retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 413, TooLarge: true}},
+		{"TooLarge413ShouldRetryTrue", tooLarge(413, "X-Should-Retry", "true"), retrypolicy.Decision{Class: retrypolicy.ClassRetryable, Retry: true, StatusCode: 413}},
+		// OpenAI's 429 for a request above the whole tokens-per-minute limit never heals: no spend
+		// cap without Retry-After, no rate limit with it, whatever x-should-retry says.
+		{"TooLarge429", tooLarge(429), retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 429, TooLarge: true}},
+		{"TooLarge429RetryAfterShouldRetryTrue", tooLarge(429, "Retry-After", "3", "X-Should-Retry", "true"), retrypolicy.Decision{Class: retrypolicy.ClassPermanent, StatusCode: 429, RetryAfter: 3 * time.Second, HasRetryAfter: true, TooLarge: true}},
 
 		{"DeadlineExceeded", context.DeadlineExceeded, retrypolicy.Decision{Class: retrypolicy.ClassTimeout, Retry: true}},
 		{"DeadlineExceededWrapped", fmt.Errorf("send: %w", context.DeadlineExceeded), retrypolicy.Decision{Class: retrypolicy.ClassTimeout, Retry: true}},

@@ -24,23 +24,27 @@
 //     spend_limit_reached; case-insensitive) → spend_cap, dead with reason
 //     rate_limited_no_retry_after, even if the provider says x-should-retry: true. Such errors
 //     keep failing until an operator acts.
-//  4. An x-should-retry response header overrides the status table: "true" → retried (class
+//  4. A 429 whose error says TooLarge() (OpenAI's "Request too large for …": more tokens than
+//     the whole tokens-per-minute limit) → permanent, with or without Retry-After or
+//     x-should-retry: no wait heals it.
+//  5. An x-should-retry response header overrides the status table: "true" → retried (class
 //     rate_limited for a 429 with Retry-After, otherwise retryable); "false" → permanent.
-//  5. The status table: 408, 409, 500, 502, 503, 504, 529 → retryable; 429 with a usable
+//  6. The status table: 408, 409, 500, 502, 503, 504, 529 → retryable; 429 with a usable
 //     Retry-After → rate_limited; 429 with a malformed one ("-5", "abc", "1s", empty, a date in
 //     no RFC 9110 form) → retryable: the server wants a retry and gave no usable hint; 429
 //     without the header at all → spend_cap (dead: a 429 that gives no hint is usually a spend
 //     cap); any other status (400, 401, 403, 404, 413, 422, 3xx, 501, ...) → permanent. When
 //     unsure, do not retry.
-//  6. errors.Is(err, context.DeadlineExceeded), or Timeout() == true → timeout (retried).
-//  7. Timeout() == false → network (retried): connection refused or reset, DNS, TLS, a body cut
+//  7. errors.Is(err, context.DeadlineExceeded), or Timeout() == true → timeout (retried).
+//  8. Timeout() == false → network (retried): connection refused or reset, DNS, TLS, a body cut
 //     short.
-//  8. Anything else → internal (not retried): an error that matches none of the interfaces is
+//  9. Anything else → internal (not retried): an error that matches none of the interfaces is
 //     our own bug — a decode error, an invalid request we built — not the provider's fault.
 //
 // Decision.TooLarge marks a permanent decision whose error says TooLarge() (a 413, a context
-// window exceeded): the class stays permanent, and the caller may move the job to a credential
-// with larger limits instead of failing it.
+// window exceeded, OpenAI's 429 for a request above the whole tokens-per-minute limit): the
+// class stays permanent, and the caller may move the job to a credential with larger limits
+// instead of failing it.
 //
 // # Delays
 //
