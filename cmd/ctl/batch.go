@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/audit"
@@ -18,14 +19,14 @@ import (
 func (a *app) batchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "batch",
-		Usage: "inspect the batch lane's files at the provider and retry their deletes",
+		Usage: "inspect the batch lane's files at the provider, retry their deletes or forget them",
 		Subcommands: []*cli.Command{{
 			Name: "files",
 			Usage: "list the files the batch lane keeps at OpenAI and has not deleted yet (given-up ones first, then the newest; " +
-				"NEXT TRY now: the leader's next pass, once its batch is closed); 'retry' puts them back in line",
+				"NEXT TRY now: the leader's next pass, once its batch is closed); 'retry' puts them back in line, 'forget' removes their rows",
 			Flags: []cli.Flag{
 				&cli.BoolFlag{Name: "given-up", Usage: "only the files whose deletes ran out of attempts (left at the provider)"},
-				&cli.StringFlag{Name: "credential", Usage: "only this credential's files"},
+				filesCredentialFlag(),
 				&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
 				&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 			},
@@ -37,17 +38,31 @@ func (a *app) batchCommand() *cli.Command {
 				ArgsUsage: "FILE_ID... | --all",
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "all", Usage: "every given-up file"},
-					&cli.StringFlag{Name: "credential", Usage: "only this credential's files"},
+					filesCredentialFlag(),
 				},
 				Action: a.batchFilesRetry,
+			}, {
+				Name: "forget",
+				Usage: "remove the rows of the named files (given up or not) without deleting them at the provider: " +
+					"for files deleted there by hand; the batch lane's leader no longer deletes them",
+				ArgsUsage: "FILE_ID...",
+				Flags: []cli.Flag{
+					filesCredentialFlag(),
+				},
+				Action: a.batchFilesForget,
 			}},
 		}},
 	}
 }
 
+// filesCredentialFlag is --credential of the batch files commands.
+func filesCredentialFlag() cli.Flag {
+	return &cli.StringFlag{Name: "credential", Usage: "only this credential's files"}
+}
+
 func (a *app) batchFiles(c *cli.Context) error {
 	if c.NArg() != 0 {
-		return cli.Exit("usage: ctl batch files [--given-up] [--credential C] [--limit N] [--json] | ctl batch files retry ...", exitUsage)
+		return cli.Exit("usage: ctl batch files [--given-up] [--credential C] [--limit N] [--json] | ctl batch files retry|forget ...", exitUsage)
 	}
 	if c.Int("limit") < 1 {
 		return cli.Exit("--limit must be at least 1", exitUsage)
@@ -62,6 +77,7 @@ func (a *app) batchFiles(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	a.warnUnconfigured(c, list)
 	none := "no batch files left to delete"
 	if c.Bool("given-up") {
 		none = "no given-up batch files"
@@ -92,24 +108,68 @@ func (a *app) batchFilesRetry(c *cli.Context) error {
 	case !all && len(ids) == 0:
 		return cli.Exit("usage: ctl batch files retry FILE_ID... | --all [--credential C]", exitUsage)
 	}
+	return a.changeBatchFiles(c, fileChange{ids: ids, all: all, action: "batch_file.retry", warn: true,
+		done: "put %d batch files back in line: the batch lane's leader deletes them in its next pass",
+		change: func(ctx context.Context, p *pgxpool.Pool, credential string) ([]batchlane.File, error) {
+			return batchlane.RetryFiles(ctx, p, batchlane.RetryFilesParams{All: all, IDs: ids, Credential: credential})
+		}})
+}
+
+func (a *app) batchFilesForget(c *cli.Context) error {
+	ids := c.Args().Slice()
+	if len(ids) == 0 {
+		return cli.Exit("usage: ctl batch files forget FILE_ID... [--credential C]", exitUsage)
+	}
+	return a.changeBatchFiles(c, fileChange{ids: ids, action: "batch_file.forget",
+		done: "forgot %d batch files: their rows are removed, the files left as they are at the provider",
+		change: func(ctx context.Context, p *pgxpool.Pool, credential string) ([]batchlane.File, error) {
+			return batchlane.ForgetFiles(ctx, p, credential, ids)
+		}})
+}
+
+// fileChange is a change of batch files' rows `ctl batch files retry` or `forget` makes.
+type fileChange struct {
+	// ids are the files named (none with all: every given-up file).
+	ids []string
+	all bool
+	// action is the audit entry's action; done says what was done to %d files.
+	action, done string
+	// warn warns of the changed files of credentials not configured (see warnUnconfigured):
+	// retried, they are still nobody's to delete.
+	warn bool
+	// change makes the change to the files of credential ("": any credential's) and returns
+	// those it changed.
+	change func(ctx context.Context, p *pgxpool.Pool, credential string) ([]batchlane.File, error)
+}
+
+// changeBatchFiles makes ch: it says how many files it changed, warns of those of credentials
+// not configured (see warnUnconfigured), names the ids it did not find (then fails, exit 1) and
+// writes one audit entry. An empty id is a usage error.
+func (a *app) changeBatchFiles(c *cli.Context, ch fileChange) error {
+	if slices.Contains(ch.ids, "") {
+		return cli.Exit("an empty file id: name each file by its id (`ctl batch files` lists them)", exitUsage)
+	}
 	p, err := a.pool(c)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
 	credential := c.String("credential")
-	reset, err := batchlane.RetryFiles(c.Context, p, batchlane.RetryFilesParams{All: all, IDs: ids, Credential: credential})
+	changed, err := ch.change(c.Context, p, credential)
 	if err != nil {
 		return err
 	}
-	if len(reset) == 0 && all {
+	if len(changed) == 0 && ch.all {
 		fmt.Fprintln(a.out, "no given-up batch files")
-	} else if len(reset) > 0 {
-		fmt.Fprintf(a.out, "put %d batch files back in line: the batch lane's leader deletes them in its next pass\n", len(reset))
+	} else if len(changed) > 0 {
+		fmt.Fprintf(a.out, ch.done+"\n", len(changed))
+	}
+	if ch.warn {
+		a.warnUnconfigured(c, changed)
 	}
 	var problems []string
-	for _, id := range ids {
-		if !slices.ContainsFunc(reset, func(f batchlane.File) bool { return f.ID == id }) {
+	for _, id := range ch.ids {
+		if !slices.ContainsFunc(changed, func(f batchlane.File) bool { return f.ID == id }) {
 			problem := fmt.Sprintf("no batch file %q", id)
 			if credential != "" {
 				problem += " of credential " + strconv.Quote(credential)
@@ -117,20 +177,49 @@ func (a *app) batchFilesRetry(c *cli.Context) error {
 			problems = append(problems, problem)
 		}
 	}
-	detail := map[string]any{"requested": ids}
-	if all {
+	detail := map[string]any{"requested": ch.ids}
+	if ch.all {
 		detail = map[string]any{"all": true}
 	}
 	if credential != "" {
 		detail["credential"] = credential
 	}
 	// Written once the change is committed, even when the command was interrupted since.
-	if err := logAction(context.WithoutCancel(c.Context), p, audit.Entry{Action: "batch_file.retry", Target: audit.TargetOf(ids),
-		Count: len(reset), Detail: detail}); err != nil {
+	if err := logAction(context.WithoutCancel(c.Context), p, audit.Entry{Action: ch.action, Target: audit.TargetOf(ch.ids),
+		Count: len(changed), Detail: detail}); err != nil {
 		problems = append(problems, err.Error())
 	}
 	if len(problems) > 0 {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// warnUnconfigured warns on the error output when files belong to credentials the config file
+// (--config) does not have: the leader deletes the files of its own config's credentials only,
+// so no worker deletes these (retried or not) until the credential is configured again. Without
+// --config the workers' credentials are unknown here, and a config that does not load says
+// nothing either (as retentionNotes).
+func (a *app) warnUnconfigured(c *cli.Context, files []batchlane.File) {
+	cfg, err := fileConfig(c)
+	if err != nil || cfg == nil {
+		return
+	}
+	var unknown []string
+	n := 0
+	for _, f := range files {
+		if _, ok := cfg.Credential(f.Credential); !ok {
+			n++
+			if !slices.Contains(unknown, f.Credential) {
+				unknown = append(unknown, f.Credential)
+			}
+		}
+	}
+	if n == 0 {
+		return
+	}
+	slices.Sort(unknown)
+	fmt.Fprintf(a.errOut, "ctl: warning: %d of these batch files belong to credentials not in the config (%s): "+
+		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n",
+		n, printable(strings.Join(unknown, ", ")))
 }

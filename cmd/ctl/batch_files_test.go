@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -44,6 +45,18 @@ func (b *jobsBundle) batchFileState(t *testing.T, credential, id string) (attemp
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT attempts, next_try_at = '-infinity'
 FROM provider_batch_files WHERE credential = $1 AND file_id = $2`, credential, id).Scan(&attempts, &dueAtOnce))
 	return attempts, dueAtOnce
+}
+
+// seedThreeFiles seeds file-a and file-b, given up (of credentials default and backup), and
+// file-c, of default, whose deletes failed 4 times.
+func (b *jobsBundle) seedThreeFiles(t *testing.T) {
+	t.Helper()
+	later := time.Now().Add(time.Hour)
+	b.seedBatchFiles(t,
+		batchFileRow{credential: "default", id: "file-a", kind: "ended", attempts: 10, nextTry: later, lastError: "500"},
+		batchFileRow{credential: "backup", id: "file-b", kind: "ended", attempts: 10, nextTry: later, lastError: "500"},
+		batchFileRow{credential: "default", id: "file-c", kind: "upload", attempts: 4, nextTry: later, lastError: "500"},
+	)
 }
 
 // TestBatchFiles_ListsTheFilesNotDeleted: `ctl batch files` lists every recorded file, the
@@ -116,12 +129,7 @@ func TestBatchFiles_RetryPutsFilesBackInLine(t *testing.T) {
 	t.Parallel()
 	b := setupJobs(t)
 	db := []string{"--database-url", b.url}
-	later := time.Now().Add(time.Hour)
-	b.seedBatchFiles(t,
-		batchFileRow{credential: "default", id: "file-a", kind: "ended", attempts: 10, nextTry: later, lastError: "500"},
-		batchFileRow{credential: "backup", id: "file-b", kind: "ended", attempts: 10, nextTry: later, lastError: "500"},
-		batchFileRow{credential: "default", id: "file-c", kind: "upload", attempts: 4, nextTry: later, lastError: "500"},
-	)
+	b.seedThreeFiles(t)
 
 	requireOneLineError(t, run(t, append(db, "batch", "files", "retry")...), 2, "usage: ctl batch files retry")
 	requireOneLineError(t, run(t, append(db, "batch", "files", "retry", "--all", "file-a")...), 2, "not both")
@@ -166,4 +174,90 @@ func TestBatchFiles_RetryPutsFilesBackInLine(t *testing.T) {
 	require.Equal(t, 0, entries[2].Count)
 	require.Equal(t, 1, entries[3].Count)
 	require.Equal(t, map[string]any{"all": true, "credential": "default"}, entries[3].Detail)
+}
+
+// batchFileRows returns the file ids of provider_batch_files, sorted.
+func (b *jobsBundle) batchFileRows(t *testing.T) []string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT file_id FROM provider_batch_files ORDER BY file_id`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return ids
+}
+
+// TestBatchFiles_ForgetRemovesTheRows: `ctl batch files forget FILE_ID...` removes the named
+// files' rows (given up or not; of --credential), without a call to the provider, says how many,
+// names those it did not find (exit 1) and writes one audit entry a run; no id, or an empty one,
+// is a usage error (exit 2). Before, nothing removed a given-up row an operator had deleted by
+// hand.
+func TestBatchFiles_ForgetRemovesTheRows(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	db := []string{"--database-url", b.url}
+	b.seedThreeFiles(t)
+
+	requireOneLineError(t, run(t, append(db, "batch", "files", "forget")...), 2, "usage: ctl batch files forget")
+	requireOneLineError(t, run(t, append(db, "batch", "files", "forget", "file-a", "")...), 2, "empty file id")
+	requireOneLineError(t, run(t, append(db, "batch", "files", "forget", "--all")...), 2, "flag provided but not defined")
+	require.Equal(t, []string{"file-a", "file-b", "file-c"}, b.batchFileRows(t), "a usage error changed rows")
+
+	requireOneLineError(t, run(t, append(db, "batch", "files", "forget", "file-a", "--credential", "backup")...), 1,
+		`no batch file "file-a" of credential "backup"`)
+
+	r := run(t, append(db, "batch", "files", "forget", "file-a", "file-c", "file-x")...)
+	require.Equal(t, 1, r.code)
+	require.Equal(t, "forgot 2 batch files: their rows are removed, the files left as they are at the provider\n", r.out)
+	require.Equal(t, "ctl: no batch file \"file-x\"\n", r.errOut)
+	require.Equal(t, []string{"file-b"}, b.batchFileRows(t))
+
+	r = run(t, append(db, "batch", "files", "forget", "--credential", "backup", "file-b")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "forgot 1 batch files: their rows are removed, the files left as they are at the provider\n", r.out)
+	require.Empty(t, b.batchFileRows(t))
+
+	entries := auditLog(t, b.url)
+	require.Len(t, entries, 3, "one entry a run that asked for something")
+	require.Equal(t, "batch_file.forget", entries[0].Action)
+	require.Equal(t, 1, entries[0].Count)
+	require.Equal(t, map[string]any{"requested": []any{"file-b"}, "credential": "backup"}, entries[0].Detail)
+	require.Equal(t, 2, entries[1].Count)
+	require.Equal(t, []any{"file-a", "file-c", "file-x"}, entries[1].Detail["requested"])
+	require.Equal(t, 0, entries[2].Count)
+}
+
+// TestBatchFiles_WarnsOfCredentialsNotConfigured: with --config, `ctl batch files` and `retry`
+// warn on the error output (exit 0) when files they list or reset belong to a credential the
+// config does not have: no worker of that config deletes them. Without --config, or with every
+// credential configured, nothing is said.
+func TestBatchFiles_WarnsOfCredentialsNotConfigured(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	cfg := []string{"--config", configFile(t, b.url, "default", "openai")}
+	b.seedBatchFiles(t,
+		batchFileRow{credential: "default", id: "file-a", kind: "ended", attempts: 10, lastError: "500"},
+		batchFileRow{credential: "removed", id: "file-b", kind: "ended", attempts: 10, lastError: "500"},
+		batchFileRow{credential: "gone", id: "file-c", kind: "ended"},
+	)
+	const warning = "ctl: warning: 2 of these batch files belong to credentials not in the config (gone, removed): " +
+		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n"
+
+	r := run(t, append(cfg, "batch", "files")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Len(t, tableRows(r.out), 4, r.out)
+	require.Equal(t, warning, r.errOut)
+
+	r = run(t, "--database-url", b.url, "batch", "files")
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Empty(t, r.errOut, "without --config the configured credentials are unknown")
+
+	r = run(t, append(cfg, "batch", "files", "--credential", "default")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Empty(t, r.errOut)
+
+	r = run(t, append(cfg, "batch", "files", "retry", "--all")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "put 2 batch files back in line: the batch lane's leader deletes them in its next pass\n", r.out)
+	require.Equal(t, "ctl: warning: 1 of these batch files belong to credentials not in the config (removed): "+
+		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n", r.errOut)
 }

@@ -149,9 +149,10 @@ func TestTenants_ListEmptyAndUnreachable(t *testing.T) {
 	require.Equal(t, 2, run(t, "tenants").code)
 }
 
-func TestTenants_CredentialsCheckedAgainstConfig(t *testing.T) {
-	t.Parallel()
-	b := setupJobs(t)
+// configFile writes a config file of the database at databaseURL with one credential, name of
+// provider (unreachable: its key a test one), and returns its path.
+func configFile(t *testing.T, databaseURL, name, provider string) string {
+	t.Helper()
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	require.NoError(t, os.WriteFile(keyFile, []byte("sk-ctl-test\n"), 0o600))
@@ -159,8 +160,15 @@ func TestTenants_CredentialsCheckedAgainstConfig(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfgFile, fmt.Appendf(nil, `
 database_url: %s
 credentials:
-  - { name: main, provider: anthropic, base_url: "http://127.0.0.1:1", api_key_file: %s }
-`, b.url, keyFile), 0o600))
+  - { name: %s, provider: %s, base_url: "http://127.0.0.1:1", api_key_file: %s }
+`, databaseURL, name, provider, keyFile), 0o600))
+	return cfgFile
+}
+
+func TestTenants_CredentialsCheckedAgainstConfig(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	cfgFile := configFile(t, b.url, "main", "anthropic")
 
 	requireOneLineError(t, run(t, "--config", cfgFile, "tenants", "create", "acme", "--credentials", "main,typo"), 1,
 		`--credentials: not in the config: "typo"`)

@@ -72,6 +72,19 @@ func TestBatcher_DeletesTheInputFileOfALostBatch(t *testing.T) {
 	require.Equal(t, float64(1), b.counter(t, "file_deletes", "deleted"))
 }
 
+// closedWithFilesLeft sends an OpenAI batch (see sentOpenAI) and has a leader close it and die
+// before the deletes of its files; it returns the answered job and the provider's batch id.
+func closedWithFilesLeft(t *testing.T, b *testBundle) (*jobs.Job, string) {
+	t.Helper()
+	j, id := sentOpenAI(t, b, "answered")
+	b.clock.Advance(2 * time.Hour)
+	died := b.batcher(nil)
+	crash := errors.New("the process died")
+	batchlane.CrashAfterClose(died, crash)
+	require.ErrorIs(t, died.Once(t.Context()), crash)
+	return j, id
+}
+
 // TestBatcher_DeletesFilesAfterADeathAfterTheClose: a leader that dies between a batch's close
 // (committed) and the deletes of its files leaves them recorded, and the next leader deletes
 // them. Before, the deletes were made once, by the pass that closed the batch, and a death
@@ -79,12 +92,7 @@ func TestBatcher_DeletesTheInputFileOfALostBatch(t *testing.T) {
 func TestBatcher_DeletesFilesAfterADeathAfterTheClose(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{provider: "openai"})
-	j, id := sentOpenAI(t, b, "answered")
-	b.clock.Advance(2 * time.Hour)
-	died := b.batcher(nil)
-	crash := errors.New("the process died")
-	batchlane.CrashAfterClose(died, crash)
-	require.ErrorIs(t, died.Once(t.Context()), crash)
+	j, id := closedWithFilesLeft(t, b)
 	require.Equal(t, jobs.StatusSucceeded, b.get(t, j.ID).Status)
 	require.Equal(t, "ended", b.batchState(t))
 	files := b.openAIFiles(t, id)
@@ -177,6 +185,12 @@ func TestBatcher_RetriesAFailedDelete(t *testing.T) {
 		require.Equal(t, batchlane.MaxFileDeleteAttempts, attempts)
 		require.Contains(t, lastError, "500")
 		require.Equal(t, len(stuck), b.fileRows(t), "the rows are kept for the operator")
+		// A given-up row is out of the pass's range on next_try_at's index (next_try_at <= now),
+		// so that the passes' scans do not read it again and again.
+		var outOfRange int
+		require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM provider_batch_files
+WHERE next_try_at = 'infinity'`).Scan(&outOfRange))
+		require.Equal(t, len(stuck), outOfRange, "a given-up row the passes' index scan reads")
 	})
 }
 
@@ -241,4 +255,39 @@ SELECT 'default', 'file-gone-' || i, gen_random_uuid(), 'ended', $2 FROM generat
 	require.Equal(t, float64(batchlane.FileDeletesPerPass), b.counter(t, "file_deletes", "deleted"))
 	once(t, b.batcher(nil))
 	require.Zero(t, b.fileRows(t))
+}
+
+// overlapping is a Client whose first DeleteFiles runs another leader's whole pass first, as a
+// pass that overlaps this one (the lead lost and taken while it runs) would: both found the same
+// files due.
+type overlapping struct {
+	batchlane.Client
+	other func() error
+	ran   atomic.Bool
+	err   error
+}
+
+func (o *overlapping) DeleteFiles(ctx context.Context, files []string) error {
+	if o.ran.CompareAndSwap(false, true) {
+		o.err = o.other()
+	}
+	return o.Client.DeleteFiles(ctx, files)
+}
+
+// TestBatcher_CountsADeleteOncePassesOverlap: two leaders' passes that overlap both find a closed
+// batch's files due and both delete them (the later deletes answered 404, a delete); a file is
+// counted deleted by the pass whose statement removed its row only. Before, both counted it.
+func TestBatcher_CountsADeleteOncePassesOverlap(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{provider: "openai"})
+	_, id := closedWithFilesLeft(t, b)
+	files := b.openAIFiles(t, id)
+	require.Len(t, files, 3)
+
+	client := &overlapping{Client: b.client, other: func() error { return b.batcher(nil).Once(t.Context()) }}
+	once(t, b.batcher(client))
+	require.NoError(t, client.err)
+	require.Empty(t, b.storedFiles(t, files))
+	require.Zero(t, b.fileRows(t))
+	require.Equal(t, float64(len(files)), b.counter(t, "file_deletes", "deleted"), "a file counted by both passes")
 }

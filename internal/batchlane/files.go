@@ -83,7 +83,9 @@ SELECT $1, f, $2, 'ended' FROM unnest($3::text[]) AS f ON CONFLICT (credential, 
 // dueFiles returns up to limit files of credentials due for their delete at now: those of a
 // closed batch (ended or canceled, or whose row retention deleted) or released, whose attempts
 // are not used up, the longest due first. FOR UPDATE SKIP LOCKED is not needed: one leader
-// deletes.
+// deletes. It scans next_try_at's index up to now: a given-up file (next_try_at infinity, see
+// fileFailed) is not read; attempts < max still leaves out one a leader of the last release gave
+// up (its next_try_at in the past), which is read until retried or forgotten.
 func (s store) dueFiles(ctx context.Context, credentials []string, now time.Time, limit int) ([]batchFile, error) {
 	rows, err := s.pool.Query(ctx, `SELECT f.credential, f.file_id, f.batch::text, f.attempts FROM provider_batch_files f
 LEFT JOIN provider_batches b ON b.id = f.batch
@@ -103,21 +105,28 @@ ORDER BY f.next_try_at LIMIT $4`, credentials, now, maxFileDeleteAttempts, limit
 	return out, nil
 }
 
-// fileDeleted removes the row of file f, deleted at the provider (or gone already).
-func (s store) fileDeleted(ctx context.Context, f batchFile) error {
-	if _, err := s.pool.Exec(ctx, `DELETE FROM provider_batch_files WHERE credential = $1 AND file_id = $2`,
-		f.Credential, f.ID); err != nil {
-		return fmt.Errorf("forget deleted batch file %s: %w", f.ID, err)
+// fileDeleted removes the row of file f, deleted at the provider (or gone already), and reports
+// whether it removed it: false when another pass that overlapped this one (see deleteDueFiles)
+// removed it first.
+func (s store) fileDeleted(ctx context.Context, f batchFile) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM provider_batch_files WHERE credential = $1 AND file_id = $2`,
+		f.Credential, f.ID)
+	if err != nil {
+		return false, fmt.Errorf("forget deleted batch file %s: %w", f.ID, err)
 	}
-	return nil
+	return tag.RowsAffected() > 0, nil
 }
 
 // fileFailed records a delete of file f that failed with msg: one attempt more, the next at next.
+// A file whose attempts it uses up (given up) gets next_try_at infinity instead: out of the range
+// dueFiles scans on next_try_at's index, which would otherwise read every given-up row in each
+// pass (their next_try_at long past) only to filter them out on attempts.
 func (s store) fileFailed(ctx context.Context, f batchFile, next time.Time, msg string) error {
 	// Text Postgres takes: valid UTF-8 (the cut may split a rune), no NUL.
 	msg = strings.ReplaceAll(strings.ToValidUTF8(msg[:min(len(msg), maxFileErrorLen)], ""), "\x00", "")
-	if _, err := s.pool.Exec(ctx, `UPDATE provider_batch_files SET attempts = attempts + 1, next_try_at = $3, last_error = $4
-WHERE credential = $1 AND file_id = $2`, f.Credential, f.ID, next, msg); err != nil {
+	if _, err := s.pool.Exec(ctx, `UPDATE provider_batch_files SET attempts = attempts + 1, last_error = $4,
+	next_try_at = CASE WHEN attempts + 1 >= $5 THEN 'infinity' ELSE $3::timestamptz END
+WHERE credential = $1 AND file_id = $2`, f.Credential, f.ID, next, msg, maxFileDeleteAttempts); err != nil {
 		return fmt.Errorf("record a failed delete of batch file %s: %w", f.ID, err)
 	}
 	return nil
@@ -156,13 +165,16 @@ func (b *Batcher) deleteDueFiles(ctx context.Context) error {
 			break
 		}
 		if err == nil {
-			// Counted once its row is gone: a row left (Postgres failed) is deleted again by
-			// the next pass, a 404 then, and counted by the pass that removes it.
-			if err := b.store.fileDeleted(ctx, f); err != nil {
+			// Counted by the pass whose statement removed its row: a row left (Postgres failed)
+			// is deleted again by the next pass, a 404 then, and counted by the pass that removes
+			// it; two passes that overlap (the lead lost and taken while one runs) both delete
+			// the file, and the one that finds its row gone counts nothing.
+			removed, err := b.store.fileDeleted(ctx, f)
+			if err != nil {
 				errs = append(errs, err)
-				continue
+			} else if removed {
+				b.cfg.Metrics.fileDelete(f.Credential, "deleted")
 			}
-			b.cfg.Metrics.fileDelete(f.Credential, "deleted")
 			continue
 		}
 		outcome := "failed"

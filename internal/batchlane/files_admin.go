@@ -23,7 +23,7 @@ type File struct {
 	// Attempts is how many deletes of the file failed.
 	Attempts int `json:"attempts"`
 	// GivenUp marks a file whose deletes ran out of attempts: left at the provider until an
-	// operator retries it (RetryFiles).
+	// operator retries it (RetryFiles), or deletes it there by hand and forgets it (ForgetFiles).
 	GivenUp bool `json:"given_up"`
 	// NextTry is when the leader's pass may try its delete next: nil when due at once (no delete
 	// failed yet, or retried by RetryFiles) or given up. A file is deleted only once its batch
@@ -93,18 +93,41 @@ func RetryFiles(ctx context.Context, pool *pgxpool.Pool, p RetryFilesParams) ([]
 	if p.All || ids == nil {
 		ids = []string{}
 	}
-	rows, err := pool.Query(ctx, `UPDATE provider_batch_files SET attempts = 0, next_try_at = '-infinity'
+	out, err := changeFiles(ctx, pool, `UPDATE provider_batch_files SET attempts = 0, next_try_at = '-infinity'
 WHERE ($1 = '' OR credential = $1) AND CASE WHEN $2 THEN attempts >= $3 ELSE file_id = ANY($4) END
 RETURNING credential, file_id`, p.Credential, p.All, maxFileDeleteAttempts, ids)
 	if err != nil {
 		return nil, fmt.Errorf("retry batch files: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (f File, err error) {
+	return out, nil
+}
+
+// ForgetFiles removes the rows of the files ids (of credential; "": any credential's), given up
+// or not, without deleting them at the provider: for files an operator deleted there by hand
+// (or means to leave there), whose rows the leader would otherwise keep (given up) or try to
+// delete again. It returns the files it removed (credential and file id set).
+func ForgetFiles(ctx context.Context, pool *pgxpool.Pool, credential string, ids []string) ([]File, error) {
+	if ids == nil {
+		ids = []string{}
+	}
+	out, err := changeFiles(ctx, pool, `DELETE FROM provider_batch_files
+WHERE ($1 = '' OR credential = $1) AND file_id = ANY($2)
+RETURNING credential, file_id`, credential, ids)
+	if err != nil {
+		return nil, fmt.Errorf("forget batch files: %w", err)
+	}
+	return out, nil
+}
+
+// changeFiles runs query, which changes rows of provider_batch_files and returns their
+// credential and file_id, and returns those files.
+func changeFiles(ctx context.Context, pool *pgxpool.Pool, query string, args ...any) ([]File, error) {
+	rows, err := pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (f File, err error) {
 		err = r.Scan(&f.Credential, &f.ID)
 		return f, err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("retry batch files: %w", err)
-	}
-	return out, nil
 }
