@@ -395,7 +395,17 @@ func (s *Server) storeTimed(r *http.Request, d time.Duration) (_ *http.Request, 
 // known token: 401 otherwise (a token a rotation replaced, once the overlap has ended, included),
 // 403 when the token's tenant was revoked. The token itself never reaches a log or an error
 // message.
-func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
+func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) { return s.identify(r, false) }
+
+// cachedTenant is tenant's answer when it needs no lookup (the header's own refusals, a token's
+// or the anonymous tenant's answer fresh in the Authenticator's cache: tenant.Authenticator's
+// Cached and CachedNamed), else tenant.ErrNotCached, having logged and counted nothing: tenant
+// then looks the caller up.
+func (s *Server) cachedTenant(r *http.Request) (*tenant.Tenant, error) { return s.identify(r, true) }
+
+// identify is tenant, its lookups answered from the Authenticator's cache alone when cachedOnly
+// (cachedTenant).
+func (s *Server) identify(r *http.Request, cachedOnly bool) (*tenant.Tenant, error) {
 	values, present := r.Header["Authorization"]
 	if !present {
 		if !s.cfg.AllowAnonymous {
@@ -406,7 +416,13 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 		}
 		// The operator may have stored tenant "default" (its credentials, a revocation): an
 		// anonymous request is that tenant, as a request with its token is.
-		t, err := s.cfg.Tenants.Named(r.Context(), tenant.Default)
+		var t *tenant.Tenant
+		var err error
+		if cachedOnly {
+			t, err = s.cfg.Tenants.CachedNamed(tenant.Default)
+		} else {
+			t, err = s.cfg.Tenants.Named(r.Context(), tenant.Default)
+		}
 		if errors.Is(err, tenant.ErrRevoked) {
 			return nil, &httpError{status: http.StatusForbidden, typ: "tenant_revoked",
 				message: "tenant \"default\", which requests without a token act as, was revoked"}
@@ -420,7 +436,13 @@ func (s *Server) tenant(r *http.Request) (*tenant.Tenant, error) {
 	if s.cfg.Tenants == nil {
 		return nil, unauthorized("invalid_token", "this server accepts no bearer tokens")
 	}
-	t, err := s.cfg.Tenants.Authenticate(r.Context(), strings.TrimSpace(token))
+	var t *tenant.Tenant
+	var err error
+	if cachedOnly {
+		t, err = s.cfg.Tenants.Cached(strings.TrimSpace(token))
+	} else {
+		t, err = s.cfg.Tenants.Authenticate(r.Context(), strings.TrimSpace(token))
+	}
 	switch {
 	case err == nil:
 		return t, nil

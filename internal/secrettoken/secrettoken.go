@@ -44,5 +44,12 @@ func Hash(secret, prefix string) ([32]byte, bool) {
 			return [32]byte{}, false
 		}
 	}
-	return sha256.Sum256([]byte(secret)), true
+	// Copied into a buffer on the stack: []byte(secret) of a token (over 32 bytes) was an
+	// allocation at every request's authentication, its answer cached or not.
+	var buf [hashBuffer]byte
+	return sha256.Sum256(append(buf[:0], secret...)), true
 }
+
+// hashBuffer holds a secret of New's shape with a prefix of up to 21 bytes, copied for Hash (a
+// longer one is copied to the heap).
+const hashBuffer = 64

@@ -157,6 +157,54 @@ func (a *Authenticator) Named(ctx context.Context, name string) (*Tenant, error)
 	})
 }
 
+// ErrNotCached is Cached's and CachedNamed's answer when the cache holds no fresh answer: the
+// lookup (Authenticate's, Named's) goes to Postgres, or waits for one under way.
+var ErrNotCached = errors.New("no fresh answer cached")
+
+// Cached returns Authenticate's answer for token when it is at hand, without a lookup: a
+// malformed token's ErrMalformedBearerToken, or the cached answer while it is fresh (on the
+// same clock, so the same revocation and rotation delays): the tenant, or ErrUnknownBearerToken,
+// ErrRevoked or ErrRotatedOut (the latter two with the tenant). Else ErrNotCached, for a caller
+// that bounds a lookup's waits only when it makes one (the API's StoreTimeout). It never waits
+// on Postgres nor on a lookup under way.
+func (a *Authenticator) Cached(token string) (*Tenant, error) {
+	hash, err := HashBearerToken(token)
+	if err != nil {
+		return nil, err
+	}
+	return fresh(a, a.entries, a.unknown, hash)
+}
+
+// CachedNamed returns Named's answer for name when the cache holds it fresh (see Cached), else
+// ErrNotCached.
+func (a *Authenticator) CachedNamed(name string) (*Tenant, error) {
+	return fresh(a, a.named, nil, name)
+}
+
+// fresh is cached's answer for key when cache (or unknown) holds it fresh, else ErrNotCached.
+func fresh[K comparable](a *Authenticator, cache, unknown map[K]entry, key K) (*Tenant, error) {
+	now := a.cfg.Now()
+	a.mu.Lock()
+	e, ok := freshEntry(cache, unknown, key, now)
+	a.mu.Unlock()
+	if !ok {
+		return nil, ErrNotCached
+	}
+	return e.tenant, e.err
+}
+
+// freshEntry is key's answer in cache, or else in unknown, when it has not expired by now. The
+// caller holds a.mu.
+func freshEntry[K comparable](cache, unknown map[K]entry, key K, now time.Time) (entry, bool) {
+	if e, ok := cache[key]; ok && now.Before(e.expires) {
+		return e, true
+	}
+	if e, ok := unknown[key]; ok && now.Before(e.expires) {
+		return e, true
+	}
+	return entry{}, false
+}
+
 // errAnswer wraps an error that is an answer (cached as one), not a failure of the lookup.
 type errAnswer struct{ error }
 
@@ -183,20 +231,16 @@ func cached[K comparable](ctx context.Context, a *Authenticator, cache, unknown 
 	for {
 		now := a.cfg.Now()
 		a.mu.Lock()
-		e, ok := cache[key]
-		if ok && now.Before(e.expires) {
+		if e, ok := freshEntry(cache, unknown, key, now); ok {
 			a.mu.Unlock()
 			return e.tenant, e.err
 		}
-		if e, ok := unknown[key]; ok && now.Before(e.expires) {
-			a.mu.Unlock()
-			return e.tenant, e.err
-		}
+		_, known := cache[key]
 		f, busy := a.flights[key]
 		_, bounded := pgwait.Wait(ctx)
 		if !busy {
 			// A token with no answer in cache, fresh or expired, is not known as a tenant's.
-			f = &flight{done: make(chan struct{}), bounded: bounded, capped: unknown != nil && !ok}
+			f = &flight{done: make(chan struct{}), bounded: bounded, capped: unknown != nil && !known}
 			a.flights[key] = f
 			a.mu.Unlock()
 			return lookup(ctx, a, cache, unknown, key, f, now, load)

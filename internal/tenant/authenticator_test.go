@@ -166,7 +166,96 @@ func TestAuthenticator_UnknownTokensDoNotEvictKnownOnes(t *testing.T) {
 	_, err = auth.Authenticate(ctx, token)
 	require.NoError(t, err, "acme's cached answer was evicted by unknown tokens")
 	// The unknown answers are cached too, within their own cap (the last one is).
-	require.Equal(t, 2, auth.Cached())
+	require.Equal(t, 2, auth.CachedTokens())
 	_, err = auth.Authenticate(ctx, unknown[len(unknown)-1])
 	require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
+}
+
+// TestAuthenticator_CachedAnswersAsAuthenticate: Cached and CachedNamed answer what
+// Authenticate and Named answer, on the same clock, while that answer is cached (a tenant, an
+// unknown token, a revocation seen, a replaced token in its overlap), and ErrNotCached when
+// those would look up: before the first lookup, once the TTL has passed (a revocation is not
+// seen sooner nor later), at the end of a replaced token's overlap. A malformed token needs no
+// lookup. Nothing is cached by Cached itself.
+func TestAuthenticator_CachedAnswersAsAuthenticate(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	store := tenant.NewStore(pool, nil)
+	ctx := context.Background()
+	clock := clocktest.New(time.Unix(1_700_000_000, 0))
+	auth := tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{TTL: 2 * time.Second, Now: clock.Now})
+	_, acme, err := store.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+	_, bolt, err := store.Create(ctx, "bolt", nil)
+	require.NoError(t, err)
+	_, unknown, err := tenant.NewStore(pgtest.Pool(t), nil).Create(ctx, "elsewhere", nil)
+	require.NoError(t, err)
+	// cachedAsLookedUp requires Cached's answer for token to be Authenticate's.
+	cachedAsLookedUp := func(token, name string, want error) {
+		t.Helper()
+		got, err := auth.Cached(token)
+		require.ErrorIs(t, err, want)
+		looked, lerr := auth.Authenticate(ctx, token)
+		require.ErrorIs(t, lerr, want)
+		if name == "" {
+			require.Nil(t, got)
+			require.Nil(t, looked)
+			return
+		}
+		require.Equal(t, name, got.Name)
+		require.Same(t, looked, got)
+	}
+	notCached := func(token string) {
+		t.Helper()
+		got, err := auth.Cached(token)
+		require.ErrorIs(t, err, tenant.ErrNotCached)
+		require.Nil(t, got)
+	}
+
+	_, err = auth.Cached("nope")
+	require.ErrorIs(t, err, tenant.ErrMalformedBearerToken)
+	notCached(acme)
+	notCached(acme) // Cached looked nothing up
+	_, err = auth.Authenticate(ctx, acme)
+	require.NoError(t, err)
+	cachedAsLookedUp(acme, "acme", nil)
+	notCached(unknown)
+	_, err = auth.Authenticate(ctx, unknown)
+	require.ErrorIs(t, err, tenant.ErrUnknownBearerToken)
+	cachedAsLookedUp(unknown, "", tenant.ErrUnknownBearerToken)
+
+	// A revocation: not seen while the answer is cached, by either; seen by both after the TTL.
+	_, err = store.Revoke(ctx, "acme")
+	require.NoError(t, err)
+	clock.Advance(1999 * time.Millisecond)
+	cachedAsLookedUp(acme, "acme", nil)
+	clock.Advance(time.Millisecond)
+	notCached(acme)
+	_, err = auth.Authenticate(ctx, acme)
+	require.ErrorIs(t, err, tenant.ErrRevoked)
+	cachedAsLookedUp(acme, "acme", tenant.ErrRevoked)
+
+	// A replaced token is cached no longer than its overlap, shorter than the TTL here.
+	_, err = auth.Authenticate(ctx, bolt)
+	require.NoError(t, err)
+	clock.Advance(2 * time.Second)
+	_, err = store.Rotate(ctx, "bolt", time.Second)
+	require.NoError(t, err)
+	_, err = auth.Authenticate(ctx, bolt)
+	require.NoError(t, err)
+	cachedAsLookedUp(bolt, "bolt", nil)
+	clock.Advance(time.Second)
+	notCached(bolt)
+
+	// The anonymous tenant's answer, by name.
+	_, err = auth.CachedNamed(tenant.Default)
+	require.ErrorIs(t, err, tenant.ErrNotCached)
+	named, err := auth.Named(ctx, tenant.Default)
+	require.NoError(t, err)
+	got, err := auth.CachedNamed(tenant.Default)
+	require.NoError(t, err)
+	require.Same(t, named, got)
+	clock.Advance(2 * time.Second)
+	_, err = auth.CachedNamed(tenant.Default)
+	require.ErrorIs(t, err, tenant.ErrNotCached)
 }

@@ -14,8 +14,8 @@ func (a *Authenticator) Looking() int {
 	return len(a.flights)
 }
 
-// Cached is how many answers for bearer tokens are cached, known and unknown.
-func (a *Authenticator) Cached() int {
+// CachedTokens is how many answers for bearer tokens are cached, known and unknown.
+func (a *Authenticator) CachedTokens() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.entries) + len(a.unknown)
