@@ -191,6 +191,21 @@ func TestBatcher_RetriesAFailedDelete(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM provider_batch_files
 WHERE next_try_at = 'infinity'`).Scan(&outOfRange))
 		require.Equal(t, len(stuck), outOfRange, "a given-up row the passes' index scan reads")
+		// Listed given up, with no next try (infinity is no time to show), and back in range,
+		// due at once, once retried.
+		listed, err := batchlane.ListFiles(t.Context(), b.pool, batchlane.FilesFilter{GivenUp: true})
+		require.NoError(t, err)
+		require.Len(t, listed, len(stuck))
+		for _, f := range listed {
+			require.True(t, f.GivenUp)
+			require.Nil(t, f.NextTry)
+		}
+		retried, err := batchlane.RetryFiles(t.Context(), b.pool, batchlane.RetryFilesParams{All: true})
+		require.NoError(t, err)
+		require.Len(t, retried, len(stuck))
+		require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM provider_batch_files
+WHERE next_try_at = '-infinity' AND attempts = 0`).Scan(&outOfRange))
+		require.Equal(t, len(stuck), outOfRange, "a retried row is not due at once")
 	})
 }
 

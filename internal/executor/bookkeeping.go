@@ -168,6 +168,9 @@ func observation(up Upstream, adm admission, resp *llm.Response, callErr error, 
 	if o.StatusCode == 429 && d.HasRetryAfter {
 		o.RetryAfter, o.HasRetryAfter = d.RetryAfter, true
 	}
+	// OpenAI's 429 "Request too large for … (TPM)" refused the request for its size: not a sign
+	// of the credential's rate (its headers are still learned).
+	o.TooLarge = d.TooLarge
 	return o
 }
 

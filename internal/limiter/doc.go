@@ -79,6 +79,8 @@
 //     push-back is capped at Config.MaxRetryAfter (5 minutes): every tenant and worker waits for
 //     it, so one absurd header must not stall the credential for an hour. Gate.PushBack reports
 //     it (until when, the hint asked and applied); Gate.ClearPushBack ends it.
+//     A 429 that refused the request for its size (Observation.TooLarge: OpenAI's "Request too
+//     large for … (TPM)") does none of this: it says nothing of the rate.
 //   - Learned state expires LearnTTL (10 min) after the last response, so stale knowledge heals
 //     by probing again. A provider that sends no headers is paced by Retry-After only: configure
 //     its limit.

@@ -264,26 +264,33 @@ func TestCredential_Reserve_UnknownLimit(t *testing.T) {
 	})
 }
 
+// learnedGate returns a gate of key whose rate was learned from one answer (20, of which 15
+// left, full again in 2 s), its test bundle, and a function returning the limit it learned.
+func learnedGate(t *testing.T, key string) (*limiter.Gate, *testBundle, func() limiter.Limit) {
+	t.Helper()
+	b := setup(t, nil)
+	c := b.lim.Gate(key, "main")
+	b.clock.Advance(300 * time.Millisecond)
+	now := b.clock.Now()
+	require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: now, StatusCode: 200,
+		HeadersKnown: true, Limit: 20, Remaining: 15, ResetAt: now.Add(2 * time.Second)}))
+	return c, b, func() limiter.Limit {
+		t.Helper()
+		lim, src, err := c.Current(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, limiter.SourceLearned, src)
+		return lim
+	}
+}
+
 // TestCredential_OneCutPerOverload: the 429s of requests sent before a cut of the learned rate
 // do not cut it again: sent together at the rate being corrected and refused together, they
 // compounded it (here five: 0.9^5 of the rate instead of 0.9). A 429 of a request sent after the
 // cut cuts again.
 func TestCredential_OneCutPerOverload(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
-	c := b.lim.Gate("sk-one-cut", "main")
-	b.clock.Advance(300 * time.Millisecond)
-	now := b.clock.Now()
-	// 20, of which 15 left, full again in 2 s: a rate learned.
-	require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: now, StatusCode: 200,
-		HeadersKnown: true, Limit: 20, Remaining: 15, ResetAt: now.Add(2 * time.Second)}))
-	rate := func() float64 {
-		t.Helper()
-		lim, src, err := c.Current(t.Context())
-		require.NoError(t, err)
-		require.Equal(t, limiter.SourceLearned, src)
-		return lim.Rate
-	}
+	c, b, current := learnedGate(t, "sk-one-cut")
+	rate := func() float64 { t.Helper(); return current().Rate }
 	learned := rate()
 	require.Positive(t, learned)
 	tooMany := func(sent time.Time) {
@@ -310,4 +317,36 @@ func TestCredential_OneCutPerOverload(t *testing.T) {
 	b.clock.Advance(time.Millisecond)
 	tooMany(time.Time{})
 	require.InDelta(t, learned*0.9*0.9*0.9, rate(), 1e-9)
+}
+
+// TestCredential_TooLargeRefusal: a 429 that refused the request for its size (OpenAI's "Request
+// too large for … (TPM)", Observation.TooLarge) says nothing of the credential's rate: its
+// Retry-After neither pushes the schedule back nor cuts the learned rate, while its rate-limit
+// headers are learned as any answer's are. The same 429 without TooLarge does both.
+func TestCredential_TooLargeRefusal(t *testing.T) {
+	t.Parallel()
+	c, b, rate := learnedGate(t, "sk-too-large")
+	require.Positive(t, rate().Rate)
+
+	// A too-large 429 with Retry-After, whose headers say the limit is now 40.
+	b.clock.Advance(50 * time.Millisecond)
+	now := b.clock.Now()
+	require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: now, StatusCode: 429, TooLarge: true,
+		RetryAfter: 30 * time.Second, HasRetryAfter: true,
+		HeadersKnown: true, Limit: 40, Remaining: 30, ResetAt: now.Add(2 * time.Second)}))
+	pb, err := c.PushBack(t.Context())
+	require.NoError(t, err)
+	require.False(t, pb.Active(), "pushed back: %s", pb.Reason())
+	got := rate()
+	require.Equal(t, 40, got.Burst, "the refusal's headers were not learned")
+	require.InDelta(t, 9.0/2, got.Rate, 1e-9, "the rate was cut: a new limit's bounds, deficit 10 less one over 2 s")
+
+	// The same 429, not for size: pushed back, and the rate cut by 10%.
+	require.NoError(t, c.Observe(t.Context(), limiter.Observation{At: now, StatusCode: 429,
+		RetryAfter: 30 * time.Second, HasRetryAfter: true,
+		HeadersKnown: true, Limit: 40, Remaining: 30, ResetAt: now.Add(2 * time.Second)}))
+	pb, err = c.PushBack(t.Context())
+	require.NoError(t, err)
+	require.True(t, pb.Active())
+	require.InDelta(t, 0.9*9.0/2, rate().Rate, 1e-9)
 }

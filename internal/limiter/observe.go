@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -47,6 +48,12 @@ type Observation struct {
 	RetryAfter time.Duration
 	// HasRetryAfter reports that the response carried Retry-After (or retry-after-ms).
 	HasRetryAfter bool
+	// TooLarge reports that the answer refused the request for its size, not for the rate:
+	// OpenAI's 429 "Request too large for … on tokens per min (TPM)", a request larger than the
+	// credential's whole tokens-per-minute limit. Such a 429 says nothing of the credential's
+	// rate: it is taken as any other refusal, its rate-limit headers learned, but its Retry-After
+	// does not push the schedule back, the learned rate is not cut, and lending ahead goes on.
+	TooLarge bool
 	// Seq is the Reservation.Seq of the attempt. It lets the limiter use what the provider says
 	// remains (less the requests let out since) when that is more than its own schedule holds,
 	// which is how a learned limit escapes pacing below the provider's true rate. 0 (unknown) is
@@ -73,9 +80,9 @@ type Observation struct {
 //   - learns the limit when headers are known: the burst is Limit, and each response bounds the
 //     rate (see the package doc); a new Limit value, or a response inconsistent with the bounds,
 //     starts learning afresh, so the limiter follows a provider that changes its limit mid-run;
-//   - on a 429 with Retry-After, pushes the shared schedule back so that nobody sends before
-//     At+min(RetryAfter, Config.MaxRetryAfter), and lowers the learned rate by 10% (until
-//     responses say otherwise); PushBack reports it, ClearPushBack ends it;
+//   - on a 429 with Retry-After (not one TooLarge), pushes the shared schedule back so that
+//     nobody sends before At+min(RetryAfter, Config.MaxRetryAfter), and lowers the learned rate
+//     by 10% (until responses say otherwise); PushBack reports it, ClearPushBack ends it;
 //   - learns each token bucket the response reports (capacity = Limit; the refill rate is at
 //     least Limit per Config.TokenMinute, more when deficit and reset prove it) and, unless the
 //     bucket is configured, never lets the schedule hold fewer tokens than the provider surely
@@ -111,7 +118,13 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 	cfg := &l.cfg
 	// The arguments that change at every call are formatted into one buffer (redisscript.Args).
 	var a redisscript.Args
-	pushed := o.HasRetryAfter && o.StatusCode == 429
+	status := o.StatusCode
+	if o.TooLarge && status == http.StatusTooManyRequests {
+		// A refusal for size, not for the rate: the script's 429 rules (push-back, the rate cut,
+		// no lending ahead) are not for it; it is any other refusal to them.
+		status = http.StatusRequestEntityTooLarge
+	}
+	pushed := o.HasRetryAfter && status == http.StatusTooManyRequests
 	var ra, asked, applied any = "", "", ""
 	if pushed {
 		wait := min(max(o.RetryAfter, 0), cfg.MaxRetryAfter)
@@ -121,7 +134,7 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 	calls := []redisscript.Call{{
 		Script: observeScript,
 		Keys:   c.keys.rateOnly,
-		Args: []any{a.Now(cfg.Now), a.Int(int64(o.StatusCode)), a.Int(int64(hdr)), a.Int(int64(o.Limit)),
+		Args: []any{a.Now(cfg.Now), a.Int(int64(status)), a.Int(int64(hdr)), a.Int(int64(o.Limit)),
 			a.Int(int64(o.Remaining)), a.Int(max(micros(dtMax), 0)), a.Int(micros(dtMin)),
 			ra, l.args.learnTTL, l.args.rateDecrease, a.Int(o.Seq), l.args.learnTTL, asked, applied,
 			a.Int(micros(o.SentAt.Sub(now)))},
