@@ -566,14 +566,15 @@ func TestStream_AnthropicToolInputInBlockStartKept(t *testing.T) {
 			want:   `{"city":"Paris","days":[1,2]}`,
 			deltas: `{"city":"Paris","days":[1,2]}`,
 		},
-		"WholeInStartThenEmptyDelta": {
+		"WholeInStartThenBlankDeltas": { // empty or blank deltas bring no input: the start's stands
 			events: [][2]string{
 				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"call_k2","name":"get_weather","input":{"city":"Paris"}}}`},
 				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`},
+				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":" "}}`},
 				{"content_block_stop", blockStop},
 			},
 			want:   `{"city":"Paris"}`,
-			deltas: `{"city":"Paris"}`,
+			deltas: ` {"city":"Paris"}`,
 		},
 		"WholeInStartNeverStopped": {
 			events: [][2]string{
@@ -596,6 +597,13 @@ func TestStream_AnthropicToolInputInBlockStartKept(t *testing.T) {
 			events: [][2]string{
 				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}`},
 				{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}`},
+				{"content_block_stop", blockStop},
+			},
+			want: `{}`,
+		},
+		"NullInput": { // stored as {}, as a start without input: no delta
+			events: [][2]string{
+				{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":null}}`},
 				{"content_block_stop", blockStop},
 			},
 			want: `{}`,
@@ -840,6 +848,15 @@ func TestStream_OpenAILaterTopLevelMembersKept(t *testing.T) {
 				`data: [DONE]`,
 			},
 			want: `"created":1738000000,"sglext":{"routed_experts":"AAE="}`,
+		},
+		"OnlyNull": { // a member that only came null is not added
+			events: []string{
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}],"sglext":null}`,
+				`data: {` + env + `,"created":1738000000,"choices":[],"sglext":null,"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`,
+				`data: [DONE]`,
+			},
+			want: `"created":1738000000`,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -616,3 +616,37 @@ func TestOpenAIAssembler_LateMemberRepeatedAllocs(t *testing.T) { // not paralle
 	require.Contains(t, string(body), `"weight_version":"v1"`)
 	require.Contains(t, string(body), `"created":7`)
 }
+
+// A top-level member that the first chunk lacked and every later chunk brings at another value
+// (llama.cpp's timings with timings_per_token, when the first chunk lacks it) is kept at its
+// last value without costing its text chunks the reading without decoding: each costs a text
+// chunk's allocations and the member's copy (its key and value), not a chunk's decoding.
+func TestOpenAIAssembler_LateMemberChangingAllocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
+	const head = `{"id":"c","object":"chat.completion.chunk","created":8,"model":"g","choices":[{"index":0,"delta":{"content":"tok "},"logprobs":null,"finish_reason":null}]`
+	const runs = 1000
+	allocs := func(chunk func(i int) string) (float64, []byte) {
+		asm := openAI{}.assembler()
+		emit, end := func(Delta) {}, func(int) {}
+		_, err := asm.event("", []byte(`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`), emit, end)
+		require.NoError(t, err)
+		chunks := make([][]byte, runs+1) // AllocsPerRun runs f once more, first
+		for i := range chunks {
+			chunks[i] = []byte(chunk(i))
+		}
+		i := 0
+		n := testing.AllocsPerRun(runs, func() {
+			if _, err := asm.event("", chunks[i], emit, end); err != nil {
+				t.Fatal(err)
+			}
+			i++
+		})
+		body, _, err := asm.message()
+		require.NoError(t, err)
+		return n, body
+	}
+	plain, _ := allocs(func(int) string { return head + `}` })
+	changing, body := allocs(func(i int) string { return head + fmt.Sprintf(`,"timings":{"predicted_n":%d}}`, i) })
+	require.LessOrEqual(t, changing, plain+2, "a text chunk's allocations and the member's copy")
+	require.Contains(t, string(body), fmt.Sprintf(`"timings":{"predicted_n":%d}`, runs))
+	require.Contains(t, string(body), `"created":7`)
+}

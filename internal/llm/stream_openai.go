@@ -390,7 +390,7 @@ func (a *openAIAssembler) event(_ string, data []byte, emit func(Delta), _ func(
 		return true, nil
 	}
 	if a.top != nil {
-		if index, text, ok := contentChunkOf(data, a.takesLate); ok {
+		if index, text, ok := contentChunkOf(data, a.keepLate); ok {
 			a.content(index, text, emit)
 			return false, nil
 		}
@@ -460,12 +460,13 @@ func emptyJSON(v json.RawMessage) bool {
 // the API writes one, {…,"choices":[{"index":N,"delta":{"content":"..."},"logprobs":null,
 // "finish_reason":null}],…}, without decoding the chunk: a stream is mostly these. The chunk's
 // other top-level members, which vary (id, model, system_fingerprint, service_tier, obfuscation),
-// are skipped, but one that takes (when not nil; given a key without escapes, which is its
-// decoded form) says the message takes (openAIAssembler's takesLate); "usage" and "error" must be
-// null or absent. ok is false for any other chunk or
-// form (another member of the choice, spaces, a key that decoding would match another way), which
-// event decodes in full; when ok, index and text are what that decoding gives.
-func contentChunkOf(data []byte, takes func(key, value []byte) bool) (index int, text string, ok bool) {
+// are handed to keep when it is not nil (its key without escapes, which is its decoded form;
+// also those of a chunk it then refuses, which event decodes and hands them on again: keep must
+// keep a value once, as openAIAssembler's keepLate does); "usage" and "error" must be null or
+// absent. ok is false for any other chunk or form (another member of the choice, spaces, a key
+// that decoding would match another way), which event decodes in full; when ok, index and text
+// are what that decoding gives.
+func contentChunkOf(data []byte, keep func(key, value []byte)) (index int, text string, ok bool) {
 	if !jsonscan.Valid(data) {
 		return 0, "", false
 	}
@@ -482,8 +483,9 @@ func contentChunkOf(data []byte, takes func(key, value []byte) bool) (index int,
 			return string(value) == "null"
 		case bytes.IndexByte(key, '\\') >= 0, strings.EqualFold(k, "choices"), strings.EqualFold(k, "usage"), strings.EqualFold(k, "error"):
 			return false // decoding matches keys unescaped and case-insensitively
-		case takes != nil && takes(key, value):
-			return false // a member the message takes: event keeps it
+		}
+		if keep != nil {
+			keep(key, value)
 		}
 		return true
 	})
