@@ -258,7 +258,7 @@ func New(cfg Config) *Server {
 	s.routes = []route{
 		// A submit times its store work itself, apart from its body's arrival (see submit).
 		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.bounded(s.submit)}},
-		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.bounded(s.timed(s.get)), http.MethodHead: s.bounded(s.timed(s.get)), http.MethodDelete: s.bounded(s.timed(s.cancel))}},
+		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.polled(s.get), http.MethodHead: s.polled(s.get), http.MethodDelete: s.polled(s.cancel)}},
 		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events, http.MethodOptions: eventsPreflight}},
 		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz, http.MethodHead: s.healthz}},
 		{"/readyz", map[string]http.HandlerFunc{http.MethodGet: s.readyz, http.MethodHead: s.readyz}},
@@ -358,26 +358,27 @@ func (s *Server) bounded(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// timed runs h, a poll or a cancel, with its whole work lasting at most StoreTimeout (see
-// storeTimed).
-func (s *Server) timed(h http.HandlerFunc) http.HandlerFunc {
+// polled runs h, a poll or a cancel, with the bounds of storeBounded: each wait for a pool
+// connection at most StoreWait (bounded), its whole work at most StoreTimeout (storeTimed).
+func (s *Server) polled(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		r, stop := s.storeTimed(r, s.cfg.StoreTimeout)
+		r, stop := s.storeBounded(r)
 		defer stop()
 		h(w, r)
 	}
 }
 
-// storeBounded returns r with the bounds of a poll's work in Postgres (bounded, timed): each wait
-// for a pool connection (or a place among the lookups of new tokens) lasting at most StoreWait,
-// the whole at most StoreTimeout, answered 503 overloaded and 503 unavailable (writeError, given
-// the returned request). It is for an event stream's work in Postgres outside its shared reads
-// (its authentication, its reads before its headers, the checks of its token), whose stream is
-// not bounded so (see bounded); call stop once that work is done.
+// storeBounded returns r with the bounds of a poll's work in Postgres (polled): each wait for a
+// pool connection (or a place among the lookups of new tokens) lasting at most StoreWait, the
+// whole at most StoreTimeout, answered 503 overloaded and 503 unavailable (writeError, given the
+// returned request). It is for a poll's or a cancel's work, and an event stream's in Postgres
+// outside its shared reads (a lookup of its caller, its reads before its headers, the checks of
+// its token), whose stream is not bounded so (see bounded); call stop once that work is done.
+// One copy of r carries both bounds.
 func (s *Server) storeBounded(r *http.Request) (_ *http.Request, stop context.CancelFunc) {
 	ctx, cancelWait := pgwait.Bound(r.Context(), s.cfg.StoreWait)
-	ar, cancelTimed := s.storeTimed(r.WithContext(ctx), s.cfg.StoreTimeout)
-	return ar, func() { cancelTimed(); cancelWait() }
+	ctx, cancelTimed := context.WithTimeoutCause(ctx, s.cfg.StoreTimeout, errStoreTimeout)
+	return r.WithContext(ctx), func() { cancelTimed(); cancelWait() }
 }
 
 // storeTimed returns r with a context that ends after d with the cause errStoreTimeout, whose
@@ -387,6 +388,39 @@ func (s *Server) storeBounded(r *http.Request) (_ *http.Request, stop context.Ca
 func (s *Server) storeTimed(r *http.Request, d time.Duration) (_ *http.Request, stop context.CancelFunc) {
 	ctx, stop := context.WithTimeoutCause(r.Context(), d, errStoreTimeout)
 	return r.WithContext(ctx), stop
+}
+
+// storeTimedOut is storeTimed with StoreTimeout: a submit's lookup of its caller (authenticated),
+// whose request bounded made already.
+func (s *Server) storeTimedOut(r *http.Request) (_ *http.Request, stop context.CancelFunc) {
+	return s.storeTimed(r, s.cfg.StoreTimeout)
+}
+
+// authenticated authenticates r's caller (tenant). An answer at hand (cachedTenant: most
+// requests, whose token was looked up within the Authenticator's TTL) is taken as it is; only a
+// lookup is bounded, by bound (storeTimedOut for a submit, storeBounded for an event stream),
+// and spent is the time it took (zero without one: a submit counts it in its StoreTimeout). A
+// bound made for an answer at hand would bound no wait: its contexts, timer and cancel, and the
+// request's copy, were 5 allocations a submit and more an event stream's opening (storeBounded:
+// TestServer_SubmitTenantAllocs, TestServer_StreamCallerAllocs). A failure is
+// answered by refuse, given the request the answer came with (r, or bound's: writeError reads
+// why its context ended) before the bound ends; ok is then false.
+func (s *Server) authenticated(r *http.Request, bound func(*http.Request) (*http.Request, context.CancelFunc),
+	refuse func(*http.Request, error)) (_ *tenant.Tenant, spent time.Duration, ok bool) {
+	tn, err := s.cachedTenant(r)
+	if errors.Is(err, tenant.ErrNotCached) {
+		start := time.Now()
+		ar, stop := bound(r)
+		defer stop() // after the answer: writeError reads why ar's context ended
+		tn, err = s.tenant(ar)
+		spent = time.Since(start)
+		r = ar
+	}
+	if err != nil {
+		refuse(r, err)
+		return nil, spent, false
+	}
+	return tn, spent, true
 }
 
 // tenant authenticates the caller. Without an Authorization header it is tenant "default" when

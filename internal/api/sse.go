@@ -65,7 +65,8 @@ func eventsPreflight(w http.ResponseWriter, _ *http.Request) {
 // status events by that id. The stream follows the buffer through the process's DeltaHub; a
 // wake-up from it reads Redis only.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	if _, signed := r.URL.Query()["token"]; signed {
+	tokens, signed := r.URL.Query()["token"]
+	if signed {
 		// A signed URL carries its own authorization, and no cookie is involved: a page of any
 		// origin may follow the job it was handed the URL of (and read why it may not).
 		w.Header().Set("Access-Control-Allow-Origin", "*")
@@ -73,18 +74,14 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// The caller first, before the stream takes a place: a request that fails authentication
 	// (made-up tokens, whose lookups may wait for a place of their own) never holds one of the
 	// replica's stream places, which a tenant's stream would then be refused for. A known token
-	// is cached, a signed URL checked in memory: neither reads Postgres. A token's lookup is
-	// bounded as a poll's is (storeBounded): a made-up one does not hold its connection for as
-	// long as Postgres takes. Past the bound an EventSource is told to come back (refuseStream),
-	// having learnt nothing of the job.
-	ar, stop := s.storeBounded(r)
-	caller, signed, err := s.streamCaller(ar)
-	if err != nil {
-		s.refuseStream(w, ar, err)
-		stop()
+	// is cached, a signed URL checked in memory: neither reads Postgres, nor is bounded. A
+	// token's lookup is bounded as a poll's is (storeBounded): a made-up one does not hold its
+	// connection for as long as Postgres takes. Past the bound an EventSource is told to come
+	// back (refuseStream), having learnt nothing of the job.
+	caller, ok := s.streamCaller(w, r, tokens)
+	if !ok {
 		return
 	}
-	stop()
 	// The replica's stream cap next, before any read of the job: streams over it cost Postgres
 	// nothing more.
 	releaseServer, err := s.streams.openServer()

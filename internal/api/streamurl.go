@@ -80,23 +80,26 @@ func streamTokenError(typ, message string) *httpError {
 }
 
 // streamCaller authorizes the request for an event stream, reading no job: a signed URL's token
-// when the query has one (signed reports so; checked in memory), else the caller's bearer token
-// (or the anonymous tenant), whose tenant it returns. It comes before the stream takes any place
-// (see events): a request that fails it holds none, and its token's lookup is bounded as a
-// poll's (events gives it a request of storeBounded's).
-func (s *Server) streamCaller(r *http.Request) (caller *tenant.Tenant, signed bool, err error) {
-	tokens, signed := r.URL.Query()["token"]
-	if !signed {
-		caller, err = s.tenant(r)
-		return caller, false, err
+// when the query has one (tokens, its values: checked in memory), else the caller's bearer token
+// (or the anonymous tenant), whose tenant it returns (authenticated: a cached answer taken as it
+// is, a lookup bounded as a poll's, by storeBounded). It comes before the stream takes any place
+// (see events): a request that fails it holds none, and is answered on w (refuseStream; ok
+// false).
+func (s *Server) streamCaller(w http.ResponseWriter, r *http.Request, tokens []string) (caller *tenant.Tenant, ok bool) {
+	refuse := func(ar *http.Request, err error) { s.refuseStream(w, ar, err) }
+	if tokens == nil {
+		caller, _, ok = s.authenticated(r, s.storeBounded, refuse)
+		return caller, ok
 	}
 	if s.cfg.StreamSigner == nil {
-		return nil, true, streamTokenError("invalid_stream_token", "this server issues no stream URLs")
+		refuse(r, streamTokenError("invalid_stream_token", "this server issues no stream URLs"))
+		return nil, false
 	}
 	if err := s.cfg.StreamSigner.check(r.PathValue("id"), tokens[0]); err != nil {
-		return nil, true, err
+		refuse(r, err)
+		return nil, false
 	}
-	return nil, true, nil
+	return nil, true
 }
 
 // streamJob returns the job whose events the request asks for, once streamCaller authorized it:

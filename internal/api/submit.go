@@ -19,7 +19,6 @@ import (
 
 	"github.com/llmq/llmq/internal/idem"
 	"github.com/llmq/llmq/internal/jobs"
-	"github.com/llmq/llmq/internal/tenant"
 	"github.com/llmq/llmq/internal/tokens"
 )
 
@@ -516,7 +515,9 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 // (see storeTimed); not the body's arrival, which the server's read timeout bounds: a large body
 // over a slow link is no failure of the store's.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
-	tn, spent, ok := s.submitTenant(w, r)
+	tn, spent, ok := s.authenticated(r, s.storeTimedOut, func(ar *http.Request, err error) {
+		writeError(w, ar, s.cfg.Logger, err)
+	})
 	if !ok {
 		return
 	}
@@ -621,29 +622,6 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeJob(w, http.StatusAccepted, job)
-}
-
-// submitTenant authenticates a submit's caller (tenant). An answer at hand (cachedTenant: most
-// requests, whose token was looked up within the Authenticator's TTL) is taken as it is; a
-// lookup lasts at most StoreTimeout (storeTimed), and spent is the time it took, which counts in
-// the submit's StoreTimeout (zero without one). A bound made for an answer at hand would bound
-// no wait: its context, timer and cancel, and the request's copy, were 5 allocations a submit.
-// A failure is answered on w (ok false).
-func (s *Server) submitTenant(w http.ResponseWriter, r *http.Request) (_ *tenant.Tenant, spent time.Duration, ok bool) {
-	tn, err := s.cachedTenant(r)
-	if errors.Is(err, tenant.ErrNotCached) {
-		start := time.Now()
-		ar, stop := s.storeTimed(r, s.cfg.StoreTimeout)
-		defer stop() // after the answer: writeError reads why ar's context ended
-		tn, err = s.tenant(ar)
-		spent = time.Since(start)
-		r = ar
-	}
-	if err != nil {
-		writeError(w, r, s.cfg.Logger, err)
-		return nil, spent, false
-	}
-	return tn, spent, true
 }
 
 // encodedRefusal is err, or a 415 when err refuses the body as not JSON (invalid_json) and the

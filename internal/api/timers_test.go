@@ -2,6 +2,8 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -24,10 +26,37 @@ import (
 // answer that waits for nothing; it is made only when the answer is looked up in Postgres. The
 // token's copy for its hash (secrettoken.Hash) was one more.
 func TestServer_SubmitTenantAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	requireCachedAuthFree(t, http.MethodPost, "/v1/jobs", func(s *Server, r *http.Request) (*tenant.Tenant, bool) {
+		tn, _, ok := s.authenticated(r, s.storeTimedOut, func(_ *http.Request, err error) { panic(err) })
+		return tn, ok
+	})
+}
+
+// TestServer_StreamCallerAllocs pins the allocations of an event stream's authentication when
+// the caller's answer is cached, as at a reconnect within the Authenticator's TTL: none. The
+// stream's bounds (storeBounded: StoreWait's and StoreTimeout's contexts, the timer, the
+// request's copy and the cancels) were made at every opening, 15 allocations with the query's
+// parse, for an answer that waits for nothing; they are made only for a lookup in Postgres.
+func TestServer_StreamCallerAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	w := httptest.NewRecorder()
+	requireCachedAuthFree(t, http.MethodGet, "/v1/jobs/x/events", func(s *Server, r *http.Request) (*tenant.Tenant, bool) {
+		tn, ok := s.streamCaller(w, r, nil)
+		if !ok {
+			panic(w.Body.String())
+		}
+		return tn, ok
+	})
+}
+
+// requireCachedAuthFree requires authenticate, given a method and target's request of tenant
+// "acme"'s token or of the anonymous tenant, to answer that tenant, and without an allocation
+// once the answer is cached (the Authenticator's clock stands still: its answers stay fresh).
+func requireCachedAuthFree(t *testing.T, method, target string, authenticate func(*Server, *http.Request) (*tenant.Tenant, bool)) {
+	t.Helper()
 	store := tenant.NewStore(pgtest.Pool(t), nil)
 	_, token, err := store.Create(t.Context(), "acme", nil)
 	require.NoError(t, err)
-	now := time.Now() // the Authenticator's clock stands still: its answers stay fresh
+	now := time.Now()
 	s := New(Config{AllowAnonymous: true,
 		Tenants: tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{Now: func() time.Time { return now }})})
 	t.Cleanup(s.Shutdown)
@@ -35,21 +64,16 @@ func TestServer_SubmitTenantAllocs(t *testing.T) { // not parallel: testing.Allo
 		{"Token", "Bearer " + token, "acme"},
 		{"Anonymous", "", tenant.Default},
 	} {
-		r := httptest.NewRequestWithContext(context.Background(), http.MethodPost, "/v1/jobs", nil)
+		r := httptest.NewRequestWithContext(context.Background(), method, target, nil)
 		if c.authorization != "" {
 			r.Header.Set("Authorization", c.authorization)
 		}
-		w := httptest.NewRecorder()
-		tn, _, ok := s.submitTenant(w, r) // looked up, and cached
-		require.True(t, ok, "%s: %s", c.name, w.Body)
+		tn, ok := authenticate(s, r) // looked up, and cached
+		require.True(t, ok, c.name)
 		require.Equal(t, c.tenant, tn.Name)
-		allocs := testing.AllocsPerRun(200, func() {
-			if _, _, ok := s.submitTenant(w, r); !ok {
-				panic(w.Body.String())
-			}
-		})
+		allocs := testing.AllocsPerRun(200, func() { authenticate(s, r) })
 		t.Logf("%s: %.1f allocations", c.name, allocs)
-		require.Zero(t, allocs, "%s: allocations per submit's authentication from the cache", c.name)
+		require.Zero(t, allocs, "%s: allocations per authentication from the cache", c.name)
 	}
 }
 
@@ -57,27 +81,55 @@ func TestServer_SubmitTenantAllocs(t *testing.T) { // not parallel: testing.Allo
 // cached, answered 202, its job committed (not enqueued): run with -benchmem for the allocations
 // per submit of the API's side (the request and its recorder included).
 func BenchmarkServer_Submit(b *testing.B) {
+	s, token := newBenchServer(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		benchServe(b, s, token, http.MethodPost, "/v1/jobs", strings.NewReader(minimalSubmit), http.StatusAccepted)
+	}
+}
+
+// BenchmarkServer_GetJob is a poll (GET /v1/jobs/{id}) by a tenant whose token is cached,
+// answered 200 with its job: run with -benchmem for the allocations per poll of the API's side
+// (the request and its recorder included).
+func BenchmarkServer_GetJob(b *testing.B) {
+	s, token := newBenchServer(b)
+	w := benchServe(b, s, token, http.MethodPost, "/v1/jobs", strings.NewReader(minimalSubmit), http.StatusAccepted)
+	var job struct{ ID string }
+	require.NoError(b, json.Unmarshal(w.Body.Bytes(), &job))
+	b.ReportAllocs()
+	for b.Loop() {
+		benchServe(b, s, token, http.MethodGet, "/v1/jobs/"+job.ID, nil, http.StatusOK)
+	}
+}
+
+// newBenchServer returns a Server on its own database, its pool traced as migrations.Open's is,
+// and the token of its tenant "acme", whose answer the Authenticator keeps fresh (its clock
+// stands still).
+func newBenchServer(b *testing.B) (_ *Server, token string) {
 	pcfg, err := pgxpool.ParseConfig(pgtest.URL(b))
 	require.NoError(b, err)
-	pcfg.ConnConfig.Tracer = pgwait.Tracer{} // as migrations.Open does
+	pcfg.ConnConfig.Tracer = pgwait.Tracer{}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	require.NoError(b, err)
 	b.Cleanup(pool.Close)
 	store := tenant.NewStore(pool, nil)
-	_, token, err := store.Create(context.Background(), "acme", nil)
+	_, token, err = store.Create(context.Background(), "acme", nil)
 	require.NoError(b, err)
-	now := time.Now() // the Authenticator's clock stands still: its answer stays fresh
+	now := time.Now()
 	s := New(Config{Store: jobs.NewStore(pool, nil), Pool: pool, Submit: SubmitConfig{Credentials: []string{"default"}},
 		Tenants: tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{Now: func() time.Time { return now }})})
 	b.Cleanup(s.Shutdown)
-	b.ReportAllocs()
-	for b.Loop() {
-		r := httptest.NewRequest(http.MethodPost, "/v1/jobs", strings.NewReader(minimalSubmit))
-		r.Header.Set("Authorization", "Bearer "+token)
-		w := httptest.NewRecorder()
-		s.ServeHTTP(w, r)
-		if w.Code != http.StatusAccepted {
-			b.Fatalf("submit: %d %s", w.Code, w.Body)
-		}
+	return s, token
+}
+
+// benchServe serves s a request of token's tenant and requires its answer's status to be want.
+func benchServe(b *testing.B, s *Server, token, method, target string, body io.Reader, want int) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(method, target, body)
+	r.Header.Set("Authorization", "Bearer "+token)
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, r)
+	if w.Code != want {
+		b.Fatalf("%s %s: %d %s", method, target, w.Code, w.Body)
 	}
+	return w
 }
