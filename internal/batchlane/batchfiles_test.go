@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/batchlane"
@@ -305,4 +306,32 @@ func TestBatcher_CountsADeleteOncePassesOverlap(t *testing.T) {
 	require.Empty(t, b.storedFiles(t, files))
 	require.Zero(t, b.fileRows(t))
 	require.Equal(t, float64(len(files)), b.counter(t, "file_deletes", "deleted"), "a file counted by both passes")
+}
+
+// forgottenMidDelete is a Client whose DeleteFiles has an operator forget the files (ctl batch files
+// forget) while their delete is under way, and then fails.
+type forgottenMidDelete struct {
+	batchlane.Client
+	pool *pgxpool.Pool
+}
+
+func (f forgottenMidDelete) DeleteFiles(ctx context.Context, files []string) error {
+	if _, err := batchlane.ForgetFiles(ctx, f.pool, "", files); err != nil {
+		return err
+	}
+	return errors.New("the provider failed the delete")
+}
+
+// TestBatcher_AForgottenFilesFailedDeleteIsNotCounted: a file an operator forgets while the
+// pass's delete of it is under way has no row for the failure to record: the failure is neither
+// counted (failed, gave_up) nor logged as a file left with its row kept, and no row comes back.
+func TestBatcher_AForgottenFilesFailedDeleteIsNotCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{provider: "openai"})
+	closedWithFilesLeft(t, b)
+	require.Positive(t, b.fileRows(t))
+	bt := b.batcher(forgottenMidDelete{Client: b.client, pool: b.pool})
+	require.NoError(t, bt.Once(t.Context()))
+	require.Zero(t, b.fileRows(t))
+	require.Zero(t, b.counter(t, "file_deletes", "failed"), "a failure of a forgotten file counted")
 }

@@ -120,16 +120,19 @@ func (s store) fileDeleted(ctx context.Context, f batchFile) (bool, error) {
 // fileFailed records a delete of file f that failed with msg: one attempt more, the next at next.
 // A file whose attempts it uses up (given up) gets next_try_at infinity instead: out of the range
 // dueFiles scans on next_try_at's index, which would otherwise read every given-up row in each
-// pass (their next_try_at long past) only to filter them out on attempts.
-func (s store) fileFailed(ctx context.Context, f batchFile, next time.Time, msg string) error {
+// pass (their next_try_at long past) only to filter them out on attempts. It reports whether the
+// row was there: false when an operator forgot the file (ForgetFiles) or another pass deleted it
+// while this delete was under way.
+func (s store) fileFailed(ctx context.Context, f batchFile, next time.Time, msg string) (bool, error) {
 	// Text Postgres takes: valid UTF-8 (the cut may split a rune), no NUL.
 	msg = strings.ReplaceAll(strings.ToValidUTF8(msg[:min(len(msg), maxFileErrorLen)], ""), "\x00", "")
-	if _, err := s.pool.Exec(ctx, `UPDATE provider_batch_files SET attempts = attempts + 1, last_error = $4,
+	tag, err := s.pool.Exec(ctx, `UPDATE provider_batch_files SET attempts = attempts + 1, last_error = $4,
 	next_try_at = CASE WHEN attempts + 1 >= $5 THEN 'infinity' ELSE $3::timestamptz END
-WHERE credential = $1 AND file_id = $2`, f.Credential, f.ID, next, msg, maxFileDeleteAttempts); err != nil {
-		return fmt.Errorf("record a failed delete of batch file %s: %w", f.ID, err)
+WHERE credential = $1 AND file_id = $2`, f.Credential, f.ID, next, msg, maxFileDeleteAttempts)
+	if err != nil {
+		return false, fmt.Errorf("record a failed delete of batch file %s: %w", f.ID, err)
 	}
-	return nil
+	return tag.RowsAffected() > 0, nil
 }
 
 // fileRetryDelay is the wait before the delete after attempts failed ones (see fileRetryBase).
@@ -177,14 +180,21 @@ func (b *Batcher) deleteDueFiles(ctx context.Context) error {
 			}
 			continue
 		}
-		outcome := "failed"
-		if f.Attempts+1 >= maxFileDeleteAttempts {
-			outcome = "gave_up"
-			b.cfg.Logger.WarnContext(ctx, "a batch file could not be deleted at the provider: left there, its row kept",
-				"credential", f.Credential, "file_id", f.ID, "batch", f.Batch, "attempts", f.Attempts+1, "error", err)
+		// Counted and logged unless its row was gone: a file forgotten (ctl batch files forget) or
+		// deleted by an overlapping pass meanwhile is nobody's to delete any more.
+		kept, rerr := b.store.fileFailed(ctx, f, b.cfg.Now().Add(fileRetryDelay(f.Attempts+1)), err.Error())
+		if rerr != nil {
+			errs = append(errs, rerr)
 		}
-		b.cfg.Metrics.fileDelete(f.Credential, outcome)
-		errs = append(errs, b.store.fileFailed(ctx, f, b.cfg.Now().Add(fileRetryDelay(f.Attempts+1)), err.Error()))
+		if kept || rerr != nil {
+			outcome := "failed"
+			if f.Attempts+1 >= maxFileDeleteAttempts {
+				outcome = "gave_up"
+				b.cfg.Logger.WarnContext(ctx, "a batch file could not be deleted at the provider: left there, its row kept",
+					"credential", f.Credential, "file_id", f.ID, "batch", f.Batch, "attempts", f.Attempts+1, "error", err)
+			}
+			b.cfg.Metrics.fileDelete(f.Credential, outcome)
+		}
 		if dctx.Err() != nil {
 			break // the pass's time for deletes is up: the rest wait for the next
 		}
