@@ -109,7 +109,12 @@ func (a *app) batchFilesRetry(c *cli.Context) error {
 		return cli.Exit("usage: ctl batch files retry FILE_ID... | --all [--credential C]", exitUsage)
 	}
 	return a.changeBatchFiles(c, fileChange{ids: ids, all: all, action: "batch_file.retry", warn: true,
-		done: "put %d batch files back in line: the batch lane's leader deletes them in its next pass",
+		done: func(n int) string {
+			if n == 1 {
+				return "put 1 batch file back in line: the batch lane's leader deletes it in its next pass"
+			}
+			return fmt.Sprintf("put %d batch files back in line: the batch lane's leader deletes them in its next pass", n)
+		},
 		change: func(ctx context.Context, p *pgxpool.Pool, credential string) ([]batchlane.File, error) {
 			return batchlane.RetryFiles(ctx, p, batchlane.RetryFilesParams{All: all, IDs: ids, Credential: credential})
 		}})
@@ -121,7 +126,12 @@ func (a *app) batchFilesForget(c *cli.Context) error {
 		return cli.Exit("usage: ctl batch files forget FILE_ID... [--credential C]", exitUsage)
 	}
 	return a.changeBatchFiles(c, fileChange{ids: ids, action: "batch_file.forget",
-		done: "forgot %d batch files: their rows are removed, the files left as they are at the provider",
+		done: func(n int) string {
+			if n == 1 {
+				return "forgot 1 batch file: its row is removed, the file left as it is at the provider"
+			}
+			return fmt.Sprintf("forgot %d batch files: their rows are removed, the files left as they are at the provider", n)
+		},
 		change: func(ctx context.Context, p *pgxpool.Pool, credential string) ([]batchlane.File, error) {
 			return batchlane.ForgetFiles(ctx, p, credential, ids)
 		}})
@@ -132,8 +142,9 @@ type fileChange struct {
 	// ids are the files named (none with all: every given-up file).
 	ids []string
 	all bool
-	// action is the audit entry's action; done says what was done to %d files.
-	action, done string
+	// action is the audit entry's action; done says what was done to n files.
+	action string
+	done   func(n int) string
 	// warn warns of the changed files of credentials not configured (see warnUnconfigured):
 	// retried, they are still nobody's to delete.
 	warn bool
@@ -162,7 +173,7 @@ func (a *app) changeBatchFiles(c *cli.Context, ch fileChange) error {
 	if len(changed) == 0 && ch.all {
 		fmt.Fprintln(a.out, "no given-up batch files")
 	} else if len(changed) > 0 {
-		fmt.Fprintf(a.out, ch.done+"\n", len(changed))
+		fmt.Fprintln(a.out, ch.done(len(changed)))
 	}
 	if ch.warn {
 		a.warnUnconfigured(c, changed)
@@ -219,7 +230,9 @@ func (a *app) warnUnconfigured(c *cli.Context, files []batchlane.File) {
 		return
 	}
 	slices.Sort(unknown)
-	fmt.Fprintf(a.errOut, "ctl: warning: %d of these batch files belong to credentials not in the config (%s): "+
-		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n",
-		n, printable(strings.Join(unknown, ", ")))
+	them := plural(n, "it", "them")
+	fmt.Fprintf(a.errOut, "ctl: warning: %d of these batch files %s %s not in the config (%s): "+
+		"no worker of it deletes %s; delete %s at the provider by hand, then `ctl batch files forget` %s\n",
+		n, plural(n, "belongs to", "belong to"), plural(len(unknown), "a credential", "credentials"),
+		printable(strings.Join(unknown, ", ")), them, them, them)
 }

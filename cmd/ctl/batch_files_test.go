@@ -136,7 +136,7 @@ func TestBatchFiles_RetryPutsFilesBackInLine(t *testing.T) {
 
 	r := run(t, append(db, "batch", "files", "retry", "--all", "--credential", "default")...)
 	require.Equal(t, 0, r.code, r.errOut)
-	require.Equal(t, "put 1 batch files back in line: the batch lane's leader deletes them in its next pass\n", r.out)
+	require.Equal(t, "put 1 batch file back in line: the batch lane's leader deletes it in its next pass\n", r.out)
 	attempts, due := b.batchFileState(t, "default", "file-a")
 	require.Equal(t, 0, attempts)
 	require.True(t, due)
@@ -213,7 +213,7 @@ func TestBatchFiles_ForgetRemovesTheRows(t *testing.T) {
 
 	r = run(t, append(db, "batch", "files", "forget", "--credential", "backup", "file-b")...)
 	require.Equal(t, 0, r.code, r.errOut)
-	require.Equal(t, "forgot 1 batch files: their rows are removed, the files left as they are at the provider\n", r.out)
+	require.Equal(t, "forgot 1 batch file: its row is removed, the file left as it is at the provider\n", r.out)
 	require.Empty(t, b.batchFileRows(t))
 
 	entries := auditLog(t, b.url)
@@ -229,7 +229,8 @@ func TestBatchFiles_ForgetRemovesTheRows(t *testing.T) {
 // TestBatchFiles_WarnsOfCredentialsNotConfigured: with --config, `ctl batch files` and `retry`
 // warn on the error output (exit 0) when files they list or reset belong to a credential the
 // config does not have: no worker of that config deletes them. Without --config, or with every
-// credential configured, nothing is said.
+// credential configured, nothing is said. The warning counts files and credentials in the
+// singular when there is one.
 func TestBatchFiles_WarnsOfCredentialsNotConfigured(t *testing.T) {
 	t.Parallel()
 	b := setupJobs(t)
@@ -238,14 +239,19 @@ func TestBatchFiles_WarnsOfCredentialsNotConfigured(t *testing.T) {
 		batchFileRow{credential: "default", id: "file-a", kind: "ended", attempts: 10, lastError: "500"},
 		batchFileRow{credential: "removed", id: "file-b", kind: "ended", attempts: 10, lastError: "500"},
 		batchFileRow{credential: "gone", id: "file-c", kind: "ended"},
+		batchFileRow{credential: "removed", id: "file-d", kind: "upload"},
 	)
-	const warning = "ctl: warning: 2 of these batch files belong to credentials not in the config (gone, removed): " +
-		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n"
 
 	r := run(t, append(cfg, "batch", "files")...)
 	require.Equal(t, 0, r.code, r.errOut)
-	require.Len(t, tableRows(r.out), 4, r.out)
-	require.Equal(t, warning, r.errOut)
+	require.Len(t, tableRows(r.out), 5, r.out)
+	require.Equal(t, "ctl: warning: 3 of these batch files belong to credentials not in the config (gone, removed): "+
+		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n", r.errOut)
+
+	r = run(t, append(cfg, "batch", "files", "--credential", "removed")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Equal(t, "ctl: warning: 2 of these batch files belong to a credential not in the config (removed): "+
+		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n", r.errOut)
 
 	r = run(t, "--database-url", b.url, "batch", "files")
 	require.Equal(t, 0, r.code, r.errOut)
@@ -258,6 +264,6 @@ func TestBatchFiles_WarnsOfCredentialsNotConfigured(t *testing.T) {
 	r = run(t, append(cfg, "batch", "files", "retry", "--all")...)
 	require.Equal(t, 0, r.code, r.errOut)
 	require.Equal(t, "put 2 batch files back in line: the batch lane's leader deletes them in its next pass\n", r.out)
-	require.Equal(t, "ctl: warning: 1 of these batch files belong to credentials not in the config (removed): "+
-		"no worker of it deletes them; delete them at the provider by hand, then `ctl batch files forget` them\n", r.errOut)
+	require.Equal(t, "ctl: warning: 1 of these batch files belongs to a credential not in the config (removed): "+
+		"no worker of it deletes it; delete it at the provider by hand, then `ctl batch files forget` it\n", r.errOut)
 }

@@ -209,6 +209,15 @@ func oneLineText(s string, n int) string {
 	return s
 }
 
+// plural returns one when n is 1 and many otherwise: the words a message says of n things
+// ("belongs to a credential", "belong to credentials"; "it", "them").
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 // ts formats an optional time for tables.
 func ts(t *time.Time) string {
 	if t == nil {

@@ -30,3 +30,7 @@ const MaxFileDeleteAttempts = maxFileDeleteAttempts
 
 // FileDeletesPerPass is how many batch files one pass deletes at most.
 const FileDeletesPerPass = fileDeletesPerPass
+
+// OldGiveUpsPerPass is how many files given up by a leader of the last release one pass moves
+// out of its range at most.
+const OldGiveUpsPerPass = oldGiveUpsPerPass

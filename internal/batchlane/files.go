@@ -18,6 +18,9 @@ import (
 const (
 	// fileDeletesPerPass bounds the deletes one pass makes (a backlog goes over several).
 	fileDeletesPerPass = 100
+	// oldGiveUpsPerPass bounds the files given up by a leader of an older release that one pass
+	// moves out of its range (see dueFiles): an update of a row each, no call to the provider.
+	oldGiveUpsPerPass = 1000
 	// maxFileDeleteAttempts bounds the deletes of one file: past it, the file is left at the
 	// provider (logged, counted gave_up), its row kept for the operator.
 	maxFileDeleteAttempts = 10
@@ -83,15 +86,32 @@ SELECT $1, f, $2, 'ended' FROM unnest($3::text[]) AS f ON CONFLICT (credential, 
 // dueFiles returns up to limit files of credentials due for their delete at now: those of a
 // closed batch (ended or canceled, or whose row retention deleted) or released, whose attempts
 // are not used up, the longest due first. FOR UPDATE SKIP LOCKED is not needed: one leader
-// deletes. It scans next_try_at's index up to now: a given-up file (next_try_at infinity, see
-// fileFailed) is not read; attempts < max still leaves out one a leader of the last release gave
-// up (its next_try_at in the past), which is read until retried or forgotten.
+// deletes. It scans next_try_at's index up to now, so a given-up file (next_try_at infinity, see
+// fileFailed) is not read. In the same statement it moves out of that range, up to
+// oldGiveUpsPerPass of them, the files a leader of an older release gave up (attempts used up,
+// next_try_at left at their last backoff), of any credential, without a delete: read once more
+// by this statement (its UPDATE is not visible to its SELECT) and filtered on attempts, never
+// again. The UPDATE checks the row it locks again, so that a file an operator retried meanwhile
+// (RetryFiles: no attempts, due at once) is left as RetryFiles made it.
+//
+// The statement is planned anew each time (the unnamed statement, no generic plan): the files
+// of a credential no longer configured are never tried, so they stay due at once (-infinity,
+// the start of next_try_at's index), and a generic plan that scans that index read every one of
+// them in each pass; planned for its credentials, the scan goes through the primary key when
+// their rows are fewer than those in range (see docs/decisions.md).
 func (s store) dueFiles(ctx context.Context, credentials []string, now time.Time, limit int) ([]batchFile, error) {
-	rows, err := s.pool.Query(ctx, `SELECT f.credential, f.file_id, f.batch::text, f.attempts FROM provider_batch_files f
+	rows, err := s.pool.Query(ctx, `WITH given_up AS (
+	UPDATE provider_batch_files SET next_try_at = 'infinity'
+	WHERE (credential, file_id) IN (SELECT credential, file_id FROM provider_batch_files
+		WHERE next_try_at > '-infinity' AND next_try_at <= $2 AND attempts >= $3 LIMIT $5)
+		AND next_try_at > '-infinity' AND attempts >= $3
+)
+SELECT f.credential, f.file_id, f.batch::text, f.attempts FROM provider_batch_files f
 LEFT JOIN provider_batches b ON b.id = f.batch
 WHERE f.credential = ANY($1::text[]) AND f.next_try_at <= $2 AND f.attempts < $3
 	AND (f.released OR b.id IS NULL OR b.state IN ('ended', 'canceled'))
-ORDER BY f.next_try_at LIMIT $4`, credentials, now, maxFileDeleteAttempts, limit)
+ORDER BY f.next_try_at LIMIT $4`, pgx.QueryExecModeCacheDescribe, credentials, now, maxFileDeleteAttempts, limit,
+		oldGiveUpsPerPass)
 	if err != nil {
 		return nil, fmt.Errorf("list batch files to delete: %w", err)
 	}
