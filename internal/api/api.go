@@ -256,8 +256,8 @@ func New(cfg Config) *Server {
 	// HEAD answers as GET (net/http drops the body a handler writes to it), as RFC 9110 asks of
 	// every path that serves GET; but not the event stream, which never ends.
 	s.routes = []route{
-		// A submit times its store work itself, apart from its body's arrival (see submit).
-		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.bounded(s.submit)}},
+		// A submit bounds its store work itself, apart from its body's arrival (see submit).
+		{"/v1/jobs", map[string]http.HandlerFunc{http.MethodPost: s.submit}},
 		{"/v1/jobs/{id}", map[string]http.HandlerFunc{http.MethodGet: s.polled(s.get), http.MethodHead: s.polled(s.get), http.MethodDelete: s.polled(s.cancel)}},
 		{"/v1/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.events, http.MethodOptions: eventsPreflight}},
 		{"/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz, http.MethodHead: s.healthz}},
@@ -345,21 +345,8 @@ const DefaultStoreTimeout = 10 * time.Second
 // errStoreTimeout is the cause of a request's context ended by StoreTimeout.
 var errStoreTimeout = errors.New("the job store did not answer in time")
 
-// bounded runs h with a request whose every wait for a connection of the Postgres pool lasts at
-// most StoreWait (pgwait.Bound): past it, the request's context is canceled and its answer is
-// 503 overloaded (writeError), nothing having been sent. Not event streams: they wait for their
-// client anyway, and a stream cut by a busy pool would only come back at once (their caller's
-// authentication and first reads are bounded alone: storeBounded).
-func (s *Server) bounded(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := pgwait.Bound(r.Context(), s.cfg.StoreWait)
-		defer cancel()
-		h(w, r.WithContext(ctx))
-	}
-}
-
 // polled runs h, a poll or a cancel, with the bounds of storeBounded: each wait for a pool
-// connection at most StoreWait (bounded), its whole work at most StoreTimeout (storeTimed).
+// connection at most StoreWait, its whole work at most StoreTimeout.
 func (s *Server) polled(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, stop := s.storeBounded(r)
@@ -369,48 +356,41 @@ func (s *Server) polled(h http.HandlerFunc) http.HandlerFunc {
 }
 
 // storeBounded returns r with the bounds of a poll's work in Postgres (polled): each wait for a
-// pool connection (or a place among the lookups of new tokens) lasting at most StoreWait, the
-// whole at most StoreTimeout, answered 503 overloaded and 503 unavailable (writeError, given the
-// returned request). It is for a poll's or a cancel's work, and an event stream's in Postgres
-// outside its shared reads (a lookup of its caller, its reads before its headers, the checks of
-// its token), whose stream is not bounded so (see bounded); call stop once that work is done.
-// One copy of r carries both bounds.
+// pool connection (or a place among the lookups of new tokens) lasting at most StoreWait
+// (pgwait.Bound: past it, r's context is canceled, nothing having been sent), the whole at most
+// StoreTimeout, answered 503 overloaded and 503 unavailable (writeError, given the returned
+// request). It is for a poll's or a cancel's work, a submit's lookup of its caller, and an event
+// stream's in Postgres outside its shared reads (a lookup of its caller, its reads before its
+// headers, the checks of its token), whose stream is not bounded so: it waits for its client
+// anyway, and a stream cut by a busy pool would only come back at once. Call stop once that work
+// is done. One copy of r carries both bounds.
 func (s *Server) storeBounded(r *http.Request) (_ *http.Request, stop context.CancelFunc) {
-	ctx, cancelWait := pgwait.Bound(r.Context(), s.cfg.StoreWait)
-	ctx, cancelTimed := context.WithTimeoutCause(ctx, s.cfg.StoreTimeout, errStoreTimeout)
-	return r.WithContext(ctx), func() { cancelTimed(); cancelWait() }
+	return s.storeBoundedFor(r, s.cfg.StoreTimeout)
 }
 
-// storeTimed returns r with a context that ends after d with the cause errStoreTimeout, whose
-// answer is 503 unavailable (writeError): the bound of a request's work in Postgres, a
-// statement Postgres does not answer included. Call stop when that work is over; a pgwait bound
-// of r's context still applies.
-func (s *Server) storeTimed(r *http.Request, d time.Duration) (_ *http.Request, stop context.CancelFunc) {
+// storeBoundedFor is storeBounded with d for the whole (a submit's commit: what its caller's
+// lookup left of StoreTimeout). The bound on the waits for a connection is StoreWait still.
+func (s *Server) storeBoundedFor(r *http.Request, d time.Duration) (_ *http.Request, stop context.CancelFunc) {
 	ctx, stop := context.WithTimeoutCause(r.Context(), d, errStoreTimeout)
+	// The bound's context is a child of stop's, which ends it: its own cancel would only add
+	// a closure joining the two. Its end is the bound's cause, or the deadline's.
+	ctx, _ = pgwait.Bound(ctx, s.cfg.StoreWait)
 	return r.WithContext(ctx), stop
-}
-
-// storeTimedOut is storeTimed with StoreTimeout: a submit's lookup of its caller (authenticated),
-// whose request bounded made already.
-func (s *Server) storeTimedOut(r *http.Request) (_ *http.Request, stop context.CancelFunc) {
-	return s.storeTimed(r, s.cfg.StoreTimeout)
 }
 
 // authenticated authenticates r's caller (tenant). An answer at hand (cachedTenant: most
 // requests, whose token was looked up within the Authenticator's TTL) is taken as it is; only a
-// lookup is bounded, by bound (storeTimedOut for a submit, storeBounded for an event stream),
-// and spent is the time it took (zero without one: a submit counts it in its StoreTimeout). A
-// bound made for an answer at hand would bound no wait: its contexts, timer and cancel, and the
-// request's copy, were 5 allocations a submit and more an event stream's opening (storeBounded:
-// TestServer_SubmitTenantAllocs, TestServer_StreamCallerAllocs). A failure is
-// answered by refuse, given the request the answer came with (r, or bound's: writeError reads
-// why its context ended) before the bound ends; ok is then false.
-func (s *Server) authenticated(r *http.Request, bound func(*http.Request) (*http.Request, context.CancelFunc),
-	refuse func(*http.Request, error)) (_ *tenant.Tenant, spent time.Duration, ok bool) {
+// lookup is bounded (storeBounded), and spent is the time it took (zero without one: a submit
+// counts it in its StoreTimeout). A bound made for an answer at hand would bound no wait: its
+// contexts, timer and cancel, and the request's copy, were 5 allocations a submit and more an
+// event stream's opening (TestServer_SubmitTenantAllocs, TestServer_StreamCallerAllocs). A
+// failure is answered by refuse, given the request the answer came with (r, or storeBounded's:
+// writeError reads why its context ended) before the bound ends; ok is then false.
+func (s *Server) authenticated(r *http.Request, refuse func(*http.Request, error)) (_ *tenant.Tenant, spent time.Duration, ok bool) {
 	tn, err := s.cachedTenant(r)
 	if errors.Is(err, tenant.ErrNotCached) {
 		start := time.Now()
-		ar, stop := bound(r)
+		ar, stop := s.storeBounded(r)
 		defer stop() // after the answer: writeError reads why ar's context ended
 		tn, err = s.tenant(ar)
 		spent = time.Since(start)
@@ -819,12 +799,13 @@ func classifyError(r *http.Request, err error) (*httpError, *serverFailure) {
 			message: "the job this Idempotency-Key held was deleted under each of the submit's tries; nothing was stored; retry shortly",
 			header:  http.Header{"Retry-After": {"1"}}}
 	case pgwait.TimedOut(r.Context(), err):
-		// Checked before context.Canceled: the bound canceled the request's context (bounded).
+		// Checked before context.Canceled: the bound canceled the request's context
+		// (storeBounded).
 		he = &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
 			message: "no database connection came free in time; retry shortly", header: http.Header{"Retry-After": {"1"}}}
 	case errors.Is(context.Cause(r.Context()), errStoreTimeout):
 		// Checked before context.Canceled and the unavailable store: the request's own bound
-		// (timed, storeTimed) ended a statement Postgres had not answered.
+		// (storeBounded) ended a statement Postgres had not answered.
 		return &httpError{status: http.StatusServiceUnavailable, typ: "unavailable",
 			message: "the job store did not answer in time; retry shortly", header: http.Header{"Retry-After": {"5"}}}, failureStoreTimedOut
 	case errors.Is(err, context.Canceled):

@@ -258,7 +258,7 @@ func TestEvents_RefusedEventSourceRetryIsJittered(t *testing.T) {
 	t.Parallel()
 	s := &Server{cfg: Config{Logger: slog.New(slog.DiscardHandler), retryRand: func() float64 { return 0.5 }},
 		streamLog: logthrottle.New(&logthrottle.Config{Every: streamLogInterval})}
-	// A request whose store bound passed: its context canceled with errStoreTimeout (storeTimed).
+	// A request whose store bound passed: its context canceled with errStoreTimeout (storeBounded).
 	timedOut, cancel := context.WithCancelCause(context.Background())
 	cancel(errStoreTimeout)
 	answer := func(accept string, err error) *httptest.ResponseRecorder {

@@ -88,7 +88,7 @@ func streamTokenError(typ, message string) *httpError {
 func (s *Server) streamCaller(w http.ResponseWriter, r *http.Request, tokens []string) (caller *tenant.Tenant, ok bool) {
 	refuse := func(ar *http.Request, err error) { s.refuseStream(w, ar, err) }
 	if tokens == nil {
-		caller, _, ok = s.authenticated(r, s.storeBounded, refuse)
+		caller, _, ok = s.authenticated(r, refuse)
 		return caller, ok
 	}
 	if s.cfg.StreamSigner == nil {

@@ -511,11 +511,13 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 // the contract refuses is still a replay when its Idempotency-Key holds a job of that body (see
 // replayRefused).
 //
-// Its work in Postgres (the tenant's lookup, then the job's commit) lasts StoreTimeout in all
-// (see storeTimed); not the body's arrival, which the server's read timeout bounds: a large body
-// over a slow link is no failure of the store's.
+// Its work in Postgres (the tenant's lookup, then the job's commit) lasts StoreTimeout in all,
+// each of its waits for a connection StoreWait (see storeBounded); not the body's arrival, which
+// the server's read timeout bounds: a large body over a slow link is no failure of the store's.
+// The bounds are made where that work is, each with the request's one copy: a submit refused
+// before it, or answered from the cache (authenticated), makes none for it.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
-	tn, spent, ok := s.authenticated(r, s.storeTimedOut, func(ar *http.Request, err error) {
+	tn, spent, ok := s.authenticated(r, func(ar *http.Request, err error) {
 		writeError(w, ar, s.cfg.Logger, err)
 	})
 	if !ok {
@@ -601,7 +603,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		defer release()
 	}
 	p, err := s.contract.parse(tn.Name, allowed, key, body)
-	r, stop := s.storeTimed(r, s.cfg.StoreTimeout-spent)
+	r, stop := s.storeBoundedFor(r, s.cfg.StoreTimeout-spent)
 	defer stop()
 	var job *jobs.Job
 	replayed := false

@@ -65,7 +65,14 @@ type HandoffConfig struct {
 	Logger *slog.Logger
 	// Metrics, when set, counts the offers by outcome (llmq_worker_handoffs_total).
 	Metrics *Metrics
+	// Now is the clock that starts the deliveries' shared deadlines (see Claim.Start). Default
+	// time.Now.
+	Now func() time.Time
 }
+
+// deliveryWindow is how long the deliveries started one after another share one deadline
+// (Claim.Start): each is given taskTimeout from its start, and at most deliveryWindow more.
+const deliveryWindow = time.Minute
 
 // Handoff runs the first delivery of a job submitted to this process's API in this process,
 // without an asynq task: the submit's enqueue, the task's dequeue and acknowledgement and the
@@ -91,6 +98,12 @@ type Handoff struct {
 	closed  bool
 	running map[string]*handoffRun // by job ID
 	wg      sync.WaitGroup
+	// window is the parent of the deliveries started before windowEnd, which its deadline bounds
+	// (Claim.Start); windowStop is its cancel, left to its timer (its deliveries may outlive the
+	// window) or to base's.
+	window     context.Context
+	windowStop context.CancelFunc
+	windowEnd  time.Time
 }
 
 // handoffRun is a delivery in progress.
@@ -115,6 +128,9 @@ func NewHandoff(cfg HandoffConfig) *Handoff {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	base, stop := context.WithCancel(context.Background())
 	return &Handoff{cfg: cfg, slots: make(chan struct{}, cfg.Slots), base: base, stop: stop,
@@ -185,12 +201,21 @@ func (c *Claim) Admit(ctx context.Context, job *jobs.Job) (begin *jobs.Begin) {
 }
 
 // Start runs the first delivery of job, the one jobs.Store.Create returned (with its request,
-// committed, with no task), in the claimed slot.
+// committed, with no task), in the claimed slot. The delivery is bounded as a task's is
+// (taskTimeout, asynq's task timeout), the backstop of its waits; the deliveries started within
+// a deliveryWindow share that deadline (each has taskTimeout at least, and deliveryWindow more at
+// most), so that a delivery's context makes no timer: its own, made at every job, was 2 of its
+// allocations and a timer set and stopped.
 func (c *Claim) Start(job *jobs.Job) {
 	h := c.h
-	ctx, cancel := context.WithTimeout(h.base, taskTimeout)
-	run := &handoffRun{cancel: cancel}
+	now := h.cfg.Now()
 	h.mu.Lock()
+	if !now.Before(h.windowEnd) {
+		h.windowEnd = now.Add(deliveryWindow)
+		h.window, h.windowStop = context.WithDeadline(h.base, h.windowEnd.Add(taskTimeout))
+	}
+	ctx, cancel := context.WithCancel(h.window)
+	run := &handoffRun{cancel: cancel}
 	h.running[job.ID] = run
 	h.mu.Unlock()
 	h.cfg.Metrics.handoff(handoffTaken)

@@ -241,6 +241,45 @@ func TestHandoff_OfferedJobRunsWithoutTask(t *testing.T) {
 	b.requireHandoffs(t, 1, 0, 0)
 }
 
+// TestHandoff_DeliveriesShareADeadline: a handed-over delivery is bounded as a task is (an hour,
+// asynq's task timeout, from its start), by a deadline the deliveries started within a minute
+// share: each delivery made a timer of its own (2 allocations and a timer set and stopped a job).
+// A delivery started past the minute gets a deadline of its own window.
+func TestHandoff_DeliveriesShareADeadline(t *testing.T) {
+	t.Parallel()
+	deadlines := make(chan time.Time, 3)
+	p := newFakeProcessor(func(ctx context.Context, _ *jobs.Job) error {
+		d, _ := ctx.Deadline() // none: the zero time, which no check below expects
+		deadlines <- d
+		return nil
+	})
+	start := time.Now()
+	var clock atomic.Int64 // the time past start
+	b := setupHandoff(t, p, dispatch.HandoffConfig{Slots: 3,
+		Now: func() time.Time { return start.Add(time.Duration(clock.Load())) }})
+	deadline := func() time.Time {
+		t.Helper()
+		p.next(t)
+		select {
+		case d := <-deadlines:
+			return d
+		case <-time.After(waitFor):
+			t.Fatal("no deadline")
+			return time.Time{}
+		}
+	}
+
+	require.True(t, offer(t, b.h, newJob(jobs.PriorityHigh, jobs.LaneOnline)))
+	first := deadline()
+	require.Equal(t, start.Add(time.Minute+time.Hour), first)
+	clock.Store(int64(59 * time.Second))
+	require.True(t, offer(t, b.h, newJob(jobs.PriorityHigh, jobs.LaneOnline)))
+	require.Equal(t, first, deadline(), "within the minute: the same deadline, an hour at least")
+	clock.Store(int64(time.Minute))
+	require.True(t, offer(t, b.h, newJob(jobs.PriorityHigh, jobs.LaneOnline)))
+	require.Equal(t, start.Add(2*time.Minute+time.Hour), deadline(), "past it: a window of its own")
+}
+
 // TestHandoff_DeclinesWhenSlotsTaken checks that an offer made while every slot is taken by a
 // running delivery is declined (counted), without a delivery, and that the slot is free again
 // once its delivery ends.

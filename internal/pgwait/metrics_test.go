@@ -6,12 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/llmq/llmq/internal/pgtest"
 	"github.com/llmq/llmq/internal/pgwait"
 )
 
@@ -22,12 +20,7 @@ import (
 // llmq_http_responses_total counts it with Postgres being down.
 func TestCollector_ShowsASaturatedPool(t *testing.T) {
 	t.Parallel()
-	pcfg, err := pgxpool.ParseConfig(pgtest.URL(t) + "&pool_max_conns=1")
-	require.NoError(t, err)
-	pcfg.ConnConfig.Tracer = pgwait.Tracer{}
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := newPool(t)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(pgwait.NewCollector(pool))
 

@@ -12,6 +12,7 @@ package pgwait
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,11 +30,22 @@ func TimedOut(ctx context.Context, err error) bool {
 
 type boundKey struct{}
 
-// bound is a Bound context's limit and the cancel of that context.
+// bound is a Bound context's limit and the cancel of that context, and the timer its acquires
+// reuse one after the other (Tracer).
 type bound struct {
 	wait   time.Duration
 	cancel context.CancelCauseFunc
+	// busy is held by the acquire whose wait timer bounds; another acquire under the context
+	// meanwhile (concurrent, or made within that acquire) makes a timer of its own.
+	busy atomic.Bool
+	// timer, made at the first acquire and reset at the next ones, is written only by busy's
+	// holder.
+	timer *time.Timer
 }
+
+// expire cancels the Bound context with the cause ErrTimeout: its wait for a connection lasted
+// its bound.
+func (b *bound) expire() { b.cancel(ErrTimeout) }
 
 // Bound returns a child of ctx whose every wait for a pool connection (on a pool with Tracer)
 // lasts at most wait: past it the child is canceled with the cause ErrTimeout, so the statement
@@ -97,39 +109,50 @@ func (Tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQuery
 // TraceQueryEnd does nothing.
 func (Tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// timerKey marks the context of an acquire whose wait has a timer of its own (TraceAcquireStart),
+// not its bound's.
 type timerKey struct{}
 
-// acquireTimer cancels a Bound context when its Acquire has not ended in time.
-type acquireTimer struct {
-	t *time.Timer
-	// fired is closed once the timer's cancel has run.
-	fired chan struct{}
-}
-
-// TraceAcquireStart starts the bound of a Bound context's wait.
+// TraceAcquireStart starts the bound of a Bound context's wait. The acquires under a context,
+// one after the other, reuse its timer: a timer, its func and its context made at every acquire
+// were 5 allocations, an idle connection's included. An acquire made while another holds the
+// timer (the same context's, concurrent or made within it) starts one of its own.
 func (Tracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
 	b, ok := ctx.Value(boundKey{}).(*bound)
 	if !ok || b == nil {
 		return ctx
 	}
-	at := &acquireTimer{fired: make(chan struct{})}
-	at.t = time.AfterFunc(b.wait, func() {
-		b.cancel(ErrTimeout)
-		close(at.fired)
-	})
-	return context.WithValue(ctx, timerKey{}, at)
+	// TraceAcquireEnd takes the bound's timer for an acquire whose context carries none of its
+	// own: an acquire made within one that has its own (ctx carries it) makes its own too.
+	if ctx.Value(timerKey{}) == nil && b.busy.CompareAndSwap(false, true) {
+		if b.timer == nil {
+			b.timer = time.AfterFunc(b.wait, b.expire)
+		} else {
+			b.timer.Reset(b.wait)
+		}
+		return ctx
+	}
+	return context.WithValue(ctx, timerKey{}, time.AfterFunc(b.wait, b.expire))
 }
 
-// TraceAcquireEnd ends the bound. When the timer fired already, it waits for the cancel to have
-// run, so that a connection acquired just in time is handed over with its context already
-// canceled (pgx sends nothing then) rather than canceled under a statement being sent, which
-// might commit without its answer.
+// TraceAcquireEnd ends the bound. When the timer fired already, it cancels the context itself
+// (as the timer's func does, or did), so that a connection acquired just in time is handed over
+// with its context already canceled (pgx sends nothing then) rather than canceled under a
+// statement being sent, which might commit without its answer. The timer's func, run late, only
+// cancels again the context canceled already; the next acquire's Reset cannot revive it.
 func (Tracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireEndData) {
-	at, ok := ctx.Value(timerKey{}).(*acquireTimer)
-	if !ok {
+	b, ok := ctx.Value(boundKey{}).(*bound)
+	if !ok || b == nil {
 		return
 	}
-	if !at.t.Stop() {
-		<-at.fired
+	t, own := ctx.Value(timerKey{}).(*time.Timer)
+	if !own {
+		t = b.timer
+	}
+	if !t.Stop() {
+		b.expire()
+	}
+	if !own {
+		b.busy.Store(false)
 	}
 }

@@ -18,17 +18,25 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
 }
 
-// TestBound_WaitForAConnection: a Bound context waits for a pool connection at most its bound,
-// then is canceled with ErrTimeout; a context without one waits as before; a connection that
-// came in time leaves the context alive.
-func TestBound_WaitForAConnection(t *testing.T) {
-	t.Parallel()
+// newPool returns a pool of one connection on a database of its own, traced (Tracer), closed at
+// the test's end.
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(pgtest.URL(t) + "&pool_max_conns=1")
 	require.NoError(t, err)
 	pcfg.ConnConfig.Tracer = pgwait.Tracer{}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestBound_WaitForAConnection: a Bound context waits for a pool connection at most its bound,
+// then is canceled with ErrTimeout; a context without one waits as before; a connection that
+// came in time leaves the context alive.
+func TestBound_WaitForAConnection(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
 	base, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	held, err := pool.Acquire(base)
@@ -62,4 +70,102 @@ func TestBound_WaitForAConnection(t *testing.T) {
 		t.Fatal("a connection that came in time must leave the context alive")
 	case <-time.After(150 * time.Millisecond): // three bounds: a timer left running would have fired
 	}
+}
+
+// TestTracer_AcquireAllocs pins the allocations of a bound on an acquire: none, once the
+// context's first acquire made its timer. Each acquire made a timer, its func, a channel, their
+// struct and a context (5 allocations), an idle connection's included: a submit's statements
+// each take one.
+func TestTracer_AcquireAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	ctx, done := pgwait.Bound(context.Background(), time.Minute)
+	defer done()
+	var tr pgwait.Tracer
+	acquire := func() {
+		tr.TraceAcquireEnd(tr.TraceAcquireStart(ctx, nil, pgxpool.TraceAcquireStartData{}), nil, pgxpool.TraceAcquireEndData{})
+	}
+	acquire() // the context's timer, made once
+	allocs := testing.AllocsPerRun(200, acquire)
+	t.Logf("%.1f allocations", allocs)
+	require.Zero(t, allocs, "allocations per bounded acquire")
+	require.NoError(t, ctx.Err())
+}
+
+// TestTracer_AcquiresShareAContext: the acquires under one Bound context, one after the other,
+// concurrent or one made within another, each wait at most the bound: the timer they reuse is
+// armed anew for each, and an acquire that finds it taken starts one of its own.
+func TestTracer_AcquiresShareAContext(t *testing.T) {
+	t.Parallel()
+	var tr pgwait.Tracer
+	start := func(ctx context.Context) context.Context {
+		return tr.TraceAcquireStart(ctx, nil, pgxpool.TraceAcquireStartData{})
+	}
+	end := func(ctx context.Context) { tr.TraceAcquireEnd(ctx, nil, pgxpool.TraceAcquireEndData{}) }
+	fired := func(t *testing.T, ctx context.Context) {
+		t.Helper()
+		select {
+		case <-ctx.Done():
+			require.ErrorIs(t, context.Cause(ctx), pgwait.ErrTimeout)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the bound did not end the wait")
+		}
+	}
+
+	t.Run("OneAfterTheOther", func(t *testing.T) {
+		t.Parallel()
+		ctx, done := pgwait.Bound(context.Background(), 20*time.Millisecond)
+		defer done()
+		end(start(ctx)) // served at once: its timer stopped
+		require.NoError(t, ctx.Err())
+		waiting := start(ctx) // the same timer, armed anew
+		fired(t, ctx)
+		end(waiting)
+	})
+	t.Run("Concurrent", func(t *testing.T) {
+		t.Parallel()
+		ctx, done := pgwait.Bound(context.Background(), 20*time.Millisecond)
+		defer done()
+		first := start(ctx)
+		second := start(ctx) // finds the context's timer taken: one of its own
+		require.NotEqual(t, first, second)
+		end(first)
+		fired(t, ctx)
+		end(second)
+	})
+	t.Run("WithinAnother", func(t *testing.T) {
+		t.Parallel()
+		ctx, done := pgwait.Bound(context.Background(), time.Hour)
+		defer done()
+		outer := start(ctx)
+		own := start(ctx)
+		inner := start(own) // within an acquire with a timer of its own: never the context's
+		require.NotEqual(t, own, inner)
+		end(inner)
+		end(own)
+		end(outer)
+		require.Equal(t, ctx, start(ctx), "the context's timer is free again")
+		end(ctx)
+		require.NoError(t, ctx.Err())
+	})
+}
+
+// TestBound_EachAcquireWaitsItsBound: a Bound context's second acquire, its first served at once,
+// still waits at most the bound (the timer its acquires share is armed anew).
+func TestBound_EachAcquireWaitsItsBound(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	base, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	warm, err := pool.Acquire(base) // the connection, dialed: idle for the first acquire
+	require.NoError(t, err)
+	warm.Release()
+
+	ctx, done := pgwait.Bound(base, 50*time.Millisecond)
+	defer done()
+	held, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer held.Release()
+	require.NoError(t, ctx.Err())
+	_, err = pool.Acquire(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.True(t, pgwait.TimedOut(ctx, err))
 }
