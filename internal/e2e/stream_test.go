@@ -394,3 +394,48 @@ func TestStream_WholeToolInputReachesClients(t *testing.T) {
 		})
 	}
 }
+
+// TestStream_ToolCallsAtOneIndexReachClientsApart proves that parallel tool calls a server
+// streams all at index 0, each whole with its own id (llmsim's StreamToolCallsAtIndexZero, as
+// Ollama sends them), reach the event stream's clients as the stored message has them: each
+// call's input_json deltas under a tool_index of its own, its position in the stored calls,
+// opened with its id and adding up to its arguments.
+func TestStream_ToolCallsAtOneIndexReachClientsApart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{sim: llmsim.Config{ToolCalls: 2, StreamToolCallsAtIndexZero: true}})
+	id := b.submit(t, `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it twice"}]}}`)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
+	})
+	evs := openEvents(t, b.apiURL, id, "0").rest(t)
+	last := evs[len(evs)-1]
+	require.Equal(t, "succeeded", last.name)
+	msg := last.job["result"].(map[string]any)["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	calls := msg["tool_calls"].([]any)
+	require.Len(t, calls, 2)
+	opened, input := map[int]string{}, map[int]string{}
+	for _, ev := range evs {
+		if ev.name != "delta" || ev.job["type"] != "input_json" {
+			continue
+		}
+		k := 0 // tool_index is left out when 0
+		if v, ok := ev.job["tool_index"].(float64); ok {
+			k = int(v)
+		}
+		if tid, _ := ev.job["tool_id"].(string); tid != "" {
+			require.Empty(t, opened[k], "one id per tool index")
+			opened[k] = tid
+		}
+		input[k] += ev.job["text"].(string)
+	}
+	require.Len(t, opened, 2)
+	for i, c := range calls {
+		call := c.(map[string]any)
+		require.Equal(t, call["id"], opened[i], "call %d under tool_index %d", i, i)
+		args := call["function"].(map[string]any)["arguments"].(string)
+		require.JSONEq(t, args, input[i], "the deltas of tool_index %d add up to its arguments", i)
+	}
+	require.NotEqual(t, opened[0], opened[1])
+}

@@ -38,8 +38,9 @@ type Delta struct {
 	// Index is the Anthropic content block index, or the OpenAI choice index.
 	Index int `json:"index"`
 	// ToolIndex is the OpenAI tool call index within the choice (DeltaInputJSON only); for a
-	// server that sends calls without one (Gemini's parallel calls), the call's position in the
-	// stored message: each new id without index is the next call.
+	// server that sends calls without one (Gemini's parallel calls), or that gives several calls
+	// one (Ollama's parallel calls, all at 0), the call's position in the stored message: each new
+	// id without index, or with a name at an index whose call has another id, is the next call.
 	ToolIndex int `json:"tool_index,omitempty"`
 	// ToolID and ToolName are set on the first delta of a tool call (DeltaInputJSON), which may
 	// carry no Text; not again when a server repeats them on the call's later pieces.

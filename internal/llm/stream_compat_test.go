@@ -756,6 +756,21 @@ func TestStream_OpenAIWholeArgumentsInFirstChunk(t *testing.T) {
 	require.Contains(t, string(resp.Body), `"function":{"arguments":"{\"command\":\"ls -la\"}","name":"run_command"}`)
 }
 
+// storedToolCalls returns the tool_calls of the first choice of a stored Chat Completions message.
+func storedToolCalls(t *testing.T, body []byte) string {
+	t.Helper()
+	var msg struct {
+		Choices []struct {
+			Message struct {
+				ToolCalls json.RawMessage `json:"tool_calls"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal(body, &msg))
+	require.NotEmpty(t, msg.Choices)
+	return string(msg.Choices[0].Message.ToolCalls)
+}
+
 // A piece without index that brings an id the open call does not have starts a new call, whether
 // the open call has another id or none: servers send a call's id on its first piece (OpenAI's
 // protocol; Gemini sends each unindexed call whole with its id), never later, so an id after a
@@ -790,20 +805,105 @@ func TestStream_OpenAIUnindexedNewIDOpensACall(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			resp, got := sendOpenAIStream(t, tc.events)
-			var msg struct {
-				Choices []struct {
-					Message struct {
-						ToolCalls json.RawMessage `json:"tool_calls"`
-					} `json:"message"`
-				} `json:"choices"`
-			}
-			require.NoError(t, json.Unmarshal(resp.Body, &msg))
-			require.JSONEq(t, tc.want, string(msg.Choices[0].Message.ToolCalls))
+			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
 			byTool := map[int]string{}
 			for _, d := range got.all {
 				byTool[d.ToolIndex] += d.Text
 			}
 			require.Equal(t, tc.byTool, byTool)
+		})
+	}
+}
+
+// Ollama's compatible endpoint gives every tool call of an answer index 0 when the model's parser
+// numbers none (its legacy tool parsing): each call comes whole, with its own id, in a chunk of
+// its own or beside the others in one. A piece at an index whose call has another id opens the
+// next call: each is stored as its own call, and reaches clients under its own tool index, its
+// position in the stored message. Pieces after it without id, at that index, continue it, as do
+// pieces with a new id but no name; an index the server names later is a call of its own, not
+// the one opened for the reused index.
+func TestStream_OpenAIReusedIndexNewIDOpensACall(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-18","object":"chat.completion.chunk","created":1744446075,"model":"qwen2.5-coder:7b","system_fingerprint":"fp_ollama"`
+	const ab = `[{"id":"call_a","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}},
+		{"id":"call_b","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}}]`
+	abDeltas := []llm.Delta{
+		{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a", ToolName: "file_write", Text: `{"filePath":"hello.py"}`},
+		{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "file_write", Text: `{"filePath":"world.py"}`},
+	}
+	for name, tc := range map[string]struct {
+		events     []string
+		want       string
+		wantDeltas []llm.Delta
+	}{
+		"ChunkPerCall": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}}]},"finish_reason":null}]`,
+				`[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}}]},"finish_reason":null}]`,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"tool_calls"}]`),
+			want:       ab,
+			wantDeltas: abDeltas,
+		},
+		"CallsInOneChunk": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}},{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}}]},"finish_reason":null}]`,
+				`[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"tool_calls"}]`),
+			want:       ab,
+			wantDeltas: abDeltas,
+		},
+		"ArgumentsContinued": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"hello.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"world.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: ab,
+			wantDeltas: []llm.Delta{
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a", ToolName: "file_write", Text: `{"filePath":`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, Text: `"hello.py"}`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "file_write", Text: `{"filePath":`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 1, Text: `"world.py"}`},
+			},
+		},
+		"ThenTheNextIndex": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":1,"type":"function","function":{"name":"run","arguments":"{}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"world.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: `[{"id":"call_a","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}},
+				{"id":"","type":"function","function":{"name":"run","arguments":"{}"}}]`,
+			wantDeltas: []llm.Delta{
+				abDeltas[0],
+				{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "file_write", Text: `{"filePath":`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 2, ToolName: "run", Text: `{}`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 1, Text: `"world.py"}`},
+			},
+		},
+		// Poolside sends a call's later pieces under another id than its first, without the name:
+		// they continue the call.
+		"NewIDWithoutNameContinues": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":""}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_a2","index":0,"function":{"arguments":"{\"filePath\":"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_a2","index":0,"function":{"arguments":"\"hello.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: `[{"id":"call_a2","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}}]`,
+			wantDeltas: []llm.Delta{
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a", ToolName: "file_write"},
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a2", Text: `{"filePath":`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, Text: `"hello.py"}`},
+			},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			resp, got := sendOpenAIStream(t, tc.events)
+			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
+			require.Equal(t, tc.wantDeltas, got.all)
 		})
 	}
 }
@@ -848,6 +948,21 @@ func TestStream_OpenAILaterTopLevelMembersKept(t *testing.T) {
 				`data: [DONE]`,
 			},
 			want: `"created":1738000000,"sglext":{"routed_experts":"AAE="}`,
+		},
+		// SGLang's ids_framed mode sends sglext in two chunks, each with some of its members
+		// (the token ids under an event of their own): its non-streaming message has them all in
+		// one sglext. Objects are merged member by member, each at its last non-null value.
+		"SGLangIDsFramed": {
+			events: []string{
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}`,
+				`data: {` + env + `,"created":1738000000,"choices":[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":null}],"usage":null}`,
+				`data: {` + env + `,"created":1738000001,"choices":[{"index":0,"delta":{"content":null},"logprobs":null,"finish_reason":"stop"}],"usage":null}`,
+				`data: {` + env + `,"created":1738000001,"choices":[],"usage":null,"sglext":{"routed_experts":"AAE=","cached_tokens_details":{"device":5,"host":0}}}`,
+				"event: sglext_ids\ndata: {" + env + `,"created":1738000001,"choices":[],"usage":null,"sglext":{"input_ids":[9707,0],"output_ids":[[9707,0,151645]],"routed_experts":null}}`,
+				`data: {` + env + `,"created":1738000001,"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`,
+				`data: [DONE]`,
+			},
+			want: `"created":1738000000,"sglext":{"routed_experts":"AAE=","cached_tokens_details":{"device":5,"host":0},"input_ids":[9707,0],"output_ids":[[9707,0,151645]]}`,
 		},
 		"OnlyNull": { // a member that only came null is not added
 			events: []string{

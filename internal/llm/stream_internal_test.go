@@ -570,6 +570,7 @@ func FuzzOpenAIAssembler(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}}]},"stop_reason":"\n","token_ids":[1,2]}]}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.text","text":"t","index":0}]},"native_finish_reason":"stop"}],"usage":{"total_tokens":3}}`))
 	f.Add([]byte(`{"choices":[null,{"index":1,"delta":{"custom":"x"},"content_filter_results":[],"Matched_Stop":1,"matched_stop":2}]}`))
+	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{}"}},{"index":0,"id":"b","function":{"name":"f"}}]}}],"sglext":{"a":1}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a := openAI{}.assembler()
 		for range 2 {
@@ -649,4 +650,78 @@ func TestOpenAIAssembler_LateMemberChangingAllocs(t *testing.T) { // not paralle
 	require.LessOrEqual(t, changing, plain+2, "a text chunk's allocations and the member's copy")
 	require.Contains(t, string(body), fmt.Sprintf(`"timings":{"predicted_n":%d}`, runs))
 	require.Contains(t, string(body), `"created":7`)
+}
+
+// An argument piece of a call opened at a reused index (Ollama gives parallel calls index 0) costs
+// what a piece of a call at its own index costs: finding the call it goes to allocates nothing.
+func TestOpenAIAssembler_ReusedIndexPieceAllocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
+	const piece = `{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"x"}}]},"logprobs":null,"finish_reason":null}]}`
+	allocs := func(opening ...string) (float64, []byte) {
+		asm := openAI{}.assembler()
+		emit, end := func(Delta) {}, func(int) {}
+		for _, call := range opening {
+			_, err := asm.event("", []byte(`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"tool_calls":[`+call+`]},"logprobs":null,"finish_reason":null}]}`), emit, end)
+			require.NoError(t, err)
+		}
+		data := []byte(piece)
+		n := testing.AllocsPerRun(1000, func() {
+			if _, err := asm.event("", data, emit, end); err != nil {
+				t.Fatal(err)
+			}
+		})
+		body, _, err := asm.message()
+		require.NoError(t, err)
+		return n, body
+	}
+	own, _ := allocs(`{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}`)
+	moved, body := allocs(`{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":"{}"}}`,
+		`{"index":0,"id":"call_b","type":"function","function":{"name":"f","arguments":""}}`)
+	require.Equal(t, own, moved)
+	require.Contains(t, string(body), `"id":"call_b"`)
+	require.Contains(t, string(body), `"arguments":"{}"`)
+}
+
+// mergeObject merges a later object value into the one kept member by member, each at its last
+// non-null value; anything else, or an object kept with many members, is replaced.
+func TestMergeObject(t *testing.T) {
+	t.Parallel()
+	var many strings.Builder
+	many.WriteString(`{`)
+	for i := range maxMergedMembers + 1 {
+		fmt.Fprintf(&many, `"k%d":%d,`, i, i)
+	}
+	manyObj := strings.TrimSuffix(many.String(), ",") + `}`
+	for name, tc := range map[string]struct{ cur, next, want string }{
+		"Disjoint":         {`{"a":1}`, `{"b":[2]}`, `{"a":1,"b":[2]}`},
+		"LaterWins":        {`{"a":1,"b":2}`, `{"b":3}`, `{"a":1,"b":3}`},
+		"NullKeepsCurrent": {`{"a":1}`, `{"a":null,"b":2}`, `{"a":1,"b":2}`},
+		"OnlyNullAdded":    {`{"a":1}`, `{"b":null}`, `{"a":1,"b":null}`},
+		"Covered":          {`{"a":1}`, `{ "a" : 2 , "b" : 3 }`, `{"a":2,"b":3}`},
+		"EscapedKey":       {`{"\u0061":1}`, `{"a":2}`, `{"a":2}`},
+		"NotObjects":       {`[1]`, `{"a":1}`, `{"a":1}`},
+		"ObjectByString":   {`{"a":1}`, `"x"`, `"x"`},
+		"ManyMembers":      {manyObj, `{"b":1}`, `{"b":1}`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got := mergeObject(json.RawMessage(tc.cur), json.RawMessage(tc.next))
+			require.True(t, json.Valid(got), "%s", got)
+			require.JSONEq(t, tc.want, string(got))
+		})
+	}
+}
+
+// FuzzMergeObject merges arbitrary JSON values: the value kept is always JSON.
+func FuzzMergeObject(f *testing.F) {
+	f.Add([]byte(`{"a":1,"b":{"c":2}}`), []byte(`{"b":null,"d":[3]}`))
+	f.Add([]byte(`{"\u0061":1, "x" :2}`), []byte(`{ "a":null }`))
+	f.Add([]byte(`{}`), []byte(`{"a":null}`))
+	f.Fuzz(func(t *testing.T, cur, next []byte) {
+		if !json.Valid(cur) || !json.Valid(next) || len(bytes.TrimSpace(cur)) != len(cur) || len(bytes.TrimSpace(next)) != len(next) {
+			return // keepLate's values: valid JSON, as topLevelMembers hands them on
+		}
+		if got := mergeObject(cur, next); !json.Valid(got) {
+			t.Fatalf("merged %s and %s into %s: not JSON", cur, next, got)
+		}
+	})
 }

@@ -164,6 +164,23 @@ func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
 			}
 			return ev
 		}},
+		// Ollama's parallel calls, every one at index 0 with its own id: a call each.
+		"OpenAIManyCallsAtOneIndex": {openAI{}.assembler, func() [][2]string {
+			var ev [][2]string
+			for i := range n {
+				ev = append(ev, [2]string{"", fmt.Sprintf(`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":"%d","function":{"name":"f"}}]}}]}`, i%2, i)})
+			}
+			return ev
+		}},
+		// A top-level object merged from chunks that each bring some of its members (SGLang's
+		// sglext in ids_framed mode).
+		"OpenAILateObjectMerged": {openAI{}.assembler, func() [][2]string {
+			ev := [][2]string{{"", `{"id":"c","choices":[]}`}}
+			for i := range n {
+				ev = append(ev, [2]string{"", fmt.Sprintf(`{"id":"c","choices":[],"sglext":{"k%d":"%s"}}`, i, strings.Repeat("x", 100))})
+			}
+			return ev
+		}},
 		"OpenRouterManyReasoningDetails": {openAI{}.assembler, func() [][2]string {
 			var ev [][2]string
 			for i := range n {

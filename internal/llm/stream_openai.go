@@ -19,12 +19,13 @@ import (
 // finish_reason (and, from Azure, content_filter_results; from OpenRouter, native_finish_reason;
 // a server's own members, kept at their last non-null value: SGLang's matched_stop, vLLM's
 // stop_reason); a chunk with a non-null usage (stream_options.include_usage); top-level members
-// the first chunk did not have (SGLang's sglext), kept at their last non-null value; data: [DONE]
-// ends it; a chunk {"error":{...}} fails it.
+// the first chunk did not have (SGLang's sglext), kept at their last non-null value (an object's
+// merged member by member); data: [DONE] ends it; a chunk {"error":{...}} fails it.
 type openAIAssembler struct {
 	top map[string]json.RawMessage // the first chunk's fields, but choices, usage and obfuscation
 	// late are the top-level members of later chunks that top lacks or has null (SGLang's sglext,
-	// on a chunk of its own near the end), each at its last non-null value (keepLate).
+	// on a chunk of its own near the end, or two), each at its last non-null value, an object
+	// merged with the one before (keepLate).
 	late    map[string]json.RawMessage
 	choices map[int]*openAIChoice
 	usage   json.RawMessage
@@ -66,12 +67,17 @@ type openAIChoice struct {
 	// (filterRank). hasFilters: a chunk of the choice carried the object, {} included.
 	filters    map[string]json.RawMessage
 	hasFilters bool
-	tools      map[int]*openAITool
+	// tools are the choice's tool calls by their index as clients see it (Delta.ToolIndex), which
+	// is the server's unless it reused one (toolIndex).
+	tools map[int]*openAITool
 	// lastTool is the index of the tool call the last piece went to, nextTool the one after the
-	// highest so far: where a piece without index goes (toolIndex).
+	// highest so far: where a piece without index goes, or one whose index is reused (toolIndex).
 	lastTool, nextTool int
-	function           *openAITool // the legacy function_call (a request with "functions")
-	finishReason       json.RawMessage
+	// movedTools maps an index the server reused for another call (Ollama gives every call index
+	// 0) to the call the later pieces of that index go to; nil until one is.
+	movedTools   map[int]int
+	function     *openAITool // the legacy function_call (a request with "functions")
+	finishReason json.RawMessage
 	// nativeFinish is OpenRouter's native_finish_reason, its last non-null value; hasNative: a
 	// chunk of the choice carried the member.
 	nativeFinish  json.RawMessage
@@ -90,8 +96,10 @@ type openAIChoice struct {
 
 type openAITool struct {
 	id, typ, name string
-	args          strings.Builder // the function's arguments, or the custom tool's input
-	custom        bool            // pieces came as custom (a custom tool), not as function
+	// index is the server's index of the pieces that opened the call, -1 for pieces without one.
+	index  int
+	args   strings.Builder // the function's arguments, or the custom tool's input
+	custom bool            // pieces came as custom (a custom tool), not as function
 }
 
 // reasoningField names the delta member a choice's reasoning came in.
@@ -218,7 +226,8 @@ func (a *openAIAssembler) readRaw(data []byte, ch *openAIChunk, later bool) {
 }
 
 // keepLate keeps the top-level member key (between its quotes, undecoded) of a chunk after the
-// first at value (valid JSON) when takesLate says the message takes it, counting what it keeps.
+// first at value (valid JSON), merged into the value kept when both are objects (mergeObject),
+// when takesLate says the message takes it, counting what it keeps.
 func (a *openAIAssembler) keepLate(key, value []byte) {
 	if bytes.IndexByte(key, '\\') >= 0 { // rare: decoded, as decoding reads it
 		var k string
@@ -233,7 +242,80 @@ func (a *openAIAssembler) keepLate(key, value []byte) {
 	if a.late == nil {
 		a.late = map[string]json.RawMessage{}
 	}
-	a.n += keepMember(a.late, string(key), bytes.Clone(value))
+	a.n += keepMember(a.late, string(key), mergeObject(a.late[string(key)], value))
+}
+
+// mergeObject returns a copy of next, a member's value (valid JSON), as it replaces cur, the value
+// kept so far: when both are objects, next's members after those of cur's that next lacks or has
+// null (SGLang's ids_framed mode sends sglext in two chunks, each with some of its members), so
+// that the value kept is the members' union, each at its last non-null value. A
+// value that is not an object, or an object kept with more than maxMergedMembers members, replaces
+// cur whole: merging is for a few chunks that split one object, and a stream that brought a new
+// member on every chunk would have each chunk copy all it kept. It allocates the copy, and a list
+// of cur's members to keep when next lacks some; keys that escape characters are compared decoded.
+func mergeObject(cur, next json.RawMessage) json.RawMessage {
+	if len(cur) == 0 || cur[0] != '{' || len(next) == 0 || next[0] != '{' {
+		return bytes.Clone(next)
+	}
+	members := 0
+	topLevelMembers(cur, func(_, _ []byte) bool {
+		members++
+		return members <= maxMergedMembers
+	})
+	if members > maxMergedMembers {
+		return bytes.Clone(next)
+	}
+	var keep [][2][]byte // cur's members that next lacks or has null
+	topLevelMembers(cur, func(key, value []byte) bool {
+		if string(value) == "null" {
+			return true
+		}
+		lacks := true
+		topLevelMembers(next, func(k, v []byte) bool {
+			if sameKey(key, k) {
+				lacks = string(v) == "null" // decoding keeps the last
+			}
+			return true
+		})
+		if lacks {
+			keep = append(keep, [2][]byte{key, value})
+		}
+		return true
+	})
+	if len(keep) == 0 {
+		return bytes.Clone(next)
+	}
+	out := make([]byte, 0, len(cur)+len(next))
+	out = append(out, '{')
+	member := func(key, value []byte) {
+		out = append(append(append(append(out, '"'), key...), `":`...), value...)
+		out = append(out, ',')
+	}
+	for _, m := range keep { // first: the members in the order they came
+		member(m[0], m[1])
+	}
+	topLevelMembers(next, func(key, value []byte) bool {
+		if string(value) != "null" || !slices.ContainsFunc(keep, func(m [2][]byte) bool { return sameKey(m[0], key) }) {
+			member(key, value) // a null of cur's kept members is not: cur's value stands
+		}
+		return true
+	})
+	out[len(out)-1] = '}'
+	return out
+}
+
+// maxMergedMembers bounds the members of a kept object that mergeObject merges a later value into:
+// SGLang's sglext has five.
+const maxMergedMembers = 64
+
+// sameKey reports whether the keys a and b (between their quotes, undecoded) decode to the same
+// key.
+func sameKey(a, b []byte) bool {
+	if bytes.IndexByte(a, '\\') < 0 && bytes.IndexByte(b, '\\') < 0 {
+		return bytes.Equal(a, b)
+	}
+	var ka, kb string
+	return json.Unmarshal(quote(a), &ka) == nil && json.Unmarshal(quote(b), &kb) == nil && ka == kb
 }
 
 // takesLate reports whether the top-level member key (decoded) of a chunk after the first, at
@@ -654,10 +736,13 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 	for _, tc := range d.ToolCalls {
 		ch.hasToolsField = true
-		k := ch.toolIndex(tc.Index, tc.ID)
+		k := ch.toolIndex(tc.Index, tc.ID, tc.Function.Name != "" || tc.Custom.name != "")
 		t := ch.tools[k]
 		if t == nil {
-			t = &openAITool{}
+			t = &openAITool{index: -1}
+			if tc.Index != nil {
+				t.index = *tc.Index
+			}
 			ch.tools[k] = t
 			ch.nextTool = max(ch.nextTool, k+1)
 			a.n += entryBytes
@@ -697,16 +782,34 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 }
 
-// toolIndex returns the index of the tool call a piece goes to: its own index when it has one
-// (OpenAI and most servers); without one (Gemini sends each of parallel calls whole, with its id
-// and no index), the call the last piece went to, unless the piece has an id that call lacks
-// (another id, or none after a piece that brought something): then the next free index, a new
-// call. Servers send a call's id on its first piece, never later, so an id the call did not open
-// with is the next call's.
-func (c *openAIChoice) toolIndex(index *int, id string) int {
+// toolIndex returns the index of the tool call a piece goes to, as clients see it (named: the
+// piece carries a piece of the call's name). A piece with an index (OpenAI and most servers) goes
+// to the call of that index, unless it opens another call there: it has an id and a name, and
+// that call another id (Ollama gives each of parallel calls index 0, whole with its own id); or
+// that call was opened by another index's pieces. Then it goes to the next free index, a new
+// call, which the later pieces of its index go to. A piece with a new id and no name continues
+// the call (Poolside sends a call's later pieces under another id than its first). Without an
+// index (Gemini sends each of parallel calls whole, with its id and no index), the call the last
+// piece went to, unless the piece has an id that call lacks (another id, or none after a piece
+// that brought something): then the next free index, a new call. Servers send a call's id on its
+// first piece, with its name, and not later but as a repeat, so an id the call did not open with
+// is the next call's.
+func (c *openAIChoice) toolIndex(index *int, id string, named bool) int {
 	switch {
 	case index != nil:
-		c.lastTool = *index
+		k, moved := c.movedTools[*index]
+		if !moved {
+			k = *index
+		}
+		t := c.tools[k]
+		if t != nil && (t.index >= 0 && t.index != *index || named && id != "" && t.id != "" && t.id != id) {
+			k = c.nextTool
+			if c.movedTools == nil {
+				c.movedTools = map[int]int{}
+			}
+			c.movedTools[*index] = k
+		}
+		c.lastTool = k
 	case id != "":
 		if t := c.tools[c.lastTool]; t != nil && t.id != id && !t.empty() {
 			c.lastTool = c.nextTool

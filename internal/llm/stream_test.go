@@ -394,6 +394,57 @@ func TestProvider_Stream_SimulatorTools(t *testing.T) {
 	}
 }
 
+// TestProvider_Stream_SimulatorToolCallsAtIndexZero proves against the simulator that parallel
+// tool calls a server streams all at index 0, each whole with its own id (llmsim's
+// StreamToolCallsAtIndexZero, as Ollama sends them), are stored as the calls a non-streaming
+// answer carries and reach clients apart: each call's deltas under its own tool index, its
+// position in the stored calls, opened with its id.
+func TestProvider_Stream_SimulatorToolCallsAtIndexZero(t *testing.T) {
+	t.Parallel()
+	p, _ := simProvider(t, llm.KindOpenAI, llmsim.Config{ToolCalls: 3, StreamToolCallsAtIndexZero: true})
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(streamBody(llm.KindOpenAI), &m))
+	m["tools"] = json.RawMessage(`[{"type":"function","function":{"name":"record"}}]`)
+	body, err := json.Marshal(m)
+	require.NoError(t, err)
+	var got deltas
+	resp, err := p.Send(t.Context(), body, llm.SendOptions{OnDelta: got.add})
+	require.NoError(t, err)
+	var out struct {
+		Choices []struct {
+			Message struct {
+				ToolCalls []struct {
+					ID       string `json:"id"`
+					Function struct{ Name, Arguments string }
+				} `json:"tool_calls"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal(resp.Body, &out))
+	calls := out.Choices[0].Message.ToolCalls
+	require.Len(t, calls, 3)
+	ids := map[int]string{}
+	args := map[int]string{}
+	for _, d := range got.all {
+		if d.Type != llm.DeltaInputJSON {
+			continue
+		}
+		if d.ToolID != "" {
+			ids[d.ToolIndex] = d.ToolID
+		}
+		args[d.ToolIndex] += d.Text
+	}
+	const want = `{"reply":"llmsim reply to: hello from the prompt"}`
+	for i, c := range calls {
+		require.Equal(t, "record", c.Function.Name)
+		require.JSONEq(t, want, c.Function.Arguments)
+		require.Equal(t, c.ID, ids[i], "call %d opened under its own tool index", i)
+		require.Equal(t, c.Function.Arguments, args[i])
+	}
+	require.Len(t, ids, 3)
+	require.NotEqual(t, calls[0].ID, calls[1].ID)
+}
+
 // A body delimited by the connection's close (no chunking) that ends inside an event's line is a
 // cut stream, a network error that is retried, like a cut chunked body; not an undecodable
 // answer, which fails the job for good.

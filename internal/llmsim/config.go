@@ -55,6 +55,13 @@ type Config struct {
 	// with its whole arguments in its first chunk. false (the default) streams the input in
 	// pieces, as the real APIs do.
 	StreamToolInputWhole bool
+	// ToolCalls is how many calls of the request's first tool an answer to a request with tools
+	// makes (parallel calls), each with its own id and the same input. 0 (the default) makes one.
+	ToolCalls int
+	// StreamToolCallsAtIndexZero streams every OpenAI tool call at index 0, each whole (its id,
+	// name and arguments) in a chunk of its own, as Ollama's compatible endpoint does when its
+	// model's parser numbers no calls. false (the default) numbers them 0, 1..., as the API does.
+	StreamToolCallsAtIndexZero bool
 	// Latency is how long every answer that passed the bucket waits before it
 	// is written. Default 0. The wait ends early if the client goes away.
 	Latency time.Duration
@@ -105,6 +112,8 @@ func (c Config) Validate() error {
 		return errors.New("reply_tokens: must not be negative")
 	case c.ContextTokens < 0:
 		return errors.New("context_tokens: must not be negative")
+	case c.ToolCalls < 0:
+		return errors.New("tool_calls: must not be negative")
 	}
 	if _, err := newTokenLimits(c); err != nil {
 		return err

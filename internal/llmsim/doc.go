@@ -63,6 +63,7 @@
 // first tool (Anthropic a tool_use block with id "toolu_…", stop_reason "tool_use"; OpenAI
 // message.tool_calls with id "call_…", finish_reason "tool_calls"), whose input is
 // {"reply": <the reply text>}; the tool input is not counted in the output tokens.
+// Config.ToolCalls makes several such calls (parallel calls), each with its own id.
 //
 // Error bodies follow each provider's format: Anthropic
 // {"type":"error","error":{"type":...,"message":...},"request_id":...} and
@@ -154,7 +155,8 @@
 // message_delta (stop_reason, usage.output_tokens), message_stop.
 // OpenAI: data-only chat.completion.chunk events (the role first, a chunk per token, for a tool
 // call a chunk with its id and name and chunks with argument pieces (or its whole arguments,
-// Config.StreamToolInputWhole), then one with
+// Config.StreamToolInputWhole; every call whole at index 0 with Config.StreamToolCallsAtIndexZero,
+// as Ollama sends them), then one with
 // finish_reason, and with stream_options.include_usage a last chunk with empty choices and the
 // usage), then data: [DONE]. The text, usage and stop reason equal the non-streaming answer's.
 // Errors decided before the stream starts are ordinary JSON answers. The faults

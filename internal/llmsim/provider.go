@@ -36,8 +36,8 @@ type reply struct {
 	outputTokens int
 	maxedOut     bool // stopped at max_tokens
 	created      time.Time
-	// tool, when set, is a call of the request's first tool that follows the text.
-	tool *toolCall
+	// tools, when set, are the calls of the request's first tool that follow the text.
+	tools []toolCall
 }
 
 // toolCall is a reply's call of a tool: input is its JSON arguments, {"reply": <the text>}.
@@ -50,7 +50,7 @@ func (r reply) stopReason() string {
 	switch {
 	case r.maxedOut:
 		return "max_tokens"
-	case r.tool != nil:
+	case len(r.tools) > 0:
 		return "tool_use"
 	}
 	return "end_turn"
@@ -60,7 +60,7 @@ func (r reply) finishReason() string {
 	switch {
 	case r.maxedOut:
 		return "length"
-	case r.tool != nil:
+	case len(r.tools) > 0:
 		return "tool_calls"
 	}
 	return "stop"
@@ -205,9 +205,9 @@ func (anthropic) successBody(r reply) []byte {
 		OutputTokens int `json:"output_tokens"`
 	}
 	content := []any{text{Type: "text", Text: r.text}}
-	if r.tool != nil {
-		content = append(content, map[string]any{"type": "tool_use", "id": r.tool.id, "name": r.tool.name,
-			"input": json.RawMessage(r.tool.input)})
+	for _, t := range r.tools {
+		content = append(content, map[string]any{"type": "tool_use", "id": t.id, "name": t.name,
+			"input": json.RawMessage(t.input)})
 	}
 	return mustJSON(struct {
 		ID           string  `json:"id"`
@@ -380,7 +380,7 @@ func (openAI) successBody(r reply) []byte {
 		ID: r.id, Object: "chat.completion", Created: r.created.Unix(), Model: r.model,
 		Choices: []choice{{
 			Message: message{Role: "assistant", Content: r.text, Annotations: []any{},
-				ToolCalls: openAIToolCalls(r.tool)},
+				ToolCalls: openAIToolCalls(r.tools)},
 			Logprobs:     json.RawMessage("null"),
 			FinishReason: r.finishReason(),
 		}},
@@ -392,13 +392,14 @@ func (openAI) successBody(r reply) []byte {
 	})
 }
 
-// openAIToolCalls renders a tool call as a message's tool_calls; nil without one.
-func openAIToolCalls(t *toolCall) []any {
-	if t == nil {
-		return nil
+// openAIToolCalls renders tool calls as a message's tool_calls; nil without one.
+func openAIToolCalls(tools []toolCall) []any {
+	var calls []any
+	for _, t := range tools {
+		calls = append(calls, map[string]any{"id": t.id, "type": "function",
+			"function": map[string]string{"name": t.name, "arguments": t.input}})
 	}
-	return []any{map[string]any{"id": t.id, "type": "function",
-		"function": map[string]string{"name": t.name, "arguments": t.input}}}
+	return calls
 }
 
 func (openAI) setHeaders(h http.Header, requestID string, st *bucketState, _ time.Time) {

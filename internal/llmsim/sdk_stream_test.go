@@ -235,3 +235,89 @@ func TestSDK_ToolStreams(t *testing.T) {
 		require.Equal(t, whole.Choices[0].Message.Content, acc.Choices[0].Message.Content)
 	})
 }
+
+// TestSDK_ParallelToolCalls proves that Config.ToolCalls answers a request with tools with that
+// many calls of its first tool, each with its own id, which the SDKs' accumulators assemble from
+// the streams as the non-streaming answers carry them (ids apart: each answer has its own); and that StreamToolCallsAtIndexZero
+// streams each OpenAI call whole at index 0, as Ollama does.
+func TestSDK_ParallelToolCalls(t *testing.T) {
+	t.Parallel()
+	const input = `{"reply":"llmsim reply to: Hello, simulator!"}`
+
+	t.Run("Anthropic", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{ToolCalls: 2})
+		params := anthropicHello
+		params.Tools = []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "record",
+			InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"reply": map[string]any{"type": "string"}}}}}}
+		client := b.anthropicClient("k")
+		whole, err := client.Messages.New(t.Context(), params)
+		require.NoError(t, err)
+		stream := client.Messages.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var msg anthropic.Message
+		for stream.Next() {
+			require.NoError(t, msg.Accumulate(stream.Current()))
+		}
+		require.NoError(t, stream.Err())
+		require.Len(t, whole.Content, 3)
+		require.Len(t, msg.Content, 3)
+		require.NotEqual(t, msg.Content[1].ID, msg.Content[2].ID)
+		for i := 1; i <= 2; i++ {
+			require.Equal(t, "tool_use", msg.Content[i].Type)
+			require.Equal(t, "tool_use", whole.Content[i].Type)
+			require.True(t, strings.HasPrefix(msg.Content[i].ID, "toolu_"))
+			require.JSONEq(t, input, string(msg.Content[i].Input))
+		}
+	})
+
+	t.Run("OpenAI", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{ToolCalls: 2})
+		params := openaiHello
+		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
+		client := b.openaiClient("sk-test")
+		whole, err := client.Chat.Completions.New(t.Context(), params)
+		require.NoError(t, err)
+		stream := client.Chat.Completions.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		for stream.Next() {
+			require.True(t, acc.AddChunk(stream.Current()))
+		}
+		require.NoError(t, stream.Err())
+		calls := acc.Choices[0].Message.ToolCalls
+		require.Len(t, whole.Choices[0].Message.ToolCalls, 2)
+		require.Len(t, calls, 2)
+		require.NotEqual(t, calls[0].ID, calls[1].ID)
+		require.NotEqual(t, whole.Choices[0].Message.ToolCalls[0].ID, whole.Choices[0].Message.ToolCalls[1].ID)
+		for _, call := range calls {
+			require.True(t, strings.HasPrefix(call.ID, "call_"))
+			require.JSONEq(t, input, call.Function.Arguments)
+		}
+	})
+
+	t.Run("OpenAIAtIndexZero", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{ToolCalls: 2, StreamToolCallsAtIndexZero: true})
+		params := openaiHello
+		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
+		stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		var ids []string
+		for stream.Next() {
+			for _, ch := range stream.Current().Choices {
+				for _, tc := range ch.Delta.ToolCalls {
+					require.Zero(t, tc.Index)
+					require.NotEmpty(t, tc.ID, "each piece is a whole call")
+					require.Equal(t, "record", tc.Function.Name)
+					require.JSONEq(t, input, tc.Function.Arguments)
+					ids = append(ids, tc.ID)
+				}
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.Len(t, ids, 2)
+		require.NotEqual(t, ids[0], ids[1])
+	})
+}

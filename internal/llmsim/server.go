@@ -285,13 +285,22 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 		created:      s.cfg.Now(),
 	}
 	if req.toolName != "" {
-		rep.tool = &toolCall{id: p.toolIDPrefix() + hex.EncodeToString(sum[12:24]), name: req.toolName,
-			input: string(mustJSON(map[string]string{"reply": text}))}
+		input := string(mustJSON(map[string]string{"reply": text}))
+		for i := range max(s.cfg.ToolCalls, 1) {
+			id := sum[12:24]
+			if i > 0 { // another id for each call, from the answer's
+				more := sha256.Sum256(append(sum[:], byte(i), byte(i>>8)))
+				id = more[:12]
+			}
+			rep.tools = append(rep.tools, toolCall{id: p.toolIDPrefix() + hex.EncodeToString(id), name: req.toolName,
+				input: input})
+		}
 	}
 	a := answer{status: http.StatusOK, keyID: keyID, header: h}
 	if req.streamRequest {
 		a.stream = &streamAnswer{p: p, r: rep, includeUsage: req.includeUsage, interval: s.tokenInterval(),
-			toolWhole: s.cfg.StreamToolInputWhole, fail: s.streamFault()}
+			toolWhole: s.cfg.StreamToolInputWhole, toolsAtZero: s.cfg.StreamToolCallsAtIndexZero,
+			fail: s.streamFault()}
 	} else {
 		a.body = p.successBody(rep)
 	}

@@ -18,6 +18,7 @@ type streamAnswer struct {
 	includeUsage bool          // OpenAI stream_options.include_usage
 	interval     time.Duration // between content tokens; 0: no wait
 	toolWhole    bool          // Config.StreamToolInputWhole
+	toolsAtZero  bool          // Config.StreamToolCallsAtIndexZero
 	// fail, when set, is the fault that ends this stream early.
 	fail *streamFault
 }
@@ -165,8 +166,8 @@ func (anthropicStreamer) close(sw streamWriter, s *streamAnswer) error {
 	if err := sw.event("content_block_stop", []byte(`{"type":"content_block_stop","index":0}`)); err != nil {
 		return err
 	}
-	if t := s.r.tool; t != nil {
-		if err := anthropicToolBlock(sw, t, s.toolWhole); err != nil {
+	for i := range s.r.tools {
+		if err := anthropicToolBlock(sw, 1+i, &s.r.tools[i], s.toolWhole); err != nil {
 			return err
 		}
 	}
@@ -181,26 +182,26 @@ func (anthropicStreamer) close(sw streamWriter, s *streamAnswer) error {
 	return sw.event("message_stop", []byte(`{"type":"message_stop"}`))
 }
 
-// anthropicToolBlock writes the tool_use block (index 1): its start with an empty input, its
+// anthropicToolBlock writes the tool_use block of index i: its start with an empty input, its
 // input JSON in input_json_delta pieces, its stop; whole, its start with the input and its stop.
-func anthropicToolBlock(sw streamWriter, t *toolCall, whole bool) error {
+func anthropicToolBlock(sw streamWriter, i int, t *toolCall, whole bool) error {
 	input, pieces := json.RawMessage(`{}`), splitPieces(t.input, 8)
 	if whole {
 		input, pieces = json.RawMessage(t.input), nil
 	}
-	start := mustJSON(map[string]any{"type": "content_block_start", "index": 1, "content_block": map[string]any{
+	start := mustJSON(map[string]any{"type": "content_block_start", "index": i, "content_block": map[string]any{
 		"type": "tool_use", "id": t.id, "name": t.name, "input": input}})
 	if err := sw.event("content_block_start", start); err != nil {
 		return err
 	}
 	for _, piece := range pieces {
-		d := mustJSON(map[string]any{"type": "content_block_delta", "index": 1,
+		d := mustJSON(map[string]any{"type": "content_block_delta", "index": i,
 			"delta": map[string]string{"type": "input_json_delta", "partial_json": piece}})
 		if err := sw.event("content_block_delta", d); err != nil {
 			return err
 		}
 	}
-	return sw.event("content_block_stop", []byte(`{"type":"content_block_stop","index":1}`))
+	return sw.event("content_block_stop", []byte(fmt.Sprintf(`{"type":"content_block_stop","index":%d}`, i)))
 }
 
 // splitPieces cuts s into pieces of about n bytes, never inside a rune.
@@ -260,18 +261,21 @@ func (o openAIStreamer) token(sw streamWriter, s *streamAnswer, text string) err
 }
 
 func (o openAIStreamer) close(sw streamWriter, s *streamAnswer) error {
-	if t := s.r.tool; t != nil {
+	for i, t := range s.r.tools {
 		args, pieces := "", splitPieces(t.input, 8)
-		if s.toolWhole {
+		if s.toolWhole || s.toolsAtZero {
 			args, pieces = t.input, nil
 		}
-		first := map[string]any{"tool_calls": []any{map[string]any{"index": 0, "id": t.id, "type": "function",
+		if s.toolsAtZero {
+			i = 0
+		}
+		first := map[string]any{"tool_calls": []any{map[string]any{"index": i, "id": t.id, "type": "function",
 			"function": map[string]string{"name": t.name, "arguments": args}}}}
 		if err := sw.event("", o.chunk(s, first, nil, nil)); err != nil {
 			return err
 		}
 		for _, piece := range pieces {
-			d := map[string]any{"tool_calls": []any{map[string]any{"index": 0, "function": map[string]string{"arguments": piece}}}}
+			d := map[string]any{"tool_calls": []any{map[string]any{"index": i, "function": map[string]string{"arguments": piece}}}}
 			if err := sw.event("", o.chunk(s, d, nil, nil)); err != nil {
 				return err
 			}
