@@ -37,23 +37,27 @@ type Config struct {
 	Redis redis.UniversalClient
 	// Prefix starts the throttle keys. Default "llmq:".
 	Prefix string
-	// HTTPClient posts to the webhook (default: a client with a 10 s timeout). The Alerter uses a
-	// copy that never follows a redirect: a redirect answer is a failure.
+	// HTTPClient posts to the webhook (default: a client with PostTimeout as its timeout). The
+	// Alerter uses a copy that never follows a redirect: a redirect answer is a failure.
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	Now        func() time.Time
 	// Metrics counts the webhook's failures; nil records none.
 	Metrics *Metrics
+	// PostTimeout bounds one POST to the webhook, from its start to its answer: past it the
+	// alert is logged and counted as a webhook failure. Default 10s; tests that hold a webhook's
+	// answer for as long as a loaded machine makes them lengthen it past their own deadline.
+	PostTimeout time.Duration
 }
 
-// maxPosts bounds the webhook POSTs under way at once (each ends within postTimeout): an alert
-// raised while this many are under way is logged and counted as a webhook failure, not posted.
-// Alerts are rare (once per episode, or per minute per credential and reason), so only a webhook
-// that hangs fills it.
+// maxPosts bounds the webhook POSTs under way at once (each ends within Config.PostTimeout): an
+// alert raised while this many are under way is logged and counted as a webhook failure, not
+// posted. Alerts are rare (once per episode, or per minute per credential and reason), so only a
+// webhook that hangs fills it.
 const maxPosts = 8
 
-// postTimeout bounds one POST to the webhook.
-const postTimeout = 10 * time.Second
+// defaultPostTimeout is Config.PostTimeout's default.
+const defaultPostTimeout = 10 * time.Second
 
 // Alerter raises dead-letter alerts: an ERROR log line and the webhook. (The counter
 // llmq_dead_letters_total is kept per job by the executor.) It is safe for concurrent use.
@@ -81,8 +85,11 @@ func New(cfg Config) *Alerter {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "llmq:"
 	}
+	if cfg.PostTimeout <= 0 {
+		cfg.PostTimeout = defaultPostTimeout
+	}
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{Timeout: postTimeout}
+		cfg.HTTPClient = &http.Client{Timeout: cfg.PostTimeout}
 	}
 	// A redirect is not followed: a 301/302/303 would turn the POST into a GET without the body
 	// (whose 200 reads as delivered), and a 307/308 would send the body, which names credentials
@@ -155,8 +162,8 @@ func (a *Alerter) postDone() {
 	}
 }
 
-// Wait returns once no webhook POST is under way (each ends within 10 s; one a Raise starts
-// while others are still under way is waited for too), or with ctx's error when ctx ends
+// Wait returns once no webhook POST is under way (each ends within PostTimeout; one a Raise
+// starts while others are still under way is waited for too), or with ctx's error when ctx ends
 // first. Call it after the last Raise (a worker's shutdown, a test), so that the alerts of the
 // last deliveries are posted before the process goes. It starts nothing: a Wait that gave up
 // leaves nothing behind, and a Raise may come during or after it.
@@ -218,7 +225,7 @@ func (a *Alerter) post(ctx context.Context, al Alert) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, postTimeout)
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.PostTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.cfg.WebhookURL, bytes.NewReader(body))
 	if err != nil {

@@ -153,6 +153,22 @@ func webhookFailures(t *testing.T, reg *prometheus.Registry) float64 {
 	return 0
 }
 
+// watchedAlerter is an Alerter posting to url within postTimeout, whose webhook failures are
+// counted in reg and whose log is in logs.
+func watchedAlerter(url string, postTimeout time.Duration) (a *alert.Alerter, reg *prometheus.Registry, logs *logtest.Buffer) {
+	reg, logs = prometheus.NewRegistry(), &logtest.Buffer{}
+	a = alert.New(alert.Config{WebhookURL: url, Metrics: alert.NewMetrics(reg),
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)), PostTimeout: postTimeout})
+	return a, reg, logs
+}
+
+// hungPostTimeout is the Config.PostTimeout of the tests whose webhook hangs until they release
+// it: longer than their own deadlines (20 s), so that a post under way ends when the test
+// releases it, however long a loaded machine takes to get there, and not by its own timeout (at
+// the default 10 s, a run where the 8 posts took that long to reach the webhook counted them as
+// failures).
+const hungPostTimeout = time.Minute
+
 // hungWebhook is a webhook that answers no POST until release is called (at the latest when the
 // test ends); posted receives each one's body as it arrives.
 func hungWebhook(t *testing.T) (url string, posted chan string, release func()) {
@@ -177,7 +193,7 @@ func hungWebhook(t *testing.T) (url string, posted chan string, release func()) 
 func TestRaise_DoesNotWaitForTheWebhook(t *testing.T) {
 	t.Parallel()
 	url, posted, release := hungWebhook(t)
-	a := alert.New(alert.Config{WebhookURL: url})
+	a := alert.New(alert.Config{WebhookURL: url, PostTimeout: hungPostTimeout})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -188,7 +204,7 @@ func TestRaise_DoesNotWaitForTheWebhook(t *testing.T) {
 	}()
 	select {
 	case <-raised:
-	case <-time.After(5 * time.Second): // the POST's own timeout is 10 s
+	case <-ctx.Done(): // the POST's own timeout is longer: a Raise waiting for it ends here
 		t.Fatal("Raise waited for the webhook's answer")
 	}
 	select {
@@ -209,10 +225,7 @@ func TestRaise_DoesNotWaitForTheWebhook(t *testing.T) {
 func TestRaise_PostsUnderWayAreBounded(t *testing.T) {
 	t.Parallel()
 	url, posted, release := hungWebhook(t)
-	reg := prometheus.NewRegistry()
-	var logs logtest.Buffer
-	a := alert.New(alert.Config{WebhookURL: url, Metrics: alert.NewMetrics(reg),
-		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	a, reg, logs := watchedAlerter(url, hungPostTimeout)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
@@ -243,7 +256,7 @@ func TestRaise_PostsUnderWayAreBounded(t *testing.T) {
 func TestWait_RaiseAfterAWaitThatGaveUp(t *testing.T) {
 	t.Parallel()
 	url, posted, release := hungWebhook(t)
-	a := alert.New(alert.Config{WebhookURL: url})
+	a := alert.New(alert.Config{WebhookURL: url, PostTimeout: hungPostTimeout})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for round := range 20 {
@@ -264,4 +277,24 @@ func TestWait_RaiseAfterAWaitThatGaveUp(t *testing.T) {
 		}
 		require.NoError(t, a.Wait(ctx))
 	}
+}
+
+// A POST the webhook does not answer within PostTimeout ends there: the alert is logged and
+// counted as a webhook failure, and Wait returns though the webhook never answers (it is
+// released only when the test ends). Whether the post reached the webhook before its timeout is
+// the machine's load: not checked.
+func TestRaise_PostTimeoutEndsAHungPost(t *testing.T) {
+	t.Parallel()
+	url, _, _ := hungWebhook(t)
+	a, reg, logs := watchedAlerter(url, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	a.Raise(ctx, alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: "j1"})
+	// Half the default timeout: a post that ends within it ended at the configured one.
+	waitCtx, waitCancel := context.WithTimeout(ctx, 5*time.Second)
+	defer waitCancel()
+	require.NoError(t, a.Wait(waitCtx), "the post ends at its timeout")
+	require.Equal(t, 1.0, webhookFailures(t, reg))
+	require.Contains(t, logs.String(), "alert webhook failed")
 }

@@ -53,6 +53,11 @@ type Options struct {
 	// TTL): how long a revocation takes to reach its requests and streams. Default
 	// tenant.DefaultCacheTTL; tests shorten it rather than wait.
 	TenantTTL time.Duration
+	// StoreWait is Config.StoreWait: how long a submit, a poll or a cancel waits for a free pool
+	// connection, or for a place among its tenant's keyed submits and cancels (past it: 503
+	// overloaded, 429 too_many_submits or too_many_cancels). Default 5s; tests that queue many
+	// requests behind those places on a loaded machine lengthen it rather than be refused.
+	StoreWait time.Duration
 }
 
 // FromConfigWith is FromConfig with Options.
@@ -142,7 +147,7 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 		EventWriteTimeout: cfg.API.EventWriteTimeout, MaxStreamsPerTenant: cfg.API.MaxStreamsPerTenant,
 		MaxKeyedSubmitsPerTenant: cfg.API.MaxKeyedSubmitsPerTenant, StoreTimeout: cfg.API.StoreTimeout,
 		MaxStreams: cmp.Or(cfg.API.MaxStreams, defaultMaxStreams(cfg.API.MaxConnections)),
-		Deltas:     deltas, DeltaHub: hub, KeepAlive: opts.KeepAlive,
+		Deltas:     deltas, DeltaHub: hub, KeepAlive: opts.KeepAlive, StoreWait: opts.StoreWait,
 	})
 	ctx, stop := context.WithCancel(context.Background())
 	listening := make(chan error, 1)

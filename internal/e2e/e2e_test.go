@@ -124,41 +124,46 @@ func TestSubmit_Idempotency(t *testing.T) {
 	require.Equal(t, 1, b.sim.Stats().Requests)
 }
 
+// 100 submits of one Idempotency-Key at once make one job, and every answer names it. The
+// tenant's keyed submits pass its places (api.Config.MaxKeyedSubmitsPerTenant: 3 on the test's
+// pool of 6) a few at a time, and the last of them waits for the 97 before it: about 3 s under
+// -race on an idle machine, past the API's default 5 s wait (429 too_many_submits, a refusal,
+// not a second job) on a loaded one. The API here waits up to 15 s, still less than a request's
+// requestTimeout, so that a refusal is answered (and shown) rather than the request timing out.
 func TestSubmit_ConcurrentSameKeyMakesOneJob(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
+	b := setup(t, setupOpts{storeWait: 15 * time.Second})
 	key := map[string]string{"Idempotency-Key": "burst-1"}
 	body := anthropicBody("once only")
 
 	const n = 100
-	ids := make([]string, n)
-	statuses := make([]int, n)
+	answers := make([]response, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	start := time.Now()
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := b.tryDo(http.MethodPost, "/v1/jobs", body, key)
-			statuses[i], errs[i] = r.status, err
-			if id, ok := r.body["id"].(string); ok {
-				ids[i] = id
-			}
+			answers[i], errs[i] = b.tryDo(http.MethodPost, "/v1/jobs", body, key)
 		}()
 	}
 	wg.Wait()
+	t.Logf("%d submits answered in %s", n, time.Since(start))
 
+	id := func(r response) string { s, _ := r.body["id"].(string); return s }
 	accepted := 0
-	for i := range n {
+	for i, r := range answers {
 		require.NoError(t, errs[i])
-		require.Contains(t, []int{http.StatusAccepted, http.StatusOK}, statuses[i])
-		require.Equal(t, ids[0], ids[i])
-		if statuses[i] == http.StatusAccepted {
+		require.Contains(t, []int{http.StatusAccepted, http.StatusOK}, r.status, "answer %d: %v", i, r.body)
+		require.NotEmpty(t, id(r))
+		require.Equal(t, id(answers[0]), id(r), "answer %d", i)
+		if r.status == http.StatusAccepted {
 			accepted++
 		}
 	}
 	require.Equal(t, 1, accepted)
-	job := b.waitTerminal(t, ids[0])
+	job := b.waitTerminal(t, id(answers[0]))
 	require.Equal(t, "succeeded", job["status"])
 	require.Equal(t, 1, b.countRows(t, "jobs"))
 	require.Equal(t, 1, b.sim.Stats().Requests)

@@ -96,6 +96,10 @@ type setupOpts struct {
 	// tenantTTL is how long the API reuses a tenant lookup's answer (api.Options.TenantTTL),
 	// which a revocation takes to reach it. Default 2s.
 	tenantTTL time.Duration
+	// storeWait is how long the API lets a request wait for a pool connection or for a place
+	// among its tenant's keyed submits and cancels (api.Options.StoreWait) before refusing it.
+	// Default 5s.
+	storeWait time.Duration
 	// workerShutdown is how long a worker stopping at the test's end lets its deliveries finish
 	// (worker.Options.ShutdownTimeout): a test that leaves a long call running shortens it
 	// rather than wait for the call. Default 10s.
@@ -152,7 +156,8 @@ alerts: { webhook_url: %q }
 	pool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	apiSrv, closeAPI, err := api.FromConfigWith(cfg, pool, prometheus.NewRegistry(), nil, api.Options{KeepAlive: o.keepAlive, TenantTTL: o.tenantTTL})
+	apiSrv, closeAPI, err := api.FromConfigWith(cfg, pool, prometheus.NewRegistry(), nil, api.Options{KeepAlive: o.keepAlive, TenantTTL: o.tenantTTL,
+		StoreWait: o.storeWait})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = closeAPI() })
 	// Every answer of every end-to-end test must be one that api/openapi.yaml describes.

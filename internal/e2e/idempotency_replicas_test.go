@@ -40,7 +40,10 @@ func TestSubmit_ConcurrentSameKeyOnTwoReplicas(t *testing.T) {
 			defer wg.Done()
 			<-start
 			answers[i] = func() answer {
-				ctx, cancel := context.WithTimeout(b.ctx, requestTimeout)
+				// One deadline for the request and its resends: a resend after a 429 comes
+				// once the API waited its 5 s for a keyed-submit place, so a loaded machine's
+				// few resends outlast a single request's requestTimeout.
+				ctx, cancel := context.WithTimeout(b.ctx, 3*requestTimeout)
 				defer cancel()
 				for {
 					req, err := http.NewRequestWithContext(ctx, http.MethodPost, urls[i%2]+"/v1/jobs", strings.NewReader(body))

@@ -84,7 +84,10 @@ func TestTenants_Isolation(t *testing.T) {
 }
 
 // TestTenants_RevocationTakesEffectWithinSeconds revokes a tenant that has just used its token
-// (so the API has it cached): within the cache TTL its requests answer 403.
+// (so the API has it cached): within the cache TTL its requests answer 403. What is checked is
+// that every request sent once the TTL has passed since the revocation answers 403, not how
+// soon after the revocation an answer comes: on a loaded machine a submit answered from the
+// cache may itself take longer than the TTL.
 func TestTenants_RevocationTakesEffectWithinSeconds(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noWorker: true})
@@ -99,10 +102,19 @@ func TestTenants_RevocationTakesEffectWithinSeconds(t *testing.T) {
 	_, err = tenant.NewStore(pool, nil).Revoke(b.ctx, "acme")
 	require.NoError(t, err)
 
-	require.Eventually(t, func() bool {
-		return b.do(t, http.MethodPost, "/v1/jobs", anthropicBody("after"), acme).status == http.StatusForbidden
-	}, 5*time.Second, 50*time.Millisecond)
-	require.Less(t, time.Since(revokedAt), 3*time.Second, "the API caches tokens for 2s")
+	for {
+		sent := time.Now()
+		status := b.do(t, http.MethodPost, "/v1/jobs", anthropicBody("after"), acme).status
+		if status == http.StatusForbidden {
+			break
+		}
+		// The token's answer was cached before the revocation, so it is stale by then; a
+		// request sent later waits at most requestTimeout, so this loop ends.
+		require.Less(t, sent.Sub(revokedAt), tenant.DefaultCacheTTL,
+			"a request sent %s after the revocation answered %d: the API caches tokens for %s",
+			sent.Sub(revokedAt), status, tenant.DefaultCacheTTL)
+		time.Sleep(50 * time.Millisecond) // polling, bounded by the TTL above
+	}
 	r := b.do(t, http.MethodGet, "/v1/jobs/"+id, "", acme)
 	require.Equal(t, http.StatusForbidden, r.status)
 	require.Equal(t, "token_revoked", r.body["error"].(map[string]any)["type"])
