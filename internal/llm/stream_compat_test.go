@@ -831,6 +831,12 @@ func TestStream_OpenAIReusedIndexNewIDOpensACall(t *testing.T) {
 		{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a", ToolName: "file_write", Text: `{"filePath":"hello.py"}`},
 		{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "file_write", Text: `{"filePath":"world.py"}`},
 	}
+	abPieces := []llm.Delta{ // the calls' arguments in two pieces each
+		{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a", ToolName: "file_write", Text: `{"filePath":`},
+		{Type: llm.DeltaInputJSON, ToolIndex: 0, Text: `"hello.py"}`},
+		{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "file_write", Text: `{"filePath":`},
+		{Type: llm.DeltaInputJSON, ToolIndex: 1, Text: `"world.py"}`},
+	}
 	for name, tc := range map[string]struct {
 		events     []string
 		want       string
@@ -858,13 +864,8 @@ func TestStream_OpenAIReusedIndexNewIDOpensACall(t *testing.T) {
 				`[{"index":0,"delta":{"tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":"}}]}}]`,
 				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"world.py\"}"}}]}}]`,
 				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
-			want: ab,
-			wantDeltas: []llm.Delta{
-				{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a", ToolName: "file_write", Text: `{"filePath":`},
-				{Type: llm.DeltaInputJSON, ToolIndex: 0, Text: `"hello.py"}`},
-				{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "file_write", Text: `{"filePath":`},
-				{Type: llm.DeltaInputJSON, ToolIndex: 1, Text: `"world.py"}`},
-			},
+			want:       ab,
+			wantDeltas: abPieces,
 		},
 		"ThenTheNextIndex": {
 			events: openAIChunks(env,
@@ -881,6 +882,52 @@ func TestStream_OpenAIReusedIndexNewIDOpensACall(t *testing.T) {
 				{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "file_write", Text: `{"filePath":`},
 				{Type: llm.DeltaInputJSON, ToolIndex: 2, ToolName: "run", Text: `{}`},
 				{Type: llm.DeltaInputJSON, ToolIndex: 1, Text: `"world.py"}`},
+			},
+		},
+		// A third call at the index the second was moved from opens a call of its own, after the
+		// second; the pieces of that index then continue the third.
+		"ThirdCallAtTheIndex": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_c","index":0,"type":"function","function":{"name":"run","arguments":"{\"n\":"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: `[{"id":"call_a","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}},
+				{"id":"call_c","type":"function","function":{"name":"run","arguments":"{\"n\":1}"}}]`,
+			wantDeltas: []llm.Delta{
+				abDeltas[0], abDeltas[1],
+				{Type: llm.DeltaInputJSON, ToolIndex: 2, ToolID: "call_c", ToolName: "run", Text: `{"n":`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 2, Text: `1}`},
+			},
+		},
+		// A server that repeats a call's id and name on every piece (Fireworks) and gives every
+		// call index 0: a repeat continues the call, a new id opens the next.
+		"RepeatedIDAndName": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_a","index":0,"type":"function","function":{"name":"file_write","arguments":"\"hello.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"\"world.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want:       ab,
+			wantDeltas: abPieces,
+		},
+		// A call sent without index (Gemini's shape) and then one at index 0 with another id: the
+		// indexed call is the next, and so is a third at index 0.
+		"UnindexedThenReusedIndex": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","tool_calls":[{"id":"call_a","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_b","index":0,"type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}}]}}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"id":"call_c","index":0,"type":"function","function":{"name":"run","arguments":"{}"}}]}}]`,
+				`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`),
+			want: `[{"id":"call_a","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"hello.py\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"file_write","arguments":"{\"filePath\":\"world.py\"}"}},
+				{"id":"call_c","type":"function","function":{"name":"run","arguments":"{}"}}]`,
+			wantDeltas: []llm.Delta{
+				abDeltas[0], abDeltas[1],
+				{Type: llm.DeltaInputJSON, ToolIndex: 2, ToolID: "call_c", ToolName: "run", Text: `{}`},
 			},
 		},
 		// Poolside sends a call's later pieces under another id than its first, without the name:

@@ -564,23 +564,55 @@ func TestReadStream_DeltaAfterItsBlockStopIsRefused(t *testing.T) {
 
 // FuzzOpenAIAssembler feeds arbitrary chunks to the Chat Completions assembler, each twice (as a
 // server repeating members would), then renders the message: whatever a server sends, the
-// assembler neither panics nor renders what is not JSON.
+// assembler neither panics nor renders what is not JSON, and what clients saw of each tool call
+// (the input_json deltas under its tool index) is the call stored: its id, name and arguments.
 func FuzzOpenAIAssembler(f *testing.F) {
 	f.Add([]byte(`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi","tool_calls":null,"reasoning_content":null},"matched_stop":null,"finish_reason":null}]}`))
 	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}}]},"stop_reason":"\n","token_ids":[1,2]}]}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.text","text":"t","index":0}]},"native_finish_reason":"stop"}],"usage":{"total_tokens":3}}`))
 	f.Add([]byte(`{"choices":[null,{"index":1,"delta":{"custom":"x"},"content_filter_results":[],"Matched_Stop":1,"matched_stop":2}]}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{}"}},{"index":0,"id":"b","function":{"name":"f"}}]}}],"sglext":{"a":1}}`))
+	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{"}},{"index":0,"id":"b","function":{"name":"f"}},{"index":1,"function":{"arguments":"}"}},{"index":0,"id":"c","function":{"name":"g"}},{"index":0,"function":{"arguments":"x"}}]}}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a := openAI{}.assembler()
+		type call struct{ id, name, args string }
+		seen := map[[2]int]*call{} // by choice and tool index, as clients see them
+		emit := func(d Delta) {
+			if d.Type != DeltaInputJSON {
+				return
+			}
+			c := seen[[2]int{d.Index, d.ToolIndex}]
+			if c == nil {
+				c = &call{}
+				seen[[2]int{d.Index, d.ToolIndex}] = c
+			}
+			if d.ToolID != "" {
+				c.id = d.ToolID
+			}
+			c.name += d.ToolName
+			c.args += d.Text
+		}
 		for range 2 {
-			if _, err := a.event("", data, func(Delta) {}, func(int) {}); err != nil {
+			if _, err := a.event("", data, emit, func(int) {}); err != nil {
 				return
 			}
 		}
 		msg, _, err := a.message()
 		if err == nil && !json.Valid(msg) {
 			t.Fatalf("rendered %s from %s: not JSON", msg, data)
+		}
+		for k, c := range seen {
+			ch := a.(*openAIAssembler).choices[k[0]]
+			if ch.function != nil {
+				continue // the legacy function_call's deltas have no tool index of their own
+			}
+			tool := ch.tools[k[1]]
+			if tool == nil {
+				t.Fatalf("deltas under tool index %d of choice %d, which stores no call, from %s", k[1], k[0], data)
+			}
+			if got := (call{tool.id, tool.name, tool.args.String()}); got != *c {
+				t.Fatalf("choice %d tool index %d: clients saw %+v, stored %+v, from %s", k[0], k[1], *c, got, data)
+			}
 		}
 	})
 }
