@@ -2,6 +2,7 @@ package pgwait_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,6 +147,48 @@ func TestTracer_AcquiresShareAContext(t *testing.T) {
 		end(ctx)
 		require.NoError(t, ctx.Err())
 	})
+	t.Run("WithinAnOwnTimer", func(t *testing.T) {
+		t.Parallel()
+		ctx, done := pgwait.Bound(context.Background(), 20*time.Millisecond)
+		defer done()
+		shared := start(ctx)
+		own := start(ctx) // the context's timer taken: one of its own
+		end(shared)       // the context's timer free again
+		// Within the acquire with a timer of its own, the context's free timer is not taken: the
+		// inner acquire's end would stop the outer's timer (its context carries it), leaving the
+		// outer's wait unbounded and the context's timer taken for good.
+		inner := start(own)
+		require.NotEqual(t, own, inner)
+		end(inner)
+		fired(t, ctx) // the outer's own timer bounds its wait still
+		end(own)
+		require.Equal(t, ctx, start(ctx), "the context's timer is free again")
+		end(ctx)
+	})
+}
+
+// TestTracer_ConcurrentAcquires: acquires under one Bound context from many goroutines at once
+// (a request's statements run side by side) take the context's timer one at a time, each other
+// making its own, without a data race (go test -race) and without a bound firing: every acquire
+// ended in time. Once they are over, the context's timer is free.
+func TestTracer_ConcurrentAcquires(t *testing.T) {
+	t.Parallel()
+	var tr pgwait.Tracer
+	ctx, done := pgwait.Bound(context.Background(), time.Hour)
+	defer done()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 500 {
+				tr.TraceAcquireEnd(tr.TraceAcquireStart(ctx, nil, pgxpool.TraceAcquireStartData{}), nil, pgxpool.TraceAcquireEndData{})
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, ctx.Err())
+	acquire := tr.TraceAcquireStart(ctx, nil, pgxpool.TraceAcquireStartData{})
+	require.Equal(t, ctx, acquire, "the context's timer is free")
+	tr.TraceAcquireEnd(acquire, nil, pgxpool.TraceAcquireEndData{})
 }
 
 // TestBound_EachAcquireWaitsItsBound: a Bound context's second acquire, its first served at once,
