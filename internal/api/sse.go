@@ -18,6 +18,7 @@ import (
 	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/eventsource"
 	"github.com/llmq/llmq/internal/jobs"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // eventsPreflight answers the CORS preflight (OPTIONS) of GET /v1/jobs/{id}/events. A browser's
@@ -352,28 +353,44 @@ func (s *Server) streamsSuppressed(msg string, level slog.Level, suppressed int,
 // tenant: within the tenants' cache TTL of it, as every request of it), which ends the stream
 // (endRefused), at its next wake-up or keep-alive; nil when it may go on. A signed URL's is its
 // tenant's revocation (signedTenant; a URL that expired meanwhile still runs to the job's end).
-// The lookup is bounded as the stream's authentication was (storeBounded): it held the stream,
-// its events and keep-alives included, for as long as Postgres took to answer. A store error,
+// An answer at hand in the tenants' cache (streamRecheck's, cachedOnly: the check that starts
+// every stream, its opening's answer just cached, and any within the cache TTL of another
+// request of the tenant's) is taken as it is; only a lookup is bounded as the stream's
+// authentication was (storeBounded): it held the stream, its events and keep-alives included,
+// for as long as Postgres took to answer. The bounds were made for a cached answer too, 14
+// allocations a check (TestServer_StreamRefusalAllocs). A store error,
 // that bound passing included, does not end the stream: it is logged (streamWarn: throttled),
 // and the token is checked again after authRecheck, as after a success (Postgres not answering
 // says nothing of the token).
 func (s *Server) streamRefusal(r *http.Request, job *jobs.Job, signed bool) *httpError {
-	ar, stop := s.storeBounded(r)
-	defer stop()
-	var err error
-	if signed {
-		err = s.signedTenant(ar, job.Tenant)
-	} else {
-		_, err = s.tenant(ar)
+	err := s.streamRecheck(r, job, signed, true)
+	if errors.Is(err, tenant.ErrNotCached) {
+		ar, stop := s.storeBounded(r)
+		defer stop()
+		err = s.streamRecheck(ar, job, signed, false)
+	}
+	if err == nil {
+		return nil // before errors.As, whose target escapes: an allocation
 	}
 	var refused *httpError
 	switch {
 	case errors.As(err, &refused):
 		return refused
-	case err != nil && r.Context().Err() == nil:
+	case r.Context().Err() == nil:
 		s.streamWarn(r.Context(), "check event stream's token again", job.ID, err)
 	}
 	return nil
+}
+
+// streamRecheck is streamRefusal's answer (signedTenant's, or tenant's): from the tenants' cache
+// alone when cachedOnly, tenant.ErrNotCached when it holds none fresh (signedTenant's and
+// cachedTenant's).
+func (s *Server) streamRecheck(r *http.Request, job *jobs.Job, signed, cachedOnly bool) error {
+	if signed {
+		return s.checkSignedTenant(r, job.Tenant, cachedOnly)
+	}
+	_, err := s.identify(r, cachedOnly)
+	return err
 }
 
 // endRefused ends a stream whose token is refused now (streamRefusal) with a "refused" event

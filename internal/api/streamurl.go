@@ -128,10 +128,22 @@ func (s *Server) streamJob(r *http.Request, caller *tenant.Tenant, signed bool) 
 // reaches the tenant's bearer tokens. A deleted tenant has no job left (tenant.Store.Delete):
 // its URLs are answered 404 at the job's read.
 func (s *Server) signedTenant(r *http.Request, name string) error {
+	return s.checkSignedTenant(r, name, false)
+}
+
+// checkSignedTenant is signedTenant, its lookup answered from the tenants' cache alone when
+// cachedOnly (Authenticator.CachedNamed: tenant.ErrNotCached when it holds no fresh answer).
+func (s *Server) checkSignedTenant(r *http.Request, name string, cachedOnly bool) error {
 	if s.cfg.Tenants == nil {
 		return nil
 	}
-	t, err := s.cfg.Tenants.Named(r.Context(), name)
+	var t *tenant.Tenant
+	var err error
+	if cachedOnly {
+		t, err = s.cfg.Tenants.CachedNamed(name)
+	} else {
+		t, err = s.cfg.Tenants.Named(r.Context(), name)
+	}
 	if errors.Is(err, tenant.ErrRevoked) {
 		return s.revokedTenant(r, t, "this stream URL's tenant was revoked")
 	}

@@ -48,10 +48,40 @@ func TestServer_StreamCallerAllocs(t *testing.T) { // not parallel: testing.Allo
 	})
 }
 
-// requireCachedAuthFree requires authenticate, given a method and target's request of tenant
-// "acme"'s token or of the anonymous tenant, to answer that tenant, and without an allocation
-// once the answer is cached (the Authenticator's clock stands still: its answers stay fresh).
-func requireCachedAuthFree(t *testing.T, method, target string, authenticate func(*Server, *http.Request) (*tenant.Tenant, bool)) {
+// TestServer_StreamRefusalAllocs pins the allocations of an open event stream's check of its
+// token (streamRefusal: a bearer token's, the anonymous tenant's, a signed URL's tenant's) when
+// the answer is cached, as at the check that starts every stream, just authenticated: none. Its
+// bounds (storeBounded) were made before the cache was looked at, 14 allocations a check for an
+// answer that waits for nothing; they are made only for a lookup in Postgres.
+func TestServer_StreamRefusalAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	s, token := newCachedAuthServer(t)
+	for _, c := range []struct {
+		name, authorization string
+		signed              bool
+	}{
+		{"Token", "Bearer " + token, false},
+		{"Anonymous", "", false},
+		{"SignedURL", "", true},
+	} {
+		r := httptest.NewRequestWithContext(context.Background(), http.MethodGet, "/v1/jobs/x/events", nil)
+		if c.authorization != "" {
+			r.Header.Set("Authorization", c.authorization)
+		}
+		job := &jobs.Job{ID: "x", Tenant: "acme"}
+		require.Nil(t, s.streamRefusal(r, job, c.signed), c.name) // looked up, and cached
+		allocs := testing.AllocsPerRun(200, func() {
+			if refusal := s.streamRefusal(r, job, c.signed); refusal != nil {
+				panic(refusal.message)
+			}
+		})
+		t.Logf("%s: %.1f allocations", c.name, allocs)
+		require.Zero(t, allocs, "%s: allocations per check from the cache", c.name)
+	}
+}
+
+// newCachedAuthServer returns a server taking anonymous requests, whose tenants' cache has a clock
+// that stands still (its answers stay fresh), and the token of its tenant "acme".
+func newCachedAuthServer(t *testing.T) (*Server, string) {
 	t.Helper()
 	store := tenant.NewStore(pgtest.Pool(t), nil)
 	_, token, err := store.Create(t.Context(), "acme", nil)
@@ -60,6 +90,15 @@ func requireCachedAuthFree(t *testing.T, method, target string, authenticate fun
 	s := New(Config{AllowAnonymous: true,
 		Tenants: tenant.NewAuthenticator(store, &tenant.AuthenticatorConfig{Now: func() time.Time { return now }})})
 	t.Cleanup(s.Shutdown)
+	return s, token
+}
+
+// requireCachedAuthFree requires authenticate, given a method and target's request of tenant
+// "acme"'s token or of the anonymous tenant, to answer that tenant, and without an allocation
+// once the answer is cached (the Authenticator's clock stands still: its answers stay fresh).
+func requireCachedAuthFree(t *testing.T, method, target string, authenticate func(*Server, *http.Request) (*tenant.Tenant, bool)) {
+	t.Helper()
+	s, token := newCachedAuthServer(t)
 	for _, c := range []struct{ name, authorization, tenant string }{
 		{"Token", "Bearer " + token, "acme"},
 		{"Anonymous", "", tenant.Default},

@@ -91,6 +91,42 @@ func TestTracer_AcquireAllocs(t *testing.T) { // not parallel: testing.AllocsPer
 	require.NoError(t, ctx.Err())
 }
 
+// TestBound_Allocs pins the allocations of a Bound context and its end, its cancel called where
+// it was made (Bound is inlined: its cancel needs no closure then, nor when dropped): 3, the
+// cancel context, its cancel and the context carrying the bound. The bound had a context of its
+// own around it, and the cancel a closure around the cancel context's: 5, a poll's, a submit's
+// and a stream's each, and a delivery's waits each. Bound(ctx, 0) carries no bound of its own:
+// an outer one still bounds its waits.
+func TestBound_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	if raceEnabled {
+		t.Skip("allocation counts vary under the race detector")
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		ctx, done := pgwait.Bound(context.Background(), time.Minute)
+		if _, ok := pgwait.Wait(ctx); !ok {
+			panic("no bound")
+		}
+		done()
+	})
+	t.Logf("%.1f allocations", allocs)
+	require.LessOrEqual(t, allocs, 3.0, "allocations per Bound")
+
+	outer, done := pgwait.Bound(context.Background(), time.Minute)
+	defer done()
+	inner, innerDone := pgwait.Bound(outer, 0)
+	wait, ok := pgwait.Wait(inner)
+	require.True(t, ok)
+	require.Equal(t, time.Minute, wait)
+	innerDone()
+	require.ErrorIs(t, context.Cause(inner), context.Canceled)
+	require.NoError(t, outer.Err())
+	child, childDone := context.WithCancel(outer)
+	defer childDone()
+	require.True(t, pgwait.Expire(child))
+	require.ErrorIs(t, context.Cause(child), pgwait.ErrTimeout)
+	require.True(t, pgwait.TimedOut(outer, nil))
+}
+
 // TestTracer_AcquiresShareAContext: the acquires under one Bound context, one after the other,
 // concurrent or one made within another, each wait at most the bound: the timer they reuse is
 // armed anew for each, and an acquire that finds it taken starts one of its own.
