@@ -112,11 +112,7 @@ func TestStream_DeltasResetRetryAndResume(t *testing.T) {
 	b := setup(t, setupOpts{noWorker: true, sim: llmsim.Config{ReplyTokens: 30, StreamTokensPerSecond: 1000,
 		Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 5}}})
 	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Stream to me"}]}}`)
-	t.Cleanup(func() { // the delta buffer expires by itself; leave nothing behind meanwhile
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
-	})
+	unlinkDeltasAtEnd(t, b.redisURL, id)
 	job := b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil)
 	events := followWithEventSource(t, b.apiURL+job.body["events_url"].(string))
 	require.Equal(t, "queued", nextJS(t, events).Name, "the client follows the job before it runs")
@@ -237,11 +233,7 @@ func TestStream_CancelStopsTheStreamingCall(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{sim: llmsim.Config{ReplyTokens: 100, StreamTokensPerSecond: 5}})
 	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"slowly"}]}}`)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
-	})
+	unlinkDeltasAtEnd(t, b.redisURL, id)
 	s := openEvents(t, b.apiURL, id, "0")
 	for {
 		ev, ok := s.next(t)
@@ -279,11 +271,7 @@ func TestStream_TwoReplicasGetEveryDelta(t *testing.T) {
 			b := setup(t, setupOpts{noWorker: true, redisURL: url, sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 200}})
 			other := b.replica(t)
 			id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"to both"}]}}`)
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				redistest.Unlink(ctx, redistest.ClientOf(t, url), "llmq:{"+id+"}:deltas")
-			})
+			unlinkDeltasAtEnd(t, url, id)
 			sa, sb := openEvents(t, b.apiURL, id, ""), openEvents(t, other, id, "")
 			for _, s := range []*eventStream{sa, sb} {
 				ev, ok := s.next(t)
@@ -326,11 +314,7 @@ func TestStream_DeltaSpacingMergesPieces(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{top: "streaming: { delta_spacing: 1s }", sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 400}})
 	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"spaced"}]}}`)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
-	})
+	unlinkDeltasAtEnd(t, b.redisURL, id)
 	evs := openEvents(t, b.apiURL, id, "0").rest(t)
 	requireStreamedResult(t, evs)
 	n := count(evs, "delta")
@@ -370,11 +354,7 @@ func TestStream_WholeToolInputReachesClients(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			id := b.submit(t, tc.submit)
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
-			})
+			unlinkDeltasAtEnd(t, b.redisURL, id)
 			evs := openEvents(t, b.apiURL, id, "0").rest(t)
 			last := evs[len(evs)-1]
 			require.Equal(t, "succeeded", last.name)
@@ -406,11 +386,7 @@ func TestStream_ToolCallsAtOneIndexReachClientsApart(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{sim: llmsim.Config{ToolCalls: 2, StreamToolCallsAtIndexZero: true}})
 	id := b.submit(t, `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it twice"}]}}`)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		redistest.Unlink(ctx, redistest.ClientOf(t, b.redisURL), "llmq:{"+id+"}:deltas")
-	})
+	unlinkDeltasAtEnd(t, b.redisURL, id)
 	evs := openEvents(t, b.apiURL, id, "0").rest(t)
 	last := evs[len(evs)-1]
 	require.Equal(t, "succeeded", last.name)
@@ -440,4 +416,15 @@ func TestStream_ToolCallsAtOneIndexReachClientsApart(t *testing.T) {
 		require.JSONEq(t, args, input[i], "the deltas of tool_index %d add up to its arguments", i)
 	}
 	require.NotEqual(t, opened[0], opened[1])
+}
+
+// unlinkDeltasAtEnd removes job id's delta buffer from the Redis at redisURL when the test ends:
+// the buffer expires by itself, but a test leaves nothing behind meanwhile.
+func unlinkDeltasAtEnd(t *testing.T, redisURL, id string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redistest.Unlink(ctx, redistest.ClientOf(t, redisURL), "llmq:{"+id+"}:deltas")
+	})
 }

@@ -624,24 +624,9 @@ func FuzzOpenAIAssembler(f *testing.F) {
 func TestOpenAIAssembler_LateMemberRepeatedAllocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
 	const head = `{"id":"c","object":"chat.completion.chunk","created":8,"model":"g","choices":[{"index":0,"delta":{"content":"tok "},"logprobs":null,"finish_reason":null}]`
 	allocs := func(chunk string) (float64, []byte) {
-		asm := openAI{}.assembler()
-		emit, end := func(Delta) {}, func(int) {}
-		for _, data := range []string{
+		return openAIChunkAllocs(t, chunk,
 			`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
-			`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[],"weight_version":"v1"}`,
-		} {
-			_, err := asm.event("", []byte(data), emit, end)
-			require.NoError(t, err)
-		}
-		data := []byte(chunk)
-		n := testing.AllocsPerRun(1000, func() {
-			if _, err := asm.event("", data, emit, end); err != nil {
-				t.Fatal(err)
-			}
-		})
-		body, _, err := asm.message()
-		require.NoError(t, err)
-		return n, body
+			`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[],"weight_version":"v1"}`)
 	}
 	plain, _ := allocs(head + `}`)
 	repeated, body := allocs(head + `,"weight_version":"v1","obfuscation":"x"}`)
@@ -689,21 +674,11 @@ func TestOpenAIAssembler_LateMemberChangingAllocs(t *testing.T) { // not paralle
 func TestOpenAIAssembler_ReusedIndexPieceAllocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
 	const piece = `{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"x"}}]},"logprobs":null,"finish_reason":null}]}`
 	allocs := func(opening ...string) (float64, []byte) {
-		asm := openAI{}.assembler()
-		emit, end := func(Delta) {}, func(int) {}
-		for _, call := range opening {
-			_, err := asm.event("", []byte(`{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"tool_calls":[`+call+`]},"logprobs":null,"finish_reason":null}]}`), emit, end)
-			require.NoError(t, err)
+		chunks := make([]string, len(opening))
+		for i, call := range opening {
+			chunks[i] = `{"id":"c","object":"chat.completion.chunk","created":7,"model":"g","choices":[{"index":0,"delta":{"tool_calls":[` + call + `]},"logprobs":null,"finish_reason":null}]}`
 		}
-		data := []byte(piece)
-		n := testing.AllocsPerRun(1000, func() {
-			if _, err := asm.event("", data, emit, end); err != nil {
-				t.Fatal(err)
-			}
-		})
-		body, _, err := asm.message()
-		require.NoError(t, err)
-		return n, body
+		return openAIChunkAllocs(t, piece, chunks...)
 	}
 	own, _ := allocs(`{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}`)
 	moved, body := allocs(`{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":"{}"}}`,
@@ -756,4 +731,25 @@ func FuzzMergeObject(f *testing.F) {
 			t.Fatalf("merged %s and %s into %s: not JSON", cur, next, got)
 		}
 	})
+}
+
+// openAIChunkAllocs feeds an OpenAI assembler the opening chunks, then chunk again and again: the
+// allocations a read of chunk makes, and the message assembled at the end.
+func openAIChunkAllocs(t *testing.T, chunk string, opening ...string) (float64, []byte) {
+	t.Helper()
+	asm := openAI{}.assembler()
+	emit, end := func(Delta) {}, func(int) {}
+	for _, data := range opening {
+		_, err := asm.event("", []byte(data), emit, end)
+		require.NoError(t, err)
+	}
+	data := []byte(chunk)
+	n := testing.AllocsPerRun(1000, func() {
+		if _, err := asm.event("", data, emit, end); err != nil {
+			t.Fatal(err)
+		}
+	})
+	body, _, err := asm.message()
+	require.NoError(t, err)
+	return n, body
 }
