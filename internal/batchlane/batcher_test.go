@@ -19,7 +19,7 @@ import (
 )
 
 // fill is more than max_wait_to_fill (1m) since any job of a test was created: the fake clock
-// starts at the real time when the test does, and jobs are dated by Postgres's clock.
+// is moved up to each job's creation (Postgres's clock) when it lags it (catchUp).
 const fill = 2 * time.Minute
 
 // TestBatcher_Succeeded: waiting jobs go in one batch once the oldest has waited

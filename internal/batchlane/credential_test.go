@@ -146,5 +146,6 @@ func (b *testBundle) submitWithFallback(t *testing.T, text string, timeout time.
 		Fallbacks: []string{"spare"}, Request: []byte(req), MaxAttempts: maxAttempts, Timeout: timeout,
 		Lane: jobs.LaneBatch})
 	require.NoError(t, err)
+	b.catchUp(j)
 	return j
 }

@@ -24,7 +24,7 @@ import (
 )
 
 // testBundle is a batch lane on a fresh database and a simulator sharing one fake clock, which
-// starts at the real time (the store dates deadlines with it).
+// starts at the real time and is moved up to each job's creation when it lags it (catchUp).
 type testBundle struct {
 	pool     *pgxpool.Pool
 	store    *jobs.Store
@@ -135,7 +135,18 @@ func (b *testBundle) submit(t *testing.T, text string, timeout time.Duration, ma
 	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{Tenant: "default", Credential: "default",
 		Request: req, MaxAttempts: maxAttempts, Timeout: timeout, Lane: jobs.LaneBatch})
 	require.NoError(t, err)
+	b.catchUp(job)
 	return job
+}
+
+// catchUp moves the fake clock to job's creation (Postgres's clock, which also dates its
+// deadline) when the clock lags it, as it does by the time a test took to get here: a test's
+// moves of the clock then count from its jobs' creation, however slow the machine, not from
+// when the clock was made.
+func (b *testBundle) catchUp(job *jobs.Job) {
+	if job.CreatedAt.After(b.clock.Now()) {
+		b.clock.Set(job.CreatedAt)
+	}
 }
 
 func (b *testBundle) get(t *testing.T, id string) *jobs.Job {
