@@ -384,7 +384,25 @@ func TestStream_WholeToolInputReachesClients(t *testing.T) {
 // opened with its id and adding up to its arguments.
 func TestStream_ToolCallsAtOneIndexReachClientsApart(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{sim: llmsim.Config{ToolCalls: 2, StreamToolCallsAtIndexZero: true}})
+	requireToolCallsAtTheirPlaces(t, llmsim.Config{ToolCalls: 2, StreamToolCallsAtIndexZero: true})
+}
+
+// TestStream_ToolCallsFromIndexOneReachClientsAtTheirPlaces proves that tool calls a server
+// numbers from 1 (llmsim's StreamToolCallsFromIndex, as proxies that number calls by Anthropic's
+// content blocks send them) reach the event stream's clients under the tool_index of their
+// position in the stored calls, which start at the first: 0 and 1, not 1 and 2.
+func TestStream_ToolCallsFromIndexOneReachClientsAtTheirPlaces(t *testing.T) {
+	t.Parallel()
+	requireToolCallsAtTheirPlaces(t, llmsim.Config{ToolCalls: 2, StreamToolCallsFromIndex: 1})
+}
+
+// requireToolCallsAtTheirPlaces submits a streamed job with a tool to the simulator configured
+// with sim (two calls), and requires each stored call's input_json deltas on the event stream
+// under the tool_index of its position in the stored calls, opened with its id and adding up to
+// its arguments.
+func requireToolCallsAtTheirPlaces(t *testing.T, sim llmsim.Config) {
+	t.Helper()
+	b := setup(t, setupOpts{sim: sim})
 	id := b.submit(t, `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it twice"}]}}`)
 	unlinkDeltasAtEnd(t, b.redisURL, id)
 	evs := openEvents(t, b.apiURL, id, "0").rest(t)

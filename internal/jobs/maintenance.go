@@ -57,12 +57,17 @@ func (s *Store) FailOverdue(ctx context.Context, now time.Time, limit int) ([]Ov
 // DeleteEndedBatches deletes up to limit rows of the batch lane's provider batches that ended
 // (or were canceled) before `before` and that no job is in any more (its jobs were deleted, or
 // left it), and returns how many. An ended batch gains no job, so nothing waits on the rows.
+//
+// The statement runs as pgx's unnamed statement (QueryExecModeCacheDescribe), planned for its
+// cutoff each time: a prepared statement's generic plan, kept once a backlog's first calls had
+// cost more, cannot know how few batches ended before the cutoff, and read the row of every batch
+// through the primary key (the day's batches, kept, one buffer each) on every call.
 func (s *Store) DeleteEndedBatches(ctx context.Context, before time.Time, limit int) (int64, error) {
 	tag, err := s.pool.Exec(ctx, `DELETE FROM provider_batches WHERE id IN (
 	SELECT pb.id FROM provider_batches pb
 	WHERE pb.state IN ('ended', 'canceled') AND pb.ended_at < $1
 		AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.batch_ref = pb.id)
-	LIMIT $2 FOR UPDATE SKIP LOCKED)`, before, limit)
+	LIMIT $2 FOR UPDATE SKIP LOCKED)`, pgx.QueryExecModeCacheDescribe, before, limit)
 	if err != nil {
 		return 0, fmt.Errorf("delete ended provider batches: %w", err)
 	}

@@ -124,3 +124,71 @@ func requireIndexedDeletes(t *testing.T, pool *pgxpool.Pool, sql string, args ..
 		require.NotContains(t, scans[rel], "Seq Scan", "%s is read through its primary key, not in full (%v)", rel, scans)
 	}
 }
+
+// TestDeleteEndedBatches_PlansForItsCutoff: the retention pass's statement for ended provider
+// batches is planned for its cutoff each time. As pgx's cached prepared statement it got a
+// generic plan once the first five calls had deleted a backlog; that plan cannot know how few
+// batches ended before the cutoff, and walked the primary key to read every batch's row, one
+// buffer each (20,000 batches that ended within the day, none deletable yet: 20,000 buffers a
+// call, where the plan for the cutoff reads the table's 285 pages).
+func TestDeleteEndedBatches_PlansForItsCutoff(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := onePool(t, pgtest.Pool(t))
+	const recent, old, limit = 5000, 3000, 500
+	_, err := pool.Exec(ctx, `INSERT INTO provider_batches (id, credential, model, state, created_at, ended_at)
+SELECT gen_random_uuid(), 'c', 'm', 'ended', now() - interval '2 days', CASE WHEN g <= $1 THEN now() - g * interval '1 second'
+	ELSE now() - interval '2 days' END
+FROM generate_series(1, $1::int + $2::int) g`, recent, old)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, max_attempts, timeout_ms, deadline, finished_at)
+SELECT gen_random_uuid(), 'c', 'f', 'succeeded', '{}', 3, 60000, now(), now() FROM generate_series(1, 20000)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE provider_batches, jobs`)
+	require.NoError(t, err)
+
+	s := NewStore(pool, nil)
+	before := time.Now().Add(-24 * time.Hour)
+	deleted := int64(0)
+	for range 10 { // past the calls Postgres plans anew before it may keep a generic plan
+		n, err := s.DeleteEndedBatches(ctx, before, limit)
+		require.NoError(t, err)
+		deleted += n
+	}
+	require.Equal(t, int64(old), deleted)
+	_, err = pool.Exec(ctx, `ANALYZE provider_batches`) // as autovacuum does, after the backlog's deletes
+	require.NoError(t, err)
+
+	const blocks = `SELECT heap_blks_read + heap_blks_hit + coalesce(idx_blks_read + idx_blks_hit, 0)
+FROM pg_statio_user_tables WHERE relname = 'provider_batches'`
+	at := statCount(t, pool, blocks)
+	n, err := s.DeleteEndedBatches(ctx, before, limit)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Less(t, statCount(t, pool, blocks)-at, int64(recent/10), "read the recent batches' rows one by one")
+}
+
+// onePool returns a pool of one connection on pool's database, closed when the test ends: the
+// statements it runs are prepared (or not) on the connection statCount reads and flushes the
+// counts of.
+func onePool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	cfg := pool.Config().Copy()
+	cfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(one.Close)
+	return one
+}
+
+// statCount flushes the statistics of pool's connection (a pool of one, onePool) and returns the
+// count that query (one row, one integer, from the pg_stat or pg_statio views) reads.
+func statCount(t *testing.T, pool *pgxpool.Pool, query string) int64 {
+	t.Helper()
+	_, err := pool.Exec(t.Context(), `SELECT pg_stat_force_next_flush()`) // flushed before the answer
+	require.NoError(t, err)
+	var n int64
+	require.NoError(t, pool.QueryRow(t.Context(), query).Scan(&n))
+	return n
+}

@@ -37,10 +37,14 @@ type Delta struct {
 	Type string `json:"type"`
 	// Index is the Anthropic content block index, or the OpenAI choice index.
 	Index int `json:"index"`
-	// ToolIndex is the OpenAI tool call index within the choice (DeltaInputJSON only); for a
-	// server that sends calls without one (Gemini's parallel calls), or that gives several calls
-	// one (Ollama's parallel calls, all at 0), the call's position in the stored message: each new
-	// id without index, or with a name at an index whose call has another id, is the next call.
+	// ToolIndex is the OpenAI tool call's position in the choice's stored tool_calls
+	// (DeltaInputJSON only): the server's index when it numbers calls 0, 1... as OpenAI does.
+	// Calls take the positions in the order their first piece that brings something (an id, a
+	// name or arguments) came, so a server that sends calls without index (Gemini's parallel
+	// calls), gives several calls one (Ollama's parallel calls, all at 0: each new id without
+	// index, or with a name at an index whose call has another id, is the next call), skips
+	// indexes or starts past 0 (proxies that number calls by Anthropic's content blocks) has its
+	// calls numbered as the stored message has them.
 	ToolIndex int `json:"tool_index,omitempty"`
 	// ToolID and ToolName are set on the first delta of a tool call (DeltaInputJSON), which may
 	// carry no Text; not again when a server repeats them on the call's later pieces.

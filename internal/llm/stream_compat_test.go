@@ -2,6 +2,7 @@ package llm_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -1030,6 +1031,80 @@ func TestStream_OpenAILaterTopLevelMembersKept(t *testing.T) {
 			got, err := json.Marshal(msg)
 			require.NoError(t, err)
 			require.JSONEq(t, `{"id":"5c1e","object":"chat.completion","model":"qwen3-8b",`+tc.want+`}`, string(got))
+		})
+	}
+}
+
+// Servers that number tool calls by something else than their place in the message skip
+// indexes or start past 0: proxies that turn Anthropic's content blocks into Chat Completions
+// chunks give a call its block's index (LiteLLM over Bedrock sends the first call after the text
+// at index 1, CLIProxyAPI 1, 2, 3), others index -1 (Zhipu's GLM, a Bedrock gateway). Each call
+// is stored at the next place in tool_calls, with no empty call for an index nobody used, and
+// its deltas carry that place as their tool index, as a non-streaming answer numbers its calls.
+// A piece that brings a call nothing (no id, name nor arguments) gives it no place.
+func TestStream_OpenAISkippedToolIndexesStoredDense(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-ab2d","object":"chat.completion.chunk","created":1749032296,"model":"us.anthropic.claude-3-7-sonnet"`
+	const two = `[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+		{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]`
+	twoDeltas := []llm.Delta{
+		{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "call_a", ToolName: "get_weather", Text: `{"city":"Paris"}`},
+		{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: "call_b", ToolName: "get_time", Text: `{"tz":"CET"}`},
+	}
+	whole := func(index int, id, name, args string) string {
+		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":%q,"type":"function","function":{"name":%q,"arguments":%q}}]}}]`,
+			index, id, name, args)
+	}
+	finish := `[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`
+	for name, tc := range map[string]struct {
+		events     []string
+		want       string
+		wantDeltas []llm.Delta
+	}{
+		"StartsAtOne": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"content":"","role":"assistant","tool_calls":[{"id":"tooluse_1","function":{"arguments":"","name":"jira_get_worklog"},"type":"function","index":1}]}}]`,
+				`[{"index":0,"delta":{"content":"","tool_calls":[{"function":{"arguments":"{\"issue\":"},"type":"function","index":1}]}}]`,
+				`[{"index":0,"delta":{"content":"","tool_calls":[{"function":{"arguments":"\"PRJ-1\"}"},"type":"function","index":1}]}}]`,
+				finish),
+			want: `[{"id":"tooluse_1","type":"function","function":{"name":"jira_get_worklog","arguments":"{\"issue\":\"PRJ-1\"}"}}]`,
+			wantDeltas: []llm.Delta{
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: "tooluse_1", ToolName: "jira_get_worklog"},
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, Text: `{"issue":`},
+				{Type: llm.DeltaInputJSON, ToolIndex: 0, Text: `"PRJ-1"}`},
+			},
+		},
+		"StartsAtOneThenTwo": {
+			events: openAIChunks(env, whole(1, "call_a", "get_weather", `{"city":"Paris"}`),
+				whole(2, "call_b", "get_time", `{"tz":"CET"}`), finish),
+			want:       two,
+			wantDeltas: twoDeltas,
+		},
+		"SkipsAnIndex": {
+			events: openAIChunks(env, whole(0, "call_a", "get_weather", `{"city":"Paris"}`),
+				whole(2, "call_b", "get_time", `{"tz":"CET"}`), finish),
+			want:       two,
+			wantDeltas: twoDeltas,
+		},
+		"NegativeThenZero": {
+			events: openAIChunks(env, whole(-1, "call_a", "get_weather", `{"city":"Paris"}`),
+				whole(0, "call_b", "get_time", `{"tz":"CET"}`), finish),
+			want:       two,
+			wantDeltas: twoDeltas,
+		},
+		"IndexThatBringsNothing": {
+			events: openAIChunks(env, whole(0, "call_a", "get_weather", `{"city":"Paris"}`),
+				`[{"index":0,"delta":{"tool_calls":[{"index":1,"type":"function","function":{"arguments":""}}]}}]`,
+				whole(2, "call_b", "get_time", `{"tz":"CET"}`), finish),
+			want:       two,
+			wantDeltas: twoDeltas,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			resp, got := sendOpenAIStream(t, tc.events)
+			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
+			require.Equal(t, tc.wantDeltas, got.all)
 		})
 	}
 }

@@ -565,7 +565,8 @@ func TestReadStream_DeltaAfterItsBlockStopIsRefused(t *testing.T) {
 // FuzzOpenAIAssembler feeds arbitrary chunks to the Chat Completions assembler, each twice (as a
 // server repeating members would), then renders the message: whatever a server sends, the
 // assembler neither panics nor renders what is not JSON, and what clients saw of each tool call
-// (the input_json deltas under its tool index) is the call stored: its id, name and arguments.
+// (the input_json deltas under its tool index) is the call stored at that place in the message's
+// tool_calls: its id, name and arguments; the message stores no call clients did not see.
 func FuzzOpenAIAssembler(f *testing.F) {
 	f.Add([]byte(`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi","tool_calls":null,"reasoning_content":null},"matched_stop":null,"finish_reason":null}]}`))
 	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}}]},"stop_reason":"\n","token_ids":[1,2]}]}`))
@@ -573,6 +574,7 @@ func FuzzOpenAIAssembler(f *testing.F) {
 	f.Add([]byte(`{"choices":[null,{"index":1,"delta":{"custom":"x"},"content_filter_results":[],"Matched_Stop":1,"matched_stop":2}]}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{}"}},{"index":0,"id":"b","function":{"name":"f"}}]}}],"sglext":{"a":1}}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{"}},{"index":0,"id":"b","function":{"name":"f"}},{"index":1,"function":{"arguments":"}"}},{"index":0,"id":"c","function":{"name":"g"}},{"index":0,"function":{"arguments":"x"}}]}}]}`))
+	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"a","function":{"name":"f"}},{"index":3,"type":"function"},{"index":-1,"id":"b","function":{"name":"g","arguments":"{}"}},{"index":1,"function":{"arguments":"{}"}}]}}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a := openAI{}.assembler()
 		type call struct{ id, name, args string }
@@ -598,20 +600,48 @@ func FuzzOpenAIAssembler(f *testing.F) {
 			}
 		}
 		msg, _, err := a.message()
-		if err == nil && !json.Valid(msg) {
-			t.Fatalf("rendered %s from %s: not JSON", msg, data)
+		if err != nil {
+			return
 		}
-		for k, c := range seen {
-			ch := a.(*openAIAssembler).choices[k[0]]
-			if ch.function != nil {
+		var out struct {
+			Choices []struct {
+				Index   int `json:"index"`
+				Message struct {
+					ToolCalls []struct {
+						ID       string `json:"id"`
+						Function *struct{ Name, Arguments string }
+						Custom   *struct{ Name, Input string }
+					} `json:"tool_calls"`
+				} `json:"message"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(msg, &out); err != nil {
+			t.Fatalf("rendered %s from %s: %v", msg, data, err)
+		}
+		for _, ch := range out.Choices {
+			if a.(*openAIAssembler).choices[ch.Index].function != nil {
 				continue // the legacy function_call's deltas have no tool index of their own
 			}
-			tool := ch.tools[k[1]]
-			if tool == nil {
-				t.Fatalf("deltas under tool index %d of choice %d, which stores no call, from %s", k[1], k[0], data)
+			for k, tc := range ch.Message.ToolCalls {
+				got := call{id: tc.ID}
+				if f := tc.Function; f != nil {
+					got.name, got.args = f.Name, f.Arguments
+				} else if cu := tc.Custom; cu != nil {
+					got.name, got.args = cu.Name, cu.Input
+				}
+				c := seen[[2]int{ch.Index, k}]
+				if c == nil {
+					t.Fatalf("choice %d stores %+v at %d, which no delta opened, from %s", ch.Index, got, k, data)
+				}
+				if got != *c {
+					t.Fatalf("choice %d tool index %d: clients saw %+v, stored %+v, from %s", ch.Index, k, *c, got, data)
+				}
+				delete(seen, [2]int{ch.Index, k})
 			}
-			if got := (call{tool.id, tool.name, tool.args.String()}); got != *c {
-				t.Fatalf("choice %d tool index %d: clients saw %+v, stored %+v, from %s", k[0], k[1], *c, got, data)
+		}
+		for k := range seen {
+			if a.(*openAIAssembler).choices[k[0]].function == nil {
+				t.Fatalf("deltas under tool index %d of choice %d, which stores no call, from %s", k[1], k[0], data)
 			}
 		}
 	})
@@ -715,6 +745,26 @@ func TestMergeObject(t *testing.T) {
 			require.True(t, json.Valid(got), "%s", got)
 			require.JSONEq(t, tc.want, string(got))
 		})
+	}
+}
+
+// BenchmarkMergeObject merges an object of maxMergedMembers members into one as large, half of
+// whose members it brings again: the most a merge reads.
+func BenchmarkMergeObject(b *testing.B) {
+	var cur, next strings.Builder
+	cur.WriteString(`{`)
+	next.WriteString(`{`)
+	for i := range maxMergedMembers {
+		fmt.Fprintf(&cur, `"member_%d":%d,`, i, i)
+		fmt.Fprintf(&next, `"member_%d":%d,`, i+maxMergedMembers/2, i)
+	}
+	c := json.RawMessage(strings.TrimSuffix(cur.String(), ",") + `}`)
+	n := json.RawMessage(strings.TrimSuffix(next.String(), ",") + `}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if got := mergeObject(c, n); len(got) < len(n) {
+			b.Fatalf("merged %s", got)
+		}
 	}
 }
 

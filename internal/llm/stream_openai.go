@@ -67,12 +67,14 @@ type openAIChoice struct {
 	// (filterRank). hasFilters: a chunk of the choice carried the object, {} included.
 	filters    map[string]json.RawMessage
 	hasFilters bool
-	// tools are the choice's tool calls by their index as clients see it (Delta.ToolIndex), which
-	// is the server's unless it reused one (toolIndex).
+	// tools are the choice's tool calls by the server's index, unless it reused one (toolIndex).
+	// A call's place in the message, which clients see as Delta.ToolIndex, is its own (pos).
 	tools map[int]*openAITool
-	// lastTool is the index of the tool call the last piece went to, nextTool the one after the
+	// lastTool is the key in tools of the call the last piece went to, nextTool the one after the
 	// highest so far: where a piece without index goes, or one whose index is reused (toolIndex).
 	lastTool, nextTool int
+	// placed is how many calls have a place in the message (openAITool.pos).
+	placed int
 	// movedTools maps an index the server reused for another call (Ollama gives every call index
 	// 0) to the call the later pieces of that index go to; nil until one is.
 	movedTools   map[int]int
@@ -97,7 +99,13 @@ type openAIChoice struct {
 type openAITool struct {
 	id, typ, name string
 	// index is the server's index of the pieces that opened the call, -1 for pieces without one.
-	index  int
+	index int
+	// pos is the call's place in the message's tool_calls, -1 until a piece brings it something
+	// (an id, a name or arguments): calls take the places in the order they first do, so that the
+	// message has no empty call and no gap where a server skipped an index or started past 0
+	// (proxies that number calls by Anthropic's content blocks), and what clients see of a call
+	// comes under the tool index it is stored at.
+	pos    int
 	args   strings.Builder // the function's arguments, or the custom tool's input
 	custom bool            // pieces came as custom (a custom tool), not as function
 }
@@ -251,38 +259,39 @@ func (a *openAIAssembler) keepLate(key, value []byte) {
 // that the value kept is the members' union, each at its last non-null value. A
 // value that is not an object, or an object kept with more than maxMergedMembers members, replaces
 // cur whole: merging is for a few chunks that split one object, and a stream that brought a new
-// member on every chunk would have each chunk copy all it kept. It allocates the copy, and a list
-// of cur's members to keep when next lacks some; keys that escape characters are compared decoded.
+// member on every chunk would have each chunk copy all it kept. It reads each object once, then
+// next again to copy it (cur's members held on the stack, next's looked up among them), and
+// allocates the copy only; keys that escape characters are compared decoded.
 func mergeObject(cur, next json.RawMessage) json.RawMessage {
 	if len(cur) == 0 || cur[0] != '{' || len(next) == 0 || next[0] != '{' {
 		return bytes.Clone(next)
 	}
-	members := 0
-	topLevelMembers(cur, func(_, _ []byte) bool {
-		members++
-		return members <= maxMergedMembers
+	// cur's non-null members; kept: next lacks it or has it null (decoding keeps the last).
+	var held [maxMergedMembers]curMember
+	members, n := 0, 0
+	topLevelMembers(cur, func(key, value []byte) bool {
+		if members++; members > maxMergedMembers {
+			return false
+		}
+		if string(value) != "null" {
+			held[n] = curMember{key: key, value: value, kept: true}
+			n++
+		}
+		return true
 	})
 	if members > maxMergedMembers {
 		return bytes.Clone(next)
 	}
-	var keep [][2][]byte // cur's members that next lacks or has null
-	topLevelMembers(cur, func(key, value []byte) bool {
-		if string(value) == "null" {
-			return true
-		}
-		lacks := true
-		topLevelMembers(next, func(k, v []byte) bool {
-			if sameKey(key, k) {
-				lacks = string(v) == "null" // decoding keeps the last
+	curMembers := held[:n]
+	topLevelMembers(next, func(key, value []byte) bool {
+		for i := range curMembers {
+			if sameKey(curMembers[i].key, key) {
+				curMembers[i].kept = string(value) == "null"
 			}
-			return true
-		})
-		if lacks {
-			keep = append(keep, [2][]byte{key, value})
 		}
 		return true
 	})
-	if len(keep) == 0 {
+	if !slices.ContainsFunc(curMembers, func(m curMember) bool { return m.kept }) {
 		return bytes.Clone(next)
 	}
 	out := make([]byte, 0, len(cur)+len(next))
@@ -291,17 +300,26 @@ func mergeObject(cur, next json.RawMessage) json.RawMessage {
 		out = append(append(append(append(out, '"'), key...), `":`...), value...)
 		out = append(out, ',')
 	}
-	for _, m := range keep { // first: the members in the order they came
-		member(m[0], m[1])
+	for _, m := range curMembers { // first: the members in the order they came
+		if m.kept {
+			member(m.key, m.value)
+		}
 	}
 	topLevelMembers(next, func(key, value []byte) bool {
-		if string(value) != "null" || !slices.ContainsFunc(keep, func(m [2][]byte) bool { return sameKey(m[0], key) }) {
+		if string(value) != "null" || !slices.ContainsFunc(curMembers, func(m curMember) bool { return m.kept && sameKey(m.key, key) }) {
 			member(key, value) // a null of cur's kept members is not: cur's value stands
 		}
 		return true
 	})
 	out[len(out)-1] = '}'
 	return out
+}
+
+// curMember is a member of the object mergeObject merges into (key between its quotes,
+// undecoded); kept: the merged object has it.
+type curMember struct {
+	key, value []byte
+	kept       bool
 }
 
 // maxMergedMembers bounds the members of a kept object that mergeObject merges a later value into:
@@ -739,7 +757,7 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 		k := ch.toolIndex(tc.Index, tc.ID, tc.Function.Name != "" || tc.Custom.name != "")
 		t := ch.tools[k]
 		if t == nil {
-			t = &openAITool{index: -1}
+			t = &openAITool{index: -1, pos: -1}
 			if tc.Index != nil {
 				t.index = *tc.Index
 			}
@@ -764,7 +782,11 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 		name = t.addName(name)
 		a.n += writeText(&t.args, args)
 		if id != "" || name != "" || args != "" {
-			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: k, ToolID: id, ToolName: name,
+			if t.pos < 0 {
+				t.pos = ch.placed
+				ch.placed++
+			}
+			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: t.pos, ToolID: id, ToolName: name,
 				Text: args})
 		}
 	}
@@ -782,16 +804,17 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 }
 
-// toolIndex returns the index of the tool call a piece goes to, as clients see it (named: the
-// piece carries a piece of the call's name). A piece with an index (OpenAI and most servers) goes
-// to the call of that index, unless it opens another call there: it has an id and a name, and
-// that call another id (Ollama gives each of parallel calls index 0, whole with its own id); or
-// that call was opened by another index's pieces. Then it goes to the next free index, a new
-// call, which the later pieces of its index go to. A piece with a new id and no name continues
-// the call (Poolside sends a call's later pieces under another id than its first). Without an
-// index (Gemini sends each of parallel calls whole, with its id and no index), the call the last
-// piece went to, unless the piece has an id that call lacks (another id, or none after a piece
-// that brought something): then the next free index, a new call. Servers send a call's id on its
+// toolIndex returns the key in tools of the call a piece goes to (named: the piece carries a
+// piece of the call's name); not the call's place in the message (openAITool.pos). A piece with
+// an index (OpenAI and most servers) goes to the call of that index, unless it opens another
+// call there: it has an id and a name, and that call another id (Ollama gives each of parallel
+// calls index 0, whole with its own id); or that call was opened by another index's pieces. Then
+// it goes to the next free key, a new call, which the later pieces of its index go to. A piece
+// with a new id and no name continues the call (Poolside, and LiteLLM over OCI, send a call's
+// later pieces under another id than its first). Without an index (Gemini sends each of
+// parallel calls whole, with its id and no index), the call the last piece went to, unless the
+// piece has an id that call lacks (another id, or none after a piece that brought something):
+// then the next free key, a new call. Servers send a call's id on its
 // first piece, with its name, and not later but as a repeat, so an id the call did not open with
 // is the next call's.
 func (c *openAIChoice) toolIndex(index *int, id string, named bool) int {
@@ -1041,21 +1064,18 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 		msg["reasoning_details"] = details
 	}
 	if c.hasToolsField {
-		keys := make([]int, 0, len(c.tools))
-		for k := range c.tools {
-			keys = append(keys, k)
-		}
-		sort.Ints(keys)
-		calls := make([]map[string]any, 0, len(keys))
-		for _, k := range keys {
-			t := c.tools[k]
-			if t.typ == "custom" || t.typ == "" && t.custom {
-				calls = append(calls, map[string]any{"id": t.id, "type": "custom",
-					"custom": map[string]string{"name": t.name, "input": t.args.String()}})
+		calls := make([]map[string]any, c.placed) // a call that no piece brought anything has none
+		for _, t := range c.tools {
+			if t.pos < 0 {
 				continue
 			}
-			calls = append(calls, map[string]any{"id": t.id, "type": t.typ,
-				"function": map[string]string{"name": t.name, "arguments": t.args.String()}})
+			if t.typ == "custom" || t.typ == "" && t.custom {
+				calls[t.pos] = map[string]any{"id": t.id, "type": "custom",
+					"custom": map[string]string{"name": t.name, "input": t.args.String()}}
+				continue
+			}
+			calls[t.pos] = map[string]any{"id": t.id, "type": t.typ,
+				"function": map[string]string{"name": t.name, "arguments": t.args.String()}}
 		}
 		msg["tool_calls"] = calls
 	} else if c.sentNullTools {

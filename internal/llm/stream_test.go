@@ -401,7 +401,24 @@ func TestProvider_Stream_SimulatorTools(t *testing.T) {
 // position in the stored calls, opened with its id.
 func TestProvider_Stream_SimulatorToolCallsAtIndexZero(t *testing.T) {
 	t.Parallel()
-	p, _ := simProvider(t, llm.KindOpenAI, llmsim.Config{ToolCalls: 3, StreamToolCallsAtIndexZero: true})
+	requireSimulatorCallsApart(t, llmsim.Config{ToolCalls: 3, StreamToolCallsAtIndexZero: true})
+}
+
+// TestProvider_Stream_SimulatorToolCallsFromIndexOne proves against the simulator that tool calls
+// a server numbers from 1 (llmsim's StreamToolCallsFromIndex, as proxies that number calls by
+// Anthropic's content blocks send them) are stored from the first place, and reach clients
+// under the tool index of their place in the stored calls.
+func TestProvider_Stream_SimulatorToolCallsFromIndexOne(t *testing.T) {
+	t.Parallel()
+	requireSimulatorCallsApart(t, llmsim.Config{ToolCalls: 3, StreamToolCallsFromIndex: 1})
+}
+
+// requireSimulatorCallsApart streams an answer with cfg.ToolCalls calls from the simulator
+// configured with cfg, and requires the calls stored as the non-streaming answer carries them,
+// each call's deltas under the tool index of its place in them, opened with its id.
+func requireSimulatorCallsApart(t *testing.T, cfg llmsim.Config) {
+	t.Helper()
+	p, _ := simProvider(t, llm.KindOpenAI, cfg)
 	var m map[string]any
 	require.NoError(t, json.Unmarshal(streamBody(llm.KindOpenAI), &m))
 	m["tools"] = json.RawMessage(`[{"type":"function","function":{"name":"record"}}]`)
@@ -422,7 +439,7 @@ func TestProvider_Stream_SimulatorToolCallsAtIndexZero(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(resp.Body, &out))
 	calls := out.Choices[0].Message.ToolCalls
-	require.Len(t, calls, 3)
+	require.Len(t, calls, cfg.ToolCalls)
 	ids := map[int]string{}
 	args := map[int]string{}
 	for _, d := range got.all {
@@ -441,7 +458,7 @@ func TestProvider_Stream_SimulatorToolCallsAtIndexZero(t *testing.T) {
 		require.Equal(t, c.ID, ids[i], "call %d opened under its own tool index", i)
 		require.Equal(t, c.Function.Arguments, args[i])
 	}
-	require.Len(t, ids, 3)
+	require.Len(t, ids, cfg.ToolCalls)
 	require.NotEqual(t, calls[0].ID, calls[1].ID)
 }
 

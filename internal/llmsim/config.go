@@ -62,6 +62,11 @@ type Config struct {
 	// name and arguments) in a chunk of its own, as Ollama's compatible endpoint does when its
 	// model's parser numbers no calls. false (the default) numbers them 0, 1..., as the API does.
 	StreamToolCallsAtIndexZero bool
+	// StreamToolCallsFromIndex is the index the first OpenAI tool call is streamed at, the next
+	// ones following it: 1 streams them at 1, 2..., as proxies that number calls by Anthropic's
+	// content blocks do after a text block (LiteLLM over Bedrock, CLIProxyAPI). 0 (the default)
+	// numbers them from 0, as the API does. StreamToolCallsAtIndexZero overrides it.
+	StreamToolCallsFromIndex int
 	// Latency is how long every answer that passed the bucket waits before it
 	// is written. Default 0. The wait ends early if the client goes away.
 	Latency time.Duration

@@ -238,8 +238,10 @@ func TestSDK_ToolStreams(t *testing.T) {
 
 // TestSDK_ParallelToolCalls proves that Config.ToolCalls answers a request with tools with that
 // many calls of its first tool, each with its own id, which the SDKs' accumulators assemble from
-// the streams as the non-streaming answers carry them (ids apart: each answer has its own); and that StreamToolCallsAtIndexZero
-// streams each OpenAI call whole at index 0, as Ollama does.
+// the streams as the non-streaming answers carry them (ids apart: each answer has its own); that StreamToolCallsAtIndexZero
+// streams each OpenAI call whole at index 0, as Ollama does; and that StreamToolCallsFromIndex
+// numbers OpenAI's calls from its index, as proxies that number them by Anthropic's content
+// blocks do.
 func TestSDK_ParallelToolCalls(t *testing.T) {
 	t.Parallel()
 	const input = `{"reply":"llmsim reply to: Hello, simulator!"}`
@@ -319,5 +321,33 @@ func TestSDK_ParallelToolCalls(t *testing.T) {
 		require.NoError(t, stream.Err())
 		require.Len(t, ids, 2)
 		require.NotEqual(t, ids[0], ids[1])
+	})
+
+	t.Run("OpenAIFromIndexOne", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, llmsim.Config{ToolCalls: 2, StreamToolCallsFromIndex: 1})
+		params := openaiHello
+		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
+		stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), params)
+		defer stream.Close()
+		ids, args := map[int64]string{}, map[int64]string{}
+		for stream.Next() {
+			for _, ch := range stream.Current().Choices {
+				for _, tc := range ch.Delta.ToolCalls {
+					if tc.ID != "" {
+						require.Empty(t, ids[tc.Index], "one id per index")
+						ids[tc.Index] = tc.ID
+					}
+					args[tc.Index] += tc.Function.Arguments
+				}
+			}
+		}
+		require.NoError(t, stream.Err())
+		require.Len(t, ids, 2)
+		require.NotEmpty(t, ids[1])
+		require.NotEmpty(t, ids[2])
+		require.NotEqual(t, ids[1], ids[2])
+		require.JSONEq(t, input, args[1])
+		require.JSONEq(t, input, args[2])
 	})
 }

@@ -19,6 +19,7 @@ type streamAnswer struct {
 	interval     time.Duration // between content tokens; 0: no wait
 	toolWhole    bool          // Config.StreamToolInputWhole
 	toolsAtZero  bool          // Config.StreamToolCallsAtIndexZero
+	toolsFrom    int           // Config.StreamToolCallsFromIndex
 	// fail, when set, is the fault that ends this stream early.
 	fail *streamFault
 }
@@ -266,6 +267,7 @@ func (o openAIStreamer) close(sw streamWriter, s *streamAnswer) error {
 		if s.toolWhole || s.toolsAtZero {
 			args, pieces = t.input, nil
 		}
+		i += s.toolsFrom
 		if s.toolsAtZero {
 			i = 0
 		}
