@@ -129,7 +129,16 @@ type chaosStack struct {
 	calls    *chaosCalls
 	sim      *llmsim.Server
 	ctx      context.Context
+	// orphanGrace is the sweeper's OrphanGrace in the workers startWorker runs (0: the
+	// default): the tests that SIGKILL a worker process set rescueOrphanGrace.
+	orphanGrace time.Duration
 }
+
+// rescueOrphanGrace is the OrphanGrace of the workers that rescue a SIGKILLed worker process's
+// jobs: above asynq's 5 s server heartbeat (how old a live server's list of running tasks can
+// be), as the default (15 s) is, but by less. A running job's grace starts when its attempt
+// lease (15 s) ends, so its rescue comes 23 s after its attempt began instead of 30 s.
+const rescueOrphanGrace = 8 * time.Second
 
 func newChaosStack(t *testing.T) *chaosStack {
 	t.Helper()
@@ -195,7 +204,8 @@ func (s *chaosStack) startWorker(t *testing.T, hc *http.Client, concurrency int)
 	if concurrency > 0 {
 		cfg.Worker.Concurrency = concurrency
 	}
-	w, err := worker.New(s.ctx, &cfg, pool, worker.Options{Registerer: prometheus.NewRegistry(), HTTPClient: hc})
+	w, err := worker.New(s.ctx, &cfg, pool, worker.Options{Registerer: prometheus.NewRegistry(), HTTPClient: hc,
+		OrphanGrace: s.orphanGrace})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(s.ctx)
 	done := make(chan error, 1)
@@ -456,9 +466,10 @@ func TestChaos_WorkerDiesAndRedisFlushed(t *testing.T) {
 // (built with go build), then another worker started, with and without a Redis flush after the
 // kill. The jobs the dead process left running wait for their attempt lease (15 s); without the
 // flush, its tasks stay active in asynq (which would recover them only after 1-2 min), and the
-// sweeper rescues them once they have looked orphaned for its OrphanGrace (15 s). Every job must
-// end within 60 s of the kill (the chaos target; LLMQ_CHAOS_SIGKILL_WITHIN overrides it), its
-// provider called by one delivery at a time and never after it succeeded.
+// sweeper rescues them once they have looked orphaned for its OrphanGrace (rescueOrphanGrace
+// here, 15 s by default). Every job must end within 60 s of the kill (the chaos target;
+// LLMQ_CHAOS_SIGKILL_WITHIN overrides it), its provider called by one delivery at a time and
+// never after it succeeded.
 func TestChaos_SIGKILLedWorkerProcess(t *testing.T) {
 	t.Parallel()
 	within := 60 * time.Second
@@ -478,6 +489,7 @@ func TestChaos_SIGKILLedWorkerProcess(t *testing.T) {
 
 func sigkillRun(t *testing.T, bin string, flush bool, within time.Duration) {
 	s := newChaosStack(t)
+	s.orphanGrace = rescueOrphanGrace
 	proc := s.startWorkerProcess(t, bin)
 
 	const n = 40
@@ -494,21 +506,17 @@ func sigkillRun(t *testing.T, bin string, flush bool, within time.Duration) {
 	s.requireExactlyOnce(t, ids)
 }
 
-// buildWorker builds cmd/worker into the test's temporary directory and returns its path.
+// buildWorker returns the path of cmd/worker's program (binDir).
 func buildWorker(t *testing.T) string {
 	t.Helper()
 	return buildCmd(t, "worker")
 }
 
-// buildCmd builds cmd/<name> into the test's temporary directory and returns its path.
+// buildCmd returns the path of cmd/<name>'s program, one of cmdBins (binDir).
 func buildCmd(t *testing.T, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/llmq/llmq/cmd/"+name).CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	return bin
+	require.Contains(t, cmdBins, name)
+	return filepath.Join(binDir(t), name)
 }
 
 // startWorkerProcess runs the worker binary bin on the stack's config as a process of its own,

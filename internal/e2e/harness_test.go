@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -50,6 +51,10 @@ func TestMain(m *testing.M) {
 		// pgxpool's background health check and net/http keep-alives end after the test's Close.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.Cleanup(func(code int) {
+			removeBins()
+			os.Exit(code)
+		}),
 	)
 }
 

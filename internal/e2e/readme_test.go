@@ -281,7 +281,7 @@ func (s *readmeStack) env() []string {
 	return append(env, "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
 }
 
-// startReadmeStack builds bin/llmq, bin/api, bin/worker and bin/ctl into a temporary directory,
+// startReadmeStack links bin/ (binDir: llmq, api, worker and ctl) into a temporary directory,
 // writes configs/local.yaml there (the repository's, on this test's stores and simulator, its key
 // files copied) and starts the simulator and llmq: `llmq serve` with serve, else an API and a
 // worker process. Everything ends and is removed when the test ends: the processes, the database,
@@ -289,13 +289,8 @@ func (s *readmeStack) env() []string {
 func startReadmeStack(t *testing.T, serve bool) *readmeStack {
 	t.Helper()
 	s := &readmeStack{dir: t.TempDir()}
-	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	build := exec.CommandContext(bctx, "go", "build", "-o", filepath.Join(s.dir, "bin")+string(filepath.Separator),
-		"github.com/llmq/llmq/cmd/llmq", "github.com/llmq/llmq/cmd/api", "github.com/llmq/llmq/cmd/worker",
-		"github.com/llmq/llmq/cmd/ctl")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	// bin/ is the programs the package's tests share (they only run them).
+	require.NoError(t, os.Symlink(binDir(t), filepath.Join(s.dir, "bin")))
 
 	// As `make run` runs it: 20 requests of burst, 10 a second.
 	sim := httptest.NewServer(llmsim.New(llmsim.Config{Capacity: 20, RefillPerSecond: 10}))

@@ -27,6 +27,7 @@ func TestStream_WorkerSIGKILLedMidStream(t *testing.T) {
 	// 40 tokens at 10 a second: an attempt streams for 4 s, so the kill, right after the first
 	// delta reached the client, lands in its middle.
 	s := newChaosStackSim(t, llmsim.Config{ReplyTokens: 40, StreamTokensPerSecond: 10})
+	s.orphanGrace = rescueOrphanGrace
 	id := s.submitOne(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"Stream, then die"}]}}`)
 	events := followWithEventSource(t, s.apiURL+"/v1/jobs/"+id+"/events")
 	require.Equal(t, "queued", nextJS(t, events).Name, "the client follows the job before it runs")
@@ -38,8 +39,8 @@ func TestStream_WorkerSIGKILLedMidStream(t *testing.T) {
 	}
 	require.NoError(t, proc.Signal(syscall.SIGKILL))
 	// The other worker rescues the orphan and runs the retry: once the dead process's asynq
-	// server entry expired (10 s), the task has looked orphaned for 15 s, and the attempt lease
-	// (15 s) is over, so the next event may take half a minute.
+	// server entry expired (10 s), the attempt lease (15 s) is over and the task has looked
+	// orphaned for rescueOrphanGrace (8 s) since, so the next event may take 25 s.
 	s.startWorker(t, nil, 0)
 	for ev := got[len(got)-1]; ev.Name != "succeeded"; {
 		ev = nextJSWithin(t, events, 60*time.Second)

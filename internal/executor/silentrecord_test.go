@@ -35,7 +35,9 @@ func TestExecutor_SilentConnectionDoesNotLoseAnOutcome(t *testing.T) {
 	t.Cleanup(pool.Close)
 	// Before the pool's close, which waits for its connections.
 	t.Cleanup(proxy.Cut)
-	store := jobs.NewStore(pool, nil)
+	// A batch's bound well under record's window (30 s), as the default (10 s) is, but shorter:
+	// the test waits it out once.
+	store := jobs.NewStoreOpts(pool, jobs.StoreOpts{BatchTimeout: 2 * time.Second})
 	var calls atomic.Int32
 	sim := llmsim.New(llmsim.Config{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -103,7 +103,8 @@ type batcher struct {
 	// idle, when set (by tests, before the batcher's first use), is called each time the batcher
 	// has sent everything and stopped.
 	idle func()
-	// timeout, when set (by tests, before the batcher's first use), replaces batchTimeout.
+	// timeout, when set (StoreOpts.BatchTimeout, or by tests before the batcher's first use),
+	// replaces batchTimeout.
 	timeout time.Duration
 
 	// resetMu guards reset, when abandonSilent last emptied the pool.

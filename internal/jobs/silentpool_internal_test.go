@@ -29,8 +29,7 @@ func TestBatcher_SilentPoolCostsOneBound(t *testing.T) {
 	// Before the pool's close, which waits for its connections: a ping still waiting on a silent
 	// one ends with it.
 	t.Cleanup(proxy.Cut)
-	s := NewStore(pool, nil)
-	s.batch.timeout = time.Second
+	s := NewStoreOpts(pool, StoreOpts{BatchTimeout: time.Second})
 	job, _, err := s.Create(ctx, cutTestParams)
 	require.NoError(t, err)
 	// The pool holds conns open connections, idle.

@@ -71,10 +71,25 @@ type Store struct {
 // NewStore returns a Store on pool. now is the clock of Prepare's job (its CreatedAt and
 // Deadline, an estimate: the rows' deadlines are on Postgres's clock); nil means time.Now.
 func NewStore(pool *pgxpool.Pool, now func() time.Time) *Store {
-	if now == nil {
-		now = time.Now
+	return NewStoreOpts(pool, StoreOpts{Now: now})
+}
+
+// StoreOpts are a Store's knobs beyond its pool; zero fields take their defaults.
+type StoreOpts struct {
+	// Now is the clock of Prepare's job (see NewStore). Default time.Now.
+	Now func() time.Time
+	// BatchTimeout bounds one batch's round trip, past which its connection may be silent (see
+	// batchTimeout). Default 10s; tests of a silent connection shorten it rather than wait.
+	BatchTimeout time.Duration
+}
+
+// NewStoreOpts returns a Store on pool with opts.
+func NewStoreOpts(pool *pgxpool.Pool, opts StoreOpts) *Store {
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
-	return &Store{pool: pool, batch: &batcher{pool: pool}, now: now, newID: uuid.NewV7, cancelPage: cancelPageSize}
+	return &Store{pool: pool, batch: &batcher{pool: pool, timeout: opts.BatchTimeout}, now: opts.Now, newID: uuid.NewV7,
+		cancelPage: cancelPageSize}
 }
 
 // Pool returns the underlying pool.

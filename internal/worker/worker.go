@@ -62,6 +62,11 @@ type Options struct {
 	// cuts them (their jobs go back to the queue), its Handoff's too. Default
 	// dispatch.DefaultShutdownTimeout; tests whose calls outlast them shorten it rather than wait.
 	ShutdownTimeout time.Duration
+	// OrphanGrace is how long the sweeper lets a job's task look orphaned (its worker process
+	// died) before it rescues the job (dispatch.SweeperConfig.OrphanGrace, which must exceed
+	// asynq's 5 s server heartbeat). Default the sweeper's, 15s; tests that kill a worker
+	// process shorten it rather than wait.
+	OrphanGrace time.Duration
 }
 
 // Worker is one worker process's moving parts.
@@ -208,7 +213,7 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 	// a Handoff: the sweeping process is whichever holds the lock.
 	w.sweeper = dispatch.NewSweeper(dispatch.SweeperConfig{
 		Store: store, Enqueuer: enq, Inspector: w.insp, Redis: w.rdb,
-		Interval: cfg.Worker.SweepInterval, FreshGrace: freshGrace, Logger: opts.Logger, Metrics: m.dispatch,
+		Interval: cfg.Worker.SweepInterval, OrphanGrace: opts.OrphanGrace, FreshGrace: freshGrace, Logger: opts.Logger, Metrics: m.dispatch,
 		LeaderGauge: m.leader.Duty("sweeper"),
 	})
 	w.maint = maintenance.New(maintenance.Config{
