@@ -121,3 +121,41 @@ func TestScanJob_ErrorsAndRowsWithoutConnection(t *testing.T) {
 	require.Equal(t, created.CreatedAt, got.CreatedAt)
 	require.JSONEq(t, string(created.Request), string(got.Request))
 }
+
+// rowFunc is a pgx.RowScanner of a func.
+type rowFunc func(pgx.Rows) error
+
+// ScanRow implements pgx.RowScanner.
+func (f rowFunc) ScanRow(rows pgx.Rows) error { return f(rows) }
+
+// TestScanJob_Allocs pins scanJob's allocations beside its statement's: the row's values that
+// pgx allocates (the strings, bytes and the fallbacks' slice: 8 for this row), the Job and one
+// jobScan. Its destinations, the values converted after the scan, the scanner and Scan's
+// argument were 10 more (20 beside the statement), on every submit, poll and transition of a
+// job.
+func TestScanJob_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops pgx's pooled buffers at random")
+	}
+	ctx, pool, s, created := scanSetup(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	byID := `SELECT ` + jobColumns + ` FROM jobs WHERE id = $1`
+	_, err = s.scanJob(conn.QueryRow(ctx, byID, created.ID)) // the connection's plans made
+	require.NoError(t, err)
+	// The floor: the statement, its row read by a scanner that reads nothing.
+	none := rowFunc(func(pgx.Rows) error { return nil })
+	floor := testing.AllocsPerRun(100, func() {
+		if err := conn.QueryRow(ctx, byID, created.ID).Scan(none); err != nil {
+			panic(err)
+		}
+	})
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := s.scanJob(conn.QueryRow(ctx, byID, created.ID)); err != nil {
+			panic(err)
+		}
+	})
+	t.Logf("scanJob: %.1f allocations, the statement alone %.1f", allocs, floor)
+	require.LessOrEqual(t, allocs, floor+8+2, "allocations of scanJob and the row's values")
+}

@@ -171,15 +171,24 @@ func (s *Store) assignID(p *CreateParams) error {
 	return nil
 }
 
-const jobColumns = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
-	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
-	result, usage, dead_reason, metadata, request, event_seq, slot_seq,
-	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by, slot_grant,
-	lease_token::text, lease_until, lane, batch_id, batch_state, priority`
+// jobColumns are a job's columns as scanJob reads them.
+const jobColumns = jobColumnsBeforeRequest + ` request,` + jobColumnsAfterRequest
 
 // jobColumnsNoRequest is jobColumns with a NULL request: for the transitions whose caller
 // already holds the body (it never changes after Create), so a large one does not travel back.
-var jobColumnsNoRequest = strings.Replace(jobColumns, " request,", " NULL::json AS request,", 1)
+// A constant, as jobColumns is, so that a statement of it is one too: made by strings.Replace at
+// start, it was concatenated at every statement's call (a submit's, a start's, a stream's read).
+const jobColumnsNoRequest = jobColumnsBeforeRequest + ` NULL::json AS request,` + jobColumnsAfterRequest
+
+// jobColumnsBeforeRequest and jobColumnsAfterRequest are jobColumns around its request.
+const (
+	jobColumnsBeforeRequest = `id::text, tenant, status, credential, idempotency_key, attempts, max_attempts,
+	timeout_ms, deadline, created_at, started_at, finished_at, next_attempt_at, last_error,
+	result, usage, dead_reason, metadata,`
+	jobColumnsAfterRequest = ` event_seq, slot_seq,
+	attempt_timeout_ms, first_byte_timeout_ms, fallbacks, credential_index, answered_by, slot_grant,
+	lease_token::text, lease_until, lane, batch_id, batch_state, priority`
+)
 
 // queryJob runs sql, a statement answering with one job's columns (scanJob), in a batch with
 // other callers' (see batcher), ordered by the job's id.
@@ -196,48 +205,66 @@ func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job
 	return job, nil
 }
 
+// jobColumnCount is how many columns jobColumns (and jobColumnsNoRequest) has.
+const jobColumnCount = 33
+
+// jobScan is what scanJob reads a row with beside its Job, in one allocation: the columns that
+// are converted into the Job's fields once read, the row's destinations, the scanner and Scan's
+// argument. As variables of their own they were 11 allocations a row, scanned on every submit,
+// poll and transition of a job (TestScanJob_Allocs).
+type jobScan struct {
+	timeoutMS              int64
+	lastErr                []byte
+	attemptMS, firstByteMS *int64
+	scanner                rowScanner
+	arg                    [1]any
+	// dest holds a job's columns and up to two columns of its statement's after them (cancel's
+	// and a tenant's offboarding's flags); more are appended.
+	dest [jobColumnCount + 2]any
+}
+
 // scanJob reads a row of jobColumns (or jobColumnsNoRequest) into a Job, and the row's columns
 // after those (when the statement answers more) into extra.
 func (s *Store) scanJob(row pgx.Row, extra ...any) (*Job, error) {
-	var j Job
-	var timeoutMS int64
-	var lastErr []byte
-	var attemptMS, firstByteMS *int64
-	// The JSON columns are read as bytes: Postgres has checked them, and pgx would check them
-	// again (json.Unmarshal) for a json.RawMessage.
-	var result, usage, metadata, request []byte
-	err := row.Scan(rowScanner{p: &s.plans, dest: append([]any{&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
-		&j.MaxAttempts, &timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
-		&j.NextAttemptAt, &lastErr, &result, &usage, &j.DeadReason, &metadata, &request,
-		&j.EventSeq, &j.SlotSeq, &attemptMS, &firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant,
-		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority}, extra...)})
+	j := new(Job)
+	sc := new(jobScan)
+	// The JSON columns are read as bytes (their fields' underlying type): Postgres has checked
+	// them, and pgx would check them again (json.Unmarshal) for a json.RawMessage.
+	sc.dest = [...]any{&j.ID, &j.Tenant, &j.Status, &j.Credential, &j.IdempotencyKey, &j.Attempts,
+		&j.MaxAttempts, &sc.timeoutMS, &j.Deadline, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
+		&j.NextAttemptAt, &sc.lastErr, (*[]byte)(&j.Result), (*[]byte)(&j.Usage), &j.DeadReason,
+		(*[]byte)(&j.Metadata), (*[]byte)(&j.Request), &j.EventSeq, &j.SlotSeq, &sc.attemptMS,
+		&sc.firstByteMS, &j.Fallbacks, &j.CredentialIndex, &j.AnsweredBy, &j.SlotGrant,
+		&j.LeaseToken, &j.LeaseUntil, &j.Lane, &j.BatchID, &j.BatchState, &j.Priority, nil, nil}
+	sc.scanner = rowScanner{p: &s.plans, dest: append(sc.dest[:jobColumnCount], extra...)}
+	sc.arg[0] = &sc.scanner
+	err := row.Scan(sc.arg[:]...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
 	if err != nil {
 		return nil, err
 	}
-	j.Result, j.Usage, j.Metadata, j.Request = result, usage, metadata, request
-	j.Timeout = Duration(time.Duration(timeoutMS) * time.Millisecond)
+	j.Timeout = Duration(time.Duration(sc.timeoutMS) * time.Millisecond)
 	if j.Status == StatusSucceeded {
 		class := string(j.Lane)
 		j.CostClass = &class
 	}
-	if attemptMS != nil {
-		d := Duration(time.Duration(*attemptMS) * time.Millisecond)
+	if sc.attemptMS != nil {
+		d := Duration(time.Duration(*sc.attemptMS) * time.Millisecond)
 		j.AttemptTimeout = &d
 	}
-	if firstByteMS != nil {
-		d := Duration(time.Duration(*firstByteMS) * time.Millisecond)
+	if sc.firstByteMS != nil {
+		d := Duration(time.Duration(*sc.firstByteMS) * time.Millisecond)
 		j.FirstByteTimeout = &d
 	}
-	if lastErr != nil {
+	if sc.lastErr != nil {
 		j.LastError = new(LastError)
-		if err := json.Unmarshal(lastErr, j.LastError); err != nil {
+		if err := json.Unmarshal(sc.lastErr, j.LastError); err != nil {
 			return nil, fmt.Errorf("decode last_error: %w", err)
 		}
 	}
-	return &j, nil
+	return j, nil
 }
 
 // Create inserts a job and its "queued" event in one transaction and returns it (when p.Admit
@@ -456,29 +483,58 @@ WITH j AS (
 SELECT ` + jobColumnsNoRequest + ` FROM j`,
 		[]any{id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
 			p.Timeout.Milliseconds(), []byte(p.Metadata), positiveMS(p.AttemptTimeout),
-			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), string(cmp.Or(p.Lane, LaneOnline)), cmp.Or(p.Priority, PriorityNormal),
-			lease, AttemptLease.Milliseconds()}
+			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), laneArg(p.Lane), priorityArg(p.Priority),
+			lease, attemptLeaseMS}
+}
+
+// attemptLeaseMS is AttemptLease in milliseconds, boxed once (insertJob's argument).
+var attemptLeaseMS any = AttemptLease.Milliseconds()
+
+// laneArg is insertJob's argument for the lane l (LaneOnline when empty): a lane's name boxed
+// from a constant (not allocated) when it is one.
+func laneArg(l Lane) any {
+	switch l {
+	case "", LaneOnline:
+		return string(LaneOnline)
+	case LaneBatch:
+		return string(LaneBatch)
+	}
+	return string(l)
+}
+
+// priorityArg is insertJob's argument for the priority p (PriorityNormal when empty), boxed
+// from a constant (not allocated) when it is one.
+func priorityArg(p Priority) any {
+	switch p {
+	case "", PriorityNormal:
+		return PriorityNormal
+	case PriorityHigh:
+		return PriorityHigh
+	case PriorityLow:
+		return PriorityLow
+	}
+	return p
 }
 
 // Get returns the job with that ID, or ErrNotFound. A malformed ID is ErrNotFound too.
 func (s *Store) Get(ctx context.Context, id string) (*Job, error) {
-	return s.get(ctx, id, jobColumns)
+	return s.get(ctx, id, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`)
 }
 
 // GetWithoutRequest is Get without the job's request (Request is nil): for a reader that sends
 // the job's state but never its body (an event stream's reads), so that a body of up to
 // api.max_body_bytes does not travel from Postgres at every read.
 func (s *Store) GetWithoutRequest(ctx context.Context, id string) (*Job, error) {
-	return s.get(ctx, id, jobColumnsNoRequest)
+	return s.get(ctx, id, `SELECT `+jobColumnsNoRequest+` FROM jobs WHERE id = $1`)
 }
 
-// get reads the job with that ID, its columns (jobColumns or jobColumnsNoRequest), or
-// ErrNotFound, for a malformed ID too.
-func (s *Store) get(ctx context.Context, id, columns string) (*Job, error) {
+// get reads the job with that ID by sql (its columns jobColumns or jobColumnsNoRequest, $1 the
+// ID), or ErrNotFound, for a malformed ID too.
+func (s *Store) get(ctx context.Context, id, sql string) (*Job, error) {
 	if !ValidID(id) {
 		return nil, ErrNotFound
 	}
-	j, err := s.queryJob(ctx, id, `SELECT `+columns+` FROM jobs WHERE id = $1`, id)
+	j, err := s.queryJob(ctx, id, sql, id)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("get job: %w", err)
 	}

@@ -2,7 +2,9 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -43,4 +45,77 @@ func TestBatcher_OwnStatementAllocs(t *testing.T) { // not parallel: testing.All
 	t.Logf("own statement: %.1f allocations, alone with the caller's context %.1f", allocs, floor)
 	// The one more is queryRow's own: the statement's batchOp.
 	require.LessOrEqual(t, allocs, floor+1, "allocations per own statement beyond its run")
+}
+
+// TestBatcher_AloneAllocs pins the allocations of a statement the batcher runs alone
+// (queryAlone) beside pgx's for its batch: the batch, its two statements and their list made
+// in one allocation (aloneBatch), lockTimeoutSQL's argument boxed once. Queued one by one, they
+// were 7.
+func TestBatcher_AloneAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops pgx's pooled buffers at random")
+	}
+	pool := pgtest.Pool(t)
+	b := &batcher{pool: pool}
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	var one int
+	scan := func(r pgx.Row) error { return r.Scan(&one) }
+	op := &batchOp{ctx: ctx, key: "k", sql: `SELECT 1`, scan: scan}
+	require.NoError(t, b.queryAlone(ctx, op)) // a connection made, and idle
+	require.Equal(t, 1, one)
+	// The floor: the same batch, made once, sent as queryAlone sends it.
+	batch := &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
+		{SQL: lockTimeoutSQL, Arguments: []any{lockTimeoutSetting}},
+		{SQL: op.sql},
+	}}
+	floor := testing.AllocsPerRun(200, func() {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			panic(err)
+		}
+		defer conn.Release()
+		br := conn.SendBatch(ctx, batch)
+		if _, err := br.Exec(); err != nil {
+			panic(err)
+		}
+		if err := scan(br.QueryRow()); err != nil {
+			panic(err)
+		}
+		if err := br.Close(); err != nil {
+			panic(err)
+		}
+	})
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := b.queryAlone(ctx, op); err != nil {
+			panic(err)
+		}
+	})
+	t.Logf("alone: %.1f allocations, its batch made once %.1f", allocs, floor)
+	require.LessOrEqual(t, allocs, floor+1, "allocations per statement run alone beyond its batch's sending")
+}
+
+// TestInsertJob_Allocs pins the allocations of a submit's insert statement (insertJob: a job
+// without a key, not started): its arguments' list and the values boxed into it that are not
+// constants (the ID, tenant, credential, request, timeout, metadata and fallbacks: 8). Its SQL
+// was concatenated at every call (jobColumnsNoRequest was a variable), and its lane, priority
+// and lease's length boxed at every call: 12.
+func TestInsertJob_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	if raceEnabled {
+		t.Skip("allocations are counted without the race detector")
+	}
+	p := CreateParams{ID: "01900000-0000-7000-8000-000000000000", Tenant: "acme", Credential: "c",
+		Request: json.RawMessage(`{"model":"m"}`), Metadata: json.RawMessage(`{}`), MaxAttempts: 3,
+		Timeout: time.Hour, Fallbacks: []string{"d"}}
+	var sql string
+	var args []any
+	allocs := testing.AllocsPerRun(200, func() {
+		sql, args = insertJob(p.ID, nil, p, nil)
+	})
+	require.Contains(t, sql, jobColumnsNoRequest)
+	require.Len(t, args, 16)
+	require.Equal(t, []any{"online", PriorityNormal}, args[12:14])
+	require.Equal(t, int64(15000), args[15])
+	t.Logf("insertJob: %.1f allocations", allocs)
+	require.LessOrEqual(t, allocs, 8.0, "allocations per insert statement")
 }
