@@ -18,7 +18,8 @@ type Delta struct {
 	Type string
 	// Index is the content block (Anthropic) or choice (OpenAI).
 	Index int
-	// ToolIndex is the OpenAI tool call index.
+	// ToolIndex is the OpenAI tool call's place in the choice's stored tool_calls
+	// (llm.Delta.ToolIndex).
 	ToolIndex int
 	// ToolID and ToolName open a tool call.
 	ToolID   string

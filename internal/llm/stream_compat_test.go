@@ -657,7 +657,9 @@ func streamedChoice(t *testing.T, events []string) map[string]json.RawMessage {
 // SGLang sends "tool_calls":null on every delta of an answer without tool calls, and its
 // non-streaming message has "tool_calls":null: the stored message has it null too. A server that
 // never sends the member has none; tool calls that came are stored as they came, whatever nulls
-// came around them.
+// came around them. Pieces that bring no call anything (no id, name nor arguments), or an empty
+// list, are no tool call: the member is null or left out as if they had not come, not an empty
+// list (which the API refuses in an assistant message sent back).
 func TestStream_OpenAINullToolCallsKept(t *testing.T) {
 	t.Parallel()
 	const env = `"id":"5c1e","object":"chat.completion.chunk","created":1738000000,"model":"qwen3-8b"`
@@ -681,6 +683,23 @@ func TestStream_OpenAINullToolCallsKept(t *testing.T) {
 			events: openAIChunks(env,
 				`[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`,
 				`[{"index":0,"delta":{"content":"Hello!"},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `,"content":"Hello!"`,
+		},
+		"NullAroundPieceThatBringsNothing": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"Hello!","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+				`[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":[{"id":"","index":0,"type":"function","function":{"name":"","arguments":""}}]},"logprobs":null,"finish_reason":"stop","matched_stop":null}]`),
+			want: `,"content":"Hello!","reasoning_content":null,"tool_calls":null`,
+		},
+		"PieceThatBringsNothing": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"Hello!","tool_calls":[{"index":0,"type":"function"}]},"logprobs":null,"finish_reason":null}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":""}}]},"logprobs":null,"finish_reason":"stop"}]`),
+			want: `,"content":"Hello!"`,
+		},
+		"EmptyList": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"role":"assistant","content":"Hello!","tool_calls":[]},"logprobs":null,"finish_reason":"stop"}]`),
 			want: `,"content":"Hello!"`,
 		},
 	} {
@@ -1041,7 +1060,8 @@ func TestStream_OpenAILaterTopLevelMembersKept(t *testing.T) {
 // at index 1, CLIProxyAPI 1, 2, 3), others index -1 (Zhipu's GLM, a Bedrock gateway). Each call
 // is stored at the next place in tool_calls, with no empty call for an index nobody used, and
 // its deltas carry that place as their tool index, as a non-streaming answer numbers its calls.
-// A piece that brings a call nothing (no id, name nor arguments) gives it no place.
+// A piece that brings a call nothing (no id, name nor arguments) gives it no place: calls take
+// places in the order they first bring something, not by the server's index.
 func TestStream_OpenAISkippedToolIndexesStoredDense(t *testing.T) {
 	t.Parallel()
 	const env = `"id":"chatcmpl-ab2d","object":"chat.completion.chunk","created":1749032296,"model":"us.anthropic.claude-3-7-sonnet"`
@@ -1088,6 +1108,14 @@ func TestStream_OpenAISkippedToolIndexesStoredDense(t *testing.T) {
 		},
 		"NegativeThenZero": {
 			events: openAIChunks(env, whole(-1, "call_a", "get_weather", `{"city":"Paris"}`),
+				whole(0, "call_b", "get_time", `{"tz":"CET"}`), finish),
+			want:       two,
+			wantDeltas: twoDeltas,
+		},
+		"PlacedInTheOrderTheyBringSomething": {
+			events: openAIChunks(env,
+				`[{"index":0,"delta":{"tool_calls":[{"index":0,"type":"function"}]}}]`,
+				whole(1, "call_a", "get_weather", `{"city":"Paris"}`),
 				whole(0, "call_b", "get_time", `{"tz":"CET"}`), finish),
 			want:       two,
 			wantDeltas: twoDeltas,

@@ -566,7 +566,8 @@ func TestReadStream_DeltaAfterItsBlockStopIsRefused(t *testing.T) {
 // server repeating members would), then renders the message: whatever a server sends, the
 // assembler neither panics nor renders what is not JSON, and what clients saw of each tool call
 // (the input_json deltas under its tool index) is the call stored at that place in the message's
-// tool_calls: its id, name and arguments; the message stores no call clients did not see.
+// tool_calls: its id, name and arguments; the message stores no call clients did not see, and
+// no empty tool_calls list.
 func FuzzOpenAIAssembler(f *testing.F) {
 	f.Add([]byte(`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi","tool_calls":null,"reasoning_content":null},"matched_stop":null,"finish_reason":null}]}`))
 	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}}]},"stop_reason":"\n","token_ids":[1,2]}]}`))
@@ -575,6 +576,7 @@ func FuzzOpenAIAssembler(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{}"}},{"index":0,"id":"b","function":{"name":"f"}}]}}],"sglext":{"a":1}}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{"}},{"index":0,"id":"b","function":{"name":"f"}},{"index":1,"function":{"arguments":"}"}},{"index":0,"id":"c","function":{"name":"g"}},{"index":0,"function":{"arguments":"x"}}]}}]}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"a","function":{"name":"f"}},{"index":3,"type":"function"},{"index":-1,"id":"b","function":{"name":"g","arguments":"{}"}},{"index":1,"function":{"arguments":"{}"}}]}}]}`))
+	f.Add([]byte(`{"choices":[{"index":0,"delta":{"content":"x","tool_calls":[{"index":0,"id":"","type":"function","function":{"arguments":""}}]}}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a := openAI{}.assembler()
 		type call struct{ id, name, args string }
@@ -619,6 +621,9 @@ func FuzzOpenAIAssembler(f *testing.F) {
 			t.Fatalf("rendered %s from %s: %v", msg, data, err)
 		}
 		for _, ch := range out.Choices {
+			if ch.Message.ToolCalls != nil && len(ch.Message.ToolCalls) == 0 {
+				t.Fatalf("choice %d stores an empty tool_calls list, from %s", ch.Index, data)
+			}
 			if a.(*openAIAssembler).choices[ch.Index].function != nil {
 				continue // the legacy function_call's deltas have no tool index of their own
 			}

@@ -82,10 +82,10 @@ type openAIChoice struct {
 	finishReason json.RawMessage
 	// nativeFinish is OpenRouter's native_finish_reason, its last non-null value; hasNative: a
 	// chunk of the choice carried the member.
-	nativeFinish  json.RawMessage
-	hasNative     bool
-	hasToolsField bool
-	// sentNullTools: a delta had "tool_calls":null; with no tool call, the message has it null.
+	nativeFinish json.RawMessage
+	hasNative    bool
+	// sentNullTools: a delta had "tool_calls":null; with no call placed (pieces that brought no
+	// call anything store none), the message has it null.
 	sentNullTools bool
 	// extras are the server's own members of the choice (SGLang's matched_stop, vLLM's
 	// stop_reason), each at its last non-null value (keepMember).
@@ -753,7 +753,6 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 		}
 	}
 	for _, tc := range d.ToolCalls {
-		ch.hasToolsField = true
 		k := ch.toolIndex(tc.Index, tc.ID, tc.Function.Name != "" || tc.Custom.name != "")
 		t := ch.tools[k]
 		if t == nil {
@@ -1063,8 +1062,8 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 		}
 		msg["reasoning_details"] = details
 	}
-	if c.hasToolsField {
-		calls := make([]map[string]any, c.placed) // a call that no piece brought anything has none
+	if c.placed > 0 { // a call that no piece brought anything has no place: no call, no empty list
+		calls := make([]map[string]any, c.placed)
 		for _, t := range c.tools {
 			if t.pos < 0 {
 				continue
