@@ -206,9 +206,11 @@ func TestSweeper_ClockSkew(t *testing.T) {
 	running := b.Create(t, jobstest.Opts{})
 	_, err := b.Store.BeginAttempt(ctx, running.ID)
 	require.NoError(t, err)
+	// The grace runs in real time from fresh's creation to the last pass, which a loaded run can
+	// spread over more than a few seconds: 20 s, under the skew (30 s) that would misdate it.
 	sweeper := func(skew time.Duration) *dispatch.Sweeper {
 		return dispatch.NewSweeper(dispatch.SweeperConfig{Store: b.Store, Enqueuer: tb.enqueuer, Inspector: tb.inspector,
-			Redis: redistest.Client(t), FreshGrace: 6 * time.Second, Now: func() time.Time { return time.Now().Add(skew) }})
+			Redis: redistest.Client(t), FreshGrace: 20 * time.Second, Now: func() time.Time { return time.Now().Add(skew) }})
 	}
 
 	n, err := sweeper(30 * time.Second).SweepOnce(ctx)

@@ -100,18 +100,26 @@ func TestMaintainer_FailOverdue(t *testing.T) {
 	inFlight := b.Create(t, jobstest.Opts{})
 	_, err = b.Store.BeginAttempt(ctx, inFlight.ID)
 	require.NoError(t, err)
+	// The lease is checked on Postgres's real clock and lasts AttemptLease (15 s), which a loaded
+	// run can spend before the last pass: it is made to outlive the test, as a call in flight
+	// renews it.
+	_, err = b.Pool.Exec(ctx, `UPDATE jobs SET lease_until = clock_timestamp() + interval '1 hour' WHERE id = $1`, inFlight.ID)
+	require.NoError(t, err)
 	later := b.Create(t, jobstest.Opts{Timeout: time.Hour})
 	require.NoError(t, b.enqueuer.Enqueue(ctx, later.ID, "", time.Time{}))
 
+	// The deadlines are on Postgres's clock, which the fake clock (made at the setup's start)
+	// lags by as long as the setup took: the passes are dated from the rows' deadlines, the
+	// first job's the earliest and the in-flight one's the latest of the four.
 	// Before the deadline, nothing is failed.
-	b.clock.Set(start.Add(59 * time.Second))
+	b.clock.Set(held.Deadline.Add(-time.Second))
 	n, err := m.FailOverdue(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n)
 
 	// Just past it, the waiting jobs are failed in one pass (two statements of two), their
 	// events written, their tasks gone, their ends counted.
-	b.clock.Set(start.Add(61 * time.Second))
+	b.clock.Set(inFlight.Deadline.Add(time.Second))
 	n, err = m.FailOverdue(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
