@@ -49,17 +49,7 @@ func TestSDK_AnthropicStream(t *testing.T) {
 
 	t.Run("SameAsNonStreaming", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, llmsim.Config{ReplyTokens: 30})
-		client := b.anthropicClient("k")
-		whole, err := client.Messages.New(t.Context(), anthropicHello)
-		require.NoError(t, err)
-		stream := client.Messages.NewStreaming(t.Context(), anthropicHello)
-		defer stream.Close()
-		var msg anthropic.Message
-		for stream.Next() {
-			require.NoError(t, msg.Accumulate(stream.Current()))
-		}
-		require.NoError(t, stream.Err())
+		whole, msg := anthropicWholeAndStreamed(t, setup(t, llmsim.Config{ReplyTokens: 30}), anthropicHello)
 		require.Equal(t, whole.Content[0].Text, msg.Content[0].Text)
 		require.Equal(t, whole.Usage.OutputTokens, msg.Usage.OutputTokens)
 		require.Equal(t, whole.StopReason, msg.StopReason)
@@ -176,9 +166,7 @@ func TestSDK_ToolStreams(t *testing.T) {
 	t.Run("Anthropic", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, llmsim.Config{})
-		params := anthropicHello
-		params.Tools = []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "record",
-			InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"reply": map[string]any{"type": "string"}}}}}}
+		params := anthropicRecordParams()
 		client := b.anthropicClient("k")
 		whole, err := client.Messages.New(t.Context(), params)
 		require.NoError(t, err)
@@ -208,8 +196,7 @@ func TestSDK_ToolStreams(t *testing.T) {
 	t.Run("OpenAI", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, llmsim.Config{})
-		params := openaiHello
-		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
+		params := openaiRecordParams()
 		client := b.openaiClient("sk-test")
 		whole, err := client.Chat.Completions.New(t.Context(), params)
 		require.NoError(t, err)
@@ -248,20 +235,7 @@ func TestSDK_ParallelToolCalls(t *testing.T) {
 
 	t.Run("Anthropic", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, llmsim.Config{ToolCalls: 2})
-		params := anthropicHello
-		params.Tools = []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "record",
-			InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"reply": map[string]any{"type": "string"}}}}}}
-		client := b.anthropicClient("k")
-		whole, err := client.Messages.New(t.Context(), params)
-		require.NoError(t, err)
-		stream := client.Messages.NewStreaming(t.Context(), params)
-		defer stream.Close()
-		var msg anthropic.Message
-		for stream.Next() {
-			require.NoError(t, msg.Accumulate(stream.Current()))
-		}
-		require.NoError(t, stream.Err())
+		whole, msg := anthropicWholeAndStreamed(t, setup(t, llmsim.Config{ToolCalls: 2}), anthropicRecordParams())
 		require.Len(t, whole.Content, 3)
 		require.Len(t, msg.Content, 3)
 		require.NotEqual(t, msg.Content[1].ID, msg.Content[2].ID)
@@ -276,8 +250,7 @@ func TestSDK_ParallelToolCalls(t *testing.T) {
 	t.Run("OpenAI", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, llmsim.Config{ToolCalls: 2})
-		params := openaiHello
-		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
+		params := openaiRecordParams()
 		client := b.openaiClient("sk-test")
 		whole, err := client.Chat.Completions.New(t.Context(), params)
 		require.NoError(t, err)
@@ -301,48 +274,28 @@ func TestSDK_ParallelToolCalls(t *testing.T) {
 
 	t.Run("OpenAIAtIndexZero", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, llmsim.Config{ToolCalls: 2, StreamToolCallsAtIndexZero: true})
-		params := openaiHello
-		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
-		stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), params)
-		defer stream.Close()
 		var ids []string
-		for stream.Next() {
-			for _, ch := range stream.Current().Choices {
-				for _, tc := range ch.Delta.ToolCalls {
-					require.Zero(t, tc.Index)
-					require.NotEmpty(t, tc.ID, "each piece is a whole call")
-					require.Equal(t, "record", tc.Function.Name)
-					require.JSONEq(t, input, tc.Function.Arguments)
-					ids = append(ids, tc.ID)
-				}
-			}
+		for _, tc := range streamedToolCalls(t, setup(t, llmsim.Config{ToolCalls: 2, StreamToolCallsAtIndexZero: true})) {
+			require.Zero(t, tc.Index)
+			require.NotEmpty(t, tc.ID, "each piece is a whole call")
+			require.Equal(t, "record", tc.Function.Name)
+			require.JSONEq(t, input, tc.Function.Arguments)
+			ids = append(ids, tc.ID)
 		}
-		require.NoError(t, stream.Err())
 		require.Len(t, ids, 2)
 		require.NotEqual(t, ids[0], ids[1])
 	})
 
 	t.Run("OpenAIFromIndexOne", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, llmsim.Config{ToolCalls: 2, StreamToolCallsFromIndex: 1})
-		params := openaiHello
-		params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
-		stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), params)
-		defer stream.Close()
 		ids, args := map[int64]string{}, map[int64]string{}
-		for stream.Next() {
-			for _, ch := range stream.Current().Choices {
-				for _, tc := range ch.Delta.ToolCalls {
-					if tc.ID != "" {
-						require.Empty(t, ids[tc.Index], "one id per index")
-						ids[tc.Index] = tc.ID
-					}
-					args[tc.Index] += tc.Function.Arguments
-				}
+		for _, tc := range streamedToolCalls(t, setup(t, llmsim.Config{ToolCalls: 2, StreamToolCallsFromIndex: 1})) {
+			if tc.ID != "" {
+				require.Empty(t, ids[tc.Index], "one id per index")
+				ids[tc.Index] = tc.ID
 			}
+			args[tc.Index] += tc.Function.Arguments
 		}
-		require.NoError(t, stream.Err())
 		require.Len(t, ids, 2)
 		require.NotEmpty(t, ids[1])
 		require.NotEmpty(t, ids[2])
@@ -350,4 +303,55 @@ func TestSDK_ParallelToolCalls(t *testing.T) {
 		require.JSONEq(t, input, args[1])
 		require.JSONEq(t, input, args[2])
 	})
+}
+
+// openaiRecordParams is openaiHello with the function tool "record", whose calls
+// Config.ToolCalls answers with.
+func openaiRecordParams() openai.ChatCompletionNewParams {
+	params := openaiHello
+	params.Tools = []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(openai.FunctionDefinitionParam{Name: "record"})}
+	return params
+}
+
+// streamedToolCalls streams openaiRecordParams from b's simulator through the OpenAI SDK and
+// returns the tool-call pieces of every chunk, in the order they came.
+func streamedToolCalls(t *testing.T, b *testBundle) []openai.ChatCompletionChunkChoiceDeltaToolCall {
+	t.Helper()
+	stream := b.openaiClient("sk-test").Chat.Completions.NewStreaming(t.Context(), openaiRecordParams())
+	defer stream.Close()
+	var pieces []openai.ChatCompletionChunkChoiceDeltaToolCall
+	for stream.Next() {
+		for _, ch := range stream.Current().Choices {
+			pieces = append(pieces, ch.Delta.ToolCalls...)
+		}
+	}
+	require.NoError(t, stream.Err())
+	return pieces
+}
+
+// anthropicRecordParams is anthropicHello with the tool "record" (its input a reply string),
+// whose calls Config.ToolCalls answers with.
+func anthropicRecordParams() anthropic.MessageNewParams {
+	params := anthropicHello
+	params.Tools = []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "record",
+		InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"reply": map[string]any{"type": "string"}}}}}}
+	return params
+}
+
+// anthropicWholeAndStreamed sends params to b's simulator through the Anthropic SDK twice, as a
+// message and as a stream, and returns the message and the one the SDK's accumulator built from
+// the stream.
+func anthropicWholeAndStreamed(t *testing.T, b *testBundle, params anthropic.MessageNewParams) (*anthropic.Message, anthropic.Message) {
+	t.Helper()
+	client := b.anthropicClient("k")
+	whole, err := client.Messages.New(t.Context(), params)
+	require.NoError(t, err)
+	stream := client.Messages.NewStreaming(t.Context(), params)
+	defer stream.Close()
+	var msg anthropic.Message
+	for stream.Next() {
+		require.NoError(t, msg.Accumulate(stream.Current()))
+	}
+	require.NoError(t, stream.Err())
+	return whole, msg
 }
