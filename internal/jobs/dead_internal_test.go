@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -81,27 +80,11 @@ SELECT 't' || g, sha256(('t' || g)::bytea), CASE WHEN g % 10 = 0 THEN now() END 
 // seqScans returns the relation of each sequential scan in an EXPLAIN (FORMAT JSON) plan.
 func seqScans(t *testing.T, plan string) []string {
 	t.Helper()
-	type node struct {
-		Type     string `json:"Node Type"`
-		Relation string `json:"Relation Name"`
-		Plans    []node `json:"Plans"`
-	}
-	var top []struct {
-		Plan node `json:"Plan"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(plan), &top))
 	var out []string
-	var walk func(n node)
-	walk = func(n node) {
+	walkPlan(t, plan, func(n planNode, _ string) {
 		if n.Type == "Seq Scan" {
 			out = append(out, n.Relation)
 		}
-		for _, c := range n.Plans {
-			walk(c)
-		}
-	}
-	for _, p := range top {
-		walk(p.Plan)
-	}
+	})
 	return out
 }

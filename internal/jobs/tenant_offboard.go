@@ -350,7 +350,10 @@ func (s *Store) queryInOrderOfIndex(ctx context.Context, sql string, args []any,
 // as RetryDead's update: joined, a planner without statistics read the table whole) and skips a
 // row locked. A canceled job's k_at is joined from cand (the cancel changes finished_at, the dead
 // walk's key): a subquery on cand for each row scanned cand each time, 500 times 250 rows a page
-// (a page of 500 took 140 ms, joined 119, on our test machine).
+// (a page of 500 took 140 ms, joined 119, on our test machine). The page's other jobs leave out
+// the canceled ones with NOT IN, which Postgres answers from a hash of c built once (ids are never
+// NULL, so it means NOT EXISTS): anti-joined with NOT EXISTS, a planner expecting one canceled job
+// rescanned c for each row of the page (125,000 rows for a page of 500, 27 ms of its 72).
 func cancelPageSQL(cand, match, key string) string {
 	return `
 WITH cand AS (` + cand + `
@@ -361,7 +364,7 @@ WITH cand AS (` + cand + `
 SELECT ` + jobColumnsNoRequest + `, true, cand.k_at FROM c JOIN cand ON cand.k_id = c.id
 UNION ALL
 SELECT ` + jobColumnsNoRequest + `, false, jobs.` + key + ` FROM jobs
-WHERE id = ANY (ARRAY(SELECT k_id FROM cand)) AND NOT EXISTS (SELECT FROM c WHERE c.id = jobs.id)`
+WHERE id = ANY (ARRAY(SELECT k_id FROM cand)) AND jobs.id NOT IN (SELECT id FROM c)`
 }
 
 // cancelUnfinishedPageSQL is CancelTenant's page: the tenant's unfinished jobs in the order of
