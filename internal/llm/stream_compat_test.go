@@ -1136,3 +1136,96 @@ func TestStream_OpenAISkippedToolIndexesStoredDense(t *testing.T) {
 		})
 	}
 }
+
+// SGLang before its serving layer was rewritten (0.4.6, the JSON tool parsers: Qwen's
+// <tool_call>, Llama's, Mistral's) sent a call's name at the index of its tool in the request's
+// tools, and the call's arguments at the call's own index (0 for every call with Qwen's parser,
+// which starts over after each call), each chunk with a new random id and the arguments' pieces
+// with an empty name. A piece that brings arguments and no name, at an index no call has, or at
+// an index whose call is not the one the last piece went to and with an id that call lacks,
+// continues the call the last piece went to, as do the later pieces of that index, until a
+// named piece there opens a call. Each call is stored once, with its name and all its arguments.
+func TestStream_OpenAINamedAtItsToolsIndexArgumentsAtItsOwn(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"27b2495d4c3a4511a5c8403f5a43db78","object":"chat.completion.chunk","created":1747280110,"model":"Qwen/Qwen3-32B"`
+	// piece is a chunk as SGLang sent it, at the server's index; it stands for the delta clients
+	// get, under the tool index pos.
+	type piece struct {
+		index, pos     int
+		id, name, args string
+	}
+	const weather, tz = `{"city": "Paris"}`, `{"tz": "CET"}`
+	for name, tc := range map[string]struct {
+		pieces []piece
+		want   string // the stored tool_calls
+	}{
+		// The request's tools are get_weather and get_time; the model calls get_time.
+		"SecondToolOnly": {
+			pieces: []piece{{1, 0, "call_kiRj2rWPTJqX3yLwcZmHew", "get_time", ""},
+				{0, 0, "call_8bQ2yv1nTfaE0o3kRZpLcA", "", `{"tz": "`}, {0, 0, "call_Yc4m1WJ7S0qu5xg2DkbN9w", "", `CET"}`}},
+			want: `[{"id":"call_Yc4m1WJ7S0qu5xg2DkbN9w","type":"function","function":{"name":"get_time","arguments":"{\"tz\": \"CET\"}"}}]`,
+		},
+		"SecondToolThenFirst": {
+			pieces: []piece{{1, 0, "r1", "get_time", ""}, {0, 0, "r2", "", tz},
+				{0, 1, "r3", "get_weather", ""}, {0, 1, "r4", "", `{"city": `}, {0, 1, "r5", "", `"Paris"}`}},
+			want: `[{"id":"r2","type":"function","function":{"name":"get_time","arguments":"{\"tz\": \"CET\"}"}},
+				{"id":"r5","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]`,
+		},
+		"FirstToolThenSecond": {
+			pieces: []piece{{0, 0, "r1", "get_weather", ""}, {0, 0, "r2", "", weather},
+				{1, 1, "r3", "get_time", ""}, {0, 1, "r4", "", `{"tz": `}, {0, 1, "r5", "", `"CET"}`}},
+			want: `[{"id":"r2","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}},
+				{"id":"r5","type":"function","function":{"name":"get_time","arguments":"{\"tz\": \"CET\"}"}}]`,
+		},
+		// Mistral's and Llama's parsers number the calls 0, 1...: the second call's arguments
+		// come at index 1, which the first call's name took.
+		"CallsNumberedTheirToolsReversed": {
+			pieces: []piece{{1, 0, "r1", "get_time", ""}, {0, 0, "r2", "", tz},
+				{0, 1, "r3", "get_weather", ""}, {1, 1, "r4", "", weather}},
+			want: `[{"id":"r2","type":"function","function":{"name":"get_time","arguments":"{\"tz\": \"CET\"}"}},
+				{"id":"r4","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]`,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var events []string
+			var want []llm.Delta
+			for _, p := range tc.pieces {
+				events = append(events, fmt.Sprintf(`[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":[{"id":%q,"index":%d,"type":"function","function":{"name":%q,"arguments":%q}}]},"logprobs":null,"finish_reason":null,"matched_stop":null}]`,
+					p.id, p.index, p.name, p.args))
+				want = append(want, llm.Delta{Type: llm.DeltaInputJSON, ToolIndex: p.pos, ToolID: p.id, ToolName: p.name, Text: p.args})
+			}
+			events = append(events, `[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":"tool_calls","matched_stop":null}]`)
+			resp, got := sendOpenAIStream(t, openAIChunks(env, events...))
+			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
+			require.Equal(t, want, got.all)
+		})
+	}
+}
+
+// LocalAI gives every tool call of a streamed answer the same id (the request's, or the
+// completion's), whether they are parallel calls or, as its streamed JSON parser sent them for a
+// while, one call emitted again at the next index, whole or in a name piece and an arguments
+// piece. The stream cannot tell the two apart: a piece at another index, named,
+// with the id of an earlier call, is another call, and each is stored as sent.
+func TestStream_OpenAISameIDAtAnotherIndexIsAnotherCall(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-3f1c","object":"chat.completion.chunk","created":1746662400,"model":"qwen3-4b"`
+	const id = "LipwoT0puK4tQY6nxW39FNRyvQ6Hrh8p"
+	piece := func(index int, name, args string) string {
+		return fmt.Sprintf(`[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":%d,"id":%q,"type":"function","function":{"name":%q,"arguments":%q}}]}}]`,
+			index, id, name, args)
+	}
+	resp, got := sendOpenAIStream(t, openAIChunks(env,
+		piece(0, "exec", `{"cmd":"ls"}`),
+		piece(1, "exec", ""), piece(1, "", `{"cmd":"pwd"}`),
+		`[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`))
+	require.JSONEq(t, `[{"id":"`+id+`","type":"function","function":{"name":"exec","arguments":"{\"cmd\":\"ls\"}"}},
+		{"id":"`+id+`","type":"function","function":{"name":"exec","arguments":"{\"cmd\":\"pwd\"}"}}]`,
+		storedToolCalls(t, resp.Body))
+	require.Equal(t, []llm.Delta{
+		{Type: llm.DeltaInputJSON, ToolIndex: 0, ToolID: id, ToolName: "exec", Text: `{"cmd":"ls"}`},
+		{Type: llm.DeltaInputJSON, ToolIndex: 1, ToolID: id, ToolName: "exec"},
+		{Type: llm.DeltaInputJSON, ToolIndex: 1, Text: `{"cmd":"pwd"}`},
+	}, got.all)
+}

@@ -172,6 +172,15 @@ func TestAssemblers_KeptCoversWhatTheyHold(t *testing.T) {
 			}
 			return ev
 		}},
+		// Arguments without a name, each at an index of its own, all continuing the one named
+		// call (SGLang sent a call's arguments at another index than its name).
+		"OpenAIArgumentsAtNewIndexes": {openAI{}.assembler, func() [][2]string {
+			ev := [][2]string{{"", `{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}}]}}]}`}}
+			for i := range n {
+				ev = append(ev, [2]string{"", fmt.Sprintf(`{"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":%d,"function":{"arguments":"x"}}]}}]}`, i+1)})
+			}
+			return ev
+		}},
 		// A top-level object merged from chunks that each bring some of its members (SGLang's
 		// sglext in ids_framed mode).
 		"OpenAILateObjectMerged": {openAI{}.assembler, func() [][2]string {

@@ -76,7 +76,8 @@ type openAIChoice struct {
 	// placed is how many calls have a place in the message (openAITool.pos).
 	placed int
 	// movedTools maps an index the server reused for another call (Ollama gives every call index
-	// 0) to the call the later pieces of that index go to; nil until one is.
+	// 0), or gave a call's arguments apart from its name (SGLang), to the call the later pieces of
+	// that index go to; nil until one is.
 	movedTools   map[int]int
 	function     *openAITool // the legacy function_call (a request with "functions")
 	finishReason json.RawMessage
@@ -753,7 +754,12 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 		}
 	}
 	for _, tc := range d.ToolCalls {
-		k := ch.toolIndex(tc.Index, tc.ID, tc.Function.Name != "" || tc.Custom.name != "")
+		moved := len(ch.movedTools)
+		k := ch.toolIndex(tc.Index, tc.ID, tc.Function.Name != "" || tc.Custom.name != "",
+			tc.Function.Arguments != "" || tc.Custom.input != "")
+		if len(ch.movedTools) > moved { // an index moved to a call: pieces at ever new indexes hold
+			a.n += entryBytes
+		}
 		t := ch.tools[k]
 		if t == nil {
 			t = &openAITool{index: -1, pos: -1}
@@ -804,19 +810,25 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 }
 
 // toolIndex returns the key in tools of the call a piece goes to (named: the piece carries a
-// piece of the call's name); not the call's place in the message (openAITool.pos). A piece with
-// an index (OpenAI and most servers) goes to the call of that index, unless it opens another
-// call there: it has an id and a name, and that call another id (Ollama gives each of parallel
-// calls index 0, whole with its own id); or that call was opened by another index's pieces. Then
-// it goes to the next free key, a new call, which the later pieces of its index go to. A piece
-// with a new id and no name continues the call (Poolside, and LiteLLM over OCI, send a call's
-// later pieces under another id than its first). Without an index (Gemini sends each of
-// parallel calls whole, with its id and no index), the call the last piece went to, unless the
-// piece has an id that call lacks (another id, or none after a piece that brought something):
-// then the next free key, a new call. Servers send a call's id on its
-// first piece, with its name, and not later but as a repeat, so an id the call did not open with
-// is the next call's.
-func (c *openAIChoice) toolIndex(index *int, id string, named bool) int {
+// piece of the call's name; args: a piece of its arguments); not the call's place in the message
+// (openAITool.pos). A piece with an index (OpenAI and most servers) goes to the call of that
+// index, unless it opens another call there: it has an id and a name, and that call another id
+// (Ollama gives each of parallel calls index 0, whole with its own id); or that call was opened
+// by another index's pieces and the piece is named. Then it goes to the next free key, a new
+// call, which the later pieces of its index go to. A piece with arguments and no name that would
+// open a call at an index no call has, or go to a call the last piece did not go to under an id
+// that call lacks, continues the call the last piece went to, if that call has a name, and so do
+// the later pieces of its index (SGLang sent a call's name at its tool's index in the request,
+// its arguments at the call's own index, each piece with a new id); a new call's first piece
+// brings its name in OpenAI's protocol and every known server, and interleaved calls' later
+// pieces come without id or with their call's. A piece with a new id and no name continues the
+// call (Poolside, and LiteLLM over OCI, send a call's later pieces under another id than its
+// first). Without an index (Gemini sends each of parallel calls whole, with its id and no
+// index), the call the last piece went to, unless the piece has an id that call lacks (another
+// id, or none after a piece that brought something): then the next free key, a new call.
+// Servers send a call's id on its first piece, with its name, and not later but as a repeat, so
+// an id the call did not open with is the next call's.
+func (c *openAIChoice) toolIndex(index *int, id string, named, args bool) int {
 	switch {
 	case index != nil:
 		k, moved := c.movedTools[*index]
@@ -824,12 +836,14 @@ func (c *openAIChoice) toolIndex(index *int, id string, named bool) int {
 			k = *index
 		}
 		t := c.tools[k]
-		if t != nil && (t.index >= 0 && t.index != *index || named && id != "" && t.id != "" && t.id != id) {
+		switch {
+		case t != nil && (t.index >= 0 && t.index != *index && (named || !moved) ||
+			named && id != "" && t.id != "" && t.id != id):
 			k = c.nextTool
-			if c.movedTools == nil {
-				c.movedTools = map[int]int{}
-			}
-			c.movedTools[*index] = k
+			c.moveIndex(*index, k)
+		case args && !named && k != c.lastTool && (t == nil || id != "" && id != t.id) && c.lastNamed():
+			k = c.lastTool
+			c.moveIndex(*index, k)
 		}
 		c.lastTool = k
 	case id != "":
@@ -838,6 +852,20 @@ func (c *openAIChoice) toolIndex(index *int, id string, named bool) int {
 		}
 	}
 	return c.lastTool
+}
+
+// moveIndex sends the later pieces of the server's index to the call of key k.
+func (c *openAIChoice) moveIndex(index, k int) {
+	if c.movedTools == nil {
+		c.movedTools = map[int]int{}
+	}
+	c.movedTools[index] = k
+}
+
+// lastNamed reports whether the call the last piece went to has a name.
+func (c *openAIChoice) lastNamed() bool {
+	t := c.tools[c.lastTool]
+	return t != nil && t.name != ""
 }
 
 // empty reports whether no piece brought the call anything: no id, name nor arguments.

@@ -413,6 +413,16 @@ func TestProvider_Stream_SimulatorToolCallsFromIndexOne(t *testing.T) {
 	requireSimulatorCallsApart(t, llmsim.Config{ToolCalls: 3, StreamToolCallsFromIndex: 1})
 }
 
+// TestProvider_Stream_SimulatorToolNamesAtAnotherIndex proves against the simulator that tool
+// calls whose names a server streams at one index and whose arguments at another, each piece
+// under an id of its own (llmsim's StreamToolNamesAtIndex, as SGLang 0.4.6 sent them), are
+// stored as the calls a non-streaming answer carries, each with its name and its arguments, and
+// reach clients under the tool index of their place in the stored calls.
+func TestProvider_Stream_SimulatorToolNamesAtAnotherIndex(t *testing.T) {
+	t.Parallel()
+	requireSimulatorCallsApart(t, llmsim.Config{ToolCalls: 3, StreamToolNamesAtIndex: 1})
+}
+
 // requireSimulatorCallsApart streams an answer with cfg.ToolCalls calls from the simulator
 // configured with cfg, and requires the calls stored as the non-streaming answer carries them,
 // each call's deltas under the tool index of its place in them, opened with its id.

@@ -67,6 +67,13 @@ type Config struct {
 	// content blocks do after a text block (LiteLLM over Bedrock, CLIProxyAPI). 0 (the default)
 	// numbers them from 0, as the API does. StreamToolCallsAtIndexZero overrides it.
 	StreamToolCallsFromIndex int
+	// StreamToolNamesAtIndex, when more than 0, streams each OpenAI tool call's name at that index
+	// and its arguments at index 0, every piece under an id of its own and the arguments' pieces
+	// with an empty name, as SGLang 0.4.6 sent them (a call's name at the index of its tool in the
+	// request's tools, its arguments at the call's own index, 0 for each with Qwen's parser). 0
+	// (the default) streams a call's pieces at one index, as the API does. It overrides
+	// StreamToolCallsFromIndex; StreamToolCallsAtIndexZero overrides it.
+	StreamToolNamesAtIndex int
 	// Latency is how long every answer that passed the bucket waits before it
 	// is written. Default 0. The wait ends early if the client goes away.
 	Latency time.Duration
@@ -119,6 +126,8 @@ func (c Config) Validate() error {
 		return errors.New("context_tokens: must not be negative")
 	case c.ToolCalls < 0:
 		return errors.New("tool_calls: must not be negative")
+	case c.StreamToolNamesAtIndex < 0:
+		return errors.New("stream_tool_names_at_index: must not be negative")
 	}
 	if _, err := newTokenLimits(c); err != nil {
 		return err

@@ -300,7 +300,8 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 	if req.streamRequest {
 		a.stream = &streamAnswer{p: p, r: rep, includeUsage: req.includeUsage, interval: s.tokenInterval(),
 			toolWhole: s.cfg.StreamToolInputWhole, toolsAtZero: s.cfg.StreamToolCallsAtIndexZero,
-			toolsFrom: s.cfg.StreamToolCallsFromIndex, fail: s.streamFault()}
+			toolsFrom: s.cfg.StreamToolCallsFromIndex, namesAt: s.cfg.StreamToolNamesAtIndex,
+			fail: s.streamFault()}
 	} else {
 		a.body = p.successBody(rep)
 	}

@@ -20,6 +20,7 @@ type streamAnswer struct {
 	toolWhole    bool          // Config.StreamToolInputWhole
 	toolsAtZero  bool          // Config.StreamToolCallsAtIndexZero
 	toolsFrom    int           // Config.StreamToolCallsFromIndex
+	namesAt      int           // Config.StreamToolNamesAtIndex
 	// fail, when set, is the fault that ends this stream early.
 	fail *streamFault
 }
@@ -271,6 +272,12 @@ func (o openAIStreamer) close(sw streamWriter, s *streamAnswer) error {
 		if s.toolsAtZero {
 			i = 0
 		}
+		if s.namesAt > 0 && !s.toolsAtZero {
+			if err := o.toolApart(sw, s, t); err != nil {
+				return err
+			}
+			continue
+		}
 		first := map[string]any{"tool_calls": []any{map[string]any{"index": i, "id": t.id, "type": "function",
 			"function": map[string]string{"name": t.name, "arguments": args}}}}
 		if err := sw.event("", o.chunk(s, first, nil, nil)); err != nil {
@@ -295,6 +302,28 @@ func (o openAIStreamer) close(sw streamWriter, s *streamAnswer) error {
 		}
 	}
 	return sw.event("", []byte("[DONE]"))
+}
+
+// toolApart streams the call t as Config.StreamToolNamesAtIndex says: its name at that index,
+// then its arguments (in pieces, or whole with Config.StreamToolInputWhole) at index 0, each
+// piece under the call's id with a number of its own.
+func (o openAIStreamer) toolApart(sw streamWriter, s *streamAnswer, t toolCall) error {
+	pieces := splitPieces(t.input, 8)
+	if s.toolWhole {
+		pieces = []string{t.input}
+	}
+	for n, piece := range append([]string{""}, pieces...) {
+		index, name := 0, ""
+		if n == 0 {
+			index, name = s.namesAt, t.name
+		}
+		d := map[string]any{"tool_calls": []any{map[string]any{"index": index, "id": fmt.Sprintf("%s_%d", t.id, n),
+			"type": "function", "function": map[string]string{"name": name, "arguments": piece}}}}
+		if err := sw.event("", o.chunk(s, d, nil, nil)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (openAIStreamer) fail(sw streamWriter, _ *streamAnswer) error {

@@ -1,0 +1,84 @@
+package llmsim_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/llmsim"
+)
+
+// TestServer_StreamToolNamesAtIndex: with Config.StreamToolNamesAtIndex, each OpenAI tool call's
+// name comes at that index and its arguments at index 0 with an empty name, every piece under an
+// id no other piece has, as SGLang 0.4.6 sent them; a call's arguments, joined, are its input.
+func TestServer_StreamToolNamesAtIndex(t *testing.T) {
+	t.Parallel()
+	const input = `{"reply":"llmsim reply to: hi"}`
+	for name, cfg := range map[string]llmsim.Config{
+		"Pieces": {ToolCalls: 2, StreamToolNamesAtIndex: 1},
+		"Whole":  {ToolCalls: 2, StreamToolNamesAtIndex: 1, StreamToolInputWhole: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, cfg)
+			r := b.openai(t, "k", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],`+
+				`"tools":[{"type":"function","function":{"name":"record"}}]}`)
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			ids := map[string]bool{}
+			var args []string // per call, joined
+			sc := bufio.NewScanner(bytes.NewReader(r.body))
+			for sc.Scan() {
+				data, ok := strings.CutPrefix(sc.Text(), "data: ")
+				if !ok || data == "[DONE]" {
+					continue
+				}
+				var chunk struct {
+					Choices []struct {
+						Delta struct {
+							ToolCalls []struct {
+								Index    int    `json:"index"`
+								ID       string `json:"id"`
+								Function struct{ Name, Arguments string }
+							} `json:"tool_calls"`
+						} `json:"delta"`
+					} `json:"choices"`
+				}
+				require.NoError(t, json.Unmarshal([]byte(data), &chunk))
+				for _, ch := range chunk.Choices {
+					for _, tc := range ch.Delta.ToolCalls {
+						require.NotEmpty(t, tc.ID)
+						require.False(t, ids[tc.ID], "id %s on two pieces", tc.ID)
+						ids[tc.ID] = true
+						if tc.Function.Name != "" {
+							require.Equal(t, "record", tc.Function.Name)
+							require.Equal(t, 1, tc.Index, "a name at the index of StreamToolNamesAtIndex")
+							require.Empty(t, tc.Function.Arguments)
+							args = append(args, "")
+							continue
+						}
+						require.Zero(t, tc.Index, "arguments at index 0")
+						require.NotEmpty(t, args, "arguments after a name")
+						args[len(args)-1] += tc.Function.Arguments
+					}
+				}
+			}
+			require.NoError(t, sc.Err())
+			require.Len(t, args, 2)
+			for _, a := range args {
+				require.JSONEq(t, input, a)
+			}
+		})
+	}
+}
+
+// TestConfig_StreamToolNamesAtIndexNotNegative: a negative StreamToolNamesAtIndex is refused.
+func TestConfig_StreamToolNamesAtIndexNotNegative(t *testing.T) {
+	t.Parallel()
+	require.EqualError(t, llmsim.Config{StreamToolNamesAtIndex: -1}.Validate(),
+		"stream_tool_names_at_index: must not be negative")
+}
