@@ -42,6 +42,7 @@ const wokenSleep = 200 * time.Microsecond
 
 // maxHold caps one hold below the Redis client's read timeout (asynq's default 3s), which bounds
 // a blocking command's reply too: with a longer poll interval an idle worker asks every maxHold.
+// (wakeHook.maxHold; tests whose client has no read timeout lift it.)
 const maxHold = 2 * time.Second
 
 // wakeKey is the wake set of the llmq queue named base: under the main asynq queue's keys (its
@@ -68,6 +69,7 @@ type wakeHook struct {
 	base    string
 	queues  []queueKeys
 	poll    time.Duration
+	maxHold time.Duration // caps a hold: the constant maxHold
 	float64 func() float64
 	metrics *Metrics
 	log     *slog.Logger
@@ -111,7 +113,7 @@ func newWakeHook(rdb redis.UniversalClient, base string, poll time.Duration, m *
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &wakeHook{rdb: rdb, base: base, poll: poll, float64: rand.Float64, metrics: m, log: log, empty: map[string]bool{},
+	h := &wakeHook{rdb: rdb, base: base, poll: poll, maxHold: maxHold, float64: rand.Float64, metrics: m, log: log, empty: map[string]bool{},
 		maxAge: prefetchMaxAge}
 	for _, q := range NewQueues(base).All() {
 		p := "asynq:{" + q + "}:"
@@ -222,7 +224,7 @@ func (h *wakeHook) found(q string, err error) bool {
 // time passed: then every queue is asked again before the next hold).
 func (h *wakeHook) hold(ctx context.Context) string {
 	h.holds.Add(1)
-	d := min(h.poll/2+time.Duration(h.float64()*float64(h.poll)), maxHold)
+	d := min(h.poll/2+time.Duration(h.float64()*float64(h.poll)), h.maxHold)
 	start := time.Now()
 	popped, err := h.rdb.Do(ctx, "bzpopmin", wakeKey(h.base), strconv.FormatFloat(d.Seconds(), 'f', 6, 64)).Slice()
 	h.mu.Lock()

@@ -35,11 +35,29 @@ func newWakeRig(t *testing.T, url string, poll time.Duration) *wakeRig {
 	return r
 }
 
+// heldPoll is the poll interval of newHeldRig's server: far beyond any test's deadline, so that
+// a delivery within it can only have been woken for.
+const heldPoll = time.Hour
+
+// newHeldRig is newWakeRig whose holds last heldPoll (not capped at maxHold, on a Redis client
+// without a read timeout): a task delivered before the test's deadline ended a hold by a
+// wake-up, whatever the machine's speed.
+func newHeldRig(t *testing.T, url string) *wakeRig {
+	t.Helper()
+	r := newIdleWakeRig(t, url, heldPoll, 2)
+	r.srv.hook.maxHold = heldPoll
+	r.start(t)
+	return r
+}
+
 // newIdleWakeRig is newWakeRig with concurrency delivery slots, not started yet.
 func newIdleWakeRig(t *testing.T, url string, poll time.Duration, concurrency int) *wakeRig {
 	t.Helper()
 	opt, err := RedisConnOpt(url)
 	require.NoError(t, err)
+	if poll > maxHold {
+		opt = withoutReadTimeout(opt) // a hold (newHeldRig) lasts longer than a read may
+	}
 	r := &wakeRig{queue: redistest.Queue(t, url), client: asynq.NewClient(opt), rdb: redistest.ClientOf(t, url),
 		delivered: make(chan string, 64)}
 	t.Cleanup(func() { require.NoError(t, r.client.Close()) })
@@ -51,11 +69,49 @@ func newIdleWakeRig(t *testing.T, url string, poll time.Duration, concurrency in
 	return r
 }
 
-// start starts the rig's server.
+// withoutReadTimeout returns opt whose client waits for a reply as long as it takes.
+func withoutReadTimeout(opt asynq.RedisConnOpt) asynq.RedisConnOpt {
+	switch o := opt.(type) {
+	case asynq.RedisClientOpt:
+		o.ReadTimeout = -1
+		return o
+	case asynq.RedisClusterClientOpt:
+		o.ReadTimeout = -1
+		return o
+	}
+	return opt
+}
+
+// start starts the rig's server, shut down when the test ends.
 func (r *wakeRig) start(t *testing.T) {
 	t.Helper()
 	require.NoError(t, r.srv.Start(Mux(r, r.enq)))
-	t.Cleanup(r.srv.Shutdown)
+	t.Cleanup(func() { r.shutdown(t) })
+}
+
+// shutdown shuts the server down, waking it meanwhile: asynq's shutdown waits for the hold under
+// way to end, and a hold that nobody wakes lasts its poll interval (an hour for newHeldRig).
+func (r *wakeRig) shutdown(t *testing.T) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.srv.Shutdown()
+	}()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+			wake(context.Background(), r.rdb, r.queue, r.queue)
+		case <-deadline.C:
+			t.Error("the server's shutdown did not end within a minute")
+			return
+		}
+	}
 }
 
 // waitsEndedBy reads llmq_worker_idle_waits_total{ended}.
@@ -76,59 +132,59 @@ func (r *wakeRig) Process(ctx context.Context, d Delivery) error {
 // when (checked every millisecond).
 func (r *wakeRig) holdBegun(t *testing.T, n int64) time.Time {
 	t.Helper()
-	require.Eventually(t, func() bool { return r.srv.hook.holds.Load() > n }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return r.srv.hook.holds.Load() > n }, 30*time.Second, time.Millisecond,
 		"an idle server holds its empty dequeue (asynq's dequeue recognized)")
 	return time.Now()
 }
 
-// next returns the next delivery's job ID, failing after 5s.
+// next returns the next delivery's job ID, failing after 30s.
 func (r *wakeRig) next(t *testing.T) string {
 	t.Helper()
 	select {
 	case id := <-r.delivered:
 		return id
-	case <-time.After(5 * time.Second):
-		t.Fatal("no delivery within 5s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery within 30s")
 		return ""
 	}
 }
 
 // TestServer_AWakeUpEndsTheHold: an idle server holds its empty dequeue for its poll interval
-// (3s here); a task enqueued due now, on the main or the low queue, is delivered well before
-// that, and a token ended the hold. On a Redis Cluster too (the wake set and the queue's keys
-// share a slot).
+// (an hour here); a task enqueued due now, on the main or the low queue, is delivered before the
+// test's deadline, and a token ended the hold. On a Redis Cluster too (the wake set and the
+// queue's keys share a slot).
 func TestServer_AWakeUpEndsTheHold(t *testing.T) {
 	t.Parallel()
 	redistest.OnEach(t, func(t *testing.T, target redistest.Target) {
-		const poll = 3 * time.Second // a hold lasts poll/2 at the least: room for a loaded machine
-		r := newWakeRig(t, target.URL, poll)
+		r := newHeldRig(t, target.URL)
+		var held int64 // the holds begun before the one the next task is enqueued in
 		for i, p := range []jobs.Priority{jobs.PriorityNormal, jobs.PriorityLow} {
-			holds, wakes := r.srv.hook.holds.Load(), r.waitsEndedBy(waitEndedByWakeUp)
-			begun := r.holdBegun(t, holds)
+			wakes := r.waitsEndedBy(waitEndedByWakeUp)
+			r.holdBegun(t, held)
+			held = r.srv.hook.holds.Load() // the hold under way: the next begins after a wake-up
 			id := "job-" + string(p) + redistest.Rand()
 			require.NoError(t, r.enq.Enqueue(t.Context(), id, p, time.Time{}))
-			require.Equal(t, id, r.next(t), "delivery %d", i)
-			require.Less(t, time.Since(begun), poll/2, "%s: delivered long before the hold's time", p)
+			require.Equal(t, id, r.next(t), "delivery %d: long before the hold's time", i)
 			require.Equal(t, wakes+1, r.waitsEndedBy(waitEndedByWakeUp), "%s: a wake-up ended the hold", p)
+			require.Zero(t, r.waitsEndedBy(waitEndedByPoll), "%s: no hold lasted its time", p)
 		}
 	})
 }
 
 // TestServer_AForwardedTaskWakesTheServer: a task enqueued for later (no wake-up at the enqueue)
 // is moved to pending by asynq's forwarder when its time comes, and the server is woken for it
-// instead of finding it at the end of its hold.
+// instead of finding it at the end of its hold (an hour).
 func TestServer_AForwardedTaskWakesTheServer(t *testing.T) {
 	t.Parallel()
-	const poll = 3 * time.Second // a hold lasts poll/2 at the least: room for a loaded machine
-	r := newWakeRig(t, redistest.URL(), poll)
-	begun := r.holdBegun(t, 0)
+	r := newHeldRig(t, redistest.URL())
+	r.holdBegun(t, 0)
 	require.NoError(t, r.enq.Enqueue(t.Context(), "later", jobs.PriorityNormal, time.Now().Add(10*time.Millisecond)))
 	members, err := r.rdb.ZRange(t.Context(), wakeKey(r.queue), 0, -1).Result()
 	require.NoError(t, err)
 	require.Empty(t, members, "a task for later wakes nobody at its enqueue")
-	require.Equal(t, "later", r.next(t))
-	require.Less(t, time.Since(begun), poll/2+100*time.Millisecond, "delivered long before the hold's time")
+	require.Equal(t, "later", r.next(t), "delivered long before the hold's time")
 	require.Equal(t, 1.0, r.waitsEndedBy(waitEndedByWakeUp), "the forwarder's move woke the server")
+	require.Zero(t, r.waitsEndedBy(waitEndedByPoll), "no hold lasted its time")
 }
 
 // TestServer_PollsForWhatNobodyWokeItFor: a task enqueued without a wake-up (an Enqueuer without

@@ -80,6 +80,8 @@ type testBundle struct {
 	workerMetrics *prometheus.Registry
 	// workerShutdown is setupOpts.workerShutdown, for every worker startWorker starts.
 	workerShutdown time.Duration
+	// leaseRenewal is setupOpts.leaseRenewal, for every worker startWorker starts.
+	leaseRenewal time.Duration
 }
 
 type setupOpts struct {
@@ -109,6 +111,11 @@ type setupOpts struct {
 	// (worker.Options.ShutdownTimeout): a test that leaves a long call running shortens it
 	// rather than wait for the call. Default 10s.
 	workerShutdown time.Duration
+	// leaseRenewal is how often a worker's running attempt renews its job's lease
+	// (worker.Options.LeaseRenewInterval), a renewal that finds the job canceled stopping the
+	// call too: a test that must see the cancel itself stop the call sets it beyond its
+	// deadline. Default a third of jobs.AttemptLease.
+	leaseRenewal time.Duration
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -157,7 +164,8 @@ alerts: { webhook_url: %q }
 	require.NoError(t, err)
 
 	b := &testBundle{cfg: cfg, sim: sim, backup: backup, simURL: simSrv.URL, dbURL: dbURL, redisURL: redisURL,
-		prefix: redistest.PrefixOn(t, redisURL), ctx: ctx, pg: proxy, workerShutdown: o.workerShutdown}
+		prefix: redistest.PrefixOn(t, redisURL), ctx: ctx, pg: proxy, workerShutdown: o.workerShutdown,
+		leaseRenewal: o.leaseRenewal}
 	pool, err := openPool(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -182,7 +190,7 @@ func (b *testBundle) startWorker(t *testing.T) {
 	require.NoError(t, err)
 	b.workerMetrics = prometheus.NewRegistry()
 	w, err := worker.New(b.ctx, b.cfg, pool, worker.Options{Registerer: b.workerMetrics, RedisPrefix: b.prefix,
-		ShutdownTimeout: b.workerShutdown})
+		ShutdownTimeout: b.workerShutdown, LeaseRenewInterval: b.leaseRenewal})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)

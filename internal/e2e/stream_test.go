@@ -226,13 +226,17 @@ func idsOf(evs []jsEvent) []string {
 	return out
 }
 
-// TestStream_CancelStopsTheStreamingCall proves that DELETE stops a streaming call at once:
-// the provider's stream (100 tokens at 5 per second) is abandoned after its first deltas, the
-// job ends canceled without a result, and the client's stream ends with the canceled event.
+// TestStream_CancelStopsTheStreamingCall proves that DELETE stops a streaming call: the
+// provider's stream (18,000 tokens at 5 per second, an hour) is abandoned after its first
+// deltas, the job ends canceled without a result, and the client's stream ends with the
+// canceled event.
 func TestStream_CancelStopsTheStreamingCall(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{sim: llmsim.Config{ReplyTokens: 100, StreamTokensPerSecond: 5}})
-	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"slowly"}]}}`)
+	// The stream lasts an hour and the attempt's lease is renewed once an hour (a renewal that
+	// finds the job canceled stops the call too): only the cancel ends the call within the
+	// test's deadline.
+	b := setup(t, setupOpts{sim: llmsim.Config{ReplyTokens: 18000, StreamTokensPerSecond: 5}, leaseRenewal: time.Hour})
+	id := b.submit(t, `{"request":{"model":"m","max_tokens":18000,"stream":true,"messages":[{"role":"user","content":"slowly"}]}}`)
 	unlinkDeltasAtEnd(t, b.redisURL, id)
 	s := openEvents(t, b.apiURL, id, "0")
 	for {
@@ -242,14 +246,10 @@ func TestStream_CancelStopsTheStreamingCall(t *testing.T) {
 			break
 		}
 	}
-	start := time.Now()
 	r := b.do(t, http.MethodDelete, "/v1/jobs/"+id, "", nil)
 	require.Equal(t, http.StatusOK, r.status, "body %v", r.body)
-	// 10 s: room for a loaded machine's cancel (its Postgres stage, the worker's abort), still
-	// half of the 20 s the stream would take to its end.
-	require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 0 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 0 }, 30*time.Second, time.Millisecond,
 		"the provider's stream is abandoned")
-	require.Less(t, time.Since(start), 10*time.Second, "at once, not after the 20 s the stream would take")
 
 	rest := s.rest(t)
 	last := rest[len(rest)-1]

@@ -115,6 +115,11 @@ type Config struct {
 	// reports once per credential (unconfiguredAlertInterval). Other dead letters are logged one
 	// line each. Default DefaultUnconfiguredLogInterval.
 	UnconfiguredLogInterval time.Duration
+	// LeaseRenewInterval is how often a running attempt renews its lease (jobs.Store.RenewLease),
+	// a renewal that finds the job moved on (canceled, or taken over) stopping the call. Default
+	// DefaultLeaseRenewInterval; tests that must tell a cancel's abort from a renewal's set it
+	// beyond their deadline.
+	LeaseRenewInterval time.Duration
 }
 
 // DefaultUnconfiguredLogInterval is Config.UnconfiguredLogInterval's default.
@@ -123,6 +128,10 @@ const DefaultUnconfiguredLogInterval = time.Minute
 // DefaultStoreTimeout is Config.StoreTimeout's default: far above what one row's statement
 // takes on a healthy Postgres, even behind a short lock.
 const DefaultStoreTimeout = 30 * time.Second
+
+// DefaultLeaseRenewInterval is Config.LeaseRenewInterval's default: a third of
+// jobs.AttemptLease, so that two renewals may fail before the lease ends.
+const DefaultLeaseRenewInterval = jobs.AttemptLease / 3
 
 // DefaultMaxInlineWait is Config.MaxInlineWait's default.
 const DefaultMaxInlineWait = 3 * time.Second
@@ -140,8 +149,8 @@ const (
 type Executor struct {
 	cfg     Config
 	backlog *backlogGate
-	// renewEvery is how often a held attempt lease is renewed (keepLease): a third of
-	// jobs.AttemptLease, so that two renewals may fail before it ends.
+	// renewEvery is how often a held attempt lease is renewed (keepLease):
+	// Config.LeaseRenewInterval.
 	renewEvery time.Duration
 	// started is when New ran, on Config.Now: a job created after it whose credential the
 	// config lacks was accepted by a process of a newer config (see newerConfigMayKnow).
@@ -177,6 +186,9 @@ func New(cfg Config) *Executor {
 	if cfg.UnconfiguredLogInterval <= 0 {
 		cfg.UnconfiguredLogInterval = DefaultUnconfiguredLogInterval
 	}
+	if cfg.LeaseRenewInterval <= 0 {
+		cfg.LeaseRenewInterval = DefaultLeaseRenewInterval
+	}
 	for name, u := range cfg.Upstreams {
 		if u.AttemptTimeout == 0 {
 			u.AttemptTimeout = 5 * time.Minute
@@ -185,7 +197,7 @@ func New(cfg Config) *Executor {
 	}
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
 	e := &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps),
-		renewEvery: jobs.AttemptLease / 3, started: cfg.Now()}
+		renewEvery: cfg.LeaseRenewInterval, started: cfg.Now()}
 	e.unconfiguredLog = logthrottle.New(&logthrottle.Config{Every: cfg.UnconfiguredLogInterval,
 		Now: cfg.Now, Report: e.unconfiguredSuppressed})
 	return e

@@ -67,6 +67,10 @@ type Options struct {
 	// asynq's 5 s server heartbeat). Default the sweeper's, 15s; tests that kill a worker
 	// process shorten it rather than wait.
 	OrphanGrace time.Duration
+	// LeaseRenewInterval is how often a running attempt renews its job's lease
+	// (executor.Config.LeaseRenewInterval). Default executor.DefaultLeaseRenewInterval; tests
+	// that must tell a cancel's abort from a renewal's set it beyond their deadline.
+	LeaseRenewInterval time.Duration
 }
 
 // Worker is one worker process's moving parts.
@@ -199,7 +203,8 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 		// per job, so tests stay apart by job ID.
 		Deltas: deltastream.New(deltastream.Config{Redis: w.rdb, Logger: opts.Logger,
 			MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL, Spacing: cfg.Streaming.DeltaSpacing}),
-		BacklogSteps: cfg.Worker.BacklogSteps,
+		BacklogSteps:       cfg.Worker.BacklogSteps,
+		LeaseRenewInterval: opts.LeaseRenewInterval,
 	})
 	w.client = asynq.NewClient(w.redis)
 	w.insp = asynq.NewInspector(w.redis)
