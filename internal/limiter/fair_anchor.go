@@ -13,10 +13,11 @@ import (
 // after the burst counts the provider's refill from when they left, not from their grants (see
 // AttemptOptions.ReportSend). Call it just before sending, once per slot. It returns how much
 // later the schedule moved (0 until the burst's last report), or an error when Redis fails (the
-// slots after the burst then wait a second before going on their own).
+// slots after the burst then wait a second before going on their own). A report sent again after
+// its reply was lost (go-redis's retry on a failed connection) counts once.
 func (c *Gate) Sent(ctx context.Context, period int64) (time.Duration, error) {
 	var a redisscript.Args // the arguments formatted into one buffer
-	d, err := sentScript.Run(ctx, c.l.rdb, c.keys.rateToken, a.Now(c.l.cfg.Now), a.Int(period)).Int64()
+	d, err := sentScript.Run(ctx, c.l.rdb, c.keys.rateToken, a.NowCall(c.l.cfg.Now, c.l.calls), a.Int(period)).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("report send: %w", err)
 	}

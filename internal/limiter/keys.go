@@ -7,10 +7,11 @@ package limiter
 func rateKey(prefix, tag string) string { return prefix + tag + ":rl" }
 
 // The rate hash's name, ":call:" and a call's id holds a granted probe's reply (cmsgpack), or
-// that of the last slot lent while the rate is unknown, for redisscript.CallKeep: the client
-// sends a call again when its reply was lost with the connection (go-redis retries on a
-// connection error, after Redis may have run the script), and the retry must get the grant, not
-// find it out (see reserveScript, which names the key).
+// that of the last slot lent while the rate is unknown, or what a burst slot's send report that
+// counted moved the schedule by (µs), for redisscript.CallKeep: the client sends a call again
+// when its reply was lost with the connection (go-redis retries on a connection error, after
+// Redis may have run the script), and the retry must get the grant, not find it out, and must not
+// count a send twice (see reserveScript and sentScript, which name the key).
 
 // budgetKey holds the retry budget's per-bucket counters (a hash). It expires one window after the
 // last attempt.

@@ -134,7 +134,7 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 	calls := []redisscript.Call{{
 		Script: observeScript,
 		Keys:   c.keys.rateOnly,
-		Args: []any{a.Now(cfg.Now), a.Int(int64(status)), a.Int(int64(hdr)), a.Int(int64(o.Limit)),
+		Args: []any{a.NowCall(cfg.Now, l.calls), a.Int(int64(status)), a.Int(int64(hdr)), a.Int(int64(o.Limit)),
 			a.Int(int64(o.Remaining)), a.Int(max(micros(dtMax), 0)), a.Int(micros(dtMin)),
 			ra, l.args.learnTTL, l.args.rateDecrease, a.Int(o.Seq), l.args.learnTTL, asked, applied,
 			a.Int(micros(o.SentAt.Sub(now)))},

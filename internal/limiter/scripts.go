@@ -249,7 +249,7 @@ local function reply(granted, send, probe, rate, burst, source, gseq)
   end
   local r = {granted, send, now, probe, fmt(rate), burst, source, gseq or 0, TG, TLIM, AREPORT, BGEN}
   if granted == 1 and (probe == 1 or KEEPLENT) and callkey ~= nil then
-    redis.call('SET', callkey, cmsgpack.pack(r), 'PX', ` + strconv.FormatInt(redisscript.CallKeep.Milliseconds(), 10) + `)
+    redis.call('SET', callkey, cmsgpack.pack(r), 'PX', ` + callKeepMS + `)
   end
   return r
 end
@@ -437,9 +437,11 @@ return reply(1, send, 0, rate, burst, source, grant(send))
 // the learn TTL is ignored), av/avs (the provider surely held av requests when seq was avs),
 // cap/capt/capa (ceiling on the rate after a 429, until when and since when, µs), nohdr (last success without
 // rate-limit headers, µs), nb (not before, µs) and why: nbat (when the 429 that set it was
-// observed, µs), nbra and nbap (the wait it asked for and the wait applied, capped, µs). Deletes
-// pr: the probe has its answer.
-// ARGV[1] now µs, or ""
+// observed, µs), nbra and nbap (the wait it asked for and the wait applied, capped, µs), capid
+// (the call that made the cut in force). Deletes pr: the probe has its answer.
+// ARGV[1] now µs, or ""; then, after a space, the call's id (redisscript.CallIDs; absent: none):
+// go-redis sends a call again when its reply was lost with the connection, and a retry of the
+// call that cut the rate (capid) does not cut it again
 // ARGV[2] status code
 // ARGV[3] headers known 0|1
 // ARGV[4] limit
@@ -457,7 +459,8 @@ return reply(1, send, 0, rate, burst, source, grant(send))
 // Returns {limit, rate (string)}.
 var observeScript = redisscript.NewScript(luaCommon + `
 local key = KEYS[1]
-local now = clock(ARGV[1])
+local nowarg, callid = string.match(ARGV[1], '^([^ ]*) ?(.*)$')
+local now = clock(nowarg)
 local status, hdr = tonumber(ARGV[2]), tonumber(ARGV[3])
 local newL, rem = tonumber(ARGV[4]), tonumber(ARGV[5])
 local dtmax, dtmin = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -466,19 +469,19 @@ local oseq = tonumber(ARGV[11])
 
 redis.call('HDEL', key, 'pr')
 local s = redis.call('HMGET', key, 'L', 'lo', 'hi', 'lupd', 'av', 'avs', 'nb', 'tat', 'seq', 'cap',
-  'capt', 'capa')
+  'capt', 'capa', 'capid')
 local L, lo, hi, lupd, av, avs = num(s[1]), num(s[2]), num(s[3]), num(s[4]), num(s[5]), num(s[6])
 local nb, tat, seq, cap, capt = num(s[7]) or 0, num(s[8]), num(s[9]) or 0, num(s[10]), num(s[11])
-local capa = num(s[12])
+local capa, capid = num(s[12]), s[13]
 if lupd == nil or now - lupd > learnttl then
   L, lo, hi, av, avs, cap = nil, nil, nil, nil, nil, nil
-  redis.call('HDEL', key, 'cap', 'capt', 'capa')
+  redis.call('HDEL', key, 'cap', 'capt', 'capa', 'capid')
 end
 
 if hdr == 1 and newL > 0 then
   if L ~= nil and newL ~= L then
     lo, hi, cap = nil, nil, nil
-    redis.call('HDEL', key, 'cap', 'capt', 'capa')
+    redis.call('HDEL', key, 'cap', 'capt', 'capa', 'capid')
   end
   L = newL
   -- What the provider surely holds now: remaining, less every grant that may have reached it
@@ -524,14 +527,16 @@ if status == 429 then
     -- for absolute reset times). A low ceiling costs little: surplus is lent. One cut per
     -- overload: a request sent before the last cut (capa) went out at the rate that cut already
     -- lowered, and a burst of them, refused together, would otherwise compound it once each
-    -- (50 of them: 0.5% of the rate).
+    -- (50 of them: 0.5% of the rate). Nor does this call's retry (see ARGV[1]), which runs
+    -- after the cut, on Redis's clock as late as the client's retry came.
     local sentBefore = cap ~= nil and capt ~= nil and capt > now and capa ~= nil and
-      now + tonumber(ARGV[15]) < capa
+      (now + tonumber(ARGV[15]) < capa or (callid ~= '' and capid == callid))
     if L ~= nil and not sentBefore then
       local est = estimate(lo, cap, capt, now)
       if est > 0 then
         cap, capt = est * (1 - dec), now + tonumber(ARGV[12])
         redis.call('HSET', key, 'cap', fmt(cap), 'capt', fmt0(capt), 'capa', fmt0(now))
+        if callid ~= '' then redis.call('HSET', key, 'capid', callid) end
       end
     end
   end
@@ -624,6 +629,9 @@ if L ~= nil and lupd ~= nil and now - lupd <= learnttl then
 end
 return {'unknown', '0', 0}
 `)
+
+// callKeepMS is redisscript.CallKeep in ms, as the scripts' SET ... PX takes it.
+var callKeepMS = strconv.FormatInt(redisscript.CallKeep.Milliseconds(), 10)
 
 // luaBudget is the retry budget's bookkeeping, shared by budgetScript and reserveScript.
 //

@@ -75,23 +75,38 @@ end
 // left at most that long after its grant; moving the whole schedule by it is the conservative
 // bound, paid once per burst. The refund bounds (b..'k') move with the schedule, so that a grant
 // reconciled after the move still gives back what it over-reserved.
-// ARGV[1] now µs, or ""
+// ARGV[1] now µs, or ""; then, after a space, the call's id (redisscript.CallIDs; absent: none)
 // ARGV[2] the period the slot was granted in (Reservation.ReportSend); an earlier one counts in
 // the current period (carried over)
+// A report that counted keeps its reply under KEYS[1]..':call:'..id for redisscript.CallKeep, and
+// a call that finds it returns it again, counting nothing: go-redis sends a call again when its
+// reply was lost with the connection, and a report counted twice would end the burst a slot early.
 // Returns how much later the schedule moved, µs (0: not at all, or not yet).
 var sentScript = redisscript.NewScript(luaCommon + luaTokens + `
 local key = KEYS[1]
-local now = clock(ARGV[1])
+local nowarg, callid = string.match(ARGV[1], '^([^ ]*) ?(.*)$')
+local callkey = nil
+if callid ~= '' then
+  callkey = key .. ':call:' .. callid
+  local kept = redis.call('GET', callkey)
+  if kept then return tonumber(kept) end
+end
+local now = clock(nowarg)
 local s = redis.call('HMGET', key, 'fa', 'fu', 'tp', 'ts', 'tat', 'full')
 local fa, fu, tp, T, tat, full = num(s[1]), num(s[2]) or 0, num(s[3]), num(s[4]), num(s[5]), num(s[6])
 -- a report of an earlier period counts here: its slot was carried over (see anew)
 if fa == nil or tonumber(ARGV[2]) > fa or full ~= fa or fu <= 0 or T == nil or tat == nil then return 0 end
+-- counted keeps the reply of a report that counted, for a retry of its call (see ARGV[1])
+local function counted(moved)
+  if callkey ~= nil then redis.call('SET', callkey, moved, 'PX', ` + callKeepMS + `) end
+  return moved
+end
 tp = math.max(tp or 0, now) + T
 fu = fu - 1
 redis.call('HSET', key, 'fu', fu)
 if fu > 0 then
   redis.call('HSET', key, 'tp', fmt0(tp))
-  return 0
+  return counted(0)
 end
 redis.call('HDEL', key, 'tp')
 -- the period's later bursts (fu back to 0 more than once) move the tokens only by what is new
@@ -112,7 +127,7 @@ if late > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   end
   tsave(KEYS[2], xs)
 end
-if tp <= tat then return 0 end
+if tp <= tat then return counted(0) end
 redis.call('HSET', key, 'tat', fmt0(tp))
-return math.floor(tp - tat)
+return counted(math.floor(tp - tat))
 `)

@@ -10,7 +10,7 @@ import (
 
 // CallKeep is how long a script keeps what a call did under the call's id (CallIDs): longer than
 // go-redis's retries of one call take (3 retries, each after at most 512ms of backoff and a read
-// timeout of 3s).
+// timeout: 5 s in llmq's clients, about 22 s in all).
 const CallKeep = 30 * time.Second
 
 // CallIDs names script calls, each id unique among the calls of every process. go-redis sends a
