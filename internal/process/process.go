@@ -26,6 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llmq/llmq/internal/config"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/httpserve"
@@ -165,11 +167,15 @@ func warnEviction(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 	if err != nil {
 		return // the API's and the worker's own parse report it
 	}
-	rdb := dispatch.NewRedisClient(opt)
-	ctx, cancel := context.WithTimeout(ctx, evictionCheckTimeout)
+	checkEviction(ctx, dispatch.NewRedisClient(opt), evictionCheckTimeout, logger)
+}
+
+// checkEviction is warnEviction's check on rdb, which it closes: it ends within bound whatever
+// rdb's own read timeout (go-redis's reads keep theirs, seconds or none, whatever ctx says), since
+// closing the client at the bound ends a read that a silent Redis leaves waiting.
+func checkEviction(ctx context.Context, rdb redis.UniversalClient, bound time.Duration, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	// go-redis's reads keep their own timeout (seconds) whatever ctx says: closing the client at
-	// the bound ends a read that a silent Redis leaves waiting.
 	stop := context.AfterFunc(ctx, func() { _ = rdb.Close() })
 	defer func() {
 		if stop() {
