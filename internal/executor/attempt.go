@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/llmq/llmq/internal/alert"
@@ -39,9 +40,9 @@ func (e *Executor) begin(ctx context.Context, job *jobs.Job, up Upstream, adm ad
 			rel.grant = 0
 		}
 		e.release(ctx, up, rel)
-		var leased *jobs.LeasedError
+		leased, isLeased := errors.AsType[*jobs.LeasedError](err)
 		switch {
-		case errors.As(err, &leased):
+		case isLeased:
 			return nil, leasedDefer(e.cfg.Now(), leased.Until)
 		case errors.Is(err, jobs.ErrNotRunnable) && terr != nil:
 			// The ended job's slot is still in its row: this delivery comes back (asynq's retry)
@@ -81,8 +82,8 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 	// process (asynq's signal goes through Redis) ends it within a renewal, a long stream too.
 	callCtx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
-	stopRenewing := e.keepLease(ctx, job, func() { abort(errLeaseLost) })
-	defer stopRenewing()
+	lease := e.keepLease(ctx, job, abort)
+	defer lease.stop()
 	e.reportSend(ctx, up, adm)
 	r := e.call(callCtx, job, up, adm)
 	// The answer's bytes count against the worker's answer budget until its outcome is stored.
@@ -101,15 +102,12 @@ func (e *Executor) attempt(ctx context.Context, job *jobs.Job, up Upstream, adm 
 		// What the answer taught the limiter and the breaker goes to Redis while the result goes
 		// to Postgres: the result is not held back by the bookkeeping, and the delivery ends
 		// when both are done.
-		booked := make(chan struct{})
-		go func() {
-			gostack.Grow()
-			defer close(booked)
-			r.bookkeeping()
-		}()
+		book := r.book // not r: the goroutine would move it to the heap
+		book.done.Add(1)
+		go book.runBeside()
 		err := e.end(ctx, job, r.attempt, jobs.Outcome{Status: jobs.StatusSucceeded, Result: r.resp.Body,
 			Usage: storedUsage(r.resp.Usage), AnsweredBy: up.Name})
-		<-booked
+		book.done.Wait()
 		return err
 	}
 	return e.decide(ctx, job, up, r)
@@ -134,9 +132,45 @@ type callResult struct {
 	attempt  *jobs.Attempt        // the attempt's record
 	at       time.Time            // when the answer or the failure came
 	stream   *deltastream.Writer  // a streaming job's deltas (closed); nil otherwise
-	// bookkeeping tells the limiter and the breaker what a successful answer showed (the caller
-	// runs it once); a failure's was done before call returned, for the retry decision.
-	bookkeeping func()
+	// book tells the limiter and the breaker what a successful answer showed (the caller runs
+	// it once); nil for a failure, whose bookkeeping was done before call returned, for the
+	// retry decision.
+	book *bookkeeping
+}
+
+// bookkeeping is the after-call bookkeeping of an attempt (afterCall), with what it needs, in
+// one allocation: a closure and the stream's headers' answer it shared with the stream's
+// callback were 2 at every call (TestCall_Allocs), and the channel attempt waited on
+// for it one more at every answer.
+type bookkeeping struct {
+	e       *Executor
+	ctx     context.Context
+	up      Upstream
+	adm     admission
+	job     *jobs.Job
+	resp    *llm.Response
+	callErr error
+	d       retrypolicy.Decision
+	started time.Time
+	now     time.Time
+	// heard is what a stream's headers told when they came (set by the stream's callback).
+	heard *heardAtStart
+	// done is runBeside's: a channel of its own was one more allocation.
+	done sync.WaitGroup
+}
+
+// runBeside is run on a goroutine of its own, beside the record of the answer; done is added to
+// before it starts.
+func (b *bookkeeping) runBeside() {
+	defer b.done.Done()
+	gostack.Grow()
+	b.run()
+}
+
+// run does the bookkeeping (once).
+func (b *bookkeeping) run() {
+	b.e.afterCall(b.ctx, b.up, b.adm, b.job, b.resp, b.callErr, b.d, b.started, b.now, b.heard)
+	b.e.timed(StageBookkeeping, b.now)
 }
 
 // call sends the job's request through up within the attempt's timeouts and returns what came of
@@ -154,11 +188,11 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
 	opts := llm.SendOptions{FirstByteTimeout: firstByte}
 	stream := e.streamWriter(job)
-	var heard *heardAtStart // what a stream's headers told when they came
+	book := &bookkeeping{e: e, ctx: ctx, up: up, adm: adm, job: job, started: started}
 	if stream != nil {
 		opts.OnDelta = func(d llm.Delta) { stream.Add(deltastream.Delta(d)) }
 		if up.Gate != nil && adm.awaited() {
-			opts.OnStream = func(s llm.StreamStart) { heard = e.observeStreamStart(ctx, up, adm, s, started, job) }
+			opts.OnStream = func(s llm.StreamStart) { book.heard = e.observeStreamStart(ctx, up, adm, s, started, job) }
 		}
 	}
 	resp, callErr := up.Provider.Send(callCtx, job.Request, opts)
@@ -183,24 +217,17 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		e.cfg.Logger.WarnContext(ctx, "unusable Retry-After from the provider: a retry without a hint (backoff), not a spend cap",
 			"credential", up.Name, "job_id", job.ID, "status", d.StatusCode, "class", d.Class, "retry_after", d.RetryAfterValue)
 	}
-	book := func() {
-		e.afterCall(ctx, up, adm, job, resp, callErr, d, started, now, heard)
-		e.timed(StageBookkeeping, now)
-	}
+	book.resp, book.callErr, book.d, book.now = resp, callErr, d, now
 	if callErr != nil {
-		book()
-		book = nil
+		book.run()
 	}
 	if callErr == nil {
 		a.StatusCode, a.TTFB, a.Class = resp.StatusCode, resp.TimeToFirstByte, string(retrypolicy.ClassOK)
 	} else {
 		a.Class, a.StatusCode, a.Error = string(d.Class), d.StatusCode, callErr.Error()
-		var se *llm.StatusError
-		var te *llm.TransportError
-		switch {
-		case errors.As(callErr, &se):
+		if se, ok := errors.AsType[*llm.StatusError](callErr); ok {
 			a.TTFB = se.TimeToFirstByte
-		case errors.As(callErr, &te):
+		} else if te, ok := errors.AsType[*llm.TransportError](callErr); ok {
 			// A body cut after its headers came: the provider had answered (StatusCode), and
 			// had begun to (TTFB) if a stream's first delta, or a body's first byte, came. The
 			// cut stays the class.
@@ -216,7 +243,11 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		}
 	}
 	e.cfg.Metrics.attempt(up.Name, a.Class, a.Latency)
-	return callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now, stream: stream, bookkeeping: book}
+	r := callResult{resp: resp, err: callErr, decision: d, attempt: a, at: now, stream: stream}
+	if callErr == nil {
+		r.book = book
+	}
+	return r
 }
 
 // streamWriter returns the delta writer of a streaming job's attempt, or nil.
@@ -334,8 +365,7 @@ func failoverCause(d retrypolicy.Decision) string {
 // lastErrorOf is the job's last_error for a failed call.
 func lastErrorOf(err error, d retrypolicy.Decision) *jobs.LastError {
 	le := &jobs.LastError{Class: string(d.Class), Status: d.StatusCode, Message: err.Error()}
-	var se *llm.StatusError
-	if errors.As(err, &se) {
+	if se, ok := errors.AsType[*llm.StatusError](err); ok {
 		le.Message = se.Message
 		le.Type = se.ErrorType()
 	}

@@ -148,11 +148,9 @@ func (e *Executor) observeStreamStart(ctx context.Context, up Upstream, adm admi
 func observation(up Upstream, adm admission, resp *llm.Response, callErr error, d retrypolicy.Decision, sent, now time.Time) limiter.Observation {
 	o := limiter.Observation{At: now, SentAt: sent, Seq: adm.seq, Grant: adm.grant}
 	var rl llm.RateLimit
-	var se *llm.StatusError
-	switch {
-	case resp != nil:
+	if resp != nil {
 		o.StatusCode, rl = resp.StatusCode, resp.RateLimit
-	case errors.As(callErr, &se):
+	} else if se, ok := errors.AsType[*llm.StatusError](callErr); ok {
 		o.StatusCode, rl = se.StatusCode, se.RateLimit
 	}
 	if rl.Known {

@@ -241,8 +241,7 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 		}
 	}
 	err := e.outcome(ctx, d.JobID, e.process(ctx, d.JobID, d.Retried == 0, pass))
-	var de *dispatch.DeferError
-	if errors.As(err, &de) {
+	if _, ok := errors.AsType[*dispatch.DeferError](err); ok {
 		e.cfg.Metrics.deferred() // not in ProcessFresh: its delivery reads no job either
 	}
 	return err
@@ -266,11 +265,10 @@ func (e *Executor) ProcessFresh(ctx context.Context, job *jobs.Job, adm dispatch
 // outcome is what a delivery of job id that ended with err answers (see Process): a deferral
 // not yet in the job row is written there first.
 func (e *Executor) outcome(ctx context.Context, id string, err error) error {
-	var df *deferral
-	switch {
-	case errors.Is(err, errHandled):
+	if errors.Is(err, errHandled) {
 		return nil
-	case errors.As(err, &df):
+	}
+	if df, ok := errors.AsType[*deferral](err); ok {
 		if !df.stored {
 			// asynq keeps whole seconds and may hand the task back up to a second early; with
 			// the time in the row, that delivery sleeps the rest instead of being deferred

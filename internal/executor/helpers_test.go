@@ -28,7 +28,7 @@ import (
 var helloRequest = json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)
 
 // sharedAdmission returns a limiter and a breaker on rdb, under the test's own key prefix.
-func sharedAdmission(t *testing.T, rdb *redis.Client) (*limiter.Limiter, *breaker.Breaker) {
+func sharedAdmission(t testing.TB, rdb *redis.Client) (*limiter.Limiter, *breaker.Breaker) {
 	t.Helper()
 	prefix := redistest.Prefix(t)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: prefix})
@@ -40,13 +40,13 @@ func sharedAdmission(t *testing.T, rdb *redis.Client) (*limiter.Limiter, *breake
 
 // simProvider returns an Anthropic provider sending with key to a simulator configured by cfg,
 // which runs until the test ends.
-func simProvider(t *testing.T, cfg llmsim.Config, key string) llm.Provider {
+func simProvider(t testing.TB, cfg llmsim.Config, key string) llm.Provider {
 	t.Helper()
 	return simProviderOf(t, llm.KindAnthropic, cfg, key)
 }
 
 // simProviderOf is simProvider for a provider of kind.
-func simProviderOf(t *testing.T, kind llm.Kind, cfg llmsim.Config, key string) llm.Provider {
+func simProviderOf(t testing.TB, kind llm.Kind, cfg llmsim.Config, key string) llm.Provider {
 	t.Helper()
 	sim := httptest.NewServer(llmsim.New(cfg))
 	t.Cleanup(sim.Close)

@@ -42,13 +42,13 @@ func TestKeepLease_RenewsUntilStopped(t *testing.T) {
 	for round := range 20 {
 		began, err := leaseUntil()
 		require.NoError(t, err)
-		stop := e.keepLease(ctx, job, nil)
+		lease := e.keepLease(ctx, job, nil)
 		require.Eventually(t, func() bool {
 			u, err := leaseUntil()
 			return err == nil && u.After(began)
 		}, 10*time.Second, time.Millisecond, "round %d: the lease was never renewed", round)
 
-		stop()
+		lease.stop()
 		held, err := leaseUntil()
 		require.NoError(t, err)
 		time.Sleep(10 * time.Millisecond) // ten renewals' time: any renewal left running would show

@@ -243,7 +243,7 @@ type batchOp struct {
 	// scan reads the statement's row. Its error is the caller's answer; pgx.ErrNoRows and
 	// ErrNotFound are answers too (a conditional statement that matched nothing), any other
 	// error fails the batch's transaction.
-	scan func(pgx.Row) error
+	scan rowScan
 	err  error
 	done chan struct{}
 	// expired: its caller's pgwait bound ended while its batch waited for a connection, so it
@@ -256,7 +256,22 @@ type batchOp struct {
 // on the batch's goroutine: what it writes may be read after a nil return only; after ctx's end it
 // may still be running.
 func (b *batcher) queryRow(ctx context.Context, key, sql string, args []any, scan func(pgx.Row) error) error {
-	op := &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scan}
+	return b.query(ctx, &batchOp{ctx: ctx, key: key, sql: sql, args: args, scan: scanFunc(scan)})
+}
+
+// rowScan reads a statement's row (batchOp.scan). An interface, not a func, so that a caller's
+// op may be the scan itself (jobQuery), made in one allocation with what it scans into.
+type rowScan interface {
+	scanRow(pgx.Row) error
+}
+
+// scanFunc is a rowScan of a func.
+type scanFunc func(pgx.Row) error
+
+func (f scanFunc) scanRow(r pgx.Row) error { return f(r) }
+
+// query is queryRow of an op made by its caller (its ctx the one query is given).
+func (b *batcher) query(ctx context.Context, op *batchOp) error {
 	if alone, _ := ctx.Value(aloneKey{}).(bool); alone {
 		release, ok := b.takeBeside()
 		if !ok {
@@ -518,7 +533,7 @@ func (b *batcher) queryAlone(ctx context.Context, op *batchOp) error {
 		b.abandonSilent(ctx)
 		return err
 	}
-	err = op.scan(br.QueryRow())
+	err = op.scan.scanRow(br.QueryRow())
 	answered := err == nil || errors.Is(err, pgx.ErrNoRows) || errors.Is(err, ErrNotFound)
 	if cerr := br.Close(); cerr != nil && answered {
 		return cerr // the answer stands only once its transaction committed
@@ -580,7 +595,7 @@ func (b *batcher) runTogether(ctx context.Context, conn *pgxpool.Conn, ops []*ba
 			op.err = errBatchAborted
 			continue
 		}
-		op.err = op.scan(br.QueryRow())
+		op.err = op.scan.scanRow(br.QueryRow())
 		if op.err != nil && !errors.Is(op.err, pgx.ErrNoRows) && !errors.Is(op.err, ErrNotFound) {
 			failed = true
 		}

@@ -23,10 +23,10 @@ func createOp(t *testing.T, meta string) (*batchOp, **Job) {
 		Fingerprint: "f", Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Hour,
 		Metadata: json.RawMessage(meta)}, nil)
 	var job *Job
-	return &batchOp{ctx: context.Background(), key: id, sql: sql, args: args, done: make(chan struct{}), scan: func(r pgx.Row) (err error) {
+	return &batchOp{ctx: context.Background(), key: id, sql: sql, args: args, done: make(chan struct{}), scan: scanFunc(func(r pgx.Row) (err error) {
 		job, err = new(Store).scanJob(r)
 		return err
-	}}, &job
+	})}, &job
 }
 
 func TestBatcher_OneBadStatementFailsAlone(t *testing.T) {

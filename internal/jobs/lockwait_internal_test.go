@@ -148,12 +148,12 @@ func TestBatcher_LockedRowFailsAloneInABatch(t *testing.T) {
 			event_seq = event_seq + 1 WHERE id = $1 AND lease_token = $3::uuid RETURNING event_seq`
 		ops = append(ops, &batchOp{ctx: context.Background(), key: j.ID, sql: sql,
 			args: []any{j.ID, o.Status, at.LeaseToken}, done: make(chan struct{}),
-			scan: func(r pgx.Row) error {
+			scan: scanFunc(func(r pgx.Row) error {
 				*n++
 				err := r.Scan(&seq)
 				*ok = err == nil
 				return err
-			}})
+			})})
 	}
 	s.batch.run(ops)
 	// One lock wait, not two (the batch's, then a's alone again): a's statement was read once.
@@ -304,7 +304,7 @@ func TestBatcher_LockTimeoutIsTheBatchTransactionsOnly(t *testing.T) {
 					seen := make([]string, size)
 					for i := range ops {
 						ops[i] = &batchOp{ctx: ctx, key: fmt.Sprint(i), sql: `SELECT current_setting('lock_timeout')`,
-							done: make(chan struct{}), scan: func(r pgx.Row) error { return r.Scan(&seen[i]) }}
+							done: make(chan struct{}), scan: scanFunc(func(r pgx.Row) error { return r.Scan(&seen[i]) })}
 					}
 					b.run(ops)
 					for i, op := range ops {

@@ -159,3 +159,38 @@ func TestScanJob_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 	t.Logf("scanJob: %.1f allocations, the statement alone %.1f", allocs, floor)
 	require.LessOrEqual(t, allocs, floor+8+2, "allocations of scanJob and the row's values")
 }
+
+// TestGet_Allocs pins a poll's read (get, the worker's load) beside its statement run by the
+// batcher with its arguments and scan made once: the job's ID boxed as its argument, 1 more
+// (the statement's batchOp, its arguments' list, its scan and the Job's pointer are one
+// jobQuery, where the floor makes a batchOp). The list, the scan's closure and the Job's
+// pointer it wrote were 3 more, 4 in all.
+func TestGet_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops pgx's pooled buffers at random")
+	}
+	ctx, _, s, created := scanSetup(t)
+	byID := `SELECT ` + jobColumns + ` FROM jobs WHERE id = $1`
+	_, err := s.get(ctx, created.ID, byID) // a connection made, and idle, its plans made
+	require.NoError(t, err)
+	// The floor: the statement run by the batcher, its arguments and scan made once.
+	args := []any{created.ID}
+	var job *Job
+	scan := func(r pgx.Row) (err error) {
+		job, err = s.scanJob(r)
+		return err
+	}
+	floor := testing.AllocsPerRun(100, func() {
+		if err := s.batch.queryRow(ctx, created.ID, byID, args, scan); err != nil {
+			panic(err)
+		}
+	})
+	require.Equal(t, created.ID, job.ID)
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := s.get(ctx, created.ID, byID); err != nil {
+			panic(err)
+		}
+	})
+	t.Logf("get: %.1f allocations, its statement by the batcher %.1f", allocs, floor)
+	require.LessOrEqual(t, allocs, floor+1, "allocations per get beyond its statement's")
+}

@@ -193,16 +193,42 @@ const (
 // queryJob runs sql, a statement answering with one job's columns (scanJob), in a batch with
 // other callers' (see batcher), ordered by the job's id.
 func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job, error) {
-	var job *Job
-	err := s.batch.queryRow(ctx, id, sql, args, func(r pgx.Row) (err error) {
-		job, err = s.scanJob(r)
-		return err
-	})
-	if err != nil {
-		// job is not ours to read: after ctx's end, the batch may still be scanning into it.
+	q := new(jobQuery)
+	// args's list is the caller's, made on its stack for a variadic call: the batch may still
+	// read the arguments after ctx's end, so they are q's own (copied, not kept, args does not
+	// escape).
+	return s.runJobQuery(ctx, q, id, sql, append(q.args[:0], args...))
+}
+
+// queryJobArgs is queryJob with a list of arguments of the caller's that the batch keeps.
+func (s *Store) queryJobArgs(ctx context.Context, id, sql string, args []any) (*Job, error) {
+	return s.runJobQuery(ctx, new(jobQuery), id, sql, args)
+}
+
+func (s *Store) runJobQuery(ctx context.Context, q *jobQuery, id, sql string, args []any) (*Job, error) {
+	q.s = s
+	q.op = batchOp{ctx: ctx, key: id, sql: sql, args: args, scan: q}
+	if err := s.batch.query(ctx, &q.op); err != nil {
+		// q.job is not ours to read: after ctx's end, the batch may still be scanning into it.
 		return nil, err
 	}
-	return job, nil
+	return q.job, nil
+}
+
+// jobQuery is a statement of queryJob in one allocation: its batchOp, its arguments (up to a
+// transition's three) and the scan of its row (the scan is q itself). As a closure, the Job's
+// pointer it wrote, the arguments' list and the batchOp they were 4 allocations at every
+// read and transition of a job (TestGet_Allocs).
+type jobQuery struct {
+	op   batchOp
+	s    *Store
+	job  *Job
+	args [3]any
+}
+
+func (q *jobQuery) scanRow(r pgx.Row) (err error) {
+	q.job, err = q.s.scanJob(r)
+	return err
 }
 
 // jobColumnCount is how many columns jobColumns (and jobColumnsNoRequest) has.
@@ -288,7 +314,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 			return nil, false, err
 		}
 		sql, args := insertJob(id, nil, p, begin)
-		job, err = s.queryJob(ctx, id, sql, args...)
+		job, err = s.queryJobArgs(ctx, id, sql, args)
 		if isJobIDTaken(err) {
 			// The batcher runs a failed batch's statements again one by one. When the batch's
 			// connection dropped after its commit, this insert already took effect: the ID is
@@ -487,7 +513,8 @@ SELECT ` + jobColumnsNoRequest + ` FROM j`,
 			lease, attemptLeaseMS}
 }
 
-// attemptLeaseMS is AttemptLease in milliseconds, boxed once (insertJob's argument).
+// attemptLeaseMS is AttemptLease in milliseconds, boxed once (an argument of insertJob,
+// BeginAttempt and RenewLease).
 var attemptLeaseMS any = AttemptLease.Milliseconds()
 
 // laneArg is insertJob's argument for the lane l (LaneOnline when empty): a lane's name boxed

@@ -47,7 +47,7 @@ func TestBatcher_OwnStatementAllocs(t *testing.T) { // not parallel: testing.All
 	const sql = `SELECT 1`
 	require.NoError(t, b.queryRow(ctx, "k", sql, nil, scan)) // a connection made, and idle
 	// The floor: the statement run alone with the caller's context, its batchOp made once.
-	op := &batchOp{ctx: ctx, key: "k", sql: sql, scan: scan}
+	op := &batchOp{ctx: ctx, key: "k", sql: sql, scan: scanFunc(scan)}
 	floor := testing.AllocsPerRun(200, func() {
 		if err := b.runAlone(ctx, op); err != nil {
 			panic(err)
@@ -70,7 +70,7 @@ func TestBatcher_OwnStatementAllocs(t *testing.T) { // not parallel: testing.All
 func TestBatcher_AloneAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 	b, ctx, scan := allocsBatcher(t)
 	pool := b.pool
-	op := &batchOp{ctx: ctx, key: "k", sql: `SELECT 1`, scan: scan}
+	op := &batchOp{ctx: ctx, key: "k", sql: `SELECT 1`, scan: scanFunc(scan)}
 	require.NoError(t, b.queryAlone(ctx, op)) // a connection made, and idle
 	// The floor: the same batch, made once, sent as queryAlone sends it.
 	batch := &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{
@@ -126,4 +126,48 @@ func TestInsertJob_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 	require.Equal(t, int64(15000), args[15])
 	t.Logf("insertJob: %.1f allocations", allocs)
 	require.LessOrEqual(t, allocs, 8.0, "allocations per insert statement")
+}
+
+// TestFinish_Allocs pins the allocations of an attempt's record (Finish, a success's: every
+// job's end) beside its statement run by the batcher with its arguments and scan made once: its
+// arguments' values that are boxed (the ID, status, result, usage, credential, start, latency,
+// TTFB, class, answering credential: up to 10) and one finishQuery, where the floor makes a
+// batchOp. The arguments' list, the scan's closure, the event_seq it scanned into, Scan's
+// argument, the Outcome (moved to the heap by the dead reason's pointer) and the event's payload
+// boxed at every call were 6 more (16 against the floor's 45 for this row).
+func TestFinish_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops pgx's pooled buffers at random")
+	}
+	ctx, _, s, created := scanSetup(t)
+	job, err := s.BeginAttempt(ctx, created.ID)
+	require.NoError(t, err)
+	a := &Attempt{Number: 1, Credential: "c", StartedAt: time.Now().UTC().Truncate(time.Microsecond),
+		Latency: 300 * time.Millisecond, TTFB: 200 * time.Millisecond, StatusCode: 200, Class: "ok",
+		LeaseToken: *job.LeaseToken}
+	o := Outcome{Status: StatusSucceeded, Result: json.RawMessage(`{}`), Usage: json.RawMessage(`{"input_tokens":1}`),
+		AnsweredBy: "c"}
+	applied, err := s.Finish(ctx, job.ID, a, o) // stored; every run after is a repeat, applied
+	require.NoError(t, err)
+	require.True(t, applied)
+	// The floor: the statement run by the batcher, its arguments and scan made once.
+	rec := attemptRecord(a)
+	args := []any{job.ID, o.Status, nullJSON(o.Result), nullJSON(o.Usage), []byte(nil), (*string)(nil),
+		o.NextAttemptAt, nullString(o.AnsweredBy), o.NextCredential, leaseOf(a), true, rec.number,
+		rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
+		rec.retryAfterMS, rec.delayMS, rec.err, []byte(`{}`), rec.usage}
+	var seq int
+	scan := func(r pgx.Row) error { return r.Scan(&seq) }
+	floor := testing.AllocsPerRun(100, func() {
+		if err := s.batch.queryRow(ctx, job.ID, finishSQL, args, scan); err != nil {
+			panic(err)
+		}
+	})
+	allocs := testing.AllocsPerRun(100, func() {
+		if applied, err := s.Finish(ctx, job.ID, a, o); err != nil || !applied {
+			panic(fmt.Sprint(applied, err))
+		}
+	})
+	t.Logf("Finish: %.1f allocations, its statement by the batcher %.1f", allocs, floor)
+	require.LessOrEqual(t, allocs, floor+10, "allocations per Finish beyond its statement's")
 }
