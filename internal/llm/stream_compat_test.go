@@ -1229,3 +1229,88 @@ func TestStream_OpenAISameIDAtAnotherIndexIsAnotherCall(t *testing.T) {
 		{Type: llm.DeltaInputJSON, ToolIndex: 1, Text: `{"cmd":"pwd"}`},
 	}, got.all)
 }
+
+// Some servers open a call with a piece that brings its id and the first of its arguments but no
+// name, or an empty one, and send the name in a later piece at the call's index (the shape the
+// AI SDK's openai-compatible provider learned to accept; vLLM's Command-A parser sends the empty
+// name first), or with a piece of its id alone (name and arguments empty). A parallel call
+// opened so is a call of its own, not more of the earlier call's: after a call that has its
+// arguments, after one that has no name yet, and, without arguments, after a named one. So is
+// each of interleaved parallel calls whose pieces come under a new id each, once each call has
+// arguments. A nameless piece with arguments at another index continues the named call the last
+// piece went to only when that call has no arguments yet (SGLang's name at its tool's index,
+// TestStream_OpenAINamedAtItsToolsIndexArgumentsAtItsOwn) or the piece has no id (Nebius, and
+// LibreChat's agents API, which sent a call's id at another index than its arguments).
+func TestStream_OpenAINamelessPiecesAtAnotherIndex(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-9","object":"chat.completion.chunk","created":1747280110,"model":"m"`
+	tool := func(index int, id, name, args string) string {
+		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":%q,"type":"function","function":{"name":%q,"arguments":%q}}]},"finish_reason":null}]`,
+			index, id, name, args)
+	}
+	noID := func(index int, name, args string) string {
+		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":%d,"function":{"name":%q,"arguments":%q}}]},"finish_reason":null}]`,
+			index, name, args)
+	}
+	const two = `[{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"ls\"}"}},
+		{"id":"call_2","type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"pwd\"}"}}]`
+	for name, tc := range map[string]struct {
+		events []string
+		want   string // the stored tool_calls
+		pos    []int  // the tool index of each delta clients get
+	}{
+		"NameAfterArguments": {
+			events: []string{tool(0, "call_1", "bash", ""), noID(0, "", `{"cmd": "ls"}`),
+				tool(1, "call_2", "", `{"cmd": `), noID(1, "bash", `"pwd"}`)},
+			want: two, pos: []int{0, 0, 1, 1},
+		},
+		"EmptyNameWithArgumentsThenName": {
+			events: []string{tool(0, "call_1", "bash", `{"cmd": "ls"}`),
+				tool(1, "call_2", "", `{"cmd": "pwd"}`), noID(1, "bash", "")},
+			want: two, pos: []int{0, 1, 1},
+		},
+		"NamesAfterArgumentsOfBoth": {
+			events: []string{tool(0, "call_1", "", ""), tool(1, "call_2", "", `{"cmd": "pwd"}`),
+				noID(1, "bash", ""), noID(0, "bash", `{"cmd": "ls"}`)},
+			want: two, pos: []int{0, 1, 1, 0},
+		},
+		"IDAloneAfterANamedCall": {
+			events: []string{tool(0, "call_1", "get_time", ""), tool(1, "call_2", "", ""),
+				tool(1, "call_2", "bash", `{"cmd": "pwd"}`)},
+			want: `[{"id":"call_1","type":"function","function":{"name":"get_time","arguments":""}},
+				{"id":"call_2","type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"pwd\"}"}}]`,
+			pos: []int{0, 1, 1},
+		},
+		// Nebius's gpt-oss adapter sent a call's last piece of arguments at the next index, without
+		// id: it continues the call, as would each at a new index.
+		"LastPieceAtTheNextIndex": {
+			events: []string{tool(0, "call_1", "bash", ""), noID(0, "", `{"cmd": `), noID(0, "", `"l`),
+				noID(1, "", `s"}`), tool(1, "call_2", "bash", `{"cmd": "pwd"}`)},
+			want: two, pos: []int{0, 0, 0, 0, 1},
+		},
+		// LibreChat's agents API sent a call's id and name at its run step's index and its
+		// arguments, without id, at the call's own index.
+		"ArgumentsAtAnotherIndexThanTheID": {
+			events: []string{tool(2, "call_1", "bash", ""), noID(1, "", `{"cmd": `), noID(1, "", `"ls"}`)},
+			want:   `[{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"ls\"}"}}]`,
+			pos:    []int{0, 0, 0},
+		},
+		"InterleavedPiecesUnderNewIDs": {
+			events: []string{tool(0, "call_0", "bash", `{"cmd": `), tool(1, "call_x", "bash", `{"cmd": `),
+				tool(0, "call_1", "", `"ls"}`), tool(1, "call_2", "", `"pwd"}`)},
+			want: two, pos: []int{0, 1, 0, 1},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			events := append(tc.events, `[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)
+			resp, got := sendOpenAIStream(t, openAIChunks(env, events...))
+			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
+			var pos []int
+			for _, d := range got.all {
+				pos = append(pos, d.ToolIndex)
+			}
+			require.Equal(t, tc.pos, pos)
+		})
+	}
+}

@@ -817,17 +817,16 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 // by another index's pieces and the piece is named. Then it goes to the next free key, a new
 // call, which the later pieces of its index go to. A piece with arguments and no name that would
 // open a call at an index no call has, or go to a call the last piece did not go to under an id
-// that call lacks, continues the call the last piece went to, if that call has a name, and so do
-// the later pieces of its index (SGLang sent a call's name at its tool's index in the request,
-// its arguments at the call's own index, each piece with a new id); a new call's first piece
-// brings its name in OpenAI's protocol and every known server, and interleaved calls' later
-// pieces come without id or with their call's. A piece with a new id and no name continues the
+// that call lacks, continues the call the last piece went to, if that call has a name and the
+// piece no id or the call no arguments yet (continuesLast), and so do the later pieces of its
+// index (SGLang sent a call's name at its tool's index in the request, its arguments at the
+// call's own index, each piece with a new id). A piece with a new id and no name continues the
 // call (Poolside, and LiteLLM over OCI, send a call's later pieces under another id than its
 // first). Without an index (Gemini sends each of parallel calls whole, with its id and no
 // index), the call the last piece went to, unless the piece has an id that call lacks (another
-// id, or none after a piece that brought something): then the next free key, a new call.
-// Servers send a call's id on its first piece, with its name, and not later but as a repeat, so
-// an id the call did not open with is the next call's.
+// id, or none after a piece that brought something): then the next free key, a new call. Servers
+// send a call's id on its first piece, and not later but as a repeat, so an id the call did not
+// open with is the next call's.
 func (c *openAIChoice) toolIndex(index *int, id string, named, args bool) int {
 	switch {
 	case index != nil:
@@ -841,7 +840,7 @@ func (c *openAIChoice) toolIndex(index *int, id string, named, args bool) int {
 			named && id != "" && t.id != "" && t.id != id):
 			k = c.nextTool
 			c.moveIndex(*index, k)
-		case args && !named && k != c.lastTool && (t == nil || id != "" && id != t.id) && c.lastNamed():
+		case args && !named && k != c.lastTool && (t == nil || id != "" && id != t.id) && c.continuesLast(id):
 			k = c.lastTool
 			c.moveIndex(*index, k)
 		}
@@ -862,10 +861,15 @@ func (c *openAIChoice) moveIndex(index, k int) {
 	c.movedTools[index] = k
 }
 
-// lastNamed reports whether the call the last piece went to has a name.
-func (c *openAIChoice) lastNamed() bool {
+// continuesLast reports whether a nameless piece with arguments under id, at another index than
+// the last piece's, continues the call the last piece went to: that call has a name, and no
+// arguments yet (SGLang's name piece, which the call's arguments follow at another index under a
+// new id), or the piece has no id (Nebius sent a call's last piece of arguments at the next
+// index). A piece with an id after a call with arguments opens another call, whose name comes
+// later (servers that open a call with its id and arguments), or whose pieces interleave with it.
+func (c *openAIChoice) continuesLast(id string) bool {
 	t := c.tools[c.lastTool]
-	return t != nil && t.name != ""
+	return t != nil && t.name != "" && (id == "" || t.args.Len() == 0)
 }
 
 // empty reports whether no piece brought the call anything: no id, name nor arguments.
