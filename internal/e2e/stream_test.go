@@ -396,6 +396,43 @@ func TestStream_ToolCallsFromIndexOneReachClientsAtTheirPlaces(t *testing.T) {
 	requireToolCallsAtTheirPlaces(t, llmsim.Config{ToolCalls: 2, StreamToolCallsFromIndex: 1})
 }
 
+// TestStream_ToolNamesApartFromArgumentsReachClientsAsOneCallEach proves that calls a server sends
+// with the name at its tool's index and the arguments at the call's own, every piece under an id
+// of its own (llmsim's StreamToolNamesAtIndex, as SGLang 0.4.6 sent them), are stored as one call
+// each with its name and arguments, and reach the event stream's clients under one tool_index
+// each, whose deltas add up to the stored arguments.
+func TestStream_ToolNamesApartFromArgumentsReachClientsAsOneCallEach(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{sim: llmsim.Config{ToolCalls: 2, StreamToolNamesAtIndex: 1}})
+	id := b.submit(t, `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it twice"}]}}`)
+	unlinkDeltasAtEnd(t, b.redisURL, id)
+	evs := openEvents(t, b.apiURL, id, "0").rest(t)
+	last := evs[len(evs)-1]
+	require.Equal(t, "succeeded", last.name)
+	msg := last.job["result"].(map[string]any)["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	calls := msg["tool_calls"].([]any)
+	require.Len(t, calls, 2, "one call each, not a name beside its arguments: %v", calls)
+	input := map[int]string{}
+	for _, ev := range evs {
+		if ev.name != "delta" || ev.job["type"] != "input_json" {
+			continue
+		}
+		k := 0 // tool_index is left out when 0
+		if v, ok := ev.job["tool_index"].(float64); ok {
+			k = int(v)
+		}
+		input[k] += ev.job["text"].(string)
+	}
+	require.Len(t, input, 2, "the deltas of two calls, under a tool_index each")
+	for i, c := range calls {
+		fn := c.(map[string]any)["function"].(map[string]any)
+		require.Equal(t, "echo", fn["name"], "call %d", i)
+		args := fn["arguments"].(string)
+		require.NotEmpty(t, args, "call %d has its arguments", i)
+		require.JSONEq(t, args, input[i], "the deltas of tool_index %d add up to its arguments", i)
+	}
+}
+
 // requireToolCallsAtTheirPlaces submits a streamed job with a tool to the simulator configured
 // with sim (two calls), and requires each stored call's input_json deltas on the event stream
 // under the tool_index of its position in the stored calls, opened with its id and adding up to
