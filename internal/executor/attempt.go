@@ -175,7 +175,7 @@ func (b *bookkeeping) run() {
 
 // call sends the job's request through up within the attempt's timeouts and returns what came of
 // it; it has told the limiter and the breaker what a failure showed, and returns that work for
-// an answer (callResult.bookkeeping).
+// an answer (callResult.book).
 func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm admission) callResult {
 	started := e.cfg.Now()
 	attemptTimeout, firstByte := up.AttemptTimeout, up.FirstByteTimeout

@@ -1,12 +1,14 @@
 package executor_test
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/dispatch"
 	"github.com/llmq/llmq/internal/executor"
 	"github.com/llmq/llmq/internal/jobs"
@@ -14,6 +16,7 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // stageCounts returns how many observations llmq_delivery_stage_duration_seconds holds per stage.
@@ -137,4 +140,68 @@ func TestExecutor_CountsDeferredDeliveries(t *testing.T) {
 	require.Equal(t, float64(1), deferrals())
 	require.ErrorAs(t, ex.ProcessFresh(ctx, create(), nil), &de)
 	require.Equal(t, float64(1), deferrals(), "a handed-over first delivery reads no job: not counted")
+}
+
+// An attempt's bookkeeping (what the call showed, told to the limiter and the breaker) runs once
+// whatever the call came to: a failure's before its retry is decided, an answer's beside its
+// record, a stream's (whose headers were observed as they came) after it; none runs twice, none
+// is skipped.
+func TestExecutor_BooksEachAttemptOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	rdb := redistest.Client(t)
+	lim, brk := sharedAdmission(t, rdb)
+	plain := simProvider(t, llmsim.Config{Faults: llmsim.Faults{FailNext: 1, FailNextStatus: 500}}, "sk-book")
+	streamed := simProvider(t, llmsim.Config{ReplyTokens: 8, Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 2}}, "sk-book-stream")
+	fresh := simProvider(t, llmsim.Config{ReplyTokens: 8}, "sk-book-fresh")
+	reg := prometheus.NewRegistry()
+	ex := executor.New(executor.Config{Store: b.Store, Metrics: executor.NewMetrics(reg),
+		Deltas: deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.Prefix(t)}),
+		Policy: retrypolicy.New(&retrypolicy.Config{BaseDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond}),
+		Upstreams: map[string]executor.Upstream{
+			"plain": {Name: "plain", Kind: string(llm.KindAnthropic), Provider: plain,
+				Gate: lim.Gate("sk-book", "plain"), Circuit: brk.Circuit("sk-book", "plain")},
+			"streamed": {Name: "streamed", Kind: string(llm.KindAnthropic), Provider: streamed,
+				Gate: lim.Gate("sk-book-stream", "streamed"), Circuit: brk.Circuit("sk-book-stream", "streamed")},
+			"fresh": {Name: "fresh", Kind: string(llm.KindAnthropic), Provider: fresh,
+				Gate: lim.Gate("sk-book-fresh", "fresh"), Circuit: brk.Circuit("sk-book-fresh", "fresh")},
+		}})
+	books := func() (calls, booked uint64) {
+		got := stageCounts(t, reg)
+		return got[executor.StageCall], got[executor.StageBookkeeping]
+	}
+	// A stream answered at its first try on a credential not yet known (its headers observed as
+	// they came, by the stream's callback, while the bookkeeping's goroutine reads them after).
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "fresh",
+		Request: streamingRequest, MaxAttempts: 3, Timeout: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	calls, booked := books()
+	require.Equal(t, uint64(1), calls)
+	require.Equal(t, uint64(1), booked, "a stream's bookkeeping")
+
+	run := func(credential string, request json.RawMessage) {
+		t.Helper()
+		job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: credential,
+			Request: request, MaxAttempts: 3, Timeout: time.Minute})
+		require.NoError(t, err)
+		// When its first attempt fails (a 500; a stream cut after its headers)
+		var deferred *dispatch.DeferError
+		require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred, "%s: attempt 1 is retried", credential)
+		calls, booked := books()
+		require.Equal(t, calls, booked, "%s: a failed attempt's bookkeeping", credential)
+		// When its retry is answered
+		require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+		done, err := b.Store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusSucceeded, done.Status, credential)
+		calls, booked = books()
+		require.Equal(t, calls, booked, "%s: an answer's bookkeeping", credential)
+	}
+	run("plain", helloRequest)
+	run("streamed", streamingRequest)
+	calls, booked = books()
+	require.Equal(t, uint64(5), calls)
+	require.Equal(t, uint64(5), booked, "one bookkeeping an attempt")
 }
