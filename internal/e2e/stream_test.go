@@ -403,25 +403,10 @@ func TestStream_ToolCallsFromIndexOneReachClientsAtTheirPlaces(t *testing.T) {
 // each, whose deltas add up to the stored arguments.
 func TestStream_ToolNamesApartFromArgumentsReachClientsAsOneCallEach(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{sim: llmsim.Config{ToolCalls: 2, StreamToolNamesAtIndex: 1}})
-	id := b.submit(t, `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it twice"}]}}`)
-	unlinkDeltasAtEnd(t, b.redisURL, id)
-	evs := openEvents(t, b.apiURL, id, "0").rest(t)
-	last := evs[len(evs)-1]
-	require.Equal(t, "succeeded", last.name)
-	msg := last.job["result"].(map[string]any)["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
-	calls := msg["tool_calls"].([]any)
-	require.Len(t, calls, 2, "one call each, not a name beside its arguments: %v", calls)
+	calls, evs := streamedToolCallsJob(t, llmsim.Config{ToolCalls: 2, StreamToolNamesAtIndex: 1})
 	input := map[int]string{}
-	for _, ev := range evs {
-		if ev.name != "delta" || ev.job["type"] != "input_json" {
-			continue
-		}
-		k := 0 // tool_index is left out when 0
-		if v, ok := ev.job["tool_index"].(float64); ok {
-			k = int(v)
-		}
-		input[k] += ev.job["text"].(string)
+	for _, ev := range inputJSONDeltas(evs) {
+		input[ev.index] += ev.text
 	}
 	require.Len(t, input, 2, "the deltas of two calls, under a tool_index each")
 	for i, c := range calls {
@@ -439,29 +424,14 @@ func TestStream_ToolNamesApartFromArgumentsReachClientsAsOneCallEach(t *testing.
 // its arguments.
 func requireToolCallsAtTheirPlaces(t *testing.T, sim llmsim.Config) {
 	t.Helper()
-	b := setup(t, setupOpts{sim: sim})
-	id := b.submit(t, `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it twice"}]}}`)
-	unlinkDeltasAtEnd(t, b.redisURL, id)
-	evs := openEvents(t, b.apiURL, id, "0").rest(t)
-	last := evs[len(evs)-1]
-	require.Equal(t, "succeeded", last.name)
-	msg := last.job["result"].(map[string]any)["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
-	calls := msg["tool_calls"].([]any)
-	require.Len(t, calls, 2)
+	calls, evs := streamedToolCallsJob(t, sim)
 	opened, input := map[int]string{}, map[int]string{}
-	for _, ev := range evs {
-		if ev.name != "delta" || ev.job["type"] != "input_json" {
-			continue
+	for _, ev := range inputJSONDeltas(evs) {
+		if ev.id != "" {
+			require.Empty(t, opened[ev.index], "one id per tool index")
+			opened[ev.index] = ev.id
 		}
-		k := 0 // tool_index is left out when 0
-		if v, ok := ev.job["tool_index"].(float64); ok {
-			k = int(v)
-		}
-		if tid, _ := ev.job["tool_id"].(string); tid != "" {
-			require.Empty(t, opened[k], "one id per tool index")
-			opened[k] = tid
-		}
-		input[k] += ev.job["text"].(string)
+		input[ev.index] += ev.text
 	}
 	require.Len(t, opened, 2)
 	for i, c := range calls {
@@ -471,6 +441,48 @@ func requireToolCallsAtTheirPlaces(t *testing.T, sim llmsim.Config) {
 		require.JSONEq(t, args, input[i], "the deltas of tool_index %d add up to its arguments", i)
 	}
 	require.NotEqual(t, opened[0], opened[1])
+}
+
+// streamedToolCallsJob submits a streamed job with a tool to the simulator configured with sim
+// (two calls), reads its event stream to the end, and returns the stored message's two tool calls
+// and the stream's events.
+func streamedToolCallsJob(t *testing.T, sim llmsim.Config) (calls []any, evs []sseEvent) {
+	t.Helper()
+	b := setup(t, setupOpts{sim: sim})
+	id := b.submit(t, `{"credential":"oai","request":{"model":"m","stream":true,"tools":[{"type":"function","function":{"name":"echo","parameters":{"type":"object"}}}],"messages":[{"role":"user","content":"call it twice"}]}}`)
+	unlinkDeltasAtEnd(t, b.redisURL, id)
+	evs = openEvents(t, b.apiURL, id, "0").rest(t)
+	last := evs[len(evs)-1]
+	require.Equal(t, "succeeded", last.name)
+	msg := last.job["result"].(map[string]any)["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+	calls, _ = msg["tool_calls"].([]any)
+	require.Len(t, calls, 2, "two calls, each with its name and arguments: %v", calls)
+	return calls, evs
+}
+
+// inputJSONDelta is an input_json delta of an event stream: its tool_index (0 when left out), the
+// tool_id it opened its call with (if it did) and its text.
+type inputJSONDelta struct {
+	index    int
+	id, text string
+}
+
+// inputJSONDeltas returns the input_json deltas among evs, in order.
+func inputJSONDeltas(evs []sseEvent) []inputJSONDelta {
+	var ds []inputJSONDelta
+	for _, ev := range evs {
+		if ev.name != "delta" || ev.job["type"] != "input_json" {
+			continue
+		}
+		d := inputJSONDelta{}
+		if v, ok := ev.job["tool_index"].(float64); ok {
+			d.index = int(v)
+		}
+		d.id, _ = ev.job["tool_id"].(string)
+		d.text, _ = ev.job["text"].(string)
+		ds = append(ds, d)
+	}
+	return ds
 }
 
 // unlinkDeltasAtEnd removes job id's delta buffer from the Redis at redisURL when the test ends:
