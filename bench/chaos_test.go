@@ -83,7 +83,7 @@ func TestPGProxy(t *testing.T) {
 		during.Close()
 		require.Error(t, err, "a new connection is reset while down")
 	}
-	require.Eventually(t, func() bool { return p.refusedCount() == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return p.refusedCount() == 1 }, 30*time.Second, 5*time.Millisecond)
 
 	require.Zero(t, p.setDown(false))
 	after, err := net.Dial("tcp", p.addr())

@@ -100,7 +100,7 @@ func TestStatementBound_BoundsTheWaitForAConnection(t *testing.T) {
 		p.Close()
 		done <- err
 	}()
-	ended := time.NewTimer(8 * time.Second)
+	ended := time.NewTimer(30 * time.Second)
 	defer ended.Stop()
 	select {
 	case err = <-done:

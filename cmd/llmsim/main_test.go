@@ -138,7 +138,7 @@ func TestRun(t *testing.T) {
 				InFlight int `json:"in_flight"`
 			}
 			return json.NewDecoder(resp.Body).Decode(&st) == nil && st.InFlight == 1
-		}, 5*time.Second, 5*time.Millisecond)
+		}, 30*time.Second, 5*time.Millisecond)
 		pollClient.CloseIdleConnections()
 		require.NoError(t, stop())
 		require.Error(t, <-errc)

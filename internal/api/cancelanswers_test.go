@@ -93,7 +93,7 @@ func TestCancel_AnswersEachState(t *testing.T) {
 	}
 	// The tenant's places all held (its keyed submits' and cancels' transactions). Not parallel
 	// with the subtests above, which need a place.
-	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
 	defer cancel()
 	for range b.srv.keyed.max {
 		release, err := b.srv.keyed.enter(ctx, tenant.Default, 0, tooManyCancels)

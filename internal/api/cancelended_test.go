@@ -23,7 +23,7 @@ import (
 func TestCancel_EndedJobTakesNoPlace(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{storeWait: 200 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
 	defer cancel()
 	succeeded := b.create(t, "")
 	b.attempt(t, succeeded.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})

@@ -60,7 +60,7 @@ func TestEvents_StalledReaderIsCutOff(t *testing.T) {
 	require.Error(t, err, "the stream was cut off, not ended")
 	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server did not close the connection")
 	require.Eventually(t, func() bool { return b.openStreams("default") == 0 && b.listener.Subscribers() == 0 },
-		httpservetest.Deadline, 5*time.Millisecond, "the stream's slot and subscription were not released")
+		httpservetest.Wait, 5*time.Millisecond, "the stream's slot and subscription were not released")
 }
 
 // TestEvents_StreamOutlivesReadTimeout: the server's read timeout bounds reading a request, not
@@ -102,14 +102,14 @@ func TestEvents_StreamsPerTenantCap(t *testing.T) {
 	require.Equal(t, http.StatusOK, streamStatus(t, b.url, other.ID, acme))
 	// A place frees when a stream ends.
 	first.close()
-	require.Eventually(t, func() bool { return b.openStreams("default") == 1 }, httpservetest.Deadline, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.openStreams("default") == 1 }, httpservetest.Wait, 5*time.Millisecond)
 	openStream(t, b.url, job.ID, "").nextEvent(t)
 }
 
 // streamStatus opens the job's event stream with header h and closes it at once.
 func streamStatus(t *testing.T, base, id string, h map[string]string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/jobs/"+id+"/events", nil)
 	require.NoError(t, err)
@@ -183,7 +183,7 @@ func TestServer_NonCanonicalPathsAre404(t *testing.T) {
 		{http.MethodGet, "//v1/jobs/" + job.ID}, {http.MethodDelete, "/v1/jobs/" + job.ID + "/../" + job.ID},
 		{http.MethodGet, "/v1/jobs/" + job.ID + "/events/.."}, {http.MethodHead, "/healthz/."}, {http.MethodGet, "//metrics"},
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+		ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
 		req, err := http.NewRequestWithContext(ctx, rt.method, b.url+rt.path, strings.NewReader(minimalSubmit))
 		require.NoError(t, err)
 		resp, err := noRedirect.Do(req)
@@ -297,7 +297,7 @@ func TestSubmit_BodiesInFlightAreBounded(t *testing.T) {
 	slow.Send(t, http.MethodPost, "/v1/jobs", "Content-Length: 1000", "Content-Type: application/json")
 	_, err := io.WriteString(slow, `{"request"`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 1000 }, httpservetest.Deadline, time.Millisecond)
+	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 1000 }, httpservetest.Wait, time.Millisecond)
 
 	// From another tenant (the slow body holds the anonymous tenant's share, see
 	// TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget), 600 more would pass the budget; a body
@@ -327,7 +327,7 @@ func TestSubmit_BodiesInFlightAreBounded(t *testing.T) {
 	_, err = io.WriteString(slow, strings.Repeat(" ", 990))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadRequest, slow.Response(t).StatusCode)
-	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Deadline, time.Millisecond)
+	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Wait, time.Millisecond)
 	require.Equal(t, http.StatusAccepted, do(t, b.url, http.MethodPost, "/v1/jobs", body+strings.Repeat(" ", 600-len(body)), nil).status)
 }
 
@@ -366,7 +366,7 @@ func TestSubmit_OneTenantHoldsAtMostHalfTheBodyBudget(t *testing.T) {
 	_, err = io.WriteString(first, strings.Repeat(" ", 1000))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusBadRequest, first.Response(t).StatusCode)
-	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Deadline, time.Millisecond)
+	require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Wait, time.Millisecond)
 	_, status = slow()
 	require.Equal(t, http.StatusContinue, status)
 }

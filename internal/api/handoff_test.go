@@ -106,7 +106,7 @@ func TestSubmit_HandsNewJobsToThisProcess(t *testing.T) {
 		require.Eventually(t, func() bool {
 			_, run, _ = p.state()
 			return len(run) == n
-		}, 5*time.Second, 5*time.Millisecond, "deliveries started")
+		}, 30*time.Second, 5*time.Millisecond, "deliveries started")
 		return run
 	}
 	noTask := func(id string) {

@@ -60,7 +60,7 @@ func TestMetrics_SubmitStages(t *testing.T) {
 		if b == nil {
 			return base // setup itself
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		var rows int
 		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM jobs`).Scan(&rows); err != nil {

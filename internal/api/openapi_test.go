@@ -179,7 +179,7 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 	b.do(t, http.MethodHead, "/v1/jobs/0190a5b2-7c1e-7d3f-9a8b-123456789abc", "", nil) // 404
 	b.do(t, http.MethodOptions, "/v1/jobs/"+id+"/events", "", map[string]string{"Origin": "https://app.example",
 		"Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "last-event-id"}) // 204
-	require.Eventually(t, func() bool { return b.openStreams("default") == 0 }, httpservetest.Deadline, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.openStreams("default") == 0 }, httpservetest.Wait, 5*time.Millisecond)
 	waiting := b.create(t, "")
 	open := openStream(t, b.url, waiting.ID, "")
 	open.nextEvent(t)
@@ -236,7 +236,7 @@ func cancelsOverShare(t *testing.T, rec *statusRecorder) {
 	t.Helper()
 	b := setup(t, setupOpts{wrap: rec.wrap, storeWait: 50 * time.Millisecond})
 	job := b.create(t, "")
-	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
 	defer cancel()
 	for range b.srv.keyed.max {
 		release, err := b.srv.keyed.enter(ctx, tenant.Default, 0, tooManyCancels)

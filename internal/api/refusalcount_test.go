@@ -85,10 +85,10 @@ func TestSubmit_TooManyBodiesCountedByAuthenticatedTenant(t *testing.T) {
 		if auth != "" {
 			h["Authorization"] = strings.TrimPrefix(auth, "Authorization: ")
 		}
-		require.Eventually(t, func() bool { return b.srv.bodies.inFlight() > 0 }, httpservetest.Deadline, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return b.srv.bodies.inFlight() > 0 }, httpservetest.Wait, 5*time.Millisecond)
 		requireError(t, b.do(t, http.MethodPost, "/v1/jobs", minimalSubmit, h), http.StatusTooManyRequests, "too_many_bodies")
 		require.NoError(t, held.Close())
-		require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Deadline, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Wait, 5*time.Millisecond)
 	}
 	require.Equal(t, map[string]float64{"acme/too_many_bodies": 1, "/too_many_bodies": 1}, tenantRefusals(t, reg))
 }

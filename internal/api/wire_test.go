@@ -194,7 +194,7 @@ func TestFromConfig_ConsolePathsUnderCleanPaths(t *testing.T) {
 	t.Cleanup(hs.Close)
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	get := func(path string) *http.Response {
-		ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Deadline)
+		ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
 		defer cancel()
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+path, nil)
 		require.NoError(t, err)

@@ -154,7 +154,7 @@ func TestClient_ErrorAnswerReadIsBounded(t *testing.T) {
 	for _, provider := range []string{"anthropic", "openai"} {
 		client, err := batchlane.NewClient(provider, ts.URL, "sk-test", ts.Client())
 		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		_, err = client.Poll(ctx, "batch_1")
 		cancel()
 		var se *batchlane.StatusError

@@ -78,7 +78,7 @@ func TestSession_MadeUpCookieFloodLeavesRoomForOthers(t *testing.T) {
 	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's lookups")
 
 	// The pool has room for its other users while the flood holds on.
-	acquireCtx, cancelAcquire := context.WithTimeout(ctx, 2*time.Second)
+	acquireCtx, cancelAcquire := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelAcquire()
 	c, err := pool.Acquire(acquireCtx)
 	require.NoError(t, err, "a connection of the pool while made-up cookies flood the console")
@@ -166,7 +166,7 @@ func TestLogin_MadeUpTokenFloodLeavesRoomForOthers(t *testing.T) {
 	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, answers, flood, "the flood's logins")
 
 	// The pool has room for its other users while the flood holds on.
-	acquireCtx, cancelAcquire := context.WithTimeout(ctx, 2*time.Second)
+	acquireCtx, cancelAcquire := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelAcquire()
 	c, err := pool.Acquire(acquireCtx)
 	require.NoError(t, err, "a connection of the pool while made-up logins flood the console")

@@ -466,7 +466,7 @@ func TestStore_PausesWaitingForTheLockLeaveThePoolFree(t *testing.T) {
 	stopPolling()
 
 	// Other work on the pool gets a connection.
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	_, err = pool.Exec(qctx, `SELECT 1`)
 	require.NoError(t, err, "the pauses waiting for the lock hold every connection of the pool")

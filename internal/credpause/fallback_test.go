@@ -42,7 +42,7 @@ func TestStore_PauseInRedisWhenPostgresUsedTheBound(t *testing.T) {
 	require.True(t, errors.Is(err, credpause.ErrDatabase), "only Postgres failed: %v", err)
 	require.True(t, started, "the pause began in Redis")
 
-	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer rcancel()
 	ps, err := b.gate.Paused(rctx)
 	require.NoError(t, err)

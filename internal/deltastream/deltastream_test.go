@@ -257,12 +257,12 @@ func TestHub_FollowerReadsTheBufferWhenABatchIsMissing(t *testing.T) {
 	require.False(t, ok, "a message that is not a batch")
 }
 
-// awaitWake waits for a wake-up, at most 5 s.
+// awaitWake waits for a wake-up, at most 30 s.
 func awaitWake(t *testing.T, wake <-chan struct{}) {
 	t.Helper()
 	select {
 	case <-wake:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("no wake-up for a write to the followed job")
 	}
 }
@@ -388,7 +388,7 @@ func TestWriter_ResetAfterATimedOutCloseDropsWhatIsLeft(t *testing.T) {
 	defer cancel()
 
 	w.Add(deltastream.Delta{Type: "text", Index: 0, Text: "a"})
-	require.Eventually(t, func() bool { return rdb.XLen(ctx, buf.Key("job")).Val() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return rdb.XLen(ctx, buf.Key("job")).Val() == 1 }, 30*time.Second, time.Millisecond)
 	hook.arm()
 	w.Add(deltastream.Delta{Type: "text", Index: 1, Text: "b"}) // taken: its round trip is held
 	select {

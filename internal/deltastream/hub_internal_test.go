@@ -201,7 +201,7 @@ func TestQueuedConn_AWritePastItsDeadlineClosesTheConnection(t *testing.T) {
 	require.NoError(t, err, "queued, not written")
 	require.Equal(t, len("SUBSCRIBE"), n)
 
-	require.NoError(t, q.SetReadDeadline(time.Now().Add(5*time.Second)))
+	require.NoError(t, q.SetReadDeadline(time.Now().Add(30*time.Second)))
 	_, err = q.Read(make([]byte, 1))
 	require.ErrorIs(t, err, io.ErrClosedPipe, "the failed write closed the connection")
 	_, err = q.Write([]byte("PING"))

@@ -41,7 +41,7 @@ func TestServer_AKilledHoldStillWakes(t *testing.T) {
 	proxy := startKillProxy(t, "bzpopmin")
 	r := newHeldRig(t, proxy.URL())
 	r.holdBegun(t, 0)
-	require.Eventually(t, func() bool { return killMarked(proxy) == 1 }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return killMarked(proxy) == 1 }, 30*time.Second, time.Millisecond,
 		"the held dequeue's connection cut")
 	require.NoError(t, r.enq.Enqueue(t.Context(), "after-the-cut", jobs.PriorityNormal, time.Time{}))
 	require.Equal(t, "after-the-cut", r.next(t), "delivered long before the hold's time")

@@ -20,7 +20,7 @@ import (
 
 // waitFor bounds every wait of the Handoff tests; tick is how often a condition is polled.
 const (
-	waitFor = 5 * time.Second
+	waitFor = 30 * time.Second
 	tick    = 5 * time.Millisecond
 )
 

@@ -63,7 +63,7 @@ func TestServer_TakesABacklogInBatches(t *testing.T) {
 				active, err1 := r.rdb.LLen(t.Context(), p+"active").Result()
 				pending, err2 := r.rdb.LLen(t.Context(), p+"pending").Result()
 				return err1 == nil && err2 == nil && active == 0 && pending == 0
-			}, 5*time.Second, 5*time.Millisecond, "%s: every task done", q)
+			}, 30*time.Second, 5*time.Millisecond, "%s: every task done", q)
 		}
 		select {
 		case id := <-r.delivered:

@@ -94,7 +94,7 @@ func TestAutoPipelined_BatchesInFlight(t *testing.T) {
 			go func() { first <- ap.Set(ctx, slow, "1", 0).Err() }()
 			// The first batch is out once its reply is held: Redis has its key.
 			require.Eventually(t, func() bool { return direct.Exists(ctx, slow).Val() == 1 },
-				5*time.Second, time.Millisecond, "the first command reached Redis")
+				waitFor, time.Millisecond, "the first command reached Redis")
 
 			second := make(chan error, 1)
 			go func() { second <- ap.Set(ctx, prefix+"fast", "2", 0).Err() }()
@@ -159,7 +159,7 @@ func TestDeferred_SendsWithoutWaitingForTheReply(t *testing.T) {
 		t.Fatal("the call waited for its reply")
 	}
 	require.Eventually(t, func() bool { return direct.ZScore(ctx, held, "q").Err() == nil },
-		5*time.Second, time.Millisecond, "the command reached Redis while its reply is held")
+		waitFor, time.Millisecond, "the command reached Redis while its reply is held")
 	proxy.unhold()
 	n, err := cmd.Result()
 	require.NoError(t, err)
@@ -193,7 +193,7 @@ func TestEnqueuer_DoesNotWaitForADeferredWakeUp(t *testing.T) {
 		t.Fatal("the enqueue waited for its wake-up's reply")
 	}
 	require.Eventually(t, func() bool { return direct.ZScore(ctx, wakeSet, queue).Err() == nil },
-		5*time.Second, time.Millisecond, "the wake-up reached Redis")
+		waitFor, time.Millisecond, "the wake-up reached Redis")
 }
 
 // GrowStacks' hook passes every command through unchanged: through the client, its

@@ -31,7 +31,7 @@ func TestBreaker_OneProbeAcrossWorkersThenRecovery(t *testing.T) {
 			st, err := brk.Status(b.ctx)
 			return err == nil && st.State == breaker.Open
 		}, 20*time.Second, 10*time.Millisecond)
-		require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 0 }, 5*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 0 }, 30*time.Second, 10*time.Millisecond)
 		for range 48 {
 			ids = append(ids, b.submit(t, anthropicBody("waiting for the provider")))
 		}

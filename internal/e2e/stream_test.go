@@ -490,7 +490,7 @@ func inputJSONDeltas(evs []sseEvent) []inputJSONDelta {
 func unlinkDeltasAtEnd(t *testing.T, redisURL, id string) {
 	t.Helper()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		redistest.Unlink(ctx, redistest.ClientOf(t, redisURL), "llmq:{"+id+"}:deltas")
 	})

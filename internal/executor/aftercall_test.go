@@ -128,7 +128,7 @@ func TestExecutor_ResultIsNotHeldBackByTheBookkeeping(t *testing.T) {
 }
 
 // holdBookkeeping holds every pipeline of scripts (the after-call bookkeeping is the only one in
-// a delivery) until job reads as succeeded, for at most 5 s.
+// a delivery) until job reads as succeeded, for at most 30 s.
 type holdBookkeeping struct {
 	store    *jobs.Store
 	job      atomic.Pointer[string]
@@ -147,7 +147,7 @@ func (h *holdBookkeeping) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 			return next(ctx, cmds)
 		}
 		h.held.Add(1)
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			j, err := h.store.Get(ctx, *id)
 			if err == nil && j.Status == jobs.StatusSucceeded {

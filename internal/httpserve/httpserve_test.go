@@ -109,9 +109,9 @@ func TestLimitListener_OneConnectionOverTheCap(t *testing.T) {
 		c := httpservetest.Dial(t, addr, 0)
 		defer c.Close()
 		return c.Get(t, "/").StatusCode == http.StatusOK
-	}, httpservetest.Deadline, 10*time.Millisecond)
+	}, httpservetest.Wait, 10*time.Millisecond)
 	// The server notices closed connections on its own time.
-	require.Eventually(t, func() bool { return gauge(t, reg, "llmq_http_connections_open") == 1 }, httpservetest.Deadline, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return gauge(t, reg, "llmq_http_connections_open") == 1 }, httpservetest.Wait, 10*time.Millisecond,
 		"first is open; second and the probes closed")
 	require.GreaterOrEqual(t, gauge(t, reg, "llmq_http_connections_rejected_total"), 1.0)
 }

@@ -465,7 +465,7 @@ func TestClaimKey_ContextCanceled(t *testing.T) {
 func TestClaimKey_ReplayTakesNoLock(t *testing.T) {
 	t.Parallel()
 	b := setupClaim(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	first, id1, err := b.create(ctx, "default", "key-locked", "fp-1")
@@ -480,8 +480,8 @@ func TestClaimKey_ReplayTakesNoLock(t *testing.T) {
 	_, err = holder.Exec(ctx, `SELECT 1 FROM idempotency_keys WHERE key = 'key-locked' FOR UPDATE`)
 	require.NoError(t, err)
 
-	// Past 2 s the replay is waiting for the holder's lock (it never lets go before the end).
-	replayCtx, replayCancel := context.WithTimeout(ctx, 2*time.Second)
+	// Past 30 s the replay is waiting for the holder's lock (it never lets go before the end).
+	replayCtx, replayCancel := context.WithTimeout(ctx, 30*time.Second)
 	defer replayCancel()
 	for _, fp := range []string{"fp-1", "fp-2"} {
 		c, _, err := b.create(replayCtx, "default", "key-locked", fp)

@@ -174,7 +174,7 @@ func TestBatch_MixedBoundedCreateIsAnsweredByItsBound(t *testing.T) {
 	case err := <-created:
 		require.Error(t, err)
 		require.True(t, pgwait.TimedOut(bounded, err), "the create is answered by its bound: %v", err)
-	case <-time.After(5 * time.Second): // 50 bounds
+	case <-time.After(30 * time.Second): // 300 bounds
 		release()
 		t.Fatalf("the bounded create waited for a connection past its bound: %v", <-created)
 	}

@@ -79,7 +79,7 @@ func TestStore_CancelOfAnEndedJobLocksNothing(t *testing.T) {
 	_, err = tx.Exec(t.Context(), `SELECT 1 FROM jobs WHERE id = ANY($1) FOR UPDATE`, []string{succeeded.ID, canceled.ID})
 	require.NoError(t, err)
 
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	_, err = b.Store.Cancel(ctx, succeeded.ID)
 	require.EqualError(t, err, "job is succeeded")

@@ -19,11 +19,11 @@ func answer(n int) string {
 	return `{"content":"` + strings.Repeat("x", n-len(wrap)) + `"}`
 }
 
-// waitFor polls cond until it holds, failing after five seconds or as soon as stop (when not nil)
+// waitFor polls cond until it holds, failing after testWait or as soon as stop (when not nil)
 // has something to receive.
 func waitFor(t *testing.T, what string, cond func() bool, stop <-chan error) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(testWait)
 	for !cond() {
 		select {
 		case err := <-stop:

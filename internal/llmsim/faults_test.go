@@ -176,7 +176,7 @@ func TestServer_Faults(t *testing.T) {
 		require.Eventually(t, func() bool {
 			st := b.sim.Stats()
 			return st.InFlight == 0 && st.ByStatus[llmsim.StatusClientClosed] == 1
-		}, 5*time.Second, 5*time.Millisecond)
+		}, 30*time.Second, 5*time.Millisecond)
 
 		b.setFaults(t, `{}`)
 		require.Equal(t, http.StatusOK, b.anthropic(t, "k", helloBody).status)
@@ -217,7 +217,7 @@ func TestServer_Faults(t *testing.T) {
 		require.Eventually(t, func() bool {
 			st := b.sim.Stats()
 			return st.InFlight == 0 && st.ByStatus[llmsim.StatusClientClosed] == 1
-		}, 5*time.Second, 5*time.Millisecond)
+		}, 30*time.Second, 5*time.Millisecond)
 	})
 
 	t.Run("LatencyPlusJitter", func(t *testing.T) {

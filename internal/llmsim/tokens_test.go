@@ -373,11 +373,11 @@ func TestServer_TokenLimits(t *testing.T) {
 				map[string]string{"x-api-key": "k", "anthropic-version": "2023-06-01"}, promptBody(40, 60))
 			errc <- err
 		}()
-		require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return b.sim.Stats().InFlight == 1 }, 30*time.Second, time.Millisecond)
 		// When the client leaves during the wait
 		cancel()
 		require.Error(t, <-errc)
-		require.Eventually(t, func() bool { return b.sim.Stats().ByStatus[llmsim.StatusClientClosed] == 1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return b.sim.Stats().ByStatus[llmsim.StatusClientClosed] == 1 }, 30*time.Second, time.Millisecond)
 		// Then its reservation is back (the spend cap answers at once with the headers)
 		require.NoError(t, b.sim.SetFaults(llmsim.Faults{SpendCap: true}))
 		r := b.anthropic(t, "k", promptBody(40, 60))

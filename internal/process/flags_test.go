@@ -69,7 +69,7 @@ credentials:
 		return ""
 	}}
 	for name, run := range map[string]func(context.Context, []string, process.Options) error{"api": process.API, "serve": process.Serve} {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := run(ctx, []string{"--config", path}, o)
 		cancel()
 		require.ErrorContains(t, err, "api.max_connections: ", name)
@@ -97,7 +97,7 @@ credentials:
 		run  func(context.Context, []string, process.Options) error
 		flag string
 	}{{"api", process.API, "listen"}, {"serve", process.Serve, "listen"}, {"worker", process.Worker, "metrics-listen"}} {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := tc.run(ctx, []string{"--config", path, "--" + tc.flag, "8080"}, o)
 		cancel()
 		require.ErrorContains(t, err, "--"+tc.flag+": must be host:port", tc.name)

@@ -68,7 +68,7 @@ func ClientOf(t testing.TB, url string) redis.UniversalClient {
 		t.Fatalf("parse redis url %s: %v", url, err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return node.Ping(ctx).Err() })

@@ -43,7 +43,7 @@ func Client(t testing.TB) *redis.Client {
 		t.Fatalf("parse TEST_REDIS_URL: %v", err)
 	}
 	c := redis.NewClient(opt)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatalf("redis unreachable at %s: %v", URL(), err)

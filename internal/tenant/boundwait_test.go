@@ -38,7 +38,7 @@ func boundPool(t *testing.T, ctx context.Context) (*tenant.Authenticator, string
 // (503 overloaded), not held until a connection comes (past the server's write timeout).
 func TestAuthenticator_BoundedWaiterOfAnUnboundedLookupEndsByItsBound(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	auth, token, held := boundPool(t, ctx)
 
@@ -60,7 +60,7 @@ func TestAuthenticator_BoundedWaiterOfAnUnboundedLookupEndsByItsBound(t *testing
 		require.Error(t, err)
 		require.True(t, pgwait.TimedOut(bounded, err), "answered by its bound: %v", err)
 		require.Equal(t, 1, auth.Looking(), "the unbounded lookup goes on")
-	case <-time.After(5 * time.Second): // 50 bounds
+	case <-time.After(30 * time.Second): // 300 bounds, under ctx's minute
 		held.Release()
 		t.Fatalf("the bounded request waited for another's lookup past its bound: %v", <-waited)
 	}

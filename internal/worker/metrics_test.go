@@ -120,7 +120,7 @@ func TestWorker_AlertedSeriesStartAtZero(t *testing.T) {
 	require.Eventually(t, func() bool {
 		n, err := testutil.GatherAndCount(b.reg, "llmq_limiter_paused")
 		return err == nil && n == 2
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 }
 
 func requireSeries(t *testing.T, reg *prometheus.Registry, name, label string, n int) {
@@ -176,11 +176,11 @@ func TestWorker_PausedGaugeFollowsResumeByAnotherProcess(t *testing.T) {
 	started, err := gate.Pause(context.Background(), "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
 	require.True(t, started)
-	require.Eventually(t, paused(1), 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, paused(1), 30*time.Second, 5*time.Millisecond)
 	was, err := gate.Resume(context.Background())
 	require.NoError(t, err)
 	require.True(t, was)
-	require.Eventually(t, paused(0), 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, paused(0), 30*time.Second, 5*time.Millisecond)
 }
 
 // TestWorker_RestoresAPauseRedisLost: a pause kept in Postgres that Redis lost (a restart
@@ -209,7 +209,7 @@ func TestWorker_RestoresAPauseRedisLost(t *testing.T) {
 	require.Eventually(t, func() bool {
 		v, ok := values(t, b.reg, "llmq_limiter_paused")[`credential="default"`]
 		return ok && v == 1
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 }
 
 // TestWorker_RestoresAPauseAFailoverLost: a pause kept in Postgres that Redis lost in a failover

@@ -20,6 +20,12 @@ import (
 // server that does not cut a connection off fails the test instead of hanging it.
 const Deadline = 5 * time.Second
 
+// Wait bounds a test's wait for a condition, or for a call that must succeed, that no timeout of
+// the server's races: as long as a loaded machine under the race detector may need, ended early
+// when the condition holds. Deadline stays the bound of a Conn's reads and writes, where being
+// short is what tells a server's configured cut-off from its default one.
+const Wait = 30 * time.Second
+
 // Conn is a raw client connection, closed when the test ends.
 type Conn struct {
 	net.Conn
