@@ -302,19 +302,12 @@ func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 		}
 		p.Timeout = d
 	}
-	for _, f := range []struct {
-		name string
-		val  *string
-		dst  *time.Duration
-	}{{"attempt_timeout", b.AttemptTimeout, &p.AttemptTimeout}, {"first_byte_timeout", b.FirstByteTimeout, &p.FirstByteTimeout}} {
-		if f.val == nil {
-			continue
-		}
-		d, err := time.ParseDuration(*f.val)
-		if err != nil || d < minDuration || d > p.Timeout {
-			return invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", at least %s and at most the job's timeout (%s)", f.name, truncateValue(*f.val), minDuration, p.Timeout)
-		}
-		*f.dst = d
+	var err error
+	if p.AttemptTimeout, err = callTimeout("attempt_timeout", b.AttemptTimeout, p.Timeout); err != nil {
+		return err
+	}
+	if p.FirstByteTimeout, err = callTimeout("first_byte_timeout", b.FirstByteTimeout, p.Timeout); err != nil {
+		return err
 	}
 	if b.MaxAttempts != nil {
 		if *b.MaxAttempts < 1 || *b.MaxAttempts > 100 {
@@ -323,6 +316,20 @@ func (s *contract) parseLimits(b submitBody, p *jobs.CreateParams) error {
 		p.MaxAttempts = int(*b.MaxAttempts)
 	}
 	return nil
+}
+
+// callTimeout reads the per-call timeout named name (0 when val is nil), at most the job's
+// timeout. It returns the value, not a pointer into the job's parameters: a pointer kept beside
+// the name its refusal quotes moved the parameters to the heap at every parse.
+func callTimeout(name string, val *string, timeout time.Duration) (time.Duration, error) {
+	if val == nil {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(*val)
+	if err != nil || d < minDuration || d > timeout {
+		return 0, invalid("invalid_timeout", "%s %q must be a duration such as \"30s\", at least %s and at most the job's timeout (%s)", name, truncateValue(*val), minDuration, timeout)
+	}
+	return d, nil
 }
 
 // parseMetadata keeps metadata when it is a JSON object of at most MaxMetadataBytes.

@@ -376,3 +376,26 @@ func TestEstimator_ObserveKeepsItsSeries(t *testing.T) { // not parallel: Allocs
 	}
 	require.Equal(t, map[string]uint64{"main": 52, "other": 1}, counts)
 }
+
+// TestEstimator_EstimateAllocs pins the allocations of a small chat request's estimate, which the
+// worker makes at every admission: tokens.Count's (the model's string and the messages' list)
+// and nothing of its own, the ratio looked up for a known credential, tenant and model. The
+// fields Count reads into were moved to the heap for its json.Unmarshal fallback: 3.
+func TestEstimator_EstimateAllocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
+	if raceEnabled {
+		t.Skip("allocations are counted without the race detector")
+	}
+	e, err := estimator.New(nil)
+	require.NoError(t, err)
+	body := []byte(`{"model":"claude","max_tokens":16,"messages":[{"role":"user","content":"bench request 7"}]}`)
+	est, err := e.Estimate("main", "acme", tokens.ProviderAnthropic, body)
+	require.NoError(t, err)
+	e.Observe("main", est, 100)
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := e.Estimate("main", "acme", tokens.ProviderAnthropic, body); err != nil {
+			panic(err)
+		}
+	})
+	t.Logf("Estimate: %.1f allocations", allocs)
+	require.LessOrEqual(t, allocs, 2.0, "allocations per estimate")
+}

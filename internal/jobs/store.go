@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/llmq/llmq/internal/idem"
@@ -200,11 +201,8 @@ func (s *Store) queryJob(ctx context.Context, id, sql string, args ...any) (*Job
 	return s.runJobQuery(ctx, q, id, sql, append(q.args[:0], args...))
 }
 
-// queryJobArgs is queryJob with a list of arguments of the caller's that the batch keeps.
-func (s *Store) queryJobArgs(ctx context.Context, id, sql string, args []any) (*Job, error) {
-	return s.runJobQuery(ctx, new(jobQuery), id, sql, args)
-}
-
+// runJobQuery runs sql with args by the batcher and scans its row with q, which must own args
+// (the batch may still read them after ctx's end).
 func (s *Store) runJobQuery(ctx context.Context, q *jobQuery, id, sql string, args []any) (*Job, error) {
 	q.s = s
 	q.op = batchOp{ctx: ctx, key: id, sql: sql, args: args, scan: q}
@@ -313,8 +311,9 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (job *Job, replayed 
 		if err != nil {
 			return nil, false, err
 		}
-		sql, args := insertJob(id, nil, p, begin)
-		job, err = s.queryJobArgs(ctx, id, sql, args)
+		q := new(insertQuery)
+		sql := insertJobInto(&q.args, id, nil, p, begin)
+		job, err = s.runJobQuery(ctx, &q.jobQuery, id, sql, q.args.list[:])
 		if isJobIDTaken(err) {
 			// The batcher runs a failed batch's statements again one by one. When the batch's
 			// connection dropped after its commit, this insert already took effect: the ID is
@@ -450,8 +449,8 @@ func (s *Store) admit(ctx context.Context, p *CreateParams) (*Begin, error) {
 
 // isJobIDTaken reports whether err is an insert's conflict on the jobs' primary key.
 func isJobIDTaken(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "jobs_pkey"
+	pgErr, ok := errors.AsType[*pgconn.PgError](err) // not errors.As, whose target is moved to the heap
+	return ok && pgErr.Code == "23505" && pgErr.ConstraintName == "jobs_pkey"
 }
 
 // ownJob returns job id, which this Create inserted in an earlier try, or conflict when the row
@@ -487,10 +486,21 @@ func createError(err error) error {
 // deadline is the timeout from Postgres's clock_timestamp(), not from this host's clock: a
 // skewed API host would move every job's deadline by its skew.
 func insertJob(id string, key *string, p CreateParams, begin *Begin) (string, []any) {
+	a := new(insertArgList)
+	return insertJobInto(a, id, key, p, begin), a.list[:]
+}
+
+// insertJobInto is insertJob writing its arguments into a.
+func insertJobInto(a *insertArgList, id string, key *string, p CreateParams, begin *Begin) string {
 	var lease *string
 	if begin != nil {
 		lease = &begin.LeaseToken
 	}
+	a.tenant, a.credential, a.timeoutMS = textArg(p.Tenant), textArg(p.Credential), int8Arg(p.Timeout.Milliseconds())
+	a.list = [insertArgs]any{id, &a.tenant, &a.credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
+		&a.timeoutMS, []byte(p.Metadata), positiveMS(p.AttemptTimeout),
+		positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), laneArg(p.Lane), priorityArg(p.Priority),
+		lease, attemptLeaseMS}
 	return `
 WITH j AS (
 	INSERT INTO jobs (id, tenant, credential, idempotency_key, fingerprint, status, request,
@@ -506,11 +516,44 @@ WITH j AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, 1, 'queued', '{}'::jsonb FROM j
 	UNION ALL SELECT id, 2, 'running', '{"attempt": 1}'::jsonb FROM j WHERE lease_token IS NOT NULL
 )
-SELECT ` + jobColumnsNoRequest + ` FROM j`,
-		[]any{id, p.Tenant, p.Credential, key, p.Fingerprint, []byte(p.Request), p.MaxAttempts,
-			p.Timeout.Milliseconds(), []byte(p.Metadata), positiveMS(p.AttemptTimeout),
-			positiveMS(p.FirstByteTimeout), nonNil(p.Fallbacks), laneArg(p.Lane), priorityArg(p.Priority),
-			lease, attemptLeaseMS}
+SELECT ` + jobColumnsNoRequest + ` FROM j`
+}
+
+// insertArgs is how many arguments insertJob's statement takes.
+const insertArgs = 16
+
+// insertQuery is a keyless Create's statement in one allocation: the jobQuery that runs it and
+// scans its row, and insertJob's arguments. Apart they were 2 allocations at every submit.
+type insertQuery struct {
+	jobQuery
+	args insertArgList
+}
+
+// insertArgList is insertJob's arguments and the values three of them point at (the tenant, the
+// credential and the timeout, never constants): boxing a pointer into an argument does not
+// allocate, boxing each value did.
+type insertArgList struct {
+	list       [insertArgs]any
+	tenant     textArg
+	credential textArg
+	timeoutMS  int8Arg
+}
+
+// textArg is a text argument that pgx encodes from its pointer through pgtype.TextValuer,
+// without reflection (pgx reads a *string's value back through reflect, boxing it again).
+type textArg string
+
+// TextValue implements pgtype.TextValuer: the string, never NULL.
+func (a *textArg) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*a), Valid: true}, nil
+}
+
+// int8Arg is a bigint argument that pgx encodes from its pointer through pgtype.Int64Valuer.
+type int8Arg int64
+
+// Int64Value implements pgtype.Int64Valuer: the integer, never NULL.
+func (a *int8Arg) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*a), Valid: true}, nil
 }
 
 // attemptLeaseMS is AttemptLease in milliseconds, boxed once (an argument of insertJob,

@@ -104,13 +104,9 @@ func count(provider string, data []byte, fast bool) (Request, error) {
 	// One parse of the body, messages included (their contents stay raw).
 	var raw fields
 	if !fast || !scanBody(data, &raw) {
-		raw = fields{}
-		if err := json.Unmarshal(data, &raw); err != nil {
-			var te *json.UnmarshalTypeError
-			if errors.As(err, &te) && te.Field == "messages" {
-				return Request{}, fmt.Errorf("%w: messages is not an array of messages", ErrInvalidRequest)
-			}
-			return Request{}, fmt.Errorf("%w: body is not a JSON object: %w", ErrInvalidRequest, err)
+		var err error
+		if raw, err = unmarshalFields(data); err != nil {
+			return Request{}, err
 		}
 	}
 	var r Request
@@ -179,6 +175,21 @@ func count(provider string, data []byte, fast bool) (Request, error) {
 	}
 	r.MaxOutput *= r.Choices // at most MaxInt32 × MaxChoices: no overflow in 64 bits
 	return r, nil
+}
+
+// unmarshalFields decodes data with json.Unmarshal, count's fallback from scanBody. Its fields
+// are its own: json.Unmarshal's target is moved to the heap, which count's (returned to its
+// stack) then is not for the usual body.
+func unmarshalFields(data []byte) (fields, error) {
+	var raw fields
+	if err := json.Unmarshal(data, &raw); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field == "messages" {
+			return fields{}, fmt.Errorf("%w: messages is not an array of messages", ErrInvalidRequest)
+		}
+		return fields{}, fmt.Errorf("%w: body is not a JSON object: %w", ErrInvalidRequest, err)
+	}
+	return raw, nil
 }
 
 // integer reads raw, a JSON value, as an integer from 1 to limit. A number with a zero fraction

@@ -355,8 +355,9 @@ func TestCount_PlainIntegers(t *testing.T) {
 }
 
 // TestCount_Allocs pins the allocations of counting a small chat request, which the API makes at
-// submit and the worker at every admission: 20 when json.Unmarshal decoded the body, and the
-// content, model and max_tokens each again (issue 23).
+// submit and the worker at every admission: the model's string and the messages' list. 20 when
+// json.Unmarshal decoded the body, and the content, model and max_tokens each again; 3 while
+// the fields the walk reads into were moved to the heap for json.Unmarshal's fallback.
 func TestCount_Allocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops json.Valid's scanner at random: allocations vary")
@@ -367,5 +368,6 @@ func TestCount_Allocs(t *testing.T) { // not parallel: AllocsPerRun counts every
 			panic(err)
 		}
 	})
-	require.LessOrEqual(t, allocs, 3.0)
+	t.Logf("Count: %.1f allocations", allocs)
+	require.LessOrEqual(t, allocs, 2.0)
 }
