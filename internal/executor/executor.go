@@ -120,6 +120,11 @@ type Config struct {
 	// DefaultLeaseRenewInterval; tests that must tell a cancel's abort from a renewal's set it
 	// beyond their deadline.
 	LeaseRenewInterval time.Duration
+	// RecordRetryWindow is how long recording an attempt's outcome keeps trying while Postgres
+	// cannot be reached or the job's row stays locked (see record). Default
+	// DefaultRecordRetryWindow; tests that must tell a wait behind the outcome's tries from none
+	// set it beyond their deadline.
+	RecordRetryWindow time.Duration
 }
 
 // DefaultUnconfiguredLogInterval is Config.UnconfiguredLogInterval's default.
@@ -188,6 +193,9 @@ func New(cfg Config) *Executor {
 	}
 	if cfg.LeaseRenewInterval <= 0 {
 		cfg.LeaseRenewInterval = DefaultLeaseRenewInterval
+	}
+	if cfg.RecordRetryWindow <= 0 {
+		cfg.RecordRetryWindow = DefaultRecordRetryWindow
 	}
 	for name, u := range cfg.Upstreams {
 		if u.AttemptTimeout == 0 {

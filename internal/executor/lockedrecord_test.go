@@ -28,18 +28,31 @@ import (
 // went out in one of the store's batches and waited for the lock its 2 s, and every transition
 // of the process (other jobs' reads, starts and outcomes) queued behind it, about two thirds of
 // the time for 30 s. A try after one that waited for the lock goes out beside the batches now.
+//
+// The store's lock bound (and its batches') and record's window are long, so that a read queued
+// behind a try that waits for the lock in a batch is not answered within the test's deadline,
+// however slow the machine; the first try still runs out of its wait, on the pool sessions' own
+// lock_timeout (shorter ones win), which is 2 s until that try is seen to give up, and none after.
 func TestExecutor_LockedRowsOutcomeDoesNotHoldOtherJobs(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	dbURL := pgtest.URL(t)
-	pool, err := pgxpool.New(ctx, dbURL)
+	var sessionLockTimeout atomic.Value
+	sessionLockTimeout.Store("2s")
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	require.NoError(t, err)
+	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+		_, err := c.Exec(ctx, `SELECT set_config('lock_timeout', $1, false)`, sessionLockTimeout.Load())
+		return true, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	direct, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(direct.Close)
-	store := jobs.NewStore(pool, nil)
+	store := jobs.NewStoreOpts(pool, jobs.StoreOpts{LockTimeout: time.Hour, BatchTimeout: time.Hour})
 	params := jobs.CreateParams{Tenant: "default", Credential: "default", MaxAttempts: 3, Timeout: time.Minute,
 		Request: json.RawMessage(`{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)}
 	job, _, err := store.Create(ctx, params)
@@ -71,24 +84,28 @@ func TestExecutor_LockedRowsOutcomeDoesNotHoldOtherJobs(t *testing.T) {
 	require.NoError(t, err)
 	var logs logtest.Buffer
 	ex := executor.New(executor.Config{Store: store, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-		Upstreams: map[string]executor.Upstream{"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p}}})
+		RecordRetryWindow: time.Hour,
+		Upstreams:         map[string]executor.Upstream{"default": {Name: "default", Kind: string(llm.KindAnthropic), Provider: p}}})
 
 	// When the call's outcome waited for the locked row past its bound, and is tried again
 	done := make(chan error, 1)
 	go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: job.ID}) }()
 	require.Eventually(t, func() bool {
 		return logs.Count("trying again") > 0 || len(done) > 0
-	}, 20*time.Second, time.Millisecond, "the outcome's first try waited for the lock")
+	}, 30*time.Second, time.Millisecond, "the outcome's first try waited for the lock")
 	require.Empty(t, done, "the delivery returned while the row was locked")
+	sessionLockTimeout.Store("0")
+	// (a wait past the first bound is a try's that began after it was lifted)
 	require.Eventually(t, func() bool {
 		var n int
 		err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+			WHERE datname = current_database() AND wait_event_type = 'Lock'
+				AND now() - query_start > interval '3 s'`).Scan(&n)
 		return err == nil && n > 0
-	}, 20*time.Second, time.Millisecond, "a later try waits for the lock")
+	}, 30*time.Second, 10*time.Millisecond, "a later try waits for the lock, without the first's bound")
 
-	// Then another job's read is answered meanwhile, well within the lock's 2 s
-	rctx, rcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	// Then another job's read is answered meanwhile
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 	got, err := store.Get(rctx, other.ID)
 	rcancel()
 	require.NoError(t, err, "a read of another job, while the outcome waits for its row")

@@ -13,7 +13,7 @@ import (
 )
 
 // end moves the job to a terminal outcome and returns errHandled, or the store's error. Writes
-// survive the delivery's cancellation, bounded by record's own window (recordRetryWindow).
+// survive the delivery's cancellation, bounded by record's own window (Config.RecordRetryWindow).
 func (e *Executor) end(ctx context.Context, job *jobs.Job, a *jobs.Attempt, o jobs.Outcome) error {
 	applied, err := e.record(context.WithoutCancel(ctx), job.ID, a, o)
 	if err != nil {
@@ -69,12 +69,13 @@ func (e *Executor) unconfiguredSuppressed(_ string, _ slog.Level, suppressed int
 	e.cfg.Logger.Error(msgDeadLettered, append(slices.Clip(last), "suppressed", suppressed)...)
 }
 
-// recordRetryWindow is how long record keeps trying while Postgres cannot be reached.
-const recordRetryWindow = 30 * time.Second
+// DefaultRecordRetryWindow is Config.RecordRetryWindow's default: how long record keeps trying
+// while Postgres cannot be reached.
+const DefaultRecordRetryWindow = 30 * time.Second
 
 // record stores an attempt's outcome (jobs.Store.Finish), timed as StageRecord, retries included.
 // While Postgres cannot be reached it tries again, backing off from 50 ms to 1 s, for up to
-// recordRetryWindow (or until ctx ends), and returns the last error only then. The call has been
+// Config.RecordRetryWindow (or until ctx ends), and returns the last error only then. The call has been
 // made and paid for: handing the delivery back to asynq instead would leave the job's lease to
 // run out and the call to be made again. Finish is safe to run again (a terminal outcome already
 // stored answers applied=false). After a try that waited for the job's locked row past its bound,
@@ -82,7 +83,7 @@ const recordRetryWindow = 30 * time.Second
 // the process queued behind it for that bound.
 func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o jobs.Outcome) (bool, error) {
 	defer e.timed(StageRecord, e.cfg.Now())
-	ctx, cancel := context.WithTimeout(ctx, recordRetryWindow)
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.RecordRetryWindow)
 	defer cancel()
 	wait := 50 * time.Millisecond
 	for tries := 1; ; tries++ {

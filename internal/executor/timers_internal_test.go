@@ -44,7 +44,7 @@ func TestExecutor_LaneAllocs(t *testing.T) { // not parallel: testing.AllocsPerR
 
 // TestExecutor_EndAllocs pins the allocations of the record of a job's end (end, then record's
 // store call) against the same work with the store call's context made by hand: the end's one
-// bound (recordRetryWindow, record's own) and nothing more. end made a bound of its own, the same
+// bound (DefaultRecordRetryWindow, record's own) and nothing more. end made a bound of its own, the same
 // 30 s, around record's: two contexts where one does (record's then degraded to a cancel-only
 // child, its parent's deadline being the sooner), 5 more allocations at every job's end.
 func TestExecutor_EndAllocs(t *testing.T) { // not parallel: testing.AllocsPerRun
@@ -64,7 +64,7 @@ func TestExecutor_EndAllocs(t *testing.T) { // not parallel: testing.AllocsPerRu
 	require.ErrorIs(t, e.end(ctx, job, a, o), errHandled) // stored; every end after answers applied=false
 	// The floor: record's store call with one bound of its own, as record makes it.
 	floor := testing.AllocsPerRun(200, func() {
-		rctx, cancel := context.WithTimeout(ctx, recordRetryWindow)
+		rctx, cancel := context.WithTimeout(ctx, DefaultRecordRetryWindow)
 		_, err := store.Finish(rctx, job.ID, a, o)
 		cancel()
 		if err != nil {

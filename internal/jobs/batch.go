@@ -62,7 +62,10 @@ const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)
 WHERE current_setting('lock_timeout')::interval = interval '0' OR current_setting('lock_timeout')::interval > $1::interval`
 
 // lockTimeoutSetting is batchLockTimeout as lockTimeoutSQL's argument.
-var lockTimeoutSetting = fmt.Sprintf("%dms", batchLockTimeout.Milliseconds())
+var lockTimeoutSetting = lockSetting(batchLockTimeout)
+
+// lockSetting is d as lockTimeoutSQL's argument: whole milliseconds.
+func lockSetting(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
 
 // lockTimeoutArgs are lockTimeoutSQL's arguments, boxed once: pgx only reads a batch's
 // arguments.
@@ -110,6 +113,9 @@ type batcher struct {
 	// timeout, when set (StoreOpts.BatchTimeout, or by tests before the batcher's first use),
 	// replaces batchTimeout.
 	timeout time.Duration
+	// lockArgs, when set (StoreOpts.LockTimeout), replace lockTimeoutArgs: lockTimeoutSQL's
+	// arguments, boxed once per Store.
+	lockArgs []any
 
 	// resetMu guards reset, when abandonSilent last emptied the pool.
 	resetMu sync.Mutex
@@ -189,6 +195,14 @@ func (b *batcher) bound() time.Duration {
 		return b.timeout
 	}
 	return batchTimeout
+}
+
+// lockTimeout is lockTimeoutSQL's arguments: batchLockTimeout's, or the Store's own.
+func (b *batcher) lockTimeout() []any {
+	if b.lockArgs != nil {
+		return b.lockArgs
+	}
+	return lockTimeoutArgs
 }
 
 // takeBeside takes one of the slots of the statements run Alone, a quarter of the pool's
@@ -516,7 +530,7 @@ type aloneBatch struct {
 // (lockTimeoutSQL, in the same round trip), and returns op.scan's error or the statement's.
 func (b *batcher) queryAlone(ctx context.Context, op *batchOp) error {
 	ab := &aloneBatch{queries: [2]pgx.QueuedQuery{
-		{SQL: lockTimeoutSQL, Arguments: lockTimeoutArgs},
+		{SQL: lockTimeoutSQL, Arguments: b.lockTimeout()},
 		{SQL: op.sql, Arguments: op.args},
 	}}
 	ab.queued = [2]*pgx.QueuedQuery{&ab.queries[0], &ab.queries[1]}
@@ -570,7 +584,7 @@ var errBatchAborted = errors.New("batch aborted by an earlier statement")
 func (b *batcher) runTogether(ctx context.Context, conn *pgxpool.Conn, ops []*batchOp) bool {
 	slices.SortStableFunc(ops, func(x, y *batchOp) int { return cmp.Compare(x.key, y.key) })
 	var batch pgx.Batch
-	batch.Queue(lockTimeoutSQL, lockTimeoutArgs...)
+	batch.Queue(lockTimeoutSQL, b.lockTimeout()...)
 	for _, op := range ops {
 		batch.Queue(op.sql, op.args...)
 	}

@@ -40,8 +40,9 @@ func warmPool(ctx context.Context, t *testing.T, pool *pgxpool.Pool, n int) {
 	require.Equal(t, int32(n), pool.Stat().IdleConns())
 }
 
-// lockRows takes the rows of ids in the database at dbURL in a transaction of another pool, held until the test ends.
-func lockRows(ctx context.Context, t *testing.T, dbURL string, ids ...string) {
+// lockRows takes the rows of ids in the database at dbURL in a transaction of another pool, held
+// until the test ends or the returned release is called.
+func lockRows(ctx context.Context, t *testing.T, dbURL string, ids ...string) (release func()) {
 	t.Helper()
 	direct, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
@@ -53,6 +54,7 @@ func lockRows(ctx context.Context, t *testing.T, dbURL string, ids ...string) {
 		_, err := tx.Exec(ctx, lockRowSQL, id)
 		require.NoError(t, err)
 	}
+	return func() { require.NoError(t, tx.Rollback(ctx)) }
 }
 
 // A batch whose server answered its first statement and then ran out of its bound (a slow
@@ -121,17 +123,19 @@ func TestBatcher_EmptiesThePoolOncePerBound(t *testing.T) {
 // Many locked rows, each outcome tried again beside the batches (Alone): each try held a pool
 // connection for the lock's bound, and with as many locked rows as connections, the batches
 // (every other job's transitions) waited for one. At most a quarter of the pool waits on
-// locked rows; a try beyond that is refused at once, to be tried again.
+// locked rows; a try beyond that is refused at once, to be tried again. The lock's bound is an
+// hour here: a read that waited for a connection to come back from a lock wait is not answered
+// within the test's deadline, however slow the machine.
 func TestBatcher_AloneKeepsThePoolForBatches(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	const conns = 4
 	dbURL := pgtest.URL(t)
 	pool, err := pgxpool.New(ctx, dbURL+"&pool_max_conns=4")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	s := NewStore(pool, nil)
+	s := NewStoreOpts(pool, StoreOpts{LockTimeout: time.Hour, BatchTimeout: time.Hour})
 	ids := make([]string, conns)
 	for i := range ids {
 		job, _, err := s.Create(ctx, cutTestParams)
@@ -140,7 +144,7 @@ func TestBatcher_AloneKeepsThePoolForBatches(t *testing.T) {
 	}
 	other, _, err := s.Create(ctx, cutTestParams)
 	require.NoError(t, err)
-	lockRows(ctx, t, dbURL, ids...)
+	unlock := lockRows(ctx, t, dbURL, ids...)
 	probe, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(probe.Close)
@@ -153,29 +157,31 @@ func TestBatcher_AloneKeepsThePoolForBatches(t *testing.T) {
 				func(r pgx.Row) error { var id string; return r.Scan(&id) })
 		}()
 	}
-	refused := 0
+	var refused []error
 	require.Eventually(t, func() bool {
 		for len(errs) > 0 {
-			err := <-errs
-			require.True(t, IsLockTimeout(err), "%v", err)
-			refused++
+			refused = append(refused, <-errs)
 		}
 		var waiting int
 		err := probe.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
-		return err == nil && waiting > 0 && waiting+refused == conns
-	}, 10*time.Second, time.Millisecond, "each statement waits for its row or is refused")
+		return err == nil && waiting > 0 && waiting+len(refused) == conns
+	}, 30*time.Second, time.Millisecond, "each statement waits for its row or is refused")
+	for _, err := range refused {
+		require.True(t, IsLockTimeout(err), "a statement that ended before its row was let go: %v", err)
+	}
 
-	// Then another job's read is answered meanwhile, well within the lock's bound
-	rctx, rcancel := context.WithTimeout(ctx, 500*time.Millisecond)
-	got, err := s.Get(rctx, other.ID)
-	rcancel()
+	// Then another job's read is answered meanwhile
+	got, err := s.Get(ctx, other.ID)
 	require.NoError(t, err, "a read of another job while statements wait for locked rows")
 	require.Equal(t, other.ID, got.ID)
-	for range conns - refused {
+
+	// And once the rows are let go, the statements that waited for them take them
+	unlock()
+	for range conns - len(refused) {
 		select {
 		case err := <-errs:
-			require.True(t, IsLockTimeout(err), "%v", err)
+			require.NoError(t, err)
 		case <-ctx.Done():
 			t.Fatal("a statement waiting for its row did not end")
 		}

@@ -369,7 +369,7 @@ func (l *Listener) readCatchUpPage(ctx context.Context, conn *pgx.Conn, query st
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.CatchUpLockTimeout+l.cfg.PingInterval)
 	defer cancel()
 	var b pgx.Batch
-	b.Queue(lockTimeoutSQL, fmt.Sprintf("%dms", l.cfg.CatchUpLockTimeout.Milliseconds()))
+	b.Queue(lockTimeoutSQL, lockSetting(l.cfg.CatchUpLockTimeout))
 	b.Queue(query, page, l.cfg.WatchTTL.Milliseconds())
 	br := conn.SendBatch(ctx, &b)
 	_, err := br.Exec()

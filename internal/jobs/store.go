@@ -82,6 +82,11 @@ type StoreOpts struct {
 	// BatchTimeout bounds one batch's round trip, past which its connection may be silent (see
 	// batchTimeout). Default 10s; tests of a silent connection shorten it rather than wait.
 	BatchTimeout time.Duration
+	// LockTimeout bounds how long the batcher's statements wait for a row lock another session
+	// holds (see batchLockTimeout), unless the session's own lock_timeout is shorter. Default 2s;
+	// tests that tell a statement kept from a locked row from one behind it lengthen it, so the
+	// wait they must not see cannot end within their deadline.
+	LockTimeout time.Duration
 }
 
 // NewStoreOpts returns a Store on pool with opts.
@@ -89,8 +94,11 @@ func NewStoreOpts(pool *pgxpool.Pool, opts StoreOpts) *Store {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Store{pool: pool, batch: &batcher{pool: pool, timeout: opts.BatchTimeout}, now: opts.Now, newID: uuid.NewV7,
-		cancelPage: cancelPageSize}
+	b := &batcher{pool: pool, timeout: opts.BatchTimeout}
+	if opts.LockTimeout > 0 {
+		b.lockArgs = []any{lockSetting(opts.LockTimeout)}
+	}
+	return &Store{pool: pool, batch: b, now: opts.Now, newID: uuid.NewV7, cancelPage: cancelPageSize}
 }
 
 // Pool returns the underlying pool.

@@ -117,16 +117,48 @@ func (c *Conn) RequireClosed(t testing.TB) {
 
 // StallListener wraps a server's listener for tests of a client that stops reading: it shrinks
 // each accepted connection's send buffer, so that such a client stalls the server after
-// kilobytes rather than after the megabytes loopback buffers hold, and it tells WaitClosed of
-// each connection the server closes. Make it with NewStallListener.
+// kilobytes rather than after the megabytes loopback buffers hold, it tells WaitClosed of
+// each connection the server closes, and it keeps the write deadlines the server sets
+// (WriteDeadlineSpan). Make it with NewStallListener.
 type StallListener struct {
 	net.Listener
 	closed chan string
+	spans  *deadlineSpans
 }
 
 // NewStallListener wraps inner.
 func NewStallListener(inner net.Listener) *StallListener {
-	return &StallListener{Listener: inner, closed: make(chan string, 16)}
+	return &StallListener{Listener: inner, closed: make(chan string, 16), spans: &deadlineSpans{longest: map[string]time.Duration{}}}
+}
+
+// WriteDeadlineSpan is the longest time ahead of its setting that the server set a write
+// deadline on its end of c, or 0 when it set none. A deadline is computed before it is set, so
+// the span is at most the server's bound however loaded the machine: a test tells a configured
+// write bound from a longer default one by it, without racing the clock.
+func (l *StallListener) WriteDeadlineSpan(c *Conn) time.Duration {
+	return l.spans.get(c.LocalAddr().String())
+}
+
+// deadlineSpans keeps, by remote address, the longest write deadline span of each connection.
+type deadlineSpans struct {
+	mu      sync.Mutex
+	longest map[string]time.Duration
+}
+
+func (d *deadlineSpans) set(addr string, deadline time.Time) {
+	if deadline.IsZero() {
+		return
+	}
+	span := time.Until(deadline)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.longest[addr] = max(d.longest[addr], span)
+}
+
+func (d *deadlineSpans) get(addr string) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.longest[addr]
 }
 
 // Accept implements net.Listener.
@@ -138,7 +170,7 @@ func (l *StallListener) Accept() (net.Conn, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetWriteBuffer(16 << 10)
 	}
-	return &notifyingConn{Conn: c, closed: l.closed}, nil
+	return &notifyingConn{Conn: c, closed: l.closed, spans: l.spans}, nil
 }
 
 // CloseWait bounds WaitClosed: the server's cut-off comes after its own work (authenticate, read
@@ -166,11 +198,23 @@ func (l *StallListener) WaitClosed(t testing.TB, c *Conn, msg string) {
 	}
 }
 
-// notifyingConn sends its remote address on closed when it is first closed.
+// notifyingConn sends its remote address on closed when it is first closed, and keeps the
+// write deadlines set on it in spans.
 type notifyingConn struct {
 	net.Conn
 	closed chan string
 	once   sync.Once
+	spans  *deadlineSpans
+}
+
+func (c *notifyingConn) SetDeadline(t time.Time) error {
+	c.spans.set(c.RemoteAddr().String(), t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *notifyingConn) SetWriteDeadline(t time.Time) error {
+	c.spans.set(c.RemoteAddr().String(), t)
+	return c.Conn.SetWriteDeadline(t)
 }
 
 func (c *notifyingConn) Close() error {
