@@ -53,6 +53,11 @@ func TestEvents_StalledReaderIsCutOff(t *testing.T) {
 	// The client reads nothing until the server has closed the connection: then what it had not
 	// read (the answer's head, part of the event) is still in its socket, and the connection's end.
 	ln.WaitClosed(t, c, "the stream still writes to a client that reads nothing")
+	// Cut off by the configured bound, not the default's 10 s, which WaitClosed's 30 s would let
+	// pass: the span of the write deadlines the server set tells, whatever the machine's speed.
+	span := ln.WriteDeadlineSpan(c)
+	require.Positive(t, span, "the stream set no write deadline")
+	require.LessOrEqual(t, span, time.Second, "a write deadline beyond the configured bound")
 	resp := c.Head(t)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
