@@ -154,9 +154,6 @@ const (
 type Executor struct {
 	cfg     Config
 	backlog *backlogGate
-	// renewEvery is how often a held attempt lease is renewed (keepLease):
-	// Config.LeaseRenewInterval.
-	renewEvery time.Duration
 	// started is when New ran, on Config.Now: a job created after it whose credential the
 	// config lacks was accepted by a process of a newer config (see newerConfigMayKnow).
 	started time.Time
@@ -205,7 +202,7 @@ func New(cfg Config) *Executor {
 	}
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
 	e := &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps),
-		renewEvery: cfg.LeaseRenewInterval, started: cfg.Now()}
+		started: cfg.Now()}
 	e.unconfiguredLog = logthrottle.New(&logthrottle.Config{Every: cfg.UnconfiguredLogInterval,
 		Now: cfg.Now, Report: e.unconfiguredSuppressed})
 	return e

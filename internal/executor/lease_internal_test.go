@@ -31,8 +31,7 @@ func TestKeepLease_RenewsUntilStopped(t *testing.T) {
 		return u, err
 	}
 
-	e := New(Config{Store: store})
-	e.renewEvery = time.Millisecond
+	e := New(Config{Store: store, LeaseRenewInterval: time.Millisecond})
 	for round := range 20 {
 		began, err := leaseUntil()
 		require.NoError(t, err)
@@ -106,8 +105,8 @@ func startHangingDelivery(ctx context.Context, t *testing.T, key string) *hangin
 	h.job, _, err = h.store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "c",
 		Request: json.RawMessage(`{"model":"m","max_tokens":8,"messages":[]}`), MaxAttempts: 3, Timeout: time.Hour})
 	require.NoError(t, err)
-	e := New(Config{Store: h.store, Upstreams: map[string]Upstream{"c": {Name: "c", Kind: string(llm.KindAnthropic), Provider: p}}})
-	e.renewEvery = 10 * time.Millisecond
+	e := New(Config{Store: h.store, Upstreams: map[string]Upstream{"c": {Name: "c", Kind: string(llm.KindAnthropic), Provider: p}},
+		LeaseRenewInterval: 10 * time.Millisecond})
 	go func() { h.done <- e.Process(ctx, dispatch.Delivery{JobID: h.job.ID}) }()
 	select {
 	case <-got:
@@ -188,8 +187,7 @@ func TestKeepLease_LostLeaseCancelsWithErrLeaseLost(t *testing.T) {
 	token := "0195f4c2-7b1e-7000-8000-0000000000bb"
 	other.LeaseToken = &token
 
-	e := New(Config{Store: store})
-	e.renewEvery = time.Millisecond
+	e := New(Config{Store: store, LeaseRenewInterval: time.Millisecond})
 	callCtx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
 	calls := make(chan error, 10)
@@ -225,8 +223,7 @@ func TestKeepLease_StopWaitsForTheRenewalUnderWay(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE`, job.ID)
 	require.NoError(t, err)
 
-	e := New(Config{Store: store})
-	e.renewEvery = time.Millisecond
+	e := New(Config{Store: store, LeaseRenewInterval: time.Millisecond})
 	lease := e.keepLease(ctx, job, nil)
 	// The renewal is under way once its UPDATE waits for the test's lock.
 	require.Eventually(t, func() bool {

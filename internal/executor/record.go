@@ -110,7 +110,7 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 	}
 }
 
-// keepLease renews the attempt's lease (jobs.Store.RenewLease) every renewEvery until the
+// keepLease renews the attempt's lease (jobs.Store.RenewLease) every Config.LeaseRenewInterval until the
 // returned keeper's stop is called, so that a long call keeps other deliveries of the job waiting
 // while a dead one frees the job within jobs.AttemptLease; lost (when not nil) is called with
 // errLeaseLost once a renewal finds the job moved on without the attempt (canceled, or its lease
@@ -129,7 +129,7 @@ func (e *Executor) keepLease(ctx context.Context, job *jobs.Job, lost context.Ca
 	// A timer, not a goroutine of its own: most calls end before the first renewal, and a
 	// goroutine started and stopped per attempt cost two wake-ups each.
 	k.mu.Lock()
-	k.t = time.AfterFunc(e.renewEvery, k.renew)
+	k.t = time.AfterFunc(e.cfg.LeaseRenewInterval, k.renew)
 	k.mu.Unlock()
 	return k
 }
@@ -176,7 +176,7 @@ func (k *leaseKeeper) renew() {
 	}
 	k.mu.Lock()
 	if !k.stopped {
-		k.t.Reset(k.e.renewEvery)
+		k.t.Reset(k.e.cfg.LeaseRenewInterval)
 	}
 	k.mu.Unlock()
 }

@@ -338,6 +338,15 @@ func sendOpenAIStream(t *testing.T, events []string) (*llm.Response, *deltas) {
 	return resp, got
 }
 
+// requireToolCallsStreamed sends events as an OpenAI stream and requires the stored message's
+// tool_calls to be want (JSON) and the deltas clients got to be wantDeltas.
+func requireToolCallsStreamed(t *testing.T, events []string, want string, wantDeltas []llm.Delta) {
+	t.Helper()
+	resp, got := sendOpenAIStream(t, events)
+	require.JSONEq(t, want, storedToolCalls(t, resp.Body))
+	require.Equal(t, wantDeltas, got.all)
+}
+
 // Gemini's compatible endpoint sends parallel tool calls without "index": each chunk (or each
 // entry of one chunk's tool_calls) is a whole call with its own id. Each is stored as its own
 // call, in order, and reaches clients under its own tool index; a piece without index and
@@ -968,9 +977,7 @@ func TestStream_OpenAIReusedIndexNewIDOpensACall(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			resp, got := sendOpenAIStream(t, tc.events)
-			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
-			require.Equal(t, tc.wantDeltas, got.all)
+			requireToolCallsStreamed(t, tc.events, tc.want, tc.wantDeltas)
 		})
 	}
 }
@@ -1130,9 +1137,7 @@ func TestStream_OpenAISkippedToolIndexesStoredDense(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			resp, got := sendOpenAIStream(t, tc.events)
-			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
-			require.Equal(t, tc.wantDeltas, got.all)
+			requireToolCallsStreamed(t, tc.events, tc.want, tc.wantDeltas)
 		})
 	}
 }
@@ -1196,9 +1201,7 @@ func TestStream_OpenAINamedAtItsToolsIndexArgumentsAtItsOwn(t *testing.T) {
 				want = append(want, llm.Delta{Type: llm.DeltaInputJSON, ToolIndex: p.pos, ToolID: p.id, ToolName: p.name, Text: p.args})
 			}
 			events = append(events, `[{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":"tool_calls","matched_stop":null}]`)
-			resp, got := sendOpenAIStream(t, openAIChunks(env, events...))
-			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
-			require.Equal(t, want, got.all)
+			requireToolCallsStreamed(t, openAIChunks(env, events...), tc.want, want)
 		})
 	}
 }

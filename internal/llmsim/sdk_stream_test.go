@@ -49,7 +49,7 @@ func TestSDK_AnthropicStream(t *testing.T) {
 
 	t.Run("SameAsNonStreaming", func(t *testing.T) {
 		t.Parallel()
-		whole, msg := anthropicWholeAndStreamed(t, setup(t, llmsim.Config{ReplyTokens: 30}), anthropicHello)
+		whole, msg, _ := anthropicWholeAndStreamed(t, setup(t, llmsim.Config{ReplyTokens: 30}), anthropicHello)
 		require.Equal(t, whole.Content[0].Text, msg.Content[0].Text)
 		require.Equal(t, whole.Usage.OutputTokens, msg.Usage.OutputTokens)
 		require.Equal(t, whole.StopReason, msg.StopReason)
@@ -165,23 +165,7 @@ func TestSDK_ToolStreams(t *testing.T) {
 
 	t.Run("Anthropic", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, llmsim.Config{})
-		params := anthropicRecordParams()
-		client := b.anthropicClient("k")
-		whole, err := client.Messages.New(t.Context(), params)
-		require.NoError(t, err)
-		stream := client.Messages.NewStreaming(t.Context(), params)
-		defer stream.Close()
-		var msg anthropic.Message
-		jsonDeltas := 0
-		for stream.Next() {
-			ev := stream.Current()
-			require.NoError(t, msg.Accumulate(ev))
-			if d, ok := ev.AsAny().(anthropic.ContentBlockDeltaEvent); ok && d.Delta.Type == "input_json_delta" {
-				jsonDeltas++
-			}
-		}
-		require.NoError(t, stream.Err())
+		whole, msg, jsonDeltas := anthropicWholeAndStreamed(t, setup(t, llmsim.Config{}), anthropicRecordParams())
 		require.Greater(t, jsonDeltas, 1, "the input comes in pieces")
 		require.Equal(t, anthropic.StopReasonToolUse, msg.StopReason)
 		require.Len(t, msg.Content, 2)
@@ -235,7 +219,7 @@ func TestSDK_ParallelToolCalls(t *testing.T) {
 
 	t.Run("Anthropic", func(t *testing.T) {
 		t.Parallel()
-		whole, msg := anthropicWholeAndStreamed(t, setup(t, llmsim.Config{ToolCalls: 2}), anthropicRecordParams())
+		whole, msg, _ := anthropicWholeAndStreamed(t, setup(t, llmsim.Config{ToolCalls: 2}), anthropicRecordParams())
 		require.Len(t, whole.Content, 3)
 		require.Len(t, msg.Content, 3)
 		require.NotEqual(t, msg.Content[1].ID, msg.Content[2].ID)
@@ -339,19 +323,22 @@ func anthropicRecordParams() anthropic.MessageNewParams {
 }
 
 // anthropicWholeAndStreamed sends params to b's simulator through the Anthropic SDK twice, as a
-// message and as a stream, and returns the message and the one the SDK's accumulator built from
-// the stream.
-func anthropicWholeAndStreamed(t *testing.T, b *testBundle, params anthropic.MessageNewParams) (*anthropic.Message, anthropic.Message) {
+// message and as a stream, and returns the message, the one the SDK's accumulator built from the
+// stream, and how many input_json_delta events the stream had.
+func anthropicWholeAndStreamed(t *testing.T, b *testBundle, params anthropic.MessageNewParams) (whole *anthropic.Message, msg anthropic.Message, jsonDeltas int) {
 	t.Helper()
 	client := b.anthropicClient("k")
 	whole, err := client.Messages.New(t.Context(), params)
 	require.NoError(t, err)
 	stream := client.Messages.NewStreaming(t.Context(), params)
 	defer stream.Close()
-	var msg anthropic.Message
 	for stream.Next() {
-		require.NoError(t, msg.Accumulate(stream.Current()))
+		ev := stream.Current()
+		require.NoError(t, msg.Accumulate(ev))
+		if d, ok := ev.AsAny().(anthropic.ContentBlockDeltaEvent); ok && d.Delta.Type == "input_json_delta" {
+			jsonDeltas++
+		}
 	}
 	require.NoError(t, stream.Err())
-	return whole, msg
+	return whole, msg, jsonDeltas
 }
