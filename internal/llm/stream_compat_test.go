@@ -1317,3 +1317,69 @@ func TestStream_OpenAINamelessPiecesAtAnotherIndex(t *testing.T) {
 		})
 	}
 }
+
+// OmniRoute's Responses-to-Chat translator (before its fix) sent each call's header (id, name,
+// empty arguments) when the Responses item opened and advanced its tool index only when an item
+// closed: parallel calls, opened before any closed, all had their header at index 0, and each
+// call's arguments, sent whole when it closed, came at index 1, 2... without id or name, in the
+// order the calls were opened. opencode2api sent one call's header at index 0 and its arguments
+// at 1 ("id":null, an empty name). Each call's arguments are stored with its header, and reach
+// clients under its tool index.
+func TestStream_OpenAIHeadersAtOneIndexArgumentsAtTheNext(t *testing.T) {
+	t.Parallel()
+	const env = `"id":"chatcmpl-1755830000000","object":"chat.completion.chunk","created":1755830000,"model":"gpt-5.1-codex"`
+	header := func(id, name string) string {
+		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":0,"id":%q,"type":"function","function":{"name":%q,"arguments":""}}]},"finish_reason":null}]`,
+			id, name)
+	}
+	args := func(index int, args string) string {
+		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":%d,"function":{"arguments":%q}}]},"finish_reason":null}]`,
+			index, args)
+	}
+	for name, tc := range map[string]struct {
+		events []string
+		want   string // the stored tool_calls
+		pos    []int  // the tool index of each delta clients get
+	}{
+		"TwoCalls": {
+			events: []string{header("call_a", "get_weather"), header("call_b", "get_time"),
+				args(1, `{"city":"Paris"}`), args(2, `{"tz":"CET"}`)},
+			want: `[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]`,
+			pos: []int{0, 1, 0, 1},
+		},
+		"ThreeCallsOfOneTool": {
+			events: []string{header("call_a", "bash"), header("call_b", "bash"), header("call_c", "bash"),
+				args(1, `{"cmd":"ls"}`), args(2, `{"cmd":"pwd"}`), args(3, `{"cmd":"id"}`)},
+			want: `[{"id":"call_a","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"ls\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"pwd\"}"}},
+				{"id":"call_c","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"id\"}"}}]`,
+			pos: []int{0, 1, 2, 0, 1, 2},
+		},
+		"ArgumentsInPieces": {
+			events: []string{header("call_a", "bash"), header("call_b", "bash"),
+				args(1, `{"cmd":`), args(1, `"ls"}`), args(2, `{"cmd":`), args(2, `"pwd"}`)},
+			want: `[{"id":"call_a","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"ls\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"pwd\"}"}}]`,
+			pos: []int{0, 1, 0, 0, 1, 1},
+		},
+		"OneCall": {
+			events: []string{header("call_a", "bash"),
+				`[{"index":0,"delta":{"tool_calls":[{"index":1,"id":null,"type":"function","function":{"name":"","arguments":"{\"cmd\":\"free -h\"}"}}]},"finish_reason":null}]`},
+			want: `[{"id":"call_a","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"free -h\"}"}}]`,
+			pos:  []int{0, 0},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			events := append(tc.events, `[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)
+			resp, got := sendOpenAIStream(t, openAIChunks(env, events...))
+			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
+			var pos []int
+			for _, d := range got.all {
+				pos = append(pos, d.ToolIndex)
+			}
+			require.Equal(t, tc.pos, pos)
+		})
+	}
+}

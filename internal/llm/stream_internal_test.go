@@ -579,6 +579,7 @@ func FuzzOpenAIAssembler(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"content":"x","tool_calls":[{"index":0,"id":"","type":"function","function":{"arguments":""}}]}}]}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"r1","function":{"name":"g","arguments":""}},{"index":0,"id":"r2","function":{"name":"","arguments":"{"}},{"index":0,"id":"r3","function":{"name":"f"}},{"index":1,"id":"r4","function":{"arguments":"}"}},{"index":0,"id":"r5","function":{"arguments":"x"}}]}}]}`))
 	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{"}},{"index":1,"function":{"arguments":"}"}},{"index":2,"id":"b","function":{"arguments":"{"}},{"index":2,"function":{"name":"g","arguments":"}"}}]}}]}`))
+	f.Add([]byte(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":""}},{"index":0,"id":"b","function":{"name":"g","arguments":""}},{"index":0,"id":"c","function":{"name":"f"}},{"index":1,"function":{"arguments":"{"}},{"index":2,"id":null,"function":{"name":"","arguments":"{}"}},{"index":1,"function":{"arguments":"}"}}]}}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		a := openAI{}.assembler()
 		type call struct{ id, name, args string }

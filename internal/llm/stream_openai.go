@@ -809,24 +809,25 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 	}
 }
 
-// toolIndex returns the key in tools of the call a piece goes to (named: the piece carries a
-// piece of the call's name; args: a piece of its arguments); not the call's place in the message
-// (openAITool.pos). A piece with an index (OpenAI and most servers) goes to the call of that
-// index, unless it opens another call there: it has an id and a name, and that call another id
-// (Ollama gives each of parallel calls index 0, whole with its own id); or that call was opened
-// by another index's pieces and the piece is named. Then it goes to the next free key, a new
-// call, which the later pieces of its index go to. A piece with arguments and no name that would
-// open a call at an index no call has, or go to a call the last piece did not go to under an id
-// that call lacks, continues the call the last piece went to, if that call has a name and the
-// piece no id or the call no arguments yet (continuesLast), and so do the later pieces of its
-// index (SGLang sent a call's name at its tool's index in the request, its arguments at the
-// call's own index, each piece with a new id). A piece with a new id and no name continues the
-// call (Poolside, and LiteLLM over OCI, send a call's later pieces under another id than its
-// first). Without an index (Gemini sends each of parallel calls whole, with its id and no
-// index), the call the last piece went to, unless the piece has an id that call lacks (another
-// id, or none after a piece that brought something): then the next free key, a new call. Servers
-// send a call's id on its first piece, and not later but as a repeat, so an id the call did not
-// open with is the next call's.
+// toolIndex returns the key in tools of the call a piece goes to (named: the piece carries a piece
+// of the call's name; args: a piece of its arguments); not the call's place in the message
+// (openAITool.pos). A piece with an index (OpenAI and most servers) goes to the call of that index,
+// unless it brings only arguments at an index no call was opened at while a named call still has
+// none (awaitingArgs: a proxy sent parallel calls' headers at index 0 and their arguments at 1,
+// 2...), or it opens another call there: it has an id and a name, and that call another id (Ollama
+// gives each of parallel calls index 0, whole with its own id); or that call was opened by another
+// index's pieces and the piece is named. Then it goes to the next free key, a new call, which the
+// later pieces of its index go to. A piece with arguments and no name that would open a call at an
+// index no call has, or go to a call the last piece did not go to under an id that call lacks,
+// continues the call the last piece went to, if that call has a name and the piece no id or the
+// call no arguments yet (continuesLast), and so do the later pieces of its index (SGLang sent a
+// call's name at its tool's index in the request, its arguments at the call's own index, each piece
+// with a new id). A piece with a new id and no name continues the call (Poolside, and LiteLLM over
+// OCI, send a call's later pieces under another id than its first). Without an index (Gemini sends
+// each of parallel calls whole, with its id and no index), the call the last piece went to, unless
+// the piece has an id that call lacks (another id, or none after a piece that brought something):
+// then the next free key, a new call. Servers send a call's id on its first piece, and not later
+// but as a repeat, so an id the call did not open with is the next call's.
 func (c *openAIChoice) toolIndex(index *int, id string, named, args bool) int {
 	switch {
 	case index != nil:
@@ -836,6 +837,9 @@ func (c *openAIChoice) toolIndex(index *int, id string, named, args bool) int {
 		}
 		t := c.tools[k]
 		switch {
+		case args && !named && id == "" && !moved && (t == nil || t.index >= 0 && t.index != *index) &&
+			c.awaitingArgs(&k):
+			c.moveIndex(*index, k)
 		case t != nil && (t.index >= 0 && t.index != *index && (named || !moved) ||
 			named && id != "" && t.id != "" && t.id != id):
 			k = c.nextTool
@@ -870,6 +874,32 @@ func (c *openAIChoice) moveIndex(index, k int) {
 func (c *openAIChoice) continuesLast(id string) bool {
 	t := c.tools[c.lastTool]
 	return t != nil && t.name != "" && (id == "" || t.args.Len() == 0)
+}
+
+// awaitingArgs reports whether a piece of only arguments (no id, no name) at an index no call
+// was opened at goes to a named call still without arguments, and sets *k to that call's key:
+// the first placed after the call the last piece went to, or, if that call is one of them, the
+// first placed of all. A server that sends each of parallel calls' header (id and name) at one
+// index and their arguments at the indexes after it, in the order the calls were opened (a
+// Responses-to-Chat translator that advanced its index only as a call closed), has its arguments
+// each join their header. After a call that has arguments, with no such call after it, the piece
+// goes by the rules for another index (continuesLast: Nebius's last piece at the next index).
+func (c *openAIChoice) awaitingArgs(k *int) bool {
+	last := c.tools[c.lastTool]
+	if last == nil || last.name == "" {
+		return false
+	}
+	after := last.args.Len() > 0 // only calls placed after the last one's
+	found := false
+	for key, t := range c.tools {
+		if t.name == "" || t.args.Len() > 0 || after && t.pos <= last.pos {
+			continue
+		}
+		if !found || t.pos < c.tools[*k].pos {
+			*k, found = key, true
+		}
+	}
+	return found
 }
 
 // empty reports whether no piece brought the call anything: no id, name nor arguments.

@@ -423,6 +423,16 @@ func TestProvider_Stream_SimulatorToolNamesAtAnotherIndex(t *testing.T) {
 	requireSimulatorCallsApart(t, llmsim.Config{ToolCalls: 3, StreamToolNamesAtIndex: 1})
 }
 
+// TestProvider_Stream_SimulatorToolHeadersFirst proves against the simulator that parallel tool
+// calls whose headers (id and name) a server streams all at index 0 before any arguments, and
+// whose arguments at 1, 2... without id or name (llmsim's StreamToolHeadersFirst, as OmniRoute's
+// Responses-to-Chat translator sent them), are stored as the calls a non-streaming answer
+// carries, each with its arguments, and reach clients under the tool index of their place.
+func TestProvider_Stream_SimulatorToolHeadersFirst(t *testing.T) {
+	t.Parallel()
+	requireSimulatorCallsApart(t, llmsim.Config{ToolCalls: 3, StreamToolHeadersFirst: true})
+}
+
 // requireSimulatorCallsApart streams an answer with cfg.ToolCalls calls from the simulator
 // configured with cfg, and requires the calls stored as the non-streaming answer carries them,
 // each call's deltas under the tool index of its place in them, opened with its id.

@@ -74,6 +74,13 @@ type Config struct {
 	// (the default) streams a call's pieces at one index, as the API does. It overrides
 	// StreamToolCallsFromIndex; StreamToolCallsAtIndexZero overrides it.
 	StreamToolNamesAtIndex int
+	// StreamToolHeadersFirst streams every OpenAI tool call's header (its id and name, empty
+	// arguments) at index 0, all before any arguments, then each call's whole arguments, without
+	// id or name, at index 1, 2... in the calls' order, as OmniRoute's Responses-to-Chat
+	// translator sent parallel calls (its index advanced only as a call closed). false (the
+	// default) streams a call's pieces at one index, as the API does. It overrides
+	// StreamToolNamesAtIndex and StreamToolCallsFromIndex; StreamToolCallsAtIndexZero overrides it.
+	StreamToolHeadersFirst bool
 	// Latency is how long every answer that passed the bucket waits before it
 	// is written. Default 0. The wait ends early if the client goes away.
 	Latency time.Duration

@@ -159,7 +159,9 @@
 // as Ollama sends them; numbered from 1 with Config.StreamToolCallsFromIndex, as proxies that
 // number calls by Anthropic's content blocks send them; the name at another index than the
 // arguments, every piece under an id of its own, with Config.StreamToolNamesAtIndex, as SGLang
-// 0.4.6 sent them), then one with
+// 0.4.6 sent them; every call's id and name at index 0 first and their arguments at 1, 2... with
+// Config.StreamToolHeadersFirst, as OmniRoute's Responses-to-Chat translator sent them), then one
+// with
 // finish_reason, and with stream_options.include_usage a last chunk with empty choices and the
 // usage), then data: [DONE]. The text, usage and stop reason equal the non-streaming answer's.
 // Errors decided before the stream starts are ordinary JSON answers. The faults

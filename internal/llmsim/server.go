@@ -301,7 +301,7 @@ func (s *Server) respond(p provider, h http.Header, requestID, keyID string, r *
 		a.stream = &streamAnswer{p: p, r: rep, includeUsage: req.includeUsage, interval: s.tokenInterval(),
 			toolWhole: s.cfg.StreamToolInputWhole, toolsAtZero: s.cfg.StreamToolCallsAtIndexZero,
 			toolsFrom: s.cfg.StreamToolCallsFromIndex, namesAt: s.cfg.StreamToolNamesAtIndex,
-			fail: s.streamFault()}
+			headersFirst: s.cfg.StreamToolHeadersFirst, fail: s.streamFault()}
 	} else {
 		a.body = p.successBody(rep)
 	}

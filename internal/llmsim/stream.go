@@ -21,6 +21,7 @@ type streamAnswer struct {
 	toolsAtZero  bool          // Config.StreamToolCallsAtIndexZero
 	toolsFrom    int           // Config.StreamToolCallsFromIndex
 	namesAt      int           // Config.StreamToolNamesAtIndex
+	headersFirst bool          // Config.StreamToolHeadersFirst
 	// fail, when set, is the fault that ends this stream early.
 	fail *streamFault
 }
@@ -263,7 +264,14 @@ func (o openAIStreamer) token(sw streamWriter, s *streamAnswer, text string) err
 }
 
 func (o openAIStreamer) close(sw streamWriter, s *streamAnswer) error {
-	for i, t := range s.r.tools {
+	tools := s.r.tools
+	if s.headersFirst && !s.toolsAtZero {
+		if err := o.toolsHeadersFirst(sw, s); err != nil {
+			return err
+		}
+		tools = nil // streamed
+	}
+	for i, t := range tools {
 		args, pieces := "", splitPieces(t.input, 8)
 		if s.toolWhole || s.toolsAtZero {
 			args, pieces = t.input, nil
@@ -319,6 +327,26 @@ func (o openAIStreamer) toolApart(sw streamWriter, s *streamAnswer, t toolCall) 
 		}
 		d := map[string]any{"tool_calls": []any{map[string]any{"index": index, "id": fmt.Sprintf("%s_%d", t.id, n),
 			"type": "function", "function": map[string]string{"name": name, "arguments": piece}}}}
+		if err := sw.event("", o.chunk(s, d, nil, nil)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// toolsHeadersFirst streams the calls as Config.StreamToolHeadersFirst says: every call's id and
+// name at index 0, then each call's whole arguments, without id or name, at index 1, 2...
+func (o openAIStreamer) toolsHeadersFirst(sw streamWriter, s *streamAnswer) error {
+	for _, t := range s.r.tools {
+		d := map[string]any{"tool_calls": []any{map[string]any{"index": 0, "id": t.id, "type": "function",
+			"function": map[string]string{"name": t.name, "arguments": ""}}}}
+		if err := sw.event("", o.chunk(s, d, nil, nil)); err != nil {
+			return err
+		}
+	}
+	for i, t := range s.r.tools {
+		d := map[string]any{"tool_calls": []any{map[string]any{"index": i + 1,
+			"function": map[string]string{"arguments": t.input}}}}
 		if err := sw.event("", o.chunk(s, d, nil, nil)); err != nil {
 			return err
 		}

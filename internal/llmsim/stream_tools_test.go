@@ -82,3 +82,54 @@ func TestConfig_StreamToolNamesAtIndexNotNegative(t *testing.T) {
 	require.EqualError(t, llmsim.Config{StreamToolNamesAtIndex: -1}.Validate(),
 		"stream_tool_names_at_index: must not be negative")
 }
+
+// TestServer_StreamToolHeadersFirst: with Config.StreamToolHeadersFirst, every OpenAI tool call's
+// id and name come at index 0 before any arguments, then each call's whole arguments, without id
+// or name, at index 1, 2..., as OmniRoute's Responses-to-Chat translator sent parallel calls.
+func TestServer_StreamToolHeadersFirst(t *testing.T) {
+	t.Parallel()
+	const input = `{"reply":"llmsim reply to: hi"}`
+	b := setup(t, llmsim.Config{ToolCalls: 2, StreamToolHeadersFirst: true})
+	r := b.openai(t, "k", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],`+
+		`"tools":[{"type":"function","function":{"name":"record"}}]}`)
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	type piece struct {
+		Index    int    `json:"index"`
+		ID       string `json:"id"`
+		Function struct{ Name, Arguments string }
+	}
+	var pieces []piece
+	sc := bufio.NewScanner(bytes.NewReader(r.body))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct {
+					ToolCalls []piece `json:"tool_calls"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(data), &chunk))
+		for _, ch := range chunk.Choices {
+			pieces = append(pieces, ch.Delta.ToolCalls...)
+		}
+	}
+	require.NoError(t, sc.Err())
+	require.Len(t, pieces, 4)
+	for i, p := range pieces[:2] {
+		require.Zero(t, p.Index, "header %d at index 0", i)
+		require.NotEmpty(t, p.ID)
+		require.Equal(t, "record", p.Function.Name)
+		require.Empty(t, p.Function.Arguments)
+	}
+	require.NotEqual(t, pieces[0].ID, pieces[1].ID)
+	for i, p := range pieces[2:] {
+		require.Equal(t, i+1, p.Index, "arguments of call %d", i)
+		require.Empty(t, p.ID)
+		require.Empty(t, p.Function.Name)
+		require.JSONEq(t, input, p.Function.Arguments)
+	}
+}
