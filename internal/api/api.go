@@ -183,6 +183,9 @@ type Server struct {
 	ownProbe chan struct{}
 	// ownRedisProbe holds the one Redis connection of /readyz's own (redisAnswers) at a time.
 	ownRedisProbe chan struct{}
+	// answers holds writeJob's buffers, each a *[]byte (empty: writeJob makes one): a submit's
+	// and a poll's answer were a buffer of their own each.
+	answers sync.Pool
 }
 
 // route is one path and the handler of each method it answers.

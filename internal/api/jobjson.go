@@ -20,15 +20,40 @@ func (s *Server) writeJob(w http.ResponseWriter, status int, job *jobs.Job) {
 	if s.cfg.StreamSigner != nil {
 		eventsURL = s.cfg.StreamSigner.URL(job.ID)
 	}
-	b, ok := appendJob(make([]byte, 0, 1024), job, eventsURL)
+	buf, _ := s.answers.Get().(*[]byte)
+	if buf == nil {
+		b := make([]byte, 0, 1024)
+		buf = &b
+	}
+	defer s.putAnswerBuffer(buf)
+	b, ok := appendJob((*buf)[:0], job, eventsURL)
+	*buf = b
 	if !ok {
 		writeJSON(w, status, s.answer(job))
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
+	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	_, _ = w.Write(b) // a Writer keeps nothing of b (io.Writer): the buffer is used again
 }
+
+// maxPooledAnswer is the largest buffer writeJob gives back to Server.answers: the answer of a
+// job with a large request or result is rare, and its buffer is left to the collector rather
+// than held for every answer after it.
+const maxPooledAnswer = 64 << 10
+
+// putAnswerBuffer gives buf back to s.answers, unless it grew past maxPooledAnswer.
+func (s *Server) putAnswerBuffer(buf *[]byte) {
+	if cap(*buf) <= maxPooledAnswer {
+		s.answers.Put(buf)
+	}
+}
+
+// jsonContentType is the Content-Type header's value of a JSON answer, one list shared by every
+// answer that writeJob writes: the header's Set made a list of its own at every answer. It is
+// never written to: Header.Set replaces a key's list and Header.Add appends to a full one (it
+// copies).
+var jsonContentType = []string{"application/json"}
 
 // appendJob appends job's JSON as json.NewEncoder(w).Encode(jobJSON{job, eventsURL}) writes
 // it, its newline included; ok is false when that encode would fail or when a field needs what

@@ -203,9 +203,10 @@ func (w headerWriter) Header() http.Header       { return http.Header(w) }
 func (headerWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (headerWriter) WriteHeader(int)             {}
 
-// TestWriteJob_Allocs pins that a submit's answer is written without the encoder's reflection:
-// its buffer and the Content-Type header's value only (writeJSON, which it replaced, allocated
-// for the encoder and every field it boxed).
+// TestWriteJob_Allocs pins that a submit's answer is written without the encoder's reflection
+// (writeJSON, which it replaced, allocated for the encoder and every field it boxed), and without
+// an allocation of its own: its buffer is pooled and the Content-Type header's value shared (they
+// were 2 at every answer).
 func TestWriteJob_Allocs(t *testing.T) { // not parallel: AllocsPerRun counts every goroutine's allocations
 	job, s, w := sampleJobs()[0], &Server{}, headerWriter{}
 	buf := make([]byte, 0, 1024)
@@ -216,7 +217,12 @@ func TestWriteJob_Allocs(t *testing.T) { // not parallel: AllocsPerRun counts ev
 	})
 	require.Zero(t, allocs)
 	allocs = testing.AllocsPerRun(100, func() { s.writeJob(w, http.StatusAccepted, job) })
-	require.LessOrEqual(t, allocs, 2.0)
+	if raceEnabled { // the race detector's sync.Pool drops pooled buffers at random
+		require.LessOrEqual(t, allocs, 1.0)
+	} else {
+		require.Zero(t, allocs)
+	}
+	require.Equal(t, []string{"application/json"}, http.Header(w).Values("Content-Type"))
 	allocs = testing.AllocsPerRun(100, func() { writeJSON(w, http.StatusAccepted, s.answer(job)) })
 	require.Greater(t, allocs, 2.0, "writeJSON, the reference, allocates more")
 }

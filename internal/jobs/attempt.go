@@ -270,10 +270,13 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 	}
 	rec := attemptRecord(a)
 	// One statement (finishSQL; atomic, batched with other callers', see batcher).
-	q := &finishQuery{args: [...]any{id, o.Status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead,
-		o.NextAttemptAt, nullString(o.AnsweredBy), o.NextCredential, leaseOf(a),
-		a != nil, rec.number, rec.credential, rec.startedAt, rec.latencyMS, rec.ttfbMS, rec.status, rec.class,
-		rec.retryAfterMS, rec.delayMS, rec.err, payload, rec.usage}}
+	q := &finishQuery{status: textArg(o.Status), answeredBy: nullTextArg(o.AnsweredBy),
+		credential: textArg(rec.credential), class: textArg(rec.class), startedAt: timestamptzArg(rec.startedAt),
+		latencyMS: float8Arg(rec.latencyMS), ttfbMS: nullFloat8Arg(rec.ttfbMS)}
+	q.args = [...]any{id, &q.status, nullJSON(o.Result), nullJSON(o.Usage), lastErr, dead,
+		o.NextAttemptAt, &q.answeredBy, o.NextCredential, leaseOf(a),
+		a != nil, rec.number, &q.credential, &q.startedAt, &q.latencyMS, &q.ttfbMS, rec.status, &q.class,
+		rec.retryAfterMS, rec.delayMS, rec.err, payload, rec.usage}
 	q.op = batchOp{ctx: ctx, key: id, sql: finishSQL, args: q.args[:], scan: q}
 	err = s.batch.query(ctx, &q.op)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -297,15 +300,23 @@ func (s *Store) Finish(ctx context.Context, id string, a *Attempt, o Outcome) (a
 // emptyEventPayload is the payload of a Finish's event without a dead reason, boxed once.
 var emptyEventPayload any = []byte(`{}`)
 
-// finishQuery is Finish's statement in one allocation: its batchOp, its arguments' list, and the
-// scan of its row (the scan is q itself) with Scan's argument. As a list, a closure, the
-// event_seq it scanned into and Scan's argument of their own they were 4 allocations at every
-// job's end (TestFinish_Allocs).
+// finishQuery is Finish's statement in one allocation: its batchOp, its arguments' list, the
+// values seven of its arguments point at (the status, the answering credential, the attempt's
+// credential, class, start, latency and TTFB, as insertArgList's do: boxed, or a pointer pgx
+// reads back through reflect, each was an allocation), and the scan of its row
+// (the scan is q itself) with Scan's argument. As a list, a closure, the event_seq it scanned
+// into and Scan's argument of their own they were 4 allocations at every job's end
+// (TestFinish_Allocs).
 type finishQuery struct {
-	op   batchOp
-	args [23]any
-	seq  int
-	dest [1]any
+	op                        batchOp
+	args                      [23]any
+	status, credential, class textArg
+	answeredBy                nullTextArg
+	startedAt                 timestamptzArg
+	latencyMS                 float8Arg
+	ttfbMS                    nullFloat8Arg
+	seq                       int
+	dest                      [1]any
 }
 
 func (q *finishQuery) scanRow(r pgx.Row) error {
@@ -353,7 +364,7 @@ type attemptColumns struct {
 	credential   string
 	startedAt    time.Time
 	latencyMS    float64
-	ttfbMS       *float64
+	ttfbMS       float64 // 0: none
 	status       *int
 	class        string
 	retryAfterMS *int64
@@ -377,8 +388,7 @@ func attemptRecord(a *Attempt) attemptColumns {
 		latencyMS: float64(a.Latency) / float64(time.Millisecond), class: a.Class,
 		retryAfterMS: ms(a.RetryAfter), delayMS: ms(a.Delay), usage: nullJSON(a.Usage)}
 	if a.TTFB > 0 {
-		v := float64(a.TTFB) / float64(time.Millisecond)
-		r.ttfbMS = &v
+		r.ttfbMS = float64(a.TTFB) / float64(time.Millisecond)
 	}
 	if a.StatusCode != 0 {
 		r.status = &a.StatusCode

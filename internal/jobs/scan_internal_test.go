@@ -129,21 +129,32 @@ type rowFunc func(pgx.Rows) error
 func (f rowFunc) ScanRow(rows pgx.Rows) error { return f(rows) }
 
 // TestScanJob_Allocs pins scanJob's allocations beside its statement's: the row's values that
-// pgx allocates (the strings, bytes and the fallbacks' slice: 8 for this row), the Job and one
-// jobScan. Its destinations, the values converted after the scan, the scanner and Scan's
-// argument were 10 more (20 beside the statement), on every submit, poll and transition of a
-// job.
+// pgx allocates (the strings, bytes, the fallbacks' slice and the overrides' int64s: 10 for this
+// row), and one jobScan
+// that holds the Job and what its pointer fields point to (the row is read as a succeeded job's,
+// with both timeout overrides). Its destinations, the values converted after the scan, the
+// scanner and Scan's argument were 10 more (20 beside the statement), the Job apart from its
+// jobScan 1 more, and the cost class and the overrides 3 more, on every submit, poll and
+// transition of a job.
 func TestScanJob_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops pgx's pooled buffers at random")
 	}
-	ctx, pool, s, created := scanSetup(t)
+	ctx, pool, s, _ := scanSetup(t)
+	created, _, err := s.Create(ctx, CreateParams{Tenant: "default", Credential: "c", Request: json.RawMessage(`{"model":"m"}`),
+		MaxAttempts: 3, Timeout: time.Hour, Fallbacks: []string{"d"}, AttemptTimeout: time.Minute,
+		FirstByteTimeout: time.Second})
+	require.NoError(t, err)
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	byID := `SELECT ` + jobColumns + ` FROM jobs WHERE id = $1`
-	_, err = s.scanJob(conn.QueryRow(ctx, byID, created.ID)) // the connection's plans made
+	byID := strings.Replace(`SELECT `+jobColumns+` FROM jobs WHERE id = $1`, " status,", " 'succeeded'::text AS status,", 1)
+	got, err := s.scanJob(conn.QueryRow(ctx, byID, created.ID)) // the connection's plans made
 	require.NoError(t, err)
+	require.Equal(t, StatusSucceeded, got.Status)
+	require.Equal(t, string(got.Lane), *got.CostClass)
+	require.Equal(t, Duration(time.Minute), *got.AttemptTimeout)
+	require.Equal(t, Duration(time.Second), *got.FirstByteTimeout)
 	// The floor: the statement, its row read by a scanner that reads nothing.
 	none := rowFunc(func(pgx.Rows) error { return nil })
 	floor := testing.AllocsPerRun(100, func() {
@@ -157,7 +168,7 @@ func TestScanJob_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 		}
 	})
 	t.Logf("scanJob: %.1f allocations, the statement alone %.1f", allocs, floor)
-	require.LessOrEqual(t, allocs, floor+8+2, "allocations of scanJob and the row's values")
+	require.LessOrEqual(t, allocs, floor+10+1, "allocations of scanJob and the row's values")
 }
 
 // TestGet_Allocs pins a poll's read (get, the worker's load) beside its statement run by the

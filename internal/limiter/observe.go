@@ -95,8 +95,8 @@ func (c *Gate) Observe(ctx context.Context, o Observation) error {
 }
 
 // ObserveCalls returns Observe's work as script calls, for a caller that sends them in one round
-// trip with others (redisscript.Run on the limiter's Redis). They hold the observation's times as
-// of now; send them at once.
+// trip with others (redisscript.Run on the limiter's Redis), with room for two more appended. They
+// hold the observation's times as of now; send them at once.
 func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 	l := c.l
 	now := l.localNow()
@@ -131,7 +131,10 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 		ra = a.Int(micros(o.At.Add(wait).Sub(now)))
 		asked, applied = a.Int(micros(o.RetryAfter)), a.Int(micros(wait))
 	}
-	calls := []redisscript.Call{{
+	// Room for the token buckets' call and two of the caller's (the executor's reconciliation
+	// and breaker): a list grown by each append was 3 allocations a job.
+	calls := make([]redisscript.Call, 1, 4)
+	calls[0] = redisscript.Call{
 		Script: observeScript,
 		Keys:   c.keys.rateOnly,
 		Args: []any{a.NowCall(cfg.Now, l.calls), a.Int(int64(status)), a.Int(int64(hdr)), a.Int(int64(o.Limit)),
@@ -147,7 +150,7 @@ func (c *Gate) ObserveCalls(o Observation) []redisscript.Call {
 			}
 			return nil
 		},
-	}}
+	}
 	if tc, ok := c.observeTokensCall(o, off, now); ok {
 		calls = append(calls, tc)
 	}
