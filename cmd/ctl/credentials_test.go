@@ -149,7 +149,7 @@ func TestCredentials_ListReadsAPauseRedisLost(t *testing.T) {
 	gate := cb.lim.Gate(mainCred.LimiterID(), "main")
 	_, err := credpause.NewStore(b.pool, nil).Pause(t.Context(), gate, "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	redistest.Unlink(ctx, redistest.Client(t), prefix+"*") // Redis loses its data
 

@@ -113,12 +113,12 @@ func TestJobsCancel(t *testing.T) {
 		t.Parallel()
 		b := setupJobs(t)
 		job := b.createJob(t)
-		r, expired := runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
+		r, expired := runTimeout(30*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
 		require.False(t, expired)
 		require.Equal(t, 1, r.code, "the abort Redis refused is the error")
 		// Run again while Redis still refuses: canceled, but the abort it makes again is the
 		// error (exit 1, run it again).
-		r, expired = runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
+		r, expired = runTimeout(30*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
 		require.False(t, expired)
 		requireOneLineError(t, r, 1, "is canceled, but its task could not be aborted")
 		require.Equal(t, job.ID+" was already canceled\n", r.out)
@@ -166,7 +166,7 @@ func TestJobsCancel(t *testing.T) {
 		t.Parallel()
 		b := setupJobs(t)
 		job := b.createJob(t)
-		r, expired := runTimeout(10*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
+		r, expired := runTimeout(30*time.Second, "--database-url", b.url, "--redis-url", "redis://127.0.0.1:1/0", "jobs", "cancel", job.ID)
 		require.False(t, expired)
 		got, err := b.store.Get(context.Background(), job.ID)
 		require.NoError(t, err)

@@ -31,7 +31,7 @@ func TestShowHelp_BothSayUsage(t *testing.T) {
 // docs/operations.md), yet its help text named the statements only.
 func TestTimeoutHelp_SaysItBoundsTheWaitForAConnection(t *testing.T) {
 	t.Parallel()
-	r, _ := runApp(10*time.Second, nil, "--help")
+	r, _ := runApp(30*time.Second, nil, "--help")
 	require.Equal(t, 0, r.code, r.errOut)
 	var line string
 	for _, l := range strings.Split(r.out, "\n") {

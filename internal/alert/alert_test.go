@@ -35,7 +35,7 @@ func TestRaise_FailedWebhookLogsNoSecretPath(t *testing.T) {
 	var logs bytes.Buffer
 	a := alert.New(alert.Config{WebhookURL: srv.URL + "/services/T000/B000/XXXXSECRETXXXX",
 		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	a.Raise(ctx, alert.Alert{Credential: "main", Reason: "rate_limited_no_retry_after", JobID: "j1"})
 	require.NoError(t, a.Wait(ctx))
@@ -90,7 +90,7 @@ func TestRaise_CountsWebhookFailures(t *testing.T) {
 		"and not sent again.\n# TYPE " + name + " counter\n"
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(head+name+" 0\n"), name), "0 from the start")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	al := alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: "j1"}
 	a.Raise(ctx, al) // 500
@@ -127,7 +127,7 @@ func TestRaise_RedirectIsAFailureNotFollowed(t *testing.T) {
 			var logs bytes.Buffer
 			a := alert.New(alert.Config{WebhookURL: hook.URL, Metrics: alert.NewMetrics(reg),
 				Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			a.Raise(ctx, alert.Alert{Credential: "main", Reason: "retries_exhausted", JobID: "j1"})
 			require.NoError(t, a.Wait(ctx))

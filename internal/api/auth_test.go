@@ -295,7 +295,7 @@ func TestAuth_RevokedTokensStreamEnds(t *testing.T) {
 	b := setup(t, setupOpts{noAnonymous: true, tenantTTL: time.Millisecond})
 	h := b.newTenant(t, "acme")
 	job := b.create(t, "acme")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.url+"/v1/jobs/"+job.ID+"/events", nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", h["Authorization"])

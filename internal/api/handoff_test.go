@@ -80,7 +80,7 @@ func runHandoff(t testing.TB, h *dispatch.Handoff) (stop func()) {
 			select {
 			case err := <-done:
 				require.NoError(t, err)
-			case <-time.After(10 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Error("the Handoff's Run did not return")
 			}
 		})

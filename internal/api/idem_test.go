@@ -84,14 +84,14 @@ func TestSubmit_ReplayWaitsForAnUncommittedFirstSubmit(t *testing.T) {
 	case <-insert.Reached():
 	case r := <-first:
 		t.Fatalf("the first submit was not held: %d %v", r.status, r.body)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first submit's insert was not reached within 10s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first submit's insert was not reached within 30s")
 	}
 	go func() { second <- post(t, after.url, body, key) }()
 
 	// The second submit either answers at once (the refusal) or waits on the first's claim.
 	var early *response
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for early == nil {
 		select {
 		case r := <-second:
@@ -105,15 +105,15 @@ func TestSubmit_ReplayWaitsForAnUncommittedFirstSubmit(t *testing.T) {
 		if waiting > 0 {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "the second submit neither answered nor waited within 10s")
+		require.True(t, time.Now().Before(deadline), "the second submit neither answered nor waited within 30s")
 		time.Sleep(time.Millisecond)
 	}
 	insert.Release()
 	var f response
 	select {
 	case f = <-first:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first submit did not answer within 10s of its insert's release")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first submit did not answer within 30s of its insert's release")
 	}
 	require.Equal(t, http.StatusAccepted, f.status, "%v", f.body)
 	s := early
@@ -121,8 +121,8 @@ func TestSubmit_ReplayWaitsForAnUncommittedFirstSubmit(t *testing.T) {
 		select {
 		case r := <-second:
 			s = &r
-		case <-time.After(10 * time.Second):
-			t.Fatal("the second submit did not answer within 10s of the first's commit")
+		case <-time.After(30 * time.Second):
+			t.Fatal("the second submit did not answer within 30s of the first's commit")
 		}
 	}
 	require.Equal(t, http.StatusOK, s.status, "the second submit replays the first's job: %v", s.body)

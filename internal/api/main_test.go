@@ -117,11 +117,27 @@ type setupOpts struct {
 type queryCounter struct {
 	pgwait.Tracer
 	n atomic.Int64
+	// spanOf, when set, is a part of the statements whose deadlines spans receives: how far
+	// ahead of the statement's start its context's deadline was (-1: none). A deadline is set
+	// before the statement starts, so a loaded machine only shortens the span.
+	spanOf string
+	spans  chan time.Duration
 }
 
-// TraceQueryStart counts d when it reads or watches a job.
+// TraceQueryStart counts d when it reads or watches a job, and sends the span of its deadline
+// when it is one of spanOf.
 func (c *queryCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.count(d.SQL)
+	if c.spanOf != "" && strings.Contains(d.SQL, c.spanOf) {
+		span := time.Duration(-1)
+		if deadline, ok := ctx.Deadline(); ok {
+			span = time.Until(deadline)
+		}
+		select {
+		case c.spans <- span:
+		default: // the test reads the first ones only
+		}
+	}
 	return c.Tracer.TraceQueryStart(ctx, conn, d)
 }
 
@@ -175,8 +191,8 @@ func tick(t *testing.T, ticks chan<- time.Time) {
 	t.Helper()
 	select {
 	case ticks <- time.Now():
-	case <-time.After(10 * time.Second):
-		t.Fatal("no stream took the keep-alive tick within 10s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no stream took the keep-alive tick within 30s")
 	}
 }
 
@@ -259,8 +275,8 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		})
 		select {
 		case <-ready:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the Listener did not listen within 10s")
+		case <-time.After(30 * time.Second):
+			t.Fatal("the Listener did not listen within 30s")
 		}
 		unsubscribe()
 	}
@@ -337,7 +353,7 @@ func (b *testBundle) do(t *testing.T, method, path, body string, header map[stri
 func do(t *testing.T, base, method, path, body string, header map[string]string) response {
 	t.Helper()
 	// A deadline: an answer expected whole that turns out to be an endless stream fails the test.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
 	require.NoError(t, err)
@@ -379,7 +395,7 @@ func openStream(t *testing.T, base, id, lastID string) *stream {
 // openStreamPath is openStream of a path (a signed events_url, say).
 func openStreamPath(t *testing.T, base, path, lastID string) *stream {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	require.NoError(t, err)
 	if lastID != "" {

@@ -224,7 +224,7 @@ func responses(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 func TestMetrics_OversizeBodyStillClosesTheConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{registry: prometheus.NewRegistry(), maxBody: 1024})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Chunked (a reader of unknown length): a Content-Length over the limit is refused before
 	// the body is read.

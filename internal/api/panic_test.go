@@ -51,7 +51,7 @@ func TestInstrument_PanicIsA500(t *testing.T) {
 	t.Cleanup(hs.Close)
 	get := func(path string) (*http.Response, []byte, error) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+path, nil)
 		require.NoError(t, err)

@@ -87,9 +87,9 @@ func TestEvents_WatchRenewalWaitsAtMostStoreWait(t *testing.T) {
 	select {
 	case a := <-done:
 		require.Equal(t, answer{readBuffer, 0}, a, "a failed renewal: the stream goes on")
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		cancel()
-		t.Fatal("the renewal still waits for a pool connection after 10s (StoreWait 50ms)")
+		t.Fatal("the renewal still waits for a pool connection after 30s (StoreWait 50ms)")
 	}
 	release()
 	reads, need := b.srv.keepAliveReads(r, job.ID, &follower{})

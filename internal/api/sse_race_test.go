@@ -206,7 +206,7 @@ func withParams(t *testing.T, dbURL string, kv ...string) string {
 // open starts the stream, resuming after event 1, and reads it in the background.
 func (r *raceBundle) open(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url+"/v1/jobs/"+r.job.ID+"/events", nil)
 	require.NoError(t, err)
@@ -259,7 +259,7 @@ func (r *raceBundle) transition(t *testing.T) {
 // startTransition starts the worker's transition in the background.
 func (r *raceBundle) startTransition(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	go func() {
 		_, err := r.worker.BeginAttempt(ctx, r.job.ID)
@@ -272,8 +272,8 @@ func (r *raceBundle) transitionDone(t *testing.T) {
 	select {
 	case err := <-r.transitioned:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker's transition did not end within 10s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker's transition did not end within 30s")
 	}
 }
 
@@ -317,7 +317,7 @@ func (r *raceBundle) waitLock(t *testing.T, app, kind string) {
 			}
 		}
 		return false
-	}, 10*time.Second, time.Millisecond, "no %s session waits on a %q lock", app, kind)
+	}, 30*time.Second, time.Millisecond, "no %s session waits on a %q lock", app, kind)
 }
 
 // waitHeld waits until the proxy holds h's statement.
@@ -325,8 +325,8 @@ func (r *raceBundle) waitHeld(t *testing.T, h *pgtest.Hold) {
 	t.Helper()
 	select {
 	case <-h.Reached():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the held statement was not reached within 10s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the held statement was not reached within 30s")
 	}
 }
 
@@ -338,7 +338,7 @@ func (r *raceBundle) waitStream(t *testing.T, h *pgtest.Hold) {
 	if h != nil {
 		reached = h.Reached()
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
 		case <-r.opened:
@@ -353,7 +353,7 @@ func (r *raceBundle) waitStream(t *testing.T, h *pgtest.Hold) {
 			}
 		}
 	}
-	t.Fatal("the stream neither answered nor waited within 10s")
+	t.Fatal("the stream neither answered nor waited within 30s")
 }
 
 // requireDelivered requires event 2 (running) as the stream's first event, within maxEventDelay of

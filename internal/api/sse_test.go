@@ -199,7 +199,7 @@ func TestEvents_DisconnectLeavesNothing(t *testing.T) {
 		s.close()
 	}
 	// The handlers notice the closed connections and unsubscribe; goleak checks the rest at exit.
-	require.Eventually(t, func() bool { return b.listener.Subscribers() == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.listener.Subscribers() == 0 }, 30*time.Second, 5*time.Millisecond)
 }
 
 func TestEvents_ShutdownEndsStreams(t *testing.T) {
@@ -211,7 +211,7 @@ func TestEvents_ShutdownEndsStreams(t *testing.T) {
 
 	b.srv.Shutdown()
 	require.Empty(t, s.rest(t))
-	require.Eventually(t, func() bool { return b.listener.Subscribers() == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.listener.Subscribers() == 0 }, 30*time.Second, 5*time.Millisecond)
 }
 
 func TestEvents_NotFound(t *testing.T) {

@@ -100,7 +100,7 @@ func TestServer_BusyPoolIsA503(t *testing.T) {
 // when one is given) and returns the answer's
 // status and error type, or what went wrong; it gives up after 10s.
 func submitCode(base, body string, keyed bool, token string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/jobs", strings.NewReader(body))
 	if err != nil {

@@ -31,10 +31,10 @@ type streamAnswer struct {
 	err                 error
 }
 
-// getStream sends GET path with header and reads the whole answer, within 10 s: a stream that
+// getStream sends GET path with header and reads the whole answer, within 40 s: a stream that
 // stays open (a served one) is an error here.
 func getStream(ctx context.Context, base, path string, header map[string]string) streamAnswer {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 40*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
@@ -89,22 +89,25 @@ func proxiedStreamBundle(t *testing.T, opts setupOpts) (*testBundle, *pgtest.Pro
 	return b, proxy
 }
 
-// sendTick sends the stream a keep-alive tick, failing the test unless it takes it within 5 s.
+// sendTick sends the stream a keep-alive tick, failing the test unless it takes it within 30 s:
+// a stream that stands still on a statement Postgres does not answer, unbounded, takes none
+// before its request's context ends, which the tests set longer.
 func sendTick(t *testing.T, ticks chan<- time.Time, what string) {
 	t.Helper()
 	select {
 	case ticks <- time.Now():
-	case <-time.After(5 * time.Second):
-		t.Fatalf("the stream took no %s within 5 s", what)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the stream took no %s within 30 s", what)
 	}
 }
 
 // answerWhileSilenced silences the next statement containing substr, sends the stream request
 // and returns its answer, failing the test unless the statement was reached and the answer came
-// within 5 s of it (StoreTimeout is 3 s; unbounded, the request waits for the test's end).
+// within 30 s of it (StoreTimeout is 3 s; unbounded, the request waits for its context, 40 s,
+// and ends with no answer).
 func answerWhileSilenced(t *testing.T, b *testBundle, proxy *pgtest.Proxy, substr, path string, header map[string]string) streamAnswer {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	wait := proxy.SilenceStatement(substr)
 	answers := make(chan streamAnswer, 1)
@@ -113,9 +116,12 @@ func answerWhileSilenced(t *testing.T, b *testBundle, proxy *pgtest.Proxy, subst
 	select {
 	case a := <-answers:
 		require.NoError(t, a.err)
+		// The request's own bound answered (errStoreTimeout), not the job store's bound on a
+		// batch (10 s, answered "unreachable"), which the wait above also lets through.
+		require.Contains(t, a.body, "the job store did not answer in time", "not the request's bound")
 		return a
-	case <-time.After(5 * time.Second):
-		t.Fatalf("no answer within 5 s while Postgres does not answer %q", substr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no answer within 30 s while Postgres does not answer %q", substr)
 	}
 	return streamAnswer{}
 }
@@ -178,7 +184,7 @@ func TestEvents_WatchAndFirstReadOfEventsAreBounded(t *testing.T) {
 func TestEvents_SlowTokenLookupTellsEventSourceToReconnect(t *testing.T) {
 	t.Parallel()
 	b, proxy := slowStreamBundle(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, token, err := b.tenants.Create(ctx, "a", nil)
 	require.NoError(t, err)
@@ -205,7 +211,9 @@ func TestEvents_TokenRecheckIsBounded(t *testing.T) {
 	ticks := make(chan time.Time)
 	// A TTL of 1 ns: every wake-up of the stream checks its token again, in Postgres.
 	b, proxy := proxiedStreamBundle(t, setupOpts{tenantTTL: time.Nanosecond, keepAliveTicks: ticks})
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	// Longer than the waits below together: the stream's end at this context's is not taken for
+	// the revocation's.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	_, token, err := b.tenants.Create(ctx, "a", nil)
 	require.NoError(t, err)
@@ -237,7 +245,7 @@ func TestEvents_TokenRecheckIsBounded(t *testing.T) {
 			}
 		}
 	}()
-	deadline := time.After(15 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case ticks <- time.Now():

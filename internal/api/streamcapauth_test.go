@@ -29,7 +29,7 @@ func TestEvents_FullCapAnswersEveryCallerAsUnderIt(t *testing.T) {
 	require.NoError(t, err)
 
 	// acme's stream holds the only place.
-	streamCtx, cancelStream := context.WithTimeout(ctx, 10*time.Second)
+	streamCtx, cancelStream := context.WithTimeout(ctx, 30*time.Second)
 	req, err := http.NewRequestWithContext(streamCtx, http.MethodGet, b.url+"/v1/jobs/"+mine.ID+"/events", nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", acme["Authorization"])

@@ -118,10 +118,13 @@ func openStreamAs(ctx context.Context, t *testing.T, base, id, token string) *st
 func TestEvents_UnknownTokenLookupIsBounded(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.URL(t)
-	// A pool of 4: the lookups of new tokens hold one connection of it.
+	// A pool of 4: the lookups of new tokens hold one connection of it. The lookups' deadlines
+	// are read: a silenced statement is answered within 30 s by the default StoreTimeout (10 s)
+	// too, so the deadline tells the configured bound from it.
+	lookups := &queryCounter{spanOf: "FROM tenants WHERE token_sha256 = $1", spans: make(chan time.Duration, 4)}
 	b := setup(t, setupOpts{dbURL: dbURL + "&pool_max_conns=4", tenantTTL: time.Hour,
-		storeWait: 200 * time.Millisecond, storeTimeout: time.Second})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		storeWait: 200 * time.Millisecond, storeTimeout: time.Second, queries: lookups})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	job := b.create(t, "")
 
@@ -145,22 +148,30 @@ func TestEvents_UnknownTokenLookupIsBounded(t *testing.T) {
 		require.NoError(t, err)
 		wg.Go(func() { answers <- requestWith(ctx, b.url, http.MethodGet, "/v1/jobs/"+job.ID+"/events", token) })
 	}
-	// Within 5 s: StoreTimeout and StoreWait are well under it; unbounded, the lookups wait for
+	// Within 30 s: StoreTimeout and StoreWait are well under it; unbounded, the lookups wait for
 	// the rollback, after it.
 	answer := func(answers <-chan submitAnswer, what string) submitAnswer {
 		t.Helper()
 		select {
 		case a := <-answers:
 			return a
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: no answer within 5 s while the tenants table is locked", what)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no answer within 30 s while the tenants table is locked", what)
 		}
 		return submitAnswer{}
 	}
 	inPostgres := make(chan submitAnswer, 1)
 	stream(inPostgres)
-	// The first lookup waits in Postgres, holding the lookups' place (or is answered already).
+	// The first lookup waits in Postgres, holding the lookups' place (or is answered already),
+	// under the configured StoreTimeout (1 s), not the default (10 s).
 	answered := pgtest.LockWaitingOrAnswered(ctx, t, watch, inPostgres, 1, "the first lookup")
+	select {
+	case span := <-lookups.spans:
+		require.Positive(t, span, "the lookup has a deadline")
+		require.LessOrEqual(t, span, time.Second, "a lookup's deadline beyond the configured StoreTimeout")
+	case <-ctx.Done():
+		t.Fatal("the lookup was not sent")
+	}
 	forPlace := make(chan submitAnswer, 1)
 	stream(forPlace)
 	a := answer(forPlace, "the lookup waiting for a place")

@@ -42,7 +42,7 @@ func TestEvents_ServerStreamCap(t *testing.T) {
 
 	// A stream that ends frees its place.
 	acme.close()
-	require.Eventually(t, func() bool { return openStreams(reg) == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return openStreams(reg) == 1 }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, "queued", openStreamPath(t, b.url, signer.URL(theirs.ID), "").nextEvent(t).event)
 }
 

@@ -138,7 +138,7 @@ func submitWith(ctx context.Context, base, body, key, token string) submitAnswer
 // empty), as the token's tenant (anonymous without one), within 10 s, and returns its answer,
 // or what went wrong as its code. It is safe to call from any goroutine.
 func sendAs(ctx context.Context, method, url string, body io.Reader, key, token string) submitAnswer {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {

@@ -56,7 +56,7 @@ func TestAuthLog_LastSuppressedAreLoggedByMessage(t *testing.T) {
 	b := setup(t, setupOpts{noListener: true, now: clock.Now, logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	var timers manualTimers
 	b.srv.authLog.SetAfterFunc(timers.afterFunc)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, old, err := b.tenants.Create(ctx, "a", nil)
 	require.NoError(t, err)

@@ -276,5 +276,5 @@ func TestFromConfig_ConsoleLivePagesUnderMaxStreams(t *testing.T) {
 		resp, closeIt := open("/console/api/overview/live")
 		defer closeIt()
 		return resp.StatusCode == http.StatusOK
-	}, 10*time.Second, 20*time.Millisecond, "the closed page's place is given back")
+	}, 30*time.Second, 20*time.Millisecond, "the closed page's place is given back")
 }

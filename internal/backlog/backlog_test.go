@@ -113,7 +113,7 @@ func TestGauge_FailedMeasurementKeepsItsDate(t *testing.T) {
 
 	hold := proxy.HoldStatement("GROUP BY status")
 	clock.Advance(time.Hour)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	_, err = g.Measure(ctx)
 	select {
@@ -153,12 +153,12 @@ func TestGauge_RunDropsItsFiguresWhenItStops(t *testing.T) {
 		defer close(done)
 		g.Run(ctx)
 	}()
-	require.Eventually(t, func() bool { return count("llmq_jobs_waiting") == 2 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return count("llmq_jobs_waiting") == 2 }, 30*time.Second, 5*time.Millisecond,
 		"measured at once, not an interval later")
 	cancel()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 	}
 	require.Zero(t, count("llmq_jobs_waiting"))

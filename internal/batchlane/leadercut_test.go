@@ -88,7 +88,7 @@ func passed(t *testing.T, reg *prometheus.Registry) bool {
 // bundle's committed batches, if one does: time enough for any send of them to have ended.
 func (b *testBundle) pastClaim(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var due *time.Time
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT max(next_poll_at) FROM provider_batches WHERE state = 'committed'`).Scan(&due))
@@ -112,7 +112,7 @@ func (b *testBundle) running(ids ...string) bool {
 // connections so that the test's reads do not trip on them.
 func (b *testBundle) terminateBackends(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, b.pool.Config().ConnString())
 	require.NoError(t, err)

@@ -36,7 +36,7 @@ func (b *testBundle) pausable(t *testing.T) *pausable {
 	require.NoError(t, err)
 	return &pausable{gate: lim.Gate("sk-test", "default"), pauses: credpause.NewStore(b.pool, b.clock.Now),
 		lose: func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			redistest.Unlink(ctx, redistest.Client(t), prefix+"*")
 		}}

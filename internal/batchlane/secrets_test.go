@@ -229,7 +229,7 @@ func TestClient_SpendCapCodeAfterTheCutIsRead(t *testing.T) {
 		t.Cleanup(ts.Close)
 		client, err := batchlane.NewClient(provider, ts.URL, secretKey, ts.Client())
 		require.NoError(t, err)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		_, err = client.Submit(ctx, "ref", []batchlane.Request{{CustomID: "a", Body: []byte(`{"model":"m"}`)}}, noRecord)
 		cancel()
 		var se *batchlane.StatusError

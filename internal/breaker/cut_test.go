@@ -24,7 +24,7 @@ func TestReport_LostReplyCountsOnce(t *testing.T) {
 	br, err := breaker.New(rdb, &breaker.Config{Prefix: prefix, Now: clock.Now, Threshold: 3})
 	require.NoError(t, err)
 	c := br.Circuit(testID, testName)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	fail := func() breaker.State {
 		a, err := c.Allow(ctx)
@@ -57,7 +57,7 @@ func TestAllow_LostReplyKeepsTheProbe(t *testing.T) {
 	br, err := breaker.New(rdb, &breaker.Config{Prefix: prefix, Now: clock.Now, Threshold: 1})
 	require.NoError(t, err)
 	c := br.Circuit(testID, testName)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
 	a, err := c.Allow(ctx) // Redis caches the script (a NOSCRIPT runs nothing)
@@ -93,7 +93,7 @@ func TestAllow_LostReplyKeepsTheLease(t *testing.T) {
 		SuccessMemory: time.Hour})
 	require.NoError(t, err)
 	c := br.Circuit(testID, testName)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
 	first, err := c.Allow(ctx) // Redis caches the script (a NOSCRIPT runs nothing)

@@ -50,7 +50,7 @@ func TestBreaker_Listen(t *testing.T) {
 		require.Eventually(t, func() bool {
 			n, err := redistest.NumSub(t.Context(), raw, prefix+"cb:wake")
 			return err == nil && n == 2
-		}, 10*time.Second, 5*time.Millisecond, "Listen never subscribed")
+		}, 30*time.Second, 5*time.Millisecond, "Listen never subscribed")
 
 		report := func(c *breaker.Circuit, o breaker.Outcome) {
 			t.Helper()
@@ -86,7 +86,7 @@ func TestBreaker_Listen(t *testing.T) {
 		require.NoError(t, err)
 		select {
 		case <-wake:
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("the probe's report did not wake the refused caller")
 		}
 		again, err := waiting.Allow(t.Context())
@@ -111,7 +111,7 @@ func TestBreaker_Listen(t *testing.T) {
 // (for an hour) until go test's -timeout.
 func TestAwait(t *testing.T) {
 	t.Parallel()
-	bounded, stop := context.WithTimeout(t.Context(), 10*time.Second)
+	bounded, stop := context.WithTimeout(t.Context(), 30*time.Second)
 	defer stop()
 	woken := make(chan struct{})
 	close(woken)

@@ -450,7 +450,7 @@ func TestCredentials_StateReadsAPauseRedisLost(t *testing.T) {
 	_, err = pauses.Pause(ctx, lim.GateByTag(tag, "default"), "rate_limited_no_retry_after", "job-1")
 	require.NoError(t, err)
 	// Redis loses its data; a worker publishes the credentials' tags again.
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	redistest.Unlink(lctx, b.rdb, b.prefix+"*")
 	publish()
@@ -662,7 +662,7 @@ FROM generate_series(1, 501) g ORDER BY g RETURNING id::text`)
 	require.Eventually(t, func() bool { // on testify's goroutine: no require here
 		return b.jobs.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
 WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&pid) == nil
-	}, 10*time.Second, 10*time.Millisecond, "the retry waits for the locked job")
+	}, 30*time.Second, 10*time.Millisecond, "the retry waits for the locked job")
 	_, err = b.jobs.Pool.Exec(ctx, `SELECT pg_cancel_backend($1)`, pid)
 	require.NoError(t, err)
 	var status int

@@ -276,7 +276,7 @@ func TestLogin_RevokedOperatorRefusalsAreThrottled(t *testing.T) {
 		}
 		return len(due)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	store := operator.NewStore(b.jobs.Pool, nil)
 	tokens := map[string]string{}

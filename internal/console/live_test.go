@@ -134,8 +134,8 @@ func (s *stream) next(t *testing.T, v any) {
 	select {
 	case data := <-s.events:
 		require.NoError(t, json.Unmarshal([]byte(data), v))
-	case <-time.After(10 * time.Second):
-		t.Fatal("no event within 10 s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event within 30 s")
 	}
 }
 
@@ -284,7 +284,7 @@ func (s *stream) requireSessionEnd(t *testing.T) {
 	select {
 	case <-s.ended:
 		require.Equal(t, "session_expired", s.last)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the stream outlived its session")
 	}
 }
@@ -350,7 +350,7 @@ func TestShutdown_EndsTheStreams(t *testing.T) {
 	for _, s := range streams {
 		select {
 		case <-s.ended:
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("a stream outlived Shutdown")
 		}
 	}
@@ -378,7 +378,7 @@ func TestJobLive_AFailedReadIsNotAnEnd(t *testing.T) {
 
 	proxy.Cut()
 	refused := proxy.Refused()
-	require.Eventually(t, func() bool { return proxy.Refused() >= refused+3 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return proxy.Refused() >= refused+3 }, 30*time.Second, 5*time.Millisecond,
 		"the page's reads reach the cut proxy")
 	select {
 	case <-s.ended:
@@ -407,7 +407,7 @@ func TestJobLive_APurgedJobIsGone(t *testing.T) {
 	select {
 	case <-s.ended:
 		require.Equal(t, "gone", s.last)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the stream outlived its job")
 	}
 }
@@ -475,7 +475,7 @@ func TestLive_HEADIsRefusedNotHeldOpen(t *testing.T) {
 	t.Cleanup(tr.CloseIdleConnections) // before the server's Close, which waits for its handlers
 	c.http.Transport = tr
 	for _, path := range []string{"/console/api/jobs/" + job.ID + "/live", "/console/api/overview/live"} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		req, err := http.NewRequestWithContext(ctx, http.MethodHead, c.base+path, nil)
 		require.NoError(t, err)
 		res, err := c.http.Do(req)
@@ -548,5 +548,5 @@ func TestOverviewLive_AnOutageIsLoggedOnce(t *testing.T) {
 	proxy.Restore()
 	s.next(t, &got) // the figures again
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "console: overview live again") },
-		10*time.Second, 5*time.Millisecond, "logs:\n%s", logs.String())
+		30*time.Second, 5*time.Millisecond, "logs:\n%s", logs.String())
 }

@@ -42,7 +42,7 @@ func setup(t *testing.T) *testBundle {
 	b.store = credpause.NewStore(b.pool, clock.Now)
 	b.gate = lim.Gate("sk-capped", "main")
 	b.lose = func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		redistest.Unlink(ctx, redistest.Client(t), b.prefix+"*")
 	}
@@ -361,7 +361,7 @@ func TestStore_PauseAndResumeAtOnce(t *testing.T) {
 	}()
 	select {
 	case <-hook.reached:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the pause did not reach Redis")
 	}
 	// The pause has written Postgres, not Redis; an operator resumes (ctl: another process).
@@ -378,7 +378,7 @@ func TestStore_PauseAndResumeAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		resumeEnded = true
 	case <-waitingForLock(pollCtx, pool): // the resume waits for the pause to end
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the resume neither ended nor waited for the pause")
 	}
 	stopPolling()
@@ -386,14 +386,14 @@ func TestStore_PauseAndResumeAtOnce(t *testing.T) {
 	select {
 	case err := <-paused:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the pause did not end")
 	}
 	if !resumeEnded {
 		select {
 		case err := <-resumed:
 			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("the resume did not end")
 		}
 	}
@@ -460,7 +460,7 @@ func TestStore_PausesWaitingForTheLockLeaveThePoolFree(t *testing.T) {
 	defer stopPolling()
 	select {
 	case <-waitingForLock(pollCtx, other):
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("no pause waits for the lock")
 	}
 	stopPolling()
@@ -476,7 +476,7 @@ func TestStore_PausesWaitingForTheLockLeaveThePoolFree(t *testing.T) {
 		select {
 		case err := <-done:
 			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("a pause did not end once the lock was free")
 		}
 	}
@@ -599,7 +599,7 @@ func TestStore_ReconcileRacingAResume(t *testing.T) {
 	defer stopPolling()
 	select {
 	case <-waitingForLock(pollCtx, b.pool):
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the reconcile never waited for the lock: it did not read the row first")
 	}
 	stopPolling()
@@ -615,7 +615,7 @@ func TestStore_ReconcileRacingAResume(t *testing.T) {
 	select {
 	case err := <-done:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the reconcile did not end once the lock was free")
 	}
 	require.False(t, restored, "the resume holds")

@@ -384,7 +384,7 @@ func TestWriter_ResetAfterATimedOutCloseDropsWhatIsLeft(t *testing.T) {
 	rdb.AddHook(hook)
 	buf := deltastream.New(deltastream.Config{Redis: rdb, Prefix: redistest.PrefixOn(t, url)})
 	w := buf.Writer("job", 2, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	w.Add(deltastream.Delta{Type: "text", Index: 0, Text: "a"})

@@ -108,7 +108,7 @@ func TestParseBatch(t *testing.T) {
 			t.Parallel()
 			rdb := redistest.ClientOf(t, url)
 			b := New(Config{Redis: rdb, Prefix: redistest.PrefixOn(t, url)})
-			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			ps := rdb.Subscribe(ctx, b.Key("job1"))
 			defer ps.Close()

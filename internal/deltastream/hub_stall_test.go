@@ -155,7 +155,7 @@ func TestHub_ASlowSubscribeStallsNoOtherFollower(t *testing.T) {
 		require.Eventually(t, func() bool {
 			n, err := redistest.NumSub(ctx, rdb, buf.Key(c.job))
 			return err == nil && n == 1
-		}, 10*time.Second, 5*time.Millisecond, "%s is not subscribed", c.job)
+		}, 30*time.Second, 5*time.Millisecond, "%s is not subscribed", c.job)
 		if c.early {
 			awaitWake(t, c.f.Wake())
 			_, ok := c.f.Next(deltastream.Entry{})
@@ -292,7 +292,7 @@ func TestHub_ASubscribeWhoseWriteFailedIsSentAgain(t *testing.T) {
 		require.Eventually(t, func() bool {
 			n, err := redistest.NumSub(ctx, rdb, buf.Key(job))
 			return err == nil && n == 1
-		}, 10*time.Second, 5*time.Millisecond, "%s is not subscribed", job)
+		}, 30*time.Second, 5*time.Millisecond, "%s is not subscribed", job)
 	}
 	awaitWake(t, f.Wake())
 	_, ok := f.Next(deltastream.Entry{})
@@ -389,7 +389,7 @@ func TestHub_ASlowSubscribeHoldsNoDelivery(t *testing.T) {
 			require.Eventually(t, func() bool {
 				n, err := redistest.NumSub(ctx, rdb, buf.Key("jobHeld"))
 				return err == nil && n == 1
-			}, 10*time.Second, 5*time.Millisecond, "jobHeld is not subscribed")
+			}, 30*time.Second, 5*time.Millisecond, "jobHeld is not subscribed")
 			hw := buf.Writer("jobHeld", 2, 1)
 			hw.Add(deltastream.Delta{Type: "text", Text: "x"})
 			awaitWake(t, held.Wake())
@@ -472,7 +472,7 @@ func TestHub_AWriteHeldPastItsDeadlineConnectsAgain(t *testing.T) {
 	require.Eventually(t, func() bool {
 		n, err := redistest.NumSub(ctx, rdb, buf.Key("jobHeld"))
 		return err == nil && n == 1
-	}, 10*time.Second, 5*time.Millisecond, "jobHeld is not subscribed")
+	}, 30*time.Second, 5*time.Millisecond, "jobHeld is not subscribed")
 	hw := buf.Writer("jobHeld", 2, 1)
 	defer hw.Close(ctx)
 	hw.Add(deltastream.Delta{Type: "text", Text: "x"})

@@ -71,7 +71,7 @@ func TestQueuedConn_ACommandLargerThanTheBoundGoesThrough(t *testing.T) {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		return q.queued+32<<10 > queuedMax || q.err != nil
-	}, 10*time.Second, time.Millisecond, "queuedMax bytes wait")
+	}, 30*time.Second, time.Millisecond, "queuedMax bytes wait")
 
 	_ = server.SetReadDeadline(time.Now().Add(10 * time.Second)) // fails on a closed pipe: so does the read
 	got := make([]byte, len(cmd))
@@ -79,7 +79,7 @@ func TestQueuedConn_ACommandLargerThanTheBoundGoesThrough(t *testing.T) {
 	select {
 	case err := <-written:
 		require.NoError(t, err, "the command was handed over whole")
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the command's Write never returned")
 	}
 	require.NoError(t, readErr)

@@ -78,7 +78,7 @@ func texts(t *testing.T, b *Buffer, id string, want int) []string {
 			out = append(out, d.Text)
 		}
 		return idle && len(out) >= want
-	}, 10*time.Second, time.Millisecond, "buffer of %s: want %d entries with the flusher idle", id, want)
+	}, 30*time.Second, time.Millisecond, "buffer of %s: want %d entries with the flusher idle", id, want)
 	return out
 }
 
@@ -119,7 +119,7 @@ func TestWriter_Spacing(t *testing.T) {
 
 	w.Add(Delta{Type: "text", Text: "e"})
 	require.Equal(t, 2, ft.scheduled(), "a piece right after a write waits")
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	w.Close(ctx)
 	require.NoError(t, ctx.Err(), "Close waited for its deadline")

@@ -29,9 +29,9 @@ func TestWriter_LogsItsFailedWritesOnce(t *testing.T) {
 	for range 5 {
 		w.Add(Delta{Type: "text", Text: "token "})
 		// Its write round ends (failed) before the next piece: one write per piece.
-		require.Eventually(t, idle, 10*time.Second, time.Millisecond)
+		require.Eventually(t, idle, 30*time.Second, time.Millisecond)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	w.Close(ctx)
 	require.NoError(t, ctx.Err())

@@ -43,7 +43,7 @@ func TestAfterCommit_PastMaxPendingRefusesAtOnce(t *testing.T) {
 	}
 	require.Equal(t, 3, a.Pending())
 	require.EqualValues(t, 5, a.Refused())
-	require.Eventually(t, func() bool { return started.Load() == 3 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return started.Load() == 3 }, 30*time.Second, time.Millisecond)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(a)
@@ -51,17 +51,17 @@ func TestAfterCommit_PastMaxPendingRefusesAtOnce(t *testing.T) {
 	require.Equal(t, 5.0, metricValue(t, reg, "llmq_api_after_commit_refused_total"))
 
 	close(stall) // Redis answers (or the client gives up)
-	require.Eventually(t, func() bool { return a.Pending() == 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return a.Pending() == 0 }, 30*time.Second, time.Millisecond)
 	ran := make(chan struct{})
 	err := a.Run(func() error { close(ran); return nil }) // its answer or the wait's end: either may come first
 	require.NotErrorIs(t, err, dispatch.ErrAfterCommitFull)
 	select {
 	case <-ran:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("a place was free: the function ran")
 	}
 	require.EqualValues(t, 5, a.Refused())
-	require.Eventually(t, func() bool { return a.Pending() == 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return a.Pending() == 0 }, 30*time.Second, time.Millisecond)
 }
 
 // TestAfterCommit_WaitsForAnAnswerWithinWait: a function that returns in time is waited for,
@@ -72,7 +72,7 @@ func TestAfterCommit_WaitsForAnAnswerWithinWait(t *testing.T) {
 		After: func(time.Duration) <-chan time.Time { return nil }}) // never: only the answer ends the wait
 	boom := errors.New("boom")
 	require.ErrorIs(t, a.Run(func() error { return boom }), boom)
-	require.Eventually(t, func() bool { return a.Pending() == 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return a.Pending() == 0 }, 30*time.Second, time.Millisecond)
 	require.NoError(t, a.Run(func() error { return nil }))
 	require.Zero(t, a.Refused())
 }

@@ -219,7 +219,7 @@ func TestWakeHook_KeptTasksGoBackWithoutADequeue(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ids, err := rdb.LRange(ctx, p+"pending", 0, -1).Result()
 		return err == nil && len(ids) == 2
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 	for _, id := range []string{"t2", "t3"} {
 		state, err := rdb.HGet(ctx, p+"t:"+id, "state").Result()
 		require.NoError(t, err)

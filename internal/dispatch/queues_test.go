@@ -158,7 +158,7 @@ func TestServer_HigherPriorityOvertakesABacklog(t *testing.T) {
 	deliveries := make(recorder)
 	q.serveOneAtATime(t, deliveries)
 
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(30 * time.Second)
 	seen := map[string]int{}
 	for n := 1; seen["normal"] == 0 || seen["high"] == 0; n++ {
 		select {
@@ -244,7 +244,7 @@ func TestServer_DeferralsWaitAsDueTasks(t *testing.T) {
 	t.Cleanup(srv.Shutdown)
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		require.Eventually(t, cond, 10*time.Second, 5*time.Millisecond, what)
+		require.Eventually(t, cond, 30*time.Second, 5*time.Millisecond, what)
 	}
 
 	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), job.ID, jobs.PriorityLow, time.Time{}))
@@ -312,7 +312,7 @@ func TestServer_LowDeferralStaysWhenItsDueTaskCannotBeEnqueued(t *testing.T) {
 	require.NoError(t, tb.enqueuer.Enqueue(t.Context(), taskID, jobs.PriorityLow, time.Time{}))
 	require.Eventually(t, func() bool {
 		return tb.stateIn(t, q.For(jobs.PriorityLow), taskID) == asynq.TaskStateRetry
-	}, 10*time.Second, 5*time.Millisecond, "the deferred low task waits as itself")
+	}, 30*time.Second, 5*time.Millisecond, "the deferred low task waits as itself")
 	require.Zero(t, tb.stateIn(t, q.Due(), taskID+":due"), "no due task")
 }
 

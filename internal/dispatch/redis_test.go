@@ -86,7 +86,7 @@ func TestAutoPipelined_BatchesInFlight(t *testing.T) {
 			ap := dispatch.AutoPipelined(rdb, tc.batches)
 			_, isAP := ap.(*redis.AutoPipeliner)
 			require.True(t, isAP, "a plain client gets an autopipeliner")
-			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			direct := redistest.Client(t)
 
@@ -146,7 +146,7 @@ func TestDeferred_SendsWithoutWaitingForTheReply(t *testing.T) {
 	t.Parallel()
 	held := redistest.Prefix(t) + "held"
 	rdb, proxy := clientHeldOn(t, held)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	direct := redistest.Client(t)
 
@@ -178,7 +178,7 @@ func TestEnqueuer_DoesNotWaitForADeferredWakeUp(t *testing.T) {
 	defer func() { require.NoError(t, client.Close()) }()
 	wakeSet := "asynq:{" + queue + "}:llmq-wake"
 	rdb, _ := clientHeldOn(t, wakeSet)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	direct := redistest.Client(t)
 
@@ -206,7 +206,7 @@ func TestGrowStacks_RepliesAndErrorsPassThrough(t *testing.T) {
 	ap := dispatch.AutoPipelined(rdb, 4)
 	deferred := dispatch.Deferred(rdb)
 	prefix := redistest.Prefix(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
 	const callers = 32

@@ -64,7 +64,7 @@ func TestServer_CountsDeliveryErrors(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		return p.calls[failing.ID].Load() > 0 && p.calls[deferred.ID].Load() > 0 && p.calls[canceled.ID].Load() > 0
-	}, 10*time.Second, 5*time.Millisecond, "every task delivered")
+	}, 30*time.Second, 5*time.Millisecond, "every task delivered")
 	srv.Shutdown() // every delivery has returned and been answered
 	require.Equal(t, float64(p.calls[failing.ID].Load()), counter(t, reg, name),
 		"each failed delivery, and only those")

@@ -79,8 +79,8 @@ func TestServer_ShutdownWaitsForCutDeliveriesToRecord(t *testing.T) {
 		t.Helper()
 		select {
 		case <-ch:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s did not happen within 10s", what)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s did not happen within 30s", what)
 		}
 	}
 	wait(p.started, "the delivery")
@@ -90,7 +90,7 @@ func TestServer_ShutdownWaitsForCutDeliveriesToRecord(t *testing.T) {
 		srv.Shutdown()
 	}()
 	wait(p.cut, "the cut")
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for waiting := false; !waiting; {
 		select {
 		case msg := <-logs:
@@ -98,7 +98,7 @@ func TestServer_ShutdownWaitsForCutDeliveriesToRecord(t *testing.T) {
 		case <-shutdownDone:
 			t.Fatal("Shutdown returned while the delivery it cut was still recording its attempt")
 		case <-deadline:
-			t.Fatal("Shutdown neither returned nor waited for the delivery it cut within 10s")
+			t.Fatal("Shutdown neither returned nor waited for the delivery it cut within 30s")
 		}
 	}
 	p.letProceed()

@@ -133,7 +133,7 @@ func TestSweeper_RescuesALowJobsOrphanedDueTask(t *testing.T) {
 	p := &deferAlways{}
 	require.NoError(t, srv.Start(dispatch.Mux(p, tb.enqueuer)))
 	t.Cleanup(srv.Shutdown)
-	require.Eventually(t, func() bool { return p.n.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return p.n.Load() == 1 }, 30*time.Second, 5*time.Millisecond)
 	srv.Shutdown()
 	require.Equal(t, asynq.TaskStateRetry, tb.stateIn(t, q.Due(), job.ID+":rescue"), "the deferral is kept")
 }

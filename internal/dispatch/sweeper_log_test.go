@@ -93,7 +93,7 @@ func TestSweeper_FailuresLogOnce(t *testing.T) {
 			t.Cleanup(func() { cancel(); <-done })
 
 			tries := func() bool { return failed.Load() >= 5 }
-			require.Eventually(t, tries, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, tries, 30*time.Second, 5*time.Millisecond)
 			require.Equal(t, 1, logs.Count(`level=WARN`), logs.String())
 			const hidden = ` failed; further errors are not logged until it succeeds"`
 			require.Equal(t, 1, logs.Count(`msg="`+tc.what+hidden), logs.String())
@@ -101,7 +101,7 @@ func TestSweeper_FailuresLogOnce(t *testing.T) {
 			down.Store(false)
 			require.Eventually(t, func() bool {
 				return logs.Count(`msg="`+tc.what+` succeeds again" failures=`) == 1
-			}, 10*time.Second, 5*time.Millisecond, logs.String())
+			}, 30*time.Second, 5*time.Millisecond, logs.String())
 			require.Equal(t, 2, logs.Count(`level=`), logs.String())
 		})
 	}

@@ -67,7 +67,7 @@ func TestBatchLane_DeadLetterAlerts(t *testing.T) {
 	require.Equal(t, "dead", job["status"], "%v", job["last_error"])
 	require.Equal(t, "retries_exhausted", job["dead_reason"])
 
-	require.Eventually(t, func() bool { return len(hook.received()) > 0 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(hook.received()) > 0 }, 30*time.Second, 10*time.Millisecond,
 		"no dead-letter alert reached the webhook")
 	alerts := hook.received()
 	require.Len(t, alerts, 1)

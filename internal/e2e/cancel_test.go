@@ -43,7 +43,7 @@ func TestCancel_AbortsTheInFlightCall(t *testing.T) {
 	}, 30*time.Second, time.Millisecond, "the cancel aborts the call")
 
 	// The aborted call is recorded, and no result is stored once it has been.
-	require.Eventually(t, func() bool { return b.attemptsOf(t, id) == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.attemptsOf(t, id) == 1 }, 30*time.Second, 5*time.Millisecond)
 	job := b.do(t, http.MethodGet, "/v1/jobs/"+id, "", nil).body
 	require.Equal(t, "canceled", job["status"])
 	require.Nil(t, job["result"])

@@ -91,7 +91,7 @@ func TestDeadLetter_SpendCapPausesCredentialAndAlertsOnce(t *testing.T) {
 	}
 
 	// The alert is posted in the background (alert.Alerter.Raise).
-	require.Eventually(t, func() bool { return len(hook.received()) > 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(hook.received()) > 0 }, 30*time.Second, 10*time.Millisecond)
 	alerts := hook.received()
 	require.Len(t, alerts, 1)
 	require.Equal(t, "default", alerts[0].Credential)
@@ -163,7 +163,7 @@ func TestDeadLetter_SpendCapPauseSurvivesRedisLosingItsData(t *testing.T) {
 	first := b.submit(t, anthropicBody("over the cap"))
 	require.Equal(t, "dead", b.waitTerminal(t, first)["status"])
 	require.Equal(t, 1, b.sim.Stats().Requests)
-	require.Eventually(t, func() bool { return len(hook.received()) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(hook.received()) == 1 }, 30*time.Second, 10*time.Millisecond)
 
 	// when Redis loses every llmq key of this test (the limiter's, the breaker's, the pause),
 	redistest.Unlink(b.ctx, redistest.ClientOf(t, b.redisURL), b.prefix+"*")

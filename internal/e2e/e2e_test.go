@@ -229,7 +229,7 @@ func TestSweeper_RedisFlushLosesNoJob(t *testing.T) {
 			ids[i] = b.submit(t, anthropicBody("survive the flush"))
 		}
 		rdb := redistest.ClientOf(t, redisURL)
-		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 		defer cancel()
 		require.NoError(t, redistest.FlushAll(ctx, rdb)) // every master of a cluster
 		keys, err := rdb.DBSize(ctx).Result()            // a cluster client sums its masters

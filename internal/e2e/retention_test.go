@@ -34,7 +34,7 @@ SELECT count(*) FROM u`, []any{old}, &n)
 	+ (SELECT count(*) FROM job_attempts WHERE job_id = $1) + (SELECT count(*) FROM idempotency_keys WHERE job_id = $1)`, []any{old}, &n)
 		return n
 	}
-	require.Eventually(t, func() bool { return left() == 0 }, 10*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return left() == 0 }, 30*time.Second, 50*time.Millisecond,
 		"the leader takes its lock within a second, then passes every 200 ms")
 	require.Equal(t, http.StatusNotFound, b.do(t, http.MethodGet, "/v1/jobs/"+old, "", nil).status)
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/jobs/"+recent, "", nil).status)

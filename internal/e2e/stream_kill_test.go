@@ -96,7 +96,7 @@ func TestStream_WorkerSIGKILLedMidStream(t *testing.T) {
 // submitOne posts one job and requires 202; it returns the job's ID.
 func (s *chaosStack) submitOne(t *testing.T, body string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.apiURL+"/v1/jobs", strings.NewReader(body))
 	require.NoError(t, err)
@@ -112,7 +112,7 @@ func (s *chaosStack) submitOne(t *testing.T, body string) string {
 // getJob returns GET /v1/jobs/{id}.
 func (s *chaosStack) getJob(t *testing.T, id string) map[string]any {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.apiURL+"/v1/jobs/"+id, nil)
 	require.NoError(t, err)

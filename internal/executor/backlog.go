@@ -1,6 +1,9 @@
 package executor
 
-import "context"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // backlogGate bounds how many deliveries of low-priority jobs run their steps before the call
 // (load, guard, breaker, admission, and a refusal's deferral) at once in one process. A backlog's
@@ -12,6 +15,9 @@ import "context"
 // limit.
 type backlogGate struct {
 	places chan struct{} // nil: no bound
+	// waiting is how many passes wait for a place now: what a test reads to know a delivery
+	// reached the gate, which nothing else tells while the delivery waits.
+	waiting atomic.Int32
 }
 
 // newBacklogGate returns a gate of n places; n ≤ 0: no bound.
@@ -43,6 +49,14 @@ func (p *gatePass) enter(ctx context.Context) error {
 	if p.held || p.g.places == nil {
 		return nil
 	}
+	select {
+	case p.g.places <- struct{}{}:
+		p.held, p.left = true, false
+		return nil
+	default:
+	}
+	p.g.waiting.Add(1)
+	defer p.g.waiting.Add(-1)
 	select {
 	case p.g.places <- struct{}{}:
 		p.held, p.left = true, false

@@ -90,12 +90,12 @@ func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
 	go func() { held <- ex.Process(ctx, dispatch.Delivery{JobID: holder.ID, Low: true}) }()
 	select {
 	case <-w.entered:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the first low delivery never reached its admission")
 	}
 
 	normal := createJob(t, b, "acme", jobs.PriorityNormal)
-	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	require.NoError(t, ex.Process(nctx, dispatch.Delivery{JobID: normal.ID}), "a normal job does not wait for the gate")
 	got, err := b.Store.Get(ctx, normal.ID)
@@ -120,7 +120,7 @@ func TestExecutor_BacklogGateHoldsOnlyLowJobsSteps(t *testing.T) {
 	select {
 	case err := <-held:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the holder did not finish after its release")
 	}
 	require.NoError(t, ex.Process(nctx, dispatch.Delivery{JobID: late.ID, Low: true}))
@@ -196,9 +196,9 @@ func TestExecutor_BacklogGateIsLeftForTheBreakersWait(t *testing.T) {
 	require.Eventually(t, func() bool {
 		got, err := b.Store.Get(ctx, a.ID)
 		return err == nil && got.Status == jobs.StatusRunning
-	}, 10*time.Second, 5*time.Millisecond, "A's call goes out")
+	}, 30*time.Second, 5*time.Millisecond, "A's call goes out")
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: bj.ID, Low: true}) }()
-	require.Eventually(t, func() bool { return loads() == 2 }, 10*time.Second, time.Millisecond, "B reads its job")
+	require.Eventually(t, func() bool { return loads() == 2 }, 30*time.Second, time.Millisecond, "B reads its job")
 
 	c := createJob(t, b, "acme", jobs.PriorityLow)
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -255,14 +255,14 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheBreakersWait(t *testing.T) {
 	d := createJob(t, b, "holder", jobs.PriorityLow) // before A's call: its insert is not in the call's second
 	results := make(chan error, 3)
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: a.ID, Low: true}) }()
-	require.Eventually(t, func() bool { return status(a.ID) == jobs.StatusRunning }, 10*time.Second, 5*time.Millisecond, "A's call goes out")
+	require.Eventually(t, func() bool { return status(a.ID) == jobs.StatusRunning }, 30*time.Second, 5*time.Millisecond, "A's call goes out")
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: bj.ID, Low: true}) }()
-	require.Eventually(t, func() bool { return loads() == 2 }, 10*time.Second, time.Millisecond, "B reads its job")
+	require.Eventually(t, func() bool { return loads() == 2 }, 30*time.Second, time.Millisecond, "B reads its job")
 
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: d.ID, Low: true}) }()
 	select {
 	case <-w.entered: // D holds the place, B waits on the cap outside it
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("D never got the place B left for its wait")
 	}
 	require.Equal(t, jobs.StatusRunning, status(a.ID), "all of it happened while A's call was out")
@@ -270,14 +270,16 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheBreakersWait(t *testing.T) {
 	select {
 	case err := <-results:
 		require.NoError(t, err, "A's delivery")
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("A's call did not end")
 	}
 	require.Equal(t, jobs.StatusSucceeded, status(a.ID))
 	// The breaker is warm now: B's wait ends within about a second (the time the cap told it to
-	// wait, or the breaker's wake-up). Its steps after the wait need the place.
-	require.Never(t, func() bool { return status(bj.ID) != jobs.StatusQueued }, 3*time.Second, 10*time.Millisecond,
-		"B went on past its wait while D held the gate's only place")
+	// wait, or the breaker's wake-up). Its steps after the wait need the place: B waits for it,
+	// its job still queued.
+	require.Eventually(t, func() bool { return executor.BacklogWaiters(ex) == 1 }, 30*time.Second, 5*time.Millisecond,
+		"B waits for the gate's only place, which D holds, after its wait")
+	require.Equal(t, jobs.StatusQueued, status(bj.ID), "B went on past its wait while D held the gate's only place")
 
 	close(w.release)
 	for range 2 {
@@ -316,18 +318,19 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheRetryDelay(t *testing.T) {
 	require.NoError(t, b.Store.Postpone(ctx, l.ID, time.Now().Add(time.Second)))
 	results := make(chan error, 2)
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: l.ID, Low: true}) }()
-	require.Eventually(t, func() bool { return stageCounts(t, reg)[executor.StageLoad] == 1 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return stageCounts(t, reg)[executor.StageLoad] == 1 }, 30*time.Second, time.Millisecond,
 		"L reads its job")
 	// D was created before L's delay began: only D's own steps up to its admission lie between
 	// L's leaving the place for its sleep and the sleep's end.
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: d.ID, Low: true}) }()
 	select {
 	case <-w.entered: // D holds the place; L sleeps out its delay outside it
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("D never got the place L left for its sleep")
 	}
-	require.Never(t, func() bool { return w.askedFor("acme") }, 2*time.Second, 10*time.Millisecond,
-		"L asked for its slot after its delay while D held the gate's only place")
+	require.Eventually(t, func() bool { return executor.BacklogWaiters(ex) == 1 }, 30*time.Second, 5*time.Millisecond,
+		"L waits for the gate's only place, which D holds, after its delay")
+	require.False(t, w.askedFor("acme"), "L asked for its slot after its delay while D held the gate's only place")
 
 	close(w.release)
 	for range 2 {

@@ -427,7 +427,7 @@ func TestExecutor_HandedOverDeliveryCanceledAfterItsHoldGivesTheSlotBack(t *test
 	select {
 	case err := <-ran:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return")
 	}
 
@@ -499,7 +499,7 @@ func TestExecutor_HeldSlotWhoseTakeFailedComesBack(t *testing.T) {
 	go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: job.ID}) }()
 	select {
 	case <-take.Reached():
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the delivery did not try to take the ended job's slot")
 	}
 	pg.Cut()
@@ -507,7 +507,7 @@ func TestExecutor_HeldSlotWhoseTakeFailedComesBack(t *testing.T) {
 	var first error
 	select {
 	case first = <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the delivery did not return")
 	}
 	pg.Restore()

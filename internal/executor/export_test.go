@@ -7,3 +7,8 @@ import "github.com/llmq/llmq/internal/logthrottle"
 func SetUnconfiguredLogAfterFunc(e *Executor, f logthrottle.TimerFunc) {
 	e.unconfiguredLog.SetAfterFunc(f)
 }
+
+// BacklogWaiters returns how many deliveries of e wait for a place in its backlog gate now.
+func BacklogWaiters(e *Executor) int {
+	return int(e.backlog.waiting.Load())
+}

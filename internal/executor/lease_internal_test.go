@@ -39,7 +39,7 @@ func TestKeepLease_RenewsUntilStopped(t *testing.T) {
 		require.Eventually(t, func() bool {
 			u, err := leaseUntil()
 			return err == nil && u.After(began)
-		}, 10*time.Second, time.Millisecond, "round %d: the lease was never renewed", round)
+		}, 30*time.Second, time.Millisecond, "round %d: the lease was never renewed", round)
 
 		lease.stop()
 		held, err := leaseUntil()
@@ -231,7 +231,7 @@ func TestKeepLease_StopWaitsForTheRenewalUnderWay(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
 			AND query LIKE 'UPDATE jobs SET lease_until%' AND datname = current_database()`).Scan(&n)
 		return err == nil && n == 1
-	}, 10*time.Second, time.Millisecond, "no renewal waited for the lock")
+	}, 30*time.Second, time.Millisecond, "no renewal waited for the lock")
 	stopped := make(chan struct{})
 	go func() {
 		lease.stop()

@@ -42,7 +42,7 @@ func TestExecutor_PauseKeptInPostgresOutlivesRedis(t *testing.T) {
 	ex := executor.New(executor.Config{Store: b.Store, Pauses: pauses, Upstreams: map[string]executor.Upstream{"capped": up},
 		Policy: retrypolicy.New(&retrypolicy.Config{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond})})
 	lose := func() {
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		redistest.Unlink(lctx, redistest.Client(t), prefix+"*")
 	}

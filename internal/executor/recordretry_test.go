@@ -53,7 +53,7 @@ func TestExecutor_RecordsAnAnswerOncePostgresIsBack(t *testing.T) {
 	go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: job.ID}) }()
 
 	// Then it keeps trying to store the answer (Postgres is refused to it more than once)
-	require.Eventually(t, func() bool { return pg.Refused() >= 2 || len(done) > 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return pg.Refused() >= 2 || len(done) > 0 }, 30*time.Second, time.Millisecond)
 	select {
 	case err := <-done:
 		t.Fatalf("the delivery returned while Postgres was down: %v", err)

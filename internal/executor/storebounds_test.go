@@ -60,7 +60,7 @@ func newBoundsBundle(t *testing.T) *boundsBundle {
 // (or the test's end).
 func (b *boundsBundle) hold(t *testing.T, sql string, args ...any) (release func()) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	tx, err := b.other.Begin(ctx)
 	require.NoError(t, err)
@@ -83,7 +83,7 @@ func (b *boundsBundle) hold(t *testing.T, sql string, args ...any) (release func
 // next delivery then found the job moved, or waited on it past its lock timeout).
 func (b *boundsBundle) abandonedGone(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
 		var waiting int

@@ -171,16 +171,16 @@ func TestExecutor_StreamedProbeLetsOthersInAtItsHeaders(t *testing.T) {
 				p.free()
 				select {
 				case <-finished:
-				case <-time.After(10 * time.Second):
+				case <-time.After(30 * time.Second):
 				}
 			}()
 			select {
 			case <-p.held:
-			case <-time.After(10 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatal("the first stream never delivered its first delta")
 			}
-			require.Eventually(t, ready, 10*time.Second, 5*time.Millisecond, "heard while the first job streams")
-			otherCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			require.Eventually(t, ready, 30*time.Second, 5*time.Millisecond, "heard while the first job streams")
+			otherCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
 			require.NoError(t, ex.Process(otherCtx, dispatch.Delivery{JobID: other.ID}), "let in while the first job streams")
 			got, err := b.Store.Get(ctx, other.ID)
@@ -191,7 +191,7 @@ func TestExecutor_StreamedProbeLetsOthersInAtItsHeaders(t *testing.T) {
 			select {
 			case err := <-firstDone:
 				require.NoError(t, err)
-			case <-time.After(10 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatal("the first job did not finish once released")
 			}
 			got, err = b.Store.Get(ctx, first.ID)

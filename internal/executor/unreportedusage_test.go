@@ -178,7 +178,7 @@ func TestExecutor_CanceledMidStreamKeepsItsCostOnTheAttempt(t *testing.T) {
 	go func() { done <- ex.Process(pctx, dispatch.Delivery{JobID: job.ID}) }()
 	select {
 	case <-started:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the stream did not start")
 	}
 	_, err = b.Store.Cancel(ctx, job.ID)
@@ -186,7 +186,7 @@ func TestExecutor_CanceledMidStreamKeepsItsCostOnTheAttempt(t *testing.T) {
 	abort() // what the cancel's abort of the task does (dispatch.Tasks.AbortEnded)
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the delivery did not end after the abort")
 	}
 

@@ -190,12 +190,12 @@ func TestExecutor_UnsentPauseProbeIsHandedBack(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- u.ex.Process(ctx, dispatch.Delivery{JobID: job.ID}) }()
 		// The delivery's slot is granted (after its probe): it sleeps until the slot.
-		require.Eventually(t, func() bool { return u.grants(t) == 2 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return u.grants(t) == 2 }, 30*time.Second, 5*time.Millisecond)
 		cancel()
 		select {
 		case err := <-done:
 			require.ErrorIs(t, err, context.Canceled)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("the delivery did not end with its context")
 		}
 		require.Zero(t, u.sim.Stats().Requests, "nothing was sent")

@@ -199,7 +199,7 @@ FROM generate_series(1, 600) g ORDER BY g RETURNING id::text`)
 		err := b.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
 		return err == nil && waiting
-	}, 10*time.Second, 10*time.Millisecond, "the retry waits for the locked job")
+	}, 30*time.Second, 10*time.Millisecond, "the retry waits for the locked job")
 
 	// While it waits, the first batch is committed: queued, and nobody's lock holds it.
 	tx, err := b.Pool.Begin(ctx)

@@ -104,7 +104,7 @@ func TestBatcher_SameJobTwiceInOneBatch(t *testing.T) {
 		}
 		s.batch.inFlight = batchInFlight
 		return true
-	}, 10*time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	for i := range 2 {
 		wg.Go(func() {
 			applied[i], errs[i] = s.Finish(ctx, job.ID, nil, Outcome{Status: StatusSucceeded, Result: json.RawMessage(`{"n":1}`)})
@@ -114,7 +114,7 @@ func TestBatcher_SameJobTwiceInOneBatch(t *testing.T) {
 		s.batch.mu.Lock()
 		defer s.batch.mu.Unlock()
 		return len(s.batch.pending) == 2
-	}, 10*time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	s.batch.mu.Lock()
 	ops := s.batch.pending
 	s.batch.pending = nil
@@ -249,7 +249,7 @@ func TestQueryJob_CallerThatGaveUpReadsNothing(t *testing.T) {
 					s.batch.mu.Lock()
 					defer s.batch.mu.Unlock()
 					return len(s.batch.pending) == 1
-				}, 10*time.Second, time.Millisecond, "the statement never queued")
+				}, 30*time.Second, time.Millisecond, "the statement never queued")
 				go s.batch.send()
 			}
 			require.Eventually(t, func() bool {
@@ -257,18 +257,18 @@ func TestQueryJob_CallerThatGaveUpReadsNothing(t *testing.T) {
 				err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
 WHERE state = 'active' AND query LIKE '%llmq_held%' AND datname = current_database() AND pid <> pg_backend_pid())`).Scan(&held)
 				return err == nil && held
-			}, 10*time.Second, 5*time.Millisecond, "the statement was never seen running")
+			}, 30*time.Second, 5*time.Millisecond, "the statement was never seen running")
 			cancel()
 			select {
 			case a := <-answered:
 				require.ErrorIs(t, a.err, context.Canceled)
 				require.Nil(t, a.job)
-			case <-time.After(10 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatal("the caller was not released when its context ended")
 			}
 			select {
 			case <-idle: // the batch has scanned the answer: a read of its target is reported by now
-			case <-time.After(10 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Fatal("the batch never finished")
 			}
 		})
@@ -298,7 +298,7 @@ func TestBatcher_QueuedBehindACallersOwnStatementIsSent(t *testing.T) {
 		s.batch.mu.Lock()
 		defer s.batch.mu.Unlock()
 		return s.batch.inFlight == 1 && len(s.batch.pending) == 0
-	}, 10*time.Second, time.Millisecond, "the first statement never went out")
+	}, 30*time.Second, time.Millisecond, "the first statement never went out")
 
 	queued := make(chan error, 1)
 	go func() {

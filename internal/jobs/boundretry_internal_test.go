@@ -29,7 +29,7 @@ type takerKey struct{}
 
 func (s *slotTaker) TraceAcquireStart(ctx context.Context, p *pgxpool.Pool, d pgxpool.TraceAcquireStartData) context.Context {
 	if ctx.Value(takerKey{}) == nil && s.armed() {
-		tctx, cancel := context.WithTimeout(context.WithValue(context.Background(), takerKey{}, true), 10*time.Second)
+		tctx, cancel := context.WithTimeout(context.WithValue(context.Background(), takerKey{}, true), 30*time.Second)
 		c, err := p.Acquire(tctx)
 		cancel()
 		if err == nil {
@@ -150,7 +150,7 @@ func TestBatch_MixedBoundedCreateIsAnsweredByItsBound(t *testing.T) {
 		}
 		s.batch.inFlight = 1
 		return true
-	}, 10*time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	bounded, done := pgwait.Bound(ctx, 100*time.Millisecond)
 	defer done()
 	created := make(chan error, 1)
@@ -167,7 +167,7 @@ func TestBatch_MixedBoundedCreateIsAnsweredByItsBound(t *testing.T) {
 		s.batch.mu.Lock()
 		defer s.batch.mu.Unlock()
 		return len(s.batch.pending) == 2
-	}, 10*time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	go s.batch.send()
 
 	select {

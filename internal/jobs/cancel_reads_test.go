@@ -162,7 +162,7 @@ func countedStore(t *testing.T, url string) *counted {
 func TestStore_CancelRacingAnotherTransition(t *testing.T) {
 	t.Parallel()
 	b := jobstest.New(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	watch, err := pgx.Connect(ctx, b.URL)
 	require.NoError(t, err)

@@ -177,7 +177,7 @@ func TestStore_CancelADeadJob(t *testing.T) {
 func TestStore_CancelOf(t *testing.T) {
 	t.Parallel()
 	b := jobstest.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	job := b.Create(t, jobstest.Opts{Tenant: "a"})
 

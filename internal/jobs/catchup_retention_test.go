@@ -62,8 +62,8 @@ func TestListener_CatchUpAndRetentionDoNotDeadlock(t *testing.T) {
 		select {
 		case d := <-ch:
 			return d
-		case <-time.After(10 * time.Second):
-			t.Fatal("the retention pass did not end within 10 s")
+		case <-time.After(30 * time.Second):
+			t.Fatal("the retention pass did not end within 30 s")
 		}
 		return deleted{}
 	}

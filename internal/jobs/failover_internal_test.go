@@ -43,7 +43,7 @@ func newFailoverStore(t *testing.T) (*Store, func()) {
 	}
 	terminate := func() {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		admin, err := pgx.Connect(ctx, dbURL)
 		require.NoError(t, err)
@@ -57,7 +57,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n))
 			var left int
 			return admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&left) == nil && left == 0
-		}, 10*time.Second, time.Millisecond)
+		}, 30*time.Second, time.Millisecond)
 	}
 	return NewStore(pool, nil), terminate
 }

@@ -60,7 +60,7 @@ WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
 	var stored string
 	require.Eventually(t, func() bool {
 		return direct.QueryRow(ctx, `SELECT job_id::text FROM idempotency_keys WHERE key = 'in-doubt'`).Scan(&stored) == nil
-	}, 10*time.Second, 5*time.Millisecond, "the held commit never landed")
+	}, 30*time.Second, 5*time.Millisecond, "the held commit never landed")
 	require.NoError(t, r.err, "the commit took effect: its job is the answer")
 	require.Equal(t, stored, r.job.ID)
 	require.Equal(t, StatusQueued, r.job.Status)

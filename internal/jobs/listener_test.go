@@ -62,7 +62,7 @@ func setupListenerWith(t *testing.T, lc jobs.ListenerConfig, page int) *listener
 // next returns the next signal or fails after a generous timeout.
 func next(t *testing.T, ch <-chan int) int {
 	t.Helper()
-	return nextWithin(t, ch, 10*time.Second, "next")
+	return nextWithin(t, ch, 30*time.Second, "next")
 }
 
 // nextWithin returns the next signal, failing with what when none comes within d.
@@ -81,7 +81,7 @@ func nextWithin(t *testing.T, ch <-chan int, d time.Duration, what string) int {
 // reconnect's "re-read" may come before it, or be coalesced with it: 0 wins), within 10 s.
 func nextAnnounced(t *testing.T, ch <-chan int) int {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case v := <-ch:
@@ -89,7 +89,7 @@ func nextAnnounced(t *testing.T, ch <-chan int) int {
 				return v
 			}
 		case <-deadline:
-			t.Fatal("no announced event within 10s")
+			t.Fatal("no announced event within 30s")
 			return 0
 		}
 	}
@@ -213,7 +213,7 @@ func TestListener_ReconnectSignalsZero(t *testing.T) {
 	// After reconnecting, every subscriber is told to re-read (whatever committed meanwhile was
 	// not announced to it), and signals flow again.
 	require.Equal(t, 0, next(t, ch))
-	require.Eventually(t, func() bool { return b.listening(t) }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.listening(t) }, 30*time.Second, 5*time.Millisecond)
 	b.notify(t, "job-a:5")
 	require.Equal(t, 5, next(t, ch))
 }

@@ -186,7 +186,7 @@ func TestBatcher_LockTimedOutBatchRollsBackItsNeighboursAndRunsThemOnce(t *testi
 		}
 		s.batch.inFlight = batchInFlight
 		return true
-	}, 10*time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	type finished struct {
 		applied bool
 		err     error
@@ -202,7 +202,7 @@ func TestBatcher_LockTimedOutBatchRollsBackItsNeighboursAndRunsThemOnce(t *testi
 			s.batch.mu.Lock()
 			defer s.batch.mu.Unlock()
 			return len(s.batch.pending) > 0 && s.batch.pending[len(s.batch.pending)-1].key == j.ID
-		}, 10*time.Second, time.Millisecond)
+		}, 30*time.Second, time.Millisecond)
 	}
 	s.batch.mu.Lock()
 	finishB, finishA := s.batch.pending[0], s.batch.pending[1]

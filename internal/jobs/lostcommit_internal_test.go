@@ -43,7 +43,7 @@ func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *pgtest.Proxy, c
 		}
 		s.batch.inFlight = 1
 		return true
-	}, 10*time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	var wg sync.WaitGroup
 	for _, call := range calls {
 		wg.Go(call)
@@ -52,7 +52,7 @@ func inOneBatchWithItsAnswerLost(t *testing.T, s *Store, cutter *pgtest.Proxy, c
 		s.batch.mu.Lock()
 		defer s.batch.mu.Unlock()
 		return len(s.batch.pending) == len(calls)
-	}, 10*time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	cutter.LoseNextBatchAnswer()
 	go s.batch.send() // as the sender that was out would go on to it
 	wg.Wait()

@@ -132,7 +132,7 @@ func TestStore_FailOverdue(t *testing.T) {
 		require.NoError(t, err)
 
 		// The locked job is passed over, not waited for.
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		got, err := b.Store.FailOverdue(wctx, time.Now().Add(2*time.Minute), 100)
 		require.NoError(t, err)

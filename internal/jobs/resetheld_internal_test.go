@@ -63,7 +63,7 @@ func TestBatcher_EmptyingThePoolKeepsASessionInUse(t *testing.T) {
 
 	// When a statement goes out on a silent connection, and the probe finds the other silent
 	// (the pool is emptied)
-	_, err = s.Get(within(ctx, t, 10*time.Second), job.ID)
+	_, err = s.Get(within(ctx, t, 30*time.Second), job.ID)
 	require.Error(t, err)
 	require.True(t, IsUnavailable(err), "%v", err)
 
@@ -81,7 +81,7 @@ func TestBatcher_EmptyingThePoolKeepsASessionInUse(t *testing.T) {
 		"SELECT pg_try_advisory_lock($1)", int64(key)).Scan(&taken))
 	require.False(t, taken, "another session took the held session's lock")
 	// And the store answers on a new connection
-	got, err := s.Get(within(ctx, t, 10*time.Second), job.ID)
+	got, err := s.Get(within(ctx, t, 30*time.Second), job.ID)
 	require.NoError(t, err)
 	require.Equal(t, job.ID, got.ID)
 
@@ -93,7 +93,7 @@ func TestBatcher_EmptyingThePoolKeepsASessionInUse(t *testing.T) {
 		err := direct.QueryRow(within(ctx, t, 5*time.Second),
 			"SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&gone)
 		return err == nil && gone
-	}, 10*time.Second, 20*time.Millisecond, "the held session's connection outlived its release after the pool was emptied")
+	}, 30*time.Second, 20*time.Millisecond, "the held session's connection outlived its release after the pool was emptied")
 }
 
 // within returns ctx bounded by d, canceled when the test ends.

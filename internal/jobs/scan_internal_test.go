@@ -87,7 +87,7 @@ func TestScanPlans_DroppedWithTheirConnection(t *testing.T) {
 	require.Eventually(t, func() bool {
 		runtime.GC()
 		return count() == 0
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 }
 
 // TestScanJob_ErrorsAndRowsWithoutConnection: a row that is not a job row is an error naming the

@@ -28,7 +28,7 @@ func within[T any](t *testing.T, ch <-chan T) T {
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("timed out")
 		panic("unreachable")
 	}
@@ -261,14 +261,14 @@ func TestLead_SilentLeaderLosesTheLock(t *testing.T) {
 	t.Cleanup(hold.Release)
 	within(t, hold.Reached())
 
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		led, err := leader.Lead(t.Context(), other, key, check, func(context.Context) error { return nil })
 		require.NoError(t, err)
 		if led {
 			return
 		}
-		require.True(t, time.Now().Before(deadline), "no other process could lead 10 s after the leader fell silent")
+		require.True(t, time.Now().Before(deadline), "no other process could lead 30 s after the leader fell silent")
 		time.Sleep(check)
 	}
 }
@@ -337,18 +337,18 @@ func TestRun_LogStreakEndsWhenItLeads(t *testing.T) {
 	}()
 	t.Cleanup(func() { cancel(); within(t, done) })
 
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for proxy.Refused() < 3 { // three failed tries: one line
-		require.True(t, time.Now().Before(deadline), "Run did not try three times in 10 s")
+		require.True(t, time.Now().Before(deadline), "Run did not try three times in 30 s")
 		time.Sleep(10 * time.Millisecond)
 	}
 	proxy.Restore()
 	within(t, leading)
 	refused := proxy.Refused()
 	proxy.Cut() // the lock's connection is reset: the lead is lost, and the next try refused
-	deadline = time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for proxy.Refused() == refused {
-		require.True(t, time.Now().Before(deadline), "Run did not try again in 10 s")
+		require.True(t, time.Now().Before(deadline), "Run did not try again in 30 s")
 		time.Sleep(10 * time.Millisecond)
 	}
 	cancel()

@@ -65,7 +65,7 @@ func newCutRig(t *testing.T) *cutRig {
 	rdb, cut := redistest.CutClient(t)
 	lim, err := limiter.New(rdb, &limiter.Config{Prefix: r.prefix, Now: r.clock.Now})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
 	r.ctx, r.lim, r.gate, r.cut = ctx, lim, lim.Gate("sk-cut", "main"), cut
 	return r

@@ -294,7 +294,7 @@ func TestCredential_Acquire(t *testing.T) {
 			require.True(t, r.Granted)
 			require.True(t, t0.Equal(r.SendAt))
 			require.Equal(t, limiter.SourceLearned, r.Source)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("Acquire did not return after the probe's answer")
 		}
 	})

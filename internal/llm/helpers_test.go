@@ -21,7 +21,7 @@ var testNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // testWait bounds each wait of a test whose end the code under test decides (a timeout, a
 // cancellation, a wake-up): a regression there fails the test after it instead of hanging the
 // package until go test's -timeout.
-const testWait = 10 * time.Second
+const testWait = 30 * time.Second
 
 // callContext returns t's context, ended after testWait.
 func callContext(t *testing.T) context.Context {

@@ -727,7 +727,7 @@ func requireAborted(t *testing.T, aborted chan struct{}) {
 	t.Helper()
 	select {
 	case <-aborted:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the provider never saw the request aborted")
 	}
 }

@@ -338,7 +338,7 @@ func simStream(t *testing.T, path, body string, headers ...string) string {
 	t.Helper()
 	srv := httptest.NewServer(llmsim.New(llmsim.Config{ReplyTokens: 20}))
 	defer srv.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+path, strings.NewReader(body))
 	if err != nil {

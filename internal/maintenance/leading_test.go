@@ -38,7 +38,7 @@ func TestMaintainer_LeadingDutiesRunOnlyWhileLeading(t *testing.T) {
 	var leader string
 	select {
 	case leader = <-started:
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("no process ran the duty")
 	}
 	stops[leader]()
@@ -46,7 +46,7 @@ func TestMaintainer_LeadingDutiesRunOnlyWhileLeading(t *testing.T) {
 	select {
 	case next := <-started:
 		require.NotEqual(t, leader, next, "the other process leads now")
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the other process did not take the duty over")
 	}
 	require.Equal(t, int32(1), most.Load(), "never two at once")

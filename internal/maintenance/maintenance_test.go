@@ -266,14 +266,14 @@ func TestMaintainer_Run(t *testing.T) {
 	go func() { done <- second.Run(ctx) }()
 	require.Eventually(t, func() bool {
 		return b.status(t, overdue.ID) == jobs.StatusFailed && b.Rows(t, old)["jobs"] == 0
-	}, 10*time.Second, 20*time.Millisecond)
+	}, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, []jobs.Status{"queued", "failed"}, b.Events(t, overdue.ID))
 	cancel()
 	for range 2 {
 		select {
 		case err := <-done:
 			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("Run did not return after its context ended")
 		}
 	}
@@ -300,21 +300,21 @@ func TestMaintainer_RunDatesItsLastSuccessfulPass(t *testing.T) {
 	t0 := b.clock.Now()
 	require.Eventually(t, func() bool {
 		return metric(t, b.reg, name, deadline) == unix(t0) && metric(t, b.reg, name, retention) == unix(t0)
-	}, 10*time.Second, 10*time.Millisecond, "the passes that succeeded are dated")
+	}, 30*time.Second, 10*time.Millisecond, "the passes that succeeded are dated")
 
 	// The deadline pass fails from now on: its date stays.
 	_, err = b.Pool.Exec(t.Context(), `ALTER TABLE jobs RENAME COLUMN deadline TO deadline_gone`)
 	require.NoError(t, err)
 	b.clock.Advance(time.Minute)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "deadline pass failed") },
-		10*time.Second, 10*time.Millisecond)
+		30*time.Second, 10*time.Millisecond)
 	require.Equal(t, unix(t0), metric(t, b.reg, name, deadline), "a failed pass is not a success")
 
 	// It succeeds again: dated again.
 	_, err = b.Pool.Exec(t.Context(), `ALTER TABLE jobs RENAME COLUMN deadline_gone TO deadline`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return metric(t, b.reg, name, deadline) == unix(b.clock.Now()) },
-		10*time.Second, 10*time.Millisecond)
+		30*time.Second, 10*time.Millisecond)
 }
 
 // TestMaintainer_DeletesEndedBatches: the batch lane's provider batches go once they ended a day
@@ -447,12 +447,12 @@ func TestMaintainer_DeletesExpiredAuditEntries(t *testing.T) {
 	require.Eventually(t, func() bool { // on testify's goroutine: no require here
 		entries, err := audit.List(ctx, b.Pool, audit.ListParams{Limit: 100})
 		return err == nil && len(entries) == 1 && entries[0].Action == "recent"
-	}, 10*time.Second, 20*time.Millisecond)
+	}, 30*time.Second, 20*time.Millisecond)
 	cancel()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 	}
 }
@@ -613,10 +613,10 @@ func TestMaintainer_RetentionBacklogOnlyWhileLeading(t *testing.T) {
 	stop := runLeading(t, m)
 	require.Eventually(t, func() bool {
 		return metric(t, b.reg, "llmq_maintenance_last_success_timestamp_seconds", map[string]string{"pass": "retention"}) > 0
-	}, 10*time.Second, 10*time.Millisecond, "the first retention pass")
+	}, 30*time.Second, 10*time.Millisecond, "the first retention pass")
 	// A lead lost and taken again in between (a lock connection timing out on a loaded
 	// machine) drops the series until the new lead's first pass measures it again.
-	require.Eventually(t, func() bool { return count() == 1 }, 10*time.Second, 10*time.Millisecond, "measured by the first pass")
+	require.Eventually(t, func() bool { return count() == 1 }, 30*time.Second, 10*time.Millisecond, "measured by the first pass")
 	stop()
 	require.Zero(t, count(), "dropped when the process stops leading")
 }
@@ -637,21 +637,21 @@ func TestMaintainer_CountsFailedPassesInARow(t *testing.T) {
 		return n
 	}
 	stop := runLeading(t, m)
-	require.Eventually(t, func() bool { return count() == 2 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return count() == 2 }, 30*time.Second, 10*time.Millisecond,
 		"both passes succeeded once")
 	require.Zero(t, metric(t, b.reg, name, retention))
 
 	// The retention pass fails from now on (the audit log's statement); the deadline pass does not.
 	_, err := b.Pool.Exec(t.Context(), `ALTER TABLE audit_log RENAME COLUMN at TO at_gone`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return metric(t, b.reg, name, retention) >= 3 }, 10*time.Second,
+	require.Eventually(t, func() bool { return metric(t, b.reg, name, retention) >= 3 }, 30*time.Second,
 		10*time.Millisecond, "each failed retention pass counted")
 	require.Zero(t, metric(t, b.reg, name, deadline), "the deadline pass kept succeeding")
 
 	// It succeeds again: back to 0.
 	_, err = b.Pool.Exec(t.Context(), `ALTER TABLE audit_log RENAME COLUMN at_gone TO at`)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return metric(t, b.reg, name, retention) == 0 }, 10*time.Second,
+	require.Eventually(t, func() bool { return metric(t, b.reg, name, retention) == 0 }, 30*time.Second,
 		10*time.Millisecond, "a pass that succeeds ends the run")
 
 	stop()
@@ -670,7 +670,7 @@ func runLeading(t *testing.T, m *maintenance.Maintainer) (stop func()) {
 		select {
 		case err := <-done:
 			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("Run did not return after its context ended")
 		}
 	})

@@ -65,7 +65,7 @@ WHERE token_sha256 = $1`, hash[:], int64(ago/time.Second))
 	require.Eventually(t, func() bool { // on testify's goroutine: no require here
 		n, err := rows()
 		return err == nil && n == 1
-	}, 10*time.Second, 20*time.Millisecond, "rotated-out tokens past the retention kept")
+	}, 30*time.Second, 20*time.Millisecond, "rotated-out tokens past the retention kept")
 	stop()
 
 	// the two past the retention are unknown tokens now, the other is still rotated out,

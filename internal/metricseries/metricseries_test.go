@@ -46,7 +46,7 @@ func TestMap_ConcurrentFirstUseMakesEachOnce(t *testing.T) {
 		})
 	}
 	close(start)
-	waitWithin(t, &wg, 10*time.Second)
+	waitWithin(t, &wg, 30*time.Second)
 	for i, k := range keys {
 		require.Equal(t, int32(1), made[i].Load(), "%s made", k)
 		first, ok := m.Load(k)
@@ -81,7 +81,7 @@ func TestLazy_ConcurrentFirstUseMakesItOnce(t *testing.T) {
 		})
 	}
 	close(start)
-	waitWithin(t, &wg, 10*time.Second)
+	waitWithin(t, &wg, 30*time.Second)
 	require.Equal(t, int32(1), made.Load())
 	for g := range n {
 		require.Same(t, got[0], got[g], "goroutine %d", g)

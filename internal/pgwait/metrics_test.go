@@ -24,7 +24,7 @@ func TestCollector_ShowsASaturatedPool(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(pgwait.NewCollector(pool))
 
-	base, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	base, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	held, err := pool.Acquire(base)
 	require.NoError(t, err)

@@ -38,7 +38,7 @@ func newPool(t *testing.T) *pgxpool.Pool {
 func TestBound_WaitForAConnection(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	base, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	base, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	held, err := pool.Acquire(base)
 	require.NoError(t, err)
@@ -142,7 +142,7 @@ func TestTracer_AcquiresShareAContext(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			require.ErrorIs(t, context.Cause(ctx), pgwait.ErrTimeout)
-		case <-time.After(10 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatal("the bound did not end the wait")
 		}
 	}
@@ -232,7 +232,7 @@ func TestTracer_ConcurrentAcquires(t *testing.T) {
 func TestBound_EachAcquireWaitsItsBound(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	base, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	base, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	warm, err := pool.Acquire(base) // the connection, dialed: idle for the first acquire
 	require.NoError(t, err)

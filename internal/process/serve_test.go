@@ -101,7 +101,7 @@ func TestServe_RunsAJobInOneProcess(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("serve did not listen within 60s\n%s", logs)
 	}
-	hc := &http.Client{Timeout: 10 * time.Second}
+	hc := &http.Client{Timeout: 30 * time.Second}
 
 	body := `{"request": {"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "Say hello"}]}}`
 	resp, err := hc.Post(base+"/v1/jobs", "application/json", strings.NewReader(body))
@@ -141,7 +141,7 @@ func TestServe_RunsAJobInOneProcess(t *testing.T) {
 		`llmq_postgres_pool_max_connections 16`,
 	}
 	missing := want
-	for deadline := time.Now().Add(10 * time.Second); len(missing) > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); len(missing) > 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		resp, err = hc.Get(base + "/metrics")
 		require.NoError(t, err)
 		metrics, err := io.ReadAll(resp.Body)

@@ -33,7 +33,7 @@ func TestServe_ShutdownRecordsCutCalls(t *testing.T) {
 	const cutCalls = 20
 	sim := httptest.NewServer(llmsim.New(llmsim.Config{}))
 	t.Cleanup(sim.Close)
-	hc := &http.Client{Timeout: 10 * time.Second}
+	hc := &http.Client{Timeout: 30 * time.Second}
 	resp, err := hc.Post(sim.URL+"/_sim/faults", "application/json", strings.NewReader(`{"hang": true}`))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -116,7 +116,7 @@ credentials:
 	// reached Redis before the worker closed its clients.
 	require.NotContains(t, logs.String(), "after-call bookkeeping", "the cut calls' bookkeeping")
 
-	qctx, qcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	qctx, qcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer qcancel()
 	conn, err := pgx.Connect(qctx, dbURL)
 	require.NoError(t, err)

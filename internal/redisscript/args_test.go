@@ -95,7 +95,7 @@ func TestArgs_FirstKeyRoutesOnCluster(t *testing.T) {
 	opt.MaxRedirects = -1 // a MOVED reply is the call's error
 	rdb := redis.NewClusterClient(&opt)
 	t.Cleanup(func() { _ = rdb.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	prefix := redistest.Prefix(t)
 	// Keys of slots spread over the masters: a key misrouted to a random node fails with MOVED
@@ -119,7 +119,7 @@ func TestArgs_SentAgainOnNoScript(t *testing.T) {
 	t.Parallel()
 	w := redistest.NewWire(t)
 	prefix := redistest.Prefix(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// A script of this test alone: Redis has not cached it, so its first EVALSHA is refused.
 	script := redisscript.NewScript("return ARGV -- " + redistest.Rand())

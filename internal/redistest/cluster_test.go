@@ -18,7 +18,7 @@ import (
 // keysMatching counts the keys matching pattern on every node of the Redis behind c.
 func keysMatching(t *testing.T, c redis.UniversalClient, pattern string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	count := func(ctx context.Context, node redis.Cmdable) int {
 		keys, err := node.Keys(ctx, pattern).Result()

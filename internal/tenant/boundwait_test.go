@@ -47,7 +47,7 @@ func TestAuthenticator_BoundedWaiterOfAnUnboundedLookupEndsByItsBound(t *testing
 		_, err := auth.Authenticate(ctx, token) // no bound
 		looked <- err
 	}()
-	require.Eventually(t, func() bool { return auth.Looking() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return auth.Looking() == 1 }, 30*time.Second, time.Millisecond)
 	bounded, done := pgwait.Bound(ctx, 100*time.Millisecond)
 	defer done()
 	waited := make(chan error, 1)
@@ -86,7 +86,7 @@ func TestAuthenticator_UnboundedWaiterOutlivesABoundedLookupsBound(t *testing.T)
 		_, err := auth.Authenticate(bounded, token)
 		looked <- err
 	}()
-	require.Eventually(t, func() bool { return auth.Looking() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return auth.Looking() == 1 }, 30*time.Second, time.Millisecond)
 	stayed := make(chan error, 1)
 	go func() {
 		got, err := auth.Authenticate(ctx, token) // no bound
@@ -95,10 +95,10 @@ func TestAuthenticator_UnboundedWaiterOutlivesABoundedLookupsBound(t *testing.T)
 		}
 		stayed <- err
 	}()
-	require.Eventually(t, func() bool { return auth.Joined() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return auth.Joined() == 1 }, 30*time.Second, time.Millisecond)
 	err := <-looked
 	require.True(t, pgwait.TimedOut(bounded, err), "the bounded lookup ends by its bound: %v", err)
-	require.Eventually(t, func() bool { return auth.Looking() == 1 || len(stayed) == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return auth.Looking() == 1 || len(stayed) == 1 }, 30*time.Second, time.Millisecond)
 	held.Release()
 	require.NoError(t, <-stayed, "the unbounded request looks up itself, not failed by another's bound")
 }

@@ -90,7 +90,7 @@ func testConcurrentMissesLookUpOnce(t *testing.T, known bool) {
 		})
 	}
 	require.Eventually(t, func() bool { return int(counter.n.Load())+auth.Joined() == burst },
-		10*time.Second, time.Millisecond, "every request looked up or joined a lookup")
+		30*time.Second, time.Millisecond, "every request looked up or joined a lookup")
 	require.NoError(t, lock.Rollback(ctx))
 	wg.Wait()
 	close(names)
@@ -129,7 +129,7 @@ func TestAuthenticator_WaitersOutliveALookupWhoseClientLeft(t *testing.T) {
 		_, err := auth.Authenticate(leaving, token)
 		left <- err
 	}()
-	require.Eventually(t, func() bool { return counter.n.Load() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return counter.n.Load() == 1 }, 30*time.Second, time.Millisecond)
 	stayed := make(chan string, 1)
 	go func() {
 		got, err := auth.Authenticate(ctx, token)
@@ -139,10 +139,10 @@ func TestAuthenticator_WaitersOutliveALookupWhoseClientLeft(t *testing.T) {
 		}
 		stayed <- got.Name
 	}()
-	require.Eventually(t, func() bool { return auth.Joined() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return auth.Joined() == 1 }, 30*time.Second, time.Millisecond)
 	leave()
 	require.ErrorIs(t, <-left, context.Canceled)
-	require.Eventually(t, func() bool { return counter.n.Load() == 2 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return counter.n.Load() == 2 }, 30*time.Second, time.Millisecond,
 		"the waiter looks up itself")
 	require.NoError(t, lock.Rollback(ctx))
 	require.Equal(t, "acme", <-stayed)

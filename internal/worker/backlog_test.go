@@ -23,7 +23,7 @@ func TestWorker_MeasuresTheBacklogWhileLeadingMaintenance(t *testing.T) {
 	require.Eventually(t, func() bool {
 		v := values(t, b.reg, "llmq_jobs_waiting")
 		return len(v) == 2 && len(values(t, b.reg, "llmq_jobs_oldest_waiting_age_seconds")) == 1
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 	requireSeries(t, b.reg, "llmq_jobs_waiting", `status="queued"`, 1)
 	requireSeries(t, b.reg, "llmq_jobs_waiting", `status="retrying"`, 1)
 	require.Positive(t, values(t, b.reg, "llmq_jobs_waiting_last_success_timestamp_seconds")[""])

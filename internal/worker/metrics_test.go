@@ -205,7 +205,7 @@ func TestWorker_RestoresAPauseRedisLost(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ps, err := gate.Paused(ctx)
 		return err == nil && ps.Paused && ps.FirstJobID == "job-1"
-	}, 10*time.Second, 10*time.Millisecond, "the pause Redis lost was not restored")
+	}, 30*time.Second, 10*time.Millisecond, "the pause Redis lost was not restored")
 	require.Eventually(t, func() bool {
 		v, ok := values(t, b.reg, "llmq_limiter_paused")[`credential="default"`]
 		return ok && v == 1
@@ -238,7 +238,7 @@ func TestWorker_RestoresAPauseAFailoverLost(t *testing.T) {
 	require.Eventually(t, func() bool {
 		ps, err := gate.Paused(ctx)
 		return err == nil && ps.Paused && ps.FirstJobID == "job-1"
-	}, 10*time.Second, 10*time.Millisecond, "the pause the failover lost was not restored")
+	}, 30*time.Second, 10*time.Millisecond, "the pause the failover lost was not restored")
 }
 
 // TestWorker_PublishesCredentialTags: the worker writes each credential's Redis tag under its
@@ -258,12 +258,12 @@ func TestWorker_PublishesCredentialTags(t *testing.T) {
 	require.Eventually(t, func() bool {
 		got, err := rdb.HGetAll(ctx, key).Result()
 		return err == nil && fmt.Sprint(got) == fmt.Sprint(want)
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 	require.NoError(t, rdb.Del(ctx, key).Err())
 	require.Eventually(t, func() bool {
 		n, err := rdb.HLen(ctx, key).Result()
 		return err == nil && n == int64(len(want))
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 }
 
 // TestWorker_PublishesCredentialTagsUnderTheDefaultPrefix: a worker started as the processes
@@ -287,7 +287,7 @@ func TestWorker_PublishesCredentialTagsUnderTheDefaultPrefix(t *testing.T) {
 	require.Eventually(t, func() bool {
 		got, err := rdb.HGet(context.Background(), redisscript.CredentialIndexKey(redisscript.DefaultPrefix), "default").Result()
 		return err == nil && got == want
-	}, 10*time.Second, 10*time.Millisecond, "no tag where the console reads it")
+	}, 30*time.Second, 10*time.Millisecond, "no tag where the console reads it")
 }
 
 // TestWorker_BreakerGaugeFollowsAnotherProcess: llmq_breaker_state shows the breaker as Redis
@@ -318,7 +318,7 @@ func TestWorker_BreakerGaugeFollowsAnotherProcess(t *testing.T) {
 	st, err := circuit.Report(ctx, a, breaker.Failure)
 	require.NoError(t, err)
 	require.Equal(t, breaker.Open, st)
-	require.Eventually(t, state("open"), 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, state("open"), 30*time.Second, 5*time.Millisecond)
 
 	// The cooldown (1 ms) ends: the next Allow is the probe, whose success closes the breaker.
 	probe := make(chan breaker.Admission, 1)
@@ -328,9 +328,9 @@ func TestWorker_BreakerGaugeFollowsAnotherProcess(t *testing.T) {
 			probe <- a
 		}
 		return err == nil && a.Probe
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 30*time.Second, 5*time.Millisecond)
 	st, err = circuit.Report(ctx, <-probe, breaker.Success)
 	require.NoError(t, err)
 	require.Equal(t, breaker.Closed, st)
-	require.Eventually(t, state("closed"), 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, state("closed"), 30*time.Second, 5*time.Millisecond)
 }

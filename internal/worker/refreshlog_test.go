@@ -84,7 +84,7 @@ func TestWorker_PauseRefreshFailuresLogOnce(t *testing.T) {
 			}
 			require.Eventually(t, func() bool {
 				return logs.Count(`msg="refresh credential pause state succeeds again" failures=`) == 1
-			}, 10*time.Second, 5*time.Millisecond, logs.String())
+			}, 30*time.Second, 5*time.Millisecond, logs.String())
 			require.Equal(t, 2, logs.Count(`msg="refresh credential pause state`), logs.String())
 		})
 	}
@@ -115,7 +115,7 @@ func TestWorker_CredentialTagFailuresLogOnce(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, index).Err())
 	require.Eventually(t, func() bool {
 		return logs.Count(msg+` succeeds again" failures=`) == 1
-	}, 10*time.Second, 5*time.Millisecond, logs.String())
+	}, 30*time.Second, 5*time.Millisecond, logs.String())
 	require.Equal(t, 2, logs.Count(msg), logs.String())
 }
 
@@ -133,7 +133,7 @@ func awaitWrites(ctx context.Context, t *testing.T, rdb redis.UniversalClient, k
 	t.Helper()
 	written := func() bool { n, err := rdb.Exists(ctx, key).Result(); return err == nil && n == 1 }
 	for range 4 {
-		require.Eventually(t, written, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, written, 30*time.Second, 5*time.Millisecond)
 		require.NoError(t, rdb.Del(ctx, key).Err())
 	}
 }
