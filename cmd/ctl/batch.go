@@ -44,7 +44,8 @@ func (a *app) batchCommand() *cli.Command {
 			}, {
 				Name: "forget",
 				Usage: "remove the rows of the named files (given up or not) without deleting them at the provider: " +
-					"for files deleted there by hand; the batch lane's leader no longer deletes them",
+					"for files deleted there by hand; the batch lane's leader no longer deletes them " +
+					"(but an input file still there, of a batch it still has, which its hourly listing records again)",
 				ArgsUsage: "FILE_ID...",
 				Flags: []cli.Flag{
 					filesCredentialFlag(),

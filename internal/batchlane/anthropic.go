@@ -150,3 +150,6 @@ func (c *anthropicClient) Cancel(ctx context.Context, id string) error {
 // DeleteFiles does nothing: a message batch's requests and results are kept with the batch, in
 // no file llmq uploads or is given.
 func (c *anthropicClient) DeleteFiles(context.Context, []string) error { return nil }
+
+// Uploads lists nothing: a message batch takes no uploaded file.
+func (c *anthropicClient) Uploads(context.Context) ([]Upload, error) { return nil, nil }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -117,6 +118,12 @@ type Batcher struct {
 	// crashAfterClose, set by tests only, ends a pass between its batches' closes and the
 	// deletes of their files.
 	crashAfterClose error
+	// afterUpload, set by tests only, runs between an upload's answer and its record.
+	afterUpload func()
+
+	// sweepMu guards sweptAt: when each credential's uploads were last listed (adoptUploads).
+	sweepMu sync.Mutex
+	sweptAt map[string]time.Time
 }
 
 // New returns a Batcher; zero config fields take their defaults.
@@ -132,7 +139,7 @@ func New(cfg Config) *Batcher {
 	for _, l := range cfg.Lanes {
 		lanes[l.Credential] = l
 	}
-	return &Batcher{cfg: cfg, store: store{pool: cfg.Pool}, lanes: lanes, started: cfg.Now()}
+	return &Batcher{cfg: cfg, store: store{pool: cfg.Pool}, lanes: lanes, started: cfg.Now(), sweptAt: map[string]time.Time{}}
 }
 
 // Run makes a pass every Tick while this process leads the batch lane, and keeps trying to lead
@@ -189,6 +196,9 @@ func (b *Batcher) pass(ctx context.Context) error {
 	}
 	held := heldLanes{}
 	defer b.releaseProbes(ctx, held)
+	// Before the sends: an upload it records for a batch that a send then finds never became one
+	// is released by that send, and deleted at this pass's end.
+	errs = append(errs, b.adoptUploads(ctx))
 	for _, row := range open {
 		lane, ok := b.lanes[row.Credential]
 		if !ok {
@@ -516,7 +526,12 @@ func (b *Batcher) send(ctx context.Context, lane Lane, row batchRow, held heldLa
 		}
 	}
 	if providerID == "" {
-		uploaded := func(file string) error { return b.store.recordUpload(ctx, row.ID, row.Credential, file) }
+		uploaded := func(file string) error {
+			if b.afterUpload != nil {
+				b.afterUpload()
+			}
+			return b.store.recordUpload(ctx, row.ID, row.Credential, file)
+		}
 		if providerID, err = lane.Client.Submit(ctx, row.ID, reqs, uploaded); err != nil {
 			b.probed(ctx, lane, held, false) // a probe whose send failed is spent (it may have reached the provider)
 			if d := retrypolicy.Classify(err, b.cfg.Now()); d.Class == retrypolicy.ClassSpendCap {

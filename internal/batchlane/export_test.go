@@ -34,3 +34,7 @@ const FileDeletesPerPass = fileDeletesPerPass
 // OldGiveUpsPerPass is how many files given up by a leader of the last release one pass moves
 // out of its range at most.
 const OldGiveUpsPerPass = oldGiveUpsPerPass
+
+// AfterUpload makes b run f between an upload's answer and its record: runtime.Goexit ends the
+// pass there, as a process dying there would; a function that blocks holds the record back.
+func AfterUpload(b *Batcher, f func()) { b.afterUpload = f }

@@ -33,6 +33,11 @@ const (
 	deleteFilesTimeout = 30 * time.Second
 	// maxFileErrorLen bounds the error kept with a file whose delete failed.
 	maxFileErrorLen = 500
+	// uploadSweepInterval is how often a leader lists a credential's uploads at the provider
+	// (see adoptUploads): at its first pass, then at most once an interval.
+	uploadSweepInterval = time.Hour
+	// uploadSweepTimeout bounds one credential's listing.
+	uploadSweepTimeout = time.Minute
 )
 
 // batchFile is a file a batch keeps at the provider, due for its delete.
@@ -50,6 +55,29 @@ VALUES ($1, $2, $3, 'upload') ON CONFLICT (credential, file_id) DO NOTHING`, cre
 		return fmt.Errorf("record batch file %s: %w", id, err)
 	}
 	return nil
+}
+
+// adoptUploads records ups, credential's uploads listed at the provider (Client.Uploads), as
+// recordUpload would have recorded them: those of a batch of credential whose row is there and
+// that no row records yet (their process died between the upload's answer and its record, or it
+// is recording them now: either way, the row is the one that process writes, and ON CONFLICT
+// on both sides keeps one). It returns how many it recorded.
+func (s store) adoptUploads(ctx context.Context, credential string, ups []Upload) (int64, error) {
+	if len(ups) == 0 {
+		return 0, nil
+	}
+	ids, refs := make([]string, len(ups)), make([]string, len(ups))
+	for i, u := range ups {
+		ids[i], refs[i] = u.ID, u.Ref
+	}
+	tag, err := s.pool.Exec(ctx, `INSERT INTO provider_batch_files (credential, file_id, batch, kind)
+SELECT $1, u.id, u.batch, 'upload' FROM unnest($2::text[], $3::uuid[]) AS u(id, batch)
+WHERE EXISTS (SELECT 1 FROM provider_batches b WHERE b.id = u.batch AND b.credential = $1)
+ON CONFLICT (credential, file_id) DO NOTHING`, credential, ids, refs)
+	if err != nil {
+		return 0, fmt.Errorf("record the uploads no row records: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // releaseUploads marks the uploads recorded for batch as read by no batch, to delete without
@@ -217,6 +245,51 @@ func (b *Batcher) deleteDueFiles(ctx context.Context) error {
 		}
 		if dctx.Err() != nil {
 			break // the pass's time for deletes is up: the rest wait for the next
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// adoptUploads lists, at most once an uploadSweepInterval per credential (at a leader's first
+// pass, then an interval on), the uploads that each configured credential's provider holds
+// (Client.Uploads) and records those of its batches that no row records (store.adoptUploads):
+// uploaded by a process that died between the upload's answer and its record. Recorded as that
+// process would have recorded them, they are deleted when the record would have had them
+// deleted: when their batch closes, or a send again releases them (see store.releaseUploads), so
+// that a file a live process is recording now, or a batch reads, is never deleted before. A
+// listing that fails is logged at warn and tried again an interval on (an OpenAI-compatible
+// endpoint may list no files): it fails nothing else. An error of Postgres is returned, and the
+// credential listed again at the next pass.
+func (b *Batcher) adoptUploads(ctx context.Context) error {
+	b.sweepMu.Lock()
+	defer b.sweepMu.Unlock()
+	var errs []error
+	for _, lane := range b.cfg.Lanes {
+		now := b.cfg.Now()
+		if at, ok := b.sweptAt[lane.Credential]; ok && now.Sub(at) < uploadSweepInterval {
+			continue
+		}
+		b.sweptAt[lane.Credential] = now
+		lctx, cancel := context.WithTimeout(ctx, uploadSweepTimeout)
+		ups, err := lane.Client.Uploads(lctx)
+		cancel()
+		if ctx.Err() != nil {
+			delete(b.sweptAt, lane.Credential)
+			return errors.Join(errs...)
+		}
+		if err != nil {
+			b.cfg.Logger.WarnContext(ctx, "could not list the batch input files at the provider; listed again in an hour",
+				"credential", lane.Credential, "error", err)
+		}
+		n, err := b.store.adoptUploads(ctx, lane.Credential, ups)
+		if err != nil {
+			delete(b.sweptAt, lane.Credential)
+			errs = append(errs, err)
+			continue
+		}
+		if n > 0 {
+			b.cfg.Logger.InfoContext(ctx, "recorded batch input files whose upload no row recorded, to delete",
+				"credential", lane.Credential, "files", n)
 		}
 	}
 	return errors.Join(errs...)

@@ -105,7 +105,9 @@ RETURNING credential, file_id`, p.Credential, p.All, maxFileDeleteAttempts, ids)
 // ForgetFiles removes the rows of the files ids (of credential; "": any credential's), given up
 // or not, without deleting them at the provider: for files an operator deleted there by hand
 // (or means to leave there), whose rows the leader would otherwise keep (given up) or try to
-// delete again. It returns the files it removed (credential and file id set).
+// delete again. An upload still at the provider whose batch's row is kept is recorded again by
+// the leader's next listing (see Batcher.adoptUploads), and deleted. It returns the files it
+// removed (credential and file id set).
 func ForgetFiles(ctx context.Context, pool *pgxpool.Pool, credential string, ids []string) ([]File, error) {
 	if ids == nil {
 		ids = []string{}

@@ -10,7 +10,11 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // openAIClient speaks the Batch API: a JSONL input file (POST /v1/files), POST /v1/batches, and
@@ -54,7 +58,7 @@ func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request, u
 	if err := mw.WriteField("purpose", "batch"); err != nil {
 		return "", fmt.Errorf("encode batch input file: %w", err)
 	}
-	fw, err := mw.CreateFormFile("file", "llmq-"+ref+".jsonl")
+	fw, err := mw.CreateFormFile("file", uploadName(ref))
 	if err == nil {
 		_, err = fw.Write(input.Bytes())
 	}
@@ -97,6 +101,57 @@ func (c *openAIClient) Submit(ctx context.Context, ref string, reqs []Request, u
 		return "", fmt.Errorf("create batch: %w", err)
 	}
 	return b.ID, nil
+}
+
+// uploadName is the name of batch ref's input file, which Uploads reads ref back from.
+func uploadName(ref string) string { return uploadPrefix + ref + uploadSuffix }
+
+const (
+	uploadPrefix = "llmq-"
+	uploadSuffix = ".jsonl"
+	// uploadsPageSize is the files one page of Uploads asks for: OpenAI's largest page (and its
+	// default).
+	uploadsPageSize = 10000
+	// uploadsMaxPages bounds the pages one Uploads reads (100,000 files of purpose batch, newest
+	// first): the files past it, older, are not listed.
+	uploadsMaxPages = 10
+)
+
+// Uploads lists the files of purpose batch (GET /v1/files, newest first, a page of 10,000 at a
+// time, at most uploadsMaxPages) whose name uploadName gave, with the batch ref it carries: a
+// file of another name (uploaded by another program with the same key), or whose ref is not a
+// batch id, is left out.
+func (c *openAIClient) Uploads(ctx context.Context) ([]Upload, error) {
+	var out []Upload
+	after := ""
+	for range uploadsMaxPages {
+		path := "/v1/files?purpose=batch&limit=" + strconv.Itoa(uploadsPageSize)
+		if after != "" {
+			path += "&after=" + url.QueryEscape(after)
+		}
+		var page struct {
+			Data []struct {
+				ID       string `json:"id"`
+				Filename string `json:"filename"`
+			} `json:"data"`
+			HasMore bool `json:"has_more"`
+		}
+		if err := c.doJSON(ctx, "GET", path, nil, &page); err != nil {
+			return out, fmt.Errorf("list batch input files: %w", err)
+		}
+		for _, f := range page.Data {
+			ref, ok := strings.CutPrefix(f.Filename, uploadPrefix)
+			ref, ok2 := strings.CutSuffix(ref, uploadSuffix)
+			if u, err := uuid.Parse(ref); ok && ok2 && err == nil && u.String() == ref && f.ID != "" {
+				out = append(out, Upload{ID: f.ID, Ref: ref})
+			}
+		}
+		if !page.HasMore || len(page.Data) == 0 {
+			break
+		}
+		after = page.Data[len(page.Data)-1].ID
+	}
+	return out, nil
 }
 
 // unrecordedDeleteTimeout bounds the delete of an upload whose record failed (see Submit).

@@ -93,6 +93,17 @@ type Client interface {
 	// are recorded (the batch closed), or for an upload no batch reads. The error joins those of
 	// the deletes that failed, each tried once.
 	DeleteFiles(ctx context.Context, files []string) error
+	// Uploads lists the input files llmq uploaded at the provider that it still holds (OpenAI's
+	// files of purpose batch whose name Submit gave them), each with the batch ref its name
+	// carries, for the leader's pass to record those whose record was lost (see
+	// Batcher.adoptUploads). Anthropic's batches have no file: none.
+	Uploads(ctx context.Context) ([]Upload, error)
+}
+
+// Upload is an input file Submit uploaded (see Client.Uploads): its id at the provider, and the
+// batch ref (llmq's batch id) its name carries.
+type Upload struct {
+	ID, Ref string
 }
 
 // NewClient returns the batch client of a credential of provider kind "anthropic" or "openai".

@@ -174,11 +174,28 @@ type batchStore struct {
 	batches map[string]*simBatch
 	order   []string // batch ids in creation order, for lists
 	files   map[string][]byte
-	stats   BatchStats
+	// fileInfo is what the OpenAI files list tells of each file in files; fileOrder their ids
+	// in creation order (deleted ones included: a list passes over them).
+	fileInfo  map[string]simFile
+	fileOrder []string
+	stats     BatchStats
+}
+
+// simFile is an OpenAI file's metadata, as its list answers it.
+type simFile struct {
+	filename, purpose string
+	createdAt         int64
 }
 
 func newBatchStore() *batchStore {
-	return &batchStore{batches: map[string]*simBatch{}, files: map[string][]byte{}}
+	return &batchStore{batches: map[string]*simBatch{}, files: map[string][]byte{}, fileInfo: map[string]simFile{}}
+}
+
+// putFileLocked stores an OpenAI file. The caller holds st.mu.
+func (st *batchStore) putFileLocked(id string, data []byte, f simFile) {
+	st.files[id] = data
+	st.fileInfo[id] = f
+	st.fileOrder = append(st.fileOrder, id)
 }
 
 // BatchStats returns the batch endpoints' counters.
@@ -200,6 +217,7 @@ func (s *Server) batchRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/messages/batches/{id}/results", s.anthropicResults)
 	mux.HandleFunc("POST /v1/messages/batches/{id}/cancel", s.serveBatch(anthropic{}, "message batch", canceled, s.cancelLocked, aView))
 	mux.HandleFunc("POST /v1/files", s.openAIUpload)
+	mux.HandleFunc("GET /v1/files", s.openAIFileList)
 	mux.HandleFunc("GET /v1/files/{id}/content", s.openAIFileContent)
 	mux.HandleFunc("DELETE /v1/files/{id}", s.openAIFileDelete)
 	mux.HandleFunc("POST /v1/batches", s.openAICreate)

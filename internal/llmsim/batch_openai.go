@@ -3,6 +3,7 @@ package llmsim
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -101,11 +102,13 @@ func (s *Server) writeOpenAIFilesLocked(b *simBatch) {
 	}
 	if out.Len() > 0 {
 		b.outputFile = newID("file-")
-		s.batches.files[b.outputFile] = out.Bytes()
+		s.batches.putFileLocked(b.outputFile, out.Bytes(), simFile{filename: b.id + "_output.jsonl", purpose: "batch_output",
+			createdAt: s.cfg.Now().Unix()})
 	}
 	if errs.Len() > 0 {
 		b.errorFile = newID("file-")
-		s.batches.files[b.errorFile] = errs.Bytes()
+		s.batches.putFileLocked(b.errorFile, errs.Bytes(), simFile{filename: b.id + "_error.jsonl", purpose: "batch_output",
+			createdAt: s.cfg.Now().Unix()})
 	}
 }
 
@@ -132,12 +135,75 @@ func (s *Server) openAIUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := newID("file-")
+	meta := simFile{filename: hdr.Filename, purpose: "batch", createdAt: s.cfg.Now().Unix()}
 	s.batches.mu.Lock()
-	s.batches.files[id] = data
+	s.batches.putFileLocked(id, data, meta)
 	s.batches.stats.Uploads++
 	s.batches.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "file", "bytes": len(data),
-		"created_at": s.cfg.Now().Unix(), "filename": hdr.Filename, "purpose": "batch", "status": "processed"})
+	writeJSON(w, http.StatusOK, openAIFileView(id, len(data), meta))
+}
+
+// openAIFileView is a file as OpenAI answers it.
+func openAIFileView(id string, n int, f simFile) map[string]any {
+	return map[string]any{"id": id, "object": "file", "bytes": n, "created_at": f.createdAt, "filename": f.filename,
+		"purpose": f.purpose, "status": "processed"}
+}
+
+// openAIFileList is GET /v1/files: the files of purpose (all when not given), newest first (order
+// desc, the default) or oldest first (asc), a page of at most limit (1 to 10,000, default
+// 10,000) after the file whose id is after, with has_more, first_id and last_id, as OpenAI
+// answers them.
+func (s *Server) openAIFileList(w http.ResponseWriter, r *http.Request) {
+	p := openAI{}
+	q := r.URL.Query()
+	limit := 10000
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 10000 {
+			badRequest(w, p, "limit must be an integer from 1 to 10000, not %q", v)
+			return
+		}
+		limit = n
+	}
+	order := cmp.Or(q.Get("order"), "desc")
+	if order != "asc" && order != "desc" {
+		badRequest(w, p, "order must be asc or desc, not %q", order)
+		return
+	}
+	purpose, after := q.Get("purpose"), q.Get("after")
+	s.batches.mu.Lock()
+	defer s.batches.mu.Unlock()
+	// Deleted files leave the order here, not at their delete (which would search it).
+	s.batches.fileOrder = slices.DeleteFunc(s.batches.fileOrder, func(id string) bool {
+		_, ok := s.batches.files[id]
+		return !ok
+	})
+	var ids []string
+	for _, id := range s.batches.fileOrder {
+		if purpose == "" || s.batches.fileInfo[id].purpose == purpose {
+			ids = append(ids, id)
+		}
+	}
+	if order == "desc" {
+		slices.Reverse(ids)
+	}
+	if after != "" {
+		i := slices.Index(ids, after)
+		if i < 0 {
+			badRequest(w, p, "after: no such file %q", after)
+			return
+		}
+		ids = ids[i+1:]
+	}
+	data := []map[string]any{}
+	for _, id := range ids[:min(limit, len(ids))] {
+		data = append(data, openAIFileView(id, len(s.batches.files[id]), s.batches.fileInfo[id]))
+	}
+	page := map[string]any{"object": "list", "data": data, "has_more": len(ids) > limit, "first_id": nil, "last_id": nil}
+	if len(data) > 0 {
+		page["first_id"], page["last_id"] = data[0]["id"], data[len(data)-1]["id"]
+	}
+	writeJSON(w, http.StatusOK, page)
 }
 
 // openAIFileContent is GET /v1/files/{id}/content.
@@ -259,6 +325,7 @@ func (s *Server) openAIFileDelete(w http.ResponseWriter, r *http.Request) {
 	refused := ok && bytes.Contains(data, []byte(s.cfg.Batch.DeleteErrorMarker))
 	if ok && !refused {
 		delete(s.batches.files, id)
+		delete(s.batches.fileInfo, id)
 		s.batches.stats.Deletes++
 	}
 	s.batches.mu.Unlock()

@@ -333,3 +333,42 @@ func TestSDK_OpenAIFileDeleteErrorMarker(t *testing.T) {
 	require.True(t, deleted.Deleted)
 	require.Equal(t, 1, b.sim.BatchStats().Deletes)
 }
+
+// TestSDK_OpenAIFileListPages: GET /v1/files answers as OpenAI does (purpose, limit, order
+// newest first by default, after, has_more, and each file's filename), so that the SDK's
+// auto-pager reads the batch input files either way, and a deleted file is not listed.
+func TestSDK_OpenAIFileListPages(t *testing.T) {
+	t.Parallel()
+	b := batchSim(t)
+	c := b.openaiClient("sk-test")
+	ctx := t.Context()
+	var ids []string // oldest first
+	for i := range 5 {
+		f, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(strings.NewReader("{}\n"), fmt.Sprintf("in-%d.jsonl", i),
+			"application/jsonl"), Purpose: openai.FilePurposeBatch})
+		require.NoError(t, err)
+		ids = append(ids, f.ID)
+	}
+
+	page, err := c.Files.List(ctx, openai.FileListParams{Purpose: openai.String("batch"), Limit: openai.Int(2)})
+	require.NoError(t, err)
+	require.Len(t, page.Data, 2)
+	require.True(t, page.HasMore)
+	require.Equal(t, ids[4], page.Data[0].ID, "newest first")
+	require.Equal(t, "in-4.jsonl", page.Data[0].Filename)
+
+	_, err = c.Files.Delete(ctx, ids[2])
+	require.NoError(t, err)
+	var listed []string
+	iter := c.Files.ListAutoPaging(ctx, openai.FileListParams{Purpose: openai.String("batch"), Limit: openai.Int(2),
+		Order: openai.FileListParamsOrderAsc})
+	for iter.Next() {
+		listed = append(listed, iter.Current().ID)
+	}
+	require.NoError(t, iter.Err())
+	require.Equal(t, []string{ids[0], ids[1], ids[3], ids[4]}, listed)
+
+	page, err = c.Files.List(ctx, openai.FileListParams{Purpose: openai.String("batch_output")})
+	require.NoError(t, err)
+	require.Empty(t, page.Data, "no batch has ended")
+}

@@ -6,9 +6,10 @@
 //
 // It also speaks both providers' batch APIs (batch.go): Anthropic Message
 // Batches (create, retrieve, list paged by limit and after_id or before_id,
-// cancel, JSONL results by custom_id) and OpenAI Batch (file upload and
-// delete, create, retrieve, list paged by limit and after, cancel, output and
-// error files), both lists newest first, answered like the online endpoint
+// cancel, JSONL results by custom_id) and OpenAI Batch (file upload, delete and
+// list by purpose, paged by limit and after, newest or oldest first; create,
+// retrieve, list paged by limit and after, cancel, output and error files),
+// both batch lists newest first, answered like the online endpoint
 // but outside its buckets, ended by the injected clock after
 // BatchConfig.ProcessingDelay, with per-request errors (overload, rate limit,
 // billing) and expiry by marker, a request over the context window refused in
