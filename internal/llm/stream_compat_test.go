@@ -1291,12 +1291,29 @@ func TestStream_OpenAINamelessPiecesAtAnotherIndex(t *testing.T) {
 				noID(1, "", `s"}`), tool(1, "call_2", "bash", `{"cmd": "pwd"}`)},
 			want: two, pos: []int{0, 0, 0, 0, 1},
 		},
+		// ... and so it does after a parameterless call, which has no arguments.
+		"LastPieceAtTheNextIndexAfterAParameterlessCall": {
+			events: []string{tool(0, "call_0", "get_time", ""), tool(1, "call_1", "bash", ""),
+				noID(1, "", `{"cmd": `), noID(2, "", `"ls"}`)},
+			want: `[{"id":"call_0","type":"function","function":{"name":"get_time","arguments":""}},
+				{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"ls\"}"}}]`,
+			pos: []int{0, 1, 1, 1},
+		},
 		// LibreChat's agents API sent a call's id and name at its run step's index and its
 		// arguments, without id, at the call's own index.
 		"ArgumentsAtAnotherIndexThanTheID": {
 			events: []string{tool(2, "call_1", "bash", ""), noID(1, "", `{"cmd": `), noID(1, "", `"ls"}`)},
 			want:   `[{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"ls\"}"}}]`,
 			pos:    []int{0, 0, 0},
+		},
+		// A parameterless call has no arguments (Anthropic sends none for a tool without input);
+		// the next call's arguments, at an index below its id's, are still its own.
+		"ArgumentsAtAnotherIndexAfterAParameterlessCall": {
+			events: []string{tool(2, "call_0", "get_time", ""), tool(3, "call_1", "bash", ""),
+				noID(1, "", `{"cmd": `), noID(1, "", `"ls"}`)},
+			want: `[{"id":"call_0","type":"function","function":{"name":"get_time","arguments":""}},
+				{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{\"cmd\": \"ls\"}"}}]`,
+			pos: []int{0, 1, 1, 1},
 		},
 		"InterleavedPiecesUnderNewIDs": {
 			events: []string{tool(0, "call_0", "bash", `{"cmd": `), tool(1, "call_x", "bash", `{"cmd": `),
@@ -1328,10 +1345,11 @@ func TestStream_OpenAINamelessPiecesAtAnotherIndex(t *testing.T) {
 func TestStream_OpenAIHeadersAtOneIndexArgumentsAtTheNext(t *testing.T) {
 	t.Parallel()
 	const env = `"id":"chatcmpl-1755830000000","object":"chat.completion.chunk","created":1755830000,"model":"gpt-5.1-codex"`
-	header := func(id, name string) string {
-		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":0,"id":%q,"type":"function","function":{"name":%q,"arguments":""}}]},"finish_reason":null}]`,
-			id, name)
+	headerAt := func(index int, id, name string) string {
+		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":%d,"id":%q,"type":"function","function":{"name":%q,"arguments":""}}]},"finish_reason":null}]`,
+			index, id, name)
 	}
+	header := func(id, name string) string { return headerAt(0, id, name) }
 	args := func(index int, args string) string {
 		return fmt.Sprintf(`[{"index":0,"delta":{"tool_calls":[{"index":%d,"function":{"arguments":%q}}]},"finish_reason":null}]`,
 			index, args)
@@ -1362,6 +1380,26 @@ func TestStream_OpenAIHeadersAtOneIndexArgumentsAtTheNext(t *testing.T) {
 			want: `[{"id":"call_a","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"ls\"}"}},
 				{"id":"call_b","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"pwd\"}"}}]`,
 			pos: []int{0, 1, 0, 0, 1, 1},
+		},
+		// A call that closed before the next opened has its header at 0 and its arguments at
+		// 1; the two opened after it both have theirs at 1, and their arguments at 2 and 3.
+		"OneCallThenTwoInParallel": {
+			events: []string{header("call_a", "bash"), args(1, `{"cmd":"ls"}`),
+				headerAt(1, "call_b", "bash"), headerAt(1, "call_c", "bash"),
+				args(2, `{"cmd":"pwd"}`), args(3, `{"cmd":"id"}`)},
+			want: `[{"id":"call_a","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"ls\"}"}},
+				{"id":"call_b","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"pwd\"}"}},
+				{"id":"call_c","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"id\"}"}}]`,
+			pos: []int{0, 0, 1, 2, 1, 2},
+		},
+		// A server without ids sends each call whole at its index: a named piece is a call of
+		// its own, even after a parameterless call, which has no arguments.
+		"WholeCallsWithoutIDs": {
+			events: []string{`[{"index":0,"delta":{"tool_calls":[{"index":0,"type":"function","function":{"name":"get_time","arguments":""}}]},"finish_reason":null}]`,
+				`[{"index":0,"delta":{"tool_calls":[{"index":1,"type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"ls\"}"}}]},"finish_reason":null}]`},
+			want: `[{"id":"","type":"function","function":{"name":"get_time","arguments":""}},
+				{"id":"","type":"function","function":{"name":"bash","arguments":"{\"cmd\":\"ls\"}"}}]`,
+			pos: []int{0, 1},
 		},
 		"OneCall": {
 			events: []string{header("call_a", "bash"),

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math/bits"
 	"slices"
 	"sort"
 	"strings"
@@ -73,8 +74,8 @@ type openAIChoice struct {
 	// lastTool is the key in tools of the call the last piece went to, nextTool the one after the
 	// highest so far: where a piece without index goes, or one whose index is reused (toolIndex).
 	lastTool, nextTool int
-	// placed is how many calls have a place in the message (openAITool.pos).
-	placed int
+	// places are the calls' places in the message (openAITool.pos); nil until a call has one.
+	places *toolPlaces
 	// movedTools maps an index the server reused for another call (Ollama gives every call index
 	// 0), or gave a call's arguments apart from its name (SGLang), to the call the later pieces of
 	// that index go to; nil until one is.
@@ -95,6 +96,15 @@ type openAIChoice struct {
 	hasLogprobs bool
 	logContent  []json.RawMessage
 	logRefusal  []json.RawMessage
+}
+
+// toolPlaces are a choice's tool calls by their place in the message.
+type toolPlaces struct {
+	keyAt []int // the key in openAIChoice.tools of the call at each place
+	// bare has the bit of each place whose call has a name and no arguments yet: awaitingArgs
+	// finds the first from a place on without a scan of the calls (a stream of many calls pays
+	// a word per 64 calls for such a piece, not a call).
+	bare []uint64
 }
 
 type openAITool struct {
@@ -788,9 +798,13 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 		a.n += writeText(&t.args, args)
 		if id != "" || name != "" || args != "" {
 			if t.pos < 0 {
-				t.pos = ch.placed
-				ch.placed++
+				if ch.places == nil {
+					ch.places = &toolPlaces{}
+				}
+				t.pos = len(ch.places.keyAt)
+				ch.places.keyAt = append(ch.places.keyAt, k)
 			}
+			ch.places.setBare(t)
 			emit(Delta{Type: DeltaInputJSON, Index: i, ToolIndex: t.pos, ToolID: id, ToolName: name,
 				Text: args})
 		}
@@ -812,22 +826,23 @@ func (a *openAIAssembler) choice(i int, c openAIChunkChoice, emit func(Delta)) {
 // toolIndex returns the key in tools of the call a piece goes to (named: the piece carries a piece
 // of the call's name; args: a piece of its arguments); not the call's place in the message
 // (openAITool.pos). A piece with an index (OpenAI and most servers) goes to the call of that index,
-// unless it brings only arguments at an index no call was opened at while a named call still has
-// none (awaitingArgs: a proxy sent parallel calls' headers at index 0 and their arguments at 1,
-// 2...), or it opens another call there: it has an id and a name, and that call another id (Ollama
-// gives each of parallel calls index 0, whole with its own id); or that call was opened by another
-// index's pieces and the piece is named. Then it goes to the next free key, a new call, which the
-// later pieces of its index go to. A piece with arguments and no name that would open a call at an
-// index no call has, or go to a call the last piece did not go to under an id that call lacks,
-// continues the call the last piece went to, if that call has a name and the piece no id or the
-// call no arguments yet (continuesLast), and so do the later pieces of its index (SGLang sent a
-// call's name at its tool's index in the request, its arguments at the call's own index, each piece
-// with a new id). A piece with a new id and no name continues the call (Poolside, and LiteLLM over
-// OCI, send a call's later pieces under another id than its first). Without an index (Gemini sends
-// each of parallel calls whole, with its id and no index), the call the last piece went to, unless
-// the piece has an id that call lacks (another id, or none after a piece that brought something):
-// then the next free key, a new call. Servers send a call's id on its first piece, and not later
-// but as a repeat, so an id the call did not open with is the next call's.
+// unless it brings only arguments at an index no call was opened at, past the last call's, while a
+// named call still has none (awaitingArgs: a proxy sent parallel calls' headers at index 0 and
+// their arguments at 1, 2...), or it opens another call there: it has an id and a name, and that
+// call another id (Ollama gives each of parallel calls index 0, whole with its own id); or that
+// call was opened by another index's pieces and the piece is named. Then it goes to the next free
+// key, a new call, which the later pieces of its index go to. A piece with arguments and no name
+// that would open a call at an index no call has, or go to a call the last piece did not go to
+// under an id that call lacks, continues the call the last piece went to, if that call has a name
+// and the piece no id or the call no arguments yet (continuesLast), and so do the later pieces of
+// its index (SGLang sent a call's name at its tool's index in the request, its arguments at the
+// call's own index, each piece with a new id). A piece with a new id and no name continues the call
+// (Poolside, and LiteLLM over OCI, send a call's later pieces under another id than its first).
+// Without an index (Gemini sends each of parallel calls whole, with its id and no index), the call
+// the last piece went to, unless the piece has an id that call lacks (another id, or none after a
+// piece that brought something): then the next free key, a new call. Servers send a call's id on
+// its first piece, and not later but as a repeat, so an id the call did not open with is the next
+// call's.
 func (c *openAIChoice) toolIndex(index *int, id string, named, args bool) int {
 	switch {
 	case index != nil:
@@ -838,7 +853,7 @@ func (c *openAIChoice) toolIndex(index *int, id string, named, args bool) int {
 		t := c.tools[k]
 		switch {
 		case args && !named && id == "" && !moved && (t == nil || t.index >= 0 && t.index != *index) &&
-			c.awaitingArgs(&k):
+			c.awaitingArgs(*index, &k):
 			c.moveIndex(*index, k)
 		case t != nil && (t.index >= 0 && t.index != *index && (named || !moved) ||
 			named && id != "" && t.id != "" && t.id != id):
@@ -876,30 +891,51 @@ func (c *openAIChoice) continuesLast(id string) bool {
 	return t != nil && t.name != "" && (id == "" || t.args.Len() == 0)
 }
 
-// awaitingArgs reports whether a piece of only arguments (no id, no name) at an index no call
-// was opened at goes to a named call still without arguments, and sets *k to that call's key:
-// the first placed after the call the last piece went to, or, if that call is one of them, the
-// first placed of all. A server that sends each of parallel calls' header (id and name) at one
-// index and their arguments at the indexes after it, in the order the calls were opened (a
+// awaitingArgs reports whether a piece of only arguments (no id, no name) at index, where no
+// call was opened, goes to a named call still without arguments (bare), and sets *k to that
+// call's key: the first placed after the call the last piece went to, or, if that call is one of
+// them, the first placed of all. A server that sends each of parallel calls' header (id and name)
+// at one index and their arguments at the indexes after it, in the order the calls were opened (a
 // Responses-to-Chat translator that advanced its index only as a call closed), has its arguments
-// each join their header. After a call that has arguments, with no such call after it, the piece
-// goes by the rules for another index (continuesLast: Nebius's last piece at the next index).
-func (c *openAIChoice) awaitingArgs(k *int) bool {
+// each join their header. An index not past the one that opened the last call is not such a
+// server's: the piece goes by the rules for another index (continuesLast: LibreChat's agents API
+// sent a call's arguments at a lower index than its id, and a parameterless call before it has
+// none), and so does a piece after a call that has arguments with no such call after it
+// (Nebius's last piece at the next index).
+func (c *openAIChoice) awaitingArgs(index int, k *int) bool {
 	last := c.tools[c.lastTool]
-	if last == nil || last.name == "" {
+	if last == nil || last.name == "" || index <= last.index {
 		return false
 	}
-	after := last.args.Len() > 0 // only calls placed after the last one's
-	found := false
-	for key, t := range c.tools {
-		if t.name == "" || t.args.Len() > 0 || after && t.pos <= last.pos {
-			continue
+	from := 0
+	if last.args.Len() > 0 { // only calls placed after the last one's
+		from = last.pos + 1
+	}
+	p := c.places // last has a name: it has a place
+	for w := from / 64; w < len(p.bare); w++ {
+		word := p.bare[w]
+		if w == from/64 {
+			word &^= 1<<(from%64) - 1
 		}
-		if !found || t.pos < c.tools[*k].pos {
-			*k, found = key, true
+		if word != 0 {
+			*k = p.keyAt[w*64+bits.TrailingZeros64(word)]
+			return true
 		}
 	}
-	return found
+	return false
+}
+
+// setBare records whether t, which has a place, is bare: it has a name and no arguments yet.
+func (p *toolPlaces) setBare(t *openAITool) {
+	w, bit := t.pos/64, uint64(1)<<(t.pos%64)
+	for len(p.bare) <= w {
+		p.bare = append(p.bare, 0)
+	}
+	if t.name != "" && t.args.Len() == 0 {
+		p.bare[w] |= bit
+	} else {
+		p.bare[w] &^= bit
+	}
 }
 
 // empty reports whether no piece brought the call anything: no id, name nor arguments.
@@ -1124,8 +1160,8 @@ func (c *openAIChoice) render(i int) json.RawMessage {
 		}
 		msg["reasoning_details"] = details
 	}
-	if c.placed > 0 { // a call that no piece brought anything has no place: no call, no empty list
-		calls := make([]map[string]any, c.placed)
+	if c.places != nil { // a call that no piece brought anything has no place: no call, no empty list
+		calls := make([]map[string]any, len(c.places.keyAt))
 		for _, t := range c.tools {
 			if t.pos < 0 {
 				continue
