@@ -347,6 +347,19 @@ func requireToolCallsStreamed(t *testing.T, events []string, want string, wantDe
 	require.Equal(t, wantDeltas, got.all)
 }
 
+// requireToolCallsAt sends events and requires the stored tool calls to be want, and the
+// deltas to reach clients at the tool indexes pos, in order.
+func requireToolCallsAt(t *testing.T, events []string, want string, pos []int) {
+	t.Helper()
+	resp, got := sendOpenAIStream(t, events)
+	require.JSONEq(t, want, storedToolCalls(t, resp.Body))
+	var at []int
+	for _, d := range got.all {
+		at = append(at, d.ToolIndex)
+	}
+	require.Equal(t, pos, at)
+}
+
 // Gemini's compatible endpoint sends parallel tool calls without "index": each chunk (or each
 // entry of one chunk's tool_calls) is a whole call with its own id. Each is stored as its own
 // call, in order, and reaches clients under its own tool index; a piece without index and
@@ -1324,13 +1337,7 @@ func TestStream_OpenAINamelessPiecesAtAnotherIndex(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			events := append(tc.events, `[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)
-			resp, got := sendOpenAIStream(t, openAIChunks(env, events...))
-			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
-			var pos []int
-			for _, d := range got.all {
-				pos = append(pos, d.ToolIndex)
-			}
-			require.Equal(t, tc.pos, pos)
+			requireToolCallsAt(t, openAIChunks(env, events...), tc.want, tc.pos)
 		})
 	}
 }
@@ -1411,13 +1418,7 @@ func TestStream_OpenAIHeadersAtOneIndexArgumentsAtTheNext(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			events := append(tc.events, `[{"index":0,"delta":{},"finish_reason":"tool_calls"}]`)
-			resp, got := sendOpenAIStream(t, openAIChunks(env, events...))
-			require.JSONEq(t, tc.want, storedToolCalls(t, resp.Body))
-			var pos []int
-			for _, d := range got.all {
-				pos = append(pos, d.ToolIndex)
-			}
-			require.Equal(t, tc.pos, pos)
+			requireToolCallsAt(t, openAIChunks(env, events...), tc.want, tc.pos)
 		})
 	}
 }
