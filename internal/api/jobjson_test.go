@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -193,6 +194,28 @@ func TestWriteJob_AsWriteJSON(t *testing.T) {
 				require.Equal(t, want.Body.String(), got.Body.String())
 			}
 		}
+	}
+}
+
+// TestWriteJob_LargeAnswersBufferIsLeftToTheCollector: the buffer of an answer larger than
+// maxPooledAnswer (a job with a large result) is not given back to the Server's pool, which
+// would hold it for every answer after it (TestWriteJob_Allocs pins that a usual answer's is).
+func TestWriteJob_LargeAnswersBufferIsLeftToTheCollector(t *testing.T) {
+	t.Parallel()
+	job := *sampleJobs()[0]
+	job.Result = json.RawMessage(`{"text": "` + strings.Repeat("a", maxPooledAnswer) + `"}`)
+	s := &Server{}
+	rec := httptest.NewRecorder()
+	s.writeJob(rec, http.StatusOK, &job)
+	require.Greater(t, rec.Body.Len(), maxPooledAnswer)
+	// sync.Pool may drop what it is given (under the race detector at random): whatever it
+	// answers, none is the large answer's buffer.
+	for range 4 {
+		buf, _ := s.answers.Get().(*[]byte)
+		if buf == nil {
+			break
+		}
+		require.LessOrEqual(t, cap(*buf), maxPooledAnswer)
 	}
 }
 

@@ -132,11 +132,13 @@ func TestInsertJob_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 // TestFinish_Allocs pins the allocations of an attempt's record (Finish, a success's: every
 // job's end) beside its statement run by the batcher with its arguments and scan made once: its
 // arguments' values that are boxed (the ID, result and usage) and one finishQuery, where the
-// floor makes a batchOp: no more than the floor (with 2 of slack). The arguments' list, the
-// scan's closure, the event_seq it scanned into, Scan's argument, the Outcome (moved to the heap
-// by the dead reason's pointer) and the event's payload boxed at every call were 6 more (16
-// against the floor's 45 for this row); the status, answering credential, attempt's credential, class, start, latency
-// and TTFB boxed (or, a pointer, read back by pgx through reflect) 10 more (54 where it is 44).
+// floor makes a batchOp: no more than the floor, without slack (AllocsPerRun's average drops a
+// stray allocation; each valuer's cut alone is 1 or 2). The arguments' list, the scan's closure,
+// the event_seq it scanned into, Scan's argument, the Outcome (moved to the heap by the dead
+// reason's pointer) and the event's payload boxed at every call were 6 more (16 against the
+// floor's 45 for this row); the status, answering credential, attempt's credential, class,
+// start, latency and TTFB boxed (or, a pointer, read back by pgx through reflect) 10 more (54
+// where it is 44).
 func TestFinish_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops pgx's pooled buffers at random")
@@ -171,5 +173,5 @@ func TestFinish_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 		}
 	})
 	t.Logf("Finish: %.1f allocations, its statement by the batcher %.1f", allocs, floor)
-	require.LessOrEqual(t, allocs, floor+2, "allocations per Finish beyond its statement's")
+	require.LessOrEqual(t, allocs, floor, "allocations per Finish beyond its statement's")
 }
