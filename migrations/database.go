@@ -73,8 +73,9 @@ const DefaultConnectTimeout = 5 * time.Second
 // names no database (in its path, dbname= or PGDATABASE) gets Postgres's own default, the
 // user's name, made explicit (so that EnsureDatabase sees it), and is refused when that name is
 // postgres: the server's default database, where llmq's tables would land among whatever else
-// lives there. Named, even as postgres, a database is taken as meant. Every process and ctl
-// open their pools through it.
+// lives there. Named, even as postgres, a database is taken as meant. A default_query_exec_mode
+// of exec or simple_protocol is refused: pgx then sends arguments without Postgres's types for
+// them, which llmq's statements need. Every process and ctl open their pools through it.
 func ParseConfig(url string) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -85,6 +86,11 @@ func ParseConfig(url string) (*pgxpool.Config, error) {
 			return nil, errors.New("the database url names no database, and Postgres would take the server's default (postgres): add it to the path (postgres://host:5432/llmq) or set dbname= or PGDATABASE")
 		}
 		pcfg.ConnConfig.Database = pcfg.ConnConfig.User
+	}
+	switch m := pcfg.ConnConfig.DefaultQueryExecMode; m {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		return nil, fmt.Errorf("the database url's default_query_exec_mode=%s is not supported: llmq's statements need Postgres to describe their arguments' types (a job's JSON would go as bytea); leave it out (cache_statement) or use cache_describe or describe_exec",
+			strings.ReplaceAll(m.String(), " ", "_"))
 	}
 	if pcfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
 		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout

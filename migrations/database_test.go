@@ -220,3 +220,22 @@ func TestParseConfig_RefusesAURLWithoutDatabase(t *testing.T) {
 	_, err := migrations.ParseConfig("postgres://postgres@127.0.0.1:5432?sslmode=disable")
 	require.NoError(t, err, "PGDATABASE names it")
 }
+
+// TestParseConfig_RefusesExecModesWithoutDescribe: pgx's exec and simple_protocol modes send
+// arguments without asking Postgres their types, so a job's JSON went as bytea (every submit
+// failed: "invalid input syntax for type json") and an attempt's columns could not be encoded;
+// such a URL is refused at start, naming the setting and the modes that work. Those modes
+// are taken.
+func TestParseConfig_RefusesExecModesWithoutDescribe(t *testing.T) {
+	const base = "postgres://postgres:secret@127.0.0.1:5432/llmq?sslmode=disable&default_query_exec_mode="
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		_, err := migrations.ParseConfig(base + mode)
+		require.ErrorContains(t, err, "default_query_exec_mode="+mode+" is not supported", mode)
+		require.ErrorContains(t, err, "cache_statement", mode)
+		require.NotContains(t, err.Error(), "secret", "the error does not quote the URL's password")
+	}
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec"} {
+		_, err := migrations.ParseConfig(base + mode)
+		require.NoError(t, err, mode)
+	}
+}
