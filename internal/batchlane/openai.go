@@ -118,9 +118,9 @@ const (
 )
 
 // Uploads lists the files of purpose batch (GET /v1/files, newest first, a page of 10,000 at a
-// time, at most uploadsMaxPages) whose name uploadName gave, with the batch ref it carries: a
-// file of another name (uploaded by another program with the same key), or whose ref is not a
-// batch id, is left out.
+// time, at most uploadsMaxPages, until has_more is false or a page repeats the last) whose name
+// uploadName gave, with the batch ref it carries: a file of another name (uploaded by another
+// program with the same key), or whose ref is not a batch id, is left out.
 func (c *openAIClient) Uploads(ctx context.Context) ([]Upload, error) {
 	var out []Upload
 	after := ""
@@ -146,7 +146,9 @@ func (c *openAIClient) Uploads(ctx context.Context) ([]Upload, error) {
 				out = append(out, Upload{ID: f.ID, Ref: ref})
 			}
 		}
-		if !page.HasMore || len(page.Data) == 0 {
+		// A page that ends where the last one did is the same page again: an endpoint that drops
+		// after (a proxy) answers has_more on every page, and would be read uploadsMaxPages times.
+		if !page.HasMore || len(page.Data) == 0 || page.Data[len(page.Data)-1].ID == after {
 			break
 		}
 		after = page.Data[len(page.Data)-1].ID

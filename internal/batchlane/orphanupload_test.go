@@ -3,6 +3,7 @@ package batchlane_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/batchlane"
+	"github.com/llmq/llmq/internal/jobs"
 )
 
 // uploadsSeen is a Client that keeps the id of each file its Submit uploads, told before the
@@ -72,9 +74,25 @@ func waitFor[T any](t *testing.T, ch <-chan T, what string) (T, bool) {
 func TestBatcher_DeletesAnUploadWhoseRecordDied(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{provider: "openai"})
+	j, orphan := b.orphanUpload(t)
+
+	b.clock.Advance(11 * time.Minute) // past the dead send's claim
+	once(t, b.batcher(nil))
+	id := b.get(t, j.ID).BatchID
+	require.NotNil(t, id, "sent again")
+	require.Empty(t, b.storedFiles(t, orphan), "the upload no row recorded is left at the provider")
+	input := b.openAIFiles(t, *id)[:1]
+	require.Equal(t, input, b.storedFiles(t, input), "the running batch's input file is deleted")
+	require.Equal(t, float64(1), b.counter(t, "file_deletes", "deleted"))
+}
+
+// orphanUpload submits a job and makes a pass send its batch, the pass ending as its process
+// would die between the upload's answer and its record: it returns the job and the upload (a
+// one-element slice), which the provider holds and no row records.
+func (b *testBundle) orphanUpload(t *testing.T) (*jobs.Job, []string) {
+	t.Helper()
 	j := b.submit(t, "x", 0, 0)
 	b.clock.Advance(fill)
-
 	client := &uploadsSeen{Client: b.client}
 	dying := b.batcher(client)
 	batchlane.AfterUpload(dying, runtime.Goexit)
@@ -85,15 +103,7 @@ func TestBatcher_DeletesAnUploadWhoseRecordDied(t *testing.T) {
 	require.Equal(t, orphan, b.storedFiles(t, orphan))
 	require.Zero(t, b.fileRows(t), "the upload was recorded")
 	require.Zero(t, b.sim.BatchStats().Created)
-
-	b.clock.Advance(11 * time.Minute) // past the dead send's claim
-	once(t, b.batcher(nil))
-	id := b.get(t, j.ID).BatchID
-	require.NotNil(t, id, "sent again")
-	require.Empty(t, b.storedFiles(t, orphan), "the upload no row recorded is left at the provider")
-	input := b.openAIFiles(t, *id)[:1]
-	require.Equal(t, input, b.storedFiles(t, input), "the running batch's input file is deleted")
-	require.Equal(t, float64(1), b.counter(t, "file_deletes", "deleted"))
+	return j, orphan
 }
 
 // TestBatcher_LeavesAnUploadBeingRecorded: a leader that lists the provider's files while another
@@ -139,10 +149,22 @@ func TestBatcher_LeavesAnUploadBeingRecorded(t *testing.T) {
 func TestBatcher_LeavesUploadsOfNoBatchOfItsOwn(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{provider: "openai"})
+	b.uploadNamed(t, "llmq-"+uuid.NewString()+".jsonl")
+
+	once(t, b.batcher(nil))
+	require.Zero(t, b.fileRows(t))
+	require.Equal(t, 1, b.sim.BatchStats().Uploads)
+	require.Zero(t, b.sim.BatchStats().Deletes)
+}
+
+// uploadNamed uploads a file of purpose batch named name to the simulator, as another program
+// with the same key would, and returns its id.
+func (b *testBundle) uploadNamed(t *testing.T, name string) string {
+	t.Helper()
 	var form bytes.Buffer
 	mw := multipart.NewWriter(&form)
 	require.NoError(t, mw.WriteField("purpose", "batch"))
-	fw, err := mw.CreateFormFile("file", "llmq-"+uuid.NewString()+".jsonl")
+	fw, err := mw.CreateFormFile("file", name)
 	require.NoError(t, err)
 	_, err = fw.Write([]byte("{}\n"))
 	require.NoError(t, err)
@@ -152,9 +174,9 @@ func TestBatcher_LeavesUploadsOfNoBatchOfItsOwn(t *testing.T) {
 	req.Header.Set("Content-Type", mw.FormDataContentType())
 	b.sim.ServeHTTP(rec, req)
 	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-
-	once(t, b.batcher(nil))
-	require.Zero(t, b.fileRows(t))
-	require.Equal(t, 1, b.sim.BatchStats().Uploads)
-	require.Zero(t, b.sim.BatchStats().Deletes)
+	var file struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &file))
+	return file.ID
 }
