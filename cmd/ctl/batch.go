@@ -45,7 +45,7 @@ func (a *app) batchCommand() *cli.Command {
 				Name: "forget",
 				Usage: "remove the rows of the named files (given up or not) without deleting them at the provider: " +
 					"for files deleted there by hand; the batch lane's leader no longer deletes them " +
-					"(but an input file still there, of a batch it still has, which its hourly listing records again)",
+					"(an input file still there, of a batch it still has, is recorded again by its hourly listing)",
 				ArgsUsage: "FILE_ID...",
 				Flags: []cli.Flag{
 					filesCredentialFlag(),

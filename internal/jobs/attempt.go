@@ -303,10 +303,9 @@ var emptyEventPayload any = []byte(`{}`)
 // finishQuery is Finish's statement in one allocation: its batchOp, its arguments' list, the
 // values seven of its arguments point at (the status, the answering credential, the attempt's
 // credential, class, start, latency and TTFB, as insertArgList's do: boxed, or a pointer pgx
-// reads back through reflect, each was an allocation), and the scan of its row
-// (the scan is q itself) with Scan's argument. As a list, a closure, the event_seq it scanned
-// into and Scan's argument of their own they were 4 allocations at every job's end
-// (TestFinish_Allocs).
+// reads back through reflect, each was an allocation), and the scan of its row (the scan is q
+// itself) with Scan's argument. As a list, a closure, the event_seq it scanned into and Scan's
+// argument of their own they were 4 allocations at every job's end (TestFinish_Allocs).
 type finishQuery struct {
 	op                        batchOp
 	args                      [23]any

@@ -588,7 +588,7 @@ func (a *float8Arg) Float64Value() (pgtype.Float8, error) {
 }
 
 // nullTextArg is a text argument that pgx encodes from its pointer through pgtype.TextValuer,
-// NULL when empty (as nullString's nil).
+// NULL when empty.
 type nullTextArg string
 
 // TextValue implements pgtype.TextValuer: the string, NULL when empty.
@@ -658,13 +658,6 @@ func (s *Store) get(ctx context.Context, id, sql string) (*Job, error) {
 		return nil, fmt.Errorf("get job: %w", err)
 	}
 	return j, err
-}
-
-func nullString(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }
 
 func nonNil(s []string) []string {

@@ -175,3 +175,11 @@ func TestFinish_Allocs(t *testing.T) { // not parallel: testing.AllocsPerRun
 	t.Logf("Finish: %.1f allocations, its statement by the batcher %.1f", allocs, floor)
 	require.LessOrEqual(t, allocs, floor, "allocations per Finish beyond its statement's")
 }
+
+// nullString is s as an argument, nil (NULL) when empty.
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
