@@ -124,6 +124,8 @@ type Batcher struct {
 	// sweepMu guards sweptAt: when each credential's uploads were last listed (adoptUploads).
 	sweepMu sync.Mutex
 	sweptAt map[string]time.Time
+	// sweepTimeout, set by tests only, replaces uploadSweepTimeout.
+	sweepTimeout time.Duration
 }
 
 // New returns a Batcher; zero config fields take their defaults.
@@ -157,6 +159,7 @@ func (b *Batcher) Run(ctx context.Context) error {
 // lead makes a pass every Tick until ctx (the lead) ends, logging the first failure of a run of
 // them (but that of a pass the lead's end cut).
 func (b *Batcher) lead(ctx context.Context) error {
+	b.forgetSweeps()
 	report := logstreak.New(ctx, b.cfg.Logger, "batch lane pass")
 	t := time.NewTicker(b.cfg.Tick)
 	defer t.Stop()

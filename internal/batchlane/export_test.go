@@ -1,5 +1,10 @@
 package batchlane
 
+import (
+	"context"
+	"time"
+)
+
 // CrashAfterCommit makes b's passes end with err between a batch's commit and its send, as a
 // process dying there would.
 func CrashAfterCommit(b *Batcher, err error) { b.crashAfterCommit = err }
@@ -38,3 +43,9 @@ const OldGiveUpsPerPass = oldGiveUpsPerPass
 // AfterUpload makes b run f between an upload's answer and its record: runtime.Goexit ends the
 // pass there, as a process dying there would; a function that blocks holds the record back.
 func AfterUpload(b *Batcher, f func()) { b.afterUpload = f }
+
+// SetSweepTimeout sets the time a pass of b gives its listings of uploads, together.
+func SetSweepTimeout(b *Batcher, d time.Duration) { b.sweepTimeout = d }
+
+// Lead runs b's lead (a pass every Tick) until ctx ends, as when b's process takes the lead.
+func Lead(ctx context.Context, b *Batcher) error { return b.lead(ctx) }

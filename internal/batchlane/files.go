@@ -1,6 +1,7 @@
 package batchlane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,7 +37,9 @@ const (
 	// uploadSweepInterval is how often a leader lists a credential's uploads at the provider
 	// (see adoptUploads): at its first pass, then at most once an interval.
 	uploadSweepInterval = time.Hour
-	// uploadSweepTimeout bounds one credential's listing.
+	// uploadSweepTimeout bounds a pass's listings, of every credential due, together: a
+	// provider whose list hangs holds the pass's sends and polls back a minute, not a minute for
+	// each credential.
 	uploadSweepTimeout = time.Minute
 )
 
@@ -250,8 +253,9 @@ func (b *Batcher) deleteDueFiles(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// adoptUploads lists, at most once an uploadSweepInterval per credential (at a leader's first
-// pass, then an interval on), the uploads that each configured credential's provider holds
+// adoptUploads lists, at most once an uploadSweepInterval per credential (at a lead's first
+// pass, then an interval on; within uploadSweepTimeout for the pass, the credentials it did not
+// reach left to the next pass), the uploads that each configured credential's provider holds
 // (Client.Uploads) and records those of its batches that no row records (store.adoptUploads):
 // uploaded by a process that died between the upload's answer and its record. Recorded as that
 // process would have recorded them, they are deleted when the record would have had them
@@ -264,15 +268,18 @@ func (b *Batcher) adoptUploads(ctx context.Context) error {
 	b.sweepMu.Lock()
 	defer b.sweepMu.Unlock()
 	var errs []error
+	lctx, cancel := context.WithTimeout(ctx, cmp.Or(b.sweepTimeout, uploadSweepTimeout))
+	defer cancel()
 	for _, lane := range b.cfg.Lanes {
 		now := b.cfg.Now()
 		if at, ok := b.sweptAt[lane.Credential]; ok && now.Sub(at) < uploadSweepInterval {
 			continue
 		}
+		if lctx.Err() != nil { // the pass's time for listings spent: this one at the next pass
+			break
+		}
 		b.sweptAt[lane.Credential] = now
-		lctx, cancel := context.WithTimeout(ctx, uploadSweepTimeout)
 		ups, err := lane.Client.Uploads(lctx)
-		cancel()
 		if ctx.Err() != nil {
 			delete(b.sweptAt, lane.Credential)
 			return errors.Join(errs...)
@@ -293,4 +300,12 @@ func (b *Batcher) adoptUploads(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// forgetSweeps clears when each credential's uploads were last listed, so that a lead's first
+// pass lists them all, as a process that regained the lead within the hour did not.
+func (b *Batcher) forgetSweeps() {
+	b.sweepMu.Lock()
+	defer b.sweepMu.Unlock()
+	clear(b.sweptAt)
 }

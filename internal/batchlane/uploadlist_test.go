@@ -171,3 +171,54 @@ func TestBatcher_ListsAgainAfterAListCutShort(t *testing.T) {
 	once(t, bt)
 	require.Equal(t, int64(2), lists.Load(), "the cut list is not asked for again")
 }
+
+// TestBatcher_ListingsShareThePassesTime: a provider whose file list hangs holds a pass back for
+// the pass's time for listings, not that time for each credential: the credentials the pass
+// did not reach are listed by the next one, and each once.
+func TestBatcher_ListingsShareThePassesTime(t *testing.T) {
+	t.Parallel()
+	var lists atomic.Int64
+	b := setup(t, setupOpts{provider: "openai", front: func(sim http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && r.URL.Path == "/v1/files" {
+				lists.Add(1)
+				select { // held until the pass gives up on it
+				case <-r.Context().Done():
+				case <-time.After(wait):
+				}
+				return
+			}
+			sim.ServeHTTP(w, r)
+		})
+	}})
+	bt := batchlane.New(batchlane.Config{Pool: b.pool, Now: b.clock.Now, Metrics: b.metrics, Enqueue: b.enqueue,
+		Lanes: []batchlane.Lane{{Credential: "default", Client: b.client, Config: b.cfg},
+			{Credential: "spare", Client: b.client, Config: b.cfg}}})
+	batchlane.SetSweepTimeout(bt, 100*time.Millisecond)
+	_ = bt.Once(t.Context()) // the cut list is a warning, not the pass's error
+	require.Equal(t, int64(1), lists.Load(), "the second credential listed after the pass's time")
+	_ = bt.Once(t.Context())
+	require.Equal(t, int64(2), lists.Load(), "the second credential not listed by the next pass")
+	_ = bt.Once(t.Context())
+	require.Equal(t, int64(2), lists.Load(), "a credential listed again within the hour")
+}
+
+// TestBatcher_ListsAtEachLeadsFirstPass: a process that takes the lead again within the hour of
+// its last listing lists the uploads at its lead's first pass: another process led meanwhile,
+// and its own record of the listing says nothing of what happened since.
+func TestBatcher_ListsAtEachLeadsFirstPass(t *testing.T) {
+	t.Parallel()
+	var lists atomic.Int64
+	b := setup(t, setupOpts{provider: "openai", front: listFront(&lists, func(url.Values) {})})
+	bt := b.batcher(nil)
+	once(t, bt)
+	require.Equal(t, int64(1), lists.Load())
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- batchlane.Lead(ctx, bt) }()
+	require.Eventually(t, func() bool { return lists.Load() == 2 }, wait, 10*time.Millisecond,
+		"the lead's first pass did not list the uploads")
+	cancel()
+	waitFor(t, done, "the lead's end")
+}
