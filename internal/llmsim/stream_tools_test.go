@@ -31,43 +31,21 @@ func TestServer_StreamToolNamesAtIndex(t *testing.T) {
 			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 			ids := map[string]bool{}
 			var args []string // per call, joined
-			sc := bufio.NewScanner(bytes.NewReader(r.body))
-			for sc.Scan() {
-				data, ok := strings.CutPrefix(sc.Text(), "data: ")
-				if !ok || data == "[DONE]" {
+			for _, tc := range toolCallPieces(t, r.body) {
+				require.NotEmpty(t, tc.ID)
+				require.False(t, ids[tc.ID], "id %s on two pieces", tc.ID)
+				ids[tc.ID] = true
+				if tc.Function.Name != "" {
+					require.Equal(t, "record", tc.Function.Name)
+					require.Equal(t, 1, tc.Index, "a name at the index of StreamToolNamesAtIndex")
+					require.Empty(t, tc.Function.Arguments)
+					args = append(args, "")
 					continue
 				}
-				var chunk struct {
-					Choices []struct {
-						Delta struct {
-							ToolCalls []struct {
-								Index    int    `json:"index"`
-								ID       string `json:"id"`
-								Function struct{ Name, Arguments string }
-							} `json:"tool_calls"`
-						} `json:"delta"`
-					} `json:"choices"`
-				}
-				require.NoError(t, json.Unmarshal([]byte(data), &chunk))
-				for _, ch := range chunk.Choices {
-					for _, tc := range ch.Delta.ToolCalls {
-						require.NotEmpty(t, tc.ID)
-						require.False(t, ids[tc.ID], "id %s on two pieces", tc.ID)
-						ids[tc.ID] = true
-						if tc.Function.Name != "" {
-							require.Equal(t, "record", tc.Function.Name)
-							require.Equal(t, 1, tc.Index, "a name at the index of StreamToolNamesAtIndex")
-							require.Empty(t, tc.Function.Arguments)
-							args = append(args, "")
-							continue
-						}
-						require.Zero(t, tc.Index, "arguments at index 0")
-						require.NotEmpty(t, args, "arguments after a name")
-						args[len(args)-1] += tc.Function.Arguments
-					}
-				}
+				require.Zero(t, tc.Index, "arguments at index 0")
+				require.NotEmpty(t, args, "arguments after a name")
+				args[len(args)-1] += tc.Function.Arguments
 			}
-			require.NoError(t, sc.Err())
 			require.Len(t, args, 2)
 			for _, a := range args {
 				require.JSONEq(t, input, a)
@@ -93,31 +71,7 @@ func TestServer_StreamToolHeadersFirst(t *testing.T) {
 	r := b.openai(t, "k", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],`+
 		`"tools":[{"type":"function","function":{"name":"record"}}]}`)
 	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
-	type piece struct {
-		Index    int    `json:"index"`
-		ID       string `json:"id"`
-		Function struct{ Name, Arguments string }
-	}
-	var pieces []piece
-	sc := bufio.NewScanner(bytes.NewReader(r.body))
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices []struct {
-				Delta struct {
-					ToolCalls []piece `json:"tool_calls"`
-				} `json:"delta"`
-			} `json:"choices"`
-		}
-		require.NoError(t, json.Unmarshal([]byte(data), &chunk))
-		for _, ch := range chunk.Choices {
-			pieces = append(pieces, ch.Delta.ToolCalls...)
-		}
-	}
-	require.NoError(t, sc.Err())
+	pieces := toolCallPieces(t, r.body)
 	require.Len(t, pieces, 4)
 	for i, p := range pieces[:2] {
 		require.Zero(t, p.Index, "header %d at index 0", i)
@@ -132,4 +86,37 @@ func TestServer_StreamToolHeadersFirst(t *testing.T) {
 		require.Empty(t, p.Function.Name)
 		require.JSONEq(t, input, p.Function.Arguments)
 	}
+}
+
+// toolPiece is one tool-call piece of an OpenAI stream's chunk.
+type toolPiece struct {
+	Index    int    `json:"index"`
+	ID       string `json:"id"`
+	Function struct{ Name, Arguments string }
+}
+
+// toolCallPieces returns the tool-call pieces of an OpenAI SSE body, in the order they came.
+func toolCallPieces(t *testing.T, body []byte) []toolPiece {
+	t.Helper()
+	var pieces []toolPiece
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct {
+					ToolCalls []toolPiece `json:"tool_calls"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(data), &chunk))
+		for _, ch := range chunk.Choices {
+			pieces = append(pieces, ch.Delta.ToolCalls...)
+		}
+	}
+	require.NoError(t, sc.Err())
+	return pieces
 }
