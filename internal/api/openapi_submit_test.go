@@ -107,6 +107,8 @@ func TestOpenAPI_SubmitBodyAgrees(t *testing.T) {
 		"FallbacksTwice":         {fields: `"fallbacks":["backup","backup"]`, wantType: "invalid_fallbacks"},
 		"FallbacksOverMax":       {fields: `"fallbacks":["f1","f2","f3","f4","f5","f6"]`, wantType: "invalid_fallbacks"},
 		"CredentialNull":         {fields: `"credential":null`},
+		"CredentialEmpty":        {fields: `"credential":""`, wantType: "unknown_credential"},
+		"FallbackEmpty":          {fields: `"fallbacks":[""]`, wantType: "unknown_credential"},
 		"TimeoutNull":            {fields: `"timeout":null`},
 		"AttemptTimeoutNull":     {fields: `"attempt_timeout":null`},
 		"FirstByteTimeoutNull":   {fields: `"first_byte_timeout":null`},

@@ -85,7 +85,8 @@ func newContract(cfg SubmitConfig) *contract {
 
 // submitBody is the POST /v1/jobs body (the contract).
 type submitBody struct {
-	Credential string          `json:"credential"`
+	// Credential is the job's credential; nil (absent or null) means "default".
+	Credential *string         `json:"credential"`
 	Request    json.RawMessage `json:"request"`
 	Timeout    *string         `json:"timeout"`
 	// AttemptTimeout and FirstByteTimeout override the credential's per-call limits.
@@ -172,10 +173,12 @@ func (s *contract) parse(tenant string, allowed func(string) bool, idemKey strin
 	if err != nil {
 		return jobs.CreateParams{}, err
 	}
-	p := jobs.CreateParams{Tenant: tenant, Credential: b.Credential, IdempotencyKey: idemKey, Request: b.Request,
+	p := jobs.CreateParams{Tenant: tenant, Credential: "default", IdempotencyKey: idemKey, Request: b.Request,
 		MaxAttempts: s.cfg.DefaultMaxAttempts, Timeout: s.cfg.DefaultTimeout, Fallbacks: b.Fallbacks}
-	if p.Credential == "" {
-		p.Credential = "default"
+	if b.Credential != nil {
+		// A name sent, "" too, is checked as one: only an absent or null credential is the
+		// default, as the contract says of every optional field.
+		p.Credential = *b.Credential
 	}
 	for _, check := range []func() error{
 		func() error { return checkRequest(b.Request) },
@@ -253,8 +256,10 @@ func decodeSubmitJSON(body []byte) (submitBody, error) {
 		switch {
 		case errors.As(err, &syn), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 			return b, invalid("invalid_json", "body is not valid JSON: %v", err)
+		case errors.As(err, &typ) && typ.Field == "":
+			return b, invalid("invalid_body", "the body must be a JSON object, not %s", jsonKind(typ.Value))
 		case errors.As(err, &typ):
-			return b, invalid("invalid_field", "field %q must be %s", typ.Field, typ.Type)
+			return b, invalid("invalid_field", "field %q must be %s", typ.Field, fieldKind(typ.Field))
 		case strings.HasPrefix(err.Error(), "json: unknown field"):
 			return b, invalid("unknown_field", "%s", strings.TrimPrefix(err.Error(), "json: "))
 		default:
@@ -266,6 +271,32 @@ func decodeSubmitJSON(body []byte) (submitBody, error) {
 		return b, invalid("invalid_json", "body has data after the JSON object")
 	}
 	return b, nil
+}
+
+// jsonKind names, for a client, the kind of JSON value encoding/json calls value in an
+// UnmarshalTypeError ("array", "string", "number", "bool", "object").
+func jsonKind(value string) string {
+	switch value {
+	case "array", "object":
+		return "an " + value
+	case "bool":
+		return "a boolean"
+	default:
+		return "a " + value
+	}
+}
+
+// fieldKind names, for a client, the JSON value the submit body's field must hold, as the
+// contract (api/openapi.yaml's SubmitRequest) types it, rather than as the Go field is typed.
+func fieldKind(field string) string {
+	switch field {
+	case "fallbacks":
+		return "an array of strings" // a wrong item is named by its array too
+	case "max_attempts":
+		return "an integer"
+	default:
+		return "a string"
+	}
 }
 
 // checkRequest requires the provider-native request: a JSON object Postgres can read back (see

@@ -92,12 +92,7 @@ func (b *submitBody) set(f int, v []byte) bool {
 	case "metadata":
 		b.Metadata = v
 	case "credential":
-		if null {
-			return true
-		}
-		s, ok := plainString(v)
-		b.Credential = s
-		return ok
+		return setStringPtr(&b.Credential, v, null)
 	case "timeout":
 		return setStringPtr(&b.Timeout, v, null)
 	case "attempt_timeout":

@@ -84,6 +84,31 @@ func TestDeadRetry_SelectionAndAudit(t *testing.T) {
 	}
 }
 
+// TestActions_MistypedBodyNamesTheField: a body of another JSON type than its action's, or a
+// field of one, is 400 invalid_body naming the field and the JSON it takes; the message named Go
+// types ("Go struct field selection.ids of type string").
+func TestActions_MistypedBodyNamesTheField(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	for body, msg := range map[string]string{
+		`[]`:             "the request body must be a JSON object of this action, not an array",
+		`"x"`:            "the request body must be a JSON object of this action, not a string",
+		`{"ids":[1]}`:    `field \"ids\" of the request body: a number where a string belongs`,
+		`{"ids":"x"}`:    `field \"ids\" of the request body: a string where an array belongs`,
+		`{"ids":{}}`:     `field \"ids\" of the request body: an object where an array belongs`,
+		`{"ids":[true]}`: `field \"ids\" of the request body: a boolean where a string belongs`,
+	} {
+		r, out := c.do(http.MethodPost, "/console/api/dead/retry", rawBody(body), nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_body")
+		require.Contains(t, out, msg, body)
+		require.NotContains(t, out, "Go ", body)
+	}
+	r, out := c.do(http.MethodPost, "/console/api/tenants", rawBody(`{"name":"acme","credentials":"default"}`), nil)
+	requireError(t, r, out, http.StatusBadRequest, "invalid_body")
+	require.Contains(t, out, `field \"credentials\" of the request body: a string where an array belongs`)
+}
+
 func TestDeadPurge_SelectionAndAudit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -334,6 +359,41 @@ func TestTenants_WeightRefusedNamesTheField(t *testing.T) {
 	}
 	c.json(http.MethodPost, "/console/api/tenants/acme/weight", rawBody(`{"weight":1000}`), &res)
 	require.Equal(t, "tenant acme: weight 1000", res.Message)
+}
+
+// TestTenants_RotateOverlapRefusedNamesTheField: every overlap_seconds that is not a whole
+// number of seconds in range (a string, a fraction, a boolean, an array, negative, past the
+// maximum, past any int) is 400 invalid_overlap naming the field and its range, and rotates
+// nothing; a string or a fraction was invalid_body naming a Go type ("Go struct field
+// .overlap_seconds of type int64").
+func TestTenants_RotateOverlapRefusedNamesTheField(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t)
+	store := tenant.NewStore(b.jobs.Pool, nil)
+	ctx := context.Background()
+	_, old, err := store.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+	maxSeconds := int64(tenant.MaxOverlap / time.Second)
+	for body, msg := range map[string]string{
+		`{"overlap_seconds":"60"}`:    `overlap_seconds \"60\": want a whole number of seconds in 0..` + fmt.Sprint(maxSeconds),
+		`{"overlap_seconds":1.5}`:     "overlap_seconds 1.5: want a whole number of seconds in 0..",
+		`{"overlap_seconds":1e300}`:   "overlap_seconds 1e300: want a whole number of seconds in 0..",
+		`{"overlap_seconds":true}`:    "overlap_seconds true: want a whole number of seconds in 0..",
+		`{"overlap_seconds":[60]}`:    "overlap_seconds [60]: want a whole number of seconds in 0..",
+		`{"overlap_seconds":{}}`:      "overlap_seconds {}: want a whole number of seconds in 0..",
+		`{"overlap_seconds":-1}`:      "overlap_seconds -1: want a whole number of seconds in 0..",
+		`{"overlap_seconds":2592001}`: "overlap_seconds 2592001: want a whole number of seconds in 0..",
+	} {
+		r, out := c.do(http.MethodPost, "/console/api/tenants/acme/rotate", rawBody(body), nil)
+		requireError(t, r, out, http.StatusBadRequest, "invalid_overlap")
+		require.Contains(t, out, msg, body)
+	}
+	_, err = store.Authenticate(ctx, old)
+	require.NoError(t, err, "no refused overlap rotated the token")
+	for _, e := range b.audit(t) {
+		require.NotEqual(t, "tenant.rotate", e.Action, "no refused overlap was audited")
+	}
 }
 
 // TestTenants_CreateWeightRefusedNamesTheField: a create's weight is refused as ctl tenants

@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -171,17 +173,87 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// readJSON decodes a small JSON body into v: 400 naming the problem otherwise.
+// maxBodyBytes caps an action's body: its JSON is a handful of fields.
+const maxBodyBytes = 1 << 20
+
+// readJSON decodes a small JSON body into v: 400 naming the problem otherwise, 413 past
+// maxBodyBytes, 408 when the body did not arrive within the server's read timeout.
 func readJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if ae := readRefusal(err); ae != nil {
+			return ae
+		}
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &typ) && typ.Field == "":
+			return badRequest("invalid_body", "the request body must be a JSON object of this action, not "+
+				withArticle(strings.SplitN(typ.Value, " ", 2)[0]))
+		case errors.As(err, &typ):
+			return badRequest("invalid_body", fmt.Sprintf("field %q of the request body: %s where %s belongs",
+				typ.Field, withArticle(strings.SplitN(typ.Value, " ", 2)[0]), withArticle(jsonKind(typ.Type))))
+		}
 		return badRequest("invalid_body", "the request body must be a JSON object of this action: "+err.Error())
 	}
-	if dec.Decode(&struct{}{}) != io.EOF {
+	if err := dec.Decode(&struct{}{}); err != io.EOF {
+		if ae := readRefusal(err); ae != nil {
+			return ae
+		}
 		return badRequest("invalid_body", "the request body must be one JSON object, with nothing after it")
 	}
 	return nil
+}
+
+// readRefusal is the answer to a body whose read failed with err, not for its JSON: 413 past
+// maxBodyBytes, 408 past the server's read timeout; nil for any other err.
+func readRefusal(err error) *apiError {
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &mbe):
+		return &apiError{status: http.StatusRequestEntityTooLarge, typ: "body_too_large",
+			message: "the request body exceeds 1 MiB"}
+	case errors.As(err, &ne) && ne.Timeout():
+		return &apiError{status: http.StatusRequestTimeout, typ: "request_timeout",
+			message: "the body did not arrive within the server's read timeout"}
+	}
+	return nil
+}
+
+// jsonKind is the kind of JSON value that decodes into a Go value of type t, in a client's
+// words (encoding/json's UnmarshalTypeError names the Go type).
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "bool"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "whole number"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.Slice, reflect.Array:
+		return "array"
+	default:
+		return "object"
+	}
+}
+
+// withArticle is kind, a kind of JSON value as encoding/json or jsonKind names it, with its
+// article: "an array", "a boolean".
+func withArticle(kind string) string {
+	switch kind {
+	case "bool":
+		return "a boolean"
+	case "array", "object":
+		return "an " + kind
+	default:
+		return "a " + kind
+	}
 }
 
 // timedOut reports whether err is a store call that ran out of time rather than found no

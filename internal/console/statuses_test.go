@@ -53,6 +53,7 @@ func documentedStatuses(t *testing.T) map[string][]int {
 // undriven are the documented statuses no request to the console alone can produce, and why.
 var undriven = map[string]string{
 	"500":                             "a failure of ours (writeError's default): every error a client can cause is a 4xx",
+	"408":                             "a body trickled past the server's read timeout (httpserve's): TestActions_BodyReadRefusals",
 	"GET /console/ 503":               "the API's connection cap (api.max_connections), answered before the console",
 	"HEAD /console/ 503":              "the API's connection cap (api.max_connections), answered before the console",
 	"GET /console/static/{file} 503":  "the API's connection cap (api.max_connections), answered before the console",
@@ -165,6 +166,17 @@ func TestRoutes_EveryDocumentedStatusIsProduced(t *testing.T) {
 		{op: "POST /console/api/tenants/{name}/delete", status: 404, path: "/console/api/tenants/nope/delete"},
 		{op: "POST /console/api/tenants/{name}/delete", status: 409, path: "/console/api/tenants/acme/delete"},
 		{op: "GET /console/api/audit", status: 200},
+	}
+	// 413: a body past the console's 1 MiB, for each action that reads one.
+	tooLarge := rawBody(`{"x":"` + strings.Repeat("a", 1<<20) + `"}`)
+	for _, op := range []string{"POST /console/api/login", "POST /console/api/tenants", "POST /console/api/tenants/{name}/revoke",
+		"POST /console/api/tenants/{name}/rotate", "POST /console/api/tenants/{name}/weight", "POST /console/api/dead/retry",
+		"POST /console/api/dead/purge"} {
+		tc := driven{op: op, status: http.StatusRequestEntityTooLarge, body: tooLarge}
+		if op == "POST /console/api/login" {
+			tc.c = anon
+		}
+		cases = append(cases, tc)
 	}
 	// HEAD is its GET's answer without a body.
 	for _, tc := range slices.Clone(cases) {

@@ -222,20 +222,18 @@ func (h *Handler) tenantDelete(w http.ResponseWriter, r *http.Request, s *operat
 // tenant.DefaultOverlap). A token still in an earlier rotation's overlap ends at once.
 func (h *Handler) tenantRotate(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	var req struct {
-		OverlapSeconds *int64 `json:"overlap_seconds"`
+		// OverlapSeconds is read by parseOverlap, so that a value of another type is
+		// invalid_overlap naming the field, as one out of range is.
+		OverlapSeconds json.RawMessage `json:"overlap_seconds"`
 	}
 	if err := readJSON(r, &req); err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	overlap := tenant.DefaultOverlap
-	if req.OverlapSeconds != nil {
-		if *req.OverlapSeconds < 0 || *req.OverlapSeconds > int64(tenant.MaxOverlap/time.Second) {
-			writeError(w, r, h.cfg.Logger, badRequest("invalid_overlap",
-				fmt.Sprintf("overlap_seconds must be 0..%d", int64(tenant.MaxOverlap/time.Second))))
-			return
-		}
-		overlap = time.Duration(*req.OverlapSeconds) * time.Second
+	overlap, err := parseOverlap(req.OverlapSeconds)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
 	}
 	name := r.PathValue("name")
 	rot, err := h.tenants.Rotate(r.Context(), name, overlap)
@@ -274,6 +272,31 @@ func (h *Handler) tenantWeight(w http.ResponseWriter, r *http.Request, s *operat
 	writeJSON(w, http.StatusOK, map[string]any{"message": fmt.Sprintf("tenant %s: weight %d", name, weight), "changed": true})
 }
 
+// parseOverlap reads a rotation's overlap_seconds: absent or null is tenant.DefaultOverlap, a
+// whole number of seconds in 0..tenant.MaxOverlap that duration; anything else is
+// invalid_overlap naming the value and the range.
+func parseOverlap(raw json.RawMessage) (time.Duration, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return tenant.DefaultOverlap, nil
+	}
+	maxSeconds := int64(tenant.MaxOverlap / time.Second)
+	var n int64
+	if err := json.Unmarshal(raw, &n); err != nil || n < 0 || n > maxSeconds {
+		return 0, badRequest("invalid_overlap", fmt.Sprintf("overlap_seconds %s: want a whole number of seconds in 0..%d",
+			truncateRaw(raw), maxSeconds))
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// truncateRaw is raw, a client's JSON value, cut to 40 characters to quote in a message.
+func truncateRaw(raw json.RawMessage) string {
+	v := []rune(string(raw))
+	if len(v) > 40 {
+		v = append(v[:40], '…')
+	}
+	return string(v)
+}
+
 // parseWeight reads the weight action's "weight" (and a create's, when it sends one): a whole
 // number in 1..tenant.MaxWeight, as ctl tenants set --weight takes. Anything else (absent, null,
 // a string, a fraction, a number past the range) is 400 invalid_weight naming the field, the
@@ -286,11 +309,7 @@ func parseWeight(raw json.RawMessage) (int, error) {
 	}
 	var n int
 	if err := json.Unmarshal(raw, &n); err != nil || n < 1 || n > tenant.MaxWeight {
-		v := []rune(string(raw))
-		if len(v) > 40 {
-			v = append(v[:40], '…')
-		}
-		return 0, badRequest("invalid_weight", fmt.Sprintf("weight %s: want %s", string(v), want))
+		return 0, badRequest("invalid_weight", fmt.Sprintf("weight %s: want %s", truncateRaw(raw), want))
 	}
 	return n, nil
 }
