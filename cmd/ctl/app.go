@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -74,6 +76,13 @@ func newApp(out, errOut io.Writer) *app {
 		},
 		// Errors are printed once, by run; never os.Exit inside the library.
 		ExitErrHandler: func(*cli.Context, error) {},
+		// A negative --timeout would bound nothing, as 0 does: a typo must not lift the bound.
+		Before: func(c *cli.Context) error {
+			if d := c.Duration("timeout"); d < 0 {
+				return cli.Exit(fmt.Sprintf("--timeout %s: want 0 (none) or a positive duration", d), exitUsage)
+			}
+			return nil
+		},
 		// Without a command (or with an unknown one) it is a usage error, not help and exit 0.
 		Action:       usageAction(true),
 		OnUsageError: onUsageError,
@@ -147,15 +156,17 @@ func oneLine(msg string) string {
 	return strings.Join(lines, "; ")
 }
 
-// schemaHint is what to do about err when Postgres answered that a table or column llmq reads is
-// not there: the database has no llmq schema (a wrong --database-url, or one never migrated)
-// or an older one than this ctl's; "" otherwise.
+// schemaHint is what to do about err when Postgres answered that the database, or a table or
+// column llmq reads, is not there: the database is not created yet or has no llmq schema (a
+// wrong --database-url, or one never migrated), or an older one than this ctl's; "" otherwise.
 func schemaHint(err error) string {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return ""
 	}
 	switch pgErr.Code {
+	case "3D000": // invalid_catalog_name: the database does not exist
+		return " (check --database-url, or run `ctl migrate`, which creates it)"
 	case "42P01": // undefined_table
 		return " (this database has no llmq schema: check --database-url, or run `ctl migrate`)"
 	case "42703": // undefined_column
@@ -190,6 +201,54 @@ func databaseURL(c *cli.Context) (string, error) {
 	return config.DefaultDatabaseURL, nil
 }
 
+// storeArgs are the global flags of this command line that choose its database and bound its
+// statements (--config, --database-url, --timeout), shell-quoted, for a command line ctl prints to
+// be run next (the next page): without them it would run against the default database. A value
+// the environment gives alike is left out, and a database URL's password is masked (xxxxx).
+func storeArgs(c *cli.Context) []string {
+	var args []string
+	for _, f := range []struct{ name, env string }{
+		{"config", config.EnvConfig},
+		{"database-url", config.EnvDatabaseURL},
+	} {
+		if v := c.String(f.name); v != "" && v != os.Getenv(f.env) {
+			if f.name == "database-url" {
+				v = maskPassword(v)
+			}
+			args = append(args, "--"+f.name, shellQuote(v))
+		}
+	}
+	if c.IsSet("timeout") {
+		args = append(args, "--timeout", c.Duration("timeout").String())
+	}
+	return args
+}
+
+// dsnPassword matches the password of a key=value connection string.
+var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// maskPassword is the database URL u with its password, if any, replaced by xxxxx.
+func maskPassword(u string) string {
+	if p, err := url.Parse(u); err == nil && p.User != nil {
+		if _, ok := p.User.Password(); ok {
+			return p.Redacted()
+		}
+	}
+	return dsnPassword.ReplaceAllString(u, "${1}xxxxx")
+}
+
+// shellSafe matches the words a POSIX shell reads as written.
+var shellSafe = regexp.MustCompile(`^[A-Za-z0-9_./:@%+=,-]+$`)
+
+// shellQuote is s as one word of a POSIX shell's command line: as it is when the shell reads it
+// so, else single-quoted.
+func shellQuote(s string) string {
+	if shellSafe.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 // newPool opens a pool on the database at u, each connection bounded as the processes' are
 // (migrations.ParseConfig: 5 s unless u sets connect_timeout), so that a Postgres that accepts
 // and never answers fails the command instead of hanging it. With bound (not nil) each statement
@@ -212,7 +271,7 @@ func newPool(ctx context.Context, u string, bound *statementBound) (*pgxpool.Poo
 // boundedPool opens a pool on the database at u whose statements are bounded by --timeout (none
 // when it is 0), and watched either way for a COMMIT that got no answer.
 func (a *app) boundedPool(c *cli.Context, u string) (*pgxpool.Pool, error) {
-	a.bound = &statementBound{wait: max(c.Duration("timeout"), 0)}
+	a.bound = &statementBound{wait: c.Duration("timeout")} // not negative: see the app's Before
 	return newPool(c.Context, u, a.bound)
 }
 

@@ -493,3 +493,28 @@ func TestMigrate_ReportsWhatItAppliedBeforeAFailure(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("applied migration %03d\n", before.Version), r.out)
 	require.Contains(t, r.errOut, fmt.Sprintf("apply migration %03d_%s", last.Version, last.Name))
 }
+
+// TestMissingDatabase_SaysMigrateCreatesIt: a command on a database that does not exist (a new
+// deployment's, or a typo in --database-url) says that `ctl migrate` creates it, as it says of a
+// database without llmq's schema; it printed Postgres's error alone.
+func TestMissingDatabase_SaysMigrateCreatesIt(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(pgtest.URL(t))
+	require.NoError(t, err)
+	u.Path += "_absent" // never created: nothing to drop
+	for _, args := range [][]string{{"jobs", "list"}, {"dead", "list"}, {"audit"}} {
+		r := run(t, append([]string{"--database-url", u.String()}, args...)...)
+		requireOneLineError(t, r, 1, "does not exist")
+		require.Contains(t, r.errOut, "check --database-url, or run `ctl migrate`, which creates it", args)
+	}
+}
+
+// TestNegativeTimeoutIsAUsageError: a negative --timeout (a typo) is refused; it bounded nothing,
+// as --timeout 0 does, so that a command on a silent Postgres hung instead of failing.
+func TestNegativeTimeoutIsAUsageError(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"jobs", "list"}, {"dead", "retry", "--all"}, {"migrate"}} {
+		r := run(t, append([]string{"--database-url", "postgres://postgres@127.0.0.1:1/none", "--timeout", "-5s"}, args...)...)
+		requireOneLineError(t, r, 2, `--timeout -5s: want 0 (none) or a positive duration`)
+	}
+}

@@ -136,13 +136,14 @@ func deadCursor(ctx context.Context, store *jobs.Store, id string) (string, erro
 	return cursor, nil
 }
 
-// nextDeadPage is the command line that lists the page after last: this one's filters, with
-// --after last.
+// nextDeadPage is the command line that lists the page after last: this one's store flags (see
+// storeArgs) and filters, with --after last.
 func nextDeadPage(c *cli.Context, last string) string {
-	args := []string{"ctl dead list"}
+	args := append([]string{"ctl"}, storeArgs(c)...)
+	args = append(args, "dead", "list")
 	for _, name := range []string{"reason", "credential", "since"} {
 		if v := c.String(name); v != "" {
-			args = append(args, "--"+name, v)
+			args = append(args, "--"+name, shellQuote(v))
 		}
 	}
 	if c.IsSet("limit") {

@@ -7,9 +7,11 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -564,7 +566,7 @@ func TestDeadList_PagesWithAfter(t *testing.T) {
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		lines := strings.Split(strings.TrimRight(r.out, "\n"), "\n")
 		require.Len(t, lines, 4, "header, two jobs, the next page: %q", r.out)
-		require.Equal(t, "next page: ctl dead list --limit 2 --after "+want[1], lines[3])
+		require.Equal(t, "next page: ctl --database-url '"+b.url+"' dead list --limit 2 --after "+want[1], lines[3])
 		r = run(t, "--database-url", b.url, "dead", "list", "--limit", "2", "--after", want[3])
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		require.Len(t, tableRows(r.out), 2, "the last page, without a next: %q", r.out)
@@ -631,4 +633,102 @@ func TestDeadList_HelpSaysHowToPageJSON(t *testing.T) {
 	ops, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(ops), "ctl dead list --json --limit 100 --after LAST_ID")
+}
+
+// TestDeadList_NextPageKeepsTheDatabase: the next page's command line, run as printed, lists the
+// next page of the same database. It named the filters only: after `ctl --config prod.yaml dead
+// list`, it ran against the default database (or another deployment's), and failed "no such
+// job" or listed another's dead letters.
+func TestDeadList_NextPageKeepsTheDatabase(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	var want []string // most recently dead first
+	for range 3 {
+		want = append([]string{b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1).ID}, want...)
+	}
+	cfgFile := configFile(t, b.url, "default", "anthropic")
+	for name, global := range map[string][]string{
+		"Config":      {"--config", cfgFile},
+		"DatabaseURL": {"--database-url", b.url, "--timeout", "20s"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := run(t, append(global, "dead", "list", "--limit", "2")...)
+			require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+			lines := strings.Split(strings.TrimRight(r.out, "\n"), "\n")
+			next, ok := strings.CutPrefix(lines[len(lines)-1], "next page: ")
+			require.True(t, ok, "output %q", r.out)
+			args := shellWords(t, next)
+			require.Equal(t, "ctl", args[0], next)
+			require.Equal(t, global, args[1:1+len(global)], next)
+			r = run(t, args[1:]...)
+			require.Equal(t, 0, r.code, "%s: stderr %q", next, r.errOut)
+			rows := tableRows(r.out)
+			require.Len(t, rows, 2, "header and the last job: %q", r.out)
+			require.Equal(t, want[2], rows[1][0])
+		})
+	}
+}
+
+// shellWords splits s as a POSIX shell splits a command line of plain words and single-quoted
+// ones (the quoting of shellQuote).
+func shellWords(t *testing.T, s string) []string {
+	t.Helper()
+	var words []string
+	var w strings.Builder
+	inWord, quoted := false, false
+	for _, r := range s {
+		switch {
+		case quoted && r == '\'':
+			quoted = false
+		case quoted:
+			w.WriteRune(r)
+		case r == '\'':
+			quoted, inWord = true, true
+		case r == '\\':
+			t.Fatalf("a backslash outside quotes in %q", s)
+		case r == ' ':
+			if inWord {
+				words = append(words, w.String())
+				w.Reset()
+				inWord = false
+			}
+		default:
+			w.WriteRune(r)
+			inWord = true
+		}
+	}
+	require.False(t, quoted, "an unclosed quote in %q", s)
+	if inWord {
+		words = append(words, w.String())
+	}
+	return words
+}
+
+// TestStoreArgs_MaskThePassword: a next page's command line never prints a database password.
+func TestStoreArgs_MaskThePassword(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"postgres://u:s3cret@db:5432/llmq":           "postgres://u:xxxxx@db:5432/llmq",
+		"postgres://u@db/llmq?sslmode=disable":       "postgres://u@db/llmq?sslmode=disable",
+		"host=db user=u password=s3cret dbname=llmq": "host=db user=u password=xxxxx dbname=llmq",
+		"host=db password='s3 cret' dbname=llmq":     "host=db password=xxxxx dbname=llmq",
+	} {
+		require.Equal(t, want, maskPassword(in), in)
+	}
+	require.Equal(t, `'it'\''s here/llmq.yaml'`, shellQuote("it's here/llmq.yaml"))
+	require.Equal(t, "/etc/llmq/prod.yaml", shellQuote("/etc/llmq/prod.yaml"))
+}
+
+// TestDeadList_TheLargestLimit: --limit up to the largest integer lists every dead job, as
+// `jobs list` and `audit` do; the read of one row more than the limit (to tell a next page)
+// overflowed, and Postgres answered "LIMIT must not be negative".
+func TestDeadList_TheLargestLimit(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	r := run(t, "--database-url", b.url, "dead", "list", "--limit", strconv.Itoa(math.MaxInt))
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	rows := tableRows(r.out)
+	require.Len(t, rows, 2, "header and the job, no next page: %q", r.out)
+	require.Equal(t, job.ID, rows[1][0])
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/urfave/cli/v2"
 )
 
 // `ctl dead show` prints what `ctl jobs show` does (printJob: the job's usage row, each attempt's
@@ -42,4 +43,36 @@ func TestTimeoutHelp_SaysItBoundsTheWaitForAConnection(t *testing.T) {
 	require.Contains(t, line, "each Postgres statement of a command", r.out)
 	require.Contains(t, line, "each wait for a connection", r.out)
 	require.Contains(t, line, "not of migrate")
+}
+
+// urfave/cli reads a backquoted word of a flag's help text as the name of the flag's value: the
+// help of `ctl tenants revoke` showed `--cancel-jobs dead retry`, as if the switch took a value,
+// and the text lost its quotes. No switch of any command shows a value's name.
+func TestSwitchHelp_ShowsNoValue(t *testing.T) {
+	t.Parallel()
+	cliMu.Lock()
+	app := newApp(io.Discard, io.Discard).cli
+	cliMu.Unlock()
+	var walk func(path string, flags []cli.Flag, cmds []*cli.Command)
+	walk = func(path string, flags []cli.Flag, cmds []*cli.Command) {
+		for _, f := range flags {
+			d, ok := f.(cli.DocGenerationFlag)
+			if !ok || d.TakesValue() {
+				continue
+			}
+			// "--cancel-jobs, -c\tusage": the names, then a tab; a value's name would follow them.
+			names, _, _ := strings.Cut(f.String(), "\t")
+			require.NotContains(t, strings.ReplaceAll(names, ", ", ","), " ",
+				"%s --%s: its help shows a value: %q", path, f.Names()[0], f.String())
+		}
+		for _, c := range cmds {
+			walk(path+" "+c.Name, c.Flags, c.Subcommands)
+		}
+	}
+	walk("ctl", app.Flags, app.Commands)
+
+	r, _ := runApp(30*time.Second, nil, "tenants", "revoke", "--help")
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Contains(t, r.out, "--cancel-jobs  ", r.out)
+	require.Contains(t, r.out, "'ctl dead retry'", r.out)
 }

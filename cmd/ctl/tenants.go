@@ -61,7 +61,7 @@ func (a *app) tenantsCommand() *cli.Command {
 			ArgsUsage: "NAME [--cancel-jobs]",
 			Flags: []cli.Flag{&cli.BoolFlag{Name: "cancel-jobs",
 				Usage: "also cancel every job of the tenant that has not ended (aborting calls in flight), those submitted while the revocation reaches every API replica too, " +
-					"and its dead letters (which no `dead retry` then sends)"}},
+					"and its dead letters (which no 'ctl dead retry' then sends)"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() != 1 {
 					return cli.Exit("usage: ctl tenants revoke NAME [--cancel-jobs]", exitUsage)

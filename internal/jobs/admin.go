@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -127,6 +128,7 @@ func (s *Store) PageDead(ctx context.Context, f DeadFilter, after string) (*JobP
 	if f.Limit <= 0 {
 		f.Limit = 50
 	}
+	f.Limit = min(f.Limit, math.MaxInt-1) // the statement reads one row more
 	sql, args, err := pageDeadQuery(f, after)
 	if err != nil {
 		return nil, err
