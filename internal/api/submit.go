@@ -536,7 +536,7 @@ func (s *contract) checkFallbacks(primary string, fallbacks []string) error {
 		case seen[f]:
 			return invalid("invalid_fallbacks", "credential %q appears twice in credential and fallbacks", f)
 		case s.cfg.Kinds != nil && s.cfg.Kinds[f] != s.cfg.Kinds[primary]:
-			return invalid("invalid_fallbacks", "fallback %q is a %s credential but %q is %s: the request is sent verbatim, so fallbacks must use the same provider", f, s.cfg.Kinds[f], primary, s.cfg.Kinds[primary])
+			return invalid("invalid_fallbacks", "fallback %q is of provider %s but %q is of %s: the request is sent verbatim, so fallbacks must use the same provider", f, s.cfg.Kinds[f], primary, s.cfg.Kinds[primary])
 		}
 		seen[f] = true
 	}

@@ -222,3 +222,16 @@ func TestFieldSpecs_ChildrenAreNamed(t *testing.T) {
 	}
 	walk(envelopeFields)
 }
+
+// TestParse_FallbackOfAnotherProviderIsNamed: a fallback whose provider is not the primary's is
+// 400 invalid_fallbacks naming both credentials and their providers in plain words.
+func TestParse_FallbackOfAnotherProviderIsNamed(t *testing.T) {
+	c := newContract(SubmitConfig{Credentials: []string{"default", "oai"},
+		Kinds: map[string]string{"default": "anthropic", "oai": "openai"}})
+	_, err := c.parse("t", nil, "", []byte(`{"request":{},"fallbacks":["oai"]}`))
+	var inv *InvalidError
+	want := `fallback "oai" is of provider openai but "default" is of anthropic`
+	if !errors.As(err, &inv) || inv.Type != "invalid_fallbacks" || !strings.HasPrefix(inv.Message, want) {
+		t.Errorf("got %v, want invalid_fallbacks starting %q", err, want)
+	}
+}
