@@ -58,11 +58,12 @@ func (s *StreamSigner) mac(jobID, exp string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// check verifies token for the job: nil, or the 401 to answer.
+// check verifies token for the job: nil, or the 401 to answer. jobID is the path's, in either
+// case (a poll takes it so too); URL signs the lower-case ID Postgres writes.
 func (s *StreamSigner) check(jobID, token string) error {
 	exp, sig, ok := strings.Cut(token, ".")
 	unix, err := strconv.ParseInt(exp, 10, 64)
-	if !ok || err != nil || !hmac.Equal([]byte(sig), []byte(s.mac(jobID, exp))) {
+	if !ok || err != nil || !hmac.Equal([]byte(sig), []byte(s.mac(strings.ToLower(jobID), exp))) {
 		return streamTokenError("invalid_stream_token", "this stream URL is not valid for this job")
 	}
 	if !s.now().Before(time.Unix(unix, 0)) {

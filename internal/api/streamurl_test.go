@@ -47,6 +47,13 @@ func TestStreamURL(t *testing.T) {
 		s := openStreamPath(t, replica.url, eventsURL, "")
 		require.Equal(t, "queued/1", names([]sseFrame{s.nextEvent(t)})[0])
 	})
+	t.Run("UpperCaseID", func(t *testing.T) {
+		// The job's path takes its ID in either case, as a poll's does: the token is the ID's,
+		// not its spelling's.
+		t.Parallel()
+		s := openStreamPath(t, b.url, strings.Replace(eventsURL, id, strings.ToUpper(id), 1), "")
+		require.Equal(t, "queued/1", names([]sseFrame{s.nextEvent(t)})[0])
+	})
 	t.Run("OnlyTheStream", func(t *testing.T) {
 		t.Parallel()
 		_, query, _ := strings.Cut(eventsURL, "?")
