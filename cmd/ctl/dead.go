@@ -227,12 +227,15 @@ func (a *app) deadShow(c *cli.Context) error {
 	return printJob(a, job, attempts)
 }
 
-// jobIDs are the job IDs of a command line as the store names them (jobs.CanonicalID): an ID in
-// capitals names its job too, and what was done is told ID by ID.
+// jobIDs are the job IDs of a command line as the store names them (jobs.CanonicalID), each
+// once, in the order given: an ID in capitals names its job too, an ID given twice is one job (the
+// audit entry names it as its target), and what was done is told ID by ID.
 func jobIDs(c *cli.Context) []string {
-	ids := c.Args().Slice()
-	for i, id := range ids {
-		ids[i] = jobs.CanonicalID(id)
+	var ids []string
+	for _, id := range c.Args().Slice() {
+		if id = jobs.CanonicalID(id); !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
 	}
 	return ids
 }

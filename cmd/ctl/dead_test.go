@@ -224,8 +224,8 @@ func TestDeadRetry(t *testing.T) {
 		redis, insp, queue := redisArgs(t)
 		job := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 2)
 
-		// An ID in capitals names its job too.
-		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", strings.ToUpper(job.ID))...)
+		// An ID in capitals names its job too; given twice, it is one job.
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", strings.ToUpper(job.ID), job.ID)...)
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		require.Equal(t, "requeued "+job.ID+"\n", r.out)
 
@@ -252,6 +252,7 @@ func TestDeadRetry(t *testing.T) {
 		require.Equal(t, "dead.retry", entries[0].Action)
 		require.Equal(t, job.ID, entries[0].Target)
 		require.Equal(t, 1, entries[0].Count)
+		require.Equal(t, map[string]any{"requested": []any{job.ID}}, entries[0].Detail)
 		require.True(t, strings.HasPrefix(entries[0].Operator, "ctl"), entries[0].Operator)
 	})
 
@@ -398,9 +399,10 @@ func TestDeadPurge(t *testing.T) {
 
 	r = run(t, "--database-url", b.url, "dead", "purge")
 	requireOneLineError(t, r, 2, "usage: ctl dead purge ID... | --older-than D")
-	for _, age := range []string{"300000d", "0d", "-1h", "Infd"} { // 300000 days overflow a Duration
+	// 300000 days overflow a Duration; 1e-20d is less than a nanosecond: no bound at all.
+	for _, age := range []string{"300000d", "0d", "-1h", "Infd", "NaNd", "1e-20d", "99999999h"} {
 		r = run(t, "--database-url", b.url, "dead", "purge", "--older-than", age)
-		requireOneLineError(t, r, 2, "want a positive duration")
+		requireOneLineError(t, r, 2, "want a positive duration such as 30m, 24h or 7d, at most 106751d")
 	}
 	r = run(t, "--database-url", b.url, "dead", "purge", recent.ID, "--older-than", "7d")
 	requireOneLineError(t, r, 2, "usage: ctl dead purge ID... | --older-than D")

@@ -168,13 +168,15 @@ func (t *ctlTasks) Depth(ctx context.Context) (d dispatch.QueueDepth, err error)
 func parseAge(flag, s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseFloat(days, 64)
-		if err == nil && n > 0 && n*float64(24*time.Hour) < math.MaxInt64 { // a Duration holds ~292 years
-			return time.Duration(n * float64(24*time.Hour)), nil
+		// A Duration holds ~292 years; a fraction of a nanosecond would be 0, no bound at all.
+		if d := time.Duration(n * float64(24*time.Hour)); err == nil && n*float64(24*time.Hour) < math.MaxInt64 && d > 0 {
+			return d, nil
 		}
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d <= 0 {
-		return 0, cli.Exit(fmt.Sprintf("--%s %q: want a positive duration such as 30m, 24h or 7d", flag, s), exitUsage)
+		return 0, cli.Exit(fmt.Sprintf("--%s %q: want a positive duration such as 30m, 24h or 7d, at most %dd", flag, s,
+			int64(math.MaxInt64/int64(24*time.Hour))), exitUsage)
 	}
 	return d, nil
 }
