@@ -64,7 +64,8 @@ func (c *Conn) Get(t testing.TB, path string) *http.Response {
 	return c.Response(t)
 }
 
-// Response reads the next answer, body included (Body is then a closed reader; Text holds it).
+// Response reads the next answer and its body, which it drops (Body is then a closed reader):
+// for a test that reads the status line and header of answers in a row on one connection.
 func (c *Conn) Response(t testing.TB) *http.Response {
 	t.Helper()
 	resp, err := http.ReadResponse(c.r, nil)
