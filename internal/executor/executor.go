@@ -228,7 +228,16 @@ type deferral struct {
 	// stored: until is not to be written to the job row: it is already there (a retry delay, a
 	// held limiter slot), or the row is another delivery's (leasedDefer).
 	stored bool
+	// elsewhere: the credential is known to another process's config and not to this one's (a
+	// rolling deploy that adds it): the job waits for that process as it would for a paused
+	// credential, without failing over.
+	elsewhere bool
 }
+
+// onCredential reports whether the deferral waits for the job's credential to take requests
+// again (paused, its breaker open, not in this process's config), not for the job's turn on it:
+// a job whose last attempt was lost then shows it waits (jobs.Store.WaitForCredential).
+func (d *deferral) onCredential() bool { return d.unavailable || d.elsewhere }
 
 func (d *deferral) Error() string {
 	return fmt.Sprintf("deferred until %s: %s", d.until.Format(time.RFC3339Nano), d.reason)
@@ -279,7 +288,16 @@ func (e *Executor) outcome(ctx context.Context, id string, err error) error {
 			// the time in the row, that delivery sleeps the rest instead of being deferred
 			// again (which, for every waiting job, would spin while a breaker is open).
 			pctx, cancel := e.storeCtx(context.WithoutCancel(ctx))
-			perr := e.cfg.Store.Postpone(pctx, id, df.until)
+			var perr error
+			if df.onCredential() {
+				// A job whose last attempt's delivery died is moved to retrying: it would stay
+				// running, a call in flight that is not, for as long as the credential cannot
+				// take it. A wait for its turn is short and leaves it running, which keeps its
+				// next attempt off the retry budget (drawsOnRetryBudget).
+				perr = e.cfg.Store.WaitForCredential(pctx, id, df.until, df.reason)
+			} else {
+				perr = e.cfg.Store.Postpone(pctx, id, df.until)
+			}
 			cancel()
 			if perr != nil {
 				return perr

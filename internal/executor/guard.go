@@ -83,7 +83,8 @@ func (e *Executor) guard(ctx context.Context, job *jobs.Job, pass *gatePass) (Up
 		// (after this one started, so its config is the newer) and this one's is stale. The
 		// job waits for a process that knows the credential, as it would for a paused one.
 		return Upstream{}, nil, &deferral{until: now.Add(e.spread(pausedRecheck)),
-			reason: fmt.Sprintf("credential %q is not in this process's config (a process of a newer config may know it)", job.CurrentCredential())}
+			reason:    fmt.Sprintf("credential %q is not in this process's config (a process of a newer config may know it)", job.CurrentCredential()),
+			elsewhere: true}
 	}
 	if !ok && job.HasNextCredential() {
 		// Configuration changed under a waiting job (or a dead letter retried at its own

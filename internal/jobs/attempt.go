@@ -138,6 +138,46 @@ WHERE id = $1 AND `+waitingForAttempt, id, until)
 	return nil
 }
 
+// ClassLost is the last_error class of an attempt whose delivery ended without recording an
+// outcome (its worker died, or was killed, mid-call), written once a later delivery finds the
+// credential unable to take the job (see WaitForCredential).
+const ClassLost = "lost"
+
+// WaitForCredential is Postpone for a job whose credential cannot take it now (paused, its
+// breaker open, not in the delivering process's config): reason says which. A job whose
+// attempt's delivery died (running, its lease ended) moves to retrying, with a retrying event,
+// its lease given back and a last_error of class ClassLost naming the attempt and reason; its
+// dead attempt stays counted, unrecorded, as when the next attempt takes the job over. Left
+// running, it showed a call in flight, and counted as no waiting job, for as long as the
+// credential stayed unable. A queued or retrying job is postponed as Postpone does; a job whose
+// attempt holds a live lease, or that ended, is left as it is.
+func (s *Store) WaitForCredential(ctx context.Context, id string, until time.Time, reason string) error {
+	_, err := s.pool.Exec(ctx, waitForCredentialSQL, id, until, reason)
+	if err != nil {
+		return fmt.Errorf("postpone job for its credential: %w", err)
+	}
+	return nil
+}
+
+// waitForCredentialSQL is WaitForCredential's statement: the move of a job whose attempt was
+// lost, with its event (a trigger notifies), or the postponement of a job already waiting. The
+// two updates' conditions exclude each other on the statement's snapshot, so at most one
+// applies; a transition committed while it waited for the row's lock (a Finish, a takeover)
+// makes both miss, and that row's state stands.
+const waitForCredentialSQL = `
+WITH lost AS (
+	UPDATE jobs SET status = 'retrying', next_attempt_at = $2, lease_token = NULL, lease_until = NULL,
+		last_error = jsonb_build_object('class', '` + ClassLost + `', 'message', 'attempt ' || attempts ||
+			' ended without an outcome (its delivery stopped, a worker crash say); waiting: ' || $3::text),
+		updated_at = now(), event_seq = event_seq + 1
+	WHERE id = $1 AND status = 'running' AND (lease_until IS NULL OR lease_until <= clock_timestamp())
+	RETURNING id, event_seq
+), e AS (
+	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, 'retrying', '{}'::jsonb FROM lost
+)
+UPDATE jobs SET next_attempt_at = $2, updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'retrying') AND NOT EXISTS (SELECT 1 FROM lost)`
+
 // NextCredential moves a job waiting for an attempt (see waitingForAttempt) from the credential
 // at index from (Job.CredentialIndex as the caller read it) to the next fallback, without an
 // attempt (the current one is refused by its breaker or paused). It reports whether it moved: a
