@@ -4,12 +4,28 @@
 # start. Ctrl-C stops both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The ports are configs/local.yaml's: the API's listen, and the simulator's (the credentials'
+# base_url). Either taken (another `make run` still up) is refused before anything starts: else
+# the simulator failed to bind, the other instance's API answered for this one, and this one
+# exited after saying it was up.
+api_port=$(sed -n 's/^  listen: *[^ ]*:\([0-9][0-9]*\).*$/\1/p' configs/local.yaml | head -n 1)
+sim_port=$(sed -n 's|^ *base_url: *http://127\.0\.0\.1:\([0-9][0-9]*\).*$|\1|p' configs/local.yaml | head -n 1)
+if [[ -z $api_port || -z $sim_port ]]; then
+  echo "make run: configs/local.yaml names no api.listen port or no simulator base_url port" >&2
+  exit 1
+fi
+for p in "$api_port API" "$sim_port simulator"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/${p%% *}") 2>/dev/null; then
+    echo "make run: port ${p%% *} (the ${p#* }'s) is already in use: another \`make run\` (or another program) holds it; stop it first" >&2
+    exit 1
+  fi
+done
 scripts/services.sh
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
-bin/llmsim -listen 127.0.0.1:8090 -capacity 20 -rate 10 -latency 200ms -latency-jitter 300ms & pids+=($!)
+bin/llmsim -listen "127.0.0.1:$sim_port" -capacity 20 -rate 10 -latency 200ms -latency-jitter 300ms & pids+=($!)
 bin/llmq serve --config configs/local.yaml & pids+=($!)
-for _ in $(seq 1 100); do curl -fsS http://127.0.0.1:8080/healthz >/dev/null 2>&1 && break; sleep 0.1; done
-echo "llmq is up: API and metrics on http://127.0.0.1:8080, simulator on :8090 (Ctrl-C stops)" >&2
+for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$api_port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+echo "llmq is up: API and metrics on http://127.0.0.1:$api_port, simulator on :$sim_port (Ctrl-C stops)" >&2
 wait -n "${pids[@]}"

@@ -771,10 +771,30 @@ var (
 	failureInternal         = &serverFailure{"internal error", slog.LevelError}
 )
 
+// unkeyedSubmitError is a submit's store error when the submit has no Idempotency-Key: its 503
+// unavailable may come after the job was committed, and a resend makes a second job, which the
+// answer's message says (classifyError).
+type unkeyedSubmitError struct{ error }
+
+func (e unkeyedSubmitError) Unwrap() error { return e.error }
+
 // classifyError is errorAnswer's table, logging nothing: err's answer to r (nil when the client
 // left), and how to log it when it is the server's failure (nil: a client's mistake, or a
 // refusal counted elsewhere).
 func classifyError(r *http.Request, err error) (*httpError, *serverFailure) {
+	he, failure := classify(r, err)
+	var unkeyed unkeyedSubmitError
+	if he != nil && he.typ == "unavailable" && errors.As(err, &unkeyed) {
+		c := *he // he may be err's own
+		c.message = strings.TrimSuffix(he.message, "; retry shortly") +
+			"; the job may have been stored, and a resend may make a second one: only a submit with an Idempotency-Key is safe to resend"
+		he = &c
+	}
+	return he, failure
+}
+
+// classify is classifyError's table, for any request.
+func classify(r *http.Request, err error) (*httpError, *serverFailure) {
 	var he *httpError
 	var inv *InvalidError
 	var term *jobs.TerminalError

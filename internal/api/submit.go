@@ -650,6 +650,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		replayed = err == nil
 	} else {
 		job, replayed, err = s.create(r.Context(), p, release)
+		if err != nil && key == "" {
+			err = unkeyedSubmitError{err}
+		}
 	}
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, encodedRefusal(r.Header, err))

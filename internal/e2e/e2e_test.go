@@ -179,7 +179,7 @@ func TestSubmit_BadInputIs4xxAndStoresNothing(t *testing.T) {
 		status          int
 	}{
 		{"MalformedJSON", `{"request":`, "invalid_json", nil, 400},
-		{"NotAnObject", `[1,2]`, "invalid_field", nil, 400},
+		{"NotAnObject", `[1,2]`, "invalid_body", nil, 400},
 		{"MissingRequest", `{"credential":"default"}`, "missing_request", nil, 400},
 		{"RequestNotObject", `{"request":"hi"}`, "invalid_request", nil, 400},
 		{"UnknownCredential", `{"credential":"nope","request":{"model":"m"}}`, "unknown_credential", nil, 400},

@@ -75,12 +75,13 @@ const DefaultRecordRetryWindow = 30 * time.Second
 
 // record stores an attempt's outcome (jobs.Store.Finish), timed as StageRecord, retries included.
 // While Postgres cannot be reached it tries again, backing off from 50 ms to 1 s, for up to
-// Config.RecordRetryWindow (or until ctx ends), and returns the last error only then. The call has been
-// made and paid for: handing the delivery back to asynq instead would leave the job's lease to
-// run out and the call to be made again. Finish is safe to run again (a terminal outcome already
-// stored answers applied=false). After a try that waited for the job's locked row past its bound,
-// the next go out beside the store's batches (jobs.Alone): in one, each held every transition of
-// the process queued behind it for that bound.
+// Config.RecordRetryWindow (or until ctx ends), and returns the last error only then (an answer
+// given up is logged: logDropped). The call has been made and paid for: handing the delivery back
+// to asynq instead would leave the job's lease to run out and the call to be made again. Finish
+// is safe to run again (a terminal outcome already stored answers applied=false). After a try
+// that waited for the job's locked row past its bound, the next go out beside the store's
+// batches (jobs.Alone): in one, each held every transition of the process queued behind it for
+// that bound.
 func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o jobs.Outcome) (bool, error) {
 	defer e.timed(StageRecord, e.cfg.Now())
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.RecordRetryWindow)
@@ -91,6 +92,9 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 		if err == nil || !jobs.IsUnavailable(err) || ctx.Err() != nil {
 			if err == nil && tries > 1 {
 				e.cfg.Logger.InfoContext(ctx, "attempt outcome recorded after postgres came back", "job_id", id, "tries", tries)
+			}
+			if err != nil {
+				e.logDropped(ctx, id, a, o, tries, err)
 			}
 			return applied, err
 		}
@@ -104,10 +108,26 @@ func (e *Executor) record(ctx context.Context, id string, a *jobs.Attempt, o job
 			ctx = jobs.Alone(ctx)
 		}
 		if sleep(ctx, wait) != nil {
+			e.logDropped(ctx, id, a, o, tries, err)
 			return false, err
 		}
 		wait = min(2*wait, time.Second)
 	}
+}
+
+// logDropped logs, at error level, a provider's answer that record gave up storing (err, after
+// tries): a later delivery of the job may call the provider again, paying twice. Only an answer is
+// logged (a succeeded outcome of an attempt); a failure's outcome lost the same way shows in the
+// delivery-failure metric.
+func (e *Executor) logDropped(ctx context.Context, id string, a *jobs.Attempt, o jobs.Outcome, tries int, err error) {
+	if a == nil || o.Status != jobs.StatusSucceeded {
+		return
+	}
+	attrs := []any{"job_id", id, "attempt", a.Number, "credential", a.Credential, "tries", tries, "error", err}
+	if o.Usage != nil {
+		attrs = append(attrs, "usage", o.Usage)
+	}
+	e.cfg.Logger.ErrorContext(ctx, "paid answer dropped: its outcome could not be recorded; a later delivery may call the provider again", attrs...)
 }
 
 // keepLease renews the attempt's lease (jobs.Store.RenewLease) every Config.LeaseRenewInterval until the
