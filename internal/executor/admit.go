@@ -158,7 +158,9 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 	opts.Lane = lane
 	// Under fair queueing a retry may be told to come back for its turn many times: it draws on
 	// the budget once its slot is granted, not at every ask (a refused draw leaves that slot
-	// unused, as a canceled job would).
+	// unused, as a canceled job would). It looks at the budget first (lookRetry): one the budget
+	// would refuse takes no slot and leaves no ticket in its lane, where its place (its job's
+	// creation time) would hold back every newer job of its tenant until the budget let it go.
 	drawAfter := false
 	if job.Attempts > 0 && drawsOnRetryBudget(job) {
 		if adm.pauseProbe, err = e.checkPause(ctx, up, nil, ""); err != nil {
@@ -168,6 +170,9 @@ func (e *Executor) admitGate(ctx context.Context, job *jobs.Job, up Upstream, ci
 		switch {
 		case adm.pauseProbe.Granted():
 		case lane != nil:
+			if err := e.lookRetry(ctx, job, g, lane); err != nil {
+				return adm, err
+			}
 			drawAfter = true
 		default:
 			if err := e.drawRetry(ctx, job, g); err != nil {
@@ -432,31 +437,64 @@ func (e *Executor) pauseProbe(ctx context.Context, up Upstream, ps limiter.Pause
 // retry is named by the job and its attempts so far, so that its deferrals (a look again each
 // budgetRecheck) count one refusal, and its next retry, after another failure, one more.
 func (e *Executor) drawRetry(ctx context.Context, job *jobs.Job, g *limiter.Gate) error {
-	allow, budget := g.AllowRetry, "retry budget spent"
-	if job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout) {
-		allow, budget = g.AllowTimeoutRetry, "timeout retry budget spent"
+	allow := g.AllowRetry
+	if retryAfterTimeout(job) {
+		allow = g.AllowTimeoutRetry
 	}
-	ok, err := allow(ctx, job.ID+":"+strconv.Itoa(job.Attempts))
+	ok, err := allow(ctx, retryName(job))
+	return e.budgetAnswer(job, ok, err)
+}
+
+// lookRetry is drawRetry's look for a retry in its fair-queueing lane, which draws only once its
+// slot is granted (limiter.Gate.RetryAllowed): nil says the draw would be allowed now, and
+// spends nothing; a refusal is drawRetry's deferral (and the same one refusal of the retry), and
+// takes the retry's ticket out of lane, so that the jobs behind it in its lane go.
+func (e *Executor) lookRetry(ctx context.Context, job *jobs.Job, g *limiter.Gate, lane *limiter.Lane) error {
+	allowed := g.RetryAllowed
+	if retryAfterTimeout(job) {
+		allowed = g.TimeoutRetryAllowed
+	}
+	ok, err := allowed(ctx, retryName(job), lane)
+	return e.budgetAnswer(job, ok, err)
+}
+
+// retryAfterTimeout reports whether the job's retry draws on the timeouts' allowance.
+func retryAfterTimeout(job *jobs.Job) bool {
+	return job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassTimeout)
+}
+
+// retryName names the job's next retry to the budget: its job and its attempts so far.
+func retryName(job *jobs.Job) string { return job.ID + ":" + strconv.Itoa(job.Attempts) }
+
+// budgetAnswer is the delivery's way on after the budget's answer ok (or err) for job's retry:
+// nil when allowed, else a *deferral to look again.
+func (e *Executor) budgetAnswer(job *jobs.Job, ok bool, err error) error {
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return &deferral{until: e.cfg.Now().Add(e.spread(budgetRecheck)), reason: budget}
+	if ok {
+		return nil
 	}
-	return nil
+	budget := "retry budget spent"
+	if retryAfterTimeout(job) {
+		budget = "timeout retry budget spent"
+	}
+	return &deferral{until: e.cfg.Now().Add(e.spread(budgetRecheck)), reason: budget}
 }
 
 // drawsOnRetryBudget reports whether the job's next attempt is a retry the shared retry budget
 // must allow. Three kinds are not: a retry after a 429 with Retry-After (the limiter paces it: the
 // answer pushed the credential's whole schedule back), a re-attempt of a call whose outcome was
 // never recorded (the job is still running, its lease ended: the worker died, the provider did
-// not fail), and the first attempt on a fallback the job moved to after its credential refused
+// not fail; or retrying with class canceled: its call was cut as its worker stopped, or it was
+// lost and moved while its credential could not take it), and the first attempt on a fallback the job moved to after its credential refused
 // the request as too large or answered with a spend cap (movedForSizeOrSpendCap: neither is a
 // failing provider, and the fallback has not failed the job). Charging those let a Redis flush or
 // a worker crash hold recovered jobs back for minutes behind a budget meant to stop retry storms
 // against a failing provider.
 func drawsOnRetryBudget(job *jobs.Job) bool {
-	if job.Status == jobs.StatusRunning || movedForSizeOrSpendCap(job) {
+	if job.Status == jobs.StatusRunning || movedForSizeOrSpendCap(job) ||
+		job.Status == jobs.StatusRetrying && job.LastError != nil && job.LastError.Class == string(retrypolicy.ClassCanceled) {
 		return false
 	}
 	return job.LastError == nil || job.LastError.Class != string(retrypolicy.ClassRateLimited)

@@ -23,6 +23,7 @@ func TestDrawsOnRetryBudget(t *testing.T) {
 		{"timeout (its own budget)", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassTimeout)}, true},
 		{"429 with Retry-After: the limiter paces it", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassRateLimited)}, false},
 		{"outcome never recorded: the worker died", jobs.Job{Status: jobs.StatusRunning, LastError: lastErr(retrypolicy.ClassRetryable)}, false},
+		{"call cut as its worker stopped, or lost and moved while its credential was paused", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassCanceled)}, false},
 		{"re-queued dead letter", jobs.Job{Status: jobs.StatusQueued}, true},
 		{"failed over for a size refusal", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassPermanent)}, false},
 		{"failed over for a spend cap", jobs.Job{Status: jobs.StatusRetrying, LastError: lastErr(retrypolicy.ClassSpendCap)}, false},

@@ -15,6 +15,7 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/llmsim"
 	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // TestExecutor_LostAttemptWaitsRetrying: a job whose attempt's delivery died (its worker was
@@ -47,7 +48,7 @@ func TestExecutor_LostAttemptWaitsRetrying(t *testing.T) {
 		require.Equal(t, 1, got.Attempts)
 		require.Nil(t, got.LeaseUntil)
 		require.NotNil(t, got.NextAttemptAt)
-		require.Equal(t, jobs.ClassLost, got.LastError.Class)
+		require.Equal(t, string(retrypolicy.ClassCanceled), got.LastError.Class)
 		require.Contains(t, got.LastError.Message, why)
 		require.Equal(t, []jobs.Status{jobs.StatusQueued, jobs.StatusRunning, jobs.StatusRetrying}, b.Events(t, id))
 	}

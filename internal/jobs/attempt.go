@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // AttemptLease is how long BeginAttempt's lease holds a job without RenewLease: the time after
@@ -138,15 +140,11 @@ WHERE id = $1 AND `+waitingForAttempt, id, until)
 	return nil
 }
 
-// ClassLost is the last_error class of an attempt whose delivery ended without recording an
-// outcome (its worker died, or was killed, mid-call), written once a later delivery finds the
-// credential unable to take the job (see WaitForCredential).
-const ClassLost = "lost"
-
 // WaitForCredential is Postpone for a job whose credential cannot take it now (paused, its
 // breaker open, not in the delivering process's config): reason says which. A job whose
 // attempt's delivery died (running, its lease ended) moves to retrying, with a retrying event,
-// its lease given back and a last_error of class ClassLost naming the attempt and reason; its
+// its lease given back and a last_error of class canceled (retrypolicy.ClassCanceled: its worker
+// stopped mid-call, as a worker that stops on a signal records it) naming the attempt and reason; its
 // dead attempt stays counted, unrecorded, as when the next attempt takes the job over. Left
 // running, it showed a call in flight, and counted as no waiting job, for as long as the
 // credential stayed unable. A queued or retrying job is postponed as Postpone does; a job whose
@@ -167,7 +165,7 @@ func (s *Store) WaitForCredential(ctx context.Context, id string, until time.Tim
 const waitForCredentialSQL = `
 WITH lost AS (
 	UPDATE jobs SET status = 'retrying', next_attempt_at = $2, lease_token = NULL, lease_until = NULL,
-		last_error = jsonb_build_object('class', '` + ClassLost + `', 'message', 'attempt ' || attempts ||
+		last_error = jsonb_build_object('class', '` + string(retrypolicy.ClassCanceled) + `', 'message', 'attempt ' || attempts ||
 			' ended without an outcome (its delivery stopped, a worker crash say); waiting: ' || $3::text),
 		updated_at = now(), event_seq = event_seq + 1
 	WHERE id = $1 AND status = 'running' AND (lease_until IS NULL OR lease_until <= clock_timestamp())

@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/jobstest"
+	"github.com/llmq/llmq/internal/retrypolicy"
 )
 
 // TestStore_WaitForCredential: a job whose attempt's delivery died (running, its lease run out)
@@ -44,7 +45,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 		require.True(t, at.Equal(*got.NextAttemptAt))
 		require.Nil(t, got.LeaseToken)
 		require.Nil(t, got.LeaseUntil)
-		require.Equal(t, jobs.ClassLost, got.LastError.Class)
+		require.Equal(t, string(retrypolicy.ClassCanceled), got.LastError.Class)
 		require.Contains(t, got.LastError.Message, "attempt 1 ")
 		require.Contains(t, got.LastError.Message, reason)
 		require.Equal(t, []jobs.Status{jobs.StatusQueued, jobs.StatusRunning, jobs.StatusRetrying}, b.Events(t, job.ID))

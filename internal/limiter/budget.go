@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/llmq/llmq/internal/redisscript"
@@ -10,7 +11,7 @@ import (
 // RecordAttempt counts one first attempt of a job on the credential (not a retry): the base the
 // retry budget is a fraction of. It returns an error only when Redis fails.
 func (c *Gate) RecordAttempt(ctx context.Context) error {
-	if _, err := c.budget(ctx, "first", ""); err != nil {
+	if _, err := c.budget(ctx, "first", "", nil, nil); err != nil {
 		return fmt.Errorf("record attempt: %w", err)
 	}
 	return nil
@@ -24,7 +25,7 @@ func (c *Gate) RecordAttempt(ctx context.Context) error {
 // for again while the budget stays spent (by any process; asked again within a window of its last
 // refusal), and "" counts every refusal. It returns an error only when Redis fails.
 func (c *Gate) AllowRetry(ctx context.Context, retry string) (bool, error) {
-	ok, err := c.budget(ctx, "retry", retry)
+	ok, err := c.budget(ctx, "retry", retry, nil, nil)
 	if err != nil {
 		return false, fmt.Errorf("allow retry: %w", err)
 	}
@@ -36,22 +37,67 @@ func (c *Gate) AllowRetry(ctx context.Context, retry string) (bool, error) {
 // attempts, counted separately): a run of slow answers cannot starve the retries of real errors,
 // nor the other way round. It returns an error only when Redis fails.
 func (c *Gate) AllowTimeoutRetry(ctx context.Context, retry string) (bool, error) {
-	ok, err := c.budget(ctx, "timeout", retry)
+	ok, err := c.budget(ctx, "timeout", retry, nil, nil)
 	if err != nil {
 		return false, fmt.Errorf("allow timeout retry: %w", err)
 	}
 	return ok, nil
 }
 
-// budget runs budgetScript for kind ("first", "retry", "timeout"); a refusal of a retry (named
-// retry, or "") is counted in the refusals metric when the script says it is the retry's first.
-func (c *Gate) budget(ctx context.Context, kind, retry string) (bool, error) {
+// RetryAllowed says whether AllowRetry would allow one retry now, without drawing on the budget:
+// a look, for a retry that must take something else first (its fair-queueing slot) and draws
+// only once it has it. A false answer is a refusal, counted as AllowRetry counts one (once per
+// retry, by its name), and takes the retry's ticket out of lane, when not nil (Lane.Ticket;
+// retry must then be named): a retry the budget refuses holds no place in the fair queue, where
+// its place (Lane.Since, its job's creation time) would be ahead of its tenant's newer jobs. It
+// takes the same place again when it asks for a slot next. True promises nothing: the draw may
+// still be refused, by the retries of other processes drawing in between. It returns an error
+// only when Redis fails, or for an invalid lane.
+func (c *Gate) RetryAllowed(ctx context.Context, retry string, lane *Lane) (bool, error) {
+	ok, err := c.look(ctx, "look:retry", retry, lane)
+	if err != nil {
+		return false, fmt.Errorf("look at the retry budget: %w", err)
+	}
+	return ok, nil
+}
+
+// TimeoutRetryAllowed is RetryAllowed for AllowTimeoutRetry's allowance.
+func (c *Gate) TimeoutRetryAllowed(ctx context.Context, retry string, lane *Lane) (bool, error) {
+	ok, err := c.look(ctx, "look:timeout", retry, lane)
+	if err != nil {
+		return false, fmt.Errorf("look at the timeout retry budget: %w", err)
+	}
+	return ok, nil
+}
+
+// look runs budget's look of kind, taking the ticket of a refused retry out of lane (not nil).
+func (c *Gate) look(ctx context.Context, kind, retry string, lane *Lane) (bool, error) {
+	if lane == nil {
+		return c.budget(ctx, kind, retry, nil, nil)
+	}
+	if err := lane.valid(); err != nil {
+		return false, err
+	}
+	if retry == "" {
+		return false, errors.New("a look with a lane needs the retry's name")
+	}
+	p := c.l.cfg.Prefix
+	return c.budget(ctx, kind, retry, []string{fairLaneKey(p, c.tag) + lane.name(), fairDeadlineKey(p, c.tag)},
+		[]any{lane.name(), lane.Ticket})
+}
+
+// budget runs budgetScript for kind ("first", "retry", "timeout", or a look: "look:retry",
+// "look:timeout"); a refusal of a retry (named retry, or "") is counted in the refusals metric
+// when the script says it is the retry's first. laneKeys and laneArgs, with a named retry, are
+// budgetScript's KEYS[3..4] and ARGV[8..9] (nil: none).
+func (c *Gate) budget(ctx context.Context, kind, retry string, laneKeys []string, laneArgs []any) (bool, error) {
 	ca := &c.l.args
 	keys := []string{budgetKey(c.l.cfg.Prefix, c.tag)}
 	args := []any{c.l.nowArg(), kind, ca.budgetWindow, ca.budgetBuckets, ca.budgetRatio, ca.budgetFloor}
 	if retry != "" {
 		keys = append(keys, refusedKey(c.l.cfg.Prefix, c.tag))
 		args = append(args, retry)
+		keys, args = append(keys, laneKeys...), append(args, laneArgs...)
 	}
 	res, err := budgetScript.Run(ctx, c.l.rdb, keys, args...).Slice()
 	if err != nil {

@@ -8,7 +8,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmq/llmq/internal/clocktest"
 	"github.com/llmq/llmq/internal/limiter"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/internal/tokens"
 )
 
 func TestCredential_AllowRetry(t *testing.T) {
@@ -147,5 +150,94 @@ func TestCredential_AllowRetry(t *testing.T) {
 		_, err = c.AllowRetry(t.Context(), "")
 		require.NoError(t, err)
 		require.Equal(t, 4.0, refusals(), "an unnamed retry counts each refusal")
+	})
+	// A look (RetryAllowed, TimeoutRetryAllowed) answers as the draw would, spends nothing, and
+	// its refusal is the retry's one refusal, shared with the draw's: a retry looked at, then
+	// drawn on and refused, counts once.
+	t.Run("LookSpendsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 1, Ratio: 0.5} })
+		c := b.lim.Gate("sk-look", "main")
+		refusals := func() float64 { return b.metric(t, "llmq_retry_budget_refusals_total", "main") }
+		for range 3 {
+			ok, err := c.RetryAllowed(t.Context(), "job-1:1", nil)
+			require.NoError(t, err)
+			require.True(t, ok, "the floor, looked at")
+		}
+		ok, err := c.AllowRetry(t.Context(), "job-1:1")
+		require.NoError(t, err)
+		require.True(t, ok, "the floor, unspent by the looks")
+		for range 3 {
+			ok, err := c.RetryAllowed(t.Context(), "job-2:1", nil)
+			require.NoError(t, err)
+			require.False(t, ok, "spent")
+			b.clock.Advance(time.Second)
+		}
+		ok, err = c.AllowRetry(t.Context(), "job-2:1")
+		require.NoError(t, err)
+		require.False(t, ok)
+		require.Equal(t, 1.0, refusals(), "one retry, looked at and drawn on")
+		ok, err = c.TimeoutRetryAllowed(t.Context(), "job-3:1", nil)
+		require.NoError(t, err)
+		require.True(t, ok, "the timeouts' own allowance")
+		require.NoError(t, c.RecordAttempt(t.Context()))
+		require.NoError(t, c.RecordAttempt(t.Context()))
+		ok, err = c.RetryAllowed(t.Context(), "job-2:1", nil)
+		require.NoError(t, err)
+		require.True(t, ok, "two first attempts earn one more")
+		b.clock.Advance(61 * time.Second) // the window: the first attempts are forgotten, ...
+		ok, err = c.RetryAllowed(t.Context(), "job-2:1", nil)
+		require.NoError(t, err)
+		require.True(t, ok, "... and so is the retry drawn: the floor again")
+		lane := &limiter.Lane{Tenant: "acme", Ticket: "job-2"}
+		_, err = c.RetryAllowed(t.Context(), "", lane)
+		require.ErrorContains(t, err, "needs the retry's name")
+		_, err = c.TimeoutRetryAllowed(t.Context(), "job-2:1", &limiter.Lane{Tenant: "a|b", Ticket: "job-2"})
+		require.ErrorContains(t, err, "lane tenant")
+	})
+}
+
+// TestGate_RefusedLookTakesTheTicketOut: a retry's ticket waiting in its lane (told to come back
+// for its turn) is taken out when a look at the budget refuses the retry, so that a newer ticket
+// of the lane takes the free slot; without the lane named, it stays ranked before the newer one.
+// On a Redis Cluster too: the lane's keys share the budget's slot.
+func TestGate_RefusedLookTakesTheTicketOut(t *testing.T) {
+	t.Parallel()
+	redistest.OnEach(t, func(t *testing.T, target redistest.Target) {
+		clock := clocktest.New(t0)
+		l, err := limiter.New(redistest.ClientOf(t, target.URL), &limiter.Config{Prefix: redistest.PrefixOn(t, target.URL),
+			Now: clock.Now})
+		require.NoError(t, err)
+		ctx := t.Context()
+		lim := limiter.Limit{Rate: 1, Burst: 1}
+		ask := func(g *limiter.Gate, lane *limiter.Lane) bool {
+			t.Helper()
+			r, err := g.ReserveAttempt(ctx, lim, tokens.Cost{}, limiter.AttemptOptions{Lane: lane})
+			require.NoError(t, err)
+			return r.Granted
+		}
+		retry := &limiter.Lane{Tenant: "acme", Ticket: "job-r", Since: t0.Add(-time.Minute)}
+		newer := &limiter.Lane{Tenant: "acme", Ticket: "job-n", Since: t0}
+		var gates []*limiter.Gate
+		for _, id := range []string{"sk-out", "sk-kept"} {
+			g := l.Gate(id, id)
+			gates = append(gates, g)
+			require.True(t, ask(g, &limiter.Lane{Tenant: "other", Ticket: "job-o", Since: t0}), "the free slot")
+			require.False(t, ask(g, retry), "told to come back: its ticket waits in its lane")
+			for spent := false; !spent; {
+				ok, err := g.AllowRetry(ctx, "")
+				require.NoError(t, err)
+				spent = !ok
+			}
+		}
+		ok, err := gates[0].RetryAllowed(ctx, "job-r:1", retry)
+		require.NoError(t, err)
+		require.False(t, ok)
+		ok, err = gates[1].RetryAllowed(ctx, "job-r:1", nil)
+		require.NoError(t, err)
+		require.False(t, ok)
+		clock.Advance(2 * time.Second)
+		require.True(t, ask(gates[0], newer), "the retry's ticket was taken out")
+		require.False(t, ask(gates[1], newer), "the retry's ticket ranks first")
 	})
 }

@@ -680,18 +680,49 @@ end
 // KEYS[2] optional, with ARGV[7]: the retries refused lately (refusedKey: a sorted set, a
 // retry's name → µs of its last refusal; members not refused for a window are dropped)
 // ARGV[1] now µs, or ""
-// ARGV[2] "first" (count a first attempt), "retry" or "timeout" (ask for a retry of that kind)
+// ARGV[2] "first" (count a first attempt), "retry" or "timeout" (ask for a retry of that kind),
+// "look:retry" or "look:timeout" (say whether a retry of that kind would be allowed, counting
+// nothing: a look writes no bucket, and deletes none)
 // ARGV[3] window µs
 // ARGV[4] number of buckets in the window
 // ARGV[5] ratio (retries allowed per first attempt)
 // ARGV[6] floor (retries allowed per window regardless of first attempts)
+// KEYS[3], KEYS[4] optional, with KEYS[2] and ARGV[8..9]: the retry's lane's tickets and the
+// ticket deadlines (see luaFair's KEYS[9] and KEYS[8]), from which a refusal takes the retry's
+// ticket: a retry the budget refuses waits for it, not in the fair queue
 // ARGV[7] optional: the retry's name
+// ARGV[8] optional: the lane ("<tenant>|<priority>"), ARGV[9] the retry's ticket
 // Returns {allowed 0|1, first attempts in window, retries in window (after this call), 1 when
 // the ask was refused and its retry (ARGV[7]) was not refused within the window before, else 0}.
+// A look's refusal is a refusal: its retry is kept in KEYS[2] as an ask's is.
 var budgetScript = redis.NewScript(luaCommon + luaBudget + `
+-- look is budget's answer for a retry of kind letter, read without writing.
+local function look(key, now, letter, window, n, ratio, floor_)
+  local cur = math.floor(now / (window / n))
+  local first, used = 0, 0
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local b = tonumber(string.sub(all[i], 3))
+    local l = string.sub(all[i], 1, 1)
+    if b ~= nil and b > cur - n and l == 'f' then
+      first = first + tonumber(all[i + 1])
+    elseif b ~= nil and b > cur - n and l == letter then
+      used = used + tonumber(all[i + 1])
+    end
+  end
+  if used + 1 <= floor_ + ratio * first then return 1, first, used end
+  return 0, first, used
+end
+
 local now, window = clock(ARGV[1]), tonumber(ARGV[3])
-local allowed, first, used = budget(KEYS[1], now, ARGV[2], window,
-  tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+local allowed, first, used
+if string.sub(ARGV[2], 1, 5) == 'look:' then
+  allowed, first, used = look(KEYS[1], now, string.sub(ARGV[2], 6, 6), window,
+    tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+else
+  allowed, first, used = budget(KEYS[1], now, ARGV[2], window,
+    tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+end
 local new = 1 - allowed
 if KEYS[2] ~= nil then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
@@ -700,6 +731,10 @@ if KEYS[2] ~= nil then
     new = redis.call('ZADD', KEYS[2], now, ARGV[7])
     redis.call('PEXPIRE', KEYS[2], math.ceil(window / 1000))
   end
+end
+if allowed == 0 and KEYS[3] ~= nil then
+  redis.call('ZREM', KEYS[3], ARGV[9])
+  redis.call('ZREM', KEYS[4], ARGV[8] .. '\n' .. ARGV[9])
 end
 return {allowed, first, used, new}
 `)
