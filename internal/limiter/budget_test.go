@@ -1,6 +1,8 @@
 package limiter_test
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,7 +201,8 @@ func TestCredential_AllowRetry(t *testing.T) {
 
 // TestGate_RefusedLookTakesTheTicketOut: a retry's ticket waiting in its lane (told to come back
 // for its turn) is taken out when a look at the budget refuses the retry, so that a newer ticket
-// of the lane takes the free slot; without the lane named, it stays ranked before the newer one.
+// of the lane takes the free slot; without the lane named, or when the look allows the retry, it
+// stays ranked before the newer one.
 // On a Redis Cluster too: the lane's keys share the budget's slot.
 func TestGate_RefusedLookTakesTheTicketOut(t *testing.T) {
 	t.Parallel()
@@ -219,12 +222,12 @@ func TestGate_RefusedLookTakesTheTicketOut(t *testing.T) {
 		retry := &limiter.Lane{Tenant: "acme", Ticket: "job-r", Since: t0.Add(-time.Minute)}
 		newer := &limiter.Lane{Tenant: "acme", Ticket: "job-n", Since: t0}
 		var gates []*limiter.Gate
-		for _, id := range []string{"sk-out", "sk-kept"} {
+		for i, id := range []string{"sk-out", "sk-kept", "sk-allowed"} {
 			g := l.Gate(id, id)
 			gates = append(gates, g)
 			require.True(t, ask(g, &limiter.Lane{Tenant: "other", Ticket: "job-o", Since: t0}), "the free slot")
 			require.False(t, ask(g, retry), "told to come back: its ticket waits in its lane")
-			for spent := false; !spent; {
+			for spent := i == 2; !spent; {
 				ok, err := g.AllowRetry(ctx, "")
 				require.NoError(t, err)
 				spent = !ok
@@ -236,8 +239,53 @@ func TestGate_RefusedLookTakesTheTicketOut(t *testing.T) {
 		ok, err = gates[1].RetryAllowed(ctx, "job-r:1", nil)
 		require.NoError(t, err)
 		require.False(t, ok)
+		ok, err = gates[2].RetryAllowed(ctx, "job-r:1", retry)
+		require.NoError(t, err)
+		require.True(t, ok)
 		clock.Advance(2 * time.Second)
 		require.True(t, ask(gates[0], newer), "the retry's ticket was taken out")
 		require.False(t, ask(gates[1], newer), "the retry's ticket ranks first")
+		require.False(t, ask(gates[2], newer), "allowed, the retry's ticket ranks first")
 	})
+}
+
+// TestGate_LookAnswersAsTheDraw: a look reads the budget as the draw counts it (the same buckets,
+// window, floor and ratio, for either kind): over first attempts and retries spread across more
+// than a window, each look answers as the draw after it, also while the budget hash still holds
+// buckets older than the window, which only a draw deletes.
+func TestGate_LookAnswersAsTheDraw(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *limiter.Config) { c.Budget = limiter.Budget{Floor: 2, Ratio: 0.5} })
+	g := b.lim.Gate("sk-same", "main")
+	ctx := t.Context()
+	type kind struct {
+		look func(context.Context, string, *limiter.Lane) (bool, error)
+		draw func(context.Context, string) (bool, error)
+	}
+	kinds := []kind{{g.RetryAllowed, g.AllowRetry}, {g.TimeoutRetryAllowed, g.AllowTimeoutRetry}}
+	// each step: the seconds the clock moves on, the first attempts then counted, and the retries
+	// of each kind then looked at and drawn on. At 65 s the first attempts of 0 s have left the
+	// window, their bucket not yet deleted, while the retries of 50 s are in it.
+	steps := [][3]int{{0, 6, 0}, {50, 0, 2}, {15, 0, 3}, {7, 0, 6}, {3, 2, 6}, {20, 0, 6}, {25, 1, 6},
+		{9, 0, 6}, {61, 0, 6}, {4, 4, 6}, {59, 0, 6}, {2, 0, 6}, {130, 0, 6}}
+	answers := map[bool]int{}
+	for i, s := range steps {
+		b.clock.Advance(time.Duration(s[0]) * time.Second)
+		for range s[1] {
+			require.NoError(t, g.RecordAttempt(ctx))
+		}
+		for k, kd := range kinds {
+			for j := range s[2] {
+				name := fmt.Sprintf("job-%d-%d-%d:1", i, k, j)
+				look, err := kd.look(ctx, name, nil)
+				require.NoError(t, err)
+				draw, err := kd.draw(ctx, name)
+				require.NoError(t, err)
+				require.Equal(t, draw, look, "step %d, kind %d, retry %d", i, k, j)
+				answers[draw]++
+			}
+		}
+	}
+	require.Positive(t, answers[true])
+	require.Positive(t, answers[false])
 }
