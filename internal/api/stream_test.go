@@ -192,3 +192,31 @@ func TestEvents_HoleVoidsOnlyItsAttempt(t *testing.T) {
 	b.streamAttempt(t, job.ID, "Hi", "!") // running/4, delta/4.1, delta/4.2
 	require.Equal(t, []string{"retrying/3", "running/4", "delta/4.1", "delta/4.2"}, names(nextFrames(t, joined, 4)))
 }
+
+// TestEvents_LostAttemptWaitingForItsCredentialGetsTheReset: an attempt that streamed and whose
+// worker died, its job then moved to retrying to wait for its credential
+// (jobs.Store.WaitForCredential), is followed by a reset before that retrying event: the client
+// does not keep showing the lost attempt's text while the job waits, nor append the next
+// attempt's to it; a client resuming inside the lost attempt gets the same.
+func TestEvents_LostAttemptWaitingForItsCredentialGetsTheReset(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{deltas: true})
+	job := b.createStreaming(t)
+	ctx := context.Background()
+	s := openStream(t, b.url, job.ID, "")
+	require.Equal(t, []string{"queued/1"}, names(nextFrames(t, s, 1)))
+	b.streamAttempt(t, job.ID, "Hel", "lo")
+	require.Equal(t, []string{"running/2", "delta/2.1", "delta/2.2"}, names(nextFrames(t, s, 3)))
+
+	_, err := b.pool.Exec(ctx, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, job.ID)
+	require.NoError(t, err)
+	require.NoError(t, b.store.WaitForCredential(ctx, job.ID, time.Now().Add(time.Minute), "credential paused: manual"))
+	got := nextFrames(t, s, 2)
+	require.Equal(t, []string{"reset/2.3", "retrying/3"}, names(got))
+	require.JSONEq(t, `{"attempt":1}`, got[0].data)
+
+	b.streamAttempt(t, job.ID, "Hi!")
+	require.Equal(t, []string{"running/4", "delta/4.1"}, names(nextFrames(t, s, 2)))
+	require.Equal(t, []string{"reset/2.3", "retrying/3", "running/4", "delta/4.1"},
+		names(nextFrames(t, openStream(t, b.url, job.ID, "2.2"), 4)))
+}

@@ -484,12 +484,13 @@ func (e *Executor) budgetAnswer(job *jobs.Job, ok bool, err error) error {
 
 // drawsOnRetryBudget reports whether the job's next attempt is a retry the shared retry budget
 // must allow. Three kinds are not: a retry after a 429 with Retry-After (the limiter paces it: the
-// answer pushed the credential's whole schedule back), a re-attempt of a call whose outcome was
-// never recorded (the job is still running, its lease ended: the worker died, the provider did
-// not fail; or retrying with class canceled: its call was cut as its worker stopped, or it was
-// lost and moved while its credential could not take it), and the first attempt on a fallback the job moved to after its credential refused
-// the request as too large or answered with a spend cap (movedForSizeOrSpendCap: neither is a
-// failing provider, and the fallback has not failed the job). Charging those let a Redis flush or
+// answer pushed the credential's whole schedule back), a re-attempt of a call the provider did
+// not fail (the job is still running, its lease ended: its worker died before recording the
+// outcome; or retrying with class canceled: its call was cut as its worker stopped, or it was
+// lost and moved while its credential could not take it, jobs.Store.WaitForCredential), and the
+// first attempt on a fallback the job moved to after its credential refused the request as too
+// large or answered with a spend cap (movedForSizeOrSpendCap: neither is a failing provider, and
+// the fallback has not failed the job). Charging those let a Redis flush or
 // a worker crash hold recovered jobs back for minutes behind a budget meant to stop retry storms
 // against a failing provider.
 func drawsOnRetryBudget(job *jobs.Job) bool {

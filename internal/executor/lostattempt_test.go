@@ -22,7 +22,8 @@ import (
 // killed mid-call: running, its lease run out), delivered again while its credential cannot
 // take it, is deferred without a call and shows it waits: retrying, its lease given back, its
 // last_error saying the attempt was lost and why it waits. It stayed running, a call in flight
-// that was not, until the credential came back. Once it does, the next attempt is the second.
+// that was not, until the credential came back. Once it does, the next attempt is the second,
+// off the retry budget.
 func TestExecutor_LostAttemptWaitsRetrying(t *testing.T) {
 	t.Parallel()
 
@@ -72,9 +73,11 @@ func TestExecutor_LostAttemptWaitsRetrying(t *testing.T) {
 		requireLostAndWaiting(t, b, job.ID, err, "credential paused")
 
 		// Resumed, the credential takes the job's second attempt, once the recheck's time has
-		// come (a clock a minute on).
+		// come (a clock a minute on), its retry budget spent: the lost call was no failure of
+		// the provider's, and its re-attempt is no retry the budget holds back.
 		_, err = gate.Resume(ctx)
 		require.NoError(t, err)
+		spendRetryBudget(t, gate)
 		later := executor.New(executor.Config{Store: b.Store, Upstreams: upstreams,
 			Now: func() time.Time { return time.Now().Add(time.Minute) }})
 		require.NoError(t, later.Process(ctx, dispatch.Delivery{JobID: job.ID}))
@@ -129,5 +132,33 @@ func TestExecutor_LostAttemptWaitsRetrying(t *testing.T) {
 
 		err := ex.Process(ctx, dispatch.Delivery{JobID: job.ID})
 		requireLostAndWaiting(t, b, job.ID, err, "not in this process's config")
+	})
+
+	t.Run("TurnOnAColdCredentialKeepsRunning", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		b := jobstest.New(t)
+		brk, err := breaker.New(redistest.Client(t), &breaker.Config{Prefix: redistest.Prefix(t), Threshold: 1})
+		require.NoError(t, err)
+		circuit := brk.Circuit("sk-cold", "cold")
+		// A cold breaker (it heard no success yet) whose one call in flight is another job's.
+		a, err := circuit.Allow(ctx)
+		require.NoError(t, err)
+		require.True(t, a.Allowed)
+		ex := executor.New(executor.Config{Store: b.Store, Upstreams: map[string]executor.Upstream{
+			"cold": {Name: "cold", Kind: string(llm.KindAnthropic), Provider: simProvider(t, llmsim.Config{}, "sk-cold"),
+				Circuit: circuit}}})
+		job := lost(t, b, "cold")
+
+		// A wait for its turn on a credential that takes requests is short: the job stays
+		// running, its next attempt a re-attempt of a lost call.
+		var deferred *dispatch.DeferError
+		require.ErrorAs(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}), &deferred)
+		require.Contains(t, deferred.Reason, "cold start")
+		got, err := b.Store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusRunning, got.Status)
+		require.NotNil(t, got.NextAttemptAt)
+		require.Equal(t, []jobs.Status{jobs.StatusQueued, jobs.StatusRunning}, b.Events(t, job.ID))
 	})
 }

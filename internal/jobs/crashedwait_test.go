@@ -22,14 +22,14 @@ func TestStore_WaitForCredential(t *testing.T) {
 	at := time.Now().Add(time.Minute).Truncate(time.Millisecond)
 	const reason = "credential paused: spend_cap"
 
-	// crashed returns a job whose first attempt's lease has run out.
+	// crashed returns a job whose first attempt's lease has run out, as its attempt began.
 	crashed := func(t *testing.T) (*jobstest.Bundle, *jobs.Job) {
 		b := jobstest.New(t)
 		job := b.Create(t, jobstest.Opts{})
-		_, err := b.Store.BeginAttempt(t.Context(), job.ID)
+		started, err := b.Store.BeginAttempt(t.Context(), job.ID)
 		require.NoError(t, err)
 		b.ExpireLease(t, job.ID)
-		return b, job
+		return b, started
 	}
 
 	t.Run("LostAttemptRetrying", func(t *testing.T) {
@@ -116,5 +116,26 @@ func TestStore_WaitForCredential(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusCanceled, got.Status)
 		require.Nil(t, got.NextAttemptAt)
+	})
+
+	t.Run("LateAnswerOfTheLostAttemptStored", func(t *testing.T) {
+		t.Parallel()
+		ctx := t.Context()
+		b, job := crashed(t)
+		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, at, reason))
+
+		// The attempt's delivery was only slow (Postgres out of its reach past its lease): its
+		// answer, paid for, is stored when it records it, as when the job had stayed running.
+		applied, err := b.Store.Finish(ctx, job.ID, &jobs.Attempt{Number: 1, Credential: "default",
+			StartedAt: time.Now(), Class: "ok", LeaseToken: *job.LeaseToken},
+			jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{"text":"late"}`)})
+		require.NoError(t, err)
+		require.True(t, applied)
+		got, err := b.Store.Get(ctx, job.ID)
+		require.NoError(t, err)
+		require.Equal(t, jobs.StatusSucceeded, got.Status)
+		require.JSONEq(t, `{"text":"late"}`, string(got.Result))
+		require.Equal(t, []jobs.Status{jobs.StatusQueued, jobs.StatusRunning, jobs.StatusRetrying, jobs.StatusSucceeded},
+			b.Events(t, job.ID))
 	})
 }
