@@ -783,8 +783,12 @@ func (e unkeyedSubmitError) Unwrap() error { return e.error }
 // refusal counted elsewhere).
 func classifyError(r *http.Request, err error) (*httpError, *serverFailure) {
 	he, failure := classify(r, err)
-	var unkeyed unkeyedSubmitError
-	if he != nil && he.typ == "unavailable" && errors.As(err, &unkeyed) {
+	if he == nil || he.typ != "unavailable" {
+		return he, failure
+	}
+	// errors.AsType: the target of errors.As would escape, an allocation on every answer
+	// (TestServer_SubmitRefusedAllocs).
+	if _, unkeyed := errors.AsType[unkeyedSubmitError](err); unkeyed {
 		c := *he // he may be err's own
 		c.message = strings.TrimSuffix(he.message, "; retry shortly") +
 			"; the job may have been stored, and a resend may make a second one: only a submit with an Idempotency-Key is safe to resend"
