@@ -220,6 +220,7 @@ func (a *app) deadShow(c *cli.Context) error {
 		}
 		return writeJSON(a.out, map[string]any{
 			"job":      job,
+			"tenant":   job.Tenant,
 			"request":  map[string]any{"bytes": len(job.Request), "model": requestModel(job.Request)},
 			"attempts": attempts,
 		})

@@ -45,7 +45,7 @@ func (a *app) jobsCommand() *cli.Command {
 					return err
 				}
 				if c.Bool("json") {
-					return writeJSON(a.out, map[string]any{"job": job, "attempts": attempts})
+					return writeJSON(a.out, map[string]any{"job": job, "tenant": job.Tenant, "attempts": attempts})
 				}
 				return printJob(a, job, attempts)
 			},
@@ -58,6 +58,7 @@ func printJob(a *app, j *jobs.Job, attempts []jobs.AttemptRow) error {
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
 	row("id", j.ID)
 	row("status", j.Status)
+	row("tenant", j.Tenant)
 	row("credential", j.Credential)
 	row("priority", j.Priority)
 	row("model", printable(requestModel(j.Request))) // the tenant's text

@@ -268,3 +268,31 @@ func TestUsageText_NothingCountedIsNone(t *testing.T) {
 	require.Equal(t, "0 in, 3 out, 40 cache read", usageText(json.RawMessage(`{"input_tokens":0,"output_tokens":3,"cache_read_input_tokens":40}`)),
 		"a prompt read from the cache alone")
 }
+
+// TestJobsShow_Tenant: `ctl jobs show` and `ctl dead show` name the job's tenant, in the table
+// and in --json: on a shared deployment the operator learns whose job it is (whom to tell,
+// whether `ctl dead retry` skips it as a revoked tenant's) without psql or the console.
+func TestJobsShow_Tenant(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	job, _, err := b.store.Create(context.Background(), jobs.CreateParams{
+		Tenant: "acme", Credential: "default", Fingerprint: "x",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 1, Timeout: time.Minute,
+	})
+	require.NoError(t, err)
+	dead := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+
+	for _, c := range []struct{ cmd, id, tenant string }{{"jobs", job.ID, "acme"}, {"dead", dead.ID, "default"}} {
+		r := run(t, "--database-url", b.url, c.cmd, "show", c.id)
+		require.Equal(t, 0, r.code, "%s show: stderr %q", c.cmd, r.errOut)
+		require.Equal(t, c.tenant, fields(r.out)["tenant"], "%s show: %q", c.cmd, r.out)
+
+		r = run(t, "--database-url", b.url, c.cmd, "show", "--json", c.id)
+		require.Equal(t, 0, r.code, "%s show --json: stderr %q", c.cmd, r.errOut)
+		var got struct {
+			Tenant string `json:"tenant"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
+		require.Equal(t, c.tenant, got.Tenant, "%s show --json", c.cmd)
+	}
+}
