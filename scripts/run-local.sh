@@ -26,6 +26,17 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 bin/llmsim -listen "127.0.0.1:$sim_port" -capacity 20 -rate 10 -latency 200ms -latency-jitter 300ms & pids+=($!)
 bin/llmq serve --config configs/local.yaml & pids+=($!)
-for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$api_port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+# Up once /healthz answers; a process that exited first (a failed migration, a port taken since
+# the check) ends the wait, and so do 10 s without an answer: neither is "up".
+up=
+for _ in $(seq 1 100); do
+  if curl -fsS "http://127.0.0.1:$api_port/healthz" >/dev/null 2>&1; then up=1; break; fi
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null || break 2; done
+  sleep 0.1
+done
+if [[ -z $up ]]; then
+  echo "make run: llmq did not come up on :$api_port (its output above says why)" >&2
+  exit 1
+fi
 echo "llmq is up: API and metrics on http://127.0.0.1:$api_port, simulator on :$sim_port (Ctrl-C stops)" >&2
 wait -n "${pids[@]}"

@@ -60,6 +60,23 @@ func TestRunLocal_RefusesATakenPort(t *testing.T) {
 	}
 }
 
+// TestRunLocal_NotUpIsNotUp: a stack whose API never answers (here, stubs that exit at once; a
+// failed migration, say) is not announced as up: the script says so and exits 1, without
+// waiting out its 10 s once a process has exited.
+func TestRunLocal_NotUpIsNotUp(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	apiPort := freePort(t)
+	root := runLocalTree(t, apiPort, freePort(t))
+	out, err := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "run-local.sh")).CombinedOutput()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "the script exited %v: %s", err, out)
+	require.Equal(t, 1, exit.ExitCode(), "%s", out)
+	require.Contains(t, string(out), fmt.Sprintf("llmq did not come up on :%d", apiPort))
+	require.NotContains(t, string(out), "llmq is up")
+}
+
 // freePort is a port nothing listened on a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
