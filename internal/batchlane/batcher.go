@@ -656,15 +656,14 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 	}
 	live, next := 0, now.Add(pollDelay(lane.Config, row.Polls+1))
 	var fallbackAt *time.Time // the earliest fallback of a job still waiting
+	var due []batchJob        // the jobs at their fallback
 	for _, j := range jobs {
 		if !j.unfinished() {
 			continue
 		}
 		fallback := j.Deadline.Add(-lane.Config.OnlineFallback)
 		if !now.Before(fallback) {
-			if err := b.applyMove(ctx, row.Credential, b.deadlineMove(row, j, now)); err != nil {
-				return err
-			}
+			due = append(due, j)
 			continue
 		}
 		live++
@@ -684,10 +683,29 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 		}
 		return errors.Join(err, b.store.pollLater(ctx, row.ID, at))
 	}
-	if live == 0 {
+	if live == 0 && len(due) == 0 {
 		return b.closeIdle(ctx, lane, row, jobs, held, later)
 	}
+	// The batch is polled before its jobs at their fallback go online: one that ended since
+	// the last poll has their answers, paid for, which record stores as it does the others'.
+	fallBack := func() error {
+		for _, j := range due {
+			if err := b.applyMove(ctx, row.Credential, b.deadlineMove(row, j, now)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	st, err := lane.Client.Poll(ctx, *row.ProviderID)
+	if len(due) > 0 && (err != nil || !st.Ended || st.Failed) {
+		if err := fallBack(); err != nil {
+			return err
+		}
+		if live == 0 {
+			return b.closeIdle(ctx, lane, row, jobs, held, later)
+		}
+		due = nil
+	}
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Status == http.StatusNotFound {
 		// The provider no longer knows the batch (deleted, or gone with an account): its jobs
 		// have no result and go round again, as expired ones do.
@@ -714,7 +732,8 @@ func (b *Batcher) poll(ctx context.Context, lane Lane, row batchRow, held heldLa
 	}
 	results, err := lane.Client.Results(ctx, *row.ProviderID)
 	if err != nil {
-		return later(err)
+		// The jobs at their fallback go online: the results may not be read before their deadline.
+		return errors.Join(fallBack(), later(err))
 	}
 	if err := b.record(ctx, lane, row, jobs, results, noLine, st.Provider, held); err != nil {
 		return afterRecord(err, later)

@@ -3,6 +3,8 @@ package batchlane_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,6 +196,56 @@ func TestBatcher_DeadlineFallback(t *testing.T) {
 	got = b.get(t, inBatch.ID)
 	require.Equal(t, jobs.StatusRetrying, got.Status)
 	require.Nil(t, got.Result)
+}
+
+// TestBatcher_FallbackTakesTheAnswerOfABatchThatEnded: a job whose batch ended at the provider
+// before the job's online_fallback, polled only at that fallback, takes its batch's answer: its
+// batch has ended, so it is not sent online to be paid for again with the answer discarded.
+func TestBatcher_FallbackTakesTheAnswerOfABatchThatEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{delay: 90 * time.Minute})
+	bt := b.batcher(nil)
+	job := b.submit(t, "x", 2*time.Hour, 0)
+	b.clock.Advance(fill)
+	once(t, bt)
+	require.Equal(t, jobs.StatusRunning, b.get(t, job.ID).Status)
+
+	b.clock.Set(job.Deadline.Add(-10 * time.Minute)) // the batch ended 18 minutes before
+	once(t, bt)
+	got := b.get(t, job.ID)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+	require.NotNil(t, got.CostClass)
+	require.Equal(t, "batch", *got.CostClass)
+	require.Empty(t, b.online(), "not sent online: its answer is there, paid for")
+	require.Equal(t, 1.0, b.counter(t, "jobs", "succeeded"))
+	require.Zero(t, b.sim.BatchStats().Cancels, "an ended batch is not canceled")
+}
+
+// TestBatcher_FallbackWhoseResultsFailGoesOnline: a job at its fallback whose batch ended but
+// whose results cannot be read goes online: they may not be read before its deadline.
+func TestBatcher_FallbackWhoseResultsFailGoesOnline(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{delay: 90 * time.Minute, front: func(sim http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasSuffix(r.URL.Path, "/results") {
+				http.Error(w, `{"type":"error","error":{"type":"api_error","message":"down"}}`, http.StatusInternalServerError)
+				return
+			}
+			sim.ServeHTTP(w, r)
+		})
+	}})
+	bt := b.batcher(nil)
+	job := b.submit(t, "x", 2*time.Hour, 0)
+	b.clock.Advance(fill)
+	once(t, bt)
+
+	b.clock.Set(job.Deadline.Add(-10 * time.Minute))
+	require.Error(t, bt.Once(context.Background()), "the results failed")
+	got := b.get(t, job.ID)
+	require.Equal(t, jobs.StatusRetrying, got.Status)
+	require.Equal(t, jobs.LaneOnline, got.Lane)
+	require.Equal(t, "deadline_fallback", got.LastError.Type)
+	require.Equal(t, []string{job.ID}, b.online())
 }
 
 // TestBatcher_UnsentBatchDeadlineFallback: while the provider's batch API fails every send (a
