@@ -19,19 +19,19 @@ import (
 	"github.com/llmq/llmq/internal/tenant"
 )
 
-// TestReadme_EventSourceExample runs the README's JavaScript example as written, with Node and
+// TestDocs_EventSourceExample runs docs/api.md's JavaScript example (Browsers) as written, with Node and
 // the real npm eventsource package (test/js, installed by scripts/js.sh), against stacks of its
 // own. An anonymous job: it submits, follows the job through its signed events_url, prints each
 // event, and must end by itself: after the terminal event the EventSource reconnects, gets 204
 // and closes, so Node has nothing left to wait for. A tenant's job (LLMQ_TOKEN) whose tenant is
 // revoked while its page listens: the page is told why (the refused event), then closes (the
 // reconnect is answered 403).
-func TestReadme_EventSourceExample(t *testing.T) {
+func TestDocs_EventSourceExample(t *testing.T) {
 	t.Parallel()
-	md, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	md, err := os.ReadFile(filepath.Join(repoRoot, "docs", "api.md"))
 	require.NoError(t, err)
 	blocks := regexp.MustCompile("(?s)\n```js\n(.*?)```\n").FindAllStringSubmatch(string(md), -1)
-	require.Len(t, blocks, 1, "README.md has one ```js block: the EventSource example")
+	require.Len(t, blocks, 1, "docs/api.md has one ```js block: the EventSource example")
 	example := blocks[0][1]
 	require.LessOrEqual(t, strings.Count(example, "\n"), 12, "the example stays short")
 
