@@ -174,7 +174,7 @@ WITH lost AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, 'retrying', '{}'::jsonb FROM lost
 )
 UPDATE jobs SET next_attempt_at = $2, updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying') AND NOT EXISTS (SELECT 1 FROM lost)`
+WHERE id = $1 AND status IN ('queued', 'retrying')`
 
 // NextCredential moves a job waiting for an attempt (see waitingForAttempt) from the credential
 // at index from (Job.CredentialIndex as the caller read it) to the next fallback, without an
