@@ -26,6 +26,7 @@ func (a *app) deadCommand() *cli.Command {
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "reason", Usage: "only this dead reason (" + strings.Join(jobs.DeadReasons(), ", ") + ")"},
 				&cli.StringFlag{Name: "credential", Usage: "only jobs sent to this credential (their own, or a fallback they reached)"},
+				tenantFlag(),
 				&cli.StringFlag{Name: "since", Usage: "only jobs that died within this long (30m, 24h, 7d)"},
 				&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
 				&cli.StringFlag{Name: "after", Usage: "the next page: the jobs listed after the dead job of this ID (the last one shown)"},
@@ -63,7 +64,7 @@ func (a *app) deadCommand() *cli.Command {
 
 func (a *app) deadList(c *cli.Context) error {
 	if c.NArg() != 0 {
-		return cli.Exit("usage: ctl dead list [--reason R] [--credential C] [--since D] [--limit N] [--after ID] [--json]", exitUsage)
+		return cli.Exit("usage: ctl dead list [--reason R] [--credential C] [--tenant T] [--since D] [--limit N] [--after ID] [--json]", exitUsage)
 	}
 	if c.Int("limit") < 1 {
 		return cli.Exit("--limit must be at least 1", exitUsage)
@@ -71,14 +72,17 @@ func (a *app) deadList(c *cli.Context) error {
 	if err := checkDeadReason(c); err != nil {
 		return err
 	}
-	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential"), Limit: c.Int("limit")}
+	tenant, err := tenantFilter(c)
+	if err != nil {
+		return err
+	}
+	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential"), Tenant: tenant, Limit: c.Int("limit")}
 	after := jobs.CanonicalID(c.String("after"))
 	if c.IsSet("after") && !jobs.ValidID(after) {
 		return cli.Exit(fmt.Sprintf("--after %q: want the ID of a dead job (the last one listed)", c.String("after")), exitUsage)
 	}
 	var since time.Duration
 	if s := c.String("since"); s != "" {
-		var err error
 		if since, err = parseAge("since", s); err != nil {
 			return err
 		}
@@ -104,13 +108,14 @@ func (a *app) deadList(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := printList(a.out, c.Bool("json"), page.Jobs, "no dead jobs", "ID\tCREDENTIAL\tREASON\tATTEMPTS\tDIED\tLAST ERROR",
-		func(j *jobs.Job) []string {
+	if err := printList(a.out, c.Bool("json"), listed(page.Jobs), "no dead jobs", "ID\tTENANT\tCREDENTIAL\tREASON\tATTEMPTS\tDIED\tLAST ERROR",
+		func(j listedJob) []string {
 			reason := "-"
 			if j.DeadReason != nil {
 				reason = *j.DeadReason
 			}
-			return []string{j.ID, deadCredentialText(j), reason, attemptsText(j), ts(j.FinishedAt), lastErrorText(j.LastError)}
+			return []string{j.ID, j.Tenant, deadCredentialText(j.Job), reason, attemptsText(j.Job), ts(j.FinishedAt),
+				lastErrorText(j.LastError)}
 		}); err != nil {
 		return err
 	}
@@ -141,7 +146,7 @@ func deadCursor(ctx context.Context, store *jobs.Store, id string) (string, erro
 func nextDeadPage(c *cli.Context, last string) string {
 	args := append([]string{"ctl"}, storeArgs(c)...)
 	args = append(args, "dead", "list")
-	for _, name := range []string{"reason", "credential", "since"} {
+	for _, name := range []string{"reason", "credential", "tenant", "since"} {
 		if v := c.String(name); v != "" {
 			args = append(args, "--"+name, shellQuote(v))
 		}

@@ -98,11 +98,11 @@ func TestDeadList(t *testing.T) {
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		require.Empty(t, r.errOut)
 		rows := tableRows(r.out)
-		require.Equal(t, []string{"ID", "CREDENTIAL", "REASON", "ATTEMPTS", "DIED", "LAST ERROR"}, rows[0])
+		require.Equal(t, []string{"ID", "TENANT", "CREDENTIAL", "REASON", "ATTEMPTS", "DIED", "LAST ERROR"}, rows[0])
 		require.Len(t, rows, 3)
-		require.Equal(t, []string{capped.ID, "other", "rate_limited_no_retry_after", "1/1"}, rows[1][:4])
-		require.Equal(t, []string{exhausted.ID, "default", "retries_exhausted", "3/3"}, rows[2][:4])
-		require.Equal(t, "server_error 503: overloaded", rows[2][5])
+		require.Equal(t, []string{capped.ID, "default", "other", "rate_limited_no_retry_after", "1/1"}, rows[1][:5])
+		require.Equal(t, []string{exhausted.ID, "default", "default", "retries_exhausted", "3/3"}, rows[2][:5])
+		require.Equal(t, "server_error 503: overloaded", rows[2][6])
 	})
 	t.Run("JSON", func(t *testing.T) {
 		t.Parallel()
@@ -445,7 +445,7 @@ func TestDeadList_FailedOverJob(t *testing.T) {
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		rows := tableRows(r.out)
 		require.Len(t, rows, 2, "--credential %s: %q", cred, r.out)
-		require.Equal(t, []string{job.ID, "backup (from default)"}, rows[1][:2])
+		require.Equal(t, []string{job.ID, "default", "backup (from default)"}, rows[1][:3])
 	}
 }
 
@@ -733,4 +733,54 @@ func TestDeadList_TheLargestLimit(t *testing.T) {
 	rows := tableRows(r.out)
 	require.Len(t, rows, 2, "header and the job, no next page: %q", r.out)
 	require.Equal(t, job.ID, rows[1][0])
+}
+
+// TestDeadList_Tenant: `ctl dead list` names each dead job's tenant (a column, and "tenant" in
+// its JSON) and filters by one with --tenant; its next page's command line keeps --tenant, so
+// the next page is the same tenant's. It showed no tenant and could not filter by one.
+func TestDeadList_Tenant(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	var acme []string // most recently dead first
+	for range 3 {
+		id := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1).ID
+		b.setTenant(t, id, "acme")
+		acme = append([]string{id}, acme...)
+	}
+	own := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+
+	t.Run("Table", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "list")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := tableRows(r.out)
+		require.Equal(t, []string{"ID", "TENANT", "CREDENTIAL", "REASON", "ATTEMPTS", "DIED", "LAST ERROR"}, rows[0])
+		require.Len(t, rows, 5)
+		require.Equal(t, []string{own.ID, "default", "default", "retries_exhausted"}, rows[1][:4])
+		require.Equal(t, []string{acme[0], "acme", "default", "retries_exhausted"}, rows[2][:4])
+	})
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		require.Equal(t, []string{own.ID + " default"}, jobTenants(t, "--database-url", b.url, "dead", "list", "--json", "--tenant", "default"))
+	})
+	t.Run("NextPageKeepsTheTenant", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "list", "--tenant", "acme", "--limit", "2")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		lines := strings.Split(strings.TrimRight(r.out, "\n"), "\n")
+		require.Len(t, lines, 4, "header, two jobs, the next page: %q", r.out)
+		require.Equal(t, "next page: ctl --database-url '"+b.url+"' dead list --tenant acme --limit 2 --after "+acme[1], lines[3])
+		next, _ := strings.CutPrefix(lines[3], "next page: ")
+		r = run(t, shellWords(t, next)[1:]...)
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := tableRows(r.out)
+		require.Len(t, rows, 2, "the last of acme's, not default's: %q", r.out)
+		require.Equal(t, acme[2], rows[1][0])
+	})
+	t.Run("UnknownTenant", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "dead", "list", "--tenant", "nobody")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "no dead jobs\n", r.out)
+	})
 }

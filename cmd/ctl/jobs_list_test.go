@@ -26,12 +26,12 @@ func TestJobsList(t *testing.T) {
 		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
 		require.Empty(t, r.errOut)
 		rows := tableRows(r.out)
-		require.Equal(t, []string{"ID", "STATUS", "CREDENTIAL", "ATTEMPTS", "CREATED", "FINISHED"}, rows[0])
+		require.Equal(t, []string{"ID", "STATUS", "TENANT", "CREDENTIAL", "ATTEMPTS", "CREATED", "FINISHED"}, rows[0])
 		require.Len(t, rows, 3)
-		require.Equal(t, []string{second.ID, "succeeded", "default", "1/3"}, rows[1][:4], "newest first")
-		require.Equal(t, []string{first.ID, "queued", "default", "0/3"}, rows[2][:4])
-		require.Equal(t, "-", rows[2][5])
-		_, err := time.Parse(time.RFC3339, rows[1][5])
+		require.Equal(t, []string{second.ID, "succeeded", "default", "default", "1/3"}, rows[1][:5], "newest first")
+		require.Equal(t, []string{first.ID, "queued", "default", "default", "0/3"}, rows[2][:5])
+		require.Equal(t, "-", rows[2][6])
+		_, err := time.Parse(time.RFC3339, rows[1][6])
 		require.NoError(t, err)
 	})
 	t.Run("JSON", func(t *testing.T) {
@@ -295,4 +295,80 @@ func TestJobsShow_Tenant(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(r.out), &got), "output %q", r.out)
 		require.Equal(t, c.tenant, got.Tenant, "%s show --json", c.cmd)
 	}
+}
+
+// setTenant moves job id to tenant name (jobs name their tenant; no tenant row is needed).
+func (b *jobsBundle) setTenant(t *testing.T, id, name string) {
+	t.Helper()
+	_, err := b.pool.Exec(t.Context(), `UPDATE jobs SET tenant = $1 WHERE id = $2`, name, id)
+	require.NoError(t, err)
+}
+
+// jobTenants runs a job list with --json in args and returns its jobs as "ID TENANT".
+func jobTenants(t *testing.T, args ...string) []string {
+	t.Helper()
+	r := run(t, args...)
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	var list []struct {
+		ID     string `json:"id"`
+		Tenant string `json:"tenant"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &list), "output %q", r.out)
+	out := []string{}
+	for _, j := range list {
+		out = append(out, j.ID+" "+j.Tenant)
+	}
+	return out
+}
+
+// TestJobsList_Tenant: `ctl jobs list` names each job's tenant (a column, and "tenant" in its
+// JSON, which the API's job JSON leaves out) and filters by one with --tenant, as the console's
+// jobs list does. It showed no tenant and could not filter by one. A tenant with no job (or
+// none of that name) lists nothing, as the console's filter.
+func TestJobsList_Tenant(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	own := b.createJob(t)
+	acme := b.createJob(t)
+	b.setTenant(t, acme.ID, "acme")
+
+	t.Run("Table", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := tableRows(r.out)
+		require.Equal(t, []string{"ID", "STATUS", "TENANT", "CREDENTIAL", "ATTEMPTS", "CREATED", "FINISHED"}, rows[0])
+		require.Len(t, rows, 3)
+		require.Equal(t, []string{acme.ID, "queued", "acme", "default"}, rows[1][:4])
+		require.Equal(t, []string{own.ID, "queued", "default", "default"}, rows[2][:4])
+	})
+	t.Run("Filter", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list", "--tenant", "acme")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows := tableRows(r.out)
+		require.Len(t, rows, 2, "output %q", r.out)
+		require.Equal(t, acme.ID, rows[1][0])
+		r = run(t, "--database-url", b.url, "jobs", "list", "--tenant", "default", "--status", "queued")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		rows = tableRows(r.out)
+		require.Len(t, rows, 2, "output %q", r.out)
+		require.Equal(t, own.ID, rows[1][0])
+	})
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		require.Equal(t, []string{acme.ID + " acme"}, jobTenants(t, "--database-url", b.url, "jobs", "list", "--json", "--tenant", "acme"))
+	})
+	t.Run("UnknownTenant", func(t *testing.T) {
+		t.Parallel()
+		r := run(t, "--database-url", b.url, "jobs", "list", "--tenant", "nobody")
+		require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+		require.Equal(t, "no jobs\n", r.out)
+	})
+	// --tenant "$T" with T unset would list every tenant's jobs as if they were one's.
+	t.Run("EmptyTenant", func(t *testing.T) {
+		t.Parallel()
+		requireOneLineError(t, run(t, "--database-url", b.url, "jobs", "list", "--tenant", ""), 2, "--tenant: name a tenant")
+		requireOneLineError(t, run(t, "--database-url", b.url, "dead", "list", "--tenant", " "), 2, "--tenant: name a tenant")
+	})
 }

@@ -316,19 +316,22 @@ func createArgs(c *cli.Context) (name, creds string, set bool, err error) {
 
 // credentialList parses the --credentials value (nil when the flag is absent: every credential)
 // and, with --config, requires each name to be configured, so a typo does not create a tenant
-// that can submit nothing.
+// that can submit nothing. An empty name among others (two commas in a row, one at an end) is a
+// usage error: dropped, a name lost in a typo would leave the tenant without the credential meant.
 func credentialList(c *cli.Context, raw string, set bool) ([]string, error) {
 	if !set {
 		return nil, nil
 	}
+	if strings.TrimSpace(strings.ReplaceAll(raw, ",", "")) == "" {
+		return nil, cli.Exit("--credentials: name at least one credential (omit the flag to allow all)", exitUsage)
+	}
 	var creds []string
 	for _, s := range strings.Split(raw, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			creds = append(creds, s)
+		if s = strings.TrimSpace(s); s == "" {
+			return nil, cli.Exit(fmt.Sprintf("--credentials %q: an empty credential name (two commas in a row, or one at an end); "+
+				"separate the names with one comma", raw), exitUsage)
 		}
-	}
-	if len(creds) == 0 {
-		return nil, cli.Exit("--credentials: name at least one credential (omit the flag to allow all)", exitUsage)
+		creds = append(creds, s)
 	}
 	cfg, err := fileConfig(c)
 	if err != nil || cfg == nil {

@@ -469,3 +469,20 @@ CREATE TRIGGER refuse_cancel BEFORE UPDATE ON jobs FOR EACH ROW WHEN (NEW.status
 	}
 	require.Equal(t, []string{"tenant.cancel_jobs gone 2", "tenant.revoke gone 1"}, actions)
 }
+
+// TestTenantsCreate_RefusesAnEmptyCredentialName: `--credentials default,,openai` (and a comma
+// at either end) is refused as a usage error naming the empty name, and no tenant is created.
+// It dropped the empty name silently: a typo (a name lost between two commas) made a tenant
+// that could not use the credential meant.
+func TestTenantsCreate_RefusesAnEmptyCredentialName(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	for i, list := range []string{"default,,openai", "default,openai,", ",default", "default, ,openai"} {
+		name := fmt.Sprintf("t%d", i)
+		r := run(t, "--database-url", b.url, "tenants", "create", name, "--credentials", list)
+		requireOneLineError(t, r, 2, fmt.Sprintf("--credentials %q: an empty credential name", list))
+		require.Empty(t, r.out, "no token: %s", list)
+		_, err := tenant.NewStore(b.pool, nil).Get(t.Context(), name)
+		require.ErrorIs(t, err, tenant.ErrNotFound, "%s: no tenant created", list)
+	}
+}

@@ -17,27 +17,32 @@ import (
 type ListParams struct {
 	// Status keeps only jobs in this status; empty: any.
 	Status Status
+	// Tenant keeps only this tenant's jobs; empty: every tenant's. A name no job has (no such
+	// tenant) selects none.
+	Tenant string
 	// Limit caps the rows returned. Default 50.
 	Limit int
 }
 
-// List returns jobs, newest first.
+// List returns jobs, newest first (created_at, then id), read in the order of Page's index
+// (jobs_created_idx, or jobs_tenant_created_idx with a tenant) until Limit of them match.
 func (s *Store) List(ctx context.Context, p ListParams) ([]*Job, error) {
 	if p.Limit <= 0 {
 		p.Limit = 50
 	}
-	var status *string
-	if p.Status != "" {
-		v := string(p.Status)
-		status = &v
-	}
-	rows, err := s.pool.Query(ctx, `
-SELECT `+jobColumns+` FROM jobs WHERE $1::text IS NULL OR status = $1
-ORDER BY created_at DESC, id DESC LIMIT $2`, status, p.Limit)
+	sql, args, err := pageSQL(PageParams{Status: p.Status, Tenant: p.Tenant}, nil, jobColumns, 0, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
+	var out []*Job
+	err = s.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Job, error) { return s.scanJob(r) })
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
@@ -55,6 +60,8 @@ type DeadFilter struct {
 	// last, the one they died on, is the one their webhook alert and paused credential name).
 	// A fallback a job never reached does not select it.
 	Credential string
+	// Tenant keeps this tenant's jobs.
+	Tenant string
 	// Since keeps jobs that died at or after it.
 	Since time.Time
 	// Before keeps jobs that died before it.
@@ -87,6 +94,9 @@ func (f DeadFilter) where(t string, args *[]any) string {
 	}
 	if f.Credential != "" {
 		conds = append(conds, sentTo(t+".", arg(f.Credential)))
+	}
+	if f.Tenant != "" {
+		conds = append(conds, t+".tenant = "+arg(f.Tenant))
 	}
 	if !f.Since.IsZero() {
 		conds = append(conds, t+".finished_at >= "+arg(f.Since))

@@ -42,6 +42,17 @@ func TestStore_List(t *testing.T) {
 	one, err := b.Store.List(ctx, jobs.ListParams{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, one, 1)
+
+	acme := b.Create(t, jobstest.Opts{Tenant: "acme"})
+	of, err := b.Store.List(ctx, jobs.ListParams{Tenant: "acme"})
+	require.NoError(t, err)
+	require.Equal(t, []string{acme.ID}, ids(of), "the tenant's only")
+	of, err = b.Store.List(ctx, jobs.ListParams{Tenant: "default", Status: jobs.StatusQueued})
+	require.NoError(t, err)
+	require.Equal(t, []string{second.ID}, ids(of))
+	of, err = b.Store.List(ctx, jobs.ListParams{Tenant: "nobody"})
+	require.NoError(t, err)
+	require.Empty(t, of)
 }
 
 // TestStore_PageDeadFilters: each of DeadFilter's fields selects its dead jobs on a page.
@@ -50,7 +61,7 @@ func TestStore_PageDeadFilters(t *testing.T) {
 	b := jobstest.New(t)
 	ctx := context.Background()
 	exhausted := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 3)
-	capped := b.Dead(t, jobstest.Opts{Credential: "other"}, jobs.ReasonRateLimitedNoRetryAfter, 1)
+	capped := b.Dead(t, jobstest.Opts{Credential: "other", Tenant: "acme"}, jobs.ReasonRateLimitedNoRetryAfter, 1)
 	b.Create(t, jobstest.Opts{}) // not dead
 
 	cases := map[string]struct {
@@ -60,6 +71,7 @@ func TestStore_PageDeadFilters(t *testing.T) {
 		"All":        {jobs.DeadFilter{}, []string{capped.ID, exhausted.ID}},
 		"Reason":     {jobs.DeadFilter{Reason: jobs.ReasonRetriesExhausted}, []string{exhausted.ID}},
 		"Credential": {jobs.DeadFilter{Credential: "other"}, []string{capped.ID}},
+		"Tenant":     {jobs.DeadFilter{Tenant: "acme"}, []string{capped.ID}},
 		"Since":      {jobs.DeadFilter{Since: time.Now().Add(time.Hour)}, []string{}},
 		"Limit":      {jobs.DeadFilter{Limit: 1}, []string{capped.ID}},
 		"IDs":        {jobs.DeadFilter{IDs: []string{exhausted.ID, "junk"}}, []string{exhausted.ID}},
