@@ -23,22 +23,17 @@ func TestFairness_InteractiveJobOvertakesAFlood(t *testing.T) {
 		limits: "{requests_per_second: 10, burst: 5}"})
 	acme, globex := b.tenantHeader(t, "acme"), b.tenantHeader(t, "globex")
 
-	submit := func(h map[string]string, body string) string {
-		r := b.do(t, http.MethodPost, "/v1/jobs", body, h)
-		require.Equal(t, http.StatusAccepted, r.status, "body %v", r.body)
-		return r.body["id"].(string)
-	}
 	flood := make([]string, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			flood[i] = submit(acme, `{"priority":"low","request":{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"flood"}]}}`)
+			flood[i] = b.submitAs(t, acme, `{"priority":"low","request":{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"flood"}]}}`)
 		}()
 	}
 	wg.Wait()
-	id := submit(globex, anthropicBody("interactive"))
+	id := b.submitAs(t, globex, anthropicBody("interactive"))
 
 	var job map[string]any
 	require.Eventually(t, func() bool {

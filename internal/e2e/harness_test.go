@@ -4,6 +4,7 @@ package e2e_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -94,6 +95,8 @@ type setupOpts struct {
 	backup     string // more YAML fields of credential "backup", as extra
 	top        string // more top-level YAML, e.g. "breaker: {threshold: 2, cooldown: 1s}"
 	worker     string // more fields of the worker block, e.g. "token_minute: 1s"
+	// concurrency is worker.concurrency, the worker's delivery slots. Default 50.
+	concurrency int
 	// pgProxy puts a proxy that the test can cut off (testBundle.pg) between every llmq
 	// process and Postgres.
 	pgProxy bool
@@ -142,7 +145,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 database_url: %s
 redis_url: %s
 api: { allow_anonymous: true, max_body_bytes: 65536, stream_secret_env: STREAM_KEY }
-worker: { concurrency: 50, queue: %s, sweep_interval: 100ms, metrics_listen: "off"%s }
+worker: { concurrency: %d, queue: %s, sweep_interval: 100ms, metrics_listen: "off"%s }
 credentials:
   - { name: default, provider: anthropic, base_url: %s, api_key_env: SIM_KEY%s }
   - { name: oai, provider: openai, base_url: %s, api_key_env: SIM_KEY }
@@ -150,7 +153,7 @@ credentials:
 retry: { max_attempts: 5, base_delay: 10ms, max_delay: 50ms }
 alerts: { webhook_url: %q }
 %s
-`, dbURL, redisURL, queue, extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL,
+`, dbURL, redisURL, cmp.Or(o.concurrency, 50), queue, extraYAML(o.worker), simSrv.URL, limitsYAML(o.limits)+extraYAML(o.extra), simSrv.URL, backupSrv.URL,
 		extraYAML(o.backup), o.webhookURL, o.top)
 	cfg, err := config.Parse([]byte(yaml), func(k string) string {
 		switch k {
@@ -289,6 +292,15 @@ func (b *testBundle) submit(t *testing.T, body string) string {
 	t.Helper()
 	r := b.do(t, http.MethodPost, "/v1/jobs", body, nil)
 	require.Equal(t, http.StatusAccepted, r.status, "body: %v", r.body)
+	return r.body["id"].(string)
+}
+
+// submitAs submits body with the headers h (a tenant's, from tenantHeader) and returns the job's
+// ID, the submit accepted.
+func (b *testBundle) submitAs(t *testing.T, h map[string]string, body string) string {
+	t.Helper()
+	r := b.do(t, http.MethodPost, "/v1/jobs", body, h)
+	require.Equal(t, http.StatusAccepted, r.status, "body %v", r.body)
 	return r.body["id"].(string)
 }
 

@@ -361,18 +361,28 @@ func (e *Executor) lane(ctx context.Context, job *jobs.Job) (*limiter.Lane, erro
 	if e.cfg.TenantWeight == nil {
 		return nil, nil
 	}
-	if e.cfg.CachedTenantWeight != nil {
-		if w, ok := e.cfg.CachedTenantWeight(job.Tenant); ok {
-			return laneOf(job, w), nil
-		}
-	}
-	wctx, cancel := e.storeCtx(ctx)
-	w, err := e.cfg.TenantWeight(wctx, job.Tenant)
-	cancel()
+	w, err := e.weight(ctx, job.Tenant)
 	if err != nil {
 		return nil, err
 	}
 	return laneOf(job, w), nil
+}
+
+// weight is the tenant's weight: from the cache when it has it, else read (bounded by
+// StoreTimeout); 1 without Config.TenantWeight.
+func (e *Executor) weight(ctx context.Context, tenant string) (int, error) {
+	if e.cfg.TenantWeight == nil {
+		return 1, nil
+	}
+	if e.cfg.CachedTenantWeight != nil {
+		if w, ok := e.cfg.CachedTenantWeight(tenant); ok {
+			return w, nil
+		}
+	}
+	wctx, cancel := e.storeCtx(ctx)
+	w, err := e.cfg.TenantWeight(wctx, tenant)
+	cancel()
+	return w, err
 }
 
 // laneOf is the job's fair-queueing lane with its tenant's weight w (see lane).

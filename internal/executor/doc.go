@@ -3,6 +3,7 @@
 //
 //	load    read the job; a terminal job needs nothing more (deliveries are at least once), but
 //	        gives back a limiter slot its row still holds (canceled or failed while it waited)
+//	share   a slot of the process in the tenant's share (Config.Slots): over it, the job is deferred
 //	guard   another delivery's lease, the deadline, a credential no longer configured, a retry delay
 //	breaker the credential's circuit breaker, shared by every worker: an open one defers the job
 //	admit   the credential's shared limiter: pause, retry budget, a rate (and token) slot

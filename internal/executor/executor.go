@@ -21,6 +21,7 @@ import (
 	"github.com/llmq/llmq/internal/llm"
 	"github.com/llmq/llmq/internal/logthrottle"
 	"github.com/llmq/llmq/internal/retrypolicy"
+	"github.com/llmq/llmq/internal/slotshare"
 )
 
 // Upstream is everything the executor needs to send a job through one configured credential:
@@ -120,6 +121,19 @@ type Config struct {
 	// DefaultLeaseRenewInterval; tests that must tell a cancel's abort from a renewal's set it
 	// beyond their deadline.
 	LeaseRenewInterval time.Duration
+	// Slots is how many deliveries asynq runs at once in this process (worker.concurrency).
+	// When set, a tenant's deliveries from asynq hold at most its share of them (see
+	// internal/slotshare): alone, all but a small reserve, so that another tenant's task behind
+	// its backlog is delivered at all; beside other tenants with work, about Slots × its weight /
+	// their weights' sum. A delivery over its tenant's share is deferred before the breaker and
+	// the limiter (no attempt counted, no send slot taken), to come back after a short delay
+	// that grows while the tenant stays over. A serve process's own first deliveries
+	// (ProcessFresh) have slots of their own, a job finding them all taken going to asynq: they
+	// are not counted. Zero: no share; deliveries take the slots first come first served.
+	Slots int
+	// SingleTenant reports whether the deployment has a single tenant (tenant.Weights.Single),
+	// whose deliveries may then take every slot: the reserve costs nothing. Nil: several.
+	SingleTenant func() bool
 	// RecordRetryWindow is how long recording an attempt's outcome keeps trying while Postgres
 	// cannot be reached or the job's row stays locked (see record). Default
 	// DefaultRecordRetryWindow; tests that must tell a wait behind the outcome's tries from none
@@ -160,6 +174,8 @@ type Executor struct {
 	// unconfiguredLog throttles the lines of credential_not_configured dead letters, by
 	// credential (Config.UnconfiguredLogInterval).
 	unconfiguredLog *logthrottle.Throttle
+	// shares shares the process's delivery slots between tenants (Config.Slots); nil: none.
+	shares *slotshare.Tracker
 }
 
 // New returns an Executor. It panics when Store is nil (a wiring bug).
@@ -203,6 +219,9 @@ func New(cfg Config) *Executor {
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
 	e := &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps),
 		started: cfg.Now()}
+	if cfg.Slots > 0 {
+		e.shares = slotshare.New(slotshare.Config{Slots: cfg.Slots, Now: cfg.Now, Float64: cfg.Float64})
+	}
 	e.unconfiguredLog = logthrottle.New(&logthrottle.Config{Every: cfg.UnconfiguredLogInterval,
 		Now: cfg.Now, Report: e.unconfiguredSuppressed})
 	return e
@@ -315,11 +334,19 @@ func (e *Executor) storeCtx(ctx context.Context) (context.Context, context.Cance
 
 // process is one delivery, step by step (see the package comment). fresh is false when dispatch
 // handed the task back after an earlier delivery's error. A low job's steps before the call go
-// through the backlog gate (pass; a task from the low queue entered it before the load).
+// through the backlog gate (pass; a task from the low queue entered it before the load). With
+// Config.Slots, the delivery holds a slot of its tenant's share from the load to its end.
 func (e *Executor) process(ctx context.Context, id string, fresh bool, pass *gatePass) error {
 	job, err := e.load(ctx, id, fresh)
 	if err != nil {
 		return err
+	}
+	if e.shares != nil {
+		tenant := job.Tenant
+		if err := e.takeShare(ctx, job); err != nil {
+			return err
+		}
+		defer e.shares.Release(tenant) // every way out: an end, a deferral, an error, a panic
 	}
 	return e.run(ctx, job, pass)
 }

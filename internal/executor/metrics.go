@@ -24,6 +24,9 @@ type Metrics struct {
 	// and reads its job again (the load stage), so LLMQDeliveryErrors leaves them out of the
 	// deliveries it divides by.
 	deferrals prometheus.Counter
+	// shareDeferrals counts, by tenant, the deliveries deferred because their tenant held its
+	// share of the process's delivery slots (Config.Slots); counted in deferrals too.
+	shareDeferrals *prometheus.CounterVec
 
 	// creds holds each configured credential's series, looked up once (see metricseries): a
 	// job's attempt and end set four, and the vectors' lookups (a hash of the labels and a
@@ -123,8 +126,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Deliveries of a job's task that were deferred (its rate slot, its retry delay, an open breaker, a pause): " +
 				"the task is delivered again at its time, and reads its job again (the load stage).",
 		}),
+		shareDeferrals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmq_delivery_share_deferrals_total",
+			Help: "Deliveries deferred because their tenant held its share of the worker's delivery slots, by tenant.",
+		}, []string{"tenant"}),
 	}
-	reg.MustRegister(m.attempts, m.attemptLatency, m.deadLetters, m.submitToResult, m.stages, m.deferrals)
+	reg.MustRegister(m.attempts, m.attemptLatency, m.deadLetters, m.submitToResult, m.stages, m.deferrals,
+		m.shareDeferrals)
 	if err := reg.Register(m.outcomes); err != nil {
 		// The API of the same process (llmq serve) registered it first: count in that one.
 		var are prometheus.AlreadyRegisteredError
@@ -238,5 +246,12 @@ func (m *Metrics) stage(stage string, d time.Duration) {
 func (m *Metrics) deferred() {
 	if m != nil {
 		m.deferrals.Inc()
+	}
+}
+
+// shareDeferred counts a delivery of tenant deferred over its share of the slots.
+func (m *Metrics) shareDeferred(tenant string) {
+	if m != nil {
+		m.shareDeferrals.WithLabelValues(tenant).Inc()
 	}
 }

@@ -151,6 +151,21 @@ func (s *Store) Weight(ctx context.Context, name string) (int, error) {
 	return w, nil
 }
 
+// weightAmong returns the tenant's weight, as Weight does, and whether a tenant other than
+// Default, not revoked, is stored (the deployment may have several tenants), in one statement.
+func (s *Store) weightAmong(ctx context.Context, name string) (w int, several bool, err error) {
+	var stored *int
+	err = s.pool.QueryRow(ctx, `SELECT (SELECT weight FROM tenants WHERE name = $1),
+	EXISTS (SELECT 1 FROM tenants WHERE name <> $2 AND revoked_at IS NULL)`, name, Default).Scan(&stored, &several)
+	if err != nil {
+		return 0, false, fmt.Errorf("tenant weight: %w", err)
+	}
+	if stored == nil {
+		return DefaultWeight, several, nil
+	}
+	return *stored, several, nil
+}
+
 // Get returns the tenant of that name, revoked or not. Errors: ErrNotFound (also for a name no
 // tenant can have) or a wrapped database error.
 func (s *Store) Get(ctx context.Context, name string) (*Tenant, error) {

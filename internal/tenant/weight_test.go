@@ -76,3 +76,40 @@ func TestWeights_Cached(t *testing.T) {
 	w, _ = c.Weight(ctx, tenant.Default)
 	require.Equal(t, tenant.DefaultWeight, w)
 }
+
+// Single is what the last read of a weight found: no tenant stored but Default (revoked ones
+// aside) is a single tenant; any other is several. Nothing read yet: not single.
+func TestWeights_Single(t *testing.T) {
+	t.Parallel()
+	store := tenant.NewStore(pgtest.Pool(t), nil)
+	ctx := context.Background()
+	clock := clocktest.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	c := tenant.NewWeights(store, clock.Now)
+	require.False(t, c.Single(), "nothing read yet")
+	_, err := c.Weight(ctx, tenant.Default)
+	require.NoError(t, err)
+	require.True(t, c.Single(), "no tenant stored: anonymous requests only")
+
+	_, _, err = store.Create(ctx, tenant.Default, nil)
+	require.NoError(t, err)
+	clock.Advance(tenant.WeightCacheTTL)
+	_, err = c.Weight(ctx, tenant.Default)
+	require.NoError(t, err)
+	require.True(t, c.Single(), "Default stored")
+
+	_, _, err = store.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+	_, _ = c.Cached(tenant.Default)
+	require.True(t, c.Single(), "a cached weight reads nothing")
+	clock.Advance(tenant.WeightCacheTTL)
+	_, err = c.Weight(ctx, tenant.Default)
+	require.NoError(t, err)
+	require.False(t, c.Single(), "another tenant stored")
+
+	_, err = store.Revoke(ctx, "acme")
+	require.NoError(t, err)
+	w, err := c.Weight(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, tenant.DefaultWeight, w)
+	require.True(t, c.Single(), "revoked")
+}

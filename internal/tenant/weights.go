@@ -3,6 +3,7 @@ package tenant
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -11,12 +12,16 @@ import (
 const WeightCacheTTL = 10 * time.Second
 
 // Weights answers tenants' weights from the Store, each kept WeightCacheTTL, so that the workers'
-// admission of every attempt does not read Postgres. Safe for concurrent use.
+// admission of every attempt does not read Postgres; and, from the same reads, whether the
+// deployment has a single tenant (Single). Safe for concurrent use.
 type Weights struct {
 	store *Store
 	now   func() time.Time
 	mu    sync.Mutex
 	m     map[string]cachedWeight
+	// several is what the last read of the Store said: 0 nothing read yet, 1 a single tenant,
+	// 2 several.
+	several atomic.Int32
 }
 
 type cachedWeight struct {
@@ -39,9 +44,14 @@ func (c *Weights) Weight(ctx context.Context, name string) (int, error) {
 		return w, nil
 	}
 	now := c.now()
-	w, err := c.store.Weight(ctx, name)
+	w, several, err := c.store.weightAmong(ctx, name)
 	if err != nil {
 		return 0, err
+	}
+	if several {
+		c.several.Store(2)
+	} else {
+		c.several.Store(1)
 	}
 	c.mu.Lock()
 	if len(c.m) > 100_000 {
@@ -65,3 +75,9 @@ func (c *Weights) Cached(name string) (w int, ok bool) {
 	}
 	return e.w, true
 }
+
+// Single reports whether the deployment has a single tenant, as the last read of a weight from
+// the Store found it (at most WeightCacheTTL old while jobs are delivered): no tenant stored but
+// Default (the anonymous requests'), revoked ones aside. One named tenant counts as several,
+// since anonymous requests may come beside its. False until a weight was read.
+func (c *Weights) Single() bool { return c.several.Load() == 1 }

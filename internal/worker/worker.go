@@ -205,6 +205,7 @@ func (w *Worker) build(ctx context.Context, m metrics) error {
 			MaxLen: cfg.Streaming.BufferMaxEntries, TTL: cfg.Streaming.BufferTTL, Spacing: cfg.Streaming.DeltaSpacing}),
 		BacklogSteps:       cfg.Worker.BacklogSteps,
 		LeaseRenewInterval: opts.LeaseRenewInterval,
+		Slots:              cfg.Worker.Concurrency, SingleTenant: weights.Single,
 	})
 	w.client = asynq.NewClient(w.redis)
 	w.insp = asynq.NewInspector(w.redis)
