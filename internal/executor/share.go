@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"time"
 
 	"github.com/llmq/llmq/internal/jobs"
 )
@@ -25,5 +26,16 @@ func (e *Executor) takeShare(ctx context.Context, job *jobs.Job) error {
 		return nil
 	}
 	e.cfg.Metrics.shareDeferred(job.Tenant)
+	// The slots that turn a delivery away are the few free ones (the reserve), which meet an
+	// over-share tenant's backlog task after task: each turn away costs the job's read and its
+	// deferral's write, so a short pause keeps them from reading through a backlog in a hot loop
+	// (at most 1/turnAwayPause a slot), at the price of finding another tenant's task behind
+	// that backlog turnAwayPause a task later.
+	if err := sleep(ctx, turnAwayPause); err != nil {
+		return err
+	}
 	return &deferral{until: e.cfg.Now().Add(delay), reason: reasonOverShare}
 }
+
+// turnAwayPause is how long a delivery turned away for its tenant's share holds its slot first.
+const turnAwayPause = 20 * time.Millisecond

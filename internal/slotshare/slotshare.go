@@ -6,6 +6,9 @@
 // tenant's jobs wait behind them in the pending list. A Tracker counts, per tenant, the
 // deliveries that hold a slot and the tenants it turned away lately (they have work waiting),
 // and answers whether one more delivery of a tenant may take a slot:
+//   - while more than Reserve slots are free, any tenant may take one: the shares below bind only
+//     when slots are scarce, so slots are never left idle for a share a tenant with nothing
+//     waiting does not use (a tenant holding a few slots and asking for no more);
 //   - alone (no other tenant holding a slot or turned away lately), a tenant may hold
 //     Slots - Reserve, so that another tenant's task behind its backlog is delivered and seen;
 //     in a deployment of a single tenant (Take's single), all Slots: the reserve costs nothing;
@@ -65,6 +68,8 @@ type Tracker struct {
 	mu        sync.Mutex
 	tenants   map[string]*share
 	nextSweep time.Time
+	// held is the slots all tenants hold.
+	held int
 }
 
 // share is one tenant's state.
@@ -122,8 +127,9 @@ func (t *Tracker) Take(tenant string, weight int, single bool) (ok bool, delay t
 		t.tenants[tenant] = s
 	}
 	s.weight, s.last = weight, now
-	if s.held < t.limitLocked(tenant, weight, single, now) {
+	if t.held < t.cfg.Slots-t.cfg.Reserve || s.held < t.limitLocked(tenant, weight, single, now) {
 		s.held++
+		t.held++
 		s.deferred = 0
 		return true, 0
 	}
@@ -144,6 +150,7 @@ func (t *Tracker) Release(tenant string) {
 	defer t.mu.Unlock()
 	if s := t.tenants[tenant]; s != nil && s.held > 0 {
 		s.held--
+		t.held--
 		s.last = now
 	}
 }
@@ -158,7 +165,7 @@ func (t *Tracker) Held(tenant string) int {
 	return 0
 }
 
-// Limit returns how many slots tenant of weight may hold now (see Take).
+// Limit returns how many slots tenant of weight may hold now while slots are scarce (see Take).
 func (t *Tracker) Limit(tenant string, weight int, single bool) int {
 	now := t.cfg.Now()
 	t.mu.Lock()

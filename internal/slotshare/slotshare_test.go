@@ -122,13 +122,33 @@ func TestTracker_WaitingTenantCounts(t *testing.T) {
 	b.tr.Release("beta")
 	b.tr.Release("beta")
 	b.tr.Release("flood")
-	// beta holds none but waits: flood is held to its share.
+	b.tr.Release("flood")
+	// beta holds none but waits: flood is held to its share of 2 once slots are scarce (only the
+	// reserve free); while more are free, it takes them.
 	require.Equal(t, 2, b.tr.Limit("flood", 1, false))
+	b.take(t, "flood", 1, 2)
 	ok, _ = b.tr.Take("flood", 1, false)
-	require.False(t, ok)
+	require.False(t, ok, "flood holds 3, over its share of 2, and the one slot free is the reserve")
+	b.take(t, "beta", 1, 1) // under its share: the reserve is beta's
+	b.tr.Release("beta")
 	b.clock.Advance(slotshare.DefaultWaiting)
 	require.Equal(t, 3, b.tr.Limit("flood", 1, false), "beta no longer waits")
-	b.take(t, "flood", 1, 1)
+	ok, _ = b.tr.Take("flood", 1, false)
+	require.False(t, ok, "alone, flood leaves the reserve")
+}
+
+// Shares bind only when slots are scarce: a tenant holding a few slots and asking for no more
+// does not keep the rest idle. With more than the reserve free, anyone takes a slot; at the
+// reserve, only a tenant under its share.
+func TestTracker_FreeSlotsAreTaken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 10)
+	b.take(t, "beta", 2, 2)
+	require.Equal(t, 3, b.tr.Limit("flood", 1, false), "flood's share beside beta")
+	b.take(t, "flood", 1, 7) // up to the reserve of one, past its share of 3
+	ok, _ := b.tr.Take("flood", 1, false)
+	require.False(t, ok, "the last slot is the reserve, and flood is over its share")
+	b.take(t, "beta", 2, 1) // beta, under its share of 7, takes the reserve
 }
 
 // Every Release gives one slot back: the executor releases on every way a delivery ends. A
