@@ -210,7 +210,7 @@ func TestEvents_LostAttemptWaitingForItsCredentialGetsTheReset(t *testing.T) {
 
 	_, err := b.pool.Exec(ctx, `UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1`, job.ID)
 	require.NoError(t, err)
-	require.NoError(t, b.store.WaitForCredential(ctx, job.ID, time.Now().Add(time.Minute), "credential paused: manual"))
+	require.NoError(t, b.store.WaitForCredential(ctx, job.ID, job.CredentialIndex, time.Now().Add(time.Minute), "credential paused: manual"))
 	got := nextFrames(t, s, 2)
 	require.Equal(t, []string{"reset/2.3", "retrying/3"}, names(got))
 	require.JSONEq(t, `{"attempt":1}`, got[0].data)

@@ -287,15 +287,15 @@ SELECT id, event_seq, 'running', jsonb_build_object('attempt', attempts, 'batch_
 	return nil
 }
 
-// polled records a poll's answer and when to poll next; the batch's unfinished jobs show the
-// provider's state.
+// polled records a poll's answer and when to poll next; the batch's unfinished jobs, and those
+// canceled while in it, show the provider's state (see followedBatch).
 func (s store) polled(ctx context.Context, id, providerState string, nextPoll time.Time) error {
 	_, err := s.pool.Exec(ctx, `
 WITH b AS (
 	UPDATE provider_batches SET provider_state = $2, polls = polls + 1, next_poll_at = $3 WHERE id = $1
 )
 UPDATE jobs SET batch_state = $2, updated_at = now()
-WHERE batch_ref = $1 AND status IN ('queued', 'running', 'retrying') AND batch_state IS DISTINCT FROM $2`, id, providerState, nextPoll)
+WHERE batch_ref = $1 AND `+followedBatch+` AND batch_state IS DISTINCT FROM $2`, id, providerState, nextPoll)
 	if err != nil {
 		return fmt.Errorf("record batch poll: %w", err)
 	}
@@ -334,9 +334,22 @@ type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// endBatch is ended's statement, through q.
+// followedBatch is the SQL condition of a job in a batch (batch_ref) whose batch_state follows
+// the batch's provider state: an unfinished job, and one canceled while in the batch, which the
+// provider may still be running (its cancel reaches the provider only once none of the batch's
+// jobs waits): it showed the state last polled before its cancel (in_progress) for good. A job
+// the batch answered (succeeded, failed) keeps the state its answer was recorded at.
+const followedBatch = `status IN ('queued', 'running', 'retrying', 'canceled')`
+
+// endBatch is ended's statement, through q. The batch's jobs canceled while in it show the state
+// it ended in (providerState; "": never sent, and they keep theirs), as those it answered do.
 func endBatch(ctx context.Context, q execer, id, state, providerState string) error {
-	_, err := q.Exec(ctx, `UPDATE provider_batches SET state = $2, provider_state = $3, ended_at = now(), next_poll_at = NULL
+	_, err := q.Exec(ctx, `
+WITH j AS (
+	UPDATE jobs SET batch_state = $3, updated_at = now()
+	WHERE batch_ref = $1 AND status = 'canceled' AND $3::text IS NOT NULL AND batch_state IS DISTINCT FROM $3
+)
+UPDATE provider_batches SET state = $2, provider_state = $3, ended_at = now(), next_poll_at = NULL
 WHERE id = $1`, id, state, nullString(providerState))
 	return err
 }

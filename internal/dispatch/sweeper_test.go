@@ -129,7 +129,7 @@ func TestSweeper_FreshGraceSparesNewJobs(t *testing.T) {
 	fresh := b.Create(t, jobstest.Opts{})
 	postponed := b.Create(t, jobstest.Opts{})
 	until := time.Now().Add(time.Hour)
-	require.NoError(t, b.Store.Postpone(ctx, postponed.ID, until))
+	require.NoError(t, b.Store.Postpone(ctx, postponed.ID, postponed.CredentialIndex, until))
 	retrying := b.Create(t, jobstest.Opts{})
 	b.Attempt(t, retrying.ID, jobs.Outcome{Status: jobs.StatusRetrying})
 	requeued := b.Create(t, jobstest.Opts{}) // queued, with an attempt behind it

@@ -445,7 +445,9 @@ func (e *Executor) pauseProbe(ctx context.Context, up Upstream, ps limiter.Pause
 // drawRetry asks the shared retry budget for the job's retry, or returns a *deferral when it is
 // spent. Timeouts are the normal failure of long generations: they draw on their own budget. The
 // retry is named by the job and its attempts so far, so that its deferrals (a look again each
-// budgetRecheck) count one refusal, and its next retry, after another failure, one more.
+// budgetRecheck) count one refusal, and its next retry, after another failure, one more; and so
+// that it draws once, however often it is drawn before its send (its delivery back for a send
+// slot far off, a draw whose reply was lost: limiter.Gate.AllowRetry).
 func (e *Executor) drawRetry(ctx context.Context, job *jobs.Job, g *limiter.Gate) error {
 	allow := g.AllowRetry
 	if retryAfterTimeout(job) {

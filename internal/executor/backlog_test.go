@@ -315,7 +315,7 @@ func TestExecutor_BacklogGateIsTakenAgainAfterTheRetryDelay(t *testing.T) {
 		TenantWeight: w.weight})
 
 	l, d := createJob(t, b, "acme", jobs.PriorityLow), createJob(t, b, "holder", jobs.PriorityLow)
-	require.NoError(t, b.Store.Postpone(ctx, l.ID, time.Now().Add(time.Second)))
+	require.NoError(t, b.Store.Postpone(ctx, l.ID, l.CredentialIndex, time.Now().Add(time.Second)))
 	results := make(chan error, 2)
 	go func() { results <- ex.Process(ctx, dispatch.Delivery{JobID: l.ID, Low: true}) }()
 	require.Eventually(t, func() bool { return stageCounts(t, reg)[executor.StageLoad] == 1 }, 30*time.Second, time.Millisecond,

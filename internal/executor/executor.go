@@ -251,6 +251,13 @@ type deferral struct {
 	// rolling deploy that adds it): the job waits for that process as it would for a paused
 	// credential, without failing over.
 	elsewhere bool
+	// credential is the job's credential index the delivery read (jobs.Job.CredentialIndex),
+	// and read says it is set (run sets it on every deferral not stored): the row takes until
+	// only while the job is still there. Another delivery that failed the job over meanwhile
+	// owns the row (its fallback takes the job at once): this one comes back at until, and
+	// finds the job moved.
+	credential int
+	read       bool
 }
 
 // onCredential reports whether the deferral waits for the job's credential to take requests
@@ -313,9 +320,9 @@ func (e *Executor) outcome(ctx context.Context, id string, err error) error {
 				// running, a call in flight that is not, for as long as the credential cannot
 				// take it. A wait for its turn is short and leaves it running, which keeps its
 				// next attempt off the retry budget (drawsOnRetryBudget).
-				perr = e.cfg.Store.WaitForCredential(pctx, id, df.until, df.reason)
+				perr = e.cfg.Store.WaitForCredential(pctx, id, df.credential, df.until, df.reason)
 			} else {
-				perr = e.cfg.Store.Postpone(pctx, id, df.until)
+				perr = e.cfg.Store.Postpone(pctx, id, df.credential, df.until)
 			}
 			cancel()
 			if perr != nil {
@@ -351,9 +358,19 @@ func (e *Executor) process(ctx context.Context, id string, fresh bool, pass *gat
 	return e.run(ctx, job, pass)
 }
 
-// run is a delivery's steps after the job's read: the guard, the breaker and the limiter, the
-// attempt's start and the attempt.
+// run is a delivery's steps after the job's read (see steps). A deferral for outcome to write
+// records the credential the job was read at: the write applies only while the job is there.
 func (e *Executor) run(ctx context.Context, job *jobs.Job, pass *gatePass) error {
+	err := e.steps(ctx, job, pass)
+	if d, ok := errors.AsType[*deferral](err); ok && !d.stored && !d.read {
+		// Not read yet: a failover's nested delivery read the job again, and its record stands.
+		d.credential, d.read = job.CredentialIndex, true
+	}
+	return err
+}
+
+// steps are run's: the guard, the breaker and the limiter, the attempt's start and the attempt.
+func (e *Executor) steps(ctx context.Context, job *jobs.Job, pass *gatePass) error {
 	if job.Priority == jobs.PriorityLow {
 		// A low job's due task comes on the main queue: it enters here.
 		if err := pass.enter(ctx); err != nil {

@@ -34,7 +34,7 @@ func (e *Executor) takeShare(ctx context.Context, job *jobs.Job) error {
 	if err := sleep(ctx, turnAwayPause); err != nil {
 		return err
 	}
-	return &deferral{until: e.cfg.Now().Add(delay), reason: reasonOverShare}
+	return &deferral{until: e.cfg.Now().Add(delay), reason: reasonOverShare, credential: job.CredentialIndex, read: true}
 }
 
 // turnAwayPause is how long a delivery turned away for its tenant's share holds its slot first.

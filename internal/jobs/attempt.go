@@ -130,10 +130,12 @@ WHERE id = $1 AND slot_seq = $2 AND status IN ('succeeded', 'failed', 'dead', 'c
 // slot is always safe. until is on the caller's clock, and a row holding a slot is read on the
 // limiter's: the executor postpones a held slot only once it is due, so a host's skew moves the
 // recheck, never the slot (docs/operations.md, Clocks). It is not a transition (no event) and
-// applies only to a job waiting for an attempt (see waitingForAttempt).
-func (s *Store) Postpone(ctx context.Context, id string, until time.Time) error {
+// applies only to a job waiting for an attempt (see waitingForAttempt) at the credential index
+// from (Job.CredentialIndex as the caller read it): a job another delivery moved to a fallback
+// meanwhile (NextCredential) is that delivery's, due there at once, and is left as it is.
+func (s *Store) Postpone(ctx context.Context, id string, from int, until time.Time) error {
 	_, err := s.pool.Exec(ctx, `UPDATE jobs SET next_attempt_at = $2, updated_at = now()
-WHERE id = $1 AND `+waitingForAttempt, id, until)
+WHERE id = $1 AND `+waitingForAttempt+` AND credential_index = $3`, id, until, from)
 	if err != nil {
 		return fmt.Errorf("postpone job: %w", err)
 	}
@@ -148,9 +150,10 @@ WHERE id = $1 AND `+waitingForAttempt, id, until)
 // dead attempt stays counted, unrecorded, as when the next attempt takes the job over. Left
 // running, it showed a call in flight, and counted as no waiting job, for as long as the
 // credential stayed unable. A queued or retrying job is postponed as Postpone does; a job whose
-// attempt holds a live lease, or that ended, is left as it is.
-func (s *Store) WaitForCredential(ctx context.Context, id string, until time.Time, reason string) error {
-	_, err := s.pool.Exec(ctx, waitForCredentialSQL, id, until, reason)
+// attempt holds a live lease, or that ended, or that is no longer at the credential index from
+// (another delivery failed it over meanwhile), is left as it is.
+func (s *Store) WaitForCredential(ctx context.Context, id string, from int, until time.Time, reason string) error {
+	_, err := s.pool.Exec(ctx, waitForCredentialSQL, id, until, reason, from)
 	if err != nil {
 		return fmt.Errorf("postpone job for its credential: %w", err)
 	}
@@ -161,7 +164,7 @@ func (s *Store) WaitForCredential(ctx context.Context, id string, until time.Tim
 // lost, with its event (a trigger notifies), or the postponement of a job already waiting. The
 // two updates' conditions exclude each other on the statement's snapshot, so at most one
 // applies; a transition committed while it waited for the row's lock (a Finish, a takeover)
-// makes both miss, and that row's state stands.
+// makes both miss, and that row's state stands. Both apply only at the credential index $4.
 const waitForCredentialSQL = `
 WITH lost AS (
 	UPDATE jobs SET status = 'retrying', next_attempt_at = $2, lease_token = NULL, lease_until = NULL,
@@ -169,12 +172,13 @@ WITH lost AS (
 			' ended without an outcome (its delivery stopped, a worker crash say); waiting: ' || $3::text),
 		updated_at = now(), event_seq = event_seq + 1
 	WHERE id = $1 AND status = 'running' AND (lease_until IS NULL OR lease_until <= clock_timestamp())
+		AND credential_index = $4
 	RETURNING id, event_seq
 ), e AS (
 	INSERT INTO job_events (job_id, seq, type, payload) SELECT id, event_seq, 'retrying', '{}'::jsonb FROM lost
 )
 UPDATE jobs SET next_attempt_at = $2, updated_at = now()
-WHERE id = $1 AND status IN ('queued', 'retrying')`
+WHERE id = $1 AND status IN ('queued', 'retrying') AND credential_index = $4`
 
 // NextCredential moves a job waiting for an attempt (see waitingForAttempt) from the credential
 // at index from (Job.CredentialIndex as the caller read it) to the next fallback, without an

@@ -37,7 +37,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 		ctx := t.Context()
 		b, job := crashed(t)
 
-		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, at, reason))
+		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, job.CredentialIndex, at, reason))
 		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusRetrying, got.Status)
@@ -52,7 +52,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 
 		// Waiting again only moves the time, and the next attempt is the second.
 		later := at.Add(time.Minute)
-		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, later, reason))
+		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, job.CredentialIndex, later, reason))
 		got, err = b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.True(t, later.Equal(*got.NextAttemptAt))
@@ -68,7 +68,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 		b, job := crashed(t)
 		// A wait for the job's turn on a credential that takes requests is short, and a job
 		// still running is a re-attempt the retry budget does not charge (see decisions.md).
-		require.NoError(t, b.Store.Postpone(ctx, job.ID, at))
+		require.NoError(t, b.Store.Postpone(ctx, job.ID, job.CredentialIndex, at))
 		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusRunning, got.Status)
@@ -82,7 +82,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 		job := b.Create(t, jobstest.Opts{})
 		_, err := b.Store.BeginAttempt(ctx, job.ID)
 		require.NoError(t, err)
-		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, at, reason))
+		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, job.CredentialIndex, at, reason))
 		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusRunning, got.Status)
@@ -96,7 +96,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 		ctx := t.Context()
 		b := jobstest.New(t)
 		job := b.Create(t, jobstest.Opts{})
-		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, at, reason))
+		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, job.CredentialIndex, at, reason))
 		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusQueued, got.Status)
@@ -111,7 +111,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 		b, job := crashed(t)
 		_, err := b.Store.Cancel(ctx, job.ID)
 		require.NoError(t, err)
-		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, at, reason))
+		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, job.CredentialIndex, at, reason))
 		got, err := b.Store.Get(ctx, job.ID)
 		require.NoError(t, err)
 		require.Equal(t, jobs.StatusCanceled, got.Status)
@@ -122,7 +122,7 @@ func TestStore_WaitForCredential(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
 		b, job := crashed(t)
-		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, at, reason))
+		require.NoError(t, b.Store.WaitForCredential(ctx, job.ID, job.CredentialIndex, at, reason))
 
 		// The attempt's delivery was only slow (Postgres out of its reach past its lease): its
 		// answer, paid for, is stored when it records it, as when the job had stayed running.

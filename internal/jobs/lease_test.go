@@ -153,7 +153,7 @@ func TestStore_CrashedJobWaits(t *testing.T) {
 	require.True(t, at.Equal(*got.NextAttemptAt))
 
 	later := at.Add(time.Minute)
-	require.NoError(t, b.Store.Postpone(ctx, job.ID, later))
+	require.NoError(t, b.Store.Postpone(ctx, job.ID, job.CredentialIndex, later))
 	got, err = b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)
 	require.True(t, later.Equal(*got.NextAttemptAt))

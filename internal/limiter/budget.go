@@ -23,7 +23,11 @@ func (c *Gate) RecordAttempt(ctx context.Context) error {
 // defer the retry (do not send it). retry names the retry (its job and attempt, say): a refusal
 // is counted in llmq_retry_budget_refusals_total once per retry, however often the retry is asked
 // for again while the budget stays spent (by any process; asked again within a window of its last
-// refusal), and "" counts every refusal. It returns an error only when Redis fails.
+// refusal), and "" counts every refusal. A named retry draws once a window: asked for again
+// within the window of its grant (by any process), it is granted again without drawing, so that
+// a call go-redis sends again after its reply was lost, or a delivery that comes back for the
+// same retry before sending it, spends one retry; and a refusal whose reply was lost is counted
+// by the call sent again. It returns an error only when Redis fails.
 func (c *Gate) AllowRetry(ctx context.Context, retry string) (bool, error) {
 	ok, err := c.budget(ctx, "retry", retry, nil, nil)
 	if err != nil {
@@ -51,8 +55,9 @@ func (c *Gate) AllowTimeoutRetry(ctx context.Context, retry string) (bool, error
 // retry must then be named): a retry the budget refuses holds no place in the fair queue, where
 // its place (Lane.Since, its job's creation time) would be ahead of its tenant's newer jobs. It
 // takes the same place again when it asks for a slot next. True promises nothing: the draw may
-// still be refused, by the retries of other processes drawing in between. It returns an error
-// only when Redis fails, or for an invalid lane.
+// still be refused, by the retries of other processes drawing in between; a retry granted within
+// the window is allowed (its draw is granted again, see AllowRetry). It returns an error only
+// when Redis fails, or for an invalid lane.
 func (c *Gate) RetryAllowed(ctx context.Context, retry string, lane *Lane) (bool, error) {
 	ok, err := c.look(ctx, "look:retry", retry, lane)
 	if err != nil {
@@ -95,6 +100,10 @@ func (c *Gate) budget(ctx context.Context, kind, retry string, laneKeys []string
 	keys := []string{budgetKey(c.l.cfg.Prefix, c.tag)}
 	args := []any{c.l.nowArg(), kind, ca.budgetWindow, ca.budgetBuckets, ca.budgetRatio, ca.budgetFloor}
 	if retry != "" {
+		// A named retry's call carries an id: a refusal it counted is told again to the call
+		// go-redis sends again after its reply was lost (see budgetScript).
+		var a redisscript.Args
+		args[0] = a.NowCall(c.l.cfg.Now, c.l.calls)
 		keys = append(keys, refusedKey(c.l.cfg.Prefix, c.tag))
 		args = append(args, retry)
 		keys, args = append(keys, laneKeys...), append(args, laneArgs...)

@@ -151,7 +151,9 @@
 // the retry. llmq_retry_budget_refusals_total counts the retries refused: a retry named by its
 // caller (the executor names it by job and attempt) that is asked for again while the budget
 // stays spent, by any process, counts once (the names refused within the last window are kept in
-// Redis, refusedKey). Gate.RetryAllowed looks without counting, for a retry in a fair-queueing
+// Redis, refusedKey). A named retry draws once a window: asked for again (a call sent again after
+// its reply was lost, a delivery back before its send), its grant is granted again, uncounted.
+// Gate.RetryAllowed looks without counting, for a retry in a fair-queueing
 // lane that draws only once its slot is granted: its refusal is the same one refusal, and takes
 // the retry's ticket out of its lane, so that a refused retry holds no newer job of its tenant
 // back.

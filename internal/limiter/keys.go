@@ -23,6 +23,14 @@ func budgetKey(prefix, tag string) string { return prefix + tag + ":budget" }
 // after the last refusal.
 func refusedKey(prefix, tag string) string { return budgetKey(prefix, tag) + ":refused" }
 
+// The budget hash's name and ":granted" holds the retries the budget granted lately (a sorted
+// set: a retry's name → µs of its grant), so that a retry drawn again within the window (a draw
+// go-redis sends again after its reply was lost, a delivery back for the same retry) draws once;
+// members go one window after their grant, and the key one window after the last. The budget
+// hash's name, ":call:" and a call's id holds the reply of a draw or look that counted a refusal,
+// for redisscript.CallKeep, so that the call sent again tells it too (see budgetScript, which
+// names both keys).
+
 // pauseKey holds the pause episode of a credential (a hash; missing while not paused, as the
 // last release's binaries expect, which pause only when it does not exist and resume by deleting
 // it). It has no TTL: only Resume ends a pause.

@@ -678,8 +678,12 @@ end
 //
 // KEYS[1] budget hash
 // KEYS[2] optional, with ARGV[7]: the retries refused lately (refusedKey: a sorted set, a
-// retry's name → µs of its last refusal; members not refused for a window are dropped)
-// ARGV[1] now µs, or ""
+// retry's name → µs of its last refusal; members not refused for a window are dropped). With it,
+// the script names two keys more from KEYS[1] (see keys.go): KEYS[1]..':granted', the retries
+// granted lately (a sorted set: a retry's name → µs of its grant, for a window), and
+// KEYS[1]..':call:'..id, a counted refusal's reply kept for redisscript.CallKeep
+// ARGV[1] now µs, or ""; then, with KEYS[2], a space and the call's id (redisscript.CallIDs;
+// absent or "": none)
 // ARGV[2] "first" (count a first attempt), "retry" or "timeout" (ask for a retry of that kind),
 // "look:retry" or "look:timeout" (say whether a retry of that kind would be allowed, counting
 // nothing: a look writes no bucket, and deletes none)
@@ -695,6 +699,14 @@ end
 // Returns {allowed 0|1, first attempts in window, retries in window (after this call), 1 when
 // the ask was refused and its retry (ARGV[7]) was not refused within the window before, else 0}.
 // A look's refusal is a refusal: its retry is kept in KEYS[2] as an ask's is.
+//
+// A named retry draws once a window: one granted within the window (in the granted set) is
+// granted again, counting nothing, and a look at it answers 1. That makes a draw sent again
+// after its reply was lost (go-redis sends a call again on a new connection, after Redis may
+// have run it) draw once, as it does a delivery that comes back for the same retry before
+// sending it; the set holds at most the window's granted retries. A refusal counted (the 1 of
+// the reply's last field) keeps its reply under the call's id, which a call sent again returns:
+// the refusal is counted by the reply that arrives, not lost with the first.
 var budgetScript = redis.NewScript(luaCommon + luaBudget + `
 -- look is budget's answer for a retry of kind letter, read without writing.
 local function look(key, now, letter, window, n, ratio, floor_)
@@ -714,14 +726,35 @@ local function look(key, now, letter, window, n, ratio, floor_)
   return 0, first, used
 end
 
-local now, window = clock(ARGV[1]), tonumber(ARGV[3])
+local nowarg, callid = string.match(ARGV[1], '^([^ ]*) ?(.*)$')
+local now, window = clock(nowarg), tonumber(ARGV[3])
+local n, ratio, floor_ = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local islook = string.sub(ARGV[2], 1, 5) == 'look:'
+local callkey, granted = nil, nil
+if KEYS[2] ~= nil then
+  if callid ~= '' then
+    callkey = KEYS[1] .. ':call:' .. callid
+    local kept = redis.call('GET', callkey)
+    if kept then
+      local f, u = string.match(kept, '^(%S+) (%S+)$')
+      return {0, tonumber(f), tonumber(u), 1}
+    end
+  end
+  if ARGV[2] ~= 'first' then
+    granted = KEYS[1] .. ':granted'
+    redis.call('ZREMRANGEBYSCORE', granted, '-inf', now - window)
+    if redis.call('ZSCORE', granted, ARGV[7]) then
+      local letter = islook and string.sub(ARGV[2], 6, 6) or string.sub(ARGV[2], 1, 1)
+      local _, f, u = look(KEYS[1], now, letter, window, n, ratio, floor_)
+      return {1, f, u, 0}
+    end
+  end
+end
 local allowed, first, used
-if string.sub(ARGV[2], 1, 5) == 'look:' then
-  allowed, first, used = look(KEYS[1], now, string.sub(ARGV[2], 6, 6), window,
-    tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+if islook then
+  allowed, first, used = look(KEYS[1], now, string.sub(ARGV[2], 6, 6), window, n, ratio, floor_)
 else
-  allowed, first, used = budget(KEYS[1], now, ARGV[2], window,
-    tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]))
+  allowed, first, used = budget(KEYS[1], now, ARGV[2], window, n, ratio, floor_)
 end
 local new = 1 - allowed
 if KEYS[2] ~= nil then
@@ -730,6 +763,12 @@ if KEYS[2] ~= nil then
   if allowed == 0 then
     new = redis.call('ZADD', KEYS[2], now, ARGV[7])
     redis.call('PEXPIRE', KEYS[2], math.ceil(window / 1000))
+  elseif granted ~= nil and not islook then
+    redis.call('ZADD', granted, now, ARGV[7])
+    redis.call('PEXPIRE', granted, math.ceil(window / 1000))
+  end
+  if new == 1 and callkey ~= nil then
+    redis.call('SET', callkey, fmt0(first) .. ' ' .. fmt0(used), 'PX', ` + callKeepMS + `)
   end
 end
 if allowed == 0 and KEYS[3] ~= nil then
