@@ -622,13 +622,22 @@ func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.jobOf(r, tn)
+	return s.jobOf(r, tn, false)
 }
 
 // jobOf returns the job named by the path if it is tn's; another tenant's job is
-// jobs.ErrNotFound, exactly like a missing one.
-func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant) (*jobs.Job, error) {
-	job, err := s.cfg.Store.Get(r.Context(), r.PathValue("id"))
+// jobs.ErrNotFound, exactly like a missing one. The job is read without its request (a poll's,
+// a cancel's: the job JSON does not carry it, and a poll read a body of up to
+// api.max_body_bytes each time), unless withRequest (an event stream's: whether the job streams
+// is in its request).
+func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant, withRequest bool) (*jobs.Job, error) {
+	var job *jobs.Job
+	var err error
+	if withRequest {
+		job, err = s.cfg.Store.Get(r.Context(), r.PathValue("id"))
+	} else {
+		job, err = s.cfg.Store.GetWithoutRequest(r.Context(), r.PathValue("id"))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -691,7 +700,7 @@ func (s *Server) cancelStage(r *http.Request, tn *tenant.Tenant) (job *jobs.Job,
 	id := r.PathValue("id")
 	release, ok := s.keyed.tryEnter(tn.Name)
 	if !ok {
-		job, err := s.jobOf(r, tn)
+		job, err := s.jobOf(r, tn, false)
 		switch {
 		case err != nil:
 			return nil, false, err

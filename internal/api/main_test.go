@@ -122,6 +122,8 @@ type queryCounter struct {
 	// before the statement starts, so a loaded machine only shortens the span.
 	spanOf string
 	spans  chan time.Duration
+	// sqls, when set, receives each statement counted, while it has room (the test reads them).
+	sqls chan string
 }
 
 // TraceQueryStart counts d when it reads or watches a job, and sends the span of its deadline
@@ -146,6 +148,10 @@ func (c *queryCounter) count(sql string) {
 	if strings.Contains(sql, "FROM jobs WHERE id = $1") || strings.Contains(sql, "FROM jobs WHERE id = ANY($1") ||
 		strings.Contains(sql, "FROM job_events WHERE job_id = $1") {
 		c.n.Add(1)
+		select {
+		case c.sqls <- sql: // a nil channel never has room
+		default:
+		}
 	}
 }
 

@@ -108,7 +108,7 @@ func (s *Server) streamCaller(w http.ResponseWriter, r *http.Request, tokens []s
 // caller's (jobOf).
 func (s *Server) streamJob(r *http.Request, caller *tenant.Tenant, signed bool) (*jobs.Job, error) {
 	if !signed {
-		return s.jobOf(r, caller)
+		return s.jobOf(r, caller, true) // with its request: whether the job streams
 	}
 	job, err := s.cfg.Store.Get(r.Context(), r.PathValue("id"))
 	if err != nil {

@@ -24,13 +24,14 @@ type ListParams struct {
 	Limit int
 }
 
-// List returns jobs, newest first (created_at, then id), read in the order of Page's index
-// (jobs_created_idx, or jobs_tenant_created_idx with a tenant) until Limit of them match.
+// List returns jobs, newest first (created_at, then id), without their requests (Job.Request is
+// nil), read in the order of Page's index (jobs_created_idx, or jobs_tenant_created_idx with a
+// tenant) until Limit of them match.
 func (s *Store) List(ctx context.Context, p ListParams) ([]*Job, error) {
 	if p.Limit <= 0 {
 		p.Limit = 50
 	}
-	sql, args, err := pageSQL(PageParams{Status: p.Status, Tenant: p.Tenant}, nil, jobColumns, 0, p.Limit)
+	sql, args, err := pageSQL(PageParams{Status: p.Status, Tenant: p.Tenant}, nil, jobColumnsNoRequest, 0, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
@@ -130,7 +131,7 @@ func DeadCursor(j *Job) (cursor string, ok bool) {
 
 // PageDead returns one page of the dead jobs f selects, most recently dead first (finished_at,
 // then id), at most f.Limit (default 50) of them, from after: the Next of the previous page (""
-// for the first). Its Next is "" on the last page. The cursor is the (finished_at, id) of the
+// for the first), without their requests (Job.Request is nil). Its Next is "" on the last page. The cursor is the (finished_at, id) of the
 // page's last job: a job retried or purged meanwhile simply leaves its page, and one that died
 // after the first page was read appears on no page.
 // Errors: ErrBadCursor, or a wrapped database error.
@@ -173,7 +174,7 @@ func pageDeadQuery(f DeadFilter, after string) (string, []any, error) {
 		where += " AND (jobs.finished_at, jobs.id) < ($" + strconv.Itoa(len(args)-1) + ", $" + strconv.Itoa(len(args)) + "::uuid)"
 	}
 	args = append(args, f.Limit+1)
-	return `SELECT ` + jobColumns + ` FROM jobs WHERE ` + where + `
+	return `SELECT ` + jobColumnsNoRequest + ` FROM jobs WHERE ` + where + `
 ORDER BY finished_at DESC, id DESC LIMIT $` + strconv.Itoa(len(args)), args, nil
 }
 

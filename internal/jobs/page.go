@@ -44,7 +44,8 @@ type JobPage struct {
 const PageScanRows = 10_000
 
 // Page returns every tenant's jobs that p selects, newest first (created_at, then id), one page
-// at a time. The cursor is the (created_at, id) of the page's last row, so a page is read
+// at a time, without their requests and answers (Job.Request and Job.Result are nil: a list
+// shows neither, and they made a page's cost grow with their size). The cursor is the (created_at, id) of the page's last row, so a page is read
 // through jobs_created_idx (or jobs_tenant_created_idx with a tenant) from where the previous one
 // stopped, whatever the page number: on 10 million rows a page costs what the first one costs
 // (see TestStore_PageUsesIndex). Jobs created after the first page was read appear on no page;
@@ -120,10 +121,10 @@ func pageBoundQuery(p PageParams) (string, []any, error) {
 	return pageSQL(PageParams{Tenant: p.Tenant, After: p.After}, nil, "created_at, id::text", PageScanRows-1, 1)
 }
 
-// pageQuery is Page's statement: it reads Limit+1 rows, the last only to know whether a next
-// page exists, and none past bound (nil: none).
+// pageQuery is Page's statement: it reads Limit+1 rows (jobColumnsNoPayload), the last only to
+// know whether a next page exists, and none past bound (nil: none).
 func pageQuery(p PageParams, bound *pageBound) (string, []any, error) {
-	return pageSQL(p, bound, jobColumns, 0, p.Limit+1)
+	return pageSQL(p, bound, jobColumnsNoPayload, 0, p.Limit+1)
 }
 
 // pageSQL selects columns of p's jobs, newest first, none past bound (nil: none), skipping

@@ -54,3 +54,42 @@ FROM generate_series(1, 25000) g`)
 	require.NoError(t, err)
 	require.Len(t, page.Jobs, 500)
 }
+
+// TestStore_ListsReadNoRequestNorAnswer: the lists (the console's job and dead-letter pages, ctl
+// jobs list and dead list) read no job's request, which no list shows (it is not in the job
+// JSON), and the console's job page no answer either, which it drops (a row of the list shows
+// none): a page of 500 jobs whose answers weighed 800 kB each took 1.2 to 2 s where a page of
+// small ones took 0.06 s, as Postgres read and sent 380 MB for it.
+func TestStore_ListsReadNoRequestNorAnswer(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	_, err := b.Pool.Exec(ctx, `INSERT INTO jobs (id, credential, fingerprint, status, request, result, max_attempts,
+	timeout_ms, deadline, dead_reason, finished_at)
+VALUES (gen_random_uuid(), 'c', 'f', 'succeeded', '{"prompt": "long"}', '{"answer": "long"}', 3, 60000, now(), NULL, now()),
+	(gen_random_uuid(), 'c', 'f', 'dead', '{"prompt": "long"}', '{"late": "answer"}', 3, 60000, now(), 'retries_exhausted', now())`)
+	require.NoError(t, err)
+
+	page, err := b.Store.Page(ctx, jobs.PageParams{})
+	require.NoError(t, err)
+	require.Len(t, page.Jobs, 2)
+	for _, j := range page.Jobs {
+		require.Nil(t, j.Request, "job %s", j.Status)
+		require.Nil(t, j.Result, "job %s", j.Status)
+		require.JSONEq(t, `{}`, string(j.Metadata), "the other columns are read as before")
+	}
+
+	dead, err := b.Store.PageDead(ctx, jobs.DeadFilter{}, "")
+	require.NoError(t, err)
+	require.Len(t, dead.Jobs, 1)
+	require.Nil(t, dead.Jobs[0].Request)
+	require.JSONEq(t, `{"late": "answer"}`, string(dead.Jobs[0].Result), "ctl dead list --json prints it")
+
+	list, err := b.Store.List(ctx, jobs.ListParams{})
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	for _, j := range list {
+		require.Nil(t, j.Request, "job %s", j.Status)
+		require.NotNil(t, j.Result, "ctl jobs list --json prints the answer of job %s", j.Status)
+	}
+}
