@@ -122,12 +122,14 @@ type Config struct {
 	// beyond their deadline.
 	LeaseRenewInterval time.Duration
 	// Slots is how many deliveries asynq runs at once in this process (worker.concurrency).
-	// When set, a tenant's deliveries from asynq hold at most its share of them (see
-	// internal/slotshare): alone, all but a small reserve, so that another tenant's task behind
-	// its backlog is delivered at all; beside other tenants with work, about Slots × its weight /
-	// their weights' sum. A delivery over its tenant's share is deferred before the breaker and
-	// the limiter (no attempt counted, no send slot taken), to come back after a short delay
-	// that grows while the tenant stays over. A serve process's own first deliveries
+	// When set, a tenant's deliveries from asynq hold at most its share of them once they are
+	// scarce (see internal/slotshare): while more than a small reserve is free, any tenant takes
+	// one; at the reserve, a tenant alone holds all but the reserve, so that another tenant's
+	// task behind its backlog is delivered at all, and beside other tenants with work about
+	// Slots × its weight / their weights' sum. A delivery over its tenant's share is deferred
+	// before the breaker and the limiter (no attempt counted, no send slot taken), after a
+	// short pause in its slot, to come back after a delay that grows while the tenant stays
+	// over. A serve process's own first deliveries
 	// (ProcessFresh) have slots of their own, a job finding them all taken going to asynq: they
 	// are not counted. Zero: no share; deliveries take the slots first come first served.
 	Slots int
