@@ -45,9 +45,10 @@ func (a *app) deadCommand() *cli.Command {
 			Usage:     "put dead jobs back to queued with a fresh attempt budget (their history is kept); a revoked tenant's are left dead",
 			ArgsUsage: "ID... | --all",
 			Flags: []cli.Flag{
-				&cli.BoolFlag{Name: "all", Usage: "every dead job (narrowed by --reason and --credential)"},
+				&cli.BoolFlag{Name: "all", Usage: "every dead job (narrowed by --reason, --credential and --tenant)"},
 				&cli.StringFlag{Name: "reason", Usage: "with --all: only this dead reason"},
 				&cli.StringFlag{Name: "credential", Usage: "with --all: only jobs sent to this credential (their own, or a fallback they reached)"},
+				&cli.StringFlag{Name: "tenant", Usage: "with --all: only this tenant's jobs"},
 			},
 			Action: a.deadRetry,
 		}, {
@@ -253,11 +254,15 @@ func (a *app) deadRetry(c *cli.Context) error {
 	case all && len(ids) > 0:
 		return cli.Exit("give job IDs or --all, not both", exitUsage)
 	case !all && len(ids) == 0:
-		return cli.Exit("usage: ctl dead retry ID... | --all [--reason R] [--credential C]", exitUsage)
-	case !all && (c.IsSet("reason") || c.IsSet("credential")):
-		return cli.Exit("--reason and --credential go with --all", exitUsage)
+		return cli.Exit("usage: ctl dead retry ID... | --all [--reason R] [--credential C] [--tenant T]", exitUsage)
+	case !all && (c.IsSet("reason") || c.IsSet("credential") || c.IsSet("tenant")):
+		return cli.Exit("--reason, --credential and --tenant go with --all", exitUsage)
 	}
 	if err := checkDeadReason(c); err != nil {
+		return err
+	}
+	tenant, err := tenantFilter(c)
+	if err != nil {
 		return err
 	}
 	// Redis first: a job set queued that no task carries would wait for the sweeper.
@@ -272,7 +277,7 @@ func (a *app) deadRetry(c *cli.Context) error {
 	}
 	defer p.Close()
 	store := jobs.NewStore(p, nil)
-	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential")}
+	f := jobs.DeadFilter{Reason: c.String("reason"), Credential: c.String("credential"), Tenant: tenant}
 	if !all {
 		f.IDs = ids
 	}
@@ -325,6 +330,9 @@ func (a *app) deadRetry(c *cli.Context) error {
 	detail := map[string]any{"requested": ids}
 	if all {
 		detail = map[string]any{"all": true, "reason": f.Reason, "credential": f.Credential}
+		if f.Tenant != "" {
+			detail["tenant"] = f.Tenant
+		}
 		if revoked > 0 {
 			detail["skipped_revoked"] = revoked
 		}
@@ -409,9 +417,18 @@ func (a *app) deadPurge(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
-		n, err := store.PurgeDead(c.Context, before)
+		// Each batch commits on its own: a long purge tells its progress after each, as a retry
+		// --all does, and one stopped halfway (an error, Ctrl-C) says how many it deleted.
+		n, err := store.PurgeDead(c.Context, before, &jobs.PurgeDeadOpts{BatchFunc: func(_ context.Context, purged int64) {
+			fmt.Fprintf(a.out, "purged %d dead jobs so far\n", purged)
+		}})
 		if err != nil {
-			return err
+			if n == 0 {
+				return err
+			}
+			logErr := logAction(context.WithoutCancel(c.Context), p, audit.Entry{Action: "dead.purge", Count: int(n),
+				Detail: map[string]any{"older_than": d.String()}})
+			return errors.Join(fmt.Errorf("purge stopped after %d jobs: %w", n, err), logErr)
 		}
 		if _, err := fmt.Fprintf(a.out, "purged %d dead jobs\n", n); err != nil {
 			return err

@@ -784,3 +784,63 @@ func TestDeadList_Tenant(t *testing.T) {
 		require.Equal(t, "no dead jobs\n", r.out)
 	})
 }
+
+// TestDeadPurge_TellsProgress: `ctl dead purge --older-than` deletes in batches of
+// jobs.PurgeDeadBatch, each committed on its own, and tells its progress after each, as `dead
+// retry --all` does. It said nothing until the last batch, however many thousands it deleted.
+func TestDeadPurge_TellsProgress(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	const n = jobs.PurgeDeadBatch + 1
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO jobs (id, credential, fingerprint, status, request,
+	max_attempts, timeout_ms, deadline, dead_reason, finished_at)
+SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted', now() - interval '10 days' - g * interval '1 second'
+FROM generate_series(1, $1::int) g`, n)
+	require.NoError(t, err)
+
+	r := run(t, "--database-url", b.url, "dead", "purge", "--older-than", "7d")
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "purged 500 dead jobs so far\npurged 501 dead jobs\n", r.out)
+	var left int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM jobs`).Scan(&left))
+	require.Zero(t, left)
+	entries := auditLog(t, b.url)
+	require.Len(t, entries, 1)
+	require.Equal(t, n, entries[0].Count)
+}
+
+// TestDeadRetry_AllTenant: `ctl dead retry --all --tenant T` puts back only T's dead jobs, as
+// `ctl dead list --tenant T` lists only them; an empty --tenant, or --tenant without --all, is a
+// usage error. --all took no --tenant: an operator retrying one tenant's dead letters retried
+// every tenant's.
+func TestDeadRetry_AllTenant(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	redis, insp, queue := redisArgs(t)
+	mine := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	other := b.deadJob(t, "default", jobs.ReasonRetriesExhausted, 1)
+	_, err := b.pool.Exec(t.Context(), `UPDATE jobs SET tenant = 'acme' WHERE id = $1`, mine.ID)
+	require.NoError(t, err)
+
+	for _, args := range [][]string{{"--all", "--tenant", ""}, {"--all", "--tenant", "  "}} {
+		r := run(t, append(append([]string{"--database-url", b.url}, redis...), append([]string{"dead", "retry"}, args...)...)...)
+		requireOneLineError(t, r, 2, "--tenant: name a tenant")
+	}
+	r := run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", mine.ID, "--tenant", "acme")...)
+	requireOneLineError(t, r, 2, "--reason, --credential and --tenant go with --all")
+
+	r = run(t, append(append([]string{"--database-url", b.url}, redis...), "dead", "retry", "--all", "--tenant", "acme")...)
+	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
+	require.Equal(t, "requeued 1 dead jobs\n", r.out)
+	got, err := b.store.Get(t.Context(), mine.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusQueued, got.Status)
+	_, err = insp.GetTaskInfo(queue, mine.ID)
+	require.NoError(t, err)
+	still, err := b.store.Get(t.Context(), other.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusDead, still.Status, "another tenant's dead job is left dead")
+	entries := auditLog(t, b.url)
+	require.Len(t, entries, 1)
+	require.Equal(t, "acme", entries[0].Detail["tenant"])
+}

@@ -30,7 +30,7 @@ func TestCtl_SilentPostgresIsBounded(t *testing.T) {
 		args      []string
 		want      string // the store's step named in the message
 	}{
-		"DeadList":        {"ORDER BY finished_at DESC, id DESC LIMIT", []string{"dead", "list"}, "page dead jobs"},
+		"DeadList":        {"ORDER BY jobs.finished_at DESC, jobs.id DESC LIMIT", []string{"dead", "list"}, "page dead jobs"},
 		"DeadRetry":       {"WITH old AS (", []string{"dead", "retry", "--all"}, "retry dead jobs"},
 		"OperatorsCreate": {"INSERT INTO operators", []string{"operators", "create", "alice"}, "operator"},
 		// A cut COMMIT may have landed: the message says so, and how to check, as the

@@ -27,7 +27,7 @@ func TestRead_SilentDatabaseIsA503(t *testing.T) {
 		statement string // the read that falls silent
 		path      func(job *jobs.Job) string
 	}{
-		"DeadList":  {"ORDER BY finished_at DESC, id DESC LIMIT", func(*jobs.Job) string { return "/console/api/dead" }},
+		"DeadList":  {"ORDER BY jobs.finished_at DESC, jobs.id DESC LIMIT", func(*jobs.Job) string { return "/console/api/dead" }},
 		"JobDetail": {"FROM jobs WHERE id = $1", func(j *jobs.Job) string { return "/console/api/jobs/" + j.ID }},
 		// A job page's event stream, whose context no bound may end, bounds its reads one by one.
 		"JobLive": {"FROM jobs WHERE id = $1", func(j *jobs.Job) string { return "/console/api/jobs/" + j.ID + "/live" }},

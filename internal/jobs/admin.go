@@ -161,7 +161,9 @@ func (s *Store) PageDead(ctx context.Context, f DeadFilter, after string) (*JobP
 	return page, nil
 }
 
-// pageDeadQuery is PageDead's statement: f.Limit+1 rows (the one more says a next page follows).
+// pageDeadQuery is PageDead's statement: f.Limit+1 rows (the one more says a next page follows),
+// in the order of the cursor's condition: jobs.id, a uuid (id alone names the output column
+// id::text, which sorted as text, by the database's collation; see pageSQL).
 func pageDeadQuery(f DeadFilter, after string) (string, []any, error) {
 	var args []any
 	where := f.where("jobs", &args)
@@ -175,7 +177,7 @@ func pageDeadQuery(f DeadFilter, after string) (string, []any, error) {
 	}
 	args = append(args, f.Limit+1)
 	return `SELECT ` + jobColumnsNoRequest + ` FROM jobs WHERE ` + where + `
-ORDER BY finished_at DESC, id DESC LIMIT $` + strconv.Itoa(len(args)), args, nil
+ORDER BY jobs.finished_at DESC, jobs.id DESC LIMIT $` + strconv.Itoa(len(args)), args, nil
 }
 
 // RetryDeadOpts are RetryDead's per-call knobs; nil takes the defaults.
@@ -421,23 +423,42 @@ func (s *Store) CountDeadOfRevoked(ctx context.Context, f DeadFilter) (int, erro
 	return n, nil
 }
 
+// PurgeDeadOpts are PurgeDead's options; nil or zero fields mean none.
+type PurgeDeadOpts struct {
+	// BatchFunc, if set, is called after each transaction that deleted a full batch
+	// (PurgeDeadBatch jobs: more may follow) with the jobs deleted so far, the batch's
+	// included: a long purge can tell its progress.
+	BatchFunc func(ctx context.Context, purged int64)
+}
+
 // PurgeDead deletes the jobs that died before `before`, with their attempts, events and
 // idempotency keys (a later submit with such a key makes a new job), and returns how many. It
-// deletes purgeBatch jobs per transaction (see DeleteFinished), so a large purge holds no lock
-// long; a dead job an operator is retrying meanwhile is left alone.
-func (s *Store) PurgeDead(ctx context.Context, before time.Time) (int64, error) {
+// deletes PurgeDeadBatch jobs per transaction (see DeleteFinished), so a large purge holds no
+// lock long; a dead job an operator is retrying meanwhile is left alone. On an error it returns
+// the jobs the transactions before it deleted.
+func (s *Store) PurgeDead(ctx context.Context, before time.Time, opts *PurgeDeadOpts) (int64, error) {
 	var total int64
 	for {
-		n, err := s.DeleteFinished(ctx, StatusDead, before, purgeBatch)
+		n, err := s.DeleteFinished(ctx, StatusDead, before, PurgeDeadBatch)
 		total += n
-		if err != nil || n < purgeBatch {
+		if err != nil || n < PurgeDeadBatch {
 			return total, err
+		}
+		if opts != nil && opts.BatchFunc != nil {
+			opts.BatchFunc(ctx, total)
 		}
 	}
 }
 
-// purgeBatch is how many jobs one of PurgeDead's transactions deletes.
-const purgeBatch = 500
+// runMSSQL is a finished job's submit → end in milliseconds, from the start of its current run:
+// its deadline less its timeout, which the insert and a retry of a dead letter set (both to
+// clock_timestamp() + timeout_ms), so a retried dead letter counts from its retry, not from its
+// first submit (see Stats.SubmitToResultP95MS and docs/decisions.md, "Submit → result counts a
+// retried dead letter from its retry").
+const runMSSQL = `extract(epoch FROM finished_at - (deadline - timeout_ms * interval '1 millisecond')) * 1000`
+
+// PurgeDeadBatch is how many jobs one of PurgeDead's transactions deletes.
+const PurgeDeadBatch = 500
 
 // Stats summarise the jobs and provider calls of a window.
 type Stats struct {
@@ -461,7 +482,11 @@ type Stats struct {
 	// RequestsPerSuccess is Attempts/Succeeded; nil without successes.
 	RequestsPerSuccess *float64 `json:"requests_per_success"`
 	// SubmitToResultP50 and P95 are percentiles of submit → success of the jobs that succeeded
-	// in the window, waits and retries included; nil without successes.
+	// in the window, waits and retries included; nil without successes. A job's span starts
+	// where its timeout starts (its deadline less its timeout, on Postgres's clock): at its
+	// submit (the insert, a moment after created_at, the start of the submit's transaction), or,
+	// for a dead letter an operator retried, at its latest retry. Measured from created_at, a
+	// dead letter retried a month after its submit counted as a success of a month (751h).
 	SubmitToResultP50MS *float64 `json:"submit_to_result_p50_ms"`
 	SubmitToResultP95MS *float64 `json:"submit_to_result_p95_ms"`
 }
@@ -499,10 +524,8 @@ SELECT `+since+`,
 FROM (SELECT count(*) AS n, count(*) FILTER (WHERE attempt > 1) AS retries
 	FROM job_attempts WHERE started_at >= `+since+`) a,
 	(SELECT count(*) AS n,
-		percentile_cont(0.5) WITHIN GROUP (
-			ORDER BY extract(epoch FROM finished_at - created_at) * 1000) AS p50,
-		percentile_cont(0.95) WITHIN GROUP (
-			ORDER BY extract(epoch FROM finished_at - created_at) * 1000) AS p95
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY `+runMSSQL+`) AS p50,
+		percentile_cont(0.95) WITHIN GROUP (ORDER BY `+runMSSQL+`) AS p95
 	FROM jobs WHERE status = 'succeeded' AND finished_at >= `+since+`) ok`, window.Microseconds()).
 		Scan(&st.Since, &byStatus, &st.Submitted, &st.Attempts, &st.Retries,
 			&st.Succeeded, &st.SubmitToResultP50MS, &st.SubmitToResultP95MS); err != nil {

@@ -350,7 +350,7 @@ func TestStore_PurgeDead(t *testing.T) {
 	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = now() - interval '2 days' WHERE id = $1`, old.ID)
 	require.NoError(t, err)
 
-	n, err := b.Store.PurgeDead(ctx, time.Now().Add(-24*time.Hour))
+	n, err := b.Store.PurgeDead(ctx, time.Now().Add(-24*time.Hour), nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	_, err = b.Store.Get(ctx, old.ID)
@@ -401,10 +401,11 @@ func TestStore_Stats(t *testing.T) {
 	b.Attempt(t, ok2.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
 	b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 3)
 	b.Create(t, jobstest.Opts{})
-	// Submit → result of 1s and 3s.
-	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '1 second' WHERE id = $1`, ok1.ID)
+	// Submit → result of 1s and 3s (from the submit's insert, where the timeout starts).
+	const fromInsert = `deadline - timeout_ms * interval '1 millisecond'`
+	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = `+fromInsert+` + interval '1 second' WHERE id = $1`, ok1.ID)
 	require.NoError(t, err)
-	_, err = b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = created_at + interval '3 seconds' WHERE id = $1`, ok2.ID)
+	_, err = b.Pool.Exec(ctx, `UPDATE jobs SET finished_at = `+fromInsert+` + interval '3 seconds' WHERE id = $1`, ok2.ID)
 	require.NoError(t, err)
 
 	st, err := b.Store.Stats(ctx, time.Hour)
@@ -607,4 +608,29 @@ func TestStore_RetryDeadJobsUsageIsItsNewAnswers(t *testing.T) {
 	require.Len(t, attempts, 3)
 	require.JSONEq(t, string(late), string(attempts[1].Usage), "the late answer's cost stays on its attempt")
 	require.Nil(t, attempts[2].Usage)
+}
+
+// TestStore_StatsCountsARetriedDeadLetterFromItsRetry: a dead letter an operator retries a month
+// after its submit, and that then succeeds, took the seconds since its retry, not a month: its
+// submit → result counts from the retry, where its new timeout starts. From created_at it
+// showed as a p95 of 744h.
+func TestStore_StatsCountsARetriedDeadLetterFromItsRetry(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	dead := b.Dead(t, jobstest.Opts{}, jobs.ReasonRetriesExhausted, 1)
+	_, err := b.Pool.Exec(ctx, `UPDATE jobs SET created_at = now() - interval '31 days', deadline = deadline - interval '31 days',
+	finished_at = now() - interval '30 days' WHERE id = $1`, dead.ID)
+	require.NoError(t, err)
+	retried, err := b.Store.RetryDead(ctx, jobs.DeadFilter{IDs: []string{dead.ID}}, nil)
+	require.NoError(t, err)
+	require.Len(t, retried, 1)
+	b.Attempt(t, dead.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+
+	st, err := b.Store.Stats(ctx, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Succeeded)
+	require.NotNil(t, st.SubmitToResultP95MS)
+	require.Less(t, *st.SubmitToResultP95MS, float64(time.Minute.Milliseconds()), "from the retry")
+	require.GreaterOrEqual(t, *st.SubmitToResultP95MS, 0.0)
 }

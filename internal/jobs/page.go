@@ -155,8 +155,13 @@ func pageSQL(p PageParams, bound *pageBound, columns string, offset, limit int) 
 	if bound != nil {
 		conds = append(conds, "(created_at, id) >= ("+arg(bound.at)+"::timestamptz, "+arg(bound.id)+"::uuid)")
 	}
+	// jobs.id, not id: ORDER BY id names the output column id::text (the columns' first, and the
+	// bound's), which sorted the ids as text, by the database's collation, not as the index and
+	// the cursor's condition order them (uuids, bytewise): a sort on every page, and under a
+	// collation that compares digits by value (ICU's kn) pages that skipped jobs created in the
+	// same microsecond as the last one shown (TestStore_PageOrdersIDsAsUUIDs).
 	sql := `SELECT ` + columns + ` FROM jobs WHERE ` + strings.Join(conds, " AND ") +
-		` ORDER BY created_at DESC, id DESC`
+		` ORDER BY jobs.created_at DESC, jobs.id DESC`
 	if offset > 0 {
 		sql += ` OFFSET ` + arg(offset)
 	}

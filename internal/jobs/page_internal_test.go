@@ -3,13 +3,17 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/pgtest"
+	"github.com/llmq/llmq/internal/redistest"
+	"github.com/llmq/llmq/migrations"
 )
 
 // TestStore_PageUsesIndex: the console pages through every tenant's jobs newest first. Each page
@@ -31,7 +35,7 @@ FROM generate_series(1, 100000) g`)
 
 	// A cursor deep in the table: the 80,000th newest job.
 	var mid Job
-	require.NoError(t, pool.QueryRow(ctx, `SELECT created_at, id::text FROM jobs ORDER BY created_at DESC, id DESC OFFSET 80000 LIMIT 1`).
+	require.NoError(t, pool.QueryRow(ctx, `SELECT created_at, id::text FROM jobs ORDER BY created_at DESC, jobs.id DESC OFFSET 80000 LIMIT 1`).
 		Scan(&mid.CreatedAt, &mid.ID))
 	cursor := encodeCursor(mid.CreatedAt, mid.ID)
 
@@ -53,6 +57,9 @@ FROM generate_series(1, 100000) g`)
 		plan := string(raw)
 		require.Contains(t, plan, `"Index Name": "`+c.index+`"`, "%+v", c.p)
 		require.NotContains(t, plan, `"Node Type": "Sort"`)
+		if c.index == "jobs_created_idx" { // (created_at, id): the page's order, no sort at all
+			require.NotContains(t, plan, `Sort"`, "%+v: %s", c.p, plan)
+		}
 		require.NotContains(t, plan, `"Node Type": "Seq Scan"`)
 		var out []struct {
 			Plan struct {
@@ -91,6 +98,9 @@ FROM generate_series(1, 100000) g`)
 		}))
 		require.Contains(t, string(raw), `"Index Name": "`+c.index+`"`, "%+v", c.p)
 		require.NotContains(t, string(raw), `"Node Type": "Seq Scan"`)
+		if c.index == "jobs_created_idx" {
+			require.NotContains(t, string(raw), `Sort"`, "%+v: %s", c.p, raw)
+		}
 		sql, args, err := pageQuery(c.p, &b)
 		require.NoError(t, err)
 		require.NoError(t, store.inOrderOfIndex(ctx, func(tx pgx.Tx) error {
@@ -142,4 +152,99 @@ SELECT gen_random_uuid(), 1, 'c', now() - g * interval '1 second', 1, 'success' 
 	require.NoError(t, pool.QueryRow(ctx, `EXPLAIN (FORMAT JSON)
 SELECT count(*), count(*) FILTER (WHERE attempt > 1) FROM job_attempts WHERE started_at >= $1`, time.Now().Add(-time.Hour)).Scan(&plan))
 	require.Contains(t, plan, `"Index Name": "job_attempts_started_brin"`)
+}
+
+// TestStore_PageOrdersIDsAsUUIDs: Page's cursor compares ids as uuids (bytes), so its pages must
+// be ordered so too, whatever the database's collation. Ordered by the ids' text (the output
+// column id::text was ORDER BY's "id"), a database whose collation compares runs of digits by
+// their value (an ICU locale with kn, "natural" order: "9a" before "10a") skipped jobs that
+// share a created_at: those after the page's last one in text order but before it in uuid order
+// were on no page.
+func TestStore_PageOrdersIDsAsUUIDs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool := icuPool(ctx, t, "und-u-kn")
+	_, err := pool.Exec(ctx, `INSERT INTO jobs (id, tenant, credential, fingerprint, status, request, max_attempts, timeout_ms,
+	deadline, created_at)
+SELECT (g || 'a' || repeat('0', 31 - length(g::text)))::uuid, 't', 'c', 'f', 'succeeded', '{}', 3, 60000, now(),
+	'2026-01-02T03:04:05Z'
+FROM generate_series(1, 64) g`) // ids 1a000000-..., 10a00000-..., 9a000000-...: text and uuid orders differ
+	require.NoError(t, err)
+	var natural bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT '9a'::text < '10a'::text`).Scan(&natural))
+	require.True(t, natural, "the collation must compare digits by their value")
+	store := NewStore(pool, nil)
+
+	for _, p := range []PageParams{{Limit: 5}, {Limit: 5, Status: StatusSucceeded}, {Limit: 5, Tenant: "t"}} {
+		seen := map[string]bool{}
+		for page := 0; ; page++ {
+			require.Less(t, page, 64, "%+v: pages never end", p)
+			got, err := store.Page(ctx, p)
+			require.NoError(t, err)
+			for _, j := range got.Jobs {
+				require.False(t, seen[j.ID], "%+v: %s on two pages", p, j.ID)
+				seen[j.ID] = true
+			}
+			if got.Next == "" {
+				break
+			}
+			p.After = got.Next
+		}
+		require.Len(t, seen, 64, "%+v: every job on a page", p)
+	}
+
+	// The dead letters' pages likewise, ordered by (finished_at, id).
+	_, err = pool.Exec(ctx, `UPDATE jobs SET status = 'dead', dead_reason = 'retries_exhausted', finished_at = created_at`)
+	require.NoError(t, err)
+	seen, after := map[string]bool{}, ""
+	for page := 0; ; page++ {
+		require.Less(t, page, 64, "dead letters: pages never end")
+		got, err := store.PageDead(ctx, DeadFilter{Limit: 5}, after)
+		require.NoError(t, err)
+		for _, j := range got.Jobs {
+			require.False(t, seen[j.ID], "dead letters: %s on two pages", j.ID)
+			seen[j.ID] = true
+		}
+		if got.Next == "" {
+			break
+		}
+		after = got.Next
+	}
+	require.Len(t, seen, 64, "every dead letter on a page")
+}
+
+// icuPool is a pool on a fresh migrated database whose default collation is the ICU locale
+// (pgtest's template has the server's; a database of another collation is made from
+// template0), dropped when the test ends.
+func icuPool(ctx context.Context, t *testing.T, locale string) *pgxpool.Pool {
+	t.Helper()
+	admin := os.Getenv("TEST_DATABASE_URL")
+	if admin == "" {
+		admin = pgtest.DefaultURL
+	}
+	conn, err := pgx.Connect(ctx, admin)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	name := "llmq_test_icu_" + redistest.Rand()
+	_, err = conn.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '`+locale+`' LOCALE 'C.UTF-8'`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, admin)
+		require.NoError(t, err)
+		defer c.Close(ctx)
+		_, err = c.Exec(ctx, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`)
+		require.NoError(t, err)
+	})
+	cfg, err := pgxpool.ParseConfig(admin)
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = migrations.Up(ctx, pool)
+	require.NoError(t, err)
+	return pool
 }
