@@ -154,7 +154,9 @@ func (e *Executor) failOver(ctx context.Context, job *jobs.Job, err error, pass 
 		pass.moveReason = d.reason
 	}
 	pass.movedFrom = append(pass.movedFrom, job.CurrentCredential())
-	err = e.process(ctx, job.ID, false, pass)
+	// The delivery there runs in the slot this one holds (an asynq delivery's in its tenant's
+	// share, or a serve process's own): it takes no second one.
+	err = e.process(ctx, job.ID, false, pass, false)
 	if first {
 		e.logMoves(ctx, job.ID, pass)
 	}

@@ -131,7 +131,9 @@ type Config struct {
 	// short pause in its slot, to come back after a delay that grows while the tenant stays
 	// over. A serve process's own first deliveries
 	// (ProcessFresh) have slots of their own, a job finding them all taken going to asynq: they
-	// are not counted. Zero: no share; deliveries take the slots first come first served.
+	// are not counted, nor is a failover's run on the fallback (in its delivery's slot). A job
+	// past its deadline takes no slot: the guard fails it. Zero: no share; deliveries take the
+	// slots first come first served.
 	Slots int
 	// SingleTenant reports whether the deployment has a single tenant (tenant.Weights.Single),
 	// whose deliveries may then take every slot: the reserve costs nothing. Nil: several.
@@ -282,7 +284,7 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 			return err
 		}
 	}
-	err := e.outcome(ctx, d.JobID, e.process(ctx, d.JobID, d.Retried == 0, pass))
+	err := e.outcome(ctx, d.JobID, e.process(ctx, d.JobID, d.Retried == 0, pass, true))
 	if _, ok := errors.AsType[*dispatch.DeferError](err); ok {
 		e.cfg.Metrics.deferred() // not in ProcessFresh: its delivery reads no job either
 	}
@@ -344,18 +346,21 @@ func (e *Executor) storeCtx(ctx context.Context) (context.Context, context.Cance
 // process is one delivery, step by step (see the package comment). fresh is false when dispatch
 // handed the task back after an earlier delivery's error. A low job's steps before the call go
 // through the backlog gate (pass; a task from the low queue entered it before the load). With
-// Config.Slots, the delivery holds a slot of its tenant's share from the load to its end.
-func (e *Executor) process(ctx context.Context, id string, fresh bool, pass *gatePass) error {
+// Config.Slots and share set, the delivery holds a slot of its tenant's share from the load to
+// its end; a failover's nested delivery (share false) runs in the slot its delivery holds.
+func (e *Executor) process(ctx context.Context, id string, fresh bool, pass *gatePass, share bool) error {
 	job, err := e.load(ctx, id, fresh)
 	if err != nil {
 		return err
 	}
-	if e.shares != nil {
-		tenant := job.Tenant
-		if err := e.takeShare(ctx, job); err != nil {
+	if share && e.shares != nil {
+		took, err := e.takeShare(ctx, job)
+		if err != nil {
 			return err
 		}
-		defer e.shares.Release(tenant) // every way out: an end, a deferral, an error, a panic
+		if took {
+			defer e.shares.Release(job.Tenant) // every way out: an end, a deferral, an error, a panic
+		}
 	}
 	return e.run(ctx, job, pass)
 }

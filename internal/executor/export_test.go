@@ -12,3 +12,6 @@ func SetUnconfiguredLogAfterFunc(e *Executor, f logthrottle.TimerFunc) {
 func BacklogWaiters(e *Executor) int {
 	return int(e.backlog.waiting.Load())
 }
+
+// HeldSlots returns how many of e's delivery slots tenant holds in its share (Config.Slots).
+func HeldSlots(e *Executor, tenant string) int { return e.shares.Held(tenant) }

@@ -12,18 +12,25 @@ import (
 const reasonOverShare = "its tenant holds its share of this worker's delivery slots"
 
 // takeShare takes one of the process's delivery slots in the share of the job's tenant
-// (Config.Slots), or answers a *deferral when the tenant holds its share already: the job comes
-// back after the tracker's delay, having taken no send slot and counted no attempt. It errs when
-// the tenant's weight cannot be read (the delivery fails on the store, as its lane's would).
-func (e *Executor) takeShare(ctx context.Context, job *jobs.Job) error {
+// (Config.Slots): took, the delivery holds it until its Release. It answers a *deferral when the
+// tenant holds its share already: the job comes back after the tracker's delay (at its deadline
+// at the latest), having taken no send slot and counted no attempt. A job past its deadline
+// takes no slot and is not deferred: the guard fails it at once, as the delivery that finds it
+// so would (deferred, it stayed queued past its deadline for as long as its tenant held its
+// share). It errs when the tenant's weight cannot be read (the delivery fails on the store, as
+// its lane's would).
+func (e *Executor) takeShare(ctx context.Context, job *jobs.Job) (took bool, err error) {
+	if !e.cfg.Now().Before(job.Deadline) {
+		return false, nil
+	}
 	w, err := e.weight(ctx, job.Tenant)
 	if err != nil {
-		return err
+		return false, err
 	}
 	single := e.cfg.SingleTenant != nil && e.cfg.SingleTenant()
 	ok, delay := e.shares.Take(job.Tenant, w, single)
 	if ok {
-		return nil
+		return true, nil
 	}
 	e.cfg.Metrics.shareDeferred(job.Tenant)
 	// The slots that turn a delivery away are the few free ones (the reserve), which meet an
@@ -32,9 +39,25 @@ func (e *Executor) takeShare(ctx context.Context, job *jobs.Job) error {
 	// (at most 1/turnAwayPause a slot), at the price of finding another tenant's task behind
 	// that backlog turnAwayPause a task later.
 	if err := sleep(ctx, turnAwayPause); err != nil {
-		return err
+		return false, err
 	}
-	return &deferral{until: e.cfg.Now().Add(delay), reason: reasonOverShare, credential: job.CredentialIndex, read: true}
+	df := &deferral{until: minTime(e.cfg.Now().Add(delay), job.Deadline), reason: reasonOverShare,
+		credential: job.CredentialIndex, read: true}
+	if next := job.NextAttemptAt; next != nil && (job.SlotSeq != nil || next.After(df.until)) {
+		// The row's time stands, and the job comes back at it at the earliest: a retry delay
+		// not due yet (this delivery came back early, or is a second task of the job), written
+		// over, let the retry go before its delay; a held send slot's time is on the limiter's
+		// clock, and is postponed only once due (jobs.Store.Postpone), which the guard tells.
+		df.until, df.stored = maxTime(df.until, *next), true
+	}
+	return false, df
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // turnAwayPause is how long a delivery turned away for its tenant's share holds its slot first.

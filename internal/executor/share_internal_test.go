@@ -1,7 +1,9 @@
 package executor
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -17,13 +19,16 @@ func TestExecutor_ShareAllocs(t *testing.T) { // not parallel: testing.AllocsPer
 	weights := tenant.NewWeights(tenant.NewStore(pool, nil), nil)
 	e := New(Config{Store: jobs.NewStore(pool, nil), TenantWeight: weights.Weight, CachedTenantWeight: weights.Cached,
 		Slots: 2, SingleTenant: weights.Single})
-	job := &jobs.Job{ID: "0195f4c2-7b1e-7000-8000-000000000001", Tenant: "default"}
+	job := &jobs.Job{ID: "0195f4c2-7b1e-7000-8000-000000000001", Tenant: "default", Deadline: time.Now().Add(time.Hour)}
 	ctx := t.Context()
-	require.NoError(t, e.takeShare(ctx, job)) // the weight read, and cached
+	took, err := e.takeShare(ctx, job) // the weight read, and cached
+	require.NoError(t, err)
+	require.True(t, took)
+	e.shares.Release(job.Tenant)
 	require.True(t, weights.Single())
 	allocs := testing.AllocsPerRun(200, func() {
-		if err := e.takeShare(ctx, job); err != nil {
-			panic(err)
+		if took, err := e.takeShare(ctx, job); err != nil || !took {
+			panic(fmt.Sprint("no slot: ", err))
 		}
 		e.shares.Release(job.Tenant)
 	})

@@ -126,3 +126,156 @@ const shareDeferralsOfAcme = `# HELP llmq_delivery_share_deferrals_total Deliver
 # TYPE llmq_delivery_share_deferrals_total counter
 llmq_delivery_share_deferrals_total{tenant="acme"} 1
 `
+
+// shareExecutor returns an executor of 2 delivery slots (a reserve of one) in a deployment of
+// several tenants, whose credential "sim" is p; "gone" is not configured.
+func shareExecutor(b *jobstest.Bundle, p llm.Provider) *executor.Executor {
+	return executor.New(executor.Config{Store: b.Store,
+		Upstreams: map[string]executor.Upstream{"sim": {Name: "sim", Kind: string(llm.KindAnthropic), Provider: p}},
+		Slots:     2})
+}
+
+// acmeJob commits a job of tenant acme of helloRequest on credential (then fallbacks), of timeout.
+func acmeJob(t *testing.T, b *jobstest.Bundle, credential string, timeout time.Duration, fallbacks ...string) *jobs.Job {
+	t.Helper()
+	job, _, err := b.Store.Create(t.Context(), jobs.CreateParams{Tenant: "acme", Credential: credential,
+		Fallbacks: fallbacks, Request: helloRequest, MaxAttempts: 3, Timeout: timeout})
+	require.NoError(t, err)
+	return job
+}
+
+// awaitCall waits for the held call to reach the provider; a delivery that ends first fails
+// the test with its error.
+func awaitCall(t *testing.T, arrived <-chan struct{}, done <-chan error) {
+	t.Helper()
+	select {
+	case <-arrived:
+	case err := <-done:
+		t.Fatalf("the delivery ended before its call: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call never reached the provider")
+	}
+}
+
+// awaitDone waits for a delivery's end, which must be nil.
+func awaitDone(t *testing.T, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held call never ended")
+	}
+}
+
+// A delivery that fails its job over runs it on the fallback in the slot it holds: the nested
+// delivery takes no second slot of the tenant's share (it was turned away by the first, the job
+// deferred for its own slot). A serve process's own first delivery holds a slot of its own, not
+// one of asynq's: failed over, it takes none of the share either, though the tenant holds its
+// share already.
+func TestExecutor_FailOverTakesNoSecondSlot(t *testing.T) {
+	t.Parallel()
+	for _, fresh := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Process", true: "ProcessFresh"}[fresh], func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			b := jobstest.New(t)
+			moved := acmeJob(t, b, "gone", time.Hour, "sim") // before the executor: its credential was removed
+			p, arrived, release := heldProvider(t)
+			ex := shareExecutor(b, p)
+			done := make(chan error, 1)
+			if fresh {
+				// acme holds its share (alone, all but the reserve: one slot) with a call in flight,
+				held := acmeJob(t, b, "sim", time.Hour)
+				go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: held.ID}) }()
+				awaitCall(t, arrived, done)
+				// and the serve process's delivery runs its job on the fallback all the same.
+				require.NoError(t, ex.ProcessFresh(ctx, moved, nil))
+				require.Equal(t, 1, executor.HeldSlots(ex, "acme"), "the serve process's delivery took a slot")
+			} else {
+				go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: moved.ID}) }()
+				awaitCall(t, arrived, done)
+				require.Equal(t, 1, executor.HeldSlots(ex, "acme"), "one delivery, one slot")
+			}
+			close(release)
+			awaitDone(t, done)
+			require.Zero(t, executor.HeldSlots(ex, "acme"), "every slot given back")
+			got, err := b.Store.Get(ctx, moved.ID)
+			require.NoError(t, err)
+			require.Equal(t, jobs.StatusSucceeded, got.Status, "last error: %+v", got.LastError)
+			require.Equal(t, "sim", *got.AnsweredBy)
+		})
+	}
+}
+
+// A job past its deadline is failed by the delivery that finds it so, though its tenant holds
+// its share: deferred for the share, it stayed queued past its deadline for as long as the
+// tenant did.
+func TestExecutor_OverShareJobPastItsDeadlineFails(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := jobstest.New(t)
+	p, arrived, release := heldProvider(t)
+	ex := shareExecutor(b, p)
+	held, late := acmeJob(t, b, "sim", time.Hour), acmeJob(t, b, "sim", 100*time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: held.ID}) }()
+	awaitCall(t, arrived, done)
+	time.Sleep(time.Until(late.Deadline)) // its deadline, a known time (Postgres's on this host)
+
+	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: late.ID}))
+	got, err := b.Store.Get(ctx, late.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusFailed, got.Status)
+	require.Equal(t, jobs.ReasonDeadlineExceeded, got.LastError.Class)
+	require.Equal(t, 1, executor.HeldSlots(ex, "acme"), "the late job's delivery holds no slot after")
+
+	close(release)
+	awaitDone(t, done)
+	require.Zero(t, executor.HeldSlots(ex, "acme"))
+}
+
+// A delivery turned away for its tenant's share leaves the job's next attempt time in its row
+// when that time is not due yet (a retry delay, the delivery back early or a second task of the
+// job) or is a held send slot's (on the limiter's clock, and due only as the limiter says), and
+// comes back then: written over, the retry went before its delay, and the slot's time was moved
+// off the limiter's clock before the slot was due.
+func TestExecutor_ShareDeferralKeepsTheRowsTime(t *testing.T) {
+	t.Parallel()
+	for _, held := range []bool{false, true} {
+		t.Run(map[bool]string{false: "RetryDelay", true: "HeldSlot"}[held], func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			b := jobstest.New(t)
+			p, arrived, release := heldProvider(t)
+			ex := shareExecutor(b, p)
+			inFlight, waiting := acmeJob(t, b, "sim", time.Hour), acmeJob(t, b, "sim", time.Hour)
+			at := time.Now().Add(time.Minute)
+			if held {
+				ok, err := b.Store.HoldSlot(ctx, waiting.ID, at, 7, 0)
+				require.NoError(t, err)
+				require.True(t, ok)
+			} else {
+				require.NoError(t, b.Store.Postpone(ctx, waiting.ID, 0, at))
+			}
+			before, err := b.Store.Get(ctx, waiting.ID)
+			require.NoError(t, err)
+			done := make(chan error, 1)
+			go func() { done <- ex.Process(ctx, dispatch.Delivery{JobID: inFlight.ID}) }()
+			awaitCall(t, arrived, done)
+
+			perr := ex.Process(ctx, dispatch.Delivery{JobID: waiting.ID})
+			var df *dispatch.DeferError
+			require.ErrorAs(t, perr, &df)
+			require.Contains(t, df.Reason, "share of this worker's delivery slots")
+			got, err := b.Store.Get(ctx, waiting.ID)
+			require.NoError(t, err)
+			require.Equal(t, *before.NextAttemptAt, *got.NextAttemptAt, "the row's time was written over")
+			require.Equal(t, before.SlotSeq, got.SlotSeq)
+			require.False(t, df.Until.Before(*before.NextAttemptAt), "back before the row's time")
+
+			close(release)
+			awaitDone(t, done)
+		})
+	}
+}

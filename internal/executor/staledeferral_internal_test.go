@@ -32,7 +32,7 @@ func TestOutcome_ElsewhereDeferralKeepsAnotherDeliverysFailover(t *testing.T) {
 	require.NoError(t, err)
 
 	// The old config's delivery reads the job and defers it for a process that knows "added".
-	err = old.process(ctx, job.ID, true, &gatePass{g: old.backlog})
+	err = old.process(ctx, job.ID, true, &gatePass{g: old.backlog}, true)
 	df, ok := errors.AsType[*deferral](err)
 	require.True(t, ok, "deferred: %v", err)
 	require.True(t, df.elsewhere)

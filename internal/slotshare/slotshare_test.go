@@ -1,6 +1,7 @@
 package slotshare_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -220,4 +221,46 @@ func TestTracker_Allocs(t *testing.T) {
 		}
 	})
 	require.Zero(t, allocs)
+}
+
+// Takes and Releases from many deliveries at once (asynq's goroutines, at most Slots of them),
+// of tenants whose weights change meanwhile, on a clock that moves past Waiting and Forget,
+// leave every count where it started: no tenant holds a slot after, and a tenant alone takes
+// all but the reserve again (the total held came back to zero, neither lost nor negative).
+func TestTracker_Concurrent(t *testing.T) {
+	t.Parallel()
+	const slots = 8
+	clock := clocktest.New(time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC))
+	tr := slotshare.New(slotshare.Config{Slots: slots, Now: clock.Now, Forget: 3 * time.Second})
+	tenants := []string{"a", "b", "c"}
+	sem := make(chan struct{}, slots) // asynq's slots
+	var wg sync.WaitGroup
+	for g := range 4 * slots {
+		wg.Go(func() {
+			for i := range 500 {
+				sem <- struct{}{}
+				tenant := tenants[(g+i)%len(tenants)]
+				if ok, delay := tr.Take(tenant, 1+i%3, false); ok {
+					if g == 0 && i%50 == 0 {
+						clock.Advance(time.Second) // Waiting, then Forget, pass now and then
+					}
+					tr.Release(tenant)
+				} else if delay <= 0 {
+					panic("turned away without a delay")
+				}
+				<-sem
+			}
+		})
+	}
+	wg.Wait()
+	for _, tenant := range tenants {
+		require.Zero(t, tr.Held(tenant), tenant)
+	}
+	clock.Advance(slotshare.DefaultWaiting)
+	for i := range slots - 1 {
+		ok, _ := tr.Take("alone", 1, false)
+		require.True(t, ok, "take %d", i+1)
+	}
+	ok, _ := tr.Take("alone", 1, false)
+	require.False(t, ok, "the reserve")
 }
