@@ -116,8 +116,10 @@ type Config struct {
 	// StoreWait bounds how long a submit, a poll or a cancel waits for a free Postgres
 	// connection of the pool (each time it needs one; the pool must carry pgwait.Tracer): past
 	// it the request is answered 503 overloaded with Retry-After, having sent nothing to
-	// Postgres. It bounds the event streams' shared reads of a job too (statusReads: past it
-	// the streams the read serves end, and resume with Last-Event-ID). Default 5s.
+	// Postgres. It bounds the event streams' shared reads of a job too, from the read's turn
+	// (statusReads: a quarter of the pool's connections read at once, the other reads wait
+	// their turn; past the bound the streams the read serves end, and resume with
+	// Last-Event-ID). Default 5s.
 	StoreWait time.Duration
 	// StoreTimeout bounds the whole of a submit's, a poll's or a cancel's work in Postgres (its
 	// waits for a connection and its statements): a request Postgres has not answered by then
@@ -230,7 +232,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxKeyedSubmitsPerTenant == 0 {
 		cfg.MaxKeyedSubmitsPerTenant = 8
 		if cfg.Pool != nil {
-			cfg.MaxKeyedSubmitsPerTenant = max(1, int(cfg.Pool.Config().MaxConns)/2)
+			cfg.MaxKeyedSubmitsPerTenant = max(1, poolConns(cfg.Pool)/2)
 		}
 	}
 	if cfg.StoreTimeout <= 0 {
@@ -246,7 +248,7 @@ func New(cfg Config) *Server {
 		cfg.retryRand = rand.Float64
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
-		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now),
+		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, statusReadTurns(poolConns(cfg.Pool)), cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now),
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant)}
 	s.streamLog = logthrottle.New(&logthrottle.Config{Every: streamLogInterval, Now: cfg.Now,
 		Report: s.streamsSuppressed})
@@ -338,6 +340,14 @@ func (s *Server) methods(h map[string]http.HandlerFunc) http.HandlerFunc {
 		w.Header().Set("Allow", strings.Join(slices.Sorted(maps.Keys(h)), ", "))
 		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusMethodNotAllowed, typ: "method_not_allowed", message: r.Method + " is not allowed on " + r.URL.Path})
 	}
+}
+
+// poolConns is pool's most connections (pool_max_conns), 0 without a pool.
+func poolConns(pool *pgxpool.Pool) int {
+	if pool == nil {
+		return 0
+	}
+	return int(pool.Config().MaxConns)
 }
 
 // DefaultStoreTimeout is Config.StoreTimeout's default: a third of the server's default write
@@ -622,22 +632,15 @@ func (s *Server) job(r *http.Request) (*jobs.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.jobOf(r, tn, false)
+	return s.jobOf(r, tn)
 }
 
 // jobOf returns the job named by the path if it is tn's; another tenant's job is
 // jobs.ErrNotFound, exactly like a missing one. The job is read without its request (a poll's,
 // a cancel's: the job JSON does not carry it, and a poll read a body of up to
-// api.max_body_bytes each time), unless withRequest (an event stream's: whether the job streams
-// is in its request).
-func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant, withRequest bool) (*jobs.Job, error) {
-	var job *jobs.Job
-	var err error
-	if withRequest {
-		job, err = s.cfg.Store.Get(r.Context(), r.PathValue("id"))
-	} else {
-		job, err = s.cfg.Store.GetWithoutRequest(r.Context(), r.PathValue("id"))
-	}
+// api.max_body_bytes each time).
+func (s *Server) jobOf(r *http.Request, tn *tenant.Tenant) (*jobs.Job, error) {
+	job, err := s.cfg.Store.GetWithoutRequest(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return nil, err
 	}
@@ -700,7 +703,7 @@ func (s *Server) cancelStage(r *http.Request, tn *tenant.Tenant) (job *jobs.Job,
 	id := r.PathValue("id")
 	release, ok := s.keyed.tryEnter(tn.Name)
 	if !ok {
-		job, err := s.jobOf(r, tn, false)
+		job, err := s.jobOf(r, tn)
 		switch {
 		case err != nil:
 			return nil, false, err

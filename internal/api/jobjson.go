@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -180,18 +181,64 @@ func appendTime(b []byte, t *time.Time) (_ []byte, ok bool) {
 }
 
 // appendRaw appends raw (null when nil) compacted and HTML-escaped, as the encoder writes a
-// json.RawMessage; ok is false for raw json refuses.
+// json.RawMessage; ok is false for raw json refuses. It compacts into b, then escapes in place
+// (escapeHTMLTail): an answer of 800 kB was compacted into a buffer of its own and escaped into
+// b, each grown as it was written, about 10 MB allocated a poll for an answer rich in <, > and &.
 func appendRaw(b []byte, raw json.RawMessage) (_ []byte, ok bool) {
 	if raw == nil {
 		return append(b, "null"...), true
 	}
-	var compact bytes.Buffer
-	if json.Compact(&compact, raw) != nil {
+	start := len(b)
+	out := bytes.NewBuffer(b)
+	if json.Compact(out, raw) != nil {
 		return b, false
 	}
-	out := bytes.NewBuffer(b)
-	json.HTMLEscape(out, compact.Bytes())
-	return out.Bytes(), true
+	return escapeHTMLTail(out.Bytes(), start), true
+}
+
+// escapeHTMLTail escapes b[start:] as json.HTMLEscape does (<, > and & as \u003c, \u003e,
+// \u0026; U+2028 and U+2029 as \u2028 and \u2029), in place: b grows once, by what the escapes
+// add, and is rewritten from its end.
+func escapeHTMLTail(b []byte, start int) []byte {
+	const hex = "0123456789abcdef"
+	isLineSep := func(b []byte, i int) bool { // U+2028 or U+2029 (E2 80 A8, E2 80 A9) at b[i]
+		return b[i] == 0xE2 && i+2 < len(b) && b[i+1] == 0x80 && b[i+2]&^1 == 0xA8
+	}
+	extra := 0
+	for i := start; i < len(b); i++ {
+		switch {
+		case b[i] == '<' || b[i] == '>' || b[i] == '&':
+			extra += 5 // one byte becomes six
+		case isLineSep(b, i):
+			extra += 3 // three bytes become six
+		}
+	}
+	if extra == 0 {
+		return b
+	}
+	n := len(b)
+	b = slices.Grow(b, extra)[:n+extra]
+	// Each escape is at least as long as what it replaces: writing from the end never overwrites
+	// a byte not yet read. A line separator is recognized at its first byte, read last.
+	j := len(b)
+	for i := n - 1; i >= start; i-- {
+		c := b[i]
+		switch {
+		case c == '<' || c == '>' || c == '&':
+			j -= 6
+			b[j], b[j+1], b[j+2], b[j+3], b[j+4], b[j+5] = '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF]
+		case i+2 < n && c == 0xE2 && b[i+1] == 0x80 && b[i+2]&^1 == 0xA8:
+			// Its last two bytes were copied as they are (j+1, j+2 of the six): undone here.
+			last := b[i+2]
+			j += 2
+			j -= 6
+			b[j], b[j+1], b[j+2], b[j+3], b[j+4], b[j+5] = '\\', 'u', '2', '0', '2', hex[last&0xF]
+		default:
+			j--
+			b[j] = c
+		}
+	}
+	return b
 }
 
 // appendString appends s quoted as the encoder does with HTML escaping (its default): <, > and

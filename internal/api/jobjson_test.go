@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -248,4 +249,28 @@ func TestWriteJob_Allocs(t *testing.T) { // not parallel: AllocsPerRun counts ev
 	require.Equal(t, []string{"application/json"}, http.Header(w).Values("Content-Type"))
 	allocs = testing.AllocsPerRun(100, func() { writeJSON(w, http.StatusAccepted, s.answer(job)) })
 	require.Greater(t, allocs, 2.0, "writeJSON, the reference, allocates more")
+}
+
+// TestEscapeHTMLTail_AsHTMLEscape: escaping in place gives json.HTMLEscape's bytes, the prefix
+// left alone.
+func TestEscapeHTMLTail_AsHTMLEscape(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "a", "<", "a<b>c&d", "\u2028", "x\u2029y", "<\u2028>&\u2029&",
+		"\xe2\x80", "\xe2\x80\xa7\xe2", "é<\u2028\u2028", strings.Repeat("<a&\u2029", 100)} {
+		var want bytes.Buffer
+		json.HTMLEscape(&want, []byte(s))
+		got := escapeHTMLTail(append([]byte("<pre>"), s...), len("<pre>"))
+		require.Equal(t, "<pre>"+want.String(), string(got), "%q", s)
+	}
+}
+
+func FuzzEscapeHTMLTail(f *testing.F) {
+	f.Add([]byte("a<b>c&d\u2028e\u2029"), 1)
+	f.Fuzz(func(t *testing.T, b []byte, start int) {
+		start = min(max(start, 0), len(b))
+		var want bytes.Buffer
+		want.Write(b[:start])
+		json.HTMLEscape(&want, b[start:])
+		require.Equal(t, want.Bytes(), escapeHTMLTail(slices.Clone(b), start))
+	})
 }

@@ -124,11 +124,17 @@ type queryCounter struct {
 	spans  chan time.Duration
 	// sqls, when set, receives each statement counted, while it has room (the test reads them).
 	sqls chan string
+	// hold, when set, is called with each statement sent alone before it is sent: it may hold it
+	// (and its connection) until the test lets it go.
+	hold func(sql string)
 }
 
 // TraceQueryStart counts d when it reads or watches a job, and sends the span of its deadline
 // when it is one of spanOf.
 func (c *queryCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if c.hold != nil {
+		c.hold(d.SQL)
+	}
 	c.count(d.SQL)
 	if c.spanOf != "" && strings.Contains(d.SQL, c.spanOf) {
 		span := time.Duration(-1)

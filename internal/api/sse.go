@@ -98,7 +98,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	first, stopOpening := s.storeBounded(r)
 	defer stopOpening()
 	// The job next: who may not see it learns nothing from the header's validation.
-	job, err := s.streamJob(first, caller, signed)
+	job, streams, err := s.streamJob(first, caller, signed)
 	if err != nil {
 		s.refuseStream(w, first, err)
 		return
@@ -142,7 +142,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		defer unsubscribe()
 		notify = ch
 	}
-	f := &follower{streaming: s.cfg.Deltas != nil && deltastream.Requested(job.Request)}
+	f := &follower{streaming: s.cfg.Deltas != nil && streams}
 	var deltasGrew <-chan struct{}
 	if f.streaming && s.cfg.DeltaHub != nil {
 		// Followed before the first read of the buffer, like the Listener.

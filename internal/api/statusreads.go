@@ -32,7 +32,12 @@ import (
 //
 // A read is the server's, not one stream's: its context is none of the streams' (a client
 // gone does not fail the others' read), bounded by StoreWait for a pool connection and by
-// StoreTimeout in all.
+// StoreTimeout in all. The reads of different jobs take turns: at most a few run at once
+// (turns, a quarter of the pool), the others wait for a turn with no bound, and a read's bounds
+// count from its turn. Jobs that end together (500 streams of 500 jobs with 800 kB answers) all
+// wake their streams at once: their reads, each with its own bounds, all asked the pool for a
+// connection at once before, and those queued behind the first few spent their bounds in the
+// queue (141 of those 500 streams ended on "the job store did not answer in time").
 //
 // It shares the streams' watch renewals of a job too (renew): one made within half a keep-alive
 // serves every stream of the job but the one whose renewal it was. It is safe for concurrent use.
@@ -44,17 +49,30 @@ type statusReads struct {
 	// a stream to take it instead of making one (half a keep-alive); now, the clock of both.
 	watchTTL, fresh time.Duration
 	now             func() time.Time
+	// turns holds a token for each read running: its capacity is how many run at once.
+	turns chan struct{}
 
 	mu   sync.Mutex
 	jobs map[string]*jobReads
 }
 
-// newStatusReads returns the shared reads of store's jobs: each bounded by wait for a pool
-// connection and by timeout in all; keepAlive is the streams' keep-alive interval, whose watch
-// renewals give the watch a TTL of 4 keep-alives and are shared for half a keep-alive (renew).
-func newStatusReads(store *jobs.Store, wait, timeout, keepAlive time.Duration, now func() time.Time) *statusReads {
+// newStatusReads returns the shared reads of store's jobs: at most turns at once (at least 1),
+// each bounded by wait for a pool connection and by timeout in all from its turn; keepAlive is
+// the streams' keep-alive interval, whose watch renewals give the watch a TTL of 4 keep-alives and
+// are shared for half a keep-alive (renew).
+func newStatusReads(store *jobs.Store, turns int, wait, timeout, keepAlive time.Duration, now func() time.Time) *statusReads {
 	return &statusReads{store: store, wait: wait, timeout: timeout, watchTTL: 4 * keepAlive, fresh: keepAlive / 2,
-		now: now, jobs: map[string]*jobReads{}}
+		now: now, jobs: map[string]*jobReads{}, turns: make(chan struct{}, max(1, turns))}
+}
+
+// statusReadTurns is how many shared reads of the streams run at once on a pool of maxConns
+// connections (0: no pool known): a quarter of them, at least 1, so that reads of large answers
+// leave the rest to submits, polls and the streams' openings.
+func statusReadTurns(maxConns int) int {
+	if maxConns <= 0 {
+		return 4
+	}
+	return max(1, maxConns/4)
 }
 
 // jobReads is the reads of one job.
@@ -205,9 +223,11 @@ func (sr *statusReads) startLocked(id string, e *jobReads) {
 	go sr.run(id, e, rd)
 }
 
-// run reads the job's status events and the job for rd, then starts the next read if a stream
-// asked for one meanwhile.
+// run reads the job's status events and the job for rd once it has a turn (statusReads), then
+// starts the next read if a stream asked for one meanwhile.
 func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
+	sr.turns <- struct{}{} // waiting goroutines are served in order
+	defer func() { <-sr.turns }()
 	ctx, cancel := sr.bounded()
 	defer cancel()
 	evs, err := sr.store.Events(ctx, id, rd.after)

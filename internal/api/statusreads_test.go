@@ -38,7 +38,7 @@ func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *test
 		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(jobs.NewStore(pool, nil), 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	sr := newStatusReads(jobs.NewStore(pool, nil), 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
 	defer sr.follow(job.ID)()
 
 	// A read of the events (queued only) whose read of the job is held: it began before the
@@ -130,7 +130,7 @@ func TestStatusReads_KeptReadHoldsNoRequest(t *testing.T) {
 		Request: request, MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(store, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	sr := newStatusReads(store, 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
 	defer sr.follow(job.ID)()
 	defer sr.follow(job.ID)()
 	read, err := sr.read(ctx, job.ID, 0, 0)
@@ -176,7 +176,7 @@ func TestStatusReads_NoRequestFromPostgres(t *testing.T) {
 		Request: request, MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(store, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	sr := newStatusReads(store, 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
 	before := received.Load()
 	read, err := sr.read(ctx, job.ID, 0, 0)
 	require.NoError(t, err)

@@ -220,3 +220,37 @@ func TestEvents_LostAttemptWaitingForItsCredentialGetsTheReset(t *testing.T) {
 	require.Equal(t, []string{"reset/2.3", "retrying/3", "running/4", "delta/4.1"},
 		names(nextFrames(t, openStream(t, b.url, job.ID, "2.2"), 4)))
 }
+
+// TestEvents_OpeningReadsNoRequest: a stream's opening learns whether its job streams without
+// reading the job's request (Postgres answers it: jobs.Store.GetForStream), by a bearer token's
+// path and a signed URL's alike, and the stream still carries the job's deltas. Each opening
+// read the whole request before: a 4 MB request made each stream's opening read 4 MB.
+func TestEvents_OpeningReadsNoRequest(t *testing.T) {
+	t.Parallel()
+	signer, err := NewStreamSigner(streamKey, 10*time.Minute, time.Now)
+	require.NoError(t, err)
+	queries := &queryCounter{sqls: make(chan string, 1000)}
+	b := setup(t, setupOpts{deltas: true, signer: signer, queries: queries})
+	for _, signed := range []bool{false, true} {
+		job := b.createStreaming(t)
+		path := "/v1/jobs/" + job.ID + "/events"
+		if signed {
+			path = signer.URL(job.ID)
+		}
+		s := openStreamPath(t, b.url, path, "")
+		require.Equal(t, []string{"queued/1"}, names(nextFrames(t, s, 1)))
+		b.streamAttempt(t, job.ID, "Hel")
+		require.Equal(t, []string{"running/2", "delta/2.1"}, names(nextFrames(t, s, 2)), "signed %v", signed)
+		s.close()
+	}
+	for {
+		select {
+		case sql := <-queries.sqls:
+			// jobColumns reads the request after the metadata; the other column lists read NULL.
+			require.NotContains(t, sql, "metadata, request,", "a statement read a job's request")
+			continue
+		default:
+		}
+		break
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmq/llmq/internal/redisscript"
 	"github.com/llmq/llmq/internal/streamname"
 )
 
@@ -35,6 +36,11 @@ type Config struct {
 	// TTL is how long a buffer outlives its last write. Default 10m. The programs set it from
 	// streaming.buffer_ttl.
 	TTL time.Duration
+	// EndedTTL is how long a buffer outlives its job's end (End), when less than what its TTL
+	// leaves: long enough for a client cut just before the end to reconnect and replay the
+	// attempt's deltas (Last-Event-ID seq.n); a stream opened later starts at the terminal event,
+	// which carries the whole result, and sends no delta. Default a minute.
+	EndedTTL time.Duration
 	// WriteTimeout bounds one write round trip. Default 5s.
 	WriteTimeout time.Duration
 	// Spacing spaces the writes of an attempt's pieces: a piece added less than Spacing after
@@ -76,6 +82,9 @@ func New(cfg Config) *Buffer {
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = 10 * time.Minute
+	}
+	if cfg.EndedTTL == 0 {
+		cfg.EndedTTL = time.Minute
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = 5 * time.Second
@@ -148,6 +157,29 @@ func attemptOf(data []byte) int {
 	_ = json.Unmarshal(data, &d)
 	return d.Attempt
 }
+
+// End shortens job id's buffer's life to Config.EndedTTL once the job ended (the buffer's TTL is
+// left when it ends sooner; a job without a buffer is left without one). Nothing needs the
+// buffer long after the end: the terminal event carries the whole result, and only a client
+// that resumes inside the last attempt replays its deltas. Each ended job's buffer was kept for
+// its whole TTL (10 minutes by default). A later write (the job retried by an operator) sets the
+// TTL again.
+func (b *Buffer) End(ctx context.Context, id string) error {
+	if err := endScript.Run(ctx, b.cfg.Redis, []any{b.Key(id)}, b.cfg.EndedTTL.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("end delta buffer of job %s: %w", id, err)
+	}
+	return nil
+}
+
+// endScript shortens a key's TTL to ARGV[1] ms when it has a longer one, and leaves a key without
+// one or a missing key alone (PEXPIRE's LT option, which needs Redis 7; this runs on Redis 6).
+var endScript = redisscript.NewScript(`
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > tonumber(ARGV[1]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return 0
+`)
 
 // Read returns up to count entries of job id's buffer after the entry ID after ("" reads from
 // the start), in order.

@@ -473,3 +473,44 @@ func FuzzRequested(f *testing.F) {
 		require.Equal(t, want, deltastream.Requested(body), "%s", body)
 	})
 }
+
+// TestBuffer_End: a job's end shortens its buffer's life to EndedTTL (its entries still read),
+// never lengthens it, and creates no buffer for a job without one. The buffer kept its whole TTL
+// after the end before.
+func TestBuffer_End(t *testing.T) {
+	t.Parallel()
+	for name, url := range map[string]string{"Redis": redistest.URL(), "Cluster": redistest.ClusterURL()} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, url, deltastream.Config{TTL: 10 * time.Minute, EndedTTL: time.Minute})
+			w := b.buf.Writer("job1", 2, 1)
+			w.Add(deltastream.Delta{Type: "text", Text: "Hello"})
+			w.Close(t.Context())
+			key := b.buf.Key("job1")
+			ttl, err := b.rdb.PTTL(t.Context(), key).Result()
+			require.NoError(t, err)
+			require.Greater(t, ttl, 9*time.Minute)
+
+			require.NoError(t, b.buf.End(t.Context(), "job1"))
+			ttl, err = b.rdb.PTTL(t.Context(), key).Result()
+			require.NoError(t, err)
+			require.LessOrEqual(t, ttl, time.Minute)
+			require.Greater(t, ttl, 0*time.Second)
+			entries, err := b.buf.Read(t.Context(), "job1", "", 10)
+			require.NoError(t, err)
+			require.Len(t, entries, 1, "a client resuming just after the end still replays")
+
+			// Never lengthened: a buffer about to expire is left so.
+			require.NoError(t, b.rdb.PExpire(t.Context(), key, 5*time.Second).Err())
+			require.NoError(t, b.buf.End(t.Context(), "job1"))
+			ttl, err = b.rdb.PTTL(t.Context(), key).Result()
+			require.NoError(t, err)
+			require.LessOrEqual(t, ttl, 5*time.Second)
+
+			require.NoError(t, b.buf.End(t.Context(), "job2"))
+			n, err := b.rdb.Exists(t.Context(), b.buf.Key("job2")).Result()
+			require.NoError(t, err)
+			require.Zero(t, n)
+		})
+	}
+}

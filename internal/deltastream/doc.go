@@ -17,8 +17,9 @@
 //
 // The buffer is bounded and expires: every write trims it to about Config.MaxLen entries
 // (XADD MAXLEN ~) and sets its TTL (Config.TTL), so that a late or resuming client can catch up
-// while nothing is kept for long. A client later than that misses what was trimmed; the
-// terminal event still carries the whole result.
+// while nothing is kept for long; the job's end shortens it to Config.EndedTTL (Buffer.End). A
+// client later than that misses what was trimmed; the terminal event still carries the whole
+// result.
 //
 // Writers batch: Add never blocks the provider's stream; consecutive pieces of one block merge
 // into one entry, and each writer's pending entries go in one script (XADD..., PEXPIRE,

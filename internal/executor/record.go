@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmq/llmq/internal/credpause"
+	"github.com/llmq/llmq/internal/deltastream"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/limiter"
 )
@@ -24,7 +25,20 @@ func (e *Executor) end(ctx context.Context, job *jobs.Job, a *jobs.Attempt, o jo
 	}
 	e.cfg.Metrics.Finished(job.Credential, o.Status, o.DeadReason, e.cfg.Now().Sub(job.CreatedAt))
 	e.logEnd(ctx, job, o)
+	e.endStream(ctx, job)
 	return errHandled
+}
+
+// endStream shortens a streaming job's delta buffer's life once the job ended
+// (deltastream.Buffer.End: a minute by default, where it was kept for the buffer's whole TTL).
+// Best effort, bounded by a second: the buffer expires at its TTL anyway.
+func (e *Executor) endStream(ctx context.Context, job *jobs.Job) {
+	if e.cfg.Deltas == nil || !deltastream.Requested(job.Request) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = e.cfg.Deltas.End(ctx, job.ID)
 }
 
 // logEnd logs a job's end: an error when it is dead-lettered, a warning when it failed, else a

@@ -52,7 +52,13 @@ func TestExecutor_StreamingJob(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, mid)
 	require.Equal(t, deltastream.KindReset, mid[len(mid)-1].Kind, "the reset is in the buffer once the retry is recorded")
+	ttl, err := rdb.PTTL(ctx, buf.Key(job.ID)).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, time.Minute, "a job not ended keeps its buffer for the buffer's TTL")
 	require.NoError(t, ex.Process(ctx, dispatch.Delivery{JobID: job.ID}))
+	ttl, err = rdb.PTTL(ctx, buf.Key(job.ID)).Result()
+	require.NoError(t, err)
+	require.LessOrEqual(t, ttl, time.Minute, "an ended job's buffer lives a minute (EndedTTL)")
 
 	got, err := b.Store.Get(ctx, job.ID)
 	require.NoError(t, err)

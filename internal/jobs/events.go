@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Event is one stored transition of a job: the job entered status Type. Seq numbers a job's
@@ -151,6 +153,42 @@ func (s *Store) readWatchBatch(br pgx.BatchResults) ([]Event, *Job, error) {
 		return nil, nil, err
 	}
 	return evs, job, nil
+}
+
+// streamHeadSQL is GetForStream's statement: the job's columns without its request and its
+// result, then whether its request's top-level member "stream" is the JSON literal true. The
+// request is stored as json (its text): Postgres's -> takes the last member of a name, matched
+// with its escapes decoded and its case kept, and gives a scalar's text without the white space
+// around it, as encoding/json reads a body into a map. $1 the job.
+const streamHeadSQL = `SELECT ` + jobColumnsNoPayload + `,
+	coalesce((request->'stream')::text = 'true', false) FROM jobs WHERE id = $1`
+
+// GetForStream returns the job without its request and its result (both nil), and whether its
+// request asks the provider to stream, as requested (deltastream.Requested) answers of the
+// request: what an event stream needs of its job as it opens. Postgres answers the question:
+// the request (up to api.max_body_bytes) and the result are not read, which each stream's
+// opening did before. A request Postgres cannot turn into text (\u0000, an unpaired surrogate
+// escape: submits refuse them, but an earlier release stored them) fails the statement; the
+// job is then read as Get reads it and requested asks of its request, which the job then holds.
+// It returns ErrNotFound for a job that does not exist (or a malformed ID).
+func (s *Store) GetForStream(ctx context.Context, id string, requested func([]byte) bool) (job *Job, streams bool, err error) {
+	if !ValidID(id) {
+		return nil, false, ErrNotFound
+	}
+	job, err = s.scanJob(s.pool.QueryRow(ctx, streamHeadSQL, id), &streams)
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && strings.HasPrefix(pgErr.Code, "22") {
+		if job, err = s.Get(ctx, id); err != nil {
+			return nil, false, err
+		}
+		return job, requested(job.Request), nil
+	}
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, false, ErrNotFound
+	case err != nil:
+		return nil, false, fmt.Errorf("get job for its stream: %w", err)
+	}
+	return job, streams, nil
 }
 
 // PruneWatches deletes the watches that ended more than a minute ago (the sweeper calls it).
