@@ -47,6 +47,9 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 	}
 
 	requireOneLineError(t, run(t, append(db, "create", "acme")...), 1, `tenant exists: "acme"`)
+	// A name that differs from acme's only in case would make a tenant no one tells apart.
+	requireOneLineError(t, run(t, append(db, "create", "Acme")...), 1,
+		`tenant exists: "Acme" differs from tenant "acme" only in case`)
 	requireOneLineError(t, run(t, append(db, "create", "no/slash")...), 1, "invalid name")
 	requireOneLineError(t, run(t, append(db, "create", "x", "--credentials", " , ")...), 2, "at least one credential")
 	requireOneLineError(t, run(t, append(db, "create")...), 2, "usage: ctl tenants create NAME")

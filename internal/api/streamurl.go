@@ -86,12 +86,20 @@ func streamTokenError(typ, message string) *httpError {
 // (or the anonymous tenant), whose tenant it returns (authenticated: a cached answer taken as it
 // is, a lookup bounded as a poll's, by storeBounded). It comes before the stream takes any place
 // (see events): a request that fails it holds none, and is answered on w (refuseStream; ok
-// false).
+// false). A query giving token more than once is refused (401 invalid_stream_token), whatever
+// its values.
 func (s *Server) streamCaller(w http.ResponseWriter, r *http.Request, tokens []string) (caller *tenant.Tenant, ok bool) {
 	refuse := func(ar *http.Request, err error) { s.refuseStream(w, ar, err) }
 	if tokens == nil {
 		caller, _, ok = s.authenticated(r, refuse)
 		return caller, ok
+	}
+	if len(tokens) > 1 {
+		// Read first, a URL appended to would open the stream by what it began with.
+		e := unauthorized("invalid_request", fmt.Sprintf("the stream URL gives \"token\" %d times: give it once", len(tokens)))
+		e.typ = "invalid_stream_token"
+		refuse(r, e)
+		return nil, false
 	}
 	if s.cfg.StreamSigner == nil {
 		refuse(r, streamTokenError("invalid_stream_token", "this server issues no stream URLs"))

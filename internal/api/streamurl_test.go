@@ -99,6 +99,23 @@ func TestStreamURL(t *testing.T) {
 			})
 		}
 	})
+	t.Run("RepeatedToken", func(t *testing.T) {
+		// A token given twice is refused, naming the repeat, whatever the values: the first was
+		// read and the others ignored, so a URL appended to opened the stream by what it began with.
+		t.Parallel()
+		_, query, _ := strings.Cut(eventsURL, "?")
+		for name, extra := range map[string]string{"Same": query, "Other": "token=garbage"} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				r := do(t, b.url, http.MethodGet, eventsURL+"&"+extra, "", nil)
+				require.Equal(t, http.StatusUnauthorized, r.status)
+				e := r.body["error"].(map[string]any)
+				require.Equal(t, "invalid_stream_token", e["type"])
+				require.Contains(t, e["message"], "2 times")
+				require.Equal(t, `Bearer realm="llmq", error="invalid_request"`, r.header.Get("WWW-Authenticate"))
+			})
+		}
+	})
 	t.Run("NotIssuedHere", func(t *testing.T) {
 		t.Parallel()
 		plain := setup(t, setupOpts{dbURL: b.dbURL})

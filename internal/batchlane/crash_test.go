@@ -118,7 +118,7 @@ func TestBatcher_Cancel(t *testing.T) {
 		got := b.get(t, drop.ID)
 		require.Equal(t, jobs.StatusCanceled, got.Status)
 		require.Nil(t, got.BatchID)
-		require.Equal(t, "not_sent", *got.BatchState)
+		require.Equal(t, "canceled", *got.BatchState)
 	})
 
 	t.Run("AfterSend", func(t *testing.T) {

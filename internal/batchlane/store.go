@@ -151,7 +151,8 @@ FROM provider_batches WHERE state IN ('committed', 'submitted') ORDER BY created
 }
 
 // beginSend freezes what committed batch id sends, the first time it is called for it: the jobs
-// that ended meanwhile (canceled before the send) leave the batch, and the count of the rest is
+// that ended meanwhile leave the batch (batch_state canceled, as their cancel set it, or not_sent:
+// failed at their deadline), and the count of the rest is
 // recorded with the time the send began. Every call returns the requests of the batch's jobs
 // still unfinished, in job order (less those that left it since: moved online near their
 // deadline; canceled since an earlier send, which stay in it, are not sent again but may be in
@@ -179,7 +180,8 @@ func (s store) beginSend(ctx context.Context, id string, now, claimUntil time.Ti
 			return errNotDue
 		}
 		if started == nil {
-			if _, err := tx.Exec(ctx, `UPDATE jobs SET batch_ref = NULL, batch_state = 'not_sent', updated_at = now()
+			if _, err := tx.Exec(ctx, `UPDATE jobs SET batch_ref = NULL, updated_at = now(),
+	batch_state = CASE WHEN status = 'canceled' THEN 'canceled' ELSE 'not_sent' END
 WHERE batch_ref = $1 AND status NOT IN ('queued', 'running', 'retrying')`, id); err != nil {
 				return err
 			}

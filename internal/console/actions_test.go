@@ -227,6 +227,10 @@ func TestTenants_CreateRevokeAudited(t *testing.T) {
 
 	r, out := c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "acme"}, nil)
 	requireError(t, r, out, http.StatusConflict, "tenant_exists")
+	// A name that differs from acme's only in case would make a tenant no one tells apart.
+	r, out = c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "ACME"}, nil)
+	requireError(t, r, out, http.StatusConflict, "tenant_exists")
+	require.Contains(t, out, `tenant \"acme\"`, "names the tenant that exists")
 	r, out = c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "a b"}, nil)
 	requireError(t, r, out, http.StatusBadRequest, "invalid_name")
 	r, out = c.do(http.MethodPost, "/console/api/tenants", map[string]any{"name": "x", "credentials": []string{"nope"}}, nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -118,13 +119,22 @@ func endStream(out *streamWriter) {
 	}
 }
 
-// checkCSRF requires the session's CSRF token in the header and, when the browser names the
-// request's origin, the console's own.
+// checkCSRF requires the session's CSRF token in the header, given once, and, when the browser
+// names the request's origin, the console's own. A header given more than once is refused
+// whatever its values: read first, a token that a proxy or script appended to would pass.
 func checkCSRF(r *http.Request, sess *operator.Session) error {
 	if err := sameOrigin(r); err != nil {
 		return err
 	}
-	got := r.Header.Get(csrfHeader)
+	values := r.Header.Values(csrfHeader)
+	if len(values) > 1 {
+		return &apiError{status: http.StatusForbidden, typ: "csrf",
+			message: fmt.Sprintf("this action carries the %s header %d times: send it once", csrfHeader, len(values))}
+	}
+	got := ""
+	if len(values) == 1 {
+		got = values[0]
+	}
 	if got == "" || subtle.ConstantTimeCompare([]byte(got), []byte(sess.CSRF)) != 1 {
 		return &apiError{status: http.StatusForbidden, typ: "csrf", message: "this action lacks the page's CSRF token; reload the console"}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/llmq/llmq/internal/audit"
@@ -39,14 +38,13 @@ func (h *Handler) deadList(w http.ResponseWriter, r *http.Request, _ *operator.S
 			reason, strings.Join(jobs.DeadReasons(), " or "))))
 		return
 	}
-	limit := deadListLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > deadListLimit {
-			writeError(w, r, h.cfg.Logger, badRequest("invalid_limit", fmt.Sprintf("limit must be 1 to %d", deadListLimit)))
-			return
-		}
-		limit = n
+	limit, given, err := queryLimit(q, deadListLimit)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	if !given {
+		limit = deadListLimit
 	}
 	page, err := h.cfg.Jobs.PageDead(r.Context(), jobs.DeadFilter{Reason: q.Get("reason"),
 		Credential: q.Get("credential"), Limit: limit}, q.Get("after"))

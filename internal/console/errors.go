@@ -67,6 +67,21 @@ func checkParams(q url.Values, allowed ...string) error {
 	return nil
 }
 
+// queryLimit reads a list's limit from q (checked by checkParams: given once at most): given
+// reports whether it was, and a value that is not a number from 1 to most (empty too: no
+// default is read into it) is 400 invalid_limit, naming the value.
+func queryLimit(q url.Values, most int) (n int, given bool, err error) {
+	vs, given := q["limit"]
+	if !given {
+		return 0, false, nil
+	}
+	n, convErr := strconv.Atoi(vs[0])
+	if convErr != nil || n < 1 || n > most {
+		return 0, true, badRequest("invalid_limit", fmt.Sprintf("limit %q: must be a number from 1 to %d", vs[0], most))
+	}
+	return n, true, nil
+}
+
 // writeError is the console's one table from errors to statuses. A client's mistake (unknown
 // id, stale cursor, bad name) is a 4xx naming it; only a failure of ours is a 500, logged.
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {

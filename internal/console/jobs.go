@@ -43,6 +43,9 @@ func views(list []*jobs.Job) []jobView {
 	return out
 }
 
+// jobListMaxLimit is the largest page of the jobs list.
+const jobListMaxLimit = 500
+
 // jobList serves a page of jobs: ?status=&tenant=&credential=&after=<cursor>&limit=.
 func (h *Handler) jobList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	q := r.URL.Query()
@@ -63,14 +66,12 @@ func (h *Handler) jobList(w http.ResponseWriter, r *http.Request, _ *operator.Se
 			return
 		}
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 500 {
-			writeError(w, r, h.cfg.Logger, badRequest("invalid_limit", "limit must be 1 to 500"))
-			return
-		}
-		p.Limit = n
+	limit, _, err := queryLimit(q, jobListMaxLimit)
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
 	}
+	p.Limit = limit // 0: not given, the store's default
 	page, err := h.cfg.Jobs.Page(r.Context(), p)
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)

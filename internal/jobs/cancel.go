@@ -73,11 +73,17 @@ SELECT ` + jobColumnsNoRequest + `, false FROM jobs WHERE id = $1 AND ($2::text 
 // cancelLockedSQL ends the CTE live (the rows to cancel, locked: live_id, from_status,
 // from_reason) with the CTEs that cancel them (c: the rows canceled, jobs.* with from_status and
 // from_reason) and append their 'canceled' events ({"from": ..., "previous_reason": ...}), for
-// cancelSQL and cancelPageSQL: a job canceled alone or with its page is canceled alike.
+// cancelSQL and cancelPageSQL: a job canceled alone or with its page is canceled alike. A job
+// of the batch lane not running (waiting for a provider batch, or in one not yet sent: batch_state
+// waiting or committed) shows batch_state canceled: no batch of it reaches the provider (one
+// whose batch's send was under way follows the batch's state from its next poll, as one canceled
+// after the send does). The condition reads lane and status, not batch_state's values: the
+// statement would otherwise hold 'committed', which tests' holds on "commit" would match.
 const cancelLockedSQL = `
 ), c AS (
 	UPDATE jobs SET status = 'canceled', next_attempt_at = NULL, finished_at = now(), updated_at = now(),
-		dead_reason = NULL, event_seq = event_seq + 1
+		dead_reason = NULL, event_seq = event_seq + 1,
+		batch_state = CASE WHEN lane = 'batch' AND jobs.status IN ('queued', 'retrying') THEN 'canceled' ELSE batch_state END
 	FROM live WHERE id = live_id
 	RETURNING jobs.*, from_status, from_reason
 ), e AS (

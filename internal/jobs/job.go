@@ -110,7 +110,7 @@ type Job struct {
 	Lane Lane `json:"lane"`
 	// BatchID and BatchState are the provider's batch id and its state while the job is (or was
 	// last) in a provider batch (null: never batched; "waiting": in the batch lane, not yet in a
-	// batch; "committed": in a batch not yet sent).
+	// batch; "committed": in a batch not yet sent; "canceled": canceled before a batch sent it).
 	BatchID    *string `json:"batch_id"`
 	BatchState *string `json:"batch_state"`
 	// CostClass says at which price the stored result was bought: "batch" (the providers' batch

@@ -51,7 +51,9 @@ func scanTenantWith(row pgx.Row, more ...any) (*Tenant, error) {
 // Create stores a new tenant and returns it with its bearer token, which exists nowhere else:
 // only its SHA-256 is stored. credentials, when not nil, are the only credentials its jobs may
 // use (their existence in the config is the caller's to check). Errors: ErrInvalidName,
-// ErrExists, or a wrapped database error.
+// ErrExists (also for a name that differs from an existing tenant's, revoked or not, only in
+// case, which it names: two tenants an operator could not tell apart), or a wrapped database
+// error.
 func (s *Store) Create(ctx context.Context, name string, credentials []string) (*Tenant, string, error) {
 	return s.CreateWeighted(ctx, name, credentials, DefaultWeight)
 }
@@ -76,18 +78,43 @@ func (s *Store) CreateWeighted(ctx context.Context, name string, credentials []s
 	if err != nil {
 		return nil, "", fmt.Errorf("new token: %w", err) // a bug: secrettoken.New makes well-formed tokens
 	}
-	t, err := scanTenant(s.pool.QueryRow(ctx, `
+	var t *Tenant
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Creates of names equal but for case wait for each other here, so the read below (a
+		// statement of its own: a snapshot taken once the lock is held) sees the other's row.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(lower($2)))`, nameLockClass, name); err != nil {
+			return err
+		}
+		var other string
+		err := tx.QueryRow(ctx, `SELECT name FROM tenants WHERE lower(name) = lower($1) AND name <> $1 LIMIT 1`,
+			name).Scan(&other)
+		switch {
+		case err == nil:
+			return fmt.Errorf("%w: %q differs from tenant %q only in case", ErrExists, name, other)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		t, err = scanTenant(tx.QueryRow(ctx, `
 INSERT INTO tenants (name, token_sha256, credentials, weight) VALUES ($1, $2, $3, $4)
 RETURNING `+tenantColumns, name, hash[:], credentials, weight))
+		return err
+	})
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "tenants_pkey" {
+		switch {
+		case errors.Is(err, ErrExists):
+			return nil, "", err
+		case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "tenants_pkey":
 			return nil, "", fmt.Errorf("%w: %q", ErrExists, name)
 		}
 		return nil, "", fmt.Errorf("create tenant: %w", err)
 	}
 	return t, token, nil
 }
+
+// nameLockClass is the first key of the advisory locks Create takes on a name ("lqtn"), the
+// second a hash of the name in lower case.
+const nameLockClass int32 = 0x6c71746e
 
 // Revoke marks the tenant revoked: its token answers ErrRevoked from then on (after the
 // Authenticator's TTL on API replicas that cached it). wasActive is false when it was revoked
