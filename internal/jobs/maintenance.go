@@ -26,7 +26,9 @@ type Overdue struct {
 // attempt (queued, retrying, or running with no live lease: see waitingForAttempt) to failed,
 // with last_error class ReasonDeadlineExceeded and a "failed" event each (a trigger notifies),
 // oldest deadline first, and returns them. A job whose attempt holds a live lease is left to its
-// delivery: its call's timeout ends at the deadline and the delivery records the outcome.
+// delivery: its call's timeout ends at the deadline and the delivery records the outcome. A
+// batch-lane job still waiting for a batch shows batch_state not_sent (it kept waiting); one in
+// a committed batch gets it when the batch's send begins.
 //
 // One statement, in a transaction of its own (see inOrderOfIndex): the jobs are locked FOR
 // UPDATE SKIP LOCKED (a job a delivery is changing right now is taken on the next call, not
@@ -131,7 +133,8 @@ WITH due AS (
 		last_error = jsonb_build_object('class', $3::text,
 			'message', 'job deadline passed while it waited (' || due.was || ')'),
 		next_attempt_at = NULL, lease_token = NULL, lease_until = NULL,
-		finished_at = now(), updated_at = now(), event_seq = j.event_seq + 1
+		finished_at = now(), updated_at = now(), event_seq = j.event_seq + 1,
+		batch_state = CASE WHEN j.batch_state = 'waiting' THEN 'not_sent' ELSE j.batch_state END
 	FROM due WHERE j.id = due.id AND j.status IN ('queued', 'running', 'retrying')
 	RETURNING j.id, j.event_seq, j.credential, j.created_at, j.finished_at, due.was, j.slot_seq IS NOT NULL AS held
 ), e AS (

@@ -248,3 +248,25 @@ func eventsOf(status jobs.Status) int {
 	}
 	return 3
 }
+
+// TestStore_FailOverdueBatchJobNotSent: a batch-lane job its deadline fails while it waits for a
+// batch shows batch_state not_sent (its deadline failed it before its batch was sent), as one
+// failed in a committed batch does once the batch's send begins; it kept waiting for good.
+func TestStore_FailOverdueBatchJobNotSent(t *testing.T) {
+	t.Parallel()
+	b := jobstest.New(t)
+	ctx := t.Context()
+	job, _, err := b.Store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 3, Timeout: time.Minute, Lane: jobs.LaneBatch})
+	require.NoError(t, err)
+	require.Equal(t, "waiting", *job.BatchState)
+
+	got, err := b.Store.FailOverdue(ctx, time.Now().Add(2*time.Minute), 100)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	job, err = b.Store.Get(ctx, job.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusFailed, job.Status)
+	require.NotNil(t, job.BatchState)
+	require.Equal(t, "not_sent", *job.BatchState)
+}
