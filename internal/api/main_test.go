@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -91,6 +92,8 @@ type setupOpts struct {
 	// batchWindows are the credentials with a batch lane, with their window; default none.
 	batchWindows map[string]time.Duration
 	deltas       bool // follow streaming jobs' delta buffers (testBundle.deltas)
+	// redisHook, when set, is added to the API's Redis client (the delta buffers' too).
+	redisHook redis.Hook
 	// tenantTTL is how long a token's lookup is cached (the delay of a revocation); default 2s.
 	tenantTTL time.Duration
 	// handoff, when set, is the processor of a Handoff (Config.Handoff) the bundle runs on its
@@ -227,6 +230,9 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 	redisOpt, err := dispatch.RedisConnOpt(redistest.URL())
 	require.NoError(t, err)
 	rdb := dispatch.NewRedisClient(redisOpt)
+	if o.redisHook != nil {
+		rdb.AddHook(o.redisHook)
+	}
 	aclient := asynq.NewClient(redisOpt)
 	insp := asynq.NewInspector(redisOpt)
 	queue := redistest.Queue(t, redistest.URL())

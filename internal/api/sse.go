@@ -170,6 +170,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		// The job read now that we are subscribed: any transition after this read is
 		// signalled, so starting at its latest event loses nothing.
 		last = eventPos{seq: fresh.EventSeq - 1, n: math.MaxInt}
+		if fresh.Status.Terminal() {
+			// The stream starts at the terminal event, which carries the whole answer, and ends
+			// with it: it sends no delta, so it reads none (it read the whole buffer to drop it).
+			f.streaming = false
+		}
 	}
 	f.pos, f.known = last, last.seq
 	if resume && last.n > 0 && f.streaming {
