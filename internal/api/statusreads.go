@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -34,7 +35,7 @@ import (
 // gone does not fail the others' read), bounded by StoreWait for a pool connection and by
 // StoreTimeout in all. The reads of different jobs take turns: at most a few run at once
 // (turns, a quarter of the pool), the others wait for a turn with no bound, and a read's bounds
-// count from its turn. Jobs that end together (500 streams of 500 jobs with 800 kB answers) all
+// count from its turn; a read whose streams all left while it waited is not made. Jobs that end together (500 streams of 500 jobs with 800 kB answers) all
 // wake their streams at once: their reads, each with its own bounds, all asked the pool for a
 // connection at once before, and those queued behind the first few spent their bounds in the
 // queue (141 of those 500 streams ended on "the job store did not answer in time").
@@ -228,6 +229,15 @@ func (sr *statusReads) startLocked(id string, e *jobReads) {
 func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
 	sr.turns <- struct{}{} // waiting goroutines are served in order
 	defer func() { <-sr.turns }()
+	sr.mu.Lock()
+	if rd.joined == 0 {
+		// Every stream that asked for it left while it waited for its turn (their clients
+		// gone): it is not made, and no stream can join it now (it ends under this lock).
+		sr.endLocked(id, e, rd, nil, nil, errReadAbandoned)
+		sr.mu.Unlock()
+		return
+	}
+	sr.mu.Unlock()
 	ctx, cancel := sr.bounded()
 	defer cancel()
 	evs, err := sr.store.Events(ctx, id, rd.after)
@@ -243,6 +253,16 @@ func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
 	}
 	sr.mu.Lock()
 	defer sr.mu.Unlock()
+	sr.endLocked(id, e, rd, evs, job, err)
+}
+
+// errReadAbandoned is the error of a shared read that no stream waited for any more when its
+// turn came: no stream receives it.
+var errReadAbandoned = errors.New("read job events: no stream waits for the read")
+
+// endLocked ends rd with its events, its job and its error, and starts the job's next read if a
+// stream asked for one meanwhile.
+func (sr *statusReads) endLocked(id string, e *jobReads, rd *sharedRead, evs []jobs.Event, job *jobs.Job, err error) {
 	rd.evs, rd.job, rd.err = evs, job, err
 	rd.upTo = rd.after
 	if len(evs) > 0 {

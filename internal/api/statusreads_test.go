@@ -203,3 +203,75 @@ func (c *countingConn) Read(p []byte) (int, error) {
 	c.n.Add(int64(n))
 	return n, err
 }
+
+// TestStatusReads_ReadNoStreamWaitsForIsNotMade: a job's read waiting for its turn (behind
+// another job's) whose streams all left meanwhile (their clients gone) is not made when its
+// turn comes: jobs that ended together with streams whose clients gave up read their answers
+// one after another for no one.
+func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	direct, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	workers := jobs.NewStore(direct, nil)
+	proxy, proxied := pgtest.NewProxy(t, dbURL)
+	pool, err := pgxpool.New(context.Background(), proxied+"&default_query_exec_mode=exec") // every statement parsed: holdable
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	create := func() string {
+		job, _, err := workers.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
+			Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
+		require.NoError(t, err)
+		return job.ID
+	}
+	first, second := create(), create()
+	sr := newStatusReads(jobs.NewStore(pool, nil), 1, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+
+	// The first job's read holds the one turn.
+	hold := proxy.HoldStatement("FROM job_events WHERE job_id = $1")
+	defer hold.Release()
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := sr.read(ctx, first, 0, 0)
+		firstDone <- err
+	}()
+	select {
+	case <-hold.Reached():
+	case <-ctx.Done():
+		t.Fatal("the first job's read did not reach Postgres")
+	}
+	// The second job's read waits for the turn; its one stream leaves.
+	leaving, leave := context.WithCancel(ctx)
+	secondDone := make(chan error, 1)
+	go func() {
+		_, err := sr.read(leaving, second, 0, 0)
+		secondDone <- err
+	}()
+	var rd *sharedRead
+	waitFor(t, func() bool {
+		sr.mu.Lock()
+		defer sr.mu.Unlock()
+		if e := sr.jobs[second]; e != nil && e.out != nil && e.out.joined == 1 {
+			rd = e.out
+		}
+		return rd != nil
+	})
+	leave()
+	require.ErrorIs(t, <-secondDone, context.Canceled)
+	hold.Release()
+	require.NoError(t, <-firstDone)
+
+	select {
+	case <-rd.done:
+	case <-ctx.Done():
+		t.Fatal("the second job's read did not end")
+	}
+	require.ErrorIs(t, rd.err, errReadAbandoned, "the read no stream waited for was made")
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	require.NotContains(t, sr.jobs, second, "the job's entry is dropped")
+}
