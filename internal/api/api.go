@@ -248,7 +248,7 @@ func New(cfg Config) *Server {
 		cfg.retryRand = rand.Float64
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
-		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, statusReadTurns(poolConns(cfg.Pool)), cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now),
+		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, statusReadTurns(poolConns(cfg.Pool)), cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now, cfg.Metrics),
 		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant)}
 	s.streamLog = logthrottle.New(&logthrottle.Config{Every: streamLogInterval, Now: cfg.Now,
 		Report: s.streamsSuppressed})

@@ -37,6 +37,8 @@ type Metrics struct {
 	// rejectedStreams those refused at its cap or their tenant's, by reason.
 	openStreams     prometheus.Gauge
 	rejectedStreams *prometheus.CounterVec
+	// streamReadsWaiting is the streams' shared reads of jobs waiting for a turn (statusReads).
+	streamReadsWaiting prometheus.Gauge
 	// tokenLookupsRefused counts the requests answered 503 overloaded for want of a place among
 	// the lookups of bearer tokens never known (tenant.ErrNewTokenLookupsFull).
 	tokenLookupsRefused prometheus.Counter
@@ -102,12 +104,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "llmq_event_streams_rejected_total",
 		Help: "Event streams refused: reason server, the process held api.max_streams (503); tenant, the tenant held api.max_streams_per_tenant (429).",
 	}, []string{"reason"})
+	m.streamReadsWaiting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "llmq_event_stream_reads_waiting",
+		Help: "Event streams' reads of their jobs (one per job, shared by its streams) waiting for a turn: a quarter of the " +
+			"Postgres pool's connections read at once. Many jobs ending together queue here; it stays high when Postgres is slow.",
+	})
 	m.tokenLookupsRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "llmq_http_token_lookups_refused_total",
 		Help: "Requests answered 503 overloaded because the Postgres lookups of bearer tokens this process never knew as a tenant's " +
 			"(made-up tokens; a new or rotated token's first request) held their share of the pool (a quarter) for the whole wait.",
 	})
-	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals, m.openStreams, m.rejectedStreams, m.tokenLookupsRefused)
+	reg.MustRegister(m.submits, m.submitStages, m.responses, m.tenantRefusals, m.openStreams, m.rejectedStreams, m.streamReadsWaiting,
+		m.tokenLookupsRefused)
 	if err := reg.Register(m.finished); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
@@ -139,6 +147,13 @@ func (m *Metrics) initCredentials(names []string) {
 func (m *Metrics) streamsOpen(n int) {
 	if m != nil {
 		m.openStreams.Set(float64(n))
+	}
+}
+
+// streamReadWaits adds delta (1 or -1) to the streams' reads waiting for a turn.
+func (m *Metrics) streamReadWaits(delta float64) {
+	if m != nil {
+		m.streamReadsWaiting.Add(delta)
 	}
 }
 

@@ -52,6 +52,8 @@ type statusReads struct {
 	now             func() time.Time
 	// turns holds a token for each read running: its capacity is how many run at once.
 	turns chan struct{}
+	// metrics counts the reads waiting for a turn (nil: none).
+	metrics *Metrics
 
 	mu   sync.Mutex
 	jobs map[string]*jobReads
@@ -61,9 +63,9 @@ type statusReads struct {
 // each bounded by wait for a pool connection and by timeout in all from its turn; keepAlive is
 // the streams' keep-alive interval, whose watch renewals give the watch a TTL of 4 keep-alives and
 // are shared for half a keep-alive (renew).
-func newStatusReads(store *jobs.Store, turns int, wait, timeout, keepAlive time.Duration, now func() time.Time) *statusReads {
+func newStatusReads(store *jobs.Store, turns int, wait, timeout, keepAlive time.Duration, now func() time.Time, metrics *Metrics) *statusReads {
 	return &statusReads{store: store, wait: wait, timeout: timeout, watchTTL: 4 * keepAlive, fresh: keepAlive / 2,
-		now: now, jobs: map[string]*jobReads{}, turns: make(chan struct{}, max(1, turns))}
+		now: now, jobs: map[string]*jobReads{}, turns: make(chan struct{}, max(1, turns)), metrics: metrics}
 }
 
 // statusReadTurns is how many shared reads of the streams run at once on a pool of maxConns
@@ -227,7 +229,13 @@ func (sr *statusReads) startLocked(id string, e *jobReads) {
 // run reads the job's status events and the job for rd once it has a turn (statusReads), then
 // starts the next read if a stream asked for one meanwhile.
 func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
-	sr.turns <- struct{}{} // waiting goroutines are served in order
+	select {
+	case sr.turns <- struct{}{}:
+	default: // all taken: wait, counted (llmq_event_stream_reads_waiting)
+		sr.metrics.streamReadWaits(1)
+		sr.turns <- struct{}{} // waiting goroutines are served in order
+		sr.metrics.streamReadWaits(-1)
+	}
 	defer func() { <-sr.turns }()
 	sr.mu.Lock()
 	if rd.joined == 0 {

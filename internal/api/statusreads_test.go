@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/jobs"
@@ -38,7 +40,7 @@ func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *test
 		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(jobs.NewStore(pool, nil), 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	sr := newStatusReads(jobs.NewStore(pool, nil), 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now, nil)
 	defer sr.follow(job.ID)()
 
 	// A read of the events (queued only) whose read of the job is held: it began before the
@@ -130,7 +132,7 @@ func TestStatusReads_KeptReadHoldsNoRequest(t *testing.T) {
 		Request: request, MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(store, 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	sr := newStatusReads(store, 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now, nil)
 	defer sr.follow(job.ID)()
 	defer sr.follow(job.ID)()
 	read, err := sr.read(ctx, job.ID, 0, 0)
@@ -176,7 +178,7 @@ func TestStatusReads_NoRequestFromPostgres(t *testing.T) {
 		Request: request, MaxAttempts: 5, Timeout: time.Minute})
 	require.NoError(t, err)
 
-	sr := newStatusReads(store, 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	sr := newStatusReads(store, 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now, nil)
 	before := received.Load()
 	read, err := sr.read(ctx, job.ID, 0, 0)
 	require.NoError(t, err)
@@ -205,9 +207,9 @@ func (c *countingConn) Read(p []byte) (int, error) {
 }
 
 // TestStatusReads_ReadNoStreamWaitsForIsNotMade: a job's read waiting for its turn (behind
-// another job's) whose streams all left meanwhile (their clients gone) is not made when its
-// turn comes: jobs that ended together with streams whose clients gave up read their answers
-// one after another for no one.
+// another job's), counted in llmq_event_stream_reads_waiting, whose streams all left meanwhile
+// (their clients gone) is not made when its turn comes: jobs that ended together with streams
+// whose clients gave up read their answers one after another for no one.
 func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.URL(t)
@@ -229,7 +231,8 @@ func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
 		return job.ID
 	}
 	first, second := create(), create()
-	sr := newStatusReads(jobs.NewStore(pool, nil), 1, 5*time.Second, 10*time.Second, 15*time.Second, time.Now)
+	m := NewMetrics(prometheus.NewRegistry())
+	sr := newStatusReads(jobs.NewStore(pool, nil), 1, 5*time.Second, 10*time.Second, 15*time.Second, time.Now, m)
 
 	// The first job's read holds the one turn.
 	hold := proxy.HoldStatement("FROM job_events WHERE job_id = $1")
@@ -260,6 +263,7 @@ func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
 		}
 		return rd != nil
 	})
+	waitFor(t, func() bool { return testutil.ToFloat64(m.streamReadsWaiting) == 1 }) // llmq_event_stream_reads_waiting
 	leave()
 	require.ErrorIs(t, <-secondDone, context.Canceled)
 	hold.Release()
@@ -271,6 +275,7 @@ func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
 		t.Fatal("the second job's read did not end")
 	}
 	require.ErrorIs(t, rd.err, errReadAbandoned, "the read no stream waited for was made")
+	require.Zero(t, testutil.ToFloat64(m.streamReadsWaiting), "no read waits")
 	sr.mu.Lock()
 	defer sr.mu.Unlock()
 	require.NotContains(t, sr.jobs, second, "the job's entry is dropped")
