@@ -24,16 +24,7 @@ import (
 // asked meanwhile shares. A stream told of an older event takes the read out.
 func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.URL(t)
-	direct, err := pgxpool.New(context.Background(), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(direct.Close)
-	workers := jobs.NewStore(direct, nil) // the transitions: never held
-	proxy, proxied := pgtest.NewProxy(t, dbURL)
-	pool, err := pgxpool.New(context.Background(), proxied+"&default_query_exec_mode=exec") // every statement parsed: holdable
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-
+	workers, proxy, pool := heldStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	job, _, err := workers.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
@@ -212,16 +203,7 @@ func (c *countingConn) Read(p []byte) (int, error) {
 // whose clients gave up read their answers one after another for no one.
 func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.URL(t)
-	direct, err := pgxpool.New(context.Background(), dbURL)
-	require.NoError(t, err)
-	t.Cleanup(direct.Close)
-	workers := jobs.NewStore(direct, nil)
-	proxy, proxied := pgtest.NewProxy(t, dbURL)
-	pool, err := pgxpool.New(context.Background(), proxied+"&default_query_exec_mode=exec") // every statement parsed: holdable
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-
+	workers, proxy, pool := heldStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	create := func() string {
@@ -279,4 +261,19 @@ func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
 	sr.mu.Lock()
 	defer sr.mu.Unlock()
 	require.NotContains(t, sr.jobs, second, "the job's entry is dropped")
+}
+
+// heldStore returns a fresh database's job store for the transitions (workers, never held), and
+// a pool to it through proxy, whose statements the test can hold (each parsed: holdable).
+func heldStore(t *testing.T) (workers *jobs.Store, proxy *pgtest.Proxy, pool *pgxpool.Pool) {
+	t.Helper()
+	dbURL := pgtest.URL(t)
+	direct, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	proxy, proxied := pgtest.NewProxy(t, dbURL)
+	pool, err = pgxpool.New(context.Background(), proxied+"&default_query_exec_mode=exec")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return jobs.NewStore(direct, nil), proxy, pool
 }
