@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,34 +255,6 @@ func TestEvents_OpeningReadsNoRequest(t *testing.T) {
 	}
 }
 
-// bufferReads is a hook on a Redis client that counts the reads of delta buffers (XRANGE),
-// made one at a time or in a pipeline.
-type bufferReads struct{ n atomic.Int64 }
-
-func (h *bufferReads) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *bufferReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.count(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *bufferReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			h.count(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func (h *bufferReads) count(cmd redis.Cmder) {
-	if name := cmd.Name(); name == "xrange" || name == "xrevrange" {
-		h.n.Add(1)
-	}
-}
-
 // TestEvents_EndedJobsStreamReadsNoDeltas: a stream opened without Last-Event-ID on a streaming
 // job that has ended starts at its terminal event, which carries the whole answer, and sends no
 // delta; it read the job's whole delta buffer from Redis all the same (page after page, up to
@@ -291,7 +262,7 @@ func (h *bufferReads) count(cmd redis.Cmder) {
 // its deltas.
 func TestEvents_EndedJobsStreamReadsNoDeltas(t *testing.T) {
 	t.Parallel()
-	reads := &bufferReads{}
+	reads := redistest.NewCommands("xrange", "xrevrange") // the reads of delta buffers
 	b := setup(t, setupOpts{deltas: true, redisHook: reads})
 	job := b.createStreaming(t)
 	attempt := b.streamAttempt(t, job.ID, "Hel", "lo")
@@ -301,11 +272,11 @@ func TestEvents_EndedJobsStreamReadsNoDeltas(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, applied)
 
-	before := reads.n.Load()
+	before := reads.Count()
 	s := openStream(t, b.url, job.ID, "")
 	require.Equal(t, []string{"succeeded/3"}, names(nextFrames(t, s, 1)))
 	s.close()
-	require.Equal(t, before, reads.n.Load(), "the stream of an ended job read its delta buffer")
+	require.Equal(t, before, reads.Count(), "the stream of an ended job read its delta buffer")
 
 	// Resumed inside the attempt, the stream replays the attempt's deltas after the one it had.
 	s = openStream(t, b.url, job.ID, "2.1")

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -76,6 +77,48 @@ func (h *Trips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if len(cmds) > 0 && !isHandshake(cmds[0]) {
 			h.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// Commands is a go-redis hook (client.AddHook) that counts the client's commands of the names it
+// was made with (NewCommands), sent alone or in a pipeline, each command once. It is safe for
+// concurrent use.
+type Commands struct {
+	names []string
+	n     atomic.Int64
+}
+
+// NewCommands returns a Commands counting the commands named names (lower case, as
+// redis.Cmder.Name gives them: "xrange").
+func NewCommands(names ...string) *Commands { return &Commands{names: names} }
+
+// Count is how many of its commands the client sent since the hook was added.
+func (h *Commands) Count() int { return int(h.n.Load()) }
+
+func (h *Commands) note(cmd redis.Cmder) {
+	if slices.Contains(h.names, cmd.Name()) {
+		h.n.Add(1)
+	}
+}
+
+// DialHook implements redis.Hook.
+func (h *Commands) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook implements redis.Hook.
+func (h *Commands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.note(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook implements redis.Hook.
+func (h *Commands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.note(cmd)
 		}
 		return next(ctx, cmds)
 	}
