@@ -310,8 +310,8 @@ func startReadmeStack(t *testing.T, serve bool) *readmeStack {
 }
 
 // writeConfig writes the repository's configs/local.yaml into s.dir with the stores and the
-// simulator replaced by the test's and the API on a free port, and copies the key files it
-// names.
+// simulator replaced by the test's, the API on a free port and the worker's metrics off, and
+// copies the key files it names.
 func (s *readmeStack) writeConfig(t *testing.T, dbURL, redisURL, simURL string) {
 	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(repoRoot, "configs", "local.yaml"))
@@ -321,6 +321,14 @@ func (s *readmeStack) writeConfig(t *testing.T, dbURL, redisURL, simURL string) 
 	cfg["database_url"], cfg["redis_url"] = dbURL, redisURL
 	api := cfg["api"].(map[string]any)
 	api["listen"] = "127.0.0.1:0"
+	// The API-and-worker stack's worker serves its metrics nowhere: the default port (9091),
+	// taken by any other worker on the machine, failed the worker's start and the examples.
+	worker, _ := cfg["worker"].(map[string]any)
+	if worker == nil {
+		worker = map[string]any{}
+		cfg["worker"] = worker
+	}
+	worker["metrics_listen"] = "off"
 	require.NoError(t, os.MkdirAll(filepath.Join(s.dir, "configs"), 0o700))
 	if f, ok := api["stream_secret_file"].(string); ok {
 		s.copyRepoFile(t, f)
