@@ -147,13 +147,21 @@ func (a *app) run(ctx context.Context, args []string) int {
 }
 
 // oneLine joins the lines of a multi-line error message (errors.Join, pgx's per-host errors) so
-// that every failure prints as one line.
+// that every failure prints as one line: by "; ", or by a space after a line that ends in ":",
+// which introduces the next (yaml's "unmarshal errors:").
 func oneLine(msg string) string {
-	lines := strings.Split(strings.TrimSpace(msg), "\n")
-	for i, l := range lines {
-		lines[i] = strings.TrimSpace(l)
+	var b strings.Builder
+	for i, l := range strings.Split(strings.TrimSpace(msg), "\n") {
+		if i > 0 {
+			if strings.HasSuffix(b.String(), ":") {
+				b.WriteString(" ")
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(strings.TrimSpace(l))
 	}
-	return strings.Join(lines, "; ")
+	return b.String()
 }
 
 // schemaHint is what to do about err when Postgres answered that the database, or a table or

@@ -381,15 +381,33 @@ func TestMissingConfigFile(t *testing.T) {
 	requireOneLineError(t, r, 1, path)
 }
 
+// TestInvalidConfigFileIsOneLine: every problem of the file on one line; a line that introduces
+// the next (yaml's "unmarshal errors:", pgx's "failed to connect to ...:") goes on after a space,
+// not "; ", which read "unmarshal errors:; retry.max_atempts: ...".
 func TestInvalidConfigFileIsOneLine(t *testing.T) {
 	t.Parallel()
 
-	path := filepath.Join(t.TempDir(), "bad.yaml")
-	require.NoError(t, os.WriteFile(path, []byte("database_url: mysql://x/y\nredis_url: http://x\ncredentials: []\n"), 0o600))
-	r := run(t, "--config", path, "migrate")
-	requireOneLineError(t, r, 1, "database_url")
-	require.Contains(t, r.errOut, "redis_url")
-	require.Contains(t, r.errOut, "credentials")
+	for name, tc := range map[string]struct {
+		doc  string
+		want []string
+	}{
+		"Invalid": {"database_url: mysql://x/y\nredis_url: http://x\ncredentials: []\n",
+			[]string{"database_url", "redis_url", "credentials"}},
+		"WrongKind": {"retry: { max_atempts: 5, base_delay: 30 }\n",
+			[]string{"unmarshal errors: retry.max_atempts: line 1: unknown key max_atempts (did you mean max_attempts?); retry.base_delay: line 1:"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(t.TempDir(), "bad.yaml")
+			require.NoError(t, os.WriteFile(path, []byte(tc.doc), 0o600))
+			r := run(t, "--config", path, "migrate")
+			requireOneLineError(t, r, 1, tc.want[0])
+			for _, w := range tc.want[1:] {
+				require.Contains(t, r.errOut, w)
+			}
+			require.NotContains(t, r.errOut, ":;")
+		})
+	}
 }
 
 // TestMalformedRedisURLHidesPassword: a Redis URL that does not parse (--redis-url, or

@@ -44,7 +44,7 @@ func TestParse_Batch(t *testing.T) {
 		"NegativePoll":   {"poll_interval: -5s", "credentials[0].batch.poll_interval"},
 		"WindowTooLong":  {"window: 25h", "credentials[0].batch.window: must be at most 24h0m0s"},
 		"NegativeBackup": {"online_fallback: -1m", "credentials[0].batch.online_fallback"},
-		"UnknownField":   {"windw: 1h", "field windw not found"},
+		"UnknownField":   {"windw: 1h", "unknown key windw (did you mean window?)"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

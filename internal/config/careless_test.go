@@ -238,3 +238,64 @@ func TestParse_WrongKindThroughAnAliasNamesNoField(t *testing.T) {
 		})
 	}
 }
+
+// A value of the wrong kind, or an unknown key, is told in the file's terms: what to write there
+// and, for a misspelt key, the key meant; never the Go type it was to be decoded into
+// (config.Retry, []config.Credential, time.Duration) or yaml's tags (!!str, !!map).
+func TestParse_WrongKindSaysWhatToWrite(t *testing.T) {
+	t.Parallel()
+
+	for name, tc := range map[string]struct {
+		doc  []byte
+		want string
+	}{
+		"MisspeltKey": {minimal(goodCred, "retry: { max_atempts: 5 }\n"), "retry.max_atempts: line 6: unknown key max_atempts (did you mean max_attempts?)"},
+		"KeyInCase":   {minimal(goodCred, "worker: { Concurrency: 5 }\n"), "worker.Concurrency: line 6: unknown key Concurrency (did you mean concurrency?)"},
+		"TopLevelKey": {minimal(goodCred, "redis: redis://127.0.0.1:6379/0\n"), "redis: line 6: unknown key redis (did you mean redis_url?)"},
+		"CredKey":     {minimal(goodCred+"\napi_key: K", ""), "credentials[0].api_key: line 6: unknown key api_key (did you mean api_key_env?)"},
+		"FarKey":      {minimal(goodCred, "retry: { jitter: full }\n"), "retry.jitter: line 6: unknown key jitter"},
+		"WordForInt":  {minimal(goodCred, "worker: { concurrency: lots }\n"), "worker.concurrency: line 6: want a whole number (got \"lots\")"},
+		"Duration":    {minimal(goodCred, "retry: { base_delay: 30 }\n"), "retry.base_delay: line 6: want a duration with its unit, such as 30s or 500ms (got \"30\")"},
+		"Bool":        {minimal(goodCred, "api: { allow_anonymous: yes please }\n"), "api.allow_anonymous: line 6: want true or false (got \"yes please\")"},
+		"Float":       {minimal(goodCred+"\nlimits: { requests_per_second: fast, burst: 5 }", ""), "credentials[0].limits.requests_per_second: line 6: want a number (got \"fast\")"},
+		"ListForMap":  {minimal(goodCred, "worker: [1, 2]\n"), "worker: line 6: want a block of keys (got a list)"},
+		"MapForList":  {[]byte("credentials:\n  name: a\n  provider: openai\n"), "credentials: line 2: want a list (got a block of keys)"},
+		"ListForWord": {minimal(goodCred, "redis_url: [a]\n"), "redis_url: line 6: want a string (got a list)"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := config.Parse(tc.doc, secretEnv)
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), "config.")
+			require.NotContains(t, err.Error(), "!!")
+		})
+	}
+}
+
+// A fraction where a whole number goes is refused naming the field: yaml.v3 truncates it
+// (`concurrency: 2.5` ran 2 deliveries, and `0.5` became 0, which took the default, 200). A
+// whole number written as a float (`10.0`, `4.194304e6`) is that number.
+func TestParse_FractionForAWholeNumberIsRefused(t *testing.T) {
+	t.Parallel()
+
+	for field, doc := range map[string][]byte{
+		"worker.concurrency":                          minimal(goodCred, "worker: { concurrency: 2.5 }\n"),
+		"retry.max_attempts":                          minimal(goodCred, "retry:\n  max_attempts: 0.5\n"),
+		"credentials[0].limits.burst":                 minimal(goodCred+"\nlimits: { requests_per_second: 5, burst: 1.5 }", ""),
+		"api.max_body_bytes":                          minimal(goodCred, "api: { max_body_bytes: 1e-3 }\n"),
+		"api.tenant_submit_rate.burst":                minimal(goodCred, "api: { tenant_submit_rate: { requests_per_second: 1, burst: .inf } }\n"),
+		"credentials[0].batch.max_requests_per_batch": minimal(goodCred+"\nbatch: { enabled: true, max_requests_per_batch: 99.9 }", ""),
+	} {
+		t.Run(field, func(t *testing.T) {
+			t.Parallel()
+			_, err := config.Parse(doc, secretEnv)
+			require.ErrorContains(t, err, field+": line ")
+			require.ErrorContains(t, err, "want a whole number")
+		})
+	}
+
+	cfg, err := config.Parse(minimal(goodCred, "worker: { concurrency: 10.0 }\napi: { max_body_bytes: 4.194304e6 }\n"), secretEnv)
+	require.NoError(t, err)
+	require.Equal(t, 10, cfg.Worker.Concurrency)
+	require.Equal(t, int64(4194304), cfg.API.MaxBodyBytes)
+}

@@ -262,7 +262,9 @@ type Credential struct {
 	Name string `yaml:"name"`
 	// Provider is anthropic or openai; it decides the wire format.
 	Provider string `yaml:"provider"`
-	// BaseURL is the provider's root, without /v1.
+	// BaseURL is the provider's root (https://api.anthropic.com, https://api.openai.com): an
+	// absolute http(s) URL without user information, query or fragment; a trailing /v1 is not
+	// doubled.
 	BaseURL string `yaml:"base_url"`
 	// APIKeyEnv names the environment variable holding the key (surrounding white space trimmed;
 	// white space or a control character inside is refused).
@@ -420,6 +422,9 @@ func parse(data []byte, getenv func(string) string, secrets bool) (*Config, erro
 	if err := dec.Decode(&rest); err == nil && !emptyDocument(&rest) {
 		return nil, fmt.Errorf("parse yaml: line %d: a second YAML document; the file must hold one", rest.Line)
 	} else if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("parse yaml: %w", err)
+	}
+	if err := wholeNumbers(data); err != nil {
 		return nil, fmt.Errorf("parse yaml: %w", err)
 	}
 	cfg.Retention.markEmpty(data)
@@ -730,6 +735,10 @@ func (cr *Credential) validate(f string, seen map[string]bool, bad func(field, f
 		bad(f+".base_url", "must be an absolute http(s) URL")
 	} else if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		bad(f+".base_url", "must be an absolute http(s) URL (got %q)", u.Redacted())
+	} else if u.User != nil {
+		bad(f+".base_url", "must not hold credentials: the key goes in api_key_env or api_key_file")
+	} else if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		bad(f+".base_url", "must not have a query or fragment: it is the provider's root, such as https://api.anthropic.com (got %q)", u.Redacted())
 	}
 	if (cr.APIKeyEnv == "") == (cr.APIKeyFile == "") {
 		bad(f, "exactly one of api_key_env and api_key_file is required")

@@ -274,7 +274,7 @@ func TestParse_UnknownField(t *testing.T) {
 			t.Parallel()
 			_, err := config.Parse(doc, secretEnv)
 			require.Error(t, err)
-			require.Contains(t, err.Error(), "not found")
+			require.Contains(t, err.Error(), "unknown key")
 			// A key pasted into the file by mistake is not echoed back.
 			require.NotContains(t, err.Error(), secret)
 		})
@@ -313,6 +313,11 @@ func TestParse_Validation(t *testing.T) {
 		{"BaseURLMissing", minimal("name: a\nprovider: openai\napi_key_env: K", ""), "credentials[0].base_url"},
 		{"BaseURLRelative", minimal(strings.Replace(goodCred, "http://127.0.0.1:8090", "/v1", 1), ""), "credentials[0].base_url"},
 		{"BaseURLScheme", minimal(strings.Replace(goodCred, "http://", "ftp://", 1), ""), "credentials[0].base_url"},
+		// What the provider client refuses at start is refused here, named as the file's field.
+		{"BaseURLCredentials", minimal(strings.Replace(goodCred, "http://", "http://user:"+secret+"@", 1), ""), "credentials[0].base_url: must not hold credentials"},
+		{"BaseURLQuery", minimal(strings.Replace(goodCred, ":8090", ":8090/?beta=1", 1), ""), "credentials[0].base_url: must not have a query or fragment"},
+		{"BaseURLEmptyQuery", minimal(strings.Replace(goodCred, ":8090", ":8090/?", 1), ""), "credentials[0].base_url: must not have a query or fragment"},
+		{"BaseURLFragment", minimal(strings.Replace(goodCred, ":8090", ":8090#v1", 1), ""), "credentials[0].base_url: must not have a query or fragment"},
 		{"NameMissing", minimal("provider: openai\nbase_url: http://x\napi_key_env: K", ""), "credentials[0].name"},
 		{"NameBad", minimal(strings.Replace(goodCred, "name: default", "name: has space", 1), ""), "credentials[0].name"},
 		{"NameDuplicate", []byte("credentials:\n" +

@@ -35,7 +35,7 @@ func TestParse_Fairness(t *testing.T) {
 		"SumAboveTheHighShare": {"fairness: { min_share: { normal: 0.5, low: 0.5 } }\n", "fairness.min_share: normal + low must be at most 0.9"},
 		"HorizonTooShort":      {"fairness: { horizon: 1ms }\n", "fairness.horizon: must be between 10ms and 10s (got 1ms)"},
 		"HorizonTooLong":       {"fairness: { horizon: 1m }\n", "fairness.horizon: must be between 10ms and 10s"},
-		"UnknownField":         {"fairness: { min_share: { high: 0.1 } }\n", "field high not found"},
+		"UnknownField":         {"fairness: { min_share: { high: 0.1 } }\n", "unknown key high"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

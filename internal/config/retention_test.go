@@ -55,7 +55,7 @@ func TestParse_Retention(t *testing.T) {
 		"FractionDays": {"retention: { dead: 1.5d }\n", "retention.dead: must be a duration"},
 		"Mixed":        {"retention: { dead: 1d12h }\n", "retention.dead: must be a duration"},
 		"NotAScalar":   {"retention: { succeeded: [7d] }\n", "retention.succeeded: must be a duration"},
-		"UnknownField": {"retention: { completed: 7d }\n", "field completed not found"},
+		"UnknownField": {"retention: { completed: 7d }\n", "unknown key completed"},
 		"BadInterval":  {"retention: { interval: -1s }\n", "retention.interval: must be at least 100ms"},
 		"BadAudit":     {"retention: { audit: 1y }\n", "retention.audit: must be a duration"},
 		// A month written as "1m" (a minute in a Go duration) deleted every dead letter a minute

@@ -2,6 +2,7 @@ package process_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,36 @@ func TestProcesses_WarnOfARedisThatMayEvict(t *testing.T) {
 			line := logs.String()
 			require.Contains(t, line, `"maxmemory_policy":"`+tc.policy+`"`)
 			require.Contains(t, line, "noeviction", "the line names the fix")
+		})
+	}
+}
+
+// A redis_url naming a database the Redis does not have (/99 where it has 16) stops each process
+// at start with an error naming the setting and the database: every command on it fails ("ERR DB
+// index is out of range"), so the process ran without ever dispatching a job, logging asynq's
+// errors forever.
+func TestProcesses_RefuseARedisDatabaseThatDoesNotExist(t *testing.T) {
+	t.Parallel()
+	for name, run := range map[string]func(context.Context, []string, process.Options) error{
+		"API": process.API, "Worker": process.Worker, "Serve": process.Serve,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			redisURL := strings.TrimSuffix(redistest.Server(t), "/0") + "/99" // a private Redis: 16 databases
+			path := writeConfigOn(t, "http://127.0.0.1:1", redisURL)          // no call is made
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			logs := &logtest.Buffer{}
+			done := make(chan error, 1)
+			go func() { done <- run(ctx, []string{"--config", path}, process.Options{Stderr: logs, Getenv: getenv}) }()
+			select {
+			case err := <-done:
+				require.ErrorContains(t, err, "redis_url: Redis has no database 99")
+			case <-time.After(30 * time.Second):
+				cancel()
+				<-done
+				t.Fatalf("the process ran on a database its Redis does not have: %s", logs.String())
+			}
 		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -157,23 +158,38 @@ func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pg
 // delays the start by no more.
 const evictionCheckTimeout = 2 * time.Second
 
-// warnEviction logs a warning when the config's Redis may evict keys (it has a memory limit and
-// its maxmemory-policy is not noeviction): llmq's tasks, limiter buckets and pauses would be
-// dropped without a word once it is full. A Redis that refuses CONFIG (a managed one) or does not
-// answer gets one line at info saying that the policy could not be read and must be noeviction:
-// the check is advice, and the operator checks in its place.
-func warnEviction(ctx context.Context, cfg *config.Config, logger *slog.Logger) {
+// checkRedis is the start-up's look at the config's Redis. It logs a warning when the Redis may
+// evict keys (it has a memory limit and its maxmemory-policy is not noeviction): llmq's tasks,
+// limiter buckets and pauses would be dropped without a word once it is full. A Redis that
+// refuses CONFIG (a managed one) or does not answer gets one line at info saying that the policy
+// could not be read and must be noeviction: the check is advice, and the operator checks in its
+// place. A Redis that answers that redis_url's database does not exist is an error: every
+// command would fail the same way, and the process would run dispatching nothing.
+func checkRedis(ctx context.Context, cfg *config.Config, getenv func(string) string, logger *slog.Logger) error {
 	opt, err := dispatch.RedisConnOpt(cfg.RedisURL)
 	if err != nil {
-		return // the API's and the worker's own parse report it
+		return nil // the API's and the worker's own parse report it
 	}
-	checkEviction(ctx, dispatch.NewRedisClient(opt), evictionCheckTimeout, logger)
+	rerr, ok := errors.AsType[redis.Error](checkEviction(ctx, dispatch.NewRedisClient(opt), evictionCheckTimeout, logger))
+	if !ok || !strings.Contains(rerr.Error(), "DB index is out of range") {
+		return nil
+	}
+	field := "redis_url"
+	if getenv(config.EnvRedisURL) != "" {
+		field += " (from " + config.EnvRedisURL + ")"
+	}
+	db := "that database"
+	if o, perr := redis.ParseURL(cfg.RedisURL); perr == nil {
+		db = "database " + strconv.Itoa(o.DB)
+	}
+	return fmt.Errorf("%s: Redis has no %s (it answered %q): name one below its databases setting (16 unless set)", field, db, rerr.Error())
 }
 
-// checkEviction is warnEviction's check on rdb, which it closes: it ends within bound whatever
+// checkEviction is checkRedis's check on rdb, which it closes: it ends within bound whatever
 // rdb's own read timeout (go-redis's reads keep theirs, seconds or none, whatever ctx says), since
-// closing the client at the bound ends a read that a silent Redis leaves waiting.
-func checkEviction(ctx context.Context, rdb redis.UniversalClient, bound time.Duration, logger *slog.Logger) {
+// closing the client at the bound ends a read that a silent Redis leaves waiting. It returns the
+// read's error, which it has logged.
+func checkEviction(ctx context.Context, rdb redis.UniversalClient, bound time.Duration, logger *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { _ = rdb.Close() })
@@ -191,6 +207,7 @@ func checkEviction(ctx context.Context, rdb redis.UniversalClient, bound time.Du
 		logger.Warn("redis may evict llmq's keys (queued tasks, rate-limit state, pauses) when it is full: set maxmemory-policy noeviction",
 			"maxmemory_policy", policy, "fix", "CONFIG SET maxmemory-policy noeviction, and the same in redis.conf or the provider's parameter group")
 	}
+	return err
 }
 
 // logLockWait logs a wait for the migration lock that another process holds (its migrations, or

@@ -45,7 +45,9 @@ func API(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
-	warnEviction(ctx, cfg, logger)
+	if err := checkRedis(ctx, cfg, o.Getenv, logger); err != nil {
+		return err
+	}
 	reg := newRegistry(pool)
 	handler, closeAPI, err := api.FromConfig(cfg, pool, reg, logger)
 	if err != nil {
@@ -87,7 +89,9 @@ func Worker(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
-	warnEviction(ctx, cfg, logger)
+	if err := checkRedis(ctx, cfg, o.Getenv, logger); err != nil {
+		return err
+	}
 	reg := newRegistry(pool)
 	w, err := worker.New(ctx, cfg, pool, worker.Options{Logger: logger, Registerer: reg})
 	if err != nil {
@@ -150,7 +154,9 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		return err
 	}
 	defer pool.Close()
-	warnEviction(ctx, cfg, logger)
+	if err := checkRedis(ctx, cfg, o.Getenv, logger); err != nil {
+		return err
+	}
 	reg := newRegistry(pool)
 	// One store: the API's creates and the worker's transitions share the batcher's commits.
 	store := jobs.NewStore(pool, nil)
