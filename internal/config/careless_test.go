@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -181,6 +182,7 @@ func TestParse_DurationsOutOfBounds(t *testing.T) {
 		// Plus the breaker's 30s, an attempt timeout near time.Duration's limit overflows.
 		"credentials[0].attempt_timeout":    minimal(goodCred+"\nattempt_timeout: 2562047h47m", ""),
 		"credentials[0].first_byte_timeout": minimal(goodCred+"\nfirst_byte_timeout: 1ns", ""),
+		"credentials[0].stall_timeout":      minimal(goodCred+"\nstall_timeout: 1ns", ""),
 		"breaker.cooldown":                  minimal(goodCred, "breaker: { cooldown: 1ns }\n"),
 		"api.stream_url_ttl":                minimal(goodCred, "api: { stream_url_ttl: 8760h }\n"),
 		"api.drain_delay":                   minimal(goodCred, "api: { drain_delay: 31s }\n"),
@@ -190,9 +192,35 @@ func TestParse_DurationsOutOfBounds(t *testing.T) {
 			require.ErrorContains(t, err, field+": must be")
 		})
 	}
-	_, err := config.Parse(minimal(goodCred+"\nattempt_timeout: 24h\nfirst_byte_timeout: 1ms\nbatch: { window: 1h, max_wait_to_fill: 1h, poll_interval: 1h }",
+	_, err := config.Parse(minimal(goodCred+"\nattempt_timeout: 24h\nfirst_byte_timeout: 1ms\nstall_timeout: 24h\nbatch: { window: 1h, max_wait_to_fill: 1h, poll_interval: 1h }",
 		"breaker: { cooldown: 1ms }\napi: { stream_url_ttl: 1s, drain_delay: 30s }\n"), secretEnv)
 	require.NoError(t, err)
+}
+
+// stall_timeout is bounded as first_byte_timeout is, in the same words: 0 is off, else 1ms to 24h.
+func TestParse_StallTimeoutBounds(t *testing.T) {
+	t.Parallel()
+
+	for value, want := range map[string]string{
+		"-1s": "credentials[0].stall_timeout: must be between 1ms and 24h0m0s, or 0 (none), got -1s",
+		"25h": "credentials[0].stall_timeout: must be between 1ms and 24h0m0s, or 0 (none), got 25h0m0s",
+		"0s":  "",
+		"1ms": "",
+		"30s": "",
+	} {
+		t.Run(value, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := config.Parse(minimal(goodCred+"\nstall_timeout: "+value, ""), secretEnv)
+			if want != "" {
+				require.ErrorContains(t, err, want)
+				return
+			}
+			require.NoError(t, err)
+			d, err := time.ParseDuration(value)
+			require.NoError(t, err)
+			require.Equal(t, d, cfg.Credentials[0].StallTimeout)
+		})
+	}
 }
 
 // A value of the wrong kind (a duration without its unit, a word for a number) is named by its
@@ -206,6 +234,7 @@ func TestParse_WrongKindNamesTheField(t *testing.T) {
 		"worker.phase_margin":                minimal(goodCred, "worker:\n  phase_margin: 0\n"),
 		"worker.concurrency":                 minimal(goodCred, "worker: { concurrency: many }\n"),
 		"credentials[0].first_byte_timeout":  minimal(goodCred+"\nfirst_byte_timeout: 5", ""),
+		"credentials[0].stall_timeout":       minimal(goodCred+"\nstall_timeout: 5", ""),
 		"credentials[0].batch.poll_interval": minimal(goodCred+"\nbatch: { enabled: true, poll_interval: 30 }", ""),
 		"fairness.min_share.low":             minimal(goodCred, "fairness: { min_share: { low: [1] } }\n"),
 		"retry.max_delay":                    minimal(goodCred, "retry: { base_delay: 1s, max_delay: 123456789012 }\n"), // yaml shortens it

@@ -281,6 +281,11 @@ type Credential struct {
 	// generation that has not started); a timed-out attempt is retried from its own budget.
 	// Default 0: only attempt_timeout applies; else between 1ms and 24h. A job may override it.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// StallTimeout, when set, bounds the wait for each next byte of an answer whose body has
+	// begun (streamed or not): an answer that stalled partway gives up then, not at
+	// attempt_timeout, and is retried from the timeout budget as a first-byte timeout is.
+	// Default 0: off (no timer); else between 1ms and 24h. No job overrides it.
+	StallTimeout time.Duration `yaml:"stall_timeout"`
 	// PauseProbeInterval, when set, lets one job per interval probe a credential paused by a
 	// spend cap; its success resumes the credential. Default 0: only an operator resumes it; else
 	// at least 100ms.
@@ -764,6 +769,9 @@ func (cr *Credential) validate(f string, seen map[string]bool, bad func(field, f
 	}
 	if cr.FirstByteTimeout < 0 || (cr.FirstByteTimeout > 0 && cr.FirstByteTimeout < time.Millisecond) || cr.FirstByteTimeout > maxJobTimeout {
 		bad(f+".first_byte_timeout", "must be between 1ms and %s, or 0 (none), got %s", maxJobTimeout, cr.FirstByteTimeout)
+	}
+	if cr.StallTimeout < 0 || (cr.StallTimeout > 0 && cr.StallTimeout < time.Millisecond) || cr.StallTimeout > maxJobTimeout {
+		bad(f+".stall_timeout", "must be between 1ms and %s, or 0 (none), got %s", maxJobTimeout, cr.StallTimeout)
 	}
 	if cr.PauseProbeInterval < 0 || (cr.PauseProbeInterval > 0 && cr.PauseProbeInterval < minInterval) {
 		// Shorter, nearly every job would probe a spend-capped credential: no pause at all.

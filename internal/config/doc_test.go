@@ -95,6 +95,7 @@ func TestConfigurationDoc_DefaultsAreTheParsers(t *testing.T) {
 	}{
 		{"credentials", "attempt_timeout", cr.AttemptTimeout},
 		{"credentials", "first_byte_timeout", cr.FirstByteTimeout},
+		{"credentials", "stall_timeout", cr.StallTimeout},
 		{"credentials", "pause_probe_interval", cr.PauseProbeInterval},
 		{"credentials", "max_wait_to_fill", cr.Batch.MaxWaitToFill},
 		{"credentials", "poll_interval", cr.Batch.PollInterval},

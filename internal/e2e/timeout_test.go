@@ -47,3 +47,46 @@ func TestSubmit_AttemptTimeoutsValidated(t *testing.T) {
 		require.Equal(t, "invalid_timeout", r.body["error"].(map[string]any)["type"])
 	}
 }
+
+// TestTimeouts_StalledStreamIsResetAndRetried: a streaming job whose stream stalls after its
+// first deltas held its worker slot until attempt_timeout (5m). With the credential's
+// stall_timeout set, the attempt ends as a timeout: the client sees the reset of the deltas that
+// went and the retry, whose stream is the stored result, as for any retryable mid-stream failure.
+func TestTimeouts_StalledStreamIsResetAndRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noWorker: true, extra: "stall_timeout: 200ms",
+		sim: llmsim.Config{ReplyTokens: 20, StreamTokensPerSecond: 1000,
+			Faults: llmsim.Faults{StreamFailNext: 1, StreamFailAfter: 5, StreamFailMode: llmsim.StreamFailStall}}})
+	id := b.submit(t, `{"request":{"model":"m","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"stall"}]}}`)
+	unlinkDeltasAtEnd(t, b.redisURL, id)
+	s := openEvents(t, b.apiURL, id, "")
+	ev, ok := s.next(t)
+	require.True(t, ok)
+	require.Equal(t, "queued", ev.name)
+	b.startWorker(t)
+
+	evs := s.rest(t)
+	var shape []string
+	for i, ev := range evs {
+		if ev.name != "delta" || i == 0 || evs[i-1].name != "delta" {
+			shape = append(shape, ev.name)
+		}
+	}
+	require.Equal(t, []string{"running", "delta", "reset", "retrying", "running", "delta", "succeeded"}, shape)
+	requireStreamedResult(t, evs[indexOfName(evs, "reset")+1:])
+
+	var class, msg string
+	b.queryRow(t, "SELECT class, error FROM job_attempts WHERE job_id = $1 AND attempt = 1", []any{id}, &class, &msg)
+	require.Equal(t, "timeout", class)
+	require.Contains(t, msg, "no new answer byte for 200ms after the body began")
+}
+
+// indexOfName is the index of the first event named name, or -1.
+func indexOfName(evs []sseEvent, name string) int {
+	for i, ev := range evs {
+		if ev.name == name {
+			return i
+		}
+	}
+	return -1
+}

@@ -186,13 +186,15 @@ func (e *Executor) call(ctx context.Context, job *jobs.Job, up Upstream, adm adm
 		firstByte = time.Duration(*job.FirstByteTimeout)
 	}
 	callCtx, cancel := context.WithTimeout(ctx, min(attemptTimeout, job.Deadline.Sub(started)))
-	opts := llm.SendOptions{FirstByteTimeout: firstByte}
+	opts := llm.SendOptions{FirstByteTimeout: firstByte, StallTimeout: up.StallTimeout}
 	stream := e.streamWriter(job)
 	book := &bookkeeping{e: e, ctx: ctx, up: up, adm: adm, job: job, started: started}
 	if stream != nil {
 		opts.OnDelta = func(d llm.Delta) { stream.Add(deltastream.Delta(d)) }
 		if up.Gate != nil && adm.awaited() {
-			opts.OnStream = func(s llm.StreamStart) { book.heard = e.observeStreamStart(ctx, up, adm, s, started, job) }
+			// book.up, not up: a closure holds a variable over 128 bytes by reference, which puts up on
+			// the heap for every call, streamed or not.
+			opts.OnStream = func(s llm.StreamStart) { book.heard = e.observeStreamStart(ctx, book.up, adm, s, started, job) }
 		}
 	}
 	resp, callErr := up.Provider.Send(callCtx, job.Request, opts)

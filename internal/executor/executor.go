@@ -38,6 +38,9 @@ type Upstream struct {
 	// FirstByteTimeout, when positive, bounds the wait for the first body byte of an answer
 	// (generation that has not started); a job may override it. Zero: no such limit.
 	FirstByteTimeout time.Duration
+	// StallTimeout, when positive, bounds the wait for each next byte of an answer whose body
+	// has begun (an answer that stalled partway); no job overrides it. Zero: no such limit.
+	StallTimeout time.Duration
 	// Circuit is the credential's circuit breaker, shared by all processes. Nil: none.
 	Circuit *breaker.Circuit
 	// Gate is the credential's shared admission (rate, retry budget, pause). Nil admits

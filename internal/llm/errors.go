@@ -185,10 +185,10 @@ func (e *TransportError) Error() string { return "llm: " + e.Op + ": " + e.Err.E
 // Unwrap returns the underlying error.
 func (e *TransportError) Unwrap() error { return e.Err }
 
-// Timeout reports whether the call timed out: a context deadline, the first-byte timeout or a
-// network timeout.
+// Timeout reports whether the call timed out: a context deadline, the first-byte timeout, the
+// stall timeout or a network timeout.
 func (e *TransportError) Timeout() bool {
-	if errors.Is(e.Err, context.DeadlineExceeded) || errors.Is(e.Err, ErrFirstByteTimeout) {
+	if errors.Is(e.Err, context.DeadlineExceeded) || errors.Is(e.Err, ErrFirstByteTimeout) || errors.Is(e.Err, ErrStallTimeout) {
 		return true
 	}
 	var t interface{ Timeout() bool }

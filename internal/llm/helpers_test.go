@@ -3,6 +3,7 @@ package llm_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -22,6 +23,23 @@ var testNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // cancellation, a wake-up): a regression there fails the test after it instead of hanging the
 // package until go test's -timeout.
 const testWait = 30 * time.Second
+
+// pausedBody answers 200 with an Anthropic answer's first bytes at once, then the rest after
+// pause (nothing once the client has gone).
+func pausedBody(pause time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, `{"usage":`)
+		w.(http.Flusher).Flush()
+		select {
+		case <-time.After(pause):
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, `{"input_tokens":1,"output_tokens":1}}`)
+	}
+}
 
 // callContext returns t's context, ended after testWait.
 func callContext(t *testing.T) context.Context {

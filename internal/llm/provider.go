@@ -100,6 +100,13 @@ type SendOptions struct {
 	// before it has generated anything). The error is a *TransportError whose Timeout() is true
 	// and which matches ErrFirstByteTimeout. Zero: only ctx bounds the call.
 	FirstByteTimeout time.Duration
+	// StallTimeout, when positive, aborts the call if, once the response body has begun (its
+	// first byte, streamed or not), a read of it waits this long for the next byte: an answer
+	// that stalled partway. Only the time spent waiting on the provider counts, not the time
+	// between reads (OnDelta, waiting for room in the AnswerBudget). The error is a
+	// *TransportError whose Timeout() is true and which matches ErrStallTimeout. Zero: no timer
+	// at all; only ctx (and FirstByteTimeout, before the body begins) bounds the call.
+	StallTimeout time.Duration
 	// OnDelta, when set, receives each piece of a streamed answer (a body with "stream": true),
 	// in order, on the calling goroutine, as it is read: it must not block for long, the
 	// provider's stream waits for it. It is never called for a non-streaming answer. The key is
@@ -128,6 +135,20 @@ type StreamStart struct {
 // ErrFirstByteTimeout is the error when no response body byte arrived within
 // SendOptions.FirstByteTimeout.
 var ErrFirstByteTimeout = errors.New("no response body byte within the first-byte timeout")
+
+// ErrStallTimeout is matched by the error of an answer whose body began, then sent no byte for
+// SendOptions.StallTimeout. The error itself says for how long ("no new answer byte for 30s").
+var ErrStallTimeout = errors.New("answer stalled past the stall timeout")
+
+// stallError is the cause of a call ended by SendOptions.StallTimeout.
+type stallError struct{ after time.Duration }
+
+func (e *stallError) Error() string {
+	return "no new answer byte for " + e.after.String() + " after the body began (stall timeout)"
+}
+
+// Is matches ErrStallTimeout.
+func (e *stallError) Is(target error) bool { return target == ErrStallTimeout }
 
 // Response is a 2xx answer.
 type Response struct {
@@ -367,10 +388,12 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		}
 	}()
 	var firstByte *time.Timer
-	if opts.FirstByteTimeout > 0 {
-		var cancel context.CancelCauseFunc
+	var cancel context.CancelCauseFunc
+	if opts.FirstByteTimeout > 0 || opts.StallTimeout > 0 {
 		ctx, cancel = context.WithCancelCause(ctx)
 		defer cancel(nil)
+	}
+	if opts.FirstByteTimeout > 0 {
 		firstByte = time.AfterFunc(opts.FirstByteTimeout, func() { cancel(ErrFirstByteTimeout) })
 		defer firstByte.Stop()
 	}
@@ -392,6 +415,11 @@ func (c *client) Send(ctx context.Context, body []byte, opts SendOptions) (*Resp
 		return nil, c.transportError(ctx, "send request", err)
 	}
 	defer resp.Body.Close()
+	if opts.StallTimeout > 0 {
+		stall := newStallReader(resp.Body, opts.StallTimeout, cancel)
+		defer stall.timer.Stop()
+		resp.Body = stall
+	}
 	received := c.now()
 	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 
@@ -528,8 +556,8 @@ func answeredTransportError(err error, status int, ttfb time.Duration) error {
 // transportError builds a *TransportError, preferring the context's error so that
 // errors.Is(err, context.Canceled/DeadlineExceeded) holds whatever the transport said.
 func (c *client) transportError(ctx context.Context, op string, err error) error {
-	if errors.Is(context.Cause(ctx), ErrFirstByteTimeout) {
-		return &TransportError{Op: op, Err: ErrFirstByteTimeout}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrFirstByteTimeout) || errors.Is(cause, ErrStallTimeout) {
+		return &TransportError{Op: op, Err: cause}
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return &TransportError{Op: op, Err: ctxErr}
@@ -668,6 +696,41 @@ func (t *ttfbReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// stallReader ends the call (cancel, with a *stallError) when a read of a body that has begun
+// waits longer than after for its next byte. The timer runs only while a read waits on the
+// body: the time the caller spends between reads (emitting deltas, waiting for room in the
+// answer budget) is not the provider's stall. Each read after the first byte resets the timer
+// once and stops it once, and allocates nothing.
+type stallReader struct {
+	r     io.ReadCloser
+	after time.Duration
+	timer *time.Timer
+	begun bool // a byte has come: the first-byte timeout, not this one, bounds the wait before
+}
+
+// newStallReader returns r's stallReader, its timer created stopped.
+func newStallReader(r io.ReadCloser, after time.Duration, cancel context.CancelCauseFunc) *stallReader {
+	cause := &stallError{after: after}
+	t := time.AfterFunc(after, func() { cancel(cause) })
+	t.Stop()
+	return &stallReader{r: r, after: after, timer: t}
+}
+
+func (s *stallReader) Read(p []byte) (int, error) {
+	if !s.begun {
+		n, err := s.r.Read(p)
+		s.begun = n > 0
+		return n, err
+	}
+	s.timer.Reset(s.after)
+	n, err := s.r.Read(p)
+	s.timer.Stop()
+	return n, err
+}
+
+// Close closes the body.
+func (s *stallReader) Close() error { return s.r.Close() }
 
 // redactedError hides the API key in a transport error's text while keeping the chain.
 type redactedError struct {

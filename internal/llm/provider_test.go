@@ -453,18 +453,8 @@ func TestProvider_Send_TimeToFirstByte(t *testing.T) {
 	t.Run("FirstByteTimeoutStopsOnceTheBodyStarts", func(t *testing.T) {
 		t.Parallel()
 
-		b := setup(t, llm.KindAnthropic, func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(200)
-			_, _ = io.WriteString(w, `{"usage":`)
-			w.(http.Flusher).Flush()
-			select { // a long generation after the first byte is not a first-byte timeout
-			case <-time.After(delay):
-			case <-r.Context().Done():
-				return
-			}
-			_, _ = io.WriteString(w, `{"input_tokens":1,"output_tokens":1}}`)
-		})
+		// A long generation after the first byte is not a first-byte timeout.
+		b := setup(t, llm.KindAnthropic, pausedBody(delay))
 		// The first byte comes at once and the rest after delay: a first-byte limit of half of it
 		// leaves the first byte room on a loaded machine and still ends well before the rest.
 		resp, err := b.provider.Send(t.Context(), bodyFor(llm.KindAnthropic), llm.SendOptions{FirstByteTimeout: delay / 2})

@@ -282,7 +282,7 @@ func (w *Worker) newUpstreams(lim *limiter.Limiter, limMetrics *limiter.Metrics)
 		circuit := w.breaker.Circuit(c.LimiterID(), c.Name)
 		w.circuits = append(w.circuits, circuit)
 		up := executor.Upstream{Name: c.Name, Kind: string(kind), Provider: p, AttemptTimeout: c.AttemptTimeout,
-			FirstByteTimeout: c.FirstByteTimeout, Gate: gate, Circuit: circuit,
+			FirstByteTimeout: c.FirstByteTimeout, StallTimeout: c.StallTimeout, Gate: gate, Circuit: circuit,
 			PauseProbeInterval: c.PauseProbeInterval}
 		if l := c.Limits; l != nil {
 			up.Limit = limiter.Limit{Rate: l.RequestsPerSecond, Burst: l.Burst, InputTokensPerMinute: l.InputTokensPerMinute,
