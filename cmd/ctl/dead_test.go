@@ -844,3 +844,40 @@ func TestDeadRetry_AllTenant(t *testing.T) {
 	require.Len(t, entries, 1)
 	require.Equal(t, "acme", entries[0].Detail["tenant"])
 }
+
+// TestDeadPurge_StoppedHalfwaySaysAndAuditsWhatItDeleted: a purge whose second batch fails (a
+// trigger raising on the second delete of jobs: Postgres failing mid-purge) keeps the first
+// batch's deletion, says how many it deleted (exit 1) and writes the audit entry for them; the
+// second batch's jobs stay.
+func TestDeadPurge_StoppedHalfwaySaysAndAuditsWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	const n = jobs.PurgeDeadBatch + 1
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO jobs (id, credential, fingerprint, status, request,
+	max_attempts, timeout_ms, deadline, dead_reason, finished_at)
+SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted', now() - interval '10 days' - g * interval '1 second'
+FROM generate_series(1, $1::int) g`, n)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `CREATE SEQUENCE purge_deletes;
+CREATE FUNCTION fail_second_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF nextval('purge_deletes') > 1 THEN
+		RAISE EXCEPTION 'injected: the second delete fails';
+	END IF;
+	RETURN NULL;
+END $$;
+CREATE TRIGGER fail_second_delete BEFORE DELETE ON jobs FOR EACH STATEMENT EXECUTE FUNCTION fail_second_delete()`)
+	require.NoError(t, err)
+
+	r := run(t, "--database-url", b.url, "dead", "purge", "--older-than", "7d")
+	requireOneLineError(t, r, 1, "purge stopped after 500 jobs")
+	require.Contains(t, r.errOut, "injected: the second delete fails")
+	require.Equal(t, "purged 500 dead jobs so far\n", r.out)
+	var left int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM jobs`).Scan(&left))
+	require.Equal(t, n-jobs.PurgeDeadBatch, left, "the first batch's deletion stands; the second's jobs stay")
+	entries := auditLog(t, b.url)
+	require.Len(t, entries, 1)
+	require.Equal(t, "dead.purge", entries[0].Action)
+	require.Equal(t, jobs.PurgeDeadBatch, entries[0].Count)
+}
