@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 
 	"github.com/redis/go-redis/v9"
@@ -17,9 +16,7 @@ func main() {
 	// go-redis's own lines as the process's JSON lines (process.RedisLog): set once, here.
 	redis.SetLogger(process.NewRedisLog(os.Stderr, "api"))
 	ctx, stop := signals.Context(context.Background())
-	defer stop()
-	if err := process.API(ctx, os.Args[1:], process.Options{}); err != nil {
-		fmt.Fprintln(os.Stderr, "api:", err)
-		os.Exit(1)
-	}
+	code := process.ExitCode(os.Stderr, "api", process.API(ctx, os.Args[1:], process.Options{}))
+	stop()
+	os.Exit(code)
 }

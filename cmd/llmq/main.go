@@ -34,11 +34,9 @@ func main() {
 		redis.SetLogger(process.NewRedisLog(os.Stderr, os.Args[1]))
 	}
 	ctx, stop := signals.Context(context.Background())
-	defer stop()
-	if err := run(ctx, os.Args[1:], process.Options{}); err != nil {
-		fmt.Fprintln(os.Stderr, "llmq:", err)
-		os.Exit(1)
-	}
+	code := process.ExitCode(os.Stderr, "llmq", run(ctx, os.Args[1:], process.Options{}))
+	stop()
+	os.Exit(code)
 }
 
 // run runs the command args name.
@@ -49,7 +47,7 @@ func run(ctx context.Context, args []string, o process.Options) error {
 	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errors.New("no command given (want serve, api or worker)")
+		return &process.UsageError{Err: errors.New("no command given (want serve, api or worker)")}
 	}
 	switch args[0] {
 	case "serve":
@@ -63,5 +61,5 @@ func run(ctx context.Context, args []string, o process.Options) error {
 		return nil
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q (want serve, api or worker)", args[0])
+	return &process.UsageError{Err: fmt.Errorf("unknown command %q (want serve, api or worker)", args[0])}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,5 +49,25 @@ func TestRun_Commands(t *testing.T) {
 			require.NoError(t, err, "%s %s", cmd, h)
 			require.Contains(t, stderr.String(), "-config", "%s %s", cmd, h)
 		}
+	}
+}
+
+// TestRun_UsageErrorsExit2: a missing or unknown command and an unknown flag are usage errors
+// (exit 2, said once), as ctl's are; they exited 1 like a failed run, the flag's error twice.
+func TestRun_UsageErrorsExit2(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		args []string
+		once string
+	}{
+		{nil, "llmq: no command given"},
+		{[]string{"serv"}, `llmq: unknown command "serv"`},
+		{[]string{"serve", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+	} {
+		var stderr bytes.Buffer
+		err := run(ctx, tc.args, process.Options{Stderr: &stderr})
+		require.Equal(t, 2, process.ExitCode(&stderr, "llmq", err), tc.args)
+		require.Equal(t, 1, strings.Count(stderr.String(), tc.once), "%v: %s", tc.args, stderr.String())
 	}
 }

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 
 	"github.com/redis/go-redis/v9"
@@ -18,9 +17,7 @@ func main() {
 	// go-redis's own lines as the process's JSON lines (process.RedisLog): set once, here.
 	redis.SetLogger(process.NewRedisLog(os.Stderr, "worker"))
 	ctx, stop := signals.Context(context.Background())
-	defer stop()
-	if err := process.Worker(ctx, os.Args[1:], process.Options{}); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
-	}
+	code := process.ExitCode(os.Stderr, "worker", process.Worker(ctx, os.Args[1:], process.Options{}))
+	stop()
+	os.Exit(code)
 }

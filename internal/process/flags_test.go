@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,4 +103,34 @@ credentials:
 		cancel()
 		require.ErrorContains(t, err, "--"+tc.flag+": must be host:port", tc.name)
 	}
+}
+
+// TestExitCode: a command line a process refuses (an unknown flag, a stray argument) exits 2, its
+// error printed once; a failure of the run exits 1 after "name: error"; success 0, silently. An
+// unknown flag exited 1 and was printed twice (by the flag package, then by main).
+func TestExitCode(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.yaml")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, tc := range map[string]struct {
+		args      []string
+		code      int
+		printedBy string // the line that says what is wrong, printed exactly once
+	}{
+		"UnknownFlag":     {[]string{"--bogus"}, 2, "flag provided but not defined: -bogus\n"},
+		"StrayArgument":   {[]string{"--config", missing, "stray"}, 2, `api: api: unexpected argument "stray"`},
+		"MissingConfig":   {[]string{"--config", missing}, 1, "api: config file"},
+		"HelpIsNoFailure": {[]string{"-h"}, 0, "Usage of api:\n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var stderr strings.Builder
+			err := process.API(ctx, tc.args, process.Options{Stderr: &stderr, Getenv: func(string) string { return "" }})
+			code := process.ExitCode(&stderr, "api", err)
+			require.Equal(t, tc.code, code, "stderr: %s", stderr.String())
+			require.Equal(t, 1, strings.Count(stderr.String(), tc.printedBy), "stderr: %s", stderr.String())
+		})
+	}
+	var stderr strings.Builder
+	require.Zero(t, process.ExitCode(&stderr, "api", nil))
+	require.Empty(t, stderr.String())
 }

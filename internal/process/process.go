@@ -69,12 +69,16 @@ type flags struct {
 
 // Parse parses args and refuses a positional argument: Go's flag package stops at the first
 // one, so a flag written after it (`worker llmq.yaml --metrics-listen off`) would be ignored.
+// Both refusals are *UsageError.
 func (f flags) Parse(args []string) error {
 	if err := f.FlagSet.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &UsageError{Err: err, printed: true} // the flag package has printed it, with the flags
 	}
 	if f.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected argument %q: it takes flags only (the config file is --config), and a flag after it would be ignored", f.Name(), f.Arg(0))
+		return &UsageError{Err: fmt.Errorf("%s: unexpected argument %q: it takes flags only (the config file is --config), and a flag after it would be ignored", f.Name(), f.Arg(0))}
 	}
 	// The runtime ignores a GOMAXPROCS it cannot read and takes every core: the share the
 	// operator meant to give this process (docs/decisions.md) would be lost without a word. It
@@ -95,6 +99,38 @@ func helpIsNoError(err error) error {
 		return nil
 	}
 	return err
+}
+
+// UsageError is a command line a command refuses (an unknown command or flag): the process exits
+// 2, as the flag package's own ExitOnError does, and as ctl does for its usage errors, so that a
+// script tells a mistyped command line from a failure of the run (1).
+type UsageError struct {
+	// Err says what is wrong with the command line.
+	Err error
+	// printed: the flag package has printed Err, with the flags; Exit prints it no more.
+	printed bool
+}
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// ExitCode is what a command's main exits with after the command returned err, having printed
+// "name: err" on stderr unless the flag package has printed it: 0 for nil, 2 for a *UsageError,
+// 1 for any other error.
+func ExitCode(stderr io.Writer, name string, err error) int {
+	if err == nil {
+		return 0
+	}
+	ue, usage := errors.AsType[*UsageError](err)
+	if !usage || !ue.printed {
+		fmt.Fprintln(stderr, name+":", err)
+	}
+	if usage {
+		return 2
+	}
+	return 1
 }
 
 func newFlags(name string, o Options) flags {
