@@ -33,7 +33,11 @@ async function faults(f) {
   assert.ok(r.ok, `set simulator faults: ${r.status}`);
 }
 async function submit(text) {
-  const r = await post(`${API}/v1/jobs`, { request: { model: 'claude-sonnet-4-5', max_tokens: 64, messages: [{ role: 'user', content: text }] } });
+  return submitBody({ model: 'claude-sonnet-4-5', max_tokens: 64, messages: [{ role: 'user', content: text }] });
+}
+// submitBody submits a job of the provider request body and returns its id.
+async function submitBody(request) {
+  const r = await post(`${API}/v1/jobs`, { request });
   const body = await r.text();
   assert.equal(r.status, 202, body);
   return JSON.parse(body).id;
@@ -47,7 +51,23 @@ async function waitStatus(id, status) {
   }
   throw new Error(`job ${id} not ${status} within 30 s`);
 }
+// deadLetter submits a job of one attempt that the simulator fails (500) and returns its id once
+// it is dead (retries_exhausted).
+async function deadLetter(text) {
+  await faults({ fail_next: 1, fail_next_status: 500 });
+  const r = await post(`${API}/v1/jobs`, { max_attempts: 1, request: { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: text }] } });
+  assert.equal(r.status, 202);
+  const id = (await r.json()).id;
+  await waitStatus(id, 'dead');
+  return id;
+}
 const text = (page, sel) => page.locator(sel).first().textContent();
+// fitsWindow asserts that the page shown is no wider than the window: a long unbroken value (an
+// error message, a request's text, an event's JSON) wraps instead of widening the whole page.
+async function fitsWindow(page, what) {
+  const { scroll, inner } = await page.evaluate(() => ({ scroll: document.documentElement.scrollWidth, inner: innerWidth }));
+  assert.ok(scroll <= inner, `${what} is ${scroll} px wide in a ${inner} px window`);
+}
 const shot = (page, name) => page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
 
 // confirm clicks a button whose action asks for confirmation, checks the dialog's text, and
@@ -179,6 +199,7 @@ try {
   await tab.locator('#attempts li').first().waitFor(WAIT);
   assert.match(await text(tab, '#attempts li'), /429/);
   await shot(tab, 'job');
+  await fitsWindow(tab, 'the dead letter\'s page');
 
   step('cancel a waiting job from its page, with a confirmation');
   const doomed = await submit('This one is canceled while it waits');
@@ -218,11 +239,7 @@ try {
   await tab.locator('[data-testid=job-status]', { hasText: 'succeeded' }).waitFor(WAIT);
 
   step('purge a dead letter found by its reason');
-  await faults({ fail_next: 1, fail_next_status: 500 });
-  const r = await post(`${API}/v1/jobs`, { max_attempts: 1, request: { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: 'once' }] } });
-  assert.equal(r.status, 202);
-  const exhausted = (await r.json()).id;
-  await waitStatus(exhausted, 'dead');
+  const exhausted = await deadLetter('once');
   await tab.goto(`${CONSOLE}#/dead`);
   await tab.selectOption('select[name=reason]', 'retries_exhausted');
   await tab.click('form.filters button');
@@ -234,12 +251,20 @@ try {
   await tab.locator('#flash', { hasText: 'Purged 1 of 1.' }).waitFor(WAIT);
   assert.equal((await fetch(`${API}/v1/jobs/${exhausted}`)).status, 404);
 
+  step('purge a dead letter from its page: the dead letters are shown, not an error');
+  const purgedHere = await deadLetter('purged from its page');
+  await tab.goto(`${CONSOLE}#/job/${purgedHere}`);
+  await tab.locator('[data-testid=job-status]', { hasText: 'dead' }).waitFor(WAIT);
+  await confirm(tab, '#purge-one', /^Purge 1 dead letter\?/, 'ok');
+  await tab.locator('#flash', { hasText: 'Purged 1 of 1.' }).waitFor(WAIT);
+  await tab.waitForURL(/#\/dead$/);
+  await tab.locator('#dead').waitFor(WAIT);
+  assert.equal(await tab.locator('#page-error').count(), 0, 'no error page for the job just purged');
+  assert.equal(await tab.locator('#flash.error').count(), 0, 'the purge is not flashed as an error');
+  assert.equal((await fetch(`${API}/v1/jobs/${purgedHere}`)).status, 404);
+
   step('cancel a dead letter from its page, so that no retry sends it');
-  await faults({ fail_next: 1, fail_next_status: 500 });
-  const r2 = await post(`${API}/v1/jobs`, { max_attempts: 1, request: { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: 'abandoned' }] } });
-  assert.equal(r2.status, 202);
-  const abandoned = (await r2.json()).id;
-  await waitStatus(abandoned, 'dead');
+  const abandoned = await deadLetter('abandoned');
   await tab.goto(`${CONSOLE}#/job/${abandoned}`);
   await tab.locator('[data-testid=job-status]', { hasText: 'dead' }).waitFor(WAIT);
   await tab.locator('#cancel-job').waitFor(WAIT);
@@ -254,6 +279,19 @@ try {
   await tab.locator(`#jobs tr[data-id="${dead}"]`).waitFor(WAIT);
   for (const id of [first, waiting, dead]) await tab.locator(`#jobs tr[data-id="${id}"]`).waitFor(WAIT);
   await shot(tab, 'jobs');
+
+  step('a batch job\'s page says it went through a provider batch; a streaming job\'s says it streams');
+  const rb = await post(`${API}/v1/jobs`, { lane: 'batch', request: { model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'in a batch' }] } });
+  assert.equal(rb.status, 202, await rb.clone().text());
+  const batched = (await rb.json()).id;
+  await waitStatus(batched, 'succeeded');
+  await tab.goto(`${CONSOLE}#/job/${batched}`);
+  await tab.locator('[data-testid=lane]', { hasText: /^batch · ended \(.+\)$/ }).waitFor(WAIT);
+  const streamed = await submitBody({ stream: true, model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'streamed' }] });
+  await waitStatus(streamed, 'succeeded');
+  await tab.goto(`${CONSOLE}#/job/${streamed}`);
+  await tab.locator('[data-testid=request]', { hasText: /· streamed ·/ }).waitFor(WAIT);
+  await tab.locator('[data-testid=lane]', { hasText: /^online$/ }).waitFor(WAIT);
 
   step('markup in a job\'s fields is shown as text, never run');
   // The first message's text (the job page's request) and the reply quoting it (its result):
@@ -272,11 +310,26 @@ try {
   await tab.locator(`#jobs tr[data-id="${hostile}"]`).waitFor(WAIT);
   assert.equal(await tab.locator('#page img, #page script, #page svg, img[src=x]').count(), 0, 'none in the jobs list');
 
+  step('a long unbroken text wraps on the job page and in the lists');
+  const unbroken = await submit('x'.repeat(300));
+  await waitStatus(unbroken, 'succeeded');
+  await tab.goto(`${CONSOLE}#/job/${unbroken}`);
+  await tab.locator('#result', { hasText: 'llmsim reply to: xxx' }).waitFor(WAIT);
+  await fitsWindow(tab, 'a job page whose request is one 300-character word');
+
   step('create a tenant (its token shown once), set its weight, rotate its token, revoke it and delete it');
   await tab.goto(`${CONSOLE}#/tenants`);
   await tab.fill('#tenant-form input[name=name]', 'acme');
-  await tab.click('#tenant-form button');
+  // A double click sends it once: the second sent a create that failed "tenant exists", flashed
+  // in red under (or over) the token shown once.
+  let creates = 0;
+  const countCreate = (req) => { if (req.method() === 'POST' && req.url().endsWith('/console/api/tenants')) creates++; };
+  tab.on('request', countCreate);
+  await tab.dblclick('#tenant-form button');
   await tab.locator('[data-testid=token]').waitFor(WAIT);
+  tab.off('request', countCreate);
+  assert.equal(creates, 1, 'a double click on Create tenant sends one create');
+  assert.equal(await tab.locator('#flash').isVisible(), false, 'no error flashed under the token');
   const acmeFirst = await text(tab, '[data-testid=token]');
   assert.match(acmeFirst, /^llmq_[A-Za-z0-9_-]{43}$/);
   await shot(tab, 'tenants');
@@ -297,8 +350,18 @@ try {
     const res = await fetch(`${API}/v1/jobs/00000000-0000-4000-8000-000000000000`, { headers: { Authorization: `Bearer ${token}` } });
     assert.equal(res.status, 404, 'the old and the new token both work during the overlap');
   }
+  // A revocation's answer may take seconds (one that cancels jobs waits for the replicas' caches):
+  // the page says it is on its way meanwhile (it showed nothing, as if the click were lost). The
+  // answer is held until the page says so.
+  let told = false;
+  await tab.route('**/console/api/tenants/acme/revoke', async (r) => {
+    told = await tab.locator('#flash:not(.error)', { hasText: 'Revoking tenant acme…' }).waitFor({ timeout: 5_000 }).then(() => true, () => false);
+    await r.continue();
+  });
   await confirm(tab, '#tenants tr[data-name=acme] button.revoke', /^Revoke tenant acme\?/, 'ok');
   await tab.locator('#flash', { hasText: 'tenant acme revoked' }).waitFor(WAIT);
+  await tab.unrouteAll({ behavior: 'wait' });
+  assert.ok(told, 'the page said the revocation was on its way');
   // The table is drawn again after the message: wait for the revocation's date.
   await tab.locator('#tenants tr[data-name=acme] td.revoked', { hasText: /\d/ }).waitFor(WAIT);
   // Revoked, it can be deleted (offboarded): its row goes.
@@ -313,6 +376,28 @@ try {
   });
   assert.equal(refused.status, 403);
   assert.equal(refused.body.error.type, 'csrf');
+
+  step('a session ended mid-use: an action shows the login, and logging in again returns to the page, no stale error');
+  await tab.goto(`${CONSOLE}#/tenants`);
+  await tab.locator('#tenants').waitFor(WAIT);
+  const other = await context.newPage(); // another tab of the same browser logs out: the session ends
+  await other.goto(`${CONSOLE}#/audit`);
+  await other.locator('#audit').waitFor(WAIT);
+  await other.click('#logout');
+  await other.locator('#login').waitFor(WAIT);
+  await other.close();
+  await tab.fill('#tenant-form input[name=name]', 'late');
+  await tab.click('#tenant-form button');
+  await tab.locator('#login').waitFor(WAIT);
+  assert.equal(await tab.locator('#flash').isVisible(), false, 'the login alone says why');
+  await tab.fill('#token', OPERATOR_TOKEN);
+  await tab.click('#login-form button');
+  await tab.locator('#tenants').waitFor(WAIT);
+  assert.match(tab.url(), /#\/tenants$/, 'back on the page');
+  assert.equal(await tab.locator('#flash').isVisible(), false, 'no error of the ended session left on the page');
+  // The first tab's session was the same one: loaded again, it takes the new session's cookie.
+  await page.reload();
+  await page.locator('#who', { hasText: 'alice' }).waitFor(WAIT);
 
   step('an unknown job: a clear message');
   await tab.goto(`${CONSOLE}#/job/00000000-0000-4000-8000-000000000000`);
@@ -343,6 +428,26 @@ try {
   await tab.locator('#flash.error', { hasText: 'no job with that id' }).waitFor(WAIT);
   await tab.locator('#live.stale', { hasText: /^not live: purged$/ }).waitFor(WAIT);
   await tab.unrouteAll({ behavior: 'wait' });
+
+  step('the server out of reach: a page says so in words, and Filter on the same filters loads the list again');
+  // The connection refused (the API restarting): fetch's own "Failed to fetch" said nothing.
+  await tab.route('**/console/api/jobs?*', (r) => r.abort('connectionrefused'));
+  await tab.goto(`${CONSOLE}#/jobs?status=succeeded`);
+  await tab.locator('#page-error', { hasText: 'could not reach the console\'s server' }).waitFor(WAIT);
+  await tab.unrouteAll({ behavior: 'wait' });
+  await tab.click('#retry-page');
+  await tab.locator('#jobs').waitFor(WAIT);
+  const fresh = await submit('submitted while the list is open');
+  await waitStatus(fresh, 'succeeded');
+  await tab.click('form.filters button'); // the same filters: the hash does not change
+  await tab.locator(`#jobs tr[data-id="${fresh}"]`).waitFor(WAIT);
+
+  step('a stale page link offers the list\'s first page, its filters kept');
+  await tab.goto(`${CONSOLE}#/jobs?status=succeeded&after=stale`);
+  await tab.locator('#page-error', { hasText: 'stale or malformed' }).waitFor(WAIT);
+  await tab.click('#first-page');
+  await tab.waitForURL(/#\/jobs\?status=succeeded$/);
+  await tab.locator(`#jobs tr[data-id="${fresh}"]`).waitFor(WAIT);
 
   step('the audit log lists the actions (its first load failing: Try again loads it)');
   await tab.route('**/console/api/audit', (r) => r.fulfill({ status: 503, contentType: 'application/json', body: JSON.stringify(unavailable) }));

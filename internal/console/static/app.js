@@ -53,7 +53,15 @@ async function api(method, path, body) {
     opts.headers['Content-Type'] = 'application/json';
     opts.body = JSON.stringify(body);
   }
-  const res = await fetch(API + path, opts);
+  let res;
+  try {
+    res = await fetch(API + path, opts);
+  } catch (e) {
+    // No answer at all (the server restarting, the network down): fetch's own message ("Failed
+    // to fetch") says nothing to an operator. An action sent may have been done all the same.
+    throw new APIError(0, 'unreachable', `could not reach the console's server (${e.message}); ` +
+      (method === 'GET' ? 'try again shortly' : 'the action may or may not have been done: look before trying again'));
+  }
   const data = await res.json().catch(() => ({}));
   if (!res.ok) {
     const e = data.error || {};
@@ -63,7 +71,11 @@ async function api(method, path, body) {
   return data;
 }
 
+// flash shows msg above the page (an empty msg hides it). While the login is shown nothing is:
+// an action the ended session refused (401) would flash its error there, and it stayed once the
+// operator logged in again; the login says why.
 function flash(msg, isError) {
+  if (msg && !$('login').hidden) return;
   const f = $('flash');
   f.textContent = msg;
   f.className = isError ? 'error' : '';
@@ -82,6 +94,7 @@ function confirmAction(text) {
 
 function showLogin(msg) {
   closeLive();
+  flash('');
   csrf = '';
   $('nav').hidden = true;
   $('logout').hidden = true;
@@ -225,7 +238,7 @@ function jobsTable(jobs, opts = {}) {
     h('td', { class: 'num' }, `${j.attempts}/${j.max_attempts}`),
     opts.dead ? h('td', {}, j.dead_reason || '–') : null,
     h('td', {}, fmtTime(opts.dead ? j.finished_at : j.created_at)),
-    h('td', {}, j.last_error && j.status !== 'succeeded' ? clip(`${j.last_error.class}${j.last_error.status ? ' ' + j.last_error.status : ''}: ${j.last_error.message}`, 90) : '–')));
+    h('td', { class: 'wrap' }, j.last_error && j.status !== 'succeeded' ? clip(`${j.last_error.class}${j.last_error.status ? ' ' + j.last_error.status : ''}: ${j.last_error.message}`, 90) : '–')));
   return h('table', { id: opts.id || 'jobs' }, head, rows);
 }
 
@@ -237,10 +250,13 @@ function filterForm(fields, params, onsubmit) {
     h('button', { type: 'submit' }, 'Filter'));
 }
 
+// toHash shows the list of page filtered by form, loading it again when the filters are the
+// ones shown (no hashchange then: Filter did nothing, where an operator expects a fresh list).
 function toHash(page, form) {
   const p = new URLSearchParams();
   for (const [k, v] of form) if (v) p.set(k, v);
-  location.hash = `#/${page}${p.size ? '?' + p : ''}`;
+  const hash = `#/${page}${p.size ? '?' + p : ''}`;
+  if (location.hash === hash) { flash(''); route(); } else location.hash = hash;
 }
 
 async function pageJobs(root, params) {
@@ -274,18 +290,22 @@ function renderJob(d) {
   const ended = ['succeeded', 'failed', 'dead', 'canceled'].includes(j.status);
   const actions = j.status === 'dead' ? h('p', {}, h('button', { id: 'retry-one', onclick: () => deadAction('retry', [j.id]) }, 'Retry'), ' ',
     h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id, true) }, 'Cancel'), ' ',
-    h('button', { class: 'danger', id: 'purge-one', onclick: () => deadAction('purge', [j.id]) }, 'Purge')) :
+    h('button', { class: 'danger', id: 'purge-one', onclick: () => deadAction('purge', [j.id], '#/dead') }, 'Purge')) :
     !ended ? h('p', {}, h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id, false) }, 'Cancel')) : null;
   return [
     h('dl', { class: 'kv' },
       h('dt', {}, 'status'), h('dd', { 'data-testid': 'job-status' }, badge(j.status), j.dead_reason ? ` (${j.dead_reason})` : ''),
       h('dt', {}, 'tenant'), h('dd', {}, j.tenant),
       h('dt', {}, 'credential'), h('dd', {}, j.credential, j.fallbacks?.length ? ` → ${j.fallbacks.join(' → ')}` : ''),
+      // The lane, and a batch job's place in it (waiting for a batch, the provider's state of its
+      // batch): a job queued for hours in a batch is not a stuck one.
+      h('dt', {}, 'lane'), h('dd', { 'data-testid': 'lane' }, j.lane || 'online', j.batch_state ? ` · ${j.batch_state}` : '',
+        j.batch_id ? ` (${j.batch_id})` : ''),
       h('dt', {}, 'attempts'), h('dd', {}, `${j.attempts} of ${j.max_attempts}`),
       h('dt', {}, 'created'), h('dd', {}, fmtTime(j.created_at)),
       h('dt', {}, 'finished'), h('dd', {}, fmtTime(j.finished_at),
         j.finished_at ? ` · submit → result ${fmtMS(new Date(j.finished_at) - new Date(j.created_at))}` : ''),
-      h('dt', {}, 'request'), h('dd', {}, `${rq.model || '?'} · ${rq.messages} message(s) · max_tokens ${rq.max_tokens || '–'} · ${rq.bytes} bytes`,
+      h('dt', {}, 'request'), h('dd', { 'data-testid': 'request' }, `${rq.model || '?'} · ${rq.messages} message(s)${rq.stream ? ' · streamed' : ''} · max_tokens ${rq.max_tokens || '–'} · ${rq.bytes} bytes`,
         rq.first_text ? h('div', { class: 'muted' }, `“${rq.first_text}”`) : null),
       j.last_error ? [h('dt', {}, 'last error'), h('dd', {}, `${j.last_error.class} ${j.last_error.status || ''}: ${j.last_error.message}`)] : null),
     actions,
@@ -294,7 +314,7 @@ function renderJob(d) {
     h('h2', {}, 'Events'),
     h('table', { id: 'events' }, h('tr', {}, h('th', { class: 'num' }, '#'), h('th', {}, 'status'), h('th', {}, 'at'), h('th', {}, 'payload')),
       d.events.map((e) => h('tr', {}, h('td', { class: 'num' }, e.seq), h('td', {}, badge(e.type)), h('td', {}, fmtTime(e.created_at)),
-        h('td', { class: 'mono' }, e.payload ? JSON.stringify(e.payload).slice(0, 200) : '')))),
+        h('td', { class: 'mono wrap' }, e.payload ? JSON.stringify(e.payload).slice(0, 200) : '')))),
     h('h2', {}, 'Result'),
     j.result ? h('pre', { id: 'result' }, JSON.stringify(j.result, null, 2)) : h('p', { class: 'muted', id: 'result' }, 'No result.'),
   ];
@@ -329,8 +349,11 @@ async function cancelJob(id, dead) {
   try { flash((await api('POST', `/jobs/${encodeURIComponent(id)}/cancel`)).message); } catch (e) { flash(e.message, true); }
 }
 
-// deadAction retries or purges the selected dead letters after a confirmation naming the count.
-async function deadAction(action, ids) {
+// deadAction retries or purges the selected dead letters after a confirmation naming the count,
+// then draws the page again, or the page of hash once it is done (a job's page, whose job a purge
+// deleted, goes to the dead letters: drawn again, it was an error page). The hash replaces the
+// page's in the history (Back does not lead to the purged job), and the outcome stays flashed.
+async function deadAction(action, ids, hash) {
   if (!ids.length) { flash('Select at least one dead letter.', true); return; }
   const n = ids.length;
   const what = `${n} dead letter${n === 1 ? '' : 's'}`;
@@ -343,6 +366,7 @@ async function deadAction(action, ids) {
     const skipped = Object.entries(res.skipped);
     flash(`${verb} ${res.done.length} of ${res.requested}.` + (skipped.length ? ' Left alone: ' +
       skipped.map(([id, why]) => `${id.slice(0, 8)}… ${why}`).join('; ') : ''), skipped.length > 0);
+    if (hash && res.done.length) history.replaceState(null, '', hash); // no hashchange: the flash stays
     route();
   } catch (e) { flash(e.message, true); }
 }
@@ -380,6 +404,11 @@ async function pageTenants(root) {
   const data = await api('GET', '/tenants');
   const create = async (e) => {
     e.preventDefault();
+    // Sent once: the button is off while the create is on its way (a double click sent a second
+    // create, refused "tenant exists" and flashed as an error with the new token).
+    const button = e.target.querySelector('button[type=submit]');
+    if (button.disabled) return;
+    button.disabled = true;
     const f = new FormData(e.target);
     const creds = String(f.get('credentials') || '').split(',').map((s) => s.trim()).filter(Boolean);
     try {
@@ -391,7 +420,7 @@ async function pageTenants(root) {
       root.prepend(h('div', { class: 'token', id: 'new-token' }, `Tenant ${res.tenant.name} created. Its API token, shown this once: `,
         h('code', { 'data-testid': 'token' }, res.token)));
       flash('');
-    } catch (err) { flash(err.message, true); }
+    } catch (err) { flash(err.message, true); } finally { button.disabled = false; }
   };
   const setWeight = async (name, input) => {
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/weight`, { weight: Number(input.value) })).message); route(); } catch (e) { flash(e.message, true); }
@@ -401,10 +430,13 @@ async function pageTenants(root) {
       : cancelJobs ? `Revoke tenant ${name} and cancel every job of it that has not ended (calls in flight are aborted), and its dead letters? Its token stops working within seconds.`
         : `Revoke tenant ${name}? Its token stops working within seconds; its jobs that have not ended still run.`;
     if (!(await confirmAction(text))) return;
+    // Its answer may take seconds (a cancel of its jobs waits for the replicas' caches): said meanwhile.
+    flash(revoked ? `Canceling the jobs of tenant ${name}…` : cancelJobs ? `Revoking tenant ${name} and canceling its jobs…` : `Revoking tenant ${name}…`);
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/revoke`, cancelJobs ? { cancel_jobs: true } : undefined)).message); route(); } catch (e) { flash(e.message, true); route(); }
   };
   const remove = async (name) => {
     if (!(await confirmAction(`Delete tenant ${name}? Its jobs that have not ended are canceled (calls in flight are aborted), then every job of it is deleted with its history, then the tenant and its tokens. This cannot be undone; the audit log keeps its entries.`))) return;
+    flash(`Deleting tenant ${name}…`); // as a revocation's, its answer may take seconds
     try { flash((await api('POST', `/tenants/${encodeURIComponent(name)}/delete`)).message); route(); } catch (e) { flash(e.message, true); route(); }
   };
   const rotate = async (name, overlapSeconds) => {
@@ -445,7 +477,7 @@ async function pageAudit(root) {
   show(root, h('h1', {}, 'Audit log'),
     h('table', { id: 'audit' }, h('tr', {}, ['at', 'operator', 'action', 'target', 'count'].map((t) => h('th', {}, t))),
       data.entries.map((e) => h('tr', {}, h('td', {}, fmtTime(e.at)), h('td', {}, e.operator), h('td', {}, e.action),
-        h('td', { class: 'mono' }, e.target || '–'), h('td', { class: 'num' }, e.count)))));
+        h('td', { class: 'mono wrap' }, e.target || '–'), h('td', { class: 'num' }, e.count)))));
 }
 
 // ---- routing -----------------------------------------------------------------------------------
@@ -475,9 +507,14 @@ async function route() {
   } catch (e) {
     if (e.status === 401) return;
     // Try again: the nav's link to this page changes no hash, so it would not load it again.
+    // A stale page link (stale_page) fails again however often it is tried: its list's first page
+    // instead, with the filters kept.
+    const first = new URLSearchParams(params);
+    first.delete('after');
     show(root, h('h1', {}, 'Cannot show this page'), h('p', { class: 'error', id: 'page-error' }, e.message),
-      h('p', {}, h('button', { id: 'retry-page', onclick: () => { flash(''); route(); } }, 'Try again'), ' ',
-        h('a', { href: '#/overview' }, 'Back to the overview')));
+      h('p', {}, e.type === 'stale_page' ? h('a', { id: 'first-page', href: `#/${parts[0]}${first.size ? '?' + first : ''}` }, 'First page') :
+        h('button', { id: 'retry-page', onclick: () => { flash(''); route(); } }, 'Try again'), ' ',
+      h('a', { href: '#/overview' }, 'Back to the overview')));
   }
 }
 
