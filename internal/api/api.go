@@ -119,7 +119,7 @@ type Config struct {
 	// Postgres. It bounds the event streams' shared reads of a job too, from the read's turn
 	// (statusReads: a quarter of the pool's connections read at once, the other reads wait
 	// their turn; past the bound the streams the read serves end, and resume with
-	// Last-Event-ID). Default 5s.
+	// Last-Event-ID), and their watch renewals, from theirs (as many again). Default 5s.
 	StoreWait time.Duration
 	// StoreTimeout bounds the whole of a submit's, a poll's or a cancel's work in Postgres (its
 	// waits for a connection and its statements): a request Postgres has not answered by then

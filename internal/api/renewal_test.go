@@ -3,7 +3,9 @@ package api
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,4 +96,66 @@ func TestEvents_WatchRenewalWaitsAtMostStoreWait(t *testing.T) {
 	release()
 	reads, need := b.srv.keepAliveReads(r, job.ID, &follower{})
 	require.Equal(t, answer{readStatus, 1}, answer{reads, need}, "renewed once a connection is free")
+}
+
+// TestEvents_WatchRenewalsTakeTurns: the streams' renewals of their jobs' watches take turns as
+// their reads do (a quarter of the pool at once), so that streams whose keep-alives fall together
+// (opened together) leave the rest of the pool to polls and submits. 5,000 such renewals on a
+// pool of 16 held every connection for 2 s: a poll's statement waited up to 2 s for one.
+func TestEvents_WatchRenewalsTakeTurns(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	var holding atomic.Bool // not while the jobs are made
+	var held atomic.Int32
+	queries := &queryCounter{hold: func(sql string) {
+		if holding.Load() && strings.Contains(sql, "FOR SHARE") { // a renewal (watchLatestSQL)
+			held.Add(1)
+			<-gate
+		}
+	}}
+	// A pool of 4: one turn. The poll may wait long for a connection (one to dial, on a loaded
+	// machine), not for one the renewals hold: they hold them until it is answered.
+	b := setup(t, setupOpts{dbURL: pgtest.URL(t) + "&pool_max_conns=4", noListener: true,
+		storeWait: 20 * time.Second, storeTimeout: time.Minute, queries: queries})
+	t.Cleanup(release) // before the pool closes, which waits for the connections held
+	ids := make([]string, 4)
+	for i := range ids {
+		ids[i] = b.create(t, "").ID
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := (&http.Request{}).WithContext(ctx)
+	holding.Store(true)
+	followers := make([]*follower, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		defer b.srv.reads.follow(id)()
+		followers[i] = &follower{known: 1}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b.srv.keepAliveReads(r, id, followers[i])
+		}()
+	}
+	// Every renewal asked, the first one holds its connection.
+	waitFor(t, func() bool {
+		b.srv.reads.mu.Lock()
+		defer b.srv.reads.mu.Unlock()
+		for _, id := range ids {
+			if e := b.srv.reads.jobs[id]; e == nil || e.renewing == nil {
+				return false
+			}
+		}
+		return held.Load() >= 1
+	})
+
+	poll := b.do(t, http.MethodGet, "/v1/jobs/"+ids[0], "", nil)
+	require.Equal(t, http.StatusOK, poll.status, "a poll while the streams renew: %v", poll.body)
+	require.EqualValues(t, 1, held.Load(), "renewals running at once")
+	release()
+	wg.Wait()
+	for i, f := range followers {
+		require.NotNil(t, f.renewal, "renewal %d failed", i)
+	}
 }

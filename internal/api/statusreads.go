@@ -35,13 +35,20 @@ import (
 // gone does not fail the others' read), bounded by StoreWait for a pool connection and by
 // StoreTimeout in all. The reads of different jobs take turns: at most a few run at once
 // (turns, a quarter of the pool), the others wait for a turn with no bound, and a read's bounds
-// count from its turn; a read whose streams all left while it waited is not made. Jobs that end together (500 streams of 500 jobs with 800 kB answers) all
-// wake their streams at once: their reads, each with its own bounds, all asked the pool for a
-// connection at once before, and those queued behind the first few spent their bounds in the
-// queue (141 of those 500 streams ended on "the job store did not answer in time").
+// count from its turn. A read whose streams all left (their clients gone) while it waited is not
+// made, and one running is cancelled: it read the job's events and maybe a large answer for no
+// one until its bound. A stream that asks then does not join it (it takes the next read): no
+// stream gets a read cancelled, and none that a stream waits for is. Jobs that end together (500
+// streams of 500 jobs with 800 kB answers) all wake their streams at once: their reads, each
+// with its own bounds, all asked the pool for a connection at once before, and those queued
+// behind the first few spent their bounds in the queue (141 of those 500 streams ended on "the
+// job store did not answer in time").
 //
 // It shares the streams' watch renewals of a job too (renew): one made within half a keep-alive
-// serves every stream of the job but the one whose renewal it was. It is safe for concurrent use.
+// serves every stream of the job but the one whose renewal it was. The renewals of different jobs
+// take turns as the reads do, turns of their own (as many): streams opened together keep their
+// keep-alives together, and 5,000 of them renewing at once held a pool of 16 for 2 s, a poll's
+// statement waiting up to 2 s for a connection. It is safe for concurrent use.
 type statusReads struct {
 	store *jobs.Store
 	// wait and timeout bound a read (Config.StoreWait, Config.StoreTimeout).
@@ -52,6 +59,9 @@ type statusReads struct {
 	now             func() time.Time
 	// turns holds a token for each read running: its capacity is how many run at once.
 	turns chan struct{}
+	// renewTurns holds a token for each watch renewal running: as many as turns, apart, so that
+	// a renewal (one short statement) never waits behind the reads of large answers.
+	renewTurns chan struct{}
 	// metrics counts the reads waiting for a turn (nil: none).
 	metrics *Metrics
 
@@ -60,12 +70,13 @@ type statusReads struct {
 }
 
 // newStatusReads returns the shared reads of store's jobs: at most turns at once (at least 1),
-// each bounded by wait for a pool connection and by timeout in all from its turn; keepAlive is
-// the streams' keep-alive interval, whose watch renewals give the watch a TTL of 4 keep-alives and
-// are shared for half a keep-alive (renew).
+// and as many renewals, each bounded by wait for a pool connection and by timeout in all from
+// its turn; keepAlive is the streams' keep-alive interval, whose watch renewals give the watch a
+// TTL of 4 keep-alives and are shared for half a keep-alive (renew).
 func newStatusReads(store *jobs.Store, turns int, wait, timeout, keepAlive time.Duration, now func() time.Time, metrics *Metrics) *statusReads {
 	return &statusReads{store: store, wait: wait, timeout: timeout, watchTTL: 4 * keepAlive, fresh: keepAlive / 2,
-		now: now, jobs: map[string]*jobReads{}, turns: make(chan struct{}, max(1, turns)), metrics: metrics}
+		now: now, jobs: map[string]*jobReads{}, turns: make(chan struct{}, max(1, turns)),
+		renewTurns: make(chan struct{}, max(1, turns)), metrics: metrics}
 }
 
 // statusReadTurns is how many shared reads of the streams run at once on a pool of maxConns
@@ -112,9 +123,14 @@ type sharedRead struct {
 	after int
 	// no is its place among the job's reads (0: not started).
 	no int
-	// joined is how many streams wait for it (tests).
+	// joined is how many streams wait for it: a read none waits for is not made (run), or is
+	// cancelled (read).
 	joined int
-	done   chan struct{}
+	// cancel, set when it runs, cancels its statements with the cause errReadAbandoned;
+	// cancelled, set when read calls it, keeps streams from joining it.
+	cancel    context.CancelCauseFunc
+	cancelled bool
+	done      chan struct{}
 	// Set before done is closed.
 	evs []jobs.Event
 	job *jobs.Job
@@ -182,7 +198,7 @@ func (sr *statusReads) read(ctx context.Context, id string, after, need int) (*s
 	}
 	for {
 		var rd *sharedRead
-		if o := e.out; o != nil && o.after <= after && (o.no > asked || need > 0) {
+		if o := e.out; o != nil && !o.cancelled && o.after <= after && (o.no > asked || need > 0) {
 			rd = o // began after the call, or may hold the event announced
 		} else {
 			if e.next == nil {
@@ -200,7 +216,11 @@ func (sr *statusReads) read(ctx context.Context, id string, after, need int) (*s
 		case <-rd.done:
 		case <-ctx.Done():
 			sr.mu.Lock()
-			rd.joined--
+			if rd.joined--; rd.joined == 0 && rd == e.out && rd.cancel != nil {
+				// Running, and every stream it serves left: no stream joins it now.
+				rd.cancelled = true
+				rd.cancel(errReadAbandoned)
+			}
 			sr.mu.Unlock()
 			return nil, ctx.Err()
 		}
@@ -245,9 +265,10 @@ func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
 		sr.mu.Unlock()
 		return
 	}
-	sr.mu.Unlock()
 	ctx, cancel := sr.bounded()
 	defer cancel()
+	ctx, rd.cancel = context.WithCancelCause(ctx)
+	sr.mu.Unlock()
 	evs, err := sr.store.Events(ctx, id, rd.after)
 	var job *jobs.Job
 	if err == nil {
@@ -258,6 +279,9 @@ func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
 	}
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("read job events: %w", context.Cause(ctx))
+		if errors.Is(err, errReadAbandoned) {
+			err = errReadAbandoned // cancelled: every stream it served left
+		}
 	}
 	sr.mu.Lock()
 	defer sr.mu.Unlock()
@@ -265,7 +289,7 @@ func (sr *statusReads) run(id string, e *jobReads, rd *sharedRead) {
 }
 
 // errReadAbandoned is the error of a shared read that no stream waited for any more when its
-// turn came: no stream receives it.
+// turn came, or while it ran (cancelled): no stream receives it.
 var errReadAbandoned = errors.New("read job events: no stream waits for the read")
 
 // endLocked ends rd with its events, its job and its error, and starts the job's next read if a
@@ -326,8 +350,9 @@ func (r *statusRead) eventData(i int) ([]byte, error) {
 // prev: a stream's every keep-alive then takes a renewal newer than its last, so its watch never
 // lapses (its TTL is 4 keep-alives), and 1,000 idle followers of one job cost Postgres one
 // statement per half keep-alive, not one each per keep-alive. A renewal running serves too
-// (it began after prev ended). Like a read, a renewal is the server's, bounded by StoreWait for
-// a pool connection and by StoreTimeout in all: a pool busy fails it (the stream logs it and goes
+// (it began after prev ended). Like a read, a renewal is the server's, takes turns (renewTurns:
+// with no bound, as a read waits for its turn), and is bounded from its turn by StoreWait for a
+// pool connection and by StoreTimeout in all: a pool busy fails it (the stream logs it and goes
 // on), it does not hold the streams. It returns ctx's error if ctx ends first.
 func (sr *statusReads) renew(ctx context.Context, id string, prev *watchRenewal) (*watchRenewal, error) {
 	sr.mu.Lock()
@@ -358,8 +383,10 @@ func (sr *statusReads) renew(ctx context.Context, id string, prev *watchRenewal)
 	return rw, nil
 }
 
-// runRenewal renews the job's watch for rw.
+// runRenewal renews the job's watch for rw once it has a turn (renewTurns).
 func (sr *statusReads) runRenewal(id string, e *jobReads, rw *watchRenewal) {
+	sr.renewTurns <- struct{}{}
+	defer func() { <-sr.renewTurns }()
 	ctx, cancel := sr.bounded()
 	defer cancel()
 	seq, err := sr.store.WatchLatest(ctx, id, sr.watchTTL)

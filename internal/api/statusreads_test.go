@@ -27,9 +27,7 @@ func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *test
 	workers, proxy, pool := heldStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	job, _, err := workers.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
-		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
-	require.NoError(t, err)
+	job := storeJob(ctx, t, workers)
 
 	sr := newStatusReads(jobs.NewStore(pool, nil), 4, 5*time.Second, 10*time.Second, 15*time.Second, time.Now, nil)
 	defer sr.follow(job.ID)()
@@ -56,7 +54,7 @@ func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *test
 	case <-ctx.Done():
 		t.Fatal("the first read did not reach the job's read")
 	}
-	_, err = workers.BeginAttempt(ctx, job.ID) // running/2, committed
+	_, err := workers.BeginAttempt(ctx, job.ID) // running/2, committed
 	require.NoError(t, err)
 
 	told := read(1, 2)  // the notification of running/2
@@ -94,13 +92,13 @@ func TestStatusReads_ReadBegunBeforeTheTransitionServesNoStreamWokenByIt(t *test
 	sr.mu.Unlock()
 }
 
-// waitFor waits until cond holds, failing the test after 10s.
+// waitFor waits until cond holds, failing the test after 30s.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
+			t.Fatal("condition not met within 30s")
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -206,29 +204,13 @@ func TestStatusReads_ReadNoStreamWaitsForIsNotMade(t *testing.T) {
 	workers, proxy, pool := heldStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	create := func() string {
-		job, _, err := workers.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
-			Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
-		require.NoError(t, err)
-		return job.ID
-	}
-	first, second := create(), create()
+	first, second := storeJob(ctx, t, workers).ID, storeJob(ctx, t, workers).ID
 	m := NewMetrics(prometheus.NewRegistry())
 	sr := newStatusReads(jobs.NewStore(pool, nil), 1, 5*time.Second, 10*time.Second, 15*time.Second, time.Now, m)
 
 	// The first job's read holds the one turn.
-	hold := proxy.HoldStatement("FROM job_events WHERE job_id = $1")
+	hold, _, firstDone := heldRead(ctx, t, sr, proxy, first, "FROM job_events WHERE job_id = $1")
 	defer hold.Release()
-	firstDone := make(chan error, 1)
-	go func() {
-		_, err := sr.read(ctx, first, 0, 0)
-		firstDone <- err
-	}()
-	select {
-	case <-hold.Reached():
-	case <-ctx.Done():
-		t.Fatal("the first job's read did not reach Postgres")
-	}
 	// The second job's read waits for the turn; its one stream leaves.
 	leaving, leave := context.WithCancel(ctx)
 	secondDone := make(chan error, 1)
@@ -276,4 +258,140 @@ func heldStore(t *testing.T) (workers *jobs.Store, proxy *pgtest.Proxy, pool *pg
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return jobs.NewStore(direct, nil), proxy, pool
+}
+
+// TestStatusReads_ReadItsStreamsLeftIsCancelled: a shared read running in Postgres whose
+// streams all left (their clients gone) is cancelled: it read the job's events, and maybe a
+// large answer, for no one until it ended or its bound (store_timeout) ran out.
+func TestStatusReads_ReadItsStreamsLeftIsCancelled(t *testing.T) {
+	t.Parallel()
+	workers, proxy, pool := heldStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	job := storeJob(ctx, t, workers)
+	// A bound longer than the test's: the read does not end by it.
+	sr := newStatusReads(jobs.NewStore(pool, nil), 4, 5*time.Second, 2*time.Minute, 15*time.Second, time.Now, nil)
+	stop := sr.follow(job.ID)
+
+	hold, leave, done := heldRead(ctx, t, sr, proxy, job.ID, "FROM jobs WHERE id = $1")
+	defer hold.Release()
+	sr.mu.Lock()
+	rd := sr.jobs[job.ID].out
+	sr.mu.Unlock()
+	require.NotNil(t, rd)
+	leave()
+	require.ErrorIs(t, <-done, context.Canceled)
+	stop()
+
+	// Held in Postgres until the test ends: it ends before only by being cancelled, or by the
+	// job store's batch bound (10 s; the read's own is longer), whose error is not this one.
+	select {
+	case <-rd.done:
+	case <-ctx.Done():
+		t.Fatal("the read its streams all left did not end")
+	}
+	require.ErrorIs(t, rd.err, errReadAbandoned)
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	require.NotContains(t, sr.jobs, job.ID, "the job's entry is dropped")
+}
+
+// TestStatusReads_StreamJoiningAsAnotherLeavesIsServed: a stream that joins a job's read while
+// its only other stream leaves gets the job's events, whichever comes first: a read cancelled
+// for the one that left is not joined (the stream takes the next read), and one the stream
+// joined is not cancelled.
+func TestStatusReads_StreamJoiningAsAnotherLeavesIsServed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		leaveFirst bool
+		reads      int
+	}{
+		{"LeaveThenJoin", true, 2},
+		{"JoinThenLeave", false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			workers, proxy, pool := heldStore(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			job := storeJob(ctx, t, workers)
+			sr := newStatusReads(jobs.NewStore(pool, nil), 4, 5*time.Second, time.Minute, 15*time.Second, time.Now, nil)
+			defer sr.follow(job.ID)()
+			defer sr.follow(job.ID)()
+
+			hold, leave, left := heldRead(ctx, t, sr, proxy, job.ID, "FROM jobs WHERE id = $1")
+			defer hold.Release()
+			type answer struct {
+				read *statusRead
+				err  error
+			}
+			joined := make(chan answer, 1)
+			join := func() {
+				go func() {
+					// Told of queued/1: the read out, begun before it, may serve it.
+					r, err := sr.read(ctx, job.ID, 0, 1)
+					joined <- answer{r, err}
+				}()
+			}
+			if tc.leaveFirst {
+				leave()
+				require.ErrorIs(t, <-left, context.Canceled)
+				join()
+			} else {
+				join()
+				waitFor(t, func() bool {
+					sr.mu.Lock()
+					defer sr.mu.Unlock()
+					return sr.jobs[job.ID].out.joined == 2
+				})
+				leave()
+				require.ErrorIs(t, <-left, context.Canceled)
+			}
+			hold.Release()
+			select {
+			case a := <-joined:
+				require.NoError(t, a.err)
+				require.Len(t, a.read.evs, 1)
+				require.Equal(t, 1, a.read.evs[0].Seq)
+				require.Equal(t, job.ID, a.read.job.ID)
+			case <-ctx.Done():
+				t.Fatal("the joining stream got no answer")
+			}
+			sr.mu.Lock()
+			defer sr.mu.Unlock()
+			require.Equal(t, tc.reads, sr.jobs[job.ID].started)
+		})
+	}
+}
+
+// heldRead starts a stream's read of job id (from its first event), whose statement holding
+// held proxy holds once it reached it, and returns the hold, the stream's leave (its client gone)
+// and the read's error, sent once it returns.
+func heldRead(ctx context.Context, t *testing.T, sr *statusReads, proxy *pgtest.Proxy, id, held string) (hold *pgtest.Hold, leave func(), left <-chan error) {
+	t.Helper()
+	hold = proxy.HoldStatement(held)
+	leaving, leave := context.WithCancel(ctx)
+	t.Cleanup(leave)
+	done := make(chan error, 1)
+	go func() {
+		_, err := sr.read(leaving, id, 0, 0)
+		done <- err
+	}()
+	select {
+	case <-hold.Reached():
+	case <-ctx.Done():
+		hold.Release()
+		t.Fatalf("the read did not reach %q", held)
+	}
+	return hold, leave, done
+}
+
+// storeJob stores a queued job in store.
+func storeJob(ctx context.Context, t *testing.T, store *jobs.Store) *jobs.Job {
+	t.Helper()
+	job, _, err := store.Create(ctx, jobs.CreateParams{Tenant: "default", Credential: "default", Fingerprint: "fp",
+		Request: json.RawMessage(`{"model":"m"}`), MaxAttempts: 5, Timeout: time.Minute})
+	require.NoError(t, err)
+	return job
 }
