@@ -9,11 +9,11 @@
 //   - the retention pass, as the process begins to lead and then every minute by default
 //     (retention.interval), deletes the finished jobs older than their status's retention, with
 //     their attempts, events and idempotency keys, in short batches, the batch lane's ended
-//     provider batches that hold no job any more, then the audit log's entries older than its
-//     retention, and the tenants' rotated-out tokens whose overlap ended as long ago (their
-//     rotations' entries gone with them); after each batch it measures its backlog (how long
-//     the oldest row left has been past its period), which shows a pass that deletes slower
-//     than rows expire.
+//     provider batches that hold no job any more (looked for at most hourly), then the audit
+//     log's entries older than its retention, and the tenants' rotated-out tokens whose overlap
+//     ended as long ago (their rotations' entries gone with them); after each batch it measures
+//     its backlog (how long the oldest row left has been past its period), which shows a pass
+//     that deletes slower than rows expire.
 //
 // Both are statements of internal/jobs (FailOverdue, DeleteFinished), internal/audit
 // (DeleteBefore) and internal/tenant (DeleteRotatedOut), conditional and batched like every
@@ -115,6 +115,11 @@ type Config struct {
 // concurrent use.
 type Maintainer struct {
 	cfg Config
+
+	mu sync.Mutex
+	// batchesLookedAt is when the last look for ended provider batches that succeeded began, on
+	// Config.Now; zero before the first (see endedBatchEvery).
+	batchesLookedAt time.Time
 }
 
 // New returns a Maintainer. It panics when Store is nil (a wiring bug).
@@ -284,13 +289,21 @@ func (m *Maintainer) retains() bool {
 // kept: long past the lost-send look-up that reads recent batches (batchlane's findWindow).
 const endedBatchKeep = 24 * time.Hour
 
+// endedBatchEvery is the least time between two looks for ended provider batches to delete. A
+// look reads every batch that ended before endedBatchKeep and still holds a job (a succeeded or
+// failed job keeps its batch for its status's period: 7 days by default), each one a probe of
+// jobs_batch_ref_idx: 120,000 buffers and 0.3 to 0.5 s with 60,000 of them, which every pass
+// (every minute) paid to delete nothing. Hourly, a batch stays at most an hour past its day.
+const endedBatchEvery = time.Hour
+
 // DeleteExpired deletes, for each final status with a retention period, the jobs that finished
 // longer ago than it (see jobs.Store.DeleteFinished), RetentionBatch per transaction with a pause
 // between (see Config.BatchPause), and returns how many of each status it deleted (until an
 // error, which it returns too). After each batch it measures what is left past its period
 // (llmq_retention_backlog_seconds). Then the batch lane's provider batches that ended a day ago
 // and hold no job any more go (jobs.Store.DeleteEndedBatches), in batches paced the same way: a
-// row per batch, kept forever before.
+// row per batch, kept forever before. Those are looked for on the first call and then at most
+// every endedBatchEvery on the clock Now, until a look succeeds.
 func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, error) {
 	now := m.cfg.Now()
 	deleted := map[jobs.Status]int64{}
@@ -303,12 +316,29 @@ func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, 
 			return deleted, err
 		}
 	}
+	return deleted, m.deleteEndedBatches(ctx, now)
+}
+
+// deleteEndedBatches deletes the provider batches that ended endedBatchKeep before now and hold no
+// job, unless the last look that succeeded began less than endedBatchEvery before now.
+func (m *Maintainer) deleteEndedBatches(ctx context.Context, now time.Time) error {
+	m.mu.Lock()
+	last := m.batchesLookedAt
+	m.mu.Unlock()
+	if !last.IsZero() && now.Sub(last) < endedBatchEvery {
+		return nil
+	}
 	err := m.inBatches(ctx, func(ctx context.Context) (int64, error) {
 		n, err := m.cfg.Store.DeleteEndedBatches(ctx, now.Add(-endedBatchKeep), m.cfg.RetentionBatch)
 		m.cfg.Metrics.deletedProviderBatches(n)
 		return n, err
 	})
-	return deleted, err
+	if err == nil {
+		m.mu.Lock()
+		m.batchesLookedAt = now
+		m.mu.Unlock()
+	}
+	return err
 }
 
 // deleteBefore deletes status's jobs that finished more than keep before now, batch by batch,

@@ -529,6 +529,47 @@ VALUES (gen_random_uuid(), 'default', 'm', 'ended', 'msgbatch_' || md5(random():
 	require.InDelta(t, 5, metric(t, b.reg, "llmq_retention_deleted_provider_batches_total", nil), 0)
 }
 
+// TestMaintainer_DeletesEndedBatchesHourly: the ended provider batches are looked for at most
+// once an hour (the first pass looks at once), not every pass: each look reads every batch that
+// ended a day ago and still holds a job (a succeeded job keeps its batch for its 7 days), 120,000
+// buffers a look with 60,000 of them, every minute (docs/decisions.md).
+func TestMaintainer_DeletesEndedBatchesHourly(t *testing.T) {
+	t.Parallel()
+	b, m := setup(t, maintenance.Config{Retention: map[jobs.Status]time.Duration{jobs.StatusSucceeded: 7 * 24 * time.Hour}})
+	ctx := t.Context()
+	ended := func() string {
+		var id string
+		require.NoError(t, b.Pool.QueryRow(ctx, `INSERT INTO provider_batches (id, credential, model, state, provider_batch_id, ended_at)
+VALUES (gen_random_uuid(), 'default', 'm', 'ended', 'msgbatch_' || md5(random()::text), now() - interval '2 days')
+RETURNING id::text`).Scan(&id))
+		return id
+	}
+	stored := func(id string) bool {
+		var n int
+		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM provider_batches WHERE id = $1`, id).Scan(&n))
+		return n == 1
+	}
+	// Given a batch that ended two days ago and holds no job, the first pass deletes it.
+	first := ended()
+	_, err := m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.False(t, stored(first), "the first pass looks for ended batches")
+
+	// When another one is there a minute later, the next pass leaves it...
+	second := ended()
+	b.clock.Set(b.clock.Now().Add(time.Minute))
+	_, err = m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.True(t, stored(second), "a pass within the hour does not look again")
+
+	// ... and the first pass an hour after the last look deletes it.
+	b.clock.Set(b.clock.Now().Add(time.Hour - time.Minute))
+	_, err = m.DeleteExpired(ctx)
+	require.NoError(t, err)
+	require.False(t, stored(second), "a pass an hour after the last look looks again")
+	require.InDelta(t, 2, metric(t, b.reg, "llmq_retention_deleted_provider_batches_total", nil), 0)
+}
+
 // TestMaintainer_RetentionBacklog: llmq_retention_backlog_seconds{kind} is how long the oldest
 // row the retention pass has yet to delete has been past its period, measured after each of its
 // statements: an operator sees a pass that falls behind (rows due faster than it deletes them),
