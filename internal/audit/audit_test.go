@@ -2,8 +2,11 @@ package audit_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/audit"
@@ -35,4 +38,30 @@ func TestLog_List(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, alice, 1)
 	require.Equal(t, "alice", alice[0].Operator)
+}
+
+// TestDeleteBefore_StopsAtTheFirstEntryToKeep: the expired entries go oldest id first, limit a
+// call, up to the first entry written at or after the cutoff; an expired entry after it (written
+// out of order) waits for that boundary to expire.
+func TestDeleteBefore_StopsAtTheFirstEntryToKeep(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := t.Context()
+	// e1-e4 expired, e5 kept, e6-e7 expired but written after it, e8 kept.
+	for i, ageDays := range []int{400, 400, 400, 400, 1, 400, 400, 1} {
+		_, err := pool.Exec(ctx, `INSERT INTO audit_log (at, operator, action) VALUES (now() - make_interval(days => $1), 'alice', $2)`,
+			ageDays, fmt.Sprintf("e%d", i+1))
+		require.NoError(t, err)
+	}
+	cutoff := time.Now().Add(-365 * 24 * time.Hour)
+	for _, want := range []int64{3, 1, 0} {
+		n, err := audit.DeleteBefore(ctx, pool, cutoff, 3)
+		require.NoError(t, err)
+		require.Equal(t, want, n)
+	}
+	rows, err := pool.Query(ctx, `SELECT action FROM audit_log ORDER BY id`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"e5", "e6", "e7", "e8"}, left, "the entries from the first to keep on stay")
 }
