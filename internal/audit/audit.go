@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,22 +67,56 @@ RETURNING id, at`, e.Operator, e.Action, e.Target, e.Count, detail).Scan(&e.ID, 
 	return &e, nil
 }
 
-// ListParams select entries for List.
+// ErrBadCursor is the error for a ListParams.After that no Page made (garbled, or altered).
+var ErrBadCursor = errors.New("malformed audit page cursor")
+
+// ListParams select entries for List and Page.
 type ListParams struct {
 	// Operator keeps only this operator's entries; "": everyone's.
 	Operator string
 	// Limit caps the entries returned. Default 50.
 	Limit int
+	// After is the Next of the previous Page: the entries older than that page's last. "": from
+	// the newest. A cursor whose entries the retention deleted meanwhile still goes on from there.
+	After string
 }
 
-// List returns entries, newest first.
+// Page is a page of entries, newest first.
+type Page struct {
+	Entries []Entry
+	// Next is the ListParams.After of the following page; "" on the last one.
+	Next string
+}
+
+// List returns entries, newest first (Page's entries). Errors: as Page's.
 func List(ctx context.Context, pool *pgxpool.Pool, p ListParams) ([]Entry, error) {
+	page, err := ListPage(ctx, pool, p)
+	if err != nil {
+		return nil, err
+	}
+	return page.Entries, nil
+}
+
+// ListPage returns a page of entries, newest first, from p.After. The cursor is the id of the
+// page's last entry (ids grow with every entry appended), so a page is one walk of the primary
+// key down from it, however long the log. Errors: ErrBadCursor, or a wrapped database error.
+func ListPage(ctx context.Context, pool *pgxpool.Pool, p ListParams) (*Page, error) {
 	if p.Limit <= 0 {
 		p.Limit = 50
 	}
+	p.Limit = min(p.Limit, math.MaxInt-1) // room for the one past it below
+	before := int64(math.MaxInt64)
+	if p.After != "" {
+		id, err := strconv.ParseInt(p.After, 10, 64)
+		if err != nil || id < 1 {
+			return nil, ErrBadCursor
+		}
+		before = id
+	}
+	// One entry past the limit tells whether a following page has any.
 	rows, err := pool.Query(ctx, `
 SELECT id, at, operator, action, target, count, detail FROM audit_log
-WHERE $1 = '' OR operator = $1 ORDER BY id DESC LIMIT $2`, p.Operator, p.Limit)
+WHERE ($1 = '' OR operator = $1) AND id < $3 ORDER BY id DESC LIMIT $2`, p.Operator, p.Limit+1, before)
 	if err != nil {
 		return nil, fmt.Errorf("list audit log: %w", err)
 	}
@@ -92,7 +128,12 @@ WHERE $1 = '' OR operator = $1 ORDER BY id DESC LIMIT $2`, p.Operator, p.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list audit log: %w", err)
 	}
-	return out, nil
+	page := &Page{Entries: out}
+	if len(out) > p.Limit {
+		page.Entries = out[:p.Limit]
+		page.Next = strconv.FormatInt(page.Entries[p.Limit-1].ID, 10)
+	}
+	return page, nil
 }
 
 // Oldest returns when the first entry still stored (by id: entries are appended in time order)

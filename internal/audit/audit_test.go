@@ -65,3 +65,51 @@ func TestDeleteBefore_StopsAtTheFirstEntryToKeep(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"e5", "e6", "e7", "e8"}, left, "the entries from the first to keep on stay")
 }
+
+// TestListPage_Pages: the log is read a page at a time, newest first, each page going on from the
+// previous one's Next (with the operator filter kept) until a last page whose Next is ""; a
+// cursor no page made is ErrBadCursor.
+func TestListPage_Pages(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := context.Background()
+	for i := range 5 {
+		op := "alice"
+		if i%2 == 1 {
+			op = "bob"
+		}
+		_, err := audit.Log(ctx, pool, audit.Entry{Operator: op, Action: "login", Count: i})
+		require.NoError(t, err)
+	}
+
+	var counts []int
+	p := audit.ListParams{Limit: 2}
+	for range 3 {
+		page, err := audit.ListPage(ctx, pool, p)
+		require.NoError(t, err)
+		for _, e := range page.Entries {
+			counts = append(counts, e.Count)
+		}
+		p.After = page.Next
+		if p.After == "" {
+			break
+		}
+	}
+	require.Equal(t, []int{4, 3, 2, 1, 0}, counts, "every entry once, newest first")
+	require.Empty(t, p.After, "the third page is the last")
+
+	page, err := audit.ListPage(ctx, pool, audit.ListParams{Operator: "alice", Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, page.Entries, 2)
+	require.NotEmpty(t, page.Next)
+	page, err = audit.ListPage(ctx, pool, audit.ListParams{Operator: "alice", Limit: 2, After: page.Next})
+	require.NoError(t, err)
+	require.Len(t, page.Entries, 1)
+	require.Equal(t, 0, page.Entries[0].Count)
+	require.Empty(t, page.Next, "the last page")
+
+	for _, bad := range []string{"x", "0", "-3", "1.5", "99999999999999999999"} {
+		_, err := audit.ListPage(ctx, pool, audit.ListParams{After: bad})
+		require.ErrorIs(t, err, audit.ErrBadCursor, bad)
+	}
+}

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/redis/go-redis/v9"
@@ -68,7 +69,7 @@ func (h *Handler) credentialList(w http.ResponseWriter, r *http.Request, _ *oper
 }
 
 // credentialResume ends the credential's pause and its Retry-After push-back, like
-// `ctl credentials resume`.
+// `ctl credentials resume`. Its refusals quote the name (%q), which is the path's, any text.
 func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *operator.Session) {
 	name := r.PathValue("name")
 	var cred *Credential
@@ -78,7 +79,7 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 		}
 	}
 	if cred == nil {
-		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusNotFound, typ: "not_found", message: "no credential " + name + " in the config"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusNotFound, typ: "not_found", message: fmt.Sprintf("no credential %q in the config", name)})
 		return
 	}
 	tag, err := h.tag(r.Context(), name)
@@ -87,7 +88,7 @@ func (h *Handler) credentialResume(w http.ResponseWriter, r *http.Request, s *op
 		return
 	}
 	if tag == "" {
-		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusConflict, typ: "state_unknown", message: "no worker has started with credential " + name + " yet: it has no shared state to resume"})
+		writeError(w, r, h.cfg.Logger, &apiError{status: http.StatusConflict, typ: "state_unknown", message: fmt.Sprintf("no worker has started with credential %q yet: it has no shared state to resume", name)})
 		return
 	}
 	gate := h.limiter.GateByTag(tag, name)

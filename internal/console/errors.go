@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/llmq/llmq/internal/audit"
 	"github.com/llmq/llmq/internal/eventsource"
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/pgwait"
@@ -99,7 +100,7 @@ func errorAnswer(r *http.Request, logger *slog.Logger, err error) *apiError {
 	case errors.As(err, &ae):
 	case errors.Is(err, jobs.ErrNotFound):
 		ae = &apiError{status: http.StatusNotFound, typ: "not_found", message: "no job with that id (it may have been purged)"}
-	case errors.Is(err, jobs.ErrBadCursor):
+	case errors.Is(err, jobs.ErrBadCursor), errors.Is(err, audit.ErrBadCursor):
 		ae = badRequest("stale_page", "this page link is stale or malformed; start again from the first page")
 	case errors.Is(err, tenant.ErrInvalidName):
 		ae = badRequest("invalid_name", err.Error())

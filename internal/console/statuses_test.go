@@ -166,6 +166,7 @@ func TestRoutes_EveryDocumentedStatusIsProduced(t *testing.T) {
 		{op: "POST /console/api/tenants/{name}/delete", status: 404, path: "/console/api/tenants/nope/delete"},
 		{op: "POST /console/api/tenants/{name}/delete", status: 409, path: "/console/api/tenants/acme/delete"},
 		{op: "GET /console/api/audit", status: 200},
+		{op: "GET /console/api/audit", status: 400, path: "/console/api/audit?after=x"},
 	}
 	// 413: a body past the console's 1 MiB, for each action that reads one.
 	tooLarge := rawBody(`{"x":"` + strings.Repeat("a", 1<<20) + `"}`)

@@ -314,14 +314,41 @@ func parseWeight(raw json.RawMessage) (int, error) {
 	return n, nil
 }
 
+// auditListMaxLimit is the largest page of the audit log; auditListLimit is its default.
+const (
+	auditListMaxLimit = 500
+	auditListLimit    = 100
+)
+
+// auditList serves a page of the audit log, newest first: ?operator=&limit=&after= (after: the
+// "next" of the previous page, "" on the last one, as the job list's), the filter ctl audit's
+// --operator. An unknown parameter is refused (400 invalid_parameter), as the other lists'.
 func (h *Handler) auditList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
-	list, err := audit.List(r.Context(), h.cfg.Pool, audit.ListParams{Limit: 100})
+	q := r.URL.Query()
+	if err := checkParams(q, "operator", "limit", "after"); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	if err := checkFilter("operator", q.Get("operator")); err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	limit, given, err := queryLimit(q, auditListMaxLimit)
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
-	if list == nil {
-		list = []audit.Entry{}
+	if !given {
+		limit = auditListLimit
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"entries": list})
+	page, err := audit.ListPage(r.Context(), h.cfg.Pool, audit.ListParams{Operator: q.Get("operator"), Limit: limit,
+		After: q.Get("after")})
+	if err != nil {
+		writeError(w, r, h.cfg.Logger, err)
+		return
+	}
+	if page.Entries == nil {
+		page.Entries = []audit.Entry{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": page.Entries, "limit": limit, "next": page.Next})
 }

@@ -28,12 +28,14 @@ import (
 // by its reason, markup in a job's fields shown as text and never run (no element made of it),
 // creating a tenant, setting its weight, rotating its token (both tokens working) and revoking it,
 // an action without the CSRF token refused, an unknown job's message, the audit log, logout; a
-// dead letter purged from its own page (the dead letters shown, not an error), a batch job's lane
+// dead letter purged from its own page (the dead letters shown, not an error), one purged from
+// another tab (its open page dropping its actions), a batch job's lane
 // and batch state, a streaming job's request, long unbroken values wrapped within the window, an
 // action the ended session refused (the login alone, nothing stale once logged in again), a server
 // out of reach said in words, Filter on the filters shown loading the list again, a stale page
-// link's first page, a double click on Create tenant sending one create, and a revocation said
-// to be on its way before its answer. It
+// link's first page, a double click on Create tenant sending one create, a revocation said
+// to be on its way before its answer, and the audit log a page at a time and by operator (an unknown
+// parameter and a stale page link refused). It
 // also measures the overview's first load. Outages are injected in the browser (playwright's
 // routes: a 503, a proxy's 502, a stream cut): the overview and a job's page first opened in one
 // come back by themselves, their badge says when the stream is stale or down, a job purged while

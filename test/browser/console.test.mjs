@@ -274,6 +274,25 @@ try {
   assert.equal(await tab.locator('#retry-one').count(), 0, 'no Retry on a canceled job');
   assert.equal((await (await fetch(`${API}/v1/jobs/${abandoned}`)).json()).status, 'canceled');
 
+  step('a dead letter purged from another tab: its open page says so and drops its actions');
+  // The page kept Retry, Cancel and Purge on a job no longer there (each answered "no such job").
+  const purgedElsewhere = await deadLetter('purged from another tab');
+  await tab.goto(`${CONSOLE}#/job/${purgedElsewhere}`);
+  await tab.locator('#purge-one').waitFor(WAIT);
+  await tab.locator('#live:not(.stale)', { hasText: /^live$/ }).waitFor(WAIT);
+  const elsewhere = await context.newPage();
+  await elsewhere.goto(`${CONSOLE}#/dead`);
+  await elsewhere.check(`#dead tr[data-id="${purgedElsewhere}"] input.sel`);
+  await confirm(elsewhere, '#purge-selected', /^Purge 1 dead letter\?/, 'ok');
+  await elsewhere.locator('#flash', { hasText: 'Purged 1 of 1.' }).waitFor(WAIT);
+  await elsewhere.close();
+  await tab.locator('#live.stale', { hasText: /^not live: purged$/ }).waitFor(WAIT); // at the stream's next keep-alive
+  await tab.locator('#flash.error', { hasText: 'no longer exists' }).waitFor(WAIT);
+  for (const button of ['#retry-one', '#cancel-job', '#purge-one']) {
+    assert.equal(await tab.locator(button).count(), 0, `no ${button} on a purged job`);
+  }
+  await tab.locator('[data-testid=job-status]', { hasText: 'dead' }).waitFor(WAIT); // the rest as last read
+
   step('the jobs list');
   await tab.goto(`${CONSOLE}#/jobs`);
   await tab.locator(`#jobs tr[data-id="${dead}"]`).waitFor(WAIT);
@@ -459,6 +478,43 @@ try {
     await tab.locator('#audit td', { hasText: new RegExp(`^${action.replace('.', '\\.')}$`) }).first().waitFor(WAIT);
   }
   await shot(tab, 'audit');
+
+  step('the audit log a page at a time, filtered by operator; an unknown parameter and a stale page link refused');
+  // It showed the latest 100 entries, none older, and took any parameter as none.
+  const auditRows = () => tab.locator('#audit tr:has(td)').count();
+  await tab.goto(`${CONSOLE}#/audit`);
+  await tab.locator('#audit').waitFor(WAIT);
+  const allRows = await auditRows();
+  assert.ok(allRows > 4, `${allRows} entries`);
+  assert.equal(await tab.locator('#audit-next-page').count(), 0, 'one page holds them all');
+  await tab.goto(`${CONSOLE}#/audit?limit=2`);
+  let paged = 0;
+  for (let pages = 1; ; pages++) {
+    await tab.locator('#audit').waitFor(WAIT);
+    paged += await auditRows();
+    if (!(await tab.locator('#audit-next-page').count())) break;
+    assert.ok(pages < allRows, 'a last page');
+    const url = tab.url();
+    await tab.click('#audit-next-page');
+    await tab.waitForURL((u) => u.toString() !== url);
+    await tab.locator('#audit-newest').waitFor(WAIT);
+  }
+  assert.equal(paged, allRows, 'the pages hold every entry once');
+  await tab.fill('form.filters input[name=operator]', 'nobody');
+  await tab.click('form.filters button');
+  await tab.waitForURL(/#\/audit\?operator=nobody$/);
+  await tab.locator('#audit-none').waitFor(WAIT);
+  await tab.goto(`${CONSOLE}#/audit?operator=alice`);
+  await tab.locator('#audit tr:has(td)').first().waitFor(WAIT);
+  const operators = await tab.locator('#audit tr:has(td) td:nth-child(2)').allTextContents();
+  assert.deepEqual([...new Set(operators)], ['alice'], 'alice\'s entries only');
+  await tab.goto(`${CONSOLE}#/audit?action=login`);
+  await tab.locator('#page-error', { hasText: 'unknown parameter "action"' }).waitFor(WAIT);
+  await tab.goto(`${CONSOLE}#/audit?operator=alice&after=stale`);
+  await tab.locator('#page-error', { hasText: 'stale or malformed' }).waitFor(WAIT);
+  await tab.click('#first-page');
+  await tab.waitForURL(/#\/audit\?operator=alice$/);
+  await tab.locator('#audit').waitFor(WAIT);
 
   step('the first tab\'s stream is down (a proxy answers 502)');
   const badGateway = (r) => r.fulfill({ status: 502, contentType: 'text/html', body: 'Bad Gateway' });

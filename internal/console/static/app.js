@@ -288,10 +288,10 @@ function renderJob(d) {
   const j = d.job;
   const rq = d.request;
   const ended = ['succeeded', 'failed', 'dead', 'canceled'].includes(j.status);
-  const actions = j.status === 'dead' ? h('p', {}, h('button', { id: 'retry-one', onclick: () => deadAction('retry', [j.id]) }, 'Retry'), ' ',
+  const actions = j.status === 'dead' ? h('p', { id: 'job-actions' }, h('button', { id: 'retry-one', onclick: () => deadAction('retry', [j.id]) }, 'Retry'), ' ',
     h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id, true) }, 'Cancel'), ' ',
     h('button', { class: 'danger', id: 'purge-one', onclick: () => deadAction('purge', [j.id], '#/dead') }, 'Purge')) :
-    !ended ? h('p', {}, h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id, false) }, 'Cancel')) : null;
+    !ended ? h('p', { id: 'job-actions' }, h('button', { class: 'danger', id: 'cancel-job', onclick: () => cancelJob(j.id, false) }, 'Cancel')) : null;
   return [
     h('dl', { class: 'kv' },
       h('dt', {}, 'status'), h('dd', { 'data-testid': 'job-status' }, badge(j.status), j.dead_reason ? ` (${j.dead_reason})` : ''),
@@ -327,6 +327,9 @@ async function pageJob(root, id) {
   const setLive = (open, why = 'reconnecting…') => {
     badge.textContent = open ? 'live' : `not live: ${why}`;
     badge.classList.toggle('stale', !open);
+    // A job purged (from another tab, by ctl) has nothing left to retry, cancel or purge: its
+    // actions go with it (they answered "no such job"), the rest stays as last read.
+    if (why === 'purged') el.querySelector('#job-actions')?.remove();
   };
   const path = `/jobs/${encodeURIComponent(id)}`;
   try {
@@ -472,12 +475,22 @@ async function pageTenants(root) {
             h('button', { class: 'danger revoke-cancel', onclick: () => revoke(t.name, true, false) }, 'Revoke, cancel its jobs')])))));
 }
 
-async function pageAudit(root) {
-  const data = await api('GET', '/audit');
-  show(root, h('h1', {}, 'Audit log'),
+// pageAudit shows a page of the audit log, newest first, filtered by operator as ctl audit
+// --operator; "older »" goes on from the page's last entry.
+async function pageAudit(root, params) {
+  const data = await api('GET', params.size ? `/audit?${params}` : '/audit');
+  const newest = new URLSearchParams(params);
+  newest.delete('after');
+  const older = new URLSearchParams(params);
+  older.set('after', data.next);
+  show(root, h('h1', {}, 'Audit log', h('span', { class: 'muted' }, ' newest first')),
+    filterForm([['operator', 'operator']], params, (f) => toHash('audit', f)),
     h('table', { id: 'audit' }, h('tr', {}, ['at', 'operator', 'action', 'target', 'count'].map((t) => h('th', {}, t))),
       data.entries.map((e) => h('tr', {}, h('td', {}, fmtTime(e.at)), h('td', {}, e.operator), h('td', {}, e.action),
-        h('td', { class: 'mono wrap' }, e.target || '–'), h('td', { class: 'num' }, e.count)))));
+        h('td', { class: 'mono wrap' }, e.target || '–'), h('td', { class: 'num' }, e.count)))),
+    data.entries.length ? null : h('p', { class: 'muted', id: 'audit-none' }, 'No actions match.'),
+    h('div', { class: 'pager' }, params.get('after') ? h('a', { href: '#/audit' + (newest.size ? '?' + newest : ''), id: 'audit-newest' }, '« newest') : null,
+      data.next ? h('a', { href: `#/audit?${older}`, id: 'audit-next-page' }, 'older »') : null));
 }
 
 // ---- routing -----------------------------------------------------------------------------------
@@ -501,7 +514,7 @@ async function route() {
       case 'dead': await pageDead(root, params); break;
       case 'credentials': await pageCredentials(root); break;
       case 'tenants': await pageTenants(root); break;
-      case 'audit': await pageAudit(root); break;
+      case 'audit': await pageAudit(root, params); break;
       default: await pageOverview(root);
     }
   } catch (e) {
