@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/dispatch"
@@ -792,11 +793,7 @@ func TestDeadPurge_TellsProgress(t *testing.T) {
 	t.Parallel()
 	b := setupJobs(t)
 	const n = jobs.PurgeDeadBatch + 1
-	_, err := b.pool.Exec(t.Context(), `INSERT INTO jobs (id, credential, fingerprint, status, request,
-	max_attempts, timeout_ms, deadline, dead_reason, finished_at)
-SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted', now() - interval '10 days' - g * interval '1 second'
-FROM generate_series(1, $1::int) g`, n)
-	require.NoError(t, err)
+	insertOldDeadJobs(t, b.pool, n)
 
 	r := run(t, "--database-url", b.url, "dead", "purge", "--older-than", "7d")
 	require.Equal(t, 0, r.code, "stderr %q", r.errOut)
@@ -853,12 +850,8 @@ func TestDeadPurge_StoppedHalfwaySaysAndAuditsWhatItDeleted(t *testing.T) {
 	t.Parallel()
 	b := setupJobs(t)
 	const n = jobs.PurgeDeadBatch + 1
-	_, err := b.pool.Exec(t.Context(), `INSERT INTO jobs (id, credential, fingerprint, status, request,
-	max_attempts, timeout_ms, deadline, dead_reason, finished_at)
-SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted', now() - interval '10 days' - g * interval '1 second'
-FROM generate_series(1, $1::int) g`, n)
-	require.NoError(t, err)
-	_, err = b.pool.Exec(t.Context(), `CREATE SEQUENCE purge_deletes;
+	insertOldDeadJobs(t, b.pool, n)
+	_, err := b.pool.Exec(t.Context(), `CREATE SEQUENCE purge_deletes;
 CREATE FUNCTION fail_second_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	IF nextval('purge_deletes') > 1 THEN
@@ -880,4 +873,14 @@ CREATE TRIGGER fail_second_delete BEFORE DELETE ON jobs FOR EACH STATEMENT EXECU
 	require.Len(t, entries, 1)
 	require.Equal(t, "dead.purge", entries[0].Action)
 	require.Equal(t, jobs.PurgeDeadBatch, entries[0].Count)
+}
+
+// insertOldDeadJobs stores n dead jobs that died ten days ago and more, a second apart.
+func insertOldDeadJobs(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	_, err := pool.Exec(t.Context(), `INSERT INTO jobs (id, credential, fingerprint, status, request,
+	max_attempts, timeout_ms, deadline, dead_reason, finished_at)
+SELECT gen_random_uuid(), 'default', 'f', 'dead', '{}', 3, 60000, now(), 'retries_exhausted', now() - interval '10 days' - g * interval '1 second'
+FROM generate_series(1, $1::int) g`, n)
+	require.NoError(t, err)
 }
