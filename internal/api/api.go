@@ -73,7 +73,8 @@ type Config struct {
 	// counted at its Content-Length (MaxBodyBytes without one) until its request ends; a submit
 	// above it is answered 503 (type overloaded, with Retry-After). One tenant holds at most half
 	// of it (at least MaxBodyBytes). Default 64 × MaxBodyBytes; less than MaxBodyBytes is taken
-	// as MaxBodyBytes.
+	// as MaxBodyBytes. The results of the jobs polls answer at once have a budget of the same
+	// size (see Server.answerBytes).
 	MaxBodyBytesInFlight int64
 	Logger               *slog.Logger
 	// Listener signals job transitions to event streams. nil: streams only re-read the job's
@@ -168,6 +169,10 @@ type Server struct {
 	authLog *logthrottle.Throttle
 	// bodies bounds the submit bodies read at once (MaxBodyBytesInFlight).
 	bodies *bodyBudget
+	// answerBytes bounds the results of the jobs that polls answer at once, each held from its
+	// read until its answer is written (a client that does not read it holds it up to the write
+	// timeout): of the same size as bodies, one tenant at most half of it.
+	answerBytes *bodyBudget
 	// keyed caps each tenant's keyed submits and cancels in their Postgres stage, together
 	// (MaxKeyedSubmitsPerTenant).
 	keyed *tenantGate
@@ -249,7 +254,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, statusReadTurns(poolConns(cfg.Pool)), cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now, cfg.Metrics),
-		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant)}
+		bodies: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), answerBytes: newBodyBudget(cfg.MaxBodyBytesInFlight, cfg.MaxBodyBytes), keyed: newTenantGate(cfg.MaxKeyedSubmitsPerTenant)}
 	s.streamLog = logthrottle.New(&logthrottle.Config{Every: streamLogInterval, Now: cfg.Now,
 		Report: s.streamsSuppressed})
 	s.authLog = logthrottle.New(&logthrottle.Config{Every: authLogInterval, Now: cfg.Now,
@@ -616,23 +621,49 @@ func (s *Server) overShare(r *http.Request, tenant string, authenticated bool, r
 	return refusal
 }
 
+// takeBudget takes n bytes of budget for tenant, or answers r with why not and returns false:
+// over the tenant's share a 429 of type typ (its own excess, counted and logged by overShare),
+// over the whole budget a 503 overloaded. what and doing name the bytes in the messages ("submit
+// bodies", "being read"). authenticated is whether r came with a token.
+func (s *Server) takeBudget(w http.ResponseWriter, r *http.Request, budget *bodyBudget, tenant string, authenticated bool, n int64, typ, what, doing string) bool {
+	switch budget.take(tenant, n) {
+	case bodyOverShare:
+		// The tenant's own fill its share: a limit of its own, as its submit rate is.
+		writeError(w, r, s.cfg.Logger, s.overShare(r, tenant, authenticated, &httpError{status: http.StatusTooManyRequests, typ: typ,
+			message: "this tenant's " + what + " " + doing + " fill half of this replica's budget; retry shortly",
+			header:  http.Header{"Retry-After": {"1"}}}))
+		return false
+	case bodyOverBudget:
+		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
+			message: "too many " + what + " are " + doing + " at once; retry shortly", header: http.Header{"Retry-After": {"1"}}})
+		return false
+	}
+	return true
+}
+
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	job, err := s.job(r)
+	tn, err := s.tenant(r)
 	if err != nil {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	s.writeJob(w, http.StatusOK, job)
-}
-
-// job returns the job named by the path for the caller's tenant; another tenant's job is
-// jobs.ErrNotFound, exactly like a missing one.
-func (s *Server) job(r *http.Request) (*jobs.Job, error) {
-	tn, err := s.tenant(r)
+	job, err := s.jobOf(r, tn)
 	if err != nil {
-		return nil, err
+		writeError(w, r, s.cfg.Logger, err)
+		return
 	}
-	return s.jobOf(r, tn)
+	// The job's result counts in the budget until its answer is written, at most a tenant's
+	// share of it: a result larger than the share is answered alone.
+	// A job without a result (waiting, running) holds nothing: it takes no turn at the budget's
+	// lock.
+	if held := min(int64(len(job.Result)), s.answerBytes.share); held > 0 {
+		_, authenticated := r.Header["Authorization"]
+		if !s.takeBudget(w, r, s.answerBytes, tn.Name, authenticated, held, "too_many_answers", "job results", "being answered") {
+			return
+		}
+		defer s.answerBytes.give(tn.Name, held)
+	}
+	s.writeJob(w, http.StatusOK, job)
 }
 
 // jobOf returns the job named by the path if it is tn's; another tenant's job is

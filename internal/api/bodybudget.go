@@ -7,6 +7,10 @@ import "sync"
 // more memory than the budget: each body counts its Content-Length, or the largest body allowed
 // when it has none, from before its first byte is read until its request ends.
 //
+// Polls use one of their own for the job results they answer (Server.answerBytes): each counts
+// its result's bytes from its read until its answer is written, so that clients that do not
+// read cannot make the replica hold more.
+//
 // One tenant (the anonymous clients are one) holds at most share of it, so that one tenant's
 // slow large bodies cannot make every other tenant's submit wait for them.
 type bodyBudget struct {

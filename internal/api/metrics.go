@@ -93,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.tenantRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmq_http_tenant_refusals_total",
-		Help: "429s refusing a tenant for its own excess, by type (rate_limited, too_many_bodies, too_many_submits, too_many_cancels, " +
+		Help: "429s refusing a tenant for its own excess, by type (rate_limited, too_many_bodies, too_many_answers, too_many_submits, too_many_cancels, " +
 			"too_many_streams) and tenant (empty for requests without a token).",
 	}, []string{"tenant", "type"})
 	m.openStreams = prometheus.NewGauge(prometheus.GaugeOpts{

@@ -208,6 +208,7 @@ func TestOpenAPI_MatchesServer(t *testing.T) {
 
 	overCap(t, ops, id, rec)
 	cancelsOverShare(t, rec)
+	answersOverShare(t, rec)
 
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
@@ -244,6 +245,21 @@ func cancelsOverShare(t *testing.T, rec *statusRecorder) {
 		defer release()
 	}
 	require.Equal(t, http.StatusTooManyRequests, b.do(t, http.MethodDelete, "/v1/jobs/"+job.ID, "", nil).status)
+}
+
+// answersOverShare serves an API whose tenant "default" holds its share of the budget for job
+// results being answered: a poll of a job with a result, GET or HEAD, is answered 429
+// too_many_answers. It records the answers in rec.
+func answersOverShare(t *testing.T, rec *statusRecorder) {
+	t.Helper()
+	b := setup(t, setupOpts{wrap: rec.wrap})
+	job := b.create(t, "")
+	b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: []byte(`{}`)})
+	require.Equal(t, bodyTaken, b.srv.answerBytes.take(tenant.Default, b.srv.answerBytes.share))
+	defer b.srv.answerBytes.give(tenant.Default, b.srv.answerBytes.share)
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		require.Equal(t, http.StatusTooManyRequests, b.do(t, method, "/v1/jobs/"+job.ID, "", nil).status, method)
+	}
 }
 
 // overCap serves an API whose connection cap (api.max_connections) is 1, and holds that one

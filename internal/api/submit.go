@@ -579,16 +579,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength >= 0 {
 		reserved = r.ContentLength
 	}
-	switch s.bodies.take(tn.Name, reserved) {
-	case bodyOverShare:
-		// The tenant's own bodies fill its share: a limit of its own, as its submit rate is.
-		writeError(w, r, s.cfg.Logger, s.overShare(r, tn.Name, authenticated, &httpError{status: http.StatusTooManyRequests, typ: "too_many_bodies",
-			message: "this tenant's submit bodies being read fill half of this replica's budget; retry shortly",
-			header:  http.Header{"Retry-After": {"1"}}}))
-		return
-	case bodyOverBudget:
-		writeError(w, r, s.cfg.Logger, &httpError{status: http.StatusServiceUnavailable, typ: "overloaded",
-			message: "too many submit bodies are being read at once; retry shortly", header: http.Header{"Retry-After": {"1"}}})
+	if !s.takeBudget(w, r, s.bodies, tn.Name, authenticated, reserved, "too_many_bodies", "submit bodies", "being read") {
 		return
 	}
 	defer s.bodies.give(tn.Name, reserved)

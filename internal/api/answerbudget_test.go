@@ -1,0 +1,102 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmq/llmq/internal/httpserve/httpservetest"
+	"github.com/llmq/llmq/internal/jobs"
+)
+
+// heldWriteListener wraps a server's listener so that the first large write on any of its
+// connections (a job's answer with its result) waits until release is closed, as a write to a
+// client that never reads does once its TCP window is full; held is closed when it starts
+// waiting. Every other write goes through.
+type heldWriteListener struct {
+	net.Listener
+	once    sync.Once
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (l *heldWriteListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &heldWriteConn{Conn: c, l: l}, nil
+}
+
+type heldWriteConn struct {
+	net.Conn
+	l *heldWriteListener
+}
+
+func (c *heldWriteConn) Write(p []byte) (int, error) {
+	if len(p) >= 32<<10 {
+		first := false
+		c.l.once.Do(func() { first = true })
+		if first {
+			close(c.l.held)
+			<-c.l.release
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// TestGet_LargeAnswersHeldWithinBudget: the polls of jobs with large results that one replica
+// is answering at once hold at most api.max_body_bytes_in_flight of results between them, one
+// tenant at most half of it: a poll past its tenant's half is 429 too_many_answers, while
+// another tenant's is answered. Polls had no bound but the connections: 100 polls of a job
+// with a 12 MB result by a client that never read them held 1.6 GB until the write timeout.
+func TestGet_LargeAnswersHeldWithinBudget(t *testing.T) {
+	t.Parallel()
+	ln := &heldWriteListener{held: make(chan struct{}), release: make(chan struct{})}
+	released := sync.OnceFunc(func() { close(ln.release) })
+	defer released() // before the server's shutdown, which waits for the held answer
+	// A tenant's share: 128 KiB, room for one answer of 100 KiB.
+	b := setup(t, setupOpts{maxBody: 64 << 10, maxBodyInFlight: 256 << 10,
+		listener: func(inner net.Listener) net.Listener { ln.Listener = inner; return ln }})
+	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
+	defer cancel()
+	_, token, err := b.tenants.Create(ctx, "acme", nil)
+	require.NoError(t, err)
+	acme := map[string]string{"Authorization": "Bearer " + token}
+	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 100<<10)})
+	require.NoError(t, err)
+	large := func(tenant string) *jobs.Job {
+		job := b.create(t, tenant)
+		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: result})
+		return job
+	}
+	own, other := large("acme"), large("default")
+
+	// A poll whose client does not read its answer.
+	held := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 0)
+	held.Send(t, http.MethodGet, "/v1/jobs/"+own.ID, "Authorization: Bearer "+token)
+	select {
+	case <-ln.held:
+	case <-time.After(httpservetest.Wait):
+		t.Fatal("the held poll's answer was never written")
+	}
+
+	requireError(t, b.do(t, http.MethodGet, "/v1/jobs/"+own.ID, "", acme), http.StatusTooManyRequests, "too_many_answers")
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/jobs/"+other.ID, "", nil).status,
+		"another tenant's poll waited for this one's reader")
+
+	released()
+	resp := held.Response(t)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, resp.Body.Close())
+	require.Eventually(t, func() bool {
+		return b.do(t, http.MethodGet, "/v1/jobs/"+own.ID, "", acme).status == http.StatusOK
+	}, httpservetest.Wait, 5*time.Millisecond, "the held answer's bytes were not given back")
+}
