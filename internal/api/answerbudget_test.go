@@ -100,3 +100,46 @@ func TestGet_LargeAnswersHeldWithinBudget(t *testing.T) {
 		return b.do(t, http.MethodGet, "/v1/jobs/"+own.ID, "", acme).status == http.StatusOK
 	}, httpservetest.Wait, 5*time.Millisecond, "the held answer's bytes were not given back")
 }
+
+// TestSubmit_ReplayOfALargeResultHeldWithinBudget: a replayed submit answers its job's result, as
+// a poll does, within the same budget: past its tenant's half of it, 429 too_many_answers, with no
+// Location (the job is not answered); once the held answer is written, the replay is served.
+// Replays had no bound but the connections, as polls had.
+func TestSubmit_ReplayOfALargeResultHeldWithinBudget(t *testing.T) {
+	t.Parallel()
+	ln := &heldWriteListener{held: make(chan struct{}), release: make(chan struct{})}
+	released := sync.OnceFunc(func() { close(ln.release) })
+	defer released() // before the server's shutdown, which waits for the held answer
+	b := setup(t, setupOpts{maxBody: 64 << 10, maxBodyInFlight: 256 << 10,
+		listener: func(inner net.Listener) net.Listener { ln.Listener = inner; return ln }})
+	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 100<<10)})
+	require.NoError(t, err)
+	const body = `{"request":{"model":"m","max_tokens":5}}`
+	key := map[string]string{"Idempotency-Key": "large-replay"}
+	first := b.do(t, http.MethodPost, "/v1/jobs", body, key)
+	require.Equal(t, http.StatusAccepted, first.status, "%v", first.body)
+	id := first.body["id"].(string)
+	b.attempt(t, id, jobs.Outcome{Status: jobs.StatusSucceeded, Result: result})
+
+	// A poll whose client does not read its answer holds the tenant's half.
+	held := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 0)
+	held.Send(t, http.MethodGet, "/v1/jobs/"+id)
+	select {
+	case <-ln.held:
+	case <-time.After(httpservetest.Wait):
+		t.Fatal("the held poll's answer was never written")
+	}
+
+	refused := b.do(t, http.MethodPost, "/v1/jobs", body, key)
+	requireError(t, refused, http.StatusTooManyRequests, "too_many_answers")
+	require.Empty(t, refused.header.Get("Location"), "a refused replay names no job")
+
+	released()
+	resp := held.Response(t)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, resp.Body.Close())
+	require.Eventually(t, func() bool {
+		again := b.do(t, http.MethodPost, "/v1/jobs", body, key)
+		return again.status == http.StatusOK && again.body["id"] == id && again.header.Get("Idempotent-Replayed") == "true"
+	}, httpservetest.Wait, 5*time.Millisecond, "the held answer's bytes were not given back")
+}

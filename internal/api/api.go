@@ -652,18 +652,29 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	// The job's result counts in the budget until its answer is written, at most a tenant's
-	// share of it: a result larger than the share is answered alone.
-	// A job without a result (waiting, running) holds nothing: it takes no turn at the budget's
-	// lock.
-	if held := min(int64(len(job.Result)), s.answerBytes.share); held > 0 {
-		_, authenticated := r.Header["Authorization"]
-		if !s.takeBudget(w, r, s.answerBytes, tn.Name, authenticated, held, "too_many_answers", "job results", "being answered") {
-			return
-		}
-		defer s.answerBytes.give(tn.Name, held)
+	release, ok := s.holdAnswer(w, r, tn.Name, job)
+	if !ok {
+		return
 	}
+	defer release()
 	s.writeJob(w, http.StatusOK, job)
+}
+
+// holdAnswer counts job's result in the answers' budget (answerBytes) for tenant until release,
+// called once its answer is written: at most a tenant's share of it, so that a result larger than
+// the share is answered alone. Refused, it has answered r (429 too_many_answers, 503 overloaded)
+// and ok is false. A job without a result (waiting, running) holds nothing and takes no turn at
+// the budget's lock.
+func (s *Server) holdAnswer(w http.ResponseWriter, r *http.Request, tenant string, job *jobs.Job) (release func(), ok bool) {
+	held := min(int64(len(job.Result)), s.answerBytes.share)
+	if held == 0 {
+		return func() {}, true
+	}
+	_, authenticated := r.Header["Authorization"]
+	if !s.takeBudget(w, r, s.answerBytes, tenant, authenticated, held, "too_many_answers", "job results", "being answered") {
+		return nil, false
+	}
+	return func() { s.answerBytes.give(tenant, held) }, true
 }
 
 // jobOf returns the job named by the path if it is tn's; another tenant's job is

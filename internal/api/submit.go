@@ -649,12 +649,19 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, encodedRefusal(r.Header, err))
 		return
 	}
-	w.Header().Set("Location", "/v1/jobs/"+job.ID)
 	if replayed {
+		// A replay answers the job's result, as a poll does, within the answers' budget.
+		release, ok := s.holdAnswer(w, r, tn.Name, job)
+		if !ok {
+			return
+		}
+		defer release()
+		w.Header().Set("Location", "/v1/jobs/"+job.ID)
 		w.Header().Set("Idempotent-Replayed", "true")
 		s.writeJob(w, http.StatusOK, job)
 		return
 	}
+	w.Header().Set("Location", "/v1/jobs/"+job.ID)
 	s.writeJob(w, http.StatusAccepted, job)
 }
 
