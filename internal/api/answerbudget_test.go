@@ -52,26 +52,61 @@ func (c *heldWriteConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// heldAnswers is a server of which a tenant's share of the answers' budget (128 KiB) has room
+// for one answer of largeResult (100 KiB), and whose first large write waits for release (or the
+// test's end, before the server's shutdown, which waits for it).
+type heldAnswers struct {
+	*testBundle
+	ln      *heldWriteListener
+	release func()
+}
+
+func newHeldAnswers(t *testing.T) *heldAnswers {
+	t.Helper()
+	h := &heldAnswers{ln: &heldWriteListener{held: make(chan struct{}), release: make(chan struct{})}}
+	h.release = sync.OnceFunc(func() { close(h.ln.release) })
+	h.testBundle = setup(t, setupOpts{maxBody: 64 << 10, maxBodyInFlight: 256 << 10,
+		listener: func(inner net.Listener) net.Listener { h.ln.Listener = inner; return h.ln }})
+	t.Cleanup(h.release) // runs before setup's shutdown
+	return h
+}
+
+// largeResult is a job result of 100 KiB.
+func largeResult(t *testing.T) json.RawMessage {
+	t.Helper()
+	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 100<<10)})
+	require.NoError(t, err)
+	return result
+}
+
+// holdPoll sends a poll of job id whose client does not read its answer, and returns once the
+// answer's write is held; its Response is read after release.
+func (h *heldAnswers) holdPoll(t *testing.T, id string, header ...string) *httpservetest.Conn {
+	t.Helper()
+	held := httpservetest.Dial(t, strings.TrimPrefix(h.url, "http://"), 0)
+	held.Send(t, http.MethodGet, "/v1/jobs/"+id, header...)
+	select {
+	case <-h.ln.held:
+	case <-time.After(httpservetest.Wait):
+		t.Fatal("the held poll's answer was never written")
+	}
+	return held
+}
+
 // TestGet_LargeAnswersHeldWithinBudget: the polls of jobs with large results that one replica
 // is answering at once hold at most api.max_body_bytes_in_flight of results between them, one
 // tenant at most half of it: a poll past its tenant's half is 429 too_many_answers, while
 // another tenant's is answered. Polls had no bound but the connections: 100 polls of a job
-// with a 12 MB result by a client that never read them held 1.6 GB until the write timeout.
+// with a 12 MB result by a client that never read them held 1.5 GB until the write timeout.
 func TestGet_LargeAnswersHeldWithinBudget(t *testing.T) {
 	t.Parallel()
-	ln := &heldWriteListener{held: make(chan struct{}), release: make(chan struct{})}
-	released := sync.OnceFunc(func() { close(ln.release) })
-	defer released() // before the server's shutdown, which waits for the held answer
-	// A tenant's share: 128 KiB, room for one answer of 100 KiB.
-	b := setup(t, setupOpts{maxBody: 64 << 10, maxBodyInFlight: 256 << 10,
-		listener: func(inner net.Listener) net.Listener { ln.Listener = inner; return ln }})
+	b := newHeldAnswers(t)
 	ctx, cancel := context.WithTimeout(context.Background(), httpservetest.Wait)
 	defer cancel()
 	_, token, err := b.tenants.Create(ctx, "acme", nil)
 	require.NoError(t, err)
 	acme := map[string]string{"Authorization": "Bearer " + token}
-	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 100<<10)})
-	require.NoError(t, err)
+	result := largeResult(t)
 	large := func(tenant string) *jobs.Job {
 		job := b.create(t, tenant)
 		b.attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusSucceeded, Result: result})
@@ -79,20 +114,12 @@ func TestGet_LargeAnswersHeldWithinBudget(t *testing.T) {
 	}
 	own, other := large("acme"), large("default")
 
-	// A poll whose client does not read its answer.
-	held := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 0)
-	held.Send(t, http.MethodGet, "/v1/jobs/"+own.ID, "Authorization: Bearer "+token)
-	select {
-	case <-ln.held:
-	case <-time.After(httpservetest.Wait):
-		t.Fatal("the held poll's answer was never written")
-	}
-
+	held := b.holdPoll(t, own.ID, "Authorization: Bearer "+token)
 	requireError(t, b.do(t, http.MethodGet, "/v1/jobs/"+own.ID, "", acme), http.StatusTooManyRequests, "too_many_answers")
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/jobs/"+other.ID, "", nil).status,
 		"another tenant's poll waited for this one's reader")
 
-	released()
+	b.release()
 	resp := held.Response(t)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.NoError(t, resp.Body.Close())
@@ -107,34 +134,20 @@ func TestGet_LargeAnswersHeldWithinBudget(t *testing.T) {
 // Replays had no bound but the connections, as polls had.
 func TestSubmit_ReplayOfALargeResultHeldWithinBudget(t *testing.T) {
 	t.Parallel()
-	ln := &heldWriteListener{held: make(chan struct{}), release: make(chan struct{})}
-	released := sync.OnceFunc(func() { close(ln.release) })
-	defer released() // before the server's shutdown, which waits for the held answer
-	b := setup(t, setupOpts{maxBody: 64 << 10, maxBodyInFlight: 256 << 10,
-		listener: func(inner net.Listener) net.Listener { ln.Listener = inner; return ln }})
-	result, err := json.Marshal(map[string]string{"text": strings.Repeat("x", 100<<10)})
-	require.NoError(t, err)
+	b := newHeldAnswers(t)
 	const body = `{"request":{"model":"m","max_tokens":5}}`
 	key := map[string]string{"Idempotency-Key": "large-replay"}
 	first := b.do(t, http.MethodPost, "/v1/jobs", body, key)
 	require.Equal(t, http.StatusAccepted, first.status, "%v", first.body)
 	id := first.body["id"].(string)
-	b.attempt(t, id, jobs.Outcome{Status: jobs.StatusSucceeded, Result: result})
+	b.attempt(t, id, jobs.Outcome{Status: jobs.StatusSucceeded, Result: largeResult(t)})
 
-	// A poll whose client does not read its answer holds the tenant's half.
-	held := httpservetest.Dial(t, strings.TrimPrefix(b.url, "http://"), 0)
-	held.Send(t, http.MethodGet, "/v1/jobs/"+id)
-	select {
-	case <-ln.held:
-	case <-time.After(httpservetest.Wait):
-		t.Fatal("the held poll's answer was never written")
-	}
-
+	held := b.holdPoll(t, id) // holds the tenant's half
 	refused := b.do(t, http.MethodPost, "/v1/jobs", body, key)
 	requireError(t, refused, http.StatusTooManyRequests, "too_many_answers")
 	require.Empty(t, refused.header.Get("Location"), "a refused replay names no job")
 
-	released()
+	b.release()
 	resp := held.Response(t)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.NoError(t, resp.Body.Close())
