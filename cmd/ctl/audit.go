@@ -37,21 +37,30 @@ func (a *app) auditCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "operator", Usage: "only this operator's actions"},
 			&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
+			&cli.Int64Flag{Name: "before", Usage: "only the actions older than the one of this id (a page's last id, in --json: the next page)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
-				return cli.Exit("usage: ctl audit [--operator NAME] [--limit N] [--json]", exitUsage)
+				return cli.Exit("usage: ctl audit [--operator NAME] [--limit N] [--before ID] [--json]", exitUsage)
 			}
 			if c.Int("limit") < 1 {
 				return cli.Exit("--limit must be at least 1", exitUsage)
+			}
+			var before string // the console's page cursor: the id of the last entry shown
+			if c.IsSet("before") {
+				if c.Int64("before") < 1 {
+					return cli.Exit("--before must be an entry's id, at least 1", exitUsage)
+				}
+				before = strconv.FormatInt(c.Int64("before"), 10)
 			}
 			p, err := a.pool(c)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			list, err := audit.List(c.Context, p, audit.ListParams{Operator: c.String("operator"), Limit: c.Int("limit")})
+			list, err := audit.List(c.Context, p, audit.ListParams{Operator: c.String("operator"), Limit: c.Int("limit"),
+				After: before})
 			if err != nil {
 				return err
 			}
