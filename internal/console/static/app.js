@@ -485,7 +485,9 @@ async function pageAudit(root, params) {
   older.set('after', data.next);
   show(root, h('h1', {}, 'Audit log', h('span', { class: 'muted' }, ' newest first')),
     filterForm([['operator', 'operator']], params, (f) => toHash('audit', f)),
-    h('table', { id: 'audit' }, h('tr', {}, ['at', 'operator', 'action', 'target', 'count'].map((t) => h('th', {}, t))),
+    // data-query names the page drawn (its filter, limit and cursor), for a reader that must tell
+    // it from the one before it.
+    h('table', { id: 'audit', 'data-query': params.toString() }, h('tr', {}, ['at', 'operator', 'action', 'target', 'count'].map((t) => h('th', {}, t))),
       data.entries.map((e) => h('tr', {}, h('td', {}, fmtTime(e.at)), h('td', {}, e.operator), h('td', {}, e.action),
         h('td', { class: 'mono wrap' }, e.target || '–'), h('td', { class: 'num' }, e.count)))),
     data.entries.length ? null : h('p', { class: 'muted', id: 'audit-none' }, 'No actions match.'),
