@@ -652,29 +652,30 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, s.cfg.Logger, err)
 		return
 	}
-	release, ok := s.holdAnswer(w, r, tn.Name, job)
+	held, ok := s.holdAnswer(w, r, tn.Name, job)
 	if !ok {
 		return
 	}
-	defer release()
+	defer s.answerBytes.give(tn.Name, held)
 	s.writeJob(w, http.StatusOK, job)
 }
 
-// holdAnswer counts job's result in the answers' budget (answerBytes) for tenant until release,
-// called once its answer is written: at most a tenant's share of it, so that a result larger than
-// the share is answered alone. Refused, it has answered r (429 too_many_answers, 503 overloaded)
-// and ok is false. A job without a result (waiting, running) holds nothing and takes no turn at
-// the budget's lock.
-func (s *Server) holdAnswer(w http.ResponseWriter, r *http.Request, tenant string, job *jobs.Job) (release func(), ok bool) {
-	held := min(int64(len(job.Result)), s.answerBytes.share)
+// holdAnswer counts job's result in the answers' budget (answerBytes) for tenant, held bytes of
+// it, which the caller gives back once its answer is written: at most a tenant's share, so that a
+// result larger than the share is answered alone. Refused, it has answered r (429
+// too_many_answers, 503 overloaded) and ok is false. A job without a result (waiting, running)
+// holds nothing (0) and takes no turn at the budget's lock. No closure is made: a poll of every
+// finished job comes here.
+func (s *Server) holdAnswer(w http.ResponseWriter, r *http.Request, tenant string, job *jobs.Job) (held int64, ok bool) {
+	held = min(int64(len(job.Result)), s.answerBytes.share)
 	if held == 0 {
-		return func() {}, true
+		return 0, true
 	}
 	_, authenticated := r.Header["Authorization"]
 	if !s.takeBudget(w, r, s.answerBytes, tenant, authenticated, held, "too_many_answers", "job results", "being answered") {
-		return nil, false
+		return 0, false
 	}
-	return func() { s.answerBytes.give(tenant, held) }, true
+	return held, true
 }
 
 // jobOf returns the job named by the path if it is tn's; another tenant's job is

@@ -55,8 +55,11 @@ func (b *bodyBudget) take(tenant string, n int64) bodyRefusal {
 	return bodyTaken
 }
 
-// give returns n bytes tenant took.
+// give returns n bytes tenant took; none (0) takes no turn at the lock.
 func (b *bodyBudget) give(tenant string, n int64) {
+	if n == 0 {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.held -= n

@@ -651,11 +651,11 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if replayed {
 		// A replay answers the job's result, as a poll does, within the answers' budget.
-		release, ok := s.holdAnswer(w, r, tn.Name, job)
+		held, ok := s.holdAnswer(w, r, tn.Name, job)
 		if !ok {
 			return
 		}
-		defer release()
+		defer s.answerBytes.give(tn.Name, held)
 		w.Header().Set("Location", "/v1/jobs/"+job.ID)
 		w.Header().Set("Idempotent-Replayed", "true")
 		s.writeJob(w, http.StatusOK, job)
