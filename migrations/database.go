@@ -1,6 +1,7 @@
 package migrations
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,6 +69,30 @@ func EnsureDatabase(ctx context.Context, url string) error {
 // API's event listener and /readyz's own connection take it from the pool's config.
 const DefaultConnectTimeout = 5 * time.Second
 
+// URLError is a database URL that ParseConfig refuses though it parses: its message names the
+// URL "the database url" unless Setting names where the user wrote it (the migrations package
+// does not know: a caller that does sets it, see NameURLSetting).
+type URLError struct {
+	// Setting is the setting the URL came from, as the user wrote it ("--database-url",
+	// "LLMQ_DATABASE_URL", "database_url"); "": "the database url".
+	Setting string
+	// Problem is what is wrong with it, worded to follow the setting's name.
+	Problem string
+}
+
+func (e *URLError) Error() string {
+	return cmp.Or(e.Setting, "the database url") + " " + e.Problem
+}
+
+// NameURLSetting is err with the setting a *URLError in it came from named as setting; any
+// other error is returned as it is.
+func NameURLSetting(err error, setting string) error {
+	if ue, ok := errors.AsType[*URLError](err); ok {
+		return &URLError{Setting: setting, Problem: ue.Problem}
+	}
+	return err
+}
+
 // ParseConfig parses url as a pool URL, with DefaultConnectTimeout unless it (or the
 // environment) sets its own connect_timeout, which is kept (0 included: no bound). A URL that
 // names no database (in its path, dbname= or PGDATABASE) gets Postgres's own default, the
@@ -75,7 +100,8 @@ const DefaultConnectTimeout = 5 * time.Second
 // postgres: the server's default database, where llmq's tables would land among whatever else
 // lives there. Named, even as postgres, a database is taken as meant. A default_query_exec_mode
 // of exec or simple_protocol is refused: pgx then sends arguments without Postgres's types for
-// them, which llmq's statements need. Every process and ctl open their pools through it.
+// them, which llmq's statements need. Both refusals are *URLError. Every process and ctl open
+// their pools through it.
 func ParseConfig(url string) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -83,14 +109,14 @@ func ParseConfig(url string) (*pgxpool.Config, error) {
 	}
 	if pcfg.ConnConfig.Database == "" {
 		if pcfg.ConnConfig.User == "postgres" {
-			return nil, errors.New("the database url names no database, and Postgres would take the server's default (postgres): add it to the path (postgres://host:5432/llmq) or set dbname= or PGDATABASE")
+			return nil, &URLError{Problem: "names no database, and Postgres would take the server's default (postgres): add it to the path (postgres://host:5432/llmq) or set dbname= or PGDATABASE"}
 		}
 		pcfg.ConnConfig.Database = pcfg.ConnConfig.User
 	}
 	switch m := pcfg.ConnConfig.DefaultQueryExecMode; m {
 	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
-		return nil, fmt.Errorf("the database url's default_query_exec_mode=%s is not supported: llmq's statements need Postgres to describe their arguments' types (a job's JSON would go as bytea); leave it out (cache_statement) or use cache_describe or describe_exec",
-			strings.ReplaceAll(m.String(), " ", "_"))
+		return nil, &URLError{Problem: fmt.Sprintf("sets default_query_exec_mode=%s, which is not supported: llmq's statements need Postgres to describe their arguments' types (a job's JSON would go as bytea); leave it out (cache_statement) or use cache_describe or describe_exec",
+			strings.ReplaceAll(m.String(), " ", "_"))}
 	}
 	if pcfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
 		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout

@@ -230,7 +230,7 @@ func TestParseConfig_RefusesExecModesWithoutDescribe(t *testing.T) {
 	const base = "postgres://postgres:secret@127.0.0.1:5432/llmq?sslmode=disable&default_query_exec_mode="
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		_, err := migrations.ParseConfig(base + mode)
-		require.ErrorContains(t, err, "default_query_exec_mode="+mode+" is not supported", mode)
+		require.ErrorContains(t, err, "the database url sets default_query_exec_mode="+mode+", which is not supported", mode)
 		require.ErrorContains(t, err, "cache_statement", mode)
 		require.NotContains(t, err.Error(), "secret", "the error does not quote the URL's password")
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/llmq/llmq/internal/config"
+	"github.com/llmq/llmq/internal/operator"
 	"github.com/llmq/llmq/internal/tenant"
 	"github.com/llmq/llmq/migrations"
 )
@@ -141,9 +142,30 @@ func (a *app) run(ctx context.Context, args []string) int {
 		if ec, ok := err.(cli.ExitCoder); ok && ec.ExitCode() != 0 {
 			return ec.ExitCode()
 		}
+		if refusedInput(err) {
+			return exitUsage
+		}
 		return 1
 	}
 	return 0
+}
+
+// refusedInput reports whether err is a store's refusal of input the user got wrong: a name's
+// form, a weight or overlap out of range, a credential listed twice, a name taken (in any case),
+// the anonymous requests' tenant named for deletion, a database URL migrations refuses. ctl
+// exits with those as with a command line it refuses (exitUsage): running the command again as
+// it is cannot pass. A name that no tenant or operator has (ErrNotFound) stays a failure (exit
+// 1), as do Postgres's and Redis's.
+func refusedInput(err error) bool {
+	for _, target := range []error{tenant.ErrInvalidName, tenant.ErrInvalidWeight, tenant.ErrInvalidOverlap,
+		tenant.ErrDuplicateCredential, tenant.ErrExists, tenant.ErrAnonymousTenant,
+		operator.ErrInvalidName, operator.ErrExists} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	_, badURL := errors.AsType[*migrations.URLError](err)
+	return badURL
 }
 
 // oneLine joins the lines of a multi-line error message (errors.Join, pgx's per-host errors) so
@@ -194,19 +216,28 @@ func unreachable(err error) error {
 	return err
 }
 
-// databaseURL resolves the Postgres URL: --database-url, else the config file, else the default.
+// databaseURL resolves the Postgres URL: --database-url (or LLMQ_DATABASE_URL), else the config
+// file's, else the default. A URL migrations.ParseConfig refuses is refused here, naming the
+// setting it came from (a *migrations.URLError: exit 2).
 func databaseURL(c *cli.Context) (string, error) {
-	if u := c.String("database-url"); u != "" {
-		return u, nil
-	}
-	if p := c.String("config"); p != "" {
-		cfg, err := config.LoadWithoutSecrets(p, nil)
+	u, setting := config.DefaultDatabaseURL, "the default database url"
+	switch {
+	case c.String("database-url") != "":
+		u, setting = c.String("database-url"), "--database-url"
+		if u == os.Getenv(config.EnvDatabaseURL) {
+			setting = config.EnvDatabaseURL
+		}
+	case c.String("config") != "":
+		cfg, err := config.LoadWithoutSecrets(c.String("config"), nil)
 		if err != nil {
 			return "", err
 		}
-		return cfg.DatabaseURL, nil
+		u, setting = cfg.DatabaseURL, "database_url (in the config file)"
 	}
-	return config.DefaultDatabaseURL, nil
+	if _, err := migrations.ParseConfig(u); err != nil {
+		return "", migrations.NameURLSetting(err, setting)
+	}
+	return u, nil
 }
 
 // storeArgs are the global flags of this command line that choose its database and bound its

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os/user"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -36,13 +38,16 @@ func (a *app) auditCommand() *cli.Command {
 		Usage: "list operators' actions (console and ctl), newest first",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "operator", Usage: "only this operator's actions"},
+			&cli.StringSliceFlag{Name: "action", Usage: fmt.Sprintf("only these actions (repeat it, or a comma list): %s; "+
+				"such a page reads at most %d entries, and says where to go on when they held fewer than --limit",
+				strings.Join(audit.Actions(), ", "), audit.PageScanRows)},
 			&cli.IntFlag{Name: "limit", Value: 50, Usage: "at most this many"},
 			&cli.Int64Flag{Name: "before", Usage: "only the actions older than the one of this id (a page's last id, in --json: the next page)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 0 {
-				return cli.Exit("usage: ctl audit [--operator NAME] [--limit N] [--before ID] [--json]", exitUsage)
+				return cli.Exit("usage: ctl audit [--operator NAME] [--action NAME,...] [--limit N] [--before ID] [--json]", exitUsage)
 			}
 			if c.Int("limit") < 1 {
 				return cli.Exit("--limit must be at least 1", exitUsage)
@@ -54,17 +59,30 @@ func (a *app) auditCommand() *cli.Command {
 				}
 				before = strconv.FormatInt(c.Int64("before"), 10)
 			}
+			actions := c.StringSlice("action")
+			for i := range actions {
+				actions[i] = strings.TrimSpace(actions[i])
+			}
+			if err := audit.CheckActions(actions); err != nil {
+				return cli.Exit("--action: "+err.Error(), exitUsage)
+			}
 			p, err := a.pool(c)
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			list, err := audit.List(c.Context, p, audit.ListParams{Operator: c.String("operator"), Limit: c.Int("limit"),
-				After: before})
+			page, err := audit.ListPage(c.Context, p, audit.ListParams{Operator: c.String("operator"), Actions: actions,
+				Limit: c.Int("limit"), After: before})
 			if err != nil {
 				return err
 			}
-			return printList(a.out, c.Bool("json"), list, "no actions", "AT\tOPERATOR\tACTION\tTARGET\tCOUNT\tDETAIL",
+			if page.Next != "" && len(page.Entries) < c.Int("limit") {
+				// The read stopped at audit.PageScanRows entries: older ones may match. On the
+				// error output, so that --json's stays one document.
+				defer fmt.Fprintf(a.errOut, "ctl: no more matching entries in the last %d read; older ones: --before %s\n",
+					audit.PageScanRows, page.Next)
+			}
+			return printList(a.out, c.Bool("json"), page.Entries, "no actions", "AT\tOPERATOR\tACTION\tTARGET\tCOUNT\tDETAIL",
 				func(e audit.Entry) []string {
 					target, detail := e.Target, "-"
 					if target == "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"testing"
 
@@ -41,4 +42,51 @@ func TestAudit_PagesWithBefore(t *testing.T) {
 	for _, bad := range []string{"0", "-3"} {
 		requireOneLineError(t, run(t, "--database-url", url, "audit", "--before", bad), 2, "--before must be an entry's id")
 	}
+}
+
+// TestAudit_FiltersByAction: `ctl audit --action` (repeated, or a comma list) lists those
+// actions' entries; a page whose read stopped at audit.PageScanRows entries short of --limit
+// says so on the error output, with the --before that goes on, and that page finds the older
+// ones. An action name no entry can have is a usage error naming the known ones.
+func TestAudit_FiltersByAction(t *testing.T) {
+	t.Parallel()
+	b := setupJobs(t)
+	log := func(action string) {
+		_, err := audit.Log(t.Context(), b.pool, audit.Entry{Operator: "alice", Action: action})
+		require.NoError(t, err)
+	}
+	log("dead.purge")
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO audit_log (operator, action, target, count)
+SELECT 'bob', 'login', '', 1 FROM generate_series(1, $1)`, audit.PageScanRows)
+	require.NoError(t, err)
+	log("tenant.create")
+	log("dead.retry")
+
+	actions := func(out string) (got []string) {
+		var entries []audit.Entry
+		require.NoError(t, json.Unmarshal([]byte(out), &entries))
+		for _, e := range entries {
+			got = append(got, e.Action)
+		}
+		return got
+	}
+	db := []string{"--database-url", b.url, "audit"}
+	for _, args := range [][]string{{"--action", "tenant.create", "--action", "dead.purge"}, {"--action", "tenant.create,dead.purge"}} {
+		r := run(t, append(append(db, args...), "--json")...)
+		require.Equal(t, 0, r.code, r.errOut)
+		require.Equal(t, []string{"tenant.create"}, actions(r.out), "the purge is past the bound")
+		require.Regexp(t, `^ctl: no more matching entries in the last 10000 read; older ones: --before \d+\n$`, r.errOut)
+		before := regexp.MustCompile(`--before (\d+)`).FindStringSubmatch(r.errOut)[1]
+		r = run(t, append(append(db, args...), "--json", "--before", before)...)
+		require.Equal(t, 0, r.code, r.errOut)
+		require.Equal(t, []string{"dead.purge"}, actions(r.out))
+		require.Empty(t, r.errOut, "the log's end")
+	}
+	r := run(t, append(db, "--action", "dead.retry", "--limit", "1")...)
+	require.Equal(t, 0, r.code, r.errOut)
+	require.Contains(t, r.out, "dead.retry")
+	require.Empty(t, r.errOut, "a full page, nothing to say")
+
+	requireOneLineError(t, run(t, append(db, "--action", "dead.purged")...), 2,
+		`unknown audit action "dead.purged": the actions are batch_file.forget, batch_file.retry,`)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -109,7 +108,7 @@ func (a *app) credentialsCommand() *cli.Command {
 				defer closeFn()
 				cr, ok := cfg.Credential(c.Args().First())
 				if !ok {
-					return fmt.Errorf("no credential %q in the config", c.Args().First())
+					return cli.Exit(fmt.Sprintf("no credential %q in the config", c.Args().First()), exitUsage)
 				}
 				// Postgres before the change: a resume the audit log cannot record is not made.
 				p, err := a.pool(c)
@@ -150,7 +149,7 @@ func (a *app) credentialsCommand() *cli.Command {
 func credentialState(c *cli.Context) (*config.Config, *limiter.Limiter, *breaker.Breaker, func(), error) {
 	p := c.String("config")
 	if p == "" {
-		return nil, nil, nil, nil, errors.New("credentials commands need --config (or LLMQ_CONFIG): credentials are defined there")
+		return nil, nil, nil, nil, cli.Exit("credentials commands need --config (or LLMQ_CONFIG): credentials are defined there", exitUsage)
 	}
 	cfg, err := config.Load(p, nil)
 	if err != nil {

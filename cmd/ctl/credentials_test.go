@@ -123,9 +123,9 @@ credentials:
 	}
 	require.Equal(t, []string{"spare", "main"}, resumed)
 
-	requireOneLineError(t, run(t, append(args, "resume", "nope")...), 1, `no credential "nope"`)
+	requireOneLineError(t, run(t, append(args, "resume", "nope")...), 2, `no credential "nope"`)
 	require.Equal(t, 2, run(t, append(args, "resume")...).code)
-	requireOneLineError(t, run(t, "credentials", "list"), 1, "need --config")
+	requireOneLineError(t, run(t, "credentials", "list"), 2, "need --config")
 
 	// --redis-url overrides the config file's, as for every command.
 	text, err := os.ReadFile(cfgFile)

@@ -29,7 +29,7 @@ func TestOperators_CreateListRevokeAudit(t *testing.T) {
 	require.Contains(t, r.errOut, "not shown again")
 	_, err := operator.NewStore(b.pool, nil).Authenticate(ctx, token)
 	require.NoError(t, err)
-	requireOneLineError(t, run(t, append(db, "operators", "create", "alice")...), 1, `operator exists: "alice"`)
+	requireOneLineError(t, run(t, append(db, "operators", "create", "alice")...), 2, `operator exists: "alice"`)
 	requireOneLineError(t, run(t, append(db, "operators", "create")...), 2, "usage: ctl operators create NAME")
 
 	r = run(t, append(db, "operators", "list", "--json")...)

@@ -344,7 +344,7 @@ func credentialList(c *cli.Context, raw string, set bool) ([]string, error) {
 		}
 	}
 	if len(unknown) > 0 {
-		return nil, errors.New("--credentials: not in the config: " + strings.Join(unknown, ", "))
+		return nil, cli.Exit("--credentials: not in the config: "+strings.Join(unknown, ", "), exitUsage)
 	}
 	return creds, nil
 }

@@ -71,7 +71,7 @@ VALUES ($1, 'default', 'm', 'submitted', 'pb_1')`, batchID)
 
 	requireOneLineError(t, del("acme"), 1, "tenant acme is not revoked: only a revoked tenant is deleted (ctl tenants revoke acme --cancel-jobs)")
 	requireOneLineError(t, del("nobody"), 1, `tenant not found: "nobody"`)
-	requireOneLineError(t, del("default"), 1, "the anonymous requests' tenant is not deleted")
+	requireOneLineError(t, del("default"), 2, "the anonymous requests' tenant is not deleted")
 	requireOneLineError(t, run(append(args, "tenants", "delete")...), 2, "usage: ctl tenants delete NAME")
 	requireOneLineError(t, run(append(args, "tenants", "delete", "a", "b")...), 2, "usage: ctl tenants delete NAME")
 	require.Empty(t, auditLog(t, b.url), "refusals are not audited")

@@ -46,11 +46,11 @@ func TestTenants_CreateListRevoke(t *testing.T) {
 		require.Contains(t, r.errOut, "(credentials: a)")
 	}
 
-	requireOneLineError(t, run(t, append(db, "create", "acme")...), 1, `tenant exists: "acme"`)
+	requireOneLineError(t, run(t, append(db, "create", "acme")...), 2, `tenant exists: "acme"`)
 	// A name that differs from acme's only in case would make a tenant no one tells apart.
-	requireOneLineError(t, run(t, append(db, "create", "Acme")...), 1,
+	requireOneLineError(t, run(t, append(db, "create", "Acme")...), 2,
 		`tenant exists: "Acme" differs from tenant "acme" only in case`)
-	requireOneLineError(t, run(t, append(db, "create", "no/slash")...), 1, "invalid name")
+	requireOneLineError(t, run(t, append(db, "create", "no/slash")...), 2, "invalid name")
 	requireOneLineError(t, run(t, append(db, "create", "x", "--credentials", " , ")...), 2, "at least one credential")
 	requireOneLineError(t, run(t, append(db, "create")...), 2, "usage: ctl tenants create NAME")
 	requireOneLineError(t, run(t, append(db, "create", "a", "b")...), 2, "usage: ctl tenants create NAME")
@@ -132,8 +132,8 @@ func TestTenants_Weight(t *testing.T) {
 	require.Equal(t, map[string]any{"weight": float64(5)}, entries[0].Detail)
 	require.Equal(t, map[string]any{"credentials": nil, "weight": float64(3)}, entries[3].Detail)
 
-	requireOneLineError(t, run(t, append(db, "set", "small", "--weight", "0")...), 1, "invalid weight: 0 (want 1..1000)")
-	requireOneLineError(t, run(t, append(db, "create", "x", "--weight", "1001")...), 1, "invalid weight: 1001")
+	requireOneLineError(t, run(t, append(db, "set", "small", "--weight", "0")...), 2, "invalid weight: 0 (want 1..1000)")
+	requireOneLineError(t, run(t, append(db, "create", "x", "--weight", "1001")...), 2, "invalid weight: 1001")
 	requireOneLineError(t, run(t, append(db, "set", "nobody", "--weight", "2")...), 1, `tenant not found: "nobody"`)
 	requireOneLineError(t, run(t, append(db, "set", "small")...), 2, "usage: ctl tenants set NAME --weight N")
 	requireOneLineError(t, run(t, append(db, "set", "--weight", "2")...), 2, "usage: ctl tenants set NAME --weight N")
@@ -173,7 +173,7 @@ func TestTenants_CredentialsCheckedAgainstConfig(t *testing.T) {
 	b := setupJobs(t)
 	cfgFile := configFile(t, b.url, "main", "anthropic")
 
-	requireOneLineError(t, run(t, "--config", cfgFile, "tenants", "create", "acme", "--credentials", "main,typo"), 1,
+	requireOneLineError(t, run(t, "--config", cfgFile, "tenants", "create", "acme", "--credentials", "main,typo"), 2,
 		`--credentials: not in the config: "typo"`)
 	r := run(t, "--config", cfgFile, "tenants", "create", "acme", "--credentials", "main")
 	require.Equal(t, 0, r.code, r.errOut)

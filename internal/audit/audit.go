@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,10 +72,42 @@ RETURNING id, at`, e.Operator, e.Action, e.Target, e.Count, detail).Scan(&e.ID, 
 // ErrBadCursor is the error for a ListParams.After that no Page made (garbled, or altered).
 var ErrBadCursor = errors.New("malformed audit page cursor")
 
+// ErrUnknownAction is the error for a ListParams.Actions name that is not one of Actions: no
+// entry has it, so a filter on it (a typo) would list nothing, page after page.
+var ErrUnknownAction = errors.New("unknown audit action")
+
+// Actions returns the names of the actions written to the log, sorted: what an action filter
+// may name. TestActions_NameEveryActionWritten fails when the code writes one not listed here.
+func Actions() []string {
+	return []string{"batch_file.forget", "batch_file.retry", "credential.resume", "dead.purge", "dead.retry",
+		"job.cancel", "login", "logout", "operator.create", "operator.revoke", "tenant.cancel_jobs",
+		"tenant.create", "tenant.delete", "tenant.revoke", "tenant.rotate", "tenant.weight"}
+}
+
+// CheckActions returns ErrUnknownAction, naming the first name of names that is not one of
+// Actions and listing those, or nil.
+func CheckActions(names []string) error {
+	known := Actions()
+	for _, n := range names {
+		if !slices.Contains(known, n) {
+			return fmt.Errorf("%w %q: the actions are %s", ErrUnknownAction, n, strings.Join(known, ", "))
+		}
+	}
+	return nil
+}
+
+// PageScanRows is the most entries one page with an action filter reads past its cursor (newest
+// first): no index leads with action, so a filter that matches few entries or none would
+// otherwise read the whole log for one page.
+const PageScanRows = 10_000
+
 // ListParams select entries for List and Page.
 type ListParams struct {
 	// Operator keeps only this operator's entries; "": everyone's.
 	Operator string
+	// Actions keeps only the entries of these actions (each one of Actions); none: every
+	// action's. A page with it reads at most PageScanRows entries (see ListPage).
+	Actions []string
 	// Limit caps the entries returned. Default 50.
 	Limit int
 	// After is the Next of the previous Page: the entries older than that page's last. "": from
@@ -84,7 +118,9 @@ type ListParams struct {
 // Page is a page of entries, newest first.
 type Page struct {
 	Entries []Entry
-	// Next is the ListParams.After of the following page; "" on the last one.
+	// Next is the ListParams.After of the following page; "" on the last one. A page with an
+	// action filter may have fewer than Limit entries, or none, and a Next: its read stopped at
+	// PageScanRows entries (see ListPage).
 	Next string
 }
 
@@ -99,8 +135,14 @@ func List(ctx context.Context, pool *pgxpool.Pool, p ListParams) ([]Entry, error
 
 // ListPage returns a page of entries, newest first, from p.After. The cursor is the id of the
 // page's last entry (ids grow with every entry appended), so a page is one walk of the primary
-// key down from it, however long the log. Errors: ErrBadCursor, or a wrapped database error.
+// key down from it, however long the log. A page with an action filter reads at most PageScanRows
+// entries from its cursor: when they hold fewer than Limit matches, it ends there, with what they
+// held (perhaps nothing) and a Next that goes on from the last entry read. Errors: ErrBadCursor,
+// ErrUnknownAction, or a wrapped database error.
 func ListPage(ctx context.Context, pool *pgxpool.Pool, p ListParams) (*Page, error) {
+	if err := CheckActions(p.Actions); err != nil {
+		return nil, err
+	}
 	if p.Limit <= 0 {
 		p.Limit = 50
 	}
@@ -112,6 +154,9 @@ func ListPage(ctx context.Context, pool *pgxpool.Pool, p ListParams) (*Page, err
 			return nil, ErrBadCursor
 		}
 		before = id
+	}
+	if len(p.Actions) > 0 {
+		return listScanned(ctx, pool, p, before)
 	}
 	// One entry past the limit tells whether a following page has any.
 	rows, err := pool.Query(ctx, `
@@ -128,10 +173,67 @@ WHERE ($1 = '' OR operator = $1) AND id < $3 ORDER BY id DESC LIMIT $2`, p.Opera
 	if err != nil {
 		return nil, fmt.Errorf("list audit log: %w", err)
 	}
+	return pageOf(out, p.Limit), nil
+}
+
+// pageOf is the page of out, the entries read with one past limit when a following page has any.
+func pageOf(out []Entry, limit int) *Page {
 	page := &Page{Entries: out}
-	if len(out) > p.Limit {
-		page.Entries = out[:p.Limit]
-		page.Next = strconv.FormatInt(page.Entries[p.Limit-1].ID, 10)
+	if len(out) > limit {
+		page.Entries = out[:limit]
+		page.Next = strconv.FormatInt(page.Entries[limit-1].ID, 10)
+	}
+	return page
+}
+
+// listScannedSQL is the statement of a page with an action filter ($1 operator or "", $2 the
+// limit and one, $3 the cursor, $4 PageScanRows, $5 the actions): the PageScanRows entries below
+// the cursor, walked down the primary key, then the first matches among them, read whole. Its
+// first column is the id of the last entry read when the walk read PageScanRows (the bound
+// stopped it; NULL when it reached the log's first), on every row, and on a row of its own
+// (the others NULL) when nothing matched.
+const listScannedSQL = `
+WITH scanned AS MATERIALIZED (
+	SELECT id, operator, action FROM audit_log WHERE id < $3 ORDER BY id DESC LIMIT $4),
+edge AS (SELECT CASE WHEN count(*) = $4 THEN min(id) END AS low FROM scanned),
+hits AS (
+	SELECT id FROM scanned WHERE ($1 = '' OR operator = $1) AND action = ANY ($5)
+	ORDER BY id DESC LIMIT $2)
+SELECT edge.low, l.id, l.at, l.operator, l.action, l.target, l.count, l.detail
+FROM edge LEFT JOIN (audit_log l JOIN hits ON hits.id = l.id) ON true
+ORDER BY l.id DESC`
+
+// listScanned is ListPage with an action filter: at most PageScanRows entries read from before.
+func listScanned(ctx context.Context, pool *pgxpool.Pool, p ListParams, before int64) (*Page, error) {
+	rows, err := pool.Query(ctx, listScannedSQL, p.Operator, p.Limit+1, before, PageScanRows, p.Actions)
+	if err != nil {
+		return nil, fmt.Errorf("list audit log: %w", err)
+	}
+	var low *int64
+	var out []Entry
+	for rows.Next() {
+		var id *int64
+		var e struct {
+			at                       *time.Time
+			operator, action, target *string
+			count                    *int
+		}
+		var detail map[string]any
+		if err := rows.Scan(&low, &id, &e.at, &e.operator, &e.action, &e.target, &e.count, &detail); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("list audit log: %w", err)
+		}
+		if id != nil {
+			out = append(out, Entry{ID: *id, At: *e.at, Operator: *e.operator, Action: *e.action, Target: *e.target,
+				Count: *e.count, Detail: detail})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list audit log: %w", err)
+	}
+	page := pageOf(out, p.Limit)
+	if page.Next == "" && low != nil {
+		page.Next = strconv.FormatInt(*low, 10)
 	}
 	return page, nil
 }

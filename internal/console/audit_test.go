@@ -16,6 +16,10 @@ type auditPage struct {
 	Entries []audit.Entry `json:"entries"`
 	Limit   int           `json:"limit"`
 	Next    string        `json:"next"`
+	// Actions are the action names the filter takes; ScanRows, the most entries a page with
+	// the filter reads.
+	Actions  []string `json:"actions"`
+	ScanRows int      `json:"scan_rows"`
 }
 
 // TestAuditList_PagesAndFilters: the audit log is listed a page at a time, newest first, each
@@ -77,7 +81,9 @@ func TestAuditList_BadParameters(t *testing.T) {
 	for _, tc := range []struct {
 		path, typ, says string
 	}{
-		{"/console/api/audit?action=login", "invalid_parameter", `unknown parameter \"action\"`},
+		{"/console/api/audit?actions=login", "invalid_parameter", `unknown parameter \"actions\"`},
+		{"/console/api/audit?action=dead.purged", "invalid_filter", `unknown audit action \"dead.purged\": the actions are batch_file.forget,`},
+		{"/console/api/audit?action=login,,logout", "invalid_filter", `unknown audit action \"\"`},
 		{"/console/api/audit?operator=a&operator=b", "invalid_parameter", `\"operator\" is given 2 times`},
 		{"/console/api/audit?after=garbage", "stale_page", "stale or malformed"},
 		{"/console/api/audit?after=0", "stale_page", "stale or malformed"},
@@ -89,4 +95,39 @@ func TestAuditList_BadParameters(t *testing.T) {
 		requireError(t, r, out, http.StatusBadRequest, tc.typ)
 		require.Contains(t, out, tc.says, tc.path)
 	}
+}
+
+// TestAuditList_FiltersByAction: ?action= (one name or a comma list, ctl audit --action's) keeps
+// those actions' entries, with the operator filter too, and says the known actions in its answer
+// for the page's select.
+func TestAuditList_FiltersByAction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.login(t) // a login entry
+	ctx := context.Background()
+	for i, a := range []string{"tenant.create", "dead.purge", "tenant.create", "dead.retry"} {
+		_, err := audit.Log(ctx, b.jobs.Pool, audit.Entry{Operator: "bob", Action: a, Count: i})
+		require.NoError(t, err)
+	}
+	var p auditPage
+	c.json(http.MethodGet, "/console/api/audit?action=tenant.create,dead.purge", nil, &p)
+	require.Equal(t, []int{2, 1, 0}, auditCounts(p.Entries))
+	require.Empty(t, p.Next)
+	p = auditPage{}
+	c.json(http.MethodGet, "/console/api/audit?action=login&operator=bob", nil, &p)
+	require.Empty(t, p.Entries)
+	p = auditPage{}
+	c.json(http.MethodGet, "/console/api/audit?action=login", nil, &p)
+	require.Len(t, p.Entries, 1)
+	require.Equal(t, "login", p.Entries[0].Action)
+	require.Equal(t, audit.Actions(), p.Actions, "the known actions, for the page's select")
+	require.Equal(t, audit.PageScanRows, p.ScanRows)
+}
+
+func auditCounts(es []audit.Entry) []int {
+	out := []int{}
+	for _, e := range es {
+		out = append(out, e.Count)
+	}
+	return out
 }

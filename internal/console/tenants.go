@@ -320,18 +320,31 @@ const (
 	auditListLimit    = 100
 )
 
-// auditList serves a page of the audit log, newest first: ?operator=&limit=&after= (after: the
-// "next" of the previous page, "" on the last one, as the job list's), the filter ctl audit's
-// --operator. An unknown parameter is refused (400 invalid_parameter), as the other lists'.
+// auditList serves a page of the audit log, newest first: ?operator=&action=&limit=&after=
+// (after: the "next" of the previous page, "" on the last one, as the job list's), the filters
+// ctl audit's --operator and --action (one action or a comma list, each one of audit.Actions:
+// else 400 invalid_filter naming them). A page with an action filter reads at most
+// audit.PageScanRows entries, and may come back short or empty with a next (see
+// audit.ListPage); the answer says the bound (scan_rows) and the known actions (actions), for
+// the page's select. An unknown parameter is refused (400 invalid_parameter), as the other
+// lists'.
 func (h *Handler) auditList(w http.ResponseWriter, r *http.Request, _ *operator.Session) {
 	q := r.URL.Query()
-	if err := checkParams(q, "operator", "limit", "after"); err != nil {
+	if err := checkParams(q, "operator", "action", "limit", "after"); err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
 	}
 	if err := checkFilter("operator", q.Get("operator")); err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
+	}
+	var actions []string
+	if v := q.Get("action"); v != "" {
+		actions = strings.Split(v, ",")
+		if err := audit.CheckActions(actions); err != nil {
+			writeError(w, r, h.cfg.Logger, badRequest("invalid_filter", err.Error()))
+			return
+		}
 	}
 	limit, given, err := queryLimit(q, auditListMaxLimit)
 	if err != nil {
@@ -341,8 +354,8 @@ func (h *Handler) auditList(w http.ResponseWriter, r *http.Request, _ *operator.
 	if !given {
 		limit = auditListLimit
 	}
-	page, err := audit.ListPage(r.Context(), h.cfg.Pool, audit.ListParams{Operator: q.Get("operator"), Limit: limit,
-		After: q.Get("after")})
+	page, err := audit.ListPage(r.Context(), h.cfg.Pool, audit.ListParams{Operator: q.Get("operator"), Actions: actions,
+		Limit: limit, After: q.Get("after")})
 	if err != nil {
 		writeError(w, r, h.cfg.Logger, err)
 		return
@@ -350,5 +363,6 @@ func (h *Handler) auditList(w http.ResponseWriter, r *http.Request, _ *operator.
 	if page.Entries == nil {
 		page.Entries = []audit.Entry{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"entries": page.Entries, "limit": limit, "next": page.Next})
+	writeJSON(w, http.StatusOK, map[string]any{"entries": page.Entries, "limit": limit, "next": page.Next,
+		"actions": audit.Actions(), "scan_rows": audit.PageScanRows})
 }

@@ -183,11 +183,18 @@ func (l RedisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.logger.WarnContext(ctx, "redis client", "message", fmt.Sprintf(format, v...))
 }
 
-// openPool opens the config's database, waiting for Postgres to come up, and migrates it.
-func openPool(ctx context.Context, cfg *config.Config, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return migrations.OpenWaitWatch(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
+// openPool opens the config's database, waiting for Postgres to come up, and migrates it. A URL
+// migrations refuses is named as the user wrote it: database_url, or LLMQ_DATABASE_URL when
+// getenv has it (it overrode the file's).
+func openPool(ctx context.Context, cfg *config.Config, getenv func(string) string, logger *slog.Logger) (*pgxpool.Pool, error) {
+	pool, err := migrations.OpenWaitWatch(ctx, cfg.DatabaseURL, func(err error, wait time.Duration) {
 		logger.Warn("postgres not reachable yet; trying again", "error", err, "retry_in", wait.String())
 	}, migrations.LockWatch{Report: func(w migrations.LockWait) { logLockWait(logger, w) }})
+	setting := "database_url"
+	if getenv(config.EnvDatabaseURL) != "" {
+		setting = config.EnvDatabaseURL
+	}
+	return pool, migrations.NameURLSetting(err, setting)
 }
 
 // evictionCheckTimeout bounds the start-up's read of Redis's maxmemory-policy: a Redis not up yet

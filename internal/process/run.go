@@ -40,7 +40,7 @@ func API(ctx context.Context, args []string, o Options) error {
 		cfg.API.Listen = *listenAddr
 	}
 	logger := newLogger(o, "api")
-	pool, err := openPool(ctx, cfg, logger)
+	pool, err := openPool(ctx, cfg, o.Getenv, logger)
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,7 @@ func Worker(ctx context.Context, args []string, o Options) error {
 		cfg.Worker.MetricsListen = *metricsListen
 	}
 	logger := newLogger(o, "worker")
-	pool, err := openPool(ctx, cfg, logger)
+	pool, err := openPool(ctx, cfg, o.Getenv, logger)
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ func Serve(ctx context.Context, args []string, o Options) error {
 		logger.Warn("worker.metrics_listen is not used by llmq serve: the worker's metrics are on the API's /metrics, with the API's",
 			"worker.metrics_listen", m, "api.listen", cfg.API.Listen)
 	}
-	pool, err := openPool(ctx, cfg, logger)
+	pool, err := openPool(ctx, cfg, o.Getenv, logger)
 	if err != nil {
 		return err
 	}

@@ -475,8 +475,10 @@ async function pageTenants(root) {
             h('button', { class: 'danger revoke-cancel', onclick: () => revoke(t.name, true, false) }, 'Revoke, cancel its jobs')])))));
 }
 
-// pageAudit shows a page of the audit log, newest first, filtered by operator as ctl audit
-// --operator; "older »" goes on from the page's last entry.
+// pageAudit shows a page of the audit log, newest first, filtered by operator and action as ctl
+// audit --operator and --action; "older »" goes on from the page's next. A page filtered by
+// action reads at most data.scan_rows entries: with fewer matches than its limit it ends there,
+// said so, and "older »" goes on from the last entry read.
 async function pageAudit(root, params) {
   const data = await api('GET', params.size ? `/audit?${params}` : '/audit');
   const newest = new URLSearchParams(params);
@@ -484,13 +486,15 @@ async function pageAudit(root, params) {
   const older = new URLSearchParams(params);
   older.set('after', data.next);
   show(root, h('h1', {}, 'Audit log', h('span', { class: 'muted' }, ' newest first')),
-    filterForm([['operator', 'operator']], params, (f) => toHash('audit', f)),
+    filterForm([['operator', 'operator'], ['action', 'action', data.actions]], params, (f) => toHash('audit', f)),
     // data-query names the page drawn (its filter, limit and cursor), for a reader that must tell
     // it from the one before it.
     h('table', { id: 'audit', 'data-query': params.toString() }, h('tr', {}, ['at', 'operator', 'action', 'target', 'count'].map((t) => h('th', {}, t))),
       data.entries.map((e) => h('tr', {}, h('td', {}, fmtTime(e.at)), h('td', {}, e.operator), h('td', {}, e.action),
         h('td', { class: 'mono wrap' }, e.target || '–'), h('td', { class: 'num' }, e.count)))),
-    data.entries.length ? null : h('p', { class: 'muted', id: 'audit-none' }, 'No actions match.'),
+    data.next && data.entries.length < data.limit ? h('p', { class: 'muted', id: 'audit-scan-stopped' },
+      `No more matching entries in the last ${data.scan_rows.toLocaleString('en')} read; older ones: older »`) :
+      data.entries.length ? null : h('p', { class: 'muted', id: 'audit-none' }, 'No actions match.'),
     h('div', { class: 'pager' }, params.get('after') ? h('a', { href: '#/audit' + (newest.size ? '?' + newest : ''), id: 'audit-newest' }, '« newest') : null,
       data.next ? h('a', { href: `#/audit?${older}`, id: 'audit-next-page' }, 'older »') : null));
 }
