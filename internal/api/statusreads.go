@@ -100,7 +100,8 @@ type jobReads struct {
 	// streams that ask meanwhile join (nil: none asked).
 	out, next *sharedRead
 	// last is the newest read that succeeded, kept while more than one stream follows the job
-	// (a job of one stream, the common case, holds no job in memory between its reads).
+	// (a job of one stream, the common case, holds no job in memory between its reads), or
+	// while one does when it holds the job ended (sharedRead.final).
 	last *sharedRead
 	// renewing is the watch renewal running (nil: none); renewed, the newest that succeeded.
 	renewing, renewed *watchRenewal
@@ -163,7 +164,7 @@ func (sr *statusReads) follow(id string) (release func()) {
 		once.Do(func() {
 			sr.mu.Lock()
 			defer sr.mu.Unlock()
-			if e.streams--; e.streams < 2 {
+			if e.streams--; e.streams < 2 && !e.last.final() {
 				e.last = nil
 			}
 			sr.forgetLocked(id, e)
@@ -302,10 +303,10 @@ func (sr *statusReads) endLocked(id string, e *jobReads, rd *sharedRead, evs []j
 	}
 	rd.data = make([]eventEncoding, len(evs))
 	switch {
+	case err == nil && (e.streams >= 2 || rd.final()):
+		e.last = rd
 	case e.streams < 2:
 		e.last = nil
-	case err == nil:
-		e.last = rd
 	}
 	e.out = nil
 	close(rd.done)
@@ -314,6 +315,20 @@ func (sr *statusReads) endLocked(id string, e *jobReads, rd *sharedRead, evs []j
 		return
 	}
 	sr.forgetLocked(id, e)
+}
+
+// final reports whether rd (nil: none) holds its job ended, with its terminal event: the last
+// read of the job, unless an operator retries it. It is kept (last) while any stream follows the
+// job, not only while several do: streams that open on the ended job take it (openingRead), and
+// a stream that keeps it holds it anyway, until it has sent the terminal event and ends.
+func (rd *sharedRead) final() bool {
+	return rd != nil && rd.job != nil && rd.job.Status.Terminal() && rd.upTo >= rd.job.EventSeq
+}
+
+// ends reports whether a stream that sends r's events ends with them: they run up to the job's
+// terminal event.
+func (r *statusRead) ends() bool {
+	return r.job.Status.Terminal() && len(r.evs) > 0 && r.evs[len(r.evs)-1].Seq >= r.job.EventSeq
 }
 
 // result is rd's events after after (after >= rd.after), and its job.
