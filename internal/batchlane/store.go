@@ -186,8 +186,10 @@ WHERE batch_ref = $1 AND status NOT IN ('queued', 'running', 'retrying')`, id); 
 				return err
 			}
 		}
+		// In the ids' uuid order (jobs.id: a bare id is the output column id::text, ordered by
+		// the database's collation), as store.jobs reads them.
 		rows, err := tx.Query(ctx, `SELECT id::text, request, status IN ('queued', 'running', 'retrying') FROM jobs
-WHERE batch_ref = $1 ORDER BY id`, id)
+WHERE batch_ref = $1 ORDER BY jobs.id`, id)
 		if err != nil {
 			return err
 		}
@@ -375,9 +377,10 @@ func (j batchJob) unfinished() bool {
 	return j.Status == "queued" || j.Status == "running" || j.Status == "retrying"
 }
 
-// jobs returns batch id's jobs.
+// jobs returns batch id's jobs, in the order of their ids as uuids (jobs.id: a bare id is the
+// output column id::text, ordered by the database's collation).
 func (s store) jobs(ctx context.Context, id string) ([]batchJob, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id::text, status, attempts, max_attempts, deadline FROM jobs WHERE batch_ref = $1 ORDER BY id`, id)
+	rows, err := s.pool.Query(ctx, `SELECT id::text, status, attempts, max_attempts, deadline FROM jobs WHERE batch_ref = $1 ORDER BY jobs.id`, id)
 	if err != nil {
 		return nil, fmt.Errorf("list batch jobs: %w", err)
 	}

@@ -393,6 +393,25 @@ func TestStore_Stats(t *testing.T) {
 		require.Nil(t, st.SubmitToResultP50MS)
 	})
 
+	// The window's successes are read once, for their count and percentiles, and that count is
+	// the succeeded one by status (absent with none: the negative window below).
+	t.Run("OneSuccess", func(t *testing.T) {
+		t.Parallel()
+		e := jobstest.New(t)
+		ok := e.Create(t, jobstest.Opts{})
+		e.Attempt(t, ok.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
+		_, err := e.Pool.Exec(ctx, `UPDATE jobs SET finished_at = deadline - timeout_ms * interval '1 millisecond'
+	+ interval '1.5 seconds' WHERE id = $1`, ok.ID)
+		require.NoError(t, err)
+		st, err := e.Store.Stats(ctx, time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, map[jobs.Status]int{"succeeded": 1}, st.ByStatus)
+		require.Equal(t, 1, st.Succeeded)
+		require.InDelta(t, 1.0, *st.RequestsPerSuccess, 1e-9)
+		require.InDelta(t, 1500, *st.SubmitToResultP50MS, 1)
+		require.InDelta(t, 1500, *st.SubmitToResultP95MS, 1, "one success is every percentile")
+	})
+
 	// Two successes (one after a retry), one dead after three attempts, one queued.
 	ok1 := b.Create(t, jobstest.Opts{})
 	b.Attempt(t, ok1.ID, jobs.Outcome{Status: jobs.StatusSucceeded})
@@ -425,6 +444,10 @@ func TestStore_Stats(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[jobs.Status]int{"queued": 1}, later.ByStatus, "only what waits now in a window that starts later")
 	require.Zero(t, later.Submitted)
+	require.Zero(t, later.Succeeded)
+	require.Nil(t, later.RequestsPerSuccess)
+	require.Nil(t, later.SubmitToResultP50MS)
+	require.Nil(t, later.SubmitToResultP95MS)
 }
 
 // TestStore_StatsCountsWhatHappenedInTheWindow: the jobs of a final status are those that ended

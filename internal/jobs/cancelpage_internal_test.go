@@ -89,6 +89,9 @@ func cteScansPerRow(t *testing.T, plan, cte string) []string {
 type planNode struct {
 	Type     string     `json:"Node Type"`
 	Relation string     `json:"Relation Name"`
+	Index    string     `json:"Index Name"`
+	Cond     string     `json:"Index Cond"`
+	Filter   string     `json:"Filter"`
 	Parent   string     `json:"Parent Relationship"`
 	Subplan  string     `json:"Subplan Name"`
 	CTE      string     `json:"CTE Name"`

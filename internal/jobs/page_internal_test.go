@@ -3,17 +3,13 @@ package jobs
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmq/llmq/internal/pgtest"
-	"github.com/llmq/llmq/internal/redistest"
-	"github.com/llmq/llmq/migrations"
 )
 
 // TestStore_PageUsesIndex: the console pages through every tenant's jobs newest first. Each page
@@ -164,7 +160,7 @@ func TestStore_PageOrdersIDsAsUUIDs(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pool := icuPool(ctx, t, "und-u-kn")
+	pool := pgtest.ICUPool(ctx, t, "und-u-kn")
 	_, err := pool.Exec(ctx, `INSERT INTO jobs (id, tenant, credential, fingerprint, status, request, max_attempts, timeout_ms,
 	deadline, created_at)
 SELECT (g || 'a' || repeat('0', 31 - length(g::text)))::uuid, 't', 'c', 'f', 'succeeded', '{}', 3, 60000, now(),
@@ -212,39 +208,4 @@ FROM generate_series(1, 64) g`) // ids 1a000000-..., 10a00000-..., 9a000000-...:
 		after = got.Next
 	}
 	require.Len(t, seen, 64, "every dead letter on a page")
-}
-
-// icuPool is a pool on a fresh migrated database whose default collation is the ICU locale
-// (pgtest's template has the server's; a database of another collation is made from
-// template0), dropped when the test ends.
-func icuPool(ctx context.Context, t *testing.T, locale string) *pgxpool.Pool {
-	t.Helper()
-	admin := os.Getenv("TEST_DATABASE_URL")
-	if admin == "" {
-		admin = pgtest.DefaultURL
-	}
-	conn, err := pgx.Connect(ctx, admin)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
-	name := "llmq_test_icu_" + redistest.Rand()
-	_, err = conn.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '`+locale+`' LOCALE 'C.UTF-8'`)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, admin)
-		require.NoError(t, err)
-		defer c.Close(ctx)
-		_, err = c.Exec(ctx, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`)
-		require.NoError(t, err)
-	})
-	cfg, err := pgxpool.ParseConfig(admin)
-	require.NoError(t, err)
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	_, err = migrations.Up(ctx, pool)
-	require.NoError(t, err)
-	return pool
 }

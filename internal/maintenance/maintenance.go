@@ -13,7 +13,8 @@
 //     log's entries older than its retention, and the tenants' rotated-out tokens whose overlap
 //     ended as long ago (their rotations' entries gone with them); after each batch it measures
 //     its backlog (how long the oldest row left has been past its period), which shows a pass
-//     that deletes slower than rows expire.
+//     that deletes slower than rows expire. Each of those kinds is deleted whatever the others'
+//     errors: one that keeps failing holds up no other.
 //
 // Both are statements of internal/jobs (FailOverdue, DeleteFinished), internal/audit
 // (DeleteBefore) and internal/tenant (DeleteRotatedOut), conditional and batched like every
@@ -23,6 +24,8 @@ package maintenance
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -298,25 +301,37 @@ const endedBatchEvery = time.Hour
 
 // DeleteExpired deletes, for each final status with a retention period, the jobs that finished
 // longer ago than it (see jobs.Store.DeleteFinished), RetentionBatch per transaction with a pause
-// between (see Config.BatchPause), and returns how many of each status it deleted (until an
-// error, which it returns too). After each batch it measures what is left past its period
-// (llmq_retention_backlog_seconds). Then the batch lane's provider batches that ended a day ago
-// and hold no job any more go (jobs.Store.DeleteEndedBatches), in batches paced the same way: a
-// row per batch, kept forever before. Those are looked for on the first call and then at most
-// every endedBatchEvery on the clock Now, until a look succeeds.
+// between (see Config.BatchPause), and returns how many of each status it deleted. After each
+// batch it measures what is left past its period (llmq_retention_backlog_seconds). Then the batch
+// lane's provider batches that ended a day ago and hold no job any more go
+// (jobs.Store.DeleteEndedBatches), in batches paced the same way: a row per batch, kept forever
+// before. Those are looked for on the first call and then at most every endedBatchEvery on the
+// clock Now, until a look succeeds.
+//
+// Each kind (a status, the provider batches) is deleted on its own: one that fails (a statement
+// timeout on its backlog, a lock) stops only itself, and the others are still deleted. The error
+// joins those of the kinds that failed, each naming its kind; the counts are what each deleted
+// until then. Only the end of ctx stops the kinds left.
 func (m *Maintainer) DeleteExpired(ctx context.Context) (map[jobs.Status]int64, error) {
 	now := m.cfg.Now()
 	deleted := map[jobs.Status]int64{}
+	var errs []error
 	for _, s := range finalStatuses {
 		keep := m.cfg.Retention[s]
 		if keep <= 0 {
 			continue
 		}
 		if err := m.deleteBefore(ctx, s, now, keep, deleted); err != nil {
-			return deleted, err
+			errs = append(errs, fmt.Errorf("delete expired %s jobs: %w", s, err))
+			if ctx.Err() != nil {
+				return deleted, errors.Join(errs...)
+			}
 		}
 	}
-	return deleted, m.deleteEndedBatches(ctx, now)
+	if err := m.deleteEndedBatches(ctx, now); err != nil {
+		errs = append(errs, fmt.Errorf("delete ended provider batches: %w", err))
+	}
+	return deleted, errors.Join(errs...)
 }
 
 // deleteEndedBatches deletes the provider batches that ended endedBatchKeep before now and hold no
@@ -440,18 +455,22 @@ func (m *Maintainer) inBatches(ctx context.Context, del func(context.Context) (i
 	}
 }
 
-// retentionPass runs DeleteExpired, DeleteExpiredAudit and DeleteRotatedOutTokens and logs one
-// line: what they deleted, and the error if any.
+// retentionPass runs DeleteExpired, DeleteExpiredAudit and DeleteRotatedOutTokens, each whatever
+// the others' errors (a kind that keeps failing must not keep the others from being deleted,
+// docs/decisions.md), and logs one line: what they deleted, and the errors if any, each naming
+// its kind. A pass with any kind failed counts as failed (llmq_maintenance_failed_passes_in_a_row).
 func (m *Maintainer) retentionPass(ctx context.Context) {
 	start, began := time.Now(), m.cfg.Now()
-	deleted, err := m.DeleteExpired(ctx)
-	var auditDeleted, tokensDeleted int64
-	if err == nil {
-		auditDeleted, err = m.DeleteExpiredAudit(ctx)
+	deleted, jobsErr := m.DeleteExpired(ctx)
+	auditDeleted, auditErr := m.DeleteExpiredAudit(ctx)
+	if auditErr != nil {
+		auditErr = fmt.Errorf("delete expired audit entries: %w", auditErr)
 	}
-	if err == nil {
-		tokensDeleted, err = m.DeleteRotatedOutTokens(ctx)
+	tokensDeleted, tokensErr := m.DeleteRotatedOutTokens(ctx)
+	if tokensErr != nil {
+		tokensErr = fmt.Errorf("delete rotated-out tokens: %w", tokensErr)
 	}
+	err := errors.Join(jobsErr, auditErr, tokensErr)
 	switch {
 	case err == nil:
 		m.cfg.Metrics.passed(passRetention, began)

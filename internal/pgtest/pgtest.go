@@ -60,6 +60,13 @@ func URL(t testing.TB) string {
 	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, tpl)); err != nil {
 		t.Fatalf("clone template: %v", err)
 	}
+	dropOnCleanup(t, cfg, name)
+	return connString(cfg, name)
+}
+
+// dropOnCleanup drops database name when the test ends.
+func dropOnCleanup(t testing.TB, cfg *pgx.ConnConfig, name string) {
+	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -73,7 +80,6 @@ func URL(t testing.TB) string {
 			t.Errorf("drop %s: %v", name, err)
 		}
 	})
-	return connString(cfg, name)
 }
 
 // connect opens an admin connection, waiting while the server has no connection slot free
@@ -180,4 +186,35 @@ func sweepTemplates(ctx context.Context, conn *pgx.Conn, keep string) {
 			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+id)
 		}
 	}
+}
+
+// ICUPool returns a pool on a fresh migrated database whose default collation is the ICU locale
+// (the template has the server's; a database of another collation is made from template0),
+// dropped when the test ends: for the statements whose order must not follow the collation.
+func ICUPool(ctx context.Context, t testing.TB, locale string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(adminURL())
+	if err != nil {
+		t.Fatalf("parse TEST_DATABASE_URL: %v", err)
+	}
+	conn, err := connect(ctx, cfg)
+	if err != nil {
+		t.Fatalf("postgres unreachable at %s: %v", adminURL(), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	name := "llmq_test_icu_" + redistest.Rand()
+	if _, err := conn.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE '`+
+		locale+`' LOCALE 'C.UTF-8'`); err != nil {
+		t.Fatalf("create a database of ICU locale %s: %v", locale, err)
+	}
+	dropOnCleanup(t, cfg, name)
+	pool, err := pgxpool.New(ctx, connString(cfg, name))
+	if err != nil {
+		t.Fatalf("open pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := migrations.Up(ctx, pool); err != nil {
+		t.Fatalf("migrate %s: %v", name, err)
+	}
+	return pool
 }
