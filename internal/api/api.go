@@ -90,7 +90,9 @@ type Config struct {
 	// KeepAlive is the interval of the comment lines that keep an idle event stream open through
 	// proxies; each also renews the stream's watch of the job, and reads the job's events when
 	// the watch finds one the stream has not read (a fallback should a notification be lost),
-	// and a streaming job's delta buffer. Default 15s.
+	// and a streaming job's delta buffer. A stream's first comes at a random point of
+	// [KeepAlive/2, KeepAlive) after it opened, the later ones every KeepAlive: streams opened
+	// together (a reconnect storm) keep their keep-alives, and their renewals, apart. Default 15s.
 	KeepAlive time.Duration
 	// StreamSigner signs the events_url of every job answered, and checks the token of such a
 	// URL. nil: jobs carry no events_url and event streams need a bearer token.
@@ -148,6 +150,12 @@ type Config struct {
 	// keepAliveTicks, when set, is each event stream's keep-alive tick (tests) instead of a
 	// ticker of KeepAlive.
 	keepAliveTicks <-chan time.Time
+	// keepAliveRand draws in [0, 1) where a stream's first keep-alive falls in [KeepAlive/2,
+	// KeepAlive) (firstKeepAlive; tests). Default rand.Float64.
+	keepAliveRand func() float64
+	// newTicker starts a stream's keep-alive ticker, ticking every d (tests). Default
+	// time.NewTicker's.
+	newTicker func(d time.Duration) (<-chan time.Time, ticker)
 	// Console, when set, serves everything under /console/ (the operators' console). Shutdown
 	// calls its Shutdown method, when it has one.
 	Console http.Handler
@@ -251,6 +259,12 @@ func New(cfg Config) *Server {
 	}
 	if cfg.retryRand == nil {
 		cfg.retryRand = rand.Float64
+	}
+	if cfg.keepAliveRand == nil {
+		cfg.keepAliveRand = rand.Float64
+	}
+	if cfg.newTicker == nil {
+		cfg.newTicker = newTimeTicker
 	}
 	s := &Server{cfg: cfg, contract: newContract(cfg.Submit), mux: http.NewServeMux(), closing: make(chan struct{}), ownProbe: make(chan struct{}, 1), ownRedisProbe: make(chan struct{}, 1),
 		streams: newStreamCounter(cfg.MaxStreams, cfg.MaxStreamsPerTenant, cfg.Metrics), reads: newStatusReads(cfg.Store, statusReadTurns(poolConns(cfg.Pool)), cfg.StoreWait, cfg.StoreTimeout, cfg.KeepAlive, cfg.Now, cfg.Metrics),

@@ -108,6 +108,11 @@ type setupOpts struct {
 	// keepAliveTicks is Config.keepAliveTicks: the test sends each stream's keep-alive tick;
 	// default a ticker of keepAlive.
 	keepAliveTicks chan time.Time
+	// keepAliveRand is Config.keepAliveRand, the draw of a stream's first keep-alive; default
+	// random.
+	keepAliveRand func() float64
+	// newTicker is Config.newTicker, the streams' keep-alive tickers; default time's.
+	newTicker func(d time.Duration) (<-chan time.Time, ticker)
 	// queries, when set, counts the statements of the server's pool on a job (queryCounter).
 	queries *queryCounter
 	// maxServerStreams is Config.MaxStreams; default the server's.
@@ -259,7 +264,7 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		StreamSigner:      o.signer,
 		EventWriteTimeout: o.eventWriteTimeout, MaxStreamsPerTenant: o.maxStreams, MaxStreams: o.maxServerStreams, Now: o.now,
 		StoreWait: o.storeWait, StoreTimeout: o.storeTimeout, MaxKeyedSubmitsPerTenant: o.maxKeyedSubmits, writeNow: o.writeNow,
-		keepAliveTicks: o.keepAliveTicks, retryRand: o.retryRand,
+		keepAliveTicks: o.keepAliveTicks, retryRand: o.retryRand, keepAliveRand: o.keepAliveRand, newTicker: o.newTicker,
 	}
 	if o.handoff != nil {
 		hcfg := dispatch.HandoffConfig{Processor: o.handoff, Enqueuer: enq, Slots: 16}
@@ -280,7 +285,8 @@ func setup(t testing.TB, o setupOpts) *testBundle {
 		cfg.Deltas, cfg.DeltaHub = b.deltas, hub
 	}
 	if !o.noListener {
-		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy()})
+		b.listener = jobs.NewListener(jobs.ListenerConfig{ConnConfig: pool.Config().ConnConfig.Copy(),
+			ChannelFuncs: cfg.Metrics.listenerFuncs()})
 		cfg.Listener = b.listener
 		lctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)

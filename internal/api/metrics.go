@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmq/llmq/internal/jobs"
 	"github.com/llmq/llmq/internal/metricseries"
+	"github.com/llmq/llmq/internal/tenant"
 )
 
 // Metrics are the API's Prometheus metrics. A nil *Metrics records nothing.
@@ -177,6 +178,22 @@ func (m *Metrics) refusedOverShare(tenant, typ string) {
 	if m != nil {
 		m.tenantRefusals.WithLabelValues(tenant, typ).Inc()
 	}
+}
+
+// forgetTenant drops the deleted tenant's series (llmq_http_tenant_refusals_total): a deleted
+// tenant's were kept until the process restarted. A tenant of the name created later starts
+// its series again.
+func (m *Metrics) forgetTenant(name string) {
+	if m != nil {
+		m.tenantRefusals.DeletePartialMatch(prometheus.Labels{"tenant": name})
+	}
+}
+
+// listenerFuncs are the notifications beside the jobs' that an API process's Listener hands on
+// (jobs.ListenerConfig.ChannelFuncs): a tenant's deletion (tenant.DeletedChannel) drops its
+// series.
+func (m *Metrics) listenerFuncs() map[string]func(payload string) {
+	return map[string]func(string){tenant.DeletedChannel: m.forgetTenant}
 }
 
 func (m *Metrics) refusedTokenLookup() {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -91,4 +92,29 @@ func TestSubmit_TooManyBodiesCountedByAuthenticatedTenant(t *testing.T) {
 		require.Eventually(t, func() bool { return b.srv.bodies.inFlight() == 0 }, httpservetest.Wait, 5*time.Millisecond)
 	}
 	require.Equal(t, map[string]float64{"acme/too_many_bodies": 1, "/too_many_bodies": 1}, tenantRefusals(t, reg))
+}
+
+// TestMetrics_ADeletedTenantsRefusalsAreDropped: a tenant's deletion (tenant.Store.Delete, which
+// ctl's and the console's offboarding end with) drops its llmq_http_tenant_refusals_total series
+// on every API process listening (tenant.DeletedChannel), and no other tenant's. They stayed
+// until the process restarted: the API never learnt of a delete.
+func TestMetrics_ADeletedTenantsRefusalsAreDropped(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	b := setup(t, setupOpts{registry: reg})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{"acme", "globex"} {
+		_, _, err := b.tenants.Create(ctx, name, nil)
+		require.NoError(t, err)
+		b.srv.cfg.Metrics.refusedOverShare(name, "too_many_streams")
+		b.srv.cfg.Metrics.refusedOverShare(name, "too_many_bodies")
+	}
+	_, err := b.tenants.Revoke(ctx, "acme")
+	require.NoError(t, err)
+	require.NoError(t, b.tenants.Delete(ctx, "acme"))
+
+	want := map[string]float64{"globex/too_many_streams": 1, "globex/too_many_bodies": 1}
+	require.Eventually(t, func() bool { return maps.Equal(want, tenantRefusals(t, reg)) }, 30*time.Second, 5*time.Millisecond,
+		"the deleted tenant's series dropped, the other's kept")
 }

@@ -196,12 +196,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// more. Writes get a deadline each instead of the server's one for the whole answer.
 	_ = rc.SetReadDeadline(time.Time{})
 	out := &deadlineWriter{w: w, rc: rc, timeout: s.cfg.EventWriteTimeout, now: s.cfg.writeNow, closing: s.closing}
-	keepAlive := s.cfg.keepAliveTicks
-	if keepAlive == nil {
-		ticker := time.NewTicker(s.cfg.KeepAlive)
-		defer ticker.Stop()
-		keepAlive = ticker.C
-	}
+	keepAlive := s.startKeepAlive()
+	defer keepAlive.stop()
 	reads := readStatus
 	// need is the event a notification or a watch announced, 0 if none (see statusReads.read).
 	need := 0
@@ -243,7 +239,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 		case <-deltasGrew:
 			reads = readHub // the published entries only: no Postgres read per delta
-		case <-keepAlive:
+		case <-keepAlive.ticks:
+			keepAlive.ticked()
 			if _, err := io.WriteString(out, ": keep-alive\n\n"); err != nil {
 				return
 			}
@@ -279,6 +276,62 @@ func (s *Server) openingRead(r *http.Request, job *jobs.Job, after int) (*status
 		return nil, err
 	}
 	return &statusRead{evs: evs, job: fresh}, nil
+}
+
+// ticker is a running ticker: *time.Ticker, or a test's.
+type ticker interface {
+	Reset(d time.Duration)
+	Stop()
+}
+
+// newTimeTicker is Config.newTicker's default: a *time.Ticker.
+func newTimeTicker(d time.Duration) (<-chan time.Time, ticker) {
+	t := time.NewTicker(d)
+	return t.C, t
+}
+
+// streamKeepAlive is an event stream's keep-alive ticks (ticks): the first firstKeepAlive
+// after the stream opened, then every KeepAlive. Every stream's ticker ticked every KeepAlive
+// from its open: the 5,000 streams a reconnect storm opened together renewed their watches in
+// one burst at each keep-alive, for as long as they lived.
+type streamKeepAlive struct {
+	ticks  <-chan time.Time
+	ticker ticker // nil: ticks are a test's (Config.keepAliveTicks)
+	every  time.Duration
+	steady bool // the first tick was taken: the ticker ticks every `every`
+}
+
+// startKeepAlive starts a stream's keep-alive ticks.
+func (s *Server) startKeepAlive() streamKeepAlive {
+	if s.cfg.keepAliveTicks != nil {
+		return streamKeepAlive{ticks: s.cfg.keepAliveTicks}
+	}
+	ticks, t := s.cfg.newTicker(firstKeepAlive(s.cfg.KeepAlive, s.cfg.keepAliveRand()))
+	return streamKeepAlive{ticks: ticks, ticker: t, every: s.cfg.KeepAlive}
+}
+
+// ticked is called at each tick taken: the first sets the ticker to every KeepAlive.
+func (k *streamKeepAlive) ticked() {
+	if k.ticker != nil && !k.steady {
+		k.steady = true
+		k.ticker.Reset(k.every)
+	}
+}
+
+// stop stops the ticker.
+func (k *streamKeepAlive) stop() {
+	if k.ticker != nil {
+		k.ticker.Stop()
+	}
+}
+
+// firstKeepAlive is when a stream's first keep-alive falls after it opened, for the draw r in
+// [0, 1): in [every/2, every). No later than every, so that its watch (4 keep-alives) is renewed
+// as often as before; no sooner than every/2, which the job's streams' shared renewals serve
+// (statusReads.renew).
+func firstKeepAlive(every time.Duration, r float64) time.Duration {
+	half := every / 2
+	return half + time.Duration(r*float64(every-half))
 }
 
 // refuseStream answers a request for an event stream that failed before its headers with err:

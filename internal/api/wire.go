@@ -110,7 +110,8 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["application_name"] = "llmq-api-listener"
-	listener := jobs.NewListener(jobs.ListenerConfig{ConnConfig: connCfg, Logger: logger})
+	metrics := NewMetrics(reg)
+	listener := jobs.NewListener(jobs.ListenerConfig{ConnConfig: connCfg, Logger: logger, ChannelFuncs: metrics.listenerFuncs()})
 	var submitRate *tenant.RateLimiter
 	if r := cfg.API.TenantSubmitRate; r != nil {
 		if submitRate, err = tenant.NewRateLimiter(rdb, &tenant.RateLimiterConfig{
@@ -118,7 +119,6 @@ func FromConfigWith(cfg *config.Config, pool *pgxpool.Pool, reg *prometheus.Regi
 			return nil, nil, errors.Join(err, inspector.Close(), rdb.Close())
 		}
 	}
-	metrics := NewMetrics(reg)
 	// One bound for the process: the submits' enqueues, and the API's and the console's aborts
 	// and requeues, all wait on the same Redis.
 	afterCommit := dispatch.NewAfterCommit(nil)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -409,6 +410,58 @@ func TestJobLive_APurgedJobIsGone(t *testing.T) {
 		require.Equal(t, "gone", s.last)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stream outlived its job")
+	}
+}
+
+// TestJobLive_APurgeIsSaidAtOnce: a dead letter purged while its page is open (the console's
+// purge of a selection, ctl's purge by age) ends the page's stream with its "gone" event at once,
+// not at the stream's next keep-alive (an hour away here): the purge announces the watched jobs it
+// deletes on jobs.ChangesChannel, in its own statement.
+func TestJobLive_APurgeIsSaidAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		purge func(ctx context.Context, s *jobs.Store, id string) error
+	}{
+		{"Selection", func(ctx context.Context, s *jobs.Store, id string) error {
+			done, err := s.PurgeDeadIDs(ctx, []string{id})
+			if err == nil && len(done) != 1 {
+				err = fmt.Errorf("purged %v, not the job", done)
+			}
+			return err
+		}},
+		{"ByAge", func(ctx context.Context, s *jobs.Store, _ string) error {
+			n, err := s.PurgeDead(ctx, time.Now().Add(time.Hour), nil)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("purged %d jobs, not the job", n)
+			}
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			l := b.listener(t)
+			c, _ := b.serve(t, func(cfg *console.Config) { cfg.Listener, cfg.KeepAlive = l, time.Hour })
+			job := b.jobs.Create(t, jobstestOpts())
+			b.jobs.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+			s := c.stream(t, "/console/api/jobs/"+job.ID+"/live", "job")
+			var d struct {
+				Job struct {
+					Status jobs.Status `json:"status"`
+				} `json:"job"`
+			}
+			s.next(t, &d) // the page is open, and its job watched
+			require.Equal(t, jobs.StatusDead, d.Job.Status)
+
+			require.NoError(t, tc.purge(t.Context(), b.jobs.Store, job.ID))
+			select {
+			case <-s.ended:
+				require.Equal(t, "gone", s.last)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the page's stream did not learn of the purge within 30s (its keep-alive is an hour away)")
+			}
+		})
 	}
 }
 

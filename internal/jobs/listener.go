@@ -43,6 +43,11 @@ type ListenerConfig struct {
 	// rows it skips are signalled 0 (see catchUp).
 	// Meanwhile the Listener reads no notification. Default DefaultListenerCatchUpLockTimeout.
 	CatchUpLockTimeout time.Duration
+	// ChannelFuncs are further NOTIFY channels the Listener LISTENs on, each with the function
+	// it hands their notifications' payloads to, in its own goroutine (it must not block), in
+	// the order they come. A notification sent while the connection was down is lost: nothing
+	// catches it up. Default none.
+	ChannelFuncs map[string]func(payload string)
 }
 
 // DefaultListenerCatchUpLockTimeout is ListenerConfig.CatchUpLockTimeout's default: a transition
@@ -191,7 +196,8 @@ func (l *Listener) listen(ctx context.Context) (listened bool, err error) {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	for _, channel := range []string{EventsChannel, ChangesChannel} {
+	channels := append([]string{EventsChannel, ChangesChannel}, slices.Sorted(maps.Keys(l.cfg.ChannelFuncs))...)
+	for _, channel := range channels {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 			return false, fmt.Errorf("listen: %w", err)
 		}
@@ -220,6 +226,10 @@ func (l *Listener) listen(ctx context.Context) (listened bool, err error) {
 		}
 		if n.Channel == ChangesChannel {
 			l.signal(n.Payload, 0) // the job changed without an event: its subscribers read it again
+			continue
+		}
+		if f := l.cfg.ChannelFuncs[n.Channel]; f != nil {
+			f(n.Payload)
 			continue
 		}
 		id, seq, ok := parseNotification(n.Payload)

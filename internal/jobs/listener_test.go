@@ -593,3 +593,62 @@ func (b *listenerBundle) terminate(ctx context.Context, t *testing.T) {
 		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, b.appName).Scan(&killed))
 	require.True(t, killed)
 }
+
+// TestStore_ADeleteAnnouncesItsWatchedJobs: a delete of jobs (the console's purge of a selection,
+// ctl's purge by age; retention and a tenant's deletion end with the same statement) announces
+// each deleted job that is watched on ChangesChannel, its ID the payload (what a Listener of the
+// last release reads there: "read the job again"), and no job that is not watched. A purge
+// announced nothing: a console page of a purged dead letter learned it at its next keep-alive.
+// Notifications are delivered in commit order: the test's marker follows what a purge sent.
+func TestStore_ADeleteAnnouncesItsWatchedJobs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		purge func(ctx context.Context, s *jobs.Store, ids []string) error
+	}{
+		{"Selection", func(ctx context.Context, s *jobs.Store, ids []string) error {
+			_, err := s.PurgeDeadIDs(ctx, ids)
+			return err
+		}},
+		{"ByAge", func(ctx context.Context, s *jobs.Store, _ []string) error {
+			_, err := s.PurgeDead(ctx, time.Now().Add(time.Hour), nil)
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			b := jobstest.New(t)
+			var ids []string
+			for range 3 {
+				job := b.Create(t, jobstest.Opts{})
+				b.Attempt(t, job.ID, jobs.Outcome{Status: jobs.StatusDead, DeadReason: jobs.ReasonRetriesExhausted})
+				ids = append(ids, job.ID)
+			}
+			require.NoError(t, b.Store.Watch(ctx, ids[0], time.Minute))
+			require.NoError(t, b.Store.Watch(ctx, ids[2], time.Minute))
+			conn, err := pgx.Connect(ctx, b.URL)
+			require.NoError(t, err)
+			defer func() { _ = conn.Close(context.Background()) }()
+			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{jobs.ChangesChannel}.Sanitize())
+			require.NoError(t, err)
+
+			require.NoError(t, tc.purge(ctx, b.Store, ids))
+			_, err = b.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, jobs.ChangesChannel)
+			require.NoError(t, err)
+			var got []string
+			for {
+				n, err := conn.WaitForNotification(ctx)
+				require.NoError(t, err)
+				if n.Payload == "marker" {
+					break
+				}
+				got = append(got, n.Payload)
+			}
+			require.ElementsMatch(t, []string{ids[0], ids[2]}, got, "the watched jobs deleted, each once")
+			_, err = b.Store.Get(ctx, ids[1])
+			require.ErrorIs(t, err, jobs.ErrNotFound, "the job not watched deleted too")
+		})
+	}
+}

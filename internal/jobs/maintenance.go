@@ -150,7 +150,7 @@ WITH victims AS (
 	SELECT id FROM jobs WHERE status = $1 AND finished_at IS NOT NULL AND finished_at < $2
 	ORDER BY finished_at LIMIT $3
 	FOR UPDATE SKIP LOCKED` + deleteVictimsSQL + `
-SELECT count(*) FROM d`
+SELECT count(*) FROM d, notified`
 
 // deleteVictimsSQL ends a statement whose first CTE, victims, selects (and locks) the ids of
 // jobs to delete: it deletes them (CTE d, their ids) with their attempts and events, which have
@@ -158,6 +158,14 @@ SELECT count(*) FROM d`
 // the deleted jobs, a planner without statistics read both tables whole, every batch); their
 // event watch and idempotency key follow by their foreign keys' cascade. Every delete of jobs
 // (retention, dead purges, a tenant's deletion) ends with it, so none leaves a part behind.
+//
+// CTE notified announces each deleted job that is watched on ChangesChannel (payload the job's
+// ID, as keepLateUsage's: the Listener signals its subscribers 0, "read the job again", which
+// finds it gone), in the deleting transaction: a page of the job open meanwhile (the console's)
+// learns of the delete at once, not at its next keep-alive. The watches are read in the
+// statement's snapshot, before the cascade deletes them (at the statement's end). It is one
+// row, a count, which the statement's final SELECT must join (FROM d, notified): a SELECT in a
+// WITH runs only as far as the statement reads it.
 const deleteVictimsSQL = `
 ), d AS (
 	DELETE FROM jobs j USING victims v WHERE j.id = v.id RETURNING j.id
@@ -165,4 +173,7 @@ const deleteVictimsSQL = `
 	DELETE FROM job_attempts WHERE job_id = ANY (ARRAY(SELECT id FROM d))
 ), e AS (
 	DELETE FROM job_events WHERE job_id = ANY (ARRAY(SELECT id FROM d))
+), notified AS (
+	SELECT count(pg_notify('` + ChangesChannel + `', w.job_id::text)) FROM job_watches w
+	WHERE w.job_id = ANY (ARRAY(SELECT id FROM d)) AND w.expires_at > now()
 )`

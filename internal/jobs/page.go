@@ -221,7 +221,7 @@ func (s *Store) PurgeDeadIDs(ctx context.Context, ids []string) ([]string, error
 const purgeDeadIDsSQL = `
 WITH victims AS (
 	SELECT id FROM jobs WHERE status = 'dead' AND id = ANY($1::uuid[]) FOR UPDATE SKIP LOCKED` + deleteVictimsSQL + `
-SELECT id::text FROM d`
+SELECT id::text FROM d, notified`
 
 // DeadByReason counts every dead job by its dead reason (an index-only scan of
 // jobs_dead_reason_idx, migration 018: dead jobs only).

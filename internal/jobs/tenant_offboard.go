@@ -56,7 +56,7 @@ WITH victims AS (
 			WHERE pb.id = j.batch_ref AND pb.state IN ('committed', 'submitted'))
 	LIMIT $2
 	FOR UPDATE OF j SKIP LOCKED` + deleteVictimsSQL + `
-SELECT count(*) FROM d`
+SELECT count(*) FROM d, notified`
 
 // CancelTenant cancels every job of the tenant that has not ended (as Cancel does one), walking
 // them page by page (cancelPages: one statement cancels a page), and calls abort (when not nil)

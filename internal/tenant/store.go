@@ -400,12 +400,19 @@ func (s *Store) RevokedFor(ctx context.Context, name string) (time.Duration, err
 	return time.Duration(*micros) * time.Microsecond, nil
 }
 
+// DeletedChannel is the Postgres NOTIFY channel on which Delete announces a deleted tenant, its
+// name the payload, when the delete commits: an API process drops the tenant's metric series
+// (those of its refusals) on it. A process that was not listening then (its connection down, or
+// of a release before this channel) keeps them until it restarts.
+const DeletedChannel = "llmq_tenant_deleted"
+
 // Delete deletes a revoked tenant that has no job stored any more (see jobs.Store's
 // DeleteEndedOfTenant), with its tokens, current and rotated out: a token of it answers
 // ErrUnknownBearerToken from then on (after the Authenticator's TTL on replicas that cached it as
 // revoked), and its name may be given to a new tenant. The audit log's entries naming it are
 // kept. Errors: ErrNotFound (also for a name no tenant can have), ErrAnonymousTenant (Default),
-// ErrNotRevoked, ErrHasJobs, or a wrapped database error.
+// ErrNotRevoked, ErrHasJobs, or a wrapped database error. The delete is announced on
+// DeletedChannel.
 //
 // The tenant's row is locked while its jobs are counted; a job submitted after that would be
 // one a replica accepted with the tenant cached as active: callers delete at least the
@@ -439,7 +446,11 @@ FROM tenants WHERE name = $1 FOR UPDATE`, name).Scan(&revoked, &hasJobs)
 		if _, err := tx.Exec(ctx, `DELETE FROM tenant_previous_tokens WHERE tenant = $1`, name); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM tenants WHERE name = $1`, name)
+		// Announced in the deleting transaction (DeletedChannel): API processes drop the
+		// tenant's metric series on it.
+		_, err = tx.Exec(ctx, `
+WITH d AS (DELETE FROM tenants WHERE name = $1 RETURNING name)
+SELECT pg_notify($2, name) FROM d`, name, DeletedChannel)
 		return err
 	})
 	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRevoked) || errors.Is(err, ErrHasJobs) {

@@ -286,7 +286,9 @@ try {
   await confirm(elsewhere, '#purge-selected', /^Purge 1 dead letter\?/, 'ok');
   await elsewhere.locator('#flash', { hasText: 'Purged 1 of 1.' }).waitFor(WAIT);
   await elsewhere.close();
-  await tab.locator('#live.stale', { hasText: /^not live: purged$/ }).waitFor(WAIT); // at the stream's next keep-alive
+  // At once: the purge announces the page's job (llmq_job_changes); the page learnt it at its
+  // stream's next keep-alive, 15 s after it opened, and this wait is shorter than that.
+  await tab.locator('#live.stale', { hasText: /^not live: purged$/ }).waitFor({ timeout: 5_000 });
   await tab.locator('#flash.error', { hasText: 'no longer exists' }).waitFor(WAIT);
   for (const button of ['#retry-one', '#cancel-job', '#purge-one']) {
     assert.equal(await tab.locator(button).count(), 0, `no ${button} on a purged job`);
