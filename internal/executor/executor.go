@@ -130,13 +130,14 @@ type Config struct {
 	// one; at the reserve, a tenant alone holds all but the reserve, so that another tenant's
 	// task behind its backlog is delivered at all, and beside other tenants with work about
 	// Slots × its weight / their weights' sum. A delivery over its tenant's share is deferred
-	// before the breaker and the limiter (no attempt counted, no send slot taken), after a
-	// short pause in its slot, to come back after a delay that grows while the tenant stays
-	// over. A serve process's own first deliveries
-	// (ProcessFresh) have slots of their own, a job finding them all taken going to asynq: they
-	// are not counted, nor is a failover's run on the fallback (in its delivery's slot). A job
-	// past its deadline takes no slot: the guard fails it. Zero: no share; deliveries take the
-	// slots first come first served.
+	// before the breaker and the limiter (no attempt counted, no send slot taken), to come back
+	// after a delay that grows while the tenant stays over (rounded up to a whole second, as
+	// asynq keeps it), and pauses in its slot once its deferral is written and its place in the
+	// backlog gate given back. A serve process's own first deliveries (ProcessFresh) have slots
+	// of their own, a job finding them all taken going to asynq: they are not counted, nor is a
+	// failover's run on the fallback (in its delivery's slot). A job past its deadline takes no
+	// slot: the guard fails it. Zero: no share; deliveries take the slots first come first
+	// served.
 	Slots int
 	// SingleTenant reports whether the deployment has a single tenant (tenant.Weights.Single),
 	// whose deliveries may then take every slot: the reserve costs nothing. Nil: several.
@@ -183,6 +184,8 @@ type Executor struct {
 	unconfiguredLog *logthrottle.Throttle
 	// shares shares the process's delivery slots between tenants (Config.Slots); nil: none.
 	shares *slotshare.Tracker
+	// turnAwaySleep waits out a turned-away delivery's turnAwayPause (sleep; a test's seam).
+	turnAwaySleep func(ctx context.Context, d time.Duration) error
 }
 
 // New returns an Executor. It panics when Store is nil (a wiring bug).
@@ -225,7 +228,7 @@ func New(cfg Config) *Executor {
 	}
 	cfg.Metrics.initCredentials(slices.Sorted(maps.Keys(cfg.Upstreams)))
 	e := &Executor{cfg: cfg, backlog: newBacklogGate(cfg.BacklogSteps),
-		started: cfg.Now()}
+		started: cfg.Now(), turnAwaySleep: sleep}
 	if cfg.Slots > 0 {
 		e.shares = slotshare.New(slotshare.Config{Slots: cfg.Slots, Now: cfg.Now, Float64: cfg.Float64})
 	}
@@ -265,6 +268,9 @@ type deferral struct {
 	// finds the job moved.
 	credential int
 	read       bool
+	// turnedAway: the delivery was turned away for its tenant's share of the slots (takeShare),
+	// and pauses for turnAwayPause once its deferral is written and its gate place left.
+	turnedAway bool
 }
 
 // onCredential reports whether the deferral waits for the job's credential to take requests
@@ -287,9 +293,19 @@ func (e *Executor) Process(ctx context.Context, d dispatch.Delivery) error {
 			return err
 		}
 	}
-	err := e.outcome(ctx, d.JobID, e.process(ctx, d.JobID, d.Retried == 0, pass, true))
+	err := e.process(ctx, d.JobID, d.Retried == 0, pass, true)
+	df, _ := errors.AsType[*deferral](err)
+	err = e.outcome(ctx, d.JobID, err)
 	if _, ok := errors.AsType[*dispatch.DeferError](err); ok {
 		e.cfg.Metrics.deferred() // not in ProcessFresh: its delivery reads no job either
+	}
+	if df != nil && df.turnedAway {
+		// The pause of a delivery turned away for its tenant's share (see turnAwayPause) comes
+		// after its deferral's write and out of the backlog gate: it holds asynq's slot only,
+		// and no other delivery waits for it. Its answer is settled (the deferral written, or
+		// the write's error): a ctx that ends in the pause changes nothing of it.
+		pass.leave()
+		_ = e.turnAwaySleep(ctx, turnAwayPause)
 	}
 	return err
 }

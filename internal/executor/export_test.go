@@ -1,6 +1,11 @@
 package executor
 
-import "github.com/llmq/llmq/internal/logthrottle"
+import (
+	"context"
+	"time"
+
+	"github.com/llmq/llmq/internal/logthrottle"
+)
 
 // SetUnconfiguredLogAfterFunc replaces what schedules e's reports of credential_not_configured
 // dead-letter lines held back (logthrottle.Throttle.SetAfterFunc): the test runs them.
@@ -15,3 +20,9 @@ func BacklogWaiters(e *Executor) int {
 
 // HeldSlots returns how many of e's delivery slots tenant holds in its share (Config.Slots).
 func HeldSlots(e *Executor, tenant string) int { return e.shares.Held(tenant) }
+
+// SetTurnAwaySleep replaces how e waits out the pause of a delivery turned away for its
+// tenant's share (turnAwayPause): the test sees it and decides when it ends.
+func SetTurnAwaySleep(e *Executor, f func(ctx context.Context, d time.Duration) error) {
+	e.turnAwaySleep = f
+}

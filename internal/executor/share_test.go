@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,7 +111,8 @@ func TestExecutor_TenantShareOfSlots(t *testing.T) {
 			}
 			if !single {
 				// The slot came back with the first delivery's end.
-				// (A delivery back early sleeps out the job's short delay, as for any deferral.)
+				// (Delivered here before its time, which asynq would not do, it sleeps out the
+				// job's short delay, as for any deferral.)
 				dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				defer cancel()
 				require.NoError(t, ex.Process(dctx, dispatch.Delivery{JobID: second.ID}))
@@ -278,4 +280,110 @@ func TestExecutor_ShareDeferralKeepsTheRowsTime(t *testing.T) {
 			awaitDone(t, done)
 		})
 	}
+}
+
+// TestExecutor_TurnAwayPauseHoldsNoGatePlace: the pause of a low job's delivery turned away for
+// its tenant's share comes once its deferral is written and its place in the backlog gate is
+// given back. With one place in the gate and 2 slots (a reserve of one), flood's call holds a
+// slot; flood's low delivery is turned away and held in its pause; acme's low delivery must get
+// the gate's place and its slot, and end, during that pause.
+func TestExecutor_TurnAwayPauseHoldsNoGatePlace(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b, ex, release, done := holdingSlot(t, executor.Config{BacklogSteps: 1, Slots: 2}, "flood")
+	paused, resume := make(chan time.Duration, 1), make(chan struct{})
+	var once sync.Once
+	executor.SetTurnAwaySleep(ex, func(ctx context.Context, d time.Duration) error {
+		once.Do(func() { paused <- d })
+		select {
+		case <-resume:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	job := func(tenant string, prio jobs.Priority) *jobs.Job {
+		return b.Create(t, jobstest.Opts{Tenant: tenant, Priority: prio, Credential: "sim", Request: helloRequest,
+			Timeout: time.Hour})
+	}
+
+	turned := job("flood", jobs.PriorityLow)
+	turnedDone := make(chan error, 1)
+	go func() { turnedDone <- ex.Process(ctx, dispatch.Delivery{JobID: turned.ID, Low: true}) }()
+	select {
+	case d := <-paused:
+		require.Equal(t, 20*time.Millisecond, d)
+	case err := <-turnedDone:
+		t.Fatalf("flood's low delivery ended without its pause: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("flood's low delivery never paused")
+	}
+	got, err := b.Store.Get(ctx, turned.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.NextAttemptAt, "the deferral is written before the pause")
+
+	other := job("acme", jobs.PriorityLow)
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, ex.Process(octx, dispatch.Delivery{JobID: other.ID, Low: true}),
+		"acme's delivery waited for flood's pause")
+	got, err = b.Store.Get(ctx, other.ID)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatusSucceeded, got.Status)
+
+	close(resume)
+	select {
+	case err := <-turnedDone:
+		var df *dispatch.DeferError
+		require.ErrorAs(t, err, &df)
+		require.Contains(t, df.Reason, "share of this worker's delivery slots")
+	case <-time.After(10 * time.Second):
+		t.Fatal("flood's low delivery did not end after its pause")
+	}
+	close(release)
+	awaitDone(t, done)
+}
+
+// TestExecutor_ShareDeferralComesBackNoEarlierThanItsTime: a share deferral's time, in the row
+// and asynq's, is a whole second. asynq keeps whole seconds (a task is delivered from the start
+// of its second on): the task comes back at the row's time or later, never before it, to sleep
+// out the rest while it holds a slot of its tenant's share and of the worker.
+func TestExecutor_ShareDeferralComesBackNoEarlierThanItsTime(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	now := time.Now().Truncate(time.Second).Add(300 * time.Millisecond)
+	b, ex, release, done := holdingSlot(t, executor.Config{Slots: 2, Now: func() time.Time { return now }}, "acme")
+	waiting := acmeJob(t, b, "sim", time.Hour)
+
+	perr := ex.Process(ctx, dispatch.Delivery{JobID: waiting.ID})
+	var df *dispatch.DeferError
+	require.ErrorAs(t, perr, &df)
+	require.Contains(t, df.Reason, "share of this worker's delivery slots")
+	require.Equal(t, df.Until.Truncate(time.Second), df.Until, "asynq would hand the task back before its time")
+	require.Equal(t, now.Truncate(time.Second).Add(time.Second), df.Until, "the first delay (100-200 ms), rounded up")
+	got, err := b.Store.Get(ctx, waiting.ID)
+	require.NoError(t, err)
+	require.NotNil(t, got.NextAttemptAt)
+	require.True(t, got.NextAttemptAt.Equal(df.Until), "the row's time %v, asynq's %v", got.NextAttemptAt, df.Until)
+
+	close(release)
+	awaitDone(t, done)
+	require.Zero(t, executor.HeldSlots(ex, "acme"))
+}
+
+// holdingSlot returns a bundle and an executor of cfg whose Store is the bundle's and whose
+// credential "sim" is heldProvider's, with a delivery of a job of tenant in one of its slots,
+// its call held at the provider: closing release ends the call, whose delivery answers on done.
+func holdingSlot(t *testing.T, cfg executor.Config, tenant string) (*jobstest.Bundle, *executor.Executor, chan struct{}, <-chan error) {
+	t.Helper()
+	b := jobstest.New(t)
+	p, arrived, release := heldProvider(t)
+	cfg.Store = b.Store
+	cfg.Upstreams = map[string]executor.Upstream{"sim": {Name: "sim", Kind: string(llm.KindAnthropic), Provider: p}}
+	ex := executor.New(cfg)
+	inFlight := b.Create(t, jobstest.Opts{Tenant: tenant, Credential: "sim", Request: helloRequest, Timeout: time.Hour})
+	done := make(chan error, 1)
+	go func() { done <- ex.Process(t.Context(), dispatch.Delivery{JobID: inFlight.ID}) }()
+	awaitCall(t, arrived, done)
+	return b, ex, release, done
 }
